@@ -1,0 +1,72 @@
+"""The `tierdiag` command. Commands are thin: parse, call one library function, render.
+
+Every TierdiagError becomes one line on stderr and its exit code; anything else is a bug and
+says so in one line (the traceback with --debug).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from tierdiag.errors import ExitCode, TierdiagError
+
+app = typer.Typer(
+    name="tierdiag",
+    help="Why was a cached prefix still slow? Replay a trace through a tiered KV cache, then explain it.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+_state = {"debug": False}
+
+
+@app.callback()
+def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors.")) -> None:
+    _state["debug"] = debug
+
+
+def _register() -> None:
+    # Each command module imports only what it needs; torch is imported inside engine code
+    # paths, never at module import, so read-only commands start fast.
+    for optional in ("replay", "runs", "synth", "summary", "slow", "explain", "report", "calibrate", "doctor"):
+        try:
+            module = __import__(f"tierdiag.cli.{optional}", fromlist=[optional])
+        except ModuleNotFoundError as exc:
+            if exc.name != f"tierdiag.cli.{optional}":
+                raise
+            continue
+        app.command(optional)(getattr(module, optional))
+
+
+_register()
+
+
+def main() -> None:
+    debug = "--debug" in sys.argv[1:]
+    try:
+        app(standalone_mode=False)
+    except TierdiagError as exc:
+        if debug:
+            raise
+        print(f"tierdiag: error: {exc.one_line()}", file=sys.stderr)
+        sys.exit(int(exc.exit_code))
+    except KeyboardInterrupt:
+        print("tierdiag: interrupted", file=sys.stderr)
+        sys.exit(int(ExitCode.INTERRUPTED))
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        print("tierdiag: aborted", file=sys.stderr)
+        sys.exit(int(ExitCode.INTERRUPTED))
+    except SystemExit:
+        raise
+    except Exception as exc:  # a bug: one line, and the way to see more
+        if debug:
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        print(f"tierdiag: internal error: {type(exc).__name__}: {first} (re-run with --debug and report it)",
+              file=sys.stderr)
+        sys.exit(int(ExitCode.BUG))

@@ -1,0 +1,57 @@
+"""Errors a user can act on. Each carries a one-line message and a named exit code.
+
+Anything that is not a TierdiagError is a bug: the CLI prints one line asking for a report
+(and the traceback with --debug).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    BUG = 1
+    USAGE = 2  # bad option values (Typer uses 2 for its own usage errors too)
+    BAD_INPUT = 3  # malformed trace, bad config file
+    STORE = 4  # missing / foreign / wrong-version / busy database, unknown run
+    NOT_FOUND = 5  # unknown request id
+    IO = 6  # cannot write output (disk full, permissions)
+    INTERRUPTED = 130
+
+
+class TierdiagError(Exception):
+    exit_code: ExitCode = ExitCode.BUG
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def one_line(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class ConfigError(TierdiagError):
+    exit_code = ExitCode.USAGE
+
+
+class TraceError(TierdiagError):
+    exit_code = ExitCode.BAD_INPUT
+
+
+class StoreError(TierdiagError):
+    exit_code = ExitCode.STORE
+
+
+class NotFoundError(TierdiagError):
+    exit_code = ExitCode.NOT_FOUND
+
+
+class OutputError(TierdiagError):
+    exit_code = ExitCode.IO
+
+
+def unknown_name(kind: str, name: str, known) -> ConfigError:
+    """The one error for every registry lookup: name the kind and list what exists."""
+    return ConfigError(f"unknown {kind} {name!r}; known: {', '.join(sorted(known))}")

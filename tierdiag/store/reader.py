@@ -1,0 +1,165 @@
+"""Read-only access to a run store, with the checks every reader needs.
+
+Every error here names the file and says what to do: missing file, not DuckDB, DuckDB but not
+a tierdiag store, another schema version, held by a writer, unknown run.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from tierdiag.errors import StoreError
+from tierdiag.store.schema import SCHEMA_VERSION
+
+DEFAULT_DB = "tierdiag.duckdb"
+_BUSY_RETRY_S = 3.0
+
+
+def _is_lock_error(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return "lock" in text or "conflicting" in text or "being used" in text
+
+
+def connect_with_retry(path: str | os.PathLike, *, read_only: bool,
+                       wait_s: float = _BUSY_RETRY_S) -> duckdb.DuckDBPyConnection:
+    """Open the file, waiting briefly while another process (a replay flushing) holds it."""
+    deadline = time.monotonic() + wait_s
+    delay = 0.02
+    while True:
+        try:
+            return duckdb.connect(str(path), read_only=read_only)
+        except duckdb.IOException as exc:
+            if not _is_lock_error(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.25)
+
+
+def check_store(con: duckdb.DuckDBPyConnection, *, path_for_errors: str) -> int:
+    try:
+        row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    except duckdb.CatalogException:
+        row = None
+    if row is None:
+        raise StoreError(f"{path_for_errors} is a DuckDB file but not a tierdiag run store",
+                         hint="pass the --db written by `tierdiag replay`")
+    version = int(row[0])
+    if version != SCHEMA_VERSION:
+        newer = version > SCHEMA_VERSION
+        raise StoreError(
+            f"{path_for_errors} uses run-store schema v{version}; this tierdiag reads v{SCHEMA_VERSION}",
+            hint="upgrade tierdiag" if newer else "re-run `tierdiag replay` with this version into a new --db",
+        )
+    return version
+
+
+def open_store(path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
+    """Open a run store read-only after checking it is one, of our schema version."""
+    p = Path(path)
+    if not p.exists():
+        raise StoreError(f"no database at {p}", hint="run `tierdiag replay TRACE` first, or pass --db")
+    if p.is_dir():
+        raise StoreError(f"{p} is a folder, not a database file")
+    try:
+        con = connect_with_retry(p, read_only=True)
+    except duckdb.IOException as exc:
+        if _is_lock_error(exc):
+            raise StoreError(f"{p} is busy: a replay is writing to it",
+                             hint="wait for it to finish, or use another --db") from exc
+        raise StoreError(f"{p} is not a DuckDB database ({str(exc).splitlines()[0]})") from exc
+    except duckdb.Error as exc:
+        raise StoreError(f"{p} is not a DuckDB database ({str(exc).splitlines()[0]})") from exc
+    try:
+        check_store(con, path_for_errors=str(p))
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    run_id: str
+    name: str
+    created_at: Any
+    status: str  # effective: a 'running' run whose process is gone reads 'interrupted'
+    tierdiag_version: str
+    trace_path: str
+    trace_sha256: str
+    config: dict
+    hardware: dict
+    data_plane: dict
+    timing: str
+    num_requests: int
+    wall_s: float | None
+    command_line: str
+
+    def to_json(self) -> dict:
+        d = dict(self.__dict__)
+        d["created_at"] = str(self.created_at)
+        return d
+
+
+_RUN_COLS = ("run_id, name, created_at, status, tierdiag_version, trace_path, trace_sha256, "
+             "config_json, hardware_json, data_plane_json, timing, num_requests, wall_s, command_line, "
+             "pid, hostname")
+
+
+def _run_info(row) -> RunInfo:
+    (run_id, name, created_at, status, version, trace_path, sha, config_json, hw_json, dp_json,
+     timing, num_requests, wall_s, command_line, pid, hostname) = row
+    if status == "running" and hostname == socket.gethostname() and not _pid_alive(pid):
+        status = "interrupted"
+    return RunInfo(run_id=run_id, name=name, created_at=created_at, status=status,
+                   tierdiag_version=version, trace_path=trace_path, trace_sha256=sha,
+                   config=json.loads(config_json or "{}"), hardware=json.loads(hw_json or "{}"),
+                   data_plane=json.loads(dp_json or "{}"), timing=timing,
+                   num_requests=int(num_requests or 0), wall_s=wall_s, command_line=command_line or "")
+
+
+def list_runs(con: duckdb.DuckDBPyConnection) -> list[RunInfo]:
+    rows = con.execute(f"SELECT {_RUN_COLS} FROM runs ORDER BY created_at, run_id").fetchall()
+    return [_run_info(r) for r in rows]
+
+
+def resolve_run(con: duckdb.DuckDBPyConnection, run: str | None, *, db_label: str = "the database") -> RunInfo:
+    """`run` may be a run id, a unique id prefix or a run name; None means the newest run."""
+    runs = list_runs(con)
+    if not runs:
+        raise StoreError(f"{db_label} has no runs yet", hint="run `tierdiag replay TRACE`")
+    if run is None:
+        return runs[-1]
+    exact = [r for r in runs if r.run_id == run]
+    if exact:
+        return exact[0]
+    named = [r for r in runs if r.name == run]
+    if named:
+        return named[-1]
+    prefixed = [r for r in runs if r.run_id.startswith(run)]
+    if len(prefixed) == 1:
+        return prefixed[0]
+    ids = [r.run_id for r in runs] + [r.name for r in runs]
+    close = difflib.get_close_matches(run, ids, n=3, cutoff=0.3)
+    hint = f"did you mean {', '.join(close)}?" if close else "list them with `tierdiag runs`"
+    raise StoreError(f"no run {run!r} in {db_label}", hint=hint)

@@ -1,0 +1,156 @@
+"""The DuckDB run-store schema: the contract every reader relies on (DESIGN.md §3).
+
+Bump SCHEMA_VERSION whenever a column is removed or changes meaning; adding columns to the
+end of a table is compatible only if readers never rely on them positionally (they don't).
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+# Column name -> DuckDB type, in table order. Times are ns of *virtual* time unless the name
+# says wall; sizes are tokens or bytes as the name says.
+TABLES: dict[str, dict[str, str]] = {
+    "meta": {
+        "key": "VARCHAR",
+        "value": "VARCHAR",
+    },
+    "runs": {
+        "run_id": "VARCHAR",
+        "name": "VARCHAR",
+        "created_at": "TIMESTAMP",
+        "finished_at": "TIMESTAMP",
+        "status": "VARCHAR",  # running | complete | interrupted | failed
+        "schema_version": "INTEGER",
+        "tierdiag_version": "VARCHAR",
+        "command_line": "VARCHAR",
+        "pid": "INTEGER",
+        "hostname": "VARCHAR",
+        "trace_path": "VARCHAR",
+        "trace_sha256": "VARCHAR",
+        "config_json": "VARCHAR",
+        "hardware_json": "VARCHAR",
+        "data_plane_json": "VARCHAR",  # reduced-width data plane, scale factor, verify mode
+        "timing": "VARCHAR",  # modelled | measured
+        "num_requests": "BIGINT",
+        "wall_s": "DOUBLE",
+        "error": "VARCHAR",
+    },
+    # One row per request. Token split: device + host + storage + computed == input_tokens.
+    # TTFT decomposition: queue + storage_wait + loadback_exposed + recompute + compute == ttft.
+    "requests": {
+        "run_id": "VARCHAR",
+        "req_id": "VARCHAR",
+        "seq": "BIGINT",  # order in the trace, 0-based
+        "arrival_ns": "BIGINT",
+        "input_tokens": "BIGINT",
+        "output_tokens": "BIGINT",
+        "status": "VARCHAR",  # finished | rejected
+        "reject_reason": "VARCHAR",
+        "hit_class": "VARCHAR",  # device_hit | tiered_hit | miss
+        "device_hit_tokens": "BIGINT",
+        "host_hit_tokens": "BIGINT",  # loaded back from host (used)
+        "storage_hit_tokens": "BIGINT",  # fetched from storage, then loaded back (used)
+        "computed_tokens": "BIGINT",
+        "recomputed_tokens": "BIGINT",  # computed tokens that had been cached once
+        "host_match_tokens": "BIGINT",  # host part found by match_prefix (incl. skipped)
+        "storage_match_tokens": "BIGINT",  # storage part found (incl. not prefetched in time)
+        "loadback_skipped_reason": "VARCHAR",  # NULL | below_threshold | device_full
+        "loadback_skipped_tokens": "BIGINT",
+        "storage_skipped_reason": "VARCHAR",  # NULL | below_threshold | prefetch_incomplete | host_full
+        "prefix_indices_len": "BIGINT",
+        "cache_protected_len": "BIGINT",
+        "extend_input_len": "BIGINT",
+        "queue_ns": "BIGINT",  # waiting + sharing a batch with others
+        "storage_wait_ns": "BIGINT",  # held back waiting for a storage prefetch
+        "loadback_ns": "BIGINT",  # this request's load-back transfer time (link busy)
+        "loadback_exposed_ns": "BIGINT",  # part of it not hidden behind prefill compute
+        "loadback_queued_ns": "BIGINT",  # waited behind other load-backs on the link
+        "loadback_bytes": "BIGINT",  # modelled bytes (full model geometry)
+        "loadback_pages": "BIGINT",
+        "loadback_runs": "BIGINT",  # contiguous host-slot runs (fragmentation)
+        "storage_bytes": "BIGINT",
+        "storage_fetch_ns": "BIGINT",
+        "recompute_ns": "BIGINT",
+        "compute_ns": "BIGINT",
+        "prefill_ns": "BIGINT",  # first batch start -> first token
+        "ttft_ns": "BIGINT",
+        "ideal_ttft_ns": "BIGINT",  # all reused tokens device-resident, no queueing
+        "ttft_if_device_resident_ns": "BIGINT",
+        "recompute_instead_ns": "BIGINT",  # modelled TTFT had the host/storage part been recomputed
+        "first_batch_id": "BIGINT",
+        "num_chunks": "BIGINT",
+        "first_token_ns": "BIGINT",
+        "finish_ns": "BIGINT",
+    },
+    "evictions": {
+        "run_id": "VARCHAR",
+        "eviction_id": "BIGINT",
+        "t_ns": "BIGINT",
+        "tier": "VARCHAR",  # device | host | storage
+        "node_id": "BIGINT",
+        "tokens": "BIGINT",
+        "action": "VARCHAR",  # demote | drop | delete
+        "cause_req_id": "VARCHAR",  # whose allocation forced it
+        "owner_req_id": "VARCHAR",  # last request that used the evicted pages
+        "pool_used_tokens": "BIGINT",
+        "pool_capacity_tokens": "BIGINT",
+        "locked_tokens": "BIGINT",
+        "node_hit_count": "BIGINT",
+        "node_last_access_ns": "BIGINT",
+    },
+    # Which requests later came back for pages an eviction had taken (request -> eviction).
+    "request_evictions": {
+        "run_id": "VARCHAR",
+        "req_id": "VARCHAR",
+        "eviction_id": "BIGINT",
+        "tokens": "BIGINT",
+    },
+    "transfers": {
+        "run_id": "VARCHAR",
+        "transfer_id": "BIGINT",
+        "t_start_ns": "BIGINT",
+        "t_end_ns": "BIGINT",
+        "kind": "VARCHAR",  # load_back | backup | prefetch | write_back | storage_write
+        "req_id": "VARCHAR",
+        "pages": "BIGINT",
+        "runs": "BIGINT",
+        "bytes": "BIGINT",  # modelled bytes
+        "data_plane_bytes": "BIGINT",  # bytes the real kernel moved
+        "queued_ns": "BIGINT",
+        "wall_ns": "BIGINT",  # measured wall time of the real copy
+        "verified": "BOOLEAN",
+    },
+    "batches": {
+        "run_id": "VARCHAR",
+        "batch_id": "BIGINT",
+        "t_start_ns": "BIGINT",
+        "t_end_ns": "BIGINT",
+        "num_reqs": "BIGINT",
+        "extend_tokens": "BIGINT",
+        "loadback_bytes": "BIGINT",
+        "compute_ns": "BIGINT",
+        "loadback_exposed_ns": "BIGINT",
+        "num_decoding": "BIGINT",
+    },
+    "pool_samples": {
+        "run_id": "VARCHAR",
+        "t_ns": "BIGINT",
+        "tier": "VARCHAR",
+        "used_tokens": "BIGINT",
+        "capacity_tokens": "BIGINT",
+        "locked_tokens": "BIGINT",
+    },
+}
+
+# Tables with one row per event, written by the recorder in bulk.
+EVENT_TABLES = ("requests", "evictions", "request_evictions", "transfers", "batches", "pool_samples")
+
+
+def create_statements() -> list[str]:
+    return [
+        f"CREATE TABLE IF NOT EXISTS {name} ("
+        + ", ".join(f"{col} {typ}" for col, typ in cols.items())
+        + ")"
+        for name, cols in TABLES.items()
+    ]
