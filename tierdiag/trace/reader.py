@@ -1,0 +1,319 @@
+"""Streaming reader for JSONL workload traces (Mooncake format, or ours with ids/tokens).
+
+One request a line::
+
+    {"timestamp": ms, "input_length": n, "output_length": n, "hash_ids": [int, ...]}   # Mooncake
+    {"id": "sess3-turn2", "timestamp": ms, "input_length": n, "output_length": n,
+     "tokens": [int, ...]}                                                          # ours
+
+`hash_ids` name `block_size`-token blocks (the last one may be partial) and chain: two requests
+that share hash id k share every block up to k. `.jsonl.gz` is read transparently (detected by
+its magic bytes, not its name). The file is never loaded whole: lines are parsed one at a time
+and only the requests that share the current timestamp are held back (see `_spread`).
+
+Every problem is a `TraceError` naming `file:line`; with `skip_bad=True` bad lines are skipped
+and counted in a `ReadReport` instead.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from tierdiag.errors import TraceError
+
+KNOWN_KEYS = frozenset({"id", "timestamp", "input_length", "output_length", "hash_ids", "tokens"})
+NS_PER_MS = 1_000_000
+# Arrivals become int64 ns downstream (DuckDB BIGINT): about 292 years of milliseconds.
+MAX_TIMESTAMP_MS = (2**63 - 1) // NS_PER_MS
+# Token ids are hashed as 4-byte words (see pages.py); every real vocabulary fits.
+MAX_TOKEN_ID = 2**32 - 1
+_FIRST_BAD_KEPT = 5
+_GZIP_MAGIC = b"\x1f\x8b"
+_SKIP_HINT = "fix the line, or pass --skip-bad to skip bad lines"
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    req_id: str  # "id" field if present, else the 1-based line number as a string
+    seq: int  # 0-based order among valid requests
+    line: int  # 1-based line number in the file
+    arrival_ns: int  # timestamp (ms) -> ns, after spreading shared timestamps
+    input_len: int
+    output_len: int
+    hash_ids: tuple[int, ...] | None  # Mooncake blocks (block_size tokens each)
+    tokens: tuple[int, ...] | None  # our JSONL alternative
+
+
+@dataclass
+class ReadReport:
+    """What reading a trace found besides the requests; filled while iterating."""
+
+    bad_lines: int = 0
+    first_bad: list[tuple[int, str]] = field(default_factory=list)  # (line, message), first 5
+    unknown_keys: set[str] = field(default_factory=set)
+    num_requests: int = 0
+
+
+class _BadLine(Exception):
+    """A problem confined to one line: fatal, or skipped under skip_bad."""
+
+
+def max_hash_id(block_size: int) -> int:
+    """Largest hash id whose page keys (`pages.page_keys`) still fit in 63 bits at any page size."""
+    return (2**63 - 1) // block_size - 1
+
+
+def trace_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 of the file bytes as stored (compressed or not), read in chunks."""
+    digest = hashlib.sha256()
+    with _open_raw(Path(path)) as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_trace(path: str | os.PathLike, *, block_size: int = 512, skip_bad: bool = False,
+               report: ReadReport | None = None) -> Iterator[TraceRequest]:
+    """Yield the trace's requests in file order, arrivals spread (see `_spread`).
+
+    Raises TraceError on the first bad line (or, with skip_bad, counts it in `report` and goes
+    on), and when the file holds no valid request at all.
+    """
+    if block_size < 1:
+        raise TraceError(f"block size must be a positive number of tokens, got {block_size}")
+    path = Path(path)
+    _open_raw(path).close()  # a missing file fails at the call, not at the first next()
+    report = report if report is not None else ReadReport()
+    return _spread(_parse(path, block_size=block_size, skip_bad=skip_bad, report=report), path, report)
+
+
+# --- reading lines -------------------------------------------------------------------------
+
+def _open_raw(path: Path) -> BinaryIO:
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such trace file") from None
+    except IsADirectoryError:
+        raise TraceError(f"{path}: is a directory, not a trace file") from None
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot open trace: {exc.strerror or exc}") from None
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, raw bytes) for each line; gzip by magic bytes."""
+    raw = _open_raw(path)
+    lineno = 0
+    try:
+        is_gzip = raw.read(2) == _GZIP_MAGIC
+        raw.seek(0)
+        fh: BinaryIO = gzip.GzipFile(fileobj=raw, mode="rb") if is_gzip else raw
+        try:
+            for lineno, data in enumerate(fh, start=1):
+                yield lineno, data
+        except (OSError, EOFError, zlib.error) as exc:
+            # gzip.BadGzipFile is an OSError; a truncated member is EOFError.
+            what = "corrupt or truncated gzip data" if is_gzip else f"read error: {exc}"
+            raise TraceError(f"{path}:{lineno + 1}: {what}") from None
+    finally:
+        raw.close()
+
+
+def _parse(path: Path, *, block_size: int, skip_bad: bool, report: ReadReport) -> Iterator[tuple[int, TraceRequest]]:
+    """Validate each line; yield (timestamp_ms, request with arrival_ns unset) in file order."""
+    seen_ids: dict[str, int] = {}
+    last_ts = -1
+    seq = 0
+    max_hash = max_hash_id(block_size)
+    for lineno, data in _lines(path):
+        try:
+            if lineno == 1 and data.startswith(b"\xef\xbb\xbf"):
+                data = data[3:]  # a UTF-8 byte-order mark some editors write
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                raise _BadLine("not UTF-8 text (is this a binary file?)") from None
+            if not text.strip():
+                continue
+            obj = _loads(text)
+            extra = obj.keys() - KNOWN_KEYS
+            if extra:
+                report.unknown_keys.update(extra)
+            ts, req = _request(obj, lineno, seq, block_size, max_hash)
+            if ts < last_ts:
+                raise _BadLine(f"timestamp {ts} goes backwards (previous request is at {last_ts})")
+            first = seen_ids.get(req.req_id)
+            if first is not None:
+                raise _BadLine(f"duplicate id {_show(req.req_id)} (first used on line {first})")
+        except _BadLine as exc:
+            message = f"{path}:{lineno}: {exc}"
+            if not skip_bad:
+                raise TraceError(message, hint=_SKIP_HINT) from None
+            report.bad_lines += 1
+            if len(report.first_bad) < _FIRST_BAD_KEPT:
+                report.first_bad.append((lineno, str(exc)))
+            continue
+        seen_ids[req.req_id] = lineno
+        last_ts = ts
+        seq += 1
+        yield ts, req
+
+
+def _loads(text: str) -> dict:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _BadLine(f"bad JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise _BadLine("bad JSON (nested too deeply)") from None
+    if not isinstance(obj, dict):
+        raise _BadLine(f"expected a JSON object, got {_json_type(obj)}")
+    return obj
+
+
+def _request(obj: dict, lineno: int, seq: int, block_size: int, max_hash: int) -> tuple[int, TraceRequest]:
+    ts = _int_field(obj, "timestamp")
+    if ts > MAX_TIMESTAMP_MS:
+        raise _BadLine(f"'timestamp' {ts} is too large (at most {MAX_TIMESTAMP_MS} ms)")
+    input_len = _int_field(obj, "input_length")
+    if input_len == 0:
+        raise _BadLine("'input_length' is 0 (a request needs at least one input token)")
+    output_len = _int_field(obj, "output_length")
+
+    has_hashes, has_tokens = "hash_ids" in obj, "tokens" in obj
+    if has_hashes == has_tokens:
+        raise _BadLine("needs exactly one of 'hash_ids' or 'tokens', found "
+                       + ("both" if has_hashes else "neither"))
+    hash_ids = tokens = None
+    if has_hashes:
+        hash_ids = _int_list(obj, "hash_ids", max_hash)
+        want = -(-input_len // block_size)
+        if len(hash_ids) != want:
+            raise _BadLine(f"'hash_ids' has {len(hash_ids)} entries, expected {want} "
+                           f"(ceil(input_length {input_len} / block size {block_size}); see --block-size)")
+    else:
+        tokens = _int_list(obj, "tokens", MAX_TOKEN_ID)
+        if len(tokens) != input_len:
+            raise _BadLine(f"'tokens' has {len(tokens)} entries but 'input_length' is {input_len}")
+
+    if "id" in obj:
+        req_id = obj["id"]
+        if not isinstance(req_id, str):
+            raise _BadLine(f"'id' must be a string, got {_json_type(req_id)}")
+        if not req_id.strip():
+            raise _BadLine("'id' is empty")
+    else:
+        req_id = str(lineno)
+    return ts, TraceRequest(req_id=req_id, seq=seq, line=lineno, arrival_ns=-1, input_len=input_len,
+                            output_len=output_len, hash_ids=hash_ids, tokens=tokens)
+
+
+def _int_field(obj: dict, key: str) -> int:
+    try:
+        value = obj[key]
+    except KeyError:
+        raise _BadLine(f"missing field '{key}'") from None
+    if type(value) is not int:  # bool is an int subclass; JSON true is not a length
+        raise _BadLine(f"'{key}' must be an integer, got {_json_type(value)} {_show(value)}")
+    if value < 0:
+        raise _BadLine(f"'{key}' is negative ({value})")
+    return value
+
+
+def _int_list(obj: dict, key: str, max_value: int) -> tuple[int, ...]:
+    values = obj[key]
+    if not isinstance(values, list):
+        raise _BadLine(f"'{key}' must be a list of integers, got {_json_type(values)}")
+    if not values:
+        return ()
+    # One C-level pass for the types, then min/max: a per-element Python loop would dominate
+    # reading time on long traces.
+    if set(map(type, values)) != {int}:
+        bad = next(v for v in values if type(v) is not int)
+        raise _BadLine(f"'{key}' must hold only integers, found {_json_type(bad)} {_show(bad)}")
+    lo, hi = min(values), max(values)
+    if lo < 0:
+        raise _BadLine(f"'{key}' holds a negative value ({lo})")
+    if hi > max_value:
+        raise _BadLine(f"'{key}' holds {hi}, larger than the maximum {max_value}")
+    return tuple(values)
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _show(value: object, limit: int = 40) -> str:
+    """A short one-line rendering of a value for an error message."""
+    text = json.dumps(value, ensure_ascii=True)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --- spreading shared timestamps ------------------------------------------------------------
+
+def _spread(parsed: Iterator[tuple[int, TraceRequest]], path: Path, report: ReadReport) -> Iterator[TraceRequest]:
+    """Give requests that share a timestamp evenly spaced arrivals.
+
+    Mooncake buckets timestamps (~3 s buckets of ~10 requests in the conversation trace);
+    replaying a bucket as one burst would invent queueing. A group of k requests at t whose
+    next distinct timestamp is t2 gets arrivals t + i*(t2 - t)/k, i = 0..k-1:
+
+        t                                   t2
+        |--r0------r1------r2------r3-------|--r4 ...
+
+    The last group has no t2. It is spread over the mean gap between distinct timestamps of
+    the whole trace (a bucketed trace keeps its rhythm to the end); a trace with a single
+    distinct timestamp leaves that group at t, since there is no gap to learn from.
+    Arrivals are integer ns, rounded down, so they never reach t2.
+    """
+    group: list[TraceRequest] = []
+    group_ts = first_ts = -1
+    num_distinct = 0
+    for ts, req in parsed:
+        if group and ts != group_ts:
+            yield from _emit(group, group_ts, ts, report)
+            group = []
+        if not group:
+            group_ts = ts
+            num_distinct += 1
+            if first_ts < 0:
+                first_ts = ts
+        group.append(req)
+    if not group:
+        skipped = f" ({report.bad_lines} bad lines skipped)" if report.bad_lines else ""
+        raise TraceError(f"{path}: no requests in the trace{skipped}",
+                         hint="expected one JSON object a line")
+    mean_gap_ms = (group_ts - first_ts) / (num_distinct - 1) if num_distinct > 1 else 0.0
+    yield from _emit(group, group_ts, group_ts + mean_gap_ms, report)
+
+
+def _emit(group: list[TraceRequest], ts_ms: int, next_ts_ms: float, report: ReadReport) -> Iterator[TraceRequest]:
+    k = len(group)
+    base_ns = ts_ms * NS_PER_MS
+    gap_ns = round((next_ts_ms - ts_ms) * NS_PER_MS)
+    for i, req in enumerate(group):
+        report.num_requests += 1
+        # TraceRequest is frozen: build the final one rather than mutate.
+        yield TraceRequest(req_id=req.req_id, seq=req.seq, line=req.line, arrival_ns=base_ns + i * gap_ns // k,
+                           input_len=req.input_len, output_len=req.output_len, hash_ids=req.hash_ids,
+                           tokens=req.tokens)
