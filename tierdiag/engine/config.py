@@ -1,0 +1,138 @@
+"""One frozen, validated configuration for a replay. A TOML file or CLI options fill it.
+
+Validation happens before any work: every error names the option and what would be valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from tierdiag.errors import ConfigError, unknown_name
+from tierdiag.engine.presets import GPUS, MODELS, gpu_preset, model_preset
+
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+EVICTION_POLICIES = ("lru", "lfu", "fifo")
+PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+TIMINGS = ("modelled", "measured")
+VERIFY_MODES = ("all", "sample", "off")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "llama3-8b"
+    gpu: str = "h200"
+    # None: derived from the presets (device: what is left of GPU memory after weights at a
+    # 0.88 static fraction, like SGLang's mem_fraction_static; host: 2x device, HiCache's ratio).
+    device_tokens: int | None = None
+    host_tokens: int | None = None
+    storage_tokens: int = 0  # 0 = no storage tier
+    page_size: int = 64
+    block_size: int = 512  # tokens per hash id in Mooncake traces
+    write_policy: str = "write_through"
+    eviction_policy: str = "lru"
+    load_back_threshold: int = 10
+    prefetch_policy: str = "best_effort"
+    prefetch_threshold: int = 256
+    max_prefill_tokens: int = 16384
+    layerwise_overlap: bool = True
+    timing: str = "modelled"
+    profile: str | None = None  # a `tierdiag calibrate` profile JSON
+    time_scale: float = 1.0  # multiply trace inter-arrival times (2.0 = half the request rate)
+    seed: int = 0
+    verify: str = "sample"  # byte-for-byte check of load-backs: all | sample | off
+    data_plane_mib: int = 64  # memory for the real device+host pools; width shrinks to fit
+    mem_fraction_static: float = 0.88
+    storage_dir: str | None = None  # default: a folder beside the database
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise unknown_name("--model preset", self.model, MODELS)
+        if self.gpu not in GPUS:
+            raise unknown_name("--gpu preset", self.gpu, GPUS)
+        for opt, value, known in (
+            ("--write-policy", self.write_policy, WRITE_POLICIES),
+            ("--eviction-policy", self.eviction_policy, EVICTION_POLICIES),
+            ("--prefetch-policy", self.prefetch_policy, PREFETCH_POLICIES),
+            ("--timing", self.timing, TIMINGS),
+            ("--verify", self.verify, VERIFY_MODES),
+        ):
+            if value not in known:
+                raise unknown_name(opt, value, known)
+        ps = self.page_size
+        if ps <= 0 or ps & (ps - 1):
+            raise ConfigError(f"--page-size {ps} must be a power of two")
+        if self.block_size <= 0 or self.block_size % ps:
+            raise ConfigError(f"--block-size {self.block_size} must be a positive multiple of --page-size {ps}")
+        if self.device_tokens is not None and self.device_tokens < 2 * ps:
+            raise ConfigError(f"--device-tokens {self.device_tokens} is smaller than two pages ({2 * ps} tokens)")
+        if self.host_tokens is not None and self.host_tokens < ps:
+            raise ConfigError(f"--host-tokens {self.host_tokens} is smaller than one page ({ps} tokens)")
+        if self.storage_tokens < 0 or (0 < self.storage_tokens < ps):
+            raise ConfigError(f"--storage-tokens {self.storage_tokens} must be 0 (off) or at least one page ({ps})")
+        for opt, value in (("--load-back-threshold", self.load_back_threshold),
+                           ("--prefetch-threshold", self.prefetch_threshold), ("--seed", self.seed)):
+            if value < 0:
+                raise ConfigError(f"{opt} {value} must not be negative")
+        if self.max_prefill_tokens < ps:
+            raise ConfigError(f"--max-prefill-tokens {self.max_prefill_tokens} is smaller than one page ({ps})")
+        if not self.time_scale > 0:
+            raise ConfigError(f"--time-scale {self.time_scale} must be positive")
+        if self.data_plane_mib < 1:
+            raise ConfigError(f"--data-plane-mib {self.data_plane_mib} must be at least 1")
+        if not 0 < self.mem_fraction_static <= 1:
+            raise ConfigError(f"mem_fraction_static {self.mem_fraction_static} must be in (0, 1]")
+        if self.profile is not None and not Path(self.profile).is_file():
+            raise ConfigError(f"--profile {self.profile}: no such file", hint="write one with `tierdiag calibrate`")
+        if self.resolved_device_tokens() < 2 * ps:
+            raise ConfigError(f"model {self.model} does not fit on gpu {self.gpu}: no room left for the KV cache",
+                              hint="pass --device-tokens")
+
+    # --- derived sizes -------------------------------------------------------------------
+    def resolved_device_tokens(self) -> int:
+        if self.device_tokens is not None:
+            return self.device_tokens - self.device_tokens % self.page_size
+        m, g = model_preset(self.model), gpu_preset(self.gpu)
+        free = g.memory_bytes * self.mem_fraction_static - m.weight_bytes
+        tokens = int(max(free, 0) // m.kv_bytes_per_token)
+        return tokens - tokens % self.page_size
+
+    def resolved_host_tokens(self) -> int:
+        host = self.host_tokens if self.host_tokens is not None else 2 * self.resolved_device_tokens()
+        return host - host % self.page_size
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["device_tokens"] = self.resolved_device_tokens()
+        d["host_tokens"] = self.resolved_host_tokens()
+        return d
+
+
+CONFIG_KEYS = tuple(f.name for f in fields(EngineConfig))
+
+
+def load_config(path: str | Path | None, overrides: Mapping[str, Any]) -> EngineConfig:
+    """TOML file first, then CLI options that were given (None means not given)."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            raw = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"--config {p}: no such file") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--config {p}: not valid TOML ({exc})") from None
+        raw = raw.get("replay", raw)  # accept a [replay] table or top-level keys
+        for key, value in raw.items():
+            name = key.replace("-", "_")
+            if name not in CONFIG_KEYS:
+                raise unknown_name(f"key in {p}:", key, CONFIG_KEYS)
+            values[name] = value
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return EngineConfig(**values)
+    except TypeError as exc:
+        raise ConfigError(f"bad configuration: {exc}") from None

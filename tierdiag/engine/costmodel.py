@@ -1,0 +1,107 @@
+"""How long things take on the virtual clock.
+
+- prefill: roofline of the model on the GPU: max(FLOPs / (peak * MFU), weights / HBM) + launch overhead;
+  FLOPs = 2 * params * new tokens + 4 * layers * hidden * new tokens * mean attended context.
+- a copy: per-transfer overhead + bytes / link bandwidth (+ a small per-page cost: small and
+  fragmented transfers are slow, which is what explain calls out);
+- load-back overlapped layer by layer with prefill: the first layer's load is always exposed;
+- storage: per-operation latency + bytes / disk bandwidth.
+A `tierdiag calibrate` profile replaces the link numbers with measured ones.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tierdiag.engine.config import EngineConfig
+from tierdiag.engine.presets import gpu_preset, model_preset
+from tierdiag.errors import ConfigError
+
+BATCH_OVERHEAD_NS = 1_000_000  # scheduling + kernel launches per prefill batch
+PAGE_OVERHEAD_NS = 100  # per-page descriptor cost inside one copy kernel
+DISK_BYTES_PER_S = 5e9  # NVMe-class local storage
+DISK_LATENCY_NS = 100_000
+
+
+@dataclass(frozen=True)
+class CostModel:
+    num_layers: int
+    hidden_size: int
+    kv_bytes_per_token: int
+    weight_bytes: float
+    num_params: float
+    effective_flops_per_s: float
+    hbm_bytes_per_s: float
+    h2d_bytes_per_s: float
+    d2h_bytes_per_s: float
+    transfer_overhead_ns: int
+    layerwise_overlap: bool
+    link_source: str  # "preset" or the profile path
+
+    @classmethod
+    def from_config(cls, cfg: EngineConfig) -> "CostModel":
+        m, g = model_preset(cfg.model), gpu_preset(cfg.gpu)
+        h2d = d2h = g.link_bytes_per_s
+        overhead = g.transfer_overhead_ns
+        source = "preset"
+        if cfg.profile:
+            try:
+                prof = json.loads(Path(cfg.profile).read_text())
+                h2d = float(prof["h2d_bytes_per_s"])
+                d2h = float(prof["d2h_bytes_per_s"])
+                overhead = int(prof["transfer_overhead_ns"])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise ConfigError(f"--profile {cfg.profile} is not a calibrate profile ({exc})") from None
+            source = str(cfg.profile)
+        return cls(
+            num_layers=m.num_layers, hidden_size=m.hidden_size, kv_bytes_per_token=m.kv_bytes_per_token,
+            weight_bytes=m.weight_bytes, num_params=m.num_params,
+            effective_flops_per_s=g.flops_per_s * g.mfu, hbm_bytes_per_s=g.hbm_bytes_per_s,
+            h2d_bytes_per_s=h2d, d2h_bytes_per_s=d2h, transfer_overhead_ns=overhead,
+            layerwise_overlap=cfg.layerwise_overlap, link_source=source,
+        )
+
+    # --- compute -------------------------------------------------------------------------
+    def prefill_flops(self, new_tokens: int, prefix_tokens: int) -> float:
+        """FLOPs to compute `new_tokens` that attend to `prefix_tokens` cached ones (causal)."""
+        mean_context = prefix_tokens + new_tokens / 2
+        return 2.0 * self.num_params * new_tokens + 4.0 * self.num_layers * self.hidden_size * new_tokens * mean_context
+
+    def prefill_ns(self, flops: float) -> int:
+        compute_s = flops / self.effective_flops_per_s
+        memory_s = self.weight_bytes / self.hbm_bytes_per_s
+        return int(max(compute_s, memory_s) * 1e9) + BATCH_OVERHEAD_NS
+
+    def prefill_alone_ns(self, new_tokens: int, prefix_tokens: int) -> int:
+        return self.prefill_ns(self.prefill_flops(max(new_tokens, 1), prefix_tokens))
+
+    def decode_step_ns(self, running_context_tokens: int) -> int:
+        """One decode step: read the weights and every running request's KV once."""
+        bytes_read = self.weight_bytes + running_context_tokens * self.kv_bytes_per_token
+        return int(bytes_read / self.hbm_bytes_per_s * 1e9) + 20_000
+
+    # --- copies --------------------------------------------------------------------------
+    def copy_ns(self, num_bytes: int, num_pages: int, *, to_device: bool) -> int:
+        bw = self.h2d_bytes_per_s if to_device else self.d2h_bytes_per_s
+        return self.transfer_overhead_ns + int(num_bytes / bw * 1e9) + PAGE_OVERHEAD_NS * num_pages
+
+    def storage_ns(self, num_bytes: int) -> int:
+        return DISK_LATENCY_NS + int(num_bytes / DISK_BYTES_PER_S * 1e9)
+
+    def overlapped_ns(self, load_ns: int, compute_ns: int) -> int:
+        """Wall time of a batch whose load-back of `load_ns` feeds a prefill of `compute_ns`.
+
+        Layer-wise: layer i's KV is loaded while layer i-1 computes.
+            load   |L0|L1|L2|...
+            compute   |C0|C1|C2|...
+        finish = l + (n-1) * max(l, c) + c with l, c the per-layer times.
+        """
+        if load_ns <= 0:
+            return compute_ns
+        if not self.layerwise_overlap:
+            return load_ns + compute_ns
+        n = self.num_layers
+        per_load, per_compute = load_ns / n, compute_ns / n
+        return int(per_load + (n - 1) * max(per_load, per_compute) + per_compute)

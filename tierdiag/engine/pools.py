@@ -1,0 +1,194 @@
+"""Pools own slots and buffers (never residency: that is the tree's).
+
+A KV pool buffer is `[num_layers, num_pages, page_elems]` int64, layer-major like SGLang's
+layer_first host layout, so one layer's page is one contiguous row and a layer can be
+loaded back on its own. The device pool lives on CUDA when there is one; the host pool is
+pinned CPU memory then (plain CPU memory otherwise).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass(frozen=True)
+class DataPlane:
+    """The real buffers' geometry, and how it relates to the modelled one."""
+    num_layers: int
+    page_elems: int  # int64 elements per page per layer
+    device: str
+    pinned_host: bool
+    modelled_page_bytes: int
+
+    @property
+    def page_bytes(self) -> int:
+        return self.num_layers * self.page_elems * 8
+
+    @property
+    def reduced(self) -> bool:
+        return self.page_bytes < self.modelled_page_bytes
+
+    def to_json(self) -> dict:
+        return {
+            "num_layers": self.num_layers, "page_elems": self.page_elems, "device": self.device,
+            "pinned_host": self.pinned_host, "page_bytes": self.page_bytes,
+            "modelled_page_bytes": self.modelled_page_bytes, "reduced_width": self.reduced,
+            "scale": self.page_bytes / self.modelled_page_bytes,
+        }
+
+
+def plan_data_plane(*, model_layers: int, modelled_page_bytes: int, total_pages: int,
+                    budget_bytes: int, device: str, pinned_host: bool) -> DataPlane:
+    """Fit both pools into `budget_bytes`: keep up to 4 layers, shrink the row width (power of
+    two, at least 8 elements = 64 bytes) until it fits; never wider than the modelled page."""
+    layers = min(model_layers, 4)
+    full_elems = max(8, modelled_page_bytes // (model_layers * 8))
+    elems = 1 << (full_elems.bit_length() - 1)  # power of two <= full row
+    while elems > 8 and layers * elems * 8 * total_pages > budget_bytes:
+        elems //= 2
+    return DataPlane(layers, elems, device, pinned_host, modelled_page_bytes)
+
+
+class PagePool:
+    """Slots of one tier. Exact accounting: free + used == capacity, no slot owned twice."""
+
+    def __init__(self, name: str, num_pages: int, plane: DataPlane, *, on_device: bool):
+        self.name = name
+        self.capacity = num_pages
+        # Lowest slot first, so fresh pools hand out contiguous runs (fewer, larger transfers).
+        self._free = list(range(num_pages - 1, -1, -1))
+        self._owned = bytearray(num_pages)
+        shape = (plane.num_layers, num_pages, plane.page_elems)
+        if on_device:
+            self.buffer = torch.zeros(shape, dtype=torch.int64, device=plane.device)
+        else:
+            self.buffer = torch.zeros(shape, dtype=torch.int64, pin_memory=plane.pinned_host)
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    @property
+    def used_pages(self) -> int:
+        return self.capacity - len(self._free)
+
+    def alloc(self, n: int) -> list[int] | None:
+        if n > len(self._free):
+            return None
+        if n == 0:
+            return []
+        slots = self._free[-n:]
+        del self._free[-n:]
+        slots.reverse()
+        owned = self._owned
+        for s in slots:
+            assert not owned[s], f"{self.name} slot {s} handed out twice"
+            owned[s] = 1
+        return slots
+
+    def free(self, slots: list[int]) -> None:
+        owned = self._owned
+        for s in slots:
+            assert owned[s], f"{self.name} slot {s} freed but not owned (double free?)"
+            owned[s] = 0
+        self._free.extend(reversed(slots))
+
+    def check(self) -> None:
+        assert sum(self._owned) == self.used_pages, f"{self.name}: owned flags disagree with the free list"
+        assert len(set(self._free)) == len(self._free), f"{self.name}: a slot is free twice"
+
+
+# --- page content: a deterministic function of the page key --------------------------------
+_MIX = 0x9E3779B97F4A7C15 - (1 << 64)  # golden-ratio constant as a signed int64
+
+
+def page_content(keys: list[int], num_layers: int, page_elems: int) -> torch.Tensor:
+    """[layers, len(keys), elems] int64 whose every row is derived from its page key and layer."""
+    k = torch.tensor(keys, dtype=torch.int64).view(1, -1, 1)
+    layer = torch.arange(num_layers, dtype=torch.int64).view(-1, 1, 1)
+    col = torch.arange(page_elems, dtype=torch.int64).view(1, 1, -1)
+    return (k * _MIX + layer * 1_000_003) ^ (col * 2_654_435_761)
+
+
+def write_content(pool: PagePool, slots: list[int], keys: list[int]) -> None:
+    """What a prefill would produce: KV derived from the page keys, into the given slots."""
+    if not slots:
+        return
+    data = page_content(keys, pool.buffer.shape[0], pool.buffer.shape[2]).to(pool.buffer.device)
+    pool.buffer[:, torch.tensor(slots, dtype=torch.int64, device=pool.buffer.device)] = data
+
+
+def verify_content(pool: PagePool, slots: list[int], keys: list[int]) -> bool:
+    if not slots:
+        return True
+    idx = torch.tensor(slots, dtype=torch.int64, device=pool.buffer.device)
+    expected = page_content(keys, pool.buffer.shape[0], pool.buffer.shape[2]).to(pool.buffer.device)
+    return bool(torch.equal(pool.buffer[:, idx], expected))
+
+
+# --- storage tier: page files on local disk, keyed by chained SHA-256 -----------------------
+class StorageTier:
+    """Page files under `root`, one file a page (`ab/abcdef…`), LRU-deleted past capacity."""
+
+    def __init__(self, root: Path, capacity_pages: int):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.capacity = capacity_pages
+        self._index: OrderedDict[str, None] = OrderedDict()
+
+    def _path(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._index
+
+    @property
+    def used_pages(self) -> int:
+        return len(self._index)
+
+    def touch(self, key: str) -> None:
+        self._index.move_to_end(key)
+
+    def write(self, keys: list[str], rows: torch.Tensor) -> list[str]:
+        """Write pages (rows: [layers, n, elems] on CPU). Returns the keys deleted to make room."""
+        deleted = []
+        data = rows.cpu().permute(1, 0, 2).contiguous().numpy()
+        for i, key in enumerate(keys):
+            if key in self._index:
+                self._index.move_to_end(key)
+                continue
+            while len(self._index) >= self.capacity:
+                old, _ = self._index.popitem(last=False)
+                self._path(old).unlink(missing_ok=True)
+                deleted.append(old)
+            path = self._path(key)
+            path.parent.mkdir(exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(data[i].tobytes())
+            os.replace(tmp, path)
+            self._index[key] = None
+        return deleted
+
+    def read(self, keys: list[str], num_layers: int, page_elems: int) -> torch.Tensor:
+        out = torch.empty((len(keys), num_layers, page_elems), dtype=torch.int64)
+        for i, key in enumerate(keys):
+            raw = self._path(key).read_bytes()
+            out[i] = torch.frombuffer(bytearray(raw), dtype=torch.int64).view(num_layers, page_elems)
+            self._index.move_to_end(key)
+        return out.permute(1, 0, 2)
+
+
+def storage_keys(page_keys: list[int]) -> list[str]:
+    """Chained SHA-256: key_i = sha256(key_{i-1} ‖ page key i), so a key names its whole prefix."""
+    out = []
+    prev = b""
+    for k in page_keys:
+        prev = hashlib.sha256(prev + k.to_bytes(8, "little", signed=False)).digest()
+        out.append(prev.hex())
+    return out

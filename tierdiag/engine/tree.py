@@ -1,0 +1,319 @@
+"""The radix tree over page keys. It knows residency and locks, never bytes (SGLang's split:
+the tree owns residency, the pools own slots and buffers, the controller owns copies).
+
+A node holds a run of pages. Page keys are chained (a key names its whole prefix), so a node
+whose last key matches is matched entirely, and the matched length inside a node is found by
+binary search instead of a page-by-page walk.
+
+Residency invariants (checked by tests):
+- every node is on device, on host, or both;
+- device-resident nodes form a root-connected prefix (a device node's parent is on device);
+- `lock_ref` of a node counts the locks held on it or on any node below it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Callable
+
+
+class TreeNode:
+    __slots__ = ("id", "parent", "children", "keys", "device", "host", "lock_ref", "hit_count",
+                 "last_access_ns", "created_ns", "n_dev_children", "owner", "prefetched_for", "evicted_by")
+
+    def __init__(self, node_id: int, parent: "TreeNode | None", keys: list[int],
+                 device: list[int] | None, host: list[int] | None, now_ns: int, owner: str | None):
+        self.id = node_id
+        self.parent = parent
+        self.children: dict[int, TreeNode] = {}
+        self.keys = keys
+        self.device = device  # device pool slots, one per page, or None
+        self.host = host  # host pool slots, one per page, or None
+        self.lock_ref = 0
+        self.hit_count = 0
+        self.last_access_ns = now_ns
+        self.created_ns = now_ns
+        self.n_dev_children = 0
+        self.owner = owner  # the last request that used these pages
+        self.prefetched_for: int | None = None  # request seq whose storage prefetch brought it in
+        self.evicted_by: int | None = None  # eviction id that demoted it (host-only nodes)
+
+    @property
+    def num_pages(self) -> int:
+        return len(self.keys)
+
+    def __repr__(self) -> str:
+        tiers = ("D" if self.device is not None else "") + ("H" if self.host is not None else "")
+        return f"<node {self.id} pages={len(self.keys)} {tiers} lock={self.lock_ref}>"
+
+
+PRIORITIES: dict[str, Callable[[TreeNode], tuple]] = {
+    "lru": lambda n: (n.last_access_ns, n.id),
+    "lfu": lambda n: (n.hit_count, n.last_access_ns, n.id),
+    "fifo": lambda n: (n.created_ns, n.id),
+}
+
+
+@dataclass(frozen=True)
+class TreeMatch:
+    """What the tree knows of a key sequence: the matched path split by residency.
+
+        pages:  |--- device_nodes ---|--- host_nodes ---|   (rest: not in the tree)
+    """
+    device_nodes: tuple[TreeNode, ...]
+    host_nodes: tuple[TreeNode, ...]
+
+    @property
+    def device_pages(self) -> int:
+        return sum(len(n.keys) for n in self.device_nodes)
+
+    @property
+    def host_pages(self) -> int:
+        return sum(len(n.keys) for n in self.host_nodes)
+
+    @property
+    def last_node(self) -> "TreeNode | None":
+        if self.host_nodes:
+            return self.host_nodes[-1]
+        return self.device_nodes[-1] if self.device_nodes else None
+
+    @property
+    def last_device_node(self) -> "TreeNode | None":
+        return self.device_nodes[-1] if self.device_nodes else None
+
+
+class RadixTree:
+    def __init__(self, page_size: int, eviction_policy: str = "lru"):
+        self.page_size = page_size
+        self.priority = PRIORITIES[eviction_policy]
+        self._next_id = 1
+        self.root = TreeNode(0, None, [], [], None, 0, None)
+        self.root.lock_ref = 1  # the root is never evicted
+        self.locked_device_pages = 0
+        self.locked_host_pages = 0
+        self._device_heap: list = []
+        self._host_heap: list = []
+
+    def _new_node(self, parent: TreeNode, keys: list[int], device, host, now_ns: int, owner) -> TreeNode:
+        node = TreeNode(self._next_id, parent, keys, device, host, now_ns, owner)
+        self._next_id += 1
+        parent.children[keys[0]] = node
+        if device is not None:
+            parent.n_dev_children += 1
+        return node
+
+    # --- matching ------------------------------------------------------------------------
+    @staticmethod
+    def _common_pages(keys: list[int], start: int, node_keys: list[int]) -> int:
+        """Pages of node_keys matched by keys[start:]; node_keys[0] == keys[start] is known."""
+        m = len(node_keys)
+        avail = len(keys) - start
+        if avail >= m and keys[start + m - 1] == node_keys[-1]:
+            return m
+        lo, hi = 1, min(m, avail)  # keys[start+lo-1] matches; find the last matching index
+        if keys[start + hi - 1] == node_keys[hi - 1]:
+            return hi
+        while hi - lo > 1:  # invariant: lo matches, hi does not (chained keys: monotone)
+            mid = (lo + hi) // 2
+            if keys[start + mid - 1] == node_keys[mid - 1]:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def _split(self, node: TreeNode, pages: int) -> TreeNode:
+        """Cut `node` after `pages` pages; return the new upper part (which takes node's place)."""
+        parent = node.parent
+        upper = TreeNode(self._next_id, parent, node.keys[:pages],
+                         None if node.device is None else node.device[:pages],
+                         None if node.host is None else node.host[:pages],
+                         node.created_ns, node.owner)
+        self._next_id += 1
+        upper.lock_ref = node.lock_ref
+        upper.hit_count = node.hit_count
+        upper.last_access_ns = node.last_access_ns
+        upper.prefetched_for = node.prefetched_for
+        upper.evicted_by = node.evicted_by
+        node.keys = node.keys[pages:]
+        if node.device is not None:
+            node.device = node.device[pages:]
+        if node.host is not None:
+            node.host = node.host[pages:]
+        parent.children[upper.keys[0]] = upper
+        upper.children = {node.keys[0]: node}
+        upper.n_dev_children = 1 if node.device is not None else 0
+        node.parent = upper
+        return upper
+
+    def match(self, keys: list[int], now_ns: int, owner: str | None = None) -> TreeMatch:
+        """Longest cached prefix of `keys`, splitting the last node so the path ends exactly there.
+
+        Touches every node on the path (last access, hit count), as SGLang's match_prefix does.
+        """
+        node = self.root
+        i, n = 0, len(keys)
+        device_nodes: list[TreeNode] = []
+        host_nodes: list[TreeNode] = []
+        while i < n:
+            child = node.children.get(keys[i])
+            if child is None:
+                break
+            m = self._common_pages(keys, i, child.keys)
+            if m < len(child.keys):
+                child = self._split(child, m)
+            child.last_access_ns = now_ns
+            child.hit_count += 1
+            child.owner = owner
+            if child.device is not None:
+                device_nodes.append(child)
+            else:
+                host_nodes.append(child)
+            node = child
+            i += m
+        return TreeMatch(tuple(device_nodes), tuple(host_nodes))
+
+    # --- insertion -----------------------------------------------------------------------
+    def insert(self, keys: list[int], device_slots: list[int], now_ns: int,
+               owner: str | None = None) -> tuple[TreeNode, list[int], list[TreeNode]]:
+        """Give the tree a computed prefix. Returns (last node, duplicate slots to free, new or
+        revived nodes). Pages already on device keep their slots (ours are duplicates); host-only
+        pages are revived with our slots (their host copy stays: still backed up)."""
+        assert len(keys) == len(device_slots), "one device slot per page key"
+        node = self.root
+        i, n = 0, len(keys)
+        dups: list[int] = []
+        fresh: list[TreeNode] = []
+        while i < n:
+            child = node.children.get(keys[i])
+            if child is None:
+                child = self._new_node(node, keys[i:], device_slots[i:], None, now_ns, owner)
+                fresh.append(child)
+                self._push_device(child)
+                return child, dups, fresh
+            m = self._common_pages(keys, i, child.keys)
+            if m < len(child.keys):
+                child = self._split(child, m)
+            if child.device is not None:
+                dups.extend(device_slots[i:i + m])
+            else:
+                self.set_device(child, device_slots[i:i + m])
+                fresh.append(child)
+            child.last_access_ns = now_ns
+            child.owner = owner
+            node = child
+            i += m
+        return node, dups, fresh
+
+    def insert_host(self, parent: TreeNode, keys: list[int], host_slots: list[int], now_ns: int,
+                    owner: str | None) -> TreeNode:
+        """Attach host-only pages (a storage prefetch) below `parent`, which must be the path's end."""
+        assert keys and keys[0] not in parent.children, "prefetched pages must extend the tree"
+        return self._new_node(parent, keys, None, host_slots, now_ns, owner)
+
+    # --- residency changes ---------------------------------------------------------------
+    def set_device(self, node: TreeNode, slots: list[int]) -> None:
+        assert node.device is None and len(slots) == len(node.keys)
+        assert node.parent.device is not None, f"{node}: device residency must stay root-connected"
+        node.device = slots
+        node.parent.n_dev_children += 1
+        if node.lock_ref:
+            self.locked_device_pages += len(slots)
+        self._push_device(node)
+
+    def set_host(self, node: TreeNode, slots: list[int]) -> None:
+        assert node.host is None and len(slots) == len(node.keys)
+        node.host = slots
+        if node.lock_ref:
+            self.locked_host_pages += len(slots)
+
+    def demote(self, node: TreeNode) -> list[int]:
+        """Device copy goes, host copy stays. Returns the freed device slots."""
+        assert node.host is not None and node.lock_ref == 0 and node.n_dev_children == 0
+        slots, node.device = node.device, None
+        node.parent.n_dev_children -= 1
+        self._push_device(node.parent)
+        self._push_host(node)
+        return slots
+
+    def delete(self, node: TreeNode) -> tuple[list[int], list[int]]:
+        """Remove a leaf from the tree. Returns its (device slots, host slots)."""
+        assert node.lock_ref == 0 and not node.children, f"{node}: only unlocked leaves are deleted"
+        parent = node.parent
+        del parent.children[node.keys[0]]
+        if node.device is not None:
+            parent.n_dev_children -= 1
+        node.parent = None
+        self._push_device(parent)
+        self._push_host(parent)
+        return node.device or [], node.host or []
+
+    # --- locks ---------------------------------------------------------------------------
+    def inc_lock(self, node: TreeNode) -> None:
+        while node is not None:
+            if node.lock_ref == 0:
+                if node.device is not None:
+                    self.locked_device_pages += len(node.keys)
+                if node.host is not None:
+                    self.locked_host_pages += len(node.keys)
+            node.lock_ref += 1
+            node = node.parent
+
+    def dec_lock(self, node: TreeNode) -> None:
+        while node is not None:
+            assert node.lock_ref > 0, f"{node}: lock_ref would go negative (unbalanced dec_lock)"
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                if node.device is not None:
+                    self.locked_device_pages -= len(node.keys)
+                    self._push_device(node)
+                if node.host is not None:
+                    self.locked_host_pages -= len(node.keys)
+                    self._push_host(node)
+            node = node.parent
+
+    # --- eviction candidates (lazy heaps: priorities only grow, stale entries are re-pushed) ---
+    @staticmethod
+    def device_evictable(node: TreeNode) -> bool:
+        return (node.parent is not None and node.device is not None and node.lock_ref == 0
+                and node.n_dev_children == 0)
+
+    @staticmethod
+    def host_evictable(node: TreeNode) -> bool:
+        return (node.parent is not None and node.device is None and node.host is not None
+                and node.lock_ref == 0 and not node.children)
+
+    def _push_device(self, node: TreeNode) -> None:
+        if self.device_evictable(node):
+            heapq.heappush(self._device_heap, (self.priority(node), node.id, node))
+
+    def _push_host(self, node: TreeNode) -> None:
+        if self.host_evictable(node):
+            heapq.heappush(self._host_heap, (self.priority(node), node.id, node))
+
+    def _pop(self, heap: list, valid: Callable[[TreeNode], bool]) -> TreeNode | None:
+        while heap:
+            prio, _, node = heapq.heappop(heap)
+            if not valid(node):
+                continue
+            current = self.priority(node)
+            if current != prio:
+                heapq.heappush(heap, (current, node.id, node))
+                continue
+            # drop duplicates of the same node still in the heap lazily (they fail `valid` later)
+            return node
+        return None
+
+    def pop_device_victim(self) -> TreeNode | None:
+        return self._pop(self._device_heap, self.device_evictable)
+
+    def pop_host_victim(self) -> TreeNode | None:
+        return self._pop(self._host_heap, self.host_evictable)
+
+    # --- inspection (tests, invariants) --------------------------------------------------
+    def nodes(self):
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())

@@ -1,0 +1,175 @@
+"""Typed, immutable probe events: one per step the troubleshooting order needs.
+
+Field names match the run-store columns (tierdiag/store/schema.py) so the recorder copies
+them across without a mapping table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True, slots=True)
+class RequestArrived:
+    t_ns: int
+    req_id: str
+    seq: int
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatched:
+    t_ns: int
+    req_id: str
+    device_tokens: int
+    host_tokens: int
+    storage_tokens: int
+    prefix_indices_len: int
+    cache_protected_len: int
+
+
+@dataclass(frozen=True, slots=True)
+class LoadBackSkipped:
+    t_ns: int
+    req_id: str
+    tier: str  # host | storage
+    tokens: int
+    reason: str  # below_threshold | device_full | prefetch_incomplete | host_full
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """A copy between tiers: load_back (host->device), backup (device->host), prefetch
+    (storage->host), write_back (device->host at eviction, blocking), storage_write."""
+    transfer_id: int
+    t_start_ns: int
+    t_end_ns: int
+    kind: str
+    req_id: str | None
+    pages: int
+    runs: int
+    bytes: int
+    data_plane_bytes: int
+    queued_ns: int
+    wall_ns: int
+    verified: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    eviction_id: int
+    t_ns: int
+    tier: str
+    node_id: int
+    tokens: int
+    action: str  # demote | drop | delete
+    cause_req_id: str | None
+    owner_req_id: str | None
+    pool_used_tokens: int
+    pool_capacity_tokens: int
+    locked_tokens: int
+    node_hit_count: int
+    node_last_access_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixLostPages:
+    """Request `req_id` came back for pages that eviction `eviction_id` had taken."""
+    req_id: str
+    eviction_id: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchScheduled:
+    batch_id: int
+    t_start_ns: int
+    t_end_ns: int
+    num_reqs: int
+    extend_tokens: int
+    loadback_bytes: int
+    compute_ns: int
+    loadback_exposed_ns: int
+    num_decoding: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillDone:
+    t_ns: int
+    req_id: str
+    batch_id: int
+    chunk: int
+    extend_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    t_ns: int
+    req_id: str
+    ttft_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSample:
+    t_ns: int
+    tier: str
+    used_tokens: int
+    capacity_tokens: int
+    locked_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """Everything about one request, emitted when it finishes (or is rejected)."""
+    req_id: str
+    seq: int
+    arrival_ns: int
+    input_tokens: int
+    output_tokens: int
+    status: str
+    reject_reason: str | None
+    hit_class: str | None
+    device_hit_tokens: int
+    host_hit_tokens: int
+    storage_hit_tokens: int
+    computed_tokens: int
+    recomputed_tokens: int
+    host_match_tokens: int
+    storage_match_tokens: int
+    loadback_skipped_reason: str | None
+    loadback_skipped_tokens: int
+    storage_skipped_reason: str | None
+    prefix_indices_len: int
+    cache_protected_len: int
+    extend_input_len: int
+    queue_ns: int | None
+    storage_wait_ns: int | None
+    loadback_ns: int | None
+    loadback_exposed_ns: int | None
+    loadback_queued_ns: int | None
+    loadback_bytes: int
+    loadback_pages: int
+    loadback_runs: int
+    storage_bytes: int
+    storage_fetch_ns: int | None
+    recompute_ns: int | None
+    compute_ns: int | None
+    prefill_ns: int | None
+    ttft_ns: int | None
+    ideal_ttft_ns: int | None
+    ttft_if_device_resident_ns: int | None
+    recompute_instead_ns: int | None
+    first_batch_id: int | None
+    num_chunks: int
+    first_token_ns: int | None
+    finish_ns: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFinished:
+    record: RequestRecord
+
+
+def field_names(cls) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
