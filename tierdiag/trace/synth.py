@@ -41,6 +41,11 @@ from pathlib import Path
 from tierdiag.errors import ConfigError, OutputError, unknown_name
 
 MAX_INPUT_TOKENS = 30_000
+# The bundled demo: `tierdiag synth` with its defaults. Shaped for a small device pool
+# (64k-128k tokens) with a host pool ~4x that. Under a two-level LRU model (tests/trace) at 96k/384k,
+# about half the returning sessions find their own prefix still on device, nearly as many find it
+# demoted to host (load-back), and a few find it gone (recompute).
+DEMO_TRACE = Path(__file__).with_name("samples") / "demo.jsonl"
 # Rough decode speed of a mid-size model on one GPU, used only to place the next turn after the
 # previous answer has plausibly finished streaming (a turn sent before that would find no cache).
 _DECODE_MS_PER_TOKEN = 25.0
