@@ -1,0 +1,237 @@
+"""Copy kernels: every plan (runs, gather, scatter, two-pass) moves exactly the named pages,
+bit for bit, for any dtype, and touches nothing else."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tierdiag.engine import kernels
+from tierdiag.engine.kernels import backup, copy_pages, count_runs, load_back, plan_copy
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def _pool(layers: int, pages: int, elems: int, dtype: torch.dtype, seed: int, device: str = "cpu",
+          pin: bool = False) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randint(-(2**62), 2**62, (layers, pages, elems * 8), generator=g, dtype=torch.int64)
+    # Random bits reinterpreted: for float dtypes this includes NaN payloads and -0.0, which a
+    # copy must preserve exactly.
+    t = raw.view(torch.uint8)[..., : elems * torch.empty((), dtype=dtype).element_size()].contiguous().view(dtype)
+    t = t.to(device)
+    return t.pin_memory() if pin else t
+
+
+def _reference(src: torch.Tensor, src_pages, dst: torch.Tensor, dst_pages) -> torch.Tensor:
+    """The naive page-at-a-time copy the kernels must agree with."""
+    out = dst.clone()
+    for s, d in zip(list(src_pages), list(dst_pages)):
+        out[:, int(d)] = src[:, int(s)].to(out.device)
+    return out
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.cpu().reshape(-1).view(torch.uint8), b.cpu().reshape(-1).view(torch.uint8))
+
+
+def test_count_runs_narrated():
+    assert count_runs([]) == 0
+    assert count_runs([3]) == 1
+    assert count_runs([4, 5, 6, 9, 10, 2]) == 3
+    assert count_runs([5, 4, 3]) == 3  # descending ids are not a run: each is its own copy
+    assert count_runs(torch.tensor([0, 1, 2, 3])) == 1
+    assert count_runs(np.array([7, 9, 11])) == 3
+
+
+def test_plan_coalesces_runs_consecutive_on_both_sides():
+    plan = plan_copy([7, 8, 9, 2], [0, 1, 2, 5], column_bytes=1 << 20, src_num_pages=16, dst_num_pages=16)
+    assert plan.kind == "runs"
+    assert plan.runs == ((7, 0, 3), (2, 5, 1))
+
+
+def test_plan_prefers_one_gather_when_destination_is_consecutive_and_pages_small():
+    src = [9, 3, 14, 1, 6, 11, 0, 4]
+    plan = plan_copy(src, list(range(8)), column_bytes=256, src_num_pages=16, dst_num_pages=16)
+    assert plan.kind == "gather" and plan.num_ops == 1
+    plan = plan_copy(list(range(8)), src, column_bytes=256, src_num_pages=16, dst_num_pages=16)
+    assert plan.kind == "scatter" and plan.num_ops == 1
+
+
+def test_plan_scattered_both_sides_is_two_pass():
+    rng = np.random.default_rng(0)
+    s = rng.permutation(1000)[:200]
+    d = rng.permutation(1000)[:200]
+    plan = plan_copy(s.tolist(), d.tolist(), column_bytes=4096, src_num_pages=1000, dst_num_pages=1000)
+    assert plan.kind == "two_pass"
+
+
+def test_out_of_range_and_mismatched_lists_are_refused():
+    src = torch.zeros(2, 4, 8, dtype=torch.int64)
+    dst = torch.zeros(2, 4, 8, dtype=torch.int64)
+    with pytest.raises(IndexError, match="destination page 4 out of range"):
+        copy_pages(src, [0, 1], dst, [3, 4])
+    with pytest.raises(IndexError, match="source page -1"):
+        copy_pages(src, [-1], dst, [0])
+    with pytest.raises(ValueError, match="2 source pages into 1"):
+        copy_pages(src, [0, 1], dst, [0])
+    with pytest.raises(ValueError, match="geometries differ"):
+        copy_pages(src, [0], torch.zeros(2, 4, 16, dtype=torch.int64), [0])
+    with pytest.raises(ValueError, match="dtypes differ"):
+        copy_pages(src, [0], torch.zeros(2, 4, 8, dtype=torch.int32), [0])
+    assert torch.count_nonzero(dst) == 0  # refused before touching anything
+
+
+def test_empty_copy_is_a_no_op():
+    src = _pool(2, 4, 8, torch.int64, 1)
+    dst = torch.zeros_like(src)
+    assert copy_pages(src, [], dst, []) >= 0
+    assert torch.count_nonzero(dst) == 0
+
+
+_DTYPES = [torch.int64, torch.float32, torch.bfloat16, torch.float16, torch.uint8, torch.int32, torch.float64]
+
+
+@st.composite
+def _transfers(draw):
+    layers = draw(st.integers(1, 4))
+    src_pages = draw(st.integers(1, 48))
+    dst_pages = draw(st.integers(1, 48))
+    elems = draw(st.sampled_from([1, 3, 8, 16, 24, 64]))
+    dtype = draw(st.sampled_from(_DTYPES))
+    n = draw(st.integers(0, min(src_pages, dst_pages)))
+    shape = draw(st.sampled_from(["random", "runs", "src_run", "dst_run", "both_run"]))
+    if shape == "random":
+        s = draw(st.permutations(range(src_pages)))[:n]
+        d = draw(st.permutations(range(dst_pages)))[:n]
+    else:
+        # a few runs, each consecutive on both sides, in shuffled order
+        s0 = draw(st.integers(0, src_pages - n))
+        d0 = draw(st.integers(0, dst_pages - n))
+        s = list(range(s0, s0 + n))
+        d = list(range(d0, d0 + n))
+        if shape == "runs" and n:
+            cut = sorted(draw(st.lists(st.integers(0, n), max_size=4)))
+            pieces = [(s[a:b], d[a:b]) for a, b in zip([0] + cut, cut + [n]) if b > a]
+            order = draw(st.permutations(range(len(pieces))))
+            s = [x for i in order for x in pieces[i][0]]
+            d = [x for i in order for x in pieces[i][1]]
+        elif shape == "src_run":
+            d = draw(st.permutations(range(dst_pages)))[:n]
+        elif shape == "dst_run":
+            s = draw(st.permutations(range(src_pages)))[:n]
+    as_tensor = draw(st.booleans())
+    seed = draw(st.integers(0, 2**16))
+    return layers, src_pages, dst_pages, elems, dtype, list(s), list(d), as_tensor, seed
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_transfers())
+def test_copy_pages_matches_naive_reference(case):
+    layers, sp, dp, elems, dtype, s, d, as_tensor, seed = case
+    src = _pool(layers, sp, elems, dtype, seed)
+    dst = _pool(layers, dp, elems, dtype, seed + 1)
+    expected = _reference(src, s, dst, d)
+    src_before = src.clone()
+    pages_s = torch.tensor(s, dtype=torch.int64) if as_tensor else s
+    pages_d = torch.tensor(d, dtype=torch.int64) if as_tensor else d
+    wall_ns = copy_pages(src, pages_s, dst, pages_d)
+    assert isinstance(wall_ns, int) and wall_ns >= 0
+    assert _same_bits(dst, expected), "pages differ from the page-at-a-time reference"
+    assert _same_bits(src, src_before), "the source pool was modified"
+
+
+@settings(max_examples=40, deadline=None)
+@given(_transfers())
+def test_load_back_and_backup_round_trip(case):
+    layers, sp, dp, elems, dtype, s, d, _as_tensor, seed = case
+    host = _pool(layers, sp, elems, dtype, seed)
+    device = _pool(layers, dp, elems, dtype, seed + 1)
+    handle = load_back(host, s, device, d)
+    assert handle.layer_events == []  # CPU: done on return, no events
+    assert handle.wait() >= 0 and handle.done()
+    assert handle.num_pages == len(s)
+    assert handle.num_bytes == len(s) * layers * elems * host.element_size()
+    assert _same_bits(device[:, d], host[:, s])
+    host2 = torch.zeros_like(host)
+    backup(device, d, host2, s)
+    assert _same_bits(host2[:, s], host[:, s])
+
+
+@pytest.mark.parametrize("kind_pages", [
+    ("runs", list(range(40, 56)), list(range(3, 19))),
+    ("gather", [5, 90, 17, 33, 2, 71, 64, 8], list(range(20, 28))),
+    ("scatter", list(range(20, 28)), [5, 90, 17, 33, 2, 71, 64, 8]),
+    ("two_pass", [5, 90, 17, 33, 2, 71, 64, 8], [99, 0, 45, 12, 88, 31, 6, 50]),
+])
+def test_each_plan_kind_is_exercised_and_correct(kind_pages):
+    kind, s, d = kind_pages
+    src = _pool(3, 100, 4, torch.int64, 7)  # small pages: the planner picks the indexed paths
+    dst = _pool(3, 100, 4, torch.int64, 8)
+    plan = plan_copy(s, d, column_bytes=3 * 4 * 8, src_num_pages=100, dst_num_pages=100)
+    assert plan.kind == kind
+    expected = _reference(src, s, dst, d)
+    copy_pages(src, s, dst, d)
+    assert torch.equal(dst, expected)
+
+
+def test_two_pass_chunks_through_a_bounded_scratch(monkeypatch):
+    monkeypatch.setattr(kernels, "_SCRATCH_MAX_BYTES", 3 * 16 * 8)  # 3 rows a chunk
+    rng = np.random.default_rng(3)
+    s = rng.permutation(64)[:20].tolist()
+    d = rng.permutation(64)[:20].tolist()
+    src = _pool(2, 64, 16, torch.int64, 1)
+    dst = _pool(2, 64, 16, torch.int64, 2)
+    expected = _reference(src, s, dst, d)
+    copy_pages(src, s, dst, d)
+    assert torch.equal(dst, expected)
+
+
+def test_non_contiguous_pool_is_refused():
+    src = _pool(2, 8, 8, torch.int64, 1)
+    with pytest.raises(ValueError, match="contiguous"):
+        copy_pages(src[:, ::2], [0], torch.zeros(2, 4, 8, dtype=torch.int64), [0])
+
+
+# --- CUDA: the same properties through the side stream, pinned memory and layer events -------
+cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU")
+
+
+@pytest.mark.cuda
+@cuda
+@settings(max_examples=60, deadline=None)
+@given(_transfers())
+def test_cuda_load_back_backup_and_device_copy(case):
+    layers, sp, dp, elems, dtype, s, d, _as_tensor, seed = case
+    host = _pool(layers, sp, elems, dtype, seed, pin=True)
+    device = _pool(layers, dp, elems, dtype, seed + 1, device="cuda")
+    expected = _reference(host, s, device, d)
+    handle = load_back(host, s, device, d)
+    assert len(handle.layer_events) == layers
+    for layer, event in enumerate(handle.layer_events):
+        torch.cuda.current_stream().wait_event(event)
+    assert handle.wait() >= 0
+    assert _same_bits(device, expected)
+    host2 = torch.zeros_like(host).pin_memory()
+    expected_host = _reference(device, d, host2, s)
+    backup(device, d, host2, s)
+    assert _same_bits(host2, expected_host)
+    device2 = torch.zeros_like(device)
+    copy_pages(device, d, device2, d)
+    assert _same_bits(device2[:, d], device[:, d])
+
+
+@pytest.mark.cuda
+@cuda
+def test_cuda_load_back_sees_writes_queued_on_the_compute_stream():
+    host = torch.zeros(2, 64, 256, dtype=torch.int64).pin_memory()
+    device = torch.zeros(2, 64, 256, dtype=torch.int64, device="cuda")
+    device[:, 10:20] = 7  # queued on the current stream; backup must wait for it
+    backup(device, list(range(10, 20)), host, [3, 50, 4, 9, 60, 1, 2, 30, 31, 32])
+    assert int(host[:, [3, 50, 4, 9, 60, 1, 2, 30, 31, 32]].min()) == 7
+    handle = load_back(host, [3, 50, 4], device, [0, 40, 41])
+    handle.wait()
+    assert int(device[:, [0, 40, 41]].min()) == 7

@@ -1,0 +1,423 @@
+"""Page copy kernels: move whole pages between KV pools (load-back, backup, same-tier moves).
+
+A pool is `[num_layers, num_pages, page_elems]`, layer-major, so one layer's page is one
+contiguous row and a transfer of n pages is n rows in every layer:
+
+    pool[layer]:  | page 0 | page 1 | page 2 | page 3 | ...      one row = page_elems elements
+    src_pages = [7, 8, 9, 2]   dst_pages = [0, 1, 2, 5]
+                 └─run─┘  ·                 └─run─┘  ·      -> 2 runs consecutive on both sides
+
+Every call is planned first (`plan_copy`), then executed with as few tensor ops as the
+layout allows; the cheapest of:
+- `runs`:      pairs consecutive on both sides become slice copies, one op per run (all layers);
+- `gather`:    destination consecutive (per dst run): one `index_select` straight into the slice;
+- `scatter`:   source consecutive (per src run): one `index_copy_` straight from the slice;
+- `two_pass`:  both sides scattered: gather into a reused scratch buffer, then scatter.
+The choice is a small cost model (`_OP_COST_BYTES`: what one op's fixed overhead is worth in
+bytes moved), because a 64-byte page and a 64 KiB page want different plans.
+
+Rows are viewed as the widest element their bytes allow (complex128 = 16 bytes): indexed
+copies move elements one by one, so wider elements make them several times faster; the copy
+is bit for bit (no arithmetic touches the values), so any dtype works.
+
+CUDA: copies are issued on a dedicated side stream (which first waits for the current stream,
+so it sees the KV the prefill wrote), host memory is pinned, host<->device copies are
+`non_blocking`, and load-back records one `torch.cuda.Event` per layer so a prefill can start
+on layer 0 while later layers are still in flight. Scattered host pages are gathered into a
+pinned staging buffer by the CPU (torch's caching host allocator keeps a staging block alive
+until the copy that reads it has completed), then scattered on the device.
+
+torch is imported here at module level: this module is only imported by engine code paths.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence, Union
+
+import numpy as np
+import torch
+
+PageList = Union[Sequence[int], torch.Tensor, np.ndarray]
+
+# One tensor op's fixed cost (dispatch, thread wake-up, index conversion) expressed as bytes
+# it could have copied meanwhile: ~5 us at ~14 GB/s. Tuned with benchmarks/kernels.py.
+_OP_COST_BYTES = 64 * 1024
+# An indexed copy moves rows through an index; relative to a slice copy it costs a little more.
+_INDEXED_FACTOR = 1.15
+# The two-pass path stages at most this much at a time (bounds the scratch memory).
+_SCRATCH_MAX_BYTES = 32 * 1024 * 1024
+
+
+# --- planning --------------------------------------------------------------------------------
+def _as_index_array(pages: PageList) -> np.ndarray:
+    if isinstance(pages, torch.Tensor):
+        return pages.detach().to("cpu", torch.int64).reshape(-1).numpy()
+    if isinstance(pages, np.ndarray):
+        return pages.astype(np.int64, copy=False).reshape(-1)
+    # np.fromiter is ~4x faster than torch.as_tensor on a list of Python ints.
+    return np.fromiter(pages, dtype=np.int64, count=len(pages))
+
+
+def _run_starts(idx: np.ndarray) -> np.ndarray:
+    """Positions where a maximal run of consecutive ids (step +1) starts."""
+    if idx.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    brk = np.flatnonzero(np.diff(idx) != 1) + 1
+    return np.concatenate(([0], brk))
+
+
+def count_runs(pages: PageList) -> int:
+    """Number of maximal runs of consecutive page ids, in the order given (fragmentation):
+    [4, 5, 6, 9, 10, 2] has 3 runs; [] has 0."""
+    idx = _as_index_array(pages)
+    if idx.size == 0:
+        return 0
+    return int(np.count_nonzero(np.diff(idx) != 1)) + 1
+
+
+@dataclass(frozen=True, eq=False)  # holds arrays: identity, not value, equality
+class CopyPlan:
+    """How one transfer will be executed. `runs` holds (src_start, dst_start, num_pages)."""
+    kind: str  # "empty" | "runs" | "gather" | "scatter" | "two_pass"
+    num_pages: int
+    src_idx: np.ndarray
+    dst_idx: np.ndarray
+    runs: tuple[tuple[int, int, int], ...] = ()
+    num_ops: int = 0
+
+    @property
+    def src_runs(self) -> int:
+        return count_runs(self.src_idx)
+
+    @property
+    def dst_runs(self) -> int:
+        return count_runs(self.dst_idx)
+
+
+def _check_range(idx: np.ndarray, num_pages: int, side: str) -> None:
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= num_pages):
+        bad = idx[(idx < 0) | (idx >= num_pages)][0]
+        raise IndexError(f"{side} page {int(bad)} out of range: the pool has {num_pages} pages "
+                         f"(a slot freed twice or a stale page list?)")
+
+
+def plan_copy(src_pages: PageList, dst_pages: PageList, *, column_bytes: int,
+              src_num_pages: int, dst_num_pages: int) -> CopyPlan:
+    """Choose the cheapest execution for copying pages src_pages[i] -> dst_pages[i].
+
+    `column_bytes` is one page across all layers (num_layers * row bytes); it decides whether a
+    run is long enough to be worth its own op. Destination pages must be distinct.
+    """
+    s = _as_index_array(src_pages)
+    d = _as_index_array(dst_pages)
+    n = int(s.size)
+    if n != d.size:
+        raise ValueError(f"copy of {n} source pages into {d.size} destination pages")
+    _check_range(s, src_num_pages, "source")
+    _check_range(d, dst_num_pages, "destination")
+    if n == 0:
+        return CopyPlan("empty", 0, s, d)
+    if n == 1:
+        return CopyPlan("runs", 1, s, d, ((int(s[0]), int(d[0]), 1),), 1)
+
+    ds = np.diff(s) == 1
+    dd = np.diff(d) == 1
+    k_both = n - int(np.count_nonzero(ds & dd))
+    k_src = n - int(np.count_nonzero(ds))
+    k_dst = n - int(np.count_nonzero(dd))
+    total = n * column_bytes
+    costs = {
+        "runs": k_both * _OP_COST_BYTES + total,
+        "gather": k_dst * _OP_COST_BYTES + _INDEXED_FACTOR * total,
+        "scatter": k_src * _OP_COST_BYTES + _INDEXED_FACTOR * total,
+        "two_pass": 2 * _OP_COST_BYTES + 2 * _INDEXED_FACTOR * total,
+    }
+    kind = min(costs, key=costs.__getitem__)
+    if kind == "runs":
+        starts = np.flatnonzero(~(ds & dd)) + 1
+        starts = np.concatenate(([0], starts))
+        lens = np.diff(np.concatenate((starts, [n])))
+        runs = tuple(zip(s[starts].tolist(), d[starts].tolist(), lens.tolist()))
+        return CopyPlan("runs", n, s, d, runs, len(runs))
+    num_ops = {"gather": k_dst, "scatter": k_src, "two_pass": 2}[kind]
+    return CopyPlan(kind, n, s, d, (), num_ops)
+
+
+# --- execution ---------------------------------------------------------------------------------
+def _wide_rows(pool: torch.Tensor) -> torch.Tensor:
+    """The pool as [L, P, w] of the widest element type that tiles a row exactly (a view)."""
+    if pool.dim() != 3:
+        raise ValueError(f"a KV pool is [num_layers, num_pages, page_elems]; got shape {tuple(pool.shape)}")
+    if not pool.is_contiguous():
+        raise ValueError("KV pool must be contiguous (a pool buffer, not a slice of one)")
+    row_bytes = pool.shape[2] * pool.element_size()
+    offset_bytes = pool.storage_offset() * pool.element_size()
+    as_bytes = pool if pool.dtype == torch.uint8 else pool.view(torch.uint8)
+    for dtype, size in ((torch.complex128, 16), (torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
+        if row_bytes % size == 0 and offset_bytes % size == 0:
+            return as_bytes.view(dtype)
+    return as_bytes
+
+
+def _check_pair(src: torch.Tensor, dst: torch.Tensor) -> None:
+    if src.dtype != dst.dtype:
+        raise ValueError(f"pool dtypes differ: {src.dtype} -> {dst.dtype}")
+    if src.dim() != 3 or dst.dim() != 3 or src.shape[0] != dst.shape[0] or src.shape[2] != dst.shape[2]:
+        raise ValueError(f"pool geometries differ: {tuple(src.shape)} -> {tuple(dst.shape)} "
+                         "(need the same num_layers and page_elems)")
+
+
+def _plan_for(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pages: PageList) -> CopyPlan:
+    _check_pair(src, dst)
+    column_bytes = src.shape[0] * src.shape[2] * src.element_size()
+    return plan_copy(src_pages, dst_pages, column_bytes=column_bytes,
+                     src_num_pages=src.shape[1], dst_num_pages=dst.shape[1])
+
+
+def _runs_of(idx: np.ndarray) -> list[tuple[int, int, int]]:
+    """(position in the list, first id, length) for each maximal run of consecutive ids."""
+    starts = _run_starts(idx)
+    lens = np.diff(np.concatenate((starts, [idx.size])))
+    return list(zip(starts.tolist(), idx[starts].tolist(), lens.tolist()))
+
+
+_scratch: dict[tuple[torch.dtype, str], torch.Tensor] = {}
+
+
+def _scratch_rows(rows: int, like: torch.Tensor) -> torch.Tensor:
+    """A reused [rows, w] buffer: a fresh large allocation would page-fault on every call."""
+    key = (like.dtype, str(like.device))
+    width = like.shape[-1]
+    buf = _scratch.get(key)
+    if buf is None or buf.numel() < rows * width:
+        buf = torch.empty(rows * width, dtype=like.dtype, device=like.device)
+        _scratch[key] = buf
+    return buf[: rows * width].view(rows, width)
+
+
+def _execute_same_device(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -> None:
+    """All layers at once; src and dst are wide-row views on the same device."""
+    if plan.kind == "empty":
+        return
+    if plan.kind == "runs":
+        for s0, d0, n in plan.runs:
+            dst[:, d0:d0 + n].copy_(src[:, s0:s0 + n])
+        return
+    device = src.device
+    s_t = torch.from_numpy(plan.src_idx).to(device)
+    d_t = torch.from_numpy(plan.dst_idx).to(device)
+    if plan.kind == "gather":
+        for pos, d0, n in _runs_of(plan.dst_idx):
+            torch.index_select(src, 1, s_t[pos:pos + n], out=dst[:, d0:d0 + n])
+        return
+    if plan.kind == "scatter":
+        for pos, s0, n in _runs_of(plan.src_idx):
+            dst.index_copy_(1, d_t[pos:pos + n], src[:, s0:s0 + n])
+        return
+    # two_pass: flatten to [L * P, w] rows so the gather takes index_select's row-memcpy path.
+    num_layers, src_pages, width = src.shape
+    src_flat = src.reshape(num_layers * src_pages, width)
+    dst_flat = dst.reshape(num_layers * dst.shape[1], width)
+    layer = torch.arange(num_layers, device=device, dtype=torch.int64).unsqueeze(1)
+    fs = (layer * src_pages + s_t.unsqueeze(0)).reshape(-1)
+    fd = (layer * dst.shape[1] + d_t.unsqueeze(0)).reshape(-1)
+    row_bytes = width * src.element_size()
+    chunk = max(1, _SCRATCH_MAX_BYTES // row_bytes)
+    total = fs.numel()
+    buf = _scratch_rows(min(chunk, total), src_flat)
+    for a in range(0, total, chunk):
+        b = min(a + chunk, total)
+        part = buf[: b - a]
+        torch.index_select(src_flat, 0, fs[a:b], out=part)
+        dst_flat.index_copy_(0, fd[a:b], part)
+
+
+def _is_cuda(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda"
+
+
+class _SideStreams:
+    """One dedicated copy stream per CUDA device, created on first use."""
+    _streams: dict[int, Any] = {}
+
+    @classmethod
+    def get(cls, device: torch.device):
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        stream = cls._streams.get(index)
+        if stream is None:
+            stream = torch.cuda.Stream(device=index)
+            cls._streams[index] = stream
+        return stream
+
+
+def _cuda_device(src: torch.Tensor, dst: torch.Tensor) -> torch.device:
+    return src.device if _is_cuda(src) else dst.device
+
+
+def _issue_layer_cross(src: torch.Tensor, dst: torch.Tensor, layer: int, plan: CopyPlan,
+                       s_idx: dict, d_idx: dict, staged: list) -> None:
+    """Copy one layer's pages between host and device (on the current = side stream).
+
+    The scattered side is staged: host pages are gathered by the CPU into pinned memory
+    (load-back) / scattered by the CPU after the copy (backup, done by the caller after sync);
+    device pages are gathered/scattered on the device. Runs on both sides copy directly.
+    """
+    if plan.kind == "runs":
+        for s0, d0, n in plan.runs:
+            dst[layer, d0:d0 + n].copy_(src[layer, s0:s0 + n], non_blocking=True)
+        return
+    n = plan.num_pages
+    src_l = src[layer]
+    dst_l = dst[layer]
+    # source side -> a contiguous [n, w] tensor on the source's device
+    if s_idx["one_run"]:
+        s0 = int(plan.src_idx[0])
+        moving = src_l[s0:s0 + n]
+    elif src_l.is_cuda:
+        moving = torch.index_select(src_l, 0, s_idx["cuda"])
+    else:
+        moving = torch.empty((n, src_l.shape[1]), dtype=src_l.dtype, pin_memory=True)
+        torch.index_select(src_l, 0, s_idx["cpu"], out=moving)
+    # destination side
+    if d_idx["one_run"]:
+        d0 = int(plan.dst_idx[0])
+        dst_l[d0:d0 + n].copy_(moving, non_blocking=True)
+    elif dst_l.is_cuda:
+        landed = moving.to(dst_l.device, non_blocking=True)
+        dst_l.index_copy_(0, d_idx["cuda"], landed)
+    else:
+        landed = torch.empty((n, dst_l.shape[1]), dtype=dst_l.dtype, pin_memory=True)
+        landed.copy_(moving, non_blocking=True)
+        staged.append((layer, landed))  # scattered into the host pool once the stream is done
+
+
+@dataclass
+class LoadBackHandle:
+    """An in-flight (CUDA) or finished (CPU) load-back.
+
+    `layer_events[i]` completes when layer i's pages are on the device: a prefill of layer i
+    can `torch.cuda.current_stream().wait_event(handle.layer_events[i])`. Empty on CPU, where
+    the copy has finished when `load_back` returns.
+    """
+    num_pages: int
+    num_bytes: int
+    plan_kind: str
+    layer_events: list = field(default_factory=list)
+    _stream: Any = None
+    _start_event: Any = None
+    _end_event: Any = None
+    _wall_ns: int | None = None
+
+    def done(self) -> bool:
+        return self._wall_ns is not None or self._end_event is None or self._end_event.query()
+
+    def wait(self) -> int:
+        """Block until every layer has landed; return the transfer's wall time in ns
+        (on CUDA measured on the stream between issue and the last layer, so calling wait()
+        late does not inflate it)."""
+        if self._wall_ns is None:
+            self._end_event.synchronize()
+            self._wall_ns = int(self._start_event.elapsed_time(self._end_event) * 1e6)
+        return self._wall_ns
+
+
+def _cross_device_indices(plan: CopyPlan, device: torch.device) -> tuple[dict, dict]:
+    """Index tensors on each side that needs them (moved to the GPU once, not per layer)."""
+    s_idx: dict = {}
+    d_idx: dict = {}
+    if plan.kind in ("empty", "runs"):
+        return s_idx, d_idx
+    for idx, out in ((plan.src_idx, s_idx), (plan.dst_idx, d_idx)):
+        out["one_run"] = count_runs(idx) == 1
+        out["cpu"] = torch.from_numpy(idx)
+        out["cuda"] = out["cpu"].to(device)
+    return s_idx, d_idx
+
+
+def _cross_plan(plan: CopyPlan) -> CopyPlan:
+    """Across the link every op is a separate DMA, so only coalesce when runs are few;
+    otherwise stage (the staged path handles one-run sides without staging them)."""
+    if plan.kind == "runs" and plan.num_pages > 1 and len(plan.runs) > 4:
+        return CopyPlan("two_pass", plan.num_pages, plan.src_idx, plan.dst_idx, (), 2)
+    return plan
+
+
+def _start_cuda(src: torch.Tensor, dst: torch.Tensor, src_pages: PageList, dst_pages: PageList,
+                *, per_layer_events: bool) -> tuple[LoadBackHandle, list]:
+    plan = _plan_for(src, src_pages, dst, dst_pages)
+    src_w, dst_w = _wide_rows(src), _wide_rows(dst)
+    device = _cuda_device(src, dst)
+    stream = _SideStreams.get(device)
+    num_bytes = plan.num_pages * src.shape[0] * src.shape[2] * src.element_size()
+    handle = LoadBackHandle(plan.num_pages, num_bytes, plan.kind, _stream=stream)
+    handle._start_event = torch.cuda.Event(enable_timing=True)
+    handle._end_event = torch.cuda.Event(enable_timing=True)
+    staged: list = []
+    # The side stream must see what the compute stream wrote before copying it.
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        handle._start_event.record(stream)
+        if src_w.device == dst_w.device:
+            _execute_same_device(src_w, dst_w, plan)
+        else:
+            xplan = _cross_plan(plan)
+            s_idx, d_idx = _cross_device_indices(xplan, device)
+            for layer in range(src_w.shape[0]):
+                if plan.num_pages:
+                    _issue_layer_cross(src_w, dst_w, layer, xplan, s_idx, d_idx, staged)
+                if per_layer_events:
+                    ev = torch.cuda.Event()
+                    ev.record(stream)
+                    handle.layer_events.append(ev)
+        handle._end_event.record(stream)
+    return handle, staged
+
+
+def _finish_staged(dst_w: torch.Tensor, plan_dst_idx: np.ndarray, staged: list) -> None:
+    """Backup with scattered host pages: the pinned copies have landed; place the rows."""
+    if not staged:
+        return
+    d_cpu = torch.from_numpy(plan_dst_idx)
+    for layer, landed in staged:
+        dst_w[layer].index_copy_(0, d_cpu, landed)
+
+
+# --- public API --------------------------------------------------------------------------------
+def copy_pages(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pages: PageList) -> int:
+    """Copy whole pages src[:, src_pages[i]] -> dst[:, dst_pages[i]] for all layers.
+
+    Returns the measured wall time in ns; the copy is complete when this returns (on CUDA it is
+    issued on the side stream and synchronized). Destination pages must be distinct.
+    """
+    t0 = time.perf_counter_ns()
+    if not (_is_cuda(src) or _is_cuda(dst)):
+        plan = _plan_for(src, src_pages, dst, dst_pages)
+        _execute_same_device(_wide_rows(src), _wide_rows(dst), plan)
+        return time.perf_counter_ns() - t0
+    handle, staged = _start_cuda(src, dst, src_pages, dst_pages, per_layer_events=False)
+    handle._end_event.synchronize()
+    _finish_staged(_wide_rows(dst), _as_index_array(dst_pages), staged)
+    return time.perf_counter_ns() - t0
+
+
+def load_back(host: torch.Tensor, host_pages: PageList, device: torch.Tensor,
+              device_pages: PageList) -> LoadBackHandle:
+    """Host -> device, layer by layer. On CUDA returns at once with one event per layer
+    (`handle.wait()` blocks and returns the wall ns); on CPU the copy is done on return."""
+    if not _is_cuda(device):
+        t0 = time.perf_counter_ns()
+        plan = _plan_for(host, host_pages, device, device_pages)
+        _execute_same_device(_wide_rows(host), _wide_rows(device), plan)
+        num_bytes = plan.num_pages * host.shape[0] * host.shape[2] * host.element_size()
+        return LoadBackHandle(plan.num_pages, num_bytes, plan.kind,
+                              _wall_ns=time.perf_counter_ns() - t0)
+    handle, staged = _start_cuda(host, device, host_pages, device_pages, per_layer_events=True)
+    assert not staged, "load-back lands on the device: nothing is staged on the host side"
+    return handle
+
+
+def backup(device: torch.Tensor, device_pages: PageList, host: torch.Tensor, host_pages: PageList) -> int:
+    """Device -> host; returns the wall ns once the pages are on the host."""
+    return copy_pages(device, device_pages, host, host_pages)
