@@ -184,6 +184,10 @@ LINE_ERRORS = [
     ([obj(hash_ids=_DROP, tokens=[1, 2])], 1, "'tokens' has 2 entries but 'input_length' is 600"),
     ([obj(hash_ids=_DROP, input_length=2, tokens=[1, 2**32])], 1, "'tokens' holds 4294967296, larger"),
     ([obj(hash_ids=_DROP, input_length=2, tokens=[1, None])], 1, "'tokens' must hold only integers, found null"),
+    ([obj(hash_ids=[0, 1]), obj(hash_ids=[2, 1])], 2,
+     "'hash_ids' do not chain: id 1 at position 1 follows id 2 here but id 0 before"),
+    ([obj(hash_ids=[0, 1]), obj(hash_ids=[1, 3])], 2, "id 1 at position 0 follows nothing here but id 0 before"),
+    ([obj(hash_ids=[4, 4])], 1, "id 4 at position 1 follows id 4 here but nothing before"),
     ([obj(timestamp=5), GOOD], 2, "timestamp 0 goes backwards (previous request is at 5)"),
     ([obj(id="a"), obj(id="b"), obj(id="a")], 3, "duplicate id \"a\" (first used on line 1)"),
     ([GOOD, obj(id="1")], 2, "duplicate id \"1\" (first used on line 1)"),  # clashes with line 1's implicit id
@@ -265,6 +269,15 @@ def test_skip_bad_with_nothing_valid_still_fails(tmp_path):
         read_all(write(tmp_path, ["{", "[]"]), skip_bad=True)
 
 
+def test_skip_bad_line_leaves_no_hash_chain_behind(tmp_path):
+    # Line 2 is rejected (0 cannot follow 9), so its link "9 starts a prefix" must not be kept:
+    # line 3, where 9 follows 5, is then valid.
+    lines = [obj(hash_ids=[0, 1]), obj(hash_ids=[9, 0], timestamp=1), obj(hash_ids=[5, 9], timestamp=2)]
+    report = ReadReport()
+    reqs = list(read_trace(write(tmp_path, lines), skip_bad=True, report=report))
+    assert [r.line for r in reqs] == [1, 3] and report.first_bad[0][0] == 2
+
+
 def test_skip_bad_duplicate_id_keeps_the_first(tmp_path):
     report = ReadReport()
     reqs = list(read_trace(write(tmp_path, [obj(id="a"), obj(id="a", timestamp=1)]), skip_bad=True, report=report))
@@ -283,8 +296,14 @@ _field_values = st.one_of(_json_scalars, st.lists(st.integers(-2, 3000), max_siz
 def _valid_line(draw) -> str:
     n = draw(st.integers(1, 2000))
     d = {"timestamp": draw(st.integers(0, 50)), "input_length": n, "output_length": draw(st.integers(0, 9))}
+    blocks = -(-n // 512)
     if draw(st.booleans()):
-        d["hash_ids"] = draw(st.lists(st.integers(0, 100), min_size=-(-n // 512), max_size=-(-n // 512)))
+        # Mostly chain-consistent ids (prefixes of a few fixed chains), sometimes arbitrary ones.
+        if draw(st.booleans()):
+            base = draw(st.sampled_from([0, 100, 200]))
+            d["hash_ids"] = list(range(base, base + blocks))
+        else:
+            d["hash_ids"] = draw(st.lists(st.integers(0, 100), min_size=blocks, max_size=blocks))
     else:
         d["tokens"] = [7] * n
     if draw(st.booleans()):

@@ -7,7 +7,8 @@ One request a line::
      "tokens": [int, ...]}                                                          # ours
 
 `hash_ids` name `block_size`-token blocks (the last one may be partial) and chain: two requests
-that share hash id k share every block up to k. `.jsonl.gz` is read transparently (detected by
+that share hash id k share every block up to k (checked: an id seen behind two different
+predecessors is a bad line, since every hit would be wrong after it). `.jsonl.gz` is read transparently (detected by
 its magic bytes, not its name). The file is never loaded whole: lines are parsed one at a time
 and only the requests that share the current timestamp are held back (see `_spread`).
 
@@ -130,6 +131,10 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
 def _parse(path: Path, *, block_size: int, skip_bad: bool, report: ReadReport) -> Iterator[tuple[int, TraceRequest]]:
     """Validate each line; yield (timestamp_ms, request with arrival_ns unset) in file order."""
     seen_ids: dict[str, int] = {}
+    # hash id -> the id before it (-1: first block). Mooncake ids chain: a shared id means a
+    # shared prefix. The radix tree and page keys rely on it, so a trace that breaks it is
+    # rejected rather than credited with hits it does not have.
+    parents: dict[int, int] = {}
     last_ts = -1
     seq = 0
     max_hash = max_hash_id(block_size)
@@ -153,6 +158,7 @@ def _parse(path: Path, *, block_size: int, skip_bad: bool, report: ReadReport) -
             first = seen_ids.get(req.req_id)
             if first is not None:
                 raise _BadLine(f"duplicate id {_show(req.req_id)} (first used on line {first})")
+            new_links = _check_chain(req.hash_ids, parents) if req.hash_ids else None
         except _BadLine as exc:
             message = f"{path}:{lineno}: {exc}"
             if not skip_bad:
@@ -162,6 +168,8 @@ def _parse(path: Path, *, block_size: int, skip_bad: bool, report: ReadReport) -
                 report.first_bad.append((lineno, str(exc)))
             continue
         seen_ids[req.req_id] = lineno
+        if new_links:
+            parents.update(new_links)
         last_ts = ts
         seq += 1
         yield ts, req
@@ -245,6 +253,23 @@ def _int_list(obj: dict, key: str, max_value: int) -> tuple[int, ...]:
     if hi > max_value:
         raise _BadLine(f"'{key}' holds {hi}, larger than the maximum {max_value}")
     return tuple(values)
+
+
+def _check_chain(hash_ids: tuple[int, ...], parents: dict[int, int]) -> dict[int, int]:
+    """The links this line adds to `parents`; raises if an id follows a different predecessor."""
+    new: dict[int, int] = {}
+    prev = -1
+    for pos, h in enumerate(hash_ids):
+        known = parents.get(h)
+        if known is None:
+            known = new.setdefault(h, prev)
+        if known != prev:
+            before = "nothing" if known < 0 else f"id {known}"
+            here = "nothing" if prev < 0 else f"id {prev}"
+            raise _BadLine(f"'hash_ids' do not chain: id {h} at position {pos} follows {here} here but "
+                           f"{before} before (a shared hash id must mean a shared prefix)")
+        prev = h
+    return new
 
 
 def _json_type(value: object) -> str:
