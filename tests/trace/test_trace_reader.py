@@ -126,7 +126,7 @@ def test_unknown_keys_are_collected_not_fatal(tmp_path):
 def test_reading_streams_requests_before_a_later_bad_line(tmp_path):
     path = write(tmp_path, [mooncake(0, 10), mooncake(1, 10), "not json"])
     it = read_trace(path)
-    assert next(it).line == 1  # yielded before line 3 was even parsed to completion of the file
+    assert next(it).line == 1  # streamed: yielded before the bad line 3 is read
     with pytest.raises(TraceError, match=":3: bad JSON"):
         list(it)
 

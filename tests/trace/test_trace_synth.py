@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 from collections import OrderedDict, defaultdict
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
