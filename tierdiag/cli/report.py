@@ -1,0 +1,32 @@
+"""`tierdiag report`: one self-contained HTML file for a run (works offline)."""
+
+from __future__ import annotations
+
+import webbrowser
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt, err, print_json
+from tierdiag.report.html import build_report
+
+OutputOpt = Annotated[Optional[Path], typer.Option(
+    "-o", "--output", help="Where to write the HTML (default: reports/<run name>-<run id>.html).")]
+OpenOpt = Annotated[bool, typer.Option("--open", help="Open the report in a web browser afterwards.")]
+
+
+def report(db: DbOpt = DEFAULT_DB_PATH, run: RunOpt = None, output: OutputOpt = None, open_: OpenOpt = False,
+           json_: JsonOpt = False) -> None:
+    """Write an HTML report of a run: tier split, pools over time, per-request TTFT, load-back
+    distributions, TTFT decomposition and the slowest cached requests with their verdicts."""
+    result = build_report(db, run, output)
+    if json_:
+        print_json(result.to_json())
+    else:
+        print(result.path)
+    if open_:
+        # webbrowser returns False rather than raising when no browser is available (CI, SSH).
+        opened = webbrowser.open(result.path.resolve().as_uri())
+        if not opened:
+            err.print(f"no web browser found; open {result.path} yourself")

@@ -1,0 +1,414 @@
+"""Plotly figures for the HTML report, as plain figure dicts (data + layout).
+
+Dicts rather than `plotly.graph_objects` because a large run's figures are built in
+milliseconds this way (no per-attribute validation), and numpy arrays stay numpy until
+`html.py` encodes them as Plotly's binary typed arrays. The tests validate every dict with
+`plotly.graph_objects.Figure`, so a misspelt attribute still fails loudly.
+
+Histograms are binned here (numpy) and drawn as bars, so a run with a million load-backs
+embeds a few hundred numbers, not a million. Colours are fixed per meaning across figures:
+amber is always host / load-back, purple storage, red recompute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tierdiag.diagnose.units import fmt_bandwidth, fmt_ms
+from tierdiag.report.data import (
+    CLASSES,
+    COMPONENTS,
+    TIER_PARTS,
+    ReportData,
+    RequestPoints,
+    Timeline,
+    Transfers,
+)
+
+FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
+GRID = "#e9edf1"
+INK = "#263238"
+MUTED = "#607d8b"
+
+TIER_COLOURS = {"device": "#2e7d32", "host": "#f9a825", "storage": "#8e24aa",
+                "new": "#90a4ae", "recomputed": "#e53935"}
+TIER_LABELS = {"device": "device (resident)", "host": "host (loaded back)",
+               "storage": "storage (fetched, loaded back)", "new": "computed: new tokens",
+               "recomputed": "computed: recomputed (was cached)"}
+CLASS_COLOURS = {"device_hit": "#2e7d32", "tiered_hit": "#ef6c00", "miss": "#78909c", "all": "#37474f"}
+CLASS_LABELS = {"device_hit": "device hit", "tiered_hit": "tiered hit", "miss": "miss", "all": "all requests"}
+COMPONENT_COLOURS = {"queue_ns": "#5c6bc0", "storage_wait_ns": "#8e24aa", "loadback_exposed_ns": "#f9a825",
+                     "recompute_ns": "#e53935", "compute_ns": "#90a4ae"}
+COMPONENT_LABELS = {"queue_ns": "queueing", "storage_wait_ns": "storage fetch",
+                    "loadback_exposed_ns": "exposed load-back", "recompute_ns": "recompute",
+                    "compute_ns": "compute (new tokens)"}
+POOL_COLOURS = {"device": "#2e7d32", "host": "#f9a825", "storage": "#8e24aa"}
+
+HIST_BINS = 60
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    """One figure of the report: a Plotly figure dict plus the words around it."""
+
+    key: str  # stable id, used for the div id
+    section: str  # which report section it belongs to
+    title: str
+    how_to_read: str  # the one line under the title
+    figure: dict[str, Any]
+    note: str = ""  # e.g. "sampled: 20,000 of 120,000 requests"
+    wide: bool = True  # full width, or half a row
+    height_px: int = 380
+    empty: bool = False  # nothing to draw (e.g. no load-backs): the page says so instead
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _layout(**kw) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "font": {"family": FONT, "size": 12, "color": INK},
+        "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "#ffffff",
+        "margin": {"l": 64, "r": 24, "t": 16, "b": 48},
+        # "normal": stacked bars otherwise list their legend bottom-up, the reverse of the colours' story.
+        "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "left", "x": 0,
+                   "traceorder": "normal", "itemsizing": "constant"},
+        "hoverlabel": {"font": {"family": FONT}},
+    }
+    base.update(kw)
+    return base
+
+
+def _axis(title: str = "", **kw) -> dict[str, Any]:
+    a: dict[str, Any] = {"title": {"text": title}, "gridcolor": GRID, "zeroline": False,
+                         "linecolor": "#cfd8dc", "ticks": "outside", "tickcolor": "#cfd8dc"}
+    a.update(kw)
+    return a
+
+
+def _ms(ns: np.ndarray) -> np.ndarray:
+    return np.asarray(ns, dtype=float) / 1e6
+
+
+# --- 1. headline ------------------------------------------------------------------------------
+
+def tier_split_figure(data: ReportData) -> FigureSpec:
+    split = data.headline.tier_split
+    rows = [c for c in ("all",) + CLASSES if c in split]
+    # Plotly draws the first category at the bottom; reverse so "all" sits on top.
+    rows = rows[::-1]
+    counts = {t.hit_class: t.num_requests for t in data.headline.ttft}
+    labels = [f"{CLASS_LABELS[c]} ({counts.get(c, 0):,})" for c in rows]
+    traces = []
+    for part in TIER_PARTS:
+        tokens = np.array([split[c][part] for c in rows], dtype=float)
+        totals = np.array([max(sum(split[c].values()), 1) for c in rows], dtype=float)
+        traces.append({
+            "type": "bar", "orientation": "h", "name": TIER_LABELS[part], "y": labels,
+            "x": tokens / totals * 100, "customdata": tokens,
+            "marker": {"color": TIER_COLOURS[part]},
+            "hovertemplate": "%{y}<br>" + TIER_LABELS[part] + ": %{x:.1f} % (%{customdata:,.0f} tokens)"
+                             "<extra></extra>",
+        })
+    layout = _layout(barmode="stack", bargap=0.35,
+                     xaxis=_axis("share of input tokens (%)", range=[0, 100], ticksuffix=" %"),
+                     yaxis=_axis("", automargin=True, gridcolor="rgba(0,0,0,0)"),
+                     margin={"l": 24, "r": 24, "t": 8, "b": 48})
+    return FigureSpec(
+        key="tier-split", section="headline", title="Where the input tokens came from",
+        how_to_read="Each bar is 100 % of the input tokens of that class: green was already on the GPU, "
+                    "amber and purple had to be loaded back first, grey and red were computed "
+                    "(red = had been cached once, so the cache lost it).",
+        figure={"data": traces, "layout": layout}, height_px=60 + 46 * len(rows) + 60)
+
+
+# --- 2. over virtual time -----------------------------------------------------------------------
+
+def timeline_figure(data: ReportData) -> FigureSpec:
+    tl: Timeline = data.timeline
+    rows = [p.tier for p in tl.pools] + ["bandwidth"]
+    n = len(rows)
+    gap = 0.06
+    h = (1 - gap * (n - 1)) / n
+    # Row i (0 = top) uses y axis i+1; all traces share the one x axis, so zoom is linked.
+    domains = [[1 - (i + 1) * h - i * gap, 1 - i * h - i * gap] for i in range(n)]
+    layout = _layout(hovermode="x unified" if max((len(p.t_s) for p in tl.pools), default=0) < 3000 else "closest",
+                     margin={"l": 72, "r": 24, "t": 24, "b": 48})
+    layout["xaxis"] = _axis("virtual time (s)", anchor=f"y{n}", range=[tl.t_min_s, tl.t_max_s])
+    traces: list[dict[str, Any]] = []
+    annotations = []
+    marks = {m.tier: m for m in tl.evictions}
+    for i, tier in enumerate(rows):
+        yname = "y" if i == 0 else f"y{i + 1}"
+        layout_key = "yaxis" if i == 0 else f"yaxis{i + 1}"
+        if tier == "bandwidth":
+            traces.append({
+                "type": "scatter", "mode": "lines", "name": "load-back bandwidth", "x": tl.bw_t_s,
+                "y": tl.bw_bytes_per_s / 1e9, "xaxis": "x", "yaxis": yname,
+                "line": {"color": TIER_COLOURS["host"], "width": 1.2, "shape": "hv"},
+                "fill": "tozeroy", "fillcolor": "rgba(249,168,37,0.25)",
+                "hovertemplate": "%{y:.2f} GB/s<extra>load-back</extra>",
+            })
+            peak = data.transfers.link_bytes_per_s
+            if peak:
+                traces.append({
+                    "type": "scatter", "mode": "lines", "name": "link peak", "x": [tl.t_min_s, tl.t_max_s],
+                    "y": [peak / 1e9, peak / 1e9], "xaxis": "x", "yaxis": yname,
+                    "line": {"color": "#b71c1c", "width": 1, "dash": "dot"},
+                    "hovertemplate": f"link peak {fmt_bandwidth(peak)}<extra></extra>",
+                })
+            layout[layout_key] = _axis("GB/s", domain=domains[i], rangemode="tozero")
+            title = f"load-back bandwidth (average over {tl.bin_s:.3g} s bins)"
+        else:
+            pool = next(p for p in tl.pools if p.tier == tier)
+            colour = POOL_COLOURS.get(tier, INK)
+            kind = "scattergl" if len(pool.t_s) > 3000 else "scatter"
+            traces.append({
+                "type": kind, "mode": "lines", "name": f"{tier} used", "x": pool.t_s, "y": pool.used_tokens,
+                "xaxis": "x", "yaxis": yname, "line": {"color": colour, "width": 1.3,
+                                                       "shape": "hv" if not pool.binned else "linear"},
+                "hovertemplate": "%{y:,.0f} tokens used<extra>" + tier + "</extra>",
+            })
+            traces.append({
+                "type": kind, "mode": "lines", "name": f"{tier} locked", "x": pool.t_s, "y": pool.locked_tokens,
+                "xaxis": "x", "yaxis": yname, "line": {"color": "#455a64", "width": 1, "dash": "dot"},
+                "hovertemplate": "%{y:,.0f} tokens locked<extra>" + tier + "</extra>",
+            })
+            if pool.capacity_tokens:
+                traces.append({
+                    "type": "scatter", "mode": "lines", "name": f"{tier} capacity", "showlegend": False,
+                    "x": [tl.t_min_s, tl.t_max_s], "y": [pool.capacity_tokens] * 2, "xaxis": "x",
+                    "yaxis": yname, "line": {"color": "#90a4ae", "width": 1, "dash": "dash"},
+                    "hovertemplate": f"capacity {pool.capacity_tokens:,} tokens<extra>{tier}</extra>",
+                })
+            m = marks.get(tier)
+            if m is not None and len(m.t_s):
+                size = 5 + 9 * np.sqrt(m.count / max(m.count.max(), 1))
+                traces.append({
+                    "type": "scatter", "mode": "markers", "name": f"{tier} evictions", "x": m.t_s,
+                    "y": m.pool_used_tokens, "xaxis": "x", "yaxis": yname,
+                    "customdata": np.stack([m.count, m.tokens], axis=1),
+                    "marker": {"symbol": "triangle-down", "color": "#c62828", "size": size,
+                               "line": {"width": 0}, "opacity": 0.75},
+                    "hovertemplate": "%{customdata[0]:,.0f} evictions, %{customdata[1]:,.0f} tokens"
+                                     "<extra>" + tier + " evictions</extra>",
+                })
+            layout[layout_key] = _axis("tokens", domain=domains[i], rangemode="tozero")
+            title = f"{tier} pool" + (" (max per time bin)" if pool.binned else "")
+        annotations.append({"text": f"<b>{title}</b>", "xref": "paper", "yref": "paper", "x": 0,
+                            "y": domains[i][1], "xanchor": "left", "yanchor": "bottom", "showarrow": False,
+                            "font": {"size": 11, "color": MUTED}})
+    layout["annotations"] = annotations
+    layout["legend"] = {**layout["legend"], "yanchor": "top", "y": -0.12}
+    binned = any(p.binned for p in tl.pools)
+    return FigureSpec(
+        key="timeline", section="time", title="Pools, evictions and load-backs over virtual time",
+        how_to_read="When the device pool runs at capacity (dashed line) the red triangles show evictions; "
+                    "the prefixes they demote come back later as load-backs (amber, bottom) — "
+                    "locked tokens (dotted) cannot be evicted.",
+        figure={"data": traces, "layout": layout}, height_px=200 * n + 80,
+        note=f"binned into {tl.bin_s:.3g} s time bins" if binned else "")
+
+
+# --- 3. per request ---------------------------------------------------------------------------
+
+def scatter_figure(data: ReportData) -> FigureSpec:
+    pts: RequestPoints = data.points
+    share = pts.host_share * 100
+    ttft_ms = _ms(pts.ttft_ns)
+    traces = []
+    for cls in CLASSES:
+        m = pts.hit_class == cls
+        if not m.any():
+            continue
+        custom = np.stack([pts.req_id[m], pts.cause[m],
+                           np.round(_ms(pts.excess_ns[m]), 3).astype(object),
+                           pts.input_tokens[m].astype(np.int64).astype(object)], axis=1)
+        traces.append({
+            "type": "scattergl", "mode": "markers", "name": CLASS_LABELS[cls], "x": share[m], "y": ttft_ms[m],
+            "customdata": custom.tolist(),
+            "marker": {"color": CLASS_COLOURS[cls], "size": 5, "opacity": 0.6, "line": {"width": 0}},
+            "hovertemplate": "<b>req %{customdata[0]}</b> · " + CLASS_LABELS[cls]
+                             + "<br>TTFT %{y:,.2f} ms (excess %{customdata[2]:,.2f} ms)"
+                             "<br>host share %{x:.1f} % of %{customdata[3]:,} tokens"
+                             "<br>verdict: %{customdata[1]}<extra></extra>",
+        })
+    shapes = []
+    ref = data.headline.ttft_for("device_hit")
+    if ref is not None and ref.p99_ns > 0:
+        shapes.append({"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y",
+                       "y0": ref.p99_ns / 1e6, "y1": ref.p99_ns / 1e6,
+                       "line": {"color": CLASS_COLOURS["device_hit"], "width": 1, "dash": "dot"}})
+    annotations = []
+    if shapes:
+        annotations.append({"text": f"device-hit p99 {fmt_ms(ref.p99_ns)}", "xref": "paper", "x": 1,
+                            "xanchor": "right", "yref": "y", "y": np.log10(ref.p99_ns / 1e6),
+                            "yanchor": "bottom", "showarrow": False,
+                            "font": {"size": 10, "color": CLASS_COLOURS["device_hit"]}})
+    layout = _layout(xaxis=_axis("host-hit share (% of input tokens loaded back from host or storage)",
+                                 range=[-2, 102], ticksuffix=" %"),
+                     yaxis=_axis("TTFT (ms, log)", type="log", dtick="D2"), shapes=shapes, annotations=annotations,
+                     hovermode="closest")
+    note = ""
+    if pts.sampled:
+        note = (f"sampled: {len(pts.req_id):,} of {pts.total:,} requests — the slowest by excess TTFT "
+                "are all kept, the rest is an even sample")
+    return FigureSpec(
+        key="ttft-vs-host-share", section="requests", title="TTFT against host-hit share, per request",
+        how_to_read="Points to the right reused more from host; points high up were slow. A point that is "
+                    "both right and above the dotted device-hit p99 line is a “hit but slow” request — "
+                    "hover for its id and verdict.",
+        figure={"data": traces, "layout": layout}, note=note, height_px=460)
+
+
+# --- 4. distributions -------------------------------------------------------------------------
+
+def _log_ticks(lo: float, hi: float, unit: str) -> tuple[list[float], list[str]]:
+    vals, text = [], []
+    for e in range(int(np.floor(lo)), int(np.ceil(hi)) + 1):
+        v = 10.0 ** e
+        vals.append(float(e))
+        text.append(f"{v:g} {unit}")
+    return vals, text
+
+
+def loadback_latency_figure(data: ReportData) -> FigureSpec:
+    tr: Transfers = data.transfers
+    spec = dict(key="loadback-latency", section="distributions", title="Load-back latency",
+                how_to_read="How long each load-back held the host→device link; a long right tail means "
+                            "large or fragmented prefixes, and “waited” shows time queued behind other "
+                            "load-backs.", wide=False)
+    dur_ms = _ms(tr.duration_ns)
+    if not (dur_ms > 0).any():
+        return FigureSpec(figure={"data": [], "layout": _layout()}, empty=True, **spec)
+    series = [("on the link", dur_ms, TIER_COLOURS["host"])]
+    queued_ms = _ms(tr.queued_ns)
+    if (queued_ms > 0).any():
+        series.append(("waited", queued_ms, "#5c6bc0"))
+    all_pos = np.concatenate([s[1][s[1] > 0] for s in series])
+    lo, hi = np.log10(all_pos.min()), np.log10(all_pos.max())
+    if hi - lo < 1e-9:
+        lo, hi = lo - 0.5, hi + 0.5
+    traces = []
+    for name, values, colour in series:
+        v = np.log10(values[values > 0])
+        counts, edges = np.histogram(v, bins=HIST_BINS, range=(lo, hi))
+        centres = (edges[:-1] + edges[1:]) / 2
+        traces.append({"type": "bar", "name": name, "x": centres, "y": counts.astype(float),
+                       "width": float(edges[1] - edges[0]), "customdata": 10.0 ** centres,
+                       "marker": {"color": colour, "opacity": 0.8},
+                       "hovertemplate": "~%{customdata:.3g} ms: %{y:,} load-backs<extra>" + name + "</extra>"})
+    tickvals, ticktext = _log_ticks(lo, hi, "ms")
+    layout = _layout(barmode="overlay", bargap=0,
+                     xaxis=_axis("latency (log scale)", tickvals=tickvals, ticktext=ticktext),
+                     yaxis=_axis("load-backs"))
+    p50, p99 = np.percentile(dur_ms[dur_ms > 0], [50, 99])
+    return FigureSpec(figure={"data": traces, "layout": layout},
+                      note=f"{len(dur_ms):,} load-backs · p50 {p50:.3g} ms · p99 {p99:.3g} ms", **spec)
+
+
+def loadback_bandwidth_figure(data: ReportData) -> FigureSpec:
+    tr: Transfers = data.transfers
+    spec = dict(key="loadback-bandwidth", section="distributions", title="Achieved load-back bandwidth",
+                how_to_read="Bytes per second each load-back achieved against the link's peak (red line): "
+                            "mass far left of the line means small transfers dominated by fixed overhead.",
+                wide=False)
+    bw = tr.achieved_bytes_per_s / 1e9
+    if not len(bw):
+        return FigureSpec(figure={"data": [], "layout": _layout()}, empty=True, **spec)
+    peak = tr.link_bytes_per_s / 1e9 if tr.link_bytes_per_s else None
+    top = max(float(bw.max()), peak or 0.0) * 1.05 or 1.0
+    counts, edges = np.histogram(bw, bins=HIST_BINS, range=(0, top))
+    traces = [{"type": "bar", "name": "load-backs", "x": (edges[:-1] + edges[1:]) / 2, "y": counts.astype(float),
+               "width": float(edges[1] - edges[0]), "marker": {"color": TIER_COLOURS["host"], "opacity": 0.85},
+               "hovertemplate": "~%{x:.2f} GB/s: %{y:,} load-backs<extra></extra>", "showlegend": False}]
+    shapes, annotations = [], []
+    if peak:
+        shapes.append({"type": "line", "x0": peak, "x1": peak, "xref": "x", "yref": "paper", "y0": 0, "y1": 1,
+                       "line": {"color": "#b71c1c", "width": 1.5, "dash": "dot"}})
+        annotations.append({"text": f"link peak {peak:.3g} GB/s", "x": peak, "xref": "x", "y": 1,
+                            "yref": "paper", "xanchor": "right", "yanchor": "top", "showarrow": False,
+                            "font": {"size": 10, "color": "#b71c1c"}})
+    layout = _layout(bargap=0, xaxis=_axis("achieved GB/s", range=[0, top]), yaxis=_axis("load-backs"),
+                     shapes=shapes, annotations=annotations)
+    med = float(np.median(bw))
+    note = f"median {med:.3g} GB/s" + (f" = {med / peak:.0%} of peak" if peak else " (link peak not recorded)")
+    return FigureSpec(figure={"data": traces, "layout": layout}, note=note, **spec)
+
+
+def ttft_by_class_figure(data: ReportData) -> FigureSpec:
+    stats = [t for t in data.headline.ttft if t.num_requests]
+    traces = []
+    for t in stats:
+        # Precomputed box: whiskers at p1 / p99 so a handful of outliers can't stretch them.
+        traces.append({
+            "type": "box", "name": CLASS_LABELS[t.hit_class],
+            "x": [f"{CLASS_LABELS[t.hit_class]}<br>{t.num_requests:,}"],
+            "q1": [t.p25_ns / 1e6], "median": [t.p50_ns / 1e6], "q3": [t.p75_ns / 1e6],
+            "lowerfence": [max(t.p01_ns, 1.0) / 1e6], "upperfence": [t.p99_ns / 1e6], "mean": [t.mean_ns / 1e6],
+            "marker": {"color": CLASS_COLOURS[t.hit_class]}, "line": {"color": CLASS_COLOURS[t.hit_class]},
+            "fillcolor": CLASS_COLOURS[t.hit_class] + "40", "showlegend": False,
+            "hoverinfo": "y+name",
+        })
+    layout = _layout(yaxis=_axis("TTFT (ms, log)", type="log", dtick="D2"), xaxis=_axis("", tickangle=0))
+    return FigureSpec(
+        key="ttft-by-class", section="distributions", title="TTFT by class",
+        how_to_read="Box = p25–p75 with the median line and the mean dashed; whiskers reach p1 and p99. "
+                    "A tiered-hit box above the device-hit box is the cost of loading back.",
+        figure={"data": traces, "layout": layout}, wide=False, empty=not traces)
+
+
+# --- 5. TTFT decomposition --------------------------------------------------------------------
+
+def decomposition_time_figure(data: ReportData) -> FigureSpec:
+    d = data.decomposition
+    traces = []
+    for c in COMPONENTS:
+        traces.append({"type": "bar", "name": COMPONENT_LABELS[c], "x": d.bin_t_s, "y": _ms(d.bin_mean_ns[c]),
+                       "customdata": d.bin_count, "marker": {"color": COMPONENT_COLOURS[c]},
+                       "hovertemplate": COMPONENT_LABELS[c] + " %{y:,.2f} ms (mean of %{customdata:,} requests)"
+                                        "<extra></extra>"})
+    layout = _layout(barmode="stack", bargap=0.08, xaxis=_axis("arrival time (virtual s)"),
+                     yaxis=_axis("mean TTFT (ms)"), hovermode="x")
+    shares = " · ".join(f"{COMPONENT_LABELS[c]} {d.total_share[c]:.0%}" for c in COMPONENTS
+                        if d.total_share.get(c, 0) >= 0.005)
+    return FigureSpec(
+        key="decomposition-time", section="decomposition", title="Where TTFT went, across the run",
+        how_to_read="Each bar is the mean TTFT of the requests arriving in that slice of time, split into "
+                    "its parts; amber and red growing over time mean the cache, not the load, is costing you.",
+        figure={"data": traces, "layout": layout}, note=f"share of all TTFT: {shares}" if shares else "",
+        empty=not len(d.bin_t_s))
+
+
+def decomposition_class_figure(data: ReportData) -> FigureSpec:
+    d = data.decomposition
+    classes = [c for c in CLASSES if c in d.by_class][::-1]
+    labels = [f"{CLASS_LABELS[c]} ({d.class_count.get(c, 0):,})" for c in classes]
+    traces = []
+    for comp in COMPONENTS:
+        traces.append({"type": "bar", "orientation": "h", "name": COMPONENT_LABELS[comp], "y": labels,
+                       "x": [d.by_class[c][comp] / 1e6 for c in classes],
+                       "marker": {"color": COMPONENT_COLOURS[comp]},
+                       "hovertemplate": "%{y}<br>" + COMPONENT_LABELS[comp] + " %{x:,.2f} ms<extra></extra>"})
+    layout = _layout(barmode="stack", bargap=0.35, xaxis=_axis("mean TTFT (ms)"),
+                     yaxis=_axis("", automargin=True, gridcolor="rgba(0,0,0,0)"),
+                     margin={"l": 24, "r": 24, "t": 8, "b": 48})
+    return FigureSpec(
+        key="decomposition-class", section="decomposition", title="TTFT decomposition by class",
+        how_to_read="Mean TTFT per request of each class, split into its parts: a tiered hit should be faster "
+                    "than a miss; if its amber (exposed load-back) bar eats the saving, load-back is the problem.",
+        figure={"data": traces, "layout": layout}, height_px=60 + 50 * len(classes) + 60, empty=not classes)
+
+
+def build_figures(data: ReportData) -> list[FigureSpec]:
+    return [
+        tier_split_figure(data),
+        timeline_figure(data),
+        scatter_figure(data),
+        loadback_latency_figure(data),
+        loadback_bandwidth_figure(data),
+        ttft_by_class_figure(data),
+        decomposition_time_figure(data),
+        decomposition_class_figure(data),
+    ]

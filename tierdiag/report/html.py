@@ -1,0 +1,470 @@
+"""The self-contained HTML report: one file, Plotly's JS inlined once, no network fetches.
+
+    build_report(db, run, output)
+      open_store ─► load_report_data (data.py, SQL) ─► build_figures (figures.py, dicts)
+                 ─► render_html (this file) ─► write_atomic (tmp file in the folder, rename)
+
+Figure data travels as JSON in `<script type="application/json">` blocks, numpy arrays as
+Plotly's base64 typed arrays (`{"dtype": "f8", "bdata": ...}`), so 20,000 points cost
+~200 KB, not megabytes of decimal text; one small loader script draws them all.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import html
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tierdiag import __version__
+from tierdiag.diagnose.units import fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, share
+from tierdiag.errors import OutputError
+from tierdiag.report.data import TIER_PARTS, ReportData, load_report_data
+from tierdiag.report.figures import (
+    CLASS_COLOURS,
+    CLASS_LABELS,
+    TIER_COLOURS,
+    TIER_LABELS,
+    FigureSpec,
+    build_figures,
+)
+from tierdiag.store.reader import RunInfo, open_store, resolve_run
+
+DEFAULT_REPORTS_DIR = Path("reports")
+PLOTLY_CONFIG = {"displaylogo": False, "responsive": True,
+                 "modeBarButtonsToRemove": ["lasso2d", "select2d"],
+                 "toImageButtonOptions": {"format": "png", "scale": 2}}
+
+_TYPED = {np.dtype("float64"): "f8", np.dtype("float32"): "f4", np.dtype("int32"): "i4",
+          np.dtype("int16"): "i2", np.dtype("int8"): "i1", np.dtype("uint8"): "u1"}
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    path: Path
+    figures: int  # Plotly figures drawn in the page
+    bytes: int
+    sampled: bool  # some per-request points were left out (see the figure's note)
+    run_id: str
+
+    def to_json(self) -> dict:
+        return {"path": str(self.path), "figures": self.figures, "bytes": self.bytes,
+                "sampled": self.sampled, "run_id": self.run_id}
+
+
+# --- encoding ---------------------------------------------------------------------------------
+
+def _typed_array(a: np.ndarray) -> Any:
+    """A numpy array as Plotly.js's typed-array spec, or a list where it has no binary form."""
+    if a.dtype.kind in "iu":
+        if a.size and (a.min() < np.iinfo(np.int32).min or a.max() > np.iinfo(np.int32).max):
+            a = a.astype(np.float64)
+        else:
+            a = a.astype(np.int32)
+    elif a.dtype.kind == "f":
+        a = a.astype(np.float64)
+    elif a.dtype.kind == "b":
+        a = a.astype(np.uint8)
+    else:
+        return [_plain(v) for v in a.tolist()]
+    spec = {"dtype": _TYPED[a.dtype], "bdata": base64.b64encode(np.ascontiguousarray(a)).decode("ascii")}
+    if a.ndim > 1:
+        spec["shape"] = ",".join(str(n) for n in a.shape)
+    return spec
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, np.ndarray):
+        return _typed_array(v)
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float) and not np.isfinite(v):
+        return None  # JSON has no NaN; Plotly reads null as a gap
+    return v
+
+
+def encode_figure(figure: dict[str, Any]) -> str:
+    """Figure dict -> JSON safe to embed inside a <script> element."""
+    text = json.dumps(_plain(figure), separators=(",", ":"), allow_nan=False)
+    # "</" would end the script element early (a request id can be any string).
+    return text.replace("</", "<\\/").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
+# --- page -------------------------------------------------------------------------------------
+
+_CSS = """
+:root { --ink:#263238; --muted:#607d8b; --line:#e3e8ec; --bg:#f4f6f8; --card:#fff; --accent:#ef6c00; }
+* { box-sizing: border-box; }
+body { margin:0; background:var(--bg); color:var(--ink);
+       font: 14px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
+header.top { background:#263238; color:#eceff1; padding:22px 0 18px; }
+header.top .wrap { display:flex; flex-wrap:wrap; gap:8px 32px; align-items:baseline; }
+header.top h1 { margin:0; font-size:22px; font-weight:600; letter-spacing:.2px; }
+header.top h1 span { color:#ffb74d; }
+header.top .meta { color:#b0bec5; font-size:13px; }
+header.top .meta b { color:#eceff1; font-weight:500; }
+nav { position:sticky; top:0; z-index:10; background:rgba(255,255,255,.94); backdrop-filter:blur(4px);
+      border-bottom:1px solid var(--line); }
+nav .wrap { display:flex; gap:22px; overflow-x:auto; padding:9px 24px; }
+nav a { color:var(--muted); text-decoration:none; font-size:13px; white-space:nowrap; }
+nav a:hover { color:var(--ink); }
+.wrap { max-width:1320px; margin:0 auto; padding:0 24px; }
+section { margin:28px 0 8px; }
+h2 { font-size:18px; margin:0 0 2px; font-weight:600; }
+h2 .num { color:var(--accent); margin-right:8px; }
+h3 { font-size:15px; margin:0 0 2px; font-weight:600; }
+p.how { margin:0 0 12px; color:var(--muted); font-size:13px; }
+p.how::before { content:"How to read this: "; font-weight:600; color:#78909c; }
+.card { background:var(--card); border:1px solid var(--line); border-radius:10px; padding:16px 18px 10px;
+        margin-bottom:16px; box-shadow:0 1px 2px rgba(38,50,56,.04); }
+.grid { display:grid; grid-template-columns:repeat(auto-fill, minmax(380px, 1fr)); gap:16px; }
+.grid .card { margin-bottom:0; }
+.plot { width:100%; }
+p.note { margin:6px 0 4px; font-size:12px; color:var(--muted); }
+p.note.sampled { color:#bf360c; }
+.empty { padding:40px 0; text-align:center; color:var(--muted); }
+.stats { display:grid; grid-template-columns:repeat(auto-fit, minmax(190px, 1fr)); gap:12px; margin-bottom:16px; }
+.stat { background:var(--card); border:1px solid var(--line); border-radius:10px; padding:12px 14px; }
+.stat .label { font-size:12px; color:var(--muted); text-transform:uppercase; letter-spacing:.5px; }
+.stat .value { font-size:24px; font-weight:600; margin:2px 0; font-variant-numeric:tabular-nums; }
+.stat .sub { font-size:12px; color:var(--muted); }
+.stat .rows { font-size:12px; color:var(--muted); margin-top:4px; }
+.stat .rows div { display:flex; justify-content:space-between; gap:8px; white-space:nowrap; }
+.stat .rows b { color:var(--ink); font-weight:600; font-variant-numeric:tabular-nums; }
+.splitbar { display:flex; height:10px; border-radius:5px; overflow:hidden; margin:8px 0 6px; background:#eceff1; }
+.splitbar span { display:block; height:100%; }
+.legend { font-size:12px; color:var(--muted); display:flex; flex-wrap:wrap; gap:2px 12px; }
+.legend i { display:inline-block; width:9px; height:9px; border-radius:2px; margin-right:4px; }
+table { border-collapse:collapse; width:100%; font-size:13px; }
+th, td { text-align:left; padding:7px 8px; border-bottom:1px solid var(--line); vertical-align:top; }
+th { font-size:12px; color:var(--muted); font-weight:600; white-space:nowrap; }
+td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; white-space:nowrap; }
+td .splitbar { width:160px; margin:5px 0 2px; }
+td .split { font-size:12px; color:var(--muted); white-space:nowrap; }
+td.verdict { max-width:560px; }
+td.verdict details summary { cursor:pointer; }
+td.verdict details p { margin:6px 0 0; color:#455a64; }
+.badge { display:inline-block; padding:1px 8px; border-radius:10px; font-size:12px; font-weight:600;
+         color:#fff; white-space:nowrap; }
+.cause { display:inline-block; padding:1px 7px; border-radius:4px; font-size:12px; font-weight:600;
+         background:#eceff1; color:#37474f; margin-right:6px; }
+.cause.load_back { background:#fff3e0; color:#e65100; } .cause.storage_fetch { background:#f3e5f5; color:#6a1b9a; }
+.cause.recompute { background:#ffebee; color:#c62828; } .cause.queueing { background:#e8eaf6; color:#283593; }
+dl.kv { display:grid; grid-template-columns:max-content 1fr; gap:3px 16px; margin:0; font-size:13px; }
+dl.kv dt { color:var(--muted); } dl.kv dd { margin:0; font-family:ui-monospace, Menlo, Consolas, monospace;
+          font-size:12px; word-break:break-all; }
+.cols { display:grid; grid-template-columns:repeat(auto-fill, minmax(380px, 1fr)); gap:16px; }
+details.cfg > summary { cursor:pointer; font-weight:600; }
+footer { color:var(--muted); font-size:12px; padding:24px 0 40px; }
+"""
+
+_LOADER = """
+(function () {
+  var config = %s;
+  var blocks = document.querySelectorAll('script[type="application/json"][data-plot]');
+  for (var i = 0; i < blocks.length; i++) {
+    var el = blocks[i];
+    var spec = JSON.parse(el.textContent);
+    Plotly.newPlot(el.getAttribute('data-plot'), spec.data, spec.layout, config);
+  }
+})();
+"""
+
+_SECTIONS = (
+    ("headline", "Headline",
+     "the token-weighted tier split says how much of the input the cache served and from where; "
+     "TTFT percentiles are per class, so a slow tier shows up as a class."),
+    ("time", "Over virtual time",
+     "read top to bottom at the same moment: device pressure causes evictions, evicted prefixes come "
+     "back as load-backs and use the link."),
+    ("requests", "Per request",
+     "every finished request is one point; the interesting ones are high (slow) despite a large host share "
+     "(a hit)."),
+    ("distributions", "Distributions",
+     "the shape of load-back cost and of TTFT per class; tails matter more than means."),
+    ("decomposition", "TTFT decomposition",
+     "each request's TTFT splits exactly into queueing + storage fetch + exposed load-back + recompute + "
+     "compute; this shows which part grows."),
+    ("slowest", "Slowest cached requests",
+     "cached requests (device or tiered hit) with the largest excess TTFT over their ideal, each with the "
+     "verdict of `tierdiag explain`; click a verdict for the full answer."),
+)
+
+
+def _e(v: Any) -> str:
+    return html.escape(str(v), quote=True)
+
+
+def _split_bar(tokens: dict[str, int], *, legend: bool = False) -> str:
+    total = sum(tokens.values()) or 1
+    spans = "".join(
+        f'<span style="width:{tokens[p] / total * 100:.3f}%;background:{TIER_COLOURS[p]}" '
+        f'title="{_e(TIER_LABELS[p])}: {tokens[p]:,} tokens ({tokens[p] / total:.1%})"></span>'
+        for p in TIER_PARTS if tokens.get(p))
+    bar = f'<div class="splitbar">{spans}</div>'
+    if legend:
+        items = "".join(f'<span><i style="background:{TIER_COLOURS[p]}"></i>{_e(p)} {tokens[p] / total:.1%}</span>'
+                        for p in TIER_PARTS)
+        bar += f'<div class="legend">{items}</div>'
+    return bar
+
+
+def _stat(label: str, value: str, sub: str = "", *, extra: str = "") -> str:
+    """One number of the headline strip; `sub` and `extra` are already-escaped HTML."""
+    return (f'<div class="stat"><div class="label">{_e(label)}</div><div class="value">{_e(value)}</div>'
+            f'{extra}<div class="sub">{sub}</div></div>')
+
+
+def _headline_stats(data: ReportData) -> str:
+    h = data.headline
+    all_split = h.tier_split.get("all", {p: 0 for p in TIER_PARTS})
+    total_tokens = sum(all_split.values())
+    reused = all_split["device"] + all_split["host"] + all_split["storage"]
+    cards = [
+        _stat("Requests", f"{h.num_requests:,}",
+              _e(f"{h.num_finished:,} finished · {h.num_rejected:,} rejected · "
+                 f"{fmt_ms(h.span_ns)} of virtual time")),
+        _stat("Input tokens reused", fmt_pct(share(reused, total_tokens)),
+              _e(f"{fmt_tokens(reused)} of {fmt_tokens(total_tokens)} tokens"),
+              extra=_split_bar(all_split, legend=True)),
+    ]
+    ttft_all = h.ttft_for("all")
+    if ttft_all is not None:
+        per_class = "".join(
+            f'<div><span><span style="color:{CLASS_COLOURS[t.hit_class]}">●</span> '
+            f"{_e(CLASS_LABELS[t.hit_class])}</span><b>{_e(fmt_ms(t.p50_ns))} / {_e(fmt_ms(t.p99_ns))}</b></div>"
+            for t in h.ttft if t.hit_class != "all")
+        cards.append(_stat("TTFT p50 / p99", fmt_ms(ttft_all.p50_ns), f"p99 {_e(fmt_ms(ttft_all.p99_ns))}",
+                           extra=f'<div class="rows">{per_class}</div>'))
+    cards.append(_stat("Load-back volume", fmt_bytes(h.loadback_bytes),
+                       _e(f"{h.num_loadbacks:,} requests loaded back · {fmt_ms(h.loadback_ns)} on the link · "
+                          f"{fmt_ms(h.loadback_exposed_ns)} exposed")))
+    reasons = ", ".join(f"{r.replace('_', ' ')} {n:,}" for r, n in h.skipped_loadbacks.items()) or "none"
+    cards.append(_stat("Skipped load-backs", f"{h.num_skipped_loadbacks:,}",
+                       _e(f"{reasons} · {fmt_tokens(h.skipped_loadback_tokens)} tokens recomputed instead")))
+    kinds = ", ".join(f"{k} {n:,}" for k, n in h.evictions.items()) or "none"
+    tokens = " · ".join(f"{t} {fmt_tokens(n)} tokens" for t, n in h.evicted_tokens.items())
+    cards.append(_stat("Evictions", f"{h.num_evictions:,}", _e(kinds + (f" · {tokens}" if tokens else ""))))
+    return f'<div class="stats">{"".join(cards)}</div>'
+
+
+def _kv(d: dict[str, Any]) -> str:
+    if not d:
+        return '<p class="note">not recorded</p>'
+    rows = "".join(f"<dt>{_e(k)}</dt><dd>{_e(json.dumps(v) if isinstance(v, (dict, list)) else v)}</dd>"
+                   for k, v in sorted(d.items()))
+    return f'<dl class="kv">{rows}</dl>'
+
+
+def _run_details(run: RunInfo) -> str:
+    basics = {"run id": run.run_id, "name": run.name, "status": run.status, "created": str(run.created_at)[:19],
+              "trace": run.trace_path, "trace sha256": run.trace_sha256, "timing": run.timing,
+              "tierdiag": run.tierdiag_version, "replay wall time": f"{run.wall_s:.1f} s" if run.wall_s else "-",
+              "command": run.command_line}
+    return (
+        '<details class="card cfg"><summary>Run configuration and hardware</summary>'
+        '<div class="cols" style="margin-top:12px">'
+        f'<div><h3>Run</h3>{_kv(basics)}</div>'
+        f'<div><h3>Engine config</h3>{_kv(run.config)}</div>'
+        f'<div><h3>Hardware</h3>{_kv(run.hardware)}</div>'
+        f'<div><h3>Data plane</h3>{_kv(run.data_plane)}</div>'
+        "</div></details>")
+
+
+def _figure_card(spec: FigureSpec) -> tuple[str, str]:
+    """(card html, data script) for one figure; an empty figure gets a message and no script."""
+    note_cls = "note sampled" if spec.note.startswith("sampled") else "note"
+    note = f'<p class="{note_cls}">{_e(spec.note)}</p>' if spec.note else ""
+    head = f"<h3>{_e(spec.title)}</h3><p class=\"how\">{_e(spec.how_to_read)}</p>"
+    if spec.empty:
+        return f'<div class="card">{head}<div class="empty">nothing to draw in this run</div>{note}</div>', ""
+    div_id = f"fig-{spec.key}"
+    card = (f'<div class="card">{head}<div class="plot" id="{div_id}" style="height:{spec.height_px}px"></div>'
+            f"{note}</div>")
+    script = f'<script type="application/json" data-plot="{div_id}">{encode_figure(spec.figure)}</script>'
+    return card, script
+
+
+def _slow_table(data: ReportData) -> str:
+    if not data.slowest:
+        return '<div class="card"><div class="empty">no cached requests in this run</div></div>'
+    rows = []
+    for i, item in enumerate(data.slowest, start=1):
+        r, ex = item.request, item.explanation
+        split = {"device": r.device_tokens, "host": r.host_tokens, "storage": r.storage_tokens,
+                 "new": r.computed_tokens - r.recomputed_tokens, "recomputed": r.recomputed_tokens}
+        cause = ex.primary_cause or "-"
+        colour = CLASS_COLOURS.get(r.hit_class or "", "#78909c")
+        n_in = max(r.input_tokens, 1)
+        split_text = (f"{fmt_tokens(r.input_tokens)} tok · dev {r.device_tokens / n_in:.0%}"
+                      f" · host {(r.host_tokens + r.storage_tokens) / n_in:.0%}"
+                      f" · comp {r.computed_tokens / n_in:.0%}")
+        # The headline starts with the cause ("load_back: ..."), which the badge already shows.
+        headline = ex.headline.split(": ", 1)[1] if ex.headline.startswith(f"{cause}: ") else ex.headline
+        rows.append(
+            "<tr>"
+            f'<td class="num">{i}</td><td><b>{_e(r.req_id)}</b></td>'
+            f'<td><span class="badge" style="background:{colour}">{_e(CLASS_LABELS.get(r.hit_class or "", "?"))}'
+            "</span></td>"
+            f'<td class="num">{_e(fmt_ms(r.ttft_ns))}</td><td class="num">{_e(fmt_ms(r.ideal_ttft_ns))}</td>'
+            f'<td class="num"><b>{_e(fmt_ms(r.excess_ns))}</b></td>'
+            f'<td>{_split_bar(split)}<span class="split">{_e(split_text)}</span></td>'
+            f'<td class="verdict"><details><summary><span class="cause {_e(cause)}">{_e(cause)}</span>'
+            f"{_e(headline)}</summary><p>{_e(ex.verdict)}</p></details></td>"
+            "</tr>")
+    head = ("<tr><th class=\"num\">#</th><th>request</th><th>class</th><th class=\"num\">TTFT</th>"
+            "<th class=\"num\">ideal</th><th class=\"num\">excess</th><th>tier split</th><th>verdict</th></tr>")
+    return f'<div class="card" style="overflow-x:auto"><table><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table></div>'
+
+
+def render_html(data: ReportData, figures: list[FigureSpec], *, plotly_js: str) -> str:
+    run = data.run
+    scripts: list[str] = []
+    by_section: dict[str, list[tuple[FigureSpec, str]]] = {}
+    for spec in figures:
+        card, script = _figure_card(spec)
+        by_section.setdefault(spec.section, []).append((spec, card))
+        if script:
+            scripts.append(script)
+
+    body = []
+    for n, (key, title, how) in enumerate(_SECTIONS, start=1):
+        parts = [f'<section id="{key}"><h2><span class="num">{n}</span>{_e(title)}</h2><p class="how">{_e(how)}</p>']
+        if key == "headline":
+            parts.append(_headline_stats(data))
+        cards = by_section.get(key, [])
+        wide = [c for s, c in cards if s.wide]
+        narrow = [c for s, c in cards if not s.wide]
+        parts.extend(wide)
+        if narrow:
+            parts.append(f'<div class="grid">{"".join(narrow)}</div>')
+        if key == "headline":
+            parts.append(_run_details(run))
+        if key == "slowest":
+            parts.append(_slow_table(data))
+        parts.append("</section>")
+        body.append("".join(parts))
+
+    nav = "".join(f'<a href="#{k}">{_e(t)}</a>' for k, t, _ in _SECTIONS)
+    model = run.config.get("model", "?")
+    gpu = run.config.get("gpu", "?")
+    peak = data.transfers.link_bytes_per_s
+    status = "" if run.status == "complete" else f" · <b style='color:#ffb74d'>status {_e(run.status)}</b>"
+    generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="generator" content="tierdiag {_e(__version__)}">
+<title>tierdiag report · {_e(run.name)} · {_e(run.run_id)}</title>
+<style>{_CSS}</style>
+<script>{plotly_js}</script>
+</head>
+<body>
+<header class="top"><div class="wrap">
+<h1>tierdiag report · <span>{_e(run.name)}</span></h1>
+<div class="meta">run <b>{_e(run.run_id)}</b> · model <b>{_e(model)}</b> on <b>{_e(gpu)}</b> ·
+{_e(run.timing)} timing · link peak <b>{_e(fmt_bandwidth(peak))}</b> · trace <b>{_e(Path(run.trace_path).name)}</b>{status}</div>
+</div></header>
+<nav><div class="wrap">{nav}</div></nav>
+<main class="wrap">
+{"".join(body)}
+</main>
+<footer class="wrap">Generated by tierdiag {_e(__version__)} on {generated} from the run store only.
+Times are virtual (the replay's clock); token counts are exact. This file works offline.</footer>
+{"".join(scripts)}
+<script>{_LOADER % json.dumps(PLOTLY_CONFIG)}</script>
+</body>
+</html>
+"""
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+def _umask() -> int:
+    # The only portable way to read the umask is to set it and put it back.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_atomic(path: Path, text: str) -> int:
+    """Write `text` to `path` via a temporary file in the same folder, renamed into place.
+
+    Readers (a browser reloading, a CI artifact upload) see the old file or the whole new one,
+    never a torn write; on failure the temporary file is removed and nothing else changes.
+    """
+    payload = text.encode("utf-8")
+    parent = path.parent
+    blocker = next((p for p in (parent, *parent.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise OutputError(f"cannot write {path}: {blocker} is a file, not a folder",
+                          hint="pass -o with a writable path")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create folder {parent}: {exc.strerror or exc}",
+                          hint="pass -o with a writable path") from exc
+    if path.is_dir():
+        raise OutputError(f"{path} is a folder", hint="pass -o with a file name ending in .html")
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a report is meant to be shared
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}",
+                          hint="check free space and permissions, or pass -o elsewhere") from exc
+    finally:
+        if tmp is not None:
+            # Cleanup after a failed write; the original error is what the user needs to see.
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    return len(payload)
+
+
+def default_output(run: RunInfo, folder: Path = DEFAULT_REPORTS_DIR) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", run.name).strip("._") or "run"
+    return folder / f"{safe}-{run.run_id}.html"
+
+
+def _plotly_js() -> str:
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs()
+
+
+def build_report(db: str | os.PathLike, run: str | None = None, output: str | os.PathLike | None = None,
+                 *, slowest: int = 20) -> ReportResult:
+    """Read one run from the store and write its HTML report; returns where and how big."""
+    con = open_store(db)
+    try:
+        info = resolve_run(con, run, db_label=str(db))
+        data = load_report_data(con, info, slowest=slowest)
+    finally:
+        con.close()
+    figures = build_figures(data)
+    text = render_html(data, figures, plotly_js=_plotly_js())
+    path = Path(output) if output is not None else default_output(info)
+    size = write_atomic(path, text)
+    return ReportResult(path=path, figures=sum(1 for f in figures if not f.empty), bytes=size,
+                        sampled=data.points.sampled, run_id=info.run_id)
