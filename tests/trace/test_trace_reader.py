@@ -172,6 +172,8 @@ LINE_ERRORS = [
     ([obj(input_length=-600)], 1, "'input_length' is negative"),
     ([obj(timestamp=10**20)], 1, "'timestamp' 100000000000000000000 is too large"),
     ([obj(input_length=0, hash_ids=[])], 1, "'input_length' is 0"),
+    (['{"timestamp": ' + "9" * 5000 + "}"], 1, "bad JSON (Exceeds the limit"),  # Python's int digit limit
+    ([obj(timestamp=-(10**60))], 1, "'timestamp' is negative (-100000000000000000000000000000000000...)"),
     ([GOOD, GOOD, obj(hash_ids=[0])], 3, "'hash_ids' has 1 entries, expected 2"),
     ([obj(hash_ids=[0, 1, 2])], 1, "'hash_ids' has 3 entries, expected 2"),
     ([obj(hash_ids="0,1")], 1, "'hash_ids' must be a list of integers, got a string"),

@@ -182,6 +182,8 @@ def _loads(text: str) -> dict:
         raise _BadLine(f"bad JSON ({exc.msg} at column {exc.colno})") from None
     except RecursionError:
         raise _BadLine("bad JSON (nested too deeply)") from None
+    except ValueError as exc:  # e.g. an integer literal past Python's digit limit
+        raise _BadLine(f"bad JSON ({_first_line(exc)})") from None
     if not isinstance(obj, dict):
         raise _BadLine(f"expected a JSON object, got {_json_type(obj)}")
     return obj
@@ -190,7 +192,7 @@ def _loads(text: str) -> dict:
 def _request(obj: dict, lineno: int, seq: int, block_size: int, max_hash: int) -> tuple[int, TraceRequest]:
     ts = _int_field(obj, "timestamp")
     if ts > MAX_TIMESTAMP_MS:
-        raise _BadLine(f"'timestamp' {ts} is too large (at most {MAX_TIMESTAMP_MS} ms)")
+        raise _BadLine(f"'timestamp' {_show(ts)} is too large (at most {MAX_TIMESTAMP_MS} ms)")
     input_len = _int_field(obj, "input_length")
     if input_len == 0:
         raise _BadLine("'input_length' is 0 (a request needs at least one input token)")
@@ -232,7 +234,7 @@ def _int_field(obj: dict, key: str) -> int:
     if type(value) is not int:  # bool is an int subclass; JSON true is not a length
         raise _BadLine(f"'{key}' must be an integer, got {_json_type(value)} {_show(value)}")
     if value < 0:
-        raise _BadLine(f"'{key}' is negative ({value})")
+        raise _BadLine(f"'{key}' is negative ({_show(value)})")
     return value
 
 
@@ -249,9 +251,9 @@ def _int_list(obj: dict, key: str, max_value: int) -> tuple[int, ...]:
         raise _BadLine(f"'{key}' must hold only integers, found {_json_type(bad)} {_show(bad)}")
     lo, hi = min(values), max(values)
     if lo < 0:
-        raise _BadLine(f"'{key}' holds a negative value ({lo})")
+        raise _BadLine(f"'{key}' holds a negative value ({_show(lo)})")
     if hi > max_value:
-        raise _BadLine(f"'{key}' holds {hi}, larger than the maximum {max_value}")
+        raise _BadLine(f"'{key}' holds {_show(hi)}, larger than the maximum {max_value}")
     return tuple(values)
 
 
@@ -286,6 +288,11 @@ def _json_type(value: object) -> str:
     if isinstance(value, dict):
         return "an object"
     return type(value).__name__
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _show(value: object, limit: int = 40) -> str:
