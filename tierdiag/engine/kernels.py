@@ -42,8 +42,8 @@ import torch
 PageList = Union[Sequence[int], torch.Tensor, np.ndarray]
 
 # One tensor op's fixed cost (dispatch, thread wake-up, index conversion) expressed as bytes
-# it could have copied meanwhile: ~5 us at ~14 GB/s. Tuned with benchmarks/kernels.py.
-_OP_COST_BYTES = 64 * 1024
+# it could have copied meanwhile: ~10 us at ~14 GB/s. Tuned with benchmarks/kernels.py.
+_OP_COST_BYTES = 128 * 1024
 # An indexed copy moves rows through an index; relative to a slice copy it costs a little more.
 _INDEXED_FACTOR = 1.15
 # The two-pass path stages at most this much at a time (bounds the scratch memory).
@@ -103,6 +103,52 @@ def _check_range(idx: np.ndarray, num_pages: int, side: str) -> None:
                          f"(a slot freed twice or a stale page list?)")
 
 
+def _check_range_small(idx: list[int], num_pages: int, side: str) -> None:
+    if min(idx) < 0 or max(idx) >= num_pages:
+        bad = next(i for i in idx if i < 0 or i >= num_pages)
+        raise IndexError(f"{side} page {bad} out of range: the pool has {num_pages} pages "
+                         f"(a slot freed twice or a stale page list?)")
+
+
+# Below this many pages the plan is made with Python ints: numpy's per-call overhead would
+# dominate a transfer of a handful of pages (the engine's common case).
+_SMALL_PLAN = 16
+
+
+def _plan_small(s: list[int], d: list[int], column_bytes: int) -> CopyPlan:
+    runs: list[tuple[int, int, int]] = []
+    k_src = k_dst = 1
+    s0, d0, length = s[0], d[0], 1
+    for i in range(1, len(s)):
+        step_s = s[i] == s[i - 1] + 1
+        step_d = d[i] == d[i - 1] + 1
+        k_src += not step_s
+        k_dst += not step_d
+        if step_s and step_d:
+            length += 1
+        else:
+            runs.append((s0, d0, length))
+            s0, d0, length = s[i], d[i], 1
+    runs.append((s0, d0, length))
+    kind = _cheapest(len(s) * column_bytes, len(runs), k_src, k_dst)
+    s_arr = np.array(s, dtype=np.int64)
+    d_arr = np.array(d, dtype=np.int64)
+    if kind == "runs":
+        return CopyPlan("runs", len(s), s_arr, d_arr, tuple(runs), len(runs))
+    return CopyPlan(kind, len(s), s_arr, d_arr, (), {"gather": k_dst, "scatter": k_src}.get(kind, 2))
+
+
+def _cheapest(total_bytes: int, k_both: int, k_src: int, k_dst: int) -> str:
+    """The plan kind with the lowest estimated cost (ops' fixed cost + bytes moved)."""
+    costs = {
+        "runs": k_both * _OP_COST_BYTES + total_bytes,
+        "gather": k_dst * _OP_COST_BYTES + _INDEXED_FACTOR * total_bytes,
+        "scatter": k_src * _OP_COST_BYTES + _INDEXED_FACTOR * total_bytes,
+        "two_pass": 2 * _OP_COST_BYTES + 2 * _INDEXED_FACTOR * total_bytes,
+    }
+    return min(costs, key=costs.__getitem__)
+
+
 def plan_copy(src_pages: PageList, dst_pages: PageList, *, column_bytes: int,
               src_num_pages: int, dst_num_pages: int) -> CopyPlan:
     """Choose the cheapest execution for copying pages src_pages[i] -> dst_pages[i].
@@ -110,39 +156,35 @@ def plan_copy(src_pages: PageList, dst_pages: PageList, *, column_bytes: int,
     `column_bytes` is one page across all layers (num_layers * row bytes); it decides whether a
     run is long enough to be worth its own op. Destination pages must be distinct.
     """
+    n = len(src_pages)
+    if n != len(dst_pages):
+        raise ValueError(f"copy of {n} source pages into {len(dst_pages)} destination pages")
+    if n == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return CopyPlan("empty", 0, empty, empty)
+    if n <= _SMALL_PLAN:
+        s_list = [int(x) for x in src_pages]
+        d_list = [int(x) for x in dst_pages]
+        _check_range_small(s_list, src_num_pages, "source")
+        _check_range_small(d_list, dst_num_pages, "destination")
+        return _plan_small(s_list, d_list, column_bytes)
     s = _as_index_array(src_pages)
     d = _as_index_array(dst_pages)
-    n = int(s.size)
-    if n != d.size:
-        raise ValueError(f"copy of {n} source pages into {d.size} destination pages")
     _check_range(s, src_num_pages, "source")
     _check_range(d, dst_num_pages, "destination")
-    if n == 0:
-        return CopyPlan("empty", 0, s, d)
-    if n == 1:
-        return CopyPlan("runs", 1, s, d, ((int(s[0]), int(d[0]), 1),), 1)
-
     ds = np.diff(s) == 1
     dd = np.diff(d) == 1
-    k_both = n - int(np.count_nonzero(ds & dd))
+    both = ds & dd
+    k_both = n - int(np.count_nonzero(both))
     k_src = n - int(np.count_nonzero(ds))
     k_dst = n - int(np.count_nonzero(dd))
-    total = n * column_bytes
-    costs = {
-        "runs": k_both * _OP_COST_BYTES + total,
-        "gather": k_dst * _OP_COST_BYTES + _INDEXED_FACTOR * total,
-        "scatter": k_src * _OP_COST_BYTES + _INDEXED_FACTOR * total,
-        "two_pass": 2 * _OP_COST_BYTES + 2 * _INDEXED_FACTOR * total,
-    }
-    kind = min(costs, key=costs.__getitem__)
+    kind = _cheapest(n * column_bytes, k_both, k_src, k_dst)
     if kind == "runs":
-        starts = np.flatnonzero(~(ds & dd)) + 1
-        starts = np.concatenate(([0], starts))
+        starts = np.concatenate(([0], np.flatnonzero(~both) + 1))
         lens = np.diff(np.concatenate((starts, [n])))
         runs = tuple(zip(s[starts].tolist(), d[starts].tolist(), lens.tolist()))
         return CopyPlan("runs", n, s, d, runs, len(runs))
-    num_ops = {"gather": k_dst, "scatter": k_src, "two_pass": 2}[kind]
-    return CopyPlan(kind, n, s, d, (), num_ops)
+    return CopyPlan(kind, n, s, d, (), {"gather": k_dst, "scatter": k_src}.get(kind, 2))
 
 
 # --- execution ---------------------------------------------------------------------------------
