@@ -1,0 +1,81 @@
+"""explain / slow / summary through the real CLI entry, in a subprocess: output, errors, no torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+# Runs the CLI in-process of a fresh interpreter, then reports which heavy modules got imported.
+_HARNESS = """
+import json, sys
+sys.argv = ["tierdiag", *json.loads(sys.argv[1])]
+from tierdiag.cli.main import main
+code = 0
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code or 0
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "pandas", "plotly"))
+sys.stderr.write("\\n@@HEAVY@@" + json.dumps(heavy) + "\\n")
+sys.exit(code)
+"""
+
+
+def run_cli(*args: str) -> tuple[int, str, str, list[str]]:
+    proc = subprocess.run([sys.executable, "-c", _HARNESS, json.dumps(list(args))], capture_output=True,
+                          text=True, env={"COLUMNS": "120", "PATH": "/usr/bin:/bin"}, timeout=120)
+    err, _, heavy = proc.stderr.rpartition("@@HEAVY@@")
+    return proc.returncode, proc.stdout, err.strip(), json.loads(heavy)
+
+
+@pytest.mark.parametrize("args", [
+    ("explain", "tier", "--json"),
+    ("explain", "tier"),
+    ("slow", "--json"),
+    ("slow",),
+    ("summary", "--json"),
+    ("summary",),
+])
+def test_read_commands_never_import_torch(planted, args):
+    code, out, err, heavy = run_cli(*args, "--db", str(planted.path))
+    assert code == 0, err
+    assert heavy == [], f"{args[0]} imported {heavy}"
+
+
+def test_explain_json_and_rich_tell_the_same_story(planted):
+    code, out, _, _ = run_cli("explain", "tier", "--json", "--db", str(planted.path))
+    j = json.loads(out)
+    assert (j["class"], j["primary_cause"], j["evicted_by"]) == ("tiered_hit", "load_back", ["f1", "f2"])
+    code, text, _, _ = run_cli("explain", "tier", "--db", str(planted.path))
+    # Verdict first, then the four steps in the troubleshooting order.
+    positions = [text.index(s) for s in ("verdict: load_back", "1 · host_hit_length", "2 · prefix_indices",
+                                         "3 · load_back", "4 · eviction")]
+    assert positions == sorted(positions)
+    assert "8.06 ms" in text and "25.0 GB/s" in text and "256.0 MiB" in text and "2,048" in text
+
+
+def test_slow_and_summary_json(planted):
+    _, out, _, _ = run_cli("slow", "--top", "2", "--class", "tiered_hit", "--json", "--db", str(planted.path))
+    assert [r["req_id"] for r in json.loads(out)["requests"]] == ["tier", "stor"]
+    _, out, _, _ = run_cli("summary", "--json", "--run", "planted", "--db", str(planted.path))
+    assert json.loads(out)["tokens"]["host_tokens"] == 2048
+
+
+@pytest.mark.parametrize("args, code, fragment", [
+    (("explain", "tierr"), 5, "no request 'tierr' in run"),
+    (("slow", "--cause", "loadback"), 2, "unknown cause 'loadback'"),
+    (("summary", "--run", "nope"), 4, "no run 'nope'"),
+])
+def test_errors_are_one_line(planted, args, code, fragment):
+    rc, out, err, _ = run_cli(*args, "--db", str(planted.path))
+    assert rc == code
+    assert err.startswith("tierdiag: error: ") and fragment in err and "\n" not in err
+    assert out == ""
+
+
+def test_missing_database(tmp_path):
+    rc, _, err, _ = run_cli("explain", "1", "--db", str(tmp_path / "none.duckdb"))
+    assert rc == 4 and "no database at" in err

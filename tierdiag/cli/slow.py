@@ -1,0 +1,34 @@
+"""`tierdiag slow`: requests ranked by excess TTFT over their ideal, with class, tier split and cause."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt, out, print_json
+from tierdiag.diagnose.slow import slow_requests
+from tierdiag.store.reader import open_store, resolve_run
+
+
+def slow(
+    top: Annotated[int, typer.Option("--top", help="How many requests to show.")] = 20,
+    hit_class: Annotated[Optional[str], typer.Option(
+        "--class", help="Only this class: device_hit, tiered_hit or miss.")] = None,
+    cause: Annotated[Optional[str], typer.Option(
+        "--cause", help="Only this primary cause: none, queueing, load_back, storage_fetch, recompute, compute.")] = None,
+    db: DbOpt = DEFAULT_DB_PATH,
+    run: RunOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Requests ranked by excess TTFT over their ideal (reused tokens device-resident, no queueing)."""
+    with open_store(db) as con:
+        info = resolve_run(con, run, db_label=str(db))
+        rows = slow_requests(con, info, top=top, hit_class=hit_class, cause=cause)
+    if json_:
+        print_json({"run_id": info.run_id, "run_name": info.name, "top": top, "class": hit_class,
+                    "cause": cause, "requests": [r.to_json() for r in rows]})
+        return
+    from tierdiag.report.terminal import render_slow
+
+    render_slow(rows, out, run_label=f"{info.name} ({info.run_id})", hit_class=hit_class, cause=cause)

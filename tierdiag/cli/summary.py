@@ -1,0 +1,20 @@
+"""`tierdiag summary`: token-weighted tier split, TTFT by class, load-backs, evictions, causes."""
+
+from __future__ import annotations
+
+from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt, out, print_json
+from tierdiag.diagnose.summary import run_summary
+from tierdiag.store.reader import open_store, resolve_run
+
+
+def summary(db: DbOpt = DEFAULT_DB_PATH, run: RunOpt = None, json_: JsonOpt = False) -> None:
+    """One run at a glance: tokens by tier (not request counts), TTFT percentiles, load-backs, evictions."""
+    with open_store(db) as con:
+        info = resolve_run(con, run, db_label=str(db))
+        result = run_summary(con, info)
+    if json_:
+        print_json(result.to_json())
+        return
+    from tierdiag.report.terminal import render_summary
+
+    render_summary(result, out)

@@ -1,0 +1,93 @@
+"""`slow`: finished requests ranked by excess TTFT over their ideal, with their primary cause.
+
+Ideal = all reused (and once-cached) tokens device-resident, no queueing (`ideal_ttft_ns`).
+The cause comes from the same SQL rule `explain` applies to one row (causes.py), so a
+request's cause here and in `explain` never disagree. One query over the run's rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+
+from tierdiag.diagnose.causes import TtftParts, cause_sql, check_cause, excess_sql
+from tierdiag.diagnose.query import dataclass_json, fetch_dicts
+from tierdiag.errors import ConfigError, unknown_name
+from tierdiag.store.reader import RunInfo
+
+HIT_CLASSES: tuple[str, ...] = ("device_hit", "tiered_hit", "miss")
+
+
+@dataclass(frozen=True)
+class SlowRequest:
+    rank: int
+    req_id: str
+    seq: int | None
+    hit_class: str | None
+    arrival_ns: int
+    ttft_ns: int
+    ideal_ttft_ns: int
+    excess_ns: int
+    input_tokens: int
+    device_tokens: int
+    host_tokens: int
+    storage_tokens: int
+    computed_tokens: int
+    recomputed_tokens: int
+    loadback_skipped_reason: str | None
+    primary_cause: str
+    cause_ns: int  # the part of the excess the primary cause owns (0 for none)
+
+    def to_json(self) -> dict:
+        return dataclass_json(self)
+
+
+def check_hit_class(name: str | None) -> str | None:
+    if name is None or name in HIT_CLASSES:
+        return name
+    raise unknown_name("hit class", name, HIT_CLASSES)
+
+
+def slow_requests(con: duckdb.DuckDBPyConnection, run: RunInfo, *, top: int = 20,
+                  hit_class: str | None = None, cause: str | None = None) -> list[SlowRequest]:
+    """The `top` finished requests of `run` with the largest excess TTFT (ties: trace order)."""
+    if top < 1:
+        raise ConfigError(f"--top must be at least 1, got {top}")
+    check_hit_class(hit_class)
+    check_cause(cause)
+    rows = fetch_dicts(
+        con,
+        f"""
+        SELECT * FROM (
+            SELECT req_id, seq, hit_class, arrival_ns, ttft_ns, ideal_ttft_ns, input_tokens,
+                   device_hit_tokens, host_hit_tokens, storage_hit_tokens, computed_tokens,
+                   recomputed_tokens, loadback_skipped_reason, queue_ns, storage_wait_ns,
+                   loadback_exposed_ns, recompute_ns, compute_ns,
+                   {excess_sql()} AS excess_ns, {cause_sql()} AS primary_cause
+            FROM requests
+            WHERE run_id = ? AND coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL
+        )
+        WHERE (CAST(? AS VARCHAR) IS NULL OR hit_class = ?)
+          AND (CAST(? AS VARCHAR) IS NULL OR primary_cause = ?)
+        ORDER BY excess_ns DESC, seq, req_id
+        LIMIT ?
+        """,
+        [run.run_id, hit_class, hit_class, cause, cause, top],
+    )
+    result = []
+    for rank, r in enumerate(rows, start=1):
+        parts = TtftParts.from_row(r)
+        assert parts is not None, f"request {r['req_id']}: finished but no ttft_ns (engine bug?)"
+        primary = r["primary_cause"]
+        result.append(SlowRequest(
+            rank=rank, req_id=r["req_id"], seq=r["seq"], hit_class=r["hit_class"],
+            arrival_ns=int(r["arrival_ns"] or 0), ttft_ns=parts.ttft_ns, ideal_ttft_ns=parts.ideal_ttft_ns,
+            excess_ns=parts.excess_ns, input_tokens=int(r["input_tokens"] or 0),
+            device_tokens=int(r["device_hit_tokens"] or 0), host_tokens=int(r["host_hit_tokens"] or 0),
+            storage_tokens=int(r["storage_hit_tokens"] or 0), computed_tokens=int(r["computed_tokens"] or 0),
+            recomputed_tokens=int(r["recomputed_tokens"] or 0),
+            loadback_skipped_reason=r["loadback_skipped_reason"], primary_cause=primary,
+            cause_ns=0 if primary == "none" else parts.excess_parts_ns()[primary],
+        ))
+    return result

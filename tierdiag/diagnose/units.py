@@ -1,0 +1,98 @@
+"""Numbers with units, one spelling for every view (findings, terminal, JSON).
+
+Internally everything stays in the store's units (ns, bytes, tokens); these turn them into
+what a person reads. JSON gets milliseconds as floats (`ns_to_ms`), text gets `fmt_*`.
+"""
+
+from __future__ import annotations
+
+NS_PER_MS = 1_000_000
+NS_PER_S = 1_000_000_000
+
+
+def ns_to_ms(ns: int | float | None) -> float | None:
+    return None if ns is None else round(ns / NS_PER_MS, 6)
+
+
+def fmt_ms(ns: int | float | None) -> str:
+    """Virtual time in ms; sub-10 µs values (tiny test models) in µs so they don't read as 0."""
+    if ns is None:
+        return "-"
+    ms = ns / NS_PER_MS
+    a = abs(ms)
+    if a >= 10_000:
+        return f"{ms / 1000:,.2f} s"
+    if a >= 10:
+        return f"{ms:,.1f} ms"
+    if a >= 1:
+        return f"{ms:.2f} ms"
+    if a >= 0.01 or a == 0:
+        return f"{ms:.3f} ms" if a else "0 ms"
+    return f"{ms * 1000:.2f} µs"
+
+
+def fmt_bytes(n: int | float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{int(n):,} B"
+
+
+def fmt_bandwidth(bytes_per_s: float | None) -> str:
+    """Link bandwidth in decimal GB/s, the unit PCIe/NVLink peaks are quoted in."""
+    if bytes_per_s is None:
+        return "-"
+    gb = bytes_per_s / 1e9
+    return f"{gb:,.1f} GB/s" if gb >= 1 else f"{gb:.3f} GB/s"
+
+
+def fmt_tokens(n: int | None) -> str:
+    return "-" if n is None else f"{int(n):,}"
+
+
+def fmt_pct(share: float | None) -> str:
+    if share is None:
+        return "-"
+    pct = share * 100
+    return f"{pct:.0f} %" if pct >= 1 or pct == 0 else f"{pct:.1f} %"
+
+
+def fmt_rate(per_s: float | None, what: str = "") -> str:
+    if per_s is None:
+        return "-"
+    suffix = f" {what}/s" if what else "/s"
+    return f"{per_s:,.1f}{suffix}" if per_s >= 1 else f"{per_s:.3f}{suffix}"
+
+
+def share(part: float | None, whole: float | None) -> float | None:
+    """part/whole, None when undefined (never a ZeroDivisionError in a report)."""
+    if part is None or not whole:
+        return None
+    return part / whole
+
+
+def fmt_value(key: str, value) -> str:
+    """Format an evidence value by the unit its JSON key ends with (`*_ms`, `*_bytes`, ...)."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value) if value else "-"
+    if not isinstance(value, (int, float)):
+        return str(value)
+    if key.endswith("_ms"):
+        return fmt_ms(value * NS_PER_MS)
+    if key.endswith("_bytes"):
+        return fmt_bytes(value)
+    if key.endswith("_bytes_per_s"):
+        return fmt_bandwidth(value)
+    if key.endswith("_share"):
+        return fmt_pct(value)
+    if key.endswith("_per_s"):
+        return fmt_rate(value)
+    if isinstance(value, float):
+        return f"{value:,.3g}"
+    return f"{value:,}"

@@ -1,0 +1,213 @@
+"""Rich views of the diagnose results: explain, slow, summary.
+
+Each view renders the same typed result `--json` prints (through its `to_json()`), and formats
+numbers by the unit their key ends with (units.fmt_value), so the terminal and the JSON can
+never disagree. The verdict comes first, the evidence below it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from tierdiag.diagnose.explain import Explanation
+from tierdiag.diagnose.slow import SlowRequest
+from tierdiag.diagnose.summary import RunSummary
+from tierdiag.diagnose.units import fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_rate, fmt_tokens, fmt_value
+
+CAUSE_STYLE = {"none": "green", "queueing": "yellow", "load_back": "red", "storage_fetch": "magenta",
+               "recompute": "red", "compute": "cyan", None: "dim"}
+_MAX_ROWS = 10
+
+
+def _n(count: int, word: str, plural: str | None = None) -> str:
+    return f"{count:,} {word if count == 1 else (plural or word + 's')}"
+
+
+def _kv_table(evidence: dict) -> Table:
+    """Scalar evidence as a two-column grid; lists of records become their own small tables."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="dim")
+    grid.add_column()
+    for key, value in evidence.items():
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            continue
+        grid.add_row(key, fmt_value(key, value))
+    return grid
+
+
+# Columns worth a glance per list of records (all of them are in --json), with headers.
+_RECORD_COLUMNS = {
+    "transfers": (("kind", "kind"), ("t_start_ms", "start"), ("t_end_ms", "end"), ("pages", "pages"),
+                  ("runs", "runs"), ("bytes", "bytes"), ("queued_ms", "queued")),
+    "events": (("t_ms", "when"), ("tier", "tier"), ("action", "action"), ("prefix_tokens", "its tokens"),
+               ("cause_req_id", "by req"), ("owner_req_id", "owner"), ("pool_used_share", "pool used"),
+               ("locked_tokens", "locked")),
+}
+
+
+def _records_table(title: str, records: list[dict]) -> Table:
+    columns = _RECORD_COLUMNS.get(title) or tuple((k, k) for k in records[0])
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    for key, header in columns:
+        table.add_column(header, justify="left" if key in ("kind", "tier", "action") or key.endswith("req_id")
+                         else "right")
+    for rec in records[:_MAX_ROWS]:
+        # `bytes` is a bare unit name: format it as one.
+        table.add_row(*(fmt_value("x_bytes" if key == "bytes" else key, rec.get(key)) for key, _ in columns))
+    if len(records) > _MAX_ROWS:
+        table.caption = f"first {_MAX_ROWS} of {len(records):,}; all of them with --json"
+    return table
+
+
+def render_explanation(expl: Explanation, console: Console) -> None:
+    data = expl.to_json()
+    style = CAUSE_STYLE.get(expl.primary_cause, "bold")
+    title = f"request {expl.req_id} · {expl.hit_class or expl.status} · run {expl.run_name} ({expl.run_id})"
+    verdict_parts: list = [Text(expl.headline, style=f"bold {style}"), Text(""), Text(expl.verdict)]
+    if expl.decomposition is not None:
+        d = expl.decomposition
+        shares = d.shares_of_ttft()
+        table = Table(show_edge=False, pad_edge=False, box=None, padding=(0, 2))
+        table.add_column("TTFT part", style="dim")
+        table.add_column("time", justify="right")
+        table.add_column("of TTFT", justify="right")
+        for cause, ns in (("queueing", d.queue_ns), ("storage_fetch", d.storage_wait_ns),
+                          ("load_back", d.loadback_exposed_ns), ("recompute", d.recompute_ns),
+                          ("compute", d.compute_ns)):
+            mark = "bold" if cause == expl.primary_cause else ""
+            table.add_row(Text(cause, style=mark), fmt_ms(ns), fmt_pct(shares[cause]))
+        table.add_row(Text("TTFT", style="bold"), fmt_ms(d.ttft_ns), "")
+        table.add_row("ideal", fmt_ms(d.ideal_ttft_ns), "")
+        table.add_row("excess", fmt_ms(d.excess_ns), "")
+        cf = data["counterfactual"]
+        table.add_row("if device-resident", fmt_value("x_ms", cf["ttft_if_device_resident_ms"]), "")
+        table.add_row("if recomputed", fmt_value("x_ms", cf["recompute_instead_ms"]), "")
+        verdict_parts += [Text(""), table]
+    tok = expl.tokens
+    verdict_parts.append(Text(
+        f"\ntokens: {fmt_tokens(tok.input_tokens)} input = {fmt_tokens(tok.device_tokens)} device + "
+        f"{fmt_tokens(tok.host_tokens)} host + {fmt_tokens(tok.storage_tokens)} storage + "
+        f"{fmt_tokens(tok.computed_tokens)} computed ({fmt_tokens(tok.recomputed_tokens)} recomputed)"
+        + (f"; evicted by {', '.join(expl.evicted_by[:8])}" if expl.evicted_by else ""), style="dim"))
+    # soft_wrap=False: the shared console soft-wraps (no cropping of long lines on stdout), but
+    # inside panels text must wrap to the panel, not be cut.
+    console.print(Panel(Group(*verdict_parts), title=f"verdict: {expl.primary_cause or expl.status}",
+                        subtitle=title, border_style=style, title_align="left", subtitle_align="left"),
+                  soft_wrap=False)
+    for step in data["steps"]:
+        body: list = [Text(step["finding"]), Text("")]
+        evidence = step["evidence"]
+        body.append(_kv_table(evidence))
+        for key, value in evidence.items():
+            if isinstance(value, list) and value and isinstance(value[0], dict):
+                body += [Text(""), _records_table(key, value)]
+        console.print(Panel(Group(*body), title=f"{step['step']} · {step['name']}", title_align="left",
+                            border_style="blue"), soft_wrap=False)
+
+
+def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str,
+                hit_class: str | None = None, cause: str | None = None) -> None:
+    filters = ", ".join(f for f in (hit_class and f"class {hit_class}", cause and f"cause {cause}") if f)
+    table = Table(title=f"slowest requests by excess TTFT over ideal · {run_label}"
+                  + (f" · {filters}" if filters else ""), title_justify="left")
+    for col in ("#", "req_id", "class", "TTFT", "ideal", "excess", "device", "host", "storage", "computed",
+                "cause", "by cause"):
+        # Ids, classes and causes are what a reader scans for: never cut them.
+        left = col in ("req_id", "class", "cause")
+        table.add_column(col, justify="left" if left else "right", no_wrap=left)
+    for r in rows:
+        style = CAUSE_STYLE.get(r.primary_cause, "")
+        table.add_row(str(r.rank), r.req_id, r.hit_class or "-", fmt_ms(r.ttft_ns), fmt_ms(r.ideal_ttft_ns),
+                      fmt_ms(r.excess_ns), fmt_tokens(r.device_tokens), fmt_tokens(r.host_tokens),
+                      fmt_tokens(r.storage_tokens), fmt_tokens(r.computed_tokens),
+                      Text(r.primary_cause, style=style),
+                      "-" if r.primary_cause == "none" else fmt_ms(r.cause_ns))
+    if not rows:
+        console.print(f"no finished requests match in {run_label}" + (f" ({filters})" if filters else ""))
+        return
+    console.print(table)
+    console.print(Text("explain one with `tierdiag explain REQ_ID`", style="dim"))
+
+
+def render_summary(s: RunSummary, console: Console) -> None:
+    t = s.tokens
+    shares = t.shares()
+    head = Text.assemble(
+        (f"{s.run_name}", "bold"), f" ({s.run_id}) · {s.status} · {s.model or '?'} on {s.gpu or '?'} · ",
+        f"{_n(s.num_requests, 'request')} ({s.num_rejected:,} rejected) over {fmt_ms(s.span_ns)} of virtual time")
+    console.print(head)
+
+    split = Table(title="tier split, token-weighted (finished requests)", title_justify="left")
+    for col in ("tier", "tokens", "share of input"):
+        split.add_column(col, justify="left" if col == "tier" else "right")
+    for tier in ("device", "host", "storage", "computed"):
+        split.add_row(tier, fmt_tokens(getattr(t, f"{tier}_tokens")), fmt_pct(shares[tier]))
+    split.add_row(Text("  of computed: recomputed", style="dim"), fmt_tokens(t.recomputed_tokens),
+                  fmt_pct(shares["recomputed"]))
+    split.add_row(Text("input", style="bold"), fmt_tokens(t.input_tokens), "")
+    split.caption = (f"{fmt_pct(s.hit_request_share)} of requests hit something, but only "
+                     f"{fmt_pct(s.reused_token_share)} of tokens were reused; median reused per hit "
+                     f"{fmt_tokens(int(s.median_reused_tokens_per_hit)) if s.median_reused_tokens_per_hit is not None else '-'} tokens")
+    console.print(split)
+
+    classes = Table(title="TTFT by class", title_justify="left")
+    for col in ("class", "requests", "input tokens", "reused tokens", "p50", "p90", "p99", "mean", "max"):
+        classes.add_column(col, justify="left" if col == "class" else "right")
+    for c in s.classes:
+        classes.add_row(Text(c.hit_class, style="bold" if c.hit_class == "all" else ""), f"{c.num_requests:,}",
+                        fmt_tokens(c.input_tokens), fmt_tokens(c.reused_tokens), fmt_ms(c.ttft_p50_ns),
+                        fmt_ms(c.ttft_p90_ns), fmt_ms(c.ttft_p99_ns), fmt_ms(c.ttft_mean_ns), fmt_ms(c.ttft_max_ns))
+    console.print(classes)
+
+    causes = Table(title="where TTFT went (run totals) · requests by primary cause", title_justify="left")
+    for col in ("cause", "requests", "TTFT part", "of all TTFT", "of excess"):
+        causes.add_column(col, justify="left" if col == "cause" else "right")
+    for c in s.time_by_cause:
+        causes.add_row(Text(c.cause, style=CAUSE_STYLE.get(c.cause, "")), f"{c.num_requests:,}",
+                       fmt_ms(c.ttft_part_ns), fmt_pct(c.ttft_share), fmt_pct(c.excess_share))
+    causes.caption = f"total TTFT {fmt_ms(s.ttft_total_ns)}, of it excess over ideal {fmt_ms(s.excess_total_ns)}"
+    console.print(causes)
+
+    lb = s.load_back
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="dim")
+    grid.add_column()
+    grid.add_row("load-backs", f"{_n(lb.num_transfers, 'transfer')} for {_n(lb.num_requests, 'request')}, "
+                 f"{fmt_tokens(lb.loaded_tokens)} tokens, {fmt_bytes(lb.bytes)}")
+    grid.add_row("rate", f"{fmt_rate(lb.loadbacks_per_s)} · {fmt_bandwidth(lb.loadback_bytes_per_s)} averaged over the run")
+    grid.add_row("link", f"busy {fmt_ms(lb.link_busy_ns)} at {fmt_bandwidth(lb.achieved_bytes_per_s)} "
+                 f"({fmt_pct(lb.link_peak_share)} of the {fmt_bandwidth(lb.link_peak_bytes_per_s)} peak)")
+    grid.add_row("exposed / queued", f"{fmt_ms(lb.exposed_ns)} exposed in TTFT, {fmt_ms(lb.queued_ns)} queued "
+                 f"behind other load-backs")
+    grid.add_row("storage", f"{_n(lb.num_prefetches, 'prefetch', 'prefetches')}, {fmt_bytes(lb.prefetch_bytes)}; "
+                 f"{fmt_ms(lb.storage_wait_ns)} waited")
+    for sk in s.skipped:
+        grid.add_row(f"skipped ({sk.tier})", f"{sk.reason}: {_n(sk.num_requests, 'request')}, {fmt_tokens(sk.tokens)} tokens recomputed")
+    for rj in s.rejected_reasons:
+        grid.add_row("rejected", f"{rj.reason}: {_n(rj.num_requests, 'request')}, {fmt_tokens(rj.tokens)} tokens")
+    console.print(Panel(grid, title="load-back", title_align="left"), soft_wrap=False)
+
+    ev = Table(title="evictions", title_justify="left")
+    for col in ("tier", "action", "events", "tokens"):
+        ev.add_column(col, justify="left" if col in ("tier", "action") else "right")
+    for e in s.evictions:
+        ev.add_row(e.tier, e.action, f"{e.num_events:,}", fmt_tokens(e.tokens))
+    if not s.evictions:
+        ev.caption = "no evictions: the pools never filled"
+    console.print(ev)
+    if s.most_evicted_from or s.top_evictors:
+        who = Table(title="most evicted-from (owner of the pages) · top evictors (whose allocation)",
+                    title_justify="left")
+        for col in ("evicted-from", "events", "tokens", "evictor", "events ", "tokens "):
+            who.add_column(col, justify="left" if "evict" in col else "right")
+        for i in range(max(len(s.most_evicted_from), len(s.top_evictors))):
+            a = s.most_evicted_from[i] if i < len(s.most_evicted_from) else None
+            b = s.top_evictors[i] if i < len(s.top_evictors) else None
+            who.add_row(a.req_id if a else "", f"{a.num_events:,}" if a else "", fmt_tokens(a.tokens) if a else "",
+                        b.req_id if b else "", f"{b.num_events:,}" if b else "", fmt_tokens(b.tokens) if b else "")
+        console.print(who)
