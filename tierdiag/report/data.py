@@ -337,7 +337,9 @@ _POINT_COLS = (f"req_id, hit_class, ttft_ns, {excess_sql()} AS excess_ns, input_
 
 
 def load_points(con: duckdb.DuckDBPyConnection, run: RunInfo, *,
-                max_points: int = MAX_SCATTER_POINTS, keep_slowest: int = SLOWEST_ALWAYS_KEPT) -> RequestPoints:
+                max_points: int | None = None, keep_slowest: int | None = None) -> RequestPoints:
+    max_points = MAX_SCATTER_POINTS if max_points is None else max_points
+    keep_slowest = SLOWEST_ALWAYS_KEPT if keep_slowest is None else keep_slowest
     p = _params(run)
     total = con.execute(f"SELECT count(*) FROM requests WHERE {_FINISHED}", p).fetchone()[0]
     sampled = total > max_points

@@ -12,6 +12,7 @@ amber is always host / load-back, purple storage, red recompute.
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -222,7 +223,9 @@ def scatter_figure(data: ReportData) -> FigureSpec:
         m = pts.hit_class == cls
         if not m.any():
             continue
-        custom = np.stack([pts.req_id[m], pts.cause[m],
+        # Plotly renders hover text as (a subset of) HTML, so ids are escaped like any page text.
+        ids = np.array([html.escape(str(r), quote=False) for r in pts.req_id[m]], dtype=object)
+        custom = np.stack([ids, pts.cause[m],
                            np.round(_ms(pts.excess_ns[m]), 3).astype(object),
                            pts.input_tokens[m].astype(np.int64).astype(object)], axis=1)
         traces.append({

@@ -1,0 +1,172 @@
+"""The page: self-contained, Plotly inlined once, data round-trips, written atomically."""
+
+from __future__ import annotations
+
+import base64
+import errno
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from fake_run import write_fake_run
+from tierdiag.errors import OutputError
+from tierdiag.report import data as rd
+from tierdiag.report import html as rh
+
+_DTYPES = {"f8": np.float64, "f4": np.float32, "i4": np.int32, "i2": np.int16, "i1": np.int8, "u1": np.uint8}
+_FIGURE_JSON = re.compile(r'<script type="application/json" data-plot="([^"]+)">(.*?)</script>', re.S)
+
+
+def _decode(v):
+    """Inverse of the typed-array encoding, recursively (what Plotly.js does in the browser)."""
+    if isinstance(v, dict) and set(v) >= {"dtype", "bdata"}:
+        a = np.frombuffer(base64.b64decode(v["bdata"]), dtype=_DTYPES[v["dtype"]])
+        return a.reshape([int(n) for n in v["shape"].split(",")]) if "shape" in v else a
+    if isinstance(v, dict):
+        return {k: _decode(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_decode(x) for x in v]
+    return v
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("html")
+    write_fake_run(tmp / "run.duckdb", 300, 5)
+    result = rh.build_report(tmp / "run.duckdb", None, tmp / "out" / "r.html")
+    return result, result.path.read_text(encoding="utf-8")
+
+
+def test_plotly_js_inlined_exactly_once_and_nothing_fetched(built):
+    result, page = built
+    assert len(re.findall(r"\* plotly\.js v\d", page)) == 1
+    assert "<script src" not in page.lower()
+    assert not re.search(r"""<(?:link|img|iframe)[^>]+(?:src|href)\s*=\s*["']?(?:https?:)?//""", page, re.I)
+    assert result.bytes == len(page.encode("utf-8"))
+
+
+def test_every_figure_has_a_div_and_its_data(built):
+    result, page = built
+    blocks = _FIGURE_JSON.findall(page)
+    assert len(blocks) == result.figures >= 4
+    for div_id, text in blocks:
+        assert f'id="{div_id}"' in page
+        fig = json.loads(text)
+        assert fig["data"] and "layout" in fig
+
+
+def test_figure_data_round_trips_through_typed_arrays(built, tmp_path_factory):
+    _, page = built
+    blocks = dict(_FIGURE_JSON.findall(page))
+    scatter = _decode(json.loads(blocks["fig-ttft-vs-host-share"]))
+    y = np.concatenate([t["y"] for t in scatter["data"]])
+    db = tmp_path_factory.getbasetemp() / "html0" / "run.duckdb"
+    from tierdiag.store.reader import open_store, resolve_run
+
+    with open_store(db) as con:
+        pts = rd.load_points(con, resolve_run(con, None))
+    assert np.allclose(np.sort(y), np.sort(pts.ttft_ns / 1e6))
+
+
+def test_sections_headline_and_how_to_read(built):
+    _, page = built
+    for section in ("headline", "time", "requests", "distributions", "decomposition", "slowest"):
+        assert f'<section id="{section}">' in page
+    # One "how to read this" per section and per figure.
+    assert page.count('<p class="how">') >= 6 + 8
+    assert "Slowest cached requests" in page and 'class="verdict"' in page
+
+
+@given(hnp.arrays(st.sampled_from([np.int64, np.int32, np.uint8, np.float64, np.float32, np.bool_]),
+                  hnp.array_shapes(min_dims=1, max_dims=2, max_side=20),
+                  elements={"allow_nan": False, "allow_infinity": False}))
+def test_typed_array_round_trip(a):
+    decoded = _decode(json.loads(rh.encode_figure({"x": a}))["x"])
+    assert np.array_equal(np.asarray(decoded, dtype=np.float64).reshape(a.shape), a.astype(np.float64))
+
+
+def test_script_closing_tags_in_strings_are_escaped():
+    evil = "</script><script>alert(1)</script>"
+    text = rh.encode_figure({"data": [{"text": [evil], "x": np.array(["a", evil], dtype=object)}]})
+    assert "</script" not in text.lower()
+    fig = json.loads(text)
+    assert fig["data"][0]["text"] == [evil] and fig["data"][0]["x"] == ["a", evil]
+
+
+def test_hostile_request_ids_are_escaped_in_the_page(tmp_path: Path):
+    ids = [f"<b>r{i}</b></script>" for i in range(120)]
+    write_fake_run(tmp_path / "run.duckdb", 120, 9, ids=ids)
+    page = rh.build_report(tmp_path / "run.duckdb", None, tmp_path / "r.html").path.read_text()
+    # Table cells and hover text escape; JSON blocks escape "</" so no script ends early.
+    assert not re.search(r"<b>r\d", page)
+    assert "&lt;b&gt;r" in page
+
+
+def test_sampled_run_says_so(tmp_path: Path, monkeypatch):
+    write_fake_run(tmp_path / "run.duckdb", 300, 4)
+    monkeypatch.setattr(rd, "MAX_SCATTER_POINTS", 100)
+    monkeypatch.setattr(rd, "SLOWEST_ALWAYS_KEPT", 20)
+    result = rh.build_report(tmp_path / "run.duckdb", None, tmp_path / "r.html")
+    assert result.sampled
+    page = result.path.read_text()
+    assert "sampled: 100 of 298 requests" in page
+
+
+# --- atomic write -----------------------------------------------------------------------------
+
+def test_write_atomic_creates_folders_and_respects_umask(tmp_path: Path):
+    path = tmp_path / "a" / "b" / "r.html"
+    old = os.umask(0o027)
+    try:
+        n = rh.write_atomic(path, "héllo")
+    finally:
+        os.umask(old)
+    assert path.read_text(encoding="utf-8") == "héllo" and n == len("héllo".encode())
+    assert path.stat().st_mode & 0o777 == 0o640
+    assert sorted(p.name for p in path.parent.iterdir()) == ["r.html"]
+
+
+@pytest.mark.parametrize("fail_at", ["write", "replace"])
+def test_failed_write_keeps_the_old_report_and_leaves_no_temp(tmp_path: Path, monkeypatch, fail_at):
+    path = tmp_path / "r.html"
+    path.write_text("old report")
+    disk_full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def boom(*_a, **_k):
+        raise disk_full
+
+    if fail_at == "write":
+        monkeypatch.setattr(rh.os, "fsync", boom)
+    else:
+        monkeypatch.setattr(rh.os, "replace", boom)
+    with pytest.raises(OutputError) as info:
+        rh.write_atomic(path, "new report")
+    assert "No space left" in info.value.one_line() and "\n" not in info.value.one_line()
+    assert path.read_text() == "old report"
+    assert [p.name for p in tmp_path.iterdir()] == ["r.html"]
+
+
+def test_unwritable_paths_are_one_line_output_errors(tmp_path: Path):
+    (tmp_path / "file").write_text("x")
+    for bad in (tmp_path / "file" / "r.html", tmp_path / "file" / "deeper" / "r.html", tmp_path):
+        with pytest.raises(OutputError) as info:
+            rh.write_atomic(bad, "x")
+        assert "\n" not in info.value.one_line()
+    assert (tmp_path / "file").read_text() == "x"
+
+
+def test_default_output_is_under_reports_and_filesystem_safe(tmp_path: Path):
+    w = write_fake_run(tmp_path / "run.duckdb", 20, 1, name="my run/../x")
+    from tierdiag.store.reader import open_store, resolve_run
+
+    with open_store(tmp_path / "run.duckdb") as con:
+        path = rh.default_output(resolve_run(con, None))
+    assert path.parent == Path("reports")
+    assert path.name == f"my_run_.._x-{w.run_id}.html"
