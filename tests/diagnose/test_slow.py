@@ -30,7 +30,9 @@ def test_ranked_by_excess(store):
 def test_rejected_requests_are_not_ranked(store):
     con, run = store
     assert "rej" not in {r.req_id for r in slow_requests(con, run, top=100)}
-    assert len(slow_requests(con, run, top=100)) == 11
+    # warm, f1, f2 and miss ran at their ideal: not slow, not listed.
+    assert {r.req_id for r in slow_requests(con, run, top=100)} == {
+        "tier", "stor", "chunky", "queued", "recomp", "skip", "dev"}
 
 
 def test_filters(store):

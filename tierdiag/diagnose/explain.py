@@ -279,6 +279,10 @@ def _int(row: dict, key: str) -> int:
     return int(row.get(key) or 0)
 
 
+def _plural(count: int, word: str) -> str:
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
+
+
 def _finished(row: dict) -> bool:
     return (row.get("status") or "finished") == "finished" and row.get("ttft_ns") is not None
 
@@ -457,7 +461,7 @@ def _step_load_back(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, tok
 
 
 def _load_back_finding(ev: LoadBackEvidence, row: dict) -> str:
-    rate = (f"Around it (±{WINDOW_NS // NS_PER_S} s): {ev.window_loadbacks:,} load-backs, "
+    rate = (f"Around it (±{WINDOW_NS // NS_PER_S} s): {_plural(ev.window_loadbacks, 'load-back')}, "
             f"{fmt_rate(ev.window_loadbacks_per_s)} vs {fmt_rate(ev.run_loadbacks_per_s)} over the run.")
     if not ev.loaded_tokens and not ev.loadback_bytes:
         if row.get("loadback_skipped_reason"):
@@ -570,7 +574,7 @@ def _step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, toke
 
 
 def _eviction_finding(ev: EvictionEvidence, row: dict, tokens: TokenSplit) -> str:
-    pool = (f"Device pool around it (±{WINDOW_NS // NS_PER_S} s): {ev.window_device_evictions:,} evictions, "
+    pool = (f"Device pool around it (±{WINDOW_NS // NS_PER_S} s): {_plural(ev.window_device_evictions, 'eviction')}, "
             f"{fmt_rate(ev.window_device_evictions_per_s)} vs {fmt_rate(ev.run_device_evictions_per_s)} "
             f"over the run; {fmt_pct(ev.rereferenced_share)} of the tokens it evicted were asked for again")
     pool += " — thrashing." if ev.thrashing else "."
@@ -599,7 +603,7 @@ def _eviction_finding(ev: EvictionEvidence, row: dict, tokens: TokenSplit) -> st
     moved = (f"pushed {fmt_tokens(ev.device_evicted_tokens)} tokens of its prefix off the device"
              if ev.device_evicted_tokens else "touched its prefix")
     by = ", ".join(ev.evicted_by[:8]) + (f" and {len(ev.evicted_by) - 8} more" if len(ev.evicted_by) > 8 else "")
-    text = (f"{ev.num_events:,} eviction event{'s' if ev.num_events != 1 else ''} {moved} "
+    text = (f"{_plural(ev.num_events, 'eviction event')} {moved} "
             f"({', '.join(actions)}), the first at {fmt_ms(first.t_ns)}")
     if by:
         text += f", forced by the allocations of request{'s' if len(ev.evicted_by) > 1 else ''} {by}"

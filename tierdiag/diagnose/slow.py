@@ -1,5 +1,7 @@
 """`slow`: finished requests ranked by excess TTFT over their ideal, with their primary cause.
 
+Only requests with some excess are listed: one at its ideal is not slow, whatever its class.
+
 Ideal = all reused (and once-cached) tokens device-resident, no queueing (`ideal_ttft_ns`).
 The cause comes from the same SQL rule `explain` applies to one row (causes.py), so a
 request's cause here and in `explain` never disagree. One query over the run's rows.
@@ -51,7 +53,10 @@ def check_hit_class(name: str | None) -> str | None:
 
 def slow_requests(con: duckdb.DuckDBPyConnection, run: RunInfo, *, top: int = 20,
                   hit_class: str | None = None, cause: str | None = None) -> list[SlowRequest]:
-    """The `top` finished requests of `run` with the largest excess TTFT (ties: trace order)."""
+    """The `top` finished requests of `run` with the largest excess TTFT (ties: trace order).
+
+    Requests at (or under) their ideal are not slow and are left out, whatever the filters.
+    """
     if top < 1:
         raise ConfigError(f"--top must be at least 1, got {top}")
     check_hit_class(hit_class)
@@ -68,7 +73,8 @@ def slow_requests(con: duckdb.DuckDBPyConnection, run: RunInfo, *, top: int = 20
             FROM requests
             WHERE run_id = ? AND coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL
         )
-        WHERE (CAST(? AS VARCHAR) IS NULL OR hit_class = ?)
+        WHERE excess_ns > 0
+          AND (CAST(? AS VARCHAR) IS NULL OR hit_class = ?)
           AND (CAST(? AS VARCHAR) IS NULL OR primary_cause = ?)
         ORDER BY excess_ns DESC, seq, req_id
         LIMIT ?

@@ -115,20 +115,19 @@ def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str
     filters = ", ".join(f for f in (hit_class and f"class {hit_class}", cause and f"cause {cause}") if f)
     table = Table(title=f"slowest requests by excess TTFT over ideal · {run_label}"
                   + (f" · {filters}" if filters else ""), title_justify="left")
-    for col in ("#", "req_id", "class", "TTFT", "ideal", "excess", "device", "host", "storage", "computed",
-                "cause", "by cause"):
-        # Ids, classes and causes are what a reader scans for: never cut them.
-        left = col in ("req_id", "class", "cause")
-        table.add_column(col, justify="left" if left else "right", no_wrap=left)
+    for col in ("#", "req_id", "class", "TTFT", "excess", "cause", "by cause", "dev/host/sto/comp"):
+        # Ids, classes, causes and times are what a reader scans for: never cut them.
+        table.add_column(col, justify="left" if col in ("req_id", "class", "cause") else "right",
+                         no_wrap=col != "dev/host/sto/comp")
     for r in rows:
         style = CAUSE_STYLE.get(r.primary_cause, "")
-        table.add_row(str(r.rank), r.req_id, r.hit_class or "-", fmt_ms(r.ttft_ns), fmt_ms(r.ideal_ttft_ns),
-                      fmt_ms(r.excess_ns), fmt_tokens(r.device_tokens), fmt_tokens(r.host_tokens),
-                      fmt_tokens(r.storage_tokens), fmt_tokens(r.computed_tokens),
+        split = " / ".join(fmt_tokens(n) for n in (r.device_tokens, r.host_tokens, r.storage_tokens,
+                                                    r.computed_tokens))
+        table.add_row(str(r.rank), r.req_id, r.hit_class or "-", fmt_ms(r.ttft_ns), fmt_ms(r.excess_ns),
                       Text(r.primary_cause, style=style),
-                      "-" if r.primary_cause == "none" else fmt_ms(r.cause_ns))
+                      "-" if r.primary_cause == "none" else fmt_ms(r.cause_ns), split)
     if not rows:
-        console.print(f"no finished requests match in {run_label}" + (f" ({filters})" if filters else ""))
+        console.print(f"no request slower than its ideal in {run_label}" + (f" ({filters})" if filters else ""))
         return
     console.print(table)
     console.print(Text("explain one with `tierdiag explain REQ_ID`", style="dim"))
