@@ -235,3 +235,15 @@ def test_cuda_load_back_sees_writes_queued_on_the_compute_stream():
     handle = load_back(host, [3, 50, 4], device, [0, 40, 41])
     handle.wait()
     assert int(device[:, [0, 40, 41]].min()) == 7
+
+
+@pytest.mark.parametrize("n", [1, 5, 40])
+def test_range_and_ndarray_page_lists(n):
+    """The engine passes ranges for freshly written rows; numpy arrays work too."""
+    src = _pool(2, 100, 8, torch.int64, 5)
+    dst = _pool(2, 100, 8, torch.int64, 6)
+    rng = np.random.default_rng(n)
+    d = rng.permutation(100)[:n]
+    expected = _reference(src, range(10, 10 + 2 * n, 2), dst, d.tolist())
+    copy_pages(src, range(10, 10 + 2 * n, 2), dst, d)
+    assert torch.equal(dst, expected)

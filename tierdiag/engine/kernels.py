@@ -56,6 +56,8 @@ def _as_index_array(pages: PageList) -> np.ndarray:
         return pages.detach().to("cpu", torch.int64).reshape(-1).numpy()
     if isinstance(pages, np.ndarray):
         return pages.astype(np.int64, copy=False).reshape(-1)
+    if isinstance(pages, range):  # the engine passes ranges for freshly written rows
+        return np.arange(pages.start, pages.stop, pages.step, dtype=np.int64)
     # np.fromiter is ~4x faster than torch.as_tensor on a list of Python ints.
     return np.fromiter(pages, dtype=np.int64, count=len(pages))
 
