@@ -8,13 +8,14 @@ pinned CPU memory then (plain CPU memory otherwise).
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from tierdiag.engine import kernels
 
 
 @dataclass(frozen=True)
@@ -120,16 +121,22 @@ def write_content(pool: PagePool, slots: list[int], keys: list[int]) -> None:
     """What a prefill would produce: KV derived from the page keys, into the given slots."""
     if not slots:
         return
-    data = page_content(keys, pool.buffer.shape[0], pool.buffer.shape[2]).to(pool.buffer.device)
-    pool.buffer[:, torch.tensor(slots, dtype=torch.int64, device=pool.buffer.device)] = data
+    data = page_content(keys, pool.buffer.shape[0], pool.buffer.shape[2])
+    kernels.copy_pages(data, range(len(slots)), pool.buffer, slots)
+
+
+def read_pages(pool: PagePool, slots: list[int]) -> torch.Tensor:
+    """The pages in `slots` as a fresh CPU tensor [layers, len(slots), elems]."""
+    out = torch.empty((pool.buffer.shape[0], len(slots), pool.buffer.shape[2]), dtype=pool.buffer.dtype)
+    kernels.copy_pages(pool.buffer, slots, out, range(len(slots)))
+    return out
 
 
 def verify_content(pool: PagePool, slots: list[int], keys: list[int]) -> bool:
     if not slots:
         return True
-    idx = torch.tensor(slots, dtype=torch.int64, device=pool.buffer.device)
-    expected = page_content(keys, pool.buffer.shape[0], pool.buffer.shape[2]).to(pool.buffer.device)
-    return bool(torch.equal(pool.buffer[:, idx], expected))
+    expected = page_content(keys, pool.buffer.shape[0], pool.buffer.shape[2])
+    return bool(torch.equal(read_pages(pool, slots), expected))
 
 
 # --- storage tier: page files on local disk, keyed by chained SHA-256 -----------------------
@@ -158,7 +165,7 @@ class StorageTier:
     def write(self, keys: list[str], rows: torch.Tensor) -> list[str]:
         """Write pages (rows: [layers, n, elems] on CPU). Returns the keys deleted to make room."""
         deleted = []
-        data = rows.cpu().permute(1, 0, 2).contiguous().numpy()
+        data = rows.permute(1, 0, 2).contiguous().numpy()
         for i, key in enumerate(keys):
             if key in self._index:
                 self._index.move_to_end(key)
@@ -181,14 +188,5 @@ class StorageTier:
             raw = self._path(key).read_bytes()
             out[i] = torch.frombuffer(bytearray(raw), dtype=torch.int64).view(num_layers, page_elems)
             self._index.move_to_end(key)
-        return out.permute(1, 0, 2)
+        return out.permute(1, 0, 2).contiguous()
 
-
-def storage_keys(page_keys: list[int]) -> list[str]:
-    """Chained SHA-256: key_i = sha256(key_{i-1} ‖ page key i), so a key names its whole prefix."""
-    out = []
-    prev = b""
-    for k in page_keys:
-        prev = hashlib.sha256(prev + k.to_bytes(8, "little", signed=False)).digest()
-        out.append(prev.hex())
-    return out

@@ -173,13 +173,33 @@ class RadixTree:
             i += m
         return TreeMatch(tuple(device_nodes), tuple(host_nodes))
 
+    def locate(self, keys: list[int]) -> tuple[TreeNode, int]:
+        """Deepest node on the path of `keys` (split so the path ends exactly at a node
+        boundary) and the pages matched. No touch: used by prefetch bookkeeping, not by requests."""
+        node = self.root
+        i, n = 0, len(keys)
+        while i < n:
+            child = node.children.get(keys[i])
+            if child is None:
+                break
+            m = self._common_pages(keys, i, child.keys)
+            if m < len(child.keys):
+                child = self._split(child, m)
+            node = child
+            i += m
+        return node, i
+
     # --- insertion -----------------------------------------------------------------------
-    def insert(self, keys: list[int], device_slots: list[int], now_ns: int,
+    def insert(self, keys: list[int], own_from: int, device_slots: list[int], now_ns: int,
                owner: str | None = None) -> tuple[TreeNode, list[int], list[TreeNode]]:
-        """Give the tree a computed prefix. Returns (last node, duplicate slots to free, new or
-        revived nodes). Pages already on device keep their slots (ours are duplicates); host-only
-        pages are revived with our slots (their host copy stays: still backed up)."""
-        assert len(keys) == len(device_slots), "one device slot per page key"
+        """Give the tree a computed prefix: `keys[:own_from]` are already in the tree on device
+        (the caller holds a lock on them), `device_slots` hold pages `keys[own_from:]`.
+
+        Returns (last node, duplicate slots to free, new or revived nodes). Pages already on
+        device keep their slots (ours are duplicates); host-only pages are revived with our
+        slots (their host copy stays, still backed up).
+        """
+        assert len(keys) - own_from == len(device_slots), "one device slot per page key"
         node = self.root
         i, n = 0, len(keys)
         dups: list[int] = []
@@ -187,18 +207,24 @@ class RadixTree:
         while i < n:
             child = node.children.get(keys[i])
             if child is None:
-                child = self._new_node(node, keys[i:], device_slots[i:], None, now_ns, owner)
+                assert i >= own_from, f"page {i} of a locked prefix is missing from the tree"
+                child = self._new_node(node, keys[i:], device_slots[i - own_from:], None, now_ns, owner)
                 fresh.append(child)
                 self._push_device(child)
                 return child, dups, fresh
             m = self._common_pages(keys, i, child.keys)
+            if i < own_from < i + m:  # keep the locked prefix and our pages in separate nodes
+                m = own_from - i
             if m < len(child.keys):
                 child = self._split(child, m)
-            if child.device is not None:
-                dups.extend(device_slots[i:i + m])
+            if i >= own_from:
+                if child.device is not None:
+                    dups.extend(device_slots[i - own_from:i - own_from + m])
+                else:
+                    self.set_device(child, device_slots[i - own_from:i - own_from + m])
+                    fresh.append(child)
             else:
-                self.set_device(child, device_slots[i:i + m])
-                fresh.append(child)
+                assert child.device is not None, f"{child}: locked prefix page not on device"
             child.last_access_ns = now_ns
             child.owner = owner
             node = child

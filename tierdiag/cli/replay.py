@@ -1,0 +1,128 @@
+"""`tierdiag replay TRACE`: run a workload trace through the tiered cache engine and record it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, err, out, print_json
+from tierdiag.engine.config import load_config
+from tierdiag.errors import ExitCode
+
+Opt = typer.Option
+
+
+def _fmt_tokens(n: int, total: int) -> str:
+    return f"{n:,} ({n / total:.1%})" if total else f"{n:,}"
+
+
+def replay(
+    trace: Annotated[Path, typer.Argument(help="Trace file: Mooncake JSONL or tierdiag JSONL (.gz too).")],
+    db: DbOpt = DEFAULT_DB_PATH,
+    run_name: Annotated[Optional[str], Opt("--run-name", help="Name of the run (default: trace file stem).")] = None,
+    config: Annotated[Optional[Path], Opt("--config", help="TOML file with any of the options below.")] = None,
+    model: Annotated[Optional[str], Opt(help="Model preset (llama3-8b, llama3-70b, qwen2.5-7b, tiny).")] = None,
+    gpu: Annotated[Optional[str], Opt(help="GPU preset (h200, h100, a100, l40s, cpu).")] = None,
+    device_tokens: Annotated[Optional[int], Opt(help="Device KV pool in tokens (default: from presets).")] = None,
+    host_tokens: Annotated[Optional[int], Opt(help="Host KV pool in tokens (default: 2x device).")] = None,
+    storage_tokens: Annotated[Optional[int], Opt(help="Storage tier in tokens; 0 = none.")] = None,
+    page_size: Annotated[Optional[int], Opt(help="Tokens per page (power of two, default 64).")] = None,
+    block_size: Annotated[Optional[int], Opt(help="Tokens per hash id in Mooncake traces (default 512).")] = None,
+    write_policy: Annotated[Optional[str], Opt(help="write_through | write_through_selective | write_back.")] = None,
+    eviction_policy: Annotated[Optional[str], Opt(help="lru | lfu | fifo.")] = None,
+    load_back_threshold: Annotated[Optional[int], Opt(help="Host hits shorter than this (tokens) are recomputed.")] = None,
+    prefetch_policy: Annotated[Optional[str], Opt(help="best_effort | wait_complete | timeout.")] = None,
+    prefetch_threshold: Annotated[Optional[int], Opt(help="Storage hits shorter than this are not prefetched.")] = None,
+    max_prefill_tokens: Annotated[Optional[int], Opt(help="Token budget of one prefill batch (chunk size).")] = None,
+    overlap: Annotated[Optional[bool], Opt("--overlap/--no-overlap", help="Overlap load-back with prefill layer by layer.")] = None,
+    timing: Annotated[Optional[str], Opt(help="modelled (cost model) | measured (real kernel time, scaled).")] = None,
+    profile: Annotated[Optional[Path], Opt(help="A `tierdiag calibrate` profile for the link numbers.")] = None,
+    time_scale: Annotated[Optional[float], Opt(help="Multiply inter-arrival times (2 = half the request rate).")] = None,
+    seed: Annotated[Optional[int], Opt(help="Seed (recorded; the engine itself is deterministic).")] = None,
+    verify: Annotated[Optional[str], Opt(help="Check load-backs byte for byte: all | sample | off.")] = None,
+    data_plane_mib: Annotated[Optional[int], Opt(help="Memory for the real pools; width shrinks to fit.")] = None,
+    skip_bad: Annotated[bool, Opt("--skip-bad", help="Skip malformed trace lines (and count them).")] = False,
+    no_probes: Annotated[bool, Opt("--no-probes", help="Record nothing (benchmarking the engine).")] = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Replay TRACE through the tiered cache engine and record every request into --db."""
+    cfg = load_config(config, {
+        "model": model, "gpu": gpu, "device_tokens": device_tokens, "host_tokens": host_tokens,
+        "storage_tokens": storage_tokens, "page_size": page_size, "block_size": block_size,
+        "write_policy": write_policy, "eviction_policy": eviction_policy,
+        "load_back_threshold": load_back_threshold, "prefetch_policy": prefetch_policy,
+        "prefetch_threshold": prefetch_threshold, "max_prefill_tokens": max_prefill_tokens,
+        "layerwise_overlap": overlap, "timing": timing, "profile": str(profile) if profile else None,
+        "time_scale": time_scale, "seed": seed, "verify": verify, "data_plane_mib": data_plane_mib,
+    })
+    from tierdiag.replay import count_lines, replay as run_replay
+
+    total = count_lines(trace) if trace.is_file() else None
+    show = err.is_terminal and not json_
+    bar = Progress(TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                   TimeElapsedColumn(), console=err, transient=True, disable=not show)
+
+    with bar:
+        task = bar.add_task("replay", total=total, info="")
+
+        def progress(done: int, now_ns: int, stats) -> None:
+            reused = stats.device_tokens + stats.host_tokens + stats.storage_tokens
+            share = lambda n: f"{n / stats.input_tokens:.0%}" if stats.input_tokens else "-"  # noqa: E731
+            bar.update(task, completed=done, info=(
+                f"t={now_ns / 1e9:,.0f}s  device {share(stats.device_tokens)} host {share(stats.host_tokens)} "
+                f"storage {share(stats.storage_tokens)} reuse {share(reused)}"))
+
+        try:
+            summary = run_replay(trace, cfg, db=None if no_probes else db, run_name=run_name, probes=not no_probes,
+                                 skip_bad=skip_bad, command_line=["tierdiag"] + sys.argv[1:], progress=progress)
+        except KeyboardInterrupt:
+            bar.stop()
+            err.print(f"tierdiag: interrupted; what was recorded so far is kept in {db} (status: interrupted)")
+            raise typer.Exit(int(ExitCode.INTERRUPTED))
+
+    if summary.bad_lines:
+        first = ", ".join(f"line {ln}" for ln, _ in summary.first_bad)
+        err.print(f"tierdiag: skipped {summary.bad_lines} bad line(s) ({first}{', ...' if summary.bad_lines > 5 else ''})")
+    if summary.unknown_keys:
+        err.print(f"tierdiag: warning: ignored unknown trace keys: {', '.join(summary.unknown_keys)}")
+    if json_:
+        print_json(summary.to_json())
+        return
+    _render(summary)
+
+
+def _render(s) -> None:
+    total = s.input_tokens
+    table = Table(title=f"replay {s.run_name}: {s.num_requests:,} requests"
+                        + (f", {s.num_rejected} rejected" if s.num_rejected else "")
+                        + f" in {s.wall_s:.1f}s wall ({s.virtual_s:,.0f}s virtual)", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("input tokens", f"{total:,}")
+    table.add_row("device hit", _fmt_tokens(s.device_tokens, total))
+    table.add_row("host hit (loaded back)", _fmt_tokens(s.host_tokens, total))
+    table.add_row("storage hit (fetched)", _fmt_tokens(s.storage_tokens, total))
+    table.add_row("computed", _fmt_tokens(s.computed_tokens, total)
+                  + (f", of which {s.recomputed_tokens:,} were cached once" if s.recomputed_tokens else ""))
+    lb = f"{s.load_backs:,} ({s.load_back_bytes / 2**30:,.1f} GiB)"
+    if s.load_back_p50_ms is not None:
+        lb += f", p50 {s.load_back_p50_ms:.2f} ms, p99 {s.load_back_p99_ms:.2f} ms"
+    table.add_row("load-backs", lb)
+    table.add_row("skipped", ", ".join(f"{k}: {v:,}" for k, v in sorted(s.skipped.items())) or "none")
+    table.add_row("evictions", ", ".join(f"{k}: {v:,}" for k, v in sorted(s.evictions.items())) or "none")
+    if s.ttft_p50_ms is not None:
+        table.add_row("TTFT", f"p50 {s.ttft_p50_ms:,.1f} ms  p90 {s.ttft_p90_ms:,.1f} ms  p99 {s.ttft_p99_ms:,.1f} ms")
+    dp = s.data_plane
+    if dp.get("reduced_width"):
+        table.add_row("data plane", f"reduced width: {dp['page_bytes']:,} B/page real vs "
+                                    f"{dp['modelled_page_bytes']:,} B/page modelled (timing from the cost model)")
+    out.print(table)
+    if s.run_id:
+        out.print(f"recorded run [bold]{s.run_id}[/] in {s.db_path}")
+        db = "" if s.db_path == str(DEFAULT_DB_PATH) else f" --db {s.db_path}"
+        out.print(f"next: tierdiag slow{db}   ·   tierdiag explain REQ_ID{db}   ·   tierdiag report{db}")

@@ -1,0 +1,292 @@
+"""The cache controller: owns copies between tiers, their timelines and completion, and the
+execution of evictions (which node goes, demote/drop/delete, and who caused it).
+
+The tree decides residency, the pools hand out slots, the kernels move bytes; the controller
+ties them together and reports every step to the probe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tierdiag.engine import kernels
+from tierdiag.engine.config import EngineConfig
+from tierdiag.engine.costmodel import CostModel
+from tierdiag.engine.pools import PagePool, StorageTier, read_pages, verify_content, write_content
+from tierdiag.engine.tree import RadixTree, TreeNode
+from tierdiag.probes import events as ev
+
+VERIFY_SAMPLE_EVERY = 16  # with --verify sample, check one load-back in this many
+
+
+@dataclass
+class EngineStats:
+    """Counters kept whether or not probes are on (the replay summary needs them)."""
+    requests_finished: int = 0
+    requests_rejected: int = 0
+    input_tokens: int = 0
+    device_tokens: int = 0
+    host_tokens: int = 0
+    storage_tokens: int = 0
+    computed_tokens: int = 0
+    recomputed_tokens: int = 0
+    load_backs: int = 0
+    load_back_bytes: int = 0
+    load_back_ns: list = field(default_factory=list)
+    skipped: dict = field(default_factory=dict)  # reason -> count
+    evictions: dict = field(default_factory=dict)  # "tier/action" -> count
+    evicted_tokens: dict = field(default_factory=dict)  # tier -> tokens
+    backups: int = 0
+    backup_bytes: int = 0
+    backups_skipped: int = 0
+    write_backs: int = 0
+    prefetches: int = 0
+    verified_load_backs: int = 0
+    loaded_data_plane_bytes: int = 0  # bytes the kernels moved into device slots by load-back
+    verified_data_plane_bytes: int = 0  # bytes of those checked against what was written
+    ttft_ns: list = field(default_factory=list)
+    batches: int = 0
+    virtual_end_ns: int = 0
+
+
+class CacheController:
+    def __init__(self, cfg: EngineConfig, cost: CostModel, tree: RadixTree, device: PagePool,
+                 host: PagePool, storage: StorageTier | None, probe, stats: EngineStats):
+        self.cfg = cfg
+        self.cost = cost
+        self.tree = tree
+        self.device = device
+        self.host = host
+        self.storage = storage
+        self.probe = probe
+        self.stats = stats
+        self.page_size = cfg.page_size
+        self.page_bytes = cfg.page_size * cost.kv_bytes_per_token  # modelled
+        self.h2d_free_ns = 0
+        self.d2h_free_ns = 0
+        self.disk_free_ns = 0
+        self.blocking_ns = 0  # write-backs done synchronously during the current admission
+        self._next_eviction = 1
+        self._next_transfer = 1
+        self._loadback_count = 0
+        # page key -> id of the eviction that last took it off the device / out of the tree
+        # (0: cached once, never evicted). Answers "was this computed token cached before?".
+        self.cached_once: dict[int, int] = {}
+        self.storage_key_of: dict[int, str] = {}  # page key -> chained SHA-256 (storage tier only)
+        # The scheduler's event queue: at(t_ns, callback, arg) runs callback(arg) at virtual time t_ns.
+        self.at = None
+
+    # --- helpers -------------------------------------------------------------------------
+    def _transfer_id(self) -> int:
+        tid = self._next_transfer
+        self._next_transfer += 1
+        return tid
+
+    def _copy_ns(self, pages: int, wall_ns: int, data_plane_bytes: int, *, to_device: bool) -> int:
+        nbytes = pages * self.page_bytes
+        if self.cfg.timing == "measured" and data_plane_bytes:
+            # Real kernel time, scaled from the reduced data plane to the modelled geometry.
+            return int(wall_ns * nbytes / data_plane_bytes) + self.cost.transfer_overhead_ns
+        return self.cost.copy_ns(nbytes, pages, to_device=to_device)
+
+    def record_eviction(self, node: TreeNode, tier: str, action: str, cause: str | None, now_ns: int) -> int:
+        eid = self._next_eviction
+        self._next_eviction += 1
+        tokens = len(node.keys) * self.page_size
+        key = f"{tier}/{action}"
+        self.stats.evictions[key] = self.stats.evictions.get(key, 0) + 1
+        self.stats.evicted_tokens[tier] = self.stats.evicted_tokens.get(tier, 0) + tokens
+        if self.probe is not None:
+            pool = self.device if tier == "device" else self.host
+            locked = self.tree.locked_device_pages if tier == "device" else self.tree.locked_host_pages
+            self.probe.emit(ev.Eviction(
+                eid, now_ns, tier, node.id, tokens, action, cause, node.owner,
+                pool.used_pages * self.page_size, pool.capacity * self.page_size,
+                locked * self.page_size, node.hit_count, node.last_access_ns))
+        return eid
+
+    # --- eviction ------------------------------------------------------------------------
+    def evict_device(self, pages_needed: int, cause: str | None, now_ns: int) -> bool:
+        """Free device slots until `pages_needed` are free. False if locks make it impossible."""
+        while self.device.free_pages < pages_needed:
+            node = self.tree.pop_device_victim()
+            if node is None:
+                return False
+            if node.host is None and self.cfg.write_policy == "write_back":
+                self._write_back(node, cause, now_ns)
+            if node.host is not None:
+                eid = self.record_eviction(node, "device", "demote", cause, now_ns)
+                node.evicted_by = eid
+                self.device.free(self.tree.demote(node))
+            else:
+                self._drop(node, cause, now_ns)
+        return True
+
+    def _drop(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
+        """Remove a device node that has no host copy, with any host-only nodes below it."""
+        for child in list(node.children.values()):
+            self._delete_subtree(child, cause, now_ns)
+        eid = self.record_eviction(node, "device", "drop", cause, now_ns)
+        self._forget(node, eid)
+        device_slots, host_slots = self.tree.delete(node)
+        self.device.free(device_slots)
+        self.host.free(host_slots)
+
+    def _delete_subtree(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
+        for child in list(node.children.values()):
+            self._delete_subtree(child, cause, now_ns)
+        eid = self.record_eviction(node, "host", "delete", cause, now_ns)
+        self._forget(node, eid)
+        device_slots, host_slots = self.tree.delete(node)
+        assert not device_slots, f"{node}: a host-only subtree held device slots"
+        self.host.free(host_slots)
+
+    def _forget(self, node: TreeNode, eid: int) -> None:
+        cached = self.cached_once
+        for k in node.keys:
+            cached[k] = eid
+
+    def evict_host(self, pages_needed: int, cause: str | None, now_ns: int) -> bool:
+        while self.host.free_pages < pages_needed:
+            node = self.tree.pop_host_victim()
+            if node is None:
+                return False
+            eid = self.record_eviction(node, "host", "delete", cause, now_ns)
+            self._forget(node, eid)
+            _, host_slots = self.tree.delete(node)
+            self.host.free(host_slots)
+        return True
+
+    # --- device -> host ------------------------------------------------------------------
+    def _alloc_host(self, pages: int, cause: str | None, now_ns: int) -> list[int] | None:
+        if pages > self.host.capacity:
+            return None
+        if not self.evict_host(pages, cause, now_ns):
+            return None
+        return self.host.alloc(pages)
+
+    def backup(self, node: TreeNode, cause: str | None, now_ns: int) -> bool:
+        """write_through: copy a device node to host; it stays locked on device until the copy is done."""
+        pages = len(node.keys)
+        # Keep the node (and its path) from being evicted while host room is made.
+        self.tree.inc_lock(node)
+        slots = self._alloc_host(pages, cause, now_ns)
+        if slots is None:
+            self.tree.dec_lock(node)
+            self.stats.backups_skipped += 1
+            return False
+        wall = kernels.backup(self.device.buffer, node.device, self.host.buffer, slots)
+        self.tree.set_host(node, slots)
+        dp_bytes = pages * self.host.buffer.shape[0] * self.host.buffer.shape[2] * 8
+        start = max(now_ns, self.d2h_free_ns)
+        end = start + self._copy_ns(pages, wall, dp_bytes, to_device=False)
+        self.d2h_free_ns = end
+        self.stats.backups += 1
+        self.stats.backup_bytes += pages * self.page_bytes
+        if self.probe is not None:
+            self.probe.emit(ev.Transfer(self._transfer_id(), start, end, "backup", cause, pages,
+                                        kernels.count_runs(node.device), pages * self.page_bytes, dp_bytes,
+                                        start - now_ns, wall, None))
+        self.at(end, self.tree.dec_lock, node)
+        self._write_storage(node, cause, end)
+        return True
+
+    def _write_back(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
+        """write_back: back the node up at eviction, synchronously (the allocation waits for it)."""
+        pages = len(node.keys)
+        self.tree.inc_lock(node)
+        slots = self._alloc_host(pages, cause, now_ns)
+        self.tree.dec_lock(node)
+        if slots is None:
+            return  # host is full of locked pages: the node is dropped instead
+        wall = kernels.backup(self.device.buffer, node.device, self.host.buffer, slots)
+        self.tree.set_host(node, slots)
+        dp_bytes = pages * self.host.buffer.shape[0] * self.host.buffer.shape[2] * 8
+        dur = self._copy_ns(pages, wall, dp_bytes, to_device=False)
+        start = max(now_ns + self.blocking_ns, self.d2h_free_ns)
+        self.d2h_free_ns = start + dur
+        self.blocking_ns = self.d2h_free_ns - now_ns
+        self.stats.write_backs += 1
+        if self.probe is not None:
+            self.probe.emit(ev.Transfer(self._transfer_id(), start, start + dur, "write_back", cause, pages,
+                                        kernels.count_runs(node.device), pages * self.page_bytes, dp_bytes,
+                                        start - now_ns, wall, None))
+        self._write_storage(node, cause, start + dur)
+
+    def _write_storage(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
+        if self.storage is None:
+            return
+        keys = [self.storage_key_of[k] for k in node.keys]
+        rows = read_pages(self.host, node.host)
+        deleted = self.storage.write(keys, rows)
+        pages = len(keys)
+        start = max(now_ns, self.disk_free_ns)
+        end = start + self.cost.storage_ns(pages * self.page_bytes)
+        self.disk_free_ns = end
+        if deleted:
+            key = "storage/delete"
+            self.stats.evictions[key] = self.stats.evictions.get(key, 0) + len(deleted)
+        if self.probe is not None:
+            self.probe.emit(ev.Transfer(self._transfer_id(), start, end, "storage_write", cause, pages, 1,
+                                        pages * self.page_bytes, int(rows.numel()) * 8, start - now_ns, 0, None))
+
+    # --- host -> device ------------------------------------------------------------------
+    def load_back(self, nodes: tuple[TreeNode, ...], slots: list[int], req_id: str, now_ns: int,
+                  page_keys: list[int]) -> tuple[int, int, int, bool | None]:
+        """Copy the host part of a matched chain into `slots` (already allocated on device).
+
+        Returns (link ns, contiguous runs, measured wall ns, verified). All-or-nothing: callers decide
+        before calling whether it happens at all.
+        """
+        host_slots = [s for n in nodes for s in n.host]
+        handle = kernels.load_back(self.host.buffer, host_slots, self.device.buffer, slots)
+        wall = handle.wait()
+        i = 0
+        for node in nodes:
+            n = len(node.keys)
+            self.tree.set_device(node, slots[i:i + n])
+            i += n
+        pages = len(slots)
+        dp_bytes = pages * self.device.buffer.shape[0] * self.device.buffer.shape[2] * 8
+        self.stats.loaded_data_plane_bytes += dp_bytes
+        verified = None
+        self._loadback_count += 1
+        mode = self.cfg.verify
+        if mode == "all" or (mode == "sample" and self._loadback_count % VERIFY_SAMPLE_EVERY == 1):
+            verified = verify_content(self.device, slots, page_keys)
+            if not verified:
+                raise AssertionError(f"load-back for request {req_id}: device pages differ from what was written "
+                                     f"(copy kernel or slot bookkeeping bug)")
+            self.stats.verified_load_backs += 1
+            self.stats.verified_data_plane_bytes += dp_bytes
+        return self._copy_ns(pages, wall, dp_bytes, to_device=True), kernels.count_runs(host_slots), wall, verified
+
+    def write_computed(self, slots: list[int], page_keys: list[int]) -> None:
+        """The prefill's output: KV for these pages, derived from their keys."""
+        write_content(self.device, slots, page_keys)
+
+    # --- storage -> host -----------------------------------------------------------------
+    def prefetch(self, skeys: list[str], req_id: str, now_ns: int) -> tuple[list[int], int, int] | None:
+        """Read pages from storage into fresh host slots. Returns (host slots, start, end) or None."""
+        pages = len(skeys)
+        slots = self._alloc_host(pages, req_id, now_ns)
+        if slots is None:
+            return None
+        rows = self.storage.read(skeys, self.host.buffer.shape[0], self.host.buffer.shape[2])
+        kernels.copy_pages(rows, range(pages), self.host.buffer, slots)
+        start = max(now_ns, self.disk_free_ns)
+        end = start + self.cost.storage_ns(pages * self.page_bytes)
+        self.disk_free_ns = end
+        self.stats.prefetches += 1
+        if self.probe is not None:
+            self.probe.emit(ev.Transfer(self._transfer_id(), start, end, "prefetch", req_id, pages,
+                                        kernels.count_runs(slots), pages * self.page_bytes,
+                                        int(rows.numel()) * 8, start - now_ns, 0, None))
+        return slots, start, end
+
+    def emit_load_back(self, start: int, end: int, req_id: str, pages: int, runs: int, queued: int,
+                       wall: int, verified) -> None:
+        if self.probe is not None:
+            dp_bytes = pages * self.device.buffer.shape[0] * self.device.buffer.shape[2] * 8
+            self.probe.emit(ev.Transfer(self._transfer_id(), start, end, "load_back", req_id, pages, runs,
+                                        pages * self.page_bytes, dp_bytes, queued, wall, verified))

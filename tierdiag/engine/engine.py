@@ -1,0 +1,105 @@
+"""The engine façade: build the tree, pools, controller and scheduler from one config, run a
+trace through them, and check the invariants tests rely on."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+
+from tierdiag.engine.config import EngineConfig
+from tierdiag.engine.controller import CacheController, EngineStats
+from tierdiag.engine.costmodel import CostModel
+from tierdiag.engine.pools import DataPlane, PagePool, StorageTier, plan_data_plane
+from tierdiag.engine.scheduler import Scheduler
+from tierdiag.engine.tree import RadixTree
+from tierdiag.trace.reader import TraceRequest
+
+
+def plan(cfg: EngineConfig) -> tuple[CostModel, DataPlane]:
+    """The cost model and the real buffers' geometry a config implies (nothing allocated)."""
+    cost = CostModel.from_config(cfg)
+    ps = cfg.page_size
+    pages = (cfg.resolved_device_tokens() + cfg.resolved_host_tokens()) // ps
+    cuda = torch.cuda.is_available()
+    plane = plan_data_plane(
+        model_layers=cost.num_layers, modelled_page_bytes=ps * cost.kv_bytes_per_token, total_pages=pages,
+        budget_bytes=cfg.data_plane_mib << 20, device="cuda" if cuda else "cpu", pinned_host=cuda)
+    return cost, plane
+
+
+def describe_data_plane(cfg: EngineConfig) -> dict:
+    cost, plane = plan(cfg)
+    ps = cfg.page_size
+    d = plane.to_json()
+    d.update({
+        "kv_bytes_per_token": cost.kv_bytes_per_token,
+        "link_bytes_per_s": cost.h2d_bytes_per_s,
+        "d2h_bytes_per_s": cost.d2h_bytes_per_s,
+        "transfer_overhead_ns": cost.transfer_overhead_ns,
+        "link_source": cost.link_source,
+        "device_pages": cfg.resolved_device_tokens() // ps,
+        "host_pages": cfg.resolved_host_tokens() // ps,
+        "storage_pages": cfg.storage_tokens // ps,
+        "verify": cfg.verify,
+    })
+    return d
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig, *, probe=None, storage_dir: str | Path | None = None,
+                 progress: Callable[[int, int, EngineStats], None] | None = None):
+        self.cfg = cfg
+        self.cost, self.plane = plan(cfg)
+        ps = cfg.page_size
+        self.device = PagePool("device", cfg.resolved_device_tokens() // ps, self.plane, on_device=True)
+        self.host = PagePool("host", cfg.resolved_host_tokens() // ps, self.plane, on_device=False)
+        self.storage: StorageTier | None = None
+        if cfg.storage_tokens:
+            root = storage_dir or cfg.storage_dir or tempfile.mkdtemp(prefix="tierdiag-storage-")
+            self.storage = StorageTier(Path(root), cfg.storage_tokens // ps)
+        self.tree = RadixTree(ps, cfg.eviction_policy)
+        self.stats = EngineStats()
+        self.probe = probe
+        self.ctrl = CacheController(cfg, self.cost, self.tree, self.device, self.host, self.storage, probe,
+                                    self.stats)
+        self.scheduler = Scheduler(cfg, self.cost, self.tree, self.ctrl, probe, self.stats, progress)
+
+    def run(self, requests: Iterable[TraceRequest]) -> EngineStats:
+        return self.scheduler.run(requests)
+
+    def check_invariants(self, *, idle: bool = False) -> None:
+        """Pool accounting, residency closure, lock counts; with idle=True also that no lock is held."""
+        self.device.check()
+        self.host.check()
+        dev_slots: list[int] = []
+        host_slots: list[int] = []
+        locked_dev = locked_host = 0
+        for node in self.tree.nodes():
+            assert node.device is not None or node.host is not None, f"{node}: in the tree but on no tier"
+            if node.device is not None:
+                assert node.parent.device is not None, f"{node}: device residency not root-connected"
+                dev_slots.extend(node.device)
+            if node.host is not None:
+                host_slots.extend(node.host)
+            child_locks = sum(c.lock_ref for c in node.children.values())
+            assert node.lock_ref >= child_locks, f"{node}: lock_ref below its children's"
+            n_dev = sum(1 for c in node.children.values() if c.device is not None)
+            assert node.n_dev_children == n_dev, f"{node}: n_dev_children {node.n_dev_children} != {n_dev}"
+            if node.lock_ref:
+                locked_dev += len(node.keys) if node.device is not None else 0
+                locked_host += len(node.keys) if node.host is not None else 0
+            if idle:
+                assert node.lock_ref == 0, f"{node}: still locked after every request finished"
+        assert len(set(dev_slots)) == len(dev_slots), "a device slot is owned by two tree nodes"
+        assert len(set(host_slots)) == len(host_slots), "a host slot is owned by two tree nodes"
+        assert self.tree.locked_device_pages == locked_dev, "locked device page counter drifted"
+        assert self.tree.locked_host_pages == locked_host, "locked host page counter drifted"
+        if idle:
+            assert len(dev_slots) == self.device.used_pages, \
+                f"device: {self.device.used_pages} pages used but the tree holds {len(dev_slots)} (leak)"
+            assert len(host_slots) == self.host.used_pages, \
+                f"host: {self.host.used_pages} pages used but the tree holds {len(host_slots)} (leak)"
+            assert self.tree.root.lock_ref == 1, "root lock_ref must return to its resting 1"
