@@ -39,7 +39,7 @@ class SlowRequest:
     recomputed_tokens: int
     loadback_skipped_reason: str | None
     primary_cause: str
-    cause_ns: int  # the part of the excess the primary cause owns (0 for none)
+    cause_ns: int  # the part of the excess the primary cause owns, at most the excess (0 for none)
 
     def to_json(self) -> dict:
         return dataclass_json(self)
@@ -94,6 +94,8 @@ def slow_requests(con: duckdb.DuckDBPyConnection, run: RunInfo, *, top: int = 20
             storage_tokens=int(r["storage_hit_tokens"] or 0), computed_tokens=int(r["computed_tokens"] or 0),
             recomputed_tokens=int(r["recomputed_tokens"] or 0),
             loadback_skipped_reason=r["loadback_skipped_reason"], primary_cause=primary,
-            cause_ns=0 if primary == "none" else parts.excess_parts_ns()[primary],
+            # A part can exceed the excess when the request's own compute came out below its
+            # ideal (recompute and compute split one memory-bound prefill): cap it there.
+            cause_ns=0 if primary == "none" else min(parts.excess_parts_ns()[primary], parts.excess_ns),
         ))
     return result
