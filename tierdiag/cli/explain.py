@@ -7,7 +7,6 @@ from typing import Annotated
 import typer
 
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt, out, print_json
-from tierdiag.diagnose.explain import explain_request
 from tierdiag.store.reader import open_store, resolve_run
 
 
@@ -18,6 +17,9 @@ def explain(
     json_: JsonOpt = False,
 ) -> None:
     """Why was this request slow? Walks host_hit_length, prefix_indices, load_back, eviction, then the verdict."""
+    # Imported here, not at the top: main.py imports every command module to register it.
+    from tierdiag.diagnose.explain import explain_request
+
     with open_store(db) as con:
         info = resolve_run(con, run, db_label=str(db))
         result = explain_request(con, info, req_id)

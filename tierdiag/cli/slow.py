@@ -7,7 +7,6 @@ from typing import Annotated, Optional
 import typer
 
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt, out, print_json
-from tierdiag.diagnose.slow import slow_requests
 from tierdiag.store.reader import open_store, resolve_run
 
 
@@ -22,6 +21,9 @@ def slow(
     json_: JsonOpt = False,
 ) -> None:
     """Requests ranked by excess TTFT over their ideal (reused tokens device-resident, no queueing)."""
+    # Imported here, not at the top: main.py imports every command module to register it.
+    from tierdiag.diagnose.slow import slow_requests
+
     with open_store(db) as con:
         info = resolve_run(con, run, db_label=str(db))
         rows = slow_requests(con, info, top=top, hit_class=hit_class, cause=cause)

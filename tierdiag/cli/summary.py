@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt, out, print_json
-from tierdiag.diagnose.summary import run_summary
 from tierdiag.store.reader import open_store, resolve_run
 
 
 def summary(db: DbOpt = DEFAULT_DB_PATH, run: RunOpt = None, json_: JsonOpt = False) -> None:
     """One run at a glance: tokens by tier (not request counts), TTFT percentiles, load-backs, evictions."""
+    # Imported here, not at the top: main.py imports every command module to register it.
+    from tierdiag.diagnose.summary import run_summary
+
     with open_store(db) as con:
         info = resolve_run(con, run, db_label=str(db))
         result = run_summary(con, info)
