@@ -172,10 +172,10 @@ class Scheduler:
 
     # --- storage prefetch ----------------------------------------------------------------
     def _start_prefetch(self, req: Req, now: int) -> None:
+        # Every full page may be inserted (and so backed up to storage) at finish: key them all.
+        req.skeys = storage_key_chain(req.keys)
+        self.ctrl.storage_key_of.update(zip(req.keys, req.skeys))
         keys = req.keys[:req.max_match_pages]
-        req.skeys = storage_key_chain(keys)
-        for k, s in zip(keys, req.skeys):
-            self.ctrl.storage_key_of[k] = s
         _, in_tree = self.tree.locate(keys)
         storage = self.ctrl.storage
         end = in_tree

@@ -209,6 +209,7 @@ class RadixTree:
             if child is None:
                 assert i >= own_from, f"page {i} of a locked prefix is missing from the tree"
                 child = self._new_node(node, keys[i:], device_slots[i - own_from:], None, now_ns, owner)
+                child.hit_count = 1  # insertion counts as the first hit (SGLang's _inc_hit_count)
                 fresh.append(child)
                 self._push_device(child)
                 return child, dups, fresh

@@ -1,0 +1,176 @@
+"""Narrated replays: each test walks a short sequence of requests and asserts every number.
+
+Pools are tiny (device 16 pages, host 64 pages of 64 tokens) so a handful of requests is
+enough to push a prefix off the device.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.engine.helpers import PS, req, run, small_config
+from tierdiag.engine.config import EngineConfig
+from tierdiag.engine.engine import Engine
+
+
+def flood(start_ms: float, n: int = 3, pages: int = 8) -> list:
+    """n requests of fresh pages, 100 ms apart: each fills about half the device pool."""
+    return [req(f"f{i}", start_ms + 100 * i, list(range(1000 + 100 * i, 1000 + 100 * i + pages))) for i in range(n)]
+
+
+def conserved(rec) -> bool:
+    return rec.device_hit_tokens + rec.host_hit_tokens + rec.storage_hit_tokens + rec.computed_tokens == rec.input_tokens
+
+
+def test_first_request_is_a_miss_and_the_last_token_is_always_computed():
+    engine, probe = run([req("a", 0, list(range(1, 9)), extra_tokens=0)])
+    a = probe.records["a"]
+    assert (a.hit_class, a.device_hit_tokens, a.computed_tokens) == ("miss", 0, 8 * PS)
+    assert a.status == "finished" and conserved(a)
+    engine.check_invariants(idle=True)
+
+
+def test_same_prefix_soon_after_is_a_device_hit():
+    engine, probe = run([req("a", 0, list(range(1, 9))), req("b", 50, list(range(1, 9)) + [77, 78])])
+    b = probe.records["b"]
+    # b's 8 shared pages were on device; its 2 new pages and the trailing token are computed.
+    assert (b.hit_class, b.device_hit_tokens, b.host_hit_tokens) == ("device_hit", 8 * PS, 0)
+    assert b.computed_tokens == 2 * PS + 1
+    assert b.prefix_indices_len == b.cache_protected_len == 8 * PS
+    assert b.loadback_bytes == 0 and b.loadback_exposed_ns == 0
+    assert not probe.evictions
+    engine.check_invariants(idle=True)
+
+
+def test_prefix_pushed_to_host_by_a_flood_is_loaded_back():
+    engine, probe = run([req("a", 0, list(range(1, 9)))] + flood(100) + [req("b", 1000, list(range(1, 9)) + [90])])
+    # write_through backed a's pages up; f0's allocation demoted them (device -> host only).
+    demotes = [e for e in probe.evictions if e.tier == "device"]
+    assert demotes[0].action == "demote" and demotes[0].cause_req_id == "f0"
+    assert demotes[0].owner_req_id == "a" and demotes[0].tokens == 8 * PS
+    b = probe.records["b"]
+    assert (b.hit_class, b.device_hit_tokens, b.host_hit_tokens, b.computed_tokens) == ("tiered_hit", 0, 8 * PS, PS + 1)
+    assert b.prefix_indices_len == 8 * PS and b.loadback_pages == 8
+    assert b.loadback_bytes == 8 * PS * engine.cost.kv_bytes_per_token
+    assert b.loadback_skipped_reason is None
+    # the load-back was real and checked byte for byte
+    lb = [t for t in probe.transfers if t.kind == "load_back"]
+    assert [(t.req_id, t.pages, t.verified) for t in lb] == [("b", 8, True)]
+    # explain's step 4 can name who evicted b's prefix
+    lost = {(x.req_id, x.eviction_id) for x in probe.lost}
+    assert ("b", demotes[0].eviction_id) in lost
+    # TTFT decomposition is exact
+    assert b.queue_ns + b.storage_wait_ns + b.loadback_exposed_ns + b.recompute_ns + b.compute_ns == b.ttft_ns
+    assert b.ttft_if_device_resident_ns == b.ttft_ns - b.loadback_exposed_ns
+    engine.check_invariants(idle=True)
+
+
+def test_host_hit_below_threshold_is_recomputed_not_counted_as_a_hit():
+    trace = [req("a", 0, [1])] + flood(100) + [req("b", 1000, [1, 50, 51])]
+    engine, probe = run(trace, load_back_threshold=100)
+    b = probe.records["b"]
+    # one host page (64 tokens) < threshold 100: skipped, recorded, and computed
+    assert b.host_match_tokens == PS and b.host_hit_tokens == 0
+    assert (b.loadback_skipped_reason, b.loadback_skipped_tokens) == ("below_threshold", PS)
+    assert b.hit_class == "miss" and b.computed_tokens == b.input_tokens
+    assert b.recomputed_tokens == PS
+    assert [(s.req_id, s.reason) for s in probe.skips] == [("b", "below_threshold")]
+    assert not [t for t in probe.transfers if t.kind == "load_back"]
+    engine.check_invariants(idle=True)
+
+
+def test_prefix_that_fell_to_storage_is_prefetched_then_loaded_back(tmp_path):
+    # host holds only 16 pages, so the flood deletes a's host copy; storage still has it.
+    cfg = small_config(host_tokens=16 * PS, storage_tokens=128 * PS, prefetch_threshold=PS,
+                       prefetch_policy="wait_complete", storage_dir=str(tmp_path / "st"))
+    trace = [req("a", 0, list(range(1, 9)))] + flood(100, n=4) + [req("b", 2000, list(range(1, 9)) + [91])]
+    engine, probe = run(trace, cfg)
+    assert any(e.tier == "host" and e.action == "delete" for e in probe.evictions)
+    b = probe.records["b"]
+    assert (b.hit_class, b.storage_hit_tokens, b.host_hit_tokens) == ("tiered_hit", 8 * PS, 0)
+    assert b.storage_match_tokens == 8 * PS and b.storage_wait_ns > 0
+    kinds = [t.kind for t in probe.transfers if t.req_id == "b"]
+    assert "prefetch" in kinds and "load_back" in kinds
+    assert conserved(b)
+    assert len(list((tmp_path / "st").rglob("*"))) > 8  # real page files on disk
+    engine.check_invariants(idle=True)
+
+
+def test_best_effort_prefetch_that_has_not_arrived_is_computed(tmp_path):
+    cfg = small_config(host_tokens=16 * PS, storage_tokens=128 * PS, prefetch_threshold=PS,
+                       prefetch_policy="best_effort", storage_dir=str(tmp_path / "st"))
+    trace = [req("a", 0, list(range(1, 9)))] + flood(100, n=4) + [req("b", 2000, list(range(1, 9)) + [91])]
+    engine, probe = run(trace, cfg)
+    b = probe.records["b"]
+    # the GPU was idle, so b was admitted the moment it arrived: nothing had been read yet
+    assert b.storage_hit_tokens == 0 and b.storage_skipped_reason == "prefetch_incomplete"
+    assert b.recomputed_tokens == 8 * PS and conserved(b)
+    engine.check_invariants(idle=True)
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_through_selective", "write_back"])
+def test_write_policies(policy):
+    # a is asked twice (so selective backs it up on the second hit), then flooded off the device.
+    trace = ([req("a", 0, list(range(1, 9))), req("a2", 50, list(range(1, 9)) + [60])]
+             + flood(200) + [req("b", 1000, list(range(1, 9)) + [90])])
+    engine, probe = run(trace, write_policy=policy)
+    kinds = [t.kind for t in probe.transfers]
+    b = probe.records["b"]
+    if policy == "write_through":
+        # every inserted node is backed up at insertion
+        assert kinds.count("backup") >= 1 + 3 and "write_back" not in kinds
+    elif policy == "write_through_selective":
+        # only a's pages (hit twice) were backed up; flood pages were dropped, not demoted
+        backups = [t for t in probe.transfers if t.kind == "backup"]
+        assert [t.req_id for t in backups] == ["a2"]
+        assert any(e.action == "drop" for e in probe.evictions)
+    else:
+        # nothing is copied until eviction, and then synchronously
+        assert "backup" not in kinds and "write_back" in kinds
+    # in all three, a's prefix survived on host and b loaded it back
+    assert b.hit_class == "tiered_hit" and b.host_hit_tokens == 8 * PS
+    engine.check_invariants(idle=True)
+
+
+def test_chunked_prefill_splits_a_long_input_and_conserves_tokens():
+    engine, probe = run([req("long", 0, list(range(1, 41)))], max_prefill_tokens=16 * PS, device_tokens=64 * PS)
+    rec = probe.records["long"]
+    assert rec.num_chunks == 3  # 2561 tokens in chunks of 1024
+    assert conserved(rec) and rec.computed_tokens == 40 * PS + 1
+    engine.check_invariants(idle=True)
+
+
+def test_request_larger_than_the_device_pool_is_rejected_not_waited_on():
+    engine, probe = run([req("huge", 0, list(range(1, 40))), req("ok", 10, [1, 2])])
+    assert probe.records["huge"].status == "rejected"
+    assert "device memory" in probe.records["huge"].reject_reason
+    assert probe.records["ok"].status == "finished"
+    engine.check_invariants(idle=True)
+
+
+def test_same_trace_and_config_give_identical_results():
+    trace = [req("a", 0, list(range(1, 9)))] + flood(100) + [req("b", 1000, list(range(1, 9)) + [90])]
+    _, p1 = run(trace)
+    _, p2 = run(trace)
+    assert p1.records == p2.records
+    strip = lambda evs: [(e.eviction_id, e.t_ns, e.node_id, e.action, e.cause_req_id) for e in evs]  # noqa: E731
+    assert strip(p1.evictions) == strip(p2.evictions)
+
+
+def test_layerwise_overlap_hides_part_of_the_load_back():
+    trace = [req("a", 0, list(range(1, 9)))] + flood(100) + [req("b", 1000, list(range(1, 9)) + list(range(200, 207)))]
+    _, on = run(trace, layerwise_overlap=True)
+    _, off = run(trace, layerwise_overlap=False)
+    b_on, b_off = on.records["b"], off.records["b"]
+    assert b_on.loadback_ns == b_off.loadback_ns > 0
+    assert b_off.loadback_exposed_ns == b_off.loadback_ns
+    assert b_on.loadback_exposed_ns < b_off.loadback_exposed_ns
+
+
+def test_default_sizes_come_from_the_presets():
+    cfg = EngineConfig()
+    # llama3-8b on h200: 141 GB * 0.88 - 16 GB of weights, 128 KiB per token
+    assert 700_000 < cfg.resolved_device_tokens() < 900_000
+    assert cfg.resolved_host_tokens() == 2 * cfg.resolved_device_tokens()
+    engine = Engine(EngineConfig(data_plane_mib=8))
+    assert engine.plane.reduced and engine.plane.page_bytes < engine.plane.modelled_page_bytes
