@@ -88,6 +88,7 @@ class CopyPlan:
     dst_idx: np.ndarray
     runs: tuple[tuple[int, int, int], ...] = ()
     num_ops: int = 0
+    snapshot: bool = False  # read every source row before writing any (src and dst overlap)
 
     @property
     def src_runs(self) -> int:
@@ -117,7 +118,19 @@ def _check_range_small(idx: list[int], num_pages: int, side: str) -> None:
 _SMALL_PLAN = 16
 
 
-def _plan_small(s: list[int], d: list[int], column_bytes: int) -> CopyPlan:
+def _cheapest(total_bytes: int, k_both: int, k_src: int, k_dst: int) -> tuple[float, str]:
+    """(estimated cost, kind) of the cheapest plan: ops' fixed cost + bytes moved."""
+    costs = {
+        "runs": k_both * _OP_COST_BYTES + total_bytes,
+        "gather": k_dst * _OP_COST_BYTES + _INDEXED_FACTOR * total_bytes,
+        "scatter": k_src * _OP_COST_BYTES + _INDEXED_FACTOR * total_bytes,
+        "two_pass": 2 * _OP_COST_BYTES + 2 * _INDEXED_FACTOR * total_bytes,
+    }
+    kind = min(costs, key=costs.__getitem__)
+    return costs[kind], kind
+
+
+def _candidate_small(s: list[int], d: list[int], column_bytes: int) -> tuple[float, CopyPlan]:
     runs: list[tuple[int, int, int]] = []
     k_src = k_dst = 1
     s0, d0, length = s[0], d[0], 1
@@ -132,23 +145,29 @@ def _plan_small(s: list[int], d: list[int], column_bytes: int) -> CopyPlan:
             runs.append((s0, d0, length))
             s0, d0, length = s[i], d[i], 1
     runs.append((s0, d0, length))
-    kind = _cheapest(len(s) * column_bytes, len(runs), k_src, k_dst)
+    cost, kind = _cheapest(len(s) * column_bytes, len(runs), k_src, k_dst)
     s_arr = np.array(s, dtype=np.int64)
     d_arr = np.array(d, dtype=np.int64)
     if kind == "runs":
-        return CopyPlan("runs", len(s), s_arr, d_arr, tuple(runs), len(runs))
-    return CopyPlan(kind, len(s), s_arr, d_arr, (), {"gather": k_dst, "scatter": k_src}.get(kind, 2))
+        return cost, CopyPlan("runs", len(s), s_arr, d_arr, tuple(runs), len(runs))
+    return cost, CopyPlan(kind, len(s), s_arr, d_arr, (), {"gather": k_dst, "scatter": k_src}.get(kind, 2))
 
 
-def _cheapest(total_bytes: int, k_both: int, k_src: int, k_dst: int) -> str:
-    """The plan kind with the lowest estimated cost (ops' fixed cost + bytes moved)."""
-    costs = {
-        "runs": k_both * _OP_COST_BYTES + total_bytes,
-        "gather": k_dst * _OP_COST_BYTES + _INDEXED_FACTOR * total_bytes,
-        "scatter": k_src * _OP_COST_BYTES + _INDEXED_FACTOR * total_bytes,
-        "two_pass": 2 * _OP_COST_BYTES + 2 * _INDEXED_FACTOR * total_bytes,
-    }
-    return min(costs, key=costs.__getitem__)
+def _candidate(s: np.ndarray, d: np.ndarray, column_bytes: int) -> tuple[float, CopyPlan]:
+    n = int(s.size)
+    ds = np.diff(s) == 1
+    dd = np.diff(d) == 1
+    both = ds & dd
+    k_both = n - int(np.count_nonzero(both))
+    k_src = n - int(np.count_nonzero(ds))
+    k_dst = n - int(np.count_nonzero(dd))
+    cost, kind = _cheapest(n * column_bytes, k_both, k_src, k_dst)
+    if kind == "runs":
+        starts = np.concatenate(([0], np.flatnonzero(~both) + 1))
+        lens = np.diff(np.concatenate((starts, [n])))
+        runs = tuple(zip(s[starts].tolist(), d[starts].tolist(), lens.tolist()))
+        return cost, CopyPlan("runs", n, s, d, runs, len(runs))
+    return cost, CopyPlan(kind, n, s, d, (), {"gather": k_dst, "scatter": k_src}.get(kind, 2))
 
 
 def plan_copy(src_pages: PageList, dst_pages: PageList, *, column_bytes: int,
@@ -156,7 +175,9 @@ def plan_copy(src_pages: PageList, dst_pages: PageList, *, column_bytes: int,
     """Choose the cheapest execution for copying pages src_pages[i] -> dst_pages[i].
 
     `column_bytes` is one page across all layers (num_layers * row bytes); it decides whether a
-    run is long enough to be worth its own op. Destination pages must be distinct.
+    run is long enough to be worth its own op. Destination pages must be distinct, so the pairs
+    may be reordered: the order given, sorted by destination and sorted by source are all
+    candidates ([3, 1, 2] -> [7, 5, 6] is one run once sorted).
     """
     n = len(src_pages)
     if n != len(dst_pages):
@@ -169,24 +190,25 @@ def plan_copy(src_pages: PageList, dst_pages: PageList, *, column_bytes: int,
         d_list = [int(x) for x in dst_pages]
         _check_range_small(s_list, src_num_pages, "source")
         _check_range_small(d_list, dst_num_pages, "destination")
-        return _plan_small(s_list, d_list, column_bytes)
+        best = _candidate_small(s_list, d_list, column_bytes)
+        if best[1].num_ops > 1:
+            for key in (d_list, s_list):
+                order = sorted(range(n), key=key.__getitem__)
+                cand = _candidate_small([s_list[i] for i in order], [d_list[i] for i in order], column_bytes)
+                best = min(best, cand, key=lambda c: c[0])
+        return best[1]
     s = _as_index_array(src_pages)
     d = _as_index_array(dst_pages)
     _check_range(s, src_num_pages, "source")
     _check_range(d, dst_num_pages, "destination")
-    ds = np.diff(s) == 1
-    dd = np.diff(d) == 1
-    both = ds & dd
-    k_both = n - int(np.count_nonzero(both))
-    k_src = n - int(np.count_nonzero(ds))
-    k_dst = n - int(np.count_nonzero(dd))
-    kind = _cheapest(n * column_bytes, k_both, k_src, k_dst)
-    if kind == "runs":
-        starts = np.concatenate(([0], np.flatnonzero(~both) + 1))
-        lens = np.diff(np.concatenate((starts, [n])))
-        runs = tuple(zip(s[starts].tolist(), d[starts].tolist(), lens.tolist()))
-        return CopyPlan("runs", n, s, d, runs, len(runs))
-    return CopyPlan(kind, n, s, d, (), {"gather": k_dst, "scatter": k_src}.get(kind, 2))
+    best = _candidate(s, d, column_bytes)
+    if best[1].num_ops > 1:
+        for key in (d, s):
+            if np.all(key[1:] >= key[:-1]):
+                continue  # already sorted: same candidate
+            order = np.argsort(key, kind="stable")
+            best = min(best, _candidate(s[order], d[order], column_bytes), key=lambda c: c[0])
+    return best[1]
 
 
 # --- execution ---------------------------------------------------------------------------------
@@ -216,8 +238,14 @@ def _check_pair(src: torch.Tensor, dst: torch.Tensor) -> None:
 def _plan_for(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pages: PageList) -> CopyPlan:
     _check_pair(src, dst)
     column_bytes = src.shape[0] * src.shape[2] * src.element_size()
-    return plan_copy(src_pages, dst_pages, column_bytes=column_bytes,
+    plan = plan_copy(src_pages, dst_pages, column_bytes=column_bytes,
                      src_num_pages=src.shape[1], dst_num_pages=dst.shape[1])
+    if (plan.num_pages and src.device == dst.device and src.data_ptr() == dst.data_ptr()
+            and np.intersect1d(plan.src_idx, plan.dst_idx).size):
+        # A move inside one pool whose source and destination pages overlap: a slice copy or
+        # an in-place gather would read rows it has already overwritten. Stage everything.
+        return CopyPlan("two_pass", plan.num_pages, plan.src_idx, plan.dst_idx, (), 2, snapshot=True)
+    return plan
 
 
 def _runs_of(idx: np.ndarray) -> list[tuple[int, int, int]]:
@@ -268,8 +296,8 @@ def _execute_same_device(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -
     fs = (layer * src_pages + s_t.unsqueeze(0)).reshape(-1)
     fd = (layer * dst.shape[1] + d_t.unsqueeze(0)).reshape(-1)
     row_bytes = width * src.element_size()
-    chunk = max(1, _SCRATCH_MAX_BYTES // row_bytes)
     total = fs.numel()
+    chunk = total if plan.snapshot else max(1, _SCRATCH_MAX_BYTES // row_bytes)
     buf = _scratch_rows(min(chunk, total), src_flat)
     for a in range(0, total, chunk):
         b = min(a + chunk, total)
@@ -389,7 +417,7 @@ def _cross_plan(plan: CopyPlan) -> CopyPlan:
 
 
 def _start_cuda(src: torch.Tensor, dst: torch.Tensor, src_pages: PageList, dst_pages: PageList,
-                *, per_layer_events: bool) -> tuple[LoadBackHandle, list]:
+                *, per_layer_events: bool) -> tuple[LoadBackHandle, list, CopyPlan]:
     plan = _plan_for(src, src_pages, dst, dst_pages)
     src_w, dst_w = _wide_rows(src), _wide_rows(dst)
     device = _cuda_device(src, dst)
@@ -416,7 +444,7 @@ def _start_cuda(src: torch.Tensor, dst: torch.Tensor, src_pages: PageList, dst_p
                     ev.record(stream)
                     handle.layer_events.append(ev)
         handle._end_event.record(stream)
-    return handle, staged
+    return handle, staged, plan
 
 
 def _finish_staged(dst_w: torch.Tensor, plan_dst_idx: np.ndarray, staged: list) -> None:
@@ -440,9 +468,10 @@ def copy_pages(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pa
         plan = _plan_for(src, src_pages, dst, dst_pages)
         _execute_same_device(_wide_rows(src), _wide_rows(dst), plan)
         return time.perf_counter_ns() - t0
-    handle, staged = _start_cuda(src, dst, src_pages, dst_pages, per_layer_events=False)
+    handle, staged, plan = _start_cuda(src, dst, src_pages, dst_pages, per_layer_events=False)
     handle._end_event.synchronize()
-    _finish_staged(_wide_rows(dst), _as_index_array(dst_pages), staged)
+    # staged rows are in the plan's order (pairs may have been sorted), not the caller's
+    _finish_staged(_wide_rows(dst), plan.dst_idx, staged)
     return time.perf_counter_ns() - t0
 
 
@@ -457,7 +486,7 @@ def load_back(host: torch.Tensor, host_pages: PageList, device: torch.Tensor,
         num_bytes = plan.num_pages * host.shape[0] * host.shape[2] * host.element_size()
         return LoadBackHandle(plan.num_pages, num_bytes, plan.kind,
                               _wall_ns=time.perf_counter_ns() - t0)
-    handle, staged = _start_cuda(host, device, host_pages, device_pages, per_layer_events=True)
+    handle, staged, _plan = _start_cuda(host, device, host_pages, device_pages, per_layer_events=True)
     assert not staged, "load-back lands on the device: nothing is staged on the host side"
     return handle
 
