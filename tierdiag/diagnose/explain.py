@@ -16,7 +16,6 @@ answers in milliseconds on a 12k-request run.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 
 import duckdb
@@ -288,6 +287,8 @@ def _finished(row: dict) -> bool:
 
 
 def _close_ids(con: duckdb.DuckDBPyConnection, run_id: str, req_id: str) -> list[str]:
+    import difflib  # only on this error path: keep explain's start-up lean
+
     ids = [r[0] for r in con.execute("SELECT req_id FROM requests WHERE run_id = ?", [run_id]).fetchall()]
     close = difflib.get_close_matches(req_id, ids, n=3, cutoff=0.6)
     if not close:
@@ -316,10 +317,25 @@ def _run_bounds_ns(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[int, in
     return int(row[0]), max(int(row[1]), int(row[0]))
 
 
+# When a request was scheduled (its first prefill batch started): match_prefix, load-back and
+# the evictions its allocation forced happen then, not at arrival.
+_SCHEDULED_SQL = "coalesce(first_token_ns - prefill_ns, arrival_ns)"
+
+
+def _scheduled_ns(row: dict) -> int:
+    if row.get("first_token_ns") is not None and row.get("prefill_ns") is not None:
+        return int(row["first_token_ns"]) - int(row["prefill_ns"])
+    return _int(row, "arrival_ns")
+
+
 def _window(row: dict, bounds: tuple[int, int]) -> tuple[int, int]:
-    """[arrival - WINDOW, first token + WINDOW], clipped to the run so rates compare fairly."""
-    start = _int(row, "arrival_ns")
-    end = int(row.get("first_token_ns") or start)
+    """[scheduled - WINDOW, first token + WINDOW], clipped to the run so rates compare fairly.
+
+    Centred on when it was served, not on its arrival: a request that queued for minutes would
+    otherwise average the link and the pool over all of that wait.
+    """
+    start = _scheduled_ns(row)
+    end = max(int(row.get("first_token_ns") or start), start)
     return max(start - WINDOW_NS, bounds[0]), max(min(end + WINDOW_NS, bounds[1]), end)
 
 
@@ -532,13 +548,14 @@ def _step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, toke
         capacity = next((e.pool_capacity_tokens for e in events if e.tier == "device"), None)
     reuse_distance = None
     if last_access is not None and row.get("arrival_ns") is not None:
-        # Tokens the device pool had to allocate for other requests between the prefix's last
-        # use and this request: the LRU stack distance, approximately. Beyond the pool size an
-        # LRU pool cannot have kept it; well below it, something else (locks, bursts) pushed it out.
+        # Tokens the device pool had to allocate for other requests scheduled between the
+        # prefix's last use and this request's scheduling: the LRU stack distance, roughly.
+        # Beyond the pool size an LRU pool cannot have kept it; well below it, something else
+        # (locks, bursts) pushed it out.
         reuse_distance = int(con.execute(
             "SELECT coalesce(sum(input_tokens - coalesce(device_hit_tokens, 0) + output_tokens), 0) "
-            "FROM requests WHERE run_id = ? AND status = 'finished' AND arrival_ns > ? AND arrival_ns < ?",
-            [rid, int(last_access), int(row["arrival_ns"])]).fetchone()[0])
+            f"FROM requests WHERE run_id = ? AND status = 'finished' AND {_SCHEDULED_SQL} > ? "
+            f"AND {_SCHEDULED_SQL} < ?", [rid, int(last_access), _scheduled_ns(row)]).fetchone()[0])
 
     lo, hi = _window(row, bounds)
     span_ns = bounds[1] - bounds[0]
