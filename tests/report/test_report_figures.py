@@ -10,7 +10,7 @@ import pytest
 
 from fake_run import LINK_BYTES_PER_S, write_fake_run
 from tierdiag.report import data as rd
-from tierdiag.report.figures import build_figures
+from tierdiag.report.figures import build_figures, ttft_unit
 from tierdiag.store.reader import open_store, resolve_run
 
 
@@ -82,8 +82,9 @@ def test_decomposition_stacks_to_mean_ttft(figures, report_data):
     total = np.sum([t["x"] for t in fig["data"]], axis=0)
     d = report_data.decomposition
     classes = [c for c in rd.CLASSES if c in d.by_class][::-1]
-    for cls, ms in zip(classes, total):
-        assert ms == pytest.approx(sum(d.by_class[cls].values()) / 1e6)
+    unit = ttft_unit(report_data)
+    for cls, value in zip(classes, total):
+        assert value == pytest.approx(sum(d.by_class[cls].values()) / unit.ns)
 
 
 def test_no_load_backs_gives_empty_distribution_figures(tmp_path: Path):

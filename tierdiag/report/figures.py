@@ -92,6 +92,28 @@ def _ms(ns: np.ndarray) -> np.ndarray:
     return np.asarray(ns, dtype=float) / 1e6
 
 
+@dataclass(frozen=True)
+class TimeUnit:
+    """The unit TTFT axes use: virtual times span µs (tiny test models) to many minutes
+    (an overloaded replay), and "2M ms" reads worse than "2,000 s"."""
+
+    label: str
+    ns: float
+
+    def of(self, ns) -> np.ndarray:
+        return np.asarray(ns, dtype=float) / self.ns
+
+
+def ttft_unit(data: ReportData) -> TimeUnit:
+    ref = data.headline.ttft_for("all")
+    p50 = ref.p50_ns if ref is not None else 0.0
+    if p50 >= 10e9:
+        return TimeUnit("s", 1e9)
+    if 0 < p50 < 10e3:
+        return TimeUnit("µs", 1e3)
+    return TimeUnit("ms", 1e6)
+
+
 # --- 1. headline ------------------------------------------------------------------------------
 
 def tier_split_figure(data: ReportData) -> FigureSpec:
@@ -152,7 +174,11 @@ def timeline_figure(data: ReportData) -> FigureSpec:
                 "hovertemplate": "%{y:.2f} GB/s<extra>load-back</extra>",
             })
             peak = data.transfers.link_bytes_per_s
-            if peak:
+            busiest = float(tl.bw_bytes_per_s.max()) if len(tl.bw_bytes_per_s) else 0.0
+            # Averaged over a bin, load-back traffic is often a sliver of the peak; drawing the peak
+            # then flattens the curve, so an out-of-scale peak is named instead of drawn.
+            peak_on_scale = bool(peak) and busiest >= 0.2 * peak
+            if peak and peak_on_scale:
                 traces.append({
                     "type": "scatter", "mode": "lines", "name": "link peak", "x": [tl.t_min_s, tl.t_max_s],
                     "y": [peak / 1e9, peak / 1e9], "xaxis": "x", "yaxis": yname,
@@ -161,6 +187,9 @@ def timeline_figure(data: ReportData) -> FigureSpec:
                 })
             layout[layout_key] = _axis("GB/s", domain=domains[i], rangemode="tozero")
             title = f"load-back bandwidth (average over {tl.bin_s:.3g} s bins)"
+            if peak and not peak_on_scale:
+                title += (f" — link peak {fmt_bandwidth(peak)} is off scale; the busiest bin used "
+                          f"{busiest / peak:.1%} of it")
         else:
             pool = next(p for p in tl.pools if p.tier == tier)
             colour = POOL_COLOURS.get(tier, INK)
@@ -184,18 +213,21 @@ def timeline_figure(data: ReportData) -> FigureSpec:
                     "hovertemplate": f"capacity {pool.capacity_tokens:,} tokens<extra>{tier}</extra>",
                 })
             m = marks.get(tier)
+            top = max(pool.capacity_tokens, float(pool.used_tokens.max()) if len(pool.used_tokens) else 0.0)
             if m is not None and len(m.t_s):
-                size = 5 + 9 * np.sqrt(m.count / max(m.count.max(), 1))
+                # A rug of ticks just above the pool, darker for more evicted tokens: on a thrashing
+                # run evictions happen in every bin, and markers on the line would hide it.
                 traces.append({
                     "type": "scatter", "mode": "markers", "name": f"{tier} evictions", "x": m.t_s,
-                    "y": m.pool_used_tokens, "xaxis": "x", "yaxis": yname,
-                    "customdata": np.stack([m.count, m.tokens], axis=1),
-                    "marker": {"symbol": "triangle-down", "color": "#c62828", "size": size,
-                               "line": {"width": 0}, "opacity": 0.75},
+                    "y": np.full(len(m.t_s), top * 1.08), "xaxis": "x", "yaxis": yname,
+                    "customdata": np.stack([m.count, m.tokens, m.pool_used_tokens], axis=1),
+                    "marker": {"symbol": "line-ns-open", "size": 10, "line": {"width": 1.5},
+                               "color": m.tokens, "cmin": 0, "cmax": float(m.tokens.max()),
+                               "colorscale": [[0, "#ffcdd2"], [1, "#b71c1c"]]},
                     "hovertemplate": "%{customdata[0]:,.0f} evictions, %{customdata[1]:,.0f} tokens"
-                                     "<extra>" + tier + " evictions</extra>",
+                                     "<br>pool at %{customdata[2]:,.0f} tokens<extra>" + tier + " evictions</extra>",
                 })
-            layout[layout_key] = _axis("tokens", domain=domains[i], rangemode="tozero")
+            layout[layout_key] = _axis("tokens", domain=domains[i], range=[0, top * 1.15 or 1])
             title = f"{tier} pool" + (" (max per time bin)" if pool.binned else "")
         annotations.append({"text": f"<b>{title}</b>", "xref": "paper", "yref": "paper", "x": 0,
                             "y": domains[i][1], "xanchor": "left", "yanchor": "bottom", "showarrow": False,
@@ -205,9 +237,9 @@ def timeline_figure(data: ReportData) -> FigureSpec:
     binned = any(p.binned for p in tl.pools)
     return FigureSpec(
         key="timeline", section="time", title="Pools, evictions and load-backs over virtual time",
-        how_to_read="When the device pool runs at capacity (dashed line) the red triangles show evictions; "
-                    "the prefixes they demote come back later as load-backs (amber, bottom) — "
-                    "locked tokens (dotted) cannot be evicted.",
+        how_to_read="When a pool runs at capacity (dashed line) it evicts (red ticks above it, darker = more "
+                    "tokens); demoted prefixes come back later as load-backs (amber, bottom); locked tokens "
+                    "(dotted) cannot be evicted.",
         figure={"data": traces, "layout": layout}, height_px=200 * n + 80,
         note=f"binned into {tl.bin_s:.3g} s time bins" if binned else "")
 
@@ -217,7 +249,8 @@ def timeline_figure(data: ReportData) -> FigureSpec:
 def scatter_figure(data: ReportData) -> FigureSpec:
     pts: RequestPoints = data.points
     share = pts.host_share * 100
-    ttft_ms = _ms(pts.ttft_ns)
+    unit = ttft_unit(data)
+    ttft = unit.of(pts.ttft_ns)
     traces = []
     for cls in CLASSES:
         m = pts.hit_class == cls
@@ -226,14 +259,14 @@ def scatter_figure(data: ReportData) -> FigureSpec:
         # Plotly renders hover text as (a subset of) HTML, so ids are escaped like any page text.
         ids = np.array([html.escape(str(r), quote=False) for r in pts.req_id[m]], dtype=object)
         custom = np.stack([ids, pts.cause[m],
-                           np.round(_ms(pts.excess_ns[m]), 3).astype(object),
+                           np.round(unit.of(pts.excess_ns[m]), 3).astype(object),
                            pts.input_tokens[m].astype(np.int64).astype(object)], axis=1)
         traces.append({
-            "type": "scattergl", "mode": "markers", "name": CLASS_LABELS[cls], "x": share[m], "y": ttft_ms[m],
+            "type": "scattergl", "mode": "markers", "name": CLASS_LABELS[cls], "x": share[m], "y": ttft[m],
             "customdata": custom.tolist(),
             "marker": {"color": CLASS_COLOURS[cls], "size": 5, "opacity": 0.6, "line": {"width": 0}},
             "hovertemplate": "<b>req %{customdata[0]}</b> · " + CLASS_LABELS[cls]
-                             + "<br>TTFT %{y:,.2f} ms (excess %{customdata[2]:,.2f} ms)"
+                             + f"<br>TTFT %{{y:,.2f}} {unit.label} (excess %{{customdata[2]:,.2f}} {unit.label})"
                              "<br>host share %{x:.1f} % of %{customdata[3]:,} tokens"
                              "<br>verdict: %{customdata[1]}<extra></extra>",
         })
@@ -241,17 +274,18 @@ def scatter_figure(data: ReportData) -> FigureSpec:
     ref = data.headline.ttft_for("device_hit")
     if ref is not None and ref.p99_ns > 0:
         shapes.append({"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y",
-                       "y0": ref.p99_ns / 1e6, "y1": ref.p99_ns / 1e6,
+                       "y0": ref.p99_ns / unit.ns, "y1": ref.p99_ns / unit.ns,
                        "line": {"color": CLASS_COLOURS["device_hit"], "width": 1, "dash": "dot"}})
     annotations = []
     if shapes:
         annotations.append({"text": f"device-hit p99 {fmt_ms(ref.p99_ns)}", "xref": "paper", "x": 1,
-                            "xanchor": "right", "yref": "y", "y": np.log10(ref.p99_ns / 1e6),
+                            "xanchor": "right", "yref": "y", "y": np.log10(ref.p99_ns / unit.ns),
                             "yanchor": "bottom", "showarrow": False,
                             "font": {"size": 10, "color": CLASS_COLOURS["device_hit"]}})
     layout = _layout(xaxis=_axis("host-hit share (% of input tokens loaded back from host or storage)",
                                  range=[-2, 102], ticksuffix=" %"),
-                     yaxis=_axis("TTFT (ms, log)", type="log", dtick="D2"), shapes=shapes, annotations=annotations,
+                     yaxis=_axis(f"TTFT ({unit.label}, log)", type="log", dtick="D2"), shapes=shapes,
+                     annotations=annotations,
                      hovermode="closest")
     note = ""
     if pts.sampled:
@@ -342,19 +376,21 @@ def loadback_bandwidth_figure(data: ReportData) -> FigureSpec:
 
 def ttft_by_class_figure(data: ReportData) -> FigureSpec:
     stats = [t for t in data.headline.ttft if t.num_requests]
+    unit = ttft_unit(data)
     traces = []
     for t in stats:
         # Precomputed box: whiskers at p1 / p99 so a handful of outliers can't stretch them.
         traces.append({
             "type": "box", "name": CLASS_LABELS[t.hit_class],
             "x": [f"{CLASS_LABELS[t.hit_class]}<br>{t.num_requests:,}"],
-            "q1": [t.p25_ns / 1e6], "median": [t.p50_ns / 1e6], "q3": [t.p75_ns / 1e6],
-            "lowerfence": [max(t.p01_ns, 1.0) / 1e6], "upperfence": [t.p99_ns / 1e6], "mean": [t.mean_ns / 1e6],
+            "q1": [t.p25_ns / unit.ns], "median": [t.p50_ns / unit.ns], "q3": [t.p75_ns / unit.ns],
+            "lowerfence": [max(t.p01_ns, 1.0) / unit.ns], "upperfence": [t.p99_ns / unit.ns],
+            "mean": [t.mean_ns / unit.ns],
             "marker": {"color": CLASS_COLOURS[t.hit_class]}, "line": {"color": CLASS_COLOURS[t.hit_class]},
             "fillcolor": CLASS_COLOURS[t.hit_class] + "40", "showlegend": False,
             "hoverinfo": "y+name",
         })
-    layout = _layout(yaxis=_axis("TTFT (ms, log)", type="log", dtick="D2"), xaxis=_axis("", tickangle=0))
+    layout = _layout(yaxis=_axis(f"TTFT ({unit.label}, log)", type="log", dtick="D2"), xaxis=_axis("", tickangle=0))
     return FigureSpec(
         key="ttft-by-class", section="distributions", title="TTFT by class",
         how_to_read="Box = p25–p75 with the median line and the mean dashed; whiskers reach p1 and p99. "
@@ -366,14 +402,15 @@ def ttft_by_class_figure(data: ReportData) -> FigureSpec:
 
 def decomposition_time_figure(data: ReportData) -> FigureSpec:
     d = data.decomposition
+    unit = ttft_unit(data)
     traces = []
     for c in COMPONENTS:
-        traces.append({"type": "bar", "name": COMPONENT_LABELS[c], "x": d.bin_t_s, "y": _ms(d.bin_mean_ns[c]),
+        traces.append({"type": "bar", "name": COMPONENT_LABELS[c], "x": d.bin_t_s, "y": unit.of(d.bin_mean_ns[c]),
                        "customdata": d.bin_count, "marker": {"color": COMPONENT_COLOURS[c]},
-                       "hovertemplate": COMPONENT_LABELS[c] + " %{y:,.2f} ms (mean of %{customdata:,} requests)"
-                                        "<extra></extra>"})
+                       "hovertemplate": f"{COMPONENT_LABELS[c]} %{{y:,.2f}} {unit.label} "
+                                        "(mean of %{customdata:,} requests)<extra></extra>"})
     layout = _layout(barmode="stack", bargap=0.08, xaxis=_axis("arrival time (virtual s)"),
-                     yaxis=_axis("mean TTFT (ms)"), hovermode="x")
+                     yaxis=_axis(f"mean TTFT ({unit.label})"), hovermode="x")
     shares = " · ".join(f"{COMPONENT_LABELS[c]} {d.total_share[c]:.0%}" for c in COMPONENTS
                         if d.total_share.get(c, 0) >= 0.005)
     return FigureSpec(
@@ -388,13 +425,14 @@ def decomposition_class_figure(data: ReportData) -> FigureSpec:
     d = data.decomposition
     classes = [c for c in CLASSES if c in d.by_class][::-1]
     labels = [f"{CLASS_LABELS[c]} ({d.class_count.get(c, 0):,})" for c in classes]
+    unit = ttft_unit(data)
     traces = []
     for comp in COMPONENTS:
         traces.append({"type": "bar", "orientation": "h", "name": COMPONENT_LABELS[comp], "y": labels,
-                       "x": [d.by_class[c][comp] / 1e6 for c in classes],
+                       "x": [d.by_class[c][comp] / unit.ns for c in classes],
                        "marker": {"color": COMPONENT_COLOURS[comp]},
-                       "hovertemplate": "%{y}<br>" + COMPONENT_LABELS[comp] + " %{x:,.2f} ms<extra></extra>"})
-    layout = _layout(barmode="stack", bargap=0.35, xaxis=_axis("mean TTFT (ms)"),
+                       "hovertemplate": f"%{{y}}<br>{COMPONENT_LABELS[comp]} %{{x:,.2f}} {unit.label}<extra></extra>"})
+    layout = _layout(barmode="stack", bargap=0.35, xaxis=_axis(f"mean TTFT ({unit.label})"),
                      yaxis=_axis("", automargin=True, gridcolor="rgba(0,0,0,0)"),
                      margin={"l": 24, "r": 24, "t": 8, "b": 48})
     return FigureSpec(

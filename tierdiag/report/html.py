@@ -136,9 +136,10 @@ p.how::before { content:"How to read this: "; font-weight:600; color:#78909c; }
 p.note { margin:6px 0 4px; font-size:12px; color:var(--muted); }
 p.note.sampled { color:#bf360c; }
 .empty { padding:40px 0; text-align:center; color:var(--muted); }
-.stats { display:grid; grid-template-columns:repeat(auto-fit, minmax(190px, 1fr)); gap:12px; margin-bottom:16px; }
+.stats { display:flex; flex-wrap:wrap; gap:12px; margin-bottom:16px; }
+.stat { flex:1 1 var(--basis, 150px); min-width:0; }
 .stat { background:var(--card); border:1px solid var(--line); border-radius:10px; padding:12px 14px; }
-.stat .label { font-size:12px; color:var(--muted); text-transform:uppercase; letter-spacing:.5px; }
+.stat .label { font-size:11px; color:var(--muted); text-transform:uppercase; letter-spacing:.3px; white-space:nowrap; }
 .stat .value { font-size:24px; font-weight:600; margin:2px 0; font-variant-numeric:tabular-nums; }
 .stat .sub { font-size:12px; color:var(--muted); }
 .stat .rows { font-size:12px; color:var(--muted); margin-top:4px; }
@@ -222,9 +223,12 @@ def _split_bar(tokens: dict[str, int], *, legend: bool = False) -> str:
     return bar
 
 
-def _stat(label: str, value: str, sub: str = "", *, extra: str = "") -> str:
-    """One number of the headline strip; `sub` and `extra` are already-escaped HTML."""
-    return (f'<div class="stat"><div class="label">{_e(label)}</div><div class="value">{_e(value)}</div>'
+def _stat(label: str, value: str, sub: str = "", *, extra: str = "", basis_px: int = 150) -> str:
+    """One number of the headline strip; `sub` and `extra` are already-escaped HTML.
+
+    `basis_px` is its share of the row: the six cards fill one row on a laptop screen and wrap
+    on narrower ones."""
+    return (f'<div class="stat" style="--basis:{basis_px}px"><div class="label">{_e(label)}</div><div class="value">{_e(value)}</div>'
             f'{extra}<div class="sub">{sub}</div></div>')
 
 
@@ -239,7 +243,7 @@ def _headline_stats(data: ReportData) -> str:
                  f"{fmt_ms(h.span_ns)} of virtual time")),
         _stat("Input tokens reused", fmt_pct(share(reused, total_tokens)),
               _e(f"{fmt_tokens(reused)} of {fmt_tokens(total_tokens)} tokens"),
-              extra=_split_bar(all_split, legend=True)),
+              extra=_split_bar(all_split, legend=True), basis_px=250),
     ]
     ttft_all = h.ttft_for("all")
     if ttft_all is not None:
@@ -248,16 +252,17 @@ def _headline_stats(data: ReportData) -> str:
             f"{_e(CLASS_LABELS[t.hit_class])}</span><b>{_e(fmt_ms(t.p50_ns))} / {_e(fmt_ms(t.p99_ns))}</b></div>"
             for t in h.ttft if t.hit_class != "all")
         cards.append(_stat("TTFT p50 / p99", fmt_ms(ttft_all.p50_ns), f"p99 {_e(fmt_ms(ttft_all.p99_ns))}",
-                           extra=f'<div class="rows">{per_class}</div>'))
+                           extra=f'<div class="rows">{per_class}</div>', basis_px=260))
     cards.append(_stat("Load-back volume", fmt_bytes(h.loadback_bytes),
                        _e(f"{h.num_loadbacks:,} requests loaded back · {fmt_ms(h.loadback_ns)} on the link · "
-                          f"{fmt_ms(h.loadback_exposed_ns)} exposed")))
+                          f"{fmt_ms(h.loadback_exposed_ns)} exposed"), basis_px=190))
     reasons = ", ".join(f"{r.replace('_', ' ')} {n:,}" for r, n in h.skipped_loadbacks.items()) or "none"
     cards.append(_stat("Skipped load-backs", f"{h.num_skipped_loadbacks:,}",
                        _e(f"{reasons} · {fmt_tokens(h.skipped_loadback_tokens)} tokens recomputed instead")))
     kinds = ", ".join(f"{k} {n:,}" for k, n in h.evictions.items()) or "none"
     tokens = " · ".join(f"{t} {fmt_tokens(n)} tokens" for t, n in h.evicted_tokens.items())
-    cards.append(_stat("Evictions", f"{h.num_evictions:,}", _e(kinds + (f" · {tokens}" if tokens else ""))))
+    cards.append(_stat("Evictions", f"{h.num_evictions:,}", _e(kinds + (f" · {tokens}" if tokens else "")),
+                       basis_px=200))
     return f'<div class="stats">{"".join(cards)}</div>'
 
 

@@ -1,0 +1,119 @@
+"""The report renders in headless Chromium: every figure drawn, no console errors, no network.
+
+Skipped only where Debian's `chromium` is absent (CI installs it; see .ci/run). Playwright
+drives the system browser; it never downloads one of its own.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fake_run import write_fake_run
+from tierdiag.report import html as rh
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
+CONVERSATION = TRACES / "conversation_trace.jsonl"
+MAX_REPORT_BYTES = 25 * 1024 * 1024
+
+pytestmark = [
+    pytest.mark.chromium,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (apt-get install chromium)"),
+]
+
+# Playwright makes a fresh temporary profile (--user-data-dir) for every launch.
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+_DRAWN = """() => Array.from(document.querySelectorAll('.plot')).map(d => ({
+    id: d.id,
+    svg: d.querySelectorAll('.main-svg').length,
+    gl: d.querySelectorAll('canvas').length,
+    traces: (d._fullData || []).length,
+    gltraces: (d._fullData || []).filter(t => t.type === 'scattergl').length,
+    svgmarks: d.querySelectorAll('.point, .bars path, .boxlayer path, .scatterlayer .trace').length,
+    // WebGL draws no SVG marks: count the pixels it painted into its context canvas.
+    glpixels: Array.from(d.querySelectorAll('canvas.gl-canvas-context')).reduce((n, c) => {
+        const o = document.createElement('canvas'); o.width = c.width; o.height = c.height;
+        const ctx = o.getContext('2d'); ctx.drawImage(c, 0, 0);
+        const px = ctx.getImageData(0, 0, o.width, o.height).data;
+        for (let i = 3; i < px.length; i += 4) if (px[i] > 0) n++;
+        return n;
+    }, 0),
+}))"""
+
+
+def render(path: Path) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    console_errors: list[str] = []
+    page_errors: list[str] = []
+    fetched: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: page_errors.append(str(e)))
+
+            def route(r):
+                if r.request.url.startswith("file://"):
+                    r.continue_()
+                else:  # the report must work offline: any other fetch is a failure
+                    fetched.append(r.request.url)
+                    r.abort()
+
+            page.route("**/*", route)
+            page.goto(path.resolve().as_uri())
+            page.wait_for_function(
+                "() => Array.from(document.querySelectorAll('.plot')).every(d => d.querySelector('.main-svg'))",
+                timeout=60_000)
+            drawn = page.evaluate(_DRAWN)
+            visible_text = page.inner_text("body")
+        finally:
+            browser.close()
+    return {"drawn": drawn, "console_errors": console_errors, "page_errors": page_errors, "fetched": fetched,
+            "text": visible_text}
+
+
+def _assert_rendered(result: dict, expected_figures: int) -> None:
+    drawn = result["drawn"]
+    assert len(drawn) == expected_figures >= 4
+    for fig in drawn:
+        assert fig["svg"] >= 1 and fig["traces"] >= 1, fig
+        if fig["gltraces"]:
+            assert fig["gl"] >= 1 and fig["glpixels"] > 0, fig
+        else:
+            assert fig["svgmarks"] >= 1, fig
+    assert result["console_errors"] == [] and result["page_errors"] == []
+    assert result["fetched"] == []
+
+
+def test_large_fake_run_renders_sampled(tmp_path: Path):
+    # Past MAX_SCATTER_POINTS finished requests, so the scatter is sampled and says so.
+    write_fake_run(tmp_path / "run.duckdb", 24_000, 21)
+    report = rh.build_report(tmp_path / "run.duckdb", None, tmp_path / "big.html")
+    assert report.sampled and report.bytes < MAX_REPORT_BYTES
+    result = render(report.path)
+    _assert_rendered(result, report.figures)
+    assert "sampled: 20,000 of 23,998 requests" in result["text"]
+
+
+@pytest.mark.shared
+@pytest.mark.skipif(not CONVERSATION.exists(), reason="needs ../shared/traces/conversation_trace.jsonl")
+def test_conversation_trace_report(tmp_path: Path):
+    """The issue's bar: the full Mooncake conversation-trace run (12,031 requests)."""
+    db = tmp_path / "conv.duckdb"
+    replay = subprocess.run([sys.executable, "-c", "from tierdiag.cli.main import main; main()", "replay",
+                             str(CONVERSATION), "--db", str(db)], capture_output=True, text=True, timeout=1800)
+    assert replay.returncode == 0, replay.stderr[-2000:]
+    report = rh.build_report(db, None, tmp_path / "reports" / "conv.html")
+    assert report.bytes < MAX_REPORT_BYTES and report.figures >= 4
+    page = report.path.read_text(encoding="utf-8")
+    assert "12,031" in page  # the headline counts every request
+    _assert_rendered(render(report.path), report.figures)
