@@ -68,3 +68,21 @@ def test_json_round_trips(summary):
     j = json.loads(json.dumps(summary.to_json()))
     assert j["tokens"]["share_of_input"]["host"] == pytest.approx(2048 / summary.tokens.input_tokens)
     assert j["load_back"]["exposed_ms"] == pytest.approx(9.0)
+
+
+def test_a_run_with_no_requests(tmp_path):
+    """A replay interrupted before its first flush: every view still answers, with zeros."""
+    from tierdiag.diagnose.slow import slow_requests
+
+    from .conftest import RunBuilder
+
+    b = RunBuilder(tmp_path / "empty.duckdb")
+    b.write()
+    with open_store(b.path) as con:
+        run = resolve_run(con, None)
+        s = run_summary(con, run)
+        assert slow_requests(con, run) == []
+    assert (s.num_requests, s.tokens.input_tokens, s.span_ns) == (0, 0, 0)
+    assert [c.hit_class for c in s.classes] == ["all"] and s.classes[0].ttft_p50_ns is None
+    assert s.load_back.loadbacks_per_s is None and s.reused_token_share is None
+    json.dumps(s.to_json())
