@@ -1,0 +1,112 @@
+"""Copy-kernel paths side by side: which plan wins at which page size and transfer size.
+
+For each page size (one layer's row: 2 KiB .. 64 KiB) and transfer size (1 .. 4096 pages, capped
+at --max-mib per transfer) it times, in one run and interleaved, medians of --repeats:
+  flat        one contiguous copy of the same bytes (the yardstick);
+  contiguous  copy_pages with consecutive pages on both sides (-> one slice copy);
+  gather      scattered source pages into a consecutive destination (host pages -> fresh slots);
+  scatter     consecutive source pages into scattered destination pages;
+  scattered   scattered pages on both sides (the worst case);
+and prints GB/s with the ratio to `flat`. `--json` prints the rows instead.
+
+    .venv/bin/python benchmarks/kernels.py [--quick] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from tierdiag.engine.kernels import copy_pages, plan_copy  # noqa: E402
+
+PATTERNS = ("contiguous", "gather", "scatter", "scattered")
+PLAN_ABBREV = {"runs": "R", "gather": "G", "scatter": "S", "two_pass": "2P", "empty": "-"}
+
+
+def measure(*, quick: bool, repeats: int, layers: int = 4, max_mib: int = 64, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    row_sizes = [2048, 16384, 65536] if quick else [2048, 8192, 16384, 65536]
+    page_counts = [1, 8, 64, 512] if quick else [1, 8, 64, 512, 4096]
+    rows = []
+    for row_bytes in row_sizes:
+        elems = row_bytes // 8
+        for n in page_counts:
+            nbytes = n * layers * row_bytes
+            if nbytes > max_mib * 2**20:
+                continue
+            pool_pages = 2 * n + 8
+            src = torch.randint(0, 2**62, (layers, pool_pages, elems), dtype=torch.int64)
+            dst = torch.zeros_like(src)
+            flat_src = torch.randint(0, 2**62, (nbytes // 8,), dtype=torch.int64)
+            flat_dst = torch.empty_like(flat_src)
+            times: dict[str, list[int]] = {k: [] for k in ("flat",) + PATTERNS}
+            plans = {}
+            for _ in range(repeats + 1):  # the first round warms up (page faults, allocator)
+                s = rng.permutation(pool_pages)[:n].tolist()
+                d = rng.permutation(pool_pages)[:n].tolist()
+                cases = {
+                    "contiguous": (range(3, 3 + n), range(5, 5 + n)),
+                    "gather": (s, range(1, 1 + n)),
+                    "scatter": (range(1, 1 + n), d),
+                    "scattered": (s, d),
+                }
+                t0 = time.perf_counter_ns()
+                flat_dst.copy_(flat_src)
+                times["flat"].append(time.perf_counter_ns() - t0)
+                for name, (sp, dp) in cases.items():
+                    times[name].append(copy_pages(src, sp, dst, dp))
+                    plans[name] = plan_copy(sp, dp, column_bytes=layers * row_bytes,
+                                            src_num_pages=pool_pages, dst_num_pages=pool_pages).kind
+            med = {k: statistics.median(v[1:]) for k, v in times.items()}
+            row = {"row_bytes": row_bytes, "layers": layers, "pages": n, "bytes": nbytes,
+                   "flat_bytes_per_s": nbytes / med["flat"] * 1e9}
+            for name in PATTERNS:
+                row[f"{name}_bytes_per_s"] = nbytes / med[name] * 1e9
+                row[f"{name}_vs_flat"] = med["flat"] / med[name]
+                row[f"{name}_plan"] = plans[name]
+            rows.append(row)
+    return rows
+
+
+def render(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="copy kernels by path (GB/s, % of a flat copy of the same bytes; medians; "
+                        "plans: R runs, G gather, S scatter, 2P two-pass)")
+    for col in ("row", "pages", "MiB", "flat") + PATTERNS + ("plans",):
+        table.add_column(col, justify="right")
+    for r in rows:
+        cells = [f"{r['row_bytes'] // 1024} KiB", f"{r['pages']:,}", f"{r['bytes'] / 2**20:.2f}",
+                 f"{r['flat_bytes_per_s'] / 1e9:.1f}"]
+        for name in PATTERNS:
+            cells.append(f"{r[f'{name}_bytes_per_s'] / 1e9:.1f} {r[f'{name}_vs_flat']:.0%}")
+        cells.append(" ".join(PLAN_ABBREV[r[f"{name}_plan"]] for name in PATTERNS))
+        table.add_row(*cells)
+    Console().print(table)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    rows = measure(quick=args.quick, repeats=args.repeats or (3 if args.quick else 7))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        render(rows)
+
+
+if __name__ == "__main__":
+    main()
