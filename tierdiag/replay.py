@@ -43,6 +43,7 @@ class ReplaySummary:
     ttft_p90_ms: float | None
     ttft_p99_ms: float | None
     virtual_s: float
+    prefill_busy_share: float  # share of virtual time the GPU spent in prefill
     wall_s: float
     bad_lines: int
     first_bad: list = field(default_factory=list)
@@ -135,7 +136,8 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
         load_back_p99_ms=_percentile(stats.load_back_ns, 0.99), skipped=dict(stats.skipped),
         evictions=dict(stats.evictions), ttft_p50_ms=_percentile(stats.ttft_ns, 0.5),
         ttft_p90_ms=_percentile(stats.ttft_ns, 0.9), ttft_p99_ms=_percentile(stats.ttft_ns, 0.99),
-        virtual_s=stats.virtual_end_ns / 1e9, wall_s=time.perf_counter() - t0, bad_lines=report.bad_lines,
+        virtual_s=stats.virtual_end_ns / 1e9,
+        prefill_busy_share=stats.busy_ns / stats.virtual_end_ns if stats.virtual_end_ns else 0.0, wall_s=time.perf_counter() - t0, bad_lines=report.bad_lines,
         first_bad=list(report.first_bad), unknown_keys=sorted(report.unknown_keys),
         data_plane=describe_data_plane(cfg),
     )

@@ -117,11 +117,15 @@ def _render(s) -> None:
     table.add_row("evictions", ", ".join(f"{k}: {v:,}" for k, v in sorted(s.evictions.items())) or "none")
     if s.ttft_p50_ms is not None:
         table.add_row("TTFT", f"p50 {s.ttft_p50_ms:,.1f} ms  p90 {s.ttft_p90_ms:,.1f} ms  p99 {s.ttft_p99_ms:,.1f} ms")
+    table.add_row("GPU busy in prefill", f"{s.prefill_busy_share:.0%} of {s.virtual_s:,.0f}s virtual")
     dp = s.data_plane
     if dp.get("reduced_width"):
         table.add_row("data plane", f"reduced width: {dp['page_bytes']:,} B/page real vs "
                                     f"{dp['modelled_page_bytes']:,} B/page modelled (timing from the cost model)")
     out.print(table)
+    if s.prefill_busy_share > 0.95:
+        err.print("tierdiag: note: the GPU was saturated by prefill, so TTFT is mostly queueing; "
+                  "--time-scale 2 halves the request rate to study the cache rather than the overload")
     if s.run_id:
         out.print(f"recorded run [bold]{s.run_id}[/] in {s.db_path}")
         db = "" if s.db_path == str(DEFAULT_DB_PATH) else f" --db {s.db_path}"

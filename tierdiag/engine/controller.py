@@ -46,6 +46,7 @@ class EngineStats:
     verified_data_plane_bytes: int = 0  # bytes of those checked against what was written
     ttft_ns: list = field(default_factory=list)
     batches: int = 0
+    busy_ns: int = 0  # virtual time the GPU spent in prefill batches
     virtual_end_ns: int = 0
 
 

@@ -399,6 +399,7 @@ class Scheduler:
         total_lb = sum(p for _, _, _, p in items) or 1
         decoding = self.running_context_tokens
         self.stats.batches += 1
+        self.stats.busy_ns += duration
         for (req, take, lb_ns, lb_pages), f in zip(items, flops):
             share = compute_ns * f / total_flops
             extend = max(req.extend_total, 1)
