@@ -240,11 +240,13 @@ def _plan_for(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pag
     column_bytes = src.shape[0] * src.shape[2] * src.element_size()
     plan = plan_copy(src_pages, dst_pages, column_bytes=column_bytes,
                      src_num_pages=src.shape[1], dst_num_pages=dst.shape[1])
-    if (plan.num_pages and src.device == dst.device and src.data_ptr() == dst.data_ptr()
-            and np.intersect1d(plan.src_idx, plan.dst_idx).size):
-        # A move inside one pool whose source and destination pages overlap: a slice copy or
-        # an in-place gather would read rows it has already overwritten. Stage everything.
-        return CopyPlan("two_pass", plan.num_pages, plan.src_idx, plan.dst_idx, (), 2, snapshot=True)
+    if plan.num_pages and src.device == dst.device and src.data_ptr() == dst.data_ptr():
+        overlap = bool(np.intersect1d(plan.src_idx, plan.dst_idx).size)
+        if overlap or plan.kind in ("gather", "scatter"):
+            # A move inside one pool. Indexed ops refuse (CUDA) or race when their output
+            # aliases their input, and with overlapping pages a slice copy would read rows it
+            # has already overwritten: stage through scratch, reading everything first.
+            return CopyPlan("two_pass", plan.num_pages, plan.src_idx, plan.dst_idx, (), 2, snapshot=overlap)
     return plan
 
 
