@@ -422,6 +422,9 @@ def _start_cuda(src: torch.Tensor, dst: torch.Tensor, src_pages: PageList, dst_p
                 *, per_layer_events: bool) -> tuple[LoadBackHandle, list, CopyPlan]:
     plan = _plan_for(src, src_pages, dst, dst_pages)
     src_w, dst_w = _wide_rows(src), _wide_rows(dst)
+    same_device = src_w.device == dst_w.device
+    if not same_device:
+        plan = _cross_plan(plan)
     device = _cuda_device(src, dst)
     stream = _SideStreams.get(device)
     num_bytes = plan.num_pages * src.shape[0] * src.shape[2] * src.element_size()
@@ -433,14 +436,13 @@ def _start_cuda(src: torch.Tensor, dst: torch.Tensor, src_pages: PageList, dst_p
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
         handle._start_event.record(stream)
-        if src_w.device == dst_w.device:
+        if same_device:
             _execute_same_device(src_w, dst_w, plan)
         else:
-            xplan = _cross_plan(plan)
-            s_idx, d_idx = _cross_device_indices(xplan, device)
+            s_idx, d_idx = _cross_device_indices(plan, device)
             for layer in range(src_w.shape[0]):
                 if plan.num_pages:
-                    _issue_layer_cross(src_w, dst_w, layer, xplan, s_idx, d_idx, staged)
+                    _issue_layer_cross(src_w, dst_w, layer, plan, s_idx, d_idx, staged)
                 if per_layer_events:
                     ev = torch.cuda.Event()
                     ev.record(stream)
