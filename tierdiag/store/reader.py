@@ -45,14 +45,20 @@ def connect_with_retry(path: str | os.PathLike, *, read_only: bool,
 
 
 def check_store(con: duckdb.DuckDBPyConnection, *, path_for_errors: str) -> int:
+    not_ours = StoreError(f"{path_for_errors} is a DuckDB file but not a tierdiag run store",
+                          hint="pass the --db written by `tierdiag replay`")
     try:
-        row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    except duckdb.CatalogException:
-        row = None
-    if row is None:
-        raise StoreError(f"{path_for_errors} is a DuckDB file but not a tierdiag run store",
-                         hint="pass the --db written by `tierdiag replay`")
-    version = int(row[0])
+        # fetchall, not fetchone: DuckDB 2 treats a result that was not read to its end as
+        # pending, and the writer's next register() on this connection would then fail.
+        rows = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
+    except (duckdb.CatalogException, duckdb.BinderException):  # no meta table / not our columns
+        rows = []
+    if len(rows) != 1:
+        raise not_ours
+    try:
+        version = int(rows[0][0])
+    except (TypeError, ValueError):
+        raise not_ours from None
     if version != SCHEMA_VERSION:
         newer = version > SCHEMA_VERSION
         raise StoreError(
