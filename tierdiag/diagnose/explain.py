@@ -173,8 +173,11 @@ class EvictionEvidence:
     evicted_by: tuple[str, ...]
     events: tuple[EvictionEvent, ...]
     device_capacity_tokens: int | None
+    host_capacity_tokens: int | None
+    # Compared with the pools the prefix fell out of: device, plus host when host deleted it.
+    compared_capacity_tokens: int | None
     reuse_distance_tokens: int | None
-    reuse_distance_share: float | None  # reuse distance / device pool size
+    reuse_distance_share: float | None  # reuse distance / compared capacity
     window_ns: int
     window_device_evictions: int
     window_device_evicted_tokens: int
@@ -543,9 +546,16 @@ def _step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, toke
     evicted_by = tuple(dict.fromkeys(
         e.cause_req_id for e in events if e.cause_req_id is not None and e.cause_req_id != row["req_id"]))
 
-    capacity = run.config.get("device_tokens")
-    if capacity is None:
-        capacity = next((e.pool_capacity_tokens for e in events if e.tier == "device"), None)
+    def pool_size(tier: str) -> int | None:
+        size = run.config.get(f"{tier}_tokens")
+        if size is None:
+            size = next((e.pool_capacity_tokens for e in events if e.tier == tier), None)
+        return int(size) if size is not None else None
+
+    capacity, host_capacity = pool_size("device"), pool_size("host")
+    compared = capacity
+    if capacity is not None and host_capacity and any(e.tier != "device" for e in events):
+        compared = capacity + host_capacity
     reuse_distance = None
     if last_access is not None and row.get("arrival_ns") is not None:
         # Tokens the device pool had to allocate for other requests scheduled between the
@@ -581,8 +591,8 @@ def _step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, toke
         demoted_tokens=by_action["demote"], dropped_tokens=by_action["drop"],
         host_deleted_tokens=by_action["delete"],
         evicted_by=evicted_by, events=events,
-        device_capacity_tokens=int(capacity) if capacity is not None else None,
-        reuse_distance_tokens=reuse_distance, reuse_distance_share=share(reuse_distance, capacity),
+        device_capacity_tokens=capacity, host_capacity_tokens=host_capacity, compared_capacity_tokens=compared,
+        reuse_distance_tokens=reuse_distance, reuse_distance_share=share(reuse_distance, compared),
         window_ns=hi - lo, window_device_evictions=win_n, window_device_evicted_tokens=win_tokens,
         window_device_evictions_per_s=window_rate, run_device_evictions_per_s=run_rate,
         rereferenced_share=reref, thrashing=thrashing,
@@ -629,11 +639,14 @@ def _eviction_finding(ev: EvictionEvidence, row: dict, tokens: TokenSplit) -> st
                  f"{fmt_tokens(first.pool_used_tokens)} of {fmt_tokens(first.pool_capacity_tokens)} tokens, "
                  f"{fmt_tokens(first.locked_tokens)} locked)")
     text += "."
-    if ev.reuse_distance_tokens is not None and ev.device_capacity_tokens:
-        verdict = ("an LRU pool of this size could not have kept it" if ev.reuse_distance_tokens > ev.device_capacity_tokens
+    if ev.reuse_distance_tokens is not None and ev.compared_capacity_tokens:
+        pools = (f"a {fmt_tokens(ev.device_capacity_tokens)}-token device pool"
+                 if ev.compared_capacity_tokens == ev.device_capacity_tokens
+                 else f"{fmt_tokens(ev.compared_capacity_tokens)} tokens of device + host pools")
+        verdict = ("pools of this size could not have kept it under LRU"
+                   if ev.reuse_distance_tokens > ev.compared_capacity_tokens
                    else "it fit, so pressure (locks, bursts) pushed it out")
-        text += (f" Reuse distance {fmt_tokens(ev.reuse_distance_tokens)} tokens vs a "
-                 f"{fmt_tokens(ev.device_capacity_tokens)}-token device pool: {verdict}.")
+        text += f" Reuse distance {fmt_tokens(ev.reuse_distance_tokens)} tokens vs {pools}: {verdict}."
     return f"{text} {pool}"
 
 
@@ -716,7 +729,10 @@ def _verdict(row: dict, tokens: TokenSplit, parts: TtftParts | None, cause: str 
                 f"{fmt_ms(parts.compute_ns)}, {fmt_ms(part_ns)} more than its ideal (e.g. split into "
                 f"{_int(row, 'num_chunks') or 1} chunks); {context}.")
     if evs.evicted_by and cause in ("load_back", "storage_fetch", "recompute"):
-        body += (f" The prefix was pushed off the device by request{'s' if len(evs.evicted_by) > 1 else ''} "
+        tiers = {e.tier for e in evs.events}
+        where = ("pushed off the device" if tiers == {"device"} else
+                 "deleted from host" if "device" not in tiers else "pushed off the device and out of host")
+        body += (f" The prefix was {where} by request{'s' if len(evs.evicted_by) > 1 else ''} "
                  f"{', '.join(evs.evicted_by[:5])}{' and others' if len(evs.evicted_by) > 5 else ''}"
                  + (" while the device pool was thrashing." if evs.thrashing else "."))
     if cause in ("load_back", "storage_fetch") and lb.ttft_if_device_resident_ns is not None:

@@ -20,7 +20,7 @@ def fmt_ms(ns: int | float | None) -> str:
         return "-"
     ms = ns / NS_PER_MS
     a = abs(ms)
-    if a >= 10_000:
+    if a >= 1_000:
         return f"{ms / 1000:,.2f} s"
     if a >= 10:
         return f"{ms:,.1f} ms"
