@@ -49,6 +49,7 @@ COMPONENT_LABELS = {"queue_ns": "queueing", "storage_wait_ns": "storage fetch",
 POOL_COLOURS = {"device": "#2e7d32", "host": "#f9a825", "storage": "#8e24aa"}
 
 HIST_BINS = 60
+NO_LOADBACKS = "no load-backs in this run (nothing was loaded back from host or storage)"
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class FigureSpec:
     wide: bool = True  # full width, or half a row
     height_px: int = 380
     empty: bool = False  # nothing to draw (e.g. no load-backs): the page says so instead
+    empty_text: str = "nothing to draw in this run"
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -187,7 +189,9 @@ def timeline_figure(data: ReportData) -> FigureSpec:
                 })
             layout[layout_key] = _axis("GB/s", domain=domains[i], rangemode="tozero")
             title = f"load-back bandwidth (average over {tl.bin_s:.3g} s bins)"
-            if peak and not peak_on_scale:
+            if busiest == 0:
+                title += " — no load-backs in this run"
+            elif peak and not peak_on_scale:
                 title += (f" — link peak {fmt_bandwidth(peak)} is off scale; the busiest bin used "
                           f"{busiest / peak:.1%} of it")
         else:
@@ -318,7 +322,7 @@ def loadback_latency_figure(data: ReportData) -> FigureSpec:
                             "load-backs.", wide=False)
     dur_ms = _ms(tr.duration_ns)
     if not (dur_ms > 0).any():
-        return FigureSpec(figure={"data": [], "layout": _layout()}, empty=True, **spec)
+        return FigureSpec(figure={"data": [], "layout": _layout()}, empty=True, empty_text=NO_LOADBACKS, **spec)
     series = [("on the link", dur_ms, TIER_COLOURS["host"])]
     queued_ms = _ms(tr.queued_ns)
     if (queued_ms > 0).any():
@@ -353,7 +357,7 @@ def loadback_bandwidth_figure(data: ReportData) -> FigureSpec:
                 wide=False)
     bw = tr.achieved_bytes_per_s / 1e9
     if not len(bw):
-        return FigureSpec(figure={"data": [], "layout": _layout()}, empty=True, **spec)
+        return FigureSpec(figure={"data": [], "layout": _layout()}, empty=True, empty_text=NO_LOADBACKS, **spec)
     peak = tr.link_bytes_per_s / 1e9 if tr.link_bytes_per_s else None
     top = max(float(bw.max()), peak or 0.0) * 1.05 or 1.0
     counts, edges = np.histogram(bw, bins=HIST_BINS, range=(0, top))

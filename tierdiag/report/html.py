@@ -156,6 +156,7 @@ td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; white-spac
 td .splitbar { width:160px; margin:5px 0 2px; }
 td .split { font-size:12px; color:var(--muted); white-space:nowrap; }
 td.verdict { max-width:560px; }
+td.id { white-space:nowrap; }
 td.verdict details summary { cursor:pointer; }
 td.verdict details p { margin:6px 0 0; color:#455a64; }
 .badge { display:inline-block; padding:1px 8px; border-radius:10px; font-size:12px; font-weight:600;
@@ -295,7 +296,7 @@ def _figure_card(spec: FigureSpec) -> tuple[str, str]:
     note = f'<p class="{note_cls}">{_e(spec.note)}</p>' if spec.note else ""
     head = f"<h3>{_e(spec.title)}</h3><p class=\"how\">{_e(spec.how_to_read)}</p>"
     if spec.empty:
-        return f'<div class="card">{head}<div class="empty">nothing to draw in this run</div>{note}</div>', ""
+        return f'<div class="card">{head}<div class="empty">{_e(spec.empty_text)}</div>{note}</div>', ""
     div_id = f"fig-{spec.key}"
     card = (f'<div class="card">{head}<div class="plot" id="{div_id}" style="height:{spec.height_px}px"></div>'
             f"{note}</div>")
@@ -321,7 +322,7 @@ def _slow_table(data: ReportData) -> str:
         headline = ex.headline.split(": ", 1)[1] if ex.headline.startswith(f"{cause}: ") else ex.headline
         rows.append(
             "<tr>"
-            f'<td class="num">{i}</td><td><b>{_e(r.req_id)}</b></td>'
+            f'<td class="num">{i}</td><td class="id"><b>{_e(r.req_id)}</b></td>'
             f'<td><span class="badge" style="background:{colour}">{_e(CLASS_LABELS.get(r.hit_class or "", "?"))}'
             "</span></td>"
             f'<td class="num">{_e(fmt_ms(r.ttft_ns))}</td><td class="num">{_e(fmt_ms(r.ideal_ttft_ns))}</td>'
