@@ -109,12 +109,23 @@ class PagePool:
 _MIX = 0x9E3779B97F4A7C15 - (1 << 64)  # golden-ratio constant as a signed int64
 
 
+_PATTERNS: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _pattern(num_layers: int, page_elems: int) -> torch.Tensor:
+    """[layers, 1, elems]: what distinguishes one layer's and one column's bytes (cached)."""
+    pat = _PATTERNS.get((num_layers, page_elems))
+    if pat is None:
+        layer = torch.arange(num_layers, dtype=torch.int64).view(-1, 1, 1)
+        col = torch.arange(page_elems, dtype=torch.int64).view(1, 1, -1)
+        pat = _PATTERNS[(num_layers, page_elems)] = (layer * 1_000_003) ^ (col * 2_654_435_761)
+    return pat
+
+
 def page_content(keys: list[int], num_layers: int, page_elems: int) -> torch.Tensor:
     """[layers, len(keys), elems] int64 whose every row is derived from its page key and layer."""
-    k = torch.tensor(keys, dtype=torch.int64).view(1, -1, 1)
-    layer = torch.arange(num_layers, dtype=torch.int64).view(-1, 1, 1)
-    col = torch.arange(page_elems, dtype=torch.int64).view(1, 1, -1)
-    return (k * _MIX + layer * 1_000_003) ^ (col * 2_654_435_761)
+    k = torch.tensor(keys, dtype=torch.int64).mul_(_MIX).view(1, -1, 1)
+    return torch.bitwise_xor(k, _pattern(num_layers, page_elems))
 
 
 def write_content(pool: PagePool, slots: list[int], keys: list[int]) -> None:
