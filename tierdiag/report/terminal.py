@@ -7,17 +7,19 @@ never disagree. The verdict comes first, the evidence below it.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from tierdiag.diagnose.explain import Explanation
-from tierdiag.diagnose.slow import SlowRequest
-from tierdiag.diagnose.summary import RunSummary
 from tierdiag.diagnose.units import fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_rate, fmt_tokens, fmt_value
+
+if TYPE_CHECKING:  # only for hints: `explain` should not import the slow/summary code to render
+    from tierdiag.diagnose.explain import Explanation
+    from tierdiag.diagnose.slow import SlowRequest
+    from tierdiag.diagnose.summary import RunSummary
 
 CAUSE_STYLE = {"none": "green", "queueing": "yellow", "load_back": "red", "storage_fetch": "magenta",
                "recompute": "red", "compute": "cyan", None: "dim"}
