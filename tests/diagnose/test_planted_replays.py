@@ -123,16 +123,6 @@ def test_full_miss_is_not_the_caches_fault(warm):
     assert e.tokens.recomputed_tokens == 0
 
 
-# Engine behaviour this scenario currently trips over (reported to the engine's owner; remove
-# the marker when it passes, strict=True makes an unexpected pass fail loudly):
-# 1. replay crashes with KeyError in EngineController._write_storage: storage keys are set in
-#    Scheduler._start_prefetch only for keys[:max_match_pages], which leaves out the last page
-#    when input_length is a multiple of page_size, but _finish inserts (and write_through backs
-#    up to storage) every full page;
-# 2. with that avoided (inputs of 16.5 pages), s2 is a storage hit whose request_evictions are
-#    empty, so explain cannot name f1/f2 that demoted and deleted s1's pages.
-@pytest.mark.xfail(strict=True, reason="engine: storage-tier crash on page-multiple inputs; "
-                   "no request_evictions for storage hits (see comment)")
 def test_prefix_that_fell_to_storage(tmp_path):
     """'s1' caches 16 pages; six floods of 16 pages overflow both a 2,048-token device pool and a
     2,048-token host pool, so s1's pages survive only in storage; 's2' asks for them again and

@@ -73,6 +73,8 @@ class CacheController:
         # page key -> id of the eviction that last took it off the device / out of the tree
         # (0: cached once, never evicted). Answers "was this computed token cached before?".
         self.cached_once: dict[int, int] = {}
+        # page key -> the device demotion that preceded its deletion from the host tier
+        self.demoted_by: dict[int, int] = {}
         self.storage_key_of: dict[int, str] = {}  # page key -> chained SHA-256 (storage tier only)
         # The scheduler's event queue: at(t_ns, callback, arg) runs callback(arg) at virtual time t_ns.
         self.at = None
@@ -146,6 +148,8 @@ class CacheController:
         cached = self.cached_once
         for k in node.keys:
             cached[k] = eid
+        if node.evicted_by is not None:  # it had been demoted first: remember that eviction too
+            self.demoted_by.update(dict.fromkeys(node.keys, node.evicted_by))
 
     def evict_host(self, pages_needed: int, cause: str | None, now_ns: int) -> bool:
         while self.host.free_pages < pages_needed:

@@ -342,22 +342,36 @@ class Scheduler:
         return take, 0, 0
 
     def _count_recomputed(self, req: Req, match, skipped: bool) -> None:
-        """Computed pages that had been cached once, and the evictions that took them."""
+        """Computed pages that had been cached once, and the evictions that took this request's
+        prefix off the device (demotions of its host part; demotions and deletions of pages it
+        had to recompute or fetch back from storage)."""
         lost = req.lost
         ps = self.ps
-        for node in match.host_nodes:
-            if node.evicted_by is not None:
-                lost[node.evicted_by] = lost.get(node.evicted_by, 0) + len(node.keys) * ps
-        recomputed = req.lb_skip_pages if skipped else 0
         cached = self.ctrl.cached_once
-        path_pages = req.dev_pages + match.host_pages
-        n_full = req.input_len // ps
-        for k in req.keys[path_pages:n_full]:
-            eid = cached.get(k)
-            if eid is not None:
-                recomputed += 1
+        demoted = self.ctrl.demoted_by
+
+        def blame(keys) -> int:
+            found = 0
+            for k in keys:
+                eid = cached.get(k)
+                if eid is None:
+                    continue
+                found += 1
                 if eid:
                     lost[eid] = lost.get(eid, 0) + ps
+                first = demoted.get(k)
+                if first:
+                    lost[first] = lost.get(first, 0) + ps
+            return found
+
+        for node in match.host_nodes:
+            if node.prefetched_for == req.seq:
+                blame(node.keys)  # came back from storage: who pushed it out of device and host
+            elif node.evicted_by is not None:
+                lost[node.evicted_by] = lost.get(node.evicted_by, 0) + len(node.keys) * ps
+        recomputed = req.lb_skip_pages if skipped else 0
+        path_pages = req.dev_pages + match.host_pages
+        recomputed += blame(req.keys[path_pages:req.input_len // ps])
         req.recomputed_pages = recomputed
 
     def _continue_chunk(self, req: Req, budget: int, now: int) -> int | None:
