@@ -24,7 +24,10 @@ demo: setup
 	rm -f $(DEMO_DB) $(DEMO_DB).wal
 	$(BIN)/tierdiag replay tierdiag/trace/samples/demo.jsonl --db $(DEMO_DB) $(DEMO_OPTS)
 	$(BIN)/tierdiag report --db $(DEMO_DB) -o reports/demo.html
-	$(BIN)/tierdiag explain "$$($(BIN)/tierdiag slow --db $(DEMO_DB) --class tiered_hit --top 1 --ids)" --db $(DEMO_DB)
+	@# The most interesting request: the one that lost the most to load-back (else the slowest at all).
+	id=$$($(BIN)/tierdiag slow --db $(DEMO_DB) --cause load_back --top 1 --ids); \
+	[ -n "$$id" ] || id=$$($(BIN)/tierdiag slow --db $(DEMO_DB) --top 1 --ids); \
+	$(BIN)/tierdiag explain "$$id" --db $(DEMO_DB)
 	@echo "report: reports/demo.html   (open it in a browser)"
 
 test: setup

@@ -19,6 +19,7 @@ def slow(
     db: DbOpt = DEFAULT_DB_PATH,
     run: RunOpt = None,
     json_: JsonOpt = False,
+    ids: Annotated[bool, typer.Option("--ids", help="Print only the request ids, one a line (for scripts).")] = False,
 ) -> None:
     """Requests ranked by excess TTFT over their ideal (reused tokens device-resident, no queueing)."""
     # Imported here, not at the top: main.py imports every command module to register it.
@@ -27,6 +28,10 @@ def slow(
     with open_store(db) as con:
         info = resolve_run(con, run, db_label=str(db))
         rows = slow_requests(con, info, top=top, hit_class=hit_class, cause=cause)
+    if ids:
+        for r in rows:
+            out.print(r.req_id, markup=False, highlight=False)
+        return
     if json_:
         print_json({"run_id": info.run_id, "run_name": info.name, "top": top, "class": hit_class,
                     "cause": cause, "requests": [r.to_json() for r in rows]})
