@@ -133,6 +133,8 @@ class Scheduler:
             if gpu_free > now:
                 candidates.append(gpu_free)
             if not candidates:
+                if (self.waiting or self.chunked is not None) and self._release_prefetch_locks():
+                    continue
                 if self.waiting or self.chunked is not None:
                     head = self.chunked or self.waiting[0]
                     raise EngineError(
@@ -143,6 +145,19 @@ class Scheduler:
             now = max(now, min(candidates))
         self.stats.virtual_end_ns = now
         return self.stats
+
+    def _release_prefetch_locks(self) -> bool:
+        """A waiting request's prefetched pages are locked in the tree, and the lock pins their
+        device-resident ancestors too. When nothing else can free memory for the request ahead
+        of it, waiting would be forever: give those locks up (the pages stay in the tree, on host,
+        for whoever matches them before they are evicted)."""
+        released = False
+        for req in self.waiting:
+            if req.prefetch_node is not None:
+                self.tree.dec_lock(req.prefetch_node)
+                req.prefetch_node = None
+                released = True
+        return released
 
     # --- arrival -------------------------------------------------------------------------
     def _arrive(self, t: TraceRequest, now: int) -> None:
