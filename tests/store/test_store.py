@@ -1,0 +1,101 @@
+"""The run store: schema, round trips of every table, run lifecycle, and the reader's checks."""
+
+from __future__ import annotations
+
+import duckdb
+import pytest
+
+from tierdiag.errors import StoreError
+from tierdiag.store.reader import list_runs, open_store, resolve_run
+from tierdiag.store.schema import EVENT_TABLES, SCHEMA_VERSION, TABLES
+from tierdiag.store.writer import RunWriter
+
+SAMPLE = {"VARCHAR": "x", "BIGINT": 2**40 + 7, "INTEGER": 7, "DOUBLE": 1.5, "BOOLEAN": True}
+
+
+def writer(db, name="r"):
+    return RunWriter(db, name=name, trace_path="t.jsonl", trace_sha256="ab" * 32, config={"model": "tiny"},
+                     hardware={"torch": "x"}, data_plane={"page_bytes": 64}, timing="modelled",
+                     command_line=["tierdiag", "replay", "t.jsonl"])
+
+
+def test_every_event_table_round_trips_every_column(tmp_path):
+    db = tmp_path / "s.duckdb"
+    w = writer(db)
+    tables = {}
+    for table in EVENT_TABLES:
+        cols = {c: [SAMPLE[t], None] for c, t in TABLES[table].items() if c != "run_id"}
+        tables[table] = cols
+    w.append(tables)
+    w.finish("complete", num_requests=2)
+    with open_store(db) as con:
+        for table in EVENT_TABLES:
+            names = [c for c in TABLES[table] if c != "run_id"]
+            rows = con.execute(f"SELECT {', '.join(names)} FROM {table} WHERE run_id = ? ORDER BY 1 NULLS LAST",
+                               [w.run_id]).fetchall()
+            assert rows[0] == tuple(SAMPLE[TABLES[table][c]] for c in names), table
+            assert rows[1] == (None,) * len(names), table
+
+
+def test_append_rejects_unknown_columns_and_ragged_columns(tmp_path):
+    w = writer(tmp_path / "s.duckdb")
+    with pytest.raises(ValueError, match="not in the schema"):
+        w.append({"requests": {"req_id": ["a"], "bogus": [1]}})
+    with pytest.raises(ValueError, match="expected"):
+        w.append({"requests": {"req_id": ["a", "b"], "seq": [1]}})
+
+
+def test_run_lifecycle_and_resolution(tmp_path):
+    db = tmp_path / "s.duckdb"
+    first = writer(db, "first")
+    first.finish("complete", num_requests=3)
+    second = writer(db, "second")
+    with open_store(db) as con:
+        runs = list_runs(con)
+        assert [r.name for r in runs] == ["first", "second"]
+        # the second writer's process (this one) is alive: it is still running
+        assert runs[1].status == "running" and runs[0].status == "complete"
+        assert runs[0].num_requests == 3 and runs[0].config == {"model": "tiny"}
+        assert resolve_run(con, None).run_id == second.run_id  # newest by default
+        assert resolve_run(con, "first").run_id == first.run_id
+        assert resolve_run(con, first.run_id).name == "first"
+        with pytest.raises(StoreError, match="no run 'nope'"):
+            resolve_run(con, "nope")
+    second.finish("interrupted", num_requests=1)
+    with open_store(db) as con:
+        assert list_runs(con)[1].status == "interrupted"
+
+
+def test_a_running_run_whose_process_died_reads_interrupted(tmp_path):
+    db = tmp_path / "s.duckdb"
+    w = writer(db)
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE runs SET pid = 2147483646 WHERE run_id = ?", [w.run_id])  # no such process
+    con.close()
+    with open_store(db) as con:
+        assert list_runs(con)[0].status == "interrupted"
+
+
+def test_reader_names_what_is_wrong_with_the_file(tmp_path):
+    with pytest.raises(StoreError, match="no database at"):
+        open_store(tmp_path / "missing.duckdb")
+    junk = tmp_path / "junk.duckdb"
+    junk.write_bytes(b"not a database at all" * 100)
+    with pytest.raises(StoreError, match="not a DuckDB database"):
+        open_store(junk)
+    foreign = tmp_path / "foreign.duckdb"
+    con = duckdb.connect(str(foreign))
+    con.execute("CREATE TABLE t (x INT)")
+    con.close()
+    with pytest.raises(StoreError, match="not a tierdiag run store"):
+        open_store(foreign)
+    old = tmp_path / "old.duckdb"
+    writer(old).finish("complete", num_requests=0)
+    con = duckdb.connect(str(old))
+    con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(SCHEMA_VERSION + 1)])
+    con.close()
+    with pytest.raises(StoreError, match=f"schema v{SCHEMA_VERSION + 1}") as exc:
+        open_store(old)
+    assert "upgrade tierdiag" in exc.value.one_line()
+    with pytest.raises(StoreError, match="schema v"):
+        writer(old)  # a writer refuses to append to another version's store too
