@@ -7,11 +7,9 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, err, out, print_json
-from tierdiag.engine.config import load_config
+from tierdiag.engine.config import load_config  # no torch: presets and validation only
 from tierdiag.errors import ExitCode
 
 Opt = typer.Option
@@ -60,6 +58,9 @@ def replay(
         "layerwise_overlap": overlap, "timing": timing, "profile": str(profile) if profile else None,
         "time_scale": time_scale, "seed": seed, "verify": verify, "data_plane_mib": data_plane_mib,
     })
+    # Imported here, not at the top: every command module is imported to register it.
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from tierdiag.replay import count_lines, replay as run_replay
 
     total = count_lines(trace) if trace.is_file() else None
@@ -97,6 +98,8 @@ def replay(
 
 
 def _render(s) -> None:
+    from rich.table import Table
+
     total = s.input_tokens
     table = Table(title=f"replay {s.run_name}: {s.num_requests:,} requests"
                         + (f", {s.num_rejected} rejected" if s.num_rejected else "")
