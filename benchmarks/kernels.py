@@ -92,7 +92,7 @@ def render(rows: list[dict]) -> None:
             cells.append(f"{r[f'{name}_bytes_per_s'] / 1e9:.1f} {r[f'{name}_vs_flat']:.0%}")
         cells.append(" ".join(PLAN_ABBREV[r[f"{name}_plan"]] for name in PATTERNS))
         table.add_row(*cells)
-    Console().print(table)
+    (Console() if sys.stdout.isatty() else Console(width=150)).print(table)
 
 
 def main(argv: list[str] | None = None) -> None:

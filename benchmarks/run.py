@@ -286,7 +286,8 @@ def render(res: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    # piped into a file or CI log, Rich would wrap at 80 columns; these tables need more
+    con = Console() if sys.stdout.isatty() else Console(width=150)
     meta = res["meta"]
     con.print(f"[bold]tierdiag benchmarks[/] — {meta['when']}, {meta['cpu_count']} CPUs, torch threads "
               f"{meta['torch_threads']}, load average {meta['load_before']:.1f} -> {meta['load_after']:.1f}"
