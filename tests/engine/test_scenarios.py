@@ -172,5 +172,5 @@ def test_default_sizes_come_from_the_presets():
     # llama3-8b on h200: 141 GB * 0.88 - 16 GB of weights, 128 KiB per token
     assert 700_000 < cfg.resolved_device_tokens() < 900_000
     assert cfg.resolved_host_tokens() == 2 * cfg.resolved_device_tokens()
-    engine = Engine(EngineConfig(data_plane_mib=8))
+    engine = Engine(EngineConfig(data_plane_mib=16))
     assert engine.plane.reduced and engine.plane.page_bytes < engine.plane.modelled_page_bytes
