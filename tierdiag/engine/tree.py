@@ -146,15 +146,12 @@ class RadixTree:
         node.parent = upper
         return upper
 
-    def match(self, keys: list[int], now_ns: int, owner: str | None = None) -> TreeMatch:
-        """Longest cached prefix of `keys`, splitting the last node so the path ends exactly there.
-
-        Touches every node on the path (last access, hit count), as SGLang's match_prefix does.
-        """
+    def _walk(self, keys: list[int], now_ns: int | None = None, owner: str | None = None) -> list[TreeNode]:
+        """The path of nodes matching a prefix of `keys`, the last one split so the path ends
+        exactly where the match does. With `now_ns`, touches each node (access time, hit count)."""
         node = self.root
         i, n = 0, len(keys)
-        device_nodes: list[TreeNode] = []
-        host_nodes: list[TreeNode] = []
+        path: list[TreeNode] = []
         while i < n:
             child = node.children.get(keys[i])
             if child is None:
@@ -162,32 +159,29 @@ class RadixTree:
             m = self._common_pages(keys, i, child.keys)
             if m < len(child.keys):
                 child = self._split(child, m)
-            child.last_access_ns = now_ns
-            child.hit_count += 1
-            child.owner = owner
-            if child.device is not None:
-                device_nodes.append(child)
-            else:
-                host_nodes.append(child)
+            if now_ns is not None:
+                child.last_access_ns = now_ns
+                child.hit_count += 1
+                child.owner = owner
+            path.append(child)
             node = child
             i += m
-        return TreeMatch(tuple(device_nodes), tuple(host_nodes))
+        return path
+
+    def match(self, keys: list[int], now_ns: int, owner: str | None = None) -> TreeMatch:
+        """Longest cached prefix of `keys`, split by residency (SGLang's match_prefix: touches
+        every node on the path)."""
+        path = self._walk(keys, now_ns, owner)
+        on_device = 0
+        while on_device < len(path) and path[on_device].device is not None:
+            on_device += 1
+        return TreeMatch(tuple(path[:on_device]), tuple(path[on_device:]))
 
     def locate(self, keys: list[int]) -> tuple[TreeNode, int]:
-        """Deepest node on the path of `keys` (split so the path ends exactly at a node
-        boundary) and the pages matched. No touch: used by prefetch bookkeeping, not by requests."""
-        node = self.root
-        i, n = 0, len(keys)
-        while i < n:
-            child = node.children.get(keys[i])
-            if child is None:
-                break
-            m = self._common_pages(keys, i, child.keys)
-            if m < len(child.keys):
-                child = self._split(child, m)
-            node = child
-            i += m
-        return node, i
+        """Deepest node on the path of `keys` and the pages matched, without touching anything
+        (prefetch bookkeeping, not a request's match)."""
+        path = self._walk(keys)
+        return (path[-1] if path else self.root), sum(len(node.keys) for node in path)
 
     # --- insertion -----------------------------------------------------------------------
     def insert(self, keys: list[int], own_from: int, device_slots: list[int], now_ns: int,
