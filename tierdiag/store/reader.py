@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass
@@ -24,9 +25,21 @@ DEFAULT_DB = "tierdiag.duckdb"
 _BUSY_RETRY_S = 3.0
 
 
-def _is_lock_error(exc: Exception) -> bool:
+def is_lock_error(exc: Exception) -> bool:
+    # DuckDB: 'Could not set lock on file "...": Conflicting lock is held in ... (PID 123)'.
     text = str(exc).lower()
-    return "lock" in text or "conflicting" in text or "being used" in text
+    return "could not set lock" in text or "conflicting lock" in text or "being used by another" in text
+
+
+def lock_holder(exc: Exception) -> str:
+    """' (process 123)' when DuckDB names the process holding the file, else ''."""
+    m = re.search(r"\(PID (\d+)\)", str(exc))
+    return f" (process {m.group(1)})" if m else ""
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def connect_with_retry(path: str | os.PathLike, *, read_only: bool,
@@ -38,7 +51,7 @@ def connect_with_retry(path: str | os.PathLike, *, read_only: bool,
         try:
             return duckdb.connect(str(path), read_only=read_only)
         except duckdb.IOException as exc:
-            if not _is_lock_error(exc) or time.monotonic() > deadline:
+            if not is_lock_error(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 0.25)
@@ -77,13 +90,17 @@ def open_store(path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
         raise StoreError(f"{p} is a folder, not a database file")
     try:
         con = connect_with_retry(p, read_only=True)
-    except duckdb.IOException as exc:
-        if _is_lock_error(exc):
-            raise StoreError(f"{p} is busy: a replay is writing to it",
-                             hint="wait for it to finish, or use another --db") from exc
-        raise StoreError(f"{p} is not a DuckDB database ({str(exc).splitlines()[0]})") from exc
     except duckdb.Error as exc:
-        raise StoreError(f"{p} is not a DuckDB database ({str(exc).splitlines()[0]})") from exc
+        text = str(exc).lower()
+        if is_lock_error(exc):
+            # A replay holds the file only while it flushes; still held after the retries
+            # means a long flush or a writer that is not ours.
+            raise StoreError(f"{p} is busy: another process is writing to it{lock_holder(exc)}",
+                             hint="try again in a moment, or wait for the replay to finish") from None
+        if "permission denied" in text:
+            raise StoreError(f"cannot read {p}: permission denied") from None
+        raise StoreError(f"{p} is not a DuckDB database ({first_line(exc)})",
+                         hint="pass the --db written by `tierdiag replay`") from None
     try:
         check_store(con, path_for_errors=str(p))
     except BaseException:
@@ -120,6 +137,7 @@ class RunInfo:
     num_requests: int
     wall_s: float | None
     command_line: str
+    error: str | None = None  # why a failed run failed (one line)
 
     def to_json(self) -> dict:
         d = dict(self.__dict__)
@@ -127,26 +145,35 @@ class RunInfo:
         return d
 
 
-_RUN_COLS = ("run_id, name, created_at, status, tierdiag_version, trace_path, trace_sha256, "
-             "config_json, hardware_json, data_plane_json, timing, num_requests, wall_s, command_line, "
-             "pid, hostname")
+_RUN_COLS = ("r.run_id, r.name, r.created_at, r.status, r.tierdiag_version, r.trace_path, r.trace_sha256, "
+             "r.config_json, r.hardware_json, r.data_plane_json, r.timing, r.num_requests, r.wall_s, "
+             "r.command_line, r.pid, r.hostname, r.error")
 
 
-def _run_info(row) -> RunInfo:
+def _run_info(row, recorded: int) -> RunInfo:
     (run_id, name, created_at, status, version, trace_path, sha, config_json, hw_json, dp_json,
-     timing, num_requests, wall_s, command_line, pid, hostname) = row
+     timing, num_requests, wall_s, command_line, pid, hostname, error) = row
     if status == "running" and hostname == socket.gethostname() and not _pid_alive(pid):
+        # Killed (kill -9, power loss): the replay never got to write its final status.
         status = "interrupted"
+    if status != "complete":
+        # The runs row is updated only at the end; what a live or dead replay has flushed so
+        # far is in the requests table.
+        num_requests = recorded
     return RunInfo(run_id=run_id, name=name, created_at=created_at, status=status,
                    tierdiag_version=version, trace_path=trace_path, trace_sha256=sha,
                    config=json.loads(config_json or "{}"), hardware=json.loads(hw_json or "{}"),
                    data_plane=json.loads(dp_json or "{}"), timing=timing,
-                   num_requests=int(num_requests or 0), wall_s=wall_s, command_line=command_line or "")
+                   num_requests=int(num_requests or 0), wall_s=wall_s, command_line=command_line or "",
+                   error=error)
 
 
 def list_runs(con: duckdb.DuckDBPyConnection) -> list[RunInfo]:
-    rows = con.execute(f"SELECT {_RUN_COLS} FROM runs ORDER BY created_at, run_id").fetchall()
-    return [_run_info(r) for r in rows]
+    rows = con.execute(
+        f"SELECT {_RUN_COLS}, coalesce(q.n, 0) FROM runs r "
+        "LEFT JOIN (SELECT run_id, count(*) AS n FROM requests GROUP BY run_id) q USING (run_id) "
+        "ORDER BY r.created_at, r.run_id").fetchall()
+    return [_run_info(r[:-1], r[-1]) for r in rows]
 
 
 def resolve_run(con: duckdb.DuckDBPyConnection, run: str | None, *, db_label: str = "the database") -> RunInfo:

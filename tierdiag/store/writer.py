@@ -1,9 +1,15 @@
 """The only code that writes a run store.
 
 A replay holds the database only while it flushes (open, bulk-append, close), so readers can
-open the file between flushes and a killed replay never leaves earlier runs unreadable.
+open the file between flushes and a killed replay never leaves earlier runs unreadable: each
+flush is one transaction, and DuckDB's WAL makes a committed flush survive kill -9.
 Rows arrive as columns (dict of equal-length lists/arrays) and are appended through Arrow in
 one statement per table: never a row-at-a-time INSERT.
+
+Readers share the file but keep a writer out while they hold it (DuckDB's file lock). A flush
+in the middle of a run that finds the file busy keeps its rows and tries again at the next
+flush; only the end of the run waits (up to `FINAL_WAIT_S`) for readers to let go.
+Write failures (disk full, permissions) become one-line OutputErrors naming the file.
 """
 
 from __future__ import annotations
@@ -22,8 +28,8 @@ import duckdb
 import pyarrow as pa
 
 from tierdiag import __version__
-from tierdiag.errors import StoreError
-from tierdiag.store.reader import check_store, connect_with_retry
+from tierdiag.errors import OutputError, StoreError, TierdiagError
+from tierdiag.store.reader import is_lock_error, check_store, connect_with_retry, first_line, lock_holder
 from tierdiag.store.schema import SCHEMA_VERSION, TABLES, create_statements
 
 _ARROW_TYPES = {
@@ -36,15 +42,37 @@ _ARROW_TYPES = {
 }
 
 
+FLUSH_WAIT_S = 0.5  # mid-run: a reader holds the file; keep the rows, try at the next flush
+FINAL_WAIT_S = 120.0  # end of the run (and its start): wait this long for readers to let go
+
+
+def write_error(path: Path, exc: BaseException) -> TierdiagError:
+    """The one-line error for a failure to open or write the store at `path`."""
+    text = str(exc).lower()
+    if isinstance(exc, duckdb.Error) and is_lock_error(exc):
+        return StoreError(f"{path} is busy: another process holds it{lock_holder(exc)}",
+                          hint="wait for it, or pass another --db")
+    if "no space left" in text or "disk full" in text or "disk quota" in text:
+        return OutputError(f"cannot write {path}: no space left on the disk",
+                           hint="free some space, or pass a --db on another disk")
+    if "permission denied" in text or "read-only file system" in text:
+        return OutputError(f"cannot write {path}: permission denied",
+                           hint="pass a --db in a folder you can write to")
+    if "not a valid duckdb database" in text:
+        return StoreError(f"{path} exists but is not a DuckDB database; not writing into it",
+                          hint="pass another --db")
+    return OutputError(f"cannot write {path}: {first_line(exc)}")
+
+
 def _now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
-def init_store(con: duckdb.DuckDBPyConnection) -> None:
+def init_store(con: duckdb.DuckDBPyConnection, *, path_for_errors: str = "the database") -> None:
     """Create the tables in an empty database, or check an existing one is ours and current."""
     names = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
     if names:
-        check_store(con, path_for_errors="the database")
+        check_store(con, path_for_errors=path_for_errors)
         return
     for stmt in create_statements():
         con.execute(stmt)
@@ -64,11 +92,18 @@ class RunWriter:
         self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self.name = name or Path(trace_path).stem
         self._t0 = time.perf_counter()
+        self._pending: list[dict[str, dict[str, list]]] = []  # flushes a busy file put off
         parent = self.db_path.parent
-        if not parent.exists():
-            raise StoreError(f"cannot create {self.db_path}: folder {parent} does not exist")
-        with self._connect() as con:
-            init_store(con)
+        if self.db_path.is_dir():
+            raise OutputError(f"cannot write {self.db_path}: it is a folder", hint="pass a file name to --db")
+        if not parent.is_dir():
+            raise OutputError(f"cannot create {self.db_path}: folder {parent} does not exist",
+                              hint="create it first, or pass another --db")
+        if not self.db_path.exists() and not os.access(parent, os.W_OK | os.X_OK):
+            raise OutputError(f"cannot create {self.db_path}: folder {parent} is not writable",
+                              hint="pass a --db in a folder you can write to")
+        with self._connect(FINAL_WAIT_S) as con:
+            init_store(con, path_for_errors=str(self.db_path))
             row = {
                 "run_id": self.run_id, "name": self.name, "created_at": _now(), "finished_at": None,
                 "status": "running", "schema_version": SCHEMA_VERSION,
@@ -81,13 +116,16 @@ class RunWriter:
                 "data_plane_json": json.dumps(dict(data_plane), sort_keys=True, default=str),
                 "timing": timing, "num_requests": 0, "wall_s": None, "error": None,
             }
-            self._append(con, "runs", {k: [v] for k, v in row.items()})
+            try:
+                self._append(con, "runs", {k: [v] for k, v in row.items()})
+            except duckdb.Error as exc:
+                raise write_error(self.db_path, exc) from None
 
-    def _connect(self) -> duckdb.DuckDBPyConnection:
+    def _connect(self, wait_s: float) -> duckdb.DuckDBPyConnection:
         try:
-            return connect_with_retry(self.db_path, read_only=False)
-        except duckdb.IOException as exc:
-            raise StoreError(f"cannot write {self.db_path}: {exc}".splitlines()[0]) from exc
+            return connect_with_retry(self.db_path, read_only=False, wait_s=wait_s)
+        except duckdb.Error as exc:
+            raise write_error(self.db_path, exc) from None
 
     @staticmethod
     def _append(con: duckdb.DuckDBPyConnection, table: str, columns: Mapping[str, Any]) -> None:
@@ -119,22 +157,59 @@ class RunWriter:
             con.unregister("_tierdiag_batch")
 
     def append(self, tables: Mapping[str, Mapping[str, Any]]) -> None:
-        """Append several tables' columns in one short transaction (run_id is filled in here)."""
-        with self._connect() as con:
-            con.execute("BEGIN")
-            for table, columns in tables.items():
-                cols = dict(columns)
-                n = len(next(iter(cols.values()))) if cols else 0
-                if n == 0:
-                    continue
-                cols["run_id"] = [self.run_id] * n
-                self._append(con, table, cols)
-            con.execute("COMMIT")
+        """Append several tables' columns in one short transaction (run_id is filled in here).
 
-    def finish(self, status: str, *, num_requests: int, error: str | None = None) -> None:
-        with self._connect() as con:
-            con.execute(
-                "UPDATE runs SET status = ?, finished_at = ?, num_requests = ?, wall_s = ?, error = ? "
-                "WHERE run_id = ?",
-                [status, _now(), num_requests, time.perf_counter() - self._t0, error, self.run_id],
-            )
+        If a reader holds the file, the rows are kept (copied: the caller reuses its buffers)
+        and written with the next append or at `finish`.
+        """
+        try:
+            con = connect_with_retry(self.db_path, read_only=False, wait_s=FLUSH_WAIT_S)
+        except duckdb.Error as exc:
+            if not is_lock_error(exc):
+                raise write_error(self.db_path, exc) from None
+            self._pending.append({t: {c: list(v) for c, v in cols.items()} for t, cols in tables.items()})
+            return
+        with con:
+            self._pending.append(tables)
+            try:
+                self._write_pending(con)
+            finally:
+                # On failure the caller still holds these rows (its buffers are not cleared).
+                if self._pending and self._pending[-1] is tables:
+                    self._pending.pop()
+
+    def _write_pending(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Everything in `_pending`, in order, as one transaction; cleared once committed."""
+        try:
+            con.execute("BEGIN")
+            for batch in self._pending:
+                for table, columns in batch.items():
+                    cols = dict(columns)
+                    n = len(next(iter(cols.values()))) if cols else 0
+                    if n == 0:
+                        continue
+                    cols["run_id"] = [self.run_id] * n
+                    self._append(con, table, cols)
+            con.execute("COMMIT")
+        except duckdb.Error as exc:
+            # The transaction rolled back: nothing of it is in the file, earlier flushes are.
+            raise write_error(self.db_path, exc) from None
+        self._pending.clear()
+
+    def finish(self, status: str, *, num_requests: int, error: str | None = None,
+               write_pending: bool = True) -> None:
+        """Write what is still pending (unless told to give it up, after a write failed), then
+        the run's final status."""
+        if not write_pending:
+            self._pending.clear()
+        with self._connect(FINAL_WAIT_S) as con:
+            if self._pending:
+                self._write_pending(con)
+            try:
+                con.execute(
+                    "UPDATE runs SET status = ?, finished_at = ?, num_requests = ?, wall_s = ?, error = ? "
+                    "WHERE run_id = ?",
+                    [status, _now(), num_requests, time.perf_counter() - self._t0, error, self.run_id],
+                )
+            except duckdb.Error as exc:
+                raise write_error(self.db_path, exc) from None
