@@ -36,6 +36,13 @@ class ConfigError(TierdiagError):
     exit_code = ExitCode.USAGE
 
 
+class ConfigFileError(ConfigError):
+    """A --config file that cannot be read, is not TOML, or holds an unknown key or a wrong type:
+    bad input, like a bad trace, rather than a bad option value."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+
 class TraceError(TierdiagError):
     exit_code = ExitCode.BAD_INPUT
 

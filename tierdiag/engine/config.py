@@ -6,12 +6,15 @@ Validation happens before any work: every error names the option and what would 
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import tomllib
+import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from tierdiag.errors import ConfigError, unknown_name
+from tierdiag.errors import ConfigError, ConfigFileError, unknown_name
 from tierdiag.engine.presets import GPUS, MODELS, gpu_preset, model_preset
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
@@ -79,10 +82,14 @@ class EngineConfig:
                 raise ConfigError(f"{opt} {value} must not be negative")
         if self.max_prefill_tokens < ps:
             raise ConfigError(f"--max-prefill-tokens {self.max_prefill_tokens} is smaller than one page ({ps})")
-        if not self.time_scale > 0:
-            raise ConfigError(f"--time-scale {self.time_scale} must be positive")
+        if not (self.time_scale > 0 and math.isfinite(self.time_scale)):
+            raise ConfigError(f"--time-scale {self.time_scale} must be a positive, finite number")
         if self.data_plane_mib < 1:
             raise ConfigError(f"--data-plane-mib {self.data_plane_mib} must be at least 1")
+        ram = _physical_memory_bytes()
+        if ram and self.data_plane_mib << 20 > ram:
+            raise ConfigError(f"--data-plane-mib {self.data_plane_mib} is more than this machine's memory "
+                              f"({ram >> 20:,} MiB)")
         if not 0 < self.mem_fraction_static <= 1:
             raise ConfigError(f"mem_fraction_static {self.mem_fraction_static} must be in (0, 1]")
         if self.profile is not None and not Path(self.profile).is_file():
@@ -90,6 +97,16 @@ class EngineConfig:
         if self.resolved_device_tokens() < 2 * ps:
             raise ConfigError(f"model {self.model} does not fit on gpu {self.gpu}: no room left for the KV cache",
                               hint="pass --device-tokens")
+        # The real pools shrink their row width to fit --data-plane-mib, but not below 64 bytes
+        # a page per layer (up to 4 layers; see pools.plan_data_plane). A pool so large that even
+        # that does not fit in this machine's memory is impossible: say so now, naming the
+        # options, rather than fail allocating it.
+        pages = (self.resolved_device_tokens() + self.resolved_host_tokens()) // ps
+        narrowest = pages * min(model_preset(self.model).num_layers, 4) * 64
+        if ram and narrowest > ram:
+            raise ConfigError(f"--device-tokens/--host-tokens: {pages:,} pages need at least "
+                              f"{narrowest >> 20:,} MiB for the real pools, more than this machine's memory "
+                              f"({ram >> 20:,} MiB)", hint="use smaller pools or a larger --page-size")
 
     # --- derived sizes -------------------------------------------------------------------
     def resolved_device_tokens(self) -> int:
@@ -111,25 +128,70 @@ class EngineConfig:
         return d
 
 
+def _physical_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not every platform names these
+        return None
+
+
 CONFIG_KEYS = tuple(f.name for f in fields(EngineConfig))
 
 
+def _accepted_types(name: str) -> tuple[type, ...]:
+    """The TOML value types a key accepts, from the field's annotation (TOML has no null)."""
+    hint = typing.get_type_hints(EngineConfig)[name]
+    args = typing.get_args(hint) or (hint,)
+    accepted = tuple(a for a in args if a is not type(None))
+    return accepted + ((int,) if float in accepted else ())  # `time_scale = 2` means 2.0
+
+
+_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def _check_type(path: Path, key: str, name: str, value: Any) -> None:
+    accepted = _accepted_types(name)
+    # bool is an int subclass; `page_size = true` is a mistake, not 1.
+    ok = isinstance(value, accepted) and (bool in accepted or not isinstance(value, bool))
+    if not ok:
+        want = " or ".join(dict.fromkeys(_TYPE_WORDS.get(t, t.__name__) for t in accepted))
+        raise ConfigFileError(f"--config {path}: {key} must be {want}, got {type(value).__name__} {value!r}"[:300])
+
+
 def load_config(path: str | Path | None, overrides: Mapping[str, Any]) -> EngineConfig:
-    """TOML file first, then CLI options that were given (None means not given)."""
+    """TOML file first, then CLI options that were given (None means not given).
+
+    Everything is checked before any work starts: a file that cannot be read, is not TOML, has
+    an unknown key or a value of the wrong type is a ConfigFileError naming the file and key.
+    """
     values: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
         try:
-            raw = tomllib.loads(p.read_text())
+            raw = tomllib.loads(p.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise ConfigError(f"--config {p}: no such file") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"--config {p}: not valid TOML ({exc})") from None
-        raw = raw.get("replay", raw)  # accept a [replay] table or top-level keys
+            raise ConfigFileError(f"--config {p}: no such file") from None
+        except IsADirectoryError:
+            raise ConfigFileError(f"--config {p}: is a folder, not a TOML file") from None
+        except OSError as exc:
+            raise ConfigFileError(f"--config {p}: cannot read it ({exc.strerror or exc})") from None
+        except UnicodeDecodeError:
+            raise ConfigFileError(f"--config {p}: not UTF-8 text (is it a TOML file?)") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigFileError(f"--config {p}: not valid TOML ({exc})") from None
+        if isinstance(raw.get("replay"), dict):  # a [replay] table, or top-level keys
+            table = raw.pop("replay")
+            if raw:
+                key = next(iter(raw))
+                raise ConfigFileError(f"--config {p}: unknown key {key!r} beside the [replay] table",
+                                      hint="put every option inside [replay]")
+            raw = table
         for key, value in raw.items():
             name = key.replace("-", "_")
             if name not in CONFIG_KEYS:
-                raise unknown_name(f"key in {p}:", key, CONFIG_KEYS)
+                known = ", ".join(sorted(CONFIG_KEYS))
+                raise ConfigFileError(f"--config {p}: unknown key {key!r}; known: {known}")
+            _check_type(p, key, name, value)
             values[name] = value
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
