@@ -1,13 +1,18 @@
 """Replay a trace through the engine into a run store: the one function behind `tierdiag replay`.
 
 The `runs` row is written first (status running) so a crash leaves a visible trace of the run;
-events are appended in bulk as the recorder fills; the status becomes complete, interrupted
-(Ctrl-C) or failed (an error) at the end, and whatever was recorded before stays readable.
+events are appended in bulk as the recorder fills, and at least every `TIERDIAG_FLUSH_EVERY_S`
+seconds of wall time (default 5), so kill -9 loses only the last few seconds. The status
+becomes complete, interrupted (Ctrl-C) or failed (an error) at the end, and whatever was
+recorded before stays readable. A trace that is empty or bad from its first line fails before
+any run (or database file) is created.
 """
 
 from __future__ import annotations
 
 import gzip
+import itertools
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -15,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from tierdiag.engine.config import EngineConfig
-from tierdiag.errors import TierdiagError
+from tierdiag.errors import ConfigError, TierdiagError
 from tierdiag.trace.reader import ReadReport, read_trace, trace_sha256
 
 
@@ -81,6 +86,52 @@ def count_lines(path: Path) -> int | None:
         return None
 
 
+DEFAULT_FLUSH_EVERY_S = 5.0
+
+
+class ReplayInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) during a replay, after the run was closed as interrupted."""
+
+    def __init__(self, run_id: str | None, db_path: str | None, num_requests: int,
+                 write_problem: TierdiagError | None = None):
+        super().__init__(run_id)
+        self.run_id = run_id
+        self.db_path = db_path
+        self.num_requests = num_requests
+        self.write_problem = write_problem  # why what was recorded could not all be kept
+
+
+def _flush_every_s() -> float:
+    raw = os.environ.get("TIERDIAG_FLUSH_EVERY_S")
+    if not raw:
+        return DEFAULT_FLUSH_EVERY_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ConfigError(f"TIERDIAG_FLUSH_EVERY_S={raw!r} must be a number of seconds (0 or more)")
+    return value
+
+
+def _close_run(writer, recorder, status: str, error: str | None, num_requests: int) -> TierdiagError | None:
+    """Flush what is buffered and write the final status. On a write failure (disk full, ...)
+    the run is marked failed if anything can still be written, and the failure is returned."""
+    try:
+        recorder.flush()
+        writer.finish(status, num_requests=num_requests, error=error)
+        return None
+    except TierdiagError as exc:
+        problem = exc
+    try:
+        writer.finish("failed", num_requests=num_requests, error=problem.one_line(), write_pending=False)
+    except TierdiagError:
+        # Nothing more can be written. The row still says running; once this process is gone
+        # readers show it as interrupted (they check the pid).
+        problem.hint = (problem.hint + "; " if problem.hint else "") + "the run could not be marked failed"
+    return problem
+
+
 def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | None, probes: bool,
            skip_bad: bool, command_line: list[str] | None = None,
            progress: Callable[[int, int, object], None] | None = None) -> ReplaySummary:
@@ -90,8 +141,12 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
     from tierdiag.probes.recorder import Recorder
 
     t0 = time.perf_counter()
+    flush_every_s = _flush_every_s()
     report = ReadReport()
     requests = read_trace(trace, block_size=cfg.block_size, skip_bad=skip_bad, report=report)
+    # The reader streams: pull the first request now, so that a trace that is empty or bad from
+    # its first line fails here, before a run (or the database file) exists.
+    requests = itertools.chain([next(requests)], requests)
     sha = trace_sha256(trace)
     writer = None
     recorder = None
@@ -105,26 +160,45 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
         recorder = Recorder(writer.append)
         if cfg.storage_tokens and cfg.storage_dir is None:
             storage_dir = Path(db).with_suffix(".storage") / writer.run_id
-    engine = Engine(cfg, probe=recorder, storage_dir=storage_dir, progress=progress)
-    status, error = "complete", None
+    last_flush = [time.monotonic()]
+
+    def on_progress(done: int, now_ns: int, stats) -> None:
+        # Called every few hundred requests: flush by wall time too, so a killed replay loses little.
+        if recorder is not None and time.monotonic() - last_flush[0] >= flush_every_s:
+            recorder.flush()
+            last_flush[0] = time.monotonic()
+        if progress is not None:
+            progress(done, now_ns, stats)
+
+    engine = None
+
+    def recorded() -> int:
+        return engine.stats.requests_finished + engine.stats.requests_rejected if engine is not None else 0
+
     try:
+        engine = Engine(cfg, probe=recorder, storage_dir=storage_dir, progress=on_progress)
         stats = engine.run(requests)
-    except KeyboardInterrupt:
-        status = "interrupted"
-        raise
+    except KeyboardInterrupt as exc:
+        problem = _close_run(writer, recorder, "interrupted", None, recorded()) if writer is not None else None
+        raise ReplayInterrupted(writer.run_id if writer else None, str(db) if writer else None, recorded(),
+                                problem) from exc
     except TierdiagError as exc:
-        status, error = "failed", exc.one_line()
+        if writer is not None:
+            _close_run(writer, recorder, "failed", exc.one_line(), recorded())
+            # Still one line: the error, then where the partial run is.
+            exc.hint = ((exc.hint + "; ") if exc.hint else "") + (
+                f"run {writer.run_id} kept in {db} as failed, {recorded():,} requests recorded")
         raise
     except BaseException as exc:
-        status, error = "failed", f"{type(exc).__name__}: {exc}"
-        raise
-    finally:
         if writer is not None:
-            try:
-                recorder.flush()
-            finally:
-                writer.finish(status, num_requests=engine.stats.requests_finished + engine.stats.requests_rejected,
-                              error=error)
+            text = str(exc).strip().splitlines()
+            _close_run(writer, recorder, "failed", f"{type(exc).__name__}: {text[0] if text else ''}", recorded())
+        raise
+    if writer is not None:
+        problem = _close_run(writer, recorder, "complete", None, recorded())
+        if problem is not None:
+            raise problem
+    status = "complete"
     return ReplaySummary(
         run_id=writer.run_id if writer else None, db_path=str(db) if writer else None,
         run_name=writer.name if writer else (run_name or trace.stem), status=status,

@@ -6,6 +6,7 @@ says so in one line (the traceback with --debug).
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -44,10 +45,18 @@ def _register() -> None:
 _register()
 
 
+def _is_no_args_help(exc: Exception) -> bool:
+    # `tierdiag` alone prints the help and raises this; it lives in Typer's vendored click.
+    return type(exc).__name__ == "NoArgsIsHelpError"
+
+
 def main() -> None:
     debug = "--debug" in sys.argv[1:]
     try:
-        app(standalone_mode=False)
+        result = app(standalone_mode=False)
+        # Outside standalone mode Typer catches `typer.Exit(code)` itself and returns the code.
+        if isinstance(result, int) and not isinstance(result, bool) and result:
+            sys.exit(result)
     except TierdiagError as exc:
         if debug:
             raise
@@ -58,6 +67,19 @@ def main() -> None:
         sys.exit(int(ExitCode.INTERRUPTED))
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
+    except typer.TyperException as exc:  # usage: unknown command/option, a value Typer could not parse
+        if _is_no_args_help(exc):  # the help is already printed
+            sys.exit(int(ExitCode.OK))
+        first = exc.format_message().strip().splitlines()
+        ctx = getattr(exc, "ctx", None)
+        where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        print(f"tierdiag: error: {first[0] if first else type(exc).__name__}{where}", file=sys.stderr)
+        sys.exit(int(getattr(exc, "exit_code", ExitCode.USAGE)))
+    except BrokenPipeError:
+        # `tierdiag runs --json | head`: the reader went away; that is not an error of ours.
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(int(ExitCode.OK))
     except typer.Abort:
         print("tierdiag: aborted", file=sys.stderr)
         sys.exit(int(ExitCode.INTERRUPTED))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -61,7 +63,7 @@ def replay(
     # Imported here, not at the top: every command module is imported to register it.
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from tierdiag.replay import count_lines, replay as run_replay
+    from tierdiag.replay import ReplayInterrupted, count_lines, replay as run_replay
 
     total = count_lines(trace) if trace.is_file() else None
     show = err.is_terminal and not json_
@@ -79,22 +81,59 @@ def replay(
                 f"storage {share(stats.storage_tokens)} reuse {share(reused)}"))
 
         try:
-            summary = run_replay(trace, cfg, db=None if no_probes else db, run_name=run_name, probes=not no_probes,
-                                 skip_bad=skip_bad, command_line=["tierdiag"] + sys.argv[1:], progress=progress)
-        except KeyboardInterrupt:
+            with _sigterm_interrupts():
+                summary = run_replay(trace, cfg, db=None if no_probes else db, run_name=run_name,
+                                     probes=not no_probes, skip_bad=skip_bad,
+                                     command_line=["tierdiag"] + sys.argv[1:], progress=progress)
+        except ReplayInterrupted as exc:
             bar.stop()
-            err.print(f"tierdiag: interrupted; what was recorded so far is kept in {db} (status: interrupted)")
-            raise typer.Exit(int(ExitCode.INTERRUPTED))
+            if exc.write_problem is not None:
+                said = f"interrupted; {exc.write_problem.one_line()}"
+            elif exc.run_id:
+                said = (f"interrupted; run {exc.run_id} kept in {exc.db_path} as interrupted, "
+                        f"{exc.num_requests:,} requests recorded")
+            else:
+                said = "interrupted (nothing was being recorded)"
+            print(f"tierdiag: {said}", file=sys.stderr)
+            terminated = isinstance(exc.__cause__, _Terminated)
+            raise typer.Exit(128 + signal.SIGTERM if terminated else int(ExitCode.INTERRUPTED))
 
     if summary.bad_lines:
-        first = ", ".join(f"line {ln}" for ln, _ in summary.first_bad)
-        err.print(f"tierdiag: skipped {summary.bad_lines} bad line(s) ({first}{', ...' if summary.bad_lines > 5 else ''})")
+        print(f"tierdiag: {_skipped_line(summary.bad_lines, summary.first_bad)}", file=sys.stderr)
     if summary.unknown_keys:
         err.print(f"tierdiag: warning: ignored unknown trace keys: {', '.join(summary.unknown_keys)}")
     if json_:
         print_json(summary.to_json())
         return
     _render(summary)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (a job scheduler, `timeout`) ends a replay the way Ctrl-C does: run kept, marked interrupted."""
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    def on_term(signum, frame):
+        raise _Terminated()
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _skipped_line(count: int, first_bad: list) -> str:
+    """'skipped 3 bad lines (line 4: bad JSON (...); also line 9, line 12)'."""
+    (line, why), *rest = first_bad
+    more = [f"line {ln}" for ln, _ in rest] + (["..."] if count > len(first_bad) else [])
+    also = f"; also {', '.join(more)}" if more else ""
+    return f"skipped {count:,} bad line{'s' if count != 1 else ''} (line {line}: {why}{also})"
 
 
 def _render(s) -> None:

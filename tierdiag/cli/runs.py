@@ -23,3 +23,9 @@ def runs(db: DbOpt = DEFAULT_DB_PATH, json_: JsonOpt = False) -> None:
                       r.trace_path, f"{r.config.get('model', '?')}/{r.config.get('gpu', '?')}",
                       f"{r.wall_s:.1f}s" if r.wall_s is not None else "-")
     out.print(table)
+    for r in infos:
+        if r.status == "failed" and r.error:
+            out.print(f"run {r.run_id} failed: {r.error}", markup=False, highlight=False)
+        elif r.status == "interrupted":
+            out.print(f"run {r.run_id} was interrupted: {r.num_requests:,} requests recorded before it stopped",
+                      markup=False, highlight=False)
