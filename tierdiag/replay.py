@@ -135,18 +135,19 @@ def _close_run(writer, recorder, status: str, error: str | None, num_requests: i
 def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | None, probes: bool,
            skip_bad: bool, command_line: list[str] | None = None,
            progress: Callable[[int, int, object], None] | None = None) -> ReplaySummary:
-    # Imported here: read-only commands share this package and must not pay for torch.
-    from tierdiag.engine.engine import Engine, describe_data_plane
-    from tierdiag.engine.hardware import hardware_summary
-    from tierdiag.probes.recorder import Recorder
-
     t0 = time.perf_counter()
     flush_every_s = _flush_every_s()
     report = ReadReport()
     requests = read_trace(trace, block_size=cfg.block_size, skip_bad=skip_bad, report=report)
     # The reader streams: pull the first request now, so that a trace that is empty or bad from
-    # its first line fails here, before a run (or the database file) exists.
+    # its first line fails here, before a run (or the database file) exists, and before torch.
     requests = itertools.chain([next(requests)], requests)
+
+    # Imported here: read-only commands share this package and must not pay for torch.
+    from tierdiag.engine.engine import Engine, describe_data_plane
+    from tierdiag.engine.hardware import hardware_summary
+    from tierdiag.probes.recorder import Recorder
+
     sha = trace_sha256(trace)
     writer = None
     recorder = None
