@@ -1,0 +1,87 @@
+"""Run the real `tierdiag` entry point in a subprocess and check how it fails.
+
+Every error a user can cause must be exactly one line on stderr, a named exit code, and no
+traceback; `Result.fails` asserts all three and returns the line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_TRACES = REPO / ".." / "shared" / "traces"
+ENTRY = "from tierdiag.cli.main import main; main()"
+# A small engine: the tiny model's pools fill after a few requests, replays take seconds.
+SMALL = ("--model", "tiny", "--gpu", "cpu", "--device-tokens", "4096")
+
+
+@dataclass(frozen=True)
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def fails(self, code: int, *fragments: str) -> str:
+        """Assert a clean failure: this exit code, one stderr line holding every fragment."""
+        assert "Traceback" not in self.err, self.err
+        lines = self.err.strip().splitlines()
+        assert len(lines) == 1, f"expected one stderr line, got {len(lines)}:\n{self.err}"
+        line = lines[0]
+        assert line.startswith("tierdiag: "), line
+        for fragment in fragments:
+            assert fragment in line, f"{fragment!r} not in {line!r}"
+        assert self.code == code, f"exit code {self.code}, expected {code}: {line}"
+        return line
+
+    def json(self):
+        assert self.code == 0, self.err
+        return json.loads(self.out)
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERDIAG_")}
+    env.update({"COLUMNS": "200", **extra})
+    return env
+
+
+def cli_argv(*args: object) -> list[str]:
+    return [sys.executable, "-c", ENTRY, *map(str, args)]
+
+
+def tierdiag(*args: object, env: dict[str, str] | None = None, timeout: float = 300,
+             cwd: Path | None = None) -> Result:
+    proc = subprocess.run(cli_argv(*args), capture_output=True, text=True, env=env or cli_env(),
+                          timeout=timeout, cwd=cwd)
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def line(ts: int, input_length: int, hash_ids: list[int], *, output_length: int = 8, **extra) -> str:
+    return json.dumps({"timestamp": ts, "input_length": input_length, "output_length": output_length,
+                       "hash_ids": hash_ids, **extra})
+
+
+def good_lines(n: int, *, start_ts: int = 0) -> list[str]:
+    """n valid Mooncake lines: every request shares block 0, then has its own block."""
+    return [line(start_ts + 100 * i, 1000, [0, 1000 + i]) for i in range(n)]
+
+
+def write_trace(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(x + "\n" for x in lines))
+    return path
+
+
+def sql(db: Path, query: str, params: list | None = None) -> list[tuple]:
+    """A read-only look at the store, the way any other tool would take it."""
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.execute(query, params or []).fetchall()
+
+
+def runs(db: Path) -> list[dict]:
+    return tierdiag("runs", "--db", db, "--json").json()

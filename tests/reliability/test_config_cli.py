@@ -1,0 +1,115 @@
+"""Bad configuration: rejected before any work (no database file appears), naming the option
+or the --config file and key; unknown names list the known ones."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import good_lines, line, sql, tierdiag, write_trace
+from tierdiag.engine.config import EVICTION_POLICIES, PREFETCH_POLICIES, WRITE_POLICIES
+from tierdiag.engine.presets import GPUS, MODELS
+
+
+@pytest.fixture
+def trace(tmp_path):
+    return write_trace(tmp_path / "t.jsonl", good_lines(5))
+
+
+@pytest.mark.parametrize(("option", "known"), [
+    ("--model", MODELS), ("--gpu", GPUS), ("--write-policy", WRITE_POLICIES),
+    ("--eviction-policy", EVICTION_POLICIES), ("--prefetch-policy", PREFETCH_POLICIES),
+    ("--timing", ("modelled", "measured")), ("--verify", ("all", "sample", "off")),
+])
+def test_unknown_name_lists_the_known_ones(tmp_path, trace, option, known):
+    db = tmp_path / "r.duckdb"
+    line = tierdiag("replay", trace, "--db", db, option, "nope").fails(2, option, "'nope'", "known:")
+    assert line.endswith(", ".join(sorted(known)))
+    assert not db.exists()
+
+
+@pytest.mark.parametrize(("args", "fragments"), [
+    (("--host-tokens", "10"), ("--host-tokens 10", "smaller than one page")),
+    (("--device-tokens", "64"), ("--device-tokens 64", "smaller than two pages")),
+    (("--device-tokens", "-1"), ("--device-tokens -1",)),
+    (("--page-size", "48"), ("--page-size 48", "power of two")),
+    (("--page-size", "0"), ("--page-size 0", "power of two")),
+    (("--page-size", "1024"), ("--block-size 512", "multiple of --page-size 1024")),
+    (("--storage-tokens", "10"), ("--storage-tokens 10", "at least one page")),
+    (("--max-prefill-tokens", "8"), ("--max-prefill-tokens 8",)),
+    (("--time-scale", "0"), ("--time-scale",)),
+    (("--time-scale", "inf"), ("--time-scale",)),
+    (("--load-back-threshold", "-1"), ("--load-back-threshold -1",)),
+    (("--device-tokens", str(10**13)), ("--device-tokens/--host-tokens", "memory")),
+])
+def test_impossible_sizes_are_rejected_up_front(tmp_path, trace, args, fragments):
+    db = tmp_path / "r.duckdb"
+    # --model/--gpu first: the tiny model leaves the sizes under test as the only problem.
+    tierdiag("replay", trace, "--db", db, "--model", "tiny", "--gpu", "cpu", *args).fails(2, *fragments)
+    assert not db.exists()
+
+
+def test_unparsable_option_value_is_a_usage_error(tmp_path, trace):
+    tierdiag("replay", trace, "--db", tmp_path / "r.duckdb", "--device-tokens", "lots").fails(
+        2, "--device-tokens", "replay --help")
+
+
+def test_unknown_option_and_command(tmp_path, trace):
+    tierdiag("replay", trace, "--devise-tokens", "4096").fails(2, "No such option", "--devise-tokens")
+    tierdiag("replya", trace).fails(2, "No such command", "replya")
+
+
+@pytest.mark.parametrize(("text", "fragments"), [
+    ('model = "tiny"\ngpu = \n', ("not valid TOML", "line 2")),
+    ('model = "tiny"\ngpuu = "cpu"\n', ("unknown key 'gpuu'", "known:", "eviction_policy")),
+    ('[replay]\nmodel = "tiny"\n[report]\nopen = true\n', ("unknown key 'report'", "[replay]")),
+    ('device_tokens = "lots"\n', ("device_tokens must be an integer", "'lots'")),
+    ('page_size = 64.5\n', ("page_size must be an integer", "64.5")),
+    ('page_size = true\n', ("page_size must be an integer", "True")),
+    ('layerwise_overlap = 1\n', ("layerwise_overlap must be true or false",)),
+    (b"\xff\xfe binary", ("not UTF-8",)),
+])
+def test_bad_config_file(tmp_path, trace, text, fragments):
+    cfg = tmp_path / "c.toml"
+    if isinstance(text, bytes):
+        cfg.write_bytes(text)
+    else:
+        cfg.write_text(text)
+    db = tmp_path / "r.duckdb"
+    tierdiag("replay", trace, "--db", db, "--config", cfg).fails(3, f"--config {cfg}", *fragments)
+    assert not db.exists()
+
+
+def test_config_file_missing_or_a_folder(tmp_path, trace):
+    tierdiag("replay", trace, "--config", tmp_path / "none.toml").fails(3, "none.toml", "no such file")
+    tierdiag("replay", trace, "--config", tmp_path).fails(3, str(tmp_path), "folder")
+
+
+def test_config_file_values_are_validated_like_options(tmp_path, trace):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[replay]\nmodel = "tiny"\ngpu = "cpu"\neviction-policy = "mru"\n')
+    tierdiag("replay", trace, "--config", cfg).fails(2, "--eviction-policy 'mru'", "known: fifo, lfu, lru")
+
+
+def test_a_good_config_file_and_options_combine(tmp_path, trace):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[replay]\nmodel = "tiny"\ngpu = "cpu"\ndevice_tokens = 8192\ntime_scale = 2\n')
+    db = tmp_path / "r.duckdb"
+    r = tierdiag("replay", trace, "--db", db, "--config", cfg, "--device-tokens", "4096", "--json")
+    assert r.json()["num_requests"] == 5
+    config = tierdiag("runs", "--db", db, "--json").json()[0]["config"]
+    assert (config["device_tokens"], config["time_scale"], config["model"]) == (4096, 2.0, "tiny")
+
+
+def test_request_larger_than_the_device_pool_is_rejected_not_waited_on(tmp_path):
+    """The pool holds 256 tokens; one request needs 1,000. It is rejected with a reason in the
+    requests table, and the requests around it are served."""
+    trace = write_trace(tmp_path / "t.jsonl", [line(0, 100, [0]), line(50, 1000, [7, 8]), line(100, 200, [0]),
+                                               line(150, 100, [0])])
+    db = tmp_path / "r.duckdb"
+    r = tierdiag("replay", trace, "--db", db, "--model", "tiny", "--gpu", "cpu", "--device-tokens", "256",
+                 "--page-size", "64", "--json")
+    summary = r.json()
+    assert (summary["num_requests"], summary["num_rejected"]) == (3, 1)
+    rows = dict(sql(db, "SELECT req_id, coalesce(reject_reason, status) FROM requests"))
+    assert rows.pop("2") == "needs 1024 tokens of device memory; the pool holds 256"
+    assert set(rows.values()) == {"finished"}
