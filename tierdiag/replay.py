@@ -101,6 +101,10 @@ class ReplayInterrupted(KeyboardInterrupt):
         self.write_problem = write_problem  # why what was recorded could not all be kept
 
 
+def _requests(n: int) -> str:
+    return f"{n:,} request{'' if n == 1 else 's'}"
+
+
 def _flush_every_s() -> float:
     raw = os.environ.get("TIERDIAG_FLUSH_EVERY_S")
     if not raw:
@@ -188,7 +192,7 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
             _close_run(writer, recorder, "failed", exc.one_line(), recorded())
             # Still one line: the error, then where the partial run is.
             exc.hint = ((exc.hint + "; ") if exc.hint else "") + (
-                f"run {writer.run_id} kept in {db} as failed, {recorded():,} requests recorded")
+                f"run {writer.run_id} kept in {db} as failed, {_requests(recorded())} recorded")
         raise
     except BaseException as exc:
         if writer is not None:

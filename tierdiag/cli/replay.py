@@ -90,8 +90,9 @@ def replay(
             if exc.write_problem is not None:
                 said = f"interrupted; {exc.write_problem.one_line()}"
             elif exc.run_id:
+                n = exc.num_requests
                 said = (f"interrupted; run {exc.run_id} kept in {exc.db_path} as interrupted, "
-                        f"{exc.num_requests:,} requests recorded")
+                        f"{n:,} request{'' if n == 1 else 's'} recorded")
             else:
                 said = "interrupted (nothing was being recorded)"
             print(f"tierdiag: {said}", file=sys.stderr)

@@ -1,0 +1,233 @@
+"""The run store seen from the CLI: missing, foreign, other-version, busy and unwritable files,
+unknown runs and requests. Readers answer with one line and exit 4 (5 for an unknown request);
+a replay refuses to write into a file that is not its own, and to a place it cannot write."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import duckdb
+import pytest
+
+from harness import SMALL, line, runs, sql, tierdiag, write_trace
+from tierdiag.store.schema import SCHEMA_VERSION
+
+READERS = [("runs",), ("summary",), ("slow",), ("explain", "1")]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A real replay of 24 requests with string ids, named 'conversation'."""
+    root = tmp_path_factory.mktemp("store")
+    ids = [f"sess-{s}-turn-{t}" for s in range(6) for t in range(4)]
+    lines = [line(100 * i, 600 + 100 * (i % 4), [0, 1000 + i], id=rid) for i, rid in enumerate(ids)]
+    trace = write_trace(root / "conversation.jsonl", lines)
+    db = root / "store.duckdb"
+    r = tierdiag("replay", trace, "--db", db, *SMALL)
+    assert r.code == 0, r.err
+    return db
+
+
+@pytest.fixture
+def junk_files(tmp_path):
+    text = tmp_path / "text.duckdb"
+    text.write_text("id,name\n1,a\n")
+    noise = tmp_path / "noise.duckdb"
+    noise.write_bytes(os.urandom(64 * 1024))
+    empty = tmp_path / "empty.duckdb"
+    empty.write_bytes(b"")
+    return [text, noise, empty]
+
+
+def foreign_duckdb(path):
+    with duckdb.connect(str(path)) as con:
+        con.execute("CREATE TABLE measurements (t BIGINT, value DOUBLE)")
+        con.execute("INSERT INTO measurements VALUES (1, 2.5)")
+    return path
+
+
+def with_schema_version(store, path, version: int):
+    shutil.copy(store, path)
+    with duckdb.connect(str(path)) as con:
+        con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(version)])
+    return path
+
+
+@pytest.mark.parametrize("args", READERS, ids=[a[0] for a in READERS])
+def test_missing_database(tmp_path, args):
+    tierdiag(*args, "--db", tmp_path / "none.duckdb").fails(4, "no database at", "none.duckdb", "tierdiag replay")
+
+
+@pytest.mark.parametrize("args", READERS, ids=[a[0] for a in READERS])
+def test_files_that_are_not_duckdb(junk_files, args):
+    for junk in junk_files:
+        tierdiag(*args, "--db", junk).fails(4, str(junk), "is not a DuckDB database")
+
+
+def test_database_path_is_a_folder(tmp_path):
+    tierdiag("runs", "--db", tmp_path).fails(4, str(tmp_path), "folder")
+    tierdiag("replay", write_trace(tmp_path / "t.jsonl", [line(0, 900, [1, 2])]), "--db", tmp_path,
+             *SMALL).fails(6, str(tmp_path), "folder")
+
+
+@pytest.mark.parametrize("args", READERS, ids=[a[0] for a in READERS])
+def test_duckdb_file_that_is_not_a_run_store(tmp_path, args):
+    db = foreign_duckdb(tmp_path / "other.duckdb")
+    tierdiag(*args, "--db", db).fails(4, str(db), "not a tierdiag run store")
+
+
+def test_store_from_another_schema_version_says_which_and_what_to_do(tmp_path, store):
+    newer = with_schema_version(store, tmp_path / "newer.duckdb", SCHEMA_VERSION + 1)
+    tierdiag("summary", "--db", newer).fails(
+        4, f"schema v{SCHEMA_VERSION + 1}", f"reads v{SCHEMA_VERSION}", "upgrade tierdiag")
+    older = with_schema_version(store, tmp_path / "older.duckdb", SCHEMA_VERSION - 1)
+    tierdiag("explain", "1", "--db", older).fails(
+        4, f"schema v{SCHEMA_VERSION - 1}", "re-run `tierdiag replay`", "new --db")
+
+
+def test_replay_never_writes_into_a_file_that_is_not_its_store(tmp_path, store, junk_files):
+    trace = write_trace(tmp_path / "t.jsonl", [line(0, 900, [1, 2])])
+    foreign = foreign_duckdb(tmp_path / "other.duckdb")
+    newer = with_schema_version(store, tmp_path / "newer.duckdb", SCHEMA_VERSION + 1)
+    cases = [(j, "not a DuckDB database") for j in junk_files] + [
+        (foreign, "not a tierdiag run store"), (newer, f"schema v{SCHEMA_VERSION + 1}")]
+    for path, fragment in cases:
+        before = path.read_bytes()
+        tierdiag("replay", trace, "--db", path, *SMALL).fails(4, str(path), fragment)
+        assert path.read_bytes() == before, f"{path.name} was modified"
+    assert sql(foreign, "SELECT * FROM measurements") == [(1, 2.5)]
+
+
+def test_unknown_run_suggests_close_names(store):
+    tierdiag("summary", "--db", store, "--run", "conversaton").fails(
+        4, "no run 'conversaton'", "did you mean", "conversation")
+    tierdiag("slow", "--db", store, "--run", "zzzzzz").fails(4, "no run 'zzzzzz'", "tierdiag runs")
+
+
+def test_unknown_request_id_suggests_close_ids(store):
+    tierdiag("explain", "sess-3-turn2", "--db", store).fails(
+        5, "no request 'sess-3-turn2'", "did you mean", "sess-3-turn-2")
+    tierdiag("explain", "zzz", "--db", store).fails(5, "no request 'zzz'")
+
+
+@contextlib.contextmanager
+def holder(db, *, read_only: bool):
+    """Another process with the store open, until the block ends."""
+    code = ("import duckdb, sys, time\n"
+            f"con = duckdb.connect({str(db)!r}, read_only={read_only})\n"
+            "print('ready', flush=True)\n"
+            "sys.stdin.read()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        yield proc.pid
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+def test_a_store_held_by_a_writer_is_reported_busy(tmp_path, store):
+    db = tmp_path / "s.duckdb"
+    shutil.copy(store, db)
+    with holder(db, read_only=False) as pid:
+        tierdiag("runs", "--db", db).fails(4, str(db), "is busy", f"process {pid}")
+    assert runs(db)[0]["status"] == "complete"  # and once it lets go, readers are back
+
+
+def test_readers_share_the_file(tmp_path, store):
+    db = tmp_path / "s.duckdb"
+    shutil.copy(store, db)
+    with holder(db, read_only=True):
+        assert runs(db)[0]["name"] == "conversation"
+
+
+def test_a_replay_waits_for_a_reader_to_let_go(tmp_path, store):
+    """DuckDB keeps a writer out while a reader holds the file: the replay waits, then writes."""
+    db = tmp_path / "s.duckdb"
+    shutil.copy(store, db)
+    trace = write_trace(tmp_path / "t.jsonl", [line(10 * i, 900, [1, 2 + i]) for i in range(10)])
+    with holder(db, read_only=True):
+        proc = subprocess.Popen([sys.executable, "-c", "from tierdiag.cli.main import main; main()", "replay",
+                                 str(trace), "--db", str(db), *SMALL], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        time.sleep(1.5)  # the replay is now waiting for the file (or still importing)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert [r["status"] for r in runs(db)] == ["complete", "complete"]
+    assert sql(db, "SELECT count(*) FROM requests WHERE run_id = ?", [runs(db)[1]["run_id"]]) == [(10,)]
+
+
+def test_database_in_a_missing_folder(tmp_path):
+    trace = write_trace(tmp_path / "t.jsonl", [line(0, 900, [1, 2])])
+    tierdiag("replay", trace, "--db", tmp_path / "no" / "such" / "r.duckdb", *SMALL).fails(
+        6, "folder", "does not exist")
+    assert not (tmp_path / "no").exists()
+
+
+def _mount_tmpfs(path, options: str):
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("needs root to mount a tmpfs")
+    path.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+
+
+@contextlib.contextmanager
+def tmpfs(path, options: str):
+    _mount_tmpfs(path, options)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@contextlib.contextmanager
+def read_only_folder(tmp_path):
+    """A folder this process cannot write: chmod for a normal user, a read-only mount for root."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        if not os.access(folder, os.W_OK):
+            yield folder
+            return
+        folder.chmod(0o755)
+        folder.rmdir()
+        with tmpfs(folder, "ro,size=1m"):
+            yield folder
+    finally:
+        if folder.exists():
+            folder.chmod(0o755)
+
+
+def test_database_in_a_read_only_folder(tmp_path):
+    trace = write_trace(tmp_path / "t.jsonl", [line(0, 900, [1, 2])])
+    with read_only_folder(tmp_path) as folder:
+        tierdiag("replay", trace, "--db", folder / "r.duckdb", *SMALL).fails(6, str(folder / "r.duckdb"), "writ")
+        assert not (folder / "r.duckdb").exists()
+
+
+def test_disk_full_during_replay(tmp_path):
+    """A real full disk (a 512 KiB tmpfs): the replay stops with one line, exit 6, and the
+    store it leaves is still readable, its run not marked complete."""
+    trace = tmp_path / "t.jsonl"
+    assert tierdiag("synth", trace, "--requests", "400", "--seed", "2").code == 0
+    with tmpfs(tmp_path / "full", "size=512k") as folder:
+        db = folder / "r.duckdb"
+        tierdiag("replay", trace, "--db", db, *SMALL).fails(6, str(db), "no space left")
+        listed = tierdiag("runs", "--db", db, "--json")
+        if listed.code == 0:
+            assert [r["status"] for r in listed.json()] in (["failed"], ["interrupted"])
+        else:  # the file never got past its header: still a clean answer
+            listed.fails(4, str(db))
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    r = tierdiag("--debug", "runs", "--db", tmp_path / "none.duckdb")
+    assert r.code != 0 and "Traceback" in r.err and "StoreError" in r.err
