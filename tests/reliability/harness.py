@@ -6,6 +6,7 @@ traceback; `Result.fails` asserts all three and returns the line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -20,6 +21,8 @@ SHARED_TRACES = REPO / ".." / "shared" / "traces"
 ENTRY = "from tierdiag.cli.main import main; main()"
 # A small engine: the tiny model's pools fill after a few requests, replays take seconds.
 SMALL = ("--model", "tiny", "--gpu", "cpu", "--device-tokens", "4096")
+# Room for the synthetic traces' long requests (up to 30k tokens), so they are served, not rejected.
+ROOMY = ("--model", "tiny", "--gpu", "cpu", "--device-tokens", "65536")
 
 
 @dataclass(frozen=True)
@@ -85,3 +88,19 @@ def sql(db: Path, query: str, params: list | None = None) -> list[tuple]:
 
 def runs(db: Path) -> list[dict]:
     return tierdiag("runs", "--db", db, "--json").json()
+
+
+@contextlib.contextmanager
+def holder(db, *, read_only: bool):
+    """Another process with the store open, until the block ends."""
+    code = ("import duckdb, sys, time\n"
+            f"con = duckdb.connect({str(db)!r}, read_only={read_only})\n"
+            "print('ready', flush=True)\n"
+            "sys.stdin.read()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        yield proc.pid
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)

@@ -14,7 +14,7 @@ import time
 import duckdb
 import pytest
 
-from harness import SMALL, line, runs, sql, tierdiag, write_trace
+from harness import ROOMY, SMALL, holder, line, runs, sql, tierdiag, write_trace
 from tierdiag.store.schema import SCHEMA_VERSION
 
 READERS = [("runs",), ("summary",), ("slow",), ("explain", "1")]
@@ -115,22 +115,6 @@ def test_unknown_request_id_suggests_close_ids(store):
     tierdiag("explain", "zzz", "--db", store).fails(5, "no request 'zzz'")
 
 
-@contextlib.contextmanager
-def holder(db, *, read_only: bool):
-    """Another process with the store open, until the block ends."""
-    code = ("import duckdb, sys, time\n"
-            f"con = duckdb.connect({str(db)!r}, read_only={read_only})\n"
-            "print('ready', flush=True)\n"
-            "sys.stdin.read()\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        yield proc.pid
-    finally:
-        proc.stdin.close()
-        proc.wait(timeout=30)
-
-
 def test_a_store_held_by_a_writer_is_reported_busy(tmp_path, store):
     db = tmp_path / "s.duckdb"
     shutil.copy(store, db)
@@ -220,7 +204,7 @@ def test_disk_full_during_replay(tmp_path):
     assert tierdiag("synth", trace, "--requests", "400", "--seed", "2").code == 0
     with tmpfs(tmp_path / "full", "size=512k") as folder:
         db = folder / "r.duckdb"
-        tierdiag("replay", trace, "--db", db, *SMALL).fails(6, str(db), "no space left")
+        tierdiag("replay", trace, "--db", db, *ROOMY).fails(6, str(db), "no space left")
         listed = tierdiag("runs", "--db", db, "--json")
         if listed.code == 0:
             assert [r["status"] for r in listed.json()] in (["failed"], ["interrupted"])

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from harness import SMALL, cli_env, good_lines, line, runs, sql, tierdiag, write_trace
+from harness import ROOMY, SMALL, cli_env, good_lines, line, runs, sql, tierdiag, write_trace
 
 
 def test_missing_trace_file(tmp_path):
@@ -133,7 +133,7 @@ def test_bad_line_found_mid_run_keeps_what_was_recorded(tmp_path):
     write_trace(trace, lines)
     db = tmp_path / "r.duckdb"
     # Flush every few hundred requests, so the bad line is met with rows already in the file.
-    r = tierdiag("replay", trace, "--db", db, *SMALL, env=cli_env(TIERDIAG_FLUSH_EVERY_S="0"))
+    r = tierdiag("replay", trace, "--db", db, *ROOMY, env=cli_env(TIERDIAG_FLUSH_EVERY_S="0"))
     err = r.fails(3, f"{trace}:1201:", "bad JSON", "as failed")
     (run,) = runs(db)
     recorded = sql(db, "SELECT count(*) FROM requests WHERE run_id = ?", [run["run_id"]])[0][0]

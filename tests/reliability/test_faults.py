@@ -1,0 +1,196 @@
+"""Faults during a replay: Ctrl-C, SIGTERM, kill -9, readers at the same time, a full disk.
+
+What must hold: what was recorded before the fault stays in the file and is readable; earlier
+runs are untouched; a run is never shown as complete unless it is; Ctrl-C exits 130.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from harness import (ROOMY, SHARED_TRACES, SMALL, Result, cli_argv, cli_env, good_lines, holder, runs, sql,
+                     tierdiag, write_trace)
+from tierdiag.engine.config import EngineConfig
+from tierdiag.errors import OutputError
+from tierdiag.store.writer import RunWriter
+
+# Flush every few hundred requests, so that rows reach the file long before the end.
+FLUSH_OFTEN = cli_env(TIERDIAG_FLUSH_EVERY_S="0")
+
+
+@pytest.fixture(scope="module")
+def big_trace(tmp_path_factory) -> Path:
+    """Long enough that no replay here gets to its end before it is stopped."""
+    trace = tmp_path_factory.mktemp("big") / "big.jsonl"
+    r = tierdiag("synth", trace, "--requests", "30000", "--seed", "11")
+    assert r.code == 0, r.err
+    return trace
+
+
+def small_complete_run(tmp_path: Path, db: Path) -> dict:
+    trace = write_trace(tmp_path / "small.jsonl", good_lines(12))
+    assert tierdiag("replay", trace, "--db", db, *SMALL).code == 0
+    (run,) = runs(db)
+    assert run["status"] == "complete" and run["num_requests"] == 12
+    return run
+
+
+def start_replay(trace: Path, db: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(cli_argv("replay", trace, "--db", db, *extra), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=FLUSH_OFTEN)
+
+
+def wait_for_recorded_rows(proc: subprocess.Popen, db: Path, *, runs_before: int, timeout_s: float = 180) -> int:
+    """Poll the store (as a reader would) until the new run has flushed some requests."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the replay ended before it could be stopped: {proc.communicate()[1]}"
+        try:
+            with duckdb.connect(str(db), read_only=True) as con:
+                rows = con.execute("SELECT run_id FROM runs ORDER BY created_at").fetchall()
+                if len(rows) > runs_before:
+                    n = con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [rows[-1][0]]).fetchall()[0][0]
+                    if n:
+                        return n
+        except duckdb.Error:
+            pass  # not created yet, or a flush holds it this instant: look again
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("no requests were recorded in time")
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 128 + signal.SIGTERM)],
+                         ids=["ctrl-c", "sigterm"])
+def test_interrupt_keeps_what_was_recorded(tmp_path, big_trace, sig, code):
+    db = tmp_path / "r.duckdb"
+    earlier = small_complete_run(tmp_path, db)
+    proc = start_replay(big_trace, db, *ROOMY)
+    seen = wait_for_recorded_rows(proc, db, runs_before=1)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    line = Result(proc.returncode, "", err).fails(code, "interrupted", "as interrupted", str(db))
+    first, second = runs(db)
+    assert first == earlier
+    recorded = sql(db, "SELECT count(*) FROM requests WHERE run_id = ?", [second["run_id"]])[0][0]
+    assert second["status"] == "interrupted"
+    assert second["num_requests"] == recorded >= seen
+    assert f"run {second['run_id']}" in line and f"{recorded:,} request" in line
+    # Readable by the diagnose views too.
+    assert tierdiag("summary", "--db", db, "--json").json()["num_requests"] == recorded
+
+
+def test_kill_9_leaves_a_readable_file_and_earlier_runs_intact(tmp_path, big_trace):
+    db = tmp_path / "r.duckdb"
+    earlier = small_complete_run(tmp_path, db)
+    earlier_rows = sql(db, "SELECT * FROM requests ORDER BY seq")
+    proc = start_replay(big_trace, db, *ROOMY)
+    wait_for_recorded_rows(proc, db, runs_before=1)
+    proc.kill()
+    proc.wait(timeout=60)
+    first, dead = runs(db)
+    assert first == earlier
+    assert sql(db, "SELECT * FROM requests WHERE run_id = ? ORDER BY seq", [first["run_id"]]) == earlier_rows
+    # The dead run is not shown as complete: its process is gone, so it reads interrupted.
+    assert dead["status"] == "interrupted"
+    assert dead["num_requests"] == sql(db, "SELECT count(*) FROM requests WHERE run_id = ?", [dead["run_id"]])[0][0]
+    assert dead["num_requests"] > 0
+    assert tierdiag("summary", "--db", db, "--run", first["run_id"], "--json").json()["num_requests"] == 12
+    # And the file takes the next replay as usual.
+    trace = write_trace(tmp_path / "next.jsonl", good_lines(3))
+    assert tierdiag("replay", trace, "--db", db, *SMALL).code == 0
+    assert [r["status"] for r in runs(db)] == ["complete", "interrupted", "complete"]
+
+
+@pytest.mark.shared
+def test_readers_during_a_conversation_replay_succeed_or_say_busy(tmp_path):
+    trace = SHARED_TRACES / "conversation_trace.jsonl"
+    if not trace.is_file():
+        pytest.skip("needs ../shared/traces/conversation_trace.jsonl")
+    db = tmp_path / "conv.duckdb"
+    proc = start_replay(trace, db)  # the default engine: llama3-8b on h200
+    wait_for_recorded_rows(proc, db, runs_before=0)
+    outcomes = []
+    for args in [("runs",), ("summary",), ("slow", "--top", "3")] * 3:
+        if proc.poll() is not None:
+            break
+        r = tierdiag(*args, "--db", db, "--json")
+        if r.code == 0:
+            outcomes.append("ok")
+            assert r.json() is not None
+        else:
+            r.fails(4, str(db), "is busy")
+            outcomes.append("busy")
+    assert "ok" in outcomes, outcomes
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    (run,) = runs(db)
+    # Stopped early (130, interrupted), or it had just finished (0, complete): never 'running'.
+    assert (proc.returncode, run["status"]) in ((130, "interrupted"), (0, "complete"))
+
+
+# --- in-process: the writer under a busy file and a full disk -----------------------------------
+
+def _writer(db: Path) -> RunWriter:
+    return RunWriter(db, name="w", trace_path="t.jsonl", trace_sha256="00" * 32, config={}, hardware={},
+                     data_plane={}, timing="modelled")
+
+
+def _requests(first: int, n: int) -> dict:
+    return {"requests": {"req_id": [str(i) for i in range(first, first + n)], "seq": list(range(first, first + n)),
+                         "status": ["finished"] * n}}
+
+
+def test_a_flush_that_finds_the_file_busy_keeps_its_rows(tmp_path):
+    db = tmp_path / "w.duckdb"
+    w = _writer(db)
+    with holder(db, read_only=True):
+        w.append(_requests(0, 5))  # returns after a short wait: a reader holds the file
+    assert sql(db, "SELECT count(*) FROM requests") == [(0,)]
+    w.append(_requests(5, 3))
+    assert sql(db, "SELECT req_id FROM requests ORDER BY seq") == [(str(i),) for i in range(8)]
+    with holder(db, read_only=True):
+        w.append(_requests(8, 2))
+    w.finish("complete", num_requests=10)
+    assert sql(db, "SELECT count(*) FROM requests") == [(10,)]
+    assert runs(db)[0]["status"] == "complete"
+
+
+def _disk_fills_after(monkeypatch, ok_flushes: int) -> None:
+    """DuckDB's own error for a full disk, from the (ok_flushes + 1)-th write of requests on."""
+    real = RunWriter._append
+    calls = {"requests": 0}
+
+    def append(con, table, columns):
+        if table == "requests":
+            calls["requests"] += 1
+            if calls["requests"] > ok_flushes:
+                raise duckdb.IOException('Could not write file "r.duckdb.wal": No space left on device')
+        return real(con, table, columns)
+
+    monkeypatch.setattr(RunWriter, "_append", staticmethod(append))
+
+
+@pytest.mark.parametrize("ok_flushes", [0, 2], ids=["at-the-end", "mid-run"])
+def test_disk_full_marks_the_run_failed_and_keeps_earlier_flushes(tmp_path, monkeypatch, ok_flushes):
+    from tierdiag.replay import replay
+
+    monkeypatch.setenv("TIERDIAG_FLUSH_EVERY_S", "0")
+    trace = tmp_path / "t.jsonl"
+    assert tierdiag("synth", trace, "--requests", "1200", "--seed", "4").code == 0
+    db = tmp_path / "r.duckdb"
+    _disk_fills_after(monkeypatch, ok_flushes)
+    cfg = EngineConfig(model="tiny", gpu="cpu", device_tokens=65536)
+    with pytest.raises(OutputError, match="no space left") as exc:
+        replay(trace, cfg, db=db, run_name="full", probes=True, skip_bad=False)
+    assert "\n" not in exc.value.one_line()
+    monkeypatch.undo()
+    (run,) = runs(db)
+    assert run["status"] == "failed" and "no space left" in run["error"]
+    recorded = sql(db, "SELECT count(*) FROM requests")[0][0]
+    assert (recorded > 0) == (ok_flushes > 0) and run["num_requests"] == recorded
