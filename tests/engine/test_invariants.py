@@ -59,6 +59,7 @@ def configs(draw):
         load_back_threshold=draw(st.sampled_from([0, 10, 2 * PS, 10 * PS])),
         max_prefill_tokens=draw(st.integers(1, 16)) * PS,
         layerwise_overlap=draw(st.booleans()),
+        schedule_policy=draw(st.sampled_from(["fcfs", "lpm"])),
     )
 
 

@@ -174,3 +174,15 @@ def test_default_sizes_come_from_the_presets():
     assert cfg.resolved_host_tokens() == 2 * cfg.resolved_device_tokens()
     engine = Engine(EngineConfig(data_plane_mib=16))
     assert engine.plane.reduced and engine.plane.page_bytes < engine.plane.modelled_page_bytes
+
+
+def test_lpm_admits_the_request_with_the_longest_cached_prefix_first():
+    # a is cached; while the miss x runs, c (15 new pages) and b (a's 8 pages + 1) queue up in
+    # that order, and the 1,024-token budget cannot take both in one batch
+    trace = [req("a", 0, list(range(1, 9))), req("x", 100, list(range(300, 314))),
+             req("c", 100.001, list(range(500, 515))), req("b", 100.002, list(range(1, 9)) + [90])]
+    _, fcfs = run(trace, schedule_policy="fcfs", max_prefill_tokens=16 * PS, device_tokens=64 * PS)
+    _, lpm = run(trace, schedule_policy="lpm", max_prefill_tokens=16 * PS, device_tokens=64 * PS)
+    order = lambda p: sorted(("b", "c"), key=lambda r: p.records[r].first_token_ns)  # noqa: E731
+    assert order(fcfs) == ["c", "b"] and order(lpm) == ["b", "c"]
+    assert lpm.records["b"].device_hit_tokens == 8 * PS

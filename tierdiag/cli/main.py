@@ -29,17 +29,17 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for
     _state["debug"] = debug
 
 
+# The order of `tierdiag --help`: record, then read. Each module imports only what its
+# command needs at call time (torch only inside replay/calibrate), so read-only commands start fast.
+COMMANDS = ("replay", "runs", "summary", "slow", "explain", "report", "export", "synth", "calibrate", "doctor")
+
+
 def _register() -> None:
-    # Each command module imports only what it needs; torch is imported inside engine code
-    # paths, never at module import, so read-only commands start fast.
-    for optional in ("replay", "runs", "synth", "summary", "slow", "explain", "report", "calibrate", "doctor"):
-        try:
-            module = __import__(f"tierdiag.cli.{optional}", fromlist=[optional])
-        except ModuleNotFoundError as exc:
-            if exc.name != f"tierdiag.cli.{optional}":
-                raise
-            continue
-        app.command(optional)(getattr(module, optional))
+    import importlib
+
+    for name in COMMANDS:
+        module = importlib.import_module(f"tierdiag.cli.{name}")
+        app.command(name)(getattr(module, name))
 
 
 _register()

@@ -20,6 +20,7 @@ from tierdiag.engine.presets import GPUS, MODELS, gpu_preset, model_preset
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 EVICTION_POLICIES = ("lru", "lfu", "fifo")
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+SCHEDULE_POLICIES = ("fcfs", "lpm")
 TIMINGS = ("modelled", "measured")
 VERIFY_MODES = ("all", "sample", "off")
 
@@ -39,6 +40,7 @@ class EngineConfig:
     eviction_policy: str = "lru"
     load_back_threshold: int = 10
     prefetch_policy: str = "best_effort"
+    schedule_policy: str = "fcfs"  # lpm: longest cached prefix first (SGLang's, FCFS past 128 waiting)
     prefetch_threshold: int = 256
     max_prefill_tokens: int = 16384
     layerwise_overlap: bool = True
@@ -60,6 +62,7 @@ class EngineConfig:
             ("--write-policy", self.write_policy, WRITE_POLICIES),
             ("--eviction-policy", self.eviction_policy, EVICTION_POLICIES),
             ("--prefetch-policy", self.prefetch_policy, PREFETCH_POLICIES),
+            ("--schedule-policy", self.schedule_policy, SCHEDULE_POLICIES),
             ("--timing", self.timing, TIMINGS),
             ("--verify", self.verify, VERIFY_MODES),
         ):

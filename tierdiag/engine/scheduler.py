@@ -30,6 +30,11 @@ from tierdiag.trace.pages import page_keys as trace_page_keys, storage_key_chain
 from tierdiag.trace.reader import TraceRequest
 
 
+# Like SGLang, LPM falls back to FCFS when the queue is long: matching every waiting request
+# before every batch would cost more than it saves.
+LPM_MAX_WAITING = 128
+
+
 class EngineError(TierdiagError):
     """The engine cannot make progress (a bug or an impossible configuration)."""
 
@@ -255,6 +260,8 @@ class Scheduler:
                 return None  # the chunked request needs memory first; it goes before everyone
             items.append((req, take, 0, 0))
             budget -= take
+        if self.cfg.schedule_policy == "lpm" and 1 < len(self.waiting) <= LPM_MAX_WAITING:
+            self._sort_by_cached_prefix()
         i = 0
         while self.chunked is None and budget >= ps and i < len(self.waiting):
             req = self.waiting[i]
@@ -272,6 +279,11 @@ class Scheduler:
         if not items:
             return None
         return self._run_batch(items, now)
+
+    def _sort_by_cached_prefix(self) -> None:
+        """Longest cached prefix (any tier) first; ties keep arrival order (the sort is stable)."""
+        locate = self.tree.locate
+        self.waiting.sort(key=lambda r: -locate(r.keys[:r.max_match_pages])[1])
 
     def _pages_through(self, req: Req, end_tokens: int) -> int:
         if end_tokens >= req.input_len:
