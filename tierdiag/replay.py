@@ -136,6 +136,16 @@ def _close_run(writer, recorder, status: str, error: str | None, num_requests: i
     return problem
 
 
+def _single_threaded_data_plane() -> None:
+    """The replay's copies are many and small (a page row is a few hundred bytes at reduced
+    width): torch's intra-op threads only add wake-up stalls, of milliseconds on a busy machine.
+    OMP_NUM_THREADS, when set, is the user's choice and stays."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | None, probes: bool,
            skip_bad: bool, command_line: list[str] | None = None,
            progress: Callable[[int, int, object], None] | None = None) -> ReplaySummary:
@@ -152,6 +162,7 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
     from tierdiag.engine.hardware import hardware_summary
     from tierdiag.probes.recorder import Recorder
 
+    _single_threaded_data_plane()
     sha = trace_sha256(trace)
     writer = None
     recorder = None
