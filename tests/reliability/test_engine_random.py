@@ -13,7 +13,9 @@ Whatever the workload, after the last request:
 
 from __future__ import annotations
 
+import contextlib
 import random
+import signal
 import tempfile
 from dataclasses import dataclass
 
@@ -116,11 +118,30 @@ def workloads(draw, min_requests: int = 200, max_requests: int = 2000) -> Worklo
     return Workload(reqs, cfg, seed)
 
 
+HANG_S = 120  # one workload takes well under a few seconds; this long means a livelock
+
+
+@contextlib.contextmanager
+def no_hang(seconds: int):
+    """Fail, rather than hang the suite, if the engine loops forever (a livelock would never
+    reach the scheduler's own 'no progress possible' check)."""
+    def expire(signum, frame):
+        raise AssertionError(f"the engine did not finish in {seconds} s: waiting forever?")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def replay(w: Workload):
     from tierdiag.engine.engine import Engine
 
     probe = Collect()
-    with tempfile.TemporaryDirectory(prefix="tierdiag-hyp-") as storage_dir:
+    with tempfile.TemporaryDirectory(prefix="tierdiag-hyp-") as storage_dir, no_hang(HANG_S):
         engine = Engine(w.cfg, probe=probe, storage_dir=storage_dir)
         stats = engine.run(w.requests)
         engine.check_invariants(idle=True)
