@@ -139,7 +139,7 @@ def test_a_replay_waits_for_a_reader_to_let_go(tmp_path, store):
         proc = subprocess.Popen([sys.executable, "-c", "from tierdiag.cli.main import main; main()", "replay",
                                  str(trace), "--db", str(db), *SMALL], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-        time.sleep(1.5)  # the replay is now waiting for the file (or still importing)
+        time.sleep(5)  # long enough for the replay to start and find the file held
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert [r["status"] for r in runs(db)] == ["complete", "complete"]
