@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness import good_lines, line, sql, tierdiag, write_trace
-from tierdiag.engine.config import EVICTION_POLICIES, PREFETCH_POLICIES, WRITE_POLICIES
+from tierdiag.engine.config import EVICTION_POLICIES, PREFETCH_POLICIES, SCHEDULE_POLICIES, WRITE_POLICIES
 from tierdiag.engine.presets import GPUS, MODELS
 
 
@@ -18,6 +18,7 @@ def trace(tmp_path):
 @pytest.mark.parametrize(("option", "known"), [
     ("--model", MODELS), ("--gpu", GPUS), ("--write-policy", WRITE_POLICIES),
     ("--eviction-policy", EVICTION_POLICIES), ("--prefetch-policy", PREFETCH_POLICIES),
+    ("--schedule-policy", SCHEDULE_POLICIES),
     ("--timing", ("modelled", "measured")), ("--verify", ("all", "sample", "off")),
 ])
 def test_unknown_name_lists_the_known_ones(tmp_path, trace, option, known):

@@ -1,5 +1,5 @@
 """The engine under randomized workloads: tiny pools that force constant eviction, every write,
-eviction and prefetch policy, with and without a storage tier.
+eviction, prefetch and scheduling policy, with and without a storage tier.
 
 Whatever the workload, after the last request:
 - every request produced exactly one record, finished or rejected, and only a request that
@@ -23,7 +23,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tierdiag.engine.config import EVICTION_POLICIES, PREFETCH_POLICIES, WRITE_POLICIES, EngineConfig
+from tierdiag.engine.config import (EVICTION_POLICIES, PREFETCH_POLICIES, SCHEDULE_POLICIES, WRITE_POLICIES,
+                                    EngineConfig)
 from tierdiag.probes import events as ev
 from tierdiag.probes.recorder import Probe
 from tierdiag.trace.reader import TraceRequest
@@ -109,6 +110,7 @@ def workloads(draw, min_requests: int = 200, max_requests: int = 2000) -> Worklo
         write_policy=draw(st.sampled_from(WRITE_POLICIES)),
         eviction_policy=draw(st.sampled_from(EVICTION_POLICIES)),
         prefetch_policy=draw(st.sampled_from(PREFETCH_POLICIES)),
+        schedule_policy=draw(st.sampled_from(SCHEDULE_POLICIES)),
         load_back_threshold=draw(st.sampled_from([0, 10, 64])),
         prefetch_threshold=draw(st.sampled_from([0, 16, 256])),
         max_prefill_tokens=draw(st.sampled_from([PAGE, 48, 256, 16384])),
