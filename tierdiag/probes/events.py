@@ -1,16 +1,17 @@
 """Typed, immutable probe events: one per step the troubleshooting order needs.
 
 Field names match the run-store columns (tierdiag/store/schema.py) so the recorder copies
-them across without a mapping table.
+them across without a mapping table. Events are NamedTuples rather than frozen dataclasses:
+just as typed and immutable, five times cheaper to build (a replay emits ~15 per request),
+and the recorder turns a list of them into columns with one zip.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class RequestArrived:
+class RequestArrived(NamedTuple):
     t_ns: int
     req_id: str
     seq: int
@@ -18,8 +19,7 @@ class RequestArrived:
     output_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
-class PrefixMatched:
+class PrefixMatched(NamedTuple):
     t_ns: int
     req_id: str
     device_tokens: int
@@ -29,8 +29,7 @@ class PrefixMatched:
     cache_protected_len: int
 
 
-@dataclass(frozen=True, slots=True)
-class LoadBackSkipped:
+class LoadBackSkipped(NamedTuple):
     t_ns: int
     req_id: str
     tier: str  # host | storage
@@ -38,8 +37,7 @@ class LoadBackSkipped:
     reason: str  # below_threshold | device_full | prefetch_incomplete | host_full
 
 
-@dataclass(frozen=True, slots=True)
-class Transfer:
+class Transfer(NamedTuple):
     """A copy between tiers: load_back (host->device), backup (device->host), prefetch
     (storage->host), write_back (device->host at eviction, blocking), storage_write."""
     transfer_id: int
@@ -56,8 +54,7 @@ class Transfer:
     verified: bool | None
 
 
-@dataclass(frozen=True, slots=True)
-class Eviction:
+class Eviction(NamedTuple):
     eviction_id: int
     t_ns: int
     tier: str
@@ -73,16 +70,14 @@ class Eviction:
     node_last_access_ns: int
 
 
-@dataclass(frozen=True, slots=True)
-class PrefixLostPages:
+class PrefixLostPages(NamedTuple):
     """Request `req_id` came back for pages that eviction `eviction_id` had taken."""
     req_id: str
     eviction_id: int
     tokens: int
 
 
-@dataclass(frozen=True, slots=True)
-class BatchScheduled:
+class BatchScheduled(NamedTuple):
     batch_id: int
     t_start_ns: int
     t_end_ns: int
@@ -94,8 +89,7 @@ class BatchScheduled:
     num_decoding: int
 
 
-@dataclass(frozen=True, slots=True)
-class PrefillDone:
+class PrefillDone(NamedTuple):
     t_ns: int
     req_id: str
     batch_id: int
@@ -103,15 +97,13 @@ class PrefillDone:
     extend_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
-class FirstToken:
+class FirstToken(NamedTuple):
     t_ns: int
     req_id: str
     ttft_ns: int
 
 
-@dataclass(frozen=True, slots=True)
-class PoolSample:
+class PoolSample(NamedTuple):
     t_ns: int
     tier: str
     used_tokens: int
@@ -119,8 +111,7 @@ class PoolSample:
     locked_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
-class RequestRecord:
+class RequestRecord(NamedTuple):
     """Everything about one request, emitted when it finishes (or is rejected)."""
     req_id: str
     seq: int
@@ -166,10 +157,9 @@ class RequestRecord:
     finish_ns: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class RequestFinished:
+class RequestFinished(NamedTuple):
     record: RequestRecord
 
 
 def field_names(cls) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(cls))
+    return cls._fields

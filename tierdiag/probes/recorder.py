@@ -34,29 +34,27 @@ class Probe:
 
 
 class Recorder(Probe):
+    """Keeps the events each table stores (as they come: appending a tuple is the cheapest
+    thing a hook can do) and turns them into columns only when flushing, with one zip a table."""
+
     def __init__(self, sink: Sink, *, flush_rows: int = 250_000):
         super().__init__()
         self._sink = sink
         self._flush_rows = flush_rows
         self._rows = 0
-        self._columns: dict[type, tuple[str, tuple[str, ...], list[list]]] = {}
-        for cls, table in _TABLE_OF.items():
-            names = ev.field_names(cls)
-            self._columns[cls] = (table, names, [[] for _ in names])
-        rec_names = ev.field_names(ev.RequestRecord)
-        self._columns[ev.RequestRecord] = ("requests", rec_names, [[] for _ in rec_names])
+        self._tables = {cls: table for cls, table in _TABLE_OF.items()}
+        self._tables[ev.RequestRecord] = "requests"
+        self._pending: dict[type, list] = {cls: [] for cls in self._tables}
 
     def emit(self, event) -> None:
         cls = type(event)
         if cls is ev.RequestFinished:
             event, cls = event.record, ev.RequestRecord
-        entry = self._columns.get(cls)
-        if entry is None:  # events that no table stores are only counted
+        pending = self._pending.get(cls)
+        if pending is None:  # events that no table stores are only counted
             super().emit(event)
             return
-        _, names, cols = entry
-        for name, col in zip(names, cols):
-            col.append(getattr(event, name))
+        pending.append(event)
         self._rows += 1
         if self._rows >= self._flush_rows:
             self.flush()
@@ -65,11 +63,12 @@ class Recorder(Probe):
         if not self._rows:
             return
         tables: dict[str, dict[str, list]] = {}
-        for table, names, cols in self._columns.values():
-            if cols[0]:
-                tables[table] = dict(zip(names, cols))
+        for cls, events in self._pending.items():
+            if events:
+                columns = zip(*events)
+                tables[self._tables[cls]] = {name: list(col) for name, col in zip(cls._fields, columns)}
         self._sink(tables)
-        for _, names, cols in self._columns.values():
-            for col in cols:
-                col.clear()
+        # Only once the sink has them: if it raised (disk full), the events are still here.
+        for events in self._pending.values():
+            events.clear()
         self._rows = 0
