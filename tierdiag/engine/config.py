@@ -21,6 +21,7 @@ WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 EVICTION_POLICIES = ("lru", "lfu", "fifo")
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 SCHEDULE_POLICIES = ("fcfs", "lpm")
+NARROWEST_PAGE_BYTES = 8  # one int64 a page: the least the data plane can verify
 TIMINGS = ("modelled", "measured")
 VERIFY_MODES = ("all", "sample", "off")
 
@@ -100,16 +101,15 @@ class EngineConfig:
         if self.resolved_device_tokens() < 2 * ps:
             raise ConfigError(f"model {self.model} does not fit on gpu {self.gpu}: no room left for the KV cache",
                               hint="pass --device-tokens")
-        # The real pools shrink their row width to fit --data-plane-mib, but not below 64 bytes
-        # a page per layer (up to 4 layers; see pools.plan_data_plane). A pool so large that even
-        # that does not fit in this machine's memory is impossible: say so now, naming the
-        # options, rather than fail allocating it.
+        # The real pools shrink to fit --data-plane-mib: row width first, then layers, down to
+        # one 8-byte word a page (pools.plan_data_plane). Pools with more pages than even that
+        # allows are refused now, naming the options, rather than overrunning the budget.
         pages = (self.resolved_device_tokens() + self.resolved_host_tokens()) // ps
-        narrowest = pages * min(model_preset(self.model).num_layers, 4) * 64
-        if ram and narrowest > ram:
+        narrowest = pages * NARROWEST_PAGE_BYTES
+        if narrowest > self.data_plane_mib << 20:
             raise ConfigError(f"--device-tokens/--host-tokens: {pages:,} pages need at least "
-                              f"{narrowest >> 20:,} MiB for the real pools, more than this machine's memory "
-                              f"({ram >> 20:,} MiB)", hint="use smaller pools or a larger --page-size")
+                              f"{-(-narrowest >> 20):,} MiB of real pool memory, more than --data-plane-mib "
+                              f"{self.data_plane_mib}", hint="raise --data-plane-mib, or use smaller pools or a larger --page-size")
 
     # --- derived sizes -------------------------------------------------------------------
     def resolved_device_tokens(self) -> int:

@@ -46,12 +46,21 @@ class DataPlane:
 
 def plan_data_plane(*, model_layers: int, modelled_page_bytes: int, total_pages: int,
                     budget_bytes: int, device: str, pinned_host: bool) -> DataPlane:
-    """Fit both pools into `budget_bytes`: keep up to 4 layers, shrink the row width (power of
-    two, at least 8 elements = 64 bytes) until it fits; never wider than the modelled page."""
+    """Fit both pools into `budget_bytes`: up to 4 layers of rows as wide as the modelled page
+    (a power of two of int64s); halve the row width down to 64 bytes, then drop layers, then
+    narrow down to one int64 a page (the config refuses pools that would not fit even then)."""
     layers = min(model_layers, 4)
-    full_elems = max(8, modelled_page_bytes // (model_layers * 8))
+    full_elems = max(1, modelled_page_bytes // (model_layers * 8))
     elems = 1 << (full_elems.bit_length() - 1)  # power of two <= full row
-    while elems > 8 and layers * elems * 8 * total_pages > budget_bytes:
+
+    def size() -> int:
+        return layers * elems * 8 * total_pages
+
+    while elems > 8 and size() > budget_bytes:
+        elems //= 2
+    while layers > 1 and size() > budget_bytes:
+        layers -= 1
+    while elems > 1 and size() > budget_bytes:
         elems //= 2
     return DataPlane(layers, elems, device, pinned_host, modelled_page_bytes)
 
