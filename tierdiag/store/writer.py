@@ -144,7 +144,7 @@ class RunWriter:
                 n = len(values)
             elif len(values) != n:
                 raise ValueError(f"{table}.{col}: {len(values)} values, expected {n}")
-            arrays.append(pa.array(values, type=_ARROW_TYPES[typ]))
+            arrays.append(values if isinstance(values, pa.Array) else pa.array(values, type=_ARROW_TYPES[typ]))
         if not n:
             return
         arrays = [a if a is not None else pa.nulls(n, type=_ARROW_TYPES[t])
@@ -188,7 +188,7 @@ class RunWriter:
                     n = len(next(iter(cols.values()))) if cols else 0
                     if n == 0:
                         continue
-                    cols["run_id"] = [self.run_id] * n
+                    cols["run_id"] = pa.repeat(pa.scalar(self.run_id, type=pa.string()), n)
                     self._append(con, table, cols)
             con.execute("COMMIT")
         except duckdb.Error as exc:
