@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tierdiag.cli.main import app
-from tierdiag.engine import hardware
 from tierdiag.engine.calibration import fit_overhead_and_bandwidth
 from tierdiag.engine.hardware import NO_DRIVER, doctor_report, hardware_summary, pcie_bytes_per_s, probe_nvml
 

@@ -19,7 +19,6 @@ import signal
 import tempfile
 from dataclasses import dataclass
 
-import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 

@@ -17,7 +17,6 @@ Token split at admission (`prefix_indices` = device original + what load-back re
 from __future__ import annotations
 
 import heapq
-import math
 from typing import Callable, Iterable
 
 from tierdiag.engine.config import EngineConfig

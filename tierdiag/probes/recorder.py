@@ -10,7 +10,7 @@ from typing import Callable, Mapping
 
 from tierdiag.probes import events as ev
 
-Sink = Callable[[Mapping[str, Mapping[str, list]]], None]
+Sink = Callable[[Mapping[str, Mapping[str, tuple]]], None]
 
 # event type -> (table, fields copied as columns)
 _TABLE_OF = {
@@ -62,11 +62,10 @@ class Recorder(Probe):
     def flush(self) -> None:
         if not self._rows:
             return
-        tables: dict[str, dict[str, list]] = {}
+        tables: dict[str, dict[str, tuple]] = {}
         for cls, events in self._pending.items():
             if events:
-                columns = zip(*events)
-                tables[self._tables[cls]] = {name: list(col) for name, col in zip(cls._fields, columns)}
+                tables[self._tables[cls]] = dict(zip(cls._fields, zip(*events)))  # columns as tuples
         self._sink(tables)
         # Only once the sink has them: if it raised (disk full), the events are still here.
         for events in self._pending.values():

@@ -184,7 +184,7 @@ def _num(v: Any) -> int:
 def load_headline(con: duckdb.DuckDBPyConnection, run: RunInfo) -> Headline:
     p = _params(run)
     row = con.execute(
-        f"""
+        """
         SELECT count(*),
                count(*) FILTER (WHERE status = 'finished'),
                count(*) FILTER (WHERE status = 'rejected'),
