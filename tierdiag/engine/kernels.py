@@ -73,10 +73,11 @@ def _run_starts(idx: np.ndarray) -> np.ndarray:
 def count_runs(pages: PageList) -> int:
     """Number of maximal runs of consecutive page ids, in the order given (fragmentation):
     [4, 5, 6, 9, 10, 2] has 3 runs; [] has 0."""
-    if isinstance(pages, list):  # the engine's slot lists: a Python pass beats numpy's set-up
+    if isinstance(pages, list):  # the engine's slot lists: C-level map beats numpy's set-up
         if not pages:
             return 0
-        return 1 + sum(1 for a, b in zip(pages, pages[1:]) if b - a != 1)
+        consecutive = sum(map(int.__eq__, pages[1:], map((1).__add__, pages)))
+        return len(pages) - consecutive
     idx = _as_index_array(pages)
     if idx.size == 0:
         return 0
