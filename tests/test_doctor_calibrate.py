@@ -196,7 +196,7 @@ def test_calibrate_quick_json_writes_the_profile_the_cost_model_reads(tmp_path):
     for row in data["table"]:
         assert row["bytes"] == row["pages"] * data["page_bytes"]
         assert row["load_back_ns"] > 0 and row["backup_ns"] > 0 and row["contiguous_ns"] > 0
-        assert row["load_back_plan"] in ("runs", "gather", "scatter", "two_pass")
+        assert row["load_back_plan"] in ("direct", "runs", "gather", "scatter", "two_pass")
 
     from tierdiag.engine.config import EngineConfig
     from tierdiag.engine.costmodel import CostModel

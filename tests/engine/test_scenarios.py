@@ -71,6 +71,8 @@ def test_host_hit_below_threshold_is_recomputed_not_counted_as_a_hit():
     b = probe.records["b"]
     # one host page (64 tokens) < threshold 100: skipped, recorded, and computed
     assert b.host_match_tokens == PS and b.host_hit_tokens == 0
+    # the usable prefix is empty, but the tree still protects the host page it matched
+    assert (b.prefix_indices_len, b.cache_protected_len) == (0, PS)
     assert (b.loadback_skipped_reason, b.loadback_skipped_tokens) == ("below_threshold", PS)
     assert b.hit_class == "miss" and b.computed_tokens == b.input_tokens
     assert b.recomputed_tokens == PS

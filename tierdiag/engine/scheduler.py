@@ -47,7 +47,7 @@ class Req:
         "own_slots", "own_from", "done_tokens", "extend_total", "recomputed_pages",
         "sched_ns", "first_batch_id", "num_chunks", "lb_ns", "lb_exposed", "lb_queued", "lb_pages", "lb_runs",
         "storage_bytes", "storage_fetch_ns", "recompute_ns", "compute_ns", "first_token_ns", "lost",
-        "lb_wall", "lb_verified",
+        "lb_wall", "lb_verified", "protected_pages",
     )
 
     def __init__(self, t: TraceRequest, arrival_ns: int):
@@ -83,6 +83,7 @@ class Req:
         self.first_token_ns: int | None = None
         self.lost: dict[int, int] = {}  # eviction id -> tokens of this request's prefix it took
         self.lb_wall = 0
+        self.protected_pages = 0  # cache_protected_len in pages: the matched path the tree locks for us
         self.lb_verified: bool | None = None
 
 
@@ -341,6 +342,10 @@ class Scheduler:
         else:
             req.prefix_pages = dev_pages
         req.lock_node = lock_node
+        # The tree protects the whole matched path (device and host nodes) for this request,
+        # whether or not the host part was loaded back: cache_protected_len may exceed the
+        # usable prefix_indices when a load-back was skipped.
+        req.protected_pages = dev_pages + tiered
         req.dev_pages = dev_pages
         req.host_match_pages = host_pages
         if storage_pages:
@@ -360,7 +365,7 @@ class Scheduler:
         if self.probe is not None:
             prefix = req.prefix_pages * ps
             self.probe.emit(ev.PrefixMatched(now, req.req_id, dev_pages * ps, req.host_loaded_pages * ps,
-                                             req.storage_loaded_pages * ps, prefix, prefix))
+                                             req.storage_loaded_pages * ps, prefix, req.protected_pages * ps))
             if skip:
                 self.probe.emit(ev.LoadBackSkipped(now, req.req_id, "host", tiered * ps, skip))
         if load:
@@ -577,7 +582,7 @@ class Scheduler:
                 req.req_id, req.seq, req.arrival_ns, req.input_len, req.output_len, "finished", None, hit_class,
                 device, host, storage, computed, recomputed, req.host_match_pages * ps,
                 req.storage_match_pages * ps, req.lb_skip_reason, req.lb_skip_pages * ps, req.storage_skip_reason,
-                prefix, prefix, req.input_len - prefix,
+                prefix, req.protected_pages * ps, req.input_len - prefix,
                 queue, storage_wait, req.lb_ns, lb_exposed, req.lb_queued, req.lb_pages * self.ctrl.page_bytes,
                 req.lb_pages, req.lb_runs, req.storage_bytes, req.storage_fetch_ns, recompute_ns, compute_ns,
                 req.first_token_ns - req.sched_ns, ttft, ideal, if_resident, recompute_instead,
