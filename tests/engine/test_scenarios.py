@@ -188,3 +188,18 @@ def test_lpm_admits_the_request_with_the_longest_cached_prefix_first():
     order = lambda p: sorted(("b", "c"), key=lambda r: p.records[r].first_token_ns)  # noqa: E731
     assert order(fcfs) == ["c", "b"] and order(lpm) == ["b", "c"]
     assert lpm.records["b"].device_hit_tokens == 8 * PS
+
+
+def test_load_back_that_cannot_get_device_memory_is_skipped_and_computed_in_chunks():
+    # a's 12 pages are pushed to host by f; c holds 8 of the 16 device pages while it decodes.
+    # b then matches a's 12 host pages: loading them back (and b's tail) needs 14 pages, more
+    # than can be freed, but computing chunk by chunk needs only 2 at a time.
+    trace = [req("a", 0, list(range(1, 13))), req("f", 100, list(range(100, 112))),
+             req("c", 300, list(range(200, 204)), output=200), req("b", 301, list(range(1, 13)) + [50])]
+    engine, probe = run(trace, max_prefill_tokens=2 * PS)
+    b = probe.records["b"]
+    assert (b.host_match_tokens, b.loadback_skipped_reason, b.loadback_skipped_tokens) == (12 * PS, "device_full", 12 * PS)
+    assert b.host_hit_tokens == 0 and b.computed_tokens == b.input_tokens and b.recomputed_tokens == 12 * PS
+    assert b.num_chunks == 7 and b.cache_protected_len == 12 * PS and b.prefix_indices_len == 0
+    assert [(s.req_id, s.reason) for s in probe.skips] == [("b", "device_full")]
+    engine.check_invariants(idle=True)
