@@ -203,3 +203,9 @@ def test_load_back_that_cannot_get_device_memory_is_skipped_and_computed_in_chun
     assert b.num_chunks == 7 and b.cache_protected_len == 12 * PS and b.prefix_indices_len == 0
     assert [(s.req_id, s.reason) for s in probe.skips] == [("b", "device_full")]
     engine.check_invariants(idle=True)
+
+
+def test_a_device_pool_larger_than_the_gpu_is_allowed_but_called_out():
+    assert EngineConfig().warnings() == []
+    (warning,) = EngineConfig(device_tokens=2_000_000, data_plane_mib=128).warnings()
+    assert "262 GB" in warning and "h200" in warning

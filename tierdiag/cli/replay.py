@@ -62,6 +62,8 @@ def replay(
         "layerwise_overlap": overlap, "timing": timing, "profile": str(profile) if profile else None,
         "time_scale": time_scale, "seed": seed, "verify": verify, "data_plane_mib": data_plane_mib,
     })
+    for warning in cfg.warnings():
+        err.print(f"tierdiag: warning: {warning}", markup=False, highlight=False)
     # Imported here, not at the top: every command module is imported to register it.
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

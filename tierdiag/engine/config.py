@@ -124,6 +124,16 @@ class EngineConfig:
         host = self.host_tokens if self.host_tokens is not None else 2 * self.resolved_device_tokens()
         return host - host % self.page_size
 
+    def warnings(self) -> list[str]:
+        """Legal but physically odd choices worth a line on stderr (the replay still runs)."""
+        m, g = model_preset(self.model), gpu_preset(self.gpu)
+        kv_bytes = self.resolved_device_tokens() * m.kv_bytes_per_token
+        room = g.memory_bytes - m.weight_bytes
+        if self.device_tokens is not None and kv_bytes > room:
+            return [f"--device-tokens {self.device_tokens:,} of {self.model} KV is {kv_bytes / 1e9:,.0f} GB, more than "
+                    f"the {room / 1e9:,.0f} GB a {self.gpu} has beside the weights: a what-if, not a real GPU"]
+        return []
+
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["device_tokens"] = self.resolved_device_tokens()
