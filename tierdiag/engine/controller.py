@@ -122,26 +122,21 @@ class CacheController:
                 node.evicted_by = eid
                 self.device.free(self.tree.demote(node))
             else:
-                self._drop(node, cause, now_ns)
+                self._remove(node, cause, now_ns)
         return True
 
-    def _drop(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
-        """Remove a device node that has no host copy, with any host-only nodes below it."""
+    def _remove(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
+        """Take a node out of the tree with every node below it (those are host-only: device
+        residency is root-connected), recording each: a device node is dropped, a host-only
+        node deleted."""
         for child in list(node.children.values()):
-            self._delete_subtree(child, cause, now_ns)
-        eid = self.record_eviction(node, "device", "drop", cause, now_ns)
+            self._remove(child, cause, now_ns)
+        on_device = node.device is not None
+        eid = self.record_eviction(node, "device" if on_device else "host", "drop" if on_device else "delete",
+                                   cause, now_ns)
         self._forget(node, eid)
         device_slots, host_slots = self.tree.delete(node)
         self.device.free(device_slots)
-        self.host.free(host_slots)
-
-    def _delete_subtree(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
-        for child in list(node.children.values()):
-            self._delete_subtree(child, cause, now_ns)
-        eid = self.record_eviction(node, "host", "delete", cause, now_ns)
-        self._forget(node, eid)
-        device_slots, host_slots = self.tree.delete(node)
-        assert not device_slots, f"{node}: a host-only subtree held device slots"
         self.host.free(host_slots)
 
     def _forget(self, node: TreeNode, eid: int) -> None:
@@ -156,10 +151,7 @@ class CacheController:
             node = self.tree.pop_host_victim()
             if node is None:
                 return False
-            eid = self.record_eviction(node, "host", "delete", cause, now_ns)
-            self._forget(node, eid)
-            _, host_slots = self.tree.delete(node)
-            self.host.free(host_slots)
+            self._remove(node, cause, now_ns)
         return True
 
     # --- device -> host ------------------------------------------------------------------
