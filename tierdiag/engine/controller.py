@@ -85,12 +85,12 @@ class CacheController:
         self._next_transfer += 1
         return tid
 
-    def _copy_ns(self, pages: int, wall_ns: int, data_plane_bytes: int, *, to_device: bool) -> int:
+    def _copy_ns(self, pages: int, wall_ns: int, data_plane_bytes: int, *, to_device: bool, runs: int) -> int:
         nbytes = pages * self.page_bytes
         if self.cfg.timing == "measured" and data_plane_bytes:
             # Real kernel time, scaled from the reduced data plane to the modelled geometry.
             return int(wall_ns * nbytes / data_plane_bytes) + self.cost.transfer_overhead_ns
-        return self.cost.copy_ns(nbytes, pages, to_device=to_device)
+        return self.cost.copy_ns(nbytes, pages, to_device=to_device, runs=runs)
 
     def record_eviction(self, node: TreeNode, tier: str, action: str, cause: str | None, now_ns: int) -> int:
         eid = self._next_eviction
@@ -175,15 +175,15 @@ class CacheController:
         wall = kernels.backup(self.device.buffer, node.device, self.host.buffer, slots)
         self.tree.set_host(node, slots)
         dp_bytes = pages * self.host.buffer.shape[0] * self.host.buffer.shape[2] * 8
+        runs = kernels.count_runs(node.device)
         start = max(now_ns, self.d2h_free_ns)
-        end = start + self._copy_ns(pages, wall, dp_bytes, to_device=False)
+        end = start + self._copy_ns(pages, wall, dp_bytes, to_device=False, runs=runs)
         self.d2h_free_ns = end
         self.stats.backups += 1
         self.stats.backup_bytes += pages * self.page_bytes
         if self.probe is not None:
-            self.probe.emit(ev.Transfer(self._transfer_id(), start, end, "backup", cause, pages,
-                                        kernels.count_runs(node.device), pages * self.page_bytes, dp_bytes,
-                                        start - now_ns, wall, None))
+            self.probe.emit(ev.Transfer(self._transfer_id(), start, end, "backup", cause, pages, runs,
+                                        pages * self.page_bytes, dp_bytes, start - now_ns, wall, None))
         self.at(end, self.tree.dec_lock, node)
         self._write_storage(node, cause, end)
         return True
@@ -199,15 +199,15 @@ class CacheController:
         wall = kernels.backup(self.device.buffer, node.device, self.host.buffer, slots)
         self.tree.set_host(node, slots)
         dp_bytes = pages * self.host.buffer.shape[0] * self.host.buffer.shape[2] * 8
-        dur = self._copy_ns(pages, wall, dp_bytes, to_device=False)
+        runs = kernels.count_runs(node.device)
+        dur = self._copy_ns(pages, wall, dp_bytes, to_device=False, runs=runs)
         start = max(now_ns + self.blocking_ns, self.d2h_free_ns)
         self.d2h_free_ns = start + dur
         self.blocking_ns = self.d2h_free_ns - now_ns
         self.stats.write_backs += 1
         if self.probe is not None:
-            self.probe.emit(ev.Transfer(self._transfer_id(), start, start + dur, "write_back", cause, pages,
-                                        kernels.count_runs(node.device), pages * self.page_bytes, dp_bytes,
-                                        start - now_ns, wall, None))
+            self.probe.emit(ev.Transfer(self._transfer_id(), start, start + dur, "write_back", cause, pages, runs,
+                                        pages * self.page_bytes, dp_bytes, start - now_ns, wall, None))
         self._write_storage(node, cause, start + dur)
 
     def _write_storage(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
@@ -256,7 +256,8 @@ class CacheController:
                                      f"(copy kernel or slot bookkeeping bug)")
             self.stats.verified_load_backs += 1
             self.stats.verified_data_plane_bytes += dp_bytes
-        return self._copy_ns(pages, wall, dp_bytes, to_device=True), kernels.count_runs(host_slots), wall, verified
+        runs = kernels.count_runs(host_slots)
+        return self._copy_ns(pages, wall, dp_bytes, to_device=True, runs=runs), runs, wall, verified
 
     def write_computed(self, slots: list[int], page_keys: list[int]) -> None:
         """The prefill's output: KV for these pages, derived from their keys."""

@@ -2,8 +2,9 @@
 
 - prefill: roofline of the model on the GPU: max(FLOPs / (peak * MFU), weights / HBM) + launch overhead;
   FLOPs = 2 * params * new tokens + 4 * layers * hidden * new tokens * mean attended context.
-- a copy: per-transfer overhead + bytes / link bandwidth (+ a small per-page cost: small and
-  fragmented transfers are slow, which is what explain calls out);
+- a copy: per-transfer overhead + bytes / link bandwidth + per-layer costs for every page (a
+  segment the kernel moves) and every contiguous run of slots (a separate DMA where copies are
+  issued run by run): small pages and fragmented slots are slow, which is what explain calls out;
 - load-back overlapped layer by layer with prefill: the first layer's load is always exposed;
 - storage: per-operation latency + bytes / disk bandwidth.
 A `tierdiag calibrate` profile replaces the link numbers with measured ones.
@@ -20,7 +21,11 @@ from tierdiag.engine.presets import gpu_preset, model_preset
 from tierdiag.errors import ConfigError
 
 BATCH_OVERHEAD_NS = 1_000_000  # scheduling + kernel launches per prefill batch
-PAGE_OVERHEAD_NS = 100  # per-page descriptor cost inside one copy kernel
+# Per layer: each page is one segment of the copy, each contiguous run of slots one DMA. At
+# Llama-3-8B geometry a 64-token page is 256 KiB a layer, so these matter for small pages and
+# heavy fragmentation, and hardly at all otherwise.
+SEGMENT_OVERHEAD_NS = 50
+RUN_OVERHEAD_NS = 500
 DISK_BYTES_PER_S = 5e9  # NVMe-class local storage
 DISK_LATENCY_NS = 100_000
 
@@ -83,9 +88,10 @@ class CostModel:
         return int(bytes_read / self.hbm_bytes_per_s * 1e9) + 20_000
 
     # --- copies --------------------------------------------------------------------------
-    def copy_ns(self, num_bytes: int, num_pages: int, *, to_device: bool) -> int:
+    def copy_ns(self, num_bytes: int, num_pages: int, *, to_device: bool, runs: int = 1) -> int:
         bw = self.h2d_bytes_per_s if to_device else self.d2h_bytes_per_s
-        return self.transfer_overhead_ns + int(num_bytes / bw * 1e9) + PAGE_OVERHEAD_NS * num_pages
+        per_layer = SEGMENT_OVERHEAD_NS * num_pages + RUN_OVERHEAD_NS * runs
+        return self.transfer_overhead_ns + int(num_bytes / bw * 1e9) + self.num_layers * per_layer
 
     def storage_ns(self, num_bytes: int) -> int:
         return DISK_LATENCY_NS + int(num_bytes / DISK_BYTES_PER_S * 1e9)
