@@ -49,7 +49,9 @@ def connect_with_retry(path: str | os.PathLike, *, read_only: bool,
     delay = 0.02
     while True:
         try:
-            return duckdb.connect(str(path), read_only=read_only)
+            # One DuckDB thread: our queries and appends are small, and a replay writing beside
+            # the engine on a few cores should not compete with it.
+            return duckdb.connect(str(path), read_only=read_only, config={"threads": 1})
         except duckdb.IOException as exc:
             if not is_lock_error(exc) or time.monotonic() > deadline:
                 raise
