@@ -64,6 +64,11 @@ def test_slow_and_summary_json(planted):
     assert json.loads(out)["tokens"]["host_tokens"] == 2048
 
 
+def test_slow_ids_prints_only_ids_in_rank_order(planted):
+    _, out, _, _ = run_cli("slow", "--top", "2", "--class", "tiered_hit", "--ids", "--db", str(planted.path))
+    assert out.splitlines() == ["tier", "stor"]
+
+
 @pytest.mark.parametrize("args, code, fragment", [
     (("explain", "tierr"), 5, "no request 'tierr' in run"),
     (("slow", "--cause", "loadback"), 2, "unknown cause 'loadback'"),
