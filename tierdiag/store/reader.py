@@ -140,6 +140,8 @@ class RunInfo:
     wall_s: float | None
     command_line: str
     error: str | None = None  # why a failed run failed (one line)
+    kind: str = "replay"  # replay | observed
+    sweep_id: str | None = None
 
     def to_json(self) -> dict:
         d = dict(self.__dict__)
@@ -149,12 +151,12 @@ class RunInfo:
 
 _RUN_COLS = ("r.run_id, r.name, r.created_at, r.status, r.tierdiag_version, r.trace_path, r.trace_sha256, "
              "r.config_json, r.hardware_json, r.data_plane_json, r.timing, r.num_requests, r.wall_s, "
-             "r.command_line, r.pid, r.hostname, r.error")
+             "r.command_line, r.pid, r.hostname, r.error, r.kind, r.sweep_id")
 
 
 def _run_info(row, recorded: int) -> RunInfo:
     (run_id, name, created_at, status, version, trace_path, sha, config_json, hw_json, dp_json,
-     timing, num_requests, wall_s, command_line, pid, hostname, error) = row
+     timing, num_requests, wall_s, command_line, pid, hostname, error, kind, sweep_id) = row
     if status == "running" and hostname == socket.gethostname() and not _pid_alive(pid):
         # Killed (kill -9, power loss): the replay never got to write its final status.
         status = "interrupted"
@@ -167,7 +169,7 @@ def _run_info(row, recorded: int) -> RunInfo:
                    config=json.loads(config_json or "{}"), hardware=json.loads(hw_json or "{}"),
                    data_plane=json.loads(dp_json or "{}"), timing=timing,
                    num_requests=int(num_requests or 0), wall_s=wall_s, command_line=command_line or "",
-                   error=error)
+                   error=error, kind=kind or "replay", sweep_id=sweep_id)
 
 
 def list_runs(con: duckdb.DuckDBPyConnection) -> list[RunInfo]:

@@ -6,7 +6,7 @@ end of a table is compatible only if readers never rely on them positionally (th
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # v2: runs.kind, runs.sweep_id (DESIGN §5)
 
 # Column name -> DuckDB type, in table order. Times are ns of *virtual* time unless the name
 # says wall; sizes are tokens or bytes as the name says.
@@ -35,6 +35,8 @@ TABLES: dict[str, dict[str, str]] = {
         "num_requests": "BIGINT",
         "wall_s": "DOUBLE",
         "error": "VARCHAR",
+        "kind": "VARCHAR",  # replay | observed (imported from a server's own per-request export)
+        "sweep_id": "VARCHAR",  # NULL outside a sweep; one id for every run of a sweep / advise
     },
     # One row per request. Token split: device + host + storage + computed == input_tokens.
     # TTFT decomposition: queue + storage_wait + loadback_exposed + recompute + compute == ttft.

@@ -87,7 +87,8 @@ class RunWriter:
 
     def __init__(self, db_path: str | os.PathLike, *, name: str | None, trace_path: str,
                  trace_sha256: str, config: Mapping[str, Any], hardware: Mapping[str, Any],
-                 data_plane: Mapping[str, Any], timing: str, command_line: Sequence[str] | None = None):
+                 data_plane: Mapping[str, Any], timing: str, command_line: Sequence[str] | None = None,
+                 kind: str = "replay", sweep_id: str | None = None):
         self.db_path = Path(db_path)
         self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self.name = name or Path(trace_path).stem
@@ -115,6 +116,7 @@ class RunWriter:
                 "hardware_json": json.dumps(dict(hardware), sort_keys=True, default=str),
                 "data_plane_json": json.dumps(dict(data_plane), sort_keys=True, default=str),
                 "timing": timing, "num_requests": 0, "wall_s": None, "error": None,
+                "kind": kind, "sweep_id": sweep_id,
             }
             try:
                 self._append(con, "runs", {k: [v] for k, v in row.items()})
