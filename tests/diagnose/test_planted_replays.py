@@ -125,15 +125,16 @@ def test_full_miss_is_not_the_caches_fault(warm):
 
 def test_prefix_that_fell_to_storage(tmp_path):
     """'s1' caches 16 pages; six floods of 16 pages overflow both a 2,048-token device pool and a
-    2,048-token host pool, so s1's pages survive only in storage; 's2' asks for them again and
-    waits for the prefetch (wait_complete)."""
+    2,560-token host pool, so s1's pages survive only in storage; 's2' asks for them again and
+    waits for the prefetch (wait_complete). The host pool is larger than the device pool: SGLang
+    lets prefetches hold only 0.8 x (host - device) tokens, none when the two are equal."""
     t = Trace()
     prefix = list(range(200, 216))
     t.add("s1", 0, prefix)
     for i in range(6):
         t.add(f"f{i + 1}", 100 + 100 * i, t.fresh(16))
     t.add("s2", 2000, prefix + t.fresh(1))
-    run = t.replay(tmp_path, "--device-tokens", "2048", "--host-tokens", "2048", "--storage-tokens", "65536",
+    run = t.replay(tmp_path, "--device-tokens", "2048", "--host-tokens", "2560", "--storage-tokens", "65536",
                    "--prefetch-policy", "wait_complete")
     e = run.explain("s2")
     assert e.hit_class == "tiered_hit"

@@ -34,17 +34,20 @@ class Collect(Probe):
             self.lost.append(event)
 
 
-def req(req_id: str, t_ms: float, pages: list[int], *, extra_tokens: int = 1, output: int = 4, seq: int = 0) -> TraceRequest:
+def req(req_id: str, t_ms: float, pages: list[int], *, extra_tokens: int = 1, output: int = 4, seq: int = 0,
+        priority: int = 0, extra_key: str | None = None) -> TraceRequest:
     """A request whose input is `pages` (one hash id per page) plus `extra_tokens` more tokens."""
     return TraceRequest(req_id=req_id, seq=seq, line=seq + 1, arrival_ns=int(t_ms * 1e6),
                         input_len=len(pages) * PS + extra_tokens, output_len=output,
-                        hash_ids=tuple(pages) + ((max(pages) + 10**6,) if extra_tokens else ()), tokens=None)
+                        hash_ids=tuple(pages) + ((max(pages) + 10**6,) if extra_tokens else ()), tokens=None,
+                        priority=priority, extra_key=extra_key)
 
 
 def numbered(requests: list[TraceRequest]) -> list[TraceRequest]:
     out = []
     for i, r in enumerate(requests):
-        out.append(TraceRequest(r.req_id, i, i + 1, r.arrival_ns, r.input_len, r.output_len, r.hash_ids, r.tokens))
+        out.append(TraceRequest(r.req_id, i, i + 1, r.arrival_ns, r.input_len, r.output_len, r.hash_ids, r.tokens,
+                                r.priority, r.extra_key))
     return sorted(out, key=lambda r: (r.arrival_ns, r.seq))
 
 
@@ -58,5 +61,78 @@ def small_config(**kw) -> EngineConfig:
 def run(requests: list[TraceRequest], cfg: EngineConfig | None = None, **kw) -> tuple[Engine, Collect]:
     probe = Collect()
     engine = Engine(cfg or small_config(**kw), probe=probe)
+    engine.run(numbered(requests))
+    return engine, probe
+
+
+def path_state(tree, keys: list[int]) -> list[tuple]:
+    """The tree nodes along `keys`, without touching or splitting anything: one
+    (pages matched in the node, tiers "D"/"H"/"DH", lock_ref, hit_count, host_ref) per node."""
+    out = []
+    node, i = tree.root, 0
+    while i < len(keys):
+        child = node.children.get(keys[i])
+        if child is None:
+            break
+        m = 0
+        while m < len(child.keys) and i + m < len(keys) and child.keys[m] == keys[i + m]:
+            m += 1
+        tiers = ("D" if child.device is not None else "") + ("H" if child.host is not None else "")
+        out.append((m, tiers, child.lock_ref, child.hit_count, child.host_ref))
+        if m < len(child.keys):
+            break
+        node, i = child, i + m
+    return out
+
+
+class Watch(Collect):
+    """Collect, plus snapshots of chosen key paths whenever a request reaches a step:
+    `admitted` (PrefixMatched: after match, load-back and locking), `prefilled` (FirstToken: after
+    the post-prefill insert), `finished` (RequestFinished: after the finish insert and unlock),
+    `batch` (BatchScheduled, by batch id: after the previous batch's chunk inserts). Hooks run
+    the test's own callbacks at a step (e.g. to change the pools' surroundings)."""
+
+    STEPS = {ev.PrefixMatched: "admitted", ev.FirstToken: "prefilled"}
+
+    def __init__(self, paths: dict[str, list[int]], hooks=None):
+        super().__init__()
+        self.paths = paths
+        self.hooks = hooks or {}
+        self.engine = None
+        self.snaps: dict[tuple[str, str], dict] = {}
+
+    def _snap(self, step: str, who: str) -> None:
+        tree = self.engine.tree
+        self.snaps[(step, who)] = {
+            **{name: path_state(tree, keys) for name, keys in self.paths.items()},
+            "locked_device_pages": tree.locked_device_pages,
+            "host_used_pages": self.engine.host.used_pages,
+            "device_used_pages": self.engine.device.used_pages,
+        }
+        hook = self.hooks.get((step, who))
+        if hook is not None:
+            hook(self.engine)
+
+    def emit(self, event):
+        super().emit(event)
+        step = self.STEPS.get(type(event))
+        if step is not None:
+            self._snap(step, event.req_id)
+        elif isinstance(event, ev.RequestFinished) and event.record.status == "finished":
+            self._snap("finished", event.record.req_id)
+        elif isinstance(event, ev.BatchScheduled):
+            self._snap("batch", str(event.batch_id))
+        elif isinstance(event, ev.Transfer) and event.kind == "prefetch":
+            self._snap("prefetch", event.req_id)
+
+    def at(self, step: str, who: str) -> dict:
+        return self.snaps[(step, who)]
+
+
+def watch(requests: list[TraceRequest], paths: dict[str, list[int]], cfg: EngineConfig | None = None, *,
+          hooks=None, **kw) -> tuple[Engine, Watch]:
+    probe = Watch(paths, hooks)
+    engine = Engine(cfg or small_config(**kw), probe=probe)
+    probe.engine = engine
     engine.run(numbered(requests))
     return engine, probe

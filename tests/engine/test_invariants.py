@@ -7,6 +7,9 @@
 - every loaded-back byte equals what was written for that page (verify="all");
 - the TTFT decomposition adds up exactly;
 - determinism: the same trace and config give the same records and eviction order.
+
+Workloads carry output tokens (their pages are inserted at finish), `priority` and `extra_key`
+(a conversation asked under two keys); configurations draw every eviction policy.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.engine.helpers import PS, Collect, numbered, small_config
+from tierdiag.engine.config import EVICTION_POLICIES
 from tierdiag.engine.engine import Engine
 from tierdiag.trace.reader import TraceRequest
 
@@ -41,19 +45,22 @@ def workloads(draw):
         hash_ids = tuple(pages) + ((fresh + 5,) if extra else ())
         fresh += 10
         reqs.append(TraceRequest(f"r{i}", i, i + 1, t_ns, len(pages) * PS + extra,
-                                 draw(st.integers(0, 200)), hash_ids, None))
+                                 draw(st.integers(0, 200)), hash_ids, None,
+                                 priority=draw(st.sampled_from([0, 0, 1, 7])),
+                                 extra_key=draw(st.sampled_from([None, None, "lora-a"]))))
     return reqs
 
 
 @st.composite
 def configs(draw):
     storage = draw(st.sampled_from([0, 0, 48 * PS]))
+    device = draw(st.integers(4, 40))
     return small_config(
-        device_tokens=draw(st.integers(4, 40)) * PS,
-        host_tokens=draw(st.integers(1, 80)) * PS,
+        device_tokens=device * PS,
+        host_tokens=draw(st.integers(device, 80)) * PS,  # HiCache: host >= device
         storage_tokens=storage,
         write_policy=draw(st.sampled_from(["write_through", "write_through_selective", "write_back"])),
-        eviction_policy=draw(st.sampled_from(["lru", "lfu", "fifo"])),
+        eviction_policy=draw(st.sampled_from(EVICTION_POLICIES)),
         prefetch_policy=draw(st.sampled_from(["best_effort", "wait_complete", "timeout"])),
         prefetch_threshold=draw(st.sampled_from([0, PS, 4 * PS])),
         load_back_threshold=draw(st.sampled_from([0, 10, 2 * PS, 10 * PS])),
@@ -92,6 +99,10 @@ def test_invariants_hold_for_any_workload(reqs, cfg, tmp_path_factory):
         assert 0 <= r.recomputed_tokens <= r.computed_tokens
         if r.loadback_skipped_reason:
             assert r.host_hit_tokens == r.storage_hit_tokens == 0
+            # a declined load-back leaves the device part as the protected prefix
+            assert r.cache_protected_len == r.device_hit_tokens
+        else:
+            assert r.cache_protected_len == r.prefix_indices_len
         loaded_pages += r.loadback_pages
     # loaded-back bytes equal written bytes: every load-back was compared with the page content
     assert engine.stats.verified_data_plane_bytes == engine.stats.loaded_data_plane_bytes

@@ -71,8 +71,9 @@ def test_host_hit_below_threshold_is_recomputed_not_counted_as_a_hit():
     b = probe.records["b"]
     # one host page (64 tokens) < threshold 100: skipped, recorded, and computed
     assert b.host_match_tokens == PS and b.host_hit_tokens == 0
-    # the usable prefix is empty, but the tree still protects the host page it matched
-    assert (b.prefix_indices_len, b.cache_protected_len) == (0, PS)
+    # the usable prefix is empty, and so is the protected one: a declined host part falls back
+    # to the device part (init_load_back), which is nothing here
+    assert (b.prefix_indices_len, b.cache_protected_len) == (0, 0)
     assert (b.loadback_skipped_reason, b.loadback_skipped_tokens) == ("below_threshold", PS)
     assert b.hit_class == "miss" and b.computed_tokens == b.input_tokens
     assert b.recomputed_tokens == PS
@@ -82,8 +83,9 @@ def test_host_hit_below_threshold_is_recomputed_not_counted_as_a_hit():
 
 
 def test_prefix_that_fell_to_storage_is_prefetched_then_loaded_back(tmp_path):
-    # host holds only 16 pages, so the flood deletes a's host copy; storage still has it.
-    cfg = small_config(host_tokens=16 * PS, storage_tokens=128 * PS, prefetch_threshold=PS,
+    # host holds only 24 pages, so the flood deletes a's host copy; storage still has it.
+    # (host > device: SGLang lets prefetches hold 0.8 x (host - device) tokens, none when equal.)
+    cfg = small_config(host_tokens=24 * PS, storage_tokens=128 * PS, prefetch_threshold=PS,
                        prefetch_policy="wait_complete", storage_dir=str(tmp_path / "st"))
     trace = [req("a", 0, list(range(1, 9)))] + flood(100, n=4) + [req("b", 2000, list(range(1, 9)) + [91])]
     engine, probe = run(trace, cfg)
@@ -99,7 +101,7 @@ def test_prefix_that_fell_to_storage_is_prefetched_then_loaded_back(tmp_path):
 
 
 def test_best_effort_prefetch_that_has_not_arrived_is_computed(tmp_path):
-    cfg = small_config(host_tokens=16 * PS, storage_tokens=128 * PS, prefetch_threshold=PS,
+    cfg = small_config(host_tokens=24 * PS, storage_tokens=128 * PS, prefetch_threshold=PS,
                        prefetch_policy="best_effort", storage_dir=str(tmp_path / "st"))
     trace = [req("a", 0, list(range(1, 9)))] + flood(100, n=4) + [req("b", 2000, list(range(1, 9)) + [91])]
     engine, probe = run(trace, cfg)
@@ -112,20 +114,24 @@ def test_best_effort_prefetch_that_has_not_arrived_is_computed(tmp_path):
 
 @pytest.mark.parametrize("policy", ["write_through", "write_through_selective", "write_back"])
 def test_write_policies(policy):
-    # a is asked twice (so selective backs it up on the second hit), then flooded off the device.
+    # a is asked twice, then flooded off the device.
     trace = ([req("a", 0, list(range(1, 9))), req("a2", 50, list(range(1, 9)) + [60])]
              + flood(200) + [req("b", 1000, list(range(1, 9)) + [90])])
     engine, probe = run(trace, write_policy=policy)
     kinds = [t.kind for t in probe.transfers]
     b = probe.records["b"]
+    backups = [t for t in probe.transfers if t.kind == "backup"]
+    a = probe.records["a"]
     if policy == "write_through":
-        # every inserted node is backed up at insertion
+        # every inserted node is backed up at its first insert: a's 8 pages when its prefill ends
         assert kinds.count("backup") >= 1 + 3 and "write_back" not in kinds
+        assert (backups[0].req_id, backups[0].pages, backups[0].t_start_ns) == ("a", 8, a.first_token_ns)
     elif policy == "write_through_selective":
-        # only a's pages (hit twice) were backed up; flood pages were dropped, not demoted
-        backups = [t for t in probe.transfers if t.kind == "backup"]
-        assert [t.req_id for t in backups] == ["a2"]
-        assert any(e.action == "drop" for e in probe.evictions)
+        # the second insert of a node backs it up: a's prefill insert is the first, its finish
+        # insert the second, so even a lone request's prefix is backed up, at its finish
+        assert (backups[0].req_id, backups[0].pages, backups[0].t_start_ns) == ("a", 8, a.finish_ns)
+        assert [t.req_id for t in backups[:5]] == ["a", "a2", "f0", "f1", "f2"]
+        assert all(t.t_start_ns == probe.records[t.req_id].finish_ns for t in backups)
     else:
         # nothing is copied until eviction, and then synchronously
         assert "backup" not in kinds and "write_back" in kinds
@@ -190,18 +196,20 @@ def test_lpm_admits_the_request_with_the_longest_cached_prefix_first():
     assert lpm.records["b"].device_hit_tokens == 8 * PS
 
 
-def test_load_back_that_cannot_get_device_memory_is_skipped_and_computed_in_chunks():
+def test_request_that_does_not_fit_waits_for_memory_then_loads_back():
     # a's 12 pages are pushed to host by f; c holds 8 of the 16 device pages while it decodes.
-    # b then matches a's 12 host pages: loading them back (and b's tail) needs 14 pages, more
-    # than can be freed, but computing chunk by chunk needs only 2 at a time.
+    # b then matches a's 12 host pages: b as a whole (13 pages + output) does not fit beside c,
+    # so it waits (PrefillAdder.add_one_req: NO_TOKEN), and loads back once c has finished
+    # (not "recompute, device_full", which chunking would have allowed).
     trace = [req("a", 0, list(range(1, 13))), req("f", 100, list(range(100, 112))),
              req("c", 300, list(range(200, 204)), output=200), req("b", 301, list(range(1, 13)) + [50])]
     engine, probe = run(trace, max_prefill_tokens=2 * PS)
-    b = probe.records["b"]
-    assert (b.host_match_tokens, b.loadback_skipped_reason, b.loadback_skipped_tokens) == (12 * PS, "device_full", 12 * PS)
-    assert b.host_hit_tokens == 0 and b.computed_tokens == b.input_tokens and b.recomputed_tokens == 12 * PS
-    assert b.num_chunks == 7 and b.cache_protected_len == 12 * PS and b.prefix_indices_len == 0
-    assert [(s.req_id, s.reason) for s in probe.skips] == [("b", "device_full")]
+    b, c = probe.records["b"], probe.records["c"]
+    assert (b.host_match_tokens, b.loadback_skipped_reason, b.loadback_skipped_tokens) == (12 * PS, None, 0)
+    assert (b.hit_class, b.host_hit_tokens, b.computed_tokens, b.recomputed_tokens) == ("tiered_hit", 12 * PS, PS + 1, 0)
+    assert b.num_chunks == 1 and b.cache_protected_len == b.prefix_indices_len == 12 * PS
+    assert b.arrival_ns + b.queue_ns >= c.finish_ns  # it was admitted only after c had finished
+    assert not probe.skips
     engine.check_invariants(idle=True)
 
 

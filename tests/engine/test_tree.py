@@ -7,13 +7,13 @@ import pytest
 from tierdiag.engine.tree import RadixTree
 
 
-def tree_with(*paths, policy="lru"):
+def tree_with(*paths, policy="lru", priorities=None):
     """Insert each key path (fresh device slots, numbered on) at time = its index; slots of
     pages already in the tree come back as duplicates and are not reused here."""
     tree = RadixTree(64, policy)
     slot = iter(range(10_000))
     for t, keys in enumerate(paths):
-        tree.insert(keys, 0, [next(slot) for _ in keys], now_ns=t)
+        tree.insert(keys, 0, [next(slot) for _ in keys], now_ns=t, priority=(priorities or {}).get(keys[0], 0))
     return tree
 
 
@@ -29,9 +29,14 @@ def test_match_splits_a_node_where_the_prefix_ends():
 
 def test_insert_reports_duplicates_and_keeps_the_tree_slots():
     tree = tree_with([1, 2, 3])
-    last, dups, fresh = tree.insert([1, 2, 3, 4, 5], 0, [50, 51, 52, 53, 54], now_ns=5)
+    last, dups, fresh, hit = tree.insert([1, 2, 3, 4, 5], 0, [50, 51, 52, 53, 54], now_ns=5)
     assert dups == [50, 51, 52]  # pages 1-3 were already on device: ours are freed by the caller
     assert [n.keys for n in fresh] == [[4, 5]] and last.device == [53, 54]
+    # an insert is a hit for every device node it passes and the first hit of the new one
+    assert [(n.keys, n.hit_count) for n in hit] == [([1, 2, 3], 2), ([4, 5], 1)]
+    # a chunk insert counts nothing
+    _, _, _, hit = tree.insert([1, 2, 3, 4, 5, 6], 0, [60, 61, 62, 63, 64, 65], now_ns=6, count_hits=False)
+    assert hit == [] and tree.match([1, 2, 3, 4, 5, 6], now_ns=7).device_nodes[-1].hit_count == 0
 
 
 def test_lock_propagates_to_the_root_and_protects_from_eviction():
@@ -59,16 +64,26 @@ def test_demote_keeps_a_host_copy_and_exposes_the_parent():
     assert tree.pop_host_victim() is leaf
 
 
-@pytest.mark.parametrize("policy,expected", [("lru", [3, 2, 1]), ("lfu", [3, 1, 2]), ("fifo", [1, 2, 3])])
+@pytest.mark.parametrize("policy,expected", [
+    ("lru", [3, 2, 1]), ("lfu", [3, 1, 2]), ("fifo", [1, 2, 3]), ("mru", [1, 2, 3]), ("filo", [3, 2, 1]),
+    ("slru", [3, 1, 2]), ("priority", [2, 1, 3])])
 def test_eviction_order_follows_the_policy(policy, expected):
-    tree = tree_with([1], [2], [3], policy=policy)
-    # inserted at t=0, 1, 2 (one hit each); page 2 is hit twice more at t=10-11, page 1 once at t=20:
-    # LRU keeps 1 longest, LFU keeps 2 longest (3 hits), FIFO goes by insertion
-    tree.match([2], now_ns=10)
-    tree.match([2], now_ns=11)
+    # pages 1, 2, 3 inserted at t=0, 1, 2 (one insert hit each; page 3 with priority 5); page 2
+    # is inserted twice more at t=10-11 (3 hits), page 1 only matched at t=20 (access, no hit):
+    # LRU keeps 1 longest, LFU and SLRU (2 hits protect) keep 2, FIFO goes by insertion, MRU
+    # drops the most recent first, FILO the newest, priority the lowest priority then LRU
+    tree = tree_with([1], [2], [3], policy=policy, priorities={3: 5})
+    tree.insert([2], 0, [90], now_ns=10)
+    tree.insert([2], 0, [91], now_ns=11)
     tree.match([1], now_ns=20)
     order = []
     while (node := tree.pop_device_victim()) is not None:
         order.append(node.keys[0])
         tree.delete(node)
     assert order == expected
+
+
+def test_every_registered_policy_is_a_config_choice():
+    from tierdiag.engine.config import EVICTION_POLICIES
+    from tierdiag.engine.policies import EVICTION_POLICIES as REGISTRY
+    assert EVICTION_POLICIES == tuple(REGISTRY) == ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")

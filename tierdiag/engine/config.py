@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tierdiag.errors import ConfigError, ConfigFileError, unknown_name
+from tierdiag.engine.policies import EVICTION_POLICIES as _EVICTION_REGISTRY
 from tierdiag.engine.presets import GPUS, MODELS, gpu_preset, model_preset
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
-EVICTION_POLICIES = ("lru", "lfu", "fifo")
+EVICTION_POLICIES = tuple(_EVICTION_REGISTRY)
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 NARROWEST_PAGE_BYTES = 8  # one int64 a page: the least the data plane can verify
@@ -78,6 +79,14 @@ class EngineConfig:
             raise ConfigError(f"--device-tokens {self.device_tokens} is smaller than two pages ({2 * ps} tokens)")
         if self.host_tokens is not None and self.host_tokens < ps:
             raise ConfigError(f"--host-tokens {self.host_tokens} is smaller than one page ({ps} tokens)")
+        # HiCache's host pool must be at least the device pool (memory_pool_host.py,
+        # HostKVCache.__init__: "The host memory should be larger than the device memory with the
+        # current protocol"; hicache_ratio > 1). SGLang rounds the host pool up by one page, so an
+        # equal size passes there, and here.
+        if self.resolved_host_tokens() < self.resolved_device_tokens():
+            raise ConfigError(f"--host-tokens {self.resolved_host_tokens():,} is smaller than the device pool "
+                              f"({self.resolved_device_tokens():,} tokens); HiCache needs host >= device",
+                              hint="raise --host-tokens (SGLang's hicache_ratio must be at least 1)")
         if self.storage_tokens < 0 or (0 < self.storage_tokens < ps):
             raise ConfigError(f"--storage-tokens {self.storage_tokens} must be 0 (off) or at least one page ({ps})")
         for opt, value in (("--load-back-threshold", self.load_back_threshold),

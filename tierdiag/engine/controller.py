@@ -264,12 +264,13 @@ class CacheController:
         write_content(self.device, slots, page_keys)
 
     # --- storage -> host -----------------------------------------------------------------
-    def prefetch(self, skeys: list[str], req_id: str, now_ns: int) -> tuple[list[int], int, int] | None:
-        """Read pages from storage into fresh host slots. Returns (host slots, start, end) or None."""
+    def alloc_host(self, pages: int, cause: str | None, now_ns: int) -> list[int] | None:
+        """Host slots, host-evicting unprotected leaves for room (None if that cannot be done)."""
+        return self._alloc_host(pages, cause, now_ns)
+
+    def prefetch(self, skeys: list[str], slots: list[int], req_id: str, now_ns: int) -> tuple[int, int]:
+        """Read pages from storage into host `slots` (allocated by the caller). Returns (start, end)."""
         pages = len(skeys)
-        slots = self._alloc_host(pages, req_id, now_ns)
-        if slots is None:
-            return None
         rows = self.storage.read(skeys, self.host.buffer.shape[0], self.host.buffer.shape[2])
         kernels.copy_pages(rows, range(pages), self.host.buffer, slots)
         start = max(now_ns, self.disk_free_ns)
@@ -280,7 +281,7 @@ class CacheController:
             self.probe.emit(ev.Transfer(self._transfer_id(), start, end, "prefetch", req_id, pages,
                                         kernels.count_runs(slots), pages * self.page_bytes,
                                         int(rows.numel()) * 8, start - now_ns, 0, None))
-        return slots, start, end
+        return start, end
 
     def emit_load_back(self, start: int, end: int, req_id: str, pages: int, runs: int, queued: int,
                        wall: int, verified) -> None:

@@ -93,8 +93,10 @@ class Engine:
                 locked_host += len(node.keys) if node.host is not None else 0
             if idle:
                 assert node.lock_ref == 0, f"{node}: still locked after every request finished"
+                assert node.host_ref == 0, f"{node}: host copy still protected after every request finished"
         assert len(set(dev_slots)) == len(dev_slots), "a device slot is owned by two tree nodes"
         assert len(set(host_slots)) == len(host_slots), "a host slot is owned by two tree nodes"
+        assert self.tree.device_pages == len(dev_slots), "tree device page counter drifted"
         assert self.tree.locked_device_pages == locked_dev, "locked device page counter drifted"
         assert self.tree.locked_host_pages == locked_host, "locked host page counter drifted"
         if idle:

@@ -1,11 +1,16 @@
-"""The scheduler on a virtual clock: arrivals, a waiting queue (FCFS), prefill batches under a
-token budget with chunked prefill, admission gated on device memory, modelled decode, and
-`cache_finished_req` / `cache_unfinished_req` into the tree.
+"""The scheduler on a virtual clock: arrivals, a waiting queue (FCFS or LPM), prefill batches
+under a token budget with chunked prefill, admission gated on device memory, modelled decode, and
+`cache_unfinished_req` / `cache_finished_req` into the tree. The rules mirror SGLang 0.5.9
+(managers/scheduler.py, schedule_policy.py, scheduler_output_processor_mixin.py,
+mem_cache/hiradix_cache.py); each function names the one it restates.
 
 A request's life (times on the virtual clock):
 
-    arrival ──queue──► admitted (match_prefix, load-back, alloc) ──prefill chunk(s)──► first token
-            ──decode (output_len steps)──► finish: insert KV into the tree, unlock, free the rest
+    arrival (storage prefetch starts) ──queue──► admitted: match_prefix, whole request fits?
+        (else it waits), load-back, alloc ──prefill chunk(s) (chunk insert after each)──►
+        last chunk: insert input pages (cache_unfinished_req), first token
+        ──decode (output_len steps)──► finish: insert input + output pages (cache_finished_req),
+        unlock, free the rest
 
 Token split at admission (`prefix_indices` = device original + what load-back restored):
 
@@ -25,13 +30,23 @@ from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.tree import RadixTree, TreeNode
 from tierdiag.errors import TierdiagError
 from tierdiag.probes import events as ev
-from tierdiag.trace.pages import page_keys as trace_page_keys, storage_key_chain
+from tierdiag.trace.pages import output_page_keys, page_keys as trace_page_keys, storage_key_chain
 from tierdiag.trace.reader import TraceRequest
 
 
-# Like SGLang, LPM falls back to FCFS when the queue is long: matching every waiting request
-# before every batch would cost more than it saves.
+# Like SGLang (SchedulePolicy._determine_active_policy), LPM falls back to FCFS past 128 waiting:
+# matching every waiting request before every batch would cost more than it saves.
 LPM_MAX_WAITING = 128
+# schedule_policy.py IN_BATCH_PREFIX_CACHING_{CHECK,DEPRIORITIZE}_THRESHOLD (tokens): a waiting
+# request whose cached device prefix is at most CHECK tokens, and that shares at least
+# DEPRIORITIZE tokens with a request ahead of it in the queue, goes last for this batch, so the
+# one ahead computes the shared prefix once.
+IN_BATCH_CHECK_TOKENS = 32
+IN_BATCH_DEPRIORITIZE_TOKENS = 32
+# HiRadixCache.write_through_threshold: insert hits that trigger a device->host backup.
+WRITE_THROUGH_THRESHOLD = {"write_through": 1, "write_through_selective": 2}
+# HiCacheController: prefetches in flight may hold at most this share of (host - device) tokens.
+PREFETCH_CAPACITY_SHARE = 0.8
 
 
 class EngineError(TierdiagError):
@@ -41,7 +56,7 @@ class EngineError(TierdiagError):
 class Req:
     __slots__ = (
         "seq", "req_id", "arrival_ns", "input_len", "output_len", "keys", "total_pages", "max_match_pages",
-        "skeys", "prefetch", "prefetch_node", "hold_until_ns", "held",
+        "skeys", "prefetch", "anchor", "prefetch_tokens", "hold_until_ns", "held", "priority", "sort_key",
         "lock_node", "dev_pages", "prefix_pages", "host_loaded_pages", "storage_loaded_pages",
         "host_match_pages", "storage_match_pages", "lb_skip_reason", "lb_skip_pages", "storage_skip_reason",
         "own_slots", "own_from", "done_tokens", "extend_total", "recomputed_pages",
@@ -59,7 +74,10 @@ class Req:
         self.keys: list[int] = []
         self.skeys: list[str] | None = None
         self.prefetch = None  # (first page, pages, host slots, start ns, end ns)
-        self.prefetch_node: TreeNode | None = None
+        self.anchor: TreeNode | None = None  # the node whose host copy the prefetch protects
+        self.prefetch_tokens = 0  # tokens the prefetch counts against the capacity limit
+        self.priority = t.priority
+        self.sort_key = 0.0
         self.hold_until_ns = 0
         self.held = False
         self.lock_node: TreeNode | None = None
@@ -83,7 +101,7 @@ class Req:
         self.first_token_ns: int | None = None
         self.lost: dict[int, int] = {}  # eviction id -> tokens of this request's prefix it took
         self.lb_wall = 0
-        self.protected_pages = 0  # cache_protected_len in pages: the matched path the tree locks for us
+        self.protected_pages = 0  # cache_protected_len in pages: the prefix the tree protects for us
         self.lb_verified: bool | None = None
 
 
@@ -105,6 +123,12 @@ class Scheduler:
         self._order = 0
         self._batch_id = 0
         self._current = 0  # virtual time of the event being handled
+        self.count_hits = cfg.write_policy != "write_back"  # _inc_hit_count returns early under write_back
+        self.backup_threshold = WRITE_THROUGH_THRESHOLD.get(cfg.write_policy)
+        self.prefetch_threshold = max(cfg.prefetch_threshold, self.ps)  # HiCacheController: >= a page
+        self.prefetch_limit_tokens = max(0, int(PREFETCH_CAPACITY_SHARE * (ctrl.host.capacity - ctrl.device.capacity)
+                                                * self.ps))
+        self.prefetch_tokens_occupied = 0
         ctrl.at = self.at
 
     def at(self, t_ns: int, fn, arg) -> None:
@@ -138,8 +162,6 @@ class Scheduler:
             if gpu_free > now:
                 candidates.append(gpu_free)
             if not candidates:
-                if (self.waiting or self.chunked is not None) and self._release_prefetch_locks():
-                    continue
                 if self.waiting or self.chunked is not None:
                     head = self.chunked or self.waiting[0]
                     raise EngineError(
@@ -150,19 +172,6 @@ class Scheduler:
             now = max(now, min(candidates))
         self.stats.virtual_end_ns = now
         return self.stats
-
-    def _release_prefetch_locks(self) -> bool:
-        """A waiting request's prefetched pages are locked in the tree, and the lock pins their
-        device-resident ancestors too. When nothing else can free memory for the request ahead
-        of it, waiting would be forever: give those locks up (the pages stay in the tree, on host,
-        for whoever matches them before they are evicted)."""
-        released = False
-        for req in self.waiting:
-            if req.prefetch_node is not None:
-                self.tree.dec_lock(req.prefetch_node)
-                req.prefetch_node = None
-                released = True
-        return released
 
     # --- arrival -------------------------------------------------------------------------
     def _arrive(self, t: TraceRequest, now: int) -> None:
@@ -192,98 +201,165 @@ class Scheduler:
 
     # --- storage prefetch ----------------------------------------------------------------
     def _start_prefetch(self, req: Req, now: int) -> None:
-        # Every full page may be inserted (and so backed up to storage) at finish: key them all.
+        """Scheduler._prefetch_kvcache + HiRadixCache.prefetch_from_storage (SGLang 0.5.9).
+
+        At arrival: match_prefix; only if the last device node is backed up (the root counts),
+        reserve host room for the whole remaining input (page-aligned) and protect the last
+        host-backed node's host copy (protect_host: no device page is pinned); then the storage
+        hit query keeps the host pages of the consecutive hits and releases the rest, or revokes
+        the prefetch below prefetch_threshold.
+
+            input pages |-- device --|-- host --|----- remaining input (host room reserved) -----|
+                                                |-- storage hits --|  (read into host) | released |
+        """
+        # Every full page may be inserted (and so backed up to storage) later: key them all.
         req.skeys = storage_key_chain(req.keys)
         self.ctrl.storage_key_of.update(zip(req.keys, req.skeys))
-        keys = req.keys[:req.max_match_pages]
-        _, in_tree = self.tree.locate(keys)
-        storage = self.ctrl.storage
-        end = in_tree
-        while end < len(keys) and req.skeys[end] in storage:
+        tree, ctrl, ps = self.tree, self.ctrl, self.ps
+        match = tree.match(req.keys[:req.max_match_pages], now)  # init_next_round_input
+        matched = match.device_pages + match.host_pages
+        storage = ctrl.storage
+        end = matched
+        while end < len(req.keys) and req.skeys[end] in storage:
             end += 1
-        pages = end - in_tree
-        req.storage_match_pages = pages
-        if pages == 0:
+        hits = end - matched
+        # What storage could have given this request (its last input token is always computed).
+        req.storage_match_pages = max(0, min(end, req.max_match_pages) - matched)
+        last_dev = match.last_device_node or tree.root
+        remaining = len(req.keys) - matched
+        reason = None
+        if last_dev is not tree.root and last_dev.host is None:
+            reason = "not_backed_up"  # "otherwise, the allocated GPU memory must be locked for integrity"
+        elif remaining * ps < self.prefetch_threshold:
+            reason = "below_threshold"
+        elif self.prefetch_tokens_occupied >= self.prefetch_limit_tokens:
+            reason = "rate_limited"  # HiCacheController.prefetch_rate_limited
+        if reason is not None:
+            if req.storage_match_pages:
+                req.storage_skip_reason = reason
             return
-        if pages * self.ps < self.cfg.prefetch_threshold:
-            req.storage_skip_reason = "below_threshold"
+        anchor = match.host_nodes[-1] if match.host_nodes else last_dev
+        tree.protect_host(anchor)
+        slots = ctrl.alloc_host(remaining, req.req_id, now)
+        if slots is None:
+            tree.release_host(anchor)
+            if req.storage_match_pages:
+                req.storage_skip_reason = "host_full"
             return
-        got = self.ctrl.prefetch(req.skeys[in_tree:end], req.req_id, now)
-        if got is None:
-            req.storage_skip_reason = "host_full"
+        if hits * ps < self.prefetch_threshold:  # prefetch_thread_func: revoke, not enough benefit
+            ctrl.host.free(slots)
+            tree.release_host(anchor)
+            if req.storage_match_pages:
+                req.storage_skip_reason = "below_threshold"
             return
-        slots, start, done = got
-        req.prefetch = (in_tree, pages, slots, start, done)
+        ctrl.host.free(slots[hits:])
+        slots = slots[:hits]
+        start, done = ctrl.prefetch(req.skeys[matched:end], slots, req.req_id, now)
+        req.prefetch = (matched, hits, slots, start, done)
+        req.anchor = anchor
+        req.prefetch_tokens = remaining * ps
+        self.prefetch_tokens_occupied += req.prefetch_tokens
         req.storage_fetch_ns = done - start
-        req.storage_bytes = pages * self.ctrl.page_bytes
-        self.at(done, self._prefetch_done, req)
+        req.storage_bytes = hits * ctrl.page_bytes
         policy = self.cfg.prefetch_policy
         if policy == "wait_complete":
             req.hold_until_ns = done
         elif policy == "timeout":
-            timeout_ns = int((1.0 + 0.25 * pages * self.ps / 1024) * 1e9)
+            timeout_ns = int((1.0 + 0.25 * hits * ps / 1024) * 1e9)
             req.hold_until_ns = min(done, now + timeout_ns)
         if req.hold_until_ns > now:
             self.at(req.hold_until_ns, _noop, None)
 
-    def _prefetch_done(self, req: Req) -> None:
-        if req.prefetch is not None and req.sched_ns is None:
-            self._attach_prefetch(req, req.prefetch[1])
-
-    def _attach_prefetch(self, req: Req, pages_done: int) -> None:
-        """Put the prefetched pages into the tree as host-only nodes, locked for this request."""
-        first, pages, slots, _, _ = req.prefetch
+    def _finish_prefetch(self, req: Req, now: int) -> None:
+        """HiRadixCache.check_prefetch_progress, once the policy lets the prefetch end: the pages
+        read so far go into the tree as host-only nodes below the anchor (pages someone else put
+        there meanwhile are duplicates and freed), the rest is released, the anchor unprotected.
+        The new nodes are not locked: admission follows at once and loads them back."""
+        first, pages, slots, start, end = req.prefetch
+        done = pages if now >= end else max(0, (pages * (now - start)) // max(end - start, 1))
         req.prefetch = None
-        node, matched = self.tree.locate(req.keys[:first])
-        usable = 0
-        if matched == first and pages_done and req.keys[first] not in node.children:
-            usable = pages_done
-            new = self.tree.insert_host(node, req.keys[first:first + usable], slots[:usable],
-                                        req.arrival_ns, req.req_id)
-            new.prefetched_for = req.seq
-            self.tree.inc_lock(new)
-            req.prefetch_node = new
-        self.ctrl.host.free(slots[usable:])
-        if usable < pages and req.storage_skip_reason is None:
+        tree = self.tree
+        node, matched = tree.locate(req.keys[:first + done])
+        kept = 0
+        if matched >= first:  # else the anchor's path left the tree: nothing to hang the pages on
+            dup = matched - first
+            self.ctrl.host.free(slots[:dup])
+            if done > dup:
+                new = tree.insert_host(node, req.keys[matched:first + done], slots[dup:done], now, req.req_id)
+                new.prefetched_for = req.seq
+            kept = done
+        else:
+            self.ctrl.host.free(slots[:done])
+        self.ctrl.host.free(slots[done:])
+        tree.release_host(req.anchor)
+        req.anchor = None
+        self.prefetch_tokens_occupied -= req.prefetch_tokens
+        req.prefetch_tokens = 0
+        if kept < pages and req.storage_skip_reason is None:
             req.storage_skip_reason = "prefetch_incomplete"
 
     # --- batches -------------------------------------------------------------------------
     def _batch(self, now: int) -> int | None:
+        """Scheduler.get_new_batch_prefill: the chunked request first, then waiting requests in
+        policy order until one does not fit (it and everyone behind it wait)."""
         ps = self.ps
         budget = self.cfg.max_prefill_tokens
         items: list[tuple[Req, int, int, int]] = []  # (req, chunk tokens, load-back ns, load-back pages)
         self.ctrl.blocking_ns = 0
+        chunk_continues = False
         if self.chunked is not None:
             req = self.chunked
             take = self._continue_chunk(req, budget, now)
             if take is None:
                 return None  # the chunked request needs memory first; it goes before everyone
             items.append((req, take, 0, 0))
-            budget -= take
+            budget -= -(-take // ps) * ps
+            chunk_continues = req.done_tokens + take < req.input_len
         if self.cfg.schedule_policy == "lpm" and 1 < len(self.waiting) <= LPM_MAX_WAITING:
-            self._sort_by_cached_prefix()
+            self._sort_by_device_prefix(now)
         i = 0
-        while self.chunked is None and budget >= ps and i < len(self.waiting):
+        while not chunk_continues and budget >= ps and i < len(self.waiting):
             req = self.waiting[i]
-            if req.hold_until_ns > now:
+            if req.hold_until_ns > now:  # "skip staging requests that are ongoing prefetch"
                 req.held = True
                 i += 1
                 continue
-            admitted = self._admit(req, budget, now)
+            admitted = self._admit(req, budget, now, first=not items)
             if admitted is None:
-                break  # FCFS: the head waits for memory, and so does everyone behind it
+                break  # NO_TOKEN or OTHER: the request waits, and so does everyone behind it
             del self.waiting[i]
             take, lb_ns, lb_pages = admitted
             items.append((req, take, lb_ns, lb_pages))
-            budget -= take
+            budget -= -(-take // ps) * ps  # PrefillAdder._update_prefill_budget: page-ceiled
+            if req.done_tokens + take < req.input_len:
+                break  # it became the chunked request; the budget is spent
         if not items:
             return None
         return self._run_batch(items, now)
 
-    def _sort_by_cached_prefix(self) -> None:
-        """Longest cached prefix (any tier) first; ties keep arrival order (the sort is stable)."""
-        locate = self.tree.locate
-        self.waiting.sort(key=lambda r: -locate(r.keys[:r.max_match_pages])[1])
+    def _sort_by_device_prefix(self, now: int) -> None:
+        """SchedulePolicy._compute_prefix_matches + _sort_by_longest_prefix (SGLang 0.5.9): every
+        waiting request is matched (touching access times) and ranked by its *device* prefix;
+        one whose device prefix is at most IN_BATCH_CHECK_TOKENS and that shares at least
+        IN_BATCH_DEPRIORITIZE_TOKENS with a request ahead of it is moved to the end. The sort is
+        stable, so ties keep queue order.
+
+        SGLang's in-batch check runs on a token-level tree of the waiting inputs; page keys see
+        whole pages only, so "shares >= 32 tokens" is read as "shares the pages covering 32
+        tokens" (exact for page sizes of 32 and up)."""
+        ps, match = self.ps, self.tree.match
+        need = -(-IN_BATCH_DEPRIORITIZE_TOKENS // ps)  # pages that cover the threshold
+        seen: set[int] = set()  # chained keys: sharing key j means sharing pages 0..j
+        for r in self.waiting:
+            dev = match(r.keys, now).device_pages
+            r.sort_key = -dev
+            if dev * ps <= IN_BATCH_CHECK_TOKENS and len(r.keys) >= need:
+                k = r.keys[need - 1]
+                if k in seen:
+                    r.sort_key = float("inf")
+                else:
+                    seen.add(k)
+        self.waiting.sort(key=_sort_key)
 
     def _pages_through(self, req: Req, end_tokens: int) -> int:
         if end_tokens >= req.input_len:
@@ -293,59 +369,84 @@ class Scheduler:
     def _take(self, remaining: int, budget: int) -> int:
         return remaining if remaining <= budget else (budget // self.ps) * self.ps
 
-    def _admit(self, req: Req, budget: int, now: int):
-        """match_prefix, decide load-back, allocate. None when device memory can't be had."""
+    def _admit(self, req: Req, budget: int, now: int, *, first: bool):
+        """PrefillAdder.add_one_req (SGLang 0.5.9), with HiRadixCache.init_load_back inside it.
+
+        1. match_prefix: a device part and a host part (`host_hit_length`), the storage pages
+           this request's prefetch brought in being host pages by now;
+        2. OTHER: a request after the first one whose input (less the host part) does not fit
+           what is left of the batch budget waits for the next batch;
+        3. lock the device path, then NO_TOKEN: the whole request (input beyond the device part,
+           host part included, plus its output) must fit in free + evictable device memory, or
+           it waits. It is not recomputed: memory frees as running requests finish;
+        4. load-back of the host part, all or nothing: declined below load_back_threshold, or
+           when eviction cannot make room for the host part (`device_full`). Declined, the
+           prefix is the device part: cache_protected_len = device part, and only the device
+           path stays locked;
+        5. allocate the first chunk (the last chunk also holds the output pages).
+        Returns (chunk tokens, load-back ns, load-back pages), or None when the request waits.
+        """
         ps = self.ps
         tree, ctrl = self.tree, self.ctrl
-        if req.prefetch is not None:  # best effort (or timed out): take what has arrived
-            first, pages, _, start, end = req.prefetch
-            done = pages if now >= end else max(0, (pages * (now - start)) // max(end - start, 1))
-            self._attach_prefetch(req, done)
+        if req.prefetch is not None:  # check_prefetch_progress: the policy lets it end now
+            self._finish_prefetch(req, now)
         match = tree.match(req.keys[:req.max_match_pages], now, req.req_id)
-        lock_node = match.last_node or tree.root
-        tree.inc_lock(lock_node)
         dev_pages = match.device_pages
         host_nodes = match.host_nodes
         storage_pages = sum(len(n.keys) for n in host_nodes if n.prefetched_for == req.seq)
         host_pages = match.host_pages - storage_pages
         tiered = host_pages + storage_pages
+        if not first and -(-(req.input_len - (dev_pages + tiered) * ps) // ps) * ps >= budget:
+            return None  # OTHER: real_input_tokens >= rem_input_tokens
+        dev_node = match.last_device_node or tree.root
+        tree.inc_lock(dev_node)
+        if req.total_pages - dev_pages > ctrl.device.free_pages + tree.evictable_device_pages:
+            tree.dec_lock(dev_node)
+            return None  # NO_TOKEN: total_tokens >= rem_total_tokens
         load = tiered > 0
         skip = None
         if load and tiered * ps < self.cfg.load_back_threshold:
             load, skip = False, "below_threshold"
         if load:
-            take = self._take(req.input_len - (dev_pages + tiered) * ps, budget)
-            need = self._pages_through(req, (dev_pages + tiered) * ps + take) - dev_pages
-            if not ctrl.evict_device(need, req.req_id, now):
+            # Room for the host part first (HiCacheController.load, else evict and retry). Its
+            # host copies are protected until allocation is done: a write-back during eviction
+            # needs host room and must not take the very pages about to be loaded.
+            tree.protect_host(host_nodes[-1])
+            if not ctrl.evict_device(tiered, req.req_id, now):
+                tree.release_host(host_nodes[-1])
                 load, skip = False, "device_full"
-        if not load:
-            take = self._take(req.input_len - dev_pages * ps, budget)
-            need = self._pages_through(req, dev_pages * ps + take) - dev_pages
-            if not ctrl.evict_device(need, req.req_id, now):
-                tree.dec_lock(lock_node)
-                return None
+        prefix_pages = dev_pages + tiered if load else dev_pages
+        if not load and not first and -(-(req.input_len - prefix_pages * ps) // ps) * ps >= budget:
+            tree.dec_lock(dev_node)
+            return None  # OTHER, with the declined host part counted as input
+        take = self._take(req.input_len - prefix_pages * ps, budget)
+        need = self._pages_through(req, prefix_pages * ps + take) - dev_pages
+        if not ctrl.evict_device(need, req.req_id, now):
+            raise EngineError(f"request {req.req_id}: admitted with {need} device pages needed, but eviction "
+                              f"could not free them ({ctrl.device.free_pages} free, "
+                              f"{tree.evictable_device_pages} evictable)")
+        if load:
+            tree.release_host(host_nodes[-1])
         slots = ctrl.device.alloc(need)
         assert slots is not None, "evict_device reported room that alloc could not find"
-        if req.prefetch_node is not None:  # our own lock now protects the prefetched pages
-            tree.dec_lock(req.prefetch_node)
-            req.prefetch_node = None
         lb_ns = 0
+        lock_node = dev_node
         if load:
             lb_slots, slots = slots[:tiered], slots[tiered:]
-            first = dev_pages
+            first_page = dev_pages
             lb_ns, runs, wall, verified = ctrl.load_back(host_nodes, lb_slots, req.req_id, now,
-                                                         req.keys[first:first + tiered])
+                                                         req.keys[first_page:first_page + tiered])
             req.lb_pages, req.lb_runs, req.lb_ns = tiered, runs, lb_ns
             req.host_loaded_pages, req.storage_loaded_pages = host_pages, storage_pages
-            req.prefix_pages = dev_pages + tiered
             req.lb_wall, req.lb_verified = wall, verified
-        else:
-            req.prefix_pages = dev_pages
+            lock_node = host_nodes[-1]  # the request now holds the loaded path
+            tree.inc_lock(lock_node)
+            tree.dec_lock(dev_node)
+        req.prefix_pages = prefix_pages
         req.lock_node = lock_node
-        # The tree protects the whole matched path (device and host nodes) for this request,
-        # whether or not the host part was loaded back: cache_protected_len may exceed the
-        # usable prefix_indices when a load-back was skipped.
-        req.protected_pages = dev_pages + tiered
+        # cache_protected_len: reset to the new prefix after a load-back; the device part when
+        # the load-back was declined (host nodes stay unlocked then, free to be evicted).
+        req.protected_pages = prefix_pages
         req.dev_pages = dev_pages
         req.host_match_pages = host_pages
         if storage_pages:
@@ -353,17 +454,13 @@ class Scheduler:
         req.lb_skip_reason = skip
         req.lb_skip_pages = tiered if skip else 0
         req.own_slots = slots
-        req.own_from = req.prefix_pages
-        req.done_tokens = req.prefix_pages * ps
+        req.own_from = prefix_pages
+        req.done_tokens = prefix_pages * ps
         req.extend_total = req.input_len - req.done_tokens
         req.sched_ns = now
         self._count_recomputed(req, match, skip is not None)
-        if self.cfg.write_policy == "write_through_selective":
-            for node in match.device_nodes:
-                if node.host is None and node.hit_count >= 2:
-                    ctrl.backup(node, req.req_id, now)
         if self.probe is not None:
-            prefix = req.prefix_pages * ps
+            prefix = prefix_pages * ps
             self.probe.emit(ev.PrefixMatched(now, req.req_id, dev_pages * ps, req.host_loaded_pages * ps,
                                              req.storage_loaded_pages * ps, prefix, req.protected_pages * ps))
             if skip:
@@ -461,7 +558,7 @@ class Scheduler:
             if req.done_tokens >= req.input_len:
                 if self.chunked is req:
                     self.chunked = None
-                self.at(end, self._first_token, req)
+                self.at(end, self._prefill_done, req)
             else:
                 self.chunked = req
                 self.at(end, self._cache_unfinished, req)
@@ -483,25 +580,45 @@ class Scheduler:
 
     # --- completion ----------------------------------------------------------------------
     def _cache_unfinished(self, req: Req) -> None:
-        """Chunked prefill: give the tree the full pages computed so far, keep them locked."""
-        self._insert(req, min(req.done_tokens // self.ps, len(req.keys)), self._current)
+        """A chunk that is not the last: Scheduler.stash_chunked_request ->
+        cache_unfinished_req(chunked=True). The full pages computed so far enter the tree and stay
+        locked; no hit is counted and nothing is backed up (_inc_hit_count skips chunked)."""
+        self._insert(req, min(req.done_tokens // self.ps, len(req.keys)), self._current, chunk=True)
 
-    def _insert(self, req: Req, upto: int, now: int) -> list[TreeNode]:
-        if upto <= req.own_from:
+    def _prefill_done(self, req: Req) -> None:
+        """process_batch_result_prefill: after the last chunk a request that goes on decoding is
+        inserted (cache_unfinished_req), so a request arriving now matches it on device while it
+        decodes; the insert counts hits and starts write-through. A request finished by its first
+        token (output <= 1) is only inserted at finish (release_kv_cache)."""
+        if req.output_len > 1:
+            self._insert(req, len(req.keys), self._current, chunk=False)
+        self._first_token(req)
+
+    def _insert(self, req: Req, upto: int, now: int, *, chunk: bool) -> list[TreeNode]:
+        """cache_unfinished_req / cache_finished_req: insert pages [0, upto) of req.keys; our
+        slots for pages already on device are freed; the lock moves to the new end of the path.
+        Outside chunk inserts every device node on the path gains a hit, and one not backed up
+        whose hits reach the write policy's threshold is backed up now (every insert retries a
+        backup that is missing: HiRadixCache._inc_hit_count)."""
+        if upto == 0:
             return []
         n = upto - req.own_from
-        last, dups, fresh = self.tree.insert(req.keys[:upto], req.own_from, req.own_slots[:n], now, req.req_id)
+        tree = self.tree
+        last, dups, fresh, hit = tree.insert(req.keys[:upto], req.own_from, req.own_slots[:n], now, req.req_id,
+                                             count_hits=self.count_hits and not chunk, priority=req.priority)
         self.ctrl.device.free(dups)
         del req.own_slots[:n]
         req.own_from = upto
-        self.tree.inc_lock(last)
-        self.tree.dec_lock(req.lock_node)
-        req.lock_node = last
+        if last is not req.lock_node:
+            tree.inc_lock(last)
+            tree.dec_lock(req.lock_node)
+            req.lock_node = last
         for node in fresh:
             self.ctrl.cached_once.update(dict.fromkeys(node.keys, 0))
-        if self.cfg.write_policy == "write_through":
-            for node in fresh:
-                if node.host is None:
+        threshold = self.backup_threshold
+        if threshold is not None:
+            for node in hit:
+                if node.host is None and node.device is not None and node.hit_count >= threshold:
                     self.ctrl.backup(node, req.req_id, now)
         return fresh
 
@@ -518,11 +635,24 @@ class Scheduler:
         self.at(now + req.output_len * step, self._finish, req)
 
     def _finish(self, req: Req) -> None:
+        """cache_finished_req: the committed KV, input and output (all but the last output token,
+        which never went through the model), page-aligned, is inserted; the unaligned tail is freed.
+        Output pages get synthetic keys (trace.pages.output_page_keys): no later trace request
+        carries the same tokens, so they take device (and host) room without ever being hit."""
         now = self._current
         ps = self.ps
         self.running_context_tokens -= req.input_len + req.output_len
-        n_full = min(req.input_len // ps, len(req.keys))
-        self._insert(req, n_full, now)
+        n_full = (req.input_len + max(req.output_len - 1, 0)) // ps
+        n_in = len(req.keys)
+        if n_full > n_in:
+            out_keys = output_page_keys(req.req_id, req.keys, n_full - n_in)
+            off = n_in - req.own_from
+            self.ctrl.write_computed(req.own_slots[off:off + len(out_keys)], out_keys)
+            if self.ctrl.storage is not None:
+                prev = req.skeys[-1] if req.skeys else ""
+                self.ctrl.storage_key_of.update(zip(out_keys, storage_key_chain(out_keys, prev)))
+            req.keys.extend(out_keys)
+        self._insert(req, n_full, now, chunk=False)
         self.ctrl.device.free(req.own_slots)
         req.own_slots = []
         self.tree.dec_lock(req.lock_node)
@@ -603,3 +733,7 @@ class Scheduler:
 
 def _noop(_arg) -> None:
     """An event that only wakes the scheduler (a prefetch hold ends)."""
+
+
+def _sort_key(req: Req) -> float:
+    return req.sort_key

@@ -17,10 +17,13 @@ import heapq
 from dataclasses import dataclass
 from typing import Callable
 
+from tierdiag.engine.policies import EVICTION_POLICIES
+
 
 class TreeNode:
     __slots__ = ("id", "parent", "children", "keys", "device", "host", "lock_ref", "hit_count",
-                 "last_access_ns", "created_ns", "n_dev_children", "owner", "prefetched_for", "evicted_by")
+                 "last_access_ns", "created_ns", "n_dev_children", "owner", "prefetched_for", "evicted_by",
+                 "priority", "host_ref")
 
     def __init__(self, node_id: int, parent: "TreeNode | None", keys: list[int],
                  device: list[int] | None, host: list[int] | None, now_ns: int, owner: str | None):
@@ -38,6 +41,10 @@ class TreeNode:
         self.owner = owner  # the last request that used these pages
         self.prefetched_for: int | None = None  # request seq whose storage prefetch brought it in
         self.evicted_by: int | None = None  # eviction id that demoted it (host-only nodes)
+        self.priority = 0  # max "priority" of the requests that inserted it (eviction policy priority)
+        # SGLang's host_ref_counter (protect_host): a prefetch anchored here keeps the host copy
+        # from host eviction without pinning any device page.
+        self.host_ref = 0
 
     @property
     def num_pages(self) -> int:
@@ -48,11 +55,6 @@ class TreeNode:
         return f"<node {self.id} pages={len(self.keys)} {tiers} lock={self.lock_ref}>"
 
 
-PRIORITIES: dict[str, Callable[[TreeNode], tuple]] = {
-    "lru": lambda n: (n.last_access_ns, n.id),
-    "lfu": lambda n: (n.hit_count, n.last_access_ns, n.id),
-    "fifo": lambda n: (n.created_ns, n.id),
-}
 
 
 @dataclass(frozen=True)
@@ -86,10 +88,13 @@ class TreeMatch:
 class RadixTree:
     def __init__(self, page_size: int, eviction_policy: str = "lru"):
         self.page_size = page_size
-        self.priority = PRIORITIES[eviction_policy]
+        policy = EVICTION_POLICIES[eviction_policy]
+        self.priority = policy.key
+        self._repush_on_touch = policy.key_can_shrink
         self._next_id = 1
         self.root = TreeNode(0, None, [], [], None, 0, None)
         self.root.lock_ref = 1  # the root is never evicted
+        self.device_pages = 0  # pages of tree nodes on device (the root holds none)
         self.locked_device_pages = 0
         self.locked_host_pages = 0
         self._device_heap: list = []
@@ -101,7 +106,13 @@ class RadixTree:
         parent.children[keys[0]] = node
         if device is not None:
             parent.n_dev_children += 1
+            self.device_pages += len(keys)
         return node
+
+    @property
+    def evictable_device_pages(self) -> int:
+        """Device pages eviction could free now: SGLang's evictable_size() (unlocked tree pages)."""
+        return self.device_pages - self.locked_device_pages
 
     # --- matching ------------------------------------------------------------------------
     @staticmethod
@@ -135,6 +146,7 @@ class RadixTree:
         upper.last_access_ns = node.last_access_ns
         upper.prefetched_for = node.prefetched_for
         upper.evicted_by = node.evicted_by
+        upper.priority = node.priority  # SGLang: the new node inherits the child's priority
         node.keys = node.keys[pages:]
         if node.device is not None:
             node.device = node.device[pages:]
@@ -148,10 +160,13 @@ class RadixTree:
 
     def _walk(self, keys: list[int], now_ns: int | None = None, owner: str | None = None) -> list[TreeNode]:
         """The path of nodes matching a prefix of `keys`, the last one split so the path ends
-        exactly where the match does. With `now_ns`, touches each node (access time, hit count)."""
+        exactly where the match does. With `now_ns`, touches each node's access time (and, with
+        `owner`, records who used it). Matching never counts a hit: SGLang 0.5.9 counts hits per
+        insert (HiRadixCache._inc_hit_count), not per match_prefix."""
         node = self.root
         i, n = 0, len(keys)
         path: list[TreeNode] = []
+        repush = self._repush_on_touch and now_ns is not None
         while i < n:
             child = node.children.get(keys[i])
             if child is None:
@@ -161,16 +176,23 @@ class RadixTree:
                 child = self._split(child, m)
             if now_ns is not None:
                 child.last_access_ns = now_ns
-                child.hit_count += 1
-                child.owner = owner
+                if owner is not None:
+                    child.owner = owner
+                if repush:
+                    self._touched(child)
             path.append(child)
             node = child
             i += m
         return path
 
+    def _touched(self, node: TreeNode) -> None:
+        """A policy whose key can shrink (mru) needs the node re-pushed with its new key."""
+        self._push_device(node)
+        self._push_host(node)
+
     def match(self, keys: list[int], now_ns: int, owner: str | None = None) -> TreeMatch:
         """Longest cached prefix of `keys`, split by residency (SGLang's match_prefix: touches
-        every node on the path)."""
+        the access time of every node on the path)."""
         path = self._walk(keys, now_ns, owner)
         on_device = 0
         while on_device < len(path) and path[on_device].device is not None:
@@ -185,52 +207,72 @@ class RadixTree:
 
     # --- insertion -----------------------------------------------------------------------
     def insert(self, keys: list[int], own_from: int, device_slots: list[int], now_ns: int,
-               owner: str | None = None) -> tuple[TreeNode, list[int], list[TreeNode]]:
+               owner: str | None = None, *, count_hits: bool = True, priority: int = 0
+               ) -> tuple[TreeNode, list[int], list[TreeNode], list[TreeNode]]:
         """Give the tree a computed prefix: `keys[:own_from]` are already in the tree on device
         (the caller holds a lock on them), `device_slots` hold pages `keys[own_from:]`.
 
-        Returns (last node, duplicate slots to free, new or revived nodes). Pages already on
-        device keep their slots (ours are duplicates); host-only pages are revived with our
-        slots (their host copy stays, still backed up).
+        As HiRadixCache.insert (SGLang 0.5.9): a device-resident node on the path is a duplicate
+        (our slots for it are returned to be freed) and, unless `count_hits` is off (a chunk
+        insert, or write_back), gets one more hit; a host-only node on the path is revived with
+        our slots (no hit: "KV cache recomputation"); the rest becomes a new node whose first
+        hit is this insert. Every node passed keeps the max of its priority and ours.
+
+        Returns (last node, duplicate slots to free, new or revived nodes, nodes whose hit count
+        this insert raised, in path order: the write-through candidates).
         """
         assert len(keys) - own_from == len(device_slots), "one device slot per page key"
         node = self.root
         i, n = 0, len(keys)
         dups: list[int] = []
         fresh: list[TreeNode] = []
+        hit: list[TreeNode] = []
+        repush = self._repush_on_touch
         while i < n:
             child = node.children.get(keys[i])
             if child is None:
                 assert i >= own_from, f"page {i} of a locked prefix is missing from the tree"
                 child = self._new_node(node, keys[i:], device_slots[i - own_from:], None, now_ns, owner)
-                child.hit_count = 1  # insertion counts as the first hit (SGLang's _inc_hit_count)
+                child.priority = priority
+                if count_hits:
+                    child.hit_count = 1
+                    hit.append(child)
                 fresh.append(child)
                 self._push_device(child)
-                return child, dups, fresh
+                return child, dups, fresh, hit
             m = self._common_pages(keys, i, child.keys)
             if i < own_from < i + m:  # keep the locked prefix and our pages in separate nodes
                 m = own_from - i
             if m < len(child.keys):
                 child = self._split(child, m)
-            if i >= own_from:
-                if child.device is not None:
-                    dups.extend(device_slots[i - own_from:i - own_from + m])
-                else:
-                    self.set_device(child, device_slots[i - own_from:i - own_from + m])
-                    fresh.append(child)
+            if i >= own_from and child.device is None:
+                self.set_device(child, device_slots[i - own_from:i - own_from + m])
+                fresh.append(child)
             else:
-                assert child.device is not None, f"{child}: locked prefix page not on device"
+                assert i >= own_from or child.device is not None, f"{child}: locked prefix page not on device"
+                if i >= own_from:
+                    dups.extend(device_slots[i - own_from:i - own_from + m])
+                if count_hits:
+                    child.hit_count += 1
+                    hit.append(child)
             child.last_access_ns = now_ns
+            if priority > child.priority:
+                child.priority = priority
             child.owner = owner
+            if repush:
+                self._touched(child)
             node = child
             i += m
-        return node, dups, fresh
+        return node, dups, fresh, hit
 
     def insert_host(self, parent: TreeNode, keys: list[int], host_slots: list[int], now_ns: int,
                     owner: str | None) -> TreeNode:
         """Attach host-only pages (a storage prefetch) below `parent`, which must be the path's end."""
         assert keys and keys[0] not in parent.children, "prefetched pages must extend the tree"
-        return self._new_node(parent, keys, None, host_slots, now_ns, owner)
+        node = self._new_node(parent, keys, None, host_slots, now_ns, owner)
+        node.priority = parent.priority  # HiRadixCache._insert_helper_host
+        self._push_host(node)
+        return node
 
     # --- residency changes ---------------------------------------------------------------
     def set_device(self, node: TreeNode, slots: list[int]) -> None:
@@ -238,6 +280,7 @@ class RadixTree:
         assert node.parent.device is not None, f"{node}: device residency must stay root-connected"
         node.device = slots
         node.parent.n_dev_children += 1
+        self.device_pages += len(slots)
         if node.lock_ref:
             self.locked_device_pages += len(slots)
         self._push_device(node)
@@ -253,6 +296,7 @@ class RadixTree:
         assert node.host is not None and node.lock_ref == 0 and node.n_dev_children == 0
         slots, node.device = node.device, None
         node.parent.n_dev_children -= 1
+        self.device_pages -= len(slots)
         self._push_device(node.parent)
         self._push_host(node)
         return slots
@@ -264,6 +308,7 @@ class RadixTree:
         del parent.children[node.keys[0]]
         if node.device is not None:
             parent.n_dev_children -= 1
+            self.device_pages -= len(node.device)
         node.parent = None
         self._push_device(parent)
         self._push_host(parent)
@@ -293,7 +338,18 @@ class RadixTree:
                     self._push_host(node)
             node = node.parent
 
-    # --- eviction candidates (lazy heaps: priorities only grow, stale entries are re-pushed) ---
+    # --- host protection (SGLang's protect_host / release_host) ---------------------------
+    def protect_host(self, node: TreeNode) -> None:
+        node.host_ref += 1
+
+    def release_host(self, node: TreeNode) -> None:
+        assert node.host_ref > 0, f"{node}: host protection released twice"
+        node.host_ref -= 1
+        if node.host_ref == 0:
+            self._push_host(node)
+
+    # --- eviction candidates (lazy heaps: a stale entry is re-pushed with its current key when
+    #     popped; a policy whose keys can shrink re-pushes on every touch, see _touched) ---
     @staticmethod
     def device_evictable(node: TreeNode) -> bool:
         return (node.parent is not None and node.device is not None and node.lock_ref == 0
@@ -302,7 +358,7 @@ class RadixTree:
     @staticmethod
     def host_evictable(node: TreeNode) -> bool:
         return (node.parent is not None and node.device is None and node.host is not None
-                and node.lock_ref == 0 and not node.children)
+                and node.lock_ref == 0 and node.host_ref == 0 and not node.children)
 
     def _push_device(self, node: TreeNode) -> None:
         if self.device_evictable(node):

@@ -13,6 +13,16 @@ block b is `hash_ids[b] * r + j` with r = block_size // page_size pages a block:
 
 From `tokens`, each key is a blake2b-64 of (previous page's digest ‖ this page's token ids as
 4-byte little-endian words), folded to 63 bits so keys stay non-negative int64s.
+
+A request with an `extra_key` (SGLang's RadixKey.extra_key: LoRA id, cache salt) gets every key
+XORed with a 63-bit digest of that string, so identical tokens under different keys never share a
+page key, hence never a prefix (SGLang keys each tree child by (extra_key, tokens)). The XOR keeps
+the chain: within one key space, key k still names the whole prefix up to its page.
+
+Output pages (what decode adds, inserted at finish like SGLang's cache_finished_req) have no ids
+in a trace. `output_page_keys` gives them synthetic keys: a blake2b chain seeded by the request's
+last input key and its id, so they are deterministic, and only a request carrying the same keys
+(none, in a trace) could match them.
 """
 
 from __future__ import annotations
@@ -35,10 +45,34 @@ def page_keys(req: TraceRequest, *, page_size: int, block_size: int) -> list[int
         raise ConfigError(f"page size must be a positive number of tokens, got {page_size}")
     num_pages = req.input_len // page_size
     if req.hash_ids is not None:
-        return _keys_from_hash_ids(req.hash_ids, num_pages, page_size=page_size, block_size=block_size)
-    if req.tokens is not None:
-        return _keys_from_tokens(req.tokens, num_pages, page_size=page_size)
-    raise ValueError(f"request {req.req_id!r} has neither hash_ids nor tokens (the reader guarantees one)")
+        keys = _keys_from_hash_ids(req.hash_ids, num_pages, page_size=page_size, block_size=block_size)
+    elif req.tokens is not None:
+        keys = _keys_from_tokens(req.tokens, num_pages, page_size=page_size)
+    else:
+        raise ValueError(f"request {req.req_id!r} has neither hash_ids nor tokens (the reader guarantees one)")
+    if req.extra_key is not None:
+        salt = extra_key_salt(req.extra_key)
+        keys = [k ^ salt for k in keys]
+    return keys
+
+
+def extra_key_salt(extra_key: str) -> int:
+    """A non-zero 63-bit digest of an extra_key string (XORed into every page key under it)."""
+    digest = hashlib.blake2b(b"tierdiag-extra-key\0" + extra_key.encode("utf-8"), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") >> 1) or 1
+
+
+def output_page_keys(req_id: str, input_keys: list[int], num_pages: int) -> list[int]:
+    """Synthetic keys for the `num_pages` pages after the input's full pages (the input's partial
+    tail page and the output tokens): chained blake2b-64, seeded by the last input key and the
+    request id, so two requests never share them."""
+    prev = (input_keys[-1] if input_keys else 0).to_bytes(8, "little") + req_id.encode("utf-8")
+    keys = []
+    blake2b = hashlib.blake2b
+    for j in range(num_pages):
+        prev = blake2b(b"out" + prev + j.to_bytes(4, "little"), digest_size=8).digest()
+        keys.append(int.from_bytes(prev, "little") >> 1)
+    return keys
 
 
 def _keys_from_hash_ids(hash_ids: tuple[int, ...], num_pages: int, *, page_size: int, block_size: int) -> list[int]:
@@ -72,14 +106,14 @@ def _keys_from_tokens(tokens: tuple[int, ...], num_pages: int, *, page_size: int
     return keys
 
 
-def storage_key_chain(keys: list[int]) -> list[str]:
+def storage_key_chain(keys: list[int], prev_key: str = "") -> list[str]:
     """Chained SHA-256 hex per page: sha256(previous hex ‖ key as 8 little-endian bytes).
 
     The storage tier names page files by these, so a file found on disk vouches for its whole
-    prefix, not just its own page.
+    prefix, not just its own page. `prev_key` continues a chain (output pages after the input's).
     """
     out = []
-    prev = b""
+    prev = prev_key.encode("ascii")
     sha256 = hashlib.sha256
     for key in keys:
         prev = sha256(prev + key.to_bytes(8, "little")).hexdigest().encode("ascii")

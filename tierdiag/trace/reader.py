@@ -30,7 +30,11 @@ from typing import BinaryIO
 
 from tierdiag.errors import TraceError
 
-KNOWN_KEYS = frozenset({"id", "timestamp", "input_length", "output_length", "hash_ids", "tokens"})
+KNOWN_KEYS = frozenset({"id", "timestamp", "input_length", "output_length", "hash_ids", "tokens",
+                        "priority", "extra_key"})
+# SGLang's Req.priority is an int; its radix tree stores it in an int64 (RadixCache._insert_helper).
+PRIORITY_RANGE = (-(2**63) + 1, 2**63 - 1)
+MAX_EXTRA_KEY_CHARS = 1024
 NS_PER_MS = 1_000_000
 # Arrivals become int64 ns downstream (DuckDB BIGINT): about 292 years of milliseconds.
 MAX_TIMESTAMP_MS = (2**63 - 1) // NS_PER_MS
@@ -51,6 +55,11 @@ class TraceRequest:
     output_len: int
     hash_ids: tuple[int, ...] | None  # Mooncake blocks (block_size tokens each)
     tokens: tuple[int, ...] | None  # our JSONL alternative
+    # Optional per line. `priority`: SGLang's request priority, used by --eviction-policy priority
+    # (higher survives longer). `extra_key`: SGLang's RadixKey.extra_key (LoRA id, cache salt):
+    # requests under different keys never share a prefix, whatever their tokens.
+    priority: int = 0
+    extra_key: str | None = None
 
 
 @dataclass
@@ -222,8 +231,23 @@ def _request(obj: dict, lineno: int, seq: int, block_size: int, max_hash: int) -
             raise _BadLine("'id' is empty")
     else:
         req_id = str(lineno)
+    priority = 0
+    if "priority" in obj:
+        priority = obj["priority"]
+        if type(priority) is not int:
+            raise _BadLine(f"'priority' must be an integer, got {_json_type(priority)} {_show(priority)}")
+        if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
+            raise _BadLine(f"'priority' {_show(priority)} does not fit in a 64-bit integer")
+    extra_key = None
+    if "extra_key" in obj:
+        extra_key = obj["extra_key"]
+        if not isinstance(extra_key, str):
+            raise _BadLine(f"'extra_key' must be a string, got {_json_type(extra_key)}")
+        if len(extra_key) > MAX_EXTRA_KEY_CHARS:
+            raise _BadLine(f"'extra_key' is {len(extra_key):,} characters long (at most {MAX_EXTRA_KEY_CHARS})")
     return ts, TraceRequest(req_id=req_id, seq=seq, line=lineno, arrival_ns=-1, input_len=input_len,
-                            output_len=output_len, hash_ids=hash_ids, tokens=tokens)
+                            output_len=output_len, hash_ids=hash_ids, tokens=tokens, priority=priority,
+                            extra_key=extra_key)
 
 
 def _int_field(obj: dict, key: str) -> int:
@@ -348,4 +372,4 @@ def _emit(group: list[TraceRequest], ts_ms: int, next_ts_ms: float, report: Read
         # TraceRequest is frozen: build the final one rather than mutate.
         yield TraceRequest(req_id=req.req_id, seq=req.seq, line=req.line, arrival_ns=base_ns + i * gap_ns // k,
                            input_len=req.input_len, output_len=req.output_len, hash_ids=req.hash_ids,
-                           tokens=req.tokens)
+                           tokens=req.tokens, priority=req.priority, extra_key=req.extra_key)

@@ -1,0 +1,78 @@
+"""Eviction policies: the order in which evictable tree nodes leave a tier (smallest key first).
+
+One registry, as SGLang 0.5.9's `mem_cache/evict_policy.py` (`*Strategy.get_priority`) and the
+`eviction_policy` switch in `RadixCache.__init__`: lru, lfu, fifo, mru, filo, priority; plus slru,
+which SGLang added after 0.5.9 (0.5.23's `SLRUStrategy`). Every key ends in the node id so
+ties break the same way in every run.
+
+What the keys read (see tree.TreeNode):
+- `last_access_ns`: set by every match and insert that walks through the node;
+- `hit_count`: grows per *insert* that walks through the node (chunk inserts excluded, and never
+  under write_back), as HiRadixCache._inc_hit_count; matches do not count;
+- `created_ns`: when the node's first page entered the tree (a split keeps it);
+- `priority`: the highest `"priority"` of the requests that inserted the node (RadixCache keeps
+  the max along the path; a split inherits it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from tierdiag.engine.tree import TreeNode
+
+# SLRUStrategy(protected_threshold=2) in SGLang 0.5.23: a node hit twice is "protected".
+SLRU_PROTECTED_HITS = 2
+
+
+@dataclass(frozen=True)
+class EvictionPolicy:
+    name: str
+    key: Callable[["TreeNode"], tuple]
+    # True when a node's key can get smaller while it sits in an eviction heap (mru: every
+    # access makes it a better victim). The tree then re-pushes a node each time it is touched.
+    key_can_shrink: bool
+    doc: str
+
+
+def _lru(n: "TreeNode") -> tuple:
+    return (n.last_access_ns, n.id)
+
+
+def _lfu(n: "TreeNode") -> tuple:
+    return (n.hit_count, n.last_access_ns, n.id)
+
+
+def _fifo(n: "TreeNode") -> tuple:
+    return (n.created_ns, n.id)
+
+
+def _mru(n: "TreeNode") -> tuple:
+    return (-n.last_access_ns, n.id)
+
+
+def _filo(n: "TreeNode") -> tuple:
+    return (-n.created_ns, n.id)
+
+
+def _priority(n: "TreeNode") -> tuple:
+    return (n.priority, n.last_access_ns, n.id)
+
+
+def _slru(n: "TreeNode") -> tuple:
+    return (1 if n.hit_count >= SLRU_PROTECTED_HITS else 0, n.last_access_ns, n.id)
+
+
+EVICTION_POLICIES: dict[str, EvictionPolicy] = {p.name: p for p in (
+    EvictionPolicy("lru", _lru, False, "least recently used first (LRUStrategy)"),
+    EvictionPolicy("lfu", _lfu, False, "fewest insert hits first, then least recent (LFUStrategy)"),
+    EvictionPolicy("fifo", _fifo, False, "oldest node first (FIFOStrategy)"),
+    EvictionPolicy("mru", _mru, True, "most recently used first (MRUStrategy)"),
+    EvictionPolicy("filo", _filo, False, "newest node first (FILOStrategy)"),
+    EvictionPolicy("priority", _priority, False,
+                   "lowest request priority first, then least recent (PriorityStrategy)"),
+    EvictionPolicy("slru", _slru, False,
+                   f"nodes hit fewer than {SLRU_PROTECTED_HITS} times first, each segment least recent first "
+                   "(SLRUStrategy, SGLang after 0.5.9)"),
+)}
