@@ -101,7 +101,7 @@ def workloads(draw, min_requests: int = 200, max_requests: int = 2000) -> Worklo
         reqs.append(TraceRequest(req_id=f"r{seq}", seq=seq, line=seq + 1, arrival_ns=t_ns, input_len=input_len,
                                  output_len=rnd.randint(0, max_output), hash_ids=tuple(chain[:blocks]),
                                  tokens=None))
-    host_pages = draw(st.integers(1, 96))
+    host_pages = draw(st.integers(device_pages, 96))  # HiCache refuses a host pool below the device pool
     storage = draw(st.sampled_from([0, 0, 8, 64, 512]))
     cfg = EngineConfig(
         model="tiny", gpu="cpu", page_size=PAGE, block_size=BLOCK,
@@ -203,8 +203,9 @@ def test_a_waiting_requests_prefetch_does_not_starve_the_request_ahead():
     Device pool 7 pages of 16 tokens. r17 needs all 7 (110 input + 1 output tokens) and is
     prefilled one page a chunk. r30 arrives behind it; its storage prefetch (hash id 6) became a
     host-only node under the device page of hash id 5, locked for r30, and the lock pinned that
-    device page. r17's last chunk needed that page, r30 waited for r17: a deadlock. Now a waiting
-    request gives its prefetch lock up when nothing else can free memory.
+    device page. r17's last chunk needed that page, r30 waited for r17: a deadlock. Now, as in
+    SGLang 0.5.9 (HiRadixCache.prefetch_from_storage: protect_host), a prefetch protects host
+    copies only and never locks a device page. (Host pool 8 pages: HiCache needs host >= device.)
     """
     shape = [  # (req id, arrival ns, input tokens, output tokens, hash ids)
         ("r2", 40_050_000, 39, 27, (3, 4)), ("r8", 60_100_000, 80, 11, (5, 6, 7)),
@@ -216,7 +217,7 @@ def test_a_waiting_requests_prefetch_does_not_starve_the_request_ahead():
     reqs = [TraceRequest(req_id=rid, seq=i, line=i + 1, arrival_ns=t, input_len=n_in, output_len=n_out,
                          hash_ids=ids, tokens=None) for i, (rid, t, n_in, n_out, ids) in enumerate(shape)]
     cfg = EngineConfig(model="tiny", gpu="cpu", page_size=PAGE, block_size=BLOCK, device_tokens=7 * PAGE,
-                       host_tokens=4 * PAGE, storage_tokens=64 * PAGE, write_policy="write_through",
+                       host_tokens=8 * PAGE, storage_tokens=64 * PAGE, write_policy="write_through",
                        eviction_policy="lru", prefetch_policy="best_effort", load_back_threshold=0,
                        prefetch_threshold=0, max_prefill_tokens=PAGE, layerwise_overlap=False, verify="all",
                        data_plane_mib=1)

@@ -34,7 +34,7 @@ def replay(
     page_size: Annotated[Optional[int], Opt(help="Tokens per page (power of two, default 64).")] = None,
     block_size: Annotated[Optional[int], Opt(help="Tokens per hash id in Mooncake traces (default 512).")] = None,
     write_policy: Annotated[Optional[str], Opt(help="write_through | write_through_selective | write_back.")] = None,
-    eviction_policy: Annotated[Optional[str], Opt(help="lru | lfu | fifo.")] = None,
+    eviction_policy: Annotated[Optional[str], Opt(help="lru | lfu | fifo | mru | filo | priority | slru.")] = None,
     load_back_threshold: Annotated[Optional[int], Opt(help="Host hits shorter than this (tokens) are recomputed.")] = None,
     prefetch_policy: Annotated[Optional[str], Opt(help="best_effort | wait_complete | timeout.")] = None,
     schedule_policy: Annotated[Optional[str], Opt(help="fcfs | lpm (longest cached prefix first).")] = None,

@@ -645,9 +645,10 @@ class Scheduler:
         n_full = (req.input_len + max(req.output_len - 1, 0)) // ps
         n_in = len(req.keys)
         if n_full > n_in:
+            # No content is written for output pages: their keys are this request's own, so no
+            # request ever matches them and no load-back reads (or verifies) them back. Their
+            # copies to host and storage still run, as the real ones would.
             out_keys = output_page_keys(req.req_id, req.keys, n_full - n_in)
-            off = n_in - req.own_from
-            self.ctrl.write_computed(req.own_slots[off:off + len(out_keys)], out_keys)
             if self.ctrl.storage is not None:
                 prev = req.skeys[-1] if req.skeys else ""
                 self.ctrl.storage_key_of.update(zip(out_keys, storage_key_chain(out_keys, prev)))

@@ -238,9 +238,8 @@ def _request(obj: dict, lineno: int, seq: int, block_size: int, max_hash: int) -
             raise _BadLine(f"'priority' must be an integer, got {_json_type(priority)} {_show(priority)}")
         if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
             raise _BadLine(f"'priority' {_show(priority)} does not fit in a 64-bit integer")
-    extra_key = None
-    if "extra_key" in obj:
-        extra_key = obj["extra_key"]
+    extra_key = obj.get("extra_key")  # null: no key, as an absent field
+    if extra_key is not None:
         if not isinstance(extra_key, str):
             raise _BadLine(f"'extra_key' must be a string, got {_json_type(extra_key)}")
         if len(extra_key) > MAX_EXTRA_KEY_CHARS:
