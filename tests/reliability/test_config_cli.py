@@ -87,8 +87,9 @@ def test_config_file_missing_or_a_folder(tmp_path, trace):
 
 def test_config_file_values_are_validated_like_options(tmp_path, trace):
     cfg = tmp_path / "c.toml"
-    cfg.write_text('[replay]\nmodel = "tiny"\ngpu = "cpu"\neviction-policy = "mru"\n')
-    tierdiag("replay", trace, "--config", cfg).fails(2, "--eviction-policy 'mru'", "known: fifo, lfu, lru")
+    cfg.write_text('[replay]\nmodel = "tiny"\ngpu = "cpu"\neviction-policy = "arc"\n')
+    tierdiag("replay", trace, "--config", cfg).fails(2, "--eviction-policy 'arc'",
+                                                     "known: fifo, filo, lfu, lru, mru, priority, slru")
 
 
 def test_a_good_config_file_and_options_combine(tmp_path, trace):
