@@ -35,7 +35,8 @@ from tierdiag.trace.reader import TraceRequest
 
 
 # Like SGLang (SchedulePolicy._determine_active_policy), LPM falls back to FCFS past 128 waiting:
-# matching every waiting request before every batch would cost more than it saves.
+# matching every waiting request before every batch would cost more than it saves. (0.5.23 names
+# it WAITING_QUEUE_PREFIX_MATCH_MAX, still 128, and applies it to HRRN as well.)
 LPM_MAX_WAITING = 128
 # schedule_policy.py IN_BATCH_PREFIX_CACHING_{CHECK,DEPRIORITIZE}_THRESHOLD (tokens): a waiting
 # request whose cached device prefix is at most CHECK tokens, and that shares at least
