@@ -179,7 +179,7 @@ def test_each_plan_kind_is_exercised_and_correct(kind_pages):
 
 
 def test_two_pass_chunks_through_a_bounded_scratch(monkeypatch):
-    monkeypatch.setattr(kernels, "_SCRATCH_MAX_BYTES", 3 * 16 * 8)  # 3 rows a chunk
+    monkeypatch.setattr(kernels, "_CHUNK_BYTES", 3 * 16 * 8)  # 3 rows a chunk (CPU)
     rng = np.random.default_rng(3)
     s = rng.permutation(64)[:20].tolist()
     d = rng.permutation(64)[:20].tolist()

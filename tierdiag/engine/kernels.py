@@ -46,8 +46,12 @@ PageList = Union[Sequence[int], torch.Tensor, np.ndarray]
 _OP_COST_BYTES = 128 * 1024
 # An indexed copy moves rows through an index; relative to a slice copy it costs a little more.
 _INDEXED_FACTOR = 1.15
-# The two-pass path stages at most this much at a time (bounds the scratch memory).
+# The two-pass path stages at most this much at a time (bounds the scratch memory; CUDA).
 _SCRATCH_MAX_BYTES = 32 * 1024 * 1024
+# On the CPU a gather-then-scatter goes through chunks this size: half of a 2 MiB L2, so the
+# scratch is still in cache when the scatter reads it (benchmarks/kernels.py: 256 KiB-1 MiB
+# all work; 2 MiB and up fall out of L2, 64 KiB pays too many ops).
+_CHUNK_BYTES = 512 * 1024
 
 
 # --- planning --------------------------------------------------------------------------------
@@ -276,6 +280,50 @@ def _scratch_rows(rows: int, like: torch.Tensor) -> torch.Tensor:
     return buf[: rows * width].view(rows, width)
 
 
+def _void_rows(rows: torch.Tensor) -> np.ndarray:
+    """A CPU [R, w] contiguous tensor as a 1-D numpy array of R opaque row-sized items: numpy
+    moves each item with one memmove, where torch's indexed writes copy element by element."""
+    return rows.numpy().view(np.dtype((np.void, rows.shape[1] * rows.element_size()))).reshape(-1)
+
+
+def _flat_rows(pool: torch.Tensor) -> torch.Tensor:
+    """A [L, P, w] wide-row pool as [L * P, w] rows (row l * P + p is layer l of page p)."""
+    return pool.reshape(pool.shape[0] * pool.shape[1], pool.shape[2])
+
+
+def _flat_index(idx: np.ndarray, num_layers: int, num_pages: int) -> np.ndarray:
+    """Row ids in the [L * P, w] view of page ids `idx` for every layer, layer-major."""
+    if num_layers == 1:
+        return idx
+    return (np.arange(num_layers, dtype=np.int64)[:, None] * num_pages + idx[None, :]).reshape(-1)
+
+
+def _gather_scatter_cpu(src_flat: torch.Tensor, fs: np.ndarray, dst_flat: torch.Tensor, fd: np.ndarray,
+                        *, snapshot: bool) -> None:
+    """dst_flat[fd[i]] = src_flat[fs[i]] on the CPU, through a cache-sized scratch buffer.
+
+    One big staging pass (gather everything, then scatter everything) streams the bytes through
+    memory twice; chunks of `_CHUNK_BYTES` stay in L2 between the gather and the scatter, so
+    memory sees each byte read once and written once, as in a contiguous copy. The gather is
+    torch's row-memcpy `index_select` (a chunk this size stays on one thread: no wake-up
+    stalls on a busy machine), the scatter numpy's per-row memmove (`np.put` on row items).
+    `snapshot` (a move inside one pool whose pages overlap) reads every row before writing any.
+    """
+    total = int(fs.size)
+    if total == 0:
+        return
+    row_bytes = src_flat.shape[1] * src_flat.element_size()
+    chunk = total if snapshot else max(1, min(total, _CHUNK_BYTES // row_bytes))
+    buf = _scratch_rows(chunk, src_flat)
+    buf_v = _void_rows(buf)
+    dst_v = _void_rows(dst_flat)
+    fs_t = torch.from_numpy(fs)
+    for a in range(0, total, chunk):
+        b = min(a + chunk, total)
+        torch.index_select(src_flat, 0, fs_t[a:b], out=buf[: b - a])
+        np.put(dst_v, fd[a:b], buf_v[: b - a])
+
+
 def _execute_same_device(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -> None:
     """All layers at once; src and dst are wide-row views on the same device."""
     if plan.kind == "empty":
@@ -285,8 +333,28 @@ def _execute_same_device(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -
             dst[:, d0:d0 + n].copy_(src[:, s0:s0 + n])
         return
     device = src.device
+    num_layers = src.shape[0]
+    if device.type == "cpu" and plan.kind in ("scatter", "two_pass"):
+        fd = _flat_index(plan.dst_idx, num_layers, dst.shape[1])
+        if plan.kind == "scatter":  # source runs are contiguous rows: memmove them straight in
+            dst_v = _void_rows(_flat_rows(dst))
+            src_v = _void_rows(_flat_rows(src))
+            n = plan.num_pages
+            for pos, s0, length in _runs_of(plan.src_idx):
+                for layer in range(num_layers):
+                    first = layer * src.shape[1] + s0
+                    np.put(dst_v, fd[layer * n + pos: layer * n + pos + length], src_v[first:first + length])
+            return
+        fs = _flat_index(plan.src_idx, num_layers, src.shape[1])
+        _gather_scatter_cpu(_flat_rows(src), fs, _flat_rows(dst), fd, snapshot=plan.snapshot)
+        return
     s_t = torch.from_numpy(plan.src_idx).to(device)
     d_t = torch.from_numpy(plan.dst_idx).to(device)
+    if plan.kind == "gather" and device.type == "cpu":  # per layer: contiguous rows, memcpy path
+        for pos, d0, n in _runs_of(plan.dst_idx):
+            for layer in range(num_layers):
+                torch.index_select(src[layer], 0, s_t[pos:pos + n], out=dst[layer, d0:d0 + n])
+        return
     if plan.kind == "gather":
         for pos, d0, n in _runs_of(plan.dst_idx):
             torch.index_select(src, 1, s_t[pos:pos + n], out=dst[:, d0:d0 + n])
@@ -295,14 +363,14 @@ def _execute_same_device(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -
         for pos, s0, n in _runs_of(plan.src_idx):
             dst.index_copy_(1, d_t[pos:pos + n], src[:, s0:s0 + n])
         return
-    # two_pass: flatten to [L * P, w] rows so the gather takes index_select's row-memcpy path.
-    num_layers, src_pages, width = src.shape
-    src_flat = src.reshape(num_layers * src_pages, width)
-    dst_flat = dst.reshape(num_layers * dst.shape[1], width)
+    # two_pass on CUDA (same device): flatten to [L * P, w] rows, stage through scratch.
+    src_pages = src.shape[1]
+    src_flat = _flat_rows(src)
+    dst_flat = _flat_rows(dst)
     layer = torch.arange(num_layers, device=device, dtype=torch.int64).unsqueeze(1)
     fs = (layer * src_pages + s_t.unsqueeze(0)).reshape(-1)
     fd = (layer * dst.shape[1] + d_t.unsqueeze(0)).reshape(-1)
-    row_bytes = width * src.element_size()
+    row_bytes = src.shape[2] * src.element_size()
     total = fs.numel()
     chunk = total if plan.snapshot else max(1, _SCRATCH_MAX_BYTES // row_bytes)
     buf = _scratch_rows(min(chunk, total), src_flat)
@@ -471,6 +539,10 @@ def _finish_staged(dst_w: torch.Tensor, plan_dst_idx: np.ndarray, staged: list) 
 # engine's write-through backups and prefill writes are mostly this size; load-backs of long
 # prefixes and calibrate's bulk sizes still go through the planner.
 _DIRECT_MAX_BYTES = 1 << 20
+# Below this the direct path is two torch ops (index_select + index_copy_ over dim 1): per-op
+# costs dominate. From here up, rows move by memcpy/memmove (per-layer gathers, numpy's row
+# scatter), which is 2-3x faster per byte than index_copy_'s element-by-element loop.
+_ROW_PATH_MIN_BYTES = 256 << 10
 
 
 def _index(pages: PageList, num_pages: int, side: str) -> torch.Tensor | slice:
@@ -488,10 +560,12 @@ def _index(pages: PageList, num_pages: int, side: str) -> torch.Tensor | slice:
 
 
 def _copy_direct(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pages: PageList) -> bool:
-    """One gather and one scatter over dim 1 (or a slice where a side is a range). False when
-    the plan is worth making: big transfers, or a move inside one pool (aliasing)."""
+    """CPU, no plan: one row-memcpy gather and one row-memmove scatter over [L * P, w] rows (a
+    slice where a side is a range). False when the plan is worth making: big transfers, or a
+    move inside one pool (aliasing)."""
     n = len(src_pages)
-    if n != len(dst_pages) or n * src.shape[0] * src.shape[2] * src.element_size() > _DIRECT_MAX_BYTES:
+    nbytes = n * src.shape[0] * src.shape[2] * src.element_size()
+    if n != len(dst_pages) or nbytes > _DIRECT_MAX_BYTES:
         return False
     if n == 0:
         return True
@@ -499,22 +573,193 @@ def _copy_direct(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_
         return False  # the planner stages aliasing moves and names a non-contiguous pool
     _check_pair(src, dst)
     s, d = _index(src_pages, src.shape[1], "source"), _index(dst_pages, dst.shape[1], "destination")
-    rows = src[:, s] if isinstance(s, slice) else src.index_select(1, s)
-    if isinstance(d, slice):
-        dst[:, d].copy_(rows)
-    else:
-        dst.index_copy_(1, d, rows)
+    if isinstance(s, slice) and isinstance(d, slice):
+        dst[:, d].copy_(src[:, s])
+        return True
+    if nbytes < _ROW_PATH_MIN_BYTES:  # two ops in all: fewest fixed costs
+        rows = src[:, s] if isinstance(s, slice) else src.index_select(1, s)
+        if isinstance(d, slice):
+            dst[:, d].copy_(rows)
+        else:
+            dst.index_copy_(1, d, rows)
+        return True
+    sw, dw = _wide_rows(src), _wide_rows(dst)
+    num_layers = sw.shape[0]
+    if isinstance(d, slice):  # into a run: per layer both sides are contiguous rows (memcpy path)
+        for layer in range(num_layers):
+            torch.index_select(sw[layer], 0, s, out=dw[layer, d])
+        return True
+    fd = _flat_index(d.numpy(), num_layers, dw.shape[1])
+    dst_v = _void_rows(_flat_rows(dw))
+    if isinstance(s, slice):
+        for layer in range(num_layers):
+            np.put(dst_v, fd[layer * n:(layer + 1) * n], _void_rows(sw[layer, s]))
+        return True
+    rows = _scratch_rows(num_layers * n, sw)  # reused: a fresh MiB would be page-faulted in every call
+    torch.index_select(_flat_rows(sw), 0, torch.from_numpy(_flat_index(s.numpy(), num_layers, sw.shape[1])), out=rows)
+    np.put(dst_v, fd, _void_rows(rows))
     return True
 
 
+# --- layouts, backends --------------------------------------------------------------------------
+LAYER_FIRST = "layer_first"  # buffer [L, P, E]: one layer's pages are consecutive rows
+PAGE_FIRST = "page_first"    # buffer [P, L, E], passed as buffer.permute(1, 0, 2): a page's layers are adjacent
+BACKENDS = ("torch", "triton")
+
+
+def pool_layout(pool: torch.Tensor) -> str:
+    """Which host layout a [L, P, E] pool view has: layer-first (a contiguous buffer) or
+    page-first (a contiguous [P, L, E] buffer seen through .permute(1, 0, 2))."""
+    if pool.dim() != 3:
+        raise ValueError(f"a KV pool is [num_layers, num_pages, page_elems]; got shape {tuple(pool.shape)}")
+    if pool.is_contiguous():
+        return LAYER_FIRST
+    if pool.permute(1, 0, 2).is_contiguous():
+        return PAGE_FIRST
+    raise ValueError("KV pool must be contiguous (a pool buffer, not a slice of one), layer-first [L, P, E] "
+                     "or page-first [P, L, E] seen as .permute(1, 0, 2)")
+
+
+def _triton_module():
+    """kernels_triton, imported on first need (importing triton costs a second on a CPU box)."""
+    from tierdiag.engine import kernels_triton
+
+    return kernels_triton
+
+
+_profile_threshold_loaded = False
+
+
+def _load_profile_threshold(device: torch.device) -> None:
+    """Once per process: the Triton threshold `tierdiag calibrate` measured on this GPU, from
+    the saved default profile (a profile of another device or without one keeps the default)."""
+    global _profile_threshold_loaded
+    if _profile_threshold_loaded:
+        return
+    _profile_threshold_loaded = True
+    import json
+    import os
+    from pathlib import Path
+
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    path = Path(base) / "tierdiag" / "profile.json"
+    try:
+        profile = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if "triton_min_bytes" in profile and profile.get("device") == f"cuda: {torch.cuda.get_device_name(device)}":
+        _triton_module().set_min_bytes(profile["triton_min_bytes"])
+
+
+def _nbytes(src: torch.Tensor, num_pages: int) -> int:
+    return num_pages * src.shape[0] * src.shape[2] * src.element_size()
+
+
+def _choose_backend(src: torch.Tensor, dst: torch.Tensor, num_pages: int, backend: str | None) -> str:
+    """"torch" or "triton" for this transfer. Auto (None): Triton on CUDA when it is installed,
+    the host side is pinned (the GPU reads/writes it directly) and the transfer is at least the
+    measured threshold; the torch path everywhere else (always on a CPU-only machine)."""
+    if backend not in (None,) + BACKENDS:
+        raise ValueError(f"unknown copy backend {backend!r}; known: {', '.join(BACKENDS)}")
+    cuda = _is_cuda(src) or _is_cuda(dst)
+    if backend == "torch" or (backend is None and not cuda):
+        return "torch"
+    if backend is None:
+        try:
+            kt = _triton_module()
+        except ImportError:
+            return "torch"
+        _load_profile_threshold(_cuda_device(src, dst))
+        host_ok = all(t.is_cuda or t.is_pinned() for t in (src, dst))
+        return "triton" if host_ok and kt.use_triton(_nbytes(src, num_pages)) else "torch"
+    kt = _triton_module()
+    if not kt.AVAILABLE:
+        raise RuntimeError(f"copy backend 'triton': {kt.IMPORT_ERROR}")
+    if not cuda and not kt.interpreting():
+        raise RuntimeError("copy backend 'triton' on CPU tensors needs TRITON_INTERPRET=1 (Triton's interpreter)")
+    if cuda and not all(t.is_cuda or t.is_pinned() for t in (src, dst)):
+        raise RuntimeError("copy backend 'triton': host pool must be pinned (the GPU accesses it directly)")
+    return "triton"
+
+
+def _run_triton(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pages: PageList,
+                *, per_layer_events: bool) -> LoadBackHandle:
+    """One-pass copy by the Triton kernel: one launch for all layers, or one per layer with an
+    event after each (load-back). CUDA: on the side stream, returns at once; CPU (interpreter):
+    done on return."""
+    kt = _triton_module()
+    pool_layout(src), pool_layout(dst)
+    _check_pair(src, dst)
+    plan = plan_copy(src_pages, dst_pages, column_bytes=src.shape[0] * src.shape[2] * src.element_size(),
+                     src_num_pages=src.shape[1], dst_num_pages=dst.shape[1])
+    num_bytes = _nbytes(src, plan.num_pages)
+    if not (_is_cuda(src) or _is_cuda(dst)):
+        t0 = time.perf_counter_ns()
+        s_t, d_t = torch.from_numpy(plan.src_idx), torch.from_numpy(plan.dst_idx)
+        for layer in (range(src.shape[0]) if per_layer_events else (None,)):
+            if plan.num_pages:
+                kt.copy_rows(src, s_t, dst, d_t, layer=layer)
+        return LoadBackHandle(plan.num_pages, num_bytes, "triton", _wall_ns=time.perf_counter_ns() - t0)
+    device = _cuda_device(src, dst)
+    stream = _SideStreams.get(device)
+    handle = LoadBackHandle(plan.num_pages, num_bytes, "triton", _stream=stream)
+    handle._start_event = torch.cuda.Event(enable_timing=True)
+    handle._end_event = torch.cuda.Event(enable_timing=True)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.device(device), torch.cuda.stream(stream):
+        handle._start_event.record(stream)
+        s_t = torch.from_numpy(plan.src_idx).to(device)
+        d_t = torch.from_numpy(plan.dst_idx).to(device)
+        if per_layer_events:
+            for layer in range(src.shape[0]):
+                if plan.num_pages:
+                    kt.copy_rows(src, s_t, dst, d_t, layer=layer)
+                ev = torch.cuda.Event()
+                ev.record(stream)
+                handle.layer_events.append(ev)
+        elif plan.num_pages:
+            kt.copy_rows(src, s_t, dst, d_t)
+        handle._end_event.record(stream)
+    return handle
+
+
+def _copy_generic(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pages: PageList) -> int:
+    """torch path for page-first pools (any device): one index_select, one move, one index_copy_.
+    The gather makes a copy first, so a move inside one pool reads before it writes."""
+    pool_layout(src), pool_layout(dst)
+    _check_pair(src, dst)
+    plan = plan_copy(src_pages, dst_pages, column_bytes=src.shape[0] * src.shape[2] * src.element_size(),
+                     src_num_pages=src.shape[1], dst_num_pages=dst.shape[1])
+    if plan.num_pages:
+        rows = src.index_select(1, torch.from_numpy(plan.src_idx).to(src.device))
+        dst.index_copy_(1, torch.from_numpy(plan.dst_idx).to(dst.device), rows.to(dst.device))
+        if _is_cuda(src) or _is_cuda(dst):
+            torch.cuda.synchronize(_cuda_device(src, dst))
+    return plan.num_pages
+
+
+def _layer_first_both(src: torch.Tensor, dst: torch.Tensor) -> bool:
+    return pool_layout(src) == LAYER_FIRST and pool_layout(dst) == LAYER_FIRST
+
+
 # --- public API --------------------------------------------------------------------------------
-def copy_pages(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pages: PageList) -> int:
+def copy_pages(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pages: PageList,
+               *, backend: str | None = None) -> int:
     """Copy whole pages src[:, src_pages[i]] -> dst[:, dst_pages[i]] for all layers.
 
     Returns the measured wall time in ns; the copy is complete when this returns (on CUDA it is
-    issued on the side stream and synchronized). Destination pages must be distinct.
+    issued on the side stream and synchronized). Destination pages must be distinct. Pools are
+    [L, P, E] views, layer-first or page-first (`pool_layout`). `backend`: None picks (see
+    `_choose_backend`), "torch" or "triton" forces one.
     """
     t0 = time.perf_counter_ns()
+    if _choose_backend(src, dst, len(src_pages), backend) == "triton":
+        handle = _run_triton(src, src_pages, dst, dst_pages, per_layer_events=False)
+        handle.wait()
+        return time.perf_counter_ns() - t0
+    if not _layer_first_both(src, dst):
+        _copy_generic(src, src_pages, dst, dst_pages)
+        return time.perf_counter_ns() - t0
     if not (_is_cuda(src) or _is_cuda(dst)):
         if _copy_direct(src, src_pages, dst, dst_pages):
             return time.perf_counter_ns() - t0
@@ -529,24 +774,31 @@ def copy_pages(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pa
 
 
 def load_back(host: torch.Tensor, host_pages: PageList, device: torch.Tensor,
-              device_pages: PageList) -> LoadBackHandle:
+              device_pages: PageList, *, backend: str | None = None) -> LoadBackHandle:
     """Host -> device, layer by layer. On CUDA returns at once with one event per layer
-    (`handle.wait()` blocks and returns the wall ns); on CPU the copy is done on return."""
+    (`handle.wait()` blocks and returns the wall ns); on CPU the copy is done on return.
+    `handle.plan_kind` names the path taken ("direct", a plan kind, "triton" or "generic")."""
+    if _choose_backend(host, device, len(host_pages), backend) == "triton":
+        return _run_triton(host, host_pages, device, device_pages, per_layer_events=True)
+    if not _layer_first_both(host, device):
+        t0 = time.perf_counter_ns()
+        n = _copy_generic(host, host_pages, device, device_pages)
+        return LoadBackHandle(n, _nbytes(host, n), "generic", _wall_ns=time.perf_counter_ns() - t0)
     if not _is_cuda(device):
         t0 = time.perf_counter_ns()
         if _copy_direct(host, host_pages, device, device_pages):
-            num_bytes = len(host_pages) * host.shape[0] * host.shape[2] * host.element_size()
-            return LoadBackHandle(len(host_pages), num_bytes, "direct", _wall_ns=time.perf_counter_ns() - t0)
+            return LoadBackHandle(len(host_pages), _nbytes(host, len(host_pages)), "direct",
+                                  _wall_ns=time.perf_counter_ns() - t0)
         plan = _plan_for(host, host_pages, device, device_pages)
         _execute_same_device(_wide_rows(host), _wide_rows(device), plan)
-        num_bytes = plan.num_pages * host.shape[0] * host.shape[2] * host.element_size()
-        return LoadBackHandle(plan.num_pages, num_bytes, plan.kind,
+        return LoadBackHandle(plan.num_pages, _nbytes(host, plan.num_pages), plan.kind,
                               _wall_ns=time.perf_counter_ns() - t0)
     handle, staged, _plan = _start_cuda(host, device, host_pages, device_pages, per_layer_events=True)
     assert not staged, "load-back lands on the device: nothing is staged on the host side"
     return handle
 
 
-def backup(device: torch.Tensor, device_pages: PageList, host: torch.Tensor, host_pages: PageList) -> int:
+def backup(device: torch.Tensor, device_pages: PageList, host: torch.Tensor, host_pages: PageList,
+           *, backend: str | None = None) -> int:
     """Device -> host; returns the wall ns once the pages are on the host."""
-    return copy_pages(device, device_pages, host, host_pages)
+    return copy_pages(device, device_pages, host, host_pages, backend=backend)
