@@ -47,17 +47,15 @@ def _bits(layers: int, pages: int, elems: int, dtype: torch.dtype, seed: int) ->
 
 
 def _pool(layers: int, pages: int, elems: int, dtype: torch.dtype, seed: int, *, layout: str, host: bool) -> torch.Tensor:
-    """A pool as the kernels take it: [L, P, E] (layer-first) or a [P, L, E] buffer seen as
-    .permute(1, 0, 2) (page-first); host pools pinned and device pools on CUDA when on a GPU."""
+    """A pool as the kernels take it: an [L, P, E] buffer (layer-first) or a [P, L, E] buffer
+    seen as .permute(1, 0, 2) (page-first); on a GPU host buffers are pinned, device ones CUDA."""
     data = _bits(layers, pages, elems, dtype, seed)
-    if layout == PF:
-        data = data.permute(1, 0, 2).contiguous().permute(1, 0, 2)
+    buf = data.permute(1, 0, 2).contiguous() if layout == PF else data
     if ON_GPU:
-        data = data.pin_memory() if host else data.cuda()
-        if layout == PF and not host:
-            data = data.permute(1, 0, 2).contiguous().permute(1, 0, 2)
-    assert kernels.pool_layout(data) == layout
-    return data
+        buf = buf.pin_memory() if host else buf.cuda()
+    pool = buf.permute(1, 0, 2) if layout == PF else buf
+    assert kernels.pool_layout(pool) == layout
+    return pool
 
 
 def _reference(src: torch.Tensor, s: list[int], dst: torch.Tensor, d: list[int]) -> torch.Tensor:

@@ -280,52 +280,89 @@ def _scratch_rows(rows: int, like: torch.Tensor) -> torch.Tensor:
     return buf[: rows * width].view(rows, width)
 
 
-def _void_rows(rows: torch.Tensor) -> np.ndarray:
-    """A CPU [R, w] contiguous tensor as a 1-D numpy array of R opaque row-sized items: numpy
-    moves each item with one memmove, where torch's indexed writes copy element by element."""
-    return rows.numpy().view(np.dtype((np.void, rows.shape[1] * rows.element_size()))).reshape(-1)
-
-
-def _flat_rows(pool: torch.Tensor) -> torch.Tensor:
-    """A [L, P, w] wide-row pool as [L * P, w] rows (row l * P + p is layer l of page p)."""
-    return pool.reshape(pool.shape[0] * pool.shape[1], pool.shape[2])
+# --- CPU execution: numpy row moves ---------------------------------------------------------------
+# On the CPU every plan runs as numpy moves of whole rows: a [L, P, E] pool is seen as an
+# [L, P] array of opaque row-sized items, so a gather (`np.take`), a scatter (`np.put`) and a
+# slice copy (`np.copyto`) move each row with one memcpy/memmove, whatever the dtype (bfloat16
+# and fp8 too: the bytes are never interpreted). numpy runs them on the calling thread: torch's
+# parallel copies must wake a second thread, which on a busy machine can take milliseconds.
+def _np_rows(pool: torch.Tensor) -> np.ndarray:
+    """A contiguous CPU [L, P, E] pool as an [L, P] numpy array of row items (a view)."""
+    as_bytes = pool if pool.dtype == torch.uint8 else pool.view(torch.uint8)
+    row_bytes = pool.shape[2] * pool.element_size()
+    return as_bytes.numpy().view(np.dtype((np.void, row_bytes))).reshape(pool.shape[0], pool.shape[1])
 
 
 def _flat_index(idx: np.ndarray, num_layers: int, num_pages: int) -> np.ndarray:
-    """Row ids in the [L * P, w] view of page ids `idx` for every layer, layer-major."""
+    """Row ids in the flat [L * P] view of page ids `idx` for every layer, layer-major."""
     if num_layers == 1:
         return idx
     return (np.arange(num_layers, dtype=np.int64)[:, None] * num_pages + idx[None, :]).reshape(-1)
 
 
-def _gather_scatter_cpu(src_flat: torch.Tensor, fs: np.ndarray, dst_flat: torch.Tensor, fd: np.ndarray,
+_np_scratch: dict[int, np.ndarray] = {}
+
+
+def _np_scratch_rows(rows: int, row_bytes: int) -> np.ndarray:
+    """A reused buffer of row items (a fresh MiB would be page-faulted in on every call)."""
+    buf = _np_scratch.get(row_bytes)
+    if buf is None or buf.size < rows:
+        buf = _np_scratch[row_bytes] = np.empty(rows, dtype=np.dtype((np.void, row_bytes)))
+    return buf[:rows]
+
+
+def _gather_scatter_cpu(src_v: np.ndarray, fs: np.ndarray, dst_v: np.ndarray, fd: np.ndarray,
                         *, snapshot: bool) -> None:
-    """dst_flat[fd[i]] = src_flat[fs[i]] on the CPU, through a cache-sized scratch buffer.
+    """dst_v[fd[i]] = src_v[fs[i]] over flat row items, through a cache-sized scratch buffer.
 
     One big staging pass (gather everything, then scatter everything) streams the bytes through
-    memory twice; chunks of `_CHUNK_BYTES` stay in L2 between the gather and the scatter, so
-    memory sees each byte read once and written once, as in a contiguous copy. The gather is
-    torch's row-memcpy `index_select` (a chunk this size stays on one thread: no wake-up
-    stalls on a busy machine), the scatter numpy's per-row memmove (`np.put` on row items).
-    `snapshot` (a move inside one pool whose pages overlap) reads every row before writing any.
+    memory twice; chunks of `_CHUNK_BYTES` are still in L2 when the scatter reads them, so memory
+    sees each byte read once and written once, as in a contiguous copy. `snapshot` (a move
+    inside one pool whose pages overlap) reads every row before writing any.
     """
     total = int(fs.size)
     if total == 0:
         return
-    row_bytes = src_flat.shape[1] * src_flat.element_size()
-    chunk = total if snapshot else max(1, min(total, _CHUNK_BYTES // row_bytes))
-    buf = _scratch_rows(chunk, src_flat)
-    buf_v = _void_rows(buf)
-    dst_v = _void_rows(dst_flat)
-    fs_t = torch.from_numpy(fs)
+    chunk = total if snapshot else max(1, min(total, _CHUNK_BYTES // src_v.itemsize))
+    buf = _np_scratch_rows(chunk, src_v.itemsize)
     for a in range(0, total, chunk):
         b = min(a + chunk, total)
-        torch.index_select(src_flat, 0, fs_t[a:b], out=buf[: b - a])
-        np.put(dst_v, fd[a:b], buf_v[: b - a])
+        # mode="clip": the planner range-checked every id; "raise" would buffer the output
+        np.take(src_v, fs[a:b], out=buf[: b - a], mode="clip")
+        np.put(dst_v, fd[a:b], buf[: b - a])
+
+
+def _execute_cpu(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -> None:
+    """Execute a plan between two contiguous CPU pools, all layers."""
+    if plan.kind == "empty":
+        return
+    num_layers, src_pages, dst_pages = src.shape[0], src.shape[1], dst.shape[1]
+    sv, dv = _np_rows(src), _np_rows(dst)
+    if plan.kind == "runs":
+        for s0, d0, n in plan.runs:
+            np.copyto(dv[:, d0:d0 + n], sv[:, s0:s0 + n])
+        return
+    sf, df = sv.reshape(-1), dv.reshape(-1)
+    n = plan.num_pages
+    if plan.kind == "gather":  # destination runs: take straight into each layer's slice
+        fs = _flat_index(plan.src_idx, num_layers, src_pages)
+        for pos, d0, length in _runs_of(plan.dst_idx):
+            for layer in range(num_layers):
+                np.take(sf, fs[layer * n + pos: layer * n + pos + length], out=dv[layer, d0:d0 + length],
+                        mode="clip")
+        return
+    fd = _flat_index(plan.dst_idx, num_layers, dst_pages)
+    if plan.kind == "scatter":  # source runs: put straight from each layer's slice
+        for pos, s0, length in _runs_of(plan.src_idx):
+            for layer in range(num_layers):
+                np.put(df, fd[layer * n + pos: layer * n + pos + length], sv[layer, s0:s0 + length])
+        return
+    fs = _flat_index(plan.src_idx, num_layers, src_pages)
+    _gather_scatter_cpu(sf, fs, df, fd, snapshot=plan.snapshot)
 
 
 def _execute_same_device(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -> None:
-    """All layers at once; src and dst are wide-row views on the same device."""
+    """All layers at once; src and dst are wide-row views on the same CUDA device."""
     if plan.kind == "empty":
         return
     if plan.kind == "runs":
@@ -334,27 +371,8 @@ def _execute_same_device(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -
         return
     device = src.device
     num_layers = src.shape[0]
-    if device.type == "cpu" and plan.kind in ("scatter", "two_pass"):
-        fd = _flat_index(plan.dst_idx, num_layers, dst.shape[1])
-        if plan.kind == "scatter":  # source runs are contiguous rows: memmove them straight in
-            dst_v = _void_rows(_flat_rows(dst))
-            src_v = _void_rows(_flat_rows(src))
-            n = plan.num_pages
-            for pos, s0, length in _runs_of(plan.src_idx):
-                for layer in range(num_layers):
-                    first = layer * src.shape[1] + s0
-                    np.put(dst_v, fd[layer * n + pos: layer * n + pos + length], src_v[first:first + length])
-            return
-        fs = _flat_index(plan.src_idx, num_layers, src.shape[1])
-        _gather_scatter_cpu(_flat_rows(src), fs, _flat_rows(dst), fd, snapshot=plan.snapshot)
-        return
     s_t = torch.from_numpy(plan.src_idx).to(device)
     d_t = torch.from_numpy(plan.dst_idx).to(device)
-    if plan.kind == "gather" and device.type == "cpu":  # per layer: contiguous rows, memcpy path
-        for pos, d0, n in _runs_of(plan.dst_idx):
-            for layer in range(num_layers):
-                torch.index_select(src[layer], 0, s_t[pos:pos + n], out=dst[layer, d0:d0 + n])
-        return
     if plan.kind == "gather":
         for pos, d0, n in _runs_of(plan.dst_idx):
             torch.index_select(src, 1, s_t[pos:pos + n], out=dst[:, d0:d0 + n])
@@ -363,10 +381,10 @@ def _execute_same_device(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -
         for pos, s0, n in _runs_of(plan.src_idx):
             dst.index_copy_(1, d_t[pos:pos + n], src[:, s0:s0 + n])
         return
-    # two_pass on CUDA (same device): flatten to [L * P, w] rows, stage through scratch.
+    # two_pass: flatten to [L * P, w] rows, stage through scratch.
     src_pages = src.shape[1]
-    src_flat = _flat_rows(src)
-    dst_flat = _flat_rows(dst)
+    src_flat = src.reshape(num_layers * src_pages, src.shape[2])
+    dst_flat = dst.reshape(num_layers * dst.shape[1], dst.shape[2])
     layer = torch.arange(num_layers, device=device, dtype=torch.int64).unsqueeze(1)
     fs = (layer * src_pages + s_t.unsqueeze(0)).reshape(-1)
     fd = (layer * dst.shape[1] + d_t.unsqueeze(0)).reshape(-1)
@@ -539,33 +557,31 @@ def _finish_staged(dst_w: torch.Tensor, plan_dst_idx: np.ndarray, staged: list) 
 # engine's write-through backups and prefill writes are mostly this size; load-backs of long
 # prefixes and calibrate's bulk sizes still go through the planner.
 _DIRECT_MAX_BYTES = 1 << 20
-# Below this the direct path is two torch ops (index_select + index_copy_ over dim 1): per-op
-# costs dominate. From here up, rows move by memcpy/memmove (per-layer gathers, numpy's row
-# scatter), which is 2-3x faster per byte than index_copy_'s element-by-element loop.
-_ROW_PATH_MIN_BYTES = 256 << 10
+# Below this (n pages x L layers < 32k int64 elements, torch's parallel grain) a small transfer
+# is two torch ops, ~10 us; numpy's row moves cost ~25 us of set-up (views, flat ids) but move
+# bytes 2-3x faster than index_copy_'s element loop, which pays from here up.
+_TORCH_SMALL_MAX_BYTES = 256 << 10
 
 
-def _index(pages: PageList, num_pages: int, side: str) -> torch.Tensor | slice:
-    """Pages as an index for dim 1, range-checked with the planner's message."""
+def _index(pages: PageList, num_pages: int, side: str) -> np.ndarray | slice:
+    """Pages as int64 ids (a slice for a unit-step range), range-checked with the planner's message."""
     if isinstance(pages, range) and pages.step == 1:
         if pages.start < 0 or pages.stop > num_pages:
             _check_range_small([pages.start, pages.stop - 1], num_pages, side)
         return slice(pages.start, pages.stop)
     if isinstance(pages, list):
         _check_range_small(pages, num_pages, side)
-        return torch.from_numpy(np.fromiter(pages, dtype=np.int64, count=len(pages)))
+        return np.fromiter(pages, dtype=np.int64, count=len(pages))
     idx = _as_index_array(pages)
     _check_range(idx, num_pages, side)
-    return torch.from_numpy(idx)
+    return idx
 
 
 def _copy_direct(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pages: PageList) -> bool:
-    """CPU, no plan: one row-memcpy gather and one row-memmove scatter over [L * P, w] rows (a
-    slice where a side is a range). False when the plan is worth making: big transfers, or a
-    move inside one pool (aliasing)."""
+    """CPU, no plan: one gather and one scatter of row items (a slice copy where a side is a
+    range). False when the plan is worth making: big transfers, or a move inside one pool."""
     n = len(src_pages)
-    nbytes = n * src.shape[0] * src.shape[2] * src.element_size()
-    if n != len(dst_pages) or nbytes > _DIRECT_MAX_BYTES:
+    if n != len(dst_pages) or _nbytes(src, n) > _DIRECT_MAX_BYTES:
         return False
     if n == 0:
         return True
@@ -573,31 +589,32 @@ def _copy_direct(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_
         return False  # the planner stages aliasing moves and names a non-contiguous pool
     _check_pair(src, dst)
     s, d = _index(src_pages, src.shape[1], "source"), _index(dst_pages, dst.shape[1], "destination")
-    if isinstance(s, slice) and isinstance(d, slice):
-        dst[:, d].copy_(src[:, s])
-        return True
-    if nbytes < _ROW_PATH_MIN_BYTES:  # two ops in all: fewest fixed costs
-        rows = src[:, s] if isinstance(s, slice) else src.index_select(1, s)
+    if _nbytes(src, n) < _TORCH_SMALL_MAX_BYTES:
+        # Two torch ops over dim 1, each on one thread at this size: the fewest fixed costs.
+        rows = src[:, s] if isinstance(s, slice) else src.index_select(1, torch.from_numpy(s))
         if isinstance(d, slice):
             dst[:, d].copy_(rows)
         else:
-            dst.index_copy_(1, d, rows)
+            dst.index_copy_(1, torch.from_numpy(d), rows)
         return True
-    sw, dw = _wide_rows(src), _wide_rows(dst)
-    num_layers = sw.shape[0]
-    if isinstance(d, slice):  # into a run: per layer both sides are contiguous rows (memcpy path)
-        for layer in range(num_layers):
-            torch.index_select(sw[layer], 0, s, out=dw[layer, d])
-        return True
-    fd = _flat_index(d.numpy(), num_layers, dw.shape[1])
-    dst_v = _void_rows(_flat_rows(dw))
+    sv, dv = _np_rows(src), _np_rows(dst)
+    num_layers = sv.shape[0]
     if isinstance(s, slice):
+        if isinstance(d, slice):
+            np.copyto(dv[:, d], sv[:, s])
+            return True
+        fd = _flat_index(d, num_layers, dv.shape[1])
+        df = dv.reshape(-1)
         for layer in range(num_layers):
-            np.put(dst_v, fd[layer * n:(layer + 1) * n], _void_rows(sw[layer, s]))
+            np.put(df, fd[layer * n:(layer + 1) * n], sv[layer, s])
         return True
-    rows = _scratch_rows(num_layers * n, sw)  # reused: a fresh MiB would be page-faulted in every call
-    torch.index_select(_flat_rows(sw), 0, torch.from_numpy(_flat_index(s.numpy(), num_layers, sw.shape[1])), out=rows)
-    np.put(dst_v, fd, _void_rows(rows))
+    fs = _flat_index(s, num_layers, sv.shape[1])
+    if isinstance(d, slice):  # into a run: take straight into each layer's slice
+        sf = sv.reshape(-1)
+        for layer in range(num_layers):
+            np.take(sf, fs[layer * n:(layer + 1) * n], out=dv[layer, d], mode="clip")
+        return True
+    _gather_scatter_cpu(sv.reshape(-1), fs, dv.reshape(-1), _flat_index(d, num_layers, dv.shape[1]), snapshot=False)
     return True
 
 
@@ -763,8 +780,7 @@ def copy_pages(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pa
     if not (_is_cuda(src) or _is_cuda(dst)):
         if _copy_direct(src, src_pages, dst, dst_pages):
             return time.perf_counter_ns() - t0
-        plan = _plan_for(src, src_pages, dst, dst_pages)
-        _execute_same_device(_wide_rows(src), _wide_rows(dst), plan)
+        _execute_cpu(src, dst, _plan_for(src, src_pages, dst, dst_pages))
         return time.perf_counter_ns() - t0
     handle, staged, plan = _start_cuda(src, dst, src_pages, dst_pages, per_layer_events=False)
     handle._end_event.synchronize()
@@ -790,7 +806,7 @@ def load_back(host: torch.Tensor, host_pages: PageList, device: torch.Tensor,
             return LoadBackHandle(len(host_pages), _nbytes(host, len(host_pages)), "direct",
                                   _wall_ns=time.perf_counter_ns() - t0)
         plan = _plan_for(host, host_pages, device, device_pages)
-        _execute_same_device(_wide_rows(host), _wide_rows(device), plan)
+        _execute_cpu(host, device, plan)
         return LoadBackHandle(plan.num_pages, _nbytes(host, plan.num_pages), plan.kind,
                               _wall_ns=time.perf_counter_ns() - t0)
     handle, staged, _plan = _start_cuda(host, device, host_pages, device_pages, per_layer_events=True)
