@@ -7,29 +7,36 @@ contiguous row and a transfer of n pages is n rows in every layer:
     src_pages = [7, 8, 9, 2]   dst_pages = [0, 1, 2, 5]
                  └─run─┘  ·                 └─run─┘  ·      -> 2 runs consecutive on both sides
 
-Every call is planned first (`plan_copy`), then executed with as few tensor ops as the
+A page-first host pool (SGLang's `page_first`: a `[P, L, E]` buffer) is passed as
+`buffer.permute(1, 0, 2)`: same indexing, other strides (`pool_layout` tells them apart).
+
+Backends (one file each): this module's torch/numpy path, and the Triton kernel in
+kernels_triton.py, chosen per transfer by `_choose_backend` (Triton on CUDA when installed, the
+host pool pinned and the transfer at least the size `tierdiag calibrate` measured; never on a
+CPU-only machine; `backend=` forces one).
+
+torch path: every call is planned first (`plan_copy`), then executed with as few ops as the
 layout allows; the cheapest of:
 - `runs`:      pairs consecutive on both sides become slice copies, one op per run (all layers);
-- `gather`:    destination consecutive (per dst run): one `index_select` straight into the slice;
-- `scatter`:   source consecutive (per src run): one `index_copy_` straight from the slice;
-- `two_pass`:  both sides scattered: gather into a reused scratch buffer, then scatter.
+- `gather`:    destination consecutive (per dst run): one gather straight into the slice;
+- `scatter`:   source consecutive (per src run): one scatter straight from the slice;
+- `two_pass`:  both sides scattered: gather into a cache-sized scratch buffer, scatter, repeat.
 The choice is a small cost model (`_OP_COST_BYTES`: what one op's fixed overhead is worth in
-bytes moved), because a 64-byte page and a 64 KiB page want different plans.
+bytes moved), because a 64-byte page and a 64 KiB page want different plans. Transfers up to
+1 MiB skip the planner (`_copy_direct`).
 
-Rows are viewed as the widest element their bytes allow (complex128 = 16 bytes): indexed
-copies move elements one by one, so wider elements make them several times faster; the copy
-is bit for bit (no arithmetic touches the values), so any dtype works.
+CPU: rows move as numpy items of one row each (`np.take`/`np.put`/`np.copyto`: one memcpy a
+row, any dtype, on the calling thread; see `_np_rows`); tiny transfers are two torch ops.
 
 CUDA: copies are issued on a dedicated side stream (which first waits for the current stream,
 so it sees the KV the prefill wrote), host memory is pinned, host<->device copies are
 `non_blocking`, and load-back records one `torch.cuda.Event` per layer so a prefill can start
-on layer 0 while later layers are still in flight. Scattered host pages are gathered into a
-pinned staging buffer by the CPU (torch's caching host allocator keeps a staging block alive
-until the copy that reads it has completed), then scattered on the device.
+on layer 0 while later layers are still in flight. The torch path gathers scattered host pages
+into a pinned staging buffer by the CPU (torch's caching host allocator keeps a staging block
+alive until the copy that reads it has completed), then scatters on the device; the Triton
+path reads the scattered host pages from the GPU in one pass, one launch per layer.
 
 torch is imported here at module level: this module is only imported by engine code paths.
-"""
-
 from __future__ import annotations
 
 import time
