@@ -37,6 +37,8 @@ alive until the copy that reads it has completed), then scatters on the device; 
 path reads the scattered host pages from the GPU in one pass, one launch per layer.
 
 torch is imported here at module level: this module is only imported by engine code paths.
+"""
+
 from __future__ import annotations
 
 import time
