@@ -353,6 +353,18 @@ def test_page_first_host_pools_take_the_torch_path_both_directions(dtype):
     assert _same_bits(pool.permute(1, 0, 2), expected_pool.permute(1, 0, 2))
 
 
+def test_cuda_auto_choice_takes_triton_only_for_scattered_transfers_past_the_threshold():
+    def pick(pinned=True, nbytes=1 << 20, runs=50, min_bytes=64 << 10):
+        return kernels.auto_backend(host_pinned=pinned, num_bytes=nbytes, runs=lambda: runs,
+                                    triton_min_bytes=min_bytes)
+
+    assert pick() == "triton"
+    assert pick(pinned=False) == "torch"       # the GPU can only reach pinned host memory
+    assert pick(nbytes=32 << 10) == "torch"    # below the calibrated threshold
+    assert pick(min_bytes=None) == "torch"     # calibrate found Triton never wins (or no triton)
+    assert pick(runs=2) == "torch"             # one run each side: two DMA copies are the ceiling
+
+
 def test_cpu_never_picks_triton_and_unknown_backends_are_named():
     src = _pool(2, 8, 4, torch.int64, 1)
     assert kernels._choose_backend(src, torch.zeros_like(src), 8, None) == "torch"

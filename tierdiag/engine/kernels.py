@@ -681,10 +681,24 @@ def _nbytes(src: torch.Tensor, num_pages: int) -> int:
     return num_pages * src.shape[0] * src.shape[2] * src.element_size()
 
 
-def _choose_backend(src: torch.Tensor, dst: torch.Tensor, num_pages: int, backend: str | None) -> str:
+# A transfer whose pages form at most this many runs on the two sides together is a handful of
+# DMA copies (cudaMemcpyAsync of whole runs, the link's ceiling): the torch path keeps it.
+_DMA_MAX_RUNS = 5
+
+
+def auto_backend(*, host_pinned: bool, num_bytes: int, runs, triton_min_bytes: int | None) -> str:
+    """The automatic choice on CUDA (`runs`: a callable, counted only when it matters)."""
+    if not host_pinned or triton_min_bytes is None or num_bytes < triton_min_bytes:
+        return "torch"
+    return "torch" if runs() <= _DMA_MAX_RUNS else "triton"
+
+
+def _choose_backend(src: torch.Tensor, dst: torch.Tensor, num_pages: int, backend: str | None,
+                    src_pages: PageList = (), dst_pages: PageList = ()) -> str:
     """"torch" or "triton" for this transfer. Auto (None): Triton on CUDA when it is installed,
-    the host side is pinned (the GPU reads/writes it directly) and the transfer is at least the
-    measured threshold; the torch path everywhere else (always on a CPU-only machine)."""
+    the host side is pinned (the GPU reads/writes it directly), the pages are scattered (not a
+    few runs a DMA copies whole) and the transfer is at least the measured threshold; the torch
+    path everywhere else (always on a CPU-only machine)."""
     if backend not in (None,) + BACKENDS:
         raise ValueError(f"unknown copy backend {backend!r}; known: {', '.join(BACKENDS)}")
     cuda = _is_cuda(src) or _is_cuda(dst)
@@ -697,7 +711,9 @@ def _choose_backend(src: torch.Tensor, dst: torch.Tensor, num_pages: int, backen
             return "torch"
         _load_profile_threshold(_cuda_device(src, dst))
         host_ok = all(t.is_cuda or t.is_pinned() for t in (src, dst))
-        return "triton" if host_ok and kt.use_triton(_nbytes(src, num_pages)) else "torch"
+        return auto_backend(host_pinned=host_ok, num_bytes=_nbytes(src, num_pages),
+                            runs=lambda: count_runs(src_pages) + count_runs(dst_pages),
+                            triton_min_bytes=kt.TRITON_MIN_BYTES if kt.AVAILABLE else None)
     kt = _triton_module()
     if not kt.AVAILABLE:
         raise RuntimeError(f"copy backend 'triton': {kt.IMPORT_ERROR}")
@@ -779,7 +795,7 @@ def copy_pages(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pa
     `_choose_backend`), "torch" or "triton" forces one.
     """
     t0 = time.perf_counter_ns()
-    if _choose_backend(src, dst, len(src_pages), backend) == "triton":
+    if _choose_backend(src, dst, len(src_pages), backend, src_pages, dst_pages) == "triton":
         handle = _run_triton(src, src_pages, dst, dst_pages, per_layer_events=False)
         handle.wait()
         return time.perf_counter_ns() - t0
@@ -803,7 +819,7 @@ def load_back(host: torch.Tensor, host_pages: PageList, device: torch.Tensor,
     """Host -> device, layer by layer. On CUDA returns at once with one event per layer
     (`handle.wait()` blocks and returns the wall ns); on CPU the copy is done on return.
     `handle.plan_kind` names the path taken ("direct", a plan kind, "triton" or "generic")."""
-    if _choose_backend(host, device, len(host_pages), backend) == "triton":
+    if _choose_backend(host, device, len(host_pages), backend, host_pages, device_pages) == "triton":
         return _run_triton(host, host_pages, device, device_pages, per_layer_events=True)
     if not _layer_first_both(host, device):
         t0 = time.perf_counter_ns()
