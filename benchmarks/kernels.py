@@ -92,16 +92,22 @@ def measure(*, quick: bool, repeats: int, layers: int = 4, max_mib: int = 64, se
                     "scatter": (range(1, 1 + n), d),
                     "scattered": (s, d),
                 }
+                # each timed copy starts after a 1 ms sleep (as in calibrate: on a busy machine the
+                # scheduler otherwise preempts whichever copy crosses the end of a time slice)
+                time.sleep(0.001)
                 t0 = time.perf_counter_ns()
                 flat_dst.copy_(flat_src)
-                t1 = time.perf_counter_ns()
+                times["flat_torch"].append(time.perf_counter_ns() - t0)
+                time.sleep(0.001)
+                t0 = time.perf_counter_ns()
                 np.copyto(flat_dst.numpy(), flat_src.numpy())
-                times["flat_torch"].append(t1 - t0)
-                times["flat_memcpy"].append(time.perf_counter_ns() - t1)
+                times["flat_memcpy"].append(time.perf_counter_ns() - t0)
                 for name, (sp, dp) in cases.items():
+                    time.sleep(0.001)
                     times[name].append(copy_pages(src, sp, dst, dp))
                     plans[name] = plan_copy(sp, dp, column_bytes=layers * row_bytes,
                                             src_num_pages=pool_pages, dst_num_pages=pool_pages).kind
+                time.sleep(0.001)
                 times["before"].append(copy_before(src, s, dst, d, scratch))
                 plans["before"] = "before"
             med = {k: statistics.median(v[1:]) for k, v in times.items() if v}

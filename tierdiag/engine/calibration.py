@@ -182,6 +182,15 @@ def _measure_contiguous(host_flat: torch.Tensor, dev_flat: torch.Tensor, numel: 
     return ns, ns
 
 
+def _settle(cuda: bool) -> None:
+    """Before each timed CPU copy, sleep a millisecond: on a machine with more runnable work
+    than cores the scheduler otherwise preempts whichever copy crosses the end of a time slice
+    (a 3 ms copy measured as 20 ms, the 1 ms one beside it not), and the ratios would measure
+    the scheduler. Every measurement gets the same, so the comparison stays side by side."""
+    if not cuda:
+        time.sleep(0.001)
+
+
 def pick_triton_min_bytes(sizes_bytes: list[int], torch_ns: list[float], triton_ns: list[float]) -> int | None:
     """Smallest measured size from which Triton is at least as fast as the torch path at every
     larger measured size (vLLM's rule for its swap-blocks kernel); None if it loses at the largest."""
@@ -247,16 +256,20 @@ def calibrate(*, quick: bool = False, num_layers: int = 4, row_bytes: int = 4096
             dev_pages = rng.permutation(pool_pages)[:n].tolist()
             numel = n * num_layers * elems
             src_at, dst_at = (int(x) * elems for x in rng.integers(0, num_layers * pool_pages - n * num_layers + 1, 2))
+            _settle(cuda)
             c_torch, c_memcpy = _measure_contiguous(host_flat, dev_flat, numel, stream, src_at, dst_at)
             t["contig_torch"].append(c_torch)
             t["contig_memcpy"].append(c_memcpy)
             for backend in backends:
+                _settle(cuda)
                 handle = kernels.load_back(host, host_pages, dev, dev_pages, backend=backend)
                 t.setdefault(f"load_{backend}", []).append(handle.wait())
                 if backend == "torch":
                     plan = handle.plan_kind
+            _settle(cuda)
             t["to_run"].append(kernels.load_back(host, host_pages, dev, range(max_pages - n, max_pages)).wait())
             for backend in backends:
+                _settle(cuda)
                 t.setdefault(f"backup_{backend}", []).append(
                     kernels.backup(dev, dev_pages, host, host_pages, backend=backend))
         med = {k: max(1, int(statistics.median(v))) for k, v in t.items()}
