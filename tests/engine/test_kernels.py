@@ -371,3 +371,26 @@ def test_cpu_never_picks_triton_and_unknown_backends_are_named():
     assert load_back(src, [1, 2], torch.zeros_like(src), [3, 4]).plan_kind != "triton"
     with pytest.raises(ValueError, match="unknown copy backend 'cuda'; known: torch, triton"):
         copy_pages(src, [0], torch.zeros_like(src), [0], backend="cuda")
+
+
+def test_everything_works_without_triton_installed():
+    """triton is optional: with it unimportable, kernels_triton says why and the torch path runs."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import torch\n"
+        "from tierdiag.engine import kernels, kernels_triton\n"
+        "assert not kernels_triton.AVAILABLE and 'triton is not installed' in kernels_triton.IMPORT_ERROR\n"
+        "src = torch.arange(2 * 6 * 4, dtype=torch.int64).view(2, 6, 4); dst = torch.zeros_like(src)\n"
+        "kernels.copy_pages(src, [5, 0, 3], dst, [1, 2, 4])\n"
+        "assert torch.equal(dst[:, [1, 2, 4]], src[:, [5, 0, 3]])\n"
+        "try:\n"
+        "    kernels.copy_pages(src, [0], dst, [0], backend='triton')\n"
+        "except RuntimeError as exc:\n"
+        "    print(exc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("copy backend 'triton': triton is not installed")
