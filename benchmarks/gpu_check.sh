@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One-shot validation of the copy kernels on a machine with an NVIDIA GPU (<= 6 minutes):
+# One-shot validation of the copy kernels on a machine with an NVIDIA GPU (<= 6 minutes: the
+# step timeouts below add up to 360 s):
 #   1. tierdiag doctor --json                      -> doctor.json
 #   2. tierdiag calibrate --json (torch + Triton)  -> calibrate.json, profile.json
 #   3. pytest -m "cuda or triton", compiled (TRITON_INTERPRET unset) -> pytest.txt
@@ -46,17 +47,17 @@ step() {  # step NAME TIMEOUT_S CMD... : stdout -> NAME.out, stderr -> NAME.err
 HAS_GPU=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
 say "start $(date -u +%FT%TZ), quick=$QUICK, gpu=$HAS_GPU, python=$PY, results in $DEST"
 
-step doctor 60 "${TIERDIAG[@]}" doctor --json
+step doctor 30 "${TIERDIAG[@]}" doctor --json
 mv "$DEST/doctor.out" "$DEST/doctor.json"
 
 CAL=(calibrate --json --out "$DEST/profile.json")
 [ "$QUICK" = 1 ] && CAL+=(--quick)
-step calibrate 150 "${TIERDIAG[@]}" "${CAL[@]}"
+step calibrate 90 "${TIERDIAG[@]}" "${CAL[@]}"
 mv "$DEST/calibrate.out" "$DEST/calibrate.json"
 
 if [ "$HAS_GPU" = 1 ]; then
   # compiled, not interpreted: the tests pick the GPU when TRITON_INTERPRET is unset
-  step pytest 240 env -u TRITON_INTERPRET "$PY" -m pytest -q -p no:cacheprovider -m "cuda or triton" \
+  step pytest 150 env -u TRITON_INTERPRET "$PY" -m pytest -q -p no:cacheprovider -m "cuda or triton" \
     tests/engine/test_kernels.py tests/engine/test_kernels_triton.py
   mv "$DEST/pytest.out" "$DEST/pytest.txt"
 else
@@ -66,7 +67,7 @@ fi
 TABLE=(benchmarks/gpu_table.py --json "$DEST/gpu_table.json")
 [ "$QUICK" = 1 ] && TABLE+=(--quick)
 # without a GPU the script itself prints "gpu table: skipped: ..." and records why in the JSON
-step gpu_table 180 "$PY" "${TABLE[@]}"
+step gpu_table 90 "$PY" "${TABLE[@]}"
 mv "$DEST/gpu_table.out" "$DEST/gpu_table.txt"
 cat "$DEST/gpu_table.txt" | tee -a "$SUMMARY"
 
