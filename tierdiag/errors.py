@@ -59,6 +59,13 @@ class OutputError(TierdiagError):
     exit_code = ExitCode.IO
 
 
+class RunInterrupted(TierdiagError):
+    """Ctrl-C or SIGTERM, after the command closed what it was writing: the message says what was
+    kept. Exit 130 for SIGINT, 143 for SIGTERM (the CLI reads which signal it was)."""
+
+    exit_code = ExitCode.INTERRUPTED
+
+
 def unknown_name(kind: str, name: str, known) -> ConfigError:
     """The one error for every registry lookup: name the kind and list what exists."""
     return ConfigError(f"unknown {kind} {name!r}; known: {', '.join(sorted(known))}")

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from tierdiag import signals
 from tierdiag.engine.config import EngineConfig
-from tierdiag.errors import ConfigError, TierdiagError
-from tierdiag.trace.reader import ReadReport, read_trace, trace_sha256
+from tierdiag.errors import ConfigError, TierdiagError, TraceError
+from tierdiag.trace.reader import MAX_ARRIVAL_NS, ReadReport, is_seekable_file, read_trace, trace_sha256
 
 
 @dataclass(frozen=True)
@@ -93,12 +94,22 @@ class ReplayInterrupted(KeyboardInterrupt):
     """Ctrl-C (or SIGTERM) during a replay, after the run was closed as interrupted."""
 
     def __init__(self, run_id: str | None, db_path: str | None, num_requests: int,
-                 write_problem: TierdiagError | None = None):
+                 write_problem: TierdiagError | None = None, status: str = "interrupted"):
         super().__init__(run_id)
         self.run_id = run_id
         self.db_path = db_path
-        self.num_requests = num_requests
+        self.num_requests = num_requests  # request rows in the file
         self.write_problem = write_problem  # why what was recorded could not all be kept
+        self.status = status  # what the run was closed as
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def _closed(writer) -> bool:
+    return writer.closed_as is not None
 
 
 def _requests(n: int) -> str:
@@ -118,20 +129,24 @@ def _flush_every_s() -> float:
     return value
 
 
-def _close_run(writer, recorder, status: str, error: str | None, num_requests: int) -> TierdiagError | None:
-    """Flush what is buffered and write the final status. On a write failure (disk full, ...)
-    the run is marked failed if anything can still be written, and the failure is returned."""
+def _close_run(writer, recorder, status: str | Callable[[], str], error: str | None, *,
+               trace_sha256: str | None = None) -> TierdiagError | None:
+    """Flush what is buffered and write the final status, SIGINT/SIGTERM held meanwhile. On any
+    failure (disk full, a value that cannot be stored) the run is marked failed, keeping every
+    row already written, if anything can still be written, and the failure is returned."""
     try:
         recorder.flush()
-        writer.finish(status, num_requests=num_requests, error=error)
+        writer.finish(status if isinstance(status, str) else status(), error=error, trace_sha256=trace_sha256)
         return None
     except TierdiagError as exc:
         problem = exc
+    except Exception as exc:  # noqa: BLE001 - a bug; the run must still not be left `running`
+        problem = TierdiagError(f"{type(exc).__name__}: {_first_line(exc)}")
     try:
-        writer.finish("failed", num_requests=num_requests, error=problem.one_line(), write_pending=False)
-    except TierdiagError:
-        # Nothing more can be written. The row still says running; once this process is gone
-        # readers show it as interrupted (they check the pid).
+        writer.finish("failed", error=problem.one_line(), write_pending=False)
+    except Exception:  # noqa: BLE001 - nothing more can be written; what to say is below
+        # The row still says running; once this process is gone readers show it as
+        # interrupted (they check the pid).
         problem.hint = (problem.hint + "; " if problem.hint else "") + "the run could not be marked failed"
     return problem
 
@@ -159,13 +174,33 @@ def _single_threaded_data_plane() -> None:
         torch.set_num_threads(1)
 
 
+# Bounds on --time-scale: arrivals are int64 ns after scaling (the trace reader bounds them
+# before), and a factor past these is a typo, not a workload.
+MAX_TIME_SCALE = 1e6
+MIN_TIME_SCALE = 1e-9
+
+
+def _scaled_arrivals(requests, time_scale: float, trace: Path):
+    """The requests, refusing one whose arrival times --time-scale would leave int64 ns."""
+    for req in requests:
+        if req.arrival_ns * time_scale > MAX_ARRIVAL_NS:
+            raise TraceError(f"{trace}:{req.line}: timestamp {req.arrival_ns // 1_000_000:,} ms times --time-scale "
+                             f"{time_scale:g} is past the latest arrival tierdiag can time "
+                             f"({MAX_ARRIVAL_NS // 1_000_000:,} ms)", hint="use a smaller --time-scale")
+        yield req
+
+
 def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | None, probes: bool,
            skip_bad: bool, command_line: list[str] | None = None,
            progress: Callable[[int, int, object], None] | None = None) -> ReplaySummary:
     t0 = time.perf_counter()
     flush_every_s = _flush_every_s()
+    if not MIN_TIME_SCALE <= cfg.time_scale <= MAX_TIME_SCALE:
+        raise ConfigError(f"--time-scale {cfg.time_scale:g} is out of range "
+                          f"({MIN_TIME_SCALE:g} to {MAX_TIME_SCALE:g})")
     report = ReadReport()
-    requests = read_trace(trace, block_size=cfg.block_size, skip_bad=skip_bad, report=report)
+    requests = _scaled_arrivals(read_trace(trace, block_size=cfg.block_size, skip_bad=skip_bad, report=report),
+                                cfg.time_scale, trace)
     # The reader streams: pull the first request now, so that a trace that is empty or bad from
     # its first line fails here, before a run (or the database file) exists, and before torch.
     requests = itertools.chain([next(requests)], requests)
@@ -176,19 +211,13 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
     from tierdiag.probes.recorder import Recorder
 
     _single_threaded_data_plane()
-    sha = trace_sha256(trace)
+    # A trace read through a pipe can be read once only: its digest is taken while replaying
+    # and recorded at the end (the reader fills report.sha256).
+    sha = trace_sha256(trace) if is_seekable_file(trace) else None
     writer = None
     recorder = None
     storage_dir = None
-    if db is not None and probes:
-        from tierdiag.store.writer import RunWriter
-
-        writer = RunWriter(db, name=run_name, trace_path=str(trace), trace_sha256=sha, config=cfg.to_json(),
-                           hardware=hardware_summary(), data_plane=describe_data_plane(cfg), timing=cfg.timing,
-                           command_line=command_line)
-        recorder = Recorder(writer.append)
-        if cfg.storage_tokens and cfg.storage_dir is None:
-            storage_dir = Path(db).with_suffix(".storage") / writer.run_id
+    engine = None
     last_flush = [time.monotonic()]
 
     def on_progress(done: int, now_ns: int, stats) -> None:
@@ -199,35 +228,62 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
         if progress is not None:
             progress(done, now_ns, stats)
 
-    engine = None
-
     def recorded() -> int:
+        """Requests in the file (with probes), else those the engine got to."""
+        if writer is not None:
+            return writer.recorded
         return engine.stats.requests_finished + engine.stats.requests_rejected if engine is not None else 0
 
     try:
+        if db is not None and probes:
+            from tierdiag.store.writer import RunWriter
+
+            # Deferred: an interrupt while the store is created or the run row written waits for
+            # that transaction, then lands below with `writer` set, and the run is closed.
+            with signals.deferred():
+                writer = RunWriter(db, name=run_name, trace_path=str(trace), trace_sha256=sha or "",
+                                   config=cfg.to_json(), hardware=hardware_summary(),
+                                   data_plane=describe_data_plane(cfg), timing=cfg.timing, command_line=command_line)
+                recorder = Recorder(writer.append)
+            if cfg.storage_tokens and cfg.storage_dir is None:
+                storage_dir = Path(db).with_suffix(".storage") / writer.run_id
         engine = Engine(cfg, probe=recorder, storage_dir=storage_dir, progress=on_progress)
         with _fewer_gc_passes():
             stats = engine.run(requests)
-    except KeyboardInterrupt as exc:
-        problem = _close_run(writer, recorder, "interrupted", None, recorded()) if writer is not None else None
-        raise ReplayInterrupted(writer.run_id if writer else None, str(db) if writer else None, recorded(),
-                                problem) from exc
-    except TierdiagError as exc:
         if writer is not None:
-            _close_run(writer, recorder, "failed", exc.one_line(), recorded())
-            # Still one line: the error, then where the partial run is.
-            exc.hint = ((exc.hint + "; ") if exc.hint else "") + (
-                f"run {writer.run_id} kept in {db} as failed, {_requests(recorded())} recorded")
-        raise
+            # The final flush and status, all held against signals: a Ctrl-C that lands here
+            # waits for them and then marks the run interrupted (with all its rows) instead.
+            with signals.deferred():
+                problem = _close_run(writer, recorder, lambda: "complete" if signals.pending() is None
+                                     else "interrupted", None, trace_sha256=report.sha256)
+            if problem is not None:
+                raise problem
     except BaseException as exc:
-        if writer is not None:
-            text = str(exc).strip().splitlines()
-            _close_run(writer, recorder, "failed", f"{type(exc).__name__}: {text[0] if text else ''}", recorded())
+        # An interrupt is an interrupt wherever it lands: also when DuckDB or an import it cut
+        # short turned it into an error of another kind (the signal was seen all the same).
+        if isinstance(exc, KeyboardInterrupt) or signals.received() is not None:
+            problem = None
+            if writer is not None and not _closed(writer):
+                with signals.deferred(reraise=False):  # a second Ctrl-C does not cut the close short
+                    problem = _close_run(writer, recorder, "interrupted", None)
+            raise ReplayInterrupted(writer.run_id if writer else None, str(db) if writer else None, recorded(),
+                                    problem, (writer.closed_as or "running") if writer else "interrupted") from exc
+        if writer is None:
+            raise
+        if isinstance(exc, TierdiagError):
+            closing = None
+            if not _closed(writer):
+                with signals.deferred(reraise=False):
+                    closing = _close_run(writer, recorder, "failed", exc.one_line())
+            # Still one line: the error, then where the partial run is (the count is what the
+            # file holds, not what the engine got to).
+            exc.hint = ((exc.hint + "; ") if exc.hint else "") + (
+                f"run {writer.run_id} kept in {db} as {writer.closed_as or 'running'}, "
+                f"{_requests(recorded())} recorded" + ("" if closing is None else f" ({closing.message})"))
+        elif not _closed(writer):
+            with signals.deferred(reraise=False):
+                _close_run(writer, recorder, "failed", f"{type(exc).__name__}: {_first_line(exc)}")
         raise
-    if writer is not None:
-        problem = _close_run(writer, recorder, "complete", None, recorded())
-        if problem is not None:
-            raise problem
     status = "complete"
     return ReplaySummary(
         run_id=writer.run_id if writer else None, db_path=str(db) if writer else None,

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
+from rich.segment import Segment
 
 from tierdiag.store.reader import DEFAULT_DB
 
@@ -20,10 +21,25 @@ RunOpt = Annotated[Optional[str], typer.Option("--run", help="Run id, id prefix 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 DEFAULT_DB_PATH = Path(DEFAULT_DB)
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+class SafeConsole(Console):
+    """A Console that never sends a control character from data to the terminal: whatever a view
+    renders (a table cell, a title, a panel), text segments are shown with control characters
+    escaped (`\x1b`), while Rich's own styling still works. Views also pass data as Text built
+    with `report.terminal.visible` (no markup, escaped before layout so columns line up); this is
+    the net under every view, including ones added later."""
+
+    def _render_buffer(self, buffer):
+        from tierdiag.report.terminal import visible
+
+        return super()._render_buffer(
+            seg if seg.control else Segment(visible(seg.text), seg.style, seg.control) for seg in buffer)
+
+
+out = SafeConsole(soft_wrap=True)
+err = SafeConsole(stderr=True, soft_wrap=True)
 
 
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
     sys.stdout.flush()
+

@@ -28,4 +28,5 @@ def export(
         print_json(result.to_json())
         return
     total = sum(result.rows.values())
-    out.print(f"exported {len(result.run_ids)} run(s), {total:,} rows, to {result.out_dir}/<table>/run_id=<id>/")
+    out.print(f"exported {len(result.run_ids)} run(s), {total:,} rows, to {result.out_dir}/<table>/run_id=<id>/",
+              markup=False, highlight=False)

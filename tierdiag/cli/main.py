@@ -1,48 +1,130 @@
 """The `tierdiag` command. Commands are thin: parse, call one library function, render.
 
 Every TierdiagError becomes one line on stderr and its exit code; anything else is a bug and
-says so in one line (the traceback with --debug).
+says so in one line (the traceback with --debug). Ctrl-C and SIGTERM are interrupts wherever
+they land (while the CLI starts, in our code, in DuckDB, in Typer, which turns a
+KeyboardInterrupt into a silent Exit(130)): one "interrupted" line, exit 130 (143 for SIGTERM).
+
+Importing this module is cheap and has no side effects: Typer and the command modules load in
+`main()`, after the signal handlers are in place and inside its error handling (`app` is built
+on first use, so `from tierdiag.cli.main import app` still works).
 """
 
 from __future__ import annotations
 
+import errno
+import functools
 import os
 import sys
 
-import typer
-
-from tierdiag.errors import ExitCode, TierdiagError
-
-app = typer.Typer(
-    name="tierdiag",
-    help="Why was a cached prefix still slow? Replay a trace through a tiered KV cache, then explain it.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
-
-_state = {"debug": False}
-
-
-@app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors.")) -> None:
-    _state["debug"] = debug
-
+from tierdiag import signals
+from tierdiag.errors import ConfigError, ExitCode, OutputError, RunInterrupted, TierdiagError
 
 # The order of `tierdiag --help`: record, then read. Each module imports only what its
 # command needs at call time (torch only inside replay/calibrate), so read-only commands start fast.
 COMMANDS = ("replay", "runs", "summary", "slow", "explain", "report", "export", "synth", "calibrate", "doctor")
 
+_INT64_MAX = 2**63 - 1
+_app = []
 
-def _register() -> None:
+
+def _ints_fit_int64(fn):
+    """Every integer option and argument must fit int64 (what DuckDB and the engine hold): a
+    larger one is an option value out of range (exit 2) naming the option, never a crash later.
+    Typer passes values by name; the flag is the name with dashes (what --help shows)."""
+    @functools.wraps(fn)
+    def checked(**kwargs):
+        for name, value in kwargs.items():
+            if type(value) is int and not -_INT64_MAX - 1 <= value <= _INT64_MAX:
+                flag = "--" + name.rstrip("_").replace("_", "-")
+                raise ConfigError(f"{flag} {value} is out of range (at most {_INT64_MAX:,})")
+        return fn(**kwargs)
+
+    return checked
+
+
+def _build_app():
+    if _app:
+        return _app[0]
     import importlib
+
+    import typer
+
+    app = typer.Typer(
+        name="tierdiag",
+        help="Why was a cached prefix still slow? Replay a trace through a tiered KV cache, then explain it.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+
+    @app.callback()
+    def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors.")) -> None:
+        pass  # read from sys.argv by main(), before Typer parses anything
 
     for name in COMMANDS:
         module = importlib.import_module(f"tierdiag.cli.{name}")
-        app.command(name)(getattr(module, name))
+        app.command(name)(_ints_fit_int64(getattr(module, name)))
+    _app.append(app)
+    return app
 
 
-_register()
+def __getattr__(name: str):
+    if name == "app":
+        return _build_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --- stdout -------------------------------------------------------------------------------------
+
+class StdoutClosed(Exception):
+    """The reader of our stdout went away (`tierdiag runs --json | head`): stop, silently."""
+
+
+class _GuardedStdout:
+    """sys.stdout, with a failed write or flush turned into one error: a closed pipe is
+    StdoutClosed (silent, exit 0), anything else (a full disk behind `> file`, /dev/full, EIO)
+    an OutputError, exit 6. Rich and print() both write through sys.stdout."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _guard(self, op, *args):
+        try:
+            return op(*args)
+        except OSError as exc:
+            if isinstance(exc, BrokenPipeError) or exc.errno == errno.EPIPE:
+                raise StdoutClosed() from None
+            raise OutputError(f"cannot write to standard output: {exc.strerror or exc}") from None
+
+    def write(self, text):
+        return self._guard(self._stream.write, text)
+
+    def writelines(self, lines):
+        return self._guard(self._stream.writelines, lines)
+
+    def flush(self):
+        return self._guard(self._stream.flush)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot fail (again)."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass  # no stdout to speak of: nothing will be flushed into it either
+
+
+# --- the one place errors become exits ----------------------------------------------------------
+
+def _interrupted(line: str = "interrupted") -> None:
+    signals.ignore()  # a second Ctrl-C while we say so must not cut the line short
+    print(f"tierdiag: {line}", file=sys.stderr)
+    _quiet_stdout()
+    sys.exit(signals.exit_code(signals.received()))
 
 
 def _is_no_args_help(exc: Exception) -> bool:
@@ -50,24 +132,32 @@ def _is_no_args_help(exc: Exception) -> bool:
     return type(exc).__name__ == "NoArgsIsHelpError"
 
 
-def main() -> None:
-    debug = "--debug" in sys.argv[1:]
-    try:
-        result = app(standalone_mode=False)
-        # Outside standalone mode Typer catches `typer.Exit(code)` itself and returns the code.
-        if isinstance(result, int) and not isinstance(result, bool) and result:
-            sys.exit(result)
-    except TierdiagError as exc:
-        if debug:
-            raise
-        print(f"tierdiag: error: {exc.one_line()}", file=sys.stderr)
-        sys.exit(int(exc.exit_code))
-    except KeyboardInterrupt:
-        print("tierdiag: interrupted", file=sys.stderr)
-        sys.exit(int(ExitCode.INTERRUPTED))
-    except typer.Exit as exc:
+def _damaged_store(exc: Exception) -> TierdiagError | None:
+    """A DuckDB error that says the file's blocks are damaged (a checksum, a short read), seen
+    while a command read the store it opened: exit 4 naming the file, not a bug."""
+    if "duckdb" not in sys.modules:
+        return None
+    from tierdiag.store.reader import damage_error, last_opened
+
+    path = last_opened()
+    return damage_error(path, exc) if path is not None else None
+
+
+def _other(exc: Exception, debug: bool) -> None:
+    """Typer's own exceptions, then interrupts DuckDB turned into its errors, then damaged
+    stores and closed pipes; what is left is a bug."""
+    typer = sys.modules.get("typer")
+    if typer is not None and isinstance(exc, typer.Exit):
+        if signals.received() is not None:
+            _interrupted()
         sys.exit(exc.exit_code)
-    except typer.TyperException as exc:  # usage: unknown command/option, a value Typer could not parse
+    if typer is not None and isinstance(exc, typer.Abort):
+        if signals.received() is not None:
+            _interrupted()
+        print("tierdiag: aborted", file=sys.stderr)
+        sys.exit(int(ExitCode.INTERRUPTED))
+    if typer is not None and isinstance(exc, typer.TyperException):
+        # usage: unknown command/option, a value Typer could not parse
         if _is_no_args_help(exc):  # the help is already printed
             sys.exit(int(ExitCode.OK))
         first = exc.format_message().strip().splitlines()
@@ -75,20 +165,66 @@ def main() -> None:
         where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
         print(f"tierdiag: error: {first[0] if first else type(exc).__name__}{where}", file=sys.stderr)
         sys.exit(int(getattr(exc, "exit_code", ExitCode.USAGE)))
-    except BrokenPipeError:
-        # `tierdiag runs --json | head`: the reader went away; that is not an error of ours.
-        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if signals.received() is not None:
+        # DuckDB turns a signal that lands inside `execute` into an error of its own.
+        _interrupted()
+    if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
+        _quiet_stdout()
         sys.exit(int(ExitCode.OK))
-    except typer.Abort:
-        print("tierdiag: aborted", file=sys.stderr)
-        sys.exit(int(ExitCode.INTERRUPTED))
-    except SystemExit:
-        raise
-    except Exception as exc:  # a bug: one line, and the way to see more
+    damaged = _damaged_store(exc)
+    if damaged is not None and not debug:
+        print(f"tierdiag: error: {damaged.one_line()}", file=sys.stderr)
+        sys.exit(int(damaged.exit_code))
+    if debug:
+        raise exc
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    print(f"tierdiag: internal error: {type(exc).__name__}: {first} (re-run with --debug and report it)",
+          file=sys.stderr)
+    sys.exit(int(ExitCode.BUG))
+
+
+def main() -> None:
+    signals.install()
+    try:
+        _main()
+    finally:
+        # Done, one way or another (what is said is said): a signal while the interpreter shuts
+        # down (it resets handlers to the default, which kills) must not change the exit.
+        signals.ignore()
+
+
+def _main() -> None:
+    debug = "--debug" in sys.argv[1:]
+    if sys.stdout is not None and not isinstance(sys.stdout, _GuardedStdout):
+        sys.stdout = _GuardedStdout(sys.stdout)
+    try:
+        app = _build_app()
+        result = app(standalone_mode=False)
+        sys.stdout.flush()
+        # Outside standalone mode Typer catches `typer.Exit(code)` itself and returns the code;
+        # it also turns a KeyboardInterrupt it sees into Exit(130), silently.
+        if signals.received() is not None:
+            _interrupted()
+        if isinstance(result, int) and not isinstance(result, bool) and result:
+            sys.exit(result)
+    except RunInterrupted as exc:  # the command said what it kept
+        _interrupted(exc.one_line())
+    except StdoutClosed:
+        # `tierdiag runs --json | head`: the reader went away; that is not an error of ours.
+        _quiet_stdout()
+        sys.exit(int(ExitCode.OK))
+    except TierdiagError as exc:
+        if signals.received() is not None:
+            _interrupted()
         if debug:
             raise
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        print(f"tierdiag: internal error: {type(exc).__name__}: {first} (re-run with --debug and report it)",
-              file=sys.stderr)
-        sys.exit(int(ExitCode.BUG))
+        print(f"tierdiag: error: {exc.one_line()}", file=sys.stderr)
+        if isinstance(exc, OutputError):
+            _quiet_stdout()
+        sys.exit(int(exc.exit_code))
+    except KeyboardInterrupt:
+        _interrupted()
+    except SystemExit:
+        raise
+    except Exception as exc:  # noqa: BLE001 - sorted out in _other
+        _other(exc, debug)

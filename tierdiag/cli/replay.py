@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -12,7 +10,7 @@ import typer
 
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, err, out, print_json
 from tierdiag.engine.config import load_config  # no torch: presets and validation only
-from tierdiag.errors import ExitCode
+from tierdiag.errors import RunInterrupted
 
 Opt = typer.Option
 
@@ -85,52 +83,31 @@ def replay(
                 f"storage {share(stats.storage_tokens)} reuse {share(reused)}"))
 
         try:
-            with _sigterm_interrupts():
-                summary = run_replay(trace, cfg, db=None if no_probes else db, run_name=run_name,
-                                     probes=not no_probes, skip_bad=skip_bad,
-                                     command_line=["tierdiag"] + sys.argv[1:], progress=progress)
+            summary = run_replay(trace, cfg, db=None if no_probes else db, run_name=run_name,
+                                 probes=not no_probes, skip_bad=skip_bad,
+                                 command_line=["tierdiag"] + sys.argv[1:], progress=progress)
         except ReplayInterrupted as exc:
             bar.stop()
             if exc.write_problem is not None:
                 said = f"interrupted; {exc.write_problem.one_line()}"
             elif exc.run_id:
                 n = exc.num_requests
-                said = (f"interrupted; run {exc.run_id} kept in {exc.db_path} as interrupted, "
+                said = (f"interrupted; run {exc.run_id} kept in {exc.db_path} as {exc.status}, "
                         f"{n:,} request{'' if n == 1 else 's'} recorded")
             else:
                 said = "interrupted (nothing was being recorded)"
-            print(f"tierdiag: {said}", file=sys.stderr)
-            terminated = isinstance(exc.__cause__, _Terminated)
-            raise typer.Exit(128 + signal.SIGTERM if terminated else int(ExitCode.INTERRUPTED))
+            # The CLI's one place for interrupts prints it and exits 130 (143 for SIGTERM).
+            raise RunInterrupted(said) from None
 
     if summary.bad_lines:
         print(f"tierdiag: {_skipped_line(summary.bad_lines, summary.first_bad)}", file=sys.stderr)
     if summary.unknown_keys:
-        err.print(f"tierdiag: warning: ignored unknown trace keys: {', '.join(summary.unknown_keys)}")
+        err.print(f"tierdiag: warning: ignored unknown trace keys: {', '.join(summary.unknown_keys)}",
+                  markup=False, highlight=False)
     if json_:
         print_json(summary.to_json())
         return
     _render(summary)
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM (a job scheduler, `timeout`) ends a replay the way Ctrl-C does: run kept, marked interrupted."""
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts():
-    def on_term(signum, frame):
-        raise _Terminated()
-
-    try:
-        previous = signal.signal(signal.SIGTERM, on_term)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _skipped_line(count: int, first_bad: list) -> str:
@@ -143,11 +120,14 @@ def _skipped_line(count: int, first_bad: list) -> str:
 
 def _render(s) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     total = s.input_tokens
-    table = Table(title=f"replay {s.run_name}: {s.num_requests:,} requests"
-                        + (f", {s.num_rejected} rejected" if s.num_rejected else "")
-                        + f" in {s.wall_s:.1f}s wall ({s.virtual_s:,.0f}s virtual)", show_header=False)
+    from tierdiag.report.terminal import data
+
+    table = Table(title=data(f"replay {s.run_name}: {s.num_requests:,} requests"
+                             + (f", {s.num_rejected} rejected" if s.num_rejected else "")
+                             + f" in {s.wall_s:.1f}s wall ({s.virtual_s:,.0f}s virtual)"), show_header=False)
     table.add_column(style="bold")
     table.add_column()
     table.add_row("input tokens", f"{total:,}")
@@ -174,6 +154,6 @@ def _render(s) -> None:
         err.print("tierdiag: note: the GPU was saturated by prefill, so TTFT is mostly queueing; "
                   "--time-scale 2 halves the request rate to study the cache rather than the overload")
     if s.run_id:
-        out.print(f"recorded run [bold]{s.run_id}[/] in {s.db_path}")
+        out.print(Text.assemble("recorded run ", data(s.run_id, "bold"), " in ", data(s.db_path)))
         db = "" if s.db_path == str(DEFAULT_DB_PATH) else f" --db {s.db_path}"
-        out.print(f"next: tierdiag slow{db}   ·   tierdiag explain REQ_ID{db}   ·   tierdiag report{db}")
+        out.print(data(f"next: tierdiag slow{db}   ·   tierdiag explain REQ_ID{db}   ·   tierdiag report{db}"))

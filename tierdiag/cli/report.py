@@ -24,12 +24,14 @@ def report(db: DbOpt = DEFAULT_DB_PATH, run: RunOpt = None, output: OutputOpt = 
     from tierdiag.report.html import build_report
 
     result = build_report(db, run, output)
+    from tierdiag.report.terminal import visible
+
     if json_:
         print_json(result.to_json())
     else:
-        print(result.path)
+        print(visible(result.path, lines=False))
     if open_:
         # webbrowser returns False rather than raising when no browser is available (CI, SSH).
         opened = webbrowser.open(result.path.resolve().as_uri())
         if not opened:
-            err.print(f"no web browser found; open {result.path} yourself")
+            err.print(f"no web browser found; open {result.path} yourself", markup=False, highlight=False)

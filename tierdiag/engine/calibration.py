@@ -334,8 +334,12 @@ def save_profile(profile: Profile, path: Path) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(profile.to_json(), indent=2) + "\n")
-        tmp.replace(path)
+        try:
+            tmp.write_text(json.dumps(profile.to_json(), indent=2) + "\n")
+            tmp.replace(path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a full disk, or PATH a folder: leave no PATH.tmp behind
+            raise
     except OSError as exc:
         raise OutputError(f"cannot write profile {path}: {exc.strerror or exc}") from None
     return path

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import os
 import tomllib
 import typing
@@ -215,8 +216,17 @@ def load_config(path: str | Path | None, overrides: Mapping[str, Any]) -> Engine
                 raise ConfigFileError(f"--config {p}: unknown key {key!r}; known: {known}")
             _check_type(p, key, name, value)
             values[name] = value
+    from_file = set(values)
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return EngineConfig(**values)
     except TypeError as exc:
         raise ConfigError(f"bad configuration: {exc}") from None
+    except ConfigError as exc:
+        # A bad value written in the file is a bad --config file (exit 3), like a wrong type;
+        # one given on the command line stays a bad option value (exit 2).
+        named = {m.replace("-", "_") for m in re.findall(r"--([a-z][a-z-]*)", exc.message)}
+        blamed = named & (from_file - {k for k, v in overrides.items() if v is not None})
+        if path is None or isinstance(exc, ConfigFileError) or not blamed:
+            raise
+        raise ConfigFileError(f"--config {path}: {exc.message}", hint=exc.hint) from None

@@ -8,6 +8,8 @@ pinned CPU memory then (plain CPU memory otherwise).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -16,6 +18,7 @@ from pathlib import Path
 import torch
 
 from tierdiag.engine import kernels
+from tierdiag.errors import OutputError
 
 
 @dataclass(frozen=True)
@@ -160,12 +163,28 @@ def verify_content(pool: PagePool, slots: list[int], keys: list[int]) -> bool:
 
 
 # --- storage tier: page files on local disk, keyed by chained SHA-256 -----------------------
+@contextlib.contextmanager
+def _storage_errors(path: Path):
+    """A filesystem error of the storage tier (its folder read-only or a file, the disk full, a
+    page file gone) is an output error naming the path: exit 6, one line, not a bug."""
+    try:
+        yield
+    except OSError as exc:
+        where = exc.filename or path
+        raise OutputError(f"cannot use the storage tier at {where}: {exc.strerror or exc}",
+                          hint="set storage_dir (--config) to a writable folder with room, or pass --storage-tokens 0"
+                          ) from None
+
+
 class StorageTier:
     """Page files under `root`, one file a page (`ab/abcdef…`), LRU-deleted past capacity."""
 
     def __init__(self, root: Path, capacity_pages: int):
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        with _storage_errors(self.root):
+            self.root.mkdir(parents=True, exist_ok=True)
+            if not os.access(self.root, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, "Permission denied", str(self.root))
         self.capacity = capacity_pages
         self._index: OrderedDict[str, None] = OrderedDict()
 
@@ -195,17 +214,23 @@ class StorageTier:
                 self._path(old).unlink(missing_ok=True)
                 deleted.append(old)
             path = self._path(key)
-            path.parent.mkdir(exist_ok=True)
             tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(data[i].tobytes())
-            os.replace(tmp, path)
+            with _storage_errors(path):
+                path.parent.mkdir(exist_ok=True)
+                try:
+                    tmp.write_bytes(data[i].tobytes())
+                    os.replace(tmp, path)
+                except BaseException:
+                    tmp.unlink(missing_ok=True)  # a full disk must not keep half a page
+                    raise
             self._index[key] = None
         return deleted
 
     def read(self, keys: list[str], num_layers: int, page_elems: int) -> torch.Tensor:
         out = torch.empty((len(keys), num_layers, page_elems), dtype=torch.int64)
         for i, key in enumerate(keys):
-            raw = self._path(key).read_bytes()
+            with _storage_errors(self._path(key)):
+                raw = self._path(key).read_bytes()
             out[i] = torch.frombuffer(bytearray(raw), dtype=torch.int64).view(num_layers, page_elems)
             self._index.move_to_end(key)
         return out.permute(1, 0, 2).contiguous()

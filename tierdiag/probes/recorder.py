@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
+from tierdiag import signals
 from tierdiag.probes import events as ev
 
 Sink = Callable[[Mapping[str, Mapping[str, tuple]]], None]
@@ -60,14 +61,20 @@ class Recorder(Probe):
             self.flush()
 
     def flush(self) -> None:
+        """Hand everything buffered to the sink, once. The sink owns the rows from the call on
+        (the store's writer keeps what it could not write yet, and commits each row once), so
+        the buffers are cleared whether it returns or raises; SIGINT/SIGTERM wait until they
+        are, so an interrupt never leaves rows both handed over and still here."""
         if not self._rows:
             return
-        tables: dict[str, dict[str, tuple]] = {}
-        for cls, events in self._pending.items():
-            if events:
-                tables[self._tables[cls]] = dict(zip(cls._fields, zip(*events)))  # columns as tuples
-        self._sink(tables)
-        # Only once the sink has them: if it raised (disk full), the events are still here.
-        for events in self._pending.values():
-            events.clear()
-        self._rows = 0
+        with signals.deferred():
+            tables: dict[str, dict[str, tuple]] = {}
+            for cls, events in self._pending.items():
+                if events:
+                    tables[self._tables[cls]] = dict(zip(cls._fields, zip(*events)))  # columns as tuples
+            try:
+                self._sink(tables)
+            finally:
+                for events in self._pending.values():
+                    events.clear()
+                self._rows = 0

@@ -253,7 +253,9 @@ def load_ttft_by_class(con: duckdb.DuckDBPyConnection, run: RunInfo) -> tuple[Cl
         FROM requests WHERE {_FINISHED}
         GROUP BY GROUPING SETS ((hit_class), ())
         """, _params(run)).fetchall()
-    found = {cls: ClassTTFT(cls, int(c), *(float(x) for x in q), float(mean)) for cls, c, q, mean in rows}
+    # A run without finished requests still has the grand-total row, with no quantiles.
+    found = {cls: ClassTTFT(cls, int(c), *(float(x) for x in q), float(mean))
+             for cls, c, q, mean in rows if c}
     order = ("all",) + CLASSES
     return tuple(found[c] for c in order if c in found)
 

@@ -37,6 +37,7 @@ from tierdiag.report.figures import (
     FigureSpec,
     build_figures,
 )
+from tierdiag.paths import prepare_output_path
 from tierdiag.store.reader import RunInfo, open_store, resolve_run
 
 DEFAULT_REPORTS_DIR = Path("reports")
@@ -350,6 +351,13 @@ def render_html(data: ReportData, figures: list[FigureSpec], *, plotly_js: str) 
     for n, (key, title, how) in enumerate(_SECTIONS, start=1):
         parts = [f'<section id="{key}"><h2><span class="num">{n}</span>{_e(title)}</h2><p class="how">{_e(how)}</p>']
         if key == "headline":
+            if not data.headline.num_finished:
+                # Interrupted at once, or every request rejected: the report says so, then shows
+                # what there is (the run's details, the rejections).
+                why = (f"all {data.headline.num_rejected:,} were rejected" if data.headline.num_rejected
+                       else f"the run is {run.status} before any request finished")
+                parts.append(f'<p class="empty">No finished requests in this run: {_e(why)}. '
+                             'The figures below have nothing to plot.</p>')
             parts.append(_headline_stats(data))
         cards = by_section.get(key, [])
         wide = [c for s, c in cards if s.wide]
@@ -415,18 +423,8 @@ def write_atomic(path: Path, text: str) -> int:
     never a torn write; on failure the temporary file is removed and nothing else changes.
     """
     payload = text.encode("utf-8")
+    prepare_output_path(path, what="-o")
     parent = path.parent
-    blocker = next((p for p in (parent, *parent.parents) if p.exists()), None)
-    if blocker is not None and not blocker.is_dir():
-        raise OutputError(f"cannot write {path}: {blocker} is a file, not a folder",
-                          hint="pass -o with a writable path")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputError(f"cannot create folder {parent}: {exc.strerror or exc}",
-                          hint="pass -o with a writable path") from exc
-    if path.is_dir():
-        raise OutputError(f"{path} is a folder", hint="pass -o with a file name ending in .html")
     tmp: str | None = None
     try:
         fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -448,9 +446,14 @@ def write_atomic(path: Path, text: str) -> int:
     return len(payload)
 
 
+def _file_part(text: str, fallback: str) -> str:
+    """One safe piece of a file name: no separators, no `..`, no controls, not hidden."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text or "").strip("._")[:100] or fallback
+
+
 def default_output(run: RunInfo, folder: Path = DEFAULT_REPORTS_DIR) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", run.name).strip("._") or "run"
-    return folder / f"{safe}-{run.run_id}.html"
+    # Both parts come from the database, which may have been crafted: neither may leave `folder`.
+    return folder / f"{_file_part(run.name, 'run')}-{_file_part(run.run_id, 'id')}.html"
 
 
 def _plotly_js() -> str:

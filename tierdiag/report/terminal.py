@@ -7,6 +7,7 @@ never disagree. The verdict comes first, the evidence below it.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Sequence
 
 from rich.console import Console, Group
@@ -25,6 +26,28 @@ CAUSE_STYLE = {"none": "green", "queueing": "yellow", "load_back": "red", "stora
                "recompute": "red", "compute": "cyan", None: "dim"}
 _MAX_ROWS = 10
 
+# C0 and C1 controls (ESC starts ANSI/OSC sequences, BEL ends OSC ones), DEL, and the invisible
+# Unicode format characters that reorder or hide text (bidi overrides, zero-width).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+_CONTROL_ANY = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+
+
+def _escape(m: re.Match) -> str:
+    code = ord(m.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def visible(text: object, *, lines: bool = True) -> str:
+    """`text` with every control character shown escaped (ESC as `\x1b`), so that data (a run
+    name, a request id, a path) can never move the cursor, clear the screen or set a window
+    title. Newlines and tabs stay unless `lines=False` (a table cell, a title: one line)."""
+    return (_CONTROL if lines else _CONTROL_ANY).sub(_escape, str(text))
+
+
+def data(text: object, style: str = "") -> Text:
+    """Data for a Rich view: never markup (a `[/]` in an id is just text), controls escaped."""
+    return Text(visible(text, lines=False), style=style)
+
 
 def _n(count: int, word: str, plural: str | None = None) -> str:
     return f"{count:,} {word if count == 1 else (plural or word + 's')}"
@@ -38,7 +61,7 @@ def _kv_table(evidence: dict) -> Table:
     for key, value in evidence.items():
         if isinstance(value, list) and value and isinstance(value[0], dict):
             continue
-        grid.add_row(key, fmt_value(key, value))
+        grid.add_row(data(key), data(fmt_value(key, value)))
     return grid
 
 
@@ -54,13 +77,13 @@ _RECORD_COLUMNS = {
 
 def _records_table(title: str, records: list[dict]) -> Table:
     columns = _RECORD_COLUMNS.get(title) or tuple((k, k) for k in records[0])
-    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    table = Table(title=data(title), title_justify="left", show_edge=False, pad_edge=False)
     for key, header in columns:
-        table.add_column(header, justify="left" if key in ("kind", "tier", "action") or key.endswith("req_id")
+        table.add_column(data(header), justify="left" if key in ("kind", "tier", "action") or key.endswith("req_id")
                          else "right")
     for rec in records[:_MAX_ROWS]:
         # `bytes` is a bare unit name: format it as one.
-        table.add_row(*(fmt_value("x_bytes" if key == "bytes" else key, rec.get(key)) for key, _ in columns))
+        table.add_row(*(data(fmt_value("x_bytes" if key == "bytes" else key, rec.get(key))) for key, _ in columns))
     if len(records) > _MAX_ROWS:
         table.caption = f"first {_MAX_ROWS} of {len(records):,}; all of them with --json"
     return table
@@ -69,8 +92,8 @@ def _records_table(title: str, records: list[dict]) -> Table:
 def render_explanation(expl: Explanation, console: Console) -> None:
     data = expl.to_json()
     style = CAUSE_STYLE.get(expl.primary_cause, "bold")
-    title = f"request {expl.req_id} · {expl.hit_class or expl.status} · run {expl.run_name} ({expl.run_id})"
-    verdict_parts: list = [Text(expl.headline, style=f"bold {style}"), Text(""), Text(expl.verdict)]
+    title = data(f"request {expl.req_id} · {expl.hit_class or expl.status} · run {expl.run_name} ({expl.run_id})")
+    verdict_parts: list = [Text(visible(expl.headline), style=f"bold {style}"), Text(""), Text(visible(expl.verdict))]
     if expl.decomposition is not None:
         d = expl.decomposition
         shares = d.shares_of_ttft()
@@ -91,32 +114,32 @@ def render_explanation(expl: Explanation, console: Console) -> None:
         table.add_row("if recomputed", fmt_value("x_ms", cf["recompute_instead_ms"]), "")
         verdict_parts += [Text(""), table]
     tok = expl.tokens
-    verdict_parts.append(Text(
+    verdict_parts.append(Text(visible(
         f"\ntokens: {fmt_tokens(tok.input_tokens)} input = {fmt_tokens(tok.device_tokens)} device + "
         f"{fmt_tokens(tok.host_tokens)} host + {fmt_tokens(tok.storage_tokens)} storage + "
         f"{fmt_tokens(tok.computed_tokens)} computed ({fmt_tokens(tok.recomputed_tokens)} recomputed)"
-        + (f"; evicted by {', '.join(expl.evicted_by[:8])}" if expl.evicted_by else ""), style="dim"))
+        + (f"; evicted by {', '.join(expl.evicted_by[:8])}" if expl.evicted_by else "")), style="dim"))
     # soft_wrap=False: the shared console soft-wraps (no cropping of long lines on stdout), but
     # inside panels text must wrap to the panel, not be cut.
-    console.print(Panel(Group(*verdict_parts), title=f"verdict: {expl.primary_cause or expl.status}",
+    console.print(Panel(Group(*verdict_parts), title=data(f"verdict: {expl.primary_cause or expl.status}"),
                         subtitle=title, border_style=style, title_align="left", subtitle_align="left"),
                   soft_wrap=False)
     for step in data["steps"]:
-        body: list = [Text(step["finding"]), Text("")]
+        body: list = [Text(visible(step["finding"])), Text("")]
         evidence = step["evidence"]
         body.append(_kv_table(evidence))
         for key, value in evidence.items():
             if isinstance(value, list) and value and isinstance(value[0], dict):
                 body += [Text(""), _records_table(key, value)]
-        console.print(Panel(Group(*body), title=f"{step['step']} · {step['name']}", title_align="left",
+        console.print(Panel(Group(*body), title=data(f"{step['step']} · {step['name']}"), title_align="left",
                             border_style="blue"), soft_wrap=False)
 
 
 def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str,
                 hit_class: str | None = None, cause: str | None = None) -> None:
     filters = ", ".join(f for f in (hit_class and f"class {hit_class}", cause and f"cause {cause}") if f)
-    table = Table(title=f"slowest requests by excess TTFT over ideal · {run_label}"
-                  + (f" · {filters}" if filters else ""), title_justify="left")
+    table = Table(title=data(f"slowest requests by excess TTFT over ideal · {run_label}"
+                             + (f" · {filters}" if filters else "")), title_justify="left")
     for col in ("#", "req_id", "class", "TTFT", "excess", "cause", "by cause", "dev/host/sto/comp"):
         # Ids, classes, causes and times are what a reader scans for: never cut them.
         table.add_column(col, justify="left" if col in ("req_id", "class", "cause") else "right",
@@ -125,11 +148,11 @@ def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str
         style = CAUSE_STYLE.get(r.primary_cause, "")
         split = " / ".join(fmt_tokens(n) for n in (r.device_tokens, r.host_tokens, r.storage_tokens,
                                                     r.computed_tokens))
-        table.add_row(str(r.rank), r.req_id, r.hit_class or "-", fmt_ms(r.ttft_ns), fmt_ms(r.excess_ns),
-                      Text(r.primary_cause, style=style),
+        table.add_row(str(r.rank), data(r.req_id), data(r.hit_class or "-"), fmt_ms(r.ttft_ns), fmt_ms(r.excess_ns),
+                      data(r.primary_cause, style=style),
                       "-" if r.primary_cause == "none" else fmt_ms(r.cause_ns), split)
     if not rows:
-        console.print(f"no request slower than its ideal in {run_label}" + (f" ({filters})" if filters else ""))
+        console.print(data(f"no request slower than its ideal in {run_label}" + (f" ({filters})" if filters else "")))
         return
     console.print(table)
     console.print(Text("explain one with `tierdiag explain REQ_ID`", style="dim"))
@@ -139,7 +162,7 @@ def render_summary(s: RunSummary, console: Console) -> None:
     t = s.tokens
     shares = t.shares()
     head = Text.assemble(
-        (f"{s.run_name}", "bold"), f" ({s.run_id}) · {s.status} · {s.model or '?'} on {s.gpu or '?'} · ",
+        data(s.run_name, "bold"), visible(f" ({s.run_id}) · {s.status} · {s.model or '?'} on {s.gpu or '?'} · ", lines=False),
         f"{_n(s.num_requests, 'request')} ({s.num_rejected:,} rejected) over {fmt_ms(s.span_ns)} of virtual time")
     console.print(head)
 
@@ -188,16 +211,16 @@ def render_summary(s: RunSummary, console: Console) -> None:
     grid.add_row("storage", f"{_n(lb.num_prefetches, 'prefetch', 'prefetches')}, {fmt_bytes(lb.prefetch_bytes)}; "
                  f"{fmt_ms(lb.storage_wait_ns)} waited")
     for sk in s.skipped:
-        grid.add_row(f"skipped ({sk.tier})", f"{sk.reason}: {_n(sk.num_requests, 'request')}, {fmt_tokens(sk.tokens)} tokens recomputed")
+        grid.add_row(data(f"skipped ({sk.tier})"), data(f"{sk.reason}: {_n(sk.num_requests, 'request')}, {fmt_tokens(sk.tokens)} tokens recomputed"))
     for rj in s.rejected_reasons:
-        grid.add_row("rejected", f"{rj.reason}: {_n(rj.num_requests, 'request')}, {fmt_tokens(rj.tokens)} tokens")
+        grid.add_row("rejected", data(f"{rj.reason}: {_n(rj.num_requests, 'request')}, {fmt_tokens(rj.tokens)} tokens"))
     console.print(Panel(grid, title="load-back", title_align="left"), soft_wrap=False)
 
     ev = Table(title="evictions", title_justify="left")
     for col in ("tier", "action", "events", "tokens"):
         ev.add_column(col, justify="left" if col in ("tier", "action") else "right")
     for e in s.evictions:
-        ev.add_row(e.tier, e.action, f"{e.num_events:,}", fmt_tokens(e.tokens))
+        ev.add_row(data(e.tier), data(e.action), f"{e.num_events:,}", fmt_tokens(e.tokens))
     if not s.evictions:
         ev.caption = "no evictions: the pools never filled"
     console.print(ev)
@@ -209,6 +232,6 @@ def render_summary(s: RunSummary, console: Console) -> None:
         for i in range(max(len(s.most_evicted_from), len(s.top_evictors))):
             a = s.most_evicted_from[i] if i < len(s.most_evicted_from) else None
             b = s.top_evictors[i] if i < len(s.top_evictors) else None
-            who.add_row(a.req_id if a else "", f"{a.num_events:,}" if a else "", fmt_tokens(a.tokens) if a else "",
-                        b.req_id if b else "", f"{b.num_events:,}" if b else "", fmt_tokens(b.tokens) if b else "")
+            who.add_row(data(a.req_id) if a else "", f"{a.num_events:,}" if a else "", fmt_tokens(a.tokens) if a else "",
+                        data(b.req_id) if b else "", f"{b.num_events:,}" if b else "", fmt_tokens(b.tokens) if b else "")
         console.print(who)

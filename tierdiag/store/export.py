@@ -31,10 +31,10 @@ class ExportResult:
 
 def export_parquet(con: duckdb.DuckDBPyConnection, runs: list[RunInfo], out_dir: Path) -> ExportResult:
     out_dir = Path(out_dir)
-    try:
+    try:  # the rule for outputs (tierdiag/paths.py): missing folders are created
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise OutputError(f"cannot create {out_dir}: {exc.strerror}") from None
+        raise OutputError(f"cannot create {out_dir}: {exc.strerror or exc}") from None
     ids = [r.run_id for r in runs]
     placeholders = ", ".join("?" for _ in ids)
     rows: dict[str, int] = {}

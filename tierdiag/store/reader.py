@@ -1,7 +1,8 @@
 """Read-only access to a run store, with the checks every reader needs.
 
 Every error here names the file and says what to do: missing file, not DuckDB, DuckDB but not
-a tierdiag store, another schema version, held by a writer, unknown run.
+a tierdiag store, another schema version, damaged (a table or column missing, a block that fails
+its checksum or is cut off, a runs row that is not JSON), held by a writer, unknown run.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Any
 
 import duckdb
 
+from tierdiag import signals
 from tierdiag.errors import StoreError
-from tierdiag.store.schema import SCHEMA_VERSION
+from tierdiag.store.schema import EVENT_TABLES, SCHEMA_VERSION, TABLES
 
 DEFAULT_DB = "tierdiag.duckdb"
 _BUSY_RETRY_S = 3.0
@@ -55,8 +57,87 @@ def connect_with_retry(path: str | os.PathLike, *, read_only: bool,
         except duckdb.IOException as exc:
             if not is_lock_error(exc) or time.monotonic() > deadline:
                 raise
+            signals.checkpoint()  # waiting is a safe place to stop, even inside a deferred block
             time.sleep(delay)
+            signals.checkpoint()
             delay = min(delay * 2, 0.25)
+
+
+_DAMAGE = ("corrupt database file", "could not read enough bytes", "checksum", "database has been invalidated",
+           "failed to read", "invalid block", "metadata pointer", "serialization error", "deserializ")
+
+
+def damage_error(path: str | os.PathLike, exc: BaseException) -> StoreError | None:
+    """The StoreError for a DuckDB error that says the file is damaged, else None."""
+    if not isinstance(exc, duckdb.Error):
+        return None
+    text = str(exc).lower()
+    if not any(marker in text for marker in _DAMAGE):
+        return None
+    return StoreError(f"{path} is damaged ({first_line(exc)[:160]})",
+                      hint="restore it from a copy; runs in it cannot be read")
+
+
+_last_opened: list[str] = []
+
+
+def last_opened() -> str | None:
+    """The store this process opened last (to name it when a query on it finds damage)."""
+    return _last_opened[-1] if _last_opened else None
+
+
+def _tables(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
+    rows = con.execute("SELECT table_name, column_name FROM information_schema.columns "
+                       "WHERE table_schema = 'main' ORDER BY table_name, ordinal_position").fetchall()
+    found: dict[str, list[str]] = {}
+    for table, column in rows:
+        found.setdefault(table, []).append(column)
+    return found
+
+
+def unfinished_store(con: duckdb.DuckDBPyConnection) -> bool:
+    """True for a file with no complete schema and no run: no tables at all, or only some of
+    ours, exactly as we create them, all empty (meta aside). A creation that was cut short
+    (by a kill, or an older tierdiag that created tables one by one) leaves such a file; it is
+    finished, not refused as foreign."""
+    found = _tables(con)
+    if not found:
+        return True
+    if any(list(TABLES.get(t, ())) != cols for t, cols in found.items()):
+        return False  # someone else's table, or one of ours changed: not ours to finish
+    if set(found) == set(TABLES):
+        meta = con.execute("SELECT count(*) FROM meta WHERE key = 'schema_version'").fetchall()[0][0]
+        if meta:
+            return False  # complete
+    return all(con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0] == 0 for t in found if t != "meta")
+
+
+def check_schema(con: duckdb.DuckDBPyConnection, *, path_for_errors: str) -> None:
+    """Every table and column of the schema is there (a store of our version that lacks one
+    was damaged by hand or by a tool)."""
+    found = _tables(con)
+    for table, cols in TABLES.items():
+        if table not in found:
+            raise StoreError(f"{path_for_errors} is damaged: table {table} is missing",
+                             hint="restore it from a copy, or pass another --db")
+        missing = [c for c in cols if c not in found[table]]
+        if missing:
+            raise StoreError(f"{path_for_errors} is damaged: column {table}.{missing[0]} is missing",
+                             hint="restore it from a copy, or pass another --db")
+
+
+def verify_blocks(con: duckdb.DuckDBPyConnection, *, path_for_errors: str) -> None:
+    """Read every stored value once, so DuckDB checks every block's checksum and length: a
+    writer refuses a damaged file before it adds to it (appending only touches the last block,
+    so damage elsewhere would go unnoticed until a reader trips on it)."""
+    for table in ("meta", "runs") + EVENT_TABLES:
+        try:
+            con.execute(f"SELECT sum(hash(COLUMNS(*))) FROM {table}").fetchall()
+        except duckdb.Error as exc:
+            damaged = damage_error(path_for_errors, exc)
+            if damaged is None:
+                raise
+            raise damaged from None
 
 
 def check_store(con: duckdb.DuckDBPyConnection, *, path_for_errors: str) -> int:
@@ -80,6 +161,7 @@ def check_store(con: duckdb.DuckDBPyConnection, *, path_for_errors: str) -> int:
             f"{path_for_errors} uses run-store schema v{version}; this tierdiag reads v{SCHEMA_VERSION}",
             hint="upgrade tierdiag" if newer else "re-run `tierdiag replay` with this version into a new --db",
         )
+    check_schema(con, path_for_errors=path_for_errors)
     return version
 
 
@@ -90,6 +172,9 @@ def open_store(path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
         raise StoreError(f"no database at {p}", hint="run `tierdiag replay TRACE` first, or pass --db")
     if p.is_dir():
         raise StoreError(f"{p} is a folder, not a database file")
+    if p.is_file() and p.stat().st_size == 0:
+        raise StoreError(f"{p} is empty: no runs yet", hint="run `tierdiag replay TRACE --db FILE` into it")
+    _last_opened.append(str(p))
     try:
         con = connect_with_retry(p, read_only=True)
     except duckdb.Error as exc:
@@ -101,10 +186,21 @@ def open_store(path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
                              hint="try again in a moment, or wait for the replay to finish") from None
         if "permission denied" in text:
             raise StoreError(f"cannot read {p}: permission denied") from None
+        damaged = damage_error(p, exc)
+        if damaged is not None:
+            raise damaged from None
         raise StoreError(f"{p} is not a DuckDB database ({first_line(exc)})",
                          hint="pass the --db written by `tierdiag replay`") from None
     try:
+        if unfinished_store(con):
+            raise StoreError(f"{p} has no runs yet", hint="run `tierdiag replay TRACE --db FILE` into it")
         check_store(con, path_for_errors=str(p))
+    except duckdb.Error as exc:
+        con.close()
+        damaged = damage_error(p, exc)
+        if damaged is None:
+            raise
+        raise damaged from None
     except BaseException:
         con.close()
         raise
@@ -164,10 +260,14 @@ def _run_info(row, recorded: int) -> RunInfo:
         # The runs row is updated only at the end; what a live or dead replay has flushed so
         # far is in the requests table.
         num_requests = recorded
+    try:
+        config, hardware, data_plane = (json.loads(text or "{}") for text in (config_json, hw_json, dp_json))
+    except (ValueError, RecursionError):
+        raise StoreError(f"{last_opened() or 'the database'} is damaged: run {run_id} holds a config that is "
+                         "not JSON", hint="restore it from a copy") from None
     return RunInfo(run_id=run_id, name=name, created_at=created_at, status=status,
                    tierdiag_version=version, trace_path=trace_path, trace_sha256=sha,
-                   config=json.loads(config_json or "{}"), hardware=json.loads(hw_json or "{}"),
-                   data_plane=json.loads(dp_json or "{}"), timing=timing,
+                   config=config, hardware=hardware, data_plane=data_plane, timing=timing,
                    num_requests=int(num_requests or 0), wall_s=wall_s, command_line=command_line or "",
                    error=error, kind=kind or "replay", sweep_id=sweep_id)
 

@@ -10,10 +10,19 @@ Readers share the file but keep a writer out while they hold it (DuckDB's file l
 in the middle of a run that finds the file busy keeps its rows and tries again at the next
 flush; only the end of the run waits (up to `FINAL_WAIT_S`) for readers to let go.
 Write failures (disk full, permissions) become one-line OutputErrors naming the file.
+
+All or nothing, once: a new store's schema is created in one transaction (a half-made file from
+an older tierdiag, or an empty one, is finished rather than refused), every flush is one
+transaction during which SIGINT/SIGTERM wait (`signals.deferred`), and rows handed to `append`
+belong to the writer from then on: committed exactly once, or given up when the run is closed
+as failed. `recorded` counts the request rows committed, the number the run reports.
+A file that is damaged (a block that fails its checksum, truncated, a table or column missing)
+is refused before anything is written to it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -27,9 +36,11 @@ from typing import Any, Mapping, Sequence
 import duckdb
 import pyarrow as pa
 
-from tierdiag import __version__
+from tierdiag import __version__, signals
 from tierdiag.errors import OutputError, StoreError, TierdiagError
-from tierdiag.store.reader import is_lock_error, check_store, connect_with_retry, first_line, lock_holder
+from tierdiag.paths import prepare_output_path
+from tierdiag.store.reader import (check_store, connect_with_retry, damage_error, first_line, is_lock_error,
+                                   lock_holder, unfinished_store, verify_blocks)
 from tierdiag.store.schema import SCHEMA_VERSION, TABLES, create_statements
 
 _ARROW_TYPES = {
@@ -52,6 +63,10 @@ def write_error(path: Path, exc: BaseException) -> TierdiagError:
     if isinstance(exc, duckdb.Error) and is_lock_error(exc):
         return StoreError(f"{path} is busy: another process holds it{lock_holder(exc)}",
                           hint="wait for it, or pass another --db")
+    damaged = damage_error(path, exc) if isinstance(exc, duckdb.Error) else None
+    if damaged is not None:
+        damaged.hint = "not writing into it; pass another --db"
+        return damaged
     if "no space left" in text or "disk full" in text or "disk quota" in text:
         return OutputError(f"cannot write {path}: no space left on the disk",
                            hint="free some space, or pass a --db on another disk")
@@ -68,18 +83,38 @@ def _now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
+def check_before_writing(path: Path) -> None:
+    """Refuse a file that is not ours, of another version, or damaged, before it is opened for
+    writing at all (a read-write open may already change it): read-only, every block read back."""
+    try:
+        con = connect_with_retry(path, read_only=True, wait_s=FINAL_WAIT_S)
+    except duckdb.Error as exc:
+        raise write_error(path, exc) from None
+    with con:
+        try:
+            if not unfinished_store(con):
+                check_store(con, path_for_errors=str(path))
+                verify_blocks(con, path_for_errors=str(path))
+        except duckdb.Error as exc:
+            raise write_error(path, exc) from None
+
+
 def init_store(con: duckdb.DuckDBPyConnection, *, path_for_errors: str = "the database") -> None:
-    """Create the tables in an empty database, or check an existing one is ours and current."""
-    names = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-    if names:
+    """Create the tables in an empty database (one transaction), finish one whose creation was
+    cut short, or check an existing one is ours and current (`check_before_writing` has read
+    every block of it already)."""
+    if not unfinished_store(con):
         check_store(con, path_for_errors=path_for_errors)
         return
+    con.execute("BEGIN")
     for stmt in create_statements():
         con.execute(stmt)
+    con.execute("DELETE FROM meta")  # an unfinished store holds no run: nothing of value here
     con.execute(
         "INSERT INTO meta VALUES ('schema_version', ?), ('created_by', ?)",
         [str(SCHEMA_VERSION), f"tierdiag {__version__}"],
     )
+    con.execute("COMMIT")
 
 
 class RunWriter:
@@ -93,18 +128,21 @@ class RunWriter:
         self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self.name = name or Path(trace_path).stem
         self._t0 = time.perf_counter()
-        self._pending: list[dict[str, dict[str, list]]] = []  # flushes a busy file put off
-        parent = self.db_path.parent
-        if self.db_path.is_dir():
-            raise OutputError(f"cannot write {self.db_path}: it is a folder", hint="pass a file name to --db")
-        if not parent.is_dir():
-            raise OutputError(f"cannot create {self.db_path}: folder {parent} does not exist",
-                              hint="create it first, or pass another --db")
-        if not self.db_path.exists() and not os.access(parent, os.W_OK | os.X_OK):
-            raise OutputError(f"cannot create {self.db_path}: folder {parent} is not writable",
-                              hint="pass a --db in a folder you can write to")
-        with self._connect(FINAL_WAIT_S) as con:
-            init_store(con, path_for_errors=str(self.db_path))
+        self._pending: list[Mapping[str, Mapping[str, Any]]] = []  # handed over, not committed yet
+        self.recorded = 0  # request rows of this run committed to the file
+        self.closed_as: str | None = None  # the final status, once written
+        prepare_output_path(self.db_path, what="--db")
+        if self.db_path.is_file() and self.db_path.stat().st_size == 0:
+            # An empty file (`touch`, or a creation killed before DuckDB wrote its header) holds
+            # nothing; DuckDB refuses to open one, so it is removed and created afresh.
+            _remove_empty(self.db_path)
+        if self.db_path.exists():
+            check_before_writing(self.db_path)
+        with signals.deferred(), self._connect(FINAL_WAIT_S) as con:
+            try:
+                init_store(con, path_for_errors=str(self.db_path))
+            except duckdb.Error as exc:
+                raise write_error(self.db_path, exc) from None
             row = {
                 "run_id": self.run_id, "name": self.name, "created_at": _now(), "finished_at": None,
                 "status": "running", "schema_version": SCHEMA_VERSION,
@@ -124,6 +162,7 @@ class RunWriter:
                 raise write_error(self.db_path, exc) from None
 
     def _connect(self, wait_s: float) -> duckdb.DuckDBPyConnection:
+        """Open the file for writing; call inside `signals.deferred()` (the open may replay a WAL)."""
         try:
             return connect_with_retry(self.db_path, read_only=False, wait_s=wait_s)
         except duckdb.Error as exc:
@@ -156,34 +195,42 @@ class RunWriter:
         try:
             con.execute(f"INSERT INTO {table} SELECT * FROM _tierdiag_batch")
         finally:
-            con.unregister("_tierdiag_batch")
+            # After a failed INSERT the transaction is aborted and unregister fails too ("Current
+            # transaction is aborted"); the connection is closed right after, and the first
+            # error is the one to report.
+            with contextlib.suppress(duckdb.Error):
+                con.unregister("_tierdiag_batch")
 
     def append(self, tables: Mapping[str, Mapping[str, Any]]) -> None:
-        """Append several tables' columns in one short transaction (run_id is filled in here).
+        """Take several tables' columns (run_id is filled in here) and write everything taken so
+        far in one short transaction.
 
-        If a reader holds the file, the rows are kept (copied: the caller reuses its buffers)
-        and written with the next append or at `finish`.
+        From this call on the rows are the writer's: the caller may clear its buffers whether
+        this returns or raises. If a reader holds the file they wait for the next append or
+        `finish`; if the write fails (disk full) they stay pending for `finish` to try again.
+        The columns become Arrow arrays here, so values that cannot be stored at all (an
+        integer past int64: a bug upstream, input bounds are checked where input enters) fail
+        before any of them is taken and never block the rows after them; and the caller may
+        reuse its own buffers.
         """
-        try:
-            con = connect_with_retry(self.db_path, read_only=False, wait_s=FLUSH_WAIT_S)
-        except duckdb.Error as exc:
-            if not is_lock_error(exc):
-                raise write_error(self.db_path, exc) from None
-            self._pending.append({t: {c: list(v) for c, v in cols.items()} for t, cols in tables.items()})
-            return
-        with con:
-            self._pending.append(tables)
+        taken = {table: {col: _arrow(table, col, values) for col, values in cols.items()}
+                 for table, cols in tables.items()}
+        with signals.deferred():
+            self._pending.append(taken)
             try:
+                con = connect_with_retry(self.db_path, read_only=False, wait_s=FLUSH_WAIT_S)
+            except duckdb.Error as exc:
+                if is_lock_error(exc):
+                    return
+                raise write_error(self.db_path, exc) from None
+            with con:
                 self._write_pending(con)
-            finally:
-                # On failure the caller still holds these rows (its buffers are not cleared).
-                if self._pending and self._pending[-1] is tables:
-                    self._pending.pop()
 
     def _write_pending(self, con: duckdb.DuckDBPyConnection) -> None:
         """Everything in `_pending`, in order, as one transaction; cleared once committed."""
         try:
             con.execute("BEGIN")
+            rows = 0
             for batch in self._pending:
                 for table, columns in batch.items():
                     cols = dict(columns)
@@ -192,26 +239,65 @@ class RunWriter:
                         continue
                     cols["run_id"] = pa.repeat(pa.scalar(self.run_id, type=pa.string()), n)
                     self._append(con, table, cols)
+                    rows += n if table == "requests" else 0
             con.execute("COMMIT")
         except duckdb.Error as exc:
             # The transaction rolled back: nothing of it is in the file, earlier flushes are.
+            with contextlib.suppress(duckdb.Error):
+                con.execute("ROLLBACK")
             raise write_error(self.db_path, exc) from None
         self._pending.clear()
+        self.recorded += rows
 
-    def finish(self, status: str, *, num_requests: int, error: str | None = None,
-               write_pending: bool = True) -> None:
+    def finish(self, status: str, *, error: str | None = None, write_pending: bool = True,
+               trace_sha256: str | None = None) -> None:
         """Write what is still pending (unless told to give it up, after a write failed), then
-        the run's final status."""
-        if not write_pending:
-            self._pending.clear()
-        with self._connect(FINAL_WAIT_S) as con:
-            if self._pending:
-                self._write_pending(con)
+        the run's final status, with `recorded` as its number of requests. A trace read through
+        a pipe has its digest only now (`trace_sha256`)."""
+        with signals.deferred():
+            if not write_pending:
+                self._pending.clear()
+            with self._connect(FINAL_WAIT_S) as con:
+                if self._pending:
+                    self._write_pending(con)
+                try:
+                    con.execute(
+                        "UPDATE runs SET status = ?, finished_at = ?, num_requests = ?, wall_s = ?, error = ?, "
+                        "trace_sha256 = coalesce(?, trace_sha256) WHERE run_id = ?",
+                        [status, _now(), self.recorded, time.perf_counter() - self._t0, error, trace_sha256,
+                         self.run_id],
+                    )
+                except duckdb.Error as exc:
+                    raise write_error(self.db_path, exc) from None
+            self.closed_as = status
+
+
+def _arrow(table: str, col: str, values: Any) -> pa.Array:
+    if isinstance(values, pa.Array):
+        return values
+    typ = TABLES[table].get(col)
+    if typ is None:
+        raise ValueError(f"{table}: column {col!r} is not in the schema")
+    try:
+        return pa.array(values, type=_ARROW_TYPES[typ])
+    except (OverflowError, pa.ArrowInvalid) as exc:
+        raise OverflowError(f"{table}.{col}: a value does not fit {typ} ({first_line(exc)})") from None
+
+
+def _remove_empty(path: Path) -> None:
+    """Remove an empty store file, unless another process holds it (DuckDB locks with fcntl):
+    then it is being created right now, and opening it will say the file is busy."""
+    import fcntl
+
+    try:
+        with open(path, "rb+") as fh:
             try:
-                con.execute(
-                    "UPDATE runs SET status = ?, finished_at = ?, num_requests = ?, wall_s = ?, error = ? "
-                    "WHERE run_id = ?",
-                    [status, _now(), num_requests, time.perf_counter() - self._t0, error, self.run_id],
-                )
-            except duckdb.Error as exc:
-                raise write_error(self.db_path, exc) from None
+                fcntl.lockf(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return
+            if os.fstat(fh.fileno()).st_size == 0:
+                path.unlink()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None

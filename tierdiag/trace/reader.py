@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import os
+import stat
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,8 +38,14 @@ KNOWN_KEYS = frozenset({"id", "timestamp", "input_length", "output_length", "has
 PRIORITY_RANGE = (-(2**63) + 1, 2**63 - 1)
 MAX_EXTRA_KEY_CHARS = 1024
 NS_PER_MS = 1_000_000
-# Arrivals become int64 ns downstream (DuckDB BIGINT): about 292 years of milliseconds.
-MAX_TIMESTAMP_MS = (2**63 - 1) // NS_PER_MS
+# Every time downstream is int64 ns (DuckDB BIGINT, ~292 years). Arrivals (after --time-scale)
+# stay below 2**62 ns (~146 years: epoch-millisecond timestamps fit), leaving as much again for
+# what the engine adds (queueing, prefill, decode), so no accepted trace can overflow.
+MAX_ARRIVAL_NS = 2**62
+MAX_TIMESTAMP_MS = MAX_ARRIVAL_NS // NS_PER_MS
+# Lengths in tokens: 2**24 (16.7M) is past every model's context; decode time is output_length
+# steps, so this bounds it too.
+MAX_LENGTH_TOKENS = 2**24
 # Token ids are hashed as 4-byte words (see pages.py); every real vocabulary fits.
 MAX_TOKEN_ID = 2**32 - 1
 _FIRST_BAD_KEPT = 5
@@ -70,6 +78,7 @@ class ReadReport:
     first_bad: list[tuple[int, str]] = field(default_factory=list)  # (line, message), first 5
     unknown_keys: set[str] = field(default_factory=set)
     num_requests: int = 0
+    sha256: str | None = None  # of the bytes read, once the whole input was read (pipes)
 
 
 class _BadLine(Exception):
@@ -79,6 +88,14 @@ class _BadLine(Exception):
 def max_hash_id(block_size: int) -> int:
     """Largest hash id whose page keys (`pages.page_keys`) still fit in 63 bits at any page size."""
     return (2**63 - 1) // block_size - 1
+
+
+def is_seekable_file(path: str | os.PathLike) -> bool:
+    """A regular file can be read more than once; a pipe (`/dev/stdin`, a FIFO) cannot."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def trace_sha256(path: str | os.PathLike) -> str:
@@ -100,7 +117,12 @@ def read_trace(path: str | os.PathLike, *, block_size: int = 512, skip_bad: bool
     if block_size < 1:
         raise TraceError(f"block size must be a positive number of tokens, got {block_size}")
     path = Path(path)
-    _open_raw(path).close()  # a missing file fails at the call, not at the first next()
+    if is_seekable_file(path):
+        _open_raw(path).close()  # a missing file fails at the call, not at the first next()
+    elif not path.exists():
+        raise TraceError(f"{path}: no such trace file")
+    elif path.is_dir():
+        raise TraceError(f"{path}: is a directory, not a trace file")
     report = report if report is not None else ReadReport()
     return _spread(_parse(path, block_size=block_size, skip_bad=skip_bad, report=report), path, report)
 
@@ -118,17 +140,46 @@ def _open_raw(path: Path) -> BinaryIO:
         raise TraceError(f"{path}: cannot open trace: {exc.strerror or exc}") from None
 
 
-def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """(1-based line number, raw bytes) for each line; gzip by magic bytes."""
+class _Hashing(io.RawIOBase):
+    """A raw stream that hashes what is read through it (a pipe is read once: the digest of a
+    trace given as /dev/stdin is taken on the way)."""
+
+    def __init__(self, raw: BinaryIO, digest):
+        self._raw, self._digest = raw, digest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = self._raw.readinto(buffer)
+        if n:
+            self._digest.update(memoryview(buffer)[:n])
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+def _lines(path: Path, report: ReadReport | None = None) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, raw bytes) for each line; gzip by magic bytes. Read once, front to
+    back, so pipes work; a pipe's digest goes to `report.sha256` at the end."""
     raw = _open_raw(path)
+    digest = None
+    if report is not None and not is_seekable_file(path):
+        digest = hashlib.sha256()
+        raw = io.BufferedReader(_Hashing(raw, digest))
+    elif not isinstance(raw, io.BufferedReader):
+        raw = io.BufferedReader(raw)
     lineno = 0
     try:
-        is_gzip = raw.read(2) == _GZIP_MAGIC
-        raw.seek(0)
+        is_gzip = raw.peek(2)[:2] == _GZIP_MAGIC
         fh: BinaryIO = gzip.GzipFile(fileobj=raw, mode="rb") if is_gzip else raw
         try:
             for lineno, data in enumerate(fh, start=1):
                 yield lineno, data
+            if digest is not None:
+                report.sha256 = digest.hexdigest()
         except (OSError, EOFError, zlib.error) as exc:
             # gzip.BadGzipFile is an OSError; a truncated member is EOFError.
             what = "corrupt or truncated gzip data" if is_gzip else f"read error: {exc}"
@@ -147,7 +198,7 @@ def _parse(path: Path, *, block_size: int, skip_bad: bool, report: ReadReport) -
     last_ts = -1
     seq = 0
     max_hash = max_hash_id(block_size)
-    for lineno, data in _lines(path):
+    for lineno, data in _lines(path, report):
         try:
             if lineno == 1 and data.startswith(b"\xef\xbb\xbf"):
                 data = data[3:]  # a UTF-8 byte-order mark some editors write
@@ -206,6 +257,9 @@ def _request(obj: dict, lineno: int, seq: int, block_size: int, max_hash: int) -
     if input_len == 0:
         raise _BadLine("'input_length' is 0 (a request needs at least one input token)")
     output_len = _int_field(obj, "output_length")
+    for key, value in (("input_length", input_len), ("output_length", output_len)):
+        if value > MAX_LENGTH_TOKENS:
+            raise _BadLine(f"'{key}' {_show(value)} is too large (at most {MAX_LENGTH_TOKENS:,} tokens)")
 
     has_hashes, has_tokens = "hash_ids" in obj, "tokens" in obj
     if has_hashes == has_tokens:

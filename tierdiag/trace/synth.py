@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tierdiag.errors import ConfigError, OutputError, unknown_name
+from tierdiag.paths import prepare_output_path
+from tierdiag.trace.reader import MAX_LENGTH_TOKENS, MAX_TIMESTAMP_MS
 
 MAX_INPUT_TOKENS = 30_000
 # The bundled demo: `tierdiag synth` with its defaults. Shaped for a small device pool
@@ -71,6 +73,16 @@ class SynthConfig:
         if self.block_size < 16:
             # Smaller blocks would need thousands of hash ids per request for no realism gain.
             raise ConfigError(f"--block-size must be at least 16 tokens, got {self.block_size}")
+        # What synth writes, replay must accept (trace/reader.py bounds): a block is at most a
+        # request's length, and the trace's span (~requests / rate) stays well inside the
+        # latest timestamp replay takes (10x margin for the randomness of arrivals).
+        if self.block_size > MAX_LENGTH_TOKENS:
+            raise ConfigError(f"--block-size must be at most {MAX_LENGTH_TOKENS:,} tokens, got {self.block_size}")
+        span_ms = self.num_requests / self.rate_per_s * 1000
+        if not span_ms * 10 <= MAX_TIMESTAMP_MS:
+            raise ConfigError(f"--rate {self.rate_per_s:g} is too low for {self.num_requests:,} requests: the trace "
+                              f"would span ~{span_ms / 1000:.3g} s, past the latest timestamp replay takes "
+                              f"({MAX_TIMESTAMP_MS // 1000:,} s)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,6 +331,9 @@ def _finish(timed: list[tuple[float, int, int, int, _Session]]) -> list[SynthReq
     counts: dict[str, int] = {}
     out = []
     for t_ms, _src, session_num, step_index, session in timed:
+        if not t_ms <= MAX_TIMESTAMP_MS:  # the bound above makes this all but impossible
+            raise ConfigError(f"a request would arrive at {t_ms:.3g} ms, past the latest timestamp replay takes "
+                              f"({MAX_TIMESTAMP_MS:,} ms); raise --rate or lower --requests")
         step = session.steps[step_index]
         n = counts[session.group] = counts.get(session.group, 0) + 1
         ids = tuple(renumber.setdefault(h, len(renumber)) for h in step.input.hash_ids)
@@ -347,6 +362,7 @@ def summarize(requests: list[SynthRequest], *, path: str, cfg: SynthConfig) -> S
 def write_trace(path: str | os.PathLike, requests: list[SynthRequest]) -> None:
     """Write JSONL (gzip if the name ends in .gz) atomically: a failed write leaves no half file."""
     path = Path(path)
+    prepare_output_path(path, what="OUT.jsonl")
     tmp = path.with_name(f".{path.name}.tmp")
     body = "".join(r.to_json_line() + "\n" for r in requests).encode("utf-8")
     try:

@@ -1,0 +1,108 @@
+"""Ctrl-C and SIGTERM, the same way wherever they land.
+
+The CLI installs `install()` first thing: both signals raise `Interrupted` (a KeyboardInterrupt,
+so every `except KeyboardInterrupt` treats SIGTERM like Ctrl-C) and are remembered, so that an
+interrupt DuckDB turned into one of its own errors ("Query interrupted", an InvalidInputException
+around the KeyboardInterrupt, "Current transaction is aborted") is still known to be one.
+
+A write to the store must be all or nothing: inside `deferred()` a signal is only recorded, and
+raised when the outermost deferred block ends (the transaction committed or rolled back by then).
+`checkpoint()` raises a recorded signal early at a point where nothing is half-done (a wait).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from typing import Iterator
+
+HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM, raised by our handler (or later, at the end of a deferred block)."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(signum)
+        self.signum = signum
+
+
+_state = {"depth": 0, "pending": None, "first": None, "closing": 0, "raised": False}
+
+
+def _handler(signum, frame) -> None:
+    if _state["first"] is None:
+        _state["first"] = signum
+    if _state["depth"] > 0:
+        if _state["pending"] is None:
+            _state["pending"] = signum
+        return
+    if _state["raised"]:
+        return  # the first one is on its way out (a second Ctrl-C must not interrupt that)
+    _state["raised"] = True
+    raise Interrupted(signum)
+
+
+def install() -> None:
+    """Route SIGINT and SIGTERM through `_handler` (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in HANDLED:
+        signal.signal(sig, _handler)
+
+
+def received() -> int | None:
+    """The first signal this process got through our handler, or None."""
+    return _state["first"]
+
+
+def exit_code(signum: int | None) -> int:
+    """130 for Ctrl-C, 143 for SIGTERM: the shell's 128 + signal number."""
+    return 128 + int(signum or signal.SIGINT)
+
+
+def pending() -> int | None:
+    """A signal recorded inside the current deferred block and not raised yet."""
+    return _state["pending"]
+
+
+@contextlib.contextmanager
+def deferred(*, reraise: bool = True) -> Iterator[None]:
+    """Hold SIGINT/SIGTERM until the block ends, then raise the first one (if `reraise`; else
+    drop it: used while closing a run that is already being interrupted)."""
+    _state["depth"] += 1
+    _state["closing"] += not reraise
+    try:
+        yield
+    finally:
+        _state["depth"] -= 1
+        _state["closing"] -= not reraise
+        if _state["depth"] == 0:
+            signum, _state["pending"] = _state["pending"], None
+            if signum is not None and reraise and not _state["raised"]:
+                _state["raised"] = True
+                raise Interrupted(signum)
+
+
+def checkpoint() -> None:
+    """Raise a signal recorded in a deferred block now: the caller is at a point where stopping
+    leaves nothing half-written (waiting for a lock, before a transaction). Not while closing a run
+    that is already being interrupted: that close is what the first signal asked for."""
+    signum = _state["pending"]
+    if signum is not None and not _state["closing"] and not _state["raised"]:
+        _state["pending"] = None
+        _state["raised"] = True
+        raise Interrupted(signum)
+
+
+def ignore() -> None:
+    """From now on SIGINT and SIGTERM do nothing (the process is saying it was interrupted)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in HANDLED:
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def reset() -> None:
+    """Forget every signal seen (tests that run several interrupted replays in one process)."""
+    _state.update(depth=0, pending=None, first=None, closing=0, raised=False)
