@@ -134,13 +134,15 @@ def _close_run(writer, recorder, status: str | Callable[[], str], error: str | N
     """Flush what is buffered and write the final status, SIGINT/SIGTERM held meanwhile. On any
     failure (disk full, a value that cannot be stored) the run is marked failed, keeping every
     row already written, if anything can still be written, and the failure is returned."""
+    bug = None
     try:
         recorder.flush()
         writer.finish(status if isinstance(status, str) else status(), error=error, trace_sha256=trace_sha256)
         return None
     except TierdiagError as exc:
         problem = exc
-    except Exception as exc:  # noqa: BLE001 - a bug; the run must still not be left `running`
+    except Exception as exc:  # a bug: the run must still not be left `running`; raised below
+        bug = exc
         problem = TierdiagError(f"{type(exc).__name__}: {_first_line(exc)}")
     try:
         writer.finish("failed", error=problem.one_line(), write_pending=False)
@@ -148,6 +150,8 @@ def _close_run(writer, recorder, status: str | Callable[[], str], error: str | N
         # The row still says running; once this process is gone readers show it as
         # interrupted (they check the pid).
         problem.hint = (problem.hint + "; " if problem.hint else "") + "the run could not be marked failed"
+    if bug is not None:
+        raise bug
     return problem
 
 
@@ -205,12 +209,15 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
     # its first line fails here, before a run (or the database file) exists, and before torch.
     requests = itertools.chain([next(requests)], requests)
 
-    # Imported here: read-only commands share this package and must not pay for torch.
-    from tierdiag.engine.engine import Engine, describe_data_plane
-    from tierdiag.engine.hardware import hardware_summary
-    from tierdiag.probes.recorder import Recorder
+    # Imported here: read-only commands share this package and must not pay for torch. Signals
+    # wait for the imports: torch's initialisation calls back into Python from C++, and an
+    # interrupt raised there aborts the process instead of unwinding it.
+    with signals.deferred():
+        from tierdiag.engine.engine import Engine, describe_data_plane
+        from tierdiag.engine.hardware import hardware_summary
+        from tierdiag.probes.recorder import Recorder
 
-    _single_threaded_data_plane()
+        _single_threaded_data_plane()
     # A trace read through a pipe can be read once only: its digest is taken while replaying
     # and recorded at the end (the reader fills report.sha256).
     sha = trace_sha256(trace) if is_seekable_file(trace) else None
@@ -236,11 +243,11 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
 
     try:
         if db is not None and probes:
-            from tierdiag.store.writer import RunWriter
-
             # Deferred: an interrupt while the store is created or the run row written waits for
             # that transaction, then lands below with `writer` set, and the run is closed.
             with signals.deferred():
+                from tierdiag.store.writer import RunWriter
+
                 writer = RunWriter(db, name=run_name, trace_path=str(trace), trace_sha256=sha or "",
                                    config=cfg.to_json(), hardware=hardware_summary(),
                                    data_plane=describe_data_plane(cfg), timing=cfg.timing, command_line=command_line)

@@ -86,10 +86,16 @@ def test_config_file_missing_or_a_folder(tmp_path, trace):
 
 
 def test_config_file_values_are_validated_like_options(tmp_path, trace):
+    """Validated like options, but a bad value written in the file is a bad --config file: exit 3
+    naming the file (README), while the same value on the command line is exit 2."""
     cfg = tmp_path / "c.toml"
     cfg.write_text('[replay]\nmodel = "tiny"\ngpu = "cpu"\neviction-policy = "arc"\n')
-    tierdiag("replay", trace, "--config", cfg).fails(2, "--eviction-policy 'arc'",
+    tierdiag("replay", trace, "--config", cfg).fails(3, f"--config {cfg}", "--eviction-policy 'arc'",
                                                      "known: fifo, filo, lfu, lru, mru, priority, slru")
+    cfg.write_text('[replay]\nmodel = "tiny"\ngpu = "cpu"\npage_size = 3\n')
+    tierdiag("replay", trace, "--config", cfg).fails(3, f"--config {cfg}", "--page-size 3", "power of two")
+    # Given on the command line, the option is to blame even with a --config beside it.
+    tierdiag("replay", trace, "--config", cfg, "--page-size", "5").fails(2, "--page-size 5")
 
 
 def test_a_good_config_file_and_options_combine(tmp_path, trace):

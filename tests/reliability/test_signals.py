@@ -133,7 +133,7 @@ def test_signal_at_random_moments_of_a_replay(tmp_path, traces):
     """SIGINT and SIGTERM over the whole of a replay that flushes every 256 requests."""
     rnd = random.Random(17)
     statuses = []
-    for i in range(6):
+    for i in range(5):
         sig = (signal.SIGINT, signal.SIGTERM)[i % 2]
         db, earlier = _fresh_db(tmp_path, i, traces)
         r = interrupt_replay(traces["long"], db, sig, rnd.uniform(0.0, 2.5), after_run_row=1)

@@ -120,9 +120,16 @@ def _quiet_stdout() -> None:
 
 # --- the one place errors become exits ----------------------------------------------------------
 
+def _say(line: str) -> None:
+    """One line on stderr; what came from data (a path, an id) shown with controls escaped."""
+    from tierdiag.report.terminal import visible
+
+    print(f"tierdiag: {visible(line, lines=False)}", file=sys.stderr)
+
+
 def _interrupted(line: str = "interrupted") -> None:
     signals.ignore()  # a second Ctrl-C while we say so must not cut the line short
-    print(f"tierdiag: {line}", file=sys.stderr)
+    _say(line)
     _quiet_stdout()
     sys.exit(signals.exit_code(signals.received()))
 
@@ -154,7 +161,7 @@ def _other(exc: Exception, debug: bool) -> None:
     if typer is not None and isinstance(exc, typer.Abort):
         if signals.received() is not None:
             _interrupted()
-        print("tierdiag: aborted", file=sys.stderr)
+        _say("aborted")
         sys.exit(int(ExitCode.INTERRUPTED))
     if typer is not None and isinstance(exc, typer.TyperException):
         # usage: unknown command/option, a value Typer could not parse
@@ -163,7 +170,7 @@ def _other(exc: Exception, debug: bool) -> None:
         first = exc.format_message().strip().splitlines()
         ctx = getattr(exc, "ctx", None)
         where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-        print(f"tierdiag: error: {first[0] if first else type(exc).__name__}{where}", file=sys.stderr)
+        _say(f"error: {first[0] if first else type(exc).__name__}{where}")
         sys.exit(int(getattr(exc, "exit_code", ExitCode.USAGE)))
     if signals.received() is not None:
         # DuckDB turns a signal that lands inside `execute` into an error of its own.
@@ -173,13 +180,12 @@ def _other(exc: Exception, debug: bool) -> None:
         sys.exit(int(ExitCode.OK))
     damaged = _damaged_store(exc)
     if damaged is not None and not debug:
-        print(f"tierdiag: error: {damaged.one_line()}", file=sys.stderr)
+        _say(f"error: {damaged.one_line()}")
         sys.exit(int(damaged.exit_code))
     if debug:
         raise exc
     first = str(exc).splitlines()[0] if str(exc) else ""
-    print(f"tierdiag: internal error: {type(exc).__name__}: {first} (re-run with --debug and report it)",
-          file=sys.stderr)
+    _say(f"internal error: {type(exc).__name__}: {first} (re-run with --debug and report it)")
     sys.exit(int(ExitCode.BUG))
 
 
@@ -198,7 +204,8 @@ def _main() -> None:
     if sys.stdout is not None and not isinstance(sys.stdout, _GuardedStdout):
         sys.stdout = _GuardedStdout(sys.stdout)
     try:
-        app = _build_app()
+        with signals.deferred():  # C extensions (duckdb, pyarrow) load here: let them finish
+            app = _build_app()
         result = app(standalone_mode=False)
         sys.stdout.flush()
         # Outside standalone mode Typer catches `typer.Exit(code)` itself and returns the code;
@@ -218,7 +225,7 @@ def _main() -> None:
             _interrupted()
         if debug:
             raise
-        print(f"tierdiag: error: {exc.one_line()}", file=sys.stderr)
+        _say(f"error: {exc.one_line()}")
         if isinstance(exc, OutputError):
             _quiet_stdout()
         sys.exit(int(exc.exit_code))

@@ -123,9 +123,9 @@ def _render(s) -> None:
     from rich.text import Text
 
     total = s.input_tokens
-    from tierdiag.report.terminal import data
+    from tierdiag.report.terminal import plain
 
-    table = Table(title=data(f"replay {s.run_name}: {s.num_requests:,} requests"
+    table = Table(title=plain(f"replay {s.run_name}: {s.num_requests:,} requests"
                              + (f", {s.num_rejected} rejected" if s.num_rejected else "")
                              + f" in {s.wall_s:.1f}s wall ({s.virtual_s:,.0f}s virtual)"), show_header=False)
     table.add_column(style="bold")
@@ -154,6 +154,6 @@ def _render(s) -> None:
         err.print("tierdiag: note: the GPU was saturated by prefill, so TTFT is mostly queueing; "
                   "--time-scale 2 halves the request rate to study the cache rather than the overload")
     if s.run_id:
-        out.print(Text.assemble("recorded run ", data(s.run_id, "bold"), " in ", data(s.db_path)))
+        out.print(Text.assemble("recorded run ", plain(s.run_id, "bold"), " in ", plain(s.db_path)))
         db = "" if s.db_path == str(DEFAULT_DB_PATH) else f" --db {s.db_path}"
-        out.print(data(f"next: tierdiag slow{db}   ·   tierdiag explain REQ_ID{db}   ·   tierdiag report{db}"))
+        out.print(plain(f"next: tierdiag slow{db}   ·   tierdiag explain REQ_ID{db}   ·   tierdiag report{db}"))

@@ -15,15 +15,15 @@ def runs(db: DbOpt = DEFAULT_DB_PATH, json_: JsonOpt = False) -> None:
     if json_:
         print_json([r.to_json() for r in infos])
         return
-    from tierdiag.report.terminal import data
+    from tierdiag.report.terminal import plain
 
-    table = Table(title=data(f"runs in {db}"))
+    table = Table(title=plain(f"runs in {db}"))
     for col in ("run_id", "name", "created", "status", "requests", "trace", "model/gpu", "wall"):
         table.add_column(col)
     for r in infos:
         # Every cell is data (a crafted store can hold anything): never markup, controls escaped.
-        table.add_row(data(r.run_id), data(r.name), str(r.created_at)[:19], data(r.status), f"{r.num_requests:,}",
-                      data(r.trace_path), data(f"{r.config.get('model', '?')}/{r.config.get('gpu', '?')}"),
+        table.add_row(plain(r.run_id), plain(r.name), str(r.created_at)[:19], plain(r.status), f"{r.num_requests:,}",
+                      plain(r.trace_path), plain(f"{r.config.get('model', '?')}/{r.config.get('gpu', '?')}"),
                       f"{r.wall_s:.1f}s" if r.wall_s is not None else "-")
     out.print(table)
     for r in infos:

@@ -44,7 +44,7 @@ def visible(text: object, *, lines: bool = True) -> str:
     return (_CONTROL if lines else _CONTROL_ANY).sub(_escape, str(text))
 
 
-def data(text: object, style: str = "") -> Text:
+def plain(text: object, style: str = "") -> Text:
     """Data for a Rich view: never markup (a `[/]` in an id is just text), controls escaped."""
     return Text(visible(text, lines=False), style=style)
 
@@ -61,7 +61,7 @@ def _kv_table(evidence: dict) -> Table:
     for key, value in evidence.items():
         if isinstance(value, list) and value and isinstance(value[0], dict):
             continue
-        grid.add_row(data(key), data(fmt_value(key, value)))
+        grid.add_row(plain(key), plain(fmt_value(key, value)))
     return grid
 
 
@@ -77,13 +77,13 @@ _RECORD_COLUMNS = {
 
 def _records_table(title: str, records: list[dict]) -> Table:
     columns = _RECORD_COLUMNS.get(title) or tuple((k, k) for k in records[0])
-    table = Table(title=data(title), title_justify="left", show_edge=False, pad_edge=False)
+    table = Table(title=plain(title), title_justify="left", show_edge=False, pad_edge=False)
     for key, header in columns:
-        table.add_column(data(header), justify="left" if key in ("kind", "tier", "action") or key.endswith("req_id")
+        table.add_column(plain(header), justify="left" if key in ("kind", "tier", "action") or key.endswith("req_id")
                          else "right")
     for rec in records[:_MAX_ROWS]:
         # `bytes` is a bare unit name: format it as one.
-        table.add_row(*(data(fmt_value("x_bytes" if key == "bytes" else key, rec.get(key))) for key, _ in columns))
+        table.add_row(*(plain(fmt_value("x_bytes" if key == "bytes" else key, rec.get(key))) for key, _ in columns))
     if len(records) > _MAX_ROWS:
         table.caption = f"first {_MAX_ROWS} of {len(records):,}; all of them with --json"
     return table
@@ -92,7 +92,7 @@ def _records_table(title: str, records: list[dict]) -> Table:
 def render_explanation(expl: Explanation, console: Console) -> None:
     data = expl.to_json()
     style = CAUSE_STYLE.get(expl.primary_cause, "bold")
-    title = data(f"request {expl.req_id} · {expl.hit_class or expl.status} · run {expl.run_name} ({expl.run_id})")
+    title = plain(f"request {expl.req_id} · {expl.hit_class or expl.status} · run {expl.run_name} ({expl.run_id})")
     verdict_parts: list = [Text(visible(expl.headline), style=f"bold {style}"), Text(""), Text(visible(expl.verdict))]
     if expl.decomposition is not None:
         d = expl.decomposition
@@ -121,7 +121,7 @@ def render_explanation(expl: Explanation, console: Console) -> None:
         + (f"; evicted by {', '.join(expl.evicted_by[:8])}" if expl.evicted_by else "")), style="dim"))
     # soft_wrap=False: the shared console soft-wraps (no cropping of long lines on stdout), but
     # inside panels text must wrap to the panel, not be cut.
-    console.print(Panel(Group(*verdict_parts), title=data(f"verdict: {expl.primary_cause or expl.status}"),
+    console.print(Panel(Group(*verdict_parts), title=plain(f"verdict: {expl.primary_cause or expl.status}"),
                         subtitle=title, border_style=style, title_align="left", subtitle_align="left"),
                   soft_wrap=False)
     for step in data["steps"]:
@@ -131,14 +131,14 @@ def render_explanation(expl: Explanation, console: Console) -> None:
         for key, value in evidence.items():
             if isinstance(value, list) and value and isinstance(value[0], dict):
                 body += [Text(""), _records_table(key, value)]
-        console.print(Panel(Group(*body), title=data(f"{step['step']} · {step['name']}"), title_align="left",
+        console.print(Panel(Group(*body), title=plain(f"{step['step']} · {step['name']}"), title_align="left",
                             border_style="blue"), soft_wrap=False)
 
 
 def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str,
                 hit_class: str | None = None, cause: str | None = None) -> None:
     filters = ", ".join(f for f in (hit_class and f"class {hit_class}", cause and f"cause {cause}") if f)
-    table = Table(title=data(f"slowest requests by excess TTFT over ideal · {run_label}"
+    table = Table(title=plain(f"slowest requests by excess TTFT over ideal · {run_label}"
                              + (f" · {filters}" if filters else "")), title_justify="left")
     for col in ("#", "req_id", "class", "TTFT", "excess", "cause", "by cause", "dev/host/sto/comp"):
         # Ids, classes, causes and times are what a reader scans for: never cut them.
@@ -148,11 +148,11 @@ def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str
         style = CAUSE_STYLE.get(r.primary_cause, "")
         split = " / ".join(fmt_tokens(n) for n in (r.device_tokens, r.host_tokens, r.storage_tokens,
                                                     r.computed_tokens))
-        table.add_row(str(r.rank), data(r.req_id), data(r.hit_class or "-"), fmt_ms(r.ttft_ns), fmt_ms(r.excess_ns),
-                      data(r.primary_cause, style=style),
+        table.add_row(str(r.rank), plain(r.req_id), plain(r.hit_class or "-"), fmt_ms(r.ttft_ns), fmt_ms(r.excess_ns),
+                      plain(r.primary_cause, style=style),
                       "-" if r.primary_cause == "none" else fmt_ms(r.cause_ns), split)
     if not rows:
-        console.print(data(f"no request slower than its ideal in {run_label}" + (f" ({filters})" if filters else "")))
+        console.print(plain(f"no request slower than its ideal in {run_label}" + (f" ({filters})" if filters else "")))
         return
     console.print(table)
     console.print(Text("explain one with `tierdiag explain REQ_ID`", style="dim"))
@@ -162,7 +162,7 @@ def render_summary(s: RunSummary, console: Console) -> None:
     t = s.tokens
     shares = t.shares()
     head = Text.assemble(
-        data(s.run_name, "bold"), visible(f" ({s.run_id}) · {s.status} · {s.model or '?'} on {s.gpu or '?'} · ", lines=False),
+        plain(s.run_name, "bold"), visible(f" ({s.run_id}) · {s.status} · {s.model or '?'} on {s.gpu or '?'} · ", lines=False),
         f"{_n(s.num_requests, 'request')} ({s.num_rejected:,} rejected) over {fmt_ms(s.span_ns)} of virtual time")
     console.print(head)
 
@@ -211,16 +211,16 @@ def render_summary(s: RunSummary, console: Console) -> None:
     grid.add_row("storage", f"{_n(lb.num_prefetches, 'prefetch', 'prefetches')}, {fmt_bytes(lb.prefetch_bytes)}; "
                  f"{fmt_ms(lb.storage_wait_ns)} waited")
     for sk in s.skipped:
-        grid.add_row(data(f"skipped ({sk.tier})"), data(f"{sk.reason}: {_n(sk.num_requests, 'request')}, {fmt_tokens(sk.tokens)} tokens recomputed"))
+        grid.add_row(plain(f"skipped ({sk.tier})"), plain(f"{sk.reason}: {_n(sk.num_requests, 'request')}, {fmt_tokens(sk.tokens)} tokens recomputed"))
     for rj in s.rejected_reasons:
-        grid.add_row("rejected", data(f"{rj.reason}: {_n(rj.num_requests, 'request')}, {fmt_tokens(rj.tokens)} tokens"))
+        grid.add_row("rejected", plain(f"{rj.reason}: {_n(rj.num_requests, 'request')}, {fmt_tokens(rj.tokens)} tokens"))
     console.print(Panel(grid, title="load-back", title_align="left"), soft_wrap=False)
 
     ev = Table(title="evictions", title_justify="left")
     for col in ("tier", "action", "events", "tokens"):
         ev.add_column(col, justify="left" if col in ("tier", "action") else "right")
     for e in s.evictions:
-        ev.add_row(data(e.tier), data(e.action), f"{e.num_events:,}", fmt_tokens(e.tokens))
+        ev.add_row(plain(e.tier), plain(e.action), f"{e.num_events:,}", fmt_tokens(e.tokens))
     if not s.evictions:
         ev.caption = "no evictions: the pools never filled"
     console.print(ev)
@@ -232,6 +232,6 @@ def render_summary(s: RunSummary, console: Console) -> None:
         for i in range(max(len(s.most_evicted_from), len(s.top_evictors))):
             a = s.most_evicted_from[i] if i < len(s.most_evicted_from) else None
             b = s.top_evictors[i] if i < len(s.top_evictors) else None
-            who.add_row(data(a.req_id) if a else "", f"{a.num_events:,}" if a else "", fmt_tokens(a.tokens) if a else "",
-                        data(b.req_id) if b else "", f"{b.num_events:,}" if b else "", fmt_tokens(b.tokens) if b else "")
+            who.add_row(plain(a.req_id) if a else "", f"{a.num_events:,}" if a else "", fmt_tokens(a.tokens) if a else "",
+                        plain(b.req_id) if b else "", f"{b.num_events:,}" if b else "", fmt_tokens(b.tokens) if b else "")
         console.print(who)

@@ -1,0 +1,198 @@
+"""Stores that are half made, damaged, or filled up: what a replay and the readers do with them.
+
+A file with no complete schema and no run (0 bytes, an empty DuckDB file, a schema cut short) is
+not foreign: a replay finishes it. A damaged store (cut short, a flipped bit, a table or column
+missing) is exit 4 "damaged" for every reader, and a replay refuses it before writing a byte.
+A disk that fills up mid-run: the run says exactly how many requests the file holds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import duckdb
+import pytest
+
+from harness import SMALL, good_lines, runs, sql, tierdiag, write_trace
+from tierdiag.engine.config import EngineConfig
+from tierdiag.errors import OutputError, StoreError
+from tierdiag.replay import replay
+from tierdiag.store.schema import create_statements
+from tierdiag.store.writer import RunWriter
+
+READERS = [("runs",), ("summary",), ("slow",), ("explain", "1")]
+CFG = EngineConfig(model="tiny", gpu="cpu", device_tokens=4096)
+
+
+def _replay(trace, db, **kw):
+    return replay(trace, CFG, db=db, run_name=kw.pop("run_name", "r"), probes=True, skip_bad=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    return write_trace(tmp_path_factory.mktemp("t") / "t.jsonl", good_lines(12))
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, trace):
+    db = tmp_path_factory.mktemp("s") / "store.duckdb"
+    _replay(trace, db)
+    return db
+
+
+def zero_bytes(path):
+    path.write_bytes(b"")
+
+
+def empty_duckdb(path):
+    duckdb.connect(str(path)).close()
+
+
+def half_made(path):
+    # What an older tierdiag left when killed while creating a store: some tables, no meta row.
+    with duckdb.connect(str(path)) as con:
+        for stmt in create_statements()[:3]:
+            con.execute(stmt)
+
+
+@pytest.mark.parametrize("make", [zero_bytes, empty_duckdb, half_made])
+def test_a_file_with_no_schema_and_no_run_takes_a_replay(tmp_path, trace, make):
+    db = tmp_path / "new.duckdb"
+    make(db)
+    tierdiag("runs", "--db", db).fails(4, str(db), "no runs yet")
+    summary = _replay(trace, db)
+    assert summary.status == "complete"
+    (run,) = runs(db)
+    assert run["status"] == "complete" and run["num_requests"] == 12
+
+
+def test_a_half_made_file_with_a_foreign_table_stays_refused(tmp_path, trace):
+    db = tmp_path / "mixed.duckdb"
+    half_made(db)
+    with duckdb.connect(str(db)) as con:
+        con.execute("CREATE TABLE measurements (t BIGINT)")
+    with pytest.raises(StoreError, match="not a tierdiag run store"):
+        _replay(trace, db)
+
+
+def truncated(path):
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def bit_flipped(path):
+    """Flip one byte inside a block that holds the requests table (found from DuckDB's own map)."""
+    with duckdb.connect(str(path), read_only=True) as con:
+        (block, offset), = con.execute(
+            "SELECT block_id, block_offset FROM pragma_storage_info('requests') WHERE block_id >= 0 "
+            "ORDER BY block_id, block_offset LIMIT 1").fetchall()
+        block_size = con.execute("SELECT block_size FROM pragma_database_size()").fetchall()[0][0]
+    pos = 3 * 4096 + block * block_size + 8 + offset + 16  # file header, then blocks (checksum first)
+    with open(path, "r+b") as fh:
+        fh.seek(pos)
+        byte = fh.read(1)
+        fh.seek(pos)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+def table_dropped(path):
+    with duckdb.connect(str(path)) as con:
+        con.execute("DROP TABLE transfers")
+
+
+def column_dropped(path):
+    with duckdb.connect(str(path)) as con:
+        con.execute("ALTER TABLE requests DROP COLUMN ttft_ns")
+
+
+@pytest.mark.parametrize("damage", [truncated, bit_flipped, table_dropped, column_dropped])
+def test_a_damaged_store_is_exit_4_for_readers_and_refused_by_a_replay(tmp_path, store, trace, damage):
+    db = tmp_path / "d.duckdb"
+    shutil.copy(store, db)
+    damage(db)
+    for args in READERS:
+        tierdiag(*args, "--db", db).fails(4, "d.duckdb", "damaged")
+    before = db.read_bytes()
+    r = tierdiag("replay", trace, "--db", db, *SMALL)
+    r.fails(4, "d.duckdb", "damaged")
+    assert db.read_bytes() == before, "the replay wrote into a damaged store"
+
+
+def test_a_runs_row_that_is_not_json_is_damage_not_a_bug(tmp_path, store):
+    db = tmp_path / "j.duckdb"
+    shutil.copy(store, db)
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE runs SET config_json = '{not json'")
+    tierdiag("summary", "--db", db).fails(4, "j.duckdb", "damaged", "not JSON")
+
+
+def test_database_in_a_missing_folder_is_created_like_every_output(tmp_path, trace):
+    db = tmp_path / "no" / "such" / "r.duckdb"
+    _replay(trace, db)
+    assert runs(db)[0]["status"] == "complete"
+
+
+def test_database_under_a_file_is_exit_6_naming_it(tmp_path, trace):
+    (tmp_path / "afile").write_text("x")
+    r = tierdiag("replay", trace, "--db", tmp_path / "afile" / "r.duckdb", *SMALL)
+    r.fails(6, "afile")
+
+
+def _disk_fills_after(monkeypatch, ok_flushes: int) -> None:
+    real = RunWriter._append
+    calls = {"requests": 0}
+
+    def append(con, table, columns):
+        if table == "requests":
+            calls["requests"] += 1
+            if calls["requests"] > ok_flushes:
+                raise duckdb.IOException('Could not write file "r.duckdb.wal": No space left on device')
+        return real(con, table, columns)
+
+    monkeypatch.setattr(RunWriter, "_append", staticmethod(append))
+
+
+@pytest.mark.parametrize("ok_flushes", [0, 2], ids=["at-the-end", "mid-run"])
+def test_disk_full_counts_what_the_file_holds(tmp_path, monkeypatch, ok_flushes):
+    """The message and runs.num_requests say how many requests the file holds, not how many the
+    engine got to (before: '8,192 requests recorded' with 0 rows in the file)."""
+    monkeypatch.setenv("TIERDIAG_FLUSH_EVERY_S", "0")
+    trace = tmp_path / "t.jsonl"
+    assert tierdiag("synth", trace, "--requests", "1200", "--seed", "4").code == 0
+    db = tmp_path / "r.duckdb"
+    _disk_fills_after(monkeypatch, ok_flushes)
+    cfg = EngineConfig(model="tiny", gpu="cpu", device_tokens=65536)
+    with pytest.raises(OutputError, match="no space left") as exc:
+        replay(trace, cfg, db=db, run_name="full", probes=True, skip_bad=False)
+    monkeypatch.undo()
+    recorded = sql(db, "SELECT count(*) FROM requests")[0][0]
+    assert (recorded > 0) == (ok_flushes > 0)
+    # The raw column, not the reader's view of it (a reader recounts the rows of a failed run).
+    assert sql(db, "SELECT status, num_requests FROM runs") == [("failed", recorded)]
+    assert f"as failed, {recorded:,} request" in exc.value.one_line()
+
+
+def test_a_final_flush_that_fails_with_a_bug_marks_the_run_failed_and_keeps_earlier_rows(tmp_path, monkeypatch):
+    """Not only write errors: whatever the final flush raises, the run is not left running."""
+    monkeypatch.setenv("TIERDIAG_FLUSH_EVERY_S", "0")
+    trace = tmp_path / "t.jsonl"
+    assert tierdiag("synth", trace, "--requests", "700", "--seed", "4").code == 0
+    db = tmp_path / "r.duckdb"
+    real = RunWriter._append
+    calls = {"requests": 0}
+
+    def append(con, table, columns):
+        if table == "requests":
+            calls["requests"] += 1
+            if calls["requests"] >= 3:  # 700 requests: flushes at 256 and 512, then the final one
+                raise ValueError("a bug in the final flush")
+        return real(con, table, columns)
+
+    monkeypatch.setattr(RunWriter, "_append", staticmethod(append))
+    with pytest.raises(ValueError):
+        replay(trace, EngineConfig(model="tiny", gpu="cpu", device_tokens=65536), db=db, run_name="x",
+               probes=True, skip_bad=False)
+    monkeypatch.undo()
+    (status, n, error), = sql(db, "SELECT status, num_requests, error FROM runs")
+    assert status == "failed" and "a bug in the final flush" in error
+    assert n == sql(db, "SELECT count(*) FROM requests")[0][0] >= 512
