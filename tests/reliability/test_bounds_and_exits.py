@@ -18,8 +18,11 @@ from harness import SMALL, cli_argv, cli_env, good_lines, line, runs, sql, tierd
 from tierdiag.engine.config import EngineConfig
 from tierdiag.errors import OutputError, TraceError
 from tierdiag.replay import replay
-from tierdiag.trace.reader import MAX_LENGTH_TOKENS, MAX_TIMESTAMP_MS, read_trace
+from tierdiag.trace.reader import read_trace
 
+# The documented bounds (README): lengths up to 2**24 tokens, arrivals up to 2**62 ns.
+MAX_LENGTH_TOKENS = 2**24
+MAX_TIMESTAMP_MS = 2**62 // 1_000_000
 CFG = EngineConfig(model="tiny", gpu="cpu", device_tokens=4096)
 
 
