@@ -16,8 +16,6 @@ import pytest
 
 from harness import (ROOMY, SHARED_TRACES, SMALL, Result, cli_argv, cli_env, good_lines, holder, runs, sql,
                      tierdiag, write_trace)
-from tierdiag.engine.config import EngineConfig
-from tierdiag.errors import OutputError
 from tierdiag.store.writer import RunWriter
 
 # Flush every few hundred requests, so that rows reach the file long before the end.
@@ -160,37 +158,4 @@ def test_a_flush_that_finds_the_file_busy_keeps_its_rows(tmp_path):
     assert sql(db, "SELECT count(*) FROM requests") == [(10,)]
     assert runs(db)[0]["status"] == "complete"
 
-
-def _disk_fills_after(monkeypatch, ok_flushes: int) -> None:
-    """DuckDB's own error for a full disk, from the (ok_flushes + 1)-th write of requests on."""
-    real = RunWriter._append
-    calls = {"requests": 0}
-
-    def append(con, table, columns):
-        if table == "requests":
-            calls["requests"] += 1
-            if calls["requests"] > ok_flushes:
-                raise duckdb.IOException('Could not write file "r.duckdb.wal": No space left on device')
-        return real(con, table, columns)
-
-    monkeypatch.setattr(RunWriter, "_append", staticmethod(append))
-
-
-@pytest.mark.parametrize("ok_flushes", [0, 2], ids=["at-the-end", "mid-run"])
-def test_disk_full_marks_the_run_failed_and_keeps_earlier_flushes(tmp_path, monkeypatch, ok_flushes):
-    from tierdiag.replay import replay
-
-    monkeypatch.setenv("TIERDIAG_FLUSH_EVERY_S", "0")
-    trace = tmp_path / "t.jsonl"
-    assert tierdiag("synth", trace, "--requests", "1200", "--seed", "4").code == 0
-    db = tmp_path / "r.duckdb"
-    _disk_fills_after(monkeypatch, ok_flushes)
-    cfg = EngineConfig(model="tiny", gpu="cpu", device_tokens=65536)
-    with pytest.raises(OutputError, match="no space left") as exc:
-        replay(trace, cfg, db=db, run_name="full", probes=True, skip_bad=False)
-    assert "\n" not in exc.value.one_line()
-    monkeypatch.undo()
-    (run,) = runs(db)
-    assert run["status"] == "failed" and "no space left" in run["error"]
-    recorded = sql(db, "SELECT count(*) FROM requests")[0][0]
-    assert (recorded > 0) == (ok_flushes > 0) and run["num_requests"] == recorded
+# A full disk mid-run and at the end: test_store_recovery.py (the counts it reports, too).

@@ -38,7 +38,7 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="
 def traces(tmp_path_factory):
     root = tmp_path_factory.mktemp("signals")
     out = {}
-    for name, n in (("long", 1200), ("short", 150)):
+    for name, n in (("long", 900), ("short", 150)):
         trace = root / f"{name}.jsonl"
         r = tierdiag("synth", trace, "--requests", n, "--seed", 5)
         assert r.code == 0, r.err
@@ -136,7 +136,7 @@ def test_signal_at_random_moments_of_a_replay(tmp_path, traces):
     """SIGINT and SIGTERM over the whole of a replay that flushes every 256 requests."""
     rnd = random.Random(17)
     statuses = []
-    for i in range(5):
+    for i in range(4):
         sig = (signal.SIGINT, signal.SIGTERM)[i % 2]
         db, earlier = _fresh_db(tmp_path, i, traces)
         r = interrupt_replay(traces["long"], db, sig, rnd.uniform(0.0, 2.5), after_run_row=1)
@@ -149,7 +149,7 @@ def test_signal_at_random_moments_of_a_replay(tmp_path, traces):
 def test_signal_at_random_moments_of_a_short_replay(tmp_path, traces):
     """A short run has one flush, the final one: a signal in it still closes the run."""
     rnd = random.Random(23)
-    for i in range(4):
+    for i in range(3):
         sig = (signal.SIGTERM, signal.SIGINT)[i % 2]
         db, earlier = _fresh_db(tmp_path, i, traces)
         r = interrupt_replay(traces["short"], db, sig, rnd.uniform(0.0, 0.8), after_run_row=1)
@@ -162,7 +162,7 @@ def test_signal_in_the_first_moments(tmp_path, traces):
     from tierdiag.store.writer import RunWriter
 
     rnd = random.Random(31)
-    for i in range(5):
+    for i in range(4):
         sig = (signal.SIGTERM, signal.SIGINT)[i % 2]
         db = tmp_path / f"new{i}.duckdb"
         r = interrupt_replay(traces["short"], db, sig, rnd.uniform(0.0, 1.0) ** 2)
@@ -187,7 +187,7 @@ def test_a_signal_inside_a_flush_transaction_waits_for_it_and_writes_each_row_on
     from tierdiag.store.writer import RunWriter
 
     trace = tmp_path / "t.jsonl"
-    assert tierdiag("synth", trace, "--requests", "1500", "--seed", "3").code == 0
+    assert tierdiag("synth", trace, "--requests", "800", "--seed", "3").code == 0
     db = tmp_path / "r.duckdb"
     real = RunWriter._append
     calls = {"requests": 0}
