@@ -42,8 +42,8 @@ def test_replay_closing_table_shows_a_hostile_run_name_escaped(hostile):
     assert "\\x1b[2J" in r.out and "[/bold]run" in r.out
 
 
-@pytest.mark.parametrize("args", [("runs",), ("slow",), ("summary",)] + [("explain", rid) for rid in HOSTILE_IDS],
-                         ids=["runs", "slow", "summary"] + [f"explain-{i}" for i in range(len(HOSTILE_IDS))])
+@pytest.mark.parametrize("args", [("runs",), ("slow",), ("summary",)] + [("explain", rid) for rid in HOSTILE_IDS[2:4]],
+                         ids=["runs", "slow", "summary", "explain-ansi", "explain-osc"])
 def test_every_view_renders_hostile_text_as_text(hostile, args):
     db, _ = hostile
     r = tierdiag(*args, "--db", db)
