@@ -48,7 +48,8 @@ def test_append_rejects_unknown_columns_and_ragged_columns(tmp_path):
 def test_run_lifecycle_and_resolution(tmp_path):
     db = tmp_path / "s.duckdb"
     first = writer(db, "first")
-    first.finish("complete", num_requests=3)
+    first.append({"requests": {"req_id": ["a", "b", "c"], "seq": [0, 1, 2]}})
+    first.finish("complete")  # its count is the request rows committed
     second = writer(db, "second")
     with open_store(db) as con:
         runs = list_runs(con)
@@ -61,7 +62,7 @@ def test_run_lifecycle_and_resolution(tmp_path):
         assert resolve_run(con, first.run_id).name == "first"
         with pytest.raises(StoreError, match="no run 'nope'"):
             resolve_run(con, "nope")
-    second.finish("interrupted", num_requests=1)
+    second.finish("interrupted")
     with open_store(db) as con:
         assert list_runs(con)[1].status == "interrupted"
 

@@ -215,6 +215,11 @@ class RunWriter:
         """
         taken = {table: {col: _arrow(table, col, values) for col, values in cols.items()}
                  for table, cols in tables.items()}
+        for table, cols in taken.items():  # ragged columns are refused before they are taken too
+            lengths = {col: len(values) for col, values in cols.items()}
+            if len(set(lengths.values())) > 1:
+                col, n = max(lengths.items(), key=lambda kv: kv[1])
+                raise ValueError(f"{table}.{col}: {n} values, expected {min(lengths.values())}")
         with signals.deferred():
             self._pending.append(taken)
             try:
@@ -250,10 +255,15 @@ class RunWriter:
         self.recorded += rows
 
     def finish(self, status: str, *, error: str | None = None, write_pending: bool = True,
-               trace_sha256: str | None = None) -> None:
+               trace_sha256: str | None = None, num_requests: int | None = None) -> None:
         """Write what is still pending (unless told to give it up, after a write failed), then
         the run's final status, with `recorded` as its number of requests. A trace read through
-        a pipe has its digest only now (`trace_sha256`)."""
+        a pipe has its digest only now (`trace_sha256`).
+
+        `num_requests` is accepted for existing callers and not used: a run's count is the
+        request rows committed to the file, never what a caller believes it handed over (a full
+        disk made the two differ)."""
+        del num_requests
         with signals.deferred():
             if not write_pending:
                 self._pending.clear()
