@@ -21,9 +21,9 @@ def prepare_output_path(path: Path, *, what: str) -> None:
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise OutputError(f"cannot create {path}: {parent} is not a folder") from None
+        raise OutputError(f"cannot write {path}: {parent} is not a folder") from None
     except OSError as exc:
-        raise OutputError(f"cannot create {path}: cannot create folder {parent} ({exc.strerror or exc})") from None
+        raise OutputError(f"cannot write {path}: cannot create folder {parent} ({exc.strerror or exc})") from None
     if not path.exists() and not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputError(f"cannot create {path}: folder {parent} is not writable",
+        raise OutputError(f"cannot write {path}: folder {parent} is not writable",
                           hint=f"pass a {what} in a folder you can write to")

@@ -238,7 +238,9 @@ def test_cli_synth_bad_options_are_one_line_errors(tmp_path, args, code, fragmen
 
 
 def test_cli_synth_unwritable_output(tmp_path):
-    proc = _main("synth", str(tmp_path / "no" / "such" / "dir" / "x.jsonl"), "--requests", "5")
+    # Missing folders are created (the rule for every output); a file in the way is exit 6.
+    (tmp_path / "blocker").write_text("x")
+    proc = _main("synth", str(tmp_path / "blocker" / "dir" / "x.jsonl"), "--requests", "5")
     assert proc.returncode == 6
     assert proc.stderr.startswith("tierdiag: error: cannot write") and proc.stderr.count("\n") == 1
     assert not list(tmp_path.rglob("*.tmp"))
