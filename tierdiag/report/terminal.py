@@ -87,15 +87,24 @@ def render_explanation(expl: Explanation, console: Console) -> None:
         table.add_row("ideal", fmt_ms(d.ideal_ttft_ns), "")
         table.add_row("excess", fmt_ms(d.excess_ns), "")
         cf = data["counterfactual"]
-        table.add_row("if device-resident", fmt_value("x_ms", cf["ttft_if_device_resident_ms"]), "")
-        table.add_row("if recomputed", fmt_value("x_ms", cf["recompute_instead_ms"]), "")
+        lost = expl.tokens.host_tokens + expl.tokens.storage_tokens + expl.tokens.recomputed_tokens
+        loaded = expl.tokens.host_tokens + expl.tokens.storage_tokens
+        # A counterfactual that equals the actual TTFT by construction is not shown as one.
+        table.add_row("if never evicted", fmt_value("x_ms", cf["ttft_if_never_evicted_ms"]) if lost else "n/a", "")
+        table.add_row("if device-resident", fmt_value("x_ms", cf["ttft_if_device_resident_ms"]) if loaded else "n/a", "")
+        table.add_row("if recomputed", fmt_value("x_ms", cf["recompute_instead_ms"]) if loaded else "n/a", "")
         verdict_parts += [Text(""), table]
+        if expl.queue_attribution is not None and d.queue_ns:
+            qa = expl.queue_attribution.parts_ns
+            verdict_parts.append(Text("while it waited the GPU was: " + ", ".join(
+                f"{k} {fmt_ms(v)}" for k, v in qa.items() if v), style="dim"))
     tok = expl.tokens
     verdict_parts.append(Text(
         f"\ntokens: {fmt_tokens(tok.input_tokens)} input = {fmt_tokens(tok.device_tokens)} device + "
         f"{fmt_tokens(tok.host_tokens)} host + {fmt_tokens(tok.storage_tokens)} storage + "
         f"{fmt_tokens(tok.computed_tokens)} computed ({fmt_tokens(tok.recomputed_tokens)} recomputed)"
         + (f"; evicted by {', '.join(expl.evicted_by[:8])}" if expl.evicted_by else ""), style="dim"))
+    verdict_parts += _advice_lines(expl.advice)
     # soft_wrap=False: the shared console soft-wraps (no cropping of long lines on stdout), but
     # inside panels text must wrap to the panel, not be cut.
     console.print(Panel(Group(*verdict_parts), title=f"verdict: {expl.primary_cause or expl.status}",
@@ -110,6 +119,14 @@ def render_explanation(expl: Explanation, console: Console) -> None:
                 body += [Text(""), _records_table(key, value)]
         console.print(Panel(Group(*body), title=f"{step['step']} · {step['name']}", title_align="left",
                             border_style="blue"), soft_wrap=False)
+
+
+def _advice_lines(advice) -> list:
+    """Advice items as the last lines of a verdict (the same `Advice.line()` the report shows)."""
+    if not advice:
+        return []
+    return [Text("")] + [Text(("advice: " if i == 0 else "        ") + a.line(), style="bold" if a.option else "green")
+                         for i, a in enumerate(advice)]
 
 
 def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str,
@@ -142,6 +159,11 @@ def render_summary(s: RunSummary, console: Console) -> None:
         (f"{s.run_name}", "bold"), f" ({s.run_id}) · {s.status} · {s.model or '?'} on {s.gpu or '?'} · ",
         f"{_n(s.num_requests, 'request')} ({s.num_rejected:,} rejected) over {fmt_ms(s.span_ns)} of virtual time")
     console.print(head)
+    if getattr(s, "diagnosis", None) is not None:
+        dx = s.diagnosis
+        console.print(Panel(Group(Text(dx.finding), *_advice_lines(dx.advice)),
+                            title=f"diagnosis: {dx.dominant_cause or '-'}", title_align="left",
+                            border_style=CAUSE_STYLE.get(dx.dominant_cause, "bold")), soft_wrap=False)
 
     split = Table(title="tier split, token-weighted (finished requests)", title_justify="left")
     for col in ("tier", "tokens", "share of input"):
