@@ -40,6 +40,7 @@ CAPACITY_DECILE = 9
 SLOW_LINK_SHARE = 0.5
 FRAGMENTED_PAGES_PER_RUN = 4
 SMALL_RUN_BYTES = 1 << 20
+SMALL_PAGE_BYTES = 4 << 20  # a 64-token page of an 8B model is 8 MiB
 EXPOSED_SHARE_OF_TTFT = 0.05
 PAGE_SIZE_FACTOR = 4
 ADVISE_SWEEP_PREFIX = "advise-"
@@ -166,7 +167,7 @@ def _write_policy(ctx: RunContext) -> list[Advice]:
         {"dropped_unbacked_tokens": lo.dropped_unbacked_tokens, "input_tokens": lo.input_tokens})]
 
 
-def _capacity(ctx: RunContext) -> list[Advice]:
+def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) -> list[Advice]:
     lo = ctx.losses
     device, host = lo.device_capacity_tokens, lo.host_capacity_tokens
     deciles = lo.removed_reuse_deciles_tokens
@@ -176,37 +177,57 @@ def _capacity(ctx: RunContext) -> list[Advice]:
     page = int(ctx.config.get("page_size") or 64)
     kv = ctx.kv_bytes_per_token
     target = deciles[CAPACITY_DECILE]
-    if target <= device + host:
+    # write_through keeps a host copy of everything on device: the host pool alone bounds what
+    # stays cached. Otherwise host holds what device evicted, and the two add up.
+    inclusive = ctx.config.get("write_policy") == "write_through"
+    held = host if inclusive else device + host
+    if target <= held:
         return []  # the pools were big enough under LRU: not a capacity problem
     evidence = {"deleted_from_host_tokens": lo.deleted_from_host_tokens, "reuse_distance_p50_tokens": deciles[5],
                 "reuse_distance_p90_tokens": target, "device_tokens": device, "host_tokens": host}
     why = (f"{fmt_tokens(lo.deleted_from_host_tokens)} once-cached tokens ({fmt_pct(share(lo.deleted_from_host_tokens, lo.input_tokens))} "
            f"of input) were deleted from host before they were asked for again; their reuse distance is "
            f"{fmt_tokens(deciles[5])} tokens at the median and {fmt_tokens(target)} at p90, against "
-           f"{fmt_tokens(device + host)} tokens of device + host")
+           + (f"{fmt_tokens(host)} tokens of host (write_through keeps a host copy of the device's)" if inclusive
+              else f"{fmt_tokens(device + host)} tokens of device + host"))
     out: list[Advice] = []
-    want = _pow2_at_least(target - device, page)
-    limit = _pow2_at_most(HOST_POOL_LIMIT_BYTES // kv) if kv else want
+    want = _pow2_at_least(target if inclusive else target - device, page)
+    limit = _pow2_at_most(host_limit_bytes // kv) if kv else want
     if want <= limit:
-        cover = _covered(deciles, device + want)
+        cover = _covered(deciles, want if inclusive else device + want)
         out.append(Advice("capacity", "host_tokens", want, {"host_tokens": want},
                           f"{why}; a {fmt_tokens(want)}-token host pool keeps {fmt_pct(cover)} of them",
                           evidence, _gib(want - host, kv), "host_memory"))
         return out
     if limit > host * 3 // 2:
-        cover = _covered(deciles, device + limit)
+        cover = _covered(deciles, limit if inclusive else device + limit)
         out.append(Advice("capacity", "host_tokens", limit, {"host_tokens": limit},
                           f"{why}; {fmt_tokens(limit)} tokens ({fmt_bytes(limit * kv)}, the most host memory a server "
                           f"beside one GPU carries) keep {fmt_pct(cover)} of them",
                           evidence, _gib(limit - host, kv), "host_memory"))
     storage = int(ctx.config.get("storage_tokens") or 0)
     want_storage = _pow2_at_least(target, page)
-    if want_storage > storage:
+    # A storage tier pays when fetching a token from disk is cheaper than recomputing it, or
+    # when the prefill GPU is saturated (the fetch runs beside it and frees it for others).
+    from tierdiag.engine.costmodel import DISK_BYTES_PER_S  # constants only, no torch
+
+    recompute_per_token_ns = share(ctx.recompute_ns, lo.recomputed_tokens) or 0.0
+    disk_per_token_ns = kv * 1e9 / DISK_BYTES_PER_S if kv else None
+    pays = (disk_per_token_ns is not None and disk_per_token_ns < recompute_per_token_ns) or \
+        (ctx.prefill_busy_share or 0) >= BUSY_SHARE
+    evidence = {**evidence, "recompute_per_token_ms": ns_to_ms(recompute_per_token_ns),
+                "disk_per_token_ms": ns_to_ms(disk_per_token_ns), "prefill_busy_share": ctx.prefill_busy_share}
+    if want_storage > storage and pays:
         changes = {"storage_tokens": want_storage, "prefetch_policy": "wait_complete"}
         out.append(Advice("storage_tier", "storage_tokens", want_storage, changes,
                           f"{why}; host memory for that ({fmt_bytes(want * kv)}) is beyond a server, so a "
                           f"{fmt_tokens(want_storage)}-token storage tier keeps them, with prefetch_policy "
-                          f"wait_complete so a prefetch is used rather than recomputed",
+                          f"wait_complete so a prefetch is used rather than recomputed ("
+                          + (f"a token comes from disk in {fmt_ms(disk_per_token_ns)} against "
+                             f"{fmt_ms(recompute_per_token_ns)} to recompute it"
+                             if disk_per_token_ns is not None and disk_per_token_ns < recompute_per_token_ns else
+                             f"the prefill GPU was {fmt_pct(ctx.prefill_busy_share)} busy: the fetch runs beside it")
+                          + ")",
                           evidence, _gib(want_storage - storage, kv), "disk"))
     return out
 
@@ -231,20 +252,21 @@ def _page_size(ctx: RunContext) -> list[Advice]:
     page = int(ctx.config.get("page_size") or 64)
     block = int(ctx.config.get("block_size") or page)
     if (not tr.num_loadbacks or tr.link_peak_share is None or tr.link_peak_share >= SLOW_LINK_SHARE
-            or tr.loadback_exposed_ns < EXPOSED_SHARE_OF_TTFT * tr.ttft_total_ns):
+            or tr.loadback_exposed_ns < EXPOSED_SHARE_OF_TTFT * tr.tiered_ttft_ns):
         return []
-    fragmented = (tr.pages_per_run or 0) < FRAGMENTED_PAGES_PER_RUN or (tr.bytes_per_run or 0) < SMALL_RUN_BYTES
+    fragmented = ((tr.pages_per_run or 0) < FRAGMENTED_PAGES_PER_RUN or (tr.bytes_per_run or 0) < SMALL_RUN_BYTES
+                  or (tr.bytes_per_page or 0) < SMALL_PAGE_BYTES)
     new = min(page * PAGE_SIZE_FACTOR, block)
     if not fragmented or new <= page:
         return []
     return [Advice(
         "page_size", "page_size", new, {"page_size": new},
-        f"load-backs ran at {fmt_pct(tr.link_peak_share)} of link peak in {tr.pages_per_run:,.1f} pages "
-        f"({fmt_bytes(tr.bytes_per_run)}) per contiguous run, and exposed load-back was "
-        f"{fmt_pct(share(tr.loadback_exposed_ns, tr.ttft_total_ns))} of all TTFT: larger pages mean fewer, "
-        f"larger copies",
+        f"load-backs ran at {fmt_pct(tr.link_peak_share)} of link peak, {fmt_bytes(tr.bytes_per_page)} a page and "
+        f"{tr.pages_per_run:,.1f} pages ({fmt_bytes(tr.bytes_per_run)}) per contiguous run, and exposed load-back was "
+        f"{fmt_pct(share(tr.loadback_exposed_ns, tr.tiered_ttft_ns))} of the TTFT of the requests that loaded back: "
+        f"per-page and per-run copy overheads dominate, and larger pages mean fewer, larger copies",
         {"link_peak_share": tr.link_peak_share, "pages_per_run": tr.pages_per_run,
-         "bytes_per_run": tr.bytes_per_run, "loadback_exposed_ms": ns_to_ms(tr.loadback_exposed_ns)})]
+         "bytes_per_run": tr.bytes_per_run, "bytes_per_page": tr.bytes_per_page, "loadback_exposed_ms": ns_to_ms(tr.loadback_exposed_ns)})]
 
 
 RULES = (_prefetch, _write_policy, _capacity, _eviction_policy, _page_size)
@@ -263,9 +285,9 @@ def _nothing(ctx: RunContext) -> Advice:
                   {"recomputed_share": lo.recomputed_share, "link_peak_share": tr.link_peak_share})
 
 
-def propose(ctx: RunContext) -> tuple[Advice, ...]:
+def propose(ctx: RunContext, *, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) -> tuple[Advice, ...]:
     """Every rule that fires, biggest loss first; else the one "nothing to change" item."""
-    items = [a for rule in RULES for a in rule(ctx)]
+    items = [a for rule in RULES for a in (rule(ctx, host_limit_bytes) if rule is _capacity else rule(ctx))]
     return tuple(items) if items else (_nothing(ctx),)
 
 
@@ -382,5 +404,146 @@ def run_advice(con: duckdb.DuckDBPyConnection, run, ctx: RunContext, req_id: str
     return verified_advice(con, run, propose(ctx), req_id)
 
 
+# --------------------------------------------------------------------------- advise: propose, replay, measure
+
+
+@dataclass(frozen=True)
+class RunNumbers:
+    run_id: str
+    ttft_p50_ns: int | None
+    ttft_p99_ns: int | None
+    recompute_share: float | None
+    reuse_share: dict  # tier -> share of input tokens (device, host, storage)
+
+    def to_json(self) -> dict:
+        return {"run_id": self.run_id, "ttft_p50_ms": ns_to_ms(self.ttft_p50_ns),
+                "ttft_p99_ms": ns_to_ms(self.ttft_p99_ns), "recompute_share": self.recompute_share,
+                "reuse_share": dict(self.reuse_share)}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    advice: Advice
+    numbers: RunNumbers | None  # None when its replay recorded nothing
+    status: str  # the replay's: complete | interrupted | failed | not_started
+
+    def to_json(self) -> dict:
+        d = {"changes": dict(self.advice.changes), "reason": self.advice.reason, "status": self.status,
+             "run_id": None, "ttft_p50_ms": None, "ttft_p99_ms": None, "recompute_share": None, "reuse_share": None}
+        if self.numbers is not None:
+            d.update(self.numbers.to_json())
+        return d
+
+
+@dataclass(frozen=True)
+class AdviseResult:
+    baseline: RunNumbers
+    candidates: tuple[Candidate, ...]
+    best: str | None  # run id of the candidate with the lowest TTFT p50 below the baseline's
+    advice: tuple[Advice, ...]  # everything proposed (with verification where replayed)
+    sweep_id: str
+
+    def to_json(self) -> dict:
+        return {"baseline": self.baseline.to_json(), "candidates": [c.to_json() for c in self.candidates],
+                "best": self.best, "sweep_id": self.sweep_id, "advice": [a.to_json() for a in self.advice]}
+
+
+def run_numbers(con: duckdb.DuckDBPyConnection, run_id: str) -> RunNumbers:
+    r = con.execute(
+        "SELECT quantile_disc(ttft_ns, 0.5), quantile_disc(ttft_ns, 0.99), sum(recomputed_tokens), "
+        "sum(device_hit_tokens), sum(host_hit_tokens), sum(storage_hit_tokens), sum(input_tokens) FROM requests "
+        "WHERE run_id = ? AND status = 'finished' AND ttft_ns IS NOT NULL", [run_id]).fetchone()
+    n = r[6]
+    return RunNumbers(run_id, r[0], r[1], share(r[2], n),
+                      {"device": share(r[3], n), "host": share(r[4], n), "storage": share(r[5], n)})
+
+
+def check_trace_for_advise(run) -> str:
+    """The run's trace must still be there, unchanged: advise replays it."""
+    import os
+
+    from tierdiag.errors import TraceError
+
+    path = run.trace_path
+    if not path or not os.path.isfile(path):
+        raise TraceError(f"trace file {path} of run {run.run_id} ({run.name}) is gone; advise replays it",
+                         hint="restore the file at that path, or replay the trace again and advise that run")
+    if run.trace_sha256:
+        from tierdiag.trace.reader import trace_sha256
+
+        if trace_sha256(path) != run.trace_sha256:
+            raise TraceError(f"trace file {path} changed since run {run.run_id} ({run.name}) was recorded",
+                             hint="replay it again and advise the new run")
+    return path
+
+
+def candidate_configs(run, advice: tuple[Advice, ...], budget: int) -> list[tuple[Advice, str, object]]:
+    """(advice, run name, EngineConfig) for up to `budget` items that change something."""
+    from tierdiag.engine.config import CONFIG_KEYS, EngineConfig
+
+    base = {k: v for k, v in run.config.items() if k in CONFIG_KEYS}
+    out = []
+    for a in [a for a in advice if a.option is not None][:budget]:
+        cfg = EngineConfig(**{**base, **a.changes})
+        name = "advise: " + ", ".join(f"{k}={v}" for k, v in a.changes.items())
+        out.append((a, name, cfg))
+    return out
+
+
+def advise_run(con_factory, db, run, *, budget: int = 4, jobs: int | None = None,
+               progress=None) -> AdviseResult:
+    """Propose changes from `run`'s diagnosis, replay its trace once per change (parallel
+    processes, the sweep runner), and measure each against the baseline.
+
+    `con_factory()` opens the store read-only (closed again before the runner writes to it).
+    """
+    from tierdiag.errors import ConfigError
+    from tierdiag.sweep.runner import Processes, SweepFailed, run_configs
+
+    if budget < 1:
+        raise ConfigError(f"--budget {budget} must be at least 1")
+    if jobs is not None and jobs < 1:
+        raise ConfigError(f"--jobs {jobs} must be at least 1")
+    with con_factory() as con:
+        ctx = run_context_for(con, run)
+        proposed = propose(ctx)
+        baseline = run_numbers(con, run.run_id)
+    sweep_id = advise_sweep_id(run.run_id)
+    plans = candidate_configs(run, proposed, budget)
+    outcomes: dict[int, tuple[str | None, str]] = {}
+    if plans:
+        trace = check_trace_for_advise(run)
+        try:
+            ids = run_configs(trace, [(name, cfg) for _, name, cfg in plans], db,
+                              backend=Processes(jobs or min(len(plans), _cores())), sweep_id=sweep_id,
+                              progress=progress, command_line=["tierdiag", "advise", "--run", run.run_id])
+            outcomes = {i: (rid, "complete") for i, rid in enumerate(ids)}
+        except SweepFailed as exc:
+            outcomes = {o.index: (o.run_id, o.status) for o in exc.outcomes}
+    candidates = []
+    with con_factory() as con:
+        for i, (a, _name, _cfg) in enumerate(plans):
+            rid, status = outcomes.get(i, (None, "not_started"))
+            candidates.append(Candidate(a, run_numbers(con, rid) if rid and status == "complete" else None, status))
+        verified = verified_advice(con, run, proposed)
+    better = [c for c in candidates if c.numbers is not None and c.numbers.ttft_p50_ns is not None
+              and baseline.ttft_p50_ns is not None and c.numbers.ttft_p50_ns < baseline.ttft_p50_ns]
+    best = min(better, key=lambda c: (c.numbers.ttft_p50_ns, c.numbers.ttft_p99_ns or 0)).numbers.run_id \
+        if better else None
+    return AdviseResult(baseline, tuple(candidates), best, verified, sweep_id)
+
+
+def run_context_for(con, run) -> RunContext:
+    from tierdiag.diagnose.context import run_context
+
+    return run_context(con, run)
+
+
+def _cores() -> int:
+    from tierdiag.sweep.runner import default_jobs
+
+    return default_jobs()
+
+
 __all__ = ["Advice", "Verified", "RunDiagnosis", "propose", "diagnose_run", "run_advice", "verified_advice",
-           "advise_sweep_id", "config_changes", "NEAR_PEAK_SHARE", "fmt_ms_value"]
+           "advise_sweep_id", "config_changes", "NEAR_PEAK_SHARE", "fmt_ms_value", "advise_run", "AdviseResult"]

@@ -296,10 +296,12 @@ class TransferEvidence:
     link_peak_share: float | None
     pages_per_run: float | None
     bytes_per_run: float | None
+    bytes_per_page: float | None
     loadback_ns: int  # summed over tiered hits
     recompute_instead_extra_ns: int  # what recomputing their loaded tokens would have added
     loadback_exposed_ns: int
     ttft_total_ns: int
+    tiered_ttft_ns: int  # summed TTFT of the requests that loaded something back
 
 
 @dataclass(frozen=True)
@@ -393,19 +395,27 @@ def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict) -> LossEvide
         [rid]).fetchall()
     times = [int(r[0]) for r in alloc]
     cums = [int(r[1]) for r in alloc]
+    # Only what the request then recomputed is lost: pages that came back from storage were not.
+    # A request's removal tokens are scaled down to its recomputed tokens where they exceed them.
     raw_refs = con.execute(
-        """SELECT re.tokens, e.action, e.node_hit_count, e.node_last_access_ns, q.first_token_ns - q.prefill_ns
+        """SELECT re.tokens * least(1.0, greatest(q.recomputed_tokens
+                      - CASE WHEN q.loadback_skipped_reason IS NULL THEN 0 ELSE q.loadback_skipped_tokens END
+                      - CASE WHEN q.storage_skipped_reason IS NULL THEN 0
+                             ELSE greatest(q.storage_match_tokens - q.storage_hit_tokens, 0) END, 0)
+                      / sum(re.tokens) OVER (PARTITION BY re.req_id)),
+                  e.action, e.node_hit_count, e.node_last_access_ns, q.first_token_ns - q.prefill_ns
            FROM request_evictions re
            JOIN evictions e ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id
            JOIN requests q ON q.run_id = re.run_id AND q.req_id = re.req_id
-           WHERE re.run_id = ? AND e.action IN ('delete', 'drop') AND q.prefill_ns IS NOT NULL""",
+           WHERE re.run_id = ? AND e.action IN ('delete', 'drop') AND q.prefill_ns IS NOT NULL
+             AND q.recomputed_tokens > 0""",
         [rid]).fetchall()
 
     def cum_at(t: int, inclusive: bool) -> int:
         i = (bisect.bisect_right if inclusive else bisect.bisect_left)(times, t)
         return cums[i - 1] if i else 0
 
-    refs = sorted(((_i(tokens), action, _i(hits),
+    refs = sorted(((int(round(tokens or 0)), action, _i(hits),
                     max(cum_at(int(t1), False) - cum_at(int(t0), True), 0) if t0 is not None else 0)
                    for tokens, action, hits, t0, t1 in raw_refs), key=lambda r: r[3])
     # Token-weighted quantiles of the reuse distance (a few thousand rows at most per run).
@@ -447,14 +457,16 @@ def _transfers(con: duckdb.DuckDBPyConnection, rid: str, peak: float | None) -> 
         f"""SELECT coalesce(sum(loadback_ns) FILTER (WHERE host_hit_tokens + storage_hit_tokens > 0), 0),
                    coalesce(sum(recompute_instead_ns - ttft_if_device_resident_ns)
                             FILTER (WHERE host_hit_tokens + storage_hit_tokens > 0), 0),
-                   coalesce(sum(loadback_exposed_ns), 0), coalesce(sum(ttft_ns), 0)
+                   coalesce(sum(loadback_exposed_ns), 0), coalesce(sum(ttft_ns), 0),
+                   coalesce(sum(ttft_ns) FILTER (WHERE host_hit_tokens + storage_hit_tokens > 0), 0)
             FROM requests WHERE run_id = ? AND {_FINISHED}""", [rid]).fetchone()
     n, nbytes, busy, pages, runs = (_i(x) for x in tr)
     achieved = nbytes * NS_PER_S / busy if nbytes and busy else None
     return TransferEvidence(
         num_loadbacks=n, loadback_bytes=nbytes, loadback_busy_ns=busy, link_peak_share=share(achieved, peak),
-        pages_per_run=share(pages, runs), bytes_per_run=share(nbytes, runs), loadback_ns=_i(rq[0]),
-        recompute_instead_extra_ns=_i(rq[1]), loadback_exposed_ns=_i(rq[2]), ttft_total_ns=_i(rq[3]))
+        pages_per_run=share(pages, runs), bytes_per_run=share(nbytes, runs), bytes_per_page=share(nbytes, pages),
+        loadback_ns=_i(rq[0]), recompute_instead_extra_ns=_i(rq[1]), loadback_exposed_ns=_i(rq[2]),
+        ttft_total_ns=_i(rq[3]), tiered_ttft_ns=_i(rq[4]))
 
 
 def run_context(con: duckdb.DuckDBPyConnection, run) -> RunContext:

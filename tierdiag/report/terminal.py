@@ -234,3 +234,30 @@ def render_summary(s: RunSummary, console: Console) -> None:
             who.add_row(a.req_id if a else "", f"{a.num_events:,}" if a else "", fmt_tokens(a.tokens) if a else "",
                         b.req_id if b else "", f"{b.num_events:,}" if b else "", fmt_tokens(b.tokens) if b else "")
         console.print(who)
+
+
+def render_advise(r, console: Console, *, run_label: str) -> None:
+    """`advise`: the baseline, each replayed change, the best marked; then what was not replayed."""
+    table = Table(title=f"advice verified by replay · {run_label}", title_justify="left")
+    for col in ("", "change", "TTFT p50", "TTFT p99", "recompute", "device/host/storage reuse", "run"):
+        table.add_column(col, justify="left" if col in ("", "change", "run") else "right")
+
+    def row(mark: str, label: str, n) -> None:
+        if n is None:
+            table.add_row(mark, label, "-", "-", "-", "-", "-")
+            return
+        reuse = " / ".join(fmt_pct(n.reuse_share.get(t)) for t in ("device", "host", "storage"))
+        table.add_row(mark, label, fmt_ms(n.ttft_p50_ns), fmt_ms(n.ttft_p99_ns), fmt_pct(n.recompute_share), reuse,
+                      n.run_id)
+
+    row("", "baseline", r.baseline)
+    for c in r.candidates:
+        label = ", ".join(f"{k}={v}" for k, v in c.advice.changes.items())
+        if c.status != "complete":
+            label += f" ({c.status})"
+        row("★" if c.numbers is not None and c.numbers.run_id == r.best else "", label, c.numbers)
+    if r.candidates:
+        console.print(table)
+        console.print(Text("best: " + (r.best or "none beats the baseline's TTFT p50"), style="bold"))
+    for line in _advice_lines(r.advice):
+        console.print(line)
