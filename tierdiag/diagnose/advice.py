@@ -29,7 +29,14 @@ from typing import Any
 
 import duckdb
 
-from tierdiag.diagnose.claims import BUSY_SHARE, NAMED_REASON_SHARE, NEAR_PEAK_SHARE, RECOMPUTE_QUEUE_SHARE, loss_why
+from tierdiag.diagnose.claims import (
+    BUSY_SHARE,
+    NAMED_REASON_SHARE,
+    NEAR_PEAK_SHARE,
+    RECOMPUTE_QUEUE_SHARE,
+    held_capacity,
+    loss_why,
+)
 from tierdiag.diagnose.context import RunContext
 from tierdiag.diagnose.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
 
@@ -180,7 +187,7 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
     # write_through keeps a host copy of everything on device: the host pool alone bounds what
     # stays cached. Otherwise host holds what device evicted, and the two add up.
     inclusive = ctx.config.get("write_policy") == "write_through"
-    held = host if inclusive else device + host
+    held, pools = held_capacity(ctx.config, device, host)
     if target <= held:
         return []  # the pools were big enough under LRU: not a capacity problem
     evidence = {"deleted_from_host_tokens": lo.deleted_from_host_tokens, "reuse_distance_p50_tokens": deciles[5],
@@ -188,8 +195,7 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
     why = (f"{fmt_tokens(lo.deleted_from_host_tokens)} once-cached tokens ({fmt_pct(share(lo.deleted_from_host_tokens, lo.input_tokens))} "
            f"of input) were deleted from host before they were asked for again; their reuse distance is "
            f"{fmt_tokens(deciles[5])} tokens at the median and {fmt_tokens(target)} at p90, against "
-           + (f"{fmt_tokens(host)} tokens of host (write_through keeps a host copy of the device's)" if inclusive
-              else f"{fmt_tokens(device + host)} tokens of device + host"))
+           + pools)
     out: list[Advice] = []
     want = _pow2_at_least(target if inclusive else target - device, page)
     limit = _pow2_at_most(host_limit_bytes // kv) if kv else want

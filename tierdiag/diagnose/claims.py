@@ -236,6 +236,16 @@ def break_even_claim(row: dict, link_peak_share: float | None, achieved_bytes_pe
 # --------------------------------------------------------------------------- the run's why
 
 
+def held_capacity(config: dict, device: int | None, host: int | None) -> tuple[int, str]:
+    """Tokens the pools can keep cached, and how to say it. write_through keeps a host copy of
+    everything on device, so the host pool alone bounds it; otherwise host holds what device
+    evicted and the two add up."""
+    device, host = device or 0, host or 0
+    if config.get("write_policy") == "write_through":
+        return host, f"{fmt_tokens(host)} tokens of host (write_through keeps a host copy of the device's)"
+    return device + host, f"{fmt_tokens(device + host)} tokens of device + host"
+
+
 def loss_why(run: RunContext | None) -> str | None:
     """Why the run's once-cached tokens were lost, from the run's removal records; None if none were."""
     if run is None:
@@ -247,11 +257,11 @@ def loss_why(run: RunContext | None) -> str | None:
             f"were recomputed")
     parts = []
     if lo.deleted_from_host_tokens:
-        cap = (lo.device_capacity_tokens or 0) + (lo.host_capacity_tokens or 0)
+        cap, pools = held_capacity(run.config, lo.device_capacity_tokens, lo.host_capacity_tokens)
         p = f"{fmt_tokens(lo.deleted_from_host_tokens)} had been deleted from host"
         if lo.removed_reuse_p50_tokens is not None and cap:
             p += (f" with a reuse distance of {fmt_tokens(lo.removed_reuse_p50_tokens)} tokens at the median and "
-                  f"{fmt_tokens(lo.removed_reuse_p90_tokens)} at p90 against {fmt_tokens(cap)} tokens of device + host")
+                  f"{fmt_tokens(lo.removed_reuse_p90_tokens)} at p90 against {pools}")
             if lo.removed_reuse_p50_tokens > cap:
                 p += ": pools of this size cannot keep most of them (capacity)"
             elif (lo.removed_reuse_p90_tokens or 0) > cap:
