@@ -420,10 +420,16 @@ class RunNumbers:
     ttft_p99_ns: int | None
     recompute_share: float | None
     reuse_share: dict  # tier -> share of input tokens (device, host, storage)
+    ttft_mean_ns: float | None = None
+
+    def key(self) -> tuple:
+        """Better is lower: TTFT p50, then p99, then the mean (small runs often tie on p50)."""
+        return (self.ttft_p50_ns or 0, self.ttft_p99_ns or 0, self.ttft_mean_ns or 0.0)
 
     def to_json(self) -> dict:
         return {"run_id": self.run_id, "ttft_p50_ms": ns_to_ms(self.ttft_p50_ns),
-                "ttft_p99_ms": ns_to_ms(self.ttft_p99_ns), "recompute_share": self.recompute_share,
+                "ttft_p99_ms": ns_to_ms(self.ttft_p99_ns), "ttft_mean_ms": ns_to_ms(self.ttft_mean_ns),
+                "recompute_share": self.recompute_share,
                 "reuse_share": dict(self.reuse_share)}
 
 
@@ -445,7 +451,7 @@ class Candidate:
 class AdviseResult:
     baseline: RunNumbers
     candidates: tuple[Candidate, ...]
-    best: str | None  # run id of the candidate with the lowest TTFT p50 below the baseline's
+    best: str | None  # run id of the candidate with the lowest (p50, p99, mean) TTFT below the baseline's
     advice: tuple[Advice, ...]  # everything proposed (with verification where replayed)
     sweep_id: str
 
@@ -457,11 +463,11 @@ class AdviseResult:
 def run_numbers(con: duckdb.DuckDBPyConnection, run_id: str) -> RunNumbers:
     r = con.execute(
         "SELECT quantile_disc(ttft_ns, 0.5), quantile_disc(ttft_ns, 0.99), sum(recomputed_tokens), "
-        "sum(device_hit_tokens), sum(host_hit_tokens), sum(storage_hit_tokens), sum(input_tokens) FROM requests "
-        "WHERE run_id = ? AND status = 'finished' AND ttft_ns IS NOT NULL", [run_id]).fetchone()
+        "sum(device_hit_tokens), sum(host_hit_tokens), sum(storage_hit_tokens), sum(input_tokens), avg(ttft_ns) "
+        "FROM requests WHERE run_id = ? AND status = 'finished' AND ttft_ns IS NOT NULL", [run_id]).fetchone()
     n = r[6]
     return RunNumbers(run_id, r[0], r[1], share(r[2], n),
-                      {"device": share(r[3], n), "host": share(r[4], n), "storage": share(r[5], n)})
+                      {"device": share(r[3], n), "host": share(r[4], n), "storage": share(r[5], n)}, r[7])
 
 
 def check_trace_for_advise(run) -> str:
@@ -532,10 +538,8 @@ def advise_run(con_factory, db, run, *, budget: int = 4, jobs: int | None = None
             rid, status = outcomes.get(i, (None, "not_started"))
             candidates.append(Candidate(a, run_numbers(con, rid) if rid and status == "complete" else None, status))
         verified = verified_advice(con, run, proposed)
-    better = [c for c in candidates if c.numbers is not None and c.numbers.ttft_p50_ns is not None
-              and baseline.ttft_p50_ns is not None and c.numbers.ttft_p50_ns < baseline.ttft_p50_ns]
-    best = min(better, key=lambda c: (c.numbers.ttft_p50_ns, c.numbers.ttft_p99_ns or 0)).numbers.run_id \
-        if better else None
+    better = [c for c in candidates if c.numbers is not None and c.numbers.key() < baseline.key()]
+    best = min(better, key=lambda c: c.numbers.key()).numbers.run_id if better else None
     return AdviseResult(baseline, tuple(candidates), best, verified, sweep_id)
 
 

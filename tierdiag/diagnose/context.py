@@ -110,9 +110,9 @@ def request_context(con: duckdb.DuckDBPyConnection, run_id: str, row: dict, run_
     b = con.execute(
         f"""SELECT count(*),
                    coalesce(sum(least(t_end_ns, $e) - greatest(t_start_ns, $s)), 0),
-                   coalesce(sum(compute_ns * (least(t_end_ns, $e) - greatest(t_start_ns, $s))
+                   coalesce(sum(compute_ns::DOUBLE * (least(t_end_ns, $e) - greatest(t_start_ns, $s))
                                 / greatest(t_end_ns - t_start_ns, 1)), 0),
-                   coalesce(sum({rec} * (least(t_end_ns, $e) - greatest(t_start_ns, $s))
+                   coalesce(sum({rec}::DOUBLE * (least(t_end_ns, $e) - greatest(t_start_ns, $s))
                                 / greatest(t_end_ns - t_start_ns, 1)), 0)
             FROM batches WHERE run_id = $r AND t_end_ns > $s AND t_start_ns < $e""",
         {"r": run_id, "s": start, "e": end}).fetchone()
@@ -355,7 +355,7 @@ def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_t
                        coalesce(loadback_exposed_ns, 0) AS x
                 FROM batches WHERE run_id = $r),
             j AS (
-                SELECT (least(b.e, r.ft) - greatest(b.s, r.w0)) / b.d AS f, b.*
+                SELECT (least(b.e, r.ft) - greatest(b.s, r.w0))::DOUBLE / b.d AS f, b.*
                 FROM r JOIN b ON b.e > r.w0 AND b.s < r.ft)
             SELECT sum(f * rc), sum(f * (c - rc)), sum(f * x), sum(f * greatest(d - c - x, 0)) FROM j""",
         {"r": rid}).fetchone()
@@ -469,8 +469,11 @@ def _transfers(con: duckdb.DuckDBPyConnection, rid: str, peak: float | None) -> 
         ttft_total_ns=_i(rq[3]), tiered_ttft_ns=_i(rq[4]))
 
 
-def run_context(con: duckdb.DuckDBPyConnection, run) -> RunContext:
-    """The run-level evidence `summary`'s diagnosis and `explain`'s "why" stand on."""
+def run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: bool = True) -> RunContext:
+    """The run-level evidence `summary`'s diagnosis and `explain`'s "why" stand on.
+
+    `attribution=False` leaves out the run's queue attribution (an interval join over every
+    request and batch): `explain` does not print it, and answers faster without it."""
     from tierdiag.diagnose.causes import excess_sql
     from tierdiag.diagnose.query import link_peak_bytes_per_s
 
@@ -487,7 +490,7 @@ def run_context(con: duckdb.DuckDBPyConnection, run) -> RunContext:
         f"coalesce(sum({rec or '0'}), 0) FROM batches WHERE run_id = ?", [rid]).fetchone()
     busy, compute, recompute = _i(b[0]), _i(b[1]), _i(b[2])
     queue_total = _i(t[4])
-    attribution = _run_attribution(con, rid, rec, queue_total) if rec and busy else None
+    attribution = _run_attribution(con, rid, rec, queue_total) if attribution and rec and busy else None
     kv = run.data_plane.get("kv_bytes_per_token") if isinstance(run.data_plane, dict) else None
     return RunContext(
         run_id=rid, span_ns=span, num_finished=_i(t[0]),

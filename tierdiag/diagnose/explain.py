@@ -816,7 +816,7 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
     ctx = request_context(con, run.run_id, row, bounds[0]) if finished else None
     attribution = queue_attribution(con, run.run_id, row) if finished else None
     if run_ctx is None:
-        run_ctx = run_context(con, run)
+        run_ctx = run_context(con, run, attribution=False)
     steps = (
         _step_host_hit(row, tokens, run),
         _step_prefix(row, tokens),

@@ -415,7 +415,7 @@ def load_slowest_cached(con: duckdb.DuckDBPyConnection, run: RunInfo, *, limit: 
     from tierdiag.diagnose.advice import propose
     from tierdiag.diagnose.context import run_context
 
-    ctx = run_context(con, run) if rows else None  # the run's evidence once, not once per request
+    ctx = run_context(con, run, attribution=False) if rows else None  # the run's evidence once, not once per request
     advice = propose(ctx) if ctx is not None else None
     return [SlowCached(r, explain_request(con, run, r.req_id, run_ctx=ctx, advice=advice)) for r in rows[:limit]]
 

@@ -258,6 +258,7 @@ def render_advise(r, console: Console, *, run_label: str) -> None:
         row("★" if c.numbers is not None and c.numbers.run_id == r.best else "", label, c.numbers)
     if r.candidates:
         console.print(table)
-        console.print(Text("best: " + (r.best or "none beats the baseline's TTFT p50"), style="bold"))
+        console.print(Text("best: " + (r.best or "none beats the baseline's TTFT (p50, then p99, then mean)"),
+                           style="bold"))
     for line in _advice_lines(r.advice):
         console.print(line)
