@@ -312,6 +312,12 @@ class RunDiagnosis:
                 "finding": self.finding, "advice": [a.to_json() for a in self.advice]}
 
 
+_WAIT_WORDS_RUN = {"recompute": "recomputing once-cached tokens", "new_compute": "computing new tokens",
+                   "load_back": "on exposed load-backs", "write_back": "blocked on write-backs",
+                   "storage_wait": "idle while prefetches ran", "decode": "idle while decoding requests held memory",
+                   "idle": "idle (waiting for memory or storage)"}
+
+
 def diagnose_run(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple[Advice, ...]) -> RunDiagnosis:
     """`excess_parts_ns`: cause -> the run total of the excess part it owns (summary's table)."""
     total = sum(excess_parts_ns.values())
@@ -335,10 +341,14 @@ def diagnose_run(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple
         finding += f"; {why}." if why else "."
         return RunDiagnosis("recompute", proximate, finding, advice)
     if proximate == "queueing":
-        finding = (f"Queueing is {fmt_pct(pshare)} of the run's excess TTFT on a prefill GPU {fmt_pct(busy)} busy; "
-                   f"the GPU requests waited for was computing new tokens "
-                   f"({fmt_pct(ctx.attribution_share('new_compute'))} of the wait) and recomputing once-cached ones "
-                   f"for {fmt_pct(rq)}: the queue was not the cache's doing.")
+        finding = f"Queueing is {fmt_pct(pshare)} of the run's excess TTFT on a prefill GPU {fmt_pct(busy)} busy"
+        if ctx.queue_attribution:
+            top = max(ctx.queue_attribution, key=lambda k: ctx.queue_attribution[k])
+            finding += (f"; while requests waited the GPU was mostly {_WAIT_WORDS_RUN[top]} "
+                        f"({fmt_pct(ctx.attribution_share(top))} of the wait), recomputing once-cached tokens for "
+                        f"{fmt_pct(rq)}: the queue was not the cache's doing.")
+        else:
+            finding += " (this store has no per-batch recompute record, so the wait is not split)."
     elif proximate == "recompute":
         finding = (f"Recomputing once-cached tokens is {fmt_pct(pshare)} of the run's excess TTFT"
                    + (f"; {why}." if why else "."))
