@@ -336,8 +336,8 @@ def diagnose_run(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple
                    f"and of the time requests waited, {fmt_pct(rq)} the GPU spent recomputing once-cached tokens "
                    f"({fmt_tokens(lo.recomputed_tokens)} tokens, {fmt_pct(lo.recomputed_share)} of input, "
                    f"{fmt_pct(ctx.recompute_share_of_prefill)} of prefill compute) on a prefill GPU "
-                   f"{fmt_pct(busy)} busy (without that recompute, "
-                   f"{fmt_pct(busy * (1 - (ctx.recompute_share_of_prefill or 0)))})")
+                   f"{fmt_pct(busy)} busy ({fmt_pct(busy * (1 - (ctx.recompute_share_of_prefill or 0)))} busy had "
+                   f"it not recomputed them)")
         finding += f"; {why}." if why else "."
         return RunDiagnosis("recompute", proximate, finding, advice)
     if proximate == "queueing":

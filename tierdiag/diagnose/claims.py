@@ -129,8 +129,9 @@ def queue_claim(row: dict, qa: QueueAttribution | None, ctx: RequestContext | No
     if queue_is_the_caches_doing(qa, ctx):
         rshare = qa.share_of("recompute") or 0
         text += (f" The queue was the cache's doing: prefixes the cache had held and lost took {fmt_pct(rshare)} of "
-                 f"the GPU time it waited behind, on a GPU {fmt_pct(ctx.prefill_busy_share)} busy (without that "
-                 f"recompute, {fmt_pct(ctx.prefill_busy_share * (1 - (ctx.recompute_share_of_prefill or 0)))})")
+                 f"the GPU time it waited behind, on a GPU {fmt_pct(ctx.prefill_busy_share)} busy "
+                 f"({fmt_pct(ctx.prefill_busy_share * (1 - (ctx.recompute_share_of_prefill or 0)))} busy had it not "
+                 f"recomputed them)")
         text += f"; {run_why}." if run_why else "."
     elif qa.gpu_work_ns():
         top = max(("recompute", "new_compute", "load_back", "write_back"), key=lambda k: qa.parts_ns[k])
