@@ -39,6 +39,8 @@ STORAGE_WHY = {
     "prefetch_incomplete": "its prefetch had not completed when the request was scheduled",
     "below_threshold": "the match was shorter than the prefetch threshold",
     "host_full": "host memory had no room to prefetch it into",
+    "rate_limited": "prefetches in flight already held the host room allowed for them",
+    "not_backed_up": "the last device node on its path had no host copy, so no prefetch started",
 }
 
 
