@@ -95,6 +95,50 @@ def cache_context(tokens, *, short: bool = False) -> str:
     return text
 
 
+# --------------------------------------------------------------------------- the primary cause
+
+
+def none_claim(tolerance_pct: int) -> Claim:
+    return Claim("none", f"That is within {tolerance_pct} % of the ideal, so it was not slow for any reason "
+                         f"worth naming.")
+
+
+def load_back_claim(row: dict, loaded: int, reused: int, lb_bytes: int, lb_ns: int,
+                    achieved_bytes_per_s: float | None) -> Claim:
+    exposed, ttft = _int(row, "loadback_exposed_ns"), _int(row, "ttft_ns")
+    return Claim("load_back", (
+        f"{fmt_tokens(loaded)} of its {fmt_tokens(reused)} reused tokens were not on the device and had to be "
+        f"loaded back ({fmt_bytes(lb_bytes)} in {fmt_ms(lb_ns)}"
+        + (f" at {fmt_bandwidth(achieved_bytes_per_s)}" if achieved_bytes_per_s else "")
+        + f"); {fmt_ms(exposed)} of that ({_pct_of(exposed, ttft)} of TTFT) was not hidden behind compute."))
+
+
+def storage_fetch_claim(row: dict, storage_bytes: int) -> Claim:
+    wait, ttft = _int(row, "storage_wait_ns"), _int(row, "ttft_ns")
+    used, matched = _int(row, "storage_hit_tokens"), _int(row, "storage_match_tokens")
+    text = (f"It was held back {fmt_ms(wait)} ({_pct_of(wait, ttft)} of TTFT) while {fmt_tokens(matched)} tokens of "
+            f"its prefix, on neither device nor host, were fetched from storage ({fmt_bytes(storage_bytes)})")
+    if used != matched:
+        text += f"; {fmt_tokens(used)} of them were used"
+    return Claim("storage_fetch", text + ".")
+
+
+def compute_claim(row: dict, new_tokens: int, beyond_ideal_ns: int) -> Claim:
+    chunks = _int(row, "num_chunks") or 1
+    return Claim("compute", (
+        f"Its own compute of {fmt_tokens(new_tokens)} new tokens took {fmt_ms(_int(row, 'compute_ns'))}, "
+        f"{fmt_ms(beyond_ideal_ns)} more than its ideal ({chunks} prefill chunk{'s' if chunks > 1 else ''})."))
+
+
+def evicted_by_claim(evicted_by: tuple[str, ...], tiers: set[str], thrashing: bool) -> Claim:
+    where = ("pushed off the device" if tiers == {"device"} else
+             "deleted from host" if "device" not in tiers else "pushed off the device and out of host")
+    return Claim("evicted_by", (
+        f"The prefix was {where} by request{'s' if len(evicted_by) > 1 else ''} "
+        f"{', '.join(evicted_by[:5])}{' and others' if len(evicted_by) > 5 else ''}"
+        + (" while the device pool was thrashing." if thrashing else ".")))
+
+
 # --------------------------------------------------------------------------- queue
 
 

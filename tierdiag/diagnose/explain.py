@@ -703,43 +703,22 @@ def _claims(v: VerdictInputs) -> tuple[C.Claim, ...]:
     ttft = parts.ttft_ns
     out: list[C.Claim] = []
 
-    def pct(ns: int) -> str:
-        return fmt_pct(share(ns, ttft))
-
-    if cause == "none":
-        text = f"That is within {NONE_TOLERANCE_PCT} % of the ideal, so it was not slow for any reason worth naming."
-        out.append(C.Claim("none", text))
-    elif cause == "load_back":
-        out.append(C.Claim("load_back", (
-            f"{fmt_tokens(lb.loaded_tokens)} of its {fmt_tokens(tokens.reused_tokens)} reused tokens were not on the "
-            f"device and had to be loaded back ({fmt_bytes(lb.loadback_bytes)} in {fmt_ms(lb.loadback_ns)}"
-            + (f" at {fmt_bandwidth(lb.achieved_bytes_per_s)}" if lb.achieved_bytes_per_s else "")
-            + f"); {fmt_ms(parts.loadback_exposed_ns)} of that ({pct(parts.loadback_exposed_ns)} of TTFT) was not "
-              f"hidden behind compute.")))
-    elif cause == "storage_fetch":
-        out.append(C.Claim("storage_fetch", (
-            f"It was held back {fmt_ms(parts.storage_wait_ns)} ({pct(parts.storage_wait_ns)} of TTFT) while "
-            f"{fmt_tokens(_int(row, 'storage_match_tokens'))} tokens of its prefix were fetched from storage "
-            f"({fmt_bytes(lb.storage_bytes)}); they were on neither device nor host.")))
-    elif cause == "compute":
-        extra = parts.excess_parts_ns()["compute"]
-        out.append(C.Claim("compute", (
-            f"Its own compute of {fmt_tokens(tokens.new_tokens)} new tokens took {fmt_ms(parts.compute_ns)}, "
-            f"{fmt_ms(extra)} more than its ideal ({_int(row, 'num_chunks') or 1} prefill "
-            f"chunk{'s' if (_int(row, 'num_chunks') or 1) > 1 else ''}).")))
+    cause_claim = {
+        "none": lambda: C.none_claim(NONE_TOLERANCE_PCT),
+        "load_back": lambda: C.load_back_claim(row, lb.loaded_tokens, tokens.reused_tokens, lb.loadback_bytes,
+                                               lb.loadback_ns, lb.achieved_bytes_per_s),
+        "storage_fetch": lambda: C.storage_fetch_claim(row, lb.storage_bytes),
+        "compute": lambda: C.compute_claim(row, tokens.new_tokens, parts.excess_parts_ns()["compute"]),
+    }.get(cause)
+    if cause_claim is not None:
+        out.append(cause_claim())
     # Its wait, when it is the cause or a sizeable part of TTFT.
     if parts.queue_ns and (cause == "queueing" or share(parts.queue_ns, ttft) >= 0.2):
         out.append(C.queue_claim(row, v.attribution, v.context, C.loss_why(v.run)))
     if tokens.recomputed_tokens:
         out.append(C.recompute_claim(row, v.threshold, evs.host_deleted_tokens, v.storage_tier))
     if evs.evicted_by and (tokens.recomputed_tokens or tokens.host_tokens or tokens.storage_tokens):
-        tiers = {e.tier for e in evs.events}
-        where = ("pushed off the device" if tiers == {"device"} else
-                 "deleted from host" if "device" not in tiers else "pushed off the device and out of host")
-        out.append(C.Claim("evicted_by", (
-            f"The prefix was {where} by request{'s' if len(evs.evicted_by) > 1 else ''} "
-            f"{', '.join(evs.evicted_by[:5])}{' and others' if len(evs.evicted_by) > 5 else ''}"
-            + (" while the device pool was thrashing." if evs.thrashing else "."))))
+        out.append(C.evicted_by_claim(evs.evicted_by, {e.tier for e in evs.events}, evs.thrashing))
     for claim in (C.counterfactual_claim(row), C.break_even_claim(row, lb.link_peak_share, lb.achieved_bytes_per_s)):
         if claim is not None:
             out.append(claim)
