@@ -239,8 +239,10 @@ def render_summary(s: RunSummary, console: Console) -> None:
 def render_advise(r, console: Console, *, run_label: str) -> None:
     """`advise`: the baseline, each replayed change, the best marked; then what was not replayed."""
     table = Table(title=f"advice verified by replay · {run_label}", title_justify="left")
-    for col in ("", "change", "TTFT p50", "TTFT p99", "recompute", "device/host/storage reuse", "run"):
-        table.add_column(col, justify="left" if col in ("", "change", "run") else "right")
+    for col in ("", "change", "TTFT p50", "TTFT p99", "recompute", "reuse dev/host/sto", "run"):
+        # Changes and run ids wrap rather than lose their ends to an ellipsis.
+        table.add_column(col, justify="left" if col in ("", "change", "run") else "right",
+                         overflow="fold" if col in ("change", "run") else "ellipsis")
 
     def row(mark: str, label: str, n) -> None:
         if n is None:
