@@ -56,7 +56,13 @@ def test_json_has_the_design_shape(explain):
     assert set(j["tokens"]) >= {"input", "device", "host", "storage", "computed"}
     assert [s["step"] for s in j["steps"]] == [1, 2, 3, 4]
     assert all(set(s) == {"step", "name", "finding", "evidence"} for s in j["steps"])
-    assert set(j["counterfactual"]) == {"ttft_if_device_resident_ms", "recompute_instead_ms"}
+    assert set(j["counterfactual"]) == {"ttft_if_device_resident_ms", "recompute_instead_ms",
+                                        "ttft_if_never_evicted_ms"}
+    # DESIGN §5: context, queue attribution (null without batch rows) and advice.
+    assert set(j["context"]) >= {"queue_depth_at_arrival", "prefill_busy_share", "recompute_share_of_prefill",
+                                 "window_ms"}
+    assert "queue_attribution_ms" in j and isinstance(j["advice"], list) and j["advice"]
+    assert all(set(a) >= {"option", "value", "reason", "verified"} for a in j["advice"])
     assert j["ttft_ms"] == pytest.approx(8.06)
     assert j["counterfactual"]["ttft_if_device_resident_ms"] == pytest.approx(0.06)
     assert j["evicted_by"] == ["f1", "f2"]

@@ -22,7 +22,7 @@ from tierdiag.errors import ConfigError, ExitCode, OutputError, RunInterrupted, 
 
 # The order of `tierdiag --help`: record, then read. Each module imports only what its
 # command needs at call time (torch only inside replay/calibrate), so read-only commands start fast.
-COMMANDS = ("replay", "sweep", "runs", "summary", "slow", "explain", "compare", "report", "export", "synth", "calibrate", "doctor")
+COMMANDS = ("replay", "sweep", "runs", "summary", "slow", "explain", "advise", "compare", "report", "export", "synth", "calibrate", "doctor")
 
 _INT64_MAX = 2**63 - 1
 _app = []

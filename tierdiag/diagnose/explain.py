@@ -20,7 +20,16 @@ from dataclasses import dataclass
 
 import duckdb
 
+from tierdiag.diagnose import claims as C
 from tierdiag.diagnose.causes import NONE_TOLERANCE_PCT, TtftParts
+from tierdiag.diagnose.context import (
+    QueueAttribution,
+    RequestContext,
+    RunContext,
+    queue_attribution,
+    request_context,
+    run_context,
+)
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one, link_peak_bytes_per_s
 from tierdiag.diagnose.units import (
     NS_PER_S,
@@ -247,9 +256,15 @@ class Explanation:
     ttft_if_device_resident_ns: int | None
     recompute_instead_ns: int | None
     evicted_by: tuple[str, ...]
+    ttft_if_never_evicted_ns: int | None = None
+    context: RequestContext | None = None
+    queue_attribution: QueueAttribution | None = None
+    advice: tuple = ()  # advice.Advice items (the run's, verified for this request when measured)
+    claims: tuple[C.Claim, ...] = ()  # the verdict's sentences after its first, in order
 
     def to_json(self) -> dict:
-        """DESIGN.md §3 `explain --json`, extended (run_name, status, verdict, decomposition...)."""
+        """DESIGN.md §3 `explain --json`, extended (run_name, status, verdict, decomposition...) and
+        §5 (context, queue_attribution_ms, advice)."""
         return {
             "run_id": self.run_id,
             "req_id": self.req_id,
@@ -261,6 +276,7 @@ class Explanation:
             "counterfactual": {
                 "ttft_if_device_resident_ms": ns_to_ms(self.ttft_if_device_resident_ns),
                 "recompute_instead_ms": ns_to_ms(self.recompute_instead_ns),
+                "ttft_if_never_evicted_ms": ns_to_ms(self.ttft_if_never_evicted_ns),
             },
             "evicted_by": list(self.evicted_by),
             "run_name": self.run_name,
@@ -271,6 +287,10 @@ class Explanation:
             "headline": self.headline,
             "verdict": self.verdict,
             "decomposition": self.decomposition.to_json() if self.decomposition else None,
+            "context": self.context.to_json() if self.context else None,
+            "queue_attribution_ms": self.queue_attribution.to_json() if self.queue_attribution else None,
+            "advice": [a.to_json() for a in self.advice],
+            "claims": [c.to_json() for c in self.claims],
         }
 
 
@@ -282,7 +302,7 @@ def _int(row: dict, key: str) -> int:
 
 
 def _plural(count: int, word: str) -> str:
-    return f"{count:,} {word}{'' if count == 1 else 's'}"
+    return f"{count:,} {word}{'' if count == 1 else ('es' if word.endswith(('s', 'ch')) else 's')}"
 
 
 def _finished(row: dict) -> bool:
@@ -383,9 +403,10 @@ def _step_host_hit(row: dict, tokens: TokenSplit, run: RunInfo) -> Step:
     skipped = _skip_sentence(ev)
     if skipped:
         finding += " " + skipped
-    if t.recomputed_tokens and not ev.loadback_skipped_reason:
-        finding += (f" {fmt_tokens(t.recomputed_tokens)} of the computed tokens had been cached before "
-                    f"and were evicted from every tier, so they were recomputed.")
+    if t.recomputed_tokens:
+        why = C.recompute_reasons(row, ev.load_back_threshold_tokens, 0, bool(run.config.get("storage_tokens")))
+        finding += (f" {fmt_tokens(t.recomputed_tokens)} of the computed tokens had been cached before and were "
+                    f"recomputed: {'; '.join(why)}.")
     return Step(1, "host_hit_length", finding, ev)
 
 
@@ -657,95 +678,112 @@ _CAUSE_PART = {"queueing": "queue_ns", "load_back": "loadback_exposed_ns", "stor
                "recompute": "recompute_ns", "compute": "compute_ns"}
 
 
-def _cache_context(cls: str | None, tokens: TokenSplit) -> str:
-    if cls == "device_hit":
-        return "the cache was a full device hit"
-    if cls == "tiered_hit":
-        return (f"the cache was a tiered hit ({fmt_tokens(tokens.host_tokens + tokens.storage_tokens)} of "
-                f"{fmt_tokens(tokens.reused_tokens)} reused tokens off device)")
+@dataclass(frozen=True)
+class VerdictInputs:
+    """What the verdict's claims are built from: the row and the typed evidence around it."""
+
+    row: dict
+    tokens: TokenSplit
+    parts: TtftParts | None
+    cause: str | None
+    steps: tuple[Step, ...]
+    context: RequestContext | None
+    attribution: QueueAttribution | None
+    run: RunContext | None
+    threshold: int | None
+    storage_tier: bool
+
+
+def _claims(v: VerdictInputs) -> tuple[C.Claim, ...]:
+    """The verdict after its first sentence: the primary cause's claim, then the claims every
+    request with such numbers gets (its wait, its recompute, evictors, counterfactuals, break-even)."""
+    row, tokens, parts, cause = v.row, v.tokens, v.parts, v.cause
+    lb: LoadBackEvidence = v.steps[2].evidence  # type: ignore[assignment]
+    evs: EvictionEvidence = v.steps[3].evidence  # type: ignore[assignment]
+    ttft = parts.ttft_ns
+    out: list[C.Claim] = []
+
+    cause_claim = {
+        "none": lambda: C.none_claim(NONE_TOLERANCE_PCT),
+        "load_back": lambda: C.load_back_claim(row, lb.loaded_tokens, tokens.reused_tokens, lb.loadback_bytes,
+                                               lb.loadback_ns, lb.achieved_bytes_per_s),
+        "storage_fetch": lambda: C.storage_fetch_claim(row, lb.storage_bytes),
+        "compute": lambda: C.compute_claim(row, tokens.new_tokens, parts.excess_parts_ns()["compute"]),
+    }.get(cause)
+    if cause_claim is not None:
+        out.append(cause_claim())
+    # Its wait, when it is the cause or a sizeable part of TTFT.
+    if parts.queue_ns and (cause == "queueing" or share(parts.queue_ns, ttft) >= 0.2):
+        out.append(C.queue_claim(row, v.attribution, v.context, C.loss_why(v.run)))
     if tokens.recomputed_tokens:
-        return f"the cache missed ({fmt_tokens(tokens.recomputed_tokens)} once-cached tokens recomputed)"
-    return "the cache had nothing to offer (all tokens new)"
+        out.append(C.recompute_claim(row, v.threshold, evs.host_deleted_tokens, v.storage_tier))
+    if evs.evicted_by and (tokens.recomputed_tokens or tokens.host_tokens or tokens.storage_tokens):
+        out.append(C.evicted_by_claim(evs.evicted_by, {e.tier for e in evs.events}, evs.thrashing))
+    for claim in (C.counterfactual_claim(row), C.break_even_claim(row, lb.link_peak_share, lb.achieved_bytes_per_s)):
+        if claim is not None:
+            out.append(claim)
+    return tuple(out)
 
 
-def _verdict(row: dict, tokens: TokenSplit, parts: TtftParts | None, cause: str | None,
-             steps: tuple[Step, ...]) -> tuple[str, str]:
+def _verdict(v: VerdictInputs) -> tuple[str, str, tuple[C.Claim, ...]]:
+    row, tokens, parts, cause = v.row, v.tokens, v.parts, v.cause
     req = row["req_id"]
     if parts is None or cause is None:
         reason = row.get("reject_reason") or "no reason recorded"
         return (f"rejected: {reason}",
                 f"Request {req} was rejected ({reason}) and never produced a first token; there is no "
-                f"TTFT to explain.")
+                f"TTFT to explain.", ())
     cls = row.get("hit_class")
     ttft, ideal, excess = parts.ttft_ns, parts.ideal_ttft_ns, parts.excess_ns
-    lb: LoadBackEvidence = steps[2].evidence  # type: ignore[assignment]
-    evs: EvictionEvidence = steps[3].evidence  # type: ignore[assignment]
-    context = _cache_context(cls, tokens)
+    short = C.cache_context(tokens, short=True)
     base = (f"Request {req} ({cls}) took {fmt_ms(ttft)} to its first token against an ideal of "
-            f"{fmt_ms(ideal)} (excess {fmt_ms(excess)}).")
-    if cause == "none":
-        headline = f"none: TTFT within {NONE_TOLERANCE_PCT} % of its ideal; {context}"
-        body = (f"{base} That is within {NONE_TOLERANCE_PCT} % of the ideal, so it was not slow for any "
-                f"reason worth naming; ")
-        if tokens.reused_tokens:
-            body += f"{fmt_tokens(tokens.reused_tokens)} tokens were reused and {fmt_tokens(tokens.computed_tokens)} computed."
-        else:
-            body += (f"its {fmt_tokens(tokens.computed_tokens)} tokens were all computed, and computing new "
-                     f"tokens is its ideal.")
-        return headline, body
-    part_ns = getattr(parts, _CAUSE_PART[cause])
-    if cause == "compute":
-        part_ns = parts.excess_parts_ns()["compute"]
+            f"{fmt_ms(ideal)} (excess {fmt_ms(excess)}); {C.cache_context(tokens)}.")
+    part_ns = parts.excess_parts_ns()["compute"] if cause == "compute" else (
+        getattr(parts, _CAUSE_PART[cause]) if cause != "none" else 0)
     pct = fmt_pct(share(part_ns, ttft))
-    if cause == "queueing":
-        headline = f"queueing: {pct} of TTFT; {context}"
-        body = (f"{base} {fmt_ms(parts.queue_ns)} of it ({pct}) was spent waiting in the queue or "
-                f"sharing a batch with other requests' work: the slowness was not the cache's doing; "
-                f"{context}.")
+    lb: LoadBackEvidence = v.steps[2].evidence  # type: ignore[assignment]
+    if cause == "none":
+        headline = f"none: TTFT within {NONE_TOLERANCE_PCT} % of its ideal; {short}"
+    elif cause == "queueing":
+        doing = C.queue_is_the_caches_doing(v.attribution, v.context)
+        headline = (f"queueing: {pct} of TTFT; " +
+                    ("the queue was the cache's doing (recompute of lost prefixes ahead of it)" if doing else short))
     elif cause == "load_back":
-        headline = (f"load_back: {pct} of TTFT was exposed load-back of "
-                    f"{fmt_tokens(lb.loaded_tokens)} tokens")
-        body = (f"{base} Its prefix was a hit, but {fmt_tokens(lb.loaded_tokens)} of the "
-                f"{fmt_tokens(tokens.reused_tokens)} reused tokens were not on the device and had to be "
-                f"loaded back ({fmt_bytes(lb.loadback_bytes)} in {fmt_ms(lb.loadback_ns)}"
-                + (f" at {fmt_bandwidth(lb.achieved_bytes_per_s)}" if lb.achieved_bytes_per_s else "")
-                + f"); {fmt_ms(parts.loadback_exposed_ns)} of that ({pct} of TTFT) was not hidden "
-                f"behind compute.")
+        headline = f"load_back: {pct} of TTFT was exposed load-back of {fmt_tokens(lb.loaded_tokens)} tokens"
     elif cause == "storage_fetch":
-        headline = (f"storage_fetch: {pct} of TTFT waiting for {fmt_tokens(tokens.storage_tokens or _int(row, 'storage_match_tokens'))} "
+        headline = (f"storage_fetch: {pct} of TTFT waiting for {fmt_tokens(_int(row, 'storage_match_tokens'))} "
                     f"tokens from storage")
-        body = (f"{base} It was held back {fmt_ms(parts.storage_wait_ns)} ({pct} of TTFT) while its prefix "
-                f"was fetched from storage ({fmt_bytes(lb.storage_bytes)}), because it had fallen out of "
-                f"both device and host.")
     elif cause == "recompute":
-        why = (f"its host part was skipped ({row['loadback_skipped_reason']})"
-               if row.get("loadback_skipped_reason") else "they had been evicted from every tier")
         headline = f"recompute: {pct} of TTFT recomputing {fmt_tokens(tokens.recomputed_tokens)} once-cached tokens"
-        body = (f"{base} {fmt_tokens(tokens.recomputed_tokens)} tokens that had been cached before were "
-                f"computed again because {why}; that took {fmt_ms(parts.recompute_ns)} ({pct} of TTFT).")
-    else:  # compute
-        headline = f"compute: {pct} of TTFT was new-token compute beyond its ideal; {context}"
-        body = (f"{base} Its own compute of {fmt_tokens(tokens.new_tokens)} new tokens took "
-                f"{fmt_ms(parts.compute_ns)}, {fmt_ms(part_ns)} more than its ideal (e.g. split into "
-                f"{_int(row, 'num_chunks') or 1} chunks); {context}.")
-    if evs.evicted_by and cause in ("load_back", "storage_fetch", "recompute"):
-        tiers = {e.tier for e in evs.events}
-        where = ("pushed off the device" if tiers == {"device"} else
-                 "deleted from host" if "device" not in tiers else "pushed off the device and out of host")
-        body += (f" The prefix was {where} by request{'s' if len(evs.evicted_by) > 1 else ''} "
-                 f"{', '.join(evs.evicted_by[:5])}{' and others' if len(evs.evicted_by) > 5 else ''}"
-                 + (" while the device pool was thrashing." if evs.thrashing else "."))
-    if cause in ("load_back", "storage_fetch") and lb.ttft_if_device_resident_ns is not None:
-        body += (f" Device-resident, it would have taken {fmt_ms(lb.ttft_if_device_resident_ns)}; "
-                 f"recomputing the prefix instead, {fmt_ms(lb.recompute_instead_ns)}.")
-    return headline, body
+    else:
+        headline = f"compute: {pct} of TTFT was new-token compute beyond its ideal; {short}"
+    claims = _claims(v)
+    return headline, " ".join([base] + [c.text for c in claims]), claims
+
+
+def _context_sentence(ctx: RequestContext | None) -> str:
+    if ctx is None:
+        return ""
+    return (f" Prefill GPU from {C.CONTEXT_LOOKBACK_NS // NS_PER_S} s before its arrival to its first token: "
+            f"{fmt_pct(ctx.prefill_busy_share)} busy over {_plural(ctx.num_batches, 'batch')}, "
+            f"{fmt_pct(ctx.recompute_share_of_prefill)} of its compute recomputing once-cached tokens; "
+            f"{fmt_tokens(ctx.queue_depth_at_arrival)} requests queued ahead of it at arrival.")
 
 
 # --------------------------------------------------------------------------- entry point
 
 
-def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str) -> Explanation:
-    """Walk the troubleshooting order for `req_id` in `run`; NotFoundError if it is not there."""
+def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *,
+                    run_ctx: RunContext | None = None, advice: tuple | None = None) -> Explanation:
+    """Walk the troubleshooting order for `req_id` in `run`; NotFoundError if it is not there.
+
+    `run_ctx` / `advice`: the run's context and advice when the caller already has them (the
+    report explains several requests of one run); computed here otherwise.
+    """
+    from dataclasses import replace
+
+    from tierdiag.diagnose.advice import propose, verified_advice
+
     req_id = str(req_id)
     row = _request_row(con, run, req_id)
     tokens = TokenSplit(
@@ -753,16 +791,29 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str) -
         host_tokens=_int(row, "host_hit_tokens"), storage_tokens=_int(row, "storage_hit_tokens"),
         computed_tokens=_int(row, "computed_tokens"), recomputed_tokens=_int(row, "recomputed_tokens"))
     bounds = _run_bounds_ns(con, run.run_id)
+    finished = _finished(row)
+    ctx = request_context(con, run.run_id, row, bounds[0]) if finished else None
+    attribution = queue_attribution(con, run.run_id, row) if finished else None
+    if run_ctx is None:
+        run_ctx = run_context(con, run, attribution=False)
     steps = (
         _step_host_hit(row, tokens, run),
         _step_prefix(row, tokens),
         _step_load_back(con, run, row, tokens, bounds),
         _step_eviction(con, run, row, tokens, bounds),
     )
-    finished = _finished(row)
+    # Context in step 3 (the load-back rate around it) and the run's "why" in step 4.
+    steps = (steps[0], steps[1], replace(steps[2], finding=steps[2].finding + _context_sentence(ctx)),
+             steps[3])
+    why = C.loss_why(run_ctx) if tokens.recomputed_tokens or tokens.host_tokens or tokens.storage_tokens else None
+    if why:
+        steps = steps[:3] + (replace(steps[3], finding=f"{steps[3].finding} Run-wide: {why}."),)
     parts = TtftParts.from_row(row) if finished else None
     cause = parts.primary_cause() if parts is not None else None
-    headline, verdict = _verdict(row, tokens, parts, cause, steps)
+    headline, verdict, claims = _verdict(VerdictInputs(
+        row=row, tokens=tokens, parts=parts, cause=cause, steps=steps, context=ctx, attribution=attribution,
+        run=run_ctx, threshold=run.config.get("load_back_threshold"),
+        storage_tier=bool(run.config.get("storage_tokens"))))
     decomposition = None
     if parts is not None:
         decomposition = Decomposition(
@@ -770,6 +821,9 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str) -
             queue_ns=parts.queue_ns, storage_wait_ns=parts.storage_wait_ns,
             loadback_exposed_ns=parts.loadback_exposed_ns, recompute_ns=parts.recompute_ns,
             compute_ns=parts.compute_ns)
+    if advice is None:
+        advice = propose(run_ctx)
+    advice = verified_advice(con, run, advice, req_id)
     evicted_by: tuple[str, ...] = steps[3].evidence.evicted_by  # type: ignore[union-attr]
     return Explanation(
         run_id=run.run_id, run_name=run.name, req_id=req_id,
@@ -778,4 +832,6 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str) -
         tokens=tokens, steps=steps, primary_cause=cause, headline=headline, verdict=verdict,
         decomposition=decomposition, ttft_if_device_resident_ns=row.get("ttft_if_device_resident_ns"),
         recompute_instead_ns=row.get("recompute_instead_ns"), evicted_by=evicted_by,
+        ttft_if_never_evicted_ns=C.never_evicted_ns(row) if finished else None,
+        context=ctx, queue_attribution=attribution, advice=tuple(advice), claims=claims,
     )

@@ -148,9 +148,12 @@ class RunSummary:
     time_by_cause: tuple[CauseShare, ...]
     ttft_total_ns: int
     excess_total_ns: int
+    diagnosis: object = None  # advice.RunDiagnosis: the run's root cause and what to change
 
     def to_json(self) -> dict:
-        return dataclass_json(self)
+        d = dataclass_json(self)
+        d["diagnosis"] = self.diagnosis.to_json() if self.diagnosis is not None else None
+        return d
 
 
 def _i(v) -> int:
@@ -292,6 +295,7 @@ def run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo) -> RunSummary:
             excess_share=share(excess_part, excess_total) if excess_total > 0 else None))
 
     hit_requests = _i(t.get("hit_requests"))
+    diagnosis = _diagnosis(con, run, time_by_cause)
     return RunSummary(
         run_id=rid, run_name=run.name, status=run.status, trace_path=run.trace_path,
         model=run.config.get("model"), gpu=run.config.get("gpu"), num_requests=_i(t.get("n")),
@@ -303,5 +307,14 @@ def run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo) -> RunSummary:
         median_reused_tokens_per_hit=t.get("median_hit"), classes=_classes(con, rid), load_back=load_back,
         skipped=skipped, evictions=evictions, most_evicted_from=top_by("owner_req_id"),
         top_evictors=top_by("cause_req_id"), time_by_cause=tuple(time_by_cause),
-        ttft_total_ns=ttft_total, excess_total_ns=excess_total,
+        ttft_total_ns=ttft_total, excess_total_ns=excess_total, diagnosis=diagnosis,
     )
+
+
+def _diagnosis(con: duckdb.DuckDBPyConnection, run: RunInfo, time_by_cause: list[CauseShare]):
+    from tierdiag.diagnose.advice import diagnose_run, run_advice
+    from tierdiag.diagnose.context import run_context
+
+    ctx = run_context(con, run)
+    parts = {c.cause: c.excess_part_ns or 0 for c in time_by_cause if c.cause != "none"}
+    return diagnose_run(ctx, parts, run_advice(con, run, ctx))

@@ -541,6 +541,7 @@ class Scheduler:
         total_flops = sum(flops) or 1.0
         total_lb = sum(p for _, _, _, p in items) or 1
         decoding = self.running_context_tokens
+        batch_recompute_ns = 0.0  # of compute_ns: recomputing once-cached tokens (queue attribution)
         self.stats.batches += 1
         self.stats.busy_ns += duration
         for (req, take, lb_ns, lb_pages), f in zip(items, flops):
@@ -548,6 +549,7 @@ class Scheduler:
             extend = max(req.extend_total, 1)
             recomputed_tokens = min(req.recomputed_pages * ps, req.extend_total)
             req.recompute_ns += share * recomputed_tokens / extend
+            batch_recompute_ns += share * recomputed_tokens / extend
             req.compute_ns += share * (1 - recomputed_tokens / extend)
             if lb_pages:
                 req.lb_exposed += exposed * lb_pages / total_lb
@@ -567,7 +569,8 @@ class Scheduler:
                 self.probe.emit(ev.PrefillDone(end, req.req_id, bid, req.num_chunks, take))
         if self.probe is not None:
             self.probe.emit(ev.BatchScheduled(bid, now, end, len(items), sum(t for _, t, _, _ in items),
-                                              lb_bytes_total, compute_ns, exposed, decoding))
+                                              lb_bytes_total, compute_ns, exposed, decoding,
+                                              int(batch_recompute_ns)))
         return end
 
     def _write_chunk(self, req: Req, take: int) -> None:

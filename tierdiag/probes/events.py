@@ -87,6 +87,7 @@ class BatchScheduled(NamedTuple):
     compute_ns: int
     loadback_exposed_ns: int
     num_decoding: int
+    recompute_ns: int  # of compute_ns, spent recomputing once-cached tokens
 
 
 class PrefillDone(NamedTuple):

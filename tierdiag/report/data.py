@@ -414,7 +414,12 @@ def load_slowest_cached(con: duckdb.DuckDBPyConnection, run: RunInfo, *, limit: 
     """
     rows = [r for cls in ("device_hit", "tiered_hit") for r in slow_requests(con, run, top=limit, hit_class=cls)]
     rows.sort(key=lambda r: (-r.excess_ns, r.seq if r.seq is not None else -1, r.req_id))
-    return [SlowCached(r, explain_request(con, run, r.req_id)) for r in rows[:limit]]
+    from tierdiag.diagnose.advice import propose
+    from tierdiag.diagnose.context import run_context
+
+    ctx = run_context(con, run, attribution=False) if rows else None  # the run's evidence once, not once per request
+    advice = propose(ctx) if ctx is not None else None
+    return [SlowCached(r, explain_request(con, run, r.req_id, run_ctx=ctx, advice=advice)) for r in rows[:limit]]
 
 
 @dataclass(frozen=True)
@@ -426,10 +431,18 @@ class ReportData:
     transfers: Transfers
     decomposition: Decomposition
     slowest: tuple[SlowCached, ...]
+    diagnosis: Any = None  # advice.RunDiagnosis: the run's root cause and advice (summary's)
 
 
 def load_report_data(con: duckdb.DuckDBPyConnection, run: RunInfo, *, slowest: int = 20) -> ReportData:
     return ReportData(run=run, headline=load_headline(con, run), timeline=load_timeline(con, run),
                       points=load_points(con, run), transfers=load_transfers(con, run),
                       decomposition=load_decomposition(con, run),
-                      slowest=tuple(load_slowest_cached(con, run, limit=slowest)))
+                      slowest=tuple(load_slowest_cached(con, run, limit=slowest)),
+                      diagnosis=_load_diagnosis(con, run))
+
+
+def _load_diagnosis(con: duckdb.DuckDBPyConnection, run: RunInfo):
+    from tierdiag.diagnose.summary import run_summary
+
+    return run_summary(con, run).diagnosis

@@ -190,6 +190,9 @@ _SECTIONS = (
     ("headline", "Headline",
      "the token-weighted tier split says how much of the input the cache served and from where; "
      "TTFT percentiles are per class, so a slow tier shows up as a class."),
+    ("diagnosis", "Diagnosis and advice",
+     "the run's root cause with its numbers, then what to change (replay options, as --config TOML keys), "
+     "each with its evidence and cost; `tierdiag advise` replays each change and fills in the measured TTFT."),
     ("time", "Over virtual time",
      "read top to bottom at the same moment: device pressure causes evictions, evicted prefixes come "
      "back as load-backs and use the link."),
@@ -337,6 +340,16 @@ def _slow_table(data: ReportData) -> str:
     return f'<div class="card" style="overflow-x:auto"><table><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table></div>'
 
 
+def _diagnosis_card(data: ReportData) -> str:
+    dx = data.diagnosis
+    if dx is None:
+        return '<div class="card"><div class="empty">no diagnosis for this run</div></div>'
+    items = "".join(f"<li>{'<b>' + _e(', '.join(f'{k} = {v}' for k, v in a.changes.items())) + '</b>: ' if a.option else ''}"
+                    f"{_e(a.line() if a.option is None else a.line().split(': ', 1)[1])}</li>" for a in dx.advice)
+    return (f'<div class="card"><p><span class="cause {_e(dx.dominant_cause or "-")}">{_e(dx.dominant_cause or "-")}</span> '
+            f"{_e(dx.finding)}</p><ul>{items}</ul></div>")
+
+
 def render_html(data: ReportData, figures: list[FigureSpec], *, plotly_js: str) -> str:
     run = data.run
     scripts: list[str] = []
@@ -369,6 +382,8 @@ def render_html(data: ReportData, figures: list[FigureSpec], *, plotly_js: str) 
             parts.append(_run_details(run))
         if key == "slowest":
             parts.append(_slow_table(data))
+        if key == "diagnosis":
+            parts.append(_diagnosis_card(data))
         parts.append("</section>")
         body.append("".join(parts))
 

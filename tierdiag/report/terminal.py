@@ -110,15 +110,24 @@ def render_explanation(expl: Explanation, console: Console) -> None:
         table.add_row("ideal", fmt_ms(d.ideal_ttft_ns), "")
         table.add_row("excess", fmt_ms(d.excess_ns), "")
         cf = data["counterfactual"]
-        table.add_row("if device-resident", fmt_value("x_ms", cf["ttft_if_device_resident_ms"]), "")
-        table.add_row("if recomputed", fmt_value("x_ms", cf["recompute_instead_ms"]), "")
+        lost = expl.tokens.host_tokens + expl.tokens.storage_tokens + expl.tokens.recomputed_tokens
+        loaded = expl.tokens.host_tokens + expl.tokens.storage_tokens
+        # A counterfactual that equals the actual TTFT by construction is not shown as one.
+        table.add_row("if never evicted", fmt_value("x_ms", cf["ttft_if_never_evicted_ms"]) if lost else "n/a", "")
+        table.add_row("if device-resident", fmt_value("x_ms", cf["ttft_if_device_resident_ms"]) if loaded else "n/a", "")
+        table.add_row("if recomputed", fmt_value("x_ms", cf["recompute_instead_ms"]) if loaded else "n/a", "")
         verdict_parts += [Text(""), table]
+        if expl.queue_attribution is not None and d.queue_ns:
+            qa = expl.queue_attribution.parts_ns
+            verdict_parts.append(Text("while it waited the GPU was: " + ", ".join(
+                f"{k} {fmt_ms(v)}" for k, v in qa.items() if v), style="dim"))
     tok = expl.tokens
     verdict_parts.append(Text(visible(
         f"\ntokens: {fmt_tokens(tok.input_tokens)} input = {fmt_tokens(tok.device_tokens)} device + "
         f"{fmt_tokens(tok.host_tokens)} host + {fmt_tokens(tok.storage_tokens)} storage + "
         f"{fmt_tokens(tok.computed_tokens)} computed ({fmt_tokens(tok.recomputed_tokens)} recomputed)"
         + (f"; evicted by {', '.join(expl.evicted_by[:8])}" if expl.evicted_by else "")), style="dim"))
+    verdict_parts += _advice_lines(expl.advice)
     # soft_wrap=False: the shared console soft-wraps (no cropping of long lines on stdout), but
     # inside panels text must wrap to the panel, not be cut.
     console.print(Panel(Group(*verdict_parts), title=plain(f"verdict: {expl.primary_cause or expl.status}"),
@@ -133,6 +142,14 @@ def render_explanation(expl: Explanation, console: Console) -> None:
                 body += [Text(""), _records_table(key, value)]
         console.print(Panel(Group(*body), title=plain(f"{step['step']} · {step['name']}"), title_align="left",
                             border_style="blue"), soft_wrap=False)
+
+
+def _advice_lines(advice) -> list:
+    """Advice items as the last lines of a verdict (the same `Advice.line()` the report shows)."""
+    if not advice:
+        return []
+    return [Text("")] + [plain(("advice: " if i == 0 else "        ") + a.line(), style="bold" if a.option else "green")
+                         for i, a in enumerate(advice)]
 
 
 def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str,
@@ -165,6 +182,11 @@ def render_summary(s: RunSummary, console: Console) -> None:
         plain(s.run_name, "bold"), visible(f" ({s.run_id}) · {s.status} · {s.model or '?'} on {s.gpu or '?'} · ", lines=False),
         f"{_n(s.num_requests, 'request')} ({s.num_rejected:,} rejected) over {fmt_ms(s.span_ns)} of virtual time")
     console.print(head)
+    if getattr(s, "diagnosis", None) is not None:
+        dx = s.diagnosis
+        console.print(Panel(Group(plain(dx.finding), *_advice_lines(dx.advice)),
+                            title=f"diagnosis: {dx.dominant_cause or '-'}", title_align="left",
+                            border_style=CAUSE_STYLE.get(dx.dominant_cause, "bold")), soft_wrap=False)
 
     split = Table(title="tier split, token-weighted (finished requests)", title_justify="left")
     for col in ("tier", "tokens", "share of input"):
@@ -235,3 +257,33 @@ def render_summary(s: RunSummary, console: Console) -> None:
             who.add_row(plain(a.req_id) if a else "", f"{a.num_events:,}" if a else "", fmt_tokens(a.tokens) if a else "",
                         plain(b.req_id) if b else "", f"{b.num_events:,}" if b else "", fmt_tokens(b.tokens) if b else "")
         console.print(who)
+
+
+def render_advise(r, console: Console, *, run_label: str) -> None:
+    """`advise`: the baseline, each replayed change, the best marked; then what was not replayed."""
+    table = Table(title=plain(f"advice verified by replay · {run_label}"), title_justify="left")
+    for col in ("", "change", "TTFT p50", "TTFT p99", "recompute", "reuse dev/host/sto", "run"):
+        # Changes and run ids wrap rather than lose their ends to an ellipsis.
+        table.add_column(col, justify="left" if col in ("", "change", "run") else "right",
+                         overflow="fold" if col in ("change", "run") else "ellipsis")
+
+    def row(mark: str, label: str, n) -> None:
+        if n is None:
+            table.add_row(mark, label, "-", "-", "-", "-", "-")
+            return
+        reuse = " / ".join(fmt_pct(n.reuse_share.get(t)) for t in ("device", "host", "storage"))
+        table.add_row(mark, label, fmt_ms(n.ttft_p50_ns), fmt_ms(n.ttft_p99_ns), fmt_pct(n.recompute_share), reuse,
+                      n.run_id)
+
+    row("", "baseline", r.baseline)
+    for c in r.candidates:
+        label = ", ".join(f"{k}={v}" for k, v in c.advice.changes.items())
+        if c.status != "complete":
+            label += f" ({c.status})"
+        row("★" if c.numbers is not None and c.numbers.run_id == r.best else "", label, c.numbers)
+    if r.candidates:
+        console.print(table)
+        console.print(Text("best: " + (r.best or "none beats the baseline's TTFT (p50, then p99, then mean)"),
+                           style="bold"))
+    for line in _advice_lines(r.advice):
+        console.print(line)

@@ -134,6 +134,7 @@ TABLES: dict[str, dict[str, str]] = {
         "compute_ns": "BIGINT",
         "loadback_exposed_ns": "BIGINT",
         "num_decoding": "BIGINT",
+        "recompute_ns": "BIGINT",  # of compute_ns: recomputing once-cached tokens
     },
     "pool_samples": {
         "run_id": "VARCHAR",

@@ -1,0 +1,60 @@
+"""`tierdiag advise` end to end: propose from the run, replay with the sweep runner, measure;
+the measured numbers then show in `explain --json` advice[].verified. A run whose trace is gone
+is one line on stderr and exit 3."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from .test_advice_planted import Story, _pushed_out
+
+pytest.importorskip("tierdiag.cli.replay")
+from tierdiag.cli.main import app  # noqa: E402
+
+from .test_cli import run_cli  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def lost_prefix(tmp_path_factory):
+    """The capacity story: a2's prefix falls out of a 4,096-token host pool before it comes back."""
+    s = Story()
+    _pushed_out(s)
+    return s.replay(tmp_path_factory.mktemp("advise"), {"model": "llama3-8b", "device_tokens": 4096,
+                                                        "host_tokens": 4096})
+
+
+def test_advise_verifies_the_change_and_explain_shows_it(lost_prefix):
+    result = CliRunner().invoke(app, ["advise", "--db", str(lost_prefix), "--budget", "1", "--jobs", "1", "--json"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    j = json.loads(result.output)
+    assert set(j) >= {"baseline", "candidates", "best"}
+    (cand,) = j["candidates"]
+    assert cand["changes"] == {"host_tokens": 16384} and cand["status"] == "complete"
+    assert cand["recompute_share"] < j["baseline"]["recompute_share"]
+    assert cand["reuse_share"]["host"] > 0 and j["best"] == cand["run_id"]
+    base_run = j["baseline"]["run_id"]
+    code, out, err, _ = run_cli("explain", "a2", "--db", str(lost_prefix), "--run", base_run, "--json")
+    assert code == 0, err
+    verified = json.loads(out)["advice"][0]["verified"]
+    assert verified["run_id"] == cand["run_id"] and verified["ttft_ms_after"] < verified["ttft_ms_before"]
+    # The terminal verdict ends with the advice, verified.
+    code, text, _, _ = run_cli("explain", "a2", "--db", str(lost_prefix), "--run", base_run)
+    assert "advice: set host_tokens = 16384" in text and f"verified by run {cand['run_id']}" in text
+
+
+def test_advise_without_the_trace_is_exit_3_naming_it(tmp_path):
+    s = Story()
+    _pushed_out(s)
+    db = s.replay(tmp_path, {"model": "llama3-8b", "device_tokens": 4096, "host_tokens": 4096})
+    (tmp_path / "trace.jsonl").unlink()
+    code, out, err, heavy = run_cli("advise", "--db", str(db))
+    assert code == 3 and out == ""
+    assert len(err.splitlines()) == 1 and str(tmp_path / "trace.jsonl") in err and "gone" in err
+
+
+def test_advise_bad_budget_is_a_usage_error(lost_prefix):
+    code, _, err, _ = run_cli("advise", "--db", str(lost_prefix), "--budget", "0")
+    assert code == 2 and "--budget 0" in err

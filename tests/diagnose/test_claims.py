@@ -1,0 +1,213 @@
+"""Every claim of a verdict, checked against the request's own row.
+
+The verdicts of many requests of real replays are taken apart, and each phrase that asserts a
+fact is checked against the `requests` row it must come from (recomputed here from the row,
+not from the Explanation): "a full device hit" only when every reused token was on device and
+nothing was recomputed; the shares and token counts of the split; "no longer in any tier" only
+for recomputed tokens neither skipped nor matched in storage; a storage match and its reason;
+the never-evicted counterfactual's number; "recomputing those tokens instead" only with a
+load-back; "the cache's doing" only when recompute took that share of the wait; and the queue
+attribution sums exactly to queue_ns.
+
+Always: a small `tierdiag synth` workload on small pools with a best-effort storage tier (skips, storage
+matches, late prefetches, recompute). With ../shared (marker `shared`): both Mooncake traces,
+the conversation at --time-scale 2; each replayed once per session.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tierdiag.diagnose.advice import propose
+from tierdiag.diagnose.claims import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE
+from tierdiag.diagnose.context import run_context
+from tierdiag.diagnose.explain import explain_request
+from tierdiag.diagnose.query import fetch_dicts
+from tierdiag.diagnose.units import fmt_ms
+from tierdiag.store.reader import open_store, resolve_run
+
+pytest.importorskip("tierdiag.cli.replay")
+from tierdiag.cli.main import app  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_TRACES = REPO / ".." / "shared" / "traces"
+RUN_WIDE = re.compile(r"run-wide .*?\.(?=\s[A-Z]|$)")
+PER_GROUP = 12  # requests explained per group (slowest, most recomputed, tiered, storage-skipped, ...)
+
+
+def _replay(trace: Path, db: Path, *options: str) -> Path:
+    result = CliRunner().invoke(app, ["replay", str(trace), "--db", str(db), *options])
+    assert result.exit_code == 0, (result.output, result.exception)
+    return db
+
+
+def _num(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def _sample(con, run_id: str) -> list[dict]:
+    """Rows worth checking: each kind of story a verdict tells, PER_GROUP of each."""
+    groups = [
+        "ttft_ns - ideal_ttft_ns DESC",  # the slowest
+        "recomputed_tokens DESC",
+        "host_hit_tokens + storage_hit_tokens DESC",
+        "CASE WHEN storage_skipped_reason IS NULL THEN 0 ELSE storage_match_tokens END DESC",
+        "CASE WHEN loadback_skipped_reason IS NULL THEN 0 ELSE 1 END DESC, seq",
+        "CASE WHEN hit_class = 'device_hit' AND recomputed_tokens > 0 THEN recomputed_tokens ELSE 0 END DESC",
+        "hash(req_id)",  # anything
+    ]
+    rows: dict[str, dict] = {}
+    for order in groups:
+        for r in fetch_dicts(con, f"SELECT * FROM requests WHERE run_id = ? AND status = 'finished' "
+                                  f"ORDER BY {order}, seq LIMIT {PER_GROUP}", [run_id]):
+            rows.setdefault(r["req_id"], r)
+    return list(rows.values())
+
+
+def _check_request(row: dict, e) -> list[str]:
+    """The claims of one verdict that the row does not bear out (empty: all true)."""
+    bad = []
+    # The run-wide sentence is about the run (checked in _check_run_wide), the rest about the request.
+    verdict = RUN_WIDE.sub("", e.verdict)
+    text = e.headline + " " + verdict + " " + " ".join(RUN_WIDE.sub("", s.finding) for s in e.steps)
+    d, h, s = row["device_hit_tokens"], row["host_hit_tokens"], row["storage_hit_tokens"]
+    rec, n = row["recomputed_tokens"], row["input_tokens"]
+    new = row["computed_tokens"] - rec
+    tiered = h + s
+
+    def need(cond: bool, what: str) -> None:
+        if not cond:
+            bad.append(f"{row['req_id']}: {what}")
+
+    if "full device hit" in text:
+        need(d > 0 and h == 0 and s == 0 and rec == 0, "'full device hit' with tokens off device or recomputed")
+    need("evicted from every tier" not in text, "'evicted from every tier' is no longer a claim")
+    # The split, in its own words: "of its N input tokens the cache served P % device (T), ...".
+    m = re.search(r"of its ([\d,]+) input tokens", verdict)
+    if m:
+        need(_num(m.group(1)) == n, "input tokens")
+    for tier, col in (("device", d), ("host", h), ("storage", s)):
+        for got in re.findall(rf"\d+(?:\.\d)? % {tier} \(([\d,]+)\)", verdict):
+            need(_num(got) == col, f"{tier} tokens {got} vs {col}")
+    for got in re.findall(r"\(([\d,]+)\) were once-cached tokens recomputed", verdict):
+        need(_num(got) == rec, f"recomputed {got} vs {rec}")
+    for got in re.findall(r"\(([\d,]+)\) were new", verdict):
+        need(_num(got) == new, f"new {got} vs {new}")
+    # Why recomputed tokens were recomputed.
+    skipped = min(row["loadback_skipped_tokens"] or 0, rec) if row["loadback_skipped_reason"] else 0
+    unused = (min(max(row["storage_match_tokens"] - s, 0), rec - skipped) if row["storage_skipped_reason"] else 0)
+    for got in re.findall(r"([\d,]+) were no longer in any tier", verdict):
+        need(_num(got) == rec - skipped - unused > 0, "'no longer in any tier' tokens")
+    for got, reason in re.findall(r"([\d,]+) were matched in storage but not used \((\w+)", verdict):
+        need(reason == row["storage_skipped_reason"] and _num(got) == unused > 0, "storage match not used")
+    for got, reason in re.findall(r"([\d,]+) were a host hit whose load-back was skipped \((\w+)", verdict):
+        need(reason == row["loadback_skipped_reason"] and _num(got) == skipped > 0, "skipped host hit")
+    # Counterfactuals.
+    never = row["ttft_ns"] - row["recompute_ns"] - row["loadback_exposed_ns"] - row["storage_wait_ns"]
+    m = re.search(r"Had its prefix never been evicted .*?TTFT would have been (.+?) instead of (.+?)(?:;|\.(?:\s|$))",
+                  verdict)
+    need(bool(m) == (tiered + rec > 0), "never-evicted counterfactual present iff something was lost")
+    if m:
+        need(m.group(1) == fmt_ms(never) and m.group(2) == fmt_ms(row["ttft_ns"]), "never-evicted TTFT")
+    if "instead of loading them" in verdict:
+        need(tiered > 0, "'recomputing instead' without a load-back")
+        need(fmt_ms(row["recompute_instead_ns"]) in e.verdict, "recompute-instead TTFT")
+    m = re.search(r"load-back was ([\d.,]+)× cheaper", verdict)
+    if m:
+        need(row["recompute_instead_ns"] - row["ttft_if_device_resident_ns"] > row["loadback_ns"] > 0,
+             "load-back cheaper than recompute")
+    # The wait.
+    qa, ctx = e.queue_attribution, e.context
+    if qa is not None:
+        need(sum(qa.parts_ns.values()) == row["queue_ns"], "queue attribution sums to queue_ns")
+        need(all(v >= 0 for v in qa.parts_ns.values()), "queue attribution parts non-negative")
+        need(abs(qa.rounding_ns) <= 1_000, f"queue attribution off by {qa.rounding_ns} ns before rounding")
+    m = re.search(r"It waited (.+?) \(", verdict)
+    if m:
+        need(m.group(1) == fmt_ms(row["queue_ns"]), "waited")
+    if "the cache's doing" in verdict and "not the cache's doing" not in verdict:
+        need(qa is not None and qa.parts_ns["recompute"] >= RECOMPUTE_QUEUE_SHARE * row["queue_ns"]
+             and ctx.prefill_busy_share >= BUSY_SHARE, "'the cache's doing' without the recompute share")
+    need(all(c.text in e.verdict for c in e.claims), "every claim is in the verdict")
+    return bad
+
+
+def _check_run(db: Path) -> int:
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        ctx = run_context(con, run)
+        advice = propose(ctx)
+        rows = _sample(con, run.run_id)
+        bad = []
+        totals = con.execute("SELECT sum(recomputed_tokens), sum(input_tokens) FROM requests "
+                             "WHERE run_id = ? AND status = 'finished'", [run.run_id]).fetchone()
+        for row in rows:
+            e = explain_request(con, run, row["req_id"], run_ctx=ctx, advice=advice)
+            bad += _check_request(row, e)
+            for sentence in RUN_WIDE.findall(e.verdict):
+                got = re.match(r"run-wide ([\d,]+) once-cached tokens", sentence)
+                if not got or _num(got.group(1)) != totals[0]:
+                    bad.append(f"{row['req_id']}: run-wide recomputed tokens {sentence[:60]!r} vs {totals[0]}")
+    assert not bad, bad[:20]
+    return len(rows)
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory) -> Path:
+    """A 300-request mixed synthetic workload (tierdiag synth) at 8 requests/s, on pools small
+    enough to lose prefixes, a best-effort storage tier (late prefetches) and a load-back
+    threshold that skips short host parts."""
+    folder = tmp_path_factory.mktemp("claims")
+    trace = folder / "mixed.jsonl"
+    result = CliRunner().invoke(app, ["synth", str(trace), "--requests", "300", "--rate", "8"])
+    assert result.exit_code == 0, result.output
+    return _replay(trace, folder / "demo.duckdb", "--model", "llama3-8b", "--gpu", "h100",
+                   "--device-tokens", "65536", "--host-tokens", "98304", "--storage-tokens", "1048576",
+                   "--load-back-threshold", "1024")
+
+
+def test_every_claim_is_true_on_the_demo_trace(demo_run):
+    assert _check_run(demo_run) >= 40
+
+
+def test_demo_run_has_every_story(demo_run):
+    """The sample above is only worth something if the run holds the stories the checks are about."""
+    with open_store(demo_run) as con:
+        got = con.execute(
+            "SELECT count(*) FILTER (WHERE recomputed_tokens > 0), count(*) FILTER (WHERE host_hit_tokens > 0), "
+            "count(*) FILTER (WHERE storage_skipped_reason IS NOT NULL), "
+            "count(*) FILTER (WHERE loadback_skipped_reason IS NOT NULL) FROM requests").fetchone()
+    assert all(got), got
+
+
+@pytest.fixture(scope="session")
+def mooncake_runs(tmp_path_factory) -> dict[str, Path]:
+    """Both Mooncake traces replayed once per session (about 25 s together on a quiet machine)."""
+    if not SHARED_TRACES.is_dir():
+        pytest.skip("../shared/traces not present")
+    folder = tmp_path_factory.mktemp("mooncake")
+    return {
+        "conversation": _replay(SHARED_TRACES / "conversation_trace.jsonl", folder / "conv.duckdb",
+                                "--time-scale", "2"),
+        "synthetic": _replay(SHARED_TRACES / "synthetic_trace.jsonl", folder / "synth.duckdb"),
+    }
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("name", ["conversation", "synthetic"])
+def test_every_claim_is_true_on_mooncake(mooncake_runs, name):
+    assert _check_run(mooncake_runs[name]) >= 40
+
+
+@pytest.mark.shared
+def test_conversation_summary_names_recompute_as_what_made_the_queue(mooncake_runs):
+    from tierdiag.diagnose.summary import run_summary
+
+    with open_store(mooncake_runs["conversation"]) as con:
+        dx = run_summary(con, resolve_run(con, None)).diagnosis
+    assert dx.dominant_cause == "recompute" and dx.finding.startswith("Recompute of lost prefixes made the queue")
+    assert dx.advice and dx.advice[0].option in ("host_tokens", "storage_tokens")

@@ -1,0 +1,40 @@
+"""`tierdiag advise`: propose option changes from a run's diagnosis and verify each by replaying its trace."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt, err, out, print_json
+
+
+def advise(
+    db: DbOpt = DEFAULT_DB_PATH,
+    run: RunOpt = None,
+    budget: Annotated[int, typer.Option("--budget", help="At most this many changes to replay.")] = 4,
+    jobs: Annotated[Optional[int], typer.Option("--jobs", help="Replays at a time (default: one per change, "
+                                                               "at most the machine's cores).")] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Propose cache changes from the run's diagnosis, replay the run's trace once per change in parallel,
+    and print TTFT p50/p99, recompute share and reuse by tier before and after; the best is marked.
+    The measured numbers then show in `explain` as advice[].verified for that run's requests."""
+    from tierdiag.diagnose.advice import advise_run
+    from tierdiag.store.reader import open_store, resolve_run
+
+    with open_store(db) as con:
+        info = resolve_run(con, run, db_label=str(db))
+
+    def progress(outcome) -> None:
+        err.print(f"  {outcome.name}: {outcome.status}" + (f" ({outcome.wall_s:.1f}s)" if outcome.wall_s else ""),
+                  markup=False, highlight=False)
+
+    result = advise_run(lambda: open_store(db), db, info, budget=budget, jobs=jobs,
+                        progress=None if json_ else progress)
+    if json_:
+        print_json(result.to_json())
+        return
+    from tierdiag.report.terminal import render_advise
+
+    render_advise(result, out, run_label=f"{info.name} ({info.run_id})")

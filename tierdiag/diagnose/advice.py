@@ -1,0 +1,569 @@
+"""What to change: option changes from the run's evidence, and the run's root cause (DESIGN §5).
+
+Each rule reads `RunContext` (context.py) and proposes at most one typed `Advice`: the
+`--config` TOML key(s) to change, the value, the reason with its numbers, what it costs in
+memory, and `verified` once `tierdiag advise` has replayed the trace with it.
+
+    rule              fires when (run-wide)                                        advises
+    prefetch          storage matches recomputed because the prefetch was late     prefetch_policy wait_complete
+    write_policy      once-cached tokens dropped from device with no host copy     write_policy write_through
+    capacity          tokens deleted from host, reuse distance (p90) > device+host host_tokens (<= 2 TiB)
+                                                                                   else a storage tier + wait_complete
+    eviction_policy   hot prefixes (hit >= 3 times) among the removed tokens       eviction_policy lfu
+    page_size         load-backs fragmented and far below link peak, exposed       page_size x4
+    (none of these)   the cache was fine                                           "nothing to change in the cache"
+
+A rule fires only when its tokens are at least MIN_LOSS_SHARE of the run's input: below
+that, the cache is not what is worth changing. Hardware limits: a host pool beyond
+HOST_POOL_LIMIT_BYTES (what a server beside one GPU carries) is never advised; a storage tier is.
+
+Verification: `advise` records each candidate run under sweep_id `advise-<baseline run_id>`;
+`verified_advice` finds those runs, diffs their config against the baseline's and attaches
+the measured numbers to the advice item whose changes they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+
+from tierdiag.diagnose.claims import (
+    BUSY_SHARE,
+    NAMED_REASON_SHARE,
+    NEAR_PEAK_SHARE,
+    RECOMPUTE_QUEUE_SHARE,
+    held_capacity,
+    loss_why,
+)
+from tierdiag.diagnose.context import RunContext
+from tierdiag.diagnose.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
+
+MIN_LOSS_SHARE = 0.05
+HOST_POOL_LIMIT_BYTES = 2 << 40  # 2 TiB of host memory for KV beside one GPU
+# Size pools to keep this share of the re-referenced removed tokens (reuse distance decile).
+CAPACITY_DECILE = 9
+SLOW_LINK_SHARE = 0.5
+FRAGMENTED_PAGES_PER_RUN = 4
+SMALL_RUN_BYTES = 1 << 20
+SMALL_PAGE_BYTES = 4 << 20  # a 64-token page of an 8B model is 8 MiB
+EXPOSED_SHARE_OF_TTFT = 0.05
+PAGE_SIZE_FACTOR = 4
+ADVISE_SWEEP_PREFIX = "advise-"
+# Config keys that differ between runs without being a change of the cache (bookkeeping).
+_NOT_CHANGES = frozenset({"storage_dir", "seed", "verify", "data_plane_mib", "profile", "timing"})
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Verified:
+    run_id: str
+    ttft_p50_ms_before: float | None
+    ttft_p50_ms_after: float | None
+    ttft_p99_ms_before: float | None
+    ttft_p99_ms_after: float | None
+    recompute_share_before: float | None
+    recompute_share_after: float | None
+    req_id: str | None = None  # set when attached to one request's explain
+    ttft_ms_before: float | None = None
+    ttft_ms_after: float | None = None
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Advice:
+    kind: str  # prefetch | write_policy | capacity | storage_tier | eviction_policy | page_size | none
+    option: str | None  # the --config TOML key (None: nothing to change)
+    value: Any
+    changes: dict  # every key to apply together (option included)
+    reason: str
+    evidence: dict = field(default_factory=dict)
+    cost_gib: float | None = None  # extra memory (host) or disk (storage) it takes
+    cost_kind: str | None = None  # host_memory | disk | None
+    verified: Verified | None = None
+
+    def to_json(self) -> dict:
+        return {"option": self.option, "value": self.value, "reason": self.reason,
+                "verified": self.verified.to_json() if self.verified else None,
+                "kind": self.kind, "changes": dict(self.changes), "evidence": dict(self.evidence),
+                "cost_gib": self.cost_gib, "cost_kind": self.cost_kind}
+
+    def line(self) -> str:
+        """One line for the terminal: what to set, why, at what cost, and what a replay measured."""
+        if self.option is None:
+            return self.reason
+        sets = ", ".join(f"{k} = {_toml(v)}" for k, v in self.changes.items())
+        text = f"set {sets}: {self.reason}"
+        if self.cost_gib is not None:
+            text += f" (costs {self.cost_gib:,.0f} GiB of {'host memory' if self.cost_kind == 'host_memory' else 'disk'})"
+        v = self.verified
+        if v is not None:
+            text += (f" — verified by run {v.run_id}: TTFT p50 {fmt_ms_value(v.ttft_p50_ms_before)} → "
+                     f"{fmt_ms_value(v.ttft_p50_ms_after)}")
+            if v.req_id is not None:
+                text += f", this request {fmt_ms_value(v.ttft_ms_before)} → {fmt_ms_value(v.ttft_ms_after)}"
+        return text
+
+
+def fmt_ms_value(ms: float | None) -> str:
+    return fmt_ms(None if ms is None else ms * 1e6)
+
+
+def _toml(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return f'"{v}"'
+    return str(v)
+
+
+def _pow2_at_least(n: int, page: int) -> int:
+    p = max(page, 1)
+    while p < n:
+        p *= 2
+    return p
+
+
+def _pow2_at_most(n: int) -> int:
+    p = 1
+    while p * 2 <= n:
+        p *= 2
+    return p
+
+
+def _gib(tokens: int, kv: int | None) -> float | None:
+    return None if not kv else tokens * kv / GIB
+
+
+def _covered(deciles: tuple, capacity: int) -> float | None:
+    """Share (to the decile) of re-referenced removed tokens whose reuse distance fits `capacity`."""
+    if not deciles:
+        return None
+    return max((i / 10 for i, d in enumerate(deciles) if d <= capacity), default=0.0)
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def _prefetch(ctx: RunContext) -> list[Advice]:
+    lo = ctx.losses
+    late = lo.storage_unused_tokens.get("prefetch_incomplete", 0)
+    if late < MIN_LOSS_SHARE * lo.input_tokens or ctx.config.get("prefetch_policy") == "wait_complete":
+        return []
+    return [Advice(
+        "prefetch", "prefetch_policy", "wait_complete", {"prefetch_policy": "wait_complete"},
+        f"{fmt_tokens(late)} tokens ({fmt_pct(share(late, lo.input_tokens))} of input) were matched in storage but "
+        f"recomputed because their prefetch had not completed when the request was scheduled "
+        f"(prefetch_policy {ctx.config.get('prefetch_policy')}); waiting for it loads them instead",
+        {"prefetch_incomplete_tokens": late, "input_tokens": lo.input_tokens})]
+
+
+def _write_policy(ctx: RunContext) -> list[Advice]:
+    lo = ctx.losses
+    policy = ctx.config.get("write_policy")
+    if lo.dropped_unbacked_tokens < MIN_LOSS_SHARE * lo.input_tokens or policy == "write_through":
+        return []
+    return [Advice(
+        "write_policy", "write_policy", "write_through", {"write_policy": "write_through"},
+        f"{fmt_tokens(lo.dropped_unbacked_tokens)} once-cached tokens that were asked for again had been dropped "
+        f"from device without a host copy (write_policy {policy}); write_through backs every new prefix up to "
+        f"host, so eviction demotes it instead",
+        {"dropped_unbacked_tokens": lo.dropped_unbacked_tokens, "input_tokens": lo.input_tokens})]
+
+
+def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) -> list[Advice]:
+    lo = ctx.losses
+    device, host = lo.device_capacity_tokens, lo.host_capacity_tokens
+    deciles = lo.removed_reuse_deciles_tokens
+    if (lo.deleted_from_host_tokens < MIN_LOSS_SHARE * lo.input_tokens or device is None or host is None
+            or len(deciles) < 11):
+        return []
+    page = int(ctx.config.get("page_size") or 64)
+    kv = ctx.kv_bytes_per_token
+    target = deciles[CAPACITY_DECILE]
+    # write_through keeps a host copy of everything on device: the host pool alone bounds what
+    # stays cached. Otherwise host holds what device evicted, and the two add up.
+    inclusive = ctx.config.get("write_policy") == "write_through"
+    held, pools = held_capacity(ctx.config, device, host)
+    if target <= held:
+        return []  # the pools were big enough under LRU: not a capacity problem
+    evidence = {"deleted_from_host_tokens": lo.deleted_from_host_tokens, "reuse_distance_p50_tokens": deciles[5],
+                "reuse_distance_p90_tokens": target, "device_tokens": device, "host_tokens": host}
+    why = (f"{fmt_tokens(lo.deleted_from_host_tokens)} once-cached tokens ({fmt_pct(share(lo.deleted_from_host_tokens, lo.input_tokens))} "
+           f"of input) were deleted from host before they were asked for again; their reuse distance is "
+           f"{fmt_tokens(deciles[5])} tokens at the median and {fmt_tokens(target)} at p90, against "
+           + pools)
+    out: list[Advice] = []
+    want = _pow2_at_least(target if inclusive else target - device, page)
+    limit = _pow2_at_most(host_limit_bytes // kv) if kv else want
+    if want <= limit:
+        cover = _covered(deciles, want if inclusive else device + want)
+        out.append(Advice("capacity", "host_tokens", want, {"host_tokens": want},
+                          f"{why}; a {fmt_tokens(want)}-token host pool keeps {fmt_pct(cover)} of them",
+                          evidence, _gib(want - host, kv), "host_memory"))
+        return out
+    if limit > host * 3 // 2:
+        cover = _covered(deciles, limit if inclusive else device + limit)
+        out.append(Advice("capacity", "host_tokens", limit, {"host_tokens": limit},
+                          f"{why}; {fmt_tokens(limit)} tokens ({fmt_bytes(limit * kv)}, the most host memory a server "
+                          f"beside one GPU carries) keep {fmt_pct(cover)} of them",
+                          evidence, _gib(limit - host, kv), "host_memory"))
+    storage = int(ctx.config.get("storage_tokens") or 0)
+    want_storage = _pow2_at_least(target, page)
+    # A storage tier pays when fetching a token from disk is cheaper than recomputing it, or
+    # when the prefill GPU is saturated (the fetch runs beside it and frees it for others).
+    from tierdiag.engine.costmodel import DISK_BYTES_PER_S  # constants only, no torch
+
+    recompute_per_token_ns = share(ctx.recompute_ns, lo.recomputed_tokens) or 0.0
+    disk_per_token_ns = kv * 1e9 / DISK_BYTES_PER_S if kv else None
+    pays = (disk_per_token_ns is not None and disk_per_token_ns < recompute_per_token_ns) or \
+        (ctx.prefill_busy_share or 0) >= BUSY_SHARE
+    evidence = {**evidence, "recompute_per_token_ms": ns_to_ms(recompute_per_token_ns),
+                "disk_per_token_ms": ns_to_ms(disk_per_token_ns), "prefill_busy_share": ctx.prefill_busy_share}
+    if want_storage > storage and pays:
+        changes = {"storage_tokens": want_storage, "prefetch_policy": "wait_complete"}
+        out.append(Advice("storage_tier", "storage_tokens", want_storage, changes,
+                          f"{why}; host memory for that ({fmt_bytes(want * kv)}) is beyond a server, so a "
+                          f"{fmt_tokens(want_storage)}-token storage tier keeps them, with prefetch_policy "
+                          f"wait_complete so a prefetch is used rather than recomputed ("
+                          + (f"a token comes from disk in {fmt_ms(disk_per_token_ns)} against "
+                             f"{fmt_ms(recompute_per_token_ns)} to recompute it"
+                             if disk_per_token_ns is not None and disk_per_token_ns < recompute_per_token_ns else
+                             f"the prefill GPU was {fmt_pct(ctx.prefill_busy_share)} busy: the fetch runs beside it")
+                          + ")",
+                          evidence, _gib(want_storage - storage, kv), "disk"))
+    return out
+
+
+def _eviction_policy(ctx: RunContext) -> list[Advice]:
+    lo = ctx.losses
+    removed = lo.deleted_from_host_tokens + lo.dropped_unbacked_tokens
+    policy = ctx.config.get("eviction_policy")
+    if (policy == "lfu" or not removed or lo.hot_removed_tokens < NAMED_REASON_SHARE * removed
+            or lo.hot_removed_tokens < MIN_LOSS_SHARE * lo.input_tokens):
+        return []
+    return [Advice(
+        "eviction_policy", "eviction_policy", "lfu", {"eviction_policy": "lfu"},
+        f"{fmt_tokens(lo.hot_removed_tokens)} of the {fmt_tokens(removed)} removed tokens that were asked for again "
+        f"came from hot prefixes (hit 3 or more times): eviction_policy {policy} evicted them behind one-off "
+        f"prefixes; lfu keeps the frequently hit ones",
+        {"hot_removed_tokens": lo.hot_removed_tokens, "removed_tokens": removed})]
+
+
+def _page_size(ctx: RunContext) -> list[Advice]:
+    tr = ctx.transfers
+    page = int(ctx.config.get("page_size") or 64)
+    block = int(ctx.config.get("block_size") or page)
+    if (not tr.num_loadbacks or tr.link_peak_share is None or tr.link_peak_share >= SLOW_LINK_SHARE
+            or tr.loadback_exposed_ns < EXPOSED_SHARE_OF_TTFT * tr.tiered_ttft_ns):
+        return []
+    fragmented = ((tr.pages_per_run or 0) < FRAGMENTED_PAGES_PER_RUN or (tr.bytes_per_run or 0) < SMALL_RUN_BYTES
+                  or (tr.bytes_per_page or 0) < SMALL_PAGE_BYTES)
+    new = min(page * PAGE_SIZE_FACTOR, block)
+    if not fragmented or new <= page:
+        return []
+    return [Advice(
+        "page_size", "page_size", new, {"page_size": new},
+        f"load-backs ran at {fmt_pct(tr.link_peak_share)} of link peak, {fmt_bytes(tr.bytes_per_page)} a page and "
+        f"{tr.pages_per_run:,.1f} pages ({fmt_bytes(tr.bytes_per_run)}) per contiguous run, and exposed load-back was "
+        f"{fmt_pct(share(tr.loadback_exposed_ns, tr.tiered_ttft_ns))} of the TTFT of the requests that loaded back: "
+        f"per-page and per-run copy overheads dominate, and larger pages mean fewer, larger copies",
+        {"link_peak_share": tr.link_peak_share, "pages_per_run": tr.pages_per_run,
+         "bytes_per_run": tr.bytes_per_run, "bytes_per_page": tr.bytes_per_page, "loadback_exposed_ms": ns_to_ms(tr.loadback_exposed_ns)})]
+
+
+RULES = (_prefetch, _write_policy, _capacity, _eviction_policy, _page_size)
+
+
+def _nothing(ctx: RunContext) -> Advice:
+    lo, tr = ctx.losses, ctx.transfers
+    text = (f"nothing to change in the cache: {fmt_pct(lo.recomputed_share or 0)} of input tokens were "
+            f"recomputed once-cached tokens")
+    if tr.num_loadbacks and tr.loadback_ns:
+        text += (f"; load-backs ran at {fmt_pct(tr.link_peak_share)} of link peak and took {fmt_ms(tr.loadback_ns)} "
+                 f"where recomputing the same tokens would have cost {fmt_ms(tr.recompute_instead_extra_ns)}")
+        if tr.recompute_instead_extra_ns > tr.loadback_ns:
+            text += f" ({tr.recompute_instead_extra_ns / tr.loadback_ns:,.1f}× more)"
+    return Advice("none", None, None, {}, text,
+                  {"recomputed_share": lo.recomputed_share, "link_peak_share": tr.link_peak_share})
+
+
+def propose(ctx: RunContext, *, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) -> tuple[Advice, ...]:
+    """Every rule that fires, biggest loss first; else the one "nothing to change" item."""
+    items = [a for rule in RULES for a in (rule(ctx, host_limit_bytes) if rule is _capacity else rule(ctx))]
+    return tuple(items) if items else (_nothing(ctx),)
+
+
+# --------------------------------------------------------------------------- the run's root cause
+
+
+@dataclass(frozen=True)
+class RunDiagnosis:
+    dominant_cause: str | None
+    proximate_cause: str | None  # the part of the run's excess TTFT that is largest
+    finding: str
+    advice: tuple[Advice, ...]
+
+    def to_json(self) -> dict:
+        return {"dominant_cause": self.dominant_cause, "proximate_cause": self.proximate_cause,
+                "finding": self.finding, "advice": [a.to_json() for a in self.advice]}
+
+
+_WAIT_WORDS_RUN = {"recompute": "recomputing once-cached tokens", "new_compute": "computing new tokens",
+                   "load_back": "on exposed load-backs", "write_back": "blocked on write-backs",
+                   "storage_wait": "idle while prefetches ran", "decode": "idle while decoding requests held memory",
+                   "idle": "idle (waiting for memory or storage)"}
+
+
+def diagnose_run(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple[Advice, ...]) -> RunDiagnosis:
+    """`excess_parts_ns`: cause -> the run total of the excess part it owns (summary's table)."""
+    total = sum(excess_parts_ns.values())
+    if not ctx.num_finished or total <= 0:
+        return RunDiagnosis("none" if ctx.num_finished else None, None,
+                            "no request was slower than its ideal." if ctx.num_finished else "no finished request.",
+                            advice)
+    proximate = max(excess_parts_ns, key=lambda k: excess_parts_ns[k])
+    pshare = share(excess_parts_ns[proximate], total)
+    lo = ctx.losses
+    why = loss_why(ctx)
+    rq = ctx.attribution_share("recompute")
+    busy = ctx.prefill_busy_share
+    if proximate == "queueing" and rq is not None and rq >= RECOMPUTE_QUEUE_SHARE and (busy or 0) >= BUSY_SHARE:
+        finding = (f"Recompute of lost prefixes made the queue: queueing is {fmt_pct(pshare)} of the run's excess TTFT, "
+                   f"and of the time requests waited, {fmt_pct(rq)} the GPU spent recomputing once-cached tokens "
+                   f"({fmt_tokens(lo.recomputed_tokens)} tokens, {fmt_pct(lo.recomputed_share)} of input, "
+                   f"{fmt_pct(ctx.recompute_share_of_prefill)} of prefill compute) on a prefill GPU "
+                   f"{fmt_pct(busy)} busy ({fmt_pct(busy * (1 - (ctx.recompute_share_of_prefill or 0)))} busy had "
+                   f"it not recomputed them)")
+        finding += f"; {why}." if why else "."
+        return RunDiagnosis("recompute", proximate, finding, advice)
+    if proximate == "queueing":
+        finding = f"Queueing is {fmt_pct(pshare)} of the run's excess TTFT on a prefill GPU {fmt_pct(busy)} busy"
+        if ctx.queue_attribution:
+            top = max(ctx.queue_attribution, key=lambda k: ctx.queue_attribution[k])
+            finding += (f"; while requests waited the GPU was mostly {_WAIT_WORDS_RUN[top]} "
+                        f"({fmt_pct(ctx.attribution_share(top))} of the wait), recomputing once-cached tokens for "
+                        f"{fmt_pct(rq)}: the queue was not the cache's doing.")
+        else:
+            finding += " (this store has no per-batch recompute record, so the wait is not split)."
+    elif proximate == "recompute":
+        finding = (f"Recomputing once-cached tokens is {fmt_pct(pshare)} of the run's excess TTFT"
+                   + (f"; {why}." if why else "."))
+    elif proximate == "load_back":
+        tr = ctx.transfers
+        finding = (f"Exposed load-back is {fmt_pct(pshare)} of the run's excess TTFT; load-backs ran at "
+                   f"{fmt_pct(tr.link_peak_share)} of link peak.")
+    elif proximate == "storage_fetch":
+        finding = f"Waiting for storage prefetches is {fmt_pct(pshare)} of the run's excess TTFT."
+    else:
+        finding = f"Requests' own new-token compute beyond their ideal is {fmt_pct(pshare)} of the run's excess TTFT."
+    return RunDiagnosis(proximate, proximate, finding, advice)
+
+
+# --------------------------------------------------------------------------- verification
+
+
+def advise_sweep_id(run_id: str) -> str:
+    return ADVISE_SWEEP_PREFIX + run_id
+
+
+def config_changes(base: dict, other: dict) -> dict:
+    return {k: v for k, v in other.items() if k not in _NOT_CHANGES and base.get(k) != v}
+
+
+def _run_numbers(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple:
+    return con.execute(
+        "SELECT quantile_disc(ttft_ns, 0.5), quantile_disc(ttft_ns, 0.99), "
+        "sum(recomputed_tokens) / nullif(sum(input_tokens), 0) FROM requests "
+        "WHERE run_id = ? AND status = 'finished' AND ttft_ns IS NOT NULL", [run_id]).fetchone()
+
+
+def verified_advice(con: duckdb.DuckDBPyConnection, run, advice: tuple[Advice, ...],
+                    req_id: str | None = None) -> tuple[Advice, ...]:
+    """Attach what `advise` measured (its runs under advise_sweep_id) to the matching items."""
+    import dataclasses
+    import json
+
+    rows = con.execute(
+        "SELECT run_id, config_json FROM runs WHERE sweep_id = ? AND status = 'complete' ORDER BY created_at",
+        [advise_sweep_id(run.run_id)]).fetchall()
+    if not rows:
+        return advice
+    by_changes: dict[str, str] = {}
+    for rid, cfg in rows:  # the newest run of each change wins
+        by_changes[json.dumps(config_changes(run.config, json.loads(cfg or "{}")), sort_keys=True)] = rid
+    base = _run_numbers(con, run.run_id)
+    before_req = after_req = None
+    out = []
+    for a in advice:
+        rid = by_changes.get(json.dumps(a.changes, sort_keys=True)) if a.option else None
+        if rid is None:
+            out.append(a)
+            continue
+        after = _run_numbers(con, rid)
+        if req_id is not None:
+            q = "SELECT ttft_ns FROM requests WHERE run_id = ? AND req_id = ?"
+            before_req = (con.execute(q, [run.run_id, req_id]).fetchone() or [None])[0]
+            after_req = (con.execute(q, [rid, req_id]).fetchone() or [None])[0]
+        out.append(dataclasses.replace(a, verified=Verified(
+            run_id=rid, ttft_p50_ms_before=ns_to_ms(base[0]), ttft_p50_ms_after=ns_to_ms(after[0]),
+            ttft_p99_ms_before=ns_to_ms(base[1]), ttft_p99_ms_after=ns_to_ms(after[1]),
+            recompute_share_before=base[2], recompute_share_after=after[2], req_id=req_id,
+            ttft_ms_before=ns_to_ms(before_req), ttft_ms_after=ns_to_ms(after_req))))
+    return tuple(out)
+
+
+def run_advice(con: duckdb.DuckDBPyConnection, run, ctx: RunContext, req_id: str | None = None) -> tuple[Advice, ...]:
+    return verified_advice(con, run, propose(ctx), req_id)
+
+
+# --------------------------------------------------------------------------- advise: propose, replay, measure
+
+
+@dataclass(frozen=True)
+class RunNumbers:
+    run_id: str
+    ttft_p50_ns: int | None
+    ttft_p99_ns: int | None
+    recompute_share: float | None
+    reuse_share: dict  # tier -> share of input tokens (device, host, storage)
+    ttft_mean_ns: float | None = None
+
+    def key(self) -> tuple:
+        """Better is lower: TTFT p50, then p99, then the mean (small runs often tie on p50)."""
+        return (self.ttft_p50_ns or 0, self.ttft_p99_ns or 0, self.ttft_mean_ns or 0.0)
+
+    def to_json(self) -> dict:
+        return {"run_id": self.run_id, "ttft_p50_ms": ns_to_ms(self.ttft_p50_ns),
+                "ttft_p99_ms": ns_to_ms(self.ttft_p99_ns), "ttft_mean_ms": ns_to_ms(self.ttft_mean_ns),
+                "recompute_share": self.recompute_share,
+                "reuse_share": dict(self.reuse_share)}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    advice: Advice
+    numbers: RunNumbers | None  # None when its replay recorded nothing
+    status: str  # the replay's: complete | interrupted | failed | not_started
+
+    def to_json(self) -> dict:
+        d = {"changes": dict(self.advice.changes), "reason": self.advice.reason, "status": self.status,
+             "run_id": None, "ttft_p50_ms": None, "ttft_p99_ms": None, "recompute_share": None, "reuse_share": None}
+        if self.numbers is not None:
+            d.update(self.numbers.to_json())
+        return d
+
+
+@dataclass(frozen=True)
+class AdviseResult:
+    baseline: RunNumbers
+    candidates: tuple[Candidate, ...]
+    best: str | None  # run id of the candidate with the lowest (p50, p99, mean) TTFT below the baseline's
+    advice: tuple[Advice, ...]  # everything proposed (with verification where replayed)
+    sweep_id: str
+
+    def to_json(self) -> dict:
+        return {"baseline": self.baseline.to_json(), "candidates": [c.to_json() for c in self.candidates],
+                "best": self.best, "sweep_id": self.sweep_id, "advice": [a.to_json() for a in self.advice]}
+
+
+def run_numbers(con: duckdb.DuckDBPyConnection, run_id: str) -> RunNumbers:
+    r = con.execute(
+        "SELECT quantile_disc(ttft_ns, 0.5), quantile_disc(ttft_ns, 0.99), sum(recomputed_tokens), "
+        "sum(device_hit_tokens), sum(host_hit_tokens), sum(storage_hit_tokens), sum(input_tokens), avg(ttft_ns) "
+        "FROM requests WHERE run_id = ? AND status = 'finished' AND ttft_ns IS NOT NULL", [run_id]).fetchone()
+    n = r[6]
+    return RunNumbers(run_id, r[0], r[1], share(r[2], n),
+                      {"device": share(r[3], n), "host": share(r[4], n), "storage": share(r[5], n)}, r[7])
+
+
+def check_trace_for_advise(run) -> str:
+    """The run's trace must still be there, unchanged: advise replays it."""
+    import os
+
+    from tierdiag.errors import TraceError
+
+    path = run.trace_path
+    if not path or not os.path.isfile(path):
+        raise TraceError(f"trace file {path} of run {run.run_id} ({run.name}) is gone; advise replays it",
+                         hint="restore the file at that path, or replay the trace again and advise that run")
+    if run.trace_sha256:
+        from tierdiag.trace.reader import trace_sha256
+
+        if trace_sha256(path) != run.trace_sha256:
+            raise TraceError(f"trace file {path} changed since run {run.run_id} ({run.name}) was recorded",
+                             hint="replay it again and advise the new run")
+    return path
+
+
+def candidate_configs(run, advice: tuple[Advice, ...], budget: int) -> list[tuple[Advice, str, object]]:
+    """(advice, run name, EngineConfig) for up to `budget` items that change something."""
+    from tierdiag.engine.config import CONFIG_KEYS, EngineConfig
+
+    base = {k: v for k, v in run.config.items() if k in CONFIG_KEYS}
+    out = []
+    for a in [a for a in advice if a.option is not None][:budget]:
+        cfg = EngineConfig(**{**base, **a.changes})
+        name = "advise: " + ", ".join(f"{k}={v}" for k, v in a.changes.items())
+        out.append((a, name, cfg))
+    return out
+
+
+def advise_run(con_factory, db, run, *, budget: int = 4, jobs: int | None = None,
+               progress=None) -> AdviseResult:
+    """Propose changes from `run`'s diagnosis, replay its trace once per change (parallel
+    processes, the sweep runner), and measure each against the baseline.
+
+    `con_factory()` opens the store read-only (closed again before the runner writes to it).
+    """
+    from tierdiag.errors import ConfigError
+    from tierdiag.sweep.runner import Processes, SweepFailed, run_configs
+
+    if budget < 1:
+        raise ConfigError(f"--budget {budget} must be at least 1")
+    if jobs is not None and jobs < 1:
+        raise ConfigError(f"--jobs {jobs} must be at least 1")
+    with con_factory() as con:
+        ctx = run_context_for(con, run)
+        proposed = propose(ctx)
+        baseline = run_numbers(con, run.run_id)
+    sweep_id = advise_sweep_id(run.run_id)
+    plans = candidate_configs(run, proposed, budget)
+    outcomes: dict[int, tuple[str | None, str]] = {}
+    if plans:
+        trace = check_trace_for_advise(run)
+        try:
+            ids = run_configs(trace, [(name, cfg) for _, name, cfg in plans], db,
+                              backend=Processes(jobs or min(len(plans), _cores())), sweep_id=sweep_id,
+                              progress=progress, command_line=["tierdiag", "advise", "--run", run.run_id])
+            outcomes = {i: (rid, "complete") for i, rid in enumerate(ids)}
+        except SweepFailed as exc:
+            outcomes = {o.index: (o.run_id, o.status) for o in exc.outcomes}
+    candidates = []
+    with con_factory() as con:
+        for i, (a, _name, _cfg) in enumerate(plans):
+            rid, status = outcomes.get(i, (None, "not_started"))
+            candidates.append(Candidate(a, run_numbers(con, rid) if rid and status == "complete" else None, status))
+        verified = verified_advice(con, run, proposed)
+    better = [c for c in candidates if c.numbers is not None and c.numbers.key() < baseline.key()]
+    best = min(better, key=lambda c: c.numbers.key()).numbers.run_id if better else None
+    return AdviseResult(baseline, tuple(candidates), best, verified, sweep_id)
+
+
+def run_context_for(con, run) -> RunContext:
+    from tierdiag.diagnose.context import run_context
+
+    return run_context(con, run)
+
+
+def _cores() -> int:
+    from tierdiag.sweep.runner import default_jobs
+
+    return default_jobs()
+
+
+__all__ = ["Advice", "Verified", "RunDiagnosis", "propose", "diagnose_run", "run_advice", "verified_advice",
+           "advise_sweep_id", "config_changes", "NEAR_PEAK_SHARE", "fmt_ms_value", "advise_run", "AdviseResult"]

@@ -1,0 +1,331 @@
+"""The sentences of a verdict, each from one small function over typed evidence.
+
+Every claim `explain` prints about a request is built here from that request's own numbers
+(its `requests` row, its TTFT parts, its queue attribution, its context) or from the run's
+(`RunContext`), and from nothing else: no sentence keys on the hit class alone. A claim is a
+`Claim(name, text)`; the verdict is its claims in order, so a test can take a verdict apart
+and check each claim against the rows (tests/diagnose/test_claims.py).
+
+Vocabulary the checks rely on (keep them in step):
+  "a full device hit"          every reused token was on device and nothing was recomputed
+  "no longer in any tier"      recomputed tokens neither skipped nor matched in storage
+  "matched in storage"         the storage match the request did not use, with its reason
+  "the cache's doing"          recompute took >= RECOMPUTE_QUEUE_SHARE of its wait on a GPU
+                               at least BUSY_SHARE busy
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tierdiag.diagnose.context import CONTEXT_LOOKBACK_NS, QueueAttribution, RequestContext, RunContext
+from tierdiag.diagnose.units import NS_PER_S, fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, share
+
+# The queue is called the cache's doing when recomputing once-cached tokens took at least this
+# share of the GPU time a request waited behind, on a prefill GPU at least BUSY_SHARE busy:
+# queueing grows steeply with load, so that share of the work is what made the wait.
+RECOMPUTE_QUEUE_SHARE = 0.2
+BUSY_SHARE = 0.7
+# A load-back at or above this share of the link's peak is as fast as the link goes.
+NEAR_PEAK_SHARE = 0.8
+# Run-level: a removal reason is named when it holds at least this share of the removed tokens.
+NAMED_REASON_SHARE = 0.3
+
+SKIP_WHY = {
+    "below_threshold": "below the {threshold}-token load-back threshold",
+    "device_full": "device memory could not be freed to load it back",
+}
+STORAGE_WHY = {
+    "prefetch_incomplete": "its prefetch had not completed when the request was scheduled",
+    "below_threshold": "the match was shorter than the prefetch threshold",
+    "host_full": "host memory had no room to prefetch it into",
+    "rate_limited": "prefetches in flight already held the host room allowed for them",
+    "not_backed_up": "the last device node on its path had no host copy, so no prefetch started",
+}
+
+
+@dataclass(frozen=True)
+class Claim:
+    name: str
+    text: str
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "text": self.text}
+
+
+def _int(row: dict, key: str) -> int:
+    return int(row.get(key) or 0)
+
+
+def _pct_of(part: int, whole: int) -> str:
+    return fmt_pct(share(part, whole))
+
+
+# --------------------------------------------------------------------------- tokens
+
+
+def is_full_device_hit(device: int, host: int, storage: int, recomputed: int) -> bool:
+    return device > 0 and host == 0 and storage == 0 and recomputed == 0
+
+
+def cache_context(tokens, *, short: bool = False) -> str:
+    """Where its input came from, in shares of its own input (the headline uses `short`)."""
+    n = tokens.input_tokens
+    d, h, s, r = tokens.device_tokens, tokens.host_tokens, tokens.storage_tokens, tokens.recomputed_tokens
+    new = tokens.new_tokens
+    if d + h + s == 0 and r == 0:
+        return f"the cache had nothing to offer (all {fmt_tokens(n)} tokens new)"
+    if is_full_device_hit(d, h, s, r):
+        return ("the cache was a full device hit" if short else
+                f"the cache was a full device hit ({fmt_tokens(d)} of {fmt_tokens(n)} input tokens on device, "
+                f"nothing recomputed)")
+    parts = [(d, "device"), (h, "host"), (s, "storage")]
+    served = [f"{_pct_of(v, n)} {name}" for v, name in parts if v]
+    rest = ([f"{_pct_of(r, n)} recomputed"] if r else []) + ([f"{_pct_of(new, n)} new"] if new else [])
+    if short:
+        return "its input was " + ", ".join(served + rest)
+    text = f"of its {fmt_tokens(n)} input tokens "
+    text += ("the cache served " + ", ".join(f"{p} ({fmt_tokens(v)})" for p, v in
+                                             zip(served, [v for v, _ in parts if v]))) if served else \
+        "the cache served none"
+    if rest:
+        text += "; " + " and ".join(
+            ([f"{_pct_of(r, n)} ({fmt_tokens(r)}) were once-cached tokens recomputed"] if r else [])
+            + ([f"{_pct_of(new, n)} ({fmt_tokens(new)}) were new"] if new else []))
+    return text
+
+
+# --------------------------------------------------------------------------- the primary cause
+
+
+def none_claim(tolerance_pct: int) -> Claim:
+    return Claim("none", f"That is within {tolerance_pct} % of the ideal, so it was not slow for any reason "
+                         f"worth naming.")
+
+
+def load_back_claim(row: dict, loaded: int, reused: int, lb_bytes: int, lb_ns: int,
+                    achieved_bytes_per_s: float | None) -> Claim:
+    exposed, ttft = _int(row, "loadback_exposed_ns"), _int(row, "ttft_ns")
+    return Claim("load_back", (
+        f"{fmt_tokens(loaded)} of its {fmt_tokens(reused)} reused tokens were not on the device and had to be "
+        f"loaded back ({fmt_bytes(lb_bytes)} in {fmt_ms(lb_ns)}"
+        + (f" at {fmt_bandwidth(achieved_bytes_per_s)}" if achieved_bytes_per_s else "")
+        + f"); {fmt_ms(exposed)} of that ({_pct_of(exposed, ttft)} of TTFT) was not hidden behind compute."))
+
+
+def storage_fetch_claim(row: dict, storage_bytes: int) -> Claim:
+    wait, ttft = _int(row, "storage_wait_ns"), _int(row, "ttft_ns")
+    used, matched = _int(row, "storage_hit_tokens"), _int(row, "storage_match_tokens")
+    text = (f"It was held back {fmt_ms(wait)} ({_pct_of(wait, ttft)} of TTFT) while {fmt_tokens(matched)} tokens of "
+            f"its prefix, on neither device nor host, were fetched from storage ({fmt_bytes(storage_bytes)})")
+    if used != matched:
+        text += f"; {fmt_tokens(used)} of them were used"
+    return Claim("storage_fetch", text + ".")
+
+
+def compute_claim(row: dict, new_tokens: int, beyond_ideal_ns: int) -> Claim:
+    chunks = _int(row, "num_chunks") or 1
+    return Claim("compute", (
+        f"Its own compute of {fmt_tokens(new_tokens)} new tokens took {fmt_ms(_int(row, 'compute_ns'))}, "
+        f"{fmt_ms(beyond_ideal_ns)} more than its ideal ({chunks} prefill chunk{'s' if chunks > 1 else ''})."))
+
+
+def evicted_by_claim(evicted_by: tuple[str, ...], tiers: set[str], thrashing: bool) -> Claim:
+    where = ("pushed off the device" if tiers == {"device"} else
+             "deleted from host" if "device" not in tiers else "pushed off the device and out of host")
+    return Claim("evicted_by", (
+        f"The prefix was {where} by request{'s' if len(evicted_by) > 1 else ''} "
+        f"{', '.join(evicted_by[:5])}{' and others' if len(evicted_by) > 5 else ''}"
+        + (" while the device pool was thrashing." if thrashing else ".")))
+
+
+# --------------------------------------------------------------------------- queue
+
+
+def queue_is_the_caches_doing(qa: QueueAttribution | None, ctx: RequestContext | None) -> bool:
+    if qa is None or ctx is None or not qa.queue_ns or ctx.prefill_busy_share is None:
+        return False
+    return (qa.share_of("recompute") or 0) >= RECOMPUTE_QUEUE_SHARE and ctx.prefill_busy_share >= BUSY_SHARE
+
+
+_WAIT_WORDS = {
+    "recompute": "recomputing once-cached tokens of other requests",
+    "new_compute": "computing other requests' new tokens",
+    "load_back": "on exposed load-backs of other requests",
+    "write_back": "blocked on write-backs at eviction",
+    "decode": "idle while decoding requests held the device memory the queue needed",
+    "storage_wait": "idle while requests waited for storage prefetches",
+    "idle": "idle",
+}
+
+
+def queue_claim(row: dict, qa: QueueAttribution | None, ctx: RequestContext | None,
+                run_why: str | None) -> Claim:
+    queue, ttft = _int(row, "queue_ns"), _int(row, "ttft_ns")
+    text = f"It waited {fmt_ms(queue)} ({_pct_of(queue, ttft)} of TTFT) in the queue or sharing batches"
+    if ctx is not None:
+        text += (f"; {fmt_tokens(ctx.queue_depth_at_arrival)} requests were queued ahead of it at arrival and the "
+                 f"prefill GPU was {fmt_pct(ctx.prefill_busy_share)} busy from {CONTEXT_LOOKBACK_NS // NS_PER_S} s "
+                 f"before its arrival to its first token")
+    if qa is None or not queue:
+        return Claim("queue", text + ".")
+    parts = sorted(((k, v) for k, v in qa.parts_ns.items() if v), key=lambda kv: -kv[1])
+    text += ". Meanwhile the GPU spent " + ", ".join(
+        f"{fmt_ms(v)} ({_pct_of(v, queue)}) {_WAIT_WORDS[k]}" for k, v in parts) + "."
+    if queue_is_the_caches_doing(qa, ctx):
+        rshare = qa.share_of("recompute") or 0
+        text += (f" The queue was the cache's doing: prefixes the cache had held and lost took {fmt_pct(rshare)} of "
+                 f"the GPU time it waited behind, on a GPU {fmt_pct(ctx.prefill_busy_share)} busy "
+                 f"({fmt_pct(ctx.prefill_busy_share * (1 - (ctx.recompute_share_of_prefill or 0)))} busy had it not "
+                 f"recomputed them)")
+        text += f"; {run_why}." if run_why else "."
+    elif qa.gpu_work_ns():
+        top = max(("recompute", "new_compute", "load_back", "write_back"), key=lambda k: qa.parts_ns[k])
+        if top == "new_compute":
+            text += " The slowness was not the cache's doing: the GPU it waited for was mostly computing new tokens."
+    return Claim("queue", text)
+
+
+# --------------------------------------------------------------------------- recompute
+
+
+def recomputed_split(row: dict) -> tuple[int, int, int]:
+    """Its recomputed tokens as (skipped host hit, storage match not used, gone from every tier)."""
+    recomputed = _int(row, "recomputed_tokens")
+    skipped = min(_int(row, "loadback_skipped_tokens"), recomputed) if row.get("loadback_skipped_reason") else 0
+    unused = 0
+    if row.get("storage_skipped_reason"):
+        unused = min(max(_int(row, "storage_match_tokens") - _int(row, "storage_hit_tokens"), 0),
+                     recomputed - skipped)
+    return skipped, unused, recomputed - skipped - unused
+
+
+def recompute_reasons(row: dict, threshold: int | None, host_deleted_tokens: int, storage_tier: bool) -> list[str]:
+    """Why its recomputed tokens were recomputed, one phrase per reason that holds tokens."""
+    skipped, unused, lost = recomputed_split(row)
+    why = []
+    if skipped:
+        reason = row["loadback_skipped_reason"]
+        detail = SKIP_WHY.get(reason, reason).format(threshold=fmt_tokens(threshold) if threshold else "?")
+        why.append(f"{fmt_tokens(skipped)} were a host hit whose load-back was skipped ({reason}: {detail})")
+    if unused:
+        reason = row["storage_skipped_reason"]
+        why.append(f"{fmt_tokens(unused)} were matched in storage but not used ({reason}: "
+                   f"{STORAGE_WHY.get(reason, reason)})")
+    if lost:
+        where = "no longer in any tier"
+        if host_deleted_tokens:
+            where += " (deleted from host" + (", and not in storage" if storage_tier else ", no storage tier") + ")"
+        elif not storage_tier:
+            where += " (no storage tier)"
+        why.append(f"{fmt_tokens(lost)} were {where}")
+    return why
+
+
+def recompute_claim(row: dict, threshold: int | None, host_deleted_tokens: int, storage_tier: bool) -> Claim:
+    recomputed = _int(row, "recomputed_tokens")
+    why = recompute_reasons(row, threshold, host_deleted_tokens, storage_tier)
+    rec_ns, ttft = _int(row, "recompute_ns"), _int(row, "ttft_ns")
+    return Claim("recompute", f"{fmt_tokens(recomputed)} tokens that had been cached before were computed again: "
+                              f"{'; '.join(why)}; that took {fmt_ms(rec_ns)} ({_pct_of(rec_ns, ttft)} of TTFT).")
+
+
+# --------------------------------------------------------------------------- counterfactuals
+
+
+def never_evicted_ns(row: dict) -> int | None:
+    """TTFT had every once-cached or loaded token been device-resident, the same queue ahead."""
+    if row.get("ttft_ns") is None:
+        return None
+    return (_int(row, "ttft_ns") - _int(row, "recompute_ns") - _int(row, "loadback_exposed_ns")
+            - _int(row, "storage_wait_ns"))
+
+
+def counterfactual_claim(row: dict) -> Claim | None:
+    tiered = _int(row, "host_hit_tokens") + _int(row, "storage_hit_tokens")
+    recomputed = _int(row, "recomputed_tokens")
+    if not tiered and not recomputed:
+        return None
+    ttft = _int(row, "ttft_ns")
+    text = (f"Had its prefix never been evicted ({fmt_tokens(tiered + recomputed)} tokens device-resident instead of "
+            f"loaded or recomputed, the same queue ahead), TTFT would have been {fmt_ms(never_evicted_ns(row))} "
+            f"instead of {fmt_ms(ttft)}")
+    if tiered and row.get("recompute_instead_ns") is not None:
+        if recomputed and row.get("ttft_if_device_resident_ns") is not None:
+            text += (f"; with only its {fmt_tokens(tiered)} loaded tokens device-resident, "
+                     f"{fmt_ms(row['ttft_if_device_resident_ns'])}")
+        text += f"; recomputing those {fmt_tokens(tiered)} tokens instead of loading them, {fmt_ms(row['recompute_instead_ns'])}"
+    return Claim("counterfactual", text + ".")
+
+
+def break_even_claim(row: dict, link_peak_share: float | None, achieved_bytes_per_s: float | None) -> Claim | None:
+    """Load-back vs recompute for the tokens it loaded: which was cheaper, by how much."""
+    tiered = _int(row, "host_hit_tokens") + _int(row, "storage_hit_tokens")
+    lb_ns = _int(row, "loadback_ns")
+    if not tiered or not lb_ns or row.get("recompute_instead_ns") is None or row.get("ttft_if_device_resident_ns") is None:
+        return None
+    recompute_cost = _int(row, "recompute_instead_ns") - _int(row, "ttft_if_device_resident_ns")
+    text = f"Loading back {fmt_tokens(tiered)} tokens took {fmt_ms(lb_ns)} on the link"
+    if achieved_bytes_per_s:
+        text += f" at {fmt_bandwidth(achieved_bytes_per_s)}"
+        if link_peak_share is not None:
+            text += f" ({fmt_pct(link_peak_share)} of peak)"
+    text += f"; recomputing them would have cost {fmt_ms(recompute_cost)}"
+    if recompute_cost > lb_ns:
+        text += f": load-back was {recompute_cost / lb_ns:,.1f}× cheaper"
+        if link_peak_share is not None and link_peak_share >= NEAR_PEAK_SHARE:
+            text += ", and the link ran near its peak: nothing to fix in the load-back"
+    elif recompute_cost > 0:
+        text += f": recomputing would have been {lb_ns / recompute_cost:,.1f}× cheaper"
+    return Claim("break_even", text + ".")
+
+
+# --------------------------------------------------------------------------- the run's why
+
+
+def held_capacity(config: dict, device: int | None, host: int | None) -> tuple[int, str]:
+    """Tokens the pools can keep cached, and how to say it. write_through keeps a host copy of
+    everything on device, so the host pool alone bounds it; otherwise host holds what device
+    evicted and the two add up."""
+    device, host = device or 0, host or 0
+    if config.get("write_policy") == "write_through":
+        return host, f"{fmt_tokens(host)} tokens of host (write_through keeps a host copy of the device's)"
+    return device + host, f"{fmt_tokens(device + host)} tokens of device + host"
+
+
+def loss_why(run: RunContext | None) -> str | None:
+    """Why the run's once-cached tokens were lost, from the run's removal records; None if none were."""
+    if run is None:
+        return None
+    lo = run.losses
+    if not lo.recomputed_tokens:
+        return None
+    text = (f"run-wide {fmt_tokens(lo.recomputed_tokens)} once-cached tokens ({fmt_pct(lo.recomputed_share)} of input) "
+            f"were recomputed")
+    parts = []
+    if lo.deleted_from_host_tokens:
+        cap, pools = held_capacity(run.config, lo.device_capacity_tokens, lo.host_capacity_tokens)
+        p = f"{fmt_tokens(lo.deleted_from_host_tokens)} had been deleted from host"
+        if lo.removed_reuse_p50_tokens is not None and cap:
+            p += (f" with a reuse distance of {fmt_tokens(lo.removed_reuse_p50_tokens)} tokens at the median and "
+                  f"{fmt_tokens(lo.removed_reuse_p90_tokens)} at p90 against {pools}")
+            if lo.removed_reuse_p50_tokens > cap:
+                p += ": pools of this size cannot keep most of them (capacity)"
+            elif (lo.removed_reuse_p90_tokens or 0) > cap:
+                p += ": pools of this size cannot keep the farthest of them (capacity)"
+            else:
+                p += ": they would have fit, so pressure pushed them out"
+        parts.append(p)
+    if lo.dropped_unbacked_tokens:
+        parts.append(f"{fmt_tokens(lo.dropped_unbacked_tokens)} were dropped from device without a host copy "
+                     f"(write_policy {run.config.get('write_policy', '?')})")
+    removed = lo.deleted_from_host_tokens + lo.dropped_unbacked_tokens
+    if lo.hot_removed_tokens and removed and lo.hot_removed_tokens >= NAMED_REASON_SHARE * removed:
+        parts.append(f"{fmt_tokens(lo.hot_removed_tokens)} came from hot prefixes (hit 3 or more times) that "
+                     f"eviction_policy {run.config.get('eviction_policy', '?')} evicted")
+    for reason, n in sorted(lo.skipped_tokens.items()):
+        parts.append(f"{fmt_tokens(n)} were host hits skipped ({reason})")
+    for reason, n in sorted(lo.storage_unused_tokens.items()):
+        parts.append(f"{fmt_tokens(n)} were matched in storage but not used ({reason})")
+    return text + (": " + "; ".join(parts) if parts else "")
+
