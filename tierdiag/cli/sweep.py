@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 from typing import Annotated, List, Optional
@@ -10,7 +9,7 @@ from typing import Annotated, List, Optional
 import typer
 
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, err, out, print_json
-from tierdiag.errors import ConfigError, ExitCode
+from tierdiag.errors import ConfigError
 
 Opt = typer.Option
 
@@ -79,7 +78,7 @@ def _run(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool) ->
     """The runner under a progress bar; each finished run's headline is printed above it."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from tierdiag.cli.replay import _sigterm_interrupts, _Terminated
+    from tierdiag.errors import RunInterrupted
     from tierdiag.diagnose.summary import run_summary
     from tierdiag.diagnose.units import fmt_ms, fmt_pct
     from tierdiag.store.reader import open_store, resolve_run
@@ -107,16 +106,14 @@ def _run(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool) ->
     with bar:
         task = bar.add_task("sweep", total=n)
         try:
-            with _sigterm_interrupts():
-                return run_configs(trace, plan.configs, db, backend=backend, sweep_id=sweep_id, skip_bad=skip_bad,
-                                   command_line=["tierdiag"] + sys.argv[1:], progress=headline)
+            return run_configs(trace, plan.configs, db, backend=backend, sweep_id=sweep_id, skip_bad=skip_bad,
+                               command_line=["tierdiag"] + sys.argv[1:], progress=headline)
         except SweepInterrupted as exc:
             bar.stop()
             count = {s: sum(1 for o in exc.outcomes if o.status == s) for s in ("complete", "interrupted", "not_started")}
-            print(f"tierdiag: interrupted; sweep {sweep_id} kept in {db}: {count['complete']} complete, "
-                  f"{count['interrupted']} interrupted, {count['not_started']} not started", file=sys.stderr)
-            terminated = isinstance(exc.__cause__, _Terminated)
-            raise typer.Exit(128 + signal.SIGTERM if terminated else int(ExitCode.INTERRUPTED))
+            # The CLI's one place for interrupts prints it and exits 130 (143 for SIGTERM).
+            raise RunInterrupted(f"interrupted; sweep {sweep_id} kept in {db}: {count['complete']} complete, "
+                                 f"{count['interrupted']} interrupted, {count['not_started']} not started") from None
 
 
 def _cores() -> int:
