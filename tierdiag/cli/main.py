@@ -43,6 +43,7 @@ def _register() -> None:
 
 
 _register()
+app.add_typer(__import__("tierdiag.cli.import_sglang", fromlist=["x"]).import_app)  # `import` is a keyword: a group
 
 
 def _is_no_args_help(exc: Exception) -> bool:
