@@ -207,3 +207,11 @@ def test_cli_exit_codes_and_one_line_errors(tmp_path):
                         capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["num_requests"] == 1 and "skipped 1 bad line" in ok.stderr
+
+
+@pytest.mark.parametrize("ids", [[1, -2, 3], [1, 2.5, 3], [[1, 2], 3]])
+def test_input_ids_must_be_a_flat_list_of_non_negative_integers(tmp_path, ids):
+    rec = record("z", prompt=3, tokens=ids)  # type: ignore[arg-type]
+    path = write_export(tmp_path / "e", "20251201_09", [rec])
+    with pytest.raises(TraceError, match=r":1: 'request_parameters' input_ids must be a flat list"):
+        list(read_export([path], with_tokens=True))

@@ -220,10 +220,10 @@ class _TraceSpool:
         if r.received_s is None:
             self.no_arrival += 1
             return
-        if not r.input_ids:
+        if r.prompt_tokens == 0:
             self.no_prompt += 1
             return
-        body = self._encode(r.input_ids)
+        body = r.input_ids
         try:
             self._fh.write(body)
         except OSError as exc:
