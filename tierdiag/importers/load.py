@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from array import array
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -195,12 +196,11 @@ class _TraceSpool:
         except OSError as exc:
             raise OutputError(f"cannot write {out}: {exc.strerror or exc}") from None
         self.spool_path = Path(self._fh.name)
-        self.arrival: list[int] = []
-        self.offset: list[int] = []
-        self.length: list[int] = []
-        self.ids: list[str] = []
-        self.input_len: list[int] = []
-        self.output_len: list[int] = []
+        # Per request only (arrival, offset, length) stays in memory, as int64 arrays; the rest of
+        # its line (id, lengths, tokens) is already in the spool.
+        self.arrival = array("q")
+        self.offset = array("q")
+        self.length = array("q")
         self._pos = 0
         self.text_only = 0
         self.no_prompt = 0
@@ -223,7 +223,10 @@ class _TraceSpool:
         if r.prompt_tokens == 0:
             self.no_prompt += 1
             return
-        body = r.input_ids
+        # Everything of the trace line but its timestamp (known once the first arrival is).
+        body = b"".join((b'"id":', self._encode(r.req_id), b',"input_length":', str(r.prompt_tokens).encode(),
+                         b',"output_length":', str(r.completion_tokens or 0).encode(), b',"tokens":',
+                         r.input_ids, b"}\n"))
         try:
             self._fh.write(body)
         except OSError as exc:
@@ -232,33 +235,27 @@ class _TraceSpool:
         self.offset.append(self._pos)
         self.length.append(len(body))
         self._pos += len(body)
-        self.ids.append(r.req_id)
-        self.input_len.append(r.prompt_tokens)
-        self.output_len.append(r.completion_tokens or 0)
 
     def write(self, t0_ns: int | None) -> tuple[int, str]:
         """Write the trace in arrival order; (requests written, sha256 of the file)."""
         self._fh.flush()
         self._fh.close()
-        n = len(self.ids)
+        n = len(self.arrival)
         digest = hashlib.sha256()
         tmp = self.out.with_name(f".{self.out.name}.tmp")
         try:
-            order = np.argsort(np.asarray(self.arrival, dtype=np.int64), kind="stable") if n else []
+            arrival = np.frombuffer(self.arrival, dtype=np.int64) if n else np.empty(0, dtype=np.int64)
+            order = np.argsort(arrival, kind="stable")
             base = t0_ns if t0_ns is not None else 0
-            enc = self._encode
             with open(self.spool_path, "rb") as src, open(tmp, "wb", buffering=1 << 20) as dst:
-                for i in order:
-                    i = int(i)
+                for i in order.tolist():
                     src.seek(self.offset[i])
-                    tokens = src.read(self.length[i])
-                    head = (b'{"id":' + enc(self.ids[i]) + b',"timestamp":'
-                            + str((self.arrival[i] - base) // NS_PER_MS).encode()
-                            + b',"input_length":' + str(self.input_len[i]).encode()
-                            + b',"output_length":' + str(self.output_len[i]).encode() + b',"tokens":')
-                    for part in (head, tokens, b"}\n"):
-                        digest.update(part)
-                        dst.write(part)
+                    rest = src.read(self.length[i])
+                    head = b'{"timestamp":' + str((self.arrival[i] - base) // NS_PER_MS).encode() + b","
+                    digest.update(head)
+                    digest.update(rest)
+                    dst.write(head)
+                    dst.write(rest)
             os.replace(tmp, self.out)
         except OSError as exc:
             raise OutputError(f"cannot write {self.out}: {exc.strerror or exc}") from None

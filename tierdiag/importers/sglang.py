@@ -420,8 +420,10 @@ def read_export(paths: list[str | os.PathLike], *, with_tokens: bool = False, sk
 
 
 def _read(files: list[Path], with_tokens: bool, skip_bad: bool, report: ImportReport) -> Iterator[SGLangRequest]:
-    seen: dict[str, str] = {}
-    for path in files:
+    # id -> where it was first seen, packed as file index << 32 | line (an int, not a string:
+    # this map is the importer's one per-request structure, so it is kept small).
+    seen: dict[str, int] = {}
+    for file_index, path in enumerate(files):
         name = str(path)
         recognised = False
         for lineno, data in _lines(path, report):
@@ -443,7 +445,8 @@ def _read(files: list[Path], with_tokens: bool, skip_bad: bool, report: ImportRe
                 req = _record(rec, name, lineno, with_tokens, report)
                 first = seen.get(req.req_id)
                 if first is not None:
-                    raise _BadLine(f"duplicate request id {req.req_id!r} (first at {first})")
+                    raise _BadLine(f"duplicate request id {req.req_id!r} (first at {files[first >> 32]}:"
+                                   f"{first & 0xFFFFFFFF})")
             except _BadLine as exc:
                 message = f"{name}:{lineno}: {exc}"
                 if not skip_bad:
@@ -452,7 +455,7 @@ def _read(files: list[Path], with_tokens: bool, skip_bad: bool, report: ImportRe
                 if len(report.first_bad) < _FIRST_BAD_KEPT:
                     report.first_bad.append(message)
                 continue
-            seen[req.req_id] = f"{name}:{lineno}"
+            seen[req.req_id] = file_index << 32 | lineno
             report.num_records += 1
             yield req
 
