@@ -215,3 +215,33 @@ def test_input_ids_must_be_a_flat_list_of_non_negative_integers(tmp_path, ids):
     path = write_export(tmp_path / "e", "20251201_09", [rec])
     with pytest.raises(TraceError, match=r":1: 'request_parameters' input_ids must be a flat list"):
         list(read_export([path], with_tokens=True))
+
+
+def test_files_are_read_in_the_hour_order_of_their_names_whatever_the_arguments(tmp_path):
+    late = write_export(tmp_path / "e", "20251201_23", [record("late", prompt=80)])
+    early = write_export(tmp_path / "e", "20251130_02", [record("early", prompt=80)], gz=True)
+    other = tmp_path / "renamed.log"
+    other.write_text(json.dumps(record("other", prompt=80)) + "\n")
+    from tierdiag.importers.sglang import export_files
+
+    assert export_files([other, late, tmp_path / "e", early]) == [early, late, other]
+    assert [r.req_id for r in read_export([tmp_path / "e"])] == ["early", "late"]
+
+
+def test_the_fast_path_and_the_full_parse_read_the_same_record(tmp_path):
+    """SGLang's key order takes the fast path; any other order (or spacing) the full parse."""
+    rec = record("x", prompt=80, device=64, tokens=toks(80, 1), arrival_s=1.0)
+    reordered = {k: rec[k] for k in reversed(list(rec))}
+    compact = json.dumps(rec, separators=(",", ":"))
+    for i, line in enumerate((json.dumps(rec), json.dumps(reordered), compact)):
+        path = write_export(tmp_path / str(i), "20251201_09", [line])
+        (r,) = read_export([path], with_tokens=True)
+        assert (r.req_id, r.device_tokens, r.ttft_s, json.loads(r.input_ids)) == ("x", 64, 0.05, toks(80, 1))
+
+
+@pytest.mark.parametrize("bad", ["[1,,2]", "[01, 2]", "[1 2]"])
+def test_malformed_input_ids_are_caught_on_the_fast_path_too(tmp_path, bad):
+    line = json.dumps(record("z", prompt=2, tokens=[7, 8])).replace("[7, 8]", bad)
+    path = write_export(tmp_path / "e", "20251201_09", [line])
+    with pytest.raises(TraceError, match=r":1: 'request_parameters' (does not hold a request: JSON is malformed|input_ids)"):
+        list(read_export([path], with_tokens=True))

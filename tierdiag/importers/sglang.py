@@ -199,9 +199,52 @@ _ID_DIGITS_AND_BLANKS = b"0123456789 \t\n\r"
 _record_decoder = msgspec.json.Decoder(_Record)
 _params_decoder = msgspec.json.Decoder(_Params)
 _str_decoder = msgspec.json.Decoder(str)
+_raw_decoder = msgspec.json.Decoder(msgspec.Raw)
+
+
+# The fast path, from the layout json.dump gives _format_output_data's dict: request_parameters
+# first, "id" right after it (meta_info's first key), json's default ", " / ": " separators.
+# The end of the (long) prompt string is found by hopping from quote to quote with memchr
+# (`bytes.find` of one byte) and skipping escaped ones: a few dozen hops instead of parsing
+# ~50 KB. Only the (short) numbers after it are parsed. Any other layout, or a prompt with more
+# quotes than _FAST_MAX_QUOTES, takes the full parse, which also names any problem.
+_FAST_PREFIX = b'{"request_parameters": "'
+_FAST_AFTER = b', "id": '
+_FAST_MAX_QUOTES = 1024
+# Within that string, the request's input_ids as json.dumps wrote them: an array of digits has
+# no escapes, so its bytes are the same escaped or not. GenerateReqInput's fields are in the
+# order rid, session_id, text, input_ids, ..., so the first match is the top-level key (a
+# quote inside `text` would be escaped twice here, \\\").
+_FAST_IDS_KEY = b'\\"input_ids\\": ['
+
+
+def _string_end(data: bytes, start: int) -> int:
+    """Index of the quote closing the JSON string opened at data[start], or -1."""
+    pos = start
+    for _ in range(_FAST_MAX_QUOTES):
+        pos = data.find(b'"', pos + 1)
+        if pos < 0:
+            return -1
+        k = pos - 1
+        while data[k] == 0x5C:  # backslashes before it: an odd number escapes it
+            k -= 1
+        if (pos - 1 - k) % 2 == 0:
+            return pos
+    return -1
 
 
 def _decode_record(data: bytes) -> _Record:
+    if data.startswith(_FAST_PREFIX):
+        end = _string_end(data, len(_FAST_PREFIX) - 1)
+        if end > 0 and data.startswith(_FAST_AFTER, end + 1):
+            try:
+                rec = _record_decoder.decode(b"{" + data[end + 3:])
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                pass  # the full parse below gives the error its proper words
+            else:
+                # A view, not a copy: the prompt is ~50 KB and only --trace-out reads it.
+                rec.request_parameters = msgspec.Raw(memoryview(data)[len(_FAST_PREFIX) - 1:end + 1])
+                return rec
     try:
         return _record_decoder.decode(data)
     except msgspec.ValidationError as exc:
@@ -323,6 +366,14 @@ def _params(raw: msgspec.Raw, prompt_tokens: int) -> tuple[bytes | None, bool, b
     """Decode request_parameters: a JSON string holding JSON (REQUEST_PARAMETERS_KEY).
 
     Returns (input_ids as the JSON text of a flat integer array, or None; has text; stream)."""
+    raw_bytes = bytes(raw)
+    key = raw_bytes.find(_FAST_IDS_KEY)
+    if key > 0:
+        start = key + len(_FAST_IDS_KEY) - 1
+        end = raw_bytes.find(b"]", start)
+        ids = raw_bytes[start:end + 1] if end > 0 else b""
+        if ids and _is_json(ids):  # else (nested, cut, malformed) the full parse says what is wrong
+            return _checked_ids(ids, prompt_tokens), False, None
     try:
         inner = _str_decoder.decode(raw)
     except msgspec.ValidationError:
@@ -336,16 +387,29 @@ def _params(raw: msgspec.Raw, prompt_tokens: int) -> tuple[bytes | None, bool, b
     ids = bytes(p.input_ids) if p.input_ids else None
     if ids is None or ids == _NULL:
         return None, has_text, p.stream
-    # Valid JSON already (the decoder checked it): a list holding only digits, commas and
-    # blanks between its brackets is a flat list of non-negative integers.
-    # One pass: what is left without digits and blanks must be "[" + commas + "]".
+    return _checked_ids(ids, prompt_tokens), has_text, p.stream
+
+
+def _is_json(data: bytes) -> bool:
+    """JSON syntax checked (no empty elements, no leading zeros), nothing built."""
+    try:
+        _raw_decoder.decode(data)
+    except msgspec.DecodeError:
+        return False
+    return True
+
+
+def _checked_ids(ids: bytes, prompt_tokens: int) -> bytes:
+    """`ids`, valid JSON text, if it is a flat list of `prompt_tokens` non-negative integers."""
+    # Valid JSON holding only digits, commas and blanks between its brackets is a flat list of
+    # non-negative integers: what is left without digits and blanks must be "[" + commas + "]".
     rest = ids.translate(None, _ID_DIGITS_AND_BLANKS)
     if rest[:1] != b"[" or rest[-1:] != b"]" or rest[1:-1].strip(b","):
         raise _BadLine(f"'{REQUEST_PARAMETERS_KEY}' input_ids must be a flat list of non-negative integers")
     n = len(rest) - 1 if ids[1:-1].strip() else 0  # "[]" holds none; "[7]" leaves "[]" too
     if n != prompt_tokens:
         raise _BadLine(f"'{REQUEST_PARAMETERS_KEY}' has {n} input_ids but 'prompt_tokens' is {prompt_tokens}")
-    return ids, has_text, p.stream
+    return ids
 
 
 # --- files -----------------------------------------------------------------------------------
