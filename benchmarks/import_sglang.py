@@ -157,8 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         if not results[True]:
             return 0
         ratio = statistics.median(r["wall_s"] for r in results[True]) / base
-        print(f"--trace-out costs {ratio:.2f}x the plain import (unescapes request_parameters, checks the "
-              f"token ids, spools them, then copies them out in arrival order: the export is in finish order)")
+        print(f"--trace-out costs {ratio:.2f}x the plain import (finds and checks every token id, spools "
+              f"them, then copies them out in arrival order, since the export is in finish order: the "
+              f"prompts are written twice)")
     finally:
         if args.keep:
             print(f"kept {tmp}", file=sys.stderr)
