@@ -245,3 +245,14 @@ def test_malformed_input_ids_are_caught_on_the_fast_path_too(tmp_path, bad):
     path = write_export(tmp_path / "e", "20251201_09", [line])
     with pytest.raises(TraceError, match=r":1: 'request_parameters' (does not hold a request: JSON is malformed|input_ids)"):
         list(read_export([path], with_tokens=True))
+
+
+def test_progress_reports_records_and_bytes(tmp_path, monkeypatch):
+    import tierdiag.importers.load as load
+
+    monkeypatch.setattr(load, "PROGRESS_EVERY", 2)
+    export = scenario(tmp_path / "export")
+    calls: list[tuple[int, int, int]] = []
+    import_sglang([export], db=tmp_path / "o.duckdb", progress=lambda *a: calls.append(a))
+    assert [c[0] for c in calls] == [2, 4, 6]
+    assert calls[0][1] > 0 and calls[0][2] == sum(f.stat().st_size for f in export.iterdir())

@@ -37,8 +37,18 @@ def sglang(
     # Imported here, not at the top: main.py imports every command module to register it.
     from tierdiag.importers.load import import_sglang
 
-    s = import_sglang(paths, db=db, run_name=run_name, trace_out=trace_out, skip_bad=skip_bad,
-                      command_line=["tierdiag"] + sys.argv[1:])
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("[bold]import"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[info]}"),
+                   TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal or json_)
+    with bar:
+        task = bar.add_task("import", total=None, info="")
+
+        def progress(records: int, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=max(total, done), info=f"{records:,} requests")
+
+        s = import_sglang(paths, db=db, run_name=run_name, trace_out=trace_out, skip_bad=skip_bad,
+                          command_line=["tierdiag"] + sys.argv[1:], progress=progress)
     if s.bad_lines:
         first = "; ".join(s.first_bad[:2])
         err.print(f"tierdiag: skipped {s.bad_lines:,} bad line{'s' if s.bad_lines != 1 else ''} (first: {first})",

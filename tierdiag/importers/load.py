@@ -36,6 +36,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import msgspec
 import numpy as np
@@ -54,6 +55,7 @@ from tierdiag.importers.sglang import (
 NS_PER_S = 1_000_000_000
 NS_PER_MS = 1_000_000
 CHUNK_ROWS = 16_384
+PROGRESS_EVERY = 1_000
 OBSERVED_TIMING = "observed"  # runs.timing of an imported run: the server's own clock
 
 _INT_COLS = ("arrival_ns", "input_tokens", "output_tokens", "device_hit_tokens", "host_hit_tokens",
@@ -273,11 +275,16 @@ class _TraceSpool:
 
 def import_sglang(paths: list[str | os.PathLike], *, db: Path, run_name: str | None = None,
                   trace_out: Path | None = None, skip_bad: bool = False,
-                  command_line: list[str] | None = None) -> ImportSummary:
-    """Read the export under `paths` into one observed run in `db` (and the trace, if asked)."""
+                  command_line: list[str] | None = None,
+                  progress: Callable[[int, int, int], None] | None = None) -> ImportSummary:
+    """Read the export under `paths` into one observed run in `db` (and the trace, if asked).
+
+    `progress(records, bytes read, total bytes)` is called every PROGRESS_EVERY records (total
+    counts the files as stored, so a gzipped export reads past it)."""
     t_start = time.perf_counter()
     report = ImportReport()
     records = read_export(paths, with_tokens=trace_out is not None, skip_bad=skip_bad, report=report)
+    total_bytes = sum(os.path.getsize(f) for f in report.files)
     spool = _TraceSpool(trace_out) if trace_out is not None else None
     cols = _Columns()
     totals = dict(finished=0, aborted=0, ttft=0, timed=0, input=0, device=0, host=0, storage=0, computed=0)
@@ -285,6 +292,8 @@ def import_sglang(paths: list[str | os.PathLike], *, db: Path, run_name: str | N
     try:
         for r in records:
             cols.add(r)
+            if progress is not None and cols.n % PROGRESS_EVERY == 0:
+                progress(cols.n, report.bytes_read, total_bytes)
             if spool is not None:
                 spool.add(r)
             totals["aborted" if r.finish_type == "abort" else "finished"] += 1
