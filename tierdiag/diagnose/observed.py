@@ -23,7 +23,7 @@ import duckdb
 
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one
 from tierdiag.diagnose.units import fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
-from tierdiag.errors import NotFoundError, StoreError
+from tierdiag.errors import NotFoundError
 from tierdiag.store.reader import RunInfo, list_runs
 
 # A twin found by request ids (not by the trace's sha256) must share at least this share of the
@@ -133,9 +133,7 @@ class Agreement:
     requests: tuple[RequestPair, ...]  # the largest disagreements first (only when asked)
 
     def to_json(self) -> dict:
-        d = dataclass_json(self)
-        # Shares, not times: the generic `_ns` -> `_ms` rule already handled the others.
-        return d
+        return dataclass_json(self)
 
     def finding(self) -> str:
         """One paragraph, every figure from the fields above."""
@@ -656,7 +654,3 @@ def observed_summary(con: duckdb.DuckDBPyConnection, run: RunInfo) -> ObservedSu
         queue_share_of_ttft=share(t.get("queue"), ttft), requests_mostly_queueing=i("mostly_queueing"),
         not_reported=NOT_REPORTED, twin=twin, agreement=agree)
 
-
-def require_observed(run: RunInfo) -> None:
-    if run.kind != "observed":
-        raise StoreError(f"run {run.run_id} ({run.name}) is a {run.kind} run, not an observed one")

@@ -1,7 +1,8 @@
 """`tierdiag import sglang`: an SGLang metrics export -> one `observed` run (+ a replayable trace).
 
 Records stream from `importers.sglang.read_export`; only their numbers are kept, as Arrow
-columns in chunks (about 150 bytes a request, never the prompts). Times are written relative to
+columns in chunks (a few hundred bytes a request, never the prompts: peak RSS grows ~0.7 KB a
+request with DuckDB's own buffers, benchmarks/import_sglang.py). Times are written relative to
 the first request's arrival, which is known only at the end: the export is in *finish* order,
 so the earliest arrival can sit in any file. Hence one bulk write through `RunWriter` at the
 end, after the whole export has been read: a bad export records nothing.
