@@ -256,3 +256,15 @@ def test_progress_reports_records_and_bytes(tmp_path, monkeypatch):
     import_sglang([export], db=tmp_path / "o.duckdb", progress=lambda *a: calls.append(a))
     assert [c[0] for c in calls] == [2, 4, 6]
     assert calls[0][1] > 0 and calls[0][2] == sum(f.stat().st_size for f in export.iterdir())
+
+
+def test_a_last_line_cut_short_is_left_out_with_a_warning_not_an_error(tmp_path):
+    """An export read while SGLang is still writing its last record (or after a crash)."""
+    path = write_export(tmp_path / "e", "20251201_09", [record("a", prompt=80), record("b", prompt=80)])
+    cut = json.dumps(record("c", prompt=80))[:-40]
+    with open(path, "a") as fh:
+        fh.write(cut)  # no newline: the write is still going on
+    s = import_sglang([path], db=tmp_path / "o.duckdb")
+    assert s.num_requests == 2 and s.bad_lines == 0
+    assert any(f"incomplete last line(s) (the server still writing, or a crash), first at {path}:3" in w
+               for w in s.warnings)

@@ -356,6 +356,9 @@ def import_sglang(paths: list[str | os.PathLike], *, db: Path, run_name: str | N
     if not totals["timed"]:
         warnings.append(f"the export has no timing fields (SGLang ran without {METRICS_FLAG}): arrival, "
                         f"queue time, TTFT and finish time are NULL; only the tier split is known")
+    if report.incomplete_tails:
+        warnings.append(f"left out {len(report.incomplete_tails)} incomplete last line(s) (the server still "
+                        f"writing, or a crash), first at {report.incomplete_tails[0]}")
     if report.details_mismatch:
         warnings.append(f"{report.details_mismatch:,} request(s) with cached_tokens different from the sum of "
                         f"cached_tokens_details (first: {report.first_mismatch}); the split was used")

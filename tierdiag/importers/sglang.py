@@ -147,6 +147,7 @@ class ImportReport:
     details_mismatch: int = 0  # cached_tokens != device + host + storage (split kept)
     first_mismatch: str | None = None
     bytes_read: int = 0
+    incomplete_tails: list[str] = field(default_factory=list)  # "file:line" of a cut-short last line
 
 
 class _BadLine(Exception):
@@ -499,6 +500,12 @@ def _read(files: list[Path], with_tokens: bool, skip_bad: bool, report: ImportRe
                 try:
                     rec = _decode_record(data)
                 except _BadLine:
+                    if not data.endswith(b"\n") and recognised:
+                        # The file's last line, cut short: FileRequestMetricsExporter.write_file
+                        # writes a line, then "\n", then flushes, so this is a record still being
+                        # written (an export read while the server runs) or cut by a crash.
+                        report.incomplete_tails.append(f"{name}:{lineno}")
+                        continue
                     if not recognised:
                         _check_is_export(path, data)
                     raise
