@@ -134,3 +134,50 @@ def test_sweep_of_the_synthetic_trace(tmp_path):
     replay(trace, EngineConfig(host_tokens=8 * 2**20, write_policy="write_back"), db=single, run_name=name,
            probes=True, skip_bad=False)
     assert_same_runs(db, single, [name])
+
+
+_NO_TORCH = """
+import json, sys
+sys.argv = ["tierdiag", *json.loads(sys.argv[1])]
+from tierdiag.cli.main import main
+try:
+    main()
+except SystemExit as exc:
+    assert not exc.code, exc.code
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "ray"))
+assert heavy == [], heavy
+"""
+
+
+@pytest.mark.parametrize("args", [("compare", "--json"), ("compare",), ("runs",), ("runs", "--json"),
+                                  ("report", "--sweep", "sweep-", "-o", "{tmp}/r.html")])
+def test_readers_never_import_torch(swept, tmp_path, args):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    proc = subprocess.run([sys.executable, "-c", _NO_TORCH, json.dumps([*args, "--db", str(swept)])],
+                          capture_output=True, text=True, env=env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_runs_shows_kind_sweep_and_changed_options(swept):
+    proc = cli("runs", "--db", swept, "--json")
+    assert proc.returncode == 0, proc.stderr
+    runs = {r["name"]: r for r in json.loads(proc.stdout)}
+    r = runs["host_tokens=64k,write_policy=write_back"]
+    assert r["kind"] == "replay" and r["sweep_id"].startswith("sweep-")
+    # model/gpu/pools were set for every run; write_through is the default, so it is not listed.
+    assert r["changed_from_defaults"] == {"model": "tiny", "gpu": "cpu", "device_tokens": 16384,
+                                          "host_tokens": 65536, "write_policy": "write_back"}
+    assert "write_policy" not in runs["host_tokens=64k,write_policy=write_through"]["changed_from_defaults"]
+    table = cli("runs", "--db", swept)
+    assert "replay" in table.stdout and r["sweep_id"] in table.stdout and "write_policy=write_back" in table.stdout
+
+
+def test_run_accepts_unique_prefixes_of_ids_and_names(swept):
+    runs = runs_by_name(swept)
+    target = runs["host_tokens=64k,write_policy=write_through"]
+    for ref in (target["run_id"], target["run_id"][:-2], "host_tokens=64k,write_policy=write_t"):
+        proc = cli("summary", "--run", ref, "--db", swept, "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["run_id"] == target["run_id"]
+    one_line_error(cli("summary", "--run", "host_tokens=64k", "--db", swept), 4, "ambiguous",
+                   "host_tokens=64k,write_policy=write_through")

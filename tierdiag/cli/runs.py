@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.table import Table
 from rich.text import Text
 
@@ -13,7 +15,7 @@ def runs(db: DbOpt = DEFAULT_DB_PATH, json_: JsonOpt = False) -> None:
     """List the runs recorded in the database: kind, sweep, and the options that differ from the
     defaults (a dead replay shows as interrupted)."""
     from tierdiag.diagnose.compare import changed_from_defaults
-    from tierdiag.report.compare_terminal import fmt_option
+    from tierdiag.report.compare_terminal import fmt_option, wide_console
 
     with open_store(db) as con:
         infos = list_runs(con)
@@ -23,15 +25,17 @@ def runs(db: DbOpt = DEFAULT_DB_PATH, json_: JsonOpt = False) -> None:
         return
     table = Table(title=f"runs in {db}")
     for col in ("run_id", "name", "kind", "sweep", "created", "status", "requests", "trace", "model/gpu",
-                "options not at their defaults", "wall"):
-        table.add_column(col)
+                "options not at defaults", "wall"):
+        table.add_column(col, no_wrap=col in ("run_id", "sweep", "created", "status"))
     for r in infos:
-        options = ", ".join(f"{k}={fmt_option(v)}" for k, v in changes[r.run_id].items()) or "-"
+        # model and gpu have their own column
+        options = ", ".join(f"{k}={fmt_option(v)}" for k, v in changes[r.run_id].items()
+                            if k not in ("model", "gpu")) or "-"
         table.add_row(Text(r.run_id), Text(r.name), r.kind, Text(r.sweep_id or "-"), str(r.created_at)[:19],
-                      r.status, f"{r.num_requests:,}", Text(r.trace_path),
+                      r.status, f"{r.num_requests:,}", Text(Path(r.trace_path).name),
                       Text(f"{r.config.get('model', '?')}/{r.config.get('gpu', '?')}"), Text(options),
                       f"{r.wall_s:.1f}s" if r.wall_s is not None else "-")
-    out.print(table)
+    wide_console(out).print(table)
     for r in infos:
         if r.status == "failed" and r.error:
             out.print(f"run {r.run_id} failed: {r.error}", markup=False, highlight=False)

@@ -57,6 +57,8 @@ def changed_from_defaults(config: dict) -> dict[str, Any]:
             "host_tokens"]
     except (TierdiagError, TypeError):  # recorded by another version, with presets or keys this one lacks
         reference = EngineConfig().to_json()
+    # The geometry itself against the plain defaults (llama3-8b on an h200, ...).
+    reference.update({k: f.default for k, f in EngineConfig.__dataclass_fields__.items() if k in geometry})
     return {k: v for k, v in config.items() if k in reference and reference[k] != v}
 
 

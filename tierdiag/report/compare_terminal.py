@@ -38,7 +38,7 @@ def _split(r: RunRow) -> str:
 WIDE = 200
 
 
-def _wide(console: Console) -> Console:
+def wide_console(console: Console) -> Console:
     """Piped output has no terminal to overflow (Rich assumes 80 columns there): give the wide
     tables the room they need rather than cutting every cell."""
     if console.is_terminal or console.width >= WIDE:
@@ -73,7 +73,7 @@ def render_comparison(c: Comparison, console: Console, *, title: str | None = No
                       fmt_bytes(r.memory_bytes))
     table.caption = ("reuse and tier split are token-weighted over finished requests; recompute: tokens "
                      "computed although cached once; memory: device + host + storage KV capacity")
-    _wide(console).print(table)
+    wide_console(console).print(table)
 
     by_class = Table(title="TTFT p50 / p90 / p99 by class", title_justify="left")
     by_class.add_column("run")
@@ -88,7 +88,7 @@ def render_comparison(c: Comparison, console: Console, *, title: str | None = No
                                                 f"{fmt_ms(s.ttft_p99_ns)}  ({s.num_requests:,})")
         by_class.add_row(Text(r.name), *cells)
     if present:
-        _wide(console).print(by_class)
+        wide_console(console).print(by_class)
 
 
 def _delta_table(title: str, rows: Sequence[RequestDelta], name_a: str, name_b: str) -> Table:
@@ -119,9 +119,9 @@ def render_request_comparison(rc: RequestComparison, console: Console) -> None:
     console.print(Text(f"{rc.num_common:,} requests in both ({rc.num_only_a:,} only in A, {rc.num_only_b:,} only in B): "
                        f"{rc.num_faster:,} faster in B, {rc.num_slower:,} slower, {rc.num_changed:,} changed verdict"))
     if rc.gains:
-        _wide(console).print(_delta_table(f"largest TTFT gains (top {rc.top})", rc.gains, rc.name_a, rc.name_b))
+        wide_console(console).print(_delta_table(f"largest TTFT gains (top {rc.top})", rc.gains, rc.name_a, rc.name_b))
     if rc.losses:
-        _wide(console).print(_delta_table(f"largest TTFT losses (top {rc.top})", rc.losses, rc.name_a, rc.name_b))
+        wide_console(console).print(_delta_table(f"largest TTFT losses (top {rc.top})", rc.losses, rc.name_a, rc.name_b))
     if rc.transitions:
         t = Table(title="verdicts that changed (primary cause, A → B)", title_justify="left")
         for col in ("from", "to", "requests"):
@@ -129,8 +129,8 @@ def render_request_comparison(rc: RequestComparison, console: Console) -> None:
         for v in rc.transitions:
             t.add_row(Text(v.from_cause, style=CAUSE_STYLE.get(v.from_cause, "")),
                       Text(v.to_cause, style=CAUSE_STYLE.get(v.to_cause, "")), f"{v.num_requests:,}")
-        _wide(console).print(t)
-        _wide(console).print(_delta_table(f"changed verdicts with the largest TTFT change (top {rc.top})", rc.changed,
+        wide_console(console).print(t)
+        wide_console(console).print(_delta_table(f"changed verdicts with the largest TTFT change (top {rc.top})", rc.changed,
                                    rc.name_a, rc.name_b))
     elif rc.num_common:
         console.print("no request changed its verdict")
