@@ -181,3 +181,18 @@ def test_run_accepts_unique_prefixes_of_ids_and_names(swept):
         assert json.loads(proc.stdout)["run_id"] == target["run_id"]
     one_line_error(cli("summary", "--run", "host_tokens=64k", "--db", swept), 4, "ambiguous",
                    "host_tokens=64k,write_policy=write_through")
+
+
+def test_a_bad_line_mid_trace_fails_every_run_and_keeps_them(tmp_path, trace):
+    bad = tmp_path / "bad.jsonl"
+    lines = trace.read_text().splitlines(keepends=True)
+    bad.write_text("".join(lines[:50]) + "{not json\n" + "".join(lines[50:]))
+    db = tmp_path / "bad.duckdb"
+    proc = cli("sweep", bad, *BASE, "--set", "host_tokens=16k,64k", "--jobs", "2", "--db", db)
+    assert proc.returncode == 3, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("tierdiag: error: 2 of 2 sweep runs failed;") and "bad.jsonl:51: bad JSON" in last, last
+    assert f"kept in {db} as failed" in last and "tierdiag-sweep-" not in last
+    runs = runs_by_name(db)
+    assert {r["status"] for r in runs.values()} == {"failed"} and len(runs) == 2
+    assert all("bad.jsonl:51: bad JSON" in r["error"] for r in runs.values())

@@ -130,7 +130,7 @@ def run_configs(trace: str | os.PathLike, configs: Sequence[tuple[str, EngineCon
     open_destination(db).close()  # busy, foreign or unwritable: say so before any replay
     cmd = " ".join(command_line if command_line is not None else sys.argv)
     overrides = {"sweep_id": sweep_id, "kind": kind, "trace_path": str(trace), "command_line": cmd}
-    tasks = [_Task(i, name, cfg) for i, (name, cfg) in enumerate(configs)]
+    tasks = [_Task(i, name, cfg, str(db)) for i, (name, cfg) in enumerate(configs)]
     outcomes: dict[int, RunOutcome] = {}
 
     def record(result: "_WorkerResult", tables) -> None:
@@ -161,6 +161,7 @@ class _Task:
     index: int
     name: str
     config: EngineConfig
+    db_label: str  # the sweep's --db, named in messages in place of the worker's own store
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,8 @@ def _replay_one(trace: Path, task: _Task, workdir: Path, skip_bad: bool, command
     except (ReplayInterrupted, KeyboardInterrupt):
         pass  # the run (if one was created) is closed as interrupted in `db`
     except TierdiagError as exc:
-        error, code = exc.one_line(), int(exc.exit_code)
+        # "run ... kept in <worker store> as failed": the driver keeps it in --db.
+        error, code = exc.one_line().replace(str(db), task.db_label), int(exc.exit_code)
     except Exception as exc:  # a bug in one combination must not take the others down
         first = str(exc).strip().splitlines()
         error, code = f"internal error: {type(exc).__name__}: {first[0] if first else ''}", int(ExitCode.BUG)
