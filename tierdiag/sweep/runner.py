@@ -338,16 +338,18 @@ def _run_processes(jobs: int, trace: Path, tasks: list[_Task], skip_bad: bool, c
                 _drain(workers, results_q, handle, reap_dead, in_flight)
             finish_interrupted(exc)
     finally:
-        for w in workers:
-            if w.pid is None:  # never started
-                continue
-            w.join(timeout=5)
-            if w.is_alive():
-                w.kill()
+        try:
+            for w in workers:
+                if w.pid is None:  # never started
+                    continue
                 w.join(timeout=5)
-        jobs_q.close()
-        results_q.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+                if w.is_alive():
+                    w.kill()
+                    w.join(timeout=5)
+            jobs_q.close()
+            results_q.close()
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _drain(workers, results_q, handle, reap_dead, in_flight) -> None:
