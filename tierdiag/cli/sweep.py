@@ -24,7 +24,7 @@ def sweep(
     jobs: Annotated[Optional[int], Opt("--jobs", help="Replays at a time (default: the machine's cores; with a "
                                                       "local --ray, its CPUs).")] = None,
     ray: Annotated[bool, Opt("--ray", help="Run each combination as a Ray task: `--ray` alone on a local Ray, "
-                                           "`--ray ADDRESS` on that cluster (needs `pip install 'tierdiag[ray]'`).")] = False,
+                                           "`--ray ADDRESS` on that cluster (needs `pip install 'tierdiag\\[ray]'`).")] = False,
     # `--ray [ADDRESS]`: Typer has no option with an optional value, so the address is the one
     # positional argument allowed after TRACE, and only together with --ray.
     address: Annotated[Optional[str], typer.Argument(metavar="[ADDRESS]", show_default=False,
