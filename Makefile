@@ -17,7 +17,8 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# Pinned: installs the CPU build from this machine's disk in seconds (pyproject says torch>=2.4).
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	# The ray extra too: CI runs one sweep on a local Ray (tests/sweep/test_sweep_ray.py).
+	$(BIN)/pip install -q -e '.[dev,ray]'
 	touch $@
 
 demo: setup

@@ -31,7 +31,7 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for
 
 # The order of `tierdiag --help`: record, then read. Each module imports only what its
 # command needs at call time (torch only inside replay/calibrate), so read-only commands start fast.
-COMMANDS = ("replay", "runs", "summary", "slow", "explain", "report", "export", "synth", "calibrate", "doctor")
+COMMANDS = ("replay", "sweep", "runs", "summary", "slow", "explain", "compare", "report", "export", "synth", "calibrate", "doctor")
 
 
 def _register() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import webbrowser
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Optional, Tuple
 
 import typer
 
@@ -13,17 +13,30 @@ from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt, err, pr
 OutputOpt = Annotated[Optional[Path], typer.Option(
     "-o", "--output", help="Where to write the HTML (default: reports/<run name>-<run id>.html).")]
 OpenOpt = Annotated[bool, typer.Option("--open", help="Open the report in a web browser afterwards.")]
+CompareOpt = Annotated[Optional[Tuple[str, str]], typer.Option(
+    "--compare", metavar="A B", help="A comparison report of two runs instead (ids, prefixes or names).")]
+SweepOpt = Annotated[Optional[str], typer.Option("--sweep", help="A comparison report of every run of this sweep.")]
 
 
 def report(db: DbOpt = DEFAULT_DB_PATH, run: RunOpt = None, output: OutputOpt = None, open_: OpenOpt = False,
-           json_: JsonOpt = False) -> None:
+           compare: CompareOpt = None, sweep: SweepOpt = None, json_: JsonOpt = False) -> None:
     """Write an HTML report of a run: tier split, pools over time, per-request TTFT, load-back
-    distributions, TTFT decomposition and the slowest cached requests with their verdicts."""
-    # Imported here: main.py imports every command module, and the report stack (numpy, figures)
-    # would otherwise add ~0.1 s to the start-up of explain/slow/summary.
-    from tierdiag.report.html import build_report
+    distributions, TTFT decomposition and the slowest cached requests with their verdicts.
+    With --compare A B or --sweep ID: overlaid TTFT CDFs, reuse by tier, memory against TTFT,
+    and the requests that changed most between two runs."""
+    if compare or sweep:
+        from tierdiag.errors import ConfigError
+        from tierdiag.report.compare_html import build_compare_report
 
-    result = build_report(db, run, output)
+        if compare and sweep or run is not None:
+            raise ConfigError("--run, --compare and --sweep pick different reports: give one of them")
+        result = build_compare_report(db, list(compare or ()), sweep, output)
+    else:
+        # Imported here: main.py imports every command module, and the report stack (numpy, figures)
+        # would otherwise add ~0.1 s to the start-up of explain/slow/summary.
+        from tierdiag.report.html import build_report
+
+        result = build_report(db, run, output)
     if json_:
         print_json(result.to_json())
     else:

@@ -2,27 +2,40 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.table import Table
+from rich.text import Text
 
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, out, print_json
 from tierdiag.store.reader import list_runs, open_store
 
 
 def runs(db: DbOpt = DEFAULT_DB_PATH, json_: JsonOpt = False) -> None:
-    """List the runs recorded in the database (a dead replay shows as interrupted)."""
+    """List the runs recorded in the database: kind, sweep, and the options that differ from the
+    defaults (a dead replay shows as interrupted)."""
+    from tierdiag.diagnose.compare import changed_from_defaults
+    from tierdiag.report.compare_terminal import fmt_option, wide_console
+
     with open_store(db) as con:
         infos = list_runs(con)
+    changes = {r.run_id: changed_from_defaults(r.config) for r in infos}
     if json_:
-        print_json([r.to_json() for r in infos])
+        print_json([{**r.to_json(), "changed_from_defaults": changes[r.run_id]} for r in infos])
         return
     table = Table(title=f"runs in {db}")
-    for col in ("run_id", "name", "created", "status", "requests", "trace", "model/gpu", "wall"):
-        table.add_column(col)
+    for col in ("run_id", "name", "kind", "sweep", "created", "status", "requests", "trace", "model/gpu",
+                "options not at defaults", "wall"):
+        table.add_column(col, no_wrap=col in ("run_id", "sweep", "created", "status"))
     for r in infos:
-        table.add_row(r.run_id, r.name, str(r.created_at)[:19], r.status, f"{r.num_requests:,}",
-                      r.trace_path, f"{r.config.get('model', '?')}/{r.config.get('gpu', '?')}",
+        # model and gpu have their own column
+        options = ", ".join(f"{k}={fmt_option(v)}" for k, v in changes[r.run_id].items()
+                            if k not in ("model", "gpu")) or "-"
+        table.add_row(Text(r.run_id), Text(r.name), r.kind, Text(r.sweep_id or "-"), str(r.created_at)[:19],
+                      r.status, f"{r.num_requests:,}", Text(Path(r.trace_path).name),
+                      Text(f"{r.config.get('model', '?')}/{r.config.get('gpu', '?')}"), Text(options),
                       f"{r.wall_s:.1f}s" if r.wall_s is not None else "-")
-    out.print(table)
+    wide_console(out).print(table)
     for r in infos:
         if r.status == "failed" and r.error:
             out.print(f"run {r.run_id} failed: {r.error}", markup=False, highlight=False)

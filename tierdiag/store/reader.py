@@ -181,7 +181,8 @@ def list_runs(con: duckdb.DuckDBPyConnection) -> list[RunInfo]:
 
 
 def resolve_run(con: duckdb.DuckDBPyConnection, run: str | None, *, db_label: str = "the database") -> RunInfo:
-    """`run` may be a run id, a unique id prefix or a run name; None means the newest run."""
+    """`run` may be a run id, a run name (the newest run of that name), or a unique prefix of
+    either; None means the newest run."""
     runs = list_runs(con)
     if not runs:
         raise StoreError(f"{db_label} has no runs yet", hint="run `tierdiag replay TRACE`")
@@ -196,6 +197,14 @@ def resolve_run(con: duckdb.DuckDBPyConnection, run: str | None, *, db_label: st
     prefixed = [r for r in runs if r.run_id.startswith(run)]
     if len(prefixed) == 1:
         return prefixed[0]
+    names = list(dict.fromkeys(r.name for r in runs if r.name.startswith(run)))
+    if not prefixed and len(names) == 1:
+        return [r for r in runs if r.name == names[0]][-1]
+    if len(prefixed) + len(names) > 1:
+        several = [r.run_id for r in prefixed] + names
+        raise StoreError(f"run {run!r} is ambiguous in {db_label}: it starts {len(several)} run ids/names "
+                         f"({', '.join(several[:4])}{', ...' if len(several) > 4 else ''})",
+                         hint="give more of the id, or the whole name")
     ids = [r.run_id for r in runs] + [r.name for r in runs]
     close = difflib.get_close_matches(run, ids, n=3, cutoff=0.3)
     hint = f"did you mean {', '.join(close)}?" if close else "list them with `tierdiag runs`"

@@ -1,0 +1,88 @@
+"""Shared by the sweep tests: a small trace, the CLI in a subprocess, and row-by-row run equality."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+
+from tierdiag.store.schema import EVENT_TABLES, TABLES
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_TRACES = Path(os.environ.get("TIERDIAG_SHARED_TRACES", REPO / ".." / "shared" / "traces"))
+DEMO = REPO / "tierdiag" / "trace" / "samples" / "demo.jsonl"
+ENTRY = "from tierdiag.cli.main import main; main()"
+# Tiny model on the CPU preset with a device pool that fills: evictions, load-backs, rejections.
+BASE = ("--set", "model=tiny", "--set", "gpu=cpu", "--set", "device_tokens=16k")
+SETS = ("--set", "host_tokens=16k,64k", "--set", "write_policy=write_through,write_back")
+NAMES = {"host_tokens=16k,write_policy=write_through", "host_tokens=16k,write_policy=write_back",
+         "host_tokens=64k,write_policy=write_through", "host_tokens=64k,write_policy=write_back"}
+# Columns of a runs row that must match between a sweep's run and the same config replayed alone.
+RUN_IDENTITY = ("name", "status", "schema_version", "tierdiag_version", "trace_sha256", "config_json",
+                "hardware_json", "data_plane_json", "timing", "num_requests", "error")
+
+
+def small_trace(folder: Path, lines: int = 200) -> Path:
+    path = folder / "small.jsonl"
+    path.write_text("".join(DEMO.read_text().splitlines(keepends=True)[:lines]))
+    return path
+
+
+def env(**extra: str) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("TIERDIAG_")}
+    e.update({"COLUMNS": "200", "PYTHONPATH": str(REPO) + os.pathsep + e.get("PYTHONPATH", ""), **extra})
+    return e
+
+
+def cli(*args: object, cwd: Path | None = None, timeout: float = 240, **extra_env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", ENTRY, *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env=env(**extra_env), timeout=timeout)
+
+
+def one_line_error(proc: subprocess.CompletedProcess, code: int, *fragments: str) -> str:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+    return lines[0]
+
+
+def runs_by_name(db: Path) -> dict[str, dict]:
+    with duckdb.connect(str(db), read_only=True) as con:
+        cur = con.execute("SELECT * FROM runs ORDER BY created_at")
+        cols = [d[0] for d in cur.description]
+        return {r["name"]: r for r in (dict(zip(cols, row)) for row in cur.fetchall())}
+
+
+# Measured wall-clock time of the real copies: no two replays of anything share it.
+WALL_CLOCK = {("transfers", "wall_ns")}
+
+
+def run_rows(db: Path, run_id: str) -> dict[str, list[tuple]]:
+    """Every event row of a run, without run_id and wall-clock columns, in a canonical order."""
+    out = {}
+    with duckdb.connect(str(db), read_only=True) as con:
+        for table in EVENT_TABLES:
+            cols = [c for c in TABLES[table] if c != "run_id" and (table, c) not in WALL_CLOCK]
+            order = ", ".join(f"{c} NULLS FIRST" for c in cols)
+            out[table] = con.execute(f"SELECT {', '.join(cols)} FROM {table} WHERE run_id = ? ORDER BY {order}",
+                                     [run_id]).fetchall()
+    return out
+
+
+def assert_same_runs(sweep_db: Path, single_db: Path, names) -> None:
+    """Each named run of the sweep has exactly the rows of the same config replayed on its own."""
+    swept, single = runs_by_name(sweep_db), runs_by_name(single_db)
+    for name in names:
+        a, b = swept[name], single[name]
+        for col in RUN_IDENTITY:
+            assert a[col] == b[col], (name, col, a[col], b[col])
+        rows_a, rows_b = run_rows(sweep_db, a["run_id"]), run_rows(single_db, b["run_id"])
+        assert rows_a["requests"], name
+        for table in EVENT_TABLES:
+            assert rows_a[table] == rows_b[table], (name, table, len(rows_a[table]), len(rows_b[table]))

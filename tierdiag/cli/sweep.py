@@ -1,0 +1,125 @@
+"""`tierdiag sweep TRACE --set KEY=V1,V2 ...`: one replay per combination, then the comparison."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import typer
+
+from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, err, out, print_json
+from tierdiag.errors import ConfigError, ExitCode
+
+Opt = typer.Option
+
+
+def sweep(
+    trace: Annotated[Path, typer.Argument(help="Trace file: Mooncake JSONL or tierdiag JSONL (.gz too).")],
+    set_: Annotated[List[str], Opt("--set", help="KEY=V1,V2,...: a replay option (its --config TOML name) and the "
+                                                 "values to try; sizes take k/M/G (512k, 4M). Repeat for more keys: "
+                                                 "every combination is replayed.")] = [],
+    config: Annotated[Optional[Path], Opt("--config", help="TOML file with the base options (as `replay --config`).")] = None,
+    jobs: Annotated[Optional[int], Opt("--jobs", help="Replays at a time (default: the machine's cores; with a "
+                                                      "local --ray, its CPUs).")] = None,
+    ray: Annotated[bool, Opt("--ray", help="Run each combination as a Ray task: `--ray` alone on a local Ray, "
+                                           "`--ray ADDRESS` on that cluster (needs `pip install 'tierdiag\\[ray]'`).")] = False,
+    # `--ray [ADDRESS]`: Typer has no option with an optional value, so the address is the one
+    # positional argument allowed after TRACE, and only together with --ray.
+    address: Annotated[Optional[str], typer.Argument(metavar="[ADDRESS]", show_default=False,
+                                                     help="Ray address, with --ray.")] = None,
+    by: Annotated[Optional[str], Opt("--by", help="Sort the comparison by this metric (see `compare --by`).")] = None,
+    skip_bad: Annotated[bool, Opt("--skip-bad", help="Skip malformed trace lines (and count them).")] = False,
+    db: DbOpt = DEFAULT_DB_PATH,
+    json_: JsonOpt = False,
+) -> None:
+    """Replay TRACE once per combination of the --set values (in parallel processes or Ray tasks),
+    record every run in --db under one sweep id, and compare them."""
+    from tierdiag.diagnose.compare import check_sort_key
+    from tierdiag.engine.config import load_config  # no torch: presets and validation only
+    from tierdiag.sweep.runner import Processes, Ray, import_ray, new_sweep_id
+    from tierdiag.sweep.spec import plan_sweep
+
+    check_sort_key(by)
+    if jobs is not None and jobs < 1:
+        raise ConfigError(f"--jobs {jobs} must be at least 1")
+    base = load_config(config, {})
+    plan = plan_sweep(base, set_)
+    if address is not None and not ray:
+        raise ConfigError(f"unexpected argument {address!r} after TRACE", hint="a Ray address goes with --ray ADDRESS")
+    if ray:
+        import_ray()  # not installed: one line saying how, before anything runs
+        backend = Ray(address=address, num_cpus=jobs)
+    else:
+        backend = Processes(jobs=jobs)
+    for warning in dict.fromkeys(w for _, cfg in plan.configs for w in cfg.warnings()):
+        err.print(f"tierdiag: warning: {warning}", markup=False, highlight=False)
+    sweep_id = new_sweep_id()
+    run_ids = _run(trace, plan, db, backend, sweep_id, skip_bad)
+
+    from tierdiag.diagnose.compare import compare_runs
+    from tierdiag.store.reader import list_runs, open_store
+
+    with open_store(db) as con:
+        by_id = {r.run_id: r for r in list_runs(con)}
+        result = compare_runs(con, [by_id[i] for i in run_ids], by=by, sweep_id=sweep_id)
+    if json_:
+        print_json(result.to_json())
+        return
+    from tierdiag.report.compare_terminal import render_comparison
+
+    render_comparison(result, out)
+    where = "" if db == DEFAULT_DB_PATH else f" --db {db}"
+    out.print(f"next: tierdiag compare --sweep {sweep_id}{where}   ·   tierdiag report --sweep {sweep_id}{where}",
+              markup=False, highlight=False)
+
+
+def _run(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool) -> list[str]:
+    """The runner under a progress bar; each finished run's headline is printed above it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tierdiag.cli.replay import _sigterm_interrupts, _Terminated
+    from tierdiag.diagnose.summary import run_summary
+    from tierdiag.diagnose.units import fmt_ms, fmt_pct
+    from tierdiag.store.reader import open_store, resolve_run
+    from tierdiag.sweep.runner import Ray, SweepInterrupted, run_configs
+
+    n = len(plan.configs)
+    where = "as Ray tasks" if isinstance(backend, Ray) else f"in {min(backend.jobs or _cores(), n)} processes"
+    err.print(f"tierdiag: sweep {sweep_id}: {n} combination{'s' if n != 1 else ''} of {trace.name} {where}",
+              markup=False, highlight=False)
+    bar = Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=err, transient=True, disable=not err.is_terminal)
+
+    def headline(outcome) -> None:
+        bar.advance(task)
+        if outcome.run_id is None:
+            text = f"{outcome.name}: {outcome.status}" + (f" ({outcome.error})" if outcome.error else "")
+        else:
+            with open_store(db) as con:
+                s = run_summary(con, resolve_run(con, outcome.run_id))
+            p50 = next((c.ttft_p50_ns for c in s.classes if c.hit_class == "all"), None)
+            text = (f"{outcome.name}: {outcome.status}, reuse {fmt_pct(s.reused_token_share)}, "
+                    f"TTFT p50 {fmt_ms(p50)} ({outcome.wall_s:.1f}s)")
+        bar.console.print(f"  {text}", markup=False, highlight=False)
+
+    with bar:
+        task = bar.add_task("sweep", total=n)
+        try:
+            with _sigterm_interrupts():
+                return run_configs(trace, plan.configs, db, backend=backend, sweep_id=sweep_id, skip_bad=skip_bad,
+                                   command_line=["tierdiag"] + sys.argv[1:], progress=headline)
+        except SweepInterrupted as exc:
+            bar.stop()
+            count = {s: sum(1 for o in exc.outcomes if o.status == s) for s in ("complete", "interrupted", "not_started")}
+            print(f"tierdiag: interrupted; sweep {sweep_id} kept in {db}: {count['complete']} complete, "
+                  f"{count['interrupted']} interrupted, {count['not_started']} not started", file=sys.stderr)
+            terminated = isinstance(exc.__cause__, _Terminated)
+            raise typer.Exit(128 + signal.SIGTERM if terminated else int(ExitCode.INTERRUPTED))
+
+
+def _cores() -> int:
+    from tierdiag.sweep.runner import default_jobs
+
+    return default_jobs()

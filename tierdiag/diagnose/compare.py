@@ -1,0 +1,281 @@
+"""`compare`: runs side by side, and one request in two runs.
+
+Run metrics come from `run_summary` (the numbers `summary` prints, with its one quantile
+definition); the only new aggregate is the GPU's prefill busy share, from the `batches` table.
+Per-request verdicts come from `cause_sql` (the rule `explain` and `slow` use), never re-derived.
+
+    compare_runs(con, runs)            -> Comparison: one RunRow per run, the options that differ
+    compare_requests(con, a, b, top)   -> RequestComparison: same req_id in both, largest TTFT
+                                          gains and losses, verdicts that changed (from -> to)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import duckdb
+
+from tierdiag.diagnose.causes import cause_sql
+from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one, jsonify
+from tierdiag.diagnose.summary import ClassStats, RunSummary, run_summary
+from tierdiag.diagnose.units import share
+from tierdiag.errors import ConfigError, StoreError, TierdiagError
+from tierdiag.store.reader import RunInfo, list_runs
+
+_FINISHED = "coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL"
+TIERS = ("device", "host", "storage")
+CLASSES = ("device_hit", "tiered_hit", "miss")
+DEFAULT_TOP = 10
+
+
+# --- which options differ ---------------------------------------------------------------------
+
+def varied_options(configs: Sequence[dict]) -> tuple[str, ...]:
+    """Config keys whose recorded value is not the same in every run (in config order)."""
+    keys: dict[str, None] = {}
+    for c in configs:
+        keys.update(dict.fromkeys(c))
+    missing = object()
+    return tuple(k for k in keys if len({repr(c.get(k, missing)) for c in configs}) > 1)
+
+
+def changed_from_defaults(config: dict) -> dict[str, Any]:
+    """The recorded options that differ from what `replay` would use with none given.
+
+    Pool sizes default from the presets (device: the GPU's memory left after the weights;
+    host: 2x device), so those defaults are the ones for the run's own model and GPU, and the
+    host default follows the run's device size."""
+    from tierdiag.engine.config import EngineConfig  # presets and validation only, no torch
+
+    if not config:
+        return {}
+    geometry = {k: config[k] for k in ("model", "gpu", "page_size", "mem_fraction_static") if k in config}
+    try:
+        reference = EngineConfig(**geometry).to_json()
+        reference["host_tokens"] = EngineConfig(**geometry, device_tokens=config.get("device_tokens")).to_json()[
+            "host_tokens"]
+    except (TierdiagError, TypeError):  # recorded by another version, with presets or keys this one lacks
+        reference = EngineConfig().to_json()
+    # The geometry itself against the plain defaults (llama3-8b on an h200, ...).
+    reference.update({k: f.default for k, f in EngineConfig.__dataclass_fields__.items() if k in geometry})
+    return {k: v for k, v in config.items() if k in reference and reference[k] != v}
+
+
+def memory_bytes(config: dict) -> int | None:
+    """Device + host + storage KV capacity in modelled bytes (the run's model geometry)."""
+    from tierdiag.engine.presets import MODELS
+
+    model = MODELS.get(config.get("model") or "")
+    if model is None or config.get("device_tokens") is None:
+        return None
+    tokens = sum(int(config.get(f"{t}_tokens") or 0) for t in TIERS)
+    return tokens * model.kv_bytes_per_token
+
+
+# --- one row per run ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunRow:
+    run_id: str
+    name: str
+    status: str
+    kind: str
+    sweep_id: str | None
+    changes: dict  # the options that differ between the compared runs, this run's values
+    num_finished: int
+    input_tokens: int
+    reuse_share: float | None  # device + host + storage, token-weighted
+    device_share: float | None
+    host_share: float | None
+    storage_share: float | None
+    recompute_share: float | None  # computed tokens that had been cached once, of all input
+    ttft_p50_ns: int | None
+    ttft_p90_ns: int | None
+    ttft_p99_ns: int | None
+    ttft_by_class: tuple[ClassStats, ...]  # device_hit, tiered_hit, miss (those present)
+    loadback_bytes: int
+    loadback_exposed_ns: int
+    num_evictions: int
+    evicted_tokens: int
+    gpu_busy_share: float | None  # share of the run's virtual time the GPU spent in prefill
+    memory_bytes: int | None  # device + host + storage KV capacity
+
+    def to_json(self) -> dict:
+        return dataclass_json(self)
+
+
+def gpu_busy_share(con: duckdb.DuckDBPyConnection, run_id: str) -> float | None:
+    """Prefill batch time over the virtual time to the last finish (as `replay` reports it)."""
+    r = fetch_one(con, """
+        SELECT (SELECT sum(t_end_ns - t_start_ns) FROM batches WHERE run_id = $1) AS busy,
+               greatest((SELECT max(t_end_ns) FROM batches WHERE run_id = $1),
+                        (SELECT max(coalesce(finish_ns, first_token_ns)) FROM requests WHERE run_id = $1)) AS t_end
+        """, [run_id]) or {}
+    return share(r.get("busy"), r.get("t_end"))
+
+
+def _row(con: duckdb.DuckDBPyConnection, run: RunInfo, s: RunSummary, varied: Sequence[str]) -> RunRow:
+    shares = s.tokens.shares()
+    all_ = next((c for c in s.classes if c.hit_class == "all"), None)
+    return RunRow(
+        run_id=run.run_id, name=run.name, status=run.status, kind=run.kind, sweep_id=run.sweep_id,
+        changes={k: run.config.get(k) for k in varied}, num_finished=s.num_finished,
+        input_tokens=s.tokens.input_tokens, reuse_share=s.reused_token_share,
+        device_share=shares["device"], host_share=shares["host"], storage_share=shares["storage"],
+        recompute_share=shares["recomputed"],
+        ttft_p50_ns=all_.ttft_p50_ns if all_ else None, ttft_p90_ns=all_.ttft_p90_ns if all_ else None,
+        ttft_p99_ns=all_.ttft_p99_ns if all_ else None,
+        ttft_by_class=tuple(c for c in s.classes if c.hit_class != "all"),
+        loadback_bytes=s.load_back.bytes, loadback_exposed_ns=s.load_back.exposed_ns,
+        num_evictions=sum(e.num_events for e in s.evictions), evicted_tokens=sum(e.tokens for e in s.evictions),
+        gpu_busy_share=gpu_busy_share(con, run.run_id), memory_bytes=memory_bytes(run.config))
+
+
+# --by NAME -> (key, ascending). Lower first for costs and times, higher first for reuse.
+SORT_KEYS: dict[str, tuple[Callable[[RunRow], Any], bool]] = {
+    "name": (lambda r: r.name, True),
+    "ttft_p50": (lambda r: r.ttft_p50_ns, True),
+    "ttft_p90": (lambda r: r.ttft_p90_ns, True),
+    "ttft_p99": (lambda r: r.ttft_p99_ns, True),
+    "reuse": (lambda r: r.reuse_share, False),
+    "recompute": (lambda r: r.recompute_share, True),
+    "loadback_bytes": (lambda r: r.loadback_bytes, True),
+    "loadback_exposed": (lambda r: r.loadback_exposed_ns, True),
+    "evictions": (lambda r: r.num_evictions, True),
+    "gpu_busy": (lambda r: r.gpu_busy_share, True),
+    "memory": (lambda r: r.memory_bytes, True),
+}
+
+
+def check_sort_key(by: str | None) -> str | None:
+    if by is None or by in SORT_KEYS:
+        return by
+    from tierdiag.errors import unknown_name
+
+    raise unknown_name("--by metric", by, SORT_KEYS)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    rows: tuple[RunRow, ...]
+    varied: tuple[str, ...]  # option keys that differ between the runs
+    by: str | None  # the sort key, None: the order the runs were given (sweeps: creation)
+    sweep_id: str | None  # when the runs are one sweep
+
+    def to_json(self) -> dict:
+        return {"sweep_id": self.sweep_id, "by": self.by, "varied": list(self.varied),
+                "runs": jsonify(list(self.rows))}
+
+
+def compare_runs(con: duckdb.DuckDBPyConnection, runs: Sequence[RunInfo], *, by: str | None = None,
+                 sweep_id: str | None = None) -> Comparison:
+    check_sort_key(by)
+    varied = varied_options([r.config for r in runs])
+    rows = [_row(con, r, run_summary(con, r), varied) for r in runs]
+    if by is not None:
+        key, ascending = SORT_KEYS[by]
+        present = [r for r in rows if key(r) is not None]
+        rows = sorted(present, key=key, reverse=not ascending) + [r for r in rows if key(r) is None]
+    return Comparison(rows=tuple(rows), varied=varied, by=by, sweep_id=sweep_id)
+
+
+def sweep_runs(con: duckdb.DuckDBPyConnection, sweep: str, *, db_label: str = "the database") -> tuple[str, list[RunInfo]]:
+    """The runs of a sweep (id or unique id prefix), oldest first."""
+    runs = list_runs(con)
+    ids = sorted({r.sweep_id for r in runs if r.sweep_id})
+    match = [s for s in ids if s == sweep] or [s for s in ids if s.startswith(sweep)]
+    if len(match) != 1:
+        known = ", ".join(ids[-5:]) if ids else "none"
+        what = "matches several sweeps" if len(match) > 1 else "is not a sweep"
+        raise StoreError(f"{sweep!r} {what} in {db_label}; sweeps: {known}")
+    return match[0], [r for r in runs if r.sweep_id == match[0]]
+
+
+# --- one request in two runs -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RequestDelta:
+    req_id: str
+    hit_class_a: str | None
+    hit_class_b: str | None
+    ttft_a_ns: int | None
+    ttft_b_ns: int | None
+    delta_ns: int | None  # b - a: negative is a gain (faster in b)
+    cause_a: str | None  # primary cause (None: rejected)
+    cause_b: str | None
+
+    def to_json(self) -> dict:
+        return dataclass_json(self)
+
+
+@dataclass(frozen=True)
+class VerdictChange:
+    from_cause: str  # 'rejected' where the request has no verdict
+    to_cause: str
+    num_requests: int
+
+
+@dataclass(frozen=True)
+class RequestComparison:
+    run_a: str
+    name_a: str
+    run_b: str
+    name_b: str
+    num_common: int  # req_ids in both runs
+    num_only_a: int
+    num_only_b: int
+    num_faster: int  # finished in both, lower TTFT in b
+    num_slower: int
+    num_changed: int  # verdict (primary cause) differs
+    gains: tuple[RequestDelta, ...]  # largest TTFT decreases first
+    losses: tuple[RequestDelta, ...]  # largest increases first
+    changed: tuple[RequestDelta, ...]  # changed verdicts, largest |delta| first
+    transitions: tuple[VerdictChange, ...]  # from -> to counts, most frequent first
+    top: int
+
+    def to_json(self) -> dict:
+        return dataclass_json(self)
+
+
+def _delta(r: dict) -> RequestDelta:
+    return RequestDelta(req_id=r["req_id"], hit_class_a=r["class_a"], hit_class_b=r["class_b"],
+                        ttft_a_ns=r["ttft_a"], ttft_b_ns=r["ttft_b"], delta_ns=r["delta"],
+                        cause_a=r["cause_a"], cause_b=r["cause_b"])
+
+
+def compare_requests(con: duckdb.DuckDBPyConnection, a: RunInfo, b: RunInfo, *, top: int = DEFAULT_TOP) -> RequestComparison:
+    if top < 1:
+        raise ConfigError(f"--top {top} must be at least 1")
+    pair = f"""
+        WITH a AS (SELECT req_id, hit_class, CASE WHEN {_FINISHED} THEN ttft_ns END AS ttft_ns,
+                          {cause_sql()} AS cause FROM requests WHERE run_id = $1),
+             b AS (SELECT req_id, hit_class, CASE WHEN {_FINISHED} THEN ttft_ns END AS ttft_ns,
+                          {cause_sql()} AS cause FROM requests WHERE run_id = $2),
+             p AS (SELECT req_id, a.hit_class AS class_a, b.hit_class AS class_b, a.ttft_ns AS ttft_a,
+                          b.ttft_ns AS ttft_b, b.ttft_ns - a.ttft_ns AS delta, a.cause AS cause_a,
+                          b.cause AS cause_b
+                   FROM a JOIN b USING (req_id))"""
+    params = [a.run_id, b.run_id]
+    counts = fetch_one(con, pair + """
+        SELECT (SELECT count(*) FROM p) AS common,
+               (SELECT count(*) FROM a) AS n_a, (SELECT count(*) FROM b) AS n_b,
+               (SELECT count(*) FROM p WHERE delta < 0) AS faster,
+               (SELECT count(*) FROM p WHERE delta > 0) AS slower,
+               (SELECT count(*) FROM p WHERE cause_a IS DISTINCT FROM cause_b) AS changed""", params) or {}
+    cols = "SELECT req_id, class_a, class_b, ttft_a, ttft_b, delta, cause_a, cause_b FROM p"
+    gains = fetch_dicts(con, pair + f" {cols} WHERE delta < 0 ORDER BY delta, req_id LIMIT {int(top)}", params)
+    losses = fetch_dicts(con, pair + f" {cols} WHERE delta > 0 ORDER BY delta DESC, req_id LIMIT {int(top)}", params)
+    changed = fetch_dicts(con, pair + f""" {cols} WHERE cause_a IS DISTINCT FROM cause_b
+        ORDER BY abs(coalesce(delta, 0)) DESC, req_id LIMIT {int(top)}""", params)
+    transitions = fetch_dicts(con, pair + """
+        SELECT coalesce(cause_a, 'rejected') AS f, coalesce(cause_b, 'rejected') AS t, count(*) AS n FROM p
+        WHERE cause_a IS DISTINCT FROM cause_b GROUP BY 1, 2 ORDER BY n DESC, f, t""", params)
+    common = int(counts.get("common") or 0)
+    return RequestComparison(
+        run_a=a.run_id, name_a=a.name, run_b=b.run_id, name_b=b.name, num_common=common,
+        num_only_a=int(counts.get("n_a") or 0) - common, num_only_b=int(counts.get("n_b") or 0) - common,
+        num_faster=int(counts.get("faster") or 0), num_slower=int(counts.get("slower") or 0),
+        num_changed=int(counts.get("changed") or 0), gains=tuple(map(_delta, gains)),
+        losses=tuple(map(_delta, losses)), changed=tuple(map(_delta, changed)),
+        transitions=tuple(VerdictChange(r["f"], r["t"], int(r["n"])) for r in transitions), top=top)

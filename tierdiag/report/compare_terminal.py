@@ -1,0 +1,136 @@
+"""Rich views of `compare` (runs side by side; one request in two runs) and of `runs`.
+
+Rendered from the same typed results `--json` prints. Every value that comes from the data (run
+names, option values, request ids) goes in as a Text, never as markup.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from tierdiag.diagnose.compare import CLASSES, Comparison, RequestComparison, RequestDelta, RunRow
+from tierdiag.diagnose.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens
+from tierdiag.report.terminal import CAUSE_STYLE
+
+_CLASS_SHORT = {"device_hit": "device hit", "tiered_hit": "tiered hit", "miss": "miss"}
+
+
+def fmt_option(value: Any) -> str:
+    """An option value as a person reads it: token counts with separators, None as '-'."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return fmt_tokens(value)
+    return str(value)
+
+
+def _split(r: RunRow) -> str:
+    pct = lambda v: "-" if v is None else f"{v * 100:.0f}"  # noqa: E731
+    return f"{pct(r.device_share)}/{pct(r.host_share)}/{pct(r.storage_share)} %"
+
+
+WIDE = 200
+
+
+def wide_console(console: Console) -> Console:
+    """Piped output has no terminal to overflow (Rich assumes 80 columns there): give the wide
+    tables the room they need rather than cutting every cell."""
+    if console.is_terminal or console.width >= WIDE:
+        return console
+    return Console(file=console.file, width=WIDE, soft_wrap=True, color_system=None)
+
+
+def _names_are_options(c: Comparison) -> bool:
+    """A sweep names its runs after the options that vary: the option columns say it all."""
+    return bool(c.varied) and all(all(f"{k}=" in r.name for k in c.varied) for r in c.rows)
+
+
+def render_comparison(c: Comparison, console: Console, *, title: str | None = None) -> None:
+    table = Table(title=title or f"{len(c.rows)} runs" + (f" of {c.sweep_id}" if c.sweep_id else "")
+                  + (f", by {c.by}" if c.by else ""), title_justify="left")
+    names = not _names_are_options(c)
+    table.add_column("run")
+    for key in c.varied:
+        table.add_column(key, justify="right")
+    for col in ("reuse", "dev/host/sto", "recompute", "TTFT p50", "p90", "p99", "load-back", "exposed",
+                "evictions", "GPU busy", "memory"):
+        table.add_column(col, justify="right")
+    for r in c.rows:
+        label = Text(r.name + " ", style="bold") if names else Text()
+        label.append(r.run_id, style="dim")
+        if r.status != "complete":
+            label.append(f" {r.status}", style="yellow")
+        table.add_row(label, *(Text(fmt_option(r.changes.get(k))) for k in c.varied),
+                      fmt_pct(r.reuse_share), _split(r), fmt_pct(r.recompute_share), fmt_ms(r.ttft_p50_ns),
+                      fmt_ms(r.ttft_p90_ns), fmt_ms(r.ttft_p99_ns), fmt_bytes(r.loadback_bytes),
+                      fmt_ms(r.loadback_exposed_ns), f"{r.num_evictions:,}", fmt_pct(r.gpu_busy_share),
+                      fmt_bytes(r.memory_bytes))
+    table.caption = ("reuse and tier split are token-weighted over finished requests; recompute: tokens "
+                     "computed although cached once; memory: device + host + storage KV capacity")
+    wide_console(console).print(table)
+
+    by_class = Table(title="TTFT p50 / p90 / p99 by class", title_justify="left")
+    by_class.add_column("run")
+    present = [k for k in CLASSES if any(s.hit_class == k for r in c.rows for s in r.ttft_by_class)]
+    for k in present:
+        by_class.add_column(_CLASS_SHORT[k], justify="right")
+    for r in c.rows:
+        cells = []
+        for k in present:
+            s = next((s for s in r.ttft_by_class if s.hit_class == k), None)
+            cells.append("-" if s is None else f"{fmt_ms(s.ttft_p50_ns)} / {fmt_ms(s.ttft_p90_ns)} / "
+                                                f"{fmt_ms(s.ttft_p99_ns)}  ({s.num_requests:,})")
+        by_class.add_row(Text(r.name), *cells)
+    if present:
+        wide_console(console).print(by_class)
+
+
+def _delta_table(title: str, rows: Sequence[RequestDelta], name_a: str, name_b: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col, justify in (("request", "left"), ("class", "left"), (f"TTFT in A", "right"), ("in B", "right"),
+                         ("change", "right"), ("verdict A → B", "left")):
+        table.add_column(col, justify=justify)
+    for d in rows:
+        cls = _CLASS_SHORT.get(d.hit_class_a or "", "-")
+        if d.hit_class_b != d.hit_class_a:
+            cls += f" → {_CLASS_SHORT.get(d.hit_class_b or '', '-')}"
+        verdict = Text(d.cause_a or "rejected", style=CAUSE_STYLE.get(d.cause_a, ""))
+        if d.cause_b != d.cause_a:
+            verdict.append(" → ")
+            verdict.append(d.cause_b or "rejected", style=CAUSE_STYLE.get(d.cause_b, ""))
+        change = "-" if d.delta_ns is None else ("+" if d.delta_ns > 0 else "") + fmt_ms(d.delta_ns)
+        table.add_row(Text(d.req_id), cls, fmt_ms(d.ttft_a_ns), fmt_ms(d.ttft_b_ns), change, verdict)
+    return table
+
+
+def render_request_comparison(rc: RequestComparison, console: Console) -> None:
+    head = Text("A ")
+    head.append(rc.name_a, style="bold")
+    head.append(f" ({rc.run_a})  vs  B ")
+    head.append(rc.name_b, style="bold")
+    head.append(f" ({rc.run_b})")
+    console.print(head)
+    console.print(Text(f"{rc.num_common:,} requests in both ({rc.num_only_a:,} only in A, {rc.num_only_b:,} only in B): "
+                       f"{rc.num_faster:,} faster in B, {rc.num_slower:,} slower, {rc.num_changed:,} changed verdict"))
+    if rc.gains:
+        wide_console(console).print(_delta_table(f"largest TTFT gains (top {rc.top})", rc.gains, rc.name_a, rc.name_b))
+    if rc.losses:
+        wide_console(console).print(_delta_table(f"largest TTFT losses (top {rc.top})", rc.losses, rc.name_a, rc.name_b))
+    if rc.transitions:
+        t = Table(title="verdicts that changed (primary cause, A → B)", title_justify="left")
+        for col in ("from", "to", "requests"):
+            t.add_column(col, justify="right" if col == "requests" else "left")
+        for v in rc.transitions:
+            t.add_row(Text(v.from_cause, style=CAUSE_STYLE.get(v.from_cause, "")),
+                      Text(v.to_cause, style=CAUSE_STYLE.get(v.to_cause, "")), f"{v.num_requests:,}")
+        wide_console(console).print(t)
+        wide_console(console).print(_delta_table(f"changed verdicts with the largest TTFT change (top {rc.top})", rc.changed,
+                                   rc.name_a, rc.name_b))
+    elif rc.num_common:
+        console.print("no request changed its verdict")

@@ -1,0 +1,448 @@
+"""The sweep runner: replay one trace under many configurations, record every run in one store.
+
+    run_configs(trace, [(name, EngineConfig), ...], db, backend=Processes(jobs) | Ray(address),
+                sweep_id=..., progress=callback) -> [run_id, ...]
+
+Both back ends run the same worker function, `_replay_one`: an ordinary `tierdiag.replay.replay`
+into a private DuckDB file (the same RunWriter, so the rows are exactly those of a single replay).
+The driver is the only writer of `db`: as each combination finishes it copies that run in, in one
+transaction (merge.py), so `db` holds whole runs only and a reader can open it at any time.
+
+    driver ──tasks──► worker 1: replay ─► run-0.duckdb ──┐
+           ──tasks──► worker 2: replay ─► run-1.duckdb ──┤ (Ray: the tables come back as Arrow)
+    db ◄── merge, one run per transaction ◄──────────────┘
+
+Interrupts (Ctrl-C, SIGTERM) reach the driver; it stops handing out combinations and tells each
+process worker to stop. A worker's replay then closes its run as `interrupted` (what it recorded
+stays), the driver merges it beside the runs that had finished (`complete`), and raises
+SweepInterrupted. Combinations that had not started are not recorded. Under Ray the in-flight
+tasks are cancelled and only finished runs are kept (a cancelled task returns nothing).
+
+This module knows nothing of advice or comparison: `sweep` and `advise` call it, `compare` reads
+what it wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import queue
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from tierdiag.engine.config import EngineConfig
+from tierdiag.errors import ConfigError, ExitCode, TierdiagError
+
+RAY_MISSING = "--ray needs Ray, which is not installed (pip install 'tierdiag[ray]')"
+DRAIN_WAIT_S = 120.0  # after an interrupt: how long to wait for workers to close their runs
+
+
+@dataclass(frozen=True)
+class Processes:
+    """Run combinations in `jobs` local worker processes (None: one per core)."""
+
+    jobs: int | None = None
+
+
+@dataclass(frozen=True)
+class Ray:
+    """Run each combination as a Ray task. `address` None starts a local Ray (`num_cpus` wide,
+    None: one per core) for the sweep and stops it afterwards; an address joins that cluster."""
+
+    address: str | None = None
+    num_cpus: int | None = None
+
+
+Backend = Processes | Ray
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What became of one combination. `run_id` is None when nothing was recorded for it."""
+
+    index: int  # position in the configs given to run_configs
+    name: str
+    run_id: str | None
+    status: str  # complete | interrupted | failed | not_started
+    error: str | None = None  # one line, for failed
+    exit_code: int = 0  # the failure's exit code (ExitCode), 0 otherwise
+    wall_s: float | None = None
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C / SIGTERM during a sweep, after every finished or interrupted run was merged."""
+
+    def __init__(self, outcomes: Sequence[RunOutcome]):
+        super().__init__("sweep interrupted")
+        self.outcomes = tuple(outcomes)
+
+
+class SweepFailed(TierdiagError):
+    """Some combinations failed (each recorded as failed where a run had started)."""
+
+    def __init__(self, outcomes: Sequence[RunOutcome]):
+        self.outcomes = tuple(outcomes)
+        failed = [o for o in self.outcomes if o.status == "failed"]
+        first = failed[0]
+        super().__init__(f"{len(failed)} of {len(self.outcomes)} sweep runs failed; {first.name}: {first.error}")
+        self.exit_code = ExitCode(first.exit_code) if first.exit_code in ExitCode._value2member_map_ else ExitCode.BUG
+
+
+def new_sweep_id() -> str:
+    return "sweep-" + time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+def default_jobs() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def run_configs(trace: str | os.PathLike, configs: Sequence[tuple[str, EngineConfig]], db: str | os.PathLike, *,
+                backend: Backend = Processes(), sweep_id: str | None = None, kind: str = "replay",
+                skip_bad: bool = False, command_line: Sequence[str] | None = None,
+                progress: Callable[[RunOutcome], None] | None = None) -> list[str]:
+    """Replay `trace` once per (run name, config) and record every run in `db` under `sweep_id`.
+
+    Returns the run ids in the order of `configs`. `progress` is called in this thread once per
+    combination, as soon as its run is in `db`. Raises SweepInterrupted on Ctrl-C / SIGTERM
+    (finished runs kept complete, running ones kept as interrupted), SweepFailed when any
+    combination failed (after all the others ran), and TierdiagError before any replay for a
+    trace that is bad from its first line, a store that cannot be written, or (Ray) a missing
+    or unreachable Ray.
+    """
+    trace = Path(trace)
+    db = Path(db)
+    if not configs:
+        raise ConfigError("no configurations to replay")
+    _check_trace(trace, configs, skip_bad)
+    from tierdiag.sweep.merge import open_destination
+
+    open_destination(db).close()  # busy, foreign or unwritable: say so before any replay
+    cmd = " ".join(command_line if command_line is not None else sys.argv)
+    overrides = {"sweep_id": sweep_id, "kind": kind, "trace_path": str(trace), "command_line": cmd}
+    tasks = [_Task(i, name, cfg, str(db)) for i, (name, cfg) in enumerate(configs)]
+    outcomes: dict[int, RunOutcome] = {}
+
+    def record(result: "_WorkerResult", tables) -> None:
+        outcome = _merge(db, tasks[result.index], result, tables, overrides)
+        outcomes[result.index] = outcome
+        if progress is not None:
+            progress(outcome)
+
+    def finish_interrupted(exc: BaseException) -> None:
+        for t in tasks:
+            outcomes.setdefault(t.index, RunOutcome(t.index, t.name, None, "not_started"))
+        raise SweepInterrupted([outcomes[t.index] for t in tasks]) from exc
+
+    if isinstance(backend, Ray):
+        _run_ray(backend, trace, tasks, skip_bad, cmd, record, finish_interrupted)
+    else:
+        _run_processes(backend.jobs or default_jobs(), trace, tasks, skip_bad, cmd, record, finish_interrupted)
+    ordered = [outcomes[t.index] for t in tasks]
+    if any(o.status == "failed" for o in ordered):
+        raise SweepFailed(ordered)
+    return [o.run_id for o in ordered]
+
+
+# --- shared by both back ends ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Task:
+    index: int
+    name: str
+    config: EngineConfig
+    db_label: str  # the sweep's --db, named in messages in place of the worker's own store
+
+
+@dataclass(frozen=True)
+class _WorkerResult:
+    index: int
+    db_path: str | None  # the worker's store, when it holds a run
+    error: str | None = None
+    exit_code: int = 0
+    wall_s: float = 0.0
+
+
+class _StopFlags:
+    """A worker's interrupt state: the driver's stop request raises KeyboardInterrupt only while
+    a replay runs (which then closes its run as interrupted), and only once, so that closing is
+    never itself interrupted; between replays it only stops the worker taking the next task."""
+
+    stop = False
+    in_replay = False
+    raised = False
+
+
+_FLAGS = _StopFlags()
+
+
+def _on_stop_signal(signum, frame) -> None:
+    _FLAGS.stop = True
+    if _FLAGS.in_replay and not _FLAGS.raised:
+        _FLAGS.raised = True
+        raise KeyboardInterrupt()
+
+
+def _check_trace(trace: Path, configs, skip_bad: bool) -> None:
+    """A trace that is missing, empty or bad from its first line fails here, once, not N times."""
+    from tierdiag.trace.reader import read_trace
+
+    for block_size in sorted({cfg.block_size for _, cfg in configs}):
+        next(read_trace(trace, block_size=block_size, skip_bad=skip_bad))
+
+
+def _replay_one(trace: Path, task: _Task, workdir: Path, skip_bad: bool, command_line: str) -> _WorkerResult:
+    """One combination into `workdir/run-<index>.duckdb` with the ordinary replay."""
+    from tierdiag.replay import ReplayInterrupted, replay
+
+    t0 = time.perf_counter()
+    db = workdir / f"run-{task.index}.duckdb"
+    error, code = None, 0
+    _FLAGS.in_replay = True
+    try:
+        if not _FLAGS.stop:
+            replay(trace, task.config, db=db, run_name=task.name, probes=True, skip_bad=skip_bad,
+                   command_line=command_line.split(" "))
+    except (ReplayInterrupted, KeyboardInterrupt):
+        pass  # the run (if one was created) is closed as interrupted in `db`
+    except TierdiagError as exc:
+        # "run ... kept in <worker store> as failed": the driver keeps it in --db.
+        error, code = exc.one_line().replace(str(db), task.db_label), int(exc.exit_code)
+    except Exception as exc:  # a bug in one combination must not take the others down
+        first = str(exc).strip().splitlines()
+        error, code = f"internal error: {type(exc).__name__}: {first[0] if first else ''}", int(ExitCode.BUG)
+    finally:
+        _FLAGS.in_replay = False
+    return _WorkerResult(task.index, str(db) if db.exists() else None, error, code, time.perf_counter() - t0)
+
+
+def _merge(db: Path, task: _Task, result: _WorkerResult, tables, overrides: dict) -> RunOutcome:
+    """Copy a worker's run into `db`; its status as recorded (a run left `running`, whose
+    worker was stopped while closing it, is interrupted)."""
+    from tierdiag.sweep.merge import read_run_tables, write_run_tables
+
+    if tables is None and result.db_path is not None:
+        tables = read_run_tables(result.db_path)
+    if tables is None or tables["runs"].num_rows == 0:
+        status = "failed" if result.error else "not_started"
+        return RunOutcome(task.index, task.name, None, status, result.error, result.exit_code, result.wall_s)
+    status = tables["runs"].column("status")[0].as_py()
+    if status == "running":
+        status = "interrupted"
+    run_id = write_run_tables(db, tables, {**overrides, "status": status})
+    if result.db_path is not None:
+        _remove_worker_store(Path(result.db_path))
+    error = result.error or tables["runs"].column("error")[0].as_py()
+    return RunOutcome(task.index, task.name, run_id, status, error if status == "failed" else None,
+                      result.exit_code if status == "failed" else 0, result.wall_s)
+
+
+def _remove_worker_store(path: Path) -> None:
+    for p in (path, path.with_name(path.name + ".wal")):
+        p.unlink(missing_ok=True)
+    shutil.rmtree(path.with_suffix(".storage"), ignore_errors=True)
+
+
+# --- back end 1: local processes ------------------------------------------------------------------
+
+def _worker_main(jobs_q, results_q, trace: str, workdir: str, skip_bad: bool, command_line: str) -> None:
+    """A worker process: take tasks until the sentinel (None) or a stop request."""
+    # A terminal's Ctrl-C reaches the whole process group: only the driver acts on it, and
+    # tells the workers with SIGTERM, so that every replay is stopped exactly once.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _on_stop_signal)
+    parent = os.getppid()
+    while not _FLAGS.stop:
+        try:
+            task = jobs_q.get(timeout=0.5)
+        except queue.Empty:
+            if os.getppid() != parent:  # the driver is gone (kill -9): nobody will merge
+                return
+            continue
+        if task is None:
+            return
+        results_q.put(("started", task.index, os.getpid()))
+        results_q.put(("done", _replay_one(Path(trace), task, Path(workdir), skip_bad, command_line)))
+
+
+def _run_processes(jobs: int, trace: Path, tasks: list[_Task], skip_bad: bool, command_line: str,
+                   record, finish_interrupted) -> None:
+    import multiprocessing
+
+    # spawn: a fresh interpreter per worker (no forked torch/CUDA/thread state); it costs one
+    # import of the engine per worker, not per combination. As with any spawn pool, a script
+    # calling run_configs must guard its top level with `if __name__ == "__main__":`.
+    ctx = multiprocessing.get_context("spawn")
+    jobs_q, results_q = ctx.Queue(), ctx.Queue()
+    n_workers = max(1, min(jobs, len(tasks)))
+    for t in tasks:
+        jobs_q.put(t)
+    for _ in range(n_workers):
+        jobs_q.put(None)
+    workdir = Path(tempfile.mkdtemp(prefix="tierdiag-sweep-"))
+    workers = [ctx.Process(target=_worker_main, name=f"tierdiag-sweep-{i}", daemon=True,
+                           args=(jobs_q, results_q, str(trace), str(workdir), skip_bad, command_line))
+               for i in range(n_workers)]
+    in_flight: dict[int, int] = {}  # worker pid -> task index
+    done: set[int] = set()
+
+    def handle(msg) -> None:
+        if msg[0] == "started":
+            in_flight[msg[2]] = msg[1]
+            return
+        result = msg[1]
+        in_flight.pop(next((pid for pid, i in in_flight.items() if i == result.index), -1), None)
+        done.add(result.index)
+        record(result, None)
+
+    def reap_dead() -> None:
+        """A worker that died without reporting (killed, out of memory) fails its task; what it
+        had flushed into its store is kept as that run, marked interrupted."""
+        for w in workers:
+            if w.exitcode is not None and w.pid in in_flight:
+                index = in_flight.pop(w.pid)
+                if index in done:
+                    continue
+                done.add(index)
+                db = workdir / f"run-{index}.duckdb"
+                record(_WorkerResult(index, str(db) if db.exists() else None,
+                                     f"worker process exited with code {w.exitcode}", int(ExitCode.BUG)), None)
+
+    try:
+        for w in workers:
+            w.start()
+        try:
+            while len(done) < len(tasks):
+                try:
+                    handle(results_q.get(timeout=0.5))
+                except queue.Empty:
+                    reap_dead()
+                    if all(w.exitcode is not None for w in workers) and results_q.empty():
+                        for t in tasks:  # every worker gone: nothing else will run
+                            if t.index not in done:
+                                done.add(t.index)
+                                record(_WorkerResult(t.index, None, "no worker process left to run it",
+                                                     int(ExitCode.BUG)), None)
+        except KeyboardInterrupt as exc:
+            with _ignoring_sigint():
+                _drain(workers, results_q, handle, reap_dead, in_flight)
+            finish_interrupted(exc)
+    finally:
+        try:
+            for w in workers:
+                if w.pid is None:  # never started
+                    continue
+                w.join(timeout=5)
+                if w.is_alive():
+                    w.kill()
+                    w.join(timeout=5)
+            jobs_q.close()
+            results_q.close()
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _drain(workers, results_q, handle, reap_dead, in_flight) -> None:
+    """Stop every worker and merge what the in-flight replays recorded."""
+    for w in workers:
+        if w.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w.pid, signal.SIGTERM)
+    deadline = time.monotonic() + DRAIN_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            handle(results_q.get(timeout=0.2))
+        except queue.Empty:
+            reap_dead()
+            if not in_flight and all(not w.is_alive() for w in workers) and results_q.empty():
+                return
+
+
+@contextlib.contextmanager
+def _ignoring_sigint():
+    """While the driver merges after an interrupt, a second Ctrl-C must not tear that up."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+# --- back end 2: Ray tasks ------------------------------------------------------------------------
+
+def _ray_task(trace_bytes: bytes, trace_name: str, task: _Task, skip_bad: bool, command_line: str):
+    """One combination on a Ray worker: the trace (from the object store) into a local file, the
+    ordinary replay into a local store, and that run's tables back to the driver as Arrow."""
+    from tierdiag.sweep.merge import read_run_tables
+
+    with tempfile.TemporaryDirectory(prefix="tierdiag-ray-") as tmp:
+        trace = Path(tmp) / trace_name
+        trace.write_bytes(trace_bytes)
+        result = _replay_one(trace, task, Path(tmp), skip_bad, command_line)
+        tables = read_run_tables(result.db_path) if result.db_path else None
+    return dataclasses.replace(result, db_path=None), tables  # that path is gone, and on another node
+
+
+def import_ray():
+    """Ray, or the one-line error saying how to install it (exit 2)."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(RAY_MISSING) from None
+    return ray
+
+
+def _run_ray(backend: Ray, trace: Path, tasks: list[_Task], skip_bad: bool, command_line: str,
+             record, finish_interrupted) -> None:
+    import logging
+
+    ray = import_ray()
+    started_here = not ray.is_initialized()
+    if started_here:
+        options = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+        try:
+            if backend.address:
+                ray.init(address=backend.address, **options)
+            else:
+                ray.init(num_cpus=backend.num_cpus or default_jobs(), **options)
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            where = f"at {backend.address}" if backend.address else "locally"
+            text = str(exc).strip().splitlines()
+            raise ConfigError(f"--ray: cannot start or reach Ray {where}: {text[0] if text else type(exc).__name__}") from None
+    try:
+        trace_ref = ray.put(trace.read_bytes())  # shipped once; every task reads it from the object store
+        remote = ray.remote(num_cpus=1, max_retries=0)(_ray_task)
+        pending = {remote.remote(trace_ref, trace.name, t, skip_bad, command_line): t for t in tasks}
+        try:
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+                for ref in ready:
+                    task = pending.pop(ref)
+                    try:
+                        result, tables = ray.get(ref)
+                    except ray.exceptions.RayError as exc:
+                        text = str(exc).strip().splitlines()
+                        result, tables = _WorkerResult(task.index, None, f"Ray task failed: {text[0] if text else exc}",
+                                                       int(ExitCode.BUG)), None
+                    record(result, tables)
+        except KeyboardInterrupt as exc:
+            for ref in pending:
+                ray.cancel(ref)
+            finish_interrupted(exc)
+    finally:
+        if started_here:
+            ray.shutdown()
