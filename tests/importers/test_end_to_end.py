@@ -1,4 +1,4 @@
-"""import -> --trace-out -> replay (tiny model) -> agreement -> explain, through the real CLI.
+"""import -> --trace-out -> replay (tiny model) -> compare -> explain, through the real CLI.
 
 Four requests a second apart share a 64-token system prompt; the server reported a miss for the
 first and a 64-token device hit for the others, which is what the engine does with pools far
@@ -52,6 +52,15 @@ def test_import_replay_compare_explain(tmp_path):
     assert (a.num_matched, a.num_observed, a.num_replayed, a.page_tokens) == (4, 5, 4, 16)
     assert (a.num_split_known, a.num_split_match) == (4, 4)
     assert a.num_ttft_pairs == 4 and a.ttft_abs_error_p50_ns is not None
+
+    code, out, err, heavy = run_cli("compare", "prod", "twin", "--requests", "--db", str(db), "--json")
+    assert code == 0, err
+    c = json.loads(out)
+    assert (c["num_matched"], c["num_split_match"], c["observed_run_name"]) == (4, 4, "prod")
+    assert len(c["requests"]) == 4 and all(p["split_match"] for p in c["requests"])
+    assert heavy == [], f"compare imported {heavy}"
+    code, out, err, _ = run_cli("compare", "twin", "prod", "--db", str(db))  # either order
+    assert code == 0 and "matches within one page (16 tokens per tier) for 4 of 4" in " ".join(out.split())
 
     code, out, err, heavy = run_cli("explain", "r2", "--run", "prod", "--db", str(db), "--json")
     assert code == 0, err
