@@ -19,6 +19,9 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	# The ray extra too: CI runs one sweep on a local Ray (tests/sweep/test_sweep_ray.py).
 	$(BIN)/pip install -q -e '.[dev,ray]'
+	# The Triton kernel's tests run under Triton's interpreter on CPU (pytest -m triton); 3.9.0
+	# installs beside torch 2.13.0+cpu (CUDA wheels of torch bring their own triton).
+	$(BIN)/pip install -q triton==3.9.0
 	touch $@
 
 demo: setup

@@ -7,7 +7,12 @@ at --max-mib per transfer) it times, in one run and interleaved, medians of --re
   gather      scattered source pages into a consecutive destination (host pages -> fresh slots);
   scatter     consecutive source pages into scattered destination pages;
   scattered   scattered pages on both sides (the worst case);
-and prints GB/s with the ratio to `flat`. `--json` prints the rows instead.
+  before      the same scattered transfer by the previous CPU algorithm (kept here, verbatim in
+              effect, as the "before" column): up to 1 MiB index_select + index_copy_ over dim 1,
+              above that a gather of up to 32 MiB into scratch, then index_copy_ from it;
+and prints GB/s with the ratio to `flat`. `flat` is the faster of torch's copy_ and numpy's
+single-threaded memcpy of the same bytes, timed side by side (on a busy machine torch's
+parallel copy waits for its second thread). `--json` prints the rows instead.
 
     .venv/bin/python benchmarks/kernels.py [--quick] [--json]
 """
@@ -28,8 +33,35 @@ import torch  # noqa: E402
 
 from tierdiag.engine.kernels import copy_pages, plan_copy  # noqa: E402
 
-PATTERNS = ("contiguous", "gather", "scatter", "scattered")
-PLAN_ABBREV = {"runs": "R", "gather": "G", "scatter": "S", "two_pass": "2P", "empty": "-"}
+PATTERNS = ("contiguous", "gather", "scatter", "scattered", "before")
+PLAN_ABBREV = {"runs": "R", "gather": "G", "scatter": "S", "two_pass": "2P", "empty": "-", "before": "old"}
+
+_BEFORE_DIRECT_MAX_BYTES = 1 << 20
+_BEFORE_SCRATCH_MAX_BYTES = 32 << 20
+
+
+def copy_before(src: torch.Tensor, s: list[int], dst: torch.Tensor, d: list[int], scratch: torch.Tensor) -> int:
+    """The CPU scattered->scattered copy as tierdiag did it before the numpy row path (wall ns):
+    small transfers two torch ops over dim 1; big ones a 32 MiB two-pass over [L * P, w] rows of
+    complex128 (the widest element), gather by index_select, scatter by index_copy_."""
+    t0 = time.perf_counter_ns()
+    layers, pages, elems = src.shape
+    s_t, d_t = torch.tensor(s, dtype=torch.int64), torch.tensor(d, dtype=torch.int64)
+    if len(s) * layers * elems * src.element_size() <= _BEFORE_DIRECT_MAX_BYTES:
+        dst.index_copy_(1, d_t, src.index_select(1, s_t))
+        return time.perf_counter_ns() - t0
+    sw = src.view(torch.complex128).reshape(layers * pages, -1)
+    dw = dst.view(torch.complex128).reshape(layers * dst.shape[1], -1)
+    layer = torch.arange(layers, dtype=torch.int64).unsqueeze(1)
+    fs = (layer * pages + s_t.unsqueeze(0)).reshape(-1)
+    fd = (layer * dst.shape[1] + d_t.unsqueeze(0)).reshape(-1)
+    chunk = max(1, _BEFORE_SCRATCH_MAX_BYTES // (sw.shape[1] * 16))
+    for a in range(0, fs.numel(), chunk):
+        b = min(a + chunk, fs.numel())
+        part = scratch[: (b - a) * sw.shape[1]].view(b - a, sw.shape[1])
+        torch.index_select(sw, 0, fs[a:b], out=part)
+        dw.index_copy_(0, fd[a:b], part)
+    return time.perf_counter_ns() - t0
 
 
 def measure(*, quick: bool, repeats: int, layers: int = 4, max_mib: int = 64, seed: int = 0) -> list[dict]:
@@ -47,8 +79,9 @@ def measure(*, quick: bool, repeats: int, layers: int = 4, max_mib: int = 64, se
             src = torch.randint(0, 2**62, (layers, pool_pages, elems), dtype=torch.int64)
             dst = torch.zeros_like(src)
             flat_src = torch.randint(0, 2**62, (nbytes // 8,), dtype=torch.int64)
-            flat_dst = torch.empty_like(flat_src)
-            times: dict[str, list[int]] = {k: [] for k in ("flat",) + PATTERNS}
+            flat_dst = torch.zeros_like(flat_src)
+            scratch = torch.empty(min(nbytes, _BEFORE_SCRATCH_MAX_BYTES) // 16, dtype=torch.complex128)
+            times: dict[str, list[int]] = {k: [] for k in ("flat", "flat_torch", "flat_memcpy") + PATTERNS}
             plans = {}
             for _ in range(repeats + 1):  # the first round warms up (page faults, allocator)
                 s = rng.permutation(pool_pages)[:n].tolist()
@@ -59,16 +92,30 @@ def measure(*, quick: bool, repeats: int, layers: int = 4, max_mib: int = 64, se
                     "scatter": (range(1, 1 + n), d),
                     "scattered": (s, d),
                 }
+                # each timed copy starts after a 1 ms sleep (as in calibrate: on a busy machine the
+                # scheduler otherwise preempts whichever copy crosses the end of a time slice)
+                time.sleep(0.001)
                 t0 = time.perf_counter_ns()
                 flat_dst.copy_(flat_src)
-                times["flat"].append(time.perf_counter_ns() - t0)
+                times["flat_torch"].append(time.perf_counter_ns() - t0)
+                time.sleep(0.001)
+                t0 = time.perf_counter_ns()
+                np.copyto(flat_dst.numpy(), flat_src.numpy())
+                times["flat_memcpy"].append(time.perf_counter_ns() - t0)
                 for name, (sp, dp) in cases.items():
+                    time.sleep(0.001)
                     times[name].append(copy_pages(src, sp, dst, dp))
                     plans[name] = plan_copy(sp, dp, column_bytes=layers * row_bytes,
                                             src_num_pages=pool_pages, dst_num_pages=pool_pages).kind
-            med = {k: statistics.median(v[1:]) for k, v in times.items()}
+                time.sleep(0.001)
+                times["before"].append(copy_before(src, s, dst, d, scratch))
+                plans["before"] = "before"
+            med = {k: statistics.median(v[1:]) for k, v in times.items() if v}
+            med["flat"] = min(med["flat_torch"], med["flat_memcpy"])
             row = {"row_bytes": row_bytes, "layers": layers, "pages": n, "bytes": nbytes,
-                   "flat_bytes_per_s": nbytes / med["flat"] * 1e9}
+                   "flat_bytes_per_s": nbytes / med["flat"] * 1e9,
+                   "flat_torch_bytes_per_s": nbytes / med["flat_torch"] * 1e9,
+                   "flat_memcpy_bytes_per_s": nbytes / med["flat_memcpy"] * 1e9}
             for name in PATTERNS:
                 row[f"{name}_bytes_per_s"] = nbytes / med[name] * 1e9
                 row[f"{name}_vs_flat"] = med["flat"] / med[name]
@@ -82,7 +129,8 @@ def render(rows: list[dict]) -> None:
     from rich.table import Table
 
     table = Table(title="copy kernels by path (GB/s, % of a flat copy of the same bytes; medians; "
-                        "plans: R runs, G gather, S scatter, 2P two-pass)")
+                        "plans: R runs, G gather, S scatter, 2P two-pass; before: the previous "
+                        "algorithm on the scattered case)")
     for col in ("row", "pages", "MiB", "flat") + PATTERNS + ("plans",):
         table.add_column(col, justify="right")
     for r in rows:
@@ -90,7 +138,7 @@ def render(rows: list[dict]) -> None:
                  f"{r['flat_bytes_per_s'] / 1e9:.1f}"]
         for name in PATTERNS:
             cells.append(f"{r[f'{name}_bytes_per_s'] / 1e9:.1f} {r[f'{name}_vs_flat']:.0%}")
-        cells.append(" ".join(PLAN_ABBREV[r[f"{name}_plan"]] for name in PATTERNS))
+        cells.append(" ".join(PLAN_ABBREV[r[f"{name}_plan"]] for name in PATTERNS[:-1]))
         table.add_row(*cells)
     (Console() if sys.stdout.isatty() else Console(width=150)).print(table)
 

@@ -8,8 +8,9 @@ Sections (each says "not available" when the command it needs is missing):
   ingest     DuckDB ingestion rate of the recorder's writer (RunWriter.append, ~1M request rows)
   explain    `tierdiag explain` wall time including interpreter start-up (target < 0.5 s)
   report     `tierdiag report` wall time on the conversation run
-  kernels    the copy-kernel table of `tierdiag calibrate` (load-back vs contiguous, target >= 80 %)
-             and the kernel paths by page size (benchmarks/kernels.py)
+  kernels    the copy-kernel table of `tierdiag calibrate` (load-back vs contiguous: scattered both
+             sides >= 60 %, into a device run >= 80 %; the path each size used) and the kernel
+             paths by page size with the previous algorithm beside them (benchmarks/kernels.py)
 Every number is a median of several runs made in this one invocation. No network, no GPU needed.
 """
 
@@ -274,11 +275,17 @@ def targets(res: dict[str, Any]) -> list[Target]:
     cal = res["kernels"].get("calibrate", {})
     ratio = cal.get("load_back_vs_contiguous")
     t.append(Target("load-back vs contiguous (scattered both sides)", ratio * 100 if ratio is not None else None,
-                    ">= 80 %", (ratio >= 0.8) if ratio is not None else None, "%", cal.get("why", "")))
+                    ">= 60 %", (ratio >= 0.6) if ratio is not None else None, "%", cal.get("why", "")))
     run_ratio = cal.get("load_back_to_run_vs_contiguous")
     if run_ratio is not None:
         t.append(Target("load-back vs contiguous (into a device run)", run_ratio * 100, ">= 80 %",
                         run_ratio >= 0.8, "%"))
+    # issue 14: scattered->scattered >= 60 % of a flat copy from 1 MiB up (benchmarks/kernels.py rows)
+    big = [r for r in res["kernels"].get("paths", []) if r["bytes"] >= 1 << 20]
+    if big:
+        worst = min(r["scattered_vs_flat"] for r in big)
+        t.append(Target("scattered copy vs flat, worst row >= 1 MiB (kernel paths)", worst * 100, ">= 60 %",
+                        worst >= 0.6, "%"))
     return t
 
 
@@ -334,14 +341,16 @@ def render(res: dict[str, Any]) -> None:
         kt = Table(title=f"copy kernels ({cal['device']}, {cal['num_layers']} layers x "
                          f"{cal['page_bytes'] // cal['num_layers'] // 1024} KiB rows; GB/s; from `tierdiag calibrate`)")
         for col in ("pages", "MiB", "contiguous", "load-back", "load-back into a run", "backup", "load-back / contig",
-                    "plan"):
-            kt.add_column(col, justify="right" if col != "plan" else "left")
+                    "path"):
+            kt.add_column(col, justify="right" if col != "path" else "left")
+        abbrev = {"runs": "R", "gather": "G", "scatter": "S", "two_pass": "2P"}
         for r in cal["table"]:
+            path = ("triton" if r.get("load_back_path") == "triton"
+                    else f"torch {abbrev.get(r['load_back_plan'], r['load_back_plan'])}")
             kt.add_row(f"{r['pages']:,}", f"{r['bytes'] / 2**20:.2f}", f"{r['contiguous_bytes_per_s'] / 1e9:.2f}",
                        f"{r['load_back_bytes_per_s'] / 1e9:.2f}",
                        f"{r['bytes'] / r['load_back_to_run_ns']:.2f}",
-                       f"{r['backup_bytes_per_s'] / 1e9:.2f}", f"{r['load_back_vs_contiguous']:.0%}",
-                       r["load_back_plan"])
+                       f"{r['backup_bytes_per_s'] / 1e9:.2f}", f"{r['load_back_vs_contiguous']:.0%}", path)
         con.print(kt)
         con.print(f"fit: load-back {cal['h2d_bytes_per_s'] / 1e9:.2f} GB/s + {cal['transfer_overhead_ns'] / 1e3:.1f} us "
                   f"per transfer; backup {cal['d2h_bytes_per_s'] / 1e9:.2f} GB/s")
@@ -352,13 +361,15 @@ def render(res: dict[str, Any]) -> None:
         import kernels as kernel_paths
 
         pt = Table(title="kernel paths by page size (GB/s and % of a flat copy of the same bytes; plans: "
-                         "R runs, G gather, S scatter, 2P two-pass)")
-        for col in ("row", "pages", "MiB", "flat", "contiguous", "gather", "scatter", "scattered", "plans"):
+                         "R runs, G gather, S scatter, 2P two-pass; scattered before: the previous CPU algorithm, "
+                         "same pages, same run)")
+        for col in ("row", "pages", "MiB", "flat", "contiguous", "gather", "scatter", "scattered",
+                    "scattered before", "plans"):
             pt.add_column(col, justify="right")
         for r in paths:
             cells = [f"{r['row_bytes'] // 1024} KiB", f"{r['pages']:,}", f"{r['bytes'] / 2**20:.2f}",
                      f"{r['flat_bytes_per_s'] / 1e9:.1f}"]
-            for name in ("contiguous", "gather", "scatter", "scattered"):
+            for name in ("contiguous", "gather", "scatter", "scattered", "before"):
                 cells.append(f"{r[f'{name}_bytes_per_s'] / 1e9:.1f} {r[f'{name}_vs_flat']:.0%}")
             cells.append(" ".join(kernel_paths.PLAN_ABBREV[r[f"{n}_plan"]]
                                   for n in ("contiguous", "gather", "scatter", "scattered")))

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tierdiag.cli.main import app
-from tierdiag.engine.calibration import fit_overhead_and_bandwidth
+from tierdiag.engine.calibration import fit_overhead_and_bandwidth, pick_triton_min_bytes
 from tierdiag.engine.hardware import NO_DRIVER, doctor_report, hardware_summary, pcie_bytes_per_s, probe_nvml
 
 REQUIRED_PROFILE_KEYS = {"h2d_bytes_per_s", "d2h_bytes_per_s", "transfer_overhead_ns", "contiguous_bytes_per_s",
@@ -196,7 +196,14 @@ def test_calibrate_quick_json_writes_the_profile_the_cost_model_reads(tmp_path):
     for row in data["table"]:
         assert row["bytes"] == row["pages"] * data["page_bytes"]
         assert row["load_back_ns"] > 0 and row["backup_ns"] > 0 and row["contiguous_ns"] > 0
-        assert row["load_back_plan"] in ("direct", "runs", "gather", "scatter", "two_pass")
+        assert row["load_back_plan"] in ("direct", "runs", "gather", "scatter", "two_pass", "triton")
+        assert row["load_back_path"] in ("torch", "triton") and row["backup_path"] in ("torch", "triton")
+        # the yardstick is the faster of the two contiguous copies, both measured in this run
+        assert row["contiguous_ns"] == min(row["contiguous_torch_ns"], row["contiguous_memcpy_ns"])
+    if "cpu" in data["device"]:
+        assert data["triton"].startswith("not used on CPU") and data["triton_min_bytes"] is None
+        assert {row["load_back_path"] for row in data["table"]} == {"torch"}
+        assert all(row["load_back_triton_ns"] is None for row in data["table"])
 
     from tierdiag.engine.config import EngineConfig
     from tierdiag.engine.costmodel import CostModel
@@ -204,6 +211,31 @@ def test_calibrate_quick_json_writes_the_profile_the_cost_model_reads(tmp_path):
     model = CostModel.from_config(EngineConfig(profile=str(out), device_tokens=4096))
     assert model.h2d_bytes_per_s == pytest.approx(data["h2d_bytes_per_s"])
     assert model.transfer_overhead_ns == data["transfer_overhead_ns"] and model.link_source == str(out)
+
+
+def test_triton_threshold_is_where_it_wins_from_then_on():
+    sizes = [1, 2, 4, 8, 16]
+    assert pick_triton_min_bytes(sizes, [5, 5, 5, 5, 5], [9, 4, 6, 4, 3]) == 8  # loses at 4: from 8 on
+    assert pick_triton_min_bytes(sizes, [5] * 5, [1] * 5) == 1
+    assert pick_triton_min_bytes(sizes, [5] * 5, [1, 1, 1, 1, 6]) is None  # loses at the largest: never
+    assert pick_triton_min_bytes([], [], []) is None
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the GPU run is the real thing, not a dry run")
+def test_gpu_check_script_runs_end_to_end_on_cpu_and_says_what_it_skipped(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    env = dict(__import__("os").environ, OUT=str(tmp_path), PYTHON=sys.executable, GPU_CHECK_QUICK="1")
+    proc = subprocess.run(["bash", str(root / "benchmarks" / "gpu_check.sh")], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = (tmp_path / "summary.txt").read_text()
+    for line in ("doctor: ok", "calibrate: ok", "pytest: skipped: no CUDA GPU", "gpu_table: ok",
+                 "gpu table: skipped: no CUDA GPU", "all steps ok"):
+        assert line in summary, summary
+    assert json.loads((tmp_path / "doctor.json").read_text())["nvml"]["available"] is False
+    profile = json.loads((tmp_path / "calibrate.json").read_text())
+    assert profile == json.loads((tmp_path / "profile.json").read_text()) and profile["quick"] is True
+    assert "skipped" in json.loads((tmp_path / "gpu_table.json").read_text())
 
 
 def test_calibrate_default_path_honours_xdg_cache_home(tmp_path, monkeypatch):
@@ -224,3 +256,4 @@ def test_calibrate_text_output_and_unwritable_profile(tmp_path):
     ok = _main("calibrate", "--quick", "--out", str(tmp_path / "p.json"))
     assert ok.returncode == 0, ok.stderr
     assert "load-back" in ok.stdout and "profile written to" in ok.stdout
+    assert "path: what kernels.load_back uses" in ok.stdout and "Triton kernel:" in ok.stdout

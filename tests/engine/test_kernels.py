@@ -3,6 +3,8 @@ bit for bit, for any dtype, and touches nothing else."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -123,41 +125,70 @@ def _transfers(draw):
             d = draw(st.permutations(range(dst_pages)))[:n]
         elif shape == "dst_run":
             s = draw(st.permutations(range(src_pages)))[:n]
-    as_tensor = draw(st.booleans())
+    as_tensor = draw(st.sampled_from(["list", "tensor", "range"]))  # range: where a side is consecutive
     seed = draw(st.integers(0, 2**16))
     return layers, src_pages, dst_pages, elems, dtype, list(s), list(d), as_tensor, seed
 
 
+def _as_kind(pages: list[int], kind: str):
+    if kind == "tensor":
+        return torch.tensor(pages, dtype=torch.int64)
+    if kind == "range" and pages and pages == list(range(pages[0], pages[0] + len(pages))):
+        return range(pages[0], pages[0] + len(pages))
+    return pages
+
+
+# Which CPU route a transfer takes depends on its size; the cases here are small, so each is also
+# forced down the other routes: "numpy" (no plan, numpy row moves), "planner" (every plan kind,
+# numpy row moves, gather-then-scatter one row at a time through the scratch).
+_ROUTES = {"default": {}, "numpy": {"_TORCH_SMALL_MAX_BYTES": 0},
+           "planner": {"_DIRECT_MAX_BYTES": -1, "_CHUNK_BYTES": 3}}
+
+
+@contextlib.contextmanager
+def _route(name: str):
+    saved = {k: getattr(kernels, k) for k in _ROUTES[name]}
+    for k, v in _ROUTES[name].items():
+        setattr(kernels, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(kernels, k, v)
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_transfers())
-def test_copy_pages_matches_naive_reference(case):
+@given(_transfers(), st.sampled_from(sorted(_ROUTES)))
+def test_copy_pages_matches_naive_reference(case, route):
     layers, sp, dp, elems, dtype, s, d, as_tensor, seed = case
     src = _pool(layers, sp, elems, dtype, seed)
     dst = _pool(layers, dp, elems, dtype, seed + 1)
     expected = _reference(src, s, dst, d)
     src_before = src.clone()
-    pages_s = torch.tensor(s, dtype=torch.int64) if as_tensor else s
-    pages_d = torch.tensor(d, dtype=torch.int64) if as_tensor else d
-    wall_ns = copy_pages(src, pages_s, dst, pages_d)
+    pages_s, pages_d = _as_kind(s, as_tensor), _as_kind(d, as_tensor)
+    with _route(route):
+        wall_ns = copy_pages(src, pages_s, dst, pages_d)
     assert isinstance(wall_ns, int) and wall_ns >= 0
     assert _same_bits(dst, expected), "pages differ from the page-at-a-time reference"
     assert _same_bits(src, src_before), "the source pool was modified"
 
 
 @settings(max_examples=40, deadline=None)
-@given(_transfers())
-def test_load_back_and_backup_round_trip(case):
-    layers, sp, dp, elems, dtype, s, d, _as_tensor, seed = case
+@given(_transfers(), st.sampled_from(sorted(_ROUTES)))
+def test_load_back_and_backup_round_trip(case, route):
+    layers, sp, dp, elems, dtype, s, d, kind, seed = case
     host = _pool(layers, sp, elems, dtype, seed)
     device = _pool(layers, dp, elems, dtype, seed + 1)
-    handle = load_back(host, s, device, d)
+    with _route(route):
+        handle = load_back(host, _as_kind(s, kind), device, _as_kind(d, kind))
     assert handle.layer_events == []  # CPU: done on return, no events
     assert handle.wait() >= 0 and handle.done()
     assert handle.num_pages == len(s)
     assert handle.num_bytes == len(s) * layers * elems * host.element_size()
     assert _same_bits(device[:, d], host[:, s])
     host2 = torch.zeros_like(host)
-    backup(device, d, host2, s)
+    with _route(route):
+        backup(device, _as_kind(d, kind), host2, _as_kind(s, kind))
     assert _same_bits(host2[:, s], host[:, s])
 
 
@@ -179,7 +210,8 @@ def test_each_plan_kind_is_exercised_and_correct(kind_pages):
 
 
 def test_two_pass_chunks_through_a_bounded_scratch(monkeypatch):
-    monkeypatch.setattr(kernels, "_SCRATCH_MAX_BYTES", 3 * 16 * 8)  # 3 rows a chunk
+    monkeypatch.setattr(kernels, "_CHUNK_BYTES", 3 * 16 * 8)  # 3 rows a chunk (CPU)
+    monkeypatch.setattr(kernels, "_DIRECT_MAX_BYTES", -1)  # through the planner, not the direct path
     rng = np.random.default_rng(3)
     s = rng.permutation(64)[:20].tolist()
     d = rng.permutation(64)[:20].tolist()
@@ -282,5 +314,83 @@ def test_moves_inside_one_pool_read_before_they_write(layers, pages, data):
         d = [x + shift for x in s]
     pool = _pool(layers, pages, 4, torch.int64, n)
     expected = _reference(pool, s, pool, d)
-    copy_pages(pool, s, pool, d)
+    with _route(data.draw(st.sampled_from(sorted(_ROUTES)))):
+        copy_pages(pool, s, pool, d)
     assert torch.equal(pool, expected)
+
+
+# --- layouts and backends ---------------------------------------------------------------------
+def _page_first(layers: int, pages: int, elems: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """A page-first pool: a [P, L, E] buffer seen as [L, P, E]."""
+    return _pool(layers, pages, elems, dtype, seed).permute(1, 0, 2).contiguous().permute(1, 0, 2)
+
+
+def test_pool_layouts_are_recognised_and_other_strides_refused():
+    lf = _pool(3, 8, 4, torch.int64, 1)
+    assert kernels.pool_layout(lf) == kernels.LAYER_FIRST
+    assert kernels.pool_layout(_page_first(3, 8, 4, torch.int64, 1)) == kernels.PAGE_FIRST
+    with pytest.raises(ValueError, match="layer-first .* or page-first"):
+        kernels.pool_layout(lf[:, ::2])
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bfloat16, torch.uint8])
+def test_page_first_host_pools_take_the_torch_path_both_directions(dtype):
+    rng = np.random.default_rng(4)
+    host = _page_first(3, 20, 6, dtype, 2)
+    device = _pool(3, 16, 6, dtype, 3)
+    s, d = rng.permutation(20)[:9].tolist(), rng.permutation(16)[:9].tolist()
+    expected = _reference(host, s, device, d)
+    handle = load_back(host, s, device, d)
+    assert handle.plan_kind == "generic" and handle.num_pages == 9
+    assert _same_bits(device, expected)
+    host2 = _page_first(3, 20, 6, dtype, 5)
+    expected_host = _reference(device, d, host2, s)
+    backup(device, d, host2, s)
+    assert _same_bits(host2.permute(1, 0, 2), expected_host.permute(1, 0, 2))
+    pool = _page_first(2, 10, 4, dtype, 6)  # a move inside one page-first pool, overlapping
+    expected_pool = _reference(pool, [0, 1, 2, 3], pool, [1, 2, 3, 4])
+    copy_pages(pool, [0, 1, 2, 3], pool, [1, 2, 3, 4])
+    assert _same_bits(pool.permute(1, 0, 2), expected_pool.permute(1, 0, 2))
+
+
+def test_cuda_auto_choice_takes_triton_only_for_scattered_transfers_past_the_threshold():
+    def pick(pinned=True, nbytes=1 << 20, runs=50, min_bytes=64 << 10):
+        return kernels.auto_backend(host_pinned=pinned, num_bytes=nbytes, runs=lambda: runs,
+                                    triton_min_bytes=min_bytes)
+
+    assert pick() == "triton"
+    assert pick(pinned=False) == "torch"       # the GPU can only reach pinned host memory
+    assert pick(nbytes=32 << 10) == "torch"    # below the calibrated threshold
+    assert pick(min_bytes=None) == "torch"     # calibrate found Triton never wins (or no triton)
+    assert pick(runs=2) == "torch"             # one run each side: two DMA copies are the ceiling
+
+
+def test_cpu_never_picks_triton_and_unknown_backends_are_named():
+    src = _pool(2, 8, 4, torch.int64, 1)
+    assert kernels._choose_backend(src, torch.zeros_like(src), 8, None) == "torch"
+    assert load_back(src, [1, 2], torch.zeros_like(src), [3, 4]).plan_kind != "triton"
+    with pytest.raises(ValueError, match="unknown copy backend 'cuda'; known: torch, triton"):
+        copy_pages(src, [0], torch.zeros_like(src), [0], backend="cuda")
+
+
+def test_everything_works_without_triton_installed():
+    """triton is optional: with it unimportable, kernels_triton says why and the torch path runs."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import torch\n"
+        "from tierdiag.engine import kernels, kernels_triton\n"
+        "assert not kernels_triton.AVAILABLE and 'triton is not installed' in kernels_triton.IMPORT_ERROR\n"
+        "src = torch.arange(2 * 6 * 4, dtype=torch.int64).view(2, 6, 4); dst = torch.zeros_like(src)\n"
+        "kernels.copy_pages(src, [5, 0, 3], dst, [1, 2, 4])\n"
+        "assert torch.equal(dst[:, [1, 2, 4]], src[:, [5, 0, 3]])\n"
+        "try:\n"
+        "    kernels.copy_pages(src, [0], dst, [0], backend='triton')\n"
+        "except RuntimeError as exc:\n"
+        "    print(exc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("copy backend 'triton': triton is not installed")

@@ -15,6 +15,10 @@ OutOpt = Annotated[Optional[Path], typer.Option(
 QuickOpt = Annotated[bool, typer.Option("--quick", help="Fewer sizes and repeats: a couple of seconds.")]
 
 
+# the torch path's plan for a size, as benchmarks/kernels.py abbreviates them
+_PLAN = {"direct": "direct", "runs": "R", "gather": "G", "scatter": "S", "two_pass": "2P", "generic": "generic"}
+
+
 def _gbps(v: float) -> str:
     return f"{v / 1e9:.2f}"
 
@@ -47,14 +51,31 @@ def calibrate(json_: JsonOpt = False, out_path: OutOpt = None, quick: QuickOpt =
     table = Table(title=f"copy kernels on {profile.device} "
                         f"({profile.num_layers} layers, {_size(profile.page_bytes)} per page; GB/s, medians "
                         f"of {profile.repeats})")
-    for col in ("pages", "size", "contig", "load", "load→run", "backup", "load/contig", "plan"):
-        table.add_column(col, justify="right" if col != "plan" else "left")
+    both = any(r.load_back_triton_ns for r in profile.table)
+    cols = ["pages", "size", "contig", "load", "load→run", "backup", "vs contig", "path"]
+    if both:
+        cols[6:6] = ["load torch", "load triton", "backup torch", "backup triton"]
+    for col in cols:
+        table.add_column(col, justify="left" if col == "path" else "right")
     for r in profile.table:
-        ratio = r.load_back_vs_contiguous
-        table.add_row(f"{r.pages:,}", _size(r.bytes), _gbps(r.contiguous_bytes_per_s),
-                      _gbps(r.load_back_bytes_per_s), _gbps(r.bytes / r.load_back_to_run_ns * 1e9),
-                      _gbps(r.backup_bytes_per_s), f"{ratio:.0%}", r.load_back_plan)
+        cells = [f"{r.pages:,}", _size(r.bytes), _gbps(r.contiguous_bytes_per_s),
+                 _gbps(r.load_back_bytes_per_s), _gbps(r.bytes / r.load_back_to_run_ns * 1e9),
+                 _gbps(r.backup_bytes_per_s)]
+        if both:
+            cells += [_gbps(r.bytes / ns * 1e9) if ns else "-" for ns in
+                      (r.load_back_torch_ns, r.load_back_triton_ns, r.backup_torch_ns, r.backup_triton_ns)]
+        path = "triton" if r.load_back_path == "triton" else f"torch {_PLAN.get(r.load_back_plan, r.load_back_plan)}"
+        table.add_row(*cells, f"{r.load_back_vs_contiguous:.0%}", path)
     out.print(table)
+    out.print("path: what kernels.load_back uses at that size — torch (direct: no plan; R runs, G gather, "
+              "S scatter, 2P gather+scatter through a cache-sized scratch) or the Triton kernel")
+    if profile.triton_min_bytes is not None:
+        out.print(f"Triton kernel: used from {_size(profile.triton_min_bytes)} per transfer up (faster than the torch "
+                  f"path at every larger size measured)")
+    elif profile.triton == "measured":
+        out.print("Triton kernel: measured, slower than the torch path at the largest size: not used")
+    else:
+        out.print(f"Triton kernel: {profile.triton}")
     out.print(f"load-back (h2d): {_gbps(profile.h2d_bytes_per_s)} GB/s + {profile.transfer_overhead_ns / 1e3:.1f} us "
               f"per transfer; backup (d2h): {_gbps(profile.d2h_bytes_per_s)} GB/s + "
               f"{profile.backup_overhead_ns / 1e3:.1f} us; contiguous {_gbps(profile.contiguous_bytes_per_s)} GB/s")

@@ -1,7 +1,8 @@
 """Measure the copy kernels on this machine and write a profile the cost model can use.
 
 For each transfer size (one page to thousands) and several repeats, side by side in one run:
-- contiguous: one flat copy of the same bytes (host -> device), the yardstick;
+- contiguous: one flat copy of the same bytes (host -> device), the yardstick (CPU: the faster
+              of torch's copy_ and a single-threaded memcpy; CUDA: pinned cudaMemcpyAsync);
 - load-back:  `kernels.load_back` of scattered host pages into scattered device pages;
 - load-back to a run: scattered host pages into consecutive device pages (what a fresh or
               defragmented device pool hands out; one gather, no second pass);
@@ -9,6 +10,11 @@ For each transfer size (one page to thousands) and several repeats, side by side
 Medians per size go into the table; `time = overhead + bytes / bandwidth` is fitted on them
 (least squares on relative error, so the 1-page rows pin the overhead and the big rows the
 bandwidth). Device = CUDA when present (pinned host pool, side stream), else CPU.
+
+On CUDA with triton installed, load-back and backup are timed on both paths (torch and the
+Triton kernel, kernels_triton.py); the smallest size from which Triton wins at every larger size
+becomes the threshold (`triton_min_bytes`, set for this process and saved in the profile, which
+kernels.py reads on first CUDA use), and each row says which path that size uses.
 
 The profile's `h2d_bytes_per_s`, `d2h_bytes_per_s` and `transfer_overhead_ns` are what
 `replay --profile` reads (see costmodel.CostModel.from_config).
@@ -45,11 +51,22 @@ def default_profile_path() -> Path:
 class CalibrationRow:
     pages: int
     bytes: int
-    contiguous_ns: int
-    load_back_ns: int
+    contiguous_ns: int  # the faster of the two contiguous copies below (the yardstick)
+    load_back_ns: int   # the path the kernels choose for this size (`load_back_path`)
     load_back_to_run_ns: int
     backup_ns: int
     load_back_plan: str  # which kernel path the planner chose for this transfer
+    load_back_path: str = "torch"  # "torch" | "triton": what kernels.load_back picks at this size
+    backup_path: str = "torch"
+    # CPU: torch's copy_ (on torch's threads) and one thread's memcpy, medians side by side; CUDA:
+    # one pinned cudaMemcpyAsync (both fields the same).
+    contiguous_torch_ns: int | None = None
+    contiguous_memcpy_ns: int | None = None
+    # CUDA only: both load-back and backup paths, medians side by side (None where not run)
+    load_back_torch_ns: int | None = None
+    load_back_triton_ns: int | None = None
+    backup_torch_ns: int | None = None
+    backup_triton_ns: int | None = None
 
     @property
     def contiguous_bytes_per_s(self) -> float:
@@ -105,6 +122,9 @@ class Profile:
     load_average_1m: float  # > CPU count means other work competed with the measurement
     table: tuple[CalibrationRow, ...]
     host: dict
+    # The Triton kernel: "measured" (CUDA: both paths timed, threshold below), or why not.
+    triton: str = "not measured"
+    triton_min_bytes: int | None = None  # Triton from this transfer size up (None: never)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -133,20 +153,68 @@ def _sync(device: torch.device) -> None:
 
 
 def _measure_contiguous(host_flat: torch.Tensor, dev_flat: torch.Tensor, numel: int,
-                        stream: Any) -> int:
-    """One flat host -> device copy of `numel` elements (pinned + side stream on CUDA)."""
+                        stream: Any, src_at: int = 0, dst_at: int = 0) -> tuple[int, int]:
+    """One flat host -> device copy of `numel` elements from element `src_at` to `dst_at`:
+    (torch copy_, one thread's memcpy) ns on the CPU; (cudaMemcpyAsync, same) from pinned
+    memory on a side stream on CUDA. Callers move the offsets around the pools, so the block
+    is as cold or warm in the caches as the scattered pages it is compared with.
+
+    On the CPU torch splits a big copy over its threads; on a busy machine waking the second
+    thread can cost milliseconds, which would flatter every ratio against it. So the yardstick
+    is the faster of a torch copy and numpy's single-threaded memcpy, measured side by side.
+    """
+    src = host_flat[src_at:src_at + numel]
+    dst = dev_flat[dst_at:dst_at + numel]
     if stream is None:
         t0 = time.perf_counter_ns()
-        dev_flat[:numel].copy_(host_flat[:numel])
-        return time.perf_counter_ns() - t0
+        dst.copy_(src)
+        t1 = time.perf_counter_ns()
+        np.copyto(dst.numpy(), src.numpy())
+        return t1 - t0, time.perf_counter_ns() - t1
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
     with torch.cuda.stream(stream):
         start.record(stream)
-        dev_flat[:numel].copy_(host_flat[:numel], non_blocking=True)
+        dst.copy_(src, non_blocking=True)
         end.record(stream)
     end.synchronize()
-    return int(start.elapsed_time(end) * 1e6)
+    ns = int(start.elapsed_time(end) * 1e6)
+    return ns, ns
+
+
+def _settle(cuda: bool) -> None:
+    """Before each timed CPU copy, sleep a millisecond: on a machine with more runnable work
+    than cores the scheduler otherwise preempts whichever copy crosses the end of a time slice
+    (a 3 ms copy measured as 20 ms, the 1 ms one beside it not), and the ratios would measure
+    the scheduler. Every measurement gets the same, so the comparison stays side by side."""
+    if not cuda:
+        time.sleep(0.001)
+
+
+def pick_triton_min_bytes(sizes_bytes: list[int], torch_ns: list[float], triton_ns: list[float]) -> int | None:
+    """Smallest measured size from which Triton is at least as fast as the torch path at every
+    larger measured size (vLLM's rule for its swap-blocks kernel); None if it loses at the largest."""
+    min_bytes = None
+    for size, t_torch, t_triton in reversed(list(zip(sizes_bytes, torch_ns, triton_ns))):
+        if t_triton > t_torch:
+            break
+        min_bytes = size
+    return min_bytes
+
+
+def _triton_status(cuda: bool, host: torch.Tensor) -> str:
+    """"measured" when calibrate can time the Triton kernel here, else why not."""
+    if not cuda:
+        return "not used on CPU (the kernel runs on CUDA; tests run it under Triton's interpreter)"
+    try:
+        from tierdiag.engine import kernels_triton
+    except ImportError as exc:
+        return f"unavailable: {exc}"
+    if not kernels_triton.AVAILABLE:
+        return f"unavailable: {kernels_triton.IMPORT_ERROR}"
+    if not host.is_pinned():
+        return "unavailable: host pool is not pinned"
+    return "measured"
 
 
 def calibrate(*, quick: bool = False, num_layers: int = 4, row_bytes: int = 4096,
@@ -168,31 +236,69 @@ def calibrate(*, quick: bool = False, num_layers: int = 4, row_bytes: int = 4096
     page_bytes = num_layers * row_bytes
     rng = np.random.default_rng(seed)
 
-    # warm-up: first touches fault pages in, first CUDA calls initialise the context
-    kernels.load_back(host, list(range(max_pages)), dev, list(range(max_pages))).wait()
-    kernels.backup(dev, list(range(max_pages)), host, list(range(max_pages)))
+    triton_status = _triton_status(cuda, host)
+    with_triton = triton_status == "measured"
+    backends = ("torch", "triton") if with_triton else ("torch",)
+
+    # warm-up: first touches fault pages in, first CUDA calls initialise the context (and
+    # compile the Triton kernel)
+    for backend in backends:
+        kernels.load_back(host, list(range(max_pages)), dev, list(range(max_pages)), backend=backend).wait()
+        kernels.backup(dev, list(range(max_pages)), host, list(range(max_pages)), backend=backend)
     _sync(device)
 
-    rows: list[CalibrationRow] = []
+    measured: list[dict[str, Any]] = []
     for n in sizes:
-        contiguous, loads, to_run, backups = [], [], [], []
+        t: dict[str, list[int]] = {k: [] for k in ("contig_torch", "contig_memcpy", "to_run")}
         plan = ""
         for _ in range(repeats):
             host_pages = rng.permutation(pool_pages)[:n].tolist()
             dev_pages = rng.permutation(pool_pages)[:n].tolist()
-            contiguous.append(_measure_contiguous(host_flat, dev_flat, n * num_layers * elems, stream))
-            handle = kernels.load_back(host, host_pages, dev, dev_pages)
-            loads.append(handle.wait())
-            plan = handle.plan_kind
-            to_run.append(kernels.load_back(host, host_pages, dev, range(max_pages - n, max_pages)).wait())
-            backups.append(kernels.backup(dev, dev_pages, host, host_pages))
-        row = CalibrationRow(n, n * page_bytes, int(statistics.median(contiguous)),
-                             max(1, int(statistics.median(loads))), max(1, int(statistics.median(to_run))),
-                             max(1, int(statistics.median(backups))), plan)
-        rows.append(row)
+            numel = n * num_layers * elems
+            src_at, dst_at = (int(x) * elems for x in rng.integers(0, num_layers * pool_pages - n * num_layers + 1, 2))
+            _settle(cuda)
+            c_torch, c_memcpy = _measure_contiguous(host_flat, dev_flat, numel, stream, src_at, dst_at)
+            t["contig_torch"].append(c_torch)
+            t["contig_memcpy"].append(c_memcpy)
+            for backend in backends:
+                _settle(cuda)
+                handle = kernels.load_back(host, host_pages, dev, dev_pages, backend=backend)
+                t.setdefault(f"load_{backend}", []).append(handle.wait())
+                if backend == "torch":
+                    plan = handle.plan_kind
+            _settle(cuda)
+            t["to_run"].append(kernels.load_back(host, host_pages, dev, range(max_pages - n, max_pages)).wait())
+            for backend in backends:
+                _settle(cuda)
+                t.setdefault(f"backup_{backend}", []).append(
+                    kernels.backup(dev, dev_pages, host, host_pages, backend=backend))
+        med = {k: max(1, int(statistics.median(v))) for k, v in t.items()}
+        measured.append(dict(n=n, med=med, plan=plan))
         if progress:
-            progress(f"{n} pages: load-back {row.load_back_bytes_per_s / 1e9:.2f} GB/s, "
-                     f"contiguous {row.contiguous_bytes_per_s / 1e9:.2f} GB/s")
+            progress(f"{n} pages: load-back {n * page_bytes / med['load_torch']:.2f} GB/s (torch), "
+                     f"contiguous {n * page_bytes / min(med['contig_torch'], med['contig_memcpy']):.2f} GB/s")
+
+    # Where Triton wins, the kernels use it from then on (this process; replay reads the profile).
+    triton_min_bytes = None
+    if with_triton:
+        from tierdiag.engine import kernels_triton
+
+        sizes_b = [m["n"] * page_bytes for m in measured]
+        triton_min_bytes = pick_triton_min_bytes(
+            sizes_b, [m["med"]["load_torch"] + m["med"]["backup_torch"] for m in measured],
+            [m["med"]["load_triton"] + m["med"]["backup_triton"] for m in measured])
+        kernels_triton.set_min_bytes(triton_min_bytes)
+
+    rows: list[CalibrationRow] = []
+    for m in measured:
+        n, med = m["n"], m["med"]
+        nbytes = n * page_bytes
+        path = "triton" if triton_min_bytes is not None and nbytes >= triton_min_bytes else "torch"
+        rows.append(CalibrationRow(
+            n, nbytes, min(med["contig_torch"], med["contig_memcpy"]), med[f"load_{path}"], med["to_run"],
+            med[f"backup_{path}"], "triton" if path == "triton" else m["plan"], path, path,
+            med["contig_torch"], med["contig_memcpy"], med["load_torch"], med.get("load_triton"),
+            med["backup_torch"], med.get("backup_triton")))
 
     sizes_b = [r.bytes for r in rows]
     h2d = fit_overhead_and_bandwidth(sizes_b, [r.load_back_ns for r in rows])
@@ -218,6 +324,7 @@ def calibrate(*, quick: bool = False, num_layers: int = 4, row_bytes: int = 4096
         wall_s=time.perf_counter() - t_start, torch_threads=torch.get_num_threads(),
         load_average_1m=os.getloadavg()[0], table=tuple(rows),
         host=dict(hardware_summary(), hostname=socket.gethostname()),
+        triton=triton_status, triton_min_bytes=triton_min_bytes,
     )
 
 

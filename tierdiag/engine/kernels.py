@@ -7,25 +7,34 @@ contiguous row and a transfer of n pages is n rows in every layer:
     src_pages = [7, 8, 9, 2]   dst_pages = [0, 1, 2, 5]
                  └─run─┘  ·                 └─run─┘  ·      -> 2 runs consecutive on both sides
 
-Every call is planned first (`plan_copy`), then executed with as few tensor ops as the
+A page-first host pool (SGLang's `page_first`: a `[P, L, E]` buffer) is passed as
+`buffer.permute(1, 0, 2)`: same indexing, other strides (`pool_layout` tells them apart).
+
+Backends (one file each): this module's torch/numpy path, and the Triton kernel in
+kernels_triton.py, chosen per transfer by `_choose_backend` (Triton on CUDA when installed, the
+host pool pinned and the transfer at least the size `tierdiag calibrate` measured; never on a
+CPU-only machine; `backend=` forces one).
+
+torch path: every call is planned first (`plan_copy`), then executed with as few ops as the
 layout allows; the cheapest of:
 - `runs`:      pairs consecutive on both sides become slice copies, one op per run (all layers);
-- `gather`:    destination consecutive (per dst run): one `index_select` straight into the slice;
-- `scatter`:   source consecutive (per src run): one `index_copy_` straight from the slice;
-- `two_pass`:  both sides scattered: gather into a reused scratch buffer, then scatter.
+- `gather`:    destination consecutive (per dst run): one gather straight into the slice;
+- `scatter`:   source consecutive (per src run): one scatter straight from the slice;
+- `two_pass`:  both sides scattered: gather into a cache-sized scratch buffer, scatter, repeat.
 The choice is a small cost model (`_OP_COST_BYTES`: what one op's fixed overhead is worth in
-bytes moved), because a 64-byte page and a 64 KiB page want different plans.
+bytes moved), because a 64-byte page and a 64 KiB page want different plans. Transfers up to
+1 MiB skip the planner (`_copy_direct`).
 
-Rows are viewed as the widest element their bytes allow (complex128 = 16 bytes): indexed
-copies move elements one by one, so wider elements make them several times faster; the copy
-is bit for bit (no arithmetic touches the values), so any dtype works.
+CPU: rows move as numpy items of one row each (`np.take`/`np.put`/`np.copyto`: one memcpy a
+row, any dtype, on the calling thread; see `_np_rows`); tiny transfers are two torch ops.
 
 CUDA: copies are issued on a dedicated side stream (which first waits for the current stream,
 so it sees the KV the prefill wrote), host memory is pinned, host<->device copies are
 `non_blocking`, and load-back records one `torch.cuda.Event` per layer so a prefill can start
-on layer 0 while later layers are still in flight. Scattered host pages are gathered into a
-pinned staging buffer by the CPU (torch's caching host allocator keeps a staging block alive
-until the copy that reads it has completed), then scattered on the device.
+on layer 0 while later layers are still in flight. The torch path gathers scattered host pages
+into a pinned staging buffer by the CPU (torch's caching host allocator keeps a staging block
+alive until the copy that reads it has completed), then scatters on the device; the Triton
+path reads the scattered host pages from the GPU in one pass, one launch per layer.
 
 torch is imported here at module level: this module is only imported by engine code paths.
 """
@@ -46,8 +55,12 @@ PageList = Union[Sequence[int], torch.Tensor, np.ndarray]
 _OP_COST_BYTES = 128 * 1024
 # An indexed copy moves rows through an index; relative to a slice copy it costs a little more.
 _INDEXED_FACTOR = 1.15
-# The two-pass path stages at most this much at a time (bounds the scratch memory).
+# The two-pass path stages at most this much at a time (bounds the scratch memory; CUDA).
 _SCRATCH_MAX_BYTES = 32 * 1024 * 1024
+# On the CPU a gather-then-scatter goes through chunks this size: half of a 2 MiB L2, so the
+# scratch is still in cache when the scatter reads it (benchmarks/kernels.py: 256 KiB-1 MiB
+# all work; 2 MiB and up fall out of L2, 64 KiB pays too many ops).
+_CHUNK_BYTES = 512 * 1024
 
 
 # --- planning --------------------------------------------------------------------------------
@@ -276,8 +289,89 @@ def _scratch_rows(rows: int, like: torch.Tensor) -> torch.Tensor:
     return buf[: rows * width].view(rows, width)
 
 
+# --- CPU execution: numpy row moves ---------------------------------------------------------------
+# On the CPU every plan runs as numpy moves of whole rows: a [L, P, E] pool is seen as an
+# [L, P] array of opaque row-sized items, so a gather (`np.take`), a scatter (`np.put`) and a
+# slice copy (`np.copyto`) move each row with one memcpy/memmove, whatever the dtype (bfloat16
+# and fp8 too: the bytes are never interpreted). numpy runs them on the calling thread: torch's
+# parallel copies must wake a second thread, which on a busy machine can take milliseconds.
+def _np_rows(pool: torch.Tensor) -> np.ndarray:
+    """A contiguous CPU [L, P, E] pool as an [L, P] numpy array of row items (a view)."""
+    as_bytes = pool if pool.dtype == torch.uint8 else pool.view(torch.uint8)
+    row_bytes = pool.shape[2] * pool.element_size()
+    return as_bytes.numpy().view(np.dtype((np.void, row_bytes))).reshape(pool.shape[0], pool.shape[1])
+
+
+def _flat_index(idx: np.ndarray, num_layers: int, num_pages: int) -> np.ndarray:
+    """Row ids in the flat [L * P] view of page ids `idx` for every layer, layer-major."""
+    if num_layers == 1:
+        return idx
+    return (np.arange(num_layers, dtype=np.int64)[:, None] * num_pages + idx[None, :]).reshape(-1)
+
+
+_np_scratch: dict[int, np.ndarray] = {}
+
+
+def _np_scratch_rows(rows: int, row_bytes: int) -> np.ndarray:
+    """A reused buffer of row items (a fresh MiB would be page-faulted in on every call)."""
+    buf = _np_scratch.get(row_bytes)
+    if buf is None or buf.size < rows:
+        buf = _np_scratch[row_bytes] = np.empty(rows, dtype=np.dtype((np.void, row_bytes)))
+    return buf[:rows]
+
+
+def _gather_scatter_cpu(src_v: np.ndarray, fs: np.ndarray, dst_v: np.ndarray, fd: np.ndarray,
+                        *, snapshot: bool) -> None:
+    """dst_v[fd[i]] = src_v[fs[i]] over flat row items, through a cache-sized scratch buffer.
+
+    One big staging pass (gather everything, then scatter everything) streams the bytes through
+    memory twice; chunks of `_CHUNK_BYTES` are still in L2 when the scatter reads them, so memory
+    sees each byte read once and written once, as in a contiguous copy. `snapshot` (a move
+    inside one pool whose pages overlap) reads every row before writing any.
+    """
+    total = int(fs.size)
+    if total == 0:
+        return
+    chunk = total if snapshot else max(1, min(total, _CHUNK_BYTES // src_v.itemsize))
+    buf = _np_scratch_rows(chunk, src_v.itemsize)
+    for a in range(0, total, chunk):
+        b = min(a + chunk, total)
+        # mode="clip": the planner range-checked every id; "raise" would buffer the output
+        np.take(src_v, fs[a:b], out=buf[: b - a], mode="clip")
+        np.put(dst_v, fd[a:b], buf[: b - a])
+
+
+def _execute_cpu(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -> None:
+    """Execute a plan between two contiguous CPU pools, all layers."""
+    if plan.kind == "empty":
+        return
+    num_layers, src_pages, dst_pages = src.shape[0], src.shape[1], dst.shape[1]
+    sv, dv = _np_rows(src), _np_rows(dst)
+    if plan.kind == "runs":
+        for s0, d0, n in plan.runs:
+            np.copyto(dv[:, d0:d0 + n], sv[:, s0:s0 + n])
+        return
+    sf, df = sv.reshape(-1), dv.reshape(-1)
+    n = plan.num_pages
+    if plan.kind == "gather":  # destination runs: take straight into each layer's slice
+        fs = _flat_index(plan.src_idx, num_layers, src_pages)
+        for pos, d0, length in _runs_of(plan.dst_idx):
+            for layer in range(num_layers):
+                np.take(sf, fs[layer * n + pos: layer * n + pos + length], out=dv[layer, d0:d0 + length],
+                        mode="clip")
+        return
+    fd = _flat_index(plan.dst_idx, num_layers, dst_pages)
+    if plan.kind == "scatter":  # source runs: put straight from each layer's slice
+        for pos, s0, length in _runs_of(plan.src_idx):
+            for layer in range(num_layers):
+                np.put(df, fd[layer * n + pos: layer * n + pos + length], sv[layer, s0:s0 + length])
+        return
+    fs = _flat_index(plan.src_idx, num_layers, src_pages)
+    _gather_scatter_cpu(sf, fs, df, fd, snapshot=plan.snapshot)
+
+
 def _execute_same_device(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -> None:
-    """All layers at once; src and dst are wide-row views on the same device."""
+    """All layers at once; src and dst are wide-row views on the same CUDA device."""
     if plan.kind == "empty":
         return
     if plan.kind == "runs":
@@ -285,6 +379,7 @@ def _execute_same_device(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -
             dst[:, d0:d0 + n].copy_(src[:, s0:s0 + n])
         return
     device = src.device
+    num_layers = src.shape[0]
     s_t = torch.from_numpy(plan.src_idx).to(device)
     d_t = torch.from_numpy(plan.dst_idx).to(device)
     if plan.kind == "gather":
@@ -295,14 +390,14 @@ def _execute_same_device(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -
         for pos, s0, n in _runs_of(plan.src_idx):
             dst.index_copy_(1, d_t[pos:pos + n], src[:, s0:s0 + n])
         return
-    # two_pass: flatten to [L * P, w] rows so the gather takes index_select's row-memcpy path.
-    num_layers, src_pages, width = src.shape
-    src_flat = src.reshape(num_layers * src_pages, width)
-    dst_flat = dst.reshape(num_layers * dst.shape[1], width)
+    # two_pass: flatten to [L * P, w] rows, stage through scratch.
+    src_pages = src.shape[1]
+    src_flat = src.reshape(num_layers * src_pages, src.shape[2])
+    dst_flat = dst.reshape(num_layers * dst.shape[1], dst.shape[2])
     layer = torch.arange(num_layers, device=device, dtype=torch.int64).unsqueeze(1)
     fs = (layer * src_pages + s_t.unsqueeze(0)).reshape(-1)
     fd = (layer * dst.shape[1] + d_t.unsqueeze(0)).reshape(-1)
-    row_bytes = width * src.element_size()
+    row_bytes = src.shape[2] * src.element_size()
     total = fs.numel()
     chunk = total if plan.snapshot else max(1, _SCRATCH_MAX_BYTES // row_bytes)
     buf = _scratch_rows(min(chunk, total), src_flat)
@@ -471,27 +566,31 @@ def _finish_staged(dst_w: torch.Tensor, plan_dst_idx: np.ndarray, staged: list) 
 # engine's write-through backups and prefill writes are mostly this size; load-backs of long
 # prefixes and calibrate's bulk sizes still go through the planner.
 _DIRECT_MAX_BYTES = 1 << 20
+# Below this (n pages x L layers < 32k int64 elements, torch's parallel grain) a small transfer
+# is two torch ops, ~10 us; numpy's row moves cost ~25 us of set-up (views, flat ids) but move
+# bytes 2-3x faster than index_copy_'s element loop, which pays from here up.
+_TORCH_SMALL_MAX_BYTES = 256 << 10
 
 
-def _index(pages: PageList, num_pages: int, side: str) -> torch.Tensor | slice:
-    """Pages as an index for dim 1, range-checked with the planner's message."""
+def _index(pages: PageList, num_pages: int, side: str) -> np.ndarray | slice:
+    """Pages as int64 ids (a slice for a unit-step range), range-checked with the planner's message."""
     if isinstance(pages, range) and pages.step == 1:
         if pages.start < 0 or pages.stop > num_pages:
             _check_range_small([pages.start, pages.stop - 1], num_pages, side)
         return slice(pages.start, pages.stop)
     if isinstance(pages, list):
         _check_range_small(pages, num_pages, side)
-        return torch.from_numpy(np.fromiter(pages, dtype=np.int64, count=len(pages)))
+        return np.fromiter(pages, dtype=np.int64, count=len(pages))
     idx = _as_index_array(pages)
     _check_range(idx, num_pages, side)
-    return torch.from_numpy(idx)
+    return idx
 
 
 def _copy_direct(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pages: PageList) -> bool:
-    """One gather and one scatter over dim 1 (or a slice where a side is a range). False when
-    the plan is worth making: big transfers, or a move inside one pool (aliasing)."""
+    """CPU, no plan: one gather and one scatter of row items (a slice copy where a side is a
+    range). False when the plan is worth making: big transfers, or a move inside one pool."""
     n = len(src_pages)
-    if n != len(dst_pages) or n * src.shape[0] * src.shape[2] * src.element_size() > _DIRECT_MAX_BYTES:
+    if n != len(dst_pages) or _nbytes(src, n) > _DIRECT_MAX_BYTES:
         return False
     if n == 0:
         return True
@@ -499,27 +598,214 @@ def _copy_direct(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_
         return False  # the planner stages aliasing moves and names a non-contiguous pool
     _check_pair(src, dst)
     s, d = _index(src_pages, src.shape[1], "source"), _index(dst_pages, dst.shape[1], "destination")
-    rows = src[:, s] if isinstance(s, slice) else src.index_select(1, s)
-    if isinstance(d, slice):
-        dst[:, d].copy_(rows)
-    else:
-        dst.index_copy_(1, d, rows)
+    if _nbytes(src, n) < _TORCH_SMALL_MAX_BYTES:
+        # Two torch ops over dim 1, each on one thread at this size: the fewest fixed costs.
+        rows = src[:, s] if isinstance(s, slice) else src.index_select(1, torch.from_numpy(s))
+        if isinstance(d, slice):
+            dst[:, d].copy_(rows)
+        else:
+            dst.index_copy_(1, torch.from_numpy(d), rows)
+        return True
+    sv, dv = _np_rows(src), _np_rows(dst)
+    num_layers = sv.shape[0]
+    if isinstance(s, slice):
+        if isinstance(d, slice):
+            np.copyto(dv[:, d], sv[:, s])
+            return True
+        fd = _flat_index(d, num_layers, dv.shape[1])
+        df = dv.reshape(-1)
+        for layer in range(num_layers):
+            np.put(df, fd[layer * n:(layer + 1) * n], sv[layer, s])
+        return True
+    fs = _flat_index(s, num_layers, sv.shape[1])
+    if isinstance(d, slice):  # into a run: take straight into each layer's slice
+        sf = sv.reshape(-1)
+        for layer in range(num_layers):
+            np.take(sf, fs[layer * n:(layer + 1) * n], out=dv[layer, d], mode="clip")
+        return True
+    _gather_scatter_cpu(sv.reshape(-1), fs, dv.reshape(-1), _flat_index(d, num_layers, dv.shape[1]), snapshot=False)
     return True
 
 
+# --- layouts, backends --------------------------------------------------------------------------
+LAYER_FIRST = "layer_first"  # buffer [L, P, E]: one layer's pages are consecutive rows
+PAGE_FIRST = "page_first"    # buffer [P, L, E], passed as buffer.permute(1, 0, 2): a page's layers are adjacent
+BACKENDS = ("torch", "triton")
+
+
+def pool_layout(pool: torch.Tensor) -> str:
+    """Which host layout a [L, P, E] pool view has: layer-first (a contiguous buffer) or
+    page-first (a contiguous [P, L, E] buffer seen through .permute(1, 0, 2))."""
+    if pool.dim() != 3:
+        raise ValueError(f"a KV pool is [num_layers, num_pages, page_elems]; got shape {tuple(pool.shape)}")
+    if pool.is_contiguous():
+        return LAYER_FIRST
+    if pool.permute(1, 0, 2).is_contiguous():
+        return PAGE_FIRST
+    raise ValueError("KV pool must be contiguous (a pool buffer, not a slice of one), layer-first [L, P, E] "
+                     "or page-first [P, L, E] seen as .permute(1, 0, 2)")
+
+
+def _triton_module():
+    """kernels_triton, imported on first need (importing triton costs a second on a CPU box)."""
+    from tierdiag.engine import kernels_triton
+
+    return kernels_triton
+
+
+_profile_threshold_loaded = False
+
+
+def _load_profile_threshold(device: torch.device) -> None:
+    """Once per process: the Triton threshold `tierdiag calibrate` measured on this GPU, from
+    the saved default profile (a profile of another device or without one keeps the default)."""
+    global _profile_threshold_loaded
+    if _profile_threshold_loaded:
+        return
+    _profile_threshold_loaded = True
+    import json
+    import os
+    from pathlib import Path
+
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    path = Path(base) / "tierdiag" / "profile.json"
+    try:
+        profile = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if "triton_min_bytes" in profile and profile.get("device") == f"cuda: {torch.cuda.get_device_name(device)}":
+        _triton_module().set_min_bytes(profile["triton_min_bytes"])
+
+
+def _nbytes(src: torch.Tensor, num_pages: int) -> int:
+    return num_pages * src.shape[0] * src.shape[2] * src.element_size()
+
+
+# A transfer whose pages form at most this many runs on the two sides together is a handful of
+# DMA copies (cudaMemcpyAsync of whole runs, the link's ceiling): the torch path keeps it.
+_DMA_MAX_RUNS = 5
+
+
+def auto_backend(*, host_pinned: bool, num_bytes: int, runs, triton_min_bytes: int | None) -> str:
+    """The automatic choice on CUDA (`runs`: a callable, counted only when it matters)."""
+    if not host_pinned or triton_min_bytes is None or num_bytes < triton_min_bytes:
+        return "torch"
+    return "torch" if runs() <= _DMA_MAX_RUNS else "triton"
+
+
+def _choose_backend(src: torch.Tensor, dst: torch.Tensor, num_pages: int, backend: str | None,
+                    src_pages: PageList = (), dst_pages: PageList = ()) -> str:
+    """"torch" or "triton" for this transfer. Auto (None): Triton on CUDA when it is installed,
+    the host side is pinned (the GPU reads/writes it directly), the pages are scattered (not a
+    few runs a DMA copies whole) and the transfer is at least the measured threshold; the torch
+    path everywhere else (always on a CPU-only machine)."""
+    if backend not in (None,) + BACKENDS:
+        raise ValueError(f"unknown copy backend {backend!r}; known: {', '.join(BACKENDS)}")
+    cuda = _is_cuda(src) or _is_cuda(dst)
+    if backend == "torch" or (backend is None and not cuda):
+        return "torch"
+    if backend is None:
+        try:
+            kt = _triton_module()
+        except ImportError:
+            return "torch"
+        _load_profile_threshold(_cuda_device(src, dst))
+        host_ok = all(t.is_cuda or t.is_pinned() for t in (src, dst))
+        return auto_backend(host_pinned=host_ok, num_bytes=_nbytes(src, num_pages),
+                            runs=lambda: count_runs(src_pages) + count_runs(dst_pages),
+                            triton_min_bytes=kt.TRITON_MIN_BYTES if kt.AVAILABLE else None)
+    kt = _triton_module()
+    if not kt.AVAILABLE:
+        raise RuntimeError(f"copy backend 'triton': {kt.IMPORT_ERROR}")
+    if not cuda and not kt.interpreting():
+        raise RuntimeError("copy backend 'triton' on CPU tensors needs TRITON_INTERPRET=1 (Triton's interpreter)")
+    if cuda and not all(t.is_cuda or t.is_pinned() for t in (src, dst)):
+        raise RuntimeError("copy backend 'triton': host pool must be pinned (the GPU accesses it directly)")
+    return "triton"
+
+
+def _run_triton(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pages: PageList,
+                *, per_layer_events: bool) -> LoadBackHandle:
+    """One-pass copy by the Triton kernel: one launch for all layers, or one per layer with an
+    event after each (load-back). CUDA: on the side stream, returns at once; CPU (interpreter):
+    done on return."""
+    kt = _triton_module()
+    pool_layout(src), pool_layout(dst)
+    _check_pair(src, dst)
+    plan = plan_copy(src_pages, dst_pages, column_bytes=src.shape[0] * src.shape[2] * src.element_size(),
+                     src_num_pages=src.shape[1], dst_num_pages=dst.shape[1])
+    num_bytes = _nbytes(src, plan.num_pages)
+    if not (_is_cuda(src) or _is_cuda(dst)):
+        t0 = time.perf_counter_ns()
+        s_t, d_t = torch.from_numpy(plan.src_idx), torch.from_numpy(plan.dst_idx)
+        for layer in (range(src.shape[0]) if per_layer_events else (None,)):
+            if plan.num_pages:
+                kt.copy_rows(src, s_t, dst, d_t, layer=layer)
+        return LoadBackHandle(plan.num_pages, num_bytes, "triton", _wall_ns=time.perf_counter_ns() - t0)
+    device = _cuda_device(src, dst)
+    stream = _SideStreams.get(device)
+    handle = LoadBackHandle(plan.num_pages, num_bytes, "triton", _stream=stream)
+    handle._start_event = torch.cuda.Event(enable_timing=True)
+    handle._end_event = torch.cuda.Event(enable_timing=True)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.device(device), torch.cuda.stream(stream):
+        handle._start_event.record(stream)
+        s_t = torch.from_numpy(plan.src_idx).to(device)
+        d_t = torch.from_numpy(plan.dst_idx).to(device)
+        if per_layer_events:
+            for layer in range(src.shape[0]):
+                if plan.num_pages:
+                    kt.copy_rows(src, s_t, dst, d_t, layer=layer)
+                ev = torch.cuda.Event()
+                ev.record(stream)
+                handle.layer_events.append(ev)
+        elif plan.num_pages:
+            kt.copy_rows(src, s_t, dst, d_t)
+        handle._end_event.record(stream)
+    return handle
+
+
+def _copy_generic(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pages: PageList) -> int:
+    """torch path for page-first pools (any device): one index_select, one move, one index_copy_.
+    The gather makes a copy first, so a move inside one pool reads before it writes."""
+    pool_layout(src), pool_layout(dst)
+    _check_pair(src, dst)
+    plan = plan_copy(src_pages, dst_pages, column_bytes=src.shape[0] * src.shape[2] * src.element_size(),
+                     src_num_pages=src.shape[1], dst_num_pages=dst.shape[1])
+    if plan.num_pages:
+        rows = src.index_select(1, torch.from_numpy(plan.src_idx).to(src.device))
+        dst.index_copy_(1, torch.from_numpy(plan.dst_idx).to(dst.device), rows.to(dst.device))
+        if _is_cuda(src) or _is_cuda(dst):
+            torch.cuda.synchronize(_cuda_device(src, dst))
+    return plan.num_pages
+
+
+def _layer_first_both(src: torch.Tensor, dst: torch.Tensor) -> bool:
+    return pool_layout(src) == LAYER_FIRST and pool_layout(dst) == LAYER_FIRST
+
+
 # --- public API --------------------------------------------------------------------------------
-def copy_pages(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pages: PageList) -> int:
+def copy_pages(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pages: PageList,
+               *, backend: str | None = None) -> int:
     """Copy whole pages src[:, src_pages[i]] -> dst[:, dst_pages[i]] for all layers.
 
     Returns the measured wall time in ns; the copy is complete when this returns (on CUDA it is
-    issued on the side stream and synchronized). Destination pages must be distinct.
+    issued on the side stream and synchronized). Destination pages must be distinct. Pools are
+    [L, P, E] views, layer-first or page-first (`pool_layout`). `backend`: None picks (see
+    `_choose_backend`), "torch" or "triton" forces one.
     """
     t0 = time.perf_counter_ns()
+    if _choose_backend(src, dst, len(src_pages), backend, src_pages, dst_pages) == "triton":
+        handle = _run_triton(src, src_pages, dst, dst_pages, per_layer_events=False)
+        handle.wait()
+        return time.perf_counter_ns() - t0
+    if not _layer_first_both(src, dst):
+        _copy_generic(src, src_pages, dst, dst_pages)
+        return time.perf_counter_ns() - t0
     if not (_is_cuda(src) or _is_cuda(dst)):
         if _copy_direct(src, src_pages, dst, dst_pages):
             return time.perf_counter_ns() - t0
-        plan = _plan_for(src, src_pages, dst, dst_pages)
-        _execute_same_device(_wide_rows(src), _wide_rows(dst), plan)
+        _execute_cpu(src, dst, _plan_for(src, src_pages, dst, dst_pages))
         return time.perf_counter_ns() - t0
     handle, staged, plan = _start_cuda(src, dst, src_pages, dst_pages, per_layer_events=False)
     handle._end_event.synchronize()
@@ -529,24 +815,31 @@ def copy_pages(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pa
 
 
 def load_back(host: torch.Tensor, host_pages: PageList, device: torch.Tensor,
-              device_pages: PageList) -> LoadBackHandle:
+              device_pages: PageList, *, backend: str | None = None) -> LoadBackHandle:
     """Host -> device, layer by layer. On CUDA returns at once with one event per layer
-    (`handle.wait()` blocks and returns the wall ns); on CPU the copy is done on return."""
+    (`handle.wait()` blocks and returns the wall ns); on CPU the copy is done on return.
+    `handle.plan_kind` names the path taken ("direct", a plan kind, "triton" or "generic")."""
+    if _choose_backend(host, device, len(host_pages), backend, host_pages, device_pages) == "triton":
+        return _run_triton(host, host_pages, device, device_pages, per_layer_events=True)
+    if not _layer_first_both(host, device):
+        t0 = time.perf_counter_ns()
+        n = _copy_generic(host, host_pages, device, device_pages)
+        return LoadBackHandle(n, _nbytes(host, n), "generic", _wall_ns=time.perf_counter_ns() - t0)
     if not _is_cuda(device):
         t0 = time.perf_counter_ns()
         if _copy_direct(host, host_pages, device, device_pages):
-            num_bytes = len(host_pages) * host.shape[0] * host.shape[2] * host.element_size()
-            return LoadBackHandle(len(host_pages), num_bytes, "direct", _wall_ns=time.perf_counter_ns() - t0)
+            return LoadBackHandle(len(host_pages), _nbytes(host, len(host_pages)), "direct",
+                                  _wall_ns=time.perf_counter_ns() - t0)
         plan = _plan_for(host, host_pages, device, device_pages)
-        _execute_same_device(_wide_rows(host), _wide_rows(device), plan)
-        num_bytes = plan.num_pages * host.shape[0] * host.shape[2] * host.element_size()
-        return LoadBackHandle(plan.num_pages, num_bytes, plan.kind,
+        _execute_cpu(host, device, plan)
+        return LoadBackHandle(plan.num_pages, _nbytes(host, plan.num_pages), plan.kind,
                               _wall_ns=time.perf_counter_ns() - t0)
     handle, staged, _plan = _start_cuda(host, device, host_pages, device_pages, per_layer_events=True)
     assert not staged, "load-back lands on the device: nothing is staged on the host side"
     return handle
 
 
-def backup(device: torch.Tensor, device_pages: PageList, host: torch.Tensor, host_pages: PageList) -> int:
+def backup(device: torch.Tensor, device_pages: PageList, host: torch.Tensor, host_pages: PageList,
+           *, backend: str | None = None) -> int:
     """Device -> host; returns the wall ns once the pages are on the host."""
-    return copy_pages(device, device_pages, host, host_pages)
+    return copy_pages(device, device_pages, host, host_pages, backend=backend)
