@@ -40,7 +40,14 @@ def compare(
     if top < 1:
         raise ConfigError(f"--top {top} must be at least 1")
     with open_store(db) as con:
-        if requests:
+        pair = None  # an observed run beside its replay: per-request agreement (diagnose/observed.py)
+        if len(runs) == 2 and not sweep:
+            from tierdiag.diagnose.observed import agreement, observed_and_replayed
+
+            pair = observed_and_replayed(*(resolve_run(con, r, db_label=str(db)) for r in runs))
+        if pair is not None:
+            result = agreement(con, *pair, top=top if requests else None)
+        elif requests:
             a, b = (resolve_run(con, r, db_label=str(db)) for r in runs)
             result = compare_requests(con, a, b, top=top)
         else:
@@ -58,6 +65,10 @@ def compare(
     if json_:
         print_json(result.to_json())
         return
+    if pair is not None:
+        from tierdiag.report.observed import render_agreement
+
+        return render_agreement(result, out)
     from tierdiag.report.compare_terminal import render_comparison, render_request_comparison
 
     if requests:

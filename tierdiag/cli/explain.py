@@ -22,10 +22,14 @@ def explain(
 
     with open_store(db) as con:
         info = resolve_run(con, run, db_label=str(db))
-        result = explain_request(con, info, req_id)
+        if info.kind == "observed":  # imported from a server: its own path (diagnose/observed.py)
+            from tierdiag.diagnose.observed import explain_observed
+            from tierdiag.report.observed import render_observed_explanation as render_explanation
+            result = explain_observed(con, info, req_id)
+        else:
+            result = explain_request(con, info, req_id)
+            from tierdiag.report.terminal import render_explanation
     if json_:
         print_json(result.to_json())
         return
-    from tierdiag.report.terminal import render_explanation
-
     render_explanation(result, out)

@@ -65,6 +65,8 @@ def _build_app():
     for name in COMMANDS:
         module = importlib.import_module(f"tierdiag.cli.{name}")
         app.command(name)(_ints_fit_int64(getattr(module, name)))
+    # `import` is a Python keyword, and a command group (`tierdiag import sglang ...`).
+    app.add_typer(importlib.import_module("tierdiag.cli.import_sglang").import_app)
     _app.append(app)
     return app
 

@@ -27,6 +27,9 @@ def slow(
 
     with open_store(db) as con:
         info = resolve_run(con, run, db_label=str(db))
+        observed = info.kind == "observed"  # no ideal TTFT: ranked by TTFT (diagnose/observed.py)
+        if observed:
+            from tierdiag.diagnose.observed import slow_observed as slow_requests  # noqa: F811
         rows = slow_requests(con, info, top=top, hit_class=hit_class, cause=cause)
     if ids:
         for r in rows:
@@ -36,6 +39,10 @@ def slow(
         print_json({"run_id": info.run_id, "run_name": info.name, "top": top, "class": hit_class,
                     "cause": cause, "requests": [r.to_json() for r in rows]})
         return
+    if observed:
+        from tierdiag.report.observed import render_observed_slow
+
+        return render_observed_slow(rows, out, run_label=f"{info.name} ({info.run_id})")
     from tierdiag.report.terminal import render_slow
 
     render_slow(rows, out, run_label=f"{info.name} ({info.run_id})", hit_class=hit_class, cause=cause)

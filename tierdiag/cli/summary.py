@@ -13,10 +13,14 @@ def summary(db: DbOpt = DEFAULT_DB_PATH, run: RunOpt = None, json_: JsonOpt = Fa
 
     with open_store(db) as con:
         info = resolve_run(con, run, db_label=str(db))
+        if info.kind == "observed":  # imported from a server: only what it reported (diagnose/observed.py)
+            from tierdiag.diagnose.observed import observed_summary as run_summary  # noqa: F811
+            from tierdiag.report.observed import render_observed_summary as render_summary
+        else:
+            from tierdiag.report.terminal import render_summary
         result = run_summary(con, info)
     if json_:
         print_json(result.to_json())
         return
-    from tierdiag.report.terminal import render_summary
 
     render_summary(result, out)

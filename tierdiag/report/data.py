@@ -35,6 +35,7 @@ CLASSES = ("device_hit", "tiered_hit", "miss")
 COMPONENTS = ("queue_ns", "storage_wait_ns", "loadback_exposed_ns", "recompute_ns", "compute_ns")
 
 _FINISHED = "run_id = $run AND status = 'finished'"
+_DECOMPOSED = _FINISHED + " AND compute_ns IS NOT NULL"
 
 
 @dataclass(frozen=True)
@@ -382,6 +383,7 @@ def load_transfers(con: duckdb.DuckDBPyConnection, run: RunInfo) -> Transfers:
 
 def load_decomposition(con: duckdb.DuckDBPyConnection, run: RunInfo) -> Decomposition:
     p = _params(run)
+    _FINISHED = _DECOMPOSED  # noqa: N806 (observed runs have no split of TTFT: left out, not drawn as 0)
     means = ", ".join(f"avg({c}) AS {c}" for c in COMPONENTS)
     lo, hi = con.execute(f"SELECT min(arrival_ns), max(arrival_ns) FROM requests WHERE {_FINISHED}", p).fetchone()
     lo, hi = int(lo or 0), int(hi or 0)
@@ -412,6 +414,8 @@ def load_slowest_cached(con: duckdb.DuckDBPyConnection, run: RunInfo, *, limit: 
 
     The ranking is `slow`'s (one rule for "slow" everywhere), taken per cached class and merged.
     """
+    if run.kind == "observed":  # no engine TTFT parts to rank or explain by (diagnose/observed.py)
+        return []
     rows = [r for cls in ("device_hit", "tiered_hit") for r in slow_requests(con, run, top=limit, hit_class=cls)]
     rows.sort(key=lambda r: (-r.excess_ns, r.seq if r.seq is not None else -1, r.req_id))
     from tierdiag.diagnose.advice import propose

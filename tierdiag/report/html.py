@@ -245,7 +245,7 @@ def _headline_stats(data: ReportData) -> str:
     cards = [
         _stat("Requests", f"{h.num_requests:,}",
               _e(f"{h.num_finished:,} finished · {h.num_rejected:,} rejected · "
-                 f"{fmt_ms(h.span_ns)} of virtual time")),
+                 f"{fmt_ms(h.span_ns)} of {'server' if data.run.kind == 'observed' else 'virtual'} time")),
         _stat("Input tokens reused", fmt_pct(share(reused, total_tokens)),
               _e(f"{fmt_tokens(reused)} of {fmt_tokens(total_tokens)} tokens"),
               extra=_split_bar(all_split, legend=True), basis_px=250),
@@ -258,6 +258,11 @@ def _headline_stats(data: ReportData) -> str:
             for t in h.ttft if t.hit_class != "all")
         cards.append(_stat("TTFT p50 / p99", fmt_ms(ttft_all.p50_ns), f"p99 {_e(fmt_ms(ttft_all.p99_ns))}",
                            extra=f'<div class="rows">{per_class}</div>', basis_px=260))
+    if data.run.kind == "observed":  # imported from a server that reports none of the cards below
+        cards.append(_stat("Not reported by the server", "-", _e(
+            "load-back volume, skipped load-backs, evictions, TTFT parts: replay the trace written by "
+            "`tierdiag import sglang --trace-out` and report that run"), basis_px=250))
+        return f'<div class="stats">{"".join(cards)}</div>'
     cards.append(_stat("Load-back volume", fmt_bytes(h.loadback_bytes),
                        _e(f"{h.num_loadbacks:,} requests loaded back · {fmt_ms(h.loadback_ns)} on the link · "
                           f"{fmt_ms(h.loadback_exposed_ns)} exposed"), basis_px=190))
@@ -309,6 +314,10 @@ def _figure_card(spec: FigureSpec) -> tuple[str, str]:
 
 
 def _slow_table(data: ReportData) -> str:
+    if not data.slowest and data.run.kind == "observed":
+        return ('<div class="card"><div class="empty">an observed run has no engine verdicts: '
+                '`tierdiag explain REQ_ID --run RUN` explains one request from the server\'s numbers '
+                'and its replayed twin</div></div>')
     if not data.slowest:
         return '<div class="card"><div class="empty">no cached requests in this run</div></div>'
     rows = []
@@ -487,6 +496,12 @@ def build_report(db: str | os.PathLike, run: str | None = None, output: str | os
     finally:
         con.close()
     figures = build_figures(data)
+    if info.kind == "observed":  # an empty figure there means "not reported", not "none happened"
+        import dataclasses
+
+        figures = [dataclasses.replace(f, empty_text="not reported by the server (observed run); replay the "
+                                       "trace from `tierdiag import sglang --trace-out` to see it")
+                   if f.empty else f for f in figures]
     text = render_html(data, figures, plotly_js=_plotly_js())
     path = Path(output) if output is not None else default_output(info)
     size = write_atomic(path, text)

@@ -1,0 +1,90 @@
+"""`tierdiag import sglang PATH...`: an SGLang server's per-request metrics export -> an observed run.
+
+`import` is a Python keyword, so the command group is a Typer sub-app (`import_app`) that
+main.py adds by name; each source format is one command of it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, err, out, print_json
+
+import_app = typer.Typer(name="import", help="Record a server's own per-request export as an observed run.",
+                         no_args_is_help=True)
+
+
+def _tokens(n: int, total: int) -> str:
+    return f"{n:,} ({n / total:.1%})" if total else f"{n:,}"
+
+
+@import_app.command("sglang")
+def sglang(
+    paths: Annotated[list[Path], typer.Argument(
+        help="sglang-request-metrics-*.log(.gz) files, or folders holding them (--export-metrics-to-file-dir).")],
+    db: DbOpt = DEFAULT_DB_PATH,
+    run_name: Annotated[Optional[str], typer.Option("--run-name", help="Name of the run (default: sglang-<folder>).")] = None,
+    trace_out: Annotated[Optional[Path], typer.Option(
+        "--trace-out", help="Also write the requests as a tierdiag trace (JSONL) to replay as the twin run.")] = None,
+    skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip malformed lines (and count them).")] = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Read SGLang's --export-metrics-to-file output into one run of kind `observed`."""
+    # Imported here, not at the top: main.py imports every command module to register it.
+    from tierdiag.importers.load import import_sglang
+
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("[bold]import"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[info]}"),
+                   TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal or json_)
+    with bar:
+        task = bar.add_task("import", total=None, info="")
+
+        def progress(records: int, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=max(total, done), info=f"{records:,} requests")
+
+        s = import_sglang(paths, db=db, run_name=run_name, trace_out=trace_out, skip_bad=skip_bad,
+                          command_line=["tierdiag"] + sys.argv[1:], progress=progress)
+    if s.bad_lines:
+        first = "; ".join(s.first_bad[:2])
+        err.print(f"tierdiag: skipped {s.bad_lines:,} bad line{'s' if s.bad_lines != 1 else ''} (first: {first})",
+                  markup=False, highlight=False)
+    for warning in s.warnings:
+        err.print(f"tierdiag: warning: {warning}", markup=False, highlight=False)
+    if json_:
+        print_json(s.to_json())
+        return
+    from rich.table import Table
+
+    table = Table(title=f"import sglang: {s.run_name}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("files", f"{len(s.files):,}")
+    table.add_row("requests", f"{s.num_requests:,}" + (f" ({s.num_aborted:,} aborted)" if s.num_aborted else ""))
+    total = s.input_tokens
+    table.add_row("input tokens", f"{total:,}")
+    table.add_row("device hit", _tokens(s.device_tokens, total))
+    table.add_row("host hit (loaded back)", _tokens(s.host_tokens, total))
+    table.add_row("storage hit", _tokens(s.storage_tokens, total)
+                  + (f" ({', '.join(s.storage_backends)})" if s.storage_backends else ""))
+    table.add_row("computed", _tokens(s.computed_tokens, total))
+    table.add_row("with TTFT", f"{s.num_with_ttft:,} of {s.num_requests:,}")
+    if s.span_s is not None:
+        table.add_row("span", f"{s.span_s:,.1f} s of server time")
+    if s.trace_out:
+        table.add_row("trace", f"{s.trace_requests:,} requests -> {s.trace_out}")
+    table.add_row("read in", f"{s.wall_s:,.2f} s ({s.num_requests / s.wall_s:,.0f} requests/s)" if s.wall_s else "-")
+    out.print(table)
+    db_opt = "" if s.db_path == str(DEFAULT_DB_PATH) else f" --db {s.db_path}"
+    out.print(f"recorded observed run {s.run_id} in {s.db_path}", markup=False, highlight=False)
+    if s.trace_out and s.trace_requests:
+        out.print(f"next: tierdiag replay {s.trace_out}{db_opt} --device-tokens N --host-tokens N --page-size N "
+                  f"(the server's cache sizes), then tierdiag compare {s.run_id} REPLAY_RUN --requests{db_opt}",
+                  markup=False, highlight=False)
+    else:
+        out.print(f"next: tierdiag summary --run {s.run_id}{db_opt}   ·   tierdiag explain REQ_ID --run {s.run_id}{db_opt}",
+                  markup=False, highlight=False)

@@ -1,0 +1,552 @@
+"""Reader for SGLang's per-request metrics export (`--export-metrics-to-file`), SGLang 0.5.23.
+
+A generator of typed records (`SGLangRequest`), one per exported request, with `file:line` on
+every error; nothing here writes a store (see `importers.observed` for that).
+
+The format, as SGLang writes it (read from its source, not guessed)::
+
+    DIR/sglang-request-metrics-20261201_09.log       # the hour the request *finished*, server local time
+    {"request_parameters": "{\\"rid\\": \\"9c1f..\\", \\"input_ids\\": [128000, ...], ...}",
+     "id": "9c1f..", "prompt_tokens": 8192, "completion_tokens": 17, "cached_tokens": 4096,
+     "cached_tokens_details": {"device": 2048, "host": 1024, "storage": 1024, "storage_backend": "..."},
+     "queue_time": 0.012, "request_received_ts": 1764579600.5, "first_token_latency": 0.21, ...}
+
+one JSON object a line, appended in finish order. Its quirks are the named constants below,
+each with the SGLang function that makes it so.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import re
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import msgspec
+
+from tierdiag.errors import TraceError
+
+# --- the format's quirks, written once ------------------------------------------------------
+
+# FileRequestMetricsExporter._ensure_file_handler (srt/observability/request_metrics_exporter.py):
+# one file per hour, named by `datetime.now().strftime("%Y%m%d_%H")` when the record is
+# written, i.e. when the request finished; lines within a file are in finish order, not
+# arrival order. Rotated copies may be gzipped by the operator.
+EXPORT_FILE_RE = re.compile(r"^sglang-request-metrics-(\d{8}_\d{2})\.log(\.gz)?$")
+EXPORT_GLOBS = ("sglang-request-metrics-*.log", "sglang-request-metrics-*.log.gz")
+
+# RequestMetricsExporter._format_output_data: `"request_parameters": json.dumps(request_params)`
+# -- the normalised GenerateReqInput as a JSON *string* inside the JSON line (decode twice);
+# its None-valued fields are left out. The response's meta_info keys sit beside it at top level.
+REQUEST_PARAMETERS_KEY = "request_parameters"
+# Keys every exported generate request has (TokenizerManager._handle_batch_output builds
+# meta_info with "id", "prompt_tokens", ...): how a line is recognised as an SGLang export.
+SIGNATURE_KEYS = ("request_parameters", "id", "prompt_tokens")
+
+# OutputStreamer.get_cached_tokens_details (srt/managers/scheduler_components/output_streamer.py):
+# None when nothing was cached (the key is present, its value null: a miss); {"device", "host"}
+# otherwise, plus "storage" (and "storage_backend") when HiCache has an L3 backend. Storage
+# tokens travel storage -> host -> device but are counted only under "storage"
+# (schedule_batch.split_cached_prefix_by_tier), so device + host + storage == cached_tokens.
+DETAILS_KEY = "cached_tokens_details"
+
+# Units are mixed. ReqTimeStats.convert_to_output_meta_info / SchedulerReqTimeStats.
+# convert_to_output_meta_info (srt/observability/req_time_stats.py):
+# * epoch seconds (convert_time_to_realtime of a perf_counter stamp):
+EPOCH_S_KEYS = ("request_received_ts", "forward_entry_time", "prefill_finished_time",
+                "request_finished_ts", "response_sent_to_client_ts")
+# * durations in seconds: queue_time = SchedulerReqTimeStats.queue_duration_s (summed over
+#   every wait, a retracted request waits again); first_token_latency = first_token_time -
+#   created_time, present only when first_token_time > created_time; storage_prefetch_wait
+#   present only when a prefetch was timed (HiCache storage).
+DURATION_S_KEYS = ("queue_time", "e2e_latency", "first_token_latency", "storage_prefetch_wait")
+# Every timing key except e2e_latency needs the server's --enable-metrics
+# (TokenizerManager._handle_batch_output adds them under `if self.enable_metrics`).
+METRICS_FLAG = "--enable-metrics"
+
+# TokenizerManager._tokenize_one_request tokenizes `text` into a local list and never writes it
+# back to obj.input_ids, so a request sent as text is exported as text only. And with
+# --log-requests at --log-requests-level 0 or 1, RequestLogger._compute_metadata puts
+# "input_ids" and "text" in obj_skip_names, which the exporter drops from request_parameters.
+KEEP_TOKEN_IDS_HINT = (
+    "to make SGLang export token ids, send prompts as token ids (\"input_ids\" on /generate, a "
+    "token list as the /v1/completions prompt; /v1/chat/completions exports input_ids for text-only "
+    "chats) or launch it with --skip-tokenizer-init, and do not combine --log-requests with "
+    "--log-requests-level 0 or 1 (those levels drop input_ids from the export)")
+
+# Python's json.dump (the exporter's writer) emits NaN/Infinity for non-finite floats; strict
+# parsers refuse them, so a line that fails the fast parser is retried with the stdlib one.
+_FINISHED_TYPES = ("stop", "length")  # FINISH_MATCHED_* / FINISH_LENGTH .to_json()["type"]
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_SKIP_HINT = "fix the line, or pass --skip-bad to skip bad lines"
+_FIRST_BAD_KEPT = 5
+
+
+# --- typed records ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SGLangRequest:
+    """One exported request. None means the server did not report it (never 0 for unknown)."""
+
+    req_id: str
+    file: str
+    line: int
+    prompt_tokens: int
+    completion_tokens: int | None
+    cached_tokens: int | None
+    # The tier split; all three None when the export has no cached_tokens_details at all, all
+    # three 0 when it is null (a miss).
+    device_tokens: int | None
+    host_tokens: int | None
+    storage_tokens: int | None
+    storage_backend: str | None
+    received_s: float | None  # epoch seconds
+    forward_entry_s: float | None
+    prefill_finished_s: float | None
+    finished_s: float | None
+    queue_s: float | None
+    e2e_s: float | None
+    ttft_s: float | None  # first_token_latency
+    storage_prefetch_wait_s: float | None
+    num_retractions: int | None
+    finish_type: str | None  # stop | length | abort | ...
+    finish_message: str | None
+    # From request_parameters; decoded only when asked (`with_tokens`). input_ids is the JSON
+    # text of the array (b"[1, 2, ...]"), checked to hold prompt_tokens non-negative integers.
+    input_ids: bytes | None = None
+    has_text: bool = False
+    stream: bool | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_type in _FINISHED_TYPES
+
+    @property
+    def reused_tokens(self) -> int | None:
+        if self.device_tokens is None:
+            return self.cached_tokens
+        return self.device_tokens + self.host_tokens + self.storage_tokens  # type: ignore[operator]
+
+
+@dataclass
+class ImportReport:
+    """What reading found besides the records; filled while iterating."""
+
+    files: list[str] = field(default_factory=list)
+    num_records: int = 0
+    bad_lines: int = 0
+    first_bad: list[str] = field(default_factory=list)  # "file:line: message", first few
+    details_mismatch: int = 0  # cached_tokens != device + host + storage (split kept)
+    first_mismatch: str | None = None
+    bytes_read: int = 0
+    incomplete_tails: list[str] = field(default_factory=list)  # "file:line" of a cut-short last line
+
+
+class _BadLine(Exception):
+    pass
+
+
+# --- decoding --------------------------------------------------------------------------------
+
+
+class _Details(msgspec.Struct):
+    device: int = 0
+    host: int = 0
+    storage: int = 0
+    storage_backend: str | None = None
+
+
+class _Record(msgspec.Struct):
+    """The top-level keys we use; the rest are skipped by the decoder without being built."""
+
+    request_parameters: msgspec.Raw = msgspec.Raw(b"")
+    id: str | msgspec.UnsetType = msgspec.UNSET
+    prompt_tokens: int | msgspec.UnsetType = msgspec.UNSET
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    cached_tokens_details: _Details | None | msgspec.UnsetType = msgspec.UNSET
+    num_retractions: int | None = None
+    finish_reason: dict | None = None
+    request_received_ts: float | None = None
+    forward_entry_time: float | None = None
+    prefill_finished_time: float | None = None
+    request_finished_ts: float | None = None
+    queue_time: float | None = None
+    e2e_latency: float | None = None
+    first_token_latency: float | None = None
+    storage_prefetch_wait: float | None = None
+
+
+class _Params(msgspec.Struct):
+    # Raw: the array's JSON text, checked and copied as it is. Building 8k Python ints a request
+    # to write them back out cost 3x the whole plain import (benchmarks/import_sglang.py).
+    input_ids: msgspec.Raw = msgspec.Raw(b"")
+    text: msgspec.Raw = msgspec.Raw(b"")
+    stream: bool | None = None
+
+
+_NULL = b"null"
+_ID_DIGITS_AND_BLANKS = b"0123456789 \t\n\r"
+
+
+_record_decoder = msgspec.json.Decoder(_Record)
+_params_decoder = msgspec.json.Decoder(_Params)
+_str_decoder = msgspec.json.Decoder(str)
+_raw_decoder = msgspec.json.Decoder(msgspec.Raw)
+
+
+# The fast path, from the layout json.dump gives _format_output_data's dict: request_parameters
+# first, "id" right after it (meta_info's first key), json's default ", " / ": " separators.
+# The end of the (long) prompt string is found by hopping from quote to quote with memchr
+# (`bytes.find` of one byte) and skipping escaped ones: a few dozen hops instead of parsing
+# ~50 KB. Only the (short) numbers after it are parsed. Any other layout, or a prompt with more
+# quotes than _FAST_MAX_QUOTES, takes the full parse, which also names any problem.
+_FAST_PREFIX = b'{"request_parameters": "'
+_FAST_AFTER = b', "id": '
+_FAST_MAX_QUOTES = 1024
+# Within that string, the request's input_ids as json.dumps wrote them: an array of digits has
+# no escapes, so its bytes are the same escaped or not. GenerateReqInput's fields are in the
+# order rid, session_id, text, input_ids, ..., so the first match is the top-level key (a
+# quote inside `text` would be escaped twice here, \\\").
+_FAST_IDS_KEY = b'\\"input_ids\\": ['
+
+
+def _string_end(data: bytes, start: int) -> int:
+    """Index of the quote closing the JSON string opened at data[start], or -1."""
+    pos = start
+    for _ in range(_FAST_MAX_QUOTES):
+        pos = data.find(b'"', pos + 1)
+        if pos < 0:
+            return -1
+        k = pos - 1
+        while data[k] == 0x5C:  # backslashes before it: an odd number escapes it
+            k -= 1
+        if (pos - 1 - k) % 2 == 0:
+            return pos
+    return -1
+
+
+def _decode_record(data: bytes) -> _Record:
+    if data.startswith(_FAST_PREFIX):
+        end = _string_end(data, len(_FAST_PREFIX) - 1)
+        if end > 0 and data.startswith(_FAST_AFTER, end + 1):
+            try:
+                rec = _record_decoder.decode(b"{" + data[end + 3:])
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                pass  # the full parse below gives the error its proper words
+            else:
+                # A view, not a copy: the prompt is ~50 KB and only --trace-out reads it.
+                rec.request_parameters = msgspec.Raw(memoryview(data)[len(_FAST_PREFIX) - 1:end + 1])
+                return rec
+    try:
+        return _record_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise _BadLine(_validation_message(exc)) from None
+    except msgspec.DecodeError as exc:
+        # NaN / Infinity (Python's json.dump writes them): the stdlib parser reads them, then
+        # the same typed conversion checks the result.
+        try:
+            obj = json.loads(data)
+        except (ValueError, RecursionError):
+            raise _BadLine(f"bad JSON ({exc})") from None
+        if not isinstance(obj, dict):
+            raise _BadLine(f"expected a JSON object, got {_json_type(obj)}") from None
+        params = obj.pop(REQUEST_PARAMETERS_KEY, None)
+        try:
+            rec = msgspec.convert(obj, _Record)
+        except msgspec.ValidationError as exc2:
+            raise _BadLine(_validation_message(exc2)) from None
+        if params is not None:
+            rec.request_parameters = msgspec.Raw(msgspec.json.encode(params))
+        return rec
+
+
+def _validation_message(exc: msgspec.ValidationError) -> str:
+    text = str(exc)
+    if text.startswith("Expected `object`"):
+        return "expected a JSON object, " + text.split(",", 1)[1].strip() if "," in text else text
+    # msgspec: "Expected `int`, got `str` - at `$.prompt_tokens`"
+    return text.replace("$.", "")
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return type(value).__name__
+
+
+def _nonneg(name: str, value: float | None) -> float | None:
+    if value is None:
+        return None
+    if not math.isfinite(value) or value < 0:
+        raise _BadLine(f"'{name}' is {value!r}, expected a finite number of seconds >= 0")
+    return value
+
+
+def _count(name: str, value: int | None) -> int | None:
+    if value is not None and value < 0:
+        raise _BadLine(f"'{name}' is negative ({value})")
+    return value
+
+
+def _record(rec: _Record, file: str, lineno: int, with_tokens: bool, report: ImportReport) -> SGLangRequest:
+    if rec.id is msgspec.UNSET or rec.prompt_tokens is msgspec.UNSET or not rec.request_parameters:
+        missing = [k for k, v in (("request_parameters", rec.request_parameters or None), ("id", rec.id),
+                                  ("prompt_tokens", rec.prompt_tokens)) if v in (None, msgspec.UNSET)]
+        raise _BadLine(f"missing {', '.join(repr(k) for k in missing)} (not an SGLang request-metrics record)")
+    req_id = rec.id
+    if not req_id.strip():
+        raise _BadLine("'id' is empty")
+    prompt = _count("prompt_tokens", rec.prompt_tokens)
+    cached = _count("cached_tokens", rec.cached_tokens)
+    if cached is not None and cached > prompt:
+        raise _BadLine(f"'cached_tokens' {cached} exceeds 'prompt_tokens' {prompt}")
+    d = rec.cached_tokens_details
+    backend = None
+    if d is msgspec.UNSET:
+        device = host = storage = None
+    elif d is None:  # OutputStreamer.get_cached_tokens_details: nothing cached
+        device = host = storage = 0
+    else:
+        device, host, storage = (_count(f"{DETAILS_KEY}.{k}", getattr(d, k)) for k in ("device", "host", "storage"))
+        backend = d.storage_backend
+        total = device + host + storage
+        if total > prompt:
+            raise _BadLine(f"'{DETAILS_KEY}' adds up to {total} tokens, more than 'prompt_tokens' {prompt}")
+        if cached is not None and total != cached:
+            report.details_mismatch += 1
+            if report.first_mismatch is None:
+                report.first_mismatch = (f"{file}:{lineno}: cached_tokens {cached} but {DETAILS_KEY} "
+                                         f"adds up to {total}")
+    if d is None and cached:
+        raise _BadLine(f"'{DETAILS_KEY}' is null (a miss) but 'cached_tokens' is {cached}")
+    fr = rec.finish_reason
+    finish_type = finish_message = None
+    if isinstance(fr, dict):
+        t, m = fr.get("type"), fr.get("message")
+        finish_type = t if isinstance(t, str) else None
+        finish_message = m if isinstance(m, str) else None
+    input_ids = None
+    has_text = False
+    stream = None
+    if with_tokens:
+        input_ids, has_text, stream = _params(rec.request_parameters, prompt)
+    return SGLangRequest(
+        req_id=req_id, file=file, line=lineno, prompt_tokens=prompt,
+        completion_tokens=_count("completion_tokens", rec.completion_tokens), cached_tokens=cached,
+        device_tokens=device, host_tokens=host, storage_tokens=storage, storage_backend=backend,
+        received_s=_nonneg("request_received_ts", rec.request_received_ts),
+        forward_entry_s=_nonneg("forward_entry_time", rec.forward_entry_time),
+        prefill_finished_s=_nonneg("prefill_finished_time", rec.prefill_finished_time),
+        finished_s=_nonneg("request_finished_ts", rec.request_finished_ts),
+        queue_s=_nonneg("queue_time", rec.queue_time), e2e_s=_nonneg("e2e_latency", rec.e2e_latency),
+        ttft_s=_nonneg("first_token_latency", rec.first_token_latency),
+        storage_prefetch_wait_s=_nonneg("storage_prefetch_wait", rec.storage_prefetch_wait),
+        num_retractions=_count("num_retractions", rec.num_retractions),
+        finish_type=finish_type, finish_message=finish_message,
+        input_ids=input_ids, has_text=has_text, stream=stream)
+
+
+def _params(raw: msgspec.Raw, prompt_tokens: int) -> tuple[bytes | None, bool, bool | None]:
+    """Decode request_parameters: a JSON string holding JSON (REQUEST_PARAMETERS_KEY).
+
+    Returns (input_ids as the JSON text of a flat integer array, or None; has text; stream)."""
+    raw_bytes = bytes(raw)
+    key = raw_bytes.find(_FAST_IDS_KEY)
+    if key > 0:
+        start = key + len(_FAST_IDS_KEY) - 1
+        end = raw_bytes.find(b"]", start)
+        ids = raw_bytes[start:end + 1] if end > 0 else b""
+        if ids and _is_json(ids):  # else (nested, cut, malformed) the full parse says what is wrong
+            return _checked_ids(ids, prompt_tokens), False, None
+    try:
+        inner = _str_decoder.decode(raw)
+    except msgspec.ValidationError:
+        raise _BadLine(f"'{REQUEST_PARAMETERS_KEY}' must be a string holding JSON "
+                       f"(SGLang writes json.dumps of the request)") from None
+    try:
+        p = _params_decoder.decode(inner)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise _BadLine(f"'{REQUEST_PARAMETERS_KEY}' does not hold a request: {str(exc).replace('$.', '')}") from None
+    has_text = bool(p.text) and bytes(p.text) != _NULL
+    ids = bytes(p.input_ids) if p.input_ids else None
+    if ids is None or ids == _NULL:
+        return None, has_text, p.stream
+    return _checked_ids(ids, prompt_tokens), has_text, p.stream
+
+
+def _is_json(data: bytes) -> bool:
+    """JSON syntax checked (no empty elements, no leading zeros), nothing built."""
+    try:
+        _raw_decoder.decode(data)
+    except msgspec.DecodeError:
+        return False
+    return True
+
+
+def _checked_ids(ids: bytes, prompt_tokens: int) -> bytes:
+    """`ids`, valid JSON text, if it is a flat list of `prompt_tokens` non-negative integers."""
+    # Valid JSON holding only digits, commas and blanks between its brackets is a flat list of
+    # non-negative integers: what is left without digits and blanks must be "[" + commas + "]".
+    rest = ids.translate(None, _ID_DIGITS_AND_BLANKS)
+    if rest[:1] != b"[" or rest[-1:] != b"]" or rest[1:-1].strip(b","):
+        raise _BadLine(f"'{REQUEST_PARAMETERS_KEY}' input_ids must be a flat list of non-negative integers")
+    n = len(rest) - 1 if ids[1:-1].strip() else 0  # "[]" holds none; "[7]" leaves "[]" too
+    if n != prompt_tokens:
+        raise _BadLine(f"'{REQUEST_PARAMETERS_KEY}' has {n} input_ids but 'prompt_tokens' is {prompt_tokens}")
+    return ids
+
+
+# --- files -----------------------------------------------------------------------------------
+
+
+def export_files(paths: list[str | os.PathLike]) -> list[Path]:
+    """The export files under `paths` (files as given, folders by SGLang's file name), in time order.
+
+    Time order is the hour in the name (when the requests finished); files whose name has no
+    hour keep the order they were given in, after those that do.
+    """
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            inside = sorted({f for g in EXPORT_GLOBS for f in p.glob(g) if f.is_file()})
+            if not inside:
+                raise TraceError(f"{p}: no sglang-request-metrics-*.log files in this folder",
+                                 hint=f"SGLang writes them with --export-metrics-to-file "
+                                      f"--export-metrics-to-file-dir {p}")
+            found.extend(inside)
+        elif p.exists():
+            found.append(p)
+        else:
+            raise TraceError(f"{p}: no such file or folder")
+    unique: dict[Path, Path] = {}
+    for f in found:
+        unique.setdefault(f.resolve(), f)
+    files = list(unique.values())
+
+    def key(item: tuple[int, Path]):
+        i, f = item
+        m = EXPORT_FILE_RE.match(f.name)
+        # .log before .log.gz of the same hour only for determinism; both are read.
+        return (0, m.group(1), f.name, i) if m else (1, "", "", i)
+
+    return [f for _, f in sorted(enumerate(files), key=key)]
+
+
+def _lines(path: Path, report: ImportReport) -> Iterator[tuple[int, bytes]]:
+    try:
+        raw: BinaryIO = open(path, "rb", buffering=1 << 20)
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot open: {exc.strerror or exc}") from None
+    lineno = 0
+    with raw:
+        is_gzip = raw.read(2) == _GZIP_MAGIC
+        raw.seek(0)
+        fh: BinaryIO = gzip.GzipFile(fileobj=raw, mode="rb") if is_gzip else raw
+        try:
+            for lineno, data in enumerate(fh, start=1):
+                report.bytes_read += len(data)
+                yield lineno, data
+        except (OSError, EOFError, zlib.error) as exc:
+            what = "corrupt or truncated gzip data" if is_gzip else f"read error: {exc}"
+            raise TraceError(f"{path}:{lineno + 1}: {what}") from None
+
+
+def read_export(paths: list[str | os.PathLike], *, with_tokens: bool = False, skip_bad: bool = False,
+                report: ImportReport | None = None) -> Iterator[SGLangRequest]:
+    """Yield every exported request of the files under `paths`, files in time order, lines in
+    file order (= finish order).
+
+    `with_tokens` also decodes request_parameters (input_ids, text, stream): the slow part, only
+    needed to write a trace. A bad line raises TraceError naming `file:line`; with `skip_bad`
+    it is counted in `report` instead. A file whose first record is JSON but not an SGLang
+    export record is refused whatever `skip_bad` says: it is the wrong file, not a bad line.
+    """
+    files = export_files(paths)
+    report = report if report is not None else ImportReport()
+    report.files = [str(f) for f in files]
+    return _read(files, with_tokens, skip_bad, report)
+
+
+def _read(files: list[Path], with_tokens: bool, skip_bad: bool, report: ImportReport) -> Iterator[SGLangRequest]:
+    # id -> where it was first seen, packed as file index << 32 | line (an int, not a string:
+    # this map is the importer's one per-request structure, so it is kept small).
+    seen: dict[str, int] = {}
+    for file_index, path in enumerate(files):
+        name = str(path)
+        recognised = False
+        for lineno, data in _lines(path, report):
+            if not data.strip():
+                continue
+            try:
+                if lineno == 1 and data.startswith(b"\xef\xbb\xbf"):
+                    data = data[3:]
+                try:
+                    rec = _decode_record(data)
+                except _BadLine:
+                    if not data.endswith(b"\n") and recognised:
+                        # The file's last line, cut short: FileRequestMetricsExporter.write_file
+                        # writes a line, then "\n", then flushes, so this is a record still being
+                        # written (an export read while the server runs) or cut by a crash.
+                        report.incomplete_tails.append(f"{name}:{lineno}")
+                        continue
+                    if not recognised:
+                        _check_is_export(path, data)
+                    raise
+                if not recognised:
+                    if rec.id is msgspec.UNSET and rec.prompt_tokens is msgspec.UNSET:
+                        raise _not_export(path, data)
+                    recognised = True
+                req = _record(rec, name, lineno, with_tokens, report)
+                first = seen.get(req.req_id)
+                if first is not None:
+                    raise _BadLine(f"duplicate request id {req.req_id!r} (first at {files[first >> 32]}:"
+                                   f"{first & 0xFFFFFFFF})")
+            except _BadLine as exc:
+                message = f"{name}:{lineno}: {exc}"
+                if not skip_bad:
+                    raise TraceError(message, hint=_SKIP_HINT) from None
+                report.bad_lines += 1
+                if len(report.first_bad) < _FIRST_BAD_KEPT:
+                    report.first_bad.append(message)
+                continue
+            seen[req.req_id] = file_index << 32 | lineno
+            report.num_records += 1
+            yield req
+
+
+def _not_export(path: Path, data: bytes) -> TraceError:
+    head = data[:200]
+    looks_like_trace = b'"hash_ids"' in head or b'"input_length"' in head or b'"tokens"' in head
+    hint = ("it looks like a workload trace: replay it with `tierdiag replay`" if looks_like_trace
+            else "expected the sglang-request-metrics-*.log files SGLang writes with --export-metrics-to-file")
+    return TraceError(f"{path}: not an SGLang request-metrics export (its first record has no "
+                      f"{', '.join(repr(k) for k in SIGNATURE_KEYS)})", hint=hint)
+
+
+def _check_is_export(path: Path, data: bytes) -> None:
+    """A first line that does not even decode: say 'not an export' when it is not JSON at all."""
+    stripped = data.lstrip()
+    if not stripped.startswith(b"{"):
+        if b"\x00" in data[:512]:
+            raise TraceError(f"{path}: not an SGLang request-metrics export (binary data)",
+                             hint="expected one JSON object a line") from None
+        if not stripped.startswith((b"[", b'"')):
+            raise TraceError(f"{path}: not an SGLang request-metrics export (its first line is not JSON)",
+                             hint="expected one JSON object a line, as --export-metrics-to-file writes")
