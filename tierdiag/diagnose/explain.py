@@ -807,7 +807,7 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
              steps[3])
     why = C.loss_why(run_ctx) if tokens.recomputed_tokens or tokens.host_tokens or tokens.storage_tokens else None
     if why:
-        steps = steps[:3] + (replace(steps[3], finding=f"{steps[3].finding} Run-wide: {why}."),)
+        steps = steps[:3] + (replace(steps[3], finding=f"{steps[3].finding} For context, {why}."),)
     parts = TtftParts.from_row(row) if finished else None
     cause = parts.primary_cause() if parts is not None else None
     headline, verdict, claims = _verdict(VerdictInputs(
