@@ -96,3 +96,16 @@ def fmt_value(key: str, value) -> str:
     if isinstance(value, float):
         return f"{value:,.3g}"
     return f"{value:,}"
+
+
+def fmt_duration(ns: int | float | None) -> str:
+    """A span of virtual time in the unit a person reads it in: ms and s as `fmt_ms`, then
+    minutes and hours ("7.0 min", not "422,674.9 ms")."""
+    if ns is None:
+        return "-"
+    s = ns / NS_PER_S
+    if abs(s) >= 3 * 3600:
+        return f"{s / 3600:,.1f} h"
+    if abs(s) >= 120:
+        return f"{s / 60:,.1f} min"
+    return fmt_ms(ns)
