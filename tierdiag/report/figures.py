@@ -51,6 +51,7 @@ POOL_COLOURS = {"device": "#2e7d32", "host": "#f9a825", "storage": "#8e24aa"}
 
 HIST_BINS = 60
 EVICTION_TICKS_MAX_SHARE = 1 / 3
+RATE_POINTS = 200
 EVICTION_COLOURS = {"device": "#c62828", "host": "#ef6c00", "storage": "#6a1b9a"}
 TIME_AXIS_TITLE = "virtual time since the first arrival (s)"
 NO_LOADBACKS = "no load-backs in this run (nothing was loaded back from host or storage)"
@@ -220,11 +221,15 @@ def timeline_figure(data: ReportData) -> FigureSpec:
         if tier == "eviction rate":
             for t in as_rate:
                 m = marks[t]
-                # Every bin, zeros included, so the line drops where evictions pause.
-                t_s = (np.arange(tl.num_bins) + 0.5) * tl.bin_s
-                rate = np.zeros(tl.num_bins)
-                idx = np.clip(np.rint(m.t_s / tl.bin_s - 0.5).astype(int), 0, tl.num_bins - 1)
-                np.add.at(rate, idx, m.tokens / tl.bin_s)
+                # Every bin, zeros included, so the line drops where evictions pause; merged to at
+                # most RATE_POINTS bins, since a thousand-point rate is noise at any screen width.
+                per = -(-tl.num_bins // RATE_POINTS)
+                width_s = tl.bin_s * per
+                n_rate = -(-tl.num_bins // per)
+                t_s = (np.arange(n_rate) + 0.5) * width_s
+                rate = np.zeros(n_rate)
+                idx = np.clip(np.rint(m.t_s / tl.bin_s - 0.5).astype(int) // per, 0, n_rate - 1)
+                np.add.at(rate, idx, m.tokens / width_s)
                 traces.append({
                     "type": "scatter", "mode": "lines", "name": f"{t} evicted tokens/s", "x": t_s, "y": rate,
                     "xaxis": "x", "yaxis": yname,
@@ -232,7 +237,7 @@ def timeline_figure(data: ReportData) -> FigureSpec:
                     "hovertemplate": "%{y:,.0f} tokens/s<extra>" + t + " evictions</extra>",
                 })
             layout[layout_key] = _axis("tokens/s", domain=domains[i], rangemode="tozero")
-            title = (f"eviction rate ({', '.join(as_rate)}: evictions in "
+            title = (f"eviction rate, tokens/s over {width_s:.3g} s bins ({', '.join(as_rate)}: evictions in "
                      + ", ".join(f"{tl.eviction_bins_share(t):.0%}" for t in as_rate)
                      + f" of the {tl.bin_s:.3g} s bins, too dense for ticks)")
         elif tier == "bandwidth":
@@ -310,8 +315,9 @@ def timeline_figure(data: ReportData) -> FigureSpec:
     return FigureSpec(
         key="timeline", section="time", title="Pools, evictions and load-backs over virtual time",
         how_to_read="When a pool runs at capacity (dashed line) it evicts (red ticks above it, darker = more "
-                    "tokens); demoted prefixes come back later as load-backs (amber, bottom); locked tokens "
-                    "(dotted) cannot be evicted.",
+                    "tokens; where evictions fill most of the run, an eviction-rate lane in tokens/s instead); "
+                    "demoted prefixes come back later as load-backs (amber, bottom); locked tokens (dotted) "
+                    "cannot be evicted.",
         figure={"data": traces, "layout": layout}, height_px=200 * n + 80,
         note=f"binned into {tl.bin_s:.3g} s time bins" if binned else "")
 

@@ -173,7 +173,7 @@ details.ids p { white-space:normal; max-width:360px; font-size:12px; margin:4px 
   td.worst, td .sub { white-space:normal; } th, td { padding:6px 5px; } }
 .verdict-card .lead { font-size:15px; margin:6px 0 10px; }
 .verdict-card .causes { display:grid; gap:4px; margin:6px 0 8px; max-width:760px; }
-.cause-row { display:grid; grid-template-columns:120px 1fr 56px minmax(160px, auto); gap:10px; align-items:center;
+.cause-row { display:grid; grid-template-columns:120px 1fr 64px minmax(160px, auto); gap:10px; align-items:center;
              font-size:13px; }
 .cause-row .track { height:10px; background:#eceff1; border-radius:5px; overflow:hidden; }
 .cause-row .track span { display:block; height:100%; background:var(--accent); }
@@ -183,7 +183,7 @@ details.ids p { white-space:normal; max-width:360px; font-size:12px; margin:4px 
 .verdict-card .advice ol { margin:4px 0; padding-left:22px; }
 .verdict-card .advice h4 { margin:10px 0 2px; font-size:13px; }
 .verdict-card .advice .check { color:var(--muted); font-size:12px; }
-@media (max-width: 700px) { .cause-row { grid-template-columns:100px 1fr 48px; } .cause-row .sub { display:none; } }
+@media (max-width: 700px) { .cause-row { grid-template-columns:100px 1fr 60px; } .cause-row .sub { display:none; } }
 td.verdict details summary { cursor:pointer; }
 td.verdict details p { margin:6px 0 0; color:#455a64; }
 .badge { display:inline-block; padding:1px 8px; border-radius:10px; font-size:12px; font-weight:600;
@@ -280,9 +280,11 @@ def _headline_stats(data: ReportData) -> str:
     if ttft_all is not None and ttft_all.ttft_p50_ns is not None:
         per_class = "".join(
             f'<div><span><span style="color:{CLASS_COLOURS[c.hit_class]}">●</span> '
-            f"{_e(CLASS_LABELS[c.hit_class])}</span><b>{_e(fmt_ms(c.ttft_p50_ns))} / {_e(fmt_ms(c.ttft_p99_ns))}</b></div>"
+            f"{_e(CLASS_LABELS[c.hit_class])}</span><b>{_e(fmt_duration(c.ttft_p50_ns))} / "
+            f"{_e(fmt_duration(c.ttft_p99_ns))}</b></div>"
             for c in sm.classes if c.hit_class in CLASSES)
-        cards.append(_stat("TTFT p50 / p99", fmt_ms(ttft_all.ttft_p50_ns), f"p99 {_e(fmt_ms(ttft_all.ttft_p99_ns))}",
+        cards.append(_stat("TTFT p50 / p99", fmt_duration(ttft_all.ttft_p50_ns),
+                           f"p99 {_e(fmt_duration(ttft_all.ttft_p99_ns))}",
                            extra=f'<div class="rows">{per_class}</div>', basis_px=260))
     lb = sm.load_back
     cards.append(_stat("Load-back volume", fmt_bytes(lb.bytes),
@@ -312,6 +314,11 @@ def _advice_html(item: Any) -> str:
     return f"<li>{head}{reason}{check}</li>"
 
 
+def _share_text(x: float | None) -> str:
+    """A share for the verdict: a sliver is "< 0.1 %", never a "0.0 %" beside a non-zero time."""
+    return "< 0.1 %" if x is not None and 0 < x < 0.001 else fmt_pct(x)
+
+
 def _verdict_card(data: ReportData) -> str:
     """The run-level verdict: the cause that dominated excess TTFT, with its numbers."""
     v = data.verdict
@@ -321,15 +328,17 @@ def _verdict_card(data: ReportData) -> str:
         return f'<div class="card verdict-card" id="verdict"><h3>Run verdict</h3>{body}</div>'
     top = v.ranked[0]
     cause = v.dominant
+    finished = data.summary.num_finished
     lead = (f'<p class="lead"><span class="cause {_e(cause)}">{_e(cause)}</span> dominated excess TTFT: '
-            f"<b>{_e(fmt_duration(top.excess_part_ns))}</b> of the run's {_e(fmt_duration(v.excess_total_ns))} "
-            f"above ideal (<b>{_e(fmt_pct(top.excess_share))}</b>) went to {_e(CAUSE_MEANING[cause])}; "
-            f"it is the primary cause of {top.num_requests:,} requests.</p>")
+            f"<b>{_e(_share_text(top.excess_share))}</b> of the time requests spent above their ideal TTFT "
+            f"(<b>{_e(fmt_duration(top.excess_part_ns))}</b> of {_e(fmt_duration(v.excess_total_ns))}, summed over "
+            f"{finished:,} finished requests) went to {_e(CAUSE_MEANING[cause])}; it is the primary cause of "
+            f"{top.num_requests:,} requests.</p>")
     bars = "".join(
         f'<div class="cause-row"><span class="cause {_e(c.cause)}">{_e(c.cause)}</span>'
         f'<span class="track"><span style="width:{(c.excess_share or 0) * 100:.2f}%"></span></span>'
-        f"<b>{_e(fmt_pct(c.excess_share))}</b><span class=\"sub\">{_e(fmt_duration(c.excess_part_ns))} · "
-        f"{c.num_requests:,} requests</span></div>"
+        f"<b>{_e(_share_text(c.excess_share))}</b><span class=\"sub\">{_e(fmt_duration(c.excess_part_ns))} · "
+        f"primary for {c.num_requests:,} requests</span></div>"
         for c in v.ranked)
     facts = "".join(f"<li>{_e(f)}</li>" for f in v.facts)
     facts_html = f'<ul class="facts">{facts}</ul>' if facts else ""
@@ -449,16 +458,17 @@ def _slow_table(data: ReportData) -> str:
             f'<td class="num"><b>{len(g.requests):,}</b><div class="sub">{_e(classes)}</div></td>'
             f'<td class="num">{_e(when)}<div class="sub">burst {g.burst} of {g.num_bursts}</div></td>'
             f'<td class="num"><b>{_e(fmt_duration(g.excess_total_ns))}</b>'
-            f'<div class="sub">worst {_e(fmt_ms(r.excess_ns))}</div></td>'
+            f'<div class="sub">worst {_e(fmt_duration(r.excess_ns))}</div></td>'
             f'<td class="worst"><b class="id">{_e(r.req_id)}</b> '
             f'<span class="badge" style="background:{colour}">{_e(CLASS_LABELS.get(r.hit_class or "", "?"))}</span>'
-            f'<div class="sub">TTFT {_e(fmt_ms(r.ttft_ns))} · ideal {_e(fmt_ms(r.ideal_ttft_ns))}</div>'
+            f'<div class="sub">TTFT {_e(fmt_duration(r.ttft_ns))} · ideal {_e(fmt_ms(r.ideal_ttft_ns))}</div>'
             f'<div class="wide-only">{_split_bar(split)}<span class="split">{_e(split_text)}</span></div>{more}</td>'
             "</tr>")
     head = ('<tr><th>verdict (of the group\'s slowest request)</th><th class="num">requests</th>'
             '<th class="num">arrived</th><th class="num">excess</th><th>slowest request</th></tr>')
     n = sum(len(g.requests) for g in data.slow_groups)
-    note = (f'<p class="note">{n:,} requests in {len(data.slow_groups)} groups, of the {data.slow_considered:,} '
+    groups = f"{len(data.slow_groups)} group" + ("" if len(data.slow_groups) == 1 else "s")
+    note = (f'<p class="note">{n:,} requests in {groups}, of the {data.slow_considered:,} '
             f"slowest cached requests (at most {data.slow_pool:,}) that exceeded their ideal: a burst is a run of arrivals with no gap over {BURST_GAP_SHARE:.0%} of the run's span, "
             "a group the requests of one burst sharing a primary cause; groups are ordered by summed excess. "
             "Requests within 20 % of their ideal are not listed (their cause is none).</p>")
