@@ -6,6 +6,7 @@ stdout is data, stderr is diagnostics.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -20,8 +21,14 @@ RunOpt = Annotated[Optional[str], typer.Option("--run", help="Run id, id prefix 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 DEFAULT_DB_PATH = Path(DEFAULT_DB)
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+def _styling() -> dict:
+    """NO_COLOR (https://no-color.org, any non-empty value) turns off all styling, bold and dim
+    included: Rich's own NO_COLOR support drops only the colours."""
+    return {"color_system": None} if os.environ.get("NO_COLOR") else {}
+
+
+out = Console(soft_wrap=True, **_styling())
+err = Console(stderr=True, soft_wrap=True, **_styling())
 
 
 def print_json(obj: Any) -> None:

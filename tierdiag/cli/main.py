@@ -18,14 +18,26 @@ app = typer.Typer(
     help="Why was a cached prefix still slow? Replay a trace through a tiered KV cache, then explain it.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 _state = {"debug": False}
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from tierdiag import __version__
+
+        print(f"tierdiag {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors.")) -> None:
+def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+          version: bool = typer.Option(False, "--version", "-V", callback=_print_version, is_eager=True,
+                                       help="Show the version and exit.")) -> None:
     _state["debug"] = debug
 
 
@@ -34,12 +46,23 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for
 COMMANDS = ("replay", "runs", "summary", "slow", "explain", "report", "export", "synth", "calibrate", "doctor")
 
 
+def _first_sentence(doc: str | None) -> str | None:
+    """A command's line in `tierdiag --help`: its docstring's first sentence, whole (click would
+    cut it at the terminal width with "...", and wrapping is better than cutting)."""
+    if not doc:
+        return None
+    text = " ".join(doc.split())
+    end = text.find(". ")
+    return text if end < 0 else text[:end + 1]
+
+
 def _register() -> None:
     import importlib
 
     for name in COMMANDS:
         module = importlib.import_module(f"tierdiag.cli.{name}")
-        app.command(name)(getattr(module, name))
+        fn = getattr(module, name)
+        app.command(name, short_help=_first_sentence(fn.__doc__))(fn)
 
 
 _register()
@@ -53,7 +76,7 @@ def _is_no_args_help(exc: Exception) -> bool:
 def main() -> None:
     debug = "--debug" in sys.argv[1:]
     try:
-        result = app(standalone_mode=False)
+        result = app(prog_name="tierdiag", standalone_mode=False)
         # Outside standalone mode Typer catches `typer.Exit(code)` itself and returns the code.
         if isinstance(result, int) and not isinstance(result, bool) and result:
             sys.exit(result)

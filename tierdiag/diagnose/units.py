@@ -109,3 +109,12 @@ def fmt_duration(ns: int | float | None) -> str:
     if abs(s) >= 120:
         return f"{s / 60:,.1f} min"
     return fmt_ms(ns)
+
+
+def fmt_pool(tokens: int | None, kv_bytes_per_token: int | None) -> str:
+    """A KV pool as tokens and binary GiB at the model's KV size: "821,632 tokens (100.3 GiB)"."""
+    if tokens is None:
+        return "-"
+    if not kv_bytes_per_token:
+        return f"{int(tokens):,} tokens"
+    return f"{int(tokens):,} tokens ({fmt_bytes(tokens * kv_bytes_per_token)})"
