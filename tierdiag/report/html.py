@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from tierdiag import __version__
-from tierdiag.diagnose.units import fmt_bandwidth, fmt_bytes, fmt_duration, fmt_ms, fmt_pct, fmt_tokens
+from tierdiag.diagnose.units import fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens
 from tierdiag.errors import OutputError
 from tierdiag.report.data import (
     BURST_GAP_SHARE,
@@ -270,7 +270,7 @@ def _headline_stats(data: ReportData) -> str:
     cards = [
         _stat("Requests", f"{sm.num_requests:,}",
               _e(f"{sm.num_finished:,} finished · {sm.num_rejected:,} rejected · "
-                 f"{fmt_duration(sm.span_ns)} from first arrival to last finish")),
+                 f"{fmt_ms(sm.span_ns)} from first arrival to last finish")),
         _stat("Input tokens reused", fmt_pct(sm.reused_token_share),
               _e(f"{fmt_tokens(reused)} of {fmt_tokens(total_tokens)} tokens"),
               extra=_split_bar(all_split, legend=True), basis_px=250),
@@ -280,11 +280,11 @@ def _headline_stats(data: ReportData) -> str:
     if ttft_all is not None and ttft_all.ttft_p50_ns is not None:
         per_class = "".join(
             f'<div><span><span style="color:{CLASS_COLOURS[c.hit_class]}">●</span> '
-            f"{_e(CLASS_LABELS[c.hit_class])}</span><b>{_e(fmt_duration(c.ttft_p50_ns))} / "
-            f"{_e(fmt_duration(c.ttft_p99_ns))}</b></div>"
+            f"{_e(CLASS_LABELS[c.hit_class])}</span><b>{_e(fmt_ms(c.ttft_p50_ns))} / "
+            f"{_e(fmt_ms(c.ttft_p99_ns))}</b></div>"
             for c in sm.classes if c.hit_class in CLASSES)
-        cards.append(_stat("TTFT p50 / p99", fmt_duration(ttft_all.ttft_p50_ns),
-                           f"p99 {_e(fmt_duration(ttft_all.ttft_p99_ns))}",
+        cards.append(_stat("TTFT p50 / p99", fmt_ms(ttft_all.ttft_p50_ns),
+                           f"p99 {_e(fmt_ms(ttft_all.ttft_p99_ns))}",
                            extra=f'<div class="rows">{per_class}</div>', basis_px=260))
     lb = sm.load_back
     cards.append(_stat("Load-back volume", fmt_bytes(lb.bytes),
@@ -314,11 +314,6 @@ def _advice_html(item: Any) -> str:
     return f"<li>{head}{reason}{check}</li>"
 
 
-def _share_text(x: float | None) -> str:
-    """A share for the verdict: a sliver is "< 0.1 %", never a "0.0 %" beside a non-zero time."""
-    return "< 0.1 %" if x is not None and 0 < x < 0.001 else fmt_pct(x)
-
-
 def _verdict_card(data: ReportData) -> str:
     """The run-level verdict: the cause that dominated excess TTFT, with its numbers."""
     v = data.verdict
@@ -330,14 +325,14 @@ def _verdict_card(data: ReportData) -> str:
     cause = v.dominant
     finished = data.summary.num_finished
     lead = (f'<p class="lead"><span class="cause {_e(cause)}">{_e(cause)}</span> dominated excess TTFT: '
-            f"<b>{_e(_share_text(top.excess_share))}</b> of the time requests spent above their ideal TTFT "
-            f"(<b>{_e(fmt_duration(top.excess_part_ns))}</b> of {_e(fmt_duration(v.excess_total_ns))}, summed over "
+            f"<b>{_e(fmt_pct(top.excess_share))}</b> of the time requests spent above their ideal TTFT "
+            f"(<b>{_e(fmt_ms(top.excess_part_ns))}</b> of {_e(fmt_ms(v.excess_total_ns))}, summed over "
             f"{finished:,} finished requests) went to {_e(CAUSE_MEANING[cause])}; it is the primary cause of "
             f"{top.num_requests:,} requests.</p>")
     bars = "".join(
         f'<div class="cause-row"><span class="cause {_e(c.cause)}">{_e(c.cause)}</span>'
         f'<span class="track"><span style="width:{(c.excess_share or 0) * 100:.2f}%"></span></span>'
-        f"<b>{_e(_share_text(c.excess_share))}</b><span class=\"sub\">{_e(fmt_duration(c.excess_part_ns))} · "
+        f"<b>{_e(fmt_pct(c.excess_share))}</b><span class=\"sub\">{_e(fmt_ms(c.excess_part_ns))} · "
         f"primary for {c.num_requests:,} requests</span></div>"
         for c in v.ranked)
     facts = "".join(f"<li>{_e(f)}</li>" for f in v.facts)
@@ -457,11 +452,11 @@ def _slow_table(data: ReportData) -> str:
             f"{_e(headline)}</summary><p>{_e(ex.verdict)}</p></details></td>"
             f'<td class="num"><b>{len(g.requests):,}</b><div class="sub">{_e(classes)}</div></td>'
             f'<td class="num">{_e(when)}<div class="sub">burst {g.burst} of {g.num_bursts}</div></td>'
-            f'<td class="num"><b>{_e(fmt_duration(g.excess_total_ns))}</b>'
-            f'<div class="sub">worst {_e(fmt_duration(r.excess_ns))}</div></td>'
+            f'<td class="num"><b>{_e(fmt_ms(g.excess_total_ns))}</b>'
+            f'<div class="sub">worst {_e(fmt_ms(r.excess_ns))}</div></td>'
             f'<td class="worst"><b class="id">{_e(r.req_id)}</b> '
             f'<span class="badge" style="background:{colour}">{_e(CLASS_LABELS.get(r.hit_class or "", "?"))}</span>'
-            f'<div class="sub">TTFT {_e(fmt_duration(r.ttft_ns))} · ideal {_e(fmt_ms(r.ideal_ttft_ns))}</div>'
+            f'<div class="sub">TTFT {_e(fmt_ms(r.ttft_ns))} · ideal {_e(fmt_ms(r.ideal_ttft_ns))}</div>'
             f'<div class="wide-only">{_split_bar(split)}<span class="split">{_e(split_text)}</span></div>{more}</td>'
             "</tr>")
     head = ('<tr><th>verdict (of the group\'s slowest request)</th><th class="num">requests</th>'

@@ -9,12 +9,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+from rich import box
 from rich.console import Console, Group
+from rich.measure import Measurement
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from tierdiag.diagnose.units import fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_rate, fmt_tokens, fmt_value
+from tierdiag.diagnose.units import (
+    fmt_bandwidth,
+    fmt_bytes,
+    fmt_ms,
+    fmt_pct,
+    fmt_pool,
+    fmt_rate,
+    fmt_tokens,
+    fmt_value,
+)
 
 if TYPE_CHECKING:  # only for hints: `explain` should not import the slow/summary code to render
     from tierdiag.diagnose.explain import Explanation
@@ -112,79 +123,128 @@ def render_explanation(expl: Explanation, console: Console) -> None:
                             border_style="blue"), soft_wrap=False)
 
 
+def fits(console: Console, renderable) -> bool:
+    """Whether `renderable` fits the console's width unwrapped (tables then never cut a cell)."""
+    # Measured against an unbounded width: Measurement.get clamps to the options' max_width.
+    unbounded = console.options.update_width(1 << 20)
+    return Measurement.get(console, unbounded, renderable).maximum <= console.width
+
+
+def _print_fitting(console: Console, *layouts) -> None:
+    """Print the first layout that fits the width, else the last (the narrow one, which wraps
+    rather than cuts). Views build a wide layout and a stacked one; none truncates with "…"."""
+    for layout in layouts[:-1]:
+        if fits(console, layout):
+            console.print(layout)
+            return
+    console.print(layouts[-1])
+
+
+def _table(title: str = "", **kw) -> Table:
+    """A compact table: no vertical rules, one space between columns, cells fold rather than cut."""
+    return Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                 show_edge=False, padding=(0, 1), collapse_padding=True, **kw)
+
+
 def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str,
                 hit_class: str | None = None, cause: str | None = None) -> None:
     filters = ", ".join(f for f in (hit_class and f"class {hit_class}", cause and f"cause {cause}") if f)
-    table = Table(title=f"slowest requests by excess TTFT over ideal · {run_label}"
-                  + (f" · {filters}" if filters else ""), title_justify="left")
-    for col in ("#", "req_id", "class", "TTFT", "excess", "cause", "by cause", "dev/host/sto/comp"):
-        # Ids, classes, causes and times are what a reader scans for: never cut them.
-        table.add_column(col, justify="left" if col in ("req_id", "class", "cause") else "right",
-                         no_wrap=col != "dev/host/sto/comp")
-    for r in rows:
-        style = CAUSE_STYLE.get(r.primary_cause, "")
-        split = " / ".join(fmt_tokens(n) for n in (r.device_tokens, r.host_tokens, r.storage_tokens,
-                                                    r.computed_tokens))
-        table.add_row(str(r.rank), r.req_id, r.hit_class or "-", fmt_ms(r.ttft_ns), fmt_ms(r.excess_ns),
-                      Text(r.primary_cause, style=style),
-                      "-" if r.primary_cause == "none" else fmt_ms(r.cause_ns), split)
+    title = f"slowest requests by excess TTFT over ideal · {run_label}" + (f" · {filters}" if filters else "")
     if not rows:
         console.print(f"no request slower than its ideal in {run_label}" + (f" ({filters})" if filters else ""))
         return
-    console.print(table)
+    splits = ["/".join(fmt_tokens(n) for n in (r.device_tokens, r.host_tokens, r.storage_tokens, r.computed_tokens))
+              for r in rows]
+    wide = _table(title)
+    for col in ("#", "req_id", "class", "TTFT", "excess", "cause", "by cause", "dev/host/sto/comp tokens"):
+        wide.add_column(col, justify="left" if col in ("req_id", "class", "cause") else "right", no_wrap=True)
+    for r, split in zip(rows, splits):
+        style = CAUSE_STYLE.get(r.primary_cause, "")
+        wide.add_row(str(r.rank), r.req_id, r.hit_class or "-", fmt_ms(r.ttft_ns), fmt_ms(r.excess_ns),
+                     Text(r.primary_cause, style=style),
+                     "-" if r.primary_cause == "none" else fmt_ms(r.cause_ns), split)
+    # Narrow: each request on two lines, the token split whole on the second.
+    narrow = _table(title)
+    narrow.add_column("#", justify="right", no_wrap=True)
+    narrow.add_column("request · class · tokens dev/host/sto/comp", overflow="fold")
+    narrow.add_column("TTFT / excess", justify="right", no_wrap=True)
+    narrow.add_column("cause / its part", no_wrap=True)
+    for r, split in zip(rows, splits):
+        style = CAUSE_STYLE.get(r.primary_cause, "")
+        narrow.add_row(str(r.rank), Text.assemble((r.req_id, "bold"), f" · {r.hit_class or '-'}\n", (split, "dim")),
+                       f"{fmt_ms(r.ttft_ns)}\n{fmt_ms(r.excess_ns)}",
+                       Text.assemble((r.primary_cause, style), "\n",
+                                     "-" if r.primary_cause == "none" else fmt_ms(r.cause_ns)))
+    _print_fitting(console, wide, narrow)
     console.print(Text("explain one with `tierdiag explain REQ_ID`", style="dim"))
 
 
-def render_summary(s: RunSummary, console: Console) -> None:
+def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int | None = None,
+                   pools: dict[str, int] | None = None) -> None:
+    """`pools`: tier -> configured tokens (the run's config), shown with GiB at `kv_bytes_per_token`."""
     t = s.tokens
     shares = t.shares()
-    head = Text.assemble(
+    console.print(Text.assemble(
         (f"{s.run_name}", "bold"), f" ({s.run_id}) · {s.status} · {s.model or '?'} on {s.gpu or '?'} · ",
-        f"{_n(s.num_requests, 'request')} ({s.num_rejected:,} rejected) over {fmt_ms(s.span_ns)} of virtual time")
-    console.print(head)
+        f"{_n(s.num_requests, 'request')} ({s.num_rejected:,} rejected) over {fmt_ms(s.span_ns)} "
+        "of virtual time, from the first arrival"))
+    if pools:
+        console.print(Text("pools: " + " · ".join(f"{tier} {fmt_pool(n, kv_bytes_per_token)}"
+                                                  for tier, n in pools.items()), style="dim"))
 
-    split = Table(title="tier split, token-weighted (finished requests)", title_justify="left")
+    split = _table("tier split, token-weighted (finished requests)")
     for col in ("tier", "tokens", "share of input"):
-        split.add_column(col, justify="left" if col == "tier" else "right")
+        split.add_column(col, justify="left" if col == "tier" else "right", no_wrap=True)
     for tier in ("device", "host", "storage", "computed"):
         split.add_row(tier, fmt_tokens(getattr(t, f"{tier}_tokens")), fmt_pct(shares[tier]))
     split.add_row(Text("  of computed: recomputed", style="dim"), fmt_tokens(t.recomputed_tokens),
                   fmt_pct(shares["recomputed"]))
     split.add_row(Text("input", style="bold"), fmt_tokens(t.input_tokens), "")
-    split.caption = (f"{fmt_pct(s.hit_request_share)} of requests hit something, but only "
-                     f"{fmt_pct(s.reused_token_share)} of tokens were reused; median reused per hit "
-                     f"{fmt_tokens(int(s.median_reused_tokens_per_hit)) if s.median_reused_tokens_per_hit is not None else '-'} tokens")
     console.print(split)
+    console.print(f"{fmt_pct(s.hit_request_share)} of requests hit something, but only "
+                  f"{fmt_pct(s.reused_token_share)} of tokens were reused; median reused per hit "
+                  f"{fmt_tokens(int(s.median_reused_tokens_per_hit)) if s.median_reused_tokens_per_hit is not None else '-'} tokens",
+                  markup=False, highlight=False)
 
-    classes = Table(title="TTFT by class", title_justify="left")
-    for col in ("class", "requests", "input tokens", "reused tokens", "p50", "p90", "p99", "mean", "max"):
-        classes.add_column(col, justify="left" if col == "class" else "right")
+    # Two tables, not one of nine columns: each fits 80 columns with every number whole.
+    tokens = _table("requests and tokens by class")
+    for col in ("class", "requests", "input tokens", "reused tokens", "reused"):
+        tokens.add_column(col, justify="left" if col == "class" else "right", no_wrap=True)
     for c in s.classes:
-        classes.add_row(Text(c.hit_class, style="bold" if c.hit_class == "all" else ""), f"{c.num_requests:,}",
-                        fmt_tokens(c.input_tokens), fmt_tokens(c.reused_tokens), fmt_ms(c.ttft_p50_ns),
-                        fmt_ms(c.ttft_p90_ns), fmt_ms(c.ttft_p99_ns), fmt_ms(c.ttft_mean_ns), fmt_ms(c.ttft_max_ns))
-    console.print(classes)
+        tokens.add_row(Text(c.hit_class, style="bold" if c.hit_class == "all" else ""), f"{c.num_requests:,}",
+                       fmt_tokens(c.input_tokens), fmt_tokens(c.reused_tokens),
+                       fmt_pct(c.reused_tokens / c.input_tokens if c.input_tokens else None))
+    console.print(tokens)
+    ttft = _table("TTFT by class (percentiles: nearest rank)")
+    for col in ("class", "p50", "p90", "p99", "mean", "max"):
+        ttft.add_column(col, justify="left" if col == "class" else "right", no_wrap=True)
+    for c in s.classes:
+        ttft.add_row(Text(c.hit_class, style="bold" if c.hit_class == "all" else ""),
+                     *(fmt_ms(v) for v in (c.ttft_p50_ns, c.ttft_p90_ns, c.ttft_p99_ns, c.ttft_mean_ns,
+                                                 c.ttft_max_ns)))
+    console.print(ttft)
 
-    causes = Table(title="where TTFT went (run totals) · requests by primary cause", title_justify="left")
+    causes = _table("where TTFT went (run totals) · requests by primary cause")
     for col in ("cause", "requests", "TTFT part", "of all TTFT", "of excess"):
-        causes.add_column(col, justify="left" if col == "cause" else "right")
+        causes.add_column(col, justify="left" if col == "cause" else "right", no_wrap=True)
     for c in s.time_by_cause:
         causes.add_row(Text(c.cause, style=CAUSE_STYLE.get(c.cause, "")), f"{c.num_requests:,}",
                        fmt_ms(c.ttft_part_ns), fmt_pct(c.ttft_share), fmt_pct(c.excess_share))
-    causes.caption = f"total TTFT {fmt_ms(s.ttft_total_ns)}, of it excess over ideal {fmt_ms(s.excess_total_ns)}"
     console.print(causes)
+    console.print(f"total TTFT {fmt_ms(s.ttft_total_ns)} summed over requests, of it excess over ideal "
+                  f"{fmt_ms(s.excess_total_ns)}", markup=False, highlight=False)
 
     lb = s.load_back
     grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="dim")
-    grid.add_column()
+    grid.add_column(style="dim", no_wrap=True)
+    grid.add_column(overflow="fold")
     grid.add_row("load-backs", f"{_n(lb.num_transfers, 'transfer')} for {_n(lb.num_requests, 'request')}, "
                  f"{fmt_tokens(lb.loaded_tokens)} tokens, {fmt_bytes(lb.bytes)}")
-    grid.add_row("rate", f"{fmt_rate(lb.loadbacks_per_s)} · {fmt_bandwidth(lb.loadback_bytes_per_s)} averaged over the run")
+    grid.add_row("rate", f"{fmt_rate(lb.loadbacks_per_s)} · {fmt_bandwidth(lb.loadback_bytes_per_s)} over the run's span")
     grid.add_row("link", f"busy {fmt_ms(lb.link_busy_ns)} at {fmt_bandwidth(lb.achieved_bytes_per_s)} "
                  f"({fmt_pct(lb.link_peak_share)} of the {fmt_bandwidth(lb.link_peak_bytes_per_s)} peak)")
-    grid.add_row("exposed / queued", f"{fmt_ms(lb.exposed_ns)} exposed in TTFT, {fmt_ms(lb.queued_ns)} queued "
-                 f"behind other load-backs")
+    grid.add_row("exposed / queued", f"{fmt_ms(lb.exposed_ns)} exposed in TTFT, {fmt_ms(lb.queued_ns)} "
+                 "queued behind other load-backs")
     grid.add_row("storage", f"{_n(lb.num_prefetches, 'prefetch', 'prefetches')}, {fmt_bytes(lb.prefetch_bytes)}; "
                  f"{fmt_ms(lb.storage_wait_ns)} waited")
     for sk in s.skipped:
@@ -192,23 +252,29 @@ def render_summary(s: RunSummary, console: Console) -> None:
     for rj in s.rejected_reasons:
         grid.add_row("rejected", f"{rj.reason}: {_n(rj.num_requests, 'request')}, {fmt_tokens(rj.tokens)} tokens")
     console.print(Panel(grid, title="load-back", title_align="left"), soft_wrap=False)
+    console.print(Text("sizes in binary units (GiB = 2^30 bytes), bandwidth in decimal GB/s (10^9 bytes/s)",
+                       style="dim"))
 
-    ev = Table(title="evictions", title_justify="left")
+    ev = _table("evictions")
     for col in ("tier", "action", "events", "tokens"):
-        ev.add_column(col, justify="left" if col in ("tier", "action") else "right")
+        ev.add_column(col, justify="left" if col in ("tier", "action") else "right", no_wrap=True)
     for e in s.evictions:
         ev.add_row(e.tier, e.action, f"{e.num_events:,}", fmt_tokens(e.tokens))
     if not s.evictions:
         ev.caption = "no evictions: the pools never filled"
     console.print(ev)
     if s.most_evicted_from or s.top_evictors:
-        who = Table(title="most evicted-from (owner of the pages) · top evictors (whose allocation)",
-                    title_justify="left")
-        for col in ("evicted-from", "events", "tokens", "evictor", "events ", "tokens "):
-            who.add_column(col, justify="left" if "evict" in col else "right")
-        for i in range(max(len(s.most_evicted_from), len(s.top_evictors))):
-            a = s.most_evicted_from[i] if i < len(s.most_evicted_from) else None
-            b = s.top_evictors[i] if i < len(s.top_evictors) else None
-            who.add_row(a.req_id if a else "", f"{a.num_events:,}" if a else "", fmt_tokens(a.tokens) if a else "",
-                        b.req_id if b else "", f"{b.num_events:,}" if b else "", fmt_tokens(b.tokens) if b else "")
-        console.print(who)
+        def who_table(title: str, rows) -> Table:
+            tab = _table(title)
+            for col in ("request", "events", "tokens"):
+                tab.add_column(col, justify="left" if col == "request" else "right", no_wrap=col != "request",
+                               overflow="fold")
+            for r in rows:
+                tab.add_row(r.req_id, f"{r.num_events:,}", fmt_tokens(r.tokens))
+            return tab
+
+        side = Table.grid(padding=(0, 4))
+        side.add_row(who_table("most evicted-from (owner of the pages)", s.most_evicted_from),
+                     who_table("top evictors (whose allocation)", s.top_evictors))
+        _print_fitting(console, side, Group(who_table("most evicted-from (owner of the pages)", s.most_evicted_from),
+                                            who_table("top evictors (whose allocation)", s.top_evictors)))
