@@ -91,7 +91,8 @@ def main() -> None:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.TyperException as exc:  # usage: unknown command/option, a value Typer could not parse
-        if _is_no_args_help(exc):  # the help is already printed
+        if _is_no_args_help(exc):  # `tierdiag` alone: the help, on stdout, and success
+            print(exc.format_message())
             sys.exit(int(ExitCode.OK))
         first = exc.format_message().strip().splitlines()
         ctx = getattr(exc, "ctx", None)

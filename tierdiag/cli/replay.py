@@ -14,7 +14,7 @@ import typer
 from tierdiag.cli.choices import choice, listed
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, err, out, print_json
 # No torch: presets, registries and validation only.
-from tierdiag.diagnose.units import fmt_pool
+from tierdiag.diagnose.units import fmt_ms, fmt_pct, fmt_pool
 from tierdiag.engine.config import (
     EVICTION_POLICIES,
     PREFETCH_POLICIES,
@@ -32,7 +32,7 @@ Opt = typer.Option
 
 
 def _fmt_tokens(n: int, total: int) -> str:
-    return f"{n:,} ({n / total:.1%})" if total else f"{n:,}"
+    return f"{n:,} ({fmt_pct(n / total)})" if total else f"{n:,}"
 
 
 def _default(name: str):
@@ -151,7 +151,7 @@ def replay(
     if json_:
         print_json(summary.to_json())
         return
-    _render(summary)
+    _render(summary, cfg)
 
 
 class _Terminated(KeyboardInterrupt):
@@ -182,15 +182,19 @@ def _skipped_line(count: int, first_bad: list) -> str:
     return f"skipped {count:,} bad line{'s' if count != 1 else ''} (line {line}: {why}{also})"
 
 
-def _render(s) -> None:
+def _render(s, cfg: EngineConfig) -> None:
     from rich.table import Table
 
     total = s.input_tokens
     table = Table(title=f"replay {s.run_name}: {s.num_requests:,} requests"
                         + (f", {s.num_rejected} rejected" if s.num_rejected else "")
-                        + f" in {s.wall_s:.1f}s wall ({s.virtual_s:,.0f}s virtual)", show_header=False)
+                        + f" in {s.wall_s:.1f} s wall ({fmt_ms(s.virtual_s * 1e9)} virtual)", show_header=False)
     table.add_column(style="bold")
     table.add_column()
+    kv = model_preset(cfg.model).kv_bytes_per_token
+    table.add_row("pools", f"device {fmt_pool(cfg.resolved_device_tokens(), kv)}, "
+                           f"host {fmt_pool(cfg.resolved_host_tokens(), kv)}"
+                  + (f", storage {fmt_pool(cfg.storage_tokens, kv)}" if cfg.storage_tokens else ""))
     table.add_row("input tokens", f"{total:,}")
     table.add_row("device hit", _fmt_tokens(s.device_tokens, total))
     table.add_row("host hit (loaded back)", _fmt_tokens(s.host_tokens, total))
@@ -199,17 +203,20 @@ def _render(s) -> None:
                   + (f", of which {s.recomputed_tokens:,} were cached once" if s.recomputed_tokens else ""))
     lb = f"{s.load_backs:,} ({s.load_back_bytes / 2**30:,.1f} GiB)"
     if s.load_back_p50_ms is not None:
-        lb += f", p50 {s.load_back_p50_ms:.2f} ms, p99 {s.load_back_p99_ms:.2f} ms"
+        lb += f", p50 {fmt_ms(s.load_back_p50_ms * 1e6)}, p99 {fmt_ms(s.load_back_p99_ms * 1e6)}"
     table.add_row("load-backs", lb)
     table.add_row("skipped", ", ".join(f"{k}: {v:,}" for k, v in sorted(s.skipped.items())) or "none")
     table.add_row("evictions", ", ".join(f"{k}: {v:,}" for k, v in sorted(s.evictions.items())) or "none")
     if s.ttft_p50_ms is not None:
-        table.add_row("TTFT", f"p50 {s.ttft_p50_ms:,.1f} ms  p90 {s.ttft_p90_ms:,.1f} ms  p99 {s.ttft_p99_ms:,.1f} ms")
-    table.add_row("GPU busy in prefill", f"{s.prefill_busy_share:.0%} of {s.virtual_s:,.0f}s virtual")
+        table.add_row("TTFT", "  ".join(f"{q} {fmt_ms(v * 1e6)}" for q, v in (
+            ("p50", s.ttft_p50_ms), ("p90", s.ttft_p90_ms), ("p99", s.ttft_p99_ms))))
+    table.add_row("GPU busy in prefill", f"{fmt_pct(s.prefill_busy_share)} of the run's {fmt_ms(s.virtual_s * 1e9)} "
+                                         "(first arrival to last finish)")
     dp = s.data_plane
     if dp.get("reduced_width"):
         table.add_row("data plane", f"reduced width: {dp['page_bytes']:,} B/page real vs "
                                     f"{dp['modelled_page_bytes']:,} B/page modelled (timing from the cost model)")
+    table.caption = "sizes in GiB (2^30 bytes) · percentiles by nearest rank, as in `tierdiag summary`"
     out.print(table)
     if s.prefill_busy_share > 0.95:
         err.print("tierdiag: note: the GPU was saturated by prefill, so TTFT is mostly queueing; "

@@ -99,6 +99,9 @@ def fmt_value(key: str, value) -> str:
         return ", ".join(str(v) for v in value) if value else "-"
     if not isinstance(value, (int, float)):
         return str(value)
+    if key.endswith("_ms") and (key.startswith("t_") or key.startswith("arrival")):
+        # A moment, not a span: seconds to the ms, so two events a few ms apart stay apart.
+        return f"{value / 1000:,.3f} s"
     if key.endswith("_ms"):
         return fmt_ms(value * NS_PER_MS)
     if key.endswith("_bytes"):

@@ -65,10 +65,11 @@ _RECORD_COLUMNS = {
 
 def _records_table(title: str, records: list[dict]) -> Table:
     columns = _RECORD_COLUMNS.get(title) or tuple((k, k) for k in records[0])
-    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    table = _table(title)
     for key, header in columns:
+        # Ids fold onto a second line rather than lose their end ("sys4-q…").
         table.add_column(header, justify="left" if key in ("kind", "tier", "action") or key.endswith("req_id")
-                         else "right")
+                         else "right", overflow="fold")
     for rec in records[:_MAX_ROWS]:
         # `bytes` is a bare unit name: format it as one.
         table.add_row(*(fmt_value("x_bytes" if key == "bytes" else key, rec.get(key)) for key, _ in columns))
