@@ -128,7 +128,7 @@ def test_slow_piped_keeps_every_value(db):
     _assert_whole(r.stdout)
     for row in rows:
         assert row["req_id"] in r.stdout
-        split = "/".join(f"{row[k]:,}" for k in ("device_tokens", "host_tokens", "storage_tokens", "computed_tokens"))
+        split = " / ".join(f"{row[k]:,}" for k in ("device_tokens", "host_tokens", "storage_tokens", "computed_tokens"))
         # The token split stays on one line.
         assert any(split in line for line in r.stdout.splitlines()), split
 

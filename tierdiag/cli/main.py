@@ -94,7 +94,8 @@ def main() -> None:
         if _is_no_args_help(exc):  # `tierdiag` alone: the help, on stdout, and success
             print(exc.format_message())
             sys.exit(int(ExitCode.OK))
-        first = exc.format_message().strip().splitlines()
+        # "Value error, " is pydantic's prefix on a choice Typer refused: noise in a one-line error.
+        first = exc.format_message().replace("Value error, ", "").strip().splitlines()
         ctx = getattr(exc, "ctx", None)
         where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
         print(f"tierdiag: error: {first[0] if first else type(exc).__name__}{where}", file=sys.stderr)

@@ -154,7 +154,7 @@ def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str
     if not rows:
         console.print(f"no request slower than its ideal in {run_label}" + (f" ({filters})" if filters else ""))
         return
-    splits = ["/".join(fmt_tokens(n) for n in (r.device_tokens, r.host_tokens, r.storage_tokens, r.computed_tokens))
+    splits = [" / ".join(fmt_tokens(n) for n in (r.device_tokens, r.host_tokens, r.storage_tokens, r.computed_tokens))
               for r in rows]
     wide = _table(title)
     for col in ("#", "req_id", "class", "TTFT", "excess", "cause", "by cause", "dev/host/sto/comp tokens"):
