@@ -71,7 +71,7 @@ def test_slow_ids_prints_only_ids_in_rank_order(planted):
 
 @pytest.mark.parametrize("args, code, fragment", [
     (("explain", "tierr"), 5, "no request 'tierr' in run"),
-    (("slow", "--cause", "loadback"), 2, "'loadback' is not one of"),
+    (("slow", "--cause", "loadback"), 2, "unknown cause 'loadback'"),
     (("summary", "--run", "nope"), 4, "no run 'nope'"),
 ])
 def test_errors_are_one_line(planted, args, code, fragment):

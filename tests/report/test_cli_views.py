@@ -108,10 +108,10 @@ def test_replay_help_lists_choices_and_defaults_without_bool_metavars():
     assert all(len(line) <= 80 for line in text.splitlines())
 
 
-def test_choice_values_are_checked_by_the_cli():
-    r = cli("slow", "--cause", "bogus")
-    assert r.returncode == 2 and "bogus" in r.stderr and all(c in r.stderr for c in CAUSES)
-    assert len(r.stderr.strip().splitlines()) == 1
+def test_an_unknown_choice_is_the_registry_error(db):
+    r = cli("slow", "--db", str(db), "--cause", "bogus")
+    assert r.returncode == 2 and "unknown cause 'bogus'; known: " in r.stderr
+    assert all(c in r.stderr for c in CAUSES) and len(r.stderr.strip().splitlines()) == 1
 
 
 # --- views at 80 columns, piped and on a terminal -------------------------------------------------

@@ -226,7 +226,7 @@ def _main(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(("args", "code", "fragment"), [
-    (["--kind", "chat"], 2, "'chat' is not one of"),
+    (["--kind", "chat"], 2, "unknown workload kind 'chat'"),
     (["--requests", "0"], 2, "--requests must be at least 1"),
     (["--rate", "-1"], 2, "--rate must be a positive"),
 ])

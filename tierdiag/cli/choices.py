@@ -1,21 +1,27 @@
-"""Choice options from the registries: Typer checks the value, --help lists the names.
+"""Choice options from the registries: --help lists the names, the shell completes them.
 
-`tierdiag replay --eviction-policy mru` is refused by Typer itself (exit 2, naming the choices)
-and `--help` shows `[lru | lfu | ...]`, both derived from the registry a module already keeps,
-so a new policy or preset appears in the CLI with no edit here.
+`--help` shows `[lru | lfu | ...]` and tab completion offers the same names, both derived from
+the registry a module already keeps, so a new policy or preset appears in the CLI with no edit
+here. The value itself is checked where the registry is (EngineConfig, slow, synth), so an
+unknown name gets the one registry error: "unknown eviction policy 'lr'; known: ...", exit 2.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Literal, Optional
-
-
-def choice(names: Iterable[str], *, optional: bool = False) -> object:
-    """Literal[...] of the names (Optional[...] when None means "not given")."""
-    lit = Literal[tuple(names)]
-    return Optional[lit] if optional else lit
+from typing import Callable, Iterable
 
 
 def listed(names: Iterable[str]) -> str:
     """The choices as --help shows them; spaced, so a narrow terminal wraps between names."""
     return "[" + " | ".join(names) + "]"
+
+
+def completer(names: Iterable[str]) -> Callable[[str], list[str]]:
+    known = tuple(names)
+    return lambda incomplete: [n for n in known if n.startswith(incomplete)]
+
+
+def choices(names: Iterable[str]) -> dict:
+    """typer.Option(...) keywords for a choice among `names`."""
+    known = tuple(names)
+    return {"metavar": listed(known), "autocompletion": completer(known)}

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tierdiag.cli.choices import choice, listed
+from tierdiag.cli.choices import choices
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, err, out, print_json
 # No torch: presets, registries and validation only.
 from tierdiag.diagnose.units import fmt_ms, fmt_pct, fmt_pool
@@ -48,10 +48,6 @@ def _d(text: str, name: str | None = None, shown: object = None) -> str:
     return f"{text}  [default: {value}]"
 
 
-def _choices(names) -> object:
-    return choice(names, optional=True)
-
-
 def _pool_default(which: str) -> str:
     cfg = EngineConfig.__new__(EngineConfig)  # the defaults, without validating this machine
     for f in fields(EngineConfig):
@@ -67,26 +63,26 @@ def replay(
     db: DbOpt = DEFAULT_DB_PATH,
     run_name: Annotated[Optional[str], Opt("--run-name", help="Name of the run (default: trace file stem).")] = None,
     config: Annotated[Optional[Path], Opt("--config", help="TOML file with any of the options below.")] = None,
-    model: Annotated[_choices(MODELS), Opt(metavar=listed(MODELS), help=_d("Model preset.", "model"))] = None,
-    gpu: Annotated[_choices(GPUS), Opt(metavar=listed(GPUS), help=_d("GPU preset.", "gpu"))] = None,
+    model: Annotated[Optional[str], Opt(**choices(MODELS), help=_d("Model preset.", "model"))] = None,
+    gpu: Annotated[Optional[str], Opt(**choices(GPUS), help=_d("GPU preset.", "gpu"))] = None,
     device_tokens: Annotated[Optional[int], Opt(help=_d("Device KV pool in tokens.", shown=_pool_default("device")))] = None,
     host_tokens: Annotated[Optional[int], Opt(help=_d("Host KV pool in tokens.", shown=_pool_default("host")))] = None,
     storage_tokens: Annotated[Optional[int], Opt(help=_d("Storage tier in tokens; 0 = none.", "storage_tokens"))] = None,
     page_size: Annotated[Optional[int], Opt(help=_d("Tokens per page (a power of two).", "page_size"))] = None,
     block_size: Annotated[Optional[int], Opt(help=_d("Tokens per hash id in Mooncake traces.", "block_size"))] = None,
-    write_policy: Annotated[_choices(WRITE_POLICIES), Opt(metavar=listed(WRITE_POLICIES), help=_d("When pages are backed up to host.", "write_policy"))] = None,
-    eviction_policy: Annotated[_choices(EVICTION_POLICIES), Opt(metavar=listed(EVICTION_POLICIES), help=_d("Which pages leave a full pool first.", "eviction_policy"))] = None,
+    write_policy: Annotated[Optional[str], Opt(**choices(WRITE_POLICIES), help=_d("When pages are backed up to host.", "write_policy"))] = None,
+    eviction_policy: Annotated[Optional[str], Opt(**choices(EVICTION_POLICIES), help=_d("Which pages leave a full pool first.", "eviction_policy"))] = None,
     load_back_threshold: Annotated[Optional[int], Opt(help=_d("Host hits shorter than this (tokens) are recomputed.", "load_back_threshold"))] = None,
-    prefetch_policy: Annotated[_choices(PREFETCH_POLICIES), Opt(metavar=listed(PREFETCH_POLICIES), help=_d("How long a request waits for its storage prefetch.", "prefetch_policy"))] = None,
-    schedule_policy: Annotated[_choices(SCHEDULE_POLICIES), Opt(metavar=listed(SCHEDULE_POLICIES), help=_d("Waiting-queue order (lpm: longest cached prefix first).", "schedule_policy"))] = None,
+    prefetch_policy: Annotated[Optional[str], Opt(**choices(PREFETCH_POLICIES), help=_d("How long a request waits for its storage prefetch.", "prefetch_policy"))] = None,
+    schedule_policy: Annotated[Optional[str], Opt(**choices(SCHEDULE_POLICIES), help=_d("Waiting-queue order (lpm: longest cached prefix first).", "schedule_policy"))] = None,
     prefetch_threshold: Annotated[Optional[int], Opt(help=_d("Storage hits shorter than this (tokens) are not prefetched.", "prefetch_threshold"))] = None,
     max_prefill_tokens: Annotated[Optional[int], Opt(help=_d("Token budget of one prefill batch (chunk size).", "max_prefill_tokens"))] = None,
     overlap: Annotated[Optional[bool], Opt("--overlap/--no-overlap", help=_d("Overlap load-back with prefill layer by layer.", "overlap", True))] = None,
-    timing: Annotated[_choices(TIMINGS), Opt(metavar=listed(TIMINGS), help=_d("modelled: the cost model; measured: real kernel time, scaled.", "timing"))] = None,
+    timing: Annotated[Optional[str], Opt(**choices(TIMINGS), help=_d("modelled: the cost model; measured: real kernel time, scaled.", "timing"))] = None,
     profile: Annotated[Optional[Path], Opt(help="A `tierdiag calibrate` profile for the link numbers.")] = None,
     time_scale: Annotated[Optional[float], Opt(help=_d("Multiply inter-arrival times (2 = half the request rate).", "time_scale"))] = None,
     seed: Annotated[Optional[int], Opt(help=_d("Seed (recorded; the engine itself is deterministic).", "seed"))] = None,
-    verify: Annotated[_choices(VERIFY_MODES), Opt(metavar=listed(VERIFY_MODES), help=_d("Check load-backs byte for byte (sample: one in 16).", "verify"))] = None,
+    verify: Annotated[Optional[str], Opt(**choices(VERIFY_MODES), help=_d("Check load-backs byte for byte (sample: one in 16).", "verify"))] = None,
     data_plane_mib: Annotated[Optional[int], Opt(help=_d("Memory for the real pools in MiB; their width shrinks to fit.", "data_plane_mib"))] = None,
     skip_bad: Annotated[bool, Opt("--skip-bad", help="Skip malformed trace lines (and count them).")] = False,
     no_probes: Annotated[bool, Opt("--no-probes", help="Record nothing (benchmarking the engine).")] = False,

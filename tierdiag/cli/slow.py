@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
-from tierdiag.cli.choices import choice, listed
+from tierdiag.cli.choices import choices
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt, out, print_json
 from tierdiag.diagnose.causes import CAUSES
 from tierdiag.diagnose.slow import HIT_CLASSES
@@ -15,10 +15,10 @@ from tierdiag.store.reader import open_store, resolve_run
 
 def slow(
     top: Annotated[int, typer.Option("--top", help="How many requests to show.")] = 20,
-    hit_class: Annotated[choice(HIT_CLASSES, optional=True), typer.Option(
-        "--class", metavar=listed(HIT_CLASSES), help="Only this class.")] = None,
-    cause: Annotated[choice(CAUSES, optional=True), typer.Option(
-        "--cause", metavar=listed(CAUSES), help="Only this primary cause.")] = None,
+    hit_class: Annotated[Optional[str], typer.Option(
+        "--class", **choices(HIT_CLASSES), help="Only this class.")] = None,
+    cause: Annotated[Optional[str], typer.Option(
+        "--cause", **choices(CAUSES), help="Only this primary cause.")] = None,
     db: DbOpt = DEFAULT_DB_PATH,
     run: RunOpt = None,
     json_: JsonOpt = False,
