@@ -158,3 +158,16 @@ def test_no_color_removes_all_styling(db):
         code, text = on_tty(*args, NO_COLOR="1")
         assert code == 0 and not ANSI.search(text), args
     assert not ANSI.search(cli("summary", "--db", str(db)).stdout)  # piped: never escapes
+
+
+def test_runs_at_80_columns_show_ids_that_run_accepts(db, tmp_path):
+    multi = tmp_path / "multi.duckdb"
+    ids = [write_fake_run(multi, 40, seed, name=f"a-rather-long-run-name-{seed}").run_id for seed in (1, 2)]
+    for text in (cli("runs", "--db", str(multi)).stdout,
+                 on_tty("runs", "--db", str(multi), NO_COLOR="1")[1].replace("\r", "")):
+        _assert_whole(text)
+        shown = re.findall(r"^(\d{8}-\d{6}-[0-9a-f]{6})\b", text, re.M)
+        assert shown == ids, text
+        assert "GiB" in text  # pools in tokens and GiB
+    for rid in ids:
+        assert cli("summary", "--db", str(multi), "--run", rid, "--json").returncode == 0

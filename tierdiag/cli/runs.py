@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from rich.table import Table
-
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, out, print_json
 from tierdiag.store.reader import list_runs, open_store
 
@@ -15,14 +13,9 @@ def runs(db: DbOpt = DEFAULT_DB_PATH, json_: JsonOpt = False) -> None:
     if json_:
         print_json([r.to_json() for r in infos])
         return
-    table = Table(title=f"runs in {db}")
-    for col in ("run_id", "name", "created", "status", "requests", "trace", "model/gpu", "wall"):
-        table.add_column(col)
-    for r in infos:
-        table.add_row(r.run_id, r.name, str(r.created_at)[:19], r.status, f"{r.num_requests:,}",
-                      r.trace_path, f"{r.config.get('model', '?')}/{r.config.get('gpu', '?')}",
-                      f"{r.wall_s:.1f}s" if r.wall_s is not None else "-")
-    out.print(table)
+    from tierdiag.report.terminal import render_runs
+
+    render_runs(infos, out, db_label=str(db))
     for r in infos:
         if r.status == "failed" and r.error:
             out.print(f"run {r.run_id} failed: {r.error}", markup=False, highlight=False)

@@ -279,3 +279,43 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
                      who_table("top evictors (whose allocation)", s.top_evictors))
         _print_fitting(console, side, Group(who_table("most evicted-from (owner of the pages)", s.most_evicted_from),
                                             who_table("top evictors (whose allocation)", s.top_evictors)))
+
+
+def _pools_text(config: dict, data_plane: dict) -> str:
+    kv = data_plane.get("kv_bytes_per_token")
+    kv = kv if isinstance(kv, int) else None
+    return " · ".join(f"{tier} {fmt_pool(config[f'{tier}_tokens'], kv)}" for tier in ("device", "host", "storage")
+                      if isinstance(config.get(f"{tier}_tokens"), int) and config[f"{tier}_tokens"] > 0) or "-"
+
+
+def render_runs(infos: Sequence, console: Console, *, db_label: str, options: dict[str, str] | None = None) -> None:
+    """The runs of a store, newest last. Run ids are always whole: they are what `--run` takes.
+
+    `options`: run id -> the options that differ from the defaults, when the caller knows them.
+    A table where it fits the width, else one block of lines per run."""
+    options = options or {}
+    title = f"runs in {db_label}"
+    wide = _table(title)
+    for col in ("run_id", "name", "kind", "status", "requests", "model/gpu", "pools", "created", "wall"):
+        wide.add_column(col, justify="right" if col in ("requests", "wall") else "left", no_wrap=True)
+    for r in infos:
+        wide.add_row(r.run_id, r.name, r.kind + (f" (sweep {r.sweep_id})" if r.sweep_id else ""), r.status,
+                     f"{r.num_requests:,}", f"{r.config.get('model', '?')}/{r.config.get('gpu', '?')}",
+                     _pools_text(r.config, r.data_plane), str(r.created_at)[:19],
+                     f"{r.wall_s:.1f} s" if r.wall_s is not None else "-")
+    blocks: list = [Text(title, style="italic")]
+    for r in infos:
+        blocks.append(Text.assemble(
+            (r.run_id, "bold"), f"  {r.name} · {r.status} · {r.num_requests:,} requests · ",
+            f"{r.config.get('model', '?')} on {r.config.get('gpu', '?')}"))
+        lines = [f"{r.kind}" + (f" in sweep {r.sweep_id}" if r.sweep_id else "") + f" · created {str(r.created_at)[:19]}"
+                 + (f" · {r.wall_s:.1f} s wall" if r.wall_s is not None else ""),
+                 f"trace {r.trace_path}", f"pools {_pools_text(r.config, r.data_plane)}"]
+        if options.get(r.run_id):
+            lines.append(f"options {options[r.run_id]}")
+        blocks += [Text("  " + line, style="dim") for line in lines]
+    has_options = any(options.values())
+    if has_options or not fits(console, wide):
+        console.print(Group(*blocks))
+    else:
+        console.print(wide)
