@@ -624,10 +624,9 @@ def run_verdict(summary: RunSummary, load: LoadSeries) -> RunVerdict:
     dominant = ranked[0].cause if ranked else None
     facts: list[str] = []
     t, lb = summary.tokens, summary.load_back
-    span_s = summary.span_ns / 1e9
     if dominant == "queueing":
-        facts.append(f"The GPU was busy in prefill {fmt_pct(load.prefill_busy_share)} of the run's {span_s:,.1f} s "
-                     f"(first arrival to last finish).")
+        facts.append(f"The GPU was busy in prefill {fmt_pct(load.prefill_busy_share)} of the run's "
+                     f"{fmt_ms(summary.span_ns)} (first arrival to last finish).")
         if len(load.waiting):
             i = int(np.argmax(load.waiting))
             facts.append(f"At the busiest moment (t = {load.t_s[i]:,.1f} s) {load.waiting[i]:,.1f} requests "

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tierdiag.diagnose.units import fmt_bandwidth, fmt_ms
+from tierdiag.diagnose.units import fmt_bandwidth, fmt_ms, fmt_pct
 from tierdiag.report.data import (
     CLASSES,
     COMPONENTS,
@@ -215,6 +215,7 @@ def timeline_figure(data: ReportData) -> FigureSpec:
     layout["xaxis"] = _axis(TIME_AXIS_TITLE, anchor=f"y{n}", range=[tl.t_min_s, tl.t_max_s])
     traces: list[dict[str, Any]] = []
     annotations = []
+    notes: list[str] = []
     for i, tier in enumerate(rows):
         yname = "y" if i == 0 else f"y{i + 1}"
         layout_key = "yaxis" if i == 0 else f"yaxis{i + 1}"
@@ -237,9 +238,9 @@ def timeline_figure(data: ReportData) -> FigureSpec:
                     "hovertemplate": "%{y:,.0f} tokens/s<extra>" + t + " evictions</extra>",
                 })
             layout[layout_key] = _axis("tokens/s", domain=domains[i], rangemode="tozero")
-            title = (f"eviction rate, tokens/s over {width_s:.3g} s bins ({', '.join(as_rate)}: evictions in "
-                     + ", ".join(f"{tl.eviction_bins_share(t):.0%}" for t in as_rate)
-                     + f" of the {tl.bin_s:.3g} s bins, too dense for ticks)")
+            title = f"eviction rate (tokens/s over {width_s:.3g} s bins)"
+            notes.append(", ".join(f"{t} evictions in {tl.eviction_bins_share(t):.0%}" for t in as_rate)
+                         + f" of the {tl.bin_s:.3g} s bins: too dense for ticks, drawn as a rate")
         elif tier == "bandwidth":
             traces.append({
                 "type": "scatter", "mode": "lines", "name": "load-back bandwidth", "x": tl.bw_t_s,
@@ -265,8 +266,9 @@ def timeline_figure(data: ReportData) -> FigureSpec:
             if busiest == 0:
                 title += " — no load-backs in this run"
             elif peak and not peak_on_scale:
-                title += (f" — link peak {fmt_bandwidth(peak)} is off scale; the busiest bin used "
-                          f"{busiest / peak:.1%} of it")
+                # In the note below the figure: a panel title this long runs off a narrow window.
+                notes.append(f"load-back link peak {fmt_bandwidth(peak)} is off scale; the busiest bin "
+                             f"used {busiest / peak:.1%} of it")
         else:
             pool = next(p for p in tl.pools if p.tier == tier)
             colour = POOL_COLOURS.get(tier, INK)
@@ -319,7 +321,7 @@ def timeline_figure(data: ReportData) -> FigureSpec:
                     "demoted prefixes come back later as load-backs (amber, bottom); locked tokens (dotted) "
                     "cannot be evicted.",
         figure={"data": traces, "layout": layout}, height_px=200 * n + 80,
-        note=f"binned into {tl.bin_s:.3g} s time bins" if binned else "")
+        note=" · ".join(([f"binned into {tl.bin_s:.3g} s time bins"] if binned else []) + notes))
 
 
 # --- 3. per request ---------------------------------------------------------------------------
@@ -567,8 +569,8 @@ def load_figure(data: ReportData) -> FigureSpec:
     layout["annotations"] = [
         _panel_title("requests waiting, prefilling and decoding (time-weighted mean per bin)", domains[0]),
         _panel_title("prefill queue depth: input tokens of the waiting requests", domains[1]),
-        _panel_title(f"GPU busy in prefill: {ld.prefill_busy_share:.0%} of the run's "
-                     f"{data.headline.span_ns / 1e9:,.1f} s{split}", domains[2]),
+        _panel_title(f"GPU busy in prefill: {fmt_pct(ld.prefill_busy_share)} of the run's "
+                     f"{fmt_ms(data.headline.span_ns)}{split}", domains[2]),
     ]
     layout["legend"] = {**layout["legend"], "yanchor": "top", "y": -0.12}
     return FigureSpec(
