@@ -63,19 +63,40 @@ _RECORD_COLUMNS = {
 }
 
 
-def _records_table(title: str, records: list[dict]) -> Table:
+def _records_table(title: str, records: list[dict], console: Console | None = None, width: int | None = None):
+    """A table of records where it fits `width` (the panel inside the console), else one line
+    per record, "header value" pairs that wrap between pairs: ids and times stay whole."""
     columns = _RECORD_COLUMNS.get(title) or tuple((k, k) for k in records[0])
+    shown = records[:_MAX_ROWS]
+    cells = [[fmt_value("x_bytes" if key == "bytes" else key, rec.get(key)) for key, _ in columns] for rec in shown]
     table = _table(title)
     for key, header in columns:
-        # Ids fold onto a second line rather than lose their end ("sys4-q…").
         table.add_column(header, justify="left" if key in ("kind", "tier", "action") or key.endswith("req_id")
-                         else "right", overflow="fold")
-    for rec in records[:_MAX_ROWS]:
-        # `bytes` is a bare unit name: format it as one.
-        table.add_row(*(fmt_value("x_bytes" if key == "bytes" else key, rec.get(key)) for key, _ in columns))
-    if len(records) > _MAX_ROWS:
-        table.caption = f"first {_MAX_ROWS} of {len(records):,}; all of them with --json"
-    return table
+                         else "right", no_wrap=True)
+    for row in cells:
+        table.add_row(*row)
+    more = f"first {_MAX_ROWS} of {len(records):,}; all of them with --json" if len(records) > _MAX_ROWS else ""
+    if more:
+        table.caption = more
+    if console is None or fits(console, table, width):
+        return table
+    lines: list = [Text(title, style="italic")]
+    budget = (width or console.width) - 2
+    for row in cells:
+        # "header value" pairs packed into lines that fit, so a line breaks between pairs, never
+        # inside one (Rich would wrap at any space, "by req" | "sess17-turn4").
+        line = ""
+        for (_, header), value in zip(columns, row):
+            pair = f"{header} {value}"
+            if line and len(line) + 2 + len(pair) > budget:
+                lines.append(Text("  " + line))
+                line = "  " + pair
+            else:
+                line = f"{line}  {pair}" if line else pair
+        lines.append(Text("  " + line))
+    if more:
+        lines.append(Text(more, style="dim"))
+    return Group(*lines)
 
 
 def render_explanation(expl: Explanation, console: Console) -> None:
@@ -119,16 +140,16 @@ def render_explanation(expl: Explanation, console: Console) -> None:
         body.append(_kv_table(evidence))
         for key, value in evidence.items():
             if isinstance(value, list) and value and isinstance(value[0], dict):
-                body += [Text(""), _records_table(key, value)]
+                body += [Text(""), _records_table(key, value, console, console.width - 4)]
         console.print(Panel(Group(*body), title=f"{step['step']} · {step['name']}", title_align="left",
                             border_style="blue"), soft_wrap=False)
 
 
-def fits(console: Console, renderable) -> bool:
-    """Whether `renderable` fits the console's width unwrapped (tables then never cut a cell)."""
+def fits(console: Console, renderable, width: int | None = None) -> bool:
+    """Whether `renderable` fits `width` (default: the console's) unwrapped, so no cell is cut."""
     # Measured against an unbounded width: Measurement.get clamps to the options' max_width.
     unbounded = console.options.update_width(1 << 20)
-    return Measurement.get(console, unbounded, renderable).maximum <= console.width
+    return Measurement.get(console, unbounded, renderable).maximum <= (width or console.width)
 
 
 def _print_fitting(console: Console, *layouts) -> None:
