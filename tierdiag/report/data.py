@@ -84,6 +84,14 @@ class Headline:
         return self.summary.span_ns
 
     @property
+    def num_finished(self) -> int:
+        return self.summary.num_finished
+
+    @property
+    def num_rejected(self) -> int:
+        return self.summary.num_rejected
+
+    @property
     def num_evictions(self) -> int:
         return sum(e.num_events for e in self.summary.evictions)
 

@@ -320,6 +320,8 @@ def _verdict_card(data: ReportData) -> str:
     if v.dominant is None:
         body = ('<p class="lead">No request exceeded its ideal TTFT: queueing, load-backs, storage and '
                 "recompute cost nothing worth naming in this run.</p>")
+        if not data.summary.num_finished:
+            body = ('<p class="lead">No request finished in this run, so there is no TTFT to attribute.</p>')
         return f'<div class="card verdict-card" id="verdict"><h3>Run verdict</h3>{body}</div>'
     top = v.ranked[0]
     cause = v.dominant
