@@ -223,7 +223,7 @@ def test_verdict_renders_diagnosis_advice_when_summary_has_it(tmp_path: Path, mo
     monkeypatch.setattr(rd, "run_summary", with_diagnosis)
     page = rh.build_report(tmp_path / "run.duckdb", None, tmp_path / "r.html").path.read_text()
     advice = _section(page, "headline")
-    assert "<h4>Advice</h4>" in advice and "<code>--device-tokens 196608</code>" in advice
+    assert "<h4>Advice</h4>" in advice and "<code>--device-tokens = 196608</code>" in advice
     assert "&lt;b&gt;evictions&lt;/b&gt;" in advice and "check: replay again and compare" in advice
 
 

@@ -610,20 +610,26 @@ class RunVerdict:
     ranked: tuple[CauseShare, ...]  # causes with some excess, largest first
     facts: tuple[str, ...]
     advice: tuple[Any, ...]
+    root_cause: str | None = None  # the diagnosis's dominant (root) cause, when summary has one
+    finding: str | None = None  # the diagnosis's sentence about it
 
     @property
     def share(self) -> float | None:
         return self.ranked[0].excess_share if self.ranked else None
 
 
-def _advice_items(summary: RunSummary) -> tuple[Any, ...]:
-    """The advice of `summary`'s diagnosis, whichever shape it has: an object or dict with
-    `advice`, or a sequence of items. Empty where summary has no diagnosis."""
+def _diagnosis_field(summary: RunSummary, name: str) -> Any:
+    """A field of `summary`'s diagnosis (issue 12: dominant_cause, finding, advice), whether the
+    diagnosis is an object or a dict; None where summary carries none."""
     diagnosis = getattr(summary, "diagnosis", None)
     if diagnosis is None:
-        return ()
-    items = diagnosis.get("advice") if isinstance(diagnosis, dict) else getattr(diagnosis, "advice", diagnosis)
-    return tuple(items or ()) if isinstance(items, (list, tuple)) else ()
+        return None
+    return diagnosis.get(name) if isinstance(diagnosis, dict) else getattr(diagnosis, name, None)
+
+
+def _advice_items(summary: RunSummary) -> tuple[Any, ...]:
+    items = _diagnosis_field(summary, "advice")
+    return tuple(items) if isinstance(items, (list, tuple)) else ()
 
 
 def run_verdict(summary: RunSummary, load: LoadSeries) -> RunVerdict:
@@ -659,7 +665,8 @@ def run_verdict(summary: RunSummary, load: LoadSeries) -> RunVerdict:
                      f"prefetches ({fmt_bytes(lb.prefetch_bytes)}).")
     return RunVerdict(dominant=dominant, excess_total_ns=summary.excess_total_ns,
                       ttft_total_ns=summary.ttft_total_ns, ranked=ranked, facts=tuple(facts),
-                      advice=_advice_items(summary))
+                      advice=_advice_items(summary), root_cause=_diagnosis_field(summary, "dominant_cause"),
+                      finding=_diagnosis_field(summary, "finding"))
 
 
 @dataclass(frozen=True)

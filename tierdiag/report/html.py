@@ -302,16 +302,29 @@ def _headline_stats(data: ReportData) -> str:
 
 
 def _advice_html(item: Any) -> str:
-    """One advice item of the diagnosis (issue 12): option, value, reason, verification when the
-    item has them (dataclass, object or dict), else its text."""
+    """One advice item of the diagnosis (issue 12): the option and value to set, why, what it
+    costs, and its verification once a replay measured it; an item of another shape as text."""
     get = item.get if isinstance(item, dict) else (lambda k, d=None: getattr(item, k, d))
     option, value = get("option"), get("value")
     if option is None:
-        return f"<li>{_e(item)}</li>"
-    head = f"<code>{_e(option)}{'' if value is None else ' ' + _e(value)}</code>"
+        reason = get("reason")
+        return f"<li>{_e(reason if reason else item)}</li>"
+    head = f"<code>{_e(option)} = {_e(value)}</code>"
     reason = f" — {_e(get('reason'))}" if get("reason") else ""
-    check = f'<div class="check">check: {_e(get("verification"))}</div>' if get("verification") else ""
-    return f"<li>{head}{reason}{check}</li>"
+    cost = (f'<div class="check">costs {get("cost_gib"):,.1f} GiB of {_e(str(get("cost_kind") or "memory").replace("_", " "))}</div>'
+            if isinstance(get("cost_gib"), (int, float)) else "")
+    verified = get("verified")
+    vget = (verified.get if isinstance(verified, dict) else (lambda k, d=None: getattr(verified, k, d)))
+    check = ""
+    if verified is not None and vget("ttft_p50_ms_before") is not None:
+        check = (f'<div class="check">verified by replay {_e(vget("run_id"))}: TTFT p50 '
+                 f"{_e(fmt_ms(vget('ttft_p50_ms_before') * 1e6))} → {_e(fmt_ms(vget('ttft_p50_ms_after') * 1e6))}"
+                 + (f", p99 {_e(fmt_ms(vget('ttft_p99_ms_before') * 1e6))} → "
+                    f"{_e(fmt_ms(vget('ttft_p99_ms_after') * 1e6))}" if vget("ttft_p99_ms_before") is not None else "")
+                 + "</div>")
+    elif get("verification"):
+        check = f'<div class="check">check: {_e(get("verification"))}</div>'
+    return f"<li>{head}{reason}{cost}{check}</li>"
 
 
 def _verdict_card(data: ReportData) -> str:
@@ -338,6 +351,12 @@ def _verdict_card(data: ReportData) -> str:
         f"primary for {c.num_requests:,} requests</span></div>"
         for c in v.ranked)
     facts = "".join(f"<li>{_e(f)}</li>" for f in v.facts)
+    if v.finding:
+        # The diagnosis's root cause (issue 12): often not the largest part itself (prefill
+        # saturated by recompute shows up as queueing for everyone).
+        root = (f'<span class="cause {_e(v.root_cause)}">{_e(v.root_cause)}</span> '
+                if v.root_cause and v.root_cause != cause else "")
+        facts = f"<li><b>Root cause:</b> {root}{_e(v.finding)}</li>" + facts
     facts_html = f'<ul class="facts">{facts}</ul>' if facts else ""
     # The diagnosis's advice (RunSummary.diagnosis, issue 12) renders here when summary has it.
     advice = (f'<div class="advice"><h4>Advice</h4><ol>{"".join(_advice_html(a) for a in v.advice)}</ol></div>'
