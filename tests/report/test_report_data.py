@@ -216,7 +216,11 @@ def test_run_verdict_is_summary_dominant_cause(store):
     with_excess = [c for c in sm.time_by_cause if c.cause != "none" and (c.excess_part_ns or 0) > 0]
     assert v.dominant == max(with_excess, key=lambda c: c.excess_part_ns).cause
     assert v.ranked[0].excess_share == max(c.excess_share for c in with_excess)
-    assert v.excess_total_ns == sm.excess_total_ns and v.advice == ()
+    assert v.excess_total_ns == sm.excess_total_ns
+    # The verdict carries summary's diagnosis (issue 12) as it is: root cause, finding, advice.
+    assert sm.diagnosis is not None
+    assert (v.root_cause, v.finding, v.advice) == (sm.diagnosis.dominant_cause, sm.diagnosis.finding,
+                                                   tuple(sm.diagnosis.advice))
 
 
 def test_run_without_transfers_or_evictions(tmp_path: Path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import errno
 import json
+import html
 import os
 import re
 from pathlib import Path
@@ -196,7 +197,12 @@ def test_verdict_names_summary_dominant_cause_first(built, tmp_path_factory):
 
     assert f"<b>{fmt_pct(v.share)}</b>" in lead
     assert head.count('class="cause-row"') == len(v.ranked)
-    assert "Advice" not in head  # no diagnosis in this summary: the slot stays empty
+    # The real diagnosis (RunSummary.diagnosis, issue 12) fills the verdict's slot, and only it:
+    # there is no second diagnosis section.
+    assert v.finding and html.escape(v.finding, quote=True) in head
+    advice = re.search(r'<div class="advice"><h4>Advice</h4><ol>(.*?)</ol></div>', head, re.S).group(1)
+    assert advice.count("<li>") == len(v.advice) > 0
+    assert page.count('class="advice"') == 1 and "Diagnosis and advice" not in page
 
 
 def test_verdict_renders_diagnosis_advice_when_summary_has_it(tmp_path: Path, monkeypatch):
