@@ -341,7 +341,13 @@ def _verdict_card(data: ReportData) -> str:
         body = ('<p class="lead">No request exceeded its ideal TTFT: queueing, load-backs, storage and '
                 "recompute cost nothing worth naming in this run.</p>")
         if not data.summary.num_finished:
-            body = ('<p class="lead">No request finished in this run, so there is no TTFT to attribute.</p>')
+            # Interrupted at once, or every request rejected: say which, then show what there is
+            # (the run's details, the rejections).
+            sm = data.summary
+            why = (f"all {sm.num_rejected:,} were rejected" if sm.num_rejected
+                   else f"the run is {data.run.status} before any request finished")
+            body = (f'<p class="lead">No finished requests in this run: {_e(why)}, so there is no TTFT to '
+                    "attribute and the figures below have nothing to plot.</p>")
         return f'<div class="card verdict-card" id="verdict"><h3>Run verdict</h3>{body}</div>'
     top = v.ranked[0]
     cause = v.dominant
