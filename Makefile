@@ -10,6 +10,16 @@ DEMO_OPTS := --device-tokens 98304 --host-tokens 393216 --run-name demo
 
 .PHONY: setup demo test bench clean
 
+# summary --json -> the cause with the largest share of excess TTFT (the diagnosis's, when present).
+define DOMINANT_CAUSE
+import json, sys
+s = json.load(sys.stdin)
+d = (s.get("diagnosis") or {}).get("dominant_cause")
+c = [x for x in s["time_by_cause"] if x["cause"] != "none" and x["excess_share"]]
+print(d or (max(c, key=lambda x: x["excess_share"])["cause"] if c else ""))
+endef
+export DOMINANT_CAUSE
+
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -28,9 +38,12 @@ demo: setup
 	rm -f $(DEMO_DB) $(DEMO_DB).wal
 	$(BIN)/tierdiag replay tierdiag/trace/samples/demo.jsonl --db $(DEMO_DB) $(DEMO_OPTS)
 	$(BIN)/tierdiag report --db $(DEMO_DB) -o reports/demo.html
-	@# The most interesting request: the one that lost the most to load-back (else the slowest at all).
-	id=$$($(BIN)/tierdiag slow --db $(DEMO_DB) --cause load_back --top 1 --ids); \
+	@# Explain the request that best shows the run's dominant cause (the largest share of excess
+	@# TTFT in `summary --json`): the slowest request with that primary cause, else the slowest.
+	@cause=$$($(BIN)/tierdiag summary --db $(DEMO_DB) --json | $(BIN)/python -c "$$DOMINANT_CAUSE"); \
+	id=$$([ -z "$$cause" ] || $(BIN)/tierdiag slow --db $(DEMO_DB) --cause "$$cause" --top 1 --ids); \
 	[ -n "$$id" ] || id=$$($(BIN)/tierdiag slow --db $(DEMO_DB) --top 1 --ids); \
+	echo "dominant cause of excess TTFT: $${cause:-none}; explaining request $$id"; \
 	$(BIN)/tierdiag explain "$$id" --db $(DEMO_DB)
 	@echo "report: reports/demo.html   (open it in a browser)"
 

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Callable
 
 from tierdiag import signals
+from tierdiag.diagnose.quantile import nearest_rank
+from tierdiag.diagnose.units import ns_to_ms
 from tierdiag.engine.config import EngineConfig
 from tierdiag.errors import ConfigError, TierdiagError, TraceError
 from tierdiag.trace.reader import MAX_ARRIVAL_NS, ReadReport, is_seekable_file, read_trace, trace_sha256
@@ -48,8 +50,8 @@ class ReplaySummary:
     ttft_p50_ms: float | None
     ttft_p90_ms: float | None
     ttft_p99_ms: float | None
-    virtual_s: float
-    prefill_busy_share: float  # share of virtual time the GPU spent in prefill
+    virtual_s: float  # the run's span: first arrival -> last finish (summary's span_ns)
+    prefill_busy_share: float  # share of that span the GPU spent in prefill
     wall_s: float
     bad_lines: int
     first_bad: list = field(default_factory=list)
@@ -68,11 +70,9 @@ class ReplaySummary:
 
 
 def _percentile(values: list[int], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    k = min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))
-    return s[k] / 1e6
+    """In ms, by nearest rank: the definition `summary` and the report use (diagnose/quantile.py)."""
+    v = nearest_rank(values, q)
+    return None if v is None else v / 1e6
 
 
 def count_lines(path: Path) -> int | None:
@@ -155,6 +155,17 @@ def _close_run(writer, recorder, status: str | Callable[[], str], error: str | N
     return problem
 
 
+def _recorded_summary(db: Path, run_id: str):
+    from tierdiag.diagnose.summary import run_summary
+    from tierdiag.store.reader import open_store, resolve_run
+
+    con = open_store(db)
+    try:
+        return run_summary(con, resolve_run(con, run_id))
+    finally:
+        con.close()
+
+
 @contextlib.contextmanager
 def _fewer_gc_passes():
     """A replay allocates millions of short-lived objects beside ~10^5 long-lived tree nodes;
@@ -207,7 +218,8 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
                                 cfg.time_scale, trace)
     # The reader streams: pull the first request now, so that a trace that is empty or bad from
     # its first line fails here, before a run (or the database file) exists, and before torch.
-    requests = itertools.chain([next(requests)], requests)
+    first = next(requests)
+    requests = itertools.chain([first], requests)
 
     # Imported here: read-only commands share this package and must not pay for torch. Signals
     # wait for the imports: torch's initialisation calls back into Python from C++, and an
@@ -292,6 +304,18 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
                 _close_run(writer, recorder, "failed", f"{type(exc).__name__}: {_first_line(exc)}")
         raise
     status = "complete"
+    ttft_q = {q: _percentile(stats.ttft_ns, q) for q in (0.5, 0.9, 0.99)}
+    # The run's span starts at its first arrival (a sliced trace starts late); unrecorded, it ends
+    # at the last event, recorded it is `summary`'s (to the last finish).
+    span_ns = max(stats.virtual_end_ns - int(first.arrival_ns * cfg.time_scale), 0)
+    if writer is not None:
+        # A recorded run's closing numbers are `summary`'s, read back: one definition per metric.
+        recorded_summary = _recorded_summary(db, writer.run_id)
+        span_ns = recorded_summary.span_ns
+        by_class = {c.hit_class: c for c in recorded_summary.classes}
+        if "all" in by_class:
+            c = by_class["all"]
+            ttft_q = {0.5: ns_to_ms(c.ttft_p50_ns), 0.9: ns_to_ms(c.ttft_p90_ns), 0.99: ns_to_ms(c.ttft_p99_ns)}
     return ReplaySummary(
         run_id=writer.run_id if writer else None, db_path=str(db) if writer else None,
         run_name=writer.name if writer else (run_name or trace.stem), status=status,
@@ -301,10 +325,8 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
         recomputed_tokens=stats.recomputed_tokens, load_backs=stats.load_backs,
         load_back_bytes=stats.load_back_bytes, load_back_p50_ms=_percentile(stats.load_back_ns, 0.5),
         load_back_p99_ms=_percentile(stats.load_back_ns, 0.99), skipped=dict(stats.skipped),
-        evictions=dict(stats.evictions), ttft_p50_ms=_percentile(stats.ttft_ns, 0.5),
-        ttft_p90_ms=_percentile(stats.ttft_ns, 0.9), ttft_p99_ms=_percentile(stats.ttft_ns, 0.99),
-        virtual_s=stats.virtual_end_ns / 1e9,
-        prefill_busy_share=stats.busy_ns / stats.virtual_end_ns if stats.virtual_end_ns else 0.0, wall_s=time.perf_counter() - t0, bad_lines=report.bad_lines,
+        evictions=dict(stats.evictions), ttft_p50_ms=ttft_q[0.5], ttft_p90_ms=ttft_q[0.9], ttft_p99_ms=ttft_q[0.99],
+        virtual_s=span_ns / 1e9, prefill_busy_share=stats.busy_ns / span_ns if span_ns else 0.0, wall_s=time.perf_counter() - t0, bad_lines=report.bad_lines,
         first_bad=list(report.first_bad), unknown_keys=sorted(report.unknown_keys),
         data_plane=describe_data_plane(cfg),
     )

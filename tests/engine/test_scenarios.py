@@ -216,4 +216,4 @@ def test_request_that_does_not_fit_waits_for_memory_then_loads_back():
 def test_a_device_pool_larger_than_the_gpu_is_allowed_but_called_out():
     assert EngineConfig().warnings() == []
     (warning,) = EngineConfig(device_tokens=2_000_000, data_plane_mib=128).warnings()
-    assert "262 GB" in warning and "h200" in warning
+    assert "244.1 GiB" in warning and "h200" in warning  # binary units, as every size view

@@ -48,7 +48,21 @@ _DRAWN = """() => Array.from(document.querySelectorAll('.plot')).map(d => ({
 }))"""
 
 
-def render(path: Path) -> dict:
+_LAYOUT = """() => {
+    const vw = document.documentElement.clientWidth;
+    const box = el => { const r = el.getBoundingClientRect(); return {left: r.left, right: r.right, w: r.width}; };
+    const ticks = id => Array.from(document.querySelectorAll('#' + id + ' .ytick text, #' + id + ' .xtick text'))
+        .map(t => t.textContent);
+    return {
+        vw: vw, scrollWidth: document.documentElement.scrollWidth,
+        verdictCard: document.getElementById('verdict') ? box(document.getElementById('verdict')) : null,
+        verdictCells: Array.from(document.querySelectorAll('#slowest td.verdict')).map(box),
+        scatterTicks: ticks('fig-ttft-vs-host-share'), latencyTicks: ticks('fig-loadback-latency'),
+    };
+}"""
+
+
+def render(path: Path, width: int = 1400, screenshot: Path | None = None) -> dict:
     from playwright.sync_api import sync_playwright
 
     console_errors: list[str] = []
@@ -57,7 +71,7 @@ def render(path: Path) -> dict:
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page = browser.new_page(viewport={"width": width, "height": 1000})
             page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: page_errors.append(str(e)))
 
@@ -74,11 +88,14 @@ def render(path: Path) -> dict:
                 "() => Array.from(document.querySelectorAll('.plot')).every(d => d.querySelector('.main-svg'))",
                 timeout=60_000)
             drawn = page.evaluate(_DRAWN)
+            layout = page.evaluate(_LAYOUT)
             visible_text = page.inner_text("body")
+            if screenshot is not None:
+                page.screenshot(path=str(screenshot), full_page=True)
         finally:
             browser.close()
     return {"drawn": drawn, "console_errors": console_errors, "page_errors": page_errors, "fetched": fetched,
-            "text": visible_text}
+            "text": visible_text, "layout": layout}
 
 
 def _assert_rendered(result: dict, expected_figures: int) -> None:
@@ -117,3 +134,23 @@ def test_conversation_trace_report(tmp_path: Path):
     page = report.path.read_text(encoding="utf-8")
     assert "12,031" in page  # the headline counts every request
     _assert_rendered(render(report.path), report.figures)
+
+
+@pytest.mark.parametrize("width", [1400, 800])
+def test_new_figures_and_verdict_at_laptop_and_narrow_widths(tmp_path: Path, width: int):
+    write_fake_run(tmp_path / "run.duckdb", 400, 12)
+    report = rh.build_report(tmp_path / "run.duckdb", None, tmp_path / "r.html")
+    result = render(report.path, width, screenshot=tmp_path / f"r-{width}.png")
+    _assert_rendered(result, report.figures)
+    ids = {d["id"] for d in result["drawn"]}
+    assert {"fig-load", "fig-reuse-over-time", "fig-ttft-over-time", "fig-timeline"} <= ids
+    lay = result["layout"]
+    # Nothing wider than the window; the verdict card and every verdict cell of the table on screen.
+    assert lay["scrollWidth"] <= lay["vw"]
+    assert lay["verdictCard"] and lay["verdictCard"]["right"] <= lay["vw"]
+    assert lay["verdictCells"] and all(c["left"] >= 0 and c["right"] <= lay["vw"] and c["w"] > 150
+                                       for c in lay["verdictCells"])
+    assert "dominated excess TTFT" in result["text"]
+    # Log axes: round values with units, and the latency histogram has several ticks.
+    assert lay["scatterTicks"] and any(t.endswith(" ms") for t in lay["scatterTicks"])
+    assert sum(t.endswith(("ms", "µs", " s")) for t in lay["latencyTicks"]) >= 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import errno
 import json
+import html
 import os
 import re
 from pathlib import Path
@@ -170,3 +171,89 @@ def test_default_output_is_under_reports_and_filesystem_safe(tmp_path: Path):
         path = rh.default_output(resolve_run(con, None))
     assert path.parent == Path("reports")
     assert path.name == f"my_run_.._x-{w.run_id}.html"
+
+
+# --- run verdict, slowest groups, config panel ---------------------------------------------
+
+def _section(page: str, key: str) -> str:
+    start = page.index(f'<section id="{key}">')
+    return page[start:page.index("</section>", start)]
+
+
+def test_verdict_names_summary_dominant_cause_first(built, tmp_path_factory):
+    _, page = built
+    db = tmp_path_factory.getbasetemp() / "html0" / "run.duckdb"
+    from tierdiag.store.reader import open_store, resolve_run
+
+    with open_store(db) as con:
+        data = rd.load_report_data(con, resolve_run(con, None))
+    v = data.verdict
+    head = _section(page, "headline")
+    # The verdict is the first thing in the report, before the stat cards.
+    assert head.index('id="verdict"') < head.index('class="stats"')
+    lead = re.search(r'<p class="lead">(.*?)</p>', head, re.S).group(1)
+    assert f'<span class="cause {v.dominant}">{v.dominant}</span> dominated excess TTFT' in lead
+    from tierdiag.diagnose.units import fmt_pct
+
+    assert f"<b>{fmt_pct(v.share)}</b>" in lead
+    assert head.count('class="cause-row"') == len(v.ranked)
+    # The real diagnosis (RunSummary.diagnosis, issue 12) fills the verdict's slot, and only it:
+    # there is no second diagnosis section.
+    assert v.finding and html.escape(v.finding, quote=True) in head
+    advice = re.search(r'<div class="advice"><h4>Advice</h4><ol>(.*?)</ol></div>', head, re.S).group(1)
+    assert advice.count("<li>") == len(v.advice) > 0
+    assert page.count('class="advice"') == 1 and "Diagnosis and advice" not in page
+
+
+def test_verdict_renders_diagnosis_advice_when_summary_has_it(tmp_path: Path, monkeypatch):
+    write_fake_run(tmp_path / "run.duckdb", 120, 2)
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Advice:
+        option: str
+        value: str
+        reason: str
+        verification: str
+
+    from tierdiag.diagnose import summary as ds
+
+    real = ds.run_summary
+
+    def with_diagnosis(con, run):
+        sm = real(con, run)
+        object.__setattr__(sm, "diagnosis", {"advice": [Advice("--device-tokens", "196608", "<b>evictions</b>",
+                                                               "replay again and compare")]})
+        return sm
+
+    monkeypatch.setattr(rd, "run_summary", with_diagnosis)
+    page = rh.build_report(tmp_path / "run.duckdb", None, tmp_path / "r.html").path.read_text()
+    advice = _section(page, "headline")
+    assert "<h4>Advice</h4>" in advice and "<code>--device-tokens = 196608</code>" in advice
+    assert "&lt;b&gt;evictions&lt;/b&gt;" in advice and "check: replay again and compare" in advice
+
+
+def test_slowest_table_has_one_row_per_group_with_the_verdict_first(built, tmp_path_factory):
+    _, page = built
+    db = tmp_path_factory.getbasetemp() / "html0" / "run.duckdb"
+    from tierdiag.store.reader import open_store, resolve_run
+
+    with open_store(db) as con:
+        data = rd.load_report_data(con, resolve_run(con, None))
+    table = _section(page, "slowest")
+    rows = re.findall(r"<tr>(.*?)</tr>", table.split("<tbody>")[1], re.S)
+    assert len(rows) == len(data.slow_groups) >= 2
+    for row, g in zip(rows, data.slow_groups):
+        first_cell = re.match(r'<td class="(\w+)"', row).group(1)
+        assert first_cell == "verdict" and f'<span class="cause {g.cause}">' in row
+        assert f"<b>{len(g.requests):,}</b>" in row and g.requests[0].req_id in row
+
+
+def test_config_panel_reads_as_sizes_and_rates(built):
+    _, page = built
+    panel = page[page.index('<details class="card cfg">'):page.index("</details>", page.index('<details class="card cfg">'))]
+    # 200,000 tokens at the fake run's 128 KiB per token.
+    assert "200,000 tokens (24.4 GiB)" in panel and "800,000 tokens (97.7 GiB)" in panel
+    assert "50.0 GB/s" in panel
+    assert not re.search(r"\d{7,}\.0\b", panel)  # never "50000000000.0"
+    assert "<dd>write_through</dd>" in panel

@@ -6,6 +6,7 @@ stdout is data, stderr is diagnostics.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -21,6 +22,12 @@ RunOpt = Annotated[Optional[str], typer.Option("--run", help="Run id, id prefix 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 DEFAULT_DB_PATH = Path(DEFAULT_DB)
 
+def _styling() -> dict:
+    """NO_COLOR (https://no-color.org, any non-empty value) turns off all styling, bold and dim
+    included: Rich's own NO_COLOR support drops only the colours."""
+    return {"color_system": None} if os.environ.get("NO_COLOR") else {}
+
+
 class SafeConsole(Console):
     """A Console that never sends a control character from data to the terminal: whatever a view
     renders (a table cell, a title, a panel), text segments are shown with control characters
@@ -35,8 +42,8 @@ class SafeConsole(Console):
             seg if seg.control else Segment(visible(seg.text), seg.style, seg.control) for seg in buffer)
 
 
-out = SafeConsole(soft_wrap=True)
-err = SafeConsole(stderr=True, soft_wrap=True)
+out = SafeConsole(soft_wrap=True, **_styling())
+err = SafeConsole(stderr=True, soft_wrap=True, **_styling())
 
 
 def print_json(obj: Any) -> None:

@@ -43,6 +43,26 @@ def _ints_fit_int64(fn):
     return checked
 
 
+def _first_sentence(doc: str | None) -> str | None:
+    """A command's line in `tierdiag --help`: its docstring's first sentence, whole (click would
+    cut it at the terminal width with "...", and wrapping is better than cutting)."""
+    if not doc:
+        return None
+    text = " ".join(doc.split())
+    end = text.find(". ")
+    return text if end < 0 else text[:end + 1]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from tierdiag import __version__
+
+        print(f"tierdiag {__version__}")
+        import typer
+
+        raise typer.Exit()
+
+
 def _build_app():
     if _app:
         return _app[0]
@@ -55,16 +75,21 @@ def _build_app():
         help="Why was a cached prefix still slow? Replay a trace through a tiered KV cache, then explain it.",
         no_args_is_help=True,
         pretty_exceptions_enable=False,
-        add_completion=False,
+        add_completion=True,
+        rich_markup_mode=None,
+        context_settings={"help_option_names": ["-h", "--help"]},
     )
 
     @app.callback()
-    def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors.")) -> None:
-        pass  # read from sys.argv by main(), before Typer parses anything
+    def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+              version: bool = typer.Option(False, "--version", "-V", callback=_print_version, is_eager=True,
+                                           help="Show the version and exit.")) -> None:
+        pass  # --debug is read from sys.argv by main(), before Typer parses anything
 
     for name in COMMANDS:
         module = importlib.import_module(f"tierdiag.cli.{name}")
-        app.command(name)(_ints_fit_int64(getattr(module, name)))
+        fn = getattr(module, name)
+        app.command(name, short_help=_first_sentence(fn.__doc__))(_ints_fit_int64(fn))
     # `import` is a Python keyword, and a command group (`tierdiag import sglang ...`).
     app.add_typer(importlib.import_module("tierdiag.cli.import_sglang").import_app)
     _app.append(app)
@@ -167,9 +192,11 @@ def _other(exc: Exception, debug: bool) -> None:
         sys.exit(int(ExitCode.INTERRUPTED))
     if typer is not None and isinstance(exc, typer.TyperException):
         # usage: unknown command/option, a value Typer could not parse
-        if _is_no_args_help(exc):  # the help is already printed
+        if _is_no_args_help(exc):  # `tierdiag` alone: the help, on stdout, and success
+            print(exc.format_message())
             sys.exit(int(ExitCode.OK))
-        first = exc.format_message().strip().splitlines()
+        # "Value error, " is pydantic's prefix on a choice Typer refused: noise in a one-line error.
+        first = exc.format_message().replace("Value error, ", "").strip().splitlines()
         ctx = getattr(exc, "ctx", None)
         where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
         _say(f"error: {first[0] if first else type(exc).__name__}{where}")
@@ -208,7 +235,7 @@ def _main() -> None:
     try:
         with signals.deferred():  # C extensions (duckdb, pyarrow) load here: let them finish
             app = _build_app()
-        result = app(standalone_mode=False)
+        result = app(prog_name="tierdiag", standalone_mode=False)
         sys.stdout.flush()
         # Outside standalone mode Typer catches `typer.Exit(code)` itself and returns the code;
         # it also turns a KeyboardInterrupt it sees into Exit(130), silently.

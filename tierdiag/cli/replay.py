@@ -4,47 +4,84 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from dataclasses import fields
 from typing import Annotated, Optional
 
 import typer
 
+from tierdiag.cli.choices import choices
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, err, out, print_json
-from tierdiag.engine.config import load_config  # no torch: presets and validation only
-from tierdiag.errors import RunInterrupted
+# No torch: presets, registries and validation only.
+from tierdiag.diagnose.units import fmt_ms, fmt_pct, fmt_pool
+from tierdiag.engine.config import (
+    EVICTION_POLICIES,
+    PREFETCH_POLICIES,
+    SCHEDULE_POLICIES,
+    TIMINGS,
+    VERIFY_MODES,
+    WRITE_POLICIES,
+    EngineConfig,
+    load_config,
+)
+from tierdiag.engine.presets import GPUS, MODELS, model_preset
+from tierdiag.errors import ExitCode, RunInterrupted
 
 Opt = typer.Option
 
 
 def _fmt_tokens(n: int, total: int) -> str:
-    return f"{n:,} ({n / total:.1%})" if total else f"{n:,}"
+    return f"{n:,} ({fmt_pct(n / total)})" if total else f"{n:,}"
+
+
+def _default(name: str):
+    return next(f.default for f in fields(EngineConfig) if f.name == name)
+
+
+def _d(text: str, name: str | None = None, shown: object = None) -> str:
+    """Help text ending in its default, in Typer's own format. The options themselves default
+    to None (not given), so that a --config file can set what the command line did not."""
+    value = shown if shown is not None else _default(name)
+    if isinstance(value, bool):
+        value = name.replace("_", "-") if value else f"no-{name.replace('_', '-')}"
+    return f"{text}  [default: {value}]"
+
+
+def _pool_default(which: str) -> str:
+    cfg = EngineConfig.__new__(EngineConfig)  # the defaults, without validating this machine
+    for f in fields(EngineConfig):
+        object.__setattr__(cfg, f.name, f.default)
+    tokens = cfg.resolved_device_tokens() if which == "device" else cfg.resolved_host_tokens()
+    how = ("what the GPU preset leaves beside the weights" if which == "device" else "2x device")
+    return f"{how}; {cfg.model} on {cfg.gpu}: {fmt_pool(tokens, model_preset(cfg.model).kv_bytes_per_token)}"
 
 
 def replay(
-    trace: Annotated[Path, typer.Argument(help="Trace file: Mooncake JSONL or tierdiag JSONL (.gz too).")],
+    trace: Annotated[Path, typer.Argument(help="Trace file: Mooncake JSONL or tierdiag JSONL (.gz too).",
+                                          metavar="TRACE", show_default=False)],
     db: DbOpt = DEFAULT_DB_PATH,
     run_name: Annotated[Optional[str], Opt("--run-name", help="Name of the run (default: trace file stem).")] = None,
     config: Annotated[Optional[Path], Opt("--config", help="TOML file with any of the options below.")] = None,
-    model: Annotated[Optional[str], Opt(help="Model preset (llama3-8b, llama3-70b, qwen2.5-7b, tiny).")] = None,
-    gpu: Annotated[Optional[str], Opt(help="GPU preset (h200, h100, a100, l40s, cpu).")] = None,
-    device_tokens: Annotated[Optional[int], Opt(help="Device KV pool in tokens (default: from presets).")] = None,
-    host_tokens: Annotated[Optional[int], Opt(help="Host KV pool in tokens (default: 2x device).")] = None,
-    storage_tokens: Annotated[Optional[int], Opt(help="Storage tier in tokens; 0 = none.")] = None,
-    page_size: Annotated[Optional[int], Opt(help="Tokens per page (power of two, default 64).")] = None,
-    block_size: Annotated[Optional[int], Opt(help="Tokens per hash id in Mooncake traces (default 512).")] = None,
-    write_policy: Annotated[Optional[str], Opt(help="write_through | write_through_selective | write_back.")] = None,
-    eviction_policy: Annotated[Optional[str], Opt(help="lru | lfu | fifo | mru | filo | priority | slru.")] = None,
-    load_back_threshold: Annotated[Optional[int], Opt(help="Host hits shorter than this (tokens) are recomputed.")] = None,
-    prefetch_policy: Annotated[Optional[str], Opt(help="best_effort | wait_complete | timeout.")] = None,
-    schedule_policy: Annotated[Optional[str], Opt(help="fcfs | lpm (longest cached prefix first).")] = None,
-    prefetch_threshold: Annotated[Optional[int], Opt(help="Storage hits shorter than this are not prefetched.")] = None,
-    max_prefill_tokens: Annotated[Optional[int], Opt(help="Token budget of one prefill batch (chunk size).")] = None,
-    overlap: Annotated[Optional[bool], Opt("--overlap/--no-overlap", help="Overlap load-back with prefill layer by layer.")] = None,
-    timing: Annotated[Optional[str], Opt(help="modelled (cost model) | measured (real kernel time, scaled).")] = None,
+    model: Annotated[Optional[str], Opt(**choices(MODELS), help=_d("Model preset.", "model"))] = None,
+    gpu: Annotated[Optional[str], Opt(**choices(GPUS), help=_d("GPU preset.", "gpu"))] = None,
+    device_tokens: Annotated[Optional[int], Opt(help=_d("Device KV pool in tokens.", shown=_pool_default("device")))] = None,
+    host_tokens: Annotated[Optional[int], Opt(help=_d("Host KV pool in tokens.", shown=_pool_default("host")))] = None,
+    storage_tokens: Annotated[Optional[int], Opt(help=_d("Storage tier in tokens; 0 = none.", "storage_tokens"))] = None,
+    page_size: Annotated[Optional[int], Opt(help=_d("Tokens per page (a power of two).", "page_size"))] = None,
+    block_size: Annotated[Optional[int], Opt(help=_d("Tokens per hash id in Mooncake traces.", "block_size"))] = None,
+    write_policy: Annotated[Optional[str], Opt(**choices(WRITE_POLICIES), help=_d("When pages are backed up to host.", "write_policy"))] = None,
+    eviction_policy: Annotated[Optional[str], Opt(**choices(EVICTION_POLICIES), help=_d("Which pages leave a full pool first.", "eviction_policy"))] = None,
+    load_back_threshold: Annotated[Optional[int], Opt(help=_d("Host hits shorter than this (tokens) are recomputed.", "load_back_threshold"))] = None,
+    prefetch_policy: Annotated[Optional[str], Opt(**choices(PREFETCH_POLICIES), help=_d("How long a request waits for its storage prefetch.", "prefetch_policy"))] = None,
+    schedule_policy: Annotated[Optional[str], Opt(**choices(SCHEDULE_POLICIES), help=_d("Waiting-queue order (lpm: longest cached prefix first).", "schedule_policy"))] = None,
+    prefetch_threshold: Annotated[Optional[int], Opt(help=_d("Storage hits shorter than this (tokens) are not prefetched.", "prefetch_threshold"))] = None,
+    max_prefill_tokens: Annotated[Optional[int], Opt(help=_d("Token budget of one prefill batch (chunk size).", "max_prefill_tokens"))] = None,
+    overlap: Annotated[Optional[bool], Opt("--overlap/--no-overlap", help=_d("Overlap load-back with prefill layer by layer.", "overlap", True))] = None,
+    timing: Annotated[Optional[str], Opt(**choices(TIMINGS), help=_d("modelled: the cost model; measured: real kernel time, scaled.", "timing"))] = None,
     profile: Annotated[Optional[Path], Opt(help="A `tierdiag calibrate` profile for the link numbers.")] = None,
-    time_scale: Annotated[Optional[float], Opt(help="Multiply inter-arrival times (2 = half the request rate).")] = None,
-    seed: Annotated[Optional[int], Opt(help="Seed (recorded; the engine itself is deterministic).")] = None,
-    verify: Annotated[Optional[str], Opt(help="Check load-backs byte for byte: all | sample | off.")] = None,
-    data_plane_mib: Annotated[Optional[int], Opt(help="Memory for the real pools; width shrinks to fit.")] = None,
+    time_scale: Annotated[Optional[float], Opt(help=_d("Multiply inter-arrival times (2 = half the request rate).", "time_scale"))] = None,
+    seed: Annotated[Optional[int], Opt(help=_d("Seed (recorded; the engine itself is deterministic).", "seed"))] = None,
+    verify: Annotated[Optional[str], Opt(**choices(VERIFY_MODES), help=_d("Check load-backs byte for byte (sample: one in 16).", "verify"))] = None,
+    data_plane_mib: Annotated[Optional[int], Opt(help=_d("Memory for the real pools in MiB; their width shrinks to fit.", "data_plane_mib"))] = None,
     skip_bad: Annotated[bool, Opt("--skip-bad", help="Skip malformed trace lines (and count them).")] = False,
     no_probes: Annotated[bool, Opt("--no-probes", help="Record nothing (benchmarking the engine).")] = False,
     json_: JsonOpt = False,
@@ -107,7 +144,7 @@ def replay(
     if json_:
         print_json(summary.to_json())
         return
-    _render(summary)
+    _render(summary, cfg)
 
 
 def _skipped_line(count: int, first_bad: list) -> str:
@@ -118,7 +155,7 @@ def _skipped_line(count: int, first_bad: list) -> str:
     return f"skipped {count:,} bad line{'s' if count != 1 else ''} (line {line}: {why}{also})"
 
 
-def _render(s) -> None:
+def _render(s, cfg: EngineConfig) -> None:
     from rich.table import Table
     from rich.text import Text
 
@@ -126,10 +163,14 @@ def _render(s) -> None:
     from tierdiag.report.terminal import plain
 
     table = Table(title=plain(f"replay {s.run_name}: {s.num_requests:,} requests"
-                             + (f", {s.num_rejected} rejected" if s.num_rejected else "")
-                             + f" in {s.wall_s:.1f}s wall ({s.virtual_s:,.0f}s virtual)"), show_header=False)
+                              + (f", {s.num_rejected} rejected" if s.num_rejected else "")
+                              + f" in {s.wall_s:.1f} s wall ({fmt_ms(s.virtual_s * 1e9)} virtual)"), show_header=False)
     table.add_column(style="bold")
     table.add_column()
+    kv = model_preset(cfg.model).kv_bytes_per_token
+    table.add_row("pools", f"device {fmt_pool(cfg.resolved_device_tokens(), kv)}, "
+                           f"host {fmt_pool(cfg.resolved_host_tokens(), kv)}"
+                  + (f", storage {fmt_pool(cfg.storage_tokens, kv)}" if cfg.storage_tokens else ""))
     table.add_row("input tokens", f"{total:,}")
     table.add_row("device hit", _fmt_tokens(s.device_tokens, total))
     table.add_row("host hit (loaded back)", _fmt_tokens(s.host_tokens, total))
@@ -138,17 +179,20 @@ def _render(s) -> None:
                   + (f", of which {s.recomputed_tokens:,} were cached once" if s.recomputed_tokens else ""))
     lb = f"{s.load_backs:,} ({s.load_back_bytes / 2**30:,.1f} GiB)"
     if s.load_back_p50_ms is not None:
-        lb += f", p50 {s.load_back_p50_ms:.2f} ms, p99 {s.load_back_p99_ms:.2f} ms"
+        lb += f", p50 {fmt_ms(s.load_back_p50_ms * 1e6)}, p99 {fmt_ms(s.load_back_p99_ms * 1e6)}"
     table.add_row("load-backs", lb)
     table.add_row("skipped", ", ".join(f"{k}: {v:,}" for k, v in sorted(s.skipped.items())) or "none")
     table.add_row("evictions", ", ".join(f"{k}: {v:,}" for k, v in sorted(s.evictions.items())) or "none")
     if s.ttft_p50_ms is not None:
-        table.add_row("TTFT", f"p50 {s.ttft_p50_ms:,.1f} ms  p90 {s.ttft_p90_ms:,.1f} ms  p99 {s.ttft_p99_ms:,.1f} ms")
-    table.add_row("GPU busy in prefill", f"{s.prefill_busy_share:.0%} of {s.virtual_s:,.0f}s virtual")
+        table.add_row("TTFT", "  ".join(f"{q} {fmt_ms(v * 1e6)}" for q, v in (
+            ("p50", s.ttft_p50_ms), ("p90", s.ttft_p90_ms), ("p99", s.ttft_p99_ms))))
+    table.add_row("GPU busy in prefill", f"{fmt_pct(s.prefill_busy_share)} of the run's {fmt_ms(s.virtual_s * 1e9)} "
+                                         "(first arrival to last finish)")
     dp = s.data_plane
     if dp.get("reduced_width"):
         table.add_row("data plane", f"reduced width: {dp['page_bytes']:,} B/page real vs "
                                     f"{dp['modelled_page_bytes']:,} B/page modelled (timing from the cost model)")
+    table.caption = "sizes in GiB (2^30 bytes) · percentiles by nearest rank, as in `tierdiag summary`"
     out.print(table)
     if s.prefill_busy_share > 0.95:
         err.print("tierdiag: note: the GPU was saturated by prefill, so TTFT is mostly queueing; "

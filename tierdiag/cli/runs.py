@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from rich.table import Table
-from rich.text import Text
-
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, out, print_json
 from tierdiag.store.reader import list_runs, open_store
 
@@ -15,7 +10,7 @@ def runs(db: DbOpt = DEFAULT_DB_PATH, json_: JsonOpt = False) -> None:
     """List the runs recorded in the database: kind, sweep, and the options that differ from the
     defaults (a dead replay shows as interrupted)."""
     from tierdiag.diagnose.compare import changed_from_defaults
-    from tierdiag.report.compare_terminal import fmt_option, wide_console
+    from tierdiag.report.compare_terminal import fmt_option
 
     with open_store(db) as con:
         infos = list_runs(con)
@@ -23,22 +18,12 @@ def runs(db: DbOpt = DEFAULT_DB_PATH, json_: JsonOpt = False) -> None:
     if json_:
         print_json([{**r.to_json(), "changed_from_defaults": changes[r.run_id]} for r in infos])
         return
-    from tierdiag.report.terminal import plain
+    from tierdiag.report.terminal import render_runs
 
-    table = Table(title=plain(f"runs in {db}"))
-    for col in ("run_id", "name", "kind", "sweep", "created", "status", "requests", "trace", "model/gpu",
-                "options not at defaults", "wall"):
-        table.add_column(col, no_wrap=col in ("run_id", "sweep", "created", "status"))
-    for r in infos:
-        # Every cell is data (a crafted store can hold anything): never markup, controls escaped.
-        # model and gpu have their own column.
-        options = ", ".join(f"{k}={fmt_option(v)}" for k, v in changes[r.run_id].items()
-                            if k not in ("model", "gpu")) or "-"
-        table.add_row(plain(r.run_id), plain(r.name), plain(r.kind), plain(r.sweep_id or "-"), str(r.created_at)[:19],
-                      plain(r.status), f"{r.num_requests:,}", plain(Path(r.trace_path).name),
-                      plain(f"{r.config.get('model', '?')}/{r.config.get('gpu', '?')}"), plain(options),
-                      f"{r.wall_s:.1f}s" if r.wall_s is not None else "-")
-    wide_console(out).print(table)
+    # model and gpu have their own column; the rest of what differs from the defaults is shown.
+    options = {rid: ", ".join(f"{k}={fmt_option(v)}" for k, v in ch.items() if k not in ("model", "gpu"))
+               for rid, ch in changes.items()}
+    render_runs(infos, out, db_label=str(db), options=options)
     for r in infos:
         if r.status == "failed" and r.error:
             out.print(f"run {r.run_id} failed: {r.error}", markup=False, highlight=False)

@@ -6,16 +6,19 @@ from typing import Annotated, Optional
 
 import typer
 
+from tierdiag.cli.choices import choices
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt, out, print_json
+from tierdiag.diagnose.causes import CAUSES
+from tierdiag.diagnose.slow import HIT_CLASSES
 from tierdiag.store.reader import open_store, resolve_run
 
 
 def slow(
     top: Annotated[int, typer.Option("--top", help="How many requests to show.")] = 20,
     hit_class: Annotated[Optional[str], typer.Option(
-        "--class", help="Only this class: device_hit, tiered_hit or miss.")] = None,
+        "--class", **choices(HIT_CLASSES), help="Only this class.")] = None,
     cause: Annotated[Optional[str], typer.Option(
-        "--cause", help="Only this primary cause: none, queueing, load_back, storage_fetch, recompute, compute.")] = None,
+        "--cause", **choices(CAUSES), help="Only this primary cause.")] = None,
     db: DbOpt = DEFAULT_DB_PATH,
     run: RunOpt = None,
     json_: JsonOpt = False,

@@ -23,4 +23,10 @@ def summary(db: DbOpt = DEFAULT_DB_PATH, run: RunOpt = None, json_: JsonOpt = Fa
         print_json(result.to_json())
         return
 
-    render_summary(result, out)
+    if info.kind == "observed":  # the server's pools are not in its export
+        render_summary(result, out)
+        return
+    pools = {tier: info.config[f"{tier}_tokens"] for tier in ("device", "host", "storage")
+             if isinstance(info.config.get(f"{tier}_tokens"), int) and info.config[f"{tier}_tokens"] > 0}
+    kv = info.data_plane.get("kv_bytes_per_token")
+    render_summary(result, out, pools=pools, kv_bytes_per_token=kv if isinstance(kv, int) else None)

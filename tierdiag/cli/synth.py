@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from tierdiag.cli.choices import choices
 from tierdiag.cli.common import JsonOpt, out, print_json
 from tierdiag.trace.synth import KINDS, SynthConfig, synth_to_file
 
@@ -15,7 +16,7 @@ _DEFAULTS = SynthConfig()
 
 def synth(
     out_path: Annotated[Path, typer.Argument(metavar="OUT.jsonl", help="Trace to write (.jsonl, or .jsonl.gz).")],
-    kind: Annotated[str, typer.Option("--kind", help=f"Workload: {', '.join(KINDS)}.")] = _DEFAULTS.kind,
+    kind: Annotated[str, typer.Option("--kind", **choices(KINDS), help="Workload.")] = _DEFAULTS.kind,
     requests: Annotated[int, typer.Option("--requests", help="Number of requests.")] = _DEFAULTS.num_requests,
     seed: Annotated[int, typer.Option("--seed", help="Random seed; the same options give the same file.")] = _DEFAULTS.seed,
     rate: Annotated[float, typer.Option("--rate", help="Mean arrival rate, requests per second.")] = _DEFAULTS.rate_per_s,

@@ -15,19 +15,31 @@ def ns_to_ms(ns: int | float | None) -> float | None:
 
 
 def fmt_ms(ns: int | float | None) -> str:
-    """Virtual time in ms; sub-10 µs values (tiny test models) in µs so they don't read as 0."""
+    """Virtual time, auto-scaled: µs for tiny test models, ms, s, then minutes past 2 min and
+    hours past 3 h.
+
+    Zero is written one way, "0 ms"; a non-zero time too small to show is "< 0.01 µs", never a
+    "0.00 µs" beside a "0 ms"."""
     if ns is None:
         return "-"
     ms = ns / NS_PER_MS
     a = abs(ms)
+    if a == 0:
+        return "0 ms"
+    if a >= 3 * 3_600_000:
+        return f"{ms / 3_600_000:,.1f} h"
+    if a >= 120_000:  # "7.0 min", not "422,674.9 ms" or "422.67 s"
+        return f"{ms / 60_000:,.1f} min"
     if a >= 1_000:
         return f"{ms / 1000:,.2f} s"
     if a >= 10:
         return f"{ms:,.1f} ms"
     if a >= 1:
         return f"{ms:.2f} ms"
-    if a >= 0.01 or a == 0:
-        return f"{ms:.3f} ms" if a else "0 ms"
+    if a >= 0.01:
+        return f"{ms:.3f} ms"
+    if a * 1000 < 0.005:
+        return "< 0.01 µs"
     return f"{ms * 1000:.2f} µs"
 
 
@@ -56,7 +68,11 @@ def fmt_pct(share: float | None) -> str:
     if share is None:
         return "-"
     pct = share * 100
-    return f"{pct:.0f} %" if pct >= 1 or pct == 0 else f"{pct:.1f} %"
+    if pct == 0:
+        return "0 %"
+    if abs(pct) < 0.05:  # a sliver is not zero: never "0.0 %" beside a "0 %"
+        return "< 0.1 %"
+    return f"{pct:.0f} %" if abs(pct) >= 1 else f"{pct:.1f} %"
 
 
 def fmt_rate(per_s: float | None, what: str = "") -> str:
@@ -83,6 +99,9 @@ def fmt_value(key: str, value) -> str:
         return ", ".join(str(v) for v in value) if value else "-"
     if not isinstance(value, (int, float)):
         return str(value)
+    if key.endswith("_ms") and (key.startswith("t_") or key.startswith("arrival")):
+        # A moment, not a span: seconds to the ms, so two events a few ms apart stay apart.
+        return f"{value / 1000:,.3f} s"
     if key.endswith("_ms"):
         return fmt_ms(value * NS_PER_MS)
     if key.endswith("_bytes"):
@@ -96,3 +115,12 @@ def fmt_value(key: str, value) -> str:
     if isinstance(value, float):
         return f"{value:,.3g}"
     return f"{value:,}"
+
+
+def fmt_pool(tokens: int | None, kv_bytes_per_token: int | None) -> str:
+    """A KV pool as tokens and binary GiB at the model's KV size: "821,632 tokens (100.3 GiB)"."""
+    if tokens is None:
+        return "-"
+    if not kv_bytes_per_token:
+        return f"{int(tokens):,} tokens"
+    return f"{int(tokens):,} tokens ({fmt_bytes(tokens * kv_bytes_per_token)})"

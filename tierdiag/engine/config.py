@@ -23,6 +23,8 @@ WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 EVICTION_POLICIES = tuple(_EVICTION_REGISTRY)
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 SCHEDULE_POLICIES = ("fcfs", "lpm")
+# Host pools past this are a what-if (large servers carry 1-2 TiB): warned, not refused.
+HOST_MEMORY_SANE_BYTES = 2 << 40
 NARROWEST_PAGE_BYTES = 8  # one int64 a page: the least the data plane can verify
 TIMINGS = ("modelled", "measured")
 VERIFY_MODES = ("all", "sample", "off")
@@ -139,10 +141,18 @@ class EngineConfig:
         m, g = model_preset(self.model), gpu_preset(self.gpu)
         kv_bytes = self.resolved_device_tokens() * m.kv_bytes_per_token
         room = g.memory_bytes - m.weight_bytes
+        gib = 1 << 30
+        found = []
         if self.device_tokens is not None and kv_bytes > room:
-            return [f"--device-tokens {self.device_tokens:,} of {self.model} KV is {kv_bytes / 1e9:,.0f} GB, more than "
-                    f"the {room / 1e9:,.0f} GB a {self.gpu} has beside the weights: a what-if, not a real GPU"]
-        return []
+            found.append(f"--device-tokens {self.device_tokens:,} of {self.model} KV is {kv_bytes / gib:,.1f} GiB, more "
+                         f"than the {room / gib:,.1f} GiB a {self.gpu} ({g.memory_bytes / gib:,.1f} GiB) has beside "
+                         "the weights: a what-if, not a real GPU")
+        host_bytes = self.resolved_host_tokens() * m.kv_bytes_per_token
+        if host_bytes > HOST_MEMORY_SANE_BYTES:
+            found.append(f"--host-tokens {self.resolved_host_tokens():,} of {self.model} KV is {host_bytes / gib:,.1f} GiB, "
+                         f"more than the {HOST_MEMORY_SANE_BYTES >> 40} TiB of memory a host has: a what-if, not a real "
+                         "server")
+        return found
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -17,8 +17,12 @@ import numpy as np
 
 from tierdiag.diagnose.causes import cause_sql, excess_sql
 from tierdiag.diagnose.explain import Explanation, explain_request
+from tierdiag.diagnose.quantile import quantile_sql
 from tierdiag.diagnose.query import link_peak_bytes_per_s
 from tierdiag.diagnose.slow import SlowRequest, slow_requests
+from tierdiag.diagnose.summary import _FINISHED as FINISHED_SQL
+from tierdiag.diagnose.summary import CauseShare, RunSummary, run_summary
+from tierdiag.diagnose.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, share
 from tierdiag.store.reader import RunInfo
 
 # Past this many finished requests the per-request scatter keeps the slowest ones plus an
@@ -29,17 +33,28 @@ SLOWEST_ALWAYS_KEPT = 2_000
 MAX_LINE_POINTS = 4_000
 TIME_BINS = 1_000
 DECOMP_BINS = 60
+LOAD_BINS = 300  # the load timeline's time-weighted bins
+# The slowest-requests table groups this many of the slowest cached requests into at most
+# SLOW_GROUPS rows; a gap in arrivals wider than BURST_GAP_SHARE of the span starts a new burst.
+SLOW_POOL = 200
+SLOW_GROUPS = 12
+BURST_GAP_SHARE = 0.02
 
 CLASSES = ("device_hit", "tiered_hit", "miss")
 # TTFT decomposition columns, in the order they are stacked (sum == ttft_ns per request).
 COMPONENTS = ("queue_ns", "storage_wait_ns", "loadback_exposed_ns", "recompute_ns", "compute_ns")
 
-_FINISHED = "run_id = $run AND status = 'finished'"
+# The same rows `summary` counts as finished (one definition of the population every view uses).
+_FINISHED = "run_id = $run AND " + FINISHED_SQL
 _DECOMPOSED = _FINISHED + " AND compute_ns IS NOT NULL"
 
 
 @dataclass(frozen=True)
 class ClassTTFT:
+    """TTFT quantiles of one class for the box plot (nearest rank, see diagnose/quantile.py).
+
+    p50 and p99 are `summary`'s (`ClassStats`), not recomputed; p01/p25/p75 only draw the box."""
+
     hit_class: str  # device_hit | tiered_hit | miss | all
     num_requests: int
     p01_ns: float
@@ -52,35 +67,34 @@ class ClassTTFT:
 
 @dataclass(frozen=True)
 class Headline:
-    num_requests: int
-    num_finished: int
-    num_rejected: int
-    input_tokens: int
-    device_tokens: int
-    host_tokens: int
-    storage_tokens: int
-    computed_tokens: int
-    recomputed_tokens: int
-    loadback_bytes: int
-    loadback_ns: int  # summed link time of all load-backs
-    loadback_exposed_ns: int
-    num_loadbacks: int  # requests that loaded something back
-    skipped_loadbacks: dict[str, int]  # reason -> requests
-    skipped_loadback_tokens: int
-    evictions: dict[str, int]  # "device demote" -> count
-    evicted_tokens: dict[str, int]  # tier -> tokens
-    span_ns: int  # first arrival -> last finish (virtual time)
+    """The report's headline: `summary`'s RunSummary (one source for every headline number)
+    plus the per-class token split and box quantiles that only the report draws."""
+
+    summary: RunSummary
     ttft: tuple[ClassTTFT, ...]  # "all" first, then present classes in CLASSES order
     # "all" / class -> tokens by where they came from: device, host, storage, new, recomputed
     tier_split: dict[str, dict[str, int]]
+    t0_ns: int  # the run's first arrival: every time axis of the report starts here
 
     @property
-    def num_skipped_loadbacks(self) -> int:
-        return sum(self.skipped_loadbacks.values())
+    def num_requests(self) -> int:
+        return self.summary.num_requests
+
+    @property
+    def span_ns(self) -> int:
+        return self.summary.span_ns
+
+    @property
+    def num_finished(self) -> int:
+        return self.summary.num_finished
+
+    @property
+    def num_rejected(self) -> int:
+        return self.summary.num_rejected
 
     @property
     def num_evictions(self) -> int:
-        return sum(self.evictions.values())
+        return sum(e.num_events for e in self.summary.evictions)
 
     def ttft_for(self, hit_class: str) -> ClassTTFT | None:
         return next((c for c in self.ttft if c.hit_class == hit_class), None)
@@ -112,8 +126,15 @@ class Timeline:
     bin_s: float  # time bin width used for evictions and bandwidth
     bw_t_s: np.ndarray
     bw_bytes_per_s: np.ndarray  # load-back bytes started in the bin / bin width
-    t_min_s: float
+    t_min_s: float  # 0: the first arrival
     t_max_s: float
+    num_bins: int = TIME_BINS
+
+    def eviction_bins_share(self, tier: str) -> float:
+        """Share of the time bins with at least one eviction of `tier`: past about a third, ticks
+        merge into one solid strip and the figure draws the eviction rate instead."""
+        m = next((m for m in self.evictions if m.tier == tier), None)
+        return len(m.t_s) / self.num_bins if m is not None and self.num_bins else 0.0
 
 
 @dataclass(frozen=True)
@@ -147,6 +168,9 @@ class Transfers:
     queued_ns: np.ndarray
     bytes: np.ndarray
     link_bytes_per_s: float | None  # modelled peak of the link, when the run recorded it
+    p50_ns: float | None = None  # link time quantiles (nearest rank, like every view)
+    p99_ns: float | None = None
+    bw_p50_bytes_per_s: float | None = None  # median achieved bandwidth
 
     @property
     def achieved_bytes_per_s(self) -> np.ndarray:
@@ -158,12 +182,39 @@ class Transfers:
 class Decomposition:
     """Mean TTFT per component, over arrival-time bins and per class (ns)."""
 
-    bin_t_s: np.ndarray  # arrival bin centres
+    bin_t_s: np.ndarray  # arrival bin centres, s since the first arrival
+    bin_s: float
     bin_count: np.ndarray
     bin_mean_ns: dict[str, np.ndarray]  # component -> mean per request in the bin
+    bin_tokens: dict[str, np.ndarray]  # TIER_PARTS -> input tokens of the bin's requests by source
+    bin_p50_ns: np.ndarray  # TTFT quantiles of the bin's requests (nearest rank)
+    bin_p99_ns: np.ndarray
     by_class: dict[str, dict[str, float]]  # class -> component -> mean ns
     class_count: dict[str, int]
     total_share: dict[str, float]  # component -> share of the run's summed TTFT
+
+
+@dataclass(frozen=True)
+class LoadSeries:
+    """Load over virtual time: time-weighted means per bin, bins from the first arrival."""
+
+    t_s: np.ndarray  # bin centres, s since the first arrival
+    bin_s: float
+    waiting: np.ndarray  # requests arrived, no prefill batch started yet
+    waiting_tokens: np.ndarray  # their input tokens: the prefill queue's depth
+    prefilling: np.ndarray  # first batch started, no first token yet
+    decoding: np.ndarray  # first token out, not finished
+    busy_new: np.ndarray  # share of the bin the GPU spent computing new tokens
+    busy_recompute: np.ndarray | None  # ... recomputing once-cached tokens (None: not recorded)
+    busy_loadback: np.ndarray  # ... stalled on load-backs the batch could not hide
+    busy_other: np.ndarray  # ... other blocking inside batches
+    num_batches: int
+    prefill_busy_share: float  # over the run's span (first arrival -> last finish)
+
+    @property
+    def busy_total(self) -> np.ndarray:
+        rec = self.busy_recompute if self.busy_recompute is not None else 0.0
+        return self.busy_new + rec + self.busy_loadback + self.busy_other
 
 
 @dataclass(frozen=True)
@@ -174,6 +225,27 @@ class SlowCached:
     explanation: Explanation
 
 
+@dataclass(frozen=True)
+class SlowGroup:
+    """Slow cached requests of one burst of arrivals that share a primary cause."""
+
+    cause: str
+    burst: int  # 1-based, in arrival order
+    num_bursts: int
+    first_arrival_s: float  # s since the run's first arrival
+    last_arrival_s: float
+    requests: tuple[SlowRequest, ...]  # slowest first
+    excess_total_ns: int
+    worst: SlowCached  # the group's slowest request, explained
+
+    @property
+    def classes(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.requests:
+            out[r.hit_class or "?"] = out.get(r.hit_class or "?", 0) + 1
+        return out
+
+
 def _params(run: RunInfo) -> dict[str, Any]:
     return {"run": run.run_id}
 
@@ -182,101 +254,79 @@ def _num(v: Any) -> int:
     return int(v) if v is not None else 0
 
 
+def run_start_ns(con: duckdb.DuckDBPyConnection, run: RunInfo) -> int:
+    """The run's first arrival: where its span (`summary`'s span_ns) and every time axis start."""
+    (t0,) = con.execute("SELECT min(arrival_ns) FROM requests WHERE run_id = $run", _params(run)).fetchone()
+    return int(t0 or 0)
+
+
 def load_headline(con: duckdb.DuckDBPyConnection, run: RunInfo) -> Headline:
-    p = _params(run)
-    row = con.execute(
-        """
-        SELECT count(*),
-               count(*) FILTER (WHERE status = 'finished'),
-               count(*) FILTER (WHERE status = 'rejected'),
-               sum(input_tokens) FILTER (WHERE status = 'finished'),
-               sum(device_hit_tokens) FILTER (WHERE status = 'finished'),
-               sum(host_hit_tokens) FILTER (WHERE status = 'finished'),
-               sum(storage_hit_tokens) FILTER (WHERE status = 'finished'),
-               sum(computed_tokens) FILTER (WHERE status = 'finished'),
-               sum(recomputed_tokens) FILTER (WHERE status = 'finished'),
-               sum(loadback_bytes), sum(loadback_ns), sum(loadback_exposed_ns),
-               count(*) FILTER (WHERE loadback_bytes > 0),
-               sum(loadback_skipped_tokens),
-               min(arrival_ns), max(coalesce(finish_ns, first_token_ns, arrival_ns))
-        FROM requests WHERE run_id = $run
-        """, p).fetchone()
-    (n, nf, nr, inp, dev, host, sto, comp, recomp, lb_bytes, lb_ns, lb_exp, n_lb, skipped_tok,
-     t_first, t_last) = row
-    skipped = dict(con.execute(
-        "SELECT loadback_skipped_reason, count(*) FROM requests "
-        "WHERE run_id = $run AND loadback_skipped_reason IS NOT NULL GROUP BY ALL ORDER BY 1", p).fetchall())
-    ev_rows = con.execute(
-        "SELECT tier, action, count(*), sum(tokens) FROM evictions WHERE run_id = $run "
-        "GROUP BY ALL ORDER BY 1, 2", p).fetchall()
-    evictions = {f"{tier} {action}": int(c) for tier, action, c, _ in ev_rows}
-    evicted_tokens: dict[str, int] = {}
-    for tier, _action, _c, tok in ev_rows:
-        evicted_tokens[tier] = evicted_tokens.get(tier, 0) + _num(tok)
-    return Headline(
-        num_requests=_num(n), num_finished=_num(nf), num_rejected=_num(nr), input_tokens=_num(inp),
-        device_tokens=_num(dev), host_tokens=_num(host), storage_tokens=_num(sto),
-        computed_tokens=_num(comp), recomputed_tokens=_num(recomp), loadback_bytes=_num(lb_bytes),
-        loadback_ns=_num(lb_ns), loadback_exposed_ns=_num(lb_exp), num_loadbacks=_num(n_lb),
-        skipped_loadbacks={str(k): int(v) for k, v in skipped.items()},
-        skipped_loadback_tokens=_num(skipped_tok), evictions=evictions, evicted_tokens=evicted_tokens,
-        span_ns=_num(t_last) - _num(t_first) if t_first is not None else 0,
-        ttft=load_ttft_by_class(con, run), tier_split=load_tier_split(con, run),
-    )
+    summary = run_summary(con, run)
+    return Headline(summary=summary, ttft=load_ttft_by_class(con, run, summary),
+                    tier_split=load_tier_split(con, run, summary), t0_ns=run_start_ns(con, run))
 
 
 TIER_PARTS = ("device", "host", "storage", "new", "recomputed")
 
 
-def load_tier_split(con: duckdb.DuckDBPyConnection, run: RunInfo) -> dict[str, dict[str, int]]:
-    """Token-weighted split of the input, for the whole run ("all") and per class.
+def load_tier_split(con: duckdb.DuckDBPyConnection, run: RunInfo,
+                    summary: RunSummary) -> dict[str, dict[str, int]]:
+    """Token-weighted split of the input, for the whole run ("all", `summary`'s) and per class.
 
     Computed tokens are split into genuinely new ones and recomputed ones (cached once, then
     evicted or skipped): the second kind is the cache's fault, the first is not.
     """
+    t = summary.tokens
+    found = {"all": {"device": t.device_tokens, "host": t.host_tokens, "storage": t.storage_tokens,
+                     "new": t.computed_tokens - t.recomputed_tokens, "recomputed": t.recomputed_tokens}}
     rows = con.execute(
         f"""
-        SELECT coalesce(hit_class, 'all'), sum(device_hit_tokens), sum(host_hit_tokens),
-               sum(storage_hit_tokens), sum(computed_tokens - coalesce(recomputed_tokens, 0)),
-               sum(coalesce(recomputed_tokens, 0))
-        FROM requests WHERE {_FINISHED}
-        GROUP BY GROUPING SETS ((hit_class), ())
+        SELECT hit_class, sum(device_hit_tokens), sum(host_hit_tokens), sum(storage_hit_tokens),
+               sum(computed_tokens - coalesce(recomputed_tokens, 0)), sum(coalesce(recomputed_tokens, 0))
+        FROM requests WHERE {_FINISHED} GROUP BY hit_class
         """, _params(run)).fetchall()
-    found = {r[0]: dict(zip(TIER_PARTS, (_num(v) for v in r[1:]))) for r in rows}
+    found.update({r[0]: dict(zip(TIER_PARTS, (_num(v) for v in r[1:]))) for r in rows})
     return {c: found[c] for c in ("all",) + CLASSES if c in found}
 
 
-def load_ttft_by_class(con: duckdb.DuckDBPyConnection, run: RunInfo) -> tuple[ClassTTFT, ...]:
+def load_ttft_by_class(con: duckdb.DuckDBPyConnection, run: RunInfo,
+                       summary: RunSummary) -> tuple[ClassTTFT, ...]:
+    q = ", ".join(quantile_sql("ttft_ns", x) for x in (0.01, 0.25, 0.75))
     rows = con.execute(
         f"""
-        SELECT coalesce(hit_class, 'all') AS cls, count(*),
-               quantile_cont(ttft_ns, [0.01, 0.25, 0.5, 0.75, 0.99]), avg(ttft_ns)
+        SELECT coalesce(hit_class, 'all') AS cls, {q}
         FROM requests WHERE {_FINISHED}
         GROUP BY GROUPING SETS ((hit_class), ())
         """, _params(run)).fetchall()
-    # A run without finished requests still has the grand-total row, with no quantiles.
-    found = {cls: ClassTTFT(cls, int(c), *(float(x) for x in q), float(mean))
-             for cls, c, q, mean in rows if c}
+    box = {r[0]: r[1:] for r in rows}
+    out = []
+    for c in summary.classes:
+        if c.hit_class not in box or c.ttft_p50_ns is None:
+            continue
+        p01, p25, p75 = (float(v) for v in box[c.hit_class])
+        out.append(ClassTTFT(c.hit_class, c.num_requests, p01, p25, float(c.ttft_p50_ns), p75,
+                             float(c.ttft_p99_ns), float(c.ttft_mean_ns or 0.0)))
     order = ("all",) + CLASSES
-    return tuple(found[c] for c in order if c in found)
+    return tuple(sorted(out, key=lambda t: order.index(t.hit_class) if t.hit_class in order else len(order)))
 
 
-def _time_range(con: duckdb.DuckDBPyConnection, run: RunInfo) -> tuple[int, int]:
-    lo, hi = con.execute(
+def _time_range(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int) -> tuple[int, int]:
+    """[first arrival, last event]: a trace sliced from a longer one starts late, and the idle
+    lead-in before its first request is no part of the run (the same span `summary` uses)."""
+    (hi,) = con.execute(
         """
-        SELECT min(t), max(t) FROM (
+        SELECT max(t) FROM (
             SELECT t_ns AS t FROM pool_samples WHERE run_id = $run
             UNION ALL SELECT arrival_ns FROM requests WHERE run_id = $run
             UNION ALL SELECT finish_ns FROM requests WHERE run_id = $run
             UNION ALL SELECT t_end_ns FROM transfers WHERE run_id = $run AND kind = 'load_back')
         """, _params(run)).fetchone()
-    lo = int(lo or 0)
-    hi = int(hi or 0)
-    return lo, max(hi, lo + 1)
+    return t0_ns, max(int(hi or 0), t0_ns + 1)
 
 
-def load_timeline(con: duckdb.DuckDBPyConnection, run: RunInfo) -> Timeline:
-    lo, hi = _time_range(con, run)
+def load_timeline(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int | None = None) -> Timeline:
+    """Pools, evictions and load-back bandwidth; times in seconds since the first arrival."""
+    lo, hi = _time_range(con, run, run_start_ns(con, run) if t0_ns is None else t0_ns)
     width_ns = max((hi - lo) / TIME_BINS, 1.0)
     # $lo/$w bin any time column into TIME_BINS buckets; the last bucket is closed on the right.
     p = {"run": run.run_id, "lo": lo, "w": width_ns, "last": TIME_BINS - 1}
@@ -302,7 +352,7 @@ def load_timeline(con: duckdb.DuckDBPyConnection, run: RunInfo) -> Timeline:
                 "SELECT t_ns AS t, used_tokens AS used, coalesce(locked_tokens, 0) AS locked "
                 "FROM pool_samples WHERE run_id = $run AND tier = $tier ORDER BY t_ns",
                 {"run": run.run_id, "tier": tier}).fetchnumpy()
-        pools.append(PoolSeries(tier=tier, t_s=np.asarray(cols["t"], dtype=float) / 1e9,
+        pools.append(PoolSeries(tier=tier, t_s=(np.asarray(cols["t"], dtype=float) - lo) / 1e9,
                                 used_tokens=np.asarray(cols["used"], dtype=float),
                                 locked_tokens=np.asarray(cols["locked"], dtype=float),
                                 capacity_tokens=_num(cap), binned=binned))
@@ -314,7 +364,7 @@ def load_timeline(con: duckdb.DuckDBPyConnection, run: RunInfo) -> Timeline:
         p).fetchnumpy()
     for tier in dict.fromkeys(ev["tier"].tolist()):
         m = ev["tier"] == tier
-        marks.append(EvictionMarks(tier=str(tier), t_s=np.asarray(ev["t"][m], dtype=float) / 1e9,
+        marks.append(EvictionMarks(tier=str(tier), t_s=(np.asarray(ev["t"][m], dtype=float) - lo) / 1e9,
                                    count=np.asarray(ev["n"][m], dtype=float),
                                    tokens=np.asarray(ev["tok"][m], dtype=float),
                                    pool_used_tokens=np.asarray(ev["used"][m], dtype=float)))
@@ -329,10 +379,10 @@ def load_timeline(con: duckdb.DuckDBPyConnection, run: RunInfo) -> Timeline:
         LEFT JOIN (SELECT {bin_of} AS bin, sum(bytes) AS total FROM lb GROUP BY ALL) ON bin = b
         ORDER BY b
         """, p).fetchnumpy()
-    bw_t_s = (lo + (np.asarray(bw["b"], dtype=float) + 0.5) * width_ns) / 1e9
+    bw_t_s = (np.asarray(bw["b"], dtype=float) + 0.5) * width_ns / 1e9
     bw_rate = np.asarray(bw["total"], dtype=float) / (width_ns / 1e9)
     return Timeline(pools=tuple(pools), evictions=tuple(marks), bin_s=width_ns / 1e9, bw_t_s=bw_t_s,
-                    bw_bytes_per_s=bw_rate, t_min_s=lo / 1e9, t_max_s=hi / 1e9)
+                    bw_bytes_per_s=bw_rate, t_min_s=0.0, t_max_s=(hi - lo) / 1e9, num_bins=TIME_BINS)
 
 
 _POINT_COLS = (f"req_id, hit_class, ttft_ns, {excess_sql()} AS excess_ns, input_tokens, "
@@ -375,22 +425,32 @@ def load_transfers(con: duckdb.DuckDBPyConnection, run: RunInfo) -> Transfers:
     cols = con.execute(
         "SELECT t_end_ns - t_start_ns AS dur, coalesce(queued_ns, 0) AS queued, bytes FROM transfers "
         "WHERE run_id = $run AND kind = 'load_back'", _params(run)).fetchnumpy()
+    p50, p99, bw50 = con.execute(
+        f"SELECT {quantile_sql('t_end_ns - t_start_ns', 0.5)}, {quantile_sql('t_end_ns - t_start_ns', 0.99)}, "
+        f"{quantile_sql('bytes * 1e9 / (t_end_ns - t_start_ns)', 0.5)} FROM transfers "
+        "WHERE run_id = $run AND kind = 'load_back' AND t_end_ns > t_start_ns", _params(run)).fetchone()
     return Transfers(duration_ns=np.asarray(cols["dur"], dtype=float),
                      queued_ns=np.asarray(cols["queued"], dtype=float),
                      bytes=np.asarray(cols["bytes"], dtype=float),
-                     link_bytes_per_s=link_peak_bytes_per_s(run))
+                     link_bytes_per_s=link_peak_bytes_per_s(run),
+                     p50_ns=None if p50 is None else float(p50), p99_ns=None if p99 is None else float(p99),
+                     bw_p50_bytes_per_s=None if bw50 is None else float(bw50))
 
 
-def load_decomposition(con: duckdb.DuckDBPyConnection, run: RunInfo) -> Decomposition:
+def load_decomposition(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int | None = None) -> Decomposition:
+    """TTFT parts, token sources and TTFT quantiles per arrival-time bin (bins from the first arrival)."""
     p = _params(run)
     _FINISHED = _DECOMPOSED  # noqa: N806 (observed runs have no split of TTFT: left out, not drawn as 0)
     means = ", ".join(f"avg({c}) AS {c}" for c in COMPONENTS)
-    lo, hi = con.execute(f"SELECT min(arrival_ns), max(arrival_ns) FROM requests WHERE {_FINISHED}", p).fetchone()
-    lo, hi = int(lo or 0), int(hi or 0)
+    lo = run_start_ns(con, run) if t0_ns is None else t0_ns
+    (hi,) = con.execute(f"SELECT max(arrival_ns) FROM requests WHERE {_FINISHED}", p).fetchone()
+    hi = int(hi or lo)
     width = max((hi - lo) / DECOMP_BINS, 1.0)
+    tokens = ", ".join(f"sum({expr}) AS tok_{part}" for part, expr in _TOKEN_EXPR.items())
     binned = con.execute(
         f"SELECT least(CAST(floor((arrival_ns - $lo) / $w) AS BIGINT), {DECOMP_BINS - 1}) AS b, count(*) AS n, "
-        f"{means} FROM requests WHERE {_FINISHED} GROUP BY b ORDER BY b",
+        f"{means}, {tokens}, {quantile_sql('ttft_ns', 0.5)} AS p50, {quantile_sql('ttft_ns', 0.99)} AS p99 "
+        f"FROM requests WHERE {_FINISHED} GROUP BY b ORDER BY b",
         {**p, "lo": lo, "w": width}).fetchnumpy()
     by_class_rows = con.execute(
         f"SELECT hit_class, count(*), {means} FROM requests WHERE {_FINISHED} GROUP BY ALL", p).fetchall()
@@ -400,30 +460,224 @@ def load_decomposition(con: duckdb.DuckDBPyConnection, run: RunInfo) -> Decompos
         p).fetchone()
     total = float(sums[0] or 0)
     return Decomposition(
-        bin_t_s=(lo + (np.asarray(binned["b"], dtype=float) + 0.5) * width) / 1e9,
+        bin_t_s=(np.asarray(binned["b"], dtype=float) + 0.5) * width / 1e9,
+        bin_s=width / 1e9,
         bin_count=np.asarray(binned["n"], dtype=float),
         bin_mean_ns={c: np.asarray(binned[c], dtype=float) for c in COMPONENTS},
+        bin_tokens={part: np.asarray(binned[f"tok_{part}"], dtype=float) for part in TIER_PARTS},
+        bin_p50_ns=np.asarray(binned["p50"], dtype=float), bin_p99_ns=np.asarray(binned["p99"], dtype=float),
         by_class={c: by_class[c] for c in CLASSES if c in by_class},
         class_count={r[0]: int(r[1]) for r in by_class_rows},
         total_share={c: (float(v or 0) / total if total else 0.0) for c, v in zip(COMPONENTS, sums[1:])},
     )
 
 
-def load_slowest_cached(con: duckdb.DuckDBPyConnection, run: RunInfo, *, limit: int = 20) -> list[SlowCached]:
-    """Cached requests (device or tiered hit) with the largest excess TTFT, each explained.
+_TOKEN_EXPR = {"device": "device_hit_tokens", "host": "host_hit_tokens", "storage": "storage_hit_tokens",
+               "new": "computed_tokens - coalesce(recomputed_tokens, 0)",
+               "recomputed": "coalesce(recomputed_tokens, 0)"}
 
-    The ranking is `slow`'s (one rule for "slow" everywhere), taken per cached class and merged.
+
+def _has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
+    return bool(con.execute(
+        "SELECT count(*) FROM information_schema.columns WHERE table_name = ? AND column_name = ?",
+        [table, column]).fetchone()[0])
+
+
+def load_load(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int | None = None) -> LoadSeries:
+    """Requests waiting / prefilling / decoding and the GPU's prefill time, per time bin.
+
+    Each request is three intervals (arrival -> first prefill batch -> first token -> finish)
+    and each batch one; a bin gets every interval's overlap with it, so the values are exact
+    time-weighted means (an interval spanning many bins counts in each), computed by one range
+    join per table. Decode is modelled per request (its output steps), not as GPU time shared
+    with prefill, so the GPU lane shows prefill only; decoding requests are counted.
+    """
+    lo = run_start_ns(con, run) if t0_ns is None else t0_ns
+    (hi,) = con.execute(
+        "SELECT max(coalesce(finish_ns, first_token_ns, arrival_ns)) FROM requests WHERE run_id = $run",
+        _params(run)).fetchone()
+    hi = max(int(hi or lo), lo + 1)
+    n = LOAD_BINS
+    width = (hi - lo) / n
+    p = {"run": run.run_id, "lo": lo, "w": width, "n": n}
+    bins = "SELECT b, $lo + b * $w AS b0, $lo + (b + 1) * $w AS b1 FROM range(0, $n) r(b)"
+    overlap = "(least(iv.t1, bins.b1) - greatest(iv.t0, bins.b0))"
+    # The three phases of a finished request; first_token_ns - prefill_ns is its first batch's start.
+    req = con.execute(
+        f"""
+        WITH r AS (SELECT arrival_ns, first_token_ns - prefill_ns AS started, first_token_ns, finish_ns,
+                          input_tokens FROM requests WHERE {_FINISHED} AND prefill_ns IS NOT NULL),
+             iv AS (SELECT 'w' AS phase, arrival_ns AS t0, started AS t1, input_tokens AS tok FROM r
+                    UNION ALL SELECT 'p', started, first_token_ns, input_tokens FROM r
+                    UNION ALL SELECT 'd', first_token_ns, finish_ns, 0 FROM r),
+             bins AS ({bins})
+        SELECT b,
+               coalesce(sum({overlap}) FILTER (WHERE phase = 'w'), 0) / $w AS waiting,
+               coalesce(sum({overlap} * tok) FILTER (WHERE phase = 'w'), 0) / $w AS waiting_tokens,
+               coalesce(sum({overlap}) FILTER (WHERE phase = 'p'), 0) / $w AS prefilling,
+               coalesce(sum({overlap}) FILTER (WHERE phase = 'd'), 0) / $w AS decoding
+        FROM bins LEFT JOIN iv ON iv.t0 < bins.b1 AND iv.t1 > bins.b0 AND iv.t1 > iv.t0
+        GROUP BY b ORDER BY b
+        """, p).fetchnumpy()
+    # A batch's time: compute (new tokens, and recompute of once-cached ones where the run
+    # recorded the split) plus the load-back stall it could not hide, plus other blocking.
+    has_recompute = _has_column(con, "batches", "recompute_ns")
+    recompute = "coalesce(recompute_ns, 0)" if has_recompute else "0"
+    gpu = con.execute(
+        f"""
+        WITH iv AS (SELECT t_start_ns AS t0, t_end_ns AS t1, (t_end_ns - t_start_ns)::DOUBLE AS dur,
+                           compute_ns - {recompute} AS new_ns, {recompute} AS rec_ns,
+                           coalesce(loadback_exposed_ns, 0) AS lb_ns
+                    FROM batches WHERE run_id = $run AND t_end_ns > t_start_ns),
+             bins AS ({bins})
+        SELECT b,
+               coalesce(sum({overlap} * new_ns / dur), 0) / $w AS new,
+               coalesce(sum({overlap} * rec_ns / dur), 0) / $w AS rec,
+               coalesce(sum({overlap} * lb_ns / dur), 0) / $w AS lb,
+               coalesce(sum({overlap} * greatest(dur - new_ns - rec_ns - lb_ns, 0) / dur), 0) / $w AS other
+        FROM bins LEFT JOIN iv ON iv.t0 < bins.b1 AND iv.t1 > bins.b0
+        GROUP BY b ORDER BY b
+        """, p).fetchnumpy()
+    (busy, num_batches) = con.execute(
+        "SELECT sum(t_end_ns - t_start_ns), count(*) FROM batches WHERE run_id = $run", _params(run)).fetchone()
+    f = lambda d, k: np.asarray(d[k], dtype=float)  # noqa: E731
+    return LoadSeries(
+        t_s=(np.asarray(req["b"], dtype=float) + 0.5) * width / 1e9, bin_s=width / 1e9,
+        waiting=f(req, "waiting"), waiting_tokens=f(req, "waiting_tokens"), prefilling=f(req, "prefilling"),
+        decoding=f(req, "decoding"), busy_new=f(gpu, "new"),
+        busy_recompute=f(gpu, "rec") if has_recompute else None, busy_loadback=f(gpu, "lb"),
+        busy_other=f(gpu, "other"), num_batches=int(num_batches or 0),
+        prefill_busy_share=int(busy or 0) / (hi - lo))
+
+
+def load_slow_groups(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int, span_ns: int, *,
+                     pool: int = SLOW_POOL, limit: int = SLOW_GROUPS) -> tuple[tuple[SlowGroup, ...], int]:
+    """The slowest cached requests (device or tiered hit), grouped by burst and verdict.
+
+    The ranking is `slow`'s (one rule for "slow" everywhere), taken per cached class and merged;
+    of the `pool` slowest, a burst is a run of arrivals with no gap wider than BURST_GAP_SHARE of
+    the run's span, and a group is the requests of one burst sharing a primary cause. Groups are
+    ordered by their summed excess; only each group's slowest request is explained, so the
+    table costs `limit` explains, however long the run. Returns the groups and how many
+    requests were grouped (the pool after "none" is left out).
     """
     if run.kind == "observed":  # no engine TTFT parts to rank or explain by (diagnose/observed.py)
-        return []
-    rows = [r for cls in ("device_hit", "tiered_hit") for r in slow_requests(con, run, top=limit, hit_class=cls)]
+        return (), 0
+    rows = [r for cls in ("device_hit", "tiered_hit") for r in slow_requests(con, run, top=pool, hit_class=cls)]
     rows.sort(key=lambda r: (-r.excess_ns, r.seq if r.seq is not None else -1, r.req_id))
+    # "none": within the tolerance of its ideal, so not slow for any reason worth a row.
+    rows = [r for r in rows if r.primary_cause != "none"][:pool]
+    by_arrival = sorted(rows, key=lambda r: (r.arrival_ns, r.seq if r.seq is not None else -1))
+    gap = BURST_GAP_SHARE * span_ns
+    burst_of: dict[str, int] = {}
+    burst, last = 0, None
+    for r in by_arrival:
+        if last is not None and r.arrival_ns - last > gap:
+            burst += 1
+        burst_of[r.req_id] = burst
+        last = r.arrival_ns
+    groups: dict[tuple[int, str], list[SlowRequest]] = {}
+    for r in rows:  # slowest first, so each group's list is too
+        groups.setdefault((burst_of[r.req_id], r.primary_cause), []).append(r)
+    ranked = sorted(groups.items(), key=lambda kv: (-sum(r.excess_ns for r in kv[1]), kv[0]))
     from tierdiag.diagnose.advice import propose
     from tierdiag.diagnose.context import run_context
 
-    ctx = run_context(con, run, attribution=False) if rows else None  # the run's evidence once, not once per request
+    # The run's evidence once, not once per explained request.
+    ctx = run_context(con, run, attribution=False) if ranked else None
     advice = propose(ctx) if ctx is not None else None
-    return [SlowCached(r, explain_request(con, run, r.req_id, run_ctx=ctx, advice=advice)) for r in rows[:limit]]
+    out = []
+    for (b, cause), members in ranked[:limit]:
+        arrivals = [r.arrival_ns for r in members]
+        out.append(SlowGroup(
+            cause=cause, burst=b + 1, num_bursts=burst + 1 if rows else 0,
+            first_arrival_s=(min(arrivals) - t0_ns) / 1e9, last_arrival_s=(max(arrivals) - t0_ns) / 1e9,
+            requests=tuple(members), excess_total_ns=sum(r.excess_ns for r in members),
+            worst=SlowCached(members[0], explain_request(con, run, members[0].req_id, run_ctx=ctx,
+                                                               advice=advice))))
+    return tuple(out), len(rows)
+
+
+CAUSE_MEANING = {
+    "queueing": "waiting for the GPU, or sharing a prefill batch with other requests' work",
+    "load_back": "loading prefixes back from host memory, not hidden behind prefill compute",
+    "storage_fetch": "waiting for storage prefetches before prefill could start",
+    "recompute": "prefilling tokens the cache had held once (evicted, or a load-back skipped)",
+    "compute": "their own new-token compute beyond the ideal (chunked prefill)",
+}
+
+
+@dataclass(frozen=True)
+class RunVerdict:
+    """What dominated the run's excess TTFT, from `summary`'s cause shares (not re-derived).
+
+    `facts` are sentences built from the run's numbers that back the dominant cause;
+    `advice` is the diagnosis's advice items when `summary` carries a diagnosis (issue 12).
+    """
+
+    dominant: str | None  # None: no request exceeded its ideal
+    excess_total_ns: int
+    ttft_total_ns: int
+    ranked: tuple[CauseShare, ...]  # causes with some excess, largest first
+    facts: tuple[str, ...]
+    advice: tuple[Any, ...]
+    root_cause: str | None = None  # the diagnosis's dominant (root) cause, when summary has one
+    finding: str | None = None  # the diagnosis's sentence about it
+
+    @property
+    def share(self) -> float | None:
+        return self.ranked[0].excess_share if self.ranked else None
+
+
+def _diagnosis_field(summary: RunSummary, name: str) -> Any:
+    """A field of `summary`'s diagnosis (issue 12: dominant_cause, finding, advice), whether the
+    diagnosis is an object or a dict; None where summary carries none."""
+    diagnosis = getattr(summary, "diagnosis", None)
+    if diagnosis is None:
+        return None
+    return diagnosis.get(name) if isinstance(diagnosis, dict) else getattr(diagnosis, name, None)
+
+
+def _advice_items(summary: RunSummary) -> tuple[Any, ...]:
+    items = _diagnosis_field(summary, "advice")
+    return tuple(items) if isinstance(items, (list, tuple)) else ()
+
+
+def run_verdict(summary: RunSummary, load: LoadSeries) -> RunVerdict:
+    ranked = tuple(sorted((c for c in summary.time_by_cause if c.cause != "none" and (c.excess_part_ns or 0) > 0),
+                          key=lambda c: -(c.excess_part_ns or 0)))
+    dominant = ranked[0].cause if ranked else None
+    facts: list[str] = []
+    t, lb = summary.tokens, summary.load_back
+    if dominant == "queueing":
+        facts.append(f"The GPU was busy in prefill {fmt_pct(load.prefill_busy_share)} of the run's "
+                     f"{fmt_ms(summary.span_ns)} (first arrival to last finish).")
+        if len(load.waiting):
+            i = int(np.argmax(load.waiting))
+            facts.append(f"At the busiest moment (t = {load.t_s[i]:,.1f} s) {load.waiting[i]:,.1f} requests "
+                         f"waited on average, with {load.waiting_tokens[i]:,.0f} input tokens queued.")
+    elif dominant == "recompute":
+        facts.append(f"{fmt_tokens(t.recomputed_tokens)} of {fmt_tokens(t.input_tokens)} input tokens "
+                     f"({fmt_pct(share(t.recomputed_tokens, t.input_tokens))}) were recomputed after the cache "
+                     f"had held them.")
+        dev = [e for e in summary.evictions if e.tier == "device"]
+        if dev:
+            facts.append("Device evictions: " + ", ".join(f"{e.num_events:,} {e.action} ({fmt_tokens(e.tokens)} tokens)"
+                                                          for e in dev) + ".")
+        if t.loadback_skipped_tokens:
+            facts.append(f"{fmt_tokens(t.loadback_skipped_tokens)} tokens were recomputed because their "
+                         f"load-back was skipped.")
+    elif dominant == "load_back":
+        facts.append(f"{lb.num_transfers:,} load-backs moved {fmt_bytes(lb.bytes)} in {fmt_ms(lb.link_busy_ns)} of "
+                     f"link time, {fmt_ms(lb.exposed_ns)} of it exposed"
+                     + (f", at {fmt_pct(lb.link_peak_share)} of the link's peak." if lb.link_peak_share else "."))
+    elif dominant == "storage_fetch":
+        facts.append(f"Requests waited {fmt_ms(lb.storage_wait_ns)} in all for {lb.num_prefetches:,} storage "
+                     f"prefetches ({fmt_bytes(lb.prefetch_bytes)}).")
+    return RunVerdict(dominant=dominant, excess_total_ns=summary.excess_total_ns,
+                      ttft_total_ns=summary.ttft_total_ns, ranked=ranked, facts=tuple(facts),
+                      advice=_advice_items(summary), root_cause=_diagnosis_field(summary, "dominant_cause"),
+                      finding=_diagnosis_field(summary, "finding"))
 
 
 @dataclass(frozen=True)
@@ -431,22 +685,26 @@ class ReportData:
     run: RunInfo
     headline: Headline
     timeline: Timeline
+    load: LoadSeries
     points: RequestPoints
     transfers: Transfers
     decomposition: Decomposition
-    slowest: tuple[SlowCached, ...]
-    diagnosis: Any = None  # advice.RunDiagnosis: the run's root cause and advice (summary's)
+    slow_groups: tuple[SlowGroup, ...]
+    slow_pool: int  # at most this many of the slowest cached requests were grouped
+    slow_considered: int  # how many were (fewer when few exceed their ideal)
+    verdict: RunVerdict
+
+    @property
+    def summary(self) -> RunSummary:
+        return self.headline.summary
 
 
-def load_report_data(con: duckdb.DuckDBPyConnection, run: RunInfo, *, slowest: int = 20) -> ReportData:
-    return ReportData(run=run, headline=load_headline(con, run), timeline=load_timeline(con, run),
-                      points=load_points(con, run), transfers=load_transfers(con, run),
-                      decomposition=load_decomposition(con, run),
-                      slowest=tuple(load_slowest_cached(con, run, limit=slowest)),
-                      diagnosis=_load_diagnosis(con, run))
-
-
-def _load_diagnosis(con: duckdb.DuckDBPyConnection, run: RunInfo):
-    from tierdiag.diagnose.summary import run_summary
-
-    return run_summary(con, run).diagnosis
+def load_report_data(con: duckdb.DuckDBPyConnection, run: RunInfo, *, slow_pool: int = SLOW_POOL) -> ReportData:
+    headline = load_headline(con, run)
+    t0 = headline.t0_ns
+    load = load_load(con, run, t0)
+    groups, considered = load_slow_groups(con, run, t0, headline.span_ns, pool=slow_pool)
+    return ReportData(run=run, headline=headline, timeline=load_timeline(con, run, t0),
+                      load=load, points=load_points(con, run), verdict=run_verdict(headline.summary, load),
+                      transfers=load_transfers(con, run), decomposition=load_decomposition(con, run, t0),
+                      slow_groups=groups, slow_pool=slow_pool, slow_considered=considered)

@@ -18,11 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from tierdiag.diagnose.units import fmt_bandwidth, fmt_ms
+from tierdiag.diagnose.units import fmt_bandwidth, fmt_ms, fmt_pct
 from tierdiag.report.data import (
     CLASSES,
     COMPONENTS,
     TIER_PARTS,
+    LoadSeries,
     ReportData,
     RequestPoints,
     Timeline,
@@ -49,6 +50,10 @@ COMPONENT_LABELS = {"queue_ns": "queueing", "storage_wait_ns": "storage fetch",
 POOL_COLOURS = {"device": "#2e7d32", "host": "#f9a825", "storage": "#8e24aa"}
 
 HIST_BINS = 60
+EVICTION_TICKS_MAX_SHARE = 1 / 3
+RATE_POINTS = 200
+EVICTION_COLOURS = {"device": "#c62828", "host": "#ef6c00", "storage": "#6a1b9a"}
+TIME_AXIS_TITLE = "virtual time since the first arrival (s)"
 NO_LOADBACKS = "no load-backs in this run (nothing was loaded back from host or storage)"
 
 
@@ -116,6 +121,51 @@ def ttft_unit(data: ReportData) -> TimeUnit:
     return TimeUnit("ms", 1e6)
 
 
+def fmt_tick_ns(ns: float) -> str:
+    """A time as an axis tick: short, in the unit that keeps it a round number (5 ms, 2 s, 1,000 s)."""
+    for unit, size in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if ns >= size:
+            x = ns / size
+            break
+    else:
+        unit, x = "ns", ns
+    text = f"{x:,.0f}" if abs(x - round(x)) < 1e-6 * max(x, 1) else f"{x:.3g}"
+    return f"{text} {unit}"
+
+
+def log_ticks(lo: float, hi: float, fmt=fmt_tick_ns, *, min_ticks: int = 3) -> tuple[list[float], list[str]]:
+    """Ticks for a log axis between lo and hi (> 0, data units): decades (1, 10, 100 ...) where
+    the range spans several, else 1-2-5 steps, else 1..9, so the axis has at least `min_ticks`
+    labels. Plotly's own log ticks label 2 and 5 without their decade ("5, 2, 100, 5")."""
+    if not (lo > 0 and hi > 0):
+        return [], []
+    if hi < lo:
+        lo, hi = hi, lo
+    e0, e1 = int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi)))
+    vals: list[float] = []
+    for mantissas in ((1,), (1, 2, 5), tuple(range(1, 10))):
+        vals = [m * 10.0 ** e for e in range(e0, e1 + 1) for m in mantissas]
+        vals = [v for v in vals if lo * (1 - 1e-9) <= v <= hi * (1 + 1e-9)]
+        if len(vals) >= min_ticks:
+            break
+    if len(vals) < 2:  # less than one step of 1..9 wide: the two ends
+        vals = sorted({lo, hi})
+    if len(vals) > 12:  # many decades: every other one
+        vals = vals[::2]
+    return vals, [fmt(v) for v in vals]
+
+
+def log_time_axis(title: str, ns_values, unit: TimeUnit, **kw) -> dict[str, Any]:
+    """A log y (or x) axis for times in `unit`, with ticks at round values and units on them."""
+    v = np.asarray(ns_values, dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    axis = _axis(title, type="log", automargin=True, **kw)
+    if len(v):
+        vals, text = log_ticks(float(v.min()), float(v.max()))
+        axis.update(tickvals=[x / unit.ns for x in vals], ticktext=text)
+    return axis
+
+
 # --- 1. headline ------------------------------------------------------------------------------
 
 def tier_split_figure(data: ReportData) -> FigureSpec:
@@ -152,22 +202,46 @@ def tier_split_figure(data: ReportData) -> FigureSpec:
 
 def timeline_figure(data: ReportData) -> FigureSpec:
     tl: Timeline = data.timeline
-    rows = [p.tier for p in tl.pools] + ["bandwidth"]
+    marks = {m.tier: m for m in tl.evictions}
+    # Ticks past a third of the bins merge into one solid strip: those tiers get a rate lane.
+    as_rate = [t for t in marks if tl.eviction_bins_share(t) > EVICTION_TICKS_MAX_SHARE]
+    rows = [p.tier for p in tl.pools] + (["eviction rate"] if as_rate else []) + ["bandwidth"]
     n = len(rows)
     gap = 0.06
-    h = (1 - gap * (n - 1)) / n
     # Row i (0 = top) uses y axis i+1; all traces share the one x axis, so zoom is linked.
-    domains = [[1 - (i + 1) * h - i * gap, 1 - i * h - i * gap] for i in range(n)]
+    domains = _rows(n, gap)
     layout = _layout(hovermode="x unified" if max((len(p.t_s) for p in tl.pools), default=0) < 3000 else "closest",
                      margin={"l": 72, "r": 24, "t": 24, "b": 48})
-    layout["xaxis"] = _axis("virtual time (s)", anchor=f"y{n}", range=[tl.t_min_s, tl.t_max_s])
+    layout["xaxis"] = _axis(TIME_AXIS_TITLE, anchor=f"y{n}", range=[tl.t_min_s, tl.t_max_s])
     traces: list[dict[str, Any]] = []
     annotations = []
-    marks = {m.tier: m for m in tl.evictions}
+    notes: list[str] = []
     for i, tier in enumerate(rows):
         yname = "y" if i == 0 else f"y{i + 1}"
         layout_key = "yaxis" if i == 0 else f"yaxis{i + 1}"
-        if tier == "bandwidth":
+        if tier == "eviction rate":
+            for t in as_rate:
+                m = marks[t]
+                # Every bin, zeros included, so the line drops where evictions pause; merged to at
+                # most RATE_POINTS bins, since a thousand-point rate is noise at any screen width.
+                per = -(-tl.num_bins // RATE_POINTS)
+                width_s = tl.bin_s * per
+                n_rate = -(-tl.num_bins // per)
+                t_s = (np.arange(n_rate) + 0.5) * width_s
+                rate = np.zeros(n_rate)
+                idx = np.clip(np.rint(m.t_s / tl.bin_s - 0.5).astype(int) // per, 0, n_rate - 1)
+                np.add.at(rate, idx, m.tokens / width_s)
+                traces.append({
+                    "type": "scatter", "mode": "lines", "name": f"{t} evicted tokens/s", "x": t_s, "y": rate,
+                    "xaxis": "x", "yaxis": yname,
+                    "line": {"color": EVICTION_COLOURS.get(t, "#b71c1c"), "width": 1.2, "shape": "hv"},
+                    "hovertemplate": "%{y:,.0f} tokens/s<extra>" + t + " evictions</extra>",
+                })
+            layout[layout_key] = _axis("tokens/s", domain=domains[i], rangemode="tozero")
+            title = f"eviction rate (tokens/s over {width_s:.3g} s bins)"
+            notes.append(", ".join(f"{t} evictions in {tl.eviction_bins_share(t):.0%}" for t in as_rate)
+                         + f" of the {tl.bin_s:.3g} s bins: too dense for ticks, drawn as a rate")
+        elif tier == "bandwidth":
             traces.append({
                 "type": "scatter", "mode": "lines", "name": "load-back bandwidth", "x": tl.bw_t_s,
                 "y": tl.bw_bytes_per_s / 1e9, "xaxis": "x", "yaxis": yname,
@@ -192,8 +266,9 @@ def timeline_figure(data: ReportData) -> FigureSpec:
             if busiest == 0:
                 title += " — no load-backs in this run"
             elif peak and not peak_on_scale:
-                title += (f" — link peak {fmt_bandwidth(peak)} is off scale; the busiest bin used "
-                          f"{busiest / peak:.1%} of it")
+                # In the note below the figure: a panel title this long runs off a narrow window.
+                notes.append(f"load-back link peak {fmt_bandwidth(peak)} is off scale; the busiest bin "
+                             f"used {busiest / peak:.1%} of it")
         else:
             pool = next(p for p in tl.pools if p.tier == tier)
             colour = POOL_COLOURS.get(tier, INK)
@@ -216,7 +291,7 @@ def timeline_figure(data: ReportData) -> FigureSpec:
                     "yaxis": yname, "line": {"color": "#90a4ae", "width": 1, "dash": "dash"},
                     "hovertemplate": f"capacity {pool.capacity_tokens:,} tokens<extra>{tier}</extra>",
                 })
-            m = marks.get(tier)
+            m = marks.get(tier) if tier not in as_rate else None
             top = max(pool.capacity_tokens, float(pool.used_tokens.max()) if len(pool.used_tokens) else 0.0)
             if m is not None and len(m.t_s):
                 # A rug of ticks just above the pool, darker for more evicted tokens: on a thrashing
@@ -242,10 +317,11 @@ def timeline_figure(data: ReportData) -> FigureSpec:
     return FigureSpec(
         key="timeline", section="time", title="Pools, evictions and load-backs over virtual time",
         how_to_read="When a pool runs at capacity (dashed line) it evicts (red ticks above it, darker = more "
-                    "tokens); demoted prefixes come back later as load-backs (amber, bottom); locked tokens "
-                    "(dotted) cannot be evicted.",
+                    "tokens; where evictions fill most of the run, an eviction-rate lane in tokens/s instead); "
+                    "demoted prefixes come back later as load-backs (amber, bottom); locked tokens (dotted) "
+                    "cannot be evicted.",
         figure={"data": traces, "layout": layout}, height_px=200 * n + 80,
-        note=f"binned into {tl.bin_s:.3g} s time bins" if binned else "")
+        note=" · ".join(([f"binned into {tl.bin_s:.3g} s time bins"] if binned else []) + notes))
 
 
 # --- 3. per request ---------------------------------------------------------------------------
@@ -288,7 +364,7 @@ def scatter_figure(data: ReportData) -> FigureSpec:
                             "font": {"size": 10, "color": CLASS_COLOURS["device_hit"]}})
     layout = _layout(xaxis=_axis("host-hit share (% of input tokens loaded back from host or storage)",
                                  range=[-2, 102], ticksuffix=" %"),
-                     yaxis=_axis(f"TTFT ({unit.label}, log)", type="log", dtick="D2"), shapes=shapes,
+                     yaxis=log_time_axis("TTFT (log scale)", pts.ttft_ns, unit), shapes=shapes,
                      annotations=annotations,
                      hovermode="closest")
     note = ""
@@ -304,15 +380,6 @@ def scatter_figure(data: ReportData) -> FigureSpec:
 
 
 # --- 4. distributions -------------------------------------------------------------------------
-
-def _log_ticks(lo: float, hi: float, unit: str) -> tuple[list[float], list[str]]:
-    vals, text = [], []
-    for e in range(int(np.floor(lo)), int(np.ceil(hi)) + 1):
-        v = 10.0 ** e
-        vals.append(float(e))
-        text.append(f"{v:g} {unit}")
-    return vals, text
-
 
 def loadback_latency_figure(data: ReportData) -> FigureSpec:
     tr: Transfers = data.transfers
@@ -340,13 +407,17 @@ def loadback_latency_figure(data: ReportData) -> FigureSpec:
                        "width": float(edges[1] - edges[0]), "customdata": 10.0 ** centres,
                        "marker": {"color": colour, "opacity": 0.8},
                        "hovertemplate": "~%{customdata:.3g} ms: %{y:,} load-backs<extra>" + name + "</extra>"})
-    tickvals, ticktext = _log_ticks(lo, hi, "ms")
+    vals, ticktext = log_ticks(10.0 ** lo * 1e6, 10.0 ** hi * 1e6)
+    tickvals = [float(np.log10(v / 1e6)) for v in vals]
     layout = _layout(barmode="overlay", bargap=0,
                      xaxis=_axis("latency (log scale)", tickvals=tickvals, ticktext=ticktext),
                      yaxis=_axis("load-backs"))
-    p50, p99 = np.percentile(dur_ms[dur_ms > 0], [50, 99])
-    return FigureSpec(figure={"data": traces, "layout": layout},
-                      note=f"{len(dur_ms):,} load-backs · p50 {p50:.3g} ms · p99 {p99:.3g} ms", **spec)
+    # summary's numbers (one quantile definition): the latency of a load-back is its link time.
+    lb = data.summary.load_back
+    note = f"{len(dur_ms):,} load-backs · {fmt_ms(lb.link_busy_ns)} on the link in all"
+    if tr.p50_ns is not None:
+        note += f" · p50 {fmt_ms(tr.p50_ns)} · p99 {fmt_ms(tr.p99_ns)}"
+    return FigureSpec(figure={"data": traces, "layout": layout}, note=note, **spec)
 
 
 def loadback_bandwidth_figure(data: ReportData) -> FigureSpec:
@@ -373,7 +444,7 @@ def loadback_bandwidth_figure(data: ReportData) -> FigureSpec:
                             "font": {"size": 10, "color": "#b71c1c"}})
     layout = _layout(bargap=0, xaxis=_axis("achieved GB/s", range=[0, top]), yaxis=_axis("load-backs"),
                      shapes=shapes, annotations=annotations)
-    med = float(np.median(bw))
+    med = (tr.bw_p50_bytes_per_s or 0.0) / 1e9
     note = f"median {med:.3g} GB/s" + (f" = {med / peak:.0%} of peak" if peak else " (link peak not recorded)")
     return FigureSpec(figure={"data": traces, "layout": layout}, note=note, **spec)
 
@@ -394,7 +465,8 @@ def ttft_by_class_figure(data: ReportData) -> FigureSpec:
             "fillcolor": CLASS_COLOURS[t.hit_class] + "40", "showlegend": False,
             "hoverinfo": "y+name",
         })
-    layout = _layout(yaxis=_axis(f"TTFT ({unit.label}, log)", type="log", dtick="D2"), xaxis=_axis("", tickangle=0))
+    box_ns = [v for t in stats for v in (max(t.p01_ns, 1.0), t.p99_ns)]
+    layout = _layout(yaxis=log_time_axis("TTFT (log scale)", box_ns, unit), xaxis=_axis("", tickangle=0))
     return FigureSpec(
         key="ttft-by-class", section="distributions", title="TTFT by class",
         how_to_read="Box = p25–p75 with the median line and the mean dashed; whiskers reach p1 and p99. "
@@ -413,7 +485,7 @@ def decomposition_time_figure(data: ReportData) -> FigureSpec:
                        "customdata": d.bin_count, "marker": {"color": COMPONENT_COLOURS[c]},
                        "hovertemplate": f"{COMPONENT_LABELS[c]} %{{y:,.2f}} {unit.label} "
                                         "(mean of %{customdata:,} requests)<extra></extra>"})
-    layout = _layout(barmode="stack", bargap=0.08, xaxis=_axis("arrival time (virtual s)"),
+    layout = _layout(barmode="stack", bargap=0.08, xaxis=_axis("arrival time since the first arrival (s)"),
                      yaxis=_axis(f"mean TTFT ({unit.label})"), hovermode="x")
     shares = " · ".join(f"{COMPONENT_LABELS[c]} {d.total_share[c]:.0%}" for c in COMPONENTS
                         if d.total_share.get(c, 0) >= 0.005)
@@ -446,10 +518,122 @@ def decomposition_class_figure(data: ReportData) -> FigureSpec:
         figure={"data": traces, "layout": layout}, height_px=60 + 50 * len(classes) + 60, empty=not classes)
 
 
+def _rows(n: int, gap: float = 0.07) -> list[list[float]]:
+    """y domains of n stacked panels sharing one x axis, top first."""
+    h = (1 - gap * (n - 1)) / n
+    return [[max(1 - (i + 1) * h - i * gap, 0.0), min(1 - i * h - i * gap, 1.0)] for i in range(n)]
+
+
+def _panel_title(text: str, domain: list[float]) -> dict[str, Any]:
+    return {"text": f"<b>{html.escape(text, quote=False)}</b>", "xref": "paper", "yref": "paper", "x": 0,
+            "y": domain[1], "xanchor": "left", "yanchor": "bottom", "showarrow": False,
+            "font": {"size": 11, "color": MUTED}}
+
+
+def load_figure(data: ReportData) -> FigureSpec:
+    ld: LoadSeries = data.load
+    domains = _rows(3)
+    x = ld.t_s
+    traces: list[dict[str, Any]] = []
+
+    def line(name, y, yaxis, colour, *, fill=None, stack=None, fmt=",.1f", suffix="", width=1.4):
+        t = {"type": "scatter", "mode": "lines", "name": name, "x": x, "y": y, "xaxis": "x", "yaxis": yaxis,
+             "line": {"color": colour, "width": width, "shape": "hv"},
+             "hovertemplate": f"%{{y:{fmt}}}{suffix}<extra>{name}</extra>"}
+        if fill:
+            t.update(fill=fill, fillcolor=colour + "55")
+        if stack:
+            t.update(stackgroup=stack, line={"color": colour, "width": 0.5, "shape": "hv"}, fillcolor=colour + "cc")
+        return t
+
+    traces.append(line("waiting (no batch yet)", ld.waiting, "y", COMPONENT_COLOURS["queue_ns"], fill="tozeroy"))
+    traces.append(line("prefilling", ld.prefilling, "y", TIER_COLOURS["host"]))
+    traces.append(line("decoding", ld.decoding, "y", "#455a64", width=1))
+    traces.append(line("queued prefill tokens", ld.waiting_tokens, "y2", COMPONENT_COLOURS["queue_ns"],
+                       fill="tozeroy", fmt=",.0f", suffix=" tokens"))
+    gpu = [("new tokens", ld.busy_new, COMPONENT_COLOURS["compute_ns"])]
+    if ld.busy_recompute is not None:
+        gpu.append(("recompute (was cached)", ld.busy_recompute, COMPONENT_COLOURS["recompute_ns"]))
+    gpu += [("load-back stall", ld.busy_loadback, COMPONENT_COLOURS["loadback_exposed_ns"]),
+            ("other blocking", ld.busy_other, "#37474f")]
+    for name, y, colour in gpu:
+        if name == "other blocking" and not (y > 0).any():
+            continue
+        traces.append(line(f"GPU: {name}", y * 100, "y3", colour, stack="gpu", fmt=".1f", suffix=" %"))
+    layout = _layout(hovermode="x unified", margin={"l": 72, "r": 24, "t": 24, "b": 48})
+    layout["xaxis"] = _axis(TIME_AXIS_TITLE, anchor="y3", range=[0, float(x[-1] + ld.bin_s / 2) if len(x) else 1])
+    layout["yaxis"] = _axis("requests", domain=domains[0], rangemode="tozero")
+    layout["yaxis2"] = _axis("tokens", domain=domains[1], rangemode="tozero")
+    layout["yaxis3"] = _axis("share of time", domain=domains[2], range=[0, 100], ticksuffix=" %")
+    split = "" if ld.busy_recompute is not None else " (this run did not record the recompute split)"
+    layout["annotations"] = [
+        _panel_title("requests waiting, prefilling and decoding (time-weighted mean per bin)", domains[0]),
+        _panel_title("prefill queue depth: input tokens of the waiting requests", domains[1]),
+        _panel_title(f"GPU busy in prefill: {fmt_pct(ld.prefill_busy_share)} of the run's "
+                     f"{fmt_ms(data.headline.span_ns)}{split}", domains[2]),
+    ]
+    layout["legend"] = {**layout["legend"], "yanchor": "top", "y": -0.12}
+    return FigureSpec(
+        key="load", section="time", title="Load: waiting requests, queue depth and GPU time",
+        how_to_read="When the GPU lane (bottom) sits near 100 % and the waiting count and queued tokens climb, "
+                    "requests queue because prefill is saturated: that is queueing, not the cache. Red in the "
+                    "GPU lane is time spent recomputing tokens the cache once held.",
+        figure={"data": traces, "layout": layout}, height_px=620,
+        note=f"{len(x)} bins of {ld.bin_s:.3g} s; decode is modelled per request (not GPU time shared with "
+             f"prefill), so the GPU lane is prefill only", empty=not data.load.num_batches and not (ld.waiting > 0).any())
+
+
+def reuse_time_figure(data: ReportData) -> FigureSpec:
+    d = data.decomposition
+    total = sum(d.bin_tokens[p] for p in TIER_PARTS)
+    total = np.where(total > 0, total, 1.0)
+    traces = []
+    for part in TIER_PARTS:
+        traces.append({"type": "scatter", "mode": "lines", "name": TIER_LABELS[part], "x": d.bin_t_s,
+                       "y": d.bin_tokens[part] / total * 100, "customdata": d.bin_tokens[part],
+                       "stackgroup": "tokens", "line": {"width": 0.5, "color": TIER_COLOURS[part], "shape": "hv"},
+                       "fillcolor": TIER_COLOURS[part],
+                       "hovertemplate": "%{y:.1f} % (%{customdata:,.0f} tokens)<extra>" + TIER_LABELS[part]
+                                        + "</extra>"})
+    layout = _layout(hovermode="x unified", xaxis=_axis("arrival time since the first arrival (s)"),
+                     yaxis=_axis("share of input tokens", range=[0, 100], ticksuffix=" %"))
+    layout["legend"] = {**layout["legend"], "yanchor": "top", "y": -0.22}
+    return FigureSpec(
+        key="reuse-over-time", section="time", title="Token-weighted reuse by tier, over time",
+        how_to_read="Where the input tokens of the requests arriving in each slice came from: green served "
+                    "from the GPU, amber/purple loaded back, red recomputed after the cache lost them.",
+        figure={"data": traces, "layout": layout}, wide=False, height_px=400,
+        note=f"{len(d.bin_t_s)} arrival bins of {d.bin_s:.3g} s", empty=not len(d.bin_t_s))
+
+
+def ttft_time_figure(data: ReportData) -> FigureSpec:
+    d = data.decomposition
+    unit = ttft_unit(data)
+    traces = []
+    for name, ns, colour, dash in (("p50", d.bin_p50_ns, "#37474f", "solid"), ("p99", d.bin_p99_ns, "#c62828", "dot")):
+        traces.append({"type": "scatter", "mode": "lines+markers", "name": f"TTFT {name}", "x": d.bin_t_s,
+                       "y": unit.of(ns), "customdata": d.bin_count,
+                       "line": {"color": colour, "width": 1.5, "dash": dash}, "marker": {"size": 3},
+                       "hovertemplate": f"{name} %{{y:,.3g}} {unit.label} (of %{{customdata:,}} requests)"
+                                        f"<extra></extra>"})
+    layout = _layout(hovermode="x unified", xaxis=_axis("arrival time since the first arrival (s)"),
+                     yaxis=log_time_axis("TTFT (log scale)", np.concatenate([d.bin_p50_ns, d.bin_p99_ns]), unit))
+    layout["legend"] = {**layout["legend"], "yanchor": "top", "y": -0.22}
+    return FigureSpec(
+        key="ttft-over-time", section="time", title="TTFT p50 and p99, over time",
+        how_to_read="TTFT quantiles of the requests arriving in each slice (nearest rank, as in `summary`); "
+                    "a climbing p50 with a flat reuse mix is load, a p99 that jumps with red in the reuse mix is "
+                    "the cache.",
+        figure={"data": traces, "layout": layout}, wide=False, height_px=400, empty=not len(d.bin_t_s))
+
+
 def build_figures(data: ReportData) -> list[FigureSpec]:
     return [
         tier_split_figure(data),
+        load_figure(data),
         timeline_figure(data),
+        reuse_time_figure(data),
+        ttft_time_figure(data),
         scatter_figure(data),
         loadback_latency_figure(data),
         loadback_bandwidth_figure(data),

@@ -26,9 +26,16 @@ from typing import Any
 import numpy as np
 
 from tierdiag import __version__
-from tierdiag.diagnose.units import fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, share
+from tierdiag.diagnose.units import fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens
 from tierdiag.errors import OutputError
-from tierdiag.report.data import TIER_PARTS, ReportData, load_report_data
+from tierdiag.report.data import (
+    BURST_GAP_SHARE,
+    CAUSE_MEANING,
+    CLASSES,
+    TIER_PARTS,
+    ReportData,
+    load_report_data,
+)
 from tierdiag.report.figures import (
     CLASS_COLOURS,
     CLASS_LABELS,
@@ -131,7 +138,7 @@ p.how { margin:0 0 12px; color:var(--muted); font-size:13px; }
 p.how::before { content:"How to read this: "; font-weight:600; color:#78909c; }
 .card { background:var(--card); border:1px solid var(--line); border-radius:10px; padding:16px 18px 10px;
         margin-bottom:16px; box-shadow:0 1px 2px rgba(38,50,56,.04); }
-.grid { display:grid; grid-template-columns:repeat(auto-fill, minmax(380px, 1fr)); gap:16px; }
+.grid { display:grid; grid-template-columns:repeat(auto-fit, minmax(380px, 1fr)); gap:16px; }
 .grid .card { margin-bottom:0; }
 .plot { width:100%; }
 p.note { margin:6px 0 4px; font-size:12px; color:var(--muted); }
@@ -156,8 +163,28 @@ th { font-size:12px; color:var(--muted); font-weight:600; white-space:nowrap; }
 td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; white-space:nowrap; }
 td .splitbar { width:160px; margin:5px 0 2px; }
 td .split { font-size:12px; color:var(--muted); white-space:nowrap; }
-td.verdict { max-width:560px; }
-td.id { white-space:nowrap; }
+td.verdict { min-width:280px; max-width:560px; }
+td .sub { font-size:12px; color:var(--muted); white-space:nowrap; }
+td.worst { white-space:nowrap; }
+td.worst .id { word-break:break-all; white-space:normal; }
+details.ids summary { cursor:pointer; font-size:12px; color:var(--muted); }
+details.ids p { white-space:normal; max-width:360px; font-size:12px; margin:4px 0; }
+.slow .scroll { overflow-x:auto; }
+@media (max-width: 900px) { .wide-only { display:none; } td.verdict { min-width:200px; }
+  td.worst, td .sub { white-space:normal; } th, td { padding:6px 5px; } }
+.verdict-card .lead { font-size:15px; margin:6px 0 10px; }
+.verdict-card .causes { display:grid; gap:4px; margin:6px 0 8px; max-width:760px; }
+.cause-row { display:grid; grid-template-columns:120px 1fr 64px minmax(160px, auto); gap:10px; align-items:center;
+             font-size:13px; }
+.cause-row .track { height:10px; background:#eceff1; border-radius:5px; overflow:hidden; }
+.cause-row .track span { display:block; height:100%; background:var(--accent); }
+.cause-row b { text-align:right; font-variant-numeric:tabular-nums; }
+.cause-row .sub { color:var(--muted); font-size:12px; white-space:nowrap; }
+.verdict-card ul.facts { margin:6px 0; padding-left:20px; }
+.verdict-card .advice ol { margin:4px 0; padding-left:22px; }
+.verdict-card .advice h4 { margin:10px 0 2px; font-size:13px; }
+.verdict-card .advice .check { color:var(--muted); font-size:12px; }
+@media (max-width: 700px) { .cause-row { grid-template-columns:100px 1fr 60px; } .cause-row .sub { display:none; } }
 td.verdict details summary { cursor:pointer; }
 td.verdict details p { margin:6px 0 0; color:#455a64; }
 .badge { display:inline-block; padding:1px 8px; border-radius:10px; font-size:12px; font-weight:600;
@@ -188,14 +215,12 @@ _LOADER = """
 
 _SECTIONS = (
     ("headline", "Headline",
-     "the token-weighted tier split says how much of the input the cache served and from where; "
-     "TTFT percentiles are per class, so a slow tier shows up as a class."),
-    ("diagnosis", "Diagnosis and advice",
-     "the run's root cause with its numbers, then what to change (replay options, as --config TOML keys), "
-     "each with its evidence and cost; `tierdiag advise` replays each change and fills in the measured TTFT."),
+     "the verdict names what cost the run most time above ideal; the token-weighted tier split says how "
+     "much of the input the cache served and from where; TTFT percentiles are per class (nearest rank, "
+     "the same numbers as `tierdiag summary`)."),
     ("time", "Over virtual time",
-     "read top to bottom at the same moment: device pressure causes evictions, evicted prefixes come "
-     "back as load-backs and use the link."),
+     "every time axis starts at the run's first arrival. Load first (is the GPU saturated?), then the pools: "
+     "device pressure causes evictions, evicted prefixes come back as load-backs and use the link."),
     ("requests", "Per request",
      "every finished request is one point; the interesting ones are high (slow) despite a large host share "
      "(a hit)."),
@@ -205,8 +230,9 @@ _SECTIONS = (
      "each request's TTFT splits exactly into queueing + storage fetch + exposed load-back + recompute + "
      "compute; this shows which part grows."),
     ("slowest", "Slowest cached requests",
-     "cached requests (device or tiered hit) with the largest excess TTFT over their ideal, each with the "
-     "verdict of `tierdiag explain`; click a verdict for the full answer."),
+     "cached requests (device or tiered hit) with the largest excess TTFT over their ideal, grouped by burst "
+     "of arrivals and verdict; each row shows `tierdiag explain`'s verdict for the group's slowest request "
+     "(click it for the full answer)."),
 )
 
 
@@ -238,48 +264,155 @@ def _stat(label: str, value: str, sub: str = "", *, extra: str = "", basis_px: i
 
 
 def _headline_stats(data: ReportData) -> str:
-    h = data.headline
+    h, sm = data.headline, data.summary
     all_split = h.tier_split.get("all", {p: 0 for p in TIER_PARTS})
-    total_tokens = sum(all_split.values())
-    reused = all_split["device"] + all_split["host"] + all_split["storage"]
+    total_tokens = sm.tokens.input_tokens
+    reused = sm.tokens.device_tokens + sm.tokens.host_tokens + sm.tokens.storage_tokens
     cards = [
-        _stat("Requests", f"{h.num_requests:,}",
-              _e(f"{h.num_finished:,} finished · {h.num_rejected:,} rejected · "
-                 f"{fmt_ms(h.span_ns)} of {'server' if data.run.kind == 'observed' else 'virtual'} time")),
-        _stat("Input tokens reused", fmt_pct(share(reused, total_tokens)),
+        _stat("Requests", f"{sm.num_requests:,}",
+              _e(f"{sm.num_finished:,} finished · {sm.num_rejected:,} rejected · "
+                 f"{fmt_ms(sm.span_ns)} from first arrival to last finish")),
+        _stat("Input tokens reused", fmt_pct(sm.reused_token_share),
               _e(f"{fmt_tokens(reused)} of {fmt_tokens(total_tokens)} tokens"),
               extra=_split_bar(all_split, legend=True), basis_px=250),
     ]
-    ttft_all = h.ttft_for("all")
-    if ttft_all is not None:
+    by_class = {c.hit_class: c for c in sm.classes}
+    ttft_all = by_class.get("all")
+    if ttft_all is not None and ttft_all.ttft_p50_ns is not None:
         per_class = "".join(
-            f'<div><span><span style="color:{CLASS_COLOURS[t.hit_class]}">●</span> '
-            f"{_e(CLASS_LABELS[t.hit_class])}</span><b>{_e(fmt_ms(t.p50_ns))} / {_e(fmt_ms(t.p99_ns))}</b></div>"
-            for t in h.ttft if t.hit_class != "all")
-        cards.append(_stat("TTFT p50 / p99", fmt_ms(ttft_all.p50_ns), f"p99 {_e(fmt_ms(ttft_all.p99_ns))}",
+            f'<div><span><span style="color:{CLASS_COLOURS[c.hit_class]}">●</span> '
+            f"{_e(CLASS_LABELS[c.hit_class])}</span><b>{_e(fmt_ms(c.ttft_p50_ns))} / "
+            f"{_e(fmt_ms(c.ttft_p99_ns))}</b></div>"
+            for c in sm.classes if c.hit_class in CLASSES)
+        cards.append(_stat("TTFT p50 / p99", fmt_ms(ttft_all.ttft_p50_ns),
+                           f"p99 {_e(fmt_ms(ttft_all.ttft_p99_ns))}",
                            extra=f'<div class="rows">{per_class}</div>', basis_px=260))
     if data.run.kind == "observed":  # imported from a server that reports none of the cards below
         cards.append(_stat("Not reported by the server", "-", _e(
             "load-back volume, skipped load-backs, evictions, TTFT parts: replay the trace written by "
             "`tierdiag import sglang --trace-out` and report that run"), basis_px=250))
         return f'<div class="stats">{"".join(cards)}</div>'
-    cards.append(_stat("Load-back volume", fmt_bytes(h.loadback_bytes),
-                       _e(f"{h.num_loadbacks:,} requests loaded back · {fmt_ms(h.loadback_ns)} on the link · "
-                          f"{fmt_ms(h.loadback_exposed_ns)} exposed"), basis_px=190))
-    reasons = ", ".join(f"{r.replace('_', ' ')} {n:,}" for r, n in h.skipped_loadbacks.items()) or "none"
-    cards.append(_stat("Skipped load-backs", f"{h.num_skipped_loadbacks:,}",
-                       _e(f"{reasons} · {fmt_tokens(h.skipped_loadback_tokens)} tokens recomputed instead")))
-    kinds = ", ".join(f"{k} {n:,}" for k, n in h.evictions.items()) or "none"
-    tokens = " · ".join(f"{t} {fmt_tokens(n)} tokens" for t, n in h.evicted_tokens.items())
+    lb = sm.load_back
+    cards.append(_stat("Load-back volume", fmt_bytes(lb.bytes),
+                       _e(f"{lb.num_transfers:,} load-backs for {lb.num_requests:,} requests · "
+                          f"{fmt_ms(lb.link_busy_ns)} on the link · {fmt_ms(lb.exposed_ns)} exposed"), basis_px=190))
+    host_skips = [k for k in sm.skipped if k.tier == "host"]
+    reasons = ", ".join(f"{k.reason.replace('_', ' ')} {k.num_requests:,}" for k in host_skips) or "none"
+    cards.append(_stat("Skipped load-backs", f"{sum(k.num_requests for k in host_skips):,}",
+                       _e(f"{reasons} · {fmt_tokens(sm.tokens.loadback_skipped_tokens)} tokens recomputed instead")))
+    kinds = ", ".join(f"{e.tier} {e.action} {e.num_events:,}" for e in sm.evictions) or "none"
+    tokens = " · ".join(f"{e.tier} {fmt_tokens(e.tokens)} tokens" for e in sm.evictions)
     cards.append(_stat("Evictions", f"{h.num_evictions:,}", _e(kinds + (f" · {tokens}" if tokens else "")),
                        basis_px=200))
     return f'<div class="stats">{"".join(cards)}</div>'
 
 
-def _kv(d: dict[str, Any]) -> str:
+def _advice_html(item: Any) -> str:
+    """One advice item of the diagnosis (issue 12): the option and value to set, why, what it
+    costs, and its verification once a replay measured it; an item of another shape as text."""
+    get = item.get if isinstance(item, dict) else (lambda k, d=None: getattr(item, k, d))
+    option, value = get("option"), get("value")
+    if option is None:
+        reason = get("reason")
+        return f"<li>{_e(reason if reason else item)}</li>"
+    changes = get("changes") or {option: value}  # every key to apply together (option included)
+    head = ", ".join(f"<code>{_e(k)} = {_e(v)}</code>" for k, v in changes.items())
+    reason = f" — {_e(get('reason'))}" if get("reason") else ""
+    cost = (f'<div class="check">costs {get("cost_gib"):,.1f} GiB of {_e(str(get("cost_kind") or "memory").replace("_", " "))}</div>'
+            if isinstance(get("cost_gib"), (int, float)) else "")
+    verified = get("verified")
+    vget = (verified.get if isinstance(verified, dict) else (lambda k, d=None: getattr(verified, k, d)))
+    check = ""
+    if verified is not None and vget("ttft_p50_ms_before") is not None:
+        check = (f'<div class="check">verified by replay {_e(vget("run_id"))}: TTFT p50 '
+                 f"{_e(fmt_ms(vget('ttft_p50_ms_before') * 1e6))} → {_e(fmt_ms(vget('ttft_p50_ms_after') * 1e6))}"
+                 + (f", p99 {_e(fmt_ms(vget('ttft_p99_ms_before') * 1e6))} → "
+                    f"{_e(fmt_ms(vget('ttft_p99_ms_after') * 1e6))}" if vget("ttft_p99_ms_before") is not None else "")
+                 + "</div>")
+    elif get("verification"):
+        check = f'<div class="check">check: {_e(get("verification"))}</div>'
+    return f"<li>{head}{reason}{cost}{check}</li>"
+
+
+def _verdict_card(data: ReportData) -> str:
+    """The run-level verdict: the cause that dominated excess TTFT, with its numbers."""
+    v = data.verdict
+    if v.dominant is None:
+        body = ('<p class="lead">No request exceeded its ideal TTFT: queueing, load-backs, storage and '
+                "recompute cost nothing worth naming in this run.</p>")
+        if not data.summary.num_finished:
+            # Interrupted at once, or every request rejected: say which, then show what there is
+            # (the run's details, the rejections).
+            sm = data.summary
+            why = (f"all {sm.num_rejected:,} were rejected" if sm.num_rejected
+                   else f"the run is {data.run.status} before any request finished")
+            body = (f'<p class="lead">No finished requests in this run: {_e(why)}, so there is no TTFT to '
+                    "attribute and the figures below have nothing to plot.</p>")
+        return f'<div class="card verdict-card" id="verdict"><h3>Run verdict</h3>{body}</div>'
+    top = v.ranked[0]
+    cause = v.dominant
+    finished = data.summary.num_finished
+    lead = (f'<p class="lead"><span class="cause {_e(cause)}">{_e(cause)}</span> dominated excess TTFT: '
+            f"<b>{_e(fmt_pct(top.excess_share))}</b> of the time requests spent above their ideal TTFT "
+            f"(<b>{_e(fmt_ms(top.excess_part_ns))}</b> of {_e(fmt_ms(v.excess_total_ns))}, summed over "
+            f"{finished:,} finished requests) went to {_e(CAUSE_MEANING[cause])}; it is the primary cause of "
+            f"{top.num_requests:,} requests.</p>")
+    bars = "".join(
+        f'<div class="cause-row"><span class="cause {_e(c.cause)}">{_e(c.cause)}</span>'
+        f'<span class="track"><span style="width:{(c.excess_share or 0) * 100:.2f}%"></span></span>'
+        f"<b>{_e(fmt_pct(c.excess_share))}</b><span class=\"sub\">{_e(fmt_ms(c.excess_part_ns))} · "
+        f"primary for {c.num_requests:,} requests</span></div>"
+        for c in v.ranked)
+    facts = "".join(f"<li>{_e(f)}</li>" for f in v.facts)
+    if v.finding:
+        # The diagnosis's root cause (issue 12): often not the largest part itself (prefill
+        # saturated by recompute shows up as queueing for everyone).
+        root = (f'<span class="cause {_e(v.root_cause)}">{_e(v.root_cause)}</span> '
+                if v.root_cause and v.root_cause != cause else "")
+        facts = f"<li><b>Root cause:</b> {root}{_e(v.finding)}</li>" + facts
+    facts_html = f'<ul class="facts">{facts}</ul>' if facts else ""
+    # The diagnosis's advice (RunSummary.diagnosis, issue 12) renders here when summary has it.
+    advice = (f'<div class="advice"><h4>Advice</h4><ol>{"".join(_advice_html(a) for a in v.advice)}</ol></div>'
+              if v.advice else "")
+    return (f'<div class="card verdict-card" id="verdict"><h3>Run verdict</h3>{lead}'
+            f'<div class="causes">{bars}</div>{facts_html}{advice}'
+            f'<p class="note">Excess TTFT is each finished request\'s TTFT above its ideal (all reused tokens on '
+            f"the GPU, no queueing), summed over the run; shares are `tierdiag summary`'s.</p></div>")
+
+
+# Config keys whose values are token counts (shown with GiB at the model's KV size) or rates.
+_TOKEN_KEYS = ("device_tokens", "host_tokens", "storage_tokens")
+
+
+def _fmt_config(key: str, value: Any, kv_bytes_per_token: int | None) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    if key in _TOKEN_KEYS and isinstance(value, (int, float)):
+        gib = f" ({fmt_bytes(value * kv_bytes_per_token)})" if kv_bytes_per_token and value else ""
+        return f"{int(value):,} tokens{gib}"
+    if key.endswith("_bytes_per_s") and isinstance(value, (int, float)):
+        return fmt_bandwidth(value)
+    if key.endswith("_bytes") and isinstance(value, (int, float)):
+        return f"{fmt_bytes(value)} ({int(value):,} B)" if value >= 1024 else f"{int(value):,} B"
+    if key.endswith("_ns") and isinstance(value, (int, float)):
+        return fmt_ms(value)
+    if key.endswith("_mib") and isinstance(value, (int, float)):
+        return f"{value:,} MiB"
+    if isinstance(value, float):
+        return f"{value:,.0f}" if value.is_integer() and abs(value) >= 1000 else f"{value:,.4g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _kv(d: dict[str, Any], kv_bytes_per_token: int | None = None) -> str:
     if not d:
         return '<p class="note">not recorded</p>'
-    rows = "".join(f"<dt>{_e(k)}</dt><dd>{_e(json.dumps(v) if isinstance(v, (dict, list)) else v)}</dd>"
+    rows = "".join(f"<dt>{_e(k)}</dt><dd>{_e(_fmt_config(k, v, kv_bytes_per_token))}</dd>"
                    for k, v in sorted(d.items()))
     return f'<dl class="kv">{rows}</dl>'
 
@@ -289,11 +422,18 @@ def _run_details(run: RunInfo) -> str:
               "trace": run.trace_path, "trace sha256": run.trace_sha256, "timing": run.timing,
               "tierdiag": run.tierdiag_version, "replay wall time": f"{run.wall_s:.1f} s" if run.wall_s else "-",
               "command": run.command_line}
+    kv = run.data_plane.get("kv_bytes_per_token")
+    kv = int(kv) if isinstance(kv, (int, float)) and kv > 0 else None
+    sizes = ""
+    if kv:
+        sizes = (f'<p class="note">Pool sizes in GiB at the modelled KV size of {kv:,} B per token '
+                 "(binary units: 1 GiB = 2<sup>30</sup> B); bandwidths in decimal GB/s.</p>")
     return (
         '<details class="card cfg"><summary>Run configuration and hardware</summary>'
+        f"{sizes}"
         '<div class="cols" style="margin-top:12px">'
         f'<div><h3>Run</h3>{_kv(basics)}</div>'
-        f'<div><h3>Engine config</h3>{_kv(run.config)}</div>'
+        f'<div><h3>Engine config</h3>{_kv(run.config, kv)}</div>'
         f'<div><h3>Hardware</h3>{_kv(run.hardware)}</div>'
         f'<div><h3>Data plane</h3>{_kv(run.data_plane)}</div>'
         "</div></details>")
@@ -314,49 +454,59 @@ def _figure_card(spec: FigureSpec) -> tuple[str, str]:
 
 
 def _slow_table(data: ReportData) -> str:
-    if not data.slowest and data.run.kind == "observed":
+    """The slowest cached requests, one row per (burst, verdict) group; the verdict comes first so
+    it stays on screen on a narrow window, the worst request's full answer one click away."""
+    if not data.slow_groups and data.run.kind == "observed":
         return ('<div class="card"><div class="empty">an observed run has no engine verdicts: '
                 '`tierdiag explain REQ_ID --run RUN` explains one request from the server\'s numbers '
                 'and its replayed twin</div></div>')
-    if not data.slowest:
-        return '<div class="card"><div class="empty">no cached requests in this run</div></div>'
+    if not data.slow_groups:
+        return ('<div class="card"><div class="empty">no cached request exceeded its ideal TTFT by more than '
+                "the 20 % tolerance</div></div>")
     rows = []
-    for i, item in enumerate(data.slowest, start=1):
-        r, ex = item.request, item.explanation
+    for g in data.slow_groups:
+        r, ex = g.worst.request, g.worst.explanation
+        cause = ex.primary_cause or g.cause
+        # The headline starts with the cause ("load_back: ..."), which the badge already shows.
+        headline = ex.headline.split(": ", 1)[1] if ex.headline.startswith(f"{cause}: ") else ex.headline
         split = {"device": r.device_tokens, "host": r.host_tokens, "storage": r.storage_tokens,
                  "new": r.computed_tokens - r.recomputed_tokens, "recomputed": r.recomputed_tokens}
-        cause = ex.primary_cause or "-"
-        colour = CLASS_COLOURS.get(r.hit_class or "", "#78909c")
         n_in = max(r.input_tokens, 1)
         split_text = (f"{fmt_tokens(r.input_tokens)} tok · dev {r.device_tokens / n_in:.0%}"
                       f" · host {(r.host_tokens + r.storage_tokens) / n_in:.0%}"
                       f" · comp {r.computed_tokens / n_in:.0%}")
-        # The headline starts with the cause ("load_back: ..."), which the badge already shows.
-        headline = ex.headline.split(": ", 1)[1] if ex.headline.startswith(f"{cause}: ") else ex.headline
+        when = (f"{g.first_arrival_s:,.1f} s" if g.first_arrival_s == g.last_arrival_s
+                else f"{g.first_arrival_s:,.1f}–{g.last_arrival_s:,.1f} s")
+        classes = ", ".join(f"{n:,} {CLASS_LABELS.get(c, c)}" for c, n in sorted(g.classes.items()))
+        others = [x.req_id for x in g.requests[1:]]
+        more = ""
+        if others:
+            shown = ", ".join(_e(i) for i in others[:40]) + (f" … and {len(others) - 40:,} more" if len(others) > 40 else "")
+            more = f'<details class="ids"><summary>{len(others):,} more</summary><p>{shown}</p></details>'
+        colour = CLASS_COLOURS.get(r.hit_class or "", "#78909c")
         rows.append(
             "<tr>"
-            f'<td class="num">{i}</td><td class="id"><b>{_e(r.req_id)}</b></td>'
-            f'<td><span class="badge" style="background:{colour}">{_e(CLASS_LABELS.get(r.hit_class or "", "?"))}'
-            "</span></td>"
-            f'<td class="num">{_e(fmt_ms(r.ttft_ns))}</td><td class="num">{_e(fmt_ms(r.ideal_ttft_ns))}</td>'
-            f'<td class="num"><b>{_e(fmt_ms(r.excess_ns))}</b></td>'
-            f'<td>{_split_bar(split)}<span class="split">{_e(split_text)}</span></td>'
             f'<td class="verdict"><details><summary><span class="cause {_e(cause)}">{_e(cause)}</span>'
             f"{_e(headline)}</summary><p>{_e(ex.verdict)}</p></details></td>"
+            f'<td class="num"><b>{len(g.requests):,}</b><div class="sub">{_e(classes)}</div></td>'
+            f'<td class="num">{_e(when)}<div class="sub">burst {g.burst} of {g.num_bursts}</div></td>'
+            f'<td class="num"><b>{_e(fmt_ms(g.excess_total_ns))}</b>'
+            f'<div class="sub">worst {_e(fmt_ms(r.excess_ns))}</div></td>'
+            f'<td class="worst"><b class="id">{_e(r.req_id)}</b> '
+            f'<span class="badge" style="background:{colour}">{_e(CLASS_LABELS.get(r.hit_class or "", "?"))}</span>'
+            f'<div class="sub">TTFT {_e(fmt_ms(r.ttft_ns))} · ideal {_e(fmt_ms(r.ideal_ttft_ns))}</div>'
+            f'<div class="wide-only">{_split_bar(split)}<span class="split">{_e(split_text)}</span></div>{more}</td>'
             "</tr>")
-    head = ("<tr><th class=\"num\">#</th><th>request</th><th>class</th><th class=\"num\">TTFT</th>"
-            "<th class=\"num\">ideal</th><th class=\"num\">excess</th><th>tier split</th><th>verdict</th></tr>")
-    return f'<div class="card" style="overflow-x:auto"><table><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table></div>'
-
-
-def _diagnosis_card(data: ReportData) -> str:
-    dx = data.diagnosis
-    if dx is None:
-        return '<div class="card"><div class="empty">no diagnosis for this run</div></div>'
-    items = "".join(f"<li>{'<b>' + _e(', '.join(f'{k} = {v}' for k, v in a.changes.items())) + '</b>: ' if a.option else ''}"
-                    f"{_e(a.line() if a.option is None else a.line().split(': ', 1)[1])}</li>" for a in dx.advice)
-    return (f'<div class="card"><p><span class="cause {_e(dx.dominant_cause or "-")}">{_e(dx.dominant_cause or "-")}</span> '
-            f"{_e(dx.finding)}</p><ul>{items}</ul></div>")
+    head = ('<tr><th>verdict (of the group\'s slowest request)</th><th class="num">requests</th>'
+            '<th class="num">arrived</th><th class="num">excess</th><th>slowest request</th></tr>')
+    n = sum(len(g.requests) for g in data.slow_groups)
+    groups = f"{len(data.slow_groups)} group" + ("" if len(data.slow_groups) == 1 else "s")
+    note = (f'<p class="note">{n:,} requests in {groups}, of the {data.slow_considered:,} '
+            f"slowest cached requests (at most {data.slow_pool:,}) that exceeded their ideal: a burst is a run of arrivals with no gap over {BURST_GAP_SHARE:.0%} of the run's span, "
+            "a group the requests of one burst sharing a primary cause; groups are ordered by summed excess. "
+            "Requests within 20 % of their ideal are not listed (their cause is none).</p>")
+    return (f'<div class="card slow"><div class="scroll"><table><thead>{head}</thead><tbody>{"".join(rows)}</tbody>'
+            f"</table></div>{note}</div>")
 
 
 def render_html(data: ReportData, figures: list[FigureSpec], *, plotly_js: str) -> str:
@@ -373,13 +523,7 @@ def render_html(data: ReportData, figures: list[FigureSpec], *, plotly_js: str) 
     for n, (key, title, how) in enumerate(_SECTIONS, start=1):
         parts = [f'<section id="{key}"><h2><span class="num">{n}</span>{_e(title)}</h2><p class="how">{_e(how)}</p>']
         if key == "headline":
-            if not data.headline.num_finished:
-                # Interrupted at once, or every request rejected: the report says so, then shows
-                # what there is (the run's details, the rejections).
-                why = (f"all {data.headline.num_rejected:,} were rejected" if data.headline.num_rejected
-                       else f"the run is {run.status} before any request finished")
-                parts.append(f'<p class="empty">No finished requests in this run: {_e(why)}. '
-                             'The figures below have nothing to plot.</p>')
+            parts.append(_verdict_card(data))
             parts.append(_headline_stats(data))
         cards = by_section.get(key, [])
         wide = [c for s, c in cards if s.wide]
@@ -391,8 +535,6 @@ def render_html(data: ReportData, figures: list[FigureSpec], *, plotly_js: str) 
             parts.append(_run_details(run))
         if key == "slowest":
             parts.append(_slow_table(data))
-        if key == "diagnosis":
-            parts.append(_diagnosis_card(data))
         parts.append("</section>")
         body.append("".join(parts))
 
@@ -487,12 +629,12 @@ def _plotly_js() -> str:
 
 
 def build_report(db: str | os.PathLike, run: str | None = None, output: str | os.PathLike | None = None,
-                 *, slowest: int = 20) -> ReportResult:
+                 *, slow_pool: int | None = None) -> ReportResult:
     """Read one run from the store and write its HTML report; returns where and how big."""
     con = open_store(db)
     try:
         info = resolve_run(con, run, db_label=str(db))
-        data = load_report_data(con, info, slowest=slowest)
+        data = load_report_data(con, info) if slow_pool is None else load_report_data(con, info, slow_pool=slow_pool)
     finally:
         con.close()
     figures = build_figures(data)

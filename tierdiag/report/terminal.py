@@ -10,12 +10,23 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Sequence
 
+from rich import box
 from rich.console import Console, Group
+from rich.measure import Measurement
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from tierdiag.diagnose.units import fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_rate, fmt_tokens, fmt_value
+from tierdiag.diagnose.units import (
+    fmt_bandwidth,
+    fmt_bytes,
+    fmt_ms,
+    fmt_pct,
+    fmt_pool,
+    fmt_rate,
+    fmt_tokens,
+    fmt_value,
+)
 
 if TYPE_CHECKING:  # only for hints: `explain` should not import the slow/summary code to render
     from tierdiag.diagnose.explain import Explanation
@@ -75,18 +86,40 @@ _RECORD_COLUMNS = {
 }
 
 
-def _records_table(title: str, records: list[dict]) -> Table:
+def _records_table(title: str, records: list[dict], console: Console | None = None, width: int | None = None):
+    """A table of records where it fits `width` (the panel inside the console), else one line
+    per record, "header value" pairs that wrap between pairs: ids and times stay whole."""
     columns = _RECORD_COLUMNS.get(title) or tuple((k, k) for k in records[0])
-    table = Table(title=plain(title), title_justify="left", show_edge=False, pad_edge=False)
+    shown = records[:_MAX_ROWS]
+    cells = [[fmt_value("x_bytes" if key == "bytes" else key, rec.get(key)) for key, _ in columns] for rec in shown]
+    table = _table(title)
     for key, header in columns:
         table.add_column(plain(header), justify="left" if key in ("kind", "tier", "action") or key.endswith("req_id")
-                         else "right")
-    for rec in records[:_MAX_ROWS]:
-        # `bytes` is a bare unit name: format it as one.
-        table.add_row(*(plain(fmt_value("x_bytes" if key == "bytes" else key, rec.get(key))) for key, _ in columns))
-    if len(records) > _MAX_ROWS:
-        table.caption = f"first {_MAX_ROWS} of {len(records):,}; all of them with --json"
-    return table
+                         else "right", no_wrap=True)
+    for row in cells:
+        table.add_row(*(plain(cell) for cell in row))
+    more = f"first {_MAX_ROWS} of {len(records):,}; all of them with --json" if len(records) > _MAX_ROWS else ""
+    if more:
+        table.caption = more
+    if console is None or fits(console, table, width):
+        return table
+    lines: list = [plain(title, "italic")]
+    budget = (width or console.width) - 2
+    for row in cells:
+        # "header value" pairs packed into lines that fit, so a line breaks between pairs, never
+        # inside one (Rich would wrap at any space, "by req" | "sess17-turn4").
+        line = ""
+        for (_, header), value in zip(columns, row):
+            pair = f"{header} {value}"
+            if line and len(line) + 2 + len(pair) > budget:
+                lines.append(plain("  " + line))
+                line = "  " + pair
+            else:
+                line = f"{line}  {pair}" if line else pair
+        lines.append(plain("  " + line))
+    if more:
+        lines.append(Text(more, style="dim"))
+    return Group(*lines)
 
 
 def render_explanation(expl: Explanation, console: Console) -> None:
@@ -139,7 +172,7 @@ def render_explanation(expl: Explanation, console: Console) -> None:
         body.append(_kv_table(evidence))
         for key, value in evidence.items():
             if isinstance(value, list) and value and isinstance(value[0], dict):
-                body += [Text(""), _records_table(key, value)]
+                body += [Text(""), _records_table(key, value, console, console.width - 4)]
         console.print(Panel(Group(*body), title=plain(f"{step['step']} · {step['name']}"), title_align="left",
                             border_style="blue"), soft_wrap=False)
 
@@ -152,84 +185,135 @@ def _advice_lines(advice) -> list:
                          for i, a in enumerate(advice)]
 
 
+def fits(console: Console, renderable, width: int | None = None) -> bool:
+    """Whether `renderable` fits `width` (default: the console's) unwrapped, so no cell is cut."""
+    # Measured against an unbounded width: Measurement.get clamps to the options' max_width.
+    unbounded = console.options.update_width(1 << 20)
+    return Measurement.get(console, unbounded, renderable).maximum <= (width or console.width)
+
+
+def _print_fitting(console: Console, *layouts) -> None:
+    """Print the first layout that fits the width, else the last (the narrow one, which wraps
+    rather than cuts). Views build a wide layout and a stacked one; none truncates with "…"."""
+    for layout in layouts[:-1]:
+        if fits(console, layout):
+            console.print(layout)
+            return
+    console.print(layouts[-1])
+
+
+def _table(title: str = "", **kw) -> Table:
+    """A compact table: no vertical rules, one space between columns, cells fold rather than cut."""
+    # The title is data (a run name, a path): never markup, controls escaped.
+    return Table(title=plain(title) if title else None, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                 show_edge=False, padding=(0, 1), collapse_padding=True, **kw)
+
+
 def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str,
                 hit_class: str | None = None, cause: str | None = None) -> None:
     filters = ", ".join(f for f in (hit_class and f"class {hit_class}", cause and f"cause {cause}") if f)
-    table = Table(title=plain(f"slowest requests by excess TTFT over ideal · {run_label}"
-                             + (f" · {filters}" if filters else "")), title_justify="left")
-    for col in ("#", "req_id", "class", "TTFT", "excess", "cause", "by cause", "dev/host/sto/comp"):
-        # Ids, classes, causes and times are what a reader scans for: never cut them.
-        table.add_column(col, justify="left" if col in ("req_id", "class", "cause") else "right",
-                         no_wrap=col != "dev/host/sto/comp")
-    for r in rows:
-        style = CAUSE_STYLE.get(r.primary_cause, "")
-        split = " / ".join(fmt_tokens(n) for n in (r.device_tokens, r.host_tokens, r.storage_tokens,
-                                                    r.computed_tokens))
-        table.add_row(str(r.rank), plain(r.req_id), plain(r.hit_class or "-"), fmt_ms(r.ttft_ns), fmt_ms(r.excess_ns),
-                      plain(r.primary_cause, style=style),
-                      "-" if r.primary_cause == "none" else fmt_ms(r.cause_ns), split)
+    title = f"slowest requests by excess TTFT over ideal · {run_label}" + (f" · {filters}" if filters else "")
     if not rows:
         console.print(plain(f"no request slower than its ideal in {run_label}" + (f" ({filters})" if filters else "")))
         return
-    console.print(table)
+    splits = [" / ".join(fmt_tokens(n) for n in (r.device_tokens, r.host_tokens, r.storage_tokens, r.computed_tokens))
+              for r in rows]
+    wide = _table(title)
+    for col in ("#", "req_id", "class", "TTFT", "excess", "cause", "by cause", "dev/host/sto/comp tokens"):
+        wide.add_column(col, justify="left" if col in ("req_id", "class", "cause") else "right", no_wrap=True)
+    for r, split in zip(rows, splits):
+        style = CAUSE_STYLE.get(r.primary_cause, "")
+        wide.add_row(str(r.rank), plain(r.req_id), plain(r.hit_class or "-"), fmt_ms(r.ttft_ns), fmt_ms(r.excess_ns),
+                     plain(r.primary_cause, style=style),
+                     "-" if r.primary_cause == "none" else fmt_ms(r.cause_ns), split)
+    # Narrow: each request on two lines, the token split whole on the second.
+    narrow = _table(title)
+    narrow.add_column("#", justify="right", no_wrap=True)
+    narrow.add_column("request · class · tokens dev/host/sto/comp", overflow="fold")
+    narrow.add_column("TTFT / excess", justify="right", no_wrap=True)
+    narrow.add_column("cause / its part", no_wrap=True)
+    for r, split in zip(rows, splits):
+        style = CAUSE_STYLE.get(r.primary_cause, "")
+        narrow.add_row(str(r.rank), Text.assemble(plain(r.req_id, "bold"), plain(f" · {r.hit_class or '-'}"), "\n",
+                                                  (split, "dim")),
+                       f"{fmt_ms(r.ttft_ns)}\n{fmt_ms(r.excess_ns)}",
+                       Text.assemble(plain(r.primary_cause, style), "\n",
+                                     "-" if r.primary_cause == "none" else fmt_ms(r.cause_ns)))
+    _print_fitting(console, wide, narrow)
     console.print(Text("explain one with `tierdiag explain REQ_ID`", style="dim"))
 
 
-def render_summary(s: RunSummary, console: Console) -> None:
+def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int | None = None,
+                   pools: dict[str, int] | None = None) -> None:
+    """`pools`: tier -> configured tokens (the run's config), shown with GiB at `kv_bytes_per_token`."""
     t = s.tokens
     shares = t.shares()
-    head = Text.assemble(
+    console.print(Text.assemble(
         plain(s.run_name, "bold"), visible(f" ({s.run_id}) · {s.status} · {s.model or '?'} on {s.gpu or '?'} · ", lines=False),
-        f"{_n(s.num_requests, 'request')} ({s.num_rejected:,} rejected) over {fmt_ms(s.span_ns)} of virtual time")
-    console.print(head)
+        f"{_n(s.num_requests, 'request')} ({s.num_rejected:,} rejected) over {fmt_ms(s.span_ns)} "
+        "of virtual time, from the first arrival"))
+    if pools:
+        console.print(plain("pools: " + " · ".join(f"{tier} {fmt_pool(n, kv_bytes_per_token)}"
+                                                   for tier, n in pools.items()), "dim"))
     if getattr(s, "diagnosis", None) is not None:
         dx = s.diagnosis
         console.print(Panel(Group(plain(dx.finding), *_advice_lines(dx.advice)),
-                            title=f"diagnosis: {dx.dominant_cause or '-'}", title_align="left",
+                            title=plain(f"diagnosis: {dx.dominant_cause or '-'}"), title_align="left",
                             border_style=CAUSE_STYLE.get(dx.dominant_cause, "bold")), soft_wrap=False)
 
-    split = Table(title="tier split, token-weighted (finished requests)", title_justify="left")
+    split = _table("tier split, token-weighted (finished requests)")
     for col in ("tier", "tokens", "share of input"):
-        split.add_column(col, justify="left" if col == "tier" else "right")
+        split.add_column(col, justify="left" if col == "tier" else "right", no_wrap=True)
     for tier in ("device", "host", "storage", "computed"):
         split.add_row(tier, fmt_tokens(getattr(t, f"{tier}_tokens")), fmt_pct(shares[tier]))
     split.add_row(Text("  of computed: recomputed", style="dim"), fmt_tokens(t.recomputed_tokens),
                   fmt_pct(shares["recomputed"]))
     split.add_row(Text("input", style="bold"), fmt_tokens(t.input_tokens), "")
-    split.caption = (f"{fmt_pct(s.hit_request_share)} of requests hit something, but only "
-                     f"{fmt_pct(s.reused_token_share)} of tokens were reused; median reused per hit "
-                     f"{fmt_tokens(int(s.median_reused_tokens_per_hit)) if s.median_reused_tokens_per_hit is not None else '-'} tokens")
     console.print(split)
+    console.print(f"{fmt_pct(s.hit_request_share)} of requests hit something, but only "
+                  f"{fmt_pct(s.reused_token_share)} of tokens were reused; median reused per hit "
+                  f"{fmt_tokens(int(s.median_reused_tokens_per_hit)) if s.median_reused_tokens_per_hit is not None else '-'} tokens",
+                  markup=False, highlight=False)
 
-    classes = Table(title="TTFT by class", title_justify="left")
-    for col in ("class", "requests", "input tokens", "reused tokens", "p50", "p90", "p99", "mean", "max"):
-        classes.add_column(col, justify="left" if col == "class" else "right")
+    # Two tables, not one of nine columns: each fits 80 columns with every number whole.
+    tokens = _table("requests and tokens by class")
+    for col in ("class", "requests", "input tokens", "reused tokens", "reused"):
+        tokens.add_column(col, justify="left" if col == "class" else "right", no_wrap=True)
     for c in s.classes:
-        classes.add_row(Text(c.hit_class, style="bold" if c.hit_class == "all" else ""), f"{c.num_requests:,}",
-                        fmt_tokens(c.input_tokens), fmt_tokens(c.reused_tokens), fmt_ms(c.ttft_p50_ns),
-                        fmt_ms(c.ttft_p90_ns), fmt_ms(c.ttft_p99_ns), fmt_ms(c.ttft_mean_ns), fmt_ms(c.ttft_max_ns))
-    console.print(classes)
+        tokens.add_row(Text(c.hit_class, style="bold" if c.hit_class == "all" else ""), f"{c.num_requests:,}",
+                       fmt_tokens(c.input_tokens), fmt_tokens(c.reused_tokens),
+                       fmt_pct(c.reused_tokens / c.input_tokens if c.input_tokens else None))
+    console.print(tokens)
+    ttft = _table("TTFT by class (percentiles: nearest rank)")
+    for col in ("class", "p50", "p90", "p99", "mean", "max"):
+        ttft.add_column(col, justify="left" if col == "class" else "right", no_wrap=True)
+    for c in s.classes:
+        ttft.add_row(Text(c.hit_class, style="bold" if c.hit_class == "all" else ""),
+                     *(fmt_ms(v) for v in (c.ttft_p50_ns, c.ttft_p90_ns, c.ttft_p99_ns, c.ttft_mean_ns,
+                                                 c.ttft_max_ns)))
+    console.print(ttft)
 
-    causes = Table(title="where TTFT went (run totals) · requests by primary cause", title_justify="left")
+    causes = _table("where TTFT went (run totals) · requests by primary cause")
     for col in ("cause", "requests", "TTFT part", "of all TTFT", "of excess"):
-        causes.add_column(col, justify="left" if col == "cause" else "right")
+        causes.add_column(col, justify="left" if col == "cause" else "right", no_wrap=True)
     for c in s.time_by_cause:
         causes.add_row(Text(c.cause, style=CAUSE_STYLE.get(c.cause, "")), f"{c.num_requests:,}",
                        fmt_ms(c.ttft_part_ns), fmt_pct(c.ttft_share), fmt_pct(c.excess_share))
-    causes.caption = f"total TTFT {fmt_ms(s.ttft_total_ns)}, of it excess over ideal {fmt_ms(s.excess_total_ns)}"
     console.print(causes)
+    console.print(f"total TTFT {fmt_ms(s.ttft_total_ns)} summed over requests, of it excess over ideal "
+                  f"{fmt_ms(s.excess_total_ns)}", markup=False, highlight=False)
 
     lb = s.load_back
     grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="dim")
-    grid.add_column()
+    grid.add_column(style="dim", no_wrap=True)
+    grid.add_column(overflow="fold")
     grid.add_row("load-backs", f"{_n(lb.num_transfers, 'transfer')} for {_n(lb.num_requests, 'request')}, "
                  f"{fmt_tokens(lb.loaded_tokens)} tokens, {fmt_bytes(lb.bytes)}")
-    grid.add_row("rate", f"{fmt_rate(lb.loadbacks_per_s)} · {fmt_bandwidth(lb.loadback_bytes_per_s)} averaged over the run")
+    grid.add_row("rate", f"{fmt_rate(lb.loadbacks_per_s)} · {fmt_bandwidth(lb.loadback_bytes_per_s)} over the run's span")
     grid.add_row("link", f"busy {fmt_ms(lb.link_busy_ns)} at {fmt_bandwidth(lb.achieved_bytes_per_s)} "
                  f"({fmt_pct(lb.link_peak_share)} of the {fmt_bandwidth(lb.link_peak_bytes_per_s)} peak)")
-    grid.add_row("exposed / queued", f"{fmt_ms(lb.exposed_ns)} exposed in TTFT, {fmt_ms(lb.queued_ns)} queued "
-                 f"behind other load-backs")
+    grid.add_row("exposed / queued", f"{fmt_ms(lb.exposed_ns)} exposed in TTFT, {fmt_ms(lb.queued_ns)} "
+                 "queued behind other load-backs")
     grid.add_row("storage", f"{_n(lb.num_prefetches, 'prefetch', 'prefetches')}, {fmt_bytes(lb.prefetch_bytes)}; "
                  f"{fmt_ms(lb.storage_wait_ns)} waited")
     for sk in s.skipped:
@@ -237,26 +321,32 @@ def render_summary(s: RunSummary, console: Console) -> None:
     for rj in s.rejected_reasons:
         grid.add_row("rejected", plain(f"{rj.reason}: {_n(rj.num_requests, 'request')}, {fmt_tokens(rj.tokens)} tokens"))
     console.print(Panel(grid, title="load-back", title_align="left"), soft_wrap=False)
+    console.print(Text("sizes in binary units (GiB = 2^30 bytes), bandwidth in decimal GB/s (10^9 bytes/s)",
+                       style="dim"))
 
-    ev = Table(title="evictions", title_justify="left")
+    ev = _table("evictions")
     for col in ("tier", "action", "events", "tokens"):
-        ev.add_column(col, justify="left" if col in ("tier", "action") else "right")
+        ev.add_column(col, justify="left" if col in ("tier", "action") else "right", no_wrap=True)
     for e in s.evictions:
         ev.add_row(plain(e.tier), plain(e.action), f"{e.num_events:,}", fmt_tokens(e.tokens))
     if not s.evictions:
         ev.caption = "no evictions: the pools never filled"
     console.print(ev)
     if s.most_evicted_from or s.top_evictors:
-        who = Table(title="most evicted-from (owner of the pages) · top evictors (whose allocation)",
-                    title_justify="left")
-        for col in ("evicted-from", "events", "tokens", "evictor", "events ", "tokens "):
-            who.add_column(col, justify="left" if "evict" in col else "right")
-        for i in range(max(len(s.most_evicted_from), len(s.top_evictors))):
-            a = s.most_evicted_from[i] if i < len(s.most_evicted_from) else None
-            b = s.top_evictors[i] if i < len(s.top_evictors) else None
-            who.add_row(plain(a.req_id) if a else "", f"{a.num_events:,}" if a else "", fmt_tokens(a.tokens) if a else "",
-                        plain(b.req_id) if b else "", f"{b.num_events:,}" if b else "", fmt_tokens(b.tokens) if b else "")
-        console.print(who)
+        def who_table(title: str, rows) -> Table:
+            tab = _table(title)
+            for col in ("request", "events", "tokens"):
+                tab.add_column(col, justify="left" if col == "request" else "right", no_wrap=col != "request",
+                               overflow="fold")
+            for r in rows:
+                tab.add_row(plain(r.req_id), f"{r.num_events:,}", fmt_tokens(r.tokens))
+            return tab
+
+        side = Table.grid(padding=(0, 4))
+        side.add_row(who_table("most evicted-from (owner of the pages)", s.most_evicted_from),
+                     who_table("top evictors (whose allocation)", s.top_evictors))
+        _print_fitting(console, side, Group(who_table("most evicted-from (owner of the pages)", s.most_evicted_from),
+                                            who_table("top evictors (whose allocation)", s.top_evictors)))
 
 
 def render_advise(r, console: Console, *, run_label: str) -> None:
@@ -269,11 +359,11 @@ def render_advise(r, console: Console, *, run_label: str) -> None:
 
     def row(mark: str, label: str, n) -> None:
         if n is None:
-            table.add_row(mark, label, "-", "-", "-", "-", "-")
+            table.add_row(mark, plain(label), "-", "-", "-", "-", "-")
             return
         reuse = " / ".join(fmt_pct(n.reuse_share.get(t)) for t in ("device", "host", "storage"))
-        table.add_row(mark, label, fmt_ms(n.ttft_p50_ns), fmt_ms(n.ttft_p99_ns), fmt_pct(n.recompute_share), reuse,
-                      n.run_id)
+        table.add_row(mark, plain(label), fmt_ms(n.ttft_p50_ns), fmt_ms(n.ttft_p99_ns), fmt_pct(n.recompute_share),
+                      reuse, plain(n.run_id))
 
     row("", "baseline", r.baseline)
     for c in r.candidates:
@@ -283,7 +373,49 @@ def render_advise(r, console: Console, *, run_label: str) -> None:
         row("★" if c.numbers is not None and c.numbers.run_id == r.best else "", label, c.numbers)
     if r.candidates:
         console.print(table)
-        console.print(Text("best: " + (r.best or "none beats the baseline's TTFT (p50, then p99, then mean)"),
+        console.print(plain("best: " + (r.best or "none beats the baseline's TTFT (p50, then p99, then mean)"),
                            style="bold"))
     for line in _advice_lines(r.advice):
         console.print(line)
+
+
+def _pools_text(config: dict, data_plane: dict) -> str:
+    kv = data_plane.get("kv_bytes_per_token")
+    kv = kv if isinstance(kv, int) else None
+    return " · ".join(f"{tier} {fmt_pool(config[f'{tier}_tokens'], kv)}" for tier in ("device", "host", "storage")
+                      if isinstance(config.get(f"{tier}_tokens"), int) and config[f"{tier}_tokens"] > 0) or "-"
+
+
+def render_runs(infos: Sequence, console: Console, *, db_label: str, options: dict[str, str] | None = None) -> None:
+    """The runs of a store, newest last. Run ids are always whole: they are what `--run` takes.
+
+    `options`: run id -> the options that differ from the defaults, when the caller knows them.
+    A table where it fits the width, else one block of lines per run."""
+    options = options or {}
+    title = f"runs in {db_label}"
+    wide = _table(title)
+    for col in ("run_id", "name", "kind", "status", "requests", "model/gpu", "pools", "created", "wall"):
+        wide.add_column(col, justify="right" if col in ("requests", "wall") else "left", no_wrap=True)
+    for r in infos:
+        # Every cell is data (a crafted store can hold anything): never markup, controls escaped.
+        wide.add_row(plain(r.run_id), plain(r.name), plain(r.kind + (f" (sweep {r.sweep_id})" if r.sweep_id else "")),
+                     plain(r.status), f"{r.num_requests:,}",
+                     plain(f"{r.config.get('model', '?')}/{r.config.get('gpu', '?')}"),
+                     plain(_pools_text(r.config, r.data_plane)), str(r.created_at)[:19],
+                     f"{r.wall_s:.1f} s" if r.wall_s is not None else "-")
+    blocks: list = [plain(title, "italic")]
+    for r in infos:
+        blocks.append(Text.assemble(
+            plain(r.run_id, "bold"), plain(f"  {r.name} · {r.status} · {r.num_requests:,} requests · "
+                                           f"{r.config.get('model', '?')} on {r.config.get('gpu', '?')}")))
+        lines = [f"{r.kind}" + (f" in sweep {r.sweep_id}" if r.sweep_id else "") + f" · created {str(r.created_at)[:19]}"
+                 + (f" · {r.wall_s:.1f} s wall" if r.wall_s is not None else ""),
+                 f"trace {r.trace_path}", f"pools {_pools_text(r.config, r.data_plane)}"]
+        if options.get(r.run_id):
+            lines.append(f"options {options[r.run_id]}")
+        blocks += [plain("  " + line, "dim") for line in lines]
+    has_options = any(options.values())
+    if has_options or not fits(console, wide):
+        console.print(Group(*blocks))
+    else:
+        console.print(wide)
