@@ -31,6 +31,7 @@ from typing import BinaryIO
 import msgspec
 
 from tierdiag.errors import TraceError
+from tierdiag.trace.reader import _json_type  # one wording for "got <type>" in trace and import errors
 
 # --- the format's quirks, written once ------------------------------------------------------
 
@@ -277,18 +278,6 @@ def _validation_message(exc: msgspec.ValidationError) -> str:
     return text.replace("$.", "")
 
 
-def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    return type(value).__name__
 
 
 def _nonneg(name: str, value: float | None) -> float | None:

@@ -32,7 +32,7 @@ from tierdiag.report.compare_figures import (RunTtfts, pareto_figure, reuse_bars
                                              ttft_cdf_figure, ttft_unit_of)
 from tierdiag.report.compare_terminal import fmt_option
 from tierdiag.report.figures import CLASS_COLOURS, CLASS_LABELS, FigureSpec
-from tierdiag.report.html import (_CSS, _LOADER, DEFAULT_REPORTS_DIR, PLOTLY_CONFIG, _e, _figure_card, _plotly_js,
+from tierdiag.report.html import (_CSS, _LOADER, _cards_by_section, DEFAULT_REPORTS_DIR, PLOTLY_CONFIG, _e, _plotly_js,
                                   write_atomic)
 from tierdiag.store.reader import RunInfo, open_store, resolve_run
 
@@ -170,13 +170,7 @@ def _requests_section(rc: RequestComparison | None, why: str) -> str:
 
 def render_compare_html(c: Comparison, labels: Sequence[str], figures: Sequence[FigureSpec],
                         rc: RequestComparison | None, why: str, *, trace: str, plotly_js: str) -> str:
-    scripts: list[str] = []
-    by_section: dict[str, list[tuple[FigureSpec, str]]] = {}
-    for spec in figures:
-        card, script = _figure_card(spec)
-        by_section.setdefault(spec.section, []).append((spec, card))
-        if script:
-            scripts.append(script)
+    by_section, scripts = _cards_by_section(figures)
     body = []
     for n, (key, title, how) in enumerate(_SECTIONS, start=1):
         parts = [f'<section id="{key}"><h2><span class="num">{n}</span>{_e(title)}</h2><p class="how">{_e(how)}</p>']

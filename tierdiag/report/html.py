@@ -439,6 +439,19 @@ def _run_details(run: RunInfo) -> str:
         "</div></details>")
 
 
+def _cards_by_section(figures) -> tuple[dict[str, list[tuple[FigureSpec, str]]], list[str]]:
+    """Each figure's card grouped by its report section, and the scripts that draw them (shared
+    with the comparison report)."""
+    scripts: list[str] = []
+    by_section: dict[str, list[tuple[FigureSpec, str]]] = {}
+    for spec in figures:
+        card, script = _figure_card(spec)
+        by_section.setdefault(spec.section, []).append((spec, card))
+        if script:
+            scripts.append(script)
+    return by_section, scripts
+
+
 def _figure_card(spec: FigureSpec) -> tuple[str, str]:
     """(card html, data script) for one figure; an empty figure gets a message and no script."""
     note_cls = "note sampled" if spec.note.startswith("sampled") else "note"
@@ -511,13 +524,7 @@ def _slow_table(data: ReportData) -> str:
 
 def render_html(data: ReportData, figures: list[FigureSpec], *, plotly_js: str) -> str:
     run = data.run
-    scripts: list[str] = []
-    by_section: dict[str, list[tuple[FigureSpec, str]]] = {}
-    for spec in figures:
-        card, script = _figure_card(spec)
-        by_section.setdefault(spec.section, []).append((spec, card))
-        if script:
-            scripts.append(script)
+    by_section, scripts = _cards_by_section(figures)
 
     body = []
     for n, (key, title, how) in enumerate(_SECTIONS, start=1):
