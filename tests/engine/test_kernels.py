@@ -138,11 +138,10 @@ def _as_kind(pages: list[int], kind: str):
     return pages
 
 
-# Which CPU route a transfer takes depends on its size; the cases here are small, so each is also
-# forced down the other routes: "numpy" (no plan, numpy row moves), "planner" (every plan kind,
-# numpy row moves, gather-then-scatter one row at a time through the scratch).
-_ROUTES = {"default": {}, "numpy": {"_TORCH_SMALL_MAX_BYTES": 0},
-           "planner": {"_DIRECT_MAX_BYTES": -1, "_CHUNK_BYTES": 3}}
+# Which CPU route a transfer takes depends on its size; the cases here are small (the default
+# route: no plan, one fancy-indexed numpy move of rows), so each is also forced down the planner
+# (every plan kind, numpy row moves, gather-then-scatter one row at a time through the scratch).
+_ROUTES = {"default": {}, "planner": {"_DIRECT_MAX_BYTES": -1, "_CHUNK_BYTES": 3}}
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from tierdiag.engine import kernels
 from tierdiag.engine.config import EngineConfig
 from tierdiag.engine.costmodel import CostModel
+from tierdiag.engine.pagemap import PageMap
 from tierdiag.engine.pools import PagePool, StorageTier, read_pages, verify_content, write_content
 from tierdiag.engine.tree import RadixTree, TreeNode
 from tierdiag.probes import events as ev
@@ -72,9 +73,9 @@ class CacheController:
         self._loadback_count = 0
         # page key -> id of the eviction that last took it off the device / out of the tree
         # (0: cached once, never evicted). Answers "was this computed token cached before?".
-        self.cached_once: dict[int, int] = {}
+        self.cached_once = PageMap()
         # page key -> the device demotion that preceded its deletion from the host tier
-        self.demoted_by: dict[int, int] = {}
+        self.demoted_by = PageMap()
         self.storage_key_of: dict[int, str] = {}  # page key -> chained SHA-256 (storage tier only)
         # The scheduler's event queue: at(t_ns, callback, arg) runs callback(arg) at virtual time t_ns.
         self.at = None
@@ -140,11 +141,10 @@ class CacheController:
         self.host.free(host_slots)
 
     def _forget(self, node: TreeNode, eid: int) -> None:
-        cached = self.cached_once
-        for k in node.keys:
-            cached[k] = eid
+        keys = PageMap.keys_array(node.keys)
+        self.cached_once.set_many(keys, eid)
         if node.evicted_by is not None:  # it had been demoted first: remember that eviction too
-            self.demoted_by.update(dict.fromkeys(node.keys, node.evicted_by))
+            self.demoted_by.set_many(keys, node.evicted_by)
 
     def evict_host(self, pages_needed: int, cause: str | None, now_ns: int) -> bool:
         while self.host.free_pages < pages_needed:

@@ -41,7 +41,9 @@ torch is imported here at module level: this module is only imported by engine c
 
 from __future__ import annotations
 
+import ctypes
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence, Union
 
@@ -295,8 +297,37 @@ def _scratch_rows(rows: int, like: torch.Tensor) -> torch.Tensor:
 # slice copy (`np.copyto`) move each row with one memcpy/memmove, whatever the dtype (bfloat16
 # and fp8 too: the bytes are never interpreted). numpy runs them on the calling thread: torch's
 # parallel copies must wake a second thread, which on a busy machine can take milliseconds.
+# Row views of the pools (`register_pool`), built once: id -> (signature, [L, P] rows). The
+# view is made over the tensor's memory without a reference to the tensor (a reference would
+# keep every pool of every engine a process ever made alive); the entry goes when the tensor
+# does, and a tensor whose memory or geometry changed is viewed afresh.
+_ROWS: dict[int, tuple[tuple, np.ndarray]] = {}
+
+
+def _signature(pool: torch.Tensor) -> tuple:
+    return (pool.data_ptr(), pool.shape, pool.stride(), pool.dtype)
+
+
+def register_pool(pool: torch.Tensor) -> None:
+    """Keep the row view of a long-lived contiguous CPU pool buffer (the engine's pools), so
+    each of its many small copies skips building one (~2 us a side)."""
+    if pool.is_cuda or pool.dim() != 3 or not pool.is_contiguous() or pool.numel() == 0:
+        return
+    rows = _np_rows_uncached(pool)
+    raw = (ctypes.c_char * (pool.numel() * pool.element_size())).from_address(pool.data_ptr())
+    _ROWS[id(pool)] = (_signature(pool), np.frombuffer(raw, dtype=rows.dtype).reshape(rows.shape))
+    weakref.finalize(pool, _ROWS.pop, id(pool), None)
+
+
 def _np_rows(pool: torch.Tensor) -> np.ndarray:
     """A contiguous CPU [L, P, E] pool as an [L, P] numpy array of row items (a view)."""
+    hit = _ROWS.get(id(pool))
+    if hit is not None and hit[0] == _signature(pool):
+        return hit[1]
+    return _np_rows_uncached(pool)
+
+
+def _np_rows_uncached(pool: torch.Tensor) -> np.ndarray:
     as_bytes = pool if pool.dtype == torch.uint8 else pool.view(torch.uint8)
     row_bytes = pool.shape[2] * pool.element_size()
     return as_bytes.numpy().view(np.dtype((np.void, row_bytes))).reshape(pool.shape[0], pool.shape[1])
@@ -566,64 +597,54 @@ def _finish_staged(dst_w: torch.Tensor, plan_dst_idx: np.ndarray, staged: list) 
 # engine's write-through backups and prefill writes are mostly this size; load-backs of long
 # prefixes and calibrate's bulk sizes still go through the planner.
 _DIRECT_MAX_BYTES = 1 << 20
-# Below this (n pages x L layers < 32k int64 elements, torch's parallel grain) a small transfer
-# is two torch ops, ~10 us; numpy's row moves cost ~25 us of set-up (views, flat ids) but move
-# bytes 2-3x faster than index_copy_'s element loop, which pays from here up.
-_TORCH_SMALL_MAX_BYTES = 256 << 10
 
 
-def _index(pages: PageList, num_pages: int, side: str) -> np.ndarray | slice:
-    """Pages as int64 ids (a slice for a unit-step range), range-checked with the planner's message."""
+def _cpu_index(pages: PageList, num_pages: int, side: str):
+    """Pages as a numpy index: a slice for a unit-step range, else an array. Lists become
+    uint64 so a negative id is refused by the conversion (numpy would wrap it around) and one
+    past the pool by the move itself; either way the planner's message names it."""
     if isinstance(pages, range) and pages.step == 1:
         if pages.start < 0 or pages.stop > num_pages:
             _check_range_small([pages.start, pages.stop - 1], num_pages, side)
         return slice(pages.start, pages.stop)
     if isinstance(pages, list):
-        _check_range_small(pages, num_pages, side)
-        return np.fromiter(pages, dtype=np.int64, count=len(pages))
+        try:
+            return np.fromiter(pages, dtype=np.uint64, count=len(pages))
+        except OverflowError:
+            _check_range_small(pages, num_pages, side)
+            raise
     idx = _as_index_array(pages)
     _check_range(idx, num_pages, side)
     return idx
 
 
 def _copy_direct(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pages: PageList) -> bool:
-    """CPU, no plan: one gather and one scatter of row items (a slice copy where a side is a
-    range). False when the plan is worth making: big transfers, or a move inside one pool."""
+    """CPU, no plan: one numpy fancy-indexed move of row items, `dst_rows[:, d] = src_rows[:, s]`
+    (each [L, P, E] pool seen as [L, P] rows of page_elems bytes, so every row is one memcpy, a
+    slice copy where a side is a range). False when the plan is worth making (big transfers, a
+    move inside one pool, a pool that is not a contiguous layer-first buffer).
+
+    The engine's copies are mostly this size (a request's prefill output, a node's backup, a
+    short load-back): at a few to a few hundred 1 KiB pages the fixed costs are the whole cost,
+    ~6-17 us here for 16-100 pages against ~15-35 us for torch's index_select + index_copy_."""
     n = len(src_pages)
-    if n != len(dst_pages) or _nbytes(src, n) > _DIRECT_MAX_BYTES:
+    if n != len(dst_pages) or src.dim() != 3 or dst.dim() != 3:
+        return False
+    if n * src.shape[0] * src.shape[2] * src.element_size() > _DIRECT_MAX_BYTES:
         return False
     if n == 0:
         return True
     if src.data_ptr() == dst.data_ptr() or not (src.is_contiguous() and dst.is_contiguous()):
         return False  # the planner stages aliasing moves and names a non-contiguous pool
     _check_pair(src, dst)
-    s, d = _index(src_pages, src.shape[1], "source"), _index(dst_pages, dst.shape[1], "destination")
-    if _nbytes(src, n) < _TORCH_SMALL_MAX_BYTES:
-        # Two torch ops over dim 1, each on one thread at this size: the fewest fixed costs.
-        rows = src[:, s] if isinstance(s, slice) else src.index_select(1, torch.from_numpy(s))
-        if isinstance(d, slice):
-            dst[:, d].copy_(rows)
-        else:
-            dst.index_copy_(1, torch.from_numpy(d), rows)
-        return True
-    sv, dv = _np_rows(src), _np_rows(dst)
-    num_layers = sv.shape[0]
-    if isinstance(s, slice):
-        if isinstance(d, slice):
-            np.copyto(dv[:, d], sv[:, s])
-            return True
-        fd = _flat_index(d, num_layers, dv.shape[1])
-        df = dv.reshape(-1)
-        for layer in range(num_layers):
-            np.put(df, fd[layer * n:(layer + 1) * n], sv[layer, s])
-        return True
-    fs = _flat_index(s, num_layers, sv.shape[1])
-    if isinstance(d, slice):  # into a run: take straight into each layer's slice
-        sf = sv.reshape(-1)
-        for layer in range(num_layers):
-            np.take(sf, fs[layer * n:(layer + 1) * n], out=dv[layer, d], mode="clip")
-        return True
-    _gather_scatter_cpu(sv.reshape(-1), fs, dv.reshape(-1), _flat_index(d, num_layers, dv.shape[1]), snapshot=False)
+    s = _cpu_index(src_pages, src.shape[1], "source")
+    d = _cpu_index(dst_pages, dst.shape[1], "destination")
+    try:
+        _np_rows(dst)[:, d] = _np_rows(src)[:, s]
+    except IndexError:  # numpy checks every id before it moves a byte
+        for pages, pool, side in ((src_pages, src, "source"), (dst_pages, dst, "destination")):
+            _check_range(_as_index_array(pages), pool.shape[1], side)
+        raise
     return True
 
 
@@ -795,6 +816,8 @@ def copy_pages(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pa
     `_choose_backend`), "torch" or "triton" forces one.
     """
     t0 = time.perf_counter_ns()
+    if backend in (None, "torch") and not (src.is_cuda or dst.is_cuda) and _copy_direct(src, src_pages, dst, dst_pages):
+        return time.perf_counter_ns() - t0  # the CPU's common case, before any dispatch
     if _choose_backend(src, dst, len(src_pages), backend, src_pages, dst_pages) == "triton":
         handle = _run_triton(src, src_pages, dst, dst_pages, per_layer_events=False)
         handle.wait()
@@ -819,6 +842,11 @@ def load_back(host: torch.Tensor, host_pages: PageList, device: torch.Tensor,
     """Host -> device, layer by layer. On CUDA returns at once with one event per layer
     (`handle.wait()` blocks and returns the wall ns); on CPU the copy is done on return.
     `handle.plan_kind` names the path taken ("direct", a plan kind, "triton" or "generic")."""
+    if backend in (None, "torch") and not (host.is_cuda or device.is_cuda):
+        t0 = time.perf_counter_ns()
+        if _copy_direct(host, host_pages, device, device_pages):
+            return LoadBackHandle(len(host_pages), _nbytes(host, len(host_pages)), "direct",
+                                  _wall_ns=time.perf_counter_ns() - t0)
     if _choose_backend(host, device, len(host_pages), backend, host_pages, device_pages) == "triton":
         return _run_triton(host, host_pages, device, device_pages, per_layer_events=True)
     if not _layer_first_both(host, device):

@@ -15,6 +15,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from tierdiag.engine import kernels
@@ -47,13 +48,20 @@ class DataPlane:
         }
 
 
+# Widest row the engine's pools get (one layer of one page): 64 B. Every computed page is
+# written and every write-through backup copied for real, so row width is replay time: at
+# 256 B rows (1 KiB pages) those copies were ~40 % of a CPU replay of the conversation trace,
+# at 64 B ~2.7x cheaper (benchmarks/README.md), and a slot mix-up shows at any width.
+MAX_ROW_BYTES = 64
+
+
 def plan_data_plane(*, model_layers: int, modelled_page_bytes: int, total_pages: int,
                     budget_bytes: int, device: str, pinned_host: bool) -> DataPlane:
     """Fit both pools into `budget_bytes`: up to 4 layers of rows as wide as the modelled page
-    (a power of two of int64s); halve the row width down to 64 bytes, then drop layers, then
-    narrow down to one int64 a page (the config refuses pools that would not fit even then)."""
+    (a power of two of int64s) up to MAX_ROW_BYTES; then drop layers, then narrow down to one
+    int64 a page (the config refuses pools that would not fit even then)."""
     layers = min(model_layers, 4)
-    full_elems = max(1, modelled_page_bytes // (model_layers * 8))
+    full_elems = max(1, min(modelled_page_bytes // (model_layers * 8), MAX_ROW_BYTES // 8))
     elems = 1 << (full_elems.bit_length() - 1)  # power of two <= full row
 
     def size() -> int:
@@ -76,12 +84,13 @@ class PagePool:
         self.capacity = num_pages
         # Lowest slot first, so fresh pools hand out contiguous runs (fewer, larger transfers).
         self._free = list(range(num_pages - 1, -1, -1))
-        self._owned = bytearray(num_pages)
+        self._used: set[int] = set()  # slots handed out (a set: C-speed checks of whole slot lists)
         shape = (plane.num_layers, num_pages, plane.page_elems)
         if on_device:
             self.buffer = torch.zeros(shape, dtype=torch.int64, device=plane.device)
         else:
             self.buffer = torch.zeros(shape, dtype=torch.int64, pin_memory=plane.pinned_host)
+        kernels.register_pool(self.buffer)
 
     @property
     def free_pages(self) -> int:
@@ -99,45 +108,55 @@ class PagePool:
         slots = self._free[-n:]
         del self._free[-n:]
         slots.reverse()
-        owned = self._owned
-        for s in slots:
-            assert not owned[s], f"{self.name} slot {s} handed out twice"
-            owned[s] = 1
+        used = self._used
+        assert used.isdisjoint(slots), f"{self.name} slot {min(used.intersection(slots))} handed out twice"
+        used.update(slots)
         return slots
 
     def free(self, slots: list[int]) -> None:
-        owned = self._owned
-        for s in slots:
-            assert owned[s], f"{self.name} slot {s} freed but not owned (double free?)"
-            owned[s] = 0
+        used = self._used
+        if not used.issuperset(slots):
+            bad = next(s for s in slots if s not in used)
+            raise AssertionError(f"{self.name} slot {bad} freed but not owned (double free?)")
+        before = len(used)
+        used.difference_update(slots)
+        assert before - len(used) == len(slots), f"{self.name}: a slot freed twice in one call"
         self._free.extend(reversed(slots))
 
     def check(self) -> None:
-        assert sum(self._owned) == self.used_pages, f"{self.name}: owned flags disagree with the free list"
+        assert len(self._used) == self.used_pages, f"{self.name}: owned slots disagree with the free list"
         assert len(set(self._free)) == len(self._free), f"{self.name}: a slot is free twice"
+        assert self._used.isdisjoint(self._free), f"{self.name}: a slot is both free and owned"
 
 
 # --- page content: a deterministic function of the page key --------------------------------
 _MIX = 0x9E3779B97F4A7C15 - (1 << 64)  # golden-ratio constant as a signed int64
 
 
-_PATTERNS: dict[tuple[int, int], torch.Tensor] = {}
+_PATTERNS: dict[tuple[int, int], np.ndarray] = {}
 
 
-def _pattern(num_layers: int, page_elems: int) -> torch.Tensor:
+def _pattern(num_layers: int, page_elems: int) -> np.ndarray:
     """[layers, 1, elems]: what distinguishes one layer's and one column's bytes (cached)."""
     pat = _PATTERNS.get((num_layers, page_elems))
     if pat is None:
-        layer = torch.arange(num_layers, dtype=torch.int64).view(-1, 1, 1)
-        col = torch.arange(page_elems, dtype=torch.int64).view(1, 1, -1)
+        layer = np.arange(num_layers, dtype=np.int64).reshape(-1, 1, 1)
+        col = np.arange(page_elems, dtype=np.int64).reshape(1, 1, -1)
         pat = _PATTERNS[(num_layers, page_elems)] = (layer * 1_000_003) ^ (col * 2_654_435_761)
     return pat
 
 
+def page_content_np(keys: list[int], num_layers: int, page_elems: int) -> np.ndarray:
+    """[layers, len(keys), elems] int64 whose every row is derived from its page key and layer
+    (key × golden ratio, wrapping like int64 arithmetic, XOR the layer/column pattern)."""
+    k = np.array(keys, dtype=np.int64)
+    k *= _MIX  # wraps modulo 2**64, as the int64 multiply of a kernel would
+    return k.reshape(1, -1, 1) ^ _pattern(num_layers, page_elems)
+
+
 def page_content(keys: list[int], num_layers: int, page_elems: int) -> torch.Tensor:
-    """[layers, len(keys), elems] int64 whose every row is derived from its page key and layer."""
-    k = torch.tensor(keys, dtype=torch.int64).mul_(_MIX).view(1, -1, 1)
-    return torch.bitwise_xor(k, _pattern(num_layers, page_elems))
+    """`page_content_np` as a CPU tensor (shares its memory)."""
+    return torch.from_numpy(page_content_np(keys, num_layers, page_elems))
 
 
 def write_content(pool: PagePool, slots: list[int], keys: list[int]) -> None:

@@ -1,0 +1,42 @@
+"""PageMap (engine/pagemap.py) behaves as the dict it replaces: page key -> eviction id, for
+dense hash_ids keys (the array), far keys (the dict), growth, and both call sizes."""
+
+from hypothesis import given, settings, strategies as st
+
+from tierdiag.engine.pagemap import DENSE_LIMIT, MISSING, PageMap
+
+_KEYS = st.one_of(st.integers(0, 5_000), st.integers(0, 3 << 20), st.integers(DENSE_LIMIT - 4, (1 << 63) - 1))
+_OPS = st.lists(st.tuples(st.lists(_KEYS, max_size=120), st.integers(0, (1 << 31) - 1)), max_size=25)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_OPS, st.lists(_KEYS, max_size=150))
+def test_page_map_matches_a_dict(ops, probe):
+    pm, model = PageMap(), {}
+    for keys, value in ops:
+        pm.set_many(keys, value)
+        model.update(dict.fromkeys(keys, value))
+    asked = probe + [k for keys, _ in ops for k in keys]
+    expected = [model.get(k, MISSING) for k in asked]
+    assert pm.get_list(asked) == expected
+    assert pm.get_many(asked).tolist() == expected
+    assert len(pm) == len(model)
+    for k in asked[:20]:
+        assert pm.get(k) == model.get(k)
+
+
+def test_a_far_key_set_before_the_array_reaches_it_is_still_found():
+    pm = PageMap()
+    far = (1 << 21) + 5  # beyond the first reach: goes to the dict
+    pm.set_many([far], 7)
+    pm.set_many(list(range(0, 1 << 22, 1 << 16)) + [(1 << 22) - 1], 3)  # the array grows past it
+    assert pm.get(far) == 7
+    pm.set_many([far], 9)  # now inside the array: the array's value wins from here on
+    assert pm.get_many([far, 1 << 16, 12]).tolist() == [9, 3, MISSING]
+
+
+def test_values_outside_int32_are_refused():
+    import pytest
+
+    with pytest.raises(OverflowError):
+        PageMap().set_many([1], 1 << 31)

@@ -1,0 +1,116 @@
+"""PageMap: page key -> a small non-negative int (an eviction id), for every page a replay has
+ever cached. It answers "was this computed page cached before, and which eviction took it?"
+for every computed page of every request, so it is as big as the trace's distinct pages and as
+hot as the prefill path.
+
+Keys of hash_ids traces (Mooncake, `tierdiag synth`) are small dense ints (hash id x pages a
+block + offset): those live in a numpy int32 array indexed by key, 4 bytes a page and vectorised
+reads and writes. Keys beyond DENSE_LIMIT (token traces: 63-bit digests; `extra_key` salts) go
+to a dict. A dict entry costs ~100 bytes: a million-request trace has tens of millions of
+distinct pages, which a dict alone would hold in gigabytes.
+"""
+
+from __future__ import annotations
+
+from array import array
+from itertools import repeat
+from typing import Iterable
+
+import numpy as np
+
+MISSING = -1
+DENSE_LIMIT = 1 << 28  # keys below this may be array slots (at most 1 GiB of int32, grown on demand)
+_MAX_VALUE = (1 << 31) - 1
+# Up to this many keys a call loops in Python over the array (~50 ns a key); above, numpy's
+# vectorised ops pay for their ~10 us of set-up.
+_SMALL = 48
+
+
+class PageMap:
+    def __init__(self) -> None:
+        self._dense = array("i", [MISSING]) * (1 << 12)
+        self._np = np.frombuffer(self._dense, dtype=np.int32)  # the same memory, for big calls
+        self._sparse: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        dense, n = self._dense, len(self._dense)
+        shadowed = sum(1 for k in self._sparse if k < n and dense[k] != MISSING)  # moved into the array
+        return int(np.count_nonzero(self._np != MISSING)) + len(self._sparse) - shadowed
+
+    @staticmethod
+    def keys_array(keys: Iterable[int] | np.ndarray) -> np.ndarray:
+        if isinstance(keys, np.ndarray):
+            return keys
+        keys = keys if isinstance(keys, list) else list(keys)
+        return np.fromiter(keys, dtype=np.int64, count=len(keys))
+
+    def _reach(self) -> int:
+        """Keys below this may go to the array: it grows by doubling, as a hash_ids trace's keys
+        climb, but a stray small digest of a token trace does not make it allocate ahead."""
+        return min(DENSE_LIMIT, 8 * len(self._dense) + (1 << 20))
+
+    def _grow(self, top: int) -> None:
+        size = len(self._dense)
+        while size <= top:
+            size *= 2
+        del self._np  # an array exporting its buffer cannot be resized
+        self._dense.extend(array("i", [MISSING]) * (size - len(self._dense)))
+        self._np = np.frombuffer(self._dense, dtype=np.int32)
+
+    def set_many(self, keys, value: int) -> None:
+        """Map every key to `value` (0 <= value < 2**31)."""
+        if not 0 <= value <= _MAX_VALUE:
+            raise OverflowError(f"page map value {value} outside [0, 2**31)")
+        if len(keys) <= _SMALL and not isinstance(keys, np.ndarray):
+            dense, reach = self._dense, self._reach()
+            for k in keys:
+                if k < len(dense):
+                    dense[k] = value
+                elif k < reach:
+                    self._grow(k)
+                    dense = self._dense
+                    dense[k] = value
+                else:
+                    self._sparse[k] = value
+            return
+        arr = self.keys_array(keys)
+        if not arr.size:
+            return
+        inside = arr < self._reach()
+        part = arr if inside.all() else arr[inside]
+        if part.size:
+            top = int(part.max())
+            if top >= len(self._dense):
+                self._grow(top)
+            self._np[part] = value
+        if part is not arr:
+            self._sparse.update(dict.fromkeys(arr[~inside].tolist(), value))
+
+    def get_list(self, keys: list[int]) -> list[int]:
+        """The values of a few keys, MISSING for keys never set (a Python loop: for small calls)."""
+        dense, n, sparse = self._dense, len(self._dense), self._sparse
+        out = [dense[k] if k < n else MISSING for k in keys]
+        if sparse:
+            out = [sparse.get(k, MISSING) if v == MISSING else v for k, v in zip(keys, out)]
+        return out
+
+    def get_many(self, keys) -> np.ndarray:
+        """int64 values of the keys, MISSING for keys never set. The array is asked first; a
+        key it does not hold may be in the dict (set before the array reached it)."""
+        arr = self.keys_array(keys)
+        n = len(self._dense)
+        inside = arr < n
+        if inside.all():
+            out = self._np[arr].astype(np.int64)
+        else:
+            out = np.full(arr.size, MISSING, dtype=np.int64)
+            out[inside] = self._np[arr[inside]]
+        if self._sparse and arr.size:
+            ask = np.flatnonzero(out == MISSING)
+            if ask.size:
+                out[ask] = list(map(self._sparse.get, arr[ask].tolist(), repeat(MISSING)))
+        return out
+
+    def get(self, key: int, default: int | None = None) -> int | None:
+        (v,) = self.get_list([key])
+        return default if v == MISSING else v
