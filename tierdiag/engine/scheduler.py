@@ -33,7 +33,7 @@ from tierdiag.engine.pagemap import PageMap
 from tierdiag.engine.tree import RadixTree, TreeNode
 from tierdiag.errors import TierdiagError
 from tierdiag.probes import events as ev
-from tierdiag.trace.pages import output_page_keys, page_keys as trace_page_keys, storage_key_chain
+from tierdiag.trace.pages import output_page_keys, page_keys_array, storage_key_chain
 from tierdiag.trace.reader import TraceRequest
 
 
@@ -61,7 +61,7 @@ class EngineError(TierdiagError):
 
 class Req:
     __slots__ = (
-        "seq", "req_id", "arrival_ns", "input_len", "output_len", "keys", "total_pages", "max_match_pages",
+        "seq", "req_id", "arrival_ns", "input_len", "output_len", "keys", "keys_np", "total_pages", "max_match_pages",
         "skeys", "prefetch", "anchor", "prefetch_tokens", "hold_until_ns", "held", "priority", "sort_key",
         "lock_node", "dev_pages", "prefix_pages", "host_loaded_pages", "storage_loaded_pages",
         "host_match_pages", "storage_match_pages", "lb_skip_reason", "lb_skip_pages", "storage_skip_reason",
@@ -77,7 +77,8 @@ class Req:
         self.arrival_ns = arrival_ns
         self.input_len = t.input_len
         self.output_len = t.output_len
-        self.keys: list[int] = []
+        self.keys: list[int] = []  # page keys: the input's full pages, then (at finish) output pages
+        self.keys_np: np.ndarray | None = None  # the input's page keys as an array (bookkeeping)
         self.skeys: list[str] | None = None
         self.prefetch = None  # (first page, pages, host slots, start ns, end ns)
         self.anchor: TreeNode | None = None  # the node whose host copy the prefetch protects
@@ -190,7 +191,8 @@ class Scheduler:
             self._reject(req, f"needs {req.total_pages * ps} tokens of device memory; the pool holds "
                               f"{self.ctrl.device.capacity * ps}")
             return
-        req.keys = trace_page_keys(t, page_size=ps, block_size=self.cfg.block_size)
+        req.keys_np = page_keys_array(t, page_size=ps, block_size=self.cfg.block_size)
+        req.keys = req.keys_np.tolist()
         req.max_match_pages = min(len(req.keys), (req.input_len - 1) // ps)
         if self.ctrl.storage is not None:
             self._start_prefetch(req, now)
@@ -489,6 +491,8 @@ class Scheduler:
             # which demotion preceded that. This runs over every computed page of every request
             # (~2M pages on the conversation trace): vectorised, but for a handful of pages.
             if len(keys) <= SMALL_BLAME:
+                if isinstance(keys, np.ndarray):
+                    keys = keys.tolist()
                 eids = cached.get_list(keys)
                 was = [k for k, e in zip(keys, eids) if e >= 0]
                 if not was:
@@ -518,7 +522,7 @@ class Scheduler:
                 lost[node.evicted_by] = lost.get(node.evicted_by, 0) + len(node.keys) * ps
         recomputed = req.lb_skip_pages if skipped else 0
         path_pages = req.dev_pages + match.host_pages
-        recomputed += blame(req.keys[path_pages:req.input_len // ps])
+        recomputed += blame(req.keys_np[path_pages:req.input_len // ps])
         req.recomputed_pages = recomputed
 
     def _continue_chunk(self, req: Req, budget: int, now: int) -> int | None:
@@ -598,7 +602,7 @@ class Scheduler:
         last = min((req.done_tokens + take) // ps, len(req.keys))
         if last > first:
             off = first - req.own_from
-            self.ctrl.write_computed(req.own_slots[off:off + last - first], req.keys[first:last])
+            self.ctrl.write_computed(req.own_slots[off:off + last - first], req.keys_np[first:last])
 
     # --- completion ----------------------------------------------------------------------
     def _cache_unfinished(self, req: Req) -> None:

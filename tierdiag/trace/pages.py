@@ -31,6 +31,8 @@ import hashlib
 import sys
 from array import array
 
+import numpy as np
+
 from tierdiag.errors import ConfigError
 from tierdiag.trace.reader import TraceRequest
 
@@ -41,18 +43,23 @@ assert array(_WORD).itemsize == _TOKEN_BYTES, "page keys need 4-byte token words
 
 def page_keys(req: TraceRequest, *, page_size: int, block_size: int) -> list[int]:
     """One non-negative int key per full page of `req`'s input, chained through the prefix."""
+    return page_keys_array(req, page_size=page_size, block_size=block_size).tolist()
+
+
+def page_keys_array(req: TraceRequest, *, page_size: int, block_size: int) -> np.ndarray:
+    """`page_keys` as an int64 array (the engine keeps both: lists for the tree, the array for
+    its per-page bookkeeping)."""
     if page_size < 1:
         raise ConfigError(f"page size must be a positive number of tokens, got {page_size}")
     num_pages = req.input_len // page_size
     if req.hash_ids is not None:
         keys = _keys_from_hash_ids(req.hash_ids, num_pages, page_size=page_size, block_size=block_size)
     elif req.tokens is not None:
-        keys = _keys_from_tokens(req.tokens, num_pages, page_size=page_size)
+        keys = np.array(_keys_from_tokens(req.tokens, num_pages, page_size=page_size), dtype=np.int64)
     else:
         raise ValueError(f"request {req.req_id!r} has neither hash_ids nor tokens (the reader guarantees one)")
     if req.extra_key is not None:
-        salt = extra_key_salt(req.extra_key)
-        keys = [k ^ salt for k in keys]
+        keys ^= extra_key_salt(req.extra_key)
     return keys
 
 
@@ -75,19 +82,18 @@ def output_page_keys(req_id: str, input_keys: list[int], num_pages: int) -> list
     return keys
 
 
-def _keys_from_hash_ids(hash_ids: tuple[int, ...], num_pages: int, *, page_size: int, block_size: int) -> list[int]:
+def _keys_from_hash_ids(hash_ids: tuple[int, ...], num_pages: int, *, page_size: int, block_size: int) -> np.ndarray:
     if block_size % page_size:
         raise ConfigError(f"block size {block_size} is not a multiple of page size {page_size}",
                           hint="hash_ids traces need --page-size to divide --block-size")
     per_block = block_size // page_size
+    num_blocks = min(-(-num_pages // per_block), len(hash_ids))
+    blocks = np.fromiter(hash_ids[:num_blocks], dtype=np.int64, count=num_blocks)
     if per_block == 1:
-        return list(hash_ids[:num_pages])
-    num_blocks = -(-num_pages // per_block)
-    offsets = range(per_block)
-    # One comprehension over (block, offset) pairs: ~2.3M pages for the conversation trace.
-    keys = [h * per_block + j for h in hash_ids[:num_blocks] for j in offsets]
-    del keys[num_pages:]  # the last block may hold only part of a page run
-    return keys
+        return blocks[:num_pages].copy()
+    # page j of block b: hash_ids[b] * per_block + j (the reader bounds hash ids so this fits)
+    keys = (blocks[:, None] * per_block + np.arange(per_block, dtype=np.int64)).reshape(-1)
+    return keys[:num_pages]
 
 
 def _keys_from_tokens(tokens: tuple[int, ...], num_pages: int, *, page_size: int) -> list[int]:
