@@ -6,7 +6,8 @@ hot as the prefill path.
 Keys of hash_ids traces (Mooncake, `tierdiag synth`) are small dense ints (hash id x pages a
 block + offset): those live in a numpy int32 array indexed by key, 4 bytes a page and vectorised
 reads and writes. Keys beyond DENSE_LIMIT (token traces: 63-bit digests; `extra_key` salts) go
-to a dict. A dict entry costs ~100 bytes: a million-request trace has tens of millions of
+to a dict. Negative keys are output pages (trace/pages.output_page_keys): no request computes
+them again, so they are not kept (a set is a no-op, a get MISSING). A dict entry costs ~100 bytes: a million-request trace has tens of millions of
 distinct pages, which a dict alone would hold in gigabytes.
 """
 
@@ -64,6 +65,8 @@ class PageMap:
         if len(keys) <= _SMALL and not isinstance(keys, np.ndarray):
             dense, reach = self._dense, self._reach()
             for k in keys:
+                if k < 0:
+                    continue  # an output page
                 if k < len(dense):
                     dense[k] = value
                 elif k < reach:
@@ -74,6 +77,8 @@ class PageMap:
                     self._sparse[k] = value
             return
         arr = self.keys_array(keys)
+        if arr.size and arr.min() < 0:
+            arr = arr[arr >= 0]  # output pages
         if not arr.size:
             return
         inside = arr < self._reach()
@@ -89,7 +94,7 @@ class PageMap:
     def get_list(self, keys: list[int]) -> list[int]:
         """The values of a few keys, MISSING for keys never set (a Python loop: for small calls)."""
         dense, n, sparse = self._dense, len(self._dense), self._sparse
-        out = [dense[k] if k < n else MISSING for k in keys]
+        out = [dense[k] if 0 <= k < n else MISSING for k in keys]
         if sparse:
             out = [sparse.get(k, MISSING) if v == MISSING else v for k, v in zip(keys, out)]
         return out
@@ -99,14 +104,14 @@ class PageMap:
         key it does not hold may be in the dict (set before the array reached it)."""
         arr = self.keys_array(keys)
         n = len(self._dense)
-        inside = arr < n
+        inside = (arr < n) & (arr >= 0)
         if inside.all():
             out = self._np[arr].astype(np.int64)
         else:
             out = np.full(arr.size, MISSING, dtype=np.int64)
             out[inside] = self._np[arr[inside]]
         if self._sparse and arr.size:
-            ask = np.flatnonzero(out == MISSING)
+            ask = np.flatnonzero((out == MISSING) & (arr >= 0))
             if ask.size:
                 out[ask] = list(map(self._sparse.get, arr[ask].tolist(), repeat(MISSING)))
         return out

@@ -22,7 +22,9 @@ the chain: within one key space, key k still names the whole prefix up to its pa
 Output pages (what decode adds, inserted at finish like SGLang's cache_finished_req) have no ids
 in a trace. `output_page_keys` gives them synthetic keys: a blake2b chain seeded by the request's
 last input key and its id, so they are deterministic, and only a request carrying the same keys
-(none, in a trace) could match them.
+(none, in a trace) could match them. They are negative, so they can never equal an input key and
+the engine's per-page bookkeeping (engine/pagemap.py) can tell them apart by sign: no request
+ever computes them again, so there is nothing to remember about them.
 """
 
 from __future__ import annotations
@@ -72,13 +74,13 @@ def extra_key_salt(extra_key: str) -> int:
 def output_page_keys(req_id: str, input_keys: list[int], num_pages: int) -> list[int]:
     """Synthetic keys for the `num_pages` pages after the input's full pages (the input's partial
     tail page and the output tokens): chained blake2b-64, seeded by the last input key and the
-    request id, so two requests never share them."""
-    prev = (input_keys[-1] if input_keys else 0).to_bytes(8, "little") + req_id.encode("utf-8")
+    request id, so two requests never share them; negative (input keys never are)."""
+    prev = (input_keys[-1] if input_keys else 0).to_bytes(8, "little", signed=True) + req_id.encode("utf-8")
     keys = []
     blake2b = hashlib.blake2b
     for j in range(num_pages):
         prev = blake2b(b"out" + prev + j.to_bytes(4, "little"), digest_size=8).digest()
-        keys.append(int.from_bytes(prev, "little") >> 1)
+        keys.append(-(int.from_bytes(prev, "little") >> 1) - 1)
     return keys
 
 
@@ -113,7 +115,8 @@ def _keys_from_tokens(tokens: tuple[int, ...], num_pages: int, *, page_size: int
 
 
 def storage_key_chain(keys: list[int], prev_key: str = "") -> list[str]:
-    """Chained SHA-256 hex per page: sha256(previous hex ‖ key as 8 little-endian bytes).
+    """Chained SHA-256 hex per page: sha256(previous hex ‖ key as 8 little-endian bytes, two's
+    complement for the negative keys of output pages).
 
     The storage tier names page files by these, so a file found on disk vouches for its whole
     prefix, not just its own page. `prev_key` continues a chain (output pages after the input's).
@@ -122,6 +125,6 @@ def storage_key_chain(keys: list[int], prev_key: str = "") -> list[str]:
     prev = prev_key.encode("ascii")
     sha256 = hashlib.sha256
     for key in keys:
-        prev = sha256(prev + key.to_bytes(8, "little")).hexdigest().encode("ascii")
+        prev = sha256(prev + key.to_bytes(8, "little", signed=True)).hexdigest().encode("ascii")
         out.append(prev.decode("ascii"))
     return out
