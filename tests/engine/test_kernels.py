@@ -393,3 +393,19 @@ def test_everything_works_without_triton_installed():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("copy backend 'triton': triton is not installed")
+
+
+@pytest.mark.parametrize("pages", [[3, 0, 7], range(2, 5), []])
+def test_write_pages_lands_the_staging_rows_in_the_given_pages(pages):
+    """kernels.write_pages (a prefill's output into its slots): the numpy path on a CPU pool and
+    the copy_pages fallback (a page-first view) put the same bytes in the same pages."""
+    data = np.arange(2 * len(pages) * 4, dtype=np.int64).reshape(2, len(pages), 4) * 7919
+    for pool in (torch.zeros((2, 8, 4), dtype=torch.int64), torch.zeros((8, 2, 4), dtype=torch.int64).permute(1, 0, 2)):
+        before = pool.clone()
+        kernels.write_pages(data, pool, pages)
+        idx = list(pages)
+        assert torch.equal(pool[:, idx], torch.from_numpy(data))
+        others = [p for p in range(8) if p not in idx]
+        assert torch.equal(pool[:, others], before[:, others]), "pages outside the list were touched"
+    with pytest.raises(IndexError, match="destination page 8 out of range"):
+        kernels.write_pages(np.zeros((2, 1, 4), dtype=np.int64), torch.zeros((2, 8, 4), dtype=torch.int64), [8])

@@ -837,6 +837,28 @@ def copy_pages(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pa
     return time.perf_counter_ns() - t0
 
 
+def write_pages(data: np.ndarray, dst: torch.Tensor, dst_pages: PageList) -> int:
+    """Write `data` ([L, n, E], a CPU staging buffer: a prefill's output) into pages `dst_pages`
+    of a pool; returns the wall ns. On the CPU one numpy move of rows straight from the buffer
+    (no tensor wrapped around it); elsewhere `copy_pages` from it."""
+    t0 = time.perf_counter_ns()
+    n = len(dst_pages)
+    if (not dst.is_cuda and dst.dim() == 3 and dst.is_contiguous() and data.ndim == 3 and data.shape[1] == n
+            and data.shape[0] == dst.shape[0] and data.shape[2] == dst.shape[2] and data.flags.c_contiguous
+            and data.dtype == np.dtype(str(dst.dtype).removeprefix("torch."))):
+        if n:
+            rows = data.view(np.dtype((np.void, data.shape[2] * data.itemsize))).reshape(data.shape[0], n)
+            d = _cpu_index(dst_pages, dst.shape[1], "destination")
+            try:
+                _np_rows(dst)[:, d] = rows
+            except IndexError:
+                _check_range(_as_index_array(dst_pages), dst.shape[1], "destination")
+                raise
+        return time.perf_counter_ns() - t0
+    copy_pages(torch.from_numpy(np.ascontiguousarray(data)), range(n), dst, dst_pages)
+    return time.perf_counter_ns() - t0
+
+
 def load_back(host: torch.Tensor, host_pages: PageList, device: torch.Tensor,
               device_pages: PageList, *, backend: str | None = None) -> LoadBackHandle:
     """Host -> device, layer by layer. On CUDA returns at once with one event per layer

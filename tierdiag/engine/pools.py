@@ -163,8 +163,7 @@ def write_content(pool: PagePool, slots: list[int], keys: list[int]) -> None:
     """What a prefill would produce: KV derived from the page keys, into the given slots."""
     if not slots:
         return
-    data = page_content(keys, pool.buffer.shape[0], pool.buffer.shape[2])
-    kernels.copy_pages(data, range(len(slots)), pool.buffer, slots)
+    kernels.write_pages(page_content_np(keys, pool.buffer.shape[0], pool.buffer.shape[2]), pool.buffer, slots)
 
 
 def read_pages(pool: PagePool, slots: list[int]) -> torch.Tensor:
