@@ -210,7 +210,10 @@ def _classes(con: duckdb.DuckDBPyConnection, rid: str) -> tuple[ClassStats, ...]
         for r in rows)
 
 
-def run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo) -> RunSummary:
+def run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo, *, diagnosis: bool = True) -> RunSummary:
+    """The run's numbers (one definition for every view). `diagnosis=False` leaves out the
+    root-cause diagnosis (RunSummary.diagnosis None): replay's closing table reads only the
+    span and percentiles back, and should not pay for the run-wide evidence queries."""
     rid = run.run_id
     t = _tokens_and_counts(con, rid)
     span_ns = max(_i(t.get("t1")) - _i(t.get("t0")), 0)
@@ -295,7 +298,7 @@ def run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo) -> RunSummary:
             excess_share=share(excess_part, excess_total) if excess_total > 0 else None))
 
     hit_requests = _i(t.get("hit_requests"))
-    diagnosis = _diagnosis(con, run, time_by_cause)
+    found = _diagnosis(con, run, time_by_cause) if diagnosis else None
     return RunSummary(
         run_id=rid, run_name=run.name, status=run.status, trace_path=run.trace_path,
         model=run.config.get("model"), gpu=run.config.get("gpu"), num_requests=_i(t.get("n")),
@@ -307,7 +310,7 @@ def run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo) -> RunSummary:
         median_reused_tokens_per_hit=t.get("median_hit"), classes=_classes(con, rid), load_back=load_back,
         skipped=skipped, evictions=evictions, most_evicted_from=top_by("owner_req_id"),
         top_evictors=top_by("cause_req_id"), time_by_cause=tuple(time_by_cause),
-        ttft_total_ns=ttft_total, excess_total_ns=excess_total, diagnosis=diagnosis,
+        ttft_total_ns=ttft_total, excess_total_ns=excess_total, diagnosis=found,
     )
 
 
