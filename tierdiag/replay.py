@@ -161,7 +161,7 @@ def _recorded_summary(db: Path, run_id: str):
 
     con = open_store(db)
     try:
-        return run_summary(con, resolve_run(con, run_id), diagnosis=False)  # the closing table needs no diagnosis
+        return run_summary(con, resolve_run(con, run_id), diagnose=False)  # the closing table needs no diagnosis
     finally:
         con.close()
 

@@ -210,10 +210,9 @@ def _classes(con: duckdb.DuckDBPyConnection, rid: str) -> tuple[ClassStats, ...]
         for r in rows)
 
 
-def run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo, *, diagnosis: bool = True) -> RunSummary:
-    """The run's numbers (one definition for every view). `diagnosis=False` leaves out the
-    root-cause diagnosis (RunSummary.diagnosis None): replay's closing table reads only the
-    span and percentiles back, and should not pay for the run-wide evidence queries."""
+def run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo, *, diagnose: bool = True) -> RunSummary:
+    """The run at a glance; `diagnose=False` leaves out the run diagnosis (diagnosis None), the
+    costly part, for callers that show only the numbers (compare, a sweep's headlines)."""
     rid = run.run_id
     t = _tokens_and_counts(con, rid)
     span_ns = max(_i(t.get("t1")) - _i(t.get("t0")), 0)
@@ -298,7 +297,7 @@ def run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo, *, diagnosis: bool
             excess_share=share(excess_part, excess_total) if excess_total > 0 else None))
 
     hit_requests = _i(t.get("hit_requests"))
-    found = _diagnosis(con, run, time_by_cause) if diagnosis else None
+    diagnosis = _diagnosis(con, run, time_by_cause) if diagnose else None
     return RunSummary(
         run_id=rid, run_name=run.name, status=run.status, trace_path=run.trace_path,
         model=run.config.get("model"), gpu=run.config.get("gpu"), num_requests=_i(t.get("n")),
@@ -310,7 +309,7 @@ def run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo, *, diagnosis: bool
         median_reused_tokens_per_hit=t.get("median_hit"), classes=_classes(con, rid), load_back=load_back,
         skipped=skipped, evictions=evictions, most_evicted_from=top_by("owner_req_id"),
         top_evictors=top_by("cause_req_id"), time_by_cause=tuple(time_by_cause),
-        ttft_total_ns=ttft_total, excess_total_ns=excess_total, diagnosis=found,
+        ttft_total_ns=ttft_total, excess_total_ns=excess_total, diagnosis=diagnosis,
     )
 
 
