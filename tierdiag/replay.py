@@ -245,7 +245,9 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
             recorder.flush()
             last_flush[0] = time.monotonic()
         if progress is not None:
-            progress(done, now_ns, stats)
+            # Virtual time since the run's first arrival, where every view's clock starts (a
+            # trace sliced from a longer one starts late).
+            progress(done, max(now_ns - int(first.arrival_ns * cfg.time_scale), 0), stats)
 
     def recorded() -> int:
         """Requests in the file (with probes), else those the engine got to."""

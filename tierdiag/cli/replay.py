@@ -24,7 +24,7 @@ from tierdiag.engine.config import (
     load_config,
 )
 from tierdiag.engine.presets import GPUS, MODELS, model_preset
-from tierdiag.errors import ExitCode, RunInterrupted
+from tierdiag.errors import RunInterrupted
 
 Opt = typer.Option
 
@@ -112,11 +112,11 @@ def replay(
     with bar:
         task = bar.add_task("replay", total=total, info="")
 
-        def progress(done: int, now_ns: int, stats) -> None:
+        def progress(done: int, since_start_ns: int, stats) -> None:
             reused = stats.device_tokens + stats.host_tokens + stats.storage_tokens
             share = lambda n: f"{n / stats.input_tokens:.0%}" if stats.input_tokens else "-"  # noqa: E731
             bar.update(task, completed=done, info=(
-                f"t={now_ns / 1e9:,.0f}s  device {share(stats.device_tokens)} host {share(stats.host_tokens)} "
+                f"t={fmt_ms(since_start_ns)}  device {share(stats.device_tokens)} host {share(stats.host_tokens)} "
                 f"storage {share(stats.storage_tokens)} reuse {share(reused)}"))
 
         try:

@@ -114,6 +114,8 @@ class PrefixEvidence:
 
 @dataclass(frozen=True)
 class TransferRow:
+    """Times (t_start_ns, t_end_ns) since the run's first arrival, as every view's clock."""
+
     transfer_id: int
     kind: str
     t_start_ns: int
@@ -159,7 +161,7 @@ class LoadBackEvidence:
 @dataclass(frozen=True)
 class EvictionEvent:
     eviction_id: int
-    t_ns: int
+    t_ns: int  # since the run's first arrival
     tier: str
     action: str
     node_tokens: int
@@ -245,7 +247,7 @@ class Explanation:
     status: str
     reject_reason: str | None
     hit_class: str | None
-    arrival_ns: int | None
+    arrival_ns: int | None  # since the run's first arrival (run_start_ns), like every time below
     ttft_ns: int | None
     tokens: TokenSplit
     steps: tuple[Step, ...]
@@ -261,6 +263,9 @@ class Explanation:
     queue_attribution: QueueAttribution | None = None
     advice: tuple = ()  # advice.Advice items (the run's, verified for this request when measured)
     claims: tuple[C.Claim, ...] = ()  # the verdict's sentences after its first, in order
+    # The run's first arrival in the store's virtual time: where the times above count from (a
+    # trace sliced from a longer one starts late); add it back to match the store's *_ns columns.
+    run_start_ns: int = 0
 
     def to_json(self) -> dict:
         """DESIGN.md §3 `explain --json`, extended (run_name, status, verdict, decomposition...) and
@@ -284,6 +289,7 @@ class Explanation:
             "status": self.status,
             "reject_reason": self.reject_reason,
             "arrival_ms": ns_to_ms(self.arrival_ns),
+            "run_start_ms": ns_to_ms(self.run_start_ns),
             "headline": self.headline,
             "verdict": self.verdict,
             "decomposition": self.decomposition.to_json() if self.decomposition else None,
@@ -458,8 +464,9 @@ def _step_load_back(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, tok
     span_ns = bounds[1] - bounds[0]
     rid = run.run_id
     transfers = tuple(
-        TransferRow(transfer_id=int(t["transfer_id"] or 0), kind=t["kind"], t_start_ns=int(t["t_start_ns"] or 0),
-                    t_end_ns=int(t["t_end_ns"] or 0), pages=int(t["pages"] or 0), runs=int(t["runs"] or 0),
+        TransferRow(transfer_id=int(t["transfer_id"] or 0), kind=t["kind"],
+                    t_start_ns=int(t["t_start_ns"] or 0) - bounds[0], t_end_ns=int(t["t_end_ns"] or 0) - bounds[0],
+                    pages=int(t["pages"] or 0), runs=int(t["runs"] or 0),
                     bytes=int(t["bytes"] or 0), queued_ns=t["queued_ns"], wall_ns=t["wall_ns"])
         for t in fetch_dicts(
             con,
@@ -555,7 +562,7 @@ def _step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, toke
         "WHERE re.run_id = ? AND re.req_id = ? ORDER BY e.t_ns, e.eviction_id", [rid, row["req_id"]])
     events = tuple(
         EvictionEvent(
-            eviction_id=int(e["eviction_id"]), t_ns=int(e["t_ns"] or 0), tier=e["tier"], action=e["action"],
+            eviction_id=int(e["eviction_id"]), t_ns=int(e["t_ns"] or 0) - bounds[0], tier=e["tier"], action=e["action"],
             node_tokens=int(e["tokens"] or 0), prefix_tokens=int(e["prefix_tokens"] or 0),
             cause_req_id=e["cause_req_id"], owner_req_id=e["owner_req_id"],
             pool_used_tokens=e["pool_used_tokens"], pool_capacity_tokens=e["pool_capacity_tokens"],
@@ -652,7 +659,7 @@ def _eviction_finding(ev: EvictionEvidence, row: dict, tokens: TokenSplit) -> st
              if ev.device_evicted_tokens else "touched its prefix")
     by = ", ".join(ev.evicted_by[:8]) + (f" and {len(ev.evicted_by) - 8} more" if len(ev.evicted_by) > 8 else "")
     text = (f"{_plural(ev.num_events, 'eviction event')} {moved} "
-            f"({', '.join(actions)}), the first at {fmt_ms(first.t_ns)}")
+            f"({', '.join(actions)}), the first at t = {fmt_ms(first.t_ns)} (since the run's first arrival)")
     if by:
         text += f", forced by the allocations of request{'s' if len(ev.evicted_by) > 1 else ''} {by}"
     if first.pool_capacity_tokens:
@@ -828,10 +835,13 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
     return Explanation(
         run_id=run.run_id, run_name=run.name, req_id=req_id,
         seq=row.get("seq"), status=row.get("status") or "finished", reject_reason=row.get("reject_reason"),
-        hit_class=row.get("hit_class"), arrival_ns=row.get("arrival_ns"), ttft_ns=row.get("ttft_ns"),
+        hit_class=row.get("hit_class"),
+        arrival_ns=int(row["arrival_ns"]) - bounds[0] if row.get("arrival_ns") is not None else None,
+        ttft_ns=row.get("ttft_ns"),
         tokens=tokens, steps=steps, primary_cause=cause, headline=headline, verdict=verdict,
         decomposition=decomposition, ttft_if_device_resident_ns=row.get("ttft_if_device_resident_ns"),
         recompute_instead_ns=row.get("recompute_instead_ns"), evicted_by=evicted_by,
         ttft_if_never_evicted_ns=C.never_evicted_ns(row) if finished else None,
-        context=ctx, queue_attribution=attribution, advice=tuple(advice), claims=claims,
+        context=replace(ctx, window_start_ns=ctx.window_start_ns - bounds[0]) if ctx is not None else None,
+        queue_attribution=attribution, advice=tuple(advice), claims=claims, run_start_ns=bounds[0],
     )
