@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from conftest import FIRST_ARRIVAL_MS, REPLAY_ARGS, tierdiag, write_late_trace
+from tests.cli.cli_helpers import FIRST_ARRIVAL_MS, REPLAY_ARGS, tierdiag, write_late_trace
 
 LATE_NS = FIRST_ARRIVAL_MS * 1_000_000
 
@@ -50,3 +50,12 @@ def test_explain_times_are_since_the_first_arrival(late_run):
     text = tierdiag("explain", req, "--db", late_run, env={"COLUMNS": "120"}).stdout
     assert "transfers" in text and "events" in text
     assert re.search(r"\d min\b", text) is None, text
+
+
+def test_slow_json_arrivals_are_since_the_first_arrival(late_run):
+    res = tierdiag("slow", "--db", late_run, "--json", "--top", "300")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["run_start_ms"] == FIRST_ARRIVAL_MS
+    arrivals = sorted(r["arrival_ms"] for r in out["requests"])
+    assert 0 <= arrivals[0] and arrivals[-1] <= 300 * 300

@@ -34,13 +34,20 @@ def slow(
         if observed:
             from tierdiag.diagnose.observed import slow_observed as slow_requests  # noqa: F811
         rows = slow_requests(con, info, top=top, hit_class=hit_class, cause=cause)
+        if json_:
+            from tierdiag.diagnose.explain import run_bounds_ns
+
+            t0_ns = run_bounds_ns(con, info.run_id)[0]
     if ids:
         for r in rows:
             out.print(r.req_id, markup=False, highlight=False)
         return
     if json_:
+        # Arrivals since the run's first arrival, as in `explain --json` (run_start_ms adds back).
         print_json({"run_id": info.run_id, "run_name": info.name, "top": top, "class": hit_class,
-                    "cause": cause, "requests": [r.to_json() for r in rows]})
+                    "cause": cause, "run_start_ms": t0_ns / 1e6,
+                    "requests": [{**r.to_json(), "arrival_ms": None if r.arrival_ns is None else (r.arrival_ns - t0_ns) / 1e6}
+                                 for r in rows]})
         return
     if observed:
         from tierdiag.report.observed import render_observed_slow

@@ -78,6 +78,24 @@ class TokenSplit:
     def reused_tokens(self) -> int:
         return self.device_tokens + self.host_tokens + self.storage_tokens
 
+    def label(self) -> str:
+        """What the request mostly was, from its own token shares: its hit class says only which
+        tiers it touched (a `device_hit` can be 3 % device and 96 % recomputed), so the verdict
+        names it by its largest part instead."""
+        n = self.input_tokens
+        if n <= 0:
+            return "no input tokens"
+        if self.reused_tokens == 0 and self.recomputed_tokens == 0:
+            return "a miss: all new tokens"
+        parts = ((self.device_tokens, "on the device"), (self.host_tokens, "loaded back from host"),
+                 (self.storage_tokens, "fetched from storage"), (self.recomputed_tokens, "recomputed"),
+                 (self.new_tokens, "new"))
+        tokens, words = max(parts, key=lambda p: p[0])  # a tie goes to the earlier (cheaper) part
+        if tokens == n:
+            return f"all {words}"
+        how = "mostly" if tokens * 2 > n else "largest part"
+        return f"{how} {words}: {fmt_pct(tokens / n)} of its input"
+
     def to_json(self) -> dict:
         return {"input": self.input_tokens, "device": self.device_tokens, "host": self.host_tokens,
                 "storage": self.storage_tokens, "computed": self.computed_tokens,
@@ -336,8 +354,9 @@ def _request_row(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str) -> d
     raise NotFoundError(f"no request {req_id!r} in run {run.run_id} ({run.name})", hint=hint)
 
 
-def _run_bounds_ns(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[int, int]:
-    """First arrival and last finish of the run (virtual time)."""
+def run_bounds_ns(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[int, int]:
+    """First arrival and last finish of the run (virtual time): its span, where every view's
+    clock starts (`summary`'s span_ms is the difference)."""
     row = con.execute(
         "SELECT min(arrival_ns), max(coalesce(finish_ns, first_token_ns, arrival_ns)) "
         "FROM requests WHERE run_id = ?", [run_id]).fetchone()
@@ -740,10 +759,9 @@ def _verdict(v: VerdictInputs) -> tuple[str, str, tuple[C.Claim, ...]]:
         return (f"rejected: {reason}",
                 f"Request {req} was rejected ({reason}) and never produced a first token; there is no "
                 f"TTFT to explain.", ())
-    cls = row.get("hit_class")
     ttft, ideal, excess = parts.ttft_ns, parts.ideal_ttft_ns, parts.excess_ns
     short = C.cache_context(tokens, short=True)
-    base = (f"Request {req} ({cls}) took {fmt_ms(ttft)} to its first token against an ideal of "
+    base = (f"Request {req} ({tokens.label()}) took {fmt_ms(ttft)} to its first token against an ideal of "
             f"{fmt_ms(ideal)} (excess {fmt_ms(excess)}); {C.cache_context(tokens)}.")
     part_ns = parts.excess_parts_ns()["compute"] if cause == "compute" else (
         getattr(parts, _CAUSE_PART[cause]) if cause != "none" else 0)
@@ -797,7 +815,7 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
         input_tokens=_int(row, "input_tokens"), device_tokens=_int(row, "device_hit_tokens"),
         host_tokens=_int(row, "host_hit_tokens"), storage_tokens=_int(row, "storage_hit_tokens"),
         computed_tokens=_int(row, "computed_tokens"), recomputed_tokens=_int(row, "recomputed_tokens"))
-    bounds = _run_bounds_ns(con, run.run_id)
+    bounds = run_bounds_ns(con, run.run_id)
     finished = _finished(row)
     ctx = request_context(con, run.run_id, row, bounds[0]) if finished else None
     attribution = queue_attribution(con, run.run_id, row) if finished else None

@@ -72,6 +72,8 @@ def fmt_pct(share: float | None) -> str:
         return "0 %"
     if abs(pct) < 0.05:  # a sliver is not zero: never "0.0 %" beside a "0 %"
         return "< 0.1 %"
+    if 99.5 <= pct < 100:  # nearly all is not all: never "100 %" beside a "0.5 %"
+        return f"{pct:.1f} %" if pct < 99.95 else "> 99.9 %"
     return f"{pct:.0f} %" if abs(pct) >= 1 else f"{pct:.1f} %"
 
 

@@ -125,7 +125,8 @@ def _records_table(title: str, records: list[dict], console: Console | None = No
 def render_explanation(expl: Explanation, console: Console) -> None:
     data = expl.to_json()
     style = CAUSE_STYLE.get(expl.primary_cause, "bold")
-    title = plain(f"request {expl.req_id} · {expl.hit_class or expl.status} · run {expl.run_name} ({expl.run_id})")
+    what = f"{expl.hit_class}, {expl.tokens.label()}" if expl.hit_class else expl.status
+    title = plain(f"request {expl.req_id} · {what} · run {expl.run_name} ({expl.run_id})")
     verdict_parts: list = [Text(visible(expl.headline), style=f"bold {style}"), Text(""), Text(visible(expl.verdict))]
     if expl.decomposition is not None:
         d = expl.decomposition
