@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import random
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -14,13 +16,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 FIRST_ARRIVAL_MS = 1_000_000
 NUM_REQUESTS = 300
-
-
-def tierdiag(*args, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
-    """The CLI in a subprocess, with this checkout first on the path."""
-    full = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
-    return subprocess.run([sys.executable, "-c", "from tierdiag.cli.main import main; main()", *map(str, args)],
-                          capture_output=True, text=True, env=full, cwd=cwd, timeout=300)
 
 
 def write_late_trace(path: Path, num_requests: int = NUM_REQUESTS) -> Path:
@@ -39,3 +34,45 @@ def write_late_trace(path: Path, num_requests: int = NUM_REQUESTS) -> Path:
 
 
 REPLAY_ARGS = ("--model", "tiny", "--gpu", "cpu", "--device-tokens", 12288, "--host-tokens", 20480)
+
+
+# Views as a user meets them: piped (stdout not a terminal, as in `tierdiag slow > file`) and
+# under a pseudo-terminal of a given width.
+ENTRY = "from tierdiag.cli.main import main; main()"
+
+
+def _env(**kw) -> dict:
+    """This checkout first on the path (also for what the CLI starts), no inherited width or colour."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    env.update(kw)
+    return env
+
+
+def cli(*args: object, columns: int = 80, **env) -> subprocess.CompletedProcess:
+    """Piped: stdout is not a terminal."""
+    return subprocess.run([sys.executable, "-c", ENTRY, *map(str, args)], capture_output=True, text=True, timeout=300,
+                          env=_env(COLUMNS=str(columns), **env))
+
+
+def on_tty(*args: object, columns: int = 80, **env) -> tuple[int, str]:
+    """Under a pseudo-terminal `columns` wide; returns (exit code, everything written)."""
+    import fcntl
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 60, columns, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-c", ENTRY, *map(str, args)], stdin=slave, stdout=slave, stderr=slave,
+                            env=_env(**env), close_fds=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 1 << 16)
+        except OSError:  # EIO: the child closed its side
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    return proc.wait(timeout=120), b"".join(chunks).decode("utf-8", "replace")

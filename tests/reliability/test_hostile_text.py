@@ -12,7 +12,7 @@ import json
 import duckdb
 import pytest
 
-from harness import SMALL, line, tierdiag, write_trace
+from harness import SMALL, cli_env, line, tierdiag, write_trace
 
 # Markup that crashed the views (MarkupError), clear-screen, an OSC window title, a bidi override.
 HOSTILE_NAME = "[/bold]run\x1b[2J\x1b]0;pwned\x07[/]\u202e"
@@ -54,7 +54,10 @@ def test_every_view_renders_hostile_text_as_text(hostile, args):
         shown = args[1].replace("\x1b", "\\x1b").replace("\x07", "\\x07")
         assert shown in r.out
     if args[0] == "runs":
-        assert "\\x1b[2J\\x1b]0;pwned\\x07[/]\\u202e" in r.out
+        # (`runs` folds a name longer than its column: wide enough, it is on one line.)
+        wide = tierdiag(*args, "--db", db, env={**cli_env(), "COLUMNS": "200"})
+        assert_no_raw_controls(wide.out)
+        assert "\\x1b[2J\\x1b]0;pwned\\x07[/]\\u202e" in wide.out
     if args[0] == "slow":
         assert "[/bold]x" in r.out and "a\\x1b[31mred" in r.out
 

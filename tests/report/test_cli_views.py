@@ -9,58 +9,18 @@ The views run through the real entry point in a subprocess: piped (stdout not a 
 from __future__ import annotations
 
 import json
-import os
-import pty
 import re
-import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from fake_run import write_fake_run
+from tests.cli.cli_helpers import cli, on_tty
 from tierdiag.diagnose.causes import CAUSES
 from tierdiag.engine.config import EVICTION_POLICIES, WRITE_POLICIES
 from tierdiag.engine.presets import MODELS
 
-ENTRY = "from tierdiag.cli.main import main; main()"
 ANSI = re.compile(r"\x1b\[")
-
-
-def _env(**kw) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR")}
-    env.update(kw)
-    return env
-
-
-def cli(*args: str, columns: int = 80, **env) -> subprocess.CompletedProcess:
-    """Piped: stdout is not a terminal."""
-    return subprocess.run([sys.executable, "-c", ENTRY, *args], capture_output=True, text=True, timeout=120,
-                          env=_env(COLUMNS=str(columns), **env))
-
-
-def on_tty(*args: str, columns: int = 80, **env) -> tuple[int, str]:
-    """Under a pseudo-terminal `columns` wide; returns (exit code, everything written)."""
-    import fcntl
-    import termios
-
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 60, columns, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-c", ENTRY, *args], stdin=slave, stdout=slave, stderr=slave,
-                            env=_env(**env), close_fds=True)
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 1 << 16)
-        except OSError:  # EIO: the child closed its side
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    return proc.wait(timeout=120), b"".join(chunks).decode("utf-8", "replace")
 
 
 @pytest.fixture(scope="module")

@@ -380,43 +380,58 @@ def render_advise(r, console: Console, *, run_label: str) -> None:
         console.print(line)
 
 
+POOL_TIERS = ("device", "host", "storage")
+
+
+def pool_sizes(config: dict, data_plane: dict) -> dict[str, dict[str, int | None]]:
+    """A run's pools as recorded: tier -> tokens and modelled bytes (None when the run did not
+    record its KV size per token). Tiers of size 0 (no storage tier) are left out."""
+    kv = data_plane.get("kv_bytes_per_token")
+    kv = kv if isinstance(kv, int) and not isinstance(kv, bool) else None
+    return {tier: {"tokens": config[f"{tier}_tokens"], "bytes": config[f"{tier}_tokens"] * kv if kv else None}
+            for tier in POOL_TIERS
+            if isinstance(config.get(f"{tier}_tokens"), int) and config[f"{tier}_tokens"] > 0}
+
+
 def _pools_text(config: dict, data_plane: dict) -> str:
     kv = data_plane.get("kv_bytes_per_token")
     kv = kv if isinstance(kv, int) else None
-    return " · ".join(f"{tier} {fmt_pool(config[f'{tier}_tokens'], kv)}" for tier in ("device", "host", "storage")
-                      if isinstance(config.get(f"{tier}_tokens"), int) and config[f"{tier}_tokens"] > 0) or "-"
+    return " · ".join(f"{tier} {fmt_pool(config[f'{tier}_tokens'], kv)}" for tier in POOL_TIERS
+                    if isinstance(config.get(f"{tier}_tokens"), int) and config[f"{tier}_tokens"] > 0) or "-"
 
 
-def render_runs(infos: Sequence, console: Console, *, db_label: str, options: dict[str, str] | None = None) -> None:
-    """The runs of a store, newest last. Run ids are always whole: they are what `--run` takes.
+# Shown in their own lines of `runs`' config cell (model/gpu, the pools), so not again as options.
+_RUNS_OWN_LINES = ("model", "gpu", "device_tokens", "host_tokens", "storage_tokens", "storage_dir")
 
-    `options`: run id -> the options that differ from the defaults, when the caller knows them.
-    A table where it fits the width, else one block of lines per run."""
+
+def render_runs(infos: Sequence, console: Console, *, db_label: str,
+                options: dict[str, dict] | None = None) -> None:
+    """The runs of a store, newest last, as one table that fits 80 columns: a run's cells stack
+    (id, name, sweep; kind, status; model/gpu, pools in tokens and GiB, then one line per option
+    that differs from the defaults), so nothing is cut. Run ids are always whole: they are what
+    `--run` takes.
+
+    `options`: run id -> {option: value} that differ from the defaults, when the caller knows them."""
+    from tierdiag.report.compare_terminal import fmt_option
+
     options = options or {}
-    title = f"runs in {db_label}"
-    wide = _table(title)
-    for col in ("run_id", "name", "kind", "status", "requests", "model/gpu", "pools", "created", "wall"):
-        wide.add_column(col, justify="right" if col in ("requests", "wall") else "left", no_wrap=True)
+    table = _table(f"runs in {db_label}", show_lines=True)
+    table.add_column("run (id, name, sweep)", overflow="fold", min_width=22)
+    table.add_column("kind", no_wrap=True)
+    table.add_column("requests", justify="right", no_wrap=True)
+    table.add_column("config", overflow="fold")
     for r in infos:
         # Every cell is data (a crafted store can hold anything): never markup, controls escaped.
-        wide.add_row(plain(r.run_id), plain(r.name), plain(r.kind + (f" (sweep {r.sweep_id})" if r.sweep_id else "")),
-                     plain(r.status), f"{r.num_requests:,}",
-                     plain(f"{r.config.get('model', '?')}/{r.config.get('gpu', '?')}"),
-                     plain(_pools_text(r.config, r.data_plane)), str(r.created_at)[:19],
-                     f"{r.wall_s:.1f} s" if r.wall_s is not None else "-")
-    blocks: list = [plain(title, "italic")]
-    for r in infos:
-        blocks.append(Text.assemble(
-            plain(r.run_id, "bold"), plain(f"  {r.name} · {r.status} · {r.num_requests:,} requests · "
-                                           f"{r.config.get('model', '?')} on {r.config.get('gpu', '?')}")))
-        lines = [f"{r.kind}" + (f" in sweep {r.sweep_id}" if r.sweep_id else "") + f" · created {str(r.created_at)[:19]}"
-                 + (f" · {r.wall_s:.1f} s wall" if r.wall_s is not None else ""),
-                 f"trace {r.trace_path}", f"pools {_pools_text(r.config, r.data_plane)}"]
-        if options.get(r.run_id):
-            lines.append(f"options {options[r.run_id]}")
-        blocks += [plain("  " + line, "dim") for line in lines]
-    has_options = any(options.values())
-    if has_options or not fits(console, wide):
-        console.print(Group(*blocks))
-    else:
-        console.print(wide)
+        run_cell = Text("\n").join([plain(r.run_id, "bold"), plain(r.name)]
+                                    + ([plain(r.sweep_id, "dim")] if r.sweep_id else []))
+        config = [f"{r.config.get('model', '?')} on {r.config.get('gpu', '?')}"]
+        config += [f"{tier} {fmt_tokens(size['tokens'])}" + (f" ({fmt_bytes(size['bytes'])})" if size["bytes"] else "")
+                   for tier, size in pool_sizes(r.config, r.data_plane).items()]
+        config += [f"{k}={fmt_option(v)}" for k, v in sorted(options.get(r.run_id, {}).items())
+                   if k not in _RUNS_OWN_LINES]
+        table.add_row(run_cell, Text("\n").join([plain(r.kind), plain(r.status)]), f"{r.num_requests:,}",
+                      Text("\n").join(plain(line) for line in config))
+    console.print(table, soft_wrap=False)  # a long database path in the title wraps too
+    console.print(Text("config: model on GPU, pools in tokens (binary sizes, GiB = 2^30 bytes), then the options "
+                       "that differ from the defaults · `--run` takes an id, a unique prefix of one, or a name · "
+                       "--json for every field", style="dim"), soft_wrap=False)
