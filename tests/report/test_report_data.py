@@ -243,3 +243,30 @@ def test_run_without_transfers_or_evictions(tmp_path: Path):
         assert data.headline.num_evictions == 0
     finally:
         con.close()
+
+
+def _union_ns(intervals) -> float:
+    total, reach = 0.0, None
+    for t0, t1 in sorted(intervals):
+        if reach is None or t0 > reach:
+            total += t1 - t0
+            reach = t1
+        elif t1 > reach:
+            total += t1 - reach
+            reach = t1
+    return total
+
+
+def test_decode_busy_is_the_union_of_decode_intervals(store):
+    con, run, req = store
+    h = rd.load_headline(con, run)
+    ld = rd.load_load(con, run, h.t0_ns)
+    fin = _finished(req)
+    arrival, ttft, finish = _col(req, "arrival_ns", fin), _col(req, "ttft_ns", fin), _col(req, "finish_ns", fin)
+    decoding = [(a + t, f) for a, t, f in zip(arrival, ttft, finish) if f > a + t]
+    union = _union_ns(decoding)
+    # Busy while any request decodes: the union, never the sum (requests decode side by side).
+    assert ld.busy_decode.sum() * ld.bin_s * 1e9 == pytest.approx(union, rel=1e-6)
+    assert ld.decode_busy_share == pytest.approx(union / h.span_ns, rel=1e-6)
+    assert union < sum(f - t0 for t0, f in decoding)  # the fake run does overlap its decodes
+    assert ((ld.busy_decode >= 0) & (ld.busy_decode <= 1 + 1e-9)).all()

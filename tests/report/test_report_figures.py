@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 import pytest
 
 from fake_run import LINK_BYTES_PER_S, write_fake_run
+from tierdiag.diagnose.units import fmt_pct
 from tierdiag.report import data as rd
 from tierdiag.report.figures import build_figures, log_ticks, ttft_unit
 from tierdiag.store.reader import open_store, resolve_run
@@ -106,10 +107,15 @@ def test_load_timeline_lanes(figures, report_data):
     names = {t["name"] for t in fig["data"]}
     assert {"waiting (no batch yet)", "prefilling", "decoding", "queued prefill tokens", "GPU: new tokens"} <= names
     assert {t["yaxis"] for t in fig["data"]} == {"y", "y2", "y3"} and {t["xaxis"] for t in fig["data"]} == {"x"}
-    gpu = [t for t in fig["data"] if t["name"].startswith("GPU: ")]
+    gpu = [t for t in fig["data"] if t["name"].startswith("GPU: ") and "stackgroup" in t]
     stacked = np.sum([t["y"] for t in gpu], axis=0)
     assert stacked == pytest.approx(report_data.load.busy_total * 100)
-    assert "GPU busy in prefill" in fig["layout"]["annotations"][2]["text"]
+    # Decode is GPU time too: its own line over the prefill stack (the model overlaps the two).
+    decode, = (t for t in fig["data"] if t["name"] == "GPU: decoding (any request)")
+    assert "stackgroup" not in decode and decode["yaxis"] == "y3"
+    assert decode["y"] == pytest.approx(report_data.load.busy_decode * 100)
+    title = fig["layout"]["annotations"][2]["text"]
+    assert "GPU busy in prefill" in title and f"decoding {fmt_pct(report_data.load.decode_busy_share)}" in title
 
 
 def test_reuse_and_ttft_over_time(figures, report_data):

@@ -518,6 +518,9 @@ def decomposition_class_figure(data: ReportData) -> FigureSpec:
         figure={"data": traces, "layout": layout}, height_px=60 + 50 * len(classes) + 60, empty=not classes)
 
 
+DECODE_COLOUR = "#455a64"  # decoding requests and the GPU time spent decoding
+
+
 def _rows(n: int, gap: float = 0.07) -> list[list[float]]:
     """y domains of n stacked panels sharing one x axis, top first."""
     h = (1 - gap * (n - 1)) / n
@@ -548,7 +551,7 @@ def load_figure(data: ReportData) -> FigureSpec:
 
     traces.append(line("waiting (no batch yet)", ld.waiting, "y", COMPONENT_COLOURS["queue_ns"], fill="tozeroy"))
     traces.append(line("prefilling", ld.prefilling, "y", TIER_COLOURS["host"]))
-    traces.append(line("decoding", ld.decoding, "y", "#455a64", width=1))
+    traces.append(line("decoding", ld.decoding, "y", DECODE_COLOUR, width=1))
     traces.append(line("queued prefill tokens", ld.waiting_tokens, "y2", COMPONENT_COLOURS["queue_ns"],
                        fill="tozeroy", fmt=",.0f", suffix=" tokens"))
     gpu = [("new tokens", ld.busy_new, COMPONENT_COLOURS["compute_ns"])]
@@ -560,6 +563,13 @@ def load_figure(data: ReportData) -> FigureSpec:
         if name == "other blocking" and not (y > 0).any():
             continue
         traces.append(line(f"GPU: {name}", y * 100, "y3", colour, stack="gpu", fmt=".1f", suffix=" %"))
+    if ld.busy_decode is not None:
+        # A line over the prefill stack, not a layer of it: the cost model times decode steps
+        # beside prefill batches, so the two shares overlap rather than add up.
+        dec = line("GPU: decoding (any request)", ld.busy_decode * 100, "y3", DECODE_COLOUR, fmt=".1f",
+                   suffix=" %", width=1.6)
+        dec["line"]["dash"] = "dot"
+        traces.append(dec)
     layout = _layout(hovermode="x unified", margin={"l": 72, "r": 24, "t": 24, "b": 48})
     layout["xaxis"] = _axis(TIME_AXIS_TITLE, anchor="y3", range=[0, float(x[-1] + ld.bin_s / 2) if len(x) else 1])
     layout["yaxis"] = _axis("requests", domain=domains[0], rangemode="tozero")
@@ -569,18 +579,21 @@ def load_figure(data: ReportData) -> FigureSpec:
     layout["annotations"] = [
         _panel_title("requests waiting, prefilling and decoding (time-weighted mean per bin)", domains[0]),
         _panel_title("prefill queue depth: input tokens of the waiting requests", domains[1]),
-        _panel_title(f"GPU busy in prefill: {fmt_pct(ld.prefill_busy_share)} of the run's "
-                     f"{fmt_ms(data.headline.span_ns)}{split}", domains[2]),
+        _panel_title(f"GPU busy in prefill {fmt_pct(ld.prefill_busy_share)}"
+                     + (f", decoding {fmt_pct(ld.decode_busy_share)}" if ld.decode_busy_share is not None else "")
+                     + f" of the run's {fmt_ms(data.headline.span_ns)}{split}", domains[2]),
     ]
     layout["legend"] = {**layout["legend"], "yanchor": "top", "y": -0.12}
     return FigureSpec(
         key="load", section="time", title="Load: waiting requests, queue depth and GPU time",
         how_to_read="When the GPU lane (bottom) sits near 100 % and the waiting count and queued tokens climb, "
                     "requests queue because prefill is saturated: that is queueing, not the cache. Red in the "
-                    "GPU lane is time spent recomputing tokens the cache once held.",
+                    "GPU lane is time spent recomputing tokens the cache once held; the dotted line is the time "
+                    "the GPU was decoding (at least one request past its first token).",
         figure={"data": traces, "layout": layout}, height_px=620,
-        note=f"{len(x)} bins of {ld.bin_s:.3g} s; decode is modelled per request (not GPU time shared with "
-             f"prefill), so the GPU lane is prefill only", empty=not data.load.num_batches and not (ld.waiting > 0).any())
+        note=f"{len(x)} bins of {ld.bin_s:.3g} s; the cost model times decode steps beside prefill batches "
+             f"(neither delays the other), so the decode line overlaps the prefill stack instead of adding to it",
+        empty=not data.load.num_batches and not (ld.waiting > 0).any())
 
 
 def reuse_time_figure(data: ReportData) -> FigureSpec:
