@@ -64,6 +64,32 @@ def _n(count: int, word: str, plural: str | None = None) -> str:
     return f"{count:,} {word if count == 1 else (plural or word + 's')}"
 
 
+_NUMBER = re.compile(r"\d[\d,]*")
+
+
+def grouped_reasons(reasons) -> list[tuple[str, int, int]]:
+    """Reasons that differ only in their numbers, as one line with each varying number as its
+    range: 30 lines "needs 30400 tokens of device memory; the pool holds 29952", "needs 31552
+    ..." become "needs 30,400 to 119,360 tokens of device memory; the pool holds 29,952".
+    Returns (reason, requests, tokens), most requests first."""
+    groups: dict[str, list] = {}
+    for r in reasons:
+        groups.setdefault(_NUMBER.sub("#", r.reason), []).append(r)
+    out = []
+    for template, members in groups.items():
+        if len(members) == 1:
+            text = members[0].reason
+        else:
+            numbers = [[int(x.replace(",", "")) for x in _NUMBER.findall(m.reason)] for m in members]
+            pieces = template.split("#")
+            text = pieces[0]
+            for i, piece in enumerate(pieces[1:]):
+                lo, hi = min(n[i] for n in numbers), max(n[i] for n in numbers)
+                text += (f"{lo:,}" if lo == hi else f"{lo:,} to {hi:,}") + piece
+        out.append((text, sum(m.num_requests for m in members), sum(m.tokens for m in members)))
+    return sorted(out, key=lambda g: -g[1])
+
+
 def _kv_table(evidence: dict) -> Table:
     """Scalar evidence as a two-column grid; lists of records become their own small tables."""
     grid = Table.grid(padding=(0, 2))
@@ -319,8 +345,8 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
                  f"{fmt_ms(lb.storage_wait_ns)} waited")
     for sk in s.skipped:
         grid.add_row(plain(f"skipped ({sk.tier})"), plain(f"{sk.reason}: {_n(sk.num_requests, 'request')}, {fmt_tokens(sk.tokens)} tokens recomputed"))
-    for rj in s.rejected_reasons:
-        grid.add_row("rejected", plain(f"{rj.reason}: {_n(rj.num_requests, 'request')}, {fmt_tokens(rj.tokens)} tokens"))
+    for reason, num, tokens in grouped_reasons(s.rejected_reasons):
+        grid.add_row("rejected", plain(f"{reason}: {_n(num, 'request')}, {fmt_tokens(tokens)} tokens"))
     console.print(Panel(grid, title="load-back", title_align="left"), soft_wrap=False)
     console.print(Text("sizes in binary units (GiB = 2^30 bytes), bandwidth in decimal GB/s (10^9 bytes/s)",
                        style="dim"))
