@@ -35,3 +35,10 @@ def test_explain_names_a_mostly_recomputed_device_hit_so(late_run):
     assert e["verdict"].startswith(f"Request {req} (mostly recomputed: ")
     text = cli("explain", req, "--db", late_run, columns=100).stdout
     assert "device_hit, mostly recomputed" in " ".join(text.split())
+
+
+def test_headline_calls_a_mostly_new_request_no_full_device_hit():
+    from tierdiag.diagnose.claims import cache_context
+
+    assert cache_context(split(device=512, computed=5_814), short=True) == "its input was 8 % device, 92 % new"
+    assert cache_context(split(device=6_144, computed=29), short=True) == "the cache was a full device hit"

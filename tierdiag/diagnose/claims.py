@@ -75,7 +75,10 @@ def cache_context(tokens, *, short: bool = False) -> str:
     new = tokens.new_tokens
     if d + h + s == 0 and r == 0:
         return f"the cache had nothing to offer (all {fmt_tokens(n)} tokens new)"
-    if is_full_device_hit(d, h, s, r):
+    # The headline (`short`) has no numbers: "a full device hit" alone reads as "most of it came
+    # from the GPU", so it says so only when device tokens outnumber the new ones (else shares:
+    # "its input was 8 % device, 92 % new").
+    if is_full_device_hit(d, h, s, r) and (not short or d >= new):
         return ("the cache was a full device hit" if short else
                 f"the cache was a full device hit ({fmt_tokens(d)} of {fmt_tokens(n)} input tokens on device, "
                 f"nothing recomputed)")
