@@ -49,10 +49,10 @@ def _env(**kw) -> dict:
     return env
 
 
-def cli(*args: object, columns: int = 80, **env) -> subprocess.CompletedProcess:
+def cli(*args: object, columns: int = 80, cwd: Path | None = None, **env) -> subprocess.CompletedProcess:
     """Piped: stdout is not a terminal."""
     return subprocess.run([sys.executable, "-c", ENTRY, *map(str, args)], capture_output=True, text=True, timeout=300,
-                          env=_env(COLUMNS=str(columns), **env))
+                          env=_env(COLUMNS=str(columns), **env), cwd=cwd)
 
 
 def on_tty(*args: object, columns: int = 80, **env) -> tuple[int, str]:

@@ -102,7 +102,7 @@ def test_delete_removes_every_row_and_the_storage_folder(two_runs, tmp_path):
     assert again.returncode == 4 and again.stderr.count("\n") == 1 and f"no run '{gone}'" in again.stderr
 
 
-@pytest.mark.parametrize("make", ["home", "user_files", "symlink", "holds_db"])
+@pytest.mark.parametrize("make", ["home", "user_files", "symlink", "holds_db", "relative"])
 def test_delete_never_removes_a_folder_tierdiag_did_not_write(two_runs, tmp_path, make):
     db, (_, run) = two_runs
     if make == "home":
@@ -114,15 +114,18 @@ def test_delete_never_removes_a_folder_tierdiag_did_not_write(two_runs, tmp_path
         target = _storage_folder(tmp_path / "real")
         folder = tmp_path / "link"
         folder.symlink_to(target)
+    elif make == "relative":
+        folder = Path("storage")  # where the replay ran, not where `runs` runs
+        _storage_folder(tmp_path / "storage")
     else:
         folder = tmp_path  # holds the database itself
     _set_config(db, run, storage_dir=str(folder))
     before = _counts(db, run)
-    res = cli("runs", "--db", db, "--delete", run)
+    res = cli("runs", "--db", db, "--delete", run, cwd=tmp_path)
     assert res.returncode == 4 and res.stderr.count("\n") == 1, res.stderr
     assert "does not look like a tierdiag storage folder" in res.stderr and "--keep-storage" in res.stderr
     assert _counts(db, run) == before  # nothing deleted
-    assert folder.exists()
+    assert (tmp_path / folder).exists()
     if make == "user_files":
         assert (folder / "thesis.tex").read_text() == "years of work"
         # --keep-storage deletes the rows only

@@ -58,8 +58,10 @@ class DeletedRun:
 
 def storage_folder_problem(folder: Path, *, db_path: Path) -> str | None:
     """Why `folder` must not be removed, or None when it is a storage-tier folder and only that:
-    a real directory (not a link) holding nothing but page or segment files, and no home,
-    root, working directory or folder that holds the database."""
+    an absolute path to a real directory (not a link) holding nothing but page or segment
+    files, and no home, root, working directory or folder that holds the database."""
+    if not folder.is_absolute():
+        return f"{folder} is a relative path (relative to where the replay ran, not to here)"
     if folder.is_symlink():
         return f"{folder} is a symbolic link"
     if not folder.is_dir():
@@ -113,7 +115,7 @@ def delete_run(db: Path, run: str, *, keep_storage: bool = False) -> DeletedRun:
             kept = "--keep-storage"
         elif others:
             kept = f"run {others[0]} uses it too"
-        elif folder.exists() or folder.is_symlink():
+        elif folder.exists() or folder.is_symlink() or not folder.is_absolute():
             problem = storage_folder_problem(folder, db_path=db)
             if problem is not None:
                 raise StoreError(f"not deleting run {info.run_id}: its storage_dir {folder} does not look like a "
