@@ -139,8 +139,12 @@ def test_delete_keeps_a_folder_another_run_uses_and_refuses_a_live_run(two_runs,
     folder = _storage_folder(tmp_path / "shared-storage")
     _set_config(db, a, storage_dir=str(folder))
     _set_config(db, b, storage_dir=str(folder))
-    res = cli("runs", "--db", db, "--delete", b)
-    assert res.returncode == 0 and f"kept {folder} (run {a} uses it too)" in res.stdout
+    res = cli("runs", "--db", db, "--delete", b, "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["run_id"] == b and out["num_rows"] == sum(out["rows"].values()) > 0
+    assert out["storage_dir"] == str(folder) and not out["storage_removed"]
+    assert out["storage_kept_because"] == f"run {a} uses it too"
     assert folder.exists()
     # A run still being recorded (its process alive on this host) is not deleted under it.
     import os
