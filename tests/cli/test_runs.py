@@ -168,3 +168,19 @@ def test_delete_while_another_process_writes_says_busy(two_runs):
         holder.close()
     assert res.returncode == 4 and "busy" in res.stderr and res.stderr.count("\n") == 1
     assert _counts(db, a)["runs"] == 1
+
+
+def test_an_observed_run_says_where_it_came_from():
+    from rich.console import Console
+
+    from tierdiag.report.terminal import render_runs
+    from tierdiag.store.reader import RunInfo
+
+    info = RunInfo(run_id="20261201-120000-abcdef", name="prod", created_at="2026-12-01 12:00:00", status="complete",
+                   tierdiag_version="0", trace_path="/var/log/m", trace_sha256="", config={"source": "sglang"},
+                   hardware={}, data_plane={}, timing="observed", num_requests=5, wall_s=None, command_line="",
+                   kind="observed")
+    console = Console(width=80, record=True, color_system=None)
+    render_runs([info], console, db_label="prod.duckdb", options={})
+    text = console.export_text()
+    assert "imported from sglang" in text and "?" not in text and "observed" in text
