@@ -96,11 +96,17 @@ def _run(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool) ->
         if outcome.run_id is None:
             text = f"{outcome.name}: {outcome.status}" + (f" ({outcome.error})" if outcome.error else "")
         else:
-            with open_store(db) as con:
-                s = run_summary(con, resolve_run(con, outcome.run_id))
-            p50 = next((c.ttft_p50_ns for c in s.classes if c.hit_class == "all"), None)
-            text = (f"{outcome.name}: {outcome.status}, reuse {fmt_pct(s.reused_token_share)}, "
-                    f"TTFT p50 {fmt_ms(p50)} ({outcome.wall_s:.1f}s)")
+            # A finished replay brings its headline with it (computed by its worker); only a run
+            # cut short is read back here. This runs in the driver while the workers replay:
+            # a query per run here is CPU taken from them.
+            reuse, p50_ns = outcome.reuse_share, None if outcome.ttft_p50_ms is None else outcome.ttft_p50_ms * 1e6
+            if reuse is None:
+                with open_store(db) as con:
+                    s = run_summary(con, resolve_run(con, outcome.run_id), diagnose=False)
+                reuse = s.reused_token_share
+                p50_ns = next((c.ttft_p50_ns for c in s.classes if c.hit_class == "all"), None)
+            text = (f"{outcome.name}: {outcome.status}, reuse {fmt_pct(reuse)}, "
+                    f"TTFT p50 {fmt_ms(p50_ns)} ({outcome.wall_s:.1f}s)")
         bar.console.print(f"  {text}", markup=False, highlight=False)
 
     with bar:

@@ -172,7 +172,7 @@ def compare_runs(con: duckdb.DuckDBPyConnection, runs: Sequence[RunInfo], *, by:
                  sweep_id: str | None = None) -> Comparison:
     check_sort_key(by)
     varied = varied_options([r.config for r in runs])
-    rows = [_row(con, r, run_summary(con, r), varied) for r in runs]
+    rows = [_row(con, r, run_summary(con, r, diagnose=False), varied) for r in runs]  # a row shows no diagnosis
     if by is not None:
         key, ascending = SORT_KEYS[by]
         present = [r for r in rows if key(r) is not None]

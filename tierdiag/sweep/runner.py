@@ -75,6 +75,10 @@ class RunOutcome:
     error: str | None = None  # one line, for failed
     exit_code: int = 0  # the failure's exit code (ExitCode), 0 otherwise
     wall_s: float | None = None
+    # The finished replay's headline, as `replay` computed it from the rows it wrote (its
+    # ReplaySummary): None where the replay did not return one (interrupted, failed).
+    reuse_share: float | None = None
+    ttft_p50_ms: float | None = None
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -171,6 +175,8 @@ class _WorkerResult:
     error: str | None = None
     exit_code: int = 0
     wall_s: float = 0.0
+    reuse_share: float | None = None  # from the replay's summary, so the driver need not query it
+    ttft_p50_ms: float | None = None
 
 
 class _StopFlags:
@@ -207,12 +213,12 @@ def _replay_one(trace: Path, task: _Task, workdir: Path, skip_bad: bool, command
 
     t0 = time.perf_counter()
     db = workdir / f"run-{task.index}.duckdb"
-    error, code = None, 0
+    error, code, summary = None, 0, None
     _FLAGS.in_replay = True
     try:
         if not _FLAGS.stop:
-            replay(trace, task.config, db=db, run_name=task.name, probes=True, skip_bad=skip_bad,
-                   command_line=command_line.split(" "))
+            summary = replay(trace, task.config, db=db, run_name=task.name, probes=True, skip_bad=skip_bad,
+                             command_line=command_line.split(" "))
     except (ReplayInterrupted, KeyboardInterrupt):
         pass  # the run (if one was created) is closed as interrupted in `db`
     except TierdiagError as exc:
@@ -223,7 +229,8 @@ def _replay_one(trace: Path, task: _Task, workdir: Path, skip_bad: bool, command
         error, code = f"internal error: {type(exc).__name__}: {first[0] if first else ''}", int(ExitCode.BUG)
     finally:
         _FLAGS.in_replay = False
-    return _WorkerResult(task.index, str(db) if db.exists() else None, error, code, time.perf_counter() - t0)
+    return _WorkerResult(task.index, str(db) if db.exists() else None, error, code, time.perf_counter() - t0,
+                         summary.reuse_share if summary else None, summary.ttft_p50_ms if summary else None)
 
 
 def _merge(db: Path, task: _Task, result: _WorkerResult, tables, overrides: dict) -> RunOutcome:
@@ -244,7 +251,8 @@ def _merge(db: Path, task: _Task, result: _WorkerResult, tables, overrides: dict
         _remove_worker_store(Path(result.db_path))
     error = result.error or tables["runs"].column("error")[0].as_py()
     return RunOutcome(task.index, task.name, run_id, status, error if status == "failed" else None,
-                      result.exit_code if status == "failed" else 0, result.wall_s)
+                      result.exit_code if status == "failed" else 0, result.wall_s,
+                      result.reuse_share, result.ttft_p50_ms)
 
 
 def _remove_worker_store(path: Path) -> None:
