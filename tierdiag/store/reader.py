@@ -53,7 +53,7 @@ def connect_with_retry(path: str | os.PathLike, *, read_only: bool,
         try:
             # One DuckDB thread: our queries and appends are small, and a replay writing beside
             # the engine on a few cores should not compete with it.
-            return duckdb.connect(str(path), read_only=read_only, config={"threads": 1})
+            con = duckdb.connect(str(path), read_only=read_only, config={"threads": 1})
         except duckdb.IOException as exc:
             if not is_lock_error(exc) or time.monotonic() > deadline:
                 raise
@@ -61,6 +61,11 @@ def connect_with_retry(path: str | os.PathLike, *, read_only: bool,
             time.sleep(delay)
             signals.checkpoint()
             delay = min(delay * 2, 0.25)
+            continue
+        # DuckDB draws its own progress bar on stderr for a query past 2 s (a session setting):
+        # raw terminal escapes among our output, and from every worker of a sweep at once.
+        con.execute("SET enable_progress_bar = false")
+        return con
 
 
 _DAMAGE = ("corrupt database file", "could not read enough bytes", "checksum", "database has been invalidated",
