@@ -73,10 +73,10 @@ def _check(story: Story, tmp_path: Path, options: dict, kind: str, **kw):
     return item, before, after
 
 
-def _pushed_out(story: Story, prefix_pages: int = 24, floods: int = 6, t_a2: int = 2000) -> None:
+def _pushed_out(story: Story, prefix_pages: int = 24, floods: int = 6, t_a2: int = 2000, a1_output: int = 4) -> None:
     """'a1' caches a prefix; floods of 32 fresh pages push it out of device and host; 'a2' wants it back."""
     prefix = list(range(prefix_pages))
-    story.add("a1", 0, prefix)
+    story.add("a1", 0, prefix, output=a1_output)
     for i in range(floods):
         story.add(f"f{i}", 100 + 100 * i, story.fresh(32))
     story.add("a2", t_a2, prefix + story.fresh(1))
@@ -111,17 +111,19 @@ def test_prefetch_wait_complete_for_incomplete_prefetches(tmp_path):
 
 
 def test_write_policy_when_lost_tokens_were_never_backed_up(tmp_path):
+    """write_through_selective backs a prefix up on its second insert (HiRadixCache's
+    write_through_threshold 2). A request that decodes goes in twice, at the end of its prefill
+    and at its finish, so its prefix is backed up before it can be dropped; one finished by its
+    first token (output 1) goes in once, at finish. a1 is such a request: the floods drop its
+    prefix from device with no host copy, and a2 recomputes it. write_through backs a1 up at
+    that one insert: a2 loads it back from host instead."""
     s = Story()
-    _pushed_out(s, floods=3)
+    _pushed_out(s, floods=3, a1_output=1)
     options = {"model": "llama3-8b", "device_tokens": 4096, "host_tokens": 65536,
                "write_policy": "write_through_selective"}
-    db = s.replay(tmp_path / "probe", options)
-    with open_store(db) as con:
-        drops = con.execute("SELECT count(*) FROM evictions WHERE action = 'drop'").fetchone()[0]
-    if not drops:  # an engine that counts the finish insert as a second hit backs every prefix up
-        pytest.skip("this engine backs a1's prefix up under write_through_selective before it can be dropped")
     item, _, _ = _check(s, tmp_path, options, "write_policy")
     assert item.changes == {"write_policy": "write_through"}
+    assert item.evidence["dropped_unbacked_tokens"] >= 24 * s.block  # a1's whole prefix
 
 
 def test_eviction_policy_when_hot_prefixes_were_evicted(tmp_path):
