@@ -45,7 +45,8 @@ class Story:
         trace = folder / "trace.jsonl"
         trace.write_text("".join(json.dumps(line) + "\n" for line in self.lines))
         db = folder / "run.duckdb"
-        args = ["replay", str(trace), "--db", str(db), "--gpu", "h100", "--block-size", str(self.block)]
+        options = {"gpu": "h100", **options}
+        args = ["replay", str(trace), "--db", str(db), "--block-size", str(self.block)]
         for key, value in options.items():
             flag = "--" + key.replace("_", "-")
             args += [flag] if value is True else ["--no-" + key.replace("_", "-")] if value is False else [flag, str(value)]

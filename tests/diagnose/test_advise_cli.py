@@ -58,3 +58,39 @@ def test_advise_without_the_trace_is_exit_3_naming_it(tmp_path):
 def test_advise_bad_budget_is_a_usage_error(lost_prefix):
     code, _, err, _ = run_cli("advise", "--db", str(lost_prefix), "--budget", "0")
     assert code == 2 and "--budget 0" in err
+
+
+def test_advise_proposes_and_verifies_a_storage_tier_with_its_prefetch_policy(tmp_path):
+    """The capacity story on a server (--host-memory 8M) that cannot hold a2's reuse distance in
+    host memory: advise proposes a storage tier with prefetch_policy wait_complete, and, since
+    host == device leaves prefetches no room, a host pool of 2 x device; replaying it, a2's prefix
+    comes from storage instead of being recomputed, and a2 is faster (tiny model on the CPU
+    preset, where a token is cheaper to read from disk than to recompute)."""
+    from tierdiag.store.reader import open_store
+
+    s = Story()
+    _pushed_out(s)
+    db = s.replay(tmp_path, {"model": "tiny", "gpu": "cpu", "device_tokens": 4096, "host_tokens": 4096})
+    result = CliRunner().invoke(app, ["advise", "--db", str(db), "--budget", "2", "--jobs", "1",
+                                      "--host-memory", "8M", "--json"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    j = json.loads(result.output)
+    tier = next(c for c in j["candidates"] if "storage_tokens" in c["changes"])
+    assert tier["changes"] == {"storage_tokens": 16384, "prefetch_policy": "wait_complete", "host_tokens": 8192}
+    assert tier["status"] == "complete" and tier["reuse_share"]["storage"] > 0
+    assert tier["recompute_share"] < j["baseline"]["recompute_share"]
+    assert j["best"] == tier["run_id"]
+    item = next(a for a in j["advice"] if a["kind"] == "storage_tier")
+    assert "beyond the 8.0 MiB a server holds for KV" in item["reason"] and "rate_limited" in item["reason"]
+    assert item["verified"]["run_id"] == tier["run_id"]
+    with open_store(db) as con:
+        ttft = dict(con.execute("SELECT run_id, ttft_ns FROM requests WHERE req_id = 'a2'").fetchall())
+        skipped = con.execute("SELECT storage_skipped_reason, storage_hit_tokens FROM requests "
+                              "WHERE req_id = 'a2' AND run_id = ?", [tier["run_id"]]).fetchone()
+    assert skipped == (None, 24 * s.block)  # a2's whole prefix fetched, none skipped
+    assert ttft[tier["run_id"]] < ttft[j["baseline"]["run_id"]]
+
+
+def test_advise_bad_host_memory_is_a_usage_error(lost_prefix):
+    code, _, err, _ = run_cli("advise", "--db", str(lost_prefix), "--host-memory", "lots")
+    assert code == 2 and "--host-memory 'lots'" in err

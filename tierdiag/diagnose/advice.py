@@ -42,6 +42,10 @@ from tierdiag.diagnose.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, ns_t
 
 MIN_LOSS_SHARE = 0.05
 HOST_POOL_LIMIT_BYTES = 2 << 40  # 2 TiB of host memory for KV beside one GPU
+# Prefetches in flight may hold this share of host beyond device (the engine's
+# scheduler.PREFETCH_CAPACITY_SHARE, HiCacheController.prefetch_rate_limited; not imported:
+# the scheduler imports torch).
+PREFETCH_ROOM_SHARE = 0.8
 # Size pools to keep this share of the re-referenced removed tokens (reuse distance decile).
 CAPACITY_DECILE = 9
 SLOW_LINK_SHARE = 0.5
@@ -208,8 +212,10 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
     if limit > host * 3 // 2:
         cover = _covered(deciles, limit if inclusive else device + limit)
         out.append(Advice("capacity", "host_tokens", limit, {"host_tokens": limit},
-                          f"{why}; {fmt_tokens(limit)} tokens ({fmt_bytes(limit * kv)}, the most host memory a server "
-                          f"beside one GPU carries) keep {fmt_pct(cover)} of them",
+                          f"{why}; {fmt_tokens(limit)} tokens ({fmt_bytes(limit * kv)}, the most host memory "
+                          + ("a server beside one GPU carries" if host_limit_bytes == HOST_POOL_LIMIT_BYTES else
+                             f"of the {fmt_bytes(host_limit_bytes)} the server holds for KV")
+                          + f") keep {fmt_pct(cover)} of them",
                           evidence, _gib(limit - host, kv), "host_memory"))
     storage = int(ctx.config.get("storage_tokens") or 0)
     want_storage = _pow2_at_least(target, page)
@@ -223,18 +229,39 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
         (ctx.prefill_busy_share or 0) >= BUSY_SHARE
     evidence = {**evidence, "recompute_per_token_ms": ns_to_ms(recompute_per_token_ns),
                 "disk_per_token_ms": ns_to_ms(disk_per_token_ns), "prefill_busy_share": ctx.prefill_busy_share}
+    # Prefetches from storage land in host memory beyond the device's share of it: SGLang admits
+    # one while those in flight hold under 0.8 x (host - device) tokens, so with host == device a
+    # storage tier never prefetches. Then the host pool grows to HiCache's default, 2 x device,
+    # within what the server holds; a server without that room gets no storage advice.
+    room = int(PREFETCH_ROOM_SHARE * (host - device))
+    host_for_room = host
+    if room <= 0:
+        host_for_room = min(_pow2_at_least(2 * device, page), limit) if kv else 2 * device
+        if host_for_room <= device:
+            return out
     if want_storage > storage and pays:
         changes = {"storage_tokens": want_storage, "prefetch_policy": "wait_complete"}
+        room_note = ""
+        if host_for_room != host:
+            changes["host_tokens"] = host_for_room
+            extra = f" (+{fmt_bytes((host_for_room - host) * kv)})" if kv else ""
+            room_note = (f"; and host_tokens {fmt_tokens(host_for_room)}{extra}, since prefetches may hold only "
+                         f"{fmt_pct(PREFETCH_ROOM_SHARE)} of the host pool beyond device: with {fmt_tokens(host)} "
+                         f"tokens of host beside {fmt_tokens(device)} of device none would be admitted "
+                         f"(rate_limited), with {fmt_tokens(host_for_room)} up to "
+                         f"{fmt_tokens(int(PREFETCH_ROOM_SHARE * (host_for_room - device)))} tokens at a time")
+        beyond = (f"beyond the {fmt_bytes(host_limit_bytes)} a server holds for KV" if host_limit_bytes != HOST_POOL_LIMIT_BYTES
+                  else "beyond a server")
         out.append(Advice("storage_tier", "storage_tokens", want_storage, changes,
-                          f"{why}; host memory for that ({fmt_bytes(want * kv)}) is beyond a server, so a "
+                          f"{why}; host memory for that ({fmt_bytes(want * kv)}) is {beyond}, so a "
                           f"{fmt_tokens(want_storage)}-token storage tier keeps them, with prefetch_policy "
                           f"wait_complete so a prefetch is used rather than recomputed ("
                           + (f"a token comes from disk in {fmt_ms(disk_per_token_ns)} against "
                              f"{fmt_ms(recompute_per_token_ns)} to recompute it"
                              if disk_per_token_ns is not None and disk_per_token_ns < recompute_per_token_ns else
                              f"the prefill GPU was {fmt_pct(ctx.prefill_busy_share)} busy: the fetch runs beside it")
-                          + ")",
-                          evidence, _gib(want_storage - storage, kv), "disk"))
+                          + ")" + room_note,
+                          {**evidence, "prefetch_room_tokens": room}, _gib(want_storage - storage, kv), "disk"))
     return out
 
 
@@ -513,9 +540,11 @@ def candidate_configs(run, advice: tuple[Advice, ...], budget: int) -> list[tupl
 
 
 def advise_run(con_factory, db, run, *, budget: int = 4, jobs: int | None = None,
-               progress=None) -> AdviseResult:
+               host_limit_bytes: int = HOST_POOL_LIMIT_BYTES, progress=None) -> AdviseResult:
     """Propose changes from `run`'s diagnosis, replay its trace once per change (parallel
-    processes, the sweep runner), and measure each against the baseline.
+    processes, the sweep runner), and measure each against the baseline. `host_limit_bytes`:
+    the most host memory a server has for KV (a host pool beyond it is not proposed; a storage
+    tier is).
 
     `con_factory()` opens the store read-only (closed again before the runner writes to it).
     """
@@ -526,9 +555,11 @@ def advise_run(con_factory, db, run, *, budget: int = 4, jobs: int | None = None
         raise ConfigError(f"--budget {budget} must be at least 1")
     if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs {jobs} must be at least 1")
+    if host_limit_bytes < 1:
+        raise ConfigError(f"--host-memory {host_limit_bytes} must be at least 1 byte")
     with con_factory() as con:
         ctx = run_context_for(con, run)
-        proposed = propose(ctx)
+        proposed = propose(ctx, host_limit_bytes=host_limit_bytes)
         baseline = run_numbers(con, run.run_id)
     sweep_id = advise_sweep_id(run.run_id)
     plans = candidate_configs(run, proposed, budget)

@@ -23,8 +23,8 @@ from typing import Any, Mapping, Sequence
 from tierdiag.engine.config import CONFIG_KEYS, EngineConfig
 from tierdiag.errors import ConfigError, TierdiagError
 
-SIZE_SUFFIXES = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-_SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([kmg])?$", re.IGNORECASE)
+SIZE_SUFFIXES = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([kmgt])?$", re.IGNORECASE)
 _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0")
 
