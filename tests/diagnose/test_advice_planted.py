@@ -167,3 +167,11 @@ def test_nothing_to_change_when_the_cache_was_fine(tmp_path):
                                                      "host_tokens": 65536}))
     assert [a.kind for a in advice] == ["none"] and advice[0].option is None
     assert advice[0].reason.startswith("nothing to change in the cache")
+
+
+def test_advice_prefetch_room_share_is_the_engines():
+    """advice.py mirrors the scheduler's prefetch rate limit (it cannot import it: torch)."""
+    from tierdiag.diagnose.advice import PREFETCH_ROOM_SHARE
+    from tierdiag.engine.scheduler import PREFETCH_CAPACITY_SHARE
+
+    assert PREFETCH_ROOM_SHARE == PREFETCH_CAPACITY_SHARE
