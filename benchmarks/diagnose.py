@@ -5,12 +5,16 @@ request (the slowest, the most recomputed, a tiered hit). Target: explain < 0.5 
     .venv/bin/python benchmarks/diagnose.py [--db RUN.duckdb] [--repeats 5]
 
 Without --db it replays ../shared/traces/conversation_trace.jsonl first (about 15 s). Prints one
-table of medians; every number comes from this one invocation.
+table of medians, wall and CPU seconds; every number comes from this one invocation. tierdiag's
+modules are byte-compiled first (`compileall`), as an installed package is: where
+PYTHONDONTWRITEBYTECODE is set, a stale .pyc would otherwise be recompiled by every start-up.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -23,12 +27,24 @@ TRACE = ROOT / ".." / "shared" / "traces" / "conversation_trace.jsonl"
 TIERDIAG = [sys.executable, "-c", "from tierdiag.cli.main import main; main()"]
 
 
-def _wall(args: list[str]) -> float:
-    t0 = time.perf_counter()
+CPU: dict[str, list[float]] = {}  # command label -> CPU seconds (user + sys) per run
+
+
+def _cpu_of_children() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _wall(args: list[str], label: str | None = None) -> float:
+    """Wall seconds of one `tierdiag ARGS` subprocess; its CPU seconds go to CPU[label]. On a
+    shared machine the wall time also counts waiting for a core; the CPU time does not."""
+    t0, c0 = time.perf_counter(), _cpu_of_children()
     proc = subprocess.run(TIERDIAG + args, capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - t0
     if proc.returncode:
         raise SystemExit(f"tierdiag {' '.join(args)} failed: {proc.stderr.strip().splitlines()[-1:]}")
+    if label is not None:
+        CPU.setdefault(label, []).append(_cpu_of_children() - c0)
     return wall
 
 
@@ -45,6 +61,9 @@ def main() -> int:
             return 0
         db = str(Path(tmp.name) / "conv.duckdb")
         _wall(["replay", str(TRACE), "--db", db, "--time-scale", "2"])
+    import compileall
+
+    compileall.compile_dir(str(ROOT / "tierdiag"), quiet=1)
     import duckdb
 
     con = duckdb.connect(db, read_only=True)
@@ -55,12 +74,18 @@ def main() -> int:
                                    "LIMIT 1").fetchone()[0]
     con.close()
     rows = []
+    load_before = os.getloadavg()
     for label, req in picks.items():
         for fmt in ([], ["--json"]):
-            walls = [_wall(["explain", req, "--db", db, *fmt]) for _ in range(a.repeats)]
-            rows.append((f"explain {req} ({label}){' --json' if fmt else ''}", statistics.median(walls)))
-    walls = [_wall(["summary", "--db", db, "--json"]) for _ in range(a.repeats)]
-    rows.append(("summary --json (with diagnosis)", statistics.median(walls)))
+            name = f"explain {req} ({label}){' --json' if fmt else ''}"
+            walls = [_wall(["explain", req, "--db", db, *fmt], name) for _ in range(a.repeats)]
+            rows.append((name, statistics.median(walls)))
+    name = "summary --json (with diagnosis)"
+    walls = [_wall(["summary", "--db", db, "--json"], name) for _ in range(a.repeats)]
+    rows.append((name, statistics.median(walls)))
+    name = "--help (start-up, no command module)"
+    walls = [_wall(["--help"], name) for _ in range(a.repeats)]
+    rows.append((name, statistics.median(walls)))
     sys.path.insert(0, str(ROOT))
     from tierdiag.diagnose.explain import explain_request
     from tierdiag.store.reader import open_store, resolve_run
@@ -74,14 +99,20 @@ def main() -> int:
                 explain_request(con, run, req)
                 walls.append(time.perf_counter() - t0)
             rows.append((f"explain_request {req} in-process (no start-up)", statistics.median(walls)))
-    walls = [_wall(["runs", "--db", db]) for _ in range(a.repeats)]
-    rows.append(("runs (start-up floor)", statistics.median(walls)))
+    name = "runs (start-up floor)"
+    walls = [_wall(["runs", "--db", db], name) for _ in range(a.repeats)]
+    rows.append((name, statistics.median(walls)))
+    load_after = os.getloadavg()
     floor = rows[-1][1]
     width = max(len(r[0]) for r in rows)
-    print(f"{'command':<{width}}  median s  vs floor  target")
+    print(f"{'command':<{width}}  median s  CPU s  vs floor  target")
     for name, wall in rows:
         target = "< 0.5 s" if name.startswith("explain") else ""
-        print(f"{name:<{width}}  {wall:8.3f}  {wall / floor:7.2f}x  {target}")
+        cpu = f"{statistics.median(CPU[name]):6.3f}" if name in CPU else f"{'':6}"
+        print(f"{name:<{width}}  {wall:8.3f} {cpu}  {wall / floor:7.2f}x  {target}")
+    print(f"CPU s: user + sys of the process (in-process rows: none); wall above CPU is time spent waiting for a "
+          f"core. Load average (1/5/15 min) before {load_before[0]:.1f}/{load_before[1]:.1f}/{load_before[2]:.1f}, "
+          f"after {load_after[0]:.1f}/{load_after[1]:.1f}/{load_after[2]:.1f} on {os.cpu_count()} cores")
     return 0
 
 

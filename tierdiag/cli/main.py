@@ -5,9 +5,12 @@ says so in one line (the traceback with --debug). Ctrl-C and SIGTERM are interru
 they land (while the CLI starts, in our code, in DuckDB, in Typer, which turns a
 KeyboardInterrupt into a silent Exit(130)): one "interrupted" line, exit 130 (143 for SIGTERM).
 
-Importing this module is cheap and has no side effects: Typer and the command modules load in
-`main()`, after the signal handlers are in place and inside its error handling (`app` is built
-on first use, so `from tierdiag.cli.main import app` still works).
+Importing this module is cheap and has no side effects: Typer loads in `main()`, after the
+signal handlers are in place and inside its error handling (`app` is built on first use, so
+`from tierdiag.cli.main import app` still works). Command modules load lazily: `tierdiag
+explain ...` imports tierdiag/cli/explain.py and nothing of replay, sweep or report. The list in
+`tierdiag --help` and shell completion of command names read each command's first docstring
+sentence from its source file (ast), without importing it; `tierdiag CMD --help` imports CMD.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import errno
 import functools
 import os
 import sys
+from pathlib import Path
 
 from tierdiag import signals
 from tierdiag.errors import ConfigError, ExitCode, OutputError, RunInterrupted, TierdiagError
@@ -23,6 +27,9 @@ from tierdiag.errors import ConfigError, ExitCode, OutputError, RunInterrupted, 
 # The order of `tierdiag --help`: record, then read. Each module imports only what its
 # command needs at call time (torch only inside replay/calibrate), so read-only commands start fast.
 COMMANDS = ("replay", "sweep", "runs", "summary", "slow", "explain", "advise", "compare", "report", "export", "synth", "calibrate", "doctor")
+# Command groups: name -> (module under tierdiag.cli, its Typer app). `import` is a Python
+# keyword, and a command group (`tierdiag import sglang ...`).
+GROUPS = {"import": ("import_sglang", "import_app")}
 
 _INT64_MAX = 2**63 - 1
 _app = []
@@ -63,11 +70,164 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
+def _source_help(module: str, attr: str) -> str | None:
+    """The first sentence of command `attr`'s help in tierdiag/cli/<module>.py, read from the
+    source (the function's docstring, or a Typer(help=...) assigned to `attr`), not imported."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec(f"tierdiag.cli.{module}")
+    if spec is None or not spec.origin:
+        return None
+    with open(spec.origin, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), spec.origin)
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == attr:
+            return _first_sentence(ast.get_docstring(node))
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == attr for t in node.targets)
+                and isinstance(node.value, ast.Call)):
+            for kw in node.value.keywords:
+                if kw.arg == "help" and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
+                    return _first_sentence(kw.value.value)
+    return None
+
+
+def _plain_coercion(params) -> None:
+    """Typer 0.29 turns every parameter value into its annotated type through a pydantic
+    TypeAdapter, and importing pydantic for that (and its plugin scan, importlib.metadata) was
+    about a third of `explain`'s import time. A `str` parameter (click already parsed a str), a
+    `bool` flag (click gives a bool; unset, None needs no coercion) and a `Path` (Path(str) cannot
+    fail; Typer's own path checks still run) need none of it. Every other parameter (numbers with bounds, choices, lists)
+    keeps Typer's coercion, and so does everything where this Typer's internals differ."""
+    try:
+        from typer._coercion import RuntimeParam, build_runtime_param
+        from typer._param_types import coerce_cli_path
+        from typer.core import _TyperParameter
+    except ImportError:
+        return
+    plain = _plain_runtime_param_class(RuntimeParam, build_runtime_param, coerce_cli_path)
+    for param in params:
+        desc = getattr(param, "type_descriptor", None)
+        if (not isinstance(param, _TyperParameter) or getattr(param, "_runtime_param", False) is not None
+                or desc is None or getattr(desc, "file_annotation", True) is not None):
+            continue
+        info = desc.parameter_info
+        if getattr(info, "parser", True) is not None:
+            continue
+        annotation = desc.annotation
+        path_type = getattr(info, "path_type", None) or annotation
+        if annotation in (str, bool) or (isinstance(annotation, type) and issubclass(annotation, Path)
+                                         and isinstance(path_type, type) and issubclass(path_type, Path)):
+            param._runtime_param = plain(parameter_info=info, annotation=annotation)
+
+
+@functools.cache
+def _plain_runtime_param_class(RuntimeParam, build_runtime_param, coerce_cli_path):
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class PlainRuntimeParam(RuntimeParam):
+        def _coerce_value(self, value, param, ctx):
+            if self.annotation in (str, bool):
+                if isinstance(value, self.annotation):
+                    return value
+            else:
+                path_type = self.parameter_info.path_type or self.annotation
+                if isinstance(value, str):
+                    value = path_type(value)
+                if isinstance(value, path_type):
+                    return coerce_cli_path(value, self.parameter_info, path_type=path_type, param=param, ctx=ctx)
+            # Anything unexpected (bytes, another type): Typer's own coercion decides.
+            return build_runtime_param(param.type_descriptor)._coerce_value(value, param=param, ctx=ctx)
+
+    return PlainRuntimeParam
+
+
+def _lazy_group_class():
+    """A TyperGroup whose commands are built on first use (typer is imported by the caller)."""
+    from collections.abc import Mapping
+
+    import typer.main
+    from typer.core import TyperCommand, TyperGroup
+    from typer.models import CommandInfo, TyperInfo
+
+    class PlainCommand(TyperCommand):
+        def get_params(self, ctx):
+            params = super().get_params(ctx)
+            _plain_coercion(params)
+            return params
+
+    class LazyCommands(Mapping):
+        """name -> click command, importing the command's module on first access only."""
+
+        def __init__(self):
+            self._built = {}
+
+        def __iter__(self):
+            return iter(COMMANDS + tuple(GROUPS))
+
+        def __len__(self):
+            return len(COMMANDS) + len(GROUPS)
+
+        def __getitem__(self, name):
+            if name not in self._built:
+                self._built[name] = self._build(name)
+            return self._built[name]
+
+        @staticmethod
+        def _build(name):
+            import importlib
+
+            if name in GROUPS:
+                module, attr = GROUPS[name]
+                sub = getattr(importlib.import_module(f"tierdiag.cli.{module}"), attr)
+                return typer.main.get_group_from_info(TyperInfo(sub), pretty_exceptions_short=True,
+                                                      rich_markup_mode=None, suggest_commands=True)
+            if name not in COMMANDS:
+                raise KeyError(name)
+            fn = getattr(importlib.import_module(f"tierdiag.cli.{name}"), name)
+            info = CommandInfo(name=name, callback=_ints_fit_int64(fn), short_help=_first_sentence(fn.__doc__),
+                               cls=PlainCommand)
+            return typer.main.get_command_from_info(info, pretty_exceptions_short=True, rich_markup_mode=None)
+
+    class LazyGroup(TyperGroup):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.commands = LazyCommands()
+
+        def list_commands(self, ctx):
+            return list(self.commands)
+
+        def get_params(self, ctx):
+            # Here, not when built: Typer adds --install-completion after, click --help when asked.
+            params = super().get_params(ctx)
+            _plain_coercion(params)
+            return params
+
+        def _short_helps(self, names):
+            return [(n, _source_help(*(GROUPS.get(n) or (n, n))) or "") for n in names]
+
+        def format_commands(self, ctx, formatter):
+            # The list without importing a single command module (their help comes from source).
+            rows = self._short_helps(self.list_commands(ctx))
+            if rows:
+                with formatter.section("Commands"):
+                    formatter.write_dl(rows)
+
+        def shell_complete(self, ctx, incomplete):
+            from typer.core import CompletionItem  # click's (typer vendors it)
+
+            names = [n for n in self.list_commands(ctx) if n.startswith(incomplete)]
+            results = [CompletionItem(n, help=h) for n, h in self._short_helps(names)]
+            results.extend(super(TyperGroup, self).shell_complete(ctx, incomplete))
+            return results
+
+    return LazyGroup
+
+
 def _build_app():
     if _app:
         return _app[0]
-    import importlib
-
     import typer
 
     app = typer.Typer(
@@ -78,6 +238,7 @@ def _build_app():
         add_completion=True,
         rich_markup_mode=None,
         context_settings={"help_option_names": ["-h", "--help"]},
+        cls=_lazy_group_class(),
     )
 
     @app.callback()
@@ -86,12 +247,6 @@ def _build_app():
                                            help="Show the version and exit.")) -> None:
         pass  # --debug is read from sys.argv by main(), before Typer parses anything
 
-    for name in COMMANDS:
-        module = importlib.import_module(f"tierdiag.cli.{name}")
-        fn = getattr(module, name)
-        app.command(name, short_help=_first_sentence(fn.__doc__))(_ints_fit_int64(fn))
-    # `import` is a Python keyword, and a command group (`tierdiag import sglang ...`).
-    app.add_typer(importlib.import_module("tierdiag.cli.import_sglang").import_app)
     _app.append(app)
     return app
 
