@@ -67,21 +67,24 @@ def main() -> int:
     import duckdb
 
     con = duckdb.connect(db, read_only=True)
+    # The oldest replay outside any sweep: the run itself, not the runs `advise` added beside it.
+    run_id = con.execute("SELECT run_id FROM runs WHERE kind = 'replay' AND sweep_id IS NULL "
+                         "ORDER BY created_at, run_id LIMIT 1").fetchone()[0]
     picks = {}
     for label, order in (("slowest", "ttft_ns - ideal_ttft_ns"), ("most recomputed", "recomputed_tokens"),
                          ("tiered hit", "host_hit_tokens + storage_hit_tokens")):
-        picks[label] = con.execute(f"SELECT req_id FROM requests WHERE status = 'finished' ORDER BY {order} DESC "
-                                   "LIMIT 1").fetchone()[0]
+        picks[label] = con.execute(f"SELECT req_id FROM requests WHERE run_id = ? AND status = 'finished' ORDER BY {order} DESC "
+                                   "LIMIT 1", [run_id]).fetchone()[0]
     con.close()
     rows = []
     load_before = os.getloadavg()
     for label, req in picks.items():
         for fmt in ([], ["--json"]):
             name = f"explain {req} ({label}){' --json' if fmt else ''}"
-            walls = [_wall(["explain", req, "--db", db, *fmt], name) for _ in range(a.repeats)]
+            walls = [_wall(["explain", req, "--db", db, "--run", run_id, *fmt], name) for _ in range(a.repeats)]
             rows.append((name, statistics.median(walls)))
     name = "summary --json (with diagnosis)"
-    walls = [_wall(["summary", "--db", db, "--json"], name) for _ in range(a.repeats)]
+    walls = [_wall(["summary", "--db", db, "--run", run_id, "--json"], name) for _ in range(a.repeats)]
     rows.append((name, statistics.median(walls)))
     name = "--help (start-up, no command module)"
     walls = [_wall(["--help"], name) for _ in range(a.repeats)]
@@ -91,7 +94,7 @@ def main() -> int:
     from tierdiag.store.reader import open_store, resolve_run
 
     with open_store(db) as con:
-        run = resolve_run(con, None)
+        run = resolve_run(con, run_id)
         for label, req in picks.items():
             walls = []
             for _ in range(a.repeats):
