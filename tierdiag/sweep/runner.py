@@ -196,7 +196,12 @@ def _on_stop_signal(signum, frame) -> None:
     _FLAGS.stop = True
     if _FLAGS.in_replay and not _FLAGS.raised:
         _FLAGS.raised = True
-        raise KeyboardInterrupt()
+        # Through the CLI's one interrupt path: inside a store write (signals.deferred) it is held
+        # until the write is done, as in `tierdiag replay`; raised anywhere in it, DuckDB turns it
+        # into an error of its own and the run would be closed as failed, not interrupted.
+        from tierdiag import signals
+
+        signals._handler(signal.SIGINT, frame)
 
 
 def _check_trace(trace: Path, configs, skip_bad: bool) -> None:
