@@ -84,7 +84,7 @@ def bench_scale(sizes: tuple[int, ...], repeats: int, tmp: Path) -> dict[str, An
     for n in sizes:
         trace = tmp / f"synth-{n}.jsonl"
         _say(f"scale: synth {n:,} requests")
-        run(["synth", trace, "--requests", n, "--rate", 20])
+        run(["synth", trace, "--requests", n])
         db = tmp / f"scale-{n}.duckdb"
         _say(f"scale: replay {n:,} requests")
         r = run(["replay", trace, "--db", db, "--verify", "off", "--json"])
