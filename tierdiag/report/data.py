@@ -153,6 +153,18 @@ class RequestPoints:
     cause: np.ndarray  # primary cause per request (diagnose.causes rule)
     total: int  # finished requests in the run
     sampled: bool
+    slowest_kept: int = 0  # when sampled: how many of the points are the slowest, kept whatever the sample
+
+    @property
+    def sampling_note(self) -> str:
+        """What the scatter shows of the run, in the report's words ("" when every request is drawn)."""
+        if not self.sampled:
+            return ""
+        shown = len(self.req_id)
+        rest = shown - self.slowest_kept
+        return (f"sampled: {shown:,} of {self.total:,} requests shown — the {self.slowest_kept:,} slowest by excess "
+                f"TTFT all kept, the other {rest:,} sampled uniformly from the remaining "
+                f"{self.total - self.slowest_kept:,} by a hash of the request id (the same run draws the same sample)")
 
     @property
     def host_share(self) -> np.ndarray:
@@ -423,7 +435,8 @@ def load_points(con: duckdb.DuckDBPyConnection, run: RunInfo, *,
         ttft_ns=f["ttft_ns"], excess_ns=f["excess_ns"], input_tokens=f["input_tokens"],
         device_tokens=f["device_hit_tokens"], host_tokens=f["host_hit_tokens"],
         storage_tokens=f["storage_hit_tokens"], computed_tokens=f["computed_tokens"],
-        cause=np.asarray(cols["cause"], dtype=object), total=int(total), sampled=sampled)
+        cause=np.asarray(cols["cause"], dtype=object), total=int(total), sampled=sampled,
+        slowest_kept=keep_slowest if sampled else 0)
 
 
 def load_transfers(con: duckdb.DuckDBPyConnection, run: RunInfo) -> Transfers:
