@@ -277,8 +277,8 @@ def run_start_ns(con: duckdb.DuckDBPyConnection, run: RunInfo) -> int:
     return int(t0 or 0)
 
 
-def load_headline(con: duckdb.DuckDBPyConnection, run: RunInfo) -> Headline:
-    summary = run_summary(con, run)
+def load_headline(con: duckdb.DuckDBPyConnection, run: RunInfo, ctx=None) -> Headline:
+    summary = run_summary(con, run, ctx=ctx)
     return Headline(summary=summary, ttft=load_ttft_by_class(con, run, summary),
                     tier_split=load_tier_split(con, run, summary), t0_ns=run_start_ns(con, run))
 
@@ -601,7 +601,8 @@ def load_load(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int | None = 
 
 
 def load_slow_groups(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int, span_ns: int, *,
-                     pool: int = SLOW_POOL, limit: int = SLOW_GROUPS) -> tuple[tuple[SlowGroup, ...], int]:
+                     pool: int = SLOW_POOL, limit: int = SLOW_GROUPS,
+                     ctx=None) -> tuple[tuple[SlowGroup, ...], int]:
     """The slowest cached requests (device or tiered hit), grouped by burst and verdict.
 
     The ranking is `slow`'s (one rule for "slow" everywhere), taken per cached class and merged;
@@ -634,7 +635,8 @@ def load_slow_groups(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int, s
     from tierdiag.diagnose.context import run_context
 
     # The run's evidence once, not once per explained request.
-    ctx = run_context(con, run, attribution=False) if ranked else None
+    if ctx is None and ranked:
+        ctx = run_context(con, run, attribution=False)
     advice = propose(ctx) if ctx is not None else None
     out = []
     for (b, cause), members in ranked[:limit]:
@@ -750,10 +752,18 @@ class ReportData:
 
 
 def load_report_data(con: duckdb.DuckDBPyConnection, run: RunInfo, *, slow_pool: int = SLOW_POOL) -> ReportData:
-    headline = load_headline(con, run)
+    from dataclasses import replace
+
+    from tierdiag.diagnose.context import run_context
+
+    # The run's evidence once: summary's diagnosis and the explained slow requests share it
+    # (explain takes it without the queue attribution, as it computes it itself).
+    ctx = run_context(con, run) if run.kind != "observed" else None
+    headline = load_headline(con, run, ctx)
     t0 = headline.t0_ns
     load = load_load(con, run, t0)
-    groups, considered = load_slow_groups(con, run, t0, headline.span_ns, pool=slow_pool)
+    groups, considered = load_slow_groups(con, run, t0, headline.span_ns, pool=slow_pool,
+                                          ctx=replace(ctx, queue_attribution=None) if ctx is not None else None)
     return ReportData(run=run, headline=headline, timeline=load_timeline(con, run, t0),
                       load=load, points=load_points(con, run), verdict=run_verdict(headline.summary, load),
                       transfers=load_transfers(con, run), decomposition=load_decomposition(con, run, t0),
