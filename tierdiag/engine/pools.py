@@ -242,6 +242,7 @@ class StorageTier:
         self._page_shape: tuple[int, int] | None = None  # (layers, elems), from the first write
         self._segment_pages = 0
         self._disk_pages = 0  # pages the segment files hold, live or holes
+        self._emptied: list[_Segment] = []  # segments whose last live page went (unlinked when not active)
         self.bytes_written = 0  # bytes appended to segment files (compaction included)
         self.bytes_read = 0
 
@@ -266,20 +267,27 @@ class StorageTier:
     # --- writing -----------------------------------------------------------------------------
     def write(self, keys: list[str], rows: torch.Tensor) -> list[str]:
         """Write pages (rows: [layers, n, elems] on CPU). Returns the keys deleted to make room."""
-        return self._write(keys, lambda idx: rows.permute(1, 0, 2)[idx].contiguous(),
+        page_major = rows.numpy().transpose(1, 0, 2)
+        return self._write(keys, lambda idx: np.ascontiguousarray(page_major if idx is None else page_major[idx]),
                            (rows.shape[0], rows.shape[2]))
 
     def write_from(self, pool: torch.Tensor, slots: list[int], keys: list[str]) -> list[str]:
         """Write the pages in `slots` of a [layers, pages, elems] CPU pool buffer under `keys`:
         one gather into page-major rows, one append. Returns the keys deleted to make room."""
-        slots_t = torch.tensor(slots, dtype=torch.int64)
-        return self._write(keys, lambda idx: pool.permute(1, 0, 2).index_select(0, slots_t[idx]),
+        page_major = pool.numpy().transpose(1, 0, 2)  # a view: [pages, layers, elems]
+        slots_a = np.asarray(slots, dtype=np.int64)
+        return self._write(keys, lambda idx: np.take(page_major, slots_a if idx is None else slots_a[idx], axis=0),
                            (pool.shape[0], pool.shape[2]))
 
     def _write(self, keys: list[str], gather, shape: tuple[int, int]) -> list[str]:
         self._set_shape(shape)
         index = self._index
         deleted: list[str] = []
+        if len(index) + len(keys) <= self.capacity and index.keys().isdisjoint(keys):
+            # All new and room for them (the common case): what the loop below would do, at once.
+            index.update(dict.fromkeys(keys, -1))
+            self._place(keys, gather(None))
+            return deleted
         fresh: list[int] = []
         # The index first, key by key, exactly as a file a page would go: a page already there is
         # touched, a new one may push out the oldest (even one written earlier in this call).
@@ -296,16 +304,20 @@ class StorageTier:
             fresh.append(i)
         fresh = [i for i in fresh if index.get(keys[i]) == -1]
         if fresh:
-            data = gather(torch.tensor(fresh, dtype=torch.int64))
-            try:
-                self._append([keys[i] for i in fresh], data.numpy().reshape(len(fresh), -1))
-            except BaseException:
-                for i in fresh:  # pages that never reached the disk are not in the tier
-                    if index.get(keys[i]) == -1:
-                        del index[keys[i]]
-                raise
+            self._place([keys[i] for i in fresh], gather(np.asarray(fresh, dtype=np.int64)))
         self._collect()
         return deleted
+
+    def _place(self, keys: list[str], data: np.ndarray) -> None:
+        """Append the pages of `keys` (in the index as -1) and record where they went."""
+        try:
+            self._append(keys, data.reshape(len(keys), -1))
+        except BaseException:
+            index = self._index
+            for key in keys:  # pages that never reached the disk are not in the tier
+                if index.get(key) == -1:
+                    del index[key]
+            raise
 
     def _set_shape(self, shape: tuple[int, int]) -> None:
         if self._page_shape is None:
@@ -364,13 +376,18 @@ class StorageTier:
         seg = self._segments[loc >> _SLOT_BITS]
         seg.keys[loc & ((1 << _SLOT_BITS) - 1)] = None
         seg.live -= 1
+        if not seg.live:
+            self._emptied.append(seg)
 
     def _collect(self) -> None:
         """Unlink segments without a live page. Then, while the files hold more than about twice
         the live pages, compact the sparsest segment. Deletion is LRU and writes append, so the
         oldest segments mostly empty on their own; only pages kept alive by hits get copied."""
-        for seg in [s for s in self._segments.values() if s is not self._active and not s.live]:
-            self._unlink(seg)
+        if self._emptied:
+            for seg in self._emptied:
+                if seg is not self._active and not seg.live and seg.number in self._segments:
+                    self._unlink(seg)
+            self._emptied = [s for s in self._emptied if s.number in self._segments and not s.live]
         slack = 2 * self._segment_pages
         while self._disk_pages > 2 * len(self._index) + slack:
             seg = min((s for s in self._segments.values() if s is not self._active),
@@ -447,8 +464,7 @@ class StorageTier:
         returns the bytes read."""
         if not keys:
             return 0
-        rows = torch.from_numpy(self.read_pages(keys))
-        pool.permute(1, 0, 2).index_copy_(0, torch.tensor(slots, dtype=torch.int64), rows)
+        pool.numpy().transpose(1, 0, 2)[np.asarray(slots, dtype=np.int64)] = self.read_pages(keys)
         return len(keys) * self.page_bytes
 
     def close(self) -> None:
