@@ -274,10 +274,16 @@ class StorageTier:
     def write_from(self, pool: torch.Tensor, slots: list[int], keys: list[str]) -> list[str]:
         """Write the pages in `slots` of a [layers, pages, elems] CPU pool buffer under `keys`:
         one gather into page-major rows, one append. Returns the keys deleted to make room."""
-        page_major = pool.numpy().transpose(1, 0, 2)  # a view: [pages, layers, elems]
+        layer_major = pool.numpy()
         slots_a = np.asarray(slots, dtype=np.int64)
-        return self._write(keys, lambda idx: np.take(page_major, slots_a if idx is None else slots_a[idx], axis=0),
-                           (pool.shape[0], pool.shape[2]))
+
+        def gather(idx):
+            # Rows of each layer first (the pool is layer-major), then page-major for the file:
+            # two copies of the transfer's bytes, never a pass over the whole pool.
+            rows = layer_major[:, slots_a if idx is None else slots_a[idx]]
+            return np.ascontiguousarray(rows.transpose(1, 0, 2))
+
+        return self._write(keys, gather, (pool.shape[0], pool.shape[2]))
 
     def _write(self, keys: list[str], gather, shape: tuple[int, int]) -> list[str]:
         self._set_shape(shape)
@@ -464,7 +470,7 @@ class StorageTier:
         returns the bytes read."""
         if not keys:
             return 0
-        pool.numpy().transpose(1, 0, 2)[np.asarray(slots, dtype=np.int64)] = self.read_pages(keys)
+        pool.numpy()[:, np.asarray(slots, dtype=np.int64)] = self.read_pages(keys).transpose(1, 0, 2)
         return len(keys) * self.page_bytes
 
     def close(self) -> None:
