@@ -135,7 +135,10 @@ def bench_storage(repeats: int, quick: bool, tmp: Path) -> dict[str, Any]:
             r = run(["replay", trace, "--db", db, "--json", *extra])
             res[mode].append(r)
             if mode == "storage":
-                d = json.loads(r["stdout"])
+                try:
+                    d = json.loads(r["stdout"])
+                except ValueError as exc:
+                    raise RuntimeError(f"replay --json printed what is not JSON ({exc}): {r['stdout'][:200]!r}") from None
                 storage_bytes, storage_dir = d.get("storage_bytes"), d.get("storage_dir")
                 shutil.rmtree(db.with_suffix(".storage"), ignore_errors=True)
     med = {m: {"wall_s": statistics.median(r["wall_s"] for r in rs), "cpu_s": statistics.median(r["cpu_s"] for r in rs)}
