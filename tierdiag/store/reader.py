@@ -53,7 +53,11 @@ def connect_with_retry(path: str | os.PathLike, *, read_only: bool,
         try:
             # One DuckDB thread: our queries and appends are small, and a replay writing beside
             # the engine on a few cores should not compete with it.
-            return duckdb.connect(str(path), read_only=read_only, config={"threads": 1})
+            con = duckdb.connect(str(path), read_only=read_only, config={"threads": 1})
+            # No progress bar: DuckDB draws it on stdout for a query past 2 s, into `--json`
+            # output (the end of a big run's replay; a report of a million requests).
+            con.execute("SET enable_progress_bar = false")
+            return con
         except duckdb.IOException as exc:
             if not is_lock_error(exc) or time.monotonic() > deadline:
                 raise

@@ -25,6 +25,7 @@ RUN_TABLES = ("runs",) + EVENT_TABLES  # every table that holds rows of one run
 def read_run_tables(path: str | os.PathLike) -> dict[str, pa.Table]:
     """Every row of the (single) run in a worker's store, table by table."""
     con = duckdb.connect(str(path), read_only=True, config={"threads": 1})
+    con.execute("SET enable_progress_bar = false")  # it draws on stdout (see store.reader)
     try:
         return {t: con.sql(f"SELECT {', '.join(TABLES[t])} FROM {t}").to_arrow_table() for t in RUN_TABLES}
     finally:
