@@ -369,10 +369,10 @@ class StorageTier:
                 except BaseException:
                     os.ftruncate(seg.fd, offset)  # a full disk must not keep half a page
                     raise
-            base = seg.number << _SLOT_BITS
-            for j, key in enumerate(keys[done:done + n]):
-                index[key] = base | (first + j)
-            seg.keys.extend(keys[done:done + n])
+            loc = (seg.number << _SLOT_BITS) + first
+            placed = keys[done:done + n]
+            index.update(zip(placed, range(loc, loc + n)))  # existing keys keep their LRU place
+            seg.keys.extend(placed)
             seg.live += n
             self._disk_pages += n
             self.bytes_written += n * page_bytes
