@@ -270,7 +270,10 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
 
                 run_id = new_run_id()
                 config = cfg.to_json()
-                if cfg.storage_tokens:  # the run's own folder, recorded so `runs --delete` finds it
+                # The run's own folder, recorded so `runs --delete` finds it; none without a tier
+                # (a --storage-dir given anyway names a root no run of this kind writes into).
+                config["storage_dir"] = None
+                if cfg.storage_tokens:
                     storage_dir = run_folder(db, cfg.storage_dir, run_id)
                     config["storage_dir"] = str(storage_dir)
                 writer = RunWriter(db, name=run_name, trace_path=str(trace), trace_sha256=sha or "",

@@ -121,7 +121,7 @@ def test_storage_dir_names_the_root_and_a_run_without_storage_has_no_folder(tmp_
     s = _replay(tmp_path, db, storage_dir=str(tmp_path / "elsewhere"))
     assert Path(s.storage_dir) == (tmp_path / "elsewhere" / s.run_id).resolve()
     assert not (tmp_path / ("r" + STORAGE_SUFFIX)).exists()
-    none = _replay(tmp_path, db, storage_tokens=0)
+    none = _replay(tmp_path, db, storage_tokens=0, storage_dir=str(tmp_path / "elsewhere"))
     with open_store(db) as con:
         assert run_storage_dir(resolve_run(con, none.run_id)) is None
     assert none.storage_dir is None and none.storage_bytes == 0

@@ -34,17 +34,15 @@ def run_folder(db: str | os.PathLike, storage_dir: str | os.PathLike | None, run
 
 def run_storage_dir(run_info: Any, db: str | os.PathLike | None = None) -> Path | None:
     """The storage folder a recorded run wrote its page files to (a `RunInfo`, or anything with
-    `config` and `run_id`), None for a run without a storage tier. A run recorded before the
+    `config` and `run_id`): the one its config records, else None. A run recorded before the
     folder was stored in its config used `<db>.storage/<run_id>`: pass `db` to find that one.
     The folder may be gone already (deleted by hand, or a sweep worker's that was cleaned up):
     callers check `exists()`."""
     config = getattr(run_info, "config", None) or {}
-    if not config.get("storage_tokens"):
-        return None
     folder = config.get(STORAGE_DIR_KEY)
     if isinstance(folder, str) and folder.strip():
         return Path(folder)
-    if db is not None:
+    if db is not None and config.get("storage_tokens"):
         return run_folder(db, None, run_info.run_id)
     return None
 
