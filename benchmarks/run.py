@@ -8,6 +8,9 @@ Sections (each says "not available" when the command it needs is missing):
   ingest     DuckDB ingestion rate of the recorder's writer (RunWriter.append, ~1M request rows)
   explain    `tierdiag explain` wall time including interpreter start-up (target < 0.5 s)
   report     `tierdiag report` wall time on the conversation run
+  scale      replay time and peak RSS from 5k to 1M `tierdiag synth` requests with the slope, and
+             summary/slow/explain/report on the largest run (benchmarks/scale.py)
+  storage    the conversation trace with --storage-tokens 50000000 vs without (<= 2x; scale.py)
   kernels    the copy-kernel table of `tierdiag calibrate` (load-back vs contiguous: scattered both
              sides >= 60 %, into a device run >= 80 %; the path each size used) and the kernel
              paths by page size with the previous algorithm beside them (benchmarks/kernels.py)
@@ -416,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="replay repeats per mode (default 3, quick 2)")
     ap.add_argument("--json", type=Path, default=None, help="also write all results to this JSON file")
     ap.add_argument("--keep", action="store_true", help="keep the temporary run stores and print where")
-    ap.add_argument("--only", default="replay,ingest,explain,report,kernels",
+    ap.add_argument("--only", default="replay,ingest,explain,report,kernels,scale,storage",
                     help="comma-separated sections to run (default: all)")
     ap.add_argument("--baseline", default=None, metavar="REF",
                     help="also replay a git ref's code (e.g. main~5) interleaved with this one: before/after")
@@ -454,8 +457,15 @@ def main(argv: list[str] | None = None) -> int:
         res["explain"] = bench_explain(conv_db, 3 if args.quick else 5) if "explain" in only else skipped
         res["report"] = bench_report(conv_db, 1 if args.quick else 3, tmp) if "report" in only else skipped
         res["kernels"] = bench_kernels(args.quick, tmp) if "kernels" in only else {"calibrate": skipped}
+        import scale  # benchmarks/scale.py: the scale and storage sections
+
+        res["scale"] = scale.collect(scale.QUICK_SIZES if args.quick else scale.FULL_SIZES, repeats, args.quick,
+                                     only & {"scale", "storage"}, tmp)
         res["meta"]["load_after"] = os.getloadavg()[0]
-        res["targets"] = [t.__dict__ for t in targets(res)]
+        res["targets"] = [t.__dict__ for t in targets(res)] + [
+            Target(**{**t, "ok": bool(t["ok"]) if t["value"] is not None else None}).__dict__
+            for t in scale.targets(res["scale"])]
+        scale.render(res["scale"])
         render(res)
         if args.json:
             args.json.write_text(json.dumps(res, indent=2, default=str) + "\n")

@@ -24,6 +24,7 @@ from tierdiag.diagnose.quantile import nearest_rank
 from tierdiag.diagnose.units import ns_to_ms
 from tierdiag.engine.config import EngineConfig
 from tierdiag.errors import ConfigError, TierdiagError, TraceError
+from tierdiag.store.storage_dir import run_folder
 from tierdiag.trace.reader import MAX_ARRIVAL_NS, ReadReport, is_seekable_file, read_trace, trace_sha256
 
 
@@ -57,6 +58,10 @@ class ReplaySummary:
     first_bad: list = field(default_factory=list)
     unknown_keys: list = field(default_factory=list)
     data_plane: dict = field(default_factory=dict)
+    # The storage tier's page files: the run's folder (tierdiag.store.storage_dir) and their size
+    # at the end; a replay that records nothing used a temporary folder, removed (dir None).
+    storage_dir: str | None = None
+    storage_bytes: int = 0
 
     @property
     def reuse_share(self) -> float:
@@ -236,6 +241,7 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
     writer = None
     recorder = None
     storage_dir = None
+    storage_tmp = None
     engine = None
     last_flush = [time.monotonic()]
 
@@ -260,14 +266,24 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
             # Deferred: an interrupt while the store is created or the run row written waits for
             # that transaction, then lands below with `writer` set, and the run is closed.
             with signals.deferred():
-                from tierdiag.store.writer import RunWriter
+                from tierdiag.store.writer import RunWriter, new_run_id
 
+                run_id = new_run_id()
+                config = cfg.to_json()
+                # The run's own folder, recorded so `runs --delete` finds it; none without a tier
+                # (a --storage-dir given anyway names a root no run of this kind writes into).
+                config["storage_dir"] = None
+                if cfg.storage_tokens:
+                    storage_dir = run_folder(db, cfg.storage_dir, run_id)
+                    config["storage_dir"] = str(storage_dir)
                 writer = RunWriter(db, name=run_name, trace_path=str(trace), trace_sha256=sha or "",
-                                   config=cfg.to_json(), hardware=hardware_summary(),
+                                   config=config, hardware=hardware_summary(), run_id=run_id,
                                    data_plane=describe_data_plane(cfg), timing=cfg.timing, command_line=command_line)
                 recorder = Recorder(writer.append)
-            if cfg.storage_tokens and cfg.storage_dir is None:
-                storage_dir = Path(db).with_suffix(".storage") / writer.run_id
+        elif cfg.storage_tokens:
+            # Nothing is recorded, so no run owns the pages: a temporary folder, removed at the end.
+            storage_tmp = _temporary_storage(cfg.storage_dir)
+            storage_dir = storage_tmp
         engine = Engine(cfg, probe=recorder, storage_dir=storage_dir, progress=on_progress)
         with _fewer_gc_passes():
             stats = engine.run(requests)
@@ -305,6 +321,8 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
             with signals.deferred(reraise=False):
                 _close_run(writer, recorder, "failed", f"{type(exc).__name__}: {_first_line(exc)}")
         raise
+    finally:
+        storage_bytes = _close_storage(engine, storage_tmp)
     status = "complete"
     ttft_q = {q: _percentile(stats.ttft_ns, q) for q in (0.5, 0.9, 0.99)}
     # The run's span starts at its first arrival (a sliced trace starts late); unrecorded, it ends
@@ -331,4 +349,31 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
         virtual_s=span_ns / 1e9, prefill_busy_share=stats.busy_ns / span_ns if span_ns else 0.0, wall_s=time.perf_counter() - t0, bad_lines=report.bad_lines,
         first_bad=list(report.first_bad), unknown_keys=sorted(report.unknown_keys),
         data_plane=describe_data_plane(cfg),
+        storage_dir=str(storage_dir) if storage_dir is not None and storage_tmp is None else None,
+        storage_bytes=storage_bytes,
     )
+
+
+def _temporary_storage(root: str | None) -> Path:
+    import tempfile
+
+    from tierdiag.store.storage_dir import storage_root
+
+    parent = None
+    if root:
+        parent = storage_root("", root)
+        parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="tierdiag-storage-", dir=parent))
+
+
+def _close_storage(engine, temporary: Path | None) -> int:
+    """Close the storage tier's files; returns their size. A temporary folder is removed."""
+    import shutil
+
+    tier = getattr(engine, "storage", None)
+    size = tier.disk_bytes() if tier is not None else 0
+    if tier is not None:
+        tier.close()
+    if temporary is not None:
+        shutil.rmtree(temporary, ignore_errors=True)
+    return size

@@ -134,20 +134,26 @@ def test_a_storage_tier_that_cannot_be_written_is_exit_6_naming_the_path(tmp_pat
 
 def test_a_full_disk_under_the_storage_tier_is_an_output_error(tmp_path, monkeypatch):
     import errno
-    from pathlib import Path
+    import os
+
+    import torch
 
     from tierdiag.engine.pools import StorageTier
 
-    def full(self, data):
-        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+    real_pwrite = os.pwrite
+
+    def half_then_full(fd, data, offset):
+        if len(data) > 8:  # the first half lands, then the disk is full
+            return real_pwrite(fd, bytes(data[:len(data) // 2]), offset)
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     tier = StorageTier(tmp_path / "st", 4)
-    monkeypatch.setattr(Path, "write_bytes", full)
-    import torch
-
+    monkeypatch.setattr(os, "pwrite", half_then_full)
     with pytest.raises(OutputError, match="storage tier at .*No space left"):
         tier.write(["ab" + "0" * 62], torch.zeros((1, 1, 4), dtype=torch.int64))
-    assert not list((tmp_path / "st").rglob("*.tmp"))
+    # no half page is kept: the segment is cut back to the pages the index holds (none)
+    assert [f.stat().st_size for f in (tmp_path / "st").iterdir()] == [0]
+    assert tier.used_pages == 0 and "ab" + "0" * 62 not in tier
 
 
 def test_calibrate_profile_write_failure_leaves_no_tmp_file(tmp_path):

@@ -220,8 +220,8 @@ def test_verdict_renders_diagnosis_advice_when_summary_has_it(tmp_path: Path, mo
 
     real = ds.run_summary
 
-    def with_diagnosis(con, run):
-        sm = real(con, run)
+    def with_diagnosis(con, run, **kw):  # kw: the report hands its run context on (ctx=)
+        sm = real(con, run, **kw)
         object.__setattr__(sm, "diagnosis", {"advice": [Advice("--device-tokens", "196608", "<b>evictions</b>",
                                                                "replay again and compare")]})
         return sm

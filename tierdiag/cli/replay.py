@@ -12,7 +12,7 @@ import typer
 from tierdiag.cli.choices import choices
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, err, out, print_json
 # No torch: presets, registries and validation only.
-from tierdiag.diagnose.units import fmt_ms, fmt_pct, fmt_pool
+from tierdiag.diagnose.units import fmt_bytes, fmt_ms, fmt_pct, fmt_pool
 from tierdiag.engine.config import (
     EVICTION_POLICIES,
     PREFETCH_POLICIES,
@@ -66,6 +66,9 @@ def replay(
     device_tokens: Annotated[Optional[int], Opt(help=_d("Device KV pool in tokens.", shown=_pool_default("device")))] = None,
     host_tokens: Annotated[Optional[int], Opt(help=_d("Host KV pool in tokens.", shown=_pool_default("host")))] = None,
     storage_tokens: Annotated[Optional[int], Opt(help=_d("Storage tier in tokens; 0 = none.", "storage_tokens"))] = None,
+    storage_dir: Annotated[Optional[Path], Opt("--storage-dir", help="Folder for the storage tier's page files; each run "
+                                               "writes into its own subfolder.  [default: DB.storage beside --db]",
+                                               show_default=False)] = None,
     page_size: Annotated[Optional[int], Opt(help=_d("Tokens per page (a power of two).", "page_size"))] = None,
     block_size: Annotated[Optional[int], Opt(help=_d("Tokens per hash id in Mooncake traces.", "block_size"))] = None,
     write_policy: Annotated[Optional[str], Opt(**choices(WRITE_POLICIES), help=_d("When pages are backed up to host.", "write_policy"))] = None,
@@ -89,7 +92,8 @@ def replay(
     """Replay TRACE through the tiered cache engine and record every request into --db."""
     cfg = load_config(config, {
         "model": model, "gpu": gpu, "device_tokens": device_tokens, "host_tokens": host_tokens,
-        "storage_tokens": storage_tokens, "page_size": page_size, "block_size": block_size,
+        "storage_tokens": storage_tokens, "storage_dir": str(storage_dir) if storage_dir else None,
+        "page_size": page_size, "block_size": block_size,
         "write_policy": write_policy, "eviction_policy": eviction_policy,
         "load_back_threshold": load_back_threshold, "prefetch_policy": prefetch_policy,
         "schedule_policy": schedule_policy,
@@ -147,6 +151,14 @@ def replay(
     _render(summary, cfg)
 
 
+def _storage_line(s) -> str:
+    """Where the storage tier's page files are and how big: they outlive the replay."""
+    size = fmt_bytes(s.storage_bytes)
+    if s.storage_dir is None:
+        return f"storage tier: {size} of page files in a temporary folder, removed (nothing was recorded)"
+    return f"storage tier: {size} of page files in {s.storage_dir}"
+
+
 def _skipped_line(count: int, first_bad: list) -> str:
     """'skipped 3 bad lines (line 4: bad JSON (...); also line 9, line 12)'."""
     (line, why), *rest = first_bad
@@ -197,6 +209,8 @@ def _render(s, cfg: EngineConfig) -> None:
     if s.prefill_busy_share > 0.95:
         err.print("tierdiag: note: the GPU was saturated by prefill, so TTFT is mostly queueing; "
                   "--time-scale 2 halves the request rate to study the cache rather than the overload")
+    if cfg.storage_tokens:
+        out.print(plain(_storage_line(s)))
     if s.run_id:
         out.print(Text.assemble("recorded run ", plain(s.run_id, "bold"), " in ", plain(s.db_path)))
         db = "" if s.db_path == str(DEFAULT_DB_PATH) else f" --db {s.db_path}"

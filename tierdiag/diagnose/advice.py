@@ -530,7 +530,8 @@ def candidate_configs(run, advice: tuple[Advice, ...], budget: int) -> list[tupl
     """(advice, run name, EngineConfig) for up to `budget` items that change something."""
     from tierdiag.engine.config import CONFIG_KEYS, EngineConfig
 
-    base = {k: v for k, v in run.config.items() if k in CONFIG_KEYS}
+    # Not storage_dir: recorded, it is the run's own folder; a candidate gets its own.
+    base = {k: v for k, v in run.config.items() if k in CONFIG_KEYS and k != "storage_dir"}
     out = []
     for a in [a for a in advice if a.option is not None][:budget]:
         cfg = EngineConfig(**{**base, **a.changes})

@@ -31,11 +31,15 @@ DEFAULT_TOP = 10
 
 # --- which options differ ---------------------------------------------------------------------
 
+# Recorded per run, not an option: the run's own storage folder (tierdiag.store.storage_dir).
+PER_RUN_KEYS = frozenset({"storage_dir"})
+
+
 def varied_options(configs: Sequence[dict]) -> tuple[str, ...]:
     """Config keys whose recorded value is not the same in every run (in config order)."""
     keys: dict[str, None] = {}
     for c in configs:
-        keys.update(dict.fromkeys(c))
+        keys.update(dict.fromkeys(k for k in c if k not in PER_RUN_KEYS))
     missing = object()
     return tuple(k for k in keys if len({repr(c.get(k, missing)) for c in configs}) > 1)
 
@@ -59,7 +63,7 @@ def changed_from_defaults(config: dict) -> dict[str, Any]:
         reference = EngineConfig().to_json()
     # The geometry itself against the plain defaults (llama3-8b on an h200, ...).
     reference.update({k: f.default for k, f in EngineConfig.__dataclass_fields__.items() if k in geometry})
-    return {k: v for k, v in config.items() if k in reference and reference[k] != v}
+    return {k: v for k, v in config.items() if k in reference and reference[k] != v and k not in PER_RUN_KEYS}
 
 
 def memory_bytes(config: dict) -> int | None:

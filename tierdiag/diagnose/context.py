@@ -31,7 +31,6 @@ Read-only and a few small queries filtered on run_id and a time range.
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 
 import duckdb
@@ -408,52 +407,55 @@ def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict) -> LossEvide
     # Reuse distance of each re-reference of removed pages: tokens the device pool allocated
     # for requests scheduled between the pages' last use and the request that came back for
     # them (the LRU stack distance, roughly; explain's step 4 uses the same measure).
-    alloc = con.execute(
-        f"""SELECT first_token_ns - prefill_ns AS sched,
-                   sum(input_tokens - coalesce(device_hit_tokens, 0) + output_tokens)
-                       OVER (ORDER BY first_token_ns - prefill_ns, seq ROWS UNBOUNDED PRECEDING)
-            FROM requests WHERE run_id = ? AND {_FINISHED} AND prefill_ns IS NOT NULL ORDER BY 1, seq""",
-        [rid]).fetchall()
-    times = [int(r[0]) for r in alloc]
-    cums = [int(r[1]) for r in alloc]
     # Only what the request then recomputed is lost: pages that came back from storage were not.
     # A request's removal tokens are scaled down to its recomputed tokens where they exceed them.
-    raw_refs = con.execute(
-        """SELECT re.tokens * least(1.0, greatest(q.recomputed_tokens
+    # All in SQL (as-of lookups into the running allocation total, window sums for the
+    # deciles): a million-request run has a million allocations and as many re-references.
+    q = f"""
+        WITH alloc AS (
+            SELECT first_token_ns - prefill_ns AS sched,
+                   sum(input_tokens - coalesce(device_hit_tokens, 0) + output_tokens)
+                       OVER (ORDER BY first_token_ns - prefill_ns, seq ROWS UNBOUNDED PRECEDING) AS cum
+            FROM requests WHERE run_id = $r AND {_FINISHED} AND prefill_ns IS NOT NULL),
+        a AS (SELECT sched, max(cum) AS cum FROM alloc GROUP BY sched),
+        raw AS (
+            SELECT re.tokens * least(1.0, greatest(q.recomputed_tokens
                       - CASE WHEN q.loadback_skipped_reason IS NULL THEN 0 ELSE q.loadback_skipped_tokens END
                       - CASE WHEN q.storage_skipped_reason IS NULL THEN 0
                              ELSE greatest(q.storage_match_tokens - q.storage_hit_tokens, 0) END, 0)
-                      / sum(re.tokens) OVER (PARTITION BY re.req_id)),
-                  e.action, e.node_hit_count, e.node_last_access_ns, q.first_token_ns - q.prefill_ns
-           FROM request_evictions re
-           JOIN evictions e ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id
-           JOIN requests q ON q.run_id = re.run_id AND q.req_id = re.req_id
-           WHERE re.run_id = ? AND e.action IN ('delete', 'drop') AND q.prefill_ns IS NOT NULL
-             AND q.recomputed_tokens > 0""",
-        [rid]).fetchall()
-
-    def cum_at(t: int, inclusive: bool) -> int:
-        i = (bisect.bisect_right if inclusive else bisect.bisect_left)(times, t)
-        return cums[i - 1] if i else 0
-
-    refs = sorted(((int(round(tokens or 0)), action, _i(hits),
-                    max(cum_at(int(t1), False) - cum_at(int(t0), True), 0) if t0 is not None else 0)
-                   for tokens, action, hits, t0, t1 in raw_refs), key=lambda r: r[3])
-    # Token-weighted quantiles of the reuse distance (a few thousand rows at most per run).
-    total = sum(_i(r[0]) for r in refs)
+                      / sum(re.tokens) OVER (PARTITION BY re.req_id)) AS tokens,
+                   e.action, coalesce(e.node_hit_count, 0) AS hits, e.node_last_access_ns AS t0,
+                   q.first_token_ns - q.prefill_ns AS t1
+            FROM request_evictions re
+            JOIN evictions e ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id
+            JOIN requests q ON q.run_id = re.run_id AND q.req_id = re.req_id
+            WHERE re.run_id = $r AND e.action IN ('delete', 'drop') AND q.prefill_ns IS NOT NULL
+              AND q.recomputed_tokens > 0),
+        c0 AS (SELECT raw.*, coalesce(a.cum, 0) AS cum0 FROM raw ASOF LEFT JOIN a ON raw.t0 >= a.sched),
+        c1 AS (SELECT c0.*, coalesce(a.cum, 0) AS cum1 FROM c0 ASOF LEFT JOIN a ON c0.t1 > a.sched),
+        refs AS (SELECT CAST(round_even(coalesce(tokens, 0), 0) AS BIGINT) AS tok, action, hits,
+                        CASE WHEN t0 IS NULL THEN 0 ELSE greatest(cum1 - cum0, 0) END AS dist FROM c1)
+        SELECT dist, tok, action, hits FROM refs"""
+    at_least = ", ".join(f"min(dist) FILTER (WHERE acc::DOUBLE >= ({k}::DOUBLE * 0.1::DOUBLE) * total)"
+                         for k in range(11))
+    totals = con.execute(
+        f"""WITH r AS ({q}),
+            s AS (SELECT *, sum(tok) OVER (ORDER BY dist ROWS UNBOUNDED PRECEDING) AS acc,
+                         (sum(tok) OVER ())::DOUBLE AS total FROM r)
+        SELECT count(*), max(dist), coalesce(sum(tok) FILTER (WHERE action = 'delete'), 0),
+               coalesce(sum(tok) FILTER (WHERE action = 'drop'), 0),
+               coalesce(sum(tok) FILTER (WHERE hits >= {HOT_HIT_COUNT}), 0), [{at_least}]
+        FROM s""", {"r": rid}).fetchone()
     deciles: list[int] = []
-    acc = 0
-    for tokens, _action, _hits, dist in refs:
-        acc += tokens
-        while len(deciles) < 11 and (acc >= len(deciles) * 0.1 * total or len(deciles) == 0):
-            deciles.append(int(dist))
-    while refs and len(deciles) < 11:
-        deciles.append(int(refs[-1][3]))
+    deleted = dropped = hot = 0
+    if totals is not None and totals[0]:
+        n, last, deleted, dropped, hot, found = totals
+        # Token-weighted quantiles: decile k is the distance where the running token total first
+        # reaches k/10 of all (the first distance for k = 0; the largest where it never does).
+        deciles = [int(d if d is not None else last) for d in found]
+        deleted, dropped, hot = _i(deleted), _i(dropped), _i(hot)
     p50 = deciles[5] if deciles else None
     p90 = deciles[9] if deciles else None
-    deleted = sum(_i(r[0]) for r in refs if r[1] == "delete")
-    dropped = sum(_i(r[0]) for r in refs if r[1] == "drop")
-    hot = sum(_i(r[0]) for r in refs if _i(r[2]) >= HOT_HIT_COUNT)
     recomputed = _i(t[1])
     lost = max(recomputed - sum(skipped.values()) - sum(unused.values()), 0)
 

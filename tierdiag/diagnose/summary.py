@@ -210,9 +210,10 @@ def _classes(con: duckdb.DuckDBPyConnection, rid: str) -> tuple[ClassStats, ...]
         for r in rows)
 
 
-def run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo, *, diagnose: bool = True) -> RunSummary:
+def run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo, *, diagnose: bool = True, ctx=None) -> RunSummary:
     """The run at a glance; `diagnose=False` leaves out the run diagnosis (diagnosis None), the
-    costly part, for callers that show only the numbers (compare, a sweep's headlines)."""
+    costly part, for callers that show only the numbers (compare, a sweep's headlines).
+    `ctx`: the run's `run_context` when the caller has it already (the report)."""
     rid = run.run_id
     t = _tokens_and_counts(con, rid)
     span_ns = max(_i(t.get("t1")) - _i(t.get("t0")), 0)
@@ -297,7 +298,7 @@ def run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo, *, diagnose: bool 
             excess_share=share(excess_part, excess_total) if excess_total > 0 else None))
 
     hit_requests = _i(t.get("hit_requests"))
-    diagnosis = _diagnosis(con, run, time_by_cause) if diagnose else None
+    diagnosis = _diagnosis(con, run, time_by_cause, ctx) if diagnose else None
     return RunSummary(
         run_id=rid, run_name=run.name, status=run.status, trace_path=run.trace_path,
         model=run.config.get("model"), gpu=run.config.get("gpu"), num_requests=_i(t.get("n")),
@@ -313,10 +314,10 @@ def run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo, *, diagnose: bool 
     )
 
 
-def _diagnosis(con: duckdb.DuckDBPyConnection, run: RunInfo, time_by_cause: list[CauseShare]):
+def _diagnosis(con: duckdb.DuckDBPyConnection, run: RunInfo, time_by_cause: list[CauseShare], ctx=None):
     from tierdiag.diagnose.advice import diagnose_run, run_advice
     from tierdiag.diagnose.context import run_context
 
-    ctx = run_context(con, run)
+    ctx = ctx if ctx is not None else run_context(con, run)
     parts = {c.cause: c.excess_part_ns or 0 for c in time_by_cause if c.cause != "none"}
     return diagnose_run(ctx, parts, run_advice(con, run, ctx))

@@ -13,7 +13,7 @@ from tierdiag.engine import kernels
 from tierdiag.engine.config import EngineConfig
 from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.pagemap import PageMap
-from tierdiag.engine.pools import PagePool, StorageTier, read_pages, verify_content, write_content
+from tierdiag.engine.pools import PagePool, StorageTier, verify_content, write_content
 from tierdiag.engine.tree import RadixTree, TreeNode
 from tierdiag.probes import events as ev
 
@@ -214,9 +214,11 @@ class CacheController:
         if self.storage is None:
             return
         keys = [self.storage_key_of[k] for k in node.keys]
-        rows = read_pages(self.host, node.host)
-        deleted = self.storage.write(keys, rows)
+        # Straight from the host slots into one append (no per-page work): the bytes on disk are
+        # the host copy's, which a later prefetch reads back and a load-back verifies.
+        deleted = self.storage.write_from(self.host.buffer, node.host, keys)
         pages = len(keys)
+        dp_bytes = pages * self.host.buffer.shape[0] * self.host.buffer.shape[2] * 8
         start = max(now_ns, self.disk_free_ns)
         end = start + self.cost.storage_ns(pages * self.page_bytes)
         self.disk_free_ns = end
@@ -225,7 +227,7 @@ class CacheController:
             self.stats.evictions[key] = self.stats.evictions.get(key, 0) + len(deleted)
         if self.probe is not None:
             self.probe.emit(ev.Transfer(self._transfer_id(), start, end, "storage_write", cause, pages, 1,
-                                        pages * self.page_bytes, int(rows.numel()) * 8, start - now_ns, 0, None))
+                                        pages * self.page_bytes, dp_bytes, start - now_ns, 0, None))
 
     # --- host -> device ------------------------------------------------------------------
     def load_back(self, nodes: tuple[TreeNode, ...], slots: list[int], req_id: str, now_ns: int,
@@ -271,8 +273,7 @@ class CacheController:
     def prefetch(self, skeys: list[str], slots: list[int], req_id: str, now_ns: int) -> tuple[int, int]:
         """Read pages from storage into host `slots` (allocated by the caller). Returns (start, end)."""
         pages = len(skeys)
-        rows = self.storage.read(skeys, self.host.buffer.shape[0], self.host.buffer.shape[2])
-        kernels.copy_pages(rows, range(pages), self.host.buffer, slots)
+        dp_bytes = self.storage.read_into(skeys, self.host.buffer, slots)
         start = max(now_ns, self.disk_free_ns)
         end = start + self.cost.storage_ns(pages * self.page_bytes)
         self.disk_free_ns = end
@@ -280,7 +281,7 @@ class CacheController:
         if self.probe is not None:
             self.probe.emit(ev.Transfer(self._transfer_id(), start, end, "prefetch", req_id, pages,
                                         kernels.count_runs(slots), pages * self.page_bytes,
-                                        int(rows.numel()) * 8, start - now_ns, 0, None))
+                                        dp_bytes, start - now_ns, 0, None))
         return start, end
 
     def emit_load_back(self, start: int, end: int, req_id: str, pages: int, runs: int, queued: int,

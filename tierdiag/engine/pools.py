@@ -180,7 +180,7 @@ def verify_content(pool: PagePool, slots: list[int], keys: list[int]) -> bool:
     return bool(torch.equal(read_pages(pool, slots), expected))
 
 
-# --- storage tier: page files on local disk, keyed by chained SHA-256 -----------------------
+# --- storage tier: pages in append-only segment files, keyed by chained SHA-256 ------------
 @contextlib.contextmanager
 def _storage_errors(path: Path):
     """A filesystem error of the storage tier (its folder read-only or a file, the disk full, a
@@ -194,8 +194,39 @@ def _storage_errors(path: Path):
                           ) from None
 
 
+SEGMENT_BYTES = 64 << 20  # a segment file's target size; larger tiers get larger segments
+MAX_SEGMENTS = 256  # ... so that the files (and descriptors) held open stay few
+SEGMENT_SUFFIX = ".kvseg"
+_SLOT_BITS = 32  # a page's location in the index: segment number << 32 | slot in the segment
+
+
+class _Segment:
+    """One append-only file of whole pages; `keys[slot]` is the page there (None once deleted)."""
+    __slots__ = ("number", "path", "fd", "keys", "live")
+
+    def __init__(self, number: int, path: Path, fd: int):
+        self.number, self.path, self.fd = number, path, fd
+        self.keys: list[str | None] = []
+        self.live = 0
+
+
 class StorageTier:
-    """Page files under `root`, one file a page (`ab/abcdef…`), LRU-deleted past capacity."""
+    """The L3 tier of SGLang's HiCache as files on local disk (HiCacheFile's role).
+
+    Layout: pages are appended to segment files `NNNNNN.kvseg` under `root`, each page the
+    `page_bytes` of its rows (layer after layer), so a transfer of n pages is one write and a
+    prefetch of consecutive pages one read. The index (page key -> segment, slot) and the LRU
+    order over it live in memory: the tier is the run's, made empty at its start.
+
+        segment 000001.kvseg  |page a|page b|page c|  ...  (append only)
+        index: a -> (1, 0), b -> (1, 1), ...   LRU: a b c ... (oldest first)
+
+    Past `capacity_pages` the least recently used page is deleted from the index (as one file a
+    page was unlinked before); its bytes become a hole in its segment. A segment with no live
+    page is unlinked; while the files hold more than twice the live pages (plus two segments),
+    the sparsest segment is compacted: its live pages are appended anew and the file unlinked.
+    No fsync: the tier is a cache of the run, not a durable store.
+    """
 
     def __init__(self, root: Path, capacity_pages: int):
         self.root = Path(root)
@@ -204,10 +235,16 @@ class StorageTier:
             if not os.access(self.root, os.W_OK | os.X_OK):
                 raise PermissionError(errno.EACCES, "Permission denied", str(self.root))
         self.capacity = capacity_pages
-        self._index: OrderedDict[str, None] = OrderedDict()
-
-    def _path(self, key: str) -> Path:
-        return self.root / key[:2] / key
+        self._index: OrderedDict[str, int] = OrderedDict()  # key -> location, LRU order
+        self._segments: dict[int, _Segment] = {}
+        self._active: _Segment | None = None
+        self._next_segment = 1
+        self._page_shape: tuple[int, int] | None = None  # (layers, elems), from the first write
+        self._segment_pages = 0
+        self._disk_pages = 0  # pages the segment files hold, live or holes
+        self._emptied: list[_Segment] = []  # segments whose last live page went (unlinked when not active)
+        self.bytes_written = 0  # bytes appended to segment files (compaction included)
+        self.bytes_read = 0
 
     def __contains__(self, key: str) -> bool:
         return key in self._index
@@ -216,40 +253,230 @@ class StorageTier:
     def used_pages(self) -> int:
         return len(self._index)
 
+    @property
+    def page_bytes(self) -> int:
+        return 0 if self._page_shape is None else self._page_shape[0] * self._page_shape[1] * 8
+
+    def disk_bytes(self) -> int:
+        """Bytes the segment files hold now (live pages and holes)."""
+        return self._disk_pages * self.page_bytes
+
     def touch(self, key: str) -> None:
         self._index.move_to_end(key)
 
+    # --- writing -----------------------------------------------------------------------------
     def write(self, keys: list[str], rows: torch.Tensor) -> list[str]:
         """Write pages (rows: [layers, n, elems] on CPU). Returns the keys deleted to make room."""
-        deleted = []
-        data = rows.permute(1, 0, 2).contiguous().numpy()
+        page_major = rows.numpy().transpose(1, 0, 2)
+        return self._write(keys, lambda idx: np.ascontiguousarray(page_major if idx is None else page_major[idx]),
+                           (rows.shape[0], rows.shape[2]))
+
+    def write_from(self, pool: torch.Tensor, slots: list[int], keys: list[str]) -> list[str]:
+        """Write the pages in `slots` of a [layers, pages, elems] CPU pool buffer under `keys`:
+        one gather into page-major rows, one append. Returns the keys deleted to make room."""
+        layer_major = pool.numpy()
+        slots_a = np.asarray(slots, dtype=np.int64)
+
+        def gather(idx):
+            # Rows of each layer first (the pool is layer-major), then page-major for the file:
+            # two copies of the transfer's bytes, never a pass over the whole pool.
+            rows = layer_major[:, slots_a if idx is None else slots_a[idx]]
+            return np.ascontiguousarray(rows.transpose(1, 0, 2))
+
+        return self._write(keys, gather, (pool.shape[0], pool.shape[2]))
+
+    def _write(self, keys: list[str], gather, shape: tuple[int, int]) -> list[str]:
+        self._set_shape(shape)
+        index = self._index
+        deleted: list[str] = []
+        if len(index) + len(keys) <= self.capacity and index.keys().isdisjoint(keys):
+            # All new and room for them (the common case): what the loop below would do, at once.
+            index.update(dict.fromkeys(keys, -1))
+            self._place(keys, gather(None))
+            return deleted
+        fresh: list[int] = []
+        # The index first, key by key, exactly as a file a page would go: a page already there is
+        # touched, a new one may push out the oldest (even one written earlier in this call).
         for i, key in enumerate(keys):
-            if key in self._index:
-                self._index.move_to_end(key)
+            if key in index:
+                index.move_to_end(key)
                 continue
-            while len(self._index) >= self.capacity:
-                old, _ = self._index.popitem(last=False)
-                self._path(old).unlink(missing_ok=True)
+            while len(index) >= self.capacity:
+                old, loc = index.popitem(last=False)
                 deleted.append(old)
-            path = self._path(key)
-            tmp = path.with_suffix(".tmp")
-            with _storage_errors(path):
-                path.parent.mkdir(exist_ok=True)
-                try:
-                    tmp.write_bytes(data[i].tobytes())
-                    os.replace(tmp, path)
-                except BaseException:
-                    tmp.unlink(missing_ok=True)  # a full disk must not keep half a page
-                    raise
-            self._index[key] = None
+                if loc >= 0:
+                    self._hole(loc)
+            index[key] = -1  # placed below
+            fresh.append(i)
+        fresh = [i for i in fresh if index.get(keys[i]) == -1]
+        if fresh:
+            self._place([keys[i] for i in fresh], gather(np.asarray(fresh, dtype=np.int64)))
+        self._collect()
         return deleted
 
-    def read(self, keys: list[str], num_layers: int, page_elems: int) -> torch.Tensor:
-        out = torch.empty((len(keys), num_layers, page_elems), dtype=torch.int64)
-        for i, key in enumerate(keys):
-            with _storage_errors(self._path(key)):
-                raw = self._path(key).read_bytes()
-            out[i] = torch.frombuffer(bytearray(raw), dtype=torch.int64).view(num_layers, page_elems)
-            self._index.move_to_end(key)
-        return out.permute(1, 0, 2).contiguous()
+    def _place(self, keys: list[str], data: np.ndarray) -> None:
+        """Append the pages of `keys` (in the index as -1) and record where they went."""
+        try:
+            self._append(keys, data.reshape(len(keys), -1))
+        except BaseException:
+            index = self._index
+            for key in keys:  # pages that never reached the disk are not in the tier
+                if index.get(key) == -1:
+                    del index[key]
+            raise
 
+    def _set_shape(self, shape: tuple[int, int]) -> None:
+        if self._page_shape is None:
+            self._page_shape = (int(shape[0]), int(shape[1]))
+            cap_bytes = self.capacity * self.page_bytes
+            seg_bytes = max(SEGMENT_BYTES, -(-cap_bytes // MAX_SEGMENTS))
+            self._segment_pages = max(1, min(seg_bytes // self.page_bytes, (1 << _SLOT_BITS) - 1))
+        assert self._page_shape == (shape[0], shape[1]), \
+            f"storage pages are {self._page_shape} (layers, elems); got {tuple(shape)} (data plane changed mid-run?)"
+
+    def _new_segment(self) -> _Segment:
+        while True:
+            number = self._next_segment
+            self._next_segment += 1
+            path = self.root / f"{number:06d}{SEGMENT_SUFFIX}"
+            with _storage_errors(path):
+                try:
+                    # O_EXCL: a folder shared by mistake never has its pages overwritten.
+                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                except FileExistsError:
+                    continue
+            seg = self._segments[number] = _Segment(number, path, fd)
+            return seg
+
+    def _append(self, keys: list[str], data) -> None:
+        """Append pages (data: [n, page_bytes/8] int64, C order) at the end of the active segment,
+        starting a new one when it is full; one pwrite per segment touched."""
+        index, per_seg, page_bytes = self._index, self._segment_pages, self.page_bytes
+        done = 0
+        while done < len(keys):
+            seg = self._active
+            if seg is None or len(seg.keys) >= per_seg:
+                seg = self._active = self._new_segment()
+            first = len(seg.keys)
+            n = min(len(keys) - done, per_seg - first)
+            buf = memoryview(data[done:done + n]).cast("B")
+            offset = first * page_bytes
+            with _storage_errors(seg.path):
+                try:
+                    written = 0
+                    while written < len(buf):
+                        written += os.pwrite(seg.fd, buf[written:], offset + written)
+                except BaseException:
+                    os.ftruncate(seg.fd, offset)  # a full disk must not keep half a page
+                    raise
+            loc = (seg.number << _SLOT_BITS) + first
+            placed = keys[done:done + n]
+            index.update(zip(placed, range(loc, loc + n)))  # existing keys keep their LRU place
+            seg.keys.extend(placed)
+            seg.live += n
+            self._disk_pages += n
+            self.bytes_written += n * page_bytes
+            done += n
+
+    def _hole(self, loc: int) -> None:
+        seg = self._segments[loc >> _SLOT_BITS]
+        seg.keys[loc & ((1 << _SLOT_BITS) - 1)] = None
+        seg.live -= 1
+        if not seg.live:
+            self._emptied.append(seg)
+
+    def _collect(self) -> None:
+        """Unlink segments without a live page. Then, while the files hold more than about twice
+        the live pages, compact the sparsest segment. Deletion is LRU and writes append, so the
+        oldest segments mostly empty on their own; only pages kept alive by hits get copied."""
+        if self._emptied:
+            for seg in self._emptied:
+                if seg is not self._active and not seg.live and seg.number in self._segments:
+                    self._unlink(seg)
+            self._emptied = [s for s in self._emptied if s.number in self._segments and not s.live]
+        slack = 2 * self._segment_pages
+        while self._disk_pages > 2 * len(self._index) + slack:
+            seg = min((s for s in self._segments.values() if s is not self._active),
+                      key=lambda s: s.live / len(s.keys))
+            self._compact(seg)
+            self._unlink(seg)
+
+    def _compact(self, seg: _Segment) -> None:
+        slots = [i for i, k in enumerate(seg.keys) if k is not None]
+        keys = [seg.keys[i] for i in slots]
+        data = self._read_slots(seg, slots)
+        # Re-appending keeps each key's place in the LRU order (a dict value update does not move it).
+        self._append(keys, data.reshape(len(slots), -1))
+        seg.live = 0
+
+    def _unlink(self, seg: _Segment) -> None:
+        del self._segments[seg.number]
+        self._disk_pages -= len(seg.keys)
+        with _storage_errors(seg.path):
+            os.close(seg.fd)
+            seg.path.unlink(missing_ok=True)
+
+    # --- reading -----------------------------------------------------------------------------
+    def _read_slots(self, seg: _Segment, slots: list[int]):
+        """[len(slots), layers, elems] int64 read from `seg`, one preadv per run of adjacent slots."""
+        layers, elems = self._page_shape
+        out = np.empty((len(slots), layers, elems), dtype=np.int64)
+        page_bytes = self.page_bytes
+        i = 0
+        while i < len(slots):
+            j = i + 1
+            while j < len(slots) and slots[j] == slots[j - 1] + 1:
+                j += 1
+            want = (j - i) * page_bytes
+            with _storage_errors(seg.path):
+                got = os.preadv(seg.fd, [memoryview(out[i:j]).cast("B")], slots[i] * page_bytes)
+                if got != want:
+                    raise OSError(errno.EIO, f"page file truncated (read {got:,} of {want:,} bytes)",
+                                  str(seg.path))
+            i = j
+        self.bytes_read += len(slots) * page_bytes
+        return out
+
+    def read_pages(self, keys: list[str]):
+        """The pages of `keys` as [n, layers, elems] int64 (numpy), each touched in the LRU:
+        pages adjacent in a segment are read together."""
+        index = self._index
+        layers, elems = self._page_shape
+        out = np.empty((len(keys), layers, elems), dtype=np.int64)
+        mask = (1 << _SLOT_BITS) - 1
+        i = 0
+        while i < len(keys):
+            loc = index[keys[i]]
+            seg_no, j = loc >> _SLOT_BITS, i + 1
+            slots = [loc & mask]
+            while j < len(keys) and index[keys[j]] >> _SLOT_BITS == seg_no:
+                slots.append(index[keys[j]] & mask)
+                j += 1
+            out[i:j] = self._read_slots(self._segments[seg_no], slots)
+            i = j
+        for key in keys:
+            index.move_to_end(key)
+        return out
+
+    def read(self, keys: list[str], num_layers: int, page_elems: int) -> torch.Tensor:
+        """The pages of `keys` as a fresh [layers, n, elems] CPU tensor."""
+        if not keys:
+            return torch.empty((num_layers, 0, page_elems), dtype=torch.int64)
+        assert self._page_shape == (num_layers, page_elems), "storage page geometry differs from the pool's"
+        return torch.from_numpy(self.read_pages(keys)).permute(1, 0, 2).contiguous()
+
+    def read_into(self, keys: list[str], pool: torch.Tensor, slots: list[int]) -> int:
+        """Read the pages of `keys` into `slots` of a [layers, pages, elems] CPU pool buffer;
+        returns the bytes read."""
+        if not keys:
+            return 0
+        pool.numpy()[:, np.asarray(slots, dtype=np.int64)] = self.read_pages(keys).transpose(1, 0, 2)
+        return len(keys) * self.page_bytes
+
+    def close(self) -> None:
+        """Close the segment files (they stay on disk: the run's folder keeps them)."""
+        for seg in self._segments.values():
+            with contextlib.suppress(OSError):
+                os.close(seg.fd)
+        self._segments.clear()
+        self._active = None

@@ -153,6 +153,18 @@ class RequestPoints:
     cause: np.ndarray  # primary cause per request (diagnose.causes rule)
     total: int  # finished requests in the run
     sampled: bool
+    slowest_kept: int = 0  # when sampled: how many of the points are the slowest, kept whatever the sample
+
+    @property
+    def sampling_note(self) -> str:
+        """What the scatter shows of the run, in the report's words ("" when every request is drawn)."""
+        if not self.sampled:
+            return ""
+        shown = len(self.req_id)
+        rest = shown - self.slowest_kept
+        return (f"sampled: {shown:,} of {self.total:,} requests shown — the {self.slowest_kept:,} slowest by excess "
+                f"TTFT all kept, the other {rest:,} sampled uniformly from the remaining "
+                f"{self.total - self.slowest_kept:,} by a hash of the request id (the same run draws the same sample)")
 
     @property
     def host_share(self) -> np.ndarray:
@@ -265,8 +277,8 @@ def run_start_ns(con: duckdb.DuckDBPyConnection, run: RunInfo) -> int:
     return int(t0 or 0)
 
 
-def load_headline(con: duckdb.DuckDBPyConnection, run: RunInfo) -> Headline:
-    summary = run_summary(con, run)
+def load_headline(con: duckdb.DuckDBPyConnection, run: RunInfo, ctx=None) -> Headline:
+    summary = run_summary(con, run, ctx=ctx)
     return Headline(summary=summary, ttft=load_ttft_by_class(con, run, summary),
                     tier_split=load_tier_split(con, run, summary), t0_ns=run_start_ns(con, run))
 
@@ -423,7 +435,8 @@ def load_points(con: duckdb.DuckDBPyConnection, run: RunInfo, *,
         ttft_ns=f["ttft_ns"], excess_ns=f["excess_ns"], input_tokens=f["input_tokens"],
         device_tokens=f["device_hit_tokens"], host_tokens=f["host_hit_tokens"],
         storage_tokens=f["storage_hit_tokens"], computed_tokens=f["computed_tokens"],
-        cause=np.asarray(cols["cause"], dtype=object), total=int(total), sampled=sampled)
+        cause=np.asarray(cols["cause"], dtype=object), total=int(total), sampled=sampled,
+        slowest_kept=keep_slowest if sampled else 0)
 
 
 def load_transfers(con: duckdb.DuckDBPyConnection, run: RunInfo) -> Transfers:
@@ -488,15 +501,48 @@ def _has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool
         [table, column]).fetchone()[0])
 
 
+def _binned_overlaps(con: duckdb.DuckDBPyConnection, intervals_sql: str, p: dict,
+                     kinds: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Σ over intervals [t0, t1) of weight x times the interval's overlap with each of the $n
+    time bins [$lo + b·$w, $lo + (b+1)·$w), divided by $w, per kind k of interval.
+
+    Without a range join: the overlap integral up to an edge e is Σ_{t0<e} x·(e - t0) -
+    Σ_{t1<e} x·(e - t1), so each end point only needs its bin's count and sum, then running
+    totals over the bins (O(n) in the intervals, however many bins each one spans). A point a
+    rounding error away from an edge lands in the neighbouring bin with a weight of ~0."""
+    n, w = p["n"], p["w"]
+    rows = con.execute(
+        f"""WITH iv AS ({intervals_sql}), ends AS (
+                SELECT k, x, t0 - $lo AS t, 1 AS side FROM iv WHERE t1 > t0
+                UNION ALL SELECT k, x, t1 - $lo, -1 FROM iv WHERE t1 > t0)
+            SELECT k, least(greatest(CAST(floor(t / $w) AS BIGINT), 0), $n) AS b,
+                   sum(side * x), sum(side * x * t::DOUBLE)
+            FROM ends GROUP BY ALL""", p).fetchall()
+    out = {}
+    edges = np.arange(n + 1, dtype=float) * w  # e_k - lo
+    for kind in kinds:
+        wsum = np.zeros(n + 2)
+        tsum = np.zeros(n + 2)
+        for k, b, xs, ts in rows:
+            if k == kind:
+                wsum[b + 1] += float(xs or 0.0)
+                tsum[b + 1] += float(ts or 0.0)
+        # running totals of the ends strictly before edge k: bins 0..k-1
+        before_w, before_t = np.cumsum(wsum)[:n + 1], np.cumsum(tsum)[:n + 1]
+        integral = before_w * edges - before_t
+        out[kind] = np.maximum(np.diff(integral) / w, 0.0)  # never below 0 but by rounding
+    return out
+
+
 def load_load(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int | None = None) -> LoadSeries:
     """Requests waiting / prefilling / decoding and the GPU's prefill time, per time bin.
 
     Each request is three intervals (arrival -> first prefill batch -> first token -> finish)
     and each batch one; a bin gets every interval's overlap with it, so the values are exact
-    time-weighted means (an interval spanning many bins counts in each), computed by one range
-    join per table. Decode is modelled per request (its output steps, timed beside prefill, not
-    delaying it): the GPU decodes while any request is decoding, so its decode share is the
-    union of the decode intervals, shown beside the prefill split rather than stacked on it.
+    time-weighted means (an interval spanning many bins counts in each), computed in one pass
+    per table (`_binned_overlaps`). Decode is modelled per request (its output steps, timed beside
+    prefill, not delaying it): the GPU decodes while any request is decoding, so its decode share
+    is the union of the decode intervals, shown beside the prefill split rather than stacked on it.
     """
     lo = run_start_ns(con, run) if t0_ns is None else t0_ns
     (hi,) = con.execute(
@@ -506,66 +552,43 @@ def load_load(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int | None = 
     n = LOAD_BINS
     width = (hi - lo) / n
     p = {"run": run.run_id, "lo": lo, "w": width, "n": n}
-    bins = "SELECT b, $lo + b * $w AS b0, $lo + (b + 1) * $w AS b1 FROM range(0, $n) r(b)"
-    overlap = "(least(iv.t1, bins.b1) - greatest(iv.t0, bins.b0))"
     # The three phases of a finished request; first_token_ns - prefill_ns is its first batch's start.
-    req = con.execute(
-        f"""
+    req = _binned_overlaps(con, f"""
         WITH r AS (SELECT arrival_ns, first_token_ns - prefill_ns AS started, first_token_ns, finish_ns,
-                          input_tokens FROM requests WHERE {_FINISHED} AND prefill_ns IS NOT NULL),
-             iv AS (SELECT 'w' AS phase, arrival_ns AS t0, started AS t1, input_tokens AS tok FROM r
-                    UNION ALL SELECT 'p', started, first_token_ns, input_tokens FROM r
-                    UNION ALL SELECT 'd', first_token_ns, finish_ns, 0 FROM r),
-             bins AS ({bins})
-        SELECT b,
-               coalesce(sum({overlap}) FILTER (WHERE phase = 'w'), 0) / $w AS waiting,
-               coalesce(sum({overlap} * tok) FILTER (WHERE phase = 'w'), 0) / $w AS waiting_tokens,
-               coalesce(sum({overlap}) FILTER (WHERE phase = 'p'), 0) / $w AS prefilling,
-               coalesce(sum({overlap}) FILTER (WHERE phase = 'd'), 0) / $w AS decoding
-        FROM bins LEFT JOIN iv ON iv.t0 < bins.b1 AND iv.t1 > bins.b0 AND iv.t1 > iv.t0
-        GROUP BY b ORDER BY b
-        """, p).fetchnumpy()
+                          input_tokens FROM requests WHERE {_FINISHED} AND prefill_ns IS NOT NULL)
+        SELECT 'w' AS k, arrival_ns AS t0, started AS t1, input_tokens::DOUBLE AS x FROM r
+        UNION ALL SELECT 't', arrival_ns, started, 1.0 FROM r
+        UNION ALL SELECT 'p', started, first_token_ns, 1.0 FROM r
+        UNION ALL SELECT 'd', first_token_ns, finish_ns, 1.0 FROM r""", p, ("w", "t", "p", "d"))
     # A batch's time: compute (new tokens, and recompute of once-cached ones where the run
     # recorded the split) plus the load-back stall it could not hide, plus other blocking.
     has_recompute = _has_column(con, "batches", "recompute_ns")
     recompute = "coalesce(recompute_ns, 0)" if has_recompute else "0"
-    gpu = con.execute(
-        f"""
+    gpu = _binned_overlaps(con, f"""
         WITH iv AS (SELECT t_start_ns AS t0, t_end_ns AS t1, (t_end_ns - t_start_ns)::DOUBLE AS dur,
                            compute_ns - {recompute} AS new_ns, {recompute} AS rec_ns,
                            coalesce(loadback_exposed_ns, 0) AS lb_ns
-                    FROM batches WHERE run_id = $run AND t_end_ns > t_start_ns),
-             bins AS ({bins})
-        SELECT b,
-               coalesce(sum({overlap} * new_ns / dur), 0) / $w AS new,
-               coalesce(sum({overlap} * rec_ns / dur), 0) / $w AS rec,
-               coalesce(sum({overlap} * lb_ns / dur), 0) / $w AS lb,
-               coalesce(sum({overlap} * greatest(dur - new_ns - rec_ns - lb_ns, 0) / dur), 0) / $w AS other
-        FROM bins LEFT JOIN iv ON iv.t0 < bins.b1 AND iv.t1 > bins.b0
-        GROUP BY b ORDER BY b
-        """, p).fetchnumpy()
-    # Decode: the union of the requests' decode intervals (first token -> finish), as islands
-    # of overlapping intervals, then each island's overlap with each bin. An inner join, bins
-    # without decode filled with 0 below: DuckDB 2.0's LEFT JOIN over this windowed input counts
-    # some overlaps twice (seen as a 4 % excess against the union computed in Python).
-    dec = con.execute(
-        f"""
+                    FROM batches WHERE run_id = $run AND t_end_ns > t_start_ns)
+        SELECT 'new' AS k, t0, t1, new_ns / dur AS x FROM iv
+        UNION ALL SELECT 'rec', t0, t1, rec_ns / dur FROM iv
+        UNION ALL SELECT 'lb', t0, t1, lb_ns / dur FROM iv
+        UNION ALL SELECT 'other', t0, t1, greatest(dur - new_ns - rec_ns - lb_ns, 0) / dur FROM iv""", p,
+        ("new", "rec", "lb", "other"))
+    req = {"waiting": req["t"], "waiting_tokens": req["w"], "prefilling": req["p"], "decoding": req["d"],
+           "b": np.arange(n)}
+    gpu = {k: gpu[k] for k in ("new", "rec", "lb", "other")}
+    # Decode: the union of the requests' decode intervals (first token -> finish), as islands of
+    # overlapping intervals, each island's overlap with each bin (binned like the rest: no join).
+    busy_decode = _binned_overlaps(con, f"""
         WITH d AS (SELECT first_token_ns AS t0, finish_ns AS t1 FROM requests
                    WHERE {_FINISHED} AND finish_ns > first_token_ns),
              m AS (SELECT t0, t1, max(t1) OVER (ORDER BY t0, t1 ROWS BETWEEN UNBOUNDED PRECEDING
                                                  AND 1 PRECEDING) AS reach FROM d),
              g AS (SELECT t0, t1, sum(CASE WHEN reach IS NULL OR t0 > reach THEN 1 ELSE 0 END)
-                                  OVER (ORDER BY t0, t1 ROWS UNBOUNDED PRECEDING) AS island FROM m),
-             iv AS (SELECT min(t0) AS t0, max(t1) AS t1 FROM g GROUP BY island),
-             bins AS ({bins})
-        SELECT b, sum({overlap}) / $w AS busy
-        FROM bins JOIN iv ON iv.t0 < bins.b1 AND iv.t1 > bins.b0
-        GROUP BY b
-        """, p).fetchnumpy()
+                                  OVER (ORDER BY t0, t1 ROWS UNBOUNDED PRECEDING) AS island FROM m)
+        SELECT 'u' AS k, min(t0) AS t0, max(t1) AS t1, 1.0::DOUBLE AS x FROM g GROUP BY island""", p, ("u",))["u"]
     (busy, num_batches) = con.execute(
         "SELECT sum(t_end_ns - t_start_ns), count(*) FROM batches WHERE run_id = $run", _params(run)).fetchone()
-    busy_decode = np.zeros(n)
-    busy_decode[np.asarray(dec["b"], dtype=int)] = np.asarray(dec["busy"], dtype=float)
     f = lambda d, k: np.asarray(d[k], dtype=float)  # noqa: E731
     return LoadSeries(
         t_s=(np.asarray(req["b"], dtype=float) + 0.5) * width / 1e9, bin_s=width / 1e9,
@@ -578,7 +601,8 @@ def load_load(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int | None = 
 
 
 def load_slow_groups(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int, span_ns: int, *,
-                     pool: int = SLOW_POOL, limit: int = SLOW_GROUPS) -> tuple[tuple[SlowGroup, ...], int]:
+                     pool: int = SLOW_POOL, limit: int = SLOW_GROUPS,
+                     ctx=None) -> tuple[tuple[SlowGroup, ...], int]:
     """The slowest cached requests (device or tiered hit), grouped by burst and verdict.
 
     The ranking is `slow`'s (one rule for "slow" everywhere), taken per cached class and merged;
@@ -611,7 +635,8 @@ def load_slow_groups(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int, s
     from tierdiag.diagnose.context import run_context
 
     # The run's evidence once, not once per explained request.
-    ctx = run_context(con, run, attribution=False) if ranked else None
+    if ctx is None and ranked:
+        ctx = run_context(con, run, attribution=False)
     advice = propose(ctx) if ctx is not None else None
     out = []
     for (b, cause), members in ranked[:limit]:
@@ -727,10 +752,18 @@ class ReportData:
 
 
 def load_report_data(con: duckdb.DuckDBPyConnection, run: RunInfo, *, slow_pool: int = SLOW_POOL) -> ReportData:
-    headline = load_headline(con, run)
+    from dataclasses import replace
+
+    from tierdiag.diagnose.context import run_context
+
+    # The run's evidence once: summary's diagnosis and the explained slow requests share it
+    # (explain takes it without the queue attribution, as it computes it itself).
+    ctx = run_context(con, run) if run.kind != "observed" else None
+    headline = load_headline(con, run, ctx)
     t0 = headline.t0_ns
     load = load_load(con, run, t0)
-    groups, considered = load_slow_groups(con, run, t0, headline.span_ns, pool=slow_pool)
+    groups, considered = load_slow_groups(con, run, t0, headline.span_ns, pool=slow_pool,
+                                          ctx=replace(ctx, queue_attribution=None) if ctx is not None else None)
     return ReportData(run=run, headline=headline, timeline=load_timeline(con, run, t0),
                       load=load, points=load_points(con, run), verdict=run_verdict(headline.summary, load),
                       transfers=load_transfers(con, run), decomposition=load_decomposition(con, run, t0),

@@ -367,10 +367,7 @@ def scatter_figure(data: ReportData) -> FigureSpec:
                      yaxis=log_time_axis("TTFT (log scale)", pts.ttft_ns, unit), shapes=shapes,
                      annotations=annotations,
                      hovermode="closest")
-    note = ""
-    if pts.sampled:
-        note = (f"sampled: {len(pts.req_id):,} of {pts.total:,} requests — the slowest by excess TTFT "
-                "are all kept, the rest is an even sample")
+    note = pts.sampling_note
     return FigureSpec(
         key="ttft-vs-host-share", section="requests", title="TTFT against host-hit share, per request",
         how_to_read="Points to the right reused more from host; points high up were slow. A point that is "

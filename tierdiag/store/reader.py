@@ -62,8 +62,9 @@ def connect_with_retry(path: str | os.PathLike, *, read_only: bool,
             signals.checkpoint()
             delay = min(delay * 2, 0.25)
             continue
-        # DuckDB draws its own progress bar on stderr for a query past 2 s (a session setting):
-        # raw terminal escapes among our output, and from every worker of a sweep at once.
+        # DuckDB draws its own progress bar for a query past 2 s (a session setting): raw
+        # terminal escapes among our output (inside `--json` at the end of a big replay, or a
+        # million-request report), and from every worker of a sweep at once.
         con.execute("SET enable_progress_bar = false")
         return con
 

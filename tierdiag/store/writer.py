@@ -117,15 +117,20 @@ def init_store(con: duckdb.DuckDBPyConnection, *, path_for_errors: str = "the da
     con.execute("COMMIT")
 
 
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
 class RunWriter:
     """Writes one run: the `runs` row first (status running), events in bulk, status at the end."""
 
     def __init__(self, db_path: str | os.PathLike, *, name: str | None, trace_path: str,
                  trace_sha256: str, config: Mapping[str, Any], hardware: Mapping[str, Any],
                  data_plane: Mapping[str, Any], timing: str, command_line: Sequence[str] | None = None,
-                 kind: str = "replay", sweep_id: str | None = None):
+                 kind: str = "replay", sweep_id: str | None = None, run_id: str | None = None):
         self.db_path = Path(db_path)
-        self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        # run_id: chosen by the caller when the config must name it (the run's storage folder).
+        self.run_id = run_id or new_run_id()
         self.name = name or Path(trace_path).stem
         self._t0 = time.perf_counter()
         self._pending: list[Mapping[str, Mapping[str, Any]]] = []  # handed over, not committed yet

@@ -1,0 +1,143 @@
+"""The storage tier's page files: bytes come back as written (through LRU deletion and segment
+compaction), the folder a run writes to is its own and recorded, and replay says where it is."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import duckdb
+import pytest
+import torch
+
+from tierdiag.engine import pools
+from tierdiag.engine.config import EngineConfig
+from tierdiag.engine.pools import StorageTier
+from tierdiag.store.reader import open_store, resolve_run
+from tierdiag.store.storage_dir import STORAGE_SUFFIX, folder_bytes, run_storage_dir
+from tierdiag.trace.synth import DEMO_TRACE
+
+LAYERS, ELEMS = 2, 16  # 256 B a page
+SMALL = dict(model="tiny", gpu="cpu", device_tokens=4096, host_tokens=8192, storage_tokens=1 << 20)
+
+
+def page(key: str) -> torch.Tensor:
+    """[layers, 1, elems] bytes derived from the key, so any mix-up shows."""
+    g = torch.Generator().manual_seed(hash(key) & 0xFFFF_FFFF)
+    return torch.randint(-(1 << 62), 1 << 62, (LAYERS, 1, ELEMS), dtype=torch.int64, generator=g)
+
+
+def key(i: int) -> str:
+    return f"{i:064x}"
+
+
+def test_pages_read_back_byte_for_byte_through_deletion_and_compaction(tmp_path, monkeypatch):
+    # 8 pages a segment, room for 40: random writes and reads against a plain LRU model.
+    monkeypatch.setattr(pools, "SEGMENT_BYTES", 8 * LAYERS * ELEMS * 8)
+    tier = StorageTier(tmp_path / "st", 40)
+    model: OrderedDict[str, None] = OrderedDict()
+    rng = random.Random(5)
+    for step in range(400):
+        if model and rng.random() < 0.4:  # a prefetch of a few keys the tier holds
+            keys = rng.sample(list(model), min(len(model), rng.randint(1, 6)))
+            got = tier.read(keys, LAYERS, ELEMS)
+            assert torch.equal(got, torch.cat([page(k) for k in keys], dim=1)), f"step {step}: bytes differ"
+            for k in keys:
+                model.move_to_end(k)
+            continue
+        keys = [key(rng.randrange(120)) for _ in range(rng.randint(1, 12))]
+        keys = list(dict.fromkeys(keys))
+        expect_deleted = []
+        for k in keys:  # the reference: one page at a time, as files a page were kept
+            if k in model:
+                model.move_to_end(k)
+                continue
+            while len(model) >= 40:
+                expect_deleted.append(model.popitem(last=False)[0])
+            model[k] = None
+        deleted = tier.write(keys, torch.cat([page(k) for k in keys], dim=1))
+        assert deleted == expect_deleted, f"step {step}: LRU deletion order differs"
+        assert tier.used_pages == len(model) and all(k in tier for k in model)
+        # the files hold the live pages plus holes, never more than twice the live pages + 2 segments
+        on_disk = sum(f.stat().st_size for f in (tmp_path / "st").glob("*.kvseg"))
+        assert on_disk == tier.disk_bytes() <= (2 * len(model) + 2 * 8) * tier.page_bytes
+    everything = list(model)
+    assert torch.equal(tier.read(everything, LAYERS, ELEMS), torch.cat([page(k) for k in everything], dim=1))
+    assert len(list((tmp_path / "st").glob("*.kvseg"))) < 400 // 8  # segments were unlinked
+    tier.close()
+
+
+def test_write_from_a_pool_and_read_into_a_pool_move_the_slots_named(tmp_path):
+    tier = StorageTier(tmp_path / "st", 16)
+    src = torch.arange(LAYERS * 10 * ELEMS, dtype=torch.int64).view(LAYERS, 10, ELEMS)
+    tier.write_from(src, [7, 2, 5], [key(1), key(2), key(3)])
+    dst = torch.zeros_like(src)
+    assert tier.read_into([key(3), key(1)], dst, [0, 9]) == 2 * tier.page_bytes
+    assert torch.equal(dst[:, 0], src[:, 5]) and torch.equal(dst[:, 9], src[:, 7])
+    assert not dst[:, 1:9].any()
+
+
+def test_a_truncated_segment_is_an_output_error_not_wrong_bytes(tmp_path):
+    from tierdiag.errors import OutputError
+
+    tier = StorageTier(tmp_path / "st", 16)
+    tier.write([key(1), key(2)], torch.ones((LAYERS, 2, ELEMS), dtype=torch.int64))
+    seg = next((tmp_path / "st").glob("*.kvseg"))
+    with open(seg, "r+b") as fh:
+        fh.truncate(tier.page_bytes + 8)
+    with pytest.raises(OutputError, match="truncated"):
+        tier.read([key(1), key(2)], LAYERS, ELEMS)
+
+
+def _replay(tmp_path, db: Path, **cfg):
+    from tierdiag.replay import replay
+
+    return replay(DEMO_TRACE, EngineConfig(**{**SMALL, **cfg}), db=db, run_name=None, probes=True, skip_bad=False)
+
+
+def test_a_run_writes_its_pages_into_its_own_folder_beside_the_database_and_records_it(tmp_path):
+    db = tmp_path / "demo.duckdb"
+    first, second = _replay(tmp_path, db), _replay(tmp_path, db)
+    for s in (first, second):
+        folder = Path(s.storage_dir)
+        assert folder == (tmp_path / ("demo" + STORAGE_SUFFIX) / s.run_id).resolve()
+        assert list(folder.glob("*.kvseg")) and s.storage_bytes == folder_bytes(folder) > 0
+        with open_store(db) as con:
+            info = resolve_run(con, s.run_id)
+        assert info.config["storage_dir"] == str(folder) and run_storage_dir(info) == folder
+    # the same trace and config, two folders, the same rows
+    con = duckdb.connect(str(db), read_only=True)
+    rows = [con.execute("SELECT * EXCLUDE (run_id) FROM requests WHERE run_id = ? ORDER BY req_id",
+                        [s.run_id]).fetchall() for s in (first, second)]
+    assert rows[0] == rows[1] and rows[0]
+
+
+def test_storage_dir_names_the_root_and_a_run_without_storage_has_no_folder(tmp_path):
+    db = tmp_path / "r.duckdb"
+    s = _replay(tmp_path, db, storage_dir=str(tmp_path / "elsewhere"))
+    assert Path(s.storage_dir) == (tmp_path / "elsewhere" / s.run_id).resolve()
+    assert not (tmp_path / ("r" + STORAGE_SUFFIX)).exists()
+    none = _replay(tmp_path, db, storage_tokens=0, storage_dir=str(tmp_path / "elsewhere"))
+    with open_store(db) as con:
+        assert run_storage_dir(resolve_run(con, none.run_id)) is None
+    assert none.storage_dir is None and none.storage_bytes == 0
+
+
+def test_replay_announces_the_folder_and_its_size_and_a_replay_without_a_run_removes_its_own(tmp_path):
+    base = [sys.executable, "-c", "from tierdiag.cli.main import main; main()", "replay", str(DEMO_TRACE),
+            "--model", "tiny", "--gpu", "cpu", "--device-tokens", "4096", "--host-tokens", "8192",
+            "--storage-tokens", str(1 << 20)]
+    db = tmp_path / "a.duckdb"
+    shown = subprocess.run(base + ["--db", str(db), "--json"], capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 0, shown.stderr
+    d = json.loads(shown.stdout)
+    assert Path(d["storage_dir"]).parent == (tmp_path / "a.storage").resolve() and d["storage_bytes"] > 0
+    table = subprocess.run(base + ["--no-probes", "--storage-dir", str(tmp_path / "tmp")], capture_output=True,
+                           text=True, timeout=300)
+    assert table.returncode == 0, table.stderr
+    assert "page files in a temporary folder, removed (nothing was recorded)" in table.stdout
+    assert list((tmp_path / "tmp").iterdir()) == []  # the temporary folder went with the replay
