@@ -5,6 +5,7 @@ is one line on stderr and exit 3."""
 from __future__ import annotations
 
 import json
+import tomllib
 
 import pytest
 from typer.testing import CliRunner
@@ -42,7 +43,10 @@ def test_advise_verifies_the_change_and_explain_shows_it(lost_prefix):
     assert verified["run_id"] == cand["run_id"] and verified["ttft_ms_after"] < verified["ttft_ms_before"]
     # The terminal verdict ends with the advice, verified.
     code, text, _, _ = run_cli("explain", "a2", "--db", str(lost_prefix), "--run", base_run)
-    assert "advice: set host_tokens = 16384" in text and f"verified by run {cand['run_id']}" in text
+    assert "advice: set host_tokens = 16_384" in text and f"verified by run {cand['run_id']}" in text
+    # What follows "set" is TOML a user can paste into --config (digit separators included).
+    setting = text.split("advice: set ", 1)[1].split(":", 1)[0]
+    assert tomllib.loads(setting) == {"host_tokens": 16384}
 
 
 def test_advise_without_the_trace_is_exit_3_naming_it(tmp_path):

@@ -121,6 +121,8 @@ def _toml(v: Any) -> str:
         return "true" if v else "false"
     if isinstance(v, str):
         return f'"{v}"'
+    if isinstance(v, int) and abs(v) >= 10_000:
+        return f"{v:_}"  # TOML's digit separator: 16_777_216 reads, and pastes into --config as is
     return str(v)
 
 
