@@ -845,7 +845,7 @@ def write_pages(data: np.ndarray, dst: torch.Tensor, dst_pages: PageList) -> int
     n = len(dst_pages)
     if (not dst.is_cuda and dst.dim() == 3 and dst.is_contiguous() and data.ndim == 3 and data.shape[1] == n
             and data.shape[0] == dst.shape[0] and data.shape[2] == dst.shape[2] and data.flags.c_contiguous
-            and data.dtype == np.dtype(str(dst.dtype).removeprefix("torch."))):
+            and data.itemsize == dst.element_size()):  # rows move as opaque bytes, like every CPU copy
         if n:
             rows = data.view(np.dtype((np.void, data.shape[2] * data.itemsize))).reshape(data.shape[0], n)
             d = _cpu_index(dst_pages, dst.shape[1], "destination")
