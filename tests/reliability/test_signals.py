@@ -216,8 +216,10 @@ def test_a_signal_inside_a_flush_transaction_waits_for_it_and_writes_each_row_on
     monkeypatch.undo()
     (run,) = listed_runs(db)
     n, distinct = sql(db, "SELECT count(*), count(DISTINCT seq) FROM requests")[0]
-    # The interrupted flush committed (the third, at 768 finished requests), no flush of requests
-    # after it, nothing twice.
-    assert calls["requests"] == 3
+    # The interrupted flush committed (the third, at 768 finished requests), nothing twice. The
+    # replay's writer flushes on a background thread, so the engine may have buffered a few more
+    # requests before the signal reached the main thread: the close writes those in one more
+    # flush, and no other flush of requests follows.
+    assert calls["requests"] in (3, 4)
     assert run["status"] == "interrupted" and n == distinct == run["num_requests"] >= 3 * 256
     assert exc.value.num_requests == n
