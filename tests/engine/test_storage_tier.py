@@ -141,3 +141,21 @@ def test_replay_announces_the_folder_and_its_size_and_a_replay_without_a_run_rem
     assert table.returncode == 0, table.stderr
     assert "page files in a temporary folder, removed (nothing was recorded)" in table.stdout
     assert list((tmp_path / "tmp").iterdir()) == []  # the temporary folder went with the replay
+
+
+def test_an_engine_built_without_a_storage_folder_removes_the_one_it_made(monkeypatch, tmp_path):
+    """Engine(cfg) with a storage tier and no folder makes a temporary one; nobody else knows of
+    it, so it goes with the engine (before: every such engine left a folder in /tmp)."""
+    import gc
+    import tempfile
+
+    from tierdiag.engine.config import EngineConfig
+    from tierdiag.engine.engine import Engine
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    engine = Engine(EngineConfig(model="tiny", gpu="cpu", device_tokens=65536, storage_tokens=1 << 20))
+    (made,) = tmp_path.iterdir()
+    assert made.name.startswith("tierdiag-storage-") and engine.storage is not None
+    del engine
+    gc.collect()
+    assert not made.exists()

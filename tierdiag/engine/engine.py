@@ -3,7 +3,9 @@ trace through them, and check the invariants tests rely on."""
 
 from __future__ import annotations
 
+import shutil
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -58,7 +60,12 @@ class Engine:
         self.host = PagePool("host", cfg.resolved_host_tokens() // ps, self.plane, on_device=False)
         self.storage: StorageTier | None = None
         if cfg.storage_tokens:
-            root = storage_dir or cfg.storage_dir or tempfile.mkdtemp(prefix="tierdiag-storage-")
+            root = storage_dir or cfg.storage_dir
+            if not root:
+                # A folder nobody else knows of (an Engine built directly, as tests and library
+                # users do): it goes when the engine does, or at exit.
+                root = tempfile.mkdtemp(prefix="tierdiag-storage-")
+                weakref.finalize(self, shutil.rmtree, root, True)
             self.storage = StorageTier(Path(root), cfg.storage_tokens // ps)
         self.tree = RadixTree(ps, cfg.eviction_policy)
         self.stats = EngineStats()
