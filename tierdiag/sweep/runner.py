@@ -288,6 +288,36 @@ def _worker_main(jobs_q, results_q, trace: str, workdir: str, skip_bad: bool, co
         results_q.put(("done", _replay_one(Path(trace), task, Path(workdir), skip_bad, command_line)))
 
 
+_WORKDIR_PREFIX = "tierdiag-sweep-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _sweep_workdir() -> Path:
+    """The workers' folder, named after this process. A sweep killed with kill -9 cannot remove
+    its own (each holds a partial store per worker, gigabytes on big traces), so a new sweep
+    first removes those whose process is gone: ours by name, holding only workers' files."""
+    root = Path(tempfile.gettempdir())
+    for old in root.glob(f"{_WORKDIR_PREFIX}*-*"):
+        pid = old.name[len(_WORKDIR_PREFIX):].split("-", 1)[0]
+        try:
+            ours = (pid.isdigit() and old.is_dir() and not old.is_symlink() and old.stat().st_uid == os.getuid()
+                    and all(f.name.startswith("run-") for f in old.iterdir()))
+        except OSError:  # gone meanwhile, or not readable: not ours to remove
+            continue
+        if ours and not _pid_alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-"))
+
+
 def _run_processes(jobs: int, trace: Path, tasks: list[_Task], skip_bad: bool, command_line: str,
                    record, finish_interrupted) -> None:
     import multiprocessing
@@ -302,7 +332,7 @@ def _run_processes(jobs: int, trace: Path, tasks: list[_Task], skip_bad: bool, c
         jobs_q.put(t)
     for _ in range(n_workers):
         jobs_q.put(None)
-    workdir = Path(tempfile.mkdtemp(prefix="tierdiag-sweep-"))
+    workdir = _sweep_workdir()
     workers = [ctx.Process(target=_worker_main, name=f"tierdiag-sweep-{i}", daemon=True,
                            args=(jobs_q, results_q, str(trace), str(workdir), skip_bad, command_line))
                for i in range(n_workers)]
