@@ -92,13 +92,39 @@ def _source_help(module: str, attr: str) -> str | None:
     return None
 
 
+_PLAIN = (str, bool, int, float)
+
+
+def _parse_number(text: str, kind: type, param, ctx):
+    """An int or float option's text as pydantic's lax mode reads it ('1_000', ' 12 ', '12.0'
+    for an int; 'inf' for a float, which the config's own range checks then refuse)."""
+    from decimal import Decimal, InvalidOperation
+
+    try:
+        if kind is float:
+            return float(text)
+        try:
+            return int(text)
+        except ValueError:
+            d = Decimal(text.strip().replace("_", ""))
+            if d.is_finite() and d == d.to_integral_value() and "e" not in text.lower():
+                return int(d)
+    except (ValueError, InvalidOperation):
+        pass
+    from typer._click.exceptions import BadParameter
+
+    raise BadParameter(f"{text!r} is not {'an integer' if kind is int else 'a number'}", ctx=ctx, param=param)
+
+
 def _plain_coercion(params) -> None:
     """Typer 0.29 turns every parameter value into its annotated type through a pydantic
     TypeAdapter, and importing pydantic for that (and its plugin scan, importlib.metadata) was
-    about a third of `explain`'s import time. A `str` parameter (click already parsed a str), a
-    `bool` flag (click gives a bool; unset, None needs no coercion) and a `Path` (Path(str) cannot
-    fail; Typer's own path checks still run) need none of it. Every other parameter (numbers with bounds, choices, lists)
-    keeps Typer's coercion, and so does everything where this Typer's internals differ."""
+    about a third of `explain`'s import time (0.15 s of every `replay`). A `str` parameter (click
+    already parsed a str), a `bool` flag (click gives a bool; unset, None needs no coercion), an
+    `int` or `float` (click's INT/FLOAT types, and their ranges, parsed and checked it already)
+    and a `Path` (Path(str) cannot fail; Typer's own path checks still run) need none of it. Every
+    other parameter (lists, enums, custom parsers) keeps Typer's coercion, and so does everything
+    where this Typer's internals differ."""
     try:
         from typer._coercion import RuntimeParam, build_runtime_param
         from typer._param_types import coerce_cli_path
@@ -116,7 +142,7 @@ def _plain_coercion(params) -> None:
             continue
         annotation = desc.annotation
         path_type = getattr(info, "path_type", None) or annotation
-        if annotation in (str, bool) or (isinstance(annotation, type) and issubclass(annotation, Path)
+        if annotation in _PLAIN or (isinstance(annotation, type) and issubclass(annotation, Path)
                                          and isinstance(path_type, type) and issubclass(path_type, Path)):
             param._runtime_param = plain(parameter_info=info, annotation=annotation)
 
@@ -128,9 +154,11 @@ def _plain_runtime_param_class(RuntimeParam, build_runtime_param, coerce_cli_pat
     @dataclasses.dataclass(frozen=True)
     class PlainRuntimeParam(RuntimeParam):
         def _coerce_value(self, value, param, ctx):
-            if self.annotation in (str, bool):
-                if isinstance(value, self.annotation):
+            if self.annotation in _PLAIN:
+                if type(value) is self.annotation:  # exact: a bool is an int, and is not one here
                     return value
+                if isinstance(value, str) and self.annotation in (int, float):
+                    return _parse_number(value, self.annotation, param, ctx)
             else:
                 path_type = self.parameter_info.path_type or self.annotation
                 if isinstance(value, str):
