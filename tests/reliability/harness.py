@@ -104,3 +104,21 @@ def holder(db, *, read_only: bool):
     finally:
         proc.stdin.close()
         proc.wait(timeout=30)
+
+
+def on_request_flush(monkeypatch, hook) -> dict:
+    """Run `hook(n)` before the n-th flush of `requests` rows (1-based) is inserted; it may raise
+    (a full disk, a bug) or send a signal. Returns the live call count: {"requests": n}."""
+    from tierdiag.store.writer import RunWriter
+
+    real = RunWriter._append
+    calls = {"requests": 0}
+
+    def append(con, table, columns):
+        if table == "requests":
+            calls["requests"] += 1
+            hook(calls["requests"])
+        return real(con, table, columns)
+
+    monkeypatch.setattr(RunWriter, "_append", staticmethod(append))
+    return calls

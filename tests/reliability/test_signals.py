@@ -25,7 +25,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from harness import SMALL, Result, cli_argv, cli_env, good_lines, sql, tierdiag, write_trace
+from harness import SMALL, Result, cli_argv, cli_env, good_lines, on_request_flush, sql, tierdiag, write_trace
 
 FLUSH_OFTEN = cli_env(TIERDIAG_FLUSH_EVERY_S="0")
 ENGINE = ("--model", "tiny", "--gpu", "cpu", "--device-tokens", "65536", "--verify", "off")
@@ -186,23 +186,17 @@ def test_a_signal_inside_a_flush_transaction_waits_for_it_and_writes_each_row_on
     from tierdiag import signals
     from tierdiag.engine.config import EngineConfig
     from tierdiag.replay import ReplayInterrupted, replay
-    from tierdiag.store.writer import RunWriter
 
     trace = tmp_path / "t.jsonl"
     assert tierdiag("synth", trace, "--requests", "800", "--seed", "3").code == 0
     db = tmp_path / "r.duckdb"
-    real = RunWriter._append
-    calls = {"requests": 0}
 
-    def append(con, table, columns):
-        if table == "requests":
-            calls["requests"] += 1
-            if calls["requests"] == 3:  # the third flush: mid-run
-                os.kill(os.getpid(), signal.SIGINT)  # handled before the INSERT below runs
-        return real(con, table, columns)
+    def interrupt(n: int) -> None:
+        if n == 3:  # the third flush, mid-run: the main thread takes the signal while it is written
+            os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setenv("TIERDIAG_FLUSH_EVERY_S", "0")
-    monkeypatch.setattr(RunWriter, "_append", staticmethod(append))
+    calls = on_request_flush(monkeypatch, interrupt)
     previous = {s: signal.getsignal(s) for s in signals.HANDLED}
     signals.install()
     try:

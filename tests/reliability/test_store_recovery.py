@@ -14,12 +14,11 @@ import shutil
 import duckdb
 import pytest
 
-from harness import SMALL, good_lines, runs, sql, tierdiag, write_trace
+from harness import SMALL, good_lines, on_request_flush, runs, sql, tierdiag, write_trace
 from tierdiag.engine.config import EngineConfig
 from tierdiag.errors import OutputError, StoreError
 from tierdiag.replay import replay
 from tierdiag.store.schema import create_statements
-from tierdiag.store.writer import RunWriter
 
 CFG = EngineConfig(model="tiny", gpu="cpu", device_tokens=4096)
 
@@ -138,17 +137,11 @@ def test_database_under_a_file_is_exit_6_naming_it(tmp_path, trace):
 
 
 def _disk_fills_after(monkeypatch, ok_flushes: int) -> None:
-    real = RunWriter._append
-    calls = {"requests": 0}
+    def fill(n: int) -> None:
+        if n > ok_flushes:
+            raise duckdb.IOException('Could not write file "r.duckdb.wal": No space left on device')
 
-    def append(con, table, columns):
-        if table == "requests":
-            calls["requests"] += 1
-            if calls["requests"] > ok_flushes:
-                raise duckdb.IOException('Could not write file "r.duckdb.wal": No space left on device')
-        return real(con, table, columns)
-
-    monkeypatch.setattr(RunWriter, "_append", staticmethod(append))
+    on_request_flush(monkeypatch, fill)
 
 
 @pytest.mark.parametrize("ok_flushes", [0, 2], ids=["at-the-end", "mid-run"])
@@ -177,17 +170,11 @@ def test_a_final_flush_that_fails_with_a_bug_marks_the_run_failed_and_keeps_earl
     trace = tmp_path / "t.jsonl"
     assert tierdiag("synth", trace, "--requests", "700", "--seed", "4").code == 0
     db = tmp_path / "r.duckdb"
-    real = RunWriter._append
-    calls = {"requests": 0}
+    def bug(n: int) -> None:
+        if n >= 3:  # 700 requests: flushes at 256 and 512, then the final one
+            raise ValueError("a bug in the final flush")
 
-    def append(con, table, columns):
-        if table == "requests":
-            calls["requests"] += 1
-            if calls["requests"] >= 3:  # 700 requests: flushes at 256 and 512, then the final one
-                raise ValueError("a bug in the final flush")
-        return real(con, table, columns)
-
-    monkeypatch.setattr(RunWriter, "_append", staticmethod(append))
+    on_request_flush(monkeypatch, bug)
     with pytest.raises(ValueError):
         replay(trace, EngineConfig(model="tiny", gpu="cpu", device_tokens=65536), db=db, run_name="x",
                probes=True, skip_bad=False)
