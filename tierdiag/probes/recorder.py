@@ -27,11 +27,16 @@ class Probe:
     """What the engine calls. The base probe counts events and keeps nothing."""
 
     def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
+        self._unstored: dict[type, int] = {}  # event class -> count (by class: no name built per event)
 
     def emit(self, event) -> None:
-        name = type(event).__name__
-        self.counts[name] = self.counts.get(name, 0) + 1
+        cls = type(event)
+        self._unstored[cls] = self._unstored.get(cls, 0) + 1
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Events counted and not kept, by name."""
+        return {cls.__name__: n for cls, n in self._unstored.items()}
 
 
 class Recorder(Probe):
@@ -49,12 +54,12 @@ class Recorder(Probe):
 
     def emit(self, event) -> None:
         cls = type(event)
-        if cls is ev.RequestFinished:
-            event, cls = event.record, ev.RequestRecord
         pending = self._pending.get(cls)
-        if pending is None:  # events that no table stores are only counted
-            super().emit(event)
-            return
+        if pending is None:
+            if cls is not ev.RequestFinished:  # events that no table stores are only counted
+                self._unstored[cls] = self._unstored.get(cls, 0) + 1
+                return
+            event, pending = event.record, self._pending[ev.RequestRecord]
         pending.append(event)
         self._rows += 1
         if self._rows >= self._flush_rows:
