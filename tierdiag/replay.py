@@ -2,7 +2,7 @@
 
 The `runs` row is written first (status running) so a crash leaves a visible trace of the run;
 events are appended in bulk as the recorder fills, and at least every `TIERDIAG_FLUSH_EVERY_S`
-seconds of wall time (default 5), so kill -9 loses only the last few seconds. The status
+seconds of wall time (default 2), so kill -9 loses only the last few seconds. The status
 becomes complete, interrupted (Ctrl-C) or failed (an error) at the end, and whatever was
 recorded before stays readable. A trace that is empty or bad from its first line fails before
 any run (or database file) is created.
@@ -92,7 +92,7 @@ def count_lines(path: Path) -> int | None:
         return None
 
 
-DEFAULT_FLUSH_EVERY_S = 5.0
+DEFAULT_FLUSH_EVERY_S = 2.0  # the writer thread takes each flush; a short tail is left for the close
 
 
 class ReplayInterrupted(KeyboardInterrupt):
