@@ -20,8 +20,8 @@ A file that is damaged (a block that fails its checksum, truncated, a table or c
 is refused before anything is written to it.
 
 `background=True` (what a replay uses) does each flush on one writer thread: DuckDB releases
-the GIL while it inserts and checkpoints, so the engine keeps the other core and the flush
-costs it little. The order of flushes, the transactions and what `recorded` counts are the
+the GIL for much of its insert and of the checkpoint at close, so the engine goes on beside
+it (only the conversion to Arrow needs the GIL throughout). The order of flushes, the transactions and what `recorded` counts are the
 same; a flush's failure is raised by the next `append` or by `finish`, which first waits for
 every flush handed over (a signal, taken by the main thread, waits for them there too). At
 most `MAX_QUEUED` flushes wait for the thread: past that `append` waits, so memory stays
