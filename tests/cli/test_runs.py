@@ -13,7 +13,7 @@ import pytest
 
 from tests.cli.cli_helpers import cli, on_tty
 from tests.report.fake_run import write_fake_run
-from tierdiag.store.schema import EVENT_TABLES
+from tierdiag.store.schema import EVENT_TABLES, OPTIONAL_TABLES
 
 RUN_ID = re.compile(r"^(\d{8}-\d{6}-[0-9a-f]{6})\b", re.M)
 
@@ -64,8 +64,9 @@ def test_runs_json_has_the_pools_in_tokens_and_bytes(two_runs):
 def _counts(db: Path, run_id: str) -> dict[str, int]:
     con = duckdb.connect(str(db), read_only=True)
     try:
+        present = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
         return {t: con.execute(f"SELECT count(*) FROM {t} WHERE run_id = ?", [run_id]).fetchone()[0]
-                for t in EVENT_TABLES + ("runs",)}
+                for t in EVENT_TABLES + tuple(t for t in OPTIONAL_TABLES if t in present) + ("runs",)}
     finally:
         con.close()
 
@@ -86,6 +87,7 @@ def test_delete_removes_every_row_and_the_storage_folder(two_runs, tmp_path):
     _set_config(db, gone, storage_dir=str(folder))
     before = _counts(db, gone)
     assert before["requests"] and before["transfers"] and before["batches"] and before["pool_samples"], before
+    assert before["run_evidence"] == 1  # stored when the run was closed; deleted with it
     kept_before = _counts(db, keep)
     res = cli("runs", "--db", db, "--delete", gone)
     assert res.returncode == 0, res.stderr

@@ -46,6 +46,9 @@ HOST_POOL_LIMIT_BYTES = 2 << 40  # 2 TiB of host memory for KV beside one GPU
 # scheduler.PREFETCH_CAPACITY_SHARE, HiCacheController.prefetch_rate_limited; not imported:
 # the scheduler imports torch).
 PREFETCH_ROOM_SHARE = 0.8
+# The cost model's storage read rate (engine/costmodel.py DISK_BYTES_PER_S; a test keeps the two
+# equal): not imported, since costmodel loads the engine's config and presets (~15 ms of explain).
+DISK_BYTES_PER_S = 5e9
 # Size pools to keep this share of the re-referenced removed tokens (reuse distance decile).
 CAPACITY_DECILE = 9
 SLOW_LINK_SHARE = 0.5
@@ -223,8 +226,6 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
     want_storage = _pow2_at_least(target, page)
     # A storage tier pays when fetching a token from disk is cheaper than recomputing it, or
     # when the prefill GPU is saturated (the fetch runs beside it and frees it for others).
-    from tierdiag.engine.costmodel import DISK_BYTES_PER_S  # constants only, no torch
-
     recompute_per_token_ns = share(ctx.recompute_ns, lo.recomputed_tokens) or 0.0
     disk_per_token_ns = kv * 1e9 / DISK_BYTES_PER_S if kv else None
     pays = (disk_per_token_ns is not None and disk_per_token_ns < recompute_per_token_ns) or \

@@ -84,8 +84,8 @@ class QueueAttribution:
 
 
 def _has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
-    return con.execute("SELECT count(*) FROM information_schema.columns WHERE table_name = ? AND column_name = ?",
-                       [table, column]).fetchone()[0] > 0
+    # The columns of an empty result: ~0.3 ms, where information_schema takes 2-10 ms.
+    return column in (d[0] for d in con.execute(f"SELECT * FROM {table} LIMIT 0").description)
 
 
 def batch_recompute_sql(con: duckdb.DuckDBPyConnection) -> str | None:
@@ -496,10 +496,24 @@ def _transfers(con: duckdb.DuckDBPyConnection, rid: str, peak: float | None) -> 
 
 
 def run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: bool = True) -> RunContext:
-    """The run-level evidence `summary`'s diagnosis and `explain`'s "why" stand on.
+    """The run-level evidence `summary`'s diagnosis and `explain`'s "why" stand on: the one
+    stored with the run when it was closed (diagnose/evidence.py), else computed from its rows.
 
-    `attribution=False` leaves out the run's queue attribution (an interval join over every
-    request and batch): `explain` does not print it, and answers faster without it."""
+    `attribution=False`: the caller does not need the run's queue attribution, so where the
+    context has to be computed it is left out (it costs a pass over every request and batch);
+    a stored context has it anyway."""
+    from tierdiag.diagnose.evidence import stored_evidence
+
+    stored = stored_evidence(con, run)
+    if stored is not None:
+        ctx = stored.context(run)
+        if ctx is not None:
+            return ctx
+    return compute_run_context(con, run, attribution=attribution)
+
+
+def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: bool = True) -> RunContext:
+    """`run_context` from the run's rows (what evidence.py stores at the run's close)."""
     from tierdiag.diagnose.causes import excess_sql
     from tierdiag.diagnose.query import link_peak_bytes_per_s
 

@@ -26,9 +26,9 @@ from tierdiag.diagnose.context import (
     QueueAttribution,
     RequestContext,
     RunContext,
+    compute_run_context,
     queue_attribution,
     request_context,
-    run_context,
 )
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one, link_peak_bytes_per_s
 from tierdiag.diagnose.units import (
@@ -354,6 +354,39 @@ def _request_row(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str) -> d
     raise NotFoundError(f"no request {req_id!r} in run {run.run_id} ({run.name})", hint=hint)
 
 
+@dataclass(frozen=True)
+class RunTotals:
+    """The run-wide numbers a request is compared with: the run's bounds (where every view's
+    clock starts), its load-backs and its device evictions. Stored with the run at its close
+    (diagnose/evidence.py), else computed by `run_totals`."""
+
+    start_ns: int
+    end_ns: int
+    loadbacks: int
+    loadback_bytes: int
+    device_evictions: int
+    device_evicted_tokens: int
+    device_rereferenced_tokens: int  # of those, tokens some request later came back for
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        return self.start_ns, self.end_ns
+
+
+def run_totals(con: duckdb.DuckDBPyConnection, run_id: str) -> RunTotals:
+    start, end = run_bounds_ns(con, run_id)
+    lb = con.execute("SELECT count(*), coalesce(sum(bytes), 0) FROM transfers WHERE run_id = ? AND kind = 'load_back'",
+                     [run_id]).fetchone()
+    dev = con.execute(
+        "SELECT count(*), coalesce(sum(tokens), 0), "
+        "       coalesce(sum(tokens) FILTER (WHERE eviction_id IN "
+        "           (SELECT eviction_id FROM request_evictions WHERE run_id = ?)), 0) "
+        "FROM evictions WHERE run_id = ? AND tier = 'device'", [run_id, run_id]).fetchone()
+    return RunTotals(start_ns=start, end_ns=end, loadbacks=int(lb[0] or 0), loadback_bytes=int(lb[1] or 0),
+                     device_evictions=int(dev[0] or 0), device_evicted_tokens=int(dev[1] or 0),
+                     device_rereferenced_tokens=int(dev[2] or 0))
+
+
 def run_bounds_ns(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[int, int]:
     """First arrival and last finish of the run (virtual time): its span, where every view's
     clock starts (`summary`'s span_ms is the difference)."""
@@ -478,7 +511,8 @@ def _step_prefix(row: dict, tokens: TokenSplit) -> Step:
 
 
 def _step_load_back(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, tokens: TokenSplit,
-                    bounds: tuple[int, int]) -> Step:
+                    totals: RunTotals) -> Step:
+    bounds = totals.bounds
     lo, hi = _window(row, bounds)
     span_ns = bounds[1] - bounds[0]
     rid = run.run_id
@@ -493,11 +527,10 @@ def _step_load_back(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, tok
             "FROM transfers WHERE run_id = ? AND req_id = ? AND kind IN ('load_back', 'prefetch') "
             "ORDER BY t_start_ns, transfer_id", [rid, row["req_id"]]))
     stats = con.execute(
-        "SELECT count(*) FILTER (WHERE t_end_ns >= ? AND t_start_ns <= ?), "
-        "       coalesce(sum(bytes) FILTER (WHERE t_end_ns >= ? AND t_start_ns <= ?), 0), "
-        "       count(*), coalesce(sum(bytes), 0) "
-        "FROM transfers WHERE run_id = ? AND kind = 'load_back'", [lo, hi, lo, hi, rid]).fetchone()
-    win_n, win_bytes, run_n, run_bytes = (int(x or 0) for x in stats)
+        "SELECT count(*), coalesce(sum(bytes), 0) FROM transfers "
+        "WHERE run_id = ? AND kind = 'load_back' AND t_end_ns >= ? AND t_start_ns <= ?", [rid, lo, hi]).fetchone()
+    win_n, win_bytes = (int(x or 0) for x in stats)
+    run_n, run_bytes = totals.loadbacks, totals.loadback_bytes
     window_span = hi - lo
 
     lb_bytes = _int(row, "loadback_bytes")
@@ -569,8 +602,9 @@ def _load_back_finding(ev: LoadBackEvidence, row: dict) -> str:
 
 
 def _step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, tokens: TokenSplit,
-                   bounds: tuple[int, int]) -> Step:
+                   totals: RunTotals) -> Step:
     rid = run.run_id
+    bounds = totals.bounds
     rows = fetch_dicts(
         con,
         "SELECT e.eviction_id, e.t_ns, e.tier, e.action, e.tokens, re.tokens AS prefix_tokens, "
@@ -617,13 +651,11 @@ def _step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, toke
     lo, hi = _window(row, bounds)
     span_ns = bounds[1] - bounds[0]
     dev = con.execute(
-        "SELECT count(*) FILTER (WHERE t_ns BETWEEN ? AND ?), "
-        "       coalesce(sum(tokens) FILTER (WHERE t_ns BETWEEN ? AND ?), 0), count(*), "
-        "       coalesce(sum(tokens), 0), "
-        "       coalesce(sum(tokens) FILTER (WHERE eviction_id IN "
-        "           (SELECT eviction_id FROM request_evictions WHERE run_id = ?)), 0) "
-        "FROM evictions WHERE run_id = ? AND tier = 'device'", [lo, hi, lo, hi, rid, rid]).fetchone()
-    win_n, win_tokens, run_n, run_tokens, reref_tokens = (int(x or 0) for x in dev)
+        "SELECT count(*), coalesce(sum(tokens), 0) FROM evictions "
+        "WHERE run_id = ? AND tier = 'device' AND t_ns BETWEEN ? AND ?", [rid, lo, hi]).fetchone()
+    win_n, win_tokens = (int(x or 0) for x in dev)
+    run_n, run_tokens, reref_tokens = (totals.device_evictions, totals.device_evicted_tokens,
+                                       totals.device_rereferenced_tokens)
     window_rate = _per_s(win_n, hi - lo)
     run_rate = _per_s(run_n, span_ns)
     reref = share(reref_tokens, run_tokens)
@@ -815,17 +847,26 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
         input_tokens=_int(row, "input_tokens"), device_tokens=_int(row, "device_hit_tokens"),
         host_tokens=_int(row, "host_hit_tokens"), storage_tokens=_int(row, "storage_hit_tokens"),
         computed_tokens=_int(row, "computed_tokens"), recomputed_tokens=_int(row, "recomputed_tokens"))
-    bounds = run_bounds_ns(con, run.run_id)
+    # The run-wide numbers: stored with the run at its close (evidence.py), else from its rows.
+    from tierdiag.diagnose.evidence import stored_evidence
+
+    stored = stored_evidence(con, run)
+    totals = stored.totals() if stored is not None else None
+    if totals is None:
+        totals = run_totals(con, run.run_id)
+    if run_ctx is None and stored is not None:
+        run_ctx = stored.context(run)
+    if run_ctx is None:
+        run_ctx = compute_run_context(con, run, attribution=False)
+    bounds = totals.bounds
     finished = _finished(row)
     ctx = request_context(con, run.run_id, row, bounds[0]) if finished else None
     attribution = queue_attribution(con, run.run_id, row) if finished else None
-    if run_ctx is None:
-        run_ctx = run_context(con, run, attribution=False)
     steps = (
         _step_host_hit(row, tokens, run),
         _step_prefix(row, tokens),
-        _step_load_back(con, run, row, tokens, bounds),
-        _step_eviction(con, run, row, tokens, bounds),
+        _step_load_back(con, run, row, tokens, totals),
+        _step_eviction(con, run, row, tokens, totals),
     )
     # Context in step 3 (the load-back rate around it) and the run's "why" in step 4.
     steps = (steps[0], steps[1], replace(steps[2], finding=steps[2].finding + _context_sentence(ctx)),

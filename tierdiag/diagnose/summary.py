@@ -213,7 +213,28 @@ def _classes(con: duckdb.DuckDBPyConnection, rid: str) -> tuple[ClassStats, ...]
 def run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo, *, diagnose: bool = True, ctx=None) -> RunSummary:
     """The run at a glance; `diagnose=False` leaves out the run diagnosis (diagnosis None), the
     costly part, for callers that show only the numbers (compare, a sweep's headlines).
-    `ctx`: the run's `run_context` when the caller has it already (the report)."""
+    `ctx`: the run's `run_context` when the caller has it already (the report).
+
+    The numbers are the ones stored with the run at its close (diagnose/evidence.py) where
+    they are there and current, else computed from its rows; the diagnosis is made here either
+    way (its advice carries what `advise` verified since)."""
+    from tierdiag.diagnose.evidence import stored_evidence
+
+    stored = stored_evidence(con, run)
+    numbers = stored.summary(run) if stored is not None else None
+    if numbers is None:
+        numbers = compute_run_summary(con, run)
+    if not diagnose:
+        return numbers
+    if ctx is None and stored is not None:
+        ctx = stored.context(run)
+    from dataclasses import replace
+
+    return replace(numbers, diagnosis=_diagnosis(con, run, numbers.time_by_cause, ctx))
+
+
+def compute_run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo) -> RunSummary:
+    """`run_summary`'s numbers from the run's rows, without the diagnosis (what evidence.py stores)."""
     rid = run.run_id
     t = _tokens_and_counts(con, rid)
     span_ns = max(_i(t.get("t1")) - _i(t.get("t0")), 0)
@@ -298,7 +319,6 @@ def run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo, *, diagnose: bool 
             excess_share=share(excess_part, excess_total) if excess_total > 0 else None))
 
     hit_requests = _i(t.get("hit_requests"))
-    diagnosis = _diagnosis(con, run, time_by_cause, ctx) if diagnose else None
     return RunSummary(
         run_id=rid, run_name=run.name, status=run.status, trace_path=run.trace_path,
         model=run.config.get("model"), gpu=run.config.get("gpu"), num_requests=_i(t.get("n")),
@@ -310,7 +330,7 @@ def run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo, *, diagnose: bool 
         median_reused_tokens_per_hit=t.get("median_hit"), classes=_classes(con, rid), load_back=load_back,
         skipped=skipped, evictions=evictions, most_evicted_from=top_by("owner_req_id"),
         top_evictors=top_by("cause_req_id"), time_by_cause=tuple(time_by_cause),
-        ttft_total_ns=ttft_total, excess_total_ns=excess_total, diagnosis=diagnosis,
+        ttft_total_ns=ttft_total, excess_total_ns=excess_total,
     )
 
 

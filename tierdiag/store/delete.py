@@ -20,7 +20,7 @@ import duckdb
 from tierdiag import signals
 from tierdiag.errors import OutputError, StoreError
 from tierdiag.store.reader import connect_with_retry, is_lock_error, list_runs, lock_holder, open_store, resolve_run
-from tierdiag.store.schema import EVENT_TABLES
+from tierdiag.store.schema import EVENT_TABLES, OPTIONAL_TABLES
 from tierdiag.store.storage_dir import run_storage_dir
 
 # What the storage tier writes under its folder, and nothing else: page files `ab/<sha256 hex>`
@@ -140,7 +140,9 @@ def delete_run(db: Path, run: str, *, keep_storage: bool = False) -> DeletedRun:
         try:
             con.execute("BEGIN TRANSACTION")
             begun = True
-            for table in EVENT_TABLES + ("runs",):
+            present = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+            optional = tuple(t for t in OPTIONAL_TABLES if t in present)  # a store made before them lacks them
+            for table in EVENT_TABLES + optional + ("runs",):
                 (n,) = con.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", [info.run_id]).fetchone()
                 con.execute(f"DELETE FROM {table} WHERE run_id = ?", [info.run_id])
                 rows[table] = int(n)

@@ -21,7 +21,7 @@ import duckdb
 
 from tierdiag import signals
 from tierdiag.errors import StoreError
-from tierdiag.store.schema import EVENT_TABLES, SCHEMA_VERSION, TABLES
+from tierdiag.store.schema import EVENT_TABLES, OPTIONAL_TABLES, SCHEMA_VERSION, TABLES
 
 DEFAULT_DB = "tierdiag.duckdb"
 _BUSY_RETRY_S = 3.0
@@ -93,35 +93,40 @@ def last_opened() -> str | None:
 
 
 def _tables(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
-    rows = con.execute("SELECT table_name, column_name FROM information_schema.columns "
-                       "WHERE table_schema = 'main' ORDER BY table_name, ordinal_position").fetchall()
+    """Table -> its columns in order, of the file's main schema. duckdb_columns() answers in
+    ~2 ms where information_schema takes 10-15 ms (every reader pays this at start-up)."""
+    rows = con.execute("SELECT table_name, column_name FROM duckdb_columns() WHERE NOT internal "
+                       "AND database_name = current_database() AND schema_name = 'main' "
+                       "ORDER BY table_name, column_index").fetchall()
     found: dict[str, list[str]] = {}
     for table, column in rows:
         found.setdefault(table, []).append(column)
     return found
 
 
-def unfinished_store(con: duckdb.DuckDBPyConnection) -> bool:
+def unfinished_store(con: duckdb.DuckDBPyConnection, found: dict[str, list[str]] | None = None) -> bool:
     """True for a file with no complete schema and no run: no tables at all, or only some of
     ours, exactly as we create them, all empty (meta aside). A creation that was cut short
     (by a kill, or an older tierdiag that created tables one by one) leaves such a file; it is
     finished, not refused as foreign."""
-    found = _tables(con)
+    found = _tables(con) if found is None else found
     if not found:
         return True
-    if any(list(TABLES.get(t, ())) != cols for t, cols in found.items()):
+    ours = {**TABLES, **OPTIONAL_TABLES}
+    if any(list(ours.get(t, ())) != cols for t, cols in found.items()):
         return False  # someone else's table, or one of ours changed: not ours to finish
-    if set(found) == set(TABLES):
+    if set(found) - set(OPTIONAL_TABLES) == set(TABLES):
         meta = con.execute("SELECT count(*) FROM meta WHERE key = 'schema_version'").fetchall()[0][0]
         if meta:
             return False  # complete
     return all(con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0] == 0 for t in found if t != "meta")
 
 
-def check_schema(con: duckdb.DuckDBPyConnection, *, path_for_errors: str) -> None:
+def check_schema(con: duckdb.DuckDBPyConnection, *, path_for_errors: str,
+                 found: dict[str, list[str]] | None = None) -> None:
     """Every table and column of the schema is there (a store of our version that lacks one
     was damaged by hand or by a tool)."""
-    found = _tables(con)
+    found = _tables(con) if found is None else found
     for table, cols in TABLES.items():
         if table not in found:
             raise StoreError(f"{path_for_errors} is damaged: table {table} is missing",
@@ -146,7 +151,8 @@ def verify_blocks(con: duckdb.DuckDBPyConnection, *, path_for_errors: str) -> No
             raise damaged from None
 
 
-def check_store(con: duckdb.DuckDBPyConnection, *, path_for_errors: str) -> int:
+def check_store(con: duckdb.DuckDBPyConnection, *, path_for_errors: str,
+                found: dict[str, list[str]] | None = None) -> int:
     not_ours = StoreError(f"{path_for_errors} is a DuckDB file but not a tierdiag run store",
                           hint="pass the --db written by `tierdiag replay`")
     try:
@@ -167,7 +173,7 @@ def check_store(con: duckdb.DuckDBPyConnection, *, path_for_errors: str) -> int:
             f"{path_for_errors} uses run-store schema v{version}; this tierdiag reads v{SCHEMA_VERSION}",
             hint="upgrade tierdiag" if newer else "re-run `tierdiag replay` with this version into a new --db",
         )
-    check_schema(con, path_for_errors=path_for_errors)
+    check_schema(con, path_for_errors=path_for_errors, found=found)
     return version
 
 
@@ -198,9 +204,10 @@ def open_store(path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
         raise StoreError(f"{p} is not a DuckDB database ({first_line(exc)})",
                          hint="pass the --db written by `tierdiag replay`") from None
     try:
-        if unfinished_store(con):
+        found = _tables(con)  # once: both checks read it
+        if unfinished_store(con, found):
             raise StoreError(f"{p} has no runs yet", hint="run `tierdiag replay TRACE --db FILE` into it")
-        check_store(con, path_for_errors=str(p))
+        check_store(con, path_for_errors=str(p), found=found)
     except duckdb.Error as exc:
         con.close()
         damaged = damage_error(p, exc)
@@ -276,6 +283,17 @@ def _run_info(row, recorded: int) -> RunInfo:
                    config=config, hardware=hardware, data_plane=data_plane, timing=timing,
                    num_requests=int(num_requests or 0), wall_s=wall_s, command_line=command_line or "",
                    error=error, kind=kind or "replay", sweep_id=sweep_id)
+
+
+def run_info(con: duckdb.DuckDBPyConnection, run_id: str) -> RunInfo | None:
+    """One run by its exact id (None if there is none), without counting every run's requests."""
+    row = con.execute(f"SELECT {_RUN_COLS} FROM runs r WHERE r.run_id = ?", [run_id]).fetchall()
+    if not row:
+        return None
+    recorded = 0
+    if row[0][3] != "complete":
+        recorded = con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [run_id]).fetchall()[0][0]
+    return _run_info(row[0], recorded)
 
 
 def list_runs(con: duckdb.DuckDBPyConnection) -> list[RunInfo]:

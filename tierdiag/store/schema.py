@@ -149,11 +149,26 @@ TABLES: dict[str, dict[str, str]] = {
 # Tables with one row per event, written by the recorder in bulk.
 EVENT_TABLES = ("requests", "evictions", "request_evictions", "transfers", "batches", "pool_samples")
 
+# Tables a v2 store may lack: added later without changing what any other table means, so a
+# store written before them is read as before (readers fall back to what the table would have
+# saved them), and a writer creates them when it first needs them (CREATE TABLE IF NOT EXISTS).
+OPTIONAL_TABLES: dict[str, dict[str, str]] = {
+    # The run-wide evidence every reader would otherwise recompute from all of a run's rows
+    # (run context, summary numbers, explain's run totals), written once when the run is closed
+    # as complete or interrupted (tierdiag/diagnose/evidence.py). One row per run; a reader uses
+    # it only when evidence_version is the code's EVIDENCE_VERSION, else computes it as before.
+    "run_evidence": {
+        "run_id": "VARCHAR",
+        "evidence_version": "INTEGER",
+        "created_at": "TIMESTAMP",
+        "evidence_json": "VARCHAR",
+    },
+}
+
+
+def create_table_sql(name: str, cols: dict[str, str]) -> str:
+    return f"CREATE TABLE IF NOT EXISTS {name} (" + ", ".join(f"{col} {typ}" for col, typ in cols.items()) + ")"
+
 
 def create_statements() -> list[str]:
-    return [
-        f"CREATE TABLE IF NOT EXISTS {name} ("
-        + ", ".join(f"{col} {typ}" for col, typ in cols.items())
-        + ")"
-        for name, cols in TABLES.items()
-    ]
+    return [create_table_sql(name, cols) for name, cols in {**TABLES, **OPTIONAL_TABLES}.items()]

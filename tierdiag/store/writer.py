@@ -346,6 +346,10 @@ class RunWriter:
                     )
                 except duckdb.Error as exc:
                     raise write_error(self.db_path, exc) from None
+                if status in ("complete", "interrupted"):  # committed: the evidence is a transaction of its own
+                    from tierdiag.diagnose.evidence import record_run_evidence  # never raises; a warning line
+
+                    record_run_evidence(con, self.run_id)
             self.closed_as = status
 
 

@@ -16,7 +16,7 @@ import duckdb
 import pyarrow as pa
 
 from tierdiag.store.reader import connect_with_retry
-from tierdiag.store.schema import EVENT_TABLES, TABLES
+from tierdiag.store.schema import EVENT_TABLES, OPTIONAL_TABLES, TABLES, create_table_sql
 from tierdiag.store.writer import FINAL_WAIT_S, init_store, write_error
 
 RUN_TABLES = ("runs",) + EVENT_TABLES  # every table that holds rows of one run
@@ -26,7 +26,11 @@ def read_run_tables(path: str | os.PathLike) -> dict[str, pa.Table]:
     """Every row of the (single) run in a worker's store, table by table."""
     con = connect_with_retry(path, read_only=True)
     try:
-        return {t: con.sql(f"SELECT {', '.join(TABLES[t])} FROM {t}").to_arrow_table() for t in RUN_TABLES}
+        tables = {t: con.sql(f"SELECT {', '.join(TABLES[t])} FROM {t}").to_arrow_table() for t in RUN_TABLES}
+        for t, cols in OPTIONAL_TABLES.items():  # the run's stored evidence, where the worker wrote it
+            if con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [t]).fetchall()[0][0]:
+                tables[t] = con.sql(f"SELECT {', '.join(cols)} FROM {t}").to_arrow_table()
+        return tables
     finally:
         con.close()
 
@@ -72,11 +76,13 @@ def write_run_tables(db: str | os.PathLike, tables: Mapping[str, pa.Table],
     con = open_destination(path)
     try:
         con.execute("BEGIN")
-        for table in RUN_TABLES:
+        for table in RUN_TABLES + tuple(t for t in OPTIONAL_TABLES if t in tables):
             batch = runs if table == "runs" else tables[table]
             if batch.num_rows == 0:
                 continue
-            cols = ", ".join(TABLES[table])
+            if table in OPTIONAL_TABLES:  # a store made before the table lacks it
+                con.execute(create_table_sql(table, OPTIONAL_TABLES[table]))
+            cols = ", ".join(TABLES.get(table) or OPTIONAL_TABLES[table])
             con.register("_tierdiag_merge", batch)
             try:
                 con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _tierdiag_merge")

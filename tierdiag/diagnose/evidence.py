@@ -1,0 +1,230 @@
+"""Run evidence: the run-wide numbers every reader would recompute from all of a run's rows,
+computed once when the run is closed and stored with it (docs/contract.md §5)::
+
+    run_evidence(run_id, evidence_version, created_at, evidence_json)
+
+`evidence_json` holds three sections, each a typed result as JSON (dataclasses tagged with their
+class name, tuples marked as such, so that they read back equal to what was computed)::
+
+    context   RunContext  (context.py)  summary's diagnosis, explain's "why", the advice rules
+    summary   RunSummary  (summary.py)  summary's numbers, without the diagnosis
+    totals    RunTotals   (explain.py)  the bounds, load-backs and device evictions explain compares with
+
+On a million-request run these are seconds of work over every request, batch and eviction
+(queue attribution, loss evidence, the token and class aggregates); stored, a reader fetches one
+row. The diagnosis itself is still made by the reader from the stored context: its advice carries
+what `tierdiag advise` verified after the run was closed.
+
+Written by `record_run_evidence`, which the store's writer calls when it closes a run as complete
+or interrupted (store/writer.py `RunWriter.finish`: replays, sweep and advise workers, imports),
+after the run's rows and status are committed, in a transaction of its own. A failure there is
+one warning line on stderr and nothing else: the run stays as it was closed, with all its rows,
+and readers compute the evidence from the rows as they always did. Observed runs (imported from
+a server) get none: their readers (diagnose/observed.py) use none of it.
+
+Readers take it through `stored_evidence`, and only when its `evidence_version` is
+EVIDENCE_VERSION; otherwise (a store written before the table, a run closed by an older tierdiag,
+a run still being recorded, a failed run, an observed one) they compute it from the rows, with
+the same result (tests/diagnose/test_evidence.py checks both paths agree). Bump EVIDENCE_VERSION
+whenever a stored class gains, loses or renames a field, or a number in it is computed
+differently: old rows are then ignored, not misread (the test pins the stored fields).
+
+A fourth section, `inputs`, holds what of the `runs` row the numbers were computed from (config,
+hardware, data plane); a row whose inputs differ from the run's (a config edited since) is not
+used. The summary's identity fields (name, status, trace path, model, gpu) are taken from the
+`runs` row when read: a sweep's merge rewrites the trace path.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import fields, is_dataclass, replace
+
+import duckdb
+
+EVIDENCE_VERSION = 1
+TABLE = "run_evidence"
+_DC, _TUPLE = "__dataclass__", "__tuple__"
+
+
+# --------------------------------------------------------------------------- JSON, exactly
+
+
+def _encode(value):
+    if is_dataclass(value) and not isinstance(value, type):
+        out = {_DC: type(value).__name__}
+        for f in fields(value):
+            out[f.name] = _encode(getattr(value, f.name))
+        return out
+    if isinstance(value, tuple):
+        return {_TUPLE: [_encode(v) for v in value]}
+    if isinstance(value, list):
+        return [_encode(v) for v in value]
+    if isinstance(value, dict):
+        if _DC in value or _TUPLE in value or not all(isinstance(k, str) for k in value):
+            raise TypeError(f"a dict that would not read back as itself: keys {list(value)[:4]}")
+        return {k: _encode(v) for k, v in value.items()}
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    # numpy scalars, Decimals, datetimes: JSON would store them as something else.
+    raise TypeError(f"{type(value).__name__} is not stored as itself in JSON: {value!r}")
+
+
+def _decode(value, classes: dict):
+    if isinstance(value, dict):
+        if _TUPLE in value:
+            return tuple(_decode(v, classes) for v in value[_TUPLE])
+        if _DC in value:
+            cls = classes[value[_DC]]  # KeyError: a class this section does not hold
+            return cls(**{k: _decode(v, classes) for k, v in value.items() if k != _DC})
+        return {k: _decode(v, classes) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v, classes) for v in value]
+    return value
+
+
+def _section_classes(section: str) -> dict:
+    """The classes a section may hold (imported only when that section is read)."""
+    if section == "context":
+        from tierdiag.diagnose.context import LossEvidence, RunContext, TransferEvidence
+
+        found = (RunContext, LossEvidence, TransferEvidence)
+    elif section == "totals":
+        from tierdiag.diagnose.explain import RunTotals
+
+        found = (RunTotals,)
+    else:
+        from tierdiag.diagnose import summary as s
+
+        found = (s.RunSummary, s.TierSplit, s.ClassStats, s.LoadBackTotals, s.SkipCount, s.EvictionCount,
+                 s.RequestCount, s.ReasonCount, s.CauseShare)
+    return {c.__name__: c for c in found}
+
+
+# --------------------------------------------------------------------------- read
+
+
+class StoredEvidence:
+    """One run's stored evidence; each section decoded when first asked for. A section that does
+    not decode (a hand-edited row) reads as None, and the caller computes it from the rows."""
+
+    def __init__(self, sections: dict):
+        self._sections = sections
+        self._decoded: dict = {}
+
+    def _get(self, section: str, cls_name: str):
+        if section not in self._decoded:
+            value = None
+            raw = self._sections.get(section)
+            if isinstance(raw, dict) and raw.get(_DC) == cls_name:
+                try:
+                    value = _decode(raw, _section_classes(section))
+                except (KeyError, TypeError, ValueError):
+                    value = None
+            self._decoded[section] = value
+        return self._decoded[section]
+
+    def context(self, run):
+        """The run's RunContext (queue attribution included)."""
+        return self._get("context", "RunContext")
+
+    def summary(self, run):
+        """The run's RunSummary numbers, diagnosis None."""
+        s = self._get("summary", "RunSummary")
+        if s is None:
+            return None
+        return replace(s, run_id=run.run_id, run_name=run.name, status=run.status, trace_path=run.trace_path,
+                       model=run.config.get("model"), gpu=run.config.get("gpu"), diagnosis=None)
+
+    def totals(self):
+        """explain's RunTotals."""
+        return self._get("totals", "RunTotals")
+
+
+def stored_evidence(con: duckdb.DuckDBPyConnection, run) -> StoredEvidence | None:
+    """The evidence stored with `run` when it was closed, or None: no such table (a store written
+    before it), no row (a run still recording, failed, observed, or closed by an older tierdiag),
+    a row of another evidence_version, or one that is not JSON."""
+    if getattr(run, "kind", "replay") != "replay":
+        return None
+    try:
+        rows = con.execute(f"SELECT evidence_version, evidence_json FROM {TABLE} WHERE run_id = ?",
+                           [run.run_id]).fetchall()
+    except duckdb.CatalogException:
+        return None
+    if len(rows) != 1 or rows[0][0] != EVIDENCE_VERSION:
+        return None
+    try:
+        sections = json.loads(rows[0][1])
+    except (TypeError, ValueError, RecursionError):
+        return None
+    if not isinstance(sections, dict) or sections.get("inputs") != _inputs(run):
+        return None
+    return StoredEvidence(sections)
+
+
+def _inputs(run) -> dict:
+    """What of the runs row the stored numbers depend on (pool sizes, link peak, KV geometry)."""
+    return {"config": run.config, "hardware": run.hardware, "data_plane": run.data_plane}
+
+
+# --------------------------------------------------------------------------- compute and write
+
+
+def compute_evidence(con: duckdb.DuckDBPyConnection, run) -> dict:
+    """The three sections, from the run's rows, as the JSON-ready dict that is stored."""
+    from tierdiag.diagnose.context import compute_run_context
+    from tierdiag.diagnose.explain import run_totals
+    from tierdiag.diagnose.summary import compute_run_summary
+
+    return {"inputs": _encode(_inputs(run)),
+            "context": _encode(compute_run_context(con, run)),
+            "summary": _encode(compute_run_summary(con, run)),
+            "totals": _encode(run_totals(con, run.run_id))}
+
+
+def write_evidence(con: duckdb.DuckDBPyConnection, run_id: str, sections: dict) -> None:
+    """Replace the run's row, in one transaction (creating the table in a store made before it)."""
+    from datetime import datetime, timezone
+
+    from tierdiag.store.schema import OPTIONAL_TABLES, create_table_sql
+
+    payload = json.dumps(sections, separators=(",", ":"))
+    con.execute("BEGIN")
+    try:
+        con.execute(create_table_sql(TABLE, OPTIONAL_TABLES[TABLE]))
+        con.execute(f"DELETE FROM {TABLE} WHERE run_id = ?", [run_id])
+        con.execute(f"INSERT INTO {TABLE} VALUES (?, ?, ?, ?)",
+                    [run_id, EVIDENCE_VERSION, datetime.now(timezone.utc).replace(tzinfo=None), payload])
+        con.execute("COMMIT")
+    except BaseException:
+        try:
+            con.execute("ROLLBACK")
+        except duckdb.Error as exc:  # the connection is unusable; the first error is the one to report
+            sys.stderr.write(f"tierdiag: warning: rolling back the evidence of run {run_id} failed too: "
+                             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}\n")
+        raise
+
+
+def record_run_evidence(con: duckdb.DuckDBPyConnection, run_id: str) -> str | None:
+    """Compute and store the evidence of run `run_id`, whose rows and final status `con` (open
+    for writing) has committed. Never raises an Exception: a failure is printed as one warning
+    line on stderr and returned (None when all went well); the run is untouched by it."""
+    try:
+        from tierdiag.store.reader import run_info
+
+        run = run_info(con, run_id)
+        if run is None or run.kind != "replay":
+            return None  # observed runs: their readers use none of it
+        write_evidence(con, run_id, compute_evidence(con, run))
+        return None
+    except Exception as exc:  # noqa: BLE001 - by contract: the run is closed already, readers fall back
+        text = str(exc).strip()
+        line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in (text.splitlines()[0] if text else ""))
+        why = f"{type(exc).__name__}: {line[:200]}" if line else type(exc).__name__
+        msg = (f"run {run_id} is recorded in full, but its run evidence was not stored ({why}); "
+               "summary and explain compute it from the rows instead")
+        sys.stderr.write(f"tierdiag: warning: {msg}\n")
+        sys.stderr.flush()
+        return msg
