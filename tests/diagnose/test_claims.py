@@ -211,3 +211,22 @@ def test_conversation_summary_names_recompute_as_what_made_the_queue(mooncake_ru
         dx = run_summary(con, resolve_run(con, None)).diagnosis
     assert dx.dominant_cause == "recompute" and dx.finding.startswith("Recompute of lost prefixes made the queue")
     assert dx.advice and dx.advice[0].option in ("host_tokens", "storage_tokens")
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("name", ["conversation", "synthetic"])
+def test_stored_evidence_is_what_the_rows_give_on_mooncake(mooncake_runs, name):
+    """The claims above were checked against the evidence the replay stored at its close (the
+    readers' fast path); it must be exactly what the rows give (the path for older stores)."""
+    from tierdiag.diagnose.context import compute_run_context
+    from tierdiag.diagnose.evidence import stored_evidence
+    from tierdiag.diagnose.explain import run_totals
+    from tierdiag.diagnose.summary import compute_run_summary
+
+    with open_store(mooncake_runs[name]) as con:
+        run = resolve_run(con, None)
+        stored = stored_evidence(con, run)
+        assert stored is not None
+        assert stored.context(run) == compute_run_context(con, run)
+        assert stored.summary(run) == compute_run_summary(con, run)
+        assert stored.totals() == run_totals(con, run.run_id)

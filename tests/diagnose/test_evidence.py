@@ -1,0 +1,296 @@
+"""Run evidence stored at the run's close (diagnose/evidence.py): what readers read back is what
+they would compute from the rows, they fall back to computing it wherever it is missing, stale
+or unreadable, deleting a run deletes it, and a failure to store it never costs the run anything."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from tests.diagnose.conftest import RunBuilder, plant_scenarios
+from tierdiag.diagnose import evidence as E
+from tierdiag.diagnose.context import LossEvidence, RunContext, TransferEvidence, compute_run_context, run_context
+from tierdiag.diagnose.explain import RunTotals, explain_request, run_totals
+from tierdiag.diagnose.summary import compute_run_summary, run_summary
+from tierdiag.store.reader import open_store, resolve_run
+
+pytest.importorskip("tierdiag.cli.replay")
+from tierdiag.cli.main import app  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory) -> Path:
+    """A real replay (200 mixed synthetic requests) on pools small enough to lose prefixes, with a
+    late-prefetching storage tier and a load-back threshold: every section has something in it."""
+    folder = tmp_path_factory.mktemp("evidence")
+    trace = folder / "mixed.jsonl"
+    assert CliRunner().invoke(app, ["synth", str(trace), "--requests", "200", "--rate", "8"]).exit_code == 0
+    db = folder / "run.duckdb"
+    result = CliRunner().invoke(app, ["replay", str(trace), "--db", str(db), "--model", "llama3-8b", "--gpu", "h100",
+                                      "--device-tokens", "65536", "--host-tokens", "98304",
+                                      "--storage-tokens", "1048576", "--load-back-threshold", "1024"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    return db
+
+
+def _run(con):
+    return resolve_run(con, None)
+
+
+def _sample_ids(con, run_id: str) -> list[str]:
+    return [r[0] for r in con.execute(
+        "SELECT req_id FROM (SELECT req_id, row_number() OVER (ORDER BY ttft_ns - ideal_ttft_ns DESC) AS a, "
+        "row_number() OVER (ORDER BY recomputed_tokens DESC) AS b, "
+        "row_number() OVER (ORDER BY host_hit_tokens + storage_hit_tokens DESC) AS c, seq FROM requests "
+        "WHERE run_id = ?) WHERE a <= 4 OR b <= 4 OR c <= 4 OR seq < 3 ORDER BY seq", [run_id]).fetchall()]
+
+
+def _views(db: Path) -> dict:
+    """What the readers print (--json): summary with its diagnosis, explain of a sample."""
+    with open_store(db) as con:
+        run = _run(con)
+        out = {"summary": run_summary(con, run).to_json()}
+        for req in _sample_ids(con, run.run_id):
+            out[req] = explain_request(con, run, req).to_json()
+    return out
+
+
+def _copy(db: Path, tmp_path: Path, name: str) -> Path:
+    dst = tmp_path / name
+    shutil.copy(db, dst)
+    return dst
+
+
+def _sql(db: Path, *statements: str) -> None:
+    with duckdb.connect(str(db)) as con:
+        for s in statements:
+            con.execute(s)
+
+
+@pytest.mark.parametrize("which", ["replayed", "planted"])
+def test_stored_evidence_is_what_the_rows_give(request, which):
+    db = request.getfixturevalue(which)
+    db = db if isinstance(db, Path) else db.path
+    with open_store(db) as con:
+        run = _run(con)
+        stored = E.stored_evidence(con, run)
+        assert stored is not None, "the writer stores the evidence when it closes the run"
+        computed = compute_run_context(con, run)
+        assert stored.context(run) == computed
+        assert stored.summary(run) == compute_run_summary(con, run)
+        assert stored.totals() == run_totals(con, run.run_id)
+        assert run_context(con, run) == computed  # what every reader gets
+    if which == "replayed":  # the real run has all of it: a split queue, losses, load-backs
+        assert computed.queue_attribution and computed.losses.recomputed_tokens > 0
+        assert computed.losses.removed_reuse_deciles_tokens and computed.transfers.num_loadbacks > 0
+
+
+@pytest.mark.parametrize("spoil", ["no table", "old version", "config edited", "not JSON", "another class"])
+def test_readers_fall_back_to_the_rows_and_say_the_same(replayed, tmp_path, spoil):
+    base = _views(replayed)
+    db = _copy(replayed, tmp_path, "spoiled.duckdb")
+    _sql(db, {
+        "no table": "DROP TABLE run_evidence",  # a store written before the table existed
+        "old version": f"UPDATE run_evidence SET evidence_version = {E.EVIDENCE_VERSION - 1}",
+        # the numbers were computed from another config (a key no view reads, so they agree)
+        "config edited": "UPDATE runs SET config_json = replace(config_json, '{', '{\"note\": \"edited\", ')",
+        "not JSON": "UPDATE run_evidence SET evidence_json = '{\"context\": '",
+        "another class": "UPDATE run_evidence SET evidence_json = replace(evidence_json, "
+                         "'\"__dataclass__\":\"LossEvidence\"', '\"__dataclass__\":\"Gone\"')",
+    }[spoil])
+    with open_store(db) as con:
+        run = _run(con)
+        stored = E.stored_evidence(con, run)
+        if spoil == "another class":  # the row is read, that one section is not: computed instead
+            assert stored is not None and stored.context(run) is None and stored.totals() is not None
+        elif spoil == "config edited":
+            assert stored is None and run.config["note"] == "edited"
+        else:
+            assert stored is None
+    assert _views(db) == base
+
+
+def test_runs_delete_works_on_a_store_made_before_the_table(planted, tmp_path):
+    from tierdiag.store.delete import delete_run
+
+    db = _copy(planted.path, tmp_path, "old.duckdb")
+    _sql(db, "DROP TABLE run_evidence")
+    gone = delete_run(db, planted.run_id)
+    assert "run_evidence" not in gone.rows and gone.rows["requests"] == len(planted.requests)
+    # ... and in a current store the row goes with the run (tests/cli/test_runs.py checks the CLI's count)
+    gone = delete_run(planted.path, planted.run_id)
+    assert gone.rows["run_evidence"] == 1
+    with duckdb.connect(str(planted.path), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM run_evidence").fetchone()[0] == 0
+
+
+def _counts(db: Path, run_id: str) -> dict:
+    from tierdiag.store.schema import EVENT_TABLES
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        return {t: con.execute(f"SELECT count(*) FROM {t} WHERE run_id = ?", [run_id]).fetchone()[0]
+                for t in EVENT_TABLES}
+
+
+@pytest.mark.parametrize("failure", ["compute", "write"])
+def test_a_failure_storing_the_evidence_keeps_the_run_whole(tmp_path, monkeypatch, capsys, planted, failure):
+    if failure == "compute":
+        def boom(con, run):
+            raise RuntimeError("no evidence today\x1b[2J")
+        monkeypatch.setattr(E, "compute_evidence", boom)
+    else:  # inside the evidence transaction: a value the column cannot hold
+        monkeypatch.setattr(E, "EVIDENCE_VERSION", "not a number")
+    b = plant_scenarios(RunBuilder(tmp_path / "failing.duckdb"))
+    b.write()
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line]
+    assert len(lines) == 1 and lines[0].startswith("tierdiag: warning: run ") and "\x1b" not in lines[0], err
+    assert "recorded in full" in lines[0] and "compute it from the rows" in lines[0]
+    monkeypatch.undo()
+    with open_store(b.path) as con:
+        run = _run(con)
+        assert run.status == "complete" and run.num_requests == len(b.requests)
+        assert E.stored_evidence(con, run) is None
+    assert _counts(b.path, b.run_id) == _counts(planted.path, planted.run_id)  # every row, as planted
+    with open_store(b.path) as con, open_store(planted.path) as con2:
+        e1 = explain_request(con, _run(con), "tier").to_json()
+        e2 = explain_request(con2, _run(con2), "tier").to_json()
+    for e in (e1, e2):
+        e.pop("run_id"), e.pop("run_name")
+    assert e1 == e2
+    # The store takes the next run as usual, with its evidence.
+    b2 = plant_scenarios(RunBuilder(b.path, name="second"))
+    b2.write()
+    with open_store(b.path) as con:
+        assert E.stored_evidence(con, resolve_run(con, b2.run_id)) is not None
+
+
+def test_interrupted_runs_get_evidence_failed_and_observed_ones_do_not(tmp_path):
+    from tierdiag.store.writer import RunWriter
+
+    db = tmp_path / "statuses.duckdb"
+    ids = {}
+    for status, kind in (("interrupted", "replay"), ("failed", "replay"), ("complete", "observed")):
+        b = plant_scenarios(RunBuilder(db, name=f"{status}-{kind}"))
+        w = RunWriter(db, name=b.name, trace_path="t.jsonl", trace_sha256="", config=b.config, hardware={},
+                      data_plane={}, timing="modelled", kind=kind)
+        w.append({"requests": {k: [r.get(k) for r in b.requests] for k in b.requests[0]}})
+        w.finish(status)
+        ids[status] = w.run_id
+    with open_store(db) as con:
+        rows = dict(con.execute("SELECT run_id, evidence_version FROM run_evidence").fetchall())
+    assert rows == {ids["interrupted"]: E.EVIDENCE_VERSION}
+
+
+def test_a_sweep_merge_carries_the_evidence(planted, tmp_path):
+    from tierdiag.sweep.merge import read_run_tables, write_run_tables
+
+    merged = tmp_path / "sweep.duckdb"
+    write_run_tables(merged, read_run_tables(planted.path), {"sweep_id": "sweep-1", "trace_path": "/elsewhere.jsonl"})
+    with open_store(merged) as con, open_store(planted.path) as con0:
+        run, run0 = _run(con), _run(con0)
+        stored = E.stored_evidence(con, run)
+        assert stored is not None and run.trace_path == "/elsewhere.jsonl"
+        assert stored.summary(run) == compute_run_summary(con, run)  # the trace path is the merged row's
+        assert stored.context(run) == E.stored_evidence(con0, run0).context(run0)
+
+
+_HARNESS = """
+import json, sys
+sys.argv = ["tierdiag", *json.loads(sys.argv[1])]
+from tierdiag.cli.main import main
+code = 0
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code or 0
+sys.stderr.write("\\n@@MODS@@" + json.dumps(sorted(m for m in ("numpy", "torch", "pandas") if m in sys.modules)) + "\\n")
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize("args", [("explain", "tier"), ("explain", "recomp", "--json"), ("summary", "--json")])
+def test_with_stored_evidence_explain_and_summary_need_no_numpy(planted, args):
+    proc = subprocess.run([sys.executable, "-c", _HARNESS, json.dumps([*args, "--db", str(planted.path)])],
+                          capture_output=True, text=True, env={"COLUMNS": "120", "PATH": "/usr/bin:/bin"}, timeout=120)
+    err, _, mods = proc.stderr.rpartition("@@MODS@@")
+    assert proc.returncode == 0, err
+    assert json.loads(mods) == [], f"{args[0]} imported {mods.strip()}"
+
+
+# The stored classes, field by field. Changing one changes what a stored row means: bump
+# EVIDENCE_VERSION (old rows are then ignored, not misread) and update this list.
+STORED_FIELDS = {
+    "RunContext": ["run_id", "span_ns", "num_finished", "prefill_busy_share", "prefill_compute_ns", "recompute_ns",
+                   "recompute_share_of_prefill", "ttft_total_ns", "queue_total_ns", "queue_share_of_ttft",
+                   "excess_total_ns", "queue_attribution", "losses", "transfers", "config", "kv_bytes_per_token",
+                   "ttft_p50_ns", "ttft_p99_ns"],
+    "LossEvidence": ["input_tokens", "recomputed_tokens", "recomputed_share", "skipped_tokens",
+                     "storage_unused_tokens", "lost_tokens", "deleted_from_host_tokens", "dropped_unbacked_tokens",
+                     "hot_removed_tokens", "removed_reuse_p50_tokens", "removed_reuse_p90_tokens",
+                     "removed_reuse_deciles_tokens", "device_capacity_tokens", "host_capacity_tokens",
+                     "storage_capacity_tokens"],
+    "TransferEvidence": ["num_loadbacks", "loadback_bytes", "loadback_busy_ns", "link_peak_share", "pages_per_run",
+                         "bytes_per_run", "bytes_per_page", "loadback_ns", "recompute_instead_extra_ns",
+                         "loadback_exposed_ns", "ttft_total_ns", "tiered_ttft_ns"],
+    "RunTotals": ["start_ns", "end_ns", "loadbacks", "loadback_bytes", "device_evictions", "device_evicted_tokens",
+                  "device_rereferenced_tokens"],
+    "RunSummary": ["run_id", "run_name", "status", "trace_path", "model", "gpu", "num_requests", "num_finished",
+                   "num_rejected", "rejected_reasons", "span_ns", "tokens", "hit_requests", "hit_request_share",
+                   "reused_token_share", "median_reused_tokens_per_hit", "classes", "load_back", "skipped",
+                   "evictions", "most_evicted_from", "top_evictors", "time_by_cause", "ttft_total_ns",
+                   "excess_total_ns", "diagnosis"],
+    "TierSplit": ["input_tokens", "device_tokens", "host_tokens", "storage_tokens", "computed_tokens",
+                  "recomputed_tokens", "loadback_skipped_tokens"],
+    "ClassStats": ["hit_class", "num_requests", "input_tokens", "reused_tokens", "ttft_p50_ns", "ttft_p90_ns",
+                   "ttft_p99_ns", "ttft_mean_ns", "ttft_max_ns"],
+    "LoadBackTotals": ["num_requests", "num_transfers", "loaded_tokens", "bytes", "pages", "runs", "link_busy_ns",
+                       "exposed_ns", "queued_ns", "achieved_bytes_per_s", "link_peak_bytes_per_s",
+                       "link_peak_share", "loadbacks_per_s", "loadback_bytes_per_s", "num_prefetches",
+                       "prefetch_bytes", "storage_wait_ns"],
+    "SkipCount": ["tier", "reason", "num_requests", "tokens"],
+    "EvictionCount": ["tier", "action", "num_events", "tokens"],
+    "RequestCount": ["req_id", "num_events", "tokens"],
+    "ReasonCount": ["reason", "num_requests", "tokens"],
+    "CauseShare": ["cause", "num_requests", "ttft_part_ns", "ttft_share", "excess_part_ns", "excess_share"],
+}
+
+
+def test_the_stored_classes_are_the_ones_evidence_version_describes():
+    classes = {}
+    for section in ("context", "totals", "summary"):
+        classes.update(E._section_classes(section))
+    assert sorted(classes) == sorted(STORED_FIELDS)
+    for name, cls in classes.items():
+        assert [f.name for f in dataclasses.fields(cls)] == STORED_FIELDS[name], (
+            f"{name} changed: bump EVIDENCE_VERSION in diagnose/evidence.py and update STORED_FIELDS")
+    assert [classes[c.__name__] for c in (RunContext, LossEvidence, TransferEvidence, RunTotals)] == [
+        RunContext, LossEvidence, TransferEvidence, RunTotals]
+
+
+def test_encoding_reads_back_as_itself_or_refuses():
+    value = RunTotals(1, 2, 3, 4, 5, 6, 7)
+    assert E._decode(json.loads(json.dumps(E._encode(value))), {"RunTotals": RunTotals}) == value
+    nested = {"a": (1, 2.5, None, "x", [True, (3,)])}
+    assert E._decode(json.loads(json.dumps(E._encode(nested))), {}) == nested
+    for bad in ({1: "int key"}, {"__tuple__": 1}, object()):
+        with pytest.raises(TypeError):
+            E._encode(bad)
+    np = pytest.importorskip("numpy")
+    with pytest.raises(TypeError):
+        E._encode(np.int64(3))
+
+
+def test_advice_uses_the_cost_models_disk_rate():
+    from tierdiag.diagnose.advice import DISK_BYTES_PER_S
+    from tierdiag.engine.costmodel import DISK_BYTES_PER_S as MODEL
+
+    assert DISK_BYTES_PER_S == MODEL
