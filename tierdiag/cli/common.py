@@ -5,6 +5,7 @@ stdout is data, stderr is diagnostics.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -12,8 +13,6 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
-from rich.segment import Segment
 
 from tierdiag.store.reader import DEFAULT_DB
 
@@ -28,22 +27,60 @@ def _styling() -> dict:
     return {"color_system": None} if os.environ.get("NO_COLOR") else {}
 
 
-class SafeConsole(Console):
-    """A Console that never sends a control character from data to the terminal: whatever a view
-    renders (a table cell, a title, a panel), text segments are shown with control characters
-    escaped (`\x1b`), while Rich's own styling still works. Views also pass data as Text built
-    with `report.terminal.visible` (no markup, escaped before layout so columns line up); this is
-    the net under every view, including ones added later."""
+def _safe_console_class():
+    from rich.console import Console
+    from rich.segment import Segment
 
-    def _render_buffer(self, buffer):
-        from tierdiag.report.terminal import visible
+    class SafeConsole(Console):
+        """A Console that never sends a control character from data to the terminal: whatever a
+        view renders (a table cell, a title, a panel), text segments are shown with control
+        characters escaped (`\x1b`), while Rich's own styling still works. Views also pass data
+        as Text built with `report.terminal.visible` (no markup, escaped before layout so columns
+        line up); this is the net under every view, including ones added later."""
 
-        return super()._render_buffer(
-            seg if seg.control else Segment(visible(seg.text), seg.style, seg.control) for seg in buffer)
+        def _render_buffer(self, buffer):
+            from tierdiag.report.terminal import visible
+
+            return super()._render_buffer(
+                seg if seg.control else Segment(visible(seg.text), seg.style, seg.control) for seg in buffer)
+
+    return SafeConsole
 
 
-out = SafeConsole(soft_wrap=True, **_styling())
-err = SafeConsole(stderr=True, soft_wrap=True, **_styling())
+class _LazyConsole:
+    """`out` and `err`: a SafeConsole, made on first use, so that a command printing --json (or
+    nothing) never imports Rich (~40 ms of start-up). Options are taken when this is made, as the
+    console's own would be."""
+
+    def __init__(self, **options):
+        object.__setattr__(self, "_options", options)
+        object.__setattr__(self, "_console", None)
+
+    def _get(self):
+        if self._console is None:
+            object.__setattr__(self, "_console", _console_class()(**self._options))
+        return self._console
+
+    def __getattr__(self, name):
+        return getattr(self._get(), name)
+
+    def __setattr__(self, name, value):
+        setattr(self._get(), name, value)
+
+
+@functools.cache
+def _console_class():
+    return _safe_console_class()
+
+
+def __getattr__(name: str):
+    if name == "SafeConsole":  # the class, for whoever needs one of their own
+        return _console_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+out = _LazyConsole(soft_wrap=True, **_styling())
+err = _LazyConsole(stderr=True, soft_wrap=True, **_styling())
 
 
 def print_json(obj: Any) -> None:

@@ -24,12 +24,15 @@ def explain(
         info = resolve_run(con, run, db_label=str(db))
         if info.kind == "observed":  # imported from a server: its own path (diagnose/observed.py)
             from tierdiag.diagnose.observed import explain_observed
-            from tierdiag.report.observed import render_observed_explanation as render_explanation
+
             result = explain_observed(con, info, req_id)
         else:
             result = explain_request(con, info, req_id)
-            from tierdiag.report.terminal import render_explanation
-    if json_:
+    if json_:  # no Rich for JSON
         print_json(result.to_json())
         return
+    if info.kind == "observed":
+        from tierdiag.report.observed import render_observed_explanation as render_explanation
+    else:
+        from tierdiag.report.terminal import render_explanation
     render_explanation(result, out)

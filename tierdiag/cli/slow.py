@@ -35,9 +35,9 @@ def slow(
             from tierdiag.diagnose.observed import slow_observed as slow_requests  # noqa: F811
         rows = slow_requests(con, info, top=top, hit_class=hit_class, cause=cause)
         if json_:
-            from tierdiag.diagnose.explain import run_bounds_ns
+            from tierdiag.diagnose.explain import run_bounds
 
-            t0_ns = run_bounds_ns(con, info.run_id)[0]
+            t0_ns = run_bounds(con, info)[0]
     if ids:
         for r in rows:
             out.print(r.req_id, markup=False, highlight=False)

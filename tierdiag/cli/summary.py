@@ -15,17 +15,18 @@ def summary(db: DbOpt = DEFAULT_DB_PATH, run: RunOpt = None, json_: JsonOpt = Fa
         info = resolve_run(con, run, db_label=str(db))
         if info.kind == "observed":  # imported from a server: only what it reported (diagnose/observed.py)
             from tierdiag.diagnose.observed import observed_summary as run_summary  # noqa: F811
-            from tierdiag.report.observed import render_observed_summary as render_summary
-        else:
-            from tierdiag.report.terminal import render_summary
         result = run_summary(con, info)
-    if json_:
+    if json_:  # no Rich for JSON
         print_json(result.to_json())
         return
 
     if info.kind == "observed":  # the server's pools are not in its export
-        render_summary(result, out)
+        from tierdiag.report.observed import render_observed_summary
+
+        render_observed_summary(result, out)
         return
+    from tierdiag.report.terminal import render_summary
+
     pools = {tier: info.config[f"{tier}_tokens"] for tier in ("device", "host", "storage")
              if isinstance(info.config.get(f"{tier}_tokens"), int) and info.config[f"{tier}_tokens"] > 0}
     kv = info.data_plane.get("kv_bytes_per_token")

@@ -387,6 +387,15 @@ def run_totals(con: duckdb.DuckDBPyConnection, run_id: str) -> RunTotals:
                      device_rereferenced_tokens=int(dev[2] or 0))
 
 
+def run_bounds(con: duckdb.DuckDBPyConnection, run: RunInfo) -> tuple[int, int]:
+    """`run_bounds_ns`, from the evidence stored with the run where it is there."""
+    from tierdiag.diagnose.evidence import stored_evidence
+
+    stored = stored_evidence(con, run)
+    totals = stored.totals() if stored is not None else None
+    return totals.bounds if totals is not None else run_bounds_ns(con, run.run_id)
+
+
 def run_bounds_ns(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[int, int]:
     """First arrival and last finish of the run (virtual time): its span, where every view's
     clock starts (`summary`'s span_ms is the difference)."""
