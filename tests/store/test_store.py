@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import duckdb
 import pytest
 
@@ -157,3 +159,15 @@ def test_background_writer_finish_raises_a_failure_it_has_not_reported_yet(tmp_p
     w.finish("failed", error="a bug", write_pending=False)
     with open_store(db) as con:
         assert con.execute("SELECT status, num_requests FROM runs").fetchall() == [("failed", 3)]
+
+
+def test_contract_lists_the_optional_tables_too():
+    import re
+
+    from tierdiag.store.schema import OPTIONAL_TABLES
+
+    contract = (Path(__file__).resolve().parents[2] / "docs" / "contract.md").read_text(encoding="utf-8")
+    blocks = {m.group(1): m.group(2) for m in re.finditer(r"```\n(\w+)\n(.*?)```", contract, re.S)}
+    for table, columns in OPTIONAL_TABLES.items():
+        assert table in blocks, f"docs/contract.md has no block for table {table}"
+        assert [line.split()[0] for line in blocks[table].splitlines() if line.strip()] == list(columns)
