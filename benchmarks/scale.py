@@ -14,6 +14,11 @@ storage  the conversation trace (../shared/traces; --quick: its first 2,000 requ
 
 Peak RSS and CPU are the child's own (os.wait4), so other processes on a shared machine do
 not count; on a busy machine prefer the CPU columns.
+
+    .venv/bin/python benchmarks/scale.py --readers-db RUN.duckdb [--baseline REF] [--repeats N]
+
+times only the readers, on a run already recorded (a 1M replay costs ~11 min of one core: make it
+once and keep it), and with --baseline the code of git ref REF beside this code's, interleaved.
 """
 
 from __future__ import annotations
@@ -46,12 +51,13 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def run(args: list[str], *, timeout: float = 3600) -> dict[str, Any]:
-    """One tierdiag subprocess: wall, its own CPU (user + sys) and peak RSS, stdout."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+def run(args: list[str], *, timeout: float = 3600, root: Path = ROOT) -> dict[str, Any]:
+    """One tierdiag subprocess (tierdiag imported from `root`): wall, its own CPU (user + sys)
+    and peak RSS, stdout."""
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(TIERDIAG + [str(a) for a in args], stdout=out, stderr=err, cwd=ROOT, env=env)
+        proc = subprocess.Popen(TIERDIAG + [str(a) for a in args], stdout=out, stderr=err, cwd=root, env=env)
         try:
             _pid, status, ru = os.wait4(proc.pid, 0)
         except BaseException:
@@ -97,23 +103,35 @@ def bench_scale(sizes: tuple[int, ...], repeats: int, tmp: Path) -> dict[str, An
         "slope_rss_mb_per_100k": slope(xs, [r["rss_bytes"] / 1e6 for r in rows]),
         "largest": sizes[-1],
     }
-    # the readers, on the largest run
+    res.update(bench_readers(db, repeats, tmp, f"{sizes[-1]:,}-request run"))
+    return res
+
+
+def bench_readers(db: Path, repeats: int, tmp: Path, label: str, baseline: Path | None = None) -> dict[str, Any]:
+    """summary, slow, explain (the slowest request) and report on `db`'s newest run; with
+    `baseline` (a checkout of other code) each also with that code, interleaved."""
     slowest = run(["slow", "--db", db, "--top", 1, "--ids"])["stdout"].strip().splitlines()
     req = slowest[0] if slowest else "1"
     report = tmp / "scale-report.html"
     commands = {"summary": ["summary", "--db", db], "slow": ["slow", "--db", db],
                 "explain": ["explain", req, "--db", db], "report": ["report", "--db", db, "-o", report]}
-    readers = {}
+    readers: dict[str, Any] = {}
     for name, args in commands.items():
-        _say(f"scale: {name} on the {sizes[-1]:,}-request run")
-        runs_ = [run(args) for _ in range(repeats)]
+        _say(f"scale: {name} on the {label}")
+        runs_, before = [], []
+        for _ in range(repeats):
+            if baseline is not None:
+                before.append(run(args, root=baseline))
+            runs_.append(run(args))
         readers[name] = {"wall_s": statistics.median(r["wall_s"] for r in runs_),
                          "cpu_s": statistics.median(r["cpu_s"] for r in runs_),
                          "rss_bytes": max(r["rss_bytes"] for r in runs_)}
-    readers["report"]["html_bytes"] = report.stat().st_size
-    res["readers"] = readers
-    res["explained"] = req
-    return res
+        if before:
+            readers[name]["before"] = {"wall_s": statistics.median(r["wall_s"] for r in before),
+                                       "cpu_s": statistics.median(r["cpu_s"] for r in before)}
+        if name == "report":
+            readers[name]["html_bytes"] = report.stat().st_size
+    return {"readers": readers, "explained": req}
 
 
 def bench_storage(repeats: int, quick: bool, tmp: Path) -> dict[str, Any]:
@@ -187,16 +205,9 @@ def render(res: dict[str, Any], console=None) -> None:
         t.caption = (f"slope per 100k requests: wall {fmt(sc['slope_s_per_100k'], 's')}, CPU "
                      f"{fmt(sc['slope_cpu_s_per_100k'], 's')}, peak RSS {fmt(sc['slope_rss_mb_per_100k'], 'MB')}")
         con.print(t)
-        rt = Table(title=f"readers on the {sc['largest']:,}-request run (subprocess incl. start-up, medians)")
-        for col in ("command", "wall s", "CPU s", "peak RSS MB", "target", "detail"):
-            rt.add_column(col, justify="right" if col not in ("command", "detail") else "left")
-        for name, r in sc["readers"].items():
-            detail = f"{r['html_bytes'] / 1e6:.1f} MB of HTML (<= 25 MB)" if name == "report" else (
-                f"request {sc['explained']}" if name == "explain" else "")
-            rt.add_row(name, f"{r['wall_s']:.2f}", f"{r['cpu_s']:.2f}", f"{r['rss_bytes'] / 1e6:,.0f}",
-                       f"<= {TARGETS[name]:g} s", detail)
-        con.print(rt)
-    elif sc:
+    if sc and "readers" in sc:
+        _render_readers(con, sc)
+    elif sc and "replays" not in sc:
         con.print(f"scale: not available: {sc.get('why', '')}")
     st = res.get("storage")
     if st and st.get("available"):
@@ -213,6 +224,32 @@ def render(res: dict[str, Any], console=None) -> None:
         con.print(f"storage: not available: {st.get('why', '')}")
 
 
+def _render_readers(con, sc: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    what = f"{sc['largest']:,}-request run" if "largest" in sc else sc.get("label", "run")
+    rt = Table(title=f"readers on the {what} (subprocess incl. start-up, medians)")
+    cols = ["command", "wall s", "CPU s", "peak RSS MB", "target", "detail"]
+    based = any("before" in r for r in sc["readers"].values())
+    if based:
+        cols[3:3] = ["before wall s", "before CPU s", "CPU after/before"]
+    for col in cols:
+        rt.add_column(col, justify="right" if col not in ("command", "detail") else "left")
+    for name, r in sc["readers"].items():
+        detail = f"{r['html_bytes'] / 1e6:.1f} MB of HTML (<= 25 MB)" if name == "report" else (
+            f"request {sc['explained']}" if name == "explain" else "")
+        row = [name, f"{r['wall_s']:.2f}", f"{r['cpu_s']:.2f}"]
+        if based:
+            b = r.get("before") or {}
+            row += [f"{b['wall_s']:.2f}" if b else "-", f"{b['cpu_s']:.2f}" if b else "-",
+                    f"{r['cpu_s'] / b['cpu_s']:.2f}" if b else "-"]
+        row += [f"{r['rss_bytes'] / 1e6:,.0f}", f"<= {TARGETS[name]:g} s", detail]
+        rt.add_row(*row)
+    if based:
+        rt.caption = f"before: the code of {sc.get('baseline')}, each run interleaved with this code's"
+    con.print(rt)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES}, a 2,000-request storage slice")
@@ -220,7 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="reader and storage repeats (default 3, quick 2)")
     ap.add_argument("--only", default="scale,storage", help="scale, storage or both")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--readers-db", type=Path, default=None,
+                    help="time only the readers, on this recorded run store (no replays)")
+    ap.add_argument("--baseline", default=None, metavar="REF",
+                    help="with --readers-db: also the code of this git ref, interleaved")
     args = ap.parse_args(argv)
+    if args.readers_db is not None:
+        return _readers_only(args)
     sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else (QUICK_SIZES if args.quick else FULL_SIZES)
     repeats = args.repeats or (2 if args.quick else 3)
     tmp = Path(tempfile.mkdtemp(prefix="tierdiag-scale-"))
@@ -231,6 +274,33 @@ def main(argv: list[str] | None = None) -> int:
     render(res)
     if args.json:
         args.json.write_text(json.dumps(res, indent=2, default=str) + "\n")
+    return 0
+
+
+def _readers_only(args) -> int:
+    tmp = Path(tempfile.mkdtemp(prefix="tierdiag-scale-"))
+    base = None
+    try:
+        if args.baseline:
+            base = tmp / "baseline"
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(base), args.baseline],
+                           check=True, capture_output=True, text=True)
+        import compileall  # as an installed package is (PYTHONDONTWRITEBYTECODE would recompile each start-up)
+
+        for root in (ROOT, base) if base is not None else (ROOT,):
+            compileall.compile_dir(str(root / "tierdiag"), quiet=1)
+        label = f"run in {args.readers_db}"
+        sc = {"label": label, "baseline": args.baseline, "load_before": os.getloadavg()[0],
+              **bench_readers(args.readers_db, args.repeats or 3, tmp, label, base)}
+        sc["load_after"] = os.getloadavg()[0]
+    finally:
+        if base is not None:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    render({"scale": sc})
+    print(f"load average {sc['load_before']:.1f} before, {sc['load_after']:.1f} after, on {os.cpu_count()} cores")
+    if args.json:
+        args.json.write_text(json.dumps({"scale": sc}, indent=2, default=str) + "\n")
     return 0
 
 
