@@ -10,7 +10,7 @@ A few aggregate queries over the run's rows; no per-request Python loop.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import duckdb
 
@@ -228,8 +228,6 @@ def run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo, *, diagnose: bool 
         return numbers
     if ctx is None and stored is not None:
         ctx = stored.context(run)
-    from dataclasses import replace
-
     return replace(numbers, diagnosis=_diagnosis(con, run, numbers.time_by_cause, ctx))
 
 
