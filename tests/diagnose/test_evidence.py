@@ -140,14 +140,25 @@ def _counts(db: Path, run_id: str) -> dict:
                 for t in EVENT_TABLES}
 
 
-@pytest.mark.parametrize("failure", ["compute", "write"])
+@pytest.mark.parametrize("failure", ["compute", "write", "busy"])
 def test_a_failure_storing_the_evidence_keeps_the_run_whole(tmp_path, monkeypatch, capsys, planted, failure):
     if failure == "compute":
         def boom(con, run):
             raise RuntimeError("no evidence today\x1b[2J")
         monkeypatch.setattr(E, "compute_evidence", boom)
-    else:  # inside the evidence transaction: a value the column cannot hold
+    elif failure == "write":  # inside the evidence transaction: a value the column cannot hold
         monkeypatch.setattr(E, "EVIDENCE_VERSION", "not a number")
+    else:  # another process holds the file when the evidence would be written (the writer's own opens are not hit)
+        import tierdiag.store.reader as reader
+
+        real = reader.connect_with_retry
+
+        def held(path, *, read_only, wait_s=3.0):
+            if not read_only:
+                raise duckdb.IOException(f'Could not set lock on file "{path}": Conflicting lock is held in '
+                                         f'python (PID 4242)')
+            return real(path, read_only=read_only, wait_s=wait_s)
+        monkeypatch.setattr(reader, "connect_with_retry", held)
     b = plant_scenarios(RunBuilder(tmp_path / "failing.duckdb"))
     b.write()
     err = capsys.readouterr().err

@@ -207,17 +207,28 @@ def write_evidence(con: duckdb.DuckDBPyConnection, run_id: str, sections: dict) 
         raise
 
 
-def record_run_evidence(con: duckdb.DuckDBPyConnection, run_id: str) -> str | None:
-    """Compute and store the evidence of run `run_id`, whose rows and final status `con` (open
-    for writing) has committed. Never raises an Exception: a failure is printed as one warning
-    line on stderr and returned (None when all went well); the run is untouched by it."""
-    try:
-        from tierdiag.store.reader import run_info
+# How long to wait for another process to let go of the store, to read the rows and to write the
+# row: a reader's wait. Beyond it the run goes without stored evidence (its readers compute it).
+WAIT_S = 3.0
 
-        run = run_info(con, run_id)
-        if run is None or run.kind != "replay":
-            return None  # observed runs: their readers use none of it
-        write_evidence(con, run_id, compute_evidence(con, run))
+
+def record_run_evidence(db_path, run_id: str) -> str | None:
+    """Compute and store the evidence of run `run_id`, whose rows and final status are committed
+    to the store at `db_path` (and no connection of this process holds it). The rows are read
+    through a read-only connection, so other readers can open the file meanwhile (seconds on a
+    million requests); the file is held for writing only for the one short INSERT. Never raises
+    an Exception: a failure is printed as one warning line on stderr and returned (None when all
+    went well); the run is untouched by it."""
+    try:
+        from tierdiag.store.reader import connect_with_retry, run_info
+
+        with connect_with_retry(db_path, read_only=True, wait_s=WAIT_S) as con:
+            run = run_info(con, run_id)
+            if run is None or run.kind != "replay":
+                return None  # observed runs: their readers use none of it
+            sections = compute_evidence(con, run)
+        with connect_with_retry(db_path, read_only=False, wait_s=WAIT_S) as con:
+            write_evidence(con, run_id, sections)
         return None
     except Exception as exc:  # noqa: BLE001 - by contract: the run is closed already, readers fall back
         text = str(exc).strip()

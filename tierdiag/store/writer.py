@@ -346,11 +346,11 @@ class RunWriter:
                     )
                 except duckdb.Error as exc:
                     raise write_error(self.db_path, exc) from None
-                if status in ("complete", "interrupted"):  # committed: the evidence is a transaction of its own
-                    from tierdiag.diagnose.evidence import record_run_evidence  # never raises; a warning line
-
-                    record_run_evidence(con, self.run_id)
             self.closed_as = status
+            if status in ("complete", "interrupted"):  # committed: the evidence is a transaction of its own
+                from tierdiag.diagnose.evidence import record_run_evidence  # never raises; a warning line
+
+                record_run_evidence(self.db_path, self.run_id)
 
 
 def _arrow(table: str, col: str, values: Any) -> pa.Array:
