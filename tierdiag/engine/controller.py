@@ -64,6 +64,10 @@ class CacheController:
         self.stats = stats
         self.page_size = cfg.page_size
         self.page_bytes = cfg.page_size * cost.kv_bytes_per_token  # modelled
+        self.dp_page_bytes = device.page_bytes  # one page of the real buffers, all layers
+        # Both pools CPU buffers: copies go straight between their numpy row views
+        # (kernels.copy_rows); otherwise (CUDA) through the torch/Triton kernels.
+        self._rows = device.rows is not None and host.rows is not None
         self.h2d_free_ns = 0
         self.d2h_free_ns = 0
         self.disk_free_ns = 0
@@ -81,6 +85,13 @@ class CacheController:
         self.at = None
 
     # --- helpers -------------------------------------------------------------------------
+    def _to_host(self, device_slots: list[int], host_slots: list[int]) -> tuple[int, int]:
+        """Copy device pages into host slots: (wall ns, contiguous runs of the device pages)."""
+        if self._rows:
+            return kernels.copy_rows(self.device.rows, device_slots, self.host.rows, host_slots)
+        wall = kernels.backup(self.device.buffer, device_slots, self.host.buffer, host_slots)
+        return wall, kernels.count_runs(device_slots)
+
     def _transfer_id(self) -> int:
         tid = self._next_transfer
         self._next_transfer += 1
@@ -172,10 +183,9 @@ class CacheController:
             self.tree.dec_lock(node)
             self.stats.backups_skipped += 1
             return False
-        wall = kernels.backup(self.device.buffer, node.device, self.host.buffer, slots)
+        wall, runs = self._to_host(node.device, slots)
         self.tree.set_host(node, slots)
-        dp_bytes = pages * self.host.buffer.shape[0] * self.host.buffer.shape[2] * 8
-        runs = kernels.count_runs(node.device)
+        dp_bytes = pages * self.dp_page_bytes
         start = max(now_ns, self.d2h_free_ns)
         end = start + self._copy_ns(pages, wall, dp_bytes, to_device=False, runs=runs)
         self.d2h_free_ns = end
@@ -196,10 +206,9 @@ class CacheController:
         self.tree.dec_lock(node)
         if slots is None:
             return  # host is full of locked pages: the node is dropped instead
-        wall = kernels.backup(self.device.buffer, node.device, self.host.buffer, slots)
+        wall, runs = self._to_host(node.device, slots)
         self.tree.set_host(node, slots)
-        dp_bytes = pages * self.host.buffer.shape[0] * self.host.buffer.shape[2] * 8
-        runs = kernels.count_runs(node.device)
+        dp_bytes = pages * self.dp_page_bytes
         dur = self._copy_ns(pages, wall, dp_bytes, to_device=False, runs=runs)
         start = max(now_ns + self.blocking_ns, self.d2h_free_ns)
         self.d2h_free_ns = start + dur
@@ -218,7 +227,7 @@ class CacheController:
         # the host copy's, which a later prefetch reads back and a load-back verifies.
         deleted = self.storage.write_from(self.host.buffer, node.host, keys)
         pages = len(keys)
-        dp_bytes = pages * self.host.buffer.shape[0] * self.host.buffer.shape[2] * 8
+        dp_bytes = pages * self.dp_page_bytes
         start = max(now_ns, self.disk_free_ns)
         end = start + self.cost.storage_ns(pages * self.page_bytes)
         self.disk_free_ns = end
@@ -238,15 +247,18 @@ class CacheController:
         before calling whether it happens at all.
         """
         host_slots = [s for n in nodes for s in n.host]
-        handle = kernels.load_back(self.host.buffer, host_slots, self.device.buffer, slots)
-        wall = handle.wait()
+        if self._rows:
+            wall, runs = kernels.copy_rows(self.host.rows, host_slots, self.device.rows, slots)
+        else:
+            wall = kernels.load_back(self.host.buffer, host_slots, self.device.buffer, slots).wait()
+            runs = kernels.count_runs(host_slots)
         i = 0
         for node in nodes:
             n = len(node.keys)
             self.tree.set_device(node, slots[i:i + n])
             i += n
         pages = len(slots)
-        dp_bytes = pages * self.device.buffer.shape[0] * self.device.buffer.shape[2] * 8
+        dp_bytes = pages * self.dp_page_bytes
         self.stats.loaded_data_plane_bytes += dp_bytes
         verified = None
         self._loadback_count += 1
@@ -258,7 +270,6 @@ class CacheController:
                                      f"(copy kernel or slot bookkeeping bug)")
             self.stats.verified_load_backs += 1
             self.stats.verified_data_plane_bytes += dp_bytes
-        runs = kernels.count_runs(host_slots)
         return self._copy_ns(pages, wall, dp_bytes, to_device=True, runs=runs), runs, wall, verified
 
     def write_computed(self, slots: list[int], page_keys: list[int]) -> None:
@@ -287,6 +298,6 @@ class CacheController:
     def emit_load_back(self, start: int, end: int, req_id: str, pages: int, runs: int, queued: int,
                        wall: int, verified) -> None:
         if self.probe is not None:
-            dp_bytes = pages * self.device.buffer.shape[0] * self.device.buffer.shape[2] * 8
+            dp_bytes = pages * self.dp_page_bytes
             self.probe.emit(ev.Transfer(self._transfer_id(), start, end, "load_back", req_id, pages, runs,
                                         pages * self.page_bytes, dp_bytes, queued, wall, verified))

@@ -77,56 +77,103 @@ def plan_data_plane(*, model_layers: int, modelled_page_bytes: int, total_pages:
 
 
 class PagePool:
-    """Slots of one tier. Exact accounting: free + used == capacity, no slot owned twice."""
+    """Slots of one tier. Exact accounting: free + used == capacity, no slot owned twice.
+
+    The free slots are a stack (an int array, top at `_top`): `free` pushes a list reversed and
+    `alloc` pops from the top, so a freed run comes back out as the same run. Ownership is one
+    byte a slot (`_owned`). A free proves every slot owned (one gather of their bytes) and the
+    list free of repeats, then clears the bytes and pushes the slots: a few numpy calls a list
+    instead of hashing every slot into a pool-sized set (12 % of a replay before), and nothing
+    that grows with the pool. An alloc pops and marks; it need not check, since a slot reaches
+    the stack only from __init__ or from a free that proved it owned (`check` verifies).
+    """
 
     def __init__(self, name: str, num_pages: int, plane: DataPlane, *, on_device: bool):
         self.name = name
         self.capacity = num_pages
         # Lowest slot first, so fresh pools hand out contiguous runs (fewer, larger transfers).
-        self._free = list(range(num_pages - 1, -1, -1))
-        self._used: set[int] = set()  # slots handed out (a set: C-speed checks of whole slot lists)
+        self._stack = np.arange(num_pages - 1, -1, -1, dtype=np.intp)
+        self._top = num_pages  # _stack[:_top] are the free slots
+        self._owned = np.zeros(num_pages, dtype=np.uint8)  # 1: handed out
         shape = (plane.num_layers, num_pages, plane.page_elems)
         if on_device:
             self.buffer = torch.zeros(shape, dtype=torch.int64, device=plane.device)
         else:
             self.buffer = torch.zeros(shape, dtype=torch.int64, pin_memory=plane.pinned_host)
-        kernels.register_pool(self.buffer)
+        # The buffer's [L, P] numpy row view when its copies can take the numpy path (a CPU
+        # pool), else None (CUDA: the torch/Triton kernels). Geometry kept as plain ints.
+        self.rows = kernels.register_pool(self.buffer)
+        self.num_layers, self.page_elems = plane.num_layers, plane.page_elems
+        self.page_bytes = plane.num_layers * plane.page_elems * self.buffer.element_size()  # data plane
 
     @property
     def free_pages(self) -> int:
-        return len(self._free)
+        return self._top
 
     @property
     def used_pages(self) -> int:
-        return self.capacity - len(self._free)
+        return self.capacity - self._top
 
     def alloc(self, n: int) -> list[int] | None:
-        if n > len(self._free):
+        top = self._top
+        if n > top:
             return None
-        if n == 0:
+        if n <= 0:
+            if n < 0:
+                raise ValueError(f"{self.name}: alloc of {n} pages")
             return []
-        slots = self._free[-n:]
-        del self._free[-n:]
-        slots.reverse()
-        used = self._used
-        assert used.isdisjoint(slots), f"{self.name} slot {min(used.intersection(slots))} handed out twice"
-        used.update(slots)
-        return slots
+        slots = self._stack[top - n:top][::-1]
+        # No ownership check: a slot reaches the stack only from __init__ or a free that proved
+        # it owned and unique, so the stack never holds an owned slot (check() verifies).
+        self._owned[slots] = 1
+        self._top = top - n
+        return slots.tolist()
 
     def free(self, slots: list[int]) -> None:
-        used = self._used
-        if not used.issuperset(slots):
-            bad = next(s for s in slots if s not in used)
-            raise AssertionError(f"{self.name} slot {bad} freed but not owned (double free?)")
-        before = len(used)
-        used.difference_update(slots)
-        assert before - len(used) == len(slots), f"{self.name}: a slot freed twice in one call"
-        self._free.extend(reversed(slots))
+        n = len(slots)
+        if not n:
+            return
+        try:
+            idx = kernels.slot_index(slots)
+        except OverflowError:  # a negative slot
+            raise AssertionError(f"{self.name} slot {min(slots)} freed but not owned (not a slot of this pool)") from None
+        owned = self._owned
+        try:
+            held = np.count_nonzero(owned.take(idx))
+        except IndexError:
+            raise AssertionError(f"{self.name} slot {max(slots)} freed but not owned (not a slot of this pool)") from None
+        if held != n or (n > 1 and self._repeats(slots, idx)):
+            self._refuse_free(slots)
+        owned[idx] = 0
+        top = self._top
+        self._stack[top:top + n] = idx[::-1]
+        self._top = top + n
+
+    @staticmethod
+    def _repeats(slots: list[int], idx: np.ndarray) -> bool:
+        """Whether a slot list names a slot twice: a set of a short list, a sort of a long one."""
+        if len(slots) <= 64:
+            return len(set(slots)) != len(slots)
+        ordered = np.sort(idx)
+        return bool((ordered[1:] == ordered[:-1]).any())
+
+    def _refuse_free(self, slots: list[int]) -> None:
+        """Name the slot that makes a free wrong (nothing has changed yet) and raise."""
+        seen: set[int] = set()
+        for s in slots:
+            if s in seen:
+                raise AssertionError(f"{self.name}: slot {s} freed twice in one call")
+            if not (0 <= s < self.capacity and self._owned[s]):
+                raise AssertionError(f"{self.name} slot {s} freed but not owned (double free?)")
+            seen.add(s)
+        raise AssertionError(f"{self.name}: a free of {len(slots)} slots refused for no slot (a pool bug)")
 
     def check(self) -> None:
-        assert len(self._used) == self.used_pages, f"{self.name}: owned slots disagree with the free list"
-        assert len(set(self._free)) == len(self._free), f"{self.name}: a slot is free twice"
-        assert self._used.isdisjoint(self._free), f"{self.name}: a slot is both free and owned"
+        free = self._stack[:self._top]
+        assert int(np.count_nonzero(self._owned)) == self.used_pages, \
+            f"{self.name}: owned slots disagree with the free list"
+        assert np.unique(free).size == free.size, f"{self.name}: a slot is free twice"
+        assert not self._owned[free].any(), f"{self.name}: a slot is both free and owned"
 
 
 # --- page content: a deterministic function of the page key --------------------------------
@@ -159,24 +206,52 @@ def page_content(keys: list[int], num_layers: int, page_elems: int) -> torch.Ten
     return torch.from_numpy(page_content_np(keys, num_layers, page_elems))
 
 
+_content_scratch: dict[tuple[int, int], np.ndarray] = {}
+
+
+def _content_rows(keys, num_layers: int, page_elems: int) -> np.ndarray:
+    """`page_content_np(keys, ...)` as [layers, n] row items of page_elems int64s, computed
+    into a reused buffer (valid until the next call): a prefill's pages go from here straight
+    into their slots, without a fresh array a call."""
+    n = len(keys)
+    buf = _content_scratch.get((num_layers, page_elems))
+    if buf is None or buf.size < num_layers * n * page_elems:
+        size = max(num_layers * n * page_elems, 1 << 14)
+        buf = _content_scratch[(num_layers, page_elems)] = np.empty(size, dtype=np.int64)
+    mixed = np.multiply(np.asarray(keys, dtype=np.int64), _MIX)  # wraps modulo 2**64, as in page_content_np
+    out = buf[:num_layers * n * page_elems].reshape(num_layers, n, page_elems)
+    np.bitwise_xor(mixed.reshape(1, -1, 1), _pattern(num_layers, page_elems), out=out)
+    return out.view(np.dtype((np.void, page_elems * 8))).reshape(num_layers, n)
+
+
 def write_content(pool: PagePool, slots: list[int], keys: list[int]) -> None:
     """What a prefill would produce: KV derived from the page keys, into the given slots."""
-    if not slots:
+    if not len(slots):
         return
-    kernels.write_pages(page_content_np(keys, pool.buffer.shape[0], pool.buffer.shape[2]), pool.buffer, slots)
+    if pool.rows is not None and len(keys) == len(slots):
+        kernels.write_rows(_content_rows(keys, pool.num_layers, pool.page_elems), pool.rows, slots)
+        return
+    kernels.write_pages(page_content_np(keys, pool.num_layers, pool.page_elems), pool.buffer, slots)
 
 
 def read_pages(pool: PagePool, slots: list[int]) -> torch.Tensor:
     """The pages in `slots` as a fresh CPU tensor [layers, len(slots), elems]."""
-    out = torch.empty((pool.buffer.shape[0], len(slots), pool.buffer.shape[2]), dtype=pool.buffer.dtype)
+    out = torch.empty((pool.num_layers, len(slots), pool.page_elems), dtype=pool.buffer.dtype)
     kernels.copy_pages(pool.buffer, slots, out, range(len(slots)))
     return out
 
 
 def verify_content(pool: PagePool, slots: list[int], keys: list[int]) -> bool:
-    if not slots:
+    """Whether the pages in `slots` hold, byte for byte, what `write_content` writes for `keys`."""
+    if not len(slots):
         return True
-    expected = page_content(keys, pool.buffer.shape[0], pool.buffer.shape[2])
+    if pool.rows is not None and len(keys) == len(slots):
+        # The rows read straight out of the pool (a gather copy), compared with the content
+        # the keys imply, as whole rows of bytes
+        held = kernels.read_rows(pool.rows, slots)
+        return bool(np.array_equal(held.view(np.uint8), _content_rows(keys, pool.num_layers, pool.page_elems)
+                                   .view(np.uint8)))
+    expected = page_content(keys, pool.num_layers, pool.page_elems)
     return bool(torch.equal(read_pages(pool, slots), expected))
 
 
