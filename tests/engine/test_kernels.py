@@ -49,6 +49,20 @@ def test_count_runs_narrated():
     assert count_runs(np.array([7, 9, 11])) == 3
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 40), max_size=60))
+def test_count_runs_of_lists_arrays_and_copies_agree_with_a_loop(pages):
+    """Short lists (Python), long ones (numpy), arrays, and the runs copy_rows counts from the
+    index it built: all the same number as a page-by-page loop."""
+    expected = sum(1 for i, p in enumerate(pages) if i == 0 or p != pages[i - 1] + 1)
+    assert count_runs(pages) == expected
+    assert count_runs(np.array(pages, dtype=np.int64)) == expected
+    if len(set(pages)) == len(pages):  # a copy needs distinct destinations
+        src = kernels.register_pool(torch.zeros((2, 41, 4), dtype=torch.int64))
+        dst = kernels.register_pool(torch.zeros((2, 64, 4), dtype=torch.int64))
+        assert kernels.copy_rows(src, pages, dst, list(range(len(pages))))[1] == expected
+
+
 def test_plan_coalesces_runs_consecutive_on_both_sides():
     plan = plan_copy([7, 8, 9, 2], [0, 1, 2, 5], column_bytes=1 << 20, src_num_pages=16, dst_num_pages=16)
     assert plan.kind == "runs"

@@ -111,11 +111,14 @@ class PageMap:
         """int64 values of the keys, MISSING for keys never set. The array is asked first; a
         key it does not hold may be in the dict (set before the array reached it)."""
         arr = self.keys_array(keys)
-        n = len(self._dense)
-        inside = (arr < n) & (arr >= 0)
-        if inside.all():
-            out = self._np[arr].astype(np.int64)
-        else:
+        out = None
+        if arr.size and arr.min() >= 0:
+            try:  # every key inside the array (the common case): one gather
+                out = self._np.take(arr).astype(np.int64)
+            except IndexError:  # a key past the array's end: the masked path below
+                out = None
+        if out is None:
+            inside = (arr < len(self._dense)) & (arr >= 0)
             out = np.full(arr.size, MISSING, dtype=np.int64)
             out[inside] = self._np[arr[inside]]
         if self._sparse and arr.size:
