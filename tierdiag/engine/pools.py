@@ -395,10 +395,29 @@ class StorageTier:
         self._set_shape(shape)
         index = self._index
         deleted: list[str] = []
-        if len(index) + len(keys) <= self.capacity and index.keys().isdisjoint(keys):
-            # All new and room for them (the common case): what the loop below would do, at once.
-            index.update(dict.fromkeys(keys, -1))
-            self._place(keys, gather(None))
+        if len(keys) <= self.capacity and index.keys().isdisjoint(keys):
+            # All new (the common case): what the loop below would do, at once. With the tier
+            # full, the loop pops the oldest page before each insert; as none of these keys is
+            # in the index yet, those are exactly the len(index) + len(keys) - capacity oldest
+            # pages, all from before this call (there are at least that many).
+            over = len(index) + len(keys) - self.capacity
+            if over > 0:
+                popitem, segments, mask = index.popitem, self._segments, (1 << _SLOT_BITS) - 1
+                for _ in range(over):
+                    old, loc = popitem(last=False)
+                    deleted.append(old)
+                    if loc >= 0:  # self._hole(loc), inline: this runs for every page the tier drops
+                        seg = segments[loc >> _SLOT_BITS]
+                        seg.keys[loc & mask] = None
+                        seg.live -= 1
+                        if not seg.live:
+                            self._emptied.append(seg)
+            # No -1 placeholders first: nothing else enters the index before these keys, so
+            # _append inserting each segment's keys with their places leaves the same order,
+            # and a failed write leaves out the same pages (those never written).
+            self._append(keys, gather(None).reshape(len(keys), -1))
+            if over > 0:
+                self._collect()
             return deleted
         fresh: list[int] = []
         # The index first, key by key, exactly as a file a page would go: a page already there is
@@ -477,7 +496,7 @@ class StorageTier:
                     raise
             loc = (seg.number << _SLOT_BITS) + first
             placed = keys[done:done + n]
-            index.update(zip(placed, range(loc, loc + n)))  # existing keys keep their LRU place
+            index.update(zip(placed, range(loc, loc + n)))  # keys already there keep their LRU place
             seg.keys.extend(placed)
             seg.live += n
             self._disk_pages += n
