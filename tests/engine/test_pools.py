@@ -151,3 +151,31 @@ def test_content_without_the_row_view_takes_the_tensor_path():
         write_content(pool, [4, 0], [7, 9])
     assert torch.equal(a.buffer, b.buffer)
     assert verify_content(b, [4, 0], [7, 9]) and not verify_content(b, [0, 4], [7, 9])
+
+
+def test_a_load_back_of_a_corrupted_host_copy_is_caught():
+    """The engine end to end (test_scenarios' narrated load-back: a's pages backed up, demoted by
+    a flood, loaded back for b). Flip one bit of a's host copy just before the load-back and
+    its byte-for-byte check stops the replay, naming the request; untouched, it passes."""
+    from tests.engine.helpers import numbered, req, small_config
+    from tierdiag.engine.engine import Engine
+
+    trace = ([req("a", 0, list(range(1, 9)))]
+             + [req(f"f{i}", 100 + 100 * i, list(range(1000 + 100 * i, 1008 + 100 * i))) for i in range(3)]
+             + [req("b", 1000, list(range(1, 9)) + [90])])
+    for damage in (False, True):
+        engine = Engine(small_config())
+        load_back = engine.ctrl.load_back
+
+        def damaged_load_back(nodes, slots, req_id, now_ns, page_keys, engine=engine, load_back=load_back):
+            if damage:
+                engine.host.buffer.view(torch.uint8)[0, nodes[0].host[3], 5] ^= 0x10
+            return load_back(nodes, slots, req_id, now_ns, page_keys)
+
+        engine.ctrl.load_back = damaged_load_back
+        if damage:
+            with pytest.raises(AssertionError, match="load-back for request b: device pages differ"):
+                engine.run(numbered(trace))
+        else:
+            engine.run(numbered(trace))
+            assert engine.stats.verified_load_backs == 1
