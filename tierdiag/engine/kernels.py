@@ -353,6 +353,15 @@ def _np_rows(pool: torch.Tensor) -> np.ndarray:
     return _np_rows_uncached(pool)
 
 
+def pool_rows(pool: torch.Tensor) -> np.ndarray:
+    """A contiguous CPU [L, P, E] pool as its [L, P] numpy row-item view (the registered one
+    when there is one); a pool that is not gets the error a copy of it would."""
+    if pool.is_cuda or pool.dim() != 3 or not pool.is_contiguous():
+        raise ValueError(f"a CPU row view needs a contiguous CPU [num_layers, num_pages, page_elems] pool; "
+                         f"got {tuple(pool.shape)} on {pool.device}")
+    return _np_rows(pool)
+
+
 def _np_rows_uncached(pool: torch.Tensor) -> np.ndarray:
     as_bytes = pool if pool.dtype == torch.uint8 else pool.view(torch.uint8)
     row_bytes = pool.shape[2] * pool.element_size()
@@ -713,7 +722,10 @@ def copy_rows(src_rows: np.ndarray, src_pages: PageList, dst_rows: np.ndarray,
     if n * column_bytes <= _DIRECT_MAX_BYTES and not np.may_share_memory(src_rows, dst_rows):
         s = _move_rows(src_rows, src_pages, dst_rows, dst_pages)
         wall = time.perf_counter_ns() - t0
-        return wall, 1 if isinstance(s, slice) else _runs_of_index(s)
+        if isinstance(s, slice):
+            return wall, 1
+        # a short list (hot in cache now) is counted by Python; numpy's ~4 us start-up pays from ~10 pages
+        return wall, count_runs(src_pages) if n <= _RUNS_IN_PYTHON else _runs_of_index(s)
     plan = plan_copy(src_pages, dst_pages, column_bytes=column_bytes,
                      src_num_pages=src_rows.shape[1], dst_num_pages=dst_rows.shape[1])
     if np.may_share_memory(src_rows, dst_rows):

@@ -380,14 +380,14 @@ class StorageTier:
     def write_from(self, pool: torch.Tensor, slots: list[int], keys: list[str]) -> list[str]:
         """Write the pages in `slots` of a [layers, pages, elems] CPU pool buffer under `keys`:
         one gather into page-major rows, one append. Returns the keys deleted to make room."""
-        layer_major = pool.numpy()
-        slots_a = np.asarray(slots, dtype=np.int64)
+        layer_rows = kernels.pool_rows(pool)  # [layers, pages] row items
+        slots_a = kernels.slot_index(slots) if isinstance(slots, list) else np.asarray(slots, dtype=np.intp)
 
         def gather(idx):
             # Rows of each layer first (the pool is layer-major), then page-major for the file:
             # two copies of the transfer's bytes, never a pass over the whole pool.
-            rows = layer_major[:, slots_a if idx is None else slots_a[idx]]
-            return np.ascontiguousarray(rows.transpose(1, 0, 2))
+            rows = layer_rows.take(slots_a if idx is None else slots_a[idx], axis=1)
+            return np.ascontiguousarray(rows.T).view(np.int64)  # [n, layers * elems]
 
         return self._write(keys, gather, (pool.shape[0], pool.shape[2]))
 
