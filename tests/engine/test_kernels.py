@@ -186,6 +186,40 @@ def test_copy_pages_matches_naive_reference(case, route):
     assert _same_bits(src, src_before), "the source pool was modified"
 
 
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_transfers(), st.sampled_from(sorted(_ROUTES)))
+def test_copy_rows_between_row_views_matches_naive_reference(case, route):
+    """The engine's CPU path (two pools' row views, kernels.copy_rows): same bytes as the
+    page-at-a-time reference on every dtype and route, and the runs of the source pages."""
+    layers, sp, dp, elems, dtype, s, d, as_tensor, seed = case
+    src = _pool(layers, sp, elems, dtype, seed)
+    dst = _pool(layers, dp, elems, dtype, seed + 1)
+    expected = _reference(src, s, dst, d)
+    src_before = src.clone()
+    with _route(route):
+        wall_ns, runs = kernels.copy_rows(kernels.register_pool(src), _as_kind(s, as_tensor),
+                                          kernels.register_pool(dst), _as_kind(d, as_tensor))
+    assert isinstance(wall_ns, int) and wall_ns >= 0 and runs == count_runs(s)
+    assert _same_bits(dst, expected), "pages differ from the page-at-a-time reference"
+    assert _same_bits(src, src_before), "the source pool was modified"
+
+
+def test_copy_rows_refuses_what_copy_pages_refuses():
+    src = kernels.register_pool(torch.zeros(2, 4, 8, dtype=torch.int64))
+    dst_t = torch.zeros(2, 4, 8, dtype=torch.int64)
+    dst = kernels.register_pool(dst_t)
+    with pytest.raises(IndexError, match="destination page 4 out of range"):
+        kernels.copy_rows(src, [0, 1], dst, [3, 4])
+    with pytest.raises(IndexError, match="source page -1"):
+        kernels.copy_rows(src, [-1], dst, [0])
+    with pytest.raises(ValueError, match="2 source pages into 1"):
+        kernels.copy_rows(src, [0, 1], dst, [0])
+    with pytest.raises(ValueError, match="geometries differ"):
+        kernels.copy_rows(src, [0], kernels.register_pool(torch.zeros(2, 4, 16, dtype=torch.int64)), [0])
+    assert torch.count_nonzero(dst_t) == 0  # refused before touching anything
+    assert kernels.register_pool(torch.zeros(2, 4, 8).permute(1, 0, 2)) is None  # not a layer-first buffer
+
+
 @settings(max_examples=40, deadline=None)
 @given(_transfers(), st.sampled_from(sorted(_ROUTES)))
 def test_load_back_and_backup_round_trip(case, route):

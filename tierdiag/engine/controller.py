@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from tierdiag.engine import kernels
 from tierdiag.engine.config import EngineConfig
 from tierdiag.engine.costmodel import CostModel
-from tierdiag.engine.pagemap import PageMap
+from tierdiag.engine.pagemap import SMALL_CALL, PageMap
 from tierdiag.engine.pools import PagePool, StorageTier, verify_content, write_content
 from tierdiag.engine.tree import RadixTree, TreeNode
 from tierdiag.probes import events as ev
@@ -152,7 +152,9 @@ class CacheController:
         self.host.free(host_slots)
 
     def _forget(self, node: TreeNode, eid: int) -> None:
-        keys = PageMap.keys_array(node.keys)
+        keys = node.keys
+        if len(keys) > SMALL_CALL:
+            keys = PageMap.keys_array(keys)  # converted once for both maps
         self.cached_once.set_many(keys, eid)
         if node.evicted_by is not None:  # it had been demoted first: remember that eviction too
             self.demoted_by.set_many(keys, node.evicted_by)
