@@ -15,12 +15,21 @@ single-threaded memcpy of the same bytes, timed side by side (on a busy machine 
 parallel copy waits for its second thread). `--json` prints the rows instead.
 
     .venv/bin/python benchmarks/kernels.py [--quick] [--json]
+
+`--replay-ab BEFORE` instead replays the Mooncake traces (conversation and synthetic, probes on
+and off, and the conversation with a 50M-token storage tier) with the code of the checkout at
+BEFORE and with this one, interleaved (the order flips every repeat), and prints the medians of
+the replay process's CPU (user+sys) and of its `wall_s`, with the median of the per-pair ratios:
+how the data plane's changes are measured on a shared machine (benchmarks/README.md).
+
+    .venv/bin/python benchmarks/kernels.py --replay-ab /path/to/before/checkout [--repeats 3] [--only synthetic]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -143,12 +152,83 @@ def render(rows: list[dict]) -> None:
     (Console() if sys.stdout.isatty() else Console(width=150)).print(table)
 
 
+REPLAYS = (
+    ("conversation, probes", ["conversation_trace.jsonl"]),
+    ("conversation, --no-probes", ["conversation_trace.jsonl", "--no-probes"]),
+    ("synthetic, probes", ["synthetic_trace.jsonl"]),
+    ("synthetic, --no-probes", ["synthetic_trace.jsonl", "--no-probes"]),
+    ("conversation, --storage-tokens 50000000", ["conversation_trace.jsonl", "--storage-tokens", "50000000"]),
+)
+
+
+def replay_ab(before: Path, after: Path, *, repeats: int, traces: Path, only: str = "") -> list[dict]:
+    """Interleaved replays of REPLAYS (those whose name contains `only`) by two checkouts: one
+    row per replay with the medians."""
+    import resource
+    import shutil
+    import subprocess
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="tierdiag-replay-ab-"))
+    replays = [(name, args) for name, args in REPLAYS if only in name]
+    pairs: dict[str, list[dict]] = {name: [] for name, _ in replays}
+    try:
+        for rep in range(repeats):
+            for name, args in replays:
+                order = [("before", before), ("after", after)]
+                pair = {}
+                for side, root in (order if rep % 2 == 0 else order[::-1]):
+                    db = work / f"{side}.duckdb"
+                    for stale in (db, db.with_suffix(".duckdb.wal")):
+                        stale.unlink(missing_ok=True)
+                    shutil.rmtree(work / f"{side}.storage", ignore_errors=True)
+                    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    out = subprocess.run(
+                        [sys.executable, "-c", "from tierdiag.cli.main import main; main()", "replay",
+                         str(traces / args[0]), *args[1:], "--db", str(db), "--json"],
+                        cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True,
+                        check=True)
+                    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    pair[side] = ((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
+                                  json.loads(out.stdout)["wall_s"])
+                pairs[name].append(pair)
+                print(f"{rep} {name}: before {pair['before'][0]:.2f} s CPU, after {pair['after'][0]:.2f} s CPU",
+                      file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    med = statistics.median
+    return [{"replay": name, "repeats": len(ps),
+             "before_cpu_s": med(p["before"][0] for p in ps), "after_cpu_s": med(p["after"][0] for p in ps),
+             "cpu_ratio": med(p["after"][0] / p["before"][0] for p in ps),
+             "before_wall_s": med(p["before"][1] for p in ps), "after_wall_s": med(p["after"][1] for p in ps),
+             "wall_ratio": med(p["after"][1] / p["before"][1] for p in ps)} for name, ps in pairs.items()]
+
+
+def render_ab(rows: list[dict]) -> None:
+    print("| replay | before CPU s | after CPU s | after/before (pairs) | before wall_s | after wall_s | after/before (pairs) |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['replay']} | {r['before_cpu_s']:.2f} | {r['after_cpu_s']:.2f} | {r['cpu_ratio']:.2f} | "
+              f"{r['before_wall_s']:.2f} | {r['after_wall_s']:.2f} | {r['wall_ratio']:.2f} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--replay-ab", type=Path, metavar="BEFORE", help="checkout to compare replays with (see above)")
+    ap.add_argument("--traces", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "traces")
+    ap.add_argument("--only", default="", help="with --replay-ab: only the replays whose name contains this")
     args = ap.parse_args(argv)
+    if args.replay_ab is not None:
+        rows = replay_ab(args.replay_ab.resolve(), Path(__file__).resolve().parents[1], repeats=args.repeats or 3,
+                         traces=args.traces.resolve(), only=args.only)
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            render_ab(rows)
+        return
     rows = measure(quick=args.quick, repeats=args.repeats or (3 if args.quick else 7))
     if args.json:
         print(json.dumps(rows, indent=2))
