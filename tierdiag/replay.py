@@ -2,7 +2,7 @@
 
 The `runs` row is written first (status running) so a crash leaves a visible trace of the run;
 events are appended in bulk as the recorder fills, and at least every `TIERDIAG_FLUSH_EVERY_S`
-seconds of wall time (default 2), so kill -9 loses only the last few seconds. The status
+seconds of wall time (default 5), so kill -9 loses only the last few seconds. The status
 becomes complete, interrupted (Ctrl-C) or failed (an error) at the end, and whatever was
 recorded before stays readable. A trace that is empty or bad from its first line fails before
 any run (or database file) is created.
@@ -92,7 +92,7 @@ def count_lines(path: Path) -> int | None:
         return None
 
 
-DEFAULT_FLUSH_EVERY_S = 2.0  # the writer thread takes each flush; a short tail is left for the close
+DEFAULT_FLUSH_EVERY_S = 5.0
 
 
 class ReplayInterrupted(KeyboardInterrupt):
@@ -142,9 +142,6 @@ def _close_run(writer, recorder, status: str | Callable[[], str], error: str | N
     bug = None
     try:
         recorder.flush()
-        # The status is decided once the writer thread has written every flush: a signal that
-        # came during one of them has reached this (the main) thread by then.
-        writer.drain()
         writer.finish(status if isinstance(status, str) else status(), error=error, trace_sha256=trace_sha256)
         return None
     except TierdiagError as exc:
@@ -292,8 +289,7 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
                     config["storage_dir"] = str(storage_dir)
                 writer = RunWriter(db, name=run_name, trace_path=str(trace), trace_sha256=sha or "",
                                    config=config, hardware=hardware_summary(), run_id=run_id,
-                                   data_plane=describe_data_plane(cfg), timing=cfg.timing, command_line=command_line,
-                                   background=True)
+                                   data_plane=describe_data_plane(cfg), timing=cfg.timing, command_line=command_line)
                 recorder = Recorder(writer.append)
         elif cfg.storage_tokens:
             # Nothing is recorded, so no run owns the pages: a temporary folder, removed at the end.

@@ -9,9 +9,9 @@ A write to the store must be all or nothing: inside `deferred()` a signal is onl
 raised when the outermost deferred block ends (the transaction committed or rolled back by then).
 `checkpoint()` raises a recorded signal early at a point where nothing is half-done (a wait).
 
-Signals are delivered to the main thread only, so both are no-ops on any other thread (the
-store's background writer): its transaction finishes on its own, and the main thread, which
-takes the interrupt, waits for it before closing the run.
+Signals are delivered to the main thread only, so both are no-ops on any other thread (a
+thread that writes or reads a store there finishes its transaction; the main thread takes the
+interrupt).
 """
 
 from __future__ import annotations

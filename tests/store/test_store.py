@@ -104,62 +104,6 @@ def test_reader_names_what_is_wrong_with_the_file(tmp_path):
         writer(old)  # a writer refuses to append to another version's store too
 
 
-def _request_rows(first: int, n: int) -> dict:
-    return {"requests": {"req_id": [str(i) for i in range(first, first + n)], "seq": list(range(first, first + n)),
-                         "status": ["finished"] * n}}
-
-
-def test_background_writer_commits_each_flush_in_order_and_raises_a_failure_at_the_next_call(tmp_path, monkeypatch):
-    """What a replay uses: flushes written on the writer thread, in the order handed over; a write
-    that fails there (disk full) is raised by the next append, its rows kept pending like a
-    synchronous failure's, and closing the run as failed gives them up and stops the thread."""
-    from tierdiag.errors import OutputError
-
-    db = tmp_path / "s.duckdb"
-    w = RunWriter(db, name="bg", trace_path="t.jsonl", trace_sha256="", config={}, hardware={}, data_plane={},
-                  timing="modelled", background=True)
-    for first in range(0, 40, 8):
-        w.append(_request_rows(first, 8))
-    w.drain()
-    assert w.recorded == 40
-    with open_store(db) as con:
-        assert [r[0] for r in con.execute("SELECT seq FROM requests").fetchall()] == list(range(40))
-    real = RunWriter._append
-
-    def full(con, table, columns):
-        if table == "requests":
-            raise duckdb.IOException('Could not write file "s.duckdb.wal": No space left on device')
-        return real(con, table, columns)
-
-    monkeypatch.setattr(RunWriter, "_append", staticmethod(full))
-    w.append(_request_rows(40, 2))  # handed over; fails on the thread
-    w.drain()
-    with pytest.raises(OutputError, match="no space left"):
-        w.append(_request_rows(42, 1))
-    assert w.recorded == 40 and w._pending  # the failed flush's rows are still the writer's
-    monkeypatch.undo()
-    w.finish("failed", error="disk full", write_pending=False)
-    assert w._thread is None and not w._pending
-    with open_store(db) as con:
-        assert con.execute("SELECT count(*) FROM requests").fetchone()[0] == 40
-        assert con.execute("SELECT status, num_requests FROM runs").fetchall() == [("failed", 40)]
-
-
-def test_background_writer_finish_raises_a_failure_it_has_not_reported_yet(tmp_path, monkeypatch):
-    db = tmp_path / "s.duckdb"
-    w = RunWriter(db, name="bg", trace_path="t.jsonl", trace_sha256="", config={}, hardware={}, data_plane={},
-                  timing="modelled", background=True)
-    w.append(_request_rows(0, 3))
-    w.drain()
-    monkeypatch.setattr(RunWriter, "_append_now", lambda self, tables: (_ for _ in ()).throw(ValueError("a bug")))
-    w.append(_request_rows(3, 3))
-    with pytest.raises(ValueError, match="a bug"):
-        w.finish("complete")
-    monkeypatch.undo()
-    w.finish("failed", error="a bug", write_pending=False)
-    with open_store(db) as con:
-        assert con.execute("SELECT status, num_requests FROM runs").fetchall() == [("failed", 3)]
-
 
 def test_contract_lists_the_optional_tables_too():
     import re
