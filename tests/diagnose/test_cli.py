@@ -8,9 +8,11 @@ import sys
 
 import pytest
 
-# Runs the CLI in-process of a fresh interpreter, then reports which heavy modules got imported.
+# Runs the CLI in-process of a fresh interpreter, then reports which of the watched packages
+# (by top-level name) got imported.
 _HARNESS = """
 import json, sys
+watch = set(json.loads(sys.argv[2]))
 sys.argv = ["tierdiag", *json.loads(sys.argv[1])]
 from tierdiag.cli.main import main
 code = 0
@@ -18,15 +20,17 @@ try:
     main()
 except SystemExit as exc:
     code = exc.code or 0
-heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "pandas", "plotly"))
-sys.stderr.write("\\n@@HEAVY@@" + json.dumps(heavy) + "\\n")
+seen = sorted({m.split(".")[0] for m in sys.modules} & watch)
+sys.stderr.write("\\n@@HEAVY@@" + json.dumps(seen) + "\\n")
 sys.exit(code)
 """
+HEAVY = ("torch", "pandas", "plotly")
 
 
-def run_cli(*args: str) -> tuple[int, str, str, list[str]]:
-    proc = subprocess.run([sys.executable, "-c", _HARNESS, json.dumps(list(args))], capture_output=True,
-                          text=True, env={"COLUMNS": "120", "PATH": "/usr/bin:/bin"}, timeout=120)
+def run_cli(*args: str, watch: tuple[str, ...] = HEAVY) -> tuple[int, str, str, list[str]]:
+    """(exit code, stdout, stderr, which of `watch` the command imported)."""
+    proc = subprocess.run([sys.executable, "-c", _HARNESS, json.dumps(list(args)), json.dumps(list(watch))],
+                          capture_output=True, text=True, env={"COLUMNS": "120", "PATH": "/usr/bin:/bin"}, timeout=120)
     err, _, heavy = proc.stderr.rpartition("@@HEAVY@@")
     return proc.returncode, proc.stdout, err.strip(), json.loads(heavy)
 

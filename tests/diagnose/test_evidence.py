@@ -7,8 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
@@ -16,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.diagnose.conftest import RunBuilder, plant_scenarios
+from tests.diagnose.test_cli import run_cli
 from tierdiag.diagnose import evidence as E
 from tierdiag.diagnose.context import LossEvidence, RunContext, TransferEvidence, compute_run_context, run_context
 from tierdiag.diagnose.explain import RunTotals, explain_request, run_totals
@@ -214,29 +213,13 @@ def test_a_sweep_merge_carries_the_evidence(planted, tmp_path):
         assert stored.context(run) == E.stored_evidence(con0, run0).context(run0)
 
 
-_HARNESS = """
-import json, sys
-sys.argv = ["tierdiag", *json.loads(sys.argv[1])]
-from tierdiag.cli.main import main
-code = 0
-try:
-    main()
-except SystemExit as exc:
-    code = exc.code or 0
-sys.stderr.write("\\n@@MODS@@" + json.dumps(sorted(m for m in ("numpy", "torch", "pandas", "rich") if m in sys.modules)) + "\\n")
-sys.exit(code)
-"""
-
-
 @pytest.mark.parametrize("args", [("explain", "tier"), ("explain", "recomp", "--json"), ("summary",),
                                   ("summary", "--json"), ("slow", "--json")])
 def test_with_stored_evidence_explain_and_summary_need_no_numpy(planted, args):
     """No numpy (the evidence is stored), and no Rich where the output is JSON."""
-    proc = subprocess.run([sys.executable, "-c", _HARNESS, json.dumps([*args, "--db", str(planted.path)])],
-                          capture_output=True, text=True, env={"COLUMNS": "120", "PATH": "/usr/bin:/bin"}, timeout=120)
-    err, _, mods = proc.stderr.rpartition("@@MODS@@")
-    assert proc.returncode == 0, err
-    assert json.loads(mods) == ([] if "--json" in args else ["rich"]), f"{args[0]} imported {mods.strip()}"
+    code, _, err, mods = run_cli(*args, "--db", str(planted.path), watch=("numpy", "torch", "pandas", "rich"))
+    assert code == 0, err
+    assert mods == ([] if "--json" in args else ["rich"]), f"{args[0]} imported {mods}"
 
 
 # The stored classes, field by field. Changing one changes what a stored row means: bump
