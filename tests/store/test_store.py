@@ -115,3 +115,24 @@ def test_contract_lists_the_optional_tables_too():
     for table, columns in OPTIONAL_TABLES.items():
         assert table in blocks, f"docs/contract.md has no block for table {table}"
         assert [line.split()[0] for line in blocks[table].splitlines() if line.strip()] == list(columns)
+
+
+def test_a_run_whose_rows_hold_nulls_still_summarises_and_gets_its_evidence(tmp_path, capsys):
+    """Eviction rows with a NULL tier and action beside an unknown tier (hand-made or foreign rows;
+    the engine writes neither): summary sorts them last instead of failing to compare None with a
+    string (a TypeError before), so the run's evidence is stored without a warning."""
+    from tierdiag.diagnose.evidence import stored_evidence
+    from tierdiag.diagnose.summary import compute_run_summary
+
+    db = tmp_path / "s.duckdb"
+    w = writer(db)
+    w.append({"evictions": {"eviction_id": [1, 2, 3, 4], "tier": ["host", None, "x", "device"],
+                            "action": ["delete", None, "drop", "demote"], "tokens": [64, 32, 16, 128]}})
+    w.finish("complete", num_requests=0)
+    assert "warning" not in capsys.readouterr().err
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        summary = compute_run_summary(con, run)
+        assert [(e.tier, e.action) for e in summary.evictions] == [("device", "demote"), ("host", "delete"),
+                                                                   ("x", "drop"), (None, None)]
+        assert stored_evidence(con, run) is not None

@@ -286,7 +286,9 @@ def compute_run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo) -> RunSumm
     ev_rows = fetch_dicts(con, """
         SELECT tier, action, count(*) AS n, sum(tokens) AS tokens FROM evictions WHERE run_id = ?
         GROUP BY tier, action""", [rid])
-    ev_rows.sort(key=lambda r: (tier_order.get(r["tier"], 3), r["tier"], r["action"]))
+    # A NULL tier or action (hand-made or foreign rows; the engine writes neither) sorts last.
+    ev_rows.sort(key=lambda r: (tier_order.get(r["tier"], 3), r["tier"] is None, r["tier"] or "",
+                                r["action"] is None, r["action"] or ""))
     evictions = tuple(EvictionCount(tier=r["tier"], action=r["action"], num_events=_i(r["n"]),
                                     tokens=_i(r["tokens"])) for r in ev_rows)
 
