@@ -8,10 +8,6 @@ around the KeyboardInterrupt, "Current transaction is aborted") is still known t
 A write to the store must be all or nothing: inside `deferred()` a signal is only recorded, and
 raised when the outermost deferred block ends (the transaction committed or rolled back by then).
 `checkpoint()` raises a recorded signal early at a point where nothing is half-done (a wait).
-
-Signals are delivered to the main thread only, so both are no-ops on any other thread (a
-thread that writes or reads a store there finishes its transaction; the main thread takes the
-interrupt).
 """
 
 from __future__ import annotations
@@ -75,9 +71,6 @@ def pending() -> int | None:
 def deferred(*, reraise: bool = True) -> Iterator[None]:
     """Hold SIGINT/SIGTERM until the block ends, then raise the first one (if `reraise`; else
     drop it: used while closing a run that is already being interrupted)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     _state["depth"] += 1
     _state["closing"] += not reraise
     try:
@@ -96,8 +89,6 @@ def checkpoint() -> None:
     """Raise a signal recorded in a deferred block now: the caller is at a point where stopping
     leaves nothing half-written (waiting for a lock, before a transaction). Not while closing a run
     that is already being interrupted: that close is what the first signal asked for."""
-    if threading.current_thread() is not threading.main_thread():
-        return
     signum = _state["pending"]
     if signum is not None and not _state["closing"] and not _state["raised"]:
         _state["pending"] = None
