@@ -27,7 +27,9 @@ def _styling() -> dict:
     return {"color_system": None} if os.environ.get("NO_COLOR") else {}
 
 
-def _safe_console_class():
+@functools.cache
+def _console_class():
+    """SafeConsole, defined (and Rich imported) on first use."""
     from rich.console import Console
     from rich.segment import Segment
 
@@ -66,11 +68,6 @@ class _LazyConsole:
 
     def __setattr__(self, name, value):
         setattr(self._get(), name, value)
-
-
-@functools.cache
-def _console_class():
-    return _safe_console_class()
 
 
 def __getattr__(name: str):
