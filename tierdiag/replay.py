@@ -187,8 +187,11 @@ def _fewer_gc_passes():
 def _single_threaded_data_plane() -> None:
     """The replay's copies are many and small (a page row is a few hundred bytes at reduced
     width): torch's intra-op threads only add wake-up stalls, of milliseconds on a busy machine.
-    OMP_NUM_THREADS, when set, is the user's choice and stays."""
-    if "OMP_NUM_THREADS" not in os.environ:
+    OMP_NUM_THREADS, when set, is the user's choice and stays. Without a GPU driver torch is not
+    imported at all (CPU pools are numpy buffers, moved on this thread)."""
+    from tierdiag.engine.hardware import cuda_device_present
+
+    if "OMP_NUM_THREADS" not in os.environ and cuda_device_present():
         import torch
 
         torch.set_num_threads(1)

@@ -11,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tierdiag.engine import kernels
+from tierdiag.engine import kernels, rows
 from tierdiag.engine.kernels import backup, copy_pages, count_runs, load_back, plan_copy
 
 HAS_CUDA = torch.cuda.is_available()
@@ -160,14 +160,14 @@ _ROUTES = {"default": {}, "planner": {"_DIRECT_MAX_BYTES": -1, "_CHUNK_BYTES": 3
 
 @contextlib.contextmanager
 def _route(name: str):
-    saved = {k: getattr(kernels, k) for k in _ROUTES[name]}
+    saved = {k: getattr(rows, k) for k in _ROUTES[name]}  # the CPU route's constants live in rows.py
     for k, v in _ROUTES[name].items():
-        setattr(kernels, k, v)
+        setattr(rows, k, v)
     try:
         yield
     finally:
         for k, v in saved.items():
-            setattr(kernels, k, v)
+            setattr(rows, k, v)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -257,8 +257,8 @@ def test_each_plan_kind_is_exercised_and_correct(kind_pages):
 
 
 def test_two_pass_chunks_through_a_bounded_scratch(monkeypatch):
-    monkeypatch.setattr(kernels, "_CHUNK_BYTES", 3 * 16 * 8)  # 3 rows a chunk (CPU)
-    monkeypatch.setattr(kernels, "_DIRECT_MAX_BYTES", -1)  # through the planner, not the direct path
+    monkeypatch.setattr(rows, "_CHUNK_BYTES", 3 * 16 * 8)  # 3 rows a chunk (CPU)
+    monkeypatch.setattr(rows, "_DIRECT_MAX_BYTES", -1)  # through the planner, not the direct path
     rng = np.random.default_rng(3)
     s = rng.permutation(64)[:20].tolist()
     d = rng.permutation(64)[:20].tolist()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tierdiag.engine import kernels
+from tierdiag.engine import rows as _rows
 from tierdiag.engine.config import EngineConfig
 from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.pagemap import SMALL_CALL, PageMap
@@ -66,7 +66,7 @@ class CacheController:
         self.page_bytes = cfg.page_size * cost.kv_bytes_per_token  # modelled
         self.dp_page_bytes = device.page_bytes  # one page of the real buffers, all layers
         # Both pools CPU buffers: copies go straight between their numpy row views
-        # (kernels.copy_rows); otherwise (CUDA) through the torch/Triton kernels.
+        # (rows.copy_rows); otherwise (CUDA) through the torch/Triton kernels.
         self._rows = device.rows is not None and host.rows is not None
         self.h2d_free_ns = 0
         self.d2h_free_ns = 0
@@ -88,7 +88,9 @@ class CacheController:
     def _to_host(self, device_slots: list[int], host_slots: list[int]) -> tuple[int, int]:
         """Copy device pages into host slots: (wall ns, contiguous runs of the device pages)."""
         if self._rows:
-            return kernels.copy_rows(self.device.rows, device_slots, self.host.rows, host_slots)
+            return _rows.copy_rows(self.device.rows, device_slots, self.host.rows, host_slots)
+        from tierdiag.engine import kernels  # CUDA: the torch/Triton kernels
+
         wall = kernels.backup(self.device.buffer, device_slots, self.host.buffer, host_slots)
         return wall, kernels.count_runs(device_slots)
 
@@ -227,7 +229,7 @@ class CacheController:
         keys = [self.storage_key_of[k] for k in node.keys]
         # Straight from the host slots into one append (no per-page work): the bytes on disk are
         # the host copy's, which a later prefetch reads back and a load-back verifies.
-        deleted = self.storage.write_from(self.host.buffer, node.host, keys)
+        deleted = self.storage.write_from(self.host.array, node.host, keys)
         pages = len(keys)
         dp_bytes = pages * self.dp_page_bytes
         start = max(now_ns, self.disk_free_ns)
@@ -250,8 +252,10 @@ class CacheController:
         """
         host_slots = [s for n in nodes for s in n.host]
         if self._rows:
-            wall, runs = kernels.copy_rows(self.host.rows, host_slots, self.device.rows, slots)
+            wall, runs = _rows.copy_rows(self.host.rows, host_slots, self.device.rows, slots)
         else:
+            from tierdiag.engine import kernels  # CUDA: the torch/Triton kernels
+
             wall = kernels.load_back(self.host.buffer, host_slots, self.device.buffer, slots).wait()
             runs = kernels.count_runs(host_slots)
         i = 0
@@ -286,14 +290,14 @@ class CacheController:
     def prefetch(self, skeys: list[str], slots: list[int], req_id: str, now_ns: int) -> tuple[int, int]:
         """Read pages from storage into host `slots` (allocated by the caller). Returns (start, end)."""
         pages = len(skeys)
-        dp_bytes = self.storage.read_into(skeys, self.host.buffer, slots)
+        dp_bytes = self.storage.read_into(skeys, self.host.array, slots)
         start = max(now_ns, self.disk_free_ns)
         end = start + self.cost.storage_ns(pages * self.page_bytes)
         self.disk_free_ns = end
         self.stats.prefetches += 1
         if self.probe is not None:
             self.probe.emit(ev.Transfer(self._transfer_id(), start, end, "prefetch", req_id, pages,
-                                        kernels.count_runs(slots), pages * self.page_bytes,
+                                        _rows.count_runs(slots), pages * self.page_bytes,
                                         dp_bytes, start - now_ns, 0, None))
         return start, end
 

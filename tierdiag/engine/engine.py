@@ -9,11 +9,10 @@ import weakref
 from pathlib import Path
 from typing import Callable, Iterable
 
-import torch
-
 from tierdiag.engine.config import EngineConfig
 from tierdiag.engine.controller import CacheController, EngineStats
 from tierdiag.engine.costmodel import CostModel
+from tierdiag.engine.hardware import cuda_available
 from tierdiag.engine.pools import DataPlane, PagePool, StorageTier, plan_data_plane
 from tierdiag.engine.scheduler import Scheduler
 from tierdiag.engine.tree import RadixTree
@@ -25,7 +24,7 @@ def plan(cfg: EngineConfig) -> tuple[CostModel, DataPlane]:
     cost = CostModel.from_config(cfg)
     ps = cfg.page_size
     pages = (cfg.resolved_device_tokens() + cfg.resolved_host_tokens()) // ps
-    cuda = torch.cuda.is_available()
+    cuda = cuda_available()
     plane = plan_data_plane(
         model_layers=cost.num_layers, modelled_page_bytes=ps * cost.kv_bytes_per_token, total_pages=pages,
         budget_bytes=cfg.data_plane_mib << 20, device="cuda" if cuda else "cpu", pinned_host=cuda)

@@ -1,7 +1,7 @@
 """What this machine is: versions, GPUs and their PCIe links (through NVML), pinned memory.
 
 `doctor_report()` is the full check behind `tierdiag doctor`; `hardware_summary()` is the small,
-fast dict a replay stores in its run row (no benchmark, no torch import of its own).
+fast dict a replay stores in its run row (no benchmark; torch imported only where a GPU driver is).
 Nothing here raises for a missing GPU or driver: an absent NVML is a finding, not an error.
 torch and pynvml are imported inside functions, so importing this module costs nothing.
 """
@@ -248,28 +248,58 @@ def doctor_report() -> DoctorReport:
     )
 
 
+def cuda_device_present() -> bool:
+    """Whether this machine may have a GPU torch.cuda could use, asked without importing torch:
+    on Linux a CUDA device needs the NVIDIA driver (its /proc entry and /dev/nvidiactl), and
+    torch's ROCm build drives AMD GPUs through /dev/kfd. Elsewhere: assume it may."""
+    if not sys.platform.startswith("linux"):
+        return True
+    return any(os.path.exists(p) for p in ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/kfd"))
+
+
+def cuda_available() -> bool:
+    """torch.cuda.is_available(), without importing torch where no GPU driver exists (a CPU
+    replay never needs torch: its pools are numpy buffers, see engine/pools.py)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        if not cuda_device_present():
+            return False
+        import torch
+    try:
+        return bool(torch.cuda.is_available())
+    except RuntimeError:
+        return False
+
+
 def hardware_summary() -> dict[str, Any]:
     """Small and fast, for the run row: no benchmark; NVML only if pynvml imports; torch's
-    version from the already-imported module (or package metadata), never importing it here."""
+    version from the module or package metadata; torch is imported only where a GPU driver exists
+    (a replay there imports it anyway)."""
     summary: dict[str, Any] = {
         "python": platform.python_version(),
         "platform": platform.platform(terse=True),
         "machine": platform.machine(),
         "cpu_count": os.cpu_count() or 0,
     }
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        summary["torch"] = torch.__version__
-        summary["torch_cuda"] = torch.version.cuda
+    # The same keys whether or not this process has imported torch already (a sweep's rows must
+    # equal single replays'): torch's CUDA build and availability where a GPU driver exists
+    # (torch is imported then: the replay needs it), else the installed version only.
+    if cuda_device_present():
         try:
-            summary["cuda_available"] = bool(torch.cuda.is_available())
-        except RuntimeError:
-            summary["cuda_available"] = False
+            import torch
+        except ImportError:
+            summary["torch"] = None
+        else:
+            summary["torch"] = torch.__version__
+            summary["torch_cuda"] = torch.version.cuda
+        summary["cuda_available"] = cuda_available() if summary["torch"] else False
     else:
+        torch = sys.modules.get("torch")
         try:
-            summary["torch"] = importlib.metadata.version("torch")
+            summary["torch"] = torch.__version__ if torch is not None else importlib.metadata.version("torch")
         except importlib.metadata.PackageNotFoundError:
             summary["torch"] = None
+        summary["cuda_available"] = False  # known without torch: no GPU driver on this machine
     nvml = probe_nvml()
     if nvml.available:
         summary["driver"] = nvml.driver_version

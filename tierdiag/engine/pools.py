@@ -4,6 +4,12 @@ A KV pool buffer is `[num_layers, num_pages, page_elems]` int64, layer-major lik
 layer_first host layout, so one layer's page is one contiguous row and a layer can be
 loaded back on its own. The device pool lives on CUDA when there is one; the host pool is
 pinned CPU memory then (plain CPU memory otherwise).
+
+A CPU pool's memory is a numpy array, and `buffer` the torch tensor over that same memory
+(`torch.from_numpy`, made on first use): every copy, content write and check of a CPU replay
+goes through the numpy row view (engine/rows.py), so a CPU replay never imports torch (~1.3 s,
+a fifth of a replay's wall time). A CUDA pool, and the pinned host pool beside it, are torch
+tensors from the start.
 """
 
 from __future__ import annotations
@@ -16,9 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from tierdiag.engine import kernels
+from tierdiag.engine import rows as _rows
 from tierdiag.errors import OutputError
 
 
@@ -101,15 +106,38 @@ class PagePool:
         self._owned_bytes = bytearray(num_pages)  # 1: handed out (Python indexes it fast) ...
         self._owned = np.frombuffer(self._owned_bytes, dtype=np.uint8)  # ... numpy the same bytes
         shape = (plane.num_layers, num_pages, plane.page_elems)
-        if on_device:
-            self.buffer = torch.zeros(shape, dtype=torch.int64, device=plane.device)
+        self._tensor = None
+        self.array: np.ndarray | None = None  # the buffer's memory as numpy (CPU pools)
+        if (on_device and plane.device != "cpu") or (not on_device and plane.pinned_host):
+            import torch  # a CUDA machine: the kernels' tensor paths
+
+            from tierdiag.engine import kernels
+
+            if on_device:
+                self._tensor = torch.zeros(shape, dtype=torch.int64, device=plane.device)
+            else:
+                self._tensor = torch.zeros(shape, dtype=torch.int64, pin_memory=True)
+            if not self._tensor.is_cuda:
+                self.array = self._tensor.numpy()
+            # The [L, P] numpy row view when copies can take the numpy path (pinned host),
+            # else None (CUDA: the torch/Triton kernels).
+            self.rows = kernels.register_pool(self._tensor)
         else:
-            self.buffer = torch.zeros(shape, dtype=torch.int64, pin_memory=plane.pinned_host)
-        # The buffer's [L, P] numpy row view when its copies can take the numpy path (a CPU
-        # pool), else None (CUDA: the torch/Triton kernels). Geometry kept as plain ints.
-        self.rows = kernels.register_pool(self.buffer)
+            self.array = np.zeros(shape, dtype=np.int64)
+            self.rows = _rows.array_rows(self.array)
+        # Geometry kept as plain ints.
         self.num_layers, self.page_elems = plane.num_layers, plane.page_elems
-        self.page_bytes = plane.num_layers * plane.page_elems * self.buffer.element_size()  # data plane
+        self.page_bytes = plane.num_layers * plane.page_elems * 8  # data plane (int64)
+
+    @property
+    def buffer(self):
+        """The pool as a torch tensor [layers, pages, elems]; a CPU pool's is made on first use,
+        over the same memory (so torch is imported only when someone asks for it)."""
+        if self._tensor is None:
+            import torch
+
+            self._tensor = torch.from_numpy(self.array)
+        return self._tensor
 
     @property
     def free_pages(self) -> int:
@@ -142,7 +170,7 @@ class PagePool:
             self._free_small(slots, n)
             return
         try:
-            idx = kernels.slot_index(slots)
+            idx = _rows.slot_index(slots)
         except OverflowError:  # a negative slot
             raise AssertionError(f"{self.name} slot {min(slots)} freed but not owned (not a slot of this pool)") from None
         owned = self._owned
@@ -226,8 +254,10 @@ def page_content_np(keys: list[int], num_layers: int, page_elems: int) -> np.nda
     return k.reshape(1, -1, 1) ^ _pattern(num_layers, page_elems)
 
 
-def page_content(keys: list[int], num_layers: int, page_elems: int) -> torch.Tensor:
+def page_content(keys: list[int], num_layers: int, page_elems: int):
     """`page_content_np` as a CPU tensor (shares its memory)."""
+    import torch
+
     return torch.from_numpy(page_content_np(keys, num_layers, page_elems))
 
 
@@ -284,13 +314,19 @@ def write_content(pool: PagePool, slots: list[int], keys: list[int]) -> None:
     if not len(slots):
         return
     if pool.rows is not None and len(keys) == len(slots):
-        kernels.write_rows(_content_rows(keys, pool.num_layers, pool.page_elems), pool.rows, slots)
+        _rows.write_rows(_content_rows(keys, pool.num_layers, pool.page_elems), pool.rows, slots)
         return
+    from tierdiag.engine import kernels
+
     kernels.write_pages(page_content_np(keys, pool.num_layers, pool.page_elems), pool.buffer, slots)
 
 
-def read_pages(pool: PagePool, slots: list[int]) -> torch.Tensor:
+def read_pages(pool: PagePool, slots: list[int]):
     """The pages in `slots` as a fresh CPU tensor [layers, len(slots), elems]."""
+    import torch
+
+    from tierdiag.engine import kernels
+
     out = torch.empty((pool.num_layers, len(slots), pool.page_elems), dtype=pool.buffer.dtype)
     kernels.copy_pages(pool.buffer, slots, out, range(len(slots)))
     return out
@@ -303,9 +339,11 @@ def verify_content(pool: PagePool, slots: list[int], keys: list[int]) -> bool:
     if pool.rows is not None and len(keys) == len(slots):
         # The rows read straight out of the pool (a gather copy), compared with the content
         # the keys imply, as whole rows of bytes
-        held = kernels.read_rows(pool.rows, slots)
+        held = _rows.read_rows(pool.rows, slots)
         return bool(np.array_equal(held.view(np.uint8), _content_rows(keys, pool.num_layers, pool.page_elems)
                                    .view(np.uint8)))
+    import torch
+
     expected = page_content(keys, pool.num_layers, pool.page_elems)
     return bool(torch.equal(read_pages(pool, slots), expected))
 
@@ -395,17 +433,23 @@ class StorageTier:
         self._index.move_to_end(key)
 
     # --- writing -----------------------------------------------------------------------------
-    def write(self, keys: list[str], rows: torch.Tensor) -> list[str]:
+    def write(self, keys: list[str], rows) -> list[str]:
         """Write pages (rows: [layers, n, elems] on CPU). Returns the keys deleted to make room."""
         page_major = rows.numpy().transpose(1, 0, 2)
         return self._write(keys, lambda idx: np.ascontiguousarray(page_major if idx is None else page_major[idx]),
                            (rows.shape[0], rows.shape[2]))
 
-    def write_from(self, pool: torch.Tensor, slots: list[int], keys: list[str]) -> list[str]:
-        """Write the pages in `slots` of a [layers, pages, elems] CPU pool buffer under `keys`:
-        one gather into page-major rows, one append. Returns the keys deleted to make room."""
-        layer_rows = kernels.pool_rows(pool)  # [layers, pages] row items
-        slots_a = kernels.slot_index(slots) if isinstance(slots, list) else np.asarray(slots, dtype=np.intp)
+    def write_from(self, pool, slots: list[int], keys: list[str]) -> list[str]:
+        """Write the pages in `slots` of a [layers, pages, elems] CPU pool buffer (a numpy array,
+        or a CPU tensor) under `keys`: one gather into page-major rows, one append. Returns the
+        keys deleted to make room."""
+        if isinstance(pool, np.ndarray):
+            layer_rows = _rows.array_rows(pool)  # [layers, pages] row items
+        else:
+            from tierdiag.engine import kernels
+
+            layer_rows = kernels.pool_rows(pool)
+        slots_a = _rows.slot_index(slots) if isinstance(slots, list) else np.asarray(slots, dtype=np.intp)
 
         def gather(idx):
             # Rows of each layer first (the pool is layer-major), then page-major for the file:
@@ -607,19 +651,22 @@ class StorageTier:
             index.move_to_end(key)
         return out
 
-    def read(self, keys: list[str], num_layers: int, page_elems: int) -> torch.Tensor:
+    def read(self, keys: list[str], num_layers: int, page_elems: int):
         """The pages of `keys` as a fresh [layers, n, elems] CPU tensor."""
+        import torch
+
         if not keys:
             return torch.empty((num_layers, 0, page_elems), dtype=torch.int64)
         assert self._page_shape == (num_layers, page_elems), "storage page geometry differs from the pool's"
         return torch.from_numpy(self.read_pages(keys)).permute(1, 0, 2).contiguous()
 
-    def read_into(self, keys: list[str], pool: torch.Tensor, slots: list[int]) -> int:
-        """Read the pages of `keys` into `slots` of a [layers, pages, elems] CPU pool buffer;
-        returns the bytes read."""
+    def read_into(self, keys: list[str], pool, slots: list[int]) -> int:
+        """Read the pages of `keys` into `slots` of a [layers, pages, elems] CPU pool buffer (a
+        numpy array, or a CPU tensor); returns the bytes read."""
         if not keys:
             return 0
-        pool.numpy()[:, np.asarray(slots, dtype=np.int64)] = self.read_pages(keys).transpose(1, 0, 2)
+        target = pool if isinstance(pool, np.ndarray) else pool.numpy()
+        target[:, np.asarray(slots, dtype=np.int64)] = self.read_pages(keys).transpose(1, 0, 2)
         return len(keys) * self.page_bytes
 
     def close(self) -> None:

@@ -20,9 +20,10 @@ page key, hence never a prefix (SGLang keys each tree child by (extra_key, token
 the chain: within one key space, key k still names the whole prefix up to its page.
 
 Output pages (what decode adds, inserted at finish like SGLang's cache_finished_req) have no ids
-in a trace. `output_page_keys` gives them synthetic keys: a blake2b chain seeded by the request's
-last input key and its id, so they are deterministic, and only a request carrying the same keys
-(none, in a trace) could match them. They are negative, so they can never equal an input key and
+in a trace. `output_page_keys` gives them synthetic keys: one blake2b digest of the request's last
+input key and its id, stepped by an odd constant page by page (modulo 2**63), so they are
+deterministic, distinct within a request, and as unlikely to meet another request's as random
+63-bit keys; only a request carrying the same keys (none, in a trace) could match them. They are negative, so they can never equal an input key and
 the engine's per-page bookkeeping (engine/pagemap.py) can tell them apart by sign: no request
 ever computes them again, so there is nothing to remember about them.
 """
@@ -71,17 +72,21 @@ def extra_key_salt(extra_key: str) -> int:
     return (int.from_bytes(digest, "little") >> 1) or 1
 
 
+_OUTPUT_STEP = 0x9E3779B97F4A7C15 >> 1 | 1  # odd: j -> seed + j * step never repeats below 2**63
+_MASK63 = (1 << 63) - 1
+
+
 def output_page_keys(req_id: str, input_keys: list[int], num_pages: int) -> list[int]:
     """Synthetic keys for the `num_pages` pages after the input's full pages (the input's partial
-    tail page and the output tokens): chained blake2b-64, seeded by the last input key and the
-    request id, so two requests never share them; negative (input keys never are)."""
-    prev = (input_keys[-1] if input_keys else 0).to_bytes(8, "little", signed=True) + req_id.encode("utf-8")
-    keys = []
-    blake2b = hashlib.blake2b
-    for j in range(num_pages):
-        prev = blake2b(b"out" + prev + j.to_bytes(4, "little"), digest_size=8).digest()
-        keys.append(-(int.from_bytes(prev, "little") >> 1) - 1)
-    return keys
+    tail page and the output tokens): a blake2b-64 seed from the last input key and the request
+    id, stepped by an odd constant modulo 2**63, so two requests never share them; negative
+    (input keys never are). One digest a request, not one a page (~60k of them a trace)."""
+    last = input_keys[-1] if len(input_keys) else 0
+    digest = hashlib.blake2b(b"out" + int(last).to_bytes(8, "little", signed=True) + req_id.encode("utf-8"),
+                             digest_size=8).digest()
+    seed = int.from_bytes(digest, "little") >> 1
+    step = _OUTPUT_STEP
+    return [-((seed + j * step) & _MASK63) - 1 for j in range(num_pages)]
 
 
 def _keys_from_hash_ids(hash_ids: tuple[int, ...], num_pages: int, *, page_size: int, block_size: int) -> np.ndarray:
