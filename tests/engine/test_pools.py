@@ -13,10 +13,13 @@ from hypothesis import strategies as st
 from tierdiag.engine.pools import DataPlane, PagePool, page_content_np, read_pages, verify_content, write_content
 
 PLANE = DataPlane(num_layers=2, page_elems=4, device="cpu", pinned_host=False, modelled_page_bytes=64)
+LAYOUTS = ("layer_first", "page_first")  # a CPU replay's pools are page-first (pools.plan_data_plane)
 
 
-def _pool(pages: int = 8) -> PagePool:
-    return PagePool("host", pages, PLANE, on_device=False)
+def _pool(pages: int = 8, layout: str = "layer_first") -> PagePool:
+    plane = DataPlane(num_layers=2, page_elems=4, device="cpu", pinned_host=False, modelled_page_bytes=64,
+                      layout=layout)
+    return PagePool("host", pages, plane, on_device=False)
 
 
 def test_fresh_pool_hands_out_lowest_slots_first_and_a_freed_list_comes_back_in_order():
@@ -122,9 +125,10 @@ def test_pool_hands_out_the_same_slots_as_the_set_bookkeeping(pages, data):
         pool.check()
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("slots", [[5, 2, 7, 0], [3, 4, 5], [6]])
-def test_written_content_is_the_keys_content_in_those_slots_only(slots):
-    pool = _pool()
+def test_written_content_is_the_keys_content_in_those_slots_only(slots, layout):
+    pool = _pool(layout=layout)
     keys = [1000 + 17 * i for i in range(len(slots))]
     write_content(pool, slots, keys)
     assert np.array_equal(read_pages(pool, slots).numpy(), page_content_np(keys, 2, 4))
@@ -134,8 +138,9 @@ def test_written_content_is_the_keys_content_in_those_slots_only(slots):
     assert verify_content(pool, slots, np.asarray(keys, dtype=np.int64))  # the scheduler passes arrays
 
 
-def test_verification_catches_one_flipped_byte_and_a_slot_mix_up():
-    pool = _pool()
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_verification_catches_one_flipped_byte_and_a_slot_mix_up(layout):
+    pool = _pool(layout=layout)
     write_content(pool, [1, 2, 3], [11, 12, 13])
     assert not verify_content(pool, [1, 3, 2], [11, 12, 13])  # slots swapped
     pool.buffer.view(torch.uint8)[1, 2, 5] ^= 1  # one bit of layer 1 of page 2
@@ -143,9 +148,10 @@ def test_verification_catches_one_flipped_byte_and_a_slot_mix_up():
     assert verify_content(pool, [1, 3], [11, 13])
 
 
-def test_content_without_the_row_view_takes_the_tensor_path():
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_content_without_the_row_view_takes_the_tensor_path(layout):
     """A pool the numpy path cannot use (CUDA's case; here forced): same bytes, same verdicts."""
-    a, b = _pool(), _pool()
+    a, b = _pool(layout=layout), _pool(layout=layout)
     b.rows = None
     for pool in (a, b):
         write_content(pool, [4, 0], [7, 9])
@@ -179,3 +185,31 @@ def test_a_load_back_of_a_corrupted_host_copy_is_caught():
         else:
             engine.run(numbered(trace))
             assert engine.stats.verified_load_backs == 1
+
+
+def test_a_page_first_pool_is_its_pages_in_one_block_each_and_the_same_tensor_view():
+    """Page-first: a page's layers are adjacent in memory ([P, L, E]); the pool still reads as
+    [L, P, E] (numpy and torch views of the same bytes), and its content equals a layer-first
+    pool's page for page."""
+    pf, lf = _pool(layout="page_first"), _pool(layout="layer_first")
+    for pool in (pf, lf):
+        write_content(pool, [6, 1], [21, 22])
+    assert pf.rows.shape == (1, 8) and pf.rows.dtype.itemsize == 2 * 4 * 8
+    assert pf.array.shape == (2, 8, 4) and pf.array.transpose(1, 0, 2).flags.c_contiguous
+    assert np.array_equal(pf.array, lf.array)
+    assert torch.equal(pf.buffer, lf.buffer) and pf.buffer.data_ptr() == pf.array.ctypes.data
+    block = pf.array.transpose(1, 0, 2)[6].reshape(-1)  # page 6: layer 0's row, then layer 1's
+    assert np.array_equal(block, page_content_np([21], 2, 4)[:, 0, :].reshape(-1))
+
+
+def test_the_cpu_data_plane_is_page_first_and_a_cuda_one_layer_first():
+    from tierdiag.engine.pools import plan_data_plane
+
+    cpu = plan_data_plane(model_layers=32, modelled_page_bytes=1 << 20, total_pages=100, budget_bytes=1 << 20,
+                          device="cpu", pinned_host=False)
+    cuda = plan_data_plane(model_layers=32, modelled_page_bytes=1 << 20, total_pages=100, budget_bytes=1 << 20,
+                           device="cuda", pinned_host=True)
+    assert (cpu.layout, cuda.layout) == ("page_first", "layer_first")
+    assert cpu.to_json()["layout"] == "page_first"
+    with pytest.raises(ValueError, match="page_first data plane is for CPU pools"):
+        DataPlane(2, 4, "cuda", True, 64, layout="page_first")

@@ -81,6 +81,24 @@ def test_write_from_a_pool_and_read_into_a_pool_move_the_slots_named(tmp_path):
     assert not dst[:, 1:9].any()
 
 
+def test_a_page_first_pool_writes_the_same_page_files_as_a_layer_first_one(tmp_path):
+    """The CPU replay's pools are page-first numpy buffers ([P, L, E] seen as [L, P, E]): the
+    bytes on disk are the same pages, layer after layer, and read back into the slots named."""
+    import numpy as np
+
+    layer_first = np.arange(LAYERS * 10 * ELEMS, dtype=np.int64).reshape(LAYERS, 10, ELEMS)
+    page_first = np.ascontiguousarray(layer_first.transpose(1, 0, 2)).transpose(1, 0, 2)  # same values
+    a, b = StorageTier(tmp_path / "a", 16), StorageTier(tmp_path / "b", 16)
+    a.write_from(layer_first, [7, 2, 5], [key(1), key(2), key(3)])
+    b.write_from(page_first, [7, 2, 5], [key(1), key(2), key(3)])
+    files = sorted((tmp_path / "a").iterdir()), sorted((tmp_path / "b").iterdir())
+    assert [f.read_bytes() for f in files[0]] == [f.read_bytes() for f in files[1]]
+    dst = np.zeros((10, LAYERS, ELEMS), dtype=np.int64).transpose(1, 0, 2)
+    assert b.read_into([key(3), key(1)], dst, [0, 9]) == 2 * b.page_bytes
+    assert np.array_equal(dst[:, 0], layer_first[:, 5]) and np.array_equal(dst[:, 9], layer_first[:, 7])
+    assert not dst[:, 1:9].any()
+
+
 def test_a_truncated_segment_is_an_output_error_not_wrong_bytes(tmp_path):
     from tierdiag.errors import OutputError
 

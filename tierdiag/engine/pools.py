@@ -10,6 +10,13 @@ A CPU pool's memory is a numpy array, and `buffer` the torch tensor over that sa
 goes through the numpy row view (engine/rows.py), so a CPU replay never imports torch (~1.3 s,
 a fifth of a replay's wall time). A CUDA pool, and the pinned host pool beside it, are torch
 tensors from the start.
+
+Layout (`DataPlane.layout`): on CUDA both pools are layer-first, as SGLang's device pool is (a
+layer loads back on its own event). A CPU replay's pools are page-first (SGLang's `page_first`
+host layout: a `[P, L, E]` buffer, seen as `[L, P, E]` through a transpose), so a page's layers
+are one contiguous block: a copy of n pages moves n blocks instead of n x L rows scattered over
+the pool (measured ~1.5-2x faster at 80-200 scattered pages), and a layer's page is still one
+contiguous row. Content and verification are the same function of the page key either way.
 """
 
 from __future__ import annotations
@@ -35,6 +42,13 @@ class DataPlane:
     device: str
     pinned_host: bool
     modelled_page_bytes: int
+    layout: str = "layer_first"  # layer_first: [L, P, E] buffers; page_first: [P, L, E] (CPU pools only)
+
+    def __post_init__(self) -> None:
+        if self.layout not in ("layer_first", "page_first"):
+            raise ValueError(f"data plane layout {self.layout!r}: layer_first or page_first")
+        if self.layout == "page_first" and (self.device != "cpu" or self.pinned_host):
+            raise ValueError("the page_first data plane is for CPU pools (a CUDA one is layer_first)")
 
     @property
     def page_bytes(self) -> int:
@@ -49,7 +63,7 @@ class DataPlane:
             "num_layers": self.num_layers, "page_elems": self.page_elems, "device": self.device,
             "pinned_host": self.pinned_host, "page_bytes": self.page_bytes,
             "modelled_page_bytes": self.modelled_page_bytes, "reduced_width": self.reduced,
-            "scale": self.page_bytes / self.modelled_page_bytes,
+            "scale": self.page_bytes / self.modelled_page_bytes, "layout": self.layout,
         }
 
 
@@ -78,7 +92,8 @@ def plan_data_plane(*, model_layers: int, modelled_page_bytes: int, total_pages:
         layers -= 1
     while elems > 1 and size() > budget_bytes:
         elems //= 2
-    return DataPlane(layers, elems, device, pinned_host, modelled_page_bytes)
+    layout = "page_first" if device == "cpu" and not pinned_host else "layer_first"
+    return DataPlane(layers, elems, device, pinned_host, modelled_page_bytes, layout)
 
 
 # Frees of up to this many slots take the Python path (PagePool._free_small).
@@ -107,7 +122,9 @@ class PagePool:
         self._owned = np.frombuffer(self._owned_bytes, dtype=np.uint8)  # ... numpy the same bytes
         shape = (plane.num_layers, num_pages, plane.page_elems)
         self._tensor = None
-        self.array: np.ndarray | None = None  # the buffer's memory as numpy (CPU pools)
+        self.page_major = plane.layout == "page_first"  # rows are whole pages: [1, P] items
+        # The buffer's memory as numpy [L, P, E] (CPU pools; a transposed view when page-first).
+        self.array: np.ndarray | None = None
         if (on_device and plane.device != "cpu") or (not on_device and plane.pinned_host):
             import torch  # a CUDA machine: the kernels' tensor paths
 
@@ -122,6 +139,9 @@ class PagePool:
             # The [L, P] numpy row view when copies can take the numpy path (pinned host),
             # else None (CUDA: the torch/Triton kernels).
             self.rows = kernels.register_pool(self._tensor)
+        elif self.page_major:
+            self.array = np.zeros((num_pages, plane.num_layers, plane.page_elems), dtype=np.int64).transpose(1, 0, 2)
+            self.rows = _rows.array_rows(self.array)  # [1, P]: a page's layers are one item
         else:
             self.array = np.zeros(shape, dtype=np.int64)
             self.rows = _rows.array_rows(self.array)
@@ -136,7 +156,10 @@ class PagePool:
         if self._tensor is None:
             import torch
 
-            self._tensor = torch.from_numpy(self.array)
+            if self.page_major:  # the [P, L, E] buffer seen as [L, P, E]: kernels.PAGE_FIRST
+                self._tensor = torch.from_numpy(self.array.transpose(1, 0, 2)).permute(1, 0, 2)
+            else:
+                self._tensor = torch.from_numpy(self.array)
         return self._tensor
 
     @property
@@ -262,50 +285,61 @@ def page_content(keys: list[int], num_layers: int, page_elems: int):
 
 
 class _ContentRows:
-    """Where a prefill's page content is computed, for one geometry: the layer/column pattern
-    tiled along each layer's row ([layers, cap * elems]) and an output buffer of the same
-    shape, whose [layers, cap] row-item view the first n columns of are handed out.
+    """Where a prefill's page content is computed, for one geometry and layout: the layer/column
+    pattern tiled along each row of items and an output buffer of the same shape, whose row-item
+    view the first n items of are handed out.
 
+    Layer-first ([layers, cap * elems], items of one layer's page):
         layer l:  mix(k0) x elems | mix(k1) x elems | ...   (the keys, each repeated elems times)
               XOR pattern[l]      | pattern[l]      | ...   (tiled)
+    Page-first ([1, cap * layers * elems], items of a whole page, its layers in order):
+                  mix(k0) x (layers * elems)        | mix(k1) x ...
+              XOR pattern[0] pattern[1] ...         | pattern[0] pattern[1] ...
+    The same values (mix(key) XOR pattern[layer, column]) in the pool's memory order.
 
-    One XOR with a long inner loop a layer, instead of page_content_np's broadcast whose inner
+    One XOR with a long inner loop a row, instead of page_content_np's broadcast whose inner
     loop is one row (~3x the time at a few hundred pages)."""
 
-    def __init__(self, num_layers: int, page_elems: int):
-        self.num_layers, self.page_elems = num_layers, page_elems
-        self.row = np.dtype((np.void, page_elems * 8))
+    def __init__(self, num_layers: int, page_elems: int, page_major: bool = False):
+        self.num_layers, self.page_elems, self.page_major = num_layers, page_elems, page_major
+        self.width = num_layers * page_elems if page_major else page_elems  # int64s an item
+        self.row = np.dtype((np.void, self.width * 8))
         self._grow(256)
 
     def _grow(self, cap: int) -> None:
         self.cap = cap
-        pattern = _pattern(self.num_layers, self.page_elems)
-        self.tiled = np.ascontiguousarray(np.broadcast_to(pattern, (self.num_layers, cap, self.page_elems)))
-        self.tiled = self.tiled.reshape(self.num_layers, cap * self.page_elems)
+        pattern = _pattern(self.num_layers, self.page_elems)  # [layers, 1, elems]
+        if self.page_major:
+            block = pattern.reshape(1, self.num_layers * self.page_elems)  # one page: layer after layer
+            self.tiled = np.ascontiguousarray(np.tile(block, (1, cap)))
+        else:
+            self.tiled = np.ascontiguousarray(np.broadcast_to(pattern, (self.num_layers, cap, self.page_elems)))
+            self.tiled = self.tiled.reshape(self.num_layers, cap * self.page_elems)
         self.out = np.empty_like(self.tiled)
-        self.out_rows = self.out.view(self.row)  # [layers, cap]
+        self.out_rows = self.out.view(self.row)  # [layers, cap] or [1, cap]
 
     def __call__(self, keys) -> np.ndarray:
-        """`page_content_np(keys)` as [layers, n] row items (valid until the next call)."""
+        """`page_content_np(keys)` as row items in the pool's layout (valid until the next call)."""
         n = len(keys)
         if n > self.cap:
             self._grow(max(n, 2 * self.cap))
-        width = n * self.page_elems
+        width = n * self.width
         mixed = np.multiply(np.asarray(keys, dtype=np.int64), _MIX)  # wraps modulo 2**64, as in page_content_np
-        np.bitwise_xor(mixed.repeat(self.page_elems), self.tiled[:, :width], out=self.out[:, :width])
+        np.bitwise_xor(mixed.repeat(self.width), self.tiled[:, :width], out=self.out[:, :width])
         return self.out_rows[:, :n]
 
 
-_CONTENT: dict[tuple[int, int], _ContentRows] = {}
+_CONTENT: dict[tuple[int, int, bool], _ContentRows] = {}
 
 
-def _content_rows(keys, num_layers: int, page_elems: int) -> np.ndarray:
-    """`page_content_np(keys, ...)` as [layers, n] row items of page_elems int64s, computed into
-    a reused buffer (valid until the next call): a prefill's pages go from there straight into
-    their slots, without a fresh array a call."""
-    make = _CONTENT.get((num_layers, page_elems))
+def _content_rows(keys, num_layers: int, page_elems: int, page_major: bool = False) -> np.ndarray:
+    """`page_content_np(keys, ...)` as row items in a pool's layout ([layers, n] items of
+    page_elems int64s, or [1, n] items of whole pages), computed into a reused buffer (valid
+    until the next call): a prefill's pages go from there straight into their slots, without a
+    fresh array a call."""
+    make = _CONTENT.get((num_layers, page_elems, page_major))
     if make is None:
-        make = _CONTENT[(num_layers, page_elems)] = _ContentRows(num_layers, page_elems)
+        make = _CONTENT[(num_layers, page_elems, page_major)] = _ContentRows(num_layers, page_elems, page_major)
     return make(keys)
 
 
@@ -314,7 +348,7 @@ def write_content(pool: PagePool, slots: list[int], keys: list[int]) -> None:
     if not len(slots):
         return
     if pool.rows is not None and len(keys) == len(slots):
-        _rows.write_rows(_content_rows(keys, pool.num_layers, pool.page_elems), pool.rows, slots)
+        _rows.write_rows(_content_rows(keys, pool.num_layers, pool.page_elems, pool.page_major), pool.rows, slots)
         return
     from tierdiag.engine import kernels
 
@@ -340,8 +374,8 @@ def verify_content(pool: PagePool, slots: list[int], keys: list[int]) -> bool:
         # The rows read straight out of the pool (a gather copy), compared with the content
         # the keys imply, as whole rows of bytes
         held = _rows.read_rows(pool.rows, slots)
-        return bool(np.array_equal(held.view(np.uint8), _content_rows(keys, pool.num_layers, pool.page_elems)
-                                   .view(np.uint8)))
+        expected = _content_rows(keys, pool.num_layers, pool.page_elems, pool.page_major)
+        return bool(np.array_equal(held.view(np.uint8), expected.view(np.uint8)))
     import torch
 
     expected = page_content(keys, pool.num_layers, pool.page_elems)
@@ -444,7 +478,7 @@ class StorageTier:
         or a CPU tensor) under `keys`: one gather into page-major rows, one append. Returns the
         keys deleted to make room."""
         if isinstance(pool, np.ndarray):
-            layer_rows = _rows.array_rows(pool)  # [layers, pages] row items
+            layer_rows = _rows.array_rows(pool)  # [layers, pages] row items ([1, pages] page-first)
         else:
             from tierdiag.engine import kernels
 
@@ -452,8 +486,9 @@ class StorageTier:
         slots_a = _rows.slot_index(slots) if isinstance(slots, list) else np.asarray(slots, dtype=np.intp)
 
         def gather(idx):
-            # Rows of each layer first (the pool is layer-major), then page-major for the file:
-            # two copies of the transfer's bytes, never a pass over the whole pool.
+            # Rows of each layer first (a layer-first pool), then page-major for the file: two
+            # copies of the transfer's bytes, never a pass over the whole pool. A page-first
+            # pool's items are whole pages already ([1, n] -> [n, 1]).
             rows = layer_rows.take(slots_a if idx is None else slots_a[idx], axis=1)
             return np.ascontiguousarray(rows.T).view(np.int64)  # [n, layers * elems]
 

@@ -407,10 +407,21 @@ def write_rows(data: np.ndarray, dst_rows: np.ndarray, dst_pages: PageList) -> N
 
 
 def array_rows(buffer: np.ndarray) -> np.ndarray:
-    """A contiguous [L, P, E] numpy pool buffer as its [L, P] row-item view (shares memory): the
-    handle `copy_rows`, `read_rows` and `write_rows` take."""
-    if buffer.ndim != 3 or not buffer.flags.c_contiguous:
-        raise ValueError(f"a pool buffer is a contiguous [num_layers, num_pages, page_elems] array; "
-                         f"got shape {buffer.shape}")
-    row = np.dtype((np.void, buffer.shape[2] * buffer.itemsize))
-    return buffer.reshape(-1).view(np.uint8).view(row).reshape(buffer.shape[0], buffer.shape[1])
+    """A numpy pool buffer [L, P, E] as its row-item view (shares memory): the handle
+    `copy_rows`, `read_rows` and `write_rows` take. Layer-first (a contiguous [L, P, E]): [L, P]
+    items of one layer's page. Page-first (a contiguous [P, L, E] seen as [L, P, E] through a
+    transpose): [1, P] items of a whole page, its layers in order; the moves are the same code
+    (a page-first pool is a one-"layer" pool of wide rows), so both pools of a copy must share
+    the layout (`copy_rows` checks the item size and count of layers)."""
+    if buffer.ndim != 3:
+        raise ValueError(f"a pool buffer is [num_layers, num_pages, page_elems]; got shape {buffer.shape}")
+    layers, pages, elems = buffer.shape
+    if buffer.flags.c_contiguous:
+        row = np.dtype((np.void, elems * buffer.itemsize))
+        return buffer.reshape(-1).view(np.uint8).view(row).reshape(layers, pages)
+    page_first = buffer.transpose(1, 0, 2)
+    if page_first.flags.c_contiguous:
+        row = np.dtype((np.void, layers * elems * buffer.itemsize))
+        return page_first.reshape(-1).view(np.uint8).view(row).reshape(1, pages)
+    raise ValueError("a pool buffer must be contiguous: layer-first [L, P, E] or page-first [P, L, E] "
+                     "seen as [L, P, E] through .transpose(1, 0, 2)")
