@@ -26,6 +26,24 @@ def test_page_map_matches_a_dict(ops, probe):
         assert pm.get(k) == model.get(k)
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.one_of(st.integers(0, 5_000), st.integers(DENSE_LIMIT - 4, (1 << 62))),
+                                   max_size=60),
+                          st.lists(st.integers(-(1 << 63), -1), max_size=8), st.integers(0, (1 << 31) - 1)),
+                max_size=20),
+       st.lists(st.one_of(st.integers(0, 6_000), st.integers(DENSE_LIMIT - 4, (1 << 62))), max_size=80))
+def test_the_engines_shortcuts_give_the_general_answers(nodes, probe):
+    """set_many(outputs_last=True) on tree-node keys (input pages, then output pages) and
+    get_many(inputs=True) on input pages: the same map and answers as the general calls."""
+    fast, general = PageMap(), PageMap()
+    for inputs, outputs, value in nodes:
+        fast.set_many(inputs + outputs, value, outputs_last=True)
+        general.set_many(inputs + outputs, value)
+    asked = probe + [k for inputs, _, _ in nodes for k in inputs]
+    assert fast.get_many(asked, inputs=True).tolist() == general.get_many(asked).tolist()
+    assert fast.get_list(asked) == general.get_list(asked)
+
+
 def test_a_far_key_set_before_the_array_reaches_it_is_still_found():
     pm = PageMap()
     far = (1 << 21) + 5  # beyond the first reach: goes to the dict

@@ -157,9 +157,9 @@ class CacheController:
         keys = node.keys
         if len(keys) > SMALL_CALL:
             keys = PageMap.keys_array(keys)  # converted once for both maps
-        self.cached_once.set_many(keys, eid)
+        self.cached_once.set_many(keys, eid, outputs_last=True)
         if node.evicted_by is not None:  # it had been demoted first: remember that eviction too
-            self.demoted_by.set_many(keys, node.evicted_by)
+            self.demoted_by.set_many(keys, node.evicted_by, outputs_last=True)
 
     def evict_host(self, pages_needed: int, cause: str | None, now_ns: int) -> bool:
         while self.host.free_pages < pages_needed:

@@ -60,8 +60,10 @@ class PageMap:
         self._dense.extend(array("i", [MISSING]) * (size - len(self._dense)))
         self._np = np.frombuffer(self._dense, dtype=np.int32)
 
-    def set_many(self, keys, value: int) -> None:
-        """Map every key to `value` (0 <= value < 2**31)."""
+    def set_many(self, keys, value: int, *, outputs_last: bool = False) -> None:
+        """Map every key to `value` (0 <= value < 2**31). `outputs_last`: the caller vouches that
+        negative keys, if any, come after every other (a tree node's keys: a request's input
+        pages, then its output pages), so the last key alone says whether there are any."""
         if not 0 <= value <= _MAX_VALUE:
             raise OverflowError(f"page map value {value} outside [0, 2**31)")
         if len(keys) <= SMALL_CALL and not isinstance(keys, np.ndarray):
@@ -81,7 +83,7 @@ class PageMap:
         arr = self.keys_array(keys)
         if not arr.size:
             return
-        if arr.min() < 0:
+        if (arr[-1] < 0) if outputs_last else (arr.min() < 0):
             arr = arr[arr >= 0]  # output pages
             if not arr.size:
                 return
@@ -109,14 +111,16 @@ class PageMap:
             out = [sparse.get(k, MISSING) if v == MISSING else v for k, v in zip(keys, out)]
         return out
 
-    def get_many(self, keys) -> np.ndarray:
-        """int64 values of the keys, MISSING for keys never set. The array is asked first; a
-        key it does not hold may be in the dict (set before the array reached it)."""
+    def get_many(self, keys, *, inputs: bool = False) -> np.ndarray:
+        """Values of the keys (int32 or int64), MISSING for keys never set. The array is asked
+        first; a key it does not hold may be in the dict (set before the array reached it).
+        `inputs`: the caller vouches that no key is negative (input pages only), which saves
+        the scan for output pages."""
         arr = self.keys_array(keys)
         out = None
-        if arr.size and arr.min() >= 0:
+        if arr.size and (inputs or arr.min() >= 0):
             try:  # every key inside the array (the common case): one gather
-                out = self._np.take(arr).astype(np.int64)
+                out = self._np.take(arr)
             except IndexError:  # a key past the array's end: the masked path below
                 out = None
         if out is None:
