@@ -155,8 +155,8 @@ class CacheController:
 
     def _forget(self, node: TreeNode, eid: int) -> None:
         keys = node.keys
-        if len(keys) > SMALL_CALL:
-            keys = PageMap.keys_array(keys)  # converted once for both maps
+        if len(keys) > SMALL_CALL:  # an array for both maps: the node's own view, or converted once
+            keys = node.keys_np if node.keys_np is not None else PageMap.keys_array(keys)
         self.cached_once.set_many(keys, eid, outputs_last=True)
         if node.evicted_by is not None:  # it had been demoted first: remember that eviction too
             self.demoted_by.set_many(keys, node.evicted_by, outputs_last=True)

@@ -78,7 +78,7 @@ class Req:
         self.input_len = t.input_len
         self.output_len = t.output_len
         self.keys: list[int] = []  # page keys: the input's full pages, then (at finish) output pages
-        self.keys_np: np.ndarray | None = None  # the input's page keys as an array (bookkeeping)
+        self.keys_np: np.ndarray | None = None  # `keys` as an array (tree nodes keep views of it)
         self.skeys: list[str] | None = None
         self.prefetch = None  # (first page, pages, host slots, start ns, end ns)
         self.anchor: TreeNode | None = None  # the node whose host copy the prefetch protects
@@ -293,7 +293,8 @@ class Scheduler:
             dup = matched - first
             self.ctrl.host.free(slots[:dup])
             if done > dup:
-                new = tree.insert_host(node, req.keys[matched:first + done], slots[dup:done], now, req.req_id)
+                new = tree.insert_host(node, req.keys[matched:first + done], slots[dup:done], now, req.req_id,
+                                       req.keys_np[matched:first + done])
                 new.prefetched_for = req.seq
             kept = done
         else:
@@ -522,7 +523,7 @@ class Scheduler:
 
         for node in match.host_nodes:
             if node.prefetched_for == req.seq:
-                blame(node.keys)  # came back from storage: who pushed it out of device and host
+                blame(node.keys if node.keys_np is None else node.keys_np)  # back from storage: who pushed it out
             elif node.evicted_by is not None:
                 lost[node.evicted_by] = lost.get(node.evicted_by, 0) + len(node.keys) * ps
         recomputed = req.lb_skip_pages if skipped else 0
@@ -636,7 +637,8 @@ class Scheduler:
         n = upto - req.own_from
         tree = self.tree
         last, dups, fresh, hit = tree.insert(req.keys[:upto], req.own_from, req.own_slots[:n], now, req.req_id,
-                                             count_hits=self.count_hits and not chunk, priority=req.priority)
+                                             count_hits=self.count_hits and not chunk, priority=req.priority,
+                                             keys_np=req.keys_np[:upto])
         self.ctrl.device.free(dups)
         del req.own_slots[:n]
         req.own_from = upto
@@ -645,7 +647,7 @@ class Scheduler:
             tree.dec_lock(req.lock_node)
             req.lock_node = last
         for node in fresh:
-            self.ctrl.cached_once.set_many(node.keys, 0, outputs_last=True)
+            self.ctrl.cached_once.set_many(node.keys if node.keys_np is None else node.keys_np, 0, outputs_last=True)
         threshold = self.backup_threshold
         if threshold is not None:
             for node in hit:
@@ -684,6 +686,7 @@ class Scheduler:
                 prev = req.skeys[-1] if req.skeys else ""
                 self.ctrl.storage_key_of.update(zip(out_keys, storage_key_chain(out_keys, prev)))
             req.keys.extend(out_keys)
+            req.keys_np = np.concatenate((req.keys_np, np.array(out_keys, dtype=np.int64)))
         self._insert(req, n_full, now, chunk=False)
         self.ctrl.device.free(req.own_slots)
         req.own_slots = []

@@ -23,14 +23,18 @@ from tierdiag.engine.policies import EVICTION_POLICIES
 class TreeNode:
     __slots__ = ("id", "parent", "children", "keys", "device", "host", "lock_ref", "hit_count",
                  "last_access_ns", "created_ns", "n_dev_children", "owner", "prefetched_for", "evicted_by",
-                 "priority", "host_ref")
+                 "priority", "host_ref", "keys_np")
 
     def __init__(self, node_id: int, parent: "TreeNode | None", keys: list[int],
-                 device: list[int] | None, host: list[int] | None, now_ns: int, owner: str | None):
+                 device: list[int] | None, host: list[int] | None, now_ns: int, owner: str | None,
+                 keys_np=None):
         self.id = node_id
         self.parent = parent
         self.children: dict[int, TreeNode] = {}
         self.keys = keys
+        # The same keys as an int64 array (a view of the request's), when the inserter had one:
+        # the per-page bookkeeping at eviction takes it as it is instead of converting the list.
+        self.keys_np = keys_np
         self.device = device  # device pool slots, one per page, or None
         self.host = host  # host pool slots, one per page, or None
         self.lock_ref = 0
@@ -100,8 +104,9 @@ class RadixTree:
         self._device_heap: list = []
         self._host_heap: list = []
 
-    def _new_node(self, parent: TreeNode, keys: list[int], device, host, now_ns: int, owner) -> TreeNode:
-        node = TreeNode(self._next_id, parent, keys, device, host, now_ns, owner)
+    def _new_node(self, parent: TreeNode, keys: list[int], device, host, now_ns: int, owner,
+                  keys_np=None) -> TreeNode:
+        node = TreeNode(self._next_id, parent, keys, device, host, now_ns, owner, keys_np)
         self._next_id += 1
         parent.children[keys[0]] = node
         if device is not None:
@@ -139,7 +144,7 @@ class RadixTree:
         upper = TreeNode(self._next_id, parent, node.keys[:pages],
                          None if node.device is None else node.device[:pages],
                          None if node.host is None else node.host[:pages],
-                         node.created_ns, node.owner)
+                         node.created_ns, node.owner, None if node.keys_np is None else node.keys_np[:pages])
         self._next_id += 1
         upper.lock_ref = node.lock_ref
         upper.hit_count = node.hit_count
@@ -148,6 +153,8 @@ class RadixTree:
         upper.evicted_by = node.evicted_by
         upper.priority = node.priority  # SGLang: the new node inherits the child's priority
         node.keys = node.keys[pages:]
+        if node.keys_np is not None:
+            node.keys_np = node.keys_np[pages:]
         if node.device is not None:
             node.device = node.device[pages:]
         if node.host is not None:
@@ -207,7 +214,7 @@ class RadixTree:
 
     # --- insertion -----------------------------------------------------------------------
     def insert(self, keys: list[int], own_from: int, device_slots: list[int], now_ns: int,
-               owner: str | None = None, *, count_hits: bool = True, priority: int = 0
+               owner: str | None = None, *, count_hits: bool = True, priority: int = 0, keys_np=None
                ) -> tuple[TreeNode, list[int], list[TreeNode], list[TreeNode]]:
         """Give the tree a computed prefix: `keys[:own_from]` are already in the tree on device
         (the caller holds a lock on them), `device_slots` hold pages `keys[own_from:]`.
@@ -219,7 +226,8 @@ class RadixTree:
         hit is this insert. Every node passed keeps the max of its priority and ours.
 
         Returns (last node, duplicate slots to free, new or revived nodes, nodes whose hit count
-        this insert raised, in path order: the write-through candidates).
+        this insert raised, in path order: the write-through candidates). `keys_np`, the same
+        keys as an array, lets a new node keep a view of its keys (TreeNode.keys_np).
         """
         assert len(keys) - own_from == len(device_slots), "one device slot per page key"
         node = self.root
@@ -232,7 +240,8 @@ class RadixTree:
             child = node.children.get(keys[i])
             if child is None:
                 assert i >= own_from, f"page {i} of a locked prefix is missing from the tree"
-                child = self._new_node(node, keys[i:], device_slots[i - own_from:], None, now_ns, owner)
+                child = self._new_node(node, keys[i:], device_slots[i - own_from:], None, now_ns, owner,
+                                       None if keys_np is None else keys_np[i:])
                 child.priority = priority
                 if count_hits:
                     child.hit_count = 1
@@ -266,10 +275,10 @@ class RadixTree:
         return node, dups, fresh, hit
 
     def insert_host(self, parent: TreeNode, keys: list[int], host_slots: list[int], now_ns: int,
-                    owner: str | None) -> TreeNode:
+                    owner: str | None, keys_np=None) -> TreeNode:
         """Attach host-only pages (a storage prefetch) below `parent`, which must be the path's end."""
         assert keys and keys[0] not in parent.children, "prefetched pages must extend the tree"
-        node = self._new_node(parent, keys, None, host_slots, now_ns, owner)
+        node = self._new_node(parent, keys, None, host_slots, now_ns, owner, keys_np)
         node.priority = parent.priority  # HiRadixCache._insert_helper_host
         self._push_host(node)
         return node
