@@ -24,3 +24,51 @@ def test_recorder_columns_stored_events_and_counts_the_rest_by_name():
     base.emit(ev.FirstToken(1, "x", 2))
     base.emit(ev.PrefixLostPages("x", 1, 1))
     assert base.counts == {"FirstToken": 1, "PrefixLostPages": 1}
+
+
+class _EveryEvent(Probe):
+    """A plain probe: the engine builds every event and hands it to `emit`."""
+
+    def __init__(self):
+        super().__init__()
+        self.events = []
+
+    def emit(self, event):
+        self.events.append(event)
+
+
+def test_the_recorders_fast_path_stores_what_a_plain_probe_is_handed():
+    """The engine gives a Recorder each stored event's fields without building the event, and
+    skips the events no table stores; a plain probe gets every event built. The same workload
+    must leave the same rows either way, and the plain probe also sees the unstored kinds."""
+    from tests.engine.helpers import numbered, req, small_config
+    from tierdiag.engine.engine import Engine
+
+    trace = numbered([req(f"r{i}", 10 * i, list(range(100 * (i % 3), 100 * (i % 3) + 6)) + [9000 + i], output=70)
+                      for i in range(24)])
+    plain = _EveryEvent()
+    Engine(small_config(write_policy="write_through"), probe=plain).run(trace)
+    flushed = []
+    recorder = Recorder(flushed.append, flush_rows=50)  # several flushes on the way
+    Engine(small_config(write_policy="write_through"), probe=recorder).run(trace)
+    recorder.flush()
+
+    got: dict[str, list] = {}
+    for tables in flushed:
+        for table, cols in tables.items():
+            got.setdefault(table, []).extend(zip(*cols.values()))
+    tables = {ev.Eviction: "evictions", ev.PrefixLostPages: "request_evictions", ev.Transfer: "transfers",
+              ev.BatchScheduled: "batches", ev.PoolSample: "pool_samples"}
+    want: dict[str, list] = {}
+    for e in plain.events:
+        if isinstance(e, ev.RequestFinished):
+            want.setdefault("requests", []).append(tuple(e.record))
+        elif type(e) in tables:
+            want.setdefault(tables[type(e)], []).append(tuple(e))
+    wall = ev.Transfer._fields.index("wall_ns")  # measured copy time: differs run to run
+    for rows in (got["transfers"], want["transfers"]):
+        rows[:] = [r[:wall] + r[wall + 1:] for r in rows]
+    assert got == want
+    assert {"requests", "evictions", "transfers", "batches", "pool_samples"} <= set(got)
+    assert {type(e) for e in plain.events} >= {ev.RequestArrived, ev.PrefixMatched, ev.PrefillDone, ev.FirstToken}
+    assert recorder.counts == {}  # nothing unstored was built for it

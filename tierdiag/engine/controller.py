@@ -61,6 +61,7 @@ class CacheController:
         self.host = host
         self.storage = storage
         self.probe = probe
+        self.emit = ev.Emitters(probe)  # one callable an event kind, None where nothing is emitted
         self.stats = stats
         self.page_size = cfg.page_size
         self.page_bytes = cfg.page_size * cost.kv_bytes_per_token  # modelled
@@ -113,13 +114,13 @@ class CacheController:
         key = f"{tier}/{action}"
         self.stats.evictions[key] = self.stats.evictions.get(key, 0) + 1
         self.stats.evicted_tokens[tier] = self.stats.evicted_tokens.get(tier, 0) + tokens
-        if self.probe is not None:
+        if self.emit.eviction is not None:
             pool = self.device if tier == "device" else self.host
             locked = self.tree.locked_device_pages if tier == "device" else self.tree.locked_host_pages
-            self.probe.emit(ev.Eviction(
+            self.emit.eviction(
                 eid, now_ns, tier, node.id, tokens, action, cause, node.owner,
                 pool.used_pages * self.page_size, pool.capacity * self.page_size,
-                locked * self.page_size, node.hit_count, node.last_access_ns))
+                locked * self.page_size, node.hit_count, node.last_access_ns)
         return eid
 
     # --- eviction ------------------------------------------------------------------------
@@ -195,9 +196,9 @@ class CacheController:
         self.d2h_free_ns = end
         self.stats.backups += 1
         self.stats.backup_bytes += pages * self.page_bytes
-        if self.probe is not None:
-            self.probe.emit(ev.Transfer(self._transfer_id(), start, end, "backup", cause, pages, runs,
-                                        pages * self.page_bytes, dp_bytes, start - now_ns, wall, None))
+        if self.emit.transfer is not None:
+            self.emit.transfer(self._transfer_id(), start, end, "backup", cause, pages, runs,
+                                        pages * self.page_bytes, dp_bytes, start - now_ns, wall, None)
         self.at(end, self.tree.dec_lock, node)
         self._write_storage(node, cause, end)
         return True
@@ -218,9 +219,9 @@ class CacheController:
         self.d2h_free_ns = start + dur
         self.blocking_ns = self.d2h_free_ns - now_ns
         self.stats.write_backs += 1
-        if self.probe is not None:
-            self.probe.emit(ev.Transfer(self._transfer_id(), start, start + dur, "write_back", cause, pages, runs,
-                                        pages * self.page_bytes, dp_bytes, start - now_ns, wall, None))
+        if self.emit.transfer is not None:
+            self.emit.transfer(self._transfer_id(), start, start + dur, "write_back", cause, pages, runs,
+                                        pages * self.page_bytes, dp_bytes, start - now_ns, wall, None)
         self._write_storage(node, cause, start + dur)
 
     def _write_storage(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
@@ -238,9 +239,9 @@ class CacheController:
         if deleted:
             key = "storage/delete"
             self.stats.evictions[key] = self.stats.evictions.get(key, 0) + len(deleted)
-        if self.probe is not None:
-            self.probe.emit(ev.Transfer(self._transfer_id(), start, end, "storage_write", cause, pages, 1,
-                                        pages * self.page_bytes, dp_bytes, start - now_ns, 0, None))
+        if self.emit.transfer is not None:
+            self.emit.transfer(self._transfer_id(), start, end, "storage_write", cause, pages, 1,
+                                        pages * self.page_bytes, dp_bytes, start - now_ns, 0, None)
 
     # --- host -> device ------------------------------------------------------------------
     def load_back(self, nodes: tuple[TreeNode, ...], slots: list[int], req_id: str, now_ns: int,
@@ -295,15 +296,15 @@ class CacheController:
         end = start + self.cost.storage_ns(pages * self.page_bytes)
         self.disk_free_ns = end
         self.stats.prefetches += 1
-        if self.probe is not None:
-            self.probe.emit(ev.Transfer(self._transfer_id(), start, end, "prefetch", req_id, pages,
+        if self.emit.transfer is not None:
+            self.emit.transfer(self._transfer_id(), start, end, "prefetch", req_id, pages,
                                         _rows.count_runs(slots), pages * self.page_bytes,
-                                        dp_bytes, start - now_ns, 0, None))
+                                        dp_bytes, start - now_ns, 0, None)
         return start, end
 
     def emit_load_back(self, start: int, end: int, req_id: str, pages: int, runs: int, queued: int,
                        wall: int, verified) -> None:
-        if self.probe is not None:
+        if self.emit.transfer is not None:
             dp_bytes = pages * self.dp_page_bytes
-            self.probe.emit(ev.Transfer(self._transfer_id(), start, end, "load_back", req_id, pages, runs,
-                                        pages * self.page_bytes, dp_bytes, queued, wall, verified))
+            self.emit.transfer(self._transfer_id(), start, end, "load_back", req_id, pages, runs,
+                                        pages * self.page_bytes, dp_bytes, queued, wall, verified)

@@ -120,6 +120,7 @@ class Scheduler:
         self.tree = tree
         self.ctrl = ctrl
         self.probe = probe
+        self.emit = ev.Emitters(probe)  # one callable an event kind, None where nothing is emitted
         self.stats = stats
         self.progress = progress
         self.ps = cfg.page_size
@@ -184,8 +185,8 @@ class Scheduler:
     def _arrive(self, t: TraceRequest, now: int) -> None:
         req = Req(t, now)
         ps = self.ps
-        if self.probe is not None:
-            self.probe.emit(ev.RequestArrived(now, req.req_id, req.seq, req.input_len, req.output_len))
+        if self.emit.arrived is not None:
+            self.emit.arrived(now, req.req_id, req.seq, req.input_len, req.output_len)
         req.total_pages = -(-(req.input_len + req.output_len) // ps)
         if req.total_pages > self.ctrl.device.capacity:
             self._reject(req, f"needs {req.total_pages * ps} tokens of device memory; the pool holds "
@@ -200,12 +201,12 @@ class Scheduler:
 
     def _reject(self, req: Req, reason: str) -> None:
         self.stats.requests_rejected += 1
-        if self.probe is not None:
-            self.probe.emit(ev.RequestFinished(ev.RequestRecord(
+        if self.emit.record is not None:
+            self.emit.record(
                 req.req_id, req.seq, req.arrival_ns, req.input_len, req.output_len, "rejected", reason, None,
                 0, 0, 0, 0, 0, 0, 0, None, 0, None, 0, 0, 0,
                 None, None, None, None, None, 0, 0, 0, 0, None, None, None, None, None, None, None, None,
-                None, 0, None, None)))
+                None, 0, None, None)
 
     # --- storage prefetch ----------------------------------------------------------------
     def _start_prefetch(self, req: Req, now: int) -> None:
@@ -468,12 +469,11 @@ class Scheduler:
         req.extend_total = req.input_len - req.done_tokens
         req.sched_ns = now
         self._count_recomputed(req, match, skip is not None)
-        if self.probe is not None:
-            prefix = prefix_pages * ps
-            self.probe.emit(ev.PrefixMatched(now, req.req_id, dev_pages * ps, req.host_loaded_pages * ps,
-                                             req.storage_loaded_pages * ps, prefix, req.protected_pages * ps))
-            if skip:
-                self.probe.emit(ev.LoadBackSkipped(now, req.req_id, "host", tiered * ps, skip))
+        if self.emit.matched is not None:
+            self.emit.matched(now, req.req_id, dev_pages * ps, req.host_loaded_pages * ps,
+                              req.storage_loaded_pages * ps, prefix_pages * ps, req.protected_pages * ps)
+        if skip and self.emit.skipped is not None:
+            self.emit.skipped(now, req.req_id, "host", tiered * ps, skip)
         if load:
             return take, lb_ns, tiered
         return take, 0, 0
@@ -544,7 +544,7 @@ class Scheduler:
         cost, ctrl, ps = self.cost, self.ctrl, self.ps
         self._batch_id += 1
         bid = self._batch_id
-        if self.probe is not None:
+        if self.emit.pool_sample is not None:
             self._sample_pools(now)
         # Load-backs queue on the host->device link in batch order.
         link = max(now, ctrl.h2d_free_ns)
@@ -593,12 +593,11 @@ class Scheduler:
             else:
                 self.chunked = req
                 self.at(end, self._cache_unfinished, req)
-            if self.probe is not None:
-                self.probe.emit(ev.PrefillDone(end, req.req_id, bid, req.num_chunks, take))
-        if self.probe is not None:
-            self.probe.emit(ev.BatchScheduled(bid, now, end, len(items), sum(t for _, t, _, _ in items),
-                                              lb_bytes_total, compute_ns, exposed, decoding,
-                                              int(batch_recompute_ns)))
+            if self.emit.prefill_done is not None:
+                self.emit.prefill_done(end, req.req_id, bid, req.num_chunks, take)
+        if self.emit.batch is not None:
+            self.emit.batch(bid, now, end, len(items), sum(t for _, t, _, _ in items), lb_bytes_total, compute_ns,
+                            exposed, decoding, int(batch_recompute_ns))
         return end
 
     def _write_chunk(self, req: Req, take: int) -> None:
@@ -660,8 +659,8 @@ class Scheduler:
         req.first_token_ns = now
         ttft = now - req.arrival_ns
         self.stats.ttft_ns.append(ttft)
-        if self.probe is not None:
-            self.probe.emit(ev.FirstToken(now, req.req_id, ttft))
+        if self.emit.first_token is not None:
+            self.emit.first_token(now, req.req_id, ttft)
         context = req.input_len + req.output_len
         step = self.cost.decode_step_ns(self.running_context_tokens + context)
         self.running_context_tokens += context
@@ -740,10 +739,12 @@ class Scheduler:
         for reason in (req.lb_skip_reason, req.storage_skip_reason):
             if reason:
                 st.skipped[reason] = st.skipped.get(reason, 0) + 1
-        if self.probe is not None:
+        if self.emit.lost is not None:
+            lost = self.emit.lost
             for eid, tokens in req.lost.items():
-                self.probe.emit(ev.PrefixLostPages(req.req_id, eid, tokens))
-            self.probe.emit(ev.RequestFinished(ev.RequestRecord(
+                lost(req.req_id, eid, tokens)
+        if self.emit.record is not None:
+            self.emit.record(
                 req.req_id, req.seq, req.arrival_ns, req.input_len, req.output_len, "finished", None, hit_class,
                 device, host, storage, computed, recomputed, req.host_match_pages * ps,
                 req.storage_match_pages * ps, req.lb_skip_reason, req.lb_skip_pages * ps, req.storage_skip_reason,
@@ -751,19 +752,17 @@ class Scheduler:
                 queue, storage_wait, req.lb_ns, lb_exposed, req.lb_queued, req.lb_pages * self.ctrl.page_bytes,
                 req.lb_pages, req.lb_runs, req.storage_bytes, req.storage_fetch_ns, recompute_ns, compute_ns,
                 req.first_token_ns - req.sched_ns, ttft, ideal, if_resident, recompute_instead,
-                req.first_batch_id, req.num_chunks, req.first_token_ns, now)))
+                req.first_batch_id, req.num_chunks, req.first_token_ns, now)
         if self.progress is not None and st.requests_finished % 256 == 0:
             self.progress(st.requests_finished, now, st)
 
     def _sample_pools(self, now: int) -> None:
         ps, tree, ctrl = self.ps, self.tree, self.ctrl
-        emit = self.probe.emit
-        emit(ev.PoolSample(now, "device", ctrl.device.used_pages * ps, ctrl.device.capacity * ps,
-                           tree.locked_device_pages * ps))
-        emit(ev.PoolSample(now, "host", ctrl.host.used_pages * ps, ctrl.host.capacity * ps,
-                           tree.locked_host_pages * ps))
+        emit = self.emit.pool_sample
+        emit(now, "device", ctrl.device.used_pages * ps, ctrl.device.capacity * ps, tree.locked_device_pages * ps)
+        emit(now, "host", ctrl.host.used_pages * ps, ctrl.host.capacity * ps, tree.locked_host_pages * ps)
         if ctrl.storage is not None:
-            emit(ev.PoolSample(now, "storage", ctrl.storage.used_pages * ps, ctrl.storage.capacity * ps, 0))
+            emit(now, "storage", ctrl.storage.used_pages * ps, ctrl.storage.capacity * ps, 0)
 
 
 def _noop(_arg) -> None:

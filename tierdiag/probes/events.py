@@ -3,7 +3,9 @@
 Field names match the run-store columns (tierdiag/store/schema.py) so the recorder copies
 them across without a mapping table. Events are NamedTuples rather than frozen dataclasses:
 just as typed and immutable, five times cheaper to build (a replay emits ~15 per request),
-and the recorder turns a list of them into columns with one zip.
+and the recorder turns a list of them into columns with one zip. The engine emits through
+`Emitters`: the recorder takes each stored event's fields as a plain tuple (the event is never
+built) and is not handed the kinds no table stores; any other probe gets every event built.
 """
 
 from __future__ import annotations
@@ -164,3 +166,38 @@ class RequestFinished(NamedTuple):
 
 def field_names(cls) -> tuple[str, ...]:
     return cls._fields
+
+
+class Emitters:
+    """The engine's handle on a probe: one callable an event class, taking the event's fields in
+    order, or None where nothing is to be emitted (no probe, or a probe that keeps no such
+    events: the engine then builds neither the event nor its fields).
+
+    A probe may provide `emitter(cls)` (the recorder's appends the fields as they come, without
+    building the event: building a NamedTuple costs more than keeping it) and `wants(cls)`; any
+    other probe gets each event built and passed to its `emit`, as always."""
+
+    __slots__ = ("arrived", "matched", "skipped", "transfer", "eviction", "lost", "batch", "prefill_done",
+                 "first_token", "pool_sample", "record")
+
+    _CLASSES = {"arrived": RequestArrived, "matched": PrefixMatched, "skipped": LoadBackSkipped,
+                "transfer": Transfer, "eviction": Eviction, "lost": PrefixLostPages, "batch": BatchScheduled,
+                "prefill_done": PrefillDone, "first_token": FirstToken, "pool_sample": PoolSample,
+                "record": RequestRecord}
+
+    def __init__(self, probe) -> None:
+        for name, cls in self._CLASSES.items():
+            setattr(self, name, None if probe is None else _emitter(probe, cls))
+
+
+def _emitter(probe, cls):
+    wants = getattr(probe, "wants", None)
+    if wants is not None and not wants(cls):
+        return None
+    make = getattr(probe, "emitter", None)
+    if make is not None:
+        return make(cls)
+    emit = probe.emit
+    if cls is RequestRecord:  # a request's record reaches a plain probe as RequestFinished
+        return lambda *fields: emit(RequestFinished(RequestRecord(*fields)))
+    return lambda *fields: emit(cls(*fields))
