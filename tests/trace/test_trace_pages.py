@@ -128,14 +128,15 @@ def test_equal_pages_after_different_prefixes_get_different_keys():
 
 # --- storage keys ------------------------------------------------------------------------------
 
-def test_storage_key_chain_is_chained_sha256_hex():
-    keys = [3, 2**62, 0]
+def test_storage_key_chain_is_chained_sha256():
+    keys = [3, 2**62, 0, -5]
     chain = storage_key_chain(keys)
-    prev = ""
+    prev = b""
     for key, got in zip(keys, chain):
-        prev = hashlib.sha256(prev.encode() + key.to_bytes(8, "little")).hexdigest()
+        prev = hashlib.sha256(prev + key.to_bytes(8, "little", signed=True)).digest()
         assert got == prev
     assert storage_key_chain([]) == []
+    assert storage_key_chain(keys[2:], chain[1]) == chain[2:]  # a chain continues from its last key
 
 
 @given(keys=st.lists(st.integers(0, 2**63 - 1), min_size=1, max_size=20), at=st.integers(0, 19))

@@ -81,7 +81,7 @@ class CacheController:
         self.cached_once = PageMap()
         # page key -> the device demotion that preceded its deletion from the host tier
         self.demoted_by = PageMap()
-        self.storage_key_of: dict[int, str] = {}  # page key -> chained SHA-256 (storage tier only)
+        self.storage_key_of: dict[int, bytes] = {}  # page key -> chained SHA-256 digest (storage tier only)
         # The scheduler's event queue: at(t_ns, callback, arg) runs callback(arg) at virtual time t_ns.
         self.at = None
 
@@ -288,7 +288,7 @@ class CacheController:
         """Host slots, host-evicting unprotected leaves for room (None if that cannot be done)."""
         return self._alloc_host(pages, cause, now_ns)
 
-    def prefetch(self, skeys: list[str], slots: list[int], req_id: str, now_ns: int) -> tuple[int, int]:
+    def prefetch(self, skeys: list[bytes], slots: list[int], req_id: str, now_ns: int) -> tuple[int, int]:
         """Read pages from storage into host `slots` (allocated by the caller). Returns (start, end)."""
         pages = len(skeys)
         dp_bytes = self.storage.read_into(skeys, self.host.array, slots)

@@ -408,7 +408,7 @@ class _Segment:
 
     def __init__(self, number: int, path: Path, fd: int):
         self.number, self.path, self.fd = number, path, fd
-        self.keys: list[str | None] = []
+        self.keys: list[bytes | None] = []
         self.live = 0
 
 
@@ -431,13 +431,15 @@ class StorageTier:
     """
 
     def __init__(self, root: Path, capacity_pages: int):
+        # Keys: the pages' chained SHA-256 digests (trace.pages.storage_key_chain); the tier only
+        # hashes and compares them, so any hashable key works.
         self.root = Path(root)
         with _storage_errors(self.root):
             self.root.mkdir(parents=True, exist_ok=True)
             if not os.access(self.root, os.W_OK | os.X_OK):
                 raise PermissionError(errno.EACCES, "Permission denied", str(self.root))
         self.capacity = capacity_pages
-        self._index: OrderedDict[str, int] = OrderedDict()  # key -> location, LRU order
+        self._index: OrderedDict[bytes, int] = OrderedDict()  # key -> location, LRU order
         self._segments: dict[int, _Segment] = {}
         self._active: _Segment | None = None
         self._next_segment = 1
@@ -448,7 +450,7 @@ class StorageTier:
         self.bytes_written = 0  # bytes appended to segment files (compaction included)
         self.bytes_read = 0
 
-    def __contains__(self, key: str) -> bool:
+    def __contains__(self, key: bytes) -> bool:
         return key in self._index
 
     @property
@@ -463,17 +465,17 @@ class StorageTier:
         """Bytes the segment files hold now (live pages and holes)."""
         return self._disk_pages * self.page_bytes
 
-    def touch(self, key: str) -> None:
+    def touch(self, key: bytes) -> None:
         self._index.move_to_end(key)
 
     # --- writing -----------------------------------------------------------------------------
-    def write(self, keys: list[str], rows) -> list[str]:
+    def write(self, keys: list[bytes], rows) -> list[bytes]:
         """Write pages (rows: [layers, n, elems] on CPU). Returns the keys deleted to make room."""
         page_major = rows.numpy().transpose(1, 0, 2)
         return self._write(keys, lambda idx: np.ascontiguousarray(page_major if idx is None else page_major[idx]),
                            (rows.shape[0], rows.shape[2]))
 
-    def write_from(self, pool, slots: list[int], keys: list[str]) -> list[str]:
+    def write_from(self, pool, slots: list[int], keys: list[bytes]) -> list[bytes]:
         """Write the pages in `slots` of a [layers, pages, elems] CPU pool buffer (a numpy array,
         or a CPU tensor) under `keys`: one gather into page-major rows, one append. Returns the
         keys deleted to make room."""
@@ -494,10 +496,10 @@ class StorageTier:
 
         return self._write(keys, gather, (pool.shape[0], pool.shape[2]))
 
-    def _write(self, keys: list[str], gather, shape: tuple[int, int]) -> list[str]:
+    def _write(self, keys: list[bytes], gather, shape: tuple[int, int]) -> list[bytes]:
         self._set_shape(shape)
         index = self._index
-        deleted: list[str] = []
+        deleted: list[bytes] = []
         if len(keys) <= self.capacity and index.keys().isdisjoint(keys):
             # All new (the common case): what the loop below would do, at once. With the tier
             # full, the loop pops the oldest page before each insert; as none of these keys is
@@ -542,7 +544,7 @@ class StorageTier:
         self._collect()
         return deleted
 
-    def _place(self, keys: list[str], data: np.ndarray) -> None:
+    def _place(self, keys: list[bytes], data: np.ndarray) -> None:
         """Append the pages of `keys` (in the index as -1) and record where they went."""
         try:
             self._append(keys, data.reshape(len(keys), -1))
@@ -576,7 +578,7 @@ class StorageTier:
             seg = self._segments[number] = _Segment(number, path, fd)
             return seg
 
-    def _append(self, keys: list[str], data) -> None:
+    def _append(self, keys: list[bytes], data) -> None:
         """Append pages (data: [n, page_bytes/8] int64, C order) at the end of the active segment,
         starting a new one when it is full; one pwrite per segment touched."""
         index, per_seg, page_bytes = self._index, self._segment_pages, self.page_bytes
@@ -665,7 +667,7 @@ class StorageTier:
         self.bytes_read += len(slots) * page_bytes
         return out
 
-    def read_pages(self, keys: list[str]):
+    def read_pages(self, keys: list[bytes]):
         """The pages of `keys` as [n, layers, elems] int64 (numpy), each touched in the LRU:
         pages adjacent in a segment are read together."""
         index = self._index
@@ -686,7 +688,7 @@ class StorageTier:
             index.move_to_end(key)
         return out
 
-    def read(self, keys: list[str], num_layers: int, page_elems: int):
+    def read(self, keys: list[bytes], num_layers: int, page_elems: int):
         """The pages of `keys` as a fresh [layers, n, elems] CPU tensor."""
         import torch
 
@@ -695,7 +697,7 @@ class StorageTier:
         assert self._page_shape == (num_layers, page_elems), "storage page geometry differs from the pool's"
         return torch.from_numpy(self.read_pages(keys)).permute(1, 0, 2).contiguous()
 
-    def read_into(self, keys: list[str], pool, slots: list[int]) -> int:
+    def read_into(self, keys: list[bytes], pool, slots: list[int]) -> int:
         """Read the pages of `keys` into `slots` of a [layers, pages, elems] CPU pool buffer (a
         numpy array, or a CPU tensor); returns the bytes read."""
         if not keys:

@@ -79,7 +79,7 @@ class Req:
         self.output_len = t.output_len
         self.keys: list[int] = []  # page keys: the input's full pages, then (at finish) output pages
         self.keys_np: np.ndarray | None = None  # `keys` as an array (tree nodes keep views of it)
-        self.skeys: list[str] | None = None
+        self.skeys: list[bytes] | None = None
         self.prefetch = None  # (first page, pages, host slots, start ns, end ns)
         self.anchor: TreeNode | None = None  # the node whose host copy the prefetch protects
         self.prefetch_tokens = 0  # tokens the prefetch counts against the capacity limit
@@ -278,7 +278,7 @@ class Scheduler:
         if req.hold_until_ns > now:
             self.at(req.hold_until_ns, _noop, None)
 
-    def _storage_keys(self, keys: list[int]) -> list[str]:
+    def _storage_keys(self, keys: list[int]) -> list[bytes]:
         """The chained SHA-256 storage keys of a request's pages, hashing only the pages no
         earlier request keyed. A page key names its whole prefix (keys are chained), so its
         storage key is the same for every request that has it, and the keys already known form
@@ -293,7 +293,7 @@ class Scheduler:
             skeys.append(s)
         n = len(skeys)
         if n < len(keys):
-            fresh = storage_key_chain(keys[n:], skeys[-1] if n else "")
+            fresh = storage_key_chain(keys[n:], skeys[-1] if n else b"")
             known.update(zip(keys[n:], fresh))
             skeys.extend(fresh)
         return skeys
@@ -701,7 +701,7 @@ class Scheduler:
             # copies to host and storage still run, as the real ones would.
             out_keys = output_page_keys(req.req_id, req.keys, n_full - n_in)
             if self.ctrl.storage is not None:
-                prev = req.skeys[-1] if req.skeys else ""
+                prev = req.skeys[-1] if req.skeys else b""
                 self.ctrl.storage_key_of.update(zip(out_keys, storage_key_chain(out_keys, prev)))
             req.keys.extend(out_keys)
             req.keys_np = np.concatenate((req.keys_np, np.array(out_keys, dtype=np.int64)))
