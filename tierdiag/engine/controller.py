@@ -230,7 +230,7 @@ class CacheController:
         keys = [self.storage_key_of[k] for k in node.keys]
         # Straight from the host slots into one append (no per-page work): the bytes on disk are
         # the host copy's, which a later prefetch reads back and a load-back verifies.
-        deleted = self.storage.write_from(self.host.array, node.host, keys)
+        deleted = self.storage.write_from(self.host.array, node.host, keys, rows=self.host.rows)
         pages = len(keys)
         dp_bytes = pages * self.dp_page_bytes
         start = max(now_ns, self.disk_free_ns)

@@ -475,11 +475,14 @@ class StorageTier:
         return self._write(keys, lambda idx: np.ascontiguousarray(page_major if idx is None else page_major[idx]),
                            (rows.shape[0], rows.shape[2]))
 
-    def write_from(self, pool, slots: list[int], keys: list[bytes]) -> list[bytes]:
+    def write_from(self, pool, slots: list[int], keys: list[bytes], *, rows: np.ndarray | None = None) -> list[bytes]:
         """Write the pages in `slots` of a [layers, pages, elems] CPU pool buffer (a numpy array,
         or a CPU tensor) under `keys`: one gather into page-major rows, one append. Returns the
-        keys deleted to make room."""
-        if isinstance(pool, np.ndarray):
+        keys deleted to make room. `rows`: the pool's row view when the caller keeps one (the
+        engine's host pool), instead of making it again."""
+        if rows is not None:
+            layer_rows = rows
+        elif isinstance(pool, np.ndarray):
             layer_rows = _rows.array_rows(pool)  # [layers, pages] row items ([1, pages] page-first)
         else:
             from tierdiag.engine import kernels
