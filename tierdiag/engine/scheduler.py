@@ -731,19 +731,6 @@ class Scheduler:
         if queue < 0:
             compute_ns += queue
             queue = 0
-        new_tokens = computed - recomputed
-        prefix = device + host + storage
-        ideal = cost.prefill_alone_ns(new_tokens, req.input_len - max(new_tokens, 1))
-        if_resident = ttft - lb_exposed - storage_wait
-        tiered = host + storage
-        recompute_instead = if_resident + (cost.prefill_alone_ns(computed + tiered, device)
-                                           - cost.prefill_alone_ns(computed, prefix)) if tiered else if_resident
-        if tiered:
-            hit_class = "tiered_hit"
-        elif device:
-            hit_class = "device_hit"
-        else:
-            hit_class = "miss"
         st.requests_finished += 1
         st.input_tokens += req.input_len
         st.device_tokens += device
@@ -762,7 +749,15 @@ class Scheduler:
             lost = self.emit.lost
             for eid, tokens in req.lost.items():
                 lost(req.req_id, eid, tokens)
-        if self.emit.record is not None:
+        if self.emit.record is not None:  # the record's counterfactuals: only for a probe that keeps them
+            new_tokens = computed - recomputed
+            prefix = device + host + storage
+            ideal = cost.prefill_alone_ns(new_tokens, req.input_len - max(new_tokens, 1))
+            if_resident = ttft - lb_exposed - storage_wait
+            tiered = host + storage
+            recompute_instead = if_resident + (cost.prefill_alone_ns(computed + tiered, device)
+                                               - cost.prefill_alone_ns(computed, prefix)) if tiered else if_resident
+            hit_class = "tiered_hit" if tiered else "device_hit" if device else "miss"
             self.emit.record(
                 req.req_id, req.seq, req.arrival_ns, req.input_len, req.output_len, "finished", None, hit_class,
                 device, host, storage, computed, recomputed, req.host_match_pages * ps,
