@@ -45,13 +45,20 @@ def test_the_recorders_fast_path_stores_what_a_plain_probe_is_handed():
     from tierdiag.engine.engine import Engine
 
     trace = numbered([req(f"r{i}", 10 * i, list(range(100 * (i % 3), 100 * (i % 3) + 6)) + [9000 + i], output=70)
-                      for i in range(24)])
+                      for i in range(24)]  # three prefixes: load-backs
+                     + [req(f"s{i}", 300 + 10 * i, list(range(5000 + 100 * (i % 9), 5000 + 100 * (i % 9) + 8))
+                            + [9500 + i], output=70) for i in range(36)])  # nine: the host thrashes, recompute
     plain = _EveryEvent()
-    Engine(small_config(write_policy="write_through"), probe=plain).run(trace)
+    plain_stats = Engine(small_config(write_policy="write_through"), probe=plain).run(trace)
     flushed = []
     recorder = Recorder(flushed.append, flush_rows=50)  # several flushes on the way
-    Engine(small_config(write_policy="write_through"), probe=recorder).run(trace)
+    recorded_stats = Engine(small_config(write_policy="write_through"), probe=recorder).run(trace)
     recorder.flush()
+    # Without a probe the engine skips what only probes need (counterfactuals, which eviction
+    # took what); its own numbers stay the same.
+    bare_stats = Engine(small_config(write_policy="write_through")).run(trace)
+    assert bare_stats == recorded_stats == plain_stats
+    assert bare_stats.recomputed_tokens > 0 and bare_stats.load_backs > 0
 
     got: dict[str, list] = {}
     for tables in flushed:
@@ -69,6 +76,6 @@ def test_the_recorders_fast_path_stores_what_a_plain_probe_is_handed():
     for rows in (got["transfers"], want["transfers"]):
         rows[:] = [r[:wall] + r[wall + 1:] for r in rows]
     assert got == want
-    assert {"requests", "evictions", "transfers", "batches", "pool_samples"} <= set(got)
+    assert {"requests", "evictions", "request_evictions", "transfers", "batches", "pool_samples"} <= set(got)
     assert {type(e) for e in plain.events} >= {ev.RequestArrived, ev.PrefixMatched, ev.PrefillDone, ev.FirstToken}
     assert recorder.counts == {}  # nothing unstored was built for it

@@ -500,7 +500,9 @@ class Scheduler:
     def _count_recomputed(self, req: Req, match, skipped: bool) -> None:
         """Computed pages that had been cached once, and the evictions that took this request's
         prefix off the device (demotions of its host part; demotions and deletions of pages it
-        had to recompute or fetch back from storage)."""
+        had to recompute or fetch back from storage). Which eviction took what is only for a probe
+        that records it (request_evictions); the count of once-cached pages is always kept."""
+        attribute = self.emit.lost is not None
         lost = req.lost
         ps = self.ps
         cached = self.ctrl.cached_once
@@ -515,8 +517,8 @@ class Scheduler:
                     keys = keys.tolist()
                 eids = cached.get_list(keys)
                 was = [k for k, e in zip(keys, eids) if e >= 0]
-                if not was:
-                    return 0
+                if not was or not attribute:
+                    return len(was)
                 took = [e for e in eids if e > 0] + [e for e in demoted.get_list(was) if e > 0]
                 for eid in took:
                     lost[eid] = lost.get(eid, 0) + ps
@@ -525,8 +527,8 @@ class Scheduler:
             eids = cached.get_many(arr, inputs=True)
             was_cached = eids >= 0
             found = int(np.count_nonzero(was_cached))
-            if not found:
-                return 0
+            if not found or not attribute:
+                return found
             first = demoted.get_many(arr[was_cached], inputs=True)
             for took in (eids[eids > 0], first[first > 0]):
                 if took.size:
@@ -543,7 +545,7 @@ class Scheduler:
         for node in match.host_nodes:
             if node.prefetched_for == req.seq:
                 blame(node.keys if node.keys_np is None else node.keys_np)  # back from storage: who pushed it out
-            elif node.evicted_by is not None:
+            elif node.evicted_by is not None and attribute:
                 lost[node.evicted_by] = lost.get(node.evicted_by, 0) + len(node.keys) * ps
         recomputed = req.lb_skip_pages if skipped else 0
         path_pages = req.dev_pages + match.host_pages
