@@ -148,23 +148,26 @@ class Scheduler:
         it = iter(requests)
         scale = self.cfg.time_scale
         nxt = next(it, None)
+        nxt_t = None if nxt is None else int(nxt.arrival_ns * scale)  # the next arrival, scaled once
         now = 0
         gpu_free = 0
         events = self._events
+        pop = heapq.heappop
         while True:
-            while nxt is not None and int(nxt.arrival_ns * scale) <= now:
-                self._arrive(nxt, int(nxt.arrival_ns * scale))
+            while nxt_t is not None and nxt_t <= now:
+                self._arrive(nxt, nxt_t)
                 nxt = next(it, None)
+                nxt_t = None if nxt is None else int(nxt.arrival_ns * scale)
             while events and events[0][0] <= now:
-                self._current, _, fn, arg = heapq.heappop(events)
+                self._current, _, fn, arg = pop(events)
                 fn(arg)
             if now >= gpu_free and (self.waiting or self.chunked is not None):
                 end = self._batch(now)
                 if end is not None:
                     gpu_free = end
             candidates = []
-            if nxt is not None:
-                candidates.append(int(nxt.arrival_ns * scale))
+            if nxt_t is not None:
+                candidates.append(nxt_t)
             if events:
                 candidates.append(events[0][0])
             if gpu_free > now:
