@@ -203,9 +203,16 @@ class WriterProcess:
     def start(cls) -> "WriterProcess":
         self = cls()
         # Its own process group: a Ctrl-C of the terminal, or a signal to the replay's group,
-        # reaches the engine's process only (the writer ignores them too, once it runs).
-        self._proc = subprocess.Popen(child_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
-                                      close_fds=True, process_group=0)
+        # reaches the engine's process only. And it starts with SIGINT and SIGTERM blocked (a
+        # signal mask survives exec), until `main` has them ignored: one sent to it alone while
+        # its interpreter starts is dropped, never a KeyboardInterrupt there. Blocked here only
+        # for the spawn: what arrives meanwhile is delivered to this process right after.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signals.HANDLED)
+        try:
+            self._proc = subprocess.Popen(child_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+                                          close_fds=True, process_group=0)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         self._out = self._proc.stdin.fileno()
         self._in = self._proc.stdout.fileno()
         try:
@@ -365,8 +372,9 @@ class _Died(Exception):
 
 def main() -> None:
     """The writer process: `python -c CHILD_ENTRY`, the request pipe on stdin, replies on stdout."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in signals.HANDLED:
         signal.signal(sig, signal.SIG_IGN)  # the engine's process decides (see the module docstring)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, signals.HANDLED)  # blocked since the spawn; now ignored
     reply_fd = os.dup(1)
     os.dup2(2, 1)  # a stray print must not corrupt the replies
     import gc
