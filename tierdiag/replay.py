@@ -243,8 +243,12 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
         from tierdiag.store.writer_process import WriterProcess
 
         with signals.deferred():
-            wproc = WriterProcess.start()
-            cleanup.callback(wproc.close)
+            try:
+                wproc = WriterProcess.start()
+            except OSError:  # no process to be had (out of processes or memory): write inline
+                mode = "inline"
+            else:
+                cleanup.callback(wproc.close)
 
     # Imported here: read-only commands share this package and must not pay for torch. Signals
     # wait for the imports: torch's initialisation calls back into Python from C++, and an

@@ -388,11 +388,17 @@ def main() -> None:
     sys.setswitchinterval(0.001)
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     threading.Thread(target=_read_requests, args=(0, inbox), name="requests", daemon=True).start()
-    _Serve(inbox, reply_fd).run()
+    serve = _Serve(inbox, reply_fd)
+    code = 0
+    try:
+        serve.run()
+    except BaseException as exc:  # noqa: BLE001 - a bug here: raised in the engine's process, as one
+        serve.reply(("error", _portable(exc)))  # line there (the traceback in a note, for --debug)
+        code = 1
     # Everything is committed and answered: leave without the interpreter's teardown of duckdb,
     # pyarrow and the heap (half a second the engine's process would wait for, reaping this one).
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def _read_requests(fd: int, inbox) -> None:
@@ -457,7 +463,15 @@ class _Serve:
             return False
         self.every = arg["write_every_s"]
         self.last_write = time.monotonic()
-        return self.reply(("opened", None))
+        if not self.reply(("opened", None)):
+            return False
+        # What the close needs (the evidence, the closing numbers), imported now while the
+        # engine runs rather than in the serial tail after it.
+        import tierdiag.diagnose.context  # noqa: F401
+        import tierdiag.diagnose.evidence  # noqa: F401
+        import tierdiag.diagnose.explain  # noqa: F401
+        import tierdiag.diagnose.summary  # noqa: F401
+        return True
 
     def rows(self, tables) -> None:
         if self.writer is None or self.failed:
