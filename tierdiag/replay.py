@@ -238,8 +238,8 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
     requests = itertools.chain([first], requests)
     wproc = None
     if mode == "process":
-        # Started now, so that its interpreter and imports (duckdb, pyarrow) overlap torch's
-        # import here; it touches no store until it is told to open one, below.
+        # Started now, so that its interpreter and imports (duckdb, pyarrow) overlap the engine's
+        # import and set-up; it touches no store until it is told to open one, below.
         from tierdiag.store.writer_process import WriterProcess
 
         with signals.deferred():

@@ -116,8 +116,14 @@ def test_a_store_that_is_not_ours_is_the_same_one_line_error_both_ways(tmp_path,
 def test_which_writer_a_replay_takes(monkeypatch):
     monkeypatch.delenv("TIERDIAG_WRITER", raising=False)
     monkeypatch.setattr(writer_process, "_usable_cpus", lambda: 2)
+    monkeypatch.setattr(writer_process, "_load_average", lambda: 0.3)
+    assert writer_process.writer_mode() == "process"
+    monkeypatch.setattr(writer_process, "_load_average", lambda: 1.2)
+    assert writer_process.writer_mode() == "inline"  # no idle core: the processes would share one
+    monkeypatch.setattr(writer_process, "_usable_cpus", lambda: 8)
     assert writer_process.writer_mode() == "process"
     monkeypatch.setattr(writer_process, "_usable_cpus", lambda: 1)
+    monkeypatch.setattr(writer_process, "_load_average", lambda: 0.0)
     assert writer_process.writer_mode() == "inline"  # one CPU: a second process does not pay
     for value, mode in (("process", "process"), ("INLINE", "inline"), ("auto", "inline"), ("", "inline")):
         monkeypatch.setenv("TIERDIAG_WRITER", value)
@@ -137,12 +143,15 @@ def test_a_bad_writer_setting_is_exit_2_before_anything_is_written(tmp_path):
 
 _IN_A_WORKER = """
 import multiprocessing as mp
+from tierdiag.store import writer_process
 from tierdiag.store.writer_process import writer_mode
 
 def child(q):
+    writer_process._load_average = lambda: 0.0  # an idle machine: only being a worker decides
     q.put(writer_mode())
 
 if __name__ == "__main__":
+    writer_process._load_average = lambda: 0.0
     q = mp.get_context("spawn").Queue()
     p = mp.get_context("spawn").Process(target=child, args=(q,))
     p.start()
