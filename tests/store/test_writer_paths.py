@@ -204,3 +204,31 @@ def test_the_engine_imports_no_duckdb_and_the_writer_no_torch(tmp_path, trace):
     said = dict(json.loads(ln) for ln in out.stderr.splitlines() if ln.startswith("["))
     assert said == {"writer": [], "engine": []}, out.stderr
     assert runs(tmp_path / "i.duckdb")[0]["status"] == "complete"
+
+
+def test_a_write_that_failed_in_the_writer_is_raised_at_the_close_and_the_run_closes_failed(tmp_path, monkeypatch):
+    """The writer reports a failed write while the engine is already asking for the close: the
+    engine gets that error (never a run closed as complete short of its rows), then closes the
+    run as failed, as inline; the process is gone afterwards."""
+    import functools
+
+    from tests.reliability.harness import disk_full_after, on_request_flush, sql
+    from tierdiag.errors import OutputError
+
+    on_request_flush(monkeypatch, functools.partial(disk_full_after, 0), writer="process", tmp_path=tmp_path)
+    db = tmp_path / "w.duckdb"
+    w = writer_process.WriterProcess.start()
+    try:
+        w.open(db, run_id=writer_process.new_run_id(), name="w", trace_path="t.jsonl", trace_sha256="",
+               config={}, hardware={}, data_plane={}, timing="modelled", command_line=["t"], write_every_s=0.0)
+        w.append({"requests": {"req_id": ["a", "b"], "seq": [0, 1], "status": ["finished"] * 2}})
+        with pytest.raises(OutputError, match="no space left"):
+            w.finish("complete")
+        assert w.has_run and w.closed_as is None
+        w.finish("failed", error="disk full", write_pending=False)
+        assert (w.closed_as, w.recorded) == ("failed", 0)
+    finally:
+        pid = w.pid
+        w.close()
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    assert sql(db, "SELECT status, num_requests, error FROM runs") == [("failed", 0, "disk full")]

@@ -516,6 +516,11 @@ class _Serve:
     def finish(self, arg) -> bool:
         """Close the run; True once closed (the process then exits), False when it failed and
         the engine may ask again (as failed, giving up what is pending)."""
+        if self.failed and arg["status"] != "failed":
+            # A write failed and the engine was told, after it had asked for this close: it
+            # reads that error first and asks again, as failed (as inline, where the failed
+            # write stops the engine). Never a run closed as complete short of its rows.
+            return False
         try:
             self.writer.finish(arg["status"], error=arg["error"], write_pending=arg["write_pending"],
                                trace_sha256=arg["trace_sha256"])
