@@ -6,6 +6,10 @@ seconds of wall time (default 5), so kill -9 loses only the last few seconds. Th
 becomes complete, interrupted (Ctrl-C) or failed (an error) at the end, and whatever was
 recorded before stays readable. A trace that is empty or bad from its first line fails before
 any run (or database file) is created.
+
+The store is written by a process of its own beside the engine where a core is free for it
+(tierdiag/store/writer_process.py, `TIERDIAG_WRITER`), else on the engine's thread; the rows,
+the errors and the statuses are the same either way.
 """
 
 from __future__ import annotations
@@ -160,17 +164,6 @@ def _close_run(writer, recorder, status: str | Callable[[], str], error: str | N
     return problem
 
 
-def _recorded_summary(db: Path, run_id: str):
-    from tierdiag.diagnose.summary import run_summary
-    from tierdiag.store.reader import open_store, resolve_run
-
-    con = open_store(db)
-    try:
-        return run_summary(con, resolve_run(con, run_id), diagnose=False)  # the closing table needs no diagnosis
-    finally:
-        con.close()
-
-
 @contextlib.contextmanager
 def _fewer_gc_passes():
     """A replay allocates millions of short-lived objects beside ~10^5 long-lived tree nodes;
@@ -219,16 +212,20 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
     # Fewer collector passes over the whole replay, the closing flush and summary included: the
     # recorder's last ~10^5 buffered events and the tree are live objects that a default-
     # threshold pass right after the engine rescans (0.1-0.3 s on the conversation trace).
-    with _fewer_gc_passes():
+    # The stack reaps a writer process however the replay ends.
+    with _fewer_gc_passes(), contextlib.ExitStack() as cleanup:
         return _replay(trace, cfg, db=db, run_name=run_name, probes=probes, skip_bad=skip_bad,
-                       command_line=command_line, progress=progress)
+                       command_line=command_line, progress=progress, cleanup=cleanup)
 
 
 def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | None, probes: bool,
             skip_bad: bool, command_line: list[str] | None,
-            progress: Callable[[int, int, object], None] | None) -> ReplaySummary:
+            progress: Callable[[int, int, object], None] | None, cleanup: contextlib.ExitStack) -> ReplaySummary:
+    from tierdiag.store.writer_process import writer_mode
+
     t0 = time.perf_counter()
     flush_every_s = _flush_every_s()
+    mode = writer_mode() if db is not None and probes else None
     if not MIN_TIME_SCALE <= cfg.time_scale <= MAX_TIME_SCALE:
         raise ConfigError(f"--time-scale {cfg.time_scale:g} is out of range "
                           f"({MIN_TIME_SCALE:g} to {MAX_TIME_SCALE:g})")
@@ -239,6 +236,19 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
     # its first line fails here, before a run (or the database file) exists, and before torch.
     first = next(requests)
     requests = itertools.chain([first], requests)
+    wproc = None
+    if mode == "process":
+        # Started now, so that its interpreter and imports (duckdb, pyarrow) overlap the engine's
+        # import and set-up; it touches no store until it is told to open one, below.
+        from tierdiag.store.writer_process import WriterProcess
+
+        with signals.deferred():
+            try:
+                wproc = WriterProcess.start()
+            except OSError:  # no process to be had (out of processes or memory): write inline
+                mode = "inline"
+            else:
+                cleanup.callback(wproc.close)
 
     # Imported here: read-only commands share this package and must not pay for torch. Signals
     # wait for the imports: torch's initialisation calls back into Python from C++, and an
@@ -280,7 +290,7 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
             # Deferred: an interrupt while the store is created or the run row written waits for
             # that transaction, then lands below with `writer` set, and the run is closed.
             with signals.deferred():
-                from tierdiag.store.writer import RunWriter, new_run_id
+                from tierdiag.store.writer_process import BATCH_ROWS, new_run_id
 
                 run_id = new_run_id()
                 config = cfg.to_json()
@@ -290,10 +300,20 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
                 if cfg.storage_tokens:
                     storage_dir = run_folder(db, cfg.storage_dir, run_id)
                     config["storage_dir"] = str(storage_dir)
-                writer = RunWriter(db, name=run_name, trace_path=str(trace), trace_sha256=sha or "",
-                                   config=config, hardware=hardware_summary(), run_id=run_id,
-                                   data_plane=describe_data_plane(cfg), timing=cfg.timing, command_line=command_line)
-                recorder = Recorder(writer.append)
+                run = dict(name=run_name, trace_path=str(trace), trace_sha256=sha or "", config=config,
+                           hardware=hardware_summary(), run_id=run_id, data_plane=describe_data_plane(cfg),
+                           timing=cfg.timing, command_line=command_line)
+                if wproc is not None:
+                    # Returns at once: the writer creates the store and the runs row while the
+                    # engine starts; what it says back is read at the first hand-over.
+                    wproc.open(db, write_every_s=flush_every_s, **run)
+                    writer = wproc
+                    recorder = Recorder(writer.append, flush_rows=BATCH_ROWS)
+                else:
+                    from tierdiag.store.writer import RunWriter
+
+                    writer = RunWriter(db, **run)
+                    recorder = Recorder(writer.append)
         elif cfg.storage_tokens:
             # Nothing is recorded, so no run owns the pages: a temporary folder, removed at the end.
             storage_tmp = _temporary_storage(cfg.storage_dir)
@@ -306,6 +326,8 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
             with signals.deferred():
                 problem = _close_run(writer, recorder, lambda: "complete" if signals.pending() is None
                                      else "interrupted", None, trace_sha256=report.sha256)
+                if wproc is not None:
+                    wproc.close()
             if problem is not None:
                 raise problem
     except BaseException as exc:
@@ -316,8 +338,9 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
             if writer is not None and not _closed(writer):
                 with signals.deferred(reraise=False):  # a second Ctrl-C does not cut the close short
                     problem = _close_run(writer, recorder, "interrupted", None)
-            raise ReplayInterrupted(writer.run_id if writer else None, str(db) if writer else None, recorded(),
-                                    problem, (writer.closed_as or "running") if writer else "interrupted") from exc
+            kept = writer is not None and writer.has_run  # a writer process may have refused the store
+            raise ReplayInterrupted(writer.run_id if kept else None, str(db) if kept else None, recorded(),
+                                    problem, (writer.closed_as or "running") if kept else "interrupted") from exc
         if writer is None:
             raise
         if isinstance(exc, TierdiagError):
@@ -326,10 +349,13 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
                 with signals.deferred(reraise=False):
                     closing = _close_run(writer, recorder, "failed", exc.one_line())
             # Still one line: the error, then where the partial run is (the count is what the
-            # file holds, not what the engine got to).
-            exc.hint = ((exc.hint + "; ") if exc.hint else "") + (
-                f"run {writer.run_id} kept in {db} as {writer.closed_as or 'running'}, "
-                f"{_requests(recorded())} recorded" + ("" if closing is None else f" ({closing.message})"))
+            # file holds, not what the engine got to). No run: the writer process refused the
+            # store (damaged, busy, ...), the error as a RunWriter would have raised it.
+            if writer.has_run:
+                exc.hint = ((exc.hint + "; ") if exc.hint else "") + (
+                    f"run {writer.run_id} kept in {db} as {writer.closed_as or 'running'}, "
+                    f"{_requests(recorded())} recorded"
+                    + ("" if closing is None or closing is exc else f" ({closing.message})"))
         elif not _closed(writer):
             with signals.deferred(reraise=False):
                 _close_run(writer, recorder, "failed", f"{type(exc).__name__}: {_first_line(exc)}")
@@ -342,13 +368,19 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
     # at the last event, recorded it is `summary`'s (to the last finish).
     span_ns = max(stats.virtual_end_ns - int(first.arrival_ns * cfg.time_scale), 0)
     if writer is not None:
-        # A recorded run's closing numbers are `summary`'s, read back: one definition per metric.
-        recorded_summary = _recorded_summary(db, writer.run_id)
-        span_ns = recorded_summary.span_ns
-        by_class = {c.hit_class: c for c in recorded_summary.classes}
-        if "all" in by_class:
-            c = by_class["all"]
-            ttft_q = {0.5: ns_to_ms(c.ttft_p50_ns), 0.9: ns_to_ms(c.ttft_p90_ns), 0.99: ns_to_ms(c.ttft_p99_ns)}
+        # A recorded run's closing numbers are `summary`'s, read back: one definition per metric
+        # (by the writer process, after the run evidence it stored, when there is one).
+        if wproc is not None:
+            if wproc.numbers_error is not None:
+                raise wproc.numbers_error
+            numbers = wproc.numbers
+        else:
+            from tierdiag.store.writer_process import closing_numbers
+
+            numbers = closing_numbers(db, writer.run_id)
+        span_ns = numbers["span_ns"]
+        if numbers["ttft_ns"] is not None:
+            ttft_q = dict(zip((0.5, 0.9, 0.99), map(ns_to_ms, numbers["ttft_ns"])))
     return ReplaySummary(
         run_id=writer.run_id if writer else None, db_path=str(db) if writer else None,
         run_name=writer.name if writer else (run_name or trace.stem), status=status,

@@ -106,19 +106,95 @@ def holder(db, *, read_only: bool):
         proc.wait(timeout=30)
 
 
-def on_request_flush(monkeypatch, hook) -> dict:
+WRITERS = ("inline", "process")  # the two ways a replay writes its store (tierdiag/store/writer_process.py)
+_HERE = str(Path(__file__).resolve().parent)
+_IN_WRITER_PROCESS = False  # set in a writer process a test started with a hook
+
+
+def on_request_flush(monkeypatch, hook, *, writer: str = "inline", tmp_path: Path | None = None):
     """Run `hook(n)` before the n-th flush of `requests` rows (1-based) is inserted; it may raise
-    (a full disk, a bug) or send a signal. Returns the live call count: {"requests": n}."""
+    (a full disk, a bug) or send a signal (`interrupt_engine`). Returns the live call count:
+    calls["requests"].
+
+    `writer`: the replays that follow write inline (TIERDIAG_WRITER=inline) or through a writer
+    process; there the hook runs in the writer process, so it must pickle (a module-level
+    function, or a functools.partial of one), and the count is kept in a file under `tmp_path`."""
+    monkeypatch.setenv("TIERDIAG_WRITER", writer)
+    if writer == "inline":
+        calls = {"requests": 0}
+        _patch_append(monkeypatch, hook, calls.__setitem__, calls.__getitem__)
+        return calls
+    import pickle
+
+    from tierdiag.store import writer_process
+
+    assert tmp_path is not None, "a writer process counts its flushes in a file: pass tmp_path"
+    counter = tmp_path / "flushes.count"
+    prelude = (f"import sys, pickle; sys.path.insert(0, {_HERE!r}); import harness; "
+               f"harness._hook_in_writer_process(pickle.loads(bytes.fromhex({pickle.dumps(hook).hex()!r})), "
+               f"{str(counter)!r})\n")
+    monkeypatch.setattr(writer_process, "CHILD_ENTRY", prelude + writer_process.CHILD_ENTRY)
+    return _FileCount(counter)
+
+
+class _FileCount:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __getitem__(self, key: str) -> int:
+        assert key == "requests"
+        return int(self.path.read_text() or 0) if self.path.exists() else 0
+
+
+def _patch_append(monkeypatch, hook, put, get) -> None:
     from tierdiag.store.writer import RunWriter
 
     real = RunWriter._append
-    calls = {"requests": 0}
 
     def append(con, table, columns):
         if table == "requests":
-            calls["requests"] += 1
-            hook(calls["requests"])
+            put("requests", get("requests") + 1)
+            hook(get("requests"))
         return real(con, table, columns)
 
-    monkeypatch.setattr(RunWriter, "_append", staticmethod(append))
-    return calls
+    if monkeypatch is None:
+        RunWriter._append = staticmethod(append)
+    else:
+        monkeypatch.setattr(RunWriter, "_append", staticmethod(append))
+
+
+def _hook_in_writer_process(hook, counter: str) -> None:
+    """In a writer process: count the flushes of requests in `counter`, calling `hook` first."""
+    global _IN_WRITER_PROCESS
+    _IN_WRITER_PROCESS = True
+    state = {"requests": 0}
+
+    def put(key, n):
+        state[key] = n
+        Path(counter).write_text(str(n))
+
+    _patch_append(None, hook, put, state.__getitem__)
+
+
+def engine_pid() -> int:
+    """The replay's process: this one, or the parent of the writer process this runs in."""
+    return os.getppid() if _IN_WRITER_PROCESS else os.getpid()
+
+
+# Hooks for on_request_flush (module-level, so that a writer process can unpickle them).
+
+def disk_full_after(ok_flushes: int, n: int) -> None:
+    if n > ok_flushes:
+        raise duckdb.IOException('Could not write file "r.duckdb.wal": No space left on device')
+
+
+def bug_from(first: int, n: int) -> None:
+    if n >= first:
+        raise ValueError("a bug in the final flush")
+
+
+def interrupt_engine_at(at: int, n: int) -> None:
+    if n == at:
+        import signal
+
+        os.kill(engine_pid(), signal.SIGINT)  # handled before the INSERT runs (inline)

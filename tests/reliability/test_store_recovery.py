@@ -14,7 +14,10 @@ import shutil
 import duckdb
 import pytest
 
-from harness import SMALL, good_lines, on_request_flush, runs, sql, tierdiag, write_trace
+import functools
+
+from harness import (SMALL, WRITERS, bug_from, disk_full_after, good_lines, on_request_flush, runs, sql, tierdiag,
+                     write_trace)
 from tierdiag.engine.config import EngineConfig
 from tierdiag.errors import OutputError, StoreError
 from tierdiag.replay import replay
@@ -136,23 +139,17 @@ def test_database_under_a_file_is_exit_6_naming_it(tmp_path, trace):
     r.fails(6, "afile")
 
 
-def _disk_fills_after(monkeypatch, ok_flushes: int) -> None:
-    def fill(n: int) -> None:
-        if n > ok_flushes:
-            raise duckdb.IOException('Could not write file "r.duckdb.wal": No space left on device')
-
-    on_request_flush(monkeypatch, fill)
-
-
+@pytest.mark.parametrize("writer", WRITERS)
 @pytest.mark.parametrize("ok_flushes", [0, 2], ids=["at-the-end", "mid-run"])
-def test_disk_full_counts_what_the_file_holds(tmp_path, monkeypatch, ok_flushes):
+def test_disk_full_counts_what_the_file_holds(tmp_path, monkeypatch, ok_flushes, writer):
     """The message and runs.num_requests say how many requests the file holds, not how many the
-    engine got to (before: '8,192 requests recorded' with 0 rows in the file)."""
+    engine got to (before: '8,192 requests recorded' with 0 rows in the file); inline, or with
+    the disk filling under the writer process."""
     monkeypatch.setenv("TIERDIAG_FLUSH_EVERY_S", "0")
     trace = tmp_path / "t.jsonl"
     assert tierdiag("synth", trace, "--requests", "1200", "--seed", "4").code == 0
     db = tmp_path / "r.duckdb"
-    _disk_fills_after(monkeypatch, ok_flushes)
+    on_request_flush(monkeypatch, functools.partial(disk_full_after, ok_flushes), writer=writer, tmp_path=tmp_path)
     cfg = EngineConfig(model="tiny", gpu="cpu", device_tokens=65536)
     with pytest.raises(OutputError, match="no space left") as exc:
         replay(trace, cfg, db=db, run_name="full", probes=True, skip_bad=False)
@@ -164,18 +161,18 @@ def test_disk_full_counts_what_the_file_holds(tmp_path, monkeypatch, ok_flushes)
     assert f"as failed, {recorded:,} request" in exc.value.one_line()
 
 
-def test_a_final_flush_that_fails_with_a_bug_marks_the_run_failed_and_keeps_earlier_rows(tmp_path, monkeypatch):
-    """Not only write errors: whatever the final flush raises, the run is not left running."""
+@pytest.mark.parametrize("writer", WRITERS)
+def test_a_final_flush_that_fails_with_a_bug_marks_the_run_failed_and_keeps_earlier_rows(tmp_path, monkeypatch,
+                                                                                          writer):
+    """Not only write errors: whatever the final flush raises, the run is not left running (and a
+    bug in the writer process is raised in the replay's, as the same exception)."""
     monkeypatch.setenv("TIERDIAG_FLUSH_EVERY_S", "0")
     trace = tmp_path / "t.jsonl"
     assert tierdiag("synth", trace, "--requests", "700", "--seed", "4").code == 0
     db = tmp_path / "r.duckdb"
-    def bug(n: int) -> None:
-        if n >= 3:  # 700 requests: flushes at 256 and 512, then the final one
-            raise ValueError("a bug in the final flush")
-
-    on_request_flush(monkeypatch, bug)
-    with pytest.raises(ValueError):
+    # 700 requests: flushes at 256 and 512, then the final one
+    on_request_flush(monkeypatch, functools.partial(bug_from, 3), writer=writer, tmp_path=tmp_path)
+    with pytest.raises(ValueError, match="a bug in the final flush"):
         replay(trace, EngineConfig(model="tiny", gpu="cpu", device_tokens=65536), db=db, run_name="x",
                probes=True, skip_bad=False)
     monkeypatch.undo()

@@ -22,6 +22,9 @@ is refused before anything is written to it.
 Flushes are written on the caller's thread. A writer thread beside the engine was measured and
 dropped: on two quiet cores the engine lost more to sharing the GIL with it (the Arrow
 conversion, and DuckDB taking the GIL back through the insert) than the flushes cost it.
+A replay on a machine with a core to spare runs this writer in a process of its own instead
+(writer_process.py): the same RunWriter, fed the same columns through a pipe, so the engine
+pays only for handing them over.
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ import os
 import socket
 import sys
 import time
-import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -46,6 +48,7 @@ from tierdiag.paths import prepare_output_path
 from tierdiag.store.reader import (check_store, connect_with_retry, damage_error, first_line, is_lock_error,
                                    lock_holder, unfinished_store, verify_blocks)
 from tierdiag.store.schema import SCHEMA_VERSION, TABLES, create_statements
+from tierdiag.store.writer_process import new_run_id  # one definition; the writer process names runs too
 
 _ARROW_TYPES = {
     "VARCHAR": pa.string(),
@@ -121,17 +124,14 @@ def init_store(con: duckdb.DuckDBPyConnection, *, path_for_errors: str = "the da
     con.execute("COMMIT")
 
 
-def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-
-
 class RunWriter:
     """Writes one run: the `runs` row first (status running), events in bulk, status at the end."""
 
     def __init__(self, db_path: str | os.PathLike, *, name: str | None, trace_path: str,
                  trace_sha256: str, config: Mapping[str, Any], hardware: Mapping[str, Any],
                  data_plane: Mapping[str, Any], timing: str, command_line: Sequence[str] | None = None,
-                 kind: str = "replay", sweep_id: str | None = None, run_id: str | None = None):
+                 kind: str = "replay", sweep_id: str | None = None, run_id: str | None = None,
+                 pid: int | None = None):
         self.db_path = Path(db_path)
         # run_id: chosen by the caller when the config must name it (the run's storage folder).
         self.run_id = run_id or new_run_id()
@@ -140,6 +140,7 @@ class RunWriter:
         self._pending: list[Mapping[str, Mapping[str, Any]]] = []  # handed over, not committed yet
         self.recorded = 0  # request rows of this run committed to the file
         self.closed_as: str | None = None  # the final status, once written
+        self.has_run = True  # the runs row is written once this returns (the process client may not know yet)
         prepare_output_path(self.db_path, what="--db")
         if self.db_path.is_file() and self.db_path.stat().st_size == 0:
             # An empty file (`touch`, or a creation killed before DuckDB wrote its header) holds
@@ -157,7 +158,9 @@ class RunWriter:
                 "status": "running", "schema_version": SCHEMA_VERSION,
                 "tierdiag_version": __version__,
                 "command_line": " ".join(command_line if command_line is not None else sys.argv),
-                "pid": os.getpid(), "hostname": socket.gethostname(),
+                # The replay's process (a writer process records its engine's): readers show a
+                # `running` run whose pid is gone as interrupted.
+                "pid": pid or os.getpid(), "hostname": socket.gethostname(),
                 "trace_path": str(trace_path), "trace_sha256": trace_sha256,
                 "config_json": json.dumps(dict(config), sort_keys=True, default=str),
                 "hardware_json": json.dumps(dict(hardware), sort_keys=True, default=str),
@@ -207,16 +210,20 @@ class RunWriter:
 
     def append(self, tables: Mapping[str, Mapping[str, Any]]) -> None:
         """Take several tables' columns (run_id is filled in here) and write everything taken so
-        far in one short transaction.
+        far in one short transaction: `take`, then `write`.
 
         From this call on the rows are the writer's: the caller may clear its buffers whether
         this returns or raises. If a reader holds the file they wait for the next append or
         `finish`; if the write fails (disk full) they stay pending for `finish` to try again.
-        The columns become Arrow arrays here, so values that cannot be stored at all (an
-        integer past int64: a bug upstream, input bounds are checked where input enters) fail
-        before any of them is taken and never block the rows after them; and the caller may
-        reuse its own buffers.
         """
+        self.take(tables)
+        self.write()
+
+    def take(self, tables: Mapping[str, Mapping[str, Any]]) -> None:
+        """Make the columns Arrow arrays and keep them pending, unwritten. Values that cannot be
+        stored at all (an integer past int64: a bug upstream, input bounds are checked where
+        input enters) fail here, before any of them is taken, and never block the rows after
+        them; the caller may reuse its own buffers."""
         taken = {table: {col: _arrow(table, col, values) for col, values in cols.items()}
                  for table, cols in tables.items()}
         for table, cols in taken.items():  # ragged columns are refused before they are taken too
@@ -224,10 +231,21 @@ class RunWriter:
             if len(set(lengths.values())) > 1:
                 col, n = max(lengths.items(), key=lambda kv: kv[1])
                 raise ValueError(f"{table}.{col}: {n} values, expected {min(lengths.values())}")
+        self._pending.append(taken)
+
+    @property
+    def pending(self) -> bool:
+        """Rows taken and not committed yet."""
+        return bool(self._pending)
+
+    def write(self, wait_s: float = FLUSH_WAIT_S) -> None:
+        """Commit everything pending in one transaction. A file a reader holds for longer than
+        `wait_s` keeps the rows pending (for the next write, or `finish`)."""
+        if not self._pending:
+            return
         with signals.deferred():
-            self._pending.append(taken)
             try:
-                con = connect_with_retry(self.db_path, read_only=False, wait_s=FLUSH_WAIT_S)
+                con = connect_with_retry(self.db_path, read_only=False, wait_s=wait_s)
             except duckdb.Error as exc:
                 if is_lock_error(exc):
                     return
@@ -288,6 +306,31 @@ class RunWriter:
                 from tierdiag.diagnose.evidence import record_run_evidence  # never raises; a warning line
 
                 record_run_evidence(self.db_path, self.run_id)
+
+
+def close_run_row(db_path: str | os.PathLike, run_id: str, status: str, error: str | None) -> int | None:
+    """Close run `run_id` as `status` from outside the writer that opened it (that writer's
+    process died): its count is the request rows committed to the file. Returns that count, or
+    None when the file holds no such run (it died before writing the runs row)."""
+    path = Path(db_path)
+    if not path.is_file() or path.stat().st_size == 0:
+        return None  # never created: the process died before it made the file
+    with signals.deferred():
+        try:
+            con = connect_with_retry(path, read_only=False, wait_s=FINAL_WAIT_S)
+        except duckdb.Error as exc:
+            raise write_error(path, exc) from None
+        with con:
+            try:
+                if unfinished_store(con) or not con.execute(
+                        "SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchall()[0][0]:
+                    return None
+                n = con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [run_id]).fetchall()[0][0]
+                con.execute("UPDATE runs SET status = ?, finished_at = ?, num_requests = ?, error = ? WHERE run_id = ?",
+                            [status, _now(), n, error, run_id])
+            except duckdb.Error as exc:
+                raise write_error(path, exc) from None
+    return int(n)
 
 
 def _arrow(table: str, col: str, values: Any) -> pa.Array:

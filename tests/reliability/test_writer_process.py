@@ -1,0 +1,198 @@
+"""The writer process under faults: kill -9 of either side, signals to the whole process group at
+any moment (the writer's start-up and the close included), and never an orphan left behind.
+
+Each replay runs in a session of its own (so a signal to its group is what a terminal's Ctrl-C
+is) and carries a marker in its environment, which its writer process inherits: the processes
+holding the marker are exactly this replay's, whatever else runs on the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from harness import SMALL, Result, cli_argv, cli_env, good_lines, runs, sql, tierdiag, write_trace
+from test_signals import CODE, ENGINE, check_outcome, handlers_installed, listed_runs
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc (Linux)")
+
+MARK = "TIERDIAG_TEST_MARK"
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    root = tmp_path_factory.mktemp("wp")
+    out = {}
+    for name, n in (("long", 6000), ("short", 150)):
+        trace = root / f"{name}.jsonl"
+        assert tierdiag("synth", trace, "--requests", n, "--seed", 7).code == 0
+        out[name] = trace
+    out["store"] = root / "earlier.duckdb"
+    assert tierdiag("replay", write_trace(root / "small.jsonl", good_lines(6)), "--db", out["store"], *SMALL).code == 0
+    (out["earlier"],) = listed_runs(out["store"])
+    return out
+
+
+def marked(mark: str) -> list[int]:
+    """Live (not zombie) processes whose environment holds the marker."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if f"{MARK}={mark}".encode() not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def writer_of(proc: subprocess.Popen, mark: str, timeout_s: float = 60) -> int:
+    """The replay's writer process (the other process holding its marker)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        others = [p for p in marked(mark) if p != proc.pid]
+        if others:
+            return others[0]
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.01)
+    raise AssertionError("no writer process appeared")
+
+
+def assert_no_process_left(mark: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while marked(mark):
+        assert time.monotonic() < deadline, f"processes left behind: {marked(mark)}"
+        time.sleep(0.05)
+
+
+def start(trace: Path, db: Path, mark: str, **env: str) -> subprocess.Popen:
+    return subprocess.Popen(cli_argv("replay", trace, "--db", db, *ENGINE), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=cli_env(TIERDIAG_FLUSH_EVERY_S="0", TIERDIAG_WRITER="process", **{MARK: mark}, **env))
+
+
+def wait_for_rows(proc: subprocess.Popen, db: Path, runs_before: int = 0, timeout_s: float = 120) -> int:
+    import duckdb
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            with duckdb.connect(str(db), read_only=True) as con:
+                ids = con.execute("SELECT run_id FROM runs ORDER BY created_at").fetchall()
+                if len(ids) > runs_before:
+                    n = con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [ids[-1][0]]).fetchall()[0][0]
+                    if n:
+                        return n
+        except duckdb.Error:
+            pass  # not created yet, or a write holds it this instant
+        time.sleep(0.1)
+    raise AssertionError("no rows were committed in time")
+
+
+def test_kill_9_of_the_replay_the_writer_commits_what_it_had_and_exits(tmp_path, traces):
+    db = tmp_path / "r.duckdb"
+    mark = uuid.uuid4().hex
+    proc = start(traces["long"], db, mark)
+    writer = writer_of(proc, mark)
+    seen = wait_for_rows(proc, db)
+    proc.kill()
+    proc.wait(timeout=60)
+    assert_no_process_left(mark)  # the writer saw its pipe end, committed, and left
+    assert not Path(f"/proc/{writer}/environ").exists() or writer not in marked(mark)
+    (run,) = runs(db)
+    # The runs row records the replay's pid, which is gone: readers show the run as interrupted.
+    assert run["status"] == "interrupted"
+    assert sql(db, "SELECT pid FROM runs") == [(proc.pid,)]
+    n = sql(db, "SELECT count(*), count(DISTINCT seq) FROM requests")[0]
+    assert n[0] == n[1] == run["num_requests"] >= seen
+    assert tierdiag("replay", write_trace(tmp_path / "next.jsonl", good_lines(3)), "--db", db, *SMALL).code == 0
+
+
+def test_kill_9_of_the_writer_is_one_line_exit_4_and_the_run_is_closed_as_failed(tmp_path, traces):
+    db = tmp_path / "r.duckdb"
+    mark = uuid.uuid4().hex
+    proc = start(traces["long"], db, mark)
+    writer = writer_of(proc, mark)
+    wait_for_rows(proc, db)
+    os.kill(writer, signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    line = Result(proc.returncode, out, err).fails(4, "writer process", f"pid {writer}", "SIGKILL", "as failed")
+    assert_no_process_left(mark)
+    (run,) = runs(db)
+    n = sql(db, "SELECT count(*), count(DISTINCT seq) FROM requests")[0]
+    assert run["status"] == "failed" and n[0] == n[1] == run["num_requests"] > 0
+    assert f"{n[0]:,} request" in line and "writer process" in run["error"]
+
+
+def test_the_writer_ignores_signals_sent_to_it(tmp_path, traces):
+    """A SIGINT or SIGTERM that reaches the writer alone (not through the group) does nothing:
+    only the replay's process decides how a run ends."""
+    db = tmp_path / "r.duckdb"
+    mark = uuid.uuid4().hex
+    proc = start(traces["short"], db, mark)
+    writer = writer_of(proc, mark)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            os.kill(writer, sig)
+        except ProcessLookupError:
+            break  # the replay was done already
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert runs(db)[0]["status"] == "complete"
+    assert_no_process_left(mark)
+
+
+def test_signals_to_the_process_group_at_any_moment(tmp_path, traces):
+    """Ctrl-C and SIGTERM to the whole group, from the CLI's first moments (the writer starting)
+    to the close: 130/143 with one line, the run interrupted (or complete) with each row once,
+    earlier runs untouched, and no process left behind."""
+    import shutil
+
+    rnd = random.Random(41)
+    outcomes = []
+    for i in range(6):
+        sig = (signal.SIGINT, signal.SIGTERM)[i % 2]
+        db = tmp_path / f"g{i}.duckdb"
+        shutil.copy(traces["store"], db)
+        mark = uuid.uuid4().hex
+        proc = start(traces["short"], db, mark)
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and not handlers_installed(proc.pid):
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        time.sleep(rnd.uniform(0.0, 2.0) ** 2 / 2)  # most early (start-up), some in the close
+        if proc.poll() is None:
+            os.killpg(proc.pid, sig)
+        out, err = proc.communicate(timeout=120)
+        outcomes.append(check_outcome(Result(proc.returncode, out, err), db, sig, traces["earlier"]))
+        assert_no_process_left(mark)
+    assert "interrupted" in outcomes or "none" in outcomes, outcomes
+
+
+def test_a_replay_stopped_before_its_writer_opened_the_store_leaves_no_process(tmp_path, traces):
+    """Stopped while the writer process starts (before the store is created): nothing recorded,
+    the file never made, the writer gone."""
+    mark = uuid.uuid4().hex
+    db = tmp_path / "never.duckdb"
+    proc = start(traces["short"], db, mark)
+    writer_of(proc, mark)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    r = Result(proc.returncode, out, err)
+    if r.code != 0:
+        r.fails(CODE[signal.SIGTERM], "interrupted")
+    assert_no_process_left(mark)
+    if db.exists() and db.stat().st_size:
+        assert all(run["status"] in ("interrupted", "complete") for run in listed_runs(db))

@@ -1,0 +1,234 @@
+"""The two ways a replay writes its store, inline and through a writer process
+(tierdiag/store/writer_process.py): the same rows, the same closing numbers, the same errors;
+which one a replay takes; and what each process imports."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import duckdb
+import pytest
+
+from tests.reliability.harness import ROOMY, SMALL, cli_env, good_lines, runs, tierdiag, write_trace
+from tierdiag.errors import ConfigError
+from tierdiag.store import writer_process
+from tierdiag.store.schema import EVENT_TABLES, SCHEMA_VERSION, TABLES
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    path = tmp_path_factory.mktemp("wp") / "t.jsonl"
+    assert tierdiag("synth", path, "--requests", "1500", "--seed", "9").code == 0
+    return path
+
+
+def replay_json(trace, db, writer: str, *extra) -> dict:
+    r = tierdiag("replay", trace, "--db", db, *ROOMY, "--json", *extra, env=cli_env(TIERDIAG_WRITER=writer))
+    return r.json()
+
+
+def test_inline_and_process_write_the_same_rows_and_print_the_same_numbers(tmp_path, trace):
+    """Every column of every event table (but the measured wall time of the real copies), as
+    multisets both ways; the run's count; the closing summary (but wall time and the run's id).
+    The batches travel much smaller with a writer process (32k rows against 250k), so this also
+    checks that how rows are cut into flushes changes none of them."""
+    db = tmp_path / "both.duckdb"
+    summaries = [replay_json(trace, db, writer) for writer in ("inline", "process")]
+    for s in summaries:
+        for key in ("wall_s", "run_id"):
+            s.pop(key)
+    assert summaries[0] == summaries[1]
+    con = duckdb.connect(str(db), read_only=True)
+    (a, na), (b, nb) = con.execute("SELECT run_id, num_requests FROM runs ORDER BY created_at").fetchall()
+    assert na == nb == 1500
+    for table in EVENT_TABLES:
+        cols = ", ".join(c for c in TABLES[table] if c not in ("run_id", "wall_ns"))
+        n = con.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", [a]).fetchone()[0]
+        assert n == con.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", [b]).fetchone()[0], table
+        for x, y in ((a, b), (b, a)):
+            diff = con.execute(f"""SELECT count(*) FROM (SELECT {cols} FROM {table} WHERE run_id = ?
+                                   EXCEPT ALL SELECT {cols} FROM {table} WHERE run_id = ?)""", [x, y]).fetchone()[0]
+            assert diff == 0, f"{table}: {diff} of {n} rows differ"
+        assert n > 0 or table in ("pool_samples",), f"{table}: no rows to compare"
+    # Both runs got their evidence stored, and the runs row names the replay's own process.
+    assert con.execute("SELECT count(*) FROM run_evidence").fetchone()[0] == 2
+    assert all(pid for (pid,) in con.execute("SELECT pid FROM runs").fetchall())
+    con.close()
+
+
+def _foreign(path):
+    with duckdb.connect(str(path)) as con:
+        con.execute("CREATE TABLE measurements (t BIGINT)")
+
+
+def _newer(path, store):
+    shutil.copy(store, path)
+    with duckdb.connect(str(path)) as con:
+        con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(SCHEMA_VERSION + 1)])
+
+
+def _truncated(path, store):
+    shutil.copy(store, path)
+    os.truncate(path, path.stat().st_size // 2)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    db = tmp_path_factory.mktemp("store") / "s.duckdb"
+    assert tierdiag("replay", write_trace(db.parent / "s.jsonl", good_lines(6)), "--db", db, *SMALL).code == 0
+    return db
+
+
+def test_a_store_that_is_not_ours_is_the_same_one_line_error_both_ways(tmp_path, store):
+    """Refused by the writer process as by the inline writer: the same line, the same exit code,
+    not a byte written, no run and no "kept" note (no run was ever created)."""
+    trace = write_trace(tmp_path / "t.jsonl", good_lines(4))
+    (tmp_path / "afile").write_text("x")
+    cases = {
+        "junk": (lambda p: p.write_text("id,name\n1,a\n"), 4, "not a DuckDB database"),
+        "foreign": (_foreign, 4, "not a tierdiag run store"),
+        "newer": (lambda p: _newer(p, store), 4, f"schema v{SCHEMA_VERSION + 1}"),
+        "damaged": (lambda p: _truncated(p, store), 4, "damaged"),
+    }
+    for name, (make, code, fragment) in cases.items():
+        lines = []
+        for i, writer in enumerate(("inline", "process")):
+            db = tmp_path / f"w{i}" / f"{name}.duckdb"  # paths of one length: a long line is cut
+            db.parent.mkdir(exist_ok=True)
+            make(db)
+            before = db.read_bytes()
+            r = tierdiag("replay", trace, "--db", db, *SMALL, env=cli_env(TIERDIAG_WRITER=writer))
+            lines.append(r.fails(code, fragment).replace(str(db), "DB"))
+            assert db.read_bytes() == before, f"{name}: the {writer} writer changed the file"
+            assert "kept in" not in lines[-1]
+        assert lines[0] == lines[1], name
+    under = []
+    for writer in ("inline", "process"):
+        r = tierdiag("replay", trace, "--db", tmp_path / "afile" / "r.duckdb", *SMALL, env=cli_env(TIERDIAG_WRITER=writer))
+        under.append(r.fails(6, "afile"))
+    assert under[0] == under[1]
+
+
+def test_which_writer_a_replay_takes(monkeypatch):
+    monkeypatch.delenv("TIERDIAG_WRITER", raising=False)
+    monkeypatch.setattr(writer_process, "_usable_cpus", lambda: 2)
+    monkeypatch.setattr(writer_process, "_load_average", lambda: 0.3)
+    assert writer_process.writer_mode() == "process"
+    monkeypatch.setattr(writer_process, "_load_average", lambda: 1.2)
+    assert writer_process.writer_mode() == "inline"  # no idle core: the processes would share one
+    monkeypatch.setattr(writer_process, "_usable_cpus", lambda: 8)
+    assert writer_process.writer_mode() == "process"
+    monkeypatch.setattr(writer_process, "_usable_cpus", lambda: 1)
+    monkeypatch.setattr(writer_process, "_load_average", lambda: 0.0)
+    assert writer_process.writer_mode() == "inline"  # one CPU: a second process does not pay
+    for value, mode in (("process", "process"), ("INLINE", "inline"), ("auto", "inline"), ("", "inline")):
+        monkeypatch.setenv("TIERDIAG_WRITER", value)
+        assert writer_process.writer_mode() == mode
+    monkeypatch.setenv("TIERDIAG_WRITER", "thread")
+    with pytest.raises(ConfigError, match="TIERDIAG_WRITER='thread' must be process, inline or auto"):
+        writer_process.writer_mode()
+
+
+def test_a_bad_writer_setting_is_exit_2_before_anything_is_written(tmp_path):
+    db = tmp_path / "r.duckdb"
+    r = tierdiag("replay", write_trace(tmp_path / "t.jsonl", good_lines(2)), "--db", db, *SMALL,
+                 env=cli_env(TIERDIAG_WRITER="yes"))
+    r.fails(2, "TIERDIAG_WRITER")
+    assert not db.exists()
+
+
+_IN_A_WORKER = """
+import multiprocessing as mp
+from tierdiag.store import writer_process
+from tierdiag.store.writer_process import writer_mode
+
+def child(q):
+    writer_process._load_average = lambda: 0.0  # an idle machine: only being a worker decides
+    q.put(writer_mode())
+
+if __name__ == "__main__":
+    writer_process._load_average = lambda: 0.0
+    q = mp.get_context("spawn").Queue()
+    p = mp.get_context("spawn").Process(target=child, args=(q,))
+    p.start()
+    print(writer_mode(), q.get(timeout=60))
+    p.join()
+"""
+
+
+def test_a_sweep_worker_writes_inline(tmp_path):
+    """A multiprocessing child (the sweep's and advise's workers: one replay per core already)."""
+    script = tmp_path / "w.py"
+    script.write_text(_IN_A_WORKER)
+    env = {k: v for k, v in os.environ.items() if k != "TIERDIAG_WRITER"}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    parent, child = out.stdout.split()
+    assert child == "inline"
+    assert parent == ("process" if len(os.sched_getaffinity(0)) >= 2 else "inline")
+
+
+_IMPORTS = """
+import json, sys
+from tierdiag.store import writer_process
+# In the writer: report what it imported, once the run is closed.
+writer_process.CHILD_ENTRY = (
+    "import sys, json\\n" + writer_process.CHILD_ENTRY.replace("main()", "") + "\\n"
+    "import tierdiag.store.writer_process as W\\n_f = W._Serve.finish\\n"
+    "def finish(self, arg):\\n"
+    "    done = _f(self, arg)\\n"
+    "    print(json.dumps(['writer', sorted(m for m in ('torch',) if m in sys.modules)]), file=sys.stderr)\\n"
+    "    return done\\n"
+    "W._Serve.finish = finish\\nW.main()\\n")
+from tierdiag.engine.config import EngineConfig
+from tierdiag.replay import replay
+replay(__import__("pathlib").Path(sys.argv[1]), EngineConfig(model="tiny", gpu="cpu", device_tokens=65536),
+       db=__import__("pathlib").Path(sys.argv[2]), run_name="x", probes=True, skip_bad=False)
+print(json.dumps(["engine", sorted(m for m in ("duckdb", "pyarrow") if m in sys.modules)]), file=sys.stderr)
+"""
+
+
+def test_the_engine_imports_no_duckdb_and_the_writer_no_torch(tmp_path, trace):
+    """With a writer process, the replay's own process never imports duckdb or pyarrow (their
+    import is the writer's start-up, overlapping torch's), and the writer never imports torch
+    (a torch object among the run's metadata would make unpickling it do that)."""
+    script = tmp_path / "imports.py"
+    script.write_text(_IMPORTS)
+    out = subprocess.run([sys.executable, str(script), str(trace), str(tmp_path / "i.duckdb")], capture_output=True,
+                         text=True, env=cli_env(TIERDIAG_WRITER="process"), timeout=300)
+    assert out.returncode == 0, out.stderr
+    said = dict(json.loads(ln) for ln in out.stderr.splitlines() if ln.startswith("["))
+    assert said == {"writer": [], "engine": []}, out.stderr
+    assert runs(tmp_path / "i.duckdb")[0]["status"] == "complete"
+
+
+def test_a_write_that_failed_in_the_writer_is_raised_at_the_close_and_the_run_closes_failed(tmp_path, monkeypatch):
+    """The writer reports a failed write while the engine is already asking for the close: the
+    engine gets that error (never a run closed as complete short of its rows), then closes the
+    run as failed, as inline; the process is gone afterwards."""
+    import functools
+
+    from tests.reliability.harness import disk_full_after, on_request_flush, sql
+    from tierdiag.errors import OutputError
+
+    on_request_flush(monkeypatch, functools.partial(disk_full_after, 0), writer="process", tmp_path=tmp_path)
+    db = tmp_path / "w.duckdb"
+    w = writer_process.WriterProcess.start()
+    try:
+        w.open(db, run_id=writer_process.new_run_id(), name="w", trace_path="t.jsonl", trace_sha256="",
+               config={}, hardware={}, data_plane={}, timing="modelled", command_line=["t"], write_every_s=0.0)
+        w.append({"requests": {"req_id": ["a", "b"], "seq": [0, 1], "status": ["finished"] * 2}})
+        with pytest.raises(OutputError, match="no space left"):
+            w.finish("complete")
+        assert w.has_run and w.closed_as is None
+        w.finish("failed", error="disk full", write_pending=False)
+        assert (w.closed_as, w.recorded) == ("failed", 0)
+    finally:
+        pid = w.pid
+        w.close()
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    assert sql(db, "SELECT status, num_requests, error FROM runs") == [("failed", 0, "disk full")]

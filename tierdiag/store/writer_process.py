@@ -1,0 +1,553 @@
+"""The run store's writer in a process of its own, beside the engine.
+
+A replay on a machine with a core to spare hands its recorder's columns to a second process,
+which owns the ordinary `RunWriter` (writer.py) and does everything DuckDB and Arrow: the
+conversion of the values, the inserts, the checkpoint each close makes, the run evidence at the
+end and the closing numbers the replay prints. The engine's process pays only for zipping its
+events into columns and pickling them onto a pipe (about a fifth of what converting and inserting
+them costs), and imports neither duckdb nor pyarrow.
+
+    engine process                          writer process (python -c ..., a clean interpreter)
+    Recorder ── columns, pickled ──pipe──►  reader thread ─► RunWriter.take (Arrow)
+             ◄── opened / error / finished ─ writes pending rows every WRITE_EVERY_S, one transaction
+
+Which path a replay takes (`writer_mode`): TIERDIAG_WRITER=process|inline when set; otherwise
+the process only where it pays: a core is idle for it (two usable CPUs or more, and the 1-minute
+load average at most CPUs - 1.5), and the replay is not a sweep or advise worker (a
+multiprocessing child or a Ray worker: they run one replay per core already). Else inline.
+
+The contract is the inline writer's, unchanged: the process starts once the trace's first line
+is read (its own start-up, ~0.3 s, overlaps the engine's import and set-up and is never waited
+for: the store is opened by a message the engine does not wait on), the runs row records the engine's pid,
+readers can open the file between writes (at most every WRITE_EVERY_S, or TIERDIAG_FLUSH_EVERY_S
+when smaller), each write is one transaction, and `recorded` is the request rows committed.
+Errors the writer meets (a damaged, foreign, busy or unwritable --db, a full disk) come back
+as the same exceptions, raised in the engine's process at its next hand-over or at the close.
+
+Signals: the writer runs in a process group of its own and ignores SIGINT and SIGTERM, so a
+Ctrl-C of the terminal (or a SIGTERM to the group) reaches the engine's process only, which
+decides: it closes the run as interrupted through the writer, as inline. If the engine's
+process dies (kill -9), the writer sees the pipe close, commits what it was handed and exits,
+leaving the run `running` with a pid that is gone: readers show it as interrupted, as after a
+kill -9 of an inline replay. If the writer dies, the engine's process says so in one line (exit
+4) and closes the run as failed itself, keeping every row that was committed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Mapping
+
+from tierdiag import signals
+from tierdiag.errors import ConfigError, StoreError
+
+ENV = "TIERDIAG_WRITER"
+MODES = ("process", "inline")
+WRITE_EVERY_S = 0.5  # the writer process commits what it was handed at most this often
+BATCH_ROWS = 32_768  # the recorder hands rows over this often with a writer process (inline: 250k)
+CHILD_ENTRY = "from tierdiag.store.writer_process import main; main()"
+PIPE_BYTES = 1 << 20  # the request pipe's buffer (Linux caps it at /proc/sys/fs/pipe-max-size)
+SPARE_CORE_LOAD = 1.5  # auto: a writer process when the 1-minute load average is at most CPUs - this
+REAP_WAIT_S = 60.0  # how long the engine's process waits for the writer to exit after the close
+
+_HEADER = struct.Struct("<Q")
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _in_a_worker() -> bool:
+    """A multiprocessing child (the sweep's and advise's process workers) or a Ray worker: each
+    runs one replay per core already, so a writer process would only take a core from another."""
+    mp = sys.modules.get("multiprocessing")
+    if mp is not None and mp.parent_process() is not None:
+        return True
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and getattr(ray, "is_initialized", lambda: False)())
+
+
+def _load_average() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return 0.0
+
+
+def writer_mode() -> str:
+    """'process' or 'inline', by TIERDIAG_WRITER (process | inline | auto) or the rule above."""
+    raw = os.environ.get(ENV, "").strip().lower()
+    if raw in MODES:
+        return raw
+    if raw not in ("", "auto"):
+        raise ConfigError(f"{ENV}={os.environ[ENV]!r} must be process, inline or auto")
+    cpus = _usable_cpus()
+    # A core must be idle for the writer: on a machine already running other work the two
+    # processes share the engine's core, and the replay is slower than inline (measured on the
+    # 2-core box under load average ~2-3: 6.3 s against 5.8 s for the conversation trace).
+    spare = cpus >= 2 and _load_average() <= cpus - SPARE_CORE_LOAD
+    return "process" if spare and not _in_a_worker() else "inline"
+
+
+def closing_numbers(db_path, run_id: str) -> dict:
+    """What the replay's closing table takes from `summary` (one definition per metric): the
+    run's span and its TTFT percentiles over every finished request (None when there is none)."""
+    from tierdiag.diagnose.summary import run_summary
+    from tierdiag.store.reader import open_store, resolve_run
+
+    con = open_store(Path(db_path))
+    try:
+        s = run_summary(con, resolve_run(con, run_id), diagnose=False)  # the closing table needs no diagnosis
+    finally:
+        con.close()
+    every = next((c for c in s.classes if c.hit_class == "all"), None)
+    return {"span_ns": s.span_ns,
+            "ttft_ns": None if every is None else (every.ttft_p50_ns, every.ttft_p90_ns, every.ttft_p99_ns)}
+
+
+# --------------------------------------------------------------------------- framing
+
+
+def _send_frame(fd: int, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    view = memoryview(_HEADER.pack(len(data)) + data) if len(data) < 65536 else None
+    if view is None:
+        _write_all(fd, memoryview(_HEADER.pack(len(data))))
+        view = memoryview(data)
+    _write_all(fd, view)
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    """n bytes, or None at end of file (the other side is gone)."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = os.readv(fd, [view[got:]])
+        if k == 0:
+            return None
+        got += k
+    return bytes(buf) if n < 65536 else buf
+
+
+def _read_frame(fd: int):
+    """The next object, or EOF (None would be ambiguous: the protocol never sends it)."""
+    head = _read_exact(fd, _HEADER.size)
+    if head is None:
+        return EOF
+    body = _read_exact(fd, _HEADER.unpack(head)[0])
+    return EOF if body is None else pickle.loads(body)
+
+
+class _Eof:
+    def __repr__(self) -> str:
+        return "EOF"
+
+
+EOF = _Eof()
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """`exc` if it pickles and reads back, else a RuntimeError saying what it was (DuckDB's own
+    exceptions do not travel); with the writer's traceback as a note, for --debug."""
+    import traceback
+
+    tb = "".join(traceback.format_exception(exc)).rstrip()
+    try:
+        back = pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - whatever does not travel becomes a RuntimeError below
+        text = str(exc).strip()
+        back = RuntimeError(f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}")
+    if not isinstance(back, BaseException):
+        back = RuntimeError(f"{type(exc).__name__}: {exc}")
+    back.add_note(f"in the store's writer process:\n{tb}")
+    return back
+
+
+# --------------------------------------------------------------------------- the engine's side
+
+
+def child_argv() -> list[str]:
+    return [sys.executable, "-c", CHILD_ENTRY]
+
+
+class WriterProcess:
+    """The engine's handle on a writer process; the same surface as RunWriter where the replay
+    uses it (`append`, `finish`, `recorded`, `closed_as`, `run_id`, `name`), plus `has_run`
+    (the runs row is known written) and `numbers` (`closing_numbers`, after a complete close).
+
+    `start()` launches the process (nothing of the store is touched), `open(...)` hands it the
+    run to create and returns at once; `close()` reaps the process (always call it)."""
+
+    def __init__(self) -> None:
+        self.run_id: str | None = None
+        self.name: str | None = None
+        self.db_path: Path | None = None
+        self.recorded = 0
+        self.closed_as: str | None = None
+        self.has_run = False
+        self.numbers: dict | None = None
+        self.numbers_error: BaseException | None = None
+        self._open_error: BaseException | None = None
+        self._dead: StoreError | None = None
+        self._proc: subprocess.Popen | None = None
+
+    @classmethod
+    def start(cls) -> "WriterProcess":
+        self = cls()
+        # Its own process group: a Ctrl-C of the terminal, or a signal to the replay's group,
+        # reaches the engine's process only. And it starts with SIGINT and SIGTERM blocked (a
+        # signal mask survives exec), until `main` has them ignored: one sent to it alone while
+        # its interpreter starts is dropped, never a KeyboardInterrupt there. Blocked here only
+        # for the spawn: what arrives meanwhile is delivered to this process right after.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signals.HANDLED)
+        try:
+            self._proc = subprocess.Popen(child_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+                                          close_fds=True, process_group=0)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        self._out = self._proc.stdin.fileno()
+        self._in = self._proc.stdout.fileno()
+        try:
+            import fcntl
+
+            fcntl.fcntl(self._out, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        except (ImportError, AttributeError, OSError):
+            pass  # the default 64 KiB buffer: hand-overs may wait a little more for the reader
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def open(self, db_path, *, run_id: str, name: str | None, trace_path: str, write_every_s: float,
+             **kwargs: Any) -> None:
+        """Ask the writer to create (or check and open) the store and write the runs row, as
+        RunWriter(...) does; its answer is read at the next hand-over or at the close."""
+        self.db_path = Path(db_path)
+        self.run_id = run_id
+        self.name = name or Path(trace_path).stem
+        if kwargs.get("command_line") is None:
+            kwargs["command_line"] = list(sys.argv)  # this process's, not the writer's
+        kwargs.setdefault("pid", os.getpid())
+        for key in ("config", "hardware", "data_plane"):
+            # As RunWriter stores them (JSON, str() for the rest), and as plain values: a str
+            # subclass such as torch's version would make the writer import torch to unpickle it.
+            kwargs[key] = json.loads(json.dumps(dict(kwargs.get(key) or {}), sort_keys=True, default=str))
+        args = {"db_path": str(db_path), "run_id": run_id, "name": name, "trace_path": trace_path, **kwargs}
+        with signals.deferred():
+            self._send(("open", {"writer": args, "write_every_s": min(write_every_s, WRITE_EVERY_S)}))
+
+    def append(self, tables: Mapping[str, Mapping[str, Any]]) -> None:
+        """Hand the columns over (they are the writer's from the call on, as with RunWriter);
+        first raise whatever the writer reported since the last hand-over."""
+        self._poll()
+        if self._open_error is not None:
+            raise self._open_error
+        if self._dead is not None:
+            raise self._dead
+        self._send(("rows", tables))
+
+    def finish(self, status: str, *, error: str | None = None, write_pending: bool = True,
+               trace_sha256: str | None = None, num_requests: int | None = None) -> None:
+        """RunWriter.finish in the writer; waits for it (and for the evidence and, when complete,
+        the closing numbers). A writer that died: the run is closed as failed from here."""
+        del num_requests
+        if self._open_error is not None:
+            return  # no run was created: nothing to close
+        with signals.deferred():
+            if self._dead is None:
+                try:
+                    self._send(("finish", {"status": status, "error": error, "write_pending": write_pending,
+                                           "trace_sha256": trace_sha256}))
+                    while self.closed_as is None and self._dead is None and self._open_error is None:
+                        self._take_reply(_read_frame(self._in))
+                except _Died:
+                    pass
+                if self._dead is None:
+                    return
+            if status != "failed" or write_pending:
+                raise self._dead
+            from tierdiag.store.writer import close_run_row
+
+            n = close_run_row(self.db_path, self.run_id, status, error)
+            if n is not None:
+                self.has_run = True
+                self.recorded = n
+                self.closed_as = status
+
+    def close(self) -> None:
+        """End the pipe and reap the process (it exits once it has read to the end); kill it
+        only if it is still there after REAP_WAIT_S (a reader holding the file all that time)."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        for stream in (proc.stdin, proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout=REAP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    # -- the pipe
+
+    def _send(self, msg) -> None:
+        try:
+            _send_frame(self._out, msg)
+        except (BrokenPipeError, OSError):
+            self._died()
+            raise self._dead from None
+
+    def _poll(self) -> None:
+        """Take every reply waiting, without blocking."""
+        while self._dead is None and self._open_error is None:
+            try:
+                ready, _, _ = select.select([self._in], [], [], 0)
+            except (OSError, ValueError):
+                ready = [self._in]
+            if not ready:
+                return
+            try:
+                self._take_reply(_read_frame(self._in))
+            except _Died:
+                return
+
+    def _take_reply(self, msg) -> None:
+        if msg is EOF:
+            self._died()
+            raise _Died
+        kind, arg = msg
+        if kind == "opened":
+            self.has_run = True
+        elif kind == "open_failed":
+            self._open_error = arg
+            raise arg
+        elif kind == "error":
+            raise arg
+        elif kind == "finished":
+            self.recorded = arg["recorded"]
+            self.closed_as = arg["closed_as"]
+            self.numbers = arg["numbers"]
+            self.numbers_error = arg["numbers_error"]
+        else:
+            raise RuntimeError(f"the store's writer process answered {kind!r}")
+
+    def _died(self) -> None:
+        if self._dead is not None:
+            return
+        how = "stopped"
+        if self._proc is not None:
+            try:
+                code = self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
+            if code is not None and code < 0:
+                try:
+                    how = f"was killed by {signal.Signals(-code).name}"
+                except ValueError:
+                    how = f"was killed by signal {-code}"
+            elif code is not None:
+                how = f"exited with status {code}"
+        where = self.db_path if self.db_path is not None else "the store"
+        self._dead = StoreError(f"the writer process of {where} (pid {self.pid}) {how} before the run was closed")
+
+
+class _Died(Exception):
+    """The writer process is gone (its pipe ended); `_dead` says how."""
+
+
+# --------------------------------------------------------------------------- the writer's side
+
+
+def main() -> None:
+    """The writer process: `python -c CHILD_ENTRY`, the request pipe on stdin, replies on stdout."""
+    for sig in signals.HANDLED:
+        signal.signal(sig, signal.SIG_IGN)  # the engine's process decides (see the module docstring)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, signals.HANDLED)  # blocked since the spawn; now ignored
+    reply_fd = os.dup(1)
+    os.dup2(2, 1)  # a stray print must not corrupt the replies
+    import gc
+    import queue
+    import threading
+
+    # Many short-lived objects (the unpickled columns), few long-lived ones: as in the replay.
+    gc.set_threshold(50_000, 20, 100)
+    # The reader thread drains the pipe while this one converts and inserts: hand it the GIL
+    # sooner than the default 5 ms, so that the engine never waits on a full pipe for long.
+    sys.setswitchinterval(0.001)
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    threading.Thread(target=_read_requests, args=(0, inbox), name="requests", daemon=True).start()
+    serve = _Serve(inbox, reply_fd)
+    code = 0
+    try:
+        serve.run()
+    except BaseException as exc:  # noqa: BLE001 - a bug here: raised in the engine's process, as one
+        serve.reply(("error", _portable(exc)))  # line there (the traceback in a note, for --debug)
+        code = 1
+    # Everything is committed and answered: leave without the interpreter's teardown of duckdb,
+    # pyarrow and the heap (half a second the engine's process would wait for, reaping this one).
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _read_requests(fd: int, inbox) -> None:
+    while True:
+        head = _read_exact(fd, _HEADER.size)
+        body = None if head is None else _read_exact(fd, _HEADER.unpack(head)[0])
+        inbox.put(EOF if body is None else body)
+        if body is None:
+            return
+
+
+class _Serve:
+    def __init__(self, inbox, reply_fd: int):
+        self.inbox = inbox
+        self.reply_fd = reply_fd
+        self.writer = None
+        self.failed = False  # a write failed and was reported: later rows are given up
+        self.every = WRITE_EVERY_S
+        self.last_write = time.monotonic()
+
+    def reply(self, msg) -> bool:
+        try:
+            _send_frame(self.reply_fd, msg)
+            return True
+        except OSError:
+            return False  # the engine's process is gone: the end of the pipe says so too
+
+    def run(self) -> None:
+        import queue
+
+        while True:
+            timeout = None
+            if self.writer is not None and not self.failed and self.writer.pending:
+                timeout = max(0.0, self.last_write + self.every - time.monotonic())
+            try:
+                raw = self.inbox.get(timeout=timeout)
+            except queue.Empty:
+                self.write()
+                continue
+            if raw is EOF:
+                self.engine_gone()
+                return
+            kind, arg = pickle.loads(raw)
+            if kind == "open":
+                if not self.open(arg):
+                    return
+            elif kind == "rows":
+                self.rows(arg)
+            elif kind == "finish":
+                if self.finish(arg):
+                    return
+            else:
+                raise RuntimeError(f"the writer process was asked {kind!r}")
+
+    def open(self, arg) -> bool:
+        from tierdiag.store.writer import RunWriter
+
+        try:
+            self.writer = RunWriter(**arg["writer"])
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the engine, as raised
+            self.reply(("open_failed", _portable(exc)))
+            return False
+        self.every = arg["write_every_s"]
+        self.last_write = time.monotonic()
+        if not self.reply(("opened", None)):
+            return False
+        # What the close needs (the evidence, the closing numbers), imported now while the
+        # engine runs rather than in the serial tail after it.
+        import tierdiag.diagnose.context  # noqa: F401
+        import tierdiag.diagnose.evidence  # noqa: F401
+        import tierdiag.diagnose.explain  # noqa: F401
+        import tierdiag.diagnose.summary  # noqa: F401
+        return True
+
+    def rows(self, tables) -> None:
+        if self.writer is None or self.failed:
+            return  # given up: the engine is told (or was) and closes the run as failed
+        try:
+            self.writer.take(tables)
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
+            return
+        since = time.monotonic() - self.last_write
+        # Coalesced: with more handed over already (the engine's last rows and the close come
+        # together), one transaction takes it all: each write's close is a checkpoint (0.05-0.2 s).
+        if since >= self.every and (self.inbox.empty() or since >= 4 * self.every):
+            self.write()
+
+    def write(self) -> None:
+        try:
+            self.writer.write()
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
+        self.last_write = time.monotonic()
+
+    def fail(self, exc: BaseException) -> None:
+        self.failed = True
+        self.reply(("error", _portable(exc)))
+
+    def finish(self, arg) -> bool:
+        """Close the run; True once closed (the process then exits), False when it failed and
+        the engine may ask again (as failed, giving up what is pending)."""
+        if self.failed and arg["status"] != "failed":
+            # A write failed and the engine was told, after it had asked for this close: it
+            # reads that error first and asks again, as failed (as inline, where the failed
+            # write stops the engine). Never a run closed as complete short of its rows.
+            return False
+        try:
+            self.writer.finish(arg["status"], error=arg["error"], write_pending=arg["write_pending"],
+                               trace_sha256=arg["trace_sha256"])
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
+            return False
+        numbers = numbers_error = None
+        if self.writer.closed_as == "complete":
+            try:
+                numbers = closing_numbers(self.writer.db_path, self.writer.run_id)
+            except Exception as exc:  # noqa: BLE001 - raised in the engine's process, where inline would
+                numbers_error = _portable(exc)
+        self.reply(("finished", {"recorded": self.writer.recorded, "closed_as": self.writer.closed_as,
+                                 "numbers": numbers, "numbers_error": numbers_error}))
+        return True
+
+    def engine_gone(self) -> None:
+        """The pipe ended before the run was closed (the engine's process was killed, or closed
+        without finishing after an error it reports itself): commit what was handed over, and
+        leave the run as a kill -9 of an inline replay would."""
+        if self.writer is None or self.failed or not self.writer.pending:
+            return
+        from tierdiag.store.writer import FINAL_WAIT_S
+
+        try:
+            self.writer.write(wait_s=FINAL_WAIT_S)
+        except Exception as exc:  # noqa: BLE001 - nobody is left to raise it to; say it once
+            text = str(exc).strip()
+            sys.stderr.write(f"tierdiag: warning: run {self.writer.run_id}: the last rows handed to the writer "
+                             f"were not committed ({text.splitlines()[0] if text else type(exc).__name__})\n")
