@@ -10,6 +10,10 @@ from pathlib import Path
 
 from tierdiag.errors import OutputError
 
+# The run store a command uses without --db (here, not in store/reader.py: naming it must not
+# import duckdb, which a replay's own process does not need when a writer process writes).
+DEFAULT_DB = "tierdiag.duckdb"
+
 
 def prepare_output_path(path: Path, *, what: str) -> None:
     """The one rule for every file tierdiag writes (--db, -o, export, calibrate -o): missing

@@ -66,6 +66,7 @@ class ReplaySummary:
     # at the end; a replay that records nothing used a temporary folder, removed (dir None).
     storage_dir: str | None = None
     storage_bytes: int = 0
+    writer: str | None = None  # how the store was written: "process" | "inline" (None: nothing recorded)
 
     @property
     def reuse_share(self) -> float:
@@ -395,7 +396,7 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
         first_bad=list(report.first_bad), unknown_keys=sorted(report.unknown_keys),
         data_plane=describe_data_plane(cfg),
         storage_dir=str(storage_dir) if storage_dir is not None and storage_tmp is None else None,
-        storage_bytes=storage_bytes,
+        storage_bytes=storage_bytes, writer=mode if writer is not None else None,
     )
 
 

@@ -38,6 +38,7 @@ def test_inline_and_process_write_the_same_rows_and_print_the_same_numbers(tmp_p
     checks that how rows are cut into flushes changes none of them."""
     db = tmp_path / "both.duckdb"
     summaries = [replay_json(trace, db, writer) for writer in ("inline", "process")]
+    assert [s.pop("writer") for s in summaries] == ["inline", "process"]  # the replay says which it took
     for s in summaries:
         for key in ("wall_s", "run_id"):
             s.pop(key)
@@ -116,14 +117,14 @@ def test_a_store_that_is_not_ours_is_the_same_one_line_error_both_ways(tmp_path,
 def test_which_writer_a_replay_takes(monkeypatch):
     monkeypatch.delenv("TIERDIAG_WRITER", raising=False)
     monkeypatch.setattr(writer_process, "_usable_cpus", lambda: 2)
-    monkeypatch.setattr(writer_process, "_load_average", lambda: 0.3)
+    monkeypatch.setattr(writer_process, "_busy_elsewhere", lambda: 0.3)
     assert writer_process.writer_mode() == "process"
-    monkeypatch.setattr(writer_process, "_load_average", lambda: 1.2)
+    monkeypatch.setattr(writer_process, "_busy_elsewhere", lambda: 1.2)
     assert writer_process.writer_mode() == "inline"  # no idle core: the processes would share one
     monkeypatch.setattr(writer_process, "_usable_cpus", lambda: 8)
     assert writer_process.writer_mode() == "process"
     monkeypatch.setattr(writer_process, "_usable_cpus", lambda: 1)
-    monkeypatch.setattr(writer_process, "_load_average", lambda: 0.0)
+    monkeypatch.setattr(writer_process, "_busy_elsewhere", lambda: 0.0)
     assert writer_process.writer_mode() == "inline"  # one CPU: a second process does not pay
     for value, mode in (("process", "process"), ("INLINE", "inline"), ("auto", "inline"), ("", "inline")):
         monkeypatch.setenv("TIERDIAG_WRITER", value)
@@ -147,11 +148,11 @@ from tierdiag.store import writer_process
 from tierdiag.store.writer_process import writer_mode
 
 def child(q):
-    writer_process._load_average = lambda: 0.0  # an idle machine: only being a worker decides
+    writer_process._busy_elsewhere = lambda: 0.0  # an idle machine: only being a worker decides
     q.put(writer_mode())
 
 if __name__ == "__main__":
-    writer_process._load_average = lambda: 0.0
+    writer_process._busy_elsewhere = lambda: 0.0
     q = mp.get_context("spawn").Queue()
     p = mp.get_context("spawn").Process(target=child, args=(q,))
     p.start()

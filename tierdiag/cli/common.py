@@ -14,7 +14,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from tierdiag.store.reader import DEFAULT_DB
+from tierdiag.paths import DEFAULT_DB
 
 DbOpt = Annotated[Path, typer.Option("--db", help="Run-store file (DuckDB).")]
 RunOpt = Annotated[Optional[str], typer.Option("--run", help="Run id, id prefix or name; default: newest.")]

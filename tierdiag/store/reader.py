@@ -21,9 +21,9 @@ import duckdb
 
 from tierdiag import signals
 from tierdiag.errors import StoreError
+from tierdiag.paths import DEFAULT_DB  # noqa: F401 - re-exported: the store's default name
 from tierdiag.store.schema import EVENT_TABLES, OPTIONAL_TABLES, SCHEMA_VERSION, TABLES
 
-DEFAULT_DB = "tierdiag.duckdb"
 _BUSY_RETRY_S = 3.0
 
 

@@ -12,8 +12,8 @@ them costs), and imports neither duckdb nor pyarrow.
              ◄── opened / error / finished ─ writes pending rows every WRITE_EVERY_S, one transaction
 
 Which path a replay takes (`writer_mode`): TIERDIAG_WRITER=process|inline when set; otherwise
-the process only where it pays: a core is idle for it (two usable CPUs or more, and the 1-minute
-load average at most CPUs - 1.5), and the replay is not a sweep or advise worker (a
+the process only where it pays: a core is idle for it (two usable CPUs or more, and at most
+CPUs - 1.5 other tasks runnable as the replay starts), and the replay is not a sweep or advise worker (a
 multiprocessing child or a Ray worker: they run one replay per core already). Else inline.
 
 The contract is the inline writer's, unchanged: the process starts once the trace's first line
@@ -57,7 +57,7 @@ WRITE_EVERY_S = 0.5  # the writer process commits what it was handed at most thi
 BATCH_ROWS = 32_768  # the recorder hands rows over this often with a writer process (inline: 250k)
 CHILD_ENTRY = "from tierdiag.store.writer_process import main; main()"
 PIPE_BYTES = 1 << 20  # the request pipe's buffer (Linux caps it at /proc/sys/fs/pipe-max-size)
-SPARE_CORE_LOAD = 1.5  # auto: a writer process when the 1-minute load average is at most CPUs - this
+SPARE_CORE_LOAD = 1.5  # auto: a writer process when the other runnable work is at most CPUs - this
 REAP_WAIT_S = 60.0  # how long the engine's process waits for the writer to exit after the close
 
 _HEADER = struct.Struct("<Q")
@@ -84,11 +84,19 @@ def _in_a_worker() -> bool:
     return bool(ray is not None and getattr(ray, "is_initialized", lambda: False)())
 
 
-def _load_average() -> float:
+def _busy_elsewhere() -> float:
+    """Work competing for the cores as the replay starts: the tasks runnable now other than this
+    one (/proc/loadavg's running count less one), else the 1-minute load average. Not the load
+    average where the count is there: a script's or a benchmark's previous replay, already
+    finished, keeps it near 1 for a minute, and would have every later replay written inline."""
     try:
-        return os.getloadavg()[0]
-    except OSError:
-        return 0.0
+        with open("/proc/loadavg", encoding="ascii") as fh:
+            return max(0, int(fh.read().split()[3].split("/")[0]) - 1)
+    except (OSError, ValueError, IndexError):
+        try:
+            return os.getloadavg()[0]
+        except OSError:
+            return 0.0
 
 
 def writer_mode() -> str:
@@ -102,7 +110,7 @@ def writer_mode() -> str:
     # A core must be idle for the writer: on a machine already running other work the two
     # processes share the engine's core, and the replay is slower than inline (measured on the
     # 2-core box under load average ~2-3: 6.3 s against 5.8 s for the conversation trace).
-    spare = cpus >= 2 and _load_average() <= cpus - SPARE_CORE_LOAD
+    spare = cpus >= 2 and _busy_elsewhere() <= cpus - SPARE_CORE_LOAD
     return "process" if spare and not _in_a_worker() else "inline"
 
 
