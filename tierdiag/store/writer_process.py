@@ -53,8 +53,8 @@ from tierdiag.errors import ConfigError, StoreError
 
 ENV = "TIERDIAG_WRITER"
 MODES = ("process", "inline")
-WRITE_EVERY_S = 0.5  # the writer process commits what it was handed at most this often
-BATCH_ROWS = 32_768  # the recorder hands rows over this often with a writer process (inline: 250k)
+WRITE_EVERY_S = 0.25  # the writer process commits what it was handed at most this often
+BATCH_ROWS = 8_192  # the recorder hands rows over this often with a writer process (inline: 250k)
 CHILD_ENTRY = "from tierdiag.store.writer_process import main; main()"
 PIPE_BYTES = 1 << 20  # the request pipe's buffer (Linux caps it at /proc/sys/fs/pipe-max-size)
 SPARE_CORE_LOAD = 1.5  # auto: a writer process when the other runnable work is at most CPUs - this
