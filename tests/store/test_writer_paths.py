@@ -34,7 +34,7 @@ def replay_json(trace, db, writer: str, *extra) -> dict:
 def test_inline_and_process_write_the_same_rows_and_print_the_same_numbers(tmp_path, trace):
     """Every column of every event table (but the measured wall time of the real copies), as
     multisets both ways; the run's count; the closing summary (but wall time and the run's id).
-    The batches travel much smaller with a writer process (32k rows against 250k), so this also
+    The batches travel much smaller with a writer process (8k rows against 250k), so this also
     checks that how rows are cut into flushes changes none of them."""
     db = tmp_path / "both.duckdb"
     summaries = [replay_json(trace, db, writer) for writer in ("inline", "process")]
