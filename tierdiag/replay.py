@@ -375,10 +375,10 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
             if wproc.numbers_error is not None:
                 raise wproc.numbers_error
             numbers = wproc.numbers
-        else:
-            from tierdiag.store.writer_process import closing_numbers
-
-            numbers = closing_numbers(db, writer.run_id)
+        else:  # read back by the writer's close, on its connection
+            if writer.numbers_error is not None:
+                raise writer.numbers_error
+            numbers = writer.numbers
         span_ns = numbers["span_ns"]
         if numbers["ttft_ns"] is not None:
             ttft_q = dict(zip((0.5, 0.9, 0.99), map(ns_to_ms, numbers["ttft_ns"])))

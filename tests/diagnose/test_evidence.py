@@ -147,9 +147,17 @@ def test_a_failure_storing_the_evidence_keeps_the_run_whole(tmp_path, monkeypatc
         monkeypatch.setattr(E, "compute_evidence", boom)
     elif failure == "write":  # inside the evidence transaction: a value the column cannot hold
         monkeypatch.setattr(E, "EVIDENCE_VERSION", "not a number")
-    else:  # another process holds the file when the evidence would be written (the writer's own opens are not hit)
+    b = plant_scenarios(RunBuilder(tmp_path / "failing.duckdb"))
+    b.write()
+    if failure == "busy":
+        # The standalone path (the writer's close computes it on its own connection, which no
+        # other process can hold): another process holds the file when the evidence would be
+        # written.
         import tierdiag.store.reader as reader
 
+        with duckdb.connect(str(b.path)) as con:
+            con.execute("DELETE FROM run_evidence")
+        capsys.readouterr()
         real = reader.connect_with_retry
 
         def held(path, *, read_only, wait_s=3.0):
@@ -158,8 +166,7 @@ def test_a_failure_storing_the_evidence_keeps_the_run_whole(tmp_path, monkeypatc
                                          f'python (PID 4242)')
             return real(path, read_only=read_only, wait_s=wait_s)
         monkeypatch.setattr(reader, "connect_with_retry", held)
-    b = plant_scenarios(RunBuilder(tmp_path / "failing.duckdb"))
-    b.write()
+        assert E.record_run_evidence(b.path, b.run_id) is not None
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line]
     assert len(lines) == 1 and lines[0].startswith("tierdiag: warning: run ") and "\x1b" not in lines[0], err

@@ -17,7 +17,8 @@ what `tierdiag advise` verified after the run was closed.
 
 Written by `record_run_evidence`, which the store's writer calls when it closes a run as complete
 or interrupted (store/writer.py `RunWriter.finish`: replays, sweep and advise workers, imports),
-after the run's rows and status are committed, in a transaction of its own. A failure there is
+after the run's rows and status are committed, in a transaction of its own on the writer's own
+connection (the close opens and checkpoints the file once). A failure there is
 one warning line on stderr and nothing else: the run stays as it was closed, with all its rows,
 and readers compute the evidence from the rows as they always did. Observed runs (imported from
 a server) get none: their readers (diagnose/observed.py) use none of it.
@@ -212,23 +213,32 @@ def write_evidence(con: duckdb.DuckDBPyConnection, run_id: str, sections: dict) 
 WAIT_S = 3.0
 
 
-def record_run_evidence(db_path, run_id: str) -> str | None:
+def record_run_evidence(db_path, run_id: str, *, con: duckdb.DuckDBPyConnection | None = None) -> str | None:
     """Compute and store the evidence of run `run_id`, whose rows and final status are committed
-    to the store at `db_path` (and no connection of this process holds it). The rows are read
-    through a read-only connection, so other readers can open the file meanwhile (seconds on a
-    million requests); the file is held for writing only for the one short INSERT. Never raises
-    an Exception: a failure is printed as one warning line on stderr and returned (None when all
-    went well); the run is untouched by it."""
+    to the store at `db_path`. With `con` (the store's writer closing the run: its own read-write
+    connection) the rows are read and the row written through it, with no open and no checkpoint
+    of their own in the close the replay waits for; the file stays the writer's meanwhile (a
+    reader waits, as for any write). Without, no connection of this process may hold the file:
+    the rows are read through a read-only connection, so other readers can open the file
+    meanwhile (seconds on a million requests), and it is held for writing only for the one short
+    INSERT. Never raises an Exception: a failure is printed as one warning line on stderr and
+    returned (None when all went well); the run is untouched by it."""
     try:
         from tierdiag.store.reader import connect_with_retry, run_info
 
-        with connect_with_retry(db_path, read_only=True, wait_s=WAIT_S) as con:
+        if con is not None:
             run = run_info(con, run_id)
             if run is None or run.kind != "replay":
                 return None  # observed runs: their readers use none of it
-            sections = compute_evidence(con, run)
-        with connect_with_retry(db_path, read_only=False, wait_s=WAIT_S) as con:
-            write_evidence(con, run_id, sections)
+            write_evidence(con, run_id, compute_evidence(con, run))
+            return None
+        with connect_with_retry(db_path, read_only=True, wait_s=WAIT_S) as ro:
+            run = run_info(ro, run_id)
+            if run is None or run.kind != "replay":
+                return None
+            sections = compute_evidence(ro, run)
+        with connect_with_retry(db_path, read_only=False, wait_s=WAIT_S) as rw:
+            write_evidence(rw, run_id, sections)
         return None
     except Exception as exc:  # noqa: BLE001 - by contract: the run is closed already, readers fall back
         text = str(exc).strip()

@@ -140,6 +140,10 @@ class RunWriter:
         self._pending: list[Mapping[str, Mapping[str, Any]]] = []  # handed over, not committed yet
         self.recorded = 0  # request rows of this run committed to the file
         self.closed_as: str | None = None  # the final status, once written
+        # The replay's closing numbers (writer_process.closing_numbers), read back by a complete
+        # close; or why they could not be.
+        self.numbers: dict | None = None
+        self.numbers_error: Exception | None = None
         self.has_run = True  # the runs row is written once this returns (the process client may not know yet)
         prepare_output_path(self.db_path, what="--db")
         if self.db_path.is_file() and self.db_path.stat().st_size == 0:
@@ -301,11 +305,21 @@ class RunWriter:
                     )
                 except duckdb.Error as exc:
                     raise write_error(self.db_path, exc) from None
-            self.closed_as = status
-            if status in ("complete", "interrupted"):  # committed: the evidence is a transaction of its own
-                from tierdiag.diagnose.evidence import record_run_evidence  # never raises; a warning line
+                self.closed_as = status
+                # Committed. On the same connection, so the close pays one open and one
+                # checkpoint: the run evidence (a transaction of its own; never raises, a warning
+                # line) and, for a complete run, the closing numbers read back from it.
+                if status in ("complete", "interrupted"):
+                    from tierdiag.diagnose.evidence import record_run_evidence
 
-                record_run_evidence(self.db_path, self.run_id)
+                    record_run_evidence(self.db_path, self.run_id, con=con)
+                if status == "complete":
+                    from tierdiag.store.writer_process import closing_numbers
+
+                    try:
+                        self.numbers = closing_numbers(self.db_path, self.run_id, con=con)
+                    except Exception as exc:  # noqa: BLE001 - raised by the replay, where it reads them
+                        self.numbers_error = exc
 
 
 def close_run_row(db_path: str | os.PathLike, run_id: str, status: str, error: str | None) -> int | None:

@@ -114,17 +114,21 @@ def writer_mode() -> str:
     return "process" if spare and not _in_a_worker() else "inline"
 
 
-def closing_numbers(db_path, run_id: str) -> dict:
+def closing_numbers(db_path, run_id: str, *, con=None) -> dict:
     """What the replay's closing table takes from `summary` (one definition per metric): the
-    run's span and its TTFT percentiles over every finished request (None when there is none)."""
+    run's span and its TTFT percentiles over every finished request (None when there is none).
+    `con`: a connection to the store already open (the writer's, at the close)."""
     from tierdiag.diagnose.summary import run_summary
     from tierdiag.store.reader import open_store, resolve_run
 
-    con = open_store(Path(db_path))
+    own = con is None
+    if own:
+        con = open_store(Path(db_path))
     try:
         s = run_summary(con, resolve_run(con, run_id), diagnose=False)  # the closing table needs no diagnosis
     finally:
-        con.close()
+        if own:
+            con.close()
     every = next((c for c in s.classes if c.hit_class == "all"), None)
     return {"span_ns": s.span_ns,
             "ttft_ns": None if every is None else (every.ttft_p50_ns, every.ttft_p90_ns, every.ttft_p99_ns)}
@@ -536,11 +540,10 @@ class _Serve:
             self.fail(exc)
             return False
         numbers = numbers_error = None
-        if self.writer.closed_as == "complete":
-            try:
-                numbers = closing_numbers(self.writer.db_path, self.writer.run_id)
-            except Exception as exc:  # noqa: BLE001 - raised in the engine's process, where inline would
-                numbers_error = _portable(exc)
+        if self.writer.closed_as == "complete":  # read back by the close, on its connection
+            numbers = self.writer.numbers
+            if self.writer.numbers_error is not None:  # raised in the engine's process, where inline would
+                numbers_error = _portable(self.writer.numbers_error)
         self.reply(("finished", {"recorded": self.writer.recorded, "closed_as": self.writer.closed_as,
                                  "numbers": numbers, "numbers_error": numbers_error}))
         return True
