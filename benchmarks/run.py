@@ -115,6 +115,7 @@ def bench_replay(repeats: int, quick_lines: int | None, tmp: Path, baseline: Pat
         modes = ("no_probes", "probes") + (("baseline",) if baseline else ())
         walls: dict[str, list[float]] = {m: [] for m in modes}
         proc_walls: dict[str, list[float]] = {m: [] for m in modes}
+        writers: set[str] = set()  # how the probed runs' stores were written (replay --json "writer")
         num_requests = 0
         error = None
         for i in range(repeats):
@@ -135,6 +136,7 @@ def bench_replay(repeats: int, quick_lines: int | None, tmp: Path, baseline: Pat
                 _say(f"replay {name} {mode} #{i + 1}: {summary['wall_s']:.2f}s ({num_requests:,} requests)")
                 if mode == "probes":
                     results["traces"][name + "_db"] = str(db)  # the last probed run, for explain/report
+                    writers.add(summary.get("writer") or "inline")
             if error:
                 break
         if error:
@@ -145,6 +147,7 @@ def bench_replay(repeats: int, quick_lines: int | None, tmp: Path, baseline: Pat
         results["traces"][name] = {
             "available": True, "trace": str(trace), "requests": num_requests, "repeats": repeats,
             "wall_s": med, "process_wall_s": {m: statistics.median(v) for m, v in proc_walls.items()},
+            "writers": sorted(writers),
             "requests_per_s": {m: num_requests / w for m, w in med.items()},
             "probe_overhead": med["probes"] / med["no_probes"] - 1.0,
             "speedup_vs_baseline": med["baseline"] / med["probes"] if baseline else None,
@@ -322,7 +325,9 @@ def render(res: dict[str, Any]) -> None:
               + ("  [yellow](the machine was busy: numbers are noisy)[/]" if meta["load_after"] > meta["cpu_count"] else ""))
 
     rep = res["replay"]
-    table = Table(title=f"replay throughput (medians of {res['meta']['repeats']}, in-process wall)")
+    used = sorted({w for r in rep.get("traces", {}).values() if isinstance(r, dict) for w in r.get("writers", ())})
+    table = Table(title=f"replay throughput (medians of {res['meta']['repeats']}, in-process wall; probed runs "
+                        f"written by: {', '.join(used) or '-'} (TIERDIAG_WRITER))")
     base = res["meta"].get("baseline")
     cols = ["trace", "requests", "no-probes s", "probes s", "no-probes req/s", "probes req/s",
             "probe overhead", "process wall (probes)"] + ([f"{base} probes s", "speed-up"] if base else [])
