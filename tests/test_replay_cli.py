@@ -64,25 +64,17 @@ def test_second_replay_appends_a_run_and_no_probes_records_nothing(tmp_path):
 
 
 def test_same_trace_twice_gives_identical_rows_in_every_table(tmp_path):
-    """Determinism end to end, through the recorder and the background writer: every column of
+    """Determinism end to end, through the recorder and the store's writer: every column of
     every event table, row for row (as multisets, both ways), except the measured wall time of
     the real copies."""
-    from tierdiag.store.schema import EVENT_TABLES, TABLES
+    from tests.reliability.harness import assert_same_event_rows
 
     db = tmp_path / "run.duckdb"
     for _ in range(2):
         assert tierdiag("replay", DEMO_TRACE, "--db", db, "--device-tokens", 65536).returncode == 0
     con = duckdb.connect(str(db), read_only=True)
     a, b = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY created_at").fetchall()]
-    for table in EVENT_TABLES:
-        cols = ", ".join(c for c in TABLES[table] if c not in ("run_id", "wall_ns"))
-        n = con.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", [a]).fetchone()[0]
-        assert n == con.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", [b]).fetchone()[0], table
-        for x, y in ((a, b), (b, a)):
-            diff = con.execute(f"""SELECT count(*) FROM (SELECT {cols} FROM {table} WHERE run_id = ?
-                                   EXCEPT ALL SELECT {cols} FROM {table} WHERE run_id = ?)""", [x, y]).fetchone()[0]
-            assert diff == 0, f"{table}: {diff} of {n} rows differ"
-        assert n > 0, f"{table}: no rows to compare"
+    assert_same_event_rows(con, a, b)
     con.close()
 
 

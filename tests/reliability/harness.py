@@ -90,6 +90,37 @@ def runs(db: Path) -> list[dict]:
     return tierdiag("runs", "--db", db, "--json").json()
 
 
+def assert_same_event_rows(con, a: str, b: str, *, may_be_empty: tuple[str, ...] = ()) -> None:
+    """Runs `a` and `b` of one store hold the same rows in every event table (every column but
+    the run id and the measured wall time of real copies), as multisets, both ways."""
+    from tierdiag.store.schema import EVENT_TABLES, TABLES
+
+    for table in EVENT_TABLES:
+        cols = ", ".join(c for c in TABLES[table] if c not in ("run_id", "wall_ns"))
+        n = con.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", [a]).fetchone()[0]
+        assert n == con.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", [b]).fetchone()[0], table
+        for x, y in ((a, b), (b, a)):
+            diff = con.execute(f"""SELECT count(*) FROM (SELECT {cols} FROM {table} WHERE run_id = ?
+                                   EXCEPT ALL SELECT {cols} FROM {table} WHERE run_id = ?)""", [x, y]).fetchone()[0]
+            assert diff == 0, f"{table}: {diff} of {n} rows differ"
+        assert n > 0 or table in may_be_empty, f"{table}: no rows to compare"
+
+
+def synth_and_store(root: Path, *, seed: int, long: int) -> dict:
+    """The signal tests' inputs: `tierdiag synth` traces "long" (`long` requests) and "short"
+    (150), and "store", a store holding one complete run (copied for each trial: the run that
+    must stay untouched)."""
+    out: dict = {}
+    for name, n in (("long", long), ("short", 150)):
+        trace = root / f"{name}.jsonl"
+        r = tierdiag("synth", trace, "--requests", n, "--seed", seed)
+        assert r.code == 0, r.err
+        out[name] = trace
+    out["store"] = root / "earlier.duckdb"
+    assert tierdiag("replay", write_trace(root / "small.jsonl", good_lines(6)), "--db", out["store"], *SMALL).code == 0
+    return out
+
+
 @contextlib.contextmanager
 def holder(db, *, read_only: bool):
     """Another process with the store open, until the block ends."""

@@ -14,7 +14,6 @@ means the CLI's, not the interpreter's start-up.
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import signal
@@ -25,8 +24,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from harness import (SMALL, WRITERS, Result, cli_argv, cli_env, good_lines, interrupt_engine_at, on_request_flush, sql,
-                     tierdiag, write_trace)
+from harness import (WRITERS, Result, cli_argv, cli_env, interrupt_engine_at, on_request_flush, sql, synth_and_store,
+                     tierdiag)
 
 FLUSH_OFTEN = cli_env(TIERDIAG_FLUSH_EVERY_S="0")
 ENGINE = ("--model", "tiny", "--gpu", "cpu", "--device-tokens", "65536", "--verify", "off")
@@ -37,19 +36,9 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
-    root = tmp_path_factory.mktemp("signals")
-    out = {}
     # "long" outlasts the 2.5 s window the signals land in (the replay got ~2x faster: 900
     # requests could be done before the signal came).
-    for name, n in (("long", 4000), ("short", 150)):
-        trace = root / f"{name}.jsonl"
-        r = tierdiag("synth", trace, "--requests", n, "--seed", 5)
-        assert r.code == 0, r.err
-        out[name] = trace
-    # A store holding one complete run, copied for each trial: the run that must stay untouched.
-    out["store"] = root / "earlier.duckdb"
-    small = write_trace(root / "small.jsonl", good_lines(6))
-    assert tierdiag("replay", small, "--db", out["store"], *SMALL).code == 0
+    out = synth_and_store(tmp_path_factory.mktemp("signals"), seed=5, long=4000)
     (out["earlier"],) = listed_runs(out["store"])
     return out
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import SMALL, Result, cli_argv, cli_env, good_lines, runs, sql, tierdiag, write_trace
+from harness import SMALL, Result, cli_argv, cli_env, good_lines, runs, sql, synth_and_store, tierdiag, write_trace
 from test_signals import CODE, ENGINE, check_outcome, handlers_installed, listed_runs
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc (Linux)")
@@ -28,14 +28,7 @@ MARK = "TIERDIAG_TEST_MARK"
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
-    root = tmp_path_factory.mktemp("wp")
-    out = {}
-    for name, n in (("long", 6000), ("short", 150)):
-        trace = root / f"{name}.jsonl"
-        assert tierdiag("synth", trace, "--requests", n, "--seed", 7).code == 0
-        out[name] = trace
-    out["store"] = root / "earlier.duckdb"
-    assert tierdiag("replay", write_trace(root / "small.jsonl", good_lines(6)), "--db", out["store"], *SMALL).code == 0
+    out = synth_and_store(tmp_path_factory.mktemp("wp"), seed=7, long=6000)
     (out["earlier"],) = listed_runs(out["store"])
     return out
 

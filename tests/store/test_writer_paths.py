@@ -13,10 +13,10 @@ import sys
 import duckdb
 import pytest
 
-from tests.reliability.harness import ROOMY, SMALL, cli_env, good_lines, runs, tierdiag, write_trace
+from tests.reliability.harness import ROOMY, SMALL, assert_same_event_rows, cli_env, good_lines, runs, tierdiag, write_trace
 from tierdiag.errors import ConfigError
 from tierdiag.store import writer_process
-from tierdiag.store.schema import EVENT_TABLES, SCHEMA_VERSION, TABLES
+from tierdiag.store.schema import SCHEMA_VERSION
 
 
 @pytest.fixture(scope="module")
@@ -46,15 +46,7 @@ def test_inline_and_process_write_the_same_rows_and_print_the_same_numbers(tmp_p
     con = duckdb.connect(str(db), read_only=True)
     (a, na), (b, nb) = con.execute("SELECT run_id, num_requests FROM runs ORDER BY created_at").fetchall()
     assert na == nb == 1500
-    for table in EVENT_TABLES:
-        cols = ", ".join(c for c in TABLES[table] if c not in ("run_id", "wall_ns"))
-        n = con.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", [a]).fetchone()[0]
-        assert n == con.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", [b]).fetchone()[0], table
-        for x, y in ((a, b), (b, a)):
-            diff = con.execute(f"""SELECT count(*) FROM (SELECT {cols} FROM {table} WHERE run_id = ?
-                                   EXCEPT ALL SELECT {cols} FROM {table} WHERE run_id = ?)""", [x, y]).fetchone()[0]
-            assert diff == 0, f"{table}: {diff} of {n} rows differ"
-        assert n > 0 or table in ("pool_samples",), f"{table}: no rows to compare"
+    assert_same_event_rows(con, a, b, may_be_empty=("pool_samples",))
     # Both runs got their evidence stored, and the runs row names the replay's own process.
     assert con.execute("SELECT count(*) FROM run_evidence").fetchone()[0] == 2
     assert all(pid for (pid,) in con.execute("SELECT pid FROM runs").fetchall())

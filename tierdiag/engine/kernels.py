@@ -52,11 +52,11 @@ import numpy as np
 import torch
 
 from tierdiag.engine import rows as _rows
-# The numpy side (row moves, the planner) lives in rows.py, which imports no torch; its names
-# are this module's too. Module constants are read through `_rows` (tests patch them there).
-from tierdiag.engine.rows import (  # noqa: F401 - re-exported
-    CopyPlan, PageList, _as_index_array, _check_range, _check_range_small, _execute_rows, _move_rows, _runs_of,
-    _run_starts, array_rows, copy_rows, count_runs, plan_copy, read_rows, slot_index, write_rows)
+# The numpy side (row moves, the planner) lives in rows.py, which imports no torch; what the
+# tensor paths here use of it, and copy_rows for callers of this module. Module constants are
+# read through `_rows` (tests patch them there).
+from tierdiag.engine.rows import (  # noqa: F401 - copy_rows re-exported
+    CopyPlan, PageList, _execute_rows, _move_rows, _runs_of, copy_rows, count_runs, plan_copy, write_rows)
 
 # The two-pass path stages at most this much at a time (bounds the scratch memory; CUDA).
 _SCRATCH_MAX_BYTES = 32 * 1024 * 1024

@@ -90,14 +90,19 @@ def _now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
+def _open(path: Path, *, read_only: bool, wait_s: float) -> duckdb.DuckDBPyConnection:
+    """Open the store for the writer; a failure is its one-line error (`write_error`). For
+    writing, call inside `signals.deferred()` (the open may replay a WAL)."""
+    try:
+        return connect_with_retry(path, read_only=read_only, wait_s=wait_s)
+    except duckdb.Error as exc:
+        raise write_error(path, exc) from None
+
+
 def check_before_writing(path: Path) -> None:
     """Refuse a file that is not ours, of another version, or damaged, before it is opened for
     writing at all (a read-write open may already change it): read-only, every block read back."""
-    try:
-        con = connect_with_retry(path, read_only=True, wait_s=FINAL_WAIT_S)
-    except duckdb.Error as exc:
-        raise write_error(path, exc) from None
-    with con:
+    with _open(path, read_only=True, wait_s=FINAL_WAIT_S) as con:
         try:
             if not unfinished_store(con):
                 check_store(con, path_for_errors=str(path))
@@ -179,10 +184,7 @@ class RunWriter:
 
     def _connect(self, wait_s: float) -> duckdb.DuckDBPyConnection:
         """Open the file for writing; call inside `signals.deferred()` (the open may replay a WAL)."""
-        try:
-            return connect_with_retry(self.db_path, read_only=False, wait_s=wait_s)
-        except duckdb.Error as exc:
-            raise write_error(self.db_path, exc) from None
+        return _open(self.db_path, read_only=False, wait_s=wait_s)
 
     @staticmethod
     def _append(con: duckdb.DuckDBPyConnection, table: str, columns: Mapping[str, Any]) -> None:
@@ -329,21 +331,16 @@ def close_run_row(db_path: str | os.PathLike, run_id: str, status: str, error: s
     path = Path(db_path)
     if not path.is_file() or path.stat().st_size == 0:
         return None  # never created: the process died before it made the file
-    with signals.deferred():
+    with signals.deferred(), _open(path, read_only=False, wait_s=FINAL_WAIT_S) as con:
         try:
-            con = connect_with_retry(path, read_only=False, wait_s=FINAL_WAIT_S)
+            if unfinished_store(con) or not con.execute(
+                    "SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchall()[0][0]:
+                return None
+            n = con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [run_id]).fetchall()[0][0]
+            con.execute("UPDATE runs SET status = ?, finished_at = ?, num_requests = ?, error = ? WHERE run_id = ?",
+                        [status, _now(), n, error, run_id])
         except duckdb.Error as exc:
             raise write_error(path, exc) from None
-        with con:
-            try:
-                if unfinished_store(con) or not con.execute(
-                        "SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchall()[0][0]:
-                    return None
-                n = con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [run_id]).fetchall()[0][0]
-                con.execute("UPDATE runs SET status = ?, finished_at = ?, num_requests = ?, error = ? WHERE run_id = ?",
-                            [status, _now(), n, error, run_id])
-            except duckdb.Error as exc:
-                raise write_error(path, exc) from None
     return int(n)
 
 
