@@ -145,7 +145,7 @@ class RunWriter:
         self._pending: list[Mapping[str, Mapping[str, Any]]] = []  # handed over, not committed yet
         self.recorded = 0  # request rows of this run committed to the file
         self.closed_as: str | None = None  # the final status, once written
-        # The replay's closing numbers (writer_process.closing_numbers), read back by a complete
+        # The replay's closing numbers (`closing_numbers`), read back by a complete
         # close; or why they could not be.
         self.numbers: dict | None = None
         self.numbers_error: Exception | None = None
@@ -316,12 +316,22 @@ class RunWriter:
 
                     record_run_evidence(self.db_path, self.run_id, con=con)
                 if status == "complete":
-                    from tierdiag.store.writer_process import closing_numbers
-
                     try:
-                        self.numbers = closing_numbers(self.db_path, self.run_id, con=con)
+                        self.numbers = closing_numbers(con, self.run_id)
                     except Exception as exc:  # noqa: BLE001 - raised by the replay, where it reads them
                         self.numbers_error = exc
+
+
+def closing_numbers(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
+    """What the replay's closing table takes from `summary` (one definition per metric): the
+    run's span and its TTFT percentiles over every finished request (None when there is none)."""
+    from tierdiag.diagnose.summary import run_summary
+    from tierdiag.store.reader import resolve_run
+
+    s = run_summary(con, resolve_run(con, run_id), diagnose=False)  # the closing table needs no diagnosis
+    every = next((c for c in s.classes if c.hit_class == "all"), None)
+    return {"span_ns": s.span_ns,
+            "ttft_ns": None if every is None else (every.ttft_p50_ns, every.ttft_p90_ns, every.ttft_p99_ns)}
 
 
 def close_run_row(db_path: str | os.PathLike, run_id: str, status: str, error: str | None) -> int | None:

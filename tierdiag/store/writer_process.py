@@ -114,26 +114,6 @@ def writer_mode() -> str:
     return "process" if spare and not _in_a_worker() else "inline"
 
 
-def closing_numbers(db_path, run_id: str, *, con=None) -> dict:
-    """What the replay's closing table takes from `summary` (one definition per metric): the
-    run's span and its TTFT percentiles over every finished request (None when there is none).
-    `con`: a connection to the store already open (the writer's, at the close)."""
-    from tierdiag.diagnose.summary import run_summary
-    from tierdiag.store.reader import open_store, resolve_run
-
-    own = con is None
-    if own:
-        con = open_store(Path(db_path))
-    try:
-        s = run_summary(con, resolve_run(con, run_id), diagnose=False)  # the closing table needs no diagnosis
-    finally:
-        if own:
-            con.close()
-    every = next((c for c in s.classes if c.hit_class == "all"), None)
-    return {"span_ns": s.span_ns,
-            "ttft_ns": None if every is None else (every.ttft_p50_ns, every.ttft_p90_ns, every.ttft_p99_ns)}
-
-
 # --------------------------------------------------------------------------- framing
 
 
@@ -208,7 +188,7 @@ def child_argv() -> list[str]:
 class WriterProcess:
     """The engine's handle on a writer process; the same surface as RunWriter where the replay
     uses it (`append`, `finish`, `recorded`, `closed_as`, `run_id`, `name`), plus `has_run`
-    (the runs row is known written) and `numbers` (`closing_numbers`, after a complete close).
+    (the runs row is known written) and `numbers` (writer.closing_numbers, after a complete close).
 
     `start()` launches the process (nothing of the store is touched), `open(...)` hands it the
     run to create and returns at once; `close()` reaps the process (always call it)."""
