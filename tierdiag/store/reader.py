@@ -44,29 +44,59 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def connect_with_retry(path: str | os.PathLike, *, read_only: bool,
-                       wait_s: float = _BUSY_RETRY_S) -> duckdb.DuckDBPyConnection:
-    """Open the file, waiting briefly while another process (a replay flushing) holds it."""
+def _retry_while_locked(open_once, wait_s: float):
+    """`open_once()`, again while another process (a replay flushing) holds the file, for up to
+    `wait_s`; a waiting step is a safe place to stop, even inside a deferred block."""
     deadline = time.monotonic() + wait_s
     delay = 0.02
     while True:
         try:
-            # One DuckDB thread: our queries and appends are small, and a replay writing beside
-            # the engine on a few cores should not compete with it.
-            con = duckdb.connect(str(path), read_only=read_only, config={"threads": 1})
+            return open_once()
         except duckdb.IOException as exc:
             if not is_lock_error(exc) or time.monotonic() > deadline:
                 raise
-            signals.checkpoint()  # waiting is a safe place to stop, even inside a deferred block
+            signals.checkpoint()
             time.sleep(delay)
             signals.checkpoint()
             delay = min(delay * 2, 0.25)
-            continue
-        # DuckDB draws its own progress bar for a query past 2 s (a session setting): raw
-        # terminal escapes among our output (inside `--json` at the end of a big replay, or a
-        # million-request report), and from every worker of a sweep at once.
-        con.execute("SET enable_progress_bar = false")
-        return con
+
+
+def connect_with_retry(path: str | os.PathLike, *, read_only: bool,
+                       wait_s: float = _BUSY_RETRY_S) -> duckdb.DuckDBPyConnection:
+    """Open the file, waiting briefly while another process (a replay flushing) holds it."""
+    # One DuckDB thread: our queries and appends are small, and a replay writing beside the
+    # engine on a few cores should not compete with it.
+    con = _retry_while_locked(
+        lambda: duckdb.connect(str(path), read_only=read_only, config={"threads": 1}), wait_s)
+    # DuckDB draws its own progress bar for a query past 2 s (a session setting): raw
+    # terminal escapes among our output (inside `--json` at the end of a big replay, or a
+    # million-request report), and from every worker of a sweep at once.
+    con.execute("SET enable_progress_bar = false")
+    return con
+
+
+ATTACHED = "store"  # the catalog name of a file attached by `attach_with_retry`
+
+
+def attach_with_retry(host: duckdb.DuckDBPyConnection, path: str | os.PathLike, *,
+                      wait_s: float = _BUSY_RETRY_S) -> None:
+    """Attach the file for writing to `host` (an in-memory connection, made by
+    `connect_with_retry(":memory:", ...)`) as the default catalog, waiting while another process
+    holds it; `detach` lets go of it. A writer that opens the file every flush pays ~1 ms for
+    this where a connection costs ~25 ms to open (DuckDB starts a database instance: measured
+    on 2.0.1, even for :memory:), and DETACH checkpoints as a close does."""
+    quoted = str(path).replace("'", "''")  # a literal: ATTACH takes no parameters
+    _retry_while_locked(lambda: host.execute(f"ATTACH '{quoted}' AS {ATTACHED}"), wait_s)
+    host.execute(f"USE {ATTACHED}")
+
+
+def detach(host: duckdb.DuckDBPyConnection) -> None:
+    """Checkpoint and let go of the file `attach_with_retry` attached (readers may open it then).
+    The checkpoint is asked for first: one that fails inside DETACH says only that it failed,
+    where CHECKPOINT says why (no space left on the disk)."""
+    host.execute("CHECKPOINT")
+    host.execute("USE memory")
+    host.execute(f"DETACH {ATTACHED}")
 
 
 _DAMAGE = ("corrupt database file", "could not read enough bytes", "checksum", "database has been invalidated",

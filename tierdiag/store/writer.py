@@ -1,6 +1,6 @@
 """The only code that writes a run store.
 
-A replay holds the database only while it flushes (open, bulk-append, close), so readers can
+A replay holds the database only while it flushes (attach, bulk-append, detach), so readers can
 open the file between flushes and a killed replay never leaves earlier runs unreadable: each
 flush is one transaction, and DuckDB's WAL makes a committed flush survive kill -9.
 Rows arrive as columns (dict of equal-length lists/arrays) and are appended through Arrow in
@@ -45,8 +45,8 @@ import pyarrow as pa
 from tierdiag import __version__, signals
 from tierdiag.errors import OutputError, StoreError, TierdiagError
 from tierdiag.paths import prepare_output_path
-from tierdiag.store.reader import (check_store, connect_with_retry, damage_error, first_line, is_lock_error,
-                                   lock_holder, unfinished_store, verify_blocks)
+from tierdiag.store.reader import (attach_with_retry, check_store, connect_with_retry, damage_error, detach,
+                                   first_line, is_lock_error, lock_holder, unfinished_store, verify_blocks)
 from tierdiag.store.schema import SCHEMA_VERSION, TABLES, create_statements
 from tierdiag.store.writer_process import new_run_id  # one definition; the writer process names runs too
 
@@ -70,16 +70,18 @@ def write_error(path: Path, exc: BaseException) -> TierdiagError:
     if isinstance(exc, duckdb.Error) and is_lock_error(exc):
         return StoreError(f"{path} is busy: another process holds it{lock_holder(exc)}",
                           hint="wait for it, or pass another --db")
-    damaged = damage_error(path, exc) if isinstance(exc, duckdb.Error) else None
-    if damaged is not None:
-        damaged.hint = "not writing into it; pass another --db"
-        return damaged
+    # Before damage: a checkpoint that fails on a full disk also says it "invalidated" the
+    # database (its in-memory state); the file holds every committed flush.
     if "no space left" in text or "disk full" in text or "disk quota" in text:
         return OutputError(f"cannot write {path}: no space left on the disk",
                            hint="free some space, or pass a --db on another disk")
     if "permission denied" in text or "read-only file system" in text:
         return OutputError(f"cannot write {path}: permission denied",
                            hint="pass a --db in a folder you can write to")
+    damaged = damage_error(path, exc) if isinstance(exc, duckdb.Error) else None
+    if damaged is not None:
+        damaged.hint = "not writing into it; pass another --db"
+        return damaged
     if "not a valid duckdb database" in text:
         return StoreError(f"{path} exists but is not a DuckDB database; not writing into it",
                           hint="pass another --db")
@@ -150,6 +152,7 @@ class RunWriter:
         self.numbers: dict | None = None
         self.numbers_error: Exception | None = None
         self.has_run = True  # the runs row is written once this returns (the process client may not know yet)
+        self._host: duckdb.DuckDBPyConnection | None = None  # `_connect`: the file is attached to it
         prepare_output_path(self.db_path, what="--db")
         if self.db_path.is_file() and self.db_path.stat().st_size == 0:
             # An empty file (`touch`, or a creation killed before DuckDB wrote its header) holds
@@ -182,9 +185,47 @@ class RunWriter:
             except duckdb.Error as exc:
                 raise write_error(self.db_path, exc) from None
 
-    def _connect(self, wait_s: float) -> duckdb.DuckDBPyConnection:
-        """Open the file for writing; call inside `signals.deferred()` (the open may replay a WAL)."""
-        return _open(self.db_path, read_only=False, wait_s=wait_s)
+    @contextlib.contextmanager
+    def _connect(self, wait_s: float):
+        """The file open for writing, for one `with` block; call inside `signals.deferred()`
+        (the open may replay a WAL). A failure to open it is its one-line error."""
+        try:
+            self._attach(wait_s)
+        except duckdb.Error as exc:
+            raise write_error(self.db_path, exc) from None
+        try:
+            yield self._host
+        except BaseException:
+            self._let_go(failing=True)
+            raise
+        self._let_go()
+
+    def _attach(self, wait_s: float) -> None:
+        """Attach the file to the in-memory connection this writer keeps for its life (opened
+        once: ~25 ms, against ~1 ms an attach); `_let_go` detaches it (checkpointed, let go of),
+        so readers can open the file between flushes."""
+        if self._host is None:
+            self._host = connect_with_retry(":memory:", read_only=False)
+        attach_with_retry(self._host, self.db_path, wait_s=wait_s)
+
+    def _let_go(self, *, failing: bool = False) -> None:
+        """Detach the file. If even that fails (its checkpoint on a full disk), close the whole
+        connection, which lets go of the file too, and raise the failure as a close's would
+        (unless the block already `failing` raises its own, the one to report)."""
+        try:
+            detach(self._host)
+        except duckdb.Error as exc:
+            host, self._host = self._host, None
+            with contextlib.suppress(duckdb.Error):  # the file is let go of either way
+                host.close()
+            if not failing:
+                raise write_error(self.db_path, exc) from None
+
+    def close(self) -> None:
+        """Let go of the in-memory connection (the file was let go of after every write)."""
+        if self._host is not None:
+            host, self._host = self._host, None
+            host.close()
 
     @staticmethod
     def _append(con: duckdb.DuckDBPyConnection, table: str, columns: Mapping[str, Any]) -> None:
@@ -251,13 +292,17 @@ class RunWriter:
             return
         with signals.deferred():
             try:
-                con = connect_with_retry(self.db_path, read_only=False, wait_s=wait_s)
+                self._attach(wait_s)
             except duckdb.Error as exc:
                 if is_lock_error(exc):
                     return
                 raise write_error(self.db_path, exc) from None
-            with con:
-                self._write_pending(con)
+            try:
+                self._write_pending(self._host)
+            except BaseException:
+                self._let_go(failing=True)
+                raise
+            self._let_go()
 
     def _write_pending(self, con: duckdb.DuckDBPyConnection) -> None:
         """Everything in `_pending`, in order, as one transaction; cleared once committed."""
@@ -320,6 +365,7 @@ class RunWriter:
                         self.numbers = closing_numbers(con, self.run_id)
                     except Exception as exc:  # noqa: BLE001 - raised by the replay, where it reads them
                         self.numbers_error = exc
+        self.close()
 
 
 def closing_numbers(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
