@@ -117,10 +117,10 @@ class CacheController:
         if self.emit.eviction is not None:
             pool = self.device if tier == "device" else self.host
             locked = self.tree.locked_device_pages if tier == "device" else self.tree.locked_host_pages
-            self.emit.eviction(
+            self.emit.eviction((
                 eid, now_ns, tier, node.id, tokens, action, cause, node.owner,
                 pool.used_pages * self.page_size, pool.capacity * self.page_size,
-                locked * self.page_size, node.hit_count, node.last_access_ns)
+                locked * self.page_size, node.hit_count, node.last_access_ns))
         return eid
 
     # --- eviction ------------------------------------------------------------------------
@@ -197,8 +197,8 @@ class CacheController:
         self.stats.backups += 1
         self.stats.backup_bytes += pages * self.page_bytes
         if self.emit.transfer is not None:
-            self.emit.transfer(self._transfer_id(), start, end, "backup", cause, pages, runs,
-                                        pages * self.page_bytes, dp_bytes, start - now_ns, wall, None)
+            self.emit.transfer((self._transfer_id(), start, end, "backup", cause, pages, runs,
+                                        pages * self.page_bytes, dp_bytes, start - now_ns, wall, None))
         self.at(end, self.tree.dec_lock, node)
         self._write_storage(node, cause, end)
         return True
@@ -220,8 +220,8 @@ class CacheController:
         self.blocking_ns = self.d2h_free_ns - now_ns
         self.stats.write_backs += 1
         if self.emit.transfer is not None:
-            self.emit.transfer(self._transfer_id(), start, start + dur, "write_back", cause, pages, runs,
-                                        pages * self.page_bytes, dp_bytes, start - now_ns, wall, None)
+            self.emit.transfer((self._transfer_id(), start, start + dur, "write_back", cause, pages, runs,
+                                        pages * self.page_bytes, dp_bytes, start - now_ns, wall, None))
         self._write_storage(node, cause, start + dur)
 
     def _write_storage(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
@@ -240,8 +240,8 @@ class CacheController:
             key = "storage/delete"
             self.stats.evictions[key] = self.stats.evictions.get(key, 0) + len(deleted)
         if self.emit.transfer is not None:
-            self.emit.transfer(self._transfer_id(), start, end, "storage_write", cause, pages, 1,
-                                        pages * self.page_bytes, dp_bytes, start - now_ns, 0, None)
+            self.emit.transfer((self._transfer_id(), start, end, "storage_write", cause, pages, 1,
+                                        pages * self.page_bytes, dp_bytes, start - now_ns, 0, None))
 
     # --- host -> device ------------------------------------------------------------------
     def load_back(self, nodes: tuple[TreeNode, ...], slots: list[int], req_id: str, now_ns: int,
@@ -297,14 +297,14 @@ class CacheController:
         self.disk_free_ns = end
         self.stats.prefetches += 1
         if self.emit.transfer is not None:
-            self.emit.transfer(self._transfer_id(), start, end, "prefetch", req_id, pages,
+            self.emit.transfer((self._transfer_id(), start, end, "prefetch", req_id, pages,
                                         _rows.count_runs(slots), pages * self.page_bytes,
-                                        dp_bytes, start - now_ns, 0, None)
+                                        dp_bytes, start - now_ns, 0, None))
         return start, end
 
     def emit_load_back(self, start: int, end: int, req_id: str, pages: int, runs: int, queued: int,
                        wall: int, verified) -> None:
         if self.emit.transfer is not None:
             dp_bytes = pages * self.dp_page_bytes
-            self.emit.transfer(self._transfer_id(), start, end, "load_back", req_id, pages, runs,
-                                        pages * self.page_bytes, dp_bytes, queued, wall, verified)
+            self.emit.transfer((self._transfer_id(), start, end, "load_back", req_id, pages, runs,
+                                        pages * self.page_bytes, dp_bytes, queued, wall, verified))

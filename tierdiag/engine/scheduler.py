@@ -154,6 +154,7 @@ class Scheduler:
         gpu_free = 0
         events = self._events
         pop = heapq.heappop
+        tick = self.emit.tick
         while True:
             while nxt_t is not None and nxt_t <= now:
                 self._arrive(nxt, nxt_t)
@@ -166,6 +167,8 @@ class Scheduler:
                 end = self._batch(now)
                 if end is not None:
                     gpu_free = end
+                if tick is not None:  # a batch's events are in: the probe may flush its buffers
+                    tick()
             candidates = []
             if nxt_t is not None:
                 candidates.append(nxt_t)
@@ -190,7 +193,7 @@ class Scheduler:
         req = Req(t, now)
         ps = self.ps
         if self.emit.arrived is not None:
-            self.emit.arrived(now, req.req_id, req.seq, req.input_len, req.output_len)
+            self.emit.arrived((now, req.req_id, req.seq, req.input_len, req.output_len))
         req.total_pages = -(-(req.input_len + req.output_len) // ps)
         if req.total_pages > self.ctrl.device.capacity:
             self._reject(req, f"needs {req.total_pages * ps} tokens of device memory; the pool holds "
@@ -206,11 +209,11 @@ class Scheduler:
     def _reject(self, req: Req, reason: str) -> None:
         self.stats.requests_rejected += 1
         if self.emit.record is not None:
-            self.emit.record(
+            self.emit.record((
                 req.req_id, req.seq, req.arrival_ns, req.input_len, req.output_len, "rejected", reason, None,
                 0, 0, 0, 0, 0, 0, 0, None, 0, None, 0, 0, 0,
                 None, None, None, None, None, 0, 0, 0, 0, None, None, None, None, None, None, None, None,
-                None, 0, None, None)
+                None, 0, None, None))
 
     # --- storage prefetch ----------------------------------------------------------------
     def _start_prefetch(self, req: Req, now: int) -> None:
@@ -493,10 +496,10 @@ class Scheduler:
         req.sched_ns = now
         self._count_recomputed(req, match, skip is not None)
         if self.emit.matched is not None:
-            self.emit.matched(now, req.req_id, dev_pages * ps, req.host_loaded_pages * ps,
-                              req.storage_loaded_pages * ps, prefix_pages * ps, req.protected_pages * ps)
+            self.emit.matched((now, req.req_id, dev_pages * ps, req.host_loaded_pages * ps,
+                              req.storage_loaded_pages * ps, prefix_pages * ps, req.protected_pages * ps))
         if skip and self.emit.skipped is not None:
-            self.emit.skipped(now, req.req_id, "host", tiered * ps, skip)
+            self.emit.skipped((now, req.req_id, "host", tiered * ps, skip))
         if load:
             return take, lb_ns, tiered
         return take, 0, 0
@@ -615,10 +618,10 @@ class Scheduler:
                 self.chunked = req
                 self.at(end, self._cache_unfinished, req)
             if self.emit.prefill_done is not None:
-                self.emit.prefill_done(end, req.req_id, bid, req.num_chunks, take)
+                self.emit.prefill_done((end, req.req_id, bid, req.num_chunks, take))
         if self.emit.batch is not None:
-            self.emit.batch(bid, now, end, len(items), sum(t for _, t, _, _ in items), lb_bytes_total, compute_ns,
-                            exposed, decoding, int(batch_recompute_ns))
+            self.emit.batch((bid, now, end, len(items), sum(t for _, t, _, _ in items), lb_bytes_total, compute_ns,
+                            exposed, decoding, int(batch_recompute_ns)))
         return end
 
     def _write_chunk(self, req: Req, take: int) -> None:
@@ -681,7 +684,7 @@ class Scheduler:
         ttft = now - req.arrival_ns
         self.stats.ttft_ns.append(ttft)
         if self.emit.first_token is not None:
-            self.emit.first_token(now, req.req_id, ttft)
+            self.emit.first_token((now, req.req_id, ttft))
         context = req.input_len + req.output_len
         step = self.cost.decode_step_ns(self.running_context_tokens + context)
         self.running_context_tokens += context
@@ -750,7 +753,7 @@ class Scheduler:
         if self.emit.lost is not None:
             lost = self.emit.lost
             for eid, tokens in req.lost.items():
-                lost(req.req_id, eid, tokens)
+                lost((req.req_id, eid, tokens))
         if self.emit.record is not None:  # the record's counterfactuals: only for a probe that keeps them
             new_tokens = computed - recomputed
             prefix = device + host + storage
@@ -760,7 +763,7 @@ class Scheduler:
             recompute_instead = if_resident + (cost.prefill_alone_ns(computed + tiered, device)
                                                - cost.prefill_alone_ns(computed, prefix)) if tiered else if_resident
             hit_class = "tiered_hit" if tiered else "device_hit" if device else "miss"
-            self.emit.record(
+            self.emit.record((
                 req.req_id, req.seq, req.arrival_ns, req.input_len, req.output_len, "finished", None, hit_class,
                 device, host, storage, computed, recomputed, req.host_match_pages * ps,
                 req.storage_match_pages * ps, req.lb_skip_reason, req.lb_skip_pages * ps, req.storage_skip_reason,
@@ -768,17 +771,17 @@ class Scheduler:
                 queue, storage_wait, req.lb_ns, lb_exposed, req.lb_queued, req.lb_pages * self.ctrl.page_bytes,
                 req.lb_pages, req.lb_runs, req.storage_bytes, req.storage_fetch_ns, recompute_ns, compute_ns,
                 req.first_token_ns - req.sched_ns, ttft, ideal, if_resident, recompute_instead,
-                req.first_batch_id, req.num_chunks, req.first_token_ns, now)
+                req.first_batch_id, req.num_chunks, req.first_token_ns, now))
         if self.progress is not None and st.requests_finished % 256 == 0:
             self.progress(st.requests_finished, now, st)
 
     def _sample_pools(self, now: int) -> None:
         ps, tree, ctrl = self.ps, self.tree, self.ctrl
         emit = self.emit.pool_sample
-        emit(now, "device", ctrl.device.used_pages * ps, ctrl.device.capacity * ps, tree.locked_device_pages * ps)
-        emit(now, "host", ctrl.host.used_pages * ps, ctrl.host.capacity * ps, tree.locked_host_pages * ps)
+        emit((now, "device", ctrl.device.used_pages * ps, ctrl.device.capacity * ps, tree.locked_device_pages * ps))
+        emit((now, "host", ctrl.host.used_pages * ps, ctrl.host.capacity * ps, tree.locked_host_pages * ps))
         if ctrl.storage is not None:
-            emit(now, "storage", ctrl.storage.used_pages * ps, ctrl.storage.capacity * ps, 0)
+            emit((now, "storage", ctrl.storage.used_pages * ps, ctrl.storage.capacity * ps, 0))
 
 
 def _noop(_arg) -> None:

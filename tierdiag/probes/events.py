@@ -169,16 +169,18 @@ def field_names(cls) -> tuple[str, ...]:
 
 
 class Emitters:
-    """The engine's handle on a probe: one callable an event class, taking the event's fields in
-    order, or None where nothing is to be emitted (no probe, or a probe that keeps no such
-    events: the engine then builds neither the event nor its fields).
+    """The engine's handle on a probe: one callable an event class, taking the tuple of the
+    event's fields in order, or None where nothing is to be emitted (no probe, or a probe that
+    keeps no such events: the engine then builds neither the event nor its fields); and `tick`,
+    called once a batch (None where the probe has nothing to do then).
 
-    A probe may provide `emitter(cls)` (the recorder's appends the fields as they come, without
-    building the event: building a NamedTuple costs more than keeping it) and `wants(cls)`; any
-    other probe gets each event built and passed to its `emit`, as always."""
+    A probe may provide `emitter(cls)` (the recorder's is its buffer's `list.append`: no Python
+    frame an event, and a replay emits ~10^5 of them), `wants(cls)` and `tick()` (the recorder
+    flushes a full buffer there); any other probe gets each event built and passed to its
+    `emit`, as always."""
 
     __slots__ = ("arrived", "matched", "skipped", "transfer", "eviction", "lost", "batch", "prefill_done",
-                 "first_token", "pool_sample", "record")
+                 "first_token", "pool_sample", "record", "tick")
 
     _CLASSES = {"arrived": RequestArrived, "matched": PrefixMatched, "skipped": LoadBackSkipped,
                 "transfer": Transfer, "eviction": Eviction, "lost": PrefixLostPages, "batch": BatchScheduled,
@@ -188,6 +190,7 @@ class Emitters:
     def __init__(self, probe) -> None:
         for name, cls in self._CLASSES.items():
             setattr(self, name, None if probe is None else _emitter(probe, cls))
+        self.tick = getattr(probe, "tick", None)
 
 
 def _emitter(probe, cls):
@@ -199,5 +202,5 @@ def _emitter(probe, cls):
         return make(cls)
     emit = probe.emit
     if cls is RequestRecord:  # a request's record reaches a plain probe as RequestFinished
-        return lambda *fields: emit(RequestFinished(RequestRecord(*fields)))
-    return lambda *fields: emit(cls(*fields))
+        return lambda fields: emit(RequestFinished(RequestRecord(*fields)))
+    return lambda fields: emit(cls(*fields))

@@ -41,36 +41,37 @@ class Probe:
 
 class Recorder(Probe):
     """Keeps the events each table stores (as they come: appending a tuple is the cheapest
-    thing a hook can do) and turns them into columns only when flushing, with one zip a table."""
+    thing a hook can do) and turns them into columns only when flushing, with one zip a table.
+    The engine appends straight to the buffers (`emitter`) and calls `tick` once a batch,
+    where buffers holding `flush_rows` rows in all are flushed (and `emit` checks at every event)."""
 
     def __init__(self, sink: Sink, *, flush_rows: int = 250_000):
         super().__init__()
         self._sink = sink
         self._flush_rows = flush_rows
-        self._rows = 0
         self._tables = {cls: table for cls, table in _TABLE_OF.items()}
         self._tables[ev.RequestRecord] = "requests"
         self._pending: dict[type, list] = {cls: [] for cls in self._tables}
+        self._buffers = tuple(self._pending.values())
 
     def wants(self, cls) -> bool:
         """Only the events a table stores: the engine builds no others (events.Emitters)."""
         return cls in self._pending
 
     def emitter(self, cls):
-        """Append an event's fields as they come, as the tuple `flush` zips into columns (the
-        event itself is never built: a NamedTuple costs ~3x a plain tuple, and a replay emits
-        ~10^5 of them). A full buffer flushes, as `emit` does."""
-        pending = self._pending[cls]
-        append = pending.append
-        recorder = self
+        """The buffer's own append, handed the event's fields as a tuple: what `flush` zips
+        into columns (the event itself is never built: a NamedTuple costs ~3x a plain tuple,
+        and a Python function an event costs as much again)."""
+        return self._pending[cls].append
 
-        def emit(*fields) -> None:
-            append(fields)
-            recorder._rows += 1
-            if recorder._rows >= recorder._flush_rows:
-                recorder.flush()
+    @property
+    def buffered_rows(self) -> int:
+        return sum(map(len, self._buffers))
 
-        return emit
+    def tick(self) -> None:
+        """Flush once `flush_rows` rows are buffered (the engine calls this once a batch)."""
+        if self.buffered_rows >= self._flush_rows:
+            self.flush()
 
     def emit(self, event) -> None:
         cls = type(event)
@@ -81,16 +82,14 @@ class Recorder(Probe):
                 return
             event, pending = event.record, self._pending[ev.RequestRecord]
         pending.append(event)
-        self._rows += 1
-        if self._rows >= self._flush_rows:
-            self.flush()
+        self.tick()
 
     def flush(self) -> None:
         """Hand everything buffered to the sink, once. The sink owns the rows from the call on
         (the store's writer keeps what it could not write yet, and commits each row once), so
         the buffers are cleared whether it returns or raises; SIGINT/SIGTERM wait until they
         are, so an interrupt never leaves rows both handed over and still here."""
-        if not self._rows:
+        if not self.buffered_rows:
             return
         with signals.deferred():
             tables: dict[str, dict[str, tuple]] = {}
@@ -100,6 +99,5 @@ class Recorder(Probe):
             try:
                 self._sink(tables)
             finally:
-                for events in self._pending.values():
+                for events in self._buffers:
                     events.clear()
-                self._rows = 0
