@@ -174,15 +174,41 @@ def _inputs(run) -> dict:
 
 
 def compute_evidence(con: duckdb.DuckDBPyConnection, run) -> dict:
-    """The three sections, from the run's rows, as the JSON-ready dict that is stored."""
+    """The three sections, from the run's rows, as the JSON-ready dict that is stored.
+
+    The run context (half the queries) is computed on a second cursor, in a thread, while
+    this one computes the summary and the totals: DuckDB runs a query without the GIL, and at a
+    replay's close the engine's core is idle, waiting for this (~80 -> ~50 ms on the
+    conversation trace). The results are the same as one after the other: the rows are
+    committed and nothing writes meanwhile."""
+    import threading
+
     from tierdiag.diagnose.context import compute_run_context
     from tierdiag.diagnose.explain import run_totals
     from tierdiag.diagnose.summary import compute_run_summary
 
-    return {"inputs": _encode(_inputs(run)),
-            "context": _encode(compute_run_context(con, run)),
-            "summary": _encode(compute_run_summary(con, run)),
-            "totals": _encode(run_totals(con, run.run_id))}
+    catalog = con.execute("SELECT current_database()").fetchone()[0]
+    with con.cursor() as cur:
+        cur.execute('USE "' + catalog.replace('"', '""') + '"')  # a cursor starts in the database's default catalog
+        context: list = []
+
+        def compute_context() -> None:
+            try:
+                context.append(compute_run_context(cur, run))
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, on the caller's thread
+                context.append(exc)
+
+        thread = threading.Thread(target=compute_context, name="tierdiag-evidence", daemon=True)
+        thread.start()
+        try:
+            summary = compute_run_summary(con, run)
+            totals = run_totals(con, run.run_id)
+        finally:
+            thread.join()
+    if isinstance(context[0], BaseException):
+        raise context[0]
+    return {"inputs": _encode(_inputs(run)), "context": _encode(context[0]),
+            "summary": _encode(summary), "totals": _encode(totals)}
 
 
 def write_evidence(con: duckdb.DuckDBPyConnection, run_id: str, sections: dict) -> None:
