@@ -21,6 +21,15 @@ RunOpt = Annotated[Optional[str], typer.Option("--run", help="Run id, id prefix 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 DEFAULT_DB_PATH = Path(DEFAULT_DB)
 
+
+def db_option(db: str | Path) -> str:
+    """' --db PATH' for a "next:" hint (nothing for the default store), quoted for a shell, so
+    the hint can be pasted as it is whatever the path holds (spaces, quotes). Print it through
+    report.terminal.plain: a path is data (no markup, controls escaped)."""
+    import shlex
+
+    return "" if Path(db) == DEFAULT_DB_PATH else f" --db {shlex.quote(str(db))}"
+
 def _styling() -> dict:
     """NO_COLOR (https://no-color.org, any non-empty value) turns off all styling, bold and dim
     included: Rich's own NO_COLOR support drops only the colours."""

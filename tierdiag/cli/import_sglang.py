@@ -6,13 +6,14 @@ main.py adds by name; each source format is one command of it.
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, err, out, print_json
+from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, db_option, err, out, print_json
 
 import_app = typer.Typer(name="import", help="Record a server's own per-request export as an observed run.",
                          no_args_is_help=True)
@@ -79,12 +80,13 @@ def sglang(
         table.add_row("trace", f"{s.trace_requests:,} requests -> {s.trace_out}")
     table.add_row("read in", f"{s.wall_s:,.2f} s ({s.num_requests / s.wall_s:,.0f} requests/s)" if s.wall_s else "-")
     out.print(table)
-    db_opt = "" if s.db_path == str(DEFAULT_DB_PATH) else f" --db {s.db_path}"
-    out.print(f"recorded observed run {s.run_id} in {s.db_path}", markup=False, highlight=False)
+    from tierdiag.report.terminal import plain
+
+    db_opt = db_option(s.db_path)
+    out.print(plain(f"recorded observed run {s.run_id} in {s.db_path}"))
     if s.trace_out and s.trace_requests:
-        out.print(f"next: tierdiag replay {s.trace_out}{db_opt} --device-tokens N --host-tokens N --page-size N "
-                  f"(the server's cache sizes), then tierdiag compare {s.run_id} REPLAY_RUN --requests{db_opt}",
-                  markup=False, highlight=False)
+        out.print(plain(f"next: tierdiag replay {shlex.quote(str(s.trace_out))}{db_opt} --device-tokens N --host-tokens N "
+                        f"--page-size N (the server's cache sizes), then tierdiag compare {s.run_id} REPLAY_RUN "
+                        f"--requests{db_opt}"))
     else:
-        out.print(f"next: tierdiag summary --run {s.run_id}{db_opt}   ·   tierdiag explain REQ_ID --run {s.run_id}{db_opt}",
-                  markup=False, highlight=False)
+        out.print(plain(f"next: tierdiag summary --run {s.run_id}{db_opt}   ·   tierdiag explain REQ_ID --run {s.run_id}{db_opt}"))

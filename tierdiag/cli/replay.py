@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from tierdiag.cli.choices import choices
-from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, err, out, print_json
+from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, db_option, err, out, print_json
 # No torch: presets, registries and validation only.
 from tierdiag.diagnose.units import fmt_bytes, fmt_ms, fmt_pct, fmt_pool
 from tierdiag.engine.config import (
@@ -213,5 +213,5 @@ def _render(s, cfg: EngineConfig) -> None:
         out.print(plain(_storage_line(s)))
     if s.run_id:
         out.print(Text.assemble("recorded run ", plain(s.run_id, "bold"), " in ", plain(s.db_path)))
-        db = "" if s.db_path == str(DEFAULT_DB_PATH) else f" --db {s.db_path}"
+        db = db_option(s.db_path)
         out.print(plain(f"next: tierdiag slow{db}   ·   tierdiag explain REQ_ID{db}   ·   tierdiag report{db}"))

@@ -8,7 +8,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, err, out, print_json
+from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, db_option, err, out, print_json
 from tierdiag.errors import ConfigError
 
 Opt = typer.Option
@@ -69,9 +69,10 @@ def sweep(
     from tierdiag.report.compare_terminal import render_comparison
 
     render_comparison(result, out)
-    where = "" if db == DEFAULT_DB_PATH else f" --db {db}"
-    out.print(f"next: tierdiag compare --sweep {sweep_id}{where}   ·   tierdiag report --sweep {sweep_id}{where}",
-              markup=False, highlight=False)
+    from tierdiag.report.terminal import plain
+
+    where = db_option(db)
+    out.print(plain(f"next: tierdiag compare --sweep {sweep_id}{where}   ·   tierdiag report --sweep {sweep_id}{where}"))
 
 
 def _run(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool) -> list[str]:
