@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tierdiag.engine import cplane
 from tierdiag.engine import rows as _rows
 from tierdiag.errors import OutputError
 
@@ -64,6 +65,9 @@ class DataPlane:
             "pinned_host": self.pinned_host, "page_bytes": self.page_bytes,
             "modelled_page_bytes": self.modelled_page_bytes, "reduced_width": self.reduced,
             "scale": self.page_bytes / self.modelled_page_bytes, "layout": self.layout,
+            # What moved, wrote and checked the CPU pools' bytes: the compiled kernel or numpy
+            # (cplane.py; the same bytes either way, the time differs).
+            "cpu_kernel": cplane.CPU_KERNEL,
         }
 
 
@@ -98,6 +102,8 @@ def plan_data_plane(*, model_layers: int, modelled_page_bytes: int, total_pages:
 
 # Frees of up to this many slots take the Python path (PagePool._free_small).
 _SMALL_FREE = 8
+if cplane.C is not None:
+    _c_alloc, _c_free = cplane.C.alloc, cplane.C.free
 
 
 class PagePool:
@@ -141,10 +147,10 @@ class PagePool:
             self.rows = kernels.register_pool(self._tensor)
         elif self.page_major:
             self.array = np.zeros((num_pages, plane.num_layers, plane.page_elems), dtype=np.int64).transpose(1, 0, 2)
-            self.rows = _rows.array_rows(self.array)  # [1, P]: a page's layers are one item
+            self.rows = _rows.array_rows(self.array, page_first=True)  # [1, P]: a page's layers are one item
         else:
             self.array = np.zeros(shape, dtype=np.int64)
-            self.rows = _rows.array_rows(self.array)
+            self.rows = _rows.array_rows(self.array, page_first=False)
         # Geometry kept as plain ints.
         self.num_layers, self.page_elems = plane.num_layers, plane.page_elems
         self.page_bytes = plane.num_layers * plane.page_elems * 8  # data plane (int64)
@@ -170,7 +176,7 @@ class PagePool:
     def used_pages(self) -> int:
         return self.capacity - self._top
 
-    def alloc(self, n: int) -> list[int] | None:
+    def _alloc_numpy(self, n: int) -> list[int] | None:
         top = self._top
         if n > top:
             return None
@@ -185,7 +191,30 @@ class PagePool:
         self._top = top - n
         return slots.tolist()
 
-    def free(self, slots: list[int]) -> None:
+    def _alloc_c(self, n: int) -> list[int] | None:
+        """`_alloc_numpy` by the compiled kernel: the same slots, in one C loop."""
+        top = self._top
+        if n > top:
+            return None
+        if n <= 0:
+            if n < 0:
+                raise ValueError(f"{self.name}: alloc of {n} pages")
+            return []
+        slots = _c_alloc(self._stack, self._owned_bytes, top, n)
+        self._top = top - n
+        return slots
+
+    def _free_c(self, slots: list[int]) -> None:
+        """`_free_numpy` by the compiled kernel: every slot proved owned and named once (marked
+        as it is seen, no set), then cleared and pushed. A free it refuses, having changed
+        nothing, goes to the numpy path, which names the slot and raises."""
+        top = _c_free(self._stack, self._owned_bytes, self._top, slots)
+        if top < 0:
+            self._free_numpy(slots)
+            return
+        self._top = top
+
+    def _free_numpy(self, slots: list[int]) -> None:
         n = len(slots)
         if not n:
             return
@@ -243,6 +272,10 @@ class PagePool:
                 raise AssertionError(f"{self.name} slot {s} freed but not owned (double free?)")
             seen.add(s)
         raise AssertionError(f"{self.name}: a free of {len(slots)} slots refused for no slot (a pool bug)")
+
+    # The chosen CPU kernel's (cplane.py); both hand out the same slots in the same order.
+    alloc = _alloc_c if cplane.C is not None else _alloc_numpy
+    free = _free_c if cplane.C is not None else _free_numpy
 
     def check(self) -> None:
         free = self._stack[:self._top]
@@ -343,7 +376,7 @@ def _content_rows(keys, num_layers: int, page_elems: int, page_major: bool = Fal
     return make(keys)
 
 
-def write_content(pool: PagePool, slots: list[int], keys: list[int]) -> None:
+def write_content_numpy(pool: PagePool, slots: list[int], keys: list[int]) -> None:
     """What a prefill would produce: KV derived from the page keys, into the given slots."""
     if not len(slots):
         return
@@ -366,7 +399,26 @@ def read_pages(pool: PagePool, slots: list[int]):
     return out
 
 
-def verify_content(pool: PagePool, slots: list[int], keys: list[int]) -> bool:
+def write_content_c(pool: PagePool, slots: list[int], keys: list[int]) -> None:
+    """`write_content_numpy` by the compiled kernel: each page's values generated straight into
+    its slot (no content buffer, no row copy). What it declines (a slot outside the pool, a key
+    that is no int64, a pool without a numpy row view) takes the numpy path."""
+    if pool.rows is None or not len(slots) or _c_write_content(pool.rows, slots, keys, pool.num_layers,
+                                                               pool.page_elems) < 0:
+        write_content_numpy(pool, slots, keys)
+
+
+def verify_content_c(pool: PagePool, slots: list[int], keys: list[int]) -> bool:
+    """`verify_content_numpy` by the compiled kernel: the pages compared in place with the
+    values the keys imply (no gather, no content buffer)."""
+    if pool.rows is not None and len(slots):
+        same = _c_verify_content(pool.rows, slots, keys, pool.num_layers, pool.page_elems)
+        if same >= 0:
+            return bool(same)
+    return verify_content_numpy(pool, slots, keys)
+
+
+def verify_content_numpy(pool: PagePool, slots: list[int], keys: list[int]) -> bool:
     """Whether the pages in `slots` hold, byte for byte, what `write_content` writes for `keys`."""
     if not len(slots):
         return True
@@ -380,6 +432,13 @@ def verify_content(pool: PagePool, slots: list[int], keys: list[int]) -> bool:
 
     expected = page_content(keys, pool.num_layers, pool.page_elems)
     return bool(torch.equal(read_pages(pool, slots), expected))
+
+
+# The chosen CPU kernel's (cplane.py).
+if cplane.C is not None:
+    _c_write_content, _c_verify_content = cplane.C.write_content, cplane.C.verify_content
+write_content = write_content_c if cplane.C is not None else write_content_numpy
+verify_content = verify_content_c if cplane.C is not None else verify_content_numpy
 
 
 # --- storage tier: pages in append-only segment files, keyed by chained SHA-256 ------------

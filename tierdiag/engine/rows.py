@@ -6,7 +6,8 @@ whatever the element type (see kernels.py for the layout and the torch/CUDA/Trit
 
 This module imports no torch: a CPU replay's pools are numpy buffers (pools.py), and the
 engine's copies, content writes and verification all run through here, so a CPU replay never
-pays torch's ~1.3 s import. kernels.py re-exports every name and adds the tensor paths; a
+pays torch's ~1.3 s import. `copy_rows` is the chosen CPU kernel's (cplane.py): the compiled
+`_cplane.move` where it is built, else `copy_rows_numpy`, the reference it falls back to. kernels.py re-exports every name and adds the tensor paths; a
 torch tensor passed as a page list is still accepted (converted through torch, which is then
 necessarily imported already).
 """
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence, Union
 
 import numpy as np
+
+from tierdiag.engine import cplane
 
 PageList = Union[Sequence[int], np.ndarray, Any]  # Any: a torch tensor of page ids
 
@@ -345,8 +348,8 @@ def _move_rows(sv: np.ndarray, src_pages: PageList, dv: np.ndarray, dst_pages: P
 
 
 
-def copy_rows(src_rows: np.ndarray, src_pages: PageList, dst_rows: np.ndarray,
-              dst_pages: PageList) -> tuple[int, int]:
+def copy_rows_numpy(src_rows: np.ndarray, src_pages: PageList, dst_rows: np.ndarray,
+                    dst_pages: PageList) -> tuple[int, int]:
     """`copy_pages` between two CPU pools given by their row views (what `register_pool`
     returned): the same bytes into the same pages, by the same numpy moves, without re-checking
     the tensors on every call (their geometry was checked once, when the views were made).
@@ -384,6 +387,20 @@ def copy_rows(src_rows: np.ndarray, src_pages: PageList, dst_rows: np.ndarray,
     return time.perf_counter_ns() - t0, count_runs(src_pages)
 
 
+def copy_rows_c(src_rows: np.ndarray, src_pages: PageList, dst_rows: np.ndarray,
+                dst_pages: PageList) -> tuple[int, int]:
+    """`copy_rows_numpy` by the compiled kernel (_cplane.move: every page range-checked, then
+    one memcpy a run of pages consecutive on both sides, in every layer), where numpy's ~5 us
+    of calls a transfer was most of the cost of moving a few hundred 256 B pages. What the
+    kernel declines, having moved nothing (a page outside a pool, lengths or geometries that
+    differ, overlapping pools, a tensor of page ids), takes the numpy path, with its errors."""
+    t0 = time.perf_counter_ns()
+    runs = _c_move(src_rows, src_pages, dst_rows, dst_pages)
+    if runs < 0:
+        return copy_rows_numpy(src_rows, src_pages, dst_rows, dst_pages)
+    return time.perf_counter_ns() - t0, runs
+
+
 def read_rows(src_rows: np.ndarray, src_pages: PageList) -> np.ndarray:
     """A copy of pages `src_pages` of a CPU pool's row view: [L, n] row items."""
     s = _cpu_index(src_pages, src_rows.shape[1], "source")
@@ -406,22 +423,30 @@ def write_rows(data: np.ndarray, dst_rows: np.ndarray, dst_pages: PageList) -> N
             raise
 
 
-def array_rows(buffer: np.ndarray) -> np.ndarray:
+def array_rows(buffer: np.ndarray, *, page_first: bool | None = None) -> np.ndarray:
     """A numpy pool buffer [L, P, E] as its row-item view (shares memory): the handle
     `copy_rows`, `read_rows` and `write_rows` take. Layer-first (a contiguous [L, P, E]): [L, P]
     items of one layer's page. Page-first (a contiguous [P, L, E] seen as [L, P, E] through a
     transpose): [1, P] items of a whole page, its layers in order; the moves are the same code
     (a page-first pool is a one-"layer" pool of wide rows), so both pools of a copy must share
-    the layout (`copy_rows` checks the item size and count of layers)."""
+    the layout (`copy_rows` checks the item size and count of layers). `page_first`: the layout
+    the pool was made with; None tells it from the strides, which cannot for a one-page pool
+    (both layouts are the same bytes then, but the views differ, and a copy between a one-page
+    page-first pool and a larger one would be refused)."""
     if buffer.ndim != 3:
         raise ValueError(f"a pool buffer is [num_layers, num_pages, page_elems]; got shape {buffer.shape}")
     layers, pages, elems = buffer.shape
-    if buffer.flags.c_contiguous:
+    if buffer.flags.c_contiguous and not page_first:
         row = np.dtype((np.void, elems * buffer.itemsize))
         return buffer.reshape(-1).view(np.uint8).view(row).reshape(layers, pages)
-    page_first = buffer.transpose(1, 0, 2)
-    if page_first.flags.c_contiguous:
+    page_major = buffer.transpose(1, 0, 2)
+    if page_major.flags.c_contiguous and page_first is not False:
         row = np.dtype((np.void, layers * elems * buffer.itemsize))
-        return page_first.reshape(-1).view(np.uint8).view(row).reshape(1, pages)
+        return page_major.reshape(-1).view(np.uint8).view(row).reshape(1, pages)
     raise ValueError("a pool buffer must be contiguous: layer-first [L, P, E] or page-first [P, L, E] "
                      "seen as [L, P, E] through .transpose(1, 0, 2)")
+
+
+# --- the CPU kernel (cplane.py): the compiled one where it is built ----------------------------
+_c_move = cplane.C.move if cplane.C is not None else None
+copy_rows = copy_rows_c if cplane.C is not None else copy_rows_numpy

@@ -1,0 +1,323 @@
+"""The CPU data plane's backends on the same cases: the compiled kernel (_cplane.c) and numpy
+(rows.py, pools.py: the reference). Page moves, page content, its verification and a pool's
+slot bookkeeping give the same bytes, the same slots in the same order, and the same errors,
+for both pool layouts; and the compiled kernel is really there unless TIERDIAG_CPLANE=numpy."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tierdiag.engine import cplane, pools, rows
+from tierdiag.engine.pools import DataPlane, PagePool, page_content_np
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    copy_rows: Callable
+    write_content: Callable
+    verify_content: Callable
+    alloc: Callable
+    free: Callable
+
+
+NUMPY = Backend("numpy", rows.copy_rows_numpy, pools.write_content_numpy, pools.verify_content_numpy,
+                PagePool._alloc_numpy, PagePool._free_numpy)
+C = Backend("c", rows.copy_rows_c, pools.write_content_c, pools.verify_content_c, PagePool._alloc_c,
+            PagePool._free_c)
+BACKENDS = [pytest.param(NUMPY, id="numpy"),
+            pytest.param(C, id="c", marks=pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}"))]
+LAYOUTS = ("layer_first", "page_first")
+# (layers, elems): the engine's 4 x 8, and odd ones (one layer: both layouts are the same memory)
+GEOMETRIES = [(4, 8), (2, 4), (1, 1), (3, 5)]
+
+
+def test_the_compiled_kernel_is_built_and_chosen():
+    """CI notices a build that silently failed (setup.py's extension is optional): only an
+    explicit TIERDIAG_CPLANE=numpy may leave it out."""
+    if os.environ.get(cplane.ENV, "").strip().lower() == "numpy":
+        assert cplane.C is None and cplane.CPU_KERNEL == "numpy"
+        pytest.skip("TIERDIAG_CPLANE=numpy: the numpy data plane by request")
+    assert cplane.C is not None, f"the compiled CPU data plane is not usable: {cplane.WHY_NOT}"
+    assert cplane.CPU_KERNEL == "c" and cplane.C.API == cplane.API
+    assert rows.copy_rows is rows.copy_rows_c
+    assert (pools.write_content, pools.verify_content) == (pools.write_content_c, pools.verify_content_c)
+    assert (PagePool.alloc, PagePool.free) == (PagePool._alloc_c, PagePool._free_c)
+    plane = DataPlane(4, 8, "cpu", False, 1 << 20, layout="page_first")
+    assert plane.to_json()["cpu_kernel"] == "c"
+
+
+@pytest.mark.parametrize("env", ["numpy", "auto", "c", "bogus"])
+def test_the_switch_reads_the_environment(env):
+    built = cplane._load("auto")[0] is not None  # whatever this process was told
+    code = ("import json\nfrom tierdiag.engine import cplane, pools, rows\n"
+            "print(json.dumps([cplane.CPU_KERNEL, rows.copy_rows.__name__, pools.PagePool.free.__name__]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, cplane.ENV: env})
+    if env == "bogus" or (env == "c" and not built):
+        assert proc.returncode != 0
+        assert ("TIERDIAG_CPLANE='bogus' must be auto, c or numpy" if env == "bogus"
+                else "TIERDIAG_CPLANE=c but the compiled CPU data plane is unusable") in proc.stderr
+        return
+    assert proc.returncode == 0, proc.stderr
+    kernel = "numpy" if env == "numpy" or not built else "c"
+    assert json.loads(proc.stdout) == [kernel, f"copy_rows_{kernel}", f"_free_{kernel}"]
+
+
+def _pool(layout: str, pages: int, layers: int = 2, elems: int = 4, name: str = "host") -> PagePool:
+    plane = DataPlane(layers, elems, "cpu", False, 1 << 20, layout=layout)
+    return PagePool(name, pages, plane, on_device=False)
+
+
+def _random_fill(pool: PagePool, seed: int) -> None:
+    pool.array[...] = np.random.default_rng(seed).integers(-(2**63), 2**63 - 1, pool.array.shape, dtype=np.int64,
+                                                           endpoint=True)
+
+
+def _as_kind(pages: list[int], kind: str):
+    if kind == "array":
+        return np.array(pages, dtype=np.int64)
+    if kind == "intp":
+        return np.array(pages, dtype=np.intp)
+    if kind == "tuple":
+        return tuple(pages)
+    if kind == "range" and pages and pages == list(range(pages[0], pages[0] + len(pages))):
+        return range(pages[0], pages[0] + len(pages))
+    return pages
+
+
+# --- page moves ----------------------------------------------------------------------------------
+@st.composite
+def _moves(draw):
+    layout = draw(st.sampled_from(LAYOUTS))
+    layers, elems = draw(st.sampled_from(GEOMETRIES))
+    src_pages, dst_pages = draw(st.integers(1, 40)), draw(st.integers(1, 40))
+    n = draw(st.integers(0, min(src_pages, dst_pages)))
+    shape = draw(st.sampled_from(["scattered", "runs", "consecutive"]))
+    if shape == "scattered":
+        s = draw(st.lists(st.integers(0, src_pages - 1), min_size=n, max_size=n))  # repeats allowed
+        d = draw(st.permutations(range(dst_pages)))[:n]
+    elif shape == "runs":
+        s0, d0 = draw(st.integers(0, src_pages - n)), draw(st.integers(0, dst_pages - n))
+        cut = draw(st.integers(0, n))
+        s = list(range(s0, s0 + n))
+        d = list(range(d0 + cut, d0 + n)) + list(range(d0, d0 + cut))  # two runs, swapped
+    else:
+        s0, d0 = draw(st.integers(0, src_pages - n)), draw(st.integers(0, dst_pages - n))
+        s, d = list(range(s0, s0 + n)), list(range(d0, d0 + n))
+    kind = draw(st.sampled_from(["list", "array", "intp", "tuple", "range"]))
+    return layout, layers, elems, src_pages, dst_pages, s, d, kind, draw(st.integers(0, 2**16))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=120, deadline=None)
+@given(case=_moves())
+def test_a_move_is_the_page_at_a_time_copy(backend, case):
+    layout, layers, elems, sp, dp, s, d, kind, seed = case
+    src, dst = _pool(layout, sp, layers, elems), _pool(layout, dp, layers, elems)
+    _random_fill(src, seed)
+    _random_fill(dst, seed + 1)
+    expected, src_before = dst.array.copy(), src.array.copy()
+    for a, b in zip(s, d):
+        expected[:, b] = src.array[:, a]
+    wall_ns, runs = backend.copy_rows(src.rows, _as_kind(s, kind), dst.rows, _as_kind(d, kind))
+    assert isinstance(wall_ns, int) and wall_ns >= 0
+    assert runs == rows.count_runs(s)
+    assert np.array_equal(dst.array, expected), "pages differ from the page-at-a-time copy"
+    assert np.array_equal(src.array, src_before), "the source pool changed"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_move_inside_one_pool_reads_every_page_before_writing(backend, layout):
+    """Overlapping pages in one pool: the result of copying from a snapshot (numpy's two-pass)."""
+    pool = _pool(layout, 8)
+    _random_fill(pool, 3)
+    before = pool.array.copy()
+    backend.copy_rows(pool.rows, [0, 1, 2, 5], pool.rows, [1, 2, 3, 0])
+    expected = before.copy()
+    expected[:, [1, 2, 3, 0]] = before[:, [0, 1, 2, 5]]
+    assert np.array_equal(pool.array, expected)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(("s", "d", "error", "message"), [
+    ([0, 1], [3, 4], IndexError, "destination page 4 out of range: the pool has 4 pages"),
+    ([0, 4], [0, 1], IndexError, "source page 4 out of range: the pool has 4 pages"),
+    ([-1], [0], IndexError, "source page -1 out of range"),
+    ([0, 1], [2, -3], IndexError, "destination page -3 out of range"),
+    ([1 << 70], [0], IndexError, f"source page {1 << 70} out of range"),
+    (list(range(40)), list(range(40)), IndexError, "source page 4 out of range"),  # numpy's long path
+    ([0, 1], [0], ValueError, "copy of 2 source pages into 1 destination pages"),
+    (np.array([0, 7]), np.array([1, 2]), IndexError, "source page 7 out of range"),
+])
+def test_a_bad_move_is_refused_with_the_numpy_message_before_a_byte_moves(backend, layout, s, d, error, message):
+    src, dst = _pool(layout, 4), _pool(layout, 4)
+    _random_fill(src, 1)
+    with pytest.raises(error, match=re.escape(message)):
+        backend.copy_rows(src.rows, s, dst.rows, d)
+    assert not dst.array.any(), "a refused move wrote into the destination"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pools_of_different_geometry_are_refused(backend):
+    src, dst = _pool("layer_first", 4, 2, 4), _pool("layer_first", 4, 2, 8)
+    with pytest.raises(ValueError, match="pool geometries differ"):
+        backend.copy_rows(src.rows, [0], dst.rows, [0])
+    with pytest.raises(ValueError, match="pool geometries differ"):  # a layout mix-up as well
+        backend.copy_rows(_pool("layer_first", 4).rows, [0], _pool("page_first", 4).rows, [0])
+    assert backend.copy_rows(src.rows, [], dst.rows, [])[1] == 0  # nothing to move: nothing checked
+
+
+# --- page content ------------------------------------------------------------------------------
+KEYS = [0, 1, -1, 2**63 - 1, -(2**63), 2**62 + 12345, -(2**40) - 7, 0x9E3779B97F4A7C15 - 2**64]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(("layers", "elems"), GEOMETRIES)
+@pytest.mark.parametrize("kind", ["list", "array"])
+def test_content_is_page_content_np_in_those_slots_only(backend, layout, layers, elems, kind):
+    pool = _pool(layout, 12, layers, elems)
+    slots = [9, 2, 3, 4, 11, 0, 7, 5]
+    backend.write_content(pool, _as_kind(slots, kind), _as_kind(KEYS, kind))
+    assert np.array_equal(pool.array[:, slots], page_content_np(KEYS, layers, elems))
+    assert not pool.array[:, [1, 6, 8, 10]].any()
+    assert backend.verify_content(pool, slots, KEYS)
+    assert backend.verify_content(pool, _as_kind(slots, kind), _as_kind(KEYS, kind))
+    other = PagePool("device", 12, pool_plane(pool), on_device=True)
+    NUMPY.write_content(other, slots, KEYS)  # the reference, into a fresh pool: the same bytes
+    assert pool.array.tobytes() == other.array.tobytes()
+
+
+def pool_plane(pool: PagePool) -> DataPlane:
+    return DataPlane(pool.num_layers, pool.page_elems, "cpu", False, 1 << 20,
+                     layout="page_first" if pool.page_major else "layer_first")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_verification_finds_any_flipped_byte_and_a_slot_mix_up(backend, layout):
+    pool = _pool(layout, 6, 3, 2)
+    slots, keys = [4, 1, 2], [71, -72, 2**63 - 1]
+    backend.write_content(pool, slots, keys)
+    assert backend.verify_content(pool, slots, keys)
+    assert not backend.verify_content(pool, [1, 4, 2], keys)
+    raw = pool.array.view(np.uint8)  # [layers, pages, elems * 8] bytes, whatever the layout
+    for layer in range(3):
+        for byte in range(2 * 8):
+            for slot in slots:
+                raw[layer, slot, byte] ^= 0x40
+                assert not backend.verify_content(pool, slots, keys), (layer, slot, byte)
+                raw[layer, slot, byte] ^= 0x40
+    assert backend.verify_content(pool, slots, keys)
+    raw[0, 0, 0] ^= 1  # a page nobody asked about
+    assert backend.verify_content(pool, slots, keys)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_content_arguments_fail_as_numpy_fails(backend):
+    pool = _pool("page_first", 4)
+    with pytest.raises(IndexError, match="destination page 4 out of range"):
+        backend.write_content(pool, [0, 4], [1, 2])
+    with pytest.raises(IndexError, match="source page -1 out of range"):
+        backend.verify_content(pool, [-1], [1])
+    with pytest.raises(OverflowError):
+        backend.write_content(pool, [0], [2**63])  # not an int64 page key
+    assert not pool.array.any()
+    backend.write_content(pool, [], [])
+    assert backend.verify_content(pool, [], [])
+
+
+# --- slot bookkeeping ------------------------------------------------------------------------------
+def _bookkeeping(backend: Backend, pages: int = 8) -> PagePool:
+    """A pool whose alloc and free are the backend's."""
+    cls = type(f"PagePool_{backend.name}", (PagePool,), {"alloc": backend.alloc, "free": backend.free})
+    return cls("host", pages, DataPlane(2, 4, "cpu", False, 1 << 20), on_device=False)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_freed_list_comes_back_out_as_it_was_freed(backend):
+    pool = _bookkeeping(backend, 40)
+    assert pool.alloc(3) == [0, 1, 2] and pool.alloc(2) == [3, 4]
+    pool.free([1, 0, 2])
+    assert pool.alloc(3) == [1, 0, 2]
+    long = pool.alloc(20)
+    assert long == list(range(5, 25))
+    pool.free(long[::-1])
+    assert pool.alloc(20) == long[::-1]
+    assert pool.alloc(0) == [] and pool.alloc(16) is None and pool.free_pages == 15
+    with pytest.raises(ValueError, match="alloc of -1"):
+        pool.alloc(-1)
+    pool.check()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("slots", "message"), [
+    ([3, 1], "host slot 1 freed but not owned (double free?)"),  # 1 was freed before
+    ([2, 3, 2], "host: slot 2 freed twice in one call"),
+    ([0, -1], "host slot -1 freed but not owned"),
+    ([0, 40], "host slot 40 freed but not owned"),
+    ([0, 1 << 70], "freed but not owned"),
+    ([0, 2, 3, 4, 5, 6, 7, 8, 9, 3], "host: slot 3 freed twice in one call"),  # past the small path
+    ([0, 2, 3, 4, 5, 6, 7, 8, 9, 1], "host slot 1 freed but not owned"),
+    (list(range(2, 12)) * 30, "freed twice in one call"),  # the long path's sort
+])
+def test_a_wrong_free_names_the_slot_and_changes_nothing(backend, slots, message):
+    pool = _bookkeeping(backend, 40)
+    held = pool.alloc(12)
+    pool.free([1])
+    before = (pool.free_pages, pool._stack.copy(), bytes(pool._owned_bytes))
+    with pytest.raises(AssertionError, match=re.escape(message)):
+        pool.free(slots)
+    assert (pool.free_pages, pool._stack.tolist(), bytes(pool._owned_bytes)) == \
+        (before[0], before[1].tolist(), before[2])
+    pool.check()
+    pool.free([s for s in held if s != 1])
+    assert pool.used_pages == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(pages=st.integers(1, 60), data=st.data())
+def test_every_backend_hands_out_the_same_slots_and_refuses_the_same_frees(pages, data):
+    """Any sequence of allocs and frees, some wrong: every backend the same slots in the same
+    order, the same refusals with the same messages, and exact accounting."""
+    backends = [NUMPY] + ([C] if cplane.C is not None else [])
+    pools_ = [_bookkeeping(b, pages) for b in backends]
+    held: list[int] = []
+    for _ in range(data.draw(st.integers(1, 25))):
+        if data.draw(st.booleans()):
+            n = data.draw(st.integers(0, pages + 1))
+            got = [p.alloc(n) for p in pools_]
+            assert all(g == got[0] for g in got)
+            held.extend(got[0] or [])
+            continue
+        slots = data.draw(st.lists(st.sampled_from(held), max_size=len(held), unique=True)) if held else []
+        if data.draw(st.integers(0, 3)) == 0:
+            slots = slots + [data.draw(st.sampled_from(slots)) if slots else data.draw(st.integers(-2, pages + 2))]
+        outcomes = []
+        for p in pools_:
+            try:
+                p.free(slots)
+                outcomes.append(None)
+            except AssertionError as exc:
+                outcomes.append(str(exc))
+        assert all(o == outcomes[0] for o in outcomes), outcomes
+        if outcomes[0] is None:
+            held = [s for s in held if s not in set(slots)]
+        for p in pools_:
+            assert p.used_pages == len(held)
+            p.check()
+        assert all(p._stack[:p._top].tolist() == pools_[0]._stack[:pools_[0]._top].tolist() for p in pools_)
