@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -29,8 +30,10 @@ HEAVY = ("torch", "pandas", "plotly")
 
 def run_cli(*args: str, watch: tuple[str, ...] = HEAVY) -> tuple[int, str, str, list[str]]:
     """(exit code, stdout, stderr, which of `watch` the command imported)."""
+    env = {"COLUMNS": "120", "PATH": "/usr/bin:/bin",  # and the suite's CPU data plane, if it chose one
+           **{k: v for k, v in os.environ.items() if k == "TIERDIAG_CPLANE"}}
     proc = subprocess.run([sys.executable, "-c", _HARNESS, json.dumps(list(args)), json.dumps(list(watch))],
-                          capture_output=True, text=True, env={"COLUMNS": "120", "PATH": "/usr/bin:/bin"}, timeout=120)
+                          capture_output=True, text=True, env=env, timeout=120)
     err, _, heavy = proc.stderr.rpartition("@@HEAVY@@")
     return proc.returncode, proc.stdout, err.strip(), json.loads(heavy)
 

@@ -49,7 +49,8 @@ class Result:
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERDIAG_")}
+    # TIERDIAG_CPLANE passes: a suite run with TIERDIAG_CPLANE=numpy replays on numpy throughout
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERDIAG_") or k == "TIERDIAG_CPLANE"}
     env.update({"COLUMNS": "200", **extra})
     return env
 

@@ -32,7 +32,7 @@ def small_trace(folder: Path, lines: int = 200) -> Path:
 
 
 def env(**extra: str) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("TIERDIAG_")}
+    e = {k: v for k, v in os.environ.items() if not k.startswith("TIERDIAG_") or k == "TIERDIAG_CPLANE"}
     e.update({"COLUMNS": "200", "PYTHONPATH": str(REPO) + os.pathsep + e.get("PYTHONPATH", ""), **extra})
     return e
 
