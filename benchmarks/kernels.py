@@ -23,6 +23,16 @@ the replay process's CPU (user+sys) and of its `wall_s`, with the median of the 
 how the data plane's changes are measured on a shared machine (benchmarks/README.md).
 
     .venv/bin/python benchmarks/kernels.py --replay-ab /path/to/before/checkout [--repeats 3] [--only synthetic]
+
+`--cpu-kernels` instead puts the CPU data plane's two backends (cplane.py: the compiled
+_cplane.c and numpy) side by side: a table of one call of each operation (page move, content
+write, verification, alloc+free) by pages per call on the engine's pools (page-first, 4 layers
+x 64 B, scattered slots), interleaved medians in this process; then `Engine.run` alone (the
+trace read beforehand, no probes) on the Mooncake traces, in fresh processes with
+TIERDIAG_CPLANE=numpy and =c alternately (the order flips every repeat), CPU seconds' medians
+and the median of the per-pair ratios. `--only` picks replays by name as above.
+
+    .venv/bin/python benchmarks/kernels.py --cpu-kernels [--repeats 3] [--only conversation]
 """
 
 from __future__ import annotations
@@ -212,6 +222,125 @@ def render_ab(rows: list[dict]) -> None:
               f"{r['before_wall_s']:.2f} | {r['after_wall_s']:.2f} | {r['wall_ratio']:.2f} |")
 
 
+# --- the CPU data plane's backends (tierdiag/engine/cplane.py) ----------------------------------
+CPU_KERNEL_PAGES = (1, 8, 64, 256, 1024)
+CPU_KERNEL_OPS = ("move", "write", "verify", "alloc+free")
+
+
+def measure_cpu_kernels(*, repeats: int, calls: int = 400, seed: int = 0) -> list[dict]:
+    """us a call of each operation, numpy and C alternately (medians of `repeats` rounds of
+    `calls` calls), on a device and host pool of the engine's CPU geometry."""
+    import random
+
+    from tierdiag.engine import cplane, pools, rows
+    from tierdiag.engine.pools import DataPlane, PagePool
+
+    if cplane.C is None:
+        raise SystemExit(f"the compiled CPU data plane is not available: {cplane.WHY_NOT}")
+    plane = DataPlane(4, 8, "cpu", False, 1 << 20, layout="page_first")
+    device = PagePool("device", 65536, plane, on_device=True)
+    host = PagePool("host", 131072, plane, on_device=False)
+    rng = random.Random(seed)
+    out = []
+    for n in CPU_KERNEL_PAGES:
+        s, d = rng.sample(range(device.capacity), n), rng.sample(range(host.capacity), n)
+        keys = np.array([rng.getrandbits(63) - 2**62 for _ in range(n)], dtype=np.int64)
+        slots = PagePool("host", 4 * n, plane, on_device=False)
+        ops = {
+            "move": {"numpy": lambda: rows.copy_rows_numpy(device.rows, s, host.rows, d),
+                     "c": lambda: rows.copy_rows_c(device.rows, s, host.rows, d)},
+            "write": {"numpy": lambda: pools.write_content_numpy(device, s, keys),
+                      "c": lambda: pools.write_content_c(device, s, keys)},
+            "verify": {"numpy": lambda: pools.verify_content_numpy(device, s, keys),
+                       "c": lambda: pools.verify_content_c(device, s, keys)},
+            "alloc+free": {"numpy": lambda: PagePool._free_numpy(slots, PagePool._alloc_numpy(slots, n)),
+                           "c": lambda: PagePool._free_c(slots, PagePool._alloc_c(slots, n))},
+        }
+        row = {"pages": n}
+        for op, sides in ops.items():
+            times: dict[str, list[float]] = {"numpy": [], "c": []}
+            for rep in range(repeats + 1):  # the first round warms up
+                for side in (("numpy", "c") if rep % 2 == 0 else ("c", "numpy")):
+                    f = sides[side]
+                    t0 = time.perf_counter_ns()
+                    for _ in range(calls):
+                        f()
+                    if rep:
+                        times[side].append((time.perf_counter_ns() - t0) / calls / 1e3)
+            row[f"{op}_numpy_us"] = statistics.median(times["numpy"])
+            row[f"{op}_c_us"] = statistics.median(times["c"])
+        out.append(row)
+    return out
+
+
+_ENGINE_RUN = """
+import gc, json, sys, tempfile, time
+from dataclasses import replace
+from pathlib import Path
+from tierdiag.engine import cplane
+from tierdiag.engine.config import EngineConfig
+from tierdiag.engine.engine import Engine
+from tierdiag.trace.reader import ReadReport, read_trace
+cfg = replace(EngineConfig(), **json.loads(sys.argv[2]))
+reqs = list(read_trace(Path(sys.argv[1]), block_size=cfg.block_size, skip_bad=False, report=ReadReport()))
+gc.set_threshold(50_000, 20, 100)  # as a replay sets it
+with tempfile.TemporaryDirectory() as storage:
+    engine = Engine(cfg, storage_dir=storage)
+    c, t = time.process_time(), time.perf_counter()
+    engine.run(reqs)
+    print(json.dumps([cplane.CPU_KERNEL, time.process_time() - c, time.perf_counter() - t]))
+"""
+
+ENGINE_RUNS = (
+    ("conversation", "conversation_trace.jsonl", {}),
+    ("synthetic", "synthetic_trace.jsonl", {}),
+    ("conversation, verify all", "conversation_trace.jsonl", {"verify": "all"}),
+    ("conversation, storage 50M tokens", "conversation_trace.jsonl", {"storage_tokens": 50_000_000}),
+)
+
+
+def engine_cpu_kernels(*, repeats: int, traces: Path, only: str = "") -> list[dict]:
+    """Engine.run's CPU and wall seconds with each backend, in fresh processes, interleaved."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    runs = [r for r in ENGINE_RUNS if only in r[0]]
+    pairs: dict[str, list[dict]] = {name: [] for name, _, _ in runs}
+    for rep in range(repeats):
+        for name, trace, cfg in runs:
+            pair = {}
+            for kernel in (("numpy", "c") if rep % 2 == 0 else ("c", "numpy")):
+                out = subprocess.run([sys.executable, "-c", _ENGINE_RUN, str(traces / trace), json.dumps(cfg)],
+                                     cwd=root, capture_output=True, text=True, check=True,
+                                     env={**os.environ, "PYTHONPATH": str(root), "TIERDIAG_CPLANE": kernel})
+                used, cpu_s, wall_s = json.loads(out.stdout)
+                assert used == kernel, f"asked for {kernel}, ran {used}"
+                pair[kernel] = (cpu_s, wall_s)
+            pairs[name].append(pair)
+            print(f"{rep} {name}: numpy {pair['numpy'][0]:.2f} s CPU, c {pair['c'][0]:.2f} s CPU",
+                  file=sys.stderr, flush=True)
+    med = statistics.median
+    return [{"run": name, "repeats": len(ps),
+             "numpy_cpu_s": med(p["numpy"][0] for p in ps), "c_cpu_s": med(p["c"][0] for p in ps),
+             "cpu_ratio": med(p["c"][0] / p["numpy"][0] for p in ps),
+             "numpy_wall_s": med(p["numpy"][1] for p in ps), "c_wall_s": med(p["c"][1] for p in ps)}
+            for name, ps in pairs.items()]
+
+
+def render_cpu_kernels(calls: list[dict], engine: list[dict]) -> None:
+    print("| pages a call | " + " | ".join(f"{op} numpy us | {op} C us" for op in CPU_KERNEL_OPS) + " |")
+    print("|---" * (1 + 2 * len(CPU_KERNEL_OPS)) + "|")
+    for r in calls:
+        cells = [f"{r[f'{op}_{side}_us']:.2f}" for op in CPU_KERNEL_OPS for side in ("numpy", "c")]
+        print(f"| {r['pages']:,} | " + " | ".join(cells) + " |")
+    print()
+    print("| Engine.run | numpy CPU s | C CPU s | C/numpy (pairs) | numpy wall s | C wall s |")
+    print("|---|---|---|---|---|---|")
+    for r in engine:
+        print(f"| {r['run']} | {r['numpy_cpu_s']:.2f} | {r['c_cpu_s']:.2f} | {r['cpu_ratio']:.2f} | "
+              f"{r['numpy_wall_s']:.2f} | {r['c_wall_s']:.2f} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -219,8 +348,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--replay-ab", type=Path, metavar="BEFORE", help="checkout to compare replays with (see above)")
     ap.add_argument("--traces", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "traces")
-    ap.add_argument("--only", default="", help="with --replay-ab: only the replays whose name contains this")
+    ap.add_argument("--only", default="", help="with --replay-ab or --cpu-kernels: only the replays whose name contains this")
+    ap.add_argument("--cpu-kernels", action="store_true", help="the CPU data plane's backends, C and numpy (see above)")
     args = ap.parse_args(argv)
+    if args.cpu_kernels:
+        calls = measure_cpu_kernels(repeats=args.repeats or 5)
+        engine = engine_cpu_kernels(repeats=args.repeats or 3, traces=args.traces.resolve(), only=args.only)
+        if args.json:
+            print(json.dumps({"calls": calls, "engine": engine}, indent=2))
+        else:
+            render_cpu_kernels(calls, engine)
+        return
     if args.replay_ab is not None:
         rows = replay_ab(args.replay_ab.resolve(), Path(__file__).resolve().parents[1], repeats=args.repeats or 3,
                          traces=args.traces.resolve(), only=args.only)
