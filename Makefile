@@ -22,7 +22,9 @@ export DOMINANT_CAUSE
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# setup.py and the C source too: `pip install -e` compiles tierdiag/engine/_cplane.c in place
+# (the CPU data plane), so a changed source reinstalls rather than leave a stale build.
+$(VENV)/.installed: pyproject.toml setup.py tierdiag/engine/_cplane.c
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# Pinned: installs the CPU build from this machine's disk in seconds (pyproject says torch>=2.4).
@@ -54,4 +56,4 @@ bench: setup
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) $(DEMO_DB) $(DEMO_DB).wal $(DEMO_DB:.duckdb=.storage) reports/*.html
+	rm -rf $(VENV) $(DEMO_DB) $(DEMO_DB).wal $(DEMO_DB:.duckdb=.storage) reports/*.html build tierdiag/engine/_cplane*.so
