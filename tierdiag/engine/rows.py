@@ -6,10 +6,12 @@ whatever the element type (see kernels.py for the layout and the torch/CUDA/Trit
 
 This module imports no torch: a CPU replay's pools are numpy buffers (pools.py), and the
 engine's copies, content writes and verification all run through here, so a CPU replay never
-pays torch's ~1.3 s import. `copy_rows` is the chosen CPU kernel's (cplane.py): the compiled
-`_cplane.move` where it is built, else `copy_rows_numpy`, the reference it falls back to. kernels.py re-exports every name and adds the tensor paths; a
+pays torch's ~1.3 s import. kernels.py re-exports every name and adds the tensor paths; a
 torch tensor passed as a page list is still accepted (converted through torch, which is then
 necessarily imported already).
+
+`copy_rows` is the chosen CPU kernel's (cplane.py): `copy_rows_c` (the compiled `_cplane.move`)
+where it is built, else `copy_rows_numpy`, the reference the compiled one falls back to.
 """
 
 from __future__ import annotations
