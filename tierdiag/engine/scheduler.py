@@ -535,17 +535,18 @@ class Scheduler:
             found = int(np.count_nonzero(was_cached))
             if not found or not attribute:
                 return found
-            first = demoted.get_many(arr[was_cached], inputs=True)
-            for took in (eids[eids > 0], first[first > 0]):
-                if took.size:
-                    # Pages an eviction took are mostly adjacent (a node's run): count by runs of
-                    # equal ids, an id seen in several runs adding up (no sort, unlike np.unique).
-                    starts = np.flatnonzero(took[1:] != took[:-1]) + 1
-                    ends = starts.tolist() + [took.size]
-                    begin = 0
-                    for eid, end in zip(took[np.concatenate(([0], starts))].tolist(), ends):
-                        lost[eid] = lost.get(eid, 0) + (end - begin) * ps
-                        begin = end
+            both = np.concatenate((eids, demoted.get_many(arr[was_cached], inputs=True)))
+            took = both[both > 0]  # the evictions that took each page, then the demotions before
+            if took.size:
+                # Pages an eviction took are mostly adjacent (a node's run): count by runs of
+                # equal ids, an id seen in several runs adding up (no sort, unlike np.unique;
+                # and not a Counter over every page: ~4x the instructions).
+                heads = np.flatnonzero(took[1:] != took[:-1]) + 1
+                ends = heads.tolist() + [took.size]
+                begin = 0
+                for eid, end in zip(took[np.concatenate(([0], heads))].tolist(), ends):
+                    lost[eid] = lost.get(eid, 0) + (end - begin) * ps
+                    begin = end
             return found
 
         for node in match.host_nodes:
