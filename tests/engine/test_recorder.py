@@ -79,3 +79,20 @@ def test_the_recorders_fast_path_stores_what_a_plain_probe_is_handed():
     assert {"requests", "evictions", "request_evictions", "transfers", "batches", "pool_samples"} <= set(got)
     assert {type(e) for e in plain.events} >= {ev.RequestArrived, ev.PrefixMatched, ev.PrefillDone, ev.FirstToken}
     assert recorder.counts == {}  # nothing unstored was built for it
+
+
+def test_a_trace_of_rejections_flushes_on_the_way():
+    """Rejected requests run no batch, where the engine lets the recorder flush (Emitters.tick):
+    their records are flushed as they come all the same, so a trace of them is held in bounded
+    memory, and every one of them is handed over once."""
+    from tests.engine.helpers import numbered, req, small_config
+    from tierdiag.engine.engine import Engine
+
+    too_big = numbered([req(f"r{i}", i, list(range(1000 * i, 1000 * i + 40))) for i in range(12)])  # 40 > 16 pages
+    flushed = []
+    recorder = Recorder(flushed.append, flush_rows=5)
+    stats = Engine(small_config(), probe=recorder).run(too_big)
+    recorder.flush()
+    assert stats.requests_rejected == 12
+    assert [len(t["requests"]["req_id"]) for t in flushed] == [5, 5, 2]
+    assert [s for t in flushed for s in t["requests"]["status"]] == ["rejected"] * 12

@@ -213,6 +213,8 @@ class Scheduler:
                 0, 0, 0, 0, 0, 0, 0, None, 0, None, 0, 0, 0,
                 None, None, None, None, None, 0, 0, 0, 0, None, None, None, None, None, None, None, None,
                 None, 0, None, None))
+            if self.emit.tick is not None:  # rejections come without batches: a trace of them stays bounded
+                self.emit.tick()
 
     # --- storage prefetch ----------------------------------------------------------------
     def _start_prefetch(self, req: Req, now: int) -> None:
