@@ -36,10 +36,17 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
-    # "long" outlasts the 2.5 s window the signals land in (the replay got ~2x faster: 900
-    # requests could be done before the signal came).
-    out = synth_and_store(tmp_path_factory.mktemp("signals"), seed=5, long=4000)
+    root = tmp_path_factory.mktemp("signals")
+    out = synth_and_store(root, seed=5, long=4000)
     (out["earlier"],) = listed_runs(out["store"])
+    # How long the long replay runs once its run row is written, measured here: the random
+    # moments are drawn inside it. (A fixed window outlived the replay twice as it got faster,
+    # and then every signal came after the end.)
+    shutil.copy(out["store"], root / "timed.duckdb")
+    t0 = time.monotonic()
+    r = interrupt_replay(out["long"], root / "timed.duckdb", None, 0.0, after_run_row=1)
+    assert r.code == 0, r.err
+    out["long_s"] = time.monotonic() - t0
     return out
 
 
@@ -64,7 +71,7 @@ def run_started(db: Path, runs_before: int) -> bool:
 
 def interrupt_replay(trace: Path, db: Path, sig: int, delay_s: float, *, after_run_row: int | None = None) -> Result:
     """Start a replay, wait for its handlers (and, with `after_run_row`, for its run row beside
-    that many earlier ones), wait `delay_s` more, send `sig`."""
+    that many earlier ones), wait `delay_s` more, send `sig` (None: none, let it finish)."""
     proc = subprocess.Popen(cli_argv("replay", trace, "--db", db, *ENGINE), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=FLUSH_OFTEN)
     deadline = time.monotonic() + 120
@@ -73,7 +80,7 @@ def interrupt_replay(trace: Path, db: Path, sig: int, delay_s: float, *, after_r
         assert time.monotonic() < deadline, "the replay never got going"
         time.sleep(0.002 if after_run_row is None else 0.05)
     time.sleep(delay_s)
-    if proc.poll() is None:
+    if proc.poll() is None and sig is not None:
         proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     return Result(proc.returncode, out, err)
@@ -131,7 +138,7 @@ def test_signal_at_random_moments_of_a_replay(tmp_path, traces):
     for i in range(4):
         sig = (signal.SIGINT, signal.SIGTERM)[i % 2]
         db, earlier = _fresh_db(tmp_path, i, traces)
-        r = interrupt_replay(traces["long"], db, sig, rnd.uniform(0.0, 2.5), after_run_row=1)
+        r = interrupt_replay(traces["long"], db, sig, rnd.uniform(0.0, 0.9 * traces["long_s"]), after_run_row=1)
         statuses.append(check_outcome(r, db, sig, earlier))
     assert "interrupted" in statuses, statuses
     # And the file still takes every reader.
