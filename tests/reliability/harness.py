@@ -82,8 +82,12 @@ def write_trace(path: Path, lines: list[str]) -> Path:
 
 
 def sql(db: Path, query: str, params: list | None = None) -> list[tuple]:
-    """A read-only look at the store, the way any other tool would take it."""
-    with duckdb.connect(str(db), read_only=True) as con:
+    """A read-only look at the store, the way any other tool would take it: waiting a moment
+    while a writer holds the file (after a kill -9 of a replay, its writer process still
+    commits what it was handed before it exits)."""
+    from tierdiag.store.reader import connect_with_retry
+
+    with connect_with_retry(db, read_only=True) as con:
         return con.execute(query, params or []).fetchall()
 
 
