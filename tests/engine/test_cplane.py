@@ -321,3 +321,27 @@ def test_every_backend_hands_out_the_same_slots_and_refuses_the_same_frees(pages
             assert p.used_pages == len(held)
             p.check()
         assert all(p._stack[:p._top].tolist() == pools_[0]._stack[:pools_[0]._top].tolist() for p in pools_)
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+@settings(max_examples=300, deadline=None)
+@given(keys=st.lists(st.integers(-2**63, 2**63 - 1), max_size=12), prev=st.sampled_from([b"", bytes(range(32)), b"\xff" * 32]))
+def test_the_compiled_storage_key_chain_is_hashlibs(keys, prev):
+    """The storage tier's keys (trace.pages.storage_key_chain, chained SHA-256 by hashlib) from
+    the compiled SHA-256: the same digests for any int64 keys (output pages' are negative),
+    from the start of a chain or after a digest; and nothing made for what it does not take."""
+    from tierdiag.engine import scheduler
+    from tierdiag.trace.pages import storage_key_chain
+
+    assert cplane.C.storage_key_chain(keys, prev) == storage_key_chain(keys, prev)
+    assert scheduler.storage_key_chain(keys, prev) == storage_key_chain(keys, prev)
+
+
+def test_the_compiled_storage_key_chain_declines_what_it_does_not_take():
+    from tierdiag.engine import scheduler
+    from tierdiag.trace.pages import storage_key_chain
+
+    if cplane.C is not None:
+        for keys, prev in (([1], b"short"), ([2**64], b""), (["1"], b""), (np.arange(3), b"")):
+            assert cplane.C.storage_key_chain(keys, prev) == -1
+    assert scheduler.storage_key_chain([1, 2], b"short") == storage_key_chain([1, 2], b"short")  # the Python chain then

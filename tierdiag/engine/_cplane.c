@@ -23,7 +23,7 @@
 
 /* Bumped whenever a signature or a semantic changes: tierdiag/engine/cplane.py refuses a stale
  * build (an editable install's .so compiled from an older source) instead of misusing it. */
-#define CPLANE_API 1
+#define CPLANE_API 2
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256
@@ -629,6 +629,140 @@ done:
     return result;
 }
 
+
+/* ------------------------------------------------------------------------------------------ */
+/* storage_key_chain(keys, prev) -> [digest, ...], or -1                                      */
+/* trace/pages.py storage_key_chain: sha256(previous digest || key as 8 little-endian bytes,   */
+/* two's complement), a page after the other. Each message is 8 or 40 bytes: one block.       */
+
+static const uint32_t SHA_K[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+};
+
+#define ROTR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+
+/* The digest of one message of len <= 55 bytes (FIPS 180-4: one padded block). */
+static void
+sha256_short(const unsigned char *msg, size_t len, unsigned char out[32])
+{
+    static const uint32_t H0[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    unsigned char block[64];
+    uint32_t w[64], v[8];
+    uint64_t bits = (uint64_t)len * 8;
+    int i;
+
+    memset(block, 0, sizeof block);
+    memcpy(block, msg, len);
+    block[len] = 0x80;
+    for (i = 0; i < 8; i++) {
+        block[56 + i] = (unsigned char)(bits >> (56 - 8 * i));
+    }
+    for (i = 0; i < 16; i++) {
+        w[i] = (uint32_t)block[4 * i] << 24 | (uint32_t)block[4 * i + 1] << 16 |
+               (uint32_t)block[4 * i + 2] << 8 | (uint32_t)block[4 * i + 3];
+    }
+    for (i = 16; i < 64; i++) {
+        uint32_t s0 = ROTR(w[i - 15], 7) ^ ROTR(w[i - 15], 18) ^ (w[i - 15] >> 3);
+        uint32_t s1 = ROTR(w[i - 2], 17) ^ ROTR(w[i - 2], 19) ^ (w[i - 2] >> 10);
+        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    memcpy(v, H0, sizeof v);
+    for (i = 0; i < 64; i++) {
+        uint32_t S1 = ROTR(v[4], 6) ^ ROTR(v[4], 11) ^ ROTR(v[4], 25);
+        uint32_t ch = (v[4] & v[5]) ^ (~v[4] & v[6]);
+        uint32_t t1 = v[7] + S1 + ch + SHA_K[i] + w[i];
+        uint32_t S0 = ROTR(v[0], 2) ^ ROTR(v[0], 13) ^ ROTR(v[0], 22);
+        uint32_t maj = (v[0] & v[1]) ^ (v[0] & v[2]) ^ (v[1] & v[2]);
+        uint32_t t2 = S0 + maj;
+        v[7] = v[6];
+        v[6] = v[5];
+        v[5] = v[4];
+        v[4] = v[3] + t1;
+        v[3] = v[2];
+        v[2] = v[1];
+        v[1] = v[0];
+        v[0] = t1 + t2;
+    }
+    for (i = 0; i < 8; i++) {
+        uint32_t h = H0[i] + v[i];
+        out[4 * i] = (unsigned char)(h >> 24);
+        out[4 * i + 1] = (unsigned char)(h >> 16);
+        out[4 * i + 2] = (unsigned char)(h >> 8);
+        out[4 * i + 3] = (unsigned char)h;
+    }
+}
+
+PyDoc_STRVAR(storage_key_chain_doc,
+"storage_key_chain(keys, prev) -> list of 32-byte digests, or -1\n\n"
+"trace.pages.storage_key_chain: sha256(previous digest + key as 8 little-endian bytes, two's\n"
+"complement), the first after `prev` (b'' or a 32-byte digest). -1 (nothing made) for keys\n"
+"that are not a list of int64s or a `prev` of another length: the caller's Python chain.");
+
+static PyObject *
+cp_storage_key_chain(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    Ints ix;
+    unsigned char msg[40];
+    size_t at;
+    Py_ssize_t prev_len, i;
+    PyObject *out;
+    int got;
+
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "storage_key_chain() takes 2 arguments: keys, prev");
+        return NULL;
+    }
+    if (!PyBytes_CheckExact(args[1])) {
+        return not_mine();
+    }
+    prev_len = PyBytes_GET_SIZE(args[1]);
+    if (prev_len != 0 && prev_len != 32) {
+        return not_mine();
+    }
+    if (!PyList_CheckExact(args[0]) && !PyTuple_CheckExact(args[0])) {
+        return not_mine();
+    }
+    got = ints_load(args[0], &ix);
+    if (got <= 0) {
+        return got < 0 ? NULL : not_mine();
+    }
+    out = PyList_New(ix.n);
+    if (out == NULL) {
+        ints_free(&ix);
+        return NULL;
+    }
+    memcpy(msg, PyBytes_AS_STRING(args[1]), (size_t)prev_len);
+    at = (size_t)prev_len;
+    for (i = 0; i < ix.n; i++) {
+        uint64_t k = (uint64_t)ix.v[i];
+        unsigned char digest[32];
+        PyObject *item;
+        for (int b = 0; b < 8; b++) {
+            msg[at + (size_t)b] = (unsigned char)(k >> (8 * b));
+        }
+        sha256_short(msg, at + 8, digest);
+        item = PyBytes_FromStringAndSize((const char *)digest, 32);
+        if (item == NULL) {
+            Py_DECREF(out);
+            ints_free(&ix);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, item);
+        memcpy(msg, digest, 32);
+        at = 32;
+    }
+    ints_free(&ix);
+    return out;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 
 static PyMethodDef cplane_methods[] = {
@@ -637,6 +771,7 @@ static PyMethodDef cplane_methods[] = {
     {"verify_content", (PyCFunction)(void (*)(void))cp_verify_content, METH_FASTCALL, verify_content_doc},
     {"alloc", (PyCFunction)(void (*)(void))cp_alloc, METH_FASTCALL, alloc_doc},
     {"free", (PyCFunction)(void (*)(void))cp_free, METH_FASTCALL, free_doc},
+    {"storage_key_chain", (PyCFunction)(void (*)(void))cp_storage_key_chain, METH_FASTCALL, storage_key_chain_doc},
     {NULL, NULL, 0, NULL},
 };
 
