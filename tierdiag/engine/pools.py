@@ -194,12 +194,8 @@ class PagePool:
     def _alloc_c(self, n: int) -> list[int] | None:
         """`_alloc_numpy` by the compiled kernel: the same slots, in one C loop."""
         top = self._top
-        if n > top:
-            return None
-        if n <= 0:
-            if n < 0:
-                raise ValueError(f"{self.name}: alloc of {n} pages")
-            return []
+        if not 0 < n <= top:  # nothing to hand out, or too much: numpy's answer (None, [], an error)
+            return self._alloc_numpy(n)
         slots = _c_alloc(self._stack, self._owned_bytes, top, n)
         self._top = top - n
         return slots
