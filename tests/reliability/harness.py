@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +90,25 @@ def sql(db: Path, query: str, params: list | None = None) -> list[tuple]:
 
     with connect_with_retry(db, read_only=True) as con:
         return con.execute(query, params or []).fetchall()
+
+
+def wait_for_recorded_rows(proc: subprocess.Popen, db: Path, *, runs_before: int, timeout_s: float = 180) -> int:
+    """Poll the store (as a reader would) until the new run has flushed some requests; their count."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the replay ended before it could be stopped: {proc.communicate()[1]}"
+        try:
+            with duckdb.connect(str(db), read_only=True) as con:
+                rows = con.execute("SELECT run_id FROM runs ORDER BY created_at").fetchall()
+                if len(rows) > runs_before:
+                    n = con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [rows[-1][0]]).fetchall()[0][0]
+                    if n:
+                        return n
+        except duckdb.Error:
+            pass  # not created yet, or a flush holds it this instant: look again
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("no requests were recorded in time")
 
 
 def runs(db: Path) -> list[dict]:

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from pathlib import Path
 
-import duckdb
 import pytest
 
 from harness import (ROOMY, SHARED_TRACES, SMALL, Result, cli_argv, cli_env, good_lines, holder, runs, sql,
-                     tierdiag, write_trace)
+                     tierdiag, wait_for_recorded_rows, write_trace)
 from tierdiag.store.writer import RunWriter
 
 # Flush every few hundred requests, so that rows reach the file long before the end.
@@ -42,25 +40,6 @@ def small_complete_run(tmp_path: Path, db: Path) -> dict:
 def start_replay(trace: Path, db: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(cli_argv("replay", trace, "--db", db, *extra), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=FLUSH_OFTEN)
-
-
-def wait_for_recorded_rows(proc: subprocess.Popen, db: Path, *, runs_before: int, timeout_s: float = 180) -> int:
-    """Poll the store (as a reader would) until the new run has flushed some requests."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"the replay ended before it could be stopped: {proc.communicate()[1]}"
-        try:
-            with duckdb.connect(str(db), read_only=True) as con:
-                rows = con.execute("SELECT run_id FROM runs ORDER BY created_at").fetchall()
-                if len(rows) > runs_before:
-                    n = con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [rows[-1][0]]).fetchall()[0][0]
-                    if n:
-                        return n
-        except duckdb.Error:
-            pass  # not created yet, or a flush holds it this instant: look again
-        time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("no requests were recorded in time")
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 128 + signal.SIGTERM)],

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import SMALL, Result, cli_argv, cli_env, good_lines, runs, sql, synth_and_store, tierdiag, write_trace
+from harness import (SMALL, Result, cli_argv, cli_env, good_lines, runs, sql, synth_and_store, tierdiag,
+                     wait_for_recorded_rows, write_trace)
 from test_signals import CODE, ENGINE, check_outcome, handlers_installed, listed_runs
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc (Linux)")
@@ -75,31 +76,12 @@ def start(trace: Path, db: Path, mark: str, **env: str) -> subprocess.Popen:
                             env=cli_env(TIERDIAG_FLUSH_EVERY_S="0", TIERDIAG_WRITER="process", **{MARK: mark}, **env))
 
 
-def wait_for_rows(proc: subprocess.Popen, db: Path, runs_before: int = 0, timeout_s: float = 120) -> int:
-    import duckdb
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()
-        try:
-            with duckdb.connect(str(db), read_only=True) as con:
-                ids = con.execute("SELECT run_id FROM runs ORDER BY created_at").fetchall()
-                if len(ids) > runs_before:
-                    n = con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [ids[-1][0]]).fetchall()[0][0]
-                    if n:
-                        return n
-        except duckdb.Error:
-            pass  # not created yet, or a write holds it this instant
-        time.sleep(0.1)
-    raise AssertionError("no rows were committed in time")
-
-
 def test_kill_9_of_the_replay_the_writer_commits_what_it_had_and_exits(tmp_path, traces):
     db = tmp_path / "r.duckdb"
     mark = uuid.uuid4().hex
     proc = start(traces["long"], db, mark)
     writer = writer_of(proc, mark)
-    seen = wait_for_rows(proc, db)
+    seen = wait_for_recorded_rows(proc, db, runs_before=0)
     proc.kill()
     proc.wait(timeout=60)
     assert_no_process_left(mark)  # the writer saw its pipe end, committed, and left
@@ -118,7 +100,7 @@ def test_kill_9_of_the_writer_is_one_line_exit_4_and_the_run_is_closed_as_failed
     mark = uuid.uuid4().hex
     proc = start(traces["long"], db, mark)
     writer = writer_of(proc, mark)
-    wait_for_rows(proc, db)
+    wait_for_recorded_rows(proc, db, runs_before=0)
     os.kill(writer, signal.SIGKILL)
     out, err = proc.communicate(timeout=120)
     line = Result(proc.returncode, out, err).fails(4, "writer process", f"pid {writer}", "SIGKILL", "as failed")
