@@ -106,7 +106,7 @@ def wait_for_recorded_rows(proc: subprocess.Popen, db: Path, *, runs_before: int
                         return n
         except duckdb.Error:
             pass  # not created yet, or a flush holds it this instant: look again
-        time.sleep(0.2)
+        time.sleep(0.1)
     proc.kill()
     raise AssertionError("no requests were recorded in time")
 

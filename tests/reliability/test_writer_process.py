@@ -29,7 +29,9 @@ MARK = "TIERDIAG_TEST_MARK"
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
-    out = synth_and_store(tmp_path_factory.mktemp("wp"), seed=7, long=6000)
+    # "long" is only ever killed part-way: long enough that its writer is still there to kill
+    # once rows show (6,000 requests could be replayed and closed by then, with its writer gone).
+    out = synth_and_store(tmp_path_factory.mktemp("wp"), seed=7, long=20000)
     (out["earlier"],) = listed_runs(out["store"])
     return out
 
