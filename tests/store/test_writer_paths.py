@@ -225,3 +225,56 @@ def test_a_write_that_failed_in_the_writer_is_raised_at_the_close_and_the_run_cl
         w.close()
     assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
     assert sql(db, "SELECT status, num_requests, error FROM runs") == [("failed", 0, "disk full")]
+
+
+def _flushed_run(db, flushes: int, rows: int):
+    """A run written in `flushes` appends (each a transaction and a checkpoint), and closed with
+    one more batch of rows pending, as a replay's close writes its last rows."""
+    from tierdiag.store.writer import RunWriter
+
+    w = RunWriter(db, name="v", trace_path="t.jsonl", trace_sha256="", config={}, hardware={}, data_plane={},
+                  timing="modelled", command_line=["t"])
+    for f in range(flushes + 1):
+        seq = range(f * rows, (f + 1) * rows)
+        batch = {"requests": {"req_id": [f"r{i}" for i in seq], "seq": list(seq), "status": ["finished"] * rows}}
+        if f < flushes:
+            w.append(batch)
+        else:
+            w.take(batch)
+    w.finish("complete")
+    return w
+
+
+def test_the_close_checkpoints_without_merging_the_runs_row_groups(tmp_path):
+    """RunWriter.finish: DuckDB's checkpoint vacuums, merging a table's small row groups (one a
+    flush) by rewriting them, which at a run's close is every row of a table short of a full row
+    group; the close skips that (`_no_vacuum`), so its row groups stay as the flushes wrote
+    them, and every row reads back."""
+    from tests.reliability.harness import sql
+
+    db = tmp_path / "v.duckdb"
+    # Seven flushes, then the close with the last rows: DuckDB 2.0's checkpoints merge row groups
+    # as a binary counter carries (1, 1, 2, 1, 2, 2, 3 groups after each of seven flushes), and
+    # the eighth, the close's, would merge them all into one.
+    w = _flushed_run(db, flushes=7, rows=2_000)
+    assert w.recorded == 16_000
+    assert sql(db, "SELECT count(*), count(DISTINCT seq), min(seq), max(seq) FROM requests") == [(16_000, 16_000, 0, 15_999)]
+    groups = sql(db, "SELECT count(DISTINCT row_group_id) FROM pragma_storage_info('requests')")[0][0]
+    assert groups > 1, "the close merged the flushes' row groups"
+
+
+def test_a_duckdb_without_the_vacuum_setting_closes_as_before():
+    """`_no_vacuum` on a DuckDB that has no max_vacuum_tasks: the close goes on (and vacuums)."""
+    from tierdiag.store.writer import _no_vacuum
+
+    class OlderDuckDB:
+        def __init__(self):
+            self.asked = []
+
+        def execute(self, statement):
+            self.asked.append(statement)
+            raise duckdb.CatalogException('Catalog Error: unrecognized configuration parameter "max_vacuum_tasks"')
+
+    con = OlderDuckDB()
+    _no_vacuum(con)
+    assert con.asked == ["SET max_vacuum_tasks = 0"]
