@@ -90,6 +90,11 @@ def replay(
     json_: JsonOpt = False,
 ) -> None:
     """Replay TRACE through the tiered cache engine and record every request into --db."""
+    # Whatever happens below is closed by the time the command returns (the run, its writer
+    # process, the storage tier's files): the process then skips freeing the engine's objects.
+    from tierdiag.cli.main import leave_without_teardown
+
+    leave_without_teardown()
     cfg = load_config(config, {
         "model": model, "gpu": gpu, "device_tokens": device_tokens, "host_tokens": host_tokens,
         "storage_tokens": storage_tokens, "storage_dir": str(storage_dir) if storage_dir else None,
