@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 TRACES = ROOT / ".." / "shared" / "traces"
 TRACE_FILES = {"conversation": "conversation_trace.jsonl", "synthetic": "synthetic_trace.jsonl"}
-TIERDIAG = [sys.executable, "-c", "from tierdiag.cli.main import main; main()"]
+# The console script's entry (`tierdiag`), or main() for a baseline ref older than it.
+TIERDIAG = [sys.executable, "-c", "import tierdiag.cli.main as m; getattr(m, 'entry', m.main)()"]
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-TIERDIAG = [sys.executable, "-c", "from tierdiag.cli.main import main; main()"]
+# The console script's entry (`tierdiag`), or main() for a baseline ref older than it.
+TIERDIAG = [sys.executable, "-c", "import tierdiag.cli.main as m; getattr(m, 'entry', m.main)()"]
 CONVERSATION = ROOT / ".." / "shared" / "traces" / "conversation_trace.jsonl"
 FULL_SIZES = (5_000, 20_000, 80_000, 1_000_000)
 QUICK_SIZES = (2_000, 5_000, 20_000)
