@@ -78,6 +78,14 @@ class _LazyConsole:
     def __setattr__(self, name, value):
         setattr(self._get(), name, value)
 
+    # Dunder methods are looked up on the type, never through __getattr__: the console's own
+    # context manager (Rich's Live, under the replay's progress bar, enters it at every refresh).
+    def __enter__(self):
+        return self._get().__enter__()
+
+    def __exit__(self, *exc_info):
+        return self._get().__exit__(*exc_info)
+
 
 def __getattr__(name: str):
     if name == "SafeConsole":  # the class, for whoever needs one of their own

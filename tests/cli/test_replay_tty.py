@@ -1,0 +1,16 @@
+"""A replay in a terminal: its progress bar on stderr (Rich's Live over the CLI's lazily made
+console, which it enters as a context manager at every refresh), then the closing table, exit 0.
+Piped, neither the bar nor its count of the trace's lines is made (test_leave_fast.py and the
+other CLI tests replay piped)."""
+
+from __future__ import annotations
+
+from tests.cli.cli_helpers import REPLAY_ARGS, on_tty, write_late_trace
+
+
+def test_a_replay_on_a_terminal_draws_its_bar_then_prints_the_closing_table(tmp_path):
+    trace = write_late_trace(tmp_path / "t.jsonl", num_requests=600)
+    code, shown = on_tty("replay", trace, "--db", tmp_path / "r.duckdb", *REPLAY_ARGS, columns=100)
+    assert code == 0, shown[-2000:]
+    assert "replay" in shown and "/600" in shown, shown[:2000]  # the bar, with the trace's line count
+    assert "recorded run" in shown and "next: " in shown, shown[-2000:]
