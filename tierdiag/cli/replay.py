@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from dataclasses import fields
@@ -109,31 +110,17 @@ def replay(
     for warning in cfg.warnings():
         err.print(f"tierdiag: warning: {warning}", markup=False, highlight=False)
     # Imported here, not at the top: every command module is imported to register it.
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from tierdiag.replay import ReplayInterrupted, replay as run_replay
 
-    from tierdiag.replay import ReplayInterrupted, count_lines, replay as run_replay
-
-    total = count_lines(trace) if trace.is_file() else None
-    show = err.is_terminal and not json_
-    bar = Progress(TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                   TimeElapsedColumn(), console=err, transient=True, disable=not show)
-
+    bar, progress = _progress_bar(trace, show=err.is_terminal and not json_)
     with bar:
-        task = bar.add_task("replay", total=total, info="")
-
-        def progress(done: int, since_start_ns: int, stats) -> None:
-            reused = stats.device_tokens + stats.host_tokens + stats.storage_tokens
-            share = lambda n: f"{n / stats.input_tokens:.0%}" if stats.input_tokens else "-"  # noqa: E731
-            bar.update(task, completed=done, info=(
-                f"t={fmt_ms(since_start_ns)}  device {share(stats.device_tokens)} host {share(stats.host_tokens)} "
-                f"storage {share(stats.storage_tokens)} reuse {share(reused)}"))
-
         try:
             summary = run_replay(trace, cfg, db=None if no_probes else db, run_name=run_name,
                                  probes=not no_probes, skip_bad=skip_bad,
                                  command_line=["tierdiag"] + sys.argv[1:], progress=progress)
         except ReplayInterrupted as exc:
-            bar.stop()
+            if progress is not None:  # a bar is shown: it goes before the interrupt's line
+                bar.stop()
             if exc.write_problem is not None:
                 said = f"interrupted; {exc.write_problem.one_line()}"
             elif exc.run_id:
@@ -154,6 +141,30 @@ def replay(
         print_json(summary.to_json())
         return
     _render(summary, cfg)
+
+
+def _progress_bar(trace: Path, *, show: bool):
+    """The progress bar on stderr (a terminal's, unless --json) and the replay's callback that
+    moves it; without a bar, neither rich.progress nor a count of the trace's lines (a read of
+    the whole file) is paid for: a context that does nothing, and no callback."""
+    if not show:
+        return contextlib.nullcontext(), None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tierdiag.replay import count_lines
+
+    bar = Progress(TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                   TimeElapsedColumn(), console=err, transient=True)
+    task = bar.add_task("replay", total=count_lines(trace) if trace.is_file() else None, info="")
+
+    def progress(done: int, since_start_ns: int, stats) -> None:
+        reused = stats.device_tokens + stats.host_tokens + stats.storage_tokens
+        share = lambda n: f"{n / stats.input_tokens:.0%}" if stats.input_tokens else "-"  # noqa: E731
+        bar.update(task, completed=done, info=(
+            f"t={fmt_ms(since_start_ns)}  device {share(stats.device_tokens)} host {share(stats.host_tokens)} "
+            f"storage {share(stats.storage_tokens)} reuse {share(reused)}"))
+
+    return bar, progress
 
 
 def _storage_line(s) -> str:
