@@ -158,12 +158,19 @@ def test_doctor_without_a_driver_for_real():
 
 def test_hardware_summary_is_small_and_does_not_import_torch():
     code = ("import sys, json; from tierdiag.engine.hardware import hardware_summary; "
-            "s = hardware_summary(); assert 'torch' not in sys.modules, 'imported torch'; print(json.dumps(s))")
+            "s = hardware_summary(); assert 'torch' not in sys.modules, 'imported torch'; "
+            "print(json.dumps(s)); print('pynvml' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    summary = json.loads(proc.stdout)
+    line, nvml_imported = proc.stdout.splitlines()
+    summary = json.loads(line)
     assert {"python", "platform", "cpu_count", "torch", "gpus"} <= set(summary)
-    assert len(proc.stdout) < 2000
+    assert len(line) < 2000
+    from tierdiag.engine.hardware import nvidia_driver_present
+
+    if not nvidia_driver_present():  # no kernel driver: NVML is not asked, and says why
+        assert nvml_imported == "False" and summary["gpus"] == []
+        assert summary["nvml"].startswith(NO_DRIVER) and "kernel driver is not loaded" in summary["nvml"]
 
 
 # --- calibrate ----------------------------------------------------------------------------------

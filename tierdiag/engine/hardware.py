@@ -248,6 +248,17 @@ def doctor_report() -> DoctorReport:
     )
 
 
+_NVIDIA_DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/nvidiactl")
+
+
+def nvidia_driver_present() -> bool:
+    """Whether NVML could find anything, asked without importing pynvml: on Linux NVML needs the
+    NVIDIA kernel driver (its /proc entry or /dev/nvidiactl). Elsewhere: assume it may."""
+    if not sys.platform.startswith("linux"):
+        return True
+    return any(os.path.exists(p) for p in _NVIDIA_DRIVER_FILES)
+
+
 def cuda_device_present() -> bool:
     """Whether this machine may have a GPU torch.cuda could use, asked without importing torch:
     on Linux a CUDA device needs the NVIDIA driver (its /proc entry and /dev/nvidiactl), and
@@ -300,7 +311,10 @@ def hardware_summary() -> dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             summary["torch"] = None
         summary["cuda_available"] = False  # known without torch: no GPU driver on this machine
-    nvml = probe_nvml()
+    # Without the kernel driver NVML cannot start: not asked (importing pynvml and failing to
+    # start it was ~10-20 ms of every recorded replay's start on a machine without a GPU).
+    nvml = probe_nvml() if nvidia_driver_present() else NvmlInfo(
+        False, f"{NO_DRIVER}: the NVIDIA kernel driver is not loaded (no {' or '.join(_NVIDIA_DRIVER_FILES)})")
     if nvml.available:
         summary["driver"] = nvml.driver_version
         summary["gpus"] = [
