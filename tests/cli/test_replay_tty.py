@@ -14,3 +14,19 @@ def test_a_replay_on_a_terminal_draws_its_bar_then_prints_the_closing_table(tmp_
     assert code == 0, shown[-2000:]
     assert "replay" in shown and "/600" in shown, shown[:2000]  # the bar, with the trace's line count
     assert "recorded run" in shown and "next: " in shown, shown[-2000:]
+
+
+def test_a_piped_replay_makes_no_progress_bar(tmp_path):
+    """Piped (a script, a benchmark, `make demo > log`): rich.progress is never imported."""
+    import subprocess
+    import sys
+
+    from tests.cli.cli_helpers import _env
+
+    trace = write_late_trace(tmp_path / "t.jsonl", num_requests=40)
+    code = ("import sys\nfrom tierdiag.cli.main import main\n"
+            "try:\n    main()\nfinally:\n    sys.stderr.write(f\"\\nprogress imported: {'rich.progress' in sys.modules}\\n\")\n")
+    r = subprocess.run([sys.executable, "-c", code, "replay", str(trace), "--db", str(tmp_path / "r.duckdb"),
+                        *map(str, REPLAY_ARGS)], capture_output=True, text=True, timeout=300, env=_env())
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.rstrip().splitlines()[-1] == "progress imported: False", r.stderr
