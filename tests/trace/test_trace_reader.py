@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tierdiag.errors import TraceError
-from tierdiag.trace.reader import ReadReport, TraceRequest, read_trace, trace_sha256
+from tierdiag.trace.reader import (ReadReport, TraceRequest, _BadLine, _check_chain_slow, _link_chain, _loads,
+                                   read_trace, trace_sha256)
 
 SHARED_TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"  # repo root / ../shared
 MS = 1_000_000
@@ -284,6 +285,57 @@ def test_skip_bad_duplicate_id_keeps_the_first(tmp_path):
     report = ReadReport()
     reqs = list(read_trace(write(tmp_path, [obj(id="a"), obj(id="a", timestamp=1)]), skip_bad=True, report=report))
     assert [r.line for r in reqs] == [1] and report.bad_lines == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(st.one_of(st.lists(st.integers(0, 12), min_size=1, max_size=8),
+                                st.integers(0, 8).map(lambda n: list(range(n, n + 5)))), max_size=10))
+def test_fast_chain_check_adds_the_links_or_raises_as_the_loop_does(lines):
+    # _link_chain answers the usual line (seen ids, then new ones) without a Python loop; on
+    # every line it must keep the links (or raise the message) of the plain loop, and add no
+    # link for a line it rejects.
+    fast: dict[int, int] = {}
+    slow: dict[int, int] = {}
+    for ids in map(tuple, lines):
+        try:
+            want = _check_chain_slow(ids, slow)
+        except _BadLine as exc:
+            with pytest.raises(_BadLine) as got:
+                _link_chain(ids, fast)
+            assert str(got.value) == str(exc)
+        else:
+            slow.update(want)
+            _link_chain(ids, fast)
+        assert fast == slow
+
+
+@pytest.mark.parametrize("text", ['{"a": 1}\n', '{"a": 1}', '{"a": 1} \t\r\n', ' {"a": 1}', '{"a": 1} x',
+                                  '{"a": 1}\x0c', '{"a": 1}\u3000', '{"a": 1}{}', '{"a": }', '{"a": 1',
+                                  '{"a": NaN}', '{"a": ' * 5000, '{"a": 1' + '0' * 5000 + '}', '\ufeff{}', '[1]'])
+def test_object_lines_parse_by_the_scanner_as_json_loads_would(text):
+    # _loads skips json.loads for a line that is one object; what it accepts and every error
+    # (message and column) must stay json.loads's.
+    try:
+        want = json.loads(text)
+    except json.JSONDecodeError as exc:
+        with pytest.raises(_BadLine) as got:
+            _loads(text)
+        assert str(got.value) == f"bad JSON ({exc.msg} at column {exc.colno})"
+        return
+    except (ValueError, RecursionError):
+        with pytest.raises(_BadLine, match="bad JSON"):
+            _loads(text)
+        return
+    if isinstance(want, dict):
+        assert _loads(text) == want
+    else:
+        with pytest.raises(_BadLine, match="expected a JSON object"):
+            _loads(text)
+
+
+def test_extra_data_after_the_object_reports_json_loads_column(tmp_path):
+    with pytest.raises(TraceError, match=r":1: bad JSON \(Extra data at column 10\)"):
+        read_all(write(tmp_path, ['{"a": 1} x']))
 
 
 # --- fuzz ---------------------------------------------------------------------------------------

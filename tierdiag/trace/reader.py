@@ -188,8 +188,11 @@ def _lines(path: Path, report: ReadReport | None = None) -> Iterator[tuple[int, 
         raw.close()
 
 
-def _parse(path: Path, *, block_size: int, skip_bad: bool, report: ReadReport) -> Iterator[tuple[int, TraceRequest]]:
-    """Validate each line; yield (timestamp_ms, request with arrival_ns unset) in file order."""
+def _parse(path: Path, *, block_size: int, skip_bad: bool, report: ReadReport) -> Iterator[tuple[int, tuple]]:
+    """Validate each line; yield (timestamp_ms, the request's fields but arrival_ns) in file order.
+
+    Fields rather than a TraceRequest: it is frozen, and `_spread` builds each one once, with
+    its arrival (a frozen dataclass's construction is ten object.__setattr__ calls)."""
     seen_ids: dict[str, int] = {}
     # hash id -> the id before it (-1: first block). Mooncake ids chain: a shared id means a
     # shared prefix. The radix tree and page keys rely on it, so a trace that breaks it is
@@ -198,6 +201,7 @@ def _parse(path: Path, *, block_size: int, skip_bad: bool, report: ReadReport) -
     last_ts = -1
     seq = 0
     max_hash = max_hash_id(block_size)
+    known_keys = KNOWN_KEYS
     for lineno, data in _lines(path, report):
         try:
             if lineno == 1 and data.startswith(b"\xef\xbb\xbf"):
@@ -206,19 +210,20 @@ def _parse(path: Path, *, block_size: int, skip_bad: bool, report: ReadReport) -
                 text = data.decode("utf-8")
             except UnicodeDecodeError:
                 raise _BadLine("not UTF-8 text (is this a binary file?)") from None
-            if not text.strip():
+            if not text or text.isspace():  # `not text.strip()`, without the copy
                 continue
             obj = _loads(text)
-            extra = obj.keys() - KNOWN_KEYS
-            if extra:
-                report.unknown_keys.update(extra)
-            ts, req = _request(obj, lineno, seq, block_size, max_hash)
+            if not known_keys.issuperset(obj):
+                report.unknown_keys.update(obj.keys() - known_keys)
+            ts, fields = _request(obj, lineno, seq, block_size, max_hash)
             if ts < last_ts:
                 raise _BadLine(f"timestamp {ts} goes backwards (previous request is at {last_ts})")
-            first = seen_ids.get(req.req_id)
+            req_id = fields[0]
+            first = seen_ids.get(req_id)
             if first is not None:
-                raise _BadLine(f"duplicate id {_show(req.req_id)} (first used on line {first})")
-            new_links = _check_chain(req.hash_ids, parents) if req.hash_ids else None
+                raise _BadLine(f"duplicate id {_show(req_id)} (first used on line {first})")
+            if fields[5]:
+                _link_chain(fields[5], parents)  # last: a line that fails leaves no links behind
         except _BadLine as exc:
             message = f"{path}:{lineno}: {exc}"
             if not skip_bad:
@@ -227,15 +232,30 @@ def _parse(path: Path, *, block_size: int, skip_bad: bool, report: ReadReport) -
             if len(report.first_bad) < _FIRST_BAD_KEPT:
                 report.first_bad.append((lineno, str(exc)))
             continue
-        seen_ids[req.req_id] = lineno
-        if new_links:
-            parents.update(new_links)
+        seen_ids[req_id] = lineno
         last_ts = ts
         seq += 1
-        yield ts, req
+        yield ts, fields
+
+
+# The scanner json.loads ends in, called directly for a line that is one object (see _loads).
+_scan_json = json.scanner.make_scanner(json.JSONDecoder())
+_JSON_SPACE = " \t\n\r"
 
 
 def _loads(text: str) -> dict:
+    # json.loads wraps the scanner in two regex whitespace matches and three Python calls. A
+    # line that starts with "{" and ends in JSON whitespace after the object parses the same
+    # by the scanner alone; anything else, a failure included, goes through json.loads, whose
+    # error (and column) is the one reported.
+    if text[0] == "{":
+        try:
+            obj, end = _scan_json(text, 0)
+        except (StopIteration, ValueError, RecursionError):
+            pass  # json.loads below raises it again, as the message wants it
+        else:
+            if end == len(text) or not text[end:].strip(_JSON_SPACE):
+                return obj
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -249,17 +269,26 @@ def _loads(text: str) -> dict:
     return obj
 
 
-def _request(obj: dict, lineno: int, seq: int, block_size: int, max_hash: int) -> tuple[int, TraceRequest]:
-    ts = _int_field(obj, "timestamp")
+def _request(obj: dict, lineno: int, seq: int, block_size: int, max_hash: int) -> tuple[int, tuple]:
+    """(timestamp ms, TraceRequest's fields in order, arrival_ns left out)."""
+    # Each field is tested inline and `_int_field` called only to word what is wrong with it.
+    ts = obj.get("timestamp")
+    if type(ts) is not int or ts < 0:
+        ts = _int_field(obj, "timestamp")
     if ts > MAX_TIMESTAMP_MS:
         raise _BadLine(f"'timestamp' {_show(ts)} is too large (at most {MAX_TIMESTAMP_MS} ms)")
-    input_len = _int_field(obj, "input_length")
+    input_len = obj.get("input_length")
+    if type(input_len) is not int or input_len < 0:
+        input_len = _int_field(obj, "input_length")
     if input_len == 0:
         raise _BadLine("'input_length' is 0 (a request needs at least one input token)")
-    output_len = _int_field(obj, "output_length")
-    for key, value in (("input_length", input_len), ("output_length", output_len)):
-        if value > MAX_LENGTH_TOKENS:
-            raise _BadLine(f"'{key}' {_show(value)} is too large (at most {MAX_LENGTH_TOKENS:,} tokens)")
+    output_len = obj.get("output_length")
+    if type(output_len) is not int or output_len < 0:
+        output_len = _int_field(obj, "output_length")
+    if input_len > MAX_LENGTH_TOKENS:
+        raise _BadLine(f"'input_length' {_show(input_len)} is too large (at most {MAX_LENGTH_TOKENS:,} tokens)")
+    if output_len > MAX_LENGTH_TOKENS:
+        raise _BadLine(f"'output_length' {_show(output_len)} is too large (at most {MAX_LENGTH_TOKENS:,} tokens)")
 
     has_hashes, has_tokens = "hash_ids" in obj, "tokens" in obj
     if has_hashes == has_tokens:
@@ -298,9 +327,7 @@ def _request(obj: dict, lineno: int, seq: int, block_size: int, max_hash: int) -
             raise _BadLine(f"'extra_key' must be a string, got {_json_type(extra_key)}")
         if len(extra_key) > MAX_EXTRA_KEY_CHARS:
             raise _BadLine(f"'extra_key' is {len(extra_key):,} characters long (at most {MAX_EXTRA_KEY_CHARS})")
-    return ts, TraceRequest(req_id=req_id, seq=seq, line=lineno, arrival_ns=-1, input_len=input_len,
-                            output_len=output_len, hash_ids=hash_ids, tokens=tokens, priority=priority,
-                            extra_key=extra_key)
+    return ts, (req_id, seq, lineno, input_len, output_len, hash_ids, tokens, priority, extra_key)
 
 
 def _int_field(obj: dict, key: str) -> int:
@@ -334,7 +361,32 @@ def _int_list(obj: dict, key: str, max_value: int) -> tuple[int, ...]:
     return tuple(values)
 
 
-def _check_chain(hash_ids: tuple[int, ...], parents: dict[int, int]) -> dict[int, int]:
+def _link_chain(hash_ids: tuple[int, ...], parents: dict[int, int]) -> None:
+    """Add this line's links to `parents`; raise, adding none, if an id follows a different
+    predecessor than before (or than earlier in the line).
+
+    A chained trace's line is ids seen before (a shared prefix) then ids never seen, each once:
+    that shape is checked with C-level tuple compares and one `parents` look-up an id, and its
+    new ids go straight in, no Python loop. Anything else (a broken chain, an id twice in the
+    line) takes `_check_chain_slow`, which finds the same links or the first bad position."""
+    knowns = tuple(map(parents.get, hash_ids))
+    prevs = (-1, *hash_ids[:-1])
+    if knowns == prevs:
+        return
+    if None in knowns:
+        i = knowns.index(None)
+        num_new = len(knowns) - i
+        if knowns[:i] == prevs[:i] and knowns.count(None) == num_new:
+            before = len(parents)
+            parents.update(zip(hash_ids[i:], prevs[i:]))
+            if len(parents) == before + num_new:
+                return
+            for h in hash_ids[i:]:  # an id twice among the new ones: undo, then find the error
+                parents.pop(h, None)
+    parents.update(_check_chain_slow(hash_ids, parents))
+
+
+def _check_chain_slow(hash_ids: tuple[int, ...], parents: dict[int, int]) -> dict[int, int]:
     """The links this line adds to `parents`; raises if an id follows a different predecessor."""
     new: dict[int, int] = {}
     prev = -1
@@ -380,7 +432,7 @@ def _show(value: object, limit: int = 40) -> str:
 
 # --- spreading shared timestamps ------------------------------------------------------------
 
-def _spread(parsed: Iterator[tuple[int, TraceRequest]], path: Path, report: ReadReport) -> Iterator[TraceRequest]:
+def _spread(parsed: Iterator[tuple[int, tuple]], path: Path, report: ReadReport) -> Iterator[TraceRequest]:
     """Give requests that share a timestamp evenly spaced arrivals.
 
     Mooncake buckets timestamps (~3 s buckets of ~10 requests in the conversation trace);
@@ -395,10 +447,10 @@ def _spread(parsed: Iterator[tuple[int, TraceRequest]], path: Path, report: Read
     distinct timestamp leaves that group at t, since there is no gap to learn from.
     Arrivals are integer ns, rounded down, so they never reach t2.
     """
-    group: list[TraceRequest] = []
+    group: list[tuple] = []
     group_ts = first_ts = -1
     num_distinct = 0
-    for ts, req in parsed:
+    for ts, fields in parsed:
         if group and ts != group_ts:
             yield from _emit(group, group_ts, ts, report)
             group = []
@@ -407,7 +459,7 @@ def _spread(parsed: Iterator[tuple[int, TraceRequest]], path: Path, report: Read
             num_distinct += 1
             if first_ts < 0:
                 first_ts = ts
-        group.append(req)
+        group.append(fields)
     if not group:
         skipped = f" ({report.bad_lines} bad lines skipped)" if report.bad_lines else ""
         raise TraceError(f"{path}: no requests in the trace{skipped}",
@@ -416,13 +468,11 @@ def _spread(parsed: Iterator[tuple[int, TraceRequest]], path: Path, report: Read
     yield from _emit(group, group_ts, group_ts + mean_gap_ms, report)
 
 
-def _emit(group: list[TraceRequest], ts_ms: int, next_ts_ms: float, report: ReadReport) -> Iterator[TraceRequest]:
+def _emit(group: list[tuple], ts_ms: int, next_ts_ms: float, report: ReadReport) -> Iterator[TraceRequest]:
     k = len(group)
     base_ns = ts_ms * NS_PER_MS
     gap_ns = round((next_ts_ms - ts_ms) * NS_PER_MS)
-    for i, req in enumerate(group):
+    for i, (req_id, seq, line, input_len, output_len, hash_ids, tokens, priority, extra_key) in enumerate(group):
         report.num_requests += 1
-        # TraceRequest is frozen: build the final one rather than mutate.
-        yield TraceRequest(req_id=req.req_id, seq=req.seq, line=req.line, arrival_ns=base_ns + i * gap_ns // k,
-                           input_len=req.input_len, output_len=req.output_len, hash_ids=req.hash_ids,
-                           tokens=req.tokens, priority=req.priority, extra_key=req.extra_key)
+        yield TraceRequest(req_id, seq, line, base_ns + i * gap_ns // k, input_len, output_len, hash_ids, tokens,
+                           priority, extra_key)
