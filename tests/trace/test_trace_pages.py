@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tierdiag.errors import ConfigError
-from tierdiag.trace.pages import page_keys, storage_key_chain
-from tierdiag.trace.reader import TraceRequest
+from tierdiag.trace.pages import _NUMPY_OUTPUT_PAGES, output_page_keys, page_keys, page_keys_array, storage_key_chain
+from tierdiag.trace.reader import TraceRequest, max_hash_id
 
 PAGE_SIZES = [1, 16, 64, 128, 512]
 
@@ -147,3 +148,47 @@ def test_storage_key_changes_propagate_down_the_chain(keys, at):
     a, b = storage_key_chain(keys), storage_key_chain(changed)
     assert a[:at] == b[:at]
     assert all(x != y for x, y in zip(a[at:], b[at:]))
+
+
+# --- output pages ------------------------------------------------------------------------------
+
+def _output_keys_reference(req_id: str, last_input_key: int, num_pages: int) -> list[int]:
+    """output_page_keys as its docstring says it, in Python ints: seed + j * step modulo 2**63,
+    negated below zero."""
+    digest = hashlib.blake2b(b"out" + last_input_key.to_bytes(8, "little", signed=True) + req_id.encode(),
+                             digest_size=8).digest()
+    seed = int.from_bytes(digest, "little") >> 1
+    step = 0x9E3779B97F4A7C15 >> 1 | 1
+    return [-((seed + j * step) % 2**63) - 1 for j in range(num_pages)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(req_id=st.text(min_size=1, max_size=12), last=st.integers(0, 2**63 - 1),
+       num_pages=st.one_of(st.integers(0, 40), st.integers(0, 2000)))
+def test_output_page_keys_match_the_python_reference_on_both_sides_of_the_numpy_switch(req_id, last, num_pages):
+    # From _NUMPY_OUTPUT_PAGES pages on the keys come from uint64 numpy arithmetic (wrapping
+    # modulo 2**64, then masked to 63 bits): the same ints as the Python expression.
+    got = output_page_keys(req_id, [last], num_pages)
+    assert got == _output_keys_reference(req_id, last, num_pages)
+    assert all(type(k) is int and k < 0 for k in got)
+
+
+def test_output_page_keys_switch_is_where_the_tests_look():
+    assert 0 < _NUMPY_OUTPUT_PAGES <= 40  # the property above draws 0..40 pages to cross it
+
+
+# --- hash ids to keys -------------------------------------------------------------------------
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), page_size=st.sampled_from(PAGE_SIZES + [256]), block_size=st.sampled_from([512, 1024]))
+def test_hash_id_keys_are_id_times_pages_a_block_plus_page(data, page_size, block_size):
+    input_len = data.draw(st.integers(1, 8 * block_size))
+    num_blocks = -(-input_len // block_size)
+    ids = data.draw(st.lists(st.integers(0, max_hash_id(block_size)), min_size=num_blocks, max_size=num_blocks))
+    req = hreq(input_len, ids)
+    per_block = block_size // page_size
+    want = [ids[p // per_block] * per_block + p % per_block for p in range(input_len // page_size)]
+    keys = page_keys_array(req, page_size=page_size, block_size=block_size)
+    assert keys.dtype == np.int64 and keys.tolist() == want
+    keys ^= 1  # the engine's arrays are its own: salting one leaves the next request's alone
+    assert page_keys(req, page_size=page_size, block_size=block_size) == want

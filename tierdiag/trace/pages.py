@@ -85,8 +85,26 @@ def output_page_keys(req_id: str, input_keys: list[int], num_pages: int) -> list
     digest = hashlib.blake2b(b"out" + int(last).to_bytes(8, "little", signed=True) + req_id.encode("utf-8"),
                              digest_size=8).digest()
     seed = int.from_bytes(digest, "little") >> 1
+    if num_pages >= _NUMPY_OUTPUT_PAGES:
+        return _output_keys_numpy(seed, num_pages)
     step = _OUTPUT_STEP
     return [-((seed + j * step) & _MASK63) - 1 for j in range(num_pages)]
+
+
+# From this many output pages numpy's fixed ~4 us beats ~0.13 us a page in Python (a trace's
+# mean is ~5 pages; long generations run to hundreds).
+_NUMPY_OUTPUT_PAGES = 32
+
+
+def _output_keys_numpy(seed: int, num_pages: int) -> list[int]:
+    # uint64 adds and multiplies wrap modulo 2**64; masking to 63 bits then leaves the value
+    # modulo 2**63, as in the Python expression. As an int64 it is then non-negative, and
+    # ~v = -v - 1.
+    x = np.arange(num_pages, dtype=np.uint64)
+    x *= np.uint64(_OUTPUT_STEP)
+    x += np.uint64(seed)
+    x &= np.uint64(_MASK63)
+    return np.invert(x.view(np.int64)).tolist()
 
 
 def _keys_from_hash_ids(hash_ids: tuple[int, ...], num_pages: int, *, page_size: int, block_size: int) -> np.ndarray:
@@ -94,13 +112,27 @@ def _keys_from_hash_ids(hash_ids: tuple[int, ...], num_pages: int, *, page_size:
         raise ConfigError(f"block size {block_size} is not a multiple of page size {page_size}",
                           hint="hash_ids traces need --page-size to divide --block-size")
     per_block = block_size // page_size
-    num_blocks = min(-(-num_pages // per_block), len(hash_ids))
-    blocks = np.fromiter(hash_ids[:num_blocks], dtype=np.int64, count=num_blocks)
     if per_block == 1:
-        return blocks[:num_pages].copy()
-    # page j of block b: hash_ids[b] * per_block + j (the reader bounds hash ids so this fits)
-    keys = (blocks[:, None] * per_block + np.arange(per_block, dtype=np.int64)).reshape(-1)
-    return keys[:num_pages]
+        return np.array(hash_ids[:num_pages], dtype=np.int64)
+    num_blocks = min(-(-num_pages // per_block), len(hash_ids))
+    # page j of block b: hash_ids[b] * per_block + j (the reader bounds hash ids so this fits):
+    # one outer sum, rows laid end to end. np.array of a tuple is cheaper than np.fromiter here.
+    blocks = np.array(hash_ids[:num_blocks], dtype=np.int64)
+    blocks *= per_block
+    return np.add.outer(blocks, _page_offsets(per_block)).reshape(-1)[:num_pages]
+
+
+_PAGE_OFFSETS: dict[int, np.ndarray] = {}
+
+
+def _page_offsets(per_block: int) -> np.ndarray:
+    """0 .. per_block-1 as int64, made once a page size (read-only: shared by every call)."""
+    offsets = _PAGE_OFFSETS.get(per_block)
+    if offsets is None:
+        offsets = np.arange(per_block, dtype=np.int64)
+        offsets.flags.writeable = False
+        offsets = _PAGE_OFFSETS.setdefault(per_block, offsets)
+    return offsets
 
 
 def _keys_from_tokens(tokens: tuple[int, ...], num_pages: int, *, page_size: int) -> list[int]:
