@@ -23,7 +23,7 @@
 
 /* Bumped whenever a signature or a semantic changes: tierdiag/engine/cplane.py refuses a stale
  * build (an editable install's .so compiled from an older source) instead of misusing it. */
-#define CPLANE_API 2
+#define CPLANE_API 3
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256
@@ -764,6 +764,656 @@ cp_storage_key_chain(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssiz
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* StorageIndex: the storage tier's page index (pools._LruIndex is the reference and the       */
+/* fallback). Key -> location (segment << 32 | slot, -1 while the page is being written) in    */
+/* LRU order, and the live pages of each segment. One call a write does what was a Python loop  */
+/* a page: touches, deletions of the oldest pages with their holes, the new keys' places.      */
+/*                                                                                              */
+/* Keys are exact bytes or str (the chained SHA-256 digests; tests use hex strings): their      */
+/* hashes are cached by Python and comparing two never runs Python code, so no call here can    */
+/* see the index change under it. Entries live in one array linked into the LRU list (oldest   */
+/* first) and are found through an open-addressing table of entry numbers (linear probing,     */
+/* deletion by backward shift, kept at most half full).                                        */
+
+typedef struct {
+    PyObject *key;     /* a strong reference; NULL: a free entry */
+    Py_hash_t hash;
+    int64_t loc;
+    Py_ssize_t prev;   /* LRU neighbours (-1 at the ends); a free entry's next is the free list */
+    Py_ssize_t next;
+} IxEntry;
+
+typedef struct {
+    PyObject_HEAD
+    IxEntry *ent;
+    Py_ssize_t ent_cap, ent_top, free_head;  /* entries ever used: [0, ent_top) */
+    Py_ssize_t *table;
+    size_t mask;                             /* table size - 1 (a power of two) */
+    Py_ssize_t len, head, tail;              /* head: the least recently used */
+    int64_t *live;                           /* live pages of segment number n */
+    Py_ssize_t live_cap;
+} StorageIndex;
+
+#define IX_SLOT_BITS 32
+#define IX_MAX_SEGMENT ((int64_t)1 << 31)
+
+static int
+ix_key_ok(PyObject *key)
+{
+    if (PyBytes_CheckExact(key) || PyUnicode_CheckExact(key)) {
+        return 1;
+    }
+    PyErr_Format(PyExc_TypeError, "storage keys are bytes or str, not %.100s", Py_TYPE(key)->tp_name);
+    return 0;
+}
+
+static int
+ix_same(PyObject *a, PyObject *b)
+{
+    if (a == b) {
+        return 1;
+    }
+    if (Py_TYPE(a) != Py_TYPE(b)) {
+        return 0;  /* a bytes key never equals a str key */
+    }
+    if (PyBytes_CheckExact(a)) {
+        return PyBytes_GET_SIZE(a) == PyBytes_GET_SIZE(b) &&
+               memcmp(PyBytes_AS_STRING(a), PyBytes_AS_STRING(b), (size_t)PyBytes_GET_SIZE(a)) == 0;
+    }
+    /* str: equal iff the same kind, length and code units (PEP 393's canonical form) */
+    return PyUnicode_GET_LENGTH(a) == PyUnicode_GET_LENGTH(b) && PyUnicode_KIND(a) == PyUnicode_KIND(b) &&
+           memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b),
+                  (size_t)PyUnicode_GET_LENGTH(a) * PyUnicode_KIND(a)) == 0;
+}
+
+/* The table position holding `key`, or the empty one where it would go (*found 0). */
+static size_t
+ix_probe(StorageIndex *ix, PyObject *key, Py_hash_t hash, int *found)
+{
+    size_t i = (size_t)hash & ix->mask;
+    Py_ssize_t e;
+    while ((e = ix->table[i]) >= 0) {
+        if (ix->ent[e].hash == hash && ix_same(ix->ent[e].key, key)) {
+            *found = 1;
+            return i;
+        }
+        i = (i + 1) & ix->mask;
+    }
+    *found = 0;
+    return i;
+}
+
+/* The entry of `key`, or -1 (-2: an error set: a key of another type or unhashable). */
+static Py_ssize_t
+ix_find(StorageIndex *ix, PyObject *key)
+{
+    Py_hash_t hash;
+    int found;
+    size_t i;
+    if (!ix_key_ok(key) || (hash = PyObject_Hash(key)) == -1) {
+        return -2;
+    }
+    i = ix_probe(ix, key, hash, &found);
+    return found ? ix->table[i] : -1;
+}
+
+static void
+ix_unlink(StorageIndex *ix, Py_ssize_t e)
+{
+    IxEntry *x = &ix->ent[e];
+    if (x->prev >= 0) ix->ent[x->prev].next = x->next; else ix->head = x->next;
+    if (x->next >= 0) ix->ent[x->next].prev = x->prev; else ix->tail = x->prev;
+}
+
+static void
+ix_push_newest(StorageIndex *ix, Py_ssize_t e)
+{
+    IxEntry *x = &ix->ent[e];
+    x->prev = ix->tail;
+    x->next = -1;
+    if (ix->tail >= 0) ix->ent[ix->tail].next = e; else ix->head = e;
+    ix->tail = e;
+}
+
+static int
+ix_rehash(StorageIndex *ix, size_t size)
+{
+    Py_ssize_t *t = PyMem_Malloc(size * sizeof(Py_ssize_t));
+    if (t == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < size; i++) t[i] = -1;
+    PyMem_Free(ix->table);
+    ix->table = t;
+    ix->mask = size - 1;
+    for (Py_ssize_t e = ix->head; e >= 0; e = ix->ent[e].next) {
+        size_t i = (size_t)ix->ent[e].hash & ix->mask;
+        while (t[i] >= 0) i = (i + 1) & ix->mask;
+        t[i] = e;
+    }
+    return 0;
+}
+
+/* Add `key` (not in the index; table position `at` from ix_probe) as the newest entry. */
+static Py_ssize_t
+ix_insert(StorageIndex *ix, PyObject *key, Py_hash_t hash, size_t at, int64_t loc)
+{
+    Py_ssize_t e;
+    if ((size_t)(ix->len + 1) * 2 > ix->mask + 1) {
+        int found;
+        if (ix_rehash(ix, (ix->mask + 1) * 2) < 0) return -1;
+        at = ix_probe(ix, key, hash, &found);
+    }
+    if (ix->free_head >= 0) {
+        e = ix->free_head;
+        ix->free_head = ix->ent[e].next;
+    } else {
+        if (ix->ent_top == ix->ent_cap) {
+            Py_ssize_t cap = ix->ent_cap ? ix->ent_cap * 2 : 64;
+            IxEntry *n = PyMem_Realloc(ix->ent, (size_t)cap * sizeof(IxEntry));
+            if (n == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            ix->ent = n;
+            ix->ent_cap = cap;
+        }
+        e = ix->ent_top++;
+    }
+    Py_INCREF(key);
+    ix->ent[e].key = key;
+    ix->ent[e].hash = hash;
+    ix->ent[e].loc = loc;
+    ix->table[at] = e;
+    ix_push_newest(ix, e);
+    ix->len++;
+    return e;
+}
+
+/* Remove entry e from the table and the LRU list; returns its key (the reference passes to the
+ * caller). Backward-shift deletion: no tombstones, so probes stay short. */
+static PyObject *
+ix_remove(StorageIndex *ix, Py_ssize_t e)
+{
+    size_t i = (size_t)ix->ent[e].hash & ix->mask, j;
+    PyObject *key = ix->ent[e].key;
+    while (ix->table[i] != e) i = (i + 1) & ix->mask;
+    ix->table[i] = -1;
+    for (j = (i + 1) & ix->mask; ix->table[j] >= 0; j = (j + 1) & ix->mask) {
+        size_t home = (size_t)ix->ent[ix->table[j]].hash & ix->mask;
+        /* the entry at j may move back to i unless its home lies cyclically in (i, j] */
+        if (((j - home) & ix->mask) >= ((j - i) & ix->mask)) {
+            ix->table[i] = ix->table[j];
+            ix->table[j] = -1;
+            i = j;
+        }
+    }
+    ix_unlink(ix, e);
+    ix->ent[e].key = NULL;
+    ix->ent[e].next = ix->free_head;
+    ix->free_head = e;
+    ix->len--;
+    return key;
+}
+
+static int
+ix_live_room(StorageIndex *ix, int64_t seg)
+{
+    if (seg < 0 || seg >= IX_MAX_SEGMENT) {
+        PyErr_Format(PyExc_ValueError, "segment number %lld out of range", (long long)seg);
+        return -1;
+    }
+    if (seg >= ix->live_cap) {
+        Py_ssize_t cap = ix->live_cap ? ix->live_cap : 16;
+        while (cap <= seg) cap *= 2;
+        int64_t *n = PyMem_Realloc(ix->live, (size_t)cap * sizeof(int64_t));
+        if (n == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memset(n + ix->live_cap, 0, (size_t)(cap - ix->live_cap) * sizeof(int64_t));
+        ix->live = n;
+        ix->live_cap = cap;
+    }
+    return 0;
+}
+
+static PyObject *
+ix_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    StorageIndex *ix;
+    if ((args != NULL && PyTuple_GET_SIZE(args)) || (kwds != NULL && PyDict_GET_SIZE(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "StorageIndex() takes no arguments");
+        return NULL;
+    }
+    ix = (StorageIndex *)type->tp_alloc(type, 0);
+    if (ix == NULL) return NULL;
+    ix->free_head = ix->head = ix->tail = -1;
+    ix->table = PyMem_Malloc(16 * sizeof(Py_ssize_t));
+    if (ix->table == NULL) {
+        Py_DECREF(ix);
+        return PyErr_NoMemory();
+    }
+    for (int i = 0; i < 16; i++) ix->table[i] = -1;
+    ix->mask = 15;
+    return (PyObject *)ix;
+}
+
+static void
+ix_dealloc(StorageIndex *ix)
+{
+    for (Py_ssize_t e = 0; e < ix->ent_top; e++) {
+        Py_XDECREF(ix->ent[e].key);
+    }
+    PyMem_Free(ix->ent);
+    PyMem_Free(ix->table);
+    PyMem_Free(ix->live);
+    Py_TYPE(ix)->tp_free((PyObject *)ix);
+}
+
+static Py_ssize_t
+ix_len(StorageIndex *ix)
+{
+    return ix->len;
+}
+
+static int
+ix_contains(StorageIndex *ix, PyObject *key)
+{
+    Py_ssize_t e = ix_find(ix, key);
+    return e == -2 ? -1 : e >= 0;
+}
+
+static PyObject *
+ix_keyerror(PyObject *key)
+{
+    PyErr_SetObject(PyExc_KeyError, key);
+    return NULL;
+}
+
+static int
+ix_check_list(PyObject *keys)
+{
+    if (!PyList_CheckExact(keys)) {
+        PyErr_SetString(PyExc_TypeError, "keys must be a list");
+        return 0;
+    }
+    return 1;
+}
+
+PyDoc_STRVAR(ix_touch_doc, "touch(key): make key the most recently used (KeyError if absent).");
+
+static PyObject *
+ix_touch(StorageIndex *ix, PyObject *key)
+{
+    Py_ssize_t e = ix_find(ix, key);
+    if (e == -2) return NULL;
+    if (e < 0) return ix_keyerror(key);
+    ix_unlink(ix, e);
+    ix_push_newest(ix, e);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(ix_admit_doc,
+"admit(keys, capacity) -> (deleted, fresh, emptied)\n\n"
+"_LruIndex.admit: a key already there is touched; a new one first deletes the oldest pages\n"
+"while the index holds `capacity`, then goes in as the newest with location -1. deleted: the\n"
+"keys deleted, oldest first; fresh: the positions of keys still -1 at the end (None when every\n"
+"key was new and no more than capacity: all of them, in order); emptied: the segments whose\n"
+"last live page went, in that order.");
+
+static PyObject *
+ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *keys, *deleted = NULL, *fresh = NULL, *emptied = NULL, *res;
+    Py_ssize_t n, capacity, i;
+    int all_new;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "admit() takes 2 arguments: keys, capacity");
+        return NULL;
+    }
+    keys = args[0];
+    if (!ix_check_list(keys)) return NULL;
+    capacity = PyLong_AsSsize_t(args[1]);
+    if (capacity == -1 && PyErr_Occurred()) return NULL;
+    n = PyList_GET_SIZE(keys);
+    all_new = n <= capacity;
+    for (i = 0; i < n; i++) {  /* every key checked before anything changes */
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        Py_ssize_t e = ix_find(ix, key);
+        if (e == -2) return NULL;
+        if (e >= 0) all_new = 0;  /* the reference's test: none there before the call ... */
+    }
+    if ((deleted = PyList_New(0)) == NULL || (fresh = PyList_New(0)) == NULL ||
+        (emptied = PyList_New(0)) == NULL) {
+        goto fail;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        Py_hash_t hash = PyObject_Hash(key);
+        int found;
+        size_t at = ix_probe(ix, key, hash, &found);
+        if (found) {
+            Py_ssize_t e = ix->table[at];
+            ix_unlink(ix, e);
+            ix_push_newest(ix, e);
+            all_new = 0;  /* ... nor twice in it (with n <= capacity, none entered is pushed out) */
+            continue;
+        }
+        if (ix->len >= capacity) {
+            while (ix->len >= capacity) {
+                Py_ssize_t e = ix->head;
+                int64_t loc;
+                PyObject *old;
+                if (e < 0) {  /* OrderedDict.popitem on an empty index (capacity 0) */
+                    PyErr_SetString(PyExc_KeyError, "dictionary is empty");
+                    goto fail;
+                }
+                loc = ix->ent[e].loc;
+                old = ix_remove(ix, e);
+                if (PyList_Append(deleted, old) < 0) {
+                    Py_DECREF(old);
+                    goto fail;
+                }
+                Py_DECREF(old);
+                if (loc >= 0) {
+                    int64_t seg = loc >> IX_SLOT_BITS;
+                    if (--ix->live[seg] == 0) {
+                        PyObject *s = PyLong_FromLongLong(seg);
+                        if (s == NULL || PyList_Append(emptied, s) < 0) {
+                            Py_XDECREF(s);
+                            goto fail;
+                        }
+                        Py_DECREF(s);
+                    }
+                }
+            }
+            at = ix_probe(ix, key, hash, &found);  /* the table shifted */
+        }
+        if (ix_insert(ix, key, hash, at, -1) < 0) goto fail;
+        {
+            PyObject *pos = PyLong_FromSsize_t(i);
+            if (pos == NULL || PyList_Append(fresh, pos) < 0) {
+                Py_XDECREF(pos);
+                goto fail;
+            }
+            Py_DECREF(pos);
+        }
+    }
+    if (all_new) {
+        Py_DECREF(fresh);
+        fresh = Py_NewRef(Py_None);
+    } else {
+        /* the positions whose key is still a placeholder: a page pushed out again within this
+         * call is not written at its earlier position */
+        PyObject *kept = PyList_New(0);
+        Py_ssize_t m = PyList_GET_SIZE(fresh);
+        if (kept == NULL) goto fail;
+        for (i = 0; i < m; i++) {
+            PyObject *pos = PyList_GET_ITEM(fresh, i);
+            Py_ssize_t e = ix_find(ix, PyList_GET_ITEM(keys, PyLong_AsSsize_t(pos)));
+            if (e >= 0 && ix->ent[e].loc == -1 && PyList_Append(kept, pos) < 0) {
+                Py_DECREF(kept);
+                goto fail;
+            }
+        }
+        Py_DECREF(fresh);
+        fresh = kept;
+    }
+    res = PyTuple_Pack(3, deleted, fresh, emptied);
+    Py_DECREF(deleted);
+    Py_DECREF(fresh);
+    Py_DECREF(emptied);
+    return res;
+fail:
+    Py_XDECREF(deleted);
+    Py_XDECREF(fresh);
+    Py_XDECREF(emptied);
+    return NULL;
+}
+
+PyDoc_STRVAR(ix_place_doc,
+"place(keys, segment, first)\n\n"
+"The pages of `keys` (all in the index) went to slots first, first + 1, ... of `segment`: set\n"
+"their locations (their LRU places stay) and count them live there.");
+
+static PyObject *
+ix_place(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *keys;
+    int64_t seg, first;
+    Py_ssize_t n, i;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "place() takes 3 arguments: keys, segment, first");
+        return NULL;
+    }
+    keys = args[0];
+    if (!ix_check_list(keys)) return NULL;
+    seg = PyLong_AsLongLong(args[1]);
+    if (seg == -1 && PyErr_Occurred()) return NULL;
+    first = PyLong_AsLongLong(args[2]);
+    if (first == -1 && PyErr_Occurred()) return NULL;
+    n = PyList_GET_SIZE(keys);
+    if (first < 0 || first + n > ((int64_t)1 << IX_SLOT_BITS)) {
+        PyErr_SetString(PyExc_ValueError, "slot out of range");
+        return NULL;
+    }
+    if (ix_live_room(ix, seg) < 0) return NULL;
+    for (i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        Py_ssize_t e = ix_find(ix, key);
+        if (e == -2) return NULL;
+        if (e < 0) return ix_keyerror(key);
+        ix->ent[e].loc = (seg << IX_SLOT_BITS) + first + i;
+        ix->live[seg]++;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(ix_drop_placeholders_doc,
+"drop_placeholders(keys): delete those of `keys` still at location -1 (pages never written).");
+
+static PyObject *
+ix_drop_placeholders(StorageIndex *ix, PyObject *keys)
+{
+    if (!ix_check_list(keys)) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
+        Py_ssize_t e = ix_find(ix, PyList_GET_ITEM(keys, i));
+        if (e == -2) return NULL;
+        if (e >= 0 && ix->ent[e].loc == -1) {
+            Py_DECREF(ix_remove(ix, e));
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(ix_locs_doc, "locs(keys) -> [location, ...] (KeyError for a key not there; nothing is touched).");
+
+static PyObject *
+ix_locs(StorageIndex *ix, PyObject *keys)
+{
+    PyObject *out;
+    Py_ssize_t n;
+    if (!ix_check_list(keys)) return NULL;
+    n = PyList_GET_SIZE(keys);
+    if ((out = PyList_New(n)) == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i), *loc;
+        Py_ssize_t e = ix_find(ix, key);
+        if (e < 0) {
+            Py_DECREF(out);
+            return e == -2 ? NULL : ix_keyerror(key);
+        }
+        if ((loc = PyLong_FromLongLong(ix->ent[e].loc)) == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, loc);
+    }
+    return out;
+}
+
+PyDoc_STRVAR(ix_touch_all_doc, "touch_all(keys): touch(key) for each key in order.");
+
+static PyObject *
+ix_touch_all(StorageIndex *ix, PyObject *keys)
+{
+    if (!ix_check_list(keys)) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
+        PyObject *r = ix_touch(ix, PyList_GET_ITEM(keys, i));
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(ix_run_doc,
+"run(keys, start) -> n: how many of keys[start:] are in the index before the first that is not.");
+
+static PyObject *
+ix_run(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *keys;
+    Py_ssize_t start, i;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "run() takes 2 arguments: keys, start");
+        return NULL;
+    }
+    keys = args[0];
+    if (!ix_check_list(keys)) return NULL;
+    start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred()) return NULL;
+    if (start < 0) {
+        PyErr_SetString(PyExc_ValueError, "start must be >= 0");
+        return NULL;
+    }
+    for (i = start; i < PyList_GET_SIZE(keys); i++) {
+        Py_ssize_t e = ix_find(ix, PyList_GET_ITEM(keys, i));
+        if (e == -2) return NULL;
+        if (e < 0) break;
+    }
+    return PyLong_FromSsize_t(i - start > 0 ? i - start : 0);
+}
+
+static int
+ix_segment(PyObject *arg, int64_t *seg)
+{
+    *seg = PyLong_AsLongLong(arg);
+    return !(*seg == -1 && PyErr_Occurred());
+}
+
+PyDoc_STRVAR(ix_live_doc, "live(segment) -> the pages of `segment` still in the index.");
+
+static PyObject *
+ix_live(StorageIndex *ix, PyObject *arg)
+{
+    int64_t seg;
+    if (!ix_segment(arg, &seg)) return NULL;
+    return PyLong_FromLongLong(seg >= 0 && seg < ix->live_cap ? ix->live[seg] : 0);
+}
+
+PyDoc_STRVAR(ix_clear_live_doc, "clear_live(segment): count no live page in `segment` (its pages went elsewhere).");
+
+static PyObject *
+ix_clear_live(StorageIndex *ix, PyObject *arg)
+{
+    int64_t seg;
+    if (!ix_segment(arg, &seg)) return NULL;
+    if (seg >= 0 && seg < ix->live_cap) ix->live[seg] = 0;
+    Py_RETURN_NONE;
+}
+
+static int
+ix_cmp_loc(const void *a, const void *b)
+{
+    int64_t x = ((const int64_t *)a)[0], y = ((const int64_t *)b)[0];
+    return (x > y) - (x < y);
+}
+
+PyDoc_STRVAR(ix_segment_keys_doc,
+"segment_keys(segment) -> (slots, keys): the pages of `segment` in the index, in slot order.");
+
+static PyObject *
+ix_segment_keys(StorageIndex *ix, PyObject *arg)
+{
+    int64_t seg, (*pairs)[2];
+    Py_ssize_t n = 0, e, i;
+    PyObject *slots = NULL, *keys = NULL, *res = NULL;
+    if (!ix_segment(arg, &seg)) return NULL;
+    pairs = PyMem_Malloc((size_t)(ix->len ? ix->len : 1) * sizeof *pairs);
+    if (pairs == NULL) return PyErr_NoMemory();
+    for (e = ix->head; e >= 0; e = ix->ent[e].next) {  /* a scan: compaction is rare */
+        if (ix->ent[e].loc >= 0 && ix->ent[e].loc >> IX_SLOT_BITS == seg) {
+            pairs[n][0] = ix->ent[e].loc;
+            pairs[n][1] = e;
+            n++;
+        }
+    }
+    qsort(pairs, (size_t)n, sizeof *pairs, ix_cmp_loc);
+    if ((slots = PyList_New(n)) == NULL || (keys = PyList_New(n)) == NULL) goto done;
+    for (i = 0; i < n; i++) {
+        PyObject *s = PyLong_FromLongLong(pairs[i][0] & (((int64_t)1 << IX_SLOT_BITS) - 1));
+        if (s == NULL) goto done;
+        PyList_SET_ITEM(slots, i, s);
+        PyList_SET_ITEM(keys, i, Py_NewRef(ix->ent[pairs[i][1]].key));
+    }
+    res = PyTuple_Pack(2, slots, keys);
+done:
+    PyMem_Free(pairs);
+    Py_XDECREF(slots);
+    Py_XDECREF(keys);
+    return res;
+}
+
+PyDoc_STRVAR(ix_keys_doc, "keys() -> the keys, least recently used first.");
+
+static PyObject *
+ix_keys(StorageIndex *ix, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *out = PyList_New(ix->len);
+    Py_ssize_t i = 0;
+    if (out == NULL) return NULL;
+    for (Py_ssize_t e = ix->head; e >= 0; e = ix->ent[e].next) {
+        PyList_SET_ITEM(out, i++, Py_NewRef(ix->ent[e].key));
+    }
+    return out;
+}
+
+static PyMethodDef ix_methods[] = {
+    {"touch", (PyCFunction)ix_touch, METH_O, ix_touch_doc},
+    {"admit", (PyCFunction)(void (*)(void))ix_admit, METH_FASTCALL, ix_admit_doc},
+    {"place", (PyCFunction)(void (*)(void))ix_place, METH_FASTCALL, ix_place_doc},
+    {"drop_placeholders", (PyCFunction)ix_drop_placeholders, METH_O, ix_drop_placeholders_doc},
+    {"locs", (PyCFunction)ix_locs, METH_O, ix_locs_doc},
+    {"touch_all", (PyCFunction)ix_touch_all, METH_O, ix_touch_all_doc},
+    {"run", (PyCFunction)(void (*)(void))ix_run, METH_FASTCALL, ix_run_doc},
+    {"live", (PyCFunction)ix_live, METH_O, ix_live_doc},
+    {"clear_live", (PyCFunction)ix_clear_live, METH_O, ix_clear_live_doc},
+    {"segment_keys", (PyCFunction)ix_segment_keys, METH_O, ix_segment_keys_doc},
+    {"keys", (PyCFunction)ix_keys, METH_NOARGS, ix_keys_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods ix_as_sequence = {
+    .sq_length = (lenfunc)ix_len,
+    .sq_contains = (objobjproc)ix_contains,
+};
+
+static PyTypeObject StorageIndexType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tierdiag.engine._cplane.StorageIndex",
+    .tp_doc = PyDoc_STR("StorageIndex(): the storage tier's page index in LRU order (pools._LruIndex's\n"
+                        "methods, compiled)."),
+    .tp_basicsize = sizeof(StorageIndex),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = ix_new,
+    .tp_dealloc = (destructor)ix_dealloc,
+    .tp_as_sequence = &ix_as_sequence,
+    .tp_methods = ix_methods,
+};
+
+/* ------------------------------------------------------------------------------------------ */
 
 static PyMethodDef cplane_methods[] = {
     {"move", (PyCFunction)(void (*)(void))cp_move, METH_FASTCALL, move_doc},
@@ -793,6 +1443,11 @@ PyInit__cplane(void)
         return NULL;
     }
     if (PyModule_AddIntConstant(m, "API", CPLANE_API) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyType_Ready(&StorageIndexType) < 0 ||
+        PyModule_AddObjectRef(m, "StorageIndex", (PyObject *)&StorageIndexType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

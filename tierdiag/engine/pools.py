@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -458,13 +459,133 @@ _SLOT_BITS = 32  # a page's location in the index: segment number << 32 | slot i
 
 
 class _Segment:
-    """One append-only file of whole pages; `keys[slot]` is the page there (None once deleted)."""
-    __slots__ = ("number", "path", "fd", "keys", "live")
+    """One append-only file of whole pages (`pages` slots, live or holes); which of them are live
+    is the index's (`_LruIndex.live`, `segment_keys`)."""
+    __slots__ = ("number", "path", "fd", "pages")
 
     def __init__(self, number: int, path: Path, fd: int):
         self.number, self.path, self.fd = number, path, fd
-        self.keys: list[bytes | None] = []
-        self.live = 0
+        self.pages = 0
+
+
+class _LruIndex:
+    """The storage tier's index: page key -> location (segment << _SLOT_BITS | slot; -1 while the
+    page is being written) in LRU order, oldest first, and the live pages of each segment. The
+    reference and the fallback of `_cplane.StorageIndex`, which has the same methods and is what
+    a run uses when the compiled data plane is built (tests/engine/test_storage_index.py runs
+    both on the same operations). The per-page work of a write is all here, in `admit`: compiled,
+    the tier does no Python work a page.
+    """
+
+    def __init__(self):
+        self._od: OrderedDict = OrderedDict()
+        self._live: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._od)
+
+    def __contains__(self, key) -> bool:
+        return key in self._od
+
+    def touch(self, key) -> None:
+        self._od.move_to_end(key)
+
+    def touch_all(self, keys: list) -> None:
+        for key in keys:
+            self._od.move_to_end(key)
+
+    def keys(self) -> list:
+        return list(self._od)
+
+    def run(self, keys: list, start: int) -> int:
+        """How many of keys[start:] are in the index before the first that is not."""
+        if start < 0:
+            raise ValueError("start must be >= 0")
+        od, end = self._od, start
+        while end < len(keys) and keys[end] in od:
+            end += 1
+        return max(end - start, 0)
+
+    def locs(self, keys: list) -> list[int]:
+        od = self._od
+        return [od[k] for k in keys]
+
+    def live(self, segment: int) -> int:
+        return self._live.get(segment, 0)
+
+    def clear_live(self, segment: int) -> None:
+        self._live.pop(segment, None)
+
+    def segment_keys(self, segment: int) -> tuple[list[int], list]:
+        """The live pages of `segment` as (slots, keys), in slot order (a scan: compaction is rare)."""
+        lo, mask = segment << _SLOT_BITS, (1 << _SLOT_BITS) - 1
+        found = sorted((loc, k) for k, loc in self._od.items() if lo <= loc <= lo + mask)
+        return [loc & mask for loc, _ in found], [k for _, k in found]
+
+    def admit(self, keys: list, capacity: int) -> tuple[list, list[int] | None, list[int]]:
+        """Enter the keys of a write, one at a time as files a page would go: a key already there
+        is touched; a new one first deletes the oldest pages while the index holds `capacity`
+        (even one entered earlier in this call), then goes in as the newest, at location -1.
+        Returns (deleted keys oldest first, fresh, emptied): fresh, the positions of the keys
+        still at -1 at the end (None when every key was new and no more than capacity: all of
+        them, in order); emptied, the segments whose last live page went, in that order."""
+        od, live, deleted, emptied = self._od, self._live, [], []
+        distinct = set(keys)
+        if len(keys) <= capacity and len(distinct) == len(keys) and od.keys().isdisjoint(distinct):
+            # All new (the common case): what the loop below does, at once. With the index full,
+            # the loop pops the oldest page before each insert; as none of these keys is in the
+            # index yet, those are exactly the len(od) + len(keys) - capacity oldest pages, all
+            # from before this call (there are at least that many).
+            popitem = od.popitem
+            for _ in range(len(od) + len(keys) - capacity):
+                old, loc = popitem(last=False)
+                deleted.append(old)
+                if loc >= 0:
+                    seg = loc >> _SLOT_BITS
+                    live[seg] -= 1
+                    if not live[seg]:
+                        emptied.append(seg)
+            od.update(zip(keys, itertools.repeat(-1)))
+            return deleted, None, emptied
+        fresh: list[int] = []
+        for i, key in enumerate(keys):
+            if key in od:
+                od.move_to_end(key)
+                continue
+            while len(od) >= capacity:
+                old, loc = od.popitem(last=False)
+                deleted.append(old)
+                if loc >= 0:
+                    seg = loc >> _SLOT_BITS
+                    live[seg] -= 1
+                    if not live[seg]:
+                        emptied.append(seg)
+            od[key] = -1
+            fresh.append(i)
+        return deleted, [i for i in fresh if od.get(keys[i]) == -1], emptied
+
+    def place(self, keys: list, segment: int, first: int) -> None:
+        """The pages of `keys` (all in the index) went to slots first, first + 1, ... of
+        `segment`: their locations change, their LRU places do not."""
+        od = self._od
+        loc = (segment << _SLOT_BITS) + first
+        for i, key in enumerate(keys):
+            if key not in od:
+                raise KeyError(key)
+            od[key] = loc + i
+            self._live[segment] = self._live.get(segment, 0) + 1
+
+    def drop_placeholders(self, keys: list) -> None:
+        """Delete those of `keys` still at -1 (pages that never reached the disk)."""
+        od = self._od
+        for key in keys:
+            if od.get(key) == -1:
+                del od[key]
+
+
+def _new_index():
+    """The compiled index when the data plane is built (cplane.py), else the reference."""
+    return _LruIndex() if cplane.C is None else cplane.C.StorageIndex()
 
 
 class StorageTier:
@@ -473,7 +594,7 @@ class StorageTier:
     Layout: pages are appended to segment files `NNNNNN.kvseg` under `root`, each page the
     `page_bytes` of its rows (layer after layer), so a transfer of n pages is one write and a
     prefetch of consecutive pages one read. The index (page key -> segment, slot) and the LRU
-    order over it live in memory: the tier is the run's, made empty at its start.
+    order over it live in memory (_LruIndex): the tier is the run's, made empty at its start.
 
         segment 000001.kvseg  |page a|page b|page c|  ...  (append only)
         index: a -> (1, 0), b -> (1, 1), ...   LRU: a b c ... (oldest first)
@@ -487,14 +608,14 @@ class StorageTier:
 
     def __init__(self, root: Path, capacity_pages: int):
         # Keys: the pages' chained SHA-256 digests (trace.pages.storage_key_chain); the tier only
-        # hashes and compares them, so any hashable key works.
+        # hashes and compares them, so any bytes or str key works.
         self.root = Path(root)
         with _storage_errors(self.root):
             self.root.mkdir(parents=True, exist_ok=True)
             if not os.access(self.root, os.W_OK | os.X_OK):
                 raise PermissionError(errno.EACCES, "Permission denied", str(self.root))
         self.capacity = capacity_pages
-        self._index: OrderedDict[bytes, int] = OrderedDict()  # key -> location, LRU order
+        self._index = _new_index()  # key -> location, LRU order; live pages a segment
         self._segments: dict[int, _Segment] = {}
         self._active: _Segment | None = None
         self._next_segment = 1
@@ -505,8 +626,13 @@ class StorageTier:
         self.bytes_written = 0  # bytes appended to segment files (compaction included)
         self.bytes_read = 0
 
-    def __contains__(self, key: bytes) -> bool:
+    def __contains__(self, key) -> bool:
         return key in self._index
+
+    def hits(self, keys: list, start: int) -> int:
+        """How many of keys[start:] the tier holds before the first it does not (a prefetch's
+        hit query), without touching them."""
+        return self._index.run(keys, start)
 
     @property
     def used_pages(self) -> int:
@@ -520,17 +646,17 @@ class StorageTier:
         """Bytes the segment files hold now (live pages and holes)."""
         return self._disk_pages * self.page_bytes
 
-    def touch(self, key: bytes) -> None:
-        self._index.move_to_end(key)
+    def touch(self, key) -> None:
+        self._index.touch(key)
 
     # --- writing -----------------------------------------------------------------------------
-    def write(self, keys: list[bytes], rows) -> list[bytes]:
+    def write(self, keys: list, rows) -> list:
         """Write pages (rows: [layers, n, elems] on CPU). Returns the keys deleted to make room."""
         page_major = rows.numpy().transpose(1, 0, 2)
         return self._write(keys, lambda idx: np.ascontiguousarray(page_major if idx is None else page_major[idx]),
                            (rows.shape[0], rows.shape[2]))
 
-    def write_from(self, pool, slots: list[int], keys: list[bytes], *, rows: np.ndarray | None = None) -> list[bytes]:
+    def write_from(self, pool, slots: list[int], keys: list, *, rows: np.ndarray | None = None) -> list:
         """Write the pages in `slots` of a [layers, pages, elems] CPU pool buffer (a numpy array,
         or a CPU tensor) under `keys`: one gather into page-major rows, one append. Returns the
         keys deleted to make room. `rows`: the pool's row view when the caller keeps one (the
@@ -554,63 +680,29 @@ class StorageTier:
 
         return self._write(keys, gather, (pool.shape[0], pool.shape[2]))
 
-    def _write(self, keys: list[bytes], gather, shape: tuple[int, int]) -> list[bytes]:
+    def _write(self, keys: list, gather, shape: tuple[int, int]) -> list:
         self._set_shape(shape)
-        index = self._index
-        deleted: list[bytes] = []
-        if len(keys) <= self.capacity and index.keys().isdisjoint(keys):
-            # All new (the common case): what the loop below would do, at once. With the tier
-            # full, the loop pops the oldest page before each insert; as none of these keys is
-            # in the index yet, those are exactly the len(index) + len(keys) - capacity oldest
-            # pages, all from before this call (there are at least that many).
-            over = len(index) + len(keys) - self.capacity
-            if over > 0:
-                popitem, segments, mask = index.popitem, self._segments, (1 << _SLOT_BITS) - 1
-                for _ in range(over):
-                    old, loc = popitem(last=False)
-                    deleted.append(old)
-                    if loc >= 0:  # self._hole(loc), inline: this runs for every page the tier drops
-                        seg = segments[loc >> _SLOT_BITS]
-                        seg.keys[loc & mask] = None
-                        seg.live -= 1
-                        if not seg.live:
-                            self._emptied.append(seg)
-            # No -1 placeholders first: nothing else enters the index before these keys, so
-            # _append inserting each segment's keys with their places leaves the same order,
-            # and a failed write leaves out the same pages (those never written).
-            self._append(keys, gather(None).reshape(len(keys), -1))
-            if over > 0:
+        keys = keys if type(keys) is list else list(keys)
+        deleted, fresh, emptied = self._index.admit(keys, self.capacity)
+        if emptied:
+            segments = self._segments
+            self._emptied.extend(segments[n] for n in emptied)
+        if fresh is None:  # all new, in order: one gather of every slot
+            self._place(keys, gather(None))
+            if deleted:  # (nothing to unlink or compact otherwise: the files grew as the index did)
                 self._collect()
             return deleted
-        fresh: list[int] = []
-        # The index first, key by key, exactly as a file a page would go: a page already there is
-        # touched, a new one may push out the oldest (even one written earlier in this call).
-        for i, key in enumerate(keys):
-            if key in index:
-                index.move_to_end(key)
-                continue
-            while len(index) >= self.capacity:
-                old, loc = index.popitem(last=False)
-                deleted.append(old)
-                if loc >= 0:
-                    self._hole(loc)
-            index[key] = -1  # placed below
-            fresh.append(i)
-        fresh = [i for i in fresh if index.get(keys[i]) == -1]
         if fresh:
             self._place([keys[i] for i in fresh], gather(np.asarray(fresh, dtype=np.int64)))
         self._collect()
         return deleted
 
-    def _place(self, keys: list[bytes], data: np.ndarray) -> None:
+    def _place(self, keys: list, data: np.ndarray) -> None:
         """Append the pages of `keys` (in the index as -1) and record where they went."""
         try:
             self._append(keys, data.reshape(len(keys), -1))
         except BaseException:
-            index = self._index
-            for key in keys:  # pages that never reached the disk are not in the tier
-                if index.get(key) == -1:
-                    del index[key]
+            self._index.drop_placeholders(keys)  # pages that never reached the disk are not in the tier
             raise
 
     def _set_shape(self, shape: tuple[int, int]) -> None:
@@ -636,16 +728,16 @@ class StorageTier:
             seg = self._segments[number] = _Segment(number, path, fd)
             return seg
 
-    def _append(self, keys: list[bytes], data) -> None:
-        """Append pages (data: [n, page_bytes/8] int64, C order) at the end of the active segment,
-        starting a new one when it is full; one pwrite per segment touched."""
+    def _append(self, keys: list, data) -> None:
+        """Append pages (data: [n, page_bytes/8] int64, C order; keys in the index) at the end of
+        the active segment, starting a new one when it is full; one pwrite per segment touched."""
         index, per_seg, page_bytes = self._index, self._segment_pages, self.page_bytes
         done = 0
         while done < len(keys):
             seg = self._active
-            if seg is None or len(seg.keys) >= per_seg:
+            if seg is None or seg.pages >= per_seg:
                 seg = self._active = self._new_segment()
-            first = len(seg.keys)
+            first = seg.pages
             n = min(len(keys) - done, per_seg - first)
             buf = memoryview(data[done:done + n]).cast("B")
             offset = first * page_bytes
@@ -657,49 +749,39 @@ class StorageTier:
                 except BaseException:
                     os.ftruncate(seg.fd, offset)  # a full disk must not keep half a page
                     raise
-            loc = (seg.number << _SLOT_BITS) + first
-            placed = keys[done:done + n]
-            index.update(zip(placed, range(loc, loc + n)))  # keys already there keep their LRU place
-            seg.keys.extend(placed)
-            seg.live += n
+            index.place(keys[done:done + n] if done or n < len(keys) else keys, seg.number, first)
+            seg.pages += n
             self._disk_pages += n
             self.bytes_written += n * page_bytes
             done += n
-
-    def _hole(self, loc: int) -> None:
-        seg = self._segments[loc >> _SLOT_BITS]
-        seg.keys[loc & ((1 << _SLOT_BITS) - 1)] = None
-        seg.live -= 1
-        if not seg.live:
-            self._emptied.append(seg)
 
     def _collect(self) -> None:
         """Unlink segments without a live page. Then, while the files hold more than about twice
         the live pages, compact the sparsest segment. Deletion is LRU and writes append, so the
         oldest segments mostly empty on their own; only pages kept alive by hits get copied."""
+        live = self._index.live
         if self._emptied:
             for seg in self._emptied:
-                if seg is not self._active and not seg.live and seg.number in self._segments:
+                if seg is not self._active and not live(seg.number) and seg.number in self._segments:
                     self._unlink(seg)
-            self._emptied = [s for s in self._emptied if s.number in self._segments and not s.live]
+            self._emptied = [s for s in self._emptied if s.number in self._segments and not live(s.number)]
         slack = 2 * self._segment_pages
         while self._disk_pages > 2 * len(self._index) + slack:
             seg = min((s for s in self._segments.values() if s is not self._active),
-                      key=lambda s: s.live / len(s.keys))
+                      key=lambda s: live(s.number) / s.pages)
             self._compact(seg)
             self._unlink(seg)
 
     def _compact(self, seg: _Segment) -> None:
-        slots = [i for i, k in enumerate(seg.keys) if k is not None]
-        keys = [seg.keys[i] for i in slots]
+        slots, keys = self._index.segment_keys(seg.number)
         data = self._read_slots(seg, slots)
-        # Re-appending keeps each key's place in the LRU order (a dict value update does not move it).
+        # Re-appending keeps each key's place in the LRU order (a location update does not move it).
         self._append(keys, data.reshape(len(slots), -1))
-        seg.live = 0
+        self._index.clear_live(seg.number)
 
     def _unlink(self, seg: _Segment) -> None:
         del self._segments[seg.number]
-        self._disk_pages -= len(seg.keys)
+        self._disk_pages -= seg.pages
         with _storage_errors(seg.path):
             os.close(seg.fd)
             seg.path.unlink(missing_ok=True)
@@ -725,28 +807,25 @@ class StorageTier:
         self.bytes_read += len(slots) * page_bytes
         return out
 
-    def read_pages(self, keys: list[bytes]):
+    def read_pages(self, keys: list):
         """The pages of `keys` as [n, layers, elems] int64 (numpy), each touched in the LRU:
         pages adjacent in a segment are read together."""
-        index = self._index
+        keys = keys if type(keys) is list else list(keys)
+        locs = self._index.locs(keys)
         layers, elems = self._page_shape
         out = np.empty((len(keys), layers, elems), dtype=np.int64)
         mask = (1 << _SLOT_BITS) - 1
         i = 0
         while i < len(keys):
-            loc = index[keys[i]]
-            seg_no, j = loc >> _SLOT_BITS, i + 1
-            slots = [loc & mask]
-            while j < len(keys) and index[keys[j]] >> _SLOT_BITS == seg_no:
-                slots.append(index[keys[j]] & mask)
+            seg_no, j = locs[i] >> _SLOT_BITS, i + 1
+            while j < len(keys) and locs[j] >> _SLOT_BITS == seg_no:
                 j += 1
-            out[i:j] = self._read_slots(self._segments[seg_no], slots)
+            out[i:j] = self._read_slots(self._segments[seg_no], [loc & mask for loc in locs[i:j]])
             i = j
-        for key in keys:
-            index.move_to_end(key)
+        self._index.touch_all(keys)
         return out
 
-    def read(self, keys: list[bytes], num_layers: int, page_elems: int):
+    def read(self, keys: list, num_layers: int, page_elems: int):
         """The pages of `keys` as a fresh [layers, n, elems] CPU tensor."""
         import torch
 
@@ -755,7 +834,7 @@ class StorageTier:
         assert self._page_shape == (num_layers, page_elems), "storage page geometry differs from the pool's"
         return torch.from_numpy(self.read_pages(keys)).permute(1, 0, 2).contiguous()
 
-    def read_into(self, keys: list[bytes], pool, slots: list[int]) -> int:
+    def read_into(self, keys: list, pool, slots: list[int]) -> int:
         """Read the pages of `keys` into `slots` of a [layers, pages, elems] CPU pool buffer (a
         numpy array, or a CPU tensor); returns the bytes read."""
         if not keys:

@@ -249,10 +249,8 @@ class Scheduler:
         match = tree.match(req.keys[:req.max_match_pages], now)  # init_next_round_input
         matched = match.device_pages + match.host_pages
         storage = ctrl.storage
-        end = matched
-        while end < len(req.keys) and req.skeys[end] in storage:
-            end += 1
-        hits = end - matched
+        hits = storage.hits(req.skeys, matched)  # consecutive hits past the match, not touched
+        end = matched + hits
         # What storage could have given this request (its last input token is always computed).
         req.storage_match_pages = max(0, min(end, req.max_match_pages) - matched)
         last_dev = match.last_device_node or tree.root

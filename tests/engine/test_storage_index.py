@@ -1,0 +1,135 @@
+"""The storage tier's index: the compiled one (_cplane.StorageIndex) against the reference
+(pools._LruIndex) on the same operations, step by step: the same keys deleted in the same
+order, the same positions to write, the same segments emptied, the same locations, live counts
+and LRU order. Then a narrated write sequence through both, and the errors both raise."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tierdiag.engine import cplane, pools
+from tierdiag.engine.pools import _SLOT_BITS, _LruIndex
+
+compiled = pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+INDEXES = [pytest.param(_LruIndex, id="python"),
+           pytest.param(lambda: cplane.C.StorageIndex(), id="c", marks=compiled)]
+
+
+def digest(i: int) -> bytes:
+    return i.to_bytes(32, "little")
+
+
+# An operation: ("write", keys, segment) enters the keys and places the fresh ones at the end
+# of `segment` (as StorageTier._write does, one segment a write); ("read", keys) looks up and
+# touches keys the index holds; ("compact", segment) moves a segment's live pages to a new one.
+ops = st.lists(st.one_of(
+    st.tuples(st.just("write"), st.lists(st.integers(0, 40), max_size=14), st.integers(1, 6)),
+    st.tuples(st.just("read"), st.lists(st.integers(0, 40), max_size=6)),
+    st.tuples(st.just("compact"), st.integers(1, 6)),
+), max_size=60)
+
+
+def apply(index, capacity: int, steps, ends: dict[int, int]) -> list:
+    """Run `steps` on `index`, returning everything it answered, in order."""
+    seen = []
+    for step in steps:
+        if step[0] == "write":
+            keys = [digest(k) for k in step[1]]
+            deleted, fresh, emptied = index.admit(keys, capacity)
+            placed = keys if fresh is None else [keys[i] for i in fresh]
+            seg = step[2]
+            index.place(placed, seg, ends.get(seg, 0))
+            ends[seg] = ends.get(seg, 0) + len(placed)
+            seen.append(("write", deleted, fresh, emptied))
+        elif step[0] == "read":
+            keys = [digest(k) for k in step[1] if digest(k) in index]
+            seen.append(("read", index.locs(keys)))
+            index.touch_all(keys)
+        else:
+            slots, keys = index.segment_keys(step[1])
+            index.place(keys, 100 + step[1], 0)
+            index.clear_live(step[1])
+            seen.append(("compact", slots, keys))
+        seen.append(("state", len(index), index.keys(), [index.live(s) for s in (*range(7), *range(100, 107))]))
+    return seen
+
+
+@compiled
+@settings(max_examples=400, deadline=None)
+@given(capacity=st.integers(1, 24), steps=ops)
+def test_the_compiled_index_answers_as_the_reference_does(capacity, steps):
+    """Repeated keys within a write, a write longer than the capacity (its own pages pushed out
+    again), reads, compactions: every answer and the state after every step are the same."""
+    assert apply(cplane.C.StorageIndex(), capacity, steps, {}) == apply(_LruIndex(), capacity, steps, {})
+
+
+@compiled
+@settings(max_examples=200, deadline=None)
+@given(present=st.lists(st.integers(0, 30), max_size=20), keys=st.lists(st.integers(0, 30), max_size=20),
+       start=st.integers(0, 22))
+def test_the_compiled_hit_run_is_the_references(present, keys, start):
+    """run(keys, start): the prefetch's consecutive hits past the device/host match."""
+    a, b = cplane.C.StorageIndex(), _LruIndex()
+    for ix in (a, b):
+        ix.admit([digest(k) for k in dict.fromkeys(present)], 100)
+    ks = [digest(k) for k in keys]
+    assert a.run(ks, start) == b.run(ks, start)
+    for ix in (a, b):
+        with pytest.raises(ValueError):
+            ix.run(ks, -1)
+
+
+@pytest.mark.parametrize("make", INDEXES)
+def test_a_write_sequence_step_by_step(make):
+    """Capacity 4, segment 1 then 2: the oldest go first, a touched page stays, a hole empties
+    segment 1 only when its last live page goes."""
+    ix = make()
+    a, b, c, d, e, f = (digest(i) for i in range(6))
+    assert ix.admit([a, b, c], 4) == ([], None, [])  # all new: every position is written
+    ix.place([a, b, c], 1, 0)
+    assert [ix.live(1), len(ix)] == [3, 3] and ix.locs([a, c]) == [1 << _SLOT_BITS, (1 << _SLOT_BITS) + 2]
+    ix.touch(a)  # LRU now b c a
+    deleted, fresh, emptied = ix.admit([d, e], 4)  # 5 pages for 4 places: b goes
+    assert (deleted, fresh, emptied) == ([b], None, [])
+    ix.place([d, e], 2, 0)
+    assert ix.keys() == [c, a, d, e] and [ix.live(1), ix.live(2)] == [2, 2]
+    assert ix.segment_keys(1) == ([0, 2], [a, c])  # slot order, not LRU order
+    deleted, fresh, emptied = ix.admit([d, f], 4)  # d there: touched, not written; c goes
+    assert (deleted, fresh, emptied) == ([c], [1], [])
+    ix.place([f], 2, 2)
+    deleted, fresh, emptied = ix.admit([b, c], 4)  # a and e go: segment 1's last live page
+    assert (deleted, fresh, emptied) == ([a, e], None, [1])
+    assert ix.keys() == [d, f, b, c] and ix.locs([b]) == [-1]  # placeholders until placed
+    ix.drop_placeholders([b, c])  # the write failed: the pages are not in the tier
+    assert ix.keys() == [d, f] and b not in ix and ix.live(1) == 0
+
+
+@pytest.mark.parametrize("make", INDEXES)
+def test_errors_are_the_dicts(make):
+    ix = make()
+    ix.admit([digest(1)], 2)
+    with pytest.raises(KeyError):
+        ix.touch(digest(2))
+    with pytest.raises(KeyError):
+        ix.locs([digest(1), digest(2)])
+    with pytest.raises(KeyError):
+        ix.admit([digest(2)], 0)  # no room at all: the dict's "popitem(): dictionary is empty"
+
+
+@compiled
+def test_the_compiled_index_takes_bytes_and_str_keys_only():
+    """Comparing bytes or str never runs Python code, so no key's __eq__ can change the index
+    in the middle of a call; the tier's keys are digests (tests use hex strings)."""
+    ix = cplane.C.StorageIndex()
+    ix.admit(["00" * 32, digest(1)], 4)
+    assert "00" * 32 in ix and digest(1) in ix and b"\0" * 32 not in ix and digest(1).hex() not in ix
+    with pytest.raises(TypeError, match="bytes or str"):
+        ix.admit([digest(2), 3], 4)
+    assert len(ix) == 2  # nothing entered: every key is checked first
+
+
+def test_the_tier_uses_the_compiled_index_when_it_is_built(tmp_path):
+    tier = pools.StorageTier(tmp_path / "st", 4)
+    assert isinstance(tier._index, _LruIndex if cplane.C is None else cplane.C.StorageIndex)
