@@ -133,3 +133,30 @@ def test_the_compiled_index_takes_bytes_and_str_keys_only():
 def test_the_tier_uses_the_compiled_index_when_it_is_built(tmp_path):
     tier = pools.StorageTier(tmp_path / "st", 4)
     assert isinstance(tier._index, _LruIndex if cplane.C is None else cplane.C.StorageIndex)
+
+
+@compiled
+@settings(max_examples=200, deadline=None)
+@given(known=st.dictionaries(st.integers(-5, 30), st.binary(min_size=1, max_size=4), max_size=20),
+       keys=st.lists(st.integers(-5, 30), max_size=20))
+def test_the_compiled_lookup_prefix_is_the_loop(known, keys):
+    """The storage keys known of a request's pages: the leading keys' values, stopping at the
+    first key not known, as the Python loop does."""
+    expect = []
+    for k in keys:
+        if k not in known:
+            break
+        expect.append(known[k])
+    assert cplane.C.lookup_prefix(known, keys) == expect == pools.lookup_prefix(known, keys)
+
+
+def test_lookup_prefix_declines_what_it_does_not_take():
+    """Not a dict and a list of ints: -1 from the compiled one, and the Python loop answers."""
+    import numpy as np
+
+    known = {1: b"a", 2: b"b"}
+    if cplane.C is not None:
+        for mapping, keys in ((known, np.arange(3)), (known, (1, 2)), (known, [1, "2"]), (dict.items(known), [1])):
+            assert cplane.C.lookup_prefix(mapping, keys) == -1
+    assert pools.lookup_prefix(known, (1, 2, 3)) == [b"a", b"b"]
+    assert pools.lookup_prefix(known, [np.int64(2), np.int64(1), np.int64(5)]) == [b"b", b"a"]

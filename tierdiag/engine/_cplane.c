@@ -764,6 +764,55 @@ cp_storage_key_chain(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssiz
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* lookup_prefix(mapping, keys) -> [mapping[k] for the leading keys found], or -1               */
+
+PyDoc_STRVAR(lookup_prefix_doc,
+"lookup_prefix(mapping, keys) -> list, or -1\n\n"
+"[mapping[k] for k in keys], stopping before the first key not in mapping (pools.lookup_prefix:\n"
+"the storage keys already known of a request's pages). -1 (nothing made) unless mapping is a\n"
+"dict and keys a list of ints: the caller's Python loop then.");
+
+static PyObject *
+cp_lookup_prefix(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *d, *keys, *out;
+    Py_ssize_t n, i;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "lookup_prefix() takes 2 arguments: mapping, keys");
+        return NULL;
+    }
+    d = args[0];
+    keys = args[1];
+    if (!PyDict_CheckExact(d) || !PyList_CheckExact(keys)) {
+        return not_mine();
+    }
+    n = PyList_GET_SIZE(keys);
+    for (i = 0; i < n; i++) {  /* ints hash and compare without running Python code */
+        if (!PyLong_CheckExact(PyList_GET_ITEM(keys, i))) {
+            return not_mine();
+        }
+    }
+    if ((out = PyList_New(0)) == NULL) {
+        return NULL;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *v = PyDict_GetItemWithError(d, PyList_GET_ITEM(keys, i));
+        if (v == NULL) {
+            if (PyErr_Occurred()) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            break;
+        }
+        if (PyList_Append(out, v) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* StorageIndex: the storage tier's page index (pools._LruIndex is the reference and the       */
 /* fallback). Key -> location (segment << 32 | slot, -1 while the page is being written) in    */
 /* LRU order, and the live pages of each segment. One call a write does what was a Python loop  */
@@ -792,7 +841,11 @@ typedef struct {
     Py_ssize_t len, head, tail;              /* head: the least recently used */
     int64_t *live;                           /* live pages of segment number n */
     Py_ssize_t live_cap;
+    Py_ssize_t pending[512];                 /* the entries the last admit made, in order: */
+    Py_ssize_t pending_n, pending_at;        /* place() finds its keys there without a probe */
 } StorageIndex;
+
+#define IX_PENDING 512
 
 #define IX_SLOT_BITS 32
 #define IX_MAX_SEGMENT ((int64_t)1 << 31)
@@ -1059,9 +1112,9 @@ PyDoc_STRVAR(ix_admit_doc,
 "admit(keys, capacity) -> (deleted, fresh, emptied)\n\n"
 "_LruIndex.admit: a key already there is touched; a new one first deletes the oldest pages\n"
 "while the index holds `capacity`, then goes in as the newest with location -1. deleted: the\n"
-"keys deleted, oldest first; fresh: the positions of keys still -1 at the end (None when every\n"
-"key was new and no more than capacity: all of them, in order); emptied: the segments whose\n"
-"last live page went, in that order.");
+"keys deleted, oldest first; fresh: the positions of keys still -1 at the end (None when no\n"
+"more than capacity keys were all entered new at their turn: all of them, in order); emptied:\n"
+"the segments whose last live page went, in that order.");
 
 static PyObject *
 ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
@@ -1081,10 +1134,9 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
     all_new = n <= capacity;
     for (i = 0; i < n; i++) {  /* every key checked before anything changes */
         PyObject *key = PyList_GET_ITEM(keys, i);
-        Py_ssize_t e = ix_find(ix, key);
-        if (e == -2) return NULL;
-        if (e >= 0) all_new = 0;  /* the reference's test: none there before the call ... */
+        if (!ix_key_ok(key) || PyObject_Hash(key) == -1) return NULL;
     }
+    ix->pending_n = ix->pending_at = 0;
     if ((deleted = PyList_New(0)) == NULL || (fresh = PyList_New(0)) == NULL ||
         (emptied = PyList_New(0)) == NULL) {
         goto fail;
@@ -1098,7 +1150,7 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
             Py_ssize_t e = ix->table[at];
             ix_unlink(ix, e);
             ix_push_newest(ix, e);
-            all_new = 0;  /* ... nor twice in it (with n <= capacity, none entered is pushed out) */
+            all_new = 0;
             continue;
         }
         if (ix->len >= capacity) {
@@ -1131,7 +1183,11 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
             }
             at = ix_probe(ix, key, hash, &found);  /* the table shifted */
         }
-        if (ix_insert(ix, key, hash, at, -1) < 0) goto fail;
+        {
+            Py_ssize_t e = ix_insert(ix, key, hash, at, -1);
+            if (e < 0) goto fail;
+            if (ix->pending_n < IX_PENDING) ix->pending[ix->pending_n++] = e;
+        }
         {
             PyObject *pos = PyLong_FromSsize_t(i);
             if (pos == NULL || PyList_Append(fresh, pos) < 0) {
@@ -1202,8 +1258,17 @@ ix_place(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
     if (ix_live_room(ix, seg) < 0) return NULL;
     for (i = 0; i < n; i++) {
         PyObject *key = PyList_GET_ITEM(keys, i);
-        Py_ssize_t e = ix_find(ix, key);
-        if (e == -2) return NULL;
+        Py_ssize_t e = -1, k;
+        /* the common case: the keys of the last admit, in its order (an entry made then and
+         * still holding this very object; a free entry's key is NULL) */
+        while (ix->pending_at < ix->pending_n) {
+            k = ix->pending[ix->pending_at++];
+            if (ix->ent[k].key == key) {
+                e = k;
+                break;
+            }
+        }
+        if (e < 0 && (e = ix_find(ix, key)) == -2) return NULL;
         if (e < 0) return ix_keyerror(key);
         ix->ent[e].loc = (seg << IX_SLOT_BITS) + first + i;
         ix->live[seg]++;
@@ -1422,6 +1487,7 @@ static PyMethodDef cplane_methods[] = {
     {"alloc", (PyCFunction)(void (*)(void))cp_alloc, METH_FASTCALL, alloc_doc},
     {"free", (PyCFunction)(void (*)(void))cp_free, METH_FASTCALL, free_doc},
     {"storage_key_chain", (PyCFunction)(void (*)(void))cp_storage_key_chain, METH_FASTCALL, storage_key_chain_doc},
+    {"lookup_prefix", (PyCFunction)(void (*)(void))cp_lookup_prefix, METH_FASTCALL, lookup_prefix_doc},
     {NULL, NULL, 0, NULL},
 };
 

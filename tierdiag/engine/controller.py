@@ -13,7 +13,7 @@ from tierdiag.engine import rows as _rows
 from tierdiag.engine.config import EngineConfig
 from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.pagemap import SMALL_CALL, PageMap
-from tierdiag.engine.pools import PagePool, StorageTier, verify_content, write_content
+from tierdiag.engine.pools import PagePool, StorageTier, lookup_prefix, verify_content, write_content
 from tierdiag.engine.tree import RadixTree, TreeNode
 from tierdiag.probes import events as ev
 
@@ -227,7 +227,9 @@ class CacheController:
     def _write_storage(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
         if self.storage is None:
             return
-        keys = [self.storage_key_of[k] for k in node.keys]
+        keys = lookup_prefix(self.storage_key_of, node.keys)
+        if len(keys) < len(node.keys):
+            raise KeyError(node.keys[len(keys)])  # every inserted page was keyed at arrival or finish
         # Straight from the host slots into one append (no per-page work): the bytes on disk are
         # the host copy's, which a later prefetch reads back and a load-back verifies.
         deleted = self.storage.write_from(self.host.array, node.host, keys, rows=self.host.rows)

@@ -468,6 +468,24 @@ class _Segment:
         self.pages = 0
 
 
+def lookup_prefix(mapping: dict, keys: list) -> list:
+    """[mapping[k] for k in keys], stopping before the first key not in `mapping`: the storage
+    keys already known of a request's pages (Scheduler._storage_keys) or of a node's (all of
+    them, CacheController._write_storage). Compiled when the data plane is built: a dict
+    lookup a page of every request was ~10 % of a storage replay."""
+    if cplane.C is not None:
+        out = cplane.C.lookup_prefix(mapping, keys)
+        if out != -1:
+            return out
+    out = []
+    for k in keys:
+        v = mapping.get(k)
+        if v is None:
+            break
+        out.append(v)
+    return out
+
+
 class _LruIndex:
     """The storage tier's index: page key -> location (segment << _SLOT_BITS | slot; -1 while the
     page is being written) in LRU order, oldest first, and the live pages of each segment. The
@@ -527,8 +545,9 @@ class _LruIndex:
         is touched; a new one first deletes the oldest pages while the index holds `capacity`
         (even one entered earlier in this call), then goes in as the newest, at location -1.
         Returns (deleted keys oldest first, fresh, emptied): fresh, the positions of the keys
-        still at -1 at the end (None when every key was new and no more than capacity: all of
-        them, in order); emptied, the segments whose last live page went, in that order."""
+        still at -1 at the end (None when no more than capacity keys were all entered new at
+        their turn: all of them, in order); emptied, the segments whose last live page went, in
+        that order."""
         od, live, deleted, emptied = self._od, self._live, [], []
         distinct = set(keys)
         if len(keys) <= capacity and len(distinct) == len(keys) and od.keys().isdisjoint(distinct):
@@ -548,9 +567,11 @@ class _LruIndex:
             od.update(zip(keys, itertools.repeat(-1)))
             return deleted, None, emptied
         fresh: list[int] = []
+        all_new = len(keys) <= capacity
         for i, key in enumerate(keys):
             if key in od:
                 od.move_to_end(key)
+                all_new = False
                 continue
             while len(od) >= capacity:
                 old, loc = od.popitem(last=False)
@@ -562,6 +583,8 @@ class _LruIndex:
                         emptied.append(seg)
             od[key] = -1
             fresh.append(i)
+        if all_new:  # (a key there before the call but pushed out before its turn)
+            return deleted, None, emptied
         return deleted, [i for i in fresh if od.get(keys[i]) == -1], emptied
 
     def place(self, keys: list, segment: int, first: int) -> None:
@@ -689,7 +712,9 @@ class StorageTier:
             self._emptied.extend(segments[n] for n in emptied)
         if fresh is None:  # all new, in order: one gather of every slot
             self._place(keys, gather(None))
-            if deleted:  # (nothing to unlink or compact otherwise: the files grew as the index did)
+            # Nothing to unlink or compact without deletions: the files grew as the index did.
+            # (A key there before the call but pushed out before its turn is a deletion.)
+            if deleted:
                 self._collect()
             return deleted
         if fresh:

@@ -34,6 +34,7 @@ from tierdiag.engine.tree import RadixTree, TreeNode
 from tierdiag.errors import TierdiagError
 from tierdiag.probes import events as ev
 from tierdiag.engine import cplane
+from tierdiag.engine.pools import lookup_prefix
 from tierdiag.trace.pages import output_page_keys, page_keys_array
 from tierdiag.trace.pages import storage_key_chain as _storage_key_chain_py
 from tierdiag.trace.reader import TraceRequest
@@ -305,12 +306,7 @@ class Scheduler:
         a prefix of the list: the chain goes on from the last of them. (One SHA-256 a page of
         every request was ~20 % of a storage replay; most of a request's prefix is shared.)"""
         known = self.ctrl.storage_key_of
-        skeys = []
-        for k in keys:
-            s = known.get(k)
-            if s is None:
-                break
-            skeys.append(s)
+        skeys = lookup_prefix(known, keys)
         n = len(skeys)
         if n < len(keys):
             fresh = storage_key_chain(keys[n:], skeys[-1] if n else b"")
