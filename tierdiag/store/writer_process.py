@@ -53,7 +53,13 @@ from tierdiag.errors import ConfigError, StoreError
 
 ENV = "TIERDIAG_WRITER"
 MODES = ("process", "inline")
-WRITE_EVERY_S = 0.25  # the writer process commits what it was handed at most this often
+# The writer process commits what it was handed at most this often. Each write costs ~25-35 ms
+# of the writer's CPU whatever its size (the transaction and its checkpoint: DuckDB 2.0.1, the
+# conversation trace's ~9k rows a write at 0.25 s) beside ~2 us a row: writing the conversation
+# replay's rows every 4th hand-over instead of every one took 1.05 s of the writer's CPU against
+# 1.35 s (benchmarks/README.md), CPU it takes from the engine's through the shared machine. The
+# close then writes at most a second's rows (~40k, ~2 us each).
+WRITE_EVERY_S = 1.0
 BATCH_ROWS = 8_192  # the recorder hands rows over this often with a writer process (inline: 250k)
 CHILD_ENTRY = "from tierdiag.store.writer_process import main; main()"
 PIPE_BYTES = 1 << 20  # the request pipe's buffer (Linux caps it at /proc/sys/fs/pipe-max-size)
