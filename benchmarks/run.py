@@ -71,6 +71,14 @@ def _baseline_checkout(ref: str, tmp: Path) -> Path:
     where = tmp / "baseline"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(where), ref], check=True,
                    capture_output=True, text=True)
+    if (where / "tierdiag" / "engine" / "_cplane.c").exists():
+        # A ref with the compiled CPU data plane replays with it built, as its checkout's `make`
+        # builds it: without it the ref would fall back to numpy and look slower than it was.
+        built = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=where,
+                               capture_output=True, text=True)
+        if built.returncode:
+            _say(f"baseline {ref}: its C data plane did not build, so it replays on numpy "
+                 f"({built.stderr.strip().splitlines()[-1] if built.stderr.strip() else 'no output'})")
     return where
 
 
