@@ -548,22 +548,15 @@ class _LruIndex:
         still at -1 at the end (None when no more than capacity keys were all entered new at
         their turn: all of them, in order); emptied, the segments whose last live page went, in
         that order."""
-        od, live, deleted, emptied = self._od, self._live, [], []
+        od, deleted, emptied = self._od, [], []
         distinct = set(keys)
         if len(keys) <= capacity and len(distinct) == len(keys) and od.keys().isdisjoint(distinct):
             # All new (the common case): what the loop below does, at once. With the index full,
             # the loop pops the oldest page before each insert; as none of these keys is in the
             # index yet, those are exactly the len(od) + len(keys) - capacity oldest pages, all
             # from before this call (there are at least that many).
-            popitem = od.popitem
             for _ in range(len(od) + len(keys) - capacity):
-                old, loc = popitem(last=False)
-                deleted.append(old)
-                if loc >= 0:
-                    seg = loc >> _SLOT_BITS
-                    live[seg] -= 1
-                    if not live[seg]:
-                        emptied.append(seg)
+                self._pop_oldest(deleted, emptied)
             od.update(zip(keys, itertools.repeat(-1)))
             return deleted, None, emptied
         fresh: list[int] = []
@@ -574,18 +567,23 @@ class _LruIndex:
                 all_new = False
                 continue
             while len(od) >= capacity:
-                old, loc = od.popitem(last=False)
-                deleted.append(old)
-                if loc >= 0:
-                    seg = loc >> _SLOT_BITS
-                    live[seg] -= 1
-                    if not live[seg]:
-                        emptied.append(seg)
+                self._pop_oldest(deleted, emptied)
             od[key] = -1
             fresh.append(i)
         if all_new:  # (a key there before the call but pushed out before its turn)
             return deleted, None, emptied
         return deleted, [i for i in fresh if od.get(keys[i]) == -1], emptied
+
+    def _pop_oldest(self, deleted: list, emptied: list) -> None:
+        """Delete the least recently used page: its key to `deleted`, its segment to `emptied`
+        when that was the segment's last live page (a page not placed yet has no segment)."""
+        old, loc = self._od.popitem(last=False)
+        deleted.append(old)
+        if loc >= 0:
+            seg = loc >> _SLOT_BITS
+            self._live[seg] -= 1
+            if not self._live[seg]:
+                emptied.append(seg)
 
     def place(self, keys: list, segment: int, first: int) -> None:
         """The pages of `keys` (all in the index) went to slots first, first + 1, ... of
