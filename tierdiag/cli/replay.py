@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from tierdiag import signals
 from tierdiag.cli.choices import choices
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, db_option, err, out, print_json
 # No torch: presets, registries and validation only.
@@ -111,6 +112,16 @@ def replay(
         err.print(f"tierdiag: warning: {warning}", markup=False, highlight=False)
     # Imported here, not at the top: every command module is imported to register it.
     from tierdiag.replay import ReplayInterrupted, replay as run_replay
+
+    if not json_:
+        # What the closing table and an interrupt's line print with, loaded now, whole: a signal
+        # landing in one of these imports at the end would stop it part-way (decimal's C part,
+        # under rich.table), and importing it again prints a libmpdec warning on stderr.
+        with signals.deferred():
+            import rich.table  # noqa: F401
+            import rich.text  # noqa: F401
+
+            import tierdiag.report.terminal  # noqa: F401
 
     bar, progress = _progress_bar(trace, show=err.is_terminal and not json_)
     with bar:
