@@ -278,3 +278,31 @@ def test_a_duckdb_without_the_vacuum_setting_closes_as_before():
     con = OlderDuckDB()
     _no_vacuum(con)
     assert con.asked == ["SET max_vacuum_tasks = 0"]
+
+
+def test_batches_taken_together_are_inserted_a_table_at_a_time_in_order(tmp_path):
+    """RunWriter._write_pending: a table's consecutive batches with the same columns go in as
+    one insert (their arrays concatenated); a batch with other columns keeps its place."""
+    import pyarrow as pa
+
+    from tests.reliability.harness import sql
+    from tierdiag.store.writer import RunWriter, _by_table
+
+    def batch(seqs, with_status=True):
+        cols = {"req_id": [f"r{i}" for i in seqs], "seq": list(seqs)}
+        if with_status:
+            cols["status"] = ["finished"] * len(seqs)
+        return {"requests": cols, "batches": {"batch_id": list(seqs)}}
+
+    w = RunWriter(tmp_path / "b.duckdb", name="b", trace_path="t.jsonl", trace_sha256="", config={}, hardware={},
+                  data_plane={}, timing="modelled", command_line=["t"])
+    for part in (batch(range(0, 3)), batch(range(3, 5)), batch(range(5, 6), with_status=False), batch(range(6, 9))):
+        w.take(part)
+    grouped = [(table, len(cols["seq" if table == "requests" else "batch_id"]), isinstance(cols["req_id"], pa.Array)
+                if table == "requests" else None) for table, cols in _by_table(w._pending)]
+    assert grouped == [("requests", 5, True), ("batches", 9, None), ("requests", 1, True), ("requests", 3, True)]
+    w.finish("complete")
+    assert w.recorded == 9
+    assert sql(tmp_path / "b.duckdb", "SELECT seq, status FROM requests ORDER BY rowid") == \
+        [(i, None if i == 5 else "finished") for i in range(9)]
+    assert sql(tmp_path / "b.duckdb", "SELECT list(batch_id ORDER BY rowid) FROM batches")[0][0] == list(range(9))
