@@ -263,9 +263,7 @@ def cuda_device_present() -> bool:
     """Whether this machine may have a GPU torch.cuda could use, asked without importing torch:
     on Linux a CUDA device needs the NVIDIA driver (its /proc entry and /dev/nvidiactl), and
     torch's ROCm build drives AMD GPUs through /dev/kfd. Elsewhere: assume it may."""
-    if not sys.platform.startswith("linux"):
-        return True
-    return any(os.path.exists(p) for p in ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/kfd"))
+    return nvidia_driver_present() or os.path.exists("/dev/kfd")
 
 
 def cuda_available() -> bool:

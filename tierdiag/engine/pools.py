@@ -522,7 +522,7 @@ class _LruIndex:
         od, end = self._od, start
         while end < len(keys) and keys[end] in od:
             end += 1
-        return max(end - start, 0)
+        return end - start
 
     def locs(self, keys: list) -> list[int]:
         od = self._od

@@ -243,19 +243,25 @@ _scan_json = json.scanner.make_scanner(json.JSONDecoder())
 _JSON_SPACE = " \t\n\r"
 
 
+def _scanned_object(text: str) -> dict | None:
+    """The line's object by the scanner alone; None where json.loads is to parse it (a failure,
+    whose message and column json.loads gives again, or more than whitespace after it)."""
+    try:
+        obj, end = _scan_json(text, 0)
+    except (StopIteration, ValueError, RecursionError):
+        return None
+    return obj if end == len(text) or not text[end:].strip(_JSON_SPACE) else None
+
+
 def _loads(text: str) -> dict:
     # json.loads wraps the scanner in two regex whitespace matches and three Python calls. A
     # line that starts with "{" and ends in JSON whitespace after the object parses the same
     # by the scanner alone; anything else, a failure included, goes through json.loads, whose
     # error (and column) is the one reported.
     if text[0] == "{":
-        try:
-            obj, end = _scan_json(text, 0)
-        except (StopIteration, ValueError, RecursionError):
-            pass  # json.loads below raises it again, as the message wants it
-        else:
-            if end == len(text) or not text[end:].strip(_JSON_SPACE):
-                return obj
+        obj = _scanned_object(text)
+        if obj is not None:
+            return obj
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
