@@ -309,7 +309,7 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
                     # engine starts; what it says back is read at the first hand-over.
                     wproc.open(db, write_every_s=flush_every_s, **run)
                     writer = wproc
-                    recorder = Recorder(writer.append, flush_rows=BATCH_ROWS)
+                    recorder = Recorder(rows_sink=writer.append_rows, flush_rows=BATCH_ROWS)
                 else:
                     from tierdiag.store.writer import RunWriter
 

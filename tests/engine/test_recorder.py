@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tierdiag.probes import events as ev
 from tierdiag.probes.recorder import Probe, Recorder
 
@@ -96,3 +98,26 @@ def test_a_trace_of_rejections_flushes_on_the_way():
     assert stats.requests_rejected == 12
     assert [len(t["requests"]["req_id"]) for t in flushed] == [5, 5, 2]
     assert [s for t in flushed for s in t["requests"]["status"]] == ["rejected"] * 12
+
+
+def test_a_rows_sink_gets_the_buffered_tuples_with_their_field_names_and_the_lists_are_cleared():
+    """Recorder(rows_sink=...): what the store's writer process takes (it zips on its own core):
+    each table's field names and its rows as buffered, the same values a column sink gets."""
+    got, columns = [], []
+
+    def rows_sink(tables):
+        got.append({t: (fields, list(rows)) for t, (fields, rows) in tables.items()})
+
+    by_rows = Recorder(rows_sink=rows_sink, flush_rows=10**9)
+    by_columns = Recorder(columns.append, flush_rows=10**9)
+    for r in (by_rows, by_columns):
+        emit = r.emitter(ev.PoolSample)
+        emit((1, "device", 10, 100, 0))
+        emit((2, "host", 20, 400, 5))
+        r.flush()
+        assert r.buffered_rows == 0
+    ((fields, rows),) = got[0].values()
+    assert fields == ev.PoolSample._fields and rows == [(1, "device", 10, 100, 0), (2, "host", 20, 400, 5)]
+    assert columns[0]["pool_samples"] == dict(zip(fields, zip(*rows)))
+    with pytest.raises(TypeError):
+        Recorder()

@@ -306,3 +306,26 @@ def test_batches_taken_together_are_inserted_a_table_at_a_time_in_order(tmp_path
     assert sql(tmp_path / "b.duckdb", "SELECT seq, status FROM requests ORDER BY rowid") == \
         [(i, None if i == 5 else "finished") for i in range(9)]
     assert sql(tmp_path / "b.duckdb", "SELECT list(batch_id ORDER BY rowid) FROM batches")[0][0] == list(range(9))
+
+
+def test_rows_handed_over_as_tuples_land_as_columns_numpy_values_included(tmp_path):
+    """WriterProcess.append_rows: the recorder's row tuples go over pickled and are zipped into
+    columns in the writer. A numpy integer among them lands as its number (marshal, faster,
+    would have sent its bytes)."""
+    import numpy as np
+
+    from tests.reliability.harness import sql
+
+    db = tmp_path / "r.duckdb"
+    fields = ("req_id", "seq", "status", "ttft_ns")
+    w = writer_process.WriterProcess.start()
+    try:
+        w.open(db, run_id=writer_process.new_run_id(), name="r", trace_path="t.jsonl", trace_sha256="",
+               config={}, hardware={}, data_plane={}, timing="modelled", command_line=["t"], write_every_s=0.0)
+        w.append_rows({"requests": (fields, [("a", 0, "finished", 5), ("b", 1, "finished", None)])})
+        w.append_rows({"requests": (fields, [("c", np.int64(2), "finished", np.int64(7))])})
+        w.finish("complete")
+        assert (w.closed_as, w.recorded) == ("complete", 3)
+    finally:
+        w.close()
+    assert sql(db, "SELECT req_id, seq, ttft_ns FROM requests ORDER BY seq") == [("a", 0, 5), ("b", 1, None), ("c", 2, 7)]

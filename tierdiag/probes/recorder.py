@@ -12,6 +12,7 @@ from tierdiag import signals
 from tierdiag.probes import events as ev
 
 Sink = Callable[[Mapping[str, Mapping[str, tuple]]], None]
+RowsSink = Callable[[Mapping[str, tuple[tuple[str, ...], list[tuple]]]], None]
 
 # event type -> (table, fields copied as columns)
 _TABLE_OF = {
@@ -45,9 +46,15 @@ class Recorder(Probe):
     The engine appends straight to the buffers (`emitter`) and calls `tick` once a batch,
     where buffers holding `flush_rows` rows in all are flushed (and `emit` checks at every event)."""
 
-    def __init__(self, sink: Sink, *, flush_rows: int = 250_000):
+    def __init__(self, sink: Sink | None = None, *, flush_rows: int = 250_000, rows_sink: RowsSink | None = None):
+        """`sink` takes columns; `rows_sink` (instead) takes each table's rows as buffered,
+        {table: (field names, [row tuple, ...])}, and must be done with the lists when it returns
+        (they are cleared then): the store's writer process zips them on its own core."""
         super().__init__()
+        if (sink is None) == (rows_sink is None):
+            raise TypeError("Recorder takes one of sink and rows_sink")
         self._sink = sink
+        self._rows_sink = rows_sink
         self._flush_rows = flush_rows
         self._tables = {cls: table for cls, table in _TABLE_OF.items()}
         self._tables[ev.RequestRecord] = "requests"
@@ -92,12 +99,13 @@ class Recorder(Probe):
         if not self.buffered_rows:
             return
         with signals.deferred():
-            tables: dict[str, dict[str, tuple]] = {}
-            for cls, events in self._pending.items():
-                if events:
-                    tables[self._tables[cls]] = dict(zip(cls._fields, zip(*events)))  # columns as tuples
             try:
-                self._sink(tables)
+                if self._rows_sink is not None:
+                    self._rows_sink({self._tables[cls]: (cls._fields, events)
+                                     for cls, events in self._pending.items() if events})
+                else:
+                    self._sink({self._tables[cls]: dict(zip(cls._fields, zip(*events)))  # columns as tuples
+                                for cls, events in self._pending.items() if events})
             finally:
                 for events in self._buffers:
                     events.clear()

@@ -3,12 +3,12 @@
 A replay on a machine with a core to spare hands its recorder's columns to a second process,
 which owns the ordinary `RunWriter` (writer.py) and does everything DuckDB and Arrow: the
 conversion of the values, the inserts, the checkpoint each close makes, the run evidence at the
-end and the closing numbers the replay prints. The engine's process pays only for zipping its
-events into columns and pickling them onto a pipe (about a fifth of what converting and inserting
-them costs), and imports neither duckdb nor pyarrow.
+end and the closing numbers the replay prints. The engine's process pays only for pickling its
+events' tuples onto a pipe, as its recorder buffered them (the writer zips them into columns),
+and imports neither duckdb nor pyarrow.
 
     engine process                          writer process (python -c ..., a clean interpreter)
-    Recorder ── columns, pickled ──pipe──►  reader thread ─► RunWriter.take (Arrow)
+    Recorder ── rows, pickled ──pipe──►     reader thread ─► columns ─► RunWriter.take (Arrow)
              ◄── opened / error / finished ─ writes pending rows every WRITE_EVERY_S, one transaction
 
 Which path a replay takes (`writer_mode`): TIERDIAG_WRITER=process|inline when set; otherwise
@@ -261,12 +261,25 @@ class WriterProcess:
     def append(self, tables: Mapping[str, Mapping[str, Any]]) -> None:
         """Hand the columns over (they are the writer's from the call on, as with RunWriter);
         first raise whatever the writer reported since the last hand-over."""
+        self._check()
+        self._send(("rows", tables))
+
+    def append_rows(self, tables: Mapping[str, tuple[tuple[str, ...], list[tuple]]]) -> None:
+        """Hand rows over as the recorder buffered them, {table: (field names, [row tuple, ...])},
+        pickled before this returns (the caller may clear its lists then): the writer zips them
+        into columns on its own core. Pickling the row tuples costs the engine's process less than
+        half of zipping them into columns and pickling those (benchmarks/README.md). Not marshal,
+        though faster still: it writes a numpy integer as its bytes, silently."""
+        self._check()
+        self._send(("row_tuples", tables))
+
+    def _check(self) -> None:
+        """Raise whatever the writer reported since the last hand-over."""
         self._poll()
         if self._open_error is not None:
             raise self._open_error
         if self._dead is not None:
             raise self._dead
-        self._send(("rows", tables))
 
     def finish(self, status: str, *, error: str | None = None, write_pending: bool = True,
                trace_sha256: str | None = None, num_requests: int | None = None) -> None:
@@ -460,6 +473,8 @@ class _Serve:
                     return
             elif kind == "rows":
                 self.rows(arg)
+            elif kind == "row_tuples":  # WriterProcess.append_rows: rows to zip into columns here
+                self.rows({table: dict(zip(fields, zip(*rows))) for table, (fields, rows) in arg.items()})
             elif kind == "finish":
                 if self.finish(arg):
                     return
