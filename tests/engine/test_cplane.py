@@ -345,3 +345,68 @@ def test_the_compiled_storage_key_chain_declines_what_it_does_not_take():
         for keys, prev in (([1], b"short"), ([2**64], b""), (["1"], b""), (np.arange(3), b"")):
             assert cplane.C.storage_key_chain(keys, prev) == -1
     assert scheduler.storage_key_chain([1, 2], b"short") == storage_key_chain([1, 2], b"short")  # the Python chain then
+
+
+def _page_maps(values: dict[int, int], demotions: dict[int, int]):
+    from tierdiag.engine.pagemap import PageMap
+
+    cached, demoted = PageMap(), PageMap()
+    for k, v in values.items():
+        cached.set_many([k], v)
+    for k, v in demotions.items():
+        demoted.set_many([k], v)
+    return cached, demoted
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), n=st.integers(0, 120), as_array=st.booleans(), attribute=st.booleans(),
+       prior=st.dictionaries(st.integers(1, 6), st.integers(1, 64), max_size=3))
+def test_the_compiled_blame_is_the_python_one(data, n, as_array, attribute, prior):
+    """pagemap.blame (which evictions took a request's once-cached pages) by the compiled data
+    plane and by its Python reference, on both sides of SMALL_BLAME (lists loop, arrays go to
+    numpy there): the same count and the same `lost` dict, insertion order included (the order
+    of request_evictions rows). Values: -1 never cached, 0 cached and never evicted, > 0 the
+    eviction that took the page; runs of equal ids as a node's pages have them; keys past the
+    end of either map's array read as never set."""
+    from tierdiag.engine.pagemap import blame, blame_py
+
+    space = 5000
+    eid = st.integers(0, 6)  # a key absent is one never cached (-1)
+    values = data.draw(st.dictionaries(st.integers(0, space), eid, max_size=200))
+    demotions = data.draw(st.dictionaries(st.integers(0, space), eid, max_size=100))
+    cached, demoted = _page_maps(values, demotions)
+    run_starts = data.draw(st.lists(st.integers(0, space), min_size=1, max_size=8))
+    keys = [(run_starts[i % len(run_starts)] + i) for i in range(n)] + data.draw(
+        st.lists(st.integers(0, 1 << 14), max_size=4))  # some past both arrays
+    arg = np.array(keys, dtype=np.int64) if as_array else keys
+    lost_c = dict(prior) if attribute else None
+    lost_py = dict(prior) if attribute else None
+    assert cplane.C.blame(cached._dense, demoted._dense, arg, lost_c, 16) == blame_py(cached, demoted, arg, lost_py, 16)
+    if attribute:
+        assert list(lost_c.items()) == list(lost_py.items())
+    assert blame(cached, demoted, arg, None, 16) == blame_py(cached, demoted, arg, None, 16)
+
+
+def test_the_compiled_blame_declines_what_it_does_not_take():
+    """A negative key (an output page), a map that is not an int32 array, `lost` not a dict:
+    -1 and nothing changed; pagemap.blame then takes its Python path, which also covers keys
+    held in a map's dict (past DENSE_LIMIT)."""
+    from tierdiag.engine.pagemap import DENSE_LIMIT, blame, blame_py
+
+    cached, demoted = _page_maps({1: 3, 2: 3, 5: 0}, {1: 2})
+    if cplane.C is not None:
+        lost = {}
+        for args in ((cached._dense, demoted._dense, [1, -2], lost, 16),
+                     (np.zeros(8, dtype=np.int64), demoted._dense, [1], lost, 16),
+                     (cached._dense, demoted._dense, [1], [], 16),
+                     (cached._dense, demoted._dense, ["1"], lost, 16)):
+            assert cplane.C.blame(*args) == -1
+        assert lost == {}
+    big = DENSE_LIMIT + 7
+    cached.set_many([big], 4)
+    assert cached._sparse  # the dict, so the Python path
+    lost = {}
+    assert blame(cached, demoted, [1, 2, 5, big, 9], lost, 16) == 4
+    assert lost == {3: 32, 4: 16, 2: 16}
+    assert blame_py(cached, demoted, [1, 2, 5, big, 9], None, 16) == 4

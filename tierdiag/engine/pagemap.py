@@ -19,6 +19,8 @@ from typing import Iterable
 
 import numpy as np
 
+from tierdiag.engine import cplane
+
 MISSING = -1
 DENSE_LIMIT = 1 << 28  # keys below this may be array slots (at most 1 GiB of int32, grown on demand)
 _MAX_VALUE = (1 << 31) - 1
@@ -136,3 +138,56 @@ class PageMap:
     def get(self, key: int, default: int | None = None) -> int | None:
         (v,) = self.get_list([key])
         return default if v == MISSING else v
+
+
+# Below this many pages the Python blame loops over lists; above, numpy pays for itself.
+SMALL_BLAME = 48
+
+
+def blame(cached: PageMap, demoted: PageMap, keys, lost: dict[int, int] | None, ps: int) -> int:
+    """Of these input pages (no negative key), how many were cached once (`cached` value >= 0),
+    and, with `lost` a dict, which evictions took them: `ps` tokens are added to lost[eid] for
+    each page an eviction took (its `cached` value, when > 0), then for each once-cached page's
+    demotion before (`demoted` value > 0), ids added in that order. This runs over every
+    computed page of every request (~2M pages on the conversation trace): by the compiled data
+    plane when it is built and both maps are arrays only (the Python path below is the reference
+    and the fallback; tests/engine/test_cplane.py checks they agree)."""
+    if cplane.C is not None and not cached._sparse and not demoted._sparse:
+        found = cplane.C.blame(cached._dense, demoted._dense, keys, lost, ps)
+        if found >= 0:
+            return found
+    return blame_py(cached, demoted, keys, lost, ps)
+
+
+def blame_py(cached: PageMap, demoted: PageMap, keys, lost: dict[int, int] | None, ps: int) -> int:
+    """pagemap.blame in Python: lists for a handful of pages, numpy above."""
+    if len(keys) <= SMALL_BLAME:
+        if isinstance(keys, np.ndarray):
+            keys = keys.tolist()
+        eids = cached.get_list(keys)
+        was = [k for k, e in zip(keys, eids) if e >= 0]
+        if not was or lost is None:
+            return len(was)
+        took = [e for e in eids if e > 0] + [e for e in demoted.get_list(was) if e > 0]
+        for eid in took:
+            lost[eid] = lost.get(eid, 0) + ps
+        return len(was)
+    arr = PageMap.keys_array(keys)  # input pages: no negative (output) key
+    eids = cached.get_many(arr, inputs=True)
+    was_cached = eids >= 0
+    found = int(np.count_nonzero(was_cached))
+    if not found or lost is None:
+        return found
+    both = np.concatenate((eids, demoted.get_many(arr[was_cached], inputs=True)))
+    took = both[both > 0]  # the evictions that took each page, then the demotions before
+    if took.size:
+        # Pages an eviction took are mostly adjacent (a node's run): count by runs of equal
+        # ids, an id seen in several runs adding up (no sort, unlike np.unique; and not a
+        # Counter over every page: ~4x the instructions).
+        heads = np.flatnonzero(took[1:] != took[:-1]) + 1
+        ends = heads.tolist() + [took.size]
+        begin = 0
+        for eid, end in zip(took[np.concatenate(([0], heads))].tolist(), ends):
+            lost[eid] = lost.get(eid, 0) + (end - begin) * ps
+            begin = end
+    return found

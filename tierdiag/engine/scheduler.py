@@ -29,7 +29,7 @@ import numpy as np
 from tierdiag.engine.config import EngineConfig
 from tierdiag.engine.controller import CacheController, EngineStats
 from tierdiag.engine.costmodel import CostModel
-from tierdiag.engine.pagemap import PageMap
+from tierdiag.engine.pagemap import blame
 from tierdiag.engine.tree import RadixTree, TreeNode
 from tierdiag.errors import TierdiagError
 from tierdiag.probes import events as ev
@@ -64,10 +64,6 @@ def storage_key_chain(keys: list[int], prev_key: bytes = b"") -> list[bytes]:
         if out != -1:
             return out
     return _storage_key_chain_py(keys, prev_key)
-
-
-# Below this many pages the recompute blame loops in Python; above, numpy pays for itself.
-SMALL_BLAME = 48
 
 
 class EngineError(TierdiagError):
@@ -519,54 +515,18 @@ class Scheduler:
         had to recompute or fetch back from storage). Which eviction took what is only for a probe
         that records it (request_evictions); the count of once-cached pages is always kept."""
         attribute = self.emit.lost is not None
-        lost = req.lost
+        lost = req.lost if attribute else None
         ps = self.ps
         cached = self.ctrl.cached_once
         demoted = self.ctrl.demoted_by
-
-        def blame(keys) -> int:
-            # Per page: was it cached once (eid >= 0), which eviction took it (eid > 0) and
-            # which demotion preceded that. This runs over every computed page of every request
-            # (~2M pages on the conversation trace): vectorised, but for a handful of pages.
-            if len(keys) <= SMALL_BLAME:
-                if isinstance(keys, np.ndarray):
-                    keys = keys.tolist()
-                eids = cached.get_list(keys)
-                was = [k for k, e in zip(keys, eids) if e >= 0]
-                if not was or not attribute:
-                    return len(was)
-                took = [e for e in eids if e > 0] + [e for e in demoted.get_list(was) if e > 0]
-                for eid in took:
-                    lost[eid] = lost.get(eid, 0) + ps
-                return len(was)
-            arr = PageMap.keys_array(keys)  # input pages: no negative (output) key
-            eids = cached.get_many(arr, inputs=True)
-            was_cached = eids >= 0
-            found = int(np.count_nonzero(was_cached))
-            if not found or not attribute:
-                return found
-            both = np.concatenate((eids, demoted.get_many(arr[was_cached], inputs=True)))
-            took = both[both > 0]  # the evictions that took each page, then the demotions before
-            if took.size:
-                # Pages an eviction took are mostly adjacent (a node's run): count by runs of
-                # equal ids, an id seen in several runs adding up (no sort, unlike np.unique;
-                # and not a Counter over every page: ~4x the instructions).
-                heads = np.flatnonzero(took[1:] != took[:-1]) + 1
-                ends = heads.tolist() + [took.size]
-                begin = 0
-                for eid, end in zip(took[np.concatenate(([0], heads))].tolist(), ends):
-                    lost[eid] = lost.get(eid, 0) + (end - begin) * ps
-                    begin = end
-            return found
-
         for node in match.host_nodes:
-            if node.prefetched_for == req.seq:
-                blame(node.keys if node.keys_np is None else node.keys_np)  # back from storage: who pushed it out
+            if node.prefetched_for == req.seq:  # back from storage: who pushed it out
+                blame(cached, demoted, node.keys if node.keys_np is None else node.keys_np, lost, ps)
             elif node.evicted_by is not None and attribute:
                 lost[node.evicted_by] = lost.get(node.evicted_by, 0) + len(node.keys) * ps
         recomputed = req.lb_skip_pages if skipped else 0
         path_pages = req.dev_pages + match.host_pages
-        recomputed += blame(req.keys_np[path_pages:req.input_len // ps])
+        recomputed += blame(cached, demoted, req.keys_np[path_pages:req.input_len // ps], lost, ps)
         req.recomputed_pages = recomputed
 
     def _continue_chunk(self, req: Req, budget: int, now: int) -> int | None:
