@@ -142,6 +142,28 @@ def test_writes_naming_keys_twice_read_back_and_keep_the_files_bounded(tmp_path,
     tier.close()
 
 
+@pytest.mark.parametrize("make", INDEXES)
+def test_compacting_a_segment_without_a_live_page_unlinks_it(tmp_path, monkeypatch, make):
+    """A segment counted live with none of its pages left (what a key written twice left before)
+    is never emptied; when the files outgrow the live pages, compaction picks it: it has nothing
+    to move, so it is just unlinked (its empty read failed before)."""
+    monkeypatch.setattr(pools, "SEGMENT_BYTES", 2 * LAYERS * ELEMS * 8)  # 2 pages a segment
+    monkeypatch.setattr(pools, "_new_index", make)
+    tier = StorageTier(tmp_path / "st", 2)  # compaction past 2 * 2 live + 2 * 2 slack pages
+    stale = []
+    for r in range(6):  # each pair pushes out the one before, in a segment of its own
+        pair = [key(2 * r), key(2 * r + 1)]
+        tier.write(pair, torch.cat([page(k) for k in pair], dim=1))
+        seg = tier._active.number
+        tier._index.place(pair[:1], seg, 0)  # its first page counted live twice, where it is
+        stale.append(seg)
+        on_disk = sum(f.stat().st_size for f in (tmp_path / "st").glob("*.kvseg"))
+        assert on_disk == tier.disk_bytes() <= (2 * 2 + 2 * 2) * tier.page_bytes, f"round {r}"
+    assert not any((tmp_path / "st" / f"{n:06d}{pools.SEGMENT_SUFFIX}").exists() for n in stale[:2])
+    assert torch.equal(tier.read(pair, LAYERS, ELEMS), torch.cat([page(k) for k in pair], dim=1))
+    tier.close()
+
+
 def test_write_from_a_pool_and_read_into_a_pool_move_the_slots_named(tmp_path):
     tier = StorageTier(tmp_path / "st", 16)
     src = torch.arange(LAYERS * 10 * ELEMS, dtype=torch.int64).view(LAYERS, 10, ELEMS)

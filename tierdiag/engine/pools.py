@@ -807,10 +807,13 @@ class StorageTier:
             self._unlink(seg)
 
     def _compact(self, seg: _Segment) -> None:
+        """Move the live pages of `seg` to the end of the files (the caller unlinks it). A
+        segment whose pages are all gone has nothing to move: only its count is cleared."""
         slots, keys = self._index.segment_keys(seg.number)
-        data = self._read_slots(seg, slots)
-        # Re-appending keeps each key's place in the LRU order (a location update does not move it).
-        self._append(keys, data.reshape(len(slots), -1))
+        if slots:
+            data = self._read_slots(seg, slots)
+            # Re-appending keeps each key's place in the LRU order (a location update does not move it).
+            self._append(keys, data.reshape(len(slots), -1))
         self._index.clear_live(seg.number)
 
     def _unlink(self, seg: _Segment) -> None:
