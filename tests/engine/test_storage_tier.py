@@ -14,7 +14,7 @@ import duckdb
 import pytest
 import torch
 
-from tierdiag.engine import pools
+from tierdiag.engine import cplane, pools
 from tierdiag.engine.config import EngineConfig
 from tierdiag.engine.pools import StorageTier
 from tierdiag.store.reader import open_store, resolve_run
@@ -33,6 +33,12 @@ def page(key: str) -> torch.Tensor:
 
 def key(i: int) -> str:
     return f"{i:064x}"
+
+
+# The tier on each index: the compiled one (what a run uses when it is built) and the reference.
+INDEXES = [pytest.param(pools._LruIndex, id="python"),
+           pytest.param(lambda: cplane.C.StorageIndex(), id="c",
+                        marks=pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}"))]
 
 
 def test_pages_read_back_byte_for_byte_through_deletion_and_compaction(tmp_path, monkeypatch):
@@ -68,6 +74,93 @@ def test_pages_read_back_byte_for_byte_through_deletion_and_compaction(tmp_path,
     everything = list(model)
     assert torch.equal(tier.read(everything, LAYERS, ELEMS), torch.cat([page(k) for k in everything], dim=1))
     assert len(list((tmp_path / "st").glob("*.kvseg"))) < 400 // 8  # segments were unlinked
+    tier.close()
+
+
+@pytest.mark.parametrize("make", INDEXES)
+def test_a_key_named_twice_in_one_write_is_one_page_of_the_tier(tmp_path, monkeypatch, make):
+    """A write is its keys written one at a time: a key named again while its page is there is
+    touched, as a key written by an earlier call is (its bytes stay); one pushed out in between
+    by the write's own pages is written anew, from that later position. One page either way."""
+    monkeypatch.setattr(pools, "SEGMENT_BYTES", 2 * LAYERS * ELEMS * 8)  # 2 pages a segment
+    monkeypatch.setattr(pools, "_new_index", make)
+    rows = torch.cat([page(f"position {i}") for i in range(4)], dim=1)
+    a, b, c, d, e = (key(i) for i in range(5))
+
+    roomy = StorageTier(tmp_path / "roomy", 4)
+    assert roomy.write([a, b, a], rows[:, :3]) == []
+    assert roomy.disk_bytes() == 2 * roomy.page_bytes
+    assert roomy.write([c, d, e], rows[:, :3]) == [b]  # a's second naming made b the oldest
+    assert torch.equal(roomy.read([a], LAYERS, ELEMS), rows[:, :1])  # a: its first position's page
+    roomy.close()
+
+    tight = StorageTier(tmp_path / "tight", 2)
+    assert tight.write([a, b, c, a], rows) == [a, b]  # c pushes out a, then a pushes out b
+    assert tight.used_pages == 2 and a in tight and c in tight
+    assert torch.equal(tight.read([c, a], LAYERS, ELEMS), rows[:, 2:4])  # a: position 3's page
+    assert tight.disk_bytes() == 2 * tight.page_bytes  # position 0's page was never written
+    tight.close()
+
+
+@pytest.mark.parametrize("make", INDEXES)
+def test_writes_naming_keys_twice_read_back_and_keep_the_files_bounded(tmp_path, monkeypatch, make):
+    """Writes with repeated keys, longer than the room: each segment's live count stays its pages',
+    so emptied segments are unlinked and compaction finds pages to move (a count left too high
+    kept dead segments, and compacting one failed on its empty read)."""
+    monkeypatch.setattr(pools, "SEGMENT_BYTES", 4 * LAYERS * ELEMS * 8)  # 4 pages a segment
+    monkeypatch.setattr(pools, "_new_index", make)
+    capacity, per_segment = 4, 4
+    tier = StorageTier(tmp_path / "st", capacity)
+    model: OrderedDict[str, torch.Tensor] = OrderedDict()  # key -> its page, oldest first
+    rng = random.Random(11)
+    for step in range(300):
+        if model and rng.random() < 0.3:
+            keys = rng.sample(list(model), min(len(model), rng.randint(1, 4)))
+            assert torch.equal(tier.read(keys, LAYERS, ELEMS), torch.cat([model[k] for k in keys], dim=1)), \
+                f"step {step}: bytes differ"
+            for k in keys:
+                model.move_to_end(k)
+            continue
+        # a few keys, up to 7 (more than the room: the write's own pages push some out)
+        names = rng.sample(range(40), rng.randint(1, 7))
+        keys = [key(rng.choice(names)) for _ in range(rng.randint(1, 14))]
+        rows = [page(f"{step} {i}") for i in range(len(keys))]  # each position its own bytes
+        expect_deleted = []
+        for k, row in zip(keys, rows):  # the reference: one page at a time
+            if k in model:
+                model.move_to_end(k)
+                continue
+            while len(model) >= capacity:
+                expect_deleted.append(model.popitem(last=False)[0])
+            model[k] = row
+        assert tier.write(keys, torch.cat(rows, dim=1)) == expect_deleted, f"step {step}: deletions differ"
+        assert tier.used_pages == len(model) and all(k in tier for k in model)
+        on_disk = sum(f.stat().st_size for f in (tmp_path / "st").glob("*.kvseg"))
+        assert on_disk == tier.disk_bytes() <= (2 * len(model) + 2 * per_segment) * tier.page_bytes
+    everything = list(model)
+    assert torch.equal(tier.read(everything, LAYERS, ELEMS), torch.cat([model[k] for k in everything], dim=1))
+    tier.close()
+
+
+@pytest.mark.parametrize("make", INDEXES)
+def test_compacting_a_segment_without_a_live_page_unlinks_it(tmp_path, monkeypatch, make):
+    """A segment counted live with none of its pages left (what a key written twice left before)
+    is never emptied; when the files outgrow the live pages, compaction picks it: it has nothing
+    to move, so it is just unlinked (its empty read failed before)."""
+    monkeypatch.setattr(pools, "SEGMENT_BYTES", 2 * LAYERS * ELEMS * 8)  # 2 pages a segment
+    monkeypatch.setattr(pools, "_new_index", make)
+    tier = StorageTier(tmp_path / "st", 2)  # compaction past 2 * 2 live + 2 * 2 slack pages
+    stale = []
+    for r in range(6):  # each pair pushes out the one before, in a segment of its own
+        pair = [key(2 * r), key(2 * r + 1)]
+        tier.write(pair, torch.cat([page(k) for k in pair], dim=1))
+        seg = tier._active.number
+        tier._index.place(pair[:1], seg, 0)  # its first page counted live twice, where it is
+        stale.append(seg)
+        on_disk = sum(f.stat().st_size for f in (tmp_path / "st").glob("*.kvseg"))
+        assert on_disk == tier.disk_bytes() <= (2 * 2 + 2 * 2) * tier.page_bytes, f"round {r}"
+    assert not any((tmp_path / "st" / f"{n:06d}{pools.SEGMENT_SUFFIX}").exists() for n in stale[:2])
+    assert torch.equal(tier.read(pair, LAYERS, ELEMS), torch.cat([page(k) for k in pair], dim=1))
     tier.close()
 
 

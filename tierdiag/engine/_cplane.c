@@ -1280,7 +1280,9 @@ PyDoc_STRVAR(ix_admit_doc,
 "while the index holds `capacity`, then goes in as the newest with location -1. deleted: the\n"
 "keys deleted, oldest first; fresh: the positions of keys still -1 at the end (None when no\n"
 "more than capacity keys were all entered new at their turn: all of them, in order); emptied:\n"
-"the segments whose last live page went, in that order.");
+"the segments whose last live page went, in that order. A key named twice is touched while it\n"
+"is there, or entered anew when the write's own keys pushed it out; fresh names it once, at\n"
+"the position that entered it last.");
 
 static PyObject *
 ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
@@ -1367,18 +1369,35 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(fresh);
         fresh = Py_NewRef(Py_None);
     } else {
-        /* the positions whose key is still a placeholder: a page pushed out again within this
-         * call is not written at its earlier position */
+        /* the positions whose key is still a placeholder, each key's last only: a page pushed
+         * out again within this call is not written at its earlier position, even when the
+         * key was entered again later (written twice, it was counted live twice). Walked from
+         * the end, a key kept is marked (location -2) so its earlier positions are not, and
+         * every mark is undone before returning. */
+        Py_ssize_t m = PyList_GET_SIZE(fresh), nmarked = 0;
+        Py_ssize_t *marked = PyMem_Malloc((size_t)(m ? m : 1) * sizeof *marked);
         PyObject *kept = PyList_New(0);
-        Py_ssize_t m = PyList_GET_SIZE(fresh);
-        if (kept == NULL) goto fail;
-        for (i = 0; i < m; i++) {
+        int err = 0;
+        if (marked == NULL || kept == NULL) {
+            if (marked == NULL) PyErr_NoMemory();
+            PyMem_Free(marked);
+            Py_XDECREF(kept);
+            goto fail;
+        }
+        for (i = m - 1; i >= 0 && !err; i--) {
             PyObject *pos = PyList_GET_ITEM(fresh, i);
             Py_ssize_t e = ix_find(ix, PyList_GET_ITEM(keys, PyLong_AsSsize_t(pos)));
-            if (e >= 0 && ix->ent[e].loc == -1 && PyList_Append(kept, pos) < 0) {
-                Py_DECREF(kept);
-                goto fail;
+            if (e >= 0 && ix->ent[e].loc == -1) {
+                ix->ent[e].loc = -2;
+                marked[nmarked++] = e;
+                err = PyList_Append(kept, pos) < 0;
             }
+        }
+        for (i = 0; i < nmarked; i++) ix->ent[marked[i]].loc = -1;
+        PyMem_Free(marked);
+        if (err || PyList_Reverse(kept) < 0) {
+            Py_DECREF(kept);
+            goto fail;
         }
         Py_DECREF(fresh);
         fresh = kept;

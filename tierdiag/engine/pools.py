@@ -547,7 +547,13 @@ class _LruIndex:
         Returns (deleted keys oldest first, fresh, emptied): fresh, the positions of the keys
         still at -1 at the end (None when no more than capacity keys were all entered new at
         their turn: all of them, in order); emptied, the segments whose last live page went, in
-        that order."""
+        that order.
+
+        A key named twice in one write is the same key written twice, one page at a time: named
+        again while it is there, it is touched (as a key from an earlier write is: its page is
+        not written again); pushed out in between by the write's own keys, it is entered anew
+        (and is in `deleted` too). Either way fresh names it once, at the position whose page
+        the tier keeps: the one that entered it last."""
         od, deleted, emptied = self._od, [], []
         distinct = set(keys)
         if len(keys) <= capacity and len(distinct) == len(keys) and od.keys().isdisjoint(distinct):
@@ -572,7 +578,12 @@ class _LruIndex:
             fresh.append(i)
         if all_new:  # (a key there before the call but pushed out before its turn)
             return deleted, None, emptied
-        return deleted, [i for i in fresh if od.get(keys[i]) == -1], emptied
+        if len(distinct) == len(keys):
+            return deleted, [i for i in fresh if od.get(keys[i]) == -1], emptied
+        # A key entered, pushed out by this write's own keys and entered again is at -1 for both
+        # entries, but its page is the later one's (written twice, it was counted live twice).
+        last = {keys[i]: i for i in fresh}
+        return deleted, [i for i in fresh if last[keys[i]] == i and od.get(keys[i]) == -1], emptied
 
     def _pop_oldest(self, deleted: list, emptied: list) -> None:
         """Delete the least recently used page: its key to `deleted`, its segment to `emptied`
@@ -796,10 +807,13 @@ class StorageTier:
             self._unlink(seg)
 
     def _compact(self, seg: _Segment) -> None:
+        """Move the live pages of `seg` to the end of the files (the caller unlinks it). A
+        segment whose pages are all gone has nothing to move: only its count is cleared."""
         slots, keys = self._index.segment_keys(seg.number)
-        data = self._read_slots(seg, slots)
-        # Re-appending keeps each key's place in the LRU order (a location update does not move it).
-        self._append(keys, data.reshape(len(slots), -1))
+        if slots:
+            data = self._read_slots(seg, slots)
+            # Re-appending keeps each key's place in the LRU order (a location update does not move it).
+            self._append(keys, data.reshape(len(slots), -1))
         self._index.clear_live(seg.number)
 
     def _unlink(self, seg: _Segment) -> None:
