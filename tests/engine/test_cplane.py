@@ -410,3 +410,33 @@ def test_the_compiled_blame_declines_what_it_does_not_take():
     assert blame(cached, demoted, [1, 2, 5, big, 9], lost, 16) == 4
     assert lost == {3: 32, 4: 16, 2: 16}
     assert blame_py(cached, demoted, [1, 2, 5, big, 9], None, 16) == 4
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.lists(st.integers(-50, 1 << 14), max_size=60), st.integers(0, 2**31 - 1),
+                              st.booleans()), max_size=12))
+def test_page_map_stores_by_the_compiled_data_plane_as_by_python(ops):
+    """PageMap.set_many by the compiled map_set (keys inside the array) and by the Python path
+    alone (lists, numpy arrays, growing the array, output pages skipped): the same map after
+    the same calls; and map_set changes nothing where it declines (a key past the end)."""
+    from tierdiag.engine.pagemap import PageMap
+
+    def apply(m):
+        for keys, value, as_array in ops:
+            keys = sorted(keys, key=lambda k: k < 0)  # outputs_last: output pages come last
+            m.set_many(np.array(keys, dtype=np.int64) if as_array else keys, value, outputs_last=True)
+        return m
+
+    with_c = apply(PageMap())
+    compiled, cplane.C = cplane.C, None
+    try:
+        python = apply(PageMap())
+    finally:
+        cplane.C = compiled
+    probe = list(range(-3, (1 << 14) + 3))
+    assert with_c.get_many(probe).tolist() == python.get_many(probe).tolist()
+    assert len(with_c) == len(python)
+    before = bytes(with_c._dense)
+    assert cplane.C.map_set(with_c._dense, [0, len(with_c._dense)], 5) == -1
+    assert bytes(with_c._dense) == before

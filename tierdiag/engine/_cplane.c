@@ -813,6 +813,78 @@ cp_lookup_prefix(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* map_set(dense, keys, value) -> 0, or -1                                                     */
+
+PyDoc_STRVAR(map_set_doc,
+"map_set(dense, keys, value) -> 0, or -1\n\n"
+"PageMap.set_many's common case on its array (a 1-D native int32 buffer, writable): dense[k] =\n"
+"value for every key, a negative key (an output page) skipped. -1, having changed nothing, if\n"
+"a key is past the array's end, the value outside [0, 2**31) or an argument of another type:\n"
+"PageMap's Python path then (it grows the array, or keeps the key in its dict).");
+
+static PyObject *
+cp_map_set(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer b;
+    Ints keys;
+    long long value;
+    int loaded;
+    Py_ssize_t i, n;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "map_set() takes 3 arguments: dense, keys, value");
+        return NULL;
+    }
+    if (!PyLong_CheckExact(args[2])) {
+        return not_mine();
+    }
+    value = PyLong_AsLongLong(args[2]);
+    if (value == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return not_mine();
+    }
+    if (value < 0 || value > INT32_MAX) {
+        return not_mine();
+    }
+    if (PyObject_GetBuffer(args[0], &b, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();
+        return not_mine();
+    }
+    {
+        const char *f = b.format;
+        if (f != NULL && f[0] == '@') {
+            f++;
+        }
+        if (b.ndim != 1 || b.itemsize != 4 || f == NULL || f[0] != 'i' || f[1] != '\0') {
+            PyBuffer_Release(&b);
+            return not_mine();
+        }
+    }
+    loaded = ints_load(args[1], &keys);
+    if (loaded <= 0) {
+        PyBuffer_Release(&b);
+        return loaded < 0 ? NULL : not_mine();
+    }
+    int32_t *dense = (int32_t *)b.buf;
+    const Py_ssize_t len = b.len / 4;
+    n = keys.n;
+    for (i = 0; i < n; i++) {  /* every key checked before one is stored */
+        if (keys.v[i] >= len) {
+            ints_free(&keys);
+            PyBuffer_Release(&b);
+            return not_mine();
+        }
+    }
+    for (i = 0; i < n; i++) {
+        if (keys.v[i] >= 0) {
+            dense[keys.v[i]] = (int32_t)value;
+        }
+    }
+    ints_free(&keys);
+    PyBuffer_Release(&b);
+    return PyLong_FromLong(0);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* blame(cached, demoted, keys, lost, ps) -> pages once cached, or -1                           */
 
 PyDoc_STRVAR(blame_doc,
@@ -1674,6 +1746,7 @@ static PyMethodDef cplane_methods[] = {
     {"storage_key_chain", (PyCFunction)(void (*)(void))cp_storage_key_chain, METH_FASTCALL, storage_key_chain_doc},
     {"lookup_prefix", (PyCFunction)(void (*)(void))cp_lookup_prefix, METH_FASTCALL, lookup_prefix_doc},
     {"blame", (PyCFunction)(void (*)(void))cp_blame, METH_FASTCALL, blame_doc},
+    {"map_set", (PyCFunction)(void (*)(void))cp_map_set, METH_FASTCALL, map_set_doc},
     {NULL, NULL, 0, NULL},
 };
 

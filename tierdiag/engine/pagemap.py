@@ -68,6 +68,8 @@ class PageMap:
         pages, then its output pages), so the last key alone says whether there are any."""
         if not 0 <= value <= _MAX_VALUE:
             raise OverflowError(f"page map value {value} outside [0, 2**31)")
+        if cplane.C is not None and cplane.C.map_set(self._dense, keys, value) == 0:
+            return  # every key inside the array (or an output page): stored by the data plane
         if len(keys) <= SMALL_CALL and not isinstance(keys, np.ndarray):
             dense, reach = self._dense, self._reach()
             for k in keys:
