@@ -68,19 +68,31 @@ class CostModel:
             layerwise_overlap=cfg.layerwise_overlap, link_source=source,
         )
 
+    def __post_init__(self) -> None:
+        # The prefill formulas' constant factors, folded once: the same floating-point operations
+        # in the same order as written out below, so the same results to the last bit. A
+        # request's record evaluates prefill_alone_ns three times (its counterfactuals).
+        object.__setattr__(self, "_linear_flops", 2.0 * self.num_params)
+        object.__setattr__(self, "_attention_flops", 4.0 * self.num_layers * self.hidden_size)
+        object.__setattr__(self, "_memory_s", self.weight_bytes / self.hbm_bytes_per_s)
+
     # --- compute -------------------------------------------------------------------------
     def prefill_flops(self, new_tokens: int, prefix_tokens: int) -> float:
-        """FLOPs to compute `new_tokens` that attend to `prefix_tokens` cached ones (causal)."""
-        mean_context = prefix_tokens + new_tokens / 2
-        return 2.0 * self.num_params * new_tokens + 4.0 * self.num_layers * self.hidden_size * new_tokens * mean_context
+        """FLOPs to compute `new_tokens` that attend to `prefix_tokens` cached ones (causal):
+        2 * params * new + 4 * layers * hidden * new * (prefix + new / 2)."""
+        return self._linear_flops * new_tokens + self._attention_flops * new_tokens * (prefix_tokens + new_tokens / 2)
 
     def prefill_ns(self, flops: float) -> int:
+        """max(flops / (peak * MFU), weights / HBM) + the batch's overhead."""
         compute_s = flops / self.effective_flops_per_s
-        memory_s = self.weight_bytes / self.hbm_bytes_per_s
-        return int(max(compute_s, memory_s) * 1e9) + BATCH_OVERHEAD_NS
+        return int(max(compute_s, self._memory_s) * 1e9) + BATCH_OVERHEAD_NS
 
     def prefill_alone_ns(self, new_tokens: int, prefix_tokens: int) -> int:
-        return self.prefill_ns(self.prefill_flops(max(new_tokens, 1), prefix_tokens))
+        """prefill_ns(prefill_flops(max(new_tokens, 1), prefix_tokens)), inline."""
+        new = new_tokens if new_tokens > 1 else 1
+        compute_s = (self._linear_flops * new + self._attention_flops * new * (prefix_tokens + new / 2)
+                     ) / self.effective_flops_per_s
+        return int((compute_s if compute_s > self._memory_s else self._memory_s) * 1e9) + BATCH_OVERHEAD_NS
 
     def decode_step_ns(self, running_context_tokens: int) -> int:
         """One decode step: read the weights and every running request's KV once."""
