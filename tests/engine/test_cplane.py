@@ -440,3 +440,58 @@ def test_page_map_stores_by_the_compiled_data_plane_as_by_python(ops):
     before = bytes(with_c._dense)
     assert cplane.C.map_set(with_c._dense, [0, len(with_c._dense)], 5) == -1
     assert bytes(with_c._dense) == before
+
+
+class _Str(str):
+    """A str subclass: kept as the object itself, not re-made as a plain str."""
+
+
+_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-2**63, 2**63 - 1), st.integers(-2**80, 2**80),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
+    st.sampled_from(["\\ud800 lone", "\x1b[31mred", ""]).map(lambda t: t.encode().decode("unicode_escape")),
+    st.integers(-5, 5).map(np.int64), st.floats(-1, 1, width=32).map(np.float32), st.text(max_size=3).map(_Str))
+
+
+def _exactly(rows):
+    """Values with their types (nan == nan, -0.0 != 0.0)."""
+    return [[(type(v), repr(v)) for v in row] for row in rows]
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+@settings(max_examples=300, deadline=None)
+@given(width=st.integers(1, 6), data=st.data(), takes=st.integers(1, 3))
+def test_a_row_buffer_gives_back_every_value_as_it_was_appended(width, data, takes):
+    """_cplane.RowBuffer (the recorder's buffer a table, for the writer process) and
+    decode_rows: every value comes back with its type and value, take after take; the odd ones
+    (big ints, numpy scalars, str subclasses, lone surrogates) as the objects themselves."""
+    buf = cplane.C.RowBuffer(width)
+    for _ in range(takes):
+        rows = data.draw(st.lists(st.tuples(*[_VALUES] * width), max_size=20))
+        for row in rows:
+            buf.append(row)
+        assert len(buf) == len(rows)
+        payload = buf.take()
+        assert len(buf) == 0
+        cols = cplane.C.decode_rows(*payload, width)
+        assert _exactly(zip(*cols)) == _exactly(rows) if rows else cols == ((),) * width
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+def test_a_row_buffer_refuses_a_row_of_another_width_and_decode_refuses_damaged_data():
+    buf = cplane.C.RowBuffer(2)
+    buf.append((1, "a"))
+    for bad in ((1,), (1, 2, 3), [1, 2], "ab"):
+        with pytest.raises(TypeError):
+            buf.append(bad)
+    assert len(buf) == 1
+    data, rows, objects = buf.take()
+    assert cplane.C.decode_rows(data, rows, objects, 2) == ((1,), ("a",))
+    for args, message in (((data[:-1], rows, objects, 2), "ends inside a row"),
+                          ((data + b"N", rows, objects, 2), "data left"),
+                          ((b"X" + data[1:], rows, objects, 2), "bad tag"),
+                          ((b"O\0\0\0\0N", 1, None, 2), "object index")):
+        with pytest.raises(ValueError, match=message):
+            cplane.C.decode_rows(*args)
+    with pytest.raises(ValueError):
+        cplane.C.RowBuffer(0)

@@ -100,24 +100,33 @@ def test_a_trace_of_rejections_flushes_on_the_way():
     assert [s for t in flushed for s in t["requests"]["status"]] == ["rejected"] * 12
 
 
-def test_a_rows_sink_gets_the_buffered_tuples_with_their_field_names_and_the_lists_are_cleared():
-    """Recorder(rows_sink=...): what the store's writer process takes (it zips on its own core):
-    each table's field names and its rows as buffered, the same values a column sink gets."""
+@pytest.mark.parametrize("encoded", [True, False], ids=["compiled row buffers", "lists"])
+def test_a_rows_sink_gets_each_tables_rows_with_their_field_names_and_the_buffers_are_emptied(encoded, monkeypatch):
+    """Recorder(rows_sink=...): what the store's writer process takes (it makes the columns on
+    its own core): each table's field names and its rows, encoded by the compiled row buffers
+    where they are built, else the tuples as buffered; `columns_of` gives the columns a column
+    sink gets, either way."""
+    from tierdiag.engine import cplane
+    from tierdiag.probes.recorder import columns_of
+
+    if encoded and cplane.C is None:
+        pytest.skip(f"_cplane: {cplane.WHY_NOT}")
+    if not encoded:
+        monkeypatch.setattr(cplane, "C", None)
     got, columns = [], []
-
-    def rows_sink(tables):
-        got.append({t: (fields, list(rows)) for t, (fields, rows) in tables.items()})
-
-    by_rows = Recorder(rows_sink=rows_sink, flush_rows=10**9)
+    by_rows = Recorder(rows_sink=lambda tables: got.append({t: (f, columns_of(f, r)) for t, (f, r) in tables.items()}),
+                       flush_rows=10**9)
     by_columns = Recorder(columns.append, flush_rows=10**9)
     for r in (by_rows, by_columns):
         emit = r.emitter(ev.PoolSample)
         emit((1, "device", 10, 100, 0))
         emit((2, "host", 20, 400, 5))
+        r.emit(ev.Eviction(7, 3, "host", 9, 64, "delete", None, "req-1", 10, 20, 0, 2, 1))  # a built event too
         r.flush()
         assert r.buffered_rows == 0
-    ((fields, rows),) = got[0].values()
-    assert fields == ev.PoolSample._fields and rows == [(1, "device", 10, 100, 0), (2, "host", 20, 400, 5)]
-    assert columns[0]["pool_samples"] == dict(zip(fields, zip(*rows)))
+        r.flush()  # nothing left to hand over
+    assert len(got) == len(columns) == 1
+    assert got[0] == {t: (tuple(cols), cols) for t, cols in columns[0].items()}
+    assert got[0]["pool_samples"][1]["tier"] == ("device", "host")
     with pytest.raises(TypeError):
         Recorder()

@@ -1736,6 +1736,384 @@ static PyTypeObject StorageIndexType = {
 };
 
 /* ------------------------------------------------------------------------------------------ */
+/* RowBuffer: a recorder's buffer of one table's rows, encoded as they are appended             */
+/*                                                                                              */
+/* The probes' events are tuples built on the engine's hot path. Kept as tuples until a flush,  */
+/* each (and each of its ints) is a heap object the flush's pickling visits again, cold, one by  */
+/* one; here a row is encoded when it is appended, while its values are hot, and the tuple goes  */
+/* back to the allocator at once. A flush hands over one bytes object; the store's writer       */
+/* process turns it back into the same values (decode_rows). Per value: a tag byte, then         */
+/*   'N' None | 'T' True | 'F' False | 'I' an exact int within int64: 8 bytes | 'D' an exact      */
+/*   float: 8 bytes | 'S' an exact str: uint32 length + UTF-8 | 'O' anything else (a big int, a */
+/*   numpy scalar, a str subclass): uint32 index into the buffer's list of such objects, which   */
+/*   travels beside the bytes (pickled): every value comes back as it went in.                  */
+
+typedef struct {
+    PyObject_HEAD
+    char *buf;
+    Py_ssize_t len, cap, rows, width;
+    PyObject *objects;  /* list, or NULL while none */
+} RowBuffer;
+
+static int
+rb_reserve(RowBuffer *rb, Py_ssize_t more)
+{
+    Py_ssize_t need = rb->len + more, cap = rb->cap ? rb->cap : 1 << 16;
+    char *p;
+    if (need <= rb->cap) {
+        return 0;
+    }
+    while (cap < need) {
+        if (cap > PY_SSIZE_T_MAX / 2) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        cap *= 2;
+    }
+    if ((p = PyMem_Realloc(rb->buf, (size_t)cap)) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    rb->buf = p;
+    rb->cap = cap;
+    return 0;
+}
+
+/* One value: 0, or -1 with an exception set (MemoryError, or a str that is no valid UTF-8). */
+static int
+rb_put(RowBuffer *rb, PyObject *v)
+{
+    char tag;
+    if (PyLong_CheckExact(v)) {  /* most values: ids, times, counts */
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow) {
+            goto object;
+        }
+        if (rb_reserve(rb, 9) < 0) {
+            return -1;
+        }
+        rb->buf[rb->len] = 'I';
+        memcpy(rb->buf + rb->len + 1, &x, 8);
+        rb->len += 9;
+        return 0;
+    }
+    if (v == Py_None) {
+        tag = 'N';
+    } else if (PyUnicode_CheckExact(v)) {
+        Py_ssize_t n;
+        const char *u = PyUnicode_AsUTF8AndSize(v, &n);
+        uint32_t n32;
+        if (u == NULL) {
+            PyErr_Clear();  /* lone surrogates: kept as the object itself */
+            goto object;
+        }
+        if (n > (Py_ssize_t)UINT32_MAX) {
+            goto object;
+        }
+        n32 = (uint32_t)n;
+        if (rb_reserve(rb, 5 + n) < 0) {
+            return -1;
+        }
+        rb->buf[rb->len] = 'S';
+        memcpy(rb->buf + rb->len + 1, &n32, 4);
+        memcpy(rb->buf + rb->len + 5, u, (size_t)n);
+        rb->len += 5 + n;
+        return 0;
+    } else if (PyFloat_CheckExact(v)) {
+        double x = PyFloat_AS_DOUBLE(v);
+        if (rb_reserve(rb, 9) < 0) {
+            return -1;
+        }
+        rb->buf[rb->len] = 'D';
+        memcpy(rb->buf + rb->len + 1, &x, 8);
+        rb->len += 9;
+        return 0;
+    } else if (v == Py_True) {
+        tag = 'T';
+    } else if (v == Py_False) {
+        tag = 'F';
+    } else {
+        goto object;
+    }
+    if (rb_reserve(rb, 1) < 0) {
+        return -1;
+    }
+    rb->buf[rb->len++] = tag;
+    return 0;
+object:
+    {
+        uint32_t at;
+        if (rb->objects == NULL && (rb->objects = PyList_New(0)) == NULL) {
+            return -1;
+        }
+        if (PyList_GET_SIZE(rb->objects) >= (Py_ssize_t)UINT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "RowBuffer: too many odd values in one flush");
+            return -1;
+        }
+        at = (uint32_t)PyList_GET_SIZE(rb->objects);
+        if (rb_reserve(rb, 5) < 0 || PyList_Append(rb->objects, v) < 0) {
+            return -1;
+        }
+        rb->buf[rb->len] = 'O';
+        memcpy(rb->buf + rb->len + 1, &at, 4);
+        rb->len += 5;
+        return 0;
+    }
+}
+
+PyDoc_STRVAR(rb_append_doc,
+"append(row)\n\nEncode a tuple of `width` values (a TypeError for anything else: a bug of the caller);\n"
+"a row that fails part-way (MemoryError) is not kept.");
+
+static PyObject *
+rb_append(RowBuffer *rb, PyObject *row)
+{
+    Py_ssize_t start = rb->len, i;
+    Py_ssize_t nobj = rb->objects ? PyList_GET_SIZE(rb->objects) : 0;
+    if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != rb->width) {
+        PyErr_Format(PyExc_TypeError, "RowBuffer.append takes a tuple of %zd values", rb->width);
+        return NULL;
+    }
+    for (i = 0; i < rb->width; i++) {
+        if (rb_put(rb, PyTuple_GET_ITEM(row, i)) < 0) {
+            rb->len = start;
+            if (rb->objects != NULL && PyList_SetSlice(rb->objects, nobj, PY_SSIZE_T_MAX, NULL) < 0) {
+                PyErr_Clear();
+            }
+            return NULL;
+        }
+    }
+    rb->rows++;
+    Py_RETURN_NONE;
+}
+
+static void
+rb_reset(RowBuffer *rb)
+{
+    rb->len = 0;
+    rb->rows = 0;
+    Py_CLEAR(rb->objects);
+}
+
+PyDoc_STRVAR(rb_take_doc,
+"take() -> (bytes, rows, objects or None)\n\nWhat was appended since the last take (decode_rows' arguments),\n"
+"and the buffer empty again.");
+
+static PyObject *
+rb_take(RowBuffer *rb, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *data = PyBytes_FromStringAndSize(rb->buf, rb->len), *out;
+    if (data == NULL) {
+        return NULL;
+    }
+    out = Py_BuildValue("(NnO)", data, rb->rows, rb->objects ? rb->objects : Py_None);
+    if (out != NULL) {
+        rb_reset(rb);
+    }
+    return out;
+}
+
+static PyObject *
+rb_clear(RowBuffer *rb, PyObject *Py_UNUSED(ignored))
+{
+    rb_reset(rb);
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t
+rb_len(RowBuffer *rb)
+{
+    return rb->rows;
+}
+
+static PyObject *
+rb_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    Py_ssize_t width;
+    RowBuffer *rb;
+    static char *kwlist[] = {"width", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n", kwlist, &width)) {
+        return NULL;
+    }
+    if (width <= 0) {
+        PyErr_SetString(PyExc_ValueError, "RowBuffer: width must be positive");
+        return NULL;
+    }
+    if ((rb = (RowBuffer *)type->tp_alloc(type, 0)) == NULL) {
+        return NULL;
+    }
+    rb->width = width;
+    return (PyObject *)rb;
+}
+
+static void
+rb_dealloc(RowBuffer *rb)
+{
+    PyMem_Free(rb->buf);
+    Py_CLEAR(rb->objects);
+    Py_TYPE(rb)->tp_free((PyObject *)rb);
+}
+
+static PyObject *
+rb_width(RowBuffer *rb, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(rb->width);
+}
+
+static PyMethodDef rb_methods[] = {
+    {"append", (PyCFunction)rb_append, METH_O, rb_append_doc},
+    {"take", (PyCFunction)rb_take, METH_NOARGS, rb_take_doc},
+    {"clear", (PyCFunction)rb_clear, METH_NOARGS, "clear()\n\nForget what was appended."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef rb_getset[] = {
+    {"width", (getter)rb_width, NULL, "values a row", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods rb_as_sequence = {
+    .sq_length = (lenfunc)rb_len,
+};
+
+static PyTypeObject RowBufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tierdiag.engine._cplane.RowBuffer",
+    .tp_doc = PyDoc_STR("RowBuffer(width): rows of `width` values, encoded as appended (see _cplane.c)."),
+    .tp_basicsize = sizeof(RowBuffer),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = rb_new,
+    .tp_dealloc = (destructor)rb_dealloc,
+    .tp_as_sequence = &rb_as_sequence,
+    .tp_methods = rb_methods,
+    .tp_getset = rb_getset,
+};
+
+PyDoc_STRVAR(decode_rows_doc,
+"decode_rows(data, rows, objects, width) -> tuple of `width` column tuples\n\n"
+"RowBuffer.take's rows back as columns, each value as it was appended. A ValueError for data\n"
+"that is not such rows (cut short, a bad tag, an object index out of range).");
+
+static PyObject *
+cp_decode_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *p, *end;
+    Py_ssize_t rows, width, r, c;
+    PyObject *objects, *cols = NULL;
+    if (nargs != 4 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "decode_rows() takes data (bytes), rows, objects, width");
+        return NULL;
+    }
+    rows = PyLong_AsSsize_t(args[1]);
+    width = PyLong_AsSsize_t(args[3]);
+    if ((rows == -1 || width == -1) && PyErr_Occurred()) {
+        return NULL;
+    }
+    objects = args[2];
+    if (rows < 0 || width <= 0 || (objects != Py_None && !PyList_Check(objects))) {
+        PyErr_SetString(PyExc_ValueError, "decode_rows: bad rows, width or objects");
+        return NULL;
+    }
+    p = PyBytes_AS_STRING(args[0]);
+    end = p + PyBytes_GET_SIZE(args[0]);
+    if ((cols = PyTuple_New(width)) == NULL) {
+        return NULL;
+    }
+    for (c = 0; c < width; c++) {
+        PyObject *col = PyTuple_New(rows);
+        if (col == NULL) {
+            goto fail;
+        }
+        PyTuple_SET_ITEM(cols, c, col);
+    }
+    for (r = 0; r < rows; r++) {
+        for (c = 0; c < width; c++) {
+            PyObject *v;
+            if (p >= end) {
+                goto short_data;
+            }
+            switch (*p++) {
+            case 'N':
+                v = Py_NewRef(Py_None);
+                break;
+            case 'T':
+                v = Py_NewRef(Py_True);
+                break;
+            case 'F':
+                v = Py_NewRef(Py_False);
+                break;
+            case 'I': {
+                long long x;
+                if (end - p < 8) {
+                    goto short_data;
+                }
+                memcpy(&x, p, 8);
+                p += 8;
+                v = PyLong_FromLongLong(x);
+                break;
+            }
+            case 'D': {
+                double x;
+                if (end - p < 8) {
+                    goto short_data;
+                }
+                memcpy(&x, p, 8);
+                p += 8;
+                v = PyFloat_FromDouble(x);
+                break;
+            }
+            case 'S': {
+                uint32_t n;
+                if (end - p < 4) {
+                    goto short_data;
+                }
+                memcpy(&n, p, 4);
+                p += 4;
+                if ((size_t)(end - p) < n) {
+                    goto short_data;
+                }
+                v = PyUnicode_DecodeUTF8(p, (Py_ssize_t)n, "strict");
+                p += n;
+                break;
+            }
+            case 'O': {
+                uint32_t at;
+                if (end - p < 4) {
+                    goto short_data;
+                }
+                memcpy(&at, p, 4);
+                p += 4;
+                if (objects == Py_None || (Py_ssize_t)at >= PyList_GET_SIZE(objects)) {
+                    PyErr_SetString(PyExc_ValueError, "decode_rows: an object index out of range");
+                    goto fail;
+                }
+                v = Py_NewRef(PyList_GET_ITEM(objects, at));
+                break;
+            }
+            default:
+                PyErr_SetString(PyExc_ValueError, "decode_rows: a bad tag");
+                goto fail;
+            }
+            if (v == NULL) {
+                goto fail;
+            }
+            PyTuple_SET_ITEM(PyTuple_GET_ITEM(cols, c), r, v);
+        }
+    }
+    if (p != end) {
+        PyErr_SetString(PyExc_ValueError, "decode_rows: data left after the last row");
+        goto fail;
+    }
+    return cols;
+short_data:
+    PyErr_SetString(PyExc_ValueError, "decode_rows: the data ends inside a row");
+fail:
+    Py_XDECREF(cols);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 
 static PyMethodDef cplane_methods[] = {
     {"move", (PyCFunction)(void (*)(void))cp_move, METH_FASTCALL, move_doc},
@@ -1747,6 +2125,7 @@ static PyMethodDef cplane_methods[] = {
     {"lookup_prefix", (PyCFunction)(void (*)(void))cp_lookup_prefix, METH_FASTCALL, lookup_prefix_doc},
     {"blame", (PyCFunction)(void (*)(void))cp_blame, METH_FASTCALL, blame_doc},
     {"map_set", (PyCFunction)(void (*)(void))cp_map_set, METH_FASTCALL, map_set_doc},
+    {"decode_rows", (PyCFunction)(void (*)(void))cp_decode_rows, METH_FASTCALL, decode_rows_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1772,7 +2151,9 @@ PyInit__cplane(void)
         return NULL;
     }
     if (PyType_Ready(&StorageIndexType) < 0 ||
-        PyModule_AddObjectRef(m, "StorageIndex", (PyObject *)&StorageIndexType) < 0) {
+        PyModule_AddObjectRef(m, "StorageIndex", (PyObject *)&StorageIndexType) < 0 ||
+        PyType_Ready(&RowBufferType) < 0 ||
+        PyModule_AddObjectRef(m, "RowBuffer", (PyObject *)&RowBufferType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -9,10 +9,21 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 from tierdiag import signals
+from tierdiag.engine import cplane
 from tierdiag.probes import events as ev
 
 Sink = Callable[[Mapping[str, Mapping[str, tuple]]], None]
-RowsSink = Callable[[Mapping[str, tuple[tuple[str, ...], list[tuple]]]], None]
+RowsSink = Callable[[Mapping[str, tuple[tuple[str, ...], object]]], None]
+
+
+def columns_of(fields: tuple[str, ...], rows) -> dict[str, tuple]:
+    """A rows sink's table as columns: rows a list of tuples, or RowBuffer.take()'s
+    (bytes, count, objects), decoded by the compiled data plane that encoded them."""
+    if isinstance(rows, list):
+        return dict(zip(fields, zip(*rows)))
+    from tierdiag.engine import _cplane
+
+    return dict(zip(fields, _cplane.decode_rows(*rows, len(fields))))
 
 # event type -> (table, fields copied as columns)
 _TABLE_OF = {
@@ -48,8 +59,9 @@ class Recorder(Probe):
 
     def __init__(self, sink: Sink | None = None, *, flush_rows: int = 250_000, rows_sink: RowsSink | None = None):
         """`sink` takes columns; `rows_sink` (instead) takes each table's rows as buffered,
-        {table: (field names, [row tuple, ...])}, and must be done with the lists when it returns
-        (they are cleared then): the store's writer process zips them on its own core."""
+        {table: (field names, rows)}, rows a list of tuples or RowBuffer.take()'s encoding
+        (`columns_of` makes either columns), and must be done with them when it returns (the
+        lists are cleared then): the store's writer process makes the columns on its own core."""
         super().__init__()
         if (sink is None) == (rows_sink is None):
             raise TypeError("Recorder takes one of sink and rows_sink")
@@ -58,7 +70,11 @@ class Recorder(Probe):
         self._flush_rows = flush_rows
         self._tables = {cls: table for cls, table in _TABLE_OF.items()}
         self._tables[ev.RequestRecord] = "requests"
-        self._pending: dict[type, list] = {cls: [] for cls in self._tables}
+        # For a rows sink, each table's rows are encoded as they come where the compiled data
+        # plane is built (_cplane.RowBuffer: the tuple is freed at once, and a flush hands over
+        # one bytes object instead of pickling every row's objects again, cold); else a list.
+        encode = rows_sink is not None and cplane.C is not None
+        self._pending: dict = {cls: cplane.C.RowBuffer(len(cls._fields)) if encode else [] for cls in self._tables}
         self._buffers = tuple(self._pending.values())
 
     def wants(self, cls) -> bool:
@@ -101,8 +117,8 @@ class Recorder(Probe):
         with signals.deferred():
             try:
                 if self._rows_sink is not None:
-                    self._rows_sink({self._tables[cls]: (cls._fields, events)
-                                     for cls, events in self._pending.items() if events})
+                    self._rows_sink({self._tables[cls]: (cls._fields, events if isinstance(events, list) else events.take())
+                                     for cls, events in self._pending.items() if len(events)})
                 else:
                     self._sink({self._tables[cls]: dict(zip(cls._fields, zip(*events)))  # columns as tuples
                                 for cls, events in self._pending.items() if events})

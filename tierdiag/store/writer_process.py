@@ -3,12 +3,12 @@
 A replay on a machine with a core to spare hands its recorder's columns to a second process,
 which owns the ordinary `RunWriter` (writer.py) and does everything DuckDB and Arrow: the
 conversion of the values, the inserts, the checkpoint each close makes, the run evidence at the
-end and the closing numbers the replay prints. The engine's process pays only for pickling its
-events' tuples onto a pipe, as its recorder buffered them (the writer zips them into columns),
-and imports neither duckdb nor pyarrow.
+end and the closing numbers the replay prints. The engine's process pays only for encoding its
+events as they come (the recorder's compiled row buffers) and writing the bytes onto a pipe (the
+writer decodes them into columns), and imports neither duckdb nor pyarrow.
 
     engine process                          writer process (python -c ..., a clean interpreter)
-    Recorder ── rows, pickled ──pipe──►     reader thread ─► columns ─► RunWriter.take (Arrow)
+    Recorder ── rows, encoded ──pipe──►     reader thread ─► columns ─► RunWriter.take (Arrow)
              ◄── opened / error / finished ─ writes pending rows every WRITE_EVERY_S, one transaction
 
 Which path a replay takes (`writer_mode`): TIERDIAG_WRITER=process|inline when set; otherwise
@@ -264,12 +264,14 @@ class WriterProcess:
         self._check()
         self._send(("rows", tables))
 
-    def append_rows(self, tables: Mapping[str, tuple[tuple[str, ...], list[tuple]]]) -> None:
-        """Hand rows over as the recorder buffered them, {table: (field names, [row tuple, ...])},
-        pickled before this returns (the caller may clear its lists then): the writer zips them
-        into columns on its own core. Pickling the row tuples costs the engine's process less than
-        half of zipping them into columns and pickling those (benchmarks/README.md). Not marshal,
-        though faster still: it writes a numpy integer as its bytes, silently."""
+    def append_rows(self, tables: Mapping[str, tuple[tuple[str, ...], Any]]) -> None:
+        """Hand rows over as the recorder buffered them, {table: (field names, rows)}: a list of
+        row tuples, or the bytes its compiled buffer encoded them into as they came (the
+        recorder's `columns_of` reads either), pickled before this returns (the caller may clear
+        its buffers then); the writer makes the columns, on its own core. On the conversation
+        trace the engine's flushes cost ~0.38 s of its CPU zipping and pickling columns, ~0.28 s
+        pickling the row tuples (benchmarks/README.md). Not marshal, though faster than pickle:
+        it writes a numpy integer as its bytes, silently."""
         self._check()
         self._send(("row_tuples", tables))
 
@@ -473,8 +475,10 @@ class _Serve:
                     return
             elif kind == "rows":
                 self.rows(arg)
-            elif kind == "row_tuples":  # WriterProcess.append_rows: rows to zip into columns here
-                self.rows({table: dict(zip(fields, zip(*rows))) for table, (fields, rows) in arg.items()})
+            elif kind == "row_tuples":  # WriterProcess.append_rows: rows to make columns of here
+                from tierdiag.probes.recorder import columns_of
+
+                self.rows({table: columns_of(fields, rows) for table, (fields, rows) in arg.items()})
             elif kind == "finish":
                 if self.finish(arg):
                     return
