@@ -327,10 +327,13 @@ class RunWriter:
         self.recorded += rows
 
     def finish(self, status: str, *, error: str | None = None, write_pending: bool = True,
-               trace_sha256: str | None = None, num_requests: int | None = None) -> None:
+               trace_sha256: str | None = None, num_requests: int | None = None,
+               release: bool = True) -> None:
         """Write what is still pending (unless told to give it up, after a write failed), then
         the run's final status, with `recorded` as its number of requests. A trace read through
-        a pipe has its digest only now (`trace_sha256`).
+        a pipe has its digest only now (`trace_sha256`). The file is let go of either way;
+        `release=False` keeps the in-memory connection (the writer process, which exits right
+        after answering, skips its 8-10 ms teardown in the close the replay waits for).
 
         `num_requests` is accepted for existing callers and not used: a run's count is the
         request rows committed to the file, never what a caller believes it handed over (a full
@@ -365,7 +368,8 @@ class RunWriter:
                         self.numbers = closing_numbers(con, self.run_id)
                     except Exception as exc:  # noqa: BLE001 - raised by the replay, where it reads them
                         self.numbers_error = exc
-        self.close()
+        if release:
+            self.close()
 
 
 def _by_table(pending: list[Mapping[str, Mapping[str, Any]]]):

@@ -539,8 +539,9 @@ class _Serve:
             # write stops the engine). Never a run closed as complete short of its rows.
             return False
         try:
+            # The in-memory connection is left to the process's exit (os._exit, after the answer).
             self.writer.finish(arg["status"], error=arg["error"], write_pending=arg["write_pending"],
-                               trace_sha256=arg["trace_sha256"])
+                               trace_sha256=arg["trace_sha256"], release=False)
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
             return False
