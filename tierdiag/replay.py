@@ -314,7 +314,7 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
                     from tierdiag.store.writer import RunWriter
 
                     writer = RunWriter(db, **run)
-                    recorder = Recorder(writer.append)
+                    recorder = Recorder(rows_sink=writer.append_rows)
         elif cfg.storage_tokens:
             # Nothing is recorded, so no run owns the pages: a temporary folder, removed at the end.
             storage_tmp = _temporary_storage(cfg.storage_dir)

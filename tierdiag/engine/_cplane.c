@@ -2113,6 +2113,258 @@ fail:
     return NULL;
 }
 
+PyDoc_STRVAR(decode_arrow_doc,
+"decode_arrow(data, rows, objects, kinds) -> list, a column each\n\n"
+"RowBuffer.take's rows as Arrow buffers, straight, for the columns whose every value fits its\n"
+"kind (a bytes string, a letter a column): ('i' or 'd', values, validity, nulls) for int64 and\n"
+"float64, ('b', value bits, validity, nulls) for bool, ('s', int32 offsets, UTF-8 data,\n"
+"validity, nulls) for strings; validity None without a null, else an Arrow bitmap (LSB first,\n"
+"1 valid). None fits every kind. A column of kind 'o', or whose values do not all fit (an int\n"
+"in a float column, a big int, an odd object, strings past 2 GiB), is ('o', a tuple of the\n"
+"values themselves), as decode_rows gives them. A ValueError as decode_rows' for data that is\n"
+"not such rows.");
+
+/* The payload size after a tag, or -1 for a bad tag / data cut short. */
+static Py_ssize_t
+da_skip(const char *p, const char *end, char tag)
+{
+    switch (tag) {
+    case 'N': case 'T': case 'F':
+        return 0;
+    case 'I': case 'D':
+        return end - p >= 8 ? 8 : -1;
+    case 'O':
+        return end - p >= 4 ? 4 : -1;
+    case 'S': {
+        uint32_t n;
+        if (end - p < 4) {
+            return -1;
+        }
+        memcpy(&n, p, 4);
+        return (size_t)(end - p - 4) >= n ? 4 + (Py_ssize_t)n : -1;
+    }
+    default:
+        return -1;
+    }
+}
+
+static int
+da_fits(char kind, char tag)
+{
+    if (tag == 'N') {
+        return 1;
+    }
+    switch (kind) {
+    case 'i': return tag == 'I';
+    case 'd': return tag == 'D';
+    case 'b': return tag == 'T' || tag == 'F';
+    case 's': return tag == 'S';
+    default: return 0;
+    }
+}
+
+#define DA_MAX_COLS 256
+
+static PyObject *
+cp_decode_arrow(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *data, *end, *p, *kinds;
+    Py_ssize_t rows, width, r, c, nbytes;
+    PyObject *objects, *out = NULL;
+    char fit[DA_MAX_COLS];
+    Py_ssize_t nulls[DA_MAX_COLS], strbytes[DA_MAX_COLS];
+    /* per typed column: the values (or offsets), string data, validity; raw pointers into them */
+    PyObject *vals[DA_MAX_COLS], *sdata[DA_MAX_COLS], *valid[DA_MAX_COLS];
+    if (nargs != 4 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "decode_arrow() takes data (bytes), rows, objects, kinds (bytes)");
+        return NULL;
+    }
+    rows = PyLong_AsSsize_t(args[1]);
+    if (rows == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    objects = args[2];
+    kinds = PyBytes_AS_STRING(args[3]);
+    width = PyBytes_GET_SIZE(args[3]);
+    if (rows < 0 || width <= 0 || width > DA_MAX_COLS || (objects != Py_None && !PyList_Check(objects))) {
+        PyErr_SetString(PyExc_ValueError, "decode_arrow: bad rows, kinds or objects");
+        return NULL;
+    }
+    data = PyBytes_AS_STRING(args[0]);
+    end = data + PyBytes_GET_SIZE(args[0]);
+    for (c = 0; c < width; c++) {
+        fit[c] = kinds[c] == 'i' || kinds[c] == 'd' || kinds[c] == 'b' || kinds[c] == 's';
+        nulls[c] = strbytes[c] = 0;
+        vals[c] = sdata[c] = valid[c] = NULL;
+    }
+    /* Pass 1: check the data, which columns fit, their nulls and string bytes. */
+    p = data;
+    for (r = 0; r < rows; r++) {
+        for (c = 0; c < width; c++) {
+            char tag;
+            Py_ssize_t k;
+            if (p >= end) {
+                PyErr_SetString(PyExc_ValueError, "decode_rows: the data ends inside a row");
+                return NULL;
+            }
+            tag = *p++;
+            if ((k = da_skip(p, end, tag)) < 0) {
+                PyErr_SetString(PyExc_ValueError, tag == 'N' || tag == 'T' || tag == 'F' || tag == 'I' || tag == 'D'
+                                || tag == 'S' || tag == 'O' ? "decode_rows: the data ends inside a row"
+                                                            : "decode_rows: a bad tag");
+                return NULL;
+            }
+            if (fit[c]) {
+                if (!da_fits(kinds[c], tag)) {
+                    fit[c] = 0;
+                } else if (tag == 'N') {
+                    nulls[c]++;
+                } else if (tag == 'S') {
+                    strbytes[c] += k - 4;
+                    if (strbytes[c] > INT32_MAX) {
+                        fit[c] = 0;
+                    }
+                }
+            }
+            if (tag == 'O') {
+                uint32_t at;
+                memcpy(&at, p, 4);
+                if (objects == Py_None || (Py_ssize_t)at >= PyList_GET_SIZE(objects)) {
+                    PyErr_SetString(PyExc_ValueError, "decode_rows: an object index out of range");
+                    return NULL;
+                }
+            }
+            p += k;
+        }
+    }
+    if (p != end) {
+        PyErr_SetString(PyExc_ValueError, "decode_rows: data left after the last row");
+        return NULL;
+    }
+    if ((out = PyList_New(width)) == NULL) {
+        return NULL;
+    }
+    /* The outputs: typed buffers (zeroed: nulls' slots and padding bits), or a tuple. */
+    nbytes = (rows + 7) / 8;
+    for (c = 0; c < width; c++) {
+        PyObject *col;
+        if (!fit[c]) {
+            if ((col = PyTuple_New(rows)) == NULL) {
+                goto fail;
+            }
+            PyList_SET_ITEM(out, c, col);
+            continue;
+        }
+        if (kinds[c] == 'b') {
+            vals[c] = PyBytes_FromStringAndSize(NULL, nbytes);
+        } else if (kinds[c] == 's') {
+            vals[c] = PyBytes_FromStringAndSize(NULL, (rows + 1) * 4);
+            sdata[c] = PyBytes_FromStringAndSize(NULL, strbytes[c]);
+        } else {
+            vals[c] = PyBytes_FromStringAndSize(NULL, rows * 8);
+        }
+        if (nulls[c]) {
+            valid[c] = PyBytes_FromStringAndSize(NULL, nbytes);
+        }
+        if (vals[c] == NULL || (kinds[c] == 's' && sdata[c] == NULL) || (nulls[c] && valid[c] == NULL)) {
+            goto fail_buffers;
+        }
+        memset(PyBytes_AS_STRING(vals[c]), 0, (size_t)PyBytes_GET_SIZE(vals[c]));
+        if (valid[c] != NULL) {
+            memset(PyBytes_AS_STRING(valid[c]), 0, (size_t)nbytes);
+        }
+    }
+    /* Pass 2: fill. */
+    {
+        int32_t soff[DA_MAX_COLS];
+        for (c = 0; c < width; c++) {
+            soff[c] = 0;
+        }
+        p = data;
+        for (r = 0; r < rows; r++) {
+            for (c = 0; c < width; c++) {
+                char tag = *p++;
+                Py_ssize_t k = da_skip(p, end, tag);
+                if (!fit[c]) {
+                    PyObject *v;
+                    switch (tag) {
+                    case 'N': v = Py_NewRef(Py_None); break;
+                    case 'T': v = Py_NewRef(Py_True); break;
+                    case 'F': v = Py_NewRef(Py_False); break;
+                    case 'I': { long long x; memcpy(&x, p, 8); v = PyLong_FromLongLong(x); break; }
+                    case 'D': { double x; memcpy(&x, p, 8); v = PyFloat_FromDouble(x); break; }
+                    case 'S': v = PyUnicode_DecodeUTF8(p + 4, k - 4, "strict"); break;
+                    default: { uint32_t at; memcpy(&at, p, 4); v = Py_NewRef(PyList_GET_ITEM(objects, at)); break; }
+                    }
+                    if (v == NULL) {
+                        goto fail_buffers;
+                    }
+                    PyTuple_SET_ITEM(PyList_GET_ITEM(out, c), r, v);
+                    p += k;
+                    continue;
+                }
+                if (tag != 'N' && valid[c] != NULL) {
+                    PyBytes_AS_STRING(valid[c])[r >> 3] |= (char)(1 << (r & 7));
+                }
+                switch (kinds[c]) {
+                case 'i': case 'd':
+                    if (tag != 'N') {
+                        memcpy(PyBytes_AS_STRING(vals[c]) + r * 8, p, 8);
+                    }
+                    break;
+                case 'b':
+                    if (tag == 'T') {
+                        PyBytes_AS_STRING(vals[c])[r >> 3] |= (char)(1 << (r & 7));
+                    }
+                    break;
+                default: /* 's' */
+                    if (tag == 'S') {
+                        memcpy(PyBytes_AS_STRING(sdata[c]) + soff[c], p + 4, (size_t)(k - 4));
+                        soff[c] += (int32_t)(k - 4);
+                    }
+                    memcpy(PyBytes_AS_STRING(vals[c]) + (r + 1) * 4, &soff[c], 4);
+                    break;
+                }
+                p += k;
+            }
+        }
+    }
+    for (c = 0; c < width; c++) {
+        PyObject *col;
+        if (!fit[c]) {
+            PyObject *values = PyList_GET_ITEM(out, c);
+            if ((col = Py_BuildValue("(CO)", 'o', values)) == NULL) {
+                goto fail_buffers;
+            }
+            PyList_SET_ITEM(out, c, col);  /* the list's reference to `values` passes to col */
+            Py_DECREF(values);
+            continue;
+        }
+        if (kinds[c] == 's') {
+            col = Py_BuildValue("(CNNOn)", 's', vals[c], sdata[c], valid[c] ? valid[c] : Py_None, nulls[c]);
+            vals[c] = sdata[c] = NULL;
+        } else {
+            col = Py_BuildValue("(CNOn)", kinds[c], vals[c], valid[c] ? valid[c] : Py_None, nulls[c]);
+            vals[c] = NULL;
+        }
+        Py_CLEAR(valid[c]);
+        if (col == NULL) {
+            goto fail_buffers;
+        }
+        PyList_SET_ITEM(out, c, col);
+    }
+    return out;
+fail_buffers:
+    for (c = 0; c < width; c++) {
+        Py_XDECREF(vals[c]);
+        Py_XDECREF(sdata[c]);
+        Py_XDECREF(valid[c]);
+    }
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 
 static PyMethodDef cplane_methods[] = {
@@ -2126,6 +2378,7 @@ static PyMethodDef cplane_methods[] = {
     {"blame", (PyCFunction)(void (*)(void))cp_blame, METH_FASTCALL, blame_doc},
     {"map_set", (PyCFunction)(void (*)(void))cp_map_set, METH_FASTCALL, map_set_doc},
     {"decode_rows", (PyCFunction)(void (*)(void))cp_decode_rows, METH_FASTCALL, decode_rows_doc},
+    {"decode_arrow", (PyCFunction)(void (*)(void))cp_decode_arrow, METH_FASTCALL, decode_arrow_doc},
     {NULL, NULL, 0, NULL},
 };
 

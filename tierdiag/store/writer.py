@@ -266,6 +266,11 @@ class RunWriter:
         self.take(tables)
         self.write()
 
+    def append_rows(self, tables: Mapping[str, tuple[tuple[str, ...], Any]]) -> None:
+        """`append` for a recorder's rows sink: {table: (field names, rows)}, rows as the recorder
+        buffered them (recorder.columns_of), encoded ones turned into Arrow arrays straight."""
+        self.append({table: table_columns(table, fields, rows) for table, (fields, rows) in tables.items()})
+
     def take(self, tables: Mapping[str, Mapping[str, Any]]) -> None:
         """Make the columns Arrow arrays and keep them pending, unwritten. Values that cannot be
         stored at all (an integer past int64: a bug upstream, input bounds are checked where
@@ -441,6 +446,48 @@ def close_run_row(db_path: str | os.PathLike, run_id: str, status: str, error: s
         except duckdb.Error as exc:
             raise write_error(path, exc) from None
     return int(n)
+
+
+# The compiled row decoder's kinds (_cplane.decode_arrow), by column type: the types whose Arrow
+# arrays it builds straight from the encoded rows. The others come back as Python values.
+_DECODE_KIND = {"BIGINT": b"i", "DOUBLE": b"d", "BOOLEAN": b"b", "VARCHAR": b"s"}
+_FROM_BUFFERS = {b"i": pa.int64(), b"d": pa.float64(), b"b": pa.bool_()}
+
+
+def table_columns(table: str, fields: tuple[str, ...], rows) -> dict[str, Any]:
+    """A recorder's rows of `table` as columns: rows a list of tuples (zipped), or the compiled
+    row buffer's encoding, decoded by `_cplane.decode_arrow` straight into Arrow arrays for the
+    columns whose every value fits their type as pa.array would take it (an int in a BIGINT
+    column, a str in a VARCHAR one, None anywhere), and into the Python values for the rest,
+    which `_arrow` converts (and refuses) as it always did. Measured on the conversation trace's
+    hand-overs: ~0.03 s against ~0.4 s decoding into Python values and converting those."""
+    if isinstance(rows, list):
+        from tierdiag.probes.recorder import columns_of
+
+        return columns_of(fields, rows)
+    from tierdiag.engine import _cplane
+
+    schema = TABLES.get(table, {})
+    kinds = [_DECODE_KIND.get(schema.get(f), b"o") for f in fields]
+    data, n, objects = rows
+    out: dict[str, Any] = {}
+    for f, col in zip(fields, _cplane.decode_arrow(data, n, objects, b"".join(kinds))):
+        kind = col[0]
+        if kind == "o":
+            out[f] = col[1]
+        elif kind == "s":
+            _, offsets, chars, valid, nulls = col
+            out[f] = pa.Array.from_buffers(pa.string(), n, [_buffer(valid), pa.py_buffer(offsets), pa.py_buffer(chars)],
+                                           null_count=nulls)
+        else:
+            _, values, valid, nulls = col
+            out[f] = pa.Array.from_buffers(_FROM_BUFFERS[kind.encode()], n, [_buffer(valid), pa.py_buffer(values)],
+                                           null_count=nulls)
+    return out
+
+
+def _buffer(data: bytes | None):
+    return None if data is None else pa.py_buffer(data)
 
 
 def _arrow(table: str, col: str, values: Any) -> pa.Array:

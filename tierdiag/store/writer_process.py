@@ -5,7 +5,7 @@ which owns the ordinary `RunWriter` (writer.py) and does everything DuckDB and A
 conversion of the values, the inserts, the checkpoint each close makes, the run evidence at the
 end and the closing numbers the replay prints. The engine's process pays only for encoding its
 events as they come (the recorder's compiled row buffers) and writing the bytes onto a pipe (the
-writer decodes them into columns), and imports neither duckdb nor pyarrow.
+writer decodes them into Arrow arrays), and imports neither duckdb nor pyarrow.
 
     engine process                          writer process (python -c ..., a clean interpreter)
     Recorder ── rows, encoded ──pipe──►     reader thread ─► columns ─► RunWriter.take (Arrow)
@@ -266,8 +266,8 @@ class WriterProcess:
 
     def append_rows(self, tables: Mapping[str, tuple[tuple[str, ...], Any]]) -> None:
         """Hand rows over as the recorder buffered them, {table: (field names, rows)}: a list of
-        row tuples, or the bytes its compiled buffer encoded them into as they came (the
-        recorder's `columns_of` reads either), pickled before this returns (the caller may clear
+        row tuples, or the bytes its compiled buffer encoded them into as they came
+        (writer.table_columns reads either), pickled before this returns (the caller may clear
         its buffers then); the writer makes the columns, on its own core. On the conversation
         trace the engine's flushes cost ~0.38 s of its CPU zipping and pickling columns, ~0.28 s
         pickling the row tuples (benchmarks/README.md). Not marshal, though faster than pickle:
@@ -476,9 +476,9 @@ class _Serve:
             elif kind == "rows":
                 self.rows(arg)
             elif kind == "row_tuples":  # WriterProcess.append_rows: rows to make columns of here
-                from tierdiag.probes.recorder import columns_of
+                from tierdiag.store.writer import table_columns
 
-                self.rows({table: columns_of(fields, rows) for table, (fields, rows) in arg.items()})
+                self.rows({table: table_columns(table, fields, rows) for table, (fields, rows) in arg.items()})
             elif kind == "finish":
                 if self.finish(arg):
                     return
