@@ -495,3 +495,22 @@ def test_a_row_buffer_refuses_a_row_of_another_width_and_decode_refuses_damaged_
             cplane.C.decode_rows(*args)
     with pytest.raises(ValueError):
         cplane.C.RowBuffer(0)
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(st.integers(-2**63, 2**63 - 1), max_size=12), prev=st.sampled_from([b"", bytes(range(32)), b"\xff" * 32]))
+def test_both_compiled_sha256_rounds_are_hashlibs(keys, prev):
+    """The storage keys by the SHA extensions (where this CPU has them) and by the portable
+    rounds, forced: hashlib's digests either way; the choice goes back as it was."""
+    from tierdiag.trace.pages import storage_key_chain
+
+    chosen = cplane.C.sha256_impl()
+    try:
+        for portable in (False, True):
+            impl = cplane.C.sha256_impl(portable)
+            assert impl == ("portable" if portable else chosen)
+            assert cplane.C.storage_key_chain(keys, prev) == storage_key_chain(keys, prev)
+    finally:
+        cplane.C.sha256_impl(chosen == "portable")
+    assert cplane.C.sha256_impl() == chosen
