@@ -927,6 +927,27 @@ cp_lookup_prefix(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
     return out;
 }
 
+/* A 1-D C-contiguous buffer of native 4-byte ints (array('i'), numpy int32), with `flags`
+ * (PyBUF_WRITABLE) too: 1, or 0 (not mine, nothing held). */
+static int
+int32_view(PyObject *obj, Py_buffer *b, int flags)
+{
+    const char *f;
+    if (PyObject_GetBuffer(obj, b, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | flags) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    f = b->format;
+    if (f != NULL && f[0] == '@') {
+        f++;
+    }
+    if (b->ndim != 1 || b->itemsize != 4 || f == NULL || f[0] != 'i' || f[1] != '\0') {
+        PyBuffer_Release(b);
+        return 0;
+    }
+    return 1;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* map_set(dense, keys, value) -> 0, or -1                                                     */
 
@@ -960,19 +981,8 @@ cp_map_set(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     if (value < 0 || value > INT32_MAX) {
         return not_mine();
     }
-    if (PyObject_GetBuffer(args[0], &b, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        PyErr_Clear();
+    if (!int32_view(args[0], &b, PyBUF_WRITABLE)) {
         return not_mine();
-    }
-    {
-        const char *f = b.format;
-        if (f != NULL && f[0] == '@') {
-            f++;
-        }
-        if (b.ndim != 1 || b.itemsize != 4 || f == NULL || f[0] != 'i' || f[1] != '\0') {
-            PyBuffer_Release(&b);
-            return not_mine();
-        }
     }
     loaded = ints_load(args[1], &keys);
     if (loaded <= 0) {
@@ -1010,27 +1020,6 @@ PyDoc_STRVAR(blame_doc,
 "cached value, when > 0), then for each once-cached page's demotion before (demoted value\n"
 "> 0), ids added in that order, run by run. -1 (nothing changed) for a negative key or\n"
 "arguments of other types: pagemap.blame's Python path then.");
-
-/* A 1-D C-contiguous buffer of native 4-byte ints (array('i'), numpy int32): 1, or 0 (not
- * mine, nothing held). */
-static int
-int32_view(PyObject *obj, Py_buffer *b)
-{
-    const char *f;
-    if (PyObject_GetBuffer(obj, b, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
-        PyErr_Clear();
-        return 0;
-    }
-    f = b->format;
-    if (f != NULL && f[0] == '@') {
-        f++;
-    }
-    if (b->ndim != 1 || b->itemsize != 4 || f == NULL || f[0] != 'i' || f[1] != '\0') {
-        PyBuffer_Release(b);
-        return 0;
-    }
-    return 1;
-}
 
 /* lost[eid] += tokens: 0, or -1 with an exception set. */
 static int
@@ -1102,10 +1091,10 @@ cp_blame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         PyErr_Clear();
         return not_mine();
     }
-    if (!int32_view(args[0], &cb)) {
+    if (!int32_view(args[0], &cb, 0)) {
         return not_mine();
     }
-    if (!int32_view(args[1], &db)) {
+    if (!int32_view(args[1], &db, 0)) {
         PyBuffer_Release(&cb);
         return not_mine();
     }
@@ -2105,6 +2094,54 @@ static PyTypeObject RowBufferType = {
     .tp_getset = rb_getset,
 };
 
+/* The payload size after a tag, or -1 for a bad tag / data cut short. */
+static Py_ssize_t
+da_skip(const char *p, const char *end, char tag)
+{
+    switch (tag) {
+    case 'N': case 'T': case 'F':
+        return 0;
+    case 'I': case 'D':
+        return end - p >= 8 ? 8 : -1;
+    case 'O':
+        return end - p >= 4 ? 4 : -1;
+    case 'S': {
+        uint32_t n;
+        if (end - p < 4) {
+            return -1;
+        }
+        memcpy(&n, p, 4);
+        return (size_t)(end - p - 4) >= n ? 4 + (Py_ssize_t)n : -1;
+    }
+    default:
+        return -1;
+    }
+}
+
+/* The value of one checked field (tag, its payload at p, k bytes): a new reference, or NULL
+ * with an exception set (MemoryError; ValueError for an object index out of range). */
+static PyObject *
+da_value(char tag, const char *p, Py_ssize_t k, PyObject *objects)
+{
+    switch (tag) {
+    case 'N': return Py_NewRef(Py_None);
+    case 'T': return Py_NewRef(Py_True);
+    case 'F': return Py_NewRef(Py_False);
+    case 'I': { long long x; memcpy(&x, p, 8); return PyLong_FromLongLong(x); }
+    case 'D': { double x; memcpy(&x, p, 8); return PyFloat_FromDouble(x); }
+    case 'S': return PyUnicode_DecodeUTF8(p + 4, k - 4, "strict");
+    default: {
+        uint32_t at;
+        memcpy(&at, p, 4);
+        if (objects == Py_None || (Py_ssize_t)at >= PyList_GET_SIZE(objects)) {
+            PyErr_SetString(PyExc_ValueError, "decode_rows: an object index out of range");
+            return NULL;
+        }
+        return Py_NewRef(PyList_GET_ITEM(objects, at));
+    }
+    }
+}
+
 PyDoc_STRVAR(decode_rows_doc,
 "decode_rows(data, rows, objects, width) -> tuple of `width` column tuples\n\n"
 "RowBuffer.take's rows back as columns, each value as it was appended. A ValueError for data\n"
@@ -2145,74 +2182,23 @@ cp_decode_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
     for (r = 0; r < rows; r++) {
         for (c = 0; c < width; c++) {
             PyObject *v;
+            char tag;
+            Py_ssize_t k;
             if (p >= end) {
                 goto short_data;
             }
-            switch (*p++) {
-            case 'N':
-                v = Py_NewRef(Py_None);
-                break;
-            case 'T':
-                v = Py_NewRef(Py_True);
-                break;
-            case 'F':
-                v = Py_NewRef(Py_False);
-                break;
-            case 'I': {
-                long long x;
-                if (end - p < 8) {
-                    goto short_data;
-                }
-                memcpy(&x, p, 8);
-                p += 8;
-                v = PyLong_FromLongLong(x);
-                break;
-            }
-            case 'D': {
-                double x;
-                if (end - p < 8) {
-                    goto short_data;
-                }
-                memcpy(&x, p, 8);
-                p += 8;
-                v = PyFloat_FromDouble(x);
-                break;
-            }
-            case 'S': {
-                uint32_t n;
-                if (end - p < 4) {
-                    goto short_data;
-                }
-                memcpy(&n, p, 4);
-                p += 4;
-                if ((size_t)(end - p) < n) {
-                    goto short_data;
-                }
-                v = PyUnicode_DecodeUTF8(p, (Py_ssize_t)n, "strict");
-                p += n;
-                break;
-            }
-            case 'O': {
-                uint32_t at;
-                if (end - p < 4) {
-                    goto short_data;
-                }
-                memcpy(&at, p, 4);
-                p += 4;
-                if (objects == Py_None || (Py_ssize_t)at >= PyList_GET_SIZE(objects)) {
-                    PyErr_SetString(PyExc_ValueError, "decode_rows: an object index out of range");
+            tag = *p++;
+            if ((k = da_skip(p, end, tag)) < 0) {
+                if (strchr("NTFIDSO", tag) == NULL || tag == '\0') {
+                    PyErr_SetString(PyExc_ValueError, "decode_rows: a bad tag");
                     goto fail;
                 }
-                v = Py_NewRef(PyList_GET_ITEM(objects, at));
-                break;
+                goto short_data;
             }
-            default:
-                PyErr_SetString(PyExc_ValueError, "decode_rows: a bad tag");
+            if ((v = da_value(tag, p, k, objects)) == NULL) {
                 goto fail;
             }
-            if (v == NULL) {
-                goto fail;
-            }
+            p += k;
             PyTuple_SET_ITEM(PyTuple_GET_ITEM(cols, c), r, v);
         }
     }
@@ -2238,30 +2224,6 @@ PyDoc_STRVAR(decode_arrow_doc,
 "in a float column, a big int, an odd object, strings past 2 GiB), is ('o', a tuple of the\n"
 "values themselves), as decode_rows gives them. A ValueError as decode_rows' for data that is\n"
 "not such rows.");
-
-/* The payload size after a tag, or -1 for a bad tag / data cut short. */
-static Py_ssize_t
-da_skip(const char *p, const char *end, char tag)
-{
-    switch (tag) {
-    case 'N': case 'T': case 'F':
-        return 0;
-    case 'I': case 'D':
-        return end - p >= 8 ? 8 : -1;
-    case 'O':
-        return end - p >= 4 ? 4 : -1;
-    case 'S': {
-        uint32_t n;
-        if (end - p < 4) {
-            return -1;
-        }
-        memcpy(&n, p, 4);
-        return (size_t)(end - p - 4) >= n ? 4 + (Py_ssize_t)n : -1;
-    }
-    default:
-        return -1;
-    }
-}
 
 static int
 da_fits(char kind, char tag)
@@ -2401,16 +2363,7 @@ cp_decode_arrow(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
                 char tag = *p++;
                 Py_ssize_t k = da_skip(p, end, tag);
                 if (!fit[c]) {
-                    PyObject *v;
-                    switch (tag) {
-                    case 'N': v = Py_NewRef(Py_None); break;
-                    case 'T': v = Py_NewRef(Py_True); break;
-                    case 'F': v = Py_NewRef(Py_False); break;
-                    case 'I': { long long x; memcpy(&x, p, 8); v = PyLong_FromLongLong(x); break; }
-                    case 'D': { double x; memcpy(&x, p, 8); v = PyFloat_FromDouble(x); break; }
-                    case 'S': v = PyUnicode_DecodeUTF8(p + 4, k - 4, "strict"); break;
-                    default: { uint32_t at; memcpy(&at, p, 4); v = Py_NewRef(PyList_GET_ITEM(objects, at)); break; }
-                    }
+                    PyObject *v = da_value(tag, p, k, objects);
                     if (v == NULL) {
                         goto fail_buffers;
                     }
