@@ -2142,89 +2142,6 @@ da_value(char tag, const char *p, Py_ssize_t k, PyObject *objects)
     }
 }
 
-PyDoc_STRVAR(decode_rows_doc,
-"decode_rows(data, rows, objects, width) -> tuple of `width` column tuples\n\n"
-"RowBuffer.take's rows back as columns, each value as it was appended. A ValueError for data\n"
-"that is not such rows (cut short, a bad tag, an object index out of range).");
-
-static PyObject *
-cp_decode_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
-{
-    const char *p, *end;
-    Py_ssize_t rows, width, r, c;
-    PyObject *objects, *cols = NULL;
-    if (nargs != 4 || !PyBytes_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "decode_rows() takes data (bytes), rows, objects, width");
-        return NULL;
-    }
-    rows = PyLong_AsSsize_t(args[1]);
-    width = PyLong_AsSsize_t(args[3]);
-    if ((rows == -1 || width == -1) && PyErr_Occurred()) {
-        return NULL;
-    }
-    objects = args[2];
-    if (rows < 0 || width <= 0 || (objects != Py_None && !PyList_Check(objects))) {
-        PyErr_SetString(PyExc_ValueError, "decode_rows: bad rows, width or objects");
-        return NULL;
-    }
-    p = PyBytes_AS_STRING(args[0]);
-    end = p + PyBytes_GET_SIZE(args[0]);
-    if ((cols = PyTuple_New(width)) == NULL) {
-        return NULL;
-    }
-    for (c = 0; c < width; c++) {
-        PyObject *col = PyTuple_New(rows);
-        if (col == NULL) {
-            goto fail;
-        }
-        PyTuple_SET_ITEM(cols, c, col);
-    }
-    for (r = 0; r < rows; r++) {
-        for (c = 0; c < width; c++) {
-            PyObject *v;
-            char tag;
-            Py_ssize_t k;
-            if (p >= end) {
-                goto short_data;
-            }
-            tag = *p++;
-            if ((k = da_skip(p, end, tag)) < 0) {
-                if (strchr("NTFIDSO", tag) == NULL || tag == '\0') {
-                    PyErr_SetString(PyExc_ValueError, "decode_rows: a bad tag");
-                    goto fail;
-                }
-                goto short_data;
-            }
-            if ((v = da_value(tag, p, k, objects)) == NULL) {
-                goto fail;
-            }
-            p += k;
-            PyTuple_SET_ITEM(PyTuple_GET_ITEM(cols, c), r, v);
-        }
-    }
-    if (p != end) {
-        PyErr_SetString(PyExc_ValueError, "decode_rows: data left after the last row");
-        goto fail;
-    }
-    return cols;
-short_data:
-    PyErr_SetString(PyExc_ValueError, "decode_rows: the data ends inside a row");
-fail:
-    Py_XDECREF(cols);
-    return NULL;
-}
-
-PyDoc_STRVAR(decode_arrow_doc,
-"decode_arrow(data, rows, objects, kinds) -> list, a column each\n\n"
-"RowBuffer.take's rows as Arrow buffers, straight, for the columns whose every value fits its\n"
-"kind (a bytes string, a letter a column): ('i' or 'd', values, validity, nulls) for int64 and\n"
-"float64, ('b', value bits, validity, nulls) for bool, ('s', int32 offsets, UTF-8 data,\n"
-"validity, nulls) for strings; validity None without a null, else an Arrow bitmap (LSB first,\n"
-"1 valid). None fits every kind. A column of kind 'o', or whose values do not all fit (an int\n"
-"in a float column, a big int, an odd object, strings past 2 GiB), is ('o', a tuple of the\n"
-"values themselves), as decode_rows gives them. A ValueError as decode_rows' for data that is\n"
-"not such rows.");
-
 static int
 da_fits(char kind, char tag)
 {
@@ -2240,67 +2157,54 @@ da_fits(char kind, char tag)
     }
 }
 
-#define DA_MAX_COLS 256
+/* One column's decoding: whether it is built as Arrow buffers (`fit`), and those buffers. */
+typedef struct {
+    char fit;
+    Py_ssize_t nulls, strbytes;
+    int32_t soff;
+    PyObject *vals, *sdata, *valid;  /* values (offsets for strings), string data, validity */
+} DaCol;
 
+/* decode_arrow's work, for `width` columns of `kinds` (decode_rows: all 'o'): the list, or NULL
+ * with an exception set. */
 static PyObject *
-cp_decode_arrow(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+decode_columns(const char *data, const char *end, Py_ssize_t rows, PyObject *objects, const char *kinds,
+               Py_ssize_t width)
 {
-    const char *data, *end, *p, *kinds;
-    Py_ssize_t rows, width, r, c, nbytes;
-    PyObject *objects, *out = NULL;
-    char fit[DA_MAX_COLS];
-    Py_ssize_t nulls[DA_MAX_COLS], strbytes[DA_MAX_COLS];
-    /* per typed column: the values (or offsets), string data, validity; raw pointers into them */
-    PyObject *vals[DA_MAX_COLS], *sdata[DA_MAX_COLS], *valid[DA_MAX_COLS];
-    if (nargs != 4 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "decode_arrow() takes data (bytes), rows, objects, kinds (bytes)");
-        return NULL;
+    const char *p;
+    Py_ssize_t r, c, nbytes = (rows + 7) / 8;
+    PyObject *out = NULL;
+    DaCol *cols = PyMem_Calloc((size_t)width, sizeof(DaCol));
+    if (cols == NULL) {
+        return PyErr_NoMemory();
     }
-    rows = PyLong_AsSsize_t(args[1]);
-    if (rows == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    objects = args[2];
-    kinds = PyBytes_AS_STRING(args[3]);
-    width = PyBytes_GET_SIZE(args[3]);
-    if (rows < 0 || width <= 0 || width > DA_MAX_COLS || (objects != Py_None && !PyList_Check(objects))) {
-        PyErr_SetString(PyExc_ValueError, "decode_arrow: bad rows, kinds or objects");
-        return NULL;
-    }
-    data = PyBytes_AS_STRING(args[0]);
-    end = data + PyBytes_GET_SIZE(args[0]);
     for (c = 0; c < width; c++) {
-        fit[c] = kinds[c] == 'i' || kinds[c] == 'd' || kinds[c] == 'b' || kinds[c] == 's';
-        nulls[c] = strbytes[c] = 0;
-        vals[c] = sdata[c] = valid[c] = NULL;
+        cols[c].fit = kinds[c] == 'i' || kinds[c] == 'd' || kinds[c] == 'b' || kinds[c] == 's';
     }
-    /* Pass 1: check the data, which columns fit, their nulls and string bytes. */
+    /* Pass 1: check the data; which columns fit, their nulls and string bytes. */
     p = data;
     for (r = 0; r < rows; r++) {
         for (c = 0; c < width; c++) {
+            DaCol *col = &cols[c];
             char tag;
             Py_ssize_t k;
             if (p >= end) {
                 PyErr_SetString(PyExc_ValueError, "decode_rows: the data ends inside a row");
-                return NULL;
+                goto fail;
             }
             tag = *p++;
             if ((k = da_skip(p, end, tag)) < 0) {
-                PyErr_SetString(PyExc_ValueError, tag == 'N' || tag == 'T' || tag == 'F' || tag == 'I' || tag == 'D'
-                                || tag == 'S' || tag == 'O' ? "decode_rows: the data ends inside a row"
-                                                            : "decode_rows: a bad tag");
-                return NULL;
+                PyErr_SetString(PyExc_ValueError, tag != '\0' && strchr("NTFIDSO", tag) != NULL
+                                ? "decode_rows: the data ends inside a row" : "decode_rows: a bad tag");
+                goto fail;
             }
-            if (fit[c]) {
+            if (col->fit) {
                 if (!da_fits(kinds[c], tag)) {
-                    fit[c] = 0;
+                    col->fit = 0;
                 } else if (tag == 'N') {
-                    nulls[c]++;
-                } else if (tag == 'S') {
-                    strbytes[c] += k - 4;
-                    if (strbytes[c] > INT32_MAX) {
-                        fit[c] = 0;
-                    }
+                    col->nulls++;
+                } else if (tag == 'S' && (col->strbytes += k - 4) > INT32_MAX) {
+                    col->fit = 0;
                 }
             }
             if (tag == 'O') {
@@ -2308,7 +2212,7 @@ cp_decode_arrow(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
                 memcpy(&at, p, 4);
                 if (objects == Py_None || (Py_ssize_t)at >= PyList_GET_SIZE(objects)) {
                     PyErr_SetString(PyExc_ValueError, "decode_rows: an object index out of range");
-                    return NULL;
+                    goto fail;
                 }
             }
             p += k;
@@ -2316,121 +2220,204 @@ cp_decode_arrow(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
     }
     if (p != end) {
         PyErr_SetString(PyExc_ValueError, "decode_rows: data left after the last row");
-        return NULL;
+        goto fail;
     }
     if ((out = PyList_New(width)) == NULL) {
-        return NULL;
+        goto fail;
     }
     /* The outputs: typed buffers (zeroed: nulls' slots and padding bits), or a tuple. */
-    nbytes = (rows + 7) / 8;
     for (c = 0; c < width; c++) {
-        PyObject *col;
-        if (!fit[c]) {
-            if ((col = PyTuple_New(rows)) == NULL) {
+        DaCol *col = &cols[c];
+        if (!col->fit) {
+            PyObject *values = PyTuple_New(rows);
+            if (values == NULL) {
                 goto fail;
             }
-            PyList_SET_ITEM(out, c, col);
+            PyList_SET_ITEM(out, c, values);
             continue;
         }
-        if (kinds[c] == 'b') {
-            vals[c] = PyBytes_FromStringAndSize(NULL, nbytes);
-        } else if (kinds[c] == 's') {
-            vals[c] = PyBytes_FromStringAndSize(NULL, (rows + 1) * 4);
-            sdata[c] = PyBytes_FromStringAndSize(NULL, strbytes[c]);
-        } else {
-            vals[c] = PyBytes_FromStringAndSize(NULL, rows * 8);
+        col->vals = PyBytes_FromStringAndSize(NULL, kinds[c] == 'b' ? nbytes : kinds[c] == 's' ? (rows + 1) * 4
+                                                                                               : rows * 8);
+        if (kinds[c] == 's') {
+            col->sdata = PyBytes_FromStringAndSize(NULL, col->strbytes);
         }
-        if (nulls[c]) {
-            valid[c] = PyBytes_FromStringAndSize(NULL, nbytes);
+        if (col->nulls) {
+            col->valid = PyBytes_FromStringAndSize(NULL, nbytes);
         }
-        if (vals[c] == NULL || (kinds[c] == 's' && sdata[c] == NULL) || (nulls[c] && valid[c] == NULL)) {
-            goto fail_buffers;
+        if (col->vals == NULL || (kinds[c] == 's' && col->sdata == NULL) || (col->nulls && col->valid == NULL)) {
+            goto fail;
         }
-        memset(PyBytes_AS_STRING(vals[c]), 0, (size_t)PyBytes_GET_SIZE(vals[c]));
-        if (valid[c] != NULL) {
-            memset(PyBytes_AS_STRING(valid[c]), 0, (size_t)nbytes);
+        memset(PyBytes_AS_STRING(col->vals), 0, (size_t)PyBytes_GET_SIZE(col->vals));
+        if (col->valid != NULL) {
+            memset(PyBytes_AS_STRING(col->valid), 0, (size_t)nbytes);
         }
     }
     /* Pass 2: fill. */
-    {
-        int32_t soff[DA_MAX_COLS];
+    p = data;
+    for (r = 0; r < rows; r++) {
         for (c = 0; c < width; c++) {
-            soff[c] = 0;
-        }
-        p = data;
-        for (r = 0; r < rows; r++) {
-            for (c = 0; c < width; c++) {
-                char tag = *p++;
-                Py_ssize_t k = da_skip(p, end, tag);
-                if (!fit[c]) {
-                    PyObject *v = da_value(tag, p, k, objects);
-                    if (v == NULL) {
-                        goto fail_buffers;
-                    }
-                    PyTuple_SET_ITEM(PyList_GET_ITEM(out, c), r, v);
-                    p += k;
-                    continue;
+            DaCol *col = &cols[c];
+            char tag = *p++;
+            Py_ssize_t k = da_skip(p, end, tag);
+            if (!col->fit) {
+                PyObject *v = da_value(tag, p, k, objects);
+                if (v == NULL) {
+                    goto fail;
                 }
-                if (tag != 'N' && valid[c] != NULL) {
-                    PyBytes_AS_STRING(valid[c])[r >> 3] |= (char)(1 << (r & 7));
+                PyTuple_SET_ITEM(PyList_GET_ITEM(out, c), r, v);
+            } else {
+                char *vals = PyBytes_AS_STRING(col->vals);
+                if (tag != 'N' && col->valid != NULL) {
+                    PyBytes_AS_STRING(col->valid)[r >> 3] |= (char)(1 << (r & 7));
                 }
-                switch (kinds[c]) {
-                case 'i': case 'd':
-                    if (tag != 'N') {
-                        memcpy(PyBytes_AS_STRING(vals[c]) + r * 8, p, 8);
-                    }
-                    break;
-                case 'b':
+                if (kinds[c] == 'b') {
                     if (tag == 'T') {
-                        PyBytes_AS_STRING(vals[c])[r >> 3] |= (char)(1 << (r & 7));
+                        vals[r >> 3] |= (char)(1 << (r & 7));
                     }
-                    break;
-                default: /* 's' */
+                } else if (kinds[c] == 's') {
                     if (tag == 'S') {
-                        memcpy(PyBytes_AS_STRING(sdata[c]) + soff[c], p + 4, (size_t)(k - 4));
-                        soff[c] += (int32_t)(k - 4);
+                        memcpy(PyBytes_AS_STRING(col->sdata) + col->soff, p + 4, (size_t)(k - 4));
+                        col->soff += (int32_t)(k - 4);
                     }
-                    memcpy(PyBytes_AS_STRING(vals[c]) + (r + 1) * 4, &soff[c], 4);
-                    break;
+                    memcpy(vals + (r + 1) * 4, &col->soff, 4);
+                } else if (tag != 'N') {  /* 'i', 'd' */
+                    memcpy(vals + r * 8, p, 8);
                 }
-                p += k;
             }
+            p += k;
         }
     }
     for (c = 0; c < width; c++) {
-        PyObject *col;
-        if (!fit[c]) {
+        DaCol *col = &cols[c];
+        PyObject *entry;
+        if (!col->fit) {
             PyObject *values = PyList_GET_ITEM(out, c);
-            if ((col = Py_BuildValue("(CO)", 'o', values)) == NULL) {
-                goto fail_buffers;
+            if ((entry = Py_BuildValue("(CO)", 'o', values)) == NULL) {
+                goto fail;
             }
-            PyList_SET_ITEM(out, c, col);  /* the list's reference to `values` passes to col */
+            PyList_SET_ITEM(out, c, entry);  /* the list's reference to `values` passes to entry */
             Py_DECREF(values);
             continue;
         }
         if (kinds[c] == 's') {
-            col = Py_BuildValue("(CNNOn)", 's', vals[c], sdata[c], valid[c] ? valid[c] : Py_None, nulls[c]);
-            vals[c] = sdata[c] = NULL;
+            entry = Py_BuildValue("(COOOn)", 's', col->vals, col->sdata, col->valid ? col->valid : Py_None, col->nulls);
         } else {
-            col = Py_BuildValue("(CNOn)", kinds[c], vals[c], valid[c] ? valid[c] : Py_None, nulls[c]);
-            vals[c] = NULL;
+            entry = Py_BuildValue("(COOn)", kinds[c], col->vals, col->valid ? col->valid : Py_None, col->nulls);
         }
-        Py_CLEAR(valid[c]);
-        if (col == NULL) {
-            goto fail_buffers;
+        if (entry == NULL) {
+            goto fail;
         }
-        PyList_SET_ITEM(out, c, col);
+        PyList_SET_ITEM(out, c, entry);
     }
-    return out;
-fail_buffers:
     for (c = 0; c < width; c++) {
-        Py_XDECREF(vals[c]);
-        Py_XDECREF(sdata[c]);
-        Py_XDECREF(valid[c]);
+        Py_XDECREF(cols[c].vals);
+        Py_XDECREF(cols[c].sdata);
+        Py_XDECREF(cols[c].valid);
     }
+    PyMem_Free(cols);
+    return out;
 fail:
-    Py_DECREF(out);
+    for (c = 0; c < width; c++) {
+        Py_XDECREF(cols[c].vals);
+        Py_XDECREF(cols[c].sdata);
+        Py_XDECREF(cols[c].valid);
+    }
+    PyMem_Free(cols);
+    Py_XDECREF(out);
     return NULL;
+}
+
+/* The arguments both decoders share: data (bytes), rows, objects. 0, or -1 with an exception. */
+static int
+decode_args(PyObject *const *args, const char **data, const char **end, Py_ssize_t *rows, PyObject **objects)
+{
+    *rows = PyLong_AsSsize_t(args[1]);
+    if (*rows == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *objects = args[2];
+    if (*rows < 0 || (*objects != Py_None && !PyList_Check(*objects))) {
+        PyErr_SetString(PyExc_ValueError, "decode_rows: bad rows or objects");
+        return -1;
+    }
+    *data = PyBytes_AS_STRING(args[0]);
+    *end = *data + PyBytes_GET_SIZE(args[0]);
+    return 0;
+}
+
+PyDoc_STRVAR(decode_rows_doc,
+"decode_rows(data, rows, objects, width) -> tuple of `width` column tuples\n\n"
+"RowBuffer.take's rows back as columns, each value as it was appended. A ValueError for data\n"
+"that is not such rows (cut short, a bad tag, an object index out of range).");
+
+static PyObject *
+cp_decode_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *data, *end;
+    char *kinds;
+    Py_ssize_t rows, width, c;
+    PyObject *objects, *entries, *out;
+    if (nargs != 4 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "decode_rows() takes data (bytes), rows, objects, width");
+        return NULL;
+    }
+    if (decode_args(args, &data, &end, &rows, &objects) < 0) {
+        return NULL;
+    }
+    width = PyLong_AsSsize_t(args[3]);
+    if (width == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (width <= 0) {
+        PyErr_SetString(PyExc_ValueError, "decode_rows: bad rows, width or objects");
+        return NULL;
+    }
+    if ((kinds = PyMem_Malloc((size_t)width)) == NULL) {
+        return PyErr_NoMemory();
+    }
+    memset(kinds, 'o', (size_t)width);
+    entries = decode_columns(data, end, rows, objects, kinds, width);
+    PyMem_Free(kinds);
+    if (entries == NULL || (out = PyTuple_New(width)) == NULL) {
+        Py_XDECREF(entries);
+        return NULL;
+    }
+    for (c = 0; c < width; c++) {  /* ('o', values) -> values */
+        PyTuple_SET_ITEM(out, c, Py_NewRef(PyTuple_GET_ITEM(PyList_GET_ITEM(entries, c), 1)));
+    }
+    Py_DECREF(entries);
+    return out;
+}
+
+PyDoc_STRVAR(decode_arrow_doc,
+"decode_arrow(data, rows, objects, kinds) -> list, a column each\n\n"
+"RowBuffer.take's rows as Arrow buffers, straight, for the columns whose every value fits its\n"
+"kind (a bytes string, a letter a column): ('i' or 'd', values, validity, nulls) for int64 and\n"
+"float64, ('b', value bits, validity, nulls) for bool, ('s', int32 offsets, UTF-8 data,\n"
+"validity, nulls) for strings; validity None without a null, else an Arrow bitmap (LSB first,\n"
+"1 valid). None fits every kind. A column of kind 'o', or whose values do not all fit (an int\n"
+"in a float column, a big int, an odd object, strings past 2 GiB), is ('o', a tuple of the\n"
+"values themselves), as decode_rows gives them. A ValueError as decode_rows' for data that is\n"
+"not such rows.");
+
+static PyObject *
+cp_decode_arrow(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *data, *end;
+    Py_ssize_t rows;
+    PyObject *objects;
+    if (nargs != 4 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "decode_arrow() takes data (bytes), rows, objects, kinds (bytes)");
+        return NULL;
+    }
+    if (decode_args(args, &data, &end, &rows, &objects) < 0) {
+        return NULL;
+    }
+    if (PyBytes_GET_SIZE(args[3]) <= 0) {
+        PyErr_SetString(PyExc_ValueError, "decode_arrow: no kinds");
+        return NULL;
+    }
+    return decode_columns(data, end, rows, objects, PyBytes_AS_STRING(args[3]), PyBytes_GET_SIZE(args[3]));
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -451,7 +451,7 @@ def close_run_row(db_path: str | os.PathLike, run_id: str, status: str, error: s
 # The compiled row decoder's kinds (_cplane.decode_arrow), by column type: the types whose Arrow
 # arrays it builds straight from the encoded rows. The others come back as Python values.
 _DECODE_KIND = {"BIGINT": b"i", "DOUBLE": b"d", "BOOLEAN": b"b", "VARCHAR": b"s"}
-_FROM_BUFFERS = {b"i": pa.int64(), b"d": pa.float64(), b"b": pa.bool_()}
+_FROM_BUFFERS = {"i": pa.int64(), "d": pa.float64(), "b": pa.bool_()}
 
 
 def table_columns(table: str, fields: tuple[str, ...], rows) -> dict[str, Any]:
@@ -481,7 +481,7 @@ def table_columns(table: str, fields: tuple[str, ...], rows) -> dict[str, Any]:
                                            null_count=nulls)
         else:
             _, values, valid, nulls = col
-            out[f] = pa.Array.from_buffers(_FROM_BUFFERS[kind.encode()], n, [_buffer(valid), pa.py_buffer(values)],
+            out[f] = pa.Array.from_buffers(_FROM_BUFFERS[kind], n, [_buffer(valid), pa.py_buffer(values)],
                                            null_count=nulls)
     return out
 

@@ -1,6 +1,6 @@
 """The run store's writer in a process of its own, beside the engine.
 
-A replay on a machine with a core to spare hands its recorder's columns to a second process,
+A replay on a machine with a core to spare hands its recorder's rows to a second process,
 which owns the ordinary `RunWriter` (writer.py) and does everything DuckDB and Arrow: the
 conversion of the values, the inserts, the checkpoint each close makes, the run evidence at the
 end and the closing numbers the replay prints. The engine's process pays only for encoding its
