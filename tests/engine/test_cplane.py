@@ -138,6 +138,45 @@ def test_a_move_is_the_page_at_a_time_copy(backend, case):
     assert np.array_equal(src.array, src_before), "the source pool changed"
 
 
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+@settings(max_examples=120, deadline=None)
+@given(case=_moves())
+def test_gathered_pages_are_numpys_page_major_rows(case):
+    """The storage tier's gather (pools.StorageTier.write_from): the bytes of numpy's
+    take-then-transpose, page by page, layers in order, in both layouts."""
+    layout, layers, elems, sp, _, s, _, kind, seed = case
+    src = _pool(layout, sp, layers, elems)
+    _random_fill(src, seed)
+    before = src.array.copy()
+    expected = np.ascontiguousarray(src.rows.take(np.array(s, dtype=np.intp), axis=1).T).tobytes()
+    out = cplane.C.gather_pages(src.rows, _as_kind(s, kind))
+    assert isinstance(out, bytearray) and bytes(out) == expected
+    assert np.array_equal(src.array, before), "the pool changed"
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+@pytest.mark.parametrize("pages", [[0, 4], [-1], [1, "2"], [2**64], np.array([1.0, 2.0])])
+def test_the_compiled_gather_declines_what_numpy_would_refuse(pages):
+    src = _pool("layer_first", 4)
+    assert cplane.C.gather_pages(src.rows, pages) == -1
+    assert cplane.C.gather_pages(src.array, [0]) == -1  # not a row view: 3-D
+
+
+@pytest.mark.parametrize("kernel", ["c", "numpy"])
+def test_a_storage_write_stores_the_host_pages_bytes_by_either_gather(tmp_path, monkeypatch, kernel):
+    if kernel == "c" and cplane.C is None:
+        pytest.skip(f"_cplane: {cplane.WHY_NOT}")
+    if kernel == "numpy":
+        monkeypatch.setattr(pools, "_c_gather_pages", None)
+    host = _pool("layer_first", 8, 3, 2)
+    _random_fill(host, 7)
+    tier = pools.StorageTier(tmp_path / "tier", capacity_pages=16)
+    tier.write_from(host.array, [5, 1, 2], [b"a", b"b", b"c"], rows=host.rows)
+    tier.write_from(host.array, [6, 3], [b"b", b"d"], rows=host.rows)  # b is touched, d written
+    data = b"".join(p.read_bytes() for p in sorted((tmp_path / "tier").iterdir()))
+    assert data == np.ascontiguousarray(host.rows.take([5, 1, 2, 3], axis=1).T).tobytes()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_a_move_inside_one_pool_reads_every_page_before_writing(backend, layout):

@@ -23,7 +23,7 @@
 
 /* Bumped whenever a signature or a semantic changes: tierdiag/engine/cplane.py refuses a stale
  * build (an editable install's .so compiled from an older source) instead of misusing it. */
-#define CPLANE_API 4
+#define CPLANE_API 5
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256
@@ -314,6 +314,76 @@ done:
     ints_free(&d);
     PyBuffer_Release(&sb);
     PyBuffer_Release(&db);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* gather_pages(src_rows, pages) -> bytearray of the pages page-major, or -1                   */
+
+PyDoc_STRVAR(gather_pages_doc,
+"gather_pages(src_rows, pages) -> bytearray\n\n"
+"The pages `pages` of a pool's row view, page-major: page i's rows of every layer in order\n"
+"(np.ascontiguousarray(src_rows.take(pages, axis=1).T), the bytes a storage segment holds).\n"
+"Every page is range-checked before a byte is copied. -1 when the case is the numpy path's (a\n"
+"page outside the pool, a list of anything but ints, not a row view).");
+
+static PyObject *
+cp_gather_pages(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer sb;
+    Ints s;
+    Py_ssize_t layers, rb, sp;
+    const char *src;
+    char *out;
+    PyObject *result = NULL;
+    int got;
+
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "gather_pages() takes 2 arguments");
+        return NULL;
+    }
+    if (!get_rows(args[0], &sb, 0)) {
+        return not_mine();
+    }
+    layers = sb.shape[0];
+    rb = sb.itemsize;
+    sp = sb.shape[1];
+    src = sb.buf;
+    got = ints_load(args[1], &s);
+    if (got < 0) {
+        goto done;
+    }
+    if (got == 0 || !all_in_range(&s, sp)) {
+        result = not_mine();
+        goto done;
+    }
+    if (s.n > PY_SSIZE_T_MAX / layers / rb) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = PyByteArray_FromStringAndSize(NULL, s.n * layers * rb);
+    if (result == NULL) {
+        goto done;
+    }
+    out = PyByteArray_AS_STRING(result);
+    if (layers == 1) {  /* page-first rows: whole pages, a memcpy a run of consecutive ones */
+        for (Py_ssize_t i = 0; i < s.n;) {
+            Py_ssize_t j = i + 1;
+            while (j < s.n && s.v[j] == s.v[j - 1] + 1) j++;
+            memcpy(out + i * rb, src + (Py_ssize_t)s.v[i] * rb, (size_t)((j - i) * rb));
+            i = j;
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < s.n; i++) {
+            const char *page = src + (Py_ssize_t)s.v[i] * rb;
+            for (Py_ssize_t l = 0; l < layers; l++) {
+                memcpy(out + (i * layers + l) * rb, page + l * sp * rb, (size_t)rb);
+            }
+        }
+    }
+done:
+    ints_free(&s);
+    PyBuffer_Release(&sb);
     return result;
 }
 
@@ -1163,8 +1233,12 @@ done:
 /* Keys are exact bytes or str (the chained SHA-256 digests; tests use hex strings): their      */
 /* hashes are cached by Python and comparing two never runs Python code, so no call here can    */
 /* see the index change under it. Entries live in one array linked into the LRU list (oldest   */
-/* first) and are found through an open-addressing table of entry numbers (linear probing,     */
-/* deletion by backward shift, kept at most half full).                                        */
+/* first) and are found through an open-addressing table (linear probing, deletion by backward  */
+/* shift, kept at most half full). A table slot holds the entry number + 1 (0: empty) and the   */
+/* low 32 bits of the key's hash, which are also its home (tables stay under 2**32 slots): a    */
+/* probe past other keys, and the backward shift of a deletion, read the table alone. A tier of */
+/* ~800k pages is tens of MB of entries and table, so every entry or key read is a cache miss;  */
+/* admit() also prefetches the slots of the keys ahead and the entries of the next victims.     */
 
 typedef struct {
     PyObject *key;     /* a strong reference; NULL: a free entry */
@@ -1178,8 +1252,8 @@ typedef struct {
     PyObject_HEAD
     IxEntry *ent;
     Py_ssize_t ent_cap, ent_top, free_head;  /* entries ever used: [0, ent_top) */
-    Py_ssize_t *table;
-    size_t mask;                             /* table size - 1 (a power of two) */
+    uint64_t *table;                         /* IX_SLOT(e, hash); 0: empty */
+    size_t mask;                             /* table size - 1 (a power of two, below 2**32) */
     Py_ssize_t len, head, tail;              /* head: the least recently used */
     int64_t *live;                           /* live pages of segment number n */
     Py_ssize_t live_cap;
@@ -1188,6 +1262,12 @@ typedef struct {
 } StorageIndex;
 
 #define IX_PENDING 512
+
+/* A table slot: hash tag (low 32 bits of the hash) above, entry number + 1 below. */
+#define IX_SLOT(e, hash) (((uint64_t)(uint32_t)(hash) << 32) | (uint64_t)((e) + 1))
+#define IX_SLOT_E(s) ((Py_ssize_t)((s) & 0xffffffffu) - 1)
+#define IX_SLOT_TAG(s) ((uint32_t)((s) >> 32))
+#define IX_MAX_ENTRIES ((Py_ssize_t)0x7fffffff)  /* and tables of at most 2**32 slots */
 
 #define IX_SLOT_BITS 32
 #define IX_MAX_SEGMENT ((int64_t)1 << 31)
@@ -1226,11 +1306,15 @@ static size_t
 ix_probe(StorageIndex *ix, PyObject *key, Py_hash_t hash, int *found)
 {
     size_t i = (size_t)hash & ix->mask;
-    Py_ssize_t e;
-    while ((e = ix->table[i]) >= 0) {
-        if (ix->ent[e].hash == hash && ix_same(ix->ent[e].key, key)) {
-            *found = 1;
-            return i;
+    uint32_t tag = (uint32_t)hash;
+    uint64_t s;
+    while ((s = ix->table[i]) != 0) {
+        if (IX_SLOT_TAG(s) == tag) {
+            Py_ssize_t e = IX_SLOT_E(s);
+            if (ix->ent[e].hash == hash && ix_same(ix->ent[e].key, key)) {
+                *found = 1;
+                return i;
+            }
         }
         i = (i + 1) & ix->mask;
     }
@@ -1249,7 +1333,7 @@ ix_find(StorageIndex *ix, PyObject *key)
         return -2;
     }
     i = ix_probe(ix, key, hash, &found);
-    return found ? ix->table[i] : -1;
+    return found ? IX_SLOT_E(ix->table[i]) : -1;
 }
 
 static void
@@ -1273,20 +1357,24 @@ ix_push_newest(StorageIndex *ix, Py_ssize_t e)
 static int
 ix_rehash(StorageIndex *ix, size_t size)
 {
-    Py_ssize_t *t = PyMem_Malloc(size * sizeof(Py_ssize_t));
-    if (t == NULL) {
+    uint64_t *old = ix->table, *t;
+    size_t old_size = ix->mask + 1, mask = size - 1;
+    if (size > ((size_t)1 << 32) || (t = PyMem_Calloc(size, sizeof(uint64_t))) == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    for (size_t i = 0; i < size; i++) t[i] = -1;
-    PyMem_Free(ix->table);
-    ix->table = t;
-    ix->mask = size - 1;
-    for (Py_ssize_t e = ix->head; e >= 0; e = ix->ent[e].next) {
-        size_t i = (size_t)ix->ent[e].hash & ix->mask;
-        while (t[i] >= 0) i = (i + 1) & ix->mask;
-        t[i] = e;
+    /* from the old table's slots, in memory order (their tags are their homes) */
+    for (size_t j = 0; j < old_size; j++) {
+        uint64_t s = old[j];
+        if (s != 0) {
+            size_t i = IX_SLOT_TAG(s) & mask;
+            while (t[i] != 0) i = (i + 1) & mask;
+            t[i] = s;
+        }
     }
+    PyMem_Free(old);
+    ix->table = t;
+    ix->mask = mask;
     return 0;
 }
 
@@ -1299,6 +1387,10 @@ ix_insert(StorageIndex *ix, PyObject *key, Py_hash_t hash, size_t at, int64_t lo
         int found;
         if (ix_rehash(ix, (ix->mask + 1) * 2) < 0) return -1;
         at = ix_probe(ix, key, hash, &found);
+    }
+    if (ix->free_head < 0 && ix->ent_top >= IX_MAX_ENTRIES) {
+        PyErr_SetString(PyExc_MemoryError, "the storage index is full (2**31 - 1 pages)");
+        return -1;
     }
     if (ix->free_head >= 0) {
         e = ix->free_head;
@@ -1320,7 +1412,7 @@ ix_insert(StorageIndex *ix, PyObject *key, Py_hash_t hash, size_t at, int64_t lo
     ix->ent[e].key = key;
     ix->ent[e].hash = hash;
     ix->ent[e].loc = loc;
-    ix->table[at] = e;
+    ix->table[at] = IX_SLOT(e, hash);
     ix_push_newest(ix, e);
     ix->len++;
     return e;
@@ -1333,14 +1425,15 @@ ix_remove(StorageIndex *ix, Py_ssize_t e)
 {
     size_t i = (size_t)ix->ent[e].hash & ix->mask, j;
     PyObject *key = ix->ent[e].key;
-    while (ix->table[i] != e) i = (i + 1) & ix->mask;
-    ix->table[i] = -1;
-    for (j = (i + 1) & ix->mask; ix->table[j] >= 0; j = (j + 1) & ix->mask) {
-        size_t home = (size_t)ix->ent[ix->table[j]].hash & ix->mask;
+    uint64_t *t = ix->table;
+    while (IX_SLOT_E(t[i]) != e) i = (i + 1) & ix->mask;
+    t[i] = 0;
+    for (j = (i + 1) & ix->mask; t[j] != 0; j = (j + 1) & ix->mask) {
+        size_t home = IX_SLOT_TAG(t[j]) & ix->mask;
         /* the entry at j may move back to i unless its home lies cyclically in (i, j] */
         if (((j - home) & ix->mask) >= ((j - i) & ix->mask)) {
-            ix->table[i] = ix->table[j];
-            ix->table[j] = -1;
+            t[i] = t[j];
+            t[j] = 0;
             i = j;
         }
     }
@@ -1385,12 +1478,11 @@ ix_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     ix = (StorageIndex *)type->tp_alloc(type, 0);
     if (ix == NULL) return NULL;
     ix->free_head = ix->head = ix->tail = -1;
-    ix->table = PyMem_Malloc(16 * sizeof(Py_ssize_t));
+    ix->table = PyMem_Calloc(16, sizeof(uint64_t));
     if (ix->table == NULL) {
         Py_DECREF(ix);
         return PyErr_NoMemory();
     }
-    for (int i = 0; i < 16; i++) ix->table[i] = -1;
     ix->mask = 15;
     return (PyObject *)ix;
 }
@@ -1460,11 +1552,16 @@ PyDoc_STRVAR(ix_admit_doc,
 "is there, or entered anew when the write's own keys pushed it out; fresh names it once, at\n"
 "the position that entered it last.");
 
+/* How many keys ahead admit() prefetches the table slot of. */
+#define IX_PREFETCH 8
+
 static PyObject *
 ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *keys, *deleted = NULL, *fresh = NULL, *emptied = NULL, *res;
-    Py_ssize_t n, capacity, i;
+    Py_ssize_t n, capacity, i, nfresh = 0;
+    Py_hash_t small_hashes[SMALL_LIST], *hashes = small_hashes;
+    Py_ssize_t small_pos[SMALL_LIST], *pos = small_pos;  /* the positions entered new, in order */
     int all_new;
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "admit() takes 2 arguments: keys, capacity");
@@ -1476,22 +1573,32 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
     if (capacity == -1 && PyErr_Occurred()) return NULL;
     n = PyList_GET_SIZE(keys);
     all_new = n <= capacity;
+    if (n > SMALL_LIST) {
+        hashes = PyMem_Malloc((size_t)n * sizeof *hashes);
+        pos = PyMem_Malloc((size_t)n * sizeof *pos);
+        if (hashes == NULL || pos == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+    }
     for (i = 0; i < n; i++) {  /* every key checked before anything changes */
         PyObject *key = PyList_GET_ITEM(keys, i);
-        if (!ix_key_ok(key) || PyObject_Hash(key) == -1) return NULL;
+        if (!ix_key_ok(key) || (hashes[i] = PyObject_Hash(key)) == -1) goto fail;
     }
+    for (i = 0; i < n && i < IX_PREFETCH; i++) __builtin_prefetch(&ix->table[(size_t)hashes[i] & ix->mask]);
     ix->pending_n = ix->pending_at = 0;
-    if ((deleted = PyList_New(0)) == NULL || (fresh = PyList_New(0)) == NULL ||
-        (emptied = PyList_New(0)) == NULL) {
+    if ((deleted = PyList_New(0)) == NULL || (emptied = PyList_New(0)) == NULL) {
         goto fail;
     }
     for (i = 0; i < n; i++) {
         PyObject *key = PyList_GET_ITEM(keys, i);
-        Py_hash_t hash = PyObject_Hash(key);
+        Py_hash_t hash = hashes[i];
         int found;
-        size_t at = ix_probe(ix, key, hash, &found);
+        size_t at;
+        if (i + IX_PREFETCH < n) __builtin_prefetch(&ix->table[(size_t)hashes[i + IX_PREFETCH] & ix->mask]);
+        at = ix_probe(ix, key, hash, &found);
         if (found) {
-            Py_ssize_t e = ix->table[at];
+            Py_ssize_t e = IX_SLOT_E(ix->table[at]);
             ix_unlink(ix, e);
             ix_push_newest(ix, e);
             all_new = 0;
@@ -1506,6 +1613,7 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
                     PyErr_SetString(PyExc_KeyError, "dictionary is empty");
                     goto fail;
                 }
+                if (ix->ent[e].next >= 0) __builtin_prefetch(&ix->ent[ix->ent[e].next]);  /* the next victim */
                 loc = ix->ent[e].loc;
                 old = ix_remove(ix, e);
                 if (PyList_Append(deleted, old) < 0) {
@@ -1532,17 +1640,9 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
             if (e < 0) goto fail;
             if (ix->pending_n < IX_PENDING) ix->pending[ix->pending_n++] = e;
         }
-        {
-            PyObject *pos = PyLong_FromSsize_t(i);
-            if (pos == NULL || PyList_Append(fresh, pos) < 0) {
-                Py_XDECREF(pos);
-                goto fail;
-            }
-            Py_DECREF(pos);
-        }
+        pos[nfresh++] = i;
     }
     if (all_new) {
-        Py_DECREF(fresh);
         fresh = Py_NewRef(Py_None);
     } else {
         /* the positions whose key is still a placeholder, each key's last only: a page pushed
@@ -1550,43 +1650,43 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
          * key was entered again later (written twice, it was counted live twice). Walked from
          * the end, a key kept is marked (location -2) so its earlier positions are not, and
          * every mark is undone before returning. */
-        Py_ssize_t m = PyList_GET_SIZE(fresh), nmarked = 0;
-        Py_ssize_t *marked = PyMem_Malloc((size_t)(m ? m : 1) * sizeof *marked);
-        PyObject *kept = PyList_New(0);
-        int err = 0;
-        if (marked == NULL || kept == NULL) {
-            if (marked == NULL) PyErr_NoMemory();
-            PyMem_Free(marked);
-            Py_XDECREF(kept);
+        Py_ssize_t nmarked = 0, nkept = 0;
+        Py_ssize_t *marked = PyMem_Malloc((size_t)(nfresh ? nfresh : 1) * sizeof *marked);
+        if (marked == NULL) {
+            PyErr_NoMemory();
             goto fail;
         }
-        for (i = m - 1; i >= 0 && !err; i--) {
-            PyObject *pos = PyList_GET_ITEM(fresh, i);
-            Py_ssize_t e = ix_find(ix, PyList_GET_ITEM(keys, PyLong_AsSsize_t(pos)));
+        for (i = nfresh - 1; i >= 0; i--) {
+            /* every key here was hashed and checked above: the lookup cannot fail */
+            Py_ssize_t e = ix_find(ix, PyList_GET_ITEM(keys, pos[i]));
             if (e >= 0 && ix->ent[e].loc == -1) {
                 ix->ent[e].loc = -2;
                 marked[nmarked++] = e;
-                err = PyList_Append(kept, pos) < 0;
+                pos[nfresh - 1 - nkept++] = pos[i];  /* kept, packed at the end in order */
             }
         }
         for (i = 0; i < nmarked; i++) ix->ent[marked[i]].loc = -1;
         PyMem_Free(marked);
-        if (err || PyList_Reverse(kept) < 0) {
-            Py_DECREF(kept);
-            goto fail;
+        if ((fresh = PyList_New(nkept)) == NULL) goto fail;
+        for (i = 0; i < nkept; i++) {
+            PyObject *p = PyLong_FromSsize_t(pos[nfresh - nkept + i]);
+            if (p == NULL) goto fail;
+            PyList_SET_ITEM(fresh, i, p);
         }
-        Py_DECREF(fresh);
-        fresh = kept;
     }
     res = PyTuple_Pack(3, deleted, fresh, emptied);
     Py_DECREF(deleted);
     Py_DECREF(fresh);
     Py_DECREF(emptied);
+    if (hashes != small_hashes) PyMem_Free(hashes);
+    if (pos != small_pos) PyMem_Free(pos);
     return res;
 fail:
     Py_XDECREF(deleted);
     Py_XDECREF(fresh);
     Py_XDECREF(emptied);
+    if (hashes != small_hashes) PyMem_Free(hashes);
+    if (pos != small_pos) PyMem_Free(pos);
     return NULL;
 }
 
@@ -2424,6 +2524,7 @@ cp_decode_arrow(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
 
 static PyMethodDef cplane_methods[] = {
     {"move", (PyCFunction)(void (*)(void))cp_move, METH_FASTCALL, move_doc},
+    {"gather_pages", (PyCFunction)(void (*)(void))cp_gather_pages, METH_FASTCALL, gather_pages_doc},
     {"write_content", (PyCFunction)(void (*)(void))cp_write_content, METH_FASTCALL, write_content_doc},
     {"verify_content", (PyCFunction)(void (*)(void))cp_verify_content, METH_FASTCALL, verify_content_doc},
     {"alloc", (PyCFunction)(void (*)(void))cp_alloc, METH_FASTCALL, alloc_doc},

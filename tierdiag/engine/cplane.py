@@ -28,7 +28,7 @@ ENV = "TIERDIAG_CPLANE"
 CHOICES = ("auto", "c", "numpy")
 # What _cplane.c must say it implements (its CPLANE_API): a build from an older source, left in
 # place by an earlier editable install, is not used.
-API = 4
+API = 5
 
 
 def _load(choice: str) -> tuple[ModuleType | None, str]:

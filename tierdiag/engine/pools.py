@@ -435,6 +435,7 @@ def verify_content_numpy(pool: PagePool, slots: list[int], keys: list[int]) -> b
 if cplane.C is not None:
     _c_write_content, _c_verify_content = cplane.C.write_content, cplane.C.verify_content
 write_content = write_content_c if cplane.C is not None else write_content_numpy
+_c_gather_pages = cplane.C.gather_pages if cplane.C is not None else None
 verify_content = verify_content_c if cplane.C is not None else verify_content_numpy
 
 
@@ -701,13 +702,21 @@ class StorageTier:
             from tierdiag.engine import kernels
 
             layer_rows = kernels.pool_rows(pool)
-        slots_a = _rows.slot_index(slots) if isinstance(slots, list) else np.asarray(slots, dtype=np.intp)
-
         def gather(idx):
-            # Rows of each layer first (a layer-first pool), then page-major for the file: two
-            # copies of the transfer's bytes, never a pass over the whole pool. A page-first
-            # pool's items are whole pages already ([1, n] -> [n, 1]).
-            rows = layer_rows.take(slots_a if idx is None else slots_a[idx], axis=1)
+            # Page-major for the file, never a pass over the whole pool: the compiled gather
+            # (one copy of the transfer's bytes, slots range-checked), else numpy's rows of each
+            # layer, then transposed (two copies). A page-first pool's items are whole pages
+            # already ([1, n] -> [n, 1]).
+            if idx is None:
+                pages = slots
+            else:
+                pages = [slots[i] for i in idx] if isinstance(slots, list) else np.asarray(slots)[np.asarray(idx)]
+            if _c_gather_pages is not None:
+                out = _c_gather_pages(layer_rows, pages)
+                if out != -1:
+                    return np.frombuffer(out, dtype=np.int64).reshape(len(pages), -1)
+            slots_a = _rows.slot_index(pages) if isinstance(pages, list) else np.asarray(pages, dtype=np.intp)
+            rows = layer_rows.take(slots_a, axis=1)
             return np.ascontiguousarray(rows.T).view(np.int64)  # [n, layers * elems]
 
         return self._write(keys, gather, (pool.shape[0], pool.shape[2]))
@@ -727,7 +736,7 @@ class StorageTier:
                 self._collect()
             return deleted
         if fresh:
-            self._place([keys[i] for i in fresh], gather(np.asarray(fresh, dtype=np.int64)))
+            self._place([keys[i] for i in fresh], gather(fresh))
         self._collect()
         return deleted
 
