@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tierdiag.errors import ConfigError
+from tierdiag.trace import pages as pages_module
 from tierdiag.trace.pages import _NUMPY_OUTPUT_PAGES, output_page_keys, page_keys, page_keys_array, storage_key_chain
 from tierdiag.trace.reader import TraceRequest, max_hash_id
 
@@ -179,16 +180,33 @@ def test_output_page_keys_switch_is_where_the_tests_look():
 
 # --- hash ids to keys -------------------------------------------------------------------------
 
+@pytest.mark.parametrize("kernel", ["c", "numpy"])
 @settings(max_examples=300, deadline=None)
 @given(data=st.data(), page_size=st.sampled_from(PAGE_SIZES + [256]), block_size=st.sampled_from([512, 1024]))
-def test_hash_id_keys_are_id_times_pages_a_block_plus_page(data, page_size, block_size):
+def test_hash_id_keys_are_id_times_pages_a_block_plus_page(kernel, data, page_size, block_size):
+    if kernel == "c" and pages_module._C is None:
+        pytest.skip("the compiled data plane is not built")
     input_len = data.draw(st.integers(1, 8 * block_size))
     num_blocks = -(-input_len // block_size)
     ids = data.draw(st.lists(st.integers(0, max_hash_id(block_size)), min_size=num_blocks, max_size=num_blocks))
     req = hreq(input_len, ids)
     per_block = block_size // page_size
     want = [ids[p // per_block] * per_block + p % per_block for p in range(input_len // page_size)]
-    keys = page_keys_array(req, page_size=page_size, block_size=block_size)
-    assert keys.dtype == np.int64 and keys.tolist() == want
-    keys ^= 1  # the engine's arrays are its own: salting one leaves the next request's alone
-    assert page_keys(req, page_size=page_size, block_size=block_size) == want
+    with pytest.MonkeyPatch.context() as mp:
+        if kernel == "numpy":  # the fallback, also what the compiled loop declines
+            mp.setattr(pages_module, "_C", None)
+        keys = page_keys_array(req, page_size=page_size, block_size=block_size)
+        assert keys.dtype == np.int64 and keys.tolist() == want
+        keys ^= 1  # the engine's arrays are its own: salting one leaves the next request's alone
+        assert page_keys(req, page_size=page_size, block_size=block_size) == want
+
+
+def test_the_compiled_page_keys_decline_what_would_overflow():
+    if pages_module._C is None:
+        pytest.skip("the compiled data plane is not built")
+    c = pages_module._C
+    assert bytes(c.block_page_keys((3, 5), 16, 8)) == np.array([3 * 8 + j for j in range(8)] + [5 * 8 + j for j in range(8)],
+                                                               dtype=np.int64).tobytes()
+    assert bytes(c.block_page_keys((3,), 99, 8)) == np.arange(24, 32, dtype=np.int64).tobytes()  # clipped, as a slice
+    for args in (((2**62,), 8, 8), ((1, "2"), 2, 1), ((1,), -1, 8), ((1,), 1, 0), ((2**64,), 1, 1)):
+        assert c.block_page_keys(*args) == -1

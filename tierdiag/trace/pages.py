@@ -36,6 +36,7 @@ from array import array
 
 import numpy as np
 
+from tierdiag.engine.cplane import C as _C
 from tierdiag.errors import ConfigError
 from tierdiag.trace.reader import TraceRequest
 
@@ -112,6 +113,10 @@ def _keys_from_hash_ids(hash_ids: tuple[int, ...], num_pages: int, *, page_size:
         raise ConfigError(f"block size {block_size} is not a multiple of page size {page_size}",
                           hint="hash_ids traces need --page-size to divide --block-size")
     per_block = block_size // page_size
+    if _C is not None:  # the compiled data plane: one C loop into the array's buffer
+        out = _C.block_page_keys(hash_ids, num_pages, per_block)
+        if out != -1:
+            return np.frombuffer(out, dtype=np.int64)
     if per_block == 1:
         return np.array(hash_ids[:num_pages], dtype=np.int64)
     num_blocks = min(-(-num_pages // per_block), len(hash_ids))
