@@ -230,3 +230,28 @@ def test_stored_evidence_is_what_the_rows_give_on_mooncake(mooncake_runs, name):
         assert stored.context(run) == compute_run_context(con, run)
         assert stored.summary(run) == compute_run_summary(con, run)
         assert stored.totals() == run_totals(con, run.run_id)
+
+
+def _transfers_outside_their_request(db: Path) -> tuple[int, int]:
+    """(a request's load-backs and prefetches, those that start outside its [arrival, finish]):
+    explain's step 3 reads them through that bound (diagnose/explain.py _step_load_back)."""
+    with open_store(db) as con:
+        return con.execute(
+            "SELECT count(*), count(*) FILTER (WHERE t.t_start_ns < r.arrival_ns OR t.t_start_ns > r.finish_ns) "
+            "FROM transfers t JOIN requests r USING (run_id, req_id) "
+            "WHERE t.kind IN ('load_back', 'prefetch')").fetchone()
+
+
+def test_a_requests_transfers_start_between_its_arrival_and_its_finish(demo_run):
+    total, outside = _transfers_outside_their_request(demo_run)
+    assert total > 0 and outside == 0
+    with open_store(demo_run) as con:
+        kinds = {k for (k,) in con.execute("SELECT DISTINCT kind FROM transfers WHERE req_id IS NOT NULL").fetchall()}
+    assert {"load_back", "prefetch"} <= kinds, kinds  # both kinds were there to be checked
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("name", ["conversation", "synthetic"])
+def test_a_requests_transfers_start_between_its_arrival_and_its_finish_on_mooncake(mooncake_runs, name):
+    total, outside = _transfers_outside_their_request(mooncake_runs[name])
+    assert total > 0 and outside == 0

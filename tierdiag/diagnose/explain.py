@@ -525,6 +525,12 @@ def _step_load_back(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, tok
     lo, hi = _window(row, bounds)
     span_ns = bounds[1] - bounds[0]
     rid = run.run_id
+    # A request's load-backs and prefetches start between its arrival and its finish (a
+    # prefetch at arrival, a load-back when its batch is formed): bounding the scan by that lets
+    # DuckDB skip the row groups of the rest of the run (~50 -> ~5 ms on a million requests).
+    # tests/diagnose/test_explain.py checks the bound on real runs.
+    t_lo = int(row["arrival_ns"]) if row.get("arrival_ns") is not None else None
+    t_hi = row.get("finish_ns")
     transfers = tuple(
         TransferRow(transfer_id=int(t["transfer_id"] or 0), kind=t["kind"],
                     t_start_ns=int(t["t_start_ns"] or 0) - bounds[0], t_end_ns=int(t["t_end_ns"] or 0) - bounds[0],
@@ -534,7 +540,8 @@ def _step_load_back(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, tok
             con,
             "SELECT transfer_id, kind, t_start_ns, t_end_ns, pages, runs, bytes, queued_ns, wall_ns "
             "FROM transfers WHERE run_id = ? AND req_id = ? AND kind IN ('load_back', 'prefetch') "
-            "ORDER BY t_start_ns, transfer_id", [rid, row["req_id"]]))
+            "AND (? IS NULL OR t_start_ns >= ?) AND (? IS NULL OR t_start_ns <= ?) "
+            "ORDER BY t_start_ns, transfer_id", [rid, row["req_id"], t_lo, t_lo, t_hi, t_hi]))
     stats = con.execute(
         "SELECT count(*), coalesce(sum(bytes), 0) FROM transfers "
         "WHERE run_id = ? AND kind = 'load_back' AND t_end_ns >= ? AND t_start_ns <= ?", [rid, lo, hi]).fetchone()
