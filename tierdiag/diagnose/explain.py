@@ -527,8 +527,8 @@ def _step_load_back(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, tok
     rid = run.run_id
     # A request's load-backs and prefetches start between its arrival and its finish (a
     # prefetch at arrival, a load-back when its batch is formed): bounding the scan by that lets
-    # DuckDB skip the row groups of the rest of the run (~50 -> ~5 ms on a million requests).
-    # tests/diagnose/test_explain.py checks the bound on real runs.
+    # DuckDB skip the row groups of the rest of the run (~50 -> ~10 ms on a million requests).
+    # tests/diagnose/test_claims.py checks the bound on the demo run and the Mooncake traces.
     t_lo = int(row["arrival_ns"]) if row.get("arrival_ns") is not None else None
     t_hi = row.get("finish_ns")
     transfers = tuple(
