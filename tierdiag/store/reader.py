@@ -327,16 +327,11 @@ def run_info(con: duckdb.DuckDBPyConnection, run_id: str) -> RunInfo | None:
 
 
 def list_runs(con: duckdb.DuckDBPyConnection) -> list[RunInfo]:
-    # Requests are counted for the runs not closed as complete only (a complete run's count is
-    # its runs row's, see _run_info): on a million-request store a count of every run's rows
-    # was ~20 ms of every reader's start.
-    rows = con.execute(f"SELECT {_RUN_COLS} FROM runs r ORDER BY r.created_at, r.run_id").fetchall()
-    open_ids = [r[0] for r in rows if r[3] != "complete"]
-    counts: dict[str, int] = {}
-    if open_ids:
-        counts = dict(con.execute("SELECT run_id, count(*) FROM requests WHERE list_contains(?, run_id) "
-                                  "GROUP BY run_id", [open_ids]).fetchall())
-    return [_run_info(r, counts.get(r[0], 0)) for r in rows]
+    rows = con.execute(
+        f"SELECT {_RUN_COLS}, coalesce(q.n, 0) FROM runs r "
+        "LEFT JOIN (SELECT run_id, count(*) AS n FROM requests GROUP BY run_id) q USING (run_id) "
+        "ORDER BY r.created_at, r.run_id").fetchall()
+    return [_run_info(r[:-1], r[-1]) for r in rows]
 
 
 def resolve_run(con: duckdb.DuckDBPyConnection, run: str | None, *, db_label: str = "the database") -> RunInfo:
