@@ -465,6 +465,11 @@ def _main() -> None:
     try:
         with signals.deferred():  # C extensions (duckdb, pyarrow) load here: let them finish
             app = _build_app()
+            # Rich imports it later (fractions), often as a signal lands. An interrupted
+            # _decimal init, run again by the next import, prints a libmpdec warning to stderr
+            # ("mpd_setminalloc: ignoring request ... a second time"): a second line beside
+            # "tierdiag: interrupted". Loaded here, where a signal waits (~2 ms).
+            import decimal  # noqa: F401
         result = app(prog_name="tierdiag", standalone_mode=False)
         sys.stdout.flush()
         # Outside standalone mode Typer catches `typer.Exit(code)` itself and returns the code;
