@@ -222,6 +222,17 @@ not_mine(void)
     return PyLong_FromLong(-1);
 }
 
+/* 1 (TypeError set, saying `message`) unless a call got `want` arguments. */
+static int
+wrong_nargs(Py_ssize_t nargs, Py_ssize_t want, const char *message)
+{
+    if (nargs == want) {
+        return 0;
+    }
+    PyErr_SetString(PyExc_TypeError, message);
+    return 1;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* move(src_rows, src_pages, dst_rows, dst_pages) -> count_runs(src_pages), or -1              */
 
@@ -244,8 +255,7 @@ cp_move(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     PyObject *result = NULL;
     int got;
 
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "move() takes 4 arguments");
+    if (wrong_nargs(nargs, 4, "move() takes 4 arguments")) {
         return NULL;
     }
     n = PyObject_Length(args[1]);
@@ -335,8 +345,7 @@ cp_block_page_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_
     PyObject *result;
     int got;
 
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "block_page_keys() takes 3 arguments");
+    if (wrong_nargs(nargs, 3, "block_page_keys() takes 3 arguments")) {
         return NULL;
     }
     num_pages = PyLong_AsSsize_t(args[1]);
@@ -397,8 +406,7 @@ cp_gather_pages(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
     PyObject *result = NULL;
     int got;
 
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "gather_pages() takes 2 arguments");
+    if (wrong_nargs(nargs, 2, "gather_pages() takes 2 arguments")) {
         return NULL;
     }
     if (!get_rows(args[0], &sb, 0)) {
@@ -497,8 +505,7 @@ content_args(PyObject *const *args, Py_ssize_t nargs, int writable, Py_buffer *b
     int got;
     ints_init(slots);
     ints_init(keys);
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "takes 5 arguments: rows, slots, keys, num_layers, page_elems");
+    if (wrong_nargs(nargs, 5, "takes 5 arguments: rows, slots, keys, num_layers, page_elems")) {
         return -1;
     }
     if (!get_rows(args[0], b, writable)) {
@@ -632,8 +639,7 @@ cp_alloc(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     unsigned char *own;
     PyObject *out = NULL;
 
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "alloc() takes 4 arguments: stack, owned, top, n");
+    if (wrong_nargs(nargs, 4, "alloc() takes 4 arguments: stack, owned, top, n")) {
         return NULL;
     }
     top = PyLong_AsSsize_t(args[2]);
@@ -702,8 +708,7 @@ cp_free(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     PyObject *result = NULL;
     int got;
 
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "free() takes 4 arguments: stack, owned, top, slots");
+    if (wrong_nargs(nargs, 4, "free() takes 4 arguments: stack, owned, top, slots")) {
         return NULL;
     }
     top = PyLong_AsSsize_t(args[2]);
@@ -960,8 +965,7 @@ cp_storage_key_chain(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssiz
     PyObject *out;
     int got;
 
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "storage_key_chain() takes 2 arguments: keys, prev");
+    if (wrong_nargs(nargs, 2, "storage_key_chain() takes 2 arguments: keys, prev")) {
         return NULL;
     }
     if (!PyBytes_CheckExact(args[1])) {
@@ -1021,8 +1025,7 @@ cp_lookup_prefix(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
 {
     PyObject *d, *keys, *out;
     Py_ssize_t n, i;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "lookup_prefix() takes 2 arguments: mapping, keys");
+    if (wrong_nargs(nargs, 2, "lookup_prefix() takes 2 arguments: mapping, keys")) {
         return NULL;
     }
     d = args[0];
@@ -1095,8 +1098,7 @@ cp_map_set(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     long long value;
     int loaded;
     Py_ssize_t i, n;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "map_set() takes 3 arguments: dense, keys, value");
+    if (wrong_nargs(nargs, 3, "map_set() takes 3 arguments: dense, keys, value")) {
         return NULL;
     }
     if (!PyLong_CheckExact(args[2])) {
@@ -1207,8 +1209,7 @@ cp_blame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     int loaded;
     int32_t *took = NULL;
     Py_ssize_t found = 0, ntook = 0, i;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "blame() takes 5 arguments: cached, demoted, keys, lost, ps");
+    if (wrong_nargs(nargs, 5, "blame() takes 5 arguments: cached, demoted, keys, lost, ps")) {
         return NULL;
     }
     lost = args[3];
@@ -1622,8 +1623,7 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
     Py_hash_t small_hashes[SMALL_LIST], *hashes = small_hashes;
     Py_ssize_t small_pos[SMALL_LIST], *pos = small_pos;  /* the positions entered new, in order */
     int all_new;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "admit() takes 2 arguments: keys, capacity");
+    if (wrong_nargs(nargs, 2, "admit() takes 2 arguments: keys, capacity")) {
         return NULL;
     }
     keys = args[0];
@@ -1760,8 +1760,7 @@ ix_place(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
     PyObject *keys;
     int64_t seg, first;
     Py_ssize_t n, i;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "place() takes 3 arguments: keys, segment, first");
+    if (wrong_nargs(nargs, 3, "place() takes 3 arguments: keys, segment, first")) {
         return NULL;
     }
     keys = args[0];
@@ -1861,8 +1860,7 @@ ix_run(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *keys;
     Py_ssize_t start, i;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "run() takes 2 arguments: keys, start");
+    if (wrong_nargs(nargs, 2, "run() takes 2 arguments: keys, start")) {
         return NULL;
     }
     keys = args[0];
@@ -2486,10 +2484,16 @@ fail:
     return NULL;
 }
 
-/* The arguments both decoders share: data (bytes), rows, objects. 0, or -1 with an exception. */
+/* The arguments both decoders take: data (bytes), rows, objects and a fourth, bytes too when
+ * `fourth_bytes` (else a TypeError saying `usage`). 0, or -1 with an exception. */
 static int
-decode_args(PyObject *const *args, const char **data, const char **end, Py_ssize_t *rows, PyObject **objects)
+decode_args(PyObject *const *args, Py_ssize_t nargs, int fourth_bytes, const char *usage, const char **data,
+            const char **end, Py_ssize_t *rows, PyObject **objects)
 {
+    if (nargs != 4 || !PyBytes_Check(args[0]) || (fourth_bytes && !PyBytes_Check(args[3]))) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
     *rows = PyLong_AsSsize_t(args[1]);
     if (*rows == -1 && PyErr_Occurred()) {
         return -1;
@@ -2516,11 +2520,8 @@ cp_decode_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
     char *kinds;
     Py_ssize_t rows, width, c;
     PyObject *objects, *entries, *out;
-    if (nargs != 4 || !PyBytes_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "decode_rows() takes data (bytes), rows, objects, width");
-        return NULL;
-    }
-    if (decode_args(args, &data, &end, &rows, &objects) < 0) {
+    if (decode_args(args, nargs, 0, "decode_rows() takes data (bytes), rows, objects, width", &data, &end, &rows,
+                    &objects) < 0) {
         return NULL;
     }
     width = PyLong_AsSsize_t(args[3]);
@@ -2565,11 +2566,8 @@ cp_decode_arrow(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
     const char *data, *end;
     Py_ssize_t rows;
     PyObject *objects;
-    if (nargs != 4 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "decode_arrow() takes data (bytes), rows, objects, kinds (bytes)");
-        return NULL;
-    }
-    if (decode_args(args, &data, &end, &rows, &objects) < 0) {
+    if (decode_args(args, nargs, 1, "decode_arrow() takes data (bytes), rows, objects, kinds (bytes)", &data, &end,
+                    &rows, &objects) < 0) {
         return NULL;
     }
     if (PyBytes_GET_SIZE(args[3]) <= 0) {
