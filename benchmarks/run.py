@@ -124,6 +124,7 @@ def bench_replay(repeats: int, quick_lines: int | None, tmp: Path, baseline: Pat
         modes = ("no_probes", "probes") + (("baseline",) if baseline else ())
         walls: dict[str, list[float]] = {m: [] for m in modes}
         proc_walls: dict[str, list[float]] = {m: [] for m in modes}
+        phases: dict[str, list[dict]] = {m: [] for m in modes}  # replay --json wall_phases
         writers: set[str] = set()  # how the probed runs' stores were written (replay --json "writer")
         num_requests = 0
         error = None
@@ -142,6 +143,8 @@ def bench_replay(repeats: int, quick_lines: int | None, tmp: Path, baseline: Pat
                 num_requests = summary["num_requests"]
                 walls[mode].append(float(summary["wall_s"]))
                 proc_walls[mode].append(wall)
+                if summary.get("wall_phases"):  # a baseline ref older than it has none
+                    phases[mode].append(summary["wall_phases"])
                 _say(f"replay {name} {mode} #{i + 1}: {summary['wall_s']:.2f}s ({num_requests:,} requests)")
                 if mode == "probes":
                     results["traces"][name + "_db"] = str(db)  # the last probed run, for explain/report
@@ -161,6 +164,8 @@ def bench_replay(repeats: int, quick_lines: int | None, tmp: Path, baseline: Pat
             "probe_overhead": med["probes"] / med["no_probes"] - 1.0,
             "speedup_vs_baseline": med["baseline"] / med["probes"] if baseline else None,
             "all_wall_s": walls,
+            "phases_s": {m: {k: statistics.median(p[k] for p in v) for k in v[0]}
+                         for m, v in phases.items() if len(v) == len(walls[m])},
         }
     return results
 
@@ -322,6 +327,34 @@ def targets(res: dict[str, Any]) -> list[Target]:
     return t
 
 
+def _render_probe_split(con, rep: dict[str, Any]) -> None:
+    """Where the probes' overhead goes, by the replays' own wall phases (replay --json
+    wall_phases, medians of each mode's runs): before the engine (the store created, the writer
+    started), in the engine (rows emitted and handed over), and the close (the last rows
+    written, the run evidence, the closing numbers), each as probes minus --no-probes."""
+    from rich.table import Table
+
+    rows = []
+    for name in TRACE_FILES:
+        r = rep.get("traces", {}).get(name)
+        ph = (r or {}).get("phases_s", {})
+        if not r or not r.get("available") or "probes" not in ph or "no_probes" not in ph:
+            continue
+        base = r["wall_s"]["no_probes"]
+        diff = {k: ph["probes"][k] - ph["no_probes"][k] for k in ("start_s", "engine_s", "close_s")}
+        rows.append((name, base, diff, ph["probes"]["close_s"]))
+    if not rows:
+        return
+    table = Table(title="probe overhead, by phase (probes minus --no-probes, medians; share of the --no-probes wall)")
+    for col in ("trace", "before the engine", "in the engine", "the close", "total", "close of the probed run"):
+        table.add_column(col, justify="right" if col != "trace" else "left")
+    for name, base, diff, close in rows:
+        cells = [f"{v:+.3f}s ({v / base:+.1%})" for v in diff.values()]
+        total = sum(diff.values())
+        table.add_row(name, *cells, f"{total:+.3f}s ({total / base:+.1%})", f"{close:.3f}s")
+    con.print(table)
+
+
 def render(res: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -353,6 +386,7 @@ def render(res: dict[str, Any]) -> None:
                       f"{r['requests_per_s']['no_probes']:,.0f}", f"{r['requests_per_s']['probes']:,.0f}",
                       f"{r['probe_overhead']:+.1%}", f"{r['process_wall_s']['probes']:.2f}s", *extra)
     con.print(table)
+    _render_probe_split(con, rep)
 
     ing, ex, rp = res["ingest"], res["explain"], res["report"]
     misc = Table(title="recorder and readers")

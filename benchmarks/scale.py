@@ -12,8 +12,8 @@ storage  the conversation trace (../shared/traces; --quick: its first 2,000 requ
          without `--storage-tokens 50000000`, interleaved, probes on: wall and CPU, the ratio
          (target <= 2x), and what the storage folder holds at the end.
 
-Peak RSS and CPU are the child's own (os.wait4), so other processes on a shared machine do
-not count; on a busy machine prefer the CPU columns.
+Peak RSS and CPU are the child's own (os.wait4, in a small launcher process: see _LAUNCH), so
+other processes on a shared machine do not count; on a busy machine prefer the CPU columns.
 
     .venv/bin/python benchmarks/scale.py --readers-db RUN.duckdb [--baseline REF] [--repeats N]
 
@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -52,28 +53,54 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+# Spawns the measured command and reports its rusage: a small process between this one and
+# the command, because Linux carries the peak RSS of the process that execs into its successor:
+# a child spawned straight from this (by then ~1 GB) process reported this process's peak, not
+# its own (every row of the session-10 scale table read 1,110 MB, summary's included). Forked
+# from this ~10 MB process instead, the command's peak is its own. Wall and CPU are the
+# command's, the launcher's own start-up not counted.
+_LAUNCH = """
+import os, sys, time
+t0 = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    os.execvp(sys.argv[2], sys.argv[2:])
+_, status, ru = os.wait4(pid, 0)
+wall = time.perf_counter() - t0
+os.write(int(sys.argv[1]), f"{wall} {ru.ru_utime + ru.ru_stime} {ru.ru_maxrss}".encode())
+code = os.waitstatus_to_exitcode(status)
+sys.exit(code if code >= 0 else 128 - code)  # the command's exit, a signal as a shell says it
+"""
+
+
 def run(args: list[str], *, timeout: float = 3600, root: Path = ROOT) -> dict[str, Any]:
-    """One tierdiag subprocess (tierdiag imported from `root`): wall, its own CPU (user + sys)
-    and peak RSS, stdout."""
+    """One tierdiag subprocess (tierdiag imported from `root`): wall, its own CPU (user + sys,
+    with its writer process's) and peak RSS, stdout."""
     env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    t0 = time.perf_counter()
+    read_fd, write_fd = os.pipe()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(TIERDIAG + [str(a) for a in args], stdout=out, stderr=err, cwd=root, env=env)
         try:
-            _pid, status, ru = os.wait4(proc.pid, 0)
+            proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _LAUNCH, str(write_fd)]
+                                    + TIERDIAG + [str(a) for a in args], stdout=out, stderr=err, cwd=root, env=env,
+                                    pass_fds=(write_fd,), process_group=0)
+        finally:
+            os.close(write_fd)
+        try:
+            with os.fdopen(read_fd, "rb") as fh:
+                measured = fh.read().decode().split()
+            proc.wait()
         except BaseException:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher and the command: their own group
             raise
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        wall = time.perf_counter() - t0
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read().decode(), err.read().decode()
-    if proc.returncode != 0:
+    if proc.returncode != 0 or len(measured) != 3:
         raise RuntimeError(f"tierdiag {' '.join(map(str, args[:3]))} ... exited {proc.returncode}: "
                            f"{stderr.strip().splitlines()[-1] if stderr.strip() else ''}")
-    rss = ru.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-    return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "rss_bytes": rss, "stdout": stdout}
+    wall, cpu, maxrss = float(measured[0]), float(measured[1]), int(measured[2])
+    rss = maxrss * (1 if sys.platform == "darwin" else 1024)
+    return {"wall_s": wall, "cpu_s": cpu, "rss_bytes": rss, "stdout": stdout}
 
 
 def slope(xs: list[float], ys: list[float]) -> float | None:
@@ -174,7 +201,8 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     sc = res.get("scale") or {}
     for name, limit in TARGETS.items():
         r = sc.get("readers", {}).get(name)
-        out.append({"metric": f"{name} on the {sc.get('largest', 0):,}-request run", "value": r and r["wall_s"],
+        run = f"the {sc['largest']:,}-request run" if sc.get("largest") else "the largest run"
+        out.append({"metric": f"{name} on {run}", "value": r and r["wall_s"],
                     "target": f"<= {limit:g} s", "ok": r and r["wall_s"] <= limit, "unit": "s",
                     "note": "" if r else sc.get("why", "not run")})
     rp = sc.get("readers", {}).get("report")

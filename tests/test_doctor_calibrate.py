@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from tierdiag.cli.main import app
 from tierdiag.engine.calibration import fit_overhead_and_bandwidth, pick_triton_min_bytes
-from tierdiag.engine.hardware import NO_DRIVER, doctor_report, hardware_summary, pcie_bytes_per_s, probe_nvml
+from tierdiag.engine.hardware import (NO_DRIVER, doctor_report, hardware_summary, pcie_bytes_per_s, platform_string,
+                                      probe_nvml)
 
 REQUIRED_PROFILE_KEYS = {"h2d_bytes_per_s", "d2h_bytes_per_s", "transfer_overhead_ns", "contiguous_bytes_per_s",
                          "load_back_vs_contiguous", "device", "created_at", "table"}
@@ -171,6 +172,24 @@ def test_hardware_summary_is_small_and_does_not_import_torch():
     if not nvidia_driver_present():  # no kernel driver: NVML is not asked, and says why
         assert nvml_imported == "False" and summary["gpus"] == []
         assert summary["nvml"].startswith(NO_DRIVER) and "kernel driver is not loaded" in summary["nvml"]
+
+
+def test_the_platform_string_is_the_stdlib_s_without_a_child_process(monkeypatch):
+    """The run row's platform is platform.platform(terse=True)'s string, built without the
+    `uname -p` child the stdlib forks for it on Linux (a fork of the CLI in every replay)."""
+    import platform
+
+    expected = platform.platform(terse=True)  # before the patch: this one may fork
+
+    def no_children(*args, **kwargs):
+        raise AssertionError(f"a child process was started: {args}")
+
+    monkeypatch.setattr(subprocess, "Popen", no_children)
+    got = platform_string()
+    assert hardware_summary()["platform"] == got
+    if platform.system() == "Linux" and platform.processor() in ("", platform.machine()):
+        assert got == expected
+    assert got.startswith(f"{platform.system()}-{platform.release()}")
 
 
 # --- calibrate ----------------------------------------------------------------------------------

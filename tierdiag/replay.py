@@ -67,6 +67,10 @@ class ReplaySummary:
     storage_dir: str | None = None
     storage_bytes: int = 0
     writer: str | None = None  # how the store was written: "process" | "inline" (None: nothing recorded)
+    # Where wall_s went: "start_s" (reading the first line, imports, the store and the engine set
+    # up), "engine_s" (the engine's run, emitting and handing over rows), "close_s" (the run's
+    # close: the last rows, the run evidence, the closing numbers). They add up to wall_s.
+    wall_phases: dict = field(default_factory=dict)
 
     @property
     def reuse_share(self) -> float:
@@ -320,7 +324,9 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
             storage_tmp = _temporary_storage(cfg.storage_dir)
             storage_dir = storage_tmp
         engine = Engine(cfg, probe=recorder, storage_dir=storage_dir, progress=on_progress)
+        t_engine = time.perf_counter()
         stats = engine.run(requests)
+        t_close = time.perf_counter()
         if writer is not None:
             # The final flush and status, all held against signals: a Ctrl-C that lands here
             # waits for them and then marks the run interrupted (with all its rows) instead.
@@ -382,6 +388,7 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
         span_ns = numbers["span_ns"]
         if numbers["ttft_ns"] is not None:
             ttft_q = dict(zip((0.5, 0.9, 0.99), map(ns_to_ms, numbers["ttft_ns"])))
+    t_end = time.perf_counter()
     return ReplaySummary(
         run_id=writer.run_id if writer else None, db_path=str(db) if writer else None,
         run_name=writer.name if writer else (run_name or trace.stem), status=status,
@@ -392,11 +399,12 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
         load_back_bytes=stats.load_back_bytes, load_back_p50_ms=_percentile(stats.load_back_ns, 0.5),
         load_back_p99_ms=_percentile(stats.load_back_ns, 0.99), skipped=dict(stats.skipped),
         evictions=dict(stats.evictions), ttft_p50_ms=ttft_q[0.5], ttft_p90_ms=ttft_q[0.9], ttft_p99_ms=ttft_q[0.99],
-        virtual_s=span_ns / 1e9, prefill_busy_share=stats.busy_ns / span_ns if span_ns else 0.0, wall_s=time.perf_counter() - t0, bad_lines=report.bad_lines,
+        virtual_s=span_ns / 1e9, prefill_busy_share=stats.busy_ns / span_ns if span_ns else 0.0, wall_s=t_end - t0, bad_lines=report.bad_lines,
         first_bad=list(report.first_bad), unknown_keys=sorted(report.unknown_keys),
         data_plane=describe_data_plane(cfg),
         storage_dir=str(storage_dir) if storage_dir is not None and storage_tmp is None else None,
         storage_bytes=storage_bytes, writer=mode if writer is not None else None,
+        wall_phases={"start_s": t_engine - t0, "engine_s": t_close - t_engine, "close_s": t_end - t_close},
     )
 
 

@@ -30,8 +30,9 @@ MARK = "TIERDIAG_TEST_MARK"
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
     # "long" is only ever killed part-way: long enough that its writer is still there to kill
-    # once rows show (6,000 requests could be replayed and closed by then, with its writer gone).
-    out = synth_and_store(tmp_path_factory.mktemp("wp"), seed=7, long=20000)
+    # once rows show (6,000 requests could be replayed and closed by then, with its writer gone;
+    # 20,000 once were too, on a fast machine with readers polling the store meanwhile).
+    out = synth_and_store(tmp_path_factory.mktemp("wp"), seed=7, long=40000)
     (out["earlier"],) = listed_runs(out["store"])
     return out
 
@@ -54,12 +55,20 @@ def marked(mark: str) -> list[int]:
 
 
 def writer_of(proc: subprocess.Popen, mark: str, timeout_s: float = 60) -> int:
-    """The replay's writer process (the other process holding its marker)."""
+    """The replay's writer process: the marked process running the writer's entry point. Not
+    "any other marked process": a child the CLI forks for a moment (once, platform's `uname -p`)
+    holds the marker too, and with pids wrapping at 32,768 it can list before the writer."""
+    from tierdiag.store.writer_process import CHILD_ENTRY
+
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        others = [p for p in marked(mark) if p != proc.pid]
-        if others:
-            return others[0]
+        for pid in marked(mark):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if pid != proc.pid and CHILD_ENTRY.encode() in argv:
+                return pid
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.01)
     raise AssertionError("no writer process appeared")

@@ -40,7 +40,7 @@ def test_inline_and_process_write_the_same_rows_and_print_the_same_numbers(tmp_p
     summaries = [replay_json(trace, db, writer) for writer in ("inline", "process")]
     assert [s.pop("writer") for s in summaries] == ["inline", "process"]  # the replay says which it took
     for s in summaries:
-        for key in ("wall_s", "run_id"):
+        for key in ("wall_s", "wall_phases", "run_id"):
             s.pop(key)
     assert summaries[0] == summaries[1]
     con = duckdb.connect(str(db), read_only=True)
@@ -51,6 +51,21 @@ def test_inline_and_process_write_the_same_rows_and_print_the_same_numbers(tmp_p
     assert con.execute("SELECT count(*) FROM run_evidence").fetchone()[0] == 2
     assert all(pid for (pid,) in con.execute("SELECT pid FROM runs").fetchall())
     con.close()
+
+
+@pytest.mark.parametrize("writer", ["inline", "process"])
+def test_the_wall_phases_add_up_to_the_wall_time(tmp_path, trace, writer):
+    """replay --json says where its wall time went (start, engine, close: the probe overhead's
+    split in benchmarks/run.py); the three cover wall_s, none negative. With probes off there is
+    no run to close, so nearly all of it is the engine's."""
+    s = replay_json(trace, tmp_path / "p.duckdb", writer)
+    phases = s["wall_phases"]
+    assert set(phases) == {"start_s", "engine_s", "close_s"}
+    assert all(v >= 0 for v in phases.values())
+    assert sum(phases.values()) == pytest.approx(s["wall_s"], abs=1e-6)
+    off = tierdiag("replay", trace, "--no-probes", *ROOMY, "--json").json()
+    assert sum(off["wall_phases"].values()) == pytest.approx(off["wall_s"], abs=1e-6)
+    assert off["wall_phases"]["close_s"] < off["wall_phases"]["engine_s"]
 
 
 def _foreign(path):
@@ -329,3 +344,28 @@ def test_rows_handed_over_as_tuples_land_as_columns_numpy_values_included(tmp_pa
     finally:
         w.close()
     assert sql(db, "SELECT req_id, seq, ttft_ns FROM requests ORDER BY seq") == [("a", 0, 5), ("b", 1, None), ("c", 2, 7)]
+
+
+def test_the_writer_process_writes_sooner_at_first_then_at_its_interval():
+    """_Serve's write interval starts at FIRST_WRITE_S and doubles after each write up to the
+    interval the replay asked for (WRITE_EVERY_S at most): a replay of a second or two has rows
+    written before its close, which otherwise inserts all of them while the replay waits."""
+    class Writer:
+        writes = 0
+
+        def write(self):
+            Writer.writes += 1
+
+    serve = writer_process._Serve(inbox=None, reply_fd=-1)
+    serve.writer = Writer()
+    serve.every_max = writer_process.WRITE_EVERY_S
+    serve.every = writer_process.FIRST_WRITE_S
+    seen = [serve.every]
+    for _ in range(6):
+        serve.write()
+        seen.append(serve.every)
+    assert Writer.writes == 6
+    first = writer_process.FIRST_WRITE_S
+    assert seen[:3] == [first, 2 * first, 4 * first]
+    assert seen[-1] == writer_process.WRITE_EVERY_S and max(seen) == writer_process.WRITE_EVERY_S
+    assert seen == sorted(seen)

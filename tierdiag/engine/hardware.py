@@ -280,13 +280,26 @@ def cuda_available() -> bool:
         return False
 
 
+def platform_string() -> str:
+    """platform.platform(terse=True)'s string without the child process it forks: on Linux the
+    stdlib runs `uname -p` for a processor field it then drops (blank or equal to the machine),
+    a fork of the whole CLI in every replay's start-up. Built here from os.uname() and glibc's
+    version; elsewhere the stdlib's own."""
+    u = os.uname()
+    if u.sysname != "Linux":
+        return platform.platform(terse=True)
+    lib, version = platform.libc_ver()  # os.confstr for glibc; no file scan, no child
+    parts = [u.sysname, u.release, u.machine] + (["with", lib + version] if lib else [])
+    return "-".join(p.replace(" ", "_") for p in parts)
+
+
 def hardware_summary() -> dict[str, Any]:
     """Small and fast, for the run row: no benchmark; NVML only if pynvml imports; torch's
     version from the module or package metadata; torch is imported only where a GPU driver exists
     (a replay there imports it anyway)."""
     summary: dict[str, Any] = {
         "python": platform.python_version(),
-        "platform": platform.platform(terse=True),
+        "platform": platform_string(),
         "machine": platform.machine(),
         "cpu_count": os.cpu_count() or 0,
     }
