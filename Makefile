@@ -22,9 +22,9 @@ export DOMINANT_CAUSE
 
 setup: $(VENV)/.installed
 
-# setup.py and the C source too: `pip install -e` compiles tierdiag/engine/_cplane.c in place
+# setup.py and the C source too: `pip install -e` compiles tierdiag/native/_cplane.c in place
 # (the CPU data plane), so a changed source reinstalls rather than leave a stale build.
-$(VENV)/.installed: pyproject.toml setup.py tierdiag/engine/_cplane.c
+$(VENV)/.installed: pyproject.toml setup.py tierdiag/native/_cplane.c
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# Pinned: installs the CPU build from this machine's disk in seconds (pyproject says torch>=2.4).
@@ -56,4 +56,4 @@ bench: setup
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) $(DEMO_DB) $(DEMO_DB).wal $(DEMO_DB:.duckdb=.storage) reports/*.html build tierdiag/engine/_cplane*.so
+	rm -rf $(VENV) $(DEMO_DB) $(DEMO_DB).wal $(DEMO_DB:.duckdb=.storage) reports/*.html build tierdiag/native/_cplane*.so

@@ -222,7 +222,7 @@ def render_ab(rows: list[dict]) -> None:
               f"{r['before_wall_s']:.2f} | {r['after_wall_s']:.2f} | {r['wall_ratio']:.2f} |")
 
 
-# --- the CPU data plane's backends (tierdiag/engine/cplane.py) ----------------------------------
+# --- the CPU data plane's backends (tierdiag/native/cplane.py) ----------------------------------
 CPU_KERNEL_PAGES = (1, 8, 64, 256, 1024)
 CPU_KERNEL_OPS = ("move", "write", "verify", "alloc+free")
 
@@ -232,7 +232,8 @@ def measure_cpu_kernels(*, repeats: int, calls: int = 400, seed: int = 0) -> lis
     `calls` calls), on a device and host pool of the engine's CPU geometry."""
     import random
 
-    from tierdiag.engine import cplane, pools, rows
+    from tierdiag.engine import pools, rows
+    from tierdiag.native import cplane
     from tierdiag.engine.pools import DataPlane, PagePool
 
     if cplane.C is None:
@@ -277,8 +278,8 @@ _ENGINE_RUN = """
 import gc, json, sys, tempfile, time
 from dataclasses import replace
 from pathlib import Path
-from tierdiag.engine import cplane
-from tierdiag.engine.config import EngineConfig
+from tierdiag.native import cplane
+from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.engine import Engine
 from tierdiag.trace.reader import ReadReport, read_trace
 cfg = replace(EngineConfig(), **json.loads(sys.argv[2]))

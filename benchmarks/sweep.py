@@ -59,7 +59,7 @@ def _singles(trace: Path, db: Path) -> float:
 
 
 def _tokens(value: str) -> int | str:
-    from tierdiag.sweep.spec import parse_size
+    from tierdiag.config.sweep_spec import parse_size
 
     try:
         return parse_size(value)

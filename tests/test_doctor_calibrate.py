@@ -231,7 +231,7 @@ def test_calibrate_quick_json_writes_the_profile_the_cost_model_reads(tmp_path):
         assert {row["load_back_path"] for row in data["table"]} == {"torch"}
         assert all(row["load_back_triton_ns"] is None for row in data["table"])
 
-    from tierdiag.engine.config import EngineConfig
+    from tierdiag.config.engine import EngineConfig
     from tierdiag.engine.costmodel import CostModel
 
     model = CostModel.from_config(EngineConfig(profile=str(out), device_tokens=4096))

@@ -12,8 +12,8 @@ LATE_NS = FIRST_ARRIVAL_MS * 1_000_000
 
 
 def test_replay_progress_counts_from_the_first_arrival(tmp_path):
-    from tierdiag.engine.config import load_config
-    from tierdiag.replay import replay
+    from tierdiag.config.engine import load_config
+    from tierdiag.app.replay import replay
 
     trace = write_late_trace(tmp_path / "late.jsonl")
     opts = dict(zip(REPLAY_ARGS[::2], REPLAY_ARGS[1::2]))

@@ -27,7 +27,7 @@ from tierdiag.diagnose.claims import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE
 from tierdiag.diagnose.context import run_context
 from tierdiag.diagnose.explain import explain_request
 from tierdiag.diagnose.query import fetch_dicts
-from tierdiag.diagnose.units import fmt_ms
+from tierdiag.units import fmt_ms
 from tierdiag.store.reader import open_store, resolve_run
 
 pytest.importorskip("tierdiag.cli.replay")

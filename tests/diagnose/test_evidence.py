@@ -23,6 +23,7 @@ from tierdiag.store.reader import open_store, resolve_run
 
 pytest.importorskip("tierdiag.cli.replay")
 from tierdiag.cli.main import app  # noqa: E402
+from tierdiag.diagnose.close import after_commit
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +201,7 @@ def test_interrupted_runs_get_evidence_failed_and_observed_ones_do_not(tmp_path)
         w = RunWriter(db, name=b.name, trace_path="t.jsonl", trace_sha256="", config=b.config, hardware={},
                       data_plane={}, timing="modelled", kind=kind)
         w.append({"requests": {k: [r.get(k) for r in b.requests] for k in b.requests[0]}})
-        w.finish(status)
+        w.finish(status, after_commit=after_commit)  # as a replay closes it
         ids[status] = w.run_id
     with open_store(db) as con:
         rows = dict(con.execute("SELECT run_id, evidence_version FROM run_evidence").fetchall())
@@ -208,7 +209,7 @@ def test_interrupted_runs_get_evidence_failed_and_observed_ones_do_not(tmp_path)
 
 
 def test_a_sweep_merge_carries_the_evidence(planted, tmp_path):
-    from tierdiag.sweep.merge import read_run_tables, write_run_tables
+    from tierdiag.store.copy_run import read_run_tables, write_run_tables
 
     merged = tmp_path / "sweep.duckdb"
     write_run_tables(merged, read_run_tables(planted.path), {"sweep_id": "sweep-1", "trace_path": "/elsewhere.jsonl"})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tierdiag.engine.config import EngineConfig
+from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.engine import Engine
 from tierdiag.probes import events as ev
 from tierdiag.probes.recorder import Probe

@@ -8,9 +8,9 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierdiag.engine.config import EngineConfig
+from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.costmodel import BATCH_OVERHEAD_NS, CostModel
-from tierdiag.engine.presets import GPUS, MODELS
+from tierdiag.config.presets import GPUS, MODELS
 from tierdiag.errors import ConfigError
 
 

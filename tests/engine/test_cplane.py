@@ -18,7 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierdiag.engine import cplane, pools, rows
+from tierdiag.engine import pools, rows
+from tierdiag.native import cplane
 from tierdiag.engine.pools import DataPlane, PagePool, page_content_np
 
 
@@ -61,7 +62,7 @@ def test_the_compiled_kernel_is_built_and_chosen():
 @pytest.mark.parametrize("env", ["numpy", "auto", "c", "bogus"])
 def test_the_switch_reads_the_environment(env):
     built = cplane._load("auto")[0] is not None  # whatever this process was told
-    code = ("import json\nfrom tierdiag.engine import cplane, pools, rows\n"
+    code = ("import json\nfrom tierdiag.engine import pools, rows\nfrom tierdiag.native import cplane\n"
             "print(json.dumps([cplane.CPU_KERNEL, rows.copy_rows.__name__, pools.PagePool.free.__name__]))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ, cplane.ENV: env})

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.engine.helpers import PS, Collect, numbered, small_config
-from tierdiag.engine.config import EVICTION_POLICIES
+from tierdiag.config.engine import EVICTION_POLICIES
 from tierdiag.engine.engine import Engine
 from tierdiag.trace.reader import TraceRequest
 

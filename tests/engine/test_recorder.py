@@ -106,7 +106,7 @@ def test_a_rows_sink_gets_each_tables_rows_with_their_field_names_and_the_buffer
     its own core): each table's field names and its rows, encoded by the compiled row buffers
     where they are built, else the tuples as buffered; `columns_of` gives the columns a column
     sink gets, either way."""
-    from tierdiag.engine import cplane
+    from tierdiag.native import cplane
     from tierdiag.probes.recorder import columns_of
 
     if encoded and cplane.C is None:

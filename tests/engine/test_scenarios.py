@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.engine.helpers import PS, req, run, small_config
-from tierdiag.engine.config import EngineConfig
+from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.engine import Engine
 
 

@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from tests.engine.helpers import PS, req, run, small_config, watch
-from tierdiag.engine.config import EVICTION_POLICIES, EngineConfig
+from tierdiag.config.engine import EVICTION_POLICIES, EngineConfig
 from tierdiag.errors import ConfigError
 from tierdiag.trace.pages import output_page_keys, page_keys
 

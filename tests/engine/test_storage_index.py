@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierdiag.engine import cplane, pools
+from tierdiag.engine import pools
+from tierdiag.native import cplane
 from tierdiag.engine.pools import _SLOT_BITS, _LruIndex
 
 compiled = pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")

@@ -14,8 +14,9 @@ import duckdb
 import pytest
 import torch
 
-from tierdiag.engine import cplane, pools
-from tierdiag.engine.config import EngineConfig
+from tierdiag.engine import pools
+from tierdiag.native import cplane
+from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.pools import StorageTier
 from tierdiag.store.reader import open_store, resolve_run
 from tierdiag.store.storage_dir import STORAGE_SUFFIX, folder_bytes, run_storage_dir
@@ -205,7 +206,7 @@ def test_a_truncated_segment_is_an_output_error_not_wrong_bytes(tmp_path):
 
 
 def _replay(tmp_path, db: Path, **cfg):
-    from tierdiag.replay import replay
+    from tierdiag.app.replay import replay
 
     return replay(DEMO_TRACE, EngineConfig(**{**SMALL, **cfg}), db=db, run_name=None, probes=True, skip_bad=False)
 
@@ -260,7 +261,7 @@ def test_an_engine_built_without_a_storage_folder_removes_the_one_it_made(monkey
     import gc
     import tempfile
 
-    from tierdiag.engine.config import EngineConfig
+    from tierdiag.config.engine import EngineConfig
     from tierdiag.engine.engine import Engine
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))

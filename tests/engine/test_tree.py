@@ -84,6 +84,6 @@ def test_eviction_order_follows_the_policy(policy, expected):
 
 
 def test_every_registered_policy_is_a_config_choice():
-    from tierdiag.engine.config import EVICTION_POLICIES
-    from tierdiag.engine.policies import EVICTION_POLICIES as REGISTRY
+    from tierdiag.config.engine import EVICTION_POLICIES
+    from tierdiag.config.policies import EVICTION_POLICIES as REGISTRY
     assert EVICTION_POLICIES == tuple(REGISTRY) == ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")

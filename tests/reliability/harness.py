@@ -182,14 +182,14 @@ def on_request_flush(monkeypatch, hook, *, writer: str = "inline", tmp_path: Pat
         return calls
     import pickle
 
-    from tierdiag.store import writer_process
+    from tierdiag.app import writer_child
 
     assert tmp_path is not None, "a writer process counts its flushes in a file: pass tmp_path"
     counter = tmp_path / "flushes.count"
     prelude = (f"import sys, pickle; sys.path.insert(0, {_HERE!r}); import harness; "
                f"harness._hook_in_writer_process(pickle.loads(bytes.fromhex({pickle.dumps(hook).hex()!r})), "
                f"{str(counter)!r})\n")
-    monkeypatch.setattr(writer_process, "CHILD_ENTRY", prelude + writer_process.CHILD_ENTRY)
+    monkeypatch.setattr(writer_child, "ENTRY", prelude + writer_child.ENTRY)
     return _FileCount(counter)
 
 

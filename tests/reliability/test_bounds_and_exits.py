@@ -15,9 +15,9 @@ import subprocess
 import pytest
 
 from harness import SMALL, cli_argv, cli_env, good_lines, line, runs, sql, tierdiag, write_trace
-from tierdiag.engine.config import EngineConfig
+from tierdiag.config.engine import EngineConfig
 from tierdiag.errors import OutputError, TraceError
-from tierdiag.replay import replay
+from tierdiag.app.replay import replay
 from tierdiag.trace.reader import read_trace
 
 # The documented bounds (README): lengths up to 2**24 tokens, arrivals up to 2**62 ns.

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from harness import good_lines, line, sql, tierdiag, write_trace
-from tierdiag.engine.config import EVICTION_POLICIES, PREFETCH_POLICIES, SCHEDULE_POLICIES, WRITE_POLICIES
-from tierdiag.engine.presets import GPUS, MODELS
+from tierdiag.config.engine import EVICTION_POLICIES, PREFETCH_POLICIES, SCHEDULE_POLICIES, WRITE_POLICIES
+from tierdiag.config.presets import GPUS, MODELS
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tierdiag.engine.config import (EVICTION_POLICIES, PREFETCH_POLICIES, SCHEDULE_POLICIES, WRITE_POLICIES,
+from tierdiag.config.engine import (EVICTION_POLICIES, PREFETCH_POLICIES, SCHEDULE_POLICIES, WRITE_POLICIES,
                                     EngineConfig)
 from tierdiag.probes import events as ev
 from tierdiag.probes.recorder import Probe

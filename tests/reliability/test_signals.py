@@ -202,8 +202,8 @@ def test_a_signal_inside_a_flush_transaction_waits_for_it_and_writes_each_row_on
     import functools
 
     from tierdiag import signals
-    from tierdiag.engine.config import EngineConfig
-    from tierdiag.replay import ReplayInterrupted, replay
+    from tierdiag.config.engine import EngineConfig
+    from tierdiag.app.replay import ReplayInterrupted, replay
 
     trace = tmp_path / "t.jsonl"
     # Longer with a writer process: it commits behind the engine, and its third flush should

@@ -18,9 +18,9 @@ import functools
 
 from harness import (SMALL, WRITERS, bug_from, disk_full_after, good_lines, on_request_flush, runs, sql, tierdiag,
                      write_trace)
-from tierdiag.engine.config import EngineConfig
+from tierdiag.config.engine import EngineConfig
 from tierdiag.errors import OutputError, StoreError
-from tierdiag.replay import replay
+from tierdiag.app.replay import replay
 from tierdiag.store.schema import create_statements
 
 CFG = EngineConfig(model="tiny", gpu="cpu", device_tokens=4096)

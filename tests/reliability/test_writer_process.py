@@ -58,7 +58,7 @@ def writer_of(proc: subprocess.Popen, mark: str, timeout_s: float = 60) -> int:
     """The replay's writer process: the marked process running the writer's entry point. Not
     "any other marked process": a child the CLI forks for a moment (once, platform's `uname -p`)
     holds the marker too, and with pids wrapping at 32,768 it can list before the writer."""
-    from tierdiag.store.writer_process import CHILD_ENTRY
+    from tierdiag.app.writer_child import ENTRY as CHILD_ENTRY
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

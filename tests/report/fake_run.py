@@ -14,6 +14,7 @@ import numpy as np
 
 from tierdiag.store.schema import TABLES
 from tierdiag.store.writer import RunWriter
+from tierdiag.diagnose.close import after_commit
 
 PAGE = 64
 KV_BYTES_PER_TOKEN = 128 * 1024
@@ -140,5 +141,5 @@ def write_fake_run(db: Path, n: int = 300, seed: int = 0, *, name: str = "fake",
         data_plane={"link_bytes_per_s": LINK_BYTES_PER_S, "kv_bytes_per_token": KV_BYTES_PER_TOKEN},
         timing="modelled", command_line=["tierdiag", "replay", "fake.jsonl"])
     writer.append(fake_columns(n, seed, **kw))
-    writer.finish("complete", num_requests=n)
+    writer.finish("complete", num_requests=n, after_commit=after_commit)  # as a replay closes it
     return writer

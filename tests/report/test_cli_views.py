@@ -17,8 +17,8 @@ import pytest
 from fake_run import write_fake_run
 from tests.cli.cli_helpers import cli, on_tty
 from tierdiag.diagnose.causes import CAUSES
-from tierdiag.engine.config import EVICTION_POLICIES, WRITE_POLICIES
-from tierdiag.engine.presets import MODELS
+from tierdiag.config.engine import EVICTION_POLICIES, WRITE_POLICIES
+from tierdiag.config.presets import MODELS
 
 ANSI = re.compile(r"\x1b\[")
 

@@ -193,7 +193,7 @@ def test_verdict_names_summary_dominant_cause_first(built, tmp_path_factory):
     assert head.index('id="verdict"') < head.index('class="stats"')
     lead = re.search(r'<p class="lead">(.*?)</p>', head, re.S).group(1)
     assert f'<span class="cause {v.dominant}">{v.dominant}</span> dominated excess TTFT' in lead
-    from tierdiag.diagnose.units import fmt_pct
+    from tierdiag.units import fmt_pct
 
     assert f"<b>{fmt_pct(v.share)}</b>" in lead
     assert head.count('class="cause-row"') == len(v.ranked)

@@ -87,7 +87,7 @@ def test_report_headline_is_summary(views):
     assert split["device"] == summary["tokens"]["device_tokens"]
     assert split["new"] + split["recomputed"] == summary["tokens"]["computed_tokens"]
     # The page prints summary's numbers, formatted the one way.
-    from tierdiag.diagnose.units import fmt_ms
+    from tierdiag.units import fmt_ms
 
     page = rh.build_report(db, None, db.parent / "r.html").path.read_text(encoding="utf-8")
     assert fmt_ms(sm.classes[-1].ttft_p50_ns) in page

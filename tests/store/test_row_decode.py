@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierdiag.engine import cplane
+from tierdiag.native import cplane
 from tierdiag.store.writer import _ARROW_TYPES, _arrow, table_columns
 
 pytestmark = pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")

@@ -128,7 +128,9 @@ def test_a_run_whose_rows_hold_nulls_still_summarises_and_gets_its_evidence(tmp_
     w = writer(db)
     w.append({"evictions": {"eviction_id": [1, 2, 3, 4], "tier": ["host", None, "x", "device"],
                             "action": ["delete", None, "drop", "demote"], "tokens": [64, 32, 16, 128]}})
-    w.finish("complete", num_requests=0)
+    from tierdiag.diagnose.close import after_commit
+
+    w.finish("complete", num_requests=0, after_commit=after_commit)  # as a replay closes it
     assert "warning" not in capsys.readouterr().err
     with open_store(db) as con:
         run = resolve_run(con, None)

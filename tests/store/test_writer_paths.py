@@ -182,18 +182,18 @@ def test_a_sweep_worker_writes_inline(tmp_path):
 
 _IMPORTS = """
 import json, sys
-from tierdiag.store import writer_process
+from tierdiag.app import writer_child
 # In the writer: report what it imported, once the run is closed.
-writer_process.CHILD_ENTRY = (
-    "import sys, json\\n" + writer_process.CHILD_ENTRY.replace("main()", "") + "\\n"
+writer_child.ENTRY = (
+    "import sys, json\\n" + writer_child.ENTRY.replace("main()", "") + "\\n"
     "import tierdiag.store.writer_process as W\\n_f = W._Serve.finish\\n"
     "def finish(self, arg):\\n"
     "    done = _f(self, arg)\\n"
     "    print(json.dumps(['writer', sorted(m for m in ('torch',) if m in sys.modules)]), file=sys.stderr)\\n"
     "    return done\\n"
-    "W._Serve.finish = finish\\nW.main()\\n")
-from tierdiag.engine.config import EngineConfig
-from tierdiag.replay import replay
+    "W._Serve.finish = finish\\nmain()\\n")
+from tierdiag.config.engine import EngineConfig
+from tierdiag.app.replay import replay
 replay(__import__("pathlib").Path(sys.argv[1]), EngineConfig(model="tiny", gpu="cpu", device_tokens=65536),
        db=__import__("pathlib").Path(sys.argv[2]), run_name="x", probes=True, skip_bad=False)
 print(json.dumps(["engine", sorted(m for m in ("duckdb", "pyarrow") if m in sys.modules)]), file=sys.stderr)
@@ -225,7 +225,9 @@ def test_a_write_that_failed_in_the_writer_is_raised_at_the_close_and_the_run_cl
 
     on_request_flush(monkeypatch, functools.partial(disk_full_after, 0), writer="process", tmp_path=tmp_path)
     db = tmp_path / "w.duckdb"
-    w = writer_process.WriterProcess.start()
+    from tierdiag.app import writer_child
+
+    w = writer_process.WriterProcess.start(entry=writer_child.ENTRY)  # the replay's, patched above
     try:
         w.open(db, run_id=writer_process.new_run_id(), name="w", trace_path="t.jsonl", trace_sha256="",
                config={}, hardware={}, data_plane={}, timing="modelled", command_line=["t"], write_every_s=0.0)

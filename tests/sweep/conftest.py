@@ -19,9 +19,9 @@ def trace(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def singles(tmp_path_factory, trace) -> Path:
     """The sweep's 4 configs, each replayed on its own, into one store."""
-    from tierdiag.engine.config import EngineConfig
-    from tierdiag.replay import replay
-    from tierdiag.sweep.spec import plan_sweep
+    from tierdiag.config.engine import EngineConfig
+    from tierdiag.app.replay import replay
+    from tierdiag.config.sweep_spec import plan_sweep
 
     db = tmp_path_factory.mktemp("singles") / "singles.duckdb"
     base = EngineConfig(model="tiny", gpu="cpu", device_tokens=16 * 1024)

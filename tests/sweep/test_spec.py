@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tierdiag.engine.config import CONFIG_KEYS, EngineConfig
+from tierdiag.config.engine import CONFIG_KEYS, EngineConfig
 from tierdiag.errors import ConfigError, ExitCode
-from tierdiag.sweep.spec import parse_set, parse_size, plan_sweep
+from tierdiag.config.sweep_spec import parse_set, parse_size, plan_sweep
 
 BASE = EngineConfig(model="tiny", gpu="cpu", device_tokens=16384)
 

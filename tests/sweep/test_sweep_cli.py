@@ -129,8 +129,8 @@ def test_interrupted_sweep_keeps_finished_runs_complete(tmp_path):
 @pytest.mark.skipif(not (SHARED_TRACES / "synthetic_trace.jsonl").exists(), reason="needs ../shared/traces")
 def test_sweep_of_the_synthetic_trace(tmp_path):
     """The issue's own command; one of the four replayed alone for the row check (time)."""
-    from tierdiag.engine.config import EngineConfig
-    from tierdiag.replay import replay
+    from tierdiag.config.engine import EngineConfig
+    from tierdiag.app.replay import replay
 
     trace = SHARED_TRACES / "synthetic_trace.jsonl"
     db, single = tmp_path / "sweep.duckdb", tmp_path / "single.duckdb"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import tempfile
 
-from tierdiag.sweep import runner
+from tierdiag.app import sweep as runner
 
 
 def _dead_pid() -> int:

@@ -23,7 +23,8 @@ def advise(
     """Propose cache changes from the run's diagnosis, replay the run's trace once per change in parallel,
     and print TTFT p50/p99, recompute share and reuse by tier before and after; the best is marked.
     The measured numbers then show in `explain` as advice[].verified for that run's requests."""
-    from tierdiag.diagnose.advice import HOST_POOL_LIMIT_BYTES, advise_run
+    from tierdiag.app.advise import advise_run
+    from tierdiag.diagnose.advice import HOST_POOL_LIMIT_BYTES
     from tierdiag.store.reader import open_store, resolve_run
 
     host_limit = HOST_POOL_LIMIT_BYTES if host_memory is None else _bytes(host_memory)
@@ -47,7 +48,7 @@ def advise(
 
 def _bytes(text: str) -> int:
     from tierdiag.errors import ConfigError
-    from tierdiag.sweep.spec import parse_size
+    from tierdiag.config.sweep_spec import parse_size
 
     try:
         value = parse_size(text)

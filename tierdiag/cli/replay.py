@@ -14,8 +14,8 @@ from tierdiag import signals
 from tierdiag.cli.choices import choices
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, db_option, err, out, print_json
 # No torch: presets, registries and validation only.
-from tierdiag.diagnose.units import fmt_bytes, fmt_ms, fmt_pct, fmt_pool
-from tierdiag.engine.config import (
+from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_pool
+from tierdiag.config.engine import (
     EVICTION_POLICIES,
     PREFETCH_POLICIES,
     SCHEDULE_POLICIES,
@@ -25,7 +25,7 @@ from tierdiag.engine.config import (
     EngineConfig,
     load_config,
 )
-from tierdiag.engine.presets import GPUS, MODELS, model_preset
+from tierdiag.config.presets import GPUS, MODELS, model_preset
 from tierdiag.errors import RunInterrupted
 
 Opt = typer.Option
@@ -111,7 +111,7 @@ def replay(
     for warning in cfg.warnings():
         err.print(f"tierdiag: warning: {warning}", markup=False, highlight=False)
     # Imported here, not at the top: every command module is imported to register it.
-    from tierdiag.replay import ReplayInterrupted, replay as run_replay
+    from tierdiag.app.replay import ReplayInterrupted, replay as run_replay
 
     if not json_:
         # What the closing table and an interrupt's line print with, loaded now, whole: a signal
@@ -162,7 +162,7 @@ def _progress_bar(trace: Path, *, show: bool):
         return contextlib.nullcontext(), None
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from tierdiag.replay import count_lines
+    from tierdiag.app.replay import count_lines
 
     bar = Progress(TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                    TimeElapsedColumn(), console=err, transient=True)

@@ -48,7 +48,7 @@ def runs(
 
 
 def _delete(db, run: str, *, keep_storage: bool, json_: bool) -> None:
-    from tierdiag.diagnose.units import fmt_bytes
+    from tierdiag.units import fmt_bytes
     from tierdiag.store.delete import delete_run
 
     d = delete_run(db, run, keep_storage=keep_storage)

@@ -36,9 +36,9 @@ def sweep(
     """Replay TRACE once per combination of the --set values (in parallel processes or Ray tasks),
     record every run in --db under one sweep id, and compare them."""
     from tierdiag.diagnose.compare import check_sort_key
-    from tierdiag.engine.config import load_config  # no torch: presets and validation only
-    from tierdiag.sweep.runner import Processes, Ray, import_ray, new_sweep_id
-    from tierdiag.sweep.spec import plan_sweep
+    from tierdiag.config.engine import load_config  # no torch: presets and validation only
+    from tierdiag.app.sweep import Processes, Ray, import_ray, new_sweep_id
+    from tierdiag.config.sweep_spec import plan_sweep
 
     check_sort_key(by)
     if jobs is not None and jobs < 1:
@@ -81,9 +81,9 @@ def _run(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool) ->
 
     from tierdiag.errors import RunInterrupted
     from tierdiag.diagnose.summary import run_summary
-    from tierdiag.diagnose.units import fmt_ms, fmt_pct
+    from tierdiag.units import fmt_ms, fmt_pct
     from tierdiag.store.reader import open_store, resolve_run
-    from tierdiag.sweep.runner import Ray, SweepInterrupted, run_configs
+    from tierdiag.app.sweep import Ray, SweepInterrupted, run_configs
 
     n = len(plan.configs)
     where = "as Ray tasks" if isinstance(backend, Ray) else f"in {min(backend.jobs or _cores(), n)} processes"
@@ -124,6 +124,6 @@ def _run(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool) ->
 
 
 def _cores() -> int:
-    from tierdiag.sweep.runner import default_jobs
+    from tierdiag.app.sweep import default_jobs
 
     return default_jobs()

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tierdiag.diagnose.context import CONTEXT_LOOKBACK_NS, QueueAttribution, RequestContext, RunContext
-from tierdiag.diagnose.units import NS_PER_S, fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, share
+from tierdiag.units import NS_PER_S, fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, share
 
 # The queue is called the cache's doing when recomputing once-cached tokens took at least this
 # share of the GPU time a request waited behind, on a prefill GPU at least BUSY_SHARE busy:

@@ -19,7 +19,7 @@ import duckdb
 from tierdiag.diagnose.causes import cause_sql
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one, jsonify
 from tierdiag.diagnose.summary import ClassStats, RunSummary, run_summary
-from tierdiag.diagnose.units import share
+from tierdiag.units import share
 from tierdiag.errors import ConfigError, StoreError, TierdiagError
 from tierdiag.store.reader import RunInfo, list_runs
 
@@ -50,7 +50,7 @@ def changed_from_defaults(config: dict) -> dict[str, Any]:
     Pool sizes default from the presets (device: the GPU's memory left after the weights;
     host: 2x device), so those defaults are the ones for the run's own model and GPU, and the
     host default follows the run's device size."""
-    from tierdiag.engine.config import EngineConfig  # presets and validation only, no torch
+    from tierdiag.config.engine import EngineConfig  # presets and validation only, no torch
 
     if not config:
         return {}
@@ -68,7 +68,7 @@ def changed_from_defaults(config: dict) -> dict[str, Any]:
 
 def memory_bytes(config: dict) -> int | None:
     """Device + host + storage KV capacity in modelled bytes (the run's model geometry)."""
-    from tierdiag.engine.presets import MODELS
+    from tierdiag.config.presets import MODELS
 
     model = MODELS.get(config.get("model") or "")
     if model is None or config.get("device_tokens") is None:

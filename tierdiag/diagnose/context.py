@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import duckdb
 
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts
-from tierdiag.diagnose.units import NS_PER_S, ns_to_ms, share
+from tierdiag.units import NS_PER_S, ns_to_ms, share
 
 # Context is measured over [arrival - CONTEXT_LOOKBACK_NS, first token].
 CONTEXT_LOOKBACK_NS = 1 * NS_PER_S

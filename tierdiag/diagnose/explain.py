@@ -31,7 +31,7 @@ from tierdiag.diagnose.context import (
     request_context,
 )
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one, link_peak_bytes_per_s
-from tierdiag.diagnose.units import (
+from tierdiag.units import (
     NS_PER_S,
     fmt_bandwidth,
     fmt_bytes,

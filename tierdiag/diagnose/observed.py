@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import duckdb
 
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one
-from tierdiag.diagnose.units import fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
+from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
 from tierdiag.errors import NotFoundError
 from tierdiag.store.reader import RunInfo, list_runs
 

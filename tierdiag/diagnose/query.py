@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import duckdb
 
-from tierdiag.diagnose.units import ns_to_ms
+from tierdiag.units import ns_to_ms
 
 
 def fetch_dicts(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] = ()) -> list[dict]:

@@ -16,7 +16,7 @@ import duckdb
 
 from tierdiag.diagnose.causes import CAUSES, cause_sql, excess_sql
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one, link_peak_bytes_per_s
-from tierdiag.diagnose.units import NS_PER_S, share
+from tierdiag.units import NS_PER_S, share
 from tierdiag.store.reader import RunInfo
 
 TOP_EVICTED = 10

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tierdiag.engine import rows as _rows
-from tierdiag.engine.config import EngineConfig
+from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.pagemap import SMALL_CALL, PageMap
 from tierdiag.engine.pools import PagePool, StorageTier, lookup_prefix, verify_content, write_content

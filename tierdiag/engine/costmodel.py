@@ -16,8 +16,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from tierdiag.engine.config import EngineConfig
-from tierdiag.engine.presets import gpu_preset, model_preset
+from tierdiag.config.engine import EngineConfig
+from tierdiag.config.presets import gpu_preset, model_preset
 from tierdiag.errors import ConfigError
 
 BATCH_OVERHEAD_NS = 1_000_000  # scheduling + kernel launches per prefill batch

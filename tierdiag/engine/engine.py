@@ -9,7 +9,7 @@ import weakref
 from pathlib import Path
 from typing import Callable, Iterable
 
-from tierdiag.engine.config import EngineConfig
+from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.controller import CacheController, EngineStats
 from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.hardware import cuda_available

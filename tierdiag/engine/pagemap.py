@@ -19,7 +19,7 @@ from typing import Iterable
 
 import numpy as np
 
-from tierdiag.engine import cplane
+from tierdiag.native import cplane
 
 MISSING = -1
 DENSE_LIMIT = 1 << 28  # keys below this may be array slots (at most 1 GiB of int32, grown on demand)

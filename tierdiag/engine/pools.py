@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tierdiag.engine import cplane
+from tierdiag.native import cplane
 from tierdiag.engine import rows as _rows
 from tierdiag.errors import OutputError
 

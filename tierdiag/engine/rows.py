@@ -24,7 +24,7 @@ from typing import Any, Sequence, Union
 
 import numpy as np
 
-from tierdiag.engine import cplane
+from tierdiag.native import cplane
 
 PageList = Union[Sequence[int], np.ndarray, Any]  # Any: a torch tensor of page ids
 

@@ -26,14 +26,14 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from tierdiag.engine.config import EngineConfig
+from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.controller import CacheController, EngineStats
 from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.pagemap import blame
 from tierdiag.engine.tree import RadixTree, TreeNode
 from tierdiag.errors import TierdiagError
 from tierdiag.probes import events as ev
-from tierdiag.engine import cplane
+from tierdiag.native import cplane
 from tierdiag.engine.pools import lookup_prefix
 from tierdiag.trace.pages import output_page_keys, page_keys_array
 from tierdiag.trace.pages import storage_key_chain as _storage_key_chain_py

@@ -17,7 +17,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Callable
 
-from tierdiag.engine.policies import EVICTION_POLICIES
+from tierdiag.config.policies import EVICTION_POLICIES
 
 
 class TreeNode:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 from tierdiag import signals
-from tierdiag.engine import cplane
+from tierdiag.native import cplane
 from tierdiag.probes import events as ev
 
 Sink = Callable[[Mapping[str, Mapping[str, tuple]]], None]
@@ -21,7 +21,7 @@ def columns_of(fields: tuple[str, ...], rows) -> dict[str, tuple]:
     (bytes, count, objects), decoded by the compiled data plane that encoded them."""
     if isinstance(rows, list):
         return dict(zip(fields, zip(*rows)))
-    from tierdiag.engine import _cplane
+    from tierdiag.native import _cplane
 
     return dict(zip(fields, _cplane.decode_rows(*rows, len(fields))))
 

@@ -26,7 +26,7 @@ import numpy as np
 from tierdiag import __version__
 from tierdiag.diagnose.compare import (CLASSES, Comparison, RequestComparison, RequestDelta, compare_requests,
                                        compare_runs, sweep_runs)
-from tierdiag.diagnose.units import fmt_bytes, fmt_ms, fmt_pct
+from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct
 from tierdiag.errors import ConfigError
 from tierdiag.report.compare_figures import (RunTtfts, pareto_figure, reuse_bars_figure, run_colour,
                                              ttft_cdf_figure, ttft_unit_of)

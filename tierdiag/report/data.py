@@ -22,7 +22,7 @@ from tierdiag.diagnose.query import link_peak_bytes_per_s
 from tierdiag.diagnose.slow import SlowRequest, slow_requests
 from tierdiag.diagnose.summary import _FINISHED as FINISHED_SQL
 from tierdiag.diagnose.summary import CauseShare, RunSummary, run_summary
-from tierdiag.diagnose.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, share
+from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, share
 from tierdiag.store.reader import RunInfo
 
 # Past this many finished requests the per-request scatter keeps the slowest ones plus an

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tierdiag.diagnose.units import fmt_bandwidth, fmt_ms, fmt_pct
+from tierdiag.units import fmt_bandwidth, fmt_ms, fmt_pct
 from tierdiag.report.data import (
     CLASSES,
     COMPONENTS,

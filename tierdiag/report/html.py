@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from tierdiag import __version__
-from tierdiag.diagnose.units import fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens
+from tierdiag.units import fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens
 from tierdiag.errors import OutputError
 from tierdiag.report.data import (
     BURST_GAP_SHARE,

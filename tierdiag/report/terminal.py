@@ -17,7 +17,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from tierdiag.diagnose.units import (
+from tierdiag.units import (
     fmt_bandwidth,
     fmt_bytes,
     fmt_ms,

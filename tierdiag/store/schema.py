@@ -6,6 +6,15 @@ end of a table is compatible only if readers never rely on them positionally (th
 
 from __future__ import annotations
 
+import time
+import uuid
+
+
+def new_run_id() -> str:
+    """A run's id: when it started, and 6 hex digits (the replay, the writer process and the
+    sweep's workers all name runs with it)."""
+    return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
 SCHEMA_VERSION = 2  # v2: runs.kind, runs.sweep_id (DESIGN §5)
 
 # Column name -> DuckDB type, in table order. Times are ns of *virtual* time unless the name

@@ -37,7 +37,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import duckdb
 import pyarrow as pa
@@ -47,8 +47,7 @@ from tierdiag.errors import OutputError, StoreError, TierdiagError
 from tierdiag.paths import prepare_output_path
 from tierdiag.store.reader import (attach_with_retry, check_store, connect_with_retry, damage_error, detach,
                                    first_line, is_lock_error, lock_holder, unfinished_store, verify_blocks)
-from tierdiag.store.schema import SCHEMA_VERSION, TABLES, create_statements
-from tierdiag.store.writer_process import new_run_id  # one definition; the writer process names runs too
+from tierdiag.store.schema import SCHEMA_VERSION, TABLES, create_statements, new_run_id
 
 _ARROW_TYPES = {
     "VARCHAR": pa.string(),
@@ -129,6 +128,11 @@ def init_store(con: duckdb.DuckDBPyConnection, *, path_for_errors: str = "the da
         [str(SCHEMA_VERSION), f"tierdiag {__version__}"],
     )
     con.execute("COMMIT")
+
+
+# What a run's close runs after its status is committed: (connection, db path, run id, status)
+# -> the closing numbers or None. See RunWriter.finish.
+AfterCommit = Callable[[duckdb.DuckDBPyConnection, Path, str, str], Optional[dict]]
 
 
 class RunWriter:
@@ -333,12 +337,18 @@ class RunWriter:
 
     def finish(self, status: str, *, error: str | None = None, write_pending: bool = True,
                trace_sha256: str | None = None, num_requests: int | None = None,
-               release: bool = True) -> None:
+               release: bool = True, after_commit: AfterCommit | None = None) -> None:
         """Write what is still pending (unless told to give it up, after a write failed), then
         the run's final status, with `recorded` as its number of requests. A trace read through
         a pipe has its digest only now (`trace_sha256`). The file is let go of either way;
         `release=False` keeps the in-memory connection (the writer process, which exits right
         after answering, skips its 8-10 ms teardown in the close the replay waits for).
+
+        `after_commit(con, db_path, run_id, status)` runs once the status is committed, on the
+        same connection (one open and one checkpoint for the whole close): the replay passes
+        diagnose.close.after_commit (the run evidence, and the closing numbers it returns, kept
+        as `numbers`; what it raises is kept as `numbers_error`, for the replay to raise). The
+        store computes nothing of the diagnosis itself.
 
         `num_requests` is accepted for existing callers and not used: a run's count is the
         request rows committed to the file, never what a caller believes it handed over (a full
@@ -361,16 +371,11 @@ class RunWriter:
                 except duckdb.Error as exc:
                     raise write_error(self.db_path, exc) from None
                 self.closed_as = status
-                # Committed. On the same connection, so the close pays one open and one
-                # checkpoint: the run evidence (a transaction of its own; never raises, a warning
-                # line) and, for a complete run, the closing numbers read back from it.
-                if status in ("complete", "interrupted"):
-                    from tierdiag.diagnose.evidence import record_run_evidence
-
-                    record_run_evidence(self.db_path, self.run_id, con=con)
-                if status == "complete":
+                # Committed. The caller's hook on the same connection, so the close pays one
+                # open and one checkpoint.
+                if after_commit is not None:
                     try:
-                        self.numbers = closing_numbers(con, self.run_id)
+                        self.numbers = after_commit(con, self.db_path, self.run_id, status)
                     except Exception as exc:  # noqa: BLE001 - raised by the replay, where it reads them
                         self.numbers_error = exc
         if release:
@@ -416,18 +421,6 @@ def _no_vacuum(con: duckdb.DuckDBPyConnection) -> None:
         return
 
 
-def closing_numbers(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
-    """What the replay's closing table takes from `summary` (one definition per metric): the
-    run's span and its TTFT percentiles over every finished request (None when there is none)."""
-    from tierdiag.diagnose.summary import run_summary
-    from tierdiag.store.reader import resolve_run
-
-    s = run_summary(con, resolve_run(con, run_id), diagnose=False)  # the closing table needs no diagnosis
-    every = next((c for c in s.classes if c.hit_class == "all"), None)
-    return {"span_ns": s.span_ns,
-            "ttft_ns": None if every is None else (every.ttft_p50_ns, every.ttft_p90_ns, every.ttft_p99_ns)}
-
-
 def close_run_row(db_path: str | os.PathLike, run_id: str, status: str, error: str | None) -> int | None:
     """Close run `run_id` as `status` from outside the writer that opened it (that writer's
     process died): its count is the request rows committed to the file. Returns that count, or
@@ -465,7 +458,7 @@ def table_columns(table: str, fields: tuple[str, ...], rows) -> dict[str, Any]:
         from tierdiag.probes.recorder import columns_of
 
         return columns_of(fields, rows)
-    from tierdiag.engine import _cplane
+    from tierdiag.native import _cplane
 
     schema = TABLES.get(table, {})
     kinds = [_DECODE_KIND.get(schema.get(f), b"o") for f in fields]

@@ -44,12 +44,12 @@ import struct
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Mapping
 
 from tierdiag import signals
 from tierdiag.errors import ConfigError, StoreError
+from tierdiag.store.schema import new_run_id  # noqa: F401 - the engine's process names its run by it
 
 ENV = "TIERDIAG_WRITER"
 MODES = ("process", "inline")
@@ -75,10 +75,6 @@ SPARE_CORE_LOAD = 1.5  # auto: a writer process when the other runnable work is 
 REAP_WAIT_S = 60.0  # how long the engine's process waits for the writer to exit after the close
 
 _HEADER = struct.Struct("<Q")
-
-
-def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
 def _usable_cpus() -> int:
@@ -195,8 +191,8 @@ def _portable(exc: BaseException) -> BaseException:
 # --------------------------------------------------------------------------- the engine's side
 
 
-def child_argv() -> list[str]:
-    return [sys.executable, "-c", CHILD_ENTRY]
+def child_argv(entry: str | None = None) -> list[str]:
+    return [sys.executable, "-c", entry or CHILD_ENTRY]
 
 
 class WriterProcess:
@@ -221,7 +217,10 @@ class WriterProcess:
         self._proc: subprocess.Popen | None = None
 
     @classmethod
-    def start(cls) -> "WriterProcess":
+    def start(cls, entry: str | None = None) -> "WriterProcess":
+        """`entry`: the child's `python -c` code, CHILD_ENTRY by default (a writer whose close
+        computes nothing beyond the status); the replay's (app/writer_child.py) calls `main`
+        with its close hook."""
         self = cls()
         # Its own process group: a Ctrl-C of the terminal, or a signal to the replay's group,
         # reaches the engine's process only. And it starts with SIGINT and SIGTERM blocked (a
@@ -230,7 +229,7 @@ class WriterProcess:
         # for the spawn: what arrives meanwhile is delivered to this process right after.
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signals.HANDLED)
         try:
-            self._proc = subprocess.Popen(child_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+            self._proc = subprocess.Popen(child_argv(entry), stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
                                           close_fds=True, process_group=0)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
@@ -406,8 +405,11 @@ class _Died(Exception):
 # --------------------------------------------------------------------------- the writer's side
 
 
-def main() -> None:
-    """The writer process: `python -c CHILD_ENTRY`, the request pipe on stdin, replies on stdout."""
+def main(after_commit=None, preload: tuple[str, ...] = ()) -> None:
+    """The writer process: `python -c CHILD_ENTRY` (or the caller's entry, which passes
+    `after_commit`, RunWriter.finish's hook, and the modules it needs, imported once the store is
+    open, while the engine runs rather than in the close), the request pipe on stdin, replies on
+    stdout."""
     for sig in signals.HANDLED:
         signal.signal(sig, signal.SIG_IGN)  # the engine's process decides (see the module docstring)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, signals.HANDLED)  # blocked since the spawn; now ignored
@@ -424,7 +426,7 @@ def main() -> None:
     sys.setswitchinterval(0.001)
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     threading.Thread(target=_read_requests, args=(0, inbox), name="requests", daemon=True).start()
-    serve = _Serve(inbox, reply_fd)
+    serve = _Serve(inbox, reply_fd, after_commit=after_commit, preload=preload)
     code = 0
     try:
         serve.run()
@@ -447,9 +449,11 @@ def _read_requests(fd: int, inbox) -> None:
 
 
 class _Serve:
-    def __init__(self, inbox, reply_fd: int):
+    def __init__(self, inbox, reply_fd: int, *, after_commit=None, preload: tuple[str, ...] = ()):
         self.inbox = inbox
         self.reply_fd = reply_fd
+        self.after_commit = after_commit
+        self.preload = preload
         self.writer = None
         self.failed = False  # a write failed and was reported: later rows are given up
         self.every = WRITE_EVERY_S  # the interval now: FIRST_WRITE_S at open, doubling to every_max
@@ -507,12 +511,12 @@ class _Serve:
         self.last_write = time.monotonic()
         if not self.reply(("opened", None)):
             return False
-        # What the close needs (the evidence, the closing numbers), imported now while the
-        # engine runs rather than in the serial tail after it.
-        import tierdiag.diagnose.context  # noqa: F401
-        import tierdiag.diagnose.evidence  # noqa: F401
-        import tierdiag.diagnose.explain  # noqa: F401
-        import tierdiag.diagnose.summary  # noqa: F401
+        # What the close hook needs, imported now while the engine runs rather than in the
+        # serial tail after it.
+        import importlib
+
+        for name in self.preload:
+            importlib.import_module(name)
         return True
 
     def rows(self, tables) -> None:
@@ -552,7 +556,7 @@ class _Serve:
         try:
             # The in-memory connection is left to the process's exit (os._exit, after the answer).
             self.writer.finish(arg["status"], error=arg["error"], write_pending=arg["write_pending"],
-                               trace_sha256=arg["trace_sha256"], release=False)
+                               trace_sha256=arg["trace_sha256"], release=False, after_commit=self.after_commit)
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
             return False

@@ -36,7 +36,7 @@ from array import array
 
 import numpy as np
 
-from tierdiag.engine.cplane import C as _C
+from tierdiag.native.cplane import C as _C
 from tierdiag.errors import ConfigError
 from tierdiag.trace.reader import TraceRequest
 

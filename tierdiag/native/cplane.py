@@ -36,9 +36,9 @@ def _load(choice: str) -> tuple[ModuleType | None, str]:
     if choice == "numpy":
         return None, f"{ENV}=numpy"
     try:
-        from tierdiag.engine import _cplane
+        from tierdiag.native import _cplane
     except ImportError as exc:
-        return None, f"not built ({exc}); `pip install -e .` compiles tierdiag/engine/_cplane.c"
+        return None, f"not built ({exc}); `pip install -e .` compiles tierdiag/native/_cplane.c"
     if getattr(_cplane, "API", None) != API:
         return None, (f"stale build (API {getattr(_cplane, 'API', None)}, this source wants {API}); "
                       f"`pip install -e .` rebuilds it")

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tierdiag.errors import ConfigError, ConfigFileError, unknown_name
-from tierdiag.engine.policies import EVICTION_POLICIES as _EVICTION_REGISTRY
-from tierdiag.engine.presets import GPUS, MODELS, gpu_preset, model_preset
+from tierdiag.config.policies import EVICTION_POLICIES as _EVICTION_REGISTRY
+from tierdiag.config.presets import GPUS, MODELS, gpu_preset, model_preset
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 EVICTION_POLICIES = tuple(_EVICTION_REGISTRY)

@@ -3,7 +3,7 @@
     run_configs(trace, [(name, EngineConfig), ...], db, backend=Processes(jobs) | Ray(address),
                 sweep_id=..., progress=callback) -> [run_id, ...]
 
-Both back ends run the same worker function, `_replay_one`: an ordinary `tierdiag.replay.replay`
+Both back ends run the same worker function, `_replay_one`: an ordinary `tierdiag.app.replay.replay`
 into a private DuckDB file (the same RunWriter, so the rows are exactly those of a single replay).
 The driver is the only writer of `db`: as each combination finishes it copies that run in, in one
 transaction (merge.py), so `db` holds whole runs only and a reader can open it at any time.
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from tierdiag.engine.config import EngineConfig
+from tierdiag.config.engine import EngineConfig
 from tierdiag.errors import ConfigError, ExitCode, TierdiagError
 
 RAY_MISSING = "--ray needs Ray, which is not installed (pip install 'tierdiag[ray]')"
@@ -129,7 +129,7 @@ def run_configs(trace: str | os.PathLike, configs: Sequence[tuple[str, EngineCon
     if not configs:
         raise ConfigError("no configurations to replay")
     _check_trace(trace, configs, skip_bad)
-    from tierdiag.sweep.merge import open_destination
+    from tierdiag.store.copy_run import open_destination
 
     open_destination(db).close()  # busy, foreign or unwritable: say so before any replay
     cmd = " ".join(command_line if command_line is not None else sys.argv)
@@ -214,7 +214,7 @@ def _check_trace(trace: Path, configs, skip_bad: bool) -> None:
 
 def _replay_one(trace: Path, task: _Task, workdir: Path, skip_bad: bool, command_line: str) -> _WorkerResult:
     """One combination into `workdir/run-<index>.duckdb` with the ordinary replay."""
-    from tierdiag.replay import ReplayInterrupted, replay
+    from tierdiag.app.replay import ReplayInterrupted, replay
 
     t0 = time.perf_counter()
     db = workdir / f"run-{task.index}.duckdb"
@@ -241,7 +241,7 @@ def _replay_one(trace: Path, task: _Task, workdir: Path, skip_bad: bool, command
 def _merge(db: Path, task: _Task, result: _WorkerResult, tables, overrides: dict) -> RunOutcome:
     """Copy a worker's run into `db`; its status as recorded (a run left `running`, whose
     worker was stopped while closing it, is interrupted)."""
-    from tierdiag.sweep.merge import read_run_tables, write_run_tables
+    from tierdiag.store.copy_run import read_run_tables, write_run_tables
 
     if tables is None and result.db_path is not None:
         tables = read_run_tables(result.db_path)
@@ -430,7 +430,7 @@ def _ignoring_sigint():
 def _ray_task(trace_bytes: bytes, trace_name: str, task: _Task, skip_bad: bool, command_line: str):
     """One combination on a Ray worker: the trace (from the object store) into a local file, the
     ordinary replay into a local store, and that run's tables back to the driver as Arrow."""
-    from tierdiag.sweep.merge import read_run_tables
+    from tierdiag.store.copy_run import read_run_tables
 
     with tempfile.TemporaryDirectory(prefix="tierdiag-ray-") as tmp:
         trace = Path(tmp) / trace_name

@@ -25,8 +25,8 @@ from typing import Callable
 
 from tierdiag import signals
 from tierdiag.diagnose.quantile import nearest_rank
-from tierdiag.diagnose.units import ns_to_ms
-from tierdiag.engine.config import EngineConfig
+from tierdiag.units import ns_to_ms
+from tierdiag.config.engine import EngineConfig
 from tierdiag.errors import ConfigError, TierdiagError, TraceError
 from tierdiag.store.storage_dir import run_folder
 from tierdiag.trace.reader import MAX_ARRIVAL_NS, ReadReport, is_seekable_file, read_trace, trace_sha256
@@ -143,6 +143,12 @@ def _flush_every_s() -> float:
     return value
 
 
+def _after_commit():
+    from tierdiag.diagnose.close import after_commit
+
+    return after_commit
+
+
 def _close_run(writer, recorder, status: str | Callable[[], str], error: str | None, *,
                trace_sha256: str | None = None) -> TierdiagError | None:
     """Flush what is buffered and write the final status, SIGINT/SIGTERM held meanwhile. On any
@@ -151,7 +157,12 @@ def _close_run(writer, recorder, status: str | Callable[[], str], error: str | N
     bug = None
     try:
         recorder.flush()
-        writer.finish(status if isinstance(status, str) else status(), error=error, trace_sha256=trace_sha256)
+        # The inline writer runs the close hook here; a writer process has its own (writer_child).
+        from tierdiag.store.writer_process import WriterProcess
+
+        hook = {} if isinstance(writer, WriterProcess) else {"after_commit": _after_commit()}
+        writer.finish(status if isinstance(status, str) else status(), error=error, trace_sha256=trace_sha256,
+                      **hook)
         return None
     except TierdiagError as exc:
         problem = exc
@@ -245,11 +256,12 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
     if mode == "process":
         # Started now, so that its interpreter and imports (duckdb, pyarrow) overlap the engine's
         # import and set-up; it touches no store until it is told to open one, below.
+        from tierdiag.app import writer_child
         from tierdiag.store.writer_process import WriterProcess
 
         with signals.deferred():
             try:
-                wproc = WriterProcess.start()
+                wproc = WriterProcess.start(entry=writer_child.ENTRY)
             except OSError:  # no process to be had (out of processes or memory): write inline
                 mode = "inline"
             else:

@@ -20,7 +20,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from tierdiag.engine.config import CONFIG_KEYS, EngineConfig
+from tierdiag.config.engine import CONFIG_KEYS, EngineConfig
 from tierdiag.errors import ConfigError, TierdiagError
 
 SIZE_SUFFIXES = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}

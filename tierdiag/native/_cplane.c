@@ -21,7 +21,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Bumped whenever a signature or a semantic changes: tierdiag/engine/cplane.py refuses a stale
+/* Bumped whenever a signature or a semantic changes: tierdiag/native/cplane.py refuses a stale
  * build (an editable install's .so compiled from an older source) instead of misusing it. */
 #define CPLANE_API 5
 
@@ -1985,7 +1985,7 @@ static PySequenceMethods ix_as_sequence = {
 
 static PyTypeObject StorageIndexType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "tierdiag.engine._cplane.StorageIndex",
+    .tp_name = "tierdiag.native._cplane.StorageIndex",
     .tp_doc = PyDoc_STR("StorageIndex(): the storage tier's page index in LRU order (pools._LruIndex's\n"
                         "methods, compiled)."),
     .tp_basicsize = sizeof(StorageIndex),
@@ -2240,7 +2240,7 @@ static PySequenceMethods rb_as_sequence = {
 
 static PyTypeObject RowBufferType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "tierdiag.engine._cplane.RowBuffer",
+    .tp_name = "tierdiag.native._cplane.RowBuffer",
     .tp_doc = PyDoc_STR("RowBuffer(width): rows of `width` values, encoded as appended (see _cplane.c)."),
     .tp_basicsize = sizeof(RowBuffer),
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -2600,7 +2600,7 @@ static PyMethodDef cplane_methods[] = {
 static struct PyModuleDef cplane_module = {
     PyModuleDef_HEAD_INIT,
     "_cplane",
-    "The compiled CPU data plane (tierdiag/engine/cplane.py chooses it; rows.py and pools.py\n"
+    "The compiled CPU data plane (tierdiag/native/cplane.py chooses it; rows.py and pools.py\n"
     "hold the numpy reference it falls back to).",
     -1,
     cplane_methods,

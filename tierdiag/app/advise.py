@@ -1,0 +1,123 @@
+"""`tierdiag advise`: propose changes from a run's diagnosis (diagnose.advice's rules), replay
+the run's trace once per change with the sweep runner, and measure each against the baseline.
+
+Orchestration only: the rules, the numbers and the verification read back are diagnose's; the
+replays are the sweep runner's. Diagnose never starts a replay."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tierdiag.diagnose.advice import (HOST_POOL_LIMIT_BYTES, Advice, RunNumbers, advise_sweep_id, propose,
+                                      run_context_for, run_numbers, verified_advice)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    advice: Advice
+    numbers: RunNumbers | None  # None when its replay recorded nothing
+    status: str  # the replay's: complete | interrupted | failed | not_started
+
+    def to_json(self) -> dict:
+        d = {"changes": dict(self.advice.changes), "reason": self.advice.reason, "status": self.status,
+             "run_id": None, "ttft_p50_ms": None, "ttft_p99_ms": None, "recompute_share": None, "reuse_share": None}
+        if self.numbers is not None:
+            d.update(self.numbers.to_json())
+        return d
+
+
+@dataclass(frozen=True)
+class AdviseResult:
+    baseline: RunNumbers
+    candidates: tuple[Candidate, ...]
+    best: str | None  # run id of the candidate with the lowest (p50, p99, mean) TTFT below the baseline's
+    advice: tuple[Advice, ...]  # everything proposed (with verification where replayed)
+    sweep_id: str
+
+    def to_json(self) -> dict:
+        return {"baseline": self.baseline.to_json(), "candidates": [c.to_json() for c in self.candidates],
+                "best": self.best, "sweep_id": self.sweep_id, "advice": [a.to_json() for a in self.advice]}
+
+
+def check_trace_for_advise(run) -> str:
+    """The run's trace must still be there, unchanged: advise replays it."""
+    import os
+
+    from tierdiag.errors import TraceError
+
+    path = run.trace_path
+    if not path or not os.path.isfile(path):
+        raise TraceError(f"trace file {path} of run {run.run_id} ({run.name}) is gone; advise replays it",
+                         hint="restore the file at that path, or replay the trace again and advise that run")
+    if run.trace_sha256:
+        from tierdiag.trace.reader import trace_sha256
+
+        if trace_sha256(path) != run.trace_sha256:
+            raise TraceError(f"trace file {path} changed since run {run.run_id} ({run.name}) was recorded",
+                             hint="replay it again and advise the new run")
+    return path
+
+
+def candidate_configs(run, advice: tuple[Advice, ...], budget: int) -> list[tuple[Advice, str, object]]:
+    """(advice, run name, EngineConfig) for up to `budget` items that change something."""
+    from tierdiag.config.engine import CONFIG_KEYS, EngineConfig
+
+    # Not storage_dir: recorded, it is the run's own folder; a candidate gets its own.
+    base = {k: v for k, v in run.config.items() if k in CONFIG_KEYS and k != "storage_dir"}
+    out = []
+    for a in [a for a in advice if a.option is not None][:budget]:
+        cfg = EngineConfig(**{**base, **a.changes})
+        name = "advise: " + ", ".join(f"{k}={v}" for k, v in a.changes.items())
+        out.append((a, name, cfg))
+    return out
+
+
+def advise_run(con_factory, db, run, *, budget: int = 4, jobs: int | None = None,
+               host_limit_bytes: int = HOST_POOL_LIMIT_BYTES, progress=None) -> AdviseResult:
+    """Propose changes from `run`'s diagnosis, replay its trace once per change (parallel
+    processes, the sweep runner), and measure each against the baseline. `host_limit_bytes`:
+    the most host memory a server has for KV (a host pool beyond it is not proposed; a storage
+    tier is).
+
+    `con_factory()` opens the store read-only (closed again before the runner writes to it).
+    """
+    from tierdiag.errors import ConfigError
+    from tierdiag.app.sweep import Processes, SweepFailed, run_configs
+
+    if budget < 1:
+        raise ConfigError(f"--budget {budget} must be at least 1")
+    if jobs is not None and jobs < 1:
+        raise ConfigError(f"--jobs {jobs} must be at least 1")
+    if host_limit_bytes < 1:
+        raise ConfigError(f"--host-memory {host_limit_bytes} must be at least 1 byte")
+    with con_factory() as con:
+        ctx = run_context_for(con, run)
+        proposed = propose(ctx, host_limit_bytes=host_limit_bytes)
+        baseline = run_numbers(con, run.run_id)
+    sweep_id = advise_sweep_id(run.run_id)
+    plans = candidate_configs(run, proposed, budget)
+    outcomes: dict[int, tuple[str | None, str]] = {}
+    if plans:
+        trace = check_trace_for_advise(run)
+        try:
+            ids = run_configs(trace, [(name, cfg) for _, name, cfg in plans], db,
+                              backend=Processes(jobs or min(len(plans), _cores())), sweep_id=sweep_id,
+                              progress=progress, command_line=["tierdiag", "advise", "--run", run.run_id])
+            outcomes = {i: (rid, "complete") for i, rid in enumerate(ids)}
+        except SweepFailed as exc:
+            outcomes = {o.index: (o.run_id, o.status) for o in exc.outcomes}
+    candidates = []
+    with con_factory() as con:
+        for i, (a, _name, _cfg) in enumerate(plans):
+            rid, status = outcomes.get(i, (None, "not_started"))
+            candidates.append(Candidate(a, run_numbers(con, rid) if rid and status == "complete" else None, status))
+        verified = verified_advice(con, run, proposed)
+    better = [c for c in candidates if c.numbers is not None and c.numbers.key() < baseline.key()]
+    best = min(better, key=lambda c: c.numbers.key()).numbers.run_id if better else None
+    return AdviseResult(baseline, tuple(candidates), best, verified, sweep_id)
+
+
+def _cores() -> int:
+    from tierdiag.app.sweep import default_jobs
+
+    return default_jobs()

@@ -1,0 +1,14 @@
+"""The replay's writer process: the store's writer loop (store/writer_process.py) with the
+replay's close hook (diagnose/close.py: the run evidence and the closing numbers)."""
+
+from __future__ import annotations
+
+# The child's `python -c` code; also how a test tells the writer apart from other processes.
+ENTRY = "from tierdiag.app.writer_child import main; main()"
+
+
+def main() -> None:
+    from tierdiag.diagnose import close
+    from tierdiag.store import writer_process
+
+    writer_process.main(after_commit=close.after_commit, preload=close.PRELOAD)
