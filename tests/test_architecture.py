@@ -74,3 +74,18 @@ def test_no_import_circle_between_modules():
     # A package's __init__ importing its own submodules is not a circle of responsibilities.
     circles = [c for c in _cycles(graph) if not all(m.startswith(c[0] + ".") or m == c[0] for m in c)]
     assert circles == [], "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_architecture_page_names_every_layer_of_the_contract():
+    """docs/architecture.md draws the layers the contract enforces: every package or module in the
+    contract is named there, and every top-level package of tierdiag is in the contract."""
+    import tomllib
+
+    contract = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]
+    names = [n.strip() for layer in contract["layers"] for n in layer.replace(":", "|").split("|")]
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    for name in names:
+        assert name.removeprefix("tierdiag.") in page, f"docs/architecture.md does not name layer {name}"
+    top = {p.stem if p.suffix == ".py" else p.name for p in (ROOT / "tierdiag").iterdir()
+           if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()}
+    assert top == {n.removeprefix("tierdiag.") for n in names}, "a top-level package outside the layers contract"
