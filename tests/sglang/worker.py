@@ -1,0 +1,50 @@
+"""A worker process that runs request sequences through one SGLang version's own cache code.
+
+    python worker.py <version> <unzipped wheel folder>
+
+reads one JSON scenario a line on stdin and answers one JSON line on stdout: the state after
+every step (tests/sglang/differential.py builds the scenarios and compares the answers with the
+engine's). One process per version: each version's `sglang` package gets a namespace of its
+own, and the stubs it needs never reach pytest's process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import sglang_imports  # noqa: E402  (this folder, not a package)
+
+
+def main() -> int:
+    version, root = sys.argv[1], sys.argv[2]
+    sglang_imports.install(root)
+    real_stdout = sys.stdout
+    sys.stdout = sys.stderr  # SGLang's prints and warnings never mix with the answers
+    import logging
+
+    logging.disable(logging.WARNING)
+    if version.startswith("0.5.9"):
+        from sglang059 import run_scenario
+    else:
+        from sglang0523 import run_scenario
+    real_stdout.write(json.dumps({"ready": version}) + "\n")
+    real_stdout.flush()
+    for line in sys.stdin:
+        scenario = json.loads(line)
+        try:
+            answer = {"steps": run_scenario(scenario)}
+        except Exception as exc:  # a failure inside SGLang is a finding, reported with its step
+            answer = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc(limit=6),
+                      "steps": getattr(exc, "steps", [])}
+        real_stdout.write(json.dumps(answer) + "\n")
+        real_stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
