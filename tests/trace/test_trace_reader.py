@@ -118,9 +118,9 @@ def test_crlf_line_endings(tmp_path):
 
 def test_unknown_keys_are_collected_not_fatal(tmp_path):
     report = ReadReport()
-    path = write(tmp_path, [mooncake(0, 10, session=1), mooncake(1, 10, user="u", session=2)])
+    path = write(tmp_path, [mooncake(0, 10, conversation=1), mooncake(1, 10, user="u", conversation=2)])
     assert len(list(read_trace(path, report=report))) == 2
-    assert report.unknown_keys == {"session", "user"}  # ("priority" is a known key now)
+    assert report.unknown_keys == {"conversation", "user"}  # ("priority", "session" are known keys now)
     assert report.num_requests == 2 and report.bad_lines == 0
 
 

@@ -27,7 +27,7 @@ from tierdiag.errors import ConfigError, ExitCode, OutputError, RunInterrupted, 
 
 # The order of `tierdiag --help`: record, then read. Each module imports only what its
 # command needs at call time (torch only inside replay/calibrate), so read-only commands start fast.
-COMMANDS = ("replay", "sweep", "runs", "summary", "slow", "explain", "advise", "compare", "report", "export", "synth", "calibrate", "doctor")
+COMMANDS = ("replay", "sweep", "runs", "summary", "slow", "explain", "advise", "compare", "report", "export", "synth", "convert", "calibrate", "doctor")
 # Command groups: name -> (module under tierdiag.cli, its Typer app). `import` is a Python
 # keyword, and a command group (`tierdiag import sglang ...`).
 GROUPS = {"import": ("import_sglang", "import_app")}

@@ -4,7 +4,11 @@ One request a line::
 
     {"timestamp": ms, "input_length": n, "output_length": n, "hash_ids": [int, ...]}   # Mooncake
     {"id": "sess3-turn2", "timestamp": ms, "input_length": n, "output_length": n,
-     "tokens": [int, ...]}                                                          # ours
+     "tokens": [int, ...], "session": "sess3", "think_ms": 4200}                    # ours
+
+`session` and `think_ms` describe sessions (chat turns, agent steps): a turn's predecessor is the
+previous line of its session (`trace.sessions.predecessors`), `think_ms` the pause between that
+turn's answer and this request (the user reading, a tool running).
 
 `hash_ids` name `block_size`-token blocks (the last one may be partial) and chain: two requests
 that share hash id k share every block up to k (checked: an id seen behind two different
@@ -22,6 +26,7 @@ import gzip
 import hashlib
 import io
 import json
+import math
 import os
 import stat
 import zlib
@@ -33,16 +38,19 @@ from typing import BinaryIO
 from tierdiag.errors import TraceError
 
 KNOWN_KEYS = frozenset({"id", "timestamp", "input_length", "output_length", "hash_ids", "tokens",
-                        "priority", "extra_key"})
+                        "priority", "extra_key", "session", "think_ms"})
 # SGLang's Req.priority is an int; its radix tree stores it in an int64 (RadixCache._insert_helper).
 PRIORITY_RANGE = (-(2**63) + 1, 2**63 - 1)
 MAX_EXTRA_KEY_CHARS = 1024
+MAX_SESSION_CHARS = MAX_EXTRA_KEY_CHARS
 NS_PER_MS = 1_000_000
 # Every time downstream is int64 ns (DuckDB BIGINT, ~292 years). Arrivals (after --time-scale)
 # stay below 2**62 ns (~146 years: epoch-millisecond timestamps fit), leaving as much again for
 # what the engine adds (queueing, prefill, decode), so no accepted trace can overflow.
 MAX_ARRIVAL_NS = 2**62
 MAX_TIMESTAMP_MS = MAX_ARRIVAL_NS // NS_PER_MS
+# A pause is added to a finish time: bounded like an arrival, so finish + pause stays in int64.
+MAX_THINK_MS = MAX_TIMESTAMP_MS
 # Lengths in tokens: 2**24 (16.7M) is past every model's context; decode time is output_length
 # steps, so this bounds it too.
 MAX_LENGTH_TOKENS = 2**24
@@ -68,6 +76,11 @@ class TraceRequest:
     # requests under different keys never share a prefix, whatever their tokens.
     priority: int = 0
     extra_key: str | None = None
+    # Sessions (optional per line). `session`: the turn's session; its predecessor is the previous
+    # request of the same session. `think_ns`: `think_ms` in ns, the pause between the
+    # predecessor's answer and this request (None where the line has no `think_ms`).
+    session: str | None = None
+    think_ns: int | None = None
 
 
 @dataclass
@@ -161,7 +174,7 @@ class _Hashing(io.RawIOBase):
         super().close()
 
 
-def _lines(path: Path, report: ReadReport | None = None) -> Iterator[tuple[int, bytes]]:
+def numbered_lines(path: Path, report: ReadReport | None = None) -> Iterator[tuple[int, bytes]]:
     """(1-based line number, raw bytes) for each line; gzip by magic bytes. Read once, front to
     back, so pipes work; a pipe's digest goes to `report.sha256` at the end."""
     raw = _open_raw(path)
@@ -202,7 +215,7 @@ def _parse(path: Path, *, block_size: int, skip_bad: bool, report: ReadReport) -
     seq = 0
     max_hash = max_hash_id(block_size)
     known_keys = KNOWN_KEYS
-    for lineno, data in _lines(path, report):
+    for lineno, data in numbered_lines(path, report):
         try:
             if lineno == 1 and data.startswith(b"\xef\xbb\xbf"):
                 data = data[3:]  # a UTF-8 byte-order mark some editors write
@@ -333,7 +346,38 @@ def _request(obj: dict, lineno: int, seq: int, block_size: int, max_hash: int) -
             raise _BadLine(f"'extra_key' must be a string, got {_json_type(extra_key)}")
         if len(extra_key) > MAX_EXTRA_KEY_CHARS:
             raise _BadLine(f"'extra_key' is {len(extra_key):,} characters long (at most {MAX_EXTRA_KEY_CHARS})")
-    return ts, (req_id, seq, lineno, input_len, output_len, hash_ids, tokens, priority, extra_key)
+    session = obj.get("session")  # null: no session, as an absent field
+    think_ns = None
+    if session is not None:
+        session = _session(session)
+    think_ms = obj.get("think_ms")
+    if think_ms is not None:
+        think_ns = _think_ns(think_ms, session)
+    return ts, (req_id, seq, lineno, input_len, output_len, hash_ids, tokens, priority, extra_key, session, think_ns)
+
+
+def _session(session: object) -> str:
+    if not isinstance(session, str):
+        raise _BadLine(f"'session' must be a string, got {_json_type(session)} {_show(session)}")
+    if not session.strip():
+        raise _BadLine("'session' is empty")
+    if len(session) > MAX_SESSION_CHARS:
+        raise _BadLine(f"'session' is {len(session):,} characters long (at most {MAX_SESSION_CHARS})")
+    return session
+
+
+def _think_ns(think_ms: object, session: str | None) -> int:
+    if type(think_ms) not in (int, float):  # bool is an int subclass; JSON true is not a pause
+        raise _BadLine(f"'think_ms' must be a number, got {_json_type(think_ms)} {_show(think_ms)}")
+    if not math.isfinite(think_ms):  # json reads NaN and Infinity
+        raise _BadLine(f"'think_ms' must be a finite number, got {think_ms}")
+    if think_ms < 0:
+        raise _BadLine(f"'think_ms' is negative ({_show(think_ms)})")
+    if think_ms > MAX_THINK_MS:
+        raise _BadLine(f"'think_ms' {_show(think_ms)} is too large (at most {MAX_THINK_MS} ms)")
+    if session is None:
+        raise _BadLine("'think_ms' without a 'session' (the pause follows the previous turn of the same session)")
+    return think_ms * NS_PER_MS if type(think_ms) is int else round(think_ms * NS_PER_MS)
 
 
 def _int_field(obj: dict, key: str) -> int:
@@ -478,7 +522,8 @@ def _emit(group: list[tuple], ts_ms: int, next_ts_ms: float, report: ReadReport)
     k = len(group)
     base_ns = ts_ms * NS_PER_MS
     gap_ns = round((next_ts_ms - ts_ms) * NS_PER_MS)
-    for i, (req_id, seq, line, input_len, output_len, hash_ids, tokens, priority, extra_key) in enumerate(group):
+    for i, (req_id, seq, line, input_len, output_len, hash_ids, tokens, priority, extra_key, session,
+            think_ns) in enumerate(group):
         report.num_requests += 1
         yield TraceRequest(req_id, seq, line, base_ns + i * gap_ns // k, input_len, output_len, hash_ids, tokens,
-                           priority, extra_key)
+                           priority, extra_key, session, think_ns)

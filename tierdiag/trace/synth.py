@@ -13,6 +13,13 @@ interleaves all three in time:
 - `agent`: tool-using loops ("agent1-step5") over long contexts revisited within seconds, with
   an occasional slow tool call that lets the context sink a tier.
 
+Chat and agent lines carry `"session"` ("sess3", "agent1") and, from the second turn on,
+`"think_ms"`: the pause drawn between the previous turn's answer and this request (the user's
+think time, the tool's run time; see `_multi_turn_sessions` and `_agent_sessions`). The
+timestamps are placed with the same pause: turn n arrives at turn n-1's timestamp + its answer
+(`DECODE_MS_PER_TOKEN` a token) + think_ms, so a closed-loop replay as fast as that model and an
+open-loop one agree. System-prompt questions are independent requests: no session.
+
 Prefix identity is by `hash_ids` of `block_size`-token blocks, chained as in Mooncake traces: a
 block id stands for its content and everything before it. When a context grows, its full
 blocks keep their ids; the partial last block gets more tokens, so it becomes a new block:
@@ -27,7 +34,6 @@ bytes.
 
 from __future__ import annotations
 
-import gzip
 import heapq
 import json
 import math
@@ -38,9 +44,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tierdiag.errors import ConfigError, OutputError, unknown_name
-from tierdiag.paths import prepare_output_path
+from tierdiag.errors import ConfigError, unknown_name
 from tierdiag.trace.reader import MAX_LENGTH_TOKENS, MAX_TIMESTAMP_MS
+from tierdiag.trace.writer import write_jsonl
 
 MAX_INPUT_TOKENS = 30_000
 # The bundled demo: `tierdiag synth` with its defaults. Shaped for a small device pool
@@ -50,7 +56,7 @@ MAX_INPUT_TOKENS = 30_000
 DEMO_TRACE = Path(__file__).with_name("samples") / "demo.jsonl"
 # Rough decode speed of a mid-size model on one GPU, used only to place the next turn after the
 # previous answer has plausibly finished streaming (a turn sent before that would find no cache).
-_DECODE_MS_PER_TOKEN = 25.0
+DECODE_MS_PER_TOKEN = 25.0
 _SAMPLE_SESSIONS = 200  # sessions drawn once to learn a kind's mean requests per session
 
 
@@ -92,11 +98,18 @@ class SynthRequest:
     input_tokens: int
     output_tokens: int
     hash_ids: tuple[int, ...]
-    session: int  # which session (or lone question) it belongs to; not written to the trace
+    session: int  # which session (or lone question) it belongs to, counted; not written to the trace
+    session_id: str | None = None  # the trace's "session" (chat and agent turns only)
+    think_ms: int | None = None  # the pause after the previous turn's answer; None on a first turn
 
     def to_json_line(self) -> str:
-        return json.dumps({"id": self.req_id, "timestamp": self.timestamp_ms, "input_length": self.input_tokens,
-                           "output_length": self.output_tokens, "hash_ids": list(self.hash_ids)})
+        line = {"id": self.req_id, "timestamp": self.timestamp_ms, "input_length": self.input_tokens,
+                "output_length": self.output_tokens, "hash_ids": list(self.hash_ids)}
+        if self.session_id is not None:
+            line["session"] = self.session_id
+            if self.think_ms is not None:
+                line["think_ms"] = self.think_ms
+        return json.dumps(line)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +173,7 @@ class _Step:
     offset_ms: float  # from the session's start
     input: _Context
     output_tokens: int
+    think_ms: float | None = None  # the pause after the previous step's answer (None: first step)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +181,7 @@ class _Session:
     group: str  # "sess3", "agent1", "sys2": the id prefix
     word: str  # "turn", "step", "q": the id's counter word
     steps: tuple[_Step, ...]
+    is_session: bool = True  # False: independent requests (system-prompt questions), no "session"
 
 
 def _log_uniform(rng: random.Random, lo: float, hi: float) -> int:
@@ -174,7 +189,7 @@ def _log_uniform(rng: random.Random, lo: float, hi: float) -> int:
 
 
 def _decode_ms(output_tokens: int) -> float:
-    return output_tokens * _DECODE_MS_PER_TOKEN
+    return output_tokens * DECODE_MS_PER_TOKEN
 
 
 # --- generators ------------------------------------------------------------------------------
@@ -194,7 +209,7 @@ def _system_prompt_sessions(rng: random.Random, blocks: _Blocks) -> SessionFacto
     def make() -> _Session:
         app = rng.choices(range(num_apps), weights)[0]
         question = blocks.extend(prompts[app], _log_uniform(rng, 40, 1_500))
-        return _Session(f"sys{app}", "q", (_Step(0.0, question, _log_uniform(rng, 20, 400)),))
+        return _Session(f"sys{app}", "q", (_Step(0.0, question, _log_uniform(rng, 20, 400)),), is_session=False)
 
     return make
 
@@ -203,6 +218,11 @@ def _multi_turn_sessions(rng: random.Random, blocks: _Blocks) -> SessionFactory:
     chat_prompts = [blocks.new(_log_uniform(rng, 700, 2_000)) for _ in range(2)]
     counter = iter(range(1 << 62))
 
+    # The user's think time: a three-part mixture (45 % 2-20 s, 40 % 40-150 s, 15 % 2.5-6.7 min),
+    # each part aimed at one tier under the demo's pools (see DEMO_TRACE): a quick follow-up finds
+    # its prefix on device, a break finds it demoted to host, a long absence finds it gone. A
+    # lognormal would spread the same range without aiming at the tiers, and every timestamp of
+    # the bundled demo and of existing synth outputs is placed with these draws: they stay.
     def think_ms() -> float:
         u = rng.random()
         if u < 0.45:  # quick follow-up: the prefix is usually still on device
@@ -215,10 +235,12 @@ def _multi_turn_sessions(rng: random.Random, blocks: _Blocks) -> SessionFactory:
         ctx = blocks.extend(rng.choice(chat_prompts), _log_uniform(rng, 400, 6_000))
         steps = []
         t = 0.0
+        pause = None
         for _ in range(rng.randint(2, 10)):
             out = _log_uniform(rng, 60, 700)
-            steps.append(_Step(t, ctx, out))
-            t += _decode_ms(out) + think_ms()
+            steps.append(_Step(t, ctx, out, pause))
+            pause = think_ms()
+            t += _decode_ms(out) + pause
             nxt = ctx.length + out + _log_uniform(rng, 30, 2_500)
             if nxt > MAX_INPUT_TOKENS:
                 break
@@ -232,6 +254,10 @@ def _agent_sessions(rng: random.Random, blocks: _Blocks) -> SessionFactory:
     tool_prompts = [blocks.new(_log_uniform(rng, 3_000, 7_000)) for _ in range(2)]
     counter = iter(range(1 << 62))
 
+    # The tool's run time: a two-part mixture, 85 % quick calls (0.3-4 s: a file read, a grep; the
+    # context stays on device) and 15 % slow ones (30-150 s: a build, a crawl; it sinks a tier).
+    # Tool times are bimodal rather than one smooth tail: a call either returns at once or waits
+    # on real work. Kept as drawn for the same reason as the chat think time.
     def tool_ms() -> float:
         if rng.random() < 0.85:
             return rng.uniform(300, 4_000)
@@ -241,10 +267,12 @@ def _agent_sessions(rng: random.Random, blocks: _Blocks) -> SessionFactory:
         ctx = blocks.extend(rng.choice(tool_prompts), _log_uniform(rng, 400, 3_000))
         steps = []
         t = 0.0
+        pause = None
         for _ in range(rng.randint(4, 24)):
             out = _log_uniform(rng, 30, 350)
-            steps.append(_Step(t, ctx, out))
-            t += _decode_ms(out) + tool_ms()
+            steps.append(_Step(t, ctx, out, pause))
+            pause = tool_ms()
+            t += _decode_ms(out) + pause
             nxt = ctx.length + out + _log_uniform(rng, 150, 5_000)
             if nxt > MAX_INPUT_TOKENS:
                 break
@@ -337,8 +365,10 @@ def _finish(timed: list[tuple[float, int, int, int, _Session]]) -> list[SynthReq
         step = session.steps[step_index]
         n = counts[session.group] = counts.get(session.group, 0) + 1
         ids = tuple(renumber.setdefault(h, len(renumber)) for h in step.input.hash_ids)
+        session_id = session.group if session.is_session else None
+        think_ms = None if step.think_ms is None or session_id is None else round(step.think_ms)
         out.append(SynthRequest(f"{session.group}-{session.word}{n}", int(t_ms), step.input.length,
-                                step.output_tokens, ids, session_num))
+                                step.output_tokens, ids, session_num, session_id, think_ms))
     return out
 
 
@@ -361,21 +391,7 @@ def summarize(requests: list[SynthRequest], *, path: str, cfg: SynthConfig) -> S
 
 def write_trace(path: str | os.PathLike, requests: list[SynthRequest]) -> None:
     """Write JSONL (gzip if the name ends in .gz) atomically: a failed write leaves no half file."""
-    path = Path(path)
-    prepare_output_path(path, what="OUT.jsonl")
-    tmp = path.with_name(f".{path.name}.tmp")
-    body = "".join(r.to_json_line() + "\n" for r in requests).encode("utf-8")
-    try:
-        if path.suffix == ".gz":
-            # mtime=0 and no embedded name: the same workload gives the same bytes.
-            with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
-                gz.write(body)
-        else:
-            tmp.write_bytes(body)
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    write_jsonl(path, (r.to_json_line() for r in requests))
 
 
 def synth_to_file(path: str | os.PathLike, cfg: SynthConfig) -> SynthSummary:

@@ -1,0 +1,51 @@
+"""`tierdiag convert`: public session-trace formats (kv-cache-tester, bailian) to a tierdiag trace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from tierdiag.cli.choices import choices
+from tierdiag.cli.common import JsonOpt, err, out, print_json
+from tierdiag.trace.convert import DEFAULT_BLOCK_SIZE, DEFAULT_START_SPREAD_S, FORMATS, ConvertOptions, convert as run
+
+
+def convert(
+    fmt: Annotated[str, typer.Argument(**choices(FORMATS), help="Source format.", show_default=False)],
+    sources: Annotated[list[Path], typer.Argument(metavar="SRC...", help="Source files, or folders of them.")],
+    out_path: Annotated[Path, typer.Option("-o", "--output", metavar="OUT.jsonl",
+                                           help="Trace to write (.jsonl, or .jsonl.gz).")],
+    block_size: Annotated[int, typer.Option("--block-size", help="Tokens per hash_ids block in the output "
+                                            "(replay's --block-size).")] = DEFAULT_BLOCK_SIZE,
+    start_spread: Annotated[Optional[float], typer.Option(
+        "--start-spread", help=f"kv-cache-tester: mean seconds between conversation starts (seeded; default "
+                               f"{DEFAULT_START_SPREAD_S:g}).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed of the conversation starts.")] = 0,
+    json_: JsonOpt = False,
+) -> None:
+    """Convert a public session trace (kv-cache-tester, bailian) to a tierdiag trace with sessions.
+
+    Sessions and pauses become "session" and "think_ms"; hash ids come out prefix-chained, in
+    blocks of --block-size tokens.
+    """
+    summary = run(fmt, sources, out_path, ConvertOptions(block_size=block_size, start_spread_s=start_spread, seed=seed))
+    notes = summary.notes
+    if notes.unchained_blocks:
+        err.print(f"tierdiag: warning: {notes.unchained_blocks:,} source block ids follow a different block than "
+                  "where first seen (the source's ids are not prefix-chained); they were given new ids there, so "
+                  "only true shared prefixes are shared", markup=False, highlight=False)
+    if json_:
+        print_json(summary.to_json())
+        return
+    extra = [f"{n:,} {what}" for n, what in ((notes.subagents, "sub-agent session(s)"),
+                                             (notes.orphans, "turn(s) whose parent is missing: new sessions"),
+                                             (notes.forks, "fork(s): new sessions"),
+                                             (notes.early_turns, "turn(s) sent before the parent's estimated finish: "
+                                                                 "think_ms 0")) if n]
+    flag = "" if summary.block_size == 512 else f" --block-size {summary.block_size}"
+    out.print(f"wrote {summary.num_requests:,} requests in {summary.num_sessions:,} sessions ({summary.format}, "
+              f"{summary.num_files:,} file(s), {summary.span_s:,.0f} s) to {summary.path}"
+              + (f"\n  {'; '.join(extra)}" if extra else "")
+              + f"\n  next: tierdiag replay {summary.path}{flag}", markup=False, highlight=False)
