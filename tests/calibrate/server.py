@@ -50,7 +50,7 @@ def workload(seed: int = 7, *, docs: int = 6, unique: int = 24, revisits: int = 
                          rng.randint(2, 16)))
         else:
             d = rng.randrange(docs)
-            reqs.append((f"doc{d}-{i}", doc_tokens[d] + fresh(rng.choice([64, 64, 128, 512, 1024])),
+            reqs.append((f"doc{d}-r{i}", doc_tokens[d] + fresh(rng.choice([64, 64, 128, 512, 1024])),
                          rng.randint(2, 16)))
     lines, t_ms = [], 0
     for i, (rid, toks, out) in enumerate(reqs):

@@ -273,22 +273,27 @@ def usable_points(con, run_id: str, g: Geometry) -> Usable:
     decode_excluded = {}
     if (~d_ok).sum():
         decode_excluded["no decode timing"] = int((~d_ok).sum())
-    fo = np.argsort(first, kind="stable")
-    f_sorted, fin_sorted = first[fo], np.where(d_ok, finish, first)[fo]
-    ctx_sorted = np.where(d_ok, ctx, 0.0)[fo]
-    context, steps, d_arr = [], [], []
-    ambiguous = 0
-    for i in np.flatnonzero(d_ok):
-        t = first[i]
-        near_first = np.abs(first - t) <= SAME_INSTANT_NS
-        near_finish = np.abs(finish - t) <= SAME_INSTANT_NS
-        if near_first.sum() > 1 or near_finish.any():
-            ambiguous += 1
-            continue
-        running = (f_sorted < t) & (fin_sorted > t)
-        context.append(ctx[i] + ctx_sorted[running].sum())
-        steps.append((finish[i] - t) / outputs[i])
-        d_arr.append(arrival[i])
+    # running(t) = sum of ctx over f_j < t < fin_j = (sum over f_j < t) - (sum over fin_j <= t), as
+    # fin_j > f_j: two sorted cumulative sums, not a scan per request.
+    c_ok = np.where(d_ok, ctx, 0.0)
+    f_sorted, fin_sorted = np.sort(first), np.sort(np.where(d_ok, finish, math.inf))
+    by_f, by_fin = np.argsort(first, kind="stable"), np.argsort(np.where(d_ok, finish, math.inf), kind="stable")
+    cum_f = np.concatenate(([0.0], np.cumsum(c_ok[by_f])))
+    cum_fin = np.concatenate(([0.0], np.cumsum(c_ok[by_fin])))
+    idx = np.flatnonzero(d_ok)
+    t = first[idx]
+    running = cum_f[np.searchsorted(f_sorted, t, side="left")] - cum_fin[np.searchsorted(fin_sorted, t, side="right")]
+    # Another first token or a finish at the same instant: who counted whom is not known.
+    firsts_near = (np.searchsorted(f_sorted, t + SAME_INSTANT_NS, side="right")
+                   - np.searchsorted(f_sorted, t - SAME_INSTANT_NS, side="left"))
+    fins_near = (np.searchsorted(fin_sorted, t + SAME_INSTANT_NS, side="right")
+                 - np.searchsorted(fin_sorted, t - SAME_INSTANT_NS, side="left"))
+    clear = (firsts_near == 1) & (fins_near == 0)
+    ambiguous = int((~clear).sum())
+    keep = idx[clear]
+    context = ctx[keep] + running[clear]
+    steps = (finish[keep] - first[keep]) / outputs[keep]
+    d_arr = arrival[keep]
     if ambiguous:
         decode_excluded["another first token or finish at the same instant"] = ambiguous
     return Usable(points, np.array(context, dtype=float), np.array(steps, dtype=float),
