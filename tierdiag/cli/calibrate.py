@@ -14,7 +14,7 @@ from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, err, out, print
 from tierdiag.config.presets import GPUS, MODELS
 
 OutOpt = Annotated[Optional[Path], typer.Option(
-    "--out", "-o", help="Where to write the profile (default ~/.cache/tierdiag/profile.json).")]
+    "--out", "-o", help="Where to write the profile (default ~/.cache/tierdiag/profile.json; with --from: required, TOML).")]
 QuickOpt = Annotated[bool, typer.Option("--quick", help="Fewer sizes and repeats: a couple of seconds.")]
 
 
