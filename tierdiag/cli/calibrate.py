@@ -1,4 +1,5 @@
-"""`tierdiag calibrate`: measure the copy kernels here and save a profile for `replay --profile`."""
+"""`tierdiag calibrate`: measure the copy kernels here (or, with --from, fit the whole clock to an
+observed run) and save a profile for `replay --profile`."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from tierdiag.cli.common import JsonOpt, err, out, print_json
+from tierdiag.cli.choices import choices
+from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, err, out, print_json
+from tierdiag.config.presets import GPUS, MODELS
 
 OutOpt = Annotated[Optional[Path], typer.Option(
-    "--out", "-o", help="Where to write the profile (default ~/.cache/tierdiag/profile.json).")]
+    "--out", "-o", help="Where to write the profile (default ~/.cache/tierdiag/profile.json; with --from: required, TOML).")]
 QuickOpt = Annotated[bool, typer.Option("--quick", help="Fewer sizes and repeats: a couple of seconds.")]
 
 
@@ -30,10 +33,27 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def calibrate(json_: JsonOpt = False, out_path: OutOpt = None, quick: QuickOpt = False) -> None:
+FromOpt = Annotated[Optional[str], typer.Option(
+    "--from", metavar="OBSERVED_RUN", show_default=False,
+    help="Fit the cost model's clock to this run's requests (an id, prefix or name; `import sglang` makes one) "
+         "instead of measuring copy kernels; writes a TOML profile (-o, required).")]
+ModelOpt = Annotated[Optional[str], typer.Option(
+    **choices(MODELS), help="With --from: the model preset the server runs (layers, KV bytes)  [default: llama3-8b]")]
+GpuOpt = Annotated[Optional[str], typer.Option(
+    **choices(GPUS), help="With --from: the GPU preset whose values are kept where the fit cannot tell  [default: h200]")]
+
+
+def calibrate(json_: JsonOpt = False, out_path: OutOpt = None, quick: QuickOpt = False, from_: FromOpt = None,
+              db: DbOpt = DEFAULT_DB_PATH, model: ModelOpt = None, gpu: GpuOpt = None) -> None:
     """Measure contiguous copy bandwidth, load-back (host->device) and backup (device->host)
     kernel bandwidth from one page to thousands, and the per-transfer overhead; write the
-    profile the cost model reads with `tierdiag replay --profile FILE`."""
+    profile the cost model reads with `tierdiag replay --profile FILE`. With --from RUN, fit the
+    whole clock (prefill, decode, load-back) to an observed run instead, with intervals and a
+    held-out error."""
+    if from_ is not None:
+        return _calibrate_from(from_, db, out_path, model, gpu, json_)
+    if model is not None or gpu is not None:
+        raise typer.BadParameter("only means something with --from RUN", param_hint="--model/--gpu")
     from tierdiag.engine.calibration import calibrate as run_calibration
     from tierdiag.engine.calibration import default_profile_path, save_profile
 
@@ -86,3 +106,17 @@ def calibrate(json_: JsonOpt = False, out_path: OutOpt = None, quick: QuickOpt =
         out.print(f"[yellow]note[/]: load average {profile.load_average_1m:.1f} on "
                   f"{profile.host.get('cpu_count')} CPUs while measuring: other work competed; re-run when idle")
     out.print(f"profile written to {written}  (use: tierdiag replay TRACE --profile {written})")
+
+
+def _calibrate_from(run: str, db, out_path, model: str | None, gpu: str | None, json_: bool) -> None:
+    if out_path is None:
+        raise typer.BadParameter("calibrate --from writes a TOML profile: name it", param_hint="-o/--out")
+    from tierdiag.app.calibrate import calibrate_from
+
+    c, written = calibrate_from(db, run, out_path, model=model, gpu=gpu)
+    if json_:
+        print_json({**c.to_json(), "profile": str(written)})
+        return
+    from tierdiag.report.calibrate_terminal import render_calibration
+
+    render_calibration(c, out, profile_path=str(written))

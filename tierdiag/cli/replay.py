@@ -82,7 +82,8 @@ def replay(
     max_prefill_tokens: Annotated[Optional[int], Opt(help=_d("Token budget of one prefill batch (chunk size).", "max_prefill_tokens"))] = None,
     overlap: Annotated[Optional[bool], Opt("--overlap/--no-overlap", help=_d("Overlap load-back with prefill layer by layer.", "overlap", True))] = None,
     timing: Annotated[Optional[str], Opt(**choices(TIMINGS), help=_d("modelled: the cost model; measured: real kernel time, scaled.", "timing"))] = None,
-    profile: Annotated[Optional[Path], Opt(help="A `tierdiag calibrate` profile for the link numbers.")] = None,
+    profile: Annotated[Optional[Path], Opt(help="A `tierdiag calibrate` profile: the link numbers (JSON), or the whole "
+                                                "clock fitted by `calibrate --from` (TOML; sets --model/--gpu).")] = None,
     time_scale: Annotated[Optional[float], Opt(help=_d("Multiply inter-arrival times (2 = half the request rate).", "time_scale"))] = None,
     seed: Annotated[Optional[int], Opt(help=_d("Seed (recorded; the engine itself is deterministic).", "seed"))] = None,
     verify: Annotated[Optional[str], Opt(**choices(VERIFY_MODES), help=_d("Check load-backs byte for byte (sample: one in 16).", "verify"))] = None,
@@ -233,6 +234,10 @@ def _render(s, cfg: EngineConfig) -> None:
                                     f"{dp['modelled_page_bytes']:,} B/page modelled (timing from the cost model)")
     table.caption = "sizes in GiB (2^30 bytes) · percentiles by nearest rank, as in `tierdiag summary`"
     out.print(table)
+    if cfg.profile:  # which clock the times come from
+        from tierdiag.config.profile import provenance_line
+
+        out.print(provenance_line(cfg.to_json()["profile_source"]), markup=False, highlight=False)
     if s.prefill_busy_share > 0.95:
         err.print("tierdiag: note: the GPU was saturated by prefill, so TTFT is mostly queueing; "
                   "--time-scale 2 halves the request rate to study the cache rather than the overload")

@@ -16,8 +16,11 @@ def summary(db: DbOpt = DEFAULT_DB_PATH, run: RunOpt = None, json_: JsonOpt = Fa
         if info.kind == "observed":  # imported from a server: only what it reported (diagnose/observed.py)
             from tierdiag.diagnose.observed import observed_summary as run_summary  # noqa: F811
         result = run_summary(con, info)
+    from tierdiag.config.profile import provenance_line
+
+    clock = provenance_line(info.config.get("profile_source"))  # replayed with a calibrate profile
     if json_:  # no Rich for JSON
-        print_json(result.to_json())
+        print_json({**result.to_json(), **({"clock": info.config["profile_source"]} if clock else {})})
         return
 
     if info.kind == "observed":  # the server's pools are not in its export
@@ -31,3 +34,5 @@ def summary(db: DbOpt = DEFAULT_DB_PATH, run: RunOpt = None, json_: JsonOpt = Fa
              if isinstance(info.config.get(f"{tier}_tokens"), int) and info.config[f"{tier}_tokens"] > 0}
     kv = info.data_plane.get("kv_bytes_per_token")
     render_summary(result, out, pools=pools, kv_bytes_per_token=kv if isinstance(kv, int) else None)
+    if clock:
+        out.print(clock, markup=False, highlight=False)

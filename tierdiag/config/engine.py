@@ -18,6 +18,7 @@ from typing import Any, Mapping
 from tierdiag.errors import ConfigError, ConfigFileError, unknown_name
 from tierdiag.config.policies import EVICTION_POLICIES as _EVICTION_REGISTRY
 from tierdiag.config.presets import GPUS, MODELS, gpu_preset, model_preset
+from tierdiag.config.profile import check_profile, profile_defaults
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 EVICTION_POLICIES = tuple(_EVICTION_REGISTRY)
@@ -50,7 +51,7 @@ class EngineConfig:
     max_prefill_tokens: int = 16384
     layerwise_overlap: bool = True
     timing: str = "modelled"
-    profile: str | None = None  # a `tierdiag calibrate` profile JSON
+    profile: str | None = None  # `tierdiag calibrate` profile: JSON (link) or TOML (--from: the whole clock)
     time_scale: float = 1.0  # multiply trace inter-arrival times (2.0 = half the request rate)
     seed: int = 0
     verify: str = "sample"  # byte-for-byte check of load-backs: all | sample | off
@@ -108,8 +109,7 @@ class EngineConfig:
                               f"({ram >> 20:,} MiB)")
         if not 0 < self.mem_fraction_static <= 1:
             raise ConfigError(f"mem_fraction_static {self.mem_fraction_static} must be in (0, 1]")
-        if self.profile is not None and not Path(self.profile).is_file():
-            raise ConfigError(f"--profile {self.profile}: no such file", hint="write one with `tierdiag calibrate`")
+        check_profile(self.profile, self.model, self.gpu)
         if self.resolved_device_tokens() < 2 * ps:
             raise ConfigError(f"model {self.model} does not fit on gpu {self.gpu}: no room left for the KV cache",
                               hint="pass --device-tokens")
@@ -158,6 +158,8 @@ class EngineConfig:
         d = dataclasses.asdict(self)
         d["device_tokens"] = self.resolved_device_tokens()
         d["host_tokens"] = self.resolved_host_tokens()
+        if self.profile is not None:  # what the clock came from, kept with the run (config/profile.py)
+            d["profile_source"] = check_profile(self.profile, self.model, self.gpu).provenance()
         return d
 
 
@@ -229,7 +231,7 @@ def load_config(path: str | Path | None, overrides: Mapping[str, Any]) -> Engine
     from_file = set(values)
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
-        return EngineConfig(**values)
+        return EngineConfig(**profile_defaults(values))  # a fitted profile names its model and GPU
     except TypeError as exc:
         raise ConfigError(f"bad configuration: {exc}") from None
     except ConfigError as exc:

@@ -7,20 +7,18 @@
   issued run by run): small pages and fragmented slots are slow, which is what explain calls out;
 - load-back overlapped layer by layer with prefill: the first layer's load is always exposed;
 - storage: per-operation latency + bytes / disk bandwidth.
-A `tierdiag calibrate` profile replaces the link numbers with measured ones.
+A `tierdiag calibrate` profile replaces the link numbers with measured ones; a fitted profile
+(`tierdiag calibrate --from OBSERVED_RUN`, config/profile.py) replaces every term of the clock.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Mapping
 
 from tierdiag.config.engine import EngineConfig
 from tierdiag.config.presets import gpu_preset, model_preset
-from tierdiag.errors import ConfigError
-
-BATCH_OVERHEAD_NS = 1_000_000  # scheduling + kernel launches per prefill batch
+from tierdiag.config.profile import BATCH_OVERHEAD_NS, DECODE_STEP_OVERHEAD_NS, load_profile
 # Per layer: each page is one segment of the copy, each contiguous run of slots one DMA. At
 # Llama-3-8B geometry a 64-token page is 256 KiB a layer, so these matter for small pages and
 # heavy fragmentation, and hardly at all otherwise.
@@ -44,6 +42,8 @@ class CostModel:
     transfer_overhead_ns: int
     layerwise_overlap: bool
     link_source: str  # "preset" or the profile path
+    # A fitted profile's clock (config/profile.CLOCK_PARAMS); None: the presets' roofline.
+    clock: Mapping[str, float] | None = None
 
     @classmethod
     def from_config(cls, cfg: EngineConfig) -> "CostModel":
@@ -51,30 +51,37 @@ class CostModel:
         h2d = d2h = g.link_bytes_per_s
         overhead = g.transfer_overhead_ns
         source = "preset"
+        clock = None
         if cfg.profile:
-            try:
-                prof = json.loads(Path(cfg.profile).read_text())
-                h2d = float(prof["h2d_bytes_per_s"])
-                d2h = float(prof["d2h_bytes_per_s"])
-                overhead = int(prof["transfer_overhead_ns"])
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise ConfigError(f"--profile {cfg.profile} is not a calibrate profile ({exc})") from None
+            prof = load_profile(cfg.profile)
+            h2d, d2h = prof.clock["h2d_bytes_per_s"], prof.clock["d2h_bytes_per_s"]
+            overhead = int(prof.clock["transfer_overhead_ns"])
             source = str(cfg.profile)
+            clock = prof.clock if prof.kind == "fitted" else None
         return cls(
             num_layers=m.num_layers, hidden_size=m.hidden_size, kv_bytes_per_token=m.kv_bytes_per_token,
             weight_bytes=m.weight_bytes, num_params=m.num_params,
             effective_flops_per_s=g.flops_per_s * g.mfu, hbm_bytes_per_s=g.hbm_bytes_per_s,
             h2d_bytes_per_s=h2d, d2h_bytes_per_s=d2h, transfer_overhead_ns=overhead,
-            layerwise_overlap=cfg.layerwise_overlap, link_source=source,
+            layerwise_overlap=cfg.layerwise_overlap, link_source=source, clock=clock,
         )
 
     def __post_init__(self) -> None:
         # The prefill formulas' constant factors, folded once: the same floating-point operations
         # in the same order as written out below, so the same results to the last bit. A
         # request's record evaluates prefill_alone_ns three times (its counterfactuals).
-        object.__setattr__(self, "_linear_flops", 2.0 * self.num_params)
-        object.__setattr__(self, "_attention_flops", 4.0 * self.num_layers * self.hidden_size)
-        object.__setattr__(self, "_memory_s", self.weight_bytes / self.hbm_bytes_per_s)
+        c = self.clock
+        if c is None:
+            object.__setattr__(self, "_linear_flops", 2.0 * self.num_params)
+            object.__setattr__(self, "_attention_flops", 4.0 * self.num_layers * self.hidden_size)
+            object.__setattr__(self, "_memory_s", self.weight_bytes / self.hbm_bytes_per_s)
+            object.__setattr__(self, "_batch_overhead_ns", BATCH_OVERHEAD_NS)
+        else:  # fitted times, as FLOPs at this GPU's rate: the formulas below stay one
+            object.__setattr__(self, "_linear_flops", c["prefill_ns_per_token"] * 1e-9 * self.effective_flops_per_s)
+            object.__setattr__(self, "_attention_flops",
+                               c["prefill_ns_per_token_pair"] * 1e-9 * self.effective_flops_per_s)
+            object.__setattr__(self, "_memory_s", c["prefill_floor_ns"] * 1e-9)
+            object.__setattr__(self, "_batch_overhead_ns", int(round(c["batch_overhead_ns"])))
 
     # --- compute -------------------------------------------------------------------------
     def prefill_flops(self, new_tokens: int, prefix_tokens: int) -> float:
@@ -85,19 +92,21 @@ class CostModel:
     def prefill_ns(self, flops: float) -> int:
         """max(flops / (peak * MFU), weights / HBM) + the batch's overhead."""
         compute_s = flops / self.effective_flops_per_s
-        return int(max(compute_s, self._memory_s) * 1e9) + BATCH_OVERHEAD_NS
+        return int(max(compute_s, self._memory_s) * 1e9) + self._batch_overhead_ns
 
     def prefill_alone_ns(self, new_tokens: int, prefix_tokens: int) -> int:
         """prefill_ns(prefill_flops(max(new_tokens, 1), prefix_tokens)), inline."""
         new = new_tokens if new_tokens > 1 else 1
         compute_s = (self._linear_flops * new + self._attention_flops * new * (prefix_tokens + new / 2)
                      ) / self.effective_flops_per_s
-        return int((compute_s if compute_s > self._memory_s else self._memory_s) * 1e9) + BATCH_OVERHEAD_NS
+        return int((compute_s if compute_s > self._memory_s else self._memory_s) * 1e9) + self._batch_overhead_ns
 
     def decode_step_ns(self, running_context_tokens: int) -> int:
         """One decode step: read the weights and every running request's KV once."""
+        if self.clock is not None:
+            return int(self.clock["decode_step_ns"] + self.clock["decode_ns_per_context_token"] * running_context_tokens)
         bytes_read = self.weight_bytes + running_context_tokens * self.kv_bytes_per_token
-        return int(bytes_read / self.hbm_bytes_per_s * 1e9) + 20_000
+        return int(bytes_read / self.hbm_bytes_per_s * 1e9) + DECODE_STEP_OVERHEAD_NS
 
     # --- copies --------------------------------------------------------------------------
     def copy_ns(self, num_bytes: int, num_pages: int, *, to_device: bool, runs: int = 1) -> int:

@@ -438,6 +438,7 @@ def render_runs(infos: Sequence, console: Console, *, db_label: str,
     `--run` takes.
 
     `options`: run id -> {option: value} that differ from the defaults, when the caller knows them."""
+    from tierdiag.config.profile import provenance_line
     from tierdiag.report.compare_terminal import fmt_option
 
     options = options or {}
@@ -458,6 +459,8 @@ def render_runs(infos: Sequence, console: Console, *, db_label: str,
                    for tier, size in pool_sizes(r.config, r.data_plane).items()]
         config += [f"{k}={fmt_option(v)}" for k, v in sorted(options.get(r.run_id, {}).items())
                    if k not in _RUNS_OWN_LINES]
+        clock = provenance_line(r.config.get("profile_source"))  # replayed with a calibrate profile
+        config += [clock] if clock else []
         table.add_row(run_cell, Text("\n").join([plain(r.kind), plain(r.status)]), f"{r.num_requests:,}",
                       Text("\n").join(plain(line) for line in config))
     console.print(table, soft_wrap=False)  # a long database path in the title wraps too

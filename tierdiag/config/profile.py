@@ -1,0 +1,202 @@
+"""Profiles for `replay --profile` (TOML key `profile`): what replaces the presets' clock.
+
+Two kinds, told apart by their content:
+- a *fitted* profile (TOML, `tierdiag calibrate --from OBSERVED_RUN`): every clock parameter of
+  the cost model, fitted to a server's requests or kept from the presets where the fit could
+  not determine it, with where it came from (`[fit]`: source run, usable requests, intervals,
+  held-out error). It names the model and GPU presets it was fitted against: the replay must use
+  the same ones (their layer count and KV bytes per token turn the fitted times into bytes);
+- a *copy-kernel* profile (JSON, `tierdiag calibrate`): the link numbers measured here.
+
+The clock, in the cost model's terms (engine/costmodel.py)::
+
+    prefill batch = max(Σ a·n + b·n·(p + n/2), floor) + overhead     n computed, p attended prefix
+    decode step   = d0 + d1 · running context tokens
+    load-back     = transfer overhead + bytes / h2d bandwidth (+ per-page and per-run costs)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import tomllib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from tierdiag.config.presets import gpu_preset, model_preset
+from tierdiag.errors import ConfigError, OutputError
+
+PROFILE_FORMAT = "tierdiag-profile/1"
+# The presets' constants that are not in a model or GPU preset (the cost model reads them here).
+BATCH_OVERHEAD_NS = 1_000_000  # scheduling + kernel launches per prefill batch
+DECODE_STEP_OVERHEAD_NS = 20_000  # one decode step's launches, beside reading weights and KV
+
+# name -> (unit, what it is). Order = the order written and shown.
+CLOCK_PARAMS: dict[str, tuple[str, str]] = {
+    "prefill_ns_per_token": ("ns", "prefill, linear term: per computed token"),
+    "prefill_ns_per_token_pair": ("ns", "prefill, attention term: per computed token x attended token"),
+    "prefill_floor_ns": ("ns", "least time of a prefill batch (reading the weights once)"),
+    "batch_overhead_ns": ("ns", "per prefill batch (scheduling, launches)"),
+    "decode_step_ns": ("ns", "decode step with no context (weights read, launches)"),
+    "decode_ns_per_context_token": ("ns", "decode step, per running context token (KV read)"),
+    "h2d_bytes_per_s": ("B/s", "host->device link for load-backs"),
+    "transfer_overhead_ns": ("ns", "per load-back transfer"),
+    "d2h_bytes_per_s": ("B/s", "device->host link for backups"),
+}
+# The link numbers a copy-kernel profile (JSON) sets.
+_JSON_KEYS = ("h2d_bytes_per_s", "d2h_bytes_per_s", "transfer_overhead_ns")
+
+
+def preset_clock(model: str, gpu: str) -> dict[str, float]:
+    """The clock the presets give `model` on `gpu` (the cost model's roofline, term by term)."""
+    m, g = model_preset(model), gpu_preset(gpu)
+    flops_per_s = g.flops_per_s * g.mfu
+    return {
+        "prefill_ns_per_token": 2.0 * m.num_params / flops_per_s * 1e9,
+        "prefill_ns_per_token_pair": 4.0 * m.num_layers * m.hidden_size / flops_per_s * 1e9,
+        "prefill_floor_ns": m.weight_bytes / g.hbm_bytes_per_s * 1e9,
+        "batch_overhead_ns": float(BATCH_OVERHEAD_NS),
+        "decode_step_ns": m.weight_bytes / g.hbm_bytes_per_s * 1e9 + DECODE_STEP_OVERHEAD_NS,
+        "decode_ns_per_context_token": m.kv_bytes_per_token / g.hbm_bytes_per_s * 1e9,
+        "h2d_bytes_per_s": g.link_bytes_per_s,
+        "transfer_overhead_ns": float(g.transfer_overhead_ns),
+        "d2h_bytes_per_s": g.link_bytes_per_s,
+    }
+
+
+@dataclass(frozen=True)
+class Profile:
+    path: str
+    kind: str  # "fitted" (TOML, calibrate --from) | "copy_kernels" (JSON, calibrate)
+    clock: dict[str, float]  # the parameters it sets (a fitted profile: all of them)
+    model: str | None = None  # fitted: the presets it was fitted against
+    gpu: str | None = None
+    fit: dict[str, Any] = field(default_factory=dict)  # fitted: provenance ([fit] table)
+    sha256: str = ""
+
+    def provenance(self) -> dict[str, Any]:
+        """What a run records of the profile it replayed with (config_json `profile_source`)."""
+        d: dict[str, Any] = {"path": self.path, "kind": self.kind, "sha256": self.sha256}
+        if self.kind == "fitted":
+            keep = ("source_run", "source_run_name", "source_db", "usable_batches", "usable_requests",
+                    "heldout_prefill_median_rel_error", "heldout_prefill_p90_rel_error", "kept_from_preset")
+            d.update({"model": self.model, "gpu": self.gpu}, **{k: self.fit[k] for k in keep if k in self.fit})
+        return d
+
+
+def provenance_line(source: Mapping[str, Any] | None) -> str | None:
+    """One line for `runs`/`summary`: which clock a run was replayed with (None: the presets')."""
+    if not source:
+        return None
+    if source.get("kind") != "fitted":
+        return f"clock: link numbers measured by `tierdiag calibrate` ({source.get('path')})"
+    err = source.get("heldout_prefill_median_rel_error")
+    p90 = source.get("heldout_prefill_p90_rel_error")
+    held = (f"held-out prefill error median {err:.1%}, p90 {p90:.1%}" if isinstance(err, (int, float))
+            and isinstance(p90, (int, float)) else "no held-out error (too few usable requests)")
+    kept = source.get("kept_from_preset") or []
+    return (f"clock: calibrated on observed run {source.get('source_run')} "
+            f"({source.get('usable_requests', 0):,} usable requests; {held}"
+            + (f"; {len(kept)} parameter{'s' if len(kept) != 1 else ''} kept from the preset" if kept else "")
+            + ")")
+
+
+def load_profile(path: str | os.PathLike) -> Profile:
+    """Read a profile of either kind; ConfigError naming the file and what is wrong."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"--profile {p}: no such file", hint="write one with `tierdiag calibrate`") from None
+    except OSError as exc:
+        raise ConfigError(f"--profile {p}: cannot read it ({exc.strerror or exc})") from None
+    sha = hashlib.sha256(data).hexdigest()
+    if data.lstrip()[:1] == b"{":
+        return _json_profile(p, data, sha)
+    try:
+        raw = tomllib.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"--profile {p} is not a calibrate profile (neither JSON nor TOML: {exc})") from None
+    if raw.get("format") != PROFILE_FORMAT:
+        raise ConfigError(f"--profile {p} is not a calibrate profile (format {raw.get('format')!r}, "
+                          f"expected {PROFILE_FORMAT!r})", hint="write one with `tierdiag calibrate --from RUN`")
+    clock_raw = raw.get("clock")
+    if not isinstance(clock_raw, dict):
+        raise ConfigError(f"--profile {p}: no [clock] table")
+    clock: dict[str, float] = {}
+    for name in CLOCK_PARAMS:
+        v = clock_raw.get(name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
+                or (v == 0 and name.endswith("bytes_per_s")):
+            raise ConfigError(f"--profile {p}: clock.{name} must be a finite number >= 0"
+                              + (" (a bandwidth above 0)" if name.endswith("bytes_per_s") else "") + f", got {v!r}")
+        clock[name] = float(v)
+    unknown = sorted(set(clock_raw) - set(CLOCK_PARAMS))
+    if unknown:
+        raise ConfigError(f"--profile {p}: unknown clock key {unknown[0]!r}; known: {', '.join(CLOCK_PARAMS)}")
+    model, gpu = raw.get("model"), raw.get("gpu")
+    try:
+        model_preset(model)
+        gpu_preset(gpu)
+    except ConfigError as exc:
+        raise ConfigError(f"--profile {p}: {exc.message}") from None
+    fit = raw.get("fit") if isinstance(raw.get("fit"), dict) else {}
+    return Profile(path=str(p), kind="fitted", clock=clock, model=model, gpu=gpu, fit=fit, sha256=sha)
+
+
+def _json_profile(p: Path, data: bytes, sha: str) -> Profile:
+    try:
+        prof = json.loads(data)
+        clock = {"h2d_bytes_per_s": float(prof["h2d_bytes_per_s"]), "d2h_bytes_per_s": float(prof["d2h_bytes_per_s"]),
+                 "transfer_overhead_ns": float(int(prof["transfer_overhead_ns"]))}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"--profile {p} is not a calibrate profile ({exc})") from None
+    return Profile(path=str(p), kind="copy_kernels", clock=clock, sha256=sha)
+
+
+def check_profile(path: str | None, model: str, gpu: str) -> Profile | None:
+    """The profile at `path`, checked against the replay's presets (None: no profile)."""
+    if path is None:
+        return None
+    prof = load_profile(path)
+    if prof.kind == "fitted" and (prof.model, prof.gpu) != (model, gpu):
+        raise ConfigError(f"--profile {path} was fitted for model {prof.model} on gpu {prof.gpu}, but the replay "
+                          f"uses {model} on {gpu}",
+                          hint=f"pass --model {prof.model} --gpu {prof.gpu} (or leave both out: the profile sets them)")
+    return prof
+
+
+def profile_defaults(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with model and gpu taken from a fitted profile where they were not given."""
+    path = values.get("profile")
+    if not path or ("model" in values and "gpu" in values):
+        return values
+    prof = load_profile(path)
+    if prof.kind != "fitted":
+        return values
+    return {"model": prof.model, "gpu": prof.gpu, **values}
+
+
+def write_profile(path: str | os.PathLike, *, model: str, gpu: str, clock: Mapping[str, float],
+                  fit: Mapping[str, Any]) -> Path:
+    """Write a fitted profile atomically (a reader never sees half a file)."""
+    import tomli_w  # the TOML writer (tomllib only reads)
+
+    doc = {"format": PROFILE_FORMAT, "model": model, "gpu": gpu,
+           "clock": {k: float(clock[k]) for k in CLOCK_PARAMS}, "fit": dict(fit)}
+    head = ("# tierdiag calibrate --from: the cost model's clock fitted to an observed run.\n"
+            "# Use: tierdiag replay TRACE --profile THIS_FILE (or profile = \"THIS_FILE\" in --config).\n"
+            "# [clock] units: ns, or bytes per second for *_bytes_per_s; [fit] says which were fitted.\n")
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.tmp")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(head + tomli_w.dumps(doc), encoding="utf-8")
+        os.replace(tmp, p)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"cannot write profile {p}: {exc.strerror or exc}") from None
+    return p
