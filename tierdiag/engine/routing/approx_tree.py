@@ -67,30 +67,45 @@ class ApproxTree:
             owners[rank] = tick
             parent = key
 
-    def prefix_match(self, keys: Sequence[int], tick: int) -> tuple[int, int | None, list[int]]:
+    def prefix_match(self, keys: Sequence[int], tick: int, *, touch: bool = True
+                     ) -> tuple[int, int | None, list[int]]:
         """(matched pages, the rank of the deepest matched node or None, pages each rank holds of
         `keys`' prefix). Touches the chosen rank along the matched path, as Tree::prefix_match
-        does before the policy has decided anything."""
+        does before the policy has decided anything; `touch=False` leaves that to the caller
+        (cache_aware skips it when the chosen rank is the one it inserts for: same keys, same
+        tick)."""
         touched = self._touched
         depth_of = [0] * self.num_ranks
         alive = set(range(self.num_ranks))
         depth = 0
-        for key in keys:
-            owners = touched.get(key)
+        n = len(keys)
+        while depth < n and alive:  # some rank may still hold all of it so far
+            owners = touched.get(keys[depth])
             if not owners:
                 break
+            if not alive <= owners.keys():  # some rank's own prefix ends before this key
+                gone = alive - owners.keys()
+                for r in gone:
+                    depth_of[r] = depth
+                alive -= gone
             depth += 1
-            for r in [r for r in alive if r not in owners]:
-                alive.discard(r)
-            for r in alive:
-                depth_of[r] = depth
+        for r in alive:
+            depth_of[r] = depth
+        while depth < n and touched.get(keys[depth]):  # the union goes on; no rank holds it whole
+            depth += 1
         if depth == 0:
             return 0, None, depth_of
         owners = touched[keys[depth - 1]]
         chosen = max(owners, key=lambda r: (owners[r], -r))
-        for key in keys[:depth]:
-            touched[key][chosen] = tick
+        if touch:
+            self.touch(keys[:depth], chosen, tick)
         return depth, chosen, depth_of
+
+    def touch(self, keys: Sequence[int], rank: int, tick: int) -> None:
+        """Mark `rank`'s use of a path it holds (the timestamp walk of Tree::prefix_match)."""
+        touched = self._touched
+        for key in keys:
+            touched[key][rank] = tick
 
     def smallest_rank(self) -> int:
         return min(range(self.num_ranks), key=self.pages.__getitem__)
@@ -109,9 +124,9 @@ class ApproxTree:
             heapq.heapify(heap)
             while heap and self.pages[rank] > max_pages:
                 _, key = heapq.heappop(heap)
+                parent = self._parent[key]  # before the drop, which may remove the node
                 self._drop(key, rank)
                 dropped += 1
-                parent = self._parent[key]
                 if parent is not None and not self._children.get((parent, rank)):
                     heapq.heappush(heap, (self._touched[parent][rank], parent))
         return dropped

@@ -109,7 +109,7 @@ class CacheAwareRouter(Router):
                                  f"imbalanced: max load {hi} - min {lo} > {cfg.router_balance_abs_threshold} and "
                                  f"{hi} > {cfg.router_balance_rel_threshold:g} × {lo}: shortest queue rank {rank}",
                                  float(loads[rank]), "in flight", tuple(float(x) for x in loads))
-        matched, holder, depth_of = self.tree.prefix_match(keys, self._tick)
+        matched, holder, depth_of = self.tree.prefix_match(keys, self._tick, touch=False)
         per_token = request.page_tokens / request.input_tokens if request.input_tokens else 0.0
         rate = matched * per_token
         scores = tuple(d * per_token for d in depth_of)
@@ -121,5 +121,7 @@ class CacheAwareRouter(Router):
             rank, where = self._miss(self, ranks)
             branch = "cache_miss"
             reason = f"cache_aware: best match {rate:.2f} <= {thr:.2f}: {where}"
+        if holder is not None and holder != rank:  # Tree::prefix_match touched it before the choice
+            self.tree.touch(keys[:matched], holder, self._tick)
         self.tree.insert(keys, rank, self._tick)
         return RouteDecision(rank, self.name, branch, reason, rate, "approx match", scores)
