@@ -22,14 +22,16 @@ def _scores(ranks: RanksView) -> tuple[float, ...]:
 
 
 class SessionRouter(Router):
-    """Affinity by the trace's session: every turn of a session on one rank. A request without a
-    session is keyed by its first page key (requests that open alike stay together), and one
-    without a full page by its id. Load never overrules the ring, as with the gateway's
-    `consistent_hashing` on an X-SMG-Routing-Key header (its bounded variant is a different
-    policy)."""
+    """Affinity by the trace's session: every turn of a session on one rank, as the gateway's
+    `consistent_hashing` does with an X-SMG-Routing-Key header (find_by_consistent_hash: the key
+    on the ring, load never consulted; bounded_consistent_hashing is a different policy). Where
+    the gateway has no key it draws a random worker (Branch::RandomFallback); here a request
+    without a session is keyed by its first page key instead (requests that open alike stay
+    together, and a replay repeats itself), and one without a full page by its id."""
 
     name = "session"
-    follows = "consistent_hashing.rs ConsistentHashingPolicy (routing key → hash ring, no load check)"
+    follows = ("consistent_hashing.rs ConsistentHashingPolicy::select_worker_impl / find_by_consistent_hash "
+               "(routing key on a hash ring, no load check)")
 
     def __init__(self, num_ranks: int, config: "RouterConfig") -> None:
         super().__init__(num_ranks, config)
