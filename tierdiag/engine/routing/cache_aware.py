@@ -1,0 +1,127 @@
+"""cache_aware: SGLang's model gateway's cache-aware load balancing, over page keys.
+
+CacheAwarePolicy::select_worker (sgl-model-gateway/src/policies/cache_aware.rs), step by step:
+
+1. Load is the gateway's own count of requests in flight per worker (`worker.load()`). Over all
+   workers, with max and min of those counts, the system is *imbalanced* when
+       max - min > balance_abs_threshold   and   max > balance_rel_threshold × min
+   (both; `saturating_sub` and an f32 product in the gateway). Imbalanced: the worker with the
+   least load (the first on a tie) gets the request, and the tree still records it there
+   (`select_worker_min_load`: "Even in imbalanced mode, update the tree").
+2. Balanced: `Tree::prefix_match` finds the longest prefix of the request anywhere in the
+   approximate tree and a worker holding all of it; match rate = matched / request length.
+   match rate > cache_threshold (strictly: the code's comparison; its docs say "at least"):
+   that worker. Otherwise the cache-miss rule: sgl-router's `tree.get_smallest_tenant()`, the
+   worker whose approximate tree is smallest ("most available cache capacity"; this package's
+   default, `smallest_tree`); the later sgl-model-gateway sends misses to the least loaded worker
+   instead (`min_load`). `router_cache_miss` picks.
+3. `Tree::insert(request, worker)` for the chosen worker, whatever it will really cache.
+4. Every `eviction_interval_secs` the gateway's background thread runs
+   `Tree::evict_tenant_by_size(max_tree_size)` (routing/approx_tree.py). Here the clock is the
+   replay's: evictions fall at multiples of the interval of virtual time and are applied before
+   the first request routed at or after each (only routing reads the tree, so that is exact).
+
+Defaults are the gateway's command line (RouterArgs in sglang_router/router_args.py:
+cache_threshold 0.3, balance_abs_threshold 64, balance_rel_threshold 1.5, eviction_interval_secs
+60, max_tree_size 2**26), not the Rust `CacheAwareConfig::default()` (0.5, 32, 1.1, 30, 10000),
+which only code that builds the policy by hand gets. max_tree_size counts characters in the text
+tree and tokens in the gRPC token tree (the same limit is passed to both); here it is tokens,
+whole pages.
+
+What this view is not: the ranks' truth. The tree holds every prefix the router sent to a rank
+until its own size limit, far beyond what the rank's device and host pools keep (2**26 tokens a
+rank by default), so after the rank evicts, the router still believes it holds the prefix; it
+never learns of output tokens (the next turn's history), of pages a rank fetched from the
+shared storage tier, or of requests a rank refused. `explain` prints both: the router's belief
+(RouteDecision.scores) and, from the ranks' trees, where the prefix really was.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from tierdiag.engine.routing.approx_tree import ApproxTree
+from tierdiag.engine.routing.base import RanksView, RequestView, RouteDecision, Router, least_loaded
+
+if TYPE_CHECKING:
+    from tierdiag.engine.routing.config import RouterConfig
+
+
+def _smallest_tree(router: "CacheAwareRouter", ranks: RanksView) -> tuple[int, str]:
+    rank = router.tree.smallest_rank()
+    return rank, f"smallest tree rank {rank} ({router.tree.pages[rank] * router.page_tokens_seen:,} tokens)"
+
+
+def _min_load(router: "CacheAwareRouter", ranks: RanksView) -> tuple[int, str]:
+    rank = least_loaded(ranks.in_flight)
+    return rank, f"least loaded rank {rank} ({ranks.in_flight[rank]} in flight)"
+
+
+# Where a request whose best match is at or under the threshold goes.
+CACHE_MISS_RULES: dict[str, Callable[["CacheAwareRouter", RanksView], tuple[int, str]]] = {
+    "smallest_tree": _smallest_tree,  # sgl-router: tree.get_smallest_tenant()
+    "min_load": _min_load,  # sgl-model-gateway: min_by_key(worker.load()) among healthy workers
+}
+
+
+def is_imbalanced(loads: tuple[int, ...], abs_threshold: int, rel_threshold: float) -> bool:
+    """CacheAwarePolicy::select_worker's test: both thresholds must trip."""
+    hi, lo = max(loads), min(loads)
+    return hi - lo > abs_threshold and hi > rel_threshold * lo
+
+
+class CacheAwareRouter(Router):
+    name = "cache_aware"
+    follows = ("cache_aware.rs CacheAwarePolicy::select_worker / select_worker_min_load; tree.rs Tree::insert, "
+               "prefix_match, evict_tenant_by_size, get_smallest_tenant")
+
+    def __init__(self, num_ranks: int, config: "RouterConfig") -> None:
+        super().__init__(num_ranks, config)
+        self.tree = ApproxTree(num_ranks)
+        self._miss = CACHE_MISS_RULES[config.router_cache_miss]
+        self._interval_ns = int(config.router_eviction_interval_s * 1e9)
+        self._next_eviction_ns = self._interval_ns
+        self._tick = 0
+        self.page_tokens_seen = 0  # the page size requests come with (one per run)
+        self.evictions = 0  # eviction passes run
+        self.evicted_pages = 0  # (page, rank) entries they dropped
+
+    def _evict_due(self, now_ns: int) -> None:
+        if self._interval_ns <= 0 or now_ns < self._next_eviction_ns:
+            return
+        max_pages = self.config.router_max_tree_tokens // max(1, self.page_tokens_seen)
+        self.evicted_pages += self.tree.evict(max_pages)
+        self.evictions += 1
+        self._next_eviction_ns = (now_ns // self._interval_ns + 1) * self._interval_ns
+
+    def route(self, request: RequestView, ranks: RanksView, now_ns: int) -> RouteDecision:
+        self.page_tokens_seen = request.page_tokens
+        self._evict_due(now_ns)
+        self._tick += 1
+        cfg = self.config
+        keys = request.page_keys
+        loads = ranks.in_flight
+        if is_imbalanced(loads, cfg.router_balance_abs_threshold, cfg.router_balance_rel_threshold):
+            rank = least_loaded(loads)
+            self.tree.insert(keys, rank, self._tick)
+            hi, lo = max(loads), min(loads)
+            return RouteDecision(rank, self.name, "imbalanced",
+                                 f"imbalanced: max load {hi} - min {lo} > {cfg.router_balance_abs_threshold} and "
+                                 f"{hi} > {cfg.router_balance_rel_threshold:g} × {lo}: shortest queue rank {rank}",
+                                 float(loads[rank]), "in flight", tuple(float(x) for x in loads))
+        matched, holder, depth_of = self.tree.prefix_match(keys, self._tick, touch=False)
+        per_token = request.page_tokens / request.input_tokens if request.input_tokens else 0.0
+        rate = matched * per_token
+        scores = tuple(d * per_token for d in depth_of)
+        thr = cfg.router_cache_threshold
+        if holder is not None and rate > thr:
+            rank, branch = holder, "cache_hit"
+            reason = f"cache_aware: match {rate:.2f} > {thr:.2f} on rank {rank}"
+        else:
+            rank, where = self._miss(self, ranks)
+            branch = "cache_miss"
+            reason = f"cache_aware: best match {rate:.2f} <= {thr:.2f}: {where}"
+        if holder is not None and holder != rank:  # Tree::prefix_match touched it before the choice
+            self.tree.touch(keys[:matched], holder, self._tick)
+        self.tree.insert(keys, rank, self._tick)
+        return RouteDecision(rank, self.name, branch, reason, rate, "approx match", scores)
