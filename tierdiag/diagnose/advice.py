@@ -327,72 +327,6 @@ def propose(ctx: RunContext, *, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) -
     return tuple(items) if items else (_nothing(ctx),)
 
 
-# --------------------------------------------------------------------------- the run's root cause
-
-
-@dataclass(frozen=True)
-class RunDiagnosis:
-    dominant_cause: str | None
-    proximate_cause: str | None  # the part of the run's excess TTFT that is largest
-    finding: str
-    advice: tuple[Advice, ...]
-
-    def to_json(self) -> dict:
-        return {"dominant_cause": self.dominant_cause, "proximate_cause": self.proximate_cause,
-                "finding": self.finding, "advice": [a.to_json() for a in self.advice]}
-
-
-_WAIT_WORDS_RUN = {"recompute": "recomputing once-cached tokens", "new_compute": "computing new tokens",
-                   "load_back": "on exposed load-backs", "write_back": "blocked on write-backs",
-                   "storage_wait": "idle while prefetches ran", "decode": "idle while decoding requests held memory",
-                   "idle": "idle (waiting for memory or storage)"}
-
-
-def diagnose_run(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple[Advice, ...]) -> RunDiagnosis:
-    """`excess_parts_ns`: cause -> the run total of the excess part it owns (summary's table)."""
-    total = sum(excess_parts_ns.values())
-    if not ctx.num_finished or total <= 0:
-        return RunDiagnosis("none" if ctx.num_finished else None, None,
-                            "no request was slower than its ideal." if ctx.num_finished else "no finished request.",
-                            advice)
-    proximate = max(excess_parts_ns, key=lambda k: excess_parts_ns[k])
-    pshare = share(excess_parts_ns[proximate], total)
-    lo = ctx.losses
-    why = loss_why(ctx)
-    rq = ctx.attribution_share("recompute")
-    busy = ctx.prefill_busy_share
-    if proximate == "queueing" and rq is not None and rq >= RECOMPUTE_QUEUE_SHARE and (busy or 0) >= BUSY_SHARE:
-        finding = (f"Recompute of lost prefixes made the queue: queueing is {fmt_pct(pshare)} of the run's excess TTFT, "
-                   f"and of the time requests waited, {fmt_pct(rq)} the GPU spent recomputing once-cached tokens "
-                   f"({fmt_tokens(lo.recomputed_tokens)} tokens, {fmt_pct(lo.recomputed_share)} of input, "
-                   f"{fmt_pct(ctx.recompute_share_of_prefill)} of prefill compute) on a prefill GPU "
-                   f"{fmt_pct(busy)} busy ({fmt_pct(busy * (1 - (ctx.recompute_share_of_prefill or 0)))} busy had "
-                   f"it not recomputed them)")
-        finding += f"; {why}." if why else "."
-        return RunDiagnosis("recompute", proximate, finding, advice)
-    if proximate == "queueing":
-        finding = f"Queueing is {fmt_pct(pshare)} of the run's excess TTFT on a prefill GPU {fmt_pct(busy)} busy"
-        if ctx.queue_attribution:
-            top = max(ctx.queue_attribution, key=lambda k: ctx.queue_attribution[k])
-            finding += (f"; while requests waited the GPU was mostly {_WAIT_WORDS_RUN[top]} "
-                        f"({fmt_pct(ctx.attribution_share(top))} of the wait), recomputing once-cached tokens for "
-                        f"{fmt_pct(rq)}: the queue was not the cache's doing.")
-        else:
-            finding += " (this store has no per-batch recompute record, so the wait is not split)."
-    elif proximate == "recompute":
-        finding = (f"Recomputing once-cached tokens is {fmt_pct(pshare)} of the run's excess TTFT"
-                   + (f"; {why}." if why else "."))
-    elif proximate == "load_back":
-        tr = ctx.transfers
-        finding = (f"Exposed load-back is {fmt_pct(pshare)} of the run's excess TTFT; load-backs ran at "
-                   f"{fmt_pct(tr.link_peak_share)} of link peak.")
-    elif proximate == "storage_fetch":
-        finding = f"Waiting for storage prefetches is {fmt_pct(pshare)} of the run's excess TTFT."
-    else:
-        finding = f"Requests' own new-token compute beyond their ideal is {fmt_pct(pshare)} of the run's excess TTFT."
-    return RunDiagnosis(proximate, proximate, finding, advice)
-
-
 # --------------------------------------------------------------------------- verification
 
 
@@ -483,11 +417,5 @@ def run_numbers(con: duckdb.DuckDBPyConnection, run_id: str) -> RunNumbers:
                       {"device": share(r[3], n), "host": share(r[4], n), "storage": share(r[5], n)}, r[7])
 
 
-def run_context_for(con, run) -> RunContext:
-    from tierdiag.diagnose.context import run_context
-
-    return run_context(con, run)
-
-
-__all__ = ["Advice", "Verified", "RunDiagnosis", "propose", "diagnose_run", "run_advice", "verified_advice",
-           "advise_sweep_id", "config_changes", "NEAR_PEAK_SHARE", "fmt_ms_value", "RunNumbers", "run_numbers", "run_context_for"]
+__all__ = ["Advice", "Verified", "propose", "run_advice", "verified_advice",
+           "advise_sweep_id", "config_changes", "NEAR_PEAK_SHARE", "fmt_ms_value", "RunNumbers", "run_numbers"]

@@ -35,7 +35,10 @@ from dataclasses import dataclass
 
 import duckdb
 
-from tierdiag.diagnose.query import dataclass_json, fetch_dicts
+from tierdiag.diagnose.causes import excess_sql
+from tierdiag.diagnose.query import dataclass_json, fetch_dicts, link_peak_bytes_per_s
+from tierdiag.diagnose.sql import FINISHED_SQL as _FINISHED
+from tierdiag.diagnose.sql import span_columns_sql
 from tierdiag.units import NS_PER_S, ns_to_ms, share
 
 # Context is measured over [arrival - CONTEXT_LOOKBACK_NS, first token].
@@ -262,7 +265,6 @@ def queue_attribution(con: duckdb.DuckDBPyConnection, run_id: str, row: dict) ->
 
 # A removed node whose pages had been hit at least this often is "hot".
 HOT_HIT_COUNT = 3
-_FINISHED = "coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL"
 
 
 @dataclass(frozen=True)
@@ -495,31 +497,16 @@ def _transfers(con: duckdb.DuckDBPyConnection, rid: str, peak: float | None) -> 
         ttft_total_ns=_i(rq[3]), tiered_ttft_ns=_i(rq[4]))
 
 
-def run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: bool = True) -> RunContext:
-    """The run-level evidence `summary`'s diagnosis and `explain`'s "why" stand on: the one
-    stored with the run when it was closed (diagnose/evidence.py), else computed from its rows.
-
-    `attribution=False`: the caller does not need the run's queue attribution, so where the
-    context has to be computed it is left out (it costs a pass over every request and batch);
-    a stored context has it anyway."""
-    from tierdiag.diagnose.evidence import stored_evidence
-
-    stored = stored_evidence(con, run)
-    if stored is not None:
-        ctx = stored.context(run)
-        if ctx is not None:
-            return ctx
-    return compute_run_context(con, run, attribution=attribution)
-
-
 def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: bool = True) -> RunContext:
-    """`run_context` from the run's rows (what evidence.py stores at the run's close)."""
-    from tierdiag.diagnose.causes import excess_sql
-    from tierdiag.diagnose.query import link_peak_bytes_per_s
+    """The run-level evidence `summary`'s diagnosis and `explain`'s "why" stand on, from the run's
+    rows (what evidence.py stores at the run's close; readers take it through facts.py).
 
+    `attribution=False`: the caller does not need the run's queue attribution (it costs a pass
+    over every request and batch), so it is left out."""
     rid = run.run_id
+    start, end = span_columns_sql("finished")  # the span of the work done: rejected requests did none
     t = con.execute(
-        f"""SELECT count(*), min(arrival_ns), max(coalesce(finish_ns, first_token_ns, arrival_ns)),
+        f"""SELECT count(*), {start}, {end},
                    sum(ttft_ns), sum(queue_ns), sum({excess_sql()}),
                    quantile_disc(ttft_ns, 0.5), quantile_disc(ttft_ns, 0.99)
             FROM requests WHERE run_id = ? AND {_FINISHED}""", [rid]).fetchone()
