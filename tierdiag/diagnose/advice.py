@@ -13,8 +13,10 @@ memory, and `verified` once `tierdiag advise` has replayed the trace with it.
     page_size         load-backs fragmented and far below link peak, exposed       page_size x4
     (none of these)   the cache was fine                                           "nothing to change in the cache"
 
-A rule fires only when its tokens are at least MIN_LOSS_SHARE of the run's input: below
-that, the cache is not what is worth changing. Hardware limits: a host pool beyond
+A rule fires only when its tokens are known, more than none, and at least MIN_LOSS_SHARE of a
+known, non-empty input (`_significant`): below that, the cache is not what is worth changing,
+and from nothing (a run whose every request was rejected, a server that reports no recompute)
+nothing is proposed. Hardware limits: a host pool beyond
 HOST_POOL_LIMIT_BYTES (what a server beside one GPU carries) is never advised; a storage tier is.
 
 Verification: `advise` records each candidate run under sweep_id `advise-<baseline run_id>`;
@@ -157,10 +159,16 @@ def _covered(deciles: tuple, capacity: int) -> float | None:
 # --------------------------------------------------------------------------- rules
 
 
+def _significant(tokens: int | None, input_tokens: int | None) -> bool:
+    """A rule's tokens are worth a change: known, more than none, and at least MIN_LOSS_SHARE of
+    a known, non-empty input. Unknown (None) stays unknown: no rule fires from it."""
+    return bool(tokens) and bool(input_tokens) and tokens >= MIN_LOSS_SHARE * input_tokens
+
+
 def _prefetch(ctx: RunContext) -> list[Advice]:
     lo = ctx.losses
     late = lo.storage_unused_tokens.get("prefetch_incomplete", 0)
-    if late < MIN_LOSS_SHARE * lo.input_tokens or ctx.config.get("prefetch_policy") == "wait_complete":
+    if not _significant(late, lo.input_tokens) or ctx.config.get("prefetch_policy") == "wait_complete":
         return []
     return [Advice(
         "prefetch", "prefetch_policy", "wait_complete", {"prefetch_policy": "wait_complete"},
@@ -173,7 +181,7 @@ def _prefetch(ctx: RunContext) -> list[Advice]:
 def _write_policy(ctx: RunContext) -> list[Advice]:
     lo = ctx.losses
     policy = ctx.config.get("write_policy")
-    if lo.dropped_unbacked_tokens < MIN_LOSS_SHARE * lo.input_tokens or policy == "write_through":
+    if not _significant(lo.dropped_unbacked_tokens, lo.input_tokens) or policy == "write_through":
         return []
     return [Advice(
         "write_policy", "write_policy", "write_through", {"write_policy": "write_through"},
@@ -187,7 +195,7 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
     lo = ctx.losses
     device, host = lo.device_capacity_tokens, lo.host_capacity_tokens
     deciles = lo.removed_reuse_deciles_tokens
-    if (lo.deleted_from_host_tokens < MIN_LOSS_SHARE * lo.input_tokens or device is None or host is None
+    if (not _significant(lo.deleted_from_host_tokens, lo.input_tokens) or device is None or host is None
             or len(deciles) < 11):
         return []
     page = int(ctx.config.get("page_size") or 64)
@@ -273,7 +281,7 @@ def _eviction_policy(ctx: RunContext) -> list[Advice]:
     removed = lo.deleted_from_host_tokens + lo.dropped_unbacked_tokens
     policy = ctx.config.get("eviction_policy")
     if (policy == "lfu" or not removed or lo.hot_removed_tokens < NAMED_REASON_SHARE * removed
-            or lo.hot_removed_tokens < MIN_LOSS_SHARE * lo.input_tokens):
+            or not _significant(lo.hot_removed_tokens, lo.input_tokens)):
         return []
     return [Advice(
         "eviction_policy", "eviction_policy", "lfu", {"eviction_policy": "lfu"},
@@ -310,8 +318,12 @@ RULES = (_prefetch, _write_policy, _capacity, _eviction_policy, _page_size)
 
 def _nothing(ctx: RunContext) -> Advice:
     lo, tr = ctx.losses, ctx.transfers
-    text = (f"nothing to change in the cache: {fmt_pct(lo.recomputed_share or 0)} of input tokens were "
-            f"recomputed once-cached tokens")
+    if lo.recomputed_share is None:  # no finished request, or a server that does not report recompute
+        text = ("nothing to change in the cache that the run's numbers show: how many input tokens were "
+                "recomputed is not known" + ("" if ctx.num_finished else " (no request finished)"))
+    else:
+        text = (f"nothing to change in the cache: {fmt_pct(lo.recomputed_share)} of input tokens were "
+                f"recomputed once-cached tokens")
     if tr.num_loadbacks and tr.loadback_ns:
         text += (f"; load-backs ran at {fmt_pct(tr.link_peak_share)} of link peak and took {fmt_ms(tr.loadback_ns)} "
                  f"where recomputing the same tokens would have cost {fmt_ms(tr.recompute_instead_extra_ns)}")

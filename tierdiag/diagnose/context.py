@@ -272,11 +272,11 @@ class LossEvidence:
     """Why once-cached tokens were recomputed, over the whole run (tokens)."""
 
     input_tokens: int
-    recomputed_tokens: int
+    recomputed_tokens: int | None  # None: not known (no finished request; a server that does not report it)
     recomputed_share: float | None
     skipped_tokens: dict  # host load-back skipped: reason -> tokens
     storage_unused_tokens: dict  # storage match not used: reason -> tokens (prefetch_incomplete, ...)
-    lost_tokens: int  # recomputed, neither skipped nor matched in storage: gone from every tier
+    lost_tokens: int | None  # recomputed, neither skipped nor matched in storage: gone from every tier
     # Re-references of pages that a removal (host delete / device drop) had taken:
     deleted_from_host_tokens: int
     dropped_unbacked_tokens: int  # dropped from device with no host copy (never backed up)
@@ -461,8 +461,8 @@ def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict) -> LossEvide
         hot = int(tok[np.asarray(raw["hits"], dtype=np.int64) >= HOT_HIT_COUNT].sum())
     p50 = deciles[5] if deciles else None
     p90 = deciles[9] if deciles else None
-    recomputed = _i(t[1])
-    lost = max(recomputed - sum(skipped.values()) - sum(unused.values()), 0)
+    recomputed = None if t[1] is None else int(t[1])  # NULL: no finished row says (unknown, not 0)
+    lost = None if recomputed is None else max(recomputed - sum(skipped.values()) - sum(unused.values()), 0)
 
     def cap(key: str) -> int | None:
         v = config.get(key)

@@ -232,10 +232,22 @@ def explain_observed(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str) 
 def _verdict(row: dict, parts: ObservedParts, server_cause: str | None, twin: Twin | None,
              twin_expl) -> tuple[str, str]:
     req = row["req_id"]
-    if (row.get("status") or "finished") != "finished" and parts.ttft_ns is None:
-        why = row.get("reject_reason") or "no reason recorded"
-        return (f"{row.get('status')}: {why}",
-                f"Request {req} was {row.get('status')} ({why}) before its first token; there is no TTFT to explain.")
+    status = row.get("status") or "finished"
+    why = row.get("reject_reason") or "no reason recorded"
+    if status != "finished" and parts.ttft_ns is None:
+        return (f"{status}: {why}",
+                f"Request {req} was {status} ({why}) before its first token; there is no TTFT to explain.")
+    headline, text = _ttft_verdict(req, parts, server_cause, twin, twin_expl)
+    if status != "finished":
+        # The server stopped it after its first token (a client gone mid-decode): its TTFT is
+        # still explained, and the verdict says first that it did not finish.
+        return (f"{status} after its first token ({why}); {headline}",
+                f"Request {req} was {status} ({why}) after its first token, so it did not finish. {text}")
+    return headline, text
+
+
+def _ttft_verdict(req: str, parts: ObservedParts, server_cause: str | None, twin: Twin | None,
+                  twin_expl) -> tuple[str, str]:
     if parts.ttft_ns is None:
         return ("TTFT not reported",
                 f"SGLang reported no first_token_latency for request {req} (it needs --enable-metrics), so "
