@@ -18,7 +18,7 @@ from tests.diagnose.test_cli import run_cli
 from tierdiag.diagnose import evidence as E
 from tierdiag.diagnose import facts as F
 from tierdiag.diagnose import stored as S
-from tierdiag.diagnose.context import LossEvidence, RunContext, TransferEvidence, compute_run_context
+from tierdiag.diagnose.runcontext import LossEvidence, RunContext, TransferEvidence, compute_run_context
 from tierdiag.diagnose.facts import run_context
 from tierdiag.diagnose.explain import explain_request
 from tierdiag.diagnose.totals import RunTotals, run_totals

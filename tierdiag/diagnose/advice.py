@@ -35,11 +35,9 @@ from tierdiag.diagnose.claims import (
     BUSY_SHARE,
     NAMED_REASON_SHARE,
     NEAR_PEAK_SHARE,
-    RECOMPUTE_QUEUE_SHARE,
     held_capacity,
-    loss_why,
 )
-from tierdiag.diagnose.context import RunContext
+from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
 
 MIN_LOSS_SHARE = 0.05

@@ -12,7 +12,7 @@ from typing import Any
 
 from tierdiag.diagnose.advice import Advice
 from tierdiag.diagnose.claims import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE, loss_why
-from tierdiag.diagnose.context import RunContext
+from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.diagnose.numbers import CauseShare, RunSummary
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, share
 

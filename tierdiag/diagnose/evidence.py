@@ -44,7 +44,7 @@ import sys
 
 import duckdb
 
-from tierdiag.diagnose.context import compute_run_context
+from tierdiag.diagnose.runcontext import compute_run_context
 from tierdiag.diagnose.numbers import compute_run_summary
 from tierdiag.diagnose.stored import EVIDENCE_VERSION, TABLE, encode, inputs
 from tierdiag.diagnose.totals import run_totals

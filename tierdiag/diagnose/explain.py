@@ -23,7 +23,8 @@ import duckdb
 from tierdiag.diagnose import claims as C
 from tierdiag.diagnose.advice import propose, verified_advice
 from tierdiag.diagnose.causes import TtftParts
-from tierdiag.diagnose.context import RunContext, queue_attribution, request_context
+from tierdiag.diagnose.context import queue_attribution, request_context
+from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.diagnose.explain_result import (  # noqa: F401 - explain's result types, for its callers
     Decomposition,
     EvictionEvidence,

@@ -11,7 +11,8 @@ from typing import Callable
 
 from tierdiag.diagnose import claims as C
 from tierdiag.diagnose.causes import CAUSES, NONE_TOLERANCE_PCT, TtftParts
-from tierdiag.diagnose.context import RequestContext, QueueAttribution, RunContext
+from tierdiag.diagnose.context import QueueAttribution, RequestContext
+from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.diagnose.explain_result import EvictionEvidence, LoadBackEvidence, Step
 from tierdiag.diagnose.explain_steps import plural
 from tierdiag.diagnose.query import row_int

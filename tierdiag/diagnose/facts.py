@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import duckdb
 
-from tierdiag.diagnose.context import RunContext, compute_run_context
+from tierdiag.diagnose.runcontext import RunContext, compute_run_context
 from tierdiag.diagnose.kinds import has_engine_parts
 from tierdiag.diagnose.numbers import RunSummary, compute_run_summary
 from tierdiag.diagnose.stored import DATACLASS_TAG, EVIDENCE_VERSION, TABLE, decode, inputs, section_classes

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import fields, is_dataclass
 
 from tierdiag.diagnose import numbers as n
-from tierdiag.diagnose.context import LossEvidence, RunContext, TransferEvidence
+from tierdiag.diagnose.runcontext import LossEvidence, RunContext, TransferEvidence
 from tierdiag.diagnose.totals import RunTotals
 
 EVIDENCE_VERSION = 1
