@@ -2,6 +2,9 @@
 (DuckDB only, no torch). The diagnosis it shows beside them (the run's, the slowest requests
 explained) is diagnose's: diagnosis.py, slow_groups.py; `load_report_data` gathers both.
 
+(Some 600 lines, on purpose: one loader per figure of the page, each a dataclass and its SQL,
+sharing the time-binning helpers; split, each file would import the others' bins.)
+
 Aggregation happens in SQL (percentiles, time bins, group-bys) so a run of a million requests
 costs the report no more memory than a small one; only the per-request scatter and the per-
 transfer distributions fetch columns, and the scatter is sampled past `MAX_SCATTER_POINTS`.
