@@ -1,6 +1,6 @@
 """`compare`: runs side by side, and one request in two runs.
 
-Run metrics come from `run_summary` (the numbers `summary` prints, with its one quantile
+Run metrics come from `summary`'s numbers (facts.py: the numbers `summary` prints, with its one quantile
 definition); the only new aggregate is the GPU's prefill busy share, from the `batches` table.
 Per-request verdicts come from `cause_sql` (the rule `explain` and `slow` use), never re-derived.
 
@@ -26,7 +26,8 @@ import duckdb
 from tierdiag.diagnose.causes import cause_sql
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one, jsonify
 from tierdiag.diagnose.sql import FINISHED_SQL as _FINISHED
-from tierdiag.diagnose.summary import ClassStats, RunSummary, run_summary
+from tierdiag.diagnose.facts import RunFacts
+from tierdiag.diagnose.numbers import ClassStats, RunSummary
 from tierdiag.units import share
 from tierdiag.errors import ConfigError, StoreError, TierdiagError
 from tierdiag.store.reader import RunInfo, list_runs
@@ -182,7 +183,8 @@ def compare_runs(con: duckdb.DuckDBPyConnection, runs: Sequence[RunInfo], *, by:
                  sweep_id: str | None = None) -> Comparison:
     check_sort_key(by)
     varied = varied_options([r.config for r in runs])
-    rows = [_row(con, r, run_summary(con, r, diagnose=False), varied) for r in runs]  # a row shows no diagnosis
+    # summary's numbers (a row shows no diagnosis): stored with the run, else computed
+    rows = [_row(con, r, RunFacts(con, r).summary_numbers(), varied) for r in runs]
     if by is not None:
         key, ascending = SORT_KEYS[by]
         present = [r for r in rows if key(r) is not None]
