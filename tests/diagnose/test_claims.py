@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from tierdiag.diagnose.advice import propose
 from tierdiag.diagnose.claims import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE
-from tierdiag.diagnose.context import run_context
+from tierdiag.diagnose.facts import run_context
 from tierdiag.diagnose.explain import explain_request
 from tierdiag.diagnose.query import fetch_dicts
 from tierdiag.units import fmt_ms
@@ -218,9 +218,9 @@ def test_conversation_summary_names_recompute_as_what_made_the_queue(mooncake_ru
 def test_stored_evidence_is_what_the_rows_give_on_mooncake(mooncake_runs, name):
     """The claims above were checked against the evidence the replay stored at its close (the
     readers' fast path); it must be exactly what the rows give (the path for older stores)."""
-    from tierdiag.diagnose.context import compute_run_context
-    from tierdiag.diagnose.evidence import stored_evidence
-    from tierdiag.diagnose.explain import run_totals
+    from tierdiag.diagnose.runcontext import compute_run_context
+    from tierdiag.diagnose.facts import stored_evidence
+    from tierdiag.diagnose.totals import run_totals
     from tierdiag.diagnose.summary import compute_run_summary
 
     with open_store(mooncake_runs[name]) as con:

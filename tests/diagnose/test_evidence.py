@@ -16,8 +16,12 @@ from typer.testing import CliRunner
 from tests.diagnose.conftest import RunBuilder, plant_scenarios
 from tests.diagnose.test_cli import run_cli
 from tierdiag.diagnose import evidence as E
-from tierdiag.diagnose.context import LossEvidence, RunContext, TransferEvidence, compute_run_context, run_context
-from tierdiag.diagnose.explain import RunTotals, explain_request, run_totals
+from tierdiag.diagnose import facts as F
+from tierdiag.diagnose import stored as S
+from tierdiag.diagnose.runcontext import LossEvidence, RunContext, TransferEvidence, compute_run_context
+from tierdiag.diagnose.facts import run_context
+from tierdiag.diagnose.explain import explain_request
+from tierdiag.diagnose.totals import RunTotals, run_totals
 from tierdiag.diagnose.summary import compute_run_summary, run_summary
 from tierdiag.store.reader import open_store, resolve_run
 
@@ -81,7 +85,7 @@ def test_stored_evidence_is_what_the_rows_give(request, which):
     db = db if isinstance(db, Path) else db.path
     with open_store(db) as con:
         run = _run(con)
-        stored = E.stored_evidence(con, run)
+        stored = F.stored_evidence(con, run)
         assert stored is not None, "the writer stores the evidence when it closes the run"
         computed = compute_run_context(con, run)
         assert stored.context(run) == computed
@@ -99,7 +103,7 @@ def test_readers_fall_back_to_the_rows_and_say_the_same(replayed, tmp_path, spoi
     db = _copy(replayed, tmp_path, "spoiled.duckdb")
     _sql(db, {
         "no table": "DROP TABLE run_evidence",  # a store written before the table existed
-        "old version": f"UPDATE run_evidence SET evidence_version = {E.EVIDENCE_VERSION - 1}",
+        "old version": f"UPDATE run_evidence SET evidence_version = {S.EVIDENCE_VERSION - 1}",
         # the numbers were computed from another config (a key no view reads, so they agree)
         "config edited": "UPDATE runs SET config_json = replace(config_json, '{', '{\"note\": \"edited\", ')",
         "not JSON": "UPDATE run_evidence SET evidence_json = '{\"context\": '",
@@ -108,7 +112,7 @@ def test_readers_fall_back_to_the_rows_and_say_the_same(replayed, tmp_path, spoi
     }[spoil])
     with open_store(db) as con:
         run = _run(con)
-        stored = E.stored_evidence(con, run)
+        stored = F.stored_evidence(con, run)
         if spoil == "another class":  # the row is read, that one section is not: computed instead
             assert stored is not None and stored.context(run) is None and stored.totals() is not None
         elif spoil == "config edited":
@@ -176,7 +180,7 @@ def test_a_failure_storing_the_evidence_keeps_the_run_whole(tmp_path, monkeypatc
     with open_store(b.path) as con:
         run = _run(con)
         assert run.status == "complete" and run.num_requests == len(b.requests)
-        assert E.stored_evidence(con, run) is None
+        assert F.stored_evidence(con, run) is None
     assert _counts(b.path, b.run_id) == _counts(planted.path, planted.run_id)  # every row, as planted
     with open_store(b.path) as con, open_store(planted.path) as con2:
         e1 = explain_request(con, _run(con), "tier").to_json()
@@ -188,7 +192,7 @@ def test_a_failure_storing_the_evidence_keeps_the_run_whole(tmp_path, monkeypatc
     b2 = plant_scenarios(RunBuilder(b.path, name="second"))
     b2.write()
     with open_store(b.path) as con:
-        assert E.stored_evidence(con, resolve_run(con, b2.run_id)) is not None
+        assert F.stored_evidence(con, resolve_run(con, b2.run_id)) is not None
 
 
 def test_interrupted_runs_get_evidence_failed_and_observed_ones_do_not(tmp_path):
@@ -205,7 +209,7 @@ def test_interrupted_runs_get_evidence_failed_and_observed_ones_do_not(tmp_path)
         ids[status] = w.run_id
     with open_store(db) as con:
         rows = dict(con.execute("SELECT run_id, evidence_version FROM run_evidence").fetchall())
-    assert rows == {ids["interrupted"]: E.EVIDENCE_VERSION}
+    assert rows == {ids["interrupted"]: S.EVIDENCE_VERSION}
 
 
 def test_a_sweep_merge_carries_the_evidence(planted, tmp_path):
@@ -215,10 +219,10 @@ def test_a_sweep_merge_carries_the_evidence(planted, tmp_path):
     write_run_tables(merged, read_run_tables(planted.path), {"sweep_id": "sweep-1", "trace_path": "/elsewhere.jsonl"})
     with open_store(merged) as con, open_store(planted.path) as con0:
         run, run0 = _run(con), _run(con0)
-        stored = E.stored_evidence(con, run)
+        stored = F.stored_evidence(con, run)
         assert stored is not None and run.trace_path == "/elsewhere.jsonl"
         assert stored.summary(run) == compute_run_summary(con, run)  # the trace path is the merged row's
-        assert stored.context(run) == E.stored_evidence(con0, run0).context(run0)
+        assert stored.context(run) == F.stored_evidence(con0, run0).context(run0)
 
 
 @pytest.mark.parametrize("args", [("explain", "tier"), ("explain", "recomp", "--json"), ("summary",),
@@ -271,7 +275,7 @@ STORED_FIELDS = {
 def test_the_stored_classes_are_the_ones_evidence_version_describes():
     classes = {}
     for section in ("context", "totals", "summary"):
-        classes.update(E._section_classes(section))
+        classes.update(S.section_classes(section))
     assert sorted(classes) == sorted(STORED_FIELDS)
     for name, cls in classes.items():
         assert [f.name for f in dataclasses.fields(cls)] == STORED_FIELDS[name], (
@@ -282,15 +286,15 @@ def test_the_stored_classes_are_the_ones_evidence_version_describes():
 
 def test_encoding_reads_back_as_itself_or_refuses():
     value = RunTotals(1, 2, 3, 4, 5, 6, 7)
-    assert E._decode(json.loads(json.dumps(E._encode(value))), {"RunTotals": RunTotals}) == value
+    assert S.decode(json.loads(json.dumps(S.encode(value))), {"RunTotals": RunTotals}) == value
     nested = {"a": (1, 2.5, None, "x", [True, (3,)])}
-    assert E._decode(json.loads(json.dumps(E._encode(nested))), {}) == nested
+    assert S.decode(json.loads(json.dumps(S.encode(nested))), {}) == nested
     for bad in ({1: "int key"}, {"__tuple__": 1}, object()):
         with pytest.raises(TypeError):
-            E._encode(bad)
+            S.encode(bad)
     np = pytest.importorskip("numpy")
     with pytest.raises(TypeError):
-        E._encode(np.int64(3))
+        S.encode(np.int64(3))
 
 
 def test_advice_uses_the_cost_models_disk_rate():

@@ -22,6 +22,7 @@ from tierdiag.diagnose.observed import (
     observed_summary,
     slow_observed,
 )
+from tierdiag.diagnose.quantile import nearest_rank
 from tierdiag.errors import ConfigError, NotFoundError
 from tierdiag.importers.load import import_sglang
 from tierdiag.store.reader import open_store, resolve_run
@@ -61,10 +62,15 @@ def test_agreement_figures_come_from_the_pairs(tmp_path):
     assert (a.num_observed, a.num_replayed, a.num_matched) == (4, 4, 3)
     assert (a.page_tokens, a.num_split_known, a.num_split_match) == (64, 3, 2)
     assert a.split_match_share == pytest.approx(2 / 3)
-    assert a.ttft_abs_error_p50_ns == pytest.approx(10 * MS)
-    assert a.ttft_abs_error_p90_ns == pytest.approx(18 * MS)  # 10 + 0.8 * (20 - 10), interpolated
-    assert a.ttft_rel_error_p50 == pytest.approx(0.2) and a.ttft_rel_error_p90 == pytest.approx(0.44)
-    assert a.ttft_bias_p50_ns == pytest.approx(10 * MS)
+    # Errors (replayed - observed): p -20 ms of 100, q +10 of 50, r +10 of 20. Percentiles by
+    # nearest rank, the package's one definition (issue 32: not interpolated): each names a request.
+    assert a.ttft_abs_error_p50_ns == 10 * MS
+    assert a.ttft_abs_error_p90_ns == 20 * MS  # rank ceil(0.9 * 3) = 3 of [10, 10, 20]; not 18 interpolated
+    assert a.ttft_rel_error_p50 == pytest.approx(0.2) and a.ttft_rel_error_p90 == pytest.approx(0.5)
+    assert a.ttft_bias_p50_ns == 10 * MS
+    errors = [r.ttft_error_ns for r in a.requests]
+    assert a.ttft_abs_error_p90_ns == nearest_rank([abs(e) for e in errors], 0.9)
+    assert a.ttft_rel_error_p90 == nearest_rank([abs(r.ttft_error_ns) / r.observed_ttft_ns for r in a.requests], 0.9)
     assert (a.observed_tokens.host_tokens, a.replayed_tokens.host_tokens) == (256, 192)
     assert [p.req_id for p in a.requests] == ["r", "p", "q"]  # the split mismatch first
     assert a.requests[0].split_match is False and a.requests[1].ttft_error_ns == -20 * MS
@@ -137,3 +143,24 @@ def test_summary_of_an_observed_run(tmp_path):
             s.computed_tokens) == (4, 3572, 1472, 256, 64, 1780)
     assert s.queue_total_ns == 52 * MS and s.requests_mostly_queueing == 1 and s.storage_wait_total_ns == 20 * MS
     assert s.twin is None and s.agreement is None and "evictions" in s.not_reported
+
+
+def test_explain_of_an_aborted_request_says_it_was_aborted(tmp_path):
+    # Issue 32: a request the server aborted after its first token (a client gone mid-decode)
+    # has a TTFT to explain, and the verdict must say first that it did not finish.
+    db, obs_id = _observed(tmp_path, [
+        record("x", prompt=512, arrival_s=4.0, queue_s=0.030, ttft_s=0.040,
+               finish={"type": "abort", "message": "client disconnected", "status_code": 499}),
+        record("y", prompt=512, arrival_s=5.0, ttft_s=None,
+               finish={"type": "abort", "message": "client disconnected", "status_code": 499}),
+    ])
+    with open_store(db) as con:
+        run = resolve_run(con, obs_id)
+        x = explain_observed(con, run, "x")
+        y = explain_observed(con, run, "y")
+    assert x.status == "aborted" and x.ttft_ns == 40 * MS
+    assert x.headline.startswith("aborted after its first token (client disconnected); queueing: 75 % of TTFT")
+    assert x.verdict.startswith("Request x was aborted (client disconnected) after its first token, so it did "
+                                "not finish. Request x took 40.0 ms to its first token")
+    assert y.headline == "aborted: client disconnected" and "before its first token" in y.verdict
+

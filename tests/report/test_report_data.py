@@ -13,7 +13,7 @@ from fake_run import fake_columns, write_fake_run
 from tierdiag.diagnose.causes import primary_cause
 from tierdiag.diagnose.quantile import nearest_rank
 from tierdiag.diagnose.slow import slow_requests
-from tierdiag.report import data as rd
+from tierdiag.report import series as rd
 from tierdiag.store.reader import open_store, resolve_run
 from tierdiag.store.schema import TABLES
 

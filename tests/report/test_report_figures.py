@@ -10,7 +10,7 @@ import pytest
 
 from fake_run import LINK_BYTES_PER_S, write_fake_run
 from tierdiag.units import fmt_pct
-from tierdiag.report import data as rd
+from tierdiag.report import series as rd
 from tierdiag.report.figures import build_figures, log_ticks, ttft_unit
 from tierdiag.store.reader import open_store, resolve_run
 

@@ -18,7 +18,7 @@ from hypothesis.extra import numpy as hnp
 
 from fake_run import write_fake_run
 from tierdiag.errors import OutputError
-from tierdiag.report import data as rd
+from tierdiag.report import series as rd
 from tierdiag.report import html as rh
 
 _DTYPES = {"f8": np.float64, "f4": np.float32, "i4": np.int32, "i2": np.int16, "i1": np.int8, "u1": np.uint8}

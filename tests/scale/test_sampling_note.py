@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.report.fake_run import write_fake_run
-from tierdiag.report import data as rd
+from tierdiag.report import series as rd
 from tierdiag.report import html as rh
 from tierdiag.store.reader import open_store, resolve_run
 

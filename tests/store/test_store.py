@@ -121,7 +121,7 @@ def test_a_run_whose_rows_hold_nulls_still_summarises_and_gets_its_evidence(tmp_
     """Eviction rows with a NULL tier and action beside an unknown tier (hand-made or foreign rows;
     the engine writes neither): summary sorts them last instead of failing to compare None with a
     string (a TypeError before), so the run's evidence is stored without a warning."""
-    from tierdiag.diagnose.evidence import stored_evidence
+    from tierdiag.diagnose.facts import stored_evidence
     from tierdiag.diagnose.summary import compute_run_summary
 
     db = tmp_path / "s.duckdb"

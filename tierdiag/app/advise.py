@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tierdiag.diagnose.advice import (HOST_POOL_LIMIT_BYTES, Advice, RunNumbers, advise_sweep_id, propose,
-                                      run_context_for, run_numbers, verified_advice)
+                                      run_numbers, verified_advice)
+from tierdiag.diagnose.facts import run_context as run_context_for
 
 
 @dataclass(frozen=True)

@@ -3,15 +3,17 @@ starts a replay (app/advise.py does that, as a client of advice.py's rules).
 
 Modules, each importing only those below it (an arrow reads "is built on")::
 
-    explain ── explain_steps, explain_verdict ── explain_result      one request
-    observed ── observed_explain ── observed_twin                   imported (server) runs
-    slow_groups ── explain, slow                                    the report's slowest table
-    summary ── diagnosis ── advice ── claims                        the run's root cause, what to change
-    compare, slow                                                   runs side by side; ranking
-    evidence (compute + store at the close; close.py the hook)
-    facts (the ONE reader of stored evidence: stored, else computed)
-      └── stored (the row's format) ── runcontext, numbers, totals   computed from the rows
-    context (one request's surroundings) · causes · tokens · sql · quantile · query · kinds
+    explain -> explain_steps, explain_verdict -> explain_result      one request
+    observed -> observed_explain -> observed_twin                    imported (server) runs
+    slow_groups -> explain, slow                                     the report's slowest table
+    summary -> diagnosis -> advice -> claims                         the run's root cause, what to change
+    compare, slow                                                    runs side by side; ranking
+    calibrate -> fit                                                 a cost model fitted to an observed run
+    evidence                     computes and stores at the close (close.py: the store's hook)
+    facts                        the ONE reader of stored evidence: stored, else computed
+      -> stored                  the row's format
+         -> runcontext, numbers, totals                              computed from the rows
+    context (one request's surroundings) . causes . tokens . sql . quantile . query . kinds
 
 Nothing below `facts` reads the stored row; `evidence` writes it and never reads it back.
 """

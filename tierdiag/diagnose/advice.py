@@ -13,8 +13,10 @@ memory, and `verified` once `tierdiag advise` has replayed the trace with it.
     page_size         load-backs fragmented and far below link peak, exposed       page_size x4
     (none of these)   the cache was fine                                           "nothing to change in the cache"
 
-A rule fires only when its tokens are at least MIN_LOSS_SHARE of the run's input: below
-that, the cache is not what is worth changing. Hardware limits: a host pool beyond
+A rule fires only when its tokens are known, more than none, and at least MIN_LOSS_SHARE of a
+known, non-empty input (`_significant`): below that, the cache is not what is worth changing,
+and from nothing (a run whose every request was rejected, a server that reports no recompute)
+nothing is proposed. Hardware limits: a host pool beyond
 HOST_POOL_LIMIT_BYTES (what a server beside one GPU carries) is never advised; a storage tier is.
 
 Verification: `advise` records each candidate run under sweep_id `advise-<baseline run_id>`;
@@ -33,11 +35,9 @@ from tierdiag.diagnose.claims import (
     BUSY_SHARE,
     NAMED_REASON_SHARE,
     NEAR_PEAK_SHARE,
-    RECOMPUTE_QUEUE_SHARE,
     held_capacity,
-    loss_why,
 )
-from tierdiag.diagnose.context import RunContext
+from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
 
 MIN_LOSS_SHARE = 0.05
@@ -157,10 +157,16 @@ def _covered(deciles: tuple, capacity: int) -> float | None:
 # --------------------------------------------------------------------------- rules
 
 
+def _significant(tokens: int | None, input_tokens: int | None) -> bool:
+    """A rule's tokens are worth a change: known, more than none, and at least MIN_LOSS_SHARE of
+    a known, non-empty input. Unknown (None) stays unknown: no rule fires from it."""
+    return bool(tokens) and bool(input_tokens) and tokens >= MIN_LOSS_SHARE * input_tokens
+
+
 def _prefetch(ctx: RunContext) -> list[Advice]:
     lo = ctx.losses
     late = lo.storage_unused_tokens.get("prefetch_incomplete", 0)
-    if late < MIN_LOSS_SHARE * lo.input_tokens or ctx.config.get("prefetch_policy") == "wait_complete":
+    if not _significant(late, lo.input_tokens) or ctx.config.get("prefetch_policy") == "wait_complete":
         return []
     return [Advice(
         "prefetch", "prefetch_policy", "wait_complete", {"prefetch_policy": "wait_complete"},
@@ -173,7 +179,7 @@ def _prefetch(ctx: RunContext) -> list[Advice]:
 def _write_policy(ctx: RunContext) -> list[Advice]:
     lo = ctx.losses
     policy = ctx.config.get("write_policy")
-    if lo.dropped_unbacked_tokens < MIN_LOSS_SHARE * lo.input_tokens or policy == "write_through":
+    if not _significant(lo.dropped_unbacked_tokens, lo.input_tokens) or policy == "write_through":
         return []
     return [Advice(
         "write_policy", "write_policy", "write_through", {"write_policy": "write_through"},
@@ -187,7 +193,7 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
     lo = ctx.losses
     device, host = lo.device_capacity_tokens, lo.host_capacity_tokens
     deciles = lo.removed_reuse_deciles_tokens
-    if (lo.deleted_from_host_tokens < MIN_LOSS_SHARE * lo.input_tokens or device is None or host is None
+    if (not _significant(lo.deleted_from_host_tokens, lo.input_tokens) or device is None or host is None
             or len(deciles) < 11):
         return []
     page = int(ctx.config.get("page_size") or 64)
@@ -273,7 +279,7 @@ def _eviction_policy(ctx: RunContext) -> list[Advice]:
     removed = lo.deleted_from_host_tokens + lo.dropped_unbacked_tokens
     policy = ctx.config.get("eviction_policy")
     if (policy == "lfu" or not removed or lo.hot_removed_tokens < NAMED_REASON_SHARE * removed
-            or lo.hot_removed_tokens < MIN_LOSS_SHARE * lo.input_tokens):
+            or not _significant(lo.hot_removed_tokens, lo.input_tokens)):
         return []
     return [Advice(
         "eviction_policy", "eviction_policy", "lfu", {"eviction_policy": "lfu"},
@@ -310,8 +316,12 @@ RULES = (_prefetch, _write_policy, _capacity, _eviction_policy, _page_size)
 
 def _nothing(ctx: RunContext) -> Advice:
     lo, tr = ctx.losses, ctx.transfers
-    text = (f"nothing to change in the cache: {fmt_pct(lo.recomputed_share or 0)} of input tokens were "
-            f"recomputed once-cached tokens")
+    if lo.recomputed_share is None:  # no finished request, or a server that does not report recompute
+        text = ("nothing to change in the cache that the run's numbers show: how many input tokens were "
+                "recomputed is not known" + ("" if ctx.num_finished else " (no request finished)"))
+    else:
+        text = (f"nothing to change in the cache: {fmt_pct(lo.recomputed_share)} of input tokens were "
+                f"recomputed once-cached tokens")
     if tr.num_loadbacks and tr.loadback_ns:
         text += (f"; load-backs ran at {fmt_pct(tr.link_peak_share)} of link peak and took {fmt_ms(tr.loadback_ns)} "
                  f"where recomputing the same tokens would have cost {fmt_ms(tr.recompute_instead_extra_ns)}")
@@ -325,72 +335,6 @@ def propose(ctx: RunContext, *, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) -
     """Every rule that fires, biggest loss first; else the one "nothing to change" item."""
     items = [a for rule in RULES for a in (rule(ctx, host_limit_bytes) if rule is _capacity else rule(ctx))]
     return tuple(items) if items else (_nothing(ctx),)
-
-
-# --------------------------------------------------------------------------- the run's root cause
-
-
-@dataclass(frozen=True)
-class RunDiagnosis:
-    dominant_cause: str | None
-    proximate_cause: str | None  # the part of the run's excess TTFT that is largest
-    finding: str
-    advice: tuple[Advice, ...]
-
-    def to_json(self) -> dict:
-        return {"dominant_cause": self.dominant_cause, "proximate_cause": self.proximate_cause,
-                "finding": self.finding, "advice": [a.to_json() for a in self.advice]}
-
-
-_WAIT_WORDS_RUN = {"recompute": "recomputing once-cached tokens", "new_compute": "computing new tokens",
-                   "load_back": "on exposed load-backs", "write_back": "blocked on write-backs",
-                   "storage_wait": "idle while prefetches ran", "decode": "idle while decoding requests held memory",
-                   "idle": "idle (waiting for memory or storage)"}
-
-
-def diagnose_run(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple[Advice, ...]) -> RunDiagnosis:
-    """`excess_parts_ns`: cause -> the run total of the excess part it owns (summary's table)."""
-    total = sum(excess_parts_ns.values())
-    if not ctx.num_finished or total <= 0:
-        return RunDiagnosis("none" if ctx.num_finished else None, None,
-                            "no request was slower than its ideal." if ctx.num_finished else "no finished request.",
-                            advice)
-    proximate = max(excess_parts_ns, key=lambda k: excess_parts_ns[k])
-    pshare = share(excess_parts_ns[proximate], total)
-    lo = ctx.losses
-    why = loss_why(ctx)
-    rq = ctx.attribution_share("recompute")
-    busy = ctx.prefill_busy_share
-    if proximate == "queueing" and rq is not None and rq >= RECOMPUTE_QUEUE_SHARE and (busy or 0) >= BUSY_SHARE:
-        finding = (f"Recompute of lost prefixes made the queue: queueing is {fmt_pct(pshare)} of the run's excess TTFT, "
-                   f"and of the time requests waited, {fmt_pct(rq)} the GPU spent recomputing once-cached tokens "
-                   f"({fmt_tokens(lo.recomputed_tokens)} tokens, {fmt_pct(lo.recomputed_share)} of input, "
-                   f"{fmt_pct(ctx.recompute_share_of_prefill)} of prefill compute) on a prefill GPU "
-                   f"{fmt_pct(busy)} busy ({fmt_pct(busy * (1 - (ctx.recompute_share_of_prefill or 0)))} busy had "
-                   f"it not recomputed them)")
-        finding += f"; {why}." if why else "."
-        return RunDiagnosis("recompute", proximate, finding, advice)
-    if proximate == "queueing":
-        finding = f"Queueing is {fmt_pct(pshare)} of the run's excess TTFT on a prefill GPU {fmt_pct(busy)} busy"
-        if ctx.queue_attribution:
-            top = max(ctx.queue_attribution, key=lambda k: ctx.queue_attribution[k])
-            finding += (f"; while requests waited the GPU was mostly {_WAIT_WORDS_RUN[top]} "
-                        f"({fmt_pct(ctx.attribution_share(top))} of the wait), recomputing once-cached tokens for "
-                        f"{fmt_pct(rq)}: the queue was not the cache's doing.")
-        else:
-            finding += " (this store has no per-batch recompute record, so the wait is not split)."
-    elif proximate == "recompute":
-        finding = (f"Recomputing once-cached tokens is {fmt_pct(pshare)} of the run's excess TTFT"
-                   + (f"; {why}." if why else "."))
-    elif proximate == "load_back":
-        tr = ctx.transfers
-        finding = (f"Exposed load-back is {fmt_pct(pshare)} of the run's excess TTFT; load-backs ran at "
-                   f"{fmt_pct(tr.link_peak_share)} of link peak.")
-    elif proximate == "storage_fetch":
-        finding = f"Waiting for storage prefetches is {fmt_pct(pshare)} of the run's excess TTFT."
-    else:
-        finding = f"Requests' own new-token compute beyond their ideal is {fmt_pct(pshare)} of the run's excess TTFT."
-    return RunDiagnosis(proximate, proximate, finding, advice)
 
 
 # --------------------------------------------------------------------------- verification
@@ -483,11 +427,5 @@ def run_numbers(con: duckdb.DuckDBPyConnection, run_id: str) -> RunNumbers:
                       {"device": share(r[3], n), "host": share(r[4], n), "storage": share(r[5], n)}, r[7])
 
 
-def run_context_for(con, run) -> RunContext:
-    from tierdiag.diagnose.context import run_context
-
-    return run_context(con, run)
-
-
-__all__ = ["Advice", "Verified", "RunDiagnosis", "propose", "diagnose_run", "run_advice", "verified_advice",
-           "advise_sweep_id", "config_changes", "NEAR_PEAK_SHARE", "fmt_ms_value", "RunNumbers", "run_numbers", "run_context_for"]
+__all__ = ["Advice", "Verified", "propose", "run_advice", "verified_advice",
+           "advise_sweep_id", "config_changes", "NEAR_PEAK_SHARE", "fmt_ms_value", "RunNumbers", "run_numbers"]

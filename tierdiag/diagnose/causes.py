@@ -28,6 +28,10 @@ request's own new-token compute came out slower than its ideal.
 
 `slow` and the HTML report classify a whole run in one query with `cause_sql()`; `explain`
 calls `primary_cause()` on one row.
+
+What each cause is, in words and columns, is registered here once (`CAUSE_INFO`): the TTFT part
+it owns (a `requests` column), and what it means (the report's verdict card, the run
+diagnosis). Views look a cause up there rather than branching on its name.
 """
 
 from __future__ import annotations
@@ -50,6 +54,31 @@ _PART_SQL: dict[str, str] = {
 
 
 @dataclass(frozen=True)
+class CauseInfo:
+    """One cause: the TTFT part it owns and what that means, in words."""
+
+    name: str
+    part_column: str | None  # the `requests` column of its part of TTFT (None: "none" owns no part)
+    meaning: str  # what the time went to: "... went to {meaning}"
+
+
+CAUSE_INFO: dict[str, CauseInfo] = {c.name: c for c in (
+    CauseInfo("none", None, "nothing beyond the ideal (within the tolerance of it)"),
+    CauseInfo("queueing", "queue_ns", "waiting for the GPU, or sharing a prefill batch with other requests' work"),
+    CauseInfo("load_back", "loadback_exposed_ns",
+              "loading prefixes back from host memory, not hidden behind prefill compute"),
+    CauseInfo("storage_fetch", "storage_wait_ns", "waiting for storage prefetches before prefill could start"),
+    CauseInfo("recompute", "recompute_ns",
+              "prefilling tokens the cache had held once (evicted, or a load-back skipped)"),
+    CauseInfo("compute", "compute_ns", "their own new-token compute beyond the ideal (chunked prefill)"),
+)}
+assert tuple(CAUSE_INFO) == CAUSES
+
+# cause -> what its time went to (the report's verdict card), for the causes that own a part.
+CAUSE_MEANING: dict[str, str] = {c.name: c.meaning for c in CAUSE_INFO.values() if c.part_column}
+
+
+@dataclass(frozen=True)
 class TtftParts:
     """One request's TTFT decomposition, ns of virtual time."""
 
@@ -64,6 +93,11 @@ class TtftParts:
     @property
     def excess_ns(self) -> int:
         return self.ttft_ns - self.ideal_ttft_ns
+
+    def part_ns(self, cause: str) -> int:
+        """The TTFT part `cause` owns (0 for "none")."""
+        column = CAUSE_INFO[cause].part_column
+        return getattr(self, column) if column else 0
 
     def excess_parts_ns(self) -> dict[str, int]:
         """cause -> the part of the excess it owns (the same numbers `cause_sql` compares)."""

@@ -15,8 +15,7 @@ import duckdb
 from tierdiag.diagnose.evidence import record_run_evidence
 
 # What the hook imports: a writer process imports these while the engine runs, not in the close.
-PRELOAD = ("tierdiag.diagnose.context", "tierdiag.diagnose.evidence", "tierdiag.diagnose.explain",
-           "tierdiag.diagnose.summary")
+PRELOAD = ("tierdiag.diagnose.evidence", "tierdiag.diagnose.summary")
 
 
 def after_commit(con: duckdb.DuckDBPyConnection, db_path: Path, run_id: str, status: str) -> dict | None:

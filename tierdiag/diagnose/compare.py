@@ -1,16 +1,23 @@
 """`compare`: runs side by side, and one request in two runs.
 
-Run metrics come from `run_summary` (the numbers `summary` prints, with its one quantile
+Run metrics come from `summary`'s numbers (facts.py: the numbers `summary` prints, with its one quantile
 definition); the only new aggregate is the GPU's prefill busy share, from the `batches` table.
 Per-request verdicts come from `cause_sql` (the rule `explain` and `slow` use), never re-derived.
 
     compare_runs(con, runs)            -> Comparison: one RunRow per run, the options that differ
     compare_requests(con, a, b, top)   -> RequestComparison: same req_id in both, largest TTFT
                                           gains and losses, verdicts that changed (from -> to)
+
+Requests are paired by req_id, which only means "the same request" when both runs replayed the
+same trace. A pair whose input lengths differ is two unrelated requests that share an id (two
+traces numbered the same way): when most pairs differ so, the runs are of different traces and
+the comparison is refused (ConfigError, exit 2); when only some do, it goes on, says so in one
+warning line on stderr and counts them in `num_input_mismatch` (docs/contract.md).
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -18,12 +25,12 @@ import duckdb
 
 from tierdiag.diagnose.causes import cause_sql
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one, jsonify
-from tierdiag.diagnose.summary import ClassStats, RunSummary, run_summary
+from tierdiag.diagnose.sql import FINISHED_SQL as _FINISHED
+from tierdiag.diagnose.facts import RunFacts
+from tierdiag.diagnose.numbers import ClassStats, RunSummary
 from tierdiag.units import share
 from tierdiag.errors import ConfigError, StoreError, TierdiagError
 from tierdiag.store.reader import RunInfo, list_runs
-
-_FINISHED = "coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL"
 TIERS = ("device", "host", "storage")
 CLASSES = ("device_hit", "tiered_hit", "miss")
 DEFAULT_TOP = 10
@@ -176,7 +183,8 @@ def compare_runs(con: duckdb.DuckDBPyConnection, runs: Sequence[RunInfo], *, by:
                  sweep_id: str | None = None) -> Comparison:
     check_sort_key(by)
     varied = varied_options([r.config for r in runs])
-    rows = [_row(con, r, run_summary(con, r, diagnose=False), varied) for r in runs]  # a row shows no diagnosis
+    # summary's numbers (a row shows no diagnosis): stored with the run, else computed
+    rows = [_row(con, r, RunFacts(con, r).summary_numbers(), varied) for r in runs]
     if by is not None:
         key, ascending = SORT_KEYS[by]
         present = [r for r in rows if key(r) is not None]
@@ -237,6 +245,7 @@ class RequestComparison:
     changed: tuple[RequestDelta, ...]  # changed verdicts, largest |delta| first
     transitions: tuple[VerdictChange, ...]  # from -> to counts, most frequent first
     top: int
+    num_input_mismatch: int = 0  # pairs whose input lengths differ: not the same request (a warning)
 
     def to_json(self) -> dict:
         return dataclass_json(self)
@@ -253,12 +262,12 @@ def compare_requests(con: duckdb.DuckDBPyConnection, a: RunInfo, b: RunInfo, *, 
         raise ConfigError(f"--top {top} must be at least 1")
     pair = f"""
         WITH a AS (SELECT req_id, hit_class, CASE WHEN {_FINISHED} THEN ttft_ns END AS ttft_ns,
-                          {cause_sql()} AS cause FROM requests WHERE run_id = $1),
+                          {cause_sql()} AS cause, input_tokens FROM requests WHERE run_id = $1),
              b AS (SELECT req_id, hit_class, CASE WHEN {_FINISHED} THEN ttft_ns END AS ttft_ns,
-                          {cause_sql()} AS cause FROM requests WHERE run_id = $2),
+                          {cause_sql()} AS cause, input_tokens FROM requests WHERE run_id = $2),
              p AS (SELECT req_id, a.hit_class AS class_a, b.hit_class AS class_b, a.ttft_ns AS ttft_a,
                           b.ttft_ns AS ttft_b, b.ttft_ns - a.ttft_ns AS delta, a.cause AS cause_a,
-                          b.cause AS cause_b
+                          b.cause AS cause_b, a.input_tokens IS DISTINCT FROM b.input_tokens AS mismatch
                    FROM a JOIN b USING (req_id))"""
     params = [a.run_id, b.run_id]
     counts = fetch_one(con, pair + """
@@ -266,7 +275,18 @@ def compare_requests(con: duckdb.DuckDBPyConnection, a: RunInfo, b: RunInfo, *, 
                (SELECT count(*) FROM a) AS n_a, (SELECT count(*) FROM b) AS n_b,
                (SELECT count(*) FROM p WHERE delta < 0) AS faster,
                (SELECT count(*) FROM p WHERE delta > 0) AS slower,
-               (SELECT count(*) FROM p WHERE cause_a IS DISTINCT FROM cause_b) AS changed""", params) or {}
+               (SELECT count(*) FROM p WHERE cause_a IS DISTINCT FROM cause_b) AS changed,
+               (SELECT count(*) FROM p WHERE mismatch) AS mismatch""", params) or {}
+    common = int(counts.get("common") or 0)
+    mismatch = int(counts.get("mismatch") or 0)
+    if mismatch and 2 * (common - mismatch) <= common:
+        raise ConfigError(
+            f"runs {a.run_id} ({a.name}) and {b.run_id} ({b.name}) are not of the same trace: {mismatch:,} of "
+            f"{common:,} requests paired by id have different input lengths",
+            hint="compare --requests pairs one trace's requests across runs; replay the same trace")
+    if mismatch:
+        sys.stderr.write(f"tierdiag: warning: {mismatch:,} of {common:,} requests paired by id have different "
+                         f"input lengths in runs {a.run_id} and {b.run_id}: those pairs are unrelated requests\n")
     cols = "SELECT req_id, class_a, class_b, ttft_a, ttft_b, delta, cause_a, cause_b FROM p"
     gains = fetch_dicts(con, pair + f" {cols} WHERE delta < 0 ORDER BY delta, req_id LIMIT {int(top)}", params)
     losses = fetch_dicts(con, pair + f" {cols} WHERE delta > 0 ORDER BY delta DESC, req_id LIMIT {int(top)}", params)
@@ -275,11 +295,11 @@ def compare_requests(con: duckdb.DuckDBPyConnection, a: RunInfo, b: RunInfo, *, 
     transitions = fetch_dicts(con, pair + """
         SELECT coalesce(cause_a, 'rejected') AS f, coalesce(cause_b, 'rejected') AS t, count(*) AS n FROM p
         WHERE cause_a IS DISTINCT FROM cause_b GROUP BY 1, 2 ORDER BY n DESC, f, t""", params)
-    common = int(counts.get("common") or 0)
     return RequestComparison(
         run_a=a.run_id, name_a=a.name, run_b=b.run_id, name_b=b.name, num_common=common,
         num_only_a=int(counts.get("n_a") or 0) - common, num_only_b=int(counts.get("n_b") or 0) - common,
         num_faster=int(counts.get("faster") or 0), num_slower=int(counts.get("slower") or 0),
         num_changed=int(counts.get("changed") or 0), gains=tuple(map(_delta, gains)),
         losses=tuple(map(_delta, losses)), changed=tuple(map(_delta, changed)),
-        transitions=tuple(VerdictChange(r["f"], r["t"], int(r["n"])) for r in transitions), top=top)
+        transitions=tuple(VerdictChange(r["f"], r["t"], int(r["n"])) for r in transitions), top=top,
+        num_input_mismatch=mismatch)

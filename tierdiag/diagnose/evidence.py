@@ -7,8 +7,8 @@ computed once when the run is closed and stored with it (docs/contract.md §5)::
 class name, tuples marked as such, so that they read back equal to what was computed)::
 
     context   RunContext  (context.py)  summary's diagnosis, explain's "why", the advice rules
-    summary   RunSummary  (summary.py)  summary's numbers, without the diagnosis
-    totals    RunTotals   (explain.py)  the bounds, load-backs and device evictions explain compares with
+    summary   RunSummary  (numbers.py)  summary's numbers, without the diagnosis
+    totals    RunTotals   (totals.py)   the bounds, load-backs and device evictions explain compares with
 
 On a million-request run these are seconds of work over every request, batch and eviction
 (queue attribution, loss evidence, the token and class aggregates); stored, a reader fetches one
@@ -23,12 +23,13 @@ one warning line on stderr and nothing else: the run stays as it was closed, wit
 and readers compute the evidence from the rows as they always did. Observed runs (imported from
 a server) get none: their readers (diagnose/observed.py) use none of it.
 
-Readers take it through `stored_evidence`, and only when its `evidence_version` is
+This module computes and stores; it never reads the row back. Readers take it through
+facts.py (`run_facts`: the one reader, with the one "stored, else computed" fallback), and only when its `evidence_version` is
 EVIDENCE_VERSION; otherwise (a store written before the table, a run closed by an older tierdiag,
 a run still being recorded, a failed run, an observed one) they compute it from the rows, with
 the same result (tests/diagnose/test_evidence.py checks both paths agree). Bump EVIDENCE_VERSION
-whenever a stored class gains, loses or renames a field, or a number in it is computed
-differently: old rows are then ignored, not misread (the test pins the stored fields).
+(stored.py) whenever a stored class gains, loses or renames a field, or a number in it is computed
+differently (stored.py, the row's format): old rows are then ignored, not misread.
 
 A fourth section, `inputs`, holds what of the `runs` row the numbers were computed from (config,
 hardware, data plane); a row whose inputs differ from the run's (a config edited since) is not
@@ -40,134 +41,13 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import fields, is_dataclass, replace
 
 import duckdb
 
-EVIDENCE_VERSION = 1
-TABLE = "run_evidence"
-_DC, _TUPLE = "__dataclass__", "__tuple__"
-
-
-# --------------------------------------------------------------------------- JSON, exactly
-
-
-def _encode(value):
-    if is_dataclass(value) and not isinstance(value, type):
-        out = {_DC: type(value).__name__}
-        for f in fields(value):
-            out[f.name] = _encode(getattr(value, f.name))
-        return out
-    if isinstance(value, tuple):
-        return {_TUPLE: [_encode(v) for v in value]}
-    if isinstance(value, list):
-        return [_encode(v) for v in value]
-    if isinstance(value, dict):
-        if _DC in value or _TUPLE in value or not all(isinstance(k, str) for k in value):
-            raise TypeError(f"a dict that would not read back as itself: keys {list(value)[:4]}")
-        return {k: _encode(v) for k, v in value.items()}
-    if value is None or type(value) in (bool, int, float, str):
-        return value
-    # numpy scalars, Decimals, datetimes: JSON would store them as something else.
-    raise TypeError(f"{type(value).__name__} is not stored as itself in JSON: {value!r}")
-
-
-def _decode(value, classes: dict):
-    if isinstance(value, dict):
-        if _TUPLE in value:
-            return tuple(_decode(v, classes) for v in value[_TUPLE])
-        if _DC in value:
-            cls = classes[value[_DC]]  # KeyError: a class this section does not hold
-            return cls(**{k: _decode(v, classes) for k, v in value.items() if k != _DC})
-        return {k: _decode(v, classes) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_decode(v, classes) for v in value]
-    return value
-
-
-def _section_classes(section: str) -> dict:
-    """The classes a section may hold (imported only when that section is read)."""
-    if section == "context":
-        from tierdiag.diagnose.context import LossEvidence, RunContext, TransferEvidence
-
-        found = (RunContext, LossEvidence, TransferEvidence)
-    elif section == "totals":
-        from tierdiag.diagnose.explain import RunTotals
-
-        found = (RunTotals,)
-    else:
-        from tierdiag.diagnose import summary as s
-
-        found = (s.RunSummary, s.TierSplit, s.ClassStats, s.LoadBackTotals, s.SkipCount, s.EvictionCount,
-                 s.RequestCount, s.ReasonCount, s.CauseShare)
-    return {c.__name__: c for c in found}
-
-
-# --------------------------------------------------------------------------- read
-
-
-class StoredEvidence:
-    """One run's stored evidence; each section decoded when first asked for. A section that does
-    not decode (a hand-edited row) reads as None, and the caller computes it from the rows."""
-
-    def __init__(self, sections: dict):
-        self._sections = sections
-        self._decoded: dict = {}
-
-    def _get(self, section: str, cls_name: str):
-        if section not in self._decoded:
-            value = None
-            raw = self._sections.get(section)
-            if isinstance(raw, dict) and raw.get(_DC) == cls_name:
-                try:
-                    value = _decode(raw, _section_classes(section))
-                except (KeyError, TypeError, ValueError):
-                    value = None
-            self._decoded[section] = value
-        return self._decoded[section]
-
-    def context(self, run):
-        """The run's RunContext (queue attribution included)."""
-        return self._get("context", "RunContext")
-
-    def summary(self, run):
-        """The run's RunSummary numbers, diagnosis None."""
-        s = self._get("summary", "RunSummary")
-        if s is None:
-            return None
-        return replace(s, run_id=run.run_id, run_name=run.name, status=run.status, trace_path=run.trace_path,
-                       model=run.config.get("model"), gpu=run.config.get("gpu"), diagnosis=None)
-
-    def totals(self):
-        """explain's RunTotals."""
-        return self._get("totals", "RunTotals")
-
-
-def stored_evidence(con: duckdb.DuckDBPyConnection, run) -> StoredEvidence | None:
-    """The evidence stored with `run` when it was closed, or None: no such table (a store written
-    before it), no row (a run still recording, failed, observed, or closed by an older tierdiag),
-    a row of another evidence_version, or one that is not JSON."""
-    if getattr(run, "kind", "replay") != "replay":
-        return None
-    try:
-        rows = con.execute(f"SELECT evidence_version, evidence_json FROM {TABLE} WHERE run_id = ?",
-                           [run.run_id]).fetchall()
-    except duckdb.CatalogException:
-        return None
-    if len(rows) != 1 or rows[0][0] != EVIDENCE_VERSION:
-        return None
-    try:
-        sections = json.loads(rows[0][1])
-    except (TypeError, ValueError, RecursionError):
-        return None
-    if not isinstance(sections, dict) or sections.get("inputs") != _inputs(run):
-        return None
-    return StoredEvidence(sections)
-
-
-def _inputs(run) -> dict:
-    """What of the runs row the stored numbers depend on (pool sizes, link peak, KV geometry)."""
-    return {"config": run.config, "hardware": run.hardware, "data_plane": run.data_plane}
+from tierdiag.diagnose.runcontext import compute_run_context
+from tierdiag.diagnose.numbers import compute_run_summary
+from tierdiag.diagnose.stored import EVIDENCE_VERSION, TABLE, encode, inputs
+from tierdiag.diagnose.totals import run_totals
 
 
 # --------------------------------------------------------------------------- compute and write
@@ -182,10 +62,6 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run) -> dict:
     conversation trace). The results are the same as one after the other: the rows are
     committed and nothing writes meanwhile."""
     import threading
-
-    from tierdiag.diagnose.context import compute_run_context
-    from tierdiag.diagnose.explain import run_totals
-    from tierdiag.diagnose.summary import compute_run_summary
 
     catalog = con.execute("SELECT current_database()").fetchone()[0]
     with con.cursor() as cur:
@@ -207,8 +83,8 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run) -> dict:
             thread.join()
     if isinstance(context[0], BaseException):
         raise context[0]
-    return {"inputs": _encode(_inputs(run)), "context": _encode(context[0]),
-            "summary": _encode(summary), "totals": _encode(totals)}
+    return {"inputs": encode(inputs(run)), "context": encode(context[0]),
+            "summary": encode(summary), "totals": encode(totals)}
 
 
 def write_evidence(con: duckdb.DuckDBPyConnection, run_id: str, sections: dict) -> None:

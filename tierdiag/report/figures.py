@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from tierdiag.units import fmt_bandwidth, fmt_ms, fmt_pct
-from tierdiag.report.data import (
+from tierdiag.report.series import (
     CLASSES,
     COMPONENTS,
     TIER_PARTS,

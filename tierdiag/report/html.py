@@ -1,7 +1,7 @@
 """The self-contained HTML report: one file, Plotly's JS inlined once, no network fetches.
 
     build_report(db, run, output)
-      open_store ─► load_report_data (data.py, SQL) ─► build_figures (figures.py, dicts)
+      open_store ─► load_report_data (series.py, SQL) ─► build_figures (figures.py, dicts)
                  ─► render_html (this file) ─► write_atomic (tmp file in the folder, rename)
 
 Figure data travels as JSON in `<script type="application/json">` blocks, numpy arrays as
@@ -28,7 +28,7 @@ import numpy as np
 from tierdiag import __version__
 from tierdiag.units import fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens
 from tierdiag.errors import OutputError
-from tierdiag.report.data import (
+from tierdiag.report.series import (
     BURST_GAP_SHARE,
     CAUSE_MEANING,
     CLASSES,

@@ -1,4 +1,9 @@
-"""Everything the HTML report shows, read from one run in the store (DuckDB only, no torch).
+"""The report's series: everything the HTML report draws, read from one run in the store
+(DuckDB only, no torch). The diagnosis it shows beside them (the run's, the slowest requests
+explained) is diagnose's: diagnosis.py, slow_groups.py; `load_report_data` gathers both.
+
+(Some 600 lines, on purpose: one loader per figure of the page, each a dataclass and its SQL,
+sharing the time-binning helpers; split, each file would import the others' bins.)
 
 Aggregation happens in SQL (percentiles, time bins, group-bys) so a run of a million requests
 costs the report no more memory than a small one; only the per-request scatter and the per-
@@ -15,14 +20,16 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from tierdiag.diagnose.causes import cause_sql, excess_sql
-from tierdiag.diagnose.explain import Explanation, explain_request
+from tierdiag.diagnose.causes import CAUSE_MEANING, cause_sql, excess_sql  # noqa: F401 - the page's words
+from tierdiag.diagnose.diagnosis import RunDiagnosis, backed
+from tierdiag.diagnose.facts import RunFacts
+from tierdiag.diagnose.kinds import has_engine_parts
 from tierdiag.diagnose.quantile import quantile_sql
 from tierdiag.diagnose.query import link_peak_bytes_per_s
-from tierdiag.diagnose.slow import SlowRequest, slow_requests
-from tierdiag.diagnose.summary import _FINISHED as FINISHED_SQL
-from tierdiag.diagnose.summary import CauseShare, RunSummary, run_summary
-from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, share
+from tierdiag.diagnose.slow_groups import BURST_GAP_SHARE, SLOW_POOL, SlowGroup  # noqa: F401
+from tierdiag.diagnose.slow_groups import slow_groups as load_slow_groups
+from tierdiag.diagnose.sql import FINISHED_SQL, run_span_ns
+from tierdiag.diagnose.summary import RunSummary, run_summary
 from tierdiag.store.reader import RunInfo
 
 # Past this many finished requests the per-request scatter keeps the slowest ones plus an
@@ -34,17 +41,12 @@ MAX_LINE_POINTS = 4_000
 TIME_BINS = 1_000
 DECOMP_BINS = 60
 LOAD_BINS = 300  # the load timeline's time-weighted bins
-# The slowest-requests table groups this many of the slowest cached requests into at most
-# SLOW_GROUPS rows; a gap in arrivals wider than BURST_GAP_SHARE of the span starts a new burst.
-SLOW_POOL = 200
-SLOW_GROUPS = 12
-BURST_GAP_SHARE = 0.02
 
 CLASSES = ("device_hit", "tiered_hit", "miss")
 # TTFT decomposition columns, in the order they are stacked (sum == ttft_ns per request).
 COMPONENTS = ("queue_ns", "storage_wait_ns", "loadback_exposed_ns", "recompute_ns", "compute_ns")
 
-# The same rows `summary` counts as finished (one definition of the population every view uses).
+# The same rows `summary` counts as finished (diagnose/sql.py: one definition every view uses).
 _FINISHED = "run_id = $run AND " + FINISHED_SQL
 _DECOMPOSED = _FINISHED + " AND compute_ns IS NOT NULL"
 
@@ -234,35 +236,6 @@ class LoadSeries:
         return self.busy_new + rec + self.busy_loadback + self.busy_other
 
 
-@dataclass(frozen=True)
-class SlowCached:
-    """One of the slowest cached requests: its `slow` row and its `explain` verdict."""
-
-    request: SlowRequest
-    explanation: Explanation
-
-
-@dataclass(frozen=True)
-class SlowGroup:
-    """Slow cached requests of one burst of arrivals that share a primary cause."""
-
-    cause: str
-    burst: int  # 1-based, in arrival order
-    num_bursts: int
-    first_arrival_s: float  # s since the run's first arrival
-    last_arrival_s: float
-    requests: tuple[SlowRequest, ...]  # slowest first
-    excess_total_ns: int
-    worst: SlowCached  # the group's slowest request, explained
-
-    @property
-    def classes(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for r in self.requests:
-            out[r.hit_class or "?"] = out.get(r.hit_class or "?", 0) + 1
-        return out
-
-
 def _params(run: RunInfo) -> dict[str, Any]:
     return {"run": run.run_id}
 
@@ -273,8 +246,7 @@ def _num(v: Any) -> int:
 
 def run_start_ns(con: duckdb.DuckDBPyConnection, run: RunInfo) -> int:
     """The run's first arrival: where its span (`summary`'s span_ns) and every time axis start."""
-    (t0,) = con.execute("SELECT min(arrival_ns) FROM requests WHERE run_id = $run", _params(run)).fetchone()
-    return int(t0 or 0)
+    return run_span_ns(con, run.run_id, "all")[0]
 
 
 def load_headline(con: duckdb.DuckDBPyConnection, run: RunInfo, ctx=None) -> Headline:
@@ -545,10 +517,7 @@ def load_load(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int | None = 
     is the union of the decode intervals, shown beside the prefill split rather than stacked on it.
     """
     lo = run_start_ns(con, run) if t0_ns is None else t0_ns
-    (hi,) = con.execute(
-        "SELECT max(coalesce(finish_ns, first_token_ns, arrival_ns)) FROM requests WHERE run_id = $run",
-        _params(run)).fetchone()
-    hi = max(int(hi or lo), lo + 1)
+    hi = max(run_span_ns(con, run.run_id, "all")[1] or lo, lo + 1)
     n = LOAD_BINS
     width = (hi - lo) / n
     p = {"run": run.run_id, "lo": lo, "w": width, "n": n}
@@ -600,138 +569,6 @@ def load_load(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int | None = 
         decode_busy_share=float(busy_decode.mean()) if len(busy_decode) else None)
 
 
-def load_slow_groups(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int, span_ns: int, *,
-                     pool: int = SLOW_POOL, limit: int = SLOW_GROUPS,
-                     ctx=None) -> tuple[tuple[SlowGroup, ...], int]:
-    """The slowest cached requests (device or tiered hit), grouped by burst and verdict.
-
-    The ranking is `slow`'s (one rule for "slow" everywhere), taken per cached class and merged;
-    of the `pool` slowest, a burst is a run of arrivals with no gap wider than BURST_GAP_SHARE of
-    the run's span, and a group is the requests of one burst sharing a primary cause. Groups are
-    ordered by their summed excess; only each group's slowest request is explained, so the
-    table costs `limit` explains, however long the run. Returns the groups and how many
-    requests were grouped (the pool after "none" is left out).
-    """
-    if run.kind == "observed":  # no engine TTFT parts to rank or explain by (diagnose/observed.py)
-        return (), 0
-    rows = [r for cls in ("device_hit", "tiered_hit") for r in slow_requests(con, run, top=pool, hit_class=cls)]
-    rows.sort(key=lambda r: (-r.excess_ns, r.seq if r.seq is not None else -1, r.req_id))
-    # "none": within the tolerance of its ideal, so not slow for any reason worth a row.
-    rows = [r for r in rows if r.primary_cause != "none"][:pool]
-    by_arrival = sorted(rows, key=lambda r: (r.arrival_ns, r.seq if r.seq is not None else -1))
-    gap = BURST_GAP_SHARE * span_ns
-    burst_of: dict[str, int] = {}
-    burst, last = 0, None
-    for r in by_arrival:
-        if last is not None and r.arrival_ns - last > gap:
-            burst += 1
-        burst_of[r.req_id] = burst
-        last = r.arrival_ns
-    groups: dict[tuple[int, str], list[SlowRequest]] = {}
-    for r in rows:  # slowest first, so each group's list is too
-        groups.setdefault((burst_of[r.req_id], r.primary_cause), []).append(r)
-    ranked = sorted(groups.items(), key=lambda kv: (-sum(r.excess_ns for r in kv[1]), kv[0]))
-    from tierdiag.diagnose.advice import propose
-    from tierdiag.diagnose.context import run_context
-
-    # The run's evidence once, not once per explained request.
-    if ctx is None and ranked:
-        ctx = run_context(con, run, attribution=False)
-    advice = propose(ctx) if ctx is not None else None
-    out = []
-    for (b, cause), members in ranked[:limit]:
-        arrivals = [r.arrival_ns for r in members]
-        out.append(SlowGroup(
-            cause=cause, burst=b + 1, num_bursts=burst + 1 if rows else 0,
-            first_arrival_s=(min(arrivals) - t0_ns) / 1e9, last_arrival_s=(max(arrivals) - t0_ns) / 1e9,
-            requests=tuple(members), excess_total_ns=sum(r.excess_ns for r in members),
-            worst=SlowCached(members[0], explain_request(con, run, members[0].req_id, run_ctx=ctx,
-                                                               advice=advice))))
-    return tuple(out), len(rows)
-
-
-CAUSE_MEANING = {
-    "queueing": "waiting for the GPU, or sharing a prefill batch with other requests' work",
-    "load_back": "loading prefixes back from host memory, not hidden behind prefill compute",
-    "storage_fetch": "waiting for storage prefetches before prefill could start",
-    "recompute": "prefilling tokens the cache had held once (evicted, or a load-back skipped)",
-    "compute": "their own new-token compute beyond the ideal (chunked prefill)",
-}
-
-
-@dataclass(frozen=True)
-class RunVerdict:
-    """What dominated the run's excess TTFT, from `summary`'s cause shares (not re-derived).
-
-    `facts` are sentences built from the run's numbers that back the dominant cause;
-    `advice` is the diagnosis's advice items when `summary` carries a diagnosis (issue 12).
-    """
-
-    dominant: str | None  # None: no request exceeded its ideal
-    excess_total_ns: int
-    ttft_total_ns: int
-    ranked: tuple[CauseShare, ...]  # causes with some excess, largest first
-    facts: tuple[str, ...]
-    advice: tuple[Any, ...]
-    root_cause: str | None = None  # the diagnosis's dominant (root) cause, when summary has one
-    finding: str | None = None  # the diagnosis's sentence about it
-
-    @property
-    def share(self) -> float | None:
-        return self.ranked[0].excess_share if self.ranked else None
-
-
-def _diagnosis_field(summary: RunSummary, name: str) -> Any:
-    """A field of `summary`'s diagnosis (issue 12: dominant_cause, finding, advice), whether the
-    diagnosis is an object or a dict; None where summary carries none."""
-    diagnosis = getattr(summary, "diagnosis", None)
-    if diagnosis is None:
-        return None
-    return diagnosis.get(name) if isinstance(diagnosis, dict) else getattr(diagnosis, name, None)
-
-
-def _advice_items(summary: RunSummary) -> tuple[Any, ...]:
-    items = _diagnosis_field(summary, "advice")
-    return tuple(items) if isinstance(items, (list, tuple)) else ()
-
-
-def run_verdict(summary: RunSummary, load: LoadSeries) -> RunVerdict:
-    ranked = tuple(sorted((c for c in summary.time_by_cause if c.cause != "none" and (c.excess_part_ns or 0) > 0),
-                          key=lambda c: -(c.excess_part_ns or 0)))
-    dominant = ranked[0].cause if ranked else None
-    facts: list[str] = []
-    t, lb = summary.tokens, summary.load_back
-    if dominant == "queueing":
-        facts.append(f"The GPU was busy in prefill {fmt_pct(load.prefill_busy_share)} of the run's "
-                     f"{fmt_ms(summary.span_ns)} (first arrival to last finish).")
-        if len(load.waiting):
-            i = int(np.argmax(load.waiting))
-            facts.append(f"At the busiest moment (t = {load.t_s[i]:,.1f} s) {load.waiting[i]:,.1f} requests "
-                         f"waited on average, with {load.waiting_tokens[i]:,.0f} input tokens queued.")
-    elif dominant == "recompute":
-        facts.append(f"{fmt_tokens(t.recomputed_tokens)} of {fmt_tokens(t.input_tokens)} input tokens "
-                     f"({fmt_pct(share(t.recomputed_tokens, t.input_tokens))}) were recomputed after the cache "
-                     f"had held them.")
-        dev = [e for e in summary.evictions if e.tier == "device"]
-        if dev:
-            facts.append("Device evictions: " + ", ".join(f"{e.num_events:,} {e.action} ({fmt_tokens(e.tokens)} tokens)"
-                                                          for e in dev) + ".")
-        if t.loadback_skipped_tokens:
-            facts.append(f"{fmt_tokens(t.loadback_skipped_tokens)} tokens were recomputed because their "
-                         f"load-back was skipped.")
-    elif dominant == "load_back":
-        facts.append(f"{lb.num_transfers:,} load-backs moved {fmt_bytes(lb.bytes)} in {fmt_ms(lb.link_busy_ns)} of "
-                     f"link time, {fmt_ms(lb.exposed_ns)} of it exposed"
-                     + (f", at {fmt_pct(lb.link_peak_share)} of the link's peak." if lb.link_peak_share else "."))
-    elif dominant == "storage_fetch":
-        facts.append(f"Requests waited {fmt_ms(lb.storage_wait_ns)} in all for {lb.num_prefetches:,} storage "
-                     f"prefetches ({fmt_bytes(lb.prefetch_bytes)}).")
-    return RunVerdict(dominant=dominant, excess_total_ns=summary.excess_total_ns,
-                      ttft_total_ns=summary.ttft_total_ns, ranked=ranked, facts=tuple(facts),
-                      advice=_advice_items(summary), root_cause=_diagnosis_field(summary, "dominant_cause"),
-                      finding=_diagnosis_field(summary, "finding"))
-
-
 @dataclass(frozen=True)
 class ReportData:
     run: RunInfo
@@ -744,7 +581,7 @@ class ReportData:
     slow_groups: tuple[SlowGroup, ...]
     slow_pool: int  # at most this many of the slowest cached requests were grouped
     slow_considered: int  # how many were (fewer when few exceed their ideal)
-    verdict: RunVerdict
+    verdict: RunDiagnosis  # summary's diagnosis, backed by the run's numbers
 
     @property
     def summary(self) -> RunSummary:
@@ -754,17 +591,20 @@ class ReportData:
 def load_report_data(con: duckdb.DuckDBPyConnection, run: RunInfo, *, slow_pool: int = SLOW_POOL) -> ReportData:
     from dataclasses import replace
 
-    from tierdiag.diagnose.context import run_context
-
     # The run's evidence once: summary's diagnosis and the explained slow requests share it
     # (explain takes it without the queue attribution, as it computes it itself).
-    ctx = run_context(con, run) if run.kind != "observed" else None
+    ctx = RunFacts(con, run).context() if has_engine_parts(run) else None
     headline = load_headline(con, run, ctx)
     t0 = headline.t0_ns
     load = load_load(con, run, t0)
     groups, considered = load_slow_groups(con, run, t0, headline.span_ns, pool=slow_pool,
                                           ctx=replace(ctx, queue_attribution=None) if ctx is not None else None)
+    busiest = None
+    if len(load.waiting):
+        i = int(np.argmax(load.waiting))
+        busiest = (float(load.t_s[i]), float(load.waiting[i]), float(load.waiting_tokens[i]))
     return ReportData(run=run, headline=headline, timeline=load_timeline(con, run, t0),
-                      load=load, points=load_points(con, run), verdict=run_verdict(headline.summary, load),
+                      load=load, points=load_points(con, run),
+                      verdict=backed(headline.summary, load.prefill_busy_share, busiest),
                       transfers=load_transfers(con, run), decomposition=load_decomposition(con, run, t0),
                       slow_groups=groups, slow_pool=slow_pool, slow_considered=considered)

@@ -1,0 +1,141 @@
+"""A run's run-wide facts, and the one reader of the evidence stored with it.
+
+    facts = run_facts(con, run)
+    facts.context(attribution=...)   RunContext   (context.py)  the diagnosis, explain's "why", advice
+    facts.summary_numbers()          RunSummary   (numbers.py)  summary's numbers, diagnosis None
+    facts.totals() / facts.bounds    RunTotals    (totals.py)   what explain compares a request with
+
+Each is taken from the `run_evidence` row stored when the run was closed (evidence.py writes it,
+stored.py is its format) where that row is there and current, else computed from the run's rows
+(with the same result: tests/diagnose/test_evidence.py), once per `RunFacts`. This is the only
+place that reads the row: "stored, else computed" is written here, once.
+
+A row is not used (and the facts are computed) when: the store has no such table (written before
+it), the run has none (still recording, failed, observed, closed by an older tierdiag), its
+evidence_version is not EVIDENCE_VERSION, it is not JSON, its `inputs` differ from the run's
+(a config edited since), or a section does not decode (a hand-edited row).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import duckdb
+
+from tierdiag.diagnose.runcontext import RunContext, compute_run_context
+from tierdiag.diagnose.kinds import has_engine_parts
+from tierdiag.diagnose.numbers import RunSummary, compute_run_summary
+from tierdiag.diagnose.stored import DATACLASS_TAG, EVIDENCE_VERSION, TABLE, decode, inputs, section_classes
+from tierdiag.diagnose.totals import RunTotals, run_totals
+
+
+class StoredEvidence:
+    """One run's stored evidence, as stored; each section decoded when first asked for. A section
+    that does not decode (a hand-edited row) reads as None."""
+
+    def __init__(self, sections: dict):
+        self._sections = sections
+        self._decoded: dict = {}
+
+    def _get(self, section: str, cls_name: str):
+        if section not in self._decoded:
+            value = None
+            raw = self._sections.get(section)
+            if isinstance(raw, dict) and raw.get(DATACLASS_TAG) == cls_name:
+                try:
+                    value = decode(raw, section_classes(section))
+                except (KeyError, TypeError, ValueError):
+                    value = None
+            self._decoded[section] = value
+        return self._decoded[section]
+
+    def context(self, run) -> RunContext | None:
+        """The run's RunContext (queue attribution included)."""
+        return self._get("context", "RunContext")
+
+    def summary(self, run) -> RunSummary | None:
+        """The run's RunSummary numbers, diagnosis None; the identity fields (name, status, trace
+        path, model, gpu) from the runs row (a sweep's merge rewrites the trace path)."""
+        s = self._get("summary", "RunSummary")
+        if s is None:
+            return None
+        return replace(s, run_id=run.run_id, run_name=run.name, status=run.status, trace_path=run.trace_path,
+                       model=run.config.get("model"), gpu=run.config.get("gpu"), diagnosis=None)
+
+    def totals(self) -> RunTotals | None:
+        """explain's RunTotals."""
+        return self._get("totals", "RunTotals")
+
+
+def stored_evidence(con: duckdb.DuckDBPyConnection, run) -> StoredEvidence | None:
+    """The evidence stored with `run` when it was closed, or None where no current row is there."""
+    if not has_engine_parts(run):
+        return None
+    try:
+        rows = con.execute(f"SELECT evidence_version, evidence_json FROM {TABLE} WHERE run_id = ?",
+                           [run.run_id]).fetchall()
+    except duckdb.CatalogException:
+        return None
+    if len(rows) != 1 or rows[0][0] != EVIDENCE_VERSION:
+        return None
+    try:
+        sections = json.loads(rows[0][1])
+    except (TypeError, ValueError, RecursionError):
+        return None
+    if not isinstance(sections, dict) or sections.get("inputs") != inputs(run):
+        return None
+    return StoredEvidence(sections)
+
+
+class RunFacts:
+    """One run's facts: stored where they are there, else computed; each once, then kept."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, run):
+        self._con = con
+        self.run = run
+        self.stored = stored_evidence(con, run)
+        self._computed: dict = {}
+
+    def _fact(self, stored, key, compute):
+        """The one fallback: the stored value, else computed (and kept)."""
+        if stored is not None:
+            return stored
+        if key not in self._computed:
+            self._computed[key] = compute()
+        return self._computed[key]
+
+    def context(self, *, attribution: bool = True) -> RunContext:
+        """The run context. `attribution=False`: the caller does not need the run's queue
+        attribution, so where the context is computed it is left out (a pass over every request
+        and batch); a stored context has it anyway."""
+        return self._fact(self.stored and self.stored.context(self.run), ("context", attribution),
+                          lambda: compute_run_context(self._con, self.run, attribution=attribution))
+
+    def summary_numbers(self) -> RunSummary:
+        """summary's numbers, diagnosis None."""
+        return self._fact(self.stored and self.stored.summary(self.run), "summary",
+                          lambda: compute_run_summary(self._con, self.run))
+
+    def totals(self) -> RunTotals:
+        return self._fact(self.stored and self.stored.totals(), "totals",
+                          lambda: run_totals(self._con, self.run.run_id))
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        """The run's first arrival and last finish: where every view's clock starts."""
+        return self.totals().bounds
+
+
+def run_facts(con: duckdb.DuckDBPyConnection, run) -> RunFacts:
+    return RunFacts(con, run)
+
+
+def run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: bool = True) -> RunContext:
+    """The run context alone (`run_facts(con, run).context(...)`)."""
+    return RunFacts(con, run).context(attribution=attribution)
+
+
+def run_bounds(con: duckdb.DuckDBPyConnection, run) -> tuple[int, int]:
+    """The run's first arrival and last finish (`run_facts(con, run).bounds`)."""
+    return RunFacts(con, run).bounds

@@ -1,0 +1,292 @@
+"""The system around every request: the run-level evidence `summary`'s diagnosis, `explain`'s
+"why" and the advice rules stand on (DESIGN §5). One `RunContext` per run, from its rows:
+
+* the run's prefill busy share and recompute share of prefill compute (`batches`);
+* the queue attribution of context.py summed over every finished request (`_run_attribution`);
+* `LossEvidence`: why once-cached tokens were recomputed (skipped, unused storage matches,
+  removed from every tier, their reuse distance against the pools);
+* `TransferEvidence`: the load-backs against the link's peak and against recomputing them.
+
+Stored with the run at its close (evidence.py) and read through facts.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+
+from tierdiag.diagnose.causes import excess_sql
+from tierdiag.diagnose.context import ATTRIBUTION_KEYS, batch_recompute_sql, round_exact
+from tierdiag.diagnose.query import dataclass_json, link_peak_bytes_per_s
+from tierdiag.diagnose.sql import FINISHED_SQL as _FINISHED
+from tierdiag.diagnose.sql import span_columns_sql
+from tierdiag.units import NS_PER_S, ns_to_ms, share
+
+
+# A removed node whose pages had been hit at least this often is "hot".
+HOT_HIT_COUNT = 3
+
+
+@dataclass(frozen=True)
+class LossEvidence:
+    """Why once-cached tokens were recomputed, over the whole run (tokens)."""
+
+    input_tokens: int
+    recomputed_tokens: int | None  # None: not known (no finished request; a server that does not report it)
+    recomputed_share: float | None
+    skipped_tokens: dict  # host load-back skipped: reason -> tokens
+    storage_unused_tokens: dict  # storage match not used: reason -> tokens (prefetch_incomplete, ...)
+    lost_tokens: int | None  # recomputed, neither skipped nor matched in storage: gone from every tier
+    # Re-references of pages that a removal (host delete / device drop) had taken:
+    deleted_from_host_tokens: int
+    dropped_unbacked_tokens: int  # dropped from device with no host copy (never backed up)
+    hot_removed_tokens: int  # of both, from nodes hit >= HOT_HIT_COUNT times
+    removed_reuse_p50_tokens: int | None  # token-weighted reuse distance of those re-references
+    removed_reuse_p90_tokens: int | None
+    removed_reuse_deciles_tokens: tuple  # p0, p10, ..., p100 (token-weighted)
+    device_capacity_tokens: int | None
+    host_capacity_tokens: int | None
+    storage_capacity_tokens: int | None
+
+
+@dataclass(frozen=True)
+class TransferEvidence:
+    num_loadbacks: int
+    loadback_bytes: int
+    loadback_busy_ns: int
+    link_peak_share: float | None
+    pages_per_run: float | None
+    bytes_per_run: float | None
+    bytes_per_page: float | None
+    loadback_ns: int  # summed over tiered hits
+    recompute_instead_extra_ns: int  # what recomputing their loaded tokens would have added
+    loadback_exposed_ns: int
+    ttft_total_ns: int
+    tiered_ttft_ns: int  # summed TTFT of the requests that loaded something back
+
+
+@dataclass(frozen=True)
+class RunContext:
+    run_id: str
+    span_ns: int
+    num_finished: int
+    prefill_busy_share: float | None
+    prefill_compute_ns: int
+    recompute_ns: int
+    recompute_share_of_prefill: float | None
+    ttft_total_ns: int
+    queue_total_ns: int
+    queue_share_of_ttft: float | None
+    excess_total_ns: int
+    queue_attribution: dict | None  # ATTRIBUTION_KEYS -> run total ns (gaps all as idle)
+    losses: LossEvidence
+    transfers: TransferEvidence
+    config: dict
+    kv_bytes_per_token: int | None
+    ttft_p50_ns: int | None
+    ttft_p99_ns: int | None
+
+    def attribution_share(self, key: str) -> float | None:
+        if not self.queue_attribution:
+            return None
+        return share(self.queue_attribution.get(key, 0), self.queue_total_ns)
+
+    def to_json(self) -> dict:
+        d = dataclass_json(self)
+        d["queue_attribution_ms"] = ({k: ns_to_ms(v) for k, v in self.queue_attribution.items()}
+                                     if self.queue_attribution else None)
+        del d["queue_attribution"]
+        return d
+
+
+def _i(v) -> int:
+    return int(v or 0)
+
+
+def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_total: int) -> dict | None:
+    """Σ over requests of their queue attribution; the remainder of the queue (GPU idle while
+    they waited) as `idle`.
+
+    Each request's share of a batch is the fraction of the batch inside its wait window
+    [arrival + storage wait, first token]. Batches run one after another on the one GPU, so
+    instead of joining every request with every batch it overlaps (tens of millions of pairs
+    when the queue is deep) each batch kind's time is integrated once along the clock:
+    F(t) = Σ_batches value × (part of the batch before t) / duration, and a window gets
+    F(first token) − F(start): the same sums as the interval join, in O((R + B) log B)."""
+    import numpy as np
+
+    b = con.execute(
+        f"""SELECT t_start_ns, t_end_ns, coalesce(compute_ns, 0),
+                   least(coalesce({rec}, 0), coalesce(compute_ns, 0)), coalesce(loadback_exposed_ns, 0)
+            FROM batches WHERE run_id = $r ORDER BY t_start_ns, t_end_ns""", {"r": rid}).fetchnumpy()
+    r = con.execute(
+        f"""SELECT arrival_ns + coalesce(storage_wait_ns, 0), first_token_ns FROM requests
+            WHERE run_id = $r AND {_FINISHED} AND prefill_ns IS NOT NULL""", {"r": rid}).fetchnumpy()
+    cols = list(b.values())
+    if not len(cols[0]) or not len(next(iter(r.values()))):
+        return None
+    s, e = (np.asarray(c, dtype=np.int64) for c in cols[:2])
+    c, rc, x = (np.asarray(v, dtype=np.float64) for v in cols[2:])
+    d = np.maximum(e - s, 1).astype(np.float64)
+    values = np.stack([rc, c - rc, x, np.maximum(d - c - x, 0.0)])  # recompute, new, load-back, other
+    full = (e - s) / d  # 1, or 0 for a batch of no duration (its join overlap is 0 too)
+    cum = np.concatenate([np.zeros((4, 1)), np.cumsum(values * full, axis=1)], axis=1)
+    w0, ft = (np.asarray(v, dtype=np.int64) for v in r.values())
+
+    def integral(t: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(s, t, side="right") - 1  # the last batch starting at or before t
+        kk = np.maximum(k, 0)
+        part = np.clip(np.minimum(t, e[kk]) - s[kk], 0, None) / d[kk]
+        out = cum[:, kk] + values[:, kk] * part
+        out[:, k < 0] = 0.0
+        return out.sum(axis=1)
+
+    keep = ft > w0  # an empty window overlaps no batch
+    tot = integral(ft[keep]) - integral(w0[keep])
+    own = con.execute(
+        f"SELECT sum(recompute_ns), sum(compute_ns), sum(loadback_exposed_ns) FROM requests "
+        f"WHERE run_id = ? AND {_FINISHED}", [rid]).fetchone()
+    raw = dict.fromkeys(ATTRIBUTION_KEYS, 0.0)
+    raw["recompute"] = float(tot[0]) - _i(own[0])
+    raw["new_compute"] = float(tot[1]) - _i(own[1])
+    raw["load_back"] = float(tot[2]) - _i(own[2])
+    raw["write_back"] = float(tot[3])
+    raw["idle"] = queue_total - sum(max(v, 0.0) for v in raw.values())
+    return round_exact(raw, queue_total)
+
+
+def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict) -> LossEvidence:
+    t = con.execute(
+        f"""SELECT sum(input_tokens), sum(recomputed_tokens) FROM requests WHERE run_id = ? AND {_FINISHED}""",
+        [rid]).fetchone()
+    skipped = {r: _i(n) for r, n in con.execute(
+        f"SELECT loadback_skipped_reason, sum(loadback_skipped_tokens) FROM requests WHERE run_id = ? "
+        f"AND {_FINISHED} AND loadback_skipped_reason IS NOT NULL GROUP BY 1 ORDER BY 1", [rid]).fetchall()}
+    unused = {r: _i(n) for r, n in con.execute(
+        f"SELECT storage_skipped_reason, sum(least(storage_match_tokens - storage_hit_tokens, recomputed_tokens)) "
+        f"FROM requests WHERE run_id = ? AND {_FINISHED} AND storage_skipped_reason IS NOT NULL "
+        f"GROUP BY 1 ORDER BY 1", [rid]).fetchall()}
+    # Reuse distance of each re-reference of removed pages: tokens the device pool allocated
+    # for requests scheduled between the pages' last use and the request that came back for
+    # them (the LRU stack distance, roughly; explain's step 4 uses the same measure).
+    # Only what the request then recomputed is lost: pages that came back from storage were not.
+    # A request's removal tokens are scaled down to its recomputed tokens where they exceed them.
+    # The lookups into the running allocation total and the token-weighted deciles run in
+    # numpy over two fetched columns sets: a million-request run has a million allocations and
+    # as many re-references (Python loops took seconds), and DuckDB's ASOF joins took ~0.3 s
+    # each even on the conversation trace's 12k requests (one thread).
+    import numpy as np
+
+    alloc = con.execute(
+        f"""SELECT sched, max(cum) FROM (
+                SELECT first_token_ns - prefill_ns AS sched,
+                       sum(input_tokens - coalesce(device_hit_tokens, 0) + output_tokens)
+                           OVER (ORDER BY first_token_ns - prefill_ns, seq ROWS UNBOUNDED PRECEDING) AS cum
+                FROM requests WHERE run_id = $r AND {_FINISHED} AND prefill_ns IS NOT NULL)
+            GROUP BY sched ORDER BY sched""", {"r": rid}).fetchnumpy()
+    raw = con.execute(
+        """SELECT coalesce(re.tokens * least(1.0, greatest(q.recomputed_tokens
+                      - CASE WHEN q.loadback_skipped_reason IS NULL THEN 0 ELSE q.loadback_skipped_tokens END
+                      - CASE WHEN q.storage_skipped_reason IS NULL THEN 0
+                             ELSE greatest(q.storage_match_tokens - q.storage_hit_tokens, 0) END, 0)
+                      / sum(re.tokens) OVER (PARTITION BY re.req_id)), 0)::DOUBLE AS tokens,
+                  e.action = 'delete' AS deleted, e.action = 'drop' AS dropped,
+                  coalesce(e.node_hit_count, 0) AS hits, e.node_last_access_ns IS NULL AS no_t0,
+                  coalesce(e.node_last_access_ns, 0) AS t0, q.first_token_ns - q.prefill_ns AS t1
+           FROM request_evictions re
+           JOIN evictions e ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id
+           JOIN requests q ON q.run_id = re.run_id AND q.req_id = re.req_id
+           WHERE re.run_id = $r AND e.action IN ('delete', 'drop') AND q.prefill_ns IS NOT NULL
+             AND q.recomputed_tokens > 0""", {"r": rid}).fetchnumpy()
+    deciles: list[int] = []
+    deleted = dropped = hot = 0
+    if len(raw["tokens"]):
+        sched = np.asarray(alloc["sched"], dtype=np.int64)
+        cum = np.concatenate([[0], np.asarray(alloc[next(k for k in alloc if k != "sched")], dtype=np.int64)])
+        t0, t1 = np.asarray(raw["t0"], dtype=np.int64), np.asarray(raw["t1"], dtype=np.int64)
+        cum0 = cum[np.searchsorted(sched, t0, side="right")]  # allocated up to the pages' last use
+        cum1 = cum[np.searchsorted(sched, t1, side="left")]  # ... and before the request came back
+        dist = np.where(np.asarray(raw["no_t0"], dtype=bool), 0, np.maximum(cum1 - cum0, 0))
+        tok = np.rint(np.asarray(raw["tokens"], dtype=np.float64)).astype(np.int64)  # half to even
+        order = np.argsort(dist, kind="stable")
+        dist_sorted, acc = dist[order], np.cumsum(tok[order])
+        total = float(tok.sum())
+        # Token-weighted quantiles: decile k is the distance where the running token total first
+        # reaches k/10 of all (the first distance for k = 0; the largest where it never does).
+        for k in range(11):
+            reached = np.flatnonzero(acc.astype(np.float64) >= (k * 0.1) * total)
+            deciles.append(int(dist_sorted[reached[0]] if reached.size else dist_sorted[-1]))
+        deleted = int(tok[np.asarray(raw["deleted"], dtype=bool)].sum())
+        dropped = int(tok[np.asarray(raw["dropped"], dtype=bool)].sum())
+        hot = int(tok[np.asarray(raw["hits"], dtype=np.int64) >= HOT_HIT_COUNT].sum())
+    p50 = deciles[5] if deciles else None
+    p90 = deciles[9] if deciles else None
+    recomputed = None if t[1] is None else int(t[1])  # NULL: no finished row says (unknown, not 0)
+    lost = None if recomputed is None else max(recomputed - sum(skipped.values()) - sum(unused.values()), 0)
+
+    def cap(key: str) -> int | None:
+        v = config.get(key)
+        return int(v) if v is not None else None
+
+    return LossEvidence(
+        input_tokens=_i(t[0]), recomputed_tokens=recomputed, recomputed_share=share(recomputed, _i(t[0])),
+        skipped_tokens=skipped, storage_unused_tokens=unused, lost_tokens=lost,
+        deleted_from_host_tokens=deleted, dropped_unbacked_tokens=dropped, hot_removed_tokens=hot,
+        removed_reuse_p50_tokens=p50, removed_reuse_p90_tokens=p90, removed_reuse_deciles_tokens=tuple(deciles),
+        device_capacity_tokens=cap("device_tokens"), host_capacity_tokens=cap("host_tokens"),
+        storage_capacity_tokens=cap("storage_tokens"))
+
+
+def _transfers(con: duckdb.DuckDBPyConnection, rid: str, peak: float | None) -> TransferEvidence:
+    tr = con.execute(
+        "SELECT count(*), coalesce(sum(bytes), 0), coalesce(sum(t_end_ns - t_start_ns), 0), coalesce(sum(pages), 0), "
+        "coalesce(sum(runs), 0) FROM transfers WHERE run_id = ? AND kind = 'load_back'", [rid]).fetchone()
+    rq = con.execute(
+        f"""SELECT coalesce(sum(loadback_ns) FILTER (WHERE host_hit_tokens + storage_hit_tokens > 0), 0),
+                   coalesce(sum(recompute_instead_ns - ttft_if_device_resident_ns)
+                            FILTER (WHERE host_hit_tokens + storage_hit_tokens > 0), 0),
+                   coalesce(sum(loadback_exposed_ns), 0), coalesce(sum(ttft_ns), 0),
+                   coalesce(sum(ttft_ns) FILTER (WHERE host_hit_tokens + storage_hit_tokens > 0), 0)
+            FROM requests WHERE run_id = ? AND {_FINISHED}""", [rid]).fetchone()
+    n, nbytes, busy, pages, runs = (_i(x) for x in tr)
+    achieved = nbytes * NS_PER_S / busy if nbytes and busy else None
+    return TransferEvidence(
+        num_loadbacks=n, loadback_bytes=nbytes, loadback_busy_ns=busy, link_peak_share=share(achieved, peak),
+        pages_per_run=share(pages, runs), bytes_per_run=share(nbytes, runs), bytes_per_page=share(nbytes, pages),
+        loadback_ns=_i(rq[0]), recompute_instead_extra_ns=_i(rq[1]), loadback_exposed_ns=_i(rq[2]),
+        ttft_total_ns=_i(rq[3]), tiered_ttft_ns=_i(rq[4]))
+
+
+def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: bool = True) -> RunContext:
+    """The run-level evidence `summary`'s diagnosis and `explain`'s "why" stand on, from the run's
+    rows (what evidence.py stores at the run's close; readers take it through facts.py).
+
+    `attribution=False`: the caller does not need the run's queue attribution (it costs a pass
+    over every request and batch), so it is left out."""
+    rid = run.run_id
+    start, end = span_columns_sql("finished")  # the span of the work done: rejected requests did none
+    t = con.execute(
+        f"""SELECT count(*), {start}, {end},
+                   sum(ttft_ns), sum(queue_ns), sum({excess_sql()}),
+                   quantile_disc(ttft_ns, 0.5), quantile_disc(ttft_ns, 0.99)
+            FROM requests WHERE run_id = ? AND {_FINISHED}""", [rid]).fetchone()
+    span = max(_i(t[2]) - _i(t[1]), 0)
+    rec = batch_recompute_sql(con)
+    b = con.execute(
+        f"SELECT coalesce(sum(t_end_ns - t_start_ns), 0), coalesce(sum(compute_ns), 0), "
+        f"coalesce(sum({rec or '0'}), 0) FROM batches WHERE run_id = ?", [rid]).fetchone()
+    busy, compute, recompute = _i(b[0]), _i(b[1]), _i(b[2])
+    queue_total = _i(t[4])
+    attribution = _run_attribution(con, rid, rec, queue_total) if attribution and rec and busy else None
+    kv = run.data_plane.get("kv_bytes_per_token") if isinstance(run.data_plane, dict) else None
+    return RunContext(
+        run_id=rid, span_ns=span, num_finished=_i(t[0]),
+        prefill_busy_share=share(busy, span) if busy else None, prefill_compute_ns=compute,
+        recompute_ns=recompute if rec else 0,
+        recompute_share_of_prefill=share(recompute, compute) if rec else None,
+        ttft_total_ns=_i(t[3]), queue_total_ns=queue_total, queue_share_of_ttft=share(queue_total, _i(t[3])),
+        excess_total_ns=_i(t[5]), queue_attribution=attribution,
+        losses=_losses(con, rid, run.config), transfers=_transfers(con, rid, link_peak_bytes_per_s(run)),
+        config=dict(run.config), kv_bytes_per_token=int(kv) if kv else None,
+        ttft_p50_ns=t[6], ttft_p99_ns=t[7])

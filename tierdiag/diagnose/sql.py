@@ -1,0 +1,54 @@
+"""The two row sets every view counts over, written once.
+
+    finished     a request that produced a first token: its status is 'finished' (NULL, in a
+                 store hand-made without the column's value, counts as finished) and it has a TTFT
+    run span     first arrival -> last event of a request (finish, else first token, else arrival);
+                 over which requests is a parameter, because the views differ on purpose:
+                   "all"       every request of the run: the clock every view starts at (summary's
+                               span_ms, explain's times, the report's axes)
+                   "finished"  only finished ones: the run context's span (what a prefill busy
+                               share is a share of; rejected requests did no work)
+
+`summary`, `explain`, `slow`, `compare`, the run context and the report all take these from here,
+so their populations and spans cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import duckdb
+
+SpanOver = Literal["all", "finished"]
+
+
+def finished_sql(alias: str = "") -> str:
+    """SQL: the row is a finished request (`alias`: the table alias to qualify columns with)."""
+    p = f"{alias}." if alias else ""
+    return f"coalesce({p}status, 'finished') = 'finished' AND {p}ttft_ns IS NOT NULL"
+
+
+FINISHED_SQL = finished_sql()
+
+SPAN_START_SQL = "min(arrival_ns)"
+SPAN_END_SQL = "max(coalesce(finish_ns, first_token_ns, arrival_ns))"
+
+
+def span_columns_sql(over: SpanOver) -> tuple[str, str]:
+    """SQL aggregates (start, end) of the run's span over the `over` requests, for a query over
+    the run's `requests` rows (FILTER keeps them exact inside a wider aggregate)."""
+    if over == "all":
+        return SPAN_START_SQL, SPAN_END_SQL
+    if over == "finished":
+        return (f"{SPAN_START_SQL} FILTER (WHERE {FINISHED_SQL})", f"{SPAN_END_SQL} FILTER (WHERE {FINISHED_SQL})")
+    raise ValueError(f"span over {over!r}: 'all' or 'finished'")
+
+
+def run_span_ns(con: duckdb.DuckDBPyConnection, run_id: str, over: SpanOver = "all") -> tuple[int, int]:
+    """(first arrival, last finish) of the run's `over` requests, virtual ns; (0, 0) for none.
+    The end is never before the start."""
+    start, end = span_columns_sql(over)
+    row = con.execute(f"SELECT {start}, {end} FROM requests WHERE run_id = ?", [run_id]).fetchone()
+    if row is None or row[0] is None:
+        return 0, 0
+    return int(row[0]), max(int(row[1]), int(row[0]))

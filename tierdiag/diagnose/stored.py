@@ -1,0 +1,78 @@
+"""The stored run evidence's format: one row per run in `run_evidence`, written by evidence.py
+when the run is closed and read by facts.py (the one reader); see evidence.py for what it holds
+and when it is trusted::
+
+    run_evidence(run_id, evidence_version, created_at, evidence_json)
+
+`evidence_json` holds the sections `inputs`, `context`, `summary`, `totals`, each a typed result
+as JSON (dataclasses tagged with their class name, tuples marked as such, so that they read back
+equal to what was computed). Bump EVIDENCE_VERSION whenever a stored class gains, loses or
+renames a field, or a number in it is computed differently: old rows are then ignored, not
+misread (tests/diagnose/test_evidence.py pins the stored fields).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, is_dataclass
+
+from tierdiag.diagnose import numbers as n
+from tierdiag.diagnose.runcontext import LossEvidence, RunContext, TransferEvidence
+from tierdiag.diagnose.totals import RunTotals
+
+EVIDENCE_VERSION = 1
+TABLE = "run_evidence"
+_DC, _TUPLE = "__dataclass__", "__tuple__"
+DATACLASS_TAG = _DC
+
+
+# --------------------------------------------------------------------------- JSON, exactly
+
+
+def encode(value):
+    if is_dataclass(value) and not isinstance(value, type):
+        out = {_DC: type(value).__name__}
+        for f in fields(value):
+            out[f.name] = encode(getattr(value, f.name))
+        return out
+    if isinstance(value, tuple):
+        return {_TUPLE: [encode(v) for v in value]}
+    if isinstance(value, list):
+        return [encode(v) for v in value]
+    if isinstance(value, dict):
+        if _DC in value or _TUPLE in value or not all(isinstance(k, str) for k in value):
+            raise TypeError(f"a dict that would not read back as itself: keys {list(value)[:4]}")
+        return {k: encode(v) for k, v in value.items()}
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    # numpy scalars, Decimals, datetimes: JSON would store them as something else.
+    raise TypeError(f"{type(value).__name__} is not stored as itself in JSON: {value!r}")
+
+
+def decode(value, classes: dict):
+    if isinstance(value, dict):
+        if _TUPLE in value:
+            return tuple(decode(v, classes) for v in value[_TUPLE])
+        if _DC in value:
+            cls = classes[value[_DC]]  # KeyError: a class this section does not hold
+            return cls(**{k: decode(v, classes) for k, v in value.items() if k != _DC})
+        return {k: decode(v, classes) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decode(v, classes) for v in value]
+    return value
+
+
+def section_classes(section: str) -> dict:
+    """The classes a section may hold."""
+    if section == "context":
+        found = (RunContext, LossEvidence, TransferEvidence)
+    elif section == "totals":
+        found = (RunTotals,)
+    else:
+        found = (n.RunSummary, n.TierSplit, n.ClassStats, n.LoadBackTotals, n.SkipCount, n.EvictionCount,
+                 n.RequestCount, n.ReasonCount, n.CauseShare)
+    return {c.__name__: c for c in found}
+
+
+def inputs(run) -> dict:
+    """What of the runs row the stored numbers depend on (pool sizes, link peak, KV geometry)."""
+    return {"config": run.config, "hardware": run.hardware, "data_plane": run.data_plane}
