@@ -33,10 +33,7 @@ from tierdiag.engine.pagemap import blame
 from tierdiag.engine.tree import RadixTree, TreeNode
 from tierdiag.errors import TierdiagError
 from tierdiag.probes import events as ev
-from tierdiag.native import cplane
-from tierdiag.engine.pools import lookup_prefix
 from tierdiag.trace.pages import output_page_keys, page_keys_array
-from tierdiag.trace.pages import storage_key_chain as _storage_key_chain_py
 from tierdiag.trace.reader import TraceRequest
 
 
@@ -56,16 +53,6 @@ WRITE_THROUGH_THRESHOLD = {"write_through": 1, "write_through_selective": 2}
 PREFETCH_CAPACITY_SHARE = 0.8
 
 
-def storage_key_chain(keys: list[int], prev_key: bytes = b"") -> list[bytes]:
-    """trace.pages.storage_key_chain, by the compiled data plane when it is built (the same
-    digests, its own SHA-256: ~350 against ~600 ns a page; tests/engine/test_cplane.py)."""
-    if cplane.C is not None:
-        out = cplane.C.storage_key_chain(keys, prev_key)
-        if out != -1:
-            return out
-    return _storage_key_chain_py(keys, prev_key)
-
-
 class EngineError(TierdiagError):
     """The engine cannot make progress (a bug or an impossible configuration)."""
 
@@ -73,7 +60,7 @@ class EngineError(TierdiagError):
 class Req:
     __slots__ = (
         "seq", "req_id", "arrival_ns", "input_len", "output_len", "keys", "keys_np", "total_pages", "max_match_pages",
-        "skeys", "prefetch", "anchor", "prefetch_tokens", "hold_until_ns", "held", "priority", "sort_key",
+        "prefetch", "anchor", "prefetch_tokens", "hold_until_ns", "held", "priority", "sort_key",
         "lock_node", "dev_pages", "prefix_pages", "host_loaded_pages", "storage_loaded_pages",
         "host_match_pages", "storage_match_pages", "lb_skip_reason", "lb_skip_pages", "storage_skip_reason",
         "own_slots", "own_from", "done_tokens", "extend_total", "recomputed_pages",
@@ -90,7 +77,6 @@ class Req:
         self.output_len = t.output_len
         self.keys: list[int] = []  # page keys: the input's full pages, then (at finish) output pages
         self.keys_np: np.ndarray | None = None  # `keys` as an array (tree nodes keep views of it)
-        self.skeys: list[bytes] | None = None
         self.prefetch = None  # (first page, pages, host slots, start ns, end ns)
         self.anchor: TreeNode | None = None  # the node whose host copy the prefetch protects
         self.prefetch_tokens = 0  # tokens the prefetch counts against the capacity limit
@@ -240,13 +226,11 @@ class Scheduler:
             input pages |-- device --|-- host --|----- remaining input (host room reserved) -----|
                                                 |-- storage hits --|  (read into host) | released |
         """
-        # Every full page may be inserted (and so backed up to storage) later: key them all.
-        req.skeys = self._storage_keys(req.keys)
         tree, ctrl, ps = self.tree, self.ctrl, self.ps
         match = tree.match(req.keys[:req.max_match_pages], now)  # init_next_round_input
         matched = match.device_pages + match.host_pages
         storage = ctrl.storage
-        hits = storage.hits(req.skeys, matched)  # consecutive hits past the match, not touched
+        hits = storage.hits(req.keys, matched)  # consecutive hits past the match, not touched
         end = matched + hits
         # What storage could have given this request (its last input token is always computed).
         req.storage_match_pages = max(0, min(end, req.max_match_pages) - matched)
@@ -279,7 +263,7 @@ class Scheduler:
             return
         ctrl.host.free(slots[hits:])
         slots = slots[:hits]
-        start, done = ctrl.prefetch(req.skeys[matched:end], slots, req.req_id, now)
+        start, done = ctrl.prefetch(req.keys[matched:end], slots, req.req_id, now)
         req.prefetch = (matched, hits, slots, start, done)
         req.anchor = anchor
         req.prefetch_tokens = remaining * ps
@@ -294,21 +278,6 @@ class Scheduler:
             req.hold_until_ns = min(done, now + timeout_ns)
         if req.hold_until_ns > now:
             self.at(req.hold_until_ns, _noop, None)
-
-    def _storage_keys(self, keys: list[int]) -> list[bytes]:
-        """The chained SHA-256 storage keys of a request's pages, hashing only the pages no
-        earlier request keyed. A page key names its whole prefix (keys are chained), so its
-        storage key is the same for every request that has it, and the keys already known form
-        a prefix of the list: the chain goes on from the last of them. (One SHA-256 a page of
-        every request was ~20 % of a storage replay; most of a request's prefix is shared.)"""
-        known = self.ctrl.storage_key_of
-        skeys = lookup_prefix(known, keys)
-        n = len(skeys)
-        if n < len(keys):
-            fresh = storage_key_chain(keys[n:], skeys[-1] if n else b"")
-            known.update(zip(keys[n:], fresh))
-            skeys.extend(fresh)
-        return skeys
 
     def _finish_prefetch(self, req: Req, now: int) -> None:
         """HiRadixCache.check_prefetch_progress, once the policy lets the prefetch end: the pages
@@ -679,9 +648,6 @@ class Scheduler:
             # request ever matches them and no load-back reads (or verifies) them back. Their
             # copies to host and storage still run, as the real ones would.
             out_keys = output_page_keys(req.req_id, req.keys, n_full - n_in)
-            if self.ctrl.storage is not None:
-                prev = req.skeys[-1] if req.skeys else b""
-                self.ctrl.storage_key_of.update(zip(out_keys, storage_key_chain(out_keys, prev)))
             req.keys.extend(out_keys)
             req.keys_np = np.concatenate((req.keys_np, np.array(out_keys, dtype=np.int64)))
         self._insert(req, n_full, now, chunk=False)
