@@ -232,9 +232,10 @@ def measure_cpu_kernels(*, repeats: int, calls: int = 400, seed: int = 0) -> lis
     `calls` calls), on a device and host pool of the engine's CPU geometry."""
     import random
 
-    from tierdiag.engine import pools, rows
+    from tierdiag.engine import content, rows
+    from tierdiag.engine.dataplane import DataPlane
+    from tierdiag.engine.pagepool import PagePool
     from tierdiag.native import cplane
-    from tierdiag.engine.pools import DataPlane, PagePool
 
     if cplane.C is None:
         raise SystemExit(f"the compiled CPU data plane is not available: {cplane.WHY_NOT}")
@@ -250,10 +251,10 @@ def measure_cpu_kernels(*, repeats: int, calls: int = 400, seed: int = 0) -> lis
         ops = {
             "move": {"numpy": lambda: rows.copy_rows_numpy(device.rows, s, host.rows, d),
                      "c": lambda: rows.copy_rows_c(device.rows, s, host.rows, d)},
-            "write": {"numpy": lambda: pools.write_content_numpy(device, s, keys),
-                      "c": lambda: pools.write_content_c(device, s, keys)},
-            "verify": {"numpy": lambda: pools.verify_content_numpy(device, s, keys),
-                       "c": lambda: pools.verify_content_c(device, s, keys)},
+            "write": {"numpy": lambda: content.write_content_numpy(device, s, keys),
+                      "c": lambda: content.write_content_c(device, s, keys)},
+            "verify": {"numpy": lambda: content.verify_content_numpy(device, s, keys),
+                       "c": lambda: content.verify_content_c(device, s, keys)},
             "alloc+free": {"numpy": lambda: PagePool._free_numpy(slots, PagePool._alloc_numpy(slots, n)),
                            "c": lambda: PagePool._free_c(slots, PagePool._alloc_c(slots, n))},
         }

@@ -1,5 +1,6 @@
 """The CPU data plane's backends on the same cases: the compiled kernel (_cplane.c) and numpy
-(rows.py, pools.py: the reference). Page moves, page content, its verification and a pool's
+(beside each owner: rows.py, content.py, pagepool.py, pagemap.py, recorder.py: the reference)
+behind native/cplane.py's one choice. Page moves, page content, its verification and a pool's
 slot bookkeeping give the same bytes, the same slots in the same order, and the same errors,
 for both pool layouts; and the compiled kernel is really there unless TIERDIAG_CPLANE=numpy."""
 
@@ -18,9 +19,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierdiag.engine import pools, rows
+from tierdiag.engine import content, pagemap, rows, storage
 from tierdiag.native import cplane
-from tierdiag.engine.pools import DataPlane, PagePool, page_content_np
+from tierdiag.engine.content import page_content_np
+from tierdiag.engine.dataplane import DataPlane
+from tierdiag.engine.pagepool import PagePool
+from tierdiag.probes import recorder
+from tierdiag.probes.recorder import columns_of
 
 
 @dataclass(frozen=True)
@@ -33,9 +38,9 @@ class Backend:
     free: Callable
 
 
-NUMPY = Backend("numpy", rows.copy_rows_numpy, pools.write_content_numpy, pools.verify_content_numpy,
+NUMPY = Backend("numpy", rows.copy_rows_numpy, content.write_content_numpy, content.verify_content_numpy,
                 PagePool._alloc_numpy, PagePool._free_numpy)
-C = Backend("c", rows.copy_rows_c, pools.write_content_c, pools.verify_content_c, PagePool._alloc_c,
+C = Backend("c", rows.copy_rows_c, content.write_content_c, content.verify_content_c, PagePool._alloc_c,
             PagePool._free_c)
 BACKENDS = [pytest.param(NUMPY, id="numpy"),
             pytest.param(C, id="c", marks=pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}"))]
@@ -53,17 +58,50 @@ def test_the_compiled_kernel_is_built_and_chosen():
     assert cplane.C is not None, f"the compiled CPU data plane is not usable: {cplane.WHY_NOT}"
     assert cplane.CPU_KERNEL == "c" and cplane.C.API == cplane.API
     assert rows.copy_rows is rows.copy_rows_c
-    assert (pools.write_content, pools.verify_content) == (pools.write_content_c, pools.verify_content_c)
+    assert (content.write_content, content.verify_content) == (content.write_content_c, content.verify_content_c)
     assert (PagePool.alloc, PagePool.free) == (PagePool._alloc_c, PagePool._free_c)
     plane = DataPlane(4, 8, "cpu", False, 1 << 20, layout="page_first")
     assert plane.to_json()["cpu_kernel"] == "c"
 
 
+def test_every_pair_takes_the_side_the_facade_chose():
+    """native/cplane.py decides once for the process: every numpy<->C pair the owners declared
+    is bound, where it is used, to the compiled side on the compiled data plane and to the
+    reference on numpy, and no pair is left out of the registry."""
+    bound = {
+        "rows.copy_rows": rows.copy_rows,
+        "pagepool.PagePool.alloc": PagePool.alloc, "pagepool.PagePool.free": PagePool.free,
+        "content.write_content": content.write_content, "content.verify_content": content.verify_content,
+        "pagemap.blame": pagemap.blame,
+        "storage.index": storage.new_index,
+        "recorder.row_buffer": recorder.new_row_buffer,
+    }
+    pairs = cplane.pairs()
+    assert set(pairs) == set(bound)
+    for name, used in bound.items():
+        compiled, reference = pairs[name]
+        assert used is (reference if cplane.C is None else compiled), name
+
+
+def test_only_the_facade_reaches_the_compiled_module():
+    """No module but native/cplane.py imports _cplane or reads cplane.C: the backend is chosen
+    in one place (a call site asks `cplane.compiled(name)` and `cplane.choose(...)`)."""
+    import pathlib
+
+    import tierdiag
+
+    root = pathlib.Path(tierdiag.__file__).parent
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
+                 if p != root / "native" / "cplane.py"
+                 and re.search(r"\bimport _cplane\b|\bcplane\.C\b|native\._cplane\b", p.read_text())]
+    assert offenders == []
+
+
 @pytest.mark.parametrize("env", ["numpy", "auto", "c", "bogus"])
 def test_the_switch_reads_the_environment(env):
     built = cplane._load("auto")[0] is not None  # whatever this process was told
-    code = ("import json\nfrom tierdiag.engine import pools, rows\nfrom tierdiag.native import cplane\n"
-            "print(json.dumps([cplane.CPU_KERNEL, rows.copy_rows.__name__, pools.PagePool.free.__name__]))")
+    code = ("import json\nfrom tierdiag.engine import pagepool, rows\nfrom tierdiag.native import cplane\n"
+            "print(json.dumps([cplane.CPU_KERNEL, rows.copy_rows.__name__, pagepool.PagePool.free.__name__]))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ, cplane.ENV: env})
     if env == "bogus" or (env == "c" and not built):
@@ -137,45 +175,6 @@ def test_a_move_is_the_page_at_a_time_copy(backend, case):
     assert runs == rows.count_runs(s)
     assert np.array_equal(dst.array, expected), "pages differ from the page-at-a-time copy"
     assert np.array_equal(src.array, src_before), "the source pool changed"
-
-
-@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
-@settings(max_examples=120, deadline=None)
-@given(case=_moves())
-def test_gathered_pages_are_numpys_page_major_rows(case):
-    """The storage tier's gather (pools.StorageTier.write_from): the bytes of numpy's
-    take-then-transpose, page by page, layers in order, in both layouts."""
-    layout, layers, elems, sp, _, s, _, kind, seed = case
-    src = _pool(layout, sp, layers, elems)
-    _random_fill(src, seed)
-    before = src.array.copy()
-    expected = np.ascontiguousarray(src.rows.take(np.array(s, dtype=np.intp), axis=1).T).tobytes()
-    out = cplane.C.gather_pages(src.rows, _as_kind(s, kind))
-    assert isinstance(out, bytearray) and bytes(out) == expected
-    assert np.array_equal(src.array, before), "the pool changed"
-
-
-@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
-@pytest.mark.parametrize("pages", [[0, 4], [-1], [1, "2"], [2**64], np.array([1.0, 2.0])])
-def test_the_compiled_gather_declines_what_numpy_would_refuse(pages):
-    src = _pool("layer_first", 4)
-    assert cplane.C.gather_pages(src.rows, pages) == -1
-    assert cplane.C.gather_pages(src.array, [0]) == -1  # not a row view: 3-D
-
-
-@pytest.mark.parametrize("kernel", ["c", "numpy"])
-def test_a_storage_write_stores_the_host_pages_bytes_by_either_gather(tmp_path, monkeypatch, kernel):
-    if kernel == "c" and cplane.C is None:
-        pytest.skip(f"_cplane: {cplane.WHY_NOT}")
-    if kernel == "numpy":
-        monkeypatch.setattr(pools, "_c_gather_pages", None)
-    host = _pool("layer_first", 8, 3, 2)
-    _random_fill(host, 7)
-    tier = pools.StorageTier(tmp_path / "tier", capacity_pages=16)
-    tier.write_from(host.array, [5, 1, 2], [b"a", b"b", b"c"], rows=host.rows)
-    tier.write_from(host.array, [6, 3], [b"b", b"d"], rows=host.rows)  # b is touched, d written
-    data = b"".join(p.read_bytes() for p in sorted((tmp_path / "tier").iterdir()))
-    assert data == np.ascontiguousarray(host.rows.take([5, 1, 2, 3], axis=1).T).tobytes()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -363,30 +362,6 @@ def test_every_backend_hands_out_the_same_slots_and_refuses_the_same_frees(pages
         assert all(p._stack[:p._top].tolist() == pools_[0]._stack[:pools_[0]._top].tolist() for p in pools_)
 
 
-@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
-@settings(max_examples=300, deadline=None)
-@given(keys=st.lists(st.integers(-2**63, 2**63 - 1), max_size=12), prev=st.sampled_from([b"", bytes(range(32)), b"\xff" * 32]))
-def test_the_compiled_storage_key_chain_is_hashlibs(keys, prev):
-    """The storage tier's keys (trace.pages.storage_key_chain, chained SHA-256 by hashlib) from
-    the compiled SHA-256: the same digests for any int64 keys (output pages' are negative),
-    from the start of a chain or after a digest; and nothing made for what it does not take."""
-    from tierdiag.engine import scheduler
-    from tierdiag.trace.pages import storage_key_chain
-
-    assert cplane.C.storage_key_chain(keys, prev) == storage_key_chain(keys, prev)
-    assert scheduler.storage_key_chain(keys, prev) == storage_key_chain(keys, prev)
-
-
-def test_the_compiled_storage_key_chain_declines_what_it_does_not_take():
-    from tierdiag.engine import scheduler
-    from tierdiag.trace.pages import storage_key_chain
-
-    if cplane.C is not None:
-        for keys, prev in (([1], b"short"), ([2**64], b""), (["1"], b""), (np.arange(3), b"")):
-            assert cplane.C.storage_key_chain(keys, prev) == -1
-    assert scheduler.storage_key_chain([1, 2], b"short") == storage_key_chain([1, 2], b"short")  # the Python chain then
-
-
 def _page_maps(values: dict[int, int], demotions: dict[int, int]):
     from tierdiag.engine.pagemap import PageMap
 
@@ -452,34 +427,9 @@ def test_the_compiled_blame_declines_what_it_does_not_take():
     assert blame_py(cached, demoted, [1, 2, 5, big, 9], None, 16) == 4
 
 
-@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
-@settings(max_examples=200, deadline=None)
-@given(ops=st.lists(st.tuples(st.lists(st.integers(-50, 1 << 14), max_size=60), st.integers(0, 2**31 - 1),
-                              st.booleans()), max_size=12))
-def test_page_map_stores_by_the_compiled_data_plane_as_by_python(ops):
-    """PageMap.set_many by the compiled map_set (keys inside the array) and by the Python path
-    alone (lists, numpy arrays, growing the array, output pages skipped): the same map after
-    the same calls; and map_set changes nothing where it declines (a key past the end)."""
-    from tierdiag.engine.pagemap import PageMap
-
-    def apply(m):
-        for keys, value, as_array in ops:
-            keys = sorted(keys, key=lambda k: k < 0)  # outputs_last: output pages come last
-            m.set_many(np.array(keys, dtype=np.int64) if as_array else keys, value, outputs_last=True)
-        return m
-
-    with_c = apply(PageMap())
-    compiled, cplane.C = cplane.C, None
-    try:
-        python = apply(PageMap())
-    finally:
-        cplane.C = compiled
-    probe = list(range(-3, (1 << 14) + 3))
-    assert with_c.get_many(probe).tolist() == python.get_many(probe).tolist()
-    assert len(with_c) == len(python)
-    before = bytes(with_c._dense)
-    assert cplane.C.map_set(with_c._dense, [0, len(with_c._dense)], 5) == -1
-    assert bytes(with_c._dense) == before
+def _decode(data, rows, objects, width):
+    """RowBuffer.take()'s rows back as the values appended, a tuple a column."""
+    return tuple(values for _, values in cplane.C.decode_arrow(data, rows, objects, b"o" * width))
 
 
 class _Str(str):
@@ -503,7 +453,8 @@ def _exactly(rows):
 @given(width=st.integers(1, 6), data=st.data(), takes=st.integers(1, 3))
 def test_a_row_buffer_gives_back_every_value_as_it_was_appended(width, data, takes):
     """_cplane.RowBuffer (the recorder's buffer a table, for the writer process) and
-    decode_rows: every value comes back with its type and value, take after take; the odd ones
+    recorder.columns_of (decode_arrow, every column kind 'o'): every value comes back with its
+    type and value, take after take; the odd ones
     (big ints, numpy scalars, str subclasses, lone surrogates) as the objects themselves."""
     buf = cplane.C.RowBuffer(width)
     for _ in range(takes):
@@ -513,7 +464,8 @@ def test_a_row_buffer_gives_back_every_value_as_it_was_appended(width, data, tak
         assert len(buf) == len(rows)
         payload = buf.take()
         assert len(buf) == 0
-        cols = cplane.C.decode_rows(*payload, width)
+        columns = columns_of(tuple(f"c{i}" for i in range(width)), payload)
+        cols = tuple(columns.values())
         assert _exactly(zip(*cols)) == _exactly(rows) if rows else cols == ((),) * width
 
 
@@ -526,31 +478,12 @@ def test_a_row_buffer_refuses_a_row_of_another_width_and_decode_refuses_damaged_
             buf.append(bad)
     assert len(buf) == 1
     data, rows, objects = buf.take()
-    assert cplane.C.decode_rows(data, rows, objects, 2) == ((1,), ("a",))
+    assert _decode(data, rows, objects, 2) == ((1,), ("a",))
     for args, message in (((data[:-1], rows, objects, 2), "ends inside a row"),
                           ((data + b"N", rows, objects, 2), "data left"),
                           ((b"X" + data[1:], rows, objects, 2), "bad tag"),
                           ((b"O\0\0\0\0N", 1, None, 2), "object index")):
         with pytest.raises(ValueError, match=message):
-            cplane.C.decode_rows(*args)
+            _decode(*args)
     with pytest.raises(ValueError):
         cplane.C.RowBuffer(0)
-
-
-@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
-@settings(max_examples=200, deadline=None)
-@given(keys=st.lists(st.integers(-2**63, 2**63 - 1), max_size=12), prev=st.sampled_from([b"", bytes(range(32)), b"\xff" * 32]))
-def test_both_compiled_sha256_rounds_are_hashlibs(keys, prev):
-    """The storage keys by the SHA extensions (where this CPU has them) and by the portable
-    rounds, forced: hashlib's digests either way; the choice goes back as it was."""
-    from tierdiag.trace.pages import storage_key_chain
-
-    chosen = cplane.C.sha256_impl()
-    try:
-        for portable in (False, True):
-            impl = cplane.C.sha256_impl(portable)
-            assert impl == ("portable" if portable else chosen)
-            assert cplane.C.storage_key_chain(keys, prev) == storage_key_chain(keys, prev)
-    finally:
-        cplane.C.sha256_impl(chosen == "portable")
-    assert cplane.C.sha256_impl() == chosen

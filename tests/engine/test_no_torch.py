@@ -1,4 +1,4 @@
-"""A CPU replay never imports torch: its pools are numpy buffers (engine/pools.py), and their
+"""A CPU replay never imports torch: its pools are numpy buffers (engine/pagepool.py), and their
 torch view, made on demand, is the same memory."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ import pytest
 
 from tests.diagnose.test_cli import run_cli
 from tierdiag.engine.hardware import cuda_device_present
-from tierdiag.engine.pools import DataPlane, PagePool, verify_content, write_content
+from tierdiag.engine.content import verify_content, write_content
+from tierdiag.engine.dataplane import DataPlane
+from tierdiag.engine.pagepool import PagePool
 from tierdiag.engine.rows import copy_rows
 
 pytestmark = pytest.mark.skipif(cuda_device_present(), reason="a GPU machine's replay uses torch for its CUDA pools")

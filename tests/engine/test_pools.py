@@ -10,10 +10,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierdiag.engine.pools import DataPlane, PagePool, page_content_np, read_pages, verify_content, write_content
+from tierdiag.engine.content import page_content_np, read_pages, verify_content, write_content
+from tierdiag.engine.dataplane import DataPlane
+from tierdiag.engine.pagepool import PagePool
 
 PLANE = DataPlane(num_layers=2, page_elems=4, device="cpu", pinned_host=False, modelled_page_bytes=64)
-LAYOUTS = ("layer_first", "page_first")  # a CPU replay's pools are page-first (pools.plan_data_plane)
+LAYOUTS = ("layer_first", "page_first")  # a CPU replay's pools are page-first (dataplane.plan_data_plane)
 
 
 def _pool(pages: int = 8, layout: str = "layer_first") -> PagePool:
@@ -203,7 +205,7 @@ def test_a_page_first_pool_is_its_pages_in_one_block_each_and_the_same_tensor_vi
 
 
 def test_the_cpu_data_plane_is_page_first_and_a_cuda_one_layer_first():
-    from tierdiag.engine.pools import plan_data_plane
+    from tierdiag.engine.dataplane import plan_data_plane
 
     cpu = plan_data_plane(model_layers=32, modelled_page_bytes=1 << 20, total_pages=100, budget_bytes=1 << 20,
                           device="cpu", pinned_host=False)

@@ -1,5 +1,5 @@
 """The storage tier's index: the compiled one (_cplane.StorageIndex) against the reference
-(pools._LruIndex) on the same operations, step by step: the same keys deleted in the same
+(storage._LruIndex) on the same operations, step by step: the same keys deleted in the same
 order, the same positions to write, the same segments emptied, the same locations, live counts
 and LRU order. Then a narrated write sequence through both, and the errors both raise."""
 
@@ -9,17 +9,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierdiag.engine import pools
+from tierdiag.engine import storage
 from tierdiag.native import cplane
-from tierdiag.engine.pools import _SLOT_BITS, _LruIndex
+from tierdiag.engine.storage import _SLOT_BITS, _LruIndex
 
 compiled = pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
 INDEXES = [pytest.param(_LruIndex, id="python"),
            pytest.param(lambda: cplane.C.StorageIndex(), id="c", marks=compiled)]
 
 
-def digest(i: int) -> bytes:
-    return i.to_bytes(32, "little")
+def digest(i: int) -> int:
+    """A page key as the tier sees it: an int (consecutive ones, as a hash_ids trace's pages
+    are, and negative ones, as output pages are)."""
+    return i - 20
 
 
 # A write's keys: any keys (repeats are rare among 41), or a few keys named again and again in
@@ -156,44 +158,33 @@ def test_errors_are_the_dicts(make):
 
 
 @compiled
-def test_the_compiled_index_takes_bytes_and_str_keys_only():
-    """Comparing bytes or str never runs Python code, so no key's __eq__ can change the index
-    in the middle of a call; the tier's keys are digests (tests use hex strings)."""
+def test_the_compiled_index_takes_int_bytes_and_str_keys_only():
+    """Comparing exact ints, bytes or str never runs Python code, so no key's __eq__ can change
+    the index in the middle of a call; the tier's keys are page keys (ints), any int included."""
     ix = cplane.C.StorageIndex()
-    ix.admit(["00" * 32, digest(1)], 4)
-    assert "00" * 32 in ix and digest(1) in ix and b"\0" * 32 not in ix and digest(1).hex() not in ix
-    with pytest.raises(TypeError, match="bytes or str"):
-        ix.admit([digest(2), 3], 4)
-    assert len(ix) == 2  # nothing entered: every key is checked first
-
-
-def test_the_tier_uses_the_compiled_index_when_it_is_built(tmp_path):
-    tier = pools.StorageTier(tmp_path / "st", 4)
-    assert isinstance(tier._index, _LruIndex if cplane.C is None else cplane.C.StorageIndex)
+    ix.admit(["00" * 32, b"\1" * 32, 7, 2**70, -(2**63)], 8)
+    assert "00" * 32 in ix and b"\1" * 32 in ix and 7 in ix and 2**70 in ix and -(2**63) in ix
+    assert b"\0" * 32 not in ix and "7" not in ix and 8 not in ix and 2**70 + 1 not in ix
+    for bad in (3.0, True, __import__("numpy").int64(7)):
+        with pytest.raises(TypeError, match="int, bytes or str"):
+            ix.admit([8, bad], 8)
+    assert len(ix) == 5  # nothing entered: every key is checked first
 
 
 @compiled
-@settings(max_examples=200, deadline=None)
-@given(known=st.dictionaries(st.integers(-5, 30), st.binary(min_size=1, max_size=4), max_size=20),
-       keys=st.lists(st.integers(-5, 30), max_size=20))
-def test_the_compiled_lookup_prefix_is_the_loop(known, keys):
-    """The storage keys known of a request's pages: the leading keys' values, stopping at the
-    first key not known, as the Python loop does."""
-    expect = []
-    for k in keys:
-        if k not in known:
-            break
-        expect.append(known[k])
-    assert cplane.C.lookup_prefix(known, keys) == expect == pools.lookup_prefix(known, keys)
+def test_the_compiled_index_finds_runs_of_consecutive_keys():
+    """A hash_ids trace's page keys come in runs of consecutive ints (hash id x pages a block +
+    page): every one found, absent neighbours not, after deletions shuffled the table."""
+    ix, ref = cplane.C.StorageIndex(), _LruIndex()
+    keys = [b * 64 + j for b in range(0, 400, 3) for j in range(16)]
+    for index in (ix, ref):
+        index.admit(keys, len(keys) // 2)  # the older half deleted
+    assert ix.keys() == ref.keys()
+    probe = list(range(-5, 400 * 64))
+    assert [k in ix for k in probe] == [k in ref for k in probe]
+    assert ix.run(keys, len(keys) // 2) == ref.run(keys, len(keys) // 2) == len(keys) - len(keys) // 2
 
 
-def test_lookup_prefix_declines_what_it_does_not_take():
-    """Not a dict and a list of ints: -1 from the compiled one, and the Python loop answers."""
-    import numpy as np
-
-    known = {1: b"a", 2: b"b"}
-    if cplane.C is not None:
-        for mapping, keys in ((known, np.arange(3)), (known, (1, 2)), (known, [1, "2"]), (dict.items(known), [1])):
-            assert cplane.C.lookup_prefix(mapping, keys) == -1
-    assert pools.lookup_prefix(known, (1, 2, 3)) == [b"a", b"b"]
-    assert pools.lookup_prefix(known, [np.int64(2), np.int64(1), np.int64(5)]) == [b"b", b"a"]
+def test_the_tier_uses_the_compiled_index_when_it_is_built(tmp_path):
+    tier = storage.StorageTier(tmp_path / "st", 4)
+    assert isinstance(tier._index, _LruIndex if cplane.C is None else cplane.C.StorageIndex)

@@ -14,10 +14,10 @@ import duckdb
 import pytest
 import torch
 
-from tierdiag.engine import pools
+from tierdiag.engine import storage
 from tierdiag.native import cplane
 from tierdiag.config.engine import EngineConfig
-from tierdiag.engine.pools import StorageTier
+from tierdiag.engine.storage import StorageTier
 from tierdiag.store.reader import open_store, resolve_run
 from tierdiag.store.storage_dir import STORAGE_SUFFIX, folder_bytes, run_storage_dir
 from tierdiag.trace.synth import DEMO_TRACE
@@ -37,14 +37,14 @@ def key(i: int) -> str:
 
 
 # The tier on each index: the compiled one (what a run uses when it is built) and the reference.
-INDEXES = [pytest.param(pools._LruIndex, id="python"),
+INDEXES = [pytest.param(storage._LruIndex, id="python"),
            pytest.param(lambda: cplane.C.StorageIndex(), id="c",
                         marks=pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}"))]
 
 
 def test_pages_read_back_byte_for_byte_through_deletion_and_compaction(tmp_path, monkeypatch):
     # 8 pages a segment, room for 40: random writes and reads against a plain LRU model.
-    monkeypatch.setattr(pools, "SEGMENT_BYTES", 8 * LAYERS * ELEMS * 8)
+    monkeypatch.setattr(storage, "SEGMENT_BYTES", 8 * LAYERS * ELEMS * 8)
     tier = StorageTier(tmp_path / "st", 40)
     model: OrderedDict[str, None] = OrderedDict()
     rng = random.Random(5)
@@ -83,8 +83,8 @@ def test_a_key_named_twice_in_one_write_is_one_page_of_the_tier(tmp_path, monkey
     """A write is its keys written one at a time: a key named again while its page is there is
     touched, as a key written by an earlier call is (its bytes stay); one pushed out in between
     by the write's own pages is written anew, from that later position. One page either way."""
-    monkeypatch.setattr(pools, "SEGMENT_BYTES", 2 * LAYERS * ELEMS * 8)  # 2 pages a segment
-    monkeypatch.setattr(pools, "_new_index", make)
+    monkeypatch.setattr(storage, "SEGMENT_BYTES", 2 * LAYERS * ELEMS * 8)  # 2 pages a segment
+    monkeypatch.setattr(storage, "new_index", make)
     rows = torch.cat([page(f"position {i}") for i in range(4)], dim=1)
     a, b, c, d, e = (key(i) for i in range(5))
 
@@ -108,8 +108,8 @@ def test_writes_naming_keys_twice_read_back_and_keep_the_files_bounded(tmp_path,
     """Writes with repeated keys, longer than the room: each segment's live count stays its pages',
     so emptied segments are unlinked and compaction finds pages to move (a count left too high
     kept dead segments, and compacting one failed on its empty read)."""
-    monkeypatch.setattr(pools, "SEGMENT_BYTES", 4 * LAYERS * ELEMS * 8)  # 4 pages a segment
-    monkeypatch.setattr(pools, "_new_index", make)
+    monkeypatch.setattr(storage, "SEGMENT_BYTES", 4 * LAYERS * ELEMS * 8)  # 4 pages a segment
+    monkeypatch.setattr(storage, "new_index", make)
     capacity, per_segment = 4, 4
     tier = StorageTier(tmp_path / "st", capacity)
     model: OrderedDict[str, torch.Tensor] = OrderedDict()  # key -> its page, oldest first
@@ -148,8 +148,8 @@ def test_compacting_a_segment_without_a_live_page_unlinks_it(tmp_path, monkeypat
     """A segment counted live with none of its pages left (what a key written twice left before)
     is never emptied; when the files outgrow the live pages, compaction picks it: it has nothing
     to move, so it is just unlinked (its empty read failed before)."""
-    monkeypatch.setattr(pools, "SEGMENT_BYTES", 2 * LAYERS * ELEMS * 8)  # 2 pages a segment
-    monkeypatch.setattr(pools, "_new_index", make)
+    monkeypatch.setattr(storage, "SEGMENT_BYTES", 2 * LAYERS * ELEMS * 8)  # 2 pages a segment
+    monkeypatch.setattr(storage, "new_index", make)
     tier = StorageTier(tmp_path / "st", 2)  # compaction past 2 * 2 live + 2 * 2 slack pages
     stale = []
     for r in range(6):  # each pair pushes out the one before, in a segment of its own
@@ -160,7 +160,7 @@ def test_compacting_a_segment_without_a_live_page_unlinks_it(tmp_path, monkeypat
         stale.append(seg)
         on_disk = sum(f.stat().st_size for f in (tmp_path / "st").glob("*.kvseg"))
         assert on_disk == tier.disk_bytes() <= (2 * 2 + 2 * 2) * tier.page_bytes, f"round {r}"
-    assert not any((tmp_path / "st" / f"{n:06d}{pools.SEGMENT_SUFFIX}").exists() for n in stale[:2])
+    assert not any((tmp_path / "st" / f"{n:06d}{storage.SEGMENT_SUFFIX}").exists() for n in stale[:2])
     assert torch.equal(tier.read(pair, LAYERS, ELEMS), torch.cat([page(k) for k in pair], dim=1))
     tier.close()
 

@@ -119,7 +119,7 @@ def test_synth_refuses_what_replay_would_refuse_and_replay_takes_what_synth_writ
 
 
 def test_a_storage_tier_that_cannot_be_written_is_exit_6_naming_the_path(tmp_path):
-    from tierdiag.engine.pools import StorageTier
+    from tierdiag.engine.storage import StorageTier
 
     trace = write_trace(tmp_path / "t.jsonl", good_lines(6))
     blocker = tmp_path / "afile"
@@ -138,7 +138,7 @@ def test_a_full_disk_under_the_storage_tier_is_an_output_error(tmp_path, monkeyp
 
     import torch
 
-    from tierdiag.engine.pools import StorageTier
+    from tierdiag.engine.storage import StorageTier
 
     real_pwrite = os.pwrite
 

@@ -10,8 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tierdiag.errors import ConfigError
-from tierdiag.trace import pages as pages_module
-from tierdiag.trace.pages import _NUMPY_OUTPUT_PAGES, output_page_keys, page_keys, page_keys_array, storage_key_chain
+from tierdiag.trace.pages import _NUMPY_OUTPUT_PAGES, output_page_keys, page_keys, page_keys_array
 from tierdiag.trace.reader import TraceRequest, max_hash_id
 
 PAGE_SIZES = [1, 16, 64, 128, 512]
@@ -128,25 +127,20 @@ def test_equal_pages_after_different_prefixes_get_different_keys():
     assert a[1] != b[1]
 
 
-# --- storage keys ------------------------------------------------------------------------------
+# --- a key names its prefix (what the storage tier keys pages by) ------------------------------
 
-def test_storage_key_chain_is_chained_sha256():
-    keys = [3, 2**62, 0, -5]
-    chain = storage_key_chain(keys)
-    prev = b""
-    for key, got in zip(keys, chain):
-        prev = hashlib.sha256(prev + key.to_bytes(8, "little", signed=True)).digest()
-        assert got == prev
-    assert storage_key_chain([]) == []
-    assert storage_key_chain(keys[2:], chain[1]) == chain[2:]  # a chain continues from its last key
-
-
-@given(keys=st.lists(st.integers(0, 2**63 - 1), min_size=1, max_size=20), at=st.integers(0, 19))
-def test_storage_key_changes_propagate_down_the_chain(keys, at):
-    at %= len(keys)
-    changed = list(keys)
-    changed[at] = (keys[at] + 1) % 2**63
-    a, b = storage_key_chain(keys), storage_key_chain(changed)
+@settings(max_examples=100, deadline=None)
+@given(pages=st.lists(st.lists(st.integers(0, 2**32 - 1), min_size=4, max_size=4), min_size=1, max_size=8),
+       at=st.integers(0, 7), token=st.integers(0, 3))
+def test_a_changed_token_changes_its_page_key_and_every_later_one(pages, at, token):
+    """The storage tier keys pages by page key alone (engine/storage.py), which holds because a
+    token key is chained through every page before it: a change in page `at` leaves the keys
+    before it and changes its own and every later one."""
+    at %= len(pages)
+    changed = [list(p) for p in pages]
+    changed[at][token] = (changed[at][token] + 1) % 2**32
+    a = page_keys(treq([t for p in pages for t in p]), page_size=4, block_size=512)
+    b = page_keys(treq([t for p in changed for t in p]), page_size=4, block_size=512)
     assert a[:at] == b[:at]
     assert all(x != y for x, y in zip(a[at:], b[at:]))
 
@@ -180,33 +174,16 @@ def test_output_page_keys_switch_is_where_the_tests_look():
 
 # --- hash ids to keys -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kernel", ["c", "numpy"])
 @settings(max_examples=300, deadline=None)
 @given(data=st.data(), page_size=st.sampled_from(PAGE_SIZES + [256]), block_size=st.sampled_from([512, 1024]))
-def test_hash_id_keys_are_id_times_pages_a_block_plus_page(kernel, data, page_size, block_size):
-    if kernel == "c" and pages_module._C is None:
-        pytest.skip("the compiled data plane is not built")
+def test_hash_id_keys_are_id_times_pages_a_block_plus_page(data, page_size, block_size):
     input_len = data.draw(st.integers(1, 8 * block_size))
     num_blocks = -(-input_len // block_size)
     ids = data.draw(st.lists(st.integers(0, max_hash_id(block_size)), min_size=num_blocks, max_size=num_blocks))
     req = hreq(input_len, ids)
     per_block = block_size // page_size
     want = [ids[p // per_block] * per_block + p % per_block for p in range(input_len // page_size)]
-    with pytest.MonkeyPatch.context() as mp:
-        if kernel == "numpy":  # the fallback, also what the compiled loop declines
-            mp.setattr(pages_module, "_C", None)
-        keys = page_keys_array(req, page_size=page_size, block_size=block_size)
-        assert keys.dtype == np.int64 and keys.tolist() == want
-        keys ^= 1  # the engine's arrays are its own: salting one leaves the next request's alone
-        assert page_keys(req, page_size=page_size, block_size=block_size) == want
-
-
-def test_the_compiled_page_keys_decline_what_would_overflow():
-    if pages_module._C is None:
-        pytest.skip("the compiled data plane is not built")
-    c = pages_module._C
-    assert bytes(c.block_page_keys((3, 5), 16, 8)) == np.array([3 * 8 + j for j in range(8)] + [5 * 8 + j for j in range(8)],
-                                                               dtype=np.int64).tobytes()
-    assert bytes(c.block_page_keys((3,), 99, 8)) == np.arange(24, 32, dtype=np.int64).tobytes()  # clipped, as a slice
-    for args in (((2**62,), 8, 8), ((1, "2"), 2, 1), ((1,), -1, 8), ((1,), 1, 0), ((2**64,), 1, 1)):
-        assert c.block_page_keys(*args) == -1
+    keys = page_keys_array(req, page_size=page_size, block_size=block_size)
+    assert keys.dtype == np.int64 and keys.tolist() == want
+    keys ^= 1  # the engine's arrays are its own: salting one leaves the next request's alone
+    assert page_keys(req, page_size=page_size, block_size=block_size) == want

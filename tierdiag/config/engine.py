@@ -114,7 +114,7 @@ class EngineConfig:
             raise ConfigError(f"model {self.model} does not fit on gpu {self.gpu}: no room left for the KV cache",
                               hint="pass --device-tokens")
         # The real pools shrink to fit --data-plane-mib: row width first, then layers, down to
-        # one 8-byte word a page (pools.plan_data_plane). Pools with more pages than even that
+        # one 8-byte word a page (dataplane.plan_data_plane). Pools with more pages than even that
         # allows are refused now, naming the options, rather than overrunning the budget.
         pages = (self.resolved_device_tokens() + self.resolved_host_tokens()) // ps
         narrowest = pages * NARROWEST_PAGE_BYTES

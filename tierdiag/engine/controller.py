@@ -13,7 +13,9 @@ from tierdiag.engine import rows as _rows
 from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.pagemap import SMALL_CALL, PageMap
-from tierdiag.engine.pools import PagePool, StorageTier, lookup_prefix, verify_content, write_content
+from tierdiag.engine.content import verify_content, write_content
+from tierdiag.engine.pagepool import PagePool
+from tierdiag.engine.storage import StorageTier
 from tierdiag.engine.tree import RadixTree, TreeNode
 from tierdiag.probes import events as ev
 
@@ -81,7 +83,6 @@ class CacheController:
         self.cached_once = PageMap()
         # page key -> the device demotion that preceded its deletion from the host tier
         self.demoted_by = PageMap()
-        self.storage_key_of: dict[int, bytes] = {}  # page key -> chained SHA-256 digest (storage tier only)
         # The scheduler's event queue: at(t_ns, callback, arg) runs callback(arg) at virtual time t_ns.
         self.at = None
 
@@ -227,9 +228,7 @@ class CacheController:
     def _write_storage(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
         if self.storage is None:
             return
-        keys = lookup_prefix(self.storage_key_of, node.keys)
-        if len(keys) < len(node.keys):
-            raise KeyError(node.keys[len(keys)])  # every inserted page was keyed at arrival or finish
+        keys = node.keys  # a page key names its whole prefix: the tier's key as it is
         # Straight from the host slots into one append (no per-page work): the bytes on disk are
         # the host copy's, which a later prefetch reads back and a load-back verifies.
         deleted = self.storage.write_from(self.host.array, node.host, keys, rows=self.host.rows)
@@ -290,10 +289,10 @@ class CacheController:
         """Host slots, host-evicting unprotected leaves for room (None if that cannot be done)."""
         return self._alloc_host(pages, cause, now_ns)
 
-    def prefetch(self, skeys: list[bytes], slots: list[int], req_id: str, now_ns: int) -> tuple[int, int]:
+    def prefetch(self, keys: list[int], slots: list[int], req_id: str, now_ns: int) -> tuple[int, int]:
         """Read pages from storage into host `slots` (allocated by the caller). Returns (start, end)."""
-        pages = len(skeys)
-        dp_bytes = self.storage.read_into(skeys, self.host.array, slots)
+        pages = len(keys)
+        dp_bytes = self.storage.read_into(keys, self.host.array, slots)
         start = max(now_ns, self.disk_free_ns)
         end = start + self.cost.storage_ns(pages * self.page_bytes)
         self.disk_free_ns = end

@@ -13,7 +13,9 @@ from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.controller import CacheController, EngineStats
 from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.hardware import cuda_available
-from tierdiag.engine.pools import DataPlane, PagePool, StorageTier, plan_data_plane
+from tierdiag.engine.dataplane import DataPlane, plan_data_plane
+from tierdiag.engine.pagepool import PagePool
+from tierdiag.engine.storage import StorageTier
 from tierdiag.engine.scheduler import Scheduler
 from tierdiag.engine.tree import RadixTree
 from tierdiag.trace.reader import TraceRequest

@@ -268,7 +268,7 @@ def cuda_device_present() -> bool:
 
 def cuda_available() -> bool:
     """torch.cuda.is_available(), without importing torch where no GPU driver exists (a CPU
-    replay never needs torch: its pools are numpy buffers, see engine/pools.py)."""
+    replay never needs torch: its pools are numpy buffers, see engine/pagepool.py)."""
     torch = sys.modules.get("torch")
     if torch is None:
         if not cuda_device_present():

@@ -1,5 +1,9 @@
 """Page copy kernels: move whole pages between KV pools (load-back, backup, same-tier moves).
 
+Over 500 lines on purpose: this is the torch backend's one file (STYLE: one file per backend,
+kernels_triton.py the other); its CPU and CUDA paths share the plans, the pool registry and the
+public entry points, and split apart they would import each other.
+
 A pool is `[num_layers, num_pages, page_elems]`, layer-major, so one layer's page is one
 contiguous row and a transfer of n pages is n rows in every layer:
 

@@ -68,8 +68,6 @@ class PageMap:
         pages, then its output pages), so the last key alone says whether there are any."""
         if not 0 <= value <= _MAX_VALUE:
             raise OverflowError(f"page map value {value} outside [0, 2**31)")
-        if cplane.C is not None and cplane.C.map_set(self._dense, keys, value) == 0:
-            return  # every key inside the array (or an output page): stored by the data plane
         if len(keys) <= SMALL_CALL and not isinstance(keys, np.ndarray):
             dense, reach = self._dense, self._reach()
             for k in keys:
@@ -146,23 +144,25 @@ class PageMap:
 SMALL_BLAME = 48
 
 
-def blame(cached: PageMap, demoted: PageMap, keys, lost: dict[int, int] | None, ps: int) -> int:
-    """Of these input pages (no negative key), how many were cached once (`cached` value >= 0),
-    and, with `lost` a dict, which evictions took them: `ps` tokens are added to lost[eid] for
-    each page an eviction took (its `cached` value, when > 0), then for each once-cached page's
-    demotion before (`demoted` value > 0), ids added in that order. This runs over every
-    computed page of every request (~2M pages on the conversation trace): by the compiled data
-    plane when it is built and both maps are arrays only (the Python path below is the reference
-    and the fallback; tests/engine/test_cplane.py checks they agree)."""
-    if cplane.C is not None and not cached._sparse and not demoted._sparse:
-        found = cplane.C.blame(cached._dense, demoted._dense, keys, lost, ps)
+def blame_c(cached: PageMap, demoted: PageMap, keys, lost: dict[int, int] | None, ps: int) -> int:
+    """`blame_py` by the compiled data plane (_cplane.blame) when both maps are arrays only; what
+    it declines (a map with a dict part, a negative key, odd types) takes the Python path."""
+    if not cached._sparse and not demoted._sparse:
+        found = _c_blame(cached._dense, demoted._dense, keys, lost, ps)
         if found >= 0:
             return found
     return blame_py(cached, demoted, keys, lost, ps)
 
 
 def blame_py(cached: PageMap, demoted: PageMap, keys, lost: dict[int, int] | None, ps: int) -> int:
-    """pagemap.blame in Python: lists for a handful of pages, numpy above."""
+    """Of these input pages (no negative key), how many were cached once (`cached` value >= 0),
+    and, with `lost` a dict, which evictions took them: `ps` tokens are added to lost[eid] for
+    each page an eviction took (its `cached` value, when > 0), then for each once-cached page's
+    demotion before (`demoted` value > 0), ids added in that order. This runs over every
+    computed page of every request (~2M pages on the conversation trace), so `blame` is
+    `blame_c` where native/cplane.py chose the compiled data plane (this is the reference and the
+    fallback; tests/engine/test_cplane.py checks they agree). Lists for a handful of pages, numpy
+    above."""
     if len(keys) <= SMALL_BLAME:
         if isinstance(keys, np.ndarray):
             keys = keys.tolist()
@@ -193,3 +193,7 @@ def blame_py(cached: PageMap, demoted: PageMap, keys, lost: dict[int, int] | Non
             lost[eid] = lost.get(eid, 0) + (end - begin) * ps
             begin = end
     return found
+
+
+_c_blame = cplane.compiled("blame")
+blame = cplane.choose("pagemap.blame", blame_c, blame_py)

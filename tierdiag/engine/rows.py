@@ -4,7 +4,7 @@ A KV pool `[num_layers, num_pages, page_elems]` (layer-major) is seen here as an
 array of opaque row items, one row = one layer of one page, so every move is one memcpy a row
 whatever the element type (see kernels.py for the layout and the torch/CUDA/Triton paths).
 
-This module imports no torch: a CPU replay's pools are numpy buffers (pools.py), and the
+This module imports no torch: a CPU replay's pools are numpy buffers (pagepool.py), and the
 engine's copies, content writes and verification all run through here, so a CPU replay never
 pays torch's ~1.3 s import. kernels.py re-exports every name and adds the tensor paths; a
 torch tensor passed as a page list is still accepted (converted through torch, which is then
@@ -449,6 +449,6 @@ def array_rows(buffer: np.ndarray, *, page_first: bool | None = None) -> np.ndar
                      "seen as [L, P, E] through .transpose(1, 0, 2)")
 
 
-# --- the CPU kernel (cplane.py): the compiled one where it is built ----------------------------
-_c_move = cplane.C.move if cplane.C is not None else None
-copy_rows = copy_rows_c if cplane.C is not None else copy_rows_numpy
+# --- the CPU kernel: the one native/cplane.py chose ------------------------------------------
+_c_move = cplane.compiled("move")
+copy_rows = cplane.choose("rows.copy_rows", copy_rows_c, copy_rows_numpy)

@@ -30,100 +30,28 @@ from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.controller import CacheController, EngineStats
 from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.pagemap import blame
+from tierdiag.engine.prefetch import PREFETCH_CAPACITY_SHARE, StoragePrefetch
+from tierdiag.engine.queue_policy import LPM_MAX_WAITING, sort_by_device_prefix
+from tierdiag.engine.request import Req, RequestRecords
 from tierdiag.engine.tree import RadixTree, TreeNode
 from tierdiag.errors import TierdiagError
 from tierdiag.probes import events as ev
-from tierdiag.native import cplane
-from tierdiag.engine.pools import lookup_prefix
 from tierdiag.trace.pages import output_page_keys, page_keys_array
-from tierdiag.trace.pages import storage_key_chain as _storage_key_chain_py
 from tierdiag.trace.reader import TraceRequest
 
-
-# Like SGLang (SchedulePolicy._determine_active_policy), LPM falls back to FCFS past 128 waiting:
-# matching every waiting request before every batch would cost more than it saves. (0.5.23 names
-# it WAITING_QUEUE_PREFIX_MATCH_MAX, still 128, and applies it to HRRN as well.)
-LPM_MAX_WAITING = 128
-# schedule_policy.py IN_BATCH_PREFIX_CACHING_{CHECK,DEPRIORITIZE}_THRESHOLD (tokens): a waiting
-# request whose cached device prefix is at most CHECK tokens, and that shares at least
-# DEPRIORITIZE tokens with a request ahead of it in the queue, goes last for this batch, so the
-# one ahead computes the shared prefix once.
-IN_BATCH_CHECK_TOKENS = 32
-IN_BATCH_DEPRIORITIZE_TOKENS = 32
 # HiRadixCache.write_through_threshold: insert hits that trigger a device->host backup.
 WRITE_THROUGH_THRESHOLD = {"write_through": 1, "write_through_selective": 2}
-# HiCacheController: prefetches in flight may hold at most this share of (host - device) tokens.
-PREFETCH_CAPACITY_SHARE = 0.8
-
-
-def storage_key_chain(keys: list[int], prev_key: bytes = b"") -> list[bytes]:
-    """trace.pages.storage_key_chain, by the compiled data plane when it is built (the same
-    digests, its own SHA-256: ~350 against ~600 ns a page; tests/engine/test_cplane.py)."""
-    if cplane.C is not None:
-        out = cplane.C.storage_key_chain(keys, prev_key)
-        if out != -1:
-            return out
-    return _storage_key_chain_py(keys, prev_key)
 
 
 class EngineError(TierdiagError):
     """The engine cannot make progress (a bug or an impossible configuration)."""
 
 
-class Req:
-    __slots__ = (
-        "seq", "req_id", "arrival_ns", "input_len", "output_len", "keys", "keys_np", "total_pages", "max_match_pages",
-        "skeys", "prefetch", "anchor", "prefetch_tokens", "hold_until_ns", "held", "priority", "sort_key",
-        "lock_node", "dev_pages", "prefix_pages", "host_loaded_pages", "storage_loaded_pages",
-        "host_match_pages", "storage_match_pages", "lb_skip_reason", "lb_skip_pages", "storage_skip_reason",
-        "own_slots", "own_from", "done_tokens", "extend_total", "recomputed_pages",
-        "sched_ns", "first_batch_id", "num_chunks", "lb_ns", "lb_exposed", "lb_queued", "lb_pages", "lb_runs",
-        "storage_bytes", "storage_fetch_ns", "recompute_ns", "compute_ns", "first_token_ns", "lost",
-        "lb_wall", "lb_verified", "protected_pages",
-    )
+class Scheduler(StoragePrefetch, RequestRecords):
+    """The loop on the virtual clock, admission and batches, completion into the tree; the
+    storage prefetch (prefetch.py) and the request records (request.py) are its mixins, the
+    queue order a function of queue_policy.py."""
 
-    def __init__(self, t: TraceRequest, arrival_ns: int):
-        self.seq = t.seq
-        self.req_id = t.req_id
-        self.arrival_ns = arrival_ns
-        self.input_len = t.input_len
-        self.output_len = t.output_len
-        self.keys: list[int] = []  # page keys: the input's full pages, then (at finish) output pages
-        self.keys_np: np.ndarray | None = None  # `keys` as an array (tree nodes keep views of it)
-        self.skeys: list[bytes] | None = None
-        self.prefetch = None  # (first page, pages, host slots, start ns, end ns)
-        self.anchor: TreeNode | None = None  # the node whose host copy the prefetch protects
-        self.prefetch_tokens = 0  # tokens the prefetch counts against the capacity limit
-        self.priority = t.priority
-        self.sort_key = 0.0
-        self.hold_until_ns = 0
-        self.held = False
-        self.lock_node: TreeNode | None = None
-        self.dev_pages = self.prefix_pages = self.host_loaded_pages = self.storage_loaded_pages = 0
-        self.host_match_pages = self.storage_match_pages = 0
-        self.lb_skip_reason: str | None = None
-        self.lb_skip_pages = 0
-        self.storage_skip_reason: str | None = None
-        self.own_slots: list[int] = []
-        self.own_from = 0  # page index of own_slots[0]
-        self.done_tokens = 0  # input tokens whose KV exists (prefix + computed chunks)
-        self.extend_total = 0
-        self.recomputed_pages = 0
-        self.sched_ns: int | None = None
-        self.first_batch_id: int | None = None
-        self.num_chunks = 0
-        self.lb_ns = self.lb_queued = self.lb_pages = self.lb_runs = 0
-        self.lb_exposed = 0.0
-        self.storage_bytes = self.storage_fetch_ns = 0
-        self.recompute_ns = self.compute_ns = 0.0
-        self.first_token_ns: int | None = None
-        self.lost: dict[int, int] = {}  # eviction id -> tokens of this request's prefix it took
-        self.lb_wall = 0
-        self.protected_pages = 0  # cache_protected_len in pages: the prefix the tree protects for us
-        self.lb_verified: bool | None = None
-
-
-class Scheduler:
     def __init__(self, cfg: EngineConfig, cost: CostModel, tree: RadixTree, ctrl: CacheController,
                  probe, stats: EngineStats, progress: Callable[[int, int, EngineStats], None] | None = None):
         self.cfg = cfg
@@ -227,118 +155,6 @@ class Scheduler:
             if self.emit.tick is not None:  # rejections come without batches: a trace of them stays bounded
                 self.emit.tick()
 
-    # --- storage prefetch ----------------------------------------------------------------
-    def _start_prefetch(self, req: Req, now: int) -> None:
-        """Scheduler._prefetch_kvcache + HiRadixCache.prefetch_from_storage (SGLang 0.5.9).
-
-        At arrival: match_prefix; only if the last device node is backed up (the root counts),
-        reserve host room for the whole remaining input (page-aligned) and protect the last
-        host-backed node's host copy (protect_host: no device page is pinned); then the storage
-        hit query keeps the host pages of the consecutive hits and releases the rest, or revokes
-        the prefetch below prefetch_threshold.
-
-            input pages |-- device --|-- host --|----- remaining input (host room reserved) -----|
-                                                |-- storage hits --|  (read into host) | released |
-        """
-        # Every full page may be inserted (and so backed up to storage) later: key them all.
-        req.skeys = self._storage_keys(req.keys)
-        tree, ctrl, ps = self.tree, self.ctrl, self.ps
-        match = tree.match(req.keys[:req.max_match_pages], now)  # init_next_round_input
-        matched = match.device_pages + match.host_pages
-        storage = ctrl.storage
-        hits = storage.hits(req.skeys, matched)  # consecutive hits past the match, not touched
-        end = matched + hits
-        # What storage could have given this request (its last input token is always computed).
-        req.storage_match_pages = max(0, min(end, req.max_match_pages) - matched)
-        last_dev = match.last_device_node or tree.root
-        remaining = len(req.keys) - matched
-        reason = None
-        if last_dev is not tree.root and last_dev.host is None:
-            reason = "not_backed_up"  # "otherwise, the allocated GPU memory must be locked for integrity"
-        elif remaining * ps < self.prefetch_threshold:
-            reason = "below_threshold"
-        elif self.prefetch_tokens_occupied >= self.prefetch_limit_tokens:
-            reason = "rate_limited"  # HiCacheController.prefetch_rate_limited
-        if reason is not None:
-            if req.storage_match_pages:
-                req.storage_skip_reason = reason
-            return
-        anchor = match.host_nodes[-1] if match.host_nodes else last_dev
-        tree.protect_host(anchor)
-        slots = ctrl.alloc_host(remaining, req.req_id, now)
-        if slots is None:
-            tree.release_host(anchor)
-            if req.storage_match_pages:
-                req.storage_skip_reason = "host_full"
-            return
-        if hits * ps < self.prefetch_threshold:  # prefetch_thread_func: revoke, not enough benefit
-            ctrl.host.free(slots)
-            tree.release_host(anchor)
-            if req.storage_match_pages:
-                req.storage_skip_reason = "below_threshold"
-            return
-        ctrl.host.free(slots[hits:])
-        slots = slots[:hits]
-        start, done = ctrl.prefetch(req.skeys[matched:end], slots, req.req_id, now)
-        req.prefetch = (matched, hits, slots, start, done)
-        req.anchor = anchor
-        req.prefetch_tokens = remaining * ps
-        self.prefetch_tokens_occupied += req.prefetch_tokens
-        req.storage_fetch_ns = done - start
-        req.storage_bytes = hits * ctrl.page_bytes
-        policy = self.cfg.prefetch_policy
-        if policy == "wait_complete":
-            req.hold_until_ns = done
-        elif policy == "timeout":
-            timeout_ns = int((1.0 + 0.25 * hits * ps / 1024) * 1e9)
-            req.hold_until_ns = min(done, now + timeout_ns)
-        if req.hold_until_ns > now:
-            self.at(req.hold_until_ns, _noop, None)
-
-    def _storage_keys(self, keys: list[int]) -> list[bytes]:
-        """The chained SHA-256 storage keys of a request's pages, hashing only the pages no
-        earlier request keyed. A page key names its whole prefix (keys are chained), so its
-        storage key is the same for every request that has it, and the keys already known form
-        a prefix of the list: the chain goes on from the last of them. (One SHA-256 a page of
-        every request was ~20 % of a storage replay; most of a request's prefix is shared.)"""
-        known = self.ctrl.storage_key_of
-        skeys = lookup_prefix(known, keys)
-        n = len(skeys)
-        if n < len(keys):
-            fresh = storage_key_chain(keys[n:], skeys[-1] if n else b"")
-            known.update(zip(keys[n:], fresh))
-            skeys.extend(fresh)
-        return skeys
-
-    def _finish_prefetch(self, req: Req, now: int) -> None:
-        """HiRadixCache.check_prefetch_progress, once the policy lets the prefetch end: the pages
-        read so far go into the tree as host-only nodes below the anchor (pages someone else put
-        there meanwhile are duplicates and freed), the rest is released, the anchor unprotected.
-        The new nodes are not locked: admission follows at once and loads them back."""
-        first, pages, slots, start, end = req.prefetch
-        done = pages if now >= end else max(0, (pages * (now - start)) // max(end - start, 1))
-        req.prefetch = None
-        tree = self.tree
-        node, matched = tree.locate(req.keys[:first + done])
-        kept = 0
-        if matched >= first:  # else the anchor's path left the tree: nothing to hang the pages on
-            dup = matched - first
-            self.ctrl.host.free(slots[:dup])
-            if done > dup:
-                new = tree.insert_host(node, req.keys[matched:first + done], slots[dup:done], now, req.req_id,
-                                       req.keys_np[matched:first + done])
-                new.prefetched_for = req.seq
-            kept = done
-        else:
-            self.ctrl.host.free(slots[:done])
-        self.ctrl.host.free(slots[done:])
-        tree.release_host(req.anchor)
-        req.anchor = None
-        self.prefetch_tokens_occupied -= req.prefetch_tokens
-        req.prefetch_tokens = 0
-        if kept < pages and req.storage_skip_reason is None:
-            req.storage_skip_reason = "prefetch_incomplete"
-
     # --- batches -------------------------------------------------------------------------
     def _batch(self, now: int) -> int | None:
         """Scheduler.get_new_batch_prefill: the chunked request first, then waiting requests in
@@ -357,7 +173,7 @@ class Scheduler:
             budget -= -(-take // ps) * ps
             chunk_continues = req.done_tokens + take < req.input_len
         if self.cfg.schedule_policy == "lpm" and 1 < len(self.waiting) <= LPM_MAX_WAITING:
-            self._sort_by_device_prefix(now)
+            sort_by_device_prefix(self.waiting, self.tree.match, self.ps, now)
         i = 0
         while not chunk_continues and budget >= ps and i < len(self.waiting):
             req = self.waiting[i]
@@ -377,30 +193,6 @@ class Scheduler:
         if not items:
             return None
         return self._run_batch(items, now)
-
-    def _sort_by_device_prefix(self, now: int) -> None:
-        """SchedulePolicy._compute_prefix_matches + _sort_by_longest_prefix (SGLang 0.5.9): every
-        waiting request is matched (touching access times) and ranked by its *device* prefix;
-        one whose device prefix is at most IN_BATCH_CHECK_TOKENS and that shares at least
-        IN_BATCH_DEPRIORITIZE_TOKENS with a request ahead of it is moved to the end. The sort is
-        stable, so ties keep queue order.
-
-        SGLang's in-batch check runs on a token-level tree of the waiting inputs; page keys see
-        whole pages only, so "shares >= 32 tokens" is read as "shares the pages covering 32
-        tokens" (exact for page sizes of 32 and up)."""
-        ps, match = self.ps, self.tree.match
-        need = -(-IN_BATCH_DEPRIORITIZE_TOKENS // ps)  # pages that cover the threshold
-        seen: set[int] = set()  # chained keys: sharing key j means sharing pages 0..j
-        for r in self.waiting:
-            dev = match(r.keys, now).device_pages
-            r.sort_key = -dev
-            if dev * ps <= IN_BATCH_CHECK_TOKENS and len(r.keys) >= need:
-                k = r.keys[need - 1]
-                if k in seen:
-                    r.sort_key = float("inf")
-                else:
-                    seen.add(k)
-        self.waiting.sort(key=_sort_key)
 
     def _pages_through(self, req: Req, end_tokens: int) -> int:
         if end_tokens >= req.input_len:
@@ -679,9 +471,6 @@ class Scheduler:
             # request ever matches them and no load-back reads (or verifies) them back. Their
             # copies to host and storage still run, as the real ones would.
             out_keys = output_page_keys(req.req_id, req.keys, n_full - n_in)
-            if self.ctrl.storage is not None:
-                prev = req.skeys[-1] if req.skeys else b""
-                self.ctrl.storage_key_of.update(zip(out_keys, storage_key_chain(out_keys, prev)))
             req.keys.extend(out_keys)
             req.keys_np = np.concatenate((req.keys_np, np.array(out_keys, dtype=np.int64)))
         self._insert(req, n_full, now, chunk=False)
@@ -690,77 +479,3 @@ class Scheduler:
         self.tree.dec_lock(req.lock_node)
         req.lock_node = None
         self._record(req, now)
-
-    def _record(self, req: Req, now: int) -> None:
-        ps, cost, st = self.ps, self.cost, self.stats
-        device = req.dev_pages * ps
-        host = req.host_loaded_pages * ps
-        storage = req.storage_loaded_pages * ps
-        computed = req.input_len - device - host - storage
-        recomputed = min(req.recomputed_pages * ps, computed)
-        ttft = req.first_token_ns - req.arrival_ns
-        storage_wait = 0
-        if req.held:
-            storage_wait = max(0, min(req.hold_until_ns, req.sched_ns) - req.arrival_ns)
-        lb_exposed = int(req.lb_exposed)
-        recompute_ns = int(req.recompute_ns)
-        compute_ns = int(req.compute_ns)
-        queue = ttft - storage_wait - lb_exposed - recompute_ns - compute_ns
-        assert queue >= -2, f"request {req.req_id}: TTFT parts exceed TTFT by {-queue} ns"
-        if queue < 0:
-            compute_ns += queue
-            queue = 0
-        st.requests_finished += 1
-        st.input_tokens += req.input_len
-        st.device_tokens += device
-        st.host_tokens += host
-        st.storage_tokens += storage
-        st.computed_tokens += computed
-        st.recomputed_tokens += recomputed
-        if req.lb_pages:
-            st.load_backs += 1
-            st.load_back_bytes += req.lb_pages * self.ctrl.page_bytes
-            st.load_back_ns.append(req.lb_ns)
-        for reason in (req.lb_skip_reason, req.storage_skip_reason):
-            if reason:
-                st.skipped[reason] = st.skipped.get(reason, 0) + 1
-        if self.emit.lost is not None:
-            lost = self.emit.lost
-            for eid, tokens in req.lost.items():
-                lost((req.req_id, eid, tokens))
-        if self.emit.record is not None:  # the record's counterfactuals: only for a probe that keeps them
-            new_tokens = computed - recomputed
-            prefix = device + host + storage
-            ideal = cost.prefill_alone_ns(new_tokens, req.input_len - max(new_tokens, 1))
-            if_resident = ttft - lb_exposed - storage_wait
-            tiered = host + storage
-            recompute_instead = if_resident + (cost.prefill_alone_ns(computed + tiered, device)
-                                               - cost.prefill_alone_ns(computed, prefix)) if tiered else if_resident
-            hit_class = "tiered_hit" if tiered else "device_hit" if device else "miss"
-            self.emit.record((
-                req.req_id, req.seq, req.arrival_ns, req.input_len, req.output_len, "finished", None, hit_class,
-                device, host, storage, computed, recomputed, req.host_match_pages * ps,
-                req.storage_match_pages * ps, req.lb_skip_reason, req.lb_skip_pages * ps, req.storage_skip_reason,
-                prefix, req.protected_pages * ps, req.input_len - prefix,
-                queue, storage_wait, req.lb_ns, lb_exposed, req.lb_queued, req.lb_pages * self.ctrl.page_bytes,
-                req.lb_pages, req.lb_runs, req.storage_bytes, req.storage_fetch_ns, recompute_ns, compute_ns,
-                req.first_token_ns - req.sched_ns, ttft, ideal, if_resident, recompute_instead,
-                req.first_batch_id, req.num_chunks, req.first_token_ns, now))
-        if self.progress is not None and st.requests_finished % 256 == 0:
-            self.progress(st.requests_finished, now, st)
-
-    def _sample_pools(self, now: int) -> None:
-        ps, tree, ctrl = self.ps, self.tree, self.ctrl
-        emit = self.emit.pool_sample
-        emit((now, "device", ctrl.device.used_pages * ps, ctrl.device.capacity * ps, tree.locked_device_pages * ps))
-        emit((now, "host", ctrl.host.used_pages * ps, ctrl.host.capacity * ps, tree.locked_host_pages * ps))
-        if ctrl.storage is not None:
-            emit((now, "storage", ctrl.storage.used_pages * ps, ctrl.storage.capacity * ps, 0))
-
-
-def _noop(_arg) -> None:
-    """An event that only wakes the scheduler (a prefetch hold ends)."""
-
-
-def _sort_key(req: Req) -> float:
-    return req.sort_key

@@ -16,14 +16,25 @@ Sink = Callable[[Mapping[str, Mapping[str, tuple]]], None]
 RowsSink = Callable[[Mapping[str, tuple[tuple[str, ...], object]]], None]
 
 
+def _list_buffer(width: int) -> list:
+    """A table's rows as the tuples appended (the numpy data plane's row buffer)."""
+    return []
+
+
+# A rows sink's buffer a table: the compiled RowBuffer (rows encoded as they come: the tuple is
+# freed at once, and a flush hands over one bytes object instead of pickling every row's objects
+# again, cold) where native/cplane.py chose the compiled data plane, else a list.
+new_row_buffer = cplane.choose("recorder.row_buffer", cplane.compiled("RowBuffer"), _list_buffer)
+_decode_arrow = cplane.compiled("decode_arrow")
+
+
 def columns_of(fields: tuple[str, ...], rows) -> dict[str, tuple]:
     """A rows sink's table as columns: rows a list of tuples, or RowBuffer.take()'s
-    (bytes, count, objects), decoded by the compiled data plane that encoded them."""
+    (bytes, count, objects), decoded by the compiled data plane that encoded them, every value
+    as it was appended (kind 'o' for every column)."""
     if isinstance(rows, list):
         return dict(zip(fields, zip(*rows)))
-    from tierdiag.native import _cplane
-
-    return dict(zip(fields, _cplane.decode_rows(*rows, len(fields))))
+    return {f: values for f, (_, values) in zip(fields, _decode_arrow(*rows, b"o" * len(fields)))}
 
 # event type -> (table, fields copied as columns)
 _TABLE_OF = {
@@ -70,11 +81,9 @@ class Recorder(Probe):
         self._flush_rows = flush_rows
         self._tables = {cls: table for cls, table in _TABLE_OF.items()}
         self._tables[ev.RequestRecord] = "requests"
-        # For a rows sink, each table's rows are encoded as they come where the compiled data
-        # plane is built (_cplane.RowBuffer: the tuple is freed at once, and a flush hands over
-        # one bytes object instead of pickling every row's objects again, cold); else a list.
-        encode = rows_sink is not None and cplane.C is not None
-        self._pending: dict = {cls: cplane.C.RowBuffer(len(cls._fields)) if encode else [] for cls in self._tables}
+        # For a rows sink, each table's rows go to the chosen row buffer (new_row_buffer).
+        self._pending: dict = {cls: new_row_buffer(len(cls._fields)) if rows_sink is not None else []
+                               for cls in self._tables}
         self._buffers = tuple(self._pending.values())
 
     def wants(self, cls) -> bool:

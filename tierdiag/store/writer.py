@@ -458,13 +458,16 @@ def table_columns(table: str, fields: tuple[str, ...], rows) -> dict[str, Any]:
         from tierdiag.probes.recorder import columns_of
 
         return columns_of(fields, rows)
-    from tierdiag.native import _cplane
+    from tierdiag.native import cplane
 
+    decode_arrow = cplane.compiled("decode_arrow")
+    if decode_arrow is None:  # only the compiled data plane encodes rows, and it chose for both processes
+        raise RuntimeError(f"encoded rows of {table} but no compiled data plane to decode them: {cplane.WHY_NOT}")
     schema = TABLES.get(table, {})
     kinds = [_DECODE_KIND.get(schema.get(f), b"o") for f in fields]
     data, n, objects = rows
     out: dict[str, Any] = {}
-    for f, col in zip(fields, _cplane.decode_arrow(data, n, objects, b"".join(kinds))):
+    for f, col in zip(fields, decode_arrow(data, n, objects, b"".join(kinds))):
         kind = col[0]
         if kind == "o":
             out[f] = col[1]

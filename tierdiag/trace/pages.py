@@ -1,8 +1,8 @@
 """Page keys: the identity of each full page of a request's input, chained through its prefix.
 
-The radix tree is keyed by these ints, and the storage tier by `storage_key_chain` of them. A
-key stands for the whole prefix up to and including its page, so two requests share key k only
-if they share every page up to it. Only FULL pages get keys (`input_len // page_size`): a
+The radix tree and the storage tier are keyed by these ints. A key stands for the whole prefix
+up to and including its page, so two requests share key k only if they share every page up to
+it. Only FULL pages get keys (`input_len // page_size`): a
 trailing partial page is always computed, as in SGLang.
 
 From Mooncake `hash_ids` (blocks of `block_size` tokens, already chained by the trace), page j of
@@ -36,7 +36,6 @@ from array import array
 
 import numpy as np
 
-from tierdiag.native.cplane import C as _C
 from tierdiag.errors import ConfigError
 from tierdiag.trace.reader import TraceRequest
 
@@ -113,10 +112,6 @@ def _keys_from_hash_ids(hash_ids: tuple[int, ...], num_pages: int, *, page_size:
         raise ConfigError(f"block size {block_size} is not a multiple of page size {page_size}",
                           hint="hash_ids traces need --page-size to divide --block-size")
     per_block = block_size // page_size
-    if _C is not None:  # the compiled data plane: one C loop into the array's buffer
-        out = _C.block_page_keys(hash_ids, num_pages, per_block)
-        if out != -1:
-            return np.frombuffer(out, dtype=np.int64)
     if per_block == 1:
         return np.array(hash_ids[:num_pages], dtype=np.int64)
     num_blocks = min(-(-num_pages // per_block), len(hash_ids))
@@ -154,22 +149,3 @@ def _keys_from_tokens(tokens: tuple[int, ...], num_pages: int, *, page_size: int
         digest = blake2b(digest + data[start:start + step], digest_size=8).digest()
         keys.append(from_bytes(digest, "little") >> 1)
     return keys
-
-
-def storage_key_chain(keys: list[int], prev_key: bytes = b"") -> list[bytes]:
-    """Chained SHA-256 per page, as its 32-byte digest: sha256(previous digest ‖ key as 8
-    little-endian bytes, two's complement for the negative keys of output pages).
-
-    The storage tier keys pages by these, so a page found in the tier vouches for its whole
-    prefix, not just its own page. `prev_key` continues a chain (output pages after the input's).
-    Raw digests rather than hex: a third less time a page (hashing and the tier's index both see
-    32 bytes instead of 64 characters), the same chain.
-    """
-    out = []
-    append = out.append
-    prev = prev_key
-    sha256 = hashlib.sha256
-    for key in keys:
-        prev = sha256(prev + key.to_bytes(8, "little", signed=True)).digest()
-        append(prev)
-    return out

@@ -1,0 +1,197 @@
+"""PagePool: the slots of one tier and the buffer behind them. Pools own slots and buffers,
+never residency (that is the tree's).
+
+A CPU pool's memory is a numpy array, and `buffer` the torch tensor over that same memory
+(`torch.from_numpy`, made on first use): every copy, content write and check of a CPU replay
+goes through the numpy row view (engine/rows.py), so a CPU replay never imports torch (~1.3 s,
+a fifth of a replay's wall time). A CUDA pool, and the pinned host pool beside it, are torch
+tensors from the start. The geometry and layout are the data plane's (dataplane.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tierdiag.engine import rows as _rows
+from tierdiag.engine.dataplane import DataPlane
+from tierdiag.native import cplane
+
+
+# Frees of up to this many slots take the Python path (PagePool._free_small).
+_SMALL_FREE = 8
+_c_alloc, _c_free = cplane.compiled("alloc"), cplane.compiled("free")
+
+
+class PagePool:
+    """Slots of one tier. Exact accounting: free + used == capacity, no slot owned twice.
+
+    The free slots are a stack (an int array, top at `_top`): `free` pushes a list reversed and
+    `alloc` pops from the top, so a freed run comes back out as the same run. Ownership is one
+    byte a slot (`_owned`). A free proves every slot owned (one gather of their bytes) and the
+    list free of repeats, then clears the bytes and pushes the slots: a few numpy calls a list
+    instead of hashing every slot into a pool-sized set (12 % of a replay before), and nothing
+    that grows with the pool. An alloc pops and marks; it need not check, since a slot reaches
+    the stack only from __init__ or from a free that proved it owned (`check` verifies).
+    """
+
+    def __init__(self, name: str, num_pages: int, plane: DataPlane, *, on_device: bool):
+        self.name = name
+        self.capacity = num_pages
+        # Lowest slot first, so fresh pools hand out contiguous runs (fewer, larger transfers).
+        self._stack = np.arange(num_pages - 1, -1, -1, dtype=np.intp)
+        self._top = num_pages  # _stack[:_top] are the free slots
+        self._owned_bytes = bytearray(num_pages)  # 1: handed out (Python indexes it fast) ...
+        self._owned = np.frombuffer(self._owned_bytes, dtype=np.uint8)  # ... numpy the same bytes
+        shape = (plane.num_layers, num_pages, plane.page_elems)
+        self._tensor = None
+        self.page_major = plane.layout == "page_first"  # rows are whole pages: [1, P] items
+        # The buffer's memory as numpy [L, P, E] (CPU pools; a transposed view when page-first).
+        self.array: np.ndarray | None = None
+        if (on_device and plane.device != "cpu") or (not on_device and plane.pinned_host):
+            import torch  # a CUDA machine: the kernels' tensor paths
+
+            from tierdiag.engine import kernels
+
+            if on_device:
+                self._tensor = torch.zeros(shape, dtype=torch.int64, device=plane.device)
+            else:
+                self._tensor = torch.zeros(shape, dtype=torch.int64, pin_memory=True)
+            if not self._tensor.is_cuda:
+                self.array = self._tensor.numpy()
+            # The [L, P] numpy row view when copies can take the numpy path (pinned host),
+            # else None (CUDA: the torch/Triton kernels).
+            self.rows = kernels.register_pool(self._tensor)
+        elif self.page_major:
+            self.array = np.zeros((num_pages, plane.num_layers, plane.page_elems), dtype=np.int64).transpose(1, 0, 2)
+            self.rows = _rows.array_rows(self.array, page_first=True)  # [1, P]: a page's layers are one item
+        else:
+            self.array = np.zeros(shape, dtype=np.int64)
+            self.rows = _rows.array_rows(self.array, page_first=False)
+        # Geometry kept as plain ints.
+        self.num_layers, self.page_elems = plane.num_layers, plane.page_elems
+        self.page_bytes = plane.num_layers * plane.page_elems * 8  # data plane (int64)
+
+    @property
+    def buffer(self):
+        """The pool as a torch tensor [layers, pages, elems]; a CPU pool's is made on first use,
+        over the same memory (so torch is imported only when someone asks for it)."""
+        if self._tensor is None:
+            import torch
+
+            if self.page_major:  # the [P, L, E] buffer seen as [L, P, E]: kernels.PAGE_FIRST
+                self._tensor = torch.from_numpy(self.array.transpose(1, 0, 2)).permute(1, 0, 2)
+            else:
+                self._tensor = torch.from_numpy(self.array)
+        return self._tensor
+
+    @property
+    def free_pages(self) -> int:
+        return self._top
+
+    @property
+    def used_pages(self) -> int:
+        return self.capacity - self._top
+
+    def _alloc_numpy(self, n: int) -> list[int] | None:
+        top = self._top
+        if n > top:
+            return None
+        if n <= 0:
+            if n < 0:
+                raise ValueError(f"{self.name}: alloc of {n} pages")
+            return []
+        slots = self._stack[top - n:top][::-1]
+        # No ownership check: a slot reaches the stack only from __init__ or a free that proved
+        # it owned and unique, so the stack never holds an owned slot (check() verifies).
+        self._owned[slots] = 1
+        self._top = top - n
+        return slots.tolist()
+
+    def _alloc_c(self, n: int) -> list[int] | None:
+        """`_alloc_numpy` by the compiled kernel: the same slots, in one C loop."""
+        top = self._top
+        if not 0 < n <= top:  # nothing to hand out, or too much: numpy's answer (None, [], an error)
+            return self._alloc_numpy(n)
+        slots = _c_alloc(self._stack, self._owned_bytes, top, n)
+        self._top = top - n
+        return slots
+
+    def _free_c(self, slots: list[int]) -> None:
+        """`_free_numpy` by the compiled kernel: every slot proved owned and named once (marked
+        as it is seen, no set), then cleared and pushed. A free it refuses, having changed
+        nothing, goes to the numpy path, which names the slot and raises."""
+        top = _c_free(self._stack, self._owned_bytes, self._top, slots)
+        if top < 0:
+            self._free_numpy(slots)
+            return
+        self._top = top
+
+    def _free_numpy(self, slots: list[int]) -> None:
+        n = len(slots)
+        if not n:
+            return
+        if n <= _SMALL_FREE:
+            self._free_small(slots, n)
+            return
+        try:
+            idx = _rows.slot_index(slots)
+        except OverflowError:  # a negative slot
+            raise AssertionError(f"{self.name} slot {min(slots)} freed but not owned (not a slot of this pool)") from None
+        owned = self._owned
+        try:
+            held = np.count_nonzero(owned.take(idx))
+        except IndexError:
+            raise AssertionError(f"{self.name} slot {max(slots)} freed but not owned (not a slot of this pool)") from None
+        if held != n or (n > 1 and self._repeats(slots, idx)):
+            self._refuse_free(slots)
+        owned[idx] = 0
+        top = self._top
+        self._stack[top:top + n] = idx[::-1]
+        self._top = top + n
+
+    def _free_small(self, slots: list[int], n: int) -> None:
+        """`free` of a few slots in Python: inside a replay each numpy call costs 1-2 us with the
+        caches cold, a few Python steps a slot less (same checks, same stack)."""
+        owned = self._owned_bytes
+        try:
+            held = min(slots) >= 0 and all(map(owned.__getitem__, slots))
+        except (IndexError, TypeError):
+            held = False
+        if not held or (n > 1 and len(set(slots)) != n):
+            self._refuse_free(slots)
+        for s in slots:
+            owned[s] = 0
+        top = self._top
+        self._stack[top:top + n] = slots[::-1]
+        self._top = top + n
+
+    @staticmethod
+    def _repeats(slots: list[int], idx: np.ndarray) -> bool:
+        """Whether a slot list names a slot twice: a set of a short list, a sort of a long one
+        (the set is cheaper up to a few hundred slots)."""
+        if len(slots) <= 256:
+            return len(set(slots)) != len(slots)
+        ordered = np.sort(idx)
+        return bool((ordered[1:] == ordered[:-1]).any())
+
+    def _refuse_free(self, slots: list[int]) -> None:
+        """Name the slot that makes a free wrong (nothing has changed yet) and raise."""
+        seen: set[int] = set()
+        for s in slots:
+            if s in seen:
+                raise AssertionError(f"{self.name}: slot {s} freed twice in one call")
+            if not (0 <= s < self.capacity and self._owned[s]):
+                raise AssertionError(f"{self.name} slot {s} freed but not owned (double free?)")
+            seen.add(s)
+        raise AssertionError(f"{self.name}: a free of {len(slots)} slots refused for no slot (a pool bug)")
+
+    # The backend native/cplane.py chose; both hand out the same slots in the same order.
+    alloc = cplane.choose("pagepool.PagePool.alloc", _alloc_c, _alloc_numpy)
+    free = cplane.choose("pagepool.PagePool.free", _free_c, _free_numpy)
+
+    def check(self) -> None:
+        free = self._stack[:self._top]
+        assert int(np.count_nonzero(self._owned)) == self.used_pages, \
+            f"{self.name}: owned slots disagree with the free list"
+        assert np.unique(free).size == free.size, f"{self.name}: a slot is free twice"
+        assert not self._owned[free].any(), f"{self.name}: a slot is both free and owned"

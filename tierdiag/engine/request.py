@@ -1,0 +1,138 @@
+"""A request inside the engine (`Req`: what the scheduler knows of it, from arrival to finish)
+and its record (`RequestRecords._record`: the finished request's row, its token split and TTFT
+parts, and the run's totals), with the pool samples taken beside it.
+
+TTFT parts (every one in ns of the virtual clock, adding up to TTFT):
+
+    arrival |-- queue --|-- storage wait --|-- load-back exposed --|-- recompute --|-- compute --| first token
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tierdiag.engine.tree import TreeNode
+from tierdiag.trace.reader import TraceRequest
+
+
+class Req:
+    __slots__ = (
+        "seq", "req_id", "arrival_ns", "input_len", "output_len", "keys", "keys_np", "total_pages", "max_match_pages",
+        "prefetch", "anchor", "prefetch_tokens", "hold_until_ns", "held", "priority", "sort_key",
+        "lock_node", "dev_pages", "prefix_pages", "host_loaded_pages", "storage_loaded_pages",
+        "host_match_pages", "storage_match_pages", "lb_skip_reason", "lb_skip_pages", "storage_skip_reason",
+        "own_slots", "own_from", "done_tokens", "extend_total", "recomputed_pages",
+        "sched_ns", "first_batch_id", "num_chunks", "lb_ns", "lb_exposed", "lb_queued", "lb_pages", "lb_runs",
+        "storage_bytes", "storage_fetch_ns", "recompute_ns", "compute_ns", "first_token_ns", "lost",
+        "lb_wall", "lb_verified", "protected_pages",
+    )
+
+    def __init__(self, t: TraceRequest, arrival_ns: int):
+        self.seq = t.seq
+        self.req_id = t.req_id
+        self.arrival_ns = arrival_ns
+        self.input_len = t.input_len
+        self.output_len = t.output_len
+        self.keys: list[int] = []  # page keys: the input's full pages, then (at finish) output pages
+        self.keys_np: np.ndarray | None = None  # `keys` as an array (tree nodes keep views of it)
+        self.prefetch = None  # (first page, pages, host slots, start ns, end ns)
+        self.anchor: TreeNode | None = None  # the node whose host copy the prefetch protects
+        self.prefetch_tokens = 0  # tokens the prefetch counts against the capacity limit
+        self.priority = t.priority
+        self.sort_key = 0.0
+        self.hold_until_ns = 0
+        self.held = False
+        self.lock_node: TreeNode | None = None
+        self.dev_pages = self.prefix_pages = self.host_loaded_pages = self.storage_loaded_pages = 0
+        self.host_match_pages = self.storage_match_pages = 0
+        self.lb_skip_reason: str | None = None
+        self.lb_skip_pages = 0
+        self.storage_skip_reason: str | None = None
+        self.own_slots: list[int] = []
+        self.own_from = 0  # page index of own_slots[0]
+        self.done_tokens = 0  # input tokens whose KV exists (prefix + computed chunks)
+        self.extend_total = 0
+        self.recomputed_pages = 0
+        self.sched_ns: int | None = None
+        self.first_batch_id: int | None = None
+        self.num_chunks = 0
+        self.lb_ns = self.lb_queued = self.lb_pages = self.lb_runs = 0
+        self.lb_exposed = 0.0
+        self.storage_bytes = self.storage_fetch_ns = 0
+        self.recompute_ns = self.compute_ns = 0.0
+        self.first_token_ns: int | None = None
+        self.lost: dict[int, int] = {}  # eviction id -> tokens of this request's prefix it took
+        self.lb_wall = 0
+        self.protected_pages = 0  # cache_protected_len in pages: the prefix the tree protects for us
+        self.lb_verified: bool | None = None
+
+
+class RequestRecords:
+    """The Scheduler's records (a mixin, as SGLang's scheduler keeps its output processing in
+    scheduler_output_processor_mixin.py): the finished request's row and the pool samples."""
+
+    def _record(self, req: Req, now: int) -> None:
+        ps, cost, st = self.ps, self.cost, self.stats
+        device = req.dev_pages * ps
+        host = req.host_loaded_pages * ps
+        storage = req.storage_loaded_pages * ps
+        computed = req.input_len - device - host - storage
+        recomputed = min(req.recomputed_pages * ps, computed)
+        ttft = req.first_token_ns - req.arrival_ns
+        storage_wait = 0
+        if req.held:
+            storage_wait = max(0, min(req.hold_until_ns, req.sched_ns) - req.arrival_ns)
+        lb_exposed = int(req.lb_exposed)
+        recompute_ns = int(req.recompute_ns)
+        compute_ns = int(req.compute_ns)
+        queue = ttft - storage_wait - lb_exposed - recompute_ns - compute_ns
+        assert queue >= -2, f"request {req.req_id}: TTFT parts exceed TTFT by {-queue} ns"
+        if queue < 0:
+            compute_ns += queue
+            queue = 0
+        st.requests_finished += 1
+        st.input_tokens += req.input_len
+        st.device_tokens += device
+        st.host_tokens += host
+        st.storage_tokens += storage
+        st.computed_tokens += computed
+        st.recomputed_tokens += recomputed
+        if req.lb_pages:
+            st.load_backs += 1
+            st.load_back_bytes += req.lb_pages * self.ctrl.page_bytes
+            st.load_back_ns.append(req.lb_ns)
+        for reason in (req.lb_skip_reason, req.storage_skip_reason):
+            if reason:
+                st.skipped[reason] = st.skipped.get(reason, 0) + 1
+        if self.emit.lost is not None:
+            lost = self.emit.lost
+            for eid, tokens in req.lost.items():
+                lost((req.req_id, eid, tokens))
+        if self.emit.record is not None:  # the record's counterfactuals: only for a probe that keeps them
+            new_tokens = computed - recomputed
+            prefix = device + host + storage
+            ideal = cost.prefill_alone_ns(new_tokens, req.input_len - max(new_tokens, 1))
+            if_resident = ttft - lb_exposed - storage_wait
+            tiered = host + storage
+            recompute_instead = if_resident + (cost.prefill_alone_ns(computed + tiered, device)
+                                               - cost.prefill_alone_ns(computed, prefix)) if tiered else if_resident
+            hit_class = "tiered_hit" if tiered else "device_hit" if device else "miss"
+            self.emit.record((
+                req.req_id, req.seq, req.arrival_ns, req.input_len, req.output_len, "finished", None, hit_class,
+                device, host, storage, computed, recomputed, req.host_match_pages * ps,
+                req.storage_match_pages * ps, req.lb_skip_reason, req.lb_skip_pages * ps, req.storage_skip_reason,
+                prefix, req.protected_pages * ps, req.input_len - prefix,
+                queue, storage_wait, req.lb_ns, lb_exposed, req.lb_queued, req.lb_pages * self.ctrl.page_bytes,
+                req.lb_pages, req.lb_runs, req.storage_bytes, req.storage_fetch_ns, recompute_ns, compute_ns,
+                req.first_token_ns - req.sched_ns, ttft, ideal, if_resident, recompute_instead,
+                req.first_batch_id, req.num_chunks, req.first_token_ns, now))
+        if self.progress is not None and st.requests_finished % 256 == 0:
+            self.progress(st.requests_finished, now, st)
+
+    def _sample_pools(self, now: int) -> None:
+        ps, tree, ctrl = self.ps, self.tree, self.ctrl
+        emit = self.emit.pool_sample
+        emit((now, "device", ctrl.device.used_pages * ps, ctrl.device.capacity * ps, tree.locked_device_pages * ps))
+        emit((now, "host", ctrl.host.used_pages * ps, ctrl.host.capacity * ps, tree.locked_host_pages * ps))
+        if ctrl.storage is not None:
+            emit((now, "storage", ctrl.storage.used_pages * ps, ctrl.storage.capacity * ps, 0))

@@ -1,0 +1,460 @@
+"""The storage tier (HiCache's L3): pages in append-only segment files on local disk, found through
+an in-memory index keyed by page key.
+
+A page key names its request's whole prefix up to that page (trace/pages.py: Mooncake's hash
+ids are chained, token keys are a chained blake2b, output pages' keys are their request's own),
+so the key alone says which KV a page holds: a page found in the tier vouches for its whole
+prefix, as SGLang's chained storage hashes do, without hashing anything again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import os
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from tierdiag.engine import rows as _rows
+from tierdiag.errors import OutputError
+from tierdiag.native import cplane
+
+
+@contextlib.contextmanager
+def _storage_errors(path: Path):
+    """A filesystem error of the storage tier (its folder read-only or a file, the disk full, a
+    page file gone) is an output error naming the path: exit 6, one line, not a bug."""
+    try:
+        yield
+    except OSError as exc:
+        where = exc.filename or path
+        raise OutputError(f"cannot use the storage tier at {where}: {exc.strerror or exc}",
+                          hint="set storage_dir (--config) to a writable folder with room, or pass --storage-tokens 0"
+                          ) from None
+
+
+SEGMENT_BYTES = 64 << 20  # a segment file's target size; larger tiers get larger segments
+MAX_SEGMENTS = 256  # ... so that the files (and descriptors) held open stay few
+SEGMENT_SUFFIX = ".kvseg"
+_SLOT_BITS = 32  # a page's location in the index: segment number << 32 | slot in the segment
+
+
+class _Segment:
+    """One append-only file of whole pages (`pages` slots, live or holes); which of them are live
+    is the index's (`_LruIndex.live`, `segment_keys`)."""
+    __slots__ = ("number", "path", "fd", "pages")
+
+    def __init__(self, number: int, path: Path, fd: int):
+        self.number, self.path, self.fd = number, path, fd
+        self.pages = 0
+
+
+class _LruIndex:
+    """The storage tier's index: page key -> location (segment << _SLOT_BITS | slot; -1 while the
+    page is being written) in LRU order, oldest first, and the live pages of each segment. The
+    reference and the fallback of `_cplane.StorageIndex`, which has the same methods and is what
+    a run uses when the compiled data plane is built (tests/engine/test_storage_index.py runs
+    both on the same operations). The per-page work of a write is all here, in `admit`: compiled,
+    the tier does no Python work a page.
+    """
+
+    def __init__(self):
+        self._od: OrderedDict = OrderedDict()
+        self._live: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._od)
+
+    def __contains__(self, key) -> bool:
+        return key in self._od
+
+    def touch(self, key) -> None:
+        self._od.move_to_end(key)
+
+    def touch_all(self, keys: list) -> None:
+        for key in keys:
+            self._od.move_to_end(key)
+
+    def keys(self) -> list:
+        return list(self._od)
+
+    def run(self, keys: list, start: int) -> int:
+        """How many of keys[start:] are in the index before the first that is not."""
+        if start < 0:
+            raise ValueError("start must be >= 0")
+        od, end = self._od, start
+        while end < len(keys) and keys[end] in od:
+            end += 1
+        return end - start
+
+    def locs(self, keys: list) -> list[int]:
+        od = self._od
+        return [od[k] for k in keys]
+
+    def live(self, segment: int) -> int:
+        return self._live.get(segment, 0)
+
+    def clear_live(self, segment: int) -> None:
+        self._live.pop(segment, None)
+
+    def segment_keys(self, segment: int) -> tuple[list[int], list]:
+        """The live pages of `segment` as (slots, keys), in slot order (a scan: compaction is rare)."""
+        lo, mask = segment << _SLOT_BITS, (1 << _SLOT_BITS) - 1
+        found = sorted((loc, k) for k, loc in self._od.items() if lo <= loc <= lo + mask)
+        return [loc & mask for loc, _ in found], [k for _, k in found]
+
+    def admit(self, keys: list, capacity: int) -> tuple[list, list[int] | None, list[int]]:
+        """Enter the keys of a write, one at a time as files a page would go: a key already there
+        is touched; a new one first deletes the oldest pages while the index holds `capacity`
+        (even one entered earlier in this call), then goes in as the newest, at location -1.
+        Returns (deleted keys oldest first, fresh, emptied): fresh, the positions of the keys
+        still at -1 at the end (None when no more than capacity keys were all entered new at
+        their turn: all of them, in order); emptied, the segments whose last live page went, in
+        that order.
+
+        A key named twice in one write is the same key written twice, one page at a time: named
+        again while it is there, it is touched (as a key from an earlier write is: its page is
+        not written again); pushed out in between by the write's own keys, it is entered anew
+        (and is in `deleted` too). Either way fresh names it once, at the position whose page
+        the tier keeps: the one that entered it last."""
+        od, deleted, emptied = self._od, [], []
+        distinct = set(keys)
+        if len(keys) <= capacity and len(distinct) == len(keys) and od.keys().isdisjoint(distinct):
+            # All new (the common case): what the loop below does, at once. With the index full,
+            # the loop pops the oldest page before each insert; as none of these keys is in the
+            # index yet, those are exactly the len(od) + len(keys) - capacity oldest pages, all
+            # from before this call (there are at least that many).
+            for _ in range(len(od) + len(keys) - capacity):
+                self._pop_oldest(deleted, emptied)
+            od.update(zip(keys, itertools.repeat(-1)))
+            return deleted, None, emptied
+        fresh: list[int] = []
+        all_new = len(keys) <= capacity
+        for i, key in enumerate(keys):
+            if key in od:
+                od.move_to_end(key)
+                all_new = False
+                continue
+            while len(od) >= capacity:
+                self._pop_oldest(deleted, emptied)
+            od[key] = -1
+            fresh.append(i)
+        if all_new:  # (a key there before the call but pushed out before its turn)
+            return deleted, None, emptied
+        if len(distinct) == len(keys):
+            return deleted, [i for i in fresh if od.get(keys[i]) == -1], emptied
+        # A key entered, pushed out by this write's own keys and entered again is at -1 for both
+        # entries, but its page is the later one's (written twice, it was counted live twice).
+        last = {keys[i]: i for i in fresh}
+        return deleted, [i for i in fresh if last[keys[i]] == i and od.get(keys[i]) == -1], emptied
+
+    def _pop_oldest(self, deleted: list, emptied: list) -> None:
+        """Delete the least recently used page: its key to `deleted`, its segment to `emptied`
+        when that was the segment's last live page (a page not placed yet has no segment)."""
+        old, loc = self._od.popitem(last=False)
+        deleted.append(old)
+        if loc >= 0:
+            seg = loc >> _SLOT_BITS
+            self._live[seg] -= 1
+            if not self._live[seg]:
+                emptied.append(seg)
+
+    def place(self, keys: list, segment: int, first: int) -> None:
+        """The pages of `keys` (all in the index) went to slots first, first + 1, ... of
+        `segment`: their locations change, their LRU places do not."""
+        od = self._od
+        loc = (segment << _SLOT_BITS) + first
+        for i, key in enumerate(keys):
+            if key not in od:
+                raise KeyError(key)
+            od[key] = loc + i
+            self._live[segment] = self._live.get(segment, 0) + 1
+
+    def drop_placeholders(self, keys: list) -> None:
+        """Delete those of `keys` still at -1 (pages that never reached the disk)."""
+        od = self._od
+        for key in keys:
+            if od.get(key) == -1:
+                del od[key]
+
+
+# The index native/cplane.py chose: the compiled StorageIndex or the reference.
+new_index = cplane.choose("storage.index", cplane.compiled("StorageIndex"), _LruIndex)
+
+
+class StorageTier:
+    """The L3 tier of SGLang's HiCache as files on local disk (HiCacheFile's role).
+
+    Layout: pages are appended to segment files `NNNNNN.kvseg` under `root`, each page the
+    `page_bytes` of its rows (layer after layer), so a transfer of n pages is one write and a
+    prefetch of consecutive pages one read. The index (page key -> segment, slot) and the LRU
+    order over it live in memory (_LruIndex): the tier is the run's, made empty at its start.
+
+        segment 000001.kvseg  |page a|page b|page c|  ...  (append only)
+        index: a -> (1, 0), b -> (1, 1), ...   LRU: a b c ... (oldest first)
+
+    Past `capacity_pages` the least recently used page is deleted from the index (as one file a
+    page was unlinked before); its bytes become a hole in its segment. A segment with no live
+    page is unlinked; while the files hold more than twice the live pages (plus two segments),
+    the sparsest segment is compacted: its live pages are appended anew and the file unlinked.
+    No fsync: the tier is a cache of the run, not a durable store.
+    """
+
+    def __init__(self, root: Path, capacity_pages: int):
+        # Keys: the pages' keys (trace/pages.py), each naming its whole prefix; the tier only
+        # hashes and compares them (the reference index takes any hashable key, the compiled
+        # one ints, bytes and str).
+        self.root = Path(root)
+        with _storage_errors(self.root):
+            self.root.mkdir(parents=True, exist_ok=True)
+            if not os.access(self.root, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, "Permission denied", str(self.root))
+        self.capacity = capacity_pages
+        self._index = new_index()  # key -> location, LRU order; live pages a segment
+        self._segments: dict[int, _Segment] = {}
+        self._active: _Segment | None = None
+        self._next_segment = 1
+        self._page_shape: tuple[int, int] | None = None  # (layers, elems), from the first write
+        self._segment_pages = 0
+        self._disk_pages = 0  # pages the segment files hold, live or holes
+        self._emptied: list[_Segment] = []  # segments whose last live page went (unlinked when not active)
+        self.bytes_written = 0  # bytes appended to segment files (compaction included)
+        self.bytes_read = 0
+
+    def __contains__(self, key) -> bool:
+        return key in self._index
+
+    def hits(self, keys: list, start: int) -> int:
+        """How many of keys[start:] the tier holds before the first it does not (a prefetch's
+        hit query), without touching them."""
+        return self._index.run(keys, start)
+
+    @property
+    def used_pages(self) -> int:
+        return len(self._index)
+
+    @property
+    def page_bytes(self) -> int:
+        return 0 if self._page_shape is None else self._page_shape[0] * self._page_shape[1] * 8
+
+    def disk_bytes(self) -> int:
+        """Bytes the segment files hold now (live pages and holes)."""
+        return self._disk_pages * self.page_bytes
+
+    def touch(self, key) -> None:
+        self._index.touch(key)
+
+    # --- writing -----------------------------------------------------------------------------
+    def write(self, keys: list, rows) -> list:
+        """Write pages (rows: [layers, n, elems] on CPU). Returns the keys deleted to make room."""
+        page_major = rows.numpy().transpose(1, 0, 2)
+        return self._write(keys, lambda idx: np.ascontiguousarray(page_major if idx is None else page_major[idx]),
+                           (rows.shape[0], rows.shape[2]))
+
+    def write_from(self, pool, slots: list[int], keys: list, *, rows: np.ndarray | None = None) -> list:
+        """Write the pages in `slots` of a [layers, pages, elems] CPU pool buffer (a numpy array,
+        or a CPU tensor) under `keys`: one gather into page-major rows, one append. Returns the
+        keys deleted to make room. `rows`: the pool's row view when the caller keeps one (the
+        engine's host pool), instead of making it again."""
+        if rows is not None:
+            layer_rows = rows
+        elif isinstance(pool, np.ndarray):
+            layer_rows = _rows.array_rows(pool)  # [layers, pages] row items ([1, pages] page-first)
+        else:
+            from tierdiag.engine import kernels
+
+            layer_rows = kernels.pool_rows(pool)
+        def gather(idx):
+            # Page-major for the file, never a pass over the whole pool: numpy's rows of each
+            # layer, then transposed. A page-first pool's items are whole pages already ([1, n]
+            # -> [n, 1]), so the transpose is free there. (A compiled gather was measured alone
+            # at ~1 us a call less, 2.2 -> 1.2 us at 1-4 pages, 5.7 -> 4.1 at 256: ~27 ms over
+            # the 26.7k writes of the conversation trace with a 50M-token tier, ~0.3 %.)
+            if idx is None:
+                pages = slots
+            else:
+                pages = [slots[i] for i in idx] if isinstance(slots, list) else np.asarray(slots)[np.asarray(idx)]
+            slots_a = _rows.slot_index(pages) if isinstance(pages, list) else np.asarray(pages, dtype=np.intp)
+            rows = layer_rows.take(slots_a, axis=1)
+            return np.ascontiguousarray(rows.T).view(np.int64)  # [n, layers * elems]
+
+        return self._write(keys, gather, (pool.shape[0], pool.shape[2]))
+
+    def _write(self, keys: list, gather, shape: tuple[int, int]) -> list:
+        self._set_shape(shape)
+        keys = keys if type(keys) is list else list(keys)
+        deleted, fresh, emptied = self._index.admit(keys, self.capacity)
+        if emptied:
+            segments = self._segments
+            self._emptied.extend(segments[n] for n in emptied)
+        if fresh is None:  # all new, in order: one gather of every slot
+            self._place(keys, gather(None))
+            # Nothing to unlink or compact without deletions: the files grew as the index did.
+            # (A key there before the call but pushed out before its turn is a deletion.)
+            if deleted:
+                self._collect()
+            return deleted
+        if fresh:
+            self._place([keys[i] for i in fresh], gather(fresh))
+        self._collect()
+        return deleted
+
+    def _place(self, keys: list, data: np.ndarray) -> None:
+        """Append the pages of `keys` (in the index as -1) and record where they went."""
+        try:
+            self._append(keys, data.reshape(len(keys), -1))
+        except BaseException:
+            self._index.drop_placeholders(keys)  # pages that never reached the disk are not in the tier
+            raise
+
+    def _set_shape(self, shape: tuple[int, int]) -> None:
+        if self._page_shape is None:
+            self._page_shape = (int(shape[0]), int(shape[1]))
+            cap_bytes = self.capacity * self.page_bytes
+            seg_bytes = max(SEGMENT_BYTES, -(-cap_bytes // MAX_SEGMENTS))
+            self._segment_pages = max(1, min(seg_bytes // self.page_bytes, (1 << _SLOT_BITS) - 1))
+        assert self._page_shape == (shape[0], shape[1]), \
+            f"storage pages are {self._page_shape} (layers, elems); got {tuple(shape)} (data plane changed mid-run?)"
+
+    def _new_segment(self) -> _Segment:
+        while True:
+            number = self._next_segment
+            self._next_segment += 1
+            path = self.root / f"{number:06d}{SEGMENT_SUFFIX}"
+            with _storage_errors(path):
+                try:
+                    # O_EXCL: a folder shared by mistake never has its pages overwritten.
+                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                except FileExistsError:
+                    continue
+            seg = self._segments[number] = _Segment(number, path, fd)
+            return seg
+
+    def _append(self, keys: list, data) -> None:
+        """Append pages (data: [n, page_bytes/8] int64, C order; keys in the index) at the end of
+        the active segment, starting a new one when it is full; one pwrite per segment touched."""
+        index, per_seg, page_bytes = self._index, self._segment_pages, self.page_bytes
+        done = 0
+        while done < len(keys):
+            seg = self._active
+            if seg is None or seg.pages >= per_seg:
+                seg = self._active = self._new_segment()
+            first = seg.pages
+            n = min(len(keys) - done, per_seg - first)
+            buf = memoryview(data[done:done + n]).cast("B")
+            offset = first * page_bytes
+            with _storage_errors(seg.path):
+                try:
+                    written = 0
+                    while written < len(buf):
+                        written += os.pwrite(seg.fd, buf[written:], offset + written)
+                except BaseException:
+                    os.ftruncate(seg.fd, offset)  # a full disk must not keep half a page
+                    raise
+            index.place(keys[done:done + n] if done or n < len(keys) else keys, seg.number, first)
+            seg.pages += n
+            self._disk_pages += n
+            self.bytes_written += n * page_bytes
+            done += n
+
+    def _collect(self) -> None:
+        """Unlink segments without a live page. Then, while the files hold more than about twice
+        the live pages, compact the sparsest segment. Deletion is LRU and writes append, so the
+        oldest segments mostly empty on their own; only pages kept alive by hits get copied."""
+        live = self._index.live
+        if self._emptied:
+            for seg in self._emptied:
+                if seg is not self._active and not live(seg.number) and seg.number in self._segments:
+                    self._unlink(seg)
+            self._emptied = [s for s in self._emptied if s.number in self._segments and not live(s.number)]
+        slack = 2 * self._segment_pages
+        while self._disk_pages > 2 * len(self._index) + slack:
+            seg = min((s for s in self._segments.values() if s is not self._active),
+                      key=lambda s: live(s.number) / s.pages)
+            self._compact(seg)
+            self._unlink(seg)
+
+    def _compact(self, seg: _Segment) -> None:
+        """Move the live pages of `seg` to the end of the files (the caller unlinks it). A
+        segment whose pages are all gone has nothing to move: only its count is cleared."""
+        slots, keys = self._index.segment_keys(seg.number)
+        if slots:
+            data = self._read_slots(seg, slots)
+            # Re-appending keeps each key's place in the LRU order (a location update does not move it).
+            self._append(keys, data.reshape(len(slots), -1))
+        self._index.clear_live(seg.number)
+
+    def _unlink(self, seg: _Segment) -> None:
+        del self._segments[seg.number]
+        self._disk_pages -= seg.pages
+        with _storage_errors(seg.path):
+            os.close(seg.fd)
+            seg.path.unlink(missing_ok=True)
+
+    # --- reading -----------------------------------------------------------------------------
+    def _read_slots(self, seg: _Segment, slots: list[int]):
+        """[len(slots), layers, elems] int64 read from `seg`, one preadv per run of adjacent slots."""
+        layers, elems = self._page_shape
+        out = np.empty((len(slots), layers, elems), dtype=np.int64)
+        page_bytes = self.page_bytes
+        i = 0
+        while i < len(slots):
+            j = i + 1
+            while j < len(slots) and slots[j] == slots[j - 1] + 1:
+                j += 1
+            want = (j - i) * page_bytes
+            with _storage_errors(seg.path):
+                got = os.preadv(seg.fd, [memoryview(out[i:j]).cast("B")], slots[i] * page_bytes)
+                if got != want:
+                    raise OSError(errno.EIO, f"page file truncated (read {got:,} of {want:,} bytes)",
+                                  str(seg.path))
+            i = j
+        self.bytes_read += len(slots) * page_bytes
+        return out
+
+    def read_pages(self, keys: list):
+        """The pages of `keys` as [n, layers, elems] int64 (numpy), each touched in the LRU:
+        pages adjacent in a segment are read together."""
+        keys = keys if type(keys) is list else list(keys)
+        locs = self._index.locs(keys)
+        layers, elems = self._page_shape
+        out = np.empty((len(keys), layers, elems), dtype=np.int64)
+        mask = (1 << _SLOT_BITS) - 1
+        i = 0
+        while i < len(keys):
+            seg_no, j = locs[i] >> _SLOT_BITS, i + 1
+            while j < len(keys) and locs[j] >> _SLOT_BITS == seg_no:
+                j += 1
+            out[i:j] = self._read_slots(self._segments[seg_no], [loc & mask for loc in locs[i:j]])
+            i = j
+        self._index.touch_all(keys)
+        return out
+
+    def read(self, keys: list, num_layers: int, page_elems: int):
+        """The pages of `keys` as a fresh [layers, n, elems] CPU tensor."""
+        import torch
+
+        if not keys:
+            return torch.empty((num_layers, 0, page_elems), dtype=torch.int64)
+        assert self._page_shape == (num_layers, page_elems), "storage page geometry differs from the pool's"
+        return torch.from_numpy(self.read_pages(keys)).permute(1, 0, 2).contiguous()
+
+    def read_into(self, keys: list, pool, slots: list[int]) -> int:
+        """Read the pages of `keys` into `slots` of a [layers, pages, elems] CPU pool buffer (a
+        numpy array, or a CPU tensor); returns the bytes read."""
+        if not keys:
+            return 0
+        target = pool if isinstance(pool, np.ndarray) else pool.numpy()
+        target[:, np.asarray(slots, dtype=np.int64)] = self.read_pages(keys).transpose(1, 0, 2)
+        return len(keys) * self.page_bytes
+
+    def close(self) -> None:
+        """Close the segment files (they stay on disk: the run's folder keeps them)."""
+        for seg in self._segments.values():
+            with contextlib.suppress(OSError):
+                os.close(seg.fd)
+        self._segments.clear()
+        self._active = None

@@ -1,0 +1,232 @@
+/* The module: _cplane's parts put together (cplane.h says which file owns what), and the
+ * page-list and row-view helpers every part uses. */
+#include "cplane.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* Page lists as int64 values                                                                  */
+
+void
+ints_init(Ints *ix)
+{
+    ix->v = ix->small;
+    ix->n = 0;
+}
+
+void
+ints_free(Ints *ix)
+{
+    if (ix->v != ix->small) {
+        PyMem_Free(ix->v);
+    }
+    ix->v = ix->small;
+    ix->n = 0;
+}
+
+/* Room for n values: 0, or -1 with MemoryError set. */
+static int
+ints_reserve(Ints *ix, Py_ssize_t n)
+{
+    if (n <= SMALL_LIST) {
+        return 0;
+    }
+    if ((size_t)n > PY_SSIZE_T_MAX / sizeof(int64_t)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    ix->v = PyMem_Malloc((size_t)n * sizeof(int64_t));
+    if (ix->v == NULL) {
+        ix->v = ix->small;
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* Whether a PEP 3118 format names a native signed 8-byte integer (numpy int64/intp: "l" on
+ * LP64, "q"; "n" is Py_ssize_t). The item size is checked separately. */
+static int
+is_int64_format(const char *fmt)
+{
+    if (fmt == NULL) {
+        return 0;
+    }
+    if (fmt[0] == '@') {
+        fmt++;
+    }
+    return (fmt[0] == 'l' || fmt[0] == 'q' || fmt[0] == 'n') && fmt[1] == '\0';
+}
+
+/* Load a page list: a list or tuple of ints, a range, or a 1-D C-contiguous buffer of native
+ * int64 (a numpy array). Returns 1 loaded, 0 not a list this module takes (nothing set: the
+ * caller falls back to numpy, which raises whatever it raises for it), -1 on MemoryError. */
+int
+ints_load(PyObject *obj, Ints *ix)
+{
+    ints_init(ix);
+    if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) {
+        /* Nothing below runs Python code (only exact ints and their subclasses are read, never
+         * through __index__), so the list cannot change under the loop. */
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+        PyObject **items = PySequence_Fast_ITEMS(obj);
+        if (ints_reserve(ix, n) < 0) {
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *item = items[i];
+            int overflow = 0;
+            long long x;
+            if (!PyLong_Check(item)) {
+                ints_free(ix);
+                return 0;
+            }
+            x = PyLong_AsLongLongAndOverflow(item, &overflow);
+            if (overflow) {
+                ints_free(ix);
+                return 0;
+            }
+            if (x == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                ints_free(ix);
+                return 0;
+            }
+            ix->v[i] = (int64_t)x;
+        }
+        ix->n = n;
+        return 1;
+    }
+    if (PyRange_Check(obj)) {
+        /* start, stop and step as int64 (else not a page list: numpy's arange would refuse it
+         * too); every value lies between start and stop, so none overflows. */
+        static const char *const names[3] = {"start", "stop", "step"};
+        long long bounds[3];
+        Py_ssize_t n = PyObject_Length(obj);
+        if (n < 0) { /* longer than Py_ssize_t */
+            PyErr_Clear();
+            return 0;
+        }
+        for (int k = 0; k < 3; k++) {
+            PyObject *v = PyObject_GetAttrString(obj, names[k]);
+            if (v == NULL) {
+                PyErr_Clear();
+                return 0;
+            }
+            bounds[k] = PyLong_AsLongLong(v);
+            Py_DECREF(v);
+            if (bounds[k] == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return 0;
+            }
+        }
+        if (ints_reserve(ix, n) < 0) {
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            ix->v[i] = (int64_t)((uint64_t)bounds[0] + (uint64_t)i * (uint64_t)bounds[2]);
+        }
+        ix->n = n;
+        return 1;
+    }
+    if (PyObject_CheckBuffer(obj)) {
+        Py_buffer b;
+        if (PyObject_GetBuffer(obj, &b, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (b.ndim != 1 || b.itemsize != (Py_ssize_t)sizeof(int64_t) || !is_int64_format(b.format)) {
+            PyBuffer_Release(&b);
+            return 0;
+        }
+        Py_ssize_t n = b.shape[0];
+        if (ints_reserve(ix, n) < 0) {
+            PyBuffer_Release(&b);
+            return -1;
+        }
+        if (n) {
+            memcpy(ix->v, b.buf, (size_t)n * sizeof(int64_t));
+        }
+        ix->n = n;
+        PyBuffer_Release(&b);
+        return 1;
+    }
+    return 0;
+}
+
+/* Whether every value is a slot of a pool of num_pages. */
+int
+all_in_range(const Ints *ix, Py_ssize_t num_pages)
+{
+    for (Py_ssize_t i = 0; i < ix->n; i++) {
+        if (ix->v[i] < 0 || ix->v[i] >= (int64_t)num_pages) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* A row view: 2-D, C-contiguous. Returns 1 got it, 0 not a row view (nothing set). */
+int
+get_rows(PyObject *obj, Py_buffer *b, int writable)
+{
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, b, flags) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (b->ndim != 2 || b->itemsize <= 0 || b->shape[0] <= 0) {
+        PyBuffer_Release(b);
+        return 0;
+    }
+    return 1;
+}
+
+PyObject *
+not_mine(void)
+{
+    return PyLong_FromLong(-1);
+}
+
+/* 1 (TypeError set, saying `message`) unless a call got `want` arguments. */
+int
+wrong_nargs(Py_ssize_t nargs, Py_ssize_t want, const char *message)
+{
+    if (nargs == want) {
+        return 0;
+    }
+    PyErr_SetString(PyExc_TypeError, message);
+    return 1;
+}
+
+
+/* ------------------------------------------------------------------------------------------ */
+
+static struct PyModuleDef cplane_module = {
+    PyModuleDef_HEAD_INIT,
+    "_cplane",
+    "The compiled CPU data plane (tierdiag/native/cplane.py chooses it; the numpy reference\n"
+    "it falls back to lives beside each owner: engine/rows.py, content.py, pagepool.py,\n"
+    "pagemap.py, storage.py, probes/recorder.py).",
+    -1,
+    NULL,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__cplane(void)
+{
+    PyObject *m = PyModule_Create(&cplane_module);
+    if (m == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "API", CPLANE_API) < 0 ||
+        PyModule_AddFunctions(m, cp_pages_methods) < 0 ||
+        PyModule_AddFunctions(m, cp_blame_methods) < 0 ||
+        PyModule_AddFunctions(m, cp_rows_methods) < 0 ||
+        PyType_Ready(&cp_StorageIndexType) < 0 ||
+        PyModule_AddObjectRef(m, "StorageIndex", (PyObject *)&cp_StorageIndexType) < 0 ||
+        PyType_Ready(&cp_RowBufferType) < 0 ||
+        PyModule_AddObjectRef(m, "RowBuffer", (PyObject *)&cp_RowBufferType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,423 @@
+/* Pages: moves between pools' row views (engine/rows.py's copy_rows), page content and its
+ * verification (engine/content.py), and a pool's free-slot stack (engine/pagepool.py). */
+#include "cplane.h"
+
+/* page_content_np: mix(key) = key * golden ratio, modulo 2**64 (content._MIX) */
+#define MIX UINT64_C(0x9E3779B97F4A7C15)
+#define LAYER_MUL UINT64_C(1000003)
+#define COL_MUL UINT64_C(2654435761)
+
+/* ------------------------------------------------------------------------------------------ */
+/* move(src_rows, src_pages, dst_rows, dst_pages) -> count_runs(src_pages), or -1              */
+
+PyDoc_STRVAR(move_doc,
+"move(src_rows, src_pages, dst_rows, dst_pages) -> int\n\n"
+"dst_rows[:, dst_pages[i]] = src_rows[:, src_pages[i]] for every i, one memcpy a run of pages\n"
+"consecutive on both sides in every layer; every page is range-checked before a byte moves.\n"
+"Returns count_runs(src_pages), or -1 having moved nothing when the case is the numpy path's\n"
+"(lengths or geometries that differ, a page outside a pool, overlapping pools, a list of\n"
+"anything but ints).");
+
+static PyObject *
+cp_move(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer sb, db;
+    Ints s, d;
+    Py_ssize_t n, nd, layers, rb, sp, dp, runs;
+    const char *src;
+    char *dst;
+    PyObject *result = NULL;
+    int got;
+
+    if (wrong_nargs(nargs, 4, "move() takes 4 arguments")) {
+        return NULL;
+    }
+    n = PyObject_Length(args[1]);
+    nd = PyObject_Length(args[3]);
+    if (n < 0 || nd < 0) {
+        PyErr_Clear();
+        return not_mine();
+    }
+    if (n != nd) {
+        return not_mine();
+    }
+    if (n == 0) {
+        return PyLong_FromLong(0);
+    }
+    if (!get_rows(args[0], &sb, 0)) {
+        return not_mine();
+    }
+    if (!get_rows(args[2], &db, 1)) {
+        PyBuffer_Release(&sb);
+        return not_mine();
+    }
+    ints_init(&s);
+    ints_init(&d);
+    layers = sb.shape[0];
+    rb = sb.itemsize;
+    sp = sb.shape[1];
+    dp = db.shape[1];
+    src = sb.buf;
+    dst = db.buf;
+    if (db.shape[0] != layers || db.itemsize != rb
+        /* the pools overlap (a move inside one pool): numpy reads every row before writing */
+        || ((uintptr_t)src < (uintptr_t)dst + (uintptr_t)db.len
+            && (uintptr_t)dst < (uintptr_t)src + (uintptr_t)sb.len)) {
+        result = not_mine();
+        goto done;
+    }
+    got = ints_load(args[1], &s);
+    if (got == 1) {
+        got = ints_load(args[3], &d);
+    }
+    if (got < 0) {
+        goto done;
+    }
+    if (got == 0 || s.n != n || d.n != n || !all_in_range(&s, sp) || !all_in_range(&d, dp)) {
+        result = not_mine();
+        goto done;
+    }
+    runs = 0;
+    for (Py_ssize_t i = 0; i < n;) {
+        Py_ssize_t j = i + 1;
+        while (j < n && s.v[j] == s.v[j - 1] + 1 && d.v[j] == d.v[j - 1] + 1) {
+            j++;
+        }
+        for (Py_ssize_t l = 0; l < layers; l++) {
+            memcpy(dst + (l * dp + (Py_ssize_t)d.v[i]) * rb, src + (l * sp + (Py_ssize_t)s.v[i]) * rb,
+                   (size_t)((j - i) * rb));
+        }
+        i = j;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        runs += (i == 0 || s.v[i] != s.v[i - 1] + 1);
+    }
+    result = PyLong_FromSsize_t(runs);
+done:
+    ints_free(&s);
+    ints_free(&d);
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&db);
+    return result;
+}
+
+
+/* ------------------------------------------------------------------------------------------ */
+/* page content: value(key, layer, col) = (key * MIX) ^ (layer * 1000003) ^ (col * 2654435761)  */
+
+/* Where (layer l, page p) starts and how far apart layers and pages are, in int64s. */
+typedef struct {
+    int64_t *base;
+    Py_ssize_t layers, elems, pages;
+    Py_ssize_t layer_stride, page_stride;
+} Content;
+
+/* The pool's layout from its row view and the data plane's (layers, elems): layer-first [L, P]
+ * rows of elems int64s, or page-first [1, P] rows of layers * elems. 1 known, 0 not (released). */
+static int
+content_geometry(Py_buffer *b, PyObject *layers_o, PyObject *elems_o, Content *c)
+{
+    Py_ssize_t layers = PyLong_AsSsize_t(layers_o);
+    Py_ssize_t elems = PyLong_AsSsize_t(elems_o);
+    if ((layers == -1 || elems == -1) && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (layers <= 0 || elems <= 0 || ((uintptr_t)b->buf % sizeof(int64_t)) != 0
+        || elems > PY_SSIZE_T_MAX / 8 / layers) {
+        return 0;
+    }
+    c->base = b->buf;
+    c->layers = layers;
+    c->elems = elems;
+    c->pages = b->shape[1];
+    if (b->shape[0] == layers && b->itemsize == elems * 8) { /* layer-first */
+        c->layer_stride = c->pages * elems;
+        c->page_stride = elems;
+        return 1;
+    }
+    if (b->shape[0] == 1 && b->itemsize == layers * elems * 8) { /* page-first */
+        c->layer_stride = elems;
+        c->page_stride = layers * elems;
+        return 1;
+    }
+    return 0;
+}
+
+/* Shared by write_content and verify_content: the row view, slots and keys, checked.
+ * Returns 1 ready, 0 not mine (all released), -1 error (all released). */
+static int
+content_args(PyObject *const *args, Py_ssize_t nargs, int writable, Py_buffer *b, Content *c,
+             Ints *slots, Ints *keys)
+{
+    int got;
+    ints_init(slots);
+    ints_init(keys);
+    if (wrong_nargs(nargs, 5, "takes 5 arguments: rows, slots, keys, num_layers, page_elems")) {
+        return -1;
+    }
+    if (!get_rows(args[0], b, writable)) {
+        return 0;
+    }
+    if (!content_geometry(b, args[3], args[4], c)) {
+        PyBuffer_Release(b);
+        return 0;
+    }
+    got = ints_load(args[1], slots);
+    if (got == 1) {
+        got = ints_load(args[2], keys);
+    }
+    if (got == 1 && (slots->n != keys->n || !all_in_range(slots, c->pages))) {
+        got = 0;
+    }
+    if (got != 1) {
+        ints_free(slots);
+        ints_free(keys);
+        PyBuffer_Release(b);
+    }
+    return got;
+}
+
+PyDoc_STRVAR(write_content_doc,
+"write_content(rows, slots, keys, num_layers, page_elems) -> int\n\n"
+"Write into slots[i] of a pool's row view what pools.page_content_np(keys) holds for keys[i],\n"
+"in the pool's layout (layer-first or page-first), generated in place. Returns 1, or -1\n"
+"having written nothing (a slot outside the pool, a key that is not an int64, an unknown\n"
+"geometry, lengths that differ).");
+
+static PyObject *
+cp_write_content(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer b;
+    Content c;
+    Ints slots, keys;
+    int got = content_args(args, nargs, 1, &b, &c, &slots, &keys);
+    if (got <= 0) {
+        return got < 0 ? NULL : not_mine();
+    }
+    for (Py_ssize_t i = 0; i < slots.n; i++) {
+        uint64_t mixed = (uint64_t)keys.v[i] * MIX;
+        int64_t *page = c.base + (Py_ssize_t)slots.v[i] * c.page_stride;
+        for (Py_ssize_t l = 0; l < c.layers; l++) {
+            int64_t *row = page + l * c.layer_stride;
+            uint64_t lm = mixed ^ ((uint64_t)l * LAYER_MUL);
+            for (Py_ssize_t e = 0; e < c.elems; e++) {
+                row[e] = (int64_t)(lm ^ ((uint64_t)e * COL_MUL));
+            }
+        }
+    }
+    ints_free(&slots);
+    ints_free(&keys);
+    PyBuffer_Release(&b);
+    return PyLong_FromLong(1);
+}
+
+PyDoc_STRVAR(verify_content_doc,
+"verify_content(rows, slots, keys, num_layers, page_elems) -> int\n\n"
+"1 if slots[i] of the pool hold exactly what write_content writes for keys[i] (compared in\n"
+"place), 0 if a byte differs, -1 when the case is the numpy path's (as write_content).");
+
+static PyObject *
+cp_verify_content(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer b;
+    Content c;
+    Ints slots, keys;
+    long same = 1;
+    int got = content_args(args, nargs, 0, &b, &c, &slots, &keys);
+    if (got <= 0) {
+        return got < 0 ? NULL : not_mine();
+    }
+    for (Py_ssize_t i = 0; i < slots.n && same; i++) {
+        uint64_t mixed = (uint64_t)keys.v[i] * MIX;
+        const int64_t *page = c.base + (Py_ssize_t)slots.v[i] * c.page_stride;
+        for (Py_ssize_t l = 0; l < c.layers && same; l++) {
+            const int64_t *row = page + l * c.layer_stride;
+            uint64_t lm = mixed ^ ((uint64_t)l * LAYER_MUL);
+            uint64_t diff = 0;
+            for (Py_ssize_t e = 0; e < c.elems; e++) {
+                diff |= (uint64_t)row[e] ^ (lm ^ ((uint64_t)e * COL_MUL));
+            }
+            same = diff == 0;
+        }
+    }
+    ints_free(&slots);
+    ints_free(&keys);
+    PyBuffer_Release(&b);
+    return PyLong_FromLong(same);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* PagePool's free-slot stack (intp, top at `top`) and ownership bytes (one a slot)             */
+
+/* The stack (1-D, C-contiguous, items of Py_ssize_t) and the owned bytes, both writable.
+ * 1 got them, 0 not (released). */
+static int
+get_pool(PyObject *stack_o, PyObject *owned_o, Py_buffer *stack, Py_buffer *owned)
+{
+    if (PyObject_GetBuffer(stack_o, stack, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (stack->ndim > 1 || stack->itemsize != (Py_ssize_t)sizeof(Py_ssize_t)) {
+        PyBuffer_Release(stack);
+        return 0;
+    }
+    if (PyObject_GetBuffer(owned_o, owned, PyBUF_SIMPLE | PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();
+        PyBuffer_Release(stack);
+        return 0;
+    }
+    return 1;
+}
+
+PyDoc_STRVAR(alloc_doc,
+"alloc(stack, owned, top, n) -> list[int]\n\n"
+"Pop n slots off the free stack (stack[:top] are free, the top last), mark them owned and\n"
+"return them, the top first: stack[top-1], stack[top-2], ... The caller keeps top - n.\n"
+"0 < n <= top is the caller's to ensure (ValueError otherwise); a stacked slot outside the\n"
+"pool is a pool bug (AssertionError), found before anything is marked.");
+
+static PyObject *
+cp_alloc(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer stack, owned;
+    Py_ssize_t top, n, cap, depth;
+    const Py_ssize_t *st;
+    unsigned char *own;
+    PyObject *out = NULL;
+
+    if (wrong_nargs(nargs, 4, "alloc() takes 4 arguments: stack, owned, top, n")) {
+        return NULL;
+    }
+    top = PyLong_AsSsize_t(args[2]);
+    if (top == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    n = PyLong_AsSsize_t(args[3]);
+    if (n == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (!get_pool(args[0], args[1], &stack, &owned)) {
+        PyErr_SetString(PyExc_TypeError, "alloc(): stack must be a writable intp buffer, owned a writable byte buffer");
+        return NULL;
+    }
+    st = stack.buf;
+    own = owned.buf;
+    cap = owned.len;
+    depth = stack.len / stack.itemsize;
+    if (n <= 0 || top > depth || n > top) {
+        PyErr_Format(PyExc_ValueError, "alloc(): %zd slots off a stack of %zd (%zd deep)", n, top, depth);
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        Py_ssize_t slot = st[top - 1 - j];
+        if (slot < 0 || slot >= cap) {
+            PyErr_Format(PyExc_AssertionError, "free stack holds slot %zd of a pool of %zd (a pool bug)", slot, cap);
+            goto done;
+        }
+    }
+    out = PyList_New(n);
+    if (out == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *v = PyLong_FromSsize_t(st[top - 1 - j]);
+        if (v == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, j, v);
+    }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        own[st[top - 1 - j]] = 1;
+    }
+done:
+    PyBuffer_Release(&stack);
+    PyBuffer_Release(&owned);
+    return out;
+}
+
+PyDoc_STRVAR(free_doc,
+"free(stack, owned, top, slots) -> int\n\n"
+"Prove every slot owned and named once, then clear their owned bytes and push them onto the\n"
+"free stack reversed (so the next alloc of as many hands out the same list). Returns the new\n"
+"top, or -1 having changed nothing (a slot not owned, outside the pool, or twice in the list;\n"
+"a list of anything but ints): the caller's numpy path names the slot and raises.");
+
+static PyObject *
+cp_free(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer stack, owned;
+    Ints ix;
+    Py_ssize_t top, cap, depth, n, i;
+    Py_ssize_t *st;
+    unsigned char *own;
+    PyObject *result = NULL;
+    int got;
+
+    if (wrong_nargs(nargs, 4, "free() takes 4 arguments: stack, owned, top, slots")) {
+        return NULL;
+    }
+    top = PyLong_AsSsize_t(args[2]);
+    if (top == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (!PyList_CheckExact(args[3]) && !PyTuple_CheckExact(args[3])) {
+        return not_mine();
+    }
+    got = ints_load(args[3], &ix);
+    if (got <= 0) {
+        return got < 0 ? NULL : not_mine();
+    }
+    if (!get_pool(args[0], args[1], &stack, &owned)) {
+        ints_free(&ix);
+        return not_mine();
+    }
+    st = stack.buf;
+    own = owned.buf;
+    cap = owned.len;
+    depth = stack.len / stack.itemsize;
+    n = ix.n;
+    if (top < 0 || top > depth || n > depth - top) {
+        result = not_mine();
+        goto done;
+    }
+    /* Owned and named once: mark each slot 2 as it is seen; a slot seen twice, or not 1, stops
+     * the free and the marks made so far go back to 1 (they were 1: each was checked). */
+    for (i = 0; i < n; i++) {
+        int64_t slot = ix.v[i];
+        if (slot < 0 || slot >= (int64_t)cap || own[slot] != 1) {
+            break;
+        }
+        own[slot] = 2;
+    }
+    if (i < n) {
+        for (Py_ssize_t j = 0; j < i; j++) {
+            own[ix.v[j]] = 1;
+        }
+        result = not_mine();
+        goto done;
+    }
+    for (i = 0; i < n; i++) {
+        own[ix.v[i]] = 0;
+        st[top + i] = (Py_ssize_t)ix.v[n - 1 - i];
+    }
+    result = PyLong_FromSsize_t(top + n);
+done:
+    ints_free(&ix);
+    PyBuffer_Release(&stack);
+    PyBuffer_Release(&owned);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+PyMethodDef cp_pages_methods[] = {
+    {"move", (PyCFunction)(void (*)(void))cp_move, METH_FASTCALL, move_doc},
+    {"write_content", (PyCFunction)(void (*)(void))cp_write_content, METH_FASTCALL, write_content_doc},
+    {"verify_content", (PyCFunction)(void (*)(void))cp_verify_content, METH_FASTCALL, verify_content_doc},
+    {"alloc", (PyCFunction)(void (*)(void))cp_alloc, METH_FASTCALL, alloc_doc},
+    {"free", (PyCFunction)(void (*)(void))cp_free, METH_FASTCALL, free_doc},
+    {NULL, NULL, 0, NULL},
+};

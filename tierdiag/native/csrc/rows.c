@@ -1,0 +1,550 @@
+/* RowBuffer (probes/recorder.py: a table's rows, encoded as appended) and decode_arrow
+ * (store/writer.py's table_columns: those rows as Arrow buffers, or as the values themselves). */
+#include "cplane.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* RowBuffer: a recorder's buffer of one table's rows, encoded as they are appended             */
+/*                                                                                              */
+/* The probes' events are tuples built on the engine's hot path. Kept as tuples until a flush,  */
+/* each (and each of its ints) is a heap object the flush's pickling visits again, cold, one by  */
+/* one; here a row is encoded when it is appended, while its values are hot, and the tuple goes  */
+/* back to the allocator at once. A flush hands over one bytes object; the store's writer       */
+/* process turns it back into the same values (decode_arrow). Per value: a tag byte, then        */
+/*   'N' None | 'T' True | 'F' False | 'I' an exact int within int64: 8 bytes | 'D' an exact      */
+/*   float: 8 bytes | 'S' an exact str: uint32 length + UTF-8 | 'O' anything else (a big int, a */
+/*   numpy scalar, a str subclass): uint32 index into the buffer's list of such objects, which   */
+/*   travels beside the bytes (pickled): every value comes back as it went in.                  */
+
+typedef struct {
+    PyObject_HEAD
+    char *buf;
+    Py_ssize_t len, cap, rows, width;
+    PyObject *objects;  /* list, or NULL while none */
+} RowBuffer;
+
+static int
+rb_reserve(RowBuffer *rb, Py_ssize_t more)
+{
+    Py_ssize_t need = rb->len + more, cap = rb->cap ? rb->cap : 1 << 16;
+    char *p;
+    if (need <= rb->cap) {
+        return 0;
+    }
+    while (cap < need) {
+        if (cap > PY_SSIZE_T_MAX / 2) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        cap *= 2;
+    }
+    if ((p = PyMem_Realloc(rb->buf, (size_t)cap)) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    rb->buf = p;
+    rb->cap = cap;
+    return 0;
+}
+
+/* One value: 0, or -1 with an exception set (MemoryError, or a str that is no valid UTF-8). */
+static int
+rb_put(RowBuffer *rb, PyObject *v)
+{
+    char tag;
+    if (PyLong_CheckExact(v)) {  /* most values: ids, times, counts */
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow) {
+            goto object;
+        }
+        if (rb_reserve(rb, 9) < 0) {
+            return -1;
+        }
+        rb->buf[rb->len] = 'I';
+        memcpy(rb->buf + rb->len + 1, &x, 8);
+        rb->len += 9;
+        return 0;
+    }
+    if (v == Py_None) {
+        tag = 'N';
+    } else if (PyUnicode_CheckExact(v)) {
+        Py_ssize_t n;
+        const char *u = PyUnicode_AsUTF8AndSize(v, &n);
+        uint32_t n32;
+        if (u == NULL) {
+            PyErr_Clear();  /* lone surrogates: kept as the object itself */
+            goto object;
+        }
+        if (n > (Py_ssize_t)UINT32_MAX) {
+            goto object;
+        }
+        n32 = (uint32_t)n;
+        if (rb_reserve(rb, 5 + n) < 0) {
+            return -1;
+        }
+        rb->buf[rb->len] = 'S';
+        memcpy(rb->buf + rb->len + 1, &n32, 4);
+        memcpy(rb->buf + rb->len + 5, u, (size_t)n);
+        rb->len += 5 + n;
+        return 0;
+    } else if (PyFloat_CheckExact(v)) {
+        double x = PyFloat_AS_DOUBLE(v);
+        if (rb_reserve(rb, 9) < 0) {
+            return -1;
+        }
+        rb->buf[rb->len] = 'D';
+        memcpy(rb->buf + rb->len + 1, &x, 8);
+        rb->len += 9;
+        return 0;
+    } else if (v == Py_True) {
+        tag = 'T';
+    } else if (v == Py_False) {
+        tag = 'F';
+    } else {
+        goto object;
+    }
+    if (rb_reserve(rb, 1) < 0) {
+        return -1;
+    }
+    rb->buf[rb->len++] = tag;
+    return 0;
+object:
+    {
+        uint32_t at;
+        if (rb->objects == NULL && (rb->objects = PyList_New(0)) == NULL) {
+            return -1;
+        }
+        if (PyList_GET_SIZE(rb->objects) >= (Py_ssize_t)UINT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "RowBuffer: too many odd values in one flush");
+            return -1;
+        }
+        at = (uint32_t)PyList_GET_SIZE(rb->objects);
+        if (rb_reserve(rb, 5) < 0 || PyList_Append(rb->objects, v) < 0) {
+            return -1;
+        }
+        rb->buf[rb->len] = 'O';
+        memcpy(rb->buf + rb->len + 1, &at, 4);
+        rb->len += 5;
+        return 0;
+    }
+}
+
+PyDoc_STRVAR(rb_append_doc,
+"append(row)\n\nEncode a tuple of `width` values (a TypeError for anything else: a bug of the caller);\n"
+"a row that fails part-way (MemoryError) is not kept.");
+
+static PyObject *
+rb_append(RowBuffer *rb, PyObject *row)
+{
+    Py_ssize_t start = rb->len, i;
+    Py_ssize_t nobj = rb->objects ? PyList_GET_SIZE(rb->objects) : 0;
+    if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != rb->width) {
+        PyErr_Format(PyExc_TypeError, "RowBuffer.append takes a tuple of %zd values", rb->width);
+        return NULL;
+    }
+    for (i = 0; i < rb->width; i++) {
+        if (rb_put(rb, PyTuple_GET_ITEM(row, i)) < 0) {
+            rb->len = start;
+            if (rb->objects != NULL && PyList_SetSlice(rb->objects, nobj, PY_SSIZE_T_MAX, NULL) < 0) {
+                PyErr_Clear();
+            }
+            return NULL;
+        }
+    }
+    rb->rows++;
+    Py_RETURN_NONE;
+}
+
+static void
+rb_reset(RowBuffer *rb)
+{
+    rb->len = 0;
+    rb->rows = 0;
+    Py_CLEAR(rb->objects);
+}
+
+PyDoc_STRVAR(rb_take_doc,
+"take() -> (bytes, rows, objects or None)\n\nWhat was appended since the last take (decode_arrow's first three arguments),\n"
+"and the buffer empty again.");
+
+static PyObject *
+rb_take(RowBuffer *rb, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *data = PyBytes_FromStringAndSize(rb->buf, rb->len), *out;
+    if (data == NULL) {
+        return NULL;
+    }
+    out = Py_BuildValue("(NnO)", data, rb->rows, rb->objects ? rb->objects : Py_None);
+    if (out != NULL) {
+        rb_reset(rb);
+    }
+    return out;
+}
+
+static PyObject *
+rb_clear(RowBuffer *rb, PyObject *Py_UNUSED(ignored))
+{
+    rb_reset(rb);
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t
+rb_len(RowBuffer *rb)
+{
+    return rb->rows;
+}
+
+static PyObject *
+rb_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    Py_ssize_t width;
+    RowBuffer *rb;
+    static char *kwlist[] = {"width", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n", kwlist, &width)) {
+        return NULL;
+    }
+    if (width <= 0) {
+        PyErr_SetString(PyExc_ValueError, "RowBuffer: width must be positive");
+        return NULL;
+    }
+    if ((rb = (RowBuffer *)type->tp_alloc(type, 0)) == NULL) {
+        return NULL;
+    }
+    rb->width = width;
+    return (PyObject *)rb;
+}
+
+static void
+rb_dealloc(RowBuffer *rb)
+{
+    PyMem_Free(rb->buf);
+    Py_CLEAR(rb->objects);
+    Py_TYPE(rb)->tp_free((PyObject *)rb);
+}
+
+static PyObject *
+rb_width(RowBuffer *rb, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(rb->width);
+}
+
+static PyMethodDef rb_methods[] = {
+    {"append", (PyCFunction)rb_append, METH_O, rb_append_doc},
+    {"take", (PyCFunction)rb_take, METH_NOARGS, rb_take_doc},
+    {"clear", (PyCFunction)rb_clear, METH_NOARGS, "clear()\n\nForget what was appended."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef rb_getset[] = {
+    {"width", (getter)rb_width, NULL, "values a row", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods rb_as_sequence = {
+    .sq_length = (lenfunc)rb_len,
+};
+
+PyTypeObject cp_RowBufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tierdiag.native._cplane.RowBuffer",
+    .tp_doc = PyDoc_STR("RowBuffer(width): rows of `width` values, encoded as appended (see _cplane.c)."),
+    .tp_basicsize = sizeof(RowBuffer),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = rb_new,
+    .tp_dealloc = (destructor)rb_dealloc,
+    .tp_as_sequence = &rb_as_sequence,
+    .tp_methods = rb_methods,
+    .tp_getset = rb_getset,
+};
+
+/* The payload size after a tag, or -1 for a bad tag / data cut short. */
+static Py_ssize_t
+da_skip(const char *p, const char *end, char tag)
+{
+    switch (tag) {
+    case 'N': case 'T': case 'F':
+        return 0;
+    case 'I': case 'D':
+        return end - p >= 8 ? 8 : -1;
+    case 'O':
+        return end - p >= 4 ? 4 : -1;
+    case 'S': {
+        uint32_t n;
+        if (end - p < 4) {
+            return -1;
+        }
+        memcpy(&n, p, 4);
+        return (size_t)(end - p - 4) >= n ? 4 + (Py_ssize_t)n : -1;
+    }
+    default:
+        return -1;
+    }
+}
+
+/* The value of one checked field (tag, its payload at p, k bytes): a new reference, or NULL
+ * with an exception set (MemoryError; ValueError for an object index out of range). */
+static PyObject *
+da_value(char tag, const char *p, Py_ssize_t k, PyObject *objects)
+{
+    switch (tag) {
+    case 'N': return Py_NewRef(Py_None);
+    case 'T': return Py_NewRef(Py_True);
+    case 'F': return Py_NewRef(Py_False);
+    case 'I': { long long x; memcpy(&x, p, 8); return PyLong_FromLongLong(x); }
+    case 'D': { double x; memcpy(&x, p, 8); return PyFloat_FromDouble(x); }
+    case 'S': return PyUnicode_DecodeUTF8(p + 4, k - 4, "strict");
+    default: {
+        uint32_t at;
+        memcpy(&at, p, 4);
+        if (objects == Py_None || (Py_ssize_t)at >= PyList_GET_SIZE(objects)) {
+            PyErr_SetString(PyExc_ValueError, "decode_arrow: an object index out of range");
+            return NULL;
+        }
+        return Py_NewRef(PyList_GET_ITEM(objects, at));
+    }
+    }
+}
+
+static int
+da_fits(char kind, char tag)
+{
+    if (tag == 'N') {
+        return 1;
+    }
+    switch (kind) {
+    case 'i': return tag == 'I';
+    case 'd': return tag == 'D';
+    case 'b': return tag == 'T' || tag == 'F';
+    case 's': return tag == 'S';
+    default: return 0;
+    }
+}
+
+/* One column's decoding: whether it is built as Arrow buffers (`fit`), and those buffers. */
+typedef struct {
+    char fit;
+    Py_ssize_t nulls, strbytes;
+    int32_t soff;
+    PyObject *vals, *sdata, *valid;  /* values (offsets for strings), string data, validity */
+} DaCol;
+
+/* decode_arrow's work, for `width` columns of `kinds`: the list, or NULL
+ * with an exception set. */
+static PyObject *
+decode_columns(const char *data, const char *end, Py_ssize_t rows, PyObject *objects, const char *kinds,
+               Py_ssize_t width)
+{
+    const char *p;
+    Py_ssize_t r, c, nbytes = (rows + 7) / 8;
+    PyObject *out = NULL;
+    DaCol *cols = PyMem_Calloc((size_t)width, sizeof(DaCol));
+    if (cols == NULL) {
+        return PyErr_NoMemory();
+    }
+    for (c = 0; c < width; c++) {
+        cols[c].fit = kinds[c] == 'i' || kinds[c] == 'd' || kinds[c] == 'b' || kinds[c] == 's';
+    }
+    /* Pass 1: check the data; which columns fit, their nulls and string bytes. */
+    p = data;
+    for (r = 0; r < rows; r++) {
+        for (c = 0; c < width; c++) {
+            DaCol *col = &cols[c];
+            char tag;
+            Py_ssize_t k;
+            if (p >= end) {
+                PyErr_SetString(PyExc_ValueError, "decode_arrow: the data ends inside a row");
+                goto fail;
+            }
+            tag = *p++;
+            if ((k = da_skip(p, end, tag)) < 0) {
+                PyErr_SetString(PyExc_ValueError, tag != '\0' && strchr("NTFIDSO", tag) != NULL
+                                ? "decode_arrow: the data ends inside a row" : "decode_arrow: a bad tag");
+                goto fail;
+            }
+            if (col->fit) {
+                if (!da_fits(kinds[c], tag)) {
+                    col->fit = 0;
+                } else if (tag == 'N') {
+                    col->nulls++;
+                } else if (tag == 'S' && (col->strbytes += k - 4) > INT32_MAX) {
+                    col->fit = 0;
+                }
+            }
+            if (tag == 'O') {
+                uint32_t at;
+                memcpy(&at, p, 4);
+                if (objects == Py_None || (Py_ssize_t)at >= PyList_GET_SIZE(objects)) {
+                    PyErr_SetString(PyExc_ValueError, "decode_arrow: an object index out of range");
+                    goto fail;
+                }
+            }
+            p += k;
+        }
+    }
+    if (p != end) {
+        PyErr_SetString(PyExc_ValueError, "decode_arrow: data left after the last row");
+        goto fail;
+    }
+    if ((out = PyList_New(width)) == NULL) {
+        goto fail;
+    }
+    /* The outputs: typed buffers (zeroed: nulls' slots and padding bits), or a tuple. */
+    for (c = 0; c < width; c++) {
+        DaCol *col = &cols[c];
+        if (!col->fit) {
+            PyObject *values = PyTuple_New(rows);
+            if (values == NULL) {
+                goto fail;
+            }
+            PyList_SET_ITEM(out, c, values);
+            continue;
+        }
+        col->vals = PyBytes_FromStringAndSize(NULL, kinds[c] == 'b' ? nbytes : kinds[c] == 's' ? (rows + 1) * 4
+                                                                                               : rows * 8);
+        if (kinds[c] == 's') {
+            col->sdata = PyBytes_FromStringAndSize(NULL, col->strbytes);
+        }
+        if (col->nulls) {
+            col->valid = PyBytes_FromStringAndSize(NULL, nbytes);
+        }
+        if (col->vals == NULL || (kinds[c] == 's' && col->sdata == NULL) || (col->nulls && col->valid == NULL)) {
+            goto fail;
+        }
+        memset(PyBytes_AS_STRING(col->vals), 0, (size_t)PyBytes_GET_SIZE(col->vals));
+        if (col->valid != NULL) {
+            memset(PyBytes_AS_STRING(col->valid), 0, (size_t)nbytes);
+        }
+    }
+    /* Pass 2: fill. */
+    p = data;
+    for (r = 0; r < rows; r++) {
+        for (c = 0; c < width; c++) {
+            DaCol *col = &cols[c];
+            char tag = *p++;
+            Py_ssize_t k = da_skip(p, end, tag);
+            if (!col->fit) {
+                PyObject *v = da_value(tag, p, k, objects);
+                if (v == NULL) {
+                    goto fail;
+                }
+                PyTuple_SET_ITEM(PyList_GET_ITEM(out, c), r, v);
+            } else {
+                char *vals = PyBytes_AS_STRING(col->vals);
+                if (tag != 'N' && col->valid != NULL) {
+                    PyBytes_AS_STRING(col->valid)[r >> 3] |= (char)(1 << (r & 7));
+                }
+                if (kinds[c] == 'b') {
+                    if (tag == 'T') {
+                        vals[r >> 3] |= (char)(1 << (r & 7));
+                    }
+                } else if (kinds[c] == 's') {
+                    if (tag == 'S') {
+                        memcpy(PyBytes_AS_STRING(col->sdata) + col->soff, p + 4, (size_t)(k - 4));
+                        col->soff += (int32_t)(k - 4);
+                    }
+                    memcpy(vals + (r + 1) * 4, &col->soff, 4);
+                } else if (tag != 'N') {  /* 'i', 'd' */
+                    memcpy(vals + r * 8, p, 8);
+                }
+            }
+            p += k;
+        }
+    }
+    for (c = 0; c < width; c++) {
+        DaCol *col = &cols[c];
+        PyObject *entry;
+        if (!col->fit) {
+            PyObject *values = PyList_GET_ITEM(out, c);
+            if ((entry = Py_BuildValue("(CO)", 'o', values)) == NULL) {
+                goto fail;
+            }
+            PyList_SET_ITEM(out, c, entry);  /* the list's reference to `values` passes to entry */
+            Py_DECREF(values);
+            continue;
+        }
+        if (kinds[c] == 's') {
+            entry = Py_BuildValue("(COOOn)", 's', col->vals, col->sdata, col->valid ? col->valid : Py_None, col->nulls);
+        } else {
+            entry = Py_BuildValue("(COOn)", kinds[c], col->vals, col->valid ? col->valid : Py_None, col->nulls);
+        }
+        if (entry == NULL) {
+            goto fail;
+        }
+        PyList_SET_ITEM(out, c, entry);
+    }
+    for (c = 0; c < width; c++) {
+        Py_XDECREF(cols[c].vals);
+        Py_XDECREF(cols[c].sdata);
+        Py_XDECREF(cols[c].valid);
+    }
+    PyMem_Free(cols);
+    return out;
+fail:
+    for (c = 0; c < width; c++) {
+        Py_XDECREF(cols[c].vals);
+        Py_XDECREF(cols[c].sdata);
+        Py_XDECREF(cols[c].valid);
+    }
+    PyMem_Free(cols);
+    Py_XDECREF(out);
+    return NULL;
+}
+
+/* decode_arrow's arguments: data (bytes), rows, objects, kinds (bytes). 0, or -1 with an
+ * exception. */
+static int
+decode_args(PyObject *const *args, Py_ssize_t nargs, const char **data, const char **end, Py_ssize_t *rows,
+            PyObject **objects)
+{
+    if (nargs != 4 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "decode_arrow() takes data (bytes), rows, objects, kinds (bytes)");
+        return -1;
+    }
+    *rows = PyLong_AsSsize_t(args[1]);
+    if (*rows == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *objects = args[2];
+    if (*rows < 0 || (*objects != Py_None && !PyList_Check(*objects))) {
+        PyErr_SetString(PyExc_ValueError, "decode_arrow: bad rows or objects");
+        return -1;
+    }
+    *data = PyBytes_AS_STRING(args[0]);
+    *end = *data + PyBytes_GET_SIZE(args[0]);
+    return 0;
+}
+
+PyDoc_STRVAR(decode_arrow_doc,
+"decode_arrow(data, rows, objects, kinds) -> list, a column each\n\n"
+"RowBuffer.take's rows as Arrow buffers, straight, for the columns whose every value fits its\n"
+"kind (a bytes string, a letter a column): ('i' or 'd', values, validity, nulls) for int64 and\n"
+"float64, ('b', value bits, validity, nulls) for bool, ('s', int32 offsets, UTF-8 data,\n"
+"validity, nulls) for strings; validity None without a null, else an Arrow bitmap (LSB first,\n"
+"1 valid). None fits every kind. A column of kind 'o', or whose values do not all fit (an int\n"
+"in a float column, a big int, an odd object, strings past 2 GiB), is ('o', a tuple of the\n"
+"values themselves), exactly as they were appended (kinds b'o' * width: every column so).\n"
+"A ValueError for data that is not such rows (cut short, a bad tag, an object index out of\n"
+"range).");
+
+static PyObject *
+cp_decode_arrow(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *data, *end;
+    Py_ssize_t rows;
+    PyObject *objects;
+    if (decode_args(args, nargs, &data, &end, &rows, &objects) < 0) {
+        return NULL;
+    }
+    if (PyBytes_GET_SIZE(args[3]) <= 0) {
+        PyErr_SetString(PyExc_ValueError, "decode_arrow: no kinds");
+        return NULL;
+    }
+    return decode_columns(data, end, rows, objects, PyBytes_AS_STRING(args[3]), PyBytes_GET_SIZE(args[3]));
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+PyMethodDef cp_rows_methods[] = {
+    {"decode_arrow", (PyCFunction)(void (*)(void))cp_decode_arrow, METH_FASTCALL, decode_arrow_doc},
+    {NULL, NULL, 0, NULL},
+};

@@ -1,0 +1,722 @@
+/* StorageIndex: the storage tier's page index (engine/storage.py's _LruIndex is the reference). */
+#include "cplane.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* StorageIndex: the storage tier's page index (storage._LruIndex is the reference and the     */
+/* fallback). Key -> location (segment << 32 | slot, -1 while the page is being written) in    */
+/* LRU order, and the live pages of each segment. One call a write does what was a Python loop  */
+/* a page: touches, deletions of the oldest pages with their holes, the new keys' places.      */
+/*                                                                                              */
+/* Keys are exact ints (the engine's page keys, which name their whole prefix), bytes or str    */
+/* (tests): hashing and comparing them never runs Python code, so no call here can see the      */
+/* index change under it. Entries live in one array linked into the LRU list (oldest first) and */
+/* are found through an open-addressing table (linear probing, deletion by backward shift, kept */
+/* at most half full). A table slot holds the entry number + 1 (0: empty) and a 32-bit tag of   */
+/* the key's hash, which is also its home (tables stay under 2**32 slots): a probe past other   */
+/* keys, and the backward shift of a deletion, read the table alone. The tag is the hash        */
+/* multiplied by an odd constant, high half: an int's hash is the int itself, and the page keys */
+/* of a hash_ids trace are runs of consecutive ints, which as homes would pile into long runs   */
+/* of the table that every probe for an absent key walks to the end. A tier of */
+/* ~800k pages is tens of MB of entries and table, so every entry or key read is a cache miss;  */
+/* admit() also prefetches the slots of the keys ahead and the entries of the next victims.     */
+
+typedef struct {
+    PyObject *key;     /* a strong reference; NULL: a free entry */
+    Py_hash_t hash;
+    int64_t loc;
+    Py_ssize_t prev;   /* LRU neighbours (-1 at the ends); a free entry's next is the free list */
+    Py_ssize_t next;
+} IxEntry;
+
+typedef struct {
+    PyObject_HEAD
+    IxEntry *ent;
+    Py_ssize_t ent_cap, ent_top, free_head;  /* entries ever used: [0, ent_top) */
+    uint64_t *table;                         /* IX_SLOT(e, hash); 0: empty */
+    size_t mask;                             /* table size - 1 (a power of two, below 2**32) */
+    Py_ssize_t len, head, tail;              /* head: the least recently used */
+    int64_t *live;                           /* live pages of segment number n */
+    Py_ssize_t live_cap;
+    Py_ssize_t pending[512];                 /* the entries the last admit made, in order: */
+    Py_ssize_t pending_n, pending_at;        /* place() finds its keys there without a probe */
+} StorageIndex;
+
+#define IX_PENDING 512
+
+/* A table slot: the hash's tag above, entry number + 1 below. */
+#define IX_TAG(hash) ((uint32_t)(((uint64_t)(hash) * UINT64_C(0x9E3779B97F4A7C15)) >> 32))
+#define IX_SLOT(e, hash) (((uint64_t)IX_TAG(hash) << 32) | (uint64_t)((e) + 1))
+#define IX_SLOT_E(s) ((Py_ssize_t)((s) & 0xffffffffu) - 1)
+#define IX_SLOT_TAG(s) ((uint32_t)((s) >> 32))
+#define IX_MAX_ENTRIES ((Py_ssize_t)0x7fffffff)  /* and tables of at most 2**32 slots */
+
+#define IX_SLOT_BITS 32
+#define IX_MAX_SEGMENT ((int64_t)1 << 31)
+
+static int
+ix_key_ok(PyObject *key)
+{
+    if (PyLong_CheckExact(key) || PyBytes_CheckExact(key) || PyUnicode_CheckExact(key)) {
+        return 1;
+    }
+    PyErr_Format(PyExc_TypeError, "storage keys are int, bytes or str, not %.100s", Py_TYPE(key)->tp_name);
+    return 0;
+}
+
+static int
+ix_same(PyObject *a, PyObject *b)
+{
+    if (a == b) {
+        return 1;
+    }
+    if (Py_TYPE(a) != Py_TYPE(b)) {
+        return 0;  /* keys of different types never compare equal */
+    }
+    if (PyLong_CheckExact(a)) {  /* int == int runs no Python code (and cannot fail) */
+        return PyObject_RichCompareBool(a, b, Py_EQ) == 1;
+    }
+    if (PyBytes_CheckExact(a)) {
+        return PyBytes_GET_SIZE(a) == PyBytes_GET_SIZE(b) &&
+               memcmp(PyBytes_AS_STRING(a), PyBytes_AS_STRING(b), (size_t)PyBytes_GET_SIZE(a)) == 0;
+    }
+    /* str: equal iff the same kind, length and code units (PEP 393's canonical form) */
+    return PyUnicode_GET_LENGTH(a) == PyUnicode_GET_LENGTH(b) && PyUnicode_KIND(a) == PyUnicode_KIND(b) &&
+           memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b),
+                  (size_t)PyUnicode_GET_LENGTH(a) * PyUnicode_KIND(a)) == 0;
+}
+
+/* The table position holding `key`, or the empty one where it would go (*found 0). */
+static size_t
+ix_probe(StorageIndex *ix, PyObject *key, Py_hash_t hash, int *found)
+{
+    uint32_t tag = IX_TAG(hash);
+    size_t i = (size_t)tag & ix->mask;
+    uint64_t s;
+    while ((s = ix->table[i]) != 0) {
+        if (IX_SLOT_TAG(s) == tag) {
+            Py_ssize_t e = IX_SLOT_E(s);
+            if (ix->ent[e].hash == hash && ix_same(ix->ent[e].key, key)) {
+                *found = 1;
+                return i;
+            }
+        }
+        i = (i + 1) & ix->mask;
+    }
+    *found = 0;
+    return i;
+}
+
+/* The entry of `key`, or -1 (-2: an error set: a key of another type or unhashable). */
+static Py_ssize_t
+ix_find(StorageIndex *ix, PyObject *key)
+{
+    Py_hash_t hash;
+    int found;
+    size_t i;
+    if (!ix_key_ok(key) || (hash = PyObject_Hash(key)) == -1) {
+        return -2;
+    }
+    i = ix_probe(ix, key, hash, &found);
+    return found ? IX_SLOT_E(ix->table[i]) : -1;
+}
+
+static void
+ix_unlink(StorageIndex *ix, Py_ssize_t e)
+{
+    IxEntry *x = &ix->ent[e];
+    if (x->prev >= 0) ix->ent[x->prev].next = x->next; else ix->head = x->next;
+    if (x->next >= 0) ix->ent[x->next].prev = x->prev; else ix->tail = x->prev;
+}
+
+static void
+ix_push_newest(StorageIndex *ix, Py_ssize_t e)
+{
+    IxEntry *x = &ix->ent[e];
+    x->prev = ix->tail;
+    x->next = -1;
+    if (ix->tail >= 0) ix->ent[ix->tail].next = e; else ix->head = e;
+    ix->tail = e;
+}
+
+static int
+ix_rehash(StorageIndex *ix, size_t size)
+{
+    uint64_t *old = ix->table, *t;
+    size_t old_size = ix->mask + 1, mask = size - 1;
+    if (size > ((size_t)1 << 32) || (t = PyMem_Calloc(size, sizeof(uint64_t))) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    /* from the old table's slots, in memory order (their tags are their homes) */
+    for (size_t j = 0; j < old_size; j++) {
+        uint64_t s = old[j];
+        if (s != 0) {
+            size_t i = IX_SLOT_TAG(s) & mask;
+            while (t[i] != 0) i = (i + 1) & mask;
+            t[i] = s;
+        }
+    }
+    PyMem_Free(old);
+    ix->table = t;
+    ix->mask = mask;
+    return 0;
+}
+
+/* Add `key` (not in the index; table position `at` from ix_probe) as the newest entry. */
+static Py_ssize_t
+ix_insert(StorageIndex *ix, PyObject *key, Py_hash_t hash, size_t at, int64_t loc)
+{
+    Py_ssize_t e;
+    if ((size_t)(ix->len + 1) * 2 > ix->mask + 1) {
+        int found;
+        if (ix_rehash(ix, (ix->mask + 1) * 2) < 0) return -1;
+        at = ix_probe(ix, key, hash, &found);
+    }
+    if (ix->free_head < 0 && ix->ent_top >= IX_MAX_ENTRIES) {
+        PyErr_SetString(PyExc_MemoryError, "the storage index is full (2**31 - 1 pages)");
+        return -1;
+    }
+    if (ix->free_head >= 0) {
+        e = ix->free_head;
+        ix->free_head = ix->ent[e].next;
+    } else {
+        if (ix->ent_top == ix->ent_cap) {
+            Py_ssize_t cap = ix->ent_cap ? ix->ent_cap * 2 : 64;
+            IxEntry *n = PyMem_Realloc(ix->ent, (size_t)cap * sizeof(IxEntry));
+            if (n == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            ix->ent = n;
+            ix->ent_cap = cap;
+        }
+        e = ix->ent_top++;
+    }
+    Py_INCREF(key);
+    ix->ent[e].key = key;
+    ix->ent[e].hash = hash;
+    ix->ent[e].loc = loc;
+    ix->table[at] = IX_SLOT(e, hash);
+    ix_push_newest(ix, e);
+    ix->len++;
+    return e;
+}
+
+/* Remove entry e from the table and the LRU list; returns its key (the reference passes to the
+ * caller). Backward-shift deletion: no tombstones, so probes stay short. */
+static PyObject *
+ix_remove(StorageIndex *ix, Py_ssize_t e)
+{
+    size_t i = (size_t)IX_TAG(ix->ent[e].hash) & ix->mask, j;
+    PyObject *key = ix->ent[e].key;
+    uint64_t *t = ix->table;
+    while (IX_SLOT_E(t[i]) != e) i = (i + 1) & ix->mask;
+    t[i] = 0;
+    for (j = (i + 1) & ix->mask; t[j] != 0; j = (j + 1) & ix->mask) {
+        size_t home = IX_SLOT_TAG(t[j]) & ix->mask;
+        /* the entry at j may move back to i unless its home lies cyclically in (i, j] */
+        if (((j - home) & ix->mask) >= ((j - i) & ix->mask)) {
+            t[i] = t[j];
+            t[j] = 0;
+            i = j;
+        }
+    }
+    ix_unlink(ix, e);
+    ix->ent[e].key = NULL;
+    ix->ent[e].next = ix->free_head;
+    ix->free_head = e;
+    ix->len--;
+    return key;
+}
+
+static int
+ix_live_room(StorageIndex *ix, int64_t seg)
+{
+    if (seg < 0 || seg >= IX_MAX_SEGMENT) {
+        PyErr_Format(PyExc_ValueError, "segment number %lld out of range", (long long)seg);
+        return -1;
+    }
+    if (seg >= ix->live_cap) {
+        Py_ssize_t cap = ix->live_cap ? ix->live_cap : 16;
+        while (cap <= seg) cap *= 2;
+        int64_t *n = PyMem_Realloc(ix->live, (size_t)cap * sizeof(int64_t));
+        if (n == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memset(n + ix->live_cap, 0, (size_t)(cap - ix->live_cap) * sizeof(int64_t));
+        ix->live = n;
+        ix->live_cap = cap;
+    }
+    return 0;
+}
+
+static PyObject *
+ix_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    StorageIndex *ix;
+    if ((args != NULL && PyTuple_GET_SIZE(args)) || (kwds != NULL && PyDict_GET_SIZE(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "StorageIndex() takes no arguments");
+        return NULL;
+    }
+    ix = (StorageIndex *)type->tp_alloc(type, 0);
+    if (ix == NULL) return NULL;
+    ix->free_head = ix->head = ix->tail = -1;
+    ix->table = PyMem_Calloc(16, sizeof(uint64_t));
+    if (ix->table == NULL) {
+        Py_DECREF(ix);
+        return PyErr_NoMemory();
+    }
+    ix->mask = 15;
+    return (PyObject *)ix;
+}
+
+static void
+ix_dealloc(StorageIndex *ix)
+{
+    for (Py_ssize_t e = 0; e < ix->ent_top; e++) {
+        Py_XDECREF(ix->ent[e].key);
+    }
+    PyMem_Free(ix->ent);
+    PyMem_Free(ix->table);
+    PyMem_Free(ix->live);
+    Py_TYPE(ix)->tp_free((PyObject *)ix);
+}
+
+static Py_ssize_t
+ix_len(StorageIndex *ix)
+{
+    return ix->len;
+}
+
+static int
+ix_contains(StorageIndex *ix, PyObject *key)
+{
+    Py_ssize_t e = ix_find(ix, key);
+    return e == -2 ? -1 : e >= 0;
+}
+
+static PyObject *
+ix_keyerror(PyObject *key)
+{
+    PyErr_SetObject(PyExc_KeyError, key);
+    return NULL;
+}
+
+static int
+ix_check_list(PyObject *keys)
+{
+    if (!PyList_CheckExact(keys)) {
+        PyErr_SetString(PyExc_TypeError, "keys must be a list");
+        return 0;
+    }
+    return 1;
+}
+
+PyDoc_STRVAR(ix_touch_doc, "touch(key): make key the most recently used (KeyError if absent).");
+
+static PyObject *
+ix_touch(StorageIndex *ix, PyObject *key)
+{
+    Py_ssize_t e = ix_find(ix, key);
+    if (e == -2) return NULL;
+    if (e < 0) return ix_keyerror(key);
+    ix_unlink(ix, e);
+    ix_push_newest(ix, e);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(ix_admit_doc,
+"admit(keys, capacity) -> (deleted, fresh, emptied)\n\n"
+"_LruIndex.admit: a key already there is touched; a new one first deletes the oldest pages\n"
+"while the index holds `capacity`, then goes in as the newest with location -1. deleted: the\n"
+"keys deleted, oldest first; fresh: the positions of keys still -1 at the end (None when no\n"
+"more than capacity keys were all entered new at their turn: all of them, in order); emptied:\n"
+"the segments whose last live page went, in that order. A key named twice is touched while it\n"
+"is there, or entered anew when the write's own keys pushed it out; fresh names it once, at\n"
+"the position that entered it last.");
+
+/* How many keys ahead admit() prefetches the table slot of. */
+#define IX_PREFETCH 8
+
+static PyObject *
+ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *keys, *deleted = NULL, *fresh = NULL, *emptied = NULL, *res;
+    Py_ssize_t n, capacity, i, nfresh = 0;
+    Py_hash_t small_hashes[SMALL_LIST], *hashes = small_hashes;
+    Py_ssize_t small_pos[SMALL_LIST], *pos = small_pos;  /* the positions entered new, in order */
+    int all_new;
+    if (wrong_nargs(nargs, 2, "admit() takes 2 arguments: keys, capacity")) {
+        return NULL;
+    }
+    keys = args[0];
+    if (!ix_check_list(keys)) return NULL;
+    capacity = PyLong_AsSsize_t(args[1]);
+    if (capacity == -1 && PyErr_Occurred()) return NULL;
+    n = PyList_GET_SIZE(keys);
+    all_new = n <= capacity;
+    if (n > SMALL_LIST) {
+        hashes = PyMem_Malloc((size_t)n * sizeof *hashes);
+        pos = PyMem_Malloc((size_t)n * sizeof *pos);
+        if (hashes == NULL || pos == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+    }
+    for (i = 0; i < n; i++) {  /* every key checked before anything changes */
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        if (!ix_key_ok(key) || (hashes[i] = PyObject_Hash(key)) == -1) goto fail;
+    }
+    for (i = 0; i < n && i < IX_PREFETCH; i++) __builtin_prefetch(&ix->table[(size_t)IX_TAG(hashes[i]) & ix->mask]);
+    ix->pending_n = ix->pending_at = 0;
+    if ((deleted = PyList_New(0)) == NULL || (emptied = PyList_New(0)) == NULL) {
+        goto fail;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        Py_hash_t hash = hashes[i];
+        int found;
+        size_t at;
+        if (i + IX_PREFETCH < n) __builtin_prefetch(&ix->table[(size_t)IX_TAG(hashes[i + IX_PREFETCH]) & ix->mask]);
+        at = ix_probe(ix, key, hash, &found);
+        if (found) {
+            Py_ssize_t e = IX_SLOT_E(ix->table[at]);
+            ix_unlink(ix, e);
+            ix_push_newest(ix, e);
+            all_new = 0;
+            continue;
+        }
+        if (ix->len >= capacity) {
+            while (ix->len >= capacity) {
+                Py_ssize_t e = ix->head;
+                int64_t loc;
+                PyObject *old;
+                if (e < 0) {  /* OrderedDict.popitem on an empty index (capacity 0) */
+                    PyErr_SetString(PyExc_KeyError, "dictionary is empty");
+                    goto fail;
+                }
+                if (ix->ent[e].next >= 0) __builtin_prefetch(&ix->ent[ix->ent[e].next]);  /* the next victim */
+                loc = ix->ent[e].loc;
+                old = ix_remove(ix, e);
+                if (PyList_Append(deleted, old) < 0) {
+                    Py_DECREF(old);
+                    goto fail;
+                }
+                Py_DECREF(old);
+                if (loc >= 0) {
+                    int64_t seg = loc >> IX_SLOT_BITS;
+                    if (--ix->live[seg] == 0) {
+                        PyObject *s = PyLong_FromLongLong(seg);
+                        if (s == NULL || PyList_Append(emptied, s) < 0) {
+                            Py_XDECREF(s);
+                            goto fail;
+                        }
+                        Py_DECREF(s);
+                    }
+                }
+            }
+            at = ix_probe(ix, key, hash, &found);  /* the table shifted */
+        }
+        {
+            Py_ssize_t e = ix_insert(ix, key, hash, at, -1);
+            if (e < 0) goto fail;
+            if (ix->pending_n < IX_PENDING) ix->pending[ix->pending_n++] = e;
+        }
+        pos[nfresh++] = i;
+    }
+    if (all_new) {
+        fresh = Py_NewRef(Py_None);
+    } else {
+        /* the positions whose key is still a placeholder, each key's last only: a page pushed
+         * out again within this call is not written at its earlier position, even when the
+         * key was entered again later (written twice, it was counted live twice). Walked from
+         * the end, a key kept is marked (location -2) so its earlier positions are not, and
+         * every mark is undone before returning. */
+        Py_ssize_t nmarked = 0, nkept = 0;
+        Py_ssize_t *marked = PyMem_Malloc((size_t)(nfresh ? nfresh : 1) * sizeof *marked);
+        if (marked == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (i = nfresh - 1; i >= 0; i--) {
+            /* every key here was hashed and checked above: the lookup cannot fail */
+            Py_ssize_t e = ix_find(ix, PyList_GET_ITEM(keys, pos[i]));
+            if (e >= 0 && ix->ent[e].loc == -1) {
+                ix->ent[e].loc = -2;
+                marked[nmarked++] = e;
+                pos[nfresh - 1 - nkept++] = pos[i];  /* kept, packed at the end in order */
+            }
+        }
+        for (i = 0; i < nmarked; i++) ix->ent[marked[i]].loc = -1;
+        PyMem_Free(marked);
+        if ((fresh = PyList_New(nkept)) == NULL) goto fail;
+        for (i = 0; i < nkept; i++) {
+            PyObject *p = PyLong_FromSsize_t(pos[nfresh - nkept + i]);
+            if (p == NULL) goto fail;
+            PyList_SET_ITEM(fresh, i, p);
+        }
+    }
+    res = PyTuple_Pack(3, deleted, fresh, emptied);
+    Py_DECREF(deleted);
+    Py_DECREF(fresh);
+    Py_DECREF(emptied);
+    if (hashes != small_hashes) PyMem_Free(hashes);
+    if (pos != small_pos) PyMem_Free(pos);
+    return res;
+fail:
+    Py_XDECREF(deleted);
+    Py_XDECREF(fresh);
+    Py_XDECREF(emptied);
+    if (hashes != small_hashes) PyMem_Free(hashes);
+    if (pos != small_pos) PyMem_Free(pos);
+    return NULL;
+}
+
+PyDoc_STRVAR(ix_place_doc,
+"place(keys, segment, first)\n\n"
+"The pages of `keys` (all in the index) went to slots first, first + 1, ... of `segment`: set\n"
+"their locations (their LRU places stay) and count them live there.");
+
+static PyObject *
+ix_place(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *keys;
+    int64_t seg, first;
+    Py_ssize_t n, i;
+    if (wrong_nargs(nargs, 3, "place() takes 3 arguments: keys, segment, first")) {
+        return NULL;
+    }
+    keys = args[0];
+    if (!ix_check_list(keys)) return NULL;
+    seg = PyLong_AsLongLong(args[1]);
+    if (seg == -1 && PyErr_Occurred()) return NULL;
+    first = PyLong_AsLongLong(args[2]);
+    if (first == -1 && PyErr_Occurred()) return NULL;
+    n = PyList_GET_SIZE(keys);
+    if (first < 0 || first + n > ((int64_t)1 << IX_SLOT_BITS)) {
+        PyErr_SetString(PyExc_ValueError, "slot out of range");
+        return NULL;
+    }
+    if (ix_live_room(ix, seg) < 0) return NULL;
+    for (i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        Py_ssize_t e = -1, k;
+        /* the common case: the keys of the last admit, in its order (an entry made then and
+         * still holding this very object; a free entry's key is NULL) */
+        while (ix->pending_at < ix->pending_n) {
+            k = ix->pending[ix->pending_at++];
+            if (ix->ent[k].key == key) {
+                e = k;
+                break;
+            }
+        }
+        if (e < 0 && (e = ix_find(ix, key)) == -2) return NULL;
+        if (e < 0) return ix_keyerror(key);
+        ix->ent[e].loc = (seg << IX_SLOT_BITS) + first + i;
+        ix->live[seg]++;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(ix_drop_placeholders_doc,
+"drop_placeholders(keys): delete those of `keys` still at location -1 (pages never written).");
+
+static PyObject *
+ix_drop_placeholders(StorageIndex *ix, PyObject *keys)
+{
+    if (!ix_check_list(keys)) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
+        Py_ssize_t e = ix_find(ix, PyList_GET_ITEM(keys, i));
+        if (e == -2) return NULL;
+        if (e >= 0 && ix->ent[e].loc == -1) {
+            Py_DECREF(ix_remove(ix, e));
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(ix_locs_doc, "locs(keys) -> [location, ...] (KeyError for a key not there; nothing is touched).");
+
+static PyObject *
+ix_locs(StorageIndex *ix, PyObject *keys)
+{
+    PyObject *out;
+    Py_ssize_t n;
+    if (!ix_check_list(keys)) return NULL;
+    n = PyList_GET_SIZE(keys);
+    if ((out = PyList_New(n)) == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i), *loc;
+        Py_ssize_t e = ix_find(ix, key);
+        if (e < 0) {
+            Py_DECREF(out);
+            return e == -2 ? NULL : ix_keyerror(key);
+        }
+        if ((loc = PyLong_FromLongLong(ix->ent[e].loc)) == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, loc);
+    }
+    return out;
+}
+
+PyDoc_STRVAR(ix_touch_all_doc, "touch_all(keys): touch(key) for each key in order.");
+
+static PyObject *
+ix_touch_all(StorageIndex *ix, PyObject *keys)
+{
+    if (!ix_check_list(keys)) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
+        PyObject *r = ix_touch(ix, PyList_GET_ITEM(keys, i));
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(ix_run_doc,
+"run(keys, start) -> n: how many of keys[start:] are in the index before the first that is not.");
+
+static PyObject *
+ix_run(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *keys;
+    Py_ssize_t start, i;
+    if (wrong_nargs(nargs, 2, "run() takes 2 arguments: keys, start")) {
+        return NULL;
+    }
+    keys = args[0];
+    if (!ix_check_list(keys)) return NULL;
+    start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred()) return NULL;
+    if (start < 0) {
+        PyErr_SetString(PyExc_ValueError, "start must be >= 0");
+        return NULL;
+    }
+    for (i = start; i < PyList_GET_SIZE(keys); i++) {
+        Py_ssize_t e = ix_find(ix, PyList_GET_ITEM(keys, i));
+        if (e == -2) return NULL;
+        if (e < 0) break;
+    }
+    return PyLong_FromSsize_t(i - start > 0 ? i - start : 0);
+}
+
+static int
+ix_segment(PyObject *arg, int64_t *seg)
+{
+    *seg = PyLong_AsLongLong(arg);
+    return !(*seg == -1 && PyErr_Occurred());
+}
+
+PyDoc_STRVAR(ix_live_doc, "live(segment) -> the pages of `segment` still in the index.");
+
+static PyObject *
+ix_live(StorageIndex *ix, PyObject *arg)
+{
+    int64_t seg;
+    if (!ix_segment(arg, &seg)) return NULL;
+    return PyLong_FromLongLong(seg >= 0 && seg < ix->live_cap ? ix->live[seg] : 0);
+}
+
+PyDoc_STRVAR(ix_clear_live_doc, "clear_live(segment): count no live page in `segment` (its pages went elsewhere).");
+
+static PyObject *
+ix_clear_live(StorageIndex *ix, PyObject *arg)
+{
+    int64_t seg;
+    if (!ix_segment(arg, &seg)) return NULL;
+    if (seg >= 0 && seg < ix->live_cap) ix->live[seg] = 0;
+    Py_RETURN_NONE;
+}
+
+static int
+ix_cmp_loc(const void *a, const void *b)
+{
+    int64_t x = ((const int64_t *)a)[0], y = ((const int64_t *)b)[0];
+    return (x > y) - (x < y);
+}
+
+PyDoc_STRVAR(ix_segment_keys_doc,
+"segment_keys(segment) -> (slots, keys): the pages of `segment` in the index, in slot order.");
+
+static PyObject *
+ix_segment_keys(StorageIndex *ix, PyObject *arg)
+{
+    int64_t seg, (*pairs)[2];
+    Py_ssize_t n = 0, e, i;
+    PyObject *slots = NULL, *keys = NULL, *res = NULL;
+    if (!ix_segment(arg, &seg)) return NULL;
+    pairs = PyMem_Malloc((size_t)(ix->len ? ix->len : 1) * sizeof *pairs);
+    if (pairs == NULL) return PyErr_NoMemory();
+    for (e = ix->head; e >= 0; e = ix->ent[e].next) {  /* a scan: compaction is rare */
+        if (ix->ent[e].loc >= 0 && ix->ent[e].loc >> IX_SLOT_BITS == seg) {
+            pairs[n][0] = ix->ent[e].loc;
+            pairs[n][1] = e;
+            n++;
+        }
+    }
+    qsort(pairs, (size_t)n, sizeof *pairs, ix_cmp_loc);
+    if ((slots = PyList_New(n)) == NULL || (keys = PyList_New(n)) == NULL) goto done;
+    for (i = 0; i < n; i++) {
+        PyObject *s = PyLong_FromLongLong(pairs[i][0] & (((int64_t)1 << IX_SLOT_BITS) - 1));
+        if (s == NULL) goto done;
+        PyList_SET_ITEM(slots, i, s);
+        PyList_SET_ITEM(keys, i, Py_NewRef(ix->ent[pairs[i][1]].key));
+    }
+    res = PyTuple_Pack(2, slots, keys);
+done:
+    PyMem_Free(pairs);
+    Py_XDECREF(slots);
+    Py_XDECREF(keys);
+    return res;
+}
+
+PyDoc_STRVAR(ix_keys_doc, "keys() -> the keys, least recently used first.");
+
+static PyObject *
+ix_keys(StorageIndex *ix, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *out = PyList_New(ix->len);
+    Py_ssize_t i = 0;
+    if (out == NULL) return NULL;
+    for (Py_ssize_t e = ix->head; e >= 0; e = ix->ent[e].next) {
+        PyList_SET_ITEM(out, i++, Py_NewRef(ix->ent[e].key));
+    }
+    return out;
+}
+
+static PyMethodDef ix_methods[] = {
+    {"touch", (PyCFunction)ix_touch, METH_O, ix_touch_doc},
+    {"admit", (PyCFunction)(void (*)(void))ix_admit, METH_FASTCALL, ix_admit_doc},
+    {"place", (PyCFunction)(void (*)(void))ix_place, METH_FASTCALL, ix_place_doc},
+    {"drop_placeholders", (PyCFunction)ix_drop_placeholders, METH_O, ix_drop_placeholders_doc},
+    {"locs", (PyCFunction)ix_locs, METH_O, ix_locs_doc},
+    {"touch_all", (PyCFunction)ix_touch_all, METH_O, ix_touch_all_doc},
+    {"run", (PyCFunction)(void (*)(void))ix_run, METH_FASTCALL, ix_run_doc},
+    {"live", (PyCFunction)ix_live, METH_O, ix_live_doc},
+    {"clear_live", (PyCFunction)ix_clear_live, METH_O, ix_clear_live_doc},
+    {"segment_keys", (PyCFunction)ix_segment_keys, METH_O, ix_segment_keys_doc},
+    {"keys", (PyCFunction)ix_keys, METH_NOARGS, ix_keys_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods ix_as_sequence = {
+    .sq_length = (lenfunc)ix_len,
+    .sq_contains = (objobjproc)ix_contains,
+};
+
+PyTypeObject cp_StorageIndexType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tierdiag.native._cplane.StorageIndex",
+    .tp_doc = PyDoc_STR("StorageIndex(): the storage tier's page index in LRU order (pools._LruIndex's\n"
+                        "methods, compiled)."),
+    .tp_basicsize = sizeof(StorageIndex),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = ix_new,
+    .tp_dealloc = (destructor)ix_dealloc,
+    .tp_as_sequence = &ix_as_sequence,
+    .tp_methods = ix_methods,
+};
+
