@@ -56,6 +56,9 @@ def sweep(
         raise ConfigError(f"--jobs {jobs} must be at least 1")
     base = load_config(config, {})
     plan = plan_sweep(base, set_)
+    from tierdiag.paths import check_output
+
+    check_output(db, what="--db", inputs=[("TRACE", trace), ("--config", config)], store=True)
     if address is not None and not ray:
         raise ConfigError(f"unexpected argument {address!r} after TRACE", hint="a Ray address goes with --ray ADDRESS")
     if ray:
@@ -154,8 +157,11 @@ def _resume(kept: Path, db: Path, by, json_: bool) -> None:
               + (f" ({len(done.present)} there already)" if done.present else "") + f"; removed {kept}",
               markup=False, highlight=False)
     with open_store(db) as con:
-        by_id = {r.run_id: r for r in list_runs(con)}
-        result = compare_runs(con, [by_id[i] for i in done.run_ids], by=by, sweep_id=done.sweep_id)
+        every = list_runs(con)
+        # The whole sweep, the runs merged before --db went busy too (oldest first, as a sweep's).
+        runs = ([r for r in every if r.sweep_id == done.sweep_id] if done.sweep_id is not None else
+                [r for r in every if r.run_id in set(done.run_ids)])
+        result = compare_runs(con, runs, by=by, sweep_id=done.sweep_id)
     if json_:
         print_json(result.to_json())
         return

@@ -36,11 +36,11 @@ def read_run_tables(path: str | os.PathLike, run_id: str | None = None) -> dict[
     con = connect_with_retry(path, read_only=True)
     try:
         where, params = ("", []) if run_id is None else (" WHERE run_id = ?", [run_id])
-        tables = {t: con.execute(f"SELECT {', '.join(TABLES[t])} FROM {t}{where}", params).to_arrow_table()
+        tables = {t: con.sql(f"SELECT {', '.join(TABLES[t])} FROM {t}{where}", params=params).to_arrow_table()
                   for t in RUN_TABLES}
         for t, cols in OPTIONAL_TABLES.items():  # the run's stored evidence, where the worker wrote it
             if con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [t]).fetchall()[0][0]:
-                tables[t] = con.execute(f"SELECT {', '.join(cols)} FROM {t}{where}", params).to_arrow_table()
+                tables[t] = con.sql(f"SELECT {', '.join(cols)} FROM {t}{where}", params=params).to_arrow_table()
         return tables
     finally:
         con.close()
