@@ -121,3 +121,40 @@ def test_request_larger_than_the_device_pool_is_rejected_not_waited_on(tmp_path)
     rows = dict(sql(db, "SELECT req_id, coalesce(reject_reason, status) FROM requests"))
     assert rows.pop("2") == "needs 1024 tokens of device memory; the pool holds 256"
     assert set(rows.values()) == {"finished"}
+
+
+# --- numbers past what the engine and the store hold (issue 32, item 10) -------------------------
+
+@pytest.mark.parametrize(("text", "fragments"), [
+    ("seed = 99999999999999999999\n", ("--seed 99999999999999999999", "out of range")),
+    ("max_prefill_tokens = 9223372036854775808\n", ("--max-prefill-tokens", "out of range")),
+    ("time_scale = 1e30\n", ("--time-scale 1e+30", "out of range (1e-09 to 1e+06)")),
+    ("time_scale = 1e-12\n", ("--time-scale 1e-12", "out of range")),
+])
+@pytest.mark.parametrize("command", ["replay", "sweep"])
+def test_a_config_value_out_of_range_is_a_bad_config_file(tmp_path, trace, text, fragments, command):
+    """Exit 3 like every other bad value in the file (it was exit 2 for time_scale, and accepted
+    for integers past int64)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('model = "tiny"\ngpu = "cpu"\n' + text)
+    db = tmp_path / "r.duckdb"
+    extra = ("--set", "seed=1,2") if command == "sweep" else ()
+    tierdiag(command, trace, "--db", db, "--config", cfg, *extra).fails(3, f"--config {cfg}", *fragments)
+    assert not db.exists()
+
+
+@pytest.mark.parametrize(("value", "fragments"), [
+    ("seed=99999999999999999999", ("--seed 99999999999999999999", "out of range")),
+    ("max_prefill_tokens=9999999T", ("--max-prefill-tokens 10995115178248372224", "out of range")),
+    ("time_scale=1e30,1", ("--set combination time_scale=1e30", "--time-scale 1e+30 is out of range")),
+    ("time_scale=1,nan", ("--set combination time_scale=nan", "--time-scale")),
+])
+def test_sweep_set_values_out_of_range_are_refused_before_any_replay(tmp_path, trace, value, fragments):
+    db = tmp_path / "r.duckdb"
+    tierdiag("sweep", trace, "--db", db, "--set", value, "--set", "model=tiny", "--set", "gpu=cpu").fails(2, *fragments)
+    assert not db.exists()
+
+
+def test_replay_time_scale_out_of_range_stays_a_usage_error(tmp_path, trace):
+    tierdiag("replay", trace, "--db", tmp_path / "r.duckdb", "--time-scale", "1e30").fails(
+        2, "--time-scale 1e+30 is out of range")

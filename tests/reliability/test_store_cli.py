@@ -215,3 +215,70 @@ def test_disk_full_during_replay(tmp_path):
 def test_debug_shows_the_traceback(tmp_path):
     r = tierdiag("--debug", "runs", "--db", tmp_path / "none.duckdb")
     assert r.code != 0 and "Traceback" in r.err and "StoreError" in r.err
+
+
+# --- an output that is one of the command's inputs or its store (issue 32, item 1) ---------------
+
+def _export(folder):
+    sys.path.insert(0, str(REPO_ROOT))
+    from tests.importers.sglang_export import record, write_export
+
+    return write_export(folder, "20251201_09", [record("a", prompt=4, tokens=[1, 2, 3, 4], arrival_s=1.0)])
+
+
+REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def shared_store(tmp_path, store):
+    """A copy of the store, one hard link and one symbolic link to it, and its run count."""
+    db = tmp_path / "s.duckdb"
+    shutil.copy(store, db)
+    os.link(db, tmp_path / "hard.duckdb")
+    os.symlink(db, tmp_path / "soft.duckdb")
+    return db, sql(db, "SELECT count(*) FROM runs")[0][0], os.stat(db).st_size
+
+
+@pytest.mark.parametrize("name", ["s.duckdb", "hard.duckdb", "soft.duckdb"])
+@pytest.mark.parametrize("command", ["import --trace-out", "report -o"])
+def test_an_output_that_is_the_store_is_refused_through_links_too(tmp_path, shared_store, name, command):
+    db, n_runs, size = shared_store
+    out = tmp_path / name
+    if command == "report -o":
+        args = ("report", "--db", db, "-o", out)
+    else:
+        args = ("import", "sglang", _export(tmp_path / "export"), "--db", db, "--trace-out", out)
+    tierdiag(*args).fails(2, f"{out}", "same file as --db", "refusing to write over")
+    assert sql(db, "SELECT count(*) FROM runs")[0][0] == n_runs and os.stat(db).st_size == size
+
+
+def test_an_output_that_is_an_input_is_refused(tmp_path):
+    export = _export(tmp_path / "export")
+    before = export.read_bytes()
+    tierdiag("import", "sglang", export.parent, "--db", tmp_path / "o.duckdb", "--trace-out", export).fails(
+        2, "--trace-out", "same file as an export file")
+    tierdiag("import", "sglang", export.parent, "--db", export).fails(2, "--db", "same file as an export file")
+    trace = write_trace(tmp_path / "t.jsonl", [line(0, 1000, [0, 1])])
+    tierdiag("replay", trace, "--db", trace, *SMALL).fails(2, "--db", "same file as TRACE")
+    tierdiag("sweep", trace, "--set", "seed=1,2", "--db", trace, *()).fails(2, "--db", "same file as TRACE")
+    assert export.read_bytes() == before and trace.read_text().count("\n") == 1
+    assert not (tmp_path / "o.duckdb").exists()
+
+
+def test_nothing_but_a_store_replaces_a_duckdb_file(tmp_path, shared_store):
+    db, n_runs, size = shared_store
+    other = tmp_path / "other.duckdb"
+    shutil.copy(db, other)
+    tierdiag("report", "--db", db, "-o", other).fails(2, f"-o {other}", "DuckDB database")
+    tierdiag("synth", other, "--requests", "5").fails(2, f"{other}", "DuckDB database")
+    tierdiag("import", "sglang", _export(tmp_path / "export"), "--db", tmp_path / "o.duckdb",
+             "--trace-out", other).fails(2, f"--trace-out {other}", "DuckDB database")
+    assert sql(other, "SELECT count(*) FROM runs")[0][0] == n_runs
+
+
+def test_trace_out_creates_its_parent_folders(tmp_path):
+    """The contract's rule for outputs; it was exit 6 for --trace-out new/sub/t.jsonl."""
+    out = tmp_path / "new" / "sub" / "t.jsonl"
+    r = tierdiag("import", "sglang", _export(tmp_path / "export"), "--db", tmp_path / "o.duckdb", "--trace-out", out)
+    assert r.code == 0, r.err
+    assert out.read_text().count("\n") == 1

@@ -12,6 +12,13 @@ transaction (merge.py), so `db` holds whole runs only and a reader can open it a
            ──tasks──► worker 2: replay ─► run-1.duckdb ──┤ (Ray: the tables come back as Arrow)
     db ◄── merge, one run per transaction ◄──────────────┘
 
+A finished run is never thrown away. When `db` cannot take a run (another program holds it past
+the wait, a full disk), that run and every later one go to a store of the sweep's own beside it
+(`kept_store_path`: `DB-stem.SWEEP_ID.duckdb`, an ordinary run store every command reads with
+`--db`); at the end the driver tries `db` once more, and if it still cannot take them the sweep
+fails (SweepNotMerged, the write failure's exit code) naming the kept store and the command that
+merges it later: `tierdiag sweep --resume KEPT --db DB` (`resume`).
+
 Interrupts (Ctrl-C, SIGTERM) reach the driver; it stops handing out combinations and tells each
 process worker to stop. A worker's replay then closes its run as `interrupted` (what it recorded
 stays), the driver merges it beside the runs that had finished (`complete`), and raises
@@ -40,9 +47,15 @@ from typing import Callable, Sequence
 
 from tierdiag.config.engine import EngineConfig
 from tierdiag.errors import ConfigError, ExitCode, TierdiagError
+from tierdiag.store.writer import FINAL_WAIT_S
 
 RAY_MISSING = "--ray needs Ray, which is not installed (pip install 'tierdiag[ray]')"
 DRAIN_WAIT_S = 120.0  # after an interrupt: how long to wait for workers to close their runs
+# After the sweep, a last try to move kept runs into a --db that was busy: the full wait was
+# already spent on the merge that failed.
+LAST_MERGE_WAIT_S = 2.0
+# How long a merge waits for --db before keeping the run (the writer's wait at a run's close).
+MERGE_WAIT_S = FINAL_WAIT_S
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,7 @@ class RunOutcome:
     # ReplaySummary): None where the replay did not return one (interrupted, failed).
     reuse_share: float | None = None
     ttft_p50_ms: float | None = None
+    kept_in: str | None = None  # the store holding the run when --db could not take it
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -87,6 +101,66 @@ class SweepInterrupted(KeyboardInterrupt):
     def __init__(self, outcomes: Sequence[RunOutcome]):
         super().__init__("sweep interrupted")
         self.outcomes = tuple(outcomes)
+
+
+class SweepNotMerged(TierdiagError):
+    """--db could not take the sweep's finished runs: they are kept in a store of their own."""
+
+    def __init__(self, outcomes: Sequence[RunOutcome], db: Path, kept: Path, cause: TierdiagError):
+        self.outcomes = tuple(outcomes)
+        self.kept = kept
+        n = sum(1 for o in self.outcomes if o.kept_in)
+        import shlex
+
+        super().__init__(f"{cause.message}; {n} run{'s' if n != 1 else ''} of the sweep kept in {kept}",
+                         hint=f"merge them when it is free: tierdiag sweep --resume {shlex.quote(str(kept))} "
+                              f"--db {shlex.quote(str(db))}")
+        self.exit_code = cause.exit_code
+
+
+def kept_store_path(db: Path, sweep_id: str) -> Path:
+    """Where a sweep keeps the runs --db could not take: beside it, named after the sweep."""
+    return db.with_name(f"{db.stem}.{sweep_id}.duckdb")
+
+
+class _Keeper:
+    """Where finished runs go: `db` until a write to it fails, then the kept store."""
+
+    def __init__(self, db: Path, sweep_id: str | None):
+        self.db = db
+        self.sweep_id = sweep_id or new_sweep_id()
+        self.failure: TierdiagError | None = None
+        self.path: Path | None = None
+
+    def write(self, tables, overrides: dict) -> tuple[str, str | None]:
+        """(run id, the kept store's path or None when the run is in `db`)."""
+        from tierdiag.store.copy_run import write_run_tables
+
+        if self.failure is None:
+            try:
+                return write_run_tables(self.db, tables, overrides, wait_s=MERGE_WAIT_S), None
+            except TierdiagError as exc:  # busy past the wait, a full disk, a damaged file
+                self.failure = exc
+        if self.path is None:
+            self.path = kept_store_path(self.db, self.sweep_id)
+        try:
+            return write_run_tables(self.path, tables, overrides), str(self.path)
+        except TierdiagError:  # beside --db is not writable either: the temporary folder
+            self.path = Path(tempfile.gettempdir()) / kept_store_path(self.db, self.sweep_id).name
+            return write_run_tables(self.path, tables, overrides), str(self.path)
+
+    def last_try(self, outcomes: list[RunOutcome]) -> list[RunOutcome]:
+        """Move the kept runs into `db` if it takes them now; the outcomes as they end up."""
+        if self.path is None:
+            return outcomes
+        from tierdiag.store.copy_run import merge_store
+
+        try:
+            merge_store(self.path, self.db, wait_s=LAST_MERGE_WAIT_S)
+        except TierdiagError:
+            return outcomes
+        self.path = None
+        return [dataclasses.replace(o, kept_in=None) for o in outcomes]
 
 
 class SweepFailed(TierdiagError):
@@ -128,17 +202,22 @@ def run_configs(trace: str | os.PathLike, configs: Sequence[tuple[str, EngineCon
     db = Path(db)
     if not configs:
         raise ConfigError("no configurations to replay")
-    _check_trace(trace, configs, skip_bad)
+    from tierdiag.paths import check_output
     from tierdiag.store.copy_run import open_destination
 
-    open_destination(db).close()  # busy, foreign or unwritable: say so before any replay
+    check_output(db, what="--db", inputs=[("TRACE", trace)], store=True)
+    _check_trace(trace, configs, skip_bad)
+
+    # Busy, foreign, damaged, unwritable, or one of the files the sweep reads: say so before any replay.
+    open_destination(db, inputs=[("TRACE", trace)], check=True).close()
+    keeper = _Keeper(db, sweep_id)
     cmd = " ".join(command_line if command_line is not None else sys.argv)
     overrides = {"sweep_id": sweep_id, "kind": kind, "trace_path": str(trace), "command_line": cmd}
     tasks = [_Task(i, name, cfg, str(db)) for i, (name, cfg) in enumerate(configs)]
     outcomes: dict[int, RunOutcome] = {}
 
     def record(result: "_WorkerResult", tables) -> None:
-        outcome = _merge(db, tasks[result.index], result, tables, overrides)
+        outcome = _merge(keeper, tasks[result.index], result, tables, overrides)
         outcomes[result.index] = outcome
         if progress is not None:
             progress(outcome)
@@ -146,13 +225,15 @@ def run_configs(trace: str | os.PathLike, configs: Sequence[tuple[str, EngineCon
     def finish_interrupted(exc: BaseException) -> None:
         for t in tasks:
             outcomes.setdefault(t.index, RunOutcome(t.index, t.name, None, "not_started"))
-        raise SweepInterrupted([outcomes[t.index] for t in tasks]) from exc
+        raise SweepInterrupted(keeper.last_try([outcomes[t.index] for t in tasks])) from exc
 
     if isinstance(backend, Ray):
         _run_ray(backend, trace, tasks, skip_bad, cmd, record, finish_interrupted)
     else:
         _run_processes(backend.jobs or default_jobs(), trace, tasks, skip_bad, cmd, record, finish_interrupted)
-    ordered = [outcomes[t.index] for t in tasks]
+    ordered = keeper.last_try([outcomes[t.index] for t in tasks])
+    if keeper.path is not None:
+        raise SweepNotMerged(ordered, db, keeper.path, keeper.failure)
     if any(o.status == "failed" for o in ordered):
         raise SweepFailed(ordered)
     return [o.run_id for o in ordered]
@@ -238,10 +319,11 @@ def _replay_one(trace: Path, task: _Task, workdir: Path, skip_bad: bool, command
                          summary.reuse_share if summary else None, summary.ttft_p50_ms if summary else None)
 
 
-def _merge(db: Path, task: _Task, result: _WorkerResult, tables, overrides: dict) -> RunOutcome:
-    """Copy a worker's run into `db`; its status as recorded (a run left `running`, whose
-    worker was stopped while closing it, is interrupted)."""
-    from tierdiag.store.copy_run import read_run_tables, write_run_tables
+def _merge(keeper: _Keeper, task: _Task, result: _WorkerResult, tables, overrides: dict) -> RunOutcome:
+    """Copy a worker's run into --db (or the kept store); its status as recorded (a run left
+    `running`, whose worker was stopped while closing it, is interrupted). The worker's store
+    is removed only once its run is committed elsewhere."""
+    from tierdiag.store.copy_run import read_run_tables
 
     if tables is None and result.db_path is not None:
         tables = read_run_tables(result.db_path)
@@ -251,13 +333,13 @@ def _merge(db: Path, task: _Task, result: _WorkerResult, tables, overrides: dict
     status = tables["runs"].column("status")[0].as_py()
     if status == "running":
         status = "interrupted"
-    run_id = write_run_tables(db, tables, {**overrides, "status": status})
+    run_id, kept_in = keeper.write(tables, {**overrides, "status": status})
     if result.db_path is not None:
         _remove_worker_store(Path(result.db_path))
     error = result.error or tables["runs"].column("error")[0].as_py()
     return RunOutcome(task.index, task.name, run_id, status, error if status == "failed" else None,
                       result.exit_code if status == "failed" else 0, result.wall_s,
-                      result.reuse_share, result.ttft_p50_ms)
+                      result.reuse_share, result.ttft_p50_ms, kept_in)
 
 
 def _remove_worker_store(path: Path) -> None:
@@ -289,6 +371,7 @@ def _worker_main(jobs_q, results_q, trace: str, workdir: str, skip_bad: bool, co
 
 
 _WORKDIR_PREFIX = "tierdiag-sweep-"
+_UNMERGED_PREFIX = "tierdiag-unmerged-"  # a workers' folder kept for its runs: never cleaned up
 
 
 def _pid_alive(pid: int) -> bool:
@@ -338,6 +421,7 @@ def _run_processes(jobs: int, trace: Path, tasks: list[_Task], skip_bad: bool, c
                for i in range(n_workers)]
     in_flight: dict[int, int] = {}  # worker pid -> task index
     done: set[int] = set()
+    failure: TierdiagError | None = None
 
     def handle(msg) -> None:
         if msg[0] == "started":
@@ -380,6 +464,9 @@ def _run_processes(jobs: int, trace: Path, tasks: list[_Task], skip_bad: bool, c
             with _ignoring_sigint():
                 _drain(workers, results_q, handle, reap_dead, in_flight)
             finish_interrupted(exc)
+    except TierdiagError as exc:
+        failure = exc  # neither --db nor a kept store took a run: its worker's store must stay
+        raise
     finally:
         try:
             for w in workers:
@@ -392,7 +479,23 @@ def _run_processes(jobs: int, trace: Path, tasks: list[_Task], skip_bad: bool, c
             jobs_q.close()
             results_q.close()
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            _leave_workdir(workdir, failure)
+
+
+def _leave_workdir(workdir: Path, failure: TierdiagError | None) -> None:
+    """Remove the workers' folder, unless a failure to write their runs anywhere left stores in
+    it: then it is renamed out of the way of `_sweep_workdir`'s clean-up and the error says where."""
+    left = sorted(workdir.glob("run-*.duckdb")) if failure is not None else []
+    if not left:
+        shutil.rmtree(workdir, ignore_errors=True)
+        return
+    kept = workdir.with_name(_UNMERGED_PREFIX + workdir.name[len(_WORKDIR_PREFIX):])
+    try:
+        workdir.rename(kept)
+    except OSError:
+        kept = workdir
+    failure.message += (f"; {len(left)} run store{'s' if len(left) != 1 else ''} of the sweep kept in {kept} "
+                        f"(merge each with tierdiag sweep --resume STORE --db DB)")
 
 
 def _drain(workers, results_q, handle, reap_dead, in_flight) -> None:
@@ -489,3 +592,36 @@ def _run_ray(backend: Ray, trace: Path, tasks: list[_Task], skip_bad: bool, comm
     finally:
         if started_here:
             ray.shutdown()
+
+
+# --- later: runs a sweep kept because --db could not take them ----------------------------------
+
+@dataclass(frozen=True)
+class Resumed:
+    kept: str
+    sweep_id: str | None  # the sweep the kept runs belong to (one, when a sweep kept them)
+    copied: tuple[str, ...]  # run ids copied into --db now
+    present: tuple[str, ...]  # run ids --db held already (a merge cut short, then resumed)
+
+    @property
+    def run_ids(self) -> tuple[str, ...]:
+        return self.present + self.copied
+
+
+def resume(kept: str | os.PathLike, db: str | os.PathLike,
+           progress: Callable[[str], None] | None = None) -> Resumed:
+    """Copy the runs of a kept store into `db` (one transaction a run, none twice) and remove it.
+
+    A failure (--db still busy, a full disk) leaves the kept store as it was, less the runs
+    already copied, for another try."""
+    from tierdiag.store.copy_run import merge_store
+    from tierdiag.store.reader import open_store
+
+    kept = Path(kept)
+    con = open_store(kept)  # missing, foreign, damaged: its own one-line error
+    try:
+        sweeps = [r[0] for r in con.execute("SELECT DISTINCT sweep_id FROM runs").fetchall()]
+    finally:
+        con.close()
+    copied, present = merge_store(kept, Path(db), progress=progress)
+    return Resumed(str(kept), sweeps[0] if len(sweeps) == 1 else None, tuple(copied), tuple(present))

@@ -23,7 +23,7 @@ def export(
 
     with open_store(db) as con:
         runs = list_runs(con) if all_runs else [resolve_run(con, run, db_label=str(db))]
-        result = export_parquet(con, runs, out_dir)
+        result = export_parquet(con, runs, out_dir, replace_all=all_runs, inputs=[("--db", db)])
     if json_:
         print_json(result.to_json())
         return

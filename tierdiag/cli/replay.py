@@ -109,6 +109,11 @@ def replay(
         "layerwise_overlap": overlap, "timing": timing, "profile": str(profile) if profile else None,
         "time_scale": time_scale, "seed": seed, "verify": verify, "data_plane_mib": data_plane_mib,
     })
+    if not no_probes:  # the store is not one of the files this replay reads (tierdiag/paths.py)
+        from tierdiag.paths import check_output
+
+        check_output(db, what="--db", inputs=[("TRACE", trace), ("--config", config), ("--profile", profile)],
+                     store=True)
     for warning in cfg.warnings():
         err.print(f"tierdiag: warning: {warning}", markup=False, highlight=False)
     # Imported here, not at the top: every command module is imported to register it.

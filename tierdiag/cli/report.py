@@ -24,6 +24,10 @@ def report(db: DbOpt = DEFAULT_DB_PATH, run: RunOpt = None, output: OutputOpt = 
     distributions, TTFT decomposition and the slowest cached requests with their verdicts.
     With --compare A B or --sweep ID: overlaid TTFT CDFs, reuse by tier, memory against TTFT,
     and the requests that changed most between two runs."""
+    if output is not None:  # never the store it reads, nor any DuckDB file (tierdiag/paths.py)
+        from tierdiag.paths import check_output
+
+        check_output(output, what="-o", inputs=[("--db", db)])
     if compare or sweep:
         from tierdiag.errors import ConfigError
         from tierdiag.report.compare_html import build_compare_report

@@ -15,7 +15,8 @@ Opt = typer.Option
 
 
 def sweep(
-    trace: Annotated[Path, typer.Argument(help="Trace file: Mooncake JSONL or tierdiag JSONL (.gz too).")],
+    trace: Annotated[Optional[Path], typer.Argument(help="Trace file: Mooncake JSONL or tierdiag JSONL (.gz too).",
+                                                    show_default=False)] = None,
     set_: Annotated[List[str], Opt("--set", help="KEY=V1,V2,...: a replay option (its --config TOML name) and the "
                                                  "values to try; sizes take k/M/G (512k, 4M). Repeat for more keys: "
                                                  "every combination is replayed.")] = [],
@@ -31,10 +32,20 @@ def sweep(
     by: Annotated[Optional[str], Opt("--by", help="Sort the comparison by this metric (see `compare --by`).")] = None,
     skip_bad: Annotated[bool, Opt("--skip-bad", help="Skip malformed trace lines (and count them).")] = False,
     db: DbOpt = DEFAULT_DB_PATH,
+    resume: Annotated[Optional[Path], Opt("--resume", help="Instead of a sweep: merge the runs a sweep kept in this "
+                                                           "store (when --db stayed busy) into --db, and compare them.",
+                                          show_default=False)] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Replay TRACE once per combination of the --set values (in parallel processes or Ray tasks),
-    record every run in --db under one sweep id, and compare them."""
+    record every run in --db under one sweep id, and compare them. A finished run is never lost:
+    when --db stays busy the runs are kept in a store beside it, merged later with --resume."""
+    if resume is not None:
+        if trace is not None or set_ or config is not None or ray:
+            raise ConfigError("--resume merges a kept store: give it no TRACE, --set, --config or --ray")
+        return _resume(resume, db, by, json_)
+    if trace is None:
+        raise ConfigError("missing TRACE", hint="tierdiag sweep TRACE --set KEY=V1,V2")
     from tierdiag.diagnose.compare import check_sort_key
     from tierdiag.config.engine import load_config  # no torch: presets and validation only
     from tierdiag.app.sweep import Processes, Ray, import_ray, new_sweep_id
@@ -45,6 +56,9 @@ def sweep(
         raise ConfigError(f"--jobs {jobs} must be at least 1")
     base = load_config(config, {})
     plan = plan_sweep(base, set_)
+    from tierdiag.paths import check_output
+
+    check_output(db, what="--db", inputs=[("TRACE", trace), ("--config", config)], store=True)
     if address is not None and not ray:
         raise ConfigError(f"unexpected argument {address!r} after TRACE", hint="a Ray address goes with --ray ADDRESS")
     if ray:
@@ -102,7 +116,7 @@ def _run(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool) ->
             # a query per run here is CPU taken from them.
             reuse, p50_ns = outcome.reuse_share, None if outcome.ttft_p50_ms is None else outcome.ttft_p50_ms * 1e6
             if reuse is None:
-                with open_store(db) as con:
+                with open_store(outcome.kept_in or db) as con:
                     s = run_summary(con, resolve_run(con, outcome.run_id), diagnose=False)
                 reuse = s.reused_token_share
                 p50_ns = next((c.ttft_p50_ns for c in s.classes if c.hit_class == "all"), None)
@@ -118,8 +132,10 @@ def _run(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool) ->
         except SweepInterrupted as exc:
             bar.stop()
             count = {s: sum(1 for o in exc.outcomes if o.status == s) for s in ("complete", "interrupted", "not_started")}
+            kept = next((o.kept_in for o in exc.outcomes if o.kept_in), None)
+            where = f"{db}" if kept is None else f"{kept} ({db} was busy; merge: tierdiag sweep --resume {kept} --db {db})"
             # The CLI's one place for interrupts prints it and exits 130 (143 for SIGTERM).
-            raise RunInterrupted(f"interrupted; sweep {sweep_id} kept in {db}: {count['complete']} complete, "
+            raise RunInterrupted(f"interrupted; sweep {sweep_id} kept in {where}: {count['complete']} complete, "
                                  f"{count['interrupted']} interrupted, {count['not_started']} not started") from None
 
 
@@ -127,3 +143,28 @@ def _cores() -> int:
     from tierdiag.app.sweep import default_jobs
 
     return default_jobs()
+
+
+def _resume(kept: Path, db: Path, by, json_: bool) -> None:
+    """`sweep --resume KEPT`: the kept runs into --db, then the comparison a sweep ends with."""
+    from tierdiag.app.sweep import resume
+    from tierdiag.diagnose.compare import check_sort_key, compare_runs
+    from tierdiag.store.reader import list_runs, open_store
+
+    check_sort_key(by)
+    done = resume(kept, db)
+    err.print(f"tierdiag: merged {len(done.copied)} run{'s' if len(done.copied) != 1 else ''} from {kept} into {db}"
+              + (f" ({len(done.present)} there already)" if done.present else "") + f"; removed {kept}",
+              markup=False, highlight=False)
+    with open_store(db) as con:
+        every = list_runs(con)
+        # The whole sweep, the runs merged before --db went busy too (oldest first, as a sweep's).
+        runs = ([r for r in every if r.sweep_id == done.sweep_id] if done.sweep_id is not None else
+                [r for r in every if r.run_id in set(done.run_ids)])
+        result = compare_runs(con, runs, by=by, sweep_id=done.sweep_id)
+    if json_:
+        print_json(result.to_json())
+        return
+    from tierdiag.report.compare_terminal import render_comparison
+
+    render_comparison(result, out)

@@ -28,6 +28,14 @@ SCHEDULE_POLICIES = ("fcfs", "lpm")
 HOST_MEMORY_SANE_BYTES = 2 << 40
 NARROWEST_PAGE_BYTES = 8  # one int64 a page: the least the data plane can verify
 TIMINGS = ("modelled", "measured")
+# Every integer option is stored and computed with as int64 (DuckDB BIGINT, numpy): one past it
+# is refused here, whether it came from an option, `--set` or a --config file.
+INT64_MAX = 2**63 - 1
+# Bounds on --time-scale: arrivals are int64 ns after scaling (the trace reader bounds them
+# before), and a factor past these is a typo, not a workload. Checked with the rest of the
+# config, so a sweep refuses `--set time_scale=1e30,1` before its first replay.
+MAX_TIME_SCALE = 1e6
+MIN_TIME_SCALE = 1e-9
 VERIFY_MODES = ("all", "sample", "off")
 
 
@@ -60,6 +68,10 @@ class EngineConfig:
     storage_dir: str | None = None  # default: a folder beside the database
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if type(value) is int and not -INT64_MAX - 1 <= value <= INT64_MAX:
+                raise ConfigError(f"--{f.name.replace('_', '-')} {value} is out of range (at most {INT64_MAX:,})")
         if self.model not in MODELS:
             raise unknown_name("--model preset", self.model, MODELS)
         if self.gpu not in GPUS:
@@ -101,6 +113,9 @@ class EngineConfig:
             raise ConfigError(f"--max-prefill-tokens {self.max_prefill_tokens} is smaller than one page ({ps})")
         if not (self.time_scale > 0 and math.isfinite(self.time_scale)):
             raise ConfigError(f"--time-scale {self.time_scale} must be a positive, finite number")
+        if not MIN_TIME_SCALE <= self.time_scale <= MAX_TIME_SCALE:
+            raise ConfigError(f"--time-scale {self.time_scale:g} is out of range "
+                              f"({MIN_TIME_SCALE:g} to {MAX_TIME_SCALE:g})")
         if self.data_plane_mib < 1:
             raise ConfigError(f"--data-plane-mib {self.data_plane_mib} must be at least 1")
         ram = _physical_memory_bytes()

@@ -37,6 +37,7 @@ import torch
 
 from tierdiag.engine import kernels
 from tierdiag.errors import OutputError
+from tierdiag.paths import check_output
 
 PROFILE_FORMAT = "tierdiag-calibrate/1"
 PATTERN = "random pages on both sides (distinct, unsorted)"
@@ -331,6 +332,7 @@ def calibrate(*, quick: bool = False, num_layers: int = 4, row_bytes: int = 4096
 def save_profile(profile: Profile, path: Path) -> Path:
     """Write the profile JSON atomically (a reader never sees half a file)."""
     path = Path(path).expanduser()
+    check_output(path, what="-o")  # never over a DuckDB store (tierdiag/paths.py)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")

@@ -4,8 +4,12 @@ Records stream from `importers.sglang.read_export`; only their numbers are kept,
 columns in chunks (a few hundred bytes a request, never the prompts: peak RSS grows ~0.7 KB a
 request with DuckDB's own buffers, benchmarks/import_sglang.py). Times are written relative to
 the first request's arrival, which is known only at the end: the export is in *finish* order,
-so the earliest arrival can sit in any file. Hence one bulk write through `RunWriter` at the
-end, after the whole export has been read: a bad export records nothing.
+so the earliest arrival can sit in any file. Hence one write at the end, after the whole export
+has been read: a bad export records nothing. That write is one transaction holding the runs row
+and every request (store.copy_run.write_run_tables), during which Ctrl-C and SIGTERM wait
+(`signals.deferred`): an import is all or nothing. Interrupted while it reads, nothing is
+recorded; a signal that lands while it writes is acted on once the run is committed, and the
+line says so; killed (-9) while it writes, the transaction never commits.
 
 The trace (`--trace-out`) has to be in arrival order (`tierdiag replay` refuses timestamps that
 go backwards), so token lists go to a temporary file beside it as they come, with an index of
@@ -31,10 +35,14 @@ Mapping (DESIGN §5: NULL for what the server did not report, never 0)::
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import socket
+import sys
 from array import array
 import tempfile
 import time
+from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -44,7 +52,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tierdiag.errors import OutputError, TraceError
+from tierdiag import __version__, signals
+from tierdiag.errors import OutputError, RunInterrupted, TraceError
+from tierdiag.paths import check_output, prepare_output_path
 from tierdiag.importers.sglang import (
     KEEP_TOKEN_IDS_HINT,
     METRICS_FLAG,
@@ -187,13 +197,11 @@ class _Columns:
 class _TraceSpool:
     """Token lists in read order in a temp file; copied out in arrival order at the end."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, inputs: list[tuple[str, str | os.PathLike]]) -> None:
         self.out = out
+        # Not one of the export files nor --db, never over a DuckDB file; parents created.
+        prepare_output_path(out, what="--trace-out", inputs=inputs)
         parent = out.parent if str(out.parent) else Path(".")
-        if out.is_dir():
-            raise OutputError(f"cannot write {out}: it is a folder", hint="pass a file name to --trace-out")
-        if not parent.is_dir():
-            raise OutputError(f"cannot write {out}: folder {parent} does not exist")
         try:
             self._fh = tempfile.NamedTemporaryFile(prefix=f".{out.name}.", suffix=".spool", dir=parent, delete=False)
         except OSError as exc:
@@ -285,8 +293,11 @@ def import_sglang(paths: list[str | os.PathLike], *, db: Path, run_name: str | N
     t_start = time.perf_counter()
     report = ImportReport()
     records = read_export(paths, with_tokens=trace_out is not None, skip_bad=skip_bad, report=report)
+    sources = [("an export file", f) for f in report.files]
+    # --db is not one of the export files (nor --trace-out: checked below, against --db too).
+    check_output(db, what="--db", inputs=sources, store=True)
     total_bytes = sum(os.path.getsize(f) for f in report.files)
-    spool = _TraceSpool(trace_out) if trace_out is not None else None
+    spool = _TraceSpool(trace_out, sources + [("--db", db)]) if trace_out is not None else None
     cols = _Columns()
     totals = dict(finished=0, aborted=0, ttft=0, timed=0, input=0, device=0, host=0, storage=0, computed=0)
     backends: set[str] = set()
@@ -313,13 +324,15 @@ def import_sglang(paths: list[str | os.PathLike], *, db: Path, run_name: str | N
             raise TraceError(f"{', '.join(report.files)}: no requests in the export{skipped}")
         t0, chunks = cols.finish()
         trace_n, trace_sha = spool.write(t0) if spool is not None else (0, None)
+    except KeyboardInterrupt:
+        if spool is not None:
+            spool.discard()
+        raise RunInterrupted(f"interrupted while reading the export; nothing recorded in {db}"
+                             + (f", no {trace_out} written" if trace_out is not None else "")) from None
     except BaseException:
         if spool is not None:
             spool.discard()
         raise
-
-    # Imported here: the reading above needs no database, and a bad export should not create one.
-    from tierdiag.store.writer import RunWriter
 
     span_s = None
     if t0 is not None:
@@ -329,18 +342,10 @@ def import_sglang(paths: list[str | os.PathLike], *, db: Path, run_name: str | N
               "storage_backends": sorted(backends), "first_arrival_epoch_ns": t0,
               "trace_out": str(trace_out) if trace_out is not None else None, "trace_out_sha256": trace_sha}
     label = " ".join(str(p) for p in paths)
-    writer = RunWriter(db, name=run_name or _default_name(paths), trace_path=label,
-                       trace_sha256=_files_fingerprint(report.files), config=config, hardware={}, data_plane={},
-                       timing=OBSERVED_TIMING, command_line=command_line, kind="observed")
-    try:
-        for c in chunks:
-            writer.append({"requests": c})
-    except BaseException as exc:
-        text = str(exc).strip().splitlines()
-        writer.finish("failed", error=f"{type(exc).__name__}: {text[0] if text else ''}",
-                      write_pending=False)
-        raise
-    writer.finish("complete")
+    name = run_name or _default_name(paths)
+    run_id = _write_run(db, chunks, name=name, trace_path=label, trace_sha256=_files_fingerprint(report.files),
+                        config=config, command_line=command_line, num_requests=cols.n, t_start=t_start,
+                        trace_out=trace_out)
 
     warnings = []
     if spool is not None and spool.text_only:
@@ -363,7 +368,7 @@ def import_sglang(paths: list[str | os.PathLike], *, db: Path, run_name: str | N
         warnings.append(f"{report.details_mismatch:,} request(s) with cached_tokens different from the sum of "
                         f"cached_tokens_details (first: {report.first_mismatch}); the split was used")
     return ImportSummary(
-        run_id=writer.run_id, db_path=str(db), run_name=writer.name, files=report.files,
+        run_id=run_id, db_path=str(db), run_name=name, files=report.files,
         num_requests=cols.n, num_finished=totals["finished"], num_aborted=totals["aborted"],
         num_with_ttft=totals["ttft"], input_tokens=totals["input"], device_tokens=totals["device"],
         host_tokens=totals["host"], storage_tokens=totals["storage"], computed_tokens=totals["computed"],
@@ -374,6 +379,51 @@ def import_sglang(paths: list[str | os.PathLike], *, db: Path, run_name: str | N
         trace_text_only=spool.text_only if spool else 0, trace_no_prompt=spool.no_prompt if spool else 0,
         trace_no_arrival=spool.no_arrival if spool else 0, wall_s=time.perf_counter() - t_start,
         warnings=warnings)
+
+
+def _write_run(db: Path, chunks: list[dict[str, pa.Array]], *, name: str, trace_path: str, trace_sha256: str,
+               config: dict, command_line: list[str] | None, num_requests: int, t_start: float,
+               trace_out: Path | None) -> str:
+    """The runs row and every request in one transaction (all or nothing); the run's id.
+
+    Signals wait until it has committed or rolled back; one that came meanwhile is raised then,
+    as RunInterrupted saying which: recorded whole, or nothing recorded (while waiting for a busy
+    --db, before anything was written)."""
+    # Imported here: the reading above needs no database, and a bad export should not create one.
+    from tierdiag.store.copy_run import open_destination, write_run_tables
+    from tierdiag.store.schema import SCHEMA_VERSION, new_run_id
+
+    run_id = new_run_id()
+    now = datetime.now(timezone.utc).replace(tzinfo=None)
+    row = {"run_id": run_id, "name": name, "created_at": now, "finished_at": now, "status": "complete",
+           "schema_version": SCHEMA_VERSION, "tierdiag_version": __version__,
+           "command_line": " ".join(command_line if command_line is not None else sys.argv),
+           "pid": os.getpid(), "hostname": socket.gethostname(), "trace_path": trace_path,
+           "trace_sha256": trace_sha256, "config_json": json.dumps(config, sort_keys=True, default=str),
+           "hardware_json": "{}", "data_plane_json": "{}", "timing": OBSERVED_TIMING, "num_requests": num_requests,
+           "wall_s": time.perf_counter() - t_start, "error": None, "kind": "observed", "sweep_id": None}
+    runs = pa.table({k: pa.array([v], type=_RUNS_TYPES.get(k, pa.string())) for k, v in row.items()})
+    requests = pa.Table.from_batches([pa.RecordBatch.from_pydict(
+        {**c, "run_id": pa.repeat(pa.scalar(run_id, pa.string()), len(c["req_id"]))}) for c in chunks])
+    committed = False
+    try:
+        with signals.deferred():
+            # A damaged, foreign or busy --db is refused before the transaction, as RunWriter does.
+            open_destination(db, check=True).close()
+            write_run_tables(db, {"runs": runs, "requests": requests})
+            committed = True
+    except KeyboardInterrupt:
+        trace = "" if trace_out is None else f"; {trace_out} was written"
+        if committed:
+            raise RunInterrupted(f"interrupted after the import was recorded: run {run_id} is complete in {db} "
+                                 f"({num_requests:,} requests){trace}") from None
+        raise RunInterrupted(f"interrupted before the import was recorded; nothing recorded in {db}{trace}") from None
+    return run_id
+
+
+# The runs row's typed columns (store/schema.py); the rest are VARCHAR.
+_RUNS_TYPES = {"created_at": pa.timestamp("us"), "finished_at": pa.timestamp("us"), "schema_version": pa.int32(),
+               "pid": pa.int32(), "num_requests": pa.int64(), "wall_s": pa.float64()}
 
 
 def _default_name(paths: list[str | os.PathLike]) -> str:

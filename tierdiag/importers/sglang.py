@@ -31,7 +31,10 @@ from typing import BinaryIO
 import msgspec
 
 from tierdiag.errors import TraceError
+from tierdiag.trace.reader import MAX_ARRIVAL_NS, MAX_LENGTH_TOKENS
 from tierdiag.trace.reader import _json_type  # one wording for "got <type>" in trace and import errors
+
+NS_PER_S = 1_000_000_000
 
 # --- the format's quirks, written once ------------------------------------------------------
 
@@ -201,62 +204,31 @@ _ID_DIGITS_AND_BLANKS = b"0123456789 \t\n\r"
 _record_decoder = msgspec.json.Decoder(_Record)
 _params_decoder = msgspec.json.Decoder(_Params)
 _str_decoder = msgspec.json.Decoder(str)
-_raw_decoder = msgspec.json.Decoder(msgspec.Raw)
 
 
-# The fast path, from the layout json.dump gives _format_output_data's dict: request_parameters
-# first, "id" right after it (meta_info's first key), json's default ", " / ": " separators.
-# The end of the (long) prompt string is found by hopping from quote to quote with memchr
-# (`bytes.find` of one byte) and skipping escaped ones: a few dozen hops instead of parsing
-# ~50 KB. Only the (short) numbers after it are parsed. Any other layout, or a prompt with more
-# quotes than _FAST_MAX_QUOTES, takes the full parse, which also names any problem.
-_FAST_PREFIX = b'{"request_parameters": "'
-_FAST_AFTER = b', "id": '
-_FAST_MAX_QUOTES = 1024
-# Within that string, the request's input_ids as json.dumps wrote them: an array of digits has
-# no escapes, so its bytes are the same escaped or not. GenerateReqInput's fields are in the
-# order rid, session_id, text, input_ids, ..., so the first match is the top-level key (a
-# quote inside `text` would be escaped twice here, \\\").
-_FAST_IDS_KEY = b'\\"input_ids\\": ['
-
-
-def _string_end(data: bytes, start: int) -> int:
-    """Index of the quote closing the JSON string opened at data[start], or -1."""
-    pos = start
-    for _ in range(_FAST_MAX_QUOTES):
-        pos = data.find(b'"', pos + 1)
-        if pos < 0:
-            return -1
-        k = pos - 1
-        while data[k] == 0x5C:  # backslashes before it: an odd number escapes it
-            k -= 1
-        if (pos - 1 - k) % 2 == 0:
-            return pos
-    return -1
+# One full parse a line, whatever its key order or layout: a faster path that hopped over the
+# (long) request_parameters string without parsing it accepted lines the parse refuses (a raw
+# control byte or an invalid escape in that string), so which of two lines was accepted depended
+# on where its keys happened to sit. msgspec skips a Raw string at a few GB/s, checking it.
+_DECODE_ERRORS = (msgspec.ValidationError, msgspec.DecodeError, RecursionError)
+_TOO_DEEP = "nested too deeply"
 
 
 def _decode_record(data: bytes) -> _Record:
-    if data.startswith(_FAST_PREFIX):
-        end = _string_end(data, len(_FAST_PREFIX) - 1)
-        if end > 0 and data.startswith(_FAST_AFTER, end + 1):
-            try:
-                rec = _record_decoder.decode(b"{" + data[end + 3:])
-            except (msgspec.ValidationError, msgspec.DecodeError):
-                pass  # the full parse below gives the error its proper words
-            else:
-                # A view, not a copy: the prompt is ~50 KB and only --trace-out reads it.
-                rec.request_parameters = msgspec.Raw(memoryview(data)[len(_FAST_PREFIX) - 1:end + 1])
-                return rec
     try:
         return _record_decoder.decode(data)
     except msgspec.ValidationError as exc:
         raise _BadLine(_validation_message(exc)) from None
+    except RecursionError:  # msgspec raises it past its depth limit (a line nested 100k deep)
+        raise _BadLine(f"bad JSON ({_TOO_DEEP})") from None
     except msgspec.DecodeError as exc:
         # NaN / Infinity (Python's json.dump writes them): the stdlib parser reads them, then
         # the same typed conversion checks the result.
         try:
             obj = json.loads(data)
-        except (ValueError, RecursionError):
+        except RecursionError:
+            raise _BadLine(f"bad JSON ({_TOO_DEEP})") from None
+        except ValueError:
             raise _BadLine(f"bad JSON ({exc})") from None
         if not isinstance(obj, dict):
             raise _BadLine(f"expected a JSON object, got {_json_type(obj)}") from None
@@ -265,8 +237,13 @@ def _decode_record(data: bytes) -> _Record:
             rec = msgspec.convert(obj, _Record)
         except msgspec.ValidationError as exc2:
             raise _BadLine(_validation_message(exc2)) from None
+        except RecursionError:
+            raise _BadLine(f"bad JSON ({_TOO_DEEP})") from None
         if params is not None:
-            rec.request_parameters = msgspec.Raw(msgspec.json.encode(params))
+            try:
+                rec.request_parameters = msgspec.Raw(msgspec.json.encode(params))
+            except (msgspec.EncodeError, UnicodeEncodeError, RecursionError) as exc3:
+                raise _BadLine(f"'{REQUEST_PARAMETERS_KEY}' cannot be read ({exc3})") from None
         return rec
 
 
@@ -280,17 +257,45 @@ def _validation_message(exc: msgspec.ValidationError) -> str:
 
 
 
-def _nonneg(name: str, value: float | None) -> float | None:
+# Bounds, so that every number read fits the store's int64 columns with what is added to it:
+# epoch times and durations are each below 2**62 ns (~146 years), so arrival + TTFT never
+# passes int64 (the trace reader's MAX_ARRIVAL_NS); token counts are lengths, bounded as a
+# trace's are (MAX_LENGTH_TOKENS, past every model's context), so `--trace-out` replays.
+MAX_SECONDS = MAX_ARRIVAL_NS / NS_PER_S
+MAX_TOKENS = MAX_LENGTH_TOKENS
+MAX_RETRACTIONS = 2**31 - 1
+
+
+def _nonneg(name: str, value: float | None, *, epoch: bool = False) -> float | None:
     if value is None:
         return None
     if not math.isfinite(value) or value < 0:
         raise _BadLine(f"'{name}' is {value!r}, expected a finite number of seconds >= 0")
+    if value >= MAX_SECONDS:
+        what = "a time after the year 2116" if epoch else f"a duration of more than {MAX_SECONDS:.3g} s"
+        raise _BadLine(f"'{name}' is {value!r}: {what}, past what tierdiag can hold in int64 ns")
     return value
 
 
-def _count(name: str, value: int | None) -> int | None:
-    if value is not None and value < 0:
+def _count(name: str, value: int | None, limit: int = MAX_TOKENS) -> int | None:
+    if value is None:
+        return None
+    if value < 0:
         raise _BadLine(f"'{name}' is negative ({value})")
+    if value > limit:
+        raise _BadLine(f"'{name}' is {value:,}, more than {limit:,}")
+    return value
+
+
+def _text(name: str, value: str | None) -> str | None:
+    """A string as the store can hold it: JSON's \\ud800 escapes decode to lone surrogates, which
+    no UTF-8 text (the store, a trace) can carry."""
+    if value is not None:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = value[exc.start:exc.end].encode("utf-8", "backslashreplace").decode("ascii")
+            raise _BadLine(f"'{name}' holds {bad}, a lone surrogate (not valid Unicode)") from None
     return value
 
 
@@ -299,7 +304,7 @@ def _record(rec: _Record, file: str, lineno: int, with_tokens: bool, report: Imp
         missing = [k for k, v in (("request_parameters", rec.request_parameters or None), ("id", rec.id),
                                   ("prompt_tokens", rec.prompt_tokens)) if v in (None, msgspec.UNSET)]
         raise _BadLine(f"missing {', '.join(repr(k) for k in missing)} (not an SGLang request-metrics record)")
-    req_id = rec.id
+    req_id = _text("id", rec.id)
     if not req_id.strip():
         raise _BadLine("'id' is empty")
     prompt = _count("prompt_tokens", rec.prompt_tokens)
@@ -314,7 +319,7 @@ def _record(rec: _Record, file: str, lineno: int, with_tokens: bool, report: Imp
         device = host = storage = 0
     else:
         device, host, storage = (_count(f"{DETAILS_KEY}.{k}", getattr(d, k)) for k in ("device", "host", "storage"))
-        backend = d.storage_backend
+        backend = _text(f"{DETAILS_KEY}.storage_backend", d.storage_backend)
         total = device + host + storage
         if total > prompt:
             raise _BadLine(f"'{DETAILS_KEY}' adds up to {total} tokens, more than 'prompt_tokens' {prompt}")
@@ -329,8 +334,8 @@ def _record(rec: _Record, file: str, lineno: int, with_tokens: bool, report: Imp
     finish_type = finish_message = None
     if isinstance(fr, dict):
         t, m = fr.get("type"), fr.get("message")
-        finish_type = t if isinstance(t, str) else None
-        finish_message = m if isinstance(m, str) else None
+        finish_type = _text("finish_reason.type", t) if isinstance(t, str) else None
+        finish_message = _text("finish_reason.message", m) if isinstance(m, str) else None
     input_ids = None
     has_text = False
     stream = None
@@ -340,14 +345,14 @@ def _record(rec: _Record, file: str, lineno: int, with_tokens: bool, report: Imp
         req_id=req_id, file=file, line=lineno, prompt_tokens=prompt,
         completion_tokens=_count("completion_tokens", rec.completion_tokens), cached_tokens=cached,
         device_tokens=device, host_tokens=host, storage_tokens=storage, storage_backend=backend,
-        received_s=_nonneg("request_received_ts", rec.request_received_ts),
-        forward_entry_s=_nonneg("forward_entry_time", rec.forward_entry_time),
-        prefill_finished_s=_nonneg("prefill_finished_time", rec.prefill_finished_time),
-        finished_s=_nonneg("request_finished_ts", rec.request_finished_ts),
+        received_s=_nonneg("request_received_ts", rec.request_received_ts, epoch=True),
+        forward_entry_s=_nonneg("forward_entry_time", rec.forward_entry_time, epoch=True),
+        prefill_finished_s=_nonneg("prefill_finished_time", rec.prefill_finished_time, epoch=True),
+        finished_s=_nonneg("request_finished_ts", rec.request_finished_ts, epoch=True),
         queue_s=_nonneg("queue_time", rec.queue_time), e2e_s=_nonneg("e2e_latency", rec.e2e_latency),
         ttft_s=_nonneg("first_token_latency", rec.first_token_latency),
         storage_prefetch_wait_s=_nonneg("storage_prefetch_wait", rec.storage_prefetch_wait),
-        num_retractions=_count("num_retractions", rec.num_retractions),
+        num_retractions=_count("num_retractions", rec.num_retractions, MAX_RETRACTIONS),
         finish_type=finish_type, finish_message=finish_message,
         input_ids=input_ids, has_text=has_text, stream=stream)
 
@@ -355,38 +360,30 @@ def _record(rec: _Record, file: str, lineno: int, with_tokens: bool, report: Imp
 def _params(raw: msgspec.Raw, prompt_tokens: int) -> tuple[bytes | None, bool, bool | None]:
     """Decode request_parameters: a JSON string holding JSON (REQUEST_PARAMETERS_KEY).
 
-    Returns (input_ids as the JSON text of a flat integer array, or None; has text; stream)."""
-    raw_bytes = bytes(raw)
-    key = raw_bytes.find(_FAST_IDS_KEY)
-    if key > 0:
-        start = key + len(_FAST_IDS_KEY) - 1
-        end = raw_bytes.find(b"]", start)
-        ids = raw_bytes[start:end + 1] if end > 0 else b""
-        if ids and _is_json(ids):  # else (nested, cut, malformed) the full parse says what is wrong
-            return _checked_ids(ids, prompt_tokens), False, None
+    Returns (input_ids as the JSON text of a flat integer array, or None; has text; stream).
+    Always both parses, the string and the JSON inside it: a search for the input_ids key in
+    the escaped text would accept a request whose JSON the parse refuses (an invalid escape, a
+    raw control character), depending on where its keys sit. input_ids stay Raw (their text,
+    checked by `_checked_ids`): building 8k Python ints a request to write them back out cost
+    3x the whole plain import (benchmarks/import_sglang.py)."""
     try:
         inner = _str_decoder.decode(raw)
     except msgspec.ValidationError:
         raise _BadLine(f"'{REQUEST_PARAMETERS_KEY}' must be a string holding JSON "
                        f"(SGLang writes json.dumps of the request)") from None
+    except msgspec.DecodeError as exc:
+        raise _BadLine(f"'{REQUEST_PARAMETERS_KEY}' is not a valid JSON string ({exc})") from None
     try:
         p = _params_decoder.decode(inner)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise _BadLine(f"'{REQUEST_PARAMETERS_KEY}' does not hold a request: {str(exc).replace('$.', '')}") from None
+    except RecursionError:
+        raise _BadLine(f"'{REQUEST_PARAMETERS_KEY}' does not hold a request: {_TOO_DEEP}") from None
     has_text = bool(p.text) and bytes(p.text) != _NULL
     ids = bytes(p.input_ids) if p.input_ids else None
     if ids is None or ids == _NULL:
         return None, has_text, p.stream
     return _checked_ids(ids, prompt_tokens), has_text, p.stream
-
-
-def _is_json(data: bytes) -> bool:
-    """JSON syntax checked (no empty elements, no leading zeros), nothing built."""
-    try:
-        _raw_decoder.decode(data)
-    except msgspec.DecodeError:
-        return False
-    return True
 
 
 def _checked_ids(ids: bytes, prompt_tokens: int) -> bytes:
@@ -445,8 +442,9 @@ def _lines(path: Path, report: ImportReport) -> Iterator[tuple[int, bytes]]:
         raise TraceError(f"{path}: cannot open: {exc.strerror or exc}") from None
     lineno = 0
     with raw:
-        is_gzip = raw.read(2) == _GZIP_MAGIC
-        raw.seek(0)
+        # Peeked, not read and sought back: an export may come through a pipe (/dev/stdin,
+        # `<(zcat ...)`), which cannot seek.
+        is_gzip = raw.peek(len(_GZIP_MAGIC))[:len(_GZIP_MAGIC)] == _GZIP_MAGIC
         fh: BinaryIO = gzip.GzipFile(fileobj=raw, mode="rb") if is_gzip else raw
         try:
             for lineno, data in enumerate(fh, start=1):

@@ -157,7 +157,7 @@ class RunWriter:
         self.numbers_error: Exception | None = None
         self.has_run = True  # the runs row is written once this returns (the process client may not know yet)
         self._host: duckdb.DuckDBPyConnection | None = None  # `_connect`: the file is attached to it
-        prepare_output_path(self.db_path, what="--db")
+        prepare_output_path(self.db_path, what="--db", store=True)
         if self.db_path.is_file() and self.db_path.stat().st_size == 0:
             # An empty file (`touch`, or a creation killed before DuckDB wrote its header) holds
             # nothing; DuckDB refuses to open one, so it is removed and created afresh.
