@@ -55,3 +55,10 @@ def sglang_059():
     worker = Worker("0.5.9", unpacked_wheel("0.5.9"))
     yield worker
     worker.close()
+
+
+@pytest.fixture(scope="session")
+def sglang_0523():
+    worker = Worker("0.5.23", unpacked_wheel("0.5.23"))
+    yield worker
+    worker.close()

@@ -2,7 +2,8 @@
 worker process, tests/sglang/worker.py) and through the engine's tree and controller (here),
 compared after every step.
 
-A scenario is pools, policies and a list of ops:
+A scenario is pools, policies, the engine's rule set ("rules": "0.5.9" or "0.5.23", passed as
+`sglang_rules` once the engine has rule sets), the worker's compat switches and a list of ops:
     {"op": "req", "id", "pages": [page keys], "hold": bool, "priority": int}
     {"op": "release", "id"}            (a held request finishes: its lock goes)
 A request is matched, locked, admitted when its pages beyond the device prefix fit free +
@@ -19,6 +20,7 @@ protected device pages, free device and host pages, and the step's evictions in 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import subprocess
@@ -33,6 +35,10 @@ WORKER = Path(__file__).with_name("worker.py")
 # The five known differences of the engine from SGLang 0.5.9 (docs/engine.md, issue 29); the
 # worker can make SGLang behave as the engine does for each (sglang059.py).
 KNOWN_059 = ("split_access", "split_creation", "insert_priority", "evict_amount", "mru_ties")
+# The rules in which SGLang 0.5.23 differs from the engine as it follows 0.5.9 (docs/engine.md,
+# "What 0.5.23 changes, measured"); the worker can make 0.5.23 behave as the engine does for
+# each (sglang0523.py), and each is a rule the 0.5.23 rule set implements.
+KNOWN_0523 = ("alloc_page", "split_access", "unevict_hit", "host_duplicates")
 COMPARED = ("device", "host_hit", "loaded", "admitted", "protected_len", "pages", "evictable", "protected",
             "device_free", "host_free", "evictions")
 
@@ -71,10 +77,15 @@ class EngineSide:
     def __init__(self, sc: dict):
         ps = sc["page_size"]
         self.ps = ps
+        rules = {}
+        if "rules" in sc and "sglang_rules" in {f.name for f in dataclasses.fields(EngineConfig)}:
+            # The scenario names the SGLang version whose rules the engine follows (issue 29's
+            # `sglang_rules`); an engine without rule sets follows 0.5.9 whatever is asked.
+            rules["sglang_rules"] = sc["rules"]
         cfg = EngineConfig(model="tiny", gpu="h100", page_size=ps, block_size=ps,
                            device_tokens=sc["device_pages"] * ps, host_tokens=sc["host_pages"] * ps,
                            write_policy=sc["write_policy"], eviction_policy=sc["eviction_policy"],
-                           verify="all", data_plane_mib=4)
+                           verify="all", data_plane_mib=4, **rules)
         self.engine = Engine(cfg, probe=None)
         self.tree, self.ctrl = self.engine.tree, self.engine.ctrl
         self.queue: list = []
@@ -139,7 +150,9 @@ class EngineSide:
         return out
 
     def release(self, op: dict, now: int) -> dict:
-        self.tree.dec_lock(self.held.pop(op["id"]))
+        node = self.held.pop(op["id"], None)  # None: the request was never admitted
+        if node is not None:
+            self.tree.dec_lock(node)
         return {}
 
     def state(self) -> dict:

@@ -37,11 +37,18 @@ class _StubBase:
     def __init__(self, *args, **kwargs):
         pass
 
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source, handler):
+        from pydantic_core import core_schema  # a class deriving from a stub used as a field type
+
+        return core_schema.any_schema()
+
 
 class Permissive(types.ModuleType):
     """A module (and value) that has every attribute: calling it returns a fresh stub, except
     that a single function or class argument is handed back (decorators such as triton.jit) and
-    that a call without arguments (a device query) raises, as it would without a GPU."""
+    that a GPU package's call without arguments (a device query) raises, as it would without a
+    GPU."""
 
     __path__: list = []  # a package: submodules import too
 
@@ -53,7 +60,8 @@ class Permissive(types.ModuleType):
         return value
 
     def __call__(self, *args, **kwargs):
-        if not args and not kwargs:  # a query of the device (triton.runtime.driver...): there is none
+        if not args and not kwargs and self.__name__.split(".", 1)[0] in GPU_ROOTS:
+            # a query of the device (triton.runtime.driver...): there is none
             raise RuntimeError(f"{self.__name__}: a stub (no GPU in this process)")
         if len(args) == 1 and not kwargs and callable(args[0]) and not isinstance(args[0], Permissive):
             return args[0]
@@ -110,7 +118,7 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         if self.gpu and root not in GPU_ROOTS:
             return None
-        if root == "sglang" or not _importer().startswith("sglang"):
+        if root == "sglang" or not _importer().startswith("sglang."):
             return None
         return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
 
@@ -195,6 +203,14 @@ def install(root: str) -> None:
     pkg.__path__ = [os.path.join(root, "sglang")]
     pkg.__file__ = os.path.join(root, "sglang", "__init__.py")
     sys.modules["sglang"] = pkg
+    import importlib.util
+
+    if importlib.util.find_spec("regex") is None:
+        # 0.5.23's parsers build patterns from `regex` at import time (never matched on the cache
+        # paths); the stdlib's `re` accepts them.
+        import re
+
+        sys.modules["regex"] = re
     import torch
 
     torch.compile = lambda fn=None, *a, **k: fn if callable(fn) else (lambda f: f)
