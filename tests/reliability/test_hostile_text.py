@@ -12,7 +12,7 @@ import json
 import duckdb
 import pytest
 
-from harness import SMALL, cli_env, line, tierdiag, write_trace
+from harness import SMALL, cli_env, line, runs, tierdiag, write_trace
 
 # Markup that crashed the views (MarkupError), clear-screen, an OSC window title, a bidi override.
 HOSTILE_NAME = "[/bold]run\x1b[2J\x1b]0;pwned\x07[/]\u202e"
@@ -92,3 +92,108 @@ def test_report_default_path_stays_in_reports_whatever_the_database_says(hostile
     written = [p for p in tmp_path.rglob("*.html")]
     assert len(written) == 1 and written[0].parent == work / "reports", written
     assert ".." not in written[0].name and "/" not in written[0].name
+
+
+# --- markup and escapes in every field of every command (issue 32, item 8) -----------------------
+# A folder may not hold "/": split across two folders, the path reads "...d[bold]x[/]y\x1b[2J".
+# `[bold]` would be eaten as a tag, `[/]` with nothing open raises MarkupError, ESC clears the screen.
+TAGS = "[bold]x[/]y"
+MARKUP_RUN = "[/]run[bold]b[/bold]\x1b[2J"
+
+
+def markup_dir(root):
+    d = root / "d[bold]x[" / "]y\x1b[2Jz"
+    d.mkdir(parents=True)
+    return d
+
+
+def shows(text: str, *pieces: str) -> None:
+    assert_no_raw_controls(text)
+    flat = "".join(text.split())  # a long path may wrap inside a table cell
+    for piece in pieces:
+        assert "".join(piece.split()) in flat, f"{piece!r} not shown as text in:\n{text}"
+
+
+@pytest.fixture(scope="module")
+def marked(tmp_path_factory):
+    d = markup_dir(tmp_path_factory.mktemp("markup"))
+    lines = [line(0, 1500, [0, 1000 + i, 2000 + i], id=rid)
+             for i, rid in enumerate(["[/]", "[bold]q[/bold]", "p\x1b[31m"])]
+    trace = write_trace(d / "t[red]n[u].jsonl", lines)
+    db = d / "s[bold].duckdb"
+    named = tierdiag("replay", trace, "--db", db, "--run-name", MARKUP_RUN, *SMALL)
+    stem = tierdiag("replay", trace, "--db", db, *SMALL)
+    return d, trace, db, named, stem
+
+
+def test_replay_shows_markup_in_the_run_name_the_trace_name_and_the_folder(marked):
+    d, _, db, named, stem = marked
+    assert named.code == 0, named.err
+    shows(named.out, "[/]run[bold]b[/bold]\\x1b[2J", TAGS)
+    assert stem.code == 0, stem.err
+    shows(stem.out, "t[red]n[u]", TAGS)
+
+
+@pytest.mark.parametrize("args", [("runs",), ("summary",), ("slow",), ("explain", "[bold]q[/bold]"),
+                                  ("explain", "[/]"), ("compare", "PREV", "LAST")],
+                         ids=["runs", "summary", "slow", "explain-tags", "explain-close", "compare"])
+def test_read_views_show_markup_from_the_store_and_the_path_as_text(marked, args):
+    d, _, db, _, _ = marked
+    ids = [r["run_id"] for r in runs(db)]
+    args = tuple({"PREV": ids[0], "LAST": ids[-1]}.get(a, a) for a in args)
+    r = tierdiag(*args, "--db", db, env=cli_env(COLUMNS="400"))
+    assert r.code == 0, r.err
+    assert_no_raw_controls(r.err)
+    expected = {"runs": ["[/]run[bold]b[/bold]\\x1b[2J", TAGS], "slow": ["[bold]q[/bold]"],
+                "explain": [args[-1]], "compare": ["[/]run[bold]b[/bold]"]}.get(args[0], [])
+    shows(r.out, *expected)
+
+
+def test_files_written_under_markup_paths_are_named_as_they_are(marked, tmp_path):
+    d, trace, db, _, _ = marked
+    out = markup_dir(tmp_path)
+    report = tierdiag("report", "--db", db, "-o", out / "r[bold].html")
+    assert report.code == 0, report.err
+    shows(report.out, TAGS, "r[bold].html")
+    export = tierdiag("export", out / "e[bold]", "--db", db)
+    assert export.code == 0, export.err
+    shows(export.out, TAGS, "e[bold]")
+    synth = tierdiag("synth", out / "s[/].jsonl", "--requests", "5")
+    assert synth.code == 0, synth.err
+    shows(synth.out, TAGS, "s[/].jsonl")
+
+
+def test_sweep_shows_a_markup_folder(marked, tmp_path):
+    _, trace, _, _, _ = marked
+    db = markup_dir(tmp_path) / "w[bold].duckdb"
+    r = tierdiag("sweep", trace, "--set", "host_tokens=4096,8192", "--set", "model=tiny", "--set", "gpu=cpu",
+                 "--set", "device_tokens=4096", "--db", db, "--jobs", "1")
+    assert r.code == 0, r.err
+    shows(r.out, TAGS)
+
+
+def test_calibrate_names_a_markup_output_path(tmp_path):
+    out = markup_dir(tmp_path) / "p[bold].json"
+    r = tierdiag("calibrate", "--quick", "-o", out)
+    assert r.code == 0, r.err
+    shows(r.out, TAGS, "p[bold].json")
+
+
+def test_import_shows_markup_in_the_backend_the_folder_and_the_trace_path(tmp_path):
+    from tests.importers.sglang_export import record, write_export
+
+    folder = markup_dir(tmp_path) / "e[bold]x"
+    write_export(folder, "20251201_09", [
+        record("[/]a", prompt=80, tokens=list(range(80)), arrival_s=1.0),
+        record("[bold]b", prompt=96, device=0, host=0, storage=64, backend="[/]Hi[bold]File",
+               tokens=list(range(96)), arrival_s=2.0, prefetch_wait_s=0.01),
+    ])
+    db = tmp_path / "i.duckdb"
+    r = tierdiag("import", "sglang", folder, "--db", db, "--trace-out", folder / "t[bold].jsonl")
+    assert r.code == 0, r.err
+    shows(r.out, "[/]Hi[bold]File", "sglang-e[bold]x", TAGS, "t[bold].jsonl")
+    assert len(runs(db)) == 1
+    for view in (("summary",), ("slow",), ("explain", "[/]a")):
+        v = tierdiag(*view, "--db", db)
+        assert v.code == 0, v.err
+        assert_no_raw_controls(v.out)

@@ -40,7 +40,7 @@ def sglang(
 
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
-    bar = Progress(TextColumn("[bold]import"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[info]}"),
+    bar = Progress(TextColumn("import", style="bold", markup=False), BarColumn(), DownloadColumn(), TextColumn("{task.fields[info]}", markup=False),
                    TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal or json_)
     with bar:
         task = bar.add_task("import", total=None, info="")

@@ -164,7 +164,7 @@ def _progress_bar(trace: Path, *, show: bool):
 
     from tierdiag.app.replay import count_lines
 
-    bar = Progress(TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+    bar = Progress(TextColumn("replay", style="bold", markup=False), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}", markup=False),
                    TimeElapsedColumn(), console=err, transient=True)
     task = bar.add_task("replay", total=count_lines(trace) if trace.is_file() else None, info="")
 

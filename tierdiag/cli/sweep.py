@@ -89,7 +89,7 @@ def _run(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool) ->
     where = "as Ray tasks" if isinstance(backend, Ray) else f"in {min(backend.jobs or _cores(), n)} processes"
     err.print(f"tierdiag: sweep {sweep_id}: {n} combination{'s' if n != 1 else ''} of {trace.name} {where}",
               markup=False, highlight=False)
-    bar = Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    bar = Progress(TextColumn("sweep", style="bold", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=err, transient=True, disable=not err.is_terminal)
 
     def headline(outcome) -> None:

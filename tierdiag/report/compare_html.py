@@ -30,7 +30,7 @@ from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct
 from tierdiag.errors import ConfigError
 from tierdiag.report.compare_figures import (RunTtfts, pareto_figure, reuse_bars_figure, run_colour,
                                              ttft_cdf_figure, ttft_unit_of)
-from tierdiag.report.compare_terminal import fmt_option
+from tierdiag.report.text import fmt_option
 from tierdiag.report.figures import CLASS_COLOURS, CLASS_LABELS, FigureSpec
 from tierdiag.report.html import (_CSS, _LOADER, _cards_by_section, DEFAULT_REPORTS_DIR, PLOTLY_CONFIG, _e, _plotly_js,
                                   write_atomic)
