@@ -8,11 +8,13 @@ control character is shown escaped (`\\x1b`), in every view. A crafted database 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import duckdb
 import pytest
 
-from harness import SMALL, cli_env, line, runs, tierdiag, write_trace
+from harness import SMALL, cli_argv, cli_env, line, runs, tierdiag, write_trace
 
 # Markup that crashed the views (MarkupError), clear-screen, an OSC window title, a bidi override.
 HOSTILE_NAME = "[/bold]run\x1b[2J\x1b]0;pwned\x07[/]\u202e"
@@ -197,3 +199,63 @@ def test_import_shows_markup_in_the_backend_the_folder_and_the_trace_path(tmp_pa
         v = tierdiag(*view, "--db", db)
         assert v.code == 0, v.err
         assert_no_raw_controls(v.out)
+
+
+# --- bytes that are not UTF-8, and a terminal that takes only ASCII (issue 32, item 9) -----------
+# Python hands an argument's undecodable bytes over as lone surrogates (os.fsdecode); the child
+# gets the same bytes back (subprocess encodes with surrogateescape).
+NOT_UTF8 = os.fsdecode(b"n\xfe\xff")
+
+
+def test_a_run_name_that_is_not_utf8_is_recorded_with_its_bytes_escaped(tmp_path):
+    trace = write_trace(tmp_path / "t.jsonl", [line(0, 1000, [0, 1])])
+    db = tmp_path / "s.duckdb"
+    r = tierdiag("replay", trace, "--db", db, "--run-name", NOT_UTF8, *SMALL)
+    assert r.code == 0, r.err
+    assert runs(db)[0]["name"] == "n\\xfe\\xff"
+    assert "n\\xfe\\xff" in r.out
+
+
+@pytest.mark.parametrize("where", ["trace", "db", "import-folder", "trace-out"])
+def test_a_file_name_that_is_not_utf8_is_refused_before_any_file_is_made(tmp_path, where):
+    from tests.importers.sglang_export import record, write_export
+
+    odd = tmp_path / os.fsdecode(b"x\xff")
+    if where in ("trace", "db"):
+        trace = write_trace(odd if where == "trace" else tmp_path / "t.jsonl", [line(0, 1000, [0, 1])])
+        db = odd if where == "db" else tmp_path / "s.duckdb"
+        r = tierdiag("replay", trace, "--db", db, "--run-name", "n", *SMALL)
+    else:
+        folder = odd if where == "import-folder" else tmp_path / "export"
+        write_export(folder, "20251201_09", [record("a", prompt=80, tokens=list(range(80)))])
+        db = tmp_path / "s.duckdb"
+        out = odd if where == "trace-out" else tmp_path / "t.jsonl"
+        r = tierdiag("import", "sglang", folder, "--db", db, "--trace-out", out)
+    r.fails(2, "x\\xff", "not a UTF-8 file name")
+    assert not db.exists()
+    if where.startswith("import"):
+        assert not (tmp_path / "t.jsonl").exists()
+
+
+@pytest.fixture(scope="module")
+def ascii_only():
+    env = {k: v for k, v in cli_env().items() if k not in ("LANG", "LC_CTYPE", "PYTHONIOENCODING")}
+    return {**env, "LC_ALL": "C", "PYTHONUTF8": "0"}
+
+
+@pytest.mark.parametrize("args", [("runs",), ("summary",), ("slow",), ("explain", "[/]"), ("runs", "--json")],
+                         ids=["runs", "summary", "slow", "explain", "runs-json"])
+def test_a_stdout_that_takes_only_ascii_gets_the_rest_escaped(hostile, ascii_only, args):
+    db, _ = hostile
+    proc = subprocess.run(cli_argv(*args, "--db", db), capture_output=True, env=ascii_only, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode("ascii", "replace")
+    proc.stdout.decode("ascii")  # every byte ASCII: what could not be written is escaped
+    assert b"Traceback" not in proc.stderr
+
+
+def test_replay_to_an_ascii_only_stdout_with_a_name_that_is_not_ascii(tmp_path, ascii_only):
+    trace = write_trace(tmp_path / "t.jsonl", [line(0, 1000, [0, 1])])
+    proc = subprocess.run(cli_argv("replay", trace, "--db", tmp_path / "s.duckdb", "--run-name", "r\u00e9·",
+                                   *SMALL), capture_output=True, env=ascii_only, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode("ascii", "replace")
+    assert b"r\\xe9\\xb7" in proc.stdout

@@ -15,7 +15,7 @@ import typer
 from tierdiag.paths import DEFAULT_DB
 
 DbOpt = Annotated[Path, typer.Option("--db", help="Run-store file (DuckDB).")]
-RunOpt = Annotated[Optional[str], typer.Option("--run", help="Run id, id prefix or name; default: newest.")]
+RunOpt = Annotated[Optional[str], typer.Option("--run", metavar="RUN", help="Run id, id prefix or name; default: newest.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 DEFAULT_DB_PATH = Path(DEFAULT_DB)
 
@@ -27,6 +27,13 @@ def db_option(db: str | Path) -> str:
     import shlex
 
     return "" if Path(db) == DEFAULT_DB_PATH else f" --db {shlex.quote(str(db))}"
+
+def command_line() -> list[str]:
+    """This command's line as the store records it: text, with bytes that were not UTF-8 escaped."""
+    from tierdiag.report.text import as_text
+
+    return ["tierdiag"] + [as_text(a) for a in sys.argv[1:]]
+
 
 class _LazyConsole:
     """`out` and `err`: report.terminal's SafeConsole (no markup, controls escaped, piped output

@@ -9,9 +9,9 @@ import typer
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, out, print_json
 from tierdiag.errors import ConfigError
 
-SweepOpt = Annotated[Optional[str], typer.Option("--sweep", help="Compare every run of this sweep (id or unique prefix).")]
+SweepOpt = Annotated[Optional[str], typer.Option("--sweep", metavar="SWEEP", help="Compare every run of this sweep (id or unique prefix).")]
 ByOpt = Annotated[Optional[str], typer.Option(
-    "--by", help="Sort by: ttft_p50, ttft_p90, ttft_p99, reuse, recompute, loadback_bytes, loadback_exposed, "
+    "--by", metavar="METRIC", help="Sort by: ttft_p50, ttft_p90, ttft_p99, reuse, recompute, loadback_bytes, loadback_exposed, "
                  "evictions, gpu_busy, memory, name (default: the order given; sweeps: oldest first).")]
 
 

@@ -11,7 +11,7 @@ from tierdiag.store.reader import open_store, resolve_run
 
 
 def explain(
-    req_id: Annotated[str, typer.Argument(help="Request id (the trace's \"id\", else its 1-based line number).")],
+    req_id: Annotated[str, typer.Argument(metavar="REQ_ID", help="Request id (the trace's \"id\", else its 1-based line number).")],
     db: DbOpt = DEFAULT_DB_PATH,
     run: RunOpt = None,
     json_: JsonOpt = False,
