@@ -41,9 +41,9 @@ def advise(
     if json_:
         print_json(result.to_json())
         return
-    from tierdiag.report.terminal import render_advise
+    from tierdiag.report.views import render
 
-    render_advise(result, out, run_label=f"{info.name} ({info.run_id})")
+    render(result, out, run=info)
 
 
 def _bytes(text: str) -> int:

@@ -65,13 +65,6 @@ def compare(
     if json_:
         print_json(result.to_json())
         return
-    if pair is not None:
-        from tierdiag.report.observed import render_agreement
+    from tierdiag.report.views import render
 
-        return render_agreement(result, out)
-    from tierdiag.report.compare_terminal import render_comparison, render_request_comparison
-
-    if requests:
-        render_request_comparison(result, out)
-    else:
-        render_comparison(result, out)
+    render(result, out)

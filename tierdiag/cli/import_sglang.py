@@ -7,7 +7,6 @@ main.py adds by name; each source format is one command of it.
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tierdiag.diagnose.compare import CLASSES, Comparison, RequestComparison, RequestDelta, RunRow
-from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens
+from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct
 from tierdiag.report.terminal import CAUSE_STYLE, SafeConsole
 from tierdiag.report.text import fmt_option
 

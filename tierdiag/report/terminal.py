@@ -464,10 +464,9 @@ def render_runs(infos: Sequence, console: Console, *, db_label: str,
         # Every cell is data (a crafted store can hold anything): never markup, controls escaped.
         run_cell = Text("\n").join([plain(r.run_id, "bold"), plain(r.name)]
                                     + ([plain(r.sweep_id, "dim")] if r.sweep_id else []))
-        if r.kind == "observed":  # a server's own export: no model preset or pools of ours
-            config = [f"imported from {r.config.get('source', 'a server export')}"]
-        else:
-            config = [f"{r.config.get('model', '?')} on {r.config.get('gpu', '?')}"]
+        # A run imported from a server's own export names its source, not a model preset of ours.
+        config = ([f"imported from {r.config['source']}"] if "source" in r.config and "model" not in r.config
+                  else [f"{r.config.get('model', '?')} on {r.config.get('gpu', '?')}"])
         config += [f"{tier} {fmt_tokens(size['tokens'])}" + (f" ({fmt_bytes(size['bytes'])})" if size["bytes"] else "")
                    for tier, size in pool_sizes(r.config, r.data_plane).items()]
         config += [f"{k}={fmt_option(v)}" for k, v in sorted(options.get(r.run_id, {}).items())
