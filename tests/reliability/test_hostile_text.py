@@ -259,3 +259,17 @@ def test_replay_to_an_ascii_only_stdout_with_a_name_that_is_not_ascii(tmp_path, 
                                    *SMALL), capture_output=True, env=ascii_only, timeout=300)
     assert proc.returncode == 0, proc.stderr.decode("ascii", "replace")
     assert b"r\\xe9\\xb7" in proc.stdout
+
+
+def test_advise_and_delete_show_markup_in_the_run_name_and_the_folder(marked, tmp_path):
+    _, trace, db, _, _ = marked
+    copy = markup_dir(tmp_path) / "c[bold].duckdb"
+    copy.write_bytes(db.read_bytes())
+    named = next(r for r in runs(copy) if r["name"] == MARKUP_RUN)
+    advise = tierdiag("advise", "--run", named["run_id"], "--db", copy, "--budget", "1", "--jobs", "1")
+    assert advise.code == 0, advise.err  # (nothing to change here: it names no run, but must not crash)
+    assert_no_raw_controls(advise.out)
+    assert_no_raw_controls(advise.err)
+    deleted = tierdiag("runs", "--delete", named["run_id"], "--db", copy)
+    assert deleted.code == 0, deleted.err
+    shows(deleted.out, "[/]run[bold]b[/bold]\\x1b[2J", TAGS, "c[bold].duckdb")
