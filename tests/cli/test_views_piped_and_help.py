@@ -70,3 +70,11 @@ def test_help_lists_the_table_without_importing_a_command_and_a_command_imports_
     assert not helped & {f"tierdiag.cli.{m}" for m, _ in COMMANDS.values()}, helped
     ran = _modules_loaded("runs", "--db", str(late_run))
     assert {f"tierdiag.cli.{m}" for m, _ in COMMANDS.values()} & ran == {"tierdiag.cli.runs"}, ran
+
+
+@pytest.mark.parametrize("typo, suggested", [("summry", "'summary'"), ("expl", "'explain'")])
+def test_a_mistyped_command_is_one_line_naming_the_close_ones_from_the_whole_table(typo, suggested):
+    r = cli(typo)
+    assert r.returncode == 2
+    (line,) = r.stderr.strip().splitlines()
+    assert f"No such command '{typo}'. Did you mean {suggested}" in line

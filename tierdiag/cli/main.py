@@ -80,6 +80,23 @@ def _group_class():
     from tierdiag.cli.params import plain_coercion
 
     class Commands(TyperGroup):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.suggest_commands = False  # Typer's suggests from the commands built so far: the table's here
+
+        def resolve_command(self, ctx, args):
+            from difflib import get_close_matches
+
+            from typer._click.exceptions import UsageError
+
+            try:
+                return super().resolve_command(ctx, args)
+            except UsageError as exc:
+                matches = get_close_matches(args[0], list(COMMANDS)) if args else []
+                if matches:
+                    exc.message = f"{exc.message.rstrip('.')}. Did you mean {', '.join(map(repr, matches))}?"
+                raise
+
         def list_commands(self, ctx):
             return list(COMMANDS)
 
