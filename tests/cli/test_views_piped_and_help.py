@@ -78,3 +78,13 @@ def test_a_mistyped_command_is_one_line_naming_the_close_ones_from_the_whole_tab
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
     assert f"No such command '{typo}'. Did you mean {suggested}" in line
+
+
+def test_completing_a_command_name_offers_the_table_without_importing_a_command():
+    env = {"_TIERDIAG_COMPLETE": "complete_zsh", "_TYPER_COMPLETE_ARGS": "tierdiag su"}
+    code = ("import sys; sys.argv[0] = 'tierdiag'\ntry:\n    " + ENTRY.replace("; ", "\n    ") + "\nfinally:\n"
+            "    print(' '.join(m for m in sys.modules if m.startswith('tierdiag.cli.')), file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(**env), timeout=120)
+    assert '"summary":"One run at a glance' in r.stdout, r.stdout + r.stderr
+    loaded = set(r.stderr.strip().splitlines()[-1].split())
+    assert not loaded & {f"tierdiag.cli.{m}" for m, _ in COMMANDS.values()}, loaded

@@ -111,6 +111,13 @@ def _group_class():
             with formatter.section("Commands"):
                 formatter.write_dl([(name, line) for name, (_, line) in COMMANDS.items()])
 
+        def shell_complete(self, ctx, incomplete):  # the table's lines: no command imported
+            from typer._click.core import Command
+            from typer.core import CompletionItem
+
+            return ([CompletionItem(name, help=line) for name, (_, line) in COMMANDS.items()
+                     if name.startswith(incomplete)] + Command.shell_complete(self, ctx, incomplete))
+
         def get_params(self, ctx):
             params = super().get_params(ctx)
             plain_coercion(params)
