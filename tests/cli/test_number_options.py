@@ -1,4 +1,4 @@
-"""Integer and float options are parsed by tierdiag itself (cli/main.py `_parse_number`), not by
+"""Integer and float options are parsed by tierdiag itself (cli/params.py `_parse_number`), not by
 Typer's pydantic coercion: pydantic's import was 0.15 s of every replay's start-up. What it read,
 this reads the same, and a value that is not a number is one line naming the option (exit 2)."""
 

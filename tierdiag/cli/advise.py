@@ -16,7 +16,7 @@ def advise(
     jobs: Annotated[Optional[int], typer.Option("--jobs", help="Replays at a time (default: one per change, "
                                                                "at most the machine's cores).")] = None,
     host_memory: Annotated[Optional[str], typer.Option(
-        "--host-memory", help="Host memory a server has for KV, in bytes (k/M/G/T suffixes: 512G, 2T); a host pool "
+        "--host-memory", metavar="SIZE", help="Host memory a server has for KV, in bytes (k/M/G/T suffixes: 512G, 2T); a host pool "
                               "beyond it is not proposed, a storage tier is. Default 2T.")] = None,
     json_: JsonOpt = False,
 ) -> None:
@@ -41,9 +41,9 @@ def advise(
     if json_:
         print_json(result.to_json())
         return
-    from tierdiag.report.terminal import render_advise
+    from tierdiag.report.views import render
 
-    render_advise(result, out, run_label=f"{info.name} ({info.run_id})")
+    render(result, out, run=info)
 
 
 def _bytes(text: str) -> int:

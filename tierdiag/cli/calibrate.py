@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from tierdiag.cli.choices import choices
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, err, out, print_json
@@ -103,8 +104,8 @@ def calibrate(json_: JsonOpt = False, out_path: OutOpt = None, quick: QuickOpt =
               f"(scattered both sides), {profile.load_back_to_run_vs_contiguous:.0%} into a device run; "
               f"backup {profile.backup_vs_contiguous:.0%}")
     if profile.load_average_1m > (profile.host.get("cpu_count") or 1):
-        out.print(f"[yellow]note[/]: load average {profile.load_average_1m:.1f} on "
-                  f"{profile.host.get('cpu_count')} CPUs while measuring: other work competed; re-run when idle")
+        out.print(Text.assemble(("note", "yellow"), f": load average {profile.load_average_1m:.1f} on "
+                  f"{profile.host.get('cpu_count')} CPUs while measuring: other work competed; re-run when idle"))
     out.print(f"profile written to {written}  (use: tierdiag replay TRACE --profile {written})")
 
 

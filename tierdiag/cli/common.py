@@ -5,9 +5,7 @@ stdout is data, stderr is diagnostics.
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -17,7 +15,7 @@ import typer
 from tierdiag.paths import DEFAULT_DB
 
 DbOpt = Annotated[Path, typer.Option("--db", help="Run-store file (DuckDB).")]
-RunOpt = Annotated[Optional[str], typer.Option("--run", help="Run id, id prefix or name; default: newest.")]
+RunOpt = Annotated[Optional[str], typer.Option("--run", metavar="RUN", help="Run id, id prefix or name; default: newest.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 DEFAULT_DB_PATH = Path(DEFAULT_DB)
 
@@ -30,46 +28,27 @@ def db_option(db: str | Path) -> str:
 
     return "" if Path(db) == DEFAULT_DB_PATH else f" --db {shlex.quote(str(db))}"
 
-def _styling() -> dict:
-    """NO_COLOR (https://no-color.org, any non-empty value) turns off all styling, bold and dim
-    included: Rich's own NO_COLOR support drops only the colours."""
-    return {"color_system": None} if os.environ.get("NO_COLOR") else {}
+def command_line() -> list[str]:
+    """This command's line as the store records it: text, with bytes that were not UTF-8 escaped."""
+    from tierdiag.report.text import as_text
 
-
-@functools.cache
-def _console_class():
-    """SafeConsole, defined (and Rich imported) on first use."""
-    from rich.console import Console
-    from rich.segment import Segment
-
-    class SafeConsole(Console):
-        """A Console that never sends a control character from data to the terminal: whatever a
-        view renders (a table cell, a title, a panel), text segments are shown with control
-        characters escaped (`\x1b`), while Rich's own styling still works. Views also pass data
-        as Text built with `report.terminal.visible` (no markup, escaped before layout so columns
-        line up); this is the net under every view, including ones added later."""
-
-        def _render_buffer(self, buffer):
-            from tierdiag.report.terminal import visible
-
-            return super()._render_buffer(
-                seg if seg.control else Segment(visible(seg.text), seg.style, seg.control) for seg in buffer)
-
-    return SafeConsole
+    return ["tierdiag"] + [as_text(a) for a in sys.argv[1:]]
 
 
 class _LazyConsole:
-    """`out` and `err`: a SafeConsole, made on first use, so that a command printing --json (or
-    nothing) never imports Rich (~40 ms of start-up). Options are taken when this is made, as the
-    console's own would be."""
+    """`out` and `err`: report.terminal's SafeConsole (no markup, controls escaped, piped output
+    complete), made on first use, so that a command printing --json (or nothing) never imports
+    Rich (~40 ms of start-up)."""
 
-    def __init__(self, **options):
-        object.__setattr__(self, "_options", options)
+    def __init__(self, *, stderr: bool):
+        object.__setattr__(self, "_stderr", stderr)
         object.__setattr__(self, "_console", None)
 
     def _get(self):
         if self._console is None:
-            object.__setattr__(self, "_console", _console_class()(**self._options))
+            from tierdiag.report.terminal import new_console
+
+            object.__setattr__(self, "_console", new_console(stderr=self._stderr))
         return self._console
 
     def __getattr__(self, name):
@@ -87,14 +66,8 @@ class _LazyConsole:
         return self._get().__exit__(*exc_info)
 
 
-def __getattr__(name: str):
-    if name == "SafeConsole":  # the class, for whoever needs one of their own
-        return _console_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-out = _LazyConsole(soft_wrap=True, **_styling())
-err = _LazyConsole(stderr=True, soft_wrap=True, **_styling())
+out = _LazyConsole(stderr=False)
+err = _LazyConsole(stderr=True)
 
 
 def print_json(obj: Any) -> None:

@@ -9,9 +9,9 @@ import typer
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, out, print_json
 from tierdiag.errors import ConfigError
 
-SweepOpt = Annotated[Optional[str], typer.Option("--sweep", help="Compare every run of this sweep (id or unique prefix).")]
+SweepOpt = Annotated[Optional[str], typer.Option("--sweep", metavar="SWEEP", help="Compare every run of this sweep (id or unique prefix).")]
 ByOpt = Annotated[Optional[str], typer.Option(
-    "--by", help="Sort by: ttft_p50, ttft_p90, ttft_p99, reuse, recompute, loadback_bytes, loadback_exposed, "
+    "--by", metavar="METRIC", help="Sort by: ttft_p50, ttft_p90, ttft_p99, reuse, recompute, loadback_bytes, loadback_exposed, "
                  "evictions, gpu_busy, memory, name (default: the order given; sweeps: oldest first).")]
 
 
@@ -65,13 +65,6 @@ def compare(
     if json_:
         print_json(result.to_json())
         return
-    if pair is not None:
-        from tierdiag.report.observed import render_agreement
+    from tierdiag.report.views import render
 
-        return render_agreement(result, out)
-    from tierdiag.report.compare_terminal import render_comparison, render_request_comparison
-
-    if requests:
-        render_request_comparison(result, out)
-    else:
-        render_comparison(result, out)
+    render(result, out)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from rich.table import Table
+from rich.text import Text
 
 from tierdiag.cli.common import JsonOpt, out, print_json
+from tierdiag.report.terminal import plain
 
-_MARK = {"ok": "[green]ok[/]", "info": "[cyan]info[/]", "warn": "[yellow]warn[/]"}
+_MARK = {"ok": "green", "info": "cyan", "warn": "yellow"}
 
 
 def _gib(n: int | None) -> str:
@@ -37,7 +39,7 @@ def doctor(json_: JsonOpt = False) -> None:
     setup.add_row("tierdiag", report.tierdiag_version)
     setup.add_row("python", f"{report.python_version} on {report.platform} ({report.cpu_count} CPUs)")
     if t.version is None:
-        setup.add_row("torch", f"[yellow]{t.error}[/]")
+        setup.add_row("torch", plain(t.error, "yellow"))
     else:
         build = f"built for CUDA {t.cuda_build}" if t.cuda_build else "CPU-only build"
         usable = f"{t.device_count} CUDA device(s) usable" if t.cuda_available else "CUDA not usable"
@@ -46,9 +48,9 @@ def doctor(json_: JsonOpt = False) -> None:
     if n.available:
         setup.add_row("driver", f"{n.driver_version or '?'} (supports CUDA {n.cuda_driver_version or '?'})")
     else:
-        setup.add_row("driver", f"[yellow]{n.error}[/]")
+        setup.add_row("driver", plain(n.error, "yellow"))
     pin = report.pinned_memory
-    setup.add_row("pinned memory", ("[green]yes[/] " if pin.available else "no: ") + pin.detail)
+    setup.add_row("pinned memory", Text.assemble(("yes ", "green") if pin.available else "no: ", plain(pin.detail)))
     out.print(setup)
     if n.gpus:
         gpus = Table(title="GPUs (NVML)")
@@ -56,8 +58,8 @@ def doctor(json_: JsonOpt = False) -> None:
             gpus.add_column(col)
         for g in n.gpus:
             now = _link(g.pcie_gen_current, g.pcie_width_current)
-            gpus.add_row(str(g.index), g.name, _gib(g.memory_total_bytes),
-                         f"[yellow]{now}[/]" if g.link_below_max else now,
+            gpus.add_row(str(g.index), plain(g.name), _gib(g.memory_total_bytes),
+                         plain(now, "yellow" if g.link_below_max else ""),
                          _link(g.pcie_gen_max, g.pcie_width_max),
                          _gbps(g.link_bytes_per_s_current), _gbps(g.link_bytes_per_s_max))
         out.print(gpus)
@@ -66,4 +68,4 @@ def doctor(json_: JsonOpt = False) -> None:
     else:
         out.print("GPUs: none (no NVIDIA driver) — the device pool runs on the CPU")
     for f in report.findings:
-        out.print(f"{_MARK[f.level]}  {f.message}")
+        out.print(Text.assemble((f.level, _MARK[f.level]), "  ", plain(f.message)))

@@ -7,13 +7,12 @@ main.py adds by name; each source format is one command of it.
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, db_option, err, out, print_json
+from tierdiag.cli.common import command_line, db_option, DbOpt, DEFAULT_DB_PATH, err, JsonOpt, out, print_json
 
 import_app = typer.Typer(name="import", help="Record a server's own per-request export as an observed run.",
                          no_args_is_help=True)
@@ -28,7 +27,7 @@ def sglang(
     paths: Annotated[list[Path], typer.Argument(
         help="sglang-request-metrics-*.log(.gz) files, or folders holding them (--export-metrics-to-file-dir).")],
     db: DbOpt = DEFAULT_DB_PATH,
-    run_name: Annotated[Optional[str], typer.Option("--run-name", help="Name of the run (default: sglang-<folder>).")] = None,
+    run_name: Annotated[Optional[str], typer.Option("--run-name", metavar="NAME", help="Name of the run (default: sglang-<folder>).")] = None,
     trace_out: Annotated[Optional[Path], typer.Option(
         "--trace-out", help="Also write the requests as a tierdiag trace (JSONL) to replay as the twin run.")] = None,
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip malformed lines (and count them).")] = False,
@@ -40,7 +39,7 @@ def sglang(
 
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
-    bar = Progress(TextColumn("[bold]import"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[info]}"),
+    bar = Progress(TextColumn("import", style="bold", markup=False), BarColumn(), DownloadColumn(), TextColumn("{task.fields[info]}", markup=False),
                    TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal or json_)
     with bar:
         task = bar.add_task("import", total=None, info="")
@@ -49,7 +48,7 @@ def sglang(
             bar.update(task, completed=done, total=max(total, done), info=f"{records:,} requests")
 
         s = import_sglang(paths, db=db, run_name=run_name, trace_out=trace_out, skip_bad=skip_bad,
-                          command_line=["tierdiag"] + sys.argv[1:], progress=progress)
+                          command_line=command_line(), progress=progress)
     if s.bad_lines:
         first = "; ".join(s.first_bad[:2])
         err.print(f"tierdiag: skipped {s.bad_lines:,} bad line{'s' if s.bad_lines != 1 else ''} (first: {first})",

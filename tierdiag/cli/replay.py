@@ -12,7 +12,7 @@ import typer
 
 from tierdiag import signals
 from tierdiag.cli.choices import choices
-from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, db_option, err, out, print_json
+from tierdiag.cli.common import command_line, db_option, DbOpt, DEFAULT_DB_PATH, err, JsonOpt, out, print_json
 # No torch: presets, registries and validation only.
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_pool
 from tierdiag.config.engine import (
@@ -61,7 +61,7 @@ def replay(
     trace: Annotated[Path, typer.Argument(help="Trace file: Mooncake JSONL or tierdiag JSONL (.gz too).",
                                           metavar="TRACE", show_default=False)],
     db: DbOpt = DEFAULT_DB_PATH,
-    run_name: Annotated[Optional[str], Opt("--run-name", help="Name of the run (default: trace file stem).")] = None,
+    run_name: Annotated[Optional[str], Opt("--run-name", metavar="NAME", help="Name of the run (default: trace file stem).")] = None,
     config: Annotated[Optional[Path], Opt("--config", help="TOML file with any of the options below.")] = None,
     model: Annotated[Optional[str], Opt(**choices(MODELS), help=_d("Model preset.", "model"))] = None,
     gpu: Annotated[Optional[str], Opt(**choices(GPUS), help=_d("GPU preset.", "gpu"))] = None,
@@ -95,7 +95,7 @@ def replay(
     """Replay TRACE through the tiered cache engine and record every request into --db."""
     # Whatever happens below is closed by the time the command returns (the run, its writer
     # process, the storage tier's files): the process then skips freeing the engine's objects.
-    from tierdiag.cli.main import leave_without_teardown
+    from tierdiag.cli.exits import leave_without_teardown
 
     leave_without_teardown()
     cfg = load_config(config, {
@@ -134,7 +134,7 @@ def replay(
         try:
             summary = run_replay(trace, cfg, db=None if no_probes else db, run_name=run_name,
                                  probes=not no_probes, skip_bad=skip_bad,
-                                 command_line=["tierdiag"] + sys.argv[1:], progress=progress)
+                                 command_line=command_line(), progress=progress)
         except ReplayInterrupted as exc:
             if progress is not None:  # a bar is shown: it goes before the interrupt's line
                 bar.stop()
@@ -170,7 +170,7 @@ def _progress_bar(trace: Path, *, show: bool):
 
     from tierdiag.app.replay import count_lines
 
-    bar = Progress(TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+    bar = Progress(TextColumn("replay", style="bold", markup=False), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}", markup=False),
                    TimeElapsedColumn(), console=err, transient=True)
     task = bar.add_task("replay", total=count_lines(trace) if trace.is_file() else None, info="")
 

@@ -15,7 +15,7 @@ OutputOpt = Annotated[Optional[Path], typer.Option(
 OpenOpt = Annotated[bool, typer.Option("--open", help="Open the report in a web browser afterwards.")]
 CompareOpt = Annotated[Optional[Tuple[str, str]], typer.Option(
     "--compare", metavar="A B", help="A comparison report of two runs instead (ids, prefixes or names).")]
-SweepOpt = Annotated[Optional[str], typer.Option("--sweep", help="A comparison report of every run of this sweep.")]
+SweepOpt = Annotated[Optional[str], typer.Option("--sweep", metavar="SWEEP", help="A comparison report of every run of this sweep.")]
 
 
 def report(db: DbOpt = DEFAULT_DB_PATH, run: RunOpt = None, output: OutputOpt = None, open_: OpenOpt = False,

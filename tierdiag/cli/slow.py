@@ -25,15 +25,15 @@ def slow(
     ids: Annotated[bool, typer.Option("--ids", help="Print only the request ids, one a line (for scripts).")] = False,
 ) -> None:
     """Requests ranked by excess TTFT over their ideal (reused tokens device-resident, no queueing)."""
-    # Imported here, not at the top: main.py imports every command module to register it.
-    from tierdiag.diagnose.slow import slow_requests
-
     with open_store(db) as con:
         info = resolve_run(con, run, db_label=str(db))
-        observed = info.kind == "observed"  # no ideal TTFT: ranked by TTFT (diagnose/observed.py)
-        if observed:
-            from tierdiag.diagnose.observed import slow_observed as slow_requests  # noqa: F811
-        rows = slow_requests(con, info, top=top, hit_class=hit_class, cause=cause)
+        # An imported run has no ideal TTFT: ranked by TTFT (diagnose/observed.py); each module
+        # is imported only when asked, for start-up.
+        if info.kind == "observed":
+            from tierdiag.diagnose.observed import ObservedSlow as Row, slow_observed as rank
+        else:
+            from tierdiag.diagnose.slow import SlowRequest as Row, slow_requests as rank
+        rows = rank(con, info, top=top, hit_class=hit_class, cause=cause)
         if json_:
             from tierdiag.diagnose.explain import run_bounds
 
@@ -49,10 +49,6 @@ def slow(
                     "requests": [{**r.to_json(), "arrival_ms": None if r.arrival_ns is None else (r.arrival_ns - t0_ns) / 1e6}
                                  for r in rows]})
         return
-    if observed:
-        from tierdiag.report.observed import render_observed_slow
+    from tierdiag.report.views import render
 
-        return render_observed_slow(rows, out, run_label=f"{info.name} ({info.run_id})")
-    from tierdiag.report.terminal import render_slow
-
-    render_slow(rows, out, run_label=f"{info.name} ({info.run_id})", hit_class=hit_class, cause=cause)
+    render(rows, out, of=Row, run=info, hit_class=hit_class, cause=cause)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated, List, Optional
 
 import typer
 
-from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, db_option, err, out, print_json
+from tierdiag.cli.common import command_line, db_option, DbOpt, DEFAULT_DB_PATH, err, JsonOpt, out, print_json
 from tierdiag.errors import ConfigError
 
 Opt = typer.Option
@@ -24,12 +23,12 @@ def sweep(
     jobs: Annotated[Optional[int], Opt("--jobs", help="Replays at a time (default: the machine's cores; with a "
                                                       "local --ray, its CPUs).")] = None,
     ray: Annotated[bool, Opt("--ray", help="Run each combination as a Ray task: `--ray` alone on a local Ray, "
-                                           "`--ray ADDRESS` on that cluster (needs `pip install 'tierdiag\\[ray]'`).")] = False,
+                                           "`--ray ADDRESS` on that cluster (needs `pip install 'tierdiag[ray]'`).")] = False,
     # `--ray [ADDRESS]`: Typer has no option with an optional value, so the address is the one
     # positional argument allowed after TRACE, and only together with --ray.
     address: Annotated[Optional[str], typer.Argument(metavar="[ADDRESS]", show_default=False,
                                                      help="Ray address, with --ray.")] = None,
-    by: Annotated[Optional[str], Opt("--by", help="Sort the comparison by this metric (see `compare --by`).")] = None,
+    by: Annotated[Optional[str], Opt("--by", metavar="METRIC", help="Sort the comparison by this metric (see `compare --by`).")] = None,
     skip_bad: Annotated[bool, Opt("--skip-bad", help="Skip malformed trace lines (and count them).")] = False,
     db: DbOpt = DEFAULT_DB_PATH,
     resume: Annotated[Optional[Path], Opt("--resume", help="Instead of a sweep: merge the runs a sweep kept in this "
@@ -103,7 +102,7 @@ def _run(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool) ->
     where = "as Ray tasks" if isinstance(backend, Ray) else f"in {min(backend.jobs or _cores(), n)} processes"
     err.print(f"tierdiag: sweep {sweep_id}: {n} combination{'s' if n != 1 else ''} of {trace.name} {where}",
               markup=False, highlight=False)
-    bar = Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    bar = Progress(TextColumn("sweep", style="bold", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=err, transient=True, disable=not err.is_terminal)
 
     def headline(outcome) -> None:
@@ -128,7 +127,7 @@ def _run(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool) ->
         task = bar.add_task("sweep", total=n)
         try:
             return run_configs(trace, plan.configs, db, backend=backend, sweep_id=sweep_id, skip_bad=skip_bad,
-                               command_line=["tierdiag"] + sys.argv[1:], progress=headline)
+                               command_line=command_line(), progress=headline)
         except SweepInterrupted as exc:
             bar.stop()
             count = {s: sum(1 for o in exc.outcomes if o.status == s) for s in ("complete", "interrupted", "not_started")}

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tierdiag.diagnose.compare import RunRow
-from tierdiag.report.figures import CLASS_LABELS, TIER_COLOURS, TIER_LABELS, FigureSpec, TimeUnit, _axis, _layout
+from tierdiag.report.plotting import CLASS_LABELS, TIER_COLOURS, TIER_LABELS, FigureSpec, TimeUnit, base_axis, base_layout
 
 # Plotly's D3 palette without its amber/purple/red (those mean host, storage, recompute here).
 RUN_COLOURS = ("#1f77b4", "#2ca02c", "#8c564b", "#17becf", "#e377c2", "#7f7f7f", "#bcbd22", "#393b79",
@@ -74,8 +74,8 @@ def ttft_cdf_figure(runs: Sequence[RunTtfts], hit_class: str = "all") -> FigureS
                        "hovertemplate": "%{fullData.name}<br>%{y:.1%} of requests within "
                                         f"%{{x:,.2f}} {unit.label}<extra></extra>"})
     wide = hit_class == "all"
-    layout = _layout(xaxis=_axis(f"TTFT ({unit.label}, log)", type="log"),
-                     yaxis=_axis("share of requests", tickformat=".0%", range=[0, 1.02]), hovermode="closest")
+    layout = base_layout(xaxis=base_axis(f"TTFT ({unit.label}, log)", type="log"),
+                     yaxis=base_axis("share of requests", tickformat=".0%", range=[0, 1.02]), hovermode="closest")
     if not wide:
         layout["showlegend"] = False
     what = CLASS_LABELS[hit_class]
@@ -108,8 +108,8 @@ def reuse_bars_figure(rows: Sequence[RunRow], labels: Sequence[str]) -> FigureSp
         traces.append({"type": "bar", "orientation": "h", "name": TIER_LABELS[part], "y": [_text(v) for v in labels],
                        "x": values, "marker": {"color": TIER_COLOURS[part]},
                        "hovertemplate": f"%{{y}}<br>{TIER_LABELS[part]}: %{{x:.1%}} of input tokens<extra></extra>"})
-    layout = _layout(barmode="stack", bargap=0.3, xaxis=_axis("share of input tokens", tickformat=".0%", range=[0, 1]),
-                     yaxis=_axis("", automargin=True, autorange="reversed", gridcolor="rgba(0,0,0,0)"),
+    layout = base_layout(barmode="stack", bargap=0.3, xaxis=base_axis("share of input tokens", tickformat=".0%", range=[0, 1]),
+                     yaxis=base_axis("", automargin=True, autorange="reversed", gridcolor="rgba(0,0,0,0)"),
                      margin={"l": 24, "r": 24, "t": 8, "b": 48})
     return FigureSpec(
         key="reuse-bars", section="reuse", title="Reuse by tier, per run",
@@ -148,8 +148,8 @@ def pareto_figure(rows: Sequence[RunRow], labels: Sequence[str], quantile: str, 
                        "hovertemplate": f"%{{fullData.name}}<br>memory %{{x:,.2f}} GiB<br>TTFT {quantile} "
                                         f"%{{y:,.2f}} {unit.label}" + ("<br>on the frontier" if on_front else "")
                                         + "<extra></extra>"})
-    layout = _layout(xaxis=_axis("KV memory: device + host + storage (GiB)", rangemode="tozero"),
-                     yaxis=_axis(f"TTFT {quantile} ({unit.label})", rangemode="tozero"), hovermode="closest")
+    layout = base_layout(xaxis=base_axis("KV memory: device + host + storage (GiB)", rangemode="tozero"),
+                     yaxis=base_axis(f"TTFT {quantile} ({unit.label})", rangemode="tozero"), hovermode="closest")
     return FigureSpec(
         key=f"pareto-{quantile}", section="pareto", title=f"Memory vs TTFT {quantile}",
         how_to_read="down and to the left is better. Filled points are on the frontier (no run is both "

@@ -11,29 +11,25 @@ first run (the baseline) against the one with the lowest TTFT p50.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
 import duckdb
 import numpy as np
 
-from tierdiag import __version__
 from tierdiag.diagnose.compare import (CLASSES, Comparison, RequestComparison, RequestDelta, compare_requests,
                                        compare_runs, sweep_runs)
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct
 from tierdiag.errors import ConfigError
 from tierdiag.report.compare_figures import (RunTtfts, pareto_figure, reuse_bars_figure, run_colour,
                                              ttft_cdf_figure, ttft_unit_of)
-from tierdiag.report.compare_terminal import fmt_option
-from tierdiag.report.figures import CLASS_COLOURS, CLASS_LABELS, FigureSpec
-from tierdiag.report.html import (_CSS, _LOADER, _cards_by_section, DEFAULT_REPORTS_DIR, PLOTLY_CONFIG, _e, _plotly_js,
-                                  write_atomic)
+from tierdiag.report.text import fmt_option
+from tierdiag.report.plotting import CLASS_COLOURS, CLASS_LABELS, FigureSpec
+from tierdiag.report.page import DEFAULT_REPORTS_DIR, e, page, plotly_js, write_atomic
 from tierdiag.store.reader import RunInfo, open_store, resolve_run
 
 DELTA_ROWS = 15
@@ -103,21 +99,21 @@ def _runs_table(c: Comparison, labels: Sequence[str]) -> str:
                                        "tiered-hit p50 / p99", "load-back", "exposed", "evictions", "GPU busy",
                                        "memory"]
     num = set(range(1, len(head)))
-    ths = "".join(f'<th class="num">{_e(h)}</th>' if i in num else f"<th>{_e(h)}</th>" for i, h in enumerate(head))
+    ths = "".join(f'<th class="num">{e(h)}</th>' if i in num else f"<th>{e(h)}</th>" for i, h in enumerate(head))
     rows = []
     for i, (r, label) in enumerate(zip(c.rows, labels)):
         tiered = next((s for s in r.ttft_by_class if s.hit_class == "tiered_hit"), None)
-        status = "" if r.status == "complete" else f' <span class="cause">{_e(r.status)}</span>'
-        cells = [f'<td class="id"><span class="swatch" style="background:{run_colour(i)}"></span><b>{_e(label)}</b>'
-                 f'{status}<br><span class="split">{_e(r.run_id)}</span></td>']
-        cells += [f'<td class="num">{_e(fmt_option(r.changes.get(k)))}</td>' for k in c.varied]
+        status = "" if r.status == "complete" else f' <span class="cause">{e(r.status)}</span>'
+        cells = [f'<td class="id"><span class="swatch" style="background:{run_colour(i)}"></span><b>{e(label)}</b>'
+                 f'{status}<br><span class="split">{e(r.run_id)}</span></td>']
+        cells += [f'<td class="num">{e(fmt_option(r.changes.get(k)))}</td>' for k in c.varied]
         values = [fmt_pct(r.reuse_share),
                   f"{fmt_pct(r.device_share)} / {fmt_pct(r.host_share)} / {fmt_pct(r.storage_share)}",
                   fmt_pct(r.recompute_share), fmt_ms(r.ttft_p50_ns), fmt_ms(r.ttft_p90_ns), fmt_ms(r.ttft_p99_ns),
                   f"{fmt_ms(tiered.ttft_p50_ns)} / {fmt_ms(tiered.ttft_p99_ns)}" if tiered else "-",
                   fmt_bytes(r.loadback_bytes), fmt_ms(r.loadback_exposed_ns), f"{r.num_evictions:,}",
                   fmt_pct(r.gpu_busy_share), fmt_bytes(r.memory_bytes)]
-        cells += [f'<td class="num">{_e(v)}</td>' for v in values]
+        cells += [f'<td class="num">{e(v)}</td>' for v in values]
         rows.append(f"<tr>{''.join(cells)}</tr>")
     return (f'<div class="card" style="overflow-x:auto"><table><thead><tr>{ths}</tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table></div>')
@@ -125,7 +121,7 @@ def _runs_table(c: Comparison, labels: Sequence[str]) -> str:
 
 def _delta_rows(title: str, deltas: Sequence[RequestDelta]) -> str:
     if not deltas:
-        return f'<h3>{_e(title)}</h3><p class="note">none</p>'
+        return f'<h3>{e(title)}</h3><p class="note">none</p>'
     body = []
     for d in deltas:
         cls = CLASS_LABELS.get(d.hit_class_a or "", "-")
@@ -135,28 +131,28 @@ def _delta_rows(title: str, deltas: Sequence[RequestDelta]) -> str:
         change = "-" if d.delta_ns is None else ("+" if d.delta_ns > 0 else "") + fmt_ms(d.delta_ns)
         kind = "gain" if (d.delta_ns or 0) < 0 else "loss" if (d.delta_ns or 0) > 0 else ""
         a, b = d.cause_a or "rejected", d.cause_b or "rejected"
-        verdict = f'<span class="cause {_e(a)}">{_e(a)}</span>' + (
-            "" if a == b else f' → <span class="cause {_e(b)}">{_e(b)}</span>')
-        body.append(f'<tr><td class="id"><b>{_e(d.req_id)}</b></td>'
-                    f'<td><span class="badge" style="background:{colour}">{_e(cls)}</span></td>'
-                    f'<td class="num">{_e(fmt_ms(d.ttft_a_ns))}</td><td class="num">{_e(fmt_ms(d.ttft_b_ns))}</td>'
-                    f'<td class="num {kind}"><b>{_e(change)}</b></td><td>{verdict}</td></tr>')
+        verdict = f'<span class="cause {e(a)}">{e(a)}</span>' + (
+            "" if a == b else f' → <span class="cause {e(b)}">{e(b)}</span>')
+        body.append(f'<tr><td class="id"><b>{e(d.req_id)}</b></td>'
+                    f'<td><span class="badge" style="background:{colour}">{e(cls)}</span></td>'
+                    f'<td class="num">{e(fmt_ms(d.ttft_a_ns))}</td><td class="num">{e(fmt_ms(d.ttft_b_ns))}</td>'
+                    f'<td class="num {kind}"><b>{e(change)}</b></td><td>{verdict}</td></tr>')
     head = ('<tr><th>request</th><th>class (A → B)</th><th class="num">TTFT in A</th><th class="num">in B</th>'
             '<th class="num">change</th><th>verdict A → B</th></tr>')
-    return f'<h3>{_e(title)}</h3><table><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
+    return f'<h3>{e(title)}</h3><table><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
 
 
 def _requests_section(rc: RequestComparison | None, why: str) -> str:
     if rc is None:
         return '<div class="card"><div class="empty">one run: nothing to compare request by request</div></div>'
-    pair = (f'<p class="pair">A = <b>{_e(rc.name_a)}</b> ({_e(rc.run_a)}) · B = <b>{_e(rc.name_b)}</b> '
-            f"({_e(rc.run_b)}){_e(why)}. {rc.num_common:,} requests in both ({rc.num_only_a:,} only in A, "
+    pair = (f'<p class="pair">A = <b>{e(rc.name_a)}</b> ({e(rc.run_a)}) · B = <b>{e(rc.name_b)}</b> '
+            f"({e(rc.run_b)}){e(why)}. {rc.num_common:,} requests in both ({rc.num_only_a:,} only in A, "
             f"{rc.num_only_b:,} only in B): {rc.num_faster:,} faster in B, {rc.num_slower:,} slower, "
             f"{rc.num_changed:,} changed verdict.</p>")
     transitions = ""
     if rc.transitions:
-        items = "".join(f'<tr><td><span class="cause {_e(t.from_cause)}">{_e(t.from_cause)}</span> → '
-                        f'<span class="cause {_e(t.to_cause)}">{_e(t.to_cause)}</span></td>'
+        items = "".join(f'<tr><td><span class="cause {e(t.from_cause)}">{e(t.from_cause)}</span> → '
+                        f'<span class="cause {e(t.to_cause)}">{e(t.to_cause)}</span></td>'
                         f'<td class="num">{t.num_requests:,}</td></tr>' for t in rc.transitions)
         transitions = (f'<h3>Verdicts that changed</h3><table><thead><tr><th>primary cause A → B</th>'
                        f'<th class="num">requests</th></tr></thead><tbody>{items}</tbody></table>')
@@ -170,52 +166,14 @@ def _requests_section(rc: RequestComparison | None, why: str) -> str:
 
 def render_compare_html(c: Comparison, labels: Sequence[str], figures: Sequence[FigureSpec],
                         rc: RequestComparison | None, why: str, *, trace: str, plotly_js: str) -> str:
-    by_section, scripts = _cards_by_section(figures)
-    body = []
-    for n, (key, title, how) in enumerate(_SECTIONS, start=1):
-        parts = [f'<section id="{key}"><h2><span class="num">{n}</span>{_e(title)}</h2><p class="how">{_e(how)}</p>']
-        if key == "runs":
-            parts.append(_runs_table(c, labels))
-        cards = by_section.get(key, [])
-        parts.extend(card for s, card in cards if s.wide)
-        narrow = [card for s, card in cards if not s.wide]
-        if narrow:
-            parts.append(f'<div class="grid">{"".join(narrow)}</div>')
-        if key == "requests":
-            parts.append(_requests_section(rc, why))
-        parts.append("</section>")
-        body.append("".join(parts))
-    nav = "".join(f'<a href="#{k}">{_e(t)}</a>' for k, t, _ in _SECTIONS)
-    what = f"sweep <span>{_e(c.sweep_id)}</span>" if c.sweep_id else f"<span>{len(c.rows)} runs</span>"
+    what = f"sweep <span>{e(c.sweep_id)}</span>" if c.sweep_id else f"<span>{len(c.rows)} runs</span>"
     title = f"sweep {c.sweep_id}" if c.sweep_id else " vs ".join(labels)
-    varied = ", ".join(c.varied) or "none"
-    generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="generator" content="tierdiag {_e(__version__)}">
-<title>tierdiag comparison · {_e(title)}</title>
-<style>{_CSS}{_EXTRA_CSS}</style>
-<script>{plotly_js}</script>
-</head>
-<body>
-<header class="top"><div class="wrap">
-<h1>tierdiag comparison · {what}</h1>
-<div class="meta"><b>{len(c.rows)}</b> runs · options that differ: <b>{_e(varied)}</b> · trace <b>{_e(trace)}</b></div>
-</div></header>
-<nav><div class="wrap">{nav}</div></nav>
-<main class="wrap">
-{"".join(body)}
-</main>
-<footer class="wrap">Generated by tierdiag {_e(__version__)} on {generated} from the run store only.
-Times are virtual (the replays' clock); token counts are exact. This file works offline.</footer>
-{"".join(scripts)}
-<script>{_LOADER % json.dumps(PLOTLY_CONFIG)}</script>
-</body>
-</html>
-"""
+    meta = (f"<b>{len(c.rows)}</b> runs · options that differ: <b>{e(', '.join(c.varied) or 'none')}</b> · "
+            f"trace <b>{e(trace)}</b>")
+    return page(title=f"tierdiag comparison · {title}", heading=f"tierdiag comparison · {what}", meta=meta,
+                sections=_SECTIONS, figures=figures, clock="the replays' clock", plotly_js=plotly_js,
+                extra_css=_EXTRA_CSS, before={"runs": [_runs_table(c, labels)]},
+                after={"requests": [_requests_section(rc, why)]})
 
 
 def default_compare_output(c: Comparison, folder: Path = DEFAULT_REPORTS_DIR) -> Path:
@@ -252,7 +210,7 @@ def build_compare_report(db: str | os.PathLike, runs: Sequence[str] = (), sweep:
                reuse_bars_figure(c.rows, labels), pareto_figure(c.rows, labels, "p50", unit),
                pareto_figure(c.rows, labels, "p99", unit)]
     traces = sorted({Path(r.trace_path).name for r in infos})
-    text = render_compare_html(c, labels, figures, rc, why, trace=", ".join(traces), plotly_js=_plotly_js())
+    text = render_compare_html(c, labels, figures, rc, why, trace=", ".join(traces), plotly_js=plotly_js())
     path = Path(output) if output is not None else default_compare_output(c)
     size = write_atomic(path, text)
     return CompareReportResult(path=path, figures=sum(1 for f in figures if not f.empty), bytes=size,

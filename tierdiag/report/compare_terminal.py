@@ -6,28 +6,18 @@ names, option values, request ids) goes in as a Text, never as markup.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from tierdiag.diagnose.compare import CLASSES, Comparison, RequestComparison, RequestDelta, RunRow
-from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens
-from tierdiag.report.terminal import CAUSE_STYLE
+from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct
+from tierdiag.report.terminal import CAUSE_STYLE, SafeConsole
+from tierdiag.report.text import fmt_option
 
 _CLASS_SHORT = {"device_hit": "device hit", "tiered_hit": "tiered hit", "miss": "miss"}
-
-
-def fmt_option(value: Any) -> str:
-    """An option value as a person reads it: token counts with separators, None as '-'."""
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return fmt_tokens(value)
-    return str(value)
 
 
 def _split(r: RunRow) -> str:
@@ -43,7 +33,7 @@ def wide_console(console: Console) -> Console:
     tables the room they need rather than cutting every cell."""
     if console.is_terminal or console.width >= WIDE:
         return console
-    return Console(file=console.file, width=WIDE, soft_wrap=True, color_system=None)
+    return SafeConsole(file=console.file, width=WIDE, soft_wrap=True, color_system=None)
 
 
 def _names_are_options(c: Comparison) -> bool:

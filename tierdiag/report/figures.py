@@ -1,4 +1,9 @@
-"""Plotly figures for the HTML report, as plain figure dicts (data + layout).
+"""Plotly figures for the HTML report of one run, as plain figure dicts (data + layout); what
+they share with the comparison's figures is in plotting.py.
+
+Over 500 lines on purpose: one function per figure of the report (eleven), each with the words
+around it; they share one colour story and one time axis, and a reader looks for a figure by
+its section here rather than across files.
 
 Dicts rather than `plotly.graph_objects` because a large run's figures are built in
 milliseconds this way (no per-attribute validation), and numpy arrays stay numpy until
@@ -13,12 +18,28 @@ amber is always host / load-back, purple storage, red recompute.
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from tierdiag.units import fmt_bandwidth, fmt_ms, fmt_pct
+from tierdiag.report.plotting import (  # noqa: F401 (FigureSpec, colours, log_ticks: also for html.py and tests)
+    CLASS_COLOURS,
+    CLASS_LABELS,
+    COMPONENT_COLOURS,
+    COMPONENT_LABELS,
+    INK,
+    MUTED,
+    POOL_COLOURS,
+    TIER_COLOURS,
+    TIER_LABELS,
+    FigureSpec,
+    TimeUnit,
+    base_axis,
+    base_layout,
+    log_ticks,
+    log_time_axis,
+)
 from tierdiag.report.series import (
     CLASSES,
     COMPONENTS,
@@ -30,25 +51,6 @@ from tierdiag.report.series import (
     Transfers,
 )
 
-FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
-GRID = "#e9edf1"
-INK = "#263238"
-MUTED = "#607d8b"
-
-TIER_COLOURS = {"device": "#2e7d32", "host": "#f9a825", "storage": "#8e24aa",
-                "new": "#90a4ae", "recomputed": "#e53935"}
-TIER_LABELS = {"device": "device (resident)", "host": "host (loaded back)",
-               "storage": "storage (fetched, loaded back)", "new": "computed: new tokens",
-               "recomputed": "computed: recomputed (was cached)"}
-CLASS_COLOURS = {"device_hit": "#2e7d32", "tiered_hit": "#ef6c00", "miss": "#78909c", "all": "#37474f"}
-CLASS_LABELS = {"device_hit": "device hit", "tiered_hit": "tiered hit", "miss": "miss", "all": "all requests"}
-COMPONENT_COLOURS = {"queue_ns": "#5c6bc0", "storage_wait_ns": "#8e24aa", "loadback_exposed_ns": "#f9a825",
-                     "recompute_ns": "#e53935", "compute_ns": "#90a4ae"}
-COMPONENT_LABELS = {"queue_ns": "queueing", "storage_wait_ns": "storage fetch",
-                    "loadback_exposed_ns": "exposed load-back", "recompute_ns": "recompute",
-                    "compute_ns": "compute (new tokens)"}
-POOL_COLOURS = {"device": "#2e7d32", "host": "#f9a825", "storage": "#8e24aa"}
-
 HIST_BINS = 60
 EVICTION_TICKS_MAX_SHARE = 1 / 3
 RATE_POINTS = 200
@@ -57,58 +59,8 @@ TIME_AXIS_TITLE = "virtual time since the first arrival (s)"
 NO_LOADBACKS = "no load-backs in this run (nothing was loaded back from host or storage)"
 
 
-@dataclass(frozen=True)
-class FigureSpec:
-    """One figure of the report: a Plotly figure dict plus the words around it."""
-
-    key: str  # stable id, used for the div id
-    section: str  # which report section it belongs to
-    title: str
-    how_to_read: str  # the one line under the title
-    figure: dict[str, Any]
-    note: str = ""  # e.g. "sampled: 20,000 of 120,000 requests"
-    wide: bool = True  # full width, or half a row
-    height_px: int = 380
-    empty: bool = False  # nothing to draw (e.g. no load-backs): the page says so instead
-    empty_text: str = "nothing to draw in this run"
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _layout(**kw) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "font": {"family": FONT, "size": 12, "color": INK},
-        "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "#ffffff",
-        "margin": {"l": 64, "r": 24, "t": 16, "b": 48},
-        # "normal": stacked bars otherwise list their legend bottom-up, the reverse of the colours' story.
-        "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "left", "x": 0,
-                   "traceorder": "normal", "itemsizing": "constant"},
-        "hoverlabel": {"font": {"family": FONT}},
-    }
-    base.update(kw)
-    return base
-
-
-def _axis(title: str = "", **kw) -> dict[str, Any]:
-    a: dict[str, Any] = {"title": {"text": title}, "gridcolor": GRID, "zeroline": False,
-                         "linecolor": "#cfd8dc", "ticks": "outside", "tickcolor": "#cfd8dc"}
-    a.update(kw)
-    return a
-
-
 def _ms(ns: np.ndarray) -> np.ndarray:
     return np.asarray(ns, dtype=float) / 1e6
-
-
-@dataclass(frozen=True)
-class TimeUnit:
-    """The unit TTFT axes use: virtual times span µs (tiny test models) to many minutes
-    (an overloaded replay), and "2M ms" reads worse than "2,000 s"."""
-
-    label: str
-    ns: float
-
-    def of(self, ns) -> np.ndarray:
-        return np.asarray(ns, dtype=float) / self.ns
 
 
 def ttft_unit(data: ReportData) -> TimeUnit:
@@ -119,51 +71,6 @@ def ttft_unit(data: ReportData) -> TimeUnit:
     if 0 < p50 < 10e3:
         return TimeUnit("µs", 1e3)
     return TimeUnit("ms", 1e6)
-
-
-def fmt_tick_ns(ns: float) -> str:
-    """A time as an axis tick: short, in the unit that keeps it a round number (5 ms, 2 s, 1,000 s)."""
-    for unit, size in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if ns >= size:
-            x = ns / size
-            break
-    else:
-        unit, x = "ns", ns
-    text = f"{x:,.0f}" if abs(x - round(x)) < 1e-6 * max(x, 1) else f"{x:.3g}"
-    return f"{text} {unit}"
-
-
-def log_ticks(lo: float, hi: float, fmt=fmt_tick_ns, *, min_ticks: int = 3) -> tuple[list[float], list[str]]:
-    """Ticks for a log axis between lo and hi (> 0, data units): decades (1, 10, 100 ...) where
-    the range spans several, else 1-2-5 steps, else 1..9, so the axis has at least `min_ticks`
-    labels. Plotly's own log ticks label 2 and 5 without their decade ("5, 2, 100, 5")."""
-    if not (lo > 0 and hi > 0):
-        return [], []
-    if hi < lo:
-        lo, hi = hi, lo
-    e0, e1 = int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi)))
-    vals: list[float] = []
-    for mantissas in ((1,), (1, 2, 5), tuple(range(1, 10))):
-        vals = [m * 10.0 ** e for e in range(e0, e1 + 1) for m in mantissas]
-        vals = [v for v in vals if lo * (1 - 1e-9) <= v <= hi * (1 + 1e-9)]
-        if len(vals) >= min_ticks:
-            break
-    if len(vals) < 2:  # less than one step of 1..9 wide: the two ends
-        vals = sorted({lo, hi})
-    if len(vals) > 12:  # many decades: every other one
-        vals = vals[::2]
-    return vals, [fmt(v) for v in vals]
-
-
-def log_time_axis(title: str, ns_values, unit: TimeUnit, **kw) -> dict[str, Any]:
-    """A log y (or x) axis for times in `unit`, with ticks at round values and units on them."""
-    v = np.asarray(ns_values, dtype=float)
-    v = v[np.isfinite(v) & (v > 0)]
-    axis = _axis(title, type="log", automargin=True, **kw)
-    if len(v):
-        vals, text = log_ticks(float(v.min()), float(v.max()))
-        axis.update(tickvals=[x / unit.ns for x in vals], ticktext=text)
-    return axis
 
 
 # --- 1. headline ------------------------------------------------------------------------------
@@ -186,9 +93,9 @@ def tier_split_figure(data: ReportData) -> FigureSpec:
             "hovertemplate": "%{y}<br>" + TIER_LABELS[part] + ": %{x:.1f} % (%{customdata:,.0f} tokens)"
                              "<extra></extra>",
         })
-    layout = _layout(barmode="stack", bargap=0.35,
-                     xaxis=_axis("share of input tokens (%)", range=[0, 100], ticksuffix=" %"),
-                     yaxis=_axis("", automargin=True, gridcolor="rgba(0,0,0,0)"),
+    layout = base_layout(barmode="stack", bargap=0.35,
+                     xaxis=base_axis("share of input tokens (%)", range=[0, 100], ticksuffix=" %"),
+                     yaxis=base_axis("", automargin=True, gridcolor="rgba(0,0,0,0)"),
                      margin={"l": 24, "r": 24, "t": 8, "b": 48})
     return FigureSpec(
         key="tier-split", section="headline", title="Where the input tokens came from",
@@ -210,9 +117,9 @@ def timeline_figure(data: ReportData) -> FigureSpec:
     gap = 0.06
     # Row i (0 = top) uses y axis i+1; all traces share the one x axis, so zoom is linked.
     domains = _rows(n, gap)
-    layout = _layout(hovermode="x unified" if max((len(p.t_s) for p in tl.pools), default=0) < 3000 else "closest",
+    layout = base_layout(hovermode="x unified" if max((len(p.t_s) for p in tl.pools), default=0) < 3000 else "closest",
                      margin={"l": 72, "r": 24, "t": 24, "b": 48})
-    layout["xaxis"] = _axis(TIME_AXIS_TITLE, anchor=f"y{n}", range=[tl.t_min_s, tl.t_max_s])
+    layout["xaxis"] = base_axis(TIME_AXIS_TITLE, anchor=f"y{n}", range=[tl.t_min_s, tl.t_max_s])
     traces: list[dict[str, Any]] = []
     annotations = []
     notes: list[str] = []
@@ -237,7 +144,7 @@ def timeline_figure(data: ReportData) -> FigureSpec:
                     "line": {"color": EVICTION_COLOURS.get(t, "#b71c1c"), "width": 1.2, "shape": "hv"},
                     "hovertemplate": "%{y:,.0f} tokens/s<extra>" + t + " evictions</extra>",
                 })
-            layout[layout_key] = _axis("tokens/s", domain=domains[i], rangemode="tozero")
+            layout[layout_key] = base_axis("tokens/s", domain=domains[i], rangemode="tozero")
             title = f"eviction rate (tokens/s over {width_s:.3g} s bins)"
             notes.append(", ".join(f"{t} evictions in {tl.eviction_bins_share(t):.0%}" for t in as_rate)
                          + f" of the {tl.bin_s:.3g} s bins: too dense for ticks, drawn as a rate")
@@ -261,7 +168,7 @@ def timeline_figure(data: ReportData) -> FigureSpec:
                     "line": {"color": "#b71c1c", "width": 1, "dash": "dot"},
                     "hovertemplate": f"link peak {fmt_bandwidth(peak)}<extra></extra>",
                 })
-            layout[layout_key] = _axis("GB/s", domain=domains[i], rangemode="tozero")
+            layout[layout_key] = base_axis("GB/s", domain=domains[i], rangemode="tozero")
             title = f"load-back bandwidth (average over {tl.bin_s:.3g} s bins)"
             if busiest == 0:
                 title += " — no load-backs in this run"
@@ -306,7 +213,7 @@ def timeline_figure(data: ReportData) -> FigureSpec:
                     "hovertemplate": "%{customdata[0]:,.0f} evictions, %{customdata[1]:,.0f} tokens"
                                      "<br>pool at %{customdata[2]:,.0f} tokens<extra>" + tier + " evictions</extra>",
                 })
-            layout[layout_key] = _axis("tokens", domain=domains[i], range=[0, top * 1.15 or 1])
+            layout[layout_key] = base_axis("tokens", domain=domains[i], range=[0, top * 1.15 or 1])
             title = f"{tier} pool" + (" (max per time bin)" if pool.binned else "")
         annotations.append({"text": f"<b>{title}</b>", "xref": "paper", "yref": "paper", "x": 0,
                             "y": domains[i][1], "xanchor": "left", "yanchor": "bottom", "showarrow": False,
@@ -362,7 +269,7 @@ def scatter_figure(data: ReportData) -> FigureSpec:
                             "xanchor": "right", "yref": "y", "y": np.log10(ref.p99_ns / unit.ns),
                             "yanchor": "bottom", "showarrow": False,
                             "font": {"size": 10, "color": CLASS_COLOURS["device_hit"]}})
-    layout = _layout(xaxis=_axis("host-hit share (% of input tokens loaded back from host or storage)",
+    layout = base_layout(xaxis=base_axis("host-hit share (% of input tokens loaded back from host or storage)",
                                  range=[-2, 102], ticksuffix=" %"),
                      yaxis=log_time_axis("TTFT (log scale)", pts.ttft_ns, unit), shapes=shapes,
                      annotations=annotations,
@@ -386,7 +293,7 @@ def loadback_latency_figure(data: ReportData) -> FigureSpec:
                             "load-backs.", wide=False)
     dur_ms = _ms(tr.duration_ns)
     if not (dur_ms > 0).any():
-        return FigureSpec(figure={"data": [], "layout": _layout()}, empty=True, empty_text=NO_LOADBACKS, **spec)
+        return FigureSpec(figure={"data": [], "layout": base_layout()}, empty=True, empty_text=NO_LOADBACKS, **spec)
     series = [("on the link", dur_ms, TIER_COLOURS["host"])]
     queued_ms = _ms(tr.queued_ns)
     if (queued_ms > 0).any():
@@ -406,9 +313,9 @@ def loadback_latency_figure(data: ReportData) -> FigureSpec:
                        "hovertemplate": "~%{customdata:.3g} ms: %{y:,} load-backs<extra>" + name + "</extra>"})
     vals, ticktext = log_ticks(10.0 ** lo * 1e6, 10.0 ** hi * 1e6)
     tickvals = [float(np.log10(v / 1e6)) for v in vals]
-    layout = _layout(barmode="overlay", bargap=0,
-                     xaxis=_axis("latency (log scale)", tickvals=tickvals, ticktext=ticktext),
-                     yaxis=_axis("load-backs"))
+    layout = base_layout(barmode="overlay", bargap=0,
+                     xaxis=base_axis("latency (log scale)", tickvals=tickvals, ticktext=ticktext),
+                     yaxis=base_axis("load-backs"))
     # summary's numbers (one quantile definition): the latency of a load-back is its link time.
     lb = data.summary.load_back
     note = f"{len(dur_ms):,} load-backs · {fmt_ms(lb.link_busy_ns)} on the link in all"
@@ -425,7 +332,7 @@ def loadback_bandwidth_figure(data: ReportData) -> FigureSpec:
                 wide=False)
     bw = tr.achieved_bytes_per_s / 1e9
     if not len(bw):
-        return FigureSpec(figure={"data": [], "layout": _layout()}, empty=True, empty_text=NO_LOADBACKS, **spec)
+        return FigureSpec(figure={"data": [], "layout": base_layout()}, empty=True, empty_text=NO_LOADBACKS, **spec)
     peak = tr.link_bytes_per_s / 1e9 if tr.link_bytes_per_s else None
     top = max(float(bw.max()), peak or 0.0) * 1.05 or 1.0
     counts, edges = np.histogram(bw, bins=HIST_BINS, range=(0, top))
@@ -439,7 +346,7 @@ def loadback_bandwidth_figure(data: ReportData) -> FigureSpec:
         annotations.append({"text": f"link peak {peak:.3g} GB/s", "x": peak, "xref": "x", "y": 1,
                             "yref": "paper", "xanchor": "right", "yanchor": "top", "showarrow": False,
                             "font": {"size": 10, "color": "#b71c1c"}})
-    layout = _layout(bargap=0, xaxis=_axis("achieved GB/s", range=[0, top]), yaxis=_axis("load-backs"),
+    layout = base_layout(bargap=0, xaxis=base_axis("achieved GB/s", range=[0, top]), yaxis=base_axis("load-backs"),
                      shapes=shapes, annotations=annotations)
     med = (tr.bw_p50_bytes_per_s or 0.0) / 1e9
     note = f"median {med:.3g} GB/s" + (f" = {med / peak:.0%} of peak" if peak else " (link peak not recorded)")
@@ -463,7 +370,7 @@ def ttft_by_class_figure(data: ReportData) -> FigureSpec:
             "hoverinfo": "y+name",
         })
     box_ns = [v for t in stats for v in (max(t.p01_ns, 1.0), t.p99_ns)]
-    layout = _layout(yaxis=log_time_axis("TTFT (log scale)", box_ns, unit), xaxis=_axis("", tickangle=0))
+    layout = base_layout(yaxis=log_time_axis("TTFT (log scale)", box_ns, unit), xaxis=base_axis("", tickangle=0))
     return FigureSpec(
         key="ttft-by-class", section="distributions", title="TTFT by class",
         how_to_read="Box = p25–p75 with the median line and the mean dashed; whiskers reach p1 and p99. "
@@ -482,8 +389,8 @@ def decomposition_time_figure(data: ReportData) -> FigureSpec:
                        "customdata": d.bin_count, "marker": {"color": COMPONENT_COLOURS[c]},
                        "hovertemplate": f"{COMPONENT_LABELS[c]} %{{y:,.2f}} {unit.label} "
                                         "(mean of %{customdata:,} requests)<extra></extra>"})
-    layout = _layout(barmode="stack", bargap=0.08, xaxis=_axis("arrival time since the first arrival (s)"),
-                     yaxis=_axis(f"mean TTFT ({unit.label})"), hovermode="x")
+    layout = base_layout(barmode="stack", bargap=0.08, xaxis=base_axis("arrival time since the first arrival (s)"),
+                     yaxis=base_axis(f"mean TTFT ({unit.label})"), hovermode="x")
     shares = " · ".join(f"{COMPONENT_LABELS[c]} {d.total_share[c]:.0%}" for c in COMPONENTS
                         if d.total_share.get(c, 0) >= 0.005)
     return FigureSpec(
@@ -505,8 +412,8 @@ def decomposition_class_figure(data: ReportData) -> FigureSpec:
                        "x": [d.by_class[c][comp] / unit.ns for c in classes],
                        "marker": {"color": COMPONENT_COLOURS[comp]},
                        "hovertemplate": f"%{{y}}<br>{COMPONENT_LABELS[comp]} %{{x:,.2f}} {unit.label}<extra></extra>"})
-    layout = _layout(barmode="stack", bargap=0.35, xaxis=_axis(f"mean TTFT ({unit.label})"),
-                     yaxis=_axis("", automargin=True, gridcolor="rgba(0,0,0,0)"),
+    layout = base_layout(barmode="stack", bargap=0.35, xaxis=base_axis(f"mean TTFT ({unit.label})"),
+                     yaxis=base_axis("", automargin=True, gridcolor="rgba(0,0,0,0)"),
                      margin={"l": 24, "r": 24, "t": 8, "b": 48})
     return FigureSpec(
         key="decomposition-class", section="decomposition", title="TTFT decomposition by class",
@@ -567,11 +474,11 @@ def load_figure(data: ReportData) -> FigureSpec:
                    suffix=" %", width=1.6)
         dec["line"]["dash"] = "dot"
         traces.append(dec)
-    layout = _layout(hovermode="x unified", margin={"l": 72, "r": 24, "t": 24, "b": 48})
-    layout["xaxis"] = _axis(TIME_AXIS_TITLE, anchor="y3", range=[0, float(x[-1] + ld.bin_s / 2) if len(x) else 1])
-    layout["yaxis"] = _axis("requests", domain=domains[0], rangemode="tozero")
-    layout["yaxis2"] = _axis("tokens", domain=domains[1], rangemode="tozero")
-    layout["yaxis3"] = _axis("share of time", domain=domains[2], range=[0, 100], ticksuffix=" %")
+    layout = base_layout(hovermode="x unified", margin={"l": 72, "r": 24, "t": 24, "b": 48})
+    layout["xaxis"] = base_axis(TIME_AXIS_TITLE, anchor="y3", range=[0, float(x[-1] + ld.bin_s / 2) if len(x) else 1])
+    layout["yaxis"] = base_axis("requests", domain=domains[0], rangemode="tozero")
+    layout["yaxis2"] = base_axis("tokens", domain=domains[1], rangemode="tozero")
+    layout["yaxis3"] = base_axis("share of time", domain=domains[2], range=[0, 100], ticksuffix=" %")
     split = "" if ld.busy_recompute is not None else " (this run did not record the recompute split)"
     layout["annotations"] = [
         _panel_title("requests waiting, prefilling and decoding (time-weighted mean per bin)", domains[0]),
@@ -605,8 +512,8 @@ def reuse_time_figure(data: ReportData) -> FigureSpec:
                        "fillcolor": TIER_COLOURS[part],
                        "hovertemplate": "%{y:.1f} % (%{customdata:,.0f} tokens)<extra>" + TIER_LABELS[part]
                                         + "</extra>"})
-    layout = _layout(hovermode="x unified", xaxis=_axis("arrival time since the first arrival (s)"),
-                     yaxis=_axis("share of input tokens", range=[0, 100], ticksuffix=" %"))
+    layout = base_layout(hovermode="x unified", xaxis=base_axis("arrival time since the first arrival (s)"),
+                     yaxis=base_axis("share of input tokens", range=[0, 100], ticksuffix=" %"))
     layout["legend"] = {**layout["legend"], "yanchor": "top", "y": -0.22}
     return FigureSpec(
         key="reuse-over-time", section="time", title="Token-weighted reuse by tier, over time",
@@ -626,7 +533,7 @@ def ttft_time_figure(data: ReportData) -> FigureSpec:
                        "line": {"color": colour, "width": 1.5, "dash": dash}, "marker": {"size": 3},
                        "hovertemplate": f"{name} %{{y:,.3g}} {unit.label} (of %{{customdata:,}} requests)"
                                         f"<extra></extra>"})
-    layout = _layout(hovermode="x unified", xaxis=_axis("arrival time since the first arrival (s)"),
+    layout = base_layout(hovermode="x unified", xaxis=base_axis("arrival time since the first arrival (s)"),
                      yaxis=log_time_axis("TTFT (log scale)", np.concatenate([d.bin_p50_ns, d.bin_p99_ns]), unit))
     layout["legend"] = {**layout["legend"], "yanchor": "top", "y": -0.22}
     return FigureSpec(

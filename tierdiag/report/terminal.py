@@ -17,6 +17,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from tierdiag.report.text import fmt_option, visible
 from tierdiag.units import (
     fmt_bandwidth,
     fmt_bytes,
@@ -37,22 +38,37 @@ CAUSE_STYLE = {"none": "green", "queueing": "yellow", "load_back": "red", "stora
                "recompute": "red", "compute": "cyan", None: "dim"}
 _MAX_ROWS = 10
 
-# C0 and C1 controls (ESC starts ANSI/OSC sequences, BEL ends OSC ones), DEL, and the invisible
-# Unicode format characters that reorder or hide text (bidi overrides, zero-width).
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
-_CONTROL_ANY = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+class SafeConsole(Console):
+    """A Console for data: it never parses markup (a `[/]` or `[bold]` in a name, a path or a
+    backend is text; styling goes in as `Text` and `style=`), and every text segment is shown
+    with its control characters escaped (`\x1b`) while Rich's own styling still works. Views
+    also pass data through `plain`/`visible`, escaped before layout so columns line up; this is
+    the net under every view, including ones added later."""
+
+    def __init__(self, **options):
+        super().__init__(**{"markup": False, **options})
+        # Piped output is complete (docs/contract.md): a COLUMNS below the 80 the views are laid
+        # out for would squeeze whole columns away; a wider one is taken as it is.
+        if not self.is_terminal and self.width < PIPED_MIN_WIDTH and "width" not in options:
+            self.width = PIPED_MIN_WIDTH
+
+    def _render_buffer(self, buffer):
+        from rich.segment import Segment
+
+        return super()._render_buffer(
+            seg if seg.control else Segment(visible(seg.text), seg.style, seg.control) for seg in buffer)
 
 
-def _escape(m: re.Match) -> str:
-    code = ord(m.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+PIPED_MIN_WIDTH = 80
 
 
-def visible(text: object, *, lines: bool = True) -> str:
-    """`text` with every control character shown escaped (ESC as `\x1b`), so that data (a run
-    name, a request id, a path) can never move the cursor, clear the screen or set a window
-    title. Newlines and tabs stay unless `lines=False` (a table cell, a title: one line)."""
-    return (_CONTROL if lines else _CONTROL_ANY).sub(_escape, str(text))
+def new_console(*, stderr: bool = False) -> SafeConsole:
+    """stdout's (or stderr's) console. NO_COLOR (https://no-color.org, any non-empty value)
+    turns off all styling, bold and dim included: Rich's own NO_COLOR drops only the colours."""
+    import os
+
+    styling = {"color_system": None} if os.environ.get("NO_COLOR") else {}
+    return SafeConsole(stderr=stderr, soft_wrap=True, **styling)
 
 
 def plain(text: object, style: str = "") -> Text:
@@ -439,7 +455,6 @@ def render_runs(infos: Sequence, console: Console, *, db_label: str,
 
     `options`: run id -> {option: value} that differ from the defaults, when the caller knows them."""
     from tierdiag.config.profile import provenance_line
-    from tierdiag.report.compare_terminal import fmt_option
 
     options = options or {}
     table = _table(f"runs in {db_label}", show_lines=True)
@@ -451,10 +466,9 @@ def render_runs(infos: Sequence, console: Console, *, db_label: str,
         # Every cell is data (a crafted store can hold anything): never markup, controls escaped.
         run_cell = Text("\n").join([plain(r.run_id, "bold"), plain(r.name)]
                                     + ([plain(r.sweep_id, "dim")] if r.sweep_id else []))
-        if r.kind == "observed":  # a server's own export: no model preset or pools of ours
-            config = [f"imported from {r.config.get('source', 'a server export')}"]
-        else:
-            config = [f"{r.config.get('model', '?')} on {r.config.get('gpu', '?')}"]
+        # A run imported from a server's own export names its source, not a model preset of ours.
+        config = ([f"imported from {r.config['source']}"] if "source" in r.config and "model" not in r.config
+                  else [f"{r.config.get('model', '?')} on {r.config.get('gpu', '?')}"])
         config += [f"{tier} {fmt_tokens(size['tokens'])}" + (f" ({fmt_bytes(size['bytes'])})" if size["bytes"] else "")
                    for tier, size in pool_sizes(r.config, r.data_plane).items()]
         config += [f"{k}={fmt_option(v)}" for k, v in sorted(options.get(r.run_id, {}).items())
