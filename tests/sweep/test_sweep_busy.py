@@ -22,6 +22,7 @@ import pytest
 
 from tests.sweep.sweep_helpers import cli
 from tierdiag.app import sweep as sweep_mod
+from tierdiag.app import sweep_kept
 from tierdiag.app.sweep import Processes, SweepNotMerged, run_configs
 from tierdiag.config.engine import EngineConfig
 from tierdiag.config.sweep_spec import plan_sweep
@@ -52,8 +53,8 @@ class Holder:
 
 
 def test_finished_runs_survive_a_busy_db_and_resume_merges_them(tmp_path, trace, monkeypatch):
-    monkeypatch.setattr(sweep_mod, "MERGE_WAIT_S", 0.5)
-    monkeypatch.setattr(sweep_mod, "LAST_MERGE_WAIT_S", 0.2)
+    monkeypatch.setattr(sweep_kept, "MERGE_WAIT_S", 0.5)
+    monkeypatch.setattr(sweep_kept, "LAST_MERGE_WAIT_S", 0.2)
     db = tmp_path / "sweep.duckdb"
     plan = plan_sweep(EngineConfig(model="tiny", gpu="cpu", device_tokens=16 * 1024), ["seed=1,2,3"])
     holder: list[Holder] = []

@@ -3,7 +3,7 @@
     run_configs(trace, [(name, EngineConfig), ...], db, backend=Processes(jobs) | Ray(address),
                 sweep_id=..., progress=callback) -> [run_id, ...]
 
-Both back ends run the same worker function, `_replay_one`: an ordinary `tierdiag.app.replay.replay`
+Both back ends run the same worker function, `sweep_worker.replay_one`: an ordinary `tierdiag.app.replay.replay`
 into a private DuckDB file (the same RunWriter, so the rows are exactly those of a single replay).
 The driver is the only writer of `db`: as each combination finishes it copies that run in, in one
 transaction (merge.py), so `db` holds whole runs only and a reader can open it at any time.
@@ -32,7 +32,6 @@ what it wrote.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import queue
 import shutil
@@ -47,15 +46,11 @@ from typing import Callable, Sequence
 
 from tierdiag.config.engine import EngineConfig
 from tierdiag.errors import ConfigError, ExitCode, TierdiagError
-from tierdiag.store.writer import FINAL_WAIT_S
+from tierdiag.app.sweep_kept import Keeper, Resumed, kept_store_path, resume  # noqa: F401 - the sweep's API
+from tierdiag.app.sweep_worker import Task, WorkerResult, ray_task, worker_main
 
 RAY_MISSING = "--ray needs Ray, which is not installed (pip install 'tierdiag[ray]')"
 DRAIN_WAIT_S = 120.0  # after an interrupt: how long to wait for workers to close their runs
-# After the sweep, a last try to move kept runs into a --db that was busy: the full wait was
-# already spent on the merge that failed.
-LAST_MERGE_WAIT_S = 2.0
-# How long a merge waits for --db before keeping the run (the writer's wait at a run's close).
-MERGE_WAIT_S = FINAL_WAIT_S
 
 
 @dataclass(frozen=True)
@@ -118,51 +113,6 @@ class SweepNotMerged(TierdiagError):
         self.exit_code = cause.exit_code
 
 
-def kept_store_path(db: Path, sweep_id: str) -> Path:
-    """Where a sweep keeps the runs --db could not take: beside it, named after the sweep."""
-    return db.with_name(f"{db.stem}.{sweep_id}.duckdb")
-
-
-class _Keeper:
-    """Where finished runs go: `db` until a write to it fails, then the kept store."""
-
-    def __init__(self, db: Path, sweep_id: str | None):
-        self.db = db
-        self.sweep_id = sweep_id or new_sweep_id()
-        self.failure: TierdiagError | None = None
-        self.path: Path | None = None
-
-    def write(self, tables, overrides: dict) -> tuple[str, str | None]:
-        """(run id, the kept store's path or None when the run is in `db`)."""
-        from tierdiag.store.copy_run import write_run_tables
-
-        if self.failure is None:
-            try:
-                return write_run_tables(self.db, tables, overrides, wait_s=MERGE_WAIT_S), None
-            except TierdiagError as exc:  # busy past the wait, a full disk, a damaged file
-                self.failure = exc
-        if self.path is None:
-            self.path = kept_store_path(self.db, self.sweep_id)
-        try:
-            return write_run_tables(self.path, tables, overrides), str(self.path)
-        except TierdiagError:  # beside --db is not writable either: the temporary folder
-            self.path = Path(tempfile.gettempdir()) / kept_store_path(self.db, self.sweep_id).name
-            return write_run_tables(self.path, tables, overrides), str(self.path)
-
-    def last_try(self, outcomes: list[RunOutcome]) -> list[RunOutcome]:
-        """Move the kept runs into `db` if it takes them now; the outcomes as they end up."""
-        if self.path is None:
-            return outcomes
-        from tierdiag.store.copy_run import merge_store
-
-        try:
-            merge_store(self.path, self.db, wait_s=LAST_MERGE_WAIT_S)
-        except TierdiagError:
-            return outcomes
-        self.path = None
-        return [dataclasses.replace(o, kept_in=None) for o in outcomes]
-
-
 class SweepFailed(TierdiagError):
     """Some combinations failed (each recorded as failed where a run had started)."""
 
@@ -210,13 +160,13 @@ def run_configs(trace: str | os.PathLike, configs: Sequence[tuple[str, EngineCon
 
     # Busy, foreign, damaged, unwritable, or one of the files the sweep reads: say so before any replay.
     open_destination(db, inputs=[("TRACE", trace)], check=True).close()
-    keeper = _Keeper(db, sweep_id)
+    keeper = Keeper(db, sweep_id or new_sweep_id())  # the kept store is named after a sweep either way
     cmd = " ".join(command_line if command_line is not None else sys.argv)
     overrides = {"sweep_id": sweep_id, "kind": kind, "trace_path": str(trace), "command_line": cmd}
-    tasks = [_Task(i, name, cfg, str(db)) for i, (name, cfg) in enumerate(configs)]
+    tasks = [Task(i, name, cfg, str(db)) for i, (name, cfg) in enumerate(configs)]
     outcomes: dict[int, RunOutcome] = {}
 
-    def record(result: "_WorkerResult", tables) -> None:
+    def record(result: "WorkerResult", tables) -> None:
         outcome = _merge(keeper, tasks[result.index], result, tables, overrides)
         outcomes[result.index] = outcome
         if progress is not None:
@@ -239,52 +189,6 @@ def run_configs(trace: str | os.PathLike, configs: Sequence[tuple[str, EngineCon
     return [o.run_id for o in ordered]
 
 
-# --- shared by both back ends ---------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Task:
-    index: int
-    name: str
-    config: EngineConfig
-    db_label: str  # the sweep's --db, named in messages in place of the worker's own store
-
-
-@dataclass(frozen=True)
-class _WorkerResult:
-    index: int
-    db_path: str | None  # the worker's store, when it holds a run
-    error: str | None = None
-    exit_code: int = 0
-    wall_s: float = 0.0
-    reuse_share: float | None = None  # from the replay's summary, so the driver need not query it
-    ttft_p50_ms: float | None = None
-
-
-class _StopFlags:
-    """A worker's interrupt state: the driver's stop request raises KeyboardInterrupt only while
-    a replay runs (which then closes its run as interrupted), and only once, so that closing is
-    never itself interrupted; between replays it only stops the worker taking the next task."""
-
-    stop = False
-    in_replay = False
-    raised = False
-
-
-_FLAGS = _StopFlags()
-
-
-def _on_stop_signal(signum, frame) -> None:
-    _FLAGS.stop = True
-    if _FLAGS.in_replay and not _FLAGS.raised:
-        _FLAGS.raised = True
-        # Through the CLI's one interrupt path: inside a store write (signals.deferred) it is held
-        # until the write is done, as in `tierdiag replay`; raised anywhere in it, DuckDB turns it
-        # into an error of its own and the run would be closed as failed, not interrupted.
-        from tierdiag import signals
-
-        signals._handler(signal.SIGINT, frame)
-
-
 def _check_trace(trace: Path, configs, skip_bad: bool) -> None:
     """A trace that is missing, empty or bad from its first line fails here, once, not N times."""
     from tierdiag.trace.reader import read_trace
@@ -293,33 +197,7 @@ def _check_trace(trace: Path, configs, skip_bad: bool) -> None:
         next(read_trace(trace, block_size=block_size, skip_bad=skip_bad))
 
 
-def _replay_one(trace: Path, task: _Task, workdir: Path, skip_bad: bool, command_line: str) -> _WorkerResult:
-    """One combination into `workdir/run-<index>.duckdb` with the ordinary replay."""
-    from tierdiag.app.replay import ReplayInterrupted, replay
-
-    t0 = time.perf_counter()
-    db = workdir / f"run-{task.index}.duckdb"
-    error, code, summary = None, 0, None
-    _FLAGS.in_replay = True
-    try:
-        if not _FLAGS.stop:
-            summary = replay(trace, task.config, db=db, run_name=task.name, probes=True, skip_bad=skip_bad,
-                             command_line=command_line.split(" "))
-    except (ReplayInterrupted, KeyboardInterrupt):
-        pass  # the run (if one was created) is closed as interrupted in `db`
-    except TierdiagError as exc:
-        # "run ... kept in <worker store> as failed": the driver keeps it in --db.
-        error, code = exc.one_line().replace(str(db), task.db_label), int(exc.exit_code)
-    except Exception as exc:  # a bug in one combination must not take the others down
-        first = str(exc).strip().splitlines()
-        error, code = f"internal error: {type(exc).__name__}: {first[0] if first else ''}", int(ExitCode.BUG)
-    finally:
-        _FLAGS.in_replay = False
-    return _WorkerResult(task.index, str(db) if db.exists() else None, error, code, time.perf_counter() - t0,
-                         summary.reuse_share if summary else None, summary.ttft_p50_ms if summary else None)
-
-
-def _merge(keeper: _Keeper, task: _Task, result: _WorkerResult, tables, overrides: dict) -> RunOutcome:
+def _merge(keeper: Keeper, task: Task, result: WorkerResult, tables, overrides: dict) -> RunOutcome:
     """Copy a worker's run into --db (or the kept store); its status as recorded (a run left
     `running`, whose worker was stopped while closing it, is interrupted). The worker's store
     is removed only once its run is committed elsewhere."""
@@ -349,26 +227,6 @@ def _remove_worker_store(path: Path) -> None:
 
 
 # --- back end 1: local processes ------------------------------------------------------------------
-
-def _worker_main(jobs_q, results_q, trace: str, workdir: str, skip_bad: bool, command_line: str) -> None:
-    """A worker process: take tasks until the sentinel (None) or a stop request."""
-    # A terminal's Ctrl-C reaches the whole process group: only the driver acts on it, and
-    # tells the workers with SIGTERM, so that every replay is stopped exactly once.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _on_stop_signal)
-    parent = os.getppid()
-    while not _FLAGS.stop:
-        try:
-            task = jobs_q.get(timeout=0.5)
-        except queue.Empty:
-            if os.getppid() != parent:  # the driver is gone (kill -9): nobody will merge
-                return
-            continue
-        if task is None:
-            return
-        results_q.put(("started", task.index, os.getpid()))
-        results_q.put(("done", _replay_one(Path(trace), task, Path(workdir), skip_bad, command_line)))
-
 
 _WORKDIR_PREFIX = "tierdiag-sweep-"
 _UNMERGED_PREFIX = "tierdiag-unmerged-"  # a workers' folder kept for its runs: never cleaned up
@@ -401,7 +259,7 @@ def _sweep_workdir() -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-"))
 
 
-def _run_processes(jobs: int, trace: Path, tasks: list[_Task], skip_bad: bool, command_line: str,
+def _run_processes(jobs: int, trace: Path, tasks: list[Task], skip_bad: bool, command_line: str,
                    record, finish_interrupted) -> None:
     import multiprocessing
 
@@ -416,7 +274,7 @@ def _run_processes(jobs: int, trace: Path, tasks: list[_Task], skip_bad: bool, c
     for _ in range(n_workers):
         jobs_q.put(None)
     workdir = _sweep_workdir()
-    workers = [ctx.Process(target=_worker_main, name=f"tierdiag-sweep-{i}", daemon=True,
+    workers = [ctx.Process(target=worker_main, name=f"tierdiag-sweep-{i}", daemon=True,
                            args=(jobs_q, results_q, str(trace), str(workdir), skip_bad, command_line))
                for i in range(n_workers)]
     in_flight: dict[int, int] = {}  # worker pid -> task index
@@ -442,7 +300,7 @@ def _run_processes(jobs: int, trace: Path, tasks: list[_Task], skip_bad: bool, c
                     continue
                 done.add(index)
                 db = workdir / f"run-{index}.duckdb"
-                record(_WorkerResult(index, str(db) if db.exists() else None,
+                record(WorkerResult(index, str(db) if db.exists() else None,
                                      f"worker process exited with code {w.exitcode}", int(ExitCode.BUG)), None)
 
     try:
@@ -458,7 +316,7 @@ def _run_processes(jobs: int, trace: Path, tasks: list[_Task], skip_bad: bool, c
                         for t in tasks:  # every worker gone: nothing else will run
                             if t.index not in done:
                                 done.add(t.index)
-                                record(_WorkerResult(t.index, None, "no worker process left to run it",
+                                record(WorkerResult(t.index, None, "no worker process left to run it",
                                                      int(ExitCode.BUG)), None)
         except KeyboardInterrupt as exc:
             with _ignoring_sigint():
@@ -530,19 +388,6 @@ def _ignoring_sigint():
 
 # --- back end 2: Ray tasks ------------------------------------------------------------------------
 
-def _ray_task(trace_bytes: bytes, trace_name: str, task: _Task, skip_bad: bool, command_line: str):
-    """One combination on a Ray worker: the trace (from the object store) into a local file, the
-    ordinary replay into a local store, and that run's tables back to the driver as Arrow."""
-    from tierdiag.store.copy_run import read_run_tables
-
-    with tempfile.TemporaryDirectory(prefix="tierdiag-ray-") as tmp:
-        trace = Path(tmp) / trace_name
-        trace.write_bytes(trace_bytes)
-        result = _replay_one(trace, task, Path(tmp), skip_bad, command_line)
-        tables = read_run_tables(result.db_path) if result.db_path else None
-    return dataclasses.replace(result, db_path=None), tables  # that path is gone, and on another node
-
-
 def import_ray():
     """Ray, or the one-line error saying how to install it (exit 2)."""
     try:
@@ -552,7 +397,7 @@ def import_ray():
     return ray
 
 
-def _run_ray(backend: Ray, trace: Path, tasks: list[_Task], skip_bad: bool, command_line: str,
+def _run_ray(backend: Ray, trace: Path, tasks: list[Task], skip_bad: bool, command_line: str,
              record, finish_interrupted) -> None:
     import logging
 
@@ -571,7 +416,7 @@ def _run_ray(backend: Ray, trace: Path, tasks: list[_Task], skip_bad: bool, comm
             raise ConfigError(f"--ray: cannot start or reach Ray {where}: {text[0] if text else type(exc).__name__}") from None
     try:
         trace_ref = ray.put(trace.read_bytes())  # shipped once; every task reads it from the object store
-        remote = ray.remote(num_cpus=1, max_retries=0)(_ray_task)
+        remote = ray.remote(num_cpus=1, max_retries=0)(ray_task)
         pending = {remote.remote(trace_ref, trace.name, t, skip_bad, command_line): t for t in tasks}
         try:
             while pending:
@@ -582,7 +427,7 @@ def _run_ray(backend: Ray, trace: Path, tasks: list[_Task], skip_bad: bool, comm
                         result, tables = ray.get(ref)
                     except ray.exceptions.RayError as exc:
                         text = str(exc).strip().splitlines()
-                        result, tables = _WorkerResult(task.index, None, f"Ray task failed: {text[0] if text else exc}",
+                        result, tables = WorkerResult(task.index, None, f"Ray task failed: {text[0] if text else exc}",
                                                        int(ExitCode.BUG)), None
                     record(result, tables)
         except KeyboardInterrupt as exc:
@@ -592,36 +437,3 @@ def _run_ray(backend: Ray, trace: Path, tasks: list[_Task], skip_bad: bool, comm
     finally:
         if started_here:
             ray.shutdown()
-
-
-# --- later: runs a sweep kept because --db could not take them ----------------------------------
-
-@dataclass(frozen=True)
-class Resumed:
-    kept: str
-    sweep_id: str | None  # the sweep the kept runs belong to (one, when a sweep kept them)
-    copied: tuple[str, ...]  # run ids copied into --db now
-    present: tuple[str, ...]  # run ids --db held already (a merge cut short, then resumed)
-
-    @property
-    def run_ids(self) -> tuple[str, ...]:
-        return self.present + self.copied
-
-
-def resume(kept: str | os.PathLike, db: str | os.PathLike,
-           progress: Callable[[str], None] | None = None) -> Resumed:
-    """Copy the runs of a kept store into `db` (one transaction a run, none twice) and remove it.
-
-    A failure (--db still busy, a full disk) leaves the kept store as it was, less the runs
-    already copied, for another try."""
-    from tierdiag.store.copy_run import merge_store
-    from tierdiag.store.reader import open_store
-
-    kept = Path(kept)
-    con = open_store(kept)  # missing, foreign, damaged: its own one-line error
-    try:
-        sweeps = [r[0] for r in con.execute("SELECT DISTINCT sweep_id FROM runs").fetchall()]
-    finally:
-        con.close()
-    copied, present = merge_store(kept, Path(db), progress=progress)
-    return Resumed(str(kept), sweeps[0] if len(sweeps) == 1 else None, tuple(copied), tuple(present))
