@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tierdiag.errors import TraceError
-from tierdiag.trace.reader import (ReadReport, TraceRequest, _BadLine, _check_chain_slow, _link_chain, _loads,
+from tierdiag.trace.reader import (ReadReport, TraceRequest, BadLine, _check_chain_slow, _link_chain, _loads,
                                    read_trace, trace_sha256)
 
 SHARED_TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"  # repo root / ../shared
@@ -299,8 +299,8 @@ def test_fast_chain_check_adds_the_links_or_raises_as_the_loop_does(lines):
     for ids in map(tuple, lines):
         try:
             want = _check_chain_slow(ids, slow)
-        except _BadLine as exc:
-            with pytest.raises(_BadLine) as got:
+        except BadLine as exc:
+            with pytest.raises(BadLine) as got:
                 _link_chain(ids, fast)
             assert str(got.value) == str(exc)
         else:
@@ -318,18 +318,18 @@ def test_object_lines_parse_by_the_scanner_as_json_loads_would(text):
     try:
         want = json.loads(text)
     except json.JSONDecodeError as exc:
-        with pytest.raises(_BadLine) as got:
+        with pytest.raises(BadLine) as got:
             _loads(text)
         assert str(got.value) == f"bad JSON ({exc.msg} at column {exc.colno})"
         return
     except (ValueError, RecursionError):
-        with pytest.raises(_BadLine, match="bad JSON"):
+        with pytest.raises(BadLine, match="bad JSON"):
             _loads(text)
         return
     if isinstance(want, dict):
         assert _loads(text) == want
     else:
-        with pytest.raises(_BadLine, match="expected a JSON object"):
+        with pytest.raises(BadLine, match="expected a JSON object"):
             _loads(text)
 
 

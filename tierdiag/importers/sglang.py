@@ -17,20 +17,18 @@ each with the SGLang function that makes it so.
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import os
 import re
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 import msgspec
 
 from tierdiag.errors import TraceError
+from tierdiag.trace.lines import BadLine, numbered_lines, skip_bad_line
 from tierdiag.trace.reader import MAX_ARRIVAL_NS, MAX_LENGTH_TOKENS
 from tierdiag.trace.reader import _json_type  # one wording for "got <type>" in trace and import errors
 
@@ -88,9 +86,6 @@ KEEP_TOKEN_IDS_HINT = (
 # parsers refuse them, so a line that fails the fast parser is retried with the stdlib one.
 _FINISHED_TYPES = ("stop", "length")  # FINISH_MATCHED_* / FINISH_LENGTH .to_json()["type"]
 
-_GZIP_MAGIC = b"\x1f\x8b"
-_SKIP_HINT = "fix the line, or pass --skip-bad to skip bad lines"
-_FIRST_BAD_KEPT = 5
 
 
 # --- typed records ---------------------------------------------------------------------------
@@ -154,10 +149,6 @@ class ImportReport:
     incomplete_tails: list[str] = field(default_factory=list)  # "file:line" of a cut-short last line
 
 
-class _BadLine(Exception):
-    pass
-
-
 # --- decoding --------------------------------------------------------------------------------
 
 
@@ -218,32 +209,32 @@ def _decode_record(data: bytes) -> _Record:
     try:
         return _record_decoder.decode(data)
     except msgspec.ValidationError as exc:
-        raise _BadLine(_validation_message(exc)) from None
+        raise BadLine(_validation_message(exc)) from None
     except RecursionError:  # msgspec raises it past its depth limit (a line nested 100k deep)
-        raise _BadLine(f"bad JSON ({_TOO_DEEP})") from None
+        raise BadLine(f"bad JSON ({_TOO_DEEP})") from None
     except msgspec.DecodeError as exc:
         # NaN / Infinity (Python's json.dump writes them): the stdlib parser reads them, then
         # the same typed conversion checks the result.
         try:
             obj = json.loads(data)
         except RecursionError:
-            raise _BadLine(f"bad JSON ({_TOO_DEEP})") from None
+            raise BadLine(f"bad JSON ({_TOO_DEEP})") from None
         except ValueError:
-            raise _BadLine(f"bad JSON ({exc})") from None
+            raise BadLine(f"bad JSON ({exc})") from None
         if not isinstance(obj, dict):
-            raise _BadLine(f"expected a JSON object, got {_json_type(obj)}") from None
+            raise BadLine(f"expected a JSON object, got {_json_type(obj)}") from None
         params = obj.pop(REQUEST_PARAMETERS_KEY, None)
         try:
             rec = msgspec.convert(obj, _Record)
         except msgspec.ValidationError as exc2:
-            raise _BadLine(_validation_message(exc2)) from None
+            raise BadLine(_validation_message(exc2)) from None
         except RecursionError:
-            raise _BadLine(f"bad JSON ({_TOO_DEEP})") from None
+            raise BadLine(f"bad JSON ({_TOO_DEEP})") from None
         if params is not None:
             try:
                 rec.request_parameters = msgspec.Raw(msgspec.json.encode(params))
             except (msgspec.EncodeError, UnicodeEncodeError, RecursionError) as exc3:
-                raise _BadLine(f"'{REQUEST_PARAMETERS_KEY}' cannot be read ({exc3})") from None
+                raise BadLine(f"'{REQUEST_PARAMETERS_KEY}' cannot be read ({exc3})") from None
         return rec
 
 
@@ -270,10 +261,10 @@ def _nonneg(name: str, value: float | None, *, epoch: bool = False) -> float | N
     if value is None:
         return None
     if not math.isfinite(value) or value < 0:
-        raise _BadLine(f"'{name}' is {value!r}, expected a finite number of seconds >= 0")
+        raise BadLine(f"'{name}' is {value!r}, expected a finite number of seconds >= 0")
     if value >= MAX_SECONDS:
         what = "a time after the year 2116" if epoch else f"a duration of more than {MAX_SECONDS:.3g} s"
-        raise _BadLine(f"'{name}' is {value!r}: {what}, past what tierdiag can hold in int64 ns")
+        raise BadLine(f"'{name}' is {value!r}: {what}, past what tierdiag can hold in int64 ns")
     return value
 
 
@@ -281,9 +272,9 @@ def _count(name: str, value: int | None, limit: int = MAX_TOKENS) -> int | None:
     if value is None:
         return None
     if value < 0:
-        raise _BadLine(f"'{name}' is negative ({value})")
+        raise BadLine(f"'{name}' is negative ({value})")
     if value > limit:
-        raise _BadLine(f"'{name}' is {value:,}, more than {limit:,}")
+        raise BadLine(f"'{name}' is {value:,}, more than {limit:,}")
     return value
 
 
@@ -295,7 +286,7 @@ def _text(name: str, value: str | None) -> str | None:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:
             bad = value[exc.start:exc.end].encode("utf-8", "backslashreplace").decode("ascii")
-            raise _BadLine(f"'{name}' holds {bad}, a lone surrogate (not valid Unicode)") from None
+            raise BadLine(f"'{name}' holds {bad}, a lone surrogate (not valid Unicode)") from None
     return value
 
 
@@ -303,14 +294,14 @@ def _record(rec: _Record, file: str, lineno: int, with_tokens: bool, report: Imp
     if rec.id is msgspec.UNSET or rec.prompt_tokens is msgspec.UNSET or not rec.request_parameters:
         missing = [k for k, v in (("request_parameters", rec.request_parameters or None), ("id", rec.id),
                                   ("prompt_tokens", rec.prompt_tokens)) if v in (None, msgspec.UNSET)]
-        raise _BadLine(f"missing {', '.join(repr(k) for k in missing)} (not an SGLang request-metrics record)")
+        raise BadLine(f"missing {', '.join(repr(k) for k in missing)} (not an SGLang request-metrics record)")
     req_id = _text("id", rec.id)
     if not req_id.strip():
-        raise _BadLine("'id' is empty")
+        raise BadLine("'id' is empty")
     prompt = _count("prompt_tokens", rec.prompt_tokens)
     cached = _count("cached_tokens", rec.cached_tokens)
     if cached is not None and cached > prompt:
-        raise _BadLine(f"'cached_tokens' {cached} exceeds 'prompt_tokens' {prompt}")
+        raise BadLine(f"'cached_tokens' {cached} exceeds 'prompt_tokens' {prompt}")
     d = rec.cached_tokens_details
     backend = None
     if d is msgspec.UNSET:
@@ -322,14 +313,14 @@ def _record(rec: _Record, file: str, lineno: int, with_tokens: bool, report: Imp
         backend = _text(f"{DETAILS_KEY}.storage_backend", d.storage_backend)
         total = device + host + storage
         if total > prompt:
-            raise _BadLine(f"'{DETAILS_KEY}' adds up to {total} tokens, more than 'prompt_tokens' {prompt}")
+            raise BadLine(f"'{DETAILS_KEY}' adds up to {total} tokens, more than 'prompt_tokens' {prompt}")
         if cached is not None and total != cached:
             report.details_mismatch += 1
             if report.first_mismatch is None:
                 report.first_mismatch = (f"{file}:{lineno}: cached_tokens {cached} but {DETAILS_KEY} "
                                          f"adds up to {total}")
     if d is None and cached:
-        raise _BadLine(f"'{DETAILS_KEY}' is null (a miss) but 'cached_tokens' is {cached}")
+        raise BadLine(f"'{DETAILS_KEY}' is null (a miss) but 'cached_tokens' is {cached}")
     fr = rec.finish_reason
     finish_type = finish_message = None
     if isinstance(fr, dict):
@@ -369,16 +360,16 @@ def _params(raw: msgspec.Raw, prompt_tokens: int) -> tuple[bytes | None, bool, b
     try:
         inner = _str_decoder.decode(raw)
     except msgspec.ValidationError:
-        raise _BadLine(f"'{REQUEST_PARAMETERS_KEY}' must be a string holding JSON "
+        raise BadLine(f"'{REQUEST_PARAMETERS_KEY}' must be a string holding JSON "
                        f"(SGLang writes json.dumps of the request)") from None
     except msgspec.DecodeError as exc:
-        raise _BadLine(f"'{REQUEST_PARAMETERS_KEY}' is not a valid JSON string ({exc})") from None
+        raise BadLine(f"'{REQUEST_PARAMETERS_KEY}' is not a valid JSON string ({exc})") from None
     try:
         p = _params_decoder.decode(inner)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise _BadLine(f"'{REQUEST_PARAMETERS_KEY}' does not hold a request: {str(exc).replace('$.', '')}") from None
+        raise BadLine(f"'{REQUEST_PARAMETERS_KEY}' does not hold a request: {str(exc).replace('$.', '')}") from None
     except RecursionError:
-        raise _BadLine(f"'{REQUEST_PARAMETERS_KEY}' does not hold a request: {_TOO_DEEP}") from None
+        raise BadLine(f"'{REQUEST_PARAMETERS_KEY}' does not hold a request: {_TOO_DEEP}") from None
     has_text = bool(p.text) and bytes(p.text) != _NULL
     ids = bytes(p.input_ids) if p.input_ids else None
     if ids is None or ids == _NULL:
@@ -392,10 +383,10 @@ def _checked_ids(ids: bytes, prompt_tokens: int) -> bytes:
     # non-negative integers: what is left without digits and blanks must be "[" + commas + "]".
     rest = ids.translate(None, _ID_DIGITS_AND_BLANKS)
     if rest[:1] != b"[" or rest[-1:] != b"]" or rest[1:-1].strip(b","):
-        raise _BadLine(f"'{REQUEST_PARAMETERS_KEY}' input_ids must be a flat list of non-negative integers")
+        raise BadLine(f"'{REQUEST_PARAMETERS_KEY}' input_ids must be a flat list of non-negative integers")
     n = len(rest) - 1 if ids[1:-1].strip() else 0  # "[]" holds none; "[7]" leaves "[]" too
     if n != prompt_tokens:
-        raise _BadLine(f"'{REQUEST_PARAMETERS_KEY}' has {n} input_ids but 'prompt_tokens' is {prompt_tokens}")
+        raise BadLine(f"'{REQUEST_PARAMETERS_KEY}' has {n} input_ids but 'prompt_tokens' is {prompt_tokens}")
     return ids
 
 
@@ -435,26 +426,6 @@ def export_files(paths: list[str | os.PathLike]) -> list[Path]:
     return [f for _, f in sorted(enumerate(files), key=key)]
 
 
-def _lines(path: Path, report: ImportReport) -> Iterator[tuple[int, bytes]]:
-    try:
-        raw: BinaryIO = open(path, "rb", buffering=1 << 20)
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot open: {exc.strerror or exc}") from None
-    lineno = 0
-    with raw:
-        # Peeked, not read and sought back: an export may come through a pipe (/dev/stdin,
-        # `<(zcat ...)`), which cannot seek.
-        is_gzip = raw.peek(len(_GZIP_MAGIC))[:len(_GZIP_MAGIC)] == _GZIP_MAGIC
-        fh: BinaryIO = gzip.GzipFile(fileobj=raw, mode="rb") if is_gzip else raw
-        try:
-            for lineno, data in enumerate(fh, start=1):
-                report.bytes_read += len(data)
-                yield lineno, data
-        except (OSError, EOFError, zlib.error) as exc:
-            what = "corrupt or truncated gzip data" if is_gzip else f"read error: {exc}"
-            raise TraceError(f"{path}:{lineno + 1}: {what}") from None
-
-
 def read_export(paths: list[str | os.PathLike], *, with_tokens: bool = False, skip_bad: bool = False,
                 report: ImportReport | None = None) -> Iterator[SGLangRequest]:
     """Yield every exported request of the files under `paths`, files in time order, lines in
@@ -478,7 +449,8 @@ def _read(files: list[Path], with_tokens: bool, skip_bad: bool, report: ImportRe
     for file_index, path in enumerate(files):
         name = str(path)
         recognised = False
-        for lineno, data in _lines(path, report):
+        for lineno, data in numbered_lines(path, what="export"):
+            report.bytes_read += len(data)
             if not data.strip():
                 continue
             try:
@@ -486,7 +458,7 @@ def _read(files: list[Path], with_tokens: bool, skip_bad: bool, report: ImportRe
                     data = data[3:]
                 try:
                     rec = _decode_record(data)
-                except _BadLine:
+                except BadLine:
                     if not data.endswith(b"\n") and recognised:
                         # The file's last line, cut short: FileRequestMetricsExporter.write_file
                         # writes a line, then "\n", then flushes, so this is a record still being
@@ -503,15 +475,12 @@ def _read(files: list[Path], with_tokens: bool, skip_bad: bool, report: ImportRe
                 req = _record(rec, name, lineno, with_tokens, report)
                 first = seen.get(req.req_id)
                 if first is not None:
-                    raise _BadLine(f"duplicate request id {req.req_id!r} (first at {files[first >> 32]}:"
+                    raise BadLine(f"duplicate request id {req.req_id!r} (first at {files[first >> 32]}:"
                                    f"{first & 0xFFFFFFFF})")
-            except _BadLine as exc:
-                message = f"{name}:{lineno}: {exc}"
-                if not skip_bad:
-                    raise TraceError(message, hint=_SKIP_HINT) from None
+            except BadLine as exc:
                 report.bad_lines += 1
-                if len(report.first_bad) < _FIRST_BAD_KEPT:
-                    report.first_bad.append(message)
+                if skip_bad_line(name, lineno, exc, skip_bad, report.bad_lines):
+                    report.first_bad.append(f"{name}:{lineno}: {exc}")
                 continue
             seen[req.req_id] = file_index << 32 | lineno
             report.num_records += 1

@@ -22,20 +22,16 @@ and counted in a `ReadReport` instead.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import io
 import json
 import math
 import os
-import stat
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 from tierdiag.errors import TraceError
+from tierdiag.trace.lines import BadLine, is_seekable_file, numbered_lines, open_raw, skip_bad_line  # noqa: F401 - numbered_lines, is_seekable_file: this module's API too
 
 KNOWN_KEYS = frozenset({"id", "timestamp", "input_length", "output_length", "hash_ids", "tokens",
                         "priority", "extra_key", "session", "think_ms"})
@@ -56,9 +52,6 @@ MAX_THINK_MS = MAX_TIMESTAMP_MS
 MAX_LENGTH_TOKENS = 2**24
 # Token ids are hashed as 4-byte words (see pages.py); every real vocabulary fits.
 MAX_TOKEN_ID = 2**32 - 1
-_FIRST_BAD_KEPT = 5
-_GZIP_MAGIC = b"\x1f\x8b"
-_SKIP_HINT = "fix the line, or pass --skip-bad to skip bad lines"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +87,6 @@ class ReadReport:
     sha256: str | None = None  # of the bytes read, once the whole input was read (pipes)
 
 
-class _BadLine(Exception):
-    """A problem confined to one line: fatal, or skipped under skip_bad."""
 
 
 def max_hash_id(block_size: int) -> int:
@@ -103,18 +94,10 @@ def max_hash_id(block_size: int) -> int:
     return (2**63 - 1) // block_size - 1
 
 
-def is_seekable_file(path: str | os.PathLike) -> bool:
-    """A regular file can be read more than once; a pipe (`/dev/stdin`, a FIFO) cannot."""
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
-        return False
-
-
 def trace_sha256(path: str | os.PathLike) -> str:
     """SHA-256 of the file bytes as stored (compressed or not), read in chunks."""
     digest = hashlib.sha256()
-    with _open_raw(Path(path)) as fh:
+    with open_raw(Path(path)) as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
@@ -131,74 +114,13 @@ def read_trace(path: str | os.PathLike, *, block_size: int = 512, skip_bad: bool
         raise TraceError(f"block size must be a positive number of tokens, got {block_size}")
     path = Path(path)
     if is_seekable_file(path):
-        _open_raw(path).close()  # a missing file fails at the call, not at the first next()
+        open_raw(path).close()  # a missing file fails at the call, not at the first next()
     elif not path.exists():
         raise TraceError(f"{path}: no such trace file")
     elif path.is_dir():
         raise TraceError(f"{path}: is a directory, not a trace file")
     report = report if report is not None else ReadReport()
     return _spread(_parse(path, block_size=block_size, skip_bad=skip_bad, report=report), path, report)
-
-
-# --- reading lines -------------------------------------------------------------------------
-
-def _open_raw(path: Path) -> BinaryIO:
-    try:
-        return open(path, "rb")
-    except FileNotFoundError:
-        raise TraceError(f"{path}: no such trace file") from None
-    except IsADirectoryError:
-        raise TraceError(f"{path}: is a directory, not a trace file") from None
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot open trace: {exc.strerror or exc}") from None
-
-
-class _Hashing(io.RawIOBase):
-    """A raw stream that hashes what is read through it (a pipe is read once: the digest of a
-    trace given as /dev/stdin is taken on the way)."""
-
-    def __init__(self, raw: BinaryIO, digest):
-        self._raw, self._digest = raw, digest
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        n = self._raw.readinto(buffer)
-        if n:
-            self._digest.update(memoryview(buffer)[:n])
-        return n
-
-    def close(self) -> None:
-        self._raw.close()
-        super().close()
-
-
-def numbered_lines(path: Path, report: ReadReport | None = None) -> Iterator[tuple[int, bytes]]:
-    """(1-based line number, raw bytes) for each line; gzip by magic bytes. Read once, front to
-    back, so pipes work; a pipe's digest goes to `report.sha256` at the end."""
-    raw = _open_raw(path)
-    digest = None
-    if report is not None and not is_seekable_file(path):
-        digest = hashlib.sha256()
-        raw = io.BufferedReader(_Hashing(raw, digest))
-    elif not isinstance(raw, io.BufferedReader):
-        raw = io.BufferedReader(raw)
-    lineno = 0
-    try:
-        is_gzip = raw.peek(2)[:2] == _GZIP_MAGIC
-        fh: BinaryIO = gzip.GzipFile(fileobj=raw, mode="rb") if is_gzip else raw
-        try:
-            for lineno, data in enumerate(fh, start=1):
-                yield lineno, data
-            if digest is not None:
-                report.sha256 = digest.hexdigest()
-        except (OSError, EOFError, zlib.error) as exc:
-            # gzip.BadGzipFile is an OSError; a truncated member is EOFError.
-            what = "corrupt or truncated gzip data" if is_gzip else f"read error: {exc}"
-            raise TraceError(f"{path}:{lineno + 1}: {what}") from None
-    finally:
-        raw.close()
 
 
 def _parse(path: Path, *, block_size: int, skip_bad: bool, report: ReadReport) -> Iterator[tuple[int, tuple]]:
@@ -222,7 +144,7 @@ def _parse(path: Path, *, block_size: int, skip_bad: bool, report: ReadReport) -
             try:
                 text = data.decode("utf-8")
             except UnicodeDecodeError:
-                raise _BadLine("not UTF-8 text (is this a binary file?)") from None
+                raise BadLine("not UTF-8 text (is this a binary file?)") from None
             if not text or text.isspace():  # `not text.strip()`, without the copy
                 continue
             obj = _loads(text)
@@ -230,19 +152,16 @@ def _parse(path: Path, *, block_size: int, skip_bad: bool, report: ReadReport) -
                 report.unknown_keys.update(obj.keys() - known_keys)
             ts, fields = _request(obj, lineno, seq, block_size, max_hash)
             if ts < last_ts:
-                raise _BadLine(f"timestamp {ts} goes backwards (previous request is at {last_ts})")
+                raise BadLine(f"timestamp {ts} goes backwards (previous request is at {last_ts})")
             req_id = fields[0]
             first = seen_ids.get(req_id)
             if first is not None:
-                raise _BadLine(f"duplicate id {_show(req_id)} (first used on line {first})")
+                raise BadLine(f"duplicate id {_show(req_id)} (first used on line {first})")
             if fields[5]:
                 _link_chain(fields[5], parents)  # last: a line that fails leaves no links behind
-        except _BadLine as exc:
-            message = f"{path}:{lineno}: {exc}"
-            if not skip_bad:
-                raise TraceError(message, hint=_SKIP_HINT) from None
+        except BadLine as exc:
             report.bad_lines += 1
-            if len(report.first_bad) < _FIRST_BAD_KEPT:
+            if skip_bad_line(path, lineno, exc, skip_bad, report.bad_lines):
                 report.first_bad.append((lineno, str(exc)))
             continue
         seen_ids[req_id] = lineno
@@ -278,13 +197,13 @@ def _loads(text: str) -> dict:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise _BadLine(f"bad JSON ({exc.msg} at column {exc.colno})") from None
+        raise BadLine(f"bad JSON ({exc.msg} at column {exc.colno})") from None
     except RecursionError:
-        raise _BadLine("bad JSON (nested too deeply)") from None
+        raise BadLine("bad JSON (nested too deeply)") from None
     except ValueError as exc:  # e.g. an integer literal past Python's digit limit
-        raise _BadLine(f"bad JSON ({_first_line(exc)})") from None
+        raise BadLine(f"bad JSON ({_first_line(exc)})") from None
     if not isinstance(obj, dict):
-        raise _BadLine(f"expected a JSON object, got {_json_type(obj)}")
+        raise BadLine(f"expected a JSON object, got {_json_type(obj)}")
     return obj
 
 
@@ -295,57 +214,57 @@ def _request(obj: dict, lineno: int, seq: int, block_size: int, max_hash: int) -
     if type(ts) is not int or ts < 0:
         ts = _int_field(obj, "timestamp")
     if ts > MAX_TIMESTAMP_MS:
-        raise _BadLine(f"'timestamp' {_show(ts)} is too large (at most {MAX_TIMESTAMP_MS} ms)")
+        raise BadLine(f"'timestamp' {_show(ts)} is too large (at most {MAX_TIMESTAMP_MS} ms)")
     input_len = obj.get("input_length")
     if type(input_len) is not int or input_len < 0:
         input_len = _int_field(obj, "input_length")
     if input_len == 0:
-        raise _BadLine("'input_length' is 0 (a request needs at least one input token)")
+        raise BadLine("'input_length' is 0 (a request needs at least one input token)")
     output_len = obj.get("output_length")
     if type(output_len) is not int or output_len < 0:
         output_len = _int_field(obj, "output_length")
     if input_len > MAX_LENGTH_TOKENS:
-        raise _BadLine(f"'input_length' {_show(input_len)} is too large (at most {MAX_LENGTH_TOKENS:,} tokens)")
+        raise BadLine(f"'input_length' {_show(input_len)} is too large (at most {MAX_LENGTH_TOKENS:,} tokens)")
     if output_len > MAX_LENGTH_TOKENS:
-        raise _BadLine(f"'output_length' {_show(output_len)} is too large (at most {MAX_LENGTH_TOKENS:,} tokens)")
+        raise BadLine(f"'output_length' {_show(output_len)} is too large (at most {MAX_LENGTH_TOKENS:,} tokens)")
 
     has_hashes, has_tokens = "hash_ids" in obj, "tokens" in obj
     if has_hashes == has_tokens:
-        raise _BadLine("needs exactly one of 'hash_ids' or 'tokens', found "
+        raise BadLine("needs exactly one of 'hash_ids' or 'tokens', found "
                        + ("both" if has_hashes else "neither"))
     hash_ids = tokens = None
     if has_hashes:
         hash_ids = _int_list(obj, "hash_ids", max_hash)
         want = -(-input_len // block_size)
         if len(hash_ids) != want:
-            raise _BadLine(f"'hash_ids' has {len(hash_ids)} entries, expected {want} "
+            raise BadLine(f"'hash_ids' has {len(hash_ids)} entries, expected {want} "
                            f"(ceil(input_length {input_len} / block size {block_size}); see --block-size)")
     else:
         tokens = _int_list(obj, "tokens", MAX_TOKEN_ID)
         if len(tokens) != input_len:
-            raise _BadLine(f"'tokens' has {len(tokens)} entries but 'input_length' is {input_len}")
+            raise BadLine(f"'tokens' has {len(tokens)} entries but 'input_length' is {input_len}")
 
     if "id" in obj:
         req_id = obj["id"]
         if not isinstance(req_id, str):
-            raise _BadLine(f"'id' must be a string, got {_json_type(req_id)}")
+            raise BadLine(f"'id' must be a string, got {_json_type(req_id)}")
         if not req_id.strip():
-            raise _BadLine("'id' is empty")
+            raise BadLine("'id' is empty")
     else:
         req_id = str(lineno)
     priority = 0
     if "priority" in obj:
         priority = obj["priority"]
         if type(priority) is not int:
-            raise _BadLine(f"'priority' must be an integer, got {_json_type(priority)} {_show(priority)}")
+            raise BadLine(f"'priority' must be an integer, got {_json_type(priority)} {_show(priority)}")
         if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
-            raise _BadLine(f"'priority' {_show(priority)} does not fit in a 64-bit integer")
+            raise BadLine(f"'priority' {_show(priority)} does not fit in a 64-bit integer")
     extra_key = obj.get("extra_key")  # null: no key, as an absent field
     if extra_key is not None:
         if not isinstance(extra_key, str):
-            raise _BadLine(f"'extra_key' must be a string, got {_json_type(extra_key)}")
+            raise BadLine(f"'extra_key' must be a string, got {_json_type(extra_key)}")
         if len(extra_key) > MAX_EXTRA_KEY_CHARS:
-            raise _BadLine(f"'extra_key' is {len(extra_key):,} characters long (at most {MAX_EXTRA_KEY_CHARS})")
+            raise BadLine(f"'extra_key' is {len(extra_key):,} characters long (at most {MAX_EXTRA_KEY_CHARS})")
     session = obj.get("session")  # null: no session, as an absent field
     think_ns = None
     if session is not None:
@@ -358,25 +277,25 @@ def _request(obj: dict, lineno: int, seq: int, block_size: int, max_hash: int) -
 
 def _session(session: object) -> str:
     if not isinstance(session, str):
-        raise _BadLine(f"'session' must be a string, got {_json_type(session)} {_show(session)}")
+        raise BadLine(f"'session' must be a string, got {_json_type(session)} {_show(session)}")
     if not session.strip():
-        raise _BadLine("'session' is empty")
+        raise BadLine("'session' is empty")
     if len(session) > MAX_SESSION_CHARS:
-        raise _BadLine(f"'session' is {len(session):,} characters long (at most {MAX_SESSION_CHARS})")
+        raise BadLine(f"'session' is {len(session):,} characters long (at most {MAX_SESSION_CHARS})")
     return session
 
 
 def _think_ns(think_ms: object, session: str | None) -> int:
     if type(think_ms) not in (int, float):  # bool is an int subclass; JSON true is not a pause
-        raise _BadLine(f"'think_ms' must be a number, got {_json_type(think_ms)} {_show(think_ms)}")
+        raise BadLine(f"'think_ms' must be a number, got {_json_type(think_ms)} {_show(think_ms)}")
     if not math.isfinite(think_ms):  # json reads NaN and Infinity
-        raise _BadLine(f"'think_ms' must be a finite number, got {think_ms}")
+        raise BadLine(f"'think_ms' must be a finite number, got {think_ms}")
     if think_ms < 0:
-        raise _BadLine(f"'think_ms' is negative ({_show(think_ms)})")
+        raise BadLine(f"'think_ms' is negative ({_show(think_ms)})")
     if think_ms > MAX_THINK_MS:
-        raise _BadLine(f"'think_ms' {_show(think_ms)} is too large (at most {MAX_THINK_MS} ms)")
+        raise BadLine(f"'think_ms' {_show(think_ms)} is too large (at most {MAX_THINK_MS} ms)")
     if session is None:
-        raise _BadLine("'think_ms' without a 'session' (the pause follows the previous turn of the same session)")
+        raise BadLine("'think_ms' without a 'session' (the pause follows the previous turn of the same session)")
     return think_ms * NS_PER_MS if type(think_ms) is int else round(think_ms * NS_PER_MS)
 
 
@@ -384,30 +303,30 @@ def _int_field(obj: dict, key: str) -> int:
     try:
         value = obj[key]
     except KeyError:
-        raise _BadLine(f"missing field '{key}'") from None
+        raise BadLine(f"missing field '{key}'") from None
     if type(value) is not int:  # bool is an int subclass; JSON true is not a length
-        raise _BadLine(f"'{key}' must be an integer, got {_json_type(value)} {_show(value)}")
+        raise BadLine(f"'{key}' must be an integer, got {_json_type(value)} {_show(value)}")
     if value < 0:
-        raise _BadLine(f"'{key}' is negative ({_show(value)})")
+        raise BadLine(f"'{key}' is negative ({_show(value)})")
     return value
 
 
 def _int_list(obj: dict, key: str, max_value: int) -> tuple[int, ...]:
     values = obj[key]
     if not isinstance(values, list):
-        raise _BadLine(f"'{key}' must be a list of integers, got {_json_type(values)}")
+        raise BadLine(f"'{key}' must be a list of integers, got {_json_type(values)}")
     if not values:
         return ()
     # One C-level pass for the types, then min/max: a per-element Python loop would dominate
     # reading time on long traces.
     if set(map(type, values)) != {int}:
         bad = next(v for v in values if type(v) is not int)
-        raise _BadLine(f"'{key}' must hold only integers, found {_json_type(bad)} {_show(bad)}")
+        raise BadLine(f"'{key}' must hold only integers, found {_json_type(bad)} {_show(bad)}")
     lo, hi = min(values), max(values)
     if lo < 0:
-        raise _BadLine(f"'{key}' holds a negative value ({_show(lo)})")
+        raise BadLine(f"'{key}' holds a negative value ({_show(lo)})")
     if hi > max_value:
-        raise _BadLine(f"'{key}' holds {_show(hi)}, larger than the maximum {max_value}")
+        raise BadLine(f"'{key}' holds {_show(hi)}, larger than the maximum {max_value}")
     return tuple(values)
 
 
@@ -447,7 +366,7 @@ def _check_chain_slow(hash_ids: tuple[int, ...], parents: dict[int, int]) -> dic
         if known != prev:
             before = "nothing" if known < 0 else f"id {known}"
             here = "nothing" if prev < 0 else f"id {prev}"
-            raise _BadLine(f"'hash_ids' do not chain: id {h} at position {pos} follows {here} here but "
+            raise BadLine(f"'hash_ids' do not chain: id {h} at position {pos} follows {here} here but "
                            f"{before} before (a shared hash id must mean a shared prefix)")
         prev = h
     return new
