@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from harness import (ROOMY, SHARED_TRACES, SMALL, Result, cli_argv, cli_env, good_lines, holder, runs, sql,
-                     tierdiag, wait_for_recorded_rows, write_trace)
+from harness import (ROOMY, SHARED_TRACES, SMALL, WATCHED_FLUSH_EVERY_S, Result, cli_argv, cli_env, good_lines,
+                     holder, runs, sql, tierdiag, wait_for_recorded_rows, write_trace)
 from tierdiag.store.writer import RunWriter
 
-# Flush every few hundred requests, so that rows reach the file long before the end.
-FLUSH_OFTEN = cli_env(TIERDIAG_FLUSH_EVERY_S="0")
+# Flush twice a second, so that rows reach the file long before the end, with room for readers
+# between the writes (harness.WATCHED_FLUSH_EVERY_S).
+FLUSH_OFTEN = cli_env(TIERDIAG_FLUSH_EVERY_S=WATCHED_FLUSH_EVERY_S)
 
 
 @pytest.fixture(scope="module")
