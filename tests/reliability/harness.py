@@ -92,17 +92,33 @@ def sql(db: Path, query: str, params: list | None = None) -> list[tuple]:
         return con.execute(query, params or []).fetchall()
 
 
+# TIERDIAG_FLUSH_EVERY_S for a replay a test watches through the store (wait_for_recorded_rows)
+# and then stops mid-run. Not 0: a writer process commits every min(this, 1 s) after its last
+# commit ended, so 0 means back to back, and once it falls behind the engine (two cores shared
+# by the engine, the writer and the test) the file is let go of only for the instant between
+# two commits: the test's reader, polling every 0.1 s, then first got in at the run's close,
+# with every row committed and the replay past the moment the test meant to stop it in (CI:
+# the Ctrl-C landed while the closing numbers were printed; a writer killed once rows showed
+# had already exited). Half a second leaves the file free for that long after each commit (the
+# first comes FIRST_WRITE_S after the store is opened), and inline the rows are flushed as often.
+WATCHED_FLUSH_EVERY_S = "0.5"
+
+
 def wait_for_recorded_rows(proc: subprocess.Popen, db: Path, *, runs_before: int, timeout_s: float = 180) -> int:
-    """Poll the store (as a reader would) until the new run has flushed some requests; their count."""
+    """Poll the store (as a reader would) until the new run has flushed some requests; their count.
+    The run must still be `running` then: the caller stops the replay mid-run, and a run already
+    closed means the rows showed too late for that (see WATCHED_FLUSH_EVERY_S)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"the replay ended before it could be stopped: {proc.communicate()[1]}"
         try:
             with duckdb.connect(str(db), read_only=True) as con:
-                rows = con.execute("SELECT run_id FROM runs ORDER BY created_at").fetchall()
+                rows = con.execute("SELECT run_id, status FROM runs ORDER BY created_at").fetchall()
                 if len(rows) > runs_before:
-                    n = con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [rows[-1][0]]).fetchall()[0][0]
+                    run_id, status = rows[-1]
+                    n = con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [run_id]).fetchall()[0][0]
                     if n:
+                        assert status == "running", f"the first rows showed after the run was closed ({status}, {n:,} requests)"
                         return n
         except duckdb.Error:
             pass  # not created yet, or a flush holds it this instant: look again

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from harness import (ROOMY, SHARED_TRACES, SMALL, Result, cli_argv, cli_env, good_lines, holder, runs, sql,
-                     tierdiag, wait_for_recorded_rows, write_trace)
+from harness import (ROOMY, SHARED_TRACES, SMALL, WATCHED_FLUSH_EVERY_S, WRITERS, Result, cli_argv, cli_env,
+                     good_lines, holder, runs, sql, tierdiag, wait_for_recorded_rows, write_trace)
 from tierdiag.store.writer import RunWriter
 
-# Flush every few hundred requests, so that rows reach the file long before the end.
-FLUSH_OFTEN = cli_env(TIERDIAG_FLUSH_EVERY_S="0")
+# Flush twice a second, so that rows reach the file long before the end, with room for readers
+# between the writes (harness.WATCHED_FLUSH_EVERY_S).
+FLUSH_OFTEN = cli_env(TIERDIAG_FLUSH_EVERY_S=WATCHED_FLUSH_EVERY_S)
 
 
 @pytest.fixture(scope="module")
@@ -138,3 +139,42 @@ def test_a_flush_that_finds_the_file_busy_keeps_its_rows(tmp_path):
     assert runs(db)[0]["status"] == "complete"
 
 # A full disk mid-run and at the end: test_store_recovery.py (the counts it reports, too).
+
+
+# --- in-process: a signal after the run was closed ----------------------------------------------
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_a_signal_after_the_close_says_the_run_was_kept_complete(tmp_path, monkeypatch, writer):
+    """A Ctrl-C that lands once the run is closed (here: while the closing numbers are computed)
+    is still the replay's interrupt, saying what was kept (the run, complete, every row), not an
+    interrupt of unknown state (the CLI's bare 'interrupted')."""
+    import os
+
+    from tierdiag import signals
+    from tierdiag.app import replay as app_replay
+    from tierdiag.config.engine import EngineConfig
+
+    trace = write_trace(tmp_path / "t.jsonl", good_lines(40))
+    db = tmp_path / "r.duckdb"
+    monkeypatch.setenv("TIERDIAG_WRITER", writer)
+    real = app_replay._percentile
+
+    def percentile_then_ctrl_c(values, q):
+        os.kill(os.getpid(), signal.SIGINT)  # handled at the next bytecode: inside this call
+        return real(values, q)
+
+    monkeypatch.setattr(app_replay, "_percentile", percentile_then_ctrl_c)
+    previous = {s: signal.getsignal(s) for s in signals.HANDLED}
+    signals.install()
+    try:
+        with pytest.raises(app_replay.ReplayInterrupted) as exc:
+            app_replay.replay(trace, EngineConfig(model="tiny", gpu="cpu", device_tokens=4096), db=db,
+                              run_name="x", probes=True, skip_bad=False)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        signals.reset()
+    (run,) = runs(db)
+    assert run["status"] == "complete" and run["num_requests"] == 40
+    assert (exc.value.run_id, exc.value.db_path, exc.value.status) == (run["run_id"], str(db), "complete")
+    assert exc.value.num_requests == 40 and exc.value.write_problem is None

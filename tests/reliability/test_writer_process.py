@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import (SMALL, Result, cli_argv, cli_env, good_lines, runs, sql, synth_and_store, tierdiag,
-                     wait_for_recorded_rows, write_trace)
+from harness import (SMALL, WATCHED_FLUSH_EVERY_S, Result, cli_argv, cli_env, good_lines, runs, sql,
+                     synth_and_store, tierdiag, wait_for_recorded_rows, write_trace)
 from test_signals import CODE, ENGINE, check_outcome, handlers_installed, listed_runs
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc (Linux)")
@@ -29,9 +29,11 @@ MARK = "TIERDIAG_TEST_MARK"
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
-    # "long" is only ever killed part-way: long enough that its writer is still there to kill
-    # once rows show (6,000 requests could be replayed and closed by then, with its writer gone;
-    # 20,000 once were too, on a fast machine with readers polling the store meanwhile).
+    # "long" is only ever killed part-way, once rows show: long enough that its writer is still
+    # there then. Its length was not what made that fail (6,000, then 20,000 requests once
+    # were "replayed and closed by then"): with the writer committing back to back
+    # (TIERDIAG_FLUSH_EVERY_S=0), a test's reader first got in at the close, whatever the length
+    # (harness.WATCHED_FLUSH_EVERY_S).
     out = synth_and_store(tmp_path_factory.mktemp("wp"), seed=7, long=40000)
     (out["earlier"],) = listed_runs(out["store"])
     return out
@@ -84,7 +86,8 @@ def assert_no_process_left(mark: str, timeout_s: float = 30) -> None:
 def start(trace: Path, db: Path, mark: str, **env: str) -> subprocess.Popen:
     return subprocess.Popen(cli_argv("replay", trace, "--db", db, *ENGINE), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env=cli_env(TIERDIAG_FLUSH_EVERY_S="0", TIERDIAG_WRITER="process", **{MARK: mark}, **env))
+                            env=cli_env(TIERDIAG_FLUSH_EVERY_S=WATCHED_FLUSH_EVERY_S, TIERDIAG_WRITER="process",
+                                       **{MARK: mark}, **env))
 
 
 def test_kill_9_of_the_replay_the_writer_commits_what_it_had_and_exits(tmp_path, traces):

@@ -229,14 +229,25 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
     # recorder's last ~10^5 buffered events and the tree are live objects that a default-
     # threshold pass right after the engine rescans (0.1-0.3 s on the conversation trace).
     # The stack reaps a writer process however the replay ends.
-    with _fewer_gc_passes(), contextlib.ExitStack() as cleanup:
-        return _replay(trace, cfg, db=db, run_name=run_name, probes=probes, skip_bad=skip_bad,
-                       command_line=command_line, progress=progress, cleanup=cleanup)
+    closed: list = []  # the writer, once the run is closed (_replay appends it)
+    try:
+        with _fewer_gc_passes(), contextlib.ExitStack() as cleanup:
+            return _replay(trace, cfg, db=db, run_name=run_name, probes=probes, skip_bad=skip_bad,
+                           command_line=command_line, progress=progress, cleanup=cleanup, closed=closed)
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, ReplayInterrupted) or not closed:
+            raise
+        # The signal landed after the run was closed (its closing numbers being computed, its
+        # storage files closed): the run stays as closed, and the line says so, as for one that
+        # lands during the close's last write; not the bare "interrupted" of an unknown state.
+        (writer,) = closed
+        raise ReplayInterrupted(writer.run_id, str(db), writer.recorded, None, writer.closed_as) from exc
 
 
 def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | None, probes: bool,
             skip_bad: bool, command_line: list[str] | None,
-            progress: Callable[[int, int, object], None] | None, cleanup: contextlib.ExitStack) -> ReplaySummary:
+            progress: Callable[[int, int, object], None] | None, cleanup: contextlib.ExitStack,
+            closed: list) -> ReplaySummary:
     from tierdiag.store.writer_process import writer_mode
 
     t0 = time.perf_counter()
@@ -349,6 +360,7 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
                     wproc.close()
             if problem is not None:
                 raise problem
+            closed.append(writer)
     except BaseException as exc:
         # An interrupt is an interrupt wherever it lands: also when DuckDB or an import it cut
         # short turned it into an error of another kind (the signal was seen all the same).

@@ -138,26 +138,36 @@ def replay(
         except ReplayInterrupted as exc:
             if progress is not None:  # a bar is shown: it goes before the interrupt's line
                 bar.stop()
-            if exc.write_problem is not None:
-                said = f"interrupted; {exc.write_problem.one_line()}"
-            elif exc.run_id:
-                n = exc.num_requests
-                said = (f"interrupted; run {exc.run_id} kept in {exc.db_path} as {exc.status}, "
-                        f"{n:,} request{'' if n == 1 else 's'} recorded")
-            else:
-                said = "interrupted (nothing was being recorded)"
             # The CLI's one place for interrupts prints it and exits 130 (143 for SIGTERM).
-            raise RunInterrupted(said) from None
+            raise RunInterrupted(_interrupted_line(exc)) from None
 
-    if summary.bad_lines:
-        print(f"tierdiag: {_skipped_line(summary.bad_lines, summary.first_bad)}", file=sys.stderr)
-    if summary.unknown_keys:
-        err.print(f"tierdiag: warning: ignored unknown trace keys: {', '.join(summary.unknown_keys)}",
-                  markup=False, highlight=False)
-    if json_:
-        print_json(summary.to_json())
-        return
-    _render(summary, cfg)
+    try:
+        if summary.bad_lines:
+            print(f"tierdiag: {_skipped_line(summary.bad_lines, summary.first_bad)}", file=sys.stderr)
+        if summary.unknown_keys:
+            err.print(f"tierdiag: warning: ignored unknown trace keys: {', '.join(summary.unknown_keys)}",
+                      markup=False, highlight=False)
+        if json_:
+            print_json(summary.to_json())
+            return
+        _render(summary, cfg)
+    except KeyboardInterrupt:
+        # While the closing numbers are printed: the run is closed (complete) and stays so. Its
+        # request rows are the finished and the rejected requests (the file's count, as above).
+        kept = ReplayInterrupted(summary.run_id, summary.db_path, summary.num_requests + summary.num_rejected,
+                                 status=summary.status)
+        raise RunInterrupted(_interrupted_line(kept)) from None
+
+
+def _interrupted_line(exc) -> str:
+    """What an interrupted replay kept, for the CLI's one interrupt line (a ReplayInterrupted)."""
+    if exc.write_problem is not None:
+        return f"interrupted; {exc.write_problem.one_line()}"
+    if exc.run_id:
+        n = exc.num_requests
+        return (f"interrupted; run {exc.run_id} kept in {exc.db_path} as {exc.status}, "
+                f"{n:,} request{'' if n == 1 else 's'} recorded")
+    return "interrupted (nothing was being recorded)"
 
 
 def _progress_bar(trace: Path, *, show: bool):
