@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tierdiag.native import cplane
-from tierdiag.store.writer import _ARROW_TYPES, _arrow, table_columns
+from tierdiag.store.columns import _ARROW_TYPES, arrow_column as _arrow, table_columns
 
 pytestmark = pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
 

@@ -186,7 +186,7 @@ from tierdiag.app import writer_child
 # In the writer: report what it imported, once the run is closed.
 writer_child.ENTRY = (
     "import sys, json\\n" + writer_child.ENTRY.replace("main()", "") + "\\n"
-    "import tierdiag.store.writer_process as W\\n_f = W._Serve.finish\\n"
+    "import tierdiag.store.writer_serve as W\\n_f = W._Serve.finish\\n"
     "def finish(self, arg):\\n"
     "    done = _f(self, arg)\\n"
     "    print(json.dumps(['writer', sorted(m for m in ('torch',) if m in sys.modules)]), file=sys.stderr)\\n"
@@ -358,7 +358,9 @@ def test_the_writer_process_writes_sooner_at_first_then_at_its_interval():
         def write(self):
             Writer.writes += 1
 
-    serve = writer_process._Serve(inbox=None, reply_fd=-1)
+    from tierdiag.store import writer_serve
+
+    serve = writer_serve._Serve(inbox=None, reply_fd=-1)
     serve.writer = Writer()
     serve.every_max = writer_process.WRITE_EVERY_S
     serve.every = writer_process.FIRST_WRITE_S

@@ -9,6 +9,6 @@ ENTRY = "from tierdiag.app.writer_child import main; main()"
 
 def main() -> None:
     from tierdiag.diagnose import close
-    from tierdiag.store import writer_process
+    from tierdiag.store import writer_serve
 
-    writer_process.main(after_commit=close.after_commit, preload=close.PRELOAD)
+    writer_serve.main(after_commit=close.after_commit, preload=close.PRELOAD)

@@ -47,16 +47,9 @@ from tierdiag.errors import OutputError, StoreError, TierdiagError
 from tierdiag.paths import prepare_output_path
 from tierdiag.store.reader import (attach_with_retry, check_store, connect_with_retry, damage_error, detach,
                                    first_line, is_lock_error, lock_holder, unfinished_store, verify_blocks)
+from tierdiag.store.columns import _ARROW_TYPES, arrow_column as _arrow, table_columns  # noqa: F401 - table_columns: the writer process decodes with it
 from tierdiag.store.schema import SCHEMA_VERSION, TABLES, create_statements, new_run_id
 
-_ARROW_TYPES = {
-    "VARCHAR": pa.string(),
-    "BIGINT": pa.int64(),
-    "INTEGER": pa.int32(),
-    "DOUBLE": pa.float64(),
-    "BOOLEAN": pa.bool_(),
-    "TIMESTAMP": pa.timestamp("us"),
-}
 
 
 FLUSH_WAIT_S = 0.5  # mid-run: a reader holds the file; keep the rows, try at the next flush
@@ -439,63 +432,6 @@ def close_run_row(db_path: str | os.PathLike, run_id: str, status: str, error: s
         except duckdb.Error as exc:
             raise write_error(path, exc) from None
     return int(n)
-
-
-# The compiled row decoder's kinds (_cplane.decode_arrow), by column type: the types whose Arrow
-# arrays it builds straight from the encoded rows. The others come back as Python values.
-_DECODE_KIND = {"BIGINT": b"i", "DOUBLE": b"d", "BOOLEAN": b"b", "VARCHAR": b"s"}
-_FROM_BUFFERS = {"i": pa.int64(), "d": pa.float64(), "b": pa.bool_()}
-
-
-def table_columns(table: str, fields: tuple[str, ...], rows) -> dict[str, Any]:
-    """A recorder's rows of `table` as columns: rows a list of tuples (zipped), or the compiled
-    row buffer's encoding, decoded by `_cplane.decode_arrow` straight into Arrow arrays for the
-    columns whose every value fits their type as pa.array would take it (an int in a BIGINT
-    column, a str in a VARCHAR one, None anywhere), and into the Python values for the rest,
-    which `_arrow` converts (and refuses) as it always did. Measured on the conversation trace's
-    hand-overs: ~0.03 s against ~0.4 s decoding into Python values and converting those."""
-    if isinstance(rows, list):
-        from tierdiag.probes.recorder import columns_of
-
-        return columns_of(fields, rows)
-    from tierdiag.native import cplane
-
-    decode_arrow = cplane.compiled("decode_arrow")
-    if decode_arrow is None:  # only the compiled data plane encodes rows, and it chose for both processes
-        raise RuntimeError(f"encoded rows of {table} but no compiled data plane to decode them: {cplane.WHY_NOT}")
-    schema = TABLES.get(table, {})
-    kinds = [_DECODE_KIND.get(schema.get(f), b"o") for f in fields]
-    data, n, objects = rows
-    out: dict[str, Any] = {}
-    for f, col in zip(fields, decode_arrow(data, n, objects, b"".join(kinds))):
-        kind = col[0]
-        if kind == "o":
-            out[f] = col[1]
-        elif kind == "s":
-            _, offsets, chars, valid, nulls = col
-            out[f] = pa.Array.from_buffers(pa.string(), n, [_buffer(valid), pa.py_buffer(offsets), pa.py_buffer(chars)],
-                                           null_count=nulls)
-        else:
-            _, values, valid, nulls = col
-            out[f] = pa.Array.from_buffers(_FROM_BUFFERS[kind], n, [_buffer(valid), pa.py_buffer(values)],
-                                           null_count=nulls)
-    return out
-
-
-def _buffer(data: bytes | None):
-    return None if data is None else pa.py_buffer(data)
-
-
-def _arrow(table: str, col: str, values: Any) -> pa.Array:
-    if isinstance(values, pa.Array):
-        return values
-    typ = TABLES[table].get(col)
-    if typ is None:
-        raise ValueError(f"{table}: column {col!r} is not in the schema")
-    try:
-        return pa.array(values, type=_ARROW_TYPES[typ])
-    except (OverflowError, pa.ArrowInvalid) as exc:
-        raise OverflowError(f"{table}.{col}: a value does not fit {typ} ({first_line(exc)})") from None
 
 
 def _remove_empty(path: Path) -> None:

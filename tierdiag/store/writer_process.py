@@ -37,18 +37,16 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import select
 import signal
-import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Mapping
 
 from tierdiag import signals
 from tierdiag.errors import ConfigError, StoreError
+from tierdiag.store.frames import EOF, read_frame, send_frame  # noqa: F401 - EOF: the engine's side reads it too
 from tierdiag.store.schema import new_run_id  # noqa: F401 - the engine's process names its run by it
 
 ENV = "TIERDIAG_WRITER"
@@ -69,12 +67,11 @@ WRITE_EVERY_S = 1.0
 # core in its first three seconds).
 FIRST_WRITE_S = 0.2
 BATCH_ROWS = 8_192  # the recorder hands rows over this often with a writer process (inline: 250k)
-CHILD_ENTRY = "from tierdiag.store.writer_process import main; main()"
+CHILD_ENTRY = "from tierdiag.store.writer_serve import main; main()"
 PIPE_BYTES = 1 << 20  # the request pipe's buffer (Linux caps it at /proc/sys/fs/pipe-max-size)
 SPARE_CORE_LOAD = 1.5  # auto: a writer process when the other runnable work is at most CPUs - this
 REAP_WAIT_S = 60.0  # how long the engine's process waits for the writer to exit after the close
 
-_HEADER = struct.Struct("<Q")
 
 
 def _usable_cpus() -> int:
@@ -122,70 +119,6 @@ def writer_mode() -> str:
     # 2-core box under load average ~2-3: 6.3 s against 5.8 s for the conversation trace).
     spare = cpus >= 2 and _busy_elsewhere() <= cpus - SPARE_CORE_LOAD
     return "process" if spare and not _in_a_worker() else "inline"
-
-
-# --------------------------------------------------------------------------- framing
-
-
-def _send_frame(fd: int, obj: Any) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    view = memoryview(_HEADER.pack(len(data)) + data) if len(data) < 65536 else None
-    if view is None:
-        _write_all(fd, memoryview(_HEADER.pack(len(data))))
-        view = memoryview(data)
-    _write_all(fd, view)
-
-
-def _write_all(fd: int, view: memoryview) -> None:
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _read_exact(fd: int, n: int) -> bytes | None:
-    """n bytes, or None at end of file (the other side is gone)."""
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = os.readv(fd, [view[got:]])
-        if k == 0:
-            return None
-        got += k
-    return bytes(buf) if n < 65536 else buf
-
-
-def _read_frame(fd: int):
-    """The next object, or EOF (None would be ambiguous: the protocol never sends it)."""
-    head = _read_exact(fd, _HEADER.size)
-    if head is None:
-        return EOF
-    body = _read_exact(fd, _HEADER.unpack(head)[0])
-    return EOF if body is None else pickle.loads(body)
-
-
-class _Eof:
-    def __repr__(self) -> str:
-        return "EOF"
-
-
-EOF = _Eof()
-
-
-def _portable(exc: BaseException) -> BaseException:
-    """`exc` if it pickles and reads back, else a RuntimeError saying what it was (DuckDB's own
-    exceptions do not travel); with the writer's traceback as a note, for --debug."""
-    import traceback
-
-    tb = "".join(traceback.format_exception(exc)).rstrip()
-    try:
-        back = pickle.loads(pickle.dumps(exc))
-    except Exception:  # noqa: BLE001 - whatever does not travel becomes a RuntimeError below
-        text = str(exc).strip()
-        back = RuntimeError(f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}")
-    if not isinstance(back, BaseException):
-        back = RuntimeError(f"{type(exc).__name__}: {exc}")
-    back.add_note(f"in the store's writer process:\n{tb}")
-    return back
 
 
 # --------------------------------------------------------------------------- the engine's side
@@ -303,7 +236,7 @@ class WriterProcess:
                     self._send(("finish", {"status": status, "error": error, "write_pending": write_pending,
                                            "trace_sha256": trace_sha256}))
                     while self.closed_as is None and self._dead is None and self._open_error is None:
-                        self._take_reply(_read_frame(self._in))
+                        self._take_reply(read_frame(self._in))
                 except _Died:
                     pass
                 if self._dead is None:
@@ -339,7 +272,7 @@ class WriterProcess:
 
     def _send(self, msg) -> None:
         try:
-            _send_frame(self._out, msg)
+            send_frame(self._out, msg)
         except (BrokenPipeError, OSError):
             self._died()
             raise self._dead from None
@@ -354,7 +287,7 @@ class WriterProcess:
             if not ready:
                 return
             try:
-                self._take_reply(_read_frame(self._in))
+                self._take_reply(read_frame(self._in))
             except _Died:
                 return
 
@@ -400,186 +333,3 @@ class WriterProcess:
 
 class _Died(Exception):
     """The writer process is gone (its pipe ended); `_dead` says how."""
-
-
-# --------------------------------------------------------------------------- the writer's side
-
-
-def main(after_commit=None, preload: tuple[str, ...] = ()) -> None:
-    """The writer process: `python -c CHILD_ENTRY` (or the caller's entry, which passes
-    `after_commit`, RunWriter.finish's hook, and the modules it needs, imported once the store is
-    open, while the engine runs rather than in the close), the request pipe on stdin, replies on
-    stdout."""
-    for sig in signals.HANDLED:
-        signal.signal(sig, signal.SIG_IGN)  # the engine's process decides (see the module docstring)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, signals.HANDLED)  # blocked since the spawn; now ignored
-    reply_fd = os.dup(1)
-    os.dup2(2, 1)  # a stray print must not corrupt the replies
-    import gc
-    import queue
-    import threading
-
-    # Many short-lived objects (the unpickled columns), few long-lived ones: as in the replay.
-    gc.set_threshold(50_000, 20, 100)
-    # The reader thread drains the pipe while this one converts and inserts: hand it the GIL
-    # sooner than the default 5 ms, so that the engine never waits on a full pipe for long.
-    sys.setswitchinterval(0.001)
-    inbox: queue.SimpleQueue = queue.SimpleQueue()
-    threading.Thread(target=_read_requests, args=(0, inbox), name="requests", daemon=True).start()
-    serve = _Serve(inbox, reply_fd, after_commit=after_commit, preload=preload)
-    code = 0
-    try:
-        serve.run()
-    except BaseException as exc:  # noqa: BLE001 - a bug here: raised in the engine's process, as one
-        serve.reply(("error", _portable(exc)))  # line there (the traceback in a note, for --debug)
-        code = 1
-    # Everything is committed and answered: leave without the interpreter's teardown of duckdb,
-    # pyarrow and the heap (half a second the engine's process would wait for, reaping this one).
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _read_requests(fd: int, inbox) -> None:
-    while True:
-        head = _read_exact(fd, _HEADER.size)
-        body = None if head is None else _read_exact(fd, _HEADER.unpack(head)[0])
-        inbox.put(EOF if body is None else body)
-        if body is None:
-            return
-
-
-class _Serve:
-    def __init__(self, inbox, reply_fd: int, *, after_commit=None, preload: tuple[str, ...] = ()):
-        self.inbox = inbox
-        self.reply_fd = reply_fd
-        self.after_commit = after_commit
-        self.preload = preload
-        self.writer = None
-        self.failed = False  # a write failed and was reported: later rows are given up
-        self.every = WRITE_EVERY_S  # the interval now: FIRST_WRITE_S at open, doubling to every_max
-        self.every_max = WRITE_EVERY_S
-        self.last_write = time.monotonic()
-
-    def reply(self, msg) -> bool:
-        try:
-            _send_frame(self.reply_fd, msg)
-            return True
-        except OSError:
-            return False  # the engine's process is gone: the end of the pipe says so too
-
-    def run(self) -> None:
-        import queue
-
-        while True:
-            timeout = None
-            if self.writer is not None and not self.failed and self.writer.pending:
-                timeout = max(0.0, self.last_write + self.every - time.monotonic())
-            try:
-                raw = self.inbox.get(timeout=timeout)
-            except queue.Empty:
-                self.write()
-                continue
-            if raw is EOF:
-                self.engine_gone()
-                return
-            kind, arg = pickle.loads(raw)
-            if kind == "open":
-                if not self.open(arg):
-                    return
-            elif kind == "rows":
-                self.rows(arg)
-            elif kind == "row_tuples":  # WriterProcess.append_rows: rows to make columns of here
-                from tierdiag.store.writer import table_columns
-
-                self.rows({table: table_columns(table, fields, rows) for table, (fields, rows) in arg.items()})
-            elif kind == "finish":
-                if self.finish(arg):
-                    return
-            else:
-                raise RuntimeError(f"the writer process was asked {kind!r}")
-
-    def open(self, arg) -> bool:
-        from tierdiag.store.writer import RunWriter
-
-        try:
-            self.writer = RunWriter(**arg["writer"])
-        except Exception as exc:  # noqa: BLE001 - every failure goes back to the engine, as raised
-            self.reply(("open_failed", _portable(exc)))
-            return False
-        self.every_max = arg["write_every_s"]
-        self.every = min(FIRST_WRITE_S, self.every_max)
-        self.last_write = time.monotonic()
-        if not self.reply(("opened", None)):
-            return False
-        # What the close hook needs, imported now while the engine runs rather than in the
-        # serial tail after it.
-        import importlib
-
-        for name in self.preload:
-            importlib.import_module(name)
-        return True
-
-    def rows(self, tables) -> None:
-        if self.writer is None or self.failed:
-            return  # given up: the engine is told (or was) and closes the run as failed
-        try:
-            self.writer.take(tables)
-        except Exception as exc:  # noqa: BLE001
-            self.fail(exc)
-            return
-        since = time.monotonic() - self.last_write
-        # Coalesced: with more handed over already (the engine's last rows and the close come
-        # together), one transaction takes it all: each write's close is a checkpoint (0.05-0.2 s).
-        if since >= self.every and (self.inbox.empty() or since >= 4 * self.every):
-            self.write()
-
-    def write(self) -> None:
-        try:
-            self.writer.write()
-        except Exception as exc:  # noqa: BLE001
-            self.fail(exc)
-        self.last_write = time.monotonic()
-        self.every = min(2 * self.every, self.every_max)
-
-    def fail(self, exc: BaseException) -> None:
-        self.failed = True
-        self.reply(("error", _portable(exc)))
-
-    def finish(self, arg) -> bool:
-        """Close the run; True once closed (the process then exits), False when it failed and
-        the engine may ask again (as failed, giving up what is pending)."""
-        if self.failed and arg["status"] != "failed":
-            # A write failed and the engine was told, after it had asked for this close: it
-            # reads that error first and asks again, as failed (as inline, where the failed
-            # write stops the engine). Never a run closed as complete short of its rows.
-            return False
-        try:
-            # The in-memory connection is left to the process's exit (os._exit, after the answer).
-            self.writer.finish(arg["status"], error=arg["error"], write_pending=arg["write_pending"],
-                               trace_sha256=arg["trace_sha256"], release=False, after_commit=self.after_commit)
-        except Exception as exc:  # noqa: BLE001
-            self.fail(exc)
-            return False
-        numbers = numbers_error = None
-        if self.writer.closed_as == "complete":  # read back by the close, on its connection
-            numbers = self.writer.numbers
-            if self.writer.numbers_error is not None:  # raised in the engine's process, where inline would
-                numbers_error = _portable(self.writer.numbers_error)
-        self.reply(("finished", {"recorded": self.writer.recorded, "closed_as": self.writer.closed_as,
-                                 "numbers": numbers, "numbers_error": numbers_error}))
-        return True
-
-    def engine_gone(self) -> None:
-        """The pipe ended before the run was closed (the engine's process was killed, or closed
-        without finishing after an error it reports itself): commit what was handed over, and
-        leave the run as a kill -9 of an inline replay would."""
-        if self.writer is None or self.failed or not self.writer.pending:
-            return
-        from tierdiag.store.writer import FINAL_WAIT_S
-
-        try:
-            self.writer.write(wait_s=FINAL_WAIT_S)
-        except Exception as exc:  # noqa: BLE001 - nobody is left to raise it to; say it once
-            text = str(exc).strip()
-            sys.stderr.write(f"tierdiag: warning: run {self.writer.run_id}: the last rows handed to the writer "
-                             f"were not committed ({text.splitlines()[0] if text else type(exc).__name__})\n")

@@ -1,0 +1,195 @@
+"""The writer process's side (store/writer_process.py is the engine's): `python -c CHILD_ENTRY`
+(or app/writer_child.py's entry, which passes the close hook), the request pipe on stdin, the
+replies on stdout. It owns the ordinary RunWriter and commits what it is handed at most every
+WRITE_EVERY_S (FIRST_WRITE_S at first, doubling), and closes the run when told."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import time
+
+from tierdiag import signals
+from tierdiag.store.frames import EOF, portable, read_raw, send_frame
+from tierdiag.store.writer_process import FIRST_WRITE_S, WRITE_EVERY_S
+
+
+def main(after_commit=None, preload: tuple[str, ...] = ()) -> None:
+    """The writer process: `python -c CHILD_ENTRY` (or the caller's entry, which passes
+    `after_commit`, RunWriter.finish's hook, and the modules it needs, imported once the store is
+    open, while the engine runs rather than in the close), the request pipe on stdin, replies on
+    stdout."""
+    for sig in signals.HANDLED:
+        signal.signal(sig, signal.SIG_IGN)  # the engine's process decides (see the module docstring)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, signals.HANDLED)  # blocked since the spawn; now ignored
+    reply_fd = os.dup(1)
+    os.dup2(2, 1)  # a stray print must not corrupt the replies
+    import gc
+    import queue
+    import threading
+
+    # Many short-lived objects (the unpickled columns), few long-lived ones: as in the replay.
+    gc.set_threshold(50_000, 20, 100)
+    # The reader thread drains the pipe while this one converts and inserts: hand it the GIL
+    # sooner than the default 5 ms, so that the engine never waits on a full pipe for long.
+    sys.setswitchinterval(0.001)
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    threading.Thread(target=_read_requests, args=(0, inbox), name="requests", daemon=True).start()
+    serve = _Serve(inbox, reply_fd, after_commit=after_commit, preload=preload)
+    code = 0
+    try:
+        serve.run()
+    except BaseException as exc:  # noqa: BLE001 - a bug here: raised in the engine's process, as one
+        serve.reply(("error", portable(exc)))  # line there (the traceback in a note, for --debug)
+        code = 1
+    # Everything is committed and answered: leave without the interpreter's teardown of duckdb,
+    # pyarrow and the heap (half a second the engine's process would wait for, reaping this one).
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _read_requests(fd: int, inbox) -> None:
+    while True:
+        body = read_raw(fd)
+        inbox.put(EOF if body is None else body)
+        if body is None:
+            return
+
+
+class _Serve:
+    def __init__(self, inbox, reply_fd: int, *, after_commit=None, preload: tuple[str, ...] = ()):
+        self.inbox = inbox
+        self.reply_fd = reply_fd
+        self.after_commit = after_commit
+        self.preload = preload
+        self.writer = None
+        self.failed = False  # a write failed and was reported: later rows are given up
+        self.every = WRITE_EVERY_S  # the interval now: FIRST_WRITE_S at open, doubling to every_max
+        self.every_max = WRITE_EVERY_S
+        self.last_write = time.monotonic()
+
+    def reply(self, msg) -> bool:
+        try:
+            send_frame(self.reply_fd, msg)
+            return True
+        except OSError:
+            return False  # the engine's process is gone: the end of the pipe says so too
+
+    def run(self) -> None:
+        import queue
+
+        while True:
+            timeout = None
+            if self.writer is not None and not self.failed and self.writer.pending:
+                timeout = max(0.0, self.last_write + self.every - time.monotonic())
+            try:
+                raw = self.inbox.get(timeout=timeout)
+            except queue.Empty:
+                self.write()
+                continue
+            if raw is EOF:
+                self.engine_gone()
+                return
+            kind, arg = pickle.loads(raw)
+            if kind == "open":
+                if not self.open(arg):
+                    return
+            elif kind == "rows":
+                self.rows(arg)
+            elif kind == "row_tuples":  # WriterProcess.append_rows: rows to make columns of here
+                from tierdiag.store.writer import table_columns
+
+                self.rows({table: table_columns(table, fields, rows) for table, (fields, rows) in arg.items()})
+            elif kind == "finish":
+                if self.finish(arg):
+                    return
+            else:
+                raise RuntimeError(f"the writer process was asked {kind!r}")
+
+    def open(self, arg) -> bool:
+        from tierdiag.store.writer import RunWriter
+
+        try:
+            self.writer = RunWriter(**arg["writer"])
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the engine, as raised
+            self.reply(("open_failed", portable(exc)))
+            return False
+        self.every_max = arg["write_every_s"]
+        self.every = min(FIRST_WRITE_S, self.every_max)
+        self.last_write = time.monotonic()
+        if not self.reply(("opened", None)):
+            return False
+        # What the close hook needs, imported now while the engine runs rather than in the
+        # serial tail after it.
+        import importlib
+
+        for name in self.preload:
+            importlib.import_module(name)
+        return True
+
+    def rows(self, tables) -> None:
+        if self.writer is None or self.failed:
+            return  # given up: the engine is told (or was) and closes the run as failed
+        try:
+            self.writer.take(tables)
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
+            return
+        since = time.monotonic() - self.last_write
+        # Coalesced: with more handed over already (the engine's last rows and the close come
+        # together), one transaction takes it all: each write's close is a checkpoint (0.05-0.2 s).
+        if since >= self.every and (self.inbox.empty() or since >= 4 * self.every):
+            self.write()
+
+    def write(self) -> None:
+        try:
+            self.writer.write()
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
+        self.last_write = time.monotonic()
+        self.every = min(2 * self.every, self.every_max)
+
+    def fail(self, exc: BaseException) -> None:
+        self.failed = True
+        self.reply(("error", portable(exc)))
+
+    def finish(self, arg) -> bool:
+        """Close the run; True once closed (the process then exits), False when it failed and
+        the engine may ask again (as failed, giving up what is pending)."""
+        if self.failed and arg["status"] != "failed":
+            # A write failed and the engine was told, after it had asked for this close: it
+            # reads that error first and asks again, as failed (as inline, where the failed
+            # write stops the engine). Never a run closed as complete short of its rows.
+            return False
+        try:
+            # The in-memory connection is left to the process's exit (os._exit, after the answer).
+            self.writer.finish(arg["status"], error=arg["error"], write_pending=arg["write_pending"],
+                               trace_sha256=arg["trace_sha256"], release=False, after_commit=self.after_commit)
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
+            return False
+        numbers = numbers_error = None
+        if self.writer.closed_as == "complete":  # read back by the close, on its connection
+            numbers = self.writer.numbers
+            if self.writer.numbers_error is not None:  # raised in the engine's process, where inline would
+                numbers_error = portable(self.writer.numbers_error)
+        self.reply(("finished", {"recorded": self.writer.recorded, "closed_as": self.writer.closed_as,
+                                 "numbers": numbers, "numbers_error": numbers_error}))
+        return True
+
+    def engine_gone(self) -> None:
+        """The pipe ended before the run was closed (the engine's process was killed, or closed
+        without finishing after an error it reports itself): commit what was handed over, and
+        leave the run as a kill -9 of an inline replay would."""
+        if self.writer is None or self.failed or not self.writer.pending:
+            return
+        from tierdiag.store.writer import FINAL_WAIT_S
+
+        try:
+            self.writer.write(wait_s=FINAL_WAIT_S)
+        except Exception as exc:  # noqa: BLE001 - nobody is left to raise it to; say it once
+            text = str(exc).strip()
+            sys.stderr.write(f"tierdiag: warning: run {self.writer.run_id}: the last rows handed to the writer "
+                             f"were not committed ({text.splitlines()[0] if text else type(exc).__name__})\n")
