@@ -13,6 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.cli import ENTRY, run
+from tests.support.cli import cli_env as support_env
+
 ROOT = Path(__file__).resolve().parents[2]
 FIRST_ARRIVAL_MS = 1_000_000
 NUM_REQUESTS = 300
@@ -38,21 +41,14 @@ REPLAY_ARGS = ("--model", "tiny", "--gpu", "cpu", "--device-tokens", 12288, "--h
 
 # Views as a user meets them: piped (stdout not a terminal, as in `tierdiag slow > file`) and
 # under a pseudo-terminal of a given width.
-ENTRY = "from tierdiag.cli.main import main; main()"
-
-
 def _env(**kw) -> dict:
     """This checkout first on the path (also for what the CLI starts), no inherited width or colour."""
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR")}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
-    env.update(kw)
-    return env
+    return support_env(columns=None, keep_width=False, **kw)
 
 
 def cli(*args: object, columns: int = 80, cwd: Path | None = None, **env) -> subprocess.CompletedProcess:
     """Piped: stdout is not a terminal."""
-    return subprocess.run([sys.executable, "-c", ENTRY, *map(str, args)], capture_output=True, text=True, timeout=300,
-                          env=_env(COLUMNS=str(columns), **env), cwd=cwd)
+    return run(*args, env=_env(COLUMNS=str(columns), **env), cwd=cwd)
 
 
 def on_tty(*args: object, columns: int = 80, **env) -> tuple[int, str]:

@@ -25,7 +25,7 @@ from tierdiag.errors import RunInterrupted, TraceError
 from tierdiag.importers.load import import_sglang
 from tierdiag.importers.sglang import read_export
 
-ENTRY = "from tierdiag.cli.main import main; main()"
+from tests.support.cli import ENTRY  # noqa: E402 - the one CLI entry
 
 
 def good(rid: str = "g") -> dict:

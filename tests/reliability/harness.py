@@ -12,59 +12,18 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 
+from tests.support.cli import ENTRY, Result, cli_argv, cli_env, tierdiag  # noqa: F401 - the one CLI runner, for the tests here
+
 REPO = Path(__file__).resolve().parents[2]
 SHARED_TRACES = REPO / ".." / "shared" / "traces"
-ENTRY = "from tierdiag.cli.main import main; main()"
 # A small engine: the tiny model's pools fill after a few requests, replays take seconds.
 SMALL = ("--model", "tiny", "--gpu", "cpu", "--device-tokens", "4096")
 # Room for the synthetic traces' long requests (up to 30k tokens), so they are served, not rejected.
 ROOMY = ("--model", "tiny", "--gpu", "cpu", "--device-tokens", "65536")
-
-
-@dataclass(frozen=True)
-class Result:
-    code: int
-    out: str
-    err: str
-
-    def fails(self, code: int, *fragments: str) -> str:
-        """Assert a clean failure: this exit code, one stderr line holding every fragment."""
-        assert "Traceback" not in self.err, self.err
-        lines = self.err.strip().splitlines()
-        assert len(lines) == 1, f"expected one stderr line, got {len(lines)}:\n{self.err}"
-        line = lines[0]
-        assert line.startswith("tierdiag: "), line
-        for fragment in fragments:
-            assert fragment in line, f"{fragment!r} not in {line!r}"
-        assert self.code == code, f"exit code {self.code}, expected {code}: {line}"
-        return line
-
-    def json(self):
-        assert self.code == 0, self.err
-        return json.loads(self.out)
-
-
-def cli_env(**extra: str) -> dict[str, str]:
-    # TIERDIAG_CPLANE passes: a suite run with TIERDIAG_CPLANE=numpy replays on numpy throughout
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERDIAG_") or k == "TIERDIAG_CPLANE"}
-    env.update({"COLUMNS": "200", **extra})
-    return env
-
-
-def cli_argv(*args: object) -> list[str]:
-    return [sys.executable, "-c", ENTRY, *map(str, args)]
-
-
-def tierdiag(*args: object, env: dict[str, str] | None = None, timeout: float = 300,
-             cwd: Path | None = None) -> Result:
-    proc = subprocess.run(cli_argv(*args), capture_output=True, text=True, env=env or cli_env(),
-                          timeout=timeout, cwd=cwd)
-    return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
 def line(ts: int, input_length: int, hash_ids: list[int], *, output_length: int = 8, **extra) -> str:

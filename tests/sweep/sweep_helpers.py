@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
 
+from tests.support.cli import cli_env, run
+from tests.support.cli import one_line_error as support_one_line_error
 from tierdiag.store.schema import EVENT_TABLES, TABLES
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_TRACES = Path(os.environ.get("TIERDIAG_SHARED_TRACES", REPO / ".." / "shared" / "traces"))
 DEMO = REPO / "tierdiag" / "trace" / "samples" / "demo.jsonl"
-ENTRY = "from tierdiag.cli.main import main; main()"
 # Tiny model on the CPU preset with a device pool that fills: evictions, load-backs, rejections.
 BASE = ("--set", "model=tiny", "--set", "gpu=cpu", "--set", "device_tokens=16k")
 SETS = ("--set", "host_tokens=16k,64k", "--set", "write_policy=write_through,write_back")
@@ -32,24 +32,15 @@ def small_trace(folder: Path, lines: int = 200) -> Path:
 
 
 def env(**extra: str) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("TIERDIAG_") or k == "TIERDIAG_CPLANE"}
-    e.update({"COLUMNS": "200", "PYTHONPATH": str(REPO) + os.pathsep + e.get("PYTHONPATH", ""), **extra})
-    return e
+    return cli_env(**extra)
 
 
 def cli(*args: object, cwd: Path | None = None, timeout: float = 240, **extra_env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", ENTRY, *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env=env(**extra_env), timeout=timeout)
+    return run(*args, env=cli_env(**extra_env), cwd=cwd, timeout=timeout)
 
 
 def one_line_error(proc: subprocess.CompletedProcess, code: int, *fragments: str) -> str:
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert proc.returncode == code, (proc.returncode, proc.stderr)
-    for f in fragments:
-        assert f in lines[0], (f, lines[0])
-    return lines[0]
+    return support_one_line_error(proc.returncode, proc.stderr, code, *fragments)
 
 
 def runs_by_name(db: Path) -> dict[str, dict]:
