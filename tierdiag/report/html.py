@@ -45,6 +45,7 @@ from tierdiag.report.figures import (
     build_figures,
 )
 from tierdiag.paths import prepare_output_path
+from tierdiag.report.sessions_view import survival_figure
 from tierdiag.store.reader import RunInfo, open_store, resolve_run
 
 DEFAULT_REPORTS_DIR = Path("reports")
@@ -645,6 +646,9 @@ def build_report(db: str | os.PathLike, run: str | None = None, output: str | os
     finally:
         con.close()
     figures = build_figures(data)
+    survival = survival_figure(data.summary.sessions)  # session runs only
+    if survival is not None:
+        figures.append(survival)
     if info.kind == "observed":  # an empty figure there means "not reported", not "none happened"
         import dataclasses
 

@@ -17,6 +17,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from tierdiag.report.sessions_view import render_sessions
 from tierdiag.units import (
     fmt_bandwidth,
     fmt_bytes,
@@ -374,6 +375,7 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
                      who_table("top evictors (whose allocation)", s.top_evictors))
         _print_fitting(console, side, Group(who_table("most evicted-from (owner of the pages)", s.most_evicted_from),
                                             who_table("top evictors (whose allocation)", s.top_evictors)))
+    render_sessions(s.sessions, console, table=_table, plain=plain)
 
 
 def render_advise(r, console: Console, *, run_label: str) -> None:
