@@ -133,7 +133,8 @@ def test_summary_counts_context_length_and_names_the_sessions_that_ended(tmp_pat
     result = CliRunner().invoke(app, ["summary", "--db", str(db)])
     assert result.exit_code == 0, result.output
     assert "context_length" in result.output and "session_ended" in result.output
-    assert "a (a-1" in result.output  # the ended session, named with the turn that ended it
+    assert "sessions ended at a rejected turn: 1" in result.output
+    assert "a-1: context_length" in result.output  # the ended session's row names the turn that ended it
 
 
 def test_a_v2_store_reads_with_the_session_columns_null_and_takes_a_new_run(tmp_path):

@@ -45,7 +45,7 @@ from tierdiag.report.figures import (
     build_figures,
 )
 from tierdiag.paths import prepare_output_path
-from tierdiag.report.sessions_view import survival_figure
+from tierdiag.report.sessions_figure import survival_figure
 from tierdiag.store.reader import RunInfo, open_store, resolve_run
 
 DEFAULT_REPORTS_DIR = Path("reports")
