@@ -16,6 +16,7 @@ from tierdiag.cli.common import command_line, db_option, DbOpt, DEFAULT_DB_PATH,
 # No torch: presets, registries and validation only.
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_pool
 from tierdiag.config.engine import (
+    ARRIVALS,
     EVICTION_POLICIES,
     PREFETCH_POLICIES,
     SCHEDULE_POLICIES,
@@ -85,6 +86,12 @@ def replay(
     profile: Annotated[Optional[Path], Opt(help="A `tierdiag calibrate` profile: the link numbers (JSON), or the whole "
                                                 "clock fitted by `calibrate --from` (TOML; sets --model/--gpu).")] = None,
     time_scale: Annotated[Optional[float], Opt(help=_d("Multiply inter-arrival times (2 = half the request rate).", "time_scale"))] = None,
+    arrivals: Annotated[Optional[str], Opt(**choices(ARRIVALS), help=_d(
+        "How session turns arrive: trace = at their timestamps (open loop); closed = at the previous turn's "
+        "finish + think_ms.", shown="closed where the trace has sessions, else trace"))] = None,
+    max_context: Annotated[Optional[int], Opt("--max-context", help=_d(
+        "Longest request (input + output tokens); longer ones are rejected (context_length).",
+        shown="the model preset's context"))] = None,
     seed: Annotated[Optional[int], Opt(help=_d("Seed (recorded; the engine itself is deterministic).", "seed"))] = None,
     verify: Annotated[Optional[str], Opt(**choices(VERIFY_MODES), help=_d("Check load-backs byte for byte (sample: one in 16).", "verify"))] = None,
     data_plane_mib: Annotated[Optional[int], Opt(help=_d("Memory for the real pools in MiB; their width shrinks to fit.", "data_plane_mib"))] = None,
@@ -107,7 +114,7 @@ def replay(
         "schedule_policy": schedule_policy,
         "prefetch_threshold": prefetch_threshold, "max_prefill_tokens": max_prefill_tokens,
         "layerwise_overlap": overlap, "timing": timing, "profile": str(profile) if profile else None,
-        "time_scale": time_scale, "seed": seed, "verify": verify, "data_plane_mib": data_plane_mib,
+        "time_scale": time_scale, "arrivals": arrivals, "max_context_tokens": max_context, "seed": seed, "verify": verify, "data_plane_mib": data_plane_mib,
     })
     if not no_probes:  # the store is not one of the files this replay reads (tierdiag/paths.py)
         from tierdiag.paths import check_output

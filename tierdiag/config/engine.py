@@ -37,6 +37,10 @@ INT64_MAX = 2**63 - 1
 MAX_TIME_SCALE = 1e6
 MIN_TIME_SCALE = 1e-9
 VERIFY_MODES = ("all", "sample", "off")
+# How session turns arrive (engine/arrivals.py): `trace` at their timestamps (open loop),
+# `closed` at their predecessor's finish + think_ms. None (the default): closed, which for a
+# trace without sessions is the same as trace.
+ARRIVALS = ("trace", "closed")
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,8 @@ class EngineConfig:
     data_plane_mib: int = 64  # memory for the real device+host pools; width shrinks to fit
     mem_fraction_static: float = 0.88
     storage_dir: str | None = None  # default: a folder beside the database
+    arrivals: str | None = None  # trace | closed; None: closed where the trace has sessions
+    max_context_tokens: int | None = None  # None: the model preset's context (--max-context)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -83,6 +89,7 @@ class EngineConfig:
             ("--schedule-policy", self.schedule_policy, SCHEDULE_POLICIES),
             ("--timing", self.timing, TIMINGS),
             ("--verify", self.verify, VERIFY_MODES),
+            ("--arrivals", self.arrivals or "closed", ARRIVALS),
         ):
             if value not in known:
                 raise unknown_name(opt, value, known)
@@ -116,6 +123,8 @@ class EngineConfig:
         if not MIN_TIME_SCALE <= self.time_scale <= MAX_TIME_SCALE:
             raise ConfigError(f"--time-scale {self.time_scale:g} is out of range "
                               f"({MIN_TIME_SCALE:g} to {MAX_TIME_SCALE:g})")
+        if self.max_context_tokens is not None and self.max_context_tokens < 1:
+            raise ConfigError(f"--max-context {self.max_context_tokens} must be at least 1 token")
         if self.data_plane_mib < 1:
             raise ConfigError(f"--data-plane-mib {self.data_plane_mib} must be at least 1")
         ram = _physical_memory_bytes()
@@ -147,6 +156,12 @@ class EngineConfig:
         tokens = int(max(free, 0) // m.kv_bytes_per_token)
         return tokens - tokens % self.page_size
 
+    def resolved_max_context(self) -> int:
+        """The longest request (input + output tokens) served: --max-context, else the model's."""
+        if self.max_context_tokens is not None:
+            return self.max_context_tokens
+        return model_preset(self.model).max_context_tokens
+
     def resolved_host_tokens(self) -> int:
         host = self.host_tokens if self.host_tokens is not None else 2 * self.resolved_device_tokens()
         return host - host % self.page_size
@@ -173,6 +188,7 @@ class EngineConfig:
         d = dataclasses.asdict(self)
         d["device_tokens"] = self.resolved_device_tokens()
         d["host_tokens"] = self.resolved_host_tokens()
+        d["max_context_tokens"] = self.resolved_max_context()
         if self.profile is not None:  # what the clock came from, kept with the run (config/profile.py)
             d["profile_source"] = check_profile(self.profile, self.model, self.gpu).provenance()
         return d

@@ -1,6 +1,8 @@
 """Model and GPU presets: the numbers the cost model is made of. Registries, not if/elif.
 
-Sources: model configs from the models' config.json (layers, KV heads, head dim); GPU peaks from
+Sources: model configs from the models' config.json (layers, KV heads, head dim, and
+`max_position_embeddings` as the context: Llama-3.1-8B/70B 131,072; Qwen2.5-7B(-Instruct) 32,768,
+YaRN off as shipped; `tiny` is no real model and takes Llama's); GPU peaks from
 vendor datasheets (dense BF16 tensor FLOPs, HBM bandwidth) and PCIe link rates. `link_bytes_per_s`
 is an achievable host<->device copy rate for pinned memory (about 85 % of the PCIe theoretical).
 """
@@ -20,6 +22,9 @@ class ModelPreset:
     num_kv_heads: int
     head_dim: int
     num_params: float
+    # The model's maximum context (config.json `max_position_embeddings`, SGLang's
+    # `model_config.context_len`): a longer request is rejected (scheduler: context_length).
+    max_context_tokens: int
     dtype_bytes: int = 2
 
     @property
@@ -47,10 +52,14 @@ class GpuPreset:
 MODELS: dict[str, ModelPreset] = {
     m.name: m
     for m in (
-        ModelPreset("llama3-8b", num_layers=32, hidden_size=4096, num_kv_heads=8, head_dim=128, num_params=8.03e9),
-        ModelPreset("llama3-70b", num_layers=80, hidden_size=8192, num_kv_heads=8, head_dim=128, num_params=70.6e9),
-        ModelPreset("qwen2.5-7b", num_layers=28, hidden_size=3584, num_kv_heads=4, head_dim=128, num_params=7.62e9),
-        ModelPreset("tiny", num_layers=4, hidden_size=256, num_kv_heads=2, head_dim=32, num_params=20e6),
+        ModelPreset("llama3-8b", num_layers=32, hidden_size=4096, num_kv_heads=8, head_dim=128, num_params=8.03e9,
+                    max_context_tokens=131_072),
+        ModelPreset("llama3-70b", num_layers=80, hidden_size=8192, num_kv_heads=8, head_dim=128, num_params=70.6e9,
+                    max_context_tokens=131_072),
+        ModelPreset("qwen2.5-7b", num_layers=28, hidden_size=3584, num_kv_heads=4, head_dim=128, num_params=7.62e9,
+                    max_context_tokens=32_768),
+        ModelPreset("tiny", num_layers=4, hidden_size=256, num_kv_heads=2, head_dim=32, num_params=20e6,
+                    max_context_tokens=131_072),
     )
 }
 

@@ -38,6 +38,7 @@ from tierdiag.diagnose.explain_steps import is_finished, step_eviction, step_hos
 from tierdiag.diagnose.explain_verdict import VerdictInputs, context_sentence, verdict
 from tierdiag.diagnose.facts import RunFacts, run_bounds  # noqa: F401 - run_bounds: slow's clock
 from tierdiag.diagnose.query import request_row
+from tierdiag.diagnose.sessions import session_step
 from tierdiag.diagnose.tokens import TokenSplit
 from tierdiag.store.reader import RunInfo
 
@@ -72,6 +73,9 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
     why = C.loss_why(run_ctx) if tokens.recomputed_tokens or tokens.host_tokens or tokens.storage_tokens else None
     if why:
         steps = steps[:3] + (replace(steps[3], finding=f"{steps[3].finding} For context, {why}."),)
+    session = session_step(con, run, row, bounds[0], len(steps) + 1)  # a turn with a predecessor
+    if session is not None:
+        steps += (session,)
     parts = TtftParts.from_row(row) if finished else None
     cause = parts.primary_cause() if parts is not None else None
     headline, text, claims = verdict(VerdictInputs(

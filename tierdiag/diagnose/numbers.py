@@ -148,10 +148,14 @@ class RunSummary:
     ttft_total_ns: int
     excess_total_ns: int
     diagnosis: object = None  # advice.RunDiagnosis: the run's root cause and what to change (summary.py)
+    sessions: object = None  # sessions.SessionSummary (summary.py; None: no sessions)
 
     def to_json(self) -> dict:
         d = dataclass_json(self)
         d["diagnosis"] = self.diagnosis.to_json() if self.diagnosis is not None else None
+        d["sessions"] = self.sessions.to_json() if self.sessions is not None else None
+        d["session_survival"] = ([b.to_json() for b in self.sessions.survival] if self.sessions is not None
+                                 else None)
         return d
 
 

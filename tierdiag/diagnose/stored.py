@@ -19,7 +19,7 @@ from tierdiag.diagnose import numbers as n
 from tierdiag.diagnose.runcontext import LossEvidence, RunContext, TransferEvidence
 from tierdiag.diagnose.totals import RunTotals
 
-EVIDENCE_VERSION = 1
+EVIDENCE_VERSION = 2  # v2: RunSummary.sessions (always None when stored: read-time, diagnose/sessions.py)
 TABLE = "run_evidence"
 _DC, _TUPLE = "__dataclass__", "__tuple__"
 DATACLASS_TAG = _DC

@@ -24,13 +24,18 @@ class Req:
         "own_slots", "own_from", "done_tokens", "extend_total", "recomputed_pages",
         "sched_ns", "first_batch_id", "num_chunks", "lb_ns", "lb_exposed", "lb_queued", "lb_pages", "lb_runs",
         "storage_bytes", "storage_fetch_ns", "recompute_ns", "compute_ns", "first_token_ns", "lost",
-        "lb_wall", "lb_verified", "protected_pages",
+        "lb_wall", "lb_verified", "protected_pages", "session", "think_ms", "trace_arrival_ns",
     )
 
-    def __init__(self, t: TraceRequest, arrival_ns: int):
+    def __init__(self, t: TraceRequest, arrival_ns: int, trace_arrival_ns: int | None = None,
+                 think_ms: float | None = None):
         self.seq = t.seq
         self.req_id = t.req_id
-        self.arrival_ns = arrival_ns
+        self.arrival_ns = arrival_ns  # in this replay (closed loop: the predecessor's finish + think)
+        self.trace_arrival_ns = arrival_ns if trace_arrival_ns is None else trace_arrival_ns  # the timestamp, scaled
+        self.session = t.session
+        # The pause after the predecessor's answer (None: no predecessor; 0 where the line gives none).
+        self.think_ms = think_ms
         self.input_len = t.input_len
         self.output_len = t.output_len
         self.keys: list[int] = []  # page keys: the input's full pages, then (at finish) output pages
@@ -125,7 +130,8 @@ class RequestRecords:
                 queue, storage_wait, req.lb_ns, lb_exposed, req.lb_queued, req.lb_pages * self.ctrl.page_bytes,
                 req.lb_pages, req.lb_runs, req.storage_bytes, req.storage_fetch_ns, recompute_ns, compute_ns,
                 req.first_token_ns - req.sched_ns, ttft, ideal, if_resident, recompute_instead,
-                req.first_batch_id, req.num_chunks, req.first_token_ns, now))
+                req.first_batch_id, req.num_chunks, req.first_token_ns, now, req.session, req.think_ms,
+                req.trace_arrival_ns))
         if self.progress is not None and st.requests_finished % 256 == 0:
             self.progress(st.requests_finished, now, st)
 

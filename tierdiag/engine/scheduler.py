@@ -27,6 +27,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from tierdiag.config.engine import EngineConfig
+from tierdiag.engine.arrivals import ArrivalSource, pause_ms
 from tierdiag.engine.controller import CacheController, EngineStats
 from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.pagemap import blame
@@ -76,6 +77,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
         self.prefetch_limit_tokens = max(0, int(PREFETCH_CAPACITY_SHARE * (ctrl.host.capacity - ctrl.device.capacity)
                                                 * self.ps))
         self.prefetch_tokens_occupied = 0
+        self.max_context = cfg.resolved_max_context()
+        self.arrivals: ArrivalSource | None = None  # the trace's arrivals, open or closed loop (run)
         ctrl.at = self.at
 
     def at(self, t_ns: int, fn, arg) -> None:
@@ -84,23 +87,24 @@ class Scheduler(StoragePrefetch, RequestRecords):
 
     # --- main loop -----------------------------------------------------------------------
     def run(self, requests: Iterable[TraceRequest]) -> EngineStats:
-        it = iter(requests)
-        scale = self.cfg.time_scale
-        nxt = next(it, None)
-        nxt_t = None if nxt is None else int(nxt.arrival_ns * scale)  # the next arrival, scaled once
+        src = self.arrivals = ArrivalSource(requests, self.cfg.time_scale, closed=self.cfg.arrivals != "trace")
+        src.on_drop = self._drop_turn
         now = 0
         gpu_free = 0
         events = self._events
         pop = heapq.heappop
         tick = self.emit.tick
+        arrive = self._arrive
         while True:
-            while nxt_t is not None and nxt_t <= now:
-                self._arrive(nxt, nxt_t)
-                nxt = next(it, None)
-                nxt_t = None if nxt is None else int(nxt.arrival_ns * scale)
-            while events and events[0][0] <= now:
-                self._current, _, fn, arg = pop(events)
-                fn(arg)
+            while True:  # arrivals and events at `now`, until a finish releases no turn due now
+                for t, at, trace_at, think_ms in src.due(now):
+                    arrive(t, at, trace_at, think_ms)
+                while events and events[0][0] <= now:
+                    self._current, _, fn, arg = pop(events)
+                    fn(arg)
+                nxt_t = src.next_ns(now)
+                if nxt_t is None or nxt_t > now:
+                    break
             if now >= gpu_free and (self.waiting or self.chunked is not None):
                 end = self._batch(now)
                 if end is not None:
@@ -127,11 +131,20 @@ class Scheduler(StoragePrefetch, RequestRecords):
         return self.stats
 
     # --- arrival -------------------------------------------------------------------------
-    def _arrive(self, t: TraceRequest, now: int) -> None:
-        req = Req(t, now)
+    def _arrive(self, t: TraceRequest, now: int, trace_ns: int, think_ms: float | None) -> None:
+        req = Req(t, now, trace_ns, think_ms)
         ps = self.ps
         if self.emit.arrived is not None:
             self.emit.arrived((now, req.req_id, req.seq, req.input_len, req.output_len))
+        # TokenizerManager._validate_one_request: input >= context_len, or input + max_new_tokens
+        # > context_len, is refused; Scheduler.handle_generate_request -> validate_input_length:
+        # input >= max_req_input_len = context_len - 1 - 5 is aborted (the KV-pool bound there is
+        # the device-memory rejection below). Both before the request is queued.
+        context = self.max_context
+        if req.input_len + req.output_len > context or req.input_len >= context - 6:
+            self._reject(req, f"context_length: {req.input_len:,} input + {req.output_len:,} output tokens; the "
+                              f"model's context is {context:,} tokens")
+            return
         req.total_pages = -(-(req.input_len + req.output_len) // ps)
         if req.total_pages > self.ctrl.device.capacity:
             self._reject(req, f"needs {req.total_pages * ps} tokens of device memory; the pool holds "
@@ -144,16 +157,24 @@ class Scheduler(StoragePrefetch, RequestRecords):
             self._start_prefetch(req, now)
         self.waiting.append(req)
 
-    def _reject(self, req: Req, reason: str) -> None:
+    def _reject(self, req: Req, reason: str, *, ends_session: bool = True) -> None:
         self.stats.requests_rejected += 1
+        if ends_session and req.session is not None and self.arrivals.closed:
+            self.arrivals.rejected(req.session, req.arrival_ns)
         if self.emit.record is not None:
             self.emit.record((
                 req.req_id, req.seq, req.arrival_ns, req.input_len, req.output_len, "rejected", reason, None,
                 0, 0, 0, 0, 0, 0, 0, None, 0, None, 0, 0, 0,
                 None, None, None, None, None, 0, 0, 0, 0, None, None, None, None, None, None, None, None,
-                None, 0, None, None))
+                None, 0, None, None, req.session, req.think_ms, req.trace_arrival_ns))
             if self.emit.tick is not None:  # rejections come without batches: a trace of them stays bounded
                 self.emit.tick()
+
+    def _drop_turn(self, t: TraceRequest, now: int, trace_ns: int) -> None:
+        """A turn of a session that ended (an earlier turn was rejected): never served, recorded
+        as rejected at `now`, when the replay dropped it."""
+        self._reject(Req(t, now, trace_ns, pause_ms(t)), "session_ended: an earlier turn of its session was rejected",
+                     ends_session=False)
 
     # --- batches -------------------------------------------------------------------------
     def _batch(self, now: int) -> int | None:
@@ -479,3 +500,5 @@ class Scheduler(StoragePrefetch, RequestRecords):
         self.tree.dec_lock(req.lock_node)
         req.lock_node = None
         self._record(req, now)
+        if req.session is not None and self.arrivals.closed:
+            self.arrivals.finished(req.session, now)

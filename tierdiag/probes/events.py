@@ -158,6 +158,9 @@ class RequestRecord(NamedTuple):
     num_chunks: int
     first_token_ns: int | None
     finish_ns: int | None
+    session_id: str | None
+    think_ms: float | None
+    trace_arrival_ns: int | None
 
 
 class RequestFinished(NamedTuple):

@@ -32,6 +32,7 @@ from tierdiag.report.figures import (
     build_figures,
 )
 from tierdiag.report.page import DEFAULT_REPORTS_DIR, e, encode_figure, page, plotly_js, write_atomic  # noqa: F401 (encode_figure: for tests)
+from tierdiag.report.sessions_figure import survival_figure
 from tierdiag.store.reader import RunInfo, open_store, resolve_run
 
 
@@ -361,6 +362,9 @@ def build_report(db: str | os.PathLike, run: str | None = None, output: str | os
     finally:
         con.close()
     figures = build_figures(data)
+    survival = survival_figure(data.summary.sessions)  # session runs only
+    if survival is not None:
+        figures.append(survival)
     if info.kind == "observed":  # an empty figure there means "not reported", not "none happened"
         import dataclasses
 

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tierdiag.report.text import fmt_option, visible
+from tierdiag.report.sessions_view import render_sessions
 from tierdiag.units import (
     fmt_bandwidth,
     fmt_bytes,
@@ -390,6 +391,7 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
                      who_table("top evictors (whose allocation)", s.top_evictors))
         _print_fitting(console, side, Group(who_table("most evicted-from (owner of the pages)", s.most_evicted_from),
                                             who_table("top evictors (whose allocation)", s.top_evictors)))
+    render_sessions(s.sessions, console, table=_table, plain=plain)
 
 
 def render_advise(r, console: Console, *, run_label: str) -> None:

@@ -22,7 +22,8 @@ import duckdb
 from tierdiag import signals
 from tierdiag.errors import StoreError
 from tierdiag.paths import DEFAULT_DB  # noqa: F401 - re-exported: the store's default name
-from tierdiag.store.schema import EVENT_TABLES, OPTIONAL_TABLES, SCHEMA_VERSION, TABLES
+from tierdiag.store.schema import (EVENT_TABLES, OLDEST_READABLE_VERSION, OPTIONAL_TABLES, SCHEMA_VERSION, TABLES,
+                                   columns_missing_in)
 
 _BUSY_RETRY_S = 3.0
 
@@ -153,15 +154,16 @@ def unfinished_store(con: duckdb.DuckDBPyConnection, found: dict[str, list[str]]
 
 
 def check_schema(con: duckdb.DuckDBPyConnection, *, path_for_errors: str,
-                 found: dict[str, list[str]] | None = None) -> None:
-    """Every table and column of the schema is there (a store of our version that lacks one
-    was damaged by hand or by a tool)."""
+                 found: dict[str, list[str]] | None = None, version: int = SCHEMA_VERSION) -> None:
+    """Every table and column of the schema `version` has is there (a store that lacks one was
+    damaged by hand or by a tool)."""
     found = _tables(con) if found is None else found
+    later = columns_missing_in(version)
     for table, cols in TABLES.items():
         if table not in found:
             raise StoreError(f"{path_for_errors} is damaged: table {table} is missing",
                              hint="restore it from a copy, or pass another --db")
-        missing = [c for c in cols if c not in found[table]]
+        missing = [c for c in cols if c not in found[table] and c not in later.get(table, ())]
         if missing:
             raise StoreError(f"{path_for_errors} is damaged: column {table}.{missing[0]} is missing",
                              hint="restore it from a copy, or pass another --db")
@@ -197,14 +199,27 @@ def check_store(con: duckdb.DuckDBPyConnection, *, path_for_errors: str,
         version = int(rows[0][0])
     except (TypeError, ValueError):
         raise not_ours from None
-    if version != SCHEMA_VERSION:
+    if not OLDEST_READABLE_VERSION <= version <= SCHEMA_VERSION:
         newer = version > SCHEMA_VERSION
         raise StoreError(
-            f"{path_for_errors} uses run-store schema v{version}; this tierdiag reads v{SCHEMA_VERSION}",
+            f"{path_for_errors} uses run-store schema v{version}; this tierdiag reads "
+            f"v{OLDEST_READABLE_VERSION} to v{SCHEMA_VERSION}",
             hint="upgrade tierdiag" if newer else "re-run `tierdiag replay` with this version into a new --db",
         )
-    check_schema(con, path_for_errors=path_for_errors, found=found)
+    check_schema(con, path_for_errors=path_for_errors, found=found, version=version)
     return version
+
+
+def show_added_columns(con: duckdb.DuckDBPyConnection, version: int) -> None:
+    """A store of an older schema read as the current one: each table that lacks columns added
+    since is shadowed by a temporary view (this connection only, nothing written) with them NULL."""
+    missing = columns_missing_in(version)
+    if not missing:
+        return
+    db = con.execute("SELECT current_database()").fetchall()[0][0].replace('"', '""')
+    for table, cols in missing.items():
+        extra = ", ".join(f"NULL::{TABLES[table][c]} AS {c}" for c in cols)
+        con.execute(f'CREATE TEMP VIEW {table} AS SELECT *, {extra} FROM "{db}".main.{table}')
 
 
 def open_store(path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
@@ -237,7 +252,8 @@ def open_store(path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
         found = _tables(con)  # once: both checks read it
         if unfinished_store(con, found):
             raise StoreError(f"{p} has no runs yet", hint="run `tierdiag replay TRACE --db FILE` into it")
-        check_store(con, path_for_errors=str(p), found=found)
+        version = check_store(con, path_for_errors=str(p), found=found)
+        show_added_columns(con, version)
     except duckdb.Error as exc:
         con.close()
         damaged = damage_error(p, exc)

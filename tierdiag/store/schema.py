@@ -15,7 +15,15 @@ def new_run_id() -> str:
     sweep's workers all name runs with it)."""
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
-SCHEMA_VERSION = 2  # v2: runs.kind, runs.sweep_id (DESIGN §5)
+SCHEMA_VERSION = 3  # v2: runs.kind, runs.sweep_id (DESIGN §5); v3: requests' session columns (§6)
+
+# Columns each version added to the end of a table, nothing else changing: a store of an older
+# version still reads (store/reader.py shows it with these columns, NULL), and a writer adds them
+# to it before its first run (store/writer.py).
+ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {
+    3: {"requests": ("session_id", "think_ms", "trace_arrival_ns")},
+}
+OLDEST_READABLE_VERSION = 2
 
 # Column name -> DuckDB type, in table order. Times are ns of *virtual* time unless the name
 # says wall; sizes are tokens or bytes as the name says.
@@ -93,6 +101,9 @@ TABLES: dict[str, dict[str, str]] = {
         "num_chunks": "BIGINT",
         "first_token_ns": "BIGINT",
         "finish_ns": "BIGINT",
+        "session_id": "VARCHAR",  # the trace line's session (NULL: none)
+        "think_ms": "DOUBLE",  # pause after the predecessor's answer (NULL: no predecessor)
+        "trace_arrival_ns": "BIGINT",  # the trace's own arrival (x time_scale); arrival_ns is the replay's
     },
     "evictions": {
         "run_id": "VARCHAR",
@@ -173,6 +184,16 @@ OPTIONAL_TABLES: dict[str, dict[str, str]] = {
         "evidence_json": "VARCHAR",
     },
 }
+
+
+def columns_missing_in(version: int) -> dict[str, tuple[str, ...]]:
+    """table -> the columns a store of schema `version` lacks (added by later versions)."""
+    missing: dict[str, tuple[str, ...]] = {}
+    for v, tables in sorted(ADDED_COLUMNS.items()):
+        if v > version:
+            for table, cols in tables.items():
+                missing[table] = missing.get(table, ()) + cols
+    return missing
 
 
 def create_table_sql(name: str, cols: dict[str, str]) -> str:

@@ -48,7 +48,7 @@ from tierdiag.paths import prepare_output_path
 from tierdiag.store.reader import (attach_with_retry, check_store, connect_with_retry, damage_error, detach,
                                    first_line, is_lock_error, lock_holder, unfinished_store, verify_blocks)
 from tierdiag.store.columns import _ARROW_TYPES, arrow_column as _arrow, table_columns  # noqa: F401 - table_columns: the writer process decodes with it
-from tierdiag.store.schema import SCHEMA_VERSION, TABLES, create_statements, new_run_id
+from tierdiag.store.schema import SCHEMA_VERSION, TABLES, columns_missing_in, create_statements, new_run_id
 
 
 
@@ -110,7 +110,14 @@ def init_store(con: duckdb.DuckDBPyConnection, *, path_for_errors: str = "the da
     cut short, or check an existing one is ours and current (`check_before_writing` has read
     every block of it already)."""
     if not unfinished_store(con):
-        check_store(con, path_for_errors=path_for_errors)
+        version = check_store(con, path_for_errors=path_for_errors)
+        if version < SCHEMA_VERSION:  # an older store: the columns added since, NULL in its runs
+            con.execute("BEGIN")
+            for table, cols in columns_missing_in(version).items():
+                for col in cols:
+                    con.execute(f"ALTER TABLE {table} ADD COLUMN {col} {TABLES[table][col]}")
+            con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(SCHEMA_VERSION)])
+            con.execute("COMMIT")
         return
     con.execute("BEGIN")
     for stmt in create_statements():

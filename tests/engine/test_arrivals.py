@@ -1,0 +1,196 @@
+"""Closed-loop arrivals (engine/arrivals.py): a session's later turn arrives at its predecessor's
+finish + think_ms; a rejected turn ends its session; a request past the model's context is
+rejected as SGLang rejects it."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from tests.engine.helpers import PS, Collect, small_config
+from tierdiag.config.profile import CLOCK_PARAMS, write_profile
+from tierdiag.engine.arrivals import ArrivalSource
+from tierdiag.engine.engine import Engine
+from tierdiag.trace.reader import TraceRequest
+
+MS = 1_000_000
+
+
+def run(trace: list[TraceRequest], cfg) -> tuple[Engine, Collect]:
+    """The trace as given (helpers.run renumbers and rebuilds requests without their session)."""
+    probe = Collect()
+    engine = Engine(cfg, probe=probe)
+    engine.run(trace)
+    return engine, probe
+
+
+def turn(req_id: str, seq: int, t_ms: float, pages: tuple[int, ...], *, session: str | None = None,
+         think_ms: float | None = None, output: int = 4, extra_tokens: int = 1) -> TraceRequest:
+    return TraceRequest(req_id=req_id, seq=seq, line=seq + 1, arrival_ns=int(t_ms * MS),
+                        input_len=len(pages) * PS + extra_tokens, output_len=output,
+                        hash_ids=pages + ((10**9 + seq,) if extra_tokens else ()), tokens=None,
+                        session=session, think_ns=None if think_ms is None else int(think_ms * MS))
+
+
+def session_workload(draw_sessions: list[list[int]], singles: list[int]) -> list[TraceRequest]:
+    """Sessions whose turn n+1 is stamped at turn n's timestamp + think (a trace taken from an
+    infinitely fast server), each turn re-sending the session's context plus 1-2 new pages;
+    plus requests without a session. Sorted by timestamp, seq in that order."""
+    raw = []
+    for s, thinks in enumerate(draw_sessions):
+        t = 7.0 * s
+        pages: tuple[int, ...] = ()
+        for n, think in enumerate(thinks):
+            if n:
+                t += think
+            pages = pages + tuple(1000 * (s + 1) + len(pages) + i for i in range(1 + n % 2))
+            raw.append((t, f"s{s}-t{n}", pages, f"s{s}", None if n == 0 else float(think)))
+    for i, t in enumerate(singles):
+        raw.append((float(t), f"x{i}", (900_000 + i,), None, None))
+    raw.sort(key=lambda r: r[0])
+    return [turn(rid, seq, t, pages, session=session, think_ms=think)
+            for seq, (t, rid, pages, session, think) in enumerate(raw)]
+
+
+sessions_st = st.lists(st.lists(st.integers(0, 400), min_size=1, max_size=6), min_size=1, max_size=6)
+singles_st = st.lists(st.integers(0, 300), max_size=8)
+
+
+@settings(max_examples=25, deadline=None)
+@given(sessions_st, singles_st, st.sampled_from([16, 64]))
+def test_closed_loop_turn_never_arrives_before_its_predecessor_finish_plus_pause(sessions, singles, device_pages):
+    trace = session_workload(sessions, singles)
+    engine, probe = run(trace, small_config(device_tokens=device_pages * PS, arrivals="closed"))
+    recs = probe.records
+    assert len(recs) == len(trace)
+    engine.check_invariants(idle=True)
+    last: dict[str, object] = {}
+    for t in trace:
+        r = recs[t.req_id]
+        assert r.trace_arrival_ns == t.arrival_ns
+        if t.session is None or t.session not in last:
+            assert r.arrival_ns == t.arrival_ns and r.think_ms is None  # open loop: its timestamp
+        else:
+            prev = last[t.session]
+            assert r.think_ms == t.think_ns / MS
+            # Exactly finish + pause: never earlier, and never later (nothing read too late).
+            assert r.arrival_ns == prev.finish_ns + t.think_ns
+            assert r.arrival_ns >= prev.finish_ns + t.think_ns
+        last[t.session] = r if t.session is not None else None
+    assert engine.scheduler.arrivals.late_turns == 0
+
+
+@pytest.fixture(scope="module")
+def instant_profile(tmp_path_factory):
+    """A fitted clock with every time 0 and links at 10^15 B/s: an infinitely fast server."""
+    clock = {k: (1e15 if k.endswith("_bytes_per_s") else 0.0) for k in CLOCK_PARAMS}
+    return str(write_profile(tmp_path_factory.mktemp("p") / "instant.toml", model="tiny", gpu="h200",
+                             clock=clock, fit={"source_run": "test"}))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sessions=sessions_st, singles=singles_st)
+def test_an_infinitely_fast_server_replays_closed_as_the_trace(instant_profile, sessions, singles):
+    """The trace's turns are stamped as from a server with no service time (turn n+1 = turn n +
+    think); replayed on a server whose service time is 0, closed arrivals are the trace's own,
+    to the nanosecond the pause is rounded to (think_ms as ns)."""
+    trace = session_workload(sessions, singles)
+    kw = dict(device_tokens=256 * PS, host_tokens=512 * PS, gpu="h200", profile=instant_profile)
+    _, closed = run(trace, small_config(arrivals="closed", **kw))
+    _, open_ = run(trace, small_config(arrivals="trace", **kw))
+    turns: dict[str, int] = {}
+    for t in trace:
+        c, o = closed.records[t.req_id], open_.records[t.req_id]
+        assert o.arrival_ns == c.trace_arrival_ns == t.arrival_ns
+        assert c.finish_ns - c.arrival_ns <= 1, "the instant clock still takes time"
+        n = turns[t.session] = turns.get(t.session, -1) + 1 if t.session else 0
+        assert 0 <= c.arrival_ns - t.arrival_ns <= n, (t.req_id, c.arrival_ns - t.arrival_ns)
+
+
+def test_open_loop_ignores_the_predecessor_and_keeps_timestamps():
+    # s0-t1 is stamped 1 ms after s0-t0: open loop it arrives then, while t0 still runs.
+    trace = [turn("a", 0, 0, tuple(range(1, 9)), session="s0", output=400),
+             turn("b", 1, 1, tuple(range(1, 10)), session="s0", think_ms=5)]
+    _, open_ = run(trace, small_config(arrivals="trace"))
+    _, closed = run(trace, small_config(arrivals="closed"))
+    assert open_.records["b"].arrival_ns == 1 * MS < open_.records["a"].finish_ns
+    assert closed.records["b"].arrival_ns == closed.records["a"].finish_ns + 5 * MS
+    assert open_.records["b"].think_ms == closed.records["b"].think_ms == 5.0  # the pause, either way
+    assert closed.records["b"].trace_arrival_ns == 1 * MS
+
+
+def test_default_is_closed_and_a_turn_without_think_ms_follows_at_once():
+    trace = [turn("a", 0, 0, (1, 2), session="s", output=50), turn("b", 1, 0.5, (1, 2, 3), session="s")]
+    engine, probe = run(trace, small_config())  # arrivals unset
+    assert engine.cfg.arrivals is None and engine.scheduler.arrivals.closed
+    assert probe.records["b"].arrival_ns == probe.records["a"].finish_ns
+    assert probe.records["b"].think_ms == 0.0
+
+
+def test_a_rejected_turn_ends_its_session_and_the_rest_are_recorded_not_served():
+    # Turn 1 of s is longer than the context (--max-context 1000): rejected; turns 2 and 3 of s
+    # are never served (rejected, session_ended); s2 and the lone request go on.
+    big = tuple(range(100, 117))  # 17 pages = 1,089 tokens
+    trace = [turn("s-0", 0, 0, (1, 2), session="s"),
+             turn("s2-0", 1, 1, (50,), session="s2"),
+             turn("s-1", 2, 2, big, session="s", think_ms=1),
+             turn("s-2", 3, 3, (1, 2, 3), session="s", think_ms=1),
+             turn("x", 4, 4, (70,)),
+             turn("s2-1", 5, 5, (50, 51), session="s2", think_ms=2),
+             turn("s-3", 6, 6, (1, 2, 3, 4), session="s", think_ms=1)]
+    engine, probe = run(trace, small_config(max_context_tokens=1000, arrivals="closed"))
+    recs = probe.records
+    assert recs["s-1"].status == "rejected" and recs["s-1"].reject_reason.startswith("context_length")
+    for rid in ("s-2", "s-3"):
+        assert recs[rid].status == "rejected" and recs[rid].reject_reason.startswith("session_ended")
+        assert recs[rid].finish_ns is None and recs[rid].session_id == "s"
+    assert all(recs[r].status == "finished" for r in ("s-0", "s2-0", "x", "s2-1"))
+    src = engine.scheduler.arrivals
+    assert src.ended_turns == 2 and src.ended_sessions == {"s": 2}
+    assert engine.stats.requests_rejected == 3
+    engine.check_invariants(idle=True)
+    # Open loop replays every line at its timestamp: only the long one is rejected.
+    _, open_ = run(trace, small_config(max_context_tokens=1000, arrivals="trace"))
+    assert [r for r, rec in open_.records.items() if rec.status == "rejected"] == ["s-1"]
+
+
+def test_context_length_rejection_mirrors_sglang():
+    """TokenizerManager._validate_one_request: input >= context or input + max_new_tokens >
+    context is refused; Scheduler validate_input_length: input >= context - 1 - 5 is aborted."""
+    ctx = 1000
+
+    def fate(input_len: int, output: int) -> str:
+        pages = tuple(range(1, input_len // PS + 1))
+        t = turn("r", 0, 0, pages, output=output, extra_tokens=input_len - len(pages) * PS)
+        _, probe = run([t], small_config(max_context_tokens=ctx))
+        rec = probe.records["r"]
+        return rec.status if rec.status == "finished" else rec.reject_reason.split(":")[0]
+
+    assert fate(990, 10) == "finished"  # 1,000 = the context: fits
+    assert fate(990, 11) == "context_length"  # input + output past it
+    assert fate(993, 1) == "finished"  # below context - 6
+    assert fate(994, 1) == "context_length"  # input >= context - 6 (max_req_input_len)
+    assert fate(1000, 0) == "context_length"
+
+
+def test_preset_context_and_override():
+    assert small_config(model="llama3-8b", device_tokens=None, host_tokens=None,
+                        data_plane_mib=64).resolved_max_context() == 131_072
+    assert small_config(model="qwen2.5-7b", device_tokens=None, host_tokens=None,
+                        data_plane_mib=64).resolved_max_context() == 32_768
+    assert small_config(max_context_tokens=4096).resolved_max_context() == 4096
+
+
+def test_read_ahead_finds_a_turn_due_before_its_timestamp():
+    """A turn stamped far later than its predecessor's finish + pause (the trace's server was
+    slow) is read ahead of the clock and arrives on time; with no read-ahead it would be read
+    only at its timestamp (counted as late)."""
+    trace = [turn("a", 0, 0, (1,), session="s")] + [turn(f"x{i}", i + 1, 10 + i, (500 + i,)) for i in range(5)] + \
+            [turn("b", 6, 60_000, (1, 2), session="s", think_ms=3)]
+    _, probe = run(trace, small_config())
+    assert probe.records["b"].arrival_ns == probe.records["a"].finish_ns + 3 * MS
+    src = ArrivalSource(iter(trace), 1.0, closed=True, read_ahead=1)
+    got = list(src.due(0))
+    assert [r.req_id for r, *_ in got] == ["a"]
+    src.finished("s", 5 * MS)
+    assert src.next_ns(5 * MS) == 10 * MS  # one line in hand at most: "b" is not read yet

@@ -1,0 +1,262 @@
+"""Sessions: did a turn's prefix survive its pause? (`explain`'s session step, `summary`'s
+survival by pause length and the sessions that ended early.)
+
+A turn with a predecessor re-sends its session's context. When the predecessor finished, that
+context had just been inserted into the tree on device (cache_finished_req); during the pause
+(think_ms: the user reading, a tool running) other requests' allocations may demote it to host,
+drop it, or delete its host copy. At this turn's arrival the match finds what is left:
+
+    pause start   |================ device ================|  (the predecessor's input + output)
+    arrival       |== device ==|==== host ====|-- gone --|    (evictions in between moved it)
+
+The reused prefix of a turn is every input token that had been cached: device + host + storage
+hits (used) + recomputed tokens. Its split at arrival is where match_prefix found it; the
+survival table sums it per pause bucket, token-weighted like every share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+
+from tierdiag.diagnose.explain_result import Step
+from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one
+from tierdiag.diagnose.quantile import quantile_sql
+from tierdiag.diagnose.sql import FINISHED_SQL
+from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
+
+# (label, lower bound ms inclusive, upper bound ms exclusive or None)
+PAUSE_BUCKETS: tuple[tuple[str, float, float | None], ...] = (
+    ("< 5 s", 0.0, 5_000.0),
+    ("5-30 s", 5_000.0, 30_000.0),
+    ("30 s-2 min", 30_000.0, 120_000.0),
+    ("2-10 min", 120_000.0, 600_000.0),
+    ("> 10 min", 600_000.0, None),
+)
+ENDED_LISTED = 20  # sessions named in `summary` (all are counted)
+SESSION_ENDED = "session_ended"  # the reject_reason prefix of a turn not served (engine/arrivals.py)
+
+_REUSED = "(coalesce(device_hit_tokens, 0) + coalesce(host_hit_tokens, 0) + coalesce(storage_hit_tokens, 0) " \
+          "+ coalesce(recomputed_tokens, 0))"
+
+
+def _bucket_sql() -> str:
+    cases = " ".join(f"WHEN think_ms < {hi!r} THEN {i}" for i, (_, _, hi) in enumerate(PAUSE_BUCKETS) if hi is not None)
+    return f"CASE {cases} ELSE {len(PAUSE_BUCKETS) - 1} END"
+
+
+@dataclass(frozen=True)
+class PauseBucket:
+    """Turns whose pause (think_ms) falls in [min_think_ms, max_think_ms)."""
+
+    label: str
+    min_think_ms: float
+    max_think_ms: float | None
+    num_turns: int
+    reused_tokens: int
+    device_share: float | None  # of reused_tokens; the four add up to 1 (None: nothing reused)
+    host_share: float | None
+    storage_share: float | None
+    recomputed_share: float | None
+    ttft_p50_ns: int | None
+    ttft_p99_ns: int | None
+
+    def to_json(self) -> dict:
+        return dataclass_json(self)
+
+
+@dataclass(frozen=True)
+class EndedSession:
+    session_id: str
+    rejected_req_id: str | None  # the turn whose rejection ended it
+    reject_reason: str | None
+    turns_not_served: int
+
+    def to_json(self) -> dict:
+        return dataclass_json(self)
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    arrivals: str  # trace | closed: how the run's turns arrived
+    num_sessions: int
+    num_turns_with_predecessor: int  # finished ones (the survival table's rows)
+    survival: tuple[PauseBucket, ...]
+    num_ended_sessions: int
+    num_turns_not_served: int
+    ended: tuple[EndedSession, ...]  # the first ENDED_LISTED, by when they ended
+
+    def to_json(self) -> dict:
+        d = dataclass_json(self)
+        d.pop("survival")
+        return d
+
+
+def arrivals_of(run) -> str:
+    """The run's arrival mode as it replayed (config `arrivals`; unset: closed, the same as
+    trace for a trace without sessions)."""
+    return run.config.get("arrivals") or "closed"
+
+
+def session_summary(con: duckdb.DuckDBPyConnection, run) -> SessionSummary | None:
+    """The run's sessions; None for a run without any (a Mooncake trace, an older store)."""
+    rid = run.run_id
+    head = fetch_one(con, "SELECT count(DISTINCT session_id) AS sessions FROM requests "
+                          "WHERE run_id = ? AND session_id IS NOT NULL", [rid])
+    if not head or not head["sessions"]:
+        return None
+    rows = fetch_dicts(con, f"""
+        SELECT {_bucket_sql()} AS bucket, count(*) AS n,
+               sum(coalesce(device_hit_tokens, 0)) AS device, sum(coalesce(host_hit_tokens, 0)) AS host,
+               sum(coalesce(storage_hit_tokens, 0)) AS storage, sum(coalesce(recomputed_tokens, 0)) AS recomputed,
+               {quantile_sql('ttft_ns', 0.5)} AS p50, {quantile_sql('ttft_ns', 0.99)} AS p99
+        FROM requests WHERE run_id = ? AND think_ms IS NOT NULL AND {FINISHED_SQL}
+        GROUP BY bucket""", [rid])
+    by_bucket = {int(r["bucket"]): r for r in rows}
+    buckets = []
+    for i, (label, lo, hi) in enumerate(PAUSE_BUCKETS):
+        r = by_bucket.get(i)
+        if r is None:
+            buckets.append(PauseBucket(label, lo, hi, 0, 0, None, None, None, None, None, None))
+            continue
+        parts = [int(r[k] or 0) for k in ("device", "host", "storage", "recomputed")]
+        reused = sum(parts)
+        shares = [share(p, reused) if reused else None for p in parts]
+        buckets.append(PauseBucket(label, lo, hi, int(r["n"]), reused, *shares,
+                                   None if r["p50"] is None else int(r["p50"]),
+                                   None if r["p99"] is None else int(r["p99"])))
+    ended = fetch_dicts(con, f"""
+        WITH dropped AS (
+            SELECT session_id, count(*) AS n, min(seq) AS first_seq FROM requests
+            WHERE run_id = ? AND status = 'rejected' AND reject_reason LIKE '{SESSION_ENDED}%'
+            GROUP BY session_id),
+        ends AS (  -- the last rejected turn before the first dropped one: it ended the session
+            SELECT d.session_id, d.n, d.first_seq, arg_max(r.req_id, r.seq) AS req_id,
+                   arg_max(r.reject_reason, r.seq) AS reason
+            FROM dropped d LEFT JOIN requests r
+              ON r.run_id = ? AND r.session_id = d.session_id AND r.seq < d.first_seq AND r.status = 'rejected'
+                 AND r.reject_reason NOT LIKE '{SESSION_ENDED}%'
+            GROUP BY d.session_id, d.n, d.first_seq)
+        SELECT * FROM ends ORDER BY first_seq""", [rid, rid])
+    return SessionSummary(
+        arrivals=arrivals_of(run), num_sessions=int(head["sessions"]),
+        num_turns_with_predecessor=sum(b.num_turns for b in buckets), survival=tuple(buckets),
+        num_ended_sessions=len(ended), num_turns_not_served=sum(int(e["n"]) for e in ended),
+        ended=tuple(EndedSession(e["session_id"], e["req_id"], e["reason"], int(e["n"])) for e in ended[:ENDED_LISTED]))
+
+
+# --- explain's session step ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PauseEviction:
+    eviction_id: int
+    t_ns: int  # since the run's first arrival
+    tier: str
+    action: str
+    prefix_tokens: int  # of this turn's prefix
+    cause_req_id: str | None  # whose allocation forced it
+
+
+@dataclass(frozen=True)
+class SessionEvidence:
+    session_id: str
+    arrivals: str
+    previous_req_id: str | None
+    previous_status: str | None
+    previous_finish_ns: int | None  # since the run's first arrival
+    think_ms: float
+    pause_ns: int | None  # the predecessor's finish -> this arrival, in this replay
+    trace_arrival_ns: int | None  # the trace's own arrival, since the run's first arrival
+    reused_tokens: int
+    at_pause_start_device_tokens: int
+    at_arrival_device_tokens: int
+    at_arrival_host_tokens: int
+    at_arrival_storage_tokens: int
+    at_arrival_gone_tokens: int
+    evictions: tuple[PauseEviction, ...]
+
+
+_MOVES = {("device", "demote"): "demoted from device to host", ("device", "drop"): "dropped from device",
+          ("host", "delete"): "deleted from host"}
+
+
+def _move(tier: str, action: str) -> str:
+    return _MOVES.get((tier, action), f"{action} ({tier})")
+
+
+def session_step(con: duckdb.DuckDBPyConnection, run, row: dict, run_start_ns: int, number: int) -> Step | None:
+    """The session step for a turn with a predecessor (its row's think_ms set), else None."""
+    if row.get("think_ms") is None or row.get("session_id") is None:
+        return None
+    rid = run.run_id
+    prev = fetch_one(con, "SELECT req_id, status, finish_ns, input_tokens, output_tokens FROM requests "
+                          "WHERE run_id = ? AND session_id = ? AND seq < ? ORDER BY seq DESC LIMIT 1",
+                     [rid, row["session_id"], row["seq"]])
+    arrival = row.get("arrival_ns")
+    finish = prev.get("finish_ns") if prev else None
+    device = int(row.get("device_hit_tokens") or 0)
+    reused = device + sum(int(row.get(k) or 0) for k in ("host_hit_tokens", "storage_hit_tokens", "recomputed_tokens"))
+    host = min(int(row.get("host_match_tokens") or 0), reused - device)
+    storage = min(int(row.get("storage_match_tokens") or 0), reused - device - host)
+    gone = reused - device - host - storage
+    prev_context = int(prev["input_tokens"] or 0) + int(prev["output_tokens"] or 0) if prev else 0
+    at_start = min(reused, prev_context) if prev and prev["status"] == "finished" else 0
+    evictions: tuple[PauseEviction, ...] = ()
+    if finish is not None and arrival is not None:
+        evictions = tuple(
+            PauseEviction(int(e["eviction_id"]), int(e["t_ns"]) - run_start_ns, e["tier"], e["action"],
+                          int(e["tokens"] or 0), e["cause_req_id"])
+            for e in fetch_dicts(con, """
+                SELECT e.eviction_id, e.t_ns, e.tier, e.action, re.tokens, e.cause_req_id
+                FROM request_evictions re JOIN evictions e ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id
+                WHERE re.run_id = ? AND re.req_id = ? AND e.t_ns >= ? AND e.t_ns <= ?
+                ORDER BY e.t_ns, e.eviction_id""", [rid, row["req_id"], int(finish), int(arrival)]))
+    pause = int(arrival) - int(finish) if finish is not None and arrival is not None else None
+    trace_arrival = row.get("trace_arrival_ns")
+    ev = SessionEvidence(
+        session_id=row["session_id"], arrivals=arrivals_of(run), previous_req_id=prev["req_id"] if prev else None,
+        previous_status=prev["status"] if prev else None,
+        previous_finish_ns=int(finish) - run_start_ns if finish is not None else None,
+        think_ms=float(row["think_ms"]), pause_ns=pause,
+        trace_arrival_ns=int(trace_arrival) - run_start_ns if trace_arrival is not None else None,
+        reused_tokens=reused, at_pause_start_device_tokens=at_start, at_arrival_device_tokens=device,
+        at_arrival_host_tokens=host, at_arrival_storage_tokens=storage, at_arrival_gone_tokens=gone,
+        evictions=evictions)
+    return Step(step=number, name="session", finding=session_finding(ev), evidence=ev)
+
+
+def session_finding(ev: SessionEvidence) -> str:
+    if ev.previous_req_id is None:
+        return f"a turn of session {ev.session_id} whose earlier turns are not in this run."
+    head = (f"turn of session {ev.session_id} after request {ev.previous_req_id}"
+            + (f", which finished at {fmt_ms(ev.previous_finish_ns)}" if ev.previous_finish_ns is not None else "")
+            + f"; pause {fmt_ms(ev.think_ms * 1e6)} (think_ms)")
+    if ev.pause_ns is not None and ev.arrivals == "trace":
+        head += f", {fmt_ms(ev.pause_ns)} in this open-loop replay"
+    if ev.reused_tokens == 0:
+        return head + ". It reused no cached prefix."
+    split = ", ".join(f"{fmt_tokens(n)} {where}" for n, where in (
+        (ev.at_arrival_device_tokens, "on device"), (ev.at_arrival_host_tokens, "on host"),
+        (ev.at_arrival_storage_tokens, "in storage"), (ev.at_arrival_gone_tokens, "gone (recomputed)")) if n)
+    text = (f"{head}. Its reused prefix, {fmt_tokens(ev.reused_tokens)} tokens, was "
+            f"{fmt_pct(share(ev.at_pause_start_device_tokens, ev.reused_tokens))} on device when the pause began "
+            f"(the previous turn had just inserted it); at this arrival: {split}.")
+    if not ev.evictions:
+        moved = ev.reused_tokens - ev.at_arrival_device_tokens
+        return text + (" No eviction during the pause moved it." if moved == 0 else
+                       " No eviction recorded during the pause moved it.")
+    listed = "; ".join(
+        f"eviction {e.eviction_id} at {fmt_ms(e.t_ns)}: {fmt_tokens(e.prefix_tokens)} tokens {_move(e.tier, e.action)}"
+        + (f" by request {e.cause_req_id}'s allocation" if e.cause_req_id else "")
+        for e in ev.evictions[:5])
+    more = f" (and {len(ev.evictions) - 5} more)" if len(ev.evictions) > 5 else ""
+    return f"{text} During the pause: {listed}{more}."
+
+
+def survival_rows(summary: SessionSummary) -> list[dict]:
+    """The survival table as plain rows for views (ms, shares)."""
+    return [{"bucket": b.label, "turns": b.num_turns, "reused_tokens": b.reused_tokens,
+             "device": b.device_share, "host": b.host_share, "storage": b.storage_share,
+             "recomputed": b.recomputed_share, "ttft_p50_ms": ns_to_ms(b.ttft_p50_ns),
+             "ttft_p99_ms": ns_to_ms(b.ttft_p99_ns)} for b in summary.survival]

@@ -1,0 +1,187 @@
+"""Where the scheduler's arrivals come from: the trace read as it goes, open loop or closed loop.
+
+`trace` (open loop): every request arrives at its timestamp x --time-scale, as recorded.
+`closed`: a session's first turn, and every request without a session, arrive at their
+timestamps; each later turn arrives at its predecessor's finish (the last output token, in this
+replay) + its `think_ms`. A turn whose predecessor was rejected is not served, nor is any later
+turn of that session (`ended_turns`, `ended_sessions`). `think_ms` is the client's pause and is
+not stretched by --time-scale (which moves the timestamps, i.e. when sessions start).
+
+    trace   a1 ─────── a2 ──────────── a3            (timestamps: the original server's pace)
+    closed  a1 ▓▓▓▓▓▓▓▓▓▓▓│think│ a2 ▓▓▓▓▓│think│ a3  (▓ this replay's service of the turn)
+
+The trace is read as the clock reaches each line's timestamp, as in open loop, so a trace is
+never held whole. A later turn can be due before its own timestamp (this replay serves its
+predecessor faster than the trace's server did), so while some session waits for its next turn
+the source also reads up to READ_AHEAD_LINES lines ahead; a turn found later than its due time
+(further ahead than that) arrives when it is read, counted in `late_turns`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import Iterable, Iterator
+
+from tierdiag.trace.reader import TraceRequest
+
+# Lines read ahead of the clock while a session waits for its next turn (the memory of that
+# many trace lines at most, beside the turns waiting for their predecessor).
+READ_AHEAD_LINES = 4096
+
+
+class _Session:
+    __slots__ = ("queue", "busy", "finish_ns", "hungry")
+
+    def __init__(self) -> None:
+        self.queue: deque[TraceRequest] = deque()  # later turns read, waiting for their predecessor
+        self.busy = True  # a turn released and not finished yet
+        self.finish_ns = 0  # the last finished turn's finish
+        self.hungry = False  # finished its turn, next turn not read yet
+
+
+class ArrivalSource:
+    """The arrivals in time order: `next_ns(now)` the earliest one not delivered (None: none left),
+    `due(now)` those at or before `now` as (request, arrival ns, trace arrival ns); the
+    scheduler reports `finished(session, now)` and `rejected(session)` of each turn."""
+
+    def __init__(self, requests: Iterable[TraceRequest], time_scale: float, *, closed: bool,
+                 read_ahead: int = READ_AHEAD_LINES):
+        self._it = iter(requests)
+        self._scale = time_scale
+        self.closed = closed
+        self._read_ahead = read_ahead
+        # (arrival, seq, request, trace arrival, think_ms: None for a turn without a predecessor)
+        self._heap: list[tuple[int, int, TraceRequest, int, float | None]] = []
+        self._seen: set[str] = set()  # sessions met (open loop: which turns have a predecessor)
+        self._sessions: dict[str, _Session] = {}
+        self._ended: set[str] = set()
+        self._in_hand = 0  # lines read and not yet delivered nor dropped
+        self._hungry = 0  # sessions waiting for a turn not read yet
+        self._peek: TraceRequest | None = None
+        self._peek_ns: int | None = None
+        self.num_sessions = 0
+        self.ended_turns = 0  # turns not served: an earlier turn of their session was rejected
+        self.ended_sessions: dict[str, int] = {}  # session -> turns not served, in order of ending
+        self.late_turns = 0  # turns read after their due time (past the read-ahead)
+        # Called with (request, now, trace arrival ns) for each turn not served: the scheduler
+        # records it as rejected (session_ended).
+        self.on_drop = lambda req, now, trace_ns: None
+        self._read()
+
+    def _read(self) -> None:
+        nxt = next(self._it, None)
+        self._peek = nxt
+        self._peek_ns = None if nxt is None else int(nxt.arrival_ns * self._scale)
+
+    # --- what the scheduler calls -------------------------------------------------------
+    def next_ns(self, now: int) -> int | None:
+        if self._hungry and self._peek is not None:
+            self._read_ahead_lines(now)
+        heap = self._heap
+        if heap:
+            if self._peek_ns is not None and self._peek_ns < heap[0][0]:
+                return self._peek_ns
+            return heap[0][0]
+        return self._peek_ns
+
+    def due(self, now: int) -> Iterator[tuple[TraceRequest, int, int, float | None]]:
+        heap = self._heap
+        while True:
+            if self._peek_ns is not None and self._peek_ns <= now:
+                self._ingest(self._peek, self._peek_ns, now)
+                self._read()
+            elif heap and heap[0][0] <= now:
+                t, _, req, trace_ns, think_ms = heapq.heappop(heap)
+                self._in_hand -= 1
+                yield req, t, trace_ns, think_ms
+            else:
+                return
+
+    def finished(self, session: str, now: int) -> None:
+        """A turn of `session` finished at `now`: its next turn, if read, is released."""
+        st = self._sessions.get(session)
+        if st is None:
+            return
+        st.busy = False
+        st.finish_ns = now
+        if st.queue:
+            self._release(st, st.queue.popleft(), now)
+        else:
+            st.hungry = True
+            self._hungry += 1
+
+    def rejected(self, session: str, now: int) -> None:
+        """A turn of `session` was rejected at `now`: the session ends there; its later turns
+        already read are dropped now, the others as they are read."""
+        st = self._sessions.pop(session, None)
+        self._ended.add(session)
+        self.ended_sessions.setdefault(session, 0)
+        if st is None:
+            return
+        if st.hungry:
+            self._hungry -= 1
+        self._in_hand -= len(st.queue)
+        for req in st.queue:
+            self._drop(req, now)
+
+    def _drop(self, req: TraceRequest, now: int) -> None:
+        self.ended_turns += 1
+        self.ended_sessions[req.session] += 1
+        self.on_drop(req, now, int(req.arrival_ns * self._scale))
+
+    # --- reading ---------------------------------------------------------------------------
+    def _read_ahead_lines(self, now: int) -> None:
+        while self._peek is not None and self._in_hand < self._read_ahead and self._hungry:
+            self._ingest(self._peek, self._peek_ns, now)
+            self._read()
+
+    def _ingest(self, req: TraceRequest, trace_ns: int, now: int) -> None:
+        """A line read, the clock at `now` (at or before its timestamp)."""
+        session = req.session
+        if session is None:
+            self._push(req, trace_ns, trace_ns, None)
+            return
+        if not self.closed:
+            if session in self._seen:
+                self._push(req, trace_ns, trace_ns, pause_ms(req))
+            else:
+                self._seen.add(session)
+                self.num_sessions += 1
+                self._push(req, trace_ns, trace_ns, None)
+            return
+        if session in self._ended:
+            self._drop(req, now)
+            return
+        st = self._sessions.get(session)
+        if st is None:  # a session's first turn: its timestamp
+            self._sessions[session] = _Session()
+            self.num_sessions += 1
+            self._push(req, trace_ns, trace_ns, None)
+            return
+        self._in_hand += 1
+        if st.busy or st.queue:
+            st.queue.append(req)
+            return
+        self._release(st, req, now)
+
+    def _release(self, st: _Session, req: TraceRequest, now: int) -> None:
+        """The turn's predecessor has finished: it is due at that finish + think_ms."""
+        if st.hungry:
+            st.hungry = False
+            self._hungry -= 1
+        st.busy = True
+        t = st.finish_ns + (req.think_ns or 0)
+        if t < now:  # read after its due time
+            self.late_turns += 1
+            t = now
+        heapq.heappush(self._heap, (t, req.seq, req, int(req.arrival_ns * self._scale), pause_ms(req)))
+
+    def _push(self, req: TraceRequest, t: int, trace_ns: int, think_ms: float | None) -> None:
+        self._in_hand += 1
+        heapq.heappush(self._heap, (t, req.seq, req, trace_ns, think_ms))
+
+
+def pause_ms(req: TraceRequest) -> float:
+    """A later turn's pause in ms: 0 where its line gives none (it follows at once)."""
+    return 0.0 if req.think_ns is None else req.think_ns / 1e6
