@@ -37,6 +37,9 @@ INT64_MAX = 2**63 - 1
 MAX_TIME_SCALE = 1e6
 MIN_TIME_SCALE = 1e-9
 VERIFY_MODES = ("all", "sample", "off")
+# The SGLang releases whose rules the engine follows (engine/rules.py: one RuleSet each), the
+# default first: 0.5.23, the release `import sglang` reads.
+SGLANG_RULES = ("0.5.23", "0.5.9")
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class EngineConfig:
     data_plane_mib: int = 64  # memory for the real device+host pools; width shrinks to fit
     mem_fraction_static: float = 0.88
     storage_dir: str | None = None  # default: a folder beside the database
+    sglang_rules: str = SGLANG_RULES[0]  # whose rules the engine follows (engine/rules.py)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -83,6 +87,7 @@ class EngineConfig:
             ("--schedule-policy", self.schedule_policy, SCHEDULE_POLICIES),
             ("--timing", self.timing, TIMINGS),
             ("--verify", self.verify, VERIFY_MODES),
+            ("--sglang", self.sglang_rules, SGLANG_RULES),
         ):
             if value not in known:
                 raise unknown_name(opt, value, known)
