@@ -170,8 +170,9 @@ def test_nothing_to_change_when_the_cache_was_fine(tmp_path):
 
 
 def test_advice_prefetch_room_share_is_the_engines():
-    """advice.py mirrors the scheduler's prefetch rate limit (it cannot import it: torch)."""
+    """advice.py mirrors the 0.5.9 rule set's prefetch rate limit (0.8 x (host - device); it
+    cannot import the engine: torch). 0.5.23's limit (0.5 x host) is not yet in advice.py."""
     from tierdiag.diagnose.advice import PREFETCH_ROOM_SHARE
-    from tierdiag.engine.scheduler import PREFETCH_CAPACITY_SHARE
+    from tierdiag.engine.rules import RULE_SETS
 
-    assert PREFETCH_ROOM_SHARE == PREFETCH_CAPACITY_SHARE
+    assert PREFETCH_ROOM_SHARE == RULE_SETS["0.5.9"].prefetch_capacity_share

@@ -32,13 +32,16 @@ from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.engine import Engine
 
 WORKER = Path(__file__).with_name("worker.py")
-# The five known differences of the engine from SGLang 0.5.9 (docs/engine.md, issue 29); the
-# worker can make SGLang behave as the engine does for each (sglang059.py).
-KNOWN_059 = ("split_access", "split_creation", "insert_priority", "evict_amount", "mru_ties")
-# The rules in which SGLang 0.5.23 differs from the engine as it follows 0.5.9 (docs/engine.md,
-# "What 0.5.23 changes, measured"); the worker can make 0.5.23 behave as the engine does for
-# each (sglang0523.py), and each is a rule the 0.5.23 rule set implements.
-KNOWN_0523 = ("alloc_page", "split_access", "unevict_hit", "host_duplicates")
+# The differences found between the engine and SGLang 0.5.9 (docs/engine.md, issue 29); the
+# worker can make SGLang behave as the engine did for each (sglang059.py). The engine's 0.5.9
+# rule set now follows all five (engine/rules.py): none is left to switch off.
+FIXED_059 = ("split_access", "split_creation", "insert_priority", "evict_amount", "mru_ties")
+KNOWN_059: tuple[str, ...] = ()
+# The rules in which SGLang 0.5.23 differed from the engine as it followed 0.5.9 (docs/engine.md,
+# "What 0.5.23 changes, measured"); the worker can make 0.5.23 behave as the old engine did for
+# each (sglang0523.py). The 0.5.23 rule set implements all four: none is left to switch off.
+FIXED_0523 = ("alloc_page", "split_access", "unevict_hit", "host_duplicates")
+KNOWN_0523: tuple[str, ...] = ()
 COMPARED = ("device", "host_hit", "loaded", "admitted", "protected_len", "pages", "evictable", "protected",
             "device_free", "host_free", "evictions")
 
@@ -114,18 +117,23 @@ class EngineSide:
             return out
         tiered = m.host_pages
         load = tiered > 0 and tiered * self.ps >= self.engine.cfg.load_back_threshold
+        lb = None
         if load:
             tree.protect_host(host_nodes[-1])
-            if not ctrl.evict_device(tiered, op["id"], now):
+            if ctrl.evict_device(tiered, op["id"], now):
+                lb = ctrl.device.alloc(tiered)  # the load's slots first (HiCacheController.load)
+            else:
                 load = False
-            tree.release_host(host_nodes[-1])
+                tree.release_host(host_nodes[-1])
         prefix = dev + tiered if load else dev
-        need = len(keys) - dev if load else len(keys) - prefix
-        assert ctrl.evict_device(need, op["id"], now), "admitted, but eviction could not make room"
+        need = len(keys) - prefix
+        # alloc_paged_token_slots_extend: evict for the extend plus a page (the rule set's amount)
+        assert ctrl.evict_device(need, op["id"], now, reserve_pages=ctrl.rules.alloc_overhead_pages), \
+            "admitted, but eviction could not make room"
         slots = ctrl.device.alloc(need)
         lock = dev_node
-        if load:
-            lb, slots = slots[:tiered], slots[tiered:]
+        if load:  # the host part stays protected until the allocation is done (Scheduler._admit)
+            tree.release_host(host_nodes[-1])
             ctrl.load_back(host_nodes, lb, op["id"], now, keys[dev:dev + tiered])
             lock = host_nodes[-1]
             tree.inc_lock(lock)

@@ -35,7 +35,7 @@ def check(worker, scenario: dict) -> None:
 
 
 def agreeing(sc: dict) -> dict:
-    return {**sc, "rules": "0.5.9", "compat": list(KNOWN_0523)}
+    return {**sc, "rules": "0.5.23", "compat": list(KNOWN_0523)}
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -67,18 +67,12 @@ def rule_scenario(rule: str, seed: int, policy: str, write_policy: str, ids: tup
     return {**sc, "ops": ops, "rules": "0.5.23", "compat": [k for k in KNOWN_0523 if k != rule]}
 
 
-@pytest.mark.xfail(strict=True, reason="0.5.23 rule alloc_page: allocation.alloc_paged_token_slots_extend "
-                   "evicts for the extend plus one page a request (conservative_num_tokens), "
-                   "evict_for_alloc only the shortfall of that; the engine evicts for the extend alone")
 def test_allocation_evicts_a_page_more_per_request(sglang_0523):
     """Four requests leave 6 of 24 pages free; r6 needs 6: 0.5.23 asks for 7 and demotes the
     LRU leaf [8, 9, 10], the engine evicts nothing."""
     check(sglang_0523, rule_scenario("alloc_page", 0, "lru", "write_through", ("r2", "r3", "r4", "r5", "r6")))
 
 
-@pytest.mark.xfail(strict=True, reason="0.5.23 rule split_access: UnifiedTreeCore._split_node stamps the lower "
-                   "half (child.last_access_time = get_and_increase_time_counter()) after the upper half is "
-                   "made; the engine's RadixTree._split leaves the lower half's access time as it was")
 def test_a_split_stamps_the_lower_half(sglang_0523):
     """r4 splits r0's [1..5] at [1, 2]: 0.5.23 stamps [3, 4, 5] then, so under LRU r6's eviction
     takes [8, 9, 10] (stamped at step 2) where the engine takes [3, 4, 5] (step 1)."""
@@ -86,10 +80,6 @@ def test_a_split_stamps_the_lower_half(sglang_0523):
                                      ("r0", "r2", "r3", "r4", "r5", "r6")))
 
 
-@pytest.mark.xfail(strict=True, reason="0.5.23 rule unevict_hit: UnifiedTreeCore._insert_walk_step restores an "
-                   "evicted node from the request's fresh KV (_unevict_node_on_insert), then "
-                   "_finish_insert_walk_node counts it a hit (_inc_hit_count_and_check); 0.5.9 and the engine "
-                   "count no hit on a node the insert re-materialises")
 def test_an_insert_restoring_a_node_counts_a_hit(sglang_0523):
     """r32's page 41 is host-only and too short to load back (4 tokens < 10): recomputed, the
     insert puts it back on device and 0.5.23 counts a third hit where the engine counts two."""
@@ -97,10 +87,6 @@ def test_an_insert_restoring_a_node_counts_a_hit(sglang_0523):
                                      ("r19", "r22", "r27", "r28", "r30", "r32")))
 
 
-@pytest.mark.xfail(strict=True, reason="0.5.23 rule host_duplicates: under write_back, "
-                   "UnifiedTreeCore.drive_host_eviction first frees host copies of nodes also on device "
-                   "(_reclaim_full_host_duplicates, sparing evictable device leaves on its first pass) "
-                   "before deleting host leaves; the engine's CacheController.evict_host deletes host leaves only")
 def test_write_back_host_pressure_frees_duplicate_host_copies_first(sglang_0523):
     """r23 loads [8, 9, 10] back (device and host); r24's write-backs need host room: 0.5.23
     frees [8, 9, 10]'s host copy, the engine deletes the LRU host leaf [14, 15, 16]."""

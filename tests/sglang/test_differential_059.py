@@ -54,23 +54,13 @@ def _without(name: str, seed: int, policy: str) -> dict:
     return {**sc, "compat": [k for k in KNOWN_059 if k != name]}
 
 
-@pytest.mark.xfail(strict=True, reason="known difference 1: hiradix_cache.py HiRadixCache._match_prefix_helper / "
-                   "insert stamp last_access_time on a node before _split_node, so the lower half is touched too; "
-                   "the engine's RadixTree._walk touches only the upper half")
 def test_a_split_touches_both_halves(sglang_059):
     check(sglang_059, _without("split_access", 0, "lru"))
 
 
-@pytest.mark.xfail(strict=True, reason="known difference 2: hiradix_cache.py HiRadixCache._split_node makes the "
-                   "upper half a new TreeNode, whose creation_time is the split's time (fifo/filo); the engine's "
-                   "RadixTree._split keeps the node's")
 def test_a_split_upper_half_is_created_at_the_split(sglang_059):
     check(sglang_059, _without("split_creation", 0, "filo"))
 
 
-@pytest.mark.xfail(strict=True, reason="known difference 4: common.py evict_from_tree_cache evicts the whole "
-                   "allocation (plus a page a request, alloc_paged_token_slots_extend) when it does not fit, "
-                   "HiRadixCache.load_back the whole load and write_backup the whole node's host room; "
-                   "the engine's CacheController.evict_device/evict_host evict only the shortfall")
 def test_eviction_takes_the_whole_need(sglang_059):
     check(sglang_059, _without("evict_amount", 0, "lru"))

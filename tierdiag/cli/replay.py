@@ -20,6 +20,7 @@ from tierdiag.config.engine import (
     EVICTION_POLICIES,
     PREFETCH_POLICIES,
     SCHEDULE_POLICIES,
+    SGLANG_RULES,
     TIMINGS,
     VERIFY_MODES,
     WRITE_POLICIES,
@@ -95,6 +96,7 @@ def replay(
     seed: Annotated[Optional[int], Opt(help=_d("Seed (recorded; the engine itself is deterministic).", "seed"))] = None,
     verify: Annotated[Optional[str], Opt(**choices(VERIFY_MODES), help=_d("Check load-backs byte for byte (sample: one in 16).", "verify"))] = None,
     data_plane_mib: Annotated[Optional[int], Opt(help=_d("Memory for the real pools in MiB; their width shrinks to fit.", "data_plane_mib"))] = None,
+    sglang: Annotated[Optional[str], Opt("--sglang", **choices(SGLANG_RULES), help=_d("The SGLang release whose cache rules the engine follows (config key sglang_rules).", "sglang_rules"))] = None,
     skip_bad: Annotated[bool, Opt("--skip-bad", help="Skip malformed trace lines (and count them).")] = False,
     no_probes: Annotated[bool, Opt("--no-probes", help="Record nothing (benchmarking the engine).")] = False,
     json_: JsonOpt = False,
@@ -115,6 +117,7 @@ def replay(
         "prefetch_threshold": prefetch_threshold, "max_prefill_tokens": max_prefill_tokens,
         "layerwise_overlap": overlap, "timing": timing, "profile": str(profile) if profile else None,
         "time_scale": time_scale, "arrivals": arrivals, "max_context_tokens": max_context, "seed": seed, "verify": verify, "data_plane_mib": data_plane_mib,
+        "sglang_rules": sglang,
     })
     if not no_probes:  # the store is not one of the files this replay reads (tierdiag/paths.py)
         from tierdiag.paths import check_output

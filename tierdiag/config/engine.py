@@ -41,6 +41,9 @@ VERIFY_MODES = ("all", "sample", "off")
 # `closed` at their predecessor's finish + think_ms. None (the default): closed, which for a
 # trace without sessions is the same as trace.
 ARRIVALS = ("trace", "closed")
+# The SGLang releases whose rules the engine follows (engine/rules.py: one RuleSet each), the
+# default first: 0.5.23, the release `import sglang` reads.
+SGLANG_RULES = ("0.5.23", "0.5.9")
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class EngineConfig:
     storage_dir: str | None = None  # default: a folder beside the database
     arrivals: str | None = None  # trace | closed; None: closed where the trace has sessions
     max_context_tokens: int | None = None  # None: the model preset's context (--max-context)
+    sglang_rules: str = SGLANG_RULES[0]  # whose rules the engine follows (engine/rules.py)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -90,6 +94,7 @@ class EngineConfig:
             ("--timing", self.timing, TIMINGS),
             ("--verify", self.verify, VERIFY_MODES),
             ("--arrivals", self.arrivals or "closed", ARRIVALS),
+            ("--sglang", self.sglang_rules, SGLANG_RULES),
         ):
             if value not in known:
                 raise unknown_name(opt, value, known)

@@ -3,7 +3,8 @@
 One registry, as SGLang 0.5.9's `mem_cache/evict_policy.py` (`*Strategy.get_priority`) and the
 `eviction_policy` switch in `RadixCache.__init__`: lru, lfu, fifo, mru, filo, priority; plus slru,
 which SGLang added after 0.5.9 (0.5.23's `SLRUStrategy`). Every key ends in the node id so
-ties break the same way in every run.
+ties break the same way in every run; before it, `access_seq`, the order of the access stamps
+within one virtual instant (SGLang's clocks never tie: the newer stamp is the more recent).
 
 What the keys read (see tree.TreeNode):
 - `last_access_ns`: set by every match and insert that walks through the node;
@@ -37,11 +38,11 @@ class EvictionPolicy:
 
 
 def _lru(n: "TreeNode") -> tuple:
-    return (n.last_access_ns, n.id)
+    return (n.last_access_ns, n.access_seq, n.id)
 
 
 def _lfu(n: "TreeNode") -> tuple:
-    return (n.hit_count, n.last_access_ns, n.id)
+    return (n.hit_count, n.last_access_ns, n.access_seq, n.id)
 
 
 def _fifo(n: "TreeNode") -> tuple:
@@ -49,7 +50,7 @@ def _fifo(n: "TreeNode") -> tuple:
 
 
 def _mru(n: "TreeNode") -> tuple:
-    return (-n.last_access_ns, n.id)
+    return (-n.last_access_ns, -n.access_seq, n.id)
 
 
 def _filo(n: "TreeNode") -> tuple:
@@ -57,11 +58,11 @@ def _filo(n: "TreeNode") -> tuple:
 
 
 def _priority(n: "TreeNode") -> tuple:
-    return (n.priority, n.last_access_ns, n.id)
+    return (n.priority, n.last_access_ns, n.access_seq, n.id)
 
 
 def _slru(n: "TreeNode") -> tuple:
-    return (1 if n.hit_count >= SLRU_PROTECTED_HITS else 0, n.last_access_ns, n.id)
+    return (1 if n.hit_count >= SLRU_PROTECTED_HITS else 0, n.last_access_ns, n.access_seq, n.id)
 
 
 EVICTION_POLICIES: dict[str, EvictionPolicy] = {p.name: p for p in (

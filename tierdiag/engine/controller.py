@@ -15,6 +15,7 @@ from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.pagemap import SMALL_CALL, PageMap
 from tierdiag.engine.content import verify_content, write_content
 from tierdiag.engine.pagepool import PagePool
+from tierdiag.engine.rules import rule_set
 from tierdiag.engine.storage import StorageTier
 from tierdiag.engine.tree import RadixTree, TreeNode
 from tierdiag.probes import events as ev
@@ -57,8 +58,12 @@ class CacheController:
     def __init__(self, cfg: EngineConfig, cost: CostModel, tree: RadixTree, device: PagePool,
                  host: PagePool, storage: StorageTier | None, probe, stats: EngineStats):
         self.cfg = cfg
+        self.rules = rule_set(cfg.sglang_rules)
         self.cost = cost
         self.tree = tree
+        # 0.5.23's host pressure under write_back reads the tree's duplicate registry.
+        self.reclaim_duplicates = self.rules.reclaim_host_duplicates and cfg.write_policy == "write_back"
+        tree.tracks_duplicates = self.reclaim_duplicates
         self.device = device
         self.host = host
         self.storage = storage
@@ -125,12 +130,17 @@ class CacheController:
         return eid
 
     # --- eviction ------------------------------------------------------------------------
-    def evict_device(self, pages_needed: int, cause: str | None, now_ns: int) -> bool:
-        """Free device slots until `pages_needed` are free. False if locks make it impossible."""
-        while self.device.free_pages < pages_needed:
+    def evict_device(self, pages_needed: int, cause: str | None, now_ns: int, *, reserve_pages: int = 0) -> bool:
+        """Evict device nodes for an allocation of `pages_needed` (plus `reserve_pages` asked for
+        and not allocated: alloc_paged_token_slots_extend's page a request). How much goes is
+        the rule set's (`eviction_amount`: 0.5.9 the whole need when it does not fit, 0.5.23 the
+        shortfall). True when `pages_needed` are free after; False if locks make it impossible."""
+        free = self.device.free_pages
+        target = free + self.rules.eviction_amount(free, pages_needed + reserve_pages)
+        while self.device.free_pages < target:
             node = self.tree.pop_device_victim()
             if node is None:
-                return False
+                break
             if node.host is None and self.cfg.write_policy == "write_back":
                 self._write_back(node, cause, now_ns)
             if node.host is not None:
@@ -139,7 +149,7 @@ class CacheController:
                 self.device.free(self.tree.demote(node))
             else:
                 self._remove(node, cause, now_ns)
-        return True
+        return self.device.free_pages >= pages_needed
 
     def _remove(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
         """Take a node out of the tree with every node below it (those are host-only: device
@@ -164,12 +174,45 @@ class CacheController:
             self.demoted_by.set_many(keys, node.evicted_by, outputs_last=True)
 
     def evict_host(self, pages_needed: int, cause: str | None, now_ns: int) -> bool:
-        while self.host.free_pages < pages_needed:
+        """Host room for `pages_needed` (the amount is the rule set's, as for the device). Under
+        0.5.23 with write_back, host copies of nodes also on device go first
+        (`_reclaim_full_host_duplicates`), then host-only leaves."""
+        free = self.host.free_pages
+        target = free + self.rules.eviction_amount(free, pages_needed)
+        if self.reclaim_duplicates and self.host.free_pages < target:
+            self._reclaim_duplicates(target, cause, now_ns)
+        while self.host.free_pages < target:
             node = self.tree.pop_host_victim()
             if node is None:
-                return False
+                break
             self._remove(node, cause, now_ns)
-        return True
+        return self.host.free_pages >= pages_needed
+
+    def _reclaim_duplicates(self, target: int, cause: str | None, now_ns: int) -> None:
+        """UnifiedTreeCore._reclaim_full_host_duplicates (0.5.23): walk the registered duplicates
+        in registration order, freeing host copies until `target` host pages are free; the first
+        pass spares evictable device leaves (the next device eviction demotes them, needing the
+        copy), the second takes them. Stale entries (no longer on both tiers) are swept."""
+        tree = self.tree
+        swept: list[int] = []
+        for spare_device_leaves in (True, False):
+            if self.host.free_pages >= target:
+                break
+            for node in list(tree.host_duplicates.values()):
+                if self.host.free_pages >= target:
+                    break
+                if node.device is None or node.host is None:
+                    swept.append(node.id)  # stale
+                    continue
+                if spare_device_leaves and tree.device_evictable(node):
+                    continue
+                if node.host_ref:  # a host lock (a load-back's or a prefetch's anchor)
+                    continue
+                self.record_eviction(node, "host", "free_duplicate", cause, now_ns)
+                self.host.free(tree.drop_host(node))
+                swept.append(node.id)
+        for nid in swept:
+            tree.host_duplicates.pop(nid, None)
 
     # --- device -> host ------------------------------------------------------------------
     def _alloc_host(self, pages: int, cause: str | None, now_ns: int) -> list[int] | None:
@@ -214,6 +257,7 @@ class CacheController:
             return  # host is full of locked pages: the node is dropped instead
         wall, runs = self._to_host(node.device, slots)
         self.tree.set_host(node, slots)
+        self.tree.track_duplicate(node)  # finish_write_through: the acked copy is a duplicate
         dp_bytes = pages * self.dp_page_bytes
         dur = self._copy_ns(pages, wall, dp_bytes, to_device=False, runs=runs)
         start = max(now_ns + self.blocking_ns, self.d2h_free_ns)
@@ -265,6 +309,8 @@ class CacheController:
             n = len(node.keys)
             self.tree.set_device(node, slots[i:i + n])
             i += n
+        for node in reversed(nodes):  # the load-back's ack: from the anchor up (0.5.23)
+            self.tree.track_duplicate(node)
         pages = len(slots)
         dp_bytes = pages * self.dp_page_bytes
         self.stats.loaded_data_plane_bytes += dp_bytes

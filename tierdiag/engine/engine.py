@@ -17,6 +17,7 @@ from tierdiag.engine.dataplane import DataPlane, plan_data_plane
 from tierdiag.engine.pagepool import PagePool
 from tierdiag.engine.storage import StorageTier
 from tierdiag.engine.scheduler import Scheduler
+from tierdiag.engine.rules import rule_set
 from tierdiag.engine.tree import RadixTree
 from tierdiag.trace.reader import TraceRequest
 
@@ -68,7 +69,7 @@ class Engine:
                 root = tempfile.mkdtemp(prefix="tierdiag-storage-")
                 weakref.finalize(self, shutil.rmtree, root, True)
             self.storage = StorageTier(Path(root), cfg.storage_tokens // ps)
-        self.tree = RadixTree(ps, cfg.eviction_policy)
+        self.tree = RadixTree(ps, cfg.eviction_policy, rule_set(cfg.sglang_rules))
         self.stats = EngineStats()
         self.probe = probe
         self.ctrl = CacheController(cfg, self.cost, self.tree, self.device, self.host, self.storage, probe,

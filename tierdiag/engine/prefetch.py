@@ -7,9 +7,14 @@ A mixin of the Scheduler, whose state (tree, controller, clock) it works on.
 from __future__ import annotations
 
 from tierdiag.engine.request import Req
+from tierdiag.engine.rules import RuleSet
 
-# HiCacheController: prefetches in flight may hold at most this share of (host - device) tokens.
-PREFETCH_CAPACITY_SHARE = 0.8
+
+def prefetch_limit_tokens(rules: RuleSet, host_pages: int, device_pages: int, page_size: int) -> int:
+    """Tokens prefetches in flight may hold: 0.8 x (host - device) in 0.5.9
+    (HiCacheController.prefetch_rate_limited), 0.5 x host in 0.5.23."""
+    pool = host_pages - device_pages if rules.prefetch_capacity_of_host_minus_device else host_pages
+    return max(0, int(rules.prefetch_capacity_share * pool * page_size))
 
 
 class StoragePrefetch:

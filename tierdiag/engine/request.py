@@ -78,10 +78,8 @@ class RequestRecords:
 
     def _record(self, req: Req, now: int) -> None:
         ps, cost, st = self.ps, self.cost, self.stats
-        device = req.dev_pages * ps
-        host = req.host_loaded_pages * ps
-        storage = req.storage_loaded_pages * ps
-        computed = req.input_len - device - host - storage
+        device, host, storage = self.rules_split(req)
+        computed = req.input_len - req.prefix_pages * ps
         recomputed = min(req.recomputed_pages * ps, computed)
         ttft = req.first_token_ns - req.arrival_ns
         storage_wait = 0
@@ -115,13 +113,13 @@ class RequestRecords:
                 lost((req.req_id, eid, tokens))
         if self.emit.record is not None:  # the record's counterfactuals: only for a probe that keeps them
             new_tokens = computed - recomputed
-            prefix = device + host + storage
+            prefix = req.prefix_pages * ps
             ideal = cost.prefill_alone_ns(new_tokens, req.input_len - max(new_tokens, 1))
             if_resident = ttft - lb_exposed - storage_wait
-            tiered = host + storage
-            recompute_instead = if_resident + (cost.prefill_alone_ns(computed + tiered, device)
-                                               - cost.prefill_alone_ns(computed, prefix)) if tiered else if_resident
-            hit_class = "tiered_hit" if tiered else "device_hit" if device else "miss"
+            loaded = (req.host_loaded_pages + req.storage_loaded_pages) * ps  # what was loaded, whatever is reported
+            recompute_instead = if_resident + (cost.prefill_alone_ns(computed + loaded, req.dev_pages * ps)
+                                               - cost.prefill_alone_ns(computed, prefix)) if loaded else if_resident
+            hit_class = "tiered_hit" if host + storage else "device_hit" if device else "miss"
             self.emit.record((
                 req.req_id, req.seq, req.arrival_ns, req.input_len, req.output_len, "finished", None, hit_class,
                 device, host, storage, computed, recomputed, req.host_match_pages * ps,
@@ -134,6 +132,21 @@ class RequestRecords:
                 req.trace_arrival_ns))
         if self.progress is not None and st.requests_finished % 256 == 0:
             self.progress(st.requests_finished, now, st)
+
+    def rules_split(self, req: Req) -> tuple[int, int, int]:
+        """The cached prefix by tier in tokens, as the rule set's release reports it
+        (rules.RuleSet.split_cached_prefix): the host hit promised at match (0.5.9) or the one
+        loaded (0.5.23), the storage pages this request's prefetch brought, after its host ones.
+
+            input pages |-- dev_pages --|-- host_match --|-- storage (prefetched) --|
+        """
+        ps = self.ps
+        storage_hit = req.storage_loaded_pages if req.lb_skip_pages == 0 else req.lb_skip_pages - req.host_match_pages
+        host_hit = req.host_match_pages + storage_hit  # host_hit_length: prefetched pages are host pages by now
+        host_loaded = req.host_loaded_pages + req.storage_loaded_pages
+        d, h, s = self.rules.split_cached_prefix(req.prefix_pages, req.dev_pages, host_hit, host_loaded, storage_hit,
+                                                 req.dev_pages + req.host_match_pages)
+        return d * ps, h * ps, s * ps
 
     def _sample_pools(self, now: int) -> None:
         ps, tree, ctrl = self.ps, self.tree, self.ctrl

@@ -31,9 +31,10 @@ from tierdiag.engine.arrivals import ArrivalSource, pause_ms
 from tierdiag.engine.controller import CacheController, EngineStats
 from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.pagemap import blame
-from tierdiag.engine.prefetch import PREFETCH_CAPACITY_SHARE, StoragePrefetch
+from tierdiag.engine.prefetch import StoragePrefetch, prefetch_limit_tokens
 from tierdiag.engine.queue_policy import LPM_MAX_WAITING, sort_by_device_prefix
 from tierdiag.engine.request import Req, RequestRecords
+from tierdiag.engine.rules import rule_set
 from tierdiag.engine.tree import RadixTree, TreeNode
 from tierdiag.errors import TierdiagError
 from tierdiag.probes import events as ev
@@ -56,6 +57,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
     def __init__(self, cfg: EngineConfig, cost: CostModel, tree: RadixTree, ctrl: CacheController,
                  probe, stats: EngineStats, progress: Callable[[int, int, EngineStats], None] | None = None):
         self.cfg = cfg
+        self.rules = rule_set(cfg.sglang_rules)  # what differs between SGLang releases (rules.py)
         self.cost = cost
         self.tree = tree
         self.ctrl = ctrl
@@ -74,8 +76,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
         self.count_hits = cfg.write_policy != "write_back"  # _inc_hit_count returns early under write_back
         self.backup_threshold = WRITE_THROUGH_THRESHOLD.get(cfg.write_policy)
         self.prefetch_threshold = max(cfg.prefetch_threshold, self.ps)  # HiCacheController: >= a page
-        self.prefetch_limit_tokens = max(0, int(PREFETCH_CAPACITY_SHARE * (ctrl.host.capacity - ctrl.device.capacity)
-                                                * self.ps))
+        self.prefetch_limit_tokens = prefetch_limit_tokens(self.rules, ctrl.host.capacity, ctrl.device.capacity,
+                                                           self.ps)
         self.prefetch_tokens_occupied = 0
         self.max_context = cfg.resolved_max_context()
         self.arrivals: ArrivalSource | None = None  # the trace's arrivals, open or closed loop (run)
@@ -146,7 +148,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
                               f"model's context is {context:,} tokens")
             return
         req.total_pages = -(-(req.input_len + req.output_len) // ps)
-        if req.total_pages > self.ctrl.device.capacity:
+        if req.total_pages + self.rules.admission_overhead_pages > self.ctrl.device.capacity:
             self._reject(req, f"needs {req.total_pages * ps} tokens of device memory; the pool holds "
                               f"{self.ctrl.device.capacity * ps}")
             return
@@ -254,7 +256,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
             return None  # OTHER: real_input_tokens >= rem_input_tokens
         dev_node = match.last_device_node or tree.root
         tree.inc_lock(dev_node)
-        if req.total_pages - dev_pages > ctrl.device.free_pages + tree.evictable_device_pages:
+        overhead = self.rules.admission_overhead_pages  # 0.5.23: per_req_token_overhead
+        if req.total_pages - dev_pages + overhead > ctrl.device.free_pages + tree.evictable_device_pages:
             tree.dec_lock(dev_node)
             return None  # NO_TOKEN: total_tokens >= rem_total_tokens
         load = tiered > 0
@@ -266,7 +269,9 @@ class Scheduler(StoragePrefetch, RequestRecords):
             # host copies are protected until allocation is done: a write-back during eviction
             # needs host room and must not take the very pages about to be loaded.
             tree.protect_host(host_nodes[-1])
-            if not ctrl.evict_device(tiered, req.req_id, now):
+            if ctrl.evict_device(tiered, req.req_id, now):
+                lb_slots = ctrl.device.alloc(tiered)  # HiCacheController.load: the load's slots first
+            else:
                 tree.release_host(host_nodes[-1])
                 load, skip = False, "device_full"
         prefix_pages = dev_pages + tiered if load else dev_pages
@@ -274,8 +279,9 @@ class Scheduler(StoragePrefetch, RequestRecords):
             tree.dec_lock(dev_node)
             return None  # OTHER, with the declined host part counted as input
         take = self._take(req.input_len - prefix_pages * ps, budget)
-        need = self._pages_through(req, prefix_pages * ps + take) - dev_pages
-        if not ctrl.evict_device(need, req.req_id, now):
+        # alloc_paged_token_slots_extend: the extend's eviction (with the rule set's page a request)
+        need = self._pages_through(req, prefix_pages * ps + take) - prefix_pages
+        if not ctrl.evict_device(need, req.req_id, now, reserve_pages=self.rules.alloc_overhead_pages):
             raise EngineError(f"request {req.req_id}: admitted with {need} device pages needed, but eviction "
                               f"could not free them ({ctrl.device.free_pages} free, "
                               f"{tree.evictable_device_pages} evictable)")
@@ -286,7 +292,6 @@ class Scheduler(StoragePrefetch, RequestRecords):
         lb_ns = 0
         lock_node = dev_node
         if load:
-            lb_slots, slots = slots[:tiered], slots[tiered:]
             first_page = dev_pages
             lb_ns, runs, wall, verified = ctrl.load_back(host_nodes, lb_slots, req.req_id, now,
                                                          req.keys[first_page:first_page + tiered])
@@ -346,7 +351,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         take = self._take(req.input_len - req.done_tokens, budget)
         need = self._pages_through(req, req.done_tokens + take) - req.own_from - len(req.own_slots)
         if need > 0:
-            if not self.ctrl.evict_device(need, req.req_id, now):
+            if not self.ctrl.evict_device(need, req.req_id, now, reserve_pages=self.rules.alloc_overhead_pages):
                 return None
             req.own_slots.extend(self.ctrl.device.alloc(need))
         return take

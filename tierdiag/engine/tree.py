@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tierdiag.config.policies import EVICTION_POLICIES
+from tierdiag.engine.rules import RULE_SETS, RuleSet
 
 
 class TreeNode:
     __slots__ = ("id", "parent", "children", "keys", "device", "host", "lock_ref", "hit_count",
                  "last_access_ns", "created_ns", "n_dev_children", "owner", "prefetched_for", "evicted_by",
-                 "priority", "host_ref", "keys_np")
+                 "priority", "host_ref", "keys_np", "access_seq")
 
     def __init__(self, node_id: int, parent: "TreeNode | None", keys: list[int],
                  device: list[int] | None, host: list[int] | None, now_ns: int, owner: str | None,
@@ -40,6 +41,9 @@ class TreeNode:
         self.lock_ref = 0
         self.hit_count = 0
         self.last_access_ns = now_ns
+        # The order of access stamps within one virtual instant (the tree's counter): SGLang's
+        # clocks never tie (0.5.9's time.monotonic, 0.5.23's logical counter), so neither may ours.
+        self.access_seq = 0
         self.created_ns = now_ns
         self.n_dev_children = 0
         self.owner = owner  # the last request that used these pages
@@ -90,12 +94,14 @@ class TreeMatch:
 
 
 class RadixTree:
-    def __init__(self, page_size: int, eviction_policy: str = "lru"):
+    def __init__(self, page_size: int, eviction_policy: str = "lru", rules: RuleSet | None = None):
         self.page_size = page_size
+        self.rules = rules or next(iter(RULE_SETS.values()))
         policy = EVICTION_POLICIES[eviction_policy]
         self.priority = policy.key
         self._repush_on_touch = policy.key_can_shrink
         self._next_id = 1
+        self._seq = 0  # access stamps (TreeNode.access_seq)
         self.root = TreeNode(0, None, [], [], None, 0, None)
         self.root.lock_ref = 1  # the root is never evicted
         self.device_pages = 0  # pages of tree nodes on device (the root holds none)
@@ -103,11 +109,18 @@ class RadixTree:
         self.locked_host_pages = 0
         self._device_heap: list = []
         self._host_heap: list = []
+        # UnifiedTreeCore.full_host_duplicates (0.5.23): nodes whose KV was on both tiers when
+        # last registered, in registration order (a backup's ack, a split, a refill, a load-back);
+        # entries go stale lazily and are re-checked when host pressure reads them.
+        self.host_duplicates: dict[int, TreeNode] = {}
+        self.tracks_duplicates = False  # set by the controller when host pressure reads them
 
     def _new_node(self, parent: TreeNode, keys: list[int], device, host, now_ns: int, owner,
                   keys_np=None) -> TreeNode:
         node = TreeNode(self._next_id, parent, keys, device, host, now_ns, owner, keys_np)
         self._next_id += 1
+        self._seq += 1
+        node.access_seq = self._seq
         parent.children[keys[0]] = node
         if device is not None:
             parent.n_dev_children += 1
@@ -138,17 +151,32 @@ class RadixTree:
                 hi = mid
         return lo
 
-    def _split(self, node: TreeNode, pages: int) -> TreeNode:
-        """Cut `node` after `pages` pages; return the new upper part (which takes node's place)."""
+    def _stamp(self, node: TreeNode, now_ns: int) -> None:
+        node.last_access_ns = now_ns
+        self._seq += 1
+        node.access_seq = self._seq
+        if self._repush_on_touch:
+            self._touched(node)
+
+    def _split(self, node: TreeNode, pages: int, now_ns: int | None = None) -> TreeNode:
+        """Cut `node` after `pages` pages; return the new upper part (which takes node's place).
+
+        With `now_ns` (a match or an insert splitting it) the lower half is stamped too: 0.5.9's
+        callers stamp the node before `HiRadixCache._split_node`, 0.5.23's
+        `UnifiedTreeCore._split_node` stamps the lower half after making the upper one. The upper
+        half is created at the split under 0.5.9 (a new TreeNode), keeps the node's creation time
+        under 0.5.23 (`split_upper_created_at_split`)."""
         parent = node.parent
+        created = now_ns if now_ns is not None and self.rules.split_upper_created_at_split else node.created_ns
         upper = TreeNode(self._next_id, parent, node.keys[:pages],
                          None if node.device is None else node.device[:pages],
                          None if node.host is None else node.host[:pages],
-                         node.created_ns, node.owner, None if node.keys_np is None else node.keys_np[:pages])
+                         created, node.owner, None if node.keys_np is None else node.keys_np[:pages])
         self._next_id += 1
         upper.lock_ref = node.lock_ref
         upper.hit_count = node.hit_count
         upper.last_access_ns = node.last_access_ns
+        upper.access_seq = node.access_seq
         upper.prefetched_for = node.prefetched_for
         upper.evicted_by = node.evicted_by
         upper.priority = node.priority  # SGLang: the new node inherits the child's priority
@@ -163,6 +191,9 @@ class RadixTree:
         upper.children = {node.keys[0]: node}
         upper.n_dev_children = 1 if node.device is not None else 0
         node.parent = upper
+        if now_ns is not None:
+            self._stamp(node, now_ns)
+        self.track_duplicate(upper)
         return upper
 
     def _walk(self, keys: list[int], now_ns: int | None = None, owner: str | None = None) -> list[TreeNode]:
@@ -173,23 +204,25 @@ class RadixTree:
         node = self.root
         i, n = 0, len(keys)
         path: list[TreeNode] = []
-        repush = self._repush_on_touch and now_ns is not None
+        stamp_after = self.rules.stamp_path_after_walk
         while i < n:
             child = node.children.get(keys[i])
             if child is None:
                 break
             m = self._common_pages(keys, i, child.keys)
             if m < len(child.keys):
-                child = self._split(child, m)
+                child = self._split(child, m, now_ns)
             if now_ns is not None:
-                child.last_access_ns = now_ns
                 if owner is not None:
                     child.owner = owner
-                if repush:
-                    self._touched(child)
+                if not stamp_after:
+                    self._stamp(child, now_ns)  # HiRadixCache._match_prefix_helper: as it walks
             path.append(child)
             node = child
             i += m
+        if now_ns is not None and stamp_after:
+            for child in path:  # _match_post_processor: the best-match path, deepest newest
+                self._stamp(child, now_ns)
         return path
 
     def _touched(self, node: TreeNode) -> None:
@@ -222,7 +255,8 @@ class RadixTree:
         As HiRadixCache.insert (SGLang 0.5.9): a device-resident node on the path is a duplicate
         (our slots for it are returned to be freed) and, unless `count_hits` is off (a chunk
         insert, or write_back), gets one more hit; a host-only node on the path is revived with
-        our slots (no hit: "KV cache recomputation"); the rest becomes a new node whose first
+        our slots (0.5.9: no hit, "KV cache recomputation"; 0.5.23: a hit, `unevict_counts_hit`,
+        and so a write-through candidate); the rest becomes a new node whose first
         hit is this insert. Every node passed keeps the max of its priority and ours.
 
         Returns (last node, duplicate slots to free, new or revived nodes, nodes whose hit count
@@ -235,7 +269,7 @@ class RadixTree:
         dups: list[int] = []
         fresh: list[TreeNode] = []
         hit: list[TreeNode] = []
-        repush = self._repush_on_touch
+        stamp_after = self.rules.stamp_path_after_walk
         while i < n:
             child = node.children.get(keys[i])
             if child is None:
@@ -253,10 +287,19 @@ class RadixTree:
             if i < own_from < i + m:  # keep the locked prefix and our pages in separate nodes
                 m = own_from - i
             if m < len(child.keys):
-                child = self._split(child, m)
+                if priority > child.priority and self.rules.insert_priority_before_split:
+                    child.priority = priority  # 0.5.9: the lower half keeps it too
+                lower = child
+                child = self._split(child, m, None if stamp_after else now_ns)
+            else:
+                lower = None
             if i >= own_from and child.device is None:
                 self.set_device(child, device_slots[i - own_from:i - own_from + m])
                 fresh.append(child)
+                self.track_duplicate(child)  # _unevict_node_on_insert: a duplicate at once
+                if count_hits and self.rules.unevict_counts_hit:
+                    child.hit_count += 1  # _finish_insert_walk_node (0.5.23)
+                    hit.append(child)
             else:
                 assert i >= own_from or child.device is not None, f"{child}: locked prefix page not on device"
                 if i >= own_from:
@@ -264,12 +307,12 @@ class RadixTree:
                 if count_hits:
                     child.hit_count += 1
                     hit.append(child)
-            child.last_access_ns = now_ns
+            self._stamp(child, now_ns)
+            if lower is not None and stamp_after:
+                self._stamp(lower, now_ns)  # UnifiedTreeCore._split_node: the lower half, after
             if priority > child.priority:
                 child.priority = priority
             child.owner = owner
-            if repush:
-                self._touched(child)
             node = child
             i += m
         return node, dups, fresh, hit
@@ -315,6 +358,7 @@ class RadixTree:
         assert node.lock_ref == 0 and not node.children, f"{node}: only unlocked leaves are deleted"
         parent = node.parent
         del parent.children[node.keys[0]]
+        self.host_duplicates.pop(node.id, None)
         if node.device is not None:
             parent.n_dev_children -= 1
             self.device_pages -= len(node.device)
@@ -322,6 +366,28 @@ class RadixTree:
         self._push_device(parent)
         self._push_host(parent)
         return node.device or [], node.host or []
+
+    def drop_host(self, node: TreeNode) -> list[int]:
+        """Free a node's host copy while its device copy stays (0.5.23's
+        `_release_full_host_duplicate`). Returns the host slots."""
+        assert node.device is not None and node.host is not None, f"{node}: not on both tiers"
+        slots, node.host = node.host, None
+        if node.lock_ref:
+            self.locked_host_pages -= len(slots)
+        self.host_duplicates.pop(node.id, None)
+        return slots
+
+    # --- host duplicates (UnifiedTreeCore._update_duplicate_tracking, 0.5.23) --------------
+    def track_duplicate(self, node: TreeNode) -> None:
+        """Register a node settled on both tiers (kept in its first place if already there), or
+        deregister it. Called where 0.5.23 calls it: a backup's ack, a split's upper half, a
+        refill by insert, a load-back's completion."""
+        if not self.tracks_duplicates:
+            return
+        if node.parent is not None and node.device is not None and node.host is not None:
+            self.host_duplicates.setdefault(node.id, node)
+        else:
+            self.host_duplicates.pop(node.id, None)
 
     # --- locks ---------------------------------------------------------------------------
     def inc_lock(self, node: TreeNode) -> None:
