@@ -66,12 +66,26 @@ def _run(args: list[str], *, timeout: float = 900, root: Path = ROOT) -> tuple[s
     return proc, time.perf_counter() - t0
 
 
+# Where the compiled CPU data plane's source has lived: engine/ (until 61715ef's parent),
+# native/ as one file (61715ef), native/csrc/ (since 0860501).
+_CPLANE_SOURCES = ("tierdiag/engine/_cplane.c", "tierdiag/native/_cplane.c", "tierdiag/native/csrc")
+
+
+def _has_extension(where: Path) -> bool:
+    """Whether a checkout declares a C extension to build: its setup.py names an Extension, or
+    the data plane's source is in any place it has been."""
+    setup = where / "setup.py"
+    if setup.is_file() and "Extension(" in setup.read_text():
+        return True
+    return any((where / src).exists() for src in _CPLANE_SOURCES)
+
+
 def _baseline_checkout(ref: str, tmp: Path) -> Path:
     """A detached worktree of `ref` (the code before a change), for side-by-side replays."""
     where = tmp / "baseline"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(where), ref], check=True,
                    capture_output=True, text=True)
-    if (where / "tierdiag" / "engine" / "_cplane.c").exists():
+    if _has_extension(where):
         # A ref with the compiled CPU data plane replays with it built, as its checkout's `make`
         # builds it: without it the ref would fall back to numpy and look slower than it was.
         built = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=where,

@@ -26,6 +26,7 @@ from tierdiag.engine.dataplane import DataPlane
 from tierdiag.engine.pagepool import PagePool
 from tierdiag.probes import recorder
 from tierdiag.probes.recorder import columns_of
+from tierdiag.trace import pages
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,8 @@ def test_every_pair_takes_the_side_the_facade_chose():
         "rows.copy_rows": rows.copy_rows,
         "pagepool.PagePool.alloc": PagePool.alloc, "pagepool.PagePool.free": PagePool.free,
         "content.write_content": content.write_content, "content.verify_content": content.verify_content,
-        "pagemap.blame": pagemap.blame,
+        "pagemap.blame": pagemap.blame, "pagemap.PageMap.set_many": pagemap.PageMap.set_many,
+        "pages.block_page_keys": pages.block_page_keys,
         "storage.index": storage.new_index,
         "recorder.row_buffer": recorder.new_row_buffer,
     }
@@ -425,6 +427,77 @@ def test_the_compiled_blame_declines_what_it_does_not_take():
     assert blame(cached, demoted, [1, 2, 5, big, 9], lost, 16) == 4
     assert lost == {3: 32, 4: 16, 2: 16}
     assert blame_py(cached, demoted, [1, 2, 5, big, 9], None, 16) == 4
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.lists(st.integers(-50, 1 << 14), max_size=60), st.integers(0, 2**31 - 1),
+                              st.booleans()), max_size=12))
+def test_page_map_stores_by_the_compiled_data_plane_as_by_python(ops):
+    """PageMap.set_many by the compiled map_set (keys inside the array) and by the Python path
+    alone (lists, numpy arrays, growing the array, output pages skipped): the same map after
+    the same calls; and map_set changes nothing where it declines (a key past the end)."""
+    from tierdiag.engine.pagemap import PageMap
+
+    def apply(m, set_many):
+        for keys, value, as_array in ops:
+            keys = sorted(keys, key=lambda k: k < 0)  # outputs_last: output pages come last
+            set_many(m, np.array(keys, dtype=np.int64) if as_array else keys, value, outputs_last=True)
+        return m
+
+    with_c, python = apply(PageMap(), PageMap._set_many_c), apply(PageMap(), PageMap._set_many_py)
+    probe = list(range(-3, (1 << 14) + 3))
+    assert with_c.get_many(probe).tolist() == python.get_many(probe).tolist()
+    assert len(with_c) == len(python)
+    assert bytes(with_c._dense) == bytes(python._dense)  # grown alike
+    before = bytes(with_c._dense)
+    for args in ((with_c._dense, [0, len(with_c._dense)], 5), (with_c._dense, [0], 2**31),
+                 (with_c._dense, [0], -1), (with_c._dense, [0], True), (with_c._dense, [0, "1"], 5),
+                 (np.zeros(8, dtype=np.int64), [0], 5), (bytes(8), [0], 5)):
+        assert cplane.C.map_set(*args) == -1
+    assert bytes(with_c._dense) == before
+    with pytest.raises(OverflowError):  # what it declines, the Python path refuses
+        PageMap._set_many_c(with_c, [0], 2**31)
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), per_block=st.sampled_from([1, 2, 4, 32, 64]), as_list=st.booleans())
+def test_the_compiled_hash_id_keys_are_the_numpy_ones(data, per_block, as_list):
+    """trace/pages.py's page keys of a hash_ids request by the compiled block_page_keys and by
+    numpy: the same int64s (num_pages past the blocks clipped as numpy's slice clips), a
+    writable array of the call's own; ids whose keys would overflow int64 are declined and
+    numpy raises as it raises."""
+    big = 2**63 // per_block  # ids from here on make keys past int64
+    ids = data.draw(st.lists(st.one_of(st.integers(0, 1 << 20), st.integers(big - 2, big + 2)), max_size=12))
+    ids = list(ids) if as_list else tuple(ids)
+    num_pages = data.draw(st.integers(0, len(ids) * per_block + 3))
+    used = ids[:-(-num_pages // per_block)]
+    got = cplane.C.block_page_keys(ids, num_pages, per_block)
+    if got == -1:
+        assert any(i >= 2**63 for i in ids) or any(i * per_block + per_block - 1 >= 2**63 for i in used)
+    try:
+        want = pages._block_page_keys_numpy(ids, num_pages, per_block)
+    except OverflowError:  # an id past int64: numpy refuses it, and so does the compiled side's fallback
+        with pytest.raises(OverflowError):
+            pages._block_page_keys_c(ids, num_pages, per_block)
+        return
+    if got != -1:
+        assert bytes(got) == want.tobytes()
+    keys = pages._block_page_keys_c(ids, num_pages, per_block)
+    assert keys.dtype == np.int64 and keys.tolist() == want.tolist()
+    keys ^= 1  # the engine salts its arrays in place (extra_key)
+
+
+def test_the_compiled_hash_id_keys_decline_what_is_not_theirs():
+    if cplane.C is None:
+        pytest.skip(f"_cplane: {cplane.WHY_NOT}")
+    c = cplane.C
+    assert bytes(c.block_page_keys((3, 5), 16, 8)) == np.array([3 * 8 + j for j in range(8)] + [5 * 8 + j for j in range(8)],
+                                                               dtype=np.int64).tobytes()
+    assert bytes(c.block_page_keys((3,), 99, 8)) == np.arange(24, 32, dtype=np.int64).tobytes()  # clipped, as a slice
+    for args in (((2**62,), 8, 8), ((1, "2"), 2, 1), ((1,), -1, 8), ((1,), 1, 0), ((2**64,), 1, 1)):
+        assert c.block_page_keys(*args) == -1
 
 
 def _decode(data, rows, objects, width):

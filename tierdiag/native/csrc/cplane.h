@@ -4,7 +4,9 @@
  *   module.c         the module, and the page-list and row-view helpers every part uses
  *   pages.c          page moves (engine/rows.py), page content and its verification
  *                    (engine/content.py), a pool's slot stack (engine/pagepool.py)
- *   blame.c          which evictions took a request's once-cached pages (engine/pagemap.py)
+ *   pagemap.c        a PageMap's common store, and which evictions took a request's
+ *                    once-cached pages (engine/pagemap.py)
+ *   page_keys.c      a hash_ids request's page keys (trace/pages.py)
  *   storage_index.c  the storage tier's index (engine/storage.py)
  *   rows.c           the recorder's RowBuffer (probes/recorder.py) and its decoder into Arrow
  *                    buffers (store/writer.py)
@@ -35,8 +37,9 @@
 /* Bumped whenever a signature or a semantic changes: tierdiag/native/cplane.py refuses a stale
  * build (an editable install's .so compiled from an older source) instead of misusing it.
  * 6: the SHA-256 storage key chain, lookup_prefix, block_page_keys, map_set, gather_pages and
- * decode_rows gone; StorageIndex takes int keys. */
-#define CPLANE_API 6
+ * decode_rows gone; StorageIndex takes int keys.
+ * 7: block_page_keys and map_set back (measured: benchmarks/README.md, session 11). */
+#define CPLANE_API 7
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256
@@ -71,7 +74,8 @@ CP_HIDDEN int wrong_nargs(Py_ssize_t nargs, Py_ssize_t want, const char *message
 /* What each part adds to the module                                                          */
 
 CP_HIDDEN extern PyMethodDef cp_pages_methods[];   /* pages.c */
-CP_HIDDEN extern PyMethodDef cp_blame_methods[];   /* blame.c */
+CP_HIDDEN extern PyMethodDef cp_pagemap_methods[]; /* pagemap.c */
+CP_HIDDEN extern PyMethodDef cp_page_keys_methods[]; /* page_keys.c */
 CP_HIDDEN extern PyMethodDef cp_rows_methods[];    /* rows.c */
 CP_HIDDEN extern PyTypeObject cp_StorageIndexType; /* storage_index.c */
 CP_HIDDEN extern PyTypeObject cp_RowBufferType;    /* rows.c */

@@ -204,7 +204,7 @@ static struct PyModuleDef cplane_module = {
     "_cplane",
     "The compiled CPU data plane (tierdiag/native/cplane.py chooses it; the numpy reference\n"
     "it falls back to lives beside each owner: engine/rows.py, content.py, pagepool.py,\n"
-    "pagemap.py, storage.py, probes/recorder.py).",
+    "pagemap.py, storage.py, probes/recorder.py, trace/pages.py).",
     -1,
     NULL,
     NULL, NULL, NULL, NULL,
@@ -219,7 +219,8 @@ PyInit__cplane(void)
     }
     if (PyModule_AddIntConstant(m, "API", CPLANE_API) < 0 ||
         PyModule_AddFunctions(m, cp_pages_methods) < 0 ||
-        PyModule_AddFunctions(m, cp_blame_methods) < 0 ||
+        PyModule_AddFunctions(m, cp_pagemap_methods) < 0 ||
+        PyModule_AddFunctions(m, cp_page_keys_methods) < 0 ||
         PyModule_AddFunctions(m, cp_rows_methods) < 0 ||
         PyType_Ready(&cp_StorageIndexType) < 0 ||
         PyModule_AddObjectRef(m, "StorageIndex", (PyObject *)&cp_StorageIndexType) < 0 ||

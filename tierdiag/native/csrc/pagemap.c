@@ -1,5 +1,7 @@
-/* blame: of a request's computed pages, how many were cached once and which evictions took
- * them, on engine/pagemap.py's int32 arrays (pagemap.blame_py is the reference). */
+/* engine/pagemap.py's PageMap on its int32 array: map_set, set_many's common case (every key
+ * inside the array; PageMap._set_many_py is the reference), and blame, of a request's computed
+ * pages how many were cached once and which evictions took them (pagemap.blame_py is the
+ * reference). */
 #include "cplane.h"
 
 /* A 1-D C-contiguous buffer of native 4-byte ints (array('i'), numpy int32), with `flags`
@@ -21,6 +23,66 @@ int32_view(PyObject *obj, Py_buffer *b, int flags)
         return 0;
     }
     return 1;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* map_set(dense, keys, value) -> 0, or -1                                                     */
+
+PyDoc_STRVAR(map_set_doc,
+"map_set(dense, keys, value) -> 0, or -1\n\n"
+"PageMap.set_many's common case on its array (a 1-D native int32 buffer, writable): dense[k] =\n"
+"value for every key, a negative key (an output page) skipped. -1, having changed nothing, if\n"
+"a key is past the array's end, the value outside [0, 2**31) or an argument of another type:\n"
+"PageMap's Python path then (it grows the array, or keeps the key in its dict).");
+
+static PyObject *
+cp_map_set(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer b;
+    Ints keys;
+    long long value;
+    int loaded;
+    Py_ssize_t i, n;
+    if (wrong_nargs(nargs, 3, "map_set() takes 3 arguments: dense, keys, value")) {
+        return NULL;
+    }
+    if (!PyLong_CheckExact(args[2])) {
+        return not_mine();
+    }
+    value = PyLong_AsLongLong(args[2]);
+    if (value == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return not_mine();
+    }
+    if (value < 0 || value > INT32_MAX) {
+        return not_mine();
+    }
+    if (!int32_view(args[0], &b, PyBUF_WRITABLE)) {
+        return not_mine();
+    }
+    loaded = ints_load(args[1], &keys);
+    if (loaded <= 0) {
+        PyBuffer_Release(&b);
+        return loaded < 0 ? NULL : not_mine();
+    }
+    int32_t *dense = (int32_t *)b.buf;
+    const Py_ssize_t len = b.len / 4;
+    n = keys.n;
+    for (i = 0; i < n; i++) {  /* every key checked before one is stored */
+        if (keys.v[i] >= len) {
+            ints_free(&keys);
+            PyBuffer_Release(&b);
+            return not_mine();
+        }
+    }
+    for (i = 0; i < n; i++) {
+        if (keys.v[i] >= 0) {
+            dense[keys.v[i]] = (int32_t)value;
+        }
+    }
+    ints_free(&keys);
+    PyBuffer_Release(&b);
+    return PyLong_FromLong(0);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -167,7 +229,8 @@ done:
     return out;
 }
 
-PyMethodDef cp_blame_methods[] = {
+PyMethodDef cp_pagemap_methods[] = {
+    {"map_set", (PyCFunction)(void (*)(void))cp_map_set, METH_FASTCALL, map_set_doc},
     {"blame", (PyCFunction)(void (*)(void))cp_blame, METH_FASTCALL, blame_doc},
     {NULL, NULL, 0, NULL},
 };
