@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tests.importers.sglang_export import EPOCH, record, write_export
 from tierdiag.config.engine import EngineConfig
+from tests.support.traces import write_trace  # noqa: F401 - the one trace writer (tests import it from here too)
 
 PAGE = 64
 DOC_TOKENS = (6144, 8192, 10240, 12288)  # documents' lengths, in turn
@@ -58,11 +59,6 @@ def workload(seed: int = 7, *, docs: int = 6, unique: int = 24, revisits: int = 
         # mostly far apart (no queueing); every 7th pair close together (decode overlaps, queues)
         t_ms += 300 if i % 7 == 3 else int(gap_s * 1000) + rng.randint(0, 999)
     return lines
-
-
-def write_trace(path: Path, lines: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return path
 
 
 def run_server(tmp: Path, lines: list[dict], *, model: str = "llama3-70b", gpu: str = "a100",

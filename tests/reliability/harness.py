@@ -17,6 +17,7 @@ from pathlib import Path
 import duckdb
 
 from tests.support.cli import ENTRY, Result, cli_argv, cli_env, tierdiag  # noqa: F401 - the one CLI runner, for the tests here
+from tests.support.traces import good_lines, line, write_trace  # noqa: F401 - the one trace writer
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_TRACES = REPO / ".." / "shared" / "traces"
@@ -24,21 +25,6 @@ SHARED_TRACES = REPO / ".." / "shared" / "traces"
 SMALL = ("--model", "tiny", "--gpu", "cpu", "--device-tokens", "4096")
 # Room for the synthetic traces' long requests (up to 30k tokens), so they are served, not rejected.
 ROOMY = ("--model", "tiny", "--gpu", "cpu", "--device-tokens", "65536")
-
-
-def line(ts: int, input_length: int, hash_ids: list[int], *, output_length: int = 8, **extra) -> str:
-    return json.dumps({"timestamp": ts, "input_length": input_length, "output_length": output_length,
-                       "hash_ids": hash_ids, **extra})
-
-
-def good_lines(n: int, *, start_ts: int = 0) -> list[str]:
-    """n valid Mooncake lines: every request shares block 0, then has its own block."""
-    return [line(start_ts + 100 * i, 1000, [0, 1000 + i]) for i in range(n)]
-
-
-def write_trace(path: Path, lines: list[str]) -> Path:
-    path.write_text("".join(x + "\n" for x in lines))
-    return path
 
 
 def sql(db: Path, query: str, params: list | None = None) -> list[tuple]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import duckdb
 
-from tests.support.cli import cli_env, run
+from tests.support.cli import ENTRY, cli_env, run  # noqa: F401 - ENTRY: the sweep tests start the CLI with it
 from tests.support.cli import one_line_error as support_one_line_error
 from tierdiag.store.schema import EVENT_TABLES, TABLES
 

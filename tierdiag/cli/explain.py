@@ -19,13 +19,10 @@ def explain(
     """Why was this request slow? Walks host_hit_length, prefix_indices, load_back, eviction, then the verdict."""
     with open_store(db) as con:
         info = resolve_run(con, run, db_label=str(db))
-        # An imported run is explained from the server's numbers (diagnose/observed.py): which
-        # question a run can answer is diagnose's (each module imported only when asked, for
-        # start-up); how its answer is drawn follows the answer's type.
-        if info.kind == "observed":
-            from tierdiag.diagnose.observed import explain_observed as explain_run
-        else:
-            from tierdiag.diagnose.explain import explain_request as explain_run
+        # Which question a run of its kind can answer is diagnose's; how the answer is drawn
+        # follows its type (report/views.py).
+        from tierdiag.diagnose.views import explain as explain_run
+
         result = explain_run(con, info, req_id)
     if json_:  # no Rich for JSON
         print_json(result.to_json())

@@ -27,13 +27,10 @@ def slow(
     """Requests ranked by excess TTFT over their ideal (reused tokens device-resident, no queueing)."""
     with open_store(db) as con:
         info = resolve_run(con, run, db_label=str(db))
-        # An imported run has no ideal TTFT: ranked by TTFT (diagnose/observed.py); each module
-        # is imported only when asked, for start-up.
-        if info.kind == "observed":
-            from tierdiag.diagnose.observed import ObservedSlow as Row, slow_observed as rank
-        else:
-            from tierdiag.diagnose.slow import SlowRequest as Row, slow_requests as rank
-        rows = rank(con, info, top=top, hit_class=hit_class, cause=cause)
+        # An imported run has no ideal TTFT: diagnose ranks it by TTFT (diagnose/views.py).
+        from tierdiag.diagnose.views import slow as rank
+
+        Row, rows = rank(con, info, top=top, hit_class=hit_class, cause=cause)
         if json_:
             from tierdiag.diagnose.explain import run_bounds
 

@@ -10,12 +10,9 @@ def summary(db: DbOpt = DEFAULT_DB_PATH, run: RunOpt = None, json_: JsonOpt = Fa
     """One run at a glance: tokens by tier (not request counts), TTFT percentiles, load-backs, evictions."""
     with open_store(db) as con:
         info = resolve_run(con, run, db_label=str(db))
-        # An imported run has only what the server reported (diagnose/observed.py); each module
-        # is imported only when asked, for start-up.
-        if info.kind == "observed":
-            from tierdiag.diagnose.observed import observed_summary as summarize
-        else:
-            from tierdiag.diagnose.summary import run_summary as summarize
+        # An imported run has only what the server reported: diagnose answers for its kind.
+        from tierdiag.diagnose.views import summarize
+
         result = summarize(con, info)
     from tierdiag.config.profile import provenance_line
 

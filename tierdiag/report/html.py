@@ -32,6 +32,7 @@ from tierdiag.report.figures import (
     build_figures,
 )
 from tierdiag.report.page import DEFAULT_REPORTS_DIR, e, encode_figure, page, plotly_js, write_atomic  # noqa: F401 (encode_figure: for tests)
+from tierdiag.diagnose.kinds import has_engine_parts
 from tierdiag.report.sessions_figure import survival_figure
 from tierdiag.store.reader import RunInfo, open_store, resolve_run
 
@@ -121,7 +122,7 @@ def _headline_stats(data: ReportData) -> str:
         cards.append(_stat("TTFT p50 / p99", fmt_ms(ttft_all.ttft_p50_ns),
                            f"p99 {e(fmt_ms(ttft_all.ttft_p99_ns))}",
                            extra=f'<div class="rows">{per_class}</div>', basis_px=260))
-    if data.run.kind == "observed":  # imported from a server that reports none of the cards below
+    if not has_engine_parts(data.run):  # imported from a server that reports none of the cards below
         cards.append(_stat("Not reported by the server", "-", e(
             "load-back volume, skipped load-backs, evictions, TTFT parts: replay the trace written by "
             "`tierdiag import sglang --trace-out` and report that run"), basis_px=250))
@@ -276,7 +277,7 @@ def _run_details(run: RunInfo) -> str:
 def _slow_table(data: ReportData) -> str:
     """The slowest cached requests, one row per (burst, verdict) group; the verdict comes first so
     it stays on screen on a narrow window, the worst request's full answer one click away."""
-    if not data.slow_groups and data.run.kind == "observed":
+    if not data.slow_groups and not has_engine_parts(data.run):
         return ('<div class="card"><div class="empty">an observed run has no engine verdicts: '
                 '`tierdiag explain REQ_ID --run RUN` explains one request from the server\'s numbers '
                 'and its replayed twin</div></div>')
@@ -365,7 +366,7 @@ def build_report(db: str | os.PathLike, run: str | None = None, output: str | os
     survival = survival_figure(data.summary.sessions)  # session runs only
     if survival is not None:
         figures.append(survival)
-    if info.kind == "observed":  # an empty figure there means "not reported", not "none happened"
+    if not has_engine_parts(info):  # an empty figure there means "not reported", not "none happened"
         import dataclasses
 
         figures = [dataclasses.replace(f, empty_text="not reported by the server (observed run); replay the "
