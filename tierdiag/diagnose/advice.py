@@ -38,6 +38,7 @@ from tierdiag.diagnose.claims import (
     held_capacity,
 )
 from tierdiag.diagnose.runcontext import RunContext
+from tierdiag.store.reader import ADVISE_SWEEP_PREFIX
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
 
 MIN_LOSS_SHARE = 0.05
@@ -57,7 +58,6 @@ SMALL_RUN_BYTES = 1 << 20
 SMALL_PAGE_BYTES = 4 << 20  # a 64-token page of an 8B model is 8 MiB
 EXPOSED_SHARE_OF_TTFT = 0.05
 PAGE_SIZE_FACTOR = 4
-ADVISE_SWEEP_PREFIX = "advise-"
 # Config keys that differ between runs without being a change of the cache (bookkeeping).
 _NOT_CHANGES = frozenset({"storage_dir", "seed", "verify", "data_plane_mib", "profile", "timing"})
 GIB = 1 << 30

@@ -431,13 +431,14 @@ _RUNS_OWN_LINES = ("model", "gpu", "device_tokens", "host_tokens", "storage_toke
 
 
 def render_runs(infos: Sequence, console: Console, *, db_label: str,
-                options: dict[str, dict] | None = None) -> None:
+                options: dict[str, dict] | None = None, default_run_id: str | None = None) -> None:
     """The runs of a store, newest last, as one table that fits 80 columns: a run's cells stack
     (id, name, sweep; kind, status; model/gpu, pools in tokens and GiB, then one line per option
     that differs from the defaults), so nothing is cut. Run ids are always whole: they are what
     `--run` takes.
 
-    `options`: run id -> {option: value} that differ from the defaults, when the caller knows them."""
+    `options`: run id -> {option: value} that differ from the defaults, when the caller knows them.
+    `default_run_id`: the run a command without --run reads, marked "(default)"."""
     from tierdiag.config.profile import provenance_line
     from tierdiag.report.compare_terminal import fmt_option
 
@@ -450,7 +451,8 @@ def render_runs(infos: Sequence, console: Console, *, db_label: str,
     for r in infos:
         # Every cell is data (a crafted store can hold anything): never markup, controls escaped.
         run_cell = Text("\n").join([plain(r.run_id, "bold"), plain(r.name)]
-                                    + ([plain(r.sweep_id, "dim")] if r.sweep_id else []))
+                                    + ([plain(r.sweep_id, "dim")] if r.sweep_id else [])
+                                    + ([plain("(default)", "green")] if r.run_id == default_run_id else []))
         if r.kind == "observed":  # a server's own export: no model preset or pools of ours
             config = [f"imported from {r.config.get('source', 'a server export')}"]
         else:
@@ -465,5 +467,6 @@ def render_runs(infos: Sequence, console: Console, *, db_label: str,
                       Text("\n").join(plain(line) for line in config))
     console.print(table, soft_wrap=False)  # a long database path in the title wraps too
     console.print(Text("config: model on GPU, pools in tokens (binary sizes, GiB = 2^30 bytes), then the options "
-                       "that differ from the defaults · `--run` takes an id, a unique prefix of one, or a name · "
+                       "that differ from the defaults · `--run` takes an id, a unique prefix of one, or a name; "
+                       "without it, the (default) run: the newest replay or import, never a sweep or advise candidate · "
                        "--json for every field", style="dim"), soft_wrap=False)
