@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tierdiag.diagnose.advice import Advice
+from tierdiag.diagnose.advice import Advice, advice_json
 from tierdiag.diagnose.claims import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE, loss_why
 from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.diagnose.numbers import CauseShare, RunSummary
@@ -50,7 +50,7 @@ class RunDiagnosis:
 
     def to_json(self) -> dict:
         return {"dominant_cause": self.dominant_cause, "proximate_cause": self.proximate_cause,
-                "finding": self.finding, "advice": [a.to_json() for a in self.advice]}
+                "finding": self.finding, **advice_json(self.advice)}
 
 
 _WAIT_WORDS_RUN = {"recompute": "recomputing once-cached tokens", "new_compute": "computing new tokens",
