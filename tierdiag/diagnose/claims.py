@@ -22,11 +22,11 @@ from tierdiag.diagnose.context import CONTEXT_LOOKBACK_NS, QueueAttribution, Req
 from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.units import NS_PER_S, fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, share
 
-# The queue is called the cache's doing when recomputing once-cached tokens took at least this
-# share of the GPU time a request waited behind, on a prefill GPU at least BUSY_SHARE busy:
-# queueing grows steeply with load, so that share of the work is what made the wait.
-RECOMPUTE_QUEUE_SHARE = 0.2
-BUSY_SHARE = 0.7
+# The queue is called the cache's doing when recomputing once-cached tokens took at least
+# RECOMPUTE_QUEUE_SHARE of the GPU time a request waited behind, on a prefill GPU at least
+# BUSY_SHARE busy: queueing grows steeply with load, so that share of the work is what made the
+# wait. Defined once in story.py, which applies the same rule to every request of a run.
+from tierdiag.diagnose.story import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE  # noqa: E402
 # A load-back at or above this share of the link's peak is as fast as the link goes.
 NEAR_PEAK_SHARE = 0.8
 # Run-level: a removal reason is named when it holds at least this share of the removed tokens.
@@ -333,3 +333,82 @@ def loss_why(run: RunContext | None) -> str | None:
         parts.append(f"{fmt_tokens(n)} were matched in storage but not used ({reason})")
     return text + (": " + "; ".join(parts) if parts else "")
 
+
+
+# --------------------------------------------------------------------------- the run's verdict
+#
+# Every sentence of the run's diagnosis is a Claim built here from named numbers: the requests'
+# own verdicts (story.RunStory), the offered load (capacity.Capacity) and the run's evidence.
+
+
+_RUN_WAIT_WORDS = {"recompute": "recomputing once-cached tokens", "new_compute": "computing new tokens",
+                   "load_back": "on exposed load-backs", "write_back": "blocked on write-backs",
+                   "idle": "idle (no prefill batch: requests held for memory or storage)"}
+
+
+def capacity_claim(cap) -> Claim:
+    """Offered prefill above one GPU for a material share of the run: named first."""
+    return Claim("capacity", (
+        f"Offered prefill was {cap.overload_factor:,.1f}× one GPU for {fmt_pct(cap.overloaded_share)} of the run "
+        f"(the ideal prefill of the requests arriving in each {fmt_ms(cap.window_ns)} window, recompute "
+        f"excluded; {cap.peak_load:,.1f}× at the busiest): no cache setting removes this queue, only a lower "
+        f"request rate or more GPUs."))
+
+
+def verdicts_claim(story) -> Claim:
+    """Which verdicts carry the run's excess TTFT, largest first (up to three)."""
+    named = [v for v in story.verdicts if v.excess_ns > 0][:3]
+    parts = [f"{v.label} {fmt_pct(v.excess_share)} ({v.num_requests:,} request{'s' if v.num_requests != 1 else ''})"
+             for v in named]
+    return Claim("verdicts", "By the requests' own verdicts, the run's excess TTFT "
+                             f"({fmt_ms(story.excess_total_ns)}) is " + ", ".join(parts) + ".")
+
+
+def queued_wait_claim(story, run_busy_share: float | None) -> Claim:
+    """Around the queued requests (their own windows, excess-weighted) and what their wait was."""
+    parts = sorted(((k, v) for k, v in story.queued_wait_parts_ns.items() if v > 0), key=lambda kv: -kv[1])
+    text = (f"Around the requests that queued, the prefill GPU was {fmt_pct(story.queued_busy_share)} busy "
+            f"(each in its own window, weighted by its excess")
+    text += f"; {fmt_pct(run_busy_share)} over the run's whole span, idle time included)" if run_busy_share is not None \
+        else ")"
+    if parts:
+        text += "; of their wait it spent " + ", ".join(
+            f"{fmt_pct(share(v, story.queued_wait_ns))} {_RUN_WAIT_WORDS[k]}" for k, v in parts)
+    return Claim("queued_wait", text + ".")
+
+
+def queue_cause_claim(story, overloaded: bool, why: str | None) -> Claim:
+    """Whose doing the queue was, as the queued requests' own attributions say, by excess."""
+    doing = story.caches_doing_share or 0.0
+    if doing >= 0.5:
+        text = (f"The queue was the cache's doing: for {fmt_pct(doing)} of the excess the queued requests carry, "
+                f"recompute of once-cached tokens took at least {fmt_pct(RECOMPUTE_QUEUE_SHARE)} of the GPU time "
+                f"they waited behind, on a GPU at least {fmt_pct(BUSY_SHARE)} busy around them")
+        if overloaded:
+            text += " (both hold: the offered load alone exceeded the GPU, and recompute added to it)"
+        return Claim("queue_cause", text + (f"; {why}." if why else "."))
+    busy = story.queued_busy_share or 0.0
+    rec = story.wait_share("recompute") or 0.0
+    if overloaded:
+        reason = "the GPU was offered more prefill than it can do"
+    elif busy < BUSY_SHARE:
+        reason = (f"the GPU was {fmt_pct(busy)} busy around them, below {fmt_pct(BUSY_SHARE)}: they waited for "
+                  f"memory or storage, or in a short burst")
+    elif rec < RECOMPUTE_QUEUE_SHARE:
+        reason = f"recompute took {fmt_pct(rec)} of their wait, below {fmt_pct(RECOMPUTE_QUEUE_SHARE)}"
+    else:
+        reason = "the requests carrying most of it waited behind other work"
+    return Claim("queue_cause", f"The queue was not the cache's doing for {fmt_pct(1 - doing)} of the excess the "
+                                f"queued requests carry: {reason}.")
+
+
+def evicted_while_waiting_claim(story) -> Claim | None:
+    """Requests that lost their prefix after they arrived, while they waited (a named finding)."""
+    n = story.evicted_while_waiting_requests
+    if not n:
+        return None
+    return Claim("evicted_while_waiting", (
+        f"{n:,} request{'s' if n != 1 else ''} lost {'their' if n != 1 else 'its'} prefix after arriving, while "
+        f"waiting to be scheduled ({fmt_pct(share(story.evicted_while_waiting_excess_ns, story.excess_total_ns))} "
+        f"of the excess TTFT): the wait let the pool evict it, so the queue, not only the pool size, cost the "
+        f"recompute."))

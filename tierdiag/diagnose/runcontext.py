@@ -5,7 +5,9 @@
 * the queue attribution of context.py summed over every finished request (`_run_attribution`);
 * `LossEvidence`: why once-cached tokens were recomputed (skipped, unused storage matches,
   removed from every tier, their reuse distance against the pools);
-* `TransferEvidence`: the load-backs against the link's peak and against recomputing them.
+* `TransferEvidence`: the load-backs against the link's peak and against recomputing them;
+* `RunStory` (story.py): the requests' own verdicts, weighted by their excess TTFT;
+* `Capacity` (capacity.py): the offered prefill against the GPU over sliding windows.
 
 Stored with the run at its close (evidence.py) and read through facts.py.
 """
@@ -16,11 +18,13 @@ from dataclasses import dataclass
 
 import duckdb
 
+from tierdiag.diagnose.capacity import Capacity, run_capacity
 from tierdiag.diagnose.causes import excess_sql
 from tierdiag.diagnose.context import ATTRIBUTION_KEYS, batch_recompute_sql, round_exact
 from tierdiag.diagnose.query import dataclass_json, link_peak_bytes_per_s
 from tierdiag.diagnose.sql import FINISHED_SQL as _FINISHED
 from tierdiag.diagnose.sql import span_columns_sql
+from tierdiag.diagnose.story import RunStory, run_story
 from tierdiag.units import NS_PER_S, ns_to_ms, share
 
 
@@ -86,6 +90,10 @@ class RunContext:
     kv_bytes_per_token: int | None
     ttft_p50_ns: int | None
     ttft_p99_ns: int | None
+    # The run told by its requests' own verdicts (story.py) and its offered prefill against the
+    # GPU (capacity.py); None where not computed (attribution=False) or not computable.
+    story: RunStory | None = None
+    capacity: Capacity | None = None
 
     def attribution_share(self, key: str) -> float | None:
         if not self.queue_attribution:
@@ -289,4 +297,5 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
         excess_total_ns=_i(t[5]), queue_attribution=attribution,
         losses=_losses(con, rid, run.config), transfers=_transfers(con, rid, link_peak_bytes_per_s(run)),
         config=dict(run.config), kv_bytes_per_token=int(kv) if kv else None,
-        ttft_p50_ns=t[6], ttft_p99_ns=t[7])
+        ttft_p50_ns=t[6], ttft_p99_ns=t[7],
+        story=run_story(con, rid, rec) if attribution and busy else None, capacity=run_capacity(con, rid))
