@@ -5,6 +5,7 @@ Each rule reads `RunContext` (context.py) and proposes at most one typed `Advice
 memory, and `verified` once `tierdiag advise` has replayed the trace with it.
 
     rule              fires when (run-wide)                                        advises
+    rate              offered prefill above the GPU for a material share (capacity) time_scale x (peak / 0.9)
     prefetch          storage matches recomputed because the prefetch was late     prefetch_policy wait_complete
     write_policy      once-cached tokens dropped from device with no host copy     write_policy write_through
     capacity          tokens deleted from host, reuse distance (p90) > device+host host_tokens (<= 2 TiB)
@@ -48,6 +49,7 @@ from tierdiag.diagnose.claims import (
     NEAR_PEAK_SHARE,
     held_capacity,
 )
+from tierdiag.diagnose.capacity import TARGET_LOAD
 from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.store.reader import ADVISE_SWEEP_PREFIX
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
@@ -72,6 +74,7 @@ PAGE_SIZE_FACTOR = 4
 # Config keys that differ between runs without being a change of the cache (bookkeeping).
 _NOT_CHANGES = frozenset({"storage_dir", "seed", "verify", "data_plane_mib", "profile", "timing"})
 GIB = 1 << 30
+MAX_TIME_SCALE = 1e6  # config/engine.py's bound (not imported: config pulls the presets in)
 # Verification (DESIGN §6 "Advice status"): replays are deterministic, so these are not noise
 # margins but what is worth a change: 5 % of the median TTFT, without the tail paying for it.
 CONFIRM_P50_GAIN = 0.05
@@ -419,7 +422,41 @@ def _page_size(ctx: RunContext) -> list[Advice]:
          "bytes_per_run": tr.bytes_per_run, "bytes_per_page": tr.bytes_per_page, "loadback_exposed_ms": ns_to_ms(tr.loadback_exposed_ns)})]
 
 
-RULES = (_prefetch, _write_policy, _capacity, _eviction_policy, _page_size)
+def _rate(ctx: RunContext) -> list[Advice]:
+    """The offered prefill exceeded the GPU for a material share of the run (capacity.py): no
+    cache setting removes that queue. The verifiable change is the rate: the replay's
+    time_scale spreads the arrivals until the busiest window is offered TARGET_LOAD of the GPU."""
+    cap = ctx.capacity
+    if cap is None or not cap.overloaded:
+        return []
+    current = float(ctx.config.get("time_scale") or 1.0)
+    want = _round_up_2(cap.time_scale_for(current))
+    if want > MAX_TIME_SCALE or want <= current:
+        return []
+    return [Advice(
+        "rate", "time_scale", want, {"time_scale": want},
+        f"offered prefill was {cap.overload_factor:,.1f}× one GPU for {fmt_pct(cap.overloaded_share)} of the run "
+        f"({cap.peak_load:,.1f}× in the busiest {fmt_ms(cap.window_ns)} window, recompute excluded): no cache "
+        f"setting removes that queue; time_scale {want:g} spreads the arrivals {want / current:,.2g}× so the "
+        f"busiest window is offered at most {fmt_pct(TARGET_LOAD)} of the GPU (in production: that much less "
+        f"traffic per GPU, or more GPUs; `--dp` replays that once the deployment engine lands)",
+        {"overloaded_share": cap.overloaded_share, "overload_factor": cap.overload_factor,
+         "peak_load": cap.peak_load, "window_ms": ns_to_ms(cap.window_ns), "time_scale": current},
+        prediction=f"predicted: no window offered more than {fmt_pct(TARGET_LOAD)} of the GPU, so the queue "
+                   f"that capacity made goes")]
+
+
+def _round_up_2(x: float) -> float:
+    """Up to two significant digits (3.41 -> 3.5, 62.3 -> 63): a time_scale a user can type."""
+    import math
+
+    if x <= 0:
+        return x
+    e = math.floor(math.log10(x)) - 1
+    return round(math.ceil(round(x / 10 ** e, 9)) * 10 ** e, max(-e, 0))
+
+
+RULES = (_rate, _prefetch, _write_policy, _capacity, _eviction_policy, _page_size)
 
 
 def _nothing(ctx: RunContext) -> Advice:

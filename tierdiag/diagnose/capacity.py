@@ -7,7 +7,7 @@ W ns the GPU can do W ns of prefill; the offered load of the window is the ideal
 it over W::
 
     arrivals  |  x  x xx  x     x  xxxxxxx x  x   |
-    window    [t, t + W)  slides by W / STEPS over [first arrival, last arrival]
+    window    [t, t + W)  slides by W / STEPS from the first arrival to W before the last
     load(t) = sum(ideal of arrivals in [t, t + W)) / W        > 1: the queue must grow
 
 Where load > 1 the backlog grows by (load - 1) x W however well the cache works, so a queue
@@ -73,8 +73,10 @@ def run_capacity(con: duckdb.DuckDBPyConnection, rid: str) -> Capacity | None:
     lo, hi = int(arrival[0]), int(arrival[-1])
     span = hi - lo
     step = max(window // STEPS, span // 1_000_000 + 1, 1)  # at most a million positions
-    # Positions t = lo, lo + step, ... up to the last arrival: each window starts among the arrivals.
-    t = lo + np.arange(span // step + 1, dtype=np.int64) * step
+    # Positions t = lo, lo + step, ... while the window [t, t + W] lies within the arrivals (a
+    # window past the last arrival would count the run's end as idle); one window when the
+    # arrivals span less than W.
+    t = lo + np.arange(max(span - window, 0) // step + 1, dtype=np.int64) * step
     cum = np.concatenate([[0.0], np.cumsum(ideal)])
     work = cum[np.searchsorted(arrival, t + window, side="left")] - cum[np.searchsorted(arrival, t, side="left")]
     load = work / window
