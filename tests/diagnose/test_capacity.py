@@ -57,7 +57,8 @@ def test_overload_is_named_first_with_its_numbers(overload_run):
     j = dx.to_json()
     assert j["capacity"]["overloaded"] is True and j["capacity"]["overload_factor"] == cap.overload_factor
     rate = dx.advice[0]
-    assert rate.kind == "rate" and rate.changes == {"time_scale": _round_up_2(cap.peak_load / TARGET_LOAD)}
+    assert rate.kind == "rate" and rate.changes == {"time_scale": _round_up_2(cap.material_load / TARGET_LOAD)}
+    assert cap.overload_factor <= cap.material_load <= cap.peak_load
     assert "--dp" in rate.reason and rate.prediction
 
 

@@ -245,7 +245,7 @@ STORED_FIELDS = {
                  "queued_wait_parts_ns", "caches_doing_excess_ns", "evicted_while_waiting_requests",
                  "evicted_while_waiting_excess_ns"],
     "VerdictShare": ["cause", "caches_doing", "num_requests", "excess_ns", "excess_share"],
-    "Capacity": ["window_ns", "span_ns", "overloaded_share", "overload_factor", "peak_load", "mean_load",
+    "Capacity": ["window_ns", "span_ns", "overloaded_share", "overload_factor", "peak_load", "material_load", "mean_load",
                  "offered_ns"],
     "LossEvidence": ["input_tokens", "recomputed_tokens", "recomputed_share", "skipped_tokens",
                      "storage_unused_tokens", "lost_tokens", "deleted_from_host_tokens", "dropped_unbacked_tokens",

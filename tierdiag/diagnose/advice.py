@@ -5,7 +5,7 @@ Each rule reads `RunContext` (context.py) and proposes at most one typed `Advice
 memory, and `verified` once `tierdiag advise` has replayed the trace with it.
 
     rule              fires when (run-wide)                                        advises
-    rate              offered prefill above the GPU for a material share (capacity) time_scale x (peak / 0.9)
+    rate              offered prefill above the GPU for a material share (capacity) time_scale x (p90 load / 0.9)
     prefetch          storage matches recomputed because the prefetch was late     prefetch_policy wait_complete
     write_policy      once-cached tokens dropped from device with no host copy     write_policy write_through
     capacity          tokens deleted from host, reuse distance (p90) > device+host host_tokens (<= 2 TiB)
@@ -49,7 +49,7 @@ from tierdiag.diagnose.claims import (
     NEAR_PEAK_SHARE,
     held_capacity,
 )
-from tierdiag.diagnose.capacity import TARGET_LOAD
+from tierdiag.diagnose.capacity import MATERIAL_SHARE, TARGET_LOAD
 from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.store.reader import ADVISE_SWEEP_PREFIX
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
@@ -436,14 +436,15 @@ def _rate(ctx: RunContext) -> list[Advice]:
     return [Advice(
         "rate", "time_scale", want, {"time_scale": want},
         f"offered prefill was {cap.overload_factor:,.1f}× one GPU for {fmt_pct(cap.overloaded_share)} of the run "
-        f"({cap.peak_load:,.1f}× in the busiest {fmt_ms(cap.window_ns)} window, recompute excluded): no cache "
-        f"setting removes that queue; time_scale {want:g} spreads the arrivals {want / current:,.2g}× so the "
-        f"busiest window is offered at most {fmt_pct(TARGET_LOAD)} of the GPU (in production: that much less "
-        f"traffic per GPU, or more GPUs; `--dp` replays that once the deployment engine lands)",
+        f"({fmt_ms(cap.window_ns)} windows, recompute excluded; {cap.material_load:,.1f}× or more in "
+        f"{fmt_pct(MATERIAL_SHARE)} of them): no cache setting removes that queue; time_scale {want:g} spreads "
+        f"the arrivals {want / current:,.2g}× (in production: that much less traffic per GPU, or more GPUs; "
+        f"`--dp` replays that once the deployment engine lands)",
         {"overloaded_share": cap.overloaded_share, "overload_factor": cap.overload_factor,
-         "peak_load": cap.peak_load, "window_ms": ns_to_ms(cap.window_ns), "time_scale": current},
-        prediction=f"predicted: no window offered more than {fmt_pct(TARGET_LOAD)} of the GPU, so the queue "
-                   f"that capacity made goes")]
+         "material_load": cap.material_load, "peak_load": cap.peak_load, "window_ms": ns_to_ms(cap.window_ns),
+         "time_scale": current},
+        prediction=(f"predicted: fewer than {fmt_pct(MATERIAL_SHARE)} of the windows offered more than "
+                    f"{fmt_pct(TARGET_LOAD)} of the GPU, so the queue that capacity made goes"))]
 
 
 def _round_up_2(x: float) -> float:
@@ -477,8 +478,13 @@ def _nothing(ctx: RunContext) -> Advice:
 
 
 def propose(ctx: RunContext, *, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) -> tuple[Advice, ...]:
-    """Every rule that fires, biggest loss first; else the one "nothing to change" item."""
+    """Every rule that fires, biggest loss first; else the one "nothing to change" item. The
+    rate leads only where the requests' queues were not the cache's doing (story.py): where
+    they were, the cache rules come first and the rate after them."""
     items = [a for rule in RULES for a in (rule(ctx, host_limit_bytes) if rule is _capacity else rule(ctx))]
+    top = ctx.story.top if ctx.story is not None else None
+    if top is not None and (top.caches_doing or top.cause == "recompute"):
+        items = [a for a in items if a.kind != "rate"] + [a for a in items if a.kind == "rate"]
     return tuple(items) if items else (_nothing(ctx),)
 
 

@@ -32,7 +32,7 @@ WINDOW_SERVICES = 32
 STEPS = 8  # window positions per window length
 # Overload is named when the offered load exceeds the GPU in at least this share of the run.
 MATERIAL_SHARE = 0.1
-# The rate advised leaves the busiest window this loaded (headroom below 1 for bursts within it).
+# The rate advised leaves the windows at the material quantile this loaded (headroom below 1).
 TARGET_LOAD = 0.9
 
 
@@ -45,6 +45,7 @@ class Capacity:
     overloaded_share: float  # of the positions, those whose offered load exceeds 1
     overload_factor: float | None  # mean offered load over the overloaded positions (e.g. 3.4)
     peak_load: float  # the largest window load
+    material_load: float  # the load exceeded in MATERIAL_SHARE of the positions (their 90th percentile)
     mean_load: float  # offered work over the span (diluted by idle: for reference only)
     offered_ns: int  # total ideal prefill offered
 
@@ -53,9 +54,11 @@ class Capacity:
         return self.overloaded_share >= MATERIAL_SHARE and (self.overload_factor or 0) > 1
 
     def time_scale_for(self, current: float) -> float:
-        """The replay's time_scale that brings the busiest window to TARGET_LOAD (arrivals
-        spread by the factor, the work in a window falls by it)."""
-        return current * max(self.peak_load / TARGET_LOAD, 1.0)
+        """The replay's time_scale under which overload is no longer material: the load that
+        MATERIAL_SHARE of the windows exceed brought to TARGET_LOAD (arrivals spread by the
+        factor, the work in a window falls by it). Not the peak: one burst would ask for a rate
+        that idles the GPU the rest of the run."""
+        return current * max(self.material_load / TARGET_LOAD, 1.0)
 
 
 def run_capacity(con: duckdb.DuckDBPyConnection, rid: str) -> Capacity | None:
@@ -84,4 +87,5 @@ def run_capacity(con: duckdb.DuckDBPyConnection, rid: str) -> Capacity | None:
     return Capacity(
         window_ns=window, span_ns=span, overloaded_share=float(over.mean()),
         overload_factor=float(load[over].mean()) if over.any() else None, peak_load=float(load.max()),
+        material_load=float(np.quantile(load, 1 - MATERIAL_SHARE)),
         mean_load=float(ideal.sum() / max(span, window)), offered_ns=int(ideal.sum()))

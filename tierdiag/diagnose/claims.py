@@ -229,7 +229,7 @@ def recompute_reasons(row: dict, threshold: int | None, host_deleted_tokens: int
 def recompute_claim(row: dict, threshold: int | None, host_deleted_tokens: int, storage_tier: bool) -> Claim:
     recomputed = _int(row, "recomputed_tokens")
     why = recompute_reasons(row, threshold, host_deleted_tokens, storage_tier)
-    rec_ns, ttft = _int(row, "recompute_ns"), _int(row, "ttft_ns")
+    rec_ns, ttft = recompute_cost_ns(row), _int(row, "ttft_ns")
     return Claim("recompute", f"{fmt_tokens(recomputed)} tokens that had been cached before were computed again: "
                               f"{'; '.join(why)}; that took {fmt_ms(rec_ns)} ({_pct_of(rec_ns, ttft)} of TTFT).")
 
@@ -237,12 +237,40 @@ def recompute_claim(row: dict, threshold: int | None, host_deleted_tokens: int, 
 # --------------------------------------------------------------------------- counterfactuals
 
 
+def recompute_cost_ns(row: dict) -> int:
+    """What recomputing its once-cached tokens really cost.
+
+    The engine splits each prefill chunk's compute between the recomputed and the new tokens
+    by token count, but a token's cost grows with its position in the context (attention over
+    all before it), and the new tokens come last::
+
+        context   [ device | recomputed ........ | new ... ]
+        cost/tok    -        lower                 highest
+
+    Its ideal prices the new tokens at their real positions (everything before them resident),
+    so they cost at least that: the new part is max(compute, ideal) (never more than all of
+    it), and recompute is the rest. A counterfactual without the recompute is then never below
+    the ideal."""
+    rec, comp = _int(row, "recompute_ns"), _int(row, "compute_ns")
+    new = max(comp, min(_int(row, "ideal_ttft_ns"), comp + rec))
+    return comp + rec - new
+
+
 def never_evicted_ns(row: dict) -> int | None:
     """TTFT had every once-cached or loaded token been device-resident, the same queue ahead."""
     if row.get("ttft_ns") is None:
         return None
-    return (_int(row, "ttft_ns") - _int(row, "recompute_ns") - _int(row, "loadback_exposed_ns")
+    return (_int(row, "ttft_ns") - recompute_cost_ns(row) - _int(row, "loadback_exposed_ns")
             - _int(row, "storage_wait_ns"))
+
+
+def fmt_ms_pair(a: int, b: int) -> tuple[str, str]:
+    """Two times as text that differ when the times do: where their rounding hides the
+    difference, the second says it ("7.5 h (11.95 s less)" rather than "7.5 h instead of 7.5 h")."""
+    ta, tb = fmt_ms(a), fmt_ms(b)
+    if ta == tb and a != b:
+        ta += f" ({fmt_ms(abs(b - a))} {'less' if a < b else 'more'})"
+    return ta, tb
 
 
 def counterfactual_claim(row: dict) -> Claim | None:
@@ -251,9 +279,9 @@ def counterfactual_claim(row: dict) -> Claim | None:
     if not tiered and not recomputed:
         return None
     ttft = _int(row, "ttft_ns")
+    would, was = fmt_ms_pair(never_evicted_ns(row), ttft)
     text = (f"Had its prefix never been evicted ({fmt_tokens(tiered + recomputed)} tokens device-resident instead of "
-            f"loaded or recomputed, the same queue ahead), TTFT would have been {fmt_ms(never_evicted_ns(row))} "
-            f"instead of {fmt_ms(ttft)}")
+            f"loaded or recomputed, the same queue ahead), TTFT would have been {would} instead of {was}")
     if tiered and row.get("recompute_instead_ns") is not None:
         if recomputed and row.get("ttft_if_device_resident_ns") is not None:
             text += (f"; with only its {fmt_tokens(tiered)} loaded tokens device-resident, "
@@ -262,8 +290,11 @@ def counterfactual_claim(row: dict) -> Claim | None:
     return Claim("counterfactual", text + ".")
 
 
-def break_even_claim(row: dict, link_peak_share: float | None, achieved_bytes_per_s: float | None) -> Claim | None:
-    """Load-back vs recompute for the tokens it loaded: which was cheaper, by how much."""
+def break_even_claim(row: dict, link_peak_share: float | None, achieved_bytes_per_s: float | None,
+                     cause: str | None = None) -> Claim | None:
+    """Load-back vs recompute for the tokens it loaded: which was cheaper, by how much. Where
+    load-back is the request's primary cause, a fast link is not "nothing to fix": it says why
+    both hold (the link is not what to fix; the tokens' being off the device is)."""
     tiered = _int(row, "host_hit_tokens") + _int(row, "storage_hit_tokens")
     lb_ns = _int(row, "loadback_ns")
     if not tiered or not lb_ns or row.get("recompute_instead_ns") is None or row.get("ttft_if_device_resident_ns") is None:
@@ -278,7 +309,10 @@ def break_even_claim(row: dict, link_peak_share: float | None, achieved_bytes_pe
     if recompute_cost > lb_ns:
         text += f": load-back was {recompute_cost / lb_ns:,.1f}× cheaper"
         if link_peak_share is not None and link_peak_share >= NEAR_PEAK_SHARE:
-            text += ", and the link ran near its peak: nothing to fix in the load-back"
+            text += (", and the link ran near its peak: the load-back itself cannot go faster; what would lower "
+                     "this request's TTFT is having those tokens on the device (a larger device pool), since "
+                     "load-back is its largest part" if cause == "load_back" else
+                     ", and the link ran near its peak: nothing to fix in the load-back")
     elif recompute_cost > 0:
         text += f": recomputing would have been {lb_ns / recompute_cost:,.1f}× cheaper"
     return Claim("break_even", text + ".")

@@ -61,6 +61,7 @@ class RunDiagnosis:
                 "capacity": None if cap is None else {
                     "overloaded": cap.overloaded, "overloaded_share": cap.overloaded_share,
                     "overload_factor": cap.overload_factor, "peak_load": cap.peak_load,
+                    "material_load": cap.material_load,
                     "mean_load": cap.mean_load, "window_ms": ns_to_ms(cap.window_ns),
                     "offered_ms": ns_to_ms(cap.offered_ns)}}
 
