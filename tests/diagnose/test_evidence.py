@@ -251,7 +251,7 @@ STORED_FIELDS = {
                      "storage_unused_tokens", "lost_tokens", "deleted_from_host_tokens", "dropped_unbacked_tokens",
                      "hot_removed_tokens", "removed_reuse_p50_tokens", "removed_reuse_p90_tokens",
                      "removed_reuse_deciles_tokens", "device_capacity_tokens", "host_capacity_tokens",
-                     "storage_capacity_tokens"],
+                     "storage_capacity_tokens", "lost_request_deciles_tokens"],
     "TransferEvidence": ["num_loadbacks", "loadback_bytes", "loadback_busy_ns", "link_peak_share", "pages_per_run",
                          "bytes_per_run", "bytes_per_page", "loadback_ns", "recompute_instead_extra_ns",
                          "loadback_exposed_ns", "ttft_total_ns", "tiered_ttft_ns"],

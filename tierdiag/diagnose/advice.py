@@ -329,16 +329,23 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
         cover = _covered(deciles, want if inclusive else device + want)
         out.append(Advice("capacity", "host_tokens", want, {"host_tokens": want},
                           f"{why}; a {fmt_tokens(want)}-token host pool keeps {fmt_pct(cover)} of them",
-                          evidence, _gib(want - host, kv), "host_memory"))
+                          evidence, _gib(want - host, kv), "host_memory",
+                          prediction=f"predicted under LRU: keeps ~{fmt_tokens(int((cover or 0) * lo.deleted_from_host_tokens))} "
+                                     f"of the {fmt_tokens(lo.deleted_from_host_tokens)} tokens deleted from host"))
         return out
-    if limit > host * 3 // 2:
-        cover = _covered(deciles, limit if inclusive else device + limit)
+    cover = _covered(deciles, limit if inclusive else device + limit)
+    kept = int((cover or 0) * lo.deleted_from_host_tokens)
+    # Predicted under LRU: the largest host pool the server holds keeps only the re-references
+    # whose reuse distance fits it; below the rule's threshold of input it is not proposed.
+    if limit > host * 3 // 2 and _significant(kept, lo.input_tokens):
         out.append(Advice("capacity", "host_tokens", limit, {"host_tokens": limit},
                           f"{why}; {fmt_tokens(limit)} tokens ({fmt_bytes(limit * kv)}, the most host memory "
                           + ("a server beside one GPU carries" if host_limit_bytes == HOST_POOL_LIMIT_BYTES else
                              f"of the {fmt_bytes(host_limit_bytes)} the server holds for KV")
                           + f") keep {fmt_pct(cover)} of them",
-                          evidence, _gib(limit - host, kv), "host_memory"))
+                          evidence, _gib(limit - host, kv), "host_memory",
+                          prediction=f"predicted under LRU: keeps ~{fmt_tokens(kept)} of the "
+                                     f"{fmt_tokens(lo.deleted_from_host_tokens)} tokens deleted from host"))
     storage = int(ctx.config.get("storage_tokens") or 0)
     want_storage = _pow2_at_least(target, page)
     # A storage tier pays when fetching a token from disk is cheaper than recomputing it, or
@@ -359,7 +366,23 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
         host_for_room = min(_pow2_at_least(2 * device, page), limit) if kv else 2 * device
         if host_for_room <= device:
             return out
-    if want_storage > storage and pays:
+    # Predicted under the run's own prefetch rules: a request's lost prefix comes back from
+    # storage only if its prefetch starts (match >= prefetch_threshold) and is admitted (what
+    # prefetches hold in flight stays under PREFETCH_ROOM_SHARE x (host - device): a prefix
+    # larger than that room alone is rate_limited, every time). Grow the host room for the
+    # p90 request where the server has the memory; not proposed where the prefetches that
+    # would be admitted keep less than the rule's threshold of input.
+    sizes = lo.lost_request_deciles_tokens
+    threshold = int(ctx.config.get("prefetch_threshold") or 0)
+    if sizes and kv:
+        needed = _pow2_at_least(device + int(sizes[9] / PREFETCH_ROOM_SHARE) + 1, page)
+        if needed > host_for_room and needed <= limit:
+            host_for_room = needed
+    room_for = int(PREFETCH_ROOM_SHARE * (host_for_room - device))
+    admitted = (max((_covered(sizes, room_for) or 0) - (_covered(sizes, threshold - 1) or 0), 0.0)
+                if sizes else 1.0)
+    kept_storage = int(admitted * (lo.lost_tokens or lo.deleted_from_host_tokens))
+    if want_storage > storage and pays and _significant(kept_storage, lo.input_tokens):
         changes = {"storage_tokens": want_storage, "prefetch_policy": "wait_complete"}
         room_note = ""
         if host_for_room != host:
@@ -381,7 +404,12 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
                              if disk_per_token_ns is not None and disk_per_token_ns < recompute_per_token_ns else
                              f"the prefill GPU was {fmt_pct(ctx.prefill_busy_share)} busy: the fetch runs beside it")
                           + ")" + room_note,
-                          {**evidence, "prefetch_room_tokens": room}, _gib(want_storage - storage, kv), "disk"))
+                          {**evidence, "prefetch_room_tokens": room, "prefetch_room_after_tokens": room_for},
+                          _gib(want_storage - storage, kv), "disk",
+                          prediction=(f"predicted under the run's prefetch rules (admitted while in flight < "
+                                      f"{fmt_pct(PREFETCH_ROOM_SHARE)} of host beyond device = "
+                                      f"{fmt_tokens(room_for)} tokens; prefetch_threshold {fmt_tokens(threshold)}): "
+                                      f"keeps ~{fmt_tokens(kept_storage)} of the lost tokens")))
     return out
 
 

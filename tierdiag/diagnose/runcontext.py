@@ -52,6 +52,10 @@ class LossEvidence:
     device_capacity_tokens: int | None
     host_capacity_tokens: int | None
     storage_capacity_tokens: int | None
+    # Token-weighted deciles (p0, p10, ..., p100) of a request's lost tokens (recomputed, neither
+    # skipped nor matched in storage): how large a prefix a storage prefetch would have to bring
+    # back at once (the prefetch admission rule limits that; advice.py predicts with it).
+    lost_request_deciles_tokens: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -237,13 +241,27 @@ def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict) -> LossEvide
         v = config.get(key)
         return int(v) if v is not None else None
 
+    lost_sizes = con.execute(
+        f"""SELECT greatest(recomputed_tokens
+                    - CASE WHEN loadback_skipped_reason IS NULL THEN 0 ELSE least(loadback_skipped_tokens, recomputed_tokens) END
+                    - CASE WHEN storage_skipped_reason IS NULL THEN 0
+                           ELSE greatest(storage_match_tokens - storage_hit_tokens, 0) END, 0) AS lost
+            FROM requests WHERE run_id = ? AND {_FINISHED} AND recomputed_tokens > 0""", [rid]).fetchnumpy()["lost"]
+    lost_deciles: list[int] = []
+    sizes = np.sort(np.asarray(lost_sizes, dtype=np.int64))
+    sizes = sizes[sizes > 0]
+    if sizes.size:
+        acc = np.cumsum(sizes).astype(np.float64)
+        for k in range(11):
+            reached = np.flatnonzero(acc >= (k * 0.1) * acc[-1])
+            lost_deciles.append(int(sizes[reached[0]] if reached.size else sizes[-1]))
     return LossEvidence(
         input_tokens=_i(t[0]), recomputed_tokens=recomputed, recomputed_share=share(recomputed, _i(t[0])),
         skipped_tokens=skipped, storage_unused_tokens=unused, lost_tokens=lost,
         deleted_from_host_tokens=deleted, dropped_unbacked_tokens=dropped, hot_removed_tokens=hot,
         removed_reuse_p50_tokens=p50, removed_reuse_p90_tokens=p90, removed_reuse_deciles_tokens=tuple(deciles),
         device_capacity_tokens=cap("device_tokens"), host_capacity_tokens=cap("host_tokens"),
-        storage_capacity_tokens=cap("storage_tokens"))
+        storage_capacity_tokens=cap("storage_tokens"), lost_request_deciles_tokens=tuple(lost_deciles))
 
 
 def _transfers(con: duckdb.DuckDBPyConnection, rid: str, peak: float | None) -> TransferEvidence:
