@@ -20,13 +20,13 @@ from dataclasses import dataclass
 
 from tierdiag.diagnose.context import CONTEXT_LOOKBACK_NS, QueueAttribution, RequestContext
 from tierdiag.diagnose.runcontext import RunContext
+from tierdiag.diagnose.story import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE  # noqa: F401 - the rule's, re-exported
 from tierdiag.units import NS_PER_S, fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, share
 
 # The queue is called the cache's doing when recomputing once-cached tokens took at least
 # RECOMPUTE_QUEUE_SHARE of the GPU time a request waited behind, on a prefill GPU at least
 # BUSY_SHARE busy: queueing grows steeply with load, so that share of the work is what made the
-# wait. Defined once in story.py, which applies the same rule to every request of a run.
-from tierdiag.diagnose.story import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE  # noqa: E402
+# wait. Defined once in story.py (imported above), which applies the same rule to every request.
 # A load-back at or above this share of the link's peak is as fast as the link goes.
 NEAR_PEAK_SHARE = 0.8
 # Run-level: a removal reason is named when it holds at least this share of the removed tokens.
