@@ -176,3 +176,29 @@ def test_advice_prefetch_room_share_is_the_engines():
     from tierdiag.engine.rules import RULE_SETS
 
     assert PREFETCH_ROOM_SHARE == RULE_SETS["0.5.9"].prefetch_capacity_share
+
+
+def test_a_storage_tier_whose_prefetches_would_be_rate_limited_is_not_proposed(tmp_path):
+    """Advice predicted with the engine's own rules (issue 34 item 3): a storage tier is proposed
+    only where its prefetches would be admitted. With every lost prefix larger than the room
+    SGLang leaves prefetches (0.8 x (host - device)) and no host memory to widen it, each would be
+    skipped rate_limited: predicted to keep nothing, it is not proposed; with the prefixes within
+    the room, it is, saying what it predicts."""
+    import dataclasses
+
+    from .test_advise_cli import _cycle
+
+    s = Story()
+    _cycle(s, prefixes=10, pages=32)
+    db = s.replay(tmp_path, {"model": "tiny", "gpu": "cpu", "device_tokens": 4096, "host_tokens": 4096})
+    with open_store(db) as con:
+        ctx = run_context(con, resolve_run(con, None))
+    fits = ctx.losses.lost_request_deciles_tokens
+    assert fits and max(fits) <= 0.8 * (8192 - 4096)  # 2,048-token prefixes: within the room of an 8,192 host
+    kinds = [a.kind for a in propose(ctx, host_limit_bytes=8 << 20)]
+    assert kinds == ["storage_tier"]
+    big = dataclasses.replace(ctx, losses=dataclasses.replace(ctx.losses, lost_request_deciles_tokens=(5000,) * 11))
+    assert [a.kind for a in propose(big, host_limit_bytes=8 << 20)] == ["none"]
+    # With the server's memory for the room (16,384 tokens of host: room 9,830), it is proposed again.
+    item = next(a for a in propose(big, host_limit_bytes=16 << 20) if a.kind == "storage_tier")
+    assert item.changes["host_tokens"] == 16384 and "keeps ~" in item.prediction

@@ -1,5 +1,7 @@
 """`tierdiag advise`: propose changes from a run's diagnosis (diagnose.advice's rules), replay
-the run's trace once per change with the sweep runner, and measure each against the baseline.
+the run's trace once per change with the sweep runner, and measure each against the baseline:
+each tried change is confirmed, no_effect or refuted (diagnose.advice.classify). Where two or
+more are confirmed and the budget has a replay left, the best of them are replayed together.
 
 Orchestration only: the rules, the numbers and the verification read back are diagnose's; the
 replays are the sweep runner's. Diagnose never starts a replay."""
@@ -8,19 +10,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tierdiag.diagnose.advice import (HOST_POOL_LIMIT_BYTES, Advice, RunNumbers, advise_sweep_id, propose,
-                                      run_numbers, verified_advice)
+from tierdiag.diagnose.advice import (HOST_POOL_LIMIT_BYTES, Advice, RunNumbers, advice_json, advise_sweep_id,
+                                      combination, propose, run_numbers, verified_advice)
 from tierdiag.diagnose.facts import run_context as run_context_for
 
 
 @dataclass(frozen=True)
 class Candidate:
-    advice: Advice
+    advice: Advice  # with its advice status (proposed where the replay did not complete)
     numbers: RunNumbers | None  # None when its replay recorded nothing
     status: str  # the replay's: complete | interrupted | failed | not_started
 
     def to_json(self) -> dict:
         d = {"changes": dict(self.advice.changes), "reason": self.advice.reason, "status": self.status,
+             "kind": self.advice.kind, "advice_status": self.advice.status,
              "run_id": None, "ttft_p50_ms": None, "ttft_p99_ms": None, "recompute_share": None, "reuse_share": None}
         if self.numbers is not None:
             d.update(self.numbers.to_json())
@@ -31,13 +34,13 @@ class Candidate:
 class AdviseResult:
     baseline: RunNumbers
     candidates: tuple[Candidate, ...]
-    best: str | None  # run id of the candidate with the lowest (p50, p99, mean) TTFT below the baseline's
-    advice: tuple[Advice, ...]  # everything proposed (with verification where replayed)
+    best: str | None  # run id of the confirmed candidate with the lowest (p50, p99, mean) TTFT; None: none confirmed
+    advice: tuple[Advice, ...]  # everything proposed, each with its status (advice.advised splits them)
     sweep_id: str
 
     def to_json(self) -> dict:
         return {"baseline": self.baseline.to_json(), "candidates": [c.to_json() for c in self.candidates],
-                "best": self.best, "sweep_id": self.sweep_id, "advice": [a.to_json() for a in self.advice]}
+                "best": self.best, "sweep_id": self.sweep_id, **advice_json(self.advice)}
 
 
 def check_trace_for_advise(run) -> str:
@@ -60,7 +63,8 @@ def check_trace_for_advise(run) -> str:
 
 
 def candidate_configs(run, advice: tuple[Advice, ...], budget: int) -> list[tuple[Advice, str, object]]:
-    """(advice, run name, EngineConfig) for up to `budget` items that change something."""
+    """(advice, run name, EngineConfig) for up to `budget` items that change something (the
+    combination's name says so)."""
     from tierdiag.config.engine import CONFIG_KEYS, EngineConfig
 
     # Not storage_dir: recorded, it is the run's own folder; a candidate gets its own.
@@ -68,7 +72,8 @@ def candidate_configs(run, advice: tuple[Advice, ...], budget: int) -> list[tupl
     out = []
     for a in [a for a in advice if a.option is not None][:budget]:
         cfg = EngineConfig(**{**base, **a.changes})
-        name = "advise: " + ", ".join(f"{k}={v}" for k, v in a.changes.items())
+        name = ("advise: together " if a.kind == "combined" else "advise: ") + ", ".join(
+            f"{k}={v}" for k, v in a.changes.items())
         out.append((a, name, cfg))
     return out
 
@@ -83,7 +88,6 @@ def advise_run(con_factory, db, run, *, budget: int = 4, jobs: int | None = None
     `con_factory()` opens the store read-only (closed again before the runner writes to it).
     """
     from tierdiag.errors import ConfigError
-    from tierdiag.app.sweep import Processes, SweepFailed, run_configs
 
     if budget < 1:
         raise ConfigError(f"--budget {budget} must be at least 1")
@@ -97,25 +101,41 @@ def advise_run(con_factory, db, run, *, budget: int = 4, jobs: int | None = None
         baseline = run_numbers(con, run.run_id)
     sweep_id = advise_sweep_id(run.run_id)
     plans = candidate_configs(run, proposed, budget)
-    outcomes: dict[int, tuple[str | None, str]] = {}
-    if plans:
-        trace = check_trace_for_advise(run)
-        try:
-            ids = run_configs(trace, [(name, cfg) for _, name, cfg in plans], db,
-                              backend=Processes(jobs or min(len(plans), _cores())), sweep_id=sweep_id,
-                              progress=progress, command_line=["tierdiag", "advise", "--run", run.run_id])
-            outcomes = {i: (rid, "complete") for i, rid in enumerate(ids)}
-        except SweepFailed as exc:
-            outcomes = {o.index: (o.run_id, o.status) for o in exc.outcomes}
+    outcomes = _replay(run, db, plans, jobs, sweep_id, progress)
+    with con_factory() as con:
+        verified = verified_advice(con, run, proposed)
+    # Two or more confirmed: their best together, if the budget has a replay left.
+    together = combination(verified)
+    extra = candidate_configs(run, (together,), 1) if together is not None and len(plans) < budget else []
+    outcomes.update({len(plans) + i: o for i, o in _replay(run, db, extra, jobs, sweep_id, progress).items()})
+    plans += extra
     candidates = []
     with con_factory() as con:
+        verified = verified_advice(con, run, proposed)
+        by_changes = {tuple(sorted(a.changes.items(), key=str)): a for a in verified}
         for i, (a, _name, _cfg) in enumerate(plans):
             rid, status = outcomes.get(i, (None, "not_started"))
+            a = by_changes.get(tuple(sorted(a.changes.items(), key=str)), a)
             candidates.append(Candidate(a, run_numbers(con, rid) if rid and status == "complete" else None, status))
-        verified = verified_advice(con, run, proposed)
-    better = [c for c in candidates if c.numbers is not None and c.numbers.key() < baseline.key()]
-    best = min(better, key=lambda c: c.numbers.key()).numbers.run_id if better else None
+    confirmed = [c for c in candidates if c.numbers is not None and c.advice.status == "confirmed"]
+    best = min(confirmed, key=lambda c: c.numbers.key()).numbers.run_id if confirmed else None
     return AdviseResult(baseline, tuple(candidates), best, verified, sweep_id)
+
+
+def _replay(run, db, plans, jobs, sweep_id, progress) -> dict[int, tuple[str | None, str]]:
+    """Replay `plans` (candidate_configs') with the sweep runner: index -> (run id, status)."""
+    from tierdiag.app.sweep import Processes, SweepFailed, run_configs
+
+    if not plans:
+        return {}
+    trace = check_trace_for_advise(run)
+    try:
+        ids = run_configs(trace, [(name, cfg) for _, name, cfg in plans], db,
+                          backend=Processes(jobs or min(len(plans), _cores())), sweep_id=sweep_id,
+                          progress=progress, command_line=["tierdiag", "advise", "--run", run.run_id])
+        return {i: (rid, "complete") for i, rid in enumerate(ids)}
+    except SweepFailed as exc:
+        return {o.index: (o.run_id, o.status) for o in exc.outcomes}
 
 
 def _cores() -> int:

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, out, print_json
-from tierdiag.store.reader import list_runs, open_store
+from tierdiag.store.reader import default_run, list_runs, open_store
 
 
 def runs(
@@ -21,7 +21,9 @@ def runs(
         "--keep-storage", help="With --delete: leave the run's storage folder on disk.")] = False,
 ) -> None:
     """List the runs recorded in the database: kind, sweep, status, pools in tokens and GiB, and
-    the options that differ from the defaults (a dead replay shows as interrupted)."""
+    the options that differ from the defaults (a dead replay shows as interrupted). The default
+    run (what a command without --run reads: the newest replay or import, never a sweep or
+    advise candidate) is marked."""
     if delete is not None:
         return _delete(db, delete, keep_storage=keep_storage, json_=json_)
     if keep_storage:
@@ -32,13 +34,14 @@ def runs(
     with open_store(db) as con:
         infos = list_runs(con)
     changes = {r.run_id: changed_from_defaults(r.config) for r in infos}
+    default = default_run(infos).run_id if infos else None
     if json_:
         print_json([{**r.to_json(), "changed_from_defaults": changes[r.run_id],
-                     "pools": pool_sizes(r.config, r.data_plane)} for r in infos])
+                     "pools": pool_sizes(r.config, r.data_plane), "default": r.run_id == default} for r in infos])
         return
     from tierdiag.report.terminal import render_runs
 
-    render_runs(infos, out, db_label=str(db), options=changes)
+    render_runs(infos, out, db_label=str(db), options=changes, default_run_id=default)
     for r in infos:
         if r.status == "failed" and r.error:
             out.print(f"run {r.run_id} failed: {r.error}", markup=False, highlight=False)

@@ -13,6 +13,7 @@ Modules, each importing only those below it (an arrow reads "is built on")::
     facts                        the ONE reader of stored evidence: stored, else computed
       -> stored                  the row's format
          -> runcontext, numbers, totals                              computed from the rows
+            runcontext -> story, capacity    the requests' own verdicts by excess; offered prefill vs GPU
     context (one request's surroundings) . causes . tokens . sql . quantile . query . kinds
 
 Nothing below `facts` reads the stored row; `evidence` writes it and never reads it back.

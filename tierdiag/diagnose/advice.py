@@ -5,6 +5,7 @@ Each rule reads `RunContext` (context.py) and proposes at most one typed `Advice
 memory, and `verified` once `tierdiag advise` has replayed the trace with it.
 
     rule              fires when (run-wide)                                        advises
+    rate              offered prefill above the GPU for a material share (capacity) time_scale x (p90 load / 0.9)
     prefetch          storage matches recomputed because the prefetch was late     prefetch_policy wait_complete
     write_policy      once-cached tokens dropped from device with no host copy     write_policy write_through
     capacity          tokens deleted from host, reuse distance (p90) > device+host host_tokens (<= 2 TiB)
@@ -20,8 +21,19 @@ nothing is proposed. Hardware limits: a host pool beyond
 HOST_POOL_LIMIT_BYTES (what a server beside one GPU carries) is never advised; a storage tier is.
 
 Verification: `advise` records each candidate run under sweep_id `advise-<baseline run_id>`;
-`verified_advice` finds those runs, diffs their config against the baseline's and attaches
-the measured numbers to the advice item whose changes they are.
+`verified_advice` finds those runs, diffs their config against the baseline's, attaches the
+measured numbers to the advice item whose changes they are and gives it a `status` (DESIGN §6)::
+
+    proposed    not replayed yet
+    confirmed   TTFT p50 at least CONFIRM_P50_GAIN better, p99 not more than P99_TOLERANCE worse,
+                and the share the rule targeted (TARGETS: recompute for the cache rules) moved
+                the way it predicted
+    refuted     worse: p50 at least CONFIRM_P50_GAIN worse, or p99 more than P99_TOLERANCE worse
+    no_effect   neither (the replays are deterministic: this is not noise, the change did not help)
+
+Only `proposed` and `confirmed` items are advice; the others are "tried, not advised", shown
+with their numbers. Where two or more are confirmed, `advise` also replays the best of them
+together (`combination`): a `combined` item, confirmed only when it beats the best one alone too.
 """
 
 from __future__ import annotations
@@ -37,7 +49,9 @@ from tierdiag.diagnose.claims import (
     NEAR_PEAK_SHARE,
     held_capacity,
 )
+from tierdiag.diagnose.capacity import MATERIAL_SHARE, TARGET_LOAD
 from tierdiag.diagnose.runcontext import RunContext
+from tierdiag.store.reader import ADVISE_SWEEP_PREFIX
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
 
 MIN_LOSS_SHARE = 0.05
@@ -57,10 +71,27 @@ SMALL_RUN_BYTES = 1 << 20
 SMALL_PAGE_BYTES = 4 << 20  # a 64-token page of an 8B model is 8 MiB
 EXPOSED_SHARE_OF_TTFT = 0.05
 PAGE_SIZE_FACTOR = 4
-ADVISE_SWEEP_PREFIX = "advise-"
 # Config keys that differ between runs without being a change of the cache (bookkeeping).
 _NOT_CHANGES = frozenset({"storage_dir", "seed", "verify", "data_plane_mib", "profile", "timing"})
 GIB = 1 << 30
+MAX_TIME_SCALE = 1e6  # config/engine.py's bound (not imported: config pulls the presets in)
+# Verification (DESIGN §6 "Advice status"): replays are deterministic, so these are not noise
+# margins but what is worth a change: 5 % of the median TTFT, without the tail paying for it.
+CONFIRM_P50_GAIN = 0.05
+P99_TOLERANCE = 0.05
+STATUSES = ("proposed", "confirmed", "no_effect", "refuted")
+ADVISED = ("proposed", "confirmed")
+# At most this many confirmed items are replayed together (the best, by their p50 gain).
+COMBINE_MAX = 3
+# kind -> the run share the change targets, which it must lower: a change that sped TTFT up
+# without lowering its target did not work the way its rule claimed.
+TARGETS: dict[str, str] = {
+    "prefetch": "recompute_share", "write_policy": "recompute_share", "capacity": "recompute_share",
+    "storage_tier": "recompute_share", "eviction_policy": "recompute_share",
+    "page_size": "loadback_exposed_share", "rate": "queue_share",
+}
+_TARGET_WORDS = {"recompute_share": "recompute share of input", "loadback_exposed_share":
+                 "exposed load-back share of TTFT", "queue_share": "queueing share of TTFT"}
 
 
 @dataclass(frozen=True)
@@ -75,9 +106,45 @@ class Verified:
     req_id: str | None = None  # set when attached to one request's explain
     ttft_ms_before: float | None = None
     ttft_ms_after: float | None = None
+    target: str | None = None  # the share the change targeted (TARGETS), None: TTFT alone
+    target_before: float | None = None
+    target_after: float | None = None
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
+
+    def numbers(self) -> str:
+        """What the replay measured, in words: TTFT p50 and p99 before -> after, and the target."""
+        text = (f"TTFT p50 {fmt_ms_value(self.ttft_p50_ms_before)} → {fmt_ms_value(self.ttft_p50_ms_after)}"
+                f"{_change(self.ttft_p50_ms_before, self.ttft_p50_ms_after)}, p99 "
+                f"{fmt_ms_value(self.ttft_p99_ms_before)} → {fmt_ms_value(self.ttft_p99_ms_after)}"
+                f"{_change(self.ttft_p99_ms_before, self.ttft_p99_ms_after)}")
+        if self.target is not None:
+            text += (f", {_TARGET_WORDS.get(self.target, self.target)} {fmt_pct(self.target_before)} → "
+                     f"{fmt_pct(self.target_after)}")
+        if self.req_id is not None:
+            text += f"; this request {fmt_ms_value(self.ttft_ms_before)} → {fmt_ms_value(self.ttft_ms_after)}"
+        return text
+
+
+def _change(before: float | None, after: float | None) -> str:
+    if not before or after is None:
+        return ""
+    return f" ({(after - before) / before * 100:+,.1f} %)"
+
+
+def classify(v: Verified) -> str:
+    """confirmed | no_effect | refuted, from what one replay measured against the baseline."""
+    b50, a50, b99, a99 = v.ttft_p50_ms_before, v.ttft_p50_ms_after, v.ttft_p99_ms_before, v.ttft_p99_ms_after
+    if b50 is None or a50 is None:
+        return "no_effect"  # nothing finished on one side: nothing measured to advise on
+    p99_worse = b99 is not None and a99 is not None and a99 > b99 * (1 + P99_TOLERANCE)
+    if a50 >= b50 * (1 + CONFIRM_P50_GAIN) or p99_worse:
+        return "refuted"
+    moved = True  # every target is a share the change must lower (TARGETS)
+    if v.target is not None:
+        moved = v.target_before is not None and v.target_after is not None and v.target_after < v.target_before
+    return "confirmed" if a50 <= b50 * (1 - CONFIRM_P50_GAIN) and moved else "no_effect"
 
 
 @dataclass(frozen=True)
@@ -90,29 +157,73 @@ class Advice:
     evidence: dict = field(default_factory=dict)
     cost_gib: float | None = None  # extra memory (host) or disk (storage) it takes
     cost_kind: str | None = None  # host_memory | disk | None
-    verified: Verified | None = None
+    verified: Verified | None = None  # what a replay measured (whatever its status)
+    status: str = "proposed"  # STATUSES: proposed until `advise` replayed it
+    prediction: str | None = None  # what the rule expects under the run's own rules, in words
+
+    @property
+    def advised(self) -> bool:
+        """Shown as advice: proposed (not tried yet) or confirmed by a replay."""
+        return self.status in ADVISED
 
     def to_json(self) -> dict:
         return {"option": self.option, "value": self.value, "reason": self.reason,
                 "verified": self.verified.to_json() if self.verified else None,
+                "status": self.status, "prediction": self.prediction,
                 "kind": self.kind, "changes": dict(self.changes), "evidence": dict(self.evidence),
                 "cost_gib": self.cost_gib, "cost_kind": self.cost_kind}
 
+    def settings(self) -> str:
+        return ", ".join(f"{k} = {_toml(v)}" for k, v in self.changes.items())
+
     def line(self) -> str:
-        """One line for the terminal: what to set, why, at what cost, and what a replay measured."""
+        """One line for the terminal: what to set, why, at what cost, and what a replay measured
+        ("verified" only for a confirmed item; a tried one that did not help says so instead)."""
         if self.option is None:
             return self.reason
-        sets = ", ".join(f"{k} = {_toml(v)}" for k, v in self.changes.items())
-        text = f"set {sets}: {self.reason}"
+        text = f"set {self.settings()}: {self.reason}"
+        if self.prediction:
+            text += f"; {self.prediction}"
         if self.cost_gib is not None:
             text += f" (costs {self.cost_gib:,.0f} GiB of {'host memory' if self.cost_kind == 'host_memory' else 'disk'})"
         v = self.verified
-        if v is not None:
-            text += (f" — verified by run {v.run_id}: TTFT p50 {fmt_ms_value(v.ttft_p50_ms_before)} → "
-                     f"{fmt_ms_value(v.ttft_p50_ms_after)}")
-            if v.req_id is not None:
-                text += f", this request {fmt_ms_value(v.ttft_ms_before)} → {fmt_ms_value(v.ttft_ms_after)}"
+        if v is not None and self.status == "confirmed":
+            text += f" — verified by run {v.run_id}: {v.numbers()}"
+        elif v is not None:
+            text += f" — tried in run {v.run_id}, {self.status.replace('_', ' ')}: {v.numbers()}"
         return text
+
+    def tried_line(self) -> str:
+        """A tried item that is not advice: what it set, what the replay measured, and why not."""
+        v = self.verified
+        why = {"refuted": "it made TTFT worse", "no_effect": _no_effect_why(self)}.get(self.status, self.status)
+        return (f"{self.settings()} ({self.kind}): {why} — run {v.run_id if v else '?'}: "
+                + (v.numbers() if v else "not measured"))
+
+
+def _no_effect_why(a: "Advice") -> str:
+    v = a.verified
+    if v is None or v.ttft_p50_ms_before is None or v.ttft_p50_ms_after is None:
+        return "nothing was measured"
+    if v.ttft_p50_ms_after > v.ttft_p50_ms_before * (1 - CONFIRM_P50_GAIN):
+        return f"TTFT p50 did not improve by {fmt_pct(CONFIRM_P50_GAIN)}"
+    if a.kind == "combined":
+        return "together they were no better than the best of them alone"
+    return f"TTFT improved but the {_TARGET_WORDS.get(v.target, v.target)} it targeted did not fall"
+
+
+def advised(items: tuple["Advice", ...]) -> tuple["Advice", ...]:
+    return tuple(a for a in items if a.advised)
+
+
+def tried_not_advised(items: tuple["Advice", ...]) -> tuple["Advice", ...]:
+    return tuple(a for a in items if not a.advised)
+
+
+def advice_json(items: tuple["Advice", ...]) -> dict:
+    """`advice` (proposed and confirmed) and `tried_not_advised` (no_effect, refuted) of --json."""
+    return {"advice": [a.to_json() for a in advised(items)],
+            "tried_not_advised": [a.to_json() for a in tried_not_advised(items)]}
 
 
 def fmt_ms_value(ms: float | None) -> str:
@@ -218,16 +329,23 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
         cover = _covered(deciles, want if inclusive else device + want)
         out.append(Advice("capacity", "host_tokens", want, {"host_tokens": want},
                           f"{why}; a {fmt_tokens(want)}-token host pool keeps {fmt_pct(cover)} of them",
-                          evidence, _gib(want - host, kv), "host_memory"))
+                          evidence, _gib(want - host, kv), "host_memory",
+                          prediction=f"predicted under LRU: keeps ~{fmt_tokens(int((cover or 0) * lo.deleted_from_host_tokens))} "
+                                     f"of the {fmt_tokens(lo.deleted_from_host_tokens)} tokens deleted from host"))
         return out
-    if limit > host * 3 // 2:
-        cover = _covered(deciles, limit if inclusive else device + limit)
+    cover = _covered(deciles, limit if inclusive else device + limit)
+    kept = int((cover or 0) * lo.deleted_from_host_tokens)
+    # Predicted under LRU: the largest host pool the server holds keeps only the re-references
+    # whose reuse distance fits it; below the rule's threshold of input it is not proposed.
+    if limit > host * 3 // 2 and _significant(kept, lo.input_tokens):
         out.append(Advice("capacity", "host_tokens", limit, {"host_tokens": limit},
                           f"{why}; {fmt_tokens(limit)} tokens ({fmt_bytes(limit * kv)}, the most host memory "
                           + ("a server beside one GPU carries" if host_limit_bytes == HOST_POOL_LIMIT_BYTES else
                              f"of the {fmt_bytes(host_limit_bytes)} the server holds for KV")
                           + f") keep {fmt_pct(cover)} of them",
-                          evidence, _gib(limit - host, kv), "host_memory"))
+                          evidence, _gib(limit - host, kv), "host_memory",
+                          prediction=f"predicted under LRU: keeps ~{fmt_tokens(kept)} of the "
+                                     f"{fmt_tokens(lo.deleted_from_host_tokens)} tokens deleted from host"))
     storage = int(ctx.config.get("storage_tokens") or 0)
     want_storage = _pow2_at_least(target, page)
     # A storage tier pays when fetching a token from disk is cheaper than recomputing it, or
@@ -248,7 +366,23 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
         host_for_room = min(_pow2_at_least(2 * device, page), limit) if kv else 2 * device
         if host_for_room <= device:
             return out
-    if want_storage > storage and pays:
+    # Predicted under the run's own prefetch rules: a request's lost prefix comes back from
+    # storage only if its prefetch starts (match >= prefetch_threshold) and is admitted (what
+    # prefetches hold in flight stays under PREFETCH_ROOM_SHARE x (host - device): a prefix
+    # larger than that room alone is rate_limited, every time). Grow the host room for the
+    # p90 request where the server has the memory; not proposed where the prefetches that
+    # would be admitted keep less than the rule's threshold of input.
+    sizes = lo.lost_request_deciles_tokens
+    threshold = int(ctx.config.get("prefetch_threshold") or 0)
+    if sizes and kv:
+        needed = _pow2_at_least(device + int(sizes[9] / PREFETCH_ROOM_SHARE) + 1, page)
+        if needed > host_for_room and needed <= limit:
+            host_for_room = needed
+    room_for = int(PREFETCH_ROOM_SHARE * (host_for_room - device))
+    admitted = (max((_covered(sizes, room_for) or 0) - (_covered(sizes, threshold - 1) or 0), 0.0)
+                if sizes else 1.0)
+    kept_storage = int(admitted * (lo.lost_tokens or lo.deleted_from_host_tokens))
+    if want_storage > storage and pays and _significant(kept_storage, lo.input_tokens):
         changes = {"storage_tokens": want_storage, "prefetch_policy": "wait_complete"}
         room_note = ""
         if host_for_room != host:
@@ -270,7 +404,12 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
                              if disk_per_token_ns is not None and disk_per_token_ns < recompute_per_token_ns else
                              f"the prefill GPU was {fmt_pct(ctx.prefill_busy_share)} busy: the fetch runs beside it")
                           + ")" + room_note,
-                          {**evidence, "prefetch_room_tokens": room}, _gib(want_storage - storage, kv), "disk"))
+                          {**evidence, "prefetch_room_tokens": room, "prefetch_room_after_tokens": room_for},
+                          _gib(want_storage - storage, kv), "disk",
+                          prediction=(f"predicted under the run's prefetch rules (admitted while in flight < "
+                                      f"{fmt_pct(PREFETCH_ROOM_SHARE)} of host beyond device = "
+                                      f"{fmt_tokens(room_for)} tokens; prefetch_threshold {fmt_tokens(threshold)}): "
+                                      f"keeps ~{fmt_tokens(kept_storage)} of the lost tokens")))
     return out
 
 
@@ -311,7 +450,42 @@ def _page_size(ctx: RunContext) -> list[Advice]:
          "bytes_per_run": tr.bytes_per_run, "bytes_per_page": tr.bytes_per_page, "loadback_exposed_ms": ns_to_ms(tr.loadback_exposed_ns)})]
 
 
-RULES = (_prefetch, _write_policy, _capacity, _eviction_policy, _page_size)
+def _rate(ctx: RunContext) -> list[Advice]:
+    """The offered prefill exceeded the GPU for a material share of the run (capacity.py): no
+    cache setting removes that queue. The verifiable change is the rate: the replay's
+    time_scale spreads the arrivals until the busiest window is offered TARGET_LOAD of the GPU."""
+    cap = ctx.capacity
+    if cap is None or not cap.overloaded:
+        return []
+    current = float(ctx.config.get("time_scale") or 1.0)
+    want = _round_up_2(cap.time_scale_for(current))
+    if want > MAX_TIME_SCALE or want <= current:
+        return []
+    return [Advice(
+        "rate", "time_scale", want, {"time_scale": want},
+        f"offered prefill was {cap.overload_factor:,.1f}× one GPU for {fmt_pct(cap.overloaded_share)} of the run "
+        f"({fmt_ms(cap.window_ns)} windows, recompute excluded; {cap.material_load:,.1f}× or more in "
+        f"{fmt_pct(MATERIAL_SHARE)} of them): no cache setting removes that queue; time_scale {want:g} spreads "
+        f"the arrivals {want / current:,.2g}× (in production: that much less traffic per GPU, or more GPUs; "
+        f"`--dp` replays that once the deployment engine lands)",
+        {"overloaded_share": cap.overloaded_share, "overload_factor": cap.overload_factor,
+         "material_load": cap.material_load, "peak_load": cap.peak_load, "window_ms": ns_to_ms(cap.window_ns),
+         "time_scale": current},
+        prediction=(f"predicted: fewer than {fmt_pct(MATERIAL_SHARE)} of the windows offered more than "
+                    f"{fmt_pct(TARGET_LOAD)} of the GPU, so the queue that capacity made goes"))]
+
+
+def _round_up_2(x: float) -> float:
+    """Up to two significant digits (3.41 -> 3.5, 62.3 -> 63): a time_scale a user can type."""
+    import math
+
+    if x <= 0:
+        return x
+    e = math.floor(math.log10(x)) - 1
+    return round(math.ceil(round(x / 10 ** e, 9)) * 10 ** e, max(-e, 0))
+
+
+RULES = (_rate, _prefetch, _write_policy, _capacity, _eviction_policy, _page_size)
 
 
 def _nothing(ctx: RunContext) -> Advice:
@@ -332,8 +506,13 @@ def _nothing(ctx: RunContext) -> Advice:
 
 
 def propose(ctx: RunContext, *, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) -> tuple[Advice, ...]:
-    """Every rule that fires, biggest loss first; else the one "nothing to change" item."""
+    """Every rule that fires, biggest loss first; else the one "nothing to change" item. The
+    rate leads only where the requests' queues were not the cache's doing (story.py): where
+    they were, the cache rules come first and the rate after them."""
     items = [a for rule in RULES for a in (rule(ctx, host_limit_bytes) if rule is _capacity else rule(ctx))]
+    top = ctx.story.top if ctx.story is not None else None
+    if top is not None and (top.caches_doing or top.cause == "recompute"):
+        items = [a for a in items if a.kind != "rate"] + [a for a in items if a.kind == "rate"]
     return tuple(items) if items else (_nothing(ctx),)
 
 
@@ -348,16 +527,73 @@ def config_changes(base: dict, other: dict) -> dict:
     return {k: v for k, v in other.items() if k not in _NOT_CHANGES and base.get(k) != v}
 
 
-def _run_numbers(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple:
-    return con.execute(
+def _run_numbers(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
+    r = con.execute(
         "SELECT quantile_disc(ttft_ns, 0.5), quantile_disc(ttft_ns, 0.99), "
-        "sum(recomputed_tokens) / nullif(sum(input_tokens), 0) FROM requests "
-        "WHERE run_id = ? AND status = 'finished' AND ttft_ns IS NOT NULL", [run_id]).fetchone()
+        "sum(recomputed_tokens) / nullif(sum(input_tokens), 0), "
+        "sum(loadback_exposed_ns) / nullif(sum(ttft_ns), 0), sum(queue_ns) / nullif(sum(ttft_ns), 0) "
+        "FROM requests WHERE run_id = ? AND status = 'finished' AND ttft_ns IS NOT NULL", [run_id]).fetchone()
+    return {"p50": r[0], "p99": r[1], "recompute_share": r[2], "loadback_exposed_share": r[3], "queue_share": r[4]}
+
+
+def _measured(base: dict, after: dict, rid: str, kind: str, req: tuple | None) -> Verified:
+    target = TARGETS.get(kind)
+    before_req, after_req = req[:2] if req is not None else (None, None)
+    return Verified(
+        run_id=rid, ttft_p50_ms_before=ns_to_ms(base["p50"]), ttft_p50_ms_after=ns_to_ms(after["p50"]),
+        ttft_p99_ms_before=ns_to_ms(base["p99"]), ttft_p99_ms_after=ns_to_ms(after["p99"]),
+        recompute_share_before=base["recompute_share"], recompute_share_after=after["recompute_share"],
+        req_id=None if req is None else req[2], ttft_ms_before=ns_to_ms(before_req),
+        ttft_ms_after=ns_to_ms(after_req), target=target,
+        target_before=base.get(target) if target else None, target_after=after.get(target) if target else None)
+
+
+def _gain(a: Advice) -> float:
+    v = a.verified
+    if v is None or not v.ttft_p50_ms_before or v.ttft_p50_ms_after is None:
+        return 0.0
+    return (v.ttft_p50_ms_before - v.ttft_p50_ms_after) / v.ttft_p50_ms_before
+
+
+# A config key -> the kind of advice that changes it (for a tried change no proposal names).
+_KEY_KINDS = {"storage_tokens": "storage_tier", "host_tokens": "capacity", "prefetch_policy": "prefetch",
+              "write_policy": "write_policy", "eviction_policy": "eviction_policy", "page_size": "page_size",
+              "time_scale": "rate"}
+
+
+def _kind_of(changes: dict) -> str:
+    kinds = {_KEY_KINDS.get(k, "other") for k in changes}
+    if "storage_tier" in kinds:  # a storage tier comes with its prefetch policy and host room
+        return "storage_tier"
+    return kinds.pop() if len(kinds) == 1 else "combined"
+
+
+def combination(items: tuple[Advice, ...]) -> Advice | None:
+    """The confirmed items (the COMBINE_MAX best by p50 gain) as one change, or None with fewer
+    than two. Where two set the same key (a host pool for capacity and for a storage tier's
+    prefetch room), the larger number wins; other values, the better item's."""
+    best = sorted((a for a in items if a.status == "confirmed" and a.kind != "combined"), key=_gain,
+                  reverse=True)[:COMBINE_MAX]
+    if len(best) < 2:
+        return None
+    changes: dict = {}
+    for a in best:
+        for k, v in a.changes.items():
+            old = changes.get(k)
+            if old is None or (isinstance(v, int) and isinstance(old, int) and not isinstance(v, bool) and v > old):
+                changes[k] = v
+    first = next(iter(changes))
+    return Advice("combined", first, changes[first], changes,
+                  "together: " + "; ".join(f"{a.settings()} ({a.kind}, TTFT p50 {fmt_pct(_gain(a))} better alone)"
+                                           for a in best),
+                  {"parts": [a.kind for a in best]})
 
 
 def verified_advice(con: duckdb.DuckDBPyConnection, run, advice: tuple[Advice, ...],
                     req_id: str | None = None) -> tuple[Advice, ...]:
-    """Attach what `advise` measured (its runs under advise_sweep_id) to the matching items."""
+    """Attach what `advise` measured (its runs under advise_sweep_id) to the matching items, each
+    with its status (module doc); the combination of the confirmed ones, where it was replayed,
+    first when it is confirmed too."""
     import dataclasses
     import json
 
@@ -370,23 +606,40 @@ def verified_advice(con: duckdb.DuckDBPyConnection, run, advice: tuple[Advice, .
     for rid, cfg in rows:  # the newest run of each change wins
         by_changes[json.dumps(config_changes(run.config, json.loads(cfg or "{}")), sort_keys=True)] = rid
     base = _run_numbers(con, run.run_id)
-    before_req = after_req = None
-    out = []
-    for a in advice:
+    q = "SELECT ttft_ns FROM requests WHERE run_id = ? AND req_id = ?"
+
+    def measure(a: Advice) -> Advice:
         rid = by_changes.get(json.dumps(a.changes, sort_keys=True)) if a.option else None
         if rid is None:
-            out.append(a)
-            continue
-        after = _run_numbers(con, rid)
+            return a
+        req = None
         if req_id is not None:
-            q = "SELECT ttft_ns FROM requests WHERE run_id = ? AND req_id = ?"
-            before_req = (con.execute(q, [run.run_id, req_id]).fetchone() or [None])[0]
-            after_req = (con.execute(q, [rid, req_id]).fetchone() or [None])[0]
-        out.append(dataclasses.replace(a, verified=Verified(
-            run_id=rid, ttft_p50_ms_before=ns_to_ms(base[0]), ttft_p50_ms_after=ns_to_ms(after[0]),
-            ttft_p99_ms_before=ns_to_ms(base[1]), ttft_p99_ms_after=ns_to_ms(after[1]),
-            recompute_share_before=base[2], recompute_share_after=after[2], req_id=req_id,
-            ttft_ms_before=ns_to_ms(before_req), ttft_ms_after=ns_to_ms(after_req))))
+            req = ((con.execute(q, [run.run_id, req_id]).fetchone() or [None])[0],
+                   (con.execute(q, [rid, req_id]).fetchone() or [None])[0], req_id)
+        v = _measured(base, _run_numbers(con, rid), rid, a.kind, req)
+        return dataclasses.replace(a, verified=v, status=classify(v))
+
+    out = [measure(a) for a in advice]
+    together = combination(tuple(out))
+    if together is not None:
+        together = measure(together)
+    # Candidates of an earlier advise that no proposal of now matches (other --host-memory, a
+    # rule since changed): tried all the same, so shown with what they measured.
+    known = {json.dumps(a.changes, sort_keys=True) for a in out + ([together] if together else [])}
+    for key in by_changes:
+        changes = json.loads(key)
+        if key not in known and changes:
+            first = next(iter(changes))
+            out.append(measure(Advice(_kind_of(changes), first, changes[first], changes,
+                                      "replayed by an earlier `tierdiag advise` of this run")))
+    if together is not None:
+        if together.verified is not None:
+            # Worth advising only where it beats the best of its parts alone by the same margin
+            # a change must beat the baseline by: p50 after <= best alone's x (1 - CONFIRM_P50_GAIN).
+            best_alone = 1 - max(_gain(a) for a in out if a.status == "confirmed")
+            if together.status == "confirmed" and 1 - _gain(together) > best_alone * (1 - CONFIRM_P50_GAIN):
+                together = dataclasses.replace(together, status="no_effect")
+            out.insert(0 if together.status == "confirmed" else len(out), together)
     return tuple(out)
 
 
@@ -427,5 +680,6 @@ def run_numbers(con: duckdb.DuckDBPyConnection, run_id: str) -> RunNumbers:
                       {"device": share(r[3], n), "host": share(r[4], n), "storage": share(r[5], n)}, r[7])
 
 
-__all__ = ["Advice", "Verified", "propose", "run_advice", "verified_advice",
+__all__ = ["Advice", "Verified", "propose", "run_advice", "verified_advice", "classify", "combination",
+           "advised", "tried_not_advised", "advice_json", "STATUSES",
            "advise_sweep_id", "config_changes", "NEAR_PEAK_SHARE", "fmt_ms_value", "RunNumbers", "run_numbers"]

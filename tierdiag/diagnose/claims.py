@@ -20,13 +20,13 @@ from dataclasses import dataclass
 
 from tierdiag.diagnose.context import CONTEXT_LOOKBACK_NS, QueueAttribution, RequestContext
 from tierdiag.diagnose.runcontext import RunContext
+from tierdiag.diagnose.story import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE  # noqa: F401 - the rule's, re-exported
 from tierdiag.units import NS_PER_S, fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, share
 
-# The queue is called the cache's doing when recomputing once-cached tokens took at least this
-# share of the GPU time a request waited behind, on a prefill GPU at least BUSY_SHARE busy:
-# queueing grows steeply with load, so that share of the work is what made the wait.
-RECOMPUTE_QUEUE_SHARE = 0.2
-BUSY_SHARE = 0.7
+# The queue is called the cache's doing when recomputing once-cached tokens took at least
+# RECOMPUTE_QUEUE_SHARE of the GPU time a request waited behind, on a prefill GPU at least
+# BUSY_SHARE busy: queueing grows steeply with load, so that share of the work is what made the
+# wait. Defined once in story.py (imported above), which applies the same rule to every request.
 # A load-back at or above this share of the link's peak is as fast as the link goes.
 NEAR_PEAK_SHARE = 0.8
 # Run-level: a removal reason is named when it holds at least this share of the removed tokens.
@@ -229,7 +229,7 @@ def recompute_reasons(row: dict, threshold: int | None, host_deleted_tokens: int
 def recompute_claim(row: dict, threshold: int | None, host_deleted_tokens: int, storage_tier: bool) -> Claim:
     recomputed = _int(row, "recomputed_tokens")
     why = recompute_reasons(row, threshold, host_deleted_tokens, storage_tier)
-    rec_ns, ttft = _int(row, "recompute_ns"), _int(row, "ttft_ns")
+    rec_ns, ttft = recompute_cost_ns(row), _int(row, "ttft_ns")
     return Claim("recompute", f"{fmt_tokens(recomputed)} tokens that had been cached before were computed again: "
                               f"{'; '.join(why)}; that took {fmt_ms(rec_ns)} ({_pct_of(rec_ns, ttft)} of TTFT).")
 
@@ -237,12 +237,40 @@ def recompute_claim(row: dict, threshold: int | None, host_deleted_tokens: int, 
 # --------------------------------------------------------------------------- counterfactuals
 
 
+def recompute_cost_ns(row: dict) -> int:
+    """What recomputing its once-cached tokens really cost.
+
+    The engine splits each prefill chunk's compute between the recomputed and the new tokens
+    by token count, but a token's cost grows with its position in the context (attention over
+    all before it), and the new tokens come last::
+
+        context   [ device | recomputed ........ | new ... ]
+        cost/tok    -        lower                 highest
+
+    Its ideal prices the new tokens at their real positions (everything before them resident),
+    so they cost at least that: the new part is max(compute, ideal) (never more than all of
+    it), and recompute is the rest. A counterfactual without the recompute is then never below
+    the ideal."""
+    rec, comp = _int(row, "recompute_ns"), _int(row, "compute_ns")
+    new = max(comp, min(_int(row, "ideal_ttft_ns"), comp + rec))
+    return comp + rec - new
+
+
 def never_evicted_ns(row: dict) -> int | None:
     """TTFT had every once-cached or loaded token been device-resident, the same queue ahead."""
     if row.get("ttft_ns") is None:
         return None
-    return (_int(row, "ttft_ns") - _int(row, "recompute_ns") - _int(row, "loadback_exposed_ns")
+    return (_int(row, "ttft_ns") - recompute_cost_ns(row) - _int(row, "loadback_exposed_ns")
             - _int(row, "storage_wait_ns"))
+
+
+def fmt_ms_pair(a: int, b: int) -> tuple[str, str]:
+    """Two times as text that differ when the times do: where their rounding hides the
+    difference, the second says it ("7.5 h (11.95 s less)" rather than "7.5 h instead of 7.5 h")."""
+    ta, tb = fmt_ms(a), fmt_ms(b)
+    if ta == tb and a != b:
+        ta += f" ({fmt_ms(abs(b - a))} {'less' if a < b else 'more'})"
+    return ta, tb
 
 
 def counterfactual_claim(row: dict) -> Claim | None:
@@ -251,9 +279,9 @@ def counterfactual_claim(row: dict) -> Claim | None:
     if not tiered and not recomputed:
         return None
     ttft = _int(row, "ttft_ns")
+    would, was = fmt_ms_pair(never_evicted_ns(row), ttft)
     text = (f"Had its prefix never been evicted ({fmt_tokens(tiered + recomputed)} tokens device-resident instead of "
-            f"loaded or recomputed, the same queue ahead), TTFT would have been {fmt_ms(never_evicted_ns(row))} "
-            f"instead of {fmt_ms(ttft)}")
+            f"loaded or recomputed, the same queue ahead), TTFT would have been {would} instead of {was}")
     if tiered and row.get("recompute_instead_ns") is not None:
         if recomputed and row.get("ttft_if_device_resident_ns") is not None:
             text += (f"; with only its {fmt_tokens(tiered)} loaded tokens device-resident, "
@@ -262,8 +290,11 @@ def counterfactual_claim(row: dict) -> Claim | None:
     return Claim("counterfactual", text + ".")
 
 
-def break_even_claim(row: dict, link_peak_share: float | None, achieved_bytes_per_s: float | None) -> Claim | None:
-    """Load-back vs recompute for the tokens it loaded: which was cheaper, by how much."""
+def break_even_claim(row: dict, link_peak_share: float | None, achieved_bytes_per_s: float | None,
+                     cause: str | None = None) -> Claim | None:
+    """Load-back vs recompute for the tokens it loaded: which was cheaper, by how much. Where
+    load-back is the request's primary cause, a fast link is not "nothing to fix": it says why
+    both hold (the link is not what to fix; the tokens' being off the device is)."""
     tiered = _int(row, "host_hit_tokens") + _int(row, "storage_hit_tokens")
     lb_ns = _int(row, "loadback_ns")
     if not tiered or not lb_ns or row.get("recompute_instead_ns") is None or row.get("ttft_if_device_resident_ns") is None:
@@ -278,7 +309,10 @@ def break_even_claim(row: dict, link_peak_share: float | None, achieved_bytes_pe
     if recompute_cost > lb_ns:
         text += f": load-back was {recompute_cost / lb_ns:,.1f}× cheaper"
         if link_peak_share is not None and link_peak_share >= NEAR_PEAK_SHARE:
-            text += ", and the link ran near its peak: nothing to fix in the load-back"
+            text += (", and the link ran near its peak: the load-back itself cannot go faster; what would lower "
+                     "this request's TTFT is having those tokens on the device (a larger device pool), since "
+                     "load-back is its largest part" if cause == "load_back" else
+                     ", and the link ran near its peak: nothing to fix in the load-back")
     elif recompute_cost > 0:
         text += f": recomputing would have been {lb_ns / recompute_cost:,.1f}× cheaper"
     return Claim("break_even", text + ".")
@@ -333,3 +367,82 @@ def loss_why(run: RunContext | None) -> str | None:
         parts.append(f"{fmt_tokens(n)} were matched in storage but not used ({reason})")
     return text + (": " + "; ".join(parts) if parts else "")
 
+
+
+# --------------------------------------------------------------------------- the run's verdict
+#
+# Every sentence of the run's diagnosis is a Claim built here from named numbers: the requests'
+# own verdicts (story.RunStory), the offered load (capacity.Capacity) and the run's evidence.
+
+
+_RUN_WAIT_WORDS = {"recompute": "recomputing once-cached tokens", "new_compute": "computing new tokens",
+                   "load_back": "on exposed load-backs", "write_back": "blocked on write-backs",
+                   "idle": "idle (no prefill batch: requests held for memory or storage)"}
+
+
+def capacity_claim(cap) -> Claim:
+    """Offered prefill above one GPU for a material share of the run: named first."""
+    return Claim("capacity", (
+        f"Offered prefill was {cap.overload_factor:,.1f}× one GPU for {fmt_pct(cap.overloaded_share)} of the run "
+        f"(the ideal prefill of the requests arriving in each {fmt_ms(cap.window_ns)} window, recompute "
+        f"excluded; {cap.peak_load:,.1f}× at the busiest): no cache setting removes this queue, only a lower "
+        f"request rate or more GPUs."))
+
+
+def verdicts_claim(story) -> Claim:
+    """Which verdicts carry the run's excess TTFT, largest first (up to three)."""
+    named = [v for v in story.verdicts if v.excess_ns > 0][:3]
+    parts = [f"{v.label} {fmt_pct(v.excess_share)} ({v.num_requests:,} request{'s' if v.num_requests != 1 else ''})"
+             for v in named]
+    return Claim("verdicts", "By the requests' own verdicts, the run's excess TTFT "
+                             f"({fmt_ms(story.excess_total_ns)}) is " + ", ".join(parts) + ".")
+
+
+def queued_wait_claim(story, run_busy_share: float | None) -> Claim:
+    """Around the queued requests (their own windows, excess-weighted) and what their wait was."""
+    parts = sorted(((k, v) for k, v in story.queued_wait_parts_ns.items() if v > 0), key=lambda kv: -kv[1])
+    text = (f"Around the requests that queued, the prefill GPU was {fmt_pct(story.queued_busy_share)} busy "
+            f"(each in its own window, weighted by its excess")
+    text += f"; {fmt_pct(run_busy_share)} over the run's whole span, idle time included)" if run_busy_share is not None \
+        else ")"
+    if parts:
+        text += "; of their wait it spent " + ", ".join(
+            f"{fmt_pct(share(v, story.queued_wait_ns))} {_RUN_WAIT_WORDS[k]}" for k, v in parts)
+    return Claim("queued_wait", text + ".")
+
+
+def queue_cause_claim(story, overloaded: bool, why: str | None) -> Claim:
+    """Whose doing the queue was, as the queued requests' own attributions say, by excess."""
+    doing = story.caches_doing_share or 0.0
+    if doing >= 0.5:
+        text = (f"The queue was the cache's doing: for {fmt_pct(doing)} of the excess the queued requests carry, "
+                f"recompute of once-cached tokens took at least {fmt_pct(RECOMPUTE_QUEUE_SHARE)} of the GPU time "
+                f"they waited behind, on a GPU at least {fmt_pct(BUSY_SHARE)} busy around them")
+        if overloaded:
+            text += " (both hold: the offered load alone exceeded the GPU, and recompute added to it)"
+        return Claim("queue_cause", text + (f"; {why}." if why else "."))
+    busy = story.queued_busy_share or 0.0
+    rec = story.wait_share("recompute") or 0.0
+    if overloaded:
+        reason = "the GPU was offered more prefill than it can do"
+    elif busy < BUSY_SHARE:
+        reason = (f"the GPU was {fmt_pct(busy)} busy around them, below {fmt_pct(BUSY_SHARE)}: they waited for "
+                  f"memory or storage, or in a short burst")
+    elif rec < RECOMPUTE_QUEUE_SHARE:
+        reason = f"recompute took {fmt_pct(rec)} of their wait, below {fmt_pct(RECOMPUTE_QUEUE_SHARE)}"
+    else:
+        reason = "the requests carrying most of it waited behind other work"
+    return Claim("queue_cause", f"The queue was not the cache's doing for {fmt_pct(1 - doing)} of the excess the "
+                                f"queued requests carry: {reason}.")
+
+
+def evicted_while_waiting_claim(story) -> Claim | None:
+    """Requests that lost their prefix after they arrived, while they waited (a named finding)."""
+    n = story.evicted_while_waiting_requests
+    if not n:
+        return None
+    return Claim("evicted_while_waiting", (
+        f"{n:,} request{'s' if n != 1 else ''} lost {'their' if n != 1 else 'its'} prefix after arriving, while "
+        f"waiting to be scheduled ({fmt_pct(share(story.evicted_while_waiting_excess_ns, story.excess_total_ns))} "
+        f"of the excess TTFT): the wait let the pool evict it, so the queue, not only the pool size, cost the "
+        f"recompute."))

@@ -10,11 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tierdiag.diagnose.advice import Advice
-from tierdiag.diagnose.claims import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE, loss_why
+from tierdiag.diagnose.advice import Advice, advice_json
+from tierdiag.diagnose import claims as C
+from tierdiag.diagnose.capacity import Capacity
+from tierdiag.diagnose.claims import loss_why
 from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.diagnose.numbers import CauseShare, RunSummary
-from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, share
+from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,8 @@ class RunDiagnosis:
     numbers, the causes ranked by their part of the excess and the sentences that back the
     largest one (the report's verdict card)."""
 
-    dominant_cause: str | None  # the root cause (often not the largest part: recompute makes a queue)
+    dominant_cause: str | None  # the root cause (often not the largest part: recompute makes a queue;
+    #                             "capacity": the offered prefill exceeded the GPU)
     proximate_cause: str | None  # the part of the run's excess TTFT that is largest
     finding: str | None
     advice: tuple[Advice, ...]
@@ -33,6 +36,8 @@ class RunDiagnosis:
     facts: tuple[str, ...] = ()  # sentences from the run's numbers backing proximate_cause
     excess_total_ns: int = 0
     ttft_total_ns: int = 0
+    claims: tuple = ()  # claims.Claim: the finding's sentences, each from named numbers
+    capacity: Capacity | None = None  # offered prefill against the GPU (capacity.py)
 
     @property
     def dominant(self) -> str | None:
@@ -49,59 +54,89 @@ class RunDiagnosis:
         return self.ranked[0].excess_share if self.ranked else None
 
     def to_json(self) -> dict:
+        cap = self.capacity
         return {"dominant_cause": self.dominant_cause, "proximate_cause": self.proximate_cause,
-                "finding": self.finding, "advice": [a.to_json() for a in self.advice]}
-
-
-_WAIT_WORDS_RUN = {"recompute": "recomputing once-cached tokens", "new_compute": "computing new tokens",
-                   "load_back": "on exposed load-backs", "write_back": "blocked on write-backs",
-                   "storage_wait": "idle while prefetches ran", "decode": "idle while decoding requests held memory",
-                   "idle": "idle (waiting for memory or storage)"}
+                "finding": self.finding, **advice_json(self.advice),
+                "claims": [c.to_json() for c in self.claims],
+                "capacity": None if cap is None else {
+                    "overloaded": cap.overloaded, "overloaded_share": cap.overloaded_share,
+                    "overload_factor": cap.overload_factor, "peak_load": cap.peak_load,
+                    "material_load": cap.material_load,
+                    "mean_load": cap.mean_load, "window_ms": ns_to_ms(cap.window_ns),
+                    "offered_ms": ns_to_ms(cap.offered_ns)}}
 
 
 def diagnose_run(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple[Advice, ...]) -> RunDiagnosis:
-    """`excess_parts_ns`: cause -> the run total of the excess part it owns (summary's table)."""
+    """`excess_parts_ns`: cause -> the run total of the excess part it owns (summary's table).
+
+    The verdict is the requests' (ctx.story: each request's own primary cause and queue
+    attribution, weighted by its excess TTFT), led by capacity when the offered prefill exceeded
+    the GPU for a material share of the run; each sentence is a claim (claims.py). A store
+    without per-batch records (no story) falls back on the run's excess parts."""
     total = sum(excess_parts_ns.values())
+    cap = ctx.capacity if ctx.capacity is not None and ctx.capacity.overloaded else None
     if not ctx.num_finished or total <= 0:
         return RunDiagnosis("none" if ctx.num_finished else None, None,
                             "no request was slower than its ideal." if ctx.num_finished else "no finished request.",
-                            advice)
+                            advice, capacity=ctx.capacity)
+    story = ctx.story
+    if story is None or story.top is None or not story.excess_total_ns:
+        return _from_parts(ctx, excess_parts_ns, advice, cap)
+    top = story.top
+    why = loss_why(ctx)
+    claims: list[C.Claim] = [C.capacity_claim(cap)] if cap is not None else []
+    claims.append(C.verdicts_claim(story))
+    queued_share = share(story.queued_excess_ns, story.excess_total_ns) or 0.0
+    if top.cause == "queueing" or queued_share >= MATERIAL_QUEUE_SHARE:
+        claims.append(C.queued_wait_claim(story, ctx.prefill_busy_share))
+        claims.append(C.queue_cause_claim(story, cap is not None, why))
+    if top.cause == "recompute":
+        claims.append(C.Claim("recompute", "Recomputing once-cached tokens is the largest part of the slow requests' "
+                                           "TTFT" + (f"; {why}." if why else ".")))
+    elif top.cause == "load_back":
+        claims.append(C.Claim("load_back", f"Load-backs ran at {fmt_pct(ctx.transfers.link_peak_share)} of link peak."))
+    waited = C.evicted_while_waiting_claim(story)
+    if waited is not None:
+        claims.append(waited)
+    if top.cause == "queueing" and top.caches_doing:
+        dominant = "recompute"
+    elif cap is not None and top.cause in ("queueing", "none"):
+        dominant = "capacity"
+    else:
+        dominant = top.cause
+    return RunDiagnosis(dominant, top.cause, " ".join(c.text for c in claims), advice, claims=tuple(claims),
+                        capacity=ctx.capacity)
+
+
+# Queueing is told (around the queued requests, whose doing) when the requests whose verdict it
+# is carry at least this share of the excess, even when another verdict carries more.
+MATERIAL_QUEUE_SHARE = 0.25
+
+
+def _from_parts(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple[Advice, ...], cap) -> RunDiagnosis:
+    """Without the requests' own attributions (no per-batch records): the largest excess part."""
+    total = sum(excess_parts_ns.values())
     proximate = max(excess_parts_ns, key=lambda k: excess_parts_ns[k])
     pshare = share(excess_parts_ns[proximate], total)
-    lo = ctx.losses
     why = loss_why(ctx)
-    rq = ctx.attribution_share("recompute")
-    busy = ctx.prefill_busy_share
-    if proximate == "queueing" and rq is not None and rq >= RECOMPUTE_QUEUE_SHARE and (busy or 0) >= BUSY_SHARE:
-        finding = (f"Recompute of lost prefixes made the queue: queueing is {fmt_pct(pshare)} of the run's excess TTFT, "
-                   f"and of the time requests waited, {fmt_pct(rq)} the GPU spent recomputing once-cached tokens "
-                   f"({fmt_tokens(lo.recomputed_tokens)} tokens, {fmt_pct(lo.recomputed_share)} of input, "
-                   f"{fmt_pct(ctx.recompute_share_of_prefill)} of prefill compute) on a prefill GPU "
-                   f"{fmt_pct(busy)} busy ({fmt_pct(busy * (1 - (ctx.recompute_share_of_prefill or 0)))} busy had "
-                   f"it not recomputed them)")
-        finding += f"; {why}." if why else "."
-        return RunDiagnosis("recompute", proximate, finding, advice)
+    claims = [C.capacity_claim(cap)] if cap is not None else []
     if proximate == "queueing":
-        finding = f"Queueing is {fmt_pct(pshare)} of the run's excess TTFT on a prefill GPU {fmt_pct(busy)} busy"
-        if ctx.queue_attribution:
-            top = max(ctx.queue_attribution, key=lambda k: ctx.queue_attribution[k])
-            finding += (f"; while requests waited the GPU was mostly {_WAIT_WORDS_RUN[top]} "
-                        f"({fmt_pct(ctx.attribution_share(top))} of the wait), recomputing once-cached tokens for "
-                        f"{fmt_pct(rq)}: the queue was not the cache's doing.")
-        else:
-            finding += " (this store has no per-batch recompute record, so the wait is not split)."
+        text = (f"Queueing is {fmt_pct(pshare)} of the run's excess TTFT; this store has no per-batch record of "
+                f"what the GPU did while requests waited, so whose doing the queue was is not known.")
     elif proximate == "recompute":
-        finding = (f"Recomputing once-cached tokens is {fmt_pct(pshare)} of the run's excess TTFT"
-                   + (f"; {why}." if why else "."))
+        text = (f"Recomputing once-cached tokens is {fmt_pct(pshare)} of the run's excess TTFT"
+                + (f"; {why}." if why else "."))
     elif proximate == "load_back":
-        tr = ctx.transfers
-        finding = (f"Exposed load-back is {fmt_pct(pshare)} of the run's excess TTFT; load-backs ran at "
-                   f"{fmt_pct(tr.link_peak_share)} of link peak.")
+        text = (f"Exposed load-back is {fmt_pct(pshare)} of the run's excess TTFT; load-backs ran at "
+                f"{fmt_pct(ctx.transfers.link_peak_share)} of link peak.")
     elif proximate == "storage_fetch":
-        finding = f"Waiting for storage prefetches is {fmt_pct(pshare)} of the run's excess TTFT."
+        text = f"Waiting for storage prefetches is {fmt_pct(pshare)} of the run's excess TTFT."
     else:
-        finding = f"Requests' own new-token compute beyond their ideal is {fmt_pct(pshare)} of the run's excess TTFT."
-    return RunDiagnosis(proximate, proximate, finding, advice)
+        text = f"Requests' own new-token compute beyond their ideal is {fmt_pct(pshare)} of the run's excess TTFT."
+    claims.append(C.Claim(proximate, text))
+    dominant = "capacity" if cap is not None and proximate == "queueing" else proximate
+    return RunDiagnosis(dominant, proximate, " ".join(c.text for c in claims), advice, claims=tuple(claims),
+                        capacity=ctx.capacity)
 
 
 # --------------------------------------------------------------------------- backed by the numbers
@@ -133,7 +168,8 @@ def backed(summary: RunSummary, prefill_busy_share: float | None,
         finding=_diagnosis_field(summary, "finding"),
         advice=tuple(items) if isinstance(items, (list, tuple)) else (),
         ranked=ranked, facts=tuple(_FACTS[dominant](summary, prefill_busy_share, busiest) if dominant in _FACTS else ()),
-        excess_total_ns=summary.excess_total_ns, ttft_total_ns=summary.ttft_total_ns)
+        excess_total_ns=summary.excess_total_ns, ttft_total_ns=summary.ttft_total_ns,
+        claims=tuple(_diagnosis_field(summary, "claims") or ()), capacity=_diagnosis_field(summary, "capacity"))
 
 
 def _queueing_facts(summary: RunSummary, busy: float | None, busiest) -> list[str]:

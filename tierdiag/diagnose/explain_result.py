@@ -223,6 +223,8 @@ class Explanation:
             "decomposition": self.decomposition.to_json() if self.decomposition else None,
             "context": self.context.to_json() if self.context else None,
             "queue_attribution_ms": self.queue_attribution.to_json() if self.queue_attribution else None,
-            "advice": [a.to_json() for a in self.advice],
+            # Proposed and confirmed items are advice; tried ones that did not help (DESIGN §6) apart.
+            "advice": [a.to_json() for a in self.advice if a.advised],
+            "tried_not_advised": [a.to_json() for a in self.advice if not a.advised],
             "claims": [c.to_json() for c in self.claims],
         }

@@ -40,8 +40,8 @@ SLOW_LINK_SHARE = 0.5
 SMALL_RUN_BYTES = 1 << 20
 # Fewer pages than this per contiguous run is "fragmented".
 FRAGMENTED_PAGES_PER_RUN = 4
-# Thrashing: at least this share of the tokens the device pool evicted were asked for again,
-# and evictions around this request ran at least as fast as over the whole run.
+# Thrashing: at least this share of the tokens the device pool evicted around this request were
+# asked for again, and evictions there ran at least as fast per busy second as over the run.
 THRASH_REREFERENCED_SHARE = 0.5
 
 
@@ -74,6 +74,12 @@ def _window(row: dict, bounds: tuple[int, int]) -> tuple[int, int]:
     start = _scheduled_ns(row)
     end = max(int(row.get("first_token_ns") or start), start)
     return max(start - WINDOW_NS, bounds[0]), max(min(end + WINDOW_NS, bounds[1]), end)
+
+
+def _window_words(window_ns: int) -> str:
+    """The window `_window` gives, as it is: not "±1 s" when its own wait and prefill widen it."""
+    return (f"from {WINDOW_NS // NS_PER_S} s before it was scheduled to {WINDOW_NS // NS_PER_S} s after its "
+            f"first token, {fmt_ms(window_ns)}")
 
 
 def _per_s(count: float, span_ns: int) -> float | None:
@@ -223,7 +229,7 @@ def step_load_back(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, toke
 
 
 def _load_back_finding(ev: LoadBackEvidence, row: dict) -> str:
-    rate = (f"Around it (±{WINDOW_NS // NS_PER_S} s): {plural(ev.window_loadbacks, 'load-back')}, "
+    rate = (f"Around it ({_window_words(ev.window_ns)}): {plural(ev.window_loadbacks, 'load-back')}, "
             f"{fmt_rate(ev.window_loadbacks_per_s)} vs {fmt_rate(ev.run_loadbacks_per_s)} over the run.")
     if not ev.loaded_tokens and not ev.loadback_bytes:
         if row.get("loadback_skipped_reason"):
@@ -247,7 +253,7 @@ def _load_back_finding(ev: LoadBackEvidence, row: dict) -> str:
                    f"contiguous run, per-transfer overhead dominates")
     if ev.fragmented:
         why.append(f"fragmented: {ev.loadback_runs:,} runs for {ev.loadback_pages:,} pages")
-    if why and (ev.link_peak_share is None or ev.link_peak_share < SLOW_LINK_SHARE or ev.fragmented):
+    if why and (ev.link_peak_share is None or ev.link_peak_share < SLOW_LINK_SHARE):
         text += " — " + "; ".join(why)
     text += (f". {fmt_ms(ev.exposed_ns)} exposed, {fmt_ms(ev.overlapped_ns)} overlapped with prefill "
              f"compute, {fmt_ms(ev.queued_ns)} queued behind other load-backs.")
@@ -299,7 +305,8 @@ def step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, token
     capacity, host_capacity = pool_size("device"), pool_size("host")
     compared = capacity
     if capacity is not None and host_capacity and any(e.tier != "device" for e in events):
-        compared = capacity + host_capacity
+        # What the write policy lets hold a prefix: host alone under write_through (claims.held_capacity).
+        compared = C.held_capacity(run.config, capacity, host_capacity)[0]
     reuse_distance = None
     if last_access is not None and row.get("arrival_ns") is not None:
         # Tokens the device pool had to allocate for other requests scheduled between the
@@ -317,11 +324,21 @@ def step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, token
         "SELECT count(*), coalesce(sum(tokens), 0) FROM evictions "
         "WHERE run_id = ? AND tier = 'device' AND t_ns BETWEEN ? AND ?", [rid, lo, hi]).fetchone()
     win_n, win_tokens = (int(x or 0) for x in dev)
-    run_n, run_tokens, reref_tokens = (totals.device_evictions, totals.device_evicted_tokens,
-                                       totals.device_rereferenced_tokens)
-    window_rate = _per_s(win_n, hi - lo)
-    run_rate = _per_s(run_n, span_ns)
-    reref = share(reref_tokens, run_tokens)
+    # On the window, not the run: the share of the tokens evicted in it that a request came
+    # back for, and the eviction rate per ns of prefill-busy time, here and over the run (a
+    # rate per wall ns would compare a busy window with a run average diluted by idle hours).
+    win_reref, win_busy, run_busy = con.execute(
+        "SELECT (SELECT coalesce(sum(tokens), 0) FROM evictions WHERE run_id = $r AND tier = 'device' "
+        "        AND t_ns BETWEEN $lo AND $hi AND eviction_id IN "
+        "        (SELECT eviction_id FROM request_evictions WHERE run_id = $r)), "
+        "       (SELECT coalesce(sum(least(t_end_ns, $hi) - greatest(t_start_ns, $lo)), 0) FROM batches "
+        "        WHERE run_id = $r AND t_end_ns > $lo AND t_start_ns < $hi), "
+        "       (SELECT coalesce(sum(t_end_ns - t_start_ns), 0) FROM batches WHERE run_id = $r)",
+        {"r": rid, "lo": lo, "hi": hi}).fetchone()
+    run_n = totals.device_evictions
+    window_rate = _per_s(win_n, int(win_busy or 0) or hi - lo)
+    run_rate = _per_s(run_n, int(run_busy or 0) or span_ns)
+    reref = share(int(win_reref or 0), win_tokens)
     thrashing = (win_n > 0 and reref is not None and reref >= THRASH_REREFERENCED_SHARE
                  and (run_rate is None or (window_rate or 0) >= run_rate))
 
@@ -343,9 +360,10 @@ def step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, token
 
 
 def _eviction_finding(ev: EvictionEvidence, row: dict, tokens: TokenSplit) -> str:
-    pool = (f"Device pool around it (±{WINDOW_NS // NS_PER_S} s): {plural(ev.window_device_evictions, 'eviction')}, "
-            f"{fmt_rate(ev.window_device_evictions_per_s)} vs {fmt_rate(ev.run_device_evictions_per_s)} "
-            f"over the run; {fmt_pct(ev.rereferenced_share)} of the tokens it evicted were asked for again")
+    pool = (f"Device pool around it ({_window_words(ev.window_ns)}): "
+            f"{plural(ev.window_device_evictions, 'eviction')}, {fmt_rate(ev.window_device_evictions_per_s)} "
+            f"vs {fmt_rate(ev.run_device_evictions_per_s)} over the run, per second of prefill-busy time; "
+            f"{fmt_pct(ev.rereferenced_share)} of the tokens it evicted there were asked for again")
     pool += " — thrashing." if ev.thrashing else "."
     if not ev.events:
         if not is_finished(row):
@@ -382,9 +400,13 @@ def _eviction_finding(ev: EvictionEvidence, row: dict, tokens: TokenSplit) -> st
                  f"{fmt_tokens(first.locked_tokens)} locked)")
     text += "."
     if ev.reuse_distance_tokens is not None and ev.compared_capacity_tokens:
-        pools = (f"a {fmt_tokens(ev.device_capacity_tokens)}-token device pool"
-                 if ev.compared_capacity_tokens == ev.device_capacity_tokens
-                 else f"{fmt_tokens(ev.compared_capacity_tokens)} tokens of device + host pools")
+        if not any(e.tier != "device" for e in ev.events):
+            pools = f"a {fmt_tokens(ev.device_capacity_tokens)}-token device pool"
+        elif ev.compared_capacity_tokens == (ev.device_capacity_tokens or 0) + (ev.host_capacity_tokens or 0):
+            pools = f"{fmt_tokens(ev.compared_capacity_tokens)} tokens of device + host pools"
+        else:
+            pools = (f"a {fmt_tokens(ev.compared_capacity_tokens)}-token host pool (write_through keeps a host copy "
+                     f"of the device's: host alone holds a prefix)")
         verdict = ("pools of this size could not have kept it under LRU"
                    if ev.reuse_distance_tokens > ev.compared_capacity_tokens
                    else "it fit, so pressure (locks, bursts) pushed it out")

@@ -72,7 +72,7 @@ def _claims(v: VerdictInputs) -> tuple[C.Claim, ...]:
         out.append(C.recompute_claim(row, v.threshold, evs.host_deleted_tokens, v.storage_tier))
     if evs.evicted_by and (tokens.recomputed_tokens or tokens.host_tokens or tokens.storage_tokens):
         out.append(C.evicted_by_claim(evs.evicted_by, {e.tier for e in evs.events}, evs.thrashing))
-    for claim in (C.counterfactual_claim(row), C.break_even_claim(row, lb.link_peak_share, lb.achieved_bytes_per_s)):
+    for claim in (C.counterfactual_claim(row), C.break_even_claim(row, lb.link_peak_share, lb.achieved_bytes_per_s, cause)):
         if claim is not None:
             out.append(claim)
     return tuple(out)

@@ -5,7 +5,9 @@
 * the queue attribution of context.py summed over every finished request (`_run_attribution`);
 * `LossEvidence`: why once-cached tokens were recomputed (skipped, unused storage matches,
   removed from every tier, their reuse distance against the pools);
-* `TransferEvidence`: the load-backs against the link's peak and against recomputing them.
+* `TransferEvidence`: the load-backs against the link's peak and against recomputing them;
+* `RunStory` (story.py): the requests' own verdicts, weighted by their excess TTFT;
+* `Capacity` (capacity.py): the offered prefill against the GPU over sliding windows.
 
 Stored with the run at its close (evidence.py) and read through facts.py.
 """
@@ -16,11 +18,13 @@ from dataclasses import dataclass
 
 import duckdb
 
+from tierdiag.diagnose.capacity import Capacity, run_capacity
 from tierdiag.diagnose.causes import excess_sql
 from tierdiag.diagnose.context import ATTRIBUTION_KEYS, batch_recompute_sql, round_exact
 from tierdiag.diagnose.query import dataclass_json, link_peak_bytes_per_s
 from tierdiag.diagnose.sql import FINISHED_SQL as _FINISHED
 from tierdiag.diagnose.sql import span_columns_sql
+from tierdiag.diagnose.story import RunStory, run_story
 from tierdiag.units import NS_PER_S, ns_to_ms, share
 
 
@@ -48,6 +52,10 @@ class LossEvidence:
     device_capacity_tokens: int | None
     host_capacity_tokens: int | None
     storage_capacity_tokens: int | None
+    # Token-weighted deciles (p0, p10, ..., p100) of a request's lost tokens (recomputed, neither
+    # skipped nor matched in storage): how large a prefix a storage prefetch would have to bring
+    # back at once (the prefetch admission rule limits that; advice.py predicts with it).
+    lost_request_deciles_tokens: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,10 @@ class RunContext:
     kv_bytes_per_token: int | None
     ttft_p50_ns: int | None
     ttft_p99_ns: int | None
+    # The run told by its requests' own verdicts (story.py) and its offered prefill against the
+    # GPU (capacity.py); None where not computed (attribution=False) or not computable.
+    story: RunStory | None = None
+    capacity: Capacity | None = None
 
     def attribution_share(self, key: str) -> float | None:
         if not self.queue_attribution:
@@ -229,13 +241,27 @@ def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict) -> LossEvide
         v = config.get(key)
         return int(v) if v is not None else None
 
+    lost_sizes = con.execute(
+        f"""SELECT greatest(recomputed_tokens
+                    - CASE WHEN loadback_skipped_reason IS NULL THEN 0 ELSE least(loadback_skipped_tokens, recomputed_tokens) END
+                    - CASE WHEN storage_skipped_reason IS NULL THEN 0
+                           ELSE greatest(storage_match_tokens - storage_hit_tokens, 0) END, 0) AS lost
+            FROM requests WHERE run_id = ? AND {_FINISHED} AND recomputed_tokens > 0""", [rid]).fetchnumpy()["lost"]
+    lost_deciles: list[int] = []
+    sizes = np.sort(np.asarray(lost_sizes, dtype=np.int64))
+    sizes = sizes[sizes > 0]
+    if sizes.size:
+        acc = np.cumsum(sizes).astype(np.float64)
+        for k in range(11):
+            reached = np.flatnonzero(acc >= (k * 0.1) * acc[-1])
+            lost_deciles.append(int(sizes[reached[0]] if reached.size else sizes[-1]))
     return LossEvidence(
         input_tokens=_i(t[0]), recomputed_tokens=recomputed, recomputed_share=share(recomputed, _i(t[0])),
         skipped_tokens=skipped, storage_unused_tokens=unused, lost_tokens=lost,
         deleted_from_host_tokens=deleted, dropped_unbacked_tokens=dropped, hot_removed_tokens=hot,
         removed_reuse_p50_tokens=p50, removed_reuse_p90_tokens=p90, removed_reuse_deciles_tokens=tuple(deciles),
         device_capacity_tokens=cap("device_tokens"), host_capacity_tokens=cap("host_tokens"),
-        storage_capacity_tokens=cap("storage_tokens"))
+        storage_capacity_tokens=cap("storage_tokens"), lost_request_deciles_tokens=tuple(lost_deciles))
 
 
 def _transfers(con: duckdb.DuckDBPyConnection, rid: str, peak: float | None) -> TransferEvidence:
@@ -289,4 +315,5 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
         excess_total_ns=_i(t[5]), queue_attribution=attribution,
         losses=_losses(con, rid, run.config), transfers=_transfers(con, rid, link_peak_bytes_per_s(run)),
         config=dict(run.config), kv_bytes_per_token=int(kv) if kv else None,
-        ttft_p50_ns=t[6], ttft_p99_ns=t[7])
+        ttft_p50_ns=t[6], ttft_p99_ns=t[7],
+        story=run_story(con, rid, rec) if attribution and busy else None, capacity=run_capacity(con, rid))

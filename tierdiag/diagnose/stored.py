@@ -16,10 +16,12 @@ from __future__ import annotations
 from dataclasses import fields, is_dataclass
 
 from tierdiag.diagnose import numbers as n
+from tierdiag.diagnose.capacity import Capacity
 from tierdiag.diagnose.runcontext import LossEvidence, RunContext, TransferEvidence
+from tierdiag.diagnose.story import RunStory, VerdictShare
 from tierdiag.diagnose.totals import RunTotals
 
-EVIDENCE_VERSION = 2  # v2: RunSummary.sessions (always None when stored: read-time, diagnose/sessions.py)
+EVIDENCE_VERSION = 3  # 2: RunSummary.sessions (always None when stored: read-time, diagnose/sessions.py); 3: RunContext gained story and capacity (issue 34)
 TABLE = "run_evidence"
 _DC, _TUPLE = "__dataclass__", "__tuple__"
 DATACLASS_TAG = _DC
@@ -64,7 +66,7 @@ def decode(value, classes: dict):
 def section_classes(section: str) -> dict:
     """The classes a section may hold."""
     if section == "context":
-        found = (RunContext, LossEvidence, TransferEvidence)
+        found = (RunContext, LossEvidence, TransferEvidence, RunStory, VerdictShare, Capacity)
     elif section == "totals":
         found = (RunTotals,)
     else:

@@ -158,7 +158,10 @@ def _advice_html(item: Any) -> str:
     verified = get("verified")
     vget = (verified.get if isinstance(verified, dict) else (lambda k, d=None: getattr(verified, k, d)))
     check = ""
-    if verified is not None and vget("ttft_p50_ms_before") is not None:
+    if get("status") in ("no_effect", "refuted"):  # tried, not advised: what the replay measured
+        line = item.tried_line() if hasattr(item, "tried_line") else f"{head} ({get('status')})"
+        return f'<li>{e(line)}</li>'
+    if verified is not None and get("status", "confirmed") == "confirmed" and vget("ttft_p50_ms_before") is not None:
         check = (f'<div class="check">verified by replay {e(vget("run_id"))}: TTFT p50 '
                  f"{e(fmt_ms(vget('ttft_p50_ms_before') * 1e6))} → {e(fmt_ms(vget('ttft_p50_ms_after') * 1e6))}"
                  + (f", p99 {e(fmt_ms(vget('ttft_p99_ms_before') * 1e6))} → "
@@ -167,6 +170,12 @@ def _advice_html(item: Any) -> str:
     elif get("verification"):
         check = f'<div class="check">check: {e(get("verification"))}</div>'
     return f"<li>{head}{reason}{cost}{check}</li>"
+
+
+def _status(item: Any) -> str:
+    """An advice item's status (DESIGN §6); an item without one (a caller's own) is proposed."""
+    status = item.get("status") if isinstance(item, dict) else getattr(item, "status", None)
+    return status or "proposed"
 
 
 def _verdict_card(data: ReportData) -> str:
@@ -207,8 +216,13 @@ def _verdict_card(data: ReportData) -> str:
         facts = f"<li><b>Root cause:</b> {root}{e(v.finding)}</li>" + facts
     facts_html = f'<ul class="facts">{facts}</ul>' if facts else ""
     # The diagnosis's advice (RunSummary.diagnosis, issue 12) renders here when summary has it.
-    advice = (f'<div class="advice"><h4>Advice</h4><ol>{"".join(_advice_html(a) for a in v.advice)}</ol></div>'
-              if v.advice else "")
+    shown = [a for a in v.advice if _status(a) in ("proposed", "confirmed")]
+    tried = [a for a in v.advice if _status(a) not in ("proposed", "confirmed")]
+    advice = (f'<div class="advice"><h4>Advice</h4><ol>{"".join(_advice_html(a) for a in shown)}</ol></div>'
+              if shown else "")
+    if tried:  # DESIGN §6: what advise replayed that did not help, with its numbers, never as advice
+        advice += (f'<div class="advice tried"><h4>Tried, not advised</h4><ol>'
+                   f'{"".join(_advice_html(a) for a in tried)}</ol></div>')
     return (f'<div class="card verdict-card" id="verdict"><h3>Run verdict</h3>{lead}'
             f'<div class="causes">{bars}</div>{facts_html}{advice}'
             f'<p class="note">Excess TTFT is each finished request\'s TTFT above its ideal (all reused tokens on '

@@ -222,11 +222,21 @@ def render_explanation(expl: Explanation, console: Console) -> None:
 
 
 def _advice_lines(advice) -> list:
-    """Advice items as the last lines of a verdict (the same `Advice.line()` the report shows)."""
+    """Advice items as the last lines of a verdict (the same `Advice.line()` the report shows):
+    what is advised (proposed, or confirmed by a replay), then what `advise` tried that did not
+    help, under "tried, not advised", with its numbers."""
     if not advice:
         return []
-    return [Text("")] + [plain(("advice: " if i == 0 else "        ") + a.line(), style="bold" if a.option else "green")
-                         for i, a in enumerate(advice)]
+    shown = [a for a in advice if getattr(a, "advised", True)]
+    tried = [a for a in advice if not getattr(a, "advised", True)]
+    lines = [Text("")] + [plain(("advice: " if i == 0 else "        ") + a.line(), style="bold" if a.option else "green")
+                          for i, a in enumerate(shown)]
+    if not shown:
+        lines.append(plain("advice: nothing that a replay confirmed", style="green"))
+    if tried:
+        lines.append(plain("tried, not advised:", style="dim"))
+        lines += [plain("  " + a.tried_line(), style="dim") for a in tried]
+    return lines
 
 
 def fits(console: Console, renderable, width: int | None = None) -> bool:
@@ -395,31 +405,34 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
 
 
 def render_advise(r, console: Console, *, run_label: str) -> None:
-    """`advise`: the baseline, each replayed change, the best marked; then what was not replayed."""
-    table = Table(title=plain(f"advice verified by replay · {run_label}"), title_justify="left")
-    for col in ("", "change", "TTFT p50", "TTFT p99", "recompute", "reuse dev/host/sto", "run"):
+    """`advise`: the baseline, each replayed change with its status (confirmed, no_effect,
+    refuted), the best confirmed one marked; then the advice and what was tried, not advised."""
+    table = Table(title=plain(f"advice checked by replay · {run_label}"), title_justify="left")
+    for col in ("", "change", "status", "TTFT p50", "TTFT p99", "recompute", "reuse dev/host/sto", "run"):
         # Changes and run ids wrap rather than lose their ends to an ellipsis.
         table.add_column(col, justify="left" if col in ("", "change", "run") else "right",
                          overflow="fold" if col in ("change", "run") else "ellipsis")
 
-    def row(mark: str, label: str, n) -> None:
+    def row(mark: str, label: str, status: str, n) -> None:
         if n is None:
-            table.add_row(mark, plain(label), "-", "-", "-", "-", "-")
+            table.add_row(mark, plain(label), status, "-", "-", "-", "-", "-")
             return
         reuse = " / ".join(fmt_pct(n.reuse_share.get(t)) for t in ("device", "host", "storage"))
-        table.add_row(mark, plain(label), fmt_ms(n.ttft_p50_ns), fmt_ms(n.ttft_p99_ns), fmt_pct(n.recompute_share),
-                      reuse, plain(n.run_id))
+        table.add_row(mark, plain(label), status, fmt_ms(n.ttft_p50_ns), fmt_ms(n.ttft_p99_ns),
+                      fmt_pct(n.recompute_share), reuse, plain(n.run_id))
 
-    row("", "baseline", r.baseline)
+    row("", "baseline", "", r.baseline)
     for c in r.candidates:
-        label = ", ".join(f"{k}={v}" for k, v in c.advice.changes.items())
+        label = ("together: " if c.advice.kind == "combined" else "") + ", ".join(
+            f"{k}={v}" for k, v in c.advice.changes.items())
         if c.status != "complete":
             label += f" ({c.status})"
-        row("★" if c.numbers is not None and c.numbers.run_id == r.best else "", label, c.numbers)
+        row("★" if c.numbers is not None and c.numbers.run_id == r.best else "", label,
+            c.advice.status.replace("_", " ") if c.numbers is not None else "-", c.numbers)
     if r.candidates:
         console.print(table)
-        console.print(plain("best: " + (r.best or "none beats the baseline's TTFT (p50, then p99, then mean)"),
-                           style="bold"))
+        console.print(plain("best: " + (r.best or "none confirmed (TTFT p50 better by 5 %, p99 not worse by more "
+                                                  "than 5 %, and the share it targeted lower)"), style="bold"))
     for line in _advice_lines(r.advice):
         console.print(line)
 
@@ -449,13 +462,14 @@ _RUNS_OWN_LINES = ("model", "gpu", "device_tokens", "host_tokens", "storage_toke
 
 
 def render_runs(infos: Sequence, console: Console, *, db_label: str,
-                options: dict[str, dict] | None = None) -> None:
+                options: dict[str, dict] | None = None, default_run_id: str | None = None) -> None:
     """The runs of a store, newest last, as one table that fits 80 columns: a run's cells stack
     (id, name, sweep; kind, status; model/gpu, pools in tokens and GiB, then one line per option
     that differs from the defaults), so nothing is cut. Run ids are always whole: they are what
     `--run` takes.
 
-    `options`: run id -> {option: value} that differ from the defaults, when the caller knows them."""
+    `options`: run id -> {option: value} that differ from the defaults, when the caller knows them.
+    `default_run_id`: the run a command without --run reads, marked "(default)"."""
     from tierdiag.config.profile import provenance_line
 
     options = options or {}
@@ -467,7 +481,8 @@ def render_runs(infos: Sequence, console: Console, *, db_label: str,
     for r in infos:
         # Every cell is data (a crafted store can hold anything): never markup, controls escaped.
         run_cell = Text("\n").join([plain(r.run_id, "bold"), plain(r.name)]
-                                    + ([plain(r.sweep_id, "dim")] if r.sweep_id else []))
+                                    + ([plain(r.sweep_id, "dim")] if r.sweep_id else [])
+                                    + ([plain("(default)", "green")] if r.run_id == default_run_id else []))
         # A run imported from a server's own export names its source, not a model preset of ours.
         config = ([f"imported from {r.config['source']}"] if "source" in r.config and "model" not in r.config
                   else [f"{r.config.get('model', '?')} on {r.config.get('gpu', '?')}"])
@@ -481,5 +496,6 @@ def render_runs(infos: Sequence, console: Console, *, db_label: str,
                       Text("\n").join(plain(line) for line in config))
     console.print(table, soft_wrap=False)  # a long database path in the title wraps too
     console.print(Text("config: model on GPU, pools in tokens (binary sizes, GiB = 2^30 bytes), then the options "
-                       "that differ from the defaults · `--run` takes an id, a unique prefix of one, or a name · "
+                       "that differ from the defaults · `--run` takes an id, a unique prefix of one, or a name; "
+                       "without it, the (default) run: the newest replay or import, never a sweep or advise candidate · "
                        "--json for every field", style="dim"), soft_wrap=False)

@@ -278,6 +278,11 @@ def _pid_alive(pid: int | None) -> bool:
     return True
 
 
+# `advise` records its candidates under sweep id ADVISE_SWEEP_PREFIX + the baseline's run id
+# (diagnose/advice.py takes the prefix from here: the store knows what a candidate run is).
+ADVISE_SWEEP_PREFIX = "advise-"
+
+
 @dataclass(frozen=True)
 class RunInfo:
     run_id: str
@@ -350,14 +355,28 @@ def list_runs(con: duckdb.DuckDBPyConnection) -> list[RunInfo]:
     return [_run_info(r[:-1], r[-1]) for r in rows]
 
 
+def default_run(runs: list[RunInfo]) -> RunInfo:
+    """The run a command without `--run` answers about: the newest run the user made (`replay`,
+    `import`: no sweep id), never a candidate that `sweep` or `advise` recorded beside it. A
+    store holding only sweep runs answers with the newest of them that is not an advise
+    candidate, and with the newest run only where every run is one. `runs` is list_runs' (oldest
+    first)."""
+    for keep in (lambda r: r.sweep_id is None, lambda r: not r.sweep_id.startswith(ADVISE_SWEEP_PREFIX),
+                 lambda r: True):
+        chosen = [r for r in runs if keep(r)]
+        if chosen:
+            return chosen[-1]
+    raise ValueError("default_run of no runs")
+
+
 def resolve_run(con: duckdb.DuckDBPyConnection, run: str | None, *, db_label: str = "the database") -> RunInfo:
     """`run` may be a run id, a run name (the newest run of that name), or a unique prefix of
-    either; None means the newest run."""
+    either; None means the default run (`default_run`)."""
     runs = list_runs(con)
     if not runs:
         raise StoreError(f"{db_label} has no runs yet", hint="run `tierdiag replay TRACE`")
     if run is None:
-        return runs[-1]
+        return default_run(runs)
     exact = [r for r in runs if r.run_id == run]
     if exact:
         return exact[0]

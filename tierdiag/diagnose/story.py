@@ -1,0 +1,180 @@
+"""The run's story told by its requests: every finished request's own verdict (its primary cause,
+and for a queued one whether its queue was the cache's doing), weighted by its excess TTFT.
+
+Why not run-wide averages: a run with hours of idle between bursts has a prefill GPU "8 % busy"
+over its span while every request that waited did so behind a GPU busy all the time it waited.
+The run's verdict has to be what its slow requests' verdicts say, so each number here is a sum
+over requests of that request's own numbers (the ones `explain` gives it), weighted by the
+excess TTFT it carries::
+
+    request i:  excess_i = ttft_i - ideal_i,  cause_i = causes.cause_sql()  (explain's rule)
+                busy_i   = prefill batch time in [max(arrival_i - CONTEXT_LOOKBACK, run start),
+                           first token_i] / that window                     (explain's context)
+                recompute_i = other requests' recompute in its wait window  (explain's attribution)
+                cache_i  = claims.queue_is_the_caches_doing(recompute_i / queue_i, busy_i)
+    run:        by verdict: sum of excess_i per (cause_i, cache_i)
+                around the queued ones: sum(excess_i * busy_i) / sum(excess_i)  ...
+
+The batch integrals run along the clock once (the same prefix-sum trick as runcontext's run
+attribution): O((R + B) log B), no request x batch join. Requests whose queue was split by
+`explain` over exactly the same batches get the same share, up to the ns rounding of its parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+
+from tierdiag.diagnose.causes import cause_sql, excess_sql
+from tierdiag.diagnose.context import CONTEXT_LOOKBACK_NS
+from tierdiag.diagnose.sql import finished_sql
+from tierdiag.units import share
+
+# The rule explain's verdict uses (claims.py): a queue is the cache's doing when recompute took
+# at least this share of the GPU time a request waited behind, on a GPU at least BUSY_SHARE busy
+# around it. Kept here (claims imports the run context, which imports this) and tested equal.
+RECOMPUTE_QUEUE_SHARE = 0.2
+BUSY_SHARE = 0.7
+# The wait's parts, as batches make them (the gaps between batches are `idle` here: explain
+# splits them further into decode / storage_wait / idle by what held memory meanwhile).
+WAIT_KEYS = ("recompute", "new_compute", "load_back", "write_back", "idle")
+
+
+@dataclass(frozen=True)
+class VerdictShare:
+    """The requests with one verdict: how many, and the excess TTFT they carry."""
+
+    cause: str  # causes.CAUSES
+    caches_doing: bool  # queueing only: the requests' own attribution says the cache made the queue
+    num_requests: int
+    excess_ns: int
+    excess_share: float | None  # of the run's excess
+
+    @property
+    def label(self) -> str:
+        if self.cause != "queueing":
+            return self.cause
+        return "queueing (the cache's doing)" if self.caches_doing else "queueing (not the cache's doing)"
+
+
+@dataclass(frozen=True)
+class RunStory:
+    """The run's verdict from its requests' verdicts (module doc). Shares of excess are of
+    `excess_total_ns`, the sum of the finished requests' positive excess."""
+
+    excess_total_ns: int
+    verdicts: tuple[VerdictShare, ...]  # largest excess first
+    # The requests whose verdict is queueing, excess-weighted:
+    queued_excess_ns: int
+    queued_busy_share: float | None  # prefill busy around them (explain's window)
+    queued_wait_ns: int  # their queue time, summed
+    queued_wait_parts_ns: dict  # WAIT_KEYS -> ns of their wait (others' batches, gaps as idle)
+    caches_doing_excess_ns: int  # of queued_excess_ns: requests whose queue was the cache's doing
+    # Requests whose prefix was evicted after they arrived, while they waited (their recompute
+    # is then the queue's doing, not the cache's size): how many, and their excess.
+    evicted_while_waiting_requests: int
+    evicted_while_waiting_excess_ns: int
+
+    @property
+    def top(self) -> VerdictShare | None:
+        return self.verdicts[0] if self.verdicts else None
+
+    def wait_share(self, key: str) -> float | None:
+        return share(self.queued_wait_parts_ns.get(key, 0), self.queued_wait_ns)
+
+    @property
+    def caches_doing_share(self) -> float | None:
+        """Of the excess queued requests carry, the share whose queue was the cache's doing."""
+        return share(self.caches_doing_excess_ns, self.queued_excess_ns)
+
+
+def _integral(s, e, values):
+    """F(t) = sum over batches of value x (part of the batch before t) / duration: a window's
+    sum is F(end) - F(start) (batches do not overlap: one prefill GPU)."""
+    import numpy as np
+
+    d = np.maximum(e - s, 1).astype(np.float64)
+    full = (e - s) / d  # 1, or 0 for a batch of no duration
+    cum = np.concatenate([np.zeros((values.shape[0], 1)), np.cumsum(values * full, axis=1)], axis=1)
+
+    def at(t):
+        k = np.searchsorted(s, t, side="right") - 1
+        kk = np.maximum(k, 0)
+        part = np.clip(np.minimum(t, e[kk]) - s[kk], 0, None) / d[kk]
+        out = cum[:, kk] + values[:, kk] * part
+        out[:, k < 0] = 0.0
+        return out
+
+    return at
+
+
+def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunStory | None:
+    """None for a store without per-batch recompute (`rec` None) or without batch rows."""
+    import numpy as np
+
+    if rec is None:
+        return None
+    b = con.execute(
+        f"""SELECT t_start_ns, t_end_ns, coalesce(compute_ns, 0),
+                   least(coalesce({rec}, 0), coalesce(compute_ns, 0)), coalesce(loadback_exposed_ns, 0)
+            FROM batches WHERE run_id = $r ORDER BY t_start_ns, t_end_ns""", {"r": rid}).fetchnumpy()
+    start = con.execute("SELECT min(arrival_ns) FROM requests WHERE run_id = ?", [rid]).fetchone()[0]
+    r = con.execute(
+        f"""SELECT arrival_ns, arrival_ns + coalesce(storage_wait_ns, 0) AS wait_start, first_token_ns,
+                   coalesce(queue_ns, 0) AS queue, greatest({excess_sql('q')}, 0) AS excess, {cause_sql('q')} AS cause,
+                   coalesce(recompute_ns, 0) AS own_rec, coalesce(compute_ns, 0) AS own_comp,
+                   coalesce(loadback_exposed_ns, 0) AS own_lb,
+                   first_token_ns - coalesce(prefill_ns, 0) AS sched, coalesce(ev.t, -1) AS last_evicted
+            FROM requests q LEFT JOIN (
+                SELECT re.req_id, max(e.t_ns) AS t FROM request_evictions re JOIN evictions e
+                  ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id
+                WHERE re.run_id = $r GROUP BY 1) ev ON ev.req_id = q.req_id
+            WHERE q.run_id = $r AND {finished_sql('q')} ORDER BY q.seq""", {"r": rid}).fetchnumpy()
+    if not len(b["t_start_ns"]) or not len(r["arrival_ns"]):
+        return None
+    s, e = (np.asarray(b[k], dtype=np.int64) for k in ("t_start_ns", "t_end_ns"))
+    comp, rc, lb = (np.asarray(b[k], dtype=np.float64) for k in list(b)[2:])
+    d = np.maximum(e - s, 1).astype(np.float64)
+    values = np.stack([rc, comp - rc, lb, np.maximum(d - comp - lb, 0.0), d])  # ..., write-back, busy
+    at = _integral(s, e, values)
+    arrival, w0, ft = (np.asarray(r[k], dtype=np.int64) for k in ("arrival_ns", "wait_start", "first_token_ns"))
+    queue, excess = (np.asarray(r[k], dtype=np.int64) for k in ("queue", "excess"))
+    cause = np.asarray(r["cause"], dtype=object)
+    own = np.stack([np.asarray(r[k], dtype=np.float64) for k in ("own_rec", "own_comp", "own_lb")])
+    # Its wait: what the GPU did in [wait start, first token], less its own parts (explain's split).
+    wend = np.maximum(ft, w0)
+    work = at(wend) - at(w0)
+    parts = np.stack([work[0] - own[0], work[1] - own[1], work[2] - own[2], work[3]])
+    parts = np.maximum(parts, 0.0)
+    idle = np.maximum(queue - parts.sum(axis=0), 0.0)
+    rec_share = np.where(queue > 0, parts[0] / np.maximum(queue, 1), 0.0)
+    # Its context window: [max(arrival - lookback, run start), first token].
+    c0 = np.maximum(arrival - CONTEXT_LOOKBACK_NS, int(start))
+    c1 = np.maximum(ft, c0)
+    busy = np.where(c1 > c0, (at(c1)[4] - at(c0)[4]) / np.maximum(c1 - c0, 1), 0.0)
+    cache = (queue > 0) & (rec_share >= RECOMPUTE_QUEUE_SHARE) & (busy >= BUSY_SHARE)
+    total = int(excess.sum())
+    verdicts = []
+    for c in dict.fromkeys(cause.tolist()):
+        for flag in ((True, False) if c == "queueing" else (False,)):
+            m = (cause == c) & ((cache == flag) if c == "queueing" else True)
+            if m.any():
+                verdicts.append(VerdictShare(c, flag, int(m.sum()), int(excess[m].sum()),
+                                             share(int(excess[m].sum()), total)))
+    verdicts.sort(key=lambda v: (-v.excess_ns, v.label))
+    q = cause == "queueing"
+    qx = excess[q].astype(np.float64)
+    wait_parts = dict(zip(WAIT_KEYS, (int(round(float(x))) for x in
+                                      list(parts[:, q].sum(axis=1)) + [float(idle[q].sum())])))
+    # Evicted while it waited: an eviction that took its prefix after it arrived, before it was scheduled.
+    sched = np.asarray(r["sched"], dtype=np.int64)
+    last_ev = np.asarray(r["last_evicted"], dtype=np.int64)
+    waited_out = (last_ev >= arrival) & (last_ev <= sched)
+    return RunStory(
+        excess_total_ns=total, verdicts=tuple(verdicts), queued_excess_ns=int(qx.sum()),
+        queued_busy_share=float((busy[q] * qx).sum() / qx.sum()) if qx.sum() > 0 else None,
+        queued_wait_ns=int(queue[q].sum()), queued_wait_parts_ns=wait_parts,
+        caches_doing_excess_ns=int(excess[q & cache].sum()),
+        evicted_while_waiting_requests=int(waited_out.sum()),
+        evicted_while_waiting_excess_ns=int(excess[waited_out].sum()))
