@@ -82,11 +82,15 @@ def test_duckdb_file_that_is_not_a_run_store(tmp_path, args):
 
 def test_store_from_another_schema_version_says_which_and_what_to_do(tmp_path, store):
     newer = with_schema_version(store, tmp_path / "newer.duckdb", SCHEMA_VERSION + 1)
-    tierdiag("summary", "--db", newer).fails(
-        4, f"schema v{SCHEMA_VERSION + 1}", f"reads v{SCHEMA_VERSION}", "upgrade tierdiag")
-    older = with_schema_version(store, tmp_path / "older.duckdb", SCHEMA_VERSION - 1)
+    from tierdiag.store.schema import OLDEST_READABLE_VERSION
+
+    readable = f"reads v{OLDEST_READABLE_VERSION} to v{SCHEMA_VERSION}"
+    tierdiag("summary", "--db", newer).fails(4, f"schema v{SCHEMA_VERSION + 1}", readable, "upgrade tierdiag")
+    # Older than the oldest version this tierdiag still reads (a newer schema's added columns read
+    # as NULL from the ones after it: tests/diagnose/test_sessions.py).
+    older = with_schema_version(store, tmp_path / "older.duckdb", OLDEST_READABLE_VERSION - 1)
     tierdiag("explain", "1", "--db", older).fails(
-        4, f"schema v{SCHEMA_VERSION - 1}", "re-run `tierdiag replay`", "new --db")
+        4, f"schema v{OLDEST_READABLE_VERSION - 1}", readable, "re-run `tierdiag replay`", "new --db")
 
 
 def test_replay_never_writes_into_a_file_that_is_not_its_store(tmp_path, store, junk_files):

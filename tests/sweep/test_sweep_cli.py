@@ -86,16 +86,19 @@ def test_ray_missing_is_one_line_with_the_install_hint(tmp_path, trace):
 
 def test_interrupted_sweep_keeps_finished_runs_complete(tmp_path):
     """One worker, three combinations: SIGINT to the driver once the first run is in --db, while
-    the second replays (the demo trace four times over, so a replay lasts well beyond the 0.5 s
-    this waits, however fast replays get)."""
+    the second replays (the demo trace COPIES times over, each copy's sessions its own, so a
+    replay lasts well beyond the 0.5 s this waits, however fast replays get: four copies were
+    once enough, and stopped being when session turns began to arrive closed-loop)."""
     db = tmp_path / "int.duckdb"
     trace = tmp_path / "demo4.jsonl"
     demo = [json.loads(line) for line in DEMO.read_text().splitlines() if line.strip()]
     span = max(r["timestamp"] for r in demo) + 1000
+    copies = 12
     with open(trace, "w") as fh:
-        for k in range(4):
+        for k in range(copies):
             for r in demo:
-                fh.write(json.dumps({**r, "id": f"{r['id']}-{k}", "timestamp": r["timestamp"] + k * span}) + "\n")
+                own = {"session": f"{r['session']}-{k}"} if "session" in r else {}
+                fh.write(json.dumps({**r, **own, "id": f"{r['id']}-{k}", "timestamp": r["timestamp"] + k * span}) + "\n")
     argv = [sys.executable, "-c", ENTRY, "sweep", trace, *BASE, "--set", "host_tokens=16k,32k,64k", "--jobs", "1",
             "--db", db]
     proc = subprocess.Popen(list(map(str, argv)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -120,7 +123,7 @@ def test_interrupted_sweep_keeps_finished_runs_complete(tmp_path):
     assert runs["host_tokens=32k"]["status"] == "interrupted"
     with duckdb.connect(str(db), read_only=True) as con:
         n = con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [runs["host_tokens=16k"]["run_id"]]).fetchone()[0]
-    assert n == runs["host_tokens=16k"]["num_requests"] == 4 * len(demo)
+    assert n == runs["host_tokens=16k"]["num_requests"] == copies * len(demo)
     for name in runs:  # both readable by every reader
         assert cli("summary", "--run", name, "--db", db, "--json").returncode == 0
 

@@ -148,8 +148,14 @@ class Scheduler(StoragePrefetch, RequestRecords):
                               f"model's context is {context:,} tokens")
             return
         req.total_pages = -(-(req.input_len + req.output_len) // ps)
-        if req.total_pages + self.rules.admission_overhead_pages > self.ctrl.device.capacity:
-            self._reject(req, f"needs {req.total_pages * ps} tokens of device memory; the pool holds "
+        overhead = self.rules.admission_overhead_pages
+        if req.total_pages + overhead > self.ctrl.device.capacity:
+            # Said with the admission overhead where the rule set has one (0.5.23's PrefillAdder
+            # counts a page a request beside its tokens): a request that needs exactly the pool
+            # is refused for that page, and the reason must say so.
+            extra = (f" and {overhead * ps} of admission overhead (SGLang {self.rules.version}: a page a "
+                     f"request)" if overhead else "")
+            self._reject(req, f"needs {req.total_pages * ps} tokens of device memory{extra}; the pool holds "
                               f"{self.ctrl.device.capacity * ps}")
             return
         req.keys_np = page_keys_array(t, page_size=ps, block_size=self.cfg.block_size)
