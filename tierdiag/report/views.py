@@ -84,6 +84,18 @@ def _agreement(r, console, ctx: Context) -> None:
     render_agreement(r, console)
 
 
+def _twin_agreement(r, console, ctx: Context) -> None:
+    from tierdiag.report.compare_terminal import render_twin_agreement
+
+    render_twin_agreement(r, console)
+
+
+def _twin_comparison(r, console, ctx: Context) -> None:
+    from tierdiag.report.compare_terminal import render_twin_comparison
+
+    render_twin_comparison(r, console)
+
+
 def _advice(r, console, ctx: Context) -> None:
     from tierdiag.report.terminal import render_advise
 
@@ -101,6 +113,8 @@ VIEWS: dict[str, Callable[[Any, Any, Context], None]] = {
     "Comparison": _comparison,
     "RequestComparison": _request_comparison,
     "Agreement": _agreement,
+    "TwinAgreement": _twin_agreement,
+    "TwinComparison": _twin_comparison,
     "AdviseResult": _advice,
 }
 
