@@ -78,12 +78,6 @@ def _request_comparison(r, console, ctx: Context) -> None:
     render_request_comparison(r, console)
 
 
-def _agreement(r, console, ctx: Context) -> None:
-    from tierdiag.report.observed import render_agreement
-
-    render_agreement(r, console)
-
-
 def _twin_agreement(r, console, ctx: Context) -> None:
     from tierdiag.report.compare_terminal import render_twin_agreement
 
@@ -112,7 +106,6 @@ VIEWS: dict[str, Callable[[Any, Any, Context], None]] = {
     "ObservedSlow": _observed_slow,
     "Comparison": _comparison,
     "RequestComparison": _request_comparison,
-    "Agreement": _agreement,
     "TwinAgreement": _twin_agreement,
     "TwinComparison": _twin_comparison,
     "AdviseResult": _advice,
