@@ -13,14 +13,14 @@ from tierdiag.report import views
 
 def _result_types():
     from tierdiag.app.advise import AdviseResult
-    from tierdiag.diagnose.compare import Comparison, RequestComparison
+    from tierdiag.diagnose.compare import Comparison, RequestComparison, TwinAgreement, TwinComparison
     from tierdiag.diagnose.explain import Explanation
-    from tierdiag.diagnose.observed import Agreement, ObservedExplanation, ObservedSlow, ObservedSummary
+    from tierdiag.diagnose.observed import ObservedExplanation, ObservedSlow, ObservedSummary
     from tierdiag.diagnose.slow import SlowRequest
     from tierdiag.diagnose.summary import RunSummary
 
     return [Explanation, ObservedExplanation, RunSummary, ObservedSummary, SlowRequest, ObservedSlow, Comparison,
-            RequestComparison, Agreement, AdviseResult]
+            RequestComparison, TwinAgreement, TwinComparison, AdviseResult]
 
 
 def test_every_result_type_a_command_renders_has_a_view_and_no_view_is_stale():

@@ -27,8 +27,10 @@ def compare(
 ) -> None:
     """Compare runs: the options that differ, reuse by tier, recompute share, TTFT p50/p90/p99 (all and
     per class), load-back volume and exposed time, evictions, GPU busy share. Without RUNS or --sweep:
-    the newest sweep."""
-    from tierdiag.diagnose.compare import check_sort_key, compare_requests, compare_runs, sweep_runs
+    the newest sweep. An observed run (import sglang) with one or more replays of its trace: each
+    twin's tier-split agreement, its TTFT error (all and per class) and the clock it ran on."""
+    from tierdiag.diagnose.compare import (check_sort_key, compare_requests, compare_runs, compare_twins,
+                                           observed_and_twins, sweep_runs)
     from tierdiag.store.reader import list_runs, open_store, resolve_run
 
     check_sort_key(by)
@@ -40,13 +42,11 @@ def compare(
     if top < 1:
         raise ConfigError(f"--top {top} must be at least 1")
     with open_store(db) as con:
-        pair = None  # an observed run beside its replay: per-request agreement (diagnose/observed.py)
-        if len(runs) == 2 and not sweep:
-            from tierdiag.diagnose.observed import agreement, observed_and_replayed
-
-            pair = observed_and_replayed(*(resolve_run(con, r, db_label=str(db)) for r in runs))
-        if pair is not None:
-            result = agreement(con, *pair, top=top if requests else None)
+        twins = None  # an observed run beside its replays: per-request agreement and TTFT error
+        if len(runs) >= 2 and not sweep:
+            twins = observed_and_twins([resolve_run(con, r, db_label=str(db)) for r in runs])
+        if twins is not None:
+            result = compare_twins(con, *twins, top=top if requests else None)
         elif requests:
             a, b = (resolve_run(con, r, db_label=str(db)) for r in runs)
             result = compare_requests(con, a, b, top=top)

@@ -5,10 +5,11 @@ Modules, each importing only those below it (an arrow reads "is built on")::
 
     explain -> explain_steps, explain_verdict -> explain_result      one request
     observed -> observed_explain -> observed_twin                    imported (server) runs
+    compare, observed_explain -> twin_error                          a twin's TTFT error, its clock
     slow_groups -> explain, slow                                     the report's slowest table
     summary -> diagnosis -> advice -> claims                         the run's root cause, what to change
     compare, slow                                                    runs side by side; ranking
-    calibrate -> fit                                                 a cost model fitted to an observed run
+    calibrate -> fit, twin_error                                     a cost model fitted to an observed run
     evidence                     computes and stores at the close (close.py: the store's hook)
     facts                        the ONE reader of stored evidence: stored, else computed
       -> stored                  the row's format

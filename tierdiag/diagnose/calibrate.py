@@ -32,6 +32,7 @@ from tierdiag.config.presets import model_preset
 from tierdiag.config.profile import CLOCK_PARAMS, preset_clock
 from tierdiag.diagnose.fit import FitResult, ParamFit, relative_errors, robust_fit
 from tierdiag.diagnose.quantile import nearest_rank
+from tierdiag.diagnose.twin_error import ClassError, TwinError, twin_error  # noqa: F401 - the twin's error, here for calibrate's callers
 from tierdiag.engine.costmodel import RUN_OVERHEAD_NS, SEGMENT_OVERHEAD_NS
 
 HOLDOUT_SPLIT = 0.7  # fit on the first 70 % by arrival, measure on the rest
@@ -373,55 +374,3 @@ def calibrate_run(con, run, g: Geometry, *, db_label: str) -> Calibration:
         warnings.append("too few usable batches to hold any out: no held-out error")
     return Calibration(run.run_id, run.name, db_label, run.kind, g, {k: params[k] for k in CLOCK_PARAMS}, u, pf, df,
                        held, held_d, held_preset, time.perf_counter() - t0, warnings)
-
-
-# --- agreement of a twin with its server -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ClassError:
-    hit_class: str  # the server's class of the request (device_hit | tiered_hit | miss), or "all"
-    num_requests: int
-    median_abs_ms: float | None
-    p90_abs_ms: float | None
-    median_rel: float | None
-    p90_rel: float | None
-
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
-
-
-@dataclass(frozen=True)
-class TwinError:
-    observed_run: str
-    twin_run: str
-    classes: tuple[ClassError, ...]  # "all" first, then by class
-    unmatched: int  # observed requests with a TTFT and no finished twin with one
-
-    def by_class(self) -> dict[str, ClassError]:
-        return {c.hit_class: c for c in self.classes}
-
-    def to_json(self) -> dict:
-        return {"observed_run": self.observed_run, "twin_run": self.twin_run, "unmatched": self.unmatched,
-                "classes": [c.to_json() for c in self.classes]}
-
-
-def twin_error(con, observed_run: str, twin_run: str) -> TwinError:
-    """TTFT error of `twin_run` against `observed_run`, request by request (same req_id): median and
-    p90 (nearest rank) of |twin - server| in ms and relative to the server's TTFT, for every
-    request and per the server's hit class. Requests without a TTFT on either side are left out."""
-    rows = con.execute(
-        "SELECT o.hit_class, o.ttft_ns, t.ttft_ns FROM requests o LEFT JOIN requests t "
-        "ON t.run_id = ? AND t.req_id = o.req_id AND t.status = 'finished' AND t.ttft_ns IS NOT NULL "
-        "WHERE o.run_id = ? AND o.status = 'finished' AND o.ttft_ns > 0", [twin_run, observed_run]).fetchall()
-    pairs = [(c or "unknown", o, t) for c, o, t in rows if t is not None]
-    classes = [("all", pairs)] + [(k, [p for p in pairs if p[0] == k]) for k in sorted({p[0] for p in pairs})]
-
-    def one(name: str, ps: list) -> ClassError:
-        ab = sorted(abs(t - o) / 1e6 for _, o, t in ps)
-        rel = sorted(abs(t - o) / o for _, o, t in ps)
-        return ClassError(name, len(ps), nearest_rank(ab, 0.5, presorted=True), nearest_rank(ab, 0.9, presorted=True),
-                          nearest_rank(rel, 0.5, presorted=True), nearest_rank(rel, 0.9, presorted=True))
-
-    return TwinError(observed_run, twin_run, tuple(one(k, ps) for k, ps in classes), len(rows) - len(pairs))
-

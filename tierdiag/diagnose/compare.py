@@ -7,6 +7,9 @@ Per-request verdicts come from `cause_sql` (the rule `explain` and `slow` use), 
     compare_runs(con, runs)            -> Comparison: one RunRow per run, the options that differ
     compare_requests(con, a, b, top)   -> RequestComparison: same req_id in both, largest TTFT
                                           gains and losses, verdicts that changed (from -> to)
+    compare_twins(con, obs, twins)     -> an observed run against one twin (TwinAgreement) or
+                                          several (TwinComparison): each twin's agreement, its
+                                          TTFT error per hit class, and the clock it ran on
 
 Requests are paired by req_id, which only means "the same request" when both runs replayed the
 same trace. A pair whose input lengths differ is two unrelated requests that share an id (two
@@ -27,7 +30,10 @@ from tierdiag.diagnose.causes import cause_sql
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one, jsonify
 from tierdiag.diagnose.sql import FINISHED_SQL as _FINISHED
 from tierdiag.diagnose.facts import RunFacts
+from tierdiag.diagnose.kinds import is_observed
 from tierdiag.diagnose.numbers import ClassStats, RunSummary
+from tierdiag.diagnose.observed_twin import Agreement, agreement
+from tierdiag.diagnose.twin_error import TwinError, twin_clock, twin_error
 from tierdiag.units import share
 from tierdiag.errors import ConfigError, StoreError, TierdiagError
 from tierdiag.store.reader import RunInfo, list_runs
@@ -303,3 +309,60 @@ def compare_requests(con: duckdb.DuckDBPyConnection, a: RunInfo, b: RunInfo, *, 
         losses=tuple(map(_delta, losses)), changed=tuple(map(_delta, changed)),
         transitions=tuple(VerdictChange(r["f"], r["t"], int(r["n"])) for r in transitions), top=top,
         num_input_mismatch=mismatch)
+
+
+# --- an observed run against its twins ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class TwinAgreement:
+    """One twin of an observed run: the request-by-request agreement (observed_twin.py), the TTFT
+    error per server hit class (twin_error.py) and the clock the twin ran on."""
+
+    agreement: Agreement
+    twin_error: TwinError
+    clock: str  # one line: the presets' clock, or calibrated on which observed run
+    profile_source: dict | None  # the twin's recorded profile (None: the presets')
+
+    def to_json(self) -> dict:
+        # The agreement's keys as they were before twins had clocks, and beside them these.
+        return {**self.agreement.to_json(), "clock": self.clock, "profile_source": self.profile_source,
+                "twin_error": self.twin_error.to_json()}
+
+
+@dataclass(frozen=True)
+class TwinComparison:
+    """`compare OBSERVED TWIN TWIN2 ...`: each twin's error against the same observed run."""
+
+    observed_run_id: str
+    observed_run_name: str
+    twins: tuple[TwinAgreement, ...]  # in the order given
+
+    def to_json(self) -> dict:
+        return {"observed_run_id": self.observed_run_id, "observed_run_name": self.observed_run_name,
+                "twins": [t.to_json() for t in self.twins]}
+
+
+def observed_and_twins(runs: Sequence[RunInfo]) -> tuple[RunInfo, list[RunInfo]] | None:
+    """(observed, replays in the order given) when exactly one of two or more runs is observed."""
+    observed = [r for r in runs if is_observed(r)]
+    if len(runs) < 2 or len(observed) != 1:
+        return None
+    return observed[0], [r for r in runs if r is not observed[0]]
+
+
+def twin_agreement(con: duckdb.DuckDBPyConnection, observed: RunInfo, twin: RunInfo, *,
+                   top: int | None = None) -> TwinAgreement:
+    source = twin.config.get("profile_source")
+    return TwinAgreement(agreement=agreement(con, observed, twin, top=top),
+                         twin_error=twin_error(con, observed.run_id, twin.run_id), clock=twin_clock(twin.config),
+                         profile_source=dict(source) if source else None)
+
+
+def compare_twins(con: duckdb.DuckDBPyConnection, observed: RunInfo, twins: Sequence[RunInfo], *,
+                  top: int | None = None) -> TwinAgreement | TwinComparison:
+    """One twin: its agreement (`compare OBSERVED TWIN`, as before, with its error and clock);
+    several: each one's, so a calibrated twin's error shows beside the preset twin's."""
+    rows = tuple(twin_agreement(con, observed, t, top=top) for t in twins)
+    if len(rows) == 1:
+        return rows[0]
+    return TwinComparison(observed.run_id, observed.name, rows)

@@ -13,6 +13,7 @@ import duckdb
 from tierdiag.diagnose.explain import explain_request
 from tierdiag.diagnose.observed_twin import Twin, page_tokens, find_twin
 from tierdiag.diagnose.query import dataclass_json, request_row
+from tierdiag.diagnose.twin_error import ClassError, twin_clock, twin_error
 from tierdiag.errors import NotFoundError
 from tierdiag.store.reader import RunInfo
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
@@ -75,6 +76,40 @@ class ObservedStep:
 
 
 @dataclass(frozen=True)
+class TwinTrust:
+    """How far the twin's TTFT for this request was from the server's, beside the twin's error over
+    all requests and the clock it ran on: how far to trust steps 3-4, which come from the twin."""
+
+    twin_ttft_ns: int | None
+    error_ns: int | None  # twin - server (+: the twin was slower); None: a TTFT missing on a side
+    rel_error: float | None  # error / the server's TTFT
+    run_error: ClassError | None  # the twin's error over every request with a TTFT on both sides
+    clock: str
+
+    def sentence(self, *, clock: bool = True) -> str:
+        if self.error_ns is None:
+            text = "the twin's TTFT for this request cannot be set beside the server's (one of them is not known)"
+        else:
+            way = "slower" if self.error_ns > 0 else "faster" if self.error_ns < 0 else "neither slower nor faster"
+            text = (f"the twin's TTFT for this request was {fmt_ms(self.twin_ttft_ns)}, "
+                    f"{fmt_ms(abs(self.error_ns))} ({fmt_pct(abs(self.rel_error or 0))}) {way} than the server's")
+        r = self.run_error
+        if r is not None and r.num_requests:
+            text += (f"; over {r.num_requests:,} requests its TTFT error is median {fmt_pct(r.median_rel)}, "
+                     f"p90 {fmt_pct(r.p90_rel)}")
+        return f"{text} ({self.clock})" if clock else text
+
+
+def twin_trust(con: duckdb.DuckDBPyConnection, run: RunInfo, twin_run: RunInfo, row: dict, twin_ttft_ns: int | None,
+               ) -> TwinTrust:
+    server = row.get("ttft_ns")
+    err = None if server is None or twin_ttft_ns is None else int(twin_ttft_ns) - int(server)
+    run_error = twin_error(con, run.run_id, twin_run.run_id).by_class().get("all")
+    return TwinTrust(twin_ttft_ns, err, err / server if err is not None and server else None, run_error,
+                     twin_clock(twin_run.config))
+
+
+@dataclass(frozen=True)
 class ObservedExplanation:
     run_id: str
     run_name: str
@@ -93,6 +128,7 @@ class ObservedExplanation:
     twin_primary_cause: str | None
     counterfactual: dict
     evicted_by: tuple[str, ...]
+    twin_trust: TwinTrust | None = None  # how far the twin's TTFT was from the server's (None: no twin)
 
     def to_json(self) -> dict:
         return {
@@ -105,6 +141,13 @@ class ObservedExplanation:
             "verdict": self.verdict, "observed_ttft_parts": dataclass_json(self.parts),
             "twin": dataclass_json(self.twin) if self.twin else None,
             "twin_primary_cause": self.twin_primary_cause,
+            "twin_run_id": self.twin.run_id if self.twin else None,
+            "twin_ttft_ms": ns_to_ms(self.twin_trust.twin_ttft_ns) if self.twin_trust else None,
+            "twin_ttft_error_ms": ns_to_ms(self.twin_trust.error_ns) if self.twin_trust else None,
+            "twin_ttft_rel_error": self.twin_trust.rel_error if self.twin_trust else None,
+            "twin_clock": self.twin_trust.clock if self.twin_trust else None,
+            "twin_run_error": self.twin_trust.run_error.to_json() if self.twin_trust and self.twin_trust.run_error
+            else None,
         }
 
 
@@ -165,7 +208,7 @@ def _unknown_steps(row: dict, run: RunInfo, parts: ObservedParts) -> tuple[Obser
             ObservedStep(4, "eviction", "unknown", f"{s4}; {how}.", dict(ev)))
 
 
-def _twin_steps(con: duckdb.DuckDBPyConnection, twin: Twin, req_id: str, row: dict):
+def _twin_steps(con: duckdb.DuckDBPyConnection, run: RunInfo, twin: Twin, req_id: str, row: dict):
     """Steps 3-4 (and the twin's verdict) from the replayed twin's explanation of the same request."""
     from tierdiag.store.reader import resolve_run
 
@@ -181,7 +224,8 @@ def _twin_steps(con: duckdb.DuckDBPyConnection, twin: Twin, req_id: str, row: di
         same = (abs(t.device_tokens - row["device_hit_tokens"]) <= page
                 and abs(t.host_tokens - (row["host_hit_tokens"] or 0)) <= page
                 and abs(t.storage_tokens - (row["storage_hit_tokens"] or 0)) <= page)
-    prefix = f"From the {twin.describe()}. "
+    trust = twin_trust(con, run, twin_run, row, expl.ttft_ns)
+    prefix = f"From the {twin.describe()}; {trust.sentence(clock=False)}. "
     if same is False:
         prefix += (f"Its split differs from the server's ({fmt_tokens(t.device_tokens)} device / "
                    f"{fmt_tokens(t.host_tokens)} host / {fmt_tokens(t.storage_tokens)} storage replayed vs "
@@ -194,7 +238,7 @@ def _twin_steps(con: duckdb.DuckDBPyConnection, twin: Twin, req_id: str, row: di
         ev = dataclass_json(s.evidence)
         ev["twin_split_matches_server"] = same
         steps.append(ObservedStep(s.step, s.name, "replayed twin", prefix + s.finding, ev))
-    return tuple(steps), expl
+    return tuple(steps), expl, trust
 
 
 def explain_observed(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str) -> ObservedExplanation:
@@ -204,7 +248,7 @@ def explain_observed(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str) 
     row = request_row(con, run, req_id)
     parts = ObservedParts.from_row(row)
     twin = find_twin(con, run)
-    twin_result = _twin_steps(con, twin, req_id, row) if twin is not None else None
+    twin_result = _twin_steps(con, run, twin, req_id, row) if twin is not None else None
     steps34 = twin_result[0] if twin_result else _unknown_steps(row, run, parts)
     twin_expl = twin_result[1] if twin_result else None
     steps = (_step1(row), _step2(row)) + tuple(steps34)
@@ -226,7 +270,8 @@ def explain_observed(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str) 
         hit_class=row.get("hit_class"), ttft_ns=row.get("ttft_ns"), tokens=tokens, parts=parts,
         steps=steps, primary_cause=cause, primary_cause_source=source, headline=headline, verdict=verdict,
         twin=twin if twin_expl is not None else None, twin_primary_cause=twin_cause,
-        counterfactual=counterfactual, evicted_by=twin_expl.evicted_by if twin_expl is not None else ())
+        counterfactual=counterfactual, evicted_by=twin_expl.evicted_by if twin_expl is not None else (),
+        twin_trust=twin_result[2] if twin_result else None)
 
 
 def _verdict(row: dict, parts: ObservedParts, server_cause: str | None, twin: Twin | None,

@@ -1,4 +1,5 @@
-"""Rich views of `compare` (runs side by side; one request in two runs) and of `runs`.
+"""Rich views of `compare` (runs side by side; one request in two runs; an observed run against its
+twins: agreement, TTFT error per class, each twin's clock) and of `runs`.
 
 Rendered from the same typed results `--json` prints. Every value that comes from the data (run
 names, option values, request ids) goes in as a Text, never as markup.
@@ -12,8 +13,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tierdiag.diagnose.compare import CLASSES, Comparison, RequestComparison, RequestDelta, RunRow
+from tierdiag.diagnose.compare import (CLASSES, Comparison, RequestComparison, RequestDelta, RunRow, TwinAgreement,
+                                      TwinComparison)
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct
+from tierdiag.report.observed import render_agreement
 from tierdiag.report.terminal import CAUSE_STYLE, SafeConsole
 from tierdiag.report.text import fmt_option
 
@@ -124,3 +127,50 @@ def render_request_comparison(rc: RequestComparison, console: Console) -> None:
                                    rc.name_a, rc.name_b))
     elif rc.num_common:
         console.print("no request changed its verdict")
+
+
+# --- an observed run against its twins -----------------------------------------------------------
+
+_ERROR_CLASSES = {"all": "all", **_CLASS_SHORT, "unknown": "class not reported"}
+
+
+def _twin_error_table(twins: Sequence[TwinAgreement]) -> Table:
+    table = Table(title="twin TTFT error against the server, per request (|twin - server|, nearest rank)",
+                  title_justify="left")
+    for col in ("twin", "class", "requests", "median", "p90", "median rel", "p90 rel"):
+        table.add_column(col, justify="left" if col in ("twin", "class") else "right")
+    for t in twins:
+        for c in t.twin_error.classes:
+            ms = lambda v: fmt_ms(None if v is None else v * 1e6)  # noqa: E731 - ms -> ns
+            table.add_row(Text(t.agreement.replayed_run_name) if c.hit_class == "all" else Text(""),
+                          Text(_ERROR_CLASSES.get(c.hit_class, c.hit_class),
+                               style="bold" if c.hit_class == "all" else ""),
+                          f"{c.num_requests:,}", ms(c.median_abs_ms), ms(c.p90_abs_ms), fmt_pct(c.median_rel),
+                          fmt_pct(c.p90_rel))
+    unmatched = [t for t in twins if t.twin_error.unmatched]
+    if unmatched:
+        table.caption = "; ".join(f"{t.agreement.replayed_run_name}: {t.twin_error.unmatched:,} observed requests "
+                                  f"with a TTFT have none in the twin" for t in unmatched)
+    return table
+
+
+def _clock_line(t: TwinAgreement) -> Text:
+    line = Text.assemble(("twin ", "dim"), (t.agreement.replayed_run_name, "bold"),
+                         (f" ({t.agreement.replayed_run_id}): ", "dim"))
+    line.append(t.clock)
+    return line
+
+
+def render_twin_agreement(t: TwinAgreement, console: Console) -> None:
+    render_agreement(t.agreement, console)
+    console.print(_clock_line(t))
+    wide_console(console).print(_twin_error_table([t]))
+
+
+def render_twin_comparison(c: TwinComparison, console: Console) -> None:
+    console.print(Text.assemble(("observed ", "dim"), (f"{c.observed_run_name} ({c.observed_run_id})", "bold"),
+                                (f" against {len(c.twins)} replayed twins", "dim")))
+    for t in c.twins:
+        console.print(_clock_line(t))
+        console.print(Text("  " + t.agreement.finding()))
+    wide_console(console).print(_twin_error_table(c.twins))

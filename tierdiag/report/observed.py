@@ -41,6 +41,9 @@ def render_observed_explanation(e: ObservedExplanation, console: Console) -> Non
     body.append(Text(f"\ntokens: {fmt_tokens(tok['input'])} input = {fmt_tokens(tok['device'])} device + "
                      f"{fmt_tokens(tok['host'])} host + {fmt_tokens(tok['storage'])} storage + "
                      f"{fmt_tokens(tok['computed'])} computed (server-reported)", style="dim"))
+    if e.twin_trust is not None:
+        body.append(Text(f"\nhow far to trust steps 3-4 (from the twin): {e.twin_trust.sentence()}.",
+                         style="yellow"))
     title = f"request {e.req_id} · {e.hit_class or e.status} · observed run {e.run_name} ({e.run_id})"
     source = f" ({e.primary_cause_source})" if e.primary_cause_source else ""
     console.print(Panel(Group(*body), title=Text(f"verdict: {e.primary_cause or 'not known'}{source}"),

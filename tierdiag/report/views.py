@@ -78,10 +78,16 @@ def _request_comparison(r, console, ctx: Context) -> None:
     render_request_comparison(r, console)
 
 
-def _agreement(r, console, ctx: Context) -> None:
-    from tierdiag.report.observed import render_agreement
+def _twin_agreement(r, console, ctx: Context) -> None:
+    from tierdiag.report.compare_terminal import render_twin_agreement
 
-    render_agreement(r, console)
+    render_twin_agreement(r, console)
+
+
+def _twin_comparison(r, console, ctx: Context) -> None:
+    from tierdiag.report.compare_terminal import render_twin_comparison
+
+    render_twin_comparison(r, console)
 
 
 def _advice(r, console, ctx: Context) -> None:
@@ -100,7 +106,8 @@ VIEWS: dict[str, Callable[[Any, Any, Context], None]] = {
     "ObservedSlow": _observed_slow,
     "Comparison": _comparison,
     "RequestComparison": _request_comparison,
-    "Agreement": _agreement,
+    "TwinAgreement": _twin_agreement,
+    "TwinComparison": _twin_comparison,
     "AdviseResult": _advice,
 }
 
