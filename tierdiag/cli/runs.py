@@ -33,7 +33,10 @@ def runs(
         infos = list_runs(con)
     changes = {r.run_id: changed_from_defaults(r.config) for r in infos}
     if json_:
+        from tierdiag.engine.rules import recorded_rules
+
         print_json([{**r.to_json(), "changed_from_defaults": changes[r.run_id],
+                     "sglang_rules": recorded_rules(r.config) if r.kind != "observed" else None,
                      "pools": pool_sizes(r.config, r.data_plane)} for r in infos])
         return
     from tierdiag.report.terminal import render_runs
