@@ -137,3 +137,15 @@ def test_cli_summary_and_runs_json_name_the_rule_set_old_store_as_059(tmp_path):
         assert [r["sglang_rules"] for r in json.loads(res.stdout)] == [want]
     res = cli("summary", "--db", old.path)
     assert "engine rules: sglang 0.5.9 (recorded before rule sets)" in res.stdout, res.stdout
+
+
+@pytest.mark.parametrize("rules,shown", [("0.5.23", "sglang <b>0.5.23</b> ·"),
+                                         (None, "sglang <b>0.5.9</b> (recorded before rule sets)")])
+def test_the_reports_run_header_names_the_rule_set(tmp_path, rules, shown):
+    from tierdiag.report.html import build_report
+
+    b = _store(tmp_path, rules)
+    res = build_report(b.path, output=tmp_path / "r.html")
+    text = res.path.read_text()
+    header = text[text.index('<header class="top"'):text.index("</header>")]
+    assert shown in header
