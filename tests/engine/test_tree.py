@@ -66,12 +66,13 @@ def test_demote_keeps_a_host_copy_and_exposes_the_parent():
 
 @pytest.mark.parametrize("policy,expected", [
     ("lru", [3, 2, 1]), ("lfu", [3, 1, 2]), ("fifo", [1, 2, 3]), ("mru", [1, 2, 3]), ("filo", [3, 2, 1]),
-    ("slru", [3, 1, 2]), ("priority", [2, 1, 3])])
+    ("slru", [3, 1, 2]), ("priority", [2, 1, 3]), ("tlru", [3, 2, 1])])
 def test_eviction_order_follows_the_policy(policy, expected):
     # pages 1, 2, 3 inserted at t=0, 1, 2 (one insert hit each; page 3 with priority 5); page 2
     # is inserted twice more at t=10-11 (3 hits), page 1 only matched at t=20 (access, no hit):
     # LRU keeps 1 longest, LFU and SLRU (2 hits protect) keep 2, FIFO goes by insertion, MRU
-    # drops the most recent first, FILO the newest, priority the lowest priority then LRU
+    # drops the most recent first, FILO the newest, priority the lowest priority then LRU, TLRU
+    # (SGLang's default config: nothing TEL-safe) as LRU
     tree = tree_with([1], [2], [3], policy=policy, priorities={3: 5})
     tree.insert([2], 0, [90], now_ns=10)
     tree.insert([2], 0, [91], now_ns=11)
@@ -86,4 +87,5 @@ def test_eviction_order_follows_the_policy(policy, expected):
 def test_every_registered_policy_is_a_config_choice():
     from tierdiag.config.engine import EVICTION_POLICIES
     from tierdiag.config.policies import EVICTION_POLICIES as REGISTRY
-    assert EVICTION_POLICIES == tuple(REGISTRY) == ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
+    assert EVICTION_POLICIES == tuple(REGISTRY) == ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru",
+                                                                  "tlru")

@@ -91,7 +91,7 @@ def test_config_file_values_are_validated_like_options(tmp_path, trace):
     cfg = tmp_path / "c.toml"
     cfg.write_text('[replay]\nmodel = "tiny"\ngpu = "cpu"\neviction-policy = "arc"\n')
     tierdiag("replay", trace, "--config", cfg).fails(3, f"--config {cfg}", "--eviction-policy 'arc'",
-                                                     "known: fifo, filo, lfu, lru, mru, priority, slru")
+                                                     "known: fifo, filo, lfu, lru, mru, priority, slru, tlru")
     cfg.write_text('[replay]\nmodel = "tiny"\ngpu = "cpu"\npage_size = 3\n')
     tierdiag("replay", trace, "--config", cfg).fails(3, f"--config {cfg}", "--page-size 3", "power of two")
     # Given on the command line, the option is to blame even with a --config beside it.

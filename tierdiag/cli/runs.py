@@ -36,7 +36,10 @@ def runs(
     changes = {r.run_id: changed_from_defaults(r.config) for r in infos}
     default = default_run(infos).run_id if infos else None
     if json_:
+        from tierdiag.engine.rules import recorded_rules
+
         print_json([{**r.to_json(), "changed_from_defaults": changes[r.run_id],
+                     "sglang_rules": recorded_rules(r.config) if r.kind != "observed" else None,
                      "pools": pool_sizes(r.config, r.data_plane), "default": r.run_id == default} for r in infos])
         return
     from tierdiag.report.terminal import render_runs

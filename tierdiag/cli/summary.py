@@ -18,7 +18,13 @@ def summary(db: DbOpt = DEFAULT_DB_PATH, run: RunOpt = None, json_: JsonOpt = Fa
 
     clock = provenance_line(info.config.get("profile_source"))  # replayed with a calibrate profile
     if json_:  # no Rich for JSON
-        print_json({**result.to_json(), **({"clock": info.config["profile_source"]} if clock else {})})
+        from tierdiag.engine.rules import recorded_rules
+
+        # The SGLang release whose rules the replay followed (0.5.9 for one recorded before rule
+        # sets); null for an imported run, whose numbers are the server's.
+        rules = recorded_rules(info.config) if info.kind != "observed" else None
+        print_json({**result.to_json(), "sglang_rules": rules,
+                    **({"clock": info.config["profile_source"]} if clock else {})})
         return
     from tierdiag.report.views import render
 

@@ -1,8 +1,8 @@
 """Eviction policies: the order in which evictable tree nodes leave a tier (smallest key first).
 
 One registry, as SGLang 0.5.9's `mem_cache/evict_policy.py` (`*Strategy.get_priority`) and the
-`eviction_policy` switch in `RadixCache.__init__`: lru, lfu, fifo, mru, filo, priority; plus slru,
-which SGLang added after 0.5.9 (0.5.23's `SLRUStrategy`). Every key ends in the node id so
+`eviction_policy` switch in `RadixCache.__init__`: lru, lfu, fifo, mru, filo, priority; plus slru
+and tlru, which SGLang added after 0.5.9 (0.5.23's `SLRUStrategy`, `TLRUStrategy`). Every key ends in the node id so
 ties break the same way in every run; before it, `access_seq`, the order of the access stamps
 within one virtual instant (SGLang's clocks never tie: the newer stamp is the more recent).
 
@@ -12,7 +12,10 @@ What the keys read (see tree.TreeNode):
   under write_back), as HiRadixCache._inc_hit_count; matches do not count;
 - `created_ns`: when the node's first page entered the tree (a split keeps it);
 - `priority`: the highest `"priority"` of the requests that inserted the node (RadixCache keeps
-  the max along the path; a split inherits it).
+  the max along the path; a split inherits it);
+- `tlru_depth`, `tlru_history` (tlru only, kept by the tree when the policy asks, `tree_depths`):
+  the tokens from the root to the node's end, and the deepest its branch has ever reached
+  (UnifiedTreeCore's `_tlru_cached_prefix_len`, `_tlru_history_len`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ class EvictionPolicy:
     # access makes it a better victim). The tree then re-pushes a node each time it is touched.
     key_can_shrink: bool
     doc: str
+    # The tree keeps the nodes' tlru_depth / tlru_history (UnifiedTreeCore.tlru_bookkeeping).
+    tree_depths: bool = False
 
 
 def _lru(n: "TreeNode") -> tuple:
@@ -65,6 +70,23 @@ def _slru(n: "TreeNode") -> tuple:
     return (1 if n.hit_count >= SLRU_PROTECTED_HITS else 0, n.last_access_ns, n.access_seq, n.id)
 
 
+def tlru_key(threshold: int = 0, next_prompt_estimate: int = 0) -> Callable[["TreeNode"], tuple]:
+    """SGLang 0.5.23 `TLRUStrategy(threshold, next_prompt_estimate).get_priority` (Tail-Optimized
+    LRU, arXiv:2510.15152; both in tokens): a branch whose history reached L tokens only needs
+    L + next_prompt_estimate - threshold of them cached; a node whose ancestors already hold that
+    budget is "TEL-safe" and leaves before everything else, then LRU.
+
+    SGLang's `_tlru_cached_prefix_len - len(node.key)` is the parent's depth (a split gives the
+    upper half the parent's depth + its own tokens, the lower half keeps its own), read here as
+    such. Under SGLang's defaults (no `--radix-eviction-policy-config`: 0 and 0) no node is ever
+    TEL-safe (its history is at least its own depth, beyond its parent's): the order is LRU's."""
+    def _tlru(n: "TreeNode") -> tuple:
+        budget = max(n.tlru_history + next_prompt_estimate - threshold, 0)
+        without_this_node = n.parent.tlru_depth if n.parent is not None else 0
+        return (-1 if without_this_node >= budget else 0, n.last_access_ns, n.access_seq, n.id)
+    return _tlru
+
+
 EVICTION_POLICIES: dict[str, EvictionPolicy] = {p.name: p for p in (
     EvictionPolicy("lru", _lru, False, "least recently used first (LRUStrategy)"),
     EvictionPolicy("lfu", _lfu, False, "fewest insert hits first, then least recent (LFUStrategy)"),
@@ -76,4 +98,9 @@ EVICTION_POLICIES: dict[str, EvictionPolicy] = {p.name: p for p in (
     EvictionPolicy("slru", _slru, False,
                    f"nodes hit fewer than {SLRU_PROTECTED_HITS} times first, each segment least recent first "
                    "(SLRUStrategy, SGLang after 0.5.9)"),
+    # SGLang's default config (threshold 0, next_prompt_estimate 0): a key only grows (no node
+    # becomes TEL-safe), so no re-push on touch.
+    EvictionPolicy("tlru", tlru_key(), False,
+                   "tail-optimized LRU with SGLang's default config: TEL-safe tails first, then least recent "
+                   "(TLRUStrategy, SGLang 0.5.23)", tree_depths=True),
 )}

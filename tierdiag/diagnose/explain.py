@@ -34,7 +34,14 @@ from tierdiag.diagnose.explain_result import (  # noqa: F401 - explain's result 
     PrefixEvidence,
     Step,
 )
-from tierdiag.diagnose.explain_steps import is_finished, step_eviction, step_host_hit, step_load_back, step_prefix
+from tierdiag.diagnose.explain_steps import (
+    is_finished,
+    run_vocabulary,
+    step_eviction,
+    step_host_hit,
+    step_load_back,
+    step_prefix,
+)
 from tierdiag.diagnose.explain_verdict import VerdictInputs, context_sentence, verdict
 from tierdiag.diagnose.facts import RunFacts, run_bounds  # noqa: F401 - run_bounds: slow's clock
 from tierdiag.diagnose.query import request_row
@@ -61,9 +68,10 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
     finished = is_finished(row)
     ctx = request_context(con, run.run_id, row, bounds[0]) if finished else None
     attribution = queue_attribution(con, run.run_id, row) if finished else None
+    vocab = run_vocabulary(run)  # the words of the SGLang release the run followed
     steps = (
-        step_host_hit(row, tokens, run),
-        step_prefix(row, tokens),
+        step_host_hit(row, tokens, run, vocab),
+        step_prefix(row, tokens, vocab),
         step_load_back(con, run, row, tokens, totals),
         step_eviction(con, run, row, tokens, totals),
     )
@@ -105,4 +113,5 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
         ttft_if_never_evicted_ns=C.never_evicted_ns(row) if finished else None,
         context=replace(ctx, window_start_ns=ctx.window_start_ns - bounds[0]) if ctx is not None else None,
         queue_attribution=attribution, advice=tuple(advice), claims=claims, run_start_ns=bounds[0],
+        sglang_rules=vocab.sglang_rules, vocabulary=dict(vocab.words),
     )

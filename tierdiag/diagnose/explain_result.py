@@ -194,6 +194,14 @@ class Explanation:
     # The run's first arrival in the store's virtual time: where the times above count from (a
     # trace sliced from a longer one starts late); add it back to match the store's *_ns columns.
     run_start_ns: int = 0
+    # The SGLang release whose rules the run followed, and its words for the contract's names
+    # (step names and evidence keys stay the contract's; the terminal shows these words).
+    sglang_rules: str | None = None
+    vocabulary: dict[str, str] | None = None
+
+    def word(self, name: str) -> str:
+        """The run's SGLang word for a contract name (a step name, an evidence key)."""
+        return (self.vocabulary or {}).get(name, name)
 
     def to_json(self) -> dict:
         """DESIGN.md §3 `explain --json`, extended (run_name, status, verdict, decomposition...) and
@@ -227,4 +235,6 @@ class Explanation:
             "advice": [a.to_json() for a in self.advice if a.advised],
             "tried_not_advised": [a.to_json() for a in self.advice if not a.advised],
             "claims": [c.to_json() for c in self.claims],
+            "sglang_rules": self.sglang_rules,
+            "vocabulary": dict(self.vocabulary or {}),
         }

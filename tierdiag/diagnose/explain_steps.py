@@ -7,11 +7,18 @@
     4 eviction          which evictions took its prefix, by whose allocation, pool state then,
                         and whether the device pool was thrashing
 
+The step names and evidence keys are the contract's (DESIGN.md §3) whatever the run; the words
+of a finding are the SGLang release's whose rules the run followed (`sglang_rules`): 0.5.23's
+request has `prefix_len`, `host_loaded_length`, `best_match_node`, `kv.cache_protected_len`,
+0.5.9's `prefix_indices`, `host_hit_length` (`Vocabulary`).
+
 Each step is one function from the request's row (and a few small queries filtered on run_id,
 req_id and a time window) to a `Step`: its finding in words and its typed evidence.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import duckdb
 
@@ -29,6 +36,7 @@ from tierdiag.diagnose.query import fetch_dicts, link_peak_bytes_per_s, row_int
 from tierdiag.diagnose.sql import FINISHED_SQL
 from tierdiag.diagnose.tokens import TokenSplit
 from tierdiag.diagnose.totals import RunTotals
+from tierdiag.engine.rules import RULE_SETS, recorded_rules
 from tierdiag.store.reader import RunInfo
 from tierdiag.units import NS_PER_S, fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_rate, fmt_tokens, share
 
@@ -43,6 +51,39 @@ FRAGMENTED_PAGES_PER_RUN = 4
 # Thrashing: at least this share of the tokens the device pool evicted around this request were
 # asked for again, and evictions there ran at least as fast per busy second as over the run.
 THRASH_REREFERENCED_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The run's SGLang release and its words for the contract's names (`words`: contract name ->
+    the release's field; a release the engine does not know keeps the contract's names)."""
+
+    sglang_rules: str
+    words: dict[str, str]
+
+    def __getitem__(self, name: str) -> str:
+        return self.words.get(name, name)
+
+    def note(self, *names: str) -> str:
+        """The sentence a step ends with: whose words it used."""
+        return f"(Fields as SGLang {self.sglang_rules} names them: {', '.join(self[n] for n in names)}.)"
+
+
+def run_vocabulary(run: RunInfo) -> Vocabulary:
+    """The words of the release `run` followed (a run recorded before rule sets: 0.5.9's)."""
+    version = recorded_rules(run.config)
+    rules = RULE_SETS.get(version)
+    if rules is None:
+        return Vocabulary(version, {})
+    v = rules.vocabulary
+    return Vocabulary(version, {
+        "prefix_indices": v.prefix,
+        # 0.5.23's request carries the length itself; 0.5.9's the indices.
+        "prefix_indices_len": v.prefix if v.prefix.endswith("_len") else f"len({v.prefix})",
+        "host_hit_length": v.host_hit,
+        "last_host_node": v.match_node,
+        "cache_protected_len": v.protected,
+    })
 
 
 def plural(count: int, word: str) -> str:
@@ -89,7 +130,8 @@ def _per_s(count: float, span_ns: int) -> float | None:
 # --------------------------------------------------------------------------- step 1
 
 
-def step_host_hit(row: dict, tokens: TokenSplit, run: RunInfo) -> Step:
+def step_host_hit(row: dict, tokens: TokenSplit, run: RunInfo, vocab: Vocabulary | None = None) -> Step:
+    V = vocab or run_vocabulary(run)
     threshold = run.config.get("load_back_threshold")
     ev = HostHitEvidence(
         hit_class=row.get("hit_class"), input_tokens=tokens.input_tokens,
@@ -111,11 +153,11 @@ def step_host_hit(row: dict, tokens: TokenSplit, run: RunInfo) -> Step:
         return Step(1, "host_hit_length", finding, ev)
     if cls == "device_hit":
         finding = (f"device hit: {fmt_tokens(t.reused_tokens)} of {fmt_tokens(t.input_tokens)} tokens "
-                   f"reused, all device-resident (host_hit_length 0); {fmt_tokens(t.computed_tokens)} computed.")
+                   f"reused, all device-resident ({V['host_hit_length']} 0); {fmt_tokens(t.computed_tokens)} computed.")
     elif cls == "tiered_hit":
         finding = (f"tiered hit: {fmt_tokens(t.reused_tokens)} of {fmt_tokens(t.input_tokens)} tokens "
                    f"reused: {fmt_tokens(t.device_tokens)} device-resident, {fmt_tokens(t.host_tokens)} "
-                   f"loaded back from host (host_hit_length {fmt_tokens(t.host_tokens)}), "
+                   f"loaded back from host ({V['host_hit_length']} {fmt_tokens(t.host_tokens)}), "
                    f"{fmt_tokens(t.storage_tokens)} fetched from storage; "
                    f"{fmt_tokens(t.computed_tokens)} computed.")
     else:
@@ -127,6 +169,8 @@ def step_host_hit(row: dict, tokens: TokenSplit, run: RunInfo) -> Step:
         why = C.recompute_reasons(row, ev.load_back_threshold_tokens, 0, bool(run.config.get("storage_tokens")))
         finding += (f" {fmt_tokens(t.recomputed_tokens)} of the computed tokens had been cached before and were "
                     f"recomputed: {'; '.join(why)}.")
+    if cls in ("device_hit", "tiered_hit"):
+        finding += " " + V.note("host_hit_length")
     return Step(1, "host_hit_length", finding, ev)
 
 
@@ -149,7 +193,8 @@ def _skip_sentence(ev: HostHitEvidence) -> str:
 # --------------------------------------------------------------------------- step 2
 
 
-def step_prefix(row: dict, tokens: TokenSplit) -> Step:
+def step_prefix(row: dict, tokens: TokenSplit, vocab: Vocabulary) -> Step:
+    V = vocab
     pil = row_int(row, "prefix_indices_len")
     device = tokens.device_tokens
     restored = max(pil - device, 0)
@@ -157,15 +202,16 @@ def step_prefix(row: dict, tokens: TokenSplit) -> Step:
                         restored_share=share(restored, pil), cache_protected_len=row_int(row, "cache_protected_len"),
                         extend_input_len=row_int(row, "extend_input_len"))
     if pil == 0:
-        finding = (f"no usable prefix: prefix_indices is empty (cache_protected_len "
+        finding = (f"no usable prefix: {V['prefix_indices_len']} is 0 ({V['cache_protected_len']} "
                    f"{fmt_tokens(ev.cache_protected_len)}); extend_input_len {fmt_tokens(ev.extend_input_len)}.")
     else:
-        finding = (f"usable prefix {fmt_tokens(pil)} tokens = {fmt_tokens(device)} device original + "
-                   f"{fmt_tokens(restored)} restored by load-back ({fmt_pct(ev.restored_share)} restored); "
-                   f"cache_protected_len {fmt_tokens(ev.cache_protected_len)}; "
-                   f"extend_input_len {fmt_tokens(ev.extend_input_len)}.")
+        finding = (f"usable prefix ({V['prefix_indices_len']}) {fmt_tokens(pil)} tokens = {fmt_tokens(device)} "
+                   f"device original + {fmt_tokens(restored)} restored by load-back "
+                   f"({fmt_pct(ev.restored_share)} restored); {V['cache_protected_len']} "
+                   f"{fmt_tokens(ev.cache_protected_len)}; extend_input_len {fmt_tokens(ev.extend_input_len)}.")
         if ev.cache_protected_len != pil:
-            finding += " cache_protected_len differs from the usable view."
+            finding += f" {V['cache_protected_len']} differs from the usable view."
+    finding += " " + V.note("prefix_indices_len", "cache_protected_len")
     return Step(2, "prefix_indices", finding, ev)
 
 

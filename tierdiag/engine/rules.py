@@ -145,3 +145,14 @@ assert tuple(RULE_SETS) == SGLANG_RULES, "config.engine.SGLANG_RULES names the r
 
 def rule_set(version: str) -> RuleSet:
     return RULE_SETS[version]  # EngineConfig has checked the name
+
+
+# A replay recorded before rule sets existed has no `sglang_rules` in its config: the engine
+# followed SGLang 0.5.9 then (docs/contract.md).
+UNRECORDED_RULES = "0.5.9"
+
+
+def recorded_rules(config: dict) -> str:
+    """The SGLang release whose rules a replay followed, from its recorded config."""
+    version = config.get("sglang_rules")
+    return str(version) if version else UNRECORDED_RULES

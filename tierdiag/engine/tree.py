@@ -24,7 +24,7 @@ from tierdiag.engine.rules import RULE_SETS, RuleSet
 class TreeNode:
     __slots__ = ("id", "parent", "children", "keys", "device", "host", "lock_ref", "hit_count",
                  "last_access_ns", "created_ns", "n_dev_children", "owner", "prefetched_for", "evicted_by",
-                 "priority", "host_ref", "keys_np", "access_seq")
+                 "priority", "host_ref", "keys_np", "access_seq", "tlru_depth", "tlru_history")
 
     def __init__(self, node_id: int, parent: "TreeNode | None", keys: list[int],
                  device: list[int] | None, host: list[int] | None, now_ns: int, owner: str | None,
@@ -53,6 +53,9 @@ class TreeNode:
         # SGLang's host_ref_counter (protect_host): a prefetch anchored here keeps the host copy
         # from host eviction without pinning any device page.
         self.host_ref = 0
+        # tlru's bookkeeping (config/policies.py), kept only when the policy reads it.
+        self.tlru_depth = 0
+        self.tlru_history = 0
 
     @property
     def num_pages(self) -> int:
@@ -100,6 +103,7 @@ class RadixTree:
         policy = EVICTION_POLICIES[eviction_policy]
         self.priority = policy.key
         self._repush_on_touch = policy.key_can_shrink
+        self._tree_depths = policy.tree_depths
         self._next_id = 1
         self._seq = 0  # access stamps (TreeNode.access_seq)
         self.root = TreeNode(0, None, [], [], None, 0, None)
@@ -125,6 +129,12 @@ class RadixTree:
         if device is not None:
             parent.n_dev_children += 1
             self.device_pages += len(keys)
+        if self._tree_depths:  # UnifiedTreeCore's _set_tlru_lens_and_raise_history (0.5.23)
+            node.tlru_depth = node.tlru_history = parent.tlru_depth + len(keys) * self.page_size
+            cur = parent
+            while cur is not None and cur.tlru_history < node.tlru_depth:
+                cur.tlru_history = node.tlru_depth
+                cur = cur.parent
         return node
 
     @property
@@ -180,6 +190,10 @@ class RadixTree:
         upper.prefetched_for = node.prefetched_for
         upper.evicted_by = node.evicted_by
         upper.priority = node.priority  # SGLang: the new node inherits the child's priority
+        # UnifiedTreeCore._split_node under tlru: the upper half sits at the parent's depth + its
+        # tokens with the branch's history; the lower half keeps both.
+        upper.tlru_depth = parent.tlru_depth + pages * self.page_size if self._tree_depths else 0
+        upper.tlru_history = node.tlru_history
         node.keys = node.keys[pages:]
         if node.keys_np is not None:
             node.keys_np = node.keys_np[pages:]

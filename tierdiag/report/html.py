@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tierdiag.units import fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens
+from tierdiag.engine.rules import recorded_rules
 from tierdiag.report.series import (
     BURST_GAP_SHARE,
     CAUSE_MEANING,
@@ -348,8 +349,12 @@ def render_html(data: ReportData, figures: list[FigureSpec], *, plotly_js: str) 
     run = data.run
     peak = data.transfers.link_bytes_per_s
     status = "" if run.status == "complete" else f" · <b style='color:#ffb74d'>status {e(run.status)}</b>"
+    rules = ""
+    if run.kind != "observed":  # the SGLang release whose rules the replay followed
+        rules = (f" · sglang <b>{e(recorded_rules(run.config))}</b>"
+                 + ("" if run.config.get("sglang_rules") else " (recorded before rule sets)"))
     meta = (f"run <b>{e(run.run_id)}</b> · model <b>{e(run.config.get('model', '?'))}</b> on "
-            f"<b>{e(run.config.get('gpu', '?'))}</b> ·\n{e(run.timing)} timing · link peak <b>{e(fmt_bandwidth(peak))}</b> "
+            f"<b>{e(run.config.get('gpu', '?'))}</b>{rules} ·\n{e(run.timing)} timing · link peak <b>{e(fmt_bandwidth(peak))}</b> "
             f"· trace <b>{e(Path(run.trace_path).name)}</b>{status}")
     return page(title=f"tierdiag report · {run.name} · {run.run_id}", heading=f"tierdiag report · <span>{e(run.name)}</span>",
                 meta=meta, sections=_SECTIONS, figures=figures, clock="the replay's clock", plotly_js=plotly_js,

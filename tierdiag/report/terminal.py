@@ -107,15 +107,17 @@ def grouped_reasons(reasons) -> list[tuple[str, int, int]]:
     return sorted(out, key=lambda g: -g[1])
 
 
-def _kv_table(evidence: dict) -> Table:
-    """Scalar evidence as a two-column grid; lists of records become their own small tables."""
+def _kv_table(evidence: dict, words: dict[str, str] | None = None) -> Table:
+    """Scalar evidence as a two-column grid; lists of records become their own small tables.
+    `words`: a key's name as the run's SGLang release has it (shown; the value is the key's)."""
+    words = words or {}
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="dim")
     grid.add_column()
     for key, value in evidence.items():
         if isinstance(value, list) and value and isinstance(value[0], dict):
             continue
-        grid.add_row(plain(key), plain(fmt_value(key, value)))
+        grid.add_row(plain(words.get(key, key)), plain(fmt_value(key, value)))
     return grid
 
 
@@ -170,6 +172,9 @@ def render_explanation(expl: Explanation, console: Console) -> None:
     style = CAUSE_STYLE.get(expl.primary_cause, "bold")
     what = f"{expl.hit_class}, {expl.tokens.label()}" if expl.hit_class else expl.status
     title = plain(f"request {expl.req_id} · {what} · run {expl.run_name} ({expl.run_id})")
+    # The release whose rules the run followed, whose words the steps use (short: the subtitle
+    # above is cut at the panel's width).
+    rules = f" · sglang {expl.sglang_rules}" if expl.sglang_rules else ""
     verdict_parts: list = [Text(visible(expl.headline), style=f"bold {style}"), Text(""), Text(visible(expl.verdict))]
     if expl.decomposition is not None:
         d = expl.decomposition
@@ -207,17 +212,17 @@ def render_explanation(expl: Explanation, console: Console) -> None:
     verdict_parts += _advice_lines(expl.advice)
     # soft_wrap=False: the shared console soft-wraps (no cropping of long lines on stdout), but
     # inside panels text must wrap to the panel, not be cut.
-    console.print(Panel(Group(*verdict_parts), title=plain(f"verdict: {expl.primary_cause or expl.status}"),
+    console.print(Panel(Group(*verdict_parts), title=plain(f"verdict: {expl.primary_cause or expl.status}{rules}"),
                         subtitle=title, border_style=style, title_align="left", subtitle_align="left"),
                   soft_wrap=False)
     for step in data["steps"]:
         body: list = [Text(visible(step["finding"])), Text("")]
         evidence = step["evidence"]
-        body.append(_kv_table(evidence))
+        body.append(_kv_table(evidence, expl.vocabulary))
         for key, value in evidence.items():
             if isinstance(value, list) and value and isinstance(value[0], dict):
                 body += [Text(""), _records_table(key, value, console, console.width - 4)]
-        console.print(Panel(Group(*body), title=plain(f"{step['step']} · {step['name']}"), title_align="left",
+        console.print(Panel(Group(*body), title=plain(f"{step['step']} · {expl.word(step['name'])}"), title_align="left",
                             border_style="blue"), soft_wrap=False)
 
 
@@ -298,8 +303,9 @@ def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str
 
 
 def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int | None = None,
-                   pools: dict[str, int] | None = None) -> None:
-    """`pools`: tier -> configured tokens (the run's config), shown with GiB at `kv_bytes_per_token`."""
+                   pools: dict[str, int] | None = None, rules: str | None = None) -> None:
+    """`pools`: tier -> configured tokens (the run's config), shown with GiB at `kv_bytes_per_token`;
+    `rules`: the run's rule set (`rules_line`)."""
     t = s.tokens
     shares = t.shares()
     console.print(Text.assemble(
@@ -309,6 +315,8 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
     if pools:
         console.print(plain("pools: " + " · ".join(f"{tier} {fmt_pool(n, kv_bytes_per_token)}"
                                                    for tier, n in pools.items()), "dim"))
+    if rules:
+        console.print(plain(f"engine rules: {rules}", "dim"))
     if getattr(s, "diagnosis", None) is not None:
         dx = s.diagnosis
         console.print(Panel(Group(plain(dx.finding), *_advice_lines(dx.advice)),
@@ -457,8 +465,19 @@ def _pools_text(config: dict, data_plane: dict) -> str:
                     if isinstance(config.get(f"{tier}_tokens"), int) and config[f"{tier}_tokens"] > 0) or "-"
 
 
-# Shown in their own lines of `runs`' config cell (model/gpu, the pools), so not again as options.
-_RUNS_OWN_LINES = ("model", "gpu", "device_tokens", "host_tokens", "storage_tokens", "storage_dir")
+# Shown in their own lines of `runs`' config cell (model/gpu, the pools, the rule set), so not again as options.
+_RUNS_OWN_LINES = ("model", "gpu", "device_tokens", "host_tokens", "storage_tokens", "storage_dir", "sglang_rules")
+
+
+def rules_line(run) -> str | None:
+    """`sglang 0.5.23`: the SGLang release whose rules a replay followed (`sglang_rules`); a replay
+    recorded before rule sets existed followed 0.5.9's, and says so. None for an imported run (a
+    server's own numbers: no engine rules)."""
+    from tierdiag.engine.rules import recorded_rules
+
+    if run.kind == "observed":
+        return None
+    return f"sglang {recorded_rules(run.config)}" + ("" if run.config.get("sglang_rules") else " (recorded before rule sets)")
 
 
 def render_runs(infos: Sequence, console: Console, *, db_label: str,
@@ -488,6 +507,8 @@ def render_runs(infos: Sequence, console: Console, *, db_label: str,
                   else [f"{r.config.get('model', '?')} on {r.config.get('gpu', '?')}"])
         config += [f"{tier} {fmt_tokens(size['tokens'])}" + (f" ({fmt_bytes(size['bytes'])})" if size["bytes"] else "")
                    for tier, size in pool_sizes(r.config, r.data_plane).items()]
+        rules = rules_line(r)
+        config += [rules] if rules else []
         config += [f"{k}={fmt_option(v)}" for k, v in sorted(options.get(r.run_id, {}).items())
                    if k not in _RUNS_OWN_LINES]
         clock = provenance_line(r.config.get("profile_source"))  # replayed with a calibrate profile
@@ -495,7 +516,8 @@ def render_runs(infos: Sequence, console: Console, *, db_label: str,
         table.add_row(run_cell, Text("\n").join([plain(r.kind), plain(r.status)]), f"{r.num_requests:,}",
                       Text("\n").join(plain(line) for line in config))
     console.print(table, soft_wrap=False)  # a long database path in the title wraps too
-    console.print(Text("config: model on GPU, pools in tokens (binary sizes, GiB = 2^30 bytes), then the options "
+    console.print(Text("config: model on GPU, pools in tokens (binary sizes, GiB = 2^30 bytes), the SGLang release "
+                       "whose rules the replay followed, then the options "
                        "that differ from the defaults · `--run` takes an id, a unique prefix of one, or a name; "
                        "without it, the (default) run: the newest replay or import, never a sweep or advise candidate · "
                        "--json for every field", style="dim"), soft_wrap=False)
