@@ -24,7 +24,8 @@ def survival_figure(sessions) -> FigureSpec | None:
     layout = {"barmode": "stack", "xaxis": {"title": {"text": "pause before the turn (think_ms)"}},
               "yaxis": {"title": {"text": "share of the reused prefix"}, "range": [0, 100], "ticksuffix": " %"},
               "yaxis2": {"title": {"text": "TTFT (ms)"}, "overlaying": "y", "side": "right", "rangemode": "tozero"},
-              "legend": {"orientation": "h"}}
+              # Above the plot: below it, a horizontal legend sits on the x-axis title.
+              "legend": {"orientation": "h", "x": 0, "y": 1.02, "xanchor": "left", "yanchor": "bottom"}}
     return FigureSpec(
         key="session-survival", section="distributions", title="Did the session's prefix survive the pause?",
         how_to_read="For every later turn of a session, by its pause (think_ms): where its reused prefix (tokens "
