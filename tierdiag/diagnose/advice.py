@@ -38,13 +38,13 @@ from tierdiag.diagnose.claims import (
     held_capacity,
 )
 from tierdiag.diagnose.runcontext import RunContext
+from tierdiag.engine.rules import rule_set
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
 
 MIN_LOSS_SHARE = 0.05
 HOST_POOL_LIMIT_BYTES = 2 << 40  # 2 TiB of host memory for KV beside one GPU
-# Prefetches in flight may hold this share of host beyond device (the engine's
-# scheduler.PREFETCH_CAPACITY_SHARE, HiCacheController.prefetch_rate_limited; not imported:
-# the scheduler imports torch).
+# SGLang 0.5.9's prefetch room: this share of host beyond device (HiCacheController.prefetch_rate_limited);
+# the advice reads the run's own rule set (engine/rules.py `prefetch_room_tokens`).
 PREFETCH_ROOM_SHARE = 0.8
 # The cost model's storage read rate (engine/costmodel.py DISK_BYTES_PER_S; a test keeps the two
 # equal): not imported, since costmodel loads the engine's config and presets (~15 ms of explain).
@@ -242,7 +242,8 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
     # one while those in flight hold under 0.8 x (host - device) tokens, so with host == device a
     # storage tier never prefetches. Then the host pool grows to HiCache's default, 2 x device,
     # within what the server holds; a server without that room gets no storage advice.
-    room = int(PREFETCH_ROOM_SHARE * (host - device))
+    rules = rule_set(ctx.config.get("sglang_rules") or "0.5.9")  # runs from before rule sets followed 0.5.9
+    room = rules.prefetch_room_tokens(host, device)
     host_for_room = host
     if room <= 0:
         host_for_room = min(_pow2_at_least(2 * device, page), limit) if kv else 2 * device
@@ -255,10 +256,10 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
             changes["host_tokens"] = host_for_room
             extra = f" (+{fmt_bytes((host_for_room - host) * kv)})" if kv else ""
             room_note = (f"; and host_tokens {fmt_tokens(host_for_room)}{extra}, since prefetches may hold only "
-                         f"{fmt_pct(PREFETCH_ROOM_SHARE)} of the host pool beyond device: with {fmt_tokens(host)} "
+                         f"{fmt_pct(rules.prefetch_capacity_share)} of the host pool beyond device: with {fmt_tokens(host)} "
                          f"tokens of host beside {fmt_tokens(device)} of device none would be admitted "
                          f"(rate_limited), with {fmt_tokens(host_for_room)} up to "
-                         f"{fmt_tokens(int(PREFETCH_ROOM_SHARE * (host_for_room - device)))} tokens at a time")
+                         f"{fmt_tokens(rules.prefetch_room_tokens(host_for_room, device))} tokens at a time")
         beyond = (f"beyond the {fmt_bytes(host_limit_bytes)} a server holds for KV" if host_limit_bytes != HOST_POOL_LIMIT_BYTES
                   else "beyond a server")
         out.append(Advice("storage_tier", "storage_tokens", want_storage, changes,
