@@ -171,9 +171,11 @@ def test_nothing_to_change_when_the_cache_was_fine(tmp_path):
 
 
 def test_advice_prefetch_room_share_is_the_engines():
-    """advice.py mirrors the 0.5.9 rule set's prefetch rate limit (0.8 x (host - device); it
-    cannot import the engine: torch). 0.5.23's limit (0.5 x host) is not yet in advice.py."""
+    """advice.py names 0.5.9's prefetch room (0.8 x (host - device)) and reads the run's own rule
+    set for the limit (RuleSet.prefetch_room_tokens: 0.5 x host under 0.5.23)."""
     from tierdiag.diagnose.advice import PREFETCH_ROOM_SHARE
     from tierdiag.engine.rules import RULE_SETS
 
     assert PREFETCH_ROOM_SHARE == RULE_SETS["0.5.9"].prefetch_capacity_share
+    assert RULE_SETS["0.5.23"].prefetch_room_tokens(4096, 4096) == 2048
+    assert RULE_SETS["0.5.9"].prefetch_room_tokens(4096, 4096) == 0
