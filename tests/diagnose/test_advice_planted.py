@@ -105,9 +105,10 @@ def test_storage_tier_when_host_memory_would_exceed_the_server(tmp_path):
 def test_prefetch_wait_complete_for_incomplete_prefetches(tmp_path):
     s = Story()
     _pushed_out(s, t_a2=20000)  # arrives at an idle GPU: scheduled before its prefetch is done
-    # Host above device: SGLang limits prefetches in flight to 0.8 x (host - device) tokens.
+    # best_effort (0.5.9's default): 0.5.23's default, timeout, waits up to 1 s + 0.25 s per 1024
+    # tokens, longer than this read, so only best_effort plants a late prefetch.
     item, _, _ = _check(s, tmp_path, {"model": "llama3-70b", "device_tokens": 4096, "host_tokens": 8192,
-                                      "storage_tokens": 65536}, "prefetch")
+                                      "storage_tokens": 65536, "prefetch_policy": "best_effort"}, "prefetch")
     assert item.changes == {"prefetch_policy": "wait_complete"}
 
 
@@ -170,12 +171,14 @@ def test_nothing_to_change_when_the_cache_was_fine(tmp_path):
 
 
 def test_advice_prefetch_room_share_is_the_engines():
-    """advice.py mirrors the 0.5.9 rule set's prefetch rate limit (0.8 x (host - device); it
-    cannot import the engine: torch). 0.5.23's limit (0.5 x host) is not yet in advice.py."""
+    """advice.py names 0.5.9's prefetch room (0.8 x (host - device)) and reads the run's own rule
+    set for the limit (RuleSet.prefetch_room_tokens: 0.5 x host under 0.5.23)."""
     from tierdiag.diagnose.advice import PREFETCH_ROOM_SHARE
     from tierdiag.engine.rules import RULE_SETS
 
     assert PREFETCH_ROOM_SHARE == RULE_SETS["0.5.9"].prefetch_capacity_share
+    assert RULE_SETS["0.5.23"].prefetch_room_tokens(4096, 4096) == 2048
+    assert RULE_SETS["0.5.9"].prefetch_room_tokens(4096, 4096) == 0
 
 
 def test_a_storage_tier_whose_prefetches_would_be_rate_limited_is_not_proposed(tmp_path):
@@ -190,7 +193,9 @@ def test_a_storage_tier_whose_prefetches_would_be_rate_limited_is_not_proposed(t
 
     s = Story()
     _cycle(s, prefixes=10, pages=32)
-    db = s.replay(tmp_path, {"model": "tiny", "gpu": "cpu", "device_tokens": 4096, "host_tokens": 4096})
+    # 0.5.9's room, 0.8 x (host - device) (0.5.23's is 0.5 x host)
+    db = s.replay(tmp_path, {"model": "tiny", "gpu": "cpu", "device_tokens": 4096, "host_tokens": 4096,
+                             "sglang": "0.5.9"})
     with open_store(db) as con:
         ctx = run_context(con, resolve_run(con, None))
     fits = ctx.losses.lost_request_deciles_tokens

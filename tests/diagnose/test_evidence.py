@@ -40,7 +40,10 @@ def replayed(tmp_path_factory) -> Path:
     db = folder / "run.duckdb"
     result = CliRunner().invoke(app, ["replay", str(trace), "--db", str(db), "--model", "llama3-8b", "--gpu", "h100",
                                       "--device-tokens", "65536", "--host-tokens", "98304",
-                                      "--storage-tokens", "1048576", "--load-back-threshold", "1024"])
+                                      "--storage-tokens", "1048576", "--load-back-threshold", "1024",
+                                      # late prefetches need best_effort: 0.5.23's default, timeout,
+                                      # waits longer than any read here
+                                      "--prefetch-policy", "best_effort"])
     assert result.exit_code == 0, (result.output, result.exception)
     return db
 

@@ -15,7 +15,8 @@ from tests.engine import helpers
 from tests.engine.helpers import PS, req
 from tierdiag.config.engine import SGLANG_RULES, EngineConfig
 from tierdiag.engine.engine import Engine
-from tierdiag.engine.prefetch import prefetch_limit_tokens
+from tierdiag.engine.prefetch import prefetch_limit_tokens, prefetch_timeout_ns
+from tierdiag.engine.request import Req
 from tierdiag.engine.rules import RULE_SETS
 
 
@@ -112,3 +113,136 @@ def test_prefetch_capacity_is_half_the_host_pool():
     assert prefetch_limit_tokens(RULE_SETS["0.5.9"], 64, 16, PS) == int(0.8 * 48 * PS)
     engine = Engine(helpers.small_config(storage_tokens=128 * PS))
     assert engine.scheduler.prefetch_limit_tokens == 32 * PS
+
+
+# --- the storage prefetch (scheduler._prefetch_kvcache, unified_radix_cache.py) ----------------
+def test_prefetch_allocates_host_only_for_the_hit(tmp_path):
+    """unified_radix_cache.py `_try_alloc_storage_hit` -> `allocate_storage_hit(hit_tokens,
+    allow_partial=True, min_tokens=prefetch_threshold)`: host memory comes after the query and
+    only for the hit (0.5.9's `prefetch_from_storage` allocated the whole remaining input first).
+    b asks for a's 8 stored pages and 4 pages nobody has, with the host full (24 pages: f3 on
+    device and host, f1 and f2 host-only): 0.5.23 host-evicts one flood (8 pages) for the 8 hits,
+    where 0.5.9 evicted both (16) to reserve 12."""
+    trace = [req("a", 0, pages(1, 8))] + flood(100, n=4) + [req("b", 2000, pages(1, 8) + pages(60, 4))]
+    deleted = {}
+    for v in SGLANG_RULES:
+        cfg = helpers.small_config(host_tokens=24 * PS, storage_tokens=128 * PS, prefetch_threshold=PS,
+                                   prefetch_policy="wait_complete", storage_dir=str(tmp_path / v), sglang_rules=v)
+        engine, probe = helpers.run(trace, cfg)
+        assert [(t.req_id, t.pages) for t in probe.transfers if t.kind == "prefetch"] == [("b", 8)]
+        assert probe.records["b"].storage_hit_tokens == 8 * PS
+        deleted[v] = sorted(e.owner_req_id for e in probe.evictions
+                            if e.tier == "host" and e.cause_req_id == "b" and e.t_ns == probe.records["b"].arrival_ns)
+        engine.check_invariants(idle=True)
+    assert deleted == {"0.5.23": ["f1"], "0.5.9": ["f1", "f2"]}
+
+
+def test_prefetch_gate_is_the_best_match_node_backed_up_or_the_root(tmp_path):
+    """scheduler.py `_prefetch_kvcache` (0.5.23): a prefetch is issued when
+    `is_backuped(last_host_node) or is_root(last_host_node)`, last_host_node being
+    `best_match_node` (`_match_post_processor`: the deepest node on device or backed up). A cold
+    request (nothing matched: the root) queries storage; under write_back, b's match ends at
+    d's device node [1, 2], never backed up, so no prefetch starts (0.5.9 gated on the last
+    device node, `req.last_node.backuped`: the same here)."""
+    trace = ([req("a", 0, pages(1, 8))] + flood(100, n=4)
+             + [req("d", 1900, [1, 2, 50, 51]), req("b", 2000, pages(1, 8) + [91])])
+    cfg = helpers.small_config(host_tokens=24 * PS, storage_tokens=128 * PS, prefetch_threshold=3 * PS,
+                               prefetch_policy="wait_complete", write_policy="write_back",
+                               storage_dir=str(tmp_path / "st"))
+    engine, probe = helpers.run(trace, cfg)
+    b = probe.records["b"]
+    assert (b.storage_skipped_reason, b.storage_match_tokens, b.storage_hit_tokens) == ("not_backed_up", 6 * PS, 0)
+    assert b.device_hit_tokens == 2 * PS
+    engine.check_invariants(idle=True)
+    cold = [req("a", 0, pages(1, 8))] + flood(100, n=4) + [req("b", 2000, pages(1, 8) + [91])]
+    cfg = helpers.small_config(host_tokens=24 * PS, storage_tokens=128 * PS, prefetch_threshold=3 * PS,
+                               prefetch_policy="wait_complete", storage_dir=str(tmp_path / "cold"))
+    _, probe = helpers.run(cold, cfg)
+    assert [(t.req_id, t.pages) for t in probe.transfers if t.kind == "prefetch"] == [("b", 8)]
+    assert RULE_SETS["0.5.23"].prefetch_gate_on_best_match and not RULE_SETS["0.5.9"].prefetch_gate_on_best_match
+
+
+def test_a_partial_hit_is_kept_when_it_reaches_the_threshold(tmp_path):
+    """`allocate_storage_hit(allow_partial=True, min_tokens=prefetch_threshold)`: when the host
+    cannot take the whole hit, even after `evict_host`, what it can take (`available_size`,
+    page-aligned) is fetched if at least the threshold; the rest is declined
+    (`_resolve_storage_prefetch_tokens`, reason host_capacity: the engine's `host_full`).
+
+    Host 16 pages. a's 8 pages reach storage; L (11 pages, decoding 4 pages of output) pushes
+    them off device and host and holds 11 host pages (its copies, on device too: not
+    host-evictable). b, arriving while L decodes, hits a's 8 pages in storage: 5 fit, at least
+    the 4-page threshold, so 5 are fetched. (L's finish then needs host room for its output
+    and host-evicts them, unlocked, before b is admitted.) A request arriving after L's finish
+    finds 1 page free, under the threshold: no prefetch."""
+    def b_at(dt_ms):
+        trace = [req("a", 0, pages(1, 8)), req("L", 100, pages(200, 11), output=4 * PS - 2),
+                 req("b", 100 + dt_ms, pages(1, 8))]
+        cfg = helpers.small_config(host_tokens=16 * PS, storage_tokens=128 * PS, prefetch_threshold=4 * PS,
+                                   prefetch_policy="wait_complete", storage_dir=str(tmp_path / str(dt_ms)))
+        engine, probe = helpers.run(trace, cfg)
+        engine.check_invariants(idle=True)
+        assert probe.records["L"].first_token_ns < (100 + 5) * 10**6 < probe.records["L"].finish_ns
+        return [(t.req_id, t.pages) for t in probe.transfers if t.kind == "prefetch"], probe.records["b"]
+    fetched, b = b_at(5)
+    assert fetched == [("b", 5)]
+    assert (b.storage_match_tokens, b.storage_skipped_reason) == (8 * PS, "host_full")
+    fetched, b = b_at(20)
+    assert fetched == [] and (b.storage_match_tokens, b.storage_skipped_reason) == (8 * PS, "host_full")
+
+
+def test_the_default_prefetch_policy_is_the_releases():
+    """arg_groups/fields/memory.py (0.5.23): `hicache_storage_prefetch_policy` defaults to
+    `timeout` (0.5.9: `best_effort`). The config key stays; unset, the release's default applies
+    and the run's config records the one used."""
+    assert EngineConfig().to_json()["prefetch_policy"] == "timeout"
+    assert EngineConfig(sglang_rules="0.5.9").to_json()["prefetch_policy"] == "best_effort"
+    assert EngineConfig(prefetch_policy="wait_complete").to_json()["prefetch_policy"] == "wait_complete"
+    assert {v: r.prefetch_policy_default for v, r in RULE_SETS.items()} == {"0.5.23": "timeout", "0.5.9": "best_effort"}
+
+
+def test_the_timeout_starts_at_the_first_blocked_admission_poll():
+    """unified_radix_cache.py `check_prefetch_progress`: while `_can_terminate_prefetch` says no,
+    `_start_storage_prefetch_wait` arms `timeout_s = prefetch_timeout_base (1) +
+    pages x prefetch_timeout_per_page (page_size / 1024 x 0.25)` on the requested span, once, at
+    the first poll that finds the prefetch running; `_prefetch_deadline_expired` then ends it.
+    No cap. (0.5.9, as the engine had it: from the prefetch's start, on the hit.)"""
+    assert prefetch_timeout_ns(0) == 1_000_000_000
+    assert prefetch_timeout_ns(2048) == 1_500_000_000
+    assert prefetch_timeout_ns(1024 * 1024) == int((1 + 256) * 1e9)  # no cap
+    engine = Engine(helpers.small_config(storage_tokens=128 * PS))
+    s = engine.scheduler
+    r = Req(req("r", 0, pages(1, 4)), 0)
+    r.hold_until_ns = 10 * 10**9  # the read ends at 10 s
+    r.prefetch_wait_ns = prefetch_timeout_ns(8 * PS)  # 1.125 s, armed by _start_prefetch
+    assert s._prefetch_holds(r, 3 * 10**9)  # first blocked poll at 3 s: the budget starts now
+    assert (r.prefetch_deadline_ns, r.hold_until_ns, r.prefetch_wait_ns) == (4_125_000_000, 4_125_000_000, None)
+    assert s._prefetch_holds(r, 4 * 10**9)  # a later poll does not restart it
+    assert not s._prefetch_holds(r, 4_125_000_000)  # expired: admitted with what arrived
+
+
+def test_a_miss_is_queried_again_every_8_passes_up_to_8_times(monkeypatch):
+    """scheduler.py `_process_storage_prefetch_retries` -> storage_prefetch.py
+    `StoragePrefetchRetries.pop_ready(waiting, interval=8, max_attempts=8)`
+    (`hicache_storage_prefetch_retry_poll_interval`, `..._max_attempts`): a request whose query
+    missed or was rate-limited (`poll_miss`) is queried again 8 passes after the first pass that
+    sees it armed, in queue order; the queue head's is dropped ("a speculative miss must never
+    delay the queue head"); after 8 re-queries none is made. 0.5.9 never re-queries."""
+    engine = Engine(helpers.small_config(storage_tokens=128 * PS))
+    s = engine.scheduler
+    head, r = Req(req("h", 0, pages(1, 4)), 0), Req(req("r", 0, pages(9, 4), seq=1), 0)
+    s.waiting[:] = [head, r]
+    queried = []
+    def requery(q, now):  # the storage still misses: poll_miss again
+        queried.append((s.prefetch_pass, q.req_id))
+        s._arm_prefetch_retry(q)
+    monkeypatch.setattr(s, "_start_prefetch", requery)
+    s._arm_prefetch_retry(head)
+    s._arm_prefetch_retry(r)
+    for _ in range(100):
+        s._retry_prefetches(0)
+    # first seen at pass 1: due at 9; each re-query re-arms, due 8 passes after the next pass
+    assert queried == [(9, "r"), (18, "r"), (27, "r"), (36, "r"), (45, "r"), (54, "r"), (63, "r"), (72, "r")]
+    assert r.prefetch_retries == 8 and head.prefetch_retries == 0 and not s.prefetch_retry_due
+    old = Engine(helpers.small_config(storage_tokens=128 * PS, sglang_rules="0.5.9")).scheduler
+    old._arm_prefetch_retry(r)
+    assert not old.prefetch_retry_due

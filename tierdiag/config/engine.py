@@ -44,6 +44,8 @@ ARRIVALS = ("trace", "closed")
 # The SGLang releases whose rules the engine follows (engine/rules.py: one RuleSet each), the
 # default first: 0.5.23, the release `import sglang` reads.
 SGLANG_RULES = ("0.5.23", "0.5.9")
+# Each release's prefetch policy when the config sets none (engine/rules.py asserts the same).
+SGLANG_PREFETCH_POLICY = {"0.5.23": "timeout", "0.5.9": "best_effort"}
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ class EngineConfig:
     write_policy: str = "write_through"
     eviction_policy: str = "lru"
     load_back_threshold: int = 10
-    prefetch_policy: str = "best_effort"
+    prefetch_policy: str | None = None  # None: the release's default (SGLANG_PREFETCH_POLICY)
     schedule_policy: str = "fcfs"  # lpm: longest cached prefix first (SGLang's, FCFS past 128 waiting)
     prefetch_threshold: int = 256
     max_prefill_tokens: int = 16384
@@ -89,7 +91,7 @@ class EngineConfig:
         for opt, value, known in (
             ("--write-policy", self.write_policy, WRITE_POLICIES),
             ("--eviction-policy", self.eviction_policy, EVICTION_POLICIES),
-            ("--prefetch-policy", self.prefetch_policy, PREFETCH_POLICIES),
+            ("--prefetch-policy", self.prefetch_policy or "best_effort", PREFETCH_POLICIES),
             ("--schedule-policy", self.schedule_policy, SCHEDULE_POLICIES),
             ("--timing", self.timing, TIMINGS),
             ("--verify", self.verify, VERIFY_MODES),
@@ -167,6 +169,9 @@ class EngineConfig:
             return self.max_context_tokens
         return model_preset(self.model).max_context_tokens
 
+    def resolved_prefetch_policy(self) -> str:
+        return self.prefetch_policy or SGLANG_PREFETCH_POLICY[self.sglang_rules]
+
     def resolved_host_tokens(self) -> int:
         host = self.host_tokens if self.host_tokens is not None else 2 * self.resolved_device_tokens()
         return host - host % self.page_size
@@ -194,6 +199,7 @@ class EngineConfig:
         d["device_tokens"] = self.resolved_device_tokens()
         d["host_tokens"] = self.resolved_host_tokens()
         d["max_context_tokens"] = self.resolved_max_context()
+        d["prefetch_policy"] = self.resolved_prefetch_policy()  # the one the run used
         if self.profile is not None:  # what the clock came from, kept with the run (config/profile.py)
             d["profile_source"] = check_profile(self.profile, self.model, self.gpu).provenance()
         return d

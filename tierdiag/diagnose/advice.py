@@ -51,14 +51,14 @@ from tierdiag.diagnose.claims import (
 )
 from tierdiag.diagnose.capacity import MATERIAL_SHARE, TARGET_LOAD
 from tierdiag.diagnose.runcontext import RunContext
+from tierdiag.engine.rules import rule_set
 from tierdiag.store.reader import ADVISE_SWEEP_PREFIX
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
 
 MIN_LOSS_SHARE = 0.05
 HOST_POOL_LIMIT_BYTES = 2 << 40  # 2 TiB of host memory for KV beside one GPU
-# Prefetches in flight may hold this share of host beyond device (the engine's
-# scheduler.PREFETCH_CAPACITY_SHARE, HiCacheController.prefetch_rate_limited; not imported:
-# the scheduler imports torch).
+# SGLang 0.5.9's prefetch room: this share of host beyond device (HiCacheController.prefetch_rate_limited);
+# the advice reads the run's own rule set (engine/rules.py `prefetch_room_tokens`).
 PREFETCH_ROOM_SHARE = 0.8
 # The cost model's storage read rate (engine/costmodel.py DISK_BYTES_PER_S; a test keeps the two
 # equal): not imported, since costmodel loads the engine's config and presets (~15 ms of explain).
@@ -356,11 +356,12 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
         (ctx.prefill_busy_share or 0) >= BUSY_SHARE
     evidence = {**evidence, "recompute_per_token_ms": ns_to_ms(recompute_per_token_ns),
                 "disk_per_token_ms": ns_to_ms(disk_per_token_ns), "prefill_busy_share": ctx.prefill_busy_share}
-    # Prefetches from storage land in host memory beyond the device's share of it: SGLang admits
-    # one while those in flight hold under 0.8 x (host - device) tokens, so with host == device a
-    # storage tier never prefetches. Then the host pool grows to HiCache's default, 2 x device,
+    # Prefetches from storage land in host memory: SGLang 0.5.9 admits one while those in flight
+    # hold under 0.8 x (host - device) tokens, so with host == device a storage tier never
+    # prefetches (0.5.23: under 0.5 x host). Then the host pool grows to HiCache's default, 2 x device,
     # within what the server holds; a server without that room gets no storage advice.
-    room = int(PREFETCH_ROOM_SHARE * (host - device))
+    rules = rule_set(ctx.config.get("sglang_rules") or "0.5.9")  # runs from before rule sets followed 0.5.9
+    room = rules.prefetch_room_tokens(host, device)
     host_for_room = host
     if room <= 0:
         host_for_room = min(_pow2_at_least(2 * device, page), limit) if kv else 2 * device
@@ -368,17 +369,20 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
             return out
     # Predicted under the run's own prefetch rules: a request's lost prefix comes back from
     # storage only if its prefetch starts (match >= prefetch_threshold) and is admitted (what
-    # prefetches hold in flight stays under PREFETCH_ROOM_SHARE x (host - device): a prefix
-    # larger than that room alone is rate_limited, every time). Grow the host room for the
-    # p90 request where the server has the memory; not proposed where the prefetches that
-    # would be admitted keep less than the rule's threshold of input.
+    # prefetches hold in flight stays under the release's room, rules.prefetch_room_tokens: 0.8 x
+    # (host - device) in 0.5.9, 0.5 x host in 0.5.23; a prefix larger than that room alone is
+    # rate_limited, every time). Grow the host room for the p90 request where the server has the
+    # memory; not proposed where the prefetches that would be admitted keep less than the rule's
+    # threshold of input.
     sizes = lo.lost_request_deciles_tokens
     threshold = int(ctx.config.get("prefetch_threshold") or 0)
+    beyond_device = rules.prefetch_capacity_of_host_minus_device
     if sizes and kv:
-        needed = _pow2_at_least(device + int(sizes[9] / PREFETCH_ROOM_SHARE) + 1, page)
+        needed = _pow2_at_least((device if beyond_device else 0)
+                                + int(sizes[9] / rules.prefetch_capacity_share) + 1, page)
         if needed > host_for_room and needed <= limit:
             host_for_room = needed
-    room_for = int(PREFETCH_ROOM_SHARE * (host_for_room - device))
+    room_for = rules.prefetch_room_tokens(host_for_room, device)
     admitted = (max((_covered(sizes, room_for) or 0) - (_covered(sizes, threshold - 1) or 0), 0.0)
                 if sizes else 1.0)
     kept_storage = int(admitted * (lo.lost_tokens or lo.deleted_from_host_tokens))
@@ -389,10 +393,11 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
             changes["host_tokens"] = host_for_room
             extra = f" (+{fmt_bytes((host_for_room - host) * kv)})" if kv else ""
             room_note = (f"; and host_tokens {fmt_tokens(host_for_room)}{extra}, since prefetches may hold only "
-                         f"{fmt_pct(PREFETCH_ROOM_SHARE)} of the host pool beyond device: with {fmt_tokens(host)} "
+                         f"{fmt_pct(rules.prefetch_capacity_share)} of the host pool"
+                         + (" beyond device" if beyond_device else "") + f": with {fmt_tokens(host)} "
                          f"tokens of host beside {fmt_tokens(device)} of device none would be admitted "
                          f"(rate_limited), with {fmt_tokens(host_for_room)} up to "
-                         f"{fmt_tokens(int(PREFETCH_ROOM_SHARE * (host_for_room - device)))} tokens at a time")
+                         f"{fmt_tokens(rules.prefetch_room_tokens(host_for_room, device))} tokens at a time")
         beyond = (f"beyond the {fmt_bytes(host_limit_bytes)} a server holds for KV" if host_limit_bytes != HOST_POOL_LIMIT_BYTES
                   else "beyond a server")
         out.append(Advice("storage_tier", "storage_tokens", want_storage, changes,
@@ -406,8 +411,9 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
                           + ")" + room_note,
                           {**evidence, "prefetch_room_tokens": room, "prefetch_room_after_tokens": room_for},
                           _gib(want_storage - storage, kv), "disk",
-                          prediction=(f"predicted under the run's prefetch rules (admitted while in flight < "
-                                      f"{fmt_pct(PREFETCH_ROOM_SHARE)} of host beyond device = "
+                          prediction=(f"predicted under the run's prefetch rules (SGLang {rules.version}: admitted "
+                                      f"while in flight < {fmt_pct(rules.prefetch_capacity_share)} of host"
+                                      + (" beyond device" if beyond_device else "") + " = "
                                       f"{fmt_tokens(room_for)} tokens; prefetch_threshold {fmt_tokens(threshold)}): "
                                       f"keeps ~{fmt_tokens(kept_storage)} of the lost tokens")))
     return out

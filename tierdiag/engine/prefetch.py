@@ -1,6 +1,7 @@
 """Storage prefetch: at arrival, a request's pages past its cached prefix are read from the storage
-tier into host slots (SGLang 0.5.9 Scheduler._prefetch_kvcache, HiRadixCache.prefetch_from_storage
-and check_prefetch_progress), under the prefetch policy (best_effort, wait_complete, timeout).
+tier into host slots (Scheduler._prefetch_kvcache, prefetch_from_storage and
+check_prefetch_progress; where 0.5.9 and 0.5.23 differ, the rule set's `prefetch_*` fields say
+which), under the prefetch policy (best_effort, wait_complete, timeout).
 A mixin of the Scheduler, whose state (tree, controller, clock) it works on.
 """
 
@@ -13,27 +14,44 @@ from tierdiag.engine.rules import RuleSet
 def prefetch_limit_tokens(rules: RuleSet, host_pages: int, device_pages: int, page_size: int) -> int:
     """Tokens prefetches in flight may hold: 0.8 x (host - device) in 0.5.9
     (HiCacheController.prefetch_rate_limited), 0.5 x host in 0.5.23."""
-    pool = host_pages - device_pages if rules.prefetch_capacity_of_host_minus_device else host_pages
-    return max(0, int(rules.prefetch_capacity_share * pool * page_size))
+    return rules.prefetch_room_tokens(host_pages * page_size, device_pages * page_size)
+
+
+# `prefetch_timeout_base` and `prefetch_timeout_per_ki_token` (both releases' defaults,
+# unified_radix_cache.py / hiradix_cache.py `_parse_storage_backend_extra_config`).
+PREFETCH_TIMEOUT_BASE_S = 1.0
+PREFETCH_TIMEOUT_PER_KI_TOKEN_S = 0.25
+
+
+def prefetch_timeout_ns(tokens: int) -> int:
+    """The `timeout` policy's budget for a prefetch of `tokens`: 1 s + 0.25 s per 1024 tokens."""
+    return int((PREFETCH_TIMEOUT_BASE_S + PREFETCH_TIMEOUT_PER_KI_TOKEN_S * tokens / 1024) * 1e9)
 
 
 class StoragePrefetch:
-    """The Scheduler's storage prefetch (its `tree`, `ctrl`, `cfg`, `ps`, `at` and the prefetch
-    accounting set up in Scheduler.__init__)."""
+    """The Scheduler's storage prefetch (its `tree`, `ctrl`, `cfg`, `rules`, `ps`, `at` and the
+    prefetch accounting set up in Scheduler.__init__)."""
 
     def _start_prefetch(self, req: Req, now: int) -> None:
-        """Scheduler._prefetch_kvcache + HiRadixCache.prefetch_from_storage (SGLang 0.5.9).
+        """Scheduler._prefetch_kvcache + prefetch_from_storage, under the rule set's prefetch rules.
 
-        At arrival: match_prefix; only if the last device node is backed up (the root counts),
-        reserve host room for the whole remaining input (page-aligned) and protect the last
-        host-backed node's host copy (protect_host: no device page is pinned); then the storage
-        hit query keeps the host pages of the consecutive hits and releases the rest, or revokes
-        the prefetch below prefetch_threshold.
+        At arrival (and, under 0.5.23, at each re-query): match_prefix; only if the gate node is
+        backed up (the root counts; rules.prefetch_gate_on_best_match), protect the host-backed
+        anchor (protect_host: no device page is pinned) and query storage for the requested span.
 
-            input pages |-- device --|-- host --|----- remaining input (host room reserved) -----|
+        0.5.9: host room for the whole span first, the non-hits released after the query, revoked
+        below prefetch_threshold:
+
+            input pages |-- device --|-- host --|----- requested span (host room reserved) -----|
                                                 |-- storage hits --|  (read into host) | released |
+
+        0.5.23 (`_try_alloc_storage_hit`): the query first, host only for the hit (what fits, if
+        at least the threshold); a miss, a rate-limited decline or a hit the host cannot take arms
+        a re-query (`StoragePrefetchRetries.poll_miss`, run by `_retry_prefetches`).
         """
+        rules = self.rules
         tree, ctrl, ps = self.tree, self.ctrl, self.ps
+        req.storage_skip_reason = None  # this query's verdict (a re-query replaces the last one)
         match = tree.match(req.keys[:req.max_match_pages], now)  # init_next_round_input
         matched = match.device_pages + match.host_pages
         storage = ctrl.storage
@@ -42,49 +60,130 @@ class StoragePrefetch:
         # What storage could have given this request (its last input token is always computed).
         req.storage_match_pages = max(0, min(end, req.max_match_pages) - matched)
         last_dev = match.last_device_node or tree.root
-        remaining = len(req.keys) - matched
+        anchor = match.host_nodes[-1] if match.host_nodes else last_dev
+        gate = anchor if rules.prefetch_gate_on_best_match else last_dev
+        hit_only = rules.prefetch_alloc_hit_only
+        span = (req.max_match_pages if hit_only else len(req.keys)) - matched
+        if hit_only:
+            hits = min(hits, span)  # the query asks for the requested span only
         reason = None
-        if last_dev is not tree.root and last_dev.host is None:
+        if gate is not tree.root and gate.host is None:
             reason = "not_backed_up"  # "otherwise, the allocated GPU memory must be locked for integrity"
-        elif remaining * ps < self.prefetch_threshold:
-            reason = "below_threshold"
+        elif span * ps < self.prefetch_threshold:
+            reason = "below_threshold"  # no lookup issued: nothing to retry
         elif self.prefetch_tokens_occupied >= self.prefetch_limit_tokens:
             reason = "rate_limited"  # HiCacheController.prefetch_rate_limited
+            self._arm_prefetch_retry(req)
+        elif hit_only and hits * ps < self.prefetch_threshold:
+            reason = "below_threshold"  # a miss, or a hit not worth the transfer: poll_miss
+            self._arm_prefetch_retry(req)
         if reason is not None:
             if req.storage_match_pages:
                 req.storage_skip_reason = reason
             return
-        anchor = match.host_nodes[-1] if match.host_nodes else last_dev
         tree.protect_host(anchor)
-        slots = ctrl.alloc_host(remaining, req.req_id, now)
-        if slots is None:
-            tree.release_host(anchor)
-            if req.storage_match_pages:
+        if hit_only:  # allocate_storage_hit(allow_partial=True, min_tokens=prefetch_threshold)
+            slots = ctrl.alloc_host(hits, req.req_id, now)
+            if slots is None:
+                fit = min(hits, ctrl.host.free_pages)
+                if fit * ps >= self.prefetch_threshold:
+                    slots = ctrl.alloc_host(fit, req.req_id, now)
+            if slots is None:
+                tree.release_host(anchor)
                 req.storage_skip_reason = "host_full"
-            return
-        if hits * ps < self.prefetch_threshold:  # prefetch_thread_func: revoke, not enough benefit
-            ctrl.host.free(slots)
-            tree.release_host(anchor)
-            if req.storage_match_pages:
-                req.storage_skip_reason = "below_threshold"
-            return
-        ctrl.host.free(slots[hits:])
-        slots = slots[:hits]
-        start, done = ctrl.prefetch(req.keys[matched:end], slots, req.req_id, now)
+                self._arm_prefetch_retry(req)
+                return
+            if len(slots) < hits:
+                req.storage_skip_reason = "host_full"  # the rest of the hit: _resolve_storage_prefetch_tokens
+            hits = len(slots)
+        else:
+            slots = ctrl.alloc_host(span, req.req_id, now)
+            if slots is None:
+                tree.release_host(anchor)
+                if req.storage_match_pages:
+                    req.storage_skip_reason = "host_full"
+                return
+            if hits * ps < self.prefetch_threshold:  # prefetch_thread_func: revoke, not enough benefit
+                ctrl.host.free(slots)
+                tree.release_host(anchor)
+                if req.storage_match_pages:
+                    req.storage_skip_reason = "below_threshold"
+                return
+            ctrl.host.free(slots[hits:])
+            slots = slots[:hits]
+        start, done = ctrl.prefetch(req.keys[matched:matched + hits], slots, req.req_id, now)
         req.prefetch = (matched, hits, slots, start, done)
         req.anchor = anchor
-        req.prefetch_tokens = remaining * ps
+        req.prefetch_tokens = span * ps  # the requested span is what counts against the limit
         self.prefetch_tokens_occupied += req.prefetch_tokens
         req.storage_fetch_ns = done - start
         req.storage_bytes = hits * ctrl.page_bytes
-        policy = self.cfg.prefetch_policy
+        policy = self.cfg.resolved_prefetch_policy()
         if policy == "wait_complete":
             req.hold_until_ns = done
         elif policy == "timeout":
-            timeout_ns = int((1.0 + 0.25 * hits * ps / 1024) * 1e9)
-            req.hold_until_ns = min(done, now + timeout_ns)
+            if rules.prefetch_timer_at_first_poll:  # armed by _prefetch_holds; a re-query keeps it
+                deadline = req.prefetch_deadline_ns
+                req.hold_until_ns = done if deadline is None else min(done, deadline)
+                if deadline is None:
+                    req.prefetch_wait_ns = prefetch_timeout_ns(span * ps)
+            else:
+                req.hold_until_ns = min(done, now + prefetch_timeout_ns(hits * ps))
         if req.hold_until_ns > now:
             self.at(req.hold_until_ns, _noop, None)
+
+    def _prefetch_holds(self, req: Req, now: int) -> bool:
+        """An admission poll of a request whose prefetch may still hold it (check_prefetch_progress):
+        whether it must wait. Under 0.5.23's `timeout` the first such poll starts the budget
+        (`_start_storage_prefetch_wait`); the prefetch ends at its read or the budget's end."""
+        wait = req.prefetch_wait_ns
+        if wait is not None:
+            req.prefetch_wait_ns = None
+            req.prefetch_deadline_ns = deadline = now + wait
+            if deadline < req.hold_until_ns:
+                req.hold_until_ns = deadline
+                self.at(deadline, _noop, None)
+        return req.hold_until_ns > now
+
+    def _arm_prefetch_retry(self, req: Req) -> None:
+        """StoragePrefetchRetries.poll_miss: query storage again in a few scheduling passes."""
+        if self.rules.prefetch_retry_interval_passes:
+            self.prefetch_retry_due[req.seq] = None
+
+    def _retry_prefetches(self, now: int) -> None:
+        """Scheduler._process_storage_prefetch_retries -> StoragePrefetchRetries.pop_ready, once a
+        scheduling pass: a queued request's armed re-query is due `interval` passes after the
+        first pass that sees it, in waiting-queue order; the queue head's is dropped ("a
+        speculative miss must never delay the queue head"); past max_attempts re-queries, none."""
+        interval = self.rules.prefetch_retry_interval_passes
+        if not interval:
+            return
+        self.prefetch_pass += 1
+        pending, waiting = self.prefetch_retry_due, self.waiting
+        if not pending or not waiting:
+            return
+        pending.pop(waiting[0].seq, None)
+        step = self.prefetch_pass
+        if not any(due is None or due <= step for due in pending.values()):
+            return
+        ready = []
+        cap = self.rules.prefetch_retry_max_attempts
+        for req in waiting:
+            if req.seq not in pending:
+                continue
+            if req.prefetch_retries >= cap:
+                del pending[req.seq]
+                continue
+            due = pending[req.seq]
+            if due is None:
+                due = pending[req.seq] = step + interval
+            if due > step:
+                continue
+            del pending[req.seq]
+            ready.append(req)
+        for req in ready:  # _retry_storage_prefetch
+            req.prefetch_retries += 1
+            self._start_prefetch(req, now)
 
     def _finish_prefetch(self, req: Req, now: int) -> None:
         """HiRadixCache.check_prefetch_progress, once the policy lets the prefetch end: the pages

@@ -25,6 +25,7 @@ class Req:
         "sched_ns", "first_batch_id", "num_chunks", "lb_ns", "lb_exposed", "lb_queued", "lb_pages", "lb_runs",
         "storage_bytes", "storage_fetch_ns", "recompute_ns", "compute_ns", "first_token_ns", "lost",
         "lb_wall", "lb_verified", "protected_pages", "session", "think_ms", "trace_arrival_ns",
+        "prefetch_wait_ns", "prefetch_deadline_ns", "prefetch_retries",
     )
 
     def __init__(self, t: TraceRequest, arrival_ns: int, trace_arrival_ns: int | None = None,
@@ -43,6 +44,9 @@ class Req:
         self.prefetch = None  # (first page, pages, host slots, start ns, end ns)
         self.anchor: TreeNode | None = None  # the node whose host copy the prefetch protects
         self.prefetch_tokens = 0  # tokens the prefetch counts against the capacity limit
+        self.prefetch_wait_ns: int | None = None  # timeout budget armed at the first blocked poll (0.5.23)
+        self.prefetch_deadline_ns: int | None = None  # when that budget ends; kept across re-queries
+        self.prefetch_retries = 0  # storage re-queries made (StoragePrefetchRetries, 0.5.23)
         self.priority = t.priority
         self.sort_key = 0.0
         self.hold_until_ns = 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from tierdiag.config.engine import SGLANG_RULES
+from tierdiag.config.engine import SGLANG_PREFETCH_POLICY, SGLANG_RULES
 
 
 def _evict_whole_need(free_pages: int, need_pages: int) -> int:
@@ -101,8 +101,41 @@ class RuleSet:
     # (0.5.9) or share x host (0.5.23, `_start_storage_prefetch_wait`'s capacity).
     prefetch_capacity_share: float
     prefetch_capacity_of_host_minus_device: bool
+    # Scheduler._prefetch_kvcache: whose host copy gates a prefetch (the root always passes).
+    # 0.5.9: `req.last_node.backuped`, the last device node. 0.5.23: `is_backuped(last_host_node)
+    # or is_root(last_host_node)`, where last_host_node is `best_match_node` (the deepest node on
+    # device or backed up, `_match_post_processor`).
+    prefetch_gate_on_best_match: bool
+    # Where host memory comes from. 0.5.9 `HiRadixCache.prefetch_from_storage`: room for the whole
+    # requested span before the query (none: no prefetch), non-hits released after it. 0.5.23
+    # `_try_alloc_storage_hit` -> `allocate_storage_hit(allow_partial=True,
+    # min_tokens=prefetch_threshold)`: only the hit, after the query; what fits when the whole hit
+    # does not, kept when at least the threshold. The requested span then ends at the longest
+    # prefix (`_compute_max_prefix_len`: input - 1) rather than the input's last full page.
+    prefetch_alloc_hit_only: bool
+    # `hicache_storage_prefetch_policy` when the config sets none: best_effort (0.5.9),
+    # timeout (0.5.23, arg_groups/fields/memory.py). Named in config.engine.SGLANG_PREFETCH_POLICY.
+    prefetch_policy_default: str
+    # The `timeout` policy's clock. 0.5.9 (engine as it was): from the prefetch's start, on the
+    # hit. 0.5.23 `_start_storage_prefetch_wait`: from the first admission poll that finds the
+    # prefetch running (`check_prefetch_progress` -> not `_can_terminate_prefetch`), on the
+    # requested span (`stats_requested_tokens`); `prefetch_timeout_base` 1 s + 0.25 s
+    # (`prefetch_timeout_per_ki_token`) per 1024 tokens, no cap.
+    prefetch_timer_at_first_poll: bool
+    # `StoragePrefetchRetries` (0.5.23; 0.5.9 has none): a storage miss (hit below the threshold),
+    # a rate-limited decline or a hit the host cannot take (`poll_miss`) is queried again after
+    # `hicache_storage_prefetch_retry_poll_interval` (8) scheduling passes, at most
+    # `hicache_storage_prefetch_retry_max_attempts` (8) times (`_process_storage_prefetch_retries`).
+    prefetch_retry_interval_passes: int
+    prefetch_retry_max_attempts: int
     vocabulary: ExplainVocabulary
     doc: str
+
+    def prefetch_room_tokens(self, host_tokens: int, device_tokens: int) -> int:
+        """Tokens prefetches in flight may hold (`prefetch_rate_limited`): 0.8 x (host - device)
+        in 0.5.9, 0.5 x host in 0.5.23."""
+        pool = host_tokens - device_tokens if self.prefetch_capacity_of_host_minus_device else host_tokens
+        return max(0, int(self.prefetch_capacity_share * pool))
 
 
 RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
@@ -119,6 +152,12 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         split_cached_prefix=_split_by_tier,
         prefetch_capacity_share=0.5,
         prefetch_capacity_of_host_minus_device=False,
+        prefetch_gate_on_best_match=True,
+        prefetch_alloc_hit_only=True,
+        prefetch_policy_default="timeout",
+        prefetch_timer_at_first_poll=True,
+        prefetch_retry_interval_passes=8,
+        prefetch_retry_max_attempts=8,
         vocabulary=ExplainVocabulary("prefix_len", "host_loaded_length", "best_match_node", "kv.cache_protected_len"),
         doc="SGLang 0.5.23 (October): UnifiedRadixCache on the unified tree core",
     ),
@@ -135,12 +174,20 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         split_cached_prefix=_split_promised,
         prefetch_capacity_share=0.8,
         prefetch_capacity_of_host_minus_device=True,
+        prefetch_gate_on_best_match=False,
+        prefetch_alloc_hit_only=False,
+        prefetch_policy_default="best_effort",
+        prefetch_timer_at_first_poll=False,
+        prefetch_retry_interval_passes=0,
+        prefetch_retry_max_attempts=0,
         vocabulary=ExplainVocabulary("prefix_indices", "host_hit_length", "last_host_node", "cache_protected_len"),
         doc="SGLang 0.5.9 (February): HiRadixCache",
     ),
 )}
 
 assert tuple(RULE_SETS) == SGLANG_RULES, "config.engine.SGLANG_RULES names the rule sets, in this order"
+assert {v: r.prefetch_policy_default for v, r in RULE_SETS.items()} == SGLANG_PREFETCH_POLICY, \
+    "config.engine.SGLANG_PREFETCH_POLICY names each rule set's default prefetch policy"
 
 
 def rule_set(version: str) -> RuleSet:

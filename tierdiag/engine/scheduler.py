@@ -79,6 +79,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
         self.prefetch_limit_tokens = prefetch_limit_tokens(self.rules, ctrl.host.capacity, ctrl.device.capacity,
                                                            self.ps)
         self.prefetch_tokens_occupied = 0
+        self.prefetch_retry_due: dict[int, int | None] = {}  # req seq -> pass its re-query is due (0.5.23)
+        self.prefetch_pass = 0  # scheduling passes, the re-queries' clock
         self.max_context = cfg.resolved_max_context()
         self.arrivals: ArrivalSource | None = None  # the trace's arrivals, open or closed loop (run)
         ctrl.at = self.at
@@ -192,6 +194,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         budget = self.cfg.max_prefill_tokens
         items: list[tuple[Req, int, int, int]] = []  # (req, chunk tokens, load-back ns, load-back pages)
         self.ctrl.blocking_ns = 0
+        self._retry_prefetches(now)  # _process_hicache_events, before the batch is formed
         chunk_continues = False
         if self.chunked is not None:
             req = self.chunked
@@ -206,7 +209,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         i = 0
         while not chunk_continues and budget >= ps and i < len(self.waiting):
             req = self.waiting[i]
-            if req.hold_until_ns > now:  # "skip staging requests that are ongoing prefetch"
+            if req.hold_until_ns > now and self._prefetch_holds(req, now):  # "skip staging requests that are ongoing prefetch"
                 req.held = True
                 i += 1
                 continue
@@ -214,6 +217,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
             if admitted is None:
                 break  # NO_TOKEN or OTHER: the request waits, and so does everyone behind it
             del self.waiting[i]
+            self.prefetch_retry_due.pop(req.seq, None)
             take, lb_ns, lb_pages = admitted
             items.append((req, take, lb_ns, lb_pages))
             budget -= -(-take // ps) * ps  # PrefillAdder._update_prefill_budget: page-ceiled
