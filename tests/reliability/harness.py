@@ -73,7 +73,12 @@ def wait_for_recorded_rows(proc: subprocess.Popen, db: Path, *, runs_before: int
 
 
 def runs(db: Path) -> list[dict]:
-    return tierdiag("runs", "--db", db, "--json").json()
+    """`runs --json`, each run as stored: without `default` (which run a command without --run
+    reads is the store's newest user run: it moves to a later one, the earlier run unchanged)."""
+    listed = tierdiag("runs", "--db", db, "--json").json()
+    for r in listed:
+        r.pop("default", None)
+    return listed
 
 
 def assert_same_event_rows(con, a: str, b: str, *, may_be_empty: tuple[str, ...] = ()) -> None:
