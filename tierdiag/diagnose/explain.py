@@ -44,8 +44,8 @@ from tierdiag.diagnose.explain_steps import (
 )
 from tierdiag.diagnose.explain_verdict import VerdictInputs, context_sentence, verdict
 from tierdiag.diagnose.facts import RunFacts, run_bounds  # noqa: F401 - run_bounds: slow's clock
-from tierdiag.diagnose.session_pool import session_pauses
 from tierdiag.diagnose.query import request_row
+from tierdiag.diagnose.session_pool import session_pauses
 from tierdiag.diagnose.sessions import session_step
 from tierdiag.diagnose.tokens import TokenSplit
 from tierdiag.store.reader import RunInfo

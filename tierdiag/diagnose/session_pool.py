@@ -17,8 +17,13 @@ later turn that is
           |<------------------ pause + queue ------------------>|
      other requests:   [==== a ====]   [== b ==]      [=== c ===========]
 
-Counted per session rather than per distinct page, a prefix shared across sessions (a tool
-prompt) is counted more than once: the estimate errs toward a larger pool. The p90 pause is over
+The rows carry no page identities, so a prefix shared across sessions (a tool prompt) is told
+by what each session's first turn found cached (someone else's prefix): each other session counts
+its context less that, and the shared prefixes count once, the largest of them beyond the turn's
+own. Eviction takes leaves first, so a context is eaten from its tail and part of it often
+survives a pool smaller than its distance: the prediction counts a turn's prefix kept only when
+all of it fits, and so errs low (on the synth agent workload of tests/diagnose/
+test_session_advice.py: 12 % predicted at the run's pools where the run found 45 %). The p90 pause is over
 turns (each turn's think_ms, not token-weighted): the pool that keeps every turn whose pause is at
 most p90 is the largest stack distance among them. `kept_share(capacity)` predicts, with the same
 distances, the share of the later turns' reused prefix an LRU pool of `capacity` tokens keeps.
