@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from tierdiag.diagnose.advice import (HOST_POOL_LIMIT_BYTES, Advice, RunNumbers, advice_json, advise_sweep_id,
                                       combination, propose, run_numbers, verified_advice)
 from tierdiag.diagnose.facts import run_context as run_context_for
+from tierdiag.diagnose.session_pool import session_pauses
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def advise_run(con_factory, db, run, *, budget: int = 4, jobs: int | None = None
         raise ConfigError(f"--host-memory {host_limit_bytes} must be at least 1 byte")
     with con_factory() as con:
         ctx = run_context_for(con, run)
-        proposed = propose(ctx, host_limit_bytes=host_limit_bytes)
+        proposed = propose(ctx, host_limit_bytes=host_limit_bytes, sessions=session_pauses(con, run))
         baseline = run_numbers(con, run.run_id)
     sweep_id = advise_sweep_id(run.run_id)
     plans = candidate_configs(run, proposed, budget)

@@ -8,6 +8,8 @@ memory, and `verified` once `tierdiag advise` has replayed the trace with it.
     rate              offered prefill above the GPU for a material share (capacity) time_scale x (p90 load / 0.9)
     prefetch          storage matches recomputed because the prefetch was late     prefetch_policy wait_complete
     write_policy      once-cached tokens dropped from device with no host copy     write_policy write_through
+    session           later session turns recomputed / loaded back their prefix    host_tokens for the p90 pause
+                      after their pause (closed-loop arrivals)                     (session_pool.py; <= 2 TiB)
     capacity          tokens deleted from host, reuse distance (p90) > device+host host_tokens (<= 2 TiB)
                                                                                    else a storage tier + wait_complete
     eviction_policy   hot prefixes (hit >= 3 times) among the removed tokens       eviction_policy lfu
@@ -51,6 +53,7 @@ from tierdiag.diagnose.claims import (
 )
 from tierdiag.diagnose.capacity import MATERIAL_SHARE, TARGET_LOAD
 from tierdiag.diagnose.runcontext import RunContext
+from tierdiag.diagnose.session_pool import SessionPauses, session_pauses
 from tierdiag.engine.rules import rule_set
 from tierdiag.store.reader import ADVISE_SWEEP_PREFIX
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
@@ -88,10 +91,11 @@ COMBINE_MAX = 3
 TARGETS: dict[str, str] = {
     "prefetch": "recompute_share", "write_policy": "recompute_share", "capacity": "recompute_share",
     "storage_tier": "recompute_share", "eviction_policy": "recompute_share",
-    "page_size": "loadback_exposed_share", "rate": "queue_share",
+    "page_size": "loadback_exposed_share", "rate": "queue_share", "session": "session_recompute_share",
 }
 _TARGET_WORDS = {"recompute_share": "recompute share of input", "loadback_exposed_share":
-                 "exposed load-back share of TTFT", "queue_share": "queueing share of TTFT"}
+                 "exposed load-back share of TTFT", "queue_share": "queueing share of TTFT",
+                 "session_recompute_share": "recompute share of later session turns' input"}
 
 
 @dataclass(frozen=True)
@@ -149,7 +153,7 @@ def classify(v: Verified) -> str:
 
 @dataclass(frozen=True)
 class Advice:
-    kind: str  # prefetch | write_policy | capacity | storage_tier | eviction_policy | page_size | none
+    kind: str  # prefetch | write_policy | session | capacity | storage_tier | eviction_policy | page_size | none
     option: str | None  # the --config TOML key (None: nothing to change)
     value: Any
     changes: dict  # every key to apply together (option included)
@@ -298,6 +302,56 @@ def _write_policy(ctx: RunContext) -> list[Advice]:
         f"from device without a host copy (write_policy {policy}); write_through backs every new prefix up to "
         f"host, so eviction demotes it instead",
         {"dropped_unbacked_tokens": lo.dropped_unbacked_tokens, "input_tokens": lo.input_tokens})]
+
+
+def _sessions(ctx: RunContext, sessions: SessionPauses | None,
+              host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) -> list[Advice]:
+    """Keep sessions alive for the p90 pause: the host pool whose LRU holds every later turn's
+    context over a pause up to p90 (session_pool.py's stack distances), for a closed-loop run
+    whose later turns recomputed or loaded back a material share of their input. Open-loop
+    (arrivals trace) pauses are not the sessions' own, so nothing is sized from them."""
+    sp, lo = sessions, ctx.losses
+    device, host = lo.device_capacity_tokens, lo.host_capacity_tokens
+    if (sp is None or (ctx.config.get("arrivals") or "closed") != "closed" or device is None or host is None
+            or not _significant(sp.lost_tokens, sp.input_tokens)):
+        return []
+    page = int(ctx.config.get("page_size") or 64)
+    kv = ctx.kv_bytes_per_token
+    # As for capacity: under write_through the host pool alone holds every cached copy (device's
+    # included), so it alone must hold the contexts; otherwise device and host add up.
+    inclusive = ctx.config.get("write_policy") == "write_through"
+    held, pools = held_capacity(ctx.config, device, host)
+    want = _pow2_at_least(sp.pool_p90_tokens if inclusive else sp.pool_p90_tokens - device, page)
+    limit = _pow2_at_most(host_limit_bytes // kv) if kv else want
+    capped = want > limit
+    new = min(want, limit)
+    if new <= host:
+        return []  # the pools already hold the sessions' contexts for the p90 pause (or the server can't)
+    after = new if inclusive else device + new
+    kept_before, kept_after = sp.kept_share(held) or 0.0, sp.kept_share(after) or 0.0
+    if not _significant(int((kept_after - kept_before) * sp.reused_tokens), sp.input_tokens):
+        return []  # predicted to keep too little more to be worth the memory
+    found = share(sp.device_tokens + sp.host_tokens, sp.reused_tokens)
+    size = (f"host pool of {fmt_tokens(new)} tokens" if not capped else
+            f"host pool of {fmt_tokens(want)} tokens, beyond the "
+            + (f"{fmt_bytes(host_limit_bytes)} the server holds for KV" if host_limit_bytes != HOST_POOL_LIMIT_BYTES
+               else "host memory a server beside one GPU carries") + f": {fmt_tokens(new)} tokens, the most it holds")
+    return [Advice(
+        "session", "host_tokens", new, {"host_tokens": new},
+        f"{fmt_tokens(sp.lost_tokens)} tokens of the reused prefix of {sp.num_turns:,} later session turns "
+        f"({fmt_pct(share(sp.lost_tokens, sp.input_tokens))} of their input) were recomputed "
+        f"({fmt_tokens(sp.recomputed_tokens)}) or loaded back ({fmt_tokens(sp.host_tokens + sp.storage_tokens)}) after "
+        f"their pause; keep sessions alive for the p90 pause ({fmt_ms(sp.pause_p90_ms * 1e6)}): {size} "
+        f"(a turn paused up to p90 had at most {fmt_tokens(sp.pool_p90_tokens)} tokens touched, its own context "
+        f"included, between its predecessor's answer and its schedule, against {pools})",
+        {"later_turns": sp.num_turns, "later_input_tokens": sp.input_tokens, "later_reused_tokens": sp.reused_tokens,
+         "later_recomputed_tokens": sp.recomputed_tokens,
+         "later_loaded_tokens": sp.host_tokens + sp.storage_tokens, "pause_p90_ms": sp.pause_p90_ms,
+         "pool_p90_tokens": sp.pool_p90_tokens, "device_tokens": device, "host_tokens": host},
+        _gib(new - host, kv), "host_memory",
+        prediction=(f"predicted under LRU: keeps {fmt_pct(kept_after)} of later turns' reused prefix on device or "
+                    f"host, against {fmt_pct(kept_before)} with the pools now (this run found "
+                    f"{fmt_pct(found)} there)"))]
 
 
 def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) -> list[Advice]:
@@ -491,7 +545,7 @@ def _round_up_2(x: float) -> float:
     return round(math.ceil(round(x / 10 ** e, 9)) * 10 ** e, max(-e, 0))
 
 
-RULES = (_rate, _prefetch, _write_policy, _capacity, _eviction_policy, _page_size)
+RULES = (_rate, _prefetch, _write_policy, _sessions, _capacity, _eviction_policy, _page_size)
 
 
 def _nothing(ctx: RunContext) -> Advice:
@@ -511,11 +565,19 @@ def _nothing(ctx: RunContext) -> Advice:
                   {"recomputed_share": lo.recomputed_share, "link_peak_share": tr.link_peak_share})
 
 
-def propose(ctx: RunContext, *, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) -> tuple[Advice, ...]:
+def propose(ctx: RunContext, *, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES,
+            sessions: SessionPauses | None = None) -> tuple[Advice, ...]:
     """Every rule that fires, biggest loss first; else the one "nothing to change" item. The
     rate leads only where the requests' queues were not the cache's doing (story.py): where
-    they were, the cache rules come first and the rate after them."""
-    items = [a for rule in RULES for a in (rule(ctx, host_limit_bytes) if rule is _capacity else rule(ctx))]
+    they were, the cache rules come first and the rate after them. `sessions`: the run's later
+    session turns (session_pool.session_pauses), for the session rule; None: it does not fire.
+    Two rules that propose the same change (a host pool for the sessions and for capacity) are
+    one replay: the first is kept."""
+    items: list[Advice] = []
+    for rule in RULES:
+        found = (rule(ctx, host_limit_bytes) if rule is _capacity else
+                 rule(ctx, sessions, host_limit_bytes) if rule is _sessions else rule(ctx))
+        items += [a for a in found if all(a.changes != b.changes for b in items)]
     top = ctx.story.top if ctx.story is not None else None
     if top is not None and (top.caches_doing or top.cause == "recompute"):
         items = [a for a in items if a.kind != "rate"] + [a for a in items if a.kind == "rate"]
@@ -537,9 +599,12 @@ def _run_numbers(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
     r = con.execute(
         "SELECT quantile_disc(ttft_ns, 0.5), quantile_disc(ttft_ns, 0.99), "
         "sum(recomputed_tokens) / nullif(sum(input_tokens), 0), "
-        "sum(loadback_exposed_ns) / nullif(sum(ttft_ns), 0), sum(queue_ns) / nullif(sum(ttft_ns), 0) "
+        "sum(loadback_exposed_ns) / nullif(sum(ttft_ns), 0), sum(queue_ns) / nullif(sum(ttft_ns), 0), "
+        "sum(recomputed_tokens) FILTER (WHERE think_ms IS NOT NULL) "
+        "/ nullif(sum(input_tokens) FILTER (WHERE think_ms IS NOT NULL), 0) "
         "FROM requests WHERE run_id = ? AND status = 'finished' AND ttft_ns IS NOT NULL", [run_id]).fetchone()
-    return {"p50": r[0], "p99": r[1], "recompute_share": r[2], "loadback_exposed_share": r[3], "queue_share": r[4]}
+    return {"p50": r[0], "p99": r[1], "recompute_share": r[2], "loadback_exposed_share": r[3], "queue_share": r[4],
+            "session_recompute_share": r[5]}
 
 
 def _measured(base: dict, after: dict, rid: str, kind: str, req: tuple | None) -> Verified:
@@ -650,7 +715,7 @@ def verified_advice(con: duckdb.DuckDBPyConnection, run, advice: tuple[Advice, .
 
 
 def run_advice(con: duckdb.DuckDBPyConnection, run, ctx: RunContext, req_id: str | None = None) -> tuple[Advice, ...]:
-    return verified_advice(con, run, propose(ctx), req_id)
+    return verified_advice(con, run, propose(ctx, sessions=session_pauses(con, run)), req_id)
 
 
 # --------------------------------------------------------------------------- a run's headline numbers
