@@ -175,7 +175,7 @@ def test_delete_while_another_process_writes_says_busy(two_runs):
 def test_an_observed_run_says_where_it_came_from():
     from rich.console import Console
 
-    from tierdiag.report.terminal import render_runs
+    from tierdiag.report.runs_view import render_runs
     from tierdiag.store.reader import RunInfo
 
     info = RunInfo(run_id="20261201-120000-abcdef", name="prod", created_at="2026-12-01 12:00:00", status="complete",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tierdiag.diagnose.advice import (HOST_POOL_LIMIT_BYTES, Advice, RunNumbers, advice_json, advise_sweep_id,
-                                      combination, propose, run_numbers, verified_advice)
+from tierdiag.diagnose.advice import HOST_POOL_LIMIT_BYTES, Advice, advice_json, propose
+from tierdiag.diagnose.advice_verify import RunNumbers, advise_sweep_id, combination, run_numbers, verified_advice
 from tierdiag.diagnose.facts import run_context as run_context_for
 from tierdiag.diagnose.session_pool import session_pauses
 

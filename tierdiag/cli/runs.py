@@ -42,7 +42,7 @@ def runs(
                      "sglang_rules": recorded_rules(r.config) if r.kind != "observed" else None,
                      "pools": pool_sizes(r.config, r.data_plane), "default": r.run_id == default} for r in infos])
         return
-    from tierdiag.report.terminal import render_runs
+    from tierdiag.report.runs_view import render_runs
 
     render_runs(infos, out, db_label=str(db), options=changes, default_run_id=default)
     for r in infos:

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import duckdb
 
-from tierdiag.diagnose.advice import run_advice
+from tierdiag.diagnose.advice_verify import run_advice
 from tierdiag.diagnose.diagnosis import diagnose_run
 from tierdiag.diagnose.facts import RunFacts
 from tierdiag.diagnose.numbers import (  # noqa: F401 - the types summary's callers render

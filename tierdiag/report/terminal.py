@@ -17,7 +17,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from tierdiag.report.text import fmt_option, visible
+from tierdiag.report.text import fmt_option, visible  # noqa: F401 - fmt_option: the views import it from here too
 from tierdiag.report.sessions_view import render_sessions
 from tierdiag.units import (
     fmt_bandwidth,
@@ -466,7 +466,6 @@ def _pools_text(config: dict, data_plane: dict) -> str:
 
 
 # Shown in their own lines of `runs`' config cell (model/gpu, the pools, the rule set), so not again as options.
-_RUNS_OWN_LINES = ("model", "gpu", "device_tokens", "host_tokens", "storage_tokens", "storage_dir", "sglang_rules")
 
 
 def rules_line(run) -> str | None:
@@ -478,46 +477,3 @@ def rules_line(run) -> str | None:
     if run.kind == "observed":
         return None
     return f"sglang {recorded_rules(run.config)}" + ("" if run.config.get("sglang_rules") else " (recorded before rule sets)")
-
-
-def render_runs(infos: Sequence, console: Console, *, db_label: str,
-                options: dict[str, dict] | None = None, default_run_id: str | None = None) -> None:
-    """The runs of a store, newest last, as one table that fits 80 columns: a run's cells stack
-    (id, name, sweep; kind, status; model/gpu, pools in tokens and GiB, then one line per option
-    that differs from the defaults), so nothing is cut. Run ids are always whole: they are what
-    `--run` takes.
-
-    `options`: run id -> {option: value} that differ from the defaults, when the caller knows them.
-    `default_run_id`: the run a command without --run reads, marked "(default)"."""
-    from tierdiag.config.profile import provenance_line
-
-    options = options or {}
-    table = _table(f"runs in {db_label}", show_lines=True)
-    table.add_column("run (id, name, sweep)", overflow="fold", min_width=22)
-    table.add_column("kind", no_wrap=True)
-    table.add_column("requests", justify="right", no_wrap=True)
-    table.add_column("config", overflow="fold")
-    for r in infos:
-        # Every cell is data (a crafted store can hold anything): never markup, controls escaped.
-        run_cell = Text("\n").join([plain(r.run_id, "bold"), plain(r.name)]
-                                    + ([plain(r.sweep_id, "dim")] if r.sweep_id else [])
-                                    + ([plain("(default)", "green")] if r.run_id == default_run_id else []))
-        # A run imported from a server's own export names its source, not a model preset of ours.
-        config = ([f"imported from {r.config['source']}"] if "source" in r.config and "model" not in r.config
-                  else [f"{r.config.get('model', '?')} on {r.config.get('gpu', '?')}"])
-        config += [f"{tier} {fmt_tokens(size['tokens'])}" + (f" ({fmt_bytes(size['bytes'])})" if size["bytes"] else "")
-                   for tier, size in pool_sizes(r.config, r.data_plane).items()]
-        rules = rules_line(r)
-        config += [rules] if rules else []
-        config += [f"{k}={fmt_option(v)}" for k, v in sorted(options.get(r.run_id, {}).items())
-                   if k not in _RUNS_OWN_LINES]
-        clock = provenance_line(r.config.get("profile_source"))  # replayed with a calibrate profile
-        config += [clock] if clock else []
-        table.add_row(run_cell, Text("\n").join([plain(r.kind), plain(r.status)]), f"{r.num_requests:,}",
-                      Text("\n").join(plain(line) for line in config))
-    console.print(table, soft_wrap=False)  # a long database path in the title wraps too
-    console.print(Text("config: model on GPU, pools in tokens (binary sizes, GiB = 2^30 bytes), the SGLang release "
-                       "whose rules the replay followed, then the options "
-                       "that differ from the defaults · `--run` takes an id, a unique prefix of one, or a name; "
-                       "without it, the (default) run: the newest replay or import, never a sweep or advise candidate · "
-                       "--json for every field", style="dim"), soft_wrap=False)

@@ -1,0 +1,177 @@
+"""Advice as data: the typed item a rule proposes (`Advice`), what a replay measured of it
+(`Verified`), and its status (DESIGN §6: proposed, confirmed, no_effect, refuted; `classify`).
+The rules are advice.py's; what `advise` replayed is read by advice_verify.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tierdiag.units import fmt_ms, fmt_pct
+
+# Verification (DESIGN §6 "Advice status"): replays are deterministic, so these are not noise
+# margins but what is worth a change: 5 % of the median TTFT, without the tail paying for it.
+CONFIRM_P50_GAIN = 0.05
+P99_TOLERANCE = 0.05
+STATUSES = ("proposed", "confirmed", "no_effect", "refuted")
+ADVISED = ("proposed", "confirmed")
+# At most this many confirmed items are replayed together (the best, by their p50 gain).
+COMBINE_MAX = 3
+# kind -> the run share the change targets, which it must lower: a change that sped TTFT up
+# without lowering its target did not work the way its rule claimed.
+TARGETS: dict[str, str] = {
+    "prefetch": "recompute_share", "write_policy": "recompute_share", "capacity": "recompute_share",
+    "storage_tier": "recompute_share", "eviction_policy": "recompute_share",
+    "page_size": "loadback_exposed_share", "rate": "queue_share", "session": "session_recompute_share",
+}
+_TARGET_WORDS = {"recompute_share": "recompute share of input", "loadback_exposed_share":
+                 "exposed load-back share of TTFT", "queue_share": "queueing share of TTFT",
+                 "session_recompute_share": "recompute share of later session turns' input"}
+
+
+@dataclass(frozen=True)
+class Verified:
+    run_id: str
+    ttft_p50_ms_before: float | None
+    ttft_p50_ms_after: float | None
+    ttft_p99_ms_before: float | None
+    ttft_p99_ms_after: float | None
+    recompute_share_before: float | None
+    recompute_share_after: float | None
+    req_id: str | None = None  # set when attached to one request's explain
+    ttft_ms_before: float | None = None
+    ttft_ms_after: float | None = None
+    target: str | None = None  # the share the change targeted (TARGETS), None: TTFT alone
+    target_before: float | None = None
+    target_after: float | None = None
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+    def numbers(self) -> str:
+        """What the replay measured, in words: TTFT p50 and p99 before -> after, and the target."""
+        text = (f"TTFT p50 {fmt_ms_value(self.ttft_p50_ms_before)} → {fmt_ms_value(self.ttft_p50_ms_after)}"
+                f"{_change(self.ttft_p50_ms_before, self.ttft_p50_ms_after)}, p99 "
+                f"{fmt_ms_value(self.ttft_p99_ms_before)} → {fmt_ms_value(self.ttft_p99_ms_after)}"
+                f"{_change(self.ttft_p99_ms_before, self.ttft_p99_ms_after)}")
+        if self.target is not None:
+            text += (f", {_TARGET_WORDS.get(self.target, self.target)} {fmt_pct(self.target_before)} → "
+                     f"{fmt_pct(self.target_after)}")
+        if self.req_id is not None:
+            text += f"; this request {fmt_ms_value(self.ttft_ms_before)} → {fmt_ms_value(self.ttft_ms_after)}"
+        return text
+
+
+def _change(before: float | None, after: float | None) -> str:
+    if not before or after is None:
+        return ""
+    return f" ({(after - before) / before * 100:+,.1f} %)"
+
+
+def classify(v: Verified) -> str:
+    """confirmed | no_effect | refuted, from what one replay measured against the baseline."""
+    b50, a50, b99, a99 = v.ttft_p50_ms_before, v.ttft_p50_ms_after, v.ttft_p99_ms_before, v.ttft_p99_ms_after
+    if b50 is None or a50 is None:
+        return "no_effect"  # nothing finished on one side: nothing measured to advise on
+    p99_worse = b99 is not None and a99 is not None and a99 > b99 * (1 + P99_TOLERANCE)
+    if a50 >= b50 * (1 + CONFIRM_P50_GAIN) or p99_worse:
+        return "refuted"
+    moved = True  # every target is a share the change must lower (TARGETS)
+    if v.target is not None:
+        moved = v.target_before is not None and v.target_after is not None and v.target_after < v.target_before
+    return "confirmed" if a50 <= b50 * (1 - CONFIRM_P50_GAIN) and moved else "no_effect"
+
+
+@dataclass(frozen=True)
+class Advice:
+    kind: str  # prefetch | write_policy | session | capacity | storage_tier | eviction_policy | page_size | none
+    option: str | None  # the --config TOML key (None: nothing to change)
+    value: Any
+    changes: dict  # every key to apply together (option included)
+    reason: str
+    evidence: dict = field(default_factory=dict)
+    cost_gib: float | None = None  # extra memory (host) or disk (storage) it takes
+    cost_kind: str | None = None  # host_memory | disk | None
+    verified: Verified | None = None  # what a replay measured (whatever its status)
+    status: str = "proposed"  # STATUSES: proposed until `advise` replayed it
+    prediction: str | None = None  # what the rule expects under the run's own rules, in words
+
+    @property
+    def advised(self) -> bool:
+        """Shown as advice: proposed (not tried yet) or confirmed by a replay."""
+        return self.status in ADVISED
+
+    def to_json(self) -> dict:
+        return {"option": self.option, "value": self.value, "reason": self.reason,
+                "verified": self.verified.to_json() if self.verified else None,
+                "status": self.status, "prediction": self.prediction,
+                "kind": self.kind, "changes": dict(self.changes), "evidence": dict(self.evidence),
+                "cost_gib": self.cost_gib, "cost_kind": self.cost_kind}
+
+    def settings(self) -> str:
+        return ", ".join(f"{k} = {_toml(v)}" for k, v in self.changes.items())
+
+    def line(self) -> str:
+        """One line for the terminal: what to set, why, at what cost, and what a replay measured
+        ("verified" only for a confirmed item; a tried one that did not help says so instead)."""
+        if self.option is None:
+            return self.reason
+        text = f"set {self.settings()}: {self.reason}"
+        if self.prediction:
+            text += f"; {self.prediction}"
+        if self.cost_gib is not None:
+            text += f" (costs {self.cost_gib:,.0f} GiB of {'host memory' if self.cost_kind == 'host_memory' else 'disk'})"
+        v = self.verified
+        if v is not None and self.status == "confirmed":
+            text += f" — verified by run {v.run_id}: {v.numbers()}"
+        elif v is not None:
+            text += f" — tried in run {v.run_id}, {self.status.replace('_', ' ')}: {v.numbers()}"
+        return text
+
+    def tried_line(self) -> str:
+        """A tried item that is not advice: what it set, what the replay measured, and why not."""
+        v = self.verified
+        why = {"refuted": "it made TTFT worse", "no_effect": _no_effect_why(self)}.get(self.status, self.status)
+        return (f"{self.settings()} ({self.kind}): {why} — run {v.run_id if v else '?'}: "
+                + (v.numbers() if v else "not measured"))
+
+
+def _no_effect_why(a: "Advice") -> str:
+    v = a.verified
+    if v is None or v.ttft_p50_ms_before is None or v.ttft_p50_ms_after is None:
+        return "nothing was measured"
+    if v.ttft_p50_ms_after > v.ttft_p50_ms_before * (1 - CONFIRM_P50_GAIN):
+        return f"TTFT p50 did not improve by {fmt_pct(CONFIRM_P50_GAIN)}"
+    if a.kind == "combined":
+        return "together they were no better than the best of them alone"
+    return f"TTFT improved but the {_TARGET_WORDS.get(v.target, v.target)} it targeted did not fall"
+
+
+def advised(items: tuple["Advice", ...]) -> tuple["Advice", ...]:
+    return tuple(a for a in items if a.advised)
+
+
+def tried_not_advised(items: tuple["Advice", ...]) -> tuple["Advice", ...]:
+    return tuple(a for a in items if not a.advised)
+
+
+def advice_json(items: tuple["Advice", ...]) -> dict:
+    """`advice` (proposed and confirmed) and `tried_not_advised` (no_effect, refuted) of --json."""
+    return {"advice": [a.to_json() for a in advised(items)],
+            "tried_not_advised": [a.to_json() for a in tried_not_advised(items)]}
+
+
+def fmt_ms_value(ms: float | None) -> str:
+    return fmt_ms(None if ms is None else ms * 1e6)
+
+
+def _toml(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return f'"{v}"'
+    if isinstance(v, int) and abs(v) >= 10_000:
+        return f"{v:_}"  # TOML's digit separator: 16_777_216 reads, and pastes into --config as is
+    return str(v)
+
+

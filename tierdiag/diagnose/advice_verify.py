@@ -1,0 +1,184 @@
+"""Advice verified: what `tierdiag advise` replayed for a run's proposals (the runs recorded
+under `advise-<run_id>`), measured against the run, each change classified (confirmed /
+no_effect / refuted, advice.classify), the confirmed ones combined, and a run's headline numbers.
+The rules that propose are advice.py's; this reads what their replays recorded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+
+from tierdiag.diagnose.advice import (_NOT_CHANGES, COMBINE_MAX, CONFIRM_P50_GAIN, TARGETS, Advice, RunContext,
+                                      Verified, classify, propose)
+from tierdiag.diagnose.session_pool import session_pauses
+from tierdiag.store.reader import ADVISE_SWEEP_PREFIX
+from tierdiag.units import fmt_pct, ns_to_ms, share
+
+# --------------------------------------------------------------------------- verification
+
+
+def advise_sweep_id(run_id: str) -> str:
+    return ADVISE_SWEEP_PREFIX + run_id
+
+
+def config_changes(base: dict, other: dict) -> dict:
+    return {k: v for k, v in other.items() if k not in _NOT_CHANGES and base.get(k) != v}
+
+
+def _run_numbers(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
+    r = con.execute(
+        "SELECT quantile_disc(ttft_ns, 0.5), quantile_disc(ttft_ns, 0.99), "
+        "sum(recomputed_tokens) / nullif(sum(input_tokens), 0), "
+        "sum(loadback_exposed_ns) / nullif(sum(ttft_ns), 0), sum(queue_ns) / nullif(sum(ttft_ns), 0), "
+        "sum(recomputed_tokens) FILTER (WHERE think_ms IS NOT NULL) "
+        "/ nullif(sum(input_tokens) FILTER (WHERE think_ms IS NOT NULL), 0) "
+        "FROM requests WHERE run_id = ? AND status = 'finished' AND ttft_ns IS NOT NULL", [run_id]).fetchone()
+    return {"p50": r[0], "p99": r[1], "recompute_share": r[2], "loadback_exposed_share": r[3], "queue_share": r[4],
+            "session_recompute_share": r[5]}
+
+
+def _measured(base: dict, after: dict, rid: str, kind: str, req: tuple | None) -> Verified:
+    target = TARGETS.get(kind)
+    before_req, after_req = req[:2] if req is not None else (None, None)
+    return Verified(
+        run_id=rid, ttft_p50_ms_before=ns_to_ms(base["p50"]), ttft_p50_ms_after=ns_to_ms(after["p50"]),
+        ttft_p99_ms_before=ns_to_ms(base["p99"]), ttft_p99_ms_after=ns_to_ms(after["p99"]),
+        recompute_share_before=base["recompute_share"], recompute_share_after=after["recompute_share"],
+        req_id=None if req is None else req[2], ttft_ms_before=ns_to_ms(before_req),
+        ttft_ms_after=ns_to_ms(after_req), target=target,
+        target_before=base.get(target) if target else None, target_after=after.get(target) if target else None)
+
+
+def _gain(a: Advice) -> float:
+    v = a.verified
+    if v is None or not v.ttft_p50_ms_before or v.ttft_p50_ms_after is None:
+        return 0.0
+    return (v.ttft_p50_ms_before - v.ttft_p50_ms_after) / v.ttft_p50_ms_before
+
+
+# A config key -> the kind of advice that changes it (for a tried change no proposal names).
+_KEY_KINDS = {"storage_tokens": "storage_tier", "host_tokens": "capacity", "prefetch_policy": "prefetch",
+              "write_policy": "write_policy", "eviction_policy": "eviction_policy", "page_size": "page_size",
+              "time_scale": "rate"}
+
+
+def _kind_of(changes: dict) -> str:
+    kinds = {_KEY_KINDS.get(k, "other") for k in changes}
+    if "storage_tier" in kinds:  # a storage tier comes with its prefetch policy and host room
+        return "storage_tier"
+    return kinds.pop() if len(kinds) == 1 else "combined"
+
+
+def combination(items: tuple[Advice, ...]) -> Advice | None:
+    """The confirmed items (the COMBINE_MAX best by p50 gain) as one change, or None with fewer
+    than two. Where two set the same key (a host pool for capacity and for a storage tier's
+    prefetch room), the larger number wins; other values, the better item's."""
+    best = sorted((a for a in items if a.status == "confirmed" and a.kind != "combined"), key=_gain,
+                  reverse=True)[:COMBINE_MAX]
+    if len(best) < 2:
+        return None
+    changes: dict = {}
+    for a in best:
+        for k, v in a.changes.items():
+            old = changes.get(k)
+            if old is None or (isinstance(v, int) and isinstance(old, int) and not isinstance(v, bool) and v > old):
+                changes[k] = v
+    first = next(iter(changes))
+    return Advice("combined", first, changes[first], changes,
+                  "together: " + "; ".join(f"{a.settings()} ({a.kind}, TTFT p50 {fmt_pct(_gain(a))} better alone)"
+                                           for a in best),
+                  {"parts": [a.kind for a in best]})
+
+
+def verified_advice(con: duckdb.DuckDBPyConnection, run, advice: tuple[Advice, ...],
+                    req_id: str | None = None) -> tuple[Advice, ...]:
+    """Attach what `advise` measured (its runs under advise_sweep_id) to the matching items, each
+    with its status (module doc); the combination of the confirmed ones, where it was replayed,
+    first when it is confirmed too."""
+    import dataclasses
+    import json
+
+    rows = con.execute(
+        "SELECT run_id, config_json FROM runs WHERE sweep_id = ? AND status = 'complete' ORDER BY created_at",
+        [advise_sweep_id(run.run_id)]).fetchall()
+    if not rows:
+        return advice
+    by_changes: dict[str, str] = {}
+    for rid, cfg in rows:  # the newest run of each change wins
+        by_changes[json.dumps(config_changes(run.config, json.loads(cfg or "{}")), sort_keys=True)] = rid
+    base = _run_numbers(con, run.run_id)
+    q = "SELECT ttft_ns FROM requests WHERE run_id = ? AND req_id = ?"
+
+    def measure(a: Advice) -> Advice:
+        rid = by_changes.get(json.dumps(a.changes, sort_keys=True)) if a.option else None
+        if rid is None:
+            return a
+        req = None
+        if req_id is not None:
+            req = ((con.execute(q, [run.run_id, req_id]).fetchone() or [None])[0],
+                   (con.execute(q, [rid, req_id]).fetchone() or [None])[0], req_id)
+        v = _measured(base, _run_numbers(con, rid), rid, a.kind, req)
+        return dataclasses.replace(a, verified=v, status=classify(v))
+
+    out = [measure(a) for a in advice]
+    together = combination(tuple(out))
+    if together is not None:
+        together = measure(together)
+    # Candidates of an earlier advise that no proposal of now matches (other --host-memory, a
+    # rule since changed): tried all the same, so shown with what they measured.
+    known = {json.dumps(a.changes, sort_keys=True) for a in out + ([together] if together else [])}
+    for key in by_changes:
+        changes = json.loads(key)
+        if key not in known and changes:
+            first = next(iter(changes))
+            out.append(measure(Advice(_kind_of(changes), first, changes[first], changes,
+                                      "replayed by an earlier `tierdiag advise` of this run")))
+    if together is not None:
+        if together.verified is not None:
+            # Worth advising only where it beats the best of its parts alone by the same margin
+            # a change must beat the baseline by: p50 after <= best alone's x (1 - CONFIRM_P50_GAIN).
+            best_alone = 1 - max(_gain(a) for a in out if a.status == "confirmed")
+            if together.status == "confirmed" and 1 - _gain(together) > best_alone * (1 - CONFIRM_P50_GAIN):
+                together = dataclasses.replace(together, status="no_effect")
+            out.insert(0 if together.status == "confirmed" else len(out), together)
+    return tuple(out)
+
+
+def run_advice(con: duckdb.DuckDBPyConnection, run, ctx: RunContext, req_id: str | None = None) -> tuple[Advice, ...]:
+    return verified_advice(con, run, propose(ctx, sessions=session_pauses(con, run)), req_id)
+
+
+# --------------------------------------------------------------------------- a run's headline numbers
+
+
+@dataclass(frozen=True)
+class RunNumbers:
+    run_id: str
+    ttft_p50_ns: int | None
+    ttft_p99_ns: int | None
+    recompute_share: float | None
+    reuse_share: dict  # tier -> share of input tokens (device, host, storage)
+    ttft_mean_ns: float | None = None
+
+    def key(self) -> tuple:
+        """Better is lower: TTFT p50, then p99, then the mean (small runs often tie on p50)."""
+        return (self.ttft_p50_ns or 0, self.ttft_p99_ns or 0, self.ttft_mean_ns or 0.0)
+
+    def to_json(self) -> dict:
+        return {"run_id": self.run_id, "ttft_p50_ms": ns_to_ms(self.ttft_p50_ns),
+                "ttft_p99_ms": ns_to_ms(self.ttft_p99_ns), "ttft_mean_ms": ns_to_ms(self.ttft_mean_ns),
+                "recompute_share": self.recompute_share,
+                "reuse_share": dict(self.reuse_share)}
+
+
+def run_numbers(con: duckdb.DuckDBPyConnection, run_id: str) -> RunNumbers:
+    r = con.execute(
+        "SELECT quantile_disc(ttft_ns, 0.5), quantile_disc(ttft_ns, 0.99), sum(recomputed_tokens), "
+        "sum(device_hit_tokens), sum(host_hit_tokens), sum(storage_hit_tokens), sum(input_tokens), avg(ttft_ns) "
+        "FROM requests WHERE run_id = ? AND status = 'finished' AND ttft_ns IS NOT NULL", [run_id]).fetchone()
+    n = r[6]
+    return RunNumbers(run_id, r[0], r[1], share(r[2], n),
+                      {"device": share(r[3], n), "host": share(r[4], n), "storage": share(r[5], n)}, r[7])
+
+
