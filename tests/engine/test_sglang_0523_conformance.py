@@ -246,3 +246,157 @@ def test_a_miss_is_queried_again_every_8_passes_up_to_8_times(monkeypatch):
     old = Engine(helpers.small_config(storage_tokens=128 * PS, sglang_rules="0.5.9")).scheduler
     old._arm_prefetch_retry(r)
     assert not old.prefetch_retry_due
+
+
+# --- queue policies (schedule_policy.py `SchedulePolicy.calc_priority`) --------------------------
+class _Match:
+    """A tree stand-in for the queue policies: per request, the (device, host) pages it matches."""
+
+    def __init__(self, hits: dict[str, tuple[int, int]]):
+        self.hits: dict[str, tuple[int, int]] = hits
+        self.by_keys: dict[tuple[int, ...], str] = {}
+
+    def __call__(self, keys, now):
+        dev, host = self.hits.get(self.by_keys[tuple(keys)], (0, 0))
+        return _Pages(dev, host)
+
+
+class _Pages:
+    def __init__(self, device_pages, host_pages):
+        self.device_pages, self.host_pages = device_pages, host_pages
+
+
+def _queue(spec, hits):
+    """Waiting requests from (req_id, arrival ms, input pages, first page id); each input is its
+    pages plus one token, so input_len = pages * 64 + 1 and the last page is never matchable."""
+    waiting, match = [], _Match(hits)
+    for seq, (rid, t_ms, n, lo) in enumerate(spec):
+        r = Req(req(rid, t_ms, pages(lo, n), seq=seq), int(t_ms * 1e6))
+        r.keys = pages(lo, n)
+        r.max_match_pages = min(n, (r.input_len - 1) // PS)
+        match.by_keys[tuple(r.keys[:r.max_match_pages])] = rid
+        match.by_keys[tuple(r.keys)] = rid
+        waiting.append(r)
+    return waiting, match
+
+
+def _order(policy, spec, hits, processed, arrived, release="0.5.23"):
+    from tierdiag.engine.queue_policy import queue_policy
+
+    waiting, match = _queue(spec, hits)
+    queue_policy(policy, release).order(waiting, match, PS, 0, processed,
+                                        {r.seq: arrived[r.req_id] for r in waiting})
+    return [r.req_id for r in waiting]
+
+
+def test_the_queue_policies_are_a_registry_of_sglangs_names():
+    """`CacheAwarePolicy` / `CacheAgnosticPolicy` (0.5.23): the engine's --schedule-policy values
+    are registry entries named as SGLang names them; hrrn and shortest-prefill-first are 0.5.23's
+    only, so 0.5.9 refuses them; the default stays fcfs."""
+    from tierdiag.config.engine import SCHEDULE_POLICIES
+    from tierdiag.engine.queue_policy import QUEUE_POLICIES, queue_policy
+    from tierdiag.errors import ConfigError
+
+    assert tuple(QUEUE_POLICIES) == SCHEDULE_POLICIES == ("fcfs", "lpm", "hrrn", "shortest-prefill-first")
+    assert EngineConfig().schedule_policy == "fcfs"
+    for name in SCHEDULE_POLICIES:
+        assert queue_policy(name, "0.5.23").name == name
+    for name in ("hrrn", "shortest-prefill-first"):
+        try:
+            queue_policy(name, "0.5.9")
+        except ConfigError as e:
+            assert f"--schedule-policy {name} is not in SGLang 0.5.9 (it has fcfs, lpm)" in str(e)
+        else:
+            raise AssertionError(f"{name} accepted under 0.5.9")
+
+
+# Four waiting requests at processed_tokens = 10,000 (the token clock: prefill tokens run so far):
+#   id  arrival  input (tokens)  cached (device+host)  uncached  arrived at clock  waited  ratio-1
+#   a   0 ms     8*64+1 = 513    0                     513       1,000             9,000   17.5
+#   b   1 ms     2*64+1 = 129    0                     129       8,000             2,000   15.5
+#   c   2 ms     6*64+1 = 385    4 dev + 1 host = 320   65       9,500               500    7.7
+#   d   3 ms     2*64+1 = 129    0                     129       8,000             2,000   15.5
+_SPEC = [("a", 0, 8, 100), ("b", 1, 2, 200), ("c", 2, 6, 300), ("d", 3, 2, 400)]
+_HITS = {"c": (4, 1)}
+_ARRIVED = {"a": 1_000, "b": 8_000, "c": 9_500, "d": 8_000}
+
+
+def test_hrrn_admits_the_highest_response_ratio_first():
+    """schedule_policy.py `SchedulePolicy._sort_by_hrrn` (0.5.23): key (-(processed_tokens -
+    arrival_processed_tokens) / `_uncached_len`, rid), uncached = input - num_matched_prefix_tokens
+    (device and host both cached, `common.match_kv_cache`). a waited 9,000 tokens for 513 (17.5);
+    b and d tie at 15.5 and go by rid; c, waiting least, is last even though it is the shortest."""
+    assert _order("hrrn", _SPEC, _HITS, 10_000, _ARRIVED) == ["a", "b", "d", "c"]
+    # ties go by rid, not by arrival: rename b -> z and it goes after d
+    spec = [("z" if s[0] == "b" else s[0],) + s[1:] for s in _SPEC]
+    arrived = {("z" if k == "b" else k): v for k, v in _ARRIVED.items()}
+    assert _order("hrrn", spec, _HITS, 10_000, arrived) == ["a", "d", "z", "c"]
+    # at the moment all arrived (clock = their arrival) every ratio is 1: the order is by rid
+    assert _order("hrrn", _SPEC, _HITS, 0, _ARRIVED) == ["a", "b", "c", "d"]
+
+
+def test_hrrn_drains_a_fully_cached_request_first_and_is_fcfs_past_128():
+    """`_sort_by_hrrn`: the match is capped at input - 1 (`_compute_max_prefix_len`), so a
+    whole-input hit leaves one token to prefill (the uncached <= 0 case, "drain immediately", is
+    not reached) and e (all 3 pages cached, 1 token uncached) goes first at 2,000. And
+    `_determine_active_policy` turns HRRN into FCFS past WAITING_QUEUE_PREFIX_MATCH_MAX (128)."""
+    spec = _SPEC + [("e", 4, 3, 500)]
+    assert _order("hrrn", spec, {"c": (4, 1), "e": (3, 0)}, 10_000, {**_ARRIVED, "e": 8_000})[0] == "e"
+    spec = [(f"w{i:03d}", i, 1, 10 * i + 1000) for i in range(128)] + [("k", 999, 4, 5)]
+    arrived = {s[0]: 0 for s in spec}
+    arrived["k"] = -100_000  # k waited longest by far
+    assert _order("hrrn", spec, {}, 0, arrived)[-1] == "k"  # 129 waiting: FCFS, k stays last
+    assert _order("hrrn", spec[1:], {}, 0, arrived)[0] == "k"  # 128: sorted
+
+
+def test_shortest_prefill_first_admits_the_fewest_uncached_tokens_first():
+    """schedule_policy.py `SchedulePolicy._sort_by_shortest_prefill` (0.5.23): key (in-batch
+    deprioritized, `_shortest_prefill_work`, wait_queue_entry_time), work = max(1, input -
+    num_matched_prefix_tokens): the *uncached* part, so c (385 tokens, 320 cached on device and
+    host) goes before b and d (129, none cached). Ties go to the earlier queue entry (not the
+    rid); the token clock plays no part, and there is no FCFS fallback past 128 (not in
+    `_determine_active_policy`)."""
+    assert _order("shortest-prefill-first", _SPEC, _HITS, 10_000, _ARRIVED) == ["c", "b", "d", "a"]
+    # d entered the queue before z: d first, though "z" > "d" would not change it and "b" < "d" did not
+    spec = [("a", 0, 8, 100), ("z", 1, 2, 200), ("d", 2, 2, 300)]
+    assert _order("shortest-prefill-first", spec, {}, 0, {"a": 0, "z": 0, "d": 0}) == ["z", "d", "a"]
+    spec = [(f"w{i:03d}", i, 2, 10 * i + 1000) for i in range(128)] + [("k", 999, 4, 5)]
+    assert _order("shortest-prefill-first", spec, {"k": (3, 0)}, 0, {s[0]: 0 for s in spec})[0] == "k"
+
+
+def test_new_policies_defer_in_batch_duplicates_like_lpm():
+    """`SchedulePolicy._compute_prefix_matches` runs for every cache-aware policy: p2 (device
+    match <= 32 tokens, sharing its first page with p1, ahead of it in the queue) is
+    `temporary_deprioritized`, last under both new policies though it is shortest / waited longest."""
+    spec = [("p1", 0, 6, 600), ("p2", 1, 2, 600), ("q", 2, 8, 700)]
+    arrived = {"p1": 500, "p2": 0, "q": 500}
+    assert _order("shortest-prefill-first", spec, {}, 1_000, arrived) == ["p1", "q", "p2"]
+    assert _order("hrrn", spec, {}, 1_000, arrived) == ["p1", "q", "p2"]
+
+
+def test_hrrn_end_to_end_ages_by_processed_prefill_tokens():
+    """Scheduler end to end (`processed_tokens_counter += batch.extend_num_tokens` per batch,
+    snapshot into `arrival_processed_tokens` at `_add_request_to_queue`): x (30 pages) prefills in
+    chunks of 896 tokens; big (769 tokens, arrived first) and small (129) join the queue during the
+    first chunk (clock 896). At the third batch (clock 1,792) both waited 896 tokens: small's ratio
+    (896/129) beats big's (896/769), so HRRN admits small beside x's last chunk (the 704 tokens
+    left hold it) and big next; FCFS puts big first, which does not fit beside x's last chunk, and
+    small waits behind it for two batches."""
+    trace = [req("x", 0, pages(300, 30)), req("big", 0.001, pages(600, 12)), req("small", 0.002, pages(700, 2))]
+    kw = dict(max_prefill_tokens=14 * PS, device_tokens=64 * PS, host_tokens=64 * PS)
+    _, h = helpers.run(trace, schedule_policy="hrrn", **kw)
+    _, f = helpers.run(trace, schedule_policy="fcfs", **kw)
+    h, f = h.records, f.records
+    assert (h["x"].first_batch_id, h["small"].first_batch_id, h["big"].first_batch_id) == (1, 3, 4)
+    assert (f["x"].first_batch_id, f["big"].first_batch_id, f["small"].first_batch_id) == (1, 4, 5)
+
+
+def test_a_0523_policy_under_0_5_9_exits_2(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n')
+    proc = subprocess.run([sys.executable, "-c", "from tierdiag.cli.main import main; main()", "replay", str(trace),
+                           "--sglang", "0.5.9", "--schedule-policy", "hrrn", "--no-probes", "--model", "tiny",
+                           "--gpu", "cpu"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "--schedule-policy hrrn is not in SGLang 0.5.9" in line

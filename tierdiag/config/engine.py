@@ -23,7 +23,7 @@ from tierdiag.config.profile import check_profile, profile_defaults
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 EVICTION_POLICIES = tuple(_EVICTION_REGISTRY)
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
-SCHEDULE_POLICIES = ("fcfs", "lpm")
+SCHEDULE_POLICIES = ("fcfs", "lpm", "hrrn", "shortest-prefill-first")
 # Host pools past this are a what-if (large servers carry 1-2 TiB): warned, not refused.
 HOST_MEMORY_SANE_BYTES = 2 << 40
 NARROWEST_PAGE_BYTES = 8  # one int64 a page: the least the data plane can verify

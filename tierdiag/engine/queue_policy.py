@@ -1,10 +1,20 @@
-"""The waiting queue's order: FCFS, or LPM (longest device prefix first) with SGLang's in-batch
-prefix deprioritization (schedule_policy.py, SGLang 0.5.9).
+"""The waiting queue's order: a registry of SGLang's `--schedule-policy` values (`QUEUE_POLICIES`),
+each naming the schedule_policy.py function it restates:
+
+  fcfs                    arrival order (0.5.9, 0.5.23)
+  lpm                     longest device prefix first, with in-batch prefix deprioritization (0.5.9)
+  hrrn                    highest response ratio next, token-based aging (0.5.23 only)
+  shortest-prefill-first  fewest uncached input tokens first (0.5.23 only)
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
+from tierdiag.config.engine import SCHEDULE_POLICIES
 from tierdiag.engine.request import Req
+from tierdiag.errors import ConfigError
 
 # Like SGLang (SchedulePolicy._determine_active_policy), LPM falls back to FCFS past 128 waiting:
 # matching every waiting request before every batch would cost more than it saves. (0.5.23 names
@@ -16,6 +26,16 @@ LPM_MAX_WAITING = 128
 # one ahead computes the shared prefix once.
 IN_BATCH_CHECK_TOKENS = 32
 IN_BATCH_DEPRIORITIZE_TOKENS = 32
+
+
+def _in_batch_deprioritized(req: Req, device_pages: int, ps: int, need: int, seen: set[int]) -> bool:
+    """SchedulePolicy._compute_prefix_matches' in-batch check for one request, in queue order."""
+    if device_pages * ps <= IN_BATCH_CHECK_TOKENS and len(req.keys) >= need:
+        k = req.keys[need - 1]
+        if k in seen:
+            return True
+        seen.add(k)
+    return False
 
 
 def sort_by_device_prefix(waiting: list[Req], match, ps: int, now: int) -> None:
@@ -33,14 +53,105 @@ def sort_by_device_prefix(waiting: list[Req], match, ps: int, now: int) -> None:
     for r in waiting:
         dev = match(r.keys, now).device_pages
         r.sort_key = -dev
-        if dev * ps <= IN_BATCH_CHECK_TOKENS and len(r.keys) >= need:
-            k = r.keys[need - 1]
-            if k in seen:
-                r.sort_key = float("inf")
-            else:
-                seen.add(k)
+        if _in_batch_deprioritized(r, dev, ps, need, seen):
+            r.sort_key = float("inf")
     waiting.sort(key=_sort_key)
 
 
 def _sort_key(req: Req) -> float:
     return req.sort_key
+
+
+def _matched(waiting: list[Req], match, ps: int, now: int) -> list[tuple[Req, bool, int]]:
+    """SchedulePolicy._compute_prefix_matches (0.5.23) through `common.match_kv_cache`: each waiting
+    request, whether the in-batch check deprioritizes it, and its `num_matched_prefix_tokens` =
+    min(prefix_len + host_hit_length, input - 1) — device *and* host tokens count as cached. The
+    match is capped at the request's last matchable page (`_compute_max_prefix_len`)."""
+    need = -(-IN_BATCH_DEPRIORITIZE_TOKENS // ps)
+    seen: set[int] = set()
+    out = []
+    for r in waiting:
+        m = match(r.keys[:r.max_match_pages], now)
+        matched = min((m.device_pages + m.host_pages) * ps, r.input_len - 1)
+        out.append((r, _in_batch_deprioritized(r, m.device_pages, ps, need, seen), matched))
+    return out
+
+
+def sort_by_hrrn(waiting: list[Req], match, ps: int, now: int, processed: int, arrived: dict[int, int]) -> None:
+    """SchedulePolicy._sort_by_hrrn (SGLang 0.5.23), highest response ratio next with token-based
+    aging: ratio - 1 = (processed_tokens - arrival_processed_tokens) / uncached, where
+    processed_tokens counts every prefill token the scheduler has run (`processed_tokens_counter
+    += batch.extend_num_tokens`), arrival_processed_tokens is that counter when the request joined
+    the queue, and uncached = `_uncached_len` = input - num_matched_prefix_tokens (device + host).
+    Keys, smallest first: a request with nothing to prefill (-inf), then by ratio descending, the
+    in-batch deprioritized last (+inf); ties by rid (SGLang's string order)."""
+    keys = {}
+    for r, deprioritized, matched in _matched(waiting, match, ps, now):
+        uncached = max(0, r.input_len - matched)
+        if deprioritized:
+            k = float("inf")
+        elif uncached <= 0:
+            k = -float("inf")
+        else:
+            k = -max(0, processed - arrived.get(r.seq, processed)) / uncached
+        keys[r.seq] = (k, r.req_id)
+    waiting.sort(key=lambda r: keys[r.seq])
+
+
+def sort_by_shortest_prefill(waiting: list[Req], match, ps: int, now: int, processed: int,
+                             arrived: dict[int, int]) -> None:
+    """SchedulePolicy._sort_by_shortest_prefill (SGLang 0.5.23): key (in-batch deprioritized,
+    `_shortest_prefill_work`, wait_queue_entry_time), where work = max(1, input - 
+    num_matched_prefix_tokens): the uncached part, device and host hits both counted as cached.
+    Ties go to the earlier queue entry. Never falls back to FCFS (not in
+    `_determine_active_policy`'s list)."""
+    keys = {}
+    for r, deprioritized, matched in _matched(waiting, match, ps, now):
+        keys[r.seq] = (deprioritized, max(1, r.input_len - matched), r.arrival_ns, r.seq)
+    waiting.sort(key=lambda r: keys[r.seq])
+
+
+def _lpm(waiting, match, ps, now, processed, arrived) -> None:
+    sort_by_device_prefix(waiting, match, ps, now)
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """One `--schedule-policy` value: how it orders the waiting queue (None: arrival order), past
+    how many waiting it falls back to FCFS (None: never), and the SGLang releases that have it."""
+    name: str
+    sort: Callable | None
+    fcfs_past: int | None
+    releases: tuple[str, ...]
+    cites: str
+
+    def order(self, waiting: list[Req], match, ps: int, now: int, processed: int, arrived: dict[int, int]) -> None:
+        """Sorts `waiting` in place (SchedulePolicy.calc_priority) before a batch is formed."""
+        if self.sort is None or len(waiting) < 2:
+            return
+        if self.fcfs_past is not None and len(waiting) > self.fcfs_past:
+            return
+        self.sort(waiting, match, ps, now, processed, arrived)
+
+
+QUEUE_POLICIES: dict[str, QueuePolicy] = {p.name: p for p in (
+    QueuePolicy("fcfs", None, None, ("0.5.9", "0.5.23"), "CacheAgnosticPolicy.FCFS"),
+    QueuePolicy("lpm", _lpm, LPM_MAX_WAITING, ("0.5.9", "0.5.23"), "_sort_by_longest_prefix"),
+    QueuePolicy("hrrn", sort_by_hrrn, LPM_MAX_WAITING, ("0.5.23",), "_sort_by_hrrn"),
+    QueuePolicy("shortest-prefill-first", sort_by_shortest_prefill, None, ("0.5.23",),
+                "_sort_by_shortest_prefill"),
+)}
+assert tuple(QUEUE_POLICIES) == SCHEDULE_POLICIES, "config's SCHEDULE_POLICIES and the registry disagree"
+
+
+def queue_policy(name: str, release: str) -> QueuePolicy:
+    """The registry's policy for `--schedule-policy name` under SGLang `release`: one SGLang
+    release did not have is refused (its server would reject the flag)."""
+    policy = QUEUE_POLICIES.get(name)
+    if policy is None:
+        raise ConfigError(f"unknown --schedule-policy {name!r}; known: {', '.join(QUEUE_POLICIES)}")
+    if release not in policy.releases:
+        raise ConfigError(f"--schedule-policy {name} is not in SGLang {release} (it has "
+                          f"{', '.join(n for n, p in QUEUE_POLICIES.items() if release in p.releases)})",
+                          hint=f"use --sglang {policy.releases[-1]}")
+    return policy

@@ -32,7 +32,7 @@ from tierdiag.engine.controller import CacheController, EngineStats
 from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.pagemap import blame
 from tierdiag.engine.prefetch import StoragePrefetch, prefetch_limit_tokens
-from tierdiag.engine.queue_policy import LPM_MAX_WAITING, sort_by_device_prefix
+from tierdiag.engine.queue_policy import queue_policy
 from tierdiag.engine.request import Req, RequestRecords
 from tierdiag.engine.rules import rule_set
 from tierdiag.engine.tree import RadixTree, TreeNode
@@ -58,6 +58,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
                  probe, stats: EngineStats, progress: Callable[[int, int, EngineStats], None] | None = None):
         self.cfg = cfg
         self.rules = rule_set(cfg.sglang_rules)  # what differs between SGLang releases (rules.py)
+        self.queue = queue_policy(cfg.schedule_policy, self.rules.version)  # --schedule-policy (queue_policy.py)
+        self.processed_tokens, self.arrived_at = 0, {}  # HRRN's token clock: processed_tokens_counter, per-seq snapshot
         self.cost = cost
         self.tree = tree
         self.ctrl = ctrl
@@ -166,6 +168,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         if self.ctrl.storage is not None:
             self._start_prefetch(req, now)
         self.waiting.append(req)
+        self.arrived_at[req.seq] = self.processed_tokens  # req.arrival_processed_tokens
 
     def _reject(self, req: Req, reason: str, *, ends_session: bool = True) -> None:
         self.stats.requests_rejected += 1
@@ -204,8 +207,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
             items.append((req, take, 0, 0))
             budget -= -(-take // ps) * ps
             chunk_continues = req.done_tokens + take < req.input_len
-        if self.cfg.schedule_policy == "lpm" and 1 < len(self.waiting) <= LPM_MAX_WAITING:
-            sort_by_device_prefix(self.waiting, self.tree.match, self.ps, now)
+        self.queue.order(self.waiting, self.tree.match, ps, now, self.processed_tokens, self.arrived_at)
         i = 0
         while not chunk_continues and budget >= ps and i < len(self.waiting):
             req = self.waiting[i]
@@ -217,6 +219,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
             if admitted is None:
                 break  # NO_TOKEN or OTHER: the request waits, and so does everyone behind it
             del self.waiting[i]
+            self.arrived_at.pop(req.seq, None)
             self.prefetch_retry_due.pop(req.seq, None)
             take, lb_ns, lb_pages = admitted
             items.append((req, take, lb_ns, lb_pages))
@@ -386,6 +389,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
                                     req.lb_wall, req.lb_verified)
             flops.append(cost.prefill_flops(take, req.done_tokens))
         ctrl.h2d_free_ns = link
+        self.processed_tokens += sum(take for _, take, _, _ in items)  # += batch.extend_num_tokens
         load_ns = link - now
         compute_ns = cost.prefill_ns(sum(flops))
         blocking = ctrl.blocking_ns
