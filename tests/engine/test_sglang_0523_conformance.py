@@ -357,7 +357,7 @@ def test_shortest_prefill_first_admits_the_fewest_uncached_tokens_first():
     rid); the token clock plays no part, and there is no FCFS fallback past 128 (not in
     `_determine_active_policy`)."""
     assert _order("shortest-prefill-first", _SPEC, _HITS, 10_000, _ARRIVED) == ["c", "b", "d", "a"]
-    # d entered the queue before z: d first, though "z" > "d" would not change it and "b" < "d" did not
+    # z entered the queue before d and goes first, though "d" < "z": entry time, not rid
     spec = [("a", 0, 8, 100), ("z", 1, 2, 200), ("d", 2, 2, 300)]
     assert _order("shortest-prefill-first", spec, {}, 0, {"a": 0, "z": 0, "d": 0}) == ["z", "d", "a"]
     spec = [(f"w{i:03d}", i, 2, 10 * i + 1000) for i in range(128)] + [("k", 999, 4, 5)]
