@@ -395,8 +395,9 @@ def test_a_0523_policy_under_0_5_9_exits_2(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n')
     proc = subprocess.run([sys.executable, "-c", "from tierdiag.cli.main import main; main()", "replay", str(trace),
-                           "--sglang", "0.5.9", "--schedule-policy", "hrrn", "--no-probes", "--model", "tiny",
-                           "--gpu", "cpu"], capture_output=True, text=True, timeout=120)
+                           "--sglang", "0.5.9", "--schedule-policy", "hrrn", "--db", str(tmp_path / "r.duckdb"),
+                           "--model", "tiny", "--gpu", "cpu"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert "--schedule-policy hrrn is not in SGLang 0.5.9" in line
+    assert not (tmp_path / "r.duckdb").exists()  # refused with the config: no run, no store

@@ -79,7 +79,7 @@ def replay(
     eviction_policy: Annotated[Optional[str], Opt(**choices(EVICTION_POLICIES), help=_d("Which pages leave a full pool first.", "eviction_policy"))] = None,
     load_back_threshold: Annotated[Optional[int], Opt(help=_d("Host hits shorter than this (tokens) are recomputed.", "load_back_threshold"))] = None,
     prefetch_policy: Annotated[Optional[str], Opt(**choices(PREFETCH_POLICIES), help=_d("How long a request waits for its storage prefetch.", shown="the release's: timeout (0.5.23), best_effort (0.5.9)"))] = None,
-    schedule_policy: Annotated[Optional[str], Opt(**choices(SCHEDULE_POLICIES), help=_d("Waiting-queue order (lpm: longest cached prefix first).", "schedule_policy"))] = None,
+    schedule_policy: Annotated[Optional[str], Opt(**choices(SCHEDULE_POLICIES), help=_d("Waiting-queue order: fcfs, lpm (longest cached prefix first), hrrn and shortest-prefill-first (SGLang 0.5.23 only).", "schedule_policy"))] = None,
     prefetch_threshold: Annotated[Optional[int], Opt(help=_d("Storage hits shorter than this (tokens) are not prefetched.", "prefetch_threshold"))] = None,
     max_prefill_tokens: Annotated[Optional[int], Opt(help=_d("Token budget of one prefill batch (chunk size).", "max_prefill_tokens"))] = None,
     overlap: Annotated[Optional[bool], Opt("--overlap/--no-overlap", help=_d("Overlap load-back with prefill layer by layer.", "overlap", True))] = None,

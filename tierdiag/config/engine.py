@@ -24,6 +24,10 @@ WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 EVICTION_POLICIES = tuple(_EVICTION_REGISTRY)
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 SCHEDULE_POLICIES = ("fcfs", "lpm", "hrrn", "shortest-prefill-first")
+# The SGLang releases that have each queue policy (engine/queue_policy.py's registry says the
+# same, checked at its import): a policy its release lacks is refused here, before a run exists.
+SCHEDULE_POLICY_RELEASES = {"fcfs": ("0.5.9", "0.5.23"), "lpm": ("0.5.9", "0.5.23"),
+                            "hrrn": ("0.5.23",), "shortest-prefill-first": ("0.5.23",)}
 # Host pools past this are a what-if (large servers carry 1-2 TiB): warned, not refused.
 HOST_MEMORY_SANE_BYTES = 2 << 40
 NARROWEST_PAGE_BYTES = 8  # one int64 a page: the least the data plane can verify
@@ -63,7 +67,7 @@ class EngineConfig:
     eviction_policy: str = "lru"
     load_back_threshold: int = 10
     prefetch_policy: str | None = None  # None: the release's default (SGLANG_PREFETCH_POLICY)
-    schedule_policy: str = "fcfs"  # lpm: longest cached prefix first (SGLang's, FCFS past 128 waiting)
+    schedule_policy: str = "fcfs"  # fcfs | lpm | hrrn | shortest-prefill-first (engine/queue_policy.py)
     prefetch_threshold: int = 256
     max_prefill_tokens: int = 16384
     layerwise_overlap: bool = True
@@ -100,6 +104,11 @@ class EngineConfig:
         ):
             if value not in known:
                 raise unknown_name(opt, value, known)
+        have = SCHEDULE_POLICY_RELEASES[self.schedule_policy]
+        if self.sglang_rules not in have:
+            raise ConfigError(f"--schedule-policy {self.schedule_policy} is not in SGLang {self.sglang_rules} (it has "
+                              + ", ".join(n for n, r in SCHEDULE_POLICY_RELEASES.items() if self.sglang_rules in r) + ")",
+                              hint=f"use --sglang {have[-1]}")
         ps = self.page_size
         if ps <= 0 or ps & (ps - 1):
             raise ConfigError(f"--page-size {ps} must be a power of two")

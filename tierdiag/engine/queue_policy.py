@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from tierdiag.config.engine import SCHEDULE_POLICIES
+from tierdiag.config.engine import SCHEDULE_POLICIES, SCHEDULE_POLICY_RELEASES
 from tierdiag.engine.request import Req
 from tierdiag.errors import ConfigError
 
@@ -142,6 +142,8 @@ QUEUE_POLICIES: dict[str, QueuePolicy] = {p.name: p for p in (
                 "_sort_by_shortest_prefill"),
 )}
 assert tuple(QUEUE_POLICIES) == SCHEDULE_POLICIES, "config's SCHEDULE_POLICIES and the registry disagree"
+assert {n: tuple(sorted(p.releases)) for n, p in QUEUE_POLICIES.items()} == \
+    {n: tuple(sorted(r)) for n, r in SCHEDULE_POLICY_RELEASES.items()}, "the releases of a queue policy disagree"
 
 
 def queue_policy(name: str, release: str) -> QueuePolicy:
