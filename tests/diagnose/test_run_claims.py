@@ -190,6 +190,9 @@ def _check(db: Path) -> tuple[list[str], list[dict]]:
     queued = [x for x in rows if x["cause"] == "queueing" and x["excess"] >= 0]
     qx = sum(x["excess"] for x in queued) or 1
     qwait = sum(x["q"] for x in queued)
+    overloaded = cap is not None and cap["share"] >= 0.1 and (cap["factor"] or 0) > 1
+    need(("capacity" in names) == overloaded, f"capacity named {'capacity' in names}, overloaded {overloaded}")
+    need(not overloaded or names[0] == "capacity", f"overload is not named first: {names}")
     for c in claims:
         name, text = c["name"], c["text"]
         if name == "verdicts":
@@ -198,10 +201,20 @@ def _check(db: Path) -> tuple[list[str], list[dict]]:
             if m is None:
                 continue
             need(_ms_ok(m[1], total), f"verdicts: excess {m[1]} vs {total} ns")
-            for label, pct, n in re.findall(rf"([a-z_]+(?: \([^)]*\))?) {PCT} \(([\d,]+) requests?\)", m[2]):
+            by_label: dict[str, int] = {}
+            for x in rows:
+                by_label[x["label"]] = by_label.get(x["label"], 0) + x["excess"]
+            listed = re.findall(rf"([a-z_]+(?: \([^)]*\))?) {PCT} \(([\d,]+) requests?\)", m[2])
+            need(bool(listed), f"verdicts: none listed in {text!r}")
+            for label, pct, n in listed:
                 mine = [x for x in rows if x["label"] == label]
                 need(int(n.replace(",", "")) == len(mine), f"verdicts: {label} {n} requests vs {len(mine)}")
                 need(_pct_ok(pct, sum(x["excess"] for x in mine) / total), f"verdicts: {label} {pct}")
+            # Largest first, and none left out that carries more than one listed.
+            shown = [by_label.get(label, 0) for label, _, _ in listed]
+            need(shown == sorted(shown, reverse=True), f"verdicts: not largest first {listed}")
+            rest = [v for k, v in by_label.items() if k not in {label for label, _, _ in listed}]
+            need(not rest or not shown or max(rest) <= min(shown), f"verdicts: a larger verdict left out {by_label}")
         elif name == "queued_wait":
             m = re.match(rf"Around the requests that queued, the prefill GPU was {PCT} busy .*?; {PCT} over the run's "
                          rf"whole span", text)
