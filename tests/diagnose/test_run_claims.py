@@ -186,6 +186,15 @@ def _check(db: Path) -> tuple[list[str], list[dict]]:
             f"(SELECT sum(t_end_ns - t_start_ns) FROM batches WHERE run_id = $r)", {"r": rid}).fetchone()
         tok = con.execute("SELECT sum(recomputed_tokens), sum(input_tokens) FROM requests WHERE run_id = ? AND "
                           "coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL", [rid]).fetchone()
+    with open_store(db) as con:
+        rid = resolve_run(con, None).run_id
+        config = dict(resolve_run(con, None).config)
+        fin = "run_id = ? AND coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL"
+        skipped = dict(con.execute(f"SELECT loadback_skipped_reason, sum(loadback_skipped_tokens) FROM requests "
+                                   f"WHERE {fin} AND loadback_skipped_reason IS NOT NULL GROUP BY 1", [rid]).fetchall())
+        unused = dict(con.execute(f"SELECT storage_skipped_reason, sum(least(storage_match_tokens - storage_hit_tokens, "
+                                  f"recomputed_tokens)) FROM requests WHERE {fin} AND storage_skipped_reason IS NOT "
+                                  f"NULL GROUP BY 1", [rid]).fetchall())
     total = sum(x["excess"] for x in rows)
     queued = [x for x in rows if x["cause"] == "queueing" and x["excess"] >= 0]
     qx = sum(x["excess"] for x in queued) or 1
@@ -281,6 +290,21 @@ def _check(db: Path) -> tuple[list[str], list[dict]]:
             need(abs(float(m[4].replace(",", "")) - cap["peak"]) <= 0.05 + 1e-9, f"capacity: peak {m[4]}")
         else:
             need(name in ("recompute", "load_back"), f"unknown claim {name}: {text!r}")
+        for n, reason in re.findall(r"([\d,]+) were host hits skipped \(([a-z_]+)\)", text):
+            need(int(n.replace(",", "")) == skipped.get(reason), f"{name}: skipped {reason} {n} vs {skipped}")
+        for n, reason in re.findall(r"([\d,]+) were matched in storage but not used \(([a-z_]+)\)", text):
+            need(int(n.replace(",", "")) == unused.get(reason), f"{name}: storage unused {reason} {n} vs {unused}")
+        d = re.search(r"reuse distance of ([\d,]+) tokens at the median and ([\d,]+) at p90 against ([\d,]+) tokens "
+                      r"of (device \+ host|host)[^:]*: (.*?)(?:;|\.$)", text)
+        if d:
+            p50, p90, pools = (int(d[i].replace(",", "")) for i in (1, 2, 3))
+            through = config.get("write_policy") == "write_through"
+            need(d[4] == ("host" if through else "device + host"), f"{name}: pools {d[4]} under {config}")
+            need(pools == (config["host_tokens"] if through else config["device_tokens"] + config["host_tokens"]),
+                 f"{name}: pools {pools}")
+            need(d[5].startswith("pools of this size cannot keep most") == (p50 > pools)
+                 and d[5].startswith("they would have fit") == (p90 <= pools), f"{name}: conclusion {d[5]!r}")
+
         w = re.search(rf"run-wide ([\d,]+) once-cached tokens \({PCT} of input\)", text)
         if w:
             need(int(w[1].replace(",", "")) == tok[0], f"{name}: run-wide recomputed {w[1]} vs {tok[0]}")
