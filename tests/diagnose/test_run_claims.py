@@ -1,7 +1,7 @@
 """Every sentence of the run's diagnosis is a claim, checked against the rows (issue 34, item 7).
 
 Small replays (`tierdiag synth` mixed and agent on pools small enough to evict, a bursty planted
-workload) and, with ../shared (marker `shared`), the first 1,500 lines of both Mooncake traces at
+workload, a storage-tier run held for memory) and, with ../shared (marker `shared`), the first 1,500 lines of both Mooncake traces at
 --time-scale 2. For each run `summary --json`'s `diagnosis.claims` is taken apart and every number
 it quotes is recomputed here with this file's own SQL over `requests` and `batches` (the contract's
 definitions, not diagnose's code): the excess TTFT shares by verdict, the busy share around the
@@ -315,10 +315,17 @@ def _check(db: Path) -> tuple[list[str], list[dict]]:
 # --------------------------------------------------------------------------- the runs
 
 
-def _synth(folder: Path, kind: str, requests: int, rate: float) -> Path:
-    trace = folder / f"{kind}.jsonl"
+# Smaller pools with a best-effort storage tier and a load-back threshold, write-back: requests
+# held for memory, skipped load-backs, storage matches.
+STORAGE = ["--model", "llama3-8b", "--gpu", "h100", "--device-tokens", "16384", "--host-tokens", "32768",
+           "--storage-tokens", "1048576", "--load-back-threshold", "1024", "--prefetch-policy", "best_effort",
+           "--write-policy", "write_back"]
+
+
+def _synth(folder: Path, kind: str, requests: int, rate: float, options: list[str] = POOLS) -> Path:
+    trace = folder / f"{kind}{rate}.jsonl"
     _invoke("synth", str(trace), "--kind", kind, "--requests", str(requests), "--rate", str(rate))
-    return _replay(trace, folder / f"{kind}.duckdb", *POOLS)
+    return _replay(trace, folder / f"{kind}{rate}.duckdb", *options)
 
 
 @pytest.fixture(scope="module")
@@ -327,11 +334,12 @@ def synth_runs(tmp_path_factory) -> dict[str, Path]:
     s = Story()
     bursty(s)
     return {"mixed": _synth(folder, "mixed", 300, 8), "agent": _synth(folder, "agent", 200, 20),
+            "storage": _synth(folder, "mixed", 300, 30, STORAGE),
             "bursty": s.replay(folder / "bursty", {"model": "llama3-8b", "device_tokens": 16384,
                                                     "host_tokens": 16384})}
 
 
-@pytest.mark.parametrize("name", ["mixed", "agent", "bursty"])
+@pytest.mark.parametrize("name", ["mixed", "agent", "storage", "bursty"])
 def test_every_run_claim_is_true_on_synth(synth_runs, name):
     bad, claims = _check(synth_runs[name])
     assert claims, "the run's diagnosis has no claims"
