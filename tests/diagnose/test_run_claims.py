@@ -1,13 +1,14 @@
 """Every sentence of the run's diagnosis is a claim, checked against the rows (issue 34, item 7).
 
 Small replays (`tierdiag synth` mixed and agent on pools small enough to evict, a bursty planted
-workload, a storage-tier run held for memory) and, with ../shared (marker `shared`), the first 1,500 lines of both Mooncake traces at
---time-scale 2. For each run `summary --json`'s `diagnosis.claims` is taken apart and every number
-it quotes is recomputed here with this file's own SQL over `requests` and `batches` (the contract's
-definitions, not diagnose's code): the excess TTFT shares by verdict, the busy share around the
-queued requests and over the run, what the GPU did while they waited, whose doing the queue was,
-the requests evicted while they waited, the run's recompute, and capacity's offered load from the
-arrivals and ideal TTFTs. No sentence appears twice and no claim name repeats."""
+workload, a storage-tier run held for memory) and, with ../shared (marker `shared`), the first 1,500
+lines of both Mooncake traces at --time-scale 2. For each run `summary --json`'s `diagnosis.claims`
+is taken apart and every number it quotes is recomputed here with this file's own SQL over
+`requests` and `batches` (the contract's definitions, not diagnose's code): the excess TTFT shares
+by verdict, the busy share around the queued requests and over the run, what the GPU did while they
+waited, whose doing the queue was, the requests evicted while they waited, the run's recompute, and
+capacity's offered load from the arrivals and ideal TTFTs. No sentence appears twice and no claim
+name repeats."""
 
 from __future__ import annotations
 
