@@ -421,10 +421,13 @@ def queue_cause_claim(story, overloaded: bool, why: str | None) -> Claim:
         if overloaded:
             text += " (both hold: the offered load alone exceeded the GPU, and recompute added to it)"
         return Claim("queue_cause", text + (f"; {why}." if why else "."))
-    busy = story.queued_busy_share or 0.0
-    rec = story.wait_share("recompute") or 0.0
+    # The reason is the not-the-cache's-doing requests' own: the others' recompute would raise it.
+    busy = story.other_busy_share if story.other_busy_share is not None else (story.queued_busy_share or 0.0)
+    rec = story.other_recompute_share if story.other_recompute_share is not None else \
+        (story.wait_share("recompute") or 0.0)
     if overloaded:
-        reason = "the GPU was offered more prefill than it can do"
+        reason = (f"the GPU was offered more prefill than it can do ({fmt_pct(busy)} busy around them; recompute "
+                  f"{fmt_pct(rec)} of their wait)")
     elif busy < BUSY_SHARE:
         reason = (f"the GPU was {fmt_pct(busy)} busy around them, below {fmt_pct(BUSY_SHARE)}: they waited for "
                   f"memory or storage, or in a short burst")

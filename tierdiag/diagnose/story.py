@@ -75,6 +75,11 @@ class RunStory:
     # is then the queue's doing, not the cache's size): how many, and their excess.
     evicted_while_waiting_requests: int
     evicted_while_waiting_excess_ns: int
+    # The queued requests whose queue was NOT the cache's doing, on their own (the reason the run
+    # gives for them is theirs, not diluted by the others): busy around them, excess-weighted,
+    # and recompute's share of their wait.
+    other_busy_share: float | None = None
+    other_recompute_share: float | None = None
 
     @property
     def top(self) -> VerdictShare | None:
@@ -171,10 +176,14 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
     sched = np.asarray(r["sched"], dtype=np.int64)
     last_ev = np.asarray(r["last_evicted"], dtype=np.int64)
     waited_out = (last_ev >= arrival) & (last_ev <= sched)
+    other = q & ~cache
+    ox = excess[other].astype(np.float64)
     return RunStory(
         excess_total_ns=total, verdicts=tuple(verdicts), queued_excess_ns=int(qx.sum()),
         queued_busy_share=float((busy[q] * qx).sum() / qx.sum()) if qx.sum() > 0 else None,
         queued_wait_ns=int(queue[q].sum()), queued_wait_parts_ns=wait_parts,
         caches_doing_excess_ns=int(excess[q & cache].sum()),
         evicted_while_waiting_requests=int(waited_out.sum()),
-        evicted_while_waiting_excess_ns=int(excess[waited_out].sum()))
+        evicted_while_waiting_excess_ns=int(excess[waited_out].sum()),
+        other_busy_share=float((busy[other] * ox).sum() / ox.sum()) if ox.sum() > 0 else None,
+        other_recompute_share=share(float(parts[0, other].sum()), float(queue[other].sum())))

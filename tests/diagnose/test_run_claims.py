@@ -1,0 +1,369 @@
+"""Every sentence of the run's diagnosis is a claim, checked against the rows (issue 34, item 7).
+
+Small replays (`tierdiag synth` mixed and agent on pools small enough to evict, a bursty planted
+workload, a storage-tier run held for memory) and, with ../shared (marker `shared`), the first 1,500
+lines of both Mooncake traces at --time-scale 2. For each run `summary --json`'s `diagnosis.claims`
+is taken apart and every number it quotes is recomputed here with this file's own SQL over
+`requests` and `batches` (the contract's definitions, not diagnose's code): the excess TTFT shares
+by verdict, the busy share around the queued requests and over the run, what the GPU did while they
+waited, whose doing the queue was, the requests evicted while they waited, the run's recompute, and
+capacity's offered load from the arrivals and ideal TTFTs. No sentence appears twice and no claim
+name repeats."""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tierdiag.diagnose.context import CONTEXT_LOOKBACK_NS
+from tierdiag.diagnose.story import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE
+from tierdiag.store.reader import open_store, resolve_run
+
+from .test_run_story import bursty
+from .test_advice_planted import Story
+
+pytest.importorskip("tierdiag.cli.replay")
+from tierdiag.cli.main import app  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_TRACES = REPO / ".." / "shared" / "traces"
+POOLS = ["--model", "llama3-8b", "--gpu", "h100", "--device-tokens", "32768", "--host-tokens", "49152"]
+
+NS_UNITS = {"µs": 1e3, "ms": 1e6, "s": 1e9, "min": 60e9, "h": 3600e9}
+
+
+def _invoke(*args: str) -> str:
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 0, (result.output, result.exception)
+    return result.output
+
+
+def _replay(trace: Path, db: Path, *options: str) -> Path:
+    _invoke("replay", str(trace), "--db", str(db), *options)
+    return db
+
+
+def _claims(db: Path) -> list[dict]:
+    out = _invoke("summary", "--db", str(db), "--json")
+    return json.loads(out[out.index("{"):])["diagnosis"]["claims"]
+
+
+# --------------------------------------------------------------------------- numbers as printed
+
+
+def _pct_ok(text: str, x: float | None) -> bool:
+    """A printed share ("42 %", "0.5 %", "< 0.1 %", "> 99.9 %") is `x` to its printed precision."""
+    x = 0.0 if x is None else x * 100
+    text = text.strip()
+    if text == "< 0.1 %":
+        return 0 < x < 0.05 + 1e-9
+    if text == "> 99.9 %":
+        return 99.95 - 1e-9 <= x < 100
+    num = text.rstrip(" %")
+    dec = len(num.split(".")[1]) if "." in num else 0
+    return abs(float(num) - x) <= 0.5 * 10 ** -dec + 1e-6
+
+
+def _ms_ok(text: str, ns: float) -> bool:
+    num, unit = text.strip().rsplit(" ", 1)
+    dec = len(num.split(".")[1]) if "." in num else 0
+    return abs(float(num.replace(",", "")) * NS_UNITS[unit] - ns) <= (0.5 * 10 ** -dec + 1e-6) * NS_UNITS[unit]
+
+
+PCT = r"(< 0\.1 %|> 99\.9 %|[\d.]+ %)"
+MS = r"([\d,.]+ (?:µs|ms|s|min|h))"
+
+
+# --------------------------------------------------------------------------- the rows, own SQL
+
+# docs/contract.md "Primary cause": none within 20 % of the ideal, else the part owning the most.
+_CAUSE = """CASE WHEN (ttft_ns - coalesce(ideal_ttft_ns, 0)) * 100 <= coalesce(ideal_ttft_ns, 0) * 20 THEN 'none'
+  WHEN q = {m} THEN 'queueing' WHEN lb = {m} THEN 'load_back' WHEN sw = {m} THEN 'storage_fetch'
+  WHEN rc = {m} THEN 'recompute' ELSE 'compute' END"""
+
+
+def _rows(con, rid: str) -> list[dict]:
+    """Per finished request: its excess, cause, and, over the batches of the run, what the GPU did
+    in its wait window and how busy it was in its context window (request x batch range join)."""
+    sql = f"""
+    WITH st AS (SELECT min(arrival_ns) AS st FROM requests WHERE run_id = $r),
+    q0 AS (SELECT *, coalesce(queue_ns, 0) AS q, coalesce(loadback_exposed_ns, 0) AS lb,
+                  coalesce(storage_wait_ns, 0) AS sw, coalesce(recompute_ns, 0) AS rc,
+                  greatest(coalesce(compute_ns, 0) - coalesce(ideal_ttft_ns, 0), 0) AS cx
+           FROM requests WHERE run_id = $r AND coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL),
+    r AS (SELECT req_id, arrival_ns AS a, arrival_ns + sw AS w0, greatest(first_token_ns, arrival_ns + sw) AS w1,
+                 greatest(arrival_ns - {CONTEXT_LOOKBACK_NS}, (SELECT st FROM st)) AS c0,
+                 first_token_ns - coalesce(prefill_ns, 0) AS sched, first_token_ns AS ft, q,
+                 greatest(ttft_ns - coalesce(ideal_ttft_ns, 0), 0) AS excess, rc AS own_rec,
+                 coalesce(compute_ns, 0) AS own_comp, lb AS own_lb,
+                 {_CAUSE.format(m='greatest(q, lb, sw, rc, cx)')} AS cause
+          FROM q0),
+    b AS (SELECT t_start_ns AS s, t_end_ns AS e, greatest(t_end_ns - t_start_ns, 1) AS d,
+                 coalesce(compute_ns, 0) AS comp, least(coalesce(recompute_ns, 0), coalesce(compute_ns, 0)) AS brc,
+                 coalesce(loadback_exposed_ns, 0) AS blb FROM batches WHERE run_id = $r),
+    w AS (SELECT r.req_id, sum(greatest(least(b.e, r.w1) - greatest(b.s, r.w0), 0) / b.d * b.brc) AS wrc,
+                 sum(greatest(least(b.e, r.w1) - greatest(b.s, r.w0), 0) / b.d * (b.comp - b.brc)) AS wnew,
+                 sum(greatest(least(b.e, r.w1) - greatest(b.s, r.w0), 0) / b.d * b.blb) AS wlb,
+                 sum(greatest(least(b.e, r.w1) - greatest(b.s, r.w0), 0) / b.d * greatest(b.d - b.comp - b.blb, 0)) AS wwb
+          FROM r JOIN b ON b.s < r.w1 AND b.e > r.w0 GROUP BY 1),
+    c AS (SELECT r.req_id, sum(greatest(least(b.e, greatest(r.ft, r.c0)) - greatest(b.s, r.c0), 0)) AS busy_ns
+          FROM r JOIN b ON b.s < greatest(r.ft, r.c0) AND b.e > r.c0 GROUP BY 1),
+    ev AS (SELECT re.req_id, e.t_ns FROM request_evictions re JOIN evictions e
+             ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id WHERE re.run_id = $r)
+    SELECT r.*, coalesce(w.wrc, 0) AS wrc, coalesce(w.wnew, 0) AS wnew, coalesce(w.wlb, 0) AS wlb,
+           coalesce(w.wwb, 0) AS wwb, coalesce(c.busy_ns, 0) AS busy_ns,
+           EXISTS (SELECT 1 FROM ev WHERE ev.req_id = r.req_id AND ev.t_ns >= r.a AND ev.t_ns <= r.sched) AS waited_out
+    FROM r LEFT JOIN w USING (req_id) LEFT JOIN c USING (req_id)"""
+    cur = con.execute(sql, {"r": rid})
+    names = [d[0] for d in cur.description]
+    rows = [dict(zip(names, t)) for t in cur.fetchall()]
+    for x in rows:
+        parts = [max(x["wrc"] - x["own_rec"], 0.0), max(x["wnew"] - x["own_comp"], 0.0),
+                 max(x["wlb"] - x["own_lb"], 0.0), x["wwb"]]
+        x["parts"] = {"recompute": parts[0], "new_compute": parts[1], "load_back": parts[2], "write_back": parts[3],
+                      "idle": max(x["q"] - sum(parts), 0.0)}
+        span = max(x["ft"], x["c0"]) - x["c0"]
+        x["busy"] = x["busy_ns"] / span if span > 0 else 0.0
+        x["cache"] = (x["q"] > 0 and parts[0] / x["q"] >= RECOMPUTE_QUEUE_SHARE and x["busy"] >= BUSY_SHARE)
+        x["label"] = x["cause"] if x["cause"] != "queueing" else (
+            "queueing (the cache's doing)" if x["cache"] else "queueing (not the cache's doing)")
+    return rows
+
+
+def _capacity(con, rid: str) -> dict | None:
+    """docs/contract.md: the ideal prefill of the requests arriving in each window of 32 median
+    requests' prefill, over the window, sliding by W/8 from the first arrival to W before the last."""
+    pts = con.execute("SELECT arrival_ns, ideal_ttft_ns FROM requests WHERE run_id = ? AND ttft_ns IS NOT NULL "
+                      "AND coalesce(status, 'finished') = 'finished' AND ideal_ttft_ns IS NOT NULL "
+                      "ORDER BY arrival_ns", [rid]).fetchall()
+    med = con.execute("SELECT median(ideal_ttft_ns) FROM requests WHERE run_id = ? AND ttft_ns IS NOT NULL "
+                      "AND coalesce(status, 'finished') = 'finished'", [rid]).fetchone()[0]
+    if not pts:
+        return None
+    arr = [p[0] for p in pts]
+    cum = [0.0]
+    for p in pts:
+        cum.append(cum[-1] + p[1])
+    window = max(int(32 * float(med)), 1)
+    step = max(window // 8, 1)
+    loads, t = [], arr[0]
+    while True:
+        loads.append((cum[bisect.bisect_left(arr, t + window)] - cum[bisect.bisect_left(arr, t)]) / window)
+        t += step
+        if t + window > arr[-1]:
+            break
+    over = [x for x in loads if x > 1]
+    return {"window": window, "share": len(over) / len(loads), "factor": sum(over) / len(over) if over else None,
+            "peak": max(loads)}
+
+
+# --------------------------------------------------------------------------- the check
+
+
+def _check(db: Path) -> tuple[list[str], list[dict]]:
+    claims = _claims(db)
+    bad: list[str] = []
+
+    def need(cond: bool, what: str) -> None:
+        if not cond:
+            bad.append(what)
+
+    names = [c["name"] for c in claims]
+    need(len(names) == len(set(names)), f"a claim name repeats: {names}")
+    sentences = [s.strip() for c in claims for s in re.split(r"(?<=[.:;])\s+", c["text"]) if len(s.strip()) > 24]
+    need(len(sentences) == len(set(sentences)), "a sentence appears twice")
+    with open_store(db) as con:
+        rid = resolve_run(con, None).run_id
+        rows = _rows(con, rid)
+        cap = _capacity(con, rid)
+        span_ns, busy_ns = con.execute(
+            f"SELECT (SELECT max(coalesce(finish_ns, first_token_ns, arrival_ns)) - min(arrival_ns) FROM requests "
+            f"WHERE run_id = $r AND coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL), "
+            f"(SELECT sum(t_end_ns - t_start_ns) FROM batches WHERE run_id = $r)", {"r": rid}).fetchone()
+        tok = con.execute("SELECT sum(recomputed_tokens), sum(input_tokens) FROM requests WHERE run_id = ? AND "
+                          "coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL", [rid]).fetchone()
+    with open_store(db) as con:
+        rid = resolve_run(con, None).run_id
+        config = dict(resolve_run(con, None).config)
+        fin = "run_id = ? AND coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL"
+        skipped = dict(con.execute(f"SELECT loadback_skipped_reason, sum(loadback_skipped_tokens) FROM requests "
+                                   f"WHERE {fin} AND loadback_skipped_reason IS NOT NULL GROUP BY 1", [rid]).fetchall())
+        unused = dict(con.execute(f"SELECT storage_skipped_reason, sum(least(storage_match_tokens - storage_hit_tokens, "
+                                  f"recomputed_tokens)) FROM requests WHERE {fin} AND storage_skipped_reason IS NOT "
+                                  f"NULL GROUP BY 1", [rid]).fetchall())
+    total = sum(x["excess"] for x in rows)
+    queued = [x for x in rows if x["cause"] == "queueing" and x["excess"] >= 0]
+    qx = sum(x["excess"] for x in queued) or 1
+    qwait = sum(x["q"] for x in queued)
+    overloaded = cap is not None and cap["share"] >= 0.1 and (cap["factor"] or 0) > 1
+    need(("capacity" in names) == overloaded, f"capacity named {'capacity' in names}, overloaded {overloaded}")
+    need(not overloaded or names[0] == "capacity", f"overload is not named first: {names}")
+    for c in claims:
+        name, text = c["name"], c["text"]
+        if name == "verdicts":
+            m = re.match(rf"By the requests' own verdicts, the run's excess TTFT \({MS}\) is (.*)\.$", text)
+            need(m is not None, f"verdicts: unparsed {text!r}")
+            if m is None:
+                continue
+            need(_ms_ok(m[1], total), f"verdicts: excess {m[1]} vs {total} ns")
+            by_label: dict[str, int] = {}
+            for x in rows:
+                by_label[x["label"]] = by_label.get(x["label"], 0) + x["excess"]
+            listed = re.findall(rf"([a-z_]+(?: \([^)]*\))?) {PCT} \(([\d,]+) requests?\)", m[2])
+            need(bool(listed), f"verdicts: none listed in {text!r}")
+            for label, pct, n in listed:
+                mine = [x for x in rows if x["label"] == label]
+                need(int(n.replace(",", "")) == len(mine), f"verdicts: {label} {n} requests vs {len(mine)}")
+                need(_pct_ok(pct, sum(x["excess"] for x in mine) / total), f"verdicts: {label} {pct}")
+            # Largest first, and none left out that carries more than one listed.
+            shown = [by_label.get(label, 0) for label, _, _ in listed]
+            need(shown == sorted(shown, reverse=True), f"verdicts: not largest first {listed}")
+            rest = [v for k, v in by_label.items() if k not in {label for label, _, _ in listed}]
+            need(not rest or not shown or max(rest) <= min(shown), f"verdicts: a larger verdict left out {by_label}")
+        elif name == "queued_wait":
+            m = re.match(rf"Around the requests that queued, the prefill GPU was {PCT} busy .*?; {PCT} over the run's "
+                         rf"whole span", text)
+            need(m is not None, f"queued_wait: unparsed {text!r}")
+            if m is None:
+                continue
+            need(_pct_ok(m[1], sum(x["busy"] * x["excess"] for x in queued) / qx), f"queued_wait: busy {m[1]}")
+            need(_pct_ok(m[2], busy_ns / span_ns), f"queued_wait: run busy {m[2]} vs {busy_ns / span_ns}")
+            words = {"recomputing once-cached tokens": "recompute", "computing new tokens": "new_compute",
+                     "on exposed load-backs": "load_back", "blocked on write-backs": "write_back", "idle": "idle"}
+            for pct, word in re.findall(rf"{PCT} (recomputing once-cached tokens|computing new tokens|on exposed "
+                                        rf"load-backs|blocked on write-backs|idle)", text):
+                part = sum(x["parts"][words[word]] for x in queued)
+                need(_pct_ok(pct, part / qwait), f"queued_wait: {pct} {word} vs {part / qwait}")
+        elif name == "queue_cause":
+            doing = sum(x["excess"] for x in queued if x["cache"]) / qx
+            m = re.match(rf"The queue was (not )?the cache's doing(?: for|: for) {PCT} of the excess", text)
+            need(m is not None, f"queue_cause: unparsed {text!r}")
+            if m is None:
+                continue
+            need((m[1] is None) == (doing >= 0.5), f"queue_cause: doing share {doing}")
+            need(_pct_ok(m[2], doing if m[1] is None else 1 - doing), f"queue_cause: {m[2]} vs doing {doing}")
+            if m[1] is None:
+                continue
+            # The reason given for the requests whose queue was not the cache's doing is theirs.
+            other = [x for x in queued if not x["cache"]]
+            ox = sum(x["excess"] for x in other)
+            obusy = sum(x["busy"] * x["excess"] for x in other) / ox
+            orec = sum(x["parts"]["recompute"] for x in other) / max(sum(x["q"] for x in other), 1)
+            low_busy = sum(x["excess"] for x in other if x["busy"] < BUSY_SHARE) / ox
+            b = re.search(rf"the GPU was {PCT} busy around them, below", text)
+            if b:
+                need(_pct_ok(b[1], obusy), f"queue_cause: busy {b[1]} vs {obusy}")
+                need(obusy < BUSY_SHARE and low_busy > 0.5, f"queue_cause: busy reason, {low_busy} of it below")
+            r = re.search(rf"recompute took {PCT} of their wait, below", text)
+            if r:
+                need(_pct_ok(r[1], orec), f"queue_cause: rec {r[1]} vs {orec}")
+                need(orec < RECOMPUTE_QUEUE_SHARE and low_busy < 0.5, f"queue_cause: recompute reason {orec}")
+            o = re.search(rf"more prefill than it can do \({PCT} busy around them; recompute {PCT} of their wait\)", text)
+            if o:
+                need(cap is not None and cap["share"] >= 0.1, "queue_cause: overload named without overload")
+                need(_pct_ok(o[1], obusy) and _pct_ok(o[2], orec), f"queue_cause: {o[0]} vs {obusy}, {orec}")
+            need(bool(b) + bool(r) + bool(o) + ("waited behind other work" in text) == 1,
+                 f"queue_cause: no reason checked in {text!r}")
+        elif name == "evicted_while_waiting":
+            mine = [x for x in rows if x["waited_out"]]
+            m = re.match(rf"([\d,]+) requests? lost .*? \({PCT} of the excess TTFT\)", text)
+            need(m is not None, f"evicted_while_waiting: unparsed {text!r}")
+            if m is None:
+                continue
+            need(int(m[1].replace(",", "")) == len(mine), f"evicted_while_waiting: {m[1]} vs {len(mine)}")
+            need(_pct_ok(m[2], sum(x["excess"] for x in mine) / total), f"evicted_while_waiting: {m[2]}")
+        elif name == "capacity":
+            m = re.match(rf"Offered prefill was ([\d,.]+)× one GPU for {PCT} of the run .*? each {MS} window.*?; "
+                         rf"([\d,.]+)× at the busiest", text)
+            need(m is not None and cap is not None, f"capacity: unparsed {text!r}")
+            if m is None or cap is None:
+                continue
+            need(cap["factor"] is not None and abs(float(m[1].replace(",", "")) - cap["factor"]) <= 0.05 + 1e-9,
+                 f"capacity: factor {m[1]} vs {cap['factor']}")
+            need(_pct_ok(m[2], cap["share"]), f"capacity: share {m[2]} vs {cap['share']}")
+            need(cap["share"] >= 0.1, f"capacity: named at {cap['share']}")
+            need(_ms_ok(m[3], cap["window"]), f"capacity: window {m[3]} vs {cap['window']}")
+            need(abs(float(m[4].replace(",", "")) - cap["peak"]) <= 0.05 + 1e-9, f"capacity: peak {m[4]}")
+        else:
+            need(name in ("recompute", "load_back"), f"unknown claim {name}: {text!r}")
+        for n, reason in re.findall(r"([\d,]+) were host hits skipped \(([a-z_]+)\)", text):
+            need(int(n.replace(",", "")) == skipped.get(reason), f"{name}: skipped {reason} {n} vs {skipped}")
+        for n, reason in re.findall(r"([\d,]+) were matched in storage but not used \(([a-z_]+)\)", text):
+            need(int(n.replace(",", "")) == unused.get(reason), f"{name}: storage unused {reason} {n} vs {unused}")
+        d = re.search(r"reuse distance of ([\d,]+) tokens at the median and ([\d,]+) at p90 against ([\d,]+) tokens "
+                      r"of (device \+ host|host)[^:]*: (.*?)(?:;|\.$)", text)
+        if d:
+            p50, p90, pools = (int(d[i].replace(",", "")) for i in (1, 2, 3))
+            through = config.get("write_policy") == "write_through"
+            need(d[4] == ("host" if through else "device + host"), f"{name}: pools {d[4]} under {config}")
+            need(pools == (config["host_tokens"] if through else config["device_tokens"] + config["host_tokens"]),
+                 f"{name}: pools {pools}")
+            need(d[5].startswith("pools of this size cannot keep most") == (p50 > pools)
+                 and d[5].startswith("they would have fit") == (p90 <= pools), f"{name}: conclusion {d[5]!r}")
+
+        w = re.search(rf"run-wide ([\d,]+) once-cached tokens \({PCT} of input\)", text)
+        if w:
+            need(int(w[1].replace(",", "")) == tok[0], f"{name}: run-wide recomputed {w[1]} vs {tok[0]}")
+            need(_pct_ok(w[2], tok[0] / tok[1]), f"{name}: recomputed share {w[2]}")
+    return bad, claims
+
+
+# --------------------------------------------------------------------------- the runs
+
+
+# Smaller pools with a best-effort storage tier and a load-back threshold, write-back: requests
+# held for memory, skipped load-backs, storage matches.
+STORAGE = ["--model", "llama3-8b", "--gpu", "h100", "--device-tokens", "16384", "--host-tokens", "32768",
+           "--storage-tokens", "1048576", "--load-back-threshold", "1024", "--prefetch-policy", "best_effort",
+           "--write-policy", "write_back"]
+
+
+def _synth(folder: Path, kind: str, requests: int, rate: float, options: list[str] = POOLS) -> Path:
+    trace = folder / f"{kind}{rate}.jsonl"
+    _invoke("synth", str(trace), "--kind", kind, "--requests", str(requests), "--rate", str(rate))
+    return _replay(trace, folder / f"{kind}{rate}.duckdb", *options)
+
+
+@pytest.fixture(scope="module")
+def synth_runs(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("run_claims")
+    s = Story()
+    bursty(s)
+    return {"mixed": _synth(folder, "mixed", 300, 8), "agent": _synth(folder, "agent", 200, 20),
+            "storage": _synth(folder, "mixed", 300, 30, STORAGE),
+            "bursty": s.replay(folder / "bursty", {"model": "llama3-8b", "device_tokens": 16384,
+                                                    "host_tokens": 16384})}
+
+
+@pytest.mark.parametrize("name", ["mixed", "agent", "storage", "bursty"])
+def test_every_run_claim_is_true_on_synth(synth_runs, name):
+    bad, claims = _check(synth_runs[name])
+    assert claims, "the run's diagnosis has no claims"
+    assert not bad, bad
+
+
+@pytest.fixture(scope="module")
+def mooncake_heads(tmp_path_factory) -> dict[str, Path]:
+    if not SHARED_TRACES.is_dir():
+        pytest.skip("../shared/traces is not here")
+    folder = tmp_path_factory.mktemp("run_claims_mooncake")
+    runs = {}
+    for name in ("conversation_trace", "synthetic_trace"):
+        head = folder / f"{name}.jsonl"
+        with open(SHARED_TRACES / f"{name}.jsonl") as f:
+            head.write_text("".join(line for _, line in zip(range(1500), f)))
+        runs[name] = _replay(head, folder / f"{name}.duckdb", "--time-scale", "2")
+    return runs
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("name", ["conversation_trace", "synthetic_trace"])
+def test_every_run_claim_is_true_on_mooncake(mooncake_heads, name):
+    bad, claims = _check(mooncake_heads[name])
+    assert claims, "the run's diagnosis has no claims"
+    assert not bad, bad
