@@ -15,13 +15,23 @@ def new_run_id() -> str:
     sweep's workers all name runs with it)."""
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
-SCHEMA_VERSION = 3  # v2: runs.kind, runs.sweep_id (DESIGN §5); v3: requests' session columns (§6)
+SCHEMA_VERSION = 4  # v2: runs.kind, runs.sweep_id (DESIGN §5); v3: requests' session columns (§6);
+# v4: data-parallel ranks (dp_rank on every event table, the routing decision on requests; §6)
 
 # Columns each version added to the end of a table, nothing else changing: a store of an older
 # version still reads (store/reader.py shows it with these columns, NULL), and a writer adds them
 # to it before its first run (store/writer.py).
 ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {
     3: {"requests": ("session_id", "think_ms", "trace_arrival_ns")},
+    4: {
+        "requests": ("dp_rank", "route_branch", "route_reason", "route_score", "route_score_name",
+                     "arrival_device_tokens", "arrival_host_tokens", "best_rank", "best_rank_device_tokens",
+                     "best_rank_host_tokens", "ranks_json"),
+        "evictions": ("dp_rank",),
+        "transfers": ("dp_rank",),
+        "batches": ("dp_rank",),
+        "pool_samples": ("dp_rank",),
+    },
 }
 OLDEST_READABLE_VERSION = 2
 
@@ -104,6 +114,21 @@ TABLES: dict[str, dict[str, str]] = {
         "session_id": "VARCHAR",  # the trace line's session (NULL: none)
         "think_ms": "DOUBLE",  # pause after the predecessor's answer (NULL: no predecessor)
         "trace_arrival_ns": "BIGINT",  # the trace's own arrival (x time_scale); arrival_ns is the replay's
+        # v4, data-parallel ranks (docs/contract.md "Deployments"). dp_rank: the rank that served it
+        # (0 in a one-rank replay; an import's export value, NULL where it has none). The rest are
+        # NULL in a one-rank run: the router's decision, and the request's prefix as every rank's own
+        # tree held it at arrival (a match with no side effect, before routing).
+        "dp_rank": "INTEGER",
+        "route_branch": "VARCHAR",  # the router's rule that decided (RouteDecision.branch)
+        "route_reason": "VARCHAR",  # its one line
+        "route_score": "DOUBLE",  # the deciding number (NULL where there is none)
+        "route_score_name": "VARCHAR",  # what it measures ("approx match", "in flight")
+        "arrival_device_tokens": "BIGINT",  # the prefix on this request's own rank at arrival: device
+        "arrival_host_tokens": "BIGINT",  # ... and host only (not also on device)
+        "best_rank": "INTEGER",  # the rank holding most of the prefix (device + host) at arrival; ties: own rank, else lowest
+        "best_rank_device_tokens": "BIGINT",
+        "best_rank_host_tokens": "BIGINT",
+        "ranks_json": "VARCHAR",  # [{"rank","device_tokens","host_tokens","in_flight","score"}, ...] one per rank
     },
     "evictions": {
         "run_id": "VARCHAR",
@@ -120,6 +145,7 @@ TABLES: dict[str, dict[str, str]] = {
         "locked_tokens": "BIGINT",
         "node_hit_count": "BIGINT",
         "node_last_access_ns": "BIGINT",
+        "dp_rank": "INTEGER",  # v4: the rank whose pool / link / GPU it was (0 in a one-rank run)
     },
     # Which requests later came back for pages an eviction had taken (request -> eviction).
     "request_evictions": {
@@ -142,6 +168,7 @@ TABLES: dict[str, dict[str, str]] = {
         "queued_ns": "BIGINT",
         "wall_ns": "BIGINT",  # measured wall time of the real copy
         "verified": "BOOLEAN",
+        "dp_rank": "INTEGER",  # v4: the rank whose pool / link / GPU it was (0 in a one-rank run)
     },
     "batches": {
         "run_id": "VARCHAR",
@@ -155,6 +182,7 @@ TABLES: dict[str, dict[str, str]] = {
         "loadback_exposed_ns": "BIGINT",
         "num_decoding": "BIGINT",
         "recompute_ns": "BIGINT",  # of compute_ns: recomputing once-cached tokens
+        "dp_rank": "INTEGER",  # v4: the rank whose pool / link / GPU it was (0 in a one-rank run)
     },
     "pool_samples": {
         "run_id": "VARCHAR",
@@ -163,6 +191,7 @@ TABLES: dict[str, dict[str, str]] = {
         "used_tokens": "BIGINT",
         "capacity_tokens": "BIGINT",
         "locked_tokens": "BIGINT",
+        "dp_rank": "INTEGER",  # v4: the rank whose pool / link / GPU it was (0 in a one-rank run)
     },
 }
 
