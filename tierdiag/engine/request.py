@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from tierdiag.engine.tree import TreeNode
+from tierdiag.probes.events import ROUTE_NONE
 from tierdiag.trace.reader import TraceRequest
 
 
@@ -25,7 +26,7 @@ class Req:
         "sched_ns", "first_batch_id", "num_chunks", "lb_ns", "lb_exposed", "lb_queued", "lb_pages", "lb_runs",
         "storage_bytes", "storage_fetch_ns", "recompute_ns", "compute_ns", "first_token_ns", "lost",
         "lb_wall", "lb_verified", "protected_pages", "session", "think_ms", "trace_arrival_ns",
-        "prefetch_wait_ns", "prefetch_deadline_ns", "prefetch_retries",
+        "prefetch_wait_ns", "prefetch_deadline_ns", "prefetch_retries", "route",
     )
 
     def __init__(self, t: TraceRequest, arrival_ns: int, trace_arrival_ns: int | None = None,
@@ -47,6 +48,7 @@ class Req:
         self.prefetch_wait_ns: int | None = None  # timeout budget armed at the first blocked poll (0.5.23)
         self.prefetch_deadline_ns: int | None = None  # when that budget ends; kept across re-queries
         self.prefetch_retries = 0  # storage re-queries made (StoragePrefetchRetries, 0.5.23)
+        self.route = ROUTE_NONE  # the record's routing columns (engine/deployment.py sets them)
         self.priority = t.priority
         self.sort_key = 0.0
         self.hold_until_ns = 0
@@ -133,7 +135,7 @@ class RequestRecords:
                 req.lb_pages, req.lb_runs, req.storage_bytes, req.storage_fetch_ns, recompute_ns, compute_ns,
                 req.first_token_ns - req.sched_ns, ttft, ideal, if_resident, recompute_instead,
                 req.first_batch_id, req.num_chunks, req.first_token_ns, now, req.session, req.think_ms,
-                req.trace_arrival_ns))
+                req.trace_arrival_ns, self.rank) + req.route)
         if self.progress is not None and st.requests_finished % 256 == 0:
             self.progress(st.requests_finished, now, st)
 
@@ -155,7 +157,9 @@ class RequestRecords:
     def _sample_pools(self, now: int) -> None:
         ps, tree, ctrl = self.ps, self.tree, self.ctrl
         emit = self.emit.pool_sample
-        emit((now, "device", ctrl.device.used_pages * ps, ctrl.device.capacity * ps, tree.locked_device_pages * ps))
-        emit((now, "host", ctrl.host.used_pages * ps, ctrl.host.capacity * ps, tree.locked_host_pages * ps))
-        if ctrl.storage is not None:
-            emit((now, "storage", ctrl.storage.used_pages * ps, ctrl.storage.capacity * ps, 0))
+        rank = self.rank
+        emit((now, "device", ctrl.device.used_pages * ps, ctrl.device.capacity * ps, tree.locked_device_pages * ps,
+              rank))
+        emit((now, "host", ctrl.host.used_pages * ps, ctrl.host.capacity * ps, tree.locked_host_pages * ps, rank))
+        if ctrl.storage is not None:  # with ranks, the one shared tier as this rank's batch found it
+            emit((now, "storage", ctrl.storage.used_pages * ps, ctrl.storage.capacity * ps, 0, rank))
