@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import json
 from typing import Iterable, Sequence
 
 from tierdiag.config.engine import EngineConfig
@@ -45,6 +44,11 @@ from tierdiag.engine.routing import Gateway, RequestView, RouterConfig
 from tierdiag.engine.scheduler import EngineError, Scheduler
 from tierdiag.trace.pages import page_keys_array
 from tierdiag.trace.reader import TraceRequest
+
+
+def _json_number(x: float | None) -> str:
+    """A score as JSON writes it: float.__repr__ (scores are finite: match rates, loads)."""
+    return "null" if x is None else repr(float(x))
 
 
 class Deployment:
@@ -153,10 +157,11 @@ class Deployment:
             if d + h > best_total:
                 best, best_total = r, d + h
         scores = decision.scores
-        ranks_json = json.dumps([
-            {"rank": r, "device_tokens": d * ps, "host_tokens": h * ps, "in_flight": in_flight[r],
-             "score": scores[r] if r < len(scores) else None}
-            for r, (d, h) in enumerate(held)], separators=(",", ":"))
+        # json.dumps of the same list, written out (~5x faster: one string a request, every request)
+        ranks_json = "[" + ",".join(
+            f'{{"rank":{r},"device_tokens":{d * ps},"host_tokens":{h * ps},"in_flight":{in_flight[r]},'
+            f'"score":{_json_number(scores[r] if r < len(scores) else None)}}}'
+            for r, (d, h) in enumerate(held)) + "]"
         own_d, own_h = held[rank]
         best_d, best_h = held[best]
         route = (decision.branch, decision.reason, decision.score, decision.score_name, own_d * ps, own_h * ps,
