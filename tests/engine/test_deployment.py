@@ -221,3 +221,24 @@ def test_invariants_hold_on_every_rank(reqs, dp, router, storage, device, write_
     assert len(set(node_ids)) == len(node_ids)
     # The stats are the run's, over every rank: each finished request counted once.
     assert engine.stats.requests_finished + engine.stats.requests_rejected == len(reqs)
+
+
+def test_peek_reads_the_tree_without_touching_it():
+    """RadixTree.peek, asked at every arrival of every rank: the device and host-only pages of
+    the longest cached prefix, a partly matched node counted by the pages matched, with no split,
+    no access stamp and no lock (match() would split the node and stamp the path)."""
+    from tierdiag.engine.tree import RadixTree
+
+    tree = RadixTree(PS)
+    tree.insert([1, 2, 3, 4], 0, [10, 11, 12, 13], now_ns=5, owner="a")
+    node = tree.root.children[1]
+    before = (len(list(tree.nodes())), node.last_access_ns, node.access_seq, node.lock_ref, len(node.keys))
+    assert tree.peek([1, 2, 9]) == (2, 0)
+    assert tree.peek([1, 2, 3, 4, 5]) == (4, 0)
+    assert tree.peek([7]) == (0, 0)
+    assert (len(list(tree.nodes())), node.last_access_ns, node.access_seq, node.lock_ref, len(node.keys)) == before
+    # Host only below a device part: a node demoted to host counts as host.
+    lower = tree.insert([1, 2, 3, 4, 5, 6], 4, [14, 15], now_ns=6, owner="b")[0]
+    tree.set_host(lower, [0, 1])
+    tree.demote(lower)
+    assert tree.peek([1, 2, 3, 4, 5, 6, 7]) == (4, 2)
