@@ -23,9 +23,7 @@ _ARROW_TYPES = {
 
 # The compiled row decoder's kinds (_cplane.decode_arrow), by column type: the types whose Arrow
 # arrays it builds straight from the encoded rows. The others come back as Python values.
-# INTEGER (v4's dp_rank, best_rank) decodes as int64 and is cast down (a value past int32 is
-# refused by the cast, as pa.array would refuse it).
-_DECODE_KIND = {"BIGINT": b"i", "INTEGER": b"i", "DOUBLE": b"d", "BOOLEAN": b"b", "VARCHAR": b"s"}
+_DECODE_KIND = {"BIGINT": b"i", "DOUBLE": b"d", "BOOLEAN": b"b", "VARCHAR": b"s"}
 _FROM_BUFFERS = {"i": pa.int64(), "d": pa.float64(), "b": pa.bool_()}
 
 
@@ -59,14 +57,8 @@ def table_columns(table: str, fields: tuple[str, ...], rows) -> dict[str, Any]:
                                            null_count=nulls)
         else:
             _, values, valid, nulls = col
-            arr = pa.Array.from_buffers(_FROM_BUFFERS[kind], n, [_buffer(valid), pa.py_buffer(values)],
-                                        null_count=nulls)
-            if schema.get(f) == "INTEGER":
-                try:
-                    arr = arr.cast(pa.int32())
-                except pa.ArrowInvalid as exc:
-                    raise OverflowError(f"{table}.{f}: a value does not fit INTEGER ({first_line(exc)})") from None
-            out[f] = arr
+            out[f] = pa.Array.from_buffers(_FROM_BUFFERS[kind], n, [_buffer(valid), pa.py_buffer(values)],
+                                           null_count=nulls)
     return out
 
 
