@@ -261,8 +261,8 @@ class RadixTree:
 
     # --- insertion -----------------------------------------------------------------------
     def insert(self, keys: list[int], own_from: int, device_slots: list[int], now_ns: int,
-               owner: str | None = None, *, count_hits: bool = True, priority: int = 0, keys_np=None
-               ) -> tuple[TreeNode, list[int], list[TreeNode], list[TreeNode]]:
+               owner: str | None = None, *, count_hits: bool = True, priority: int = 0, keys_np=None,
+               inserted: int = 0) -> tuple[TreeNode, list[int], list[TreeNode], list[TreeNode]]:
         """Give the tree a computed prefix: `keys[:own_from]` are already in the tree on device
         (the caller holds a lock on them), `device_slots` hold pages `keys[own_from:]`.
 
@@ -272,6 +272,11 @@ class RadixTree:
         our slots (0.5.9: no hit, "KV cache recomputation"; 0.5.23: a hit, `unevict_counts_hit`,
         and so a write-through candidate); the rest becomes a new node whose first
         hit is this insert. Every node passed keeps the max of its priority and ours.
+
+        `inserted` (pages, 0.5.23's `InsertParams.inserted_len` = `req.kv.cache_inserted_len`):
+        only a node ending past it gains the hit (`_finish_insert_walk_node`,
+        `_should_backup_after_insert`: "nodes this request already inserted were counted back
+        then"); 0.5.9's callers pass 0.
 
         Returns (last node, duplicate slots to free, new or revived nodes, nodes whose hit count
         this insert raised, in path order: the write-through candidates). `keys_np`, the same
@@ -291,7 +296,7 @@ class RadixTree:
                 child = self._new_node(node, keys[i:], device_slots[i - own_from:], None, now_ns, owner,
                                        None if keys_np is None else keys_np[i:])
                 child.priority = priority
-                if count_hits:
+                if count_hits and n > inserted:
                     child.hit_count = 1
                     hit.append(child)
                 fresh.append(child)
@@ -311,14 +316,14 @@ class RadixTree:
                 self.set_device(child, device_slots[i - own_from:i - own_from + m])
                 fresh.append(child)
                 self.track_duplicate(child)  # _unevict_node_on_insert: a duplicate at once
-                if count_hits and self.rules.unevict_counts_hit:
+                if count_hits and self.rules.unevict_counts_hit and i + m > inserted:
                     child.hit_count += 1  # _finish_insert_walk_node (0.5.23)
                     hit.append(child)
             else:
                 assert i >= own_from or child.device is not None, f"{child}: locked prefix page not on device"
                 if i >= own_from:
                     dups.extend(device_slots[i - own_from:i - own_from + m])
-                if count_hits:
+                if count_hits and i + m > inserted:
                     child.hit_count += 1
                     hit.append(child)
             self._stamp(child, now_ns)
