@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from tierdiag.config.engine import SGLANG_PREFETCH_POLICY, SGLANG_RULES
+from tierdiag.config.engine import SGLANG_HOST_LAYOUT, SGLANG_PREFETCH_POLICY, SGLANG_RULES
 
 
 def _evict_whole_need(free_pages: int, need_pages: int) -> int:
@@ -229,6 +229,8 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
 assert tuple(RULE_SETS) == SGLANG_RULES, "config.engine.SGLANG_RULES names the rule sets, in this order"
 assert {v: r.prefetch_policy_default for v, r in RULE_SETS.items()} == SGLANG_PREFETCH_POLICY, \
     "config.engine.SGLANG_PREFETCH_POLICY names each rule set's default prefetch policy"
+assert {v: r.host_layout for v, r in RULE_SETS.items()} == SGLANG_HOST_LAYOUT, \
+    "config.engine.SGLANG_HOST_LAYOUT names each rule set's host layout"
 
 
 def rule_set(version: str) -> RuleSet:

@@ -17,7 +17,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Callable
 
-from tierdiag.config.policies import EVICTION_POLICIES
+from tierdiag.config.policies import EVICTION_POLICIES, EvictionPolicy
 from tierdiag.engine.rules import RULE_SETS, RuleSet
 
 
@@ -97,10 +97,11 @@ class TreeMatch:
 
 
 class RadixTree:
-    def __init__(self, page_size: int, eviction_policy: str = "lru", rules: RuleSet | None = None):
+    def __init__(self, page_size: int, eviction_policy: "str | EvictionPolicy" = "lru", rules: RuleSet | None = None):
         self.page_size = page_size
         self.rules = rules or next(iter(RULE_SETS.values()))
-        policy = EVICTION_POLICIES[eviction_policy]
+        # a registry name, or a policy with its settings (policies.configured_eviction_policy)
+        policy = eviction_policy if isinstance(eviction_policy, EvictionPolicy) else EVICTION_POLICIES[eviction_policy]
         self.priority = policy.key
         self._repush_on_touch = policy.key_can_shrink
         self._tree_depths = policy.tree_depths
@@ -207,6 +208,8 @@ class RadixTree:
         node.parent = upper
         if now_ns is not None:
             self._stamp(node, now_ns)
+        elif self._repush_on_touch and self._tree_depths:
+            self._touched(node)  # tlru: a deeper parent can make the lower half TEL-safe
         self.track_duplicate(upper)
         return upper
 
