@@ -157,7 +157,7 @@ _WAIT_WORDS = {
     "new_compute": "computing other requests' new tokens",
     "load_back": "on exposed load-backs of other requests",
     "write_back": "blocked on write-backs at eviction",
-    "decode": "idle while decoding requests held the device memory the queue needed",
+    "memory_wait": "idle, the queue waiting for device memory that decoding requests held",
     "storage_wait": "idle while requests waited for storage prefetches",
     "idle": "idle",
 }
