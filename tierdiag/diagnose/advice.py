@@ -73,6 +73,10 @@ SMALL_RUN_BYTES = 1 << 20
 SMALL_PAGE_BYTES = 4 << 20  # a 64-token page of an 8B model is 8 MiB
 EXPOSED_SHARE_OF_TTFT = 0.05
 PAGE_SIZE_FACTOR = 4
+# The cost model's copy overheads, per layer (engine/costmodel.py SEGMENT_OVERHEAD_NS and
+# RUN_OVERHEAD_NS; a test keeps them equal): not imported, as DISK_BYTES_PER_S above.
+SEGMENT_OVERHEAD_NS = 50
+RUN_OVERHEAD_NS = 500
 # Config keys that differ between runs without being a change of the cache (bookkeeping).
 _NOT_CHANGES = frozenset({"storage_dir", "seed", "verify", "data_plane_mib", "profile", "timing"})
 GIB = 1 << 30
@@ -112,16 +116,36 @@ def _significant(tokens: int | None, input_tokens: int | None) -> bool:
 
 
 def _prefetch(ctx: RunContext) -> list[Advice]:
+    """Predicted under the engine's prefetch rules: wait_complete holds a request until its read
+    is done (engine/prefetch.py), so its late tokens are loaded rather than recomputed, each
+    costing a storage read (the cost model's DISK_BYTES_PER_S) instead of its recompute. Worth it
+    where a read is cheaper than the recompute, or where the prefill GPU was at least BUSY_SHARE
+    busy (the wait frees it for others); else not proposed. Ignores: longer holds keeping host
+    room for prefetches in flight (more may be rate_limited), and evictions during the wait."""
     lo = ctx.losses
     late = lo.storage_unused_tokens.get("prefetch_incomplete", 0)
     if not _significant(late, lo.input_tokens) or ctx.config.get("prefetch_policy") == "wait_complete":
         return []
+    kv = ctx.kv_bytes_per_token
+    recompute_per_token_ns = share(ctx.recompute_ns, lo.recomputed_tokens) or 0.0
+    disk_per_token_ns = kv * 1e9 / DISK_BYTES_PER_S if kv else None
+    cheaper = disk_per_token_ns is not None and disk_per_token_ns < recompute_per_token_ns
+    busy = (ctx.prefill_busy_share or 0) >= BUSY_SHARE
+    if not (cheaper or busy):
+        return []  # predicted to trade each recompute for a slower read, on a GPU with room
+    why = (f"a token comes from disk in {fmt_ms(disk_per_token_ns)} against {fmt_ms(recompute_per_token_ns)} to "
+           f"recompute it" if cheaper else
+           f"the prefill GPU was {fmt_pct(ctx.prefill_busy_share)} busy: the wait frees it for others")
     return [Advice(
         "prefetch", "prefetch_policy", "wait_complete", {"prefetch_policy": "wait_complete"},
         f"{fmt_tokens(late)} tokens ({fmt_pct(share(late, lo.input_tokens))} of input) were matched in storage but "
         f"recomputed because their prefetch had not completed when the request was scheduled "
-        f"(prefetch_policy {ctx.config.get('prefetch_policy')}); waiting for it loads them instead",
-        {"prefetch_incomplete_tokens": late, "input_tokens": lo.input_tokens})]
+        f"(prefetch_policy {ctx.config.get('prefetch_policy')}); waiting for it loads them instead ({why})",
+        {"prefetch_incomplete_tokens": late, "input_tokens": lo.input_tokens,
+         "recompute_per_token_ms": ns_to_ms(recompute_per_token_ns), "disk_per_token_ms": ns_to_ms(disk_per_token_ns),
+         "prefill_busy_share": ctx.prefill_busy_share},
+        prediction=(f"predicted under the run's prefetch rules (wait_complete holds a request until its read "
+                    f"completes): keeps ~{fmt_tokens(late)} of the lost tokens"))]
 
 
 def _write_policy(ctx: RunContext) -> list[Advice]:
@@ -307,18 +331,38 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
 
 
 def _eviction_policy(ctx: RunContext) -> list[Advice]:
+    """Predicted by a policy simulation over the run's own re-references: LFU (SGLang's
+    LFUStrategy: fewest hits first, then least recent) evicts once-hit content before a hot page,
+    so a hot re-reference is kept when the hot volume live beside it (every hot re-reference
+    whose interval from last use to re-reference overlaps its own, itself included:
+    LossEvidence.hot_competing_deciles_tokens) fits the pools (held_capacity). Not proposed when
+    the hot tokens so kept are below MIN_LOSS_SHARE of input. Ignores what the rows do not
+    record: hits on content never removed (it competes too), pages locked by running requests,
+    and what LFU loses, once-hit prefixes asked for again soon that LRU kept (a replay measures
+    that: `advise`)."""
     lo = ctx.losses
     removed = lo.deleted_from_host_tokens + lo.dropped_unbacked_tokens
     policy = ctx.config.get("eviction_policy")
     if (policy == "lfu" or not removed or lo.hot_removed_tokens < NAMED_REASON_SHARE * removed
             or not _significant(lo.hot_removed_tokens, lo.input_tokens)):
         return []
+    held, pools = held_capacity(ctx.config, lo.device_capacity_tokens, lo.host_capacity_tokens)
+    cover = _covered(lo.hot_competing_deciles_tokens, held)
+    if cover is None:
+        return []  # no re-reference to simulate (evidence from before the prediction): nothing predicted
+    kept = int(cover * lo.hot_removed_tokens)
+    if not _significant(kept, lo.input_tokens):
+        return []  # the hot prefixes alone outgrow the pools: lfu would evict them all the same
     return [Advice(
         "eviction_policy", "eviction_policy", "lfu", {"eviction_policy": "lfu"},
         f"{fmt_tokens(lo.hot_removed_tokens)} of the {fmt_tokens(removed)} removed tokens that were asked for again "
         f"came from hot prefixes (hit 3 or more times): eviction_policy {policy} evicted them behind one-off "
         f"prefixes; lfu keeps the frequently hit ones",
-        {"hot_removed_tokens": lo.hot_removed_tokens, "removed_tokens": removed})]
+        {"hot_removed_tokens": lo.hot_removed_tokens, "removed_tokens": removed,
+         "hot_competing_p90_tokens": lo.hot_competing_deciles_tokens[9], "held_tokens": held},
+        prediction=(f"predicted under lfu (once-hit content evicted first): keeps ~{fmt_tokens(kept)} of the "
+                    f"{fmt_tokens(lo.hot_removed_tokens)} hot tokens lost, those whose live hot prefixes "
+                    f"fit {pools}"))]
 
 
 def _page_size(ctx: RunContext) -> list[Advice]:
@@ -333,6 +377,12 @@ def _page_size(ctx: RunContext) -> list[Advice]:
     new = min(page * PAGE_SIZE_FACTOR, block)
     if not fragmented or new <= page:
         return []
+    after = _loadback_after_pages(tr, new / page)
+    if after is None:
+        return []  # the copies' parts are not known (an import): nothing predicted
+    exposed_after = int(tr.loadback_exposed_ns * after / tr.loadback_busy_ns)
+    if tr.loadback_exposed_ns - exposed_after < EXPOSED_SHARE_OF_TTFT * tr.tiered_ttft_ns:
+        return []  # larger pages would save too little of the load-backs' TTFT to be worth it
     return [Advice(
         "page_size", "page_size", new, {"page_size": new},
         f"load-backs ran at {fmt_pct(tr.link_peak_share)} of link peak, {fmt_bytes(tr.bytes_per_page)} a page and "
@@ -340,7 +390,33 @@ def _page_size(ctx: RunContext) -> list[Advice]:
         f"{fmt_pct(share(tr.loadback_exposed_ns, tr.tiered_ttft_ns))} of the TTFT of the requests that loaded back: "
         f"per-page and per-run copy overheads dominate, and larger pages mean fewer, larger copies",
         {"link_peak_share": tr.link_peak_share, "pages_per_run": tr.pages_per_run,
-         "bytes_per_run": tr.bytes_per_run, "bytes_per_page": tr.bytes_per_page, "loadback_exposed_ms": ns_to_ms(tr.loadback_exposed_ns)})]
+         "bytes_per_run": tr.bytes_per_run, "bytes_per_page": tr.bytes_per_page, "loadback_exposed_ms": ns_to_ms(tr.loadback_exposed_ns),
+         "loadback_busy_ms": ns_to_ms(tr.loadback_busy_ns), "loadback_busy_after_ms": ns_to_ms(after)},
+        prediction=(f"predicted with the engine's copy costs ({SEGMENT_OVERHEAD_NS} ns a page and {RUN_OVERHEAD_NS} ns a "
+                    f"contiguous run, a layer, beside the bytes over the link): load-backs take ~{fmt_ms(after)} "
+                    f"instead of {fmt_ms(tr.loadback_busy_ns)}, exposed load-back ~{fmt_ms(exposed_after)} instead "
+                    f"of {fmt_ms(tr.loadback_exposed_ns)}"))]
+
+
+def _loadback_after_pages(tr, factor: float) -> int | None:
+    """The run's load-back link time with pages `factor` times larger, by the cost model's copy
+    time (engine/costmodel.py copy_ns): per transfer overhead + bytes / link + layers x
+    (SEGMENT_OVERHEAD_NS x pages + RUN_OVERHEAD_NS x runs). The bytes-over-link part is the
+    run's busy time x its link peak share; the per-layer part is what remains beside the
+    transfers' fixed overhead, split between pages and runs by their weights. Pages shrink by
+    `factor`; runs stay, at most one a page. Ignores: partial pages at a prefix's end (larger
+    pages match whole pages only), and measured (`--timing wall`) copies."""
+    if (not tr.num_loadbacks or not tr.loadback_busy_ns or tr.link_peak_share is None or not tr.bytes_per_page
+            or not tr.bytes_per_run or tr.transfer_overhead_ns is None):
+        return None
+    pages, runs = tr.loadback_bytes / tr.bytes_per_page, tr.loadback_bytes / tr.bytes_per_run
+    wire = tr.loadback_busy_ns * min(tr.link_peak_share, 1.0)
+    per_layer = max(tr.loadback_busy_ns - wire - tr.num_loadbacks * tr.transfer_overhead_ns, 0.0)
+    weight = SEGMENT_OVERHEAD_NS * pages + RUN_OVERHEAD_NS * runs
+    pages_after = pages / factor
+    runs_after = min(runs, pages_after)
+    scaled = per_layer * (SEGMENT_OVERHEAD_NS * pages_after + RUN_OVERHEAD_NS * runs_after) / weight
+    return int(tr.loadback_busy_ns - per_layer + scaled)
 
 
 def _rate(ctx: RunContext) -> list[Advice]:
