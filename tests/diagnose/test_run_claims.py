@@ -164,7 +164,7 @@ def _capacity(con, rid: str) -> dict | None:
             break
     over = [x for x in loads if x > 1]
     return {"window": window, "share": len(over) / len(loads), "factor": sum(over) / len(over) if over else None,
-            "peak": max(loads)}
+            "peak": max(loads), "loads": loads}
 
 
 def _removed(con, rid: str) -> dict:
