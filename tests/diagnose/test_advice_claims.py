@@ -94,6 +94,12 @@ class Rows:
                 f"sum(loadback_ns) FILTER (WHERE host_hit_tokens + storage_hit_tokens > 0), "
                 f"sum(recompute_instead_ns - ttft_if_device_resident_ns) FILTER (WHERE host_hit_tokens + "
                 f"storage_hit_tokens > 0) FROM requests WHERE {FIN}", r).fetchone()
+            # Lost: recomputed, less a skipped load-back and an unused storage match (gone from every tier).
+            self.lost = con.execute(
+                f"SELECT coalesce(sum(greatest(recomputed_tokens - (CASE WHEN loadback_skipped_reason IS NULL THEN 0 "
+                f"ELSE least(loadback_skipped_tokens, recomputed_tokens) END) - (CASE WHEN storage_skipped_reason IS "
+                f"NULL THEN 0 ELSE least(storage_match_tokens - storage_hit_tokens, recomputed_tokens) END), 0)), 0) "
+                f"FROM requests WHERE {FIN}", r).fetchone()[0]
             self.turns = _later_turns(con, run.run_id)
             self.capacity = _capacity(con, run.run_id)
 
@@ -245,6 +251,9 @@ def _check(items: list[dict], rows: Rows, host_limit_bytes: int = 2 << 40) -> li
                 need(_bytes_ok(m[3], want * rows.kv), f"storage_tier: host bytes {m[3]} vs {want} tokens")
                 need(_n(m[4]) == a["changes"]["storage_tokens"] == _pow2_pages(dec[9], page), f"storage_tier: {m[4]}")
                 _check_read(text, rows, per_token, need, kind)
+                p = re.search(r"prefetch_threshold ([\d,]+)\): keeps ~([\d,]+) of the lost tokens$", pred)
+                need(p is not None and _n(p[1]) == int(cfg.get("prefetch_threshold") or 0)
+                     and 0 < _n(p[2]) <= rows.lost, f"storage_tier: prediction {pred!r} vs lost {rows.lost}")
         elif kind == "prefetch":
             m = re.match(rf"([\d,]+) tokens \({PCT} of input\) were matched in storage but recomputed because their "
                          rf"prefetch had not completed when the request was scheduled \(prefetch_policy ([a-z_]+)\)", text)
