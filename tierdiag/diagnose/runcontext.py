@@ -95,7 +95,8 @@ class RunContext:
     queue_total_ns: int
     queue_share_of_ttft: float | None
     excess_total_ns: int
-    queue_attribution: dict | None  # ATTRIBUTION_KEYS -> run total ns (gaps all as idle)
+    queue_attribution: dict | None  # ATTRIBUTION_KEYS -> run total ns (gaps all as idle: memory_wait and
+    #                                  storage_wait stay 0 here; a request's own attribution splits them)
     losses: LossEvidence
     transfers: TransferEvidence
     config: dict
