@@ -60,7 +60,7 @@ class Rank:
         cfg, ps = engine.cfg, engine.cfg.page_size
         self.device = PagePool("device", cfg.resolved_device_tokens() // ps, engine.plane, on_device=True)
         self.host = PagePool("host", cfg.resolved_host_tokens() // ps, engine.plane, on_device=False)
-        self.tree = RadixTree(ps, cfg.eviction_policy, rule_set(cfg.sglang_rules))
+        self.tree = RadixTree(ps, cfg.resolved_eviction_policy(), rule_set(cfg.sglang_rules))
         self.ctrl = CacheController(cfg, engine.cost, self.tree, self.device, self.host, engine.storage, probe,
                                     engine.stats)
         self.scheduler = Scheduler(cfg, engine.cost, self.tree, self.ctrl, probe, engine.stats, progress)
