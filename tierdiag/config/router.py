@@ -22,25 +22,30 @@ def check_router_keys(cfg) -> None:
         raise ConfigError(f"--dp {cfg.dp!r} must be an integer from 1 to {MAX_DP}")
     if cfg.router not in ROUTER_NAMES:
         raise unknown_name("--router", cfg.router, ROUTER_NAMES)
+    check_router_parameters(cfg)
+
+
+def check_router_parameters(cfg) -> None:
+    """The router_* keys of an EngineConfig or an engine RouterConfig (both carry these names)."""
     if cfg.router_cache_miss not in CACHE_MISS_NAMES:
         raise unknown_name("router_cache_miss rule", cfg.router_cache_miss, CACHE_MISS_NAMES)
-    _number("router_cache_threshold", cfg.router_cache_threshold, lo=0.0, hi=1.0)
-    _integer("router_balance_abs_threshold", cfg.router_balance_abs_threshold, lo=0)
-    _number("router_balance_rel_threshold", cfg.router_balance_rel_threshold, lo=0.0, lo_open=True)
-    _number("router_eviction_interval_s", cfg.router_eviction_interval_s, lo=0.0)
-    _integer("router_max_tree_tokens", cfg.router_max_tree_tokens, lo=1)
-    _integer("router_prefix_hash_tokens", cfg.router_prefix_hash_tokens, lo=1)
-    _number("router_prefix_hash_load_factor", cfg.router_prefix_hash_load_factor, lo=0.0, lo_open=True)
+    number("router_cache_threshold", cfg.router_cache_threshold, lo=0.0, hi=1.0)
+    integer("router_balance_abs_threshold", cfg.router_balance_abs_threshold, lo=0)
+    number("router_balance_rel_threshold", cfg.router_balance_rel_threshold, lo=0.0, lo_open=True)
+    number("router_eviction_interval_s", cfg.router_eviction_interval_s, lo=0.0)
+    integer("router_max_tree_tokens", cfg.router_max_tree_tokens, lo=1)
+    integer("router_prefix_hash_tokens", cfg.router_prefix_hash_tokens, lo=1)
+    number("router_prefix_hash_load_factor", cfg.router_prefix_hash_load_factor, lo=0.0, lo_open=True)
 
 
-def _integer(key: str, value: object, *, lo: int) -> None:
+def integer(key: str, value: object, *, lo: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{key} {value!r} must be an integer")
     if value < lo:
         raise ConfigError(f"{key} {value} must be at least {lo}")
 
 
-def _number(key: str, value: object, *, lo: float, hi: float | None = None, lo_open: bool = False) -> None:
+def number(key: str, value: object, *, lo: float, hi: float | None = None, lo_open: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigError(f"{key} {value!r} must be a finite number")
     if value < lo or (lo_open and value == lo) or (hi is not None and value > hi):
