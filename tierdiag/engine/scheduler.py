@@ -458,13 +458,25 @@ class Scheduler(StoragePrefetch, RequestRecords):
         batch_recompute_ns = 0.0  # of compute_ns: recomputing once-cached tokens (queue attribution)
         self.stats.batches += 1
         self.stats.busy_ns += duration
-        for (req, take, lb_ns, lb_pages), f in zip(items, flops):
+        # Recompute's part of the batch: what the batch would have taken less without it (its
+        # marginal cost: the batch overhead and the weights-read floor are paid with or without
+        # it), shared by each request's recomputed FLOPs. A request's once-cached tokens lead its
+        # extend (prefix closure: what was lost follows what matched), so a chunk's part of them
+        # is priced at their own positions: prefill_flops(r, p) + prefill_flops(t - r, p + r)
+        # == prefill_flops(t, p). The request's new tokens get the rest of its share.
+        rec_flops = []
+        for req, take, _, _ in items:
+            rec_end = req.input_len - req.extend_total + min(req.recomputed_pages * ps, req.extend_total)
+            r = min(take, rec_end - req.done_tokens)
+            rec_flops.append(cost.prefill_flops(r, req.done_tokens) if r > 0 else 0.0)
+        all_rec = sum(rec_flops)
+        rec_per_flop = (compute_ns - cost.prefill_ns(sum(flops) - all_rec)) / all_rec if all_rec else 0.0
+        for (req, take, lb_ns, lb_pages), f, rf in zip(items, flops, rec_flops):
             share = compute_ns * f / total_flops
-            extend = max(req.extend_total, 1)
-            recomputed_tokens = min(req.recomputed_pages * ps, req.extend_total)
-            req.recompute_ns += share * recomputed_tokens / extend
-            batch_recompute_ns += share * recomputed_tokens / extend
-            req.compute_ns += share * (1 - recomputed_tokens / extend)
+            rec = rf * rec_per_flop
+            req.recompute_ns += rec
+            batch_recompute_ns += rec
+            req.compute_ns += share - rec
             if lb_pages:
                 req.lb_exposed += exposed * lb_pages / total_lb
             if req.first_batch_id is None:
