@@ -1,0 +1,81 @@
+"""A data-parallel run's ranks in the terminal: `summary`'s per-rank tables (diagnose/ranks.py's
+`RankSummary`), `slow --by rank`, and the one-line deployment shown by `runs` and `summary`. A
+run of one rank has none of them. No numpy or Plotly here (the report's figure is
+figures.py's `ranks_figure`)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens
+
+
+def deployment_line(run) -> str | None:
+    """"4 ranks · router cache_aware" for a data-parallel run; None for a run of one rank."""
+    from tierdiag.diagnose.ranks import deployment
+
+    dep = deployment(run)
+    return None if dep is None else f"{dep.dp} ranks · router {dep.router}"
+
+
+def imbalance_line(r) -> str:
+    """The imbalance as a sentence of its named numbers."""
+    if r.imbalance is None:
+        return "imbalance: - (no prefill batch ran)"
+    return (f"imbalance {r.imbalance:.2f}: busiest rank {r.busiest_rank}'s prefill busy {fmt_ms(r.busy_max_ns)} / "
+            f"the {r.dp} ranks' mean {fmt_ms(r.busy_mean_ns)} (1.00: even)")
+
+
+def _label(k) -> str:
+    return "?" if k is None else str(k)
+
+
+def render_ranks(ranks, console: Console, *, table: Callable[..., Table], plain: Callable[..., Text]) -> None:
+    """`table` / `plain`: terminal.py's compact table and its data-as-text (never markup)."""
+    if ranks is None:
+        return
+    load = table(f"load by rank ({ranks.dp} ranks, router {ranks.router}); busy share of the run's "
+                 f"{fmt_ms(ranks.span_ns)}")
+    for col in ("rank", "requests", "finished", "prefill busy", "busy share", "tokens computed"):
+        load.add_column(col, justify="right", no_wrap=True)
+    for s in ranks.ranks:
+        style = "bold" if s.dp_rank is not None and s.dp_rank == ranks.busiest_rank else ""
+        load.add_row(Text(_label(s.dp_rank), style=style), f"{s.num_requests:,}", f"{s.num_finished:,}",
+                     fmt_ms(s.prefill_busy_ns), fmt_pct(s.prefill_busy_share), fmt_tokens(s.computed_tokens))
+    load.caption = imbalance_line(ranks)
+    console.print(load)
+    reuse = table("reuse and TTFT by rank (finished requests; reuse token-weighted, share of input)")
+    for col in ("rank", "input tokens", "device", "host", "storage", "TTFT p50", "TTFT p90"):
+        reuse.add_column(col, justify="right", no_wrap=True)
+    for s in ranks.ranks:
+        reuse.add_row(_label(s.dp_rank), fmt_tokens(s.input_tokens), fmt_pct(s.device_share), fmt_pct(s.host_share),
+                      fmt_pct(s.storage_share), fmt_ms(s.ttft_p50_ns), fmt_ms(s.ttft_p90_ns))
+    console.print(reuse)
+
+
+def render_slow_by_rank(groups, console: Console, *, run_label: str, hit_class: str | None = None,
+                        cause: str | None = None) -> None:
+    """`slow --by rank`: per rank a head line (finished, slow, summed excess), then its slowest
+    in `slow`'s own table."""
+    from tierdiag.report.terminal import render_slow
+
+    filters = ", ".join(f for f in (hit_class and f"class {hit_class}", cause and f"cause {cause}") if f)
+    for g in groups:
+        console.print(plain_line(
+            f"rank {_label(g.dp_rank)}: {g.num_requests:,} finished, {g.num_slow:,} slower than their ideal"
+            + (f" ({filters})" if filters else "") + f", {fmt_ms(g.excess_total_ns)} excess in all"
+            + (f"; the slowest {len(g.requests)}" if g.num_slow > len(g.requests) else ""), "bold"))
+        if g.requests:
+            render_slow(g.requests, console, run_label=f"{run_label} · rank {_label(g.dp_rank)}",
+                        hit_class=hit_class, cause=cause, hint=False)
+    console.print(Text("explain one with `tierdiag explain REQ_ID`", style="dim"))
+
+
+def plain_line(text: str, style: str = "") -> Text:
+    from tierdiag.report.text import visible
+
+    return Text(visible(text, lines=False), style=style)
