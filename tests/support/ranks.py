@@ -10,9 +10,11 @@
   route_score, route_score_name; the reasons are the routers' own formats, engine/routing/);
 - writes where its prefix was on every rank at arrival (`ranks_json`): on its own rank what the
   row says it found (device_hit_tokens on device, host_match_tokens on host); on another rank r,
-  the request's whole reused prefix (device + host + storage + recomputed) on device when
-  (seq + r) % dp == 1, else nothing: so some requests were sent away from ranks that held their
-  prefix, and the routing step has something to say. in_flight is (seq + r) % 5;
+  the request's whole reused prefix (device + host + storage + recomputed; every third request:
+  all its prompt's full pages) on device when (seq + r) % dp == 1, else nothing: so some requests were sent away from ranks that held their
+  prefix, and the routing step has something to say. in_flight is (seq + r) % 5 × 20. (A cache_aware
+  request sent away from a rank whose match passed the threshold is written as the imbalance
+  rule's, the one branch that does that; the loads in its reason are the planted in_flight.)
 - derives arrival_device_tokens / arrival_host_tokens and best_rank (most device + host; ties:
   its own rank, else the lowest) and its tokens from that list, as the contract defines them;
 - puts every batch on the rank of a request it started (requests.first_batch_id; a batch no
@@ -38,11 +40,14 @@ def _decision(router: str, row: dict, rank: int, ranks: list[dict], dp: int) -> 
     """(branch, reason, score, score_name) as engine/routing/'s routers word them."""
     seq = int(row["seq"])
     if router == "cache_aware":
-        rate = ranks[rank]["score"]
+        rate, best = ranks[rank]["score"], max(r["score"] for r in ranks)
         if rate > CACHE_THRESHOLD:
             return "cache_hit", f"cache_aware: match {rate:.2f} > {CACHE_THRESHOLD:.2f} on rank {rank}", rate, \
                 "approx match"
-        best = max(r["score"] for r in ranks)
+        if best > CACHE_THRESHOLD:  # another rank matched: only the imbalance rule sends it elsewhere
+            loads = [r["in_flight"] for r in ranks]
+            return "imbalanced", (f"imbalanced: max load {max(loads)} - min {min(loads)} > 32 and {max(loads)} > "
+                                  f"1.5 × {min(loads)}: shortest queue rank {rank}"), float(loads[rank]), "in flight"
         return "cache_miss", (f"cache_aware: best match {best:.2f} <= {CACHE_THRESHOLD:.2f}: "
                               f"least loaded rank {rank}"), best, "approx match"
     if router == "round_robin":
@@ -62,6 +67,7 @@ def plant_ranks(db: Path | str, run_id: str | None = None, *, dp: int = 4, route
         (config_json,), = con.execute("SELECT config_json FROM runs WHERE run_id = ?", [run_id]).fetchall()
         config = json.loads(config_json)
         config.update(dp=dp, router=router)
+        page = int(config.get("page_size") or 64)
         con.execute("UPDATE runs SET config_json = ? WHERE run_id = ?", [json.dumps(config, sort_keys=True), run_id])
         cur = con.execute("SELECT * FROM requests WHERE run_id = ? ORDER BY seq", [run_id])
         names = [d[0] for d in cur.description]
@@ -78,11 +84,12 @@ def plant_ranks(db: Path | str, run_id: str | None = None, *, dp: int = 4, route
             for r in range(dp):
                 if r == own:
                     device, host = int(row.get("device_hit_tokens") or 0), int(row.get("host_match_tokens") or 0)
-                else:
-                    device, host = (reused if (seq + r) % dp == 1 else 0), 0
-                ranks.append({"rank": r, "device_tokens": device, "host_tokens": host, "in_flight": (seq + r) % 5,
+                else:  # every third request: its whole prompt's full pages (more than it found at home)
+                    held = (inp - 1) // page * page if seq % 3 == 0 else reused
+                    device, host = (held if (seq + r) % dp == 1 else 0), 0
+                ranks.append({"rank": r, "device_tokens": device, "host_tokens": host, "in_flight": (seq + r) % 5 * 20,
                               "score": round(device / inp, 4) if router == "cache_aware" and inp else
-                              float((seq + r) % 5)})
+                              float((seq + r) % 5 * 20)})
             held = [(x["device_tokens"] + x["host_tokens"], x["rank"]) for x in ranks]
             most = max(h for h, _ in held)
             best = own if held[own][0] == most else min(r for h, r in held if h == most)

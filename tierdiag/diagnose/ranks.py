@@ -13,7 +13,9 @@ Per rank, over its finished requests (the run's own populations, diagnose/sql.py
           the run's tier split)
   TTFT    p50, p90 (nearest rank, diagnose/quantile.py)
 and the imbalance: the busiest rank's prefill busy time over the mean of all dp ranks' (1.0:
-even; dp: one rank did everything).
+even; dp: one rank did everything). Routing, over every request the router placed: how many
+went to the rank that held the most of their prefix at arrival (best_rank, device + host), and
+the tokens of prefix that were on another rank but not on the one that served them.
 """
 
 from __future__ import annotations
@@ -76,6 +78,12 @@ class RankSummary:
     busy_mean_ns: float
     busiest_rank: int | None
     imbalance: float | None  # busy_max / busy_mean (None: no batch ran)
+    # Routing, over the requests with a routing record (every request of a --dp replay):
+    num_routed: int
+    to_best_rank: int  # served by the rank that held the most of its prefix at arrival (best_rank)
+    to_best_rank_share: float | None  # of num_routed
+    held_elsewhere_tokens: int  # summed: the best rank's device + host tokens beyond the serving rank's
+    prefix_tokens_at_arrival: int  # summed: the best rank's device + host tokens (what routing could have had)
 
     def to_json(self) -> dict:
         d = dataclass_json(self)
@@ -101,6 +109,13 @@ def rank_summary(con: duckdb.DuckDBPyConnection, run) -> RankSummary | None:
         FROM requests WHERE run_id = ? GROUP BY dp_rank""", [rid])}
     busy = {r["dp_rank"]: int(r["busy"] or 0) for r in fetch_dicts(con, """
         SELECT dp_rank, sum(t_end_ns - t_start_ns) AS busy FROM batches WHERE run_id = ? GROUP BY dp_rank""", [rid])}
+    routing = fetch_dicts(con, """
+        SELECT count(*) AS n, count(*) FILTER (WHERE best_rank = dp_rank) AS best,
+               sum(CASE WHEN best_rank <> dp_rank THEN greatest(coalesce(best_rank_device_tokens, 0)
+                   + coalesce(best_rank_host_tokens, 0) - coalesce(arrival_device_tokens, 0)
+                   - coalesce(arrival_host_tokens, 0), 0) ELSE 0 END) AS elsewhere,
+               sum(coalesce(best_rank_device_tokens, 0) + coalesce(best_rank_host_tokens, 0)) AS prefix
+        FROM requests WHERE run_id = ? AND best_rank IS NOT NULL""", [rid])[0]
     start, end = run_span_ns(con, rid, "finished")
     span = end - start
     extra = sorted((k for k in set(reqs) | set(busy) if k is None or not 0 <= k < dep.dp),
@@ -126,7 +141,11 @@ def rank_summary(con: duckdb.DuckDBPyConnection, run) -> RankSummary | None:
     top = max(own)
     return RankSummary(dp=dep.dp, router=dep.router, span_ns=span, ranks=tuple(ranks), busy_max_ns=top,
                        busy_mean_ns=mean, busiest_rank=own.index(top) if top else None,
-                       imbalance=top / mean if mean else None)
+                       imbalance=top / mean if mean else None, num_routed=int(routing["n"] or 0),
+                       to_best_rank=int(routing["best"] or 0),
+                       to_best_rank_share=share(int(routing["best"] or 0), int(routing["n"] or 0)),
+                       held_elsewhere_tokens=int(routing["elsewhere"] or 0),
+                       prefix_tokens_at_arrival=int(routing["prefix"] or 0))
 
 
 # --- slow --by rank ------------------------------------------------------------------------------

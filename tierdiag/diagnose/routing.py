@@ -119,8 +119,10 @@ def _held(device: int, host: int) -> str:
 
 def routed_claim(ev: RoutingEvidence) -> Claim:
     text = f"The {ev.router} router sent it to {_rank(ev.dp_rank)} of {ev.dp}"
+    if ev.route_branch:
+        text += f" by its {ev.route_branch} rule"
     if ev.route_reason:
-        text += f" ({ev.route_branch}: {ev.route_reason})" if ev.route_branch else f" ({ev.route_reason})"
+        text += f" (\"{ev.route_reason}\")"
     if ev.route_score is not None:
         text += f"; the deciding number, {ev.route_score_name or 'score'}, was {ev.route_score:,.4g}"
     return Claim("routed", text + ".")
@@ -140,14 +142,17 @@ def elsewhere_claim(ev: RoutingEvidence) -> Claim:
     if not holders:
         return Claim("elsewhere", f"No other rank of the {ev.dp} held any of it on device.")
     n = len(holders)
-    listed = ", ".join(f"rank {r.rank} {fmt_tokens(r.device_tokens)}" for r in holders[:LISTED_RANKS])
-    more = f" and {n - LISTED_RANKS} more" if n > LISTED_RANKS else ""
-    amount = (f"{fmt_tokens(ev.other_ranks_max_device_tokens)} tokens" if n == 1 else
-              f"up to {fmt_tokens(ev.other_ranks_max_device_tokens)} tokens")
-    return Claim("elsewhere", (
-        f"{n} other rank{'s' if n > 1 else ''} held {amount} of this prefix on device ({listed}{more}); "
-        f"the router sent it to {_rank(ev.dp_rank)}, which held "
-        + (f"{fmt_tokens(ev.arrival_device_tokens)} on device." if ev.arrival_device_tokens else "none on device.")))
+    if n == 1:
+        head = f"Rank {holders[0].rank} held {fmt_tokens(holders[0].device_tokens)} tokens of this prefix on device"
+    else:
+        listed = ", ".join(f"rank {r.rank} {fmt_tokens(r.device_tokens)}" for r in holders[:LISTED_RANKS])
+        more = f" and {n - LISTED_RANKS} more" if n > LISTED_RANKS else ""
+        head = (f"{n} other ranks held up to {fmt_tokens(ev.other_ranks_max_device_tokens)} tokens of this prefix "
+                f"on device ({listed}{more})")
+    if ev.other_ranks_max_device_tokens <= ev.arrival_device_tokens:
+        return Claim("elsewhere", f"{head}, none more than {_rank(ev.dp_rank)}.")
+    return Claim("elsewhere", f"{head}; the router sent it to {_rank(ev.dp_rank)}, which held " + (
+        f"{fmt_tokens(ev.arrival_device_tokens)} on device." if ev.arrival_device_tokens else "none on device."))
 
 
 def best_rank_claim(ev: RoutingEvidence) -> Claim | None:
@@ -155,8 +160,9 @@ def best_rank_claim(ev: RoutingEvidence) -> Claim | None:
     if ev.best_rank is None or ev.best_rank == ev.dp_rank:
         return None
     return Claim("best_rank", (
-        f"Rank {ev.best_rank} held the most, {_held(ev.best_rank_device_tokens, ev.best_rank_host_tokens)}: "
-        f"{fmt_tokens(ev.best_rank_extra_tokens)} tokens more than {_rank(ev.dp_rank)} (device and host together)."))
+        f"Device and host together, rank {ev.best_rank} held the most ({fmt_tokens(ev.best_rank_device_tokens)} + "
+        f"{fmt_tokens(ev.best_rank_host_tokens)} tokens): {fmt_tokens(ev.best_rank_extra_tokens)} more than "
+        f"{_rank(ev.dp_rank)}."))
 
 
 def routing_claims(ev: RoutingEvidence) -> tuple[Claim, ...]:

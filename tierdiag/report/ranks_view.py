@@ -55,6 +55,16 @@ def render_ranks(ranks, console: Console, *, table: Callable[..., Table], plain:
         reuse.add_row(_label(s.dp_rank), fmt_tokens(s.input_tokens), fmt_pct(s.device_share), fmt_pct(s.host_share),
                       fmt_pct(s.storage_share), fmt_ms(s.ttft_p50_ns), fmt_ms(s.ttft_p90_ns))
     console.print(reuse)
+    console.print(plain(routing_line(ranks), "dim"))
+
+
+def routing_line(r) -> str:
+    """Where the router sent requests against where their prefix was, in named numbers."""
+    if not r.num_routed:
+        return "routing: no request carries a routing record"
+    return (f"routing: {r.to_best_rank:,} of {r.num_routed:,} requests ({fmt_pct(r.to_best_rank_share)}) went to the "
+            f"rank that held the most of their prefix at arrival; {fmt_tokens(r.held_elsewhere_tokens)} tokens of "
+            f"prefix were held (device + host) on another rank but not on the one that served them")
 
 
 def render_slow_by_rank(groups, console: Console, *, run_label: str, hit_class: str | None = None,
