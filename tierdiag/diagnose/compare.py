@@ -33,6 +33,7 @@ from tierdiag.diagnose.facts import RunFacts
 from tierdiag.diagnose.kinds import is_observed
 from tierdiag.diagnose.numbers import ClassStats, RunSummary
 from tierdiag.diagnose.observed_twin import Agreement, agreement
+from tierdiag.diagnose.ranks import rank_summary
 from tierdiag.diagnose.twin_error import TwinError, twin_clock, twin_error
 from tierdiag.units import share
 from tierdiag.errors import ConfigError, StoreError, TierdiagError
@@ -117,9 +118,14 @@ class RunRow:
     evicted_tokens: int
     gpu_busy_share: float | None  # share of the run's virtual time the GPU spent in prefill
     memory_bytes: int | None  # device + host + storage KV capacity
+    ranks: Any = None  # ranks.RankSummary of a data-parallel run (None: one rank; no JSON key then)
 
     def to_json(self) -> dict:
-        return dataclass_json(self)
+        d = dataclass_json(self)
+        d.pop("ranks")
+        if self.ranks is not None:
+            d["ranks"] = self.ranks.to_json()
+        return d
 
 
 def gpu_busy_share(con: duckdb.DuckDBPyConnection, run_id: str) -> float | None:
@@ -146,7 +152,8 @@ def _row(con: duckdb.DuckDBPyConnection, run: RunInfo, s: RunSummary, varied: Se
         ttft_by_class=tuple(c for c in s.classes if c.hit_class != "all"),
         loadback_bytes=s.load_back.bytes, loadback_exposed_ns=s.load_back.exposed_ns,
         num_evictions=sum(e.num_events for e in s.evictions), evicted_tokens=sum(e.tokens for e in s.evictions),
-        gpu_busy_share=gpu_busy_share(con, run.run_id), memory_bytes=memory_bytes(run.config))
+        gpu_busy_share=gpu_busy_share(con, run.run_id), memory_bytes=memory_bytes(run.config),
+        ranks=rank_summary(con, run))
 
 
 # --by NAME -> (key, ascending). Lower first for costs and times, higher first for reuse.

@@ -17,6 +17,7 @@ from tierdiag.diagnose.compare import (CLASSES, Comparison, RequestComparison, R
                                       TwinComparison)
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct
 from tierdiag.report.observed import render_agreement
+from tierdiag.report.ranks_view import render_ranks_comparison
 from tierdiag.report.terminal import CAUSE_STYLE, SafeConsole
 from tierdiag.report.text import fmt_option
 
@@ -82,6 +83,7 @@ def render_comparison(c: Comparison, console: Console, *, title: str | None = No
         by_class.add_row(Text(r.name), *cells)
     if present:
         wide_console(console).print(by_class)
+    render_ranks_comparison(c.rows, wide_console(console))
 
 
 def _delta_table(title: str, rows: Sequence[RequestDelta], name_a: str, name_b: str) -> Table:

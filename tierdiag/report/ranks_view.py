@@ -89,3 +89,33 @@ def plain_line(text: str, style: str = "") -> Text:
     from tierdiag.report.text import visible
 
     return Text(visible(text, lines=False), style=style)
+
+
+def render_ranks_comparison(rows, console: Console) -> None:
+    """`compare`'s ranks table: for each data-parallel run (a RunRow with `ranks`), its ranks and
+    router, imbalance, routing against where the prefixes were, and per rank its device + host +
+    storage reuse and TTFT p50. Nothing when no compared run has more than one rank."""
+    ranked = [r for r in rows if getattr(r, "ranks", None) is not None]
+    if not ranked:
+        return
+    table = Table(title="ranks and routing (runs of more than one rank)", title_justify="left")
+    for col, justify in (("run", "left"), ("ranks", "right"), ("router", "left"), ("imbalance", "right"),
+                         ("to best rank", "right"), ("held elsewhere", "right"), ("reuse by rank", "left"),
+                         ("TTFT p50 by rank", "left")):
+        table.add_column(col, justify=justify)
+    for r in ranked:
+        k = r.ranks
+        own = [s for s in k.ranks if s.dp_rank is not None and 0 <= s.dp_rank < k.dp]
+        reuse = " / ".join(fmt_pct(None if s.input_tokens == 0 else
+                                   (s.device_hit_tokens + s.host_hit_tokens + s.storage_hit_tokens) / s.input_tokens)
+                           for s in own)
+        label = Text(r.name + " ", style="bold")
+        label.append(r.run_id, style="dim")
+        table.add_row(label, f"{k.dp}", Text(k.router), "-" if k.imbalance is None else f"{k.imbalance:.2f}",
+                      fmt_pct(k.to_best_rank_share), fmt_tokens(k.held_elsewhere_tokens), reuse,
+                      " / ".join(fmt_ms(s.ttft_p50_ns) for s in own))
+    table.caption = ("imbalance: busiest rank's prefill busy / the mean rank's; to best rank: requests served by the "
+                     "rank that held the most of their prefix at arrival; held elsewhere: tokens of prefix on another "
+                     "rank but not on the serving one; reuse by rank: device + host + storage, token-weighted, "
+                     "rank 0 first")
+    console.print(table)
