@@ -121,3 +121,18 @@ def plant_ranks(db: Path | str, run_id: str | None = None, *, dp: int = 4, route
     finally:
         con.close()
     return run_id
+
+
+def reuse_lines(n: int = 60, *, docs: int = 6, blocks: int = 12, block: int = 512) -> list[str]:
+    """A Mooncake trace with reuse to route: request i reads document (i // 2) % docs (`blocks`
+    blocks of `block` tokens) and one block of its own, 200 ms apart; the second of each pair
+    finds the first's document on device, the first finds it pushed to host by the others (with
+    a device pool of about two documents)."""
+    from tests.support.traces import line
+
+    return [line(200 * i, blocks * block + 300, [((i // 2) % docs) * 100 + b for b in range(blocks)] + [10_000 + i],
+                 output_length=16) for i in range(n)]
+
+
+# A device pool of about two documents of reuse_lines, host room for all of them.
+REUSE_POOLS = ("--device-tokens", "16384", "--host-tokens", "200000")
