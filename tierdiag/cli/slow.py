@@ -85,6 +85,6 @@ def _by_rank(con, info, *, top: int, hit_class, cause, json_: bool, ids: bool) -
                         {**r.to_json(), "arrival_ms": None if r.arrival_ns is None else (r.arrival_ns - t0_ns) / 1e6}
                         for r in g.requests]} for g in groups]})
         return
-    from tierdiag.report.ranks_view import render_slow_by_rank
+    from tierdiag.report.slow_ranks_view import render_slow_by_rank
 
     render_slow_by_rank(groups, out, run_label=f"{info.name} ({info.run_id})", hit_class=hit_class, cause=cause)

@@ -1,5 +1,6 @@
 """A data-parallel run's ranks in the terminal: `summary`'s per-rank tables (diagnose/ranks.py's
-`RankSummary`), `slow --by rank`, and the one-line deployment shown by `runs` and `summary`. A
+`RankSummary`), `compare`'s ranks table and the one-line deployment shown by `runs` and
+`summary` (`slow --by rank` is slow_ranks_view.py's: it draws with terminal.py's slow table). A
 run of one rank has none of them. No numpy or Plotly here (the report's figure is
 figures.py's `ranks_figure`)."""
 
@@ -65,24 +66,6 @@ def routing_line(r) -> str:
     return (f"routing: {r.to_best_rank:,} of {r.num_routed:,} requests ({fmt_pct(r.to_best_rank_share)}) went to the "
             f"rank that held the most of their prefix at arrival; {fmt_tokens(r.held_elsewhere_tokens)} tokens of "
             f"prefix were held (device + host) on another rank but not on the one that served them")
-
-
-def render_slow_by_rank(groups, console: Console, *, run_label: str, hit_class: str | None = None,
-                        cause: str | None = None) -> None:
-    """`slow --by rank`: per rank a head line (finished, slow, summed excess), then its slowest
-    in `slow`'s own table."""
-    from tierdiag.report.terminal import render_slow
-
-    filters = ", ".join(f for f in (hit_class and f"class {hit_class}", cause and f"cause {cause}") if f)
-    for g in groups:
-        console.print(plain_line(
-            f"rank {_label(g.dp_rank)}: {g.num_requests:,} finished, {g.num_slow:,} slower than their ideal"
-            + (f" ({filters})" if filters else "") + f", {fmt_ms(g.excess_total_ns)} excess in all"
-            + (f"; the slowest {len(g.requests)}" if g.num_slow > len(g.requests) else ""), "bold"))
-        if g.requests:
-            render_slow(g.requests, console, run_label=f"{run_label} · rank {_label(g.dp_rank)}",
-                        hit_class=hit_class, cause=cause, hint=False)
-    console.print(Text("explain one with `tierdiag explain REQ_ID`", style="dim"))
 
 
 def plain_line(text: str, style: str = "") -> Text:
