@@ -31,7 +31,7 @@ def imbalance_line(r) -> str:
             f"the {r.dp} ranks' mean {fmt_ms(r.busy_mean_ns)} (1.00: even)")
 
 
-def _label(k) -> str:
+def rank_label(k) -> str:
     return "?" if k is None else str(k)
 
 
@@ -45,7 +45,7 @@ def render_ranks(ranks, console: Console, *, table: Callable[..., Table], plain:
         load.add_column(col, justify="right", no_wrap=True)
     for s in ranks.ranks:
         style = "bold" if s.dp_rank is not None and s.dp_rank == ranks.busiest_rank else ""
-        load.add_row(Text(_label(s.dp_rank), style=style), f"{s.num_requests:,}", f"{s.num_finished:,}",
+        load.add_row(Text(rank_label(s.dp_rank), style=style), f"{s.num_requests:,}", f"{s.num_finished:,}",
                      fmt_ms(s.prefill_busy_ns), fmt_pct(s.prefill_busy_share), fmt_tokens(s.computed_tokens))
     load.caption = imbalance_line(ranks)
     console.print(load)
@@ -53,7 +53,7 @@ def render_ranks(ranks, console: Console, *, table: Callable[..., Table], plain:
     for col in ("rank", "input tokens", "device", "host", "storage", "TTFT p50", "TTFT p90"):
         reuse.add_column(col, justify="right", no_wrap=True)
     for s in ranks.ranks:
-        reuse.add_row(_label(s.dp_rank), fmt_tokens(s.input_tokens), fmt_pct(s.device_share), fmt_pct(s.host_share),
+        reuse.add_row(rank_label(s.dp_rank), fmt_tokens(s.input_tokens), fmt_pct(s.device_share), fmt_pct(s.host_share),
                       fmt_pct(s.storage_share), fmt_ms(s.ttft_p50_ns), fmt_ms(s.ttft_p90_ns))
     console.print(reuse)
     console.print(plain(routing_line(ranks), "dim"))
