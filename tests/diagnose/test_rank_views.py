@@ -44,13 +44,14 @@ def cli(*args: str) -> str:
 def db(tmp_path_factory) -> Path:
     """Three replays of one trace: `solo` (one rank), `ca` (4 ranks, cache_aware, round-robin
     placement planted) and `rr` (4 ranks, round_robin, every request planted on rank seq % 3:
-    rank 3 idle)."""
+    rank 3 idle; a host pool of 16,384 tokens, not 200,000', so that its requests' TTFTs differ)."""
     folder = tmp_path_factory.mktemp("ranks")
     trace = write_trace(folder / "reuse.jsonl", reuse_lines())
     path = folder / "run.duckdb"
     ids = {}
     for name in ("solo", "ca", "rr"):
-        cli("replay", trace, "--db", path, "--run-name", name, *REUSE_POOLS)
+        pools = REUSE_POOLS if name != "rr" else ("--device-tokens", "16384", "--host-tokens", "16384")
+        cli("replay", trace, "--db", path, "--run-name", name, *pools)
         with open_store(path) as con:
             ids[name] = resolve_run(con, name).run_id
     plant_ranks(path, ids["ca"], dp=DP, router="cache_aware")
@@ -311,3 +312,23 @@ def test_compare_shows_ranks_and_routing_for_ranked_runs(db):
     table = out.split("ranks and routing", 1)[1]
     assert "ca " in table and "rr " in table and "solo" not in table
     assert f"{ca.imbalance:.2f}" in table
+
+
+def test_compare_requests_names_the_serving_ranks(db):
+    ranks = {name: {r["req_id"]: r["dp_rank"] for r in rows(db, name)} for name in ("ca", "rr")}
+    d = json.loads(cli("compare", "ca", "rr", "--db", db, "--requests", "--top", "5", "--json"))
+    listed = d["gains"] + d["losses"] + d["changed"]
+    assert listed
+    for x in listed:
+        assert (x["rank_a"], x["rank_b"]) == (ranks["ca"][x["req_id"]], ranks["rr"][x["req_id"]])
+    # Against a run of one rank: its side is rank 0; two runs of one rank: no rank keys at all.
+    d = json.loads(cli("compare", "solo", "ca", "--db", db, "--requests", "--json"))
+    assert all(x["rank_a"] == 0 for x in d["gains"] + d["losses"] + d["changed"])
+    with open_store(db) as con:
+        from tierdiag.diagnose.compare import compare_requests
+
+        solo = resolve_run(con, "solo")
+        same = compare_requests(con, solo, solo)
+    assert all("rank_a" not in x.to_json() for x in same.gains + same.losses + same.changed)
+    out = CliRunner().invoke(app, ["compare", "ca", "rr", "--db", str(db), "--requests"], env={"COLUMNS": "200"}).output
+    assert "rank A → B" in out
