@@ -44,7 +44,7 @@ def cli(*args: str) -> str:
 def db(tmp_path_factory) -> Path:
     """Three replays of one trace: `solo` (one rank), `ca` (4 ranks, cache_aware, round-robin
     placement planted) and `rr` (4 ranks, round_robin, every request planted on rank seq % 3:
-    rank 3 idle; a host pool of 16,384 tokens, not 200,000', so that its requests' TTFTs differ)."""
+    rank 3 idle; a host pool of 16,384 tokens, not 200,000, so that its requests' TTFTs differ)."""
     folder = tmp_path_factory.mktemp("ranks")
     trace = write_trace(folder / "reuse.jsonl", reuse_lines())
     path = folder / "run.duckdb"
