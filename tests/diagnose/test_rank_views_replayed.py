@@ -13,7 +13,6 @@ from typer.testing import CliRunner
 
 from tests.support.ranks import REUSE_POOLS, reuse_lines
 from tests.support.traces import write_trace
-from tierdiag.config.engine import EngineConfig
 from tierdiag.diagnose.ranks import rank_summary, slow_by_rank
 from tierdiag.diagnose.routing import routing_step
 from tierdiag.diagnose.slow import slow_requests
@@ -22,8 +21,6 @@ from tierdiag.store.reader import open_store, resolve_run
 pytest.importorskip("tierdiag.cli.replay")
 from tierdiag.cli.main import app  # noqa: E402
 
-pytestmark = pytest.mark.skipif("dp" not in EngineConfig.__dataclass_fields__,
-                                reason="the --dp engine is not in this checkout")
 DP = 4
 
 
