@@ -4,6 +4,7 @@ starts a replay (app/advise.py does that, as a client of advice.py's rules).
 Modules, each importing only those below it (an arrow reads "is built on")::
 
     explain -> explain_steps, explain_verdict -> explain_result      one request
+    explain -> routing -> ranks                                      a --dp run: the routing step; ranks side by side
     observed -> observed_explain -> observed_twin                    imported (server) runs
     compare, observed_explain -> twin_error                          a twin's TTFT error, its clock
     slow_groups -> explain, slow                                     the report's slowest table

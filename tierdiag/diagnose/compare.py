@@ -33,6 +33,7 @@ from tierdiag.diagnose.facts import RunFacts
 from tierdiag.diagnose.kinds import is_observed
 from tierdiag.diagnose.numbers import ClassStats, RunSummary
 from tierdiag.diagnose.observed_twin import Agreement, agreement
+from tierdiag.diagnose.ranks import deployment, rank_summary
 from tierdiag.diagnose.twin_error import TwinError, twin_clock, twin_error
 from tierdiag.units import share
 from tierdiag.errors import ConfigError, StoreError, TierdiagError
@@ -117,9 +118,14 @@ class RunRow:
     evicted_tokens: int
     gpu_busy_share: float | None  # share of the run's virtual time the GPU spent in prefill
     memory_bytes: int | None  # device + host + storage KV capacity
+    ranks: Any = None  # ranks.RankSummary of a data-parallel run (None: one rank; no JSON key then)
 
     def to_json(self) -> dict:
-        return dataclass_json(self)
+        d = dataclass_json(self)
+        d.pop("ranks")
+        if self.ranks is not None:
+            d["ranks"] = self.ranks.to_json()
+        return d
 
 
 def gpu_busy_share(con: duckdb.DuckDBPyConnection, run_id: str) -> float | None:
@@ -146,7 +152,8 @@ def _row(con: duckdb.DuckDBPyConnection, run: RunInfo, s: RunSummary, varied: Se
         ttft_by_class=tuple(c for c in s.classes if c.hit_class != "all"),
         loadback_bytes=s.load_back.bytes, loadback_exposed_ns=s.load_back.exposed_ns,
         num_evictions=sum(e.num_events for e in s.evictions), evicted_tokens=sum(e.tokens for e in s.evictions),
-        gpu_busy_share=gpu_busy_share(con, run.run_id), memory_bytes=memory_bytes(run.config))
+        gpu_busy_share=gpu_busy_share(con, run.run_id), memory_bytes=memory_bytes(run.config),
+        ranks=rank_summary(con, run))
 
 
 # --by NAME -> (key, ascending). Lower first for costs and times, higher first for reuse.
@@ -222,9 +229,16 @@ class RequestDelta:
     delta_ns: int | None  # b - a: negative is a gain (faster in b)
     cause_a: str | None  # primary cause (None: rejected)
     cause_b: str | None
+    # The data-parallel rank that served it in each run, where either run has more than one
+    # (None in both otherwise, and then no JSON key: a one-rank comparison reads as before).
+    rank_a: int | None = None
+    rank_b: int | None = None
 
     def to_json(self) -> dict:
-        return dataclass_json(self)
+        d = dataclass_json(self)
+        if self.rank_a is None and self.rank_b is None:
+            del d["rank_a"], d["rank_b"]
+        return d
 
 
 @dataclass(frozen=True)
@@ -260,20 +274,25 @@ class RequestComparison:
 def _delta(r: dict) -> RequestDelta:
     return RequestDelta(req_id=r["req_id"], hit_class_a=r["class_a"], hit_class_b=r["class_b"],
                         ttft_a_ns=r["ttft_a"], ttft_b_ns=r["ttft_b"], delta_ns=r["delta"],
-                        cause_a=r["cause_a"], cause_b=r["cause_b"])
+                        cause_a=r["cause_a"], cause_b=r["cause_b"], rank_a=r.get("rank_a"), rank_b=r.get("rank_b"))
 
 
 def compare_requests(con: duckdb.DuckDBPyConnection, a: RunInfo, b: RunInfo, *, top: int = DEFAULT_TOP) -> RequestComparison:
     if top < 1:
         raise ConfigError(f"--top {top} must be at least 1")
+    # A run of more than one rank shows which rank served each request (deployment: its config's dp).
+    ranked = deployment(a) is not None or deployment(b) is not None
+    rank_a = "dp_rank" if deployment(a) is not None else "0" if ranked else "NULL"
+    rank_b = "dp_rank" if deployment(b) is not None else "0" if ranked else "NULL"
     pair = f"""
         WITH a AS (SELECT req_id, hit_class, CASE WHEN {_FINISHED} THEN ttft_ns END AS ttft_ns,
-                          {cause_sql()} AS cause, input_tokens FROM requests WHERE run_id = $1),
+                          {cause_sql()} AS cause, input_tokens, {rank_a} AS dp_rank FROM requests WHERE run_id = $1),
              b AS (SELECT req_id, hit_class, CASE WHEN {_FINISHED} THEN ttft_ns END AS ttft_ns,
-                          {cause_sql()} AS cause, input_tokens FROM requests WHERE run_id = $2),
+                          {cause_sql()} AS cause, input_tokens, {rank_b} AS dp_rank FROM requests WHERE run_id = $2),
              p AS (SELECT req_id, a.hit_class AS class_a, b.hit_class AS class_b, a.ttft_ns AS ttft_a,
                           b.ttft_ns AS ttft_b, b.ttft_ns - a.ttft_ns AS delta, a.cause AS cause_a,
-                          b.cause AS cause_b, a.input_tokens IS DISTINCT FROM b.input_tokens AS mismatch
+                          b.cause AS cause_b, a.input_tokens IS DISTINCT FROM b.input_tokens AS mismatch,
+                          a.dp_rank AS rank_a, b.dp_rank AS rank_b
                    FROM a JOIN b USING (req_id))"""
     params = [a.run_id, b.run_id]
     counts = fetch_one(con, pair + """
@@ -293,7 +312,7 @@ def compare_requests(con: duckdb.DuckDBPyConnection, a: RunInfo, b: RunInfo, *, 
     if mismatch:
         sys.stderr.write(f"tierdiag: warning: {mismatch:,} of {common:,} requests paired by id have different "
                          f"input lengths in runs {a.run_id} and {b.run_id}: those pairs are unrelated requests\n")
-    cols = "SELECT req_id, class_a, class_b, ttft_a, ttft_b, delta, cause_a, cause_b FROM p"
+    cols = "SELECT req_id, class_a, class_b, ttft_a, ttft_b, delta, cause_a, cause_b, rank_a, rank_b FROM p"
     gains = fetch_dicts(con, pair + f" {cols} WHERE delta < 0 ORDER BY delta, req_id LIMIT {int(top)}", params)
     losses = fetch_dicts(con, pair + f" {cols} WHERE delta > 0 ORDER BY delta DESC, req_id LIMIT {int(top)}", params)
     changed = fetch_dicts(con, pair + f""" {cols} WHERE cause_a IS DISTINCT FROM cause_b

@@ -46,6 +46,7 @@ from tierdiag.diagnose.explain_steps import (
 from tierdiag.diagnose.explain_verdict import VerdictInputs, context_sentence, verdict
 from tierdiag.diagnose.facts import RunFacts, run_bounds  # noqa: F401 - run_bounds: slow's clock
 from tierdiag.diagnose.query import request_row
+from tierdiag.diagnose.routing import routing_step
 from tierdiag.diagnose.session_pool import session_pauses
 from tierdiag.diagnose.sessions import session_step
 from tierdiag.diagnose.tokens import TokenSplit
@@ -86,6 +87,9 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
     session = session_step(con, run, row, bounds[0], len(steps) + 1)  # a turn with a predecessor
     if session is not None:
         steps += (session,)
+    routing = routing_step(run, row, len(steps) + 1)  # a request of a data-parallel run
+    if routing is not None:
+        steps += (routing,)
     parts = TtftParts.from_row(row) if finished else None
     cause = parts.primary_cause() if parts is not None else None
     headline, text, claims = verdict(VerdictInputs(

@@ -132,10 +132,16 @@ class Step:
     name: str
     finding: str
     evidence: HostHitEvidence | PrefixEvidence | LoadBackEvidence | EvictionEvidence
+    # The finding's sentences as claims, where a step builds it from them (the routing step,
+    # diagnose/routing.py); the four steps' findings are plain text (their claims are the verdict's).
+    claims: tuple[Claim, ...] = ()
 
     def to_json(self) -> dict:
-        return {"step": self.step, "name": self.name, "finding": self.finding,
-                "evidence": dataclass_json(self.evidence)}
+        d = {"step": self.step, "name": self.name, "finding": self.finding,
+             "evidence": dataclass_json(self.evidence)}
+        if self.claims:
+            d["claims"] = [c.to_json() for c in self.claims]
+        return d
 
 
 @dataclass(frozen=True)

@@ -150,11 +150,16 @@ class RunSummary:
     excess_total_ns: int
     diagnosis: object = None  # advice.RunDiagnosis: the run's root cause and what to change (summary.py)
     sessions: object = None  # sessions.SessionSummary (summary.py; None: no sessions)
+    ranks: object = None  # ranks.RankSummary (summary.py; None: a run of one rank)
 
     def to_json(self) -> dict:
         d = dataclass_json(self)
         d["diagnosis"] = self.diagnosis.to_json() if self.diagnosis is not None else None
         d["sessions"] = self.sessions.to_json() if self.sessions is not None else None
+        # Only a run of more than one rank has the key: a one-rank run's JSON is as before.
+        d.pop("ranks")
+        if self.ranks is not None:
+            d["ranks"] = self.ranks.to_json()
         d["session_survival"] = ([b.to_json() for b in self.sessions.survival] if self.sessions is not None
                                  else None)
         return d

@@ -52,10 +52,12 @@ def check_hit_class(name: str | None) -> str | None:
 
 
 def slow_requests(con: duckdb.DuckDBPyConnection, run: RunInfo, *, top: int = 20,
-                  hit_class: str | None = None, cause: str | None = None) -> list[SlowRequest]:
+                  hit_class: str | None = None, cause: str | None = None, by_rank: bool = False,
+                  dp_rank: int | None = None) -> list[SlowRequest]:
     """The `top` finished requests of `run` with the largest excess TTFT (ties: trace order).
 
     Requests at (or under) their ideal are not slow and are left out, whatever the filters.
+    `by_rank`: only those of data-parallel rank `dp_rank` (None: no rank recorded; ranks.py).
     """
     if top < 1:
         raise ConfigError(f"--top must be at least 1, got {top}")
@@ -69,17 +71,18 @@ def slow_requests(con: duckdb.DuckDBPyConnection, run: RunInfo, *, top: int = 20
                    device_hit_tokens, host_hit_tokens, storage_hit_tokens, computed_tokens,
                    recomputed_tokens, loadback_skipped_reason, queue_ns, storage_wait_ns,
                    loadback_exposed_ns, recompute_ns, compute_ns,
-                   {excess_sql()} AS excess_ns, {cause_sql()} AS primary_cause
+                   dp_rank, {excess_sql()} AS excess_ns, {cause_sql()} AS primary_cause
             FROM requests
             WHERE run_id = ? AND coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL
         )
         WHERE excess_ns > 0
           AND (CAST(? AS VARCHAR) IS NULL OR hit_class = ?)
           AND (CAST(? AS VARCHAR) IS NULL OR primary_cause = ?)
+          AND (NOT ? OR dp_rank IS NOT DISTINCT FROM CAST(? AS INTEGER))
         ORDER BY excess_ns DESC, seq, req_id
         LIMIT ?
         """,
-        [run.run_id, hit_class, hit_class, cause, cause, top],
+        [run.run_id, hit_class, hit_class, cause, cause, by_rank, dp_rank, top],
     )
     result = []
     for rank, r in enumerate(rows, start=1):

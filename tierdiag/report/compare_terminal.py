@@ -17,6 +17,7 @@ from tierdiag.diagnose.compare import (CLASSES, Comparison, RequestComparison, R
                                       TwinComparison)
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct
 from tierdiag.report.observed import render_agreement
+from tierdiag.report.ranks_view import render_ranks_comparison
 from tierdiag.report.terminal import CAUSE_STYLE, SafeConsole
 from tierdiag.report.text import fmt_option
 
@@ -82,6 +83,7 @@ def render_comparison(c: Comparison, console: Console, *, title: str | None = No
         by_class.add_row(Text(r.name), *cells)
     if present:
         wide_console(console).print(by_class)
+    render_ranks_comparison(c.rows, wide_console(console))
 
 
 def _delta_table(title: str, rows: Sequence[RequestDelta], name_a: str, name_b: str) -> Table:
@@ -89,6 +91,9 @@ def _delta_table(title: str, rows: Sequence[RequestDelta], name_a: str, name_b: 
     for col, justify in (("request", "left"), ("class", "left"), (f"TTFT in A", "right"), ("in B", "right"),
                          ("change", "right"), ("verdict A → B", "left")):
         table.add_column(col, justify=justify)
+    ranked = any(d.rank_a is not None or d.rank_b is not None for d in rows)  # a data-parallel run
+    if ranked:
+        table.add_column("rank A → B", justify="left")
     for d in rows:
         cls = _CLASS_SHORT.get(d.hit_class_a or "", "-")
         if d.hit_class_b != d.hit_class_a:
@@ -98,7 +103,8 @@ def _delta_table(title: str, rows: Sequence[RequestDelta], name_a: str, name_b: 
             verdict.append(" → ")
             verdict.append(d.cause_b or "rejected", style=CAUSE_STYLE.get(d.cause_b, ""))
         change = "-" if d.delta_ns is None else ("+" if d.delta_ns > 0 else "") + fmt_ms(d.delta_ns)
-        table.add_row(Text(d.req_id), cls, fmt_ms(d.ttft_a_ns), fmt_ms(d.ttft_b_ns), change, verdict)
+        ranks = [Text(f"{d.rank_a}" if d.rank_b == d.rank_a else f"{d.rank_a} → {d.rank_b}")] if ranked else []
+        table.add_row(Text(d.req_id), cls, fmt_ms(d.ttft_a_ns), fmt_ms(d.ttft_b_ns), change, verdict, *ranks)
     return table
 
 

@@ -34,6 +34,7 @@ from tierdiag.report.figures import (
 )
 from tierdiag.report.page import DEFAULT_REPORTS_DIR, e, encode_figure, page, plotly_js, write_atomic  # noqa: F401 (encode_figure: for tests)
 from tierdiag.diagnose.kinds import has_engine_parts
+from tierdiag.report.ranks_figure import ranks_figure
 from tierdiag.report.sessions_figure import survival_figure
 from tierdiag.store.reader import RunInfo, open_store, resolve_run
 
@@ -390,6 +391,9 @@ def build_report(db: str | os.PathLike, run: str | None = None, output: str | os
     survival = survival_figure(data.summary.sessions)  # session runs only
     if survival is not None:
         figures.append(survival)
+    ranks = ranks_figure(getattr(data.summary, "ranks", None))  # data-parallel runs only
+    if ranks is not None:
+        figures.append(ranks)
     if not has_engine_parts(info):  # an empty figure there means "not reported", not "none happened"
         import dataclasses
 

@@ -10,12 +10,14 @@ from rich.console import Console
 from rich.text import Text
 
 from tierdiag.report.terminal import _table, plain, pool_sizes, rules_line  # noqa: F401
+from tierdiag.report.ranks_view import deployment_line
 from tierdiag.report.text import fmt_option
 from tierdiag.units import fmt_bytes, fmt_tokens
 
 
 # Shown in their own lines of `runs`' config cell (model/gpu, the pools, the rule set), so not again as options.
-_RUNS_OWN_LINES = ("model", "gpu", "device_tokens", "host_tokens", "storage_tokens", "storage_dir", "sglang_rules")
+_RUNS_OWN_LINES = ("model", "gpu", "device_tokens", "host_tokens", "storage_tokens", "storage_dir", "sglang_rules",
+                   "dp", "router")
 
 
 def render_runs(infos: Sequence, console: Console, *, db_label: str,
@@ -47,6 +49,8 @@ def render_runs(infos: Sequence, console: Console, *, db_label: str,
                    for tier, size in pool_sizes(r.config, r.data_plane).items()]
         rules = rules_line(r)
         config += [rules] if rules else []
+        ranks = deployment_line(r)  # "4 ranks · router cache_aware"; a run of one rank: none
+        config += [ranks] if ranks else []
         config += [f"{k}={fmt_option(v)}" for k, v in sorted(options.get(r.run_id, {}).items())
                    if k not in _RUNS_OWN_LINES]
         clock = provenance_line(r.config.get("profile_source"))  # replayed with a calibrate profile
@@ -55,7 +59,8 @@ def render_runs(infos: Sequence, console: Console, *, db_label: str,
                       Text("\n").join(plain(line) for line in config))
     console.print(table, soft_wrap=False)  # a long database path in the title wraps too
     console.print(Text("config: model on GPU, pools in tokens (binary sizes, GiB = 2^30 bytes), the SGLang release "
-                       "whose rules the replay followed, then the options "
+                       "whose rules the replay followed, the data-parallel ranks and router (more than one rank), "
+                       "then the options "
                        "that differ from the defaults · `--run` takes an id, a unique prefix of one, or a name; "
                        "without it, the (default) run: the newest replay or import, never a sweep or advise candidate · "
                        "--json for every field", style="dim"), soft_wrap=False)

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tierdiag.report.text import fmt_option, visible  # noqa: F401 - fmt_option: the views import it from here too
+from tierdiag.report.ranks_view import render_ranks
 from tierdiag.report.sessions_view import render_sessions
 from tierdiag.units import (
     fmt_bandwidth,
@@ -128,6 +129,9 @@ _RECORD_COLUMNS = {
     "events": (("t_ms", "when"), ("tier", "tier"), ("action", "action"), ("prefix_tokens", "its tokens"),
                ("cause_req_id", "by req"), ("owner_req_id", "owner"), ("pool_used_share", "pool used"),
                ("locked_tokens", "locked")),
+    # the routing step's prefix on every rank at arrival (diagnose/routing.py)
+    "ranks": (("rank", "rank"), ("device_tokens", "device"), ("host_tokens", "host"), ("in_flight", "in flight"),
+              ("score", "score")),
 }
 
 
@@ -270,7 +274,7 @@ def _table(title: str = "", **kw) -> Table:
 
 
 def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str,
-                hit_class: str | None = None, cause: str | None = None) -> None:
+                hit_class: str | None = None, cause: str | None = None, hint: bool = True) -> None:
     filters = ", ".join(f for f in (hit_class and f"class {hit_class}", cause and f"cause {cause}") if f)
     title = f"slowest requests by excess TTFT over ideal · {run_label}" + (f" · {filters}" if filters else "")
     if not rows:
@@ -300,7 +304,8 @@ def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str
                        Text.assemble(plain(r.primary_cause, style), "\n",
                                      "-" if r.primary_cause == "none" else fmt_ms(r.cause_ns)))
     _print_fitting(console, wide, narrow)
-    console.print(Text("explain one with `tierdiag explain REQ_ID`", style="dim"))
+    if hint:
+        console.print(Text("explain one with `tierdiag explain REQ_ID`", style="dim"))
 
 
 def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int | None = None,
@@ -318,6 +323,8 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
                                                    for tier, n in pools.items()), "dim"))
     if rules:
         console.print(plain(f"engine rules: {rules}", "dim"))
+    if getattr(s, "ranks", None) is not None:  # a data-parallel run (diagnose/ranks.py); one rank: nothing
+        console.print(plain(f"deployment: {s.ranks.dp} data-parallel ranks behind router {s.ranks.router}", "dim"))
     if getattr(s, "diagnosis", None) is not None:
         dx = s.diagnosis
         console.print(Panel(Group(plain(dx.finding), *_advice_lines(dx.advice)),
@@ -410,6 +417,7 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
                      who_table("top evictors (whose allocation)", s.top_evictors))
         _print_fitting(console, side, Group(who_table("most evicted-from (owner of the pages)", s.most_evicted_from),
                                             who_table("top evictors (whose allocation)", s.top_evictors)))
+    render_ranks(getattr(s, "ranks", None), console, table=_table, plain=plain)
     render_sessions(s.sessions, console, table=_table, plain=plain)
 
 
