@@ -41,7 +41,7 @@ class RoundRobinRouter(Router):
         self._turn += 1
         rank = turn % ranks.num_ranks
         return RouteDecision(rank, self.name, "turn", f"round_robin: turn {turn} of {ranks.num_ranks} ranks: rank {rank}",
-                             float(turn), "in flight", _load_scores(ranks.in_flight))
+                             None, "in flight", _load_scores(ranks.in_flight))  # the turn is no "in flight" number
 
 
 class RandomRouter(Router):
