@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tierdiag.diagnose.causes import recompute_cost_ns, routing_tokens  # recompute_cost_ns: re-exported (views)
 from tierdiag.diagnose.context import CONTEXT_LOOKBACK_NS, QueueAttribution, RequestContext
+from tierdiag.diagnose.routing import RoutingEvidence, routing_cost_ns
 from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.diagnose.story import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE  # noqa: F401 - the rule's, re-exported
 from tierdiag.units import NS_PER_S, fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, share
@@ -237,25 +239,6 @@ def recompute_claim(row: dict, threshold: int | None, host_deleted_tokens: int, 
 # --------------------------------------------------------------------------- counterfactuals
 
 
-def recompute_cost_ns(row: dict) -> int:
-    """What recomputing its once-cached tokens really cost.
-
-    The engine splits each prefill chunk's compute between the recomputed and the new tokens
-    by token count, but a token's cost grows with its position in the context (attention over
-    all before it), and the new tokens come last::
-
-        context   [ device | recomputed ........ | new ... ]
-        cost/tok    -        lower                 highest
-
-    Its ideal prices the new tokens at their real positions (everything before them resident),
-    so they cost at least that: the new part is max(compute, ideal) (never more than all of
-    it), and recompute is the rest. A counterfactual without the recompute is then never below
-    the ideal."""
-    rec, comp = _int(row, "recompute_ns"), _int(row, "compute_ns")
-    new = max(comp, min(_int(row, "ideal_ttft_ns"), comp + rec))
-    return comp + rec - new
-
-
 def never_evicted_ns(row: dict) -> int | None:
     """TTFT had every once-cached or loaded token been device-resident, the same queue ahead."""
     if row.get("ttft_ns") is None:
@@ -449,3 +432,39 @@ def evicted_while_waiting_claim(story) -> Claim | None:
         f"waiting to be scheduled ({fmt_pct(share(story.evicted_while_waiting_excess_ns, story.excess_total_ns))} "
         f"of the excess TTFT): the wait let the pool evict it, so the queue, not only the pool size, cost the "
         f"recompute."))
+
+
+# --------------------------------------------------------------------------- routing (routing.py)
+
+
+def routing_claim(row: dict, config: dict) -> Claim | None:
+    """The request's routing sentence: where its prefix was, where the router sent it, what that cost."""
+    r = routing_tokens(row)
+    if not r:
+        return None
+    rank, best = row["dp_rank"], row["best_rank"]
+    bd, bh = _int(row, "best_rank_device_tokens"), _int(row, "best_rank_host_tokens")
+    own = _int(row, "arrival_device_tokens") + _int(row, "arrival_host_tokens")
+    cost, ttft = routing_cost_ns(row, config), _int(row, "ttft_ns")
+    why = row.get("route_reason")
+    text = (f"At its arrival rank {best} held {fmt_tokens(bd + bh)} tokens of its prefix ({fmt_tokens(bd)} on device, "
+            f"{fmt_tokens(bh)} on host) and rank {rank} {fmt_tokens(own)}; the router sent it to rank {rank}"
+            + (f" ({why})" if why else "") + f", so {fmt_tokens(r)} of its {fmt_tokens(_int(row, 'recomputed_tokens'))} "
+            f"recomputed tokens were lost to routing; recomputing them took {fmt_ms(cost)} "
+            f"({fmt_pct(share(cost, ttft))} of TTFT, priced by their position in the context).")
+    return Claim("routing", text)
+
+
+def run_routing_claim(ev: RoutingEvidence) -> Claim:
+    """The run's routing sentence, from its RoutingEvidence."""
+    named = [(b, n) for b, n in ev.branch_tokens.items() if n][:3]
+    text = (f"Routing lost {fmt_tokens(ev.routing_tokens)} once-cached tokens ({fmt_pct(ev.share_of_recomputed)} of "
+            f"the {fmt_tokens(ev.recomputed_tokens)} recomputed, {fmt_pct(ev.share_of_input)} of input) in "
+            f"{ev.routed_requests:,} request{'s' if ev.routed_requests != 1 else ''} across {ev.num_ranks} ranks: "
+            f"at their arrival another rank held the prefix on device or host and the router "
+            f"({ev.router or 'not recorded'}) sent them elsewhere; recomputing those tokens took "
+            f"{fmt_ms(ev.routing_cost_ns)} (priced by their position in the context)")
+    if named:
+        text += "; by the router's rule: " + ", ".join(
+            f"{b} {fmt_pct(share(n, ev.routing_tokens))}" for b, n in named)
+    return Claim("routing", text + ".")
