@@ -48,6 +48,7 @@ from tierdiag.diagnose.claims import (
     NEAR_PEAK_SHARE,
     held_capacity,
 )
+from tierdiag.diagnose.advice_routing import ROUTING_RULES  # data-parallel runs: router, its thresholds, dp
 from tierdiag.diagnose.capacity import MATERIAL_SHARE, TARGET_LOAD
 from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.diagnose.session_pool import SessionPauses
@@ -378,7 +379,7 @@ def _round_up_2(x: float) -> float:
     return round(math.ceil(round(x / 10 ** e, 9)) * 10 ** e, max(-e, 0))
 
 
-RULES = (_rate, _prefetch, _write_policy, _sessions, _capacity, _eviction_policy, _page_size)
+RULES = (_rate, _prefetch, _write_policy, _sessions, _capacity, _eviction_policy, _page_size) + ROUTING_RULES
 
 
 def _nothing(ctx: RunContext) -> Advice:
