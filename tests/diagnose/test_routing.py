@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from tierdiag.diagnose.causes import TtftParts, recompute_cost_ns
 from tierdiag.diagnose.routing import position_weight, routing_cost_ns, tokens_per_attention
 from tierdiag.store.reader import open_store, resolve_run
+from tierdiag.units import fmt_ms, fmt_pct
 
 from .test_advice_planted import Story
 from .test_run_story import bursty
@@ -114,6 +115,24 @@ def test_the_routing_tokens_by_the_tests_own_sql(routed):
     assert numbers[0] == ours[0] and f"of the {total[0]:,} recomputed" in claim
     assert f"in {ours[2]:,} requests across {RANKS} ranks" in claim
     assert "round_robin" in claim and "round_robin 100 %" in claim
+    assert f"({fmt_pct(ours[0] / total[0])} of the" in claim and f", {fmt_pct(ours[0] / total[1])} of input)" in claim
+    # Its cost, priced by position with this file's own arithmetic: the request's recompute
+    # re-priced against its ideal, times the routing tokens' share of the recomputed positions'
+    # weight (a + b p per token, a / b = 2 params / (4 layers hidden) of llama3-8b).
+    k = 2 * 8.03e9 / (4 * 32 * 4096)
+    cost = 0.0
+    for r in _rows(routed)[0]:
+        lost = min(r["recomputed_tokens"], max(r["best_rank_device_tokens"] + r["best_rank_host_tokens"]
+                                               - r["arrival_device_tokens"] - r["arrival_host_tokens"]
+                                               - r["storage_match_tokens"], 0)) if r["best_rank"] != r["dp_rank"] else 0
+        if not lost:
+            continue
+        rec, comp = r["recompute_ns"], r["compute_ns"]
+        repriced = comp + rec - max(comp, min(r["ideal_ttft_ns"], comp + rec))
+        h = r["device_hit_tokens"] + r["host_hit_tokens"] + r["storage_hit_tokens"]
+        w = lambda x, y: (y - x) + (y * y - x * x) / (2 * k)  # noqa: E731
+        cost += int(repriced * w(h, h + lost) / w(h, h + r["recomputed_tokens"]))
+    assert f"recomputing those tokens took {fmt_ms(cost)} (priced by their position" in claim
 
 
 def test_time_by_cause_has_routing_carved_from_recompute(routed, bursts):

@@ -60,6 +60,19 @@ def find_twin(con: duckdb.DuckDBPyConnection, run: RunInfo) -> Twin | None:
     return None
 
 
+def twin_ranks(con: duckdb.DuckDBPyConnection, trace_sha256: str | None) -> int | None:
+    """The data-parallel ranks the newest observed run whose `--trace-out` has this sha256 saw
+    (its config `dp_ranks`): what a replay of that trace, its twin, takes as `--dp` when not told.
+    None: no such run, or its export named no rank."""
+    if not trace_sha256:
+        return None
+    for r in reversed(list_runs(con)):
+        if is_observed(r) and r.config.get("trace_out_sha256") == trace_sha256:
+            n = r.config.get("dp_ranks")
+            return int(n) if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else None
+    return None
+
+
 def _shared(con: duckdb.DuckDBPyConnection, a: str, b: str) -> int:
     return int(con.execute(
         "SELECT count(*) FROM requests o JOIN requests r ON r.run_id = ? AND r.req_id = o.req_id "
