@@ -1,7 +1,7 @@
-"""Advice for data-parallel runs (advice_routing.py): the router's policy, its thresholds and the
+"""Advice for data-parallel runs (advice_routing_loss.py): the router's policy, its thresholds and the
 number of ranks, each proposed from the run's rows with a prediction built from them.
 
-The routed runs are test_routing.py's: a bursty replay made a 4-rank run by writing the v4
+The routed runs are test_routing_loss.py's: a bursty replay made a 4-rank run by writing the v4
 columns (every recomputed token planted on another rank at arrival, which held 75 % of the input).
 The overloaded run is a steady stream of fresh 4,096-token prompts, 20 ms apart, on one H100.
 """

@@ -16,7 +16,7 @@ Modules, each importing only those below it (an arrow reads "is built on")::
       -> stored                  the row's format
          -> runcontext, numbers, totals                              computed from the rows
             runcontext -> story, capacity    the requests' own verdicts by excess; offered prefill vs GPU
-            runcontext, claims -> routing    once-cached tokens lost to routing (a dp run's), priced by position
+            runcontext, claims -> routing_loss  once-cached tokens lost to routing (a dp run's), priced by position
     context (one request's surroundings) . causes . tokens . sql . quantile . query . kinds
 
 Nothing below `facts` reads the stored row; `evidence` writes it and never reads it back.

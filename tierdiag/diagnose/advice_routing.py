@@ -4,7 +4,7 @@ number of ranks. Rules like advice.py's (each reads RunContext and proposes at m
 each with the sweep runner like any other change (config keys `dp`, `router`, `router_*`).
 
     rule              fires when (run-wide)                                  advises
-    router            routing lost >= 5 % of input (routing.py) under a      router cache_aware, or session
+    router            routing lost >= 5 % of input (routing_loss.py) under a      router cache_aware, or session
                       router that never looks at the prefix                  when most of it was session turns'
     router_threshold  cache_aware, and routing still lost >= 5 % of input:   router_cache_threshold lower
                       by the rule that placed most of it (route_branch)      (cache_miss), or the balance

@@ -23,7 +23,7 @@ TARGETS: dict[str, str] = {
     "prefetch": "recompute_share", "write_policy": "recompute_share", "capacity": "recompute_share",
     "storage_tier": "recompute_share", "eviction_policy": "recompute_share",
     "page_size": "loadback_exposed_share", "rate": "queue_share", "session": "session_recompute_share",
-    "router": "routing_share", "router_threshold": "routing_share", "dp": "queue_excess_share",  # advice_routing.py
+    "router": "routing_share", "router_threshold": "routing_share", "dp": "queue_excess_share",  # advice_routing_loss.py
 }
 _TARGET_WORDS = {"recompute_share": "recompute share of input", "loadback_exposed_share":
                  "exposed load-back share of TTFT", "queue_share": "queueing share of TTFT",

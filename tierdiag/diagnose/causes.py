@@ -27,7 +27,7 @@ rank `best_rank` held more of its prefix on device + host at arrival. The tokens
 (what its own rank held, and what it could fetch from the storage tier all ranks share, is not
 routing's loss). Routing owns r / R of the recompute part, split by token count as the engine
 splits a chunk's compute (integer division); the verdict's sentence prices those tokens by their
-position in the context instead (routing.py), as recompute's sentence re-prices recompute.
+position in the context instead (routing_loss.py), as recompute's sentence re-prices recompute.
 Routing comes before recompute in the tie order: where the prefix was on another rank, the
 router's choice, not the cache's size, is what lost it.
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from tierdiag.diagnose.causes import recompute_cost_ns, routing_tokens  # recompute_cost_ns: re-exported (views)
 from tierdiag.diagnose.context import CONTEXT_LOOKBACK_NS, QueueAttribution, RequestContext
-from tierdiag.diagnose.routing import RoutingEvidence, routing_cost_ns
+from tierdiag.diagnose.routing_loss import RoutingLoss, routing_cost_ns
 from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.diagnose.story import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE  # noqa: F401 - the rule's, re-exported
 from tierdiag.units import NS_PER_S, fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, share
@@ -434,7 +434,7 @@ def evicted_while_waiting_claim(story) -> Claim | None:
         f"recompute."))
 
 
-# --------------------------------------------------------------------------- routing (routing.py)
+# --------------------------------------------------------------------------- routing (routing_loss.py)
 
 
 def routing_claim(row: dict, config: dict) -> Claim | None:
@@ -455,8 +455,8 @@ def routing_claim(row: dict, config: dict) -> Claim | None:
     return Claim("routing", text)
 
 
-def run_routing_claim(ev: RoutingEvidence) -> Claim:
-    """The run's routing sentence, from its RoutingEvidence."""
+def run_routing_claim(ev: RoutingLoss) -> Claim:
+    """The run's routing sentence, from its RoutingLoss."""
     named = [(b, n) for b, n in ev.branch_tokens.items() if n][:3]
     text = (f"Routing lost {fmt_tokens(ev.routing_tokens)} once-cached tokens ({fmt_pct(ev.share_of_recomputed)} of "
             f"the {fmt_tokens(ev.recomputed_tokens)} recomputed, {fmt_pct(ev.share_of_input)} of input) in "

@@ -29,7 +29,7 @@ class RunDiagnosis:
 
     dominant_cause: str | None  # the root cause (often not the largest part: recompute makes a queue;
     #                             "capacity": the offered prefill exceeded the GPU; "routing": the
-    #                             recomputed tokens were mostly ones another rank held, routing.py)
+    #                             recomputed tokens were mostly ones another rank held, routing_loss.py)
     proximate_cause: str | None  # the part of the run's excess TTFT that is largest
     finding: str | None
     advice: tuple[Advice, ...]

@@ -8,7 +8,7 @@
 * `TransferEvidence`: the load-backs against the link's peak and against recomputing them;
 * `RunStory` (story.py): the requests' own verdicts, weighted by their excess TTFT;
 * `Capacity` (capacity.py): the offered prefill against the GPU over sliding windows;
-* `RoutingEvidence` (routing.py): a data-parallel run's once-cached tokens lost to routing.
+* `RoutingLoss` (routing_loss.py): a data-parallel run's once-cached tokens lost to routing.
 
 Stored with the run at its close (evidence.py) and read through facts.py.
 """
@@ -23,7 +23,7 @@ from tierdiag.diagnose.capacity import Capacity, run_capacity
 from tierdiag.diagnose.causes import excess_sql
 from tierdiag.diagnose.context import ATTRIBUTION_KEYS, batch_recompute_sql, round_exact
 from tierdiag.diagnose.query import dataclass_json, link_peak_bytes_per_s
-from tierdiag.diagnose.routing import RoutingEvidence, routing_evidence
+from tierdiag.diagnose.routing_loss import RoutingLoss, routing_loss
 from tierdiag.diagnose.sql import FINISHED_SQL as _FINISHED
 from tierdiag.diagnose.sql import span_columns_sql
 from tierdiag.diagnose.story import RunStory, run_story
@@ -100,8 +100,8 @@ class RunContext:
     # GPU (capacity.py); None where not computed (attribution=False) or not computable.
     story: RunStory | None = None
     capacity: Capacity | None = None
-    # A data-parallel run's routing losses (routing.py); None with one rank.
-    routing: RoutingEvidence | None = None
+    # A data-parallel run's routing losses (routing_loss.py); None with one rank.
+    routing: RoutingLoss | None = None
 
     def attribution_share(self, key: str) -> float | None:
         if not self.queue_attribution:
@@ -321,4 +321,4 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
         config=dict(run.config), kv_bytes_per_token=int(kv) if kv else None,
         ttft_p50_ns=t[6], ttft_p99_ns=t[7],
         story=run_story(con, rid, rec) if attribution and busy else None, capacity=run_capacity(con, rid),
-        routing=routing_evidence(con, run))
+        routing=routing_loss(con, run))

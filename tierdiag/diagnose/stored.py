@@ -17,7 +17,7 @@ from dataclasses import fields, is_dataclass
 
 from tierdiag.diagnose import numbers as n
 from tierdiag.diagnose.capacity import Capacity
-from tierdiag.diagnose.routing import RoutingEvidence
+from tierdiag.diagnose.routing_loss import RoutingLoss
 from tierdiag.diagnose.runcontext import LossEvidence, RunContext, TransferEvidence
 from tierdiag.diagnose.story import RunStory, VerdictShare
 from tierdiag.diagnose.totals import RunTotals
@@ -67,7 +67,7 @@ def decode(value, classes: dict):
 def section_classes(section: str) -> dict:
     """The classes a section may hold."""
     if section == "context":
-        found = (RunContext, LossEvidence, TransferEvidence, RunStory, VerdictShare, Capacity, RoutingEvidence)
+        found = (RunContext, LossEvidence, TransferEvidence, RunStory, VerdictShare, Capacity, RoutingLoss)
     elif section == "totals":
         found = (RunTotals,)
     else:

@@ -2,7 +2,7 @@
 rank held them at arrival (causes.py defines the tokens, `r`, and the part of TTFT they own).
 
     routing_cost_ns(row, config)     what recomputing its routing-lost tokens cost, priced by position
-    routing_evidence(con, run)       RoutingEvidence: the run's routing losses (RunContext.routing)
+    routing_loss(con, run)           RoutingLoss: the run's routing losses (RunContext.routing)
 
 Its sentences (the request's, the run's) are claims.py's `routing_claim` and `run_routing_claim`.
 
@@ -68,7 +68,7 @@ def routing_cost_ns(row: dict, config: dict) -> int:
 
 
 @dataclass(frozen=True)
-class RoutingEvidence:
+class RoutingLoss:
     """A data-parallel run's routing losses, over its finished requests (causes.py's `r`)."""
 
     num_ranks: int  # ranks that served a finished request
@@ -105,7 +105,7 @@ class RoutingEvidence:
         return sum(t for s, t in pairs if s > threshold)
 
 
-def routing_evidence(con: duckdb.DuckDBPyConnection, run) -> RoutingEvidence | None:
+def routing_loss(con: duckdb.DuckDBPyConnection, run) -> RoutingLoss | None:
     """None for a run whose requests name no rank (one-rank replays before v4, imports without
     dp_rank) or that had one rank: no router chose anything."""
     rid = run.run_id
@@ -136,7 +136,7 @@ def routing_evidence(con: duckdb.DuckDBPyConnection, run) -> RoutingEvidence | N
     for values in con.execute(f"SELECT {', '.join(cols)} FROM requests WHERE run_id = ? AND {FINISHED_SQL} "
                               f"AND {r} > 0", [rid]).fetchall():
         cost += routing_cost_ns(dict(zip(cols, values)), run.config)
-    return RoutingEvidence(
+    return RoutingLoss(
         num_ranks=int(max(ranks, int(run.config.get("dp") or 1))), router=run.config.get("router"),
         routed_requests=int(t[0]), routing_tokens=int(t[1]), recomputed_tokens=int(t[2]), input_tokens=int(t[3]),
         routing_ns=int(t[4]), routing_cost_ns=cost, branch_tokens=branches, session_tokens=int(t[5]),
