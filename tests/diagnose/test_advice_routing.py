@@ -145,3 +145,20 @@ def test_dp_is_not_advised_where_the_ranks_already_suffice(overloaded, tmp_path)
     con.close()
     _, items = _advice(db)
     assert "dp" not in items
+
+
+def test_dp_counts_the_ranks_the_run_already_had(overloaded, tmp_path):
+    # The same arrivals recorded as a 2-rank run: capacity's loads are per rank (half), the N
+    # advised is the same (the offered work did not change), and the claim names the ranks.
+    _, one = _advice(overloaded)
+    db = _copy(overloaded, tmp_path, "two")
+    con = duckdb.connect(str(db))
+    cfg = json.loads(con.execute("SELECT config_json FROM runs").fetchone()[0])
+    con.execute("UPDATE runs SET config_json = ?", [json.dumps({**cfg, "dp": 2})])
+    con.close()
+    ctx, two = _advice(db)
+    assert ctx.capacity.num_ranks == 2
+    assert two["dp"].changes == one["dp"].changes and two["dp"].evidence["dp"] == 2
+    d = _json("summary", "--db", str(db))["diagnosis"]
+    cap = next(c["text"] for c in d["claims"] if c["name"] == "capacity")
+    assert "× each of its 2 ranks' GPUs (spread evenly)" in cap

@@ -21,8 +21,8 @@ Predictions, from the rows:
   router session      the routing tokens of session turns come back (every turn on one rank)
   router_threshold    the routing tokens of requests the cache_miss rule placed whose best rank
                       held more than the new threshold; or those the imbalanced rule placed
-  dp N                the windows' load at the material quantile (capacity.material_load, against
-                      one GPU) over N ranks, the arrivals spread evenly over them, is at most
+  dp N                the windows' load at the material quantile (capacity.material_load, per
+                      rank) x dp / N, the arrivals spread evenly over the N ranks, is at most
                       TARGET_LOAD: the queue capacity made goes, and with it queueing's share of
                       the excess falls below QUEUE_EXCESS_SHARE (advise measures it: `queue_excess_share`)
 """
@@ -143,14 +143,15 @@ def _router_threshold(ctx: RunContext) -> list[Advice]:
 
 def _dp(ctx: RunContext) -> list[Advice]:
     cap = ctx.capacity
-    dp = int(ctx.config.get("dp") or 1)
     queued = share(ctx.queue_total_ns, ctx.excess_total_ns)
     if cap is None or queued is None or queued < QUEUE_EXCESS_SHARE or ctx.excess_total_ns <= 0:
         return []
-    per_rank = cap.material_load / dp
+    dp = cap.num_ranks
+    per_rank = cap.material_load  # capacity's loads are per rank already
     if per_rank <= TARGET_LOAD:
         return []  # the ranks were not offered more than they can do: more of them is not the fix
-    n = max(math.ceil(cap.material_load / TARGET_LOAD - 1e-9), dp + 1)
+    offered = per_rank * dp  # in GPUs' worth
+    n = max(math.ceil(offered / TARGET_LOAD - 1e-9), dp + 1)
     if n > MAX_DP:
         return []
     return [Advice(
@@ -158,7 +159,7 @@ def _dp(ctx: RunContext) -> list[Advice]:
         f"queueing is {fmt_pct(queued)} of the run's excess TTFT, and the offered prefill was {per_rank:,.1f}× "
         f"each of its {dp} rank{'s' if dp != 1 else ''} or more in {fmt_pct(MATERIAL_SHARE)} of the "
         f"{cap.window_ns / 1e6:,.0f} ms windows (recompute excluded): no cache setting removes that queue; "
-        f"{n} ranks are each offered {cap.material_load / n:,.2f}× there",
+        f"{n} ranks are each offered {offered / n:,.2f}× there",
         {"queue_excess_share": queued, "material_load": cap.material_load, "dp": dp,
          "per_rank_load": per_rank, "window_ms": cap.window_ns / 1e6},
         prediction=(f"predicted: with the arrivals spread evenly over {n} ranks, fewer than {fmt_pct(MATERIAL_SHARE)} "

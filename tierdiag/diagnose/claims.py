@@ -365,8 +365,9 @@ _RUN_WAIT_WORDS = {"recompute": "recomputing once-cached tokens", "new_compute":
 
 def capacity_claim(cap) -> Claim:
     """Offered prefill above one GPU for a material share of the run: named first."""
+    gpus = "one GPU" if getattr(cap, "num_ranks", 1) <= 1 else f"each of its {cap.num_ranks} ranks' GPUs (spread evenly)"
     return Claim("capacity", (
-        f"Offered prefill was {cap.overload_factor:,.1f}× one GPU for {fmt_pct(cap.overloaded_share)} of the run "
+        f"Offered prefill was {cap.overload_factor:,.1f}× {gpus} for {fmt_pct(cap.overloaded_share)} of the run "
         f"(the ideal prefill of the requests arriving in each {fmt_ms(cap.window_ns)} window, recompute "
         f"excluded; {cap.peak_load:,.1f}× at the busiest): no cache setting removes this queue, only a lower "
         f"request rate or more GPUs."))

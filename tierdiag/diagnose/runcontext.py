@@ -288,6 +288,13 @@ def _transfers(con: duckdb.DuckDBPyConnection, rid: str, peak: float | None) -> 
         ttft_total_ns=_i(rq[3]), tiered_ttft_ns=_i(rq[4]))
 
 
+def run_ranks(con: duckdb.DuckDBPyConnection, run) -> int:
+    """The run's data-parallel ranks: its config's `dp`, or the ranks its requests name, whichever is more."""
+    named = con.execute("SELECT count(DISTINCT dp_rank) FROM requests WHERE run_id = ?", [run.run_id]).fetchone()[0]
+    dp = run.config.get("dp")
+    return max(int(named or 0), int(dp) if isinstance(dp, int) and not isinstance(dp, bool) else 1, 1)
+
+
 def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: bool = True) -> RunContext:
     """The run-level evidence `summary`'s diagnosis and `explain`'s "why" stand on, from the run's
     rows (what evidence.py stores at the run's close; readers take it through facts.py).
@@ -320,5 +327,6 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
         losses=_losses(con, rid, run.config), transfers=_transfers(con, rid, link_peak_bytes_per_s(run)),
         config=dict(run.config), kv_bytes_per_token=int(kv) if kv else None,
         ttft_p50_ns=t[6], ttft_p99_ns=t[7],
-        story=run_story(con, rid, rec) if attribution and busy else None, capacity=run_capacity(con, rid),
+        story=run_story(con, rid, rec) if attribution and busy else None,
+        capacity=run_capacity(con, rid, run_ranks(con, run)),
         routing=routing_loss(con, run))
