@@ -252,7 +252,7 @@ STORED_FIELDS = {
                  "evicted_while_waiting_excess_ns", "other_busy_share", "other_recompute_share"],
     "VerdictShare": ["cause", "caches_doing", "num_requests", "excess_ns", "excess_share"],
     "Capacity": ["window_ns", "span_ns", "overloaded_share", "overload_factor", "peak_load", "material_load", "mean_load",
-                 "offered_ns"],
+                 "offered_ns", "num_ranks"],
     "LossEvidence": ["input_tokens", "recomputed_tokens", "recomputed_share", "skipped_tokens",
                      "storage_unused_tokens", "lost_tokens", "deleted_from_host_tokens", "dropped_unbacked_tokens",
                      "hot_removed_tokens", "removed_reuse_p50_tokens", "removed_reuse_p90_tokens",

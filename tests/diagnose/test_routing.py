@@ -3,8 +3,8 @@ another rank held them at arrival.
 
 A bursty replay on small pools (six bursts of the same 40 prefixes, each burst recomputing what
 the last one cached) is turned into a 4-rank run by writing the v4 columns, as the engine's
-`--dp 4` would: round-robin ranks, and for the planted requests a best rank other than their own
-that held their whole recomputed prefix on device at arrival. `summary` must then name routing as
+`--dp 4` would: every request served by rank 0 (whose GPU the recorded batches are), and for the
+planted requests a best rank among 1-3 that held their whole recomputed prefix on device at arrival. `summary` must then name routing as
 the root cause, with a sentence whose every number this file recomputes from the rows with its
 own SQL; a control (the same rows, each request's best rank its own) must not mention routing.
 """
@@ -47,17 +47,17 @@ def _json(*args: str) -> dict:
 def plant_ranks(db: Path, *, routed: bool, router: str = "round_robin", share_lost: float = 1.0) -> None:
     """Make the store's one run a RANKS-rank run (module doc). `routed`: the requests that
     recomputed something (all of them when `share_lost` is 1; else the first that share of
-    each burst) had it on rank dp_rank + 1 at arrival; otherwise every best rank is the own one."""
+    each burst) had it on rank 1 + seq % 3 at arrival; otherwise every best rank is the own one."""
     con = duckdb.connect(str(db))
     try:
         rid, cfg = con.execute("SELECT run_id, config_json FROM runs").fetchone()
         con.execute("UPDATE runs SET config_json = ? WHERE run_id = ?",
                     [json.dumps({**json.loads(cfg), "dp": RANKS, "router": router}), rid])
         lost = (f"recomputed_tokens > 0 AND (seq % 40) < {int(40 * share_lost)}" if routed else "false")
-        con.execute(f"""UPDATE requests SET dp_rank = seq % {RANKS}, route_branch = 'round_robin',
-                            route_reason = 'round_robin: next rank ' || (seq % {RANKS}),
+        con.execute(f"""UPDATE requests SET dp_rank = 0, route_branch = 'round_robin',
+                            route_reason = 'round_robin: next rank 0',
                             arrival_device_tokens = device_hit_tokens, arrival_host_tokens = host_match_tokens,
-                            best_rank = CASE WHEN {lost} THEN (seq + 1) % {RANKS} ELSE seq % {RANKS} END,
+                            best_rank = CASE WHEN {lost} THEN 1 + seq % {RANKS - 1} ELSE 0 END,
                             best_rank_device_tokens = device_hit_tokens
                                 + CASE WHEN {lost} THEN recomputed_tokens + host_match_tokens ELSE 0 END,
                             best_rank_host_tokens = host_match_tokens WHERE run_id = ?""", [rid])

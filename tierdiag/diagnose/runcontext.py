@@ -134,32 +134,43 @@ def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_t
 
     b = con.execute(
         f"""SELECT t_start_ns, t_end_ns, coalesce(compute_ns, 0),
-                   least(coalesce({rec}, 0), coalesce(compute_ns, 0)), coalesce(loadback_exposed_ns, 0)
+                   least(coalesce({rec}, 0), coalesce(compute_ns, 0)), coalesce(loadback_exposed_ns, 0),
+                   coalesce(dp_rank, 0)
             FROM batches WHERE run_id = $r ORDER BY t_start_ns, t_end_ns""", {"r": rid}).fetchnumpy()
     r = con.execute(
-        f"""SELECT arrival_ns + coalesce(storage_wait_ns, 0), first_token_ns FROM requests
+        f"""SELECT arrival_ns + coalesce(storage_wait_ns, 0), first_token_ns, coalesce(dp_rank, 0) FROM requests
             WHERE run_id = $r AND {_FINISHED} AND prefill_ns IS NOT NULL""", {"r": rid}).fetchnumpy()
     cols = list(b.values())
     if not len(cols[0]) or not len(next(iter(r.values()))):
         return None
-    s, e = (np.asarray(c, dtype=np.int64) for c in cols[:2])
-    c, rc, x = (np.asarray(v, dtype=np.float64) for v in cols[2:])
-    d = np.maximum(e - s, 1).astype(np.float64)
-    values = np.stack([rc, c - rc, x, np.maximum(d - c - x, 0.0)])  # recompute, new, load-back, other
-    full = (e - s) / d  # 1, or 0 for a batch of no duration (its join overlap is 0 too)
-    cum = np.concatenate([np.zeros((4, 1)), np.cumsum(values * full, axis=1)], axis=1)
-    w0, ft = (np.asarray(v, dtype=np.int64) for v in r.values())
+    s_all, e_all = (np.asarray(c, dtype=np.int64) for c in cols[:2])
+    c, rc, x = (np.asarray(v, dtype=np.float64) for v in cols[2:5])
+    d_all = np.maximum(e_all - s_all, 1).astype(np.float64)
+    values_all = np.stack([rc, c - rc, x, np.maximum(d_all - c - x, 0.0)])  # recompute, new, load-back, other
+    b_rank = np.asarray(cols[5], dtype=np.int64)
+    w0_all, ft_all, r_rank = (np.asarray(v, dtype=np.int64) for v in r.values())
+    tot = np.zeros(4)
+    # A data-parallel run: each request's window over its own rank's batches (one rank: all of them).
+    for rank in np.unique(r_rank):
+        theirs = b_rank == rank
+        if not theirs.any():
+            continue
+        s, e, d, values = s_all[theirs], e_all[theirs], d_all[theirs], values_all[:, theirs]
+        full = (e - s) / d  # 1, or 0 for a batch of no duration (its join overlap is 0 too)
+        cum = np.concatenate([np.zeros((4, 1)), np.cumsum(values * full, axis=1)], axis=1)
 
-    def integral(t: np.ndarray) -> np.ndarray:
-        k = np.searchsorted(s, t, side="right") - 1  # the last batch starting at or before t
-        kk = np.maximum(k, 0)
-        part = np.clip(np.minimum(t, e[kk]) - s[kk], 0, None) / d[kk]
-        out = cum[:, kk] + values[:, kk] * part
-        out[:, k < 0] = 0.0
-        return out.sum(axis=1)
+        def integral(t: np.ndarray) -> np.ndarray:
+            k = np.searchsorted(s, t, side="right") - 1  # the last batch starting at or before t
+            kk = np.maximum(k, 0)
+            part = np.clip(np.minimum(t, e[kk]) - s[kk], 0, None) / d[kk]
+            out = cum[:, kk] + values[:, kk] * part
+            out[:, k < 0] = 0.0
+            return out.sum(axis=1)
 
-    keep = ft > w0  # an empty window overlaps no batch
-    tot = integral(ft[keep]) - integral(w0[keep])
+        mine = r_rank == rank
+        w0, ft = w0_all[mine], ft_all[mine]
+        keep = ft > w0  # an empty window overlaps no batch
+        tot += integral(ft[keep]) - integral(w0[keep])
     own = con.execute(
         f"SELECT sum(recompute_ns), sum(compute_ns), sum(loadback_exposed_ns) FROM requests "
         f"WHERE run_id = ? AND {_FINISHED}", [rid]).fetchone()
@@ -314,12 +325,13 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
         f"SELECT coalesce(sum(t_end_ns - t_start_ns), 0), coalesce(sum(compute_ns), 0), "
         f"coalesce(sum({rec or '0'}), 0) FROM batches WHERE run_id = ?", [rid]).fetchone()
     busy, compute, recompute = _i(b[0]), _i(b[1]), _i(b[2])
+    ranks = run_ranks(con, run)  # a data-parallel run's GPUs: its busy share is of all their time
     queue_total = _i(t[4])
     attribution = _run_attribution(con, rid, rec, queue_total) if attribution and rec and busy else None
     kv = run.data_plane.get("kv_bytes_per_token") if isinstance(run.data_plane, dict) else None
     return RunContext(
         run_id=rid, span_ns=span, num_finished=_i(t[0]),
-        prefill_busy_share=share(busy, span) if busy else None, prefill_compute_ns=compute,
+        prefill_busy_share=share(busy, span * ranks) if busy else None, prefill_compute_ns=compute,
         recompute_ns=recompute if rec else 0,
         recompute_share_of_prefill=share(recompute, compute) if rec else None,
         ttft_total_ns=_i(t[3]), queue_total_ns=queue_total, queue_share_of_ttft=share(queue_total, _i(t[3])),
@@ -328,5 +340,5 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
         config=dict(run.config), kv_bytes_per_token=int(kv) if kv else None,
         ttft_p50_ns=t[6], ttft_p99_ns=t[7],
         story=run_story(con, rid, rec) if attribution and busy else None,
-        capacity=run_capacity(con, rid, run_ranks(con, run)),
+        capacity=run_capacity(con, rid, ranks),
         routing=routing_loss(con, run))
