@@ -107,3 +107,16 @@ def test_compare_and_explain_give_the_twins_error_per_server_rank(tmp_path):
     assert "dp_rank 1 served" in " ".join(e["verdict"].split()) or any(
         "dp_rank 1 served" in " ".join(s["finding"].split()) for s in e["steps"])
     assert heavy == []
+
+
+def test_the_twin_of_a_ranked_import_defaults_to_its_rank_count(tmp_path):
+    from tierdiag.app.replay import twin_dp
+
+    db, trace, _ = _import(tmp_path, _export(tmp_path, (0, 1, 2, 0, 1, 2)))
+    assert twin_dp(db, trace) == 3
+    other = tmp_path / "other.jsonl"
+    other.write_text(trace.read_text() + trace.read_text().splitlines()[0] + "\n")
+    assert twin_dp(db, other) is None  # not the trace the import wrote
+    assert twin_dp(tmp_path / "none.duckdb", trace) is None and twin_dp(None, trace) is None
+    db2, trace2, _ = _import(tmp_path / "plain", _export(tmp_path / "plain", (None,) * 6))
+    assert twin_dp(db2, trace2) is None  # the export named no rank

@@ -60,17 +60,16 @@ def find_twin(con: duckdb.DuckDBPyConnection, run: RunInfo) -> Twin | None:
     return None
 
 
-def twin_ranks(con: duckdb.DuckDBPyConnection, trace_sha256: str | None) -> int | None:
-    """The data-parallel ranks the newest observed run whose `--trace-out` has this sha256 saw
-    (its config `dp_ranks`): what a replay of that trace, its twin, takes as `--dp` when not told.
-    None: no such run, or its export named no rank."""
-    if not trace_sha256:
-        return None
-    for r in reversed(list_runs(con)):
-        if is_observed(r) and r.config.get("trace_out_sha256") == trace_sha256:
-            n = r.config.get("dp_ranks")
-            return int(n) if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else None
-    return None
+def ranks_by_trace_out(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """sha256 of an observed run's `--trace-out` -> the data-parallel ranks its export named (config
+    `dp_ranks`; the newest import of a trace wins): what a replay of that trace, its twin, takes as
+    `--dp` when not told. Imports that named no rank are left out."""
+    out: dict[str, int] = {}
+    for r in list_runs(con):  # oldest first: a newer import of the same trace overwrites
+        sha, n = r.config.get("trace_out_sha256"), r.config.get("dp_ranks")
+        if is_observed(r) and sha and isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+            out[sha] = n
+    return out
 
 
 def _shared(con: duckdb.DuckDBPyConnection, a: str, b: str) -> int:
