@@ -200,3 +200,29 @@ def test_calibrate_from_errors(clean, tmp_path):
     code, _, err, _ = run_cli("calibrate", "--from", run_id, "--db", str(odb), "--model", "gpt5", "-o",
                               str(tmp_path / "p.toml"))
     assert code == 2 and "llama3-70b" in err  # the known names
+
+
+def test_config_sets_the_geometry_the_fit_prices_under(clean, tmp_path):
+    """`calibrate --from RUN --config FILE`: the twin's replay config (model, page size, prefill chunk)
+    is the geometry of the fit, as `--model` is; `--model` on the line overrides the file's; `-o`
+    that is the config file is refused before anything is written."""
+    odb, run_id, _ = clean
+    cfg = tmp_path / "twin.toml"
+    cfg.write_text('model = "llama3-70b"\ndevice_tokens = 28672\npage_size = 32\nmax_prefill_tokens = 8192\n')
+    code, out, err, _ = run_cli("calibrate", "--from", run_id, "--db", str(odb), "--config", str(cfg),
+                                "-o", str(tmp_path / "a.toml"), "--json")
+    assert code == 0, err
+    fitted = json.loads(out)
+    assert fitted["geometry"] == {"model": "llama3-70b", "gpu": "h200", "page_size": 32,
+                                  "max_prefill_tokens": 8192, "layerwise_overlap": True}
+    code, out, err, _ = run_cli("calibrate", "--from", run_id, "--db", str(odb), "--config", str(cfg),
+                                "--model", "llama3-8b", "-o", str(tmp_path / "b.toml"), "--json")
+    assert code == 0, err
+    assert json.loads(out)["geometry"]["model"] == "llama3-8b"
+    before = cfg.read_text()
+    code, _, err, _ = run_cli("calibrate", "--from", run_id, "--db", str(odb), "--config", str(cfg), "-o", str(cfg))
+    assert code == 2 and "--config" in err and cfg.read_text() == before
+    cfg.write_text('page_sise = 32\n')
+    code, _, err, _ = run_cli("calibrate", "--from", run_id, "--db", str(odb), "--config", str(cfg),
+                              "-o", str(tmp_path / "c.toml"))
+    assert code == 3 and "page_sise" in err and not (tmp_path / "c.toml").exists()

@@ -86,3 +86,20 @@ def test_a_run_with_no_requests(tmp_path):
     assert [c.hit_class for c in s.classes] == ["all"] and s.classes[0].ttft_p50_ns is None
     assert s.load_back.loadbacks_per_s is None and s.reused_token_share is None
     json.dumps(s.to_json())
+
+
+def test_median_reused_per_hit_is_nearest_rank(tmp_path):
+    """One percentile definition (diagnose/quantile.py): the median reused tokens per hit is a
+    recorded request's value at rank ceil(n / 2), never DuckDB's interpolating median() (which
+    would say 2,560 for hits of 1,024 and 4,096 tokens: no request's)."""
+    from .conftest import RunBuilder
+
+    b = RunBuilder(tmp_path / "two_hits.duckdb")
+    b.request("a", arrival_ns=0, input_tokens=8192, device=1024)
+    b.request("b", arrival_ns=MS, input_tokens=8192, device=4096)
+    b.request("c", arrival_ns=2 * MS, input_tokens=8192)  # a miss: not a hit
+    b.write()
+    with open_store(b.path) as con:
+        s = run_summary(con, resolve_run(con, None))
+    assert s.hit_requests == 2
+    assert s.median_reused_tokens_per_hit == 1024

@@ -129,11 +129,19 @@ def test_write_policies(policy):
         assert kinds.count("backup") >= 1 + 3 and "write_back" not in kinds
         assert (backups[0].req_id, backups[0].pages, backups[0].t_start_ns) == ("a", 8, a.first_token_ns)
     elif policy == "write_through_selective":
-        # the second insert of a node backs it up: a's prefill insert is the first, its finish
-        # insert the second, so even a lone request's prefix is backed up, at its finish
-        assert (backups[0].req_id, backups[0].pages, backups[0].t_start_ns) == ("a", 8, a.finish_ns)
-        assert [t.req_id for t in backups[:5]] == ["a", "a2", "f0", "f1", "f2"]
-        assert all(t.t_start_ns == probe.records[t.req_id].finish_ns for t in backups)
+        # the second hit of a node backs it up. SGLang 0.5.23 (the default) counts a request's
+        # nodes once (`cache_inserted_len`): a's prefix reaches 2 hits at a2's insert after its
+        # prefill, and a lone request's nodes are never backed up (a2's own page, the flood)
+        a2 = probe.records["a2"]
+        assert (backups[0].req_id, backups[0].pages, backups[0].t_start_ns) == ("a2", 8, a2.first_token_ns)
+        assert [t.req_id for t in backups] == ["a2"]
+        # 0.5.9: its prefill insert is the first hit, its finish insert the second, so even a
+        # lone request's prefix is backed up, at its finish
+        _, p59 = run(trace, write_policy=policy, sglang_rules="0.5.9")
+        a59, backups59 = p59.records["a"], [t for t in p59.transfers if t.kind == "backup"]
+        assert (backups59[0].req_id, backups59[0].pages, backups59[0].t_start_ns) == ("a", 8, a59.finish_ns)
+        assert [t.req_id for t in backups59[:5]] == ["a", "a2", "f0", "f1", "f2"]
+        assert all(t.t_start_ns == p59.records[t.req_id].finish_ns for t in backups59)
     else:
         # nothing is copied until eviction, and then synchronously
         assert "backup" not in kinds and "write_back" in kinds

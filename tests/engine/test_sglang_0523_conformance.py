@@ -380,15 +380,18 @@ def test_hrrn_end_to_end_ages_by_processed_prefill_tokens():
     chunks of 896 tokens; big (769 tokens, arrived first) and small (129) join the queue during the
     first chunk (clock 896). At the third batch (clock 1,792) both waited 896 tokens: small's ratio
     (896/129) beats big's (896/769), so HRRN admits small beside x's last chunk (the 704 tokens
-    left hold it) and big next; FCFS puts big first, which does not fit beside x's last chunk, and
-    small waits behind it for two batches."""
+    left hold it) and big after it, chunked into the 512 left (`_select_prefill_admission`
+    chunks a later request with chunked prefill on); FCFS puts big first, chunked into the 704
+    left, and small waits behind it for the fourth batch."""
     trace = [req("x", 0, pages(300, 30)), req("big", 0.001, pages(600, 12)), req("small", 0.002, pages(700, 2))]
     kw = dict(max_prefill_tokens=14 * PS, device_tokens=64 * PS, host_tokens=64 * PS)
     _, h = helpers.run(trace, schedule_policy="hrrn", **kw)
     _, f = helpers.run(trace, schedule_policy="fcfs", **kw)
     h, f = h.records, f.records
-    assert (h["x"].first_batch_id, h["small"].first_batch_id, h["big"].first_batch_id) == (1, 3, 4)
-    assert (f["x"].first_batch_id, f["big"].first_batch_id, f["small"].first_batch_id) == (1, 4, 5)
+    assert (h["x"].first_batch_id, h["small"].first_batch_id, h["big"].first_batch_id) == (1, 3, 3)
+    assert (h["small"].num_chunks, h["big"].num_chunks) == (1, 2)
+    assert (f["x"].first_batch_id, f["big"].first_batch_id, f["small"].first_batch_id) == (1, 3, 4)
+    assert h["small"].ttft_ns < f["small"].ttft_ns
 
 
 def test_a_0523_policy_under_0_5_9_exits_2(tmp_path):

@@ -213,7 +213,10 @@ def test_a_request_that_does_not_fit_waits_then_loads_back():
     assert b.arrival_ns + b.queue_ns >= c.finish_ns
     assert (b.loadback_skipped_reason, b.host_hit_tokens, b.computed_tokens) == (None, 12 * PS, PS + 1)
     assert tiers(w.at("admitted", "b")["a"]) == {"DH": 12}
-    assert {(lock, hits) for _, _, lock, hits, _ in w.at("admitted", "b")["a"]} == {(1, 2)}
+    # each of a's chunk nodes counted one hit, from the chunk insert that made it: 0.5.23's
+    # `_finish_insert_walk_node` skips what the request inserted before (`cache_inserted_len`);
+    # 0.5.9 would count 2 (its prefill-end insert and its finish insert, chunk inserts none)
+    assert {(lock, hits) for _, _, lock, hits, _ in w.at("admitted", "b")["a"]} == {(1, 1)}
     assert b.cache_protected_len == b.prefix_indices_len == 12 * PS
     assert not w.skips
     engine.check_invariants(idle=True)
@@ -246,15 +249,17 @@ def test_declined_load_back_protects_and_locks_the_device_part_only():
     # and the lock of a declined load-back are both releases' rule.
     engine, w = watch(trace, {"c": pages(1, 4) + [9]}, load_back_threshold=200, sglang_rules="0.5.23")
     c = w.records["c"]
-    # [1, 2]: a's two inserts and b's two; [3, 4]: a's two. c locks [1, 2] only
-    assert w.at("admitted", "c")["c"] == [(2, "DH", 1, 4, 0), (2, "H", 0, 2, 0)]
+    # [1, 2]: one hit from a's first insert and one from b's; [3, 4]: a's (0.5.23's inserts
+    # count only past `cache_inserted_len`, so a request's finish insert does not count its
+    # input again; 0.5.9 counted 4 and 2). c locks [1, 2] only
+    assert w.at("admitted", "c")["c"] == [(2, "DH", 1, 2, 0), (2, "H", 0, 1, 0)]
     assert (c.device_hit_tokens, c.host_match_tokens, c.loadback_skipped_reason) == (2 * PS, 2 * PS, "below_threshold")
     assert c.cache_protected_len == c.prefix_indices_len == 2 * PS
     assert c.computed_tokens == 3 * PS + 1 and c.recomputed_tokens == 2 * PS
     # prefilled: [3, 4] back on device (revived with c's pages: 0.5.23 counts it a hit,
     # _unevict_node_on_insert then _finish_insert_walk_node), [9] new; locks: c's (now at the
-    # end of its path) and [9]'s copy to host
-    assert w.at("prefilled", "c")["c"] == [(2, "DH", 2, 5, 0), (2, "DH", 2, 3, 0), (1, "DH", 2, 1, 0)]
+    # end of its path) and [9]'s copy to host; c's insert adds one hit to each (3, 2, 1)
+    assert w.at("prefilled", "c")["c"] == [(2, "DH", 2, 3, 0), (2, "DH", 2, 2, 0), (1, "DH", 2, 1, 0)]
     engine.check_invariants(idle=True)
 
 

@@ -4,7 +4,10 @@ compared after every step.
 
 A scenario is pools, policies, the engine's rule set ("rules": "0.5.9" or "0.5.23", passed as
 `sglang_rules` once the engine has rule sets), the worker's compat switches and a list of ops:
-    {"op": "req", "id", "pages": [page keys], "hold": bool, "priority": int}
+    {"op": "req", "id", "pages": [page keys], "hold": bool, "priority": int, "chunk": pages}
+    ("chunk", 0.5.23 scenarios only: inserted every `chunk` pages past the protected prefix, as a
+    chunked prefill's `cache_unfinished_req`, then whole; "finish": then once more, as
+    `cache_finished_req` inserts the same pages again)
     {"op": "release", "id"}            (a held request finishes: its lock goes)
 A request is matched, locked, admitted when its pages beyond the device prefix fit free +
 evictable device memory, its host part loaded back (all or nothing), the rest allocated, the
@@ -140,16 +143,41 @@ class EngineSide:
             tree.dec_lock(dev_node)
             out["loaded"] = tiered
         ctrl.write_computed(slots, keys[prefix:])
-        last, dups, _fresh, hit = tree.insert(keys, prefix, slots, now, op["id"], count_hits=self.threshold is not None,
-                                              priority=op.get("priority", 0))
-        ctrl.device.free(dups)
-        if last is not lock:
-            tree.inc_lock(last)
-            tree.dec_lock(lock)
-        if self.threshold is not None:
-            for node in hit:
-                if node.host is None and node.device is not None and node.hit_count >= self.threshold:
-                    ctrl.backup(node, op["id"], now)
+        # Scheduler._insert once a chunk (op "chunk"; the last insert is the whole), each under
+        # the rule set's hit rule: 0.5.23 counts what ends past the request's earlier inserts,
+        # 0.5.9 nothing in a chunk insert.
+        ends = chunk_ends(prefix, len(keys), op.get("chunk"))
+        own_from, inserted = prefix, 0
+        for end in ends:
+            chunk = end != ends[-1]
+            if ctrl.rules.hits_past_inserted:
+                count, past = self.threshold is not None, inserted
+            else:
+                count, past = self.threshold is not None and not chunk, 0
+            last, dups, _fresh, hit = tree.insert(keys[:end], own_from, slots[own_from - prefix:end - prefix], now,
+                                                  op["id"], count_hits=count, priority=op.get("priority", 0),
+                                                  inserted=past)
+            ctrl.device.free(dups)
+            own_from = inserted = end
+            if last is not lock:
+                tree.inc_lock(last)
+                tree.dec_lock(lock)
+                lock = last
+            if self.threshold is not None:
+                for node in hit:
+                    if node.host is None and node.device is not None and node.hit_count >= self.threshold:
+                        ctrl.backup(node, op["id"], now)
+        if op.get("finish"):  # Scheduler._finish's insert of the same pages (no output pages here)
+            past = inserted if ctrl.rules.hits_past_inserted else 0
+            last, _, _, hit = tree.insert(keys, len(keys), [], now, op["id"], count_hits=self.threshold is not None,
+                                          priority=op.get("priority", 0), inserted=past)
+            if last is not lock:
+                tree.inc_lock(last)
+                tree.dec_lock(lock)
+            if self.threshold is not None:
+                for node in hit:
+                    if node.host is None and node.device is not None and node.hit_count >= self.threshold:
+                        ctrl.backup(node, op["id"], now)
         if op.get("hold"):
             self.held[op["id"]] = last
         else:
@@ -245,10 +273,21 @@ def shrink(worker: Worker, sc: dict, found: Divergence) -> tuple[dict, Divergenc
 
 
 # --- scenarios -----------------------------------------------------------------------------------
+def chunk_ends(protected: int, total: int, chunk: int | None) -> list[int]:
+    """Where a request's inserts end, in pages: every `chunk` pages past the protected prefix,
+    then the whole (sglang0523.chunk_ends cuts SGLang's the same way)."""
+    if not chunk:
+        return [total]
+    return list(range(protected + chunk, total, chunk)) + [total]
+
+
 def random_scenario(seed: int, *, n_ops: int = 40, device_pages: int = 24, host_pages: int = 40,
-                    write_policy: str = "write_through", eviction_policy: str = "lru") -> dict:
+                    write_policy: str = "write_through", eviction_policy: str = "lru", chunks: bool = False) -> dict:
     """Requests over a tree of page keys (fresh keys per branch, so keys chain): shared prefixes,
-    branches (splits), repeats (hits, load-backs once evicted), held requests (locks), priorities."""
+    branches (splits), repeats (hits, load-backs once evicted), held requests (locks), priorities;
+    with `chunks`, about half the requests are inserted a chunk of 1-3 pages at a time (a
+    chunked prefill's inserts) and about half inserted once more after (their finish), drawn
+    after the rest so the sequence is otherwise the same."""
     rnd = random.Random(seed)
     paths: list[list[int]] = [[]]
     next_key = 1
@@ -275,6 +314,13 @@ def random_scenario(seed: int, *, n_ops: int = 40, device_pages: int = 24, host_
         ops.append({"op": "req", "id": rid, "pages": pages, "hold": hold, "priority": rnd.choice((0, 0, 1, 5))})
         if hold:
             held.append(rid)
+    if chunks:
+        cut = random.Random(seed + 10_000)
+        for op in ops:
+            if op["op"] == "req" and cut.random() < 0.5:
+                op["chunk"] = cut.randint(1, 3)
+            if op["op"] == "req" and cut.random() < 0.5:
+                op["finish"] = True
     ops += [{"op": "release", "id": r} for r in held]
     return {"page_size": 4, "device_pages": device_pages, "host_pages": host_pages, "write_policy": write_policy,
             "eviction_policy": eviction_policy, "ops": ops}

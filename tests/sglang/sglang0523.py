@@ -223,11 +223,25 @@ class Cache:
         assert new is not None, "admitted, but the allocation failed"
         values = torch.cat([cache.path_device_indices(node), new])
         assert len(values) == len(key), "the protected prefix is the node's path"
-        res = cache.insert(InsertParams(key=key, value=values, prev_prefix_len=protected, inserted_len=0,
-                                        priority=op.get("priority", 0)))
+        # checkpoint_into_tree once a prefill chunk (op "chunk": pages a chunk past the protected
+        # prefix; none: one insert of the whole): prev_prefix_len = req.kv.cache_protected_len,
+        # inserted_len = req.kv.cache_inserted_len, both the last insert's end after it.
+        inserted, prev = 0, protected
+        for end in chunk_ends(protected // ps, len(op["pages"]), op.get("chunk")):
+            res = cache.insert(InsertParams(key=key[:end * ps], value=values[:end * ps], prev_prefix_len=prev,
+                                            inserted_len=inserted, priority=op.get("priority", 0)))
+            held = cache.lock(res.last_device_node)  # checkpoint_into_tree: lock the insert's node
+            cache.unlock(lock)
+            lock = held
+            inserted = prev = end * ps
+        if op.get("finish"):  # cache_finished_req's checkpoint of the same pages: nothing new
+            path = cache.path_device_indices(res.last_device_node)
+            res = cache.insert(InsertParams(key=key, value=path, prev_prefix_len=len(key), inserted_len=inserted,
+                                            priority=op.get("priority", 0)))
+            held = cache.lock(res.last_device_node)
+            cache.unlock(lock)
+            lock = held
         out.update(admitted=True, protected_len=protected // ps)
-        held = cache.lock(res.last_device_node)  # checkpoint_into_tree: lock the insert's node
-        cache.unlock(lock)
         if op.get("hold"):
             self.held[op["id"]] = held
         else:
@@ -252,6 +266,15 @@ class Cache:
                 "protected": self.core.full_protected_size() // ps,
                 "device_free": self.alloc.available_size() // ps,
                 "host_free": self.cache.cache_controller.mem_pool_host.available_size() // ps}
+
+
+def chunk_ends(protected: int, total: int, chunk: int | None) -> list[int]:
+    """Where a request's inserts end, in pages: every `chunk` pages past the protected prefix,
+    then the whole (one insert of the whole without `chunk`); tests/sglang/differential.py
+    cuts the engine's the same way."""
+    if not chunk:
+        return [total]
+    return list(range(protected + chunk, total, chunk)) + [total]
 
 
 def run_scenario(sc: dict) -> list:

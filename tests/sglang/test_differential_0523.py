@@ -93,3 +93,16 @@ def test_write_back_host_pressure_frees_duplicate_host_copies_first(sglang_0523)
     check(sglang_0523, rule_scenario("host_duplicates", 0, "lru", "write_back",
                                      ("r2", "r3", "r4", "r5", "r7", "r8", "r10", "r12", "r16", "r17", "r19",
                                       "r21", "r23", "r24")))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("write_policy", ("write_through", "write_through_selective"))
+def test_chunked_inserts_count_hits_past_what_the_request_inserted(sglang_0523, seed, write_policy):
+    """Half the requests inserted a chunk (1-3 pages) at a time, as a chunked prefill's
+    `cache_unfinished_req` -> `checkpoint_into_tree` does, with `inserted_len` =
+    `req.kv.cache_inserted_len`: `_finish_insert_walk_node` / `_should_backup_after_insert`
+    count only what ends past it, so every chunk's new pages gain a hit and write-through backs
+    them up at once (the rule set's `hits_past_inserted`). Every step agrees."""
+    sc = random_scenario(seed, eviction_policy=POLICIES[seed], write_policy=write_policy, chunks=True)
+    assert any(op.get("chunk") for op in sc["ops"])
+    check(sglang_0523, agreeing(sc))

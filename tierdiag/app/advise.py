@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tierdiag.diagnose.advice import HOST_POOL_LIMIT_BYTES, Advice, advice_json, propose
-from tierdiag.diagnose.advice_verify import RunNumbers, advise_sweep_id, combination, run_numbers, verified_advice
+from tierdiag.diagnose.advice_types import SUFFICIENT_GAIN_SHARE
+from tierdiag.diagnose.advice_verify import (RunNumbers, advise_sweep_id, combination, run_numbers, sizable,
+                                             size_runs, size_sweep_id, verified_advice)
 from tierdiag.diagnose.facts import run_context as run_context_for
 from tierdiag.diagnose.session_pool import session_pauses
 
@@ -110,6 +112,12 @@ def advise_run(con_factory, db, run, *, budget: int = 4, jobs: int | None = None
     extra = candidate_configs(run, (together,), 1) if together is not None and len(plans) < budget else []
     outcomes.update({len(plans) + i: o for i, o in _replay(run, db, extra, jobs, sweep_id, progress).items()})
     plans += extra
+    # What the budget has left: bisect each confirmed size item down to its smallest sufficient value.
+    left = budget - len(plans)
+    with con_factory() as con:
+        sized = [a for a in verified_advice(con, run, proposed) if sizable(a, run.config)]
+    for a in sized:
+        left -= _search_size(con_factory, db, run, a, left, jobs, progress)
     candidates = []
     with con_factory() as con:
         verified = verified_advice(con, run, proposed)
@@ -121,6 +129,46 @@ def advise_run(con_factory, db, run, *, budget: int = 4, jobs: int | None = None
     confirmed = [c for c in candidates if c.numbers is not None and c.advice.status == "confirmed"]
     best = min(confirmed, key=lambda c: c.numbers.key()).numbers.run_id if confirmed else None
     return AdviseResult(baseline, tuple(candidates), best, verified, sweep_id)
+
+
+def _search_size(con_factory, db, run, a: Advice, budget: int, jobs, progress) -> int:
+    """Bisect the size a confirmed item sets (a.option, between the run's own value and a.value,
+    in whole pages) for the smallest whose replay keeps SUFFICIENT_GAIN_SHARE of a.value's TTFT
+    p50 gain; at most `budget` replays (sizes an earlier advise replayed are read back, not
+    replayed). Assumes the gain grows with the size (a larger pool never keeps less under LRU);
+    stops within one page or when the budget is spent. Returns the replays it ran."""
+    from tierdiag.config.engine import CONFIG_KEYS, EngineConfig
+
+    v = a.verified
+    base_ms, top_ms = v.ttft_p50_ms_before, v.ttft_p50_ms_after
+    page = int(run.config.get("page_size") or 64)
+    lo, hi = int(run.config.get(a.option) or 0), int(a.value)
+    config = {k: val for k, val in run.config.items() if k in CONFIG_KEYS and k != "storage_dir"}
+    used = 0
+    while hi - lo > page:
+        mid = (lo + hi) // 2 // page * page
+        if mid <= lo:
+            break
+        with con_factory() as con:
+            rid = size_runs(con, run, a).get(mid)
+        if rid is None:
+            if used >= budget:
+                break
+            cfg = EngineConfig(**{**config, **a.changes, a.option: mid})
+            rest = ", ".join(f"{k}={val}" for k, val in a.changes.items() if k != a.option)
+            name = f"advise: size {a.option}={mid}" + (f" (with {rest})" if rest else "")
+            out = _replay(run, db, [(a, name, cfg)], jobs, size_sweep_id(run.run_id), progress)
+            used += 1
+            rid, status = out.get(0, (None, "not_started"))
+            if rid is None or status != "complete":
+                break
+        with con_factory() as con:
+            p50 = run_numbers(con, rid).ttft_p50_ns
+        if p50 is not None and base_ms - p50 / 1e6 >= SUFFICIENT_GAIN_SHARE * (base_ms - top_ms):
+            hi = mid
+        else:
+            lo = mid
+    return used
 
 
 def _replay(run, db, plans, jobs, sweep_id, progress) -> dict[int, tuple[str | None, str]]:

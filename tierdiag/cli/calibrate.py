@@ -40,21 +40,25 @@ FromOpt = Annotated[Optional[str], typer.Option(
          "instead of measuring copy kernels; writes a TOML profile (-o, required).")]
 ModelOpt = Annotated[Optional[str], typer.Option(
     **choices(MODELS), help="With --from: the model preset the server runs (layers, KV bytes)  [default: llama3-8b]")]
+ConfigOpt = Annotated[Optional[Path], typer.Option(
+    "--config", help="With --from: the TOML config the twin will be replayed with (its model, GPU, page size and "
+                     "prefill chunk price the fit); --model/--gpu override it.")]
 GpuOpt = Annotated[Optional[str], typer.Option(
     **choices(GPUS), help="With --from: the GPU preset whose values are kept where the fit cannot tell  [default: h200]")]
 
 
 def calibrate(json_: JsonOpt = False, out_path: OutOpt = None, quick: QuickOpt = False, from_: FromOpt = None,
-              db: DbOpt = DEFAULT_DB_PATH, model: ModelOpt = None, gpu: GpuOpt = None) -> None:
+              db: DbOpt = DEFAULT_DB_PATH, model: ModelOpt = None, gpu: GpuOpt = None,
+              config: ConfigOpt = None) -> None:
     """Measure contiguous copy bandwidth, load-back (host->device) and backup (device->host)
     kernel bandwidth from one page to thousands, and the per-transfer overhead; write the
     profile the cost model reads with `tierdiag replay --profile FILE`. With --from RUN, fit the
     whole clock (prefill, decode, load-back) to an observed run instead, with intervals and a
     held-out error."""
     if from_ is not None:
-        return _calibrate_from(from_, db, out_path, model, gpu, json_)
-    if model is not None or gpu is not None:
-        raise typer.BadParameter("only means something with --from RUN", param_hint="--model/--gpu")
+        return _calibrate_from(from_, db, out_path, model, gpu, config, json_)
+    if model is not None or gpu is not None or config is not None:
+        raise typer.BadParameter("only means something with --from RUN", param_hint="--model/--gpu/--config")
     from tierdiag.engine.calibration import calibrate as run_calibration
     from tierdiag.engine.calibration import default_profile_path, save_profile
 
@@ -109,12 +113,16 @@ def calibrate(json_: JsonOpt = False, out_path: OutOpt = None, quick: QuickOpt =
     out.print(f"profile written to {written}  (use: tierdiag replay TRACE --profile {written})")
 
 
-def _calibrate_from(run: str, db, out_path, model: str | None, gpu: str | None, json_: bool) -> None:
+def _calibrate_from(run: str, db, out_path, model: str | None, gpu: str | None, config: Path | None,
+                    json_: bool) -> None:
     if out_path is None:
         raise typer.BadParameter("calibrate --from writes a TOML profile: name it", param_hint="-o/--out")
     from tierdiag.app.calibrate import calibrate_from
 
-    c, written = calibrate_from(db, run, out_path, model=model, gpu=gpu)
+    from tierdiag.paths import check_output
+
+    check_output(out_path, what="-o/--out", inputs=[("--config", config), ("--db", db)])  # never an input
+    c, written = calibrate_from(db, run, out_path, model=model, gpu=gpu, config=config)
     if json_:
         print_json({**c.to_json(), "profile": str(written)})
         return

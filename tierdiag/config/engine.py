@@ -50,6 +50,8 @@ ARRIVALS = ("trace", "closed")
 SGLANG_RULES = ("0.5.23", "0.5.9")
 # Each release's prefetch policy when the config sets none (engine/rules.py asserts the same).
 SGLANG_PREFETCH_POLICY = {"0.5.23": "timeout", "0.5.9": "best_effort"}
+# Each release's host pool layout (`hicache_mem_layout` default; engine/rules.py asserts the same).
+SGLANG_HOST_LAYOUT = {"0.5.23": "page_first", "0.5.9": "layer_first"}
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,10 @@ class EngineConfig:
     arrivals: str | None = None  # trace | closed; None: closed where the trace has sessions
     max_context_tokens: int | None = None  # None: the model preset's context (--max-context)
     sglang_rules: str = SGLANG_RULES[0]  # whose rules the engine follows (engine/rules.py)
+    # tlru's settings, in tokens (SGLang's --radix-eviction-policy-config threshold and
+    # next_prompt_estimate); None: unset (0). Only with eviction_policy = "tlru".
+    tlru_threshold: int | None = None
+    tlru_next_prompt_estimate: int | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -104,6 +110,7 @@ class EngineConfig:
         ):
             if value not in known:
                 raise unknown_name(opt, value, known)
+        self._check_tlru()
         have = SCHEDULE_POLICY_RELEASES[self.schedule_policy]
         if self.sglang_rules not in have:
             raise ConfigError(f"--schedule-policy {self.schedule_policy} is not in SGLang {self.sglang_rules} (it has "
@@ -163,6 +170,37 @@ class EngineConfig:
                               f"{-(-narrowest >> 20):,} MiB of real pool memory, more than --data-plane-mib "
                               f"{self.data_plane_mib}", hint="raise --data-plane-mib, or use smaller pools or a larger --page-size")
 
+    def _check_tlru(self) -> None:
+        """SGLang 0.5.23 `kv_cache_hook` / `get_eviction_strategy`: tlru's settings are
+        non-negative token counts, a key its policy does not take fails at startup, and
+        threshold must exceed next_prompt_estimate ("otherwise no tokens are ever TEL-safe and
+        T-LRU is exactly LRU"). Both unset keeps the engine's tlru of before (0 and 0: LRU's
+        order), which SGLang refuses at startup (docs/engine.md)."""
+        given = {opt: v for opt, v in (("--tlru-threshold", self.tlru_threshold),
+                                       ("--tlru-next-prompt-estimate", self.tlru_next_prompt_estimate)) if v is not None}
+        for opt, value in given.items():
+            if type(value) is not int:
+                raise ConfigError(f"{opt} {value!r} must be an integer (tokens)")
+            if value < 0:
+                raise ConfigError(f"{opt} {value} must not be negative (tokens)")
+        if not given:
+            return
+        if self.eviction_policy != "tlru":
+            raise ConfigError(f"{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} to --eviction-policy "
+                              f"tlru only, not {self.eviction_policy} "
+                              "(SGLang's --radix-eviction-policy-config fails on a key its policy does not take)")
+        threshold, estimate = self.tlru_threshold or 0, self.tlru_next_prompt_estimate or 0
+        if threshold <= estimate:
+            raise ConfigError(f"--tlru-threshold {threshold} must be greater than --tlru-next-prompt-estimate "
+                              f"{estimate}: otherwise no tokens are ever TEL-safe and tlru is exactly lru")
+
+    def resolved_eviction_policy(self):
+        """The eviction policy with its settings (tlru's threshold and next_prompt_estimate)."""
+        from tierdiag.config.policies import configured_eviction_policy
+
+        return configured_eviction_policy(self.eviction_policy, self.tlru_threshold or 0,
+                                          self.tlru_next_prompt_estimate or 0)
+
     # --- derived sizes -------------------------------------------------------------------
     def resolved_device_tokens(self) -> int:
         if self.device_tokens is not None:
@@ -209,6 +247,8 @@ class EngineConfig:
         d["host_tokens"] = self.resolved_host_tokens()
         d["max_context_tokens"] = self.resolved_max_context()
         d["prefetch_policy"] = self.resolved_prefetch_policy()  # the one the run used
+        # SGLang's hicache_mem_layout default of the release (engine/rules.py `host_layout`)
+        d["host_layout"] = SGLANG_HOST_LAYOUT[self.sglang_rules]
         if self.profile is not None:  # what the clock came from, kept with the run (config/profile.py)
             d["profile_source"] = check_profile(self.profile, self.model, self.gpu).provenance()
         return d

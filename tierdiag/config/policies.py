@@ -87,6 +87,22 @@ def tlru_key(threshold: int = 0, next_prompt_estimate: int = 0) -> Callable[["Tr
     return _tlru
 
 
+def configured_eviction_policy(name: str, tlru_threshold: int = 0, tlru_next_prompt_estimate: int = 0
+                               ) -> EvictionPolicy:
+    """The registry's policy, with tlru's settings (SGLang's `--radix-eviction-policy-config`
+    `{"threshold": T, "next_prompt_estimate": E}`, passed to `TLRUStrategy` as keyword
+    arguments; config keys `tlru_threshold`, `tlru_next_prompt_estimate`, checked by
+    EngineConfig). With T > E a node can become TEL-safe when a split deepens its parent, so its
+    key can shrink: the tree re-pushes it when touched or split."""
+    policy = EVICTION_POLICIES[name]
+    if name != "tlru" or (tlru_threshold, tlru_next_prompt_estimate) == (0, 0):
+        return policy
+    return EvictionPolicy(policy.name, tlru_key(tlru_threshold, tlru_next_prompt_estimate),
+                          tlru_threshold > tlru_next_prompt_estimate,
+                          f"tail-optimized LRU, threshold {tlru_threshold}, next_prompt_estimate "
+                          f"{tlru_next_prompt_estimate} (TLRUStrategy, SGLang 0.5.23)", tree_depths=True)
+
+
 EVICTION_POLICIES: dict[str, EvictionPolicy] = {p.name: p for p in (
     EvictionPolicy("lru", _lru, False, "least recently used first (LRUStrategy)"),
     EvictionPolicy("lfu", _lfu, False, "fewest insert hits first, then least recent (LFUStrategy)"),

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 
 
+from tierdiag.diagnose import claims as C
 from tierdiag.diagnose.claims import (
     BUSY_SHARE,
     NAMED_REASON_SHARE,
@@ -74,6 +75,10 @@ SMALL_RUN_BYTES = 1 << 20
 SMALL_PAGE_BYTES = 4 << 20  # a 64-token page of an 8B model is 8 MiB
 EXPOSED_SHARE_OF_TTFT = 0.05
 PAGE_SIZE_FACTOR = 4
+# The cost model's copy overheads, per layer (engine/costmodel.py SEGMENT_OVERHEAD_NS and
+# RUN_OVERHEAD_NS; a test keeps them equal): not imported, as DISK_BYTES_PER_S above.
+SEGMENT_OVERHEAD_NS = 50
+RUN_OVERHEAD_NS = 500
 # Config keys that differ between runs without being a change of the cache (bookkeeping).
 _NOT_CHANGES = frozenset({"storage_dir", "seed", "verify", "data_plane_mib", "profile", "timing"})
 GIB = 1 << 30
@@ -113,16 +118,33 @@ def _significant(tokens: int | None, input_tokens: int | None) -> bool:
 
 
 def _prefetch(ctx: RunContext) -> list[Advice]:
+    """Predicted under the engine's prefetch rules: wait_complete holds a request until its read
+    is done (engine/prefetch.py), so its late tokens are loaded rather than recomputed, each
+    costing a storage read (the cost model's DISK_BYTES_PER_S) instead of its recompute. Worth it
+    where a read is cheaper than the recompute, or where the prefill GPU was at least BUSY_SHARE
+    busy (the wait frees it for others); else not proposed. Ignores: longer holds keeping host
+    room for prefetches in flight (more may be rate_limited), and evictions during the wait."""
     lo = ctx.losses
     late = lo.storage_unused_tokens.get("prefetch_incomplete", 0)
     if not _significant(late, lo.input_tokens) or ctx.config.get("prefetch_policy") == "wait_complete":
         return []
+    kv = ctx.kv_bytes_per_token
+    recompute_per_token_ns = share(ctx.recompute_ns, lo.recomputed_tokens) or 0.0
+    disk_per_token_ns = kv * 1e9 / DISK_BYTES_PER_S if kv else None
+    cheaper = disk_per_token_ns is not None and disk_per_token_ns < recompute_per_token_ns
+    busy = (ctx.prefill_busy_share or 0) >= BUSY_SHARE
+    if not (cheaper or busy):
+        return []  # predicted to trade each recompute for a slower read, on a GPU with room
     return [Advice(
         "prefetch", "prefetch_policy", "wait_complete", {"prefetch_policy": "wait_complete"},
-        f"{fmt_tokens(late)} tokens ({fmt_pct(share(late, lo.input_tokens))} of input) were matched in storage but "
-        f"recomputed because their prefetch had not completed when the request was scheduled "
-        f"(prefetch_policy {ctx.config.get('prefetch_policy')}); waiting for it loads them instead",
-        {"prefetch_incomplete_tokens": late, "input_tokens": lo.input_tokens})]
+        C.advice_prefetch_claim(late_tokens=late, input_tokens=lo.input_tokens, policy=ctx.config.get("prefetch_policy"),
+                                disk_per_token_ns=disk_per_token_ns, recompute_per_token_ns=recompute_per_token_ns,
+                                prefill_busy_share=ctx.prefill_busy_share).text,
+        {"prefetch_incomplete_tokens": late, "input_tokens": lo.input_tokens,
+         "recompute_per_token_ms": ns_to_ms(recompute_per_token_ns), "disk_per_token_ms": ns_to_ms(disk_per_token_ns),
+         "prefill_busy_share": ctx.prefill_busy_share},
+        prediction=(f"predicted under the run's prefetch rules (wait_complete holds a request until its read "
+                    f"completes): keeps ~{fmt_tokens(late)} of the lost tokens"))]
 
 
 def _write_policy(ctx: RunContext) -> list[Advice]:
@@ -132,9 +154,7 @@ def _write_policy(ctx: RunContext) -> list[Advice]:
         return []
     return [Advice(
         "write_policy", "write_policy", "write_through", {"write_policy": "write_through"},
-        f"{fmt_tokens(lo.dropped_unbacked_tokens)} once-cached tokens that were asked for again had been dropped "
-        f"from device without a host copy (write_policy {policy}); write_through backs every new prefix up to "
-        f"host, so eviction demotes it instead",
+        C.advice_write_policy_claim(dropped_tokens=lo.dropped_unbacked_tokens, policy=policy).text,
         {"dropped_unbacked_tokens": lo.dropped_unbacked_tokens, "input_tokens": lo.input_tokens})]
 
 
@@ -172,12 +192,10 @@ def _sessions(ctx: RunContext, sessions: SessionPauses | None,
                else "host memory a server beside one GPU carries") + f": {fmt_tokens(new)} tokens, the most it holds")
     return [Advice(
         "session", "host_tokens", new, {"host_tokens": new},
-        f"{fmt_tokens(sp.lost_tokens)} tokens of the reused prefix of {sp.num_turns:,} later session turns "
-        f"({fmt_pct(share(sp.lost_tokens, sp.input_tokens))} of their input) were recomputed "
-        f"({fmt_tokens(sp.recomputed_tokens)}) or loaded back ({fmt_tokens(sp.host_tokens + sp.storage_tokens)}) after "
-        f"their pause; keep sessions alive for the p90 pause ({fmt_ms(sp.pause_p90_ms * 1e6)}): {size} "
-        f"(a turn paused up to p90 had at most {fmt_tokens(sp.pool_p90_tokens)} tokens touched, its own context "
-        f"included, between its predecessor's answer and its schedule, against {pools})",
+        C.advice_session_claim(lost_tokens=sp.lost_tokens, num_turns=sp.num_turns, input_tokens=sp.input_tokens,
+                               recomputed_tokens=sp.recomputed_tokens, loaded_tokens=sp.host_tokens + sp.storage_tokens,
+                               pause_p90_ns=sp.pause_p90_ms * 1e6, size=size, pool_p90_tokens=sp.pool_p90_tokens,
+                               pools=pools).text,
         {"later_turns": sp.num_turns, "later_input_tokens": sp.input_tokens, "later_reused_tokens": sp.reused_tokens,
          "later_recomputed_tokens": sp.recomputed_tokens,
          "later_loaded_tokens": sp.host_tokens + sp.storage_tokens, "pause_p90_ms": sp.pause_p90_ms,
@@ -206,17 +224,15 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
         return []  # the pools were big enough under LRU: not a capacity problem
     evidence = {"deleted_from_host_tokens": lo.deleted_from_host_tokens, "reuse_distance_p50_tokens": deciles[5],
                 "reuse_distance_p90_tokens": target, "device_tokens": device, "host_tokens": host}
-    why = (f"{fmt_tokens(lo.deleted_from_host_tokens)} once-cached tokens ({fmt_pct(share(lo.deleted_from_host_tokens, lo.input_tokens))} "
-           f"of input) were deleted from host before they were asked for again; their reuse distance is "
-           f"{fmt_tokens(deciles[5])} tokens at the median and {fmt_tokens(target)} at p90, against "
-           + pools)
+    why = C.host_deleted_why(deleted_tokens=lo.deleted_from_host_tokens, input_tokens=lo.input_tokens,
+                             reuse_p50_tokens=deciles[5], reuse_p90_tokens=target, pools=pools)
     out: list[Advice] = []
     want = _pow2_at_least(target if inclusive else target - device, page)
     limit = _pow2_at_most(host_limit_bytes // kv) if kv else want
     if want <= limit:
         cover = _covered(deciles, want if inclusive else device + want)
         out.append(Advice("capacity", "host_tokens", want, {"host_tokens": want},
-                          f"{why}; a {fmt_tokens(want)}-token host pool keeps {fmt_pct(cover)} of them",
+                          C.advice_capacity_claim(why=why, host_tokens=want, cover=cover).text,
                           evidence, _gib(want - host, kv), "host_memory",
                           prediction=f"predicted under LRU: keeps ~{fmt_tokens(int((cover or 0) * lo.deleted_from_host_tokens))} "
                                      f"of the {fmt_tokens(lo.deleted_from_host_tokens)} tokens deleted from host"))
@@ -227,10 +243,10 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
     # whose reuse distance fits it; below the rule's threshold of input it is not proposed.
     if limit > host * 3 // 2 and _significant(kept, lo.input_tokens):
         out.append(Advice("capacity", "host_tokens", limit, {"host_tokens": limit},
-                          f"{why}; {fmt_tokens(limit)} tokens ({fmt_bytes(limit * kv)}, the most host memory "
-                          + ("a server beside one GPU carries" if host_limit_bytes == HOST_POOL_LIMIT_BYTES else
-                             f"of the {fmt_bytes(host_limit_bytes)} the server holds for KV")
-                          + f") keep {fmt_pct(cover)} of them",
+                          C.advice_capacity_claim(
+                              why=why, host_tokens=limit, cover=cover, kv_bytes=kv,
+                              limit_words=("a server beside one GPU carries" if host_limit_bytes == HOST_POOL_LIMIT_BYTES
+                                           else f"of the {fmt_bytes(host_limit_bytes)} the server holds for KV")).text,
                           evidence, _gib(limit - host, kv), "host_memory",
                           prediction=f"predicted under LRU: keeps ~{fmt_tokens(kept)} of the "
                                      f"{fmt_tokens(lo.deleted_from_host_tokens)} tokens deleted from host"))
@@ -289,14 +305,11 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
         beyond = (f"beyond the {fmt_bytes(host_limit_bytes)} a server holds for KV" if host_limit_bytes != HOST_POOL_LIMIT_BYTES
                   else "beyond a server")
         out.append(Advice("storage_tier", "storage_tokens", want_storage, changes,
-                          f"{why}; host memory for that ({fmt_bytes(want * kv)}) is {beyond}, so a "
-                          f"{fmt_tokens(want_storage)}-token storage tier keeps them, with prefetch_policy "
-                          f"wait_complete so a prefetch is used rather than recomputed ("
-                          + (f"a token comes from disk in {fmt_ms(disk_per_token_ns)} against "
-                             f"{fmt_ms(recompute_per_token_ns)} to recompute it"
-                             if disk_per_token_ns is not None and disk_per_token_ns < recompute_per_token_ns else
-                             f"the prefill GPU was {fmt_pct(ctx.prefill_busy_share)} busy: the fetch runs beside it")
-                          + ")" + room_note,
+                          C.advice_storage_claim(
+                              deleted_tokens=lo.deleted_from_host_tokens, reuse_p90_tokens=target,
+                              want_host_bytes=want * kv, beyond=beyond, storage_tokens=want_storage,
+                              disk_per_token_ns=disk_per_token_ns, recompute_per_token_ns=recompute_per_token_ns,
+                              prefill_busy_share=ctx.prefill_busy_share, room_note=room_note).text,
                           {**evidence, "prefetch_room_tokens": room, "prefetch_room_after_tokens": room_for},
                           _gib(want_storage - storage, kv), "disk",
                           prediction=(f"predicted under the run's prefetch rules (SGLang {rules.version}: admitted "
@@ -308,18 +321,36 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
 
 
 def _eviction_policy(ctx: RunContext) -> list[Advice]:
+    """Predicted by a policy simulation over the run's own re-references: LFU (SGLang's
+    LFUStrategy: fewest hits first, then least recent) evicts once-hit content before a hot page,
+    so a hot re-reference is kept when the hot volume live beside it (every hot re-reference
+    whose interval from last use to re-reference overlaps its own, itself included:
+    LossEvidence.hot_competing_deciles_tokens) fits the pools (held_capacity). Not proposed when
+    the hot tokens so kept are below MIN_LOSS_SHARE of input. Ignores what the rows do not
+    record: hits on content never removed (it competes too), pages locked by running requests,
+    and what LFU loses, once-hit prefixes asked for again soon that LRU kept (a replay measures
+    that: `advise`)."""
     lo = ctx.losses
     removed = lo.deleted_from_host_tokens + lo.dropped_unbacked_tokens
     policy = ctx.config.get("eviction_policy")
     if (policy == "lfu" or not removed or lo.hot_removed_tokens < NAMED_REASON_SHARE * removed
             or not _significant(lo.hot_removed_tokens, lo.input_tokens)):
         return []
+    held, pools = held_capacity(ctx.config, lo.device_capacity_tokens, lo.host_capacity_tokens)
+    cover = _covered(lo.hot_competing_deciles_tokens, held)
+    if cover is None:
+        return []  # no re-reference to simulate (evidence from before the prediction): nothing predicted
+    kept = int(cover * lo.hot_removed_tokens)
+    if not _significant(kept, lo.input_tokens):
+        return []  # the hot prefixes alone outgrow the pools: lfu would evict them all the same
     return [Advice(
         "eviction_policy", "eviction_policy", "lfu", {"eviction_policy": "lfu"},
-        f"{fmt_tokens(lo.hot_removed_tokens)} of the {fmt_tokens(removed)} removed tokens that were asked for again "
-        f"came from hot prefixes (hit 3 or more times): eviction_policy {policy} evicted them behind one-off "
-        f"prefixes; lfu keeps the frequently hit ones",
-        {"hot_removed_tokens": lo.hot_removed_tokens, "removed_tokens": removed})]
+        C.advice_eviction_claim(hot_tokens=lo.hot_removed_tokens, removed_tokens=removed, policy=policy).text,
+        {"hot_removed_tokens": lo.hot_removed_tokens, "removed_tokens": removed,
+         "hot_competing_p90_tokens": lo.hot_competing_deciles_tokens[9], "held_tokens": held},
+        prediction=(f"predicted under lfu (once-hit content evicted first): keeps ~{fmt_tokens(kept)} of the "
+                    f"{fmt_tokens(lo.hot_removed_tokens)} hot tokens lost, those whose live hot prefixes "
+                    f"fit {pools}"))]
 
 
 def _page_size(ctx: RunContext) -> list[Advice]:
@@ -334,14 +365,45 @@ def _page_size(ctx: RunContext) -> list[Advice]:
     new = min(page * PAGE_SIZE_FACTOR, block)
     if not fragmented or new <= page:
         return []
+    after = _loadback_after_pages(tr, new / page)
+    if after is None:
+        return []  # the copies' parts are not known (an import): nothing predicted
+    exposed_after = int(tr.loadback_exposed_ns * after / tr.loadback_busy_ns)
+    if tr.loadback_exposed_ns - exposed_after < EXPOSED_SHARE_OF_TTFT * tr.tiered_ttft_ns:
+        return []  # larger pages would save too little of the load-backs' TTFT to be worth it
     return [Advice(
         "page_size", "page_size", new, {"page_size": new},
-        f"load-backs ran at {fmt_pct(tr.link_peak_share)} of link peak, {fmt_bytes(tr.bytes_per_page)} a page and "
-        f"{tr.pages_per_run:,.1f} pages ({fmt_bytes(tr.bytes_per_run)}) per contiguous run, and exposed load-back was "
-        f"{fmt_pct(share(tr.loadback_exposed_ns, tr.tiered_ttft_ns))} of the TTFT of the requests that loaded back: "
-        f"per-page and per-run copy overheads dominate, and larger pages mean fewer, larger copies",
+        C.advice_page_size_claim(link_peak_share=tr.link_peak_share, bytes_per_page=tr.bytes_per_page,
+                                 pages_per_run=tr.pages_per_run, bytes_per_run=tr.bytes_per_run,
+                                 exposed_ns=tr.loadback_exposed_ns, tiered_ttft_ns=tr.tiered_ttft_ns).text,
         {"link_peak_share": tr.link_peak_share, "pages_per_run": tr.pages_per_run,
-         "bytes_per_run": tr.bytes_per_run, "bytes_per_page": tr.bytes_per_page, "loadback_exposed_ms": ns_to_ms(tr.loadback_exposed_ns)})]
+         "bytes_per_run": tr.bytes_per_run, "bytes_per_page": tr.bytes_per_page, "loadback_exposed_ms": ns_to_ms(tr.loadback_exposed_ns),
+         "loadback_busy_ms": ns_to_ms(tr.loadback_busy_ns), "loadback_busy_after_ms": ns_to_ms(after)},
+        prediction=(f"predicted with the engine's copy costs ({SEGMENT_OVERHEAD_NS} ns a page and {RUN_OVERHEAD_NS} ns a "
+                    f"contiguous run, a layer, beside the bytes over the link): load-backs take ~{fmt_ms(after)} "
+                    f"instead of {fmt_ms(tr.loadback_busy_ns)}, exposed load-back ~{fmt_ms(exposed_after)} instead "
+                    f"of {fmt_ms(tr.loadback_exposed_ns)}"))]
+
+
+def _loadback_after_pages(tr, factor: float) -> int | None:
+    """The run's load-back link time with pages `factor` times larger, by the cost model's copy
+    time (engine/costmodel.py copy_ns): per transfer overhead + bytes / link + layers x
+    (SEGMENT_OVERHEAD_NS x pages + RUN_OVERHEAD_NS x runs). The bytes-over-link part is the
+    run's busy time x its link peak share; the per-layer part is what remains beside the
+    transfers' fixed overhead, split between pages and runs by their weights. Pages shrink by
+    `factor`; runs stay, at most one a page. Ignores: partial pages at a prefix's end (larger
+    pages match whole pages only), and measured (`--timing wall`) copies."""
+    if (not tr.num_loadbacks or not tr.loadback_busy_ns or tr.link_peak_share is None or not tr.bytes_per_page
+            or not tr.bytes_per_run or tr.transfer_overhead_ns is None):
+        return None
+    pages, runs = tr.loadback_bytes / tr.bytes_per_page, tr.loadback_bytes / tr.bytes_per_run
+    wire = tr.loadback_busy_ns * min(tr.link_peak_share, 1.0)
+    per_layer = max(tr.loadback_busy_ns - wire - tr.num_loadbacks * tr.transfer_overhead_ns, 0.0)
+    weight = SEGMENT_OVERHEAD_NS * pages + RUN_OVERHEAD_NS * runs
+    pages_after = pages / factor
+    runs_after = min(runs, pages_after)
+    scaled = per_layer * (SEGMENT_OVERHEAD_NS * pages_after + RUN_OVERHEAD_NS * runs_after) / weight
+    return int(tr.loadback_busy_ns - per_layer + scaled)
 
 
 def _rate(ctx: RunContext) -> list[Advice]:
@@ -357,11 +419,7 @@ def _rate(ctx: RunContext) -> list[Advice]:
         return []
     return [Advice(
         "rate", "time_scale", want, {"time_scale": want},
-        f"offered prefill was {cap.overload_factor:,.1f}× one GPU for {fmt_pct(cap.overloaded_share)} of the run "
-        f"({fmt_ms(cap.window_ns)} windows, recompute excluded; {cap.material_load:,.1f}× or more in "
-        f"{fmt_pct(MATERIAL_SHARE)} of them): no cache setting removes that queue; time_scale {want:g} spreads "
-        f"the arrivals {want / current:,.2g}× (in production: that much less traffic per GPU, or more GPUs; "
-        f"`--dp` replays that once the deployment engine lands)",
+        C.advice_rate_claim(cap, want=want, current=current, material_share=MATERIAL_SHARE).text,
         {"overloaded_share": cap.overloaded_share, "overload_factor": cap.overload_factor,
          "material_load": cap.material_load, "peak_load": cap.peak_load, "window_ms": ns_to_ms(cap.window_ns),
          "time_scale": current},
@@ -384,17 +442,10 @@ RULES = (_rate, _prefetch, _write_policy, _sessions, _capacity, _eviction_policy
 
 def _nothing(ctx: RunContext) -> Advice:
     lo, tr = ctx.losses, ctx.transfers
-    if lo.recomputed_share is None:  # no finished request, or a server that does not report recompute
-        text = ("nothing to change in the cache that the run's numbers show: how many input tokens were "
-                "recomputed is not known" + ("" if ctx.num_finished else " (no request finished)"))
-    else:
-        text = (f"nothing to change in the cache: {fmt_pct(lo.recomputed_share)} of input tokens were "
-                f"recomputed once-cached tokens")
-    if tr.num_loadbacks and tr.loadback_ns:
-        text += (f"; load-backs ran at {fmt_pct(tr.link_peak_share)} of link peak and took {fmt_ms(tr.loadback_ns)} "
-                 f"where recomputing the same tokens would have cost {fmt_ms(tr.recompute_instead_extra_ns)}")
-        if tr.recompute_instead_extra_ns > tr.loadback_ns:
-            text += f" ({tr.recompute_instead_extra_ns / tr.loadback_ns:,.1f}× more)"
+    text = C.advice_none_claim(recomputed_share=lo.recomputed_share, num_finished=ctx.num_finished,
+                               num_loadbacks=tr.num_loadbacks, loadback_ns=tr.loadback_ns,
+                               link_peak_share=tr.link_peak_share,
+                               recompute_instead_extra_ns=tr.recompute_instead_extra_ns).text
     return Advice("none", None, None, {}, text,
                   {"recomputed_share": lo.recomputed_share, "link_peak_share": tr.link_peak_share})
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 
+from tierdiag.diagnose import claims as C
 from tierdiag.diagnose.advice_types import Advice
 from tierdiag.diagnose.capacity import MATERIAL_SHARE, TARGET_LOAD
 from tierdiag.diagnose.runcontext import RunContext
@@ -68,30 +69,25 @@ def _router(ctx: RunContext) -> list[Advice]:
     router = ctx.config.get("router") or "round_robin"
     if ev is None or router not in PREFIX_BLIND or not _significant(ev.routing_tokens, ev.input_tokens):
         return []
-    why = (f"routing lost {_lost(ev, ev.routing_tokens)} in {ev.routed_requests:,} requests across {ev.num_ranks} "
-           f"ranks: at their arrival another rank held the prefix on device or host and {router} sent them "
-           f"elsewhere ({fmt_pct(ev.share_of_recomputed)} of the run's recomputed tokens)")
+    numbers = dict(routing_tokens=ev.routing_tokens, input_tokens=ev.input_tokens, requests=ev.routed_requests,
+                   ranks=ev.num_ranks, router=router, share_of_recomputed=ev.share_of_recomputed,
+                   session_tokens=ev.session_tokens, cache_threshold=DEFAULT_CACHE_THRESHOLD)
     evidence = {"routing_tokens": ev.routing_tokens, "input_tokens": ev.input_tokens,
                 "routed_requests": ev.routed_requests, "session_routing_tokens": ev.session_tokens,
                 "dp": ev.num_ranks, "router": router}
     if ev.session_tokens >= SESSION_SHARE * ev.routing_tokens and _significant(ev.session_tokens, ev.input_tokens):
         return [Advice(
-            "router", "router", "session", {"router": "session"},
-            f"{why}; {fmt_tokens(ev.session_tokens)} of them were session turns: the session router keeps every "
-            f"turn of a session on one rank, where its earlier turns left the prefix",
+            "router", "router", "session", {"router": "session"}, C.advice_router_claim(**numbers, to="session").text,
             evidence, prediction=f"predicted: brings back the {_lost(ev, ev.session_tokens)} routing lost on "
                                  f"session turns, as far as the rank keeps them between turns")]
-    threshold = DEFAULT_CACHE_THRESHOLD
-    kept = ev.tokens_above(threshold)
+    kept = ev.tokens_above(DEFAULT_CACHE_THRESHOLD)
     if not _significant(kept, ev.input_tokens):
         return []
     return [Advice(
         "router", "router", "cache_aware", {"router": "cache_aware"},
-        f"{why}; cache_aware sends a request to the rank its approximate tree says holds more than "
-        f"{threshold:g} of it while the load stays balanced",
-        {**evidence, "kept_tokens": kept},
+        C.advice_router_claim(**numbers, to="cache_aware").text, {**evidence, "kept_tokens": kept},
         prediction=(f"predicted: brings back up to {_lost(ev, kept)}, those of requests whose best rank held more "
-                    f"than {fmt_pct(threshold)} of their input (fewer where the load is imbalanced, "
+                    f"than {fmt_pct(DEFAULT_CACHE_THRESHOLD)} of their input (fewer where the load is imbalanced, "
                     f"{DEFAULT_BALANCE_ABS} in flight apart and {DEFAULT_BALANCE_REL:g}×)"))]
 
 
@@ -116,10 +112,10 @@ def _router_threshold(ctx: RunContext) -> list[Advice]:
             return []
         return [Advice(
             "router_threshold", "router_cache_threshold", new, {"router_cache_threshold": new},
-            f"routing lost {_lost(ev, ev.routing_tokens)}; {fmt_tokens(tokens)} of it by cache_aware's cache_miss "
-            f"rule: the best match was at most router_cache_threshold {current:g}, so the request went to the "
-            f"{ctx.config.get('router_cache_miss') or 'smallest_tree'} rank while another held part of its prefix; "
-            f"a threshold of {new:g} matches those",
+            C.advice_router_threshold_claim(
+                routing_tokens=ev.routing_tokens, input_tokens=ev.input_tokens, branch=branch, branch_tokens=tokens,
+                cache_threshold=current, new_threshold=new,
+                miss_rule=ctx.config.get("router_cache_miss") or "smallest_tree").text,
             {**evidence, "router_cache_threshold": current, "kept_tokens": kept},
             prediction=f"predicted: brings back up to {_lost(ev, kept)} (requests the cache_miss rule placed whose "
                        f"best rank held more than {fmt_pct(new)} of their input)")]
@@ -132,9 +128,9 @@ def _router_threshold(ctx: RunContext) -> list[Advice]:
                    "router_balance_rel_threshold": rel_t * BALANCE_FACTOR}
         return [Advice(
             "router_threshold", "router_balance_abs_threshold", abs_t * BALANCE_FACTOR, changes,
-            f"routing lost {_lost(ev, ev.routing_tokens)}; {fmt_tokens(tokens)} of it by cache_aware's imbalanced "
-            f"rule: in-flight loads {abs_t} apart and {rel_t:g}× sent requests to the least loaded rank whatever "
-            f"held their prefix; thresholds {BALANCE_FACTOR}× higher let the cache decide",
+            C.advice_router_threshold_claim(
+                routing_tokens=ev.routing_tokens, input_tokens=ev.input_tokens, branch=branch, branch_tokens=tokens,
+                balance_abs=abs_t, balance_rel=rel_t, factor=BALANCE_FACTOR).text,
             {**evidence, "router_balance_abs_threshold": abs_t, "router_balance_rel_threshold": rel_t},
             prediction=f"predicted: brings back up to {_lost(ev, tokens)} (the imbalanced rule's), at the price of "
                        f"less even queues")]
@@ -155,11 +151,7 @@ def _dp(ctx: RunContext) -> list[Advice]:
     if n > MAX_DP:
         return []
     return [Advice(
-        "dp", "dp", n, {"dp": n},
-        f"queueing is {fmt_pct(queued)} of the run's excess TTFT, and the offered prefill was {per_rank:,.1f}× "
-        f"each of its {dp} rank{'s' if dp != 1 else ''} or more in {fmt_pct(MATERIAL_SHARE)} of the "
-        f"{cap.window_ns / 1e6:,.0f} ms windows (recompute excluded): no cache setting removes that queue; "
-        f"{n} ranks are each offered {offered / n:,.2f}× there",
+        "dp", "dp", n, {"dp": n}, C.advice_dp_claim(cap, queue_excess_share=queued, dp=dp, n=n).text,
         {"queue_excess_share": queued, "material_load": cap.material_load, "dp": dp,
          "per_rank_load": per_rank, "window_ms": cap.window_ns / 1e6},
         prediction=(f"predicted: with the arrivals spread evenly over {n} ranks, fewer than {fmt_pct(MATERIAL_SHARE)} "

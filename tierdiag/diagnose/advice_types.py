@@ -25,6 +25,10 @@ TARGETS: dict[str, str] = {
     "page_size": "loadback_exposed_share", "rate": "queue_share", "session": "session_recompute_share",
     "router": "routing_share", "router_threshold": "routing_share", "dp": "queue_excess_share",  # advice_routing_loss.py
 }
+# Sizes `advise` searches down (issue 34): for a confirmed item setting one of these, the smallest
+# value whose replay keeps at least SUFFICIENT_GAIN_SHARE of the largest tried value's TTFT p50 gain.
+SIZE_KEYS = ("host_tokens", "storage_tokens", "device_tokens")
+SUFFICIENT_GAIN_SHARE = 0.9
 _TARGET_WORDS = {"recompute_share": "recompute share of input", "loadback_exposed_share":
                  "exposed load-back share of TTFT", "queue_share": "queueing share of TTFT",
                  "session_recompute_share": "recompute share of later session turns' input",
@@ -85,6 +89,48 @@ def classify(v: Verified) -> str:
 
 
 @dataclass(frozen=True)
+class SizePoint:
+    """One size replayed (or the run itself): its TTFT p50 and the share of the largest tried
+    value's p50 gain it kept (0 for the run's own size, by definition)."""
+
+    value: int
+    run_id: str
+    ttft_p50_ms: float | None
+    gain_share: float | None
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The gain curve `advise` measured for a size item (app/advise.py's bisection) and the
+    smallest value keeping SUFFICIENT_GAIN_SHARE of the largest tried value's TTFT p50 gain."""
+
+    option: str
+    largest: int  # the value the rule proposed (its replay is the curve's top)
+    smallest_sufficient: int
+    points: tuple[SizePoint, ...]  # ascending by value: the run's own, each size tried, the largest
+    short_of: int | None  # the largest value tried below smallest_sufficient (it fell short); None: none
+
+    def to_json(self) -> dict:
+        return {"option": self.option, "largest": self.largest, "smallest_sufficient": self.smallest_sufficient,
+                "sufficient_gain_share": SUFFICIENT_GAIN_SHARE, "short_of": self.short_of,
+                "points": [p.to_json() for p in self.points]}
+
+    def words(self) -> str:
+        """"smallest sufficient host_tokens = 32_768 (...); gain curve: ...", every number named."""
+        best = next(p for p in self.points if p.value == self.smallest_sufficient)
+        text = (f"smallest sufficient {self.option} = {_toml(self.smallest_sufficient)}: it keeps "
+                f"{fmt_pct(best.gain_share)} of the TTFT p50 gain of {_toml(self.largest)} "
+                f"(at least {fmt_pct(SUFFICIENT_GAIN_SHARE)})")
+        if self.short_of is not None:
+            text += f", {_toml(self.short_of)} fell short"
+        return text + "; gain curve (value: TTFT p50, share of the gain): " + ", ".join(
+            f"{_toml(p.value)}: {fmt_ms_value(p.ttft_p50_ms)}, {fmt_pct(p.gain_share)}" for p in self.points)
+
+
+@dataclass(frozen=True)
 class Advice:
     kind: str  # prefetch | write_policy | session | capacity | storage_tier | eviction_policy | page_size | none
     option: str | None  # the --config TOML key (None: nothing to change)
@@ -97,6 +143,7 @@ class Advice:
     verified: Verified | None = None  # what a replay measured (whatever its status)
     status: str = "proposed"  # STATUSES: proposed until `advise` replayed it
     prediction: str | None = None  # what the rule expects under the run's own rules, in words
+    sizing: Sizing | None = None  # a confirmed size item's gain curve, once `advise` searched it
 
     @property
     def advised(self) -> bool:
@@ -107,6 +154,7 @@ class Advice:
         return {"option": self.option, "value": self.value, "reason": self.reason,
                 "verified": self.verified.to_json() if self.verified else None,
                 "status": self.status, "prediction": self.prediction,
+                "sizing": self.sizing.to_json() if self.sizing else None,
                 "kind": self.kind, "changes": dict(self.changes), "evidence": dict(self.evidence),
                 "cost_gib": self.cost_gib, "cost_kind": self.cost_kind}
 
@@ -126,6 +174,8 @@ class Advice:
         v = self.verified
         if v is not None and self.status == "confirmed":
             text += f" — verified by run {v.run_id}: {v.numbers()}"
+            if self.sizing is not None:
+                text += f"; {self.sizing.words()}"
         elif v is not None:
             text += f" — tried in run {v.run_id}, {self.status.replace('_', ' ')}: {v.numbers()}"
         return text

@@ -12,6 +12,7 @@ import duckdb
 from tierdiag.diagnose.advice import (_NOT_CHANGES, COMBINE_MAX, CONFIRM_P50_GAIN, TARGETS, Advice, RunContext,
                                       Verified, classify, propose)
 from tierdiag.diagnose.causes import excess_sql, routing_tokens_sql
+from tierdiag.diagnose.advice_types import SIZE_KEYS, SUFFICIENT_GAIN_SHARE, SizePoint, Sizing
 from tierdiag.diagnose.session_pool import session_pauses
 from tierdiag.store.reader import ADVISE_SWEEP_PREFIX
 from tierdiag.units import fmt_pct, ns_to_ms, share
@@ -21,6 +22,60 @@ from tierdiag.units import fmt_pct, ns_to_ms, share
 
 def advise_sweep_id(run_id: str) -> str:
     return ADVISE_SWEEP_PREFIX + run_id
+
+
+def size_sweep_id(run_id: str) -> str:
+    """Where `advise` records its search for the smallest sufficient size: apart from the
+    candidates (advise_sweep_id), so a size tried is a point of a curve, not a proposal."""
+    return ADVISE_SWEEP_PREFIX + "size-" + run_id
+
+
+def sizable(a: Advice, config: dict) -> bool:
+    """A confirmed item that sets a size (SIZE_KEYS) above the run's own: `advise` searches it down."""
+    return (a.status == "confirmed" and a.kind != "combined" and a.option in SIZE_KEYS and isinstance(a.value, int)
+            and a.value > int(config.get(a.option) or 0))
+
+
+def size_runs(con: duckdb.DuckDBPyConnection, run, a: Advice) -> dict[int, str]:
+    """value -> run id of the size search's replays of item `a` (its changes, its option's value
+    other than the item's): the newest run of each value."""
+    import json
+
+    out: dict[int, str] = {}
+    rest = {k: v for k, v in a.changes.items() if k != a.option}
+    for rid, cfg in con.execute("SELECT run_id, config_json FROM runs WHERE sweep_id = ? AND status = 'complete' "
+                                "ORDER BY created_at", [size_sweep_id(run.run_id)]).fetchall():
+        changes = config_changes(run.config, json.loads(cfg or "{}"))
+        value = changes.pop(a.option, None)
+        if isinstance(value, int) and changes == rest:
+            out[value] = rid
+    return out
+
+
+def sizing(con: duckdb.DuckDBPyConnection, run, a: Advice) -> Sizing | None:
+    """The gain curve of a confirmed size item from its size-search replays (None before any): each
+    value's TTFT p50 and the share of the largest value's p50 gain it keeps; the smallest keeping at
+    least SUFFICIENT_GAIN_SHARE of it."""
+    v = a.verified
+    tried = size_runs(con, run, a) if sizable(a, run.config) and v is not None else {}
+    if not tried:
+        return None
+    base_ms, top_ms = v.ttft_p50_ms_before, v.ttft_p50_ms_after
+    gain = base_ms - top_ms
+
+    def point(value: int, rid: str, p50_ms: float | None) -> SizePoint:
+        return SizePoint(value, rid, p50_ms, None if p50_ms is None or gain <= 0 else (base_ms - p50_ms) / gain)
+
+    own = int(run.config.get(a.option) or 0)
+    pts = {own: point(own, run.run_id, base_ms), a.value: point(a.value, v.run_id, top_ms)}
+    for value, rid in tried.items():
+        if own < value < a.value:
+            pts[value] = point(value, rid, ns_to_ms(_run_numbers(con, rid)["p50"]))
+    points = tuple(pts[k] for k in sorted(pts))
+    enough = [p.value for p in points if p.gain_share is not None and p.gain_share >= SUFFICIENT_GAIN_SHARE]
+    smallest = min(enough, default=a.value)
+    short = [p.value for p in points if p.value < smallest]
+    return Sizing(a.option, a.value, smallest, points, max(short) if short else None)
 
 
 def config_changes(base: dict, other: dict) -> dict:
@@ -123,7 +178,8 @@ def verified_advice(con: duckdb.DuckDBPyConnection, run, advice: tuple[Advice, .
             req = ((con.execute(q, [run.run_id, req_id]).fetchone() or [None])[0],
                    (con.execute(q, [rid, req_id]).fetchone() or [None])[0], req_id)
         v = _measured(base, _run_numbers(con, rid), rid, a.kind, req)
-        return dataclasses.replace(a, verified=v, status=classify(v))
+        done = dataclasses.replace(a, verified=v, status=classify(v))
+        return dataclasses.replace(done, sizing=sizing(con, run, done))
 
     out = [measure(a) for a in advice]
     together = combination(tuple(out))

@@ -151,6 +151,7 @@ class Calibration:
         u = self.usable
         return {"source_run": self.source_run, "source_run_name": self.source_run_name, "source_db": self.source_db,
                 "source_kind": self.source_kind, "model": self.geometry.model, "gpu": self.geometry.gpu,
+                "geometry": dict(self.geometry.__dict__),
                 "params": [self.params[k].to_json() | {"unit": CLOCK_PARAMS[k][0]} for k in CLOCK_PARAMS],
                 "usable": {"observed_requests": u.num_requests, "prefill_requests": u.prefill_requests,
                            "prefill_batches": int(len(u.prefill.observed_ns)),

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import duckdb
 
+from tierdiag.diagnose.quantile import nearest_rank
+
 from tierdiag.diagnose.sql import FINISHED_SQL
 
 # The window holds this many median requests' worth of prefill.
@@ -94,5 +96,6 @@ def run_capacity(con: duckdb.DuckDBPyConnection, rid: str, num_ranks: int = 1) -
     return Capacity(
         window_ns=window, span_ns=span, overloaded_share=float(over.mean()),
         overload_factor=float(load[over].mean()) if over.any() else None, peak_load=float(load.max()),
-        material_load=float(np.quantile(load, 1 - MATERIAL_SHARE)),
+        # Nearest rank (quantile.py), the one percentile definition: a window's own load.
+        material_load=float(nearest_rank(load.tolist(), 1 - MATERIAL_SHARE)),
         mean_load=float(ideal.sum() / (max(span, window) * ranks)), offered_ns=int(ideal.sum()), num_ranks=ranks)

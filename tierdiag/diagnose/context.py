@@ -18,9 +18,10 @@ Two results, both from the `batches` table (one row per prefill batch) and `requ
 
   Batch time splits by kind: `recompute` (compute of once-cached tokens), `new_compute`,
   `load_back` (exposed), `write_back` (blocking device->host copies at eviction). Idle gaps
-  while it waited split into `decode` (some request was decoding: its KV held the device
-  memory the queue needed; decode runs beside prefill in this engine, so it takes memory,
-  not prefill time), `storage_wait` (else some request was held for a storage prefetch) and
+  while it waited split into `memory_wait` (no prefill batch ran while some request was
+  decoding: its KV held the device memory the queue needed, so the queue waited for memory;
+  decode runs beside prefill in this engine, so it takes memory, not prefill time; the name
+  says what the waiting request waited for, as the verdict does), `storage_wait` (else some request was held for a storage prefetch) and
   `idle`. From the shared batches its own parts (recompute, compute, exposed load-back) are
   subtracted. The parts are rounded to whole ns by largest remainder so they sum to
   `queue_ns` exactly; `rounding_ns` says how far the float sum was from it (a few ns from
@@ -44,7 +45,7 @@ from tierdiag.units import NS_PER_S, ns_to_ms, share
 CONTEXT_LOOKBACK_NS = 1 * NS_PER_S
 
 ATTRIBUTION_KEYS: tuple[str, ...] = ("recompute", "new_compute", "load_back", "write_back", "storage_wait",
-                                     "decode", "idle")
+                                     "memory_wait", "idle")
 _BATCH_KINDS = ("recompute", "new_compute", "load_back", "write_back")
 
 
@@ -204,7 +205,8 @@ def queue_attribution(con: duckdb.DuckDBPyConnection, run_id: str, row: dict) ->
     batches = fetch_dicts(
         con,
         f"SELECT t_start_ns, t_end_ns, compute_ns, loadback_exposed_ns, {rec} AS recompute_ns FROM batches "
-        "WHERE run_id = ? AND t_end_ns > ? AND t_start_ns < ? AND coalesce(dp_rank, 0) = ? ORDER BY t_start_ns, batch_id",
+        "WHERE run_id = ? AND t_end_ns > ? AND t_start_ns < ? AND coalesce(dp_rank, 0) = ? "
+        "ORDER BY t_start_ns, batch_id",
         [run_id, min(wait_start, sched), first_token, _rank(row)])
     if not batches and queue:
         return None  # a store without batch rows (hand-built, or probes off)
@@ -259,7 +261,7 @@ def queue_attribution(con: duckdb.DuckDBPyConnection, run_id: str, row: dict) ->
             "AND coalesce(dp_rank, 0) = ?", [run_id, row["req_id"], hi, lo, _rank(row)]).fetchall()]
         for gap in gaps:
             dec = _union_measure(*gap, decoding)
-            raw["decode"] += sum(b - a for a, b in dec)
+            raw["memory_wait"] += sum(b - a for a, b in dec)
             for rest in _subtract(gap, dec):
                 hold = _union_measure(*rest, held)
                 held_ns = sum(b - a for a, b in hold)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import duckdb
 
 from tierdiag.diagnose.causes import CAUSES, cause_sql, excess_sql, routing_ns_sql
+from tierdiag.diagnose.quantile import quantile_sql
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one, link_peak_bytes_per_s
 from tierdiag.diagnose.sql import FINISHED_SQL as _FINISHED
 from tierdiag.diagnose.sql import span_columns_sql
@@ -179,7 +180,7 @@ def _tokens_and_counts(con: duckdb.DuckDBPyConnection, rid: str) -> dict:
                sum(loadback_skipped_tokens) FILTER (WHERE {_FINISHED}) AS loadback_skipped_tokens,
                count(*) FILTER (WHERE {_FINISHED}
                    AND device_hit_tokens + host_hit_tokens + storage_hit_tokens > 0) AS hit_requests,
-               median(device_hit_tokens + host_hit_tokens + storage_hit_tokens) FILTER (WHERE {_FINISHED}
+               {quantile_sql('device_hit_tokens + host_hit_tokens + storage_hit_tokens', 0.5)} FILTER (WHERE {_FINISHED}
                    AND device_hit_tokens + host_hit_tokens + storage_hit_tokens > 0) AS median_hit,
                {_SPAN[0]} AS t0, {_SPAN[1]} AS t1,
                count(*) FILTER (WHERE {_FINISHED} AND host_hit_tokens + storage_hit_tokens > 0) AS lb_requests,

@@ -58,6 +58,11 @@ class LossEvidence:
     # skipped nor matched in storage): how large a prefix a storage prefetch would have to bring
     # back at once (the prefetch admission rule limits that; advice.py predicts with it).
     lost_request_deciles_tokens: tuple = ()
+    # For the eviction-policy prediction (advice.py): token-weighted deciles (p0 ... p100) over the
+    # hot re-references (hot_removed_tokens) of the hot volume competing with each: the tokens of
+    # every hot re-reference whose interval (last use -> re-reference) overlaps its own, its own
+    # included. LFU evicts once-hit content first, so a hot page stays while that volume fits.
+    hot_competing_deciles_tokens: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,9 @@ class TransferEvidence:
     loadback_exposed_ns: int
     ttft_total_ns: int
     tiered_ttft_ns: int  # summed TTFT of the requests that loaded something back
+    # The engine's fixed cost per copy launch (data_plane_json; None for an import): the part of a
+    # load-back's time a page size does not change (advice.py's page-size prediction).
+    transfer_overhead_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -89,7 +97,8 @@ class RunContext:
     queue_total_ns: int
     queue_share_of_ttft: float | None
     excess_total_ns: int
-    queue_attribution: dict | None  # ATTRIBUTION_KEYS -> run total ns (gaps all as idle)
+    queue_attribution: dict | None  # ATTRIBUTION_KEYS -> run total ns (gaps all as idle: memory_wait and
+    #                                  storage_wait stay 0 here; a request's own attribution splits them)
     losses: LossEvidence
     transfers: TransferEvidence
     config: dict
@@ -228,6 +237,7 @@ def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict) -> LossEvide
              AND q.recomputed_tokens > 0""", {"r": rid}).fetchnumpy()
     deciles: list[int] = []
     deleted = dropped = hot = 0
+    hot_competing: list[int] = []
     if len(raw["tokens"]):
         sched = np.asarray(alloc["sched"], dtype=np.int64)
         cum = np.concatenate([[0], np.asarray(alloc[next(k for k in alloc if k != "sched")], dtype=np.int64)])
@@ -246,7 +256,9 @@ def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict) -> LossEvide
             deciles.append(int(dist_sorted[reached[0]] if reached.size else dist_sorted[-1]))
         deleted = int(tok[np.asarray(raw["deleted"], dtype=bool)].sum())
         dropped = int(tok[np.asarray(raw["dropped"], dtype=bool)].sum())
-        hot = int(tok[np.asarray(raw["hits"], dtype=np.int64) >= HOT_HIT_COUNT].sum())
+        is_hot = np.asarray(raw["hits"], dtype=np.int64) >= HOT_HIT_COUNT
+        hot = int(tok[is_hot].sum())
+        hot_competing = _hot_competing_deciles(t0[is_hot], t1[is_hot], tok[is_hot])
     p50 = deciles[5] if deciles else None
     p90 = deciles[9] if deciles else None
     recomputed = None if t[1] is None else int(t[1])  # NULL: no finished row says (unknown, not 0)
@@ -276,10 +288,44 @@ def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict) -> LossEvide
         deleted_from_host_tokens=deleted, dropped_unbacked_tokens=dropped, hot_removed_tokens=hot,
         removed_reuse_p50_tokens=p50, removed_reuse_p90_tokens=p90, removed_reuse_deciles_tokens=tuple(deciles),
         device_capacity_tokens=cap("device_tokens"), host_capacity_tokens=cap("host_tokens"),
-        storage_capacity_tokens=cap("storage_tokens"), lost_request_deciles_tokens=tuple(lost_deciles))
+        storage_capacity_tokens=cap("storage_tokens"), lost_request_deciles_tokens=tuple(lost_deciles),
+        hot_competing_deciles_tokens=tuple(hot_competing))
 
 
-def _transfers(con: duckdb.DuckDBPyConnection, rid: str, peak: float | None) -> TransferEvidence:
+def _weighted_deciles(values, weights) -> list[int]:
+    """p0, p10, ..., p100 of `values` weighted by `weights`: the first value (ascending) where the
+    running weight reaches k/10 of all (the largest where it never does)."""
+    import numpy as np
+
+    order = np.argsort(values, kind="stable")
+    v, acc = np.asarray(values)[order], np.cumsum(np.asarray(weights)[order]).astype(np.float64)
+    out = []
+    for k in range(11):
+        reached = np.flatnonzero(acc >= (k * 0.1) * acc[-1])
+        out.append(int(v[reached[0]] if reached.size else v[-1]))
+    return out
+
+
+def _hot_competing_deciles(t0, t1, tok) -> list[int]:
+    """Per hot re-reference (pages last used at t0, asked for again at t1, `tok` tokens): the hot
+    tokens whose own interval overlaps [t0, t1] (t0' < t1 and t1' > t0), its own included, as
+    token-weighted deciles. Two sorted prefix sums: O(n log n) for a million re-references."""
+    import numpy as np
+
+    if not len(tok):
+        return []
+    by0, by1 = np.argsort(t0, kind="stable"), np.argsort(t1, kind="stable")
+    s0, s1 = t0[by0], t1[by1]
+    c0 = np.concatenate([[0], np.cumsum(tok[by0])])
+    c1 = np.concatenate([[0], np.cumsum(tok[by1])])
+    started = c0[np.searchsorted(s0, t1, side="left")]  # t0' < t1
+    ended = c1[np.searchsorted(s1, t0, side="right")]  # t1' <= t0: over before this one began
+    competing = np.maximum(started - ended, tok)
+    return _weighted_deciles(competing, tok)
+
+
+def _transfers(con: duckdb.DuckDBPyConnection, rid: str, peak: float | None,
+               overhead_ns: int | None = None) -> TransferEvidence:
     tr = con.execute(
         "SELECT count(*), coalesce(sum(bytes), 0), coalesce(sum(t_end_ns - t_start_ns), 0), coalesce(sum(pages), 0), "
         "coalesce(sum(runs), 0) FROM transfers WHERE run_id = ? AND kind = 'load_back'", [rid]).fetchone()
@@ -296,7 +342,12 @@ def _transfers(con: duckdb.DuckDBPyConnection, rid: str, peak: float | None) -> 
         num_loadbacks=n, loadback_bytes=nbytes, loadback_busy_ns=busy, link_peak_share=share(achieved, peak),
         pages_per_run=share(pages, runs), bytes_per_run=share(nbytes, runs), bytes_per_page=share(nbytes, pages),
         loadback_ns=_i(rq[0]), recompute_instead_extra_ns=_i(rq[1]), loadback_exposed_ns=_i(rq[2]),
-        ttft_total_ns=_i(rq[3]), tiered_ttft_ns=_i(rq[4]))
+        ttft_total_ns=_i(rq[3]), tiered_ttft_ns=_i(rq[4]), transfer_overhead_ns=overhead_ns)
+
+
+def _overhead_ns(run) -> int | None:
+    v = run.data_plane.get("transfer_overhead_ns") if isinstance(run.data_plane, dict) else None
+    return int(v) if v is not None else None
 
 
 def run_ranks(con: duckdb.DuckDBPyConnection, run) -> int:
@@ -336,7 +387,7 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
         recompute_share_of_prefill=share(recompute, compute) if rec else None,
         ttft_total_ns=_i(t[3]), queue_total_ns=queue_total, queue_share_of_ttft=share(queue_total, _i(t[3])),
         excess_total_ns=_i(t[5]), queue_attribution=attribution,
-        losses=_losses(con, rid, run.config), transfers=_transfers(con, rid, link_peak_bytes_per_s(run)),
+        losses=_losses(con, rid, run.config), transfers=_transfers(con, rid, link_peak_bytes_per_s(run), _overhead_ns(run)),
         config=dict(run.config), kv_bytes_per_token=int(kv) if kv else None,
         ttft_p50_ns=t[6], ttft_p99_ns=t[7],
         story=run_story(con, rid, rec) if attribution and busy else None,

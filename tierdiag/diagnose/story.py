@@ -38,7 +38,7 @@ from tierdiag.units import share
 RECOMPUTE_QUEUE_SHARE = 0.2
 BUSY_SHARE = 0.7
 # The wait's parts, as batches make them (the gaps between batches are `idle` here: explain
-# splits them further into decode / storage_wait / idle by what held memory meanwhile).
+# splits them further into memory_wait / storage_wait / idle by what held memory meanwhile).
 WAIT_KEYS = ("recompute", "new_compute", "load_back", "write_back", "idle")
 
 

@@ -69,7 +69,7 @@ class Engine:
                 root = tempfile.mkdtemp(prefix="tierdiag-storage-")
                 weakref.finalize(self, shutil.rmtree, root, True)
             self.storage = StorageTier(Path(root), cfg.storage_tokens // ps)
-        self.tree = RadixTree(ps, cfg.eviction_policy, rule_set(cfg.sglang_rules))
+        self.tree = RadixTree(ps, cfg.resolved_eviction_policy(), rule_set(cfg.sglang_rules))
         self.stats = EngineStats()
         self.probe = probe
         self.ctrl = CacheController(cfg, self.cost, self.tree, self.device, self.host, self.storage, probe,

@@ -64,6 +64,15 @@ class StoragePrefetch:
         gate = anchor if rules.prefetch_gate_on_best_match else last_dev
         hit_only = rules.prefetch_alloc_hit_only
         span = (req.max_match_pages if hit_only else len(req.keys)) - matched
+        # 0.5.23 `prefetch_from_storage(storage_hit_end)`: a re-query after a hit the host could
+        # not take asks for the span up to where that hit ended, if it still lies past the match,
+        # and skips the existence query (`assume_stored`). Each query consumes the end it was
+        # given; a rate-limited decline passes it on, a hit the host cannot take sets a new one.
+        known_end, req.storage_hit_end = req.storage_hit_end, None
+        if known_end is not None and matched < known_end <= matched + span:
+            span = known_end - matched
+        else:
+            known_end = None
         if hit_only:
             hits = min(hits, span)  # the query asks for the requested span only
         reason = None
@@ -73,7 +82,7 @@ class StoragePrefetch:
             reason = "below_threshold"  # no lookup issued: nothing to retry
         elif self.prefetch_tokens_occupied >= self.prefetch_limit_tokens:
             reason = "rate_limited"  # HiCacheController.prefetch_rate_limited
-            self._arm_prefetch_retry(req)
+            self._arm_prefetch_retry(req, known_end)
         elif hit_only and hits * ps < self.prefetch_threshold:
             reason = "below_threshold"  # a miss, or a hit not worth the transfer: poll_miss
             self._arm_prefetch_retry(req)
@@ -91,7 +100,8 @@ class StoragePrefetch:
             if slots is None:
                 tree.release_host(anchor)
                 req.storage_skip_reason = "host_full"
-                self._arm_prefetch_retry(req)
+                # poll_miss(rid, storage_start + storage_hit_count): the re-query knows the hit's end
+                self._arm_prefetch_retry(req, matched + hits)
                 return
             if len(slots) < hits:
                 req.storage_skip_reason = "host_full"  # the rest of the hit: _resolve_storage_prefetch_tokens
@@ -145,10 +155,16 @@ class StoragePrefetch:
                 self.at(deadline, _noop, None)
         return req.hold_until_ns > now
 
-    def _arm_prefetch_retry(self, req: Req) -> None:
-        """StoragePrefetchRetries.poll_miss: query storage again in a few scheduling passes."""
+    def _arm_prefetch_retry(self, req: Req, storage_hit_end: int | None = None) -> None:
+        """StoragePrefetchRetries.poll_miss: query storage again in a few scheduling passes, with
+        the end of a known hit (pages) where the rule set assumes it stored (`assume_stored`).
+        The existence query costs no virtual time here (the engine knows the hit at once), so
+        assuming changes the requested span, not the clock; a page the tier deleted meanwhile is
+        not read (the hit stops before it, as SGLang's read would come back short there)."""
         if self.rules.prefetch_retry_interval_passes:
             self.prefetch_retry_due[req.seq] = None
+            if self.rules.prefetch_assume_stored:
+                req.storage_hit_end = storage_hit_end
 
     def _retry_prefetches(self, now: int) -> None:
         """Scheduler._process_storage_prefetch_retries -> StoragePrefetchRetries.pop_ready, once a

@@ -2,18 +2,22 @@
 each naming the schedule_policy.py function it restates:
 
   fcfs                    arrival order (0.5.9, 0.5.23)
-  lpm                     longest device prefix first, with in-batch prefix deprioritization (0.5.9)
+  lpm                     longest cached prefix first, with in-batch prefix deprioritization: the
+                          device prefix under 0.5.9, device + host under 0.5.23 (the rule set's
+                          `lpm_counts_host_hit`)
   hrrn                    highest response ratio next, token-based aging (0.5.23 only)
-  shortest-prefill-first  fewest uncached input tokens first (0.5.23 only)
+  shortest-prefill-first  fewest uncached input tokens first, the running chunk capped to leave
+                          them room (0.5.23 only)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from tierdiag.config.engine import SCHEDULE_POLICIES, SCHEDULE_POLICY_RELEASES
 from tierdiag.engine.request import Req
+from tierdiag.engine.rules import RuleSet, rule_set
 from tierdiag.errors import ConfigError
 
 # Like SGLang (SchedulePolicy._determine_active_policy), LPM falls back to FCFS past 128 waiting:
@@ -62,6 +66,16 @@ def _sort_key(req: Req) -> float:
     return req.sort_key
 
 
+def sort_by_matched_prefix(waiting: list[Req], match, ps: int, now: int) -> None:
+    """SchedulePolicy._compute_prefix_matches + _sort_by_longest_prefix (SGLang 0.5.23): key
+    -`num_matched_prefix_tokens` (device + host, capped at input - 1: `common.match_kv_cache`),
+    the in-batch deprioritized last (+inf); the sort is stable, so ties keep queue order."""
+    keys = {}
+    for r, deprioritized, matched in _matched(waiting, match, ps, now):
+        keys[r.seq] = float("inf") if deprioritized else -matched
+    waiting.sort(key=lambda r: keys[r.seq])
+
+
 def _matched(waiting: list[Req], match, ps: int, now: int) -> list[tuple[Req, bool, int]]:
     """SchedulePolicy._compute_prefix_matches (0.5.23) through `common.match_kv_cache`: each waiting
     request, whether the in-batch check deprioritizes it, and its `num_matched_prefix_tokens` =
@@ -77,7 +91,8 @@ def _matched(waiting: list[Req], match, ps: int, now: int) -> list[tuple[Req, bo
     return out
 
 
-def sort_by_hrrn(waiting: list[Req], match, ps: int, now: int, processed: int, arrived: dict[int, int]) -> None:
+def sort_by_hrrn(waiting: list[Req], match, ps: int, now: int, processed: int, arrived: dict[int, int],
+                 rules: RuleSet | None = None) -> None:
     """SchedulePolicy._sort_by_hrrn (SGLang 0.5.23), highest response ratio next with token-based
     aging: ratio - 1 = (processed_tokens - arrival_processed_tokens) / uncached, where
     processed_tokens counts every prefill token the scheduler has run (`processed_tokens_counter
@@ -99,7 +114,7 @@ def sort_by_hrrn(waiting: list[Req], match, ps: int, now: int, processed: int, a
 
 
 def sort_by_shortest_prefill(waiting: list[Req], match, ps: int, now: int, processed: int,
-                             arrived: dict[int, int]) -> None:
+                             arrived: dict[int, int], rules: RuleSet | None = None) -> None:
     """SchedulePolicy._sort_by_shortest_prefill (SGLang 0.5.23): key (in-batch deprioritized,
     `_shortest_prefill_work`, wait_queue_entry_time), where work = max(1, input - 
     num_matched_prefix_tokens): the uncached part, device and host hits both counted as cached.
@@ -107,31 +122,63 @@ def sort_by_shortest_prefill(waiting: list[Req], match, ps: int, now: int, proce
     `_determine_active_policy`'s list)."""
     keys = {}
     for r, deprioritized, matched in _matched(waiting, match, ps, now):
-        keys[r.seq] = (deprioritized, max(1, r.input_len - matched), r.arrival_ns, r.seq)
+        r.prefill_work = max(1, r.input_len - matched)  # read by the chunk cap below
+        keys[r.seq] = (deprioritized, r.prefill_work, r.arrival_ns, r.seq)
     waiting.sort(key=lambda r: keys[r.seq])
 
 
-def _lpm(waiting, match, ps, now, processed, arrived) -> None:
-    sort_by_device_prefix(waiting, match, ps, now)
+def shortest_prefill_chunk_limit(chunked: Req, waiting: list[Req], budget: int, ps: int) -> int | None:
+    """SchedulePolicy.shortest_prefill_chunk_limit (SGLang 0.5.23): cap the running chunked
+    request's next chunk so shorter waiting requests fit beside it. Walking the sorted queue,
+    each request whose work (`_shortest_prefill_work`, from the sort just run) is shorter than
+    what the chunked request has left reserves its page-ceiled work, while the reservations stay
+    within budget - a page; the chunk gets the rest, page-floored. None (no cap): a budget under
+    two pages, or nothing reserved."""
+    if budget < 2 * ps:
+        return None
+    remaining = chunked.input_len - chunked.done_tokens
+    reserved = 0
+    for r in waiting:
+        work = r.prefill_work
+        charge = -(-work // ps) * ps
+        if work >= remaining or reserved + charge > budget - ps:
+            break
+        reserved += charge
+    if not reserved:
+        return None
+    return (budget - reserved) // ps * ps
+
+
+def _lpm(waiting, match, ps, now, processed, arrived, rules: RuleSet) -> None:
+    if rules.lpm_counts_host_hit:
+        sort_by_matched_prefix(waiting, match, ps, now)
+    else:
+        sort_by_device_prefix(waiting, match, ps, now)
 
 
 @dataclass(frozen=True)
 class QueuePolicy:
     """One `--schedule-policy` value: how it orders the waiting queue (None: arrival order), past
-    how many waiting it falls back to FCFS (None: never), and the SGLang releases that have it."""
+    how many waiting it falls back to FCFS (None: never), the SGLang releases that have it, the
+    cap it puts on the running chunked request's next chunk (None: none), and the rule set of
+    the release it runs under (bound by `queue_policy`)."""
     name: str
     sort: Callable | None
     fcfs_past: int | None
     releases: tuple[str, ...]
     cites: str
+    chunk_limit: Callable[[Req, list[Req], int, int], int | None] | None = None
+    rules: RuleSet | None = None
 
     def order(self, waiting: list[Req], match, ps: int, now: int, processed: int, arrived: dict[int, int]) -> None:
-        """Sorts `waiting` in place (SchedulePolicy.calc_priority) before a batch is formed."""
-        if self.sort is None or len(waiting) < 2:
+        """Sorts `waiting` in place (SchedulePolicy.calc_priority) before a batch is formed. A
+        policy with a chunk cap sorts (and so matches) even a single request: the cap reads the
+        work the sort finds."""
+        if self.sort is None or (len(waiting) < 2 and self.chunk_limit is None) or not waiting:
             return
         if self.fcfs_past is not None and len(waiting) > self.fcfs_past:
             return
-        self.sort(waiting, match, ps, now, processed, arrived)
+        self.sort(waiting, match, ps, now, processed, arrived, self.rules or rule_set(self.releases[0]))
 
 
 QUEUE_POLICIES: dict[str, QueuePolicy] = {p.name: p for p in (
@@ -139,7 +186,7 @@ QUEUE_POLICIES: dict[str, QueuePolicy] = {p.name: p for p in (
     QueuePolicy("lpm", _lpm, LPM_MAX_WAITING, ("0.5.9", "0.5.23"), "_sort_by_longest_prefix"),
     QueuePolicy("hrrn", sort_by_hrrn, LPM_MAX_WAITING, ("0.5.23",), "_sort_by_hrrn"),
     QueuePolicy("shortest-prefill-first", sort_by_shortest_prefill, None, ("0.5.23",),
-                "_sort_by_shortest_prefill"),
+                "_sort_by_shortest_prefill", chunk_limit=shortest_prefill_chunk_limit),
 )}
 assert tuple(QUEUE_POLICIES) == SCHEDULE_POLICIES, "config's SCHEDULE_POLICIES and the registry disagree"
 assert {n: tuple(sorted(p.releases)) for n, p in QUEUE_POLICIES.items()} == \
@@ -156,4 +203,4 @@ def queue_policy(name: str, release: str) -> QueuePolicy:
         raise ConfigError(f"--schedule-policy {name} is not in SGLang {release} (it has "
                           f"{', '.join(n for n, p in QUEUE_POLICIES.items() if release in p.releases)})",
                           hint=f"use --sglang {policy.releases[-1]}")
-    return policy
+    return replace(policy, rules=rule_set(release))

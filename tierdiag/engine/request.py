@@ -25,7 +25,8 @@ class Req:
         "sched_ns", "first_batch_id", "num_chunks", "lb_ns", "lb_exposed", "lb_queued", "lb_pages", "lb_runs",
         "storage_bytes", "storage_fetch_ns", "recompute_ns", "compute_ns", "first_token_ns", "lost",
         "lb_wall", "lb_verified", "protected_pages", "session", "think_ms", "trace_arrival_ns",
-        "prefetch_wait_ns", "prefetch_deadline_ns", "prefetch_retries",
+        "prefetch_wait_ns", "prefetch_deadline_ns", "prefetch_retries", "inserted_pages", "prefill_work",
+        "storage_hit_end",
     )
 
     def __init__(self, t: TraceRequest, arrival_ns: int, trace_arrival_ns: int | None = None,
@@ -47,6 +48,11 @@ class Req:
         self.prefetch_wait_ns: int | None = None  # timeout budget armed at the first blocked poll (0.5.23)
         self.prefetch_deadline_ns: int | None = None  # when that budget ends; kept across re-queries
         self.prefetch_retries = 0  # storage re-queries made (StoragePrefetchRetries, 0.5.23)
+        # 0.5.23's `storage_hit_end` in pages: where a hit the host could not take ended, carried
+        # into the re-query (`poll_miss`), which then assumes that span stored (`assume_stored`).
+        self.storage_hit_end: int | None = None
+        self.inserted_pages = 0  # req.kv.cache_inserted_len in pages: what this request's inserts covered
+        self.prefill_work = 0  # `_shortest_prefill_work` at the last sort (shortest-prefill-first)
         self.priority = t.priority
         self.sort_key = 0.0
         self.hold_until_ns = 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from tierdiag.config.engine import SGLANG_PREFETCH_POLICY, SGLANG_RULES
+from tierdiag.config.engine import SGLANG_HOST_LAYOUT, SGLANG_PREFETCH_POLICY, SGLANG_RULES
 
 
 def _evict_whole_need(free_pages: int, need_pages: int) -> int:
@@ -92,8 +92,29 @@ class RuleSet:
     # alloc_paged_token_slots_extend (both): the allocation's eviction asks for a page a request
     # more than the extend (`conservative_num_tokens`); the page is not allocated.
     alloc_overhead_pages: int
-    # PrefillAdder.add_one_req (0.5.23): `per_req_token_overhead`, one page, in total_tokens.
+    # PrefillAdder.add_one_req (0.5.23): `per_req_token_overhead`, one page, in total_tokens, and
+    # `_update_prefill_budget` -> `PrefillBudget.reserve` keeps it reserved (`total_offset`) for
+    # the rest of the batch: the k-th request admitted in a batch finds the pages of the k - 1
+    # before it taken too. The compute budget (`rem_input_tokens`, `rem_chunk_tokens`) is charged
+    # the page-ceiled extend only, never the overhead. 0.5.9 has none.
     admission_overhead_pages: int
+    # PrefillAdder._select_prefill_admission (0.5.23): with chunked prefill on, a request after
+    # the first that does not fit what is left of the batch budget is chunked into it (the chunk
+    # shape chosen assuming the host hit loads; re-selected as recompute when nothing loaded).
+    # 0.5.9's add_one_req returns OTHER for it (`real_input_tokens >= rem_input_tokens` with a
+    # request already in the batch): it waits for the next batch.
+    chunk_later_requests: bool
+    # --- hits and write-through ---
+    # 0.5.23 `_finish_insert_walk_node` / `_should_backup_after_insert`: every insert, a chunk's
+    # included, counts a hit on each node ending past `req.kv.cache_inserted_len` (what this
+    # request's earlier inserts covered), so a backup can start at every prefill chunk. 0.5.9
+    # `_inc_hit_count(node, chunked)`: chunk inserts count nothing, every other insert counts its
+    # whole path.
+    hits_past_inserted: bool
+    # --- the queue ---
+    # `_sort_by_longest_prefix` ranks by `num_matched_prefix_tokens` = min(device + host hit,
+    # input - 1) (0.5.23, `common.match_kv_cache`); 0.5.9 by `len(prefix_indices)`, device only.
+    lpm_counts_host_hit: bool
     # (prefix, device, host_hit, host_loaded, storage_hit, storage_start) -> (device, host, storage)
     split_cached_prefix: Callable[[int, int, int, int, int, int], tuple[int, int, int]]
     # --- the storage prefetch ---
@@ -128,6 +149,16 @@ class RuleSet:
     # `hicache_storage_prefetch_retry_max_attempts` (8) times (`_process_storage_prefetch_retries`).
     prefetch_retry_interval_passes: int
     prefetch_retry_max_attempts: int
+    # 0.5.23 `prefetch_from_storage(storage_hit_end=...)`: a hit the host could not take
+    # (`_try_alloc_storage_hit`: `poll_miss(rid, storage_start + storage_hit_count)`) is re-queried
+    # for the span up to where that hit ended, assumed stored (`assume_stored`: the existence query
+    # is skipped, `_storage_hit_query`) when it still lies past the new match. 0.5.9: no re-query.
+    prefetch_assume_stored: bool
+    # --- the host pool ---
+    # `hicache_mem_layout` default: layer_first (0.5.9 server_args), page_first (0.5.23
+    # arg_groups/fields/memory.py). Recorded in the run's config (`host_layout`); what it changes
+    # in the transfer model: nothing (docs/engine.md, "The host layout").
+    host_layout: str
     vocabulary: ExplainVocabulary
     doc: str
 
@@ -149,6 +180,9 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         reclaim_host_duplicates=True,
         alloc_overhead_pages=1,
         admission_overhead_pages=1,
+        chunk_later_requests=True,
+        hits_past_inserted=True,
+        lpm_counts_host_hit=True,
         split_cached_prefix=_split_by_tier,
         prefetch_capacity_share=0.5,
         prefetch_capacity_of_host_minus_device=False,
@@ -158,6 +192,8 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         prefetch_timer_at_first_poll=True,
         prefetch_retry_interval_passes=8,
         prefetch_retry_max_attempts=8,
+        prefetch_assume_stored=True,
+        host_layout="page_first",
         vocabulary=ExplainVocabulary("prefix_len", "host_loaded_length", "best_match_node", "kv.cache_protected_len"),
         doc="SGLang 0.5.23 (October): UnifiedRadixCache on the unified tree core",
     ),
@@ -171,6 +207,9 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         reclaim_host_duplicates=False,
         alloc_overhead_pages=1,
         admission_overhead_pages=0,
+        chunk_later_requests=False,
+        hits_past_inserted=False,
+        lpm_counts_host_hit=False,
         split_cached_prefix=_split_promised,
         prefetch_capacity_share=0.8,
         prefetch_capacity_of_host_minus_device=True,
@@ -180,6 +219,8 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         prefetch_timer_at_first_poll=False,
         prefetch_retry_interval_passes=0,
         prefetch_retry_max_attempts=0,
+        prefetch_assume_stored=False,
+        host_layout="layer_first",
         vocabulary=ExplainVocabulary("prefix_indices", "host_hit_length", "last_host_node", "cache_protected_len"),
         doc="SGLang 0.5.9 (February): HiRadixCache",
     ),
@@ -188,6 +229,8 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
 assert tuple(RULE_SETS) == SGLANG_RULES, "config.engine.SGLANG_RULES names the rule sets, in this order"
 assert {v: r.prefetch_policy_default for v, r in RULE_SETS.items()} == SGLANG_PREFETCH_POLICY, \
     "config.engine.SGLANG_PREFETCH_POLICY names each rule set's default prefetch policy"
+assert {v: r.host_layout for v, r in RULE_SETS.items()} == SGLANG_HOST_LAYOUT, \
+    "config.engine.SGLANG_HOST_LAYOUT names each rule set's host layout"
 
 
 def rule_set(version: str) -> RuleSet:

@@ -199,23 +199,39 @@ class Scheduler(StoragePrefetch, RequestRecords):
         self.ctrl.blocking_ns = 0
         self._retry_prefetches(now)  # _process_hicache_events, before the batch is formed
         chunk_continues = False
+        capped = False  # the queue policy capped the chunked request's chunk (shortest-prefill-first)
+        sorted_yet = False
         if self.chunked is not None:
             req = self.chunked
-            take = self._continue_chunk(req, budget, now)
+            chunk_budget = budget
+            limit = self.queue.chunk_limit
+            if limit is not None:
+                # calc_priority runs before add_chunked_req, whose cap reads the sorted queue
+                self.queue.order(self.waiting, self.tree.match, ps, now, self.processed_tokens, self.arrived_at)
+                sorted_yet = True
+                cap = limit(req, self.waiting, budget, ps)  # adder.chunked_req_limit
+                if cap is not None:
+                    chunk_budget, capped = min(budget, cap), True
+            take = self._continue_chunk(req, chunk_budget, now)
             if take is None:
                 return None  # the chunked request needs memory first; it goes before everyone
             items.append((req, take, 0, 0))
             budget -= -(-take // ps) * ps
             chunk_continues = req.done_tokens + take < req.input_len
-        self.queue.order(self.waiting, self.tree.match, ps, now, self.processed_tokens, self.arrived_at)
+        if not sorted_yet:
+            self.queue.order(self.waiting, self.tree.match, ps, now, self.processed_tokens, self.arrived_at)
+        overhead = self.rules.admission_overhead_pages
         i = 0
-        while not chunk_continues and budget >= ps and i < len(self.waiting):
+        # A continuing chunk spends the budget, unless the policy's cap left room beside it.
+        while (capped or not chunk_continues) and budget >= ps and i < len(self.waiting):
             req = self.waiting[i]
             if req.hold_until_ns > now and self._prefetch_holds(req, now):  # "skip staging requests that are ongoing prefetch"
                 req.held = True
                 i += 1
                 continue
-            admitted = self._admit(req, budget, now, first=not items)
+            # PrefillBudget.reserve: each request already in the batch keeps its page of overhead
+            admitted = self._admit(req, budget, now, first=not items, reserved_pages=overhead * len(items),
+                                   may_chunk=not chunk_continues)
             if admitted is None:
                 break  # NO_TOKEN or OTHER: the request waits, and so does everyone behind it
             del self.waiting[i]
@@ -238,20 +254,28 @@ class Scheduler(StoragePrefetch, RequestRecords):
     def _take(self, remaining: int, budget: int) -> int:
         return remaining if remaining <= budget else (budget // self.ps) * self.ps
 
-    def _admit(self, req: Req, budget: int, now: int, *, first: bool):
-        """PrefillAdder.add_one_req (SGLang 0.5.9), with HiRadixCache.init_load_back inside it.
+    def _admit(self, req: Req, budget: int, now: int, *, first: bool, reserved_pages: int = 0,
+               may_chunk: bool = True):
+        """PrefillAdder.add_one_req (SGLang 0.5.9; 0.5.23's `_select_prefill_admission` where the
+        rule set says), with init_load_back inside it.
 
         1. match_prefix: a device part and a host part (`host_hit_length`), the storage pages
            this request's prefetch brought in being host pages by now;
-        2. OTHER: a request after the first one whose input (less the host part) does not fit
-           what is left of the batch budget waits for the next batch;
+        2. the chunk shape, assuming the host part loads: under 0.5.9 a request after the first
+           whose input (less the host part) does not fit what is left of the batch budget waits
+           for the next batch (OTHER); under 0.5.23 (`chunk_later_requests`) it is chunked into
+           what is left, unless a chunked request goes on beside it (`has_chunked_req`: OTHER);
         3. lock the device path, then NO_TOKEN: the whole request (input beyond the device part,
-           host part included, plus its output) must fit in free + evictable device memory, or
-           it waits. It is not recomputed: memory frees as running requests finish;
-        4. load-back of the host part, all or nothing: declined below load_back_threshold, or
-           when eviction cannot make room for the host part (`device_full`). Declined, the
-           prefix is the device part: cache_protected_len = device part, and only the device
-           path stays locked;
+           host part included, plus its output, plus the rule set's page of overhead, plus the
+           overhead pages `reserved_pages` the batch's earlier requests keep) must fit in free +
+           evictable device memory, or it waits. It is not recomputed: memory frees as running
+           requests finish;
+        4. load-back of the host part, all or nothing (a partial load is an error in 0.5.23;
+           here one allocation takes the whole host part or none): declined below
+           load_back_threshold, or when eviction cannot make room for the host part
+           (`device_full`). Declined, the prefix is the device part and the shape is selected
+           again as recompute (step 2 with no host part); cache_protected_len = device part,
+           and only the device path stays locked;
         5. allocate the first chunk (the last chunk also holds the output pages).
         Returns (chunk tokens, load-back ns, load-back pages), or None when the request waits.
         """
@@ -265,11 +289,11 @@ class Scheduler(StoragePrefetch, RequestRecords):
         storage_pages = sum(len(n.keys) for n in host_nodes if n.prefetched_for == req.seq)
         host_pages = match.host_pages - storage_pages
         tiered = host_pages + storage_pages
-        if not first and -(-(req.input_len - (dev_pages + tiered) * ps) // ps) * ps >= budget:
-            return None  # OTHER: real_input_tokens >= rem_input_tokens
+        if self._waits_for_next_batch(req, (dev_pages + tiered) * ps, budget, first, may_chunk):
+            return None  # OTHER, the shape chosen assuming the host part loads
         dev_node = match.last_device_node or tree.root
         tree.inc_lock(dev_node)
-        overhead = self.rules.admission_overhead_pages  # 0.5.23: per_req_token_overhead
+        overhead = self.rules.admission_overhead_pages + reserved_pages  # 0.5.23: per_req_token_overhead
         if req.total_pages - dev_pages + overhead > ctrl.device.free_pages + tree.evictable_device_pages:
             tree.dec_lock(dev_node)
             return None  # NO_TOKEN: total_tokens >= rem_total_tokens
@@ -288,9 +312,9 @@ class Scheduler(StoragePrefetch, RequestRecords):
                 tree.release_host(host_nodes[-1])
                 load, skip = False, "device_full"
         prefix_pages = dev_pages + tiered if load else dev_pages
-        if not load and not first and -(-(req.input_len - prefix_pages * ps) // ps) * ps >= budget:
+        if not load and self._waits_for_next_batch(req, prefix_pages * ps, budget, first, may_chunk):
             tree.dec_lock(dev_node)
-            return None  # OTHER, with the declined host part counted as input
+            return None  # OTHER, re-selected as recompute: the declined host part counted as input
         take = self._take(req.input_len - prefix_pages * ps, budget)
         # alloc_paged_token_slots_extend: the extend's eviction (with the rule set's page a request)
         need = self._pages_through(req, prefix_pages * ps + take) - prefix_pages
@@ -339,6 +363,17 @@ class Scheduler(StoragePrefetch, RequestRecords):
         if load:
             return take, lb_ns, tiered
         return take, 0, 0
+
+    def _waits_for_next_batch(self, req: Req, prefix_tokens: int, budget: int, first: bool, may_chunk: bool) -> bool:
+        """OTHER from the chunk shape: whether a request with `prefix_tokens` cached cannot join
+        this batch. 0.5.9 `add_one_req`: a request after the first whose page-ceiled input is at
+        least what is left of the budget. 0.5.23 `_select_prefill_admission` (chunked prefill on):
+        such a request is chunked into what is left; only one that needs chunking while another
+        chunked request goes on beside it waits (the budget always holds a page here)."""
+        extend = -(-(req.input_len - prefix_tokens) // self.ps) * self.ps
+        if self.rules.chunk_later_requests:
+            return not may_chunk and extend > budget
+        return not first and extend >= budget
 
     def _count_recomputed(self, req: Req, match, skipped: bool) -> None:
         """Computed pages that had been cached once, and the evictions that took this request's
@@ -443,7 +478,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
     def _cache_unfinished(self, req: Req) -> None:
         """A chunk that is not the last: Scheduler.stash_chunked_request ->
         cache_unfinished_req(chunked=True). The full pages computed so far enter the tree and stay
-        locked; no hit is counted and nothing is backed up (_inc_hit_count skips chunked)."""
+        locked; under 0.5.9 no hit is counted and nothing is backed up (_inc_hit_count skips
+        chunked); under 0.5.23 the chunk's new pages count a hit and may be backed up at once."""
         self._insert(req, min(req.done_tokens // self.ps, len(req.keys)), self._current, chunk=True)
 
     def _prefill_done(self, req: Req) -> None:
@@ -458,16 +494,23 @@ class Scheduler(StoragePrefetch, RequestRecords):
     def _insert(self, req: Req, upto: int, now: int, *, chunk: bool) -> list[TreeNode]:
         """cache_unfinished_req / cache_finished_req: insert pages [0, upto) of req.keys; our
         slots for pages already on device are freed; the lock moves to the new end of the path.
-        Outside chunk inserts every device node on the path gains a hit, and one not backed up
-        whose hits reach the write policy's threshold is backed up now (every insert retries a
-        backup that is missing: HiRadixCache._inc_hit_count)."""
+        Which nodes gain a hit is the rule set's (`hits_past_inserted`): 0.5.9 counts every device
+        node on the path outside chunk inserts (HiRadixCache._inc_hit_count(node, chunked)); 0.5.23
+        counts, in every insert a chunk's included, the nodes ending past what this request's
+        earlier inserts covered (`cache_inserted_len`). A node not backed up whose hits reach the
+        write policy's threshold is backed up now (every counted insert retries a missing backup)."""
         if upto == 0:
             return []
         n = upto - req.own_from
         tree = self.tree
+        if self.rules.hits_past_inserted:
+            count, inserted = self.count_hits, req.inserted_pages
+        else:
+            count, inserted = self.count_hits and not chunk, 0
         last, dups, fresh, hit = tree.insert(req.keys[:upto], req.own_from, req.own_slots[:n], now, req.req_id,
-                                             count_hits=self.count_hits and not chunk, priority=req.priority,
-                                             keys_np=req.keys_np[:upto])
+                                             count_hits=count, priority=req.priority,
+                                             keys_np=req.keys_np[:upto], inserted=inserted)
+        req.inserted_pages = max(req.inserted_pages, upto)  # cache_inserted_len = max(.., page_aligned_len)
         self.ctrl.device.free(dups)
         del req.own_slots[:n]
         req.own_from = upto

@@ -17,7 +17,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Callable
 
-from tierdiag.config.policies import EVICTION_POLICIES
+from tierdiag.config.policies import EVICTION_POLICIES, EvictionPolicy
 from tierdiag.engine.rules import RULE_SETS, RuleSet
 
 
@@ -97,10 +97,11 @@ class TreeMatch:
 
 
 class RadixTree:
-    def __init__(self, page_size: int, eviction_policy: str = "lru", rules: RuleSet | None = None):
+    def __init__(self, page_size: int, eviction_policy: "str | EvictionPolicy" = "lru", rules: RuleSet | None = None):
         self.page_size = page_size
         self.rules = rules or next(iter(RULE_SETS.values()))
-        policy = EVICTION_POLICIES[eviction_policy]
+        # a registry name, or a policy with its settings (policies.configured_eviction_policy)
+        policy = eviction_policy if isinstance(eviction_policy, EvictionPolicy) else EVICTION_POLICIES[eviction_policy]
         self.priority = policy.key
         self._repush_on_touch = policy.key_can_shrink
         self._tree_depths = policy.tree_depths
@@ -207,6 +208,8 @@ class RadixTree:
         node.parent = upper
         if now_ns is not None:
             self._stamp(node, now_ns)
+        elif self._repush_on_touch and self._tree_depths:
+            self._touched(node)  # tlru: a deeper parent can make the lower half TEL-safe
         self.track_duplicate(upper)
         return upper
 
@@ -261,8 +264,8 @@ class RadixTree:
 
     # --- insertion -----------------------------------------------------------------------
     def insert(self, keys: list[int], own_from: int, device_slots: list[int], now_ns: int,
-               owner: str | None = None, *, count_hits: bool = True, priority: int = 0, keys_np=None
-               ) -> tuple[TreeNode, list[int], list[TreeNode], list[TreeNode]]:
+               owner: str | None = None, *, count_hits: bool = True, priority: int = 0, keys_np=None,
+               inserted: int = 0) -> tuple[TreeNode, list[int], list[TreeNode], list[TreeNode]]:
         """Give the tree a computed prefix: `keys[:own_from]` are already in the tree on device
         (the caller holds a lock on them), `device_slots` hold pages `keys[own_from:]`.
 
@@ -272,6 +275,11 @@ class RadixTree:
         our slots (0.5.9: no hit, "KV cache recomputation"; 0.5.23: a hit, `unevict_counts_hit`,
         and so a write-through candidate); the rest becomes a new node whose first
         hit is this insert. Every node passed keeps the max of its priority and ours.
+
+        `inserted` (pages, 0.5.23's `InsertParams.inserted_len` = `req.kv.cache_inserted_len`):
+        only a node ending past it gains the hit (`_finish_insert_walk_node`,
+        `_should_backup_after_insert`: "nodes this request already inserted were counted back
+        then"); 0.5.9's callers pass 0.
 
         Returns (last node, duplicate slots to free, new or revived nodes, nodes whose hit count
         this insert raised, in path order: the write-through candidates). `keys_np`, the same
@@ -291,7 +299,7 @@ class RadixTree:
                 child = self._new_node(node, keys[i:], device_slots[i - own_from:], None, now_ns, owner,
                                        None if keys_np is None else keys_np[i:])
                 child.priority = priority
-                if count_hits:
+                if count_hits and n > inserted:
                     child.hit_count = 1
                     hit.append(child)
                 fresh.append(child)
@@ -311,14 +319,14 @@ class RadixTree:
                 self.set_device(child, device_slots[i - own_from:i - own_from + m])
                 fresh.append(child)
                 self.track_duplicate(child)  # _unevict_node_on_insert: a duplicate at once
-                if count_hits and self.rules.unevict_counts_hit:
+                if count_hits and self.rules.unevict_counts_hit and i + m > inserted:
                     child.hit_count += 1  # _finish_insert_walk_node (0.5.23)
                     hit.append(child)
             else:
                 assert i >= own_from or child.device is not None, f"{child}: locked prefix page not on device"
                 if i >= own_from:
                     dups.extend(device_slots[i - own_from:i - own_from + m])
-                if count_hits:
+                if count_hits and i + m > inserted:
                     child.hit_count += 1
                     hit.append(child)
             self._stamp(child, now_ns)

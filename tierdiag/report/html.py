@@ -170,7 +170,12 @@ def _advice_html(item: Any) -> str:
                  + "</div>")
     elif get("verification"):
         check = f'<div class="check">check: {e(get("verification"))}</div>'
-    return f"<li>{head}{reason}{cost}{check}</li>"
+    prediction = f'<div class="check">{e(get("prediction"))}</div>' if get("prediction") else ""
+    sizing = get("sizing")
+    if sizing is not None and get("status") == "confirmed":
+        words = sizing.words() if hasattr(sizing, "words") else None
+        check += f'<div class="check">{e(words)}</div>' if words else ""
+    return f"<li>{head}{reason}{prediction}{cost}{check}</li>"
 
 
 def _status(item: Any) -> str:

@@ -201,7 +201,8 @@ def render_explanation(expl: Explanation, console: Console) -> None:
         verdict_parts += [Text(""), table]
         if expl.queue_attribution is not None and d.queue_ns:
             qa = expl.queue_attribution.parts_ns
-            verdict_parts.append(Text("while it waited the GPU was: " + ", ".join(
+            # The --json keys (queue_attribution_ms), each meaning what the verdict's queue claim says.
+            verdict_parts.append(Text("its wait, by what held it up: " + ", ".join(
                 f"{k} {fmt_ms(v)}" for k, v in qa.items() if v), style="dim"))
     tok = expl.tokens
     verdict_parts.append(Text(visible(
