@@ -162,3 +162,12 @@ def test_dp_counts_the_ranks_the_run_already_had(overloaded, tmp_path):
     d = _json("summary", "--db", str(db))["diagnosis"]
     cap = next(c["text"] for c in d["claims"] if c["name"] == "capacity")
     assert "× each of its 2 ranks' GPUs (spread evenly)" in cap
+
+
+def test_the_router_leads_where_routing_lost_most_reuse(bursts, tmp_path):
+    db = _copy(bursts, tmp_path, "first")
+    plant_ranks(db, routed=True)
+    with open_store(db) as con:
+        ctx = run_context(con, resolve_run(con, None))
+        kinds = [a.kind for a in propose(ctx)]
+    assert ctx.routing.dominates_lost_reuse and kinds[0] == "router" and "capacity" in kinds

@@ -160,3 +160,13 @@ def _dp(ctx: RunContext) -> list[Advice]:
 
 
 ROUTING_RULES = (_router, _router_threshold, _dp)
+
+
+def routing_first(ctx: RunContext, items: list[Advice]) -> list[Advice]:
+    """Where routing lost most of the run's lost reuse (RoutingLoss.dominates_lost_reuse), the
+    router's items lead: a bigger pool on every rank keeps what the router scattered, the router
+    keeps it where it is (and `advise --budget 1` replays the router first)."""
+    if ctx.routing is None or not ctx.routing.dominates_lost_reuse:
+        return items
+    ours = ("router", "router_threshold")
+    return [a for a in items if a.kind in ours] + [a for a in items if a.kind not in ours]
