@@ -570,7 +570,7 @@ def routing_claim(row: dict, config: dict) -> Claim | None:
     cost, ttft = routing_cost_ns(row, config), _int(row, "ttft_ns")
     why = row.get("route_reason")
     text = (f"At its arrival rank {best} held {fmt_tokens(bd + bh)} tokens of its prefix ({fmt_tokens(bd)} on device, "
-            f"{fmt_tokens(bh)} on host) and rank {rank} {fmt_tokens(own)}; the router sent it to rank {rank}"
+            f"{fmt_tokens(bh)} on host) against {fmt_tokens(own)} on rank {rank}; the router sent it to rank {rank}"
             + (f" ({why})" if why else "")
             + f", so {fmt_tokens(r)} of its {fmt_tokens(_int(row, 'recomputed_tokens'))} "
             f"recomputed tokens were lost to routing; recomputing them took {fmt_ms(cost)} "
