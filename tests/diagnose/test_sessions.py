@@ -15,6 +15,7 @@ from tierdiag.diagnose.explain import explain_request
 from tierdiag.diagnose.sessions import PAUSE_BUCKETS
 from tierdiag.diagnose.summary import run_summary
 from tierdiag.store.reader import open_store, resolve_run
+from tierdiag.store.schema import SCHEMA_VERSION, columns_missing_in
 
 pytest.importorskip("tierdiag.cli.replay")
 from tierdiag.cli.main import app  # noqa: E402
@@ -140,17 +141,18 @@ def test_summary_counts_context_length_and_names_the_sessions_that_ended(tmp_pat
 def test_a_v2_store_reads_with_the_session_columns_null_and_takes_a_new_run(tmp_path):
     db = replay(tmp_path, [{"id": "r1", "timestamp": 0, "input_length": 129, "output_length": 4,
                             "hash_ids": [1, 2, 3]}], *SMALL)
-    with duckdb.connect(str(db)) as con:  # as tierdiag wrote it before v3
-        for col in ("session_id", "think_ms", "trace_arrival_ns"):
-            con.execute(f"ALTER TABLE requests DROP COLUMN {col}")
+    with duckdb.connect(str(db)) as con:  # as tierdiag wrote it before v3 (and v4)
+        for table, cols in columns_missing_in(2).items():
+            for col in cols:
+                con.execute(f"ALTER TABLE {table} DROP COLUMN {col}")
         con.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
     s = summary(db)
     assert s.num_finished == 1 and s.sessions is None
     assert [st.name for st in explain(db, "r1").steps][-1] == "eviction"
-    # A replay into it adds the columns (NULL for the old run) and moves it to v3.
+    # A replay into it adds the columns (NULL for the old run) and moves it to the current version.
     replay(tmp_path, [{"id": "r2", "timestamp": 0, "input_length": 129, "output_length": 4,
                        "hash_ids": [1, 2, 3], "session": "x"}], *SMALL)
     with duckdb.connect(str(db), read_only=True) as con:
-        assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [("3",)]
+        assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [(str(SCHEMA_VERSION),)]
         got = dict(con.execute("SELECT req_id, session_id FROM requests").fetchall())
     assert got == {"r1": None, "r2": "x"}

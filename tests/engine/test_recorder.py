@@ -119,8 +119,8 @@ def test_a_rows_sink_gets_each_tables_rows_with_their_field_names_and_the_buffer
     by_columns = Recorder(columns.append, flush_rows=10**9)
     for r in (by_rows, by_columns):
         emit = r.emitter(ev.PoolSample)
-        emit((1, "device", 10, 100, 0))
-        emit((2, "host", 20, 400, 5))
+        emit((1, "device", 10, 100, 0, 0))  # every field, dp_rank last
+        emit((2, "host", 20, 400, 5, 1))
         r.emit(ev.Eviction(7, 3, "host", 9, 64, "delete", None, "req-1", 10, 20, 0, 2, 1))  # a built event too
         r.flush()
         assert r.buffered_rows == 0

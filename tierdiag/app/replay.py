@@ -56,7 +56,7 @@ class ReplaySummary:
     ttft_p90_ms: float | None
     ttft_p99_ms: float | None
     virtual_s: float  # the run's span: first arrival -> last finish (summary's span_ns)
-    prefill_busy_share: float  # share of that span the GPU spent in prefill
+    prefill_busy_share: float  # share of that span the GPU spent in prefill (--dp N: each GPU's, on average)
     wall_s: float
     bad_lines: int
     first_bad: list = field(default_factory=list)
@@ -443,7 +443,7 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
         load_back_bytes=stats.load_back_bytes, load_back_p50_ms=_percentile(stats.load_back_ns, 0.5),
         load_back_p99_ms=_percentile(stats.load_back_ns, 0.99), skipped=dict(stats.skipped),
         evictions=dict(stats.evictions), ttft_p50_ms=ttft_q[0.5], ttft_p90_ms=ttft_q[0.9], ttft_p99_ms=ttft_q[0.99],
-        virtual_s=span_ns / 1e9, prefill_busy_share=stats.busy_ns / span_ns if span_ns else 0.0, wall_s=t_end - t0, bad_lines=report.bad_lines,
+        virtual_s=span_ns / 1e9, prefill_busy_share=stats.busy_ns / cfg.dp / span_ns if span_ns else 0.0, wall_s=t_end - t0, bad_lines=report.bad_lines,
         first_bad=list(report.first_bad), unknown_keys=sorted(report.unknown_keys),
         data_plane=describe_data_plane(cfg),
         storage_dir=str(storage_dir) if storage_dir is not None and storage_tmp is None else None,

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from tierdiag import signals
-from tierdiag.cli.choices import choices
+from tierdiag.cli.choices import choices, completer, listed
 from tierdiag.cli.common import command_line, db_option, DbOpt, DEFAULT_DB_PATH, err, JsonOpt, out, print_json
 # No torch: presets, registries and validation only.
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_pool
@@ -28,6 +28,7 @@ from tierdiag.config.engine import (
     load_config,
 )
 from tierdiag.config.presets import GPUS, MODELS, model_preset
+from tierdiag.config.router import ROUTER_NAMES
 from tierdiag.errors import RunInterrupted
 
 Opt = typer.Option
@@ -98,6 +99,12 @@ def replay(
     seed: Annotated[Optional[int], Opt(help=_d("Seed (recorded; the engine itself is deterministic).", "seed"))] = None,
     verify: Annotated[Optional[str], Opt(**choices(VERIFY_MODES), help=_d("Check load-backs byte for byte (sample: one in 16).", "verify"))] = None,
     data_plane_mib: Annotated[Optional[int], Opt(help=_d("Memory for the real pools in MiB; their width shrinks to fit.", "data_plane_mib"))] = None,
+    dp: Annotated[Optional[int], Opt("--dp", help=_d("Data-parallel ranks behind one router, on one clock, sharing the "
+                                                     "storage tier (config key dp).", "dp"))] = None,
+    # NAME, the names in the help text: the list is too long for one line of --help at 80 columns.
+    router: Annotated[Optional[str], Opt("--router", metavar="NAME", autocompletion=completer(ROUTER_NAMES), help=_d(
+        "The router in front of the --dp ranks: " + listed(ROUTER_NAMES) + "; its parameters are the router_* "
+        "config keys.", "router"))] = None,
     sglang: Annotated[Optional[str], Opt("--sglang", **choices(SGLANG_RULES), help=_d("The SGLang release whose cache rules the engine follows (config key sglang_rules).", "sglang_rules"))] = None,
     skip_bad: Annotated[bool, Opt("--skip-bad", help="Skip malformed trace lines (and count them).")] = False,
     no_probes: Annotated[bool, Opt("--no-probes", help="Record nothing (benchmarking the engine).")] = False,
@@ -120,7 +127,7 @@ def replay(
         "prefetch_threshold": prefetch_threshold, "max_prefill_tokens": max_prefill_tokens,
         "layerwise_overlap": overlap, "timing": timing, "profile": str(profile) if profile else None,
         "time_scale": time_scale, "arrivals": arrivals, "max_context_tokens": max_context, "seed": seed, "verify": verify, "data_plane_mib": data_plane_mib,
-        "sglang_rules": sglang,
+        "sglang_rules": sglang, "dp": dp, "router": router,
     })
     if not no_probes:  # the store is not one of the files this replay reads (tierdiag/paths.py)
         from tierdiag.paths import check_output

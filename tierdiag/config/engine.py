@@ -19,6 +19,7 @@ from tierdiag.errors import ConfigError, ConfigFileError, unknown_name
 from tierdiag.config.policies import EVICTION_POLICIES as _EVICTION_REGISTRY
 from tierdiag.config.presets import GPUS, MODELS, gpu_preset, model_preset
 from tierdiag.config.profile import check_profile, profile_defaults
+from tierdiag.config.router import check_router_keys
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 EVICTION_POLICIES = tuple(_EVICTION_REGISTRY)
@@ -88,6 +89,19 @@ class EngineConfig:
     # next_prompt_estimate); None: unset (0). Only with eviction_policy = "tlru".
     tlru_threshold: int | None = None
     tlru_next_prompt_estimate: int | None = None
+    # Data-parallel ranks behind one router (engine/deployment.py; docs/contract.md "Deployments").
+    # The router keys are engine/routing/config.py RouterConfig's fields, its defaults the SGLang
+    # model gateway's command line.
+    dp: int = 1
+    router: str = "round_robin"
+    router_cache_threshold: float = 0.3
+    router_balance_abs_threshold: int = 64
+    router_balance_rel_threshold: float = 1.5
+    router_eviction_interval_s: float = 60.0
+    router_max_tree_tokens: int = 2**26
+    router_cache_miss: str = "smallest_tree"
+    router_prefix_hash_tokens: int = 256
+    router_prefix_hash_load_factor: float = 1.25
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -148,6 +162,7 @@ class EngineConfig:
                               f"({MIN_TIME_SCALE:g} to {MAX_TIME_SCALE:g})")
         if self.max_context_tokens is not None and self.max_context_tokens < 1:
             raise ConfigError(f"--max-context {self.max_context_tokens} must be at least 1 token")
+        check_router_keys(self)
         if self.data_plane_mib < 1:
             raise ConfigError(f"--data-plane-mib {self.data_plane_mib} must be at least 1")
         ram = _physical_memory_bytes()
@@ -329,6 +344,7 @@ def load_config(path: str | Path | None, overrides: Mapping[str, Any]) -> Engine
         # A bad value written in the file is a bad --config file (exit 3), like a wrong type;
         # one given on the command line stays a bad option value (exit 2).
         named = {m.replace("-", "_") for m in re.findall(r"--([a-z][a-z-]*)", exc.message)}
+        named |= set(re.findall(r"\b([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b", exc.message)) & set(CONFIG_KEYS)  # router_* keys
         blamed = named & (from_file - {k for k, v in overrides.items() if v is not None})
         if path is None or isinstance(exc, ConfigFileError) or not blamed:
             raise

@@ -78,8 +78,11 @@ class CacheController:
         self._rows = device.rows is not None and host.rows is not None
         self.h2d_free_ns = 0
         self.d2h_free_ns = 0
-        self.disk_free_ns = 0
         self.blocking_ns = 0  # write-backs done synchronously during the current admission
+        # The storage tier's own clock (storage.free_ns): one bandwidth, shared by every rank
+        # that shares the tier (engine/deployment.py).
+        self.rank = 0  # the data-parallel rank (its rows' dp_rank)
+        self.id_step = 1  # eviction and transfer ids: rank + 1, then every num_ranks-th
         self._next_eviction = 1
         self._next_transfer = 1
         self._loadback_count = 0
@@ -101,9 +104,14 @@ class CacheController:
         wall = kernels.backup(self.device.buffer, device_slots, self.host.buffer, host_slots)
         return wall, kernels.count_runs(device_slots)
 
+    def as_rank(self, rank: int, num_ranks: int) -> None:
+        """Rank `rank` of `num_ranks`: its rows say so and its ids never meet another rank's."""
+        self.rank, self.id_step = rank, num_ranks
+        self._next_eviction = self._next_transfer = rank + 1
+
     def _transfer_id(self) -> int:
         tid = self._next_transfer
-        self._next_transfer += 1
+        self._next_transfer += self.id_step
         return tid
 
     def _copy_ns(self, pages: int, wall_ns: int, data_plane_bytes: int, *, to_device: bool, runs: int) -> int:
@@ -115,7 +123,7 @@ class CacheController:
 
     def record_eviction(self, node: TreeNode, tier: str, action: str, cause: str | None, now_ns: int) -> int:
         eid = self._next_eviction
-        self._next_eviction += 1
+        self._next_eviction += self.id_step
         tokens = len(node.keys) * self.page_size
         key = f"{tier}/{action}"
         self.stats.evictions[key] = self.stats.evictions.get(key, 0) + 1
@@ -126,7 +134,7 @@ class CacheController:
             self.emit.eviction((
                 eid, now_ns, tier, node.id, tokens, action, cause, node.owner,
                 pool.used_pages * self.page_size, pool.capacity * self.page_size,
-                locked * self.page_size, node.hit_count, node.last_access_ns))
+                locked * self.page_size, node.hit_count, node.last_access_ns, self.rank))
         return eid
 
     # --- eviction ------------------------------------------------------------------------
@@ -242,7 +250,7 @@ class CacheController:
         self.stats.backup_bytes += pages * self.page_bytes
         if self.emit.transfer is not None:
             self.emit.transfer((self._transfer_id(), start, end, "backup", cause, pages, runs,
-                                        pages * self.page_bytes, dp_bytes, start - now_ns, wall, None))
+                                        pages * self.page_bytes, dp_bytes, start - now_ns, wall, None, self.rank))
         self.at(end, self.tree.dec_lock, node)
         self._write_storage(node, cause, end)
         return True
@@ -266,7 +274,7 @@ class CacheController:
         self.stats.write_backs += 1
         if self.emit.transfer is not None:
             self.emit.transfer((self._transfer_id(), start, start + dur, "write_back", cause, pages, runs,
-                                        pages * self.page_bytes, dp_bytes, start - now_ns, wall, None))
+                                        pages * self.page_bytes, dp_bytes, start - now_ns, wall, None, self.rank))
         self._write_storage(node, cause, start + dur)
 
     def _write_storage(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
@@ -278,15 +286,16 @@ class CacheController:
         deleted = self.storage.write_from(self.host.array, node.host, keys, rows=self.host.rows)
         pages = len(keys)
         dp_bytes = pages * self.dp_page_bytes
-        start = max(now_ns, self.disk_free_ns)
+        storage = self.storage
+        start = max(now_ns, storage.free_ns)
         end = start + self.cost.storage_ns(pages * self.page_bytes)
-        self.disk_free_ns = end
+        storage.free_ns = end
         if deleted:
             key = "storage/delete"
             self.stats.evictions[key] = self.stats.evictions.get(key, 0) + len(deleted)
         if self.emit.transfer is not None:
             self.emit.transfer((self._transfer_id(), start, end, "storage_write", cause, pages, 1,
-                                        pages * self.page_bytes, dp_bytes, start - now_ns, 0, None))
+                                        pages * self.page_bytes, dp_bytes, start - now_ns, 0, None, self.rank))
 
     # --- host -> device ------------------------------------------------------------------
     def load_back(self, nodes: tuple[TreeNode, ...], slots: list[int], req_id: str, now_ns: int,
@@ -339,14 +348,15 @@ class CacheController:
         """Read pages from storage into host `slots` (allocated by the caller). Returns (start, end)."""
         pages = len(keys)
         dp_bytes = self.storage.read_into(keys, self.host.array, slots)
-        start = max(now_ns, self.disk_free_ns)
+        storage = self.storage
+        start = max(now_ns, storage.free_ns)
         end = start + self.cost.storage_ns(pages * self.page_bytes)
-        self.disk_free_ns = end
+        storage.free_ns = end
         self.stats.prefetches += 1
         if self.emit.transfer is not None:
             self.emit.transfer((self._transfer_id(), start, end, "prefetch", req_id, pages,
                                         _rows.count_runs(slots), pages * self.page_bytes,
-                                        dp_bytes, start - now_ns, 0, None))
+                                        dp_bytes, start - now_ns, 0, None, self.rank))
         return start, end
 
     def emit_load_back(self, start: int, end: int, req_id: str, pages: int, runs: int, queued: int,
@@ -354,4 +364,4 @@ class CacheController:
         if self.emit.transfer is not None:
             dp_bytes = pages * self.dp_page_bytes
             self.emit.transfer((self._transfer_id(), start, end, "load_back", req_id, pages, runs,
-                                        pages * self.page_bytes, dp_bytes, queued, wall, verified))
+                                        pages * self.page_bytes, dp_bytes, queued, wall, verified, self.rank))

@@ -14,6 +14,7 @@ from tierdiag.engine.controller import CacheController, EngineStats
 from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.hardware import cuda_available
 from tierdiag.engine.dataplane import DataPlane, plan_data_plane
+from tierdiag.engine.deployment import Deployment
 from tierdiag.engine.pagepool import PagePool
 from tierdiag.engine.storage import StorageTier
 from tierdiag.engine.scheduler import Scheduler
@@ -52,14 +53,29 @@ def describe_data_plane(cfg: EngineConfig) -> dict:
     return d
 
 
+class Rank:
+    """One data-parallel rank: its pools, tree, controller and scheduler (engine/deployment.py)."""
+
+    def __init__(self, engine: "Engine", probe, progress) -> None:
+        cfg, ps = engine.cfg, engine.cfg.page_size
+        self.device = PagePool("device", cfg.resolved_device_tokens() // ps, engine.plane, on_device=True)
+        self.host = PagePool("host", cfg.resolved_host_tokens() // ps, engine.plane, on_device=False)
+        self.tree = RadixTree(ps, cfg.resolved_eviction_policy(), rule_set(cfg.sglang_rules))
+        self.ctrl = CacheController(cfg, engine.cost, self.tree, self.device, self.host, engine.storage, probe,
+                                    engine.stats)
+        self.scheduler = Scheduler(cfg, engine.cost, self.tree, self.ctrl, probe, engine.stats, progress)
+
+
 class Engine:
+    """The engine: one rank (cfg.dp == 1, its scheduler's own loop), or a deployment of cfg.dp
+    ranks behind a router (engine/deployment.py). `device`, `host`, `tree`, `ctrl`, `scheduler`
+    are rank 0's; `ranks` has every rank's."""
+
     def __init__(self, cfg: EngineConfig, *, probe=None, storage_dir: str | Path | None = None,
                  progress: Callable[[int, int, EngineStats], None] | None = None):
         self.cfg = cfg
         self.cost, self.plane = plan(cfg)
         ps = cfg.page_size
-        self.device = PagePool("device", cfg.resolved_device_tokens() // ps, self.plane, on_device=True)
-        self.host = PagePool("host", cfg.resolved_host_tokens() // ps, self.plane, on_device=False)
         self.storage: StorageTier | None = None
         if cfg.storage_tokens:
             root = storage_dir or cfg.storage_dir
@@ -68,50 +84,66 @@ class Engine:
                 # users do): it goes when the engine does, or at exit.
                 root = tempfile.mkdtemp(prefix="tierdiag-storage-")
                 weakref.finalize(self, shutil.rmtree, root, True)
-            self.storage = StorageTier(Path(root), cfg.storage_tokens // ps)
-        self.tree = RadixTree(ps, cfg.resolved_eviction_policy(), rule_set(cfg.sglang_rules))
+            self.storage = StorageTier(Path(root), cfg.storage_tokens // ps)  # one, shared by every rank
         self.stats = EngineStats()
         self.probe = probe
-        self.ctrl = CacheController(cfg, self.cost, self.tree, self.device, self.host, self.storage, probe,
-                                    self.stats)
-        self.scheduler = Scheduler(cfg, self.cost, self.tree, self.ctrl, probe, self.stats, progress)
+        self.ranks = [Rank(self, probe, progress) for _ in range(cfg.dp)]
+        first = self.ranks[0]
+        self.device, self.host, self.tree = first.device, first.host, first.tree
+        self.ctrl, self.scheduler = first.ctrl, first.scheduler
+        self.deployment = None
+        if cfg.dp > 1:
+            self.deployment = Deployment(cfg, [r.scheduler for r in self.ranks], self.stats)
 
     def run(self, requests: Iterable[TraceRequest]) -> EngineStats:
+        if self.deployment is not None:
+            return self.deployment.run(requests)
         return self.scheduler.run(requests)
 
     def check_invariants(self, *, idle: bool = False) -> None:
-        """Pool accounting, residency closure, lock counts; with idle=True also that no lock is held."""
-        self.device.check()
-        self.host.check()
-        dev_slots: list[int] = []
-        host_slots: list[int] = []
-        locked_dev = locked_host = 0
-        for node in self.tree.nodes():
-            assert node.device is not None or node.host is not None, f"{node}: in the tree but on no tier"
-            assert node.keys_np is None or node.keys_np.tolist() == node.keys, f"{node}: key array and list differ"
-            if node.device is not None:
-                assert node.parent.device is not None, f"{node}: device residency not root-connected"
-                dev_slots.extend(node.device)
-            if node.host is not None:
-                host_slots.extend(node.host)
-            child_locks = sum(c.lock_ref for c in node.children.values())
-            assert node.lock_ref >= child_locks, f"{node}: lock_ref below its children's"
-            n_dev = sum(1 for c in node.children.values() if c.device is not None)
-            assert node.n_dev_children == n_dev, f"{node}: n_dev_children {node.n_dev_children} != {n_dev}"
-            if node.lock_ref:
-                locked_dev += len(node.keys) if node.device is not None else 0
-                locked_host += len(node.keys) if node.host is not None else 0
-            if idle:
-                assert node.lock_ref == 0, f"{node}: still locked after every request finished"
-                assert node.host_ref == 0, f"{node}: host copy still protected after every request finished"
-        assert len(set(dev_slots)) == len(dev_slots), "a device slot is owned by two tree nodes"
-        assert len(set(host_slots)) == len(host_slots), "a host slot is owned by two tree nodes"
-        assert self.tree.device_pages == len(dev_slots), "tree device page counter drifted"
-        assert self.tree.locked_device_pages == locked_dev, "locked device page counter drifted"
-        assert self.tree.locked_host_pages == locked_host, "locked host page counter drifted"
+        """Pool accounting, residency closure, lock counts, on every rank; with idle=True also
+        that no lock is held (and, in a deployment, that the router counts nothing in flight)."""
+        for rank in self.ranks:
+            check_rank(rank.device, rank.host, rank.tree, idle=idle)
+        if idle and self.deployment is not None:
+            d = self.deployment
+            assert not d.in_flight, f"{len(d.in_flight)} requests routed and never reported finished"
+            assert not any(d.gateway.in_flight), f"the gateway still counts {d.gateway.in_flight} in flight"
+
+
+def check_rank(device: PagePool, host: PagePool, tree: RadixTree, *, idle: bool = False) -> None:
+    """One rank's invariants (Engine.check_invariants)."""
+    device.check()
+    host.check()
+    dev_slots: list[int] = []
+    host_slots: list[int] = []
+    locked_dev = locked_host = 0
+    for node in tree.nodes():
+        assert node.device is not None or node.host is not None, f"{node}: in the tree but on no tier"
+        assert node.keys_np is None or node.keys_np.tolist() == node.keys, f"{node}: key array and list differ"
+        if node.device is not None:
+            assert node.parent.device is not None, f"{node}: device residency not root-connected"
+            dev_slots.extend(node.device)
+        if node.host is not None:
+            host_slots.extend(node.host)
+        child_locks = sum(c.lock_ref for c in node.children.values())
+        assert node.lock_ref >= child_locks, f"{node}: lock_ref below its children's"
+        n_dev = sum(1 for c in node.children.values() if c.device is not None)
+        assert node.n_dev_children == n_dev, f"{node}: n_dev_children {node.n_dev_children} != {n_dev}"
+        if node.lock_ref:
+            locked_dev += len(node.keys) if node.device is not None else 0
+            locked_host += len(node.keys) if node.host is not None else 0
         if idle:
-            assert len(dev_slots) == self.device.used_pages, \
-                f"device: {self.device.used_pages} pages used but the tree holds {len(dev_slots)} (leak)"
-            assert len(host_slots) == self.host.used_pages, \
-                f"host: {self.host.used_pages} pages used but the tree holds {len(host_slots)} (leak)"
-            assert self.tree.root.lock_ref == 1, "root lock_ref must return to its resting 1"
+            assert node.lock_ref == 0, f"{node}: still locked after every request finished"
+            assert node.host_ref == 0, f"{node}: host copy still protected after every request finished"
+    assert len(set(dev_slots)) == len(dev_slots), "a device slot is owned by two tree nodes"
+    assert len(set(host_slots)) == len(host_slots), "a host slot is owned by two tree nodes"
+    assert tree.device_pages == len(dev_slots), "tree device page counter drifted"
+    assert tree.locked_device_pages == locked_dev, "locked device page counter drifted"
+    assert tree.locked_host_pages == locked_host, "locked host page counter drifted"
+    if idle:
+        assert len(dev_slots) == device.used_pages, \
+            f"device: {device.used_pages} pages used but the tree holds {len(dev_slots)} (leak)"
+        assert len(host_slots) == host.used_pages, \
+            f"host: {host.used_pages} pages used but the tree holds {len(host_slots)} (leak)"
+        assert tree.root.lock_ref == 1, "root lock_ref must return to its resting 1"

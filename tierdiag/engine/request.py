@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from tierdiag.engine.tree import TreeNode
+from tierdiag.probes.events import ROUTE_NONE
 from tierdiag.trace.reader import TraceRequest
 
 
@@ -26,7 +27,7 @@ class Req:
         "storage_bytes", "storage_fetch_ns", "recompute_ns", "compute_ns", "first_token_ns", "lost",
         "lb_wall", "lb_verified", "protected_pages", "session", "think_ms", "trace_arrival_ns",
         "prefetch_wait_ns", "prefetch_deadline_ns", "prefetch_retries", "inserted_pages", "prefill_work",
-        "storage_hit_end",
+        "storage_hit_end", "route",
     )
 
     def __init__(self, t: TraceRequest, arrival_ns: int, trace_arrival_ns: int | None = None,
@@ -53,6 +54,7 @@ class Req:
         self.storage_hit_end: int | None = None
         self.inserted_pages = 0  # req.kv.cache_inserted_len in pages: what this request's inserts covered
         self.prefill_work = 0  # `_shortest_prefill_work` at the last sort (shortest-prefill-first)
+        self.route = ROUTE_NONE  # the record's routing columns (engine/deployment.py sets them)
         self.priority = t.priority
         self.sort_key = 0.0
         self.hold_until_ns = 0
@@ -139,7 +141,7 @@ class RequestRecords:
                 req.lb_pages, req.lb_runs, req.storage_bytes, req.storage_fetch_ns, recompute_ns, compute_ns,
                 req.first_token_ns - req.sched_ns, ttft, ideal, if_resident, recompute_instead,
                 req.first_batch_id, req.num_chunks, req.first_token_ns, now, req.session, req.think_ms,
-                req.trace_arrival_ns))
+                req.trace_arrival_ns, self.rank) + req.route)
         if self.progress is not None and st.requests_finished % 256 == 0:
             self.progress(st.requests_finished, now, st)
 
@@ -161,7 +163,9 @@ class RequestRecords:
     def _sample_pools(self, now: int) -> None:
         ps, tree, ctrl = self.ps, self.tree, self.ctrl
         emit = self.emit.pool_sample
-        emit((now, "device", ctrl.device.used_pages * ps, ctrl.device.capacity * ps, tree.locked_device_pages * ps))
-        emit((now, "host", ctrl.host.used_pages * ps, ctrl.host.capacity * ps, tree.locked_host_pages * ps))
-        if ctrl.storage is not None:
-            emit((now, "storage", ctrl.storage.used_pages * ps, ctrl.storage.capacity * ps, 0))
+        rank = self.rank
+        emit((now, "device", ctrl.device.used_pages * ps, ctrl.device.capacity * ps, tree.locked_device_pages * ps,
+              rank))
+        emit((now, "host", ctrl.host.used_pages * ps, ctrl.host.capacity * ps, tree.locked_host_pages * ps, rank))
+        if ctrl.storage is not None:  # with ranks, the one shared tier as this rank's batch found it
+            emit((now, "storage", ctrl.storage.used_pages * ps, ctrl.storage.capacity * ps, 0, rank))

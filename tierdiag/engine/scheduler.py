@@ -85,7 +85,21 @@ class Scheduler(StoragePrefetch, RequestRecords):
         self.prefetch_pass = 0  # scheduling passes, the re-queries' clock
         self.max_context = cfg.resolved_max_context()
         self.arrivals: ArrivalSource | None = None  # the trace's arrivals, open or closed loop (run)
+        self.rank = 0  # the data-parallel rank (its rows' dp_rank; engine/deployment.py)
+        self.id_step = 1  # batch ids: rank + 1, then every num_ranks-th
+        # Called with (request, now) when a request leaves this scheduler, finished or rejected
+        # (a deployment's router counts what it has in flight); None: nobody asks.
+        self.on_leave: Callable[[Req, int], None] | None = None
         ctrl.at = self.at
+
+    def as_rank(self, rank: int, num_ranks: int) -> None:
+        """Rank `rank` of a deployment of `num_ranks` (engine/deployment.py): every row it and its
+        controller emit says so, and its batch, node, eviction and transfer ids are rank + 1,
+        then every num_ranks-th, so no two ranks' ids meet. Rank 0 of 1 is the default."""
+        self.rank, self.id_step = rank, num_ranks
+        self._batch_id = rank + 1 - num_ranks
+        self.tree._next_id, self.tree.id_step = rank + 1, num_ranks
+        self.ctrl.as_rank(rank, num_ranks)
 
     def at(self, t_ns: int, fn, arg) -> None:
         self._order += 1
@@ -137,8 +151,13 @@ class Scheduler(StoragePrefetch, RequestRecords):
         return self.stats
 
     # --- arrival -------------------------------------------------------------------------
-    def _arrive(self, t: TraceRequest, now: int, trace_ns: int, think_ms: float | None) -> None:
+    def _arrive(self, t: TraceRequest, now: int, trace_ns: int, think_ms: float | None,
+                keys_np: np.ndarray | None = None, route: tuple | None = None) -> None:
+        """A request arrives (a deployment passes the page keys it computed to route it, and the
+        routing columns of its record)."""
         req = Req(t, now, trace_ns, think_ms)
+        if route is not None:
+            req.route = route
         ps = self.ps
         if self.emit.arrived is not None:
             self.emit.arrived((now, req.req_id, req.seq, req.input_len, req.output_len))
@@ -162,7 +181,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
             self._reject(req, f"needs {req.total_pages * ps} tokens of device memory{extra}; the pool holds "
                               f"{self.ctrl.device.capacity * ps}")
             return
-        req.keys_np = page_keys_array(t, page_size=ps, block_size=self.cfg.block_size)
+        req.keys_np = page_keys_array(t, page_size=ps, block_size=self.cfg.block_size) if keys_np is None else keys_np
         req.keys = req.keys_np.tolist()
         req.max_match_pages = min(len(req.keys), (req.input_len - 1) // ps)
         if self.ctrl.storage is not None:
@@ -172,6 +191,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
 
     def _reject(self, req: Req, reason: str, *, ends_session: bool = True) -> None:
         self.stats.requests_rejected += 1
+        if self.on_leave is not None:
+            self.on_leave(req, req.arrival_ns)
         if ends_session and req.session is not None and self.arrivals.closed:
             self.arrivals.rejected(req.session, req.arrival_ns)
         if self.emit.record is not None:
@@ -179,7 +200,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
                 req.req_id, req.seq, req.arrival_ns, req.input_len, req.output_len, "rejected", reason, None,
                 0, 0, 0, 0, 0, 0, 0, None, 0, None, 0, 0, 0,
                 None, None, None, None, None, 0, 0, 0, 0, None, None, None, None, None, None, None, None,
-                None, 0, None, None, req.session, req.think_ms, req.trace_arrival_ns))
+                None, 0, None, None, req.session, req.think_ms, req.trace_arrival_ns, self.rank) + req.route)
             if self.emit.tick is not None:  # rejections come without batches: a trace of them stays bounded
                 self.emit.tick()
 
@@ -406,7 +427,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
 
     def _run_batch(self, items, now: int) -> int:
         cost, ctrl, ps = self.cost, self.ctrl, self.ps
-        self._batch_id += 1
+        self._batch_id += self.id_step
         bid = self._batch_id
         if self.emit.pool_sample is not None:
             self._sample_pools(now)
@@ -462,7 +483,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
                 self.emit.prefill_done((end, req.req_id, bid, req.num_chunks, take))
         if self.emit.batch is not None:
             self.emit.batch((bid, now, end, len(items), sum(t for _, t, _, _ in items), lb_bytes_total, compute_ns,
-                            exposed, decoding, int(batch_recompute_ns)))
+                            exposed, decoding, int(batch_recompute_ns), self.rank))
         return end
 
     def _write_chunk(self, req: Req, take: int) -> None:
@@ -562,5 +583,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         self.tree.dec_lock(req.lock_node)
         req.lock_node = None
         self._record(req, now)
+        if self.on_leave is not None:
+            self.on_leave(req, now)
         if req.session is not None and self.arrivals.closed:
             self.arrivals.finished(req.session, now)

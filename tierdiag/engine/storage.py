@@ -213,6 +213,9 @@ class StorageTier:
             if not os.access(self.root, os.W_OK | os.X_OK):
                 raise PermissionError(errno.EACCES, "Permission denied", str(self.root))
         self.capacity = capacity_pages
+        # When the tier's bandwidth is next free (virtual ns): its reads (prefetches) and writes
+        # queue on it, from whichever rank shares the tier (engine/deployment.py).
+        self.free_ns = 0
         self._index = new_index()  # key -> location, LRU order; live pages a segment
         self._segments: dict[int, _Segment] = {}
         self._active: _Segment | None = None

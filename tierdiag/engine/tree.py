@@ -106,6 +106,7 @@ class RadixTree:
         self._repush_on_touch = policy.key_can_shrink
         self._tree_depths = policy.tree_depths
         self._next_id = 1
+        self.id_step = 1  # node ids: rank + 1, then every num_ranks-th (engine/deployment.py)
         self._seq = 0  # access stamps (TreeNode.access_seq)
         self.root = TreeNode(0, None, [], [], None, 0, None)
         self.root.lock_ref = 1  # the root is never evicted
@@ -123,7 +124,7 @@ class RadixTree:
     def _new_node(self, parent: TreeNode, keys: list[int], device, host, now_ns: int, owner,
                   keys_np=None) -> TreeNode:
         node = TreeNode(self._next_id, parent, keys, device, host, now_ns, owner, keys_np)
-        self._next_id += 1
+        self._next_id += self.id_step
         self._seq += 1
         node.access_seq = self._seq
         parent.children[keys[0]] = node
@@ -183,7 +184,7 @@ class RadixTree:
                          None if node.device is None else node.device[:pages],
                          None if node.host is None else node.host[:pages],
                          created, node.owner, None if node.keys_np is None else node.keys_np[:pages])
-        self._next_id += 1
+        self._next_id += self.id_step
         upper.lock_ref = node.lock_ref
         upper.hit_count = node.hit_count
         upper.last_access_ns = node.last_access_ns
@@ -255,6 +256,31 @@ class RadixTree:
         while on_device < len(path) and path[on_device].device is not None:
             on_device += 1
         return TreeMatch(tuple(path[:on_device]), tuple(path[on_device:]))
+
+    def peek(self, keys) -> tuple[int, int]:
+        """Pages of the longest cached prefix of `keys` on device, and after them on host only,
+        with no side effect at all: no access stamp, no split, no lock (a deployment asks every
+        rank this at each arrival, engine/deployment.py). A partly matched node counts the pages
+        matched, as `match` would after splitting it."""
+        node = self.root
+        children = node.children
+        i, n = 0, len(keys)
+        device = host = 0
+        common = self._common_pages
+        while i < n:
+            child = children.get(keys[i])
+            if child is None:
+                break
+            m = common(keys, i, child.keys)
+            if child.device is not None and not host:
+                device += m
+            else:
+                host += m
+            if m < len(child.keys):
+                break
+            i += m
+            children = child.children
+        return device, host
 
     def locate(self, keys: list[int]) -> tuple[TreeNode, int]:
         """Deepest node on the path of `keys` and the pages matched, without touching anything

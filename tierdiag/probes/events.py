@@ -54,6 +54,7 @@ class Transfer(NamedTuple):
     queued_ns: int
     wall_ns: int
     verified: bool | None
+    dp_rank: int = 0  # the data-parallel rank whose pools and link it was (engine/deployment.py)
 
 
 class Eviction(NamedTuple):
@@ -70,6 +71,7 @@ class Eviction(NamedTuple):
     locked_tokens: int
     node_hit_count: int
     node_last_access_ns: int
+    dp_rank: int = 0
 
 
 class PrefixLostPages(NamedTuple):
@@ -90,6 +92,7 @@ class BatchScheduled(NamedTuple):
     loadback_exposed_ns: int
     num_decoding: int
     recompute_ns: int  # of compute_ns, spent recomputing once-cached tokens
+    dp_rank: int = 0
 
 
 class PrefillDone(NamedTuple):
@@ -112,6 +115,7 @@ class PoolSample(NamedTuple):
     used_tokens: int
     capacity_tokens: int
     locked_tokens: int
+    dp_rank: int = 0
 
 
 class RequestRecord(NamedTuple):
@@ -161,6 +165,23 @@ class RequestRecord(NamedTuple):
     session_id: str | None
     think_ms: float | None
     trace_arrival_ns: int | None
+    # v4, data-parallel ranks (engine/deployment.py): the rank that served it, and (NULL in a
+    # one-rank run: ROUTE_NONE) the routing decision and where its prefix was at arrival.
+    dp_rank: int | None = 0
+    route_branch: str | None = None
+    route_reason: str | None = None
+    route_score: float | None = None
+    route_score_name: str | None = None
+    arrival_device_tokens: int | None = None
+    arrival_host_tokens: int | None = None
+    best_rank: int | None = None
+    best_rank_device_tokens: int | None = None
+    best_rank_host_tokens: int | None = None
+    ranks_json: str | None = None
+
+
+# A one-rank run's routing columns (RequestRecord's ten after dp_rank): none.
+ROUTE_NONE: tuple = (None,) * 10
 
 
 class RequestFinished(NamedTuple):

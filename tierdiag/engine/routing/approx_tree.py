@@ -36,36 +36,63 @@ from typing import Sequence
 
 
 class ApproxTree:
+    """Per rank, the keys it holds and the tick it last touched each (`_ticks[rank]`), and the
+    children it holds of each key (`_kids[rank]`); `_parent` for every key some rank holds.
+
+    Keys must be prefix-chained (RequestView.page_keys are): a key always has the same parent,
+    and a rank's keys stay prefix-closed, so the pages of a request a rank holds are a prefix of
+    the request's keys, found by binary search (`_held`) instead of a walk, and a path's ticks
+    are set in one dict update. The deployment routes every request through here (tens of
+    thousands a replay, hundreds of pages each): a walk a page in Python was most of the
+    replay's time at --dp 8 (benchmarks/README.md, "Data-parallel replay")."""
+
     def __init__(self, num_ranks: int) -> None:
         self.num_ranks = num_ranks
-        self._touched: dict[int, dict[int, int]] = {}  # key -> {rank: tick it last touched the key}
+        self._ticks: list[dict[int, int]] = [{} for _ in range(num_ranks)]  # rank -> {key: tick}
+        self._kids: list[dict[int, int]] = [{} for _ in range(num_ranks)]  # rank -> {key: children held}
         self._parent: dict[int, int | None] = {}  # key -> the key before it (None: first page)
-        # (key, rank) -> children of key that rank holds; a rank's leaf has none.
-        self._children: dict[tuple[int, int], int] = {}
         self.pages = [0] * num_ranks  # tenant_char_count, in pages
 
     def __len__(self) -> int:
         """Nodes in the tree (keys any rank holds)."""
-        return len(self._touched)
+        return len(set().union(*self._ticks))
 
     def holds(self, rank: int, key: int) -> bool:
-        t = self._touched.get(key)
-        return t is not None and rank in t
+        return key in self._ticks[rank]
+
+    @staticmethod
+    def _held(ticks: dict[int, int], keys: Sequence[int]) -> int:
+        """How many leading `keys` a rank holds (its keys are prefix-closed: a binary search)."""
+        n = len(keys)
+        if not n or keys[0] not in ticks:
+            return 0
+        if keys[n - 1] in ticks:
+            return n
+        lo, hi = 1, n - 1  # keys[lo - 1] held, keys[hi] not
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if keys[mid] in ticks:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
 
     def insert(self, keys: Sequence[int], rank: int, tick: int) -> None:
-        touched, children = self._touched, self._children
-        parent = None
-        for key in keys:
-            owners = touched.get(key)
-            if owners is None:
-                owners = touched[key] = {}
-                self._parent[key] = parent
-            if rank not in owners:
-                self.pages[rank] += 1
-                if parent is not None:
-                    children[(parent, rank)] = children.get((parent, rank), 0) + 1
-            owners[rank] = tick
-            parent = key
+        ticks = self._ticks[rank]
+        held = self._held(ticks, keys)
+        n = len(keys)
+        ticks.update(dict.fromkeys(keys, tick))
+        if held == n:
+            return
+        keys = list(keys)
+        self.pages[rank] += n - held
+        kids = self._kids[rank]
+        if held:
+            parent = keys[held - 1]
+            kids[parent] = kids.get(parent, 0) + 1
+        kids.update(dict.fromkeys(keys[held:n - 1], 1))  # each new key's one child: the next key
+        parents = self._parent
+        parents.update(zip(keys[held:], [keys[held - 1] if held else None] + keys[held:n - 1]))
 
     def prefix_match(self, keys: Sequence[int], tick: int, *, touch: bool = True
                      ) -> tuple[int, int | None, list[int]]:
@@ -74,38 +101,21 @@ class ApproxTree:
         does before the policy has decided anything; `touch=False` leaves that to the caller
         (cache_aware skips it when the chosen rank is the one it inserts for: same keys, same
         tick)."""
-        touched = self._touched
-        depth_of = [0] * self.num_ranks
-        alive = set(range(self.num_ranks))
-        depth = 0
-        n = len(keys)
-        while depth < n and alive:  # some rank may still hold all of it so far
-            owners = touched.get(keys[depth])
-            if not owners:
-                break
-            if not alive <= owners.keys():  # some rank's own prefix ends before this key
-                gone = alive - owners.keys()
-                for r in gone:
-                    depth_of[r] = depth
-                alive -= gone
-            depth += 1
-        for r in alive:
-            depth_of[r] = depth
-        while depth < n and touched.get(keys[depth]):  # the union goes on; no rank holds it whole
-            depth += 1
+        held = self._held
+        depth_of = [held(ticks, keys) for ticks in self._ticks]
+        depth = max(depth_of)
         if depth == 0:
             return 0, None, depth_of
-        owners = touched[keys[depth - 1]]
-        chosen = max(owners, key=lambda r: (owners[r], -r))
+        last = keys[depth - 1]
+        chosen = max((r for r in range(self.num_ranks) if depth_of[r] == depth),
+                     key=lambda r: (self._ticks[r][last], -r))
         if touch:
             self.touch(keys[:depth], chosen, tick)
         return depth, chosen, depth_of
 
     def touch(self, keys: Sequence[int], rank: int, tick: int) -> None:
         """Mark `rank`'s use of a path it holds (the timestamp walk of Tree::prefix_match)."""
-        touched = self._touched
-        for key in keys:
-            touched[key][rank] = tick
+        self._ticks[rank].update(dict.fromkeys(keys, tick))
 
     def smallest_rank(self) -> int:
         return min(range(self.num_ranks), key=self.pages.__getitem__)
@@ -119,45 +129,43 @@ class ApproxTree:
         for rank in range(self.num_ranks):
             if self.pages[rank] <= max_pages:
                 continue
-            heap = [(owners[rank], key) for key, owners in self._touched.items()
-                    if rank in owners and not self._children.get((key, rank))]
+            ticks, kids = self._ticks[rank], self._kids[rank]
+            heap = [(t, key) for key, t in ticks.items() if not kids.get(key)]
             heapq.heapify(heap)
             while heap and self.pages[rank] > max_pages:
                 _, key = heapq.heappop(heap)
                 parent = self._parent[key]  # before the drop, which may remove the node
                 self._drop(key, rank)
                 dropped += 1
-                if parent is not None and not self._children.get((parent, rank)):
-                    heapq.heappush(heap, (self._touched[parent][rank], parent))
+                if parent is not None and not kids.get(parent):
+                    heapq.heappush(heap, (ticks[parent], parent))
         return dropped
 
     def _drop(self, key: int, rank: int) -> None:
-        owners = self._touched[key]
-        del owners[rank]
+        del self._ticks[rank][key]
         self.pages[rank] -= 1
         parent = self._parent[key]
         if parent is not None:
-            left = self._children[(parent, rank)] - 1
+            kids = self._kids[rank]
+            left = kids[parent] - 1
             if left:
-                self._children[(parent, rank)] = left
+                kids[parent] = left
             else:
-                del self._children[(parent, rank)]
-        if not owners:  # no rank holds it: the node goes (Tree removes empty childless nodes)
-            del self._touched[key]
+                del kids[parent]
+        if not any(key in ticks for ticks in self._ticks):  # no rank holds it: the node goes
             del self._parent[key]
 
     def check(self) -> None:
         """Invariants, for tests: every rank's keys are prefix-closed, the page counts and child
         counts agree with the nodes."""
-        pages = [0] * self.num_ranks
-        children: dict[tuple[int, int], int] = {}
-        for key, owners in self._touched.items():
-            assert owners, f"node {key} has no rank left but was not removed"
-            parent = self._parent[key]
-            for r in owners:
-                pages[r] += 1
+        for r, ticks in enumerate(self._ticks):
+            kids: dict[int, int] = {}
+            for key in ticks:
+                assert key in self._parent, f"rank {r} holds {key}, which has no node"
+                parent = self._parent[key]
                 if parent is not None:
-                    assert r in self._touched.get(parent, {}), f"rank {r} holds {key} but not its parent {parent}"
-                    children[(parent, r)] = children.get((parent, r), 0) + 1
-        assert pages == self.pages, f"page counts {self.pages} != counted {pages}"
-        assert children == self._children, "child counts drifted from the nodes"
+                    assert parent in ticks, f"rank {r} holds {key} but not its parent {parent}"
+                    kids[parent] = kids.get(parent, 0) + 1
+            assert len(ticks) == self.pages[r], f"rank {r}: page count {self.pages[r]} != counted {len(ticks)}"
+            assert kids == self._kids[r], f"rank {r}: child counts drifted from the nodes"
+        assert set(self._parent) == set().union(*self._ticks), "a node no rank holds was not removed"

@@ -7,11 +7,10 @@ the SGLang model gateway's command-line defaults (RouterArgs, sglang_router/rout
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 
-from tierdiag.errors import ConfigError, unknown_name
-from tierdiag.engine.routing.cache_aware import CACHE_MISS_RULES
+from tierdiag.config.router import check_router_parameters, integer
+from tierdiag.errors import unknown_name
 from tierdiag.engine.routing.registry import ROUTERS
 
 
@@ -34,16 +33,8 @@ class RouterConfig:
     def __post_init__(self) -> None:
         if self.router not in ROUTERS:
             raise unknown_name("router", self.router, ROUTERS)
-        if self.router_cache_miss not in CACHE_MISS_RULES:
-            raise unknown_name("router_cache_miss rule", self.router_cache_miss, CACHE_MISS_RULES)
-        _number("router_cache_threshold", self.router_cache_threshold, lo=0.0, hi=1.0)
-        _integer("router_balance_abs_threshold", self.router_balance_abs_threshold, lo=0)
-        _number("router_balance_rel_threshold", self.router_balance_rel_threshold, lo=0.0, lo_open=True)
-        _number("router_eviction_interval_s", self.router_eviction_interval_s, lo=0.0)
-        _integer("router_max_tree_tokens", self.router_max_tree_tokens, lo=1)
-        _integer("router_prefix_hash_tokens", self.router_prefix_hash_tokens, lo=1)
-        _number("router_prefix_hash_load_factor", self.router_prefix_hash_load_factor, lo=0.0, lo_open=True)
-        _integer("seed", self.seed, lo=0)
+        check_router_parameters(self)  # the same checks as the replay config's (config/router.py)
+        integer("seed", self.seed, lo=0)
 
     @classmethod
     def from_config(cls, config: object) -> "RouterConfig":
@@ -51,17 +42,3 @@ class RouterConfig:
         carries the router keys); a missing one keeps its default."""
         return cls(**{f.name: getattr(config, f.name) for f in fields(cls) if hasattr(config, f.name)})
 
-
-def _integer(key: str, value: object, *, lo: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{key} {value!r} must be an integer")
-    if value < lo:
-        raise ConfigError(f"{key} {value} must be at least {lo}")
-
-
-def _number(key: str, value: object, *, lo: float, hi: float | None = None, lo_open: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"{key} {value!r} must be a finite number")
-    if value < lo or (lo_open and value == lo) or (hi is not None and value > hi):
-        bounds = f"{'(' if lo_open else '['}{lo:g}, {'inf)' if hi is None else f'{hi:g}]'}"
-        raise ConfigError(f"{key} {value} must be in {bounds}")

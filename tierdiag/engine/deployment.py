@@ -1,0 +1,181 @@
+"""A data-parallel deployment (`replay --dp N --router NAME`): N ranks behind one router, on one
+virtual clock, sharing one storage tier (docs/contract.md "Deployments", docs/engine.md).
+
+Each rank is a whole one-GPU engine (engine.py builds them): its own radix tree, device and host
+pools, cache controller (its link's clocks) and scheduler. What they share:
+
+  - the clock and its event queue: one heap of (time, order, rank, callback, arg), so events at
+    one instant run in the order they were scheduled, whichever rank scheduled them;
+  - the arrivals (arrivals.py, closed loop included: a session's next turn is released when its
+    previous turn finishes, on whatever rank that was);
+  - the storage tier (storage.py): one index of content-keyed pages (page keys are prefix-chained,
+    so a page one rank wrote is the page another rank's request needs) and one bandwidth clock
+    (`StorageTier.free_ns`) that every rank's prefetches and writes queue on;
+  - the stats (controller.EngineStats): the run's totals, over every rank.
+
+    arrival ──► peek every rank's tree (no side effect) ──► Gateway.route (RequestView, RanksView)
+            ──► that rank's scheduler (_arrive) ... finish or reject ──► Gateway.finish
+
+At each arrival every rank's tree is asked, without touching it (`RadixTree.peek`: no access stamp,
+no split, no lock), how much of the request's prefix it holds on device and on host: that goes
+into the request's row (arrival_device_tokens / arrival_host_tokens of its own rank, best_rank*,
+ranks_json), never to the router, which sees only RequestView and RanksView (routing/base.py).
+
+Each rank's batches start when its own GPU is free: the loop advances the clock to the next
+arrival, event or rank whose GPU frees, handles arrivals and events due, then lets every idle rank
+with work form a batch, rank 0 first. Ids (batch, node, eviction, transfer) are rank + 1, then
+every N-th (`Scheduler.as_rank`), so they stay unique within the run.
+
+A one-rank replay does not come here: Engine runs its one Scheduler's own loop (rows identical to
+the engine before deployments).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Iterable, Sequence
+
+from tierdiag.config.engine import EngineConfig
+from tierdiag.engine.arrivals import ArrivalSource
+from tierdiag.engine.controller import EngineStats
+from tierdiag.engine.request import Req
+from tierdiag.engine.routing import Gateway, RequestView, RouterConfig
+from tierdiag.engine.scheduler import EngineError, Scheduler
+from tierdiag.trace.pages import page_keys_array
+from tierdiag.trace.reader import TraceRequest
+
+
+def _json_number(x: float | None) -> str:
+    """A score as JSON writes it: float.__repr__ (scores are finite: match rates, loads)."""
+    return "null" if x is None else repr(float(x))
+
+
+class Deployment:
+    """N schedulers (already built, one a rank) driven on one clock behind a Gateway."""
+
+    def __init__(self, cfg: EngineConfig, ranks: Sequence[Scheduler], stats: EngineStats):
+        self.cfg = cfg
+        self.ranks = list(ranks)
+        self.stats = stats
+        self.ps = cfg.page_size
+        self.gateway = Gateway(RouterConfig.from_config(cfg), len(self.ranks))
+        self.events: list = []
+        self._order = itertools.count(1)
+        self.in_flight: dict[int, tuple[int, RequestView]] = {}  # request seq -> (rank, what the router saw)
+        self.session_rank: dict[str, int] = {}  # a session's last rank (where its dropped turns are recorded)
+        self.arrivals: ArrivalSource | None = None
+        n = len(self.ranks)
+        for rank, sched in enumerate(self.ranks):
+            sched.as_rank(rank, n)
+            sched.at = sched.ctrl.at = self._at_for(sched)
+            sched.on_leave = self._leave
+
+    def _at_for(self, sched: Scheduler):
+        push, order, events = heapq.heappush, self._order, self.events
+
+        def at(t_ns: int, fn, arg) -> None:
+            push(events, (t_ns, next(order), sched, fn, arg))
+
+        return at
+
+    # --- the loop ------------------------------------------------------------------------
+    def run(self, requests: Iterable[TraceRequest]) -> EngineStats:
+        src = self.arrivals = ArrivalSource(requests, self.cfg.time_scale, closed=self.cfg.arrivals != "trace")
+        src.on_drop = self._drop_turn
+        ranks = self.ranks
+        for sched in ranks:
+            sched.arrivals = src
+        n = len(ranks)
+        gpu_free = [0] * n
+        events = self.events
+        pop = heapq.heappop
+        ticks = [t for t in dict.fromkeys(s.emit.tick for s in ranks) if t is not None]
+        arrive = self._arrive
+        now = 0
+        while True:
+            while True:  # arrivals and events at `now`, until a finish releases no turn due now
+                for t, at, trace_at, think_ms in src.due(now):
+                    arrive(t, at, trace_at, think_ms)
+                while events and events[0][0] <= now:
+                    t_ns, _, sched, fn, arg = pop(events)
+                    sched._current = t_ns
+                    fn(arg)
+                nxt_t = src.next_ns(now)
+                if nxt_t is None or nxt_t > now:
+                    break
+            batched = False
+            for rank, sched in enumerate(ranks):
+                if now >= gpu_free[rank] and (sched.waiting or sched.chunked is not None):
+                    end = sched._batch(now)
+                    if end is not None:
+                        gpu_free[rank] = end
+                    batched = True
+            if batched:
+                for tick in ticks:  # a batch's events are in: the probe may flush its buffers
+                    tick()
+            nxt = nxt_t
+            if events and (nxt is None or events[0][0] < nxt):
+                nxt = events[0][0]
+            for free in gpu_free:
+                if free > now and (nxt is None or free < nxt):
+                    nxt = free
+            if nxt is None:
+                stuck = [(r, s) for r, s in enumerate(ranks) if s.waiting or s.chunked is not None]
+                if stuck:
+                    rank, sched = stuck[0]
+                    head = sched.chunked or sched.waiting[0]
+                    raise EngineError(
+                        f"no progress possible: request {head.req_id} waits on rank {rank} for device memory "
+                        f"that no event will free ({sched.ctrl.device.free_pages} pages free, "
+                        f"{sched.tree.locked_device_pages} locked)")
+                break
+            now = max(now, nxt)
+        self.stats.virtual_end_ns = now
+        return self.stats
+
+    # --- arrival and leaving -----------------------------------------------------------------
+    def _arrive(self, t: TraceRequest, now: int, trace_ns: int, think_ms: float | None) -> None:
+        ps = self.ps
+        keys_np = page_keys_array(t, page_size=ps, block_size=self.cfg.block_size)
+        keys = keys_np.tolist()
+        view = RequestView(t.req_id, keys, t.input_len, ps, t.session)
+        # What each rank really holds of the prefix it could reuse (the scheduler matches at most
+        # the pages before the last input token), asked before routing and without side effect.
+        matchable = keys[:max(0, min(len(keys), (t.input_len - 1) // ps))]
+        held = [sched.tree.peek(matchable) for sched in self.ranks]
+        gateway = self.gateway
+        in_flight = gateway.in_flight
+        decision = gateway.route(view, now)
+        rank = decision.rank
+        self.in_flight[t.seq] = (rank, view)
+        if t.session is not None:
+            self.session_rank[t.session] = rank
+        best = rank
+        best_total = sum(held[rank])
+        for r, (d, h) in enumerate(held):
+            if d + h > best_total:
+                best, best_total = r, d + h
+        scores = decision.scores
+        # json.dumps of the same list, written out (~5x faster: one string a request, every request)
+        ranks_json = "[" + ",".join(
+            f'{{"rank":{r},"device_tokens":{d * ps},"host_tokens":{h * ps},"in_flight":{in_flight[r]},'
+            f'"score":{_json_number(scores[r] if r < len(scores) else None)}}}'
+            for r, (d, h) in enumerate(held)) + "]"
+        own_d, own_h = held[rank]
+        best_d, best_h = held[best]
+        route = (decision.branch, decision.reason, decision.score, decision.score_name, own_d * ps, own_h * ps,
+                 best, best_d * ps, best_h * ps, ranks_json)
+        self.ranks[rank]._arrive(t, now, trace_ns, think_ms, keys_np, route)
+
+    def _leave(self, req: Req, now: int) -> None:
+        """A request left its rank (finished, or rejected there): the gateway stops counting it."""
+        entry = self.in_flight.pop(req.seq, None)
+        if entry is not None:
+            rank, view = entry
+            self.gateway.finish(rank, view, now)
+
+    def _drop_turn(self, t: TraceRequest, now: int, trace_ns: int) -> None:
+        """A turn of a session that ended (closed loop): never routed, recorded as rejected on
+        the rank that served the session's last turn."""
+        self.ranks[self.session_rank.get(t.session, 0)]._drop_turn(t, now, trace_ns)
