@@ -120,3 +120,25 @@ def test_the_twin_of_a_ranked_import_defaults_to_its_rank_count(tmp_path):
     assert twin_dp(tmp_path / "none.duckdb", trace) is None and twin_dp(None, trace) is None
     db2, trace2, _ = _import(tmp_path / "plain", _export(tmp_path / "plain", (None,) * 6))
     assert twin_dp(db2, trace2) is None  # the export named no rank
+
+
+def test_the_twin_replays_on_the_servers_ranks_unless_told(tmp_path):
+    db, trace, _ = _import(tmp_path, _export(tmp_path, (0, 1, 2, 0, 1, 2)))
+    small = ["--model", "tiny", "--gpu", "cpu", "--page-size", "16", "--device-tokens", "4096", "--host-tokens", "8192"]
+    for name, extra, want in (("twin", [], 3), ("one", ["--dp", "1"], 1)):
+        code, _, err, _ = run_cli("replay", str(trace), "--db", str(db), "--run-name", name, *small, *extra)
+        assert code == 0, err
+        con = duckdb.connect(str(db), read_only=True)
+        cfg = json.loads(con.execute("SELECT config_json FROM runs WHERE name = ?", [name]).fetchone()[0])
+        ranks = con.execute("SELECT count(DISTINCT t.dp_rank) FROM requests t JOIN runs r USING (run_id) "
+                            "WHERE r.name = ?", [name]).fetchone()[0]
+        con.close()
+        assert cfg["dp"] == want and ranks <= want
+    # A config file's dp is the user's word, above the import's.
+    toml = tmp_path / "c.toml"
+    toml.write_text("dp = 2\n")
+    code, _, err, _ = run_cli("replay", str(trace), "--db", str(db), "--run-name", "file", "--config", str(toml), *small)
+    assert code == 0, err
+    con = duckdb.connect(str(db), read_only=True)
+    assert json.loads(con.execute("SELECT config_json FROM runs WHERE name = 'file'").fetchone()[0])["dp"] == 2
+    con.close()
