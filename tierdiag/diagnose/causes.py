@@ -25,7 +25,8 @@ rank `best_rank` held more of its prefix on device + host at arrival. The tokens
     r = 0                                                                 otherwise (one rank, or NULLs)
 
 (what its own rank held, and what it could fetch from the storage tier all ranks share, is not
-routing's loss). Routing owns r / R of the recompute part, split by token count as the engine
+routing's loss). Bounded by recomputed_tokens: the engine's "once cached" is per rank, so tokens
+only another rank had cached are new to this one, inside its ideal, and not part of any excess. Routing owns r / R of the recompute part, split by token count as the engine
 splits a chunk's compute (integer division); the verdict's sentence prices those tokens by their
 position in the context instead (routing_loss.py), as recompute's sentence re-prices recompute.
 Routing comes before recompute in the tie order: where the prefix was on another rank, the
