@@ -4,7 +4,7 @@ Each advice item's `reason` is a claim built in claims.py from named numbers (as
 sentences are); its `prediction` likewise. For runs that make every rule fire (test_run_claims'
 synth runs for the session and capacity rules; test_advice_planted's stories for prefetch,
 write policy, eviction policy, page size, storage tier, "nothing to change"; test_capacity's
-overloaded run for the rate) each item is taken apart and each number checked against the rows:
+overloaded run for the rate and the number of ranks) each item is taken apart and each number checked against the rows:
 the tokens deleted from host / dropped / hot and their reuse distance (test_run_claims._removed),
 the host pool each size keeps (to the decile), late prefetches, the read and recompute cost per
 token, the load-backs' link share, page and run sizes and exposed share, the later session turns,
@@ -77,6 +77,9 @@ class Rows:
             self.kv = (run.data_plane or {}).get("kv_bytes_per_token")
             self.input, self.recomputed = con.execute(
                 f"SELECT sum(input_tokens), sum(recomputed_tokens) FROM requests WHERE {FIN}", r).fetchone()
+            self.queue_ns, self.excess_ns = con.execute(
+                f"SELECT sum(queue_ns), sum(ttft_ns - coalesce(ideal_ttft_ns, 0)) FROM requests WHERE {FIN}",
+                r).fetchone()
             self.batch_recompute_ns = con.execute("SELECT sum(recompute_ns) FROM batches WHERE run_id = $r",
                                                   r).fetchone()[0] or 0
             self.late = con.execute(
@@ -309,6 +312,22 @@ def _check(items: list[dict], rows: Rows, host_limit_bytes: int = 2 << 40) -> li
             e = math.floor(math.log10(want)) - 1
             want = round(math.ceil(round(want / 10 ** e, 9)) * 10 ** e, max(-e, 0))  # two significant digits, up
             need(float(m[5]) == want == a["changes"]["time_scale"], f"rate: time_scale {m[5]} vs {want}")
+        elif kind == "dp":  # advice_routing.py: the smallest N whose ranks are offered <= 0.9 at the material quantile
+            cap = rows.capacity
+            m = re.match(rf"queueing is {PCT} of the run's excess TTFT, and the offered prefill was ([\d,.]+)× one GPU "
+                         rf"or more in the busiest 10 % of the {MS} windows \(recompute excluded\): it takes more ranks "
+                         rf"\(or less traffic\) to shorten that queue; (\d+) ranks are each offered ([\d,.]+)× there$", text)
+            need(m is not None and cap is not None, f"dp: unparsed {text!r}")
+            if m is None or cap is None:
+                continue
+            loads = sorted(cap["loads"])
+            material = loads[max(math.ceil(round(0.9 * len(loads), 9)) - 1, 0)]  # nearest rank
+            need(_pct_ok(m[1], rows.queue_ns / rows.excess_ns), f"dp: queue share {m[1]}")
+            need(abs(float(m[2].replace(",", "")) - material) <= 0.05 + 1e-9 and _ms_ok(m[3], cap["window"]),
+                 f"dp: material {m[2]} vs {material}")
+            n = max(math.ceil(material / 0.9 - 1e-9), 2)
+            need(int(m[4]) == n == a["changes"]["dp"], f"dp: N {m[4]} vs {n}")
+            need(abs(float(m[5].replace(",", "")) - material / n) <= 0.005 + 1e-9, f"dp: per rank {m[5]}")
         elif kind == "none":
             m = re.match(rf"nothing to change in the cache: {PCT} of input tokens were recomputed once-cached tokens"
                          rf"(?:; load-backs ran at {PCT} of link peak and took {MS} where recomputing the same tokens "

@@ -76,7 +76,7 @@ def test_advise_confirms_the_rate(overload_run):
 def test_a_cache_rule_does_not_fire_on_a_run_that_reuses_nothing(overload_run):
     with open_store(overload_run) as con:
         kinds = [a.kind for a in propose(run_context(con, resolve_run(con, None)))]
-    assert kinds == ["rate"]
+    assert kinds == ["rate", "dp"]  # less traffic per GPU, or more GPUs (advice_routing.py); no cache rule
 
 
 def test_the_time_scale_bound_is_the_configs():

@@ -56,7 +56,7 @@ def test_load_back_skips_and_evictions(summary):
 def test_time_by_cause(summary):
     by = {c.cause: c for c in summary.time_by_cause}
     assert {c: by[c].num_requests for c in by} == {
-        "none": 5, "queueing": 1, "load_back": 1, "storage_fetch": 1, "recompute": 2, "compute": 1}
+        "none": 5, "queueing": 1, "load_back": 1, "storage_fetch": 1, "routing": 0, "recompute": 2, "compute": 1}
     assert by["load_back"].ttft_part_ns == 9 * MS
     shares = [c.ttft_share for c in summary.time_by_cause if c.ttft_share is not None]
     assert sum(shares) == pytest.approx(1.0)

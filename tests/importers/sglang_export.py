@@ -20,8 +20,10 @@ def record(rid: str, *, prompt: int, completion: int = 8, device: int = 0, host:
            queue_s: float = 0.001, ttft_s: float | None = 0.05, e2e_s: float = 0.2,
            tokens: list[int] | None = None, text: str | None = None, stream: bool = False,
            metrics: bool = True, finish: dict | None = None, prefetch_wait_s: float | None = None,
-           details: object = "auto", cached: int | None = None) -> dict:
-    """One exported request. `arrival_s` is seconds after EPOCH; None drops the timing keys."""
+           details: object = "auto", cached: int | None = None, dp_rank: object = "absent") -> dict:
+    """One exported request. `arrival_s` is seconds after EPOCH; None drops the timing keys.
+    `dp_rank`: the serving rank as 0.5.23 exports it (an int, or None: no data-parallel
+    controller); "absent" leaves the key out (an export from before it)."""
     params: dict = {}
     if text is not None:
         params["text"] = text
@@ -52,6 +54,8 @@ def record(rid: str, *, prompt: int, completion: int = 8, device: int = 0, host:
                  "cached_tokens": reused if cached is None else cached})
     if details != "absent":
         meta["cached_tokens_details"] = details
+    if dp_rank != "absent":  # TokenizerManager._handle_batch_output, after the batch's own fields
+        meta["dp_rank"] = dp_rank
     meta["e2e_latency"] = e2e_s
     if metrics and received is not None:
         meta["request_received_ts"] = received

@@ -83,6 +83,26 @@ class ReplaySummary:
         return d
 
 
+def twin_dp(db: Path | None, trace: Path) -> int | None:
+    """The `--dp` a replay of `trace` into `db` takes when neither the command line nor its config
+    says: the ranks an observed run in `db` saw, where `trace` is the `--trace-out` its import wrote
+    (same sha256; docs/contract.md). None otherwise. The trace is hashed only when `db` holds such a
+    run."""
+    if db is None or not Path(db).is_file() or not is_seekable_file(trace):
+        return None
+    from tierdiag.diagnose.observed_twin import ranks_by_trace_out
+    from tierdiag.errors import StoreError
+    from tierdiag.store.reader import open_store
+
+    try:
+        con = open_store(db)
+    except StoreError:
+        return None  # not a store with runs (yet): the replay's own open says what is wrong, if anything
+    with con:
+        ranks = ranks_by_trace_out(con)
+    return ranks.get(trace_sha256(trace)) if ranks else None
+
+
 def _percentile(values: list[int], q: float) -> float | None:
     """In ms, by nearest rank: the definition `summary` and the report use (diagnose/quantile.py)."""
     v = nearest_rank(values, q)

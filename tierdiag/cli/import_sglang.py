@@ -75,6 +75,8 @@ def sglang(
     table.add_row("with TTFT", f"{s.num_with_ttft:,} of {s.num_requests:,}")
     if s.span_s is not None:
         table.add_row("span", f"{s.span_s:,.1f} s of server time")
+    if s.dp_ranks:
+        table.add_row("dp ranks", f"{s.dp_ranks:,} (dp_rank in the export; a twin replays with --dp {s.dp_ranks})")
     if s.trace_out:
         table.add_row("trace", f"{s.trace_requests:,} requests -> {s.trace_out}")
     table.add_row("read in", f"{s.wall_s:,.2f} s ({s.num_requests / s.wall_s:,.0f} requests/s)" if s.wall_s else "-")

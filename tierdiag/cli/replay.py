@@ -100,7 +100,8 @@ def replay(
     verify: Annotated[Optional[str], Opt(**choices(VERIFY_MODES), help=_d("Check load-backs byte for byte (sample: one in 16).", "verify"))] = None,
     data_plane_mib: Annotated[Optional[int], Opt(help=_d("Memory for the real pools in MiB; their width shrinks to fit.", "data_plane_mib"))] = None,
     dp: Annotated[Optional[int], Opt("--dp", help=_d("Data-parallel ranks behind one router, on one clock, sharing the "
-                                                     "storage tier (config key dp).", "dp"))] = None,
+                                                     "storage tier (config key dp). A twin of an imported run: the ranks its "
+                                                     "export named.", "dp"))] = None,
     # NAME, the names in the help text: the list is too long for one line of --help at 80 columns.
     router: Annotated[Optional[str], Opt("--router", metavar="NAME", autocompletion=completer(ROUTER_NAMES), help=_d(
         "The router in front of the --dp ranks: " + listed(ROUTER_NAMES) + "; its parameters are the router_* "
@@ -116,6 +117,10 @@ def replay(
     from tierdiag.cli.exits import leave_without_teardown
 
     leave_without_teardown()
+    # A twin of an observed run replays on as many ranks as the server had, unless told.
+    from tierdiag.app.replay import twin_dp
+
+    ranks = twin_dp(None if no_probes else db, trace) if dp is None else None
     cfg = load_config(config, {
         "model": model, "gpu": gpu, "device_tokens": device_tokens, "host_tokens": host_tokens,
         "storage_tokens": storage_tokens, "storage_dir": str(storage_dir) if storage_dir else None,
@@ -128,7 +133,7 @@ def replay(
         "layerwise_overlap": overlap, "timing": timing, "profile": str(profile) if profile else None,
         "time_scale": time_scale, "arrivals": arrivals, "max_context_tokens": max_context, "seed": seed, "verify": verify, "data_plane_mib": data_plane_mib,
         "sglang_rules": sglang, "dp": dp, "router": router,
-    })
+    }, defaults={"dp": ranks} if ranks else None)
     if not no_probes:  # the store is not one of the files this replay reads (tierdiag/paths.py)
         from tierdiag.paths import check_output
 

@@ -299,8 +299,10 @@ def _check_type(path: Path, key: str, name: str, value: Any) -> None:
         raise ConfigFileError(f"--config {path}: {key} must be {want}, got {type(value).__name__} {value!r}"[:300])
 
 
-def load_config(path: str | Path | None, overrides: Mapping[str, Any]) -> EngineConfig:
-    """TOML file first, then CLI options that were given (None means not given).
+def load_config(path: str | Path | None, overrides: Mapping[str, Any],
+                defaults: Mapping[str, Any] | None = None) -> EngineConfig:
+    """TOML file first, then CLI options that were given (None means not given). `defaults`:
+    values below both, where the caller knows better than the built-in default (a twin's `dp`).
 
     Everything is checked before any work starts: a file that cannot be read, is not TOML, has
     an unknown key or a value of the wrong type is a ConfigFileError naming the file and key.
@@ -335,6 +337,7 @@ def load_config(path: str | Path | None, overrides: Mapping[str, Any]) -> Engine
             _check_type(p, key, name, value)
             values[name] = value
     from_file = set(values)
+    values = {**(defaults or {}), **values}
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return EngineConfig(**profile_defaults(values))  # a fitted profile names its model and GPU

@@ -9,6 +9,7 @@ Modules, each importing only those below it (an arrow reads "is built on")::
     compare, observed_explain -> twin_error                          a twin's TTFT error, its clock
     slow_groups -> explain, slow                                     the report's slowest table
     summary -> diagnosis -> advice -> claims                         the run's root cause, what to change
+               advice -> advice_routing                              data-parallel: router, its thresholds, dp
     compare, slow                                                    runs side by side; ranking
     calibrate -> fit, twin_error                                     a cost model fitted to an observed run
     evidence                     computes and stores at the close (close.py: the store's hook)
@@ -16,6 +17,7 @@ Modules, each importing only those below it (an arrow reads "is built on")::
       -> stored                  the row's format
          -> runcontext, numbers, totals                              computed from the rows
             runcontext -> story, capacity    the requests' own verdicts by excess; offered prefill vs GPU
+            runcontext, claims -> routing_loss  once-cached tokens lost to routing (a dp run's), priced by position
     context (one request's surroundings) . causes . tokens . sql . quantile . query . kinds
 
 Nothing below `facts` reads the stored row; `evidence` writes it and never reads it back.

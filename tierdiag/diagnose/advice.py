@@ -49,6 +49,7 @@ from tierdiag.diagnose.claims import (
     NEAR_PEAK_SHARE,
     held_capacity,
 )
+from tierdiag.diagnose.advice_routing import ROUTING_RULES, routing_first  # data-parallel runs: router, thresholds, dp
 from tierdiag.diagnose.capacity import MATERIAL_SHARE, TARGET_LOAD
 from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.diagnose.session_pool import SessionPauses
@@ -436,7 +437,7 @@ def _round_up_2(x: float) -> float:
     return round(math.ceil(round(x / 10 ** e, 9)) * 10 ** e, max(-e, 0))
 
 
-RULES = (_rate, _prefetch, _write_policy, _sessions, _capacity, _eviction_policy, _page_size)
+RULES = (_rate, _prefetch, _write_policy, _sessions, _capacity, _eviction_policy, _page_size) + ROUTING_RULES
 
 
 def _nothing(ctx: RunContext) -> Advice:
@@ -465,6 +466,7 @@ def propose(ctx: RunContext, *, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES,
     top = ctx.story.top if ctx.story is not None else None
     if top is not None and (top.caches_doing or top.cause == "recompute"):
         items = [a for a in items if a.kind != "rate"] + [a for a in items if a.kind == "rate"]
+    items = routing_first(ctx, items)
     return tuple(items) if items else (_nothing(ctx),)
 
 

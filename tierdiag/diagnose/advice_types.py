@@ -23,6 +23,7 @@ TARGETS: dict[str, str] = {
     "prefetch": "recompute_share", "write_policy": "recompute_share", "capacity": "recompute_share",
     "storage_tier": "recompute_share", "eviction_policy": "recompute_share",
     "page_size": "loadback_exposed_share", "rate": "queue_share", "session": "session_recompute_share",
+    "router": "routing_share", "router_threshold": "routing_share", "dp": "queue_excess_share",  # advice_routing_loss.py
 }
 # Sizes `advise` searches down (issue 34): for a confirmed item setting one of these, the smallest
 # value whose replay keeps at least SUFFICIENT_GAIN_SHARE of the largest tried value's TTFT p50 gain.
@@ -30,7 +31,8 @@ SIZE_KEYS = ("host_tokens", "storage_tokens", "device_tokens")
 SUFFICIENT_GAIN_SHARE = 0.9
 _TARGET_WORDS = {"recompute_share": "recompute share of input", "loadback_exposed_share":
                  "exposed load-back share of TTFT", "queue_share": "queueing share of TTFT",
-                 "session_recompute_share": "recompute share of later session turns' input"}
+                 "session_recompute_share": "recompute share of later session turns' input",
+                 "routing_share": "routing-lost share of input", "queue_excess_share": "queueing share of excess TTFT"}
 
 
 @dataclass(frozen=True)

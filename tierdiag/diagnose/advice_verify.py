@@ -11,6 +11,7 @@ import duckdb
 
 from tierdiag.diagnose.advice import (_NOT_CHANGES, COMBINE_MAX, CONFIRM_P50_GAIN, TARGETS, Advice, RunContext,
                                       Verified, classify, propose)
+from tierdiag.diagnose.causes import excess_sql, routing_tokens_sql
 from tierdiag.diagnose.advice_types import SIZE_KEYS, SUFFICIENT_GAIN_SHARE, SizePoint, Sizing
 from tierdiag.diagnose.session_pool import session_pauses
 from tierdiag.store.reader import ADVISE_SWEEP_PREFIX
@@ -87,10 +88,12 @@ def _run_numbers(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
         "sum(recomputed_tokens) / nullif(sum(input_tokens), 0), "
         "sum(loadback_exposed_ns) / nullif(sum(ttft_ns), 0), sum(queue_ns) / nullif(sum(ttft_ns), 0), "
         "sum(recomputed_tokens) FILTER (WHERE think_ms IS NOT NULL) "
-        "/ nullif(sum(input_tokens) FILTER (WHERE think_ms IS NOT NULL), 0) "
+        "/ nullif(sum(input_tokens) FILTER (WHERE think_ms IS NOT NULL), 0), "
+        f"sum({routing_tokens_sql()}) / nullif(sum(input_tokens), 0), "
+        f"sum(queue_ns) / nullif(sum(greatest({excess_sql()}, 0)), 0) "
         "FROM requests WHERE run_id = ? AND status = 'finished' AND ttft_ns IS NOT NULL", [run_id]).fetchone()
     return {"p50": r[0], "p99": r[1], "recompute_share": r[2], "loadback_exposed_share": r[3], "queue_share": r[4],
-            "session_recompute_share": r[5]}
+            "session_recompute_share": r[5], "routing_share": r[6], "queue_excess_share": r[7]}
 
 
 def _measured(base: dict, after: dict, rid: str, kind: str, req: tuple | None) -> Verified:
@@ -115,7 +118,8 @@ def _gain(a: Advice) -> float:
 # A config key -> the kind of advice that changes it (for a tried change no proposal names).
 _KEY_KINDS = {"storage_tokens": "storage_tier", "host_tokens": "capacity", "prefetch_policy": "prefetch",
               "write_policy": "write_policy", "eviction_policy": "eviction_policy", "page_size": "page_size",
-              "time_scale": "rate"}
+              "time_scale": "rate", "dp": "dp", "router": "router", "router_cache_threshold": "router_threshold",
+              "router_balance_abs_threshold": "router_threshold", "router_balance_rel_threshold": "router_threshold"}
 
 
 def _kind_of(changes: dict) -> str:

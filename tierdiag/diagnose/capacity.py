@@ -14,6 +14,10 @@ Where load > 1 the backlog grows by (load - 1) x W however well the cache works,
 there is not the cache's doing and no cache setting removes it: only a lower rate (the replay's
 `time_scale`) or more GPUs do.
 
+A data-parallel run (`dp` ranks) can do N x W ns of prefill in a window: its loads are per rank,
+the work over N x W, as if the router spread the arrivals evenly (a router that does not is seen
+in the per-rank views, not here).
+
 W is WINDOW_SERVICES of the run's median ideal prefill: long enough that one large request is
 not "overload" on its own, short enough that hours of idle between bursts do not average a burst
 away (a run-wide mean would).
@@ -50,6 +54,7 @@ class Capacity:
     material_load: float  # the load exceeded in MATERIAL_SHARE of the positions (their 90th percentile)
     mean_load: float  # offered work over the span (diluted by idle: for reference only)
     offered_ns: int  # total ideal prefill offered
+    num_ranks: int = 1  # data-parallel ranks the loads are per (each load is per rank)
 
     @property
     def overloaded(self) -> bool:
@@ -63,8 +68,9 @@ class Capacity:
         return current * max(self.material_load / TARGET_LOAD, 1.0)
 
 
-def run_capacity(con: duckdb.DuckDBPyConnection, rid: str) -> Capacity | None:
-    """None when no finished request has an ideal (an observed run, an empty one)."""
+def run_capacity(con: duckdb.DuckDBPyConnection, rid: str, num_ranks: int = 1) -> Capacity | None:
+    """None when no finished request has an ideal (an observed run, an empty one). `num_ranks`:
+    the run's data-parallel ranks (loads per rank, module doc)."""
     import numpy as np
 
     r = con.execute(
@@ -84,11 +90,12 @@ def run_capacity(con: duckdb.DuckDBPyConnection, rid: str) -> Capacity | None:
     t = lo + np.arange(max(span - window, 0) // step + 1, dtype=np.int64) * step
     cum = np.concatenate([[0.0], np.cumsum(ideal)])
     work = cum[np.searchsorted(arrival, t + window, side="left")] - cum[np.searchsorted(arrival, t, side="left")]
-    load = work / window
+    ranks = max(int(num_ranks), 1)
+    load = work / (window * ranks)
     over = load > 1
     return Capacity(
         window_ns=window, span_ns=span, overloaded_share=float(over.mean()),
         overload_factor=float(load[over].mean()) if over.any() else None, peak_load=float(load.max()),
         # Nearest rank (quantile.py), the one percentile definition: a window's own load.
         material_load=float(nearest_rank(load.tolist(), 1 - MATERIAL_SHARE)),
-        mean_load=float(ideal.sum() / max(span, window)), offered_ns=int(ideal.sum()))
+        mean_load=float(ideal.sum() / (max(span, window) * ranks)), offered_ns=int(ideal.sum()), num_ranks=ranks)

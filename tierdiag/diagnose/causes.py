@@ -11,8 +11,26 @@ owns one part of it::
     queueing       queue_ns              waiting, and sharing a batch with other requests' work
     load_back      loadback_exposed_ns   load-back time not hidden behind prefill compute
     storage_fetch  storage_wait_ns       held back waiting for a storage prefetch
-    recompute      recompute_ns          computing tokens that had been cached once
+    routing        recompute_ns x r / R  recomputing once-cached tokens another data-parallel rank
+                                         held at arrival (r of its R recomputed tokens, below)
+    recompute      recompute_ns - that   computing the other tokens that had been cached once
     compute        compute_ns - ideal    its own new-token compute beyond the ideal (chunking)
+
+Routing (data-parallel runs, schema v4): the router sent the request to rank `dp_rank` while
+rank `best_rank` held more of its prefix on device + host at arrival. The tokens routing lost::
+
+    r = min(recomputed_tokens,
+            max(best_rank_device + best_rank_host
+                - (arrival_device + arrival_host + storage_match), 0))   when best_rank != dp_rank
+    r = 0                                                                 otherwise (one rank, or NULLs)
+
+(what its own rank held, and what it could fetch from the storage tier all ranks share, is not
+routing's loss). Bounded by recomputed_tokens: the engine's "once cached" is per rank, so tokens
+only another rank had cached are new to this one, inside its ideal, and not part of any excess. Routing owns r / R of the recompute part, split by token count as the engine
+splits a chunk's compute (integer division); the verdict's sentence prices those tokens by their
+position in the context instead (routing_loss.py), as recompute's sentence re-prices recompute.
+Routing comes before recompute in the tie order: where the prefix was on another rank, the
+router's choice, not the cache's size, is what lost it.
 
 Rule (the same in Python and SQL, integer arithmetic only, so the two never disagree):
 
@@ -41,14 +59,34 @@ from dataclasses import dataclass
 NONE_TOLERANCE_PCT = 20
 
 # Order matters: it breaks ties and fixes the order of columns and rows everywhere.
-CAUSES: tuple[str, ...] = ("none", "queueing", "load_back", "storage_fetch", "recompute", "compute")
+CAUSES: tuple[str, ...] = ("none", "queueing", "load_back", "storage_fetch", "routing", "recompute", "compute")
+
+
+def routing_tokens_sql(alias: str = "") -> str:
+    """SQL for a `requests` row's routing-lost tokens, `r` of the module doc (0 where any input is NULL)."""
+    p = f"{alias}." if alias else ""
+    gap = (f"coalesce({p}best_rank_device_tokens, 0) + coalesce({p}best_rank_host_tokens, 0) "
+           f"- coalesce({p}arrival_device_tokens, 0) - coalesce({p}arrival_host_tokens, 0) "
+           f"- coalesce({p}storage_match_tokens, 0)")
+    return (f"(CASE WHEN {p}dp_rank IS NOT NULL AND {p}best_rank IS NOT NULL AND {p}best_rank <> {p}dp_rank "
+            f"THEN least(coalesce({p}recomputed_tokens, 0), greatest({gap}, 0)) ELSE 0 END)")
+
+
+def routing_ns_sql(alias: str = "") -> str:
+    """SQL for routing's part of a row's recompute_ns: recompute_ns x r // R (integer, as in Python)."""
+    p = f"{alias}." if alias else ""
+    return (f"(CASE WHEN coalesce({p}recomputed_tokens, 0) > 0 THEN "
+            f"(coalesce({p}recompute_ns, 0)::HUGEINT * {routing_tokens_sql(alias)}) "
+            f"// {p}recomputed_tokens ELSE 0 END)")
+
 
 # cause -> SQL expression (over a `requests` row) of the part of the excess it owns.
 _PART_SQL: dict[str, str] = {
     "queueing": "coalesce({p}queue_ns, 0)",
     "load_back": "coalesce({p}loadback_exposed_ns, 0)",
     "storage_fetch": "coalesce({p}storage_wait_ns, 0)",
-    "recompute": "coalesce({p}recompute_ns, 0)",
+    "routing": "{routing}",
+    "recompute": "(coalesce({p}recompute_ns, 0) - {routing})",
     "compute": "greatest(coalesce({p}compute_ns, 0) - coalesce({p}ideal_ttft_ns, 0), 0)",
 }
 
@@ -58,7 +96,8 @@ class CauseInfo:
     """One cause: the TTFT part it owns and what that means, in words."""
 
     name: str
-    part_column: str | None  # the `requests` column of its part of TTFT (None: "none" owns no part)
+    part_column: str | None  # the `requests` column of its part of TTFT (None: "none" owns no part;
+    #                          routing and recompute split recompute_ns, module doc)
     meaning: str  # what the time went to: "... went to {meaning}"
 
 
@@ -68,6 +107,9 @@ CAUSE_INFO: dict[str, CauseInfo] = {c.name: c for c in (
     CauseInfo("load_back", "loadback_exposed_ns",
               "loading prefixes back from host memory, not hidden behind prefill compute"),
     CauseInfo("storage_fetch", "storage_wait_ns", "waiting for storage prefetches before prefill could start"),
+    CauseInfo("routing", "recompute_ns",
+              "recomputing prefixes another data-parallel rank held when they arrived (the router sent "
+              "them elsewhere)"),
     CauseInfo("recompute", "recompute_ns",
               "prefilling tokens the cache had held once (evicted, or a load-back skipped)"),
     CauseInfo("compute", "compute_ns", "their own new-token compute beyond the ideal (chunked prefill)"),
@@ -89,23 +131,35 @@ class TtftParts:
     loadback_exposed_ns: int
     recompute_ns: int
     compute_ns: int
+    recomputed_tokens: int = 0
+    routing_tokens: int = 0  # of recomputed_tokens: those routing lost (module doc)
 
     @property
     def excess_ns(self) -> int:
         return self.ttft_ns - self.ideal_ttft_ns
 
+    @property
+    def routing_ns(self) -> int:
+        """Routing's part of recompute_ns: recompute_ns x routing / recomputed tokens."""
+        if self.recomputed_tokens <= 0:
+            return 0
+        return self.recompute_ns * self.routing_tokens // self.recomputed_tokens
+
     def part_ns(self, cause: str) -> int:
-        """The TTFT part `cause` owns (0 for "none")."""
-        column = CAUSE_INFO[cause].part_column
-        return getattr(self, column) if column else 0
+        """The TTFT part `cause` owns (0 for "none"; compute: all its compute, not only the excess)."""
+        if cause == "compute":
+            return self.compute_ns
+        return 0 if CAUSE_INFO[cause].part_column is None else self.excess_parts_ns()[cause]
 
     def excess_parts_ns(self) -> dict[str, int]:
         """cause -> the part of the excess it owns (the same numbers `cause_sql` compares)."""
+        routing = self.routing_ns
         return {
             "queueing": self.queue_ns,
             "load_back": self.loadback_exposed_ns,
             "storage_fetch": self.storage_wait_ns,
-            "recompute": self.recompute_ns,
+            "routing": routing,
+            "recompute": self.recompute_ns - routing,
             "compute": max(self.compute_ns - self.ideal_ttft_ns, 0),
         }
 
@@ -121,7 +175,18 @@ class TtftParts:
         """From a `requests` row (dict); None when it has no TTFT (rejected)."""
         if row.get("ttft_ns") is None:
             return None
-        return cls(**{name: int(row.get(name) or 0) for name in cls.__dataclass_fields__})
+        fields = {name: int(row.get(name) or 0) for name in cls.__dataclass_fields__ if name != "routing_tokens"}
+        return cls(**fields, routing_tokens=routing_tokens(row))
+
+
+def routing_tokens(row: dict) -> int:
+    """A `requests` row's routing-lost tokens (`routing_tokens_sql`, in Python)."""
+    rank, best = row.get("dp_rank"), row.get("best_rank")
+    if rank is None or best is None or best == rank:
+        return 0
+    gap = sum(int(row.get(k) or 0) for k in ("best_rank_device_tokens", "best_rank_host_tokens")) - sum(
+        int(row.get(k) or 0) for k in ("arrival_device_tokens", "arrival_host_tokens", "storage_match_tokens"))
+    return min(int(row.get("recomputed_tokens") or 0), max(gap, 0))
 
 
 def primary_cause(row: dict) -> str | None:
@@ -130,6 +195,25 @@ def primary_cause(row: dict) -> str | None:
     if parts is None or (row.get("status") or "finished") != "finished":
         return None
     return parts.primary_cause()
+
+
+def recompute_cost_ns(row: dict) -> int:
+    """What recomputing its once-cached tokens really cost.
+
+    The engine splits each prefill chunk's compute between the recomputed and the new tokens
+    by token count, but a token's cost grows with its position in the context (attention over
+    all before it), and the new tokens come last::
+
+        context   [ device | recomputed ........ | new ... ]
+        cost/tok    -        lower                 highest
+
+    Its ideal prices the new tokens at their real positions (everything before them resident),
+    so they cost at least that: the new part is max(compute, ideal) (never more than all of
+    it), and recompute is the rest. A counterfactual without the recompute is then never below
+    the ideal."""
+    rec, comp = int(row.get("recompute_ns") or 0), int(row.get("compute_ns") or 0)
+    new = max(comp, min(int(row.get("ideal_ttft_ns") or 0), comp + rec))
+    return comp + rec - new
 
 
 def excess_sql(alias: str = "") -> str:
@@ -144,7 +228,8 @@ def cause_sql(alias: str = "") -> str:
     `alias` is the table alias to qualify columns with (``"r"`` -> ``r.queue_ns``).
     """
     p = f"{alias}." if alias else ""
-    parts = {cause: sql.format(p=p) for cause, sql in _PART_SQL.items()}
+    routing = routing_ns_sql(alias)
+    parts = {cause: sql.format(p=p, routing=routing) for cause, sql in _PART_SQL.items()}
     biggest = "greatest(" + ", ".join(parts.values()) + ")"
     pick = " ".join(f"WHEN {sql} = {biggest} THEN '{cause}'" for cause, sql in parts.items())
     return (

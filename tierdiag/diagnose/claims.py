@@ -18,7 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tierdiag.diagnose.causes import recompute_cost_ns, routing_tokens  # recompute_cost_ns: re-exported (views)
 from tierdiag.diagnose.context import CONTEXT_LOOKBACK_NS, QueueAttribution, RequestContext
+from tierdiag.diagnose.capacity import MATERIAL_SHARE
+from tierdiag.diagnose.routing_loss import RoutingLoss, routing_cost_ns
 from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.diagnose.story import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE  # noqa: F401 - the rule's, re-exported
 from tierdiag.units import NS_PER_S, fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, share
@@ -237,25 +240,6 @@ def recompute_claim(row: dict, threshold: int | None, host_deleted_tokens: int, 
 # --------------------------------------------------------------------------- counterfactuals
 
 
-def recompute_cost_ns(row: dict) -> int:
-    """What recomputing its once-cached tokens really cost.
-
-    The engine splits each prefill chunk's compute between the recomputed and the new tokens
-    by token count, but a token's cost grows with its position in the context (attention over
-    all before it), and the new tokens come last::
-
-        context   [ device | recomputed ........ | new ... ]
-        cost/tok    -        lower                 highest
-
-    Its ideal prices the new tokens at their real positions (everything before them resident),
-    so they cost at least that: the new part is max(compute, ideal) (never more than all of
-    it), and recompute is the rest. A counterfactual without the recompute is then never below
-    the ideal."""
-    rec, comp = _int(row, "recompute_ns"), _int(row, "compute_ns")
-    new = max(comp, min(_int(row, "ideal_ttft_ns"), comp + rec))
-    return comp + rec - new
-
-
 def never_evicted_ns(row: dict) -> int | None:
     """TTFT had every once-cached or loaded token been device-resident, the same queue ahead."""
     if row.get("ttft_ns") is None:
@@ -383,7 +367,7 @@ _RUN_WAIT_WORDS = {"recompute": "recomputing once-cached tokens", "new_compute":
 def capacity_claim(cap) -> Claim:
     """Offered prefill above one GPU for a material share of the run: named first."""
     return Claim("capacity", (
-        f"Offered prefill was {cap.overload_factor:,.1f}× one GPU for {fmt_pct(cap.overloaded_share)} of the run "
+        f"Offered prefill was {cap.overload_factor:,.1f}× {_gpus(cap)} for {fmt_pct(cap.overloaded_share)} of the run "
         f"(the ideal prefill of the requests arriving in each {fmt_ms(cap.window_ns)} window, recompute "
         f"excluded; {cap.peak_load:,.1f}× at the busiest): no cache setting removes this queue, only a lower "
         f"request rate or more GPUs."))
@@ -541,13 +525,19 @@ def advice_page_size_claim(*, link_peak_share: float, bytes_per_page: float, pag
         f"copy overheads dominate, and larger pages mean fewer, larger copies"))
 
 
+def _gpus(cap) -> str:
+    """What capacity's loads are per: one GPU, or (a data-parallel run) each rank's."""
+    n = getattr(cap, "num_ranks", 1)
+    return "one GPU" if n <= 1 else f"each of its {n} ranks' GPUs (spread evenly)"
+
+
 def advice_rate_claim(cap, *, want: float, current: float, material_share: float) -> Claim:
     return Claim("rate", (
-        f"offered prefill was {cap.overload_factor:,.1f}× one GPU for {fmt_pct(cap.overloaded_share)} of the run "
+        f"offered prefill was {cap.overload_factor:,.1f}× {_gpus(cap)} for {fmt_pct(cap.overloaded_share)} of the run "
         f"({fmt_ms(cap.window_ns)} windows, recompute excluded; {cap.material_load:,.1f}× or more in "
         f"{fmt_pct(material_share)} of them): no cache setting removes that queue; time_scale {want:g} spreads "
-        f"the arrivals {want / current:,.2g}× (in production: that much less traffic per GPU, or more GPUs; "
-        f"`--dp` replays that once the deployment engine lands)"))
+        f"the arrivals {want / current:,.2g}× (in production: that much less traffic per GPU, or more GPUs: "
+        f"`--dp`, the dp item)"))
 
 
 def advice_none_claim(*, recomputed_share: float | None, num_finished: int, num_loadbacks: int, loadback_ns: int,
@@ -564,3 +554,84 @@ def advice_none_claim(*, recomputed_share: float | None, num_finished: int, num_
         if recompute_instead_extra_ns > loadback_ns:
             text += f" ({recompute_instead_extra_ns / loadback_ns:,.1f}× more)"
     return Claim("none", text)
+
+
+# --------------------------------------------------------------------------- routing (routing_loss.py)
+
+
+def routing_claim(row: dict, config: dict) -> Claim | None:
+    """The request's routing sentence: where its prefix was, where the router sent it, what that cost."""
+    r = routing_tokens(row)
+    if not r:
+        return None
+    rank, best = row["dp_rank"], row["best_rank"]
+    bd, bh = _int(row, "best_rank_device_tokens"), _int(row, "best_rank_host_tokens")
+    own = _int(row, "arrival_device_tokens") + _int(row, "arrival_host_tokens")
+    cost, ttft = routing_cost_ns(row, config), _int(row, "ttft_ns")
+    why = row.get("route_reason")
+    text = (f"At its arrival rank {best} held {fmt_tokens(bd + bh)} tokens of its prefix ({fmt_tokens(bd)} on device, "
+            f"{fmt_tokens(bh)} on host) against {fmt_tokens(own)} on rank {rank}; the router sent it to rank {rank}"
+            + (f" ({why})" if why else "")
+            + f", so {fmt_tokens(r)} of its {fmt_tokens(_int(row, 'recomputed_tokens'))} "
+            f"recomputed tokens were lost to routing; recomputing them took {fmt_ms(cost)} "
+            f"({fmt_pct(share(cost, ttft))} of TTFT, priced by their position in the context).")
+    return Claim("routing", text)
+
+
+def run_routing_claim(ev: RoutingLoss) -> Claim:
+    """The run's routing sentence, from its RoutingLoss."""
+    named = [(b, n) for b, n in ev.branch_tokens.items() if n][:3]
+    text = (f"Routing lost {fmt_tokens(ev.routing_tokens)} once-cached tokens ({fmt_pct(ev.share_of_recomputed)} of "
+            f"the {fmt_tokens(ev.recomputed_tokens)} recomputed, {fmt_pct(ev.share_of_input)} of input) in "
+            f"{ev.routed_requests:,} request{'s' if ev.routed_requests != 1 else ''} across {ev.num_ranks} ranks: "
+            f"at their arrival another rank held the prefix on device or host and the router "
+            f"({ev.router or 'not recorded'}) sent them elsewhere; recomputing those tokens took "
+            f"{fmt_ms(ev.routing_cost_ns)} (priced by their position in the context)")
+    if named:
+        text += "; by the router's rule: " + ", ".join(
+            f"{b} {fmt_pct(share(n, ev.routing_tokens))}" for b, n in named)
+    return Claim("routing", text + ".")
+
+
+# The data-parallel advice's reasons (advice_routing.py), as the other rules' above.
+
+
+def advice_router_claim(*, routing_tokens: int, input_tokens: int, requests: int, ranks: int, router: str,
+                        share_of_recomputed: float | None, to: str, session_tokens: int,
+                        cache_threshold: float) -> Claim:
+    text = (f"routing lost {fmt_tokens(routing_tokens)} tokens ({_pct_of(routing_tokens, input_tokens)} of input) in "
+            f"{requests:,} requests across {ranks} ranks: at their arrival another rank held the prefix on device or "
+            f"host and {router} sent them elsewhere ({fmt_pct(share_of_recomputed)} of the run's recomputed tokens)")
+    if to == "session":
+        text += (f"; {fmt_tokens(session_tokens)} of them were session turns: the session router keeps every turn of "
+                 f"a session on one rank, where its earlier turns left the prefix")
+    else:
+        text += (f"; cache_aware sends a request to the rank its approximate tree says holds more than "
+                 f"{cache_threshold:g} of it while the load stays balanced")
+    return Claim("router", text)
+
+
+def advice_router_threshold_claim(*, routing_tokens: int, input_tokens: int, branch: str, branch_tokens: int,
+                                  cache_threshold: float | None = None, new_threshold: float | None = None,
+                                  miss_rule: str | None = None, balance_abs: int | None = None,
+                                  balance_rel: float | None = None, factor: int | None = None) -> Claim:
+    text = (f"routing lost {fmt_tokens(routing_tokens)} tokens ({_pct_of(routing_tokens, input_tokens)} of input); "
+            f"{fmt_tokens(branch_tokens)} of it by cache_aware's {branch} rule: ")
+    if branch == "cache_miss":
+        text += (f"the best match was at most router_cache_threshold {cache_threshold:g}, so the request went to the "
+                 f"{miss_rule} rank while another held part of its prefix; a threshold of {new_threshold:g} "
+                 f"matches those")
+    else:
+        text += (f"in-flight loads {balance_abs} apart and {balance_rel:g}× sent requests to the least loaded rank "
+                 f"whatever held their prefix; thresholds {factor}× higher let the cache decide")
+    return Claim("router_threshold", text)
+
+
+def advice_dp_claim(cap, *, queue_excess_share: float, dp: int, n: int) -> Claim:
+    offered = cap.material_load * dp
+    return Claim("dp", (
+        f"queueing is {fmt_pct(queue_excess_share)} of the run's excess TTFT, and the offered prefill was "
+        f"{cap.material_load:,.1f}× {'one GPU' if dp <= 1 else f'each of its {dp} ranks'} or more in the busiest "
+        f"{fmt_pct(MATERIAL_SHARE)} of the {fmt_ms(cap.window_ns)} windows (recompute excluded): "
+        f"it takes more ranks (or less traffic) to shorten that queue; {n} ranks are each offered "
+        f"{offered / n:,.2f}× there"))

@@ -102,6 +102,15 @@ def scheduled_ns(row: dict) -> int | None:
     return int(row["first_token_ns"]) - int(row["prefill_ns"])
 
 
+# A data-parallel run: a request waited for its own rank's GPU and memory, so its surroundings
+# are that rank's batches and requests (one rank, or rows without a rank: rank 0, all of them).
+SAME_RANK = "coalesce(dp_rank, 0) = $rank"
+
+
+def _rank(row: dict) -> int:
+    return int(row.get("dp_rank") or 0)
+
+
 def request_context(con: duckdb.DuckDBPyConnection, run_id: str, row: dict, run_start_ns: int) -> RequestContext:
     arrival = int(row.get("arrival_ns") or 0)
     end = int(row["first_token_ns"]) if row.get("first_token_ns") is not None else arrival
@@ -116,15 +125,15 @@ def request_context(con: duckdb.DuckDBPyConnection, run_id: str, row: dict, run_
                                 / greatest(t_end_ns - t_start_ns, 1)), 0),
                    coalesce(sum({rec}::DOUBLE * (least(t_end_ns, $e) - greatest(t_start_ns, $s))
                                 / greatest(t_end_ns - t_start_ns, 1)), 0)
-            FROM batches WHERE run_id = $r AND t_end_ns > $s AND t_start_ns < $e""",
-        {"r": run_id, "s": start, "e": end}).fetchone()
+            FROM batches WHERE run_id = $r AND t_end_ns > $s AND t_start_ns < $e AND {SAME_RANK}""",
+        {"r": run_id, "s": start, "e": end, "rank": _rank(row)}).fetchone()
     n, busy, compute, recompute = int(b[0]), int(b[1] or 0), int(b[2] or 0), int(b[3] or 0)
     depth = 0
     if row.get("seq") is not None:
         depth = int(con.execute(
             "SELECT count(*) FROM requests WHERE run_id = ? AND seq < ? AND arrival_ns <= ? "
-            "AND status = 'finished' AND first_token_ns - prefill_ns > ?",
-            [run_id, int(row["seq"]), arrival, arrival]).fetchone()[0])
+            "AND status = 'finished' AND first_token_ns - prefill_ns > ? AND coalesce(dp_rank, 0) = ?",
+            [run_id, int(row["seq"]), arrival, arrival, _rank(row)]).fetchone()[0])
     span = end - start
     return RequestContext(
         queue_depth_at_arrival=depth, window_start_ns=start, window_ns=span, prefill_busy_ns=busy,
@@ -196,8 +205,9 @@ def queue_attribution(con: duckdb.DuckDBPyConnection, run_id: str, row: dict) ->
     batches = fetch_dicts(
         con,
         f"SELECT t_start_ns, t_end_ns, compute_ns, loadback_exposed_ns, {rec} AS recompute_ns FROM batches "
-        "WHERE run_id = ? AND t_end_ns > ? AND t_start_ns < ? ORDER BY t_start_ns, batch_id",
-        [run_id, min(wait_start, sched), first_token])
+        "WHERE run_id = ? AND t_end_ns > ? AND t_start_ns < ? AND coalesce(dp_rank, 0) = ? "
+        "ORDER BY t_start_ns, batch_id",
+        [run_id, min(wait_start, sched), first_token, _rank(row)])
     if not batches and queue:
         return None  # a store without batch rows (hand-built, or probes off)
     raw = dict.fromkeys(ATTRIBUTION_KEYS, 0.0)
@@ -243,11 +253,12 @@ def queue_attribution(con: duckdb.DuckDBPyConnection, run_id: str, row: dict) ->
         lo, hi = gaps[0][0], gaps[-1][1]
         decoding = [(int(a), int(b)) for a, b in con.execute(
             "SELECT first_token_ns, finish_ns FROM requests WHERE run_id = ? AND req_id <> ? "
-            "AND first_token_ns < ? AND finish_ns > ?", [run_id, row["req_id"], hi, lo]).fetchall()]
+            "AND first_token_ns < ? AND finish_ns > ? AND coalesce(dp_rank, 0) = ?",
+            [run_id, row["req_id"], hi, lo, _rank(row)]).fetchall()]
         held = [(int(a), int(a) + int(w)) for a, w in con.execute(
             "SELECT arrival_ns, storage_wait_ns FROM requests WHERE run_id = ? AND req_id <> ? "
-            "AND storage_wait_ns > 0 AND arrival_ns < ? AND arrival_ns + storage_wait_ns > ?",
-            [run_id, row["req_id"], hi, lo]).fetchall()]
+            "AND storage_wait_ns > 0 AND arrival_ns < ? AND arrival_ns + storage_wait_ns > ? "
+            "AND coalesce(dp_rank, 0) = ?", [run_id, row["req_id"], hi, lo, _rank(row)]).fetchall()]
         for gap in gaps:
             dec = _union_measure(*gap, decoding)
             raw["memory_wait"] += sum(b - a for a, b in dec)

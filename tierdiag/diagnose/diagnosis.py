@@ -28,7 +28,8 @@ class RunDiagnosis:
     largest one (the report's verdict card)."""
 
     dominant_cause: str | None  # the root cause (often not the largest part: recompute makes a queue;
-    #                             "capacity": the offered prefill exceeded the GPU)
+    #                             "capacity": the offered prefill exceeded the GPU; "routing": the
+    #                             recomputed tokens were mostly ones another rank held, routing_loss.py)
     proximate_cause: str | None  # the part of the run's excess TTFT that is largest
     finding: str | None
     advice: tuple[Advice, ...]
@@ -90,6 +91,11 @@ def diagnose_run(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple
     if top.cause == "queueing" or queued_share >= MATERIAL_QUEUE_SHARE:
         claims.append(C.queued_wait_claim(story, ctx.prefill_busy_share))
         claims.append(C.queue_cause_claim(story, cap is not None, why))
+    routing = ctx.routing
+    routing_told = routing is not None and routing.routing_tokens > 0 and (
+        top.cause == "routing" or routing.dominates_lost_reuse)
+    if routing_told:
+        claims.append(C.run_routing_claim(routing))
     if top.cause == "recompute":
         claims.append(C.Claim("recompute", "Recomputing once-cached tokens is the largest part of the slow requests' "
                                            "TTFT" + (f"; {why}." if why else ".")))
@@ -104,6 +110,9 @@ def diagnose_run(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple
         dominant = "capacity"
     else:
         dominant = top.cause
+    # The once-cached tokens recomputed were mostly routing's: the router, not the cache, lost them.
+    if dominant == "recompute" and routing_told:
+        dominant = "routing"
     return RunDiagnosis(dominant, top.cause, " ".join(c.text for c in claims), advice, claims=tuple(claims),
                         capacity=ctx.capacity)
 
@@ -131,6 +140,9 @@ def _from_parts(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple[
                 f"{fmt_pct(ctx.transfers.link_peak_share)} of link peak.")
     elif proximate == "storage_fetch":
         text = f"Waiting for storage prefetches is {fmt_pct(pshare)} of the run's excess TTFT."
+    elif proximate == "routing":
+        text = (f"Recomputing prefixes another data-parallel rank held at arrival is {fmt_pct(pshare)} of the run's "
+                f"excess TTFT.")
     else:
         text = f"Requests' own new-token compute beyond their ideal is {fmt_pct(pshare)} of the run's excess TTFT."
     claims.append(C.Claim(proximate, text))

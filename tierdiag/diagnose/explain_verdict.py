@@ -53,6 +53,7 @@ CAUSE_CLAIMS: dict[str, Callable[[VerdictInputs], C.Claim]] = {
                                              v.load_back.achieved_bytes_per_s),
     "storage_fetch": lambda v: C.storage_fetch_claim(v.row, v.load_back.storage_bytes),
     "compute": lambda v: C.compute_claim(v.row, v.tokens.new_tokens, v.parts.excess_parts_ns()["compute"]),
+    "routing": lambda v: C.routing_claim(v.row, v.run.config if v.run is not None else {}),
 }
 
 
@@ -70,6 +71,8 @@ def _claims(v: VerdictInputs) -> tuple[C.Claim, ...]:
         out.append(C.queue_claim(row, v.attribution, v.context, C.loss_why(v.run)))
     if tokens.recomputed_tokens:
         out.append(C.recompute_claim(row, v.threshold, evs.host_deleted_tokens, v.storage_tier))
+    if cause != "routing" and parts.routing_tokens:  # part of that recompute was routing's (causes.py)
+        out.append(C.routing_claim(row, v.run.config if v.run is not None else {}))
     if evs.evicted_by and (tokens.recomputed_tokens or tokens.host_tokens or tokens.storage_tokens):
         out.append(C.evicted_by_claim(evs.evicted_by, {e.tier for e in evs.events}, evs.thrashing))
     for claim in (C.counterfactual_claim(row), C.break_even_claim(row, lb.link_peak_share, lb.achieved_bytes_per_s, cause)):
@@ -92,8 +95,12 @@ HEADLINES: dict[str, Callable[[VerdictInputs, str, str], str]] = {
                                         f"{fmt_tokens(v.load_back.loaded_tokens)} tokens"),
     "storage_fetch": lambda v, pct, short: (f"storage_fetch: {pct} of TTFT waiting for "
                                             f"{fmt_tokens(row_int(v.row, 'storage_match_tokens'))} tokens from storage"),
+    "routing": lambda v, pct, short: (f"routing: {pct} of TTFT recomputing {fmt_tokens(v.parts.routing_tokens)} "
+                                      f"tokens rank {v.row.get('best_rank')} held at arrival (the router sent it to "
+                                      f"rank {v.row.get('dp_rank')})"),
     "recompute": lambda v, pct, short: (f"recompute: {pct} of TTFT recomputing "
-                                        f"{fmt_tokens(v.tokens.recomputed_tokens)} once-cached tokens"),
+                                        f"{fmt_tokens(v.tokens.recomputed_tokens - v.parts.routing_tokens)} "
+                                        f"once-cached tokens"),
     "compute": lambda v, pct, short: f"compute: {pct} of TTFT was new-token compute beyond its ideal; {short}",
 }
 assert tuple(HEADLINES) == CAUSES

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from tierdiag.diagnose.causes import CAUSES, cause_sql, excess_sql
+from tierdiag.diagnose.causes import CAUSES, cause_sql, excess_sql, routing_ns_sql
 from tierdiag.diagnose.quantile import quantile_sql
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one, link_peak_bytes_per_s
 from tierdiag.diagnose.sql import FINISHED_SQL as _FINISHED
@@ -195,6 +195,8 @@ def _tokens_and_counts(con: duckdb.DuckDBPyConnection, rid: str) -> dict:
                sum(storage_wait_ns) FILTER (WHERE {_FINISHED}) AS storage_wait_ns,
                sum(queue_ns) FILTER (WHERE {_FINISHED}) AS queue_ns,
                sum(recompute_ns) FILTER (WHERE {_FINISHED}) AS recompute_ns,
+               sum({routing_ns_sql()}) FILTER (WHERE {_FINISHED}) AS routing_ns,
+               sum(recompute_ns - {routing_ns_sql()}) FILTER (WHERE {_FINISHED}) AS recompute_rest_ns,
                sum(compute_ns) FILTER (WHERE {_FINISHED}) AS compute_ns,
                sum(greatest(coalesce(compute_ns, 0) - coalesce(ideal_ttft_ns, 0), 0))
                    FILTER (WHERE {_FINISHED}) AS compute_excess_ns,
@@ -295,7 +297,8 @@ def compute_run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo) -> RunSumm
     ttft_total, excess_total = _i(t.get("ttft_ns")), _i(t.get("excess_ns"))
     part_of = {"queueing": ("queue_ns", "queue_ns"), "load_back": ("exposed_ns", "exposed_ns"),
                "storage_fetch": ("storage_wait_ns", "storage_wait_ns"),
-               "recompute": ("recompute_ns", "recompute_ns"), "compute": ("compute_ns", "compute_excess_ns")}
+               "routing": ("routing_ns", "routing_ns"), "recompute": ("recompute_rest_ns", "recompute_rest_ns"),
+               "compute": ("compute_ns", "compute_excess_ns")}
     time_by_cause = []
     for cause in CAUSES:
         if cause == "none":

@@ -13,7 +13,7 @@ import duckdb
 from tierdiag.diagnose.explain import explain_request
 from tierdiag.diagnose.observed_twin import Twin, page_tokens, find_twin
 from tierdiag.diagnose.query import dataclass_json, request_row
-from tierdiag.diagnose.twin_error import ClassError, twin_clock, twin_error
+from tierdiag.diagnose.twin_error import ClassError, RankError, twin_clock, twin_error
 from tierdiag.errors import NotFoundError
 from tierdiag.store.reader import RunInfo
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
@@ -85,6 +85,11 @@ class TwinTrust:
     rel_error: float | None  # error / the server's TTFT
     run_error: ClassError | None  # the twin's error over every request with a TTFT on both sides
     clock: str
+    # The server's data-parallel rank of this request and the twin's error over the requests that
+    # rank served (None: the export names no rank); the rank the twin's router sent it to.
+    dp_rank: int | None = None
+    rank_error: RankError | None = None
+    twin_dp_rank: int | None = None
 
     def sentence(self, *, clock: bool = True) -> str:
         if self.error_ns is None:
@@ -97,6 +102,12 @@ class TwinTrust:
         if r is not None and r.num_requests:
             text += (f"; over {r.num_requests:,} requests its TTFT error is median {fmt_pct(r.median_rel)}, "
                      f"p90 {fmt_pct(r.p90_rel)}")
+        k = self.rank_error
+        if k is not None and k.num_requests:
+            text += (f"; over the {k.num_requests:,} requests the server's dp_rank {k.dp_rank} served, median "
+                     f"{fmt_pct(k.median_rel)}, p90 {fmt_pct(k.p90_rel)} (the twin sent {k.same_rank:,} of them to "
+                     f"that rank" + (f", this one to rank {self.twin_dp_rank}" if self.twin_dp_rank is not None
+                                     else "") + ")")
         return f"{text} ({self.clock})" if clock else text
 
 
@@ -104,9 +115,16 @@ def twin_trust(con: duckdb.DuckDBPyConnection, run: RunInfo, twin_run: RunInfo, 
                ) -> TwinTrust:
     server = row.get("ttft_ns")
     err = None if server is None or twin_ttft_ns is None else int(twin_ttft_ns) - int(server)
-    run_error = twin_error(con, run.run_id, twin_run.run_id).by_class().get("all")
-    return TwinTrust(twin_ttft_ns, err, err / server if err is not None and server else None, run_error,
-                     twin_clock(twin_run.config))
+    errors = twin_error(con, run.run_id, twin_run.run_id)
+    rank = row.get("dp_rank")
+    twin_rank = None
+    if rank is not None:
+        found = con.execute("SELECT dp_rank FROM requests WHERE run_id = ? AND req_id = ?",
+                            [twin_run.run_id, row.get("req_id")]).fetchone()
+        twin_rank = found[0] if found else None
+    return TwinTrust(twin_ttft_ns, err, err / server if err is not None and server else None,
+                     errors.by_class().get("all"), twin_clock(twin_run.config), rank,
+                     errors.by_rank().get(rank) if rank is not None else None, twin_rank)
 
 
 @dataclass(frozen=True)
@@ -147,6 +165,10 @@ class ObservedExplanation:
             "twin_ttft_rel_error": self.twin_trust.rel_error if self.twin_trust else None,
             "twin_clock": self.twin_trust.clock if self.twin_trust else None,
             "twin_run_error": self.twin_trust.run_error.to_json() if self.twin_trust and self.twin_trust.run_error
+            else None,
+            "dp_rank": self.twin_trust.dp_rank if self.twin_trust else None,
+            "twin_dp_rank": self.twin_trust.twin_dp_rank if self.twin_trust else None,
+            "twin_rank_error": self.twin_trust.rank_error.to_json() if self.twin_trust and self.twin_trust.rank_error
             else None,
         }
 

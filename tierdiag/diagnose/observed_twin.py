@@ -60,6 +60,18 @@ def find_twin(con: duckdb.DuckDBPyConnection, run: RunInfo) -> Twin | None:
     return None
 
 
+def ranks_by_trace_out(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """sha256 of an observed run's `--trace-out` -> the data-parallel ranks its export named (config
+    `dp_ranks`; the newest import of a trace wins): what a replay of that trace, its twin, takes as
+    `--dp` when not told. Imports that named no rank are left out."""
+    out: dict[str, int] = {}
+    for r in list_runs(con):  # oldest first: a newer import of the same trace overwrites
+        sha, n = r.config.get("trace_out_sha256"), r.config.get("dp_ranks")
+        if is_observed(r) and sha and isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+            out[sha] = n
+    return out
+
+
 def _shared(con: duckdb.DuckDBPyConnection, a: str, b: str) -> int:
     return int(con.execute(
         "SELECT count(*) FROM requests o JOIN requests r ON r.run_id = ? AND r.req_id = o.req_id "

@@ -7,7 +7,8 @@
   removed from every tier, their reuse distance against the pools);
 * `TransferEvidence`: the load-backs against the link's peak and against recomputing them;
 * `RunStory` (story.py): the requests' own verdicts, weighted by their excess TTFT;
-* `Capacity` (capacity.py): the offered prefill against the GPU over sliding windows.
+* `Capacity` (capacity.py): the offered prefill against the GPU over sliding windows;
+* `RoutingLoss` (routing_loss.py): a data-parallel run's once-cached tokens lost to routing.
 
 Stored with the run at its close (evidence.py) and read through facts.py.
 """
@@ -22,6 +23,7 @@ from tierdiag.diagnose.capacity import Capacity, run_capacity
 from tierdiag.diagnose.causes import excess_sql
 from tierdiag.diagnose.context import ATTRIBUTION_KEYS, batch_recompute_sql, round_exact
 from tierdiag.diagnose.query import dataclass_json, link_peak_bytes_per_s
+from tierdiag.diagnose.routing_loss import RoutingLoss, routing_loss
 from tierdiag.diagnose.sql import FINISHED_SQL as _FINISHED
 from tierdiag.diagnose.sql import span_columns_sql
 from tierdiag.diagnose.story import RunStory, run_story
@@ -107,6 +109,8 @@ class RunContext:
     # GPU (capacity.py); None where not computed (attribution=False) or not computable.
     story: RunStory | None = None
     capacity: Capacity | None = None
+    # A data-parallel run's routing losses (routing_loss.py); None with one rank.
+    routing: RoutingLoss | None = None
 
     def attribution_share(self, key: str) -> float | None:
         if not self.queue_attribution:
@@ -139,32 +143,43 @@ def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_t
 
     b = con.execute(
         f"""SELECT t_start_ns, t_end_ns, coalesce(compute_ns, 0),
-                   least(coalesce({rec}, 0), coalesce(compute_ns, 0)), coalesce(loadback_exposed_ns, 0)
+                   least(coalesce({rec}, 0), coalesce(compute_ns, 0)), coalesce(loadback_exposed_ns, 0),
+                   coalesce(dp_rank, 0)
             FROM batches WHERE run_id = $r ORDER BY t_start_ns, t_end_ns""", {"r": rid}).fetchnumpy()
     r = con.execute(
-        f"""SELECT arrival_ns + coalesce(storage_wait_ns, 0), first_token_ns FROM requests
+        f"""SELECT arrival_ns + coalesce(storage_wait_ns, 0), first_token_ns, coalesce(dp_rank, 0) FROM requests
             WHERE run_id = $r AND {_FINISHED} AND prefill_ns IS NOT NULL""", {"r": rid}).fetchnumpy()
     cols = list(b.values())
     if not len(cols[0]) or not len(next(iter(r.values()))):
         return None
-    s, e = (np.asarray(c, dtype=np.int64) for c in cols[:2])
-    c, rc, x = (np.asarray(v, dtype=np.float64) for v in cols[2:])
-    d = np.maximum(e - s, 1).astype(np.float64)
-    values = np.stack([rc, c - rc, x, np.maximum(d - c - x, 0.0)])  # recompute, new, load-back, other
-    full = (e - s) / d  # 1, or 0 for a batch of no duration (its join overlap is 0 too)
-    cum = np.concatenate([np.zeros((4, 1)), np.cumsum(values * full, axis=1)], axis=1)
-    w0, ft = (np.asarray(v, dtype=np.int64) for v in r.values())
+    s_all, e_all = (np.asarray(c, dtype=np.int64) for c in cols[:2])
+    c, rc, x = (np.asarray(v, dtype=np.float64) for v in cols[2:5])
+    d_all = np.maximum(e_all - s_all, 1).astype(np.float64)
+    values_all = np.stack([rc, c - rc, x, np.maximum(d_all - c - x, 0.0)])  # recompute, new, load-back, other
+    b_rank = np.asarray(cols[5], dtype=np.int64)
+    w0_all, ft_all, r_rank = (np.asarray(v, dtype=np.int64) for v in r.values())
+    tot = np.zeros(4)
+    # A data-parallel run: each request's window over its own rank's batches (one rank: all of them).
+    for rank in np.unique(r_rank):
+        theirs = b_rank == rank
+        if not theirs.any():
+            continue
+        s, e, d, values = s_all[theirs], e_all[theirs], d_all[theirs], values_all[:, theirs]
+        full = (e - s) / d  # 1, or 0 for a batch of no duration (its join overlap is 0 too)
+        cum = np.concatenate([np.zeros((4, 1)), np.cumsum(values * full, axis=1)], axis=1)
 
-    def integral(t: np.ndarray) -> np.ndarray:
-        k = np.searchsorted(s, t, side="right") - 1  # the last batch starting at or before t
-        kk = np.maximum(k, 0)
-        part = np.clip(np.minimum(t, e[kk]) - s[kk], 0, None) / d[kk]
-        out = cum[:, kk] + values[:, kk] * part
-        out[:, k < 0] = 0.0
-        return out.sum(axis=1)
+        def integral(t: np.ndarray) -> np.ndarray:
+            k = np.searchsorted(s, t, side="right") - 1  # the last batch starting at or before t
+            kk = np.maximum(k, 0)
+            part = np.clip(np.minimum(t, e[kk]) - s[kk], 0, None) / d[kk]
+            out = cum[:, kk] + values[:, kk] * part
+            out[:, k < 0] = 0.0
+            return out.sum(axis=1)
 
-    keep = ft > w0  # an empty window overlaps no batch
-    tot = integral(ft[keep]) - integral(w0[keep])
+        mine = r_rank == rank
+        w0, ft = w0_all[mine], ft_all[mine]
+        keep = ft > w0  # an empty window overlaps no batch
+        tot += integral(ft[keep]) - integral(w0[keep])
     own = con.execute(
         f"SELECT sum(recompute_ns), sum(compute_ns), sum(loadback_exposed_ns) FROM requests "
         f"WHERE run_id = ? AND {_FINISHED}", [rid]).fetchone()
@@ -335,6 +350,13 @@ def _overhead_ns(run) -> int | None:
     return int(v) if v is not None else None
 
 
+def run_ranks(con: duckdb.DuckDBPyConnection, run) -> int:
+    """The run's data-parallel ranks: its config's `dp`, or the ranks its requests name, whichever is more."""
+    named = con.execute("SELECT count(DISTINCT dp_rank) FROM requests WHERE run_id = ?", [run.run_id]).fetchone()[0]
+    dp = run.config.get("dp")
+    return max(int(named or 0), int(dp) if isinstance(dp, int) and not isinstance(dp, bool) else 1, 1)
+
+
 def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: bool = True) -> RunContext:
     """The run-level evidence `summary`'s diagnosis and `explain`'s "why" stand on, from the run's
     rows (what evidence.py stores at the run's close; readers take it through facts.py).
@@ -354,12 +376,13 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
         f"SELECT coalesce(sum(t_end_ns - t_start_ns), 0), coalesce(sum(compute_ns), 0), "
         f"coalesce(sum({rec or '0'}), 0) FROM batches WHERE run_id = ?", [rid]).fetchone()
     busy, compute, recompute = _i(b[0]), _i(b[1]), _i(b[2])
+    ranks = run_ranks(con, run)  # a data-parallel run's GPUs: its busy share is of all their time
     queue_total = _i(t[4])
     attribution = _run_attribution(con, rid, rec, queue_total) if attribution and rec and busy else None
     kv = run.data_plane.get("kv_bytes_per_token") if isinstance(run.data_plane, dict) else None
     return RunContext(
         run_id=rid, span_ns=span, num_finished=_i(t[0]),
-        prefill_busy_share=share(busy, span) if busy else None, prefill_compute_ns=compute,
+        prefill_busy_share=share(busy, span * ranks) if busy else None, prefill_compute_ns=compute,
         recompute_ns=recompute if rec else 0,
         recompute_share_of_prefill=share(recompute, compute) if rec else None,
         ttft_total_ns=_i(t[3]), queue_total_ns=queue_total, queue_share_of_ttft=share(queue_total, _i(t[3])),
@@ -367,4 +390,6 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
         losses=_losses(con, rid, run.config), transfers=_transfers(con, rid, link_peak_bytes_per_s(run), _overhead_ns(run)),
         config=dict(run.config), kv_bytes_per_token=int(kv) if kv else None,
         ttft_p50_ns=t[6], ttft_p99_ns=t[7],
-        story=run_story(con, rid, rec) if attribution and busy else None, capacity=run_capacity(con, rid))
+        story=run_story(con, rid, rec) if attribution and busy else None,
+        capacity=run_capacity(con, rid, ranks),
+        routing=routing_loss(con, run))

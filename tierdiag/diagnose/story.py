@@ -16,7 +16,8 @@ excess TTFT it carries::
                 around the queued ones: sum(excess_i * busy_i) / sum(excess_i)  ...
 
 The batch integrals run along the clock once (the same prefix-sum trick as runcontext's run
-attribution): O((R + B) log B), no request x batch join. Requests whose queue was split by
+attribution): O((R + B) log B), no request x batch join. In a data-parallel run each request is
+set against its own rank's batches (`dp_rank`): one rank's GPU is the one it waited for. Requests whose queue was split by
 `explain` over exactly the same batches get the same share, up to the ns rounding of its parts.
 """
 
@@ -122,7 +123,8 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
         return None
     b = con.execute(
         f"""SELECT t_start_ns, t_end_ns, coalesce(compute_ns, 0),
-                   least(coalesce({rec}, 0), coalesce(compute_ns, 0)), coalesce(loadback_exposed_ns, 0)
+                   least(coalesce({rec}, 0), coalesce(compute_ns, 0)), coalesce(loadback_exposed_ns, 0),
+                   coalesce(dp_rank, 0) AS rank
             FROM batches WHERE run_id = $r ORDER BY t_start_ns, t_end_ns""", {"r": rid}).fetchnumpy()
     start = con.execute("SELECT min(arrival_ns) FROM requests WHERE run_id = ?", [rid]).fetchone()[0]
     r = con.execute(
@@ -130,7 +132,8 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
                    coalesce(queue_ns, 0) AS queue, greatest({excess_sql('q')}, 0) AS excess, {cause_sql('q')} AS cause,
                    coalesce(recompute_ns, 0) AS own_rec, coalesce(compute_ns, 0) AS own_comp,
                    coalesce(loadback_exposed_ns, 0) AS own_lb,
-                   first_token_ns - coalesce(prefill_ns, 0) AS sched, coalesce(ev.t, -1) AS last_evicted
+                   first_token_ns - coalesce(prefill_ns, 0) AS sched, coalesce(ev.t, -1) AS last_evicted,
+                   coalesce(q.dp_rank, 0) AS rank
             FROM requests q LEFT JOIN (
                 SELECT re.req_id, max(e.t_ns) AS t FROM request_evictions re JOIN evictions e
                   ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id
@@ -139,25 +142,34 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
     if not len(b["t_start_ns"]) or not len(r["arrival_ns"]):
         return None
     s, e = (np.asarray(b[k], dtype=np.int64) for k in ("t_start_ns", "t_end_ns"))
-    comp, rc, lb = (np.asarray(b[k], dtype=np.float64) for k in list(b)[2:])
+    comp, rc, lb = (np.asarray(b[k], dtype=np.float64) for k in list(b)[2:5])
     d = np.maximum(e - s, 1).astype(np.float64)
     values = np.stack([rc, comp - rc, lb, np.maximum(d - comp - lb, 0.0), d])  # ..., write-back, busy
-    at = _integral(s, e, values)
     arrival, w0, ft = (np.asarray(r[k], dtype=np.int64) for k in ("arrival_ns", "wait_start", "first_token_ns"))
     queue, excess = (np.asarray(r[k], dtype=np.int64) for k in ("queue", "excess"))
     cause = np.asarray(r["cause"], dtype=object)
     own = np.stack([np.asarray(r[k], dtype=np.float64) for k in ("own_rec", "own_comp", "own_lb")])
-    # Its wait: what the GPU did in [wait start, first token], less its own parts (explain's split).
+    # Each request against its own GPU: in a data-parallel run, the batches of the rank that served
+    # it (a rank's batches do not overlap; all ranks' do). One rank: every batch, as before.
+    b_rank, r_rank = np.asarray(b["rank"], dtype=np.int64), np.asarray(r["rank"], dtype=np.int64)
     wend = np.maximum(ft, w0)
-    work = at(wend) - at(w0)
+    c0 = np.maximum(arrival - CONTEXT_LOOKBACK_NS, int(start))  # its context window, explain's
+    c1 = np.maximum(ft, c0)
+    work = np.zeros((5, len(arrival)))
+    around = np.zeros(len(arrival))
+    for rank in np.unique(r_rank):
+        mine, theirs = r_rank == rank, b_rank == rank
+        if not theirs.any():
+            continue
+        at = _integral(s[theirs], e[theirs], values[:, theirs])
+        # Its wait: what its GPU did in [wait start, first token] (less its own parts, below).
+        work[:, mine] = at(wend[mine]) - at(w0[mine])
+        around[mine] = at(c1[mine])[4] - at(c0[mine])[4]
     parts = np.stack([work[0] - own[0], work[1] - own[1], work[2] - own[2], work[3]])
     parts = np.maximum(parts, 0.0)
     idle = np.maximum(queue - parts.sum(axis=0), 0.0)
     rec_share = np.where(queue > 0, parts[0] / np.maximum(queue, 1), 0.0)
-    # Its context window: [max(arrival - lookback, run start), first token].
-    c0 = np.maximum(arrival - CONTEXT_LOOKBACK_NS, int(start))
-    c1 = np.maximum(ft, c0)
-    busy = np.where(c1 > c0, (at(c1)[4] - at(c0)[4]) / np.maximum(c1 - c0, 1), 0.0)
+    busy = np.where(c1 > c0, around / np.maximum(c1 - c0, 1), 0.0)
     cache = (queue > 0) & (rec_share >= RECOMPUTE_QUEUE_SHARE) & (busy >= BUSY_SHARE)
     total = int(excess.sum())
     verdicts = []

@@ -5,7 +5,8 @@ Read by `compare OBSERVED TWIN [TWIN2 ...]` (a preset twin's error beside a cali
 tests of `calibrate --from`. No numpy, no scipy: `compare` and `explain` start light.
 
     twin_error(con, observed, twin) -> TwinError: per server hit class and "all", median and p90
-                                       (nearest rank) of |twin - server| in ms and relative
+                                       (nearest rank) of |twin - server| in ms and relative; and
+                                       the same per the server's data-parallel rank (`dp_rank`)
     twin_clock(run)                 -> one line: the presets' clock, or calibrated on which run
 """
 
@@ -32,18 +33,38 @@ class ClassError:
 
 
 @dataclass(frozen=True)
+class RankError:
+    """The twin's error over the requests one data-parallel rank of the server served."""
+
+    dp_rank: int  # the server's rank (its export's dp_rank)
+    num_requests: int
+    median_abs_ms: float | None
+    p90_abs_ms: float | None
+    median_rel: float | None
+    p90_rel: float | None
+    same_rank: int  # of them, requests the twin's router also sent to this rank
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
 class TwinError:
     observed_run: str
     twin_run: str
     classes: tuple[ClassError, ...]  # "all" first, then by class
     unmatched: int  # observed requests with a TTFT and no finished twin with one
+    ranks: tuple[RankError, ...] = ()  # by the server's dp_rank, in rank order; () where it names none
 
     def by_class(self) -> dict[str, ClassError]:
         return {c.hit_class: c for c in self.classes}
 
+    def by_rank(self) -> dict[int, RankError]:
+        return {r.dp_rank: r for r in self.ranks}
+
     def to_json(self) -> dict:
         return {"observed_run": self.observed_run, "twin_run": self.twin_run, "unmatched": self.unmatched,
-                "classes": [c.to_json() for c in self.classes]}
+                "classes": [c.to_json() for c in self.classes], "ranks": [r.to_json() for r in self.ranks]}
 
 
 def twin_error(con, observed_run: str, twin_run: str) -> TwinError:
@@ -51,19 +72,23 @@ def twin_error(con, observed_run: str, twin_run: str) -> TwinError:
     p90 (nearest rank) of |twin - server| in ms and relative to the server's TTFT, for every
     request and per the server's hit class. Requests without a TTFT on either side are left out."""
     rows = con.execute(
-        "SELECT o.hit_class, o.ttft_ns, t.ttft_ns FROM requests o LEFT JOIN requests t "
+        "SELECT o.hit_class, o.ttft_ns, t.ttft_ns, o.dp_rank, t.dp_rank FROM requests o LEFT JOIN requests t "
         "ON t.run_id = ? AND t.req_id = o.req_id AND t.status = 'finished' AND t.ttft_ns IS NOT NULL "
         "WHERE o.run_id = ? AND o.status = 'finished' AND o.ttft_ns > 0", [twin_run, observed_run]).fetchall()
-    pairs = [(c or "unknown", o, t) for c, o, t in rows if t is not None]
+    pairs = [(c or "unknown", o, t, orank, trank) for c, o, t, orank, trank in rows if t is not None]
     classes = [("all", pairs)] + [(k, [p for p in pairs if p[0] == k]) for k in sorted({p[0] for p in pairs})]
 
-    def one(name: str, ps: list) -> ClassError:
-        ab = sorted(abs(t - o) / 1e6 for _, o, t in ps)
-        rel = sorted(abs(t - o) / o for _, o, t in ps)
-        return ClassError(name, len(ps), nearest_rank(ab, 0.5, presorted=True), nearest_rank(ab, 0.9, presorted=True),
-                          nearest_rank(rel, 0.5, presorted=True), nearest_rank(rel, 0.9, presorted=True))
+    def stats(ps: list) -> tuple:
+        ab = sorted(abs(p[2] - p[1]) / 1e6 for p in ps)
+        rel = sorted(abs(p[2] - p[1]) / p[1] for p in ps)
+        return (len(ps), nearest_rank(ab, 0.5, presorted=True), nearest_rank(ab, 0.9, presorted=True),
+                nearest_rank(rel, 0.5, presorted=True), nearest_rank(rel, 0.9, presorted=True))
 
-    return TwinError(observed_run, twin_run, tuple(one(k, ps) for k, ps in classes), len(rows) - len(pairs))
+    ranks = sorted({p[3] for p in pairs if p[3] is not None})
+    by_rank = tuple(RankError(r, *stats(ps), sum(p[4] == r for p in ps))
+                    for r in ranks for ps in [[p for p in pairs if p[3] == r]])
+    return TwinError(observed_run, twin_run, tuple(ClassError(k, *stats(ps)) for k, ps in classes),
+                     len(rows) - len(pairs), by_rank)
 
 
 def twin_clock(config: dict[str, Any]) -> str:

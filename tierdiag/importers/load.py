@@ -71,7 +71,7 @@ OBSERVED_TIMING = "observed"  # runs.timing of an imported run: the server's own
 
 _INT_COLS = ("arrival_ns", "input_tokens", "output_tokens", "device_hit_tokens", "host_hit_tokens",
              "storage_hit_tokens", "computed_tokens", "prefix_indices_len", "extend_input_len", "queue_ns",
-             "storage_wait_ns", "ttft_ns", "first_token_ns", "prefill_ns", "finish_ns")
+             "storage_wait_ns", "ttft_ns", "first_token_ns", "prefill_ns", "finish_ns", "dp_rank")
 # Columns holding epoch ns until the first arrival is known.
 _ABSOLUTE_COLS = ("arrival_ns", "first_token_ns", "finish_ns")
 _STR_COLS = ("req_id", "status", "reject_reason", "hit_class")
@@ -99,6 +99,7 @@ class ImportSummary:
     first_mismatch: str | None
     metrics_enabled: bool  # the server exported its timing fields (--enable-metrics)
     storage_backends: list[str]
+    dp_ranks: int | None  # data-parallel ranks the export names (its dp_rank values); None: none
     trace_out: str | None
     trace_requests: int
     trace_text_only: int
@@ -154,6 +155,7 @@ class _Columns:
             ("extend_input_len", computed), ("queue_ns", _ns(r.queue_s)),
             ("storage_wait_ns", _ns(r.storage_prefetch_wait_s)), ("ttft_ns", ttft),
             ("first_token_ns", first_token), ("prefill_ns", prefill), ("finish_ns", finish),
+            ("dp_rank", r.dp_rank),
         ):
             rows[col].append(value)
         self.n += 1
@@ -301,6 +303,7 @@ def import_sglang(paths: list[str | os.PathLike], *, db: Path, run_name: str | N
     cols = _Columns()
     totals = dict(finished=0, aborted=0, ttft=0, timed=0, input=0, device=0, host=0, storage=0, computed=0)
     backends: set[str] = set()
+    ranks: set[int] = set()
     try:
         for r in records:
             cols.add(r)
@@ -319,6 +322,8 @@ def import_sglang(paths: list[str | os.PathLike], *, db: Path, run_name: str | N
                 totals["computed"] += r.prompt_tokens - r.reused_tokens
             if r.storage_backend:
                 backends.add(r.storage_backend)
+            if r.dp_rank is not None:
+                ranks.add(r.dp_rank)
         if cols.n == 0:
             skipped = f" ({report.bad_lines:,} bad lines skipped)" if report.bad_lines else ""
             raise TraceError(f"{', '.join(report.files)}: no requests in the export{skipped}")
@@ -340,7 +345,9 @@ def import_sglang(paths: list[str | os.PathLike], *, db: Path, run_name: str | N
         span_s = last / NS_PER_S
     config = {"source": "sglang", "export_files": report.files, "metrics_enabled": totals["timed"] > 0,
               "storage_backends": sorted(backends), "first_arrival_epoch_ns": t0,
-              "trace_out": str(trace_out) if trace_out is not None else None, "trace_out_sha256": trace_sha}
+              "trace_out": str(trace_out) if trace_out is not None else None, "trace_out_sha256": trace_sha,
+              # The data-parallel ranks the export names (None: it names none): the twin's --dp default.
+              "dp_ranks": len(ranks) or None}
     label = " ".join(str(p) for p in paths)
     name = run_name or _default_name(paths)
     run_id = _write_run(db, chunks, name=name, trace_path=label, trace_sha256=_files_fingerprint(report.files),
@@ -374,7 +381,7 @@ def import_sglang(paths: list[str | os.PathLike], *, db: Path, run_name: str | N
         host_tokens=totals["host"], storage_tokens=totals["storage"], computed_tokens=totals["computed"],
         span_s=span_s, bad_lines=report.bad_lines, first_bad=list(report.first_bad),
         details_mismatch=report.details_mismatch, first_mismatch=report.first_mismatch,
-        metrics_enabled=totals["timed"] > 0, storage_backends=sorted(backends),
+        metrics_enabled=totals["timed"] > 0, storage_backends=sorted(backends), dp_ranks=len(ranks) or None,
         trace_out=str(trace_out) if trace_out is not None else None, trace_requests=trace_n,
         trace_text_only=spool.text_only if spool else 0, trace_no_prompt=spool.no_prompt if spool else 0,
         trace_no_arrival=spool.no_arrival if spool else 0, wall_s=time.perf_counter() - t_start,

@@ -68,6 +68,13 @@ EPOCH_S_KEYS = ("request_received_ts", "forward_entry_time", "prefill_finished_t
 #   created_time, present only when first_token_time > created_time; storage_prefetch_wait
 #   present only when a prefetch was timed (HiCache storage).
 DURATION_S_KEYS = ("queue_time", "e2e_latency", "first_token_latency", "storage_prefetch_wait")
+# TokenizerManager._handle_batch_output: `meta_info["dp_rank"] = recv_obj.dp_ranks[i]` whenever the
+# batch carries dp_ranks, which OutputStreamer's accumulator fills with the scheduler's own
+# `get_parallel().dp_rank` (scheduler_components/output_streamer.py, to_payload): the data-parallel
+# rank that served the request, or null where there is no data-parallel controller
+# (SpawnRanks.dp_rank None). Exports from before 0.5.23 have no such key.
+DP_RANK_KEY = "dp_rank"
+MAX_DP_RANK = 2**31 - 1  # the store's INTEGER column
 # Every timing key except e2e_latency needs the server's --enable-metrics
 # (TokenizerManager._handle_batch_output adds them under `if self.enable_metrics`).
 METRICS_FLAG = "--enable-metrics"
@@ -118,6 +125,7 @@ class SGLangRequest:
     num_retractions: int | None
     finish_type: str | None  # stop | length | abort | ...
     finish_message: str | None
+    dp_rank: int | None = None  # the data-parallel rank that served it (DP_RANK_KEY; None: not exported)
     # From request_parameters; decoded only when asked (`with_tokens`). input_ids is the JSON
     # text of the array (b"[1, 2, ...]"), checked to hold prompt_tokens non-negative integers.
     input_ids: bytes | None = None
@@ -178,6 +186,7 @@ class _Record(msgspec.Struct):
     e2e_latency: float | None = None
     first_token_latency: float | None = None
     storage_prefetch_wait: float | None = None
+    dp_rank: int | None = None
 
 
 class _Params(msgspec.Struct):
@@ -345,6 +354,7 @@ def _record(rec: _Record, file: str, lineno: int, with_tokens: bool, report: Imp
         storage_prefetch_wait_s=_nonneg("storage_prefetch_wait", rec.storage_prefetch_wait),
         num_retractions=_count("num_retractions", rec.num_retractions, MAX_RETRACTIONS),
         finish_type=finish_type, finish_message=finish_message,
+        dp_rank=_count(DP_RANK_KEY, rec.dp_rank, MAX_DP_RANK),
         input_ids=input_ids, has_text=has_text, stream=stream)
 
 

@@ -160,6 +160,23 @@ def _twin_error_table(twins: Sequence[TwinAgreement]) -> Table:
     return table
 
 
+def _rank_error_table(twins: Sequence[TwinAgreement]) -> Table | None:
+    """The twin's error per data-parallel rank of the server (None: the export names no rank)."""
+    if not any(t.twin_error.ranks for t in twins):
+        return None
+    table = Table(title="twin TTFT error per server dp_rank (|twin - server|, nearest rank)", title_justify="left")
+    for col in ("twin", "dp_rank", "requests", "median", "p90", "median rel", "p90 rel", "same rank in twin"):
+        table.add_column(col, justify="left" if col == "twin" else "right")
+    ms = lambda v: fmt_ms(None if v is None else v * 1e6)  # noqa: E731 - ms -> ns
+    for t in twins:
+        for i, r in enumerate(t.twin_error.ranks):
+            table.add_row(Text(t.agreement.replayed_run_name) if i == 0 else Text(""), f"{r.dp_rank}",
+                          f"{r.num_requests:,}", ms(r.median_abs_ms), ms(r.p90_abs_ms), fmt_pct(r.median_rel),
+                          fmt_pct(r.p90_rel), f"{r.same_rank:,} ({fmt_pct(r.same_rank / r.num_requests)})"
+                          if r.num_requests else "-")
+    return table
+
+
 def _clock_line(t: TwinAgreement) -> Text:
     line = Text.assemble(("twin ", "dim"), (t.agreement.replayed_run_name, "bold"),
                          (f" ({t.agreement.replayed_run_id}): ", "dim"))
@@ -171,6 +188,9 @@ def render_twin_agreement(t: TwinAgreement, console: Console) -> None:
     render_agreement(t.agreement, console)
     console.print(_clock_line(t))
     wide_console(console).print(_twin_error_table([t]))
+    ranks = _rank_error_table([t])
+    if ranks is not None:
+        wide_console(console).print(ranks)
 
 
 def render_twin_comparison(c: TwinComparison, console: Console) -> None:
@@ -180,3 +200,6 @@ def render_twin_comparison(c: TwinComparison, console: Console) -> None:
         console.print(_clock_line(t))
         console.print(Text("  " + t.agreement.finding()))
     wide_console(console).print(_twin_error_table(c.twins))
+    ranks = _rank_error_table(c.twins)
+    if ranks is not None:
+        wide_console(console).print(ranks)

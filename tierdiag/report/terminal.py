@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # only for hints: `explain` should not import the slow/summar
     from tierdiag.diagnose.summary import RunSummary
 
 CAUSE_STYLE = {"none": "green", "queueing": "yellow", "load_back": "red", "storage_fetch": "magenta",
-               "recompute": "red", "compute": "cyan", None: "dim"}
+               "routing": "red", "recompute": "red", "compute": "cyan", None: "dim"}
 _MAX_ROWS = 10
 
 class SafeConsole(Console):
