@@ -413,8 +413,15 @@ class Scheduler(StoragePrefetch, RequestRecords):
                 lost[node.evicted_by] = lost.get(node.evicted_by, 0) + len(node.keys) * ps
         recomputed = req.lb_skip_pages if skipped else 0
         path_pages = req.dev_pages + match.host_pages
-        recomputed += blame(cached, demoted, req.keys_np[path_pages:req.input_len // ps], lost, ps)
-        req.recomputed_pages = recomputed
+        once = blame(cached, demoted, req.keys_np[path_pages:req.input_len // ps], lost, ps)
+        route = req.route
+        if route[6] is not None and route[6] != self.rank:
+            # In a deployment the cache is every rank's: pages another rank held at arrival (its
+            # device + host prefix, deployment.py) were cached once too, though never here. Both
+            # sets lead the part past the match (prefix closure), so together they are the longer.
+            elsewhere = min((route[7] + route[8]) // ps, req.input_len // ps) - path_pages
+            once = max(once, elsewhere)
+        req.recomputed_pages = recomputed + once
 
     def _continue_chunk(self, req: Req, budget: int, now: int) -> int | None:
         take = self._take(req.input_len - req.done_tokens, budget)
