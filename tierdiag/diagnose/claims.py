@@ -196,20 +196,22 @@ def queue_claim(row: dict, qa: QueueAttribution | None, ctx: RequestContext | No
 # --------------------------------------------------------------------------- recompute
 
 
-def recomputed_split(row: dict) -> tuple[int, int, int]:
-    """Its recomputed tokens as (skipped host hit, storage match not used, gone from every tier)."""
+def recomputed_split(row: dict) -> tuple[int, int, int, int]:
+    """Its recomputed tokens as (skipped host hit, storage match not used, held by another rank at
+    its arrival (routing), gone from every tier)."""
     recomputed = _int(row, "recomputed_tokens")
     skipped = min(_int(row, "loadback_skipped_tokens"), recomputed) if row.get("loadback_skipped_reason") else 0
     unused = 0
     if row.get("storage_skipped_reason"):
         unused = min(max(_int(row, "storage_match_tokens") - _int(row, "storage_hit_tokens"), 0),
                      recomputed - skipped)
-    return skipped, unused, recomputed - skipped - unused
+    routed = min(routing_tokens(row), recomputed - skipped - unused)
+    return skipped, unused, routed, recomputed - skipped - unused - routed
 
 
 def recompute_reasons(row: dict, threshold: int | None, host_deleted_tokens: int, storage_tier: bool) -> list[str]:
     """Why its recomputed tokens were recomputed, one phrase per reason that holds tokens."""
-    skipped, unused, lost = recomputed_split(row)
+    skipped, unused, routed, lost = recomputed_split(row)
     why = []
     if skipped:
         reason = row["loadback_skipped_reason"]
@@ -219,6 +221,9 @@ def recompute_reasons(row: dict, threshold: int | None, host_deleted_tokens: int
         reason = row["storage_skipped_reason"]
         why.append(f"{fmt_tokens(unused)} were matched in storage but not used ({reason}: "
                    f"{STORAGE_WHY.get(reason, reason)})")
+    if routed:
+        why.append(f"{fmt_tokens(routed)} were held by rank {row['best_rank']} at its arrival, not by rank "
+                   f"{row['dp_rank']} that served it")
     if lost:
         where = "no longer in any tier"
         if host_deleted_tokens:

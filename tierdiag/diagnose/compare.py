@@ -128,14 +128,16 @@ class RunRow:
         return d
 
 
-def gpu_busy_share(con: duckdb.DuckDBPyConnection, run_id: str) -> float | None:
-    """Prefill batch time over the virtual time to the last finish (as `replay` reports it)."""
+def gpu_busy_share(con: duckdb.DuckDBPyConnection, run_id: str, ranks: int = 1) -> float | None:
+    """Prefill batch time over the virtual time to the last finish (as `replay` reports it): each
+    GPU's on average when the run has `ranks` data-parallel ranks (their batches overlap)."""
     r = fetch_one(con, """
         SELECT (SELECT sum(t_end_ns - t_start_ns) FROM batches WHERE run_id = $1) AS busy,
                greatest((SELECT max(t_end_ns) FROM batches WHERE run_id = $1),
                         (SELECT max(coalesce(finish_ns, first_token_ns)) FROM requests WHERE run_id = $1)) AS t_end
         """, [run_id]) or {}
-    return share(r.get("busy"), r.get("t_end"))
+    t_end = r.get("t_end")
+    return share(r.get("busy"), None if t_end is None else t_end * max(ranks, 1))
 
 
 def _row(con: duckdb.DuckDBPyConnection, run: RunInfo, s: RunSummary, varied: Sequence[str]) -> RunRow:
@@ -152,7 +154,7 @@ def _row(con: duckdb.DuckDBPyConnection, run: RunInfo, s: RunSummary, varied: Se
         ttft_by_class=tuple(c for c in s.classes if c.hit_class != "all"),
         loadback_bytes=s.load_back.bytes, loadback_exposed_ns=s.load_back.exposed_ns,
         num_evictions=sum(e.num_events for e in s.evictions), evicted_tokens=sum(e.tokens for e in s.evictions),
-        gpu_busy_share=gpu_busy_share(con, run.run_id), memory_bytes=memory_bytes(run.config),
+        gpu_busy_share=gpu_busy_share(con, run.run_id, int(run.config.get("dp") or 1)), memory_bytes=memory_bytes(run.config),
         ranks=rank_summary(con, run))
 
 
