@@ -19,7 +19,6 @@ import re
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from tierdiag.diagnose.advice import propose
 from tierdiag.diagnose.facts import run_context
@@ -33,7 +32,7 @@ from .test_run_claims import PCT, MS, POOLS, STORAGE, _capacity, _ms_ok, _pct_ok
 from .test_run_story import bursty
 
 pytest.importorskip("tierdiag.cli.replay")
-from tierdiag.cli.main import app  # noqa: E402
+from tests.support.cli import invoke as _invoke  # noqa: E402
 
 KV_70B = 327_680
 DISK_BYTES_PER_S = 5e9  # docs/engine.md: the cost model's storage read rate
@@ -397,12 +396,6 @@ def _sentences(*texts: str) -> list[str]:
 
 
 # --------------------------------------------------------------------------- the runs
-
-
-def _invoke(*args: str) -> str:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exit_code == 0, (result.output, result.exception)
-    return result.output
 
 
 @pytest.fixture(scope="module")

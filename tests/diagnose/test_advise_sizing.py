@@ -22,34 +22,21 @@ least 90 % of 32,768's gain.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from tierdiag.store.reader import open_store
 
 from .test_run_claims import RECOMPUTE
 
 pytest.importorskip("tierdiag.cli.replay")
-from tierdiag.cli.main import app  # noqa: E402
+from tests.support.cli import invoke as _invoke, invoke_json as _json  # noqa: E402
 
 BUDGET = 6
 PAGE = 64
-
-
-def _invoke(*args: str) -> str:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exit_code == 0, (result.output, result.exception)
-    return result.output
-
-
-def _json(*args: str) -> dict:
-    out = _invoke(*args, "--json")
-    return json.loads(out[out.index("{"):])
 
 
 def _flat(text: str) -> str:

@@ -14,22 +14,15 @@ import re
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from tierdiag.diagnose.context import ATTRIBUTION_KEYS, queue_attribution
 from tierdiag.store.reader import open_store, resolve_run
 from tierdiag.units import fmt_ms
 
 pytest.importorskip("tierdiag.cli.replay")
-from tierdiag.cli.main import app  # noqa: E402
+from tests.support.cli import invoke as _invoke  # noqa: E402
 
 from .test_run_claims import STORAGE, _ms_ok  # noqa: E402
-
-
-def _invoke(*args: str) -> str:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exit_code == 0, (result.output, result.exception)
-    return result.output
 
 
 @pytest.fixture(scope="module")

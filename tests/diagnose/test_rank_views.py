@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.support.cli import tierdiag
-from tests.support.ranks import REUSE_POOLS, plant_ranks, reuse_lines
+from tests.support.ranks import REUSE_POOLS, plant_ranks, reuse_lines, rows
 from tests.support.traces import write_trace
 from tierdiag.diagnose.explain import explain_request
 from tierdiag.diagnose.quantile import nearest_rank
@@ -57,14 +57,6 @@ def db(tmp_path_factory) -> Path:
     plant_ranks(path, ids["ca"], dp=DP, router="cache_aware")
     plant_ranks(path, ids["rr"], dp=DP, router="round_robin", rank_of=lambda row: int(row["seq"]) % 3)
     return path
-
-
-def rows(db: Path, name: str, table: str = "requests") -> list[dict]:
-    with open_store(db) as con:
-        rid = resolve_run(con, name).run_id
-        cur = con.execute(f"SELECT * FROM {table} WHERE run_id = ?", [rid])
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, r)) for r in cur.fetchall()]
 
 
 def finished(r: dict) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.support.ranks import REUSE_POOLS, reuse_lines
+from tests.support.ranks import REUSE_POOLS, reuse_lines, rows
 from tests.support.traces import write_trace
 from tierdiag.diagnose.ranks import rank_summary, slow_by_rank
 from tierdiag.diagnose.routing import routing_step
@@ -39,14 +39,6 @@ def db(tmp_path_factory) -> Path:
     for router in ("cache_aware", "round_robin"):
         cli("replay", trace, "--db", path, "--run-name", router, "--dp", DP, "--router", router, *REUSE_POOLS)
     return path
-
-
-def rows(db: Path, name: str, table: str = "requests") -> list[dict]:
-    with open_store(db) as con:
-        rid = resolve_run(con, name).run_id
-        cur = con.execute(f"SELECT * FROM {table} WHERE run_id = ?", [rid])
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, r)) for r in cur.fetchall()]
 
 
 @pytest.mark.parametrize("router", ["cache_aware", "round_robin"])

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from typer.testing import CliRunner
 
 from tierdiag.diagnose.causes import TtftParts, recompute_cost_ns
 from tierdiag.diagnose.routing_loss import position_weight, routing_cost_ns, tokens_per_attention
@@ -28,20 +27,9 @@ from .test_advice_planted import Story
 from .test_run_story import bursty
 
 pytest.importorskip("tierdiag.cli.replay")
-from tierdiag.cli.main import app  # noqa: E402
+from tests.support.cli import invoke_json as _json  # noqa: E402
 
 RANKS = 4
-
-
-def _invoke(*args: str) -> str:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exit_code == 0, (result.output, result.exception)
-    return result.output
-
-
-def _json(*args: str) -> dict:
-    out = _invoke(*args, "--json")
-    return json.loads(out[out.index("{"):])
 
 
 def plant_ranks(db: Path, *, routed: bool, router: str = "round_robin", share_lost: float = 1.0) -> None:

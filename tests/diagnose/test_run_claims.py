@@ -23,7 +23,6 @@ import re
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from tierdiag.diagnose.context import CONTEXT_LOOKBACK_NS
 from tierdiag.diagnose.story import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE
@@ -33,19 +32,13 @@ from .test_run_story import bursty
 from .test_advice_planted import Story
 
 pytest.importorskip("tierdiag.cli.replay")
-from tierdiag.cli.main import app  # noqa: E402
+from tests.support.cli import invoke as _invoke  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_TRACES = REPO / ".." / "shared" / "traces"
 POOLS = ["--model", "llama3-8b", "--gpu", "h100", "--device-tokens", "32768", "--host-tokens", "49152"]
 
 NS_UNITS = {"µs": 1e3, "ms": 1e6, "s": 1e9, "min": 60e9, "h": 3600e9}
-
-
-def _invoke(*args: str) -> str:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exit_code == 0, (result.output, result.exception)
-    return result.output
 
 
 def _replay(trace: Path, db: Path, *options: str) -> Path:

@@ -74,3 +74,21 @@ def one_line_error(got_code: int, err: str, code: int, *fragments: str) -> str:
         assert fragment in line, f"{fragment!r} not in {line!r}"
     assert got_code == code, f"exit code {got_code}, expected {code}: {line}"
     return line
+
+
+def invoke(*args: object) -> str:
+    """The CLI in this process (Typer's runner), for tests that replay and read many times where
+    a process each would cost seconds: exit 0 asserted, stdout returned."""
+    from typer.testing import CliRunner
+
+    from tierdiag.cli.main import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    assert result.exit_code == 0, (result.output, result.exception)
+    return result.output
+
+
+def invoke_json(*args: object):
+    """`invoke(*args, "--json")`, parsed (anything printed before the object skipped)."""
+    out = invoke(*args, "--json")
+    return json.loads(out[out.index("{"):])

@@ -136,3 +136,14 @@ def reuse_lines(n: int = 60, *, docs: int = 6, blocks: int = 12, block: int = 51
 
 # A device pool of about two documents of reuse_lines, host room for all of them.
 REUSE_POOLS = ("--device-tokens", "16384", "--host-tokens", "200000")
+
+
+def rows(db: Path | str, name: str, table: str = "requests") -> list[dict]:
+    """Every row of run `name` (an id, prefix or name) in `table`, as dicts."""
+    from tierdiag.store.reader import open_store, resolve_run
+
+    with open_store(db) as con:
+        rid = resolve_run(con, name).run_id
+        cur = con.execute(f"SELECT * FROM {table} WHERE run_id = ?", [rid])
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, r)) for r in cur.fetchall()]
