@@ -19,8 +19,9 @@ import pytest
 
 from tierdiag.diagnose.causes import TtftParts
 
+from tests.support.cli import invoke as _invoke, invoke_json as _json
+
 from .test_advice_planted import Story
-from .test_routing import _invoke, _json
 from .test_run_story import bursty
 
 POOLS = {"model": "llama3-8b", "device_tokens": 16384, "host_tokens": 65536}
