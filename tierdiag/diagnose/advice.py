@@ -27,9 +27,8 @@ Verification: `advise` records each candidate run under sweep_id `advise-<baseli
 measured numbers to the advice item whose changes they are and gives it a `status` (DESIGN §6)::
 
     proposed    not replayed yet
-    confirmed   TTFT p50 at least CONFIRM_P50_GAIN better, p99 not more than P99_TOLERANCE worse,
-                and the share the rule targeted (TARGETS: recompute for the cache rules) moved
-                the way it predicted
+    confirmed   TTFT p50 at least CONFIRM_P50_GAIN better, p99 not more than P99_TOLERANCE worse
+                (the share the rule targeted, TARGETS, is measured and shown, not a criterion)
     refuted     worse: p50 at least CONFIRM_P50_GAIN worse, or p99 more than P99_TOLERANCE worse
     no_effect   neither (the replays are deterministic: this is not noise, the change did not help)
 
@@ -80,7 +79,8 @@ PAGE_SIZE_FACTOR = 4
 SEGMENT_OVERHEAD_NS = 50
 RUN_OVERHEAD_NS = 500
 # Config keys that differ between runs without being a change of the cache (bookkeeping).
-_NOT_CHANGES = frozenset({"storage_dir", "seed", "verify", "data_plane_mib", "profile", "timing"})
+# `profile_source` is what the profile held (advice_verify.same_clock compares its hash apart).
+_NOT_CHANGES = frozenset({"storage_dir", "seed", "verify", "data_plane_mib", "profile", "profile_source", "timing"})
 GIB = 1 << 30
 MAX_TIME_SCALE = 1e6  # config/engine.py's bound (not imported: config pulls the presets in)
 def _pow2_at_least(n: int, page: int) -> int:

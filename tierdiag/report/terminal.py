@@ -449,7 +449,7 @@ def render_advise(r, console: Console, *, run_label: str) -> None:
     if r.candidates:
         console.print(table)
         console.print(plain("best: " + (r.best or "none confirmed (TTFT p50 better by 5 %, p99 not worse by more "
-                                                  "than 5 %, and the share it targeted lower)"), style="bold"))
+                                                  "than 5 %)"), style="bold"))
     for line in _advice_lines(r.advice):
         console.print(line)
 
