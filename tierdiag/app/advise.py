@@ -14,8 +14,7 @@ from tierdiag.diagnose.advice import HOST_POOL_LIMIT_BYTES, Advice, advice_json,
 from tierdiag.diagnose.advice_types import SUFFICIENT_GAIN_SHARE
 from tierdiag.diagnose.advice_verify import (RunNumbers, advise_sweep_id, combination, run_numbers, sizable,
                                              size_runs, size_sweep_id, verified_advice)
-from tierdiag.diagnose.facts import run_context as run_context_for
-from tierdiag.diagnose.session_pool import session_pauses
+from tierdiag.diagnose.facts import run_facts
 
 
 @dataclass(frozen=True)
@@ -143,8 +142,9 @@ def advise_run(con_factory, db, run, *, budget: int = 4, jobs: int | None = None
     check_trace_for_advise(run)
     check_profile_for_advise(run)
     with con_factory() as con:
-        ctx = run_context_for(con, run)
-        proposed = propose(ctx, host_limit_bytes=host_limit_bytes, sessions=session_pauses(con, run))
+        facts = run_facts(con, run)
+        ctx = facts.context()
+        proposed = propose(ctx, host_limit_bytes=host_limit_bytes, sessions=facts.session_pauses())
         baseline = run_numbers(con, run.run_id)
     sweep_id = advise_sweep_id(run.run_id)
     plans = candidate_configs(run, proposed, budget)

@@ -13,7 +13,6 @@ from tierdiag.diagnose.advice import (_NOT_CHANGES, COMBINE_MAX, CONFIRM_P50_GAI
                                       Verified, classify, propose)
 from tierdiag.diagnose.causes import excess_sql, routing_tokens_sql
 from tierdiag.diagnose.advice_types import SIZE_KEYS, SUFFICIENT_GAIN_SHARE, SizePoint, Sizing
-from tierdiag.diagnose.session_pool import session_pauses
 from tierdiag.store.reader import ADVISE_SWEEP_PREFIX
 from tierdiag.units import fmt_pct, ns_to_ms, share
 
@@ -251,8 +250,14 @@ def verified_advice(con: duckdb.DuckDBPyConnection, run, advice: tuple[Advice, .
     return tuple(out)
 
 
-def run_advice(con: duckdb.DuckDBPyConnection, run, ctx: RunContext, req_id: str | None = None) -> tuple[Advice, ...]:
-    return verified_advice(con, run, propose(ctx, sessions=session_pauses(con, run)), req_id)
+def run_advice(con: duckdb.DuckDBPyConnection, run, ctx: RunContext, req_id: str | None = None,
+               facts=None) -> tuple[Advice, ...]:
+    """The run's advice, verified by what `advise` replayed; `facts`: the run's RunFacts where
+    the caller has them (the session rule's distances are stored with the run evidence)."""
+    from tierdiag.diagnose.facts import RunFacts
+
+    facts = facts if facts is not None else RunFacts(con, run)
+    return verified_advice(con, run, propose(ctx, sessions=facts.session_pauses()), req_id)
 
 
 # --------------------------------------------------------------------------- a run's headline numbers
