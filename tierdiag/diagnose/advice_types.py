@@ -157,6 +157,8 @@ class Advice:
     status: str = "proposed"  # STATUSES: proposed until `advise` replayed it
     prediction: str | None = None  # what the rule expects under the run's own rules, in words
     sizing: Sizing | None = None  # a confirmed size item's gain curve, once `advise` searched it
+    cost_ranks: int = 1  # the data-parallel ranks that each pay cost_gib (a host pool is per rank)
+    host_limit_words: str | None = None  # what caps a host pool (a server's host memory per GPU)
 
     @property
     def advised(self) -> bool:
@@ -169,7 +171,8 @@ class Advice:
                 "status": self.status, "prediction": self.prediction,
                 "sizing": self.sizing.to_json() if self.sizing else None,
                 "kind": self.kind, "changes": dict(self.changes), "evidence": dict(self.evidence),
-                "cost_gib": self.cost_gib, "cost_kind": self.cost_kind}
+                "cost_gib": self.cost_gib, "cost_kind": self.cost_kind, "cost_ranks": self.cost_ranks,
+                "host_limit_words": self.host_limit_words}
 
     def settings(self) -> str:
         return ", ".join(f"{k} = {_toml(v)}" for k, v in self.changes.items())
@@ -182,8 +185,14 @@ class Advice:
         text = f"set {self.settings()}: {self.reason}"
         if self.prediction:
             text += f"; {self.prediction}"
-        if self.cost_gib is not None:
-            text += f" (costs {self.cost_gib:,.0f} GiB of {'host memory' if self.cost_kind == 'host_memory' else 'disk'})"
+        if self.cost_gib is not None and self.cost_kind == "host_memory":
+            text += f" (costs {self.cost_gib:,.0f} GiB of host memory"
+            if self.cost_ranks > 1:
+                text += (f" per rank, {self.cost_gib * self.cost_ranks:,.0f} GiB over the {self.cost_ranks} ranks "
+                         "(each scheduler allocates its own host pool)")
+            text += f"; a host pool is capped by the host memory {self.host_limit_words})" if self.host_limit_words else ")"
+        elif self.cost_gib is not None:
+            text += f" (costs {self.cost_gib:,.0f} GiB of disk)"
         v = self.verified
         if v is not None and self.status == "confirmed":
             text += f" — verified by run {v.run_id}: {v.numbers()}"
