@@ -18,6 +18,8 @@ import json
 
 import duckdb
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.support.cli import invoke, invoke_json, one_line_error
 from tierdiag.diagnose.advice_types import Advice, Verified, classify
@@ -213,3 +215,27 @@ def test_a_candidate_on_another_clock_verifies_nothing(profiled):
     items = summary["diagnosis"]["advice"]
     assert items and all(a["status"] == "proposed" and a["verified"] is None for a in items)
     assert summary["diagnosis"]["tried_not_advised"] == []
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.one_of(st.none(), st.integers(), st.floats(), st.booleans(), st.text(max_size=40),
+                 st.lists(st.text(max_size=5), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=2)),
+       st.one_of(st.none(), st.integers(), st.text(max_size=10), st.dictionaries(st.just("sha256"), st.text(max_size=64))))
+def test_any_recorded_profile_is_checked_or_refused_in_one_line(profile, source):
+    """The recorded config is data (an older or hand-edited store): whatever `profile` and
+    `profile_source` hold, advise's check passes (no profile) or refuses with a TraceError (exit 3),
+    never another exception (a file descriptor number is not a path)."""
+    from types import SimpleNamespace
+
+    from tierdiag.app.advise import check_profile_for_advise
+    from tierdiag.errors import TraceError
+
+    run = SimpleNamespace(run_id="r1", name="n", config={"profile": profile, "profile_source": source})
+    try:
+        check_profile_for_advise(run)
+    except TraceError as exc:
+        assert "\n" not in exc.one_line() and "profile" in exc.one_line()
+    else:  # nothing to check, or a file there whose content no hash was recorded for
+        import os
+
+        assert profile is None or profile == "" or (os.path.isfile(profile) and not (isinstance(source, dict) and source.get("sha256")))

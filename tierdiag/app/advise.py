@@ -74,10 +74,13 @@ def check_profile_for_advise(run) -> None:
     from tierdiag.errors import TraceError
 
     path = run.config.get("profile")
-    if not path:
+    if path is None or path == "":
         return
     source = run.config.get("profile_source")
     recorded = source.get("sha256") if isinstance(source, dict) else None
+    if not isinstance(path, str) or "\x00" in path:  # a hand-edited store: not a path at all
+        raise TraceError(f"profile {path!r} of run {run.run_id} ({run.name}) is not a file path; advise replays with it",
+                         hint="replay the trace again and advise that run")
     if not os.path.isfile(path):
         raise TraceError(f"profile {path} of run {run.run_id} ({run.name}) is gone; advise replays with it",
                          hint="restore the file at that path, or replay the trace again and advise that run")
