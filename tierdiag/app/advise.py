@@ -141,16 +141,18 @@ def advise_run(con_factory, db, run, *, budget: int = 4, jobs: int | None = None
         raise ConfigError(f"--jobs {jobs} must be at least 1")
     if host_limit_bytes < 1:
         raise ConfigError(f"--host-memory {host_limit_bytes} must be at least 1 byte")
-    # What every candidate replays with, checked before anything is proposed or recorded.
-    check_trace_for_advise(run)
-    check_profile_for_advise(run)
     with con_factory() as con:
         facts = run_facts(con, run)
         ctx = facts.context()
         proposed = propose(ctx, host_limit_bytes=host_limit_bytes, sessions=facts.session_pauses())
         baseline = run_numbers(con, run.run_id)
     sweep_id = advise_sweep_id(run.run_id)
+    # What every candidate replays with, checked before anything is replayed or recorded: the
+    # profile first (a candidate's config reads it), the trace where there is a change to replay.
+    check_profile_for_advise(run)
     plans = candidate_configs(run, proposed, budget)
+    if plans:
+        check_trace_for_advise(run)
     outcomes = _replay(run, db, plans, jobs, sweep_id, progress)
     with con_factory() as con:
         verified = verified_advice(con, run, proposed)
@@ -233,6 +235,7 @@ def _replay(run, db, plans, jobs, sweep_id, progress) -> dict[int, tuple[str | N
     if not plans:
         return {}
     trace = check_trace_for_advise(run)
+    check_profile_for_advise(run)
     try:
         ids = run_configs(trace, [(name, cfg) for _, name, cfg in plans], db,
                           backend=Processes(jobs or min(len(plans), _cores())), sweep_id=sweep_id,
