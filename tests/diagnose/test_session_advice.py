@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from tierdiag.diagnose.advice import propose
 from tierdiag.diagnose.facts import run_context
-from tierdiag.diagnose.session_pool import session_pauses
+from tierdiag.diagnose.session_pool import session_pauses, session_turns
 from tierdiag.store.reader import open_store, resolve_run
 
 pytest.importorskip("tierdiag.cli.replay")
@@ -72,13 +72,13 @@ def test_the_rule_sizes_the_host_pool_from_the_pause_distribution(small_pools):
         later = con.execute("SELECT sum(input_tokens), sum(recomputed_tokens + host_hit_tokens + storage_hit_tokens) "
                             "FROM requests WHERE run_id = ? AND think_ms IS NOT NULL AND status = 'finished' "
                             "AND ttft_ns IS NOT NULL", [run.run_id]).fetchone()
-        sp = session_pauses(con, run)
+        sp, turns = session_pauses(con, run), session_turns(con, run)
     assert ev["pause_p90_ms"] == pytest.approx(p90) and sp.pause_p90_ms == pytest.approx(p90)
     assert ev["later_input_tokens"] == later[0]
     assert ev["later_recomputed_tokens"] + ev["later_loaded_tokens"] == later[1] >= 0.05 * later[0]
     # The pool that keeps every turn paused at most p90: their largest stack distance, host alone
     # under write_through, rounded up to a power of two of pages.
-    need = max(t.distance_tokens for t in sp.turns if t.think_ms <= p90)
+    need = max(t.distance_tokens for t in turns if t.think_ms <= p90)
     assert ev["pool_p90_tokens"] == need > SMALL_HOST
     assert item["changes"] == {"host_tokens": item["value"]} and item["value"] >= need > item["value"] // 2
     assert (f"keep sessions alive for the p90 pause ({p90 / 1000:.2f} s): host pool of {item['value']:,} tokens"

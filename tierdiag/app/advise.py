@@ -14,8 +14,7 @@ from tierdiag.diagnose.advice import HOST_POOL_LIMIT_BYTES, Advice, advice_json,
 from tierdiag.diagnose.advice_types import SUFFICIENT_GAIN_SHARE
 from tierdiag.diagnose.advice_verify import (RunNumbers, advise_sweep_id, combination, run_numbers, sizable,
                                              size_runs, size_sweep_id, verified_advice)
-from tierdiag.diagnose.facts import run_context as run_context_for
-from tierdiag.diagnose.session_pool import session_pauses
+from tierdiag.diagnose.facts import run_facts
 
 
 @dataclass(frozen=True)
@@ -65,13 +64,57 @@ def check_trace_for_advise(run) -> str:
     return path
 
 
+def check_profile_for_advise(run) -> None:
+    """The run's calibrate profile (config `profile`), where it replayed with one, must still be
+    there, unchanged (the content hash recorded at replay, `profile_source.sha256`): advise
+    replays with it, and a candidate on another clock measures the clock, not the change."""
+    import hashlib
+    import os
+
+    from tierdiag.errors import TraceError
+
+    path = run.config.get("profile")
+    if path is None or path == "":
+        return
+    source = run.config.get("profile_source")
+    recorded = source.get("sha256") if isinstance(source, dict) else None
+    if not isinstance(path, str) or "\x00" in path:  # a hand-edited store: not a path at all
+        raise TraceError(f"profile {path!r} of run {run.run_id} ({run.name}) is not a file path; advise replays with it",
+                         hint="replay the trace again and advise that run")
+    if not os.path.isfile(path):
+        raise TraceError(f"profile {path} of run {run.run_id} ({run.name}) is gone; advise replays with it",
+                         hint="restore the file at that path, or replay the trace again and advise that run")
+    if recorded:
+        try:
+            with open(path, "rb") as f:
+                now = hashlib.sha256(f.read()).hexdigest()
+        except OSError as exc:
+            raise TraceError(f"profile {path} of run {run.run_id} ({run.name}) cannot be read "
+                             f"({exc.strerror or exc}); advise replays with it") from None
+        if now != recorded:
+            raise TraceError(f"profile {path} changed since run {run.run_id} ({run.name}) was recorded",
+                             hint="replay it again and advise the new run")
+
+
+def replayed_config(run) -> dict:
+    """The run's config as it replayed, what every candidate starts from: its recorded keys (not
+    storage_dir: recorded, it is the run's own folder; a candidate gets its own), and the SGLang
+    release it followed: a run recorded before rule sets has no `sglang_rules` and followed 0.5.9
+    (engine/rules.py recorded_rules), so its candidates do too, not today's default."""
+    from tierdiag.config.engine import CONFIG_KEYS
+    from tierdiag.engine.rules import recorded_rules
+
+    base = {k: v for k, v in run.config.items() if k in CONFIG_KEYS and k != "storage_dir"}
+    base["sglang_rules"] = recorded_rules(run.config)
+    return base
+
+
 def candidate_configs(run, advice: tuple[Advice, ...], budget: int) -> list[tuple[Advice, str, object]]:
     """(advice, run name, EngineConfig) for up to `budget` items that change something (the
     combination's name says so)."""
-    from tierdiag.config.engine import CONFIG_KEYS, EngineConfig
+    from tierdiag.config.engine import EngineConfig
 
-    # Not storage_dir: recorded, it is the run's own folder; a candidate gets its own.
-    base = {k: v for k, v in run.config.items() if k in CONFIG_KEYS and k != "storage_dir"}
+    base = replayed_config(run)
     out = []
     for a in [a for a in advice if a.option is not None][:budget]:
         cfg = EngineConfig(**{**base, **a.changes})
@@ -99,11 +142,17 @@ def advise_run(con_factory, db, run, *, budget: int = 4, jobs: int | None = None
     if host_limit_bytes < 1:
         raise ConfigError(f"--host-memory {host_limit_bytes} must be at least 1 byte")
     with con_factory() as con:
-        ctx = run_context_for(con, run)
-        proposed = propose(ctx, host_limit_bytes=host_limit_bytes, sessions=session_pauses(con, run))
+        facts = run_facts(con, run)
+        ctx = facts.context()
+        proposed = propose(ctx, host_limit_bytes=host_limit_bytes, sessions=facts.session_pauses())
         baseline = run_numbers(con, run.run_id)
     sweep_id = advise_sweep_id(run.run_id)
+    # What every candidate replays with, checked before anything is replayed or recorded: the
+    # profile first (a candidate's config reads it), the trace where there is a change to replay.
+    check_profile_for_advise(run)
     plans = candidate_configs(run, proposed, budget)
+    if plans:
+        check_trace_for_advise(run)
     outcomes = _replay(run, db, plans, jobs, sweep_id, progress)
     with con_factory() as con:
         verified = verified_advice(con, run, proposed)
@@ -121,14 +170,22 @@ def advise_run(con_factory, db, run, *, budget: int = 4, jobs: int | None = None
     candidates = []
     with con_factory() as con:
         verified = verified_advice(con, run, proposed)
-        by_changes = {tuple(sorted(a.changes.items(), key=str)): a for a in verified}
+        # Each row is the item its replay was planned for (a single change, or the combination),
+        # with what was measured of it: never another item that happens to set the same keys.
+        by_changes = {_key(a): a for a in verified}
         for i, (a, _name, _cfg) in enumerate(plans):
             rid, status = outcomes.get(i, (None, "not_started"))
-            a = by_changes.get(tuple(sorted(a.changes.items(), key=str)), a)
+            a = by_changes.get(_key(a), a)
             candidates.append(Candidate(a, run_numbers(con, rid) if rid and status == "complete" else None, status))
     confirmed = [c for c in candidates if c.numbers is not None and c.advice.status == "confirmed"]
     best = min(confirmed, key=lambda c: c.numbers.key()).numbers.run_id if confirmed else None
     return AdviseResult(baseline, tuple(candidates), best, verified, sweep_id)
+
+
+def _key(a: Advice) -> tuple:
+    import json
+
+    return (a.kind == "combined", json.dumps(a.changes, sort_keys=True, default=str))
 
 
 def _search_size(con_factory, db, run, a: Advice, budget: int, jobs, progress) -> int:
@@ -137,13 +194,13 @@ def _search_size(con_factory, db, run, a: Advice, budget: int, jobs, progress) -
     p50 gain; at most `budget` replays (sizes an earlier advise replayed are read back, not
     replayed). Assumes the gain grows with the size (a larger pool never keeps less under LRU);
     stops within one page or when the budget is spent. Returns the replays it ran."""
-    from tierdiag.config.engine import CONFIG_KEYS, EngineConfig
+    from tierdiag.config.engine import EngineConfig
 
     v = a.verified
     base_ms, top_ms = v.ttft_p50_ms_before, v.ttft_p50_ms_after
     page = int(run.config.get("page_size") or 64)
     lo, hi = int(run.config.get(a.option) or 0), int(a.value)
-    config = {k: val for k, val in run.config.items() if k in CONFIG_KEYS and k != "storage_dir"}
+    config = replayed_config(run)
     used = 0
     while hi - lo > page:
         mid = (lo + hi) // 2 // page * page
@@ -178,6 +235,7 @@ def _replay(run, db, plans, jobs, sweep_id, progress) -> dict[int, tuple[str | N
     if not plans:
         return {}
     trace = check_trace_for_advise(run)
+    check_profile_for_advise(run)
     try:
         ids = run_configs(trace, [(name, cfg) for _, name, cfg in plans], db,
                           backend=Processes(jobs or min(len(plans), _cores())), sweep_id=sweep_id,

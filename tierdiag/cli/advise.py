@@ -17,8 +17,9 @@ def advise(
     jobs: Annotated[Optional[int], typer.Option("--jobs", help="Replays at a time (default: one per change, "
                                                                "at most the machine's cores).")] = None,
     host_memory: Annotated[Optional[str], typer.Option(
-        "--host-memory", metavar="SIZE", help="Host memory a server has for KV, in bytes (k/M/G/T suffixes: 512G, 2T); a host pool "
-                              "beyond it is not proposed, a storage tier is. Default 2T.")] = None,
+        "--host-memory", metavar="SIZE", help="Host memory a server has for KV per GPU (each rank's host pool is its own), in "
+                              "bytes (k/M/G/T suffixes: 512G, 2T); a host pool beyond it is not proposed, a storage "
+                              "tier is. Default 256G (an 8-GPU server's 2T).")] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Propose cache changes from the run's diagnosis, replay the run's trace once per change in parallel,

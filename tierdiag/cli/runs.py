@@ -29,7 +29,7 @@ def runs(
     if keep_storage:
         raise typer.BadParameter("only means something with --delete RUN", param_hint="--keep-storage")
     from tierdiag.diagnose.compare import changed_from_defaults
-    from tierdiag.report.terminal import pool_sizes
+    from tierdiag.report.terminal import pool_sizes, run_kv_memory
 
     with open_store(db) as con:
         infos = list_runs(con)
@@ -40,7 +40,8 @@ def runs(
 
         print_json([{**r.to_json(), "changed_from_defaults": changes[r.run_id],
                      "sglang_rules": recorded_rules(r.config) if r.kind != "observed" else None,
-                     "pools": pool_sizes(r.config, r.data_plane), "default": r.run_id == default} for r in infos])
+                     "pools": pool_sizes(r.config, r.data_plane), "kv_memory": _memory_json(run_kv_memory(r)),
+                     "default": r.run_id == default} for r in infos])
         return
     from tierdiag.report.runs_view import render_runs
 
@@ -73,3 +74,8 @@ def _delete(db, run: str, *, keep_storage: bool, json_: bool) -> None:
         storage = ""
     out.print(f"deleted run {d.run_id} ({d.name}): {d.num_rows:,} rows from {tables} tables; {db_part}{storage}",
               markup=False, highlight=False)
+
+
+def _memory_json(memory) -> dict | None:
+    """`kv_memory`: ranks, one rank's device + host bytes, the shared storage's, and the total."""
+    return None if memory is None else memory.to_json()

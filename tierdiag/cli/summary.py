@@ -23,7 +23,11 @@ def summary(db: DbOpt = DEFAULT_DB_PATH, run: RunOpt = None, json_: JsonOpt = Fa
         # The SGLang release whose rules the replay followed (0.5.9 for one recorded before rule
         # sets); null for an imported run, whose numbers are the server's.
         rules = recorded_rules(info.config) if info.kind != "observed" else None
+        from tierdiag.diagnose.compare import run_kv_memory
+
+        memory = run_kv_memory(info)  # per rank and in all (each rank its own device + host pools)
         print_json({**result.to_json(), "sglang_rules": rules,
+                    "kv_memory": None if memory is None else memory.to_json(),
                     **({"clock": info.config["profile_source"]} if clock else {})})
         return
     from tierdiag.report.views import render

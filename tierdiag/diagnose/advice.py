@@ -20,16 +20,16 @@ A rule fires only when its tokens are known, more than none, and at least MIN_LO
 known, non-empty input (`_significant`): below that, the cache is not what is worth changing,
 and from nothing (a run whose every request was rejected, a server that reports no recompute)
 nothing is proposed. Hardware limits: a host pool beyond
-HOST_POOL_LIMIT_BYTES (what a server beside one GPU carries) is never advised; a storage tier is.
+HOST_POOL_LIMIT_BYTES (a real server's host memory per GPU: 256 GiB of an 8-GPU server's 2 TiB; each
+rank's host pool is its own) is never advised; a storage tier is.
 
 Verification: `advise` records each candidate run under sweep_id `advise-<baseline run_id>`;
 `verified_advice` finds those runs, diffs their config against the baseline's, attaches the
 measured numbers to the advice item whose changes they are and gives it a `status` (DESIGN §6)::
 
     proposed    not replayed yet
-    confirmed   TTFT p50 at least CONFIRM_P50_GAIN better, p99 not more than P99_TOLERANCE worse,
-                and the share the rule targeted (TARGETS: recompute for the cache rules) moved
-                the way it predicted
+    confirmed   TTFT p50 at least CONFIRM_P50_GAIN better, p99 not more than P99_TOLERANCE worse
+                (the share the rule targeted, TARGETS, is measured and shown, not a criterion)
     refuted     worse: p50 at least CONFIRM_P50_GAIN worse, or p99 more than P99_TOLERANCE worse
     no_effect   neither (the replays are deterministic: this is not noise, the change did not help)
 
@@ -40,6 +40,7 @@ together (`combination`): a `combined` item, confirmed only when it beats the be
 
 from __future__ import annotations
 
+import dataclasses
 
 
 from tierdiag.diagnose import claims as C
@@ -60,7 +61,20 @@ from tierdiag.diagnose.advice_types import (ADVISED, COMBINE_MAX, CONFIRM_P50_GA
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
 
 MIN_LOSS_SHARE = 0.05
-HOST_POOL_LIMIT_BYTES = 2 << 40  # 2 TiB of host memory for KV beside one GPU
+# A real server's host memory per GPU: an 8-GPU server (DGX H100 / H200: 2 TiB of system memory)
+# has 256 GiB beside each GPU, and each data-parallel rank's scheduler allocates its own host pool
+# there. `advise --host-memory` replaces it.
+SERVER_HOST_BYTES = 2 << 40
+SERVER_GPUS = 8
+HOST_POOL_LIMIT_BYTES = SERVER_HOST_BYTES // SERVER_GPUS
+DEFAULT_LIMIT_WORDS = (f"a GPU has in an {SERVER_GPUS}-GPU server with {SERVER_HOST_BYTES >> 40} TiB of host memory "
+                       f"({HOST_POOL_LIMIT_BYTES >> 30} GiB per GPU)")
+
+
+def limit_words(host_limit_bytes: int) -> str:
+    """What caps a host pool, in words: the default's server, or --host-memory's size."""
+    return (DEFAULT_LIMIT_WORDS if host_limit_bytes == HOST_POOL_LIMIT_BYTES
+            else f"of the {fmt_bytes(host_limit_bytes)} --host-memory gives each GPU")
 # SGLang 0.5.9's prefetch room: this share of host beyond device (HiCacheController.prefetch_rate_limited);
 # the advice reads the run's own rule set (engine/rules.py `prefetch_room_tokens`).
 PREFETCH_ROOM_SHARE = 0.8
@@ -80,7 +94,8 @@ PAGE_SIZE_FACTOR = 4
 SEGMENT_OVERHEAD_NS = 50
 RUN_OVERHEAD_NS = 500
 # Config keys that differ between runs without being a change of the cache (bookkeeping).
-_NOT_CHANGES = frozenset({"storage_dir", "seed", "verify", "data_plane_mib", "profile", "timing"})
+# `profile_source` is what the profile held (advice_verify.same_clock compares its hash apart).
+_NOT_CHANGES = frozenset({"storage_dir", "seed", "verify", "data_plane_mib", "profile", "profile_source", "timing"})
 GIB = 1 << 30
 MAX_TIME_SCALE = 1e6  # config/engine.py's bound (not imported: config pulls the presets in)
 def _pow2_at_least(n: int, page: int) -> int:
@@ -188,8 +203,7 @@ def _sessions(ctx: RunContext, sessions: SessionPauses | None,
     found = share(sp.device_tokens + sp.host_tokens, sp.reused_tokens)
     size = (f"host pool of {fmt_tokens(new)} tokens" if not capped else
             f"host pool of {fmt_tokens(want)} tokens, beyond the "
-            + (f"{fmt_bytes(host_limit_bytes)} the server holds for KV" if host_limit_bytes != HOST_POOL_LIMIT_BYTES
-               else "host memory a server beside one GPU carries") + f": {fmt_tokens(new)} tokens, the most it holds")
+            + f"host memory {limit_words(host_limit_bytes)}: {fmt_tokens(new)} tokens, the most it holds")
     return [Advice(
         "session", "host_tokens", new, {"host_tokens": new},
         C.advice_session_claim(lost_tokens=sp.lost_tokens, num_turns=sp.num_turns, input_tokens=sp.input_tokens,
@@ -245,8 +259,7 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
         out.append(Advice("capacity", "host_tokens", limit, {"host_tokens": limit},
                           C.advice_capacity_claim(
                               why=why, host_tokens=limit, cover=cover, kv_bytes=kv,
-                              limit_words=("a server beside one GPU carries" if host_limit_bytes == HOST_POOL_LIMIT_BYTES
-                                           else f"of the {fmt_bytes(host_limit_bytes)} the server holds for KV")).text,
+                              limit_words=limit_words(host_limit_bytes)).text,
                           evidence, _gib(limit - host, kv), "host_memory",
                           prediction=f"predicted under LRU: keeps ~{fmt_tokens(kept)} of the "
                                      f"{fmt_tokens(lo.deleted_from_host_tokens)} tokens deleted from host"))
@@ -303,7 +316,7 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
                          f"(rate_limited), with {fmt_tokens(host_for_room)} up to "
                          f"{fmt_tokens(rules.prefetch_room_tokens(host_for_room, device))} tokens at a time")
         beyond = (f"beyond the {fmt_bytes(host_limit_bytes)} a server holds for KV" if host_limit_bytes != HOST_POOL_LIMIT_BYTES
-                  else "beyond a server")
+                  else f"beyond the {fmt_bytes(HOST_POOL_LIMIT_BYTES)} of host memory per GPU of a real server")
         out.append(Advice("storage_tier", "storage_tokens", want_storage, changes,
                           C.advice_storage_claim(
                               deleted_tokens=lo.deleted_from_host_tokens, reuse_p90_tokens=target,
@@ -467,6 +480,12 @@ def propose(ctx: RunContext, *, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES,
     if top is not None and (top.caches_doing or top.cause == "recompute"):
         items = [a for a in items if a.kind != "rate"] + [a for a in items if a.kind == "rate"]
     items = routing_first(ctx, items)
+    # A host pool is per rank (each scheduler process allocates its own): its cost is paid by every
+    # rank, and it is capped by the host memory beside one GPU; both are stated with the item.
+    ranks = ctx.config.get("dp")
+    ranks = ranks if isinstance(ranks, int) and not isinstance(ranks, bool) and ranks >= 1 else 1
+    items = [dataclasses.replace(a, cost_ranks=ranks, host_limit_words=limit_words(host_limit_bytes))
+             if a.cost_kind == "host_memory" else a for a in items]
     return tuple(items) if items else (_nothing(ctx),)
 
 

@@ -13,7 +13,6 @@ from tierdiag.diagnose.advice import (_NOT_CHANGES, COMBINE_MAX, CONFIRM_P50_GAI
                                       Verified, classify, propose)
 from tierdiag.diagnose.causes import excess_sql, routing_tokens_sql
 from tierdiag.diagnose.advice_types import SIZE_KEYS, SUFFICIENT_GAIN_SHARE, SizePoint, Sizing
-from tierdiag.diagnose.session_pool import session_pauses
 from tierdiag.store.reader import ADVISE_SWEEP_PREFIX
 from tierdiag.units import fmt_pct, ns_to_ms, share
 
@@ -45,7 +44,10 @@ def size_runs(con: duckdb.DuckDBPyConnection, run, a: Advice) -> dict[int, str]:
     rest = {k: v for k, v in a.changes.items() if k != a.option}
     for rid, cfg in con.execute("SELECT run_id, config_json FROM runs WHERE sweep_id = ? AND status = 'complete' "
                                 "ORDER BY created_at", [size_sweep_id(run.run_id)]).fetchall():
-        changes = config_changes(run.config, json.loads(cfg or "{}"))
+        cfg = json.loads(cfg or "{}")
+        if not same_clock(run.config, cfg):
+            continue
+        changes = config_changes(run.config, cfg)
         value = changes.pop(a.option, None)
         if isinstance(value, int) and changes == rest:
             out[value] = rid
@@ -78,7 +80,24 @@ def sizing(con: duckdb.DuckDBPyConnection, run, a: Advice) -> Sizing | None:
     return Sizing(a.option, a.value, smallest, points, max(short) if short else None)
 
 
+def same_clock(base: dict, other: dict) -> bool:
+    """Whether a candidate replayed on the run's own clock: the same calibrate profile content
+    (`profile_source.sha256`, recorded at replay), or neither had one. A candidate replayed after
+    the profile was re-fitted measured the new clock, not its change: it verifies nothing."""
+    def sha(config: dict):
+        source = config.get("profile_source")
+        return (config.get("profile") is not None, source.get("sha256") if isinstance(source, dict) else None)
+
+    return sha(base) == sha(other)
+
+
 def config_changes(base: dict, other: dict) -> dict:
+    """What `other` changed of `base`, the run's config as it replayed: a run recorded before
+    rule sets followed SGLang 0.5.9 (engine/rules.py recorded_rules), so its candidates, which
+    follow the same release (app/advise.py), changed nothing there."""
+    from tierdiag.engine.rules import recorded_rules
+
+    base = {**base, "sglang_rules": recorded_rules(base)}
     return {k: v for k, v in other.items() if k not in _NOT_CHANGES and base.get(k) != v}
 
 
@@ -131,23 +150,45 @@ def _kind_of(changes: dict) -> str:
 
 def combination(items: tuple[Advice, ...]) -> Advice | None:
     """The confirmed items (the COMBINE_MAX best by p50 gain) as one change, or None with fewer
-    than two. Where two set the same key (a host pool for capacity and for a storage tier's
-    prefetch room), the larger number wins; other values, the better item's."""
-    best = sorted((a for a in items if a.status == "confirmed" and a.kind != "combined"), key=_gain,
-                  reverse=True)[:COMBINE_MAX]
+    than two. A combination is of different options only: of two sizes of one option (a host
+    pool for the sessions and one for capacity) only the better is a part, the other is an
+    alternative, not something to add. Where two parts set the same key besides their own option
+    (a host pool for capacity and for a storage tier's prefetch room), the larger number wins;
+    other values, the better item's. A part that would leave the combination one of its parts'
+    own changes (it adds nothing, or holds all the others) is left out: the combination is never a
+    config already replayed alone."""
+    ranked = sorted((a for a in items if a.status == "confirmed" and a.kind != "combined" and a.option is not None),
+                    key=_gain, reverse=True)
+    best: list[Advice] = []
+    changes: dict = {}
+    for a in ranked:
+        if len(best) == COMBINE_MAX:
+            break
+        if any(a.option == b.option for b in best):
+            continue  # another size of an option already in: an alternative, not a part
+        merged = _merge(changes, a.changes)
+        if best and (merged == changes or any(merged == b.changes for b in best + [a])):
+            continue  # it adds nothing, or the combination would be one part replayed again
+        best.append(a)
+        changes = merged
     if len(best) < 2:
         return None
-    changes: dict = {}
-    for a in best:
-        for k, v in a.changes.items():
-            old = changes.get(k)
-            if old is None or (isinstance(v, int) and isinstance(old, int) and not isinstance(v, bool) and v > old):
-                changes[k] = v
     first = next(iter(changes))
     return Advice("combined", first, changes[first], changes,
                   "together: " + "; ".join(f"{a.settings()} ({a.kind}, TTFT p50 {fmt_pct(_gain(a))} better alone)"
                                            for a in best),
                   {"parts": [a.kind for a in best]})
+
+
+def _merge(changes: dict, more: dict) -> dict:
+    """`changes` with `more` added: a key both set keeps the larger integer, else the first value."""
+    out = dict(changes)
+    for k, v in more.items():
+        old = out.get(k)
+        if old is None or (isinstance(v, int) and isinstance(old, int) and not isinstance(v, bool)
+                           and not isinstance(old, bool) and v > old):
+            out[k] = v
+    return out
 
 
 def verified_advice(con: duckdb.DuckDBPyConnection, run, advice: tuple[Advice, ...],
@@ -165,7 +206,11 @@ def verified_advice(con: duckdb.DuckDBPyConnection, run, advice: tuple[Advice, .
         return advice
     by_changes: dict[str, str] = {}
     for rid, cfg in rows:  # the newest run of each change wins
-        by_changes[json.dumps(config_changes(run.config, json.loads(cfg or "{}")), sort_keys=True)] = rid
+        cfg = json.loads(cfg or "{}")
+        if same_clock(run.config, cfg):
+            by_changes[json.dumps(config_changes(run.config, cfg), sort_keys=True)] = rid
+    if not by_changes:
+        return advice
     base = _run_numbers(con, run.run_id)
     q = "SELECT ttft_ns FROM requests WHERE run_id = ? AND req_id = ?"
 
@@ -205,8 +250,14 @@ def verified_advice(con: duckdb.DuckDBPyConnection, run, advice: tuple[Advice, .
     return tuple(out)
 
 
-def run_advice(con: duckdb.DuckDBPyConnection, run, ctx: RunContext, req_id: str | None = None) -> tuple[Advice, ...]:
-    return verified_advice(con, run, propose(ctx, sessions=session_pauses(con, run)), req_id)
+def run_advice(con: duckdb.DuckDBPyConnection, run, ctx: RunContext, req_id: str | None = None,
+               facts=None) -> tuple[Advice, ...]:
+    """The run's advice, verified by what `advise` replayed; `facts`: the run's RunFacts where
+    the caller has them (the session rule's distances are stored with the run evidence)."""
+    from tierdiag.diagnose.facts import RunFacts
+
+    facts = facts if facts is not None else RunFacts(con, run)
+    return verified_advice(con, run, propose(ctx, sessions=facts.session_pauses()), req_id)
 
 
 # --------------------------------------------------------------------------- a run's headline numbers

@@ -80,15 +80,64 @@ def changed_from_defaults(config: dict) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k in reference and reference[k] != v and k not in PER_RUN_KEYS}
 
 
-def memory_bytes(config: dict) -> int | None:
-    """Device + host + storage KV capacity in modelled bytes (the run's model geometry)."""
-    from tierdiag.config.presets import MODELS
+@dataclass(frozen=True)
+class KvMemory:
+    """A run's KV capacity in modelled bytes, as SGLang allocates it: with `dp` data-parallel
+    ranks each rank (a scheduler process beside its GPU) has its own device and host pools; the
+    storage tier is one, shared by every rank (docs/contract.md "Deployments")."""
 
-    model = MODELS.get(config.get("model") or "")
-    if model is None or config.get("device_tokens") is None:
+    ranks: int
+    rank_bytes: int  # one rank's device + host pools
+    storage_bytes: int  # the storage tier, once
+    total_bytes: int  # ranks x rank_bytes + storage_bytes
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+    def words(self) -> str:
+        """"240.0 GiB in all: 4 ranks x 60.0 GiB (each its own device + host pools)" (+ storage)."""
+        from tierdiag.units import fmt_bytes
+
+        storage = f" + {fmt_bytes(self.storage_bytes)} of storage, shared" if self.storage_bytes else ""
+        if self.ranks == 1:
+            return f"{fmt_bytes(self.total_bytes)}" + (f" (device + host {fmt_bytes(self.rank_bytes)}{storage})"
+                                                      if storage else "")
+        return (f"{fmt_bytes(self.total_bytes)} in all: {self.ranks} ranks × {fmt_bytes(self.rank_bytes)} "
+                f"(each its own device + host pools){storage}")
+
+
+def kv_memory(config: dict, kv_bytes_per_token: int | None = None) -> KvMemory | None:
+    """The run's KV capacity per rank and in all (KvMemory), at `kv_bytes_per_token` (None: the
+    model preset's); None where the model or the device pool is not known."""
+    if not kv_bytes_per_token:
+        from tierdiag.config.presets import MODELS
+
+        model = MODELS.get(config.get("model") or "")
+        kv_bytes_per_token = model.kv_bytes_per_token if model is not None else None
+    if not kv_bytes_per_token or not isinstance(config.get("device_tokens"), int):
         return None
-    tokens = sum(int(config.get(f"{t}_tokens") or 0) for t in TIERS)
-    return tokens * model.kv_bytes_per_token
+    ranks = config.get("dp")
+    ranks = ranks if isinstance(ranks, int) and not isinstance(ranks, bool) and ranks >= 1 else 1
+    rank = sum(int(config.get(f"{t}_tokens") or 0) for t in ("device", "host")) * kv_bytes_per_token
+    storage = int(config.get("storage_tokens") or 0) * kv_bytes_per_token
+    return KvMemory(ranks, rank, storage, ranks * rank + storage)
+
+
+def run_kv_memory(run) -> KvMemory | None:
+    """A recorded run's KvMemory at its recorded KV size per token; None for an imported run or
+    one that did not record it."""
+    kv = run.data_plane.get("kv_bytes_per_token") if isinstance(run.data_plane, dict) else None
+    kv = kv if isinstance(kv, int) and not isinstance(kv, bool) and kv > 0 else None
+    if kv is None or getattr(run, "kind", "replay") == "observed":
+        return None
+    return kv_memory(run.config, kv)
+
+
+def memory_bytes(config: dict) -> int | None:
+    """Every rank's device + host KV capacity plus the shared storage tier, in modelled bytes
+    (the run's model geometry): KvMemory.total_bytes."""
+    m = kv_memory(config)
+    return None if m is None else m.total_bytes
 
 
 # --- one row per run ---------------------------------------------------------------------------
@@ -117,7 +166,9 @@ class RunRow:
     num_evictions: int
     evicted_tokens: int
     gpu_busy_share: float | None  # share of the run's virtual time the GPU spent in prefill
-    memory_bytes: int | None  # device + host + storage KV capacity
+    memory_bytes: int | None  # KV capacity in all: every rank's device + host, plus the shared storage
+    memory_rank_bytes: int | None = None  # one rank's device + host pools (each rank has its own)
+    num_ranks: int = 1  # the run's data-parallel ranks (config dp)
     ranks: Any = None  # ranks.RankSummary of a data-parallel run (None: one rank; no JSON key then)
 
     def to_json(self) -> dict:
@@ -143,6 +194,7 @@ def gpu_busy_share(con: duckdb.DuckDBPyConnection, run_id: str, ranks: int = 1) 
 def _row(con: duckdb.DuckDBPyConnection, run: RunInfo, s: RunSummary, varied: Sequence[str]) -> RunRow:
     shares = s.tokens.shares()
     all_ = next((c for c in s.classes if c.hit_class == "all"), None)
+    memory = kv_memory(run.config)
     return RunRow(
         run_id=run.run_id, name=run.name, status=run.status, kind=run.kind, sweep_id=run.sweep_id,
         changes={k: run.config.get(k) for k in varied}, num_finished=s.num_finished,
@@ -155,6 +207,8 @@ def _row(con: duckdb.DuckDBPyConnection, run: RunInfo, s: RunSummary, varied: Se
         loadback_bytes=s.load_back.bytes, loadback_exposed_ns=s.load_back.exposed_ns,
         num_evictions=sum(e.num_events for e in s.evictions), evicted_tokens=sum(e.tokens for e in s.evictions),
         gpu_busy_share=gpu_busy_share(con, run.run_id, int(run.config.get("dp") or 1)), memory_bytes=memory_bytes(run.config),
+        memory_rank_bytes=None if memory is None else memory.rank_bytes,
+        num_ranks=memory.ranks if memory is not None else int(run.config.get("dp") or 1),
         ranks=rank_summary(con, run))
 
 

@@ -3,12 +3,14 @@ computed once when the run is closed and stored with it (docs/contract.md §5)::
 
     run_evidence(run_id, evidence_version, created_at, evidence_json)
 
-`evidence_json` holds three sections, each a typed result as JSON (dataclasses tagged with their
+`evidence_json` holds four sections, each a typed result as JSON (dataclasses tagged with their
 class name, tuples marked as such, so that they read back equal to what was computed)::
 
     context   RunContext  (context.py)  summary's diagnosis, explain's "why", the advice rules
     summary   RunSummary  (numbers.py)  summary's numbers, without the diagnosis
     totals    RunTotals   (totals.py)   the bounds, load-backs and device evictions explain compares with
+    sessions  SessionPauses (session_pool.py) the later session turns' stack distances (the session
+                          advice rule); null for a run without later session turns
 
 On a million-request run these are seconds of work over every request, batch and eviction
 (queue attribution, loss evidence, the token and class aggregates); stored, a reader fetches one
@@ -46,6 +48,7 @@ import duckdb
 
 from tierdiag.diagnose.runcontext import compute_run_context
 from tierdiag.diagnose.numbers import compute_run_summary
+from tierdiag.diagnose.session_pool import session_pauses
 from tierdiag.diagnose.stored import EVIDENCE_VERSION, TABLE, encode, inputs
 from tierdiag.diagnose.totals import run_totals
 
@@ -84,7 +87,7 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run) -> dict:
     if isinstance(context[0], BaseException):
         raise context[0]
     return {"inputs": encode(inputs(run)), "context": encode(context[0]),
-            "summary": encode(summary), "totals": encode(totals)}
+            "summary": encode(summary), "totals": encode(totals), "sessions": encode(session_pauses(con, run))}
 
 
 def write_evidence(con: duckdb.DuckDBPyConnection, run_id: str, sections: dict) -> None:

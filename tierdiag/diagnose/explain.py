@@ -47,7 +47,6 @@ from tierdiag.diagnose.explain_verdict import VerdictInputs, context_sentence, v
 from tierdiag.diagnose.facts import RunFacts, run_bounds  # noqa: F401 - run_bounds: slow's clock
 from tierdiag.diagnose.query import request_row
 from tierdiag.diagnose.routing import routing_step
-from tierdiag.diagnose.session_pool import session_pauses
 from tierdiag.diagnose.sessions import session_step
 from tierdiag.diagnose.tokens import TokenSplit
 from tierdiag.store.reader import RunInfo
@@ -104,7 +103,7 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
             loadback_exposed_ns=parts.loadback_exposed_ns, recompute_ns=parts.recompute_ns,
             compute_ns=parts.compute_ns)
     if advice is None:
-        advice = propose(run_ctx, sessions=session_pauses(con, run))
+        advice = propose(run_ctx, sessions=facts.session_pauses())
     advice = verified_advice(con, run, advice, req_id)
     evicted_by: tuple[str, ...] = steps[3].evidence.evicted_by  # type: ignore[union-attr]
     return Explanation(

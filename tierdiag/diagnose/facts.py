@@ -4,6 +4,7 @@
     facts.context(attribution=...)   RunContext   (context.py)  the diagnosis, explain's "why", advice
     facts.summary_numbers()          RunSummary   (numbers.py)  summary's numbers, diagnosis None
     facts.totals() / facts.bounds    RunTotals    (totals.py)   what explain compares a request with
+    facts.session_pauses()           SessionPauses (session_pool.py) the session advice rule's distances
 
 Each is taken from the `run_evidence` row stored when the run was closed (evidence.py writes it,
 stored.py is its format) where that row is there and current, else computed from the run's rows
@@ -26,6 +27,7 @@ import duckdb
 from tierdiag.diagnose.runcontext import RunContext, compute_run_context
 from tierdiag.diagnose.kinds import has_engine_parts
 from tierdiag.diagnose.numbers import RunSummary, compute_run_summary
+from tierdiag.diagnose.session_pool import SessionPauses, session_pauses
 from tierdiag.diagnose.stored import DATACLASS_TAG, EVIDENCE_VERSION, TABLE, decode, inputs, section_classes
 from tierdiag.diagnose.totals import RunTotals, run_totals
 
@@ -66,6 +68,14 @@ class StoredEvidence:
     def totals(self) -> RunTotals | None:
         """explain's RunTotals."""
         return self._get("totals", "RunTotals")
+
+    def sessions(self) -> tuple[bool, SessionPauses | None]:
+        """(stored, the run's SessionPauses): stored as null for a run without later session turns;
+        (False, None) where the row has no such section or it does not decode."""
+        if "sessions" in self._sections and self._sections["sessions"] is None:
+            return True, None
+        found = self._get("sessions", "SessionPauses")
+        return found is not None, found
 
 
 def stored_evidence(con: duckdb.DuckDBPyConnection, run) -> StoredEvidence | None:
@@ -120,6 +130,15 @@ class RunFacts:
     def totals(self) -> RunTotals:
         return self._fact(self.stored and self.stored.totals(), "totals",
                           lambda: run_totals(self._con, self.run.run_id))
+
+    def session_pauses(self) -> SessionPauses | None:
+        """The run's later session turns and their stack distances (None: it has none)."""
+        stored, value = self.stored.sessions() if self.stored is not None else (False, None)
+        if stored:
+            return value
+        if "sessions" not in self._computed:
+            self._computed["sessions"] = session_pauses(self._con, self.run)
+        return self._computed["sessions"]
 
     @property
     def bounds(self) -> tuple[int, int]:

@@ -27,20 +27,34 @@ test_session_advice.py: 12 % predicted at the run's pools where the run found 45
 turns (each turn's think_ms, not token-weighted): the pool that keeps every turn whose pause is at
 most p90 is the largest stack distance among them. `kept_share(capacity)` predicts, with the same
 distances, the share of the later turns' reused prefix an LRU pool of `capacity` tokens keeps.
+
+Linear in the run: the requests that ran during a pause are those whose arrival falls in it (a
+range of the arrivals, sorted) or that were in flight when it began (a range of the pauses,
+sorted by start, for each request): two sorted searches, then a group-by over the (turn, other
+session) pairs found, all vectorised (numpy). A long session costs its turns, not their square:
+the join this replaced (an inequality join over turns x requests) took 22 s of CPU on a
+100,000-turn session (benchmarks/session_pauses.py). The result is stored with the run evidence
+when the run is closed (`sessions` section, evidence.py), so `summary` and `explain` read it.
+
+`kept_curve` is the distance -> kept reused tokens step function, at most CURVE_POINTS steps:
+exact where the turns have at most that many distinct distances, else the steps where the kept
+tokens cross each 1/CURVE_POINTS of the reused prefix (and the last), so `kept_share` errs low
+by less than 1/CURVE_POINTS of it plus one turn's prefix.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass
 
 import duckdb
 
-from tierdiag.diagnose.query import fetch_dicts
 from tierdiag.diagnose.sql import finished_sql
 from tierdiag.units import share
 
 PAUSE_QUANTILE = 0.9
+CURVE_POINTS = 2048
 _REUSED = ("coalesce(device_hit_tokens, 0) + coalesce(host_hit_tokens, 0) + coalesce(storage_hit_tokens, 0) "
            "+ coalesce(recomputed_tokens, 0)")
 
@@ -65,7 +79,8 @@ class SessionPauses:
     recomputed_tokens: int
     pause_p90_ms: float
     pool_p90_tokens: int  # the largest stack distance among turns paused at most pause_p90_ms
-    turns: tuple[SessionTurn, ...]
+    # (distance, reused tokens of the turns whose distance is at most it), ascending (module doc)
+    kept_curve: tuple[tuple[int, int], ...]
 
     @property
     def lost_tokens(self) -> int:
@@ -74,8 +89,8 @@ class SessionPauses:
 
     def kept_share(self, capacity_tokens: int) -> float | None:
         """Share of the later turns' reused prefix an LRU pool of `capacity_tokens` keeps."""
-        kept = sum(t.reused_tokens for t in self.turns if t.distance_tokens <= capacity_tokens)
-        return share(kept, self.reused_tokens)
+        i = bisect_right([d for d, _ in self.kept_curve], capacity_tokens)
+        return share(self.kept_curve[i - 1][1] if i else 0, self.reused_tokens)
 
 
 def _nearest_rank(sorted_values: list[float], q: float) -> float:
@@ -85,53 +100,146 @@ def _nearest_rank(sorted_values: list[float], q: float) -> float:
 
 def session_pauses(con: duckdb.DuckDBPyConnection, run) -> SessionPauses | None:
     """The run's later session turns and their stack distances; None for a run without any."""
+    turns, sums = _turns(con, run)
+    if not turns:
+        return None
+    p90 = _nearest_rank(sorted(t.think_ms for t in turns), PAUSE_QUANTILE)
+    return SessionPauses(
+        num_turns=len(turns), input_tokens=sums["input"], reused_tokens=sum(t.reused_tokens for t in turns),
+        device_tokens=sums["device"], host_tokens=sums["host"], storage_tokens=sums["storage"],
+        recomputed_tokens=sums["recomputed"], pause_p90_ms=p90,
+        pool_p90_tokens=max(t.distance_tokens for t in turns if t.think_ms <= p90), kept_curve=_curve(turns))
+
+
+def session_turns(con: duckdb.DuckDBPyConnection, run) -> tuple[SessionTurn, ...]:
+    """The run's finished later turns, each with its stack distance, in trace order."""
+    return _turns(con, run)[0]
+
+
+def _curve(turns: tuple[SessionTurn, ...]) -> tuple[tuple[int, int], ...]:
+    by_distance: dict[int, int] = {}
+    for t in turns:
+        by_distance[t.distance_tokens] = by_distance.get(t.distance_tokens, 0) + t.reused_tokens
+    steps, cum = [], 0
+    for d in sorted(by_distance):
+        cum += by_distance[d]
+        steps.append((d, cum))
+    if len(steps) <= CURVE_POINTS:
+        return tuple(steps)
+    total = steps[-1][1]
+    kept, bucket = [], -1
+    for i, (d, c) in enumerate(steps):
+        b = c * CURVE_POINTS // total if total else 0
+        if b > bucket or i == len(steps) - 1:
+            kept.append((d, c))
+            bucket = b
+    return tuple(kept)
+
+
+def _turns(con: duckdb.DuckDBPyConnection, run) -> tuple[tuple[SessionTurn, ...], dict]:
+    import numpy as np
+
     rid = run.run_id
-    rows = fetch_dicts(con, f"""
+    t = con.execute(f"""
         WITH ordered AS (
             SELECT *, lag(req_id) OVER w AS prev_id, lag(status) OVER w AS prev_status,
                    lag(finish_ns) OVER w AS prev_finish_ns,
                    lag(coalesce(input_tokens, 0) + coalesce(output_tokens, 0)) OVER w AS prev_context
             FROM requests WHERE run_id = ? AND session_id IS NOT NULL
-            WINDOW w AS (PARTITION BY session_id ORDER BY seq)),
-        turns AS (
-            SELECT seq, session_id, think_ms, prev_finish_ns AS pause_start_ns,
-                   arrival_ns + coalesce(queue_ns, 0) AS match_ns, prev_context, input_tokens,
-                   coalesce(device_hit_tokens, 0) AS device, coalesce(host_hit_tokens, 0) AS host,
-                   coalesce(storage_hit_tokens, 0) AS storage, coalesce(recomputed_tokens, 0) AS recomputed
-            FROM ordered
-            WHERE think_ms IS NOT NULL AND prev_id IS NOT NULL AND coalesce(prev_status, 'finished') = 'finished'
-              AND prev_finish_ns IS NOT NULL AND {finished_sql()}),
-        firsts AS (  -- what a session's first turn found cached: a prefix shared with others
-            SELECT coalesce(session_id, '#' || req_id) AS who, arg_min({_REUSED}, seq) AS shared
-            FROM requests WHERE run_id = ? GROUP BY who),
-        others AS (
-            SELECT o.*, coalesce(o.session_id, '#' || o.req_id) AS who FROM requests o
-            WHERE o.run_id = ? AND {finished_sql('o')} AND o.finish_ns IS NOT NULL),
-        touched AS (  -- per turn, each other session (or sessionless request) once, at its largest
-            SELECT t.seq, o.who, max(coalesce(o.input_tokens, 0) + coalesce(o.output_tokens, 0)) AS tokens
-            FROM turns t JOIN others o
-              ON o.arrival_ns <= t.match_ns AND o.finish_ns >= t.pause_start_ns
-             AND o.session_id IS DISTINCT FROM t.session_id
-            GROUP BY t.seq, o.who),
-        spread AS (
-            SELECT x.seq, sum(greatest(x.tokens - f.shared, 0)) AS own_tokens, max(f.shared) AS shared
-            FROM touched x JOIN firsts f USING (who) GROUP BY x.seq)
-        SELECT t.seq, t.think_ms, t.input_tokens, t.device, t.host, t.storage, t.recomputed,
-               t.prev_context + coalesce(s.own_tokens, 0) + greatest(coalesce(s.shared, 0) - f.shared, 0) AS distance
-        FROM turns t LEFT JOIN spread s USING (seq) JOIN firsts f ON f.who = t.session_id
-        ORDER BY t.seq""", [rid, rid, rid])
-    if not rows:
-        return None
-    turns = tuple(SessionTurn(float(r["think_ms"]), int(r["distance"]),
-                              int(r["device"] + r["host"] + r["storage"] + r["recomputed"])) for r in rows)
-    p90 = _nearest_rank(sorted(t.think_ms for t in turns), PAUSE_QUANTILE)
-    return SessionPauses(
-        num_turns=len(turns), input_tokens=sum(int(r["input_tokens"] or 0) for r in rows),
-        reused_tokens=sum(t.reused_tokens for t in turns),
-        device_tokens=sum(int(r["device"]) for r in rows), host_tokens=sum(int(r["host"]) for r in rows),
-        storage_tokens=sum(int(r["storage"]) for r in rows),
-        recomputed_tokens=sum(int(r["recomputed"]) for r in rows), pause_p90_ms=p90,
-        pool_p90_tokens=max(t.distance_tokens for t in turns if t.think_ms <= p90), turns=turns)
+            WINDOW w AS (PARTITION BY session_id ORDER BY seq))
+        SELECT seq, session_id, think_ms, prev_finish_ns AS pause_start_ns,
+               arrival_ns + coalesce(queue_ns, 0) AS match_ns, prev_context, coalesce(input_tokens, 0) AS input,
+               coalesce(device_hit_tokens, 0) AS device, coalesce(host_hit_tokens, 0) AS host,
+               coalesce(storage_hit_tokens, 0) AS storage, coalesce(recomputed_tokens, 0) AS recomputed
+        FROM ordered
+        WHERE think_ms IS NOT NULL AND prev_id IS NOT NULL AND coalesce(prev_status, 'finished') = 'finished'
+          AND prev_finish_ns IS NOT NULL AND arrival_ns IS NOT NULL AND {finished_sql()}
+        ORDER BY seq""", [rid]).fetchnumpy()
+    if len(t["seq"]) == 0:
+        return (), {}
+    # Who each request is (its session, or itself when it has none), numbered; what each who's
+    # first request found cached (a prefix shared with others); and every other finished request.
+    o = con.execute(f"""
+        WITH who AS (
+            SELECT *, coalesce(session_id, '#' || req_id) AS who FROM requests WHERE run_id = ?),
+        firsts AS (
+            SELECT who, arg_min({_REUSED}, seq) AS shared, dense_rank() OVER (ORDER BY who) - 1 AS who_id
+            FROM who GROUP BY who)
+        SELECT f.who_id, f.shared, (w.session_id IS NOT NULL) AS has_session, w.arrival_ns, w.finish_ns,
+               coalesce(w.input_tokens, 0) + coalesce(w.output_tokens, 0) AS tokens, w.session_id
+        FROM who w JOIN firsts f USING (who)
+        WHERE {finished_sql('w')} AND w.finish_ns IS NOT NULL AND w.arrival_ns IS NOT NULL""", [rid]).fetchnumpy()
+    firsts = dict(con.execute(f"""
+        SELECT session_id, arg_min({_REUSED}, seq) FROM requests WHERE run_id = ? AND session_id IS NOT NULL
+        GROUP BY session_id""", [rid]).fetchall())
+    sessions = {}
+    for sid, wid, has in zip(o["session_id"], o["who_id"], o["has_session"]):
+        if has:
+            sessions.setdefault(sid, int(wid))
+    n = len(t["seq"])
+    own = np.zeros(n, dtype=np.int64)
+    shared_max = np.zeros(n, dtype=np.int64)
+    if len(o["who_id"]):
+        ps = np.asarray(t["pause_start_ns"], dtype=np.int64)
+        m = np.asarray(t["match_ns"], dtype=np.int64)
+        arr = np.asarray(o["arrival_ns"], dtype=np.int64)
+        fin = np.asarray(o["finish_ns"], dtype=np.int64)
+        who_id = np.asarray(o["who_id"], dtype=np.int64)
+        o_shared = np.asarray(o["shared"], dtype=np.int64)
+        o_tokens = np.asarray(o["tokens"], dtype=np.int64)
+        # A request's own session (-1: none), and each turn's: a turn never counts its own session.
+        o_session = np.where(np.asarray(o["has_session"], dtype=bool), who_id, -1)
+        t_session = np.array([sessions.get(sid, -2) for sid in t["session_id"]], dtype=np.int64)
+        # Ran during the pause [ps, m]: arrived in it (a range of the sorted arrivals) ...
+        by_arrival = np.argsort(arr, kind="stable")
+        a_sorted = arr[by_arrival]
+        lo = np.searchsorted(a_sorted, ps, side="left")
+        hi = np.searchsorted(a_sorted, m, side="right")
+        ti1, pos1 = _ranges(lo, hi)
+        oj1 = by_arrival[pos1]
+        # ... or arrived before it and was in flight when it began: arrival < ps <= finish, a
+        # range of the pause starts, sorted, for each request.
+        by_start = np.argsort(ps, kind="stable")
+        s_sorted = ps[by_start]
+        lo2 = np.searchsorted(s_sorted, arr, side="right")
+        hi2 = np.searchsorted(s_sorted, fin, side="right")
+        oj2, pos2 = _ranges(lo2, hi2)
+        ti2 = by_start[pos2]
+        ti = np.concatenate([ti1, ti2])
+        oj = np.concatenate([oj1, oj2])
+        keep = (arr[oj] <= m[ti]) & (fin[oj] >= ps[ti]) & (o_session[oj] != t_session[ti])
+        ti, oj = ti[keep], oj[keep]
+        if len(ti):
+            # Each (turn, other who) once, at its largest context.
+            w = who_id[oj]
+            key = ti * (int(who_id.max()) + 1) + w
+            order = np.argsort(key, kind="stable")
+            key_s, tok_s = key[order], o_tokens[oj][order]
+            starts = np.flatnonzero(np.r_[True, key_s[1:] != key_s[:-1]])
+            top = np.maximum.reduceat(tok_s, starts)
+            t_u, w_u = ti[order][starts], w[order][starts]
+            sh = np.zeros(int(who_id.max()) + 1, dtype=np.int64)
+            sh[who_id] = o_shared
+            np.add.at(own, t_u, np.maximum(top - sh[w_u], 0))
+            np.maximum.at(shared_max, t_u, sh[w_u])
+    own_shared = np.array([int(firsts.get(sid) or 0) for sid in t["session_id"]], dtype=np.int64)
+    distance = np.asarray(t["prev_context"], dtype=np.int64) + own + np.maximum(shared_max - own_shared, 0)
+    reused = (np.asarray(t["device"], dtype=np.int64) + np.asarray(t["host"], dtype=np.int64)
+              + np.asarray(t["storage"], dtype=np.int64) + np.asarray(t["recomputed"], dtype=np.int64))
+    turns = tuple(SessionTurn(float(k), int(d), int(r)) for k, d, r in
+                  zip(t["think_ms"].tolist(), distance.tolist(), reused.tolist()))
+    sums = {k: int(np.asarray(t[k], dtype=np.int64).sum()) for k in ("input", "device", "host", "storage", "recomputed")}
+    return turns, sums
 
 
-__all__ = ["SessionPauses", "SessionTurn", "session_pauses", "PAUSE_QUANTILE"]
+def _ranges(lo, hi):
+    """For rows i with [lo[i], hi[i]) (empty where hi <= lo): (row index, position) of every member."""
+    import numpy as np
+
+    count = np.maximum(hi - lo, 0)
+    rows = np.repeat(np.arange(len(lo), dtype=np.int64), count)
+    offsets = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+    return rows, np.repeat(lo, count) + offsets
+
+
+__all__ = ["SessionPauses", "SessionTurn", "session_pauses", "session_turns", "PAUSE_QUANTILE", "CURVE_POINTS"]

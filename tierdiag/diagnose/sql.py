@@ -31,7 +31,11 @@ def finished_sql(alias: str = "") -> str:
 FINISHED_SQL = finished_sql()
 
 SPAN_START_SQL = "min(arrival_ns)"
-SPAN_END_SQL = "max(coalesce(finish_ns, first_token_ns, arrival_ns))"
+# The span ends at the last served finish (or first token, for one cut short): a rejected
+# request's row is stamped when it was turned away, which for a turn dropped after its session
+# ended (session_ended) is when the trace reached its line, possibly long after the last request
+# was served. Only a run that served nothing ends at its last record.
+SPAN_END_SQL = "coalesce(max(coalesce(finish_ns, first_token_ns)), max(arrival_ns))"
 
 
 def span_columns_sql(over: SpanOver) -> tuple[str, str]:
@@ -40,7 +44,9 @@ def span_columns_sql(over: SpanOver) -> tuple[str, str]:
     if over == "all":
         return SPAN_START_SQL, SPAN_END_SQL
     if over == "finished":
-        return (f"{SPAN_START_SQL} FILTER (WHERE {FINISHED_SQL})", f"{SPAN_END_SQL} FILTER (WHERE {FINISHED_SQL})")
+        where = f"FILTER (WHERE {FINISHED_SQL})"
+        return (f"{SPAN_START_SQL} {where}",
+                f"coalesce(max(coalesce(finish_ns, first_token_ns)) {where}, max(arrival_ns) {where})")
     raise ValueError(f"span over {over!r}: 'all' or 'finished'")
 
 

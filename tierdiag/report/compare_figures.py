@@ -2,7 +2,7 @@
 
     ttft_cdf_figure       overlaid TTFT CDFs, one line per run (all requests, then each class)
     reuse_bars_figure     token-weighted reuse by tier, one stacked bar per run
-    pareto_figure         memory (device + host + storage bytes) against TTFT p50 / p99, with
+    pareto_figure         memory (every rank's device + host, plus storage) against TTFT p50 / p99, with
                           the runs no other run beats on both axes joined as the frontier
 
 A run keeps its colour in every figure (RUN_COLOURS, in the order the runs are listed).
@@ -148,7 +148,7 @@ def pareto_figure(rows: Sequence[RunRow], labels: Sequence[str], quantile: str, 
                        "hovertemplate": f"%{{fullData.name}}<br>memory %{{x:,.2f}} GiB<br>TTFT {quantile} "
                                         f"%{{y:,.2f}} {unit.label}" + ("<br>on the frontier" if on_front else "")
                                         + "<extra></extra>"})
-    layout = base_layout(xaxis=base_axis("KV memory: device + host + storage (GiB)", rangemode="tozero"),
+    layout = base_layout(xaxis=base_axis("KV memory in all: every rank's device + host, plus storage (GiB)", rangemode="tozero"),
                      yaxis=base_axis(f"TTFT {quantile} ({unit.label})", rangemode="tozero"), hovermode="closest")
     return FigureSpec(
         key=f"pareto-{quantile}", section="pareto", title=f"Memory vs TTFT {quantile}",

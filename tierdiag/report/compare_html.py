@@ -112,7 +112,9 @@ def _runs_table(c: Comparison, labels: Sequence[str]) -> str:
                   fmt_pct(r.recompute_share), fmt_ms(r.ttft_p50_ns), fmt_ms(r.ttft_p90_ns), fmt_ms(r.ttft_p99_ns),
                   f"{fmt_ms(tiered.ttft_p50_ns)} / {fmt_ms(tiered.ttft_p99_ns)}" if tiered else "-",
                   fmt_bytes(r.loadback_bytes), fmt_ms(r.loadback_exposed_ns), f"{r.num_evictions:,}",
-                  fmt_pct(r.gpu_busy_share), fmt_bytes(r.memory_bytes)]
+                  fmt_pct(r.gpu_busy_share),
+                  fmt_bytes(r.memory_bytes) + (f" ({r.num_ranks} × {fmt_bytes(r.memory_rank_bytes)})"
+                                               if r.num_ranks > 1 and r.memory_rank_bytes is not None else "")]
         cells += [f'<td class="num">{e(v)}</td>' for v in values]
         rows.append(f"<tr>{''.join(cells)}</tr>")
     return (f'<div class="card" style="overflow-x:auto"><table><thead><tr>{ths}</tr></thead>'

@@ -40,6 +40,13 @@ def wide_console(console: Console) -> Console:
     return SafeConsole(file=console.file, width=WIDE, soft_wrap=True, color_system=None)
 
 
+def _memory(r) -> str:
+    """The run's KV capacity in all; with more than one rank, how many and one rank's pools."""
+    if getattr(r, "num_ranks", 1) > 1 and r.memory_rank_bytes is not None:
+        return f"{fmt_bytes(r.memory_bytes)} ({r.num_ranks} × {fmt_bytes(r.memory_rank_bytes)})"
+    return fmt_bytes(r.memory_bytes)
+
+
 def _names_are_options(c: Comparison) -> bool:
     """A sweep names its runs after the options that vary: the option columns say it all."""
     return bool(c.varied) and all(all(f"{k}=" in r.name for k in c.varied) for r in c.rows)
@@ -64,9 +71,10 @@ def render_comparison(c: Comparison, console: Console, *, title: str | None = No
                       fmt_pct(r.reuse_share), _split(r), fmt_pct(r.recompute_share), fmt_ms(r.ttft_p50_ns),
                       fmt_ms(r.ttft_p90_ns), fmt_ms(r.ttft_p99_ns), fmt_bytes(r.loadback_bytes),
                       fmt_ms(r.loadback_exposed_ns), f"{r.num_evictions:,}", fmt_pct(r.gpu_busy_share),
-                      fmt_bytes(r.memory_bytes))
+                      _memory(r))
     table.caption = ("reuse and tier split are token-weighted over finished requests; recompute: tokens "
-                     "computed although cached once; memory: device + host + storage KV capacity")
+                     "computed although cached once; memory: KV capacity in all, every rank's device + host "
+                     "pools plus the shared storage (a run of N ranks: N × one rank's)")
     wide_console(console).print(table)
 
     by_class = Table(title="TTFT p50 / p90 / p99 by class", title_justify="left")

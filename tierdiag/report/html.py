@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tierdiag.units import fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens
+from tierdiag.diagnose.compare import run_kv_memory
 from tierdiag.engine.rules import recorded_rules
 from tierdiag.report.series import (
     BURST_GAP_SHARE,
@@ -155,7 +156,12 @@ def _advice_html(item: Any) -> str:
     changes = get("changes") or {option: value}  # every key to apply together (option included)
     head = ", ".join(f"<code>{e(k)} = {e(v)}</code>" for k, v in changes.items())
     reason = f" — {e(get('reason'))}" if get("reason") else ""
-    cost = (f'<div class="check">costs {get("cost_gib"):,.1f} GiB of {e(str(get("cost_kind") or "memory").replace("_", " "))}</div>'
+    ranks = get("cost_ranks")
+    per_rank = (f" per rank, {get('cost_gib') * ranks:,.1f} GiB over the {ranks} ranks"
+                if isinstance(ranks, int) and ranks > 1 and isinstance(get("cost_gib"), (int, float)) else "")
+    cap = f"; capped by the host memory {e(str(get('host_limit_words')))}" if get("host_limit_words") else ""
+    cost = (f'<div class="check">costs {get("cost_gib"):,.1f} GiB of {e(str(get("cost_kind") or "memory").replace("_", " "))}'
+            f'{per_rank}{cap}</div>'
             if isinstance(get("cost_gib"), (int, float)) else "")
     verified = get("verified")
     vget = (verified.get if isinstance(verified, dict) else (lambda k, d=None: getattr(verified, k, d)))
@@ -359,6 +365,9 @@ def render_html(data: ReportData, figures: list[FigureSpec], *, plotly_js: str) 
     if run.kind != "observed":  # the SGLang release whose rules the replay followed
         rules = (f" · sglang <b>{e(recorded_rules(run.config))}</b>"
                  + ("" if run.config.get("sglang_rules") else " (recorded before rule sets)"))
+    memory = run_kv_memory(run)  # a run of more than one rank: each rank's own pools, and in all
+    if memory is not None and memory.ranks > 1:
+        rules += f" · KV memory <b>{e(memory.words())}</b>"
     meta = (f"run <b>{e(run.run_id)}</b> · model <b>{e(run.config.get('model', '?'))}</b> on "
             f"<b>{e(run.config.get('gpu', '?'))}</b>{rules} ·\n{e(run.timing)} timing · link peak <b>{e(fmt_bandwidth(peak))}</b> "
             f"· trace <b>{e(Path(run.trace_path).name)}</b>{status}")

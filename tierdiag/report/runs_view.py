@@ -9,7 +9,7 @@ from typing import Sequence
 from rich.console import Console
 from rich.text import Text
 
-from tierdiag.report.terminal import _table, plain, pool_sizes, rules_line  # noqa: F401
+from tierdiag.report.terminal import _table, plain, pool_sizes, rules_line, run_kv_memory  # noqa: F401
 from tierdiag.report.ranks_view import deployment_line
 from tierdiag.report.text import fmt_option
 from tierdiag.units import fmt_bytes, fmt_tokens
@@ -45,8 +45,12 @@ def render_runs(infos: Sequence, console: Console, *, db_label: str,
         # A run imported from a server's own export names its source, not a model preset of ours.
         config = ([f"imported from {r.config['source']}"] if "source" in r.config and "model" not in r.config
                   else [f"{r.config.get('model', '?')} on {r.config.get('gpu', '?')}"])
+        memory = run_kv_memory(r)
+        each = memory is not None and memory.ranks > 1
         config += [f"{tier} {fmt_tokens(size['tokens'])}" + (f" ({fmt_bytes(size['bytes'])})" if size["bytes"] else "")
+                   + (" per rank" if each and tier != "storage" else "")
                    for tier, size in pool_sizes(r.config, r.data_plane).items()]
+        config += [f"KV memory {memory.words()}"] if each else []
         rules = rules_line(r)
         config += [rules] if rules else []
         ranks = deployment_line(r)  # "4 ranks · router cache_aware"; a run of one rank: none
@@ -58,7 +62,8 @@ def render_runs(infos: Sequence, console: Console, *, db_label: str,
         table.add_row(run_cell, Text("\n").join([plain(r.kind), plain(r.status)]), f"{r.num_requests:,}",
                       Text("\n").join(plain(line) for line in config))
     console.print(table, soft_wrap=False)  # a long database path in the title wraps too
-    console.print(Text("config: model on GPU, pools in tokens (binary sizes, GiB = 2^30 bytes), the SGLang release "
+    console.print(Text("config: model on GPU, pools in tokens (binary sizes, GiB = 2^30 bytes; with more than one rank, each "
+                       "rank's own device and host pools, the storage tier shared, and the KV memory in all), the SGLang release "
                        "whose rules the replay followed, the data-parallel ranks and router (more than one rank), "
                        "then the options "
                        "that differ from the defaults · `--run` takes an id, a unique prefix of one, or a name; "

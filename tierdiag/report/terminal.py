@@ -309,9 +309,10 @@ def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str
 
 
 def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int | None = None,
-                   pools: dict[str, int] | None = None, rules: str | None = None) -> None:
+                   pools: dict[str, int] | None = None, rules: str | None = None, memory=None) -> None:
     """`pools`: tier -> configured tokens (the run's config), shown with GiB at `kv_bytes_per_token`;
-    `rules`: the run's rule set (`rules_line`)."""
+    `rules`: the run's rule set (`rules_line`); `memory`: its KvMemory (run_kv_memory), stated per
+    rank and in all for a run of more than one rank."""
     t = s.tokens
     shares = t.shares()
     console.print(Text.assemble(
@@ -319,8 +320,10 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
         f"{_n(s.num_requests, 'request')} ({s.num_rejected:,} rejected) over {fmt_ms(s.span_ns)} "
         "of virtual time, from the first arrival"))
     if pools:
-        console.print(plain("pools: " + " · ".join(f"{tier} {fmt_pool(n, kv_bytes_per_token)}"
-                                                   for tier, n in pools.items()), "dim"))
+        each = memory is not None and memory.ranks > 1
+        console.print(plain("pools" + (" (device and host: each rank's own)" if each else "") + ": "
+                            + " · ".join(f"{tier} {fmt_pool(n, kv_bytes_per_token)}" for tier, n in pools.items())
+                            + (f" · KV memory {memory.words()}" if each else ""), "dim"))
     if rules:
         console.print(plain(f"engine rules: {rules}", "dim"))
     if getattr(s, "ranks", None) is not None:  # a data-parallel run (diagnose/ranks.py); one rank: nothing
@@ -449,7 +452,7 @@ def render_advise(r, console: Console, *, run_label: str) -> None:
     if r.candidates:
         console.print(table)
         console.print(plain("best: " + (r.best or "none confirmed (TTFT p50 better by 5 %, p99 not worse by more "
-                                                  "than 5 %, and the share it targeted lower)"), style="bold"))
+                                                  "than 5 %)"), style="bold"))
     for line in _advice_lines(r.advice):
         console.print(line)
 
@@ -465,6 +468,13 @@ def pool_sizes(config: dict, data_plane: dict) -> dict[str, dict[str, int | None
     return {tier: {"tokens": config[f"{tier}_tokens"], "bytes": config[f"{tier}_tokens"] * kv if kv else None}
             for tier in POOL_TIERS
             if isinstance(config.get(f"{tier}_tokens"), int) and config[f"{tier}_tokens"] > 0}
+
+
+def run_kv_memory(run):
+    """diagnose.compare.run_kv_memory (the run's KV capacity per rank and in all)."""
+    from tierdiag.diagnose.compare import run_kv_memory as of_run
+
+    return of_run(run)
 
 
 def _pools_text(config: dict, data_plane: dict) -> str:

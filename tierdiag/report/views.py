@@ -40,13 +40,13 @@ def _observed_explanation(r, console, ctx: Context) -> None:
 
 
 def _summary(r, console, ctx: Context) -> None:
-    from tierdiag.report.terminal import pool_sizes, render_summary, rules_line
+    from tierdiag.report.terminal import pool_sizes, render_summary, rules_line, run_kv_memory
 
     run = ctx.run
     pools = {tier: size["tokens"] for tier, size in pool_sizes(run.config, run.data_plane).items()} if run else None
     kv = run.data_plane.get("kv_bytes_per_token") if run else None
     render_summary(r, console, pools=pools, kv_bytes_per_token=kv if isinstance(kv, int) else None,
-                   rules=rules_line(run) if run else None)
+                   rules=rules_line(run) if run else None, memory=run_kv_memory(run) if run else None)
 
 
 def _observed_summary(r, console, ctx: Context) -> None:

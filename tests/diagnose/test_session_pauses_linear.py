@@ -1,0 +1,144 @@
+"""The session rule's stack distances (diagnose/session_pool.py) in linear time, stored at close
+(issue 39 item 16: a 100k-turn session cost 22 s of CPU per `summary`/`explain`, the query
+rerunning on every call).
+
+- The linear computation gives each turn the distance its definition gives: the SQL join below
+  is that definition, written as the join it once was (turns x requests, one row per other
+  session at its largest context), compared turn by turn on workloads with sessionless
+  requests, shared prefixes, open-loop arrivals and two ranks.
+- It is stored with the run evidence at close and read back by `summary` and `explain`, which
+  then never compute it.
+- Its kept-share curve is bounded in size, exact up to CURVE_POINTS distinct distances, and
+  errs low by less than 1/CURVE_POINTS of the reused prefix plus one turn's beyond.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.support.cli import invoke
+from tierdiag.diagnose import session_pool as SP
+from tierdiag.diagnose.facts import RunFacts
+from tierdiag.store.reader import open_store, resolve_run
+
+pytest.importorskip("tierdiag.cli.replay")
+
+# The definition (docs/contract.md "Sessions"), as one join: each later turn's predecessor
+# context, plus every other session (or sessionless request) that ran between the predecessor's
+# finish and the turn's schedule, once at its largest context less what its first turn found
+# cached, plus the largest such shared prefix beyond the turn's own.
+DEFINITION = """
+    WITH ordered AS (
+        SELECT *, lag(req_id) OVER w AS prev_id, lag(status) OVER w AS prev_status,
+               lag(finish_ns) OVER w AS prev_finish_ns,
+               lag(coalesce(input_tokens, 0) + coalesce(output_tokens, 0)) OVER w AS prev_context
+        FROM requests WHERE run_id = $1 AND session_id IS NOT NULL
+        WINDOW w AS (PARTITION BY session_id ORDER BY seq)),
+    turns AS (
+        SELECT seq, session_id, prev_finish_ns AS pause_start_ns, arrival_ns + coalesce(queue_ns, 0) AS match_ns,
+               prev_context
+        FROM ordered WHERE think_ms IS NOT NULL AND prev_id IS NOT NULL
+          AND coalesce(prev_status, 'finished') = 'finished' AND prev_finish_ns IS NOT NULL
+          AND coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL),
+    firsts AS (
+        SELECT coalesce(session_id, '#' || req_id) AS who,
+               arg_min(coalesce(device_hit_tokens, 0) + coalesce(host_hit_tokens, 0)
+                       + coalesce(storage_hit_tokens, 0) + coalesce(recomputed_tokens, 0), seq) AS shared
+        FROM requests WHERE run_id = $1 GROUP BY who),
+    others AS (
+        SELECT o.*, coalesce(o.session_id, '#' || o.req_id) AS who FROM requests o
+        WHERE o.run_id = $1 AND coalesce(o.status, 'finished') = 'finished' AND o.ttft_ns IS NOT NULL
+          AND o.finish_ns IS NOT NULL),
+    touched AS (
+        SELECT t.seq, o.who, max(coalesce(o.input_tokens, 0) + coalesce(o.output_tokens, 0)) AS tokens
+        FROM turns t JOIN others o
+          ON o.arrival_ns <= t.match_ns AND o.finish_ns >= t.pause_start_ns
+         AND o.session_id IS DISTINCT FROM t.session_id
+        GROUP BY t.seq, o.who),
+    spread AS (
+        SELECT x.seq, sum(greatest(x.tokens - f.shared, 0)) AS own_tokens, max(f.shared) AS shared
+        FROM touched x JOIN firsts f USING (who) GROUP BY x.seq)
+    SELECT t.prev_context + coalesce(s.own_tokens, 0) + greatest(coalesce(s.shared, 0) - f.shared, 0)
+    FROM turns t LEFT JOIN spread s USING (seq) JOIN firsts f ON f.who = t.session_id
+    ORDER BY t.seq"""
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pauses")
+    db = d / "r.duckdb"
+    for kind, extra in (("mixed", ["--device-tokens", "16384", "--host-tokens", "16384"]),
+                        ("agent", ["--device-tokens", "16384", "--arrivals", "trace"]),
+                        ("agent", ["--device-tokens", "8192", "--dp", "2"]),
+                        ("multi-turn", ["--device-tokens", "16384", "--write-policy", "write_back"])):
+        trace = d / f"{kind}.jsonl"
+        if not trace.exists():
+            invoke("synth", "--kind", kind, "--requests", "300", str(trace))
+        invoke("replay", str(trace), "--db", str(db), *extra)
+    return db
+
+
+def test_the_linear_distances_are_the_definitions(store):
+    with open_store(store) as con:
+        runs = [resolve_run(con, rid) for (rid,) in con.execute("SELECT run_id FROM runs").fetchall()]
+        assert len(runs) == 4
+        checked = 0
+        for run in runs:
+            want = [d for (d,) in con.execute(DEFINITION, [run.run_id]).fetchall()]
+            got = SP.session_turns(con, run)
+            assert [t.distance_tokens for t in got] == want, run.name
+            checked += len(want)
+            sp = SP.session_pauses(con, run)
+            assert sp is not None and sp.num_turns == len(want)
+            assert sp.pool_p90_tokens == max(t.distance_tokens for t in got if t.think_ms <= sp.pause_p90_ms)
+    assert checked > 300
+
+
+def test_stored_at_close_and_read_by_summary_and_explain(store, monkeypatch):
+    with open_store(store) as con:
+        run = resolve_run(con, None)
+        computed = SP.session_pauses(con, run)
+        assert computed is not None
+        assert RunFacts(con, run).stored.sessions() == (True, computed)
+        req = con.execute("SELECT req_id FROM requests WHERE run_id = ? AND think_ms IS NOT NULL "
+                          "AND status = 'finished' LIMIT 1", [run.run_id]).fetchone()[0]
+
+    def recomputed(*_a, **_k):
+        raise AssertionError("the distances were recomputed, not read from the run evidence")
+
+    monkeypatch.setattr(SP, "_turns", recomputed)
+    invoke("summary", "--db", str(store), "--json")
+    invoke("explain", req, "--db", str(store), "--json")
+
+
+def test_a_run_without_sessions_stores_none(tmp_path):
+    trace, db = tmp_path / "t.jsonl", tmp_path / "r.duckdb"
+    invoke("synth", "--kind", "system-prompt", "--requests", "60", str(trace))
+    invoke("replay", str(trace), "--db", str(db))
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        assert RunFacts(con, run).stored.sessions() == (True, None)
+        assert RunFacts(con, run).session_pauses() is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10**7), st.integers(0, 10**5)), min_size=1, max_size=6000),
+       st.integers(0, 2 * 10**7))
+def test_the_kept_curve_is_bounded_and_errs_low_by_at_most_a_step(turns, capacity):
+    ts = tuple(SP.SessionTurn(1.0, d, r) for d, r in turns)
+    curve = SP._curve(ts)
+    assert len(curve) <= SP.CURVE_POINTS
+    assert [d for d, _ in curve] == sorted({d for d, _ in curve})
+    reused = sum(r for _, r in turns)
+    sp = SP.SessionPauses(len(ts), 0, reused, 0, 0, 0, 0, 1.0, 0, curve)
+    exact = sum(r for d, r in turns if d <= capacity)
+    got = sp.kept_share(capacity)
+    if reused == 0:
+        assert got is None
+        return
+    assert got * reused <= exact + 1e-6
+    assert exact - got * reused <= reused / SP.CURVE_POINTS + max(r for _, r in turns) + 1e-6
+    if len({d for d, _ in turns}) <= SP.CURVE_POINTS:
+        assert got * reused == pytest.approx(exact)
