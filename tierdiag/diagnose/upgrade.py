@@ -387,8 +387,14 @@ class UpgradeEvidence:
     old_release: str
     new_release: str
     old_run_id: str
-    old: dict  # Outcome.to_json()
-    new: dict
+    old_device_tokens: int
+    old_host_tokens: int
+    old_storage_tokens: int
+    old_ttft_ms: float | None
+    new_device_tokens: int
+    new_host_tokens: int
+    new_storage_tokens: int
+    new_ttft_ms: float | None
     split_moved: bool
     ttft_delta_ms: float | None
     ttft_moved_over_1s: bool
@@ -433,7 +439,10 @@ def upgrade_step(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, numb
         undone = sum(n.ttft_ns / 1e6 - r.ttft_ms for r in per_rule)
     ev = UpgradeEvidence(
         sweep_id=run.sweep_id or "", old_release=old, new_release=new, old_run_id=roles["old"].run_id,
-        old=o.to_json(), new=n.to_json(), split_moved=o.split != n.split,
+        old_device_tokens=o.device, old_host_tokens=o.host, old_storage_tokens=o.storage,
+        old_ttft_ms=None if o.ttft_ns is None else o.ttft_ns / 1e6,
+        new_device_tokens=n.device, new_host_tokens=n.host, new_storage_tokens=n.storage,
+        new_ttft_ms=None if n.ttft_ns is None else n.ttft_ns / 1e6, split_moved=o.split != n.split,
         ttft_delta_ms=None if delta is None else delta / 1e6,
         ttft_moved_over_1s=_ttft_moved(o, n, TTFT_MOVED_NS),
         split_rules=tuple(r.rule for r in per_rule if r.gives_old_split),
