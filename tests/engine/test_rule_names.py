@@ -129,8 +129,10 @@ def _differing_rows(db: Path, a: str, b: str) -> dict[str, int]:
     ("--device-tokens", "16384", "--host-tokens", "32768"),
     ("--device-tokens", "16384", "--host-tokens", "32768", "--write-policy", "write_back", "--schedule-policy", "lpm"),
     ("--device-tokens", "16384", "--host-tokens", "16384", "--storage-tokens", "400000", "--prefetch-threshold", "64",
-     "--write-policy", "write_through_selective"),
-], ids=["small-pools", "write_back-lpm", "storage"])
+     "--write-policy", "write_back"),
+    ("--device-tokens", "8192", "--host-tokens", "8192", "--storage-tokens", "1000000", "--prefetch-threshold", "64",
+     "--write-policy", "write_through_selective", "--schedule-policy", "lpm"),
+], ids=["small-pools", "write_back-lpm", "storage-write_back", "storage-selective-lpm"])
 def test_every_rule_switched_back_replays_the_older_release_exactly(tmp_path, options):
     db = tmp_path / "r.duckdb"
     back = ",".join(differing_rules(OLD, NEW))
@@ -139,11 +141,11 @@ def test_every_rule_switched_back_replays_the_older_release_exactly(tmp_path, op
     mixed = invoke("replay", DEMO, "--db", db, "--config", tmp_path / "all.toml", *options,
                    "--storage-dir", tmp_path / "s2", "--json")
     a, b = json.loads(old[old.index("{"):])["run_id"], json.loads(mixed[mixed.index("{"):])["run_id"]
-    if "--storage-tokens" in options:  # the prefetch rules had something to act on
-        assert json.loads(old[old.index("{"):])["storage_tokens"] > 0
     assert _differing_rows(db, a, b) == {t: 0 for t in TABLES}
     plain_new = invoke("replay", DEMO, "--db", db, *options, "--storage-dir", tmp_path / "s3", "--json")
     c = json.loads(plain_new[plain_new.index("{"):])["run_id"]
+    if "--storage-tokens" in options:  # the prefetch rules had something to act on
+        assert json.loads(plain_new[plain_new.index("{"):])["storage_tokens"] > 0
     assert _differing_rows(db, a, c)["requests"] > 0, "the releases differ on this workload at all"
 
 
