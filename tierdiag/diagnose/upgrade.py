@@ -516,5 +516,7 @@ def upgrade_claims(ev: UpgradeEvidence, o: Outcome, n: Outcome) -> tuple[Claim, 
                 text += (f"; the {len(timed)} single switch-backs that move it change it by "
                          f"{fmt_ms(ev.undone_sum_ms * 1e6)} added up, against the {change} change (overlapping "
                          f"parts, not a decomposition)")
+            elif not ev.rules:
+                text += " (no rule switched back alone moves it at all: only their combination does)"
             claims.append(Claim("upgrade_ttft_rule", text + ": several rules together changed it."))
     return tuple(claims)
