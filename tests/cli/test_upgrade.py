@@ -21,7 +21,7 @@ from hypothesis import given, settings, strategies as st
 from tests.support.cli import cli_env, invoke_json, one_line_error, run, tierdiag
 from tierdiag.app.upgrade import ordered, parse_releases
 from tierdiag.config.releases import RELEASES, RULE_NAMES
-from tierdiag.diagnose.upgrade import TTFT_MOVED_NS, UNDONE_SHARE, upgrade_view
+from tierdiag.diagnose.upgrade import TTFT_MOVED_NS, UNDONE_SHARE, signed_ms, upgrade_view
 from tierdiag.engine.rules import differing_rules
 from tierdiag.errors import ConfigError
 from tierdiag.units import fmt_ms, fmt_tokens
@@ -227,6 +227,8 @@ def test_explain_names_the_rule_that_alone_gives_the_old_split(demo_upgrade):
             assert fmt_tokens(v) in claims["upgrade_outcome"]
         assert _ttft_text(o[req_id][3]) in claims["upgrade_outcome"] and old_id in claims["upgrade_outcome"]
         assert _ttft_text(n[req_id][3]) in claims["upgrade_outcome"]
+        if None not in (o[req_id][3], n[req_id][3]):
+            assert signed_ms(n[req_id][3] - o[req_id][3]) in claims["upgrade_outcome"]
         if kind == "one":
             assert f"Switching {givers[0]} " in claims["upgrade_split_rule"] and "that rule changed it" in \
                 claims["upgrade_split_rule"]
@@ -253,8 +255,10 @@ def test_explain_credits_a_ttft_change_only_within_the_tolerance(demo_upgrade):
         givers = [rule for rule, rid in runs.items() if _reproduces_ttft(o[req_id], n[req_id], rows[rid][req_id])]
         text = claims["upgrade_ttft_rule"]
         assert fmt_ms(abs(n[req_id][3] - o[req_id][3])) in text
+        assert signed_ms(n[req_id][3] - o[req_id][3]) in text
         if len(givers) == 1:
-            assert text.startswith(f"Switching {givers[0]} back") and fmt_ms(rows[runs[givers[0]]][req_id][3]) in text
+            assert text.startswith(f"Switching {givers[0]} back")
+            assert signed_ms(rows[runs[givers[0]]][req_id][3] - o[req_id][3]) in text
         elif not givers:
             assert "several rules together" in text
             movers = [rule for rule, rid in runs.items() if rows[rid][req_id] != n[req_id]]

@@ -452,14 +452,17 @@ def upgrade_step(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, numb
     return Step(number, "upgrade", " ".join(c.text for c in claims), ev, claims)
 
 
-def _ttft(ns_or_ms: float | None, *, ms: bool = False) -> str:
-    if ns_or_ms is None:
-        return "no TTFT (not finished)"
-    return fmt_ms(ns_or_ms * 1e6 if ms else ns_or_ms)
+def _ttft(ns: float | None) -> str:
+    return "no TTFT (not finished)" if ns is None else fmt_ms(ns)
+
+
+def signed_ms(ns: float) -> str:
+    """A TTFT difference with its sign: "+1.04 s", "-259.3 ms", "0 ms"."""
+    return "0 ms" if ns == 0 else ("+" if ns > 0 else "-") + fmt_ms(abs(ns))
 
 
 def upgrade_claims(ev: UpgradeEvidence, o: Outcome, n: Outcome) -> tuple[Claim, ...]:
-    """The step's sentences, each from the evidence's named numbers."""
+    """The step's sentences, each from the evidence's named numbers (times: the rows' ns)."""
     old, new = ev.old_release, ev.new_release
     claims = []
     if not ev.split_moved and not ev.ttft_moved_over_1s:
@@ -468,10 +471,11 @@ def upgrade_claims(ev: UpgradeEvidence, o: Outcome, n: Outcome) -> tuple[Claim, 
             f"({o.split_text()}) and a TTFT of {_ttft(o.ttft_ns)} against {_ttft(n.ttft_ns)} here, within "
             f"{fmt_ms(TTFT_MOVED_NS)}: the upgrade did not change its outcome.")))
         return tuple(claims)
+    both = o.ttft_ns is not None and n.ttft_ns is not None
     claims.append(Claim("upgrade_outcome", (
         f"Under SGLang {old}'s rules (run {ev.old_run_id}) this request's split was {o.split_text()} and its TTFT "
-        f"{_ttft(o.ttft_ns)}; under {new}'s, {n.split_text()} and {_ttft(n.ttft_ns)}.")))
-    by_rule = {r.rule: r for r in ev.rules}
+        f"{_ttft(o.ttft_ns)}; under {new}'s, {n.split_text()} and {_ttft(n.ttft_ns)}"
+        + (f" ({signed_ms(n.ttft_ns - o.ttft_ns)})." if both else "."))))
     if ev.split_moved:
         if len(ev.split_rules) == 1:
             claims.append(Claim("upgrade_split_rule", (
@@ -490,32 +494,31 @@ def upgrade_claims(ev: UpgradeEvidence, o: Outcome, n: Outcome) -> tuple[Claim, 
                 + (f" (those that move it: {listed}{'; ...' if len(movers) > 4 else ''})" if movers else
                    " (none moves it alone)")
                 + ": several rules together changed it.")))
-    if ev.ttft_moved_over_1s and ev.ttft_delta_ms is not None:
-        change = fmt_ms(abs(ev.ttft_delta_ms) * 1e6)
+    if ev.ttft_moved_over_1s and both:
+        change_ns = n.ttft_ns - o.ttft_ns
+        within = f"within {fmt_pct(1 - UNDONE_SHARE)} of the {signed_ms(change_ns)} change from {old}'s {_ttft(o.ttft_ns)}"
+        by_rule = {r.rule: r for r in ev.rules}
         if len(ev.ttft_rules) == 1:
             r = by_rule[ev.ttft_rules[0]]
             claims.append(Claim("upgrade_ttft_rule", (
-                f"Switching {r.rule} back to {old}'s alone gives a TTFT of {_ttft(r.ttft_ms, ms=True)}, within "
-                f"{fmt_pct(1 - UNDONE_SHARE)} of the {change} change from {old}'s {_ttft(o.ttft_ns)}: that rule "
-                f"accounts for it.")))
+                f"Switching {r.rule} back to {old}'s alone leaves its TTFT {signed_ms(r.ttft_ms * 1e6 - o.ttft_ns)} "
+                f"from {old}'s, {within}: that rule accounts for it.")))
         elif ev.ttft_rules:
             claims.append(Claim("upgrade_ttft_rule", (
-                f"Each of {', '.join(ev.ttft_rules)} switched back to {old}'s alone brings its TTFT within "
-                f"{fmt_pct(1 - UNDONE_SHARE)} of the {change} change from {old}'s {_ttft(o.ttft_ns)}: the change "
-                f"needs all of them.")))
+                f"Each of {', '.join(ev.ttft_rules)} switched back to {old}'s alone brings its TTFT {within}: the "
+                f"change needs all of them.")))
         else:
-            timed = [r for r in ev.rules if r.ttft_ms is not None and n.ttft_ns is not None]
-            closest = min(timed, key=lambda r: abs(r.ttft_ms - o.ttft_ns / 1e6)) if timed and o.ttft_ns else None
-            text = (f"No rule switched back to {old}'s alone brings its TTFT within {fmt_pct(1 - UNDONE_SHARE)} of the "
-                    f"{change} change from {old}'s {_ttft(o.ttft_ns)}")
-            if closest is not None:
-                undone = (n.ttft_ns / 1e6 - closest.ttft_ms) / ev.ttft_delta_ms
-                text += (f" (closest: {closest.rule}, {_ttft(closest.ttft_ms, ms=True)}, undoing {fmt_pct(undone)} "
-                         f"of it)")
+            timed = [r for r in ev.rules if r.ttft_ms is not None]
+            text = f"No rule switched back to {old}'s alone brings its TTFT {within}"
+            if timed:
+                closest = min(timed, key=lambda r: abs(r.ttft_ms * 1e6 - o.ttft_ns))
+                back = (n.ttft_ns - closest.ttft_ms * 1e6) / change_ns
+                text += (f" (closest: {closest.rule}, {signed_ms(closest.ttft_ms * 1e6 - o.ttft_ns)} from it, moving "
+                         f"it back {fmt_pct(back)} of the change)")
             if ev.undone_sum_ms is not None and timed:
-                text += (f"; the {len(timed)} single switch-backs that move it change it by "
-                         f"{fmt_ms(ev.undone_sum_ms * 1e6)} added up, against the {change} change (overlapping "
-                         f"parts, not a decomposition)")
+                text += (f"; the {len(timed)} single switch-backs that move it move it back "
+                         f"{signed_ms(ev.undone_sum_ms * 1e6)} added up, against the {signed_ms(change_ns)} change "
+                         "(overlapping parts, not a decomposition)")
             elif not ev.rules:
                 text += " (no rule switched back alone moves it at all: only their combination does)"
             claims.append(Claim("upgrade_ttft_rule", text + ": several rules together changed it."))
