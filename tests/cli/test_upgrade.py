@@ -53,6 +53,32 @@ def test_hostile_sglang_lists_parse_to_known_distinct_releases_or_a_one_line_err
         assert ordered(got) == (OLD, NEW)
 
 
+@settings(max_examples=40, deadline=None)
+@given(jobs=st.one_of(st.none(), st.integers(min_value=-2**63, max_value=2**63 - 1)),
+       sglang=st.sampled_from([None, "0.5.9", "0.5.23", "0.5.23,0.5.9", "0.5.9,0.5.23"]), no_probes=st.booleans())
+def test_hostile_jobs_go_with_two_releases_only_and_are_at_least_one(jobs, sglang, no_probes):
+    from tierdiag.cli.upgrade import upgrade_releases
+
+    two = sglang is not None and "," in sglang
+    try:
+        got = upgrade_releases(sglang, jobs=jobs, no_probes=no_probes)
+    except ConfigError as exc:
+        assert "\n" not in exc.one_line()
+        assert (jobs is not None and (not two or jobs < 1)) or (two and no_probes)
+        return
+    assert got == ((OLD, NEW) if two else () if sglang is None else (sglang,))
+    assert jobs is None or (two and jobs >= 1)
+
+
+@pytest.mark.parametrize("value, fragment", [
+    ("abc", "'abc' is not an integer"), ("99999999999999999999", "--jobs"),
+])
+def test_a_jobs_value_that_is_no_int64_is_one_line_exit_2(tmp_path, value, fragment):
+    tierdiag("replay", DEMO, "--db", tmp_path / "r.duckdb", "--sglang", "0.5.9,0.5.23", "--jobs", value).fails(
+        2, fragment)
+    assert not (tmp_path / "r.duckdb").exists()
+
+
 @pytest.mark.parametrize("value, fragment", [
     ("0.5.9,0.5.9", "twice"), ("0.5.9,0.5.10", "unknown release '0.5.10'"), ("0.5.9,0.5.23,0.5.9", "at most two"),
     ("0.5.9,", "empty release"), (",", "empty release"),
@@ -319,3 +345,14 @@ def test_the_conversation_slice(tmp_path):
     db, view = _upgrade(tmp_path, head)
     check_view_against_rows(db, view)
     assert view["upgrade"]["compared_requests"] == 3000
+
+
+def test_explaining_an_upgrade_run_imports_no_torch(demo_upgrade):
+    from tests.diagnose.test_cli import run_cli
+
+    db, view = demo_upgrade
+    req_id = view["upgrade"]["top"][0]["req_id"]
+    code, out, err, heavy = run_cli("explain", req_id, "--run", view["upgrade"]["after_run_id"], "--db", str(db),
+                                    "--json")
+    assert code == 0, err
+    assert heavy == [] and any(s["name"] == "upgrade" for s in json.loads(out)["steps"])
