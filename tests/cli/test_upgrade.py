@@ -18,9 +18,8 @@ import duckdb
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tests.support.cli import cli_env, invoke_json, one_line_error, run, tierdiag
-from tierdiag.app.upgrade import ordered, parse_releases
-from tierdiag.config.releases import RELEASES, RULE_NAMES
+from tests.support.cli import cli_env, invoke_json, run, tierdiag
+from tierdiag.config.releases import RELEASES, RULE_NAMES, ordered, parse_releases
 from tierdiag.diagnose.upgrade import TTFT_MOVED_NS, UNDONE_SHARE, signed_ms, upgrade_view
 from tierdiag.engine.rules import differing_rules
 from tierdiag.errors import ConfigError

@@ -14,7 +14,7 @@ from tierdiag.errors import ConfigError
 def upgrade_releases(sglang: str | None, *, jobs: int | None, no_probes: bool) -> tuple[str, ...]:
     """`--sglang`'s releases: () unset, (one) as given, or (OLD, NEW) ordered for an upgrade. A
     single name is left to the config's check (its one registry error)."""
-    from tierdiag.app.upgrade import ordered, parse_releases
+    from tierdiag.config.releases import ordered, parse_releases
 
     if sglang is None or "," not in sglang:
         if jobs is not None:

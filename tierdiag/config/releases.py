@@ -15,6 +15,7 @@ No torch, no engine: names and validation only (the config layer).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from tierdiag.errors import ConfigError
 
@@ -102,3 +103,30 @@ def check_switched_back(text: str | None, version: str) -> tuple[str, ...]:
 def rule_release(version: str, switched_back: tuple[str, ...], rule: str) -> str:
     """The release whose value of `rule` a run under `version` with `switched_back` follows."""
     return release_before(version) or version if rule in switched_back else version
+
+
+def parse_releases(text: str) -> tuple[str, ...]:
+    """`--sglang`'s value: one release, or two (OLD,NEW in either order) for the upgrade view.
+    Each element is checked as a single `--sglang` is (EngineConfig's names); the same one
+    twice, more than two, or an empty element is a ConfigError (exit 2)."""
+    if not isinstance(text, str):
+        raise ConfigError(f"--sglang {text!r} must be a release or two, comma-separated")
+    parts = [p.strip() for p in text.split(",")]
+    shown = text if len(text) <= 80 else text[:77] + "..."
+    if len(parts) > 2:
+        raise ConfigError(f"--sglang {shown!r}: at most two releases (OLD,NEW), got {len(parts)}")
+    for p in parts:
+        if not p:
+            raise ConfigError(f"--sglang {shown!r}: an empty release name; known: {', '.join(RELEASES)}")
+        if p not in RELEASES:
+            raise ConfigError(f"--sglang {shown!r}: unknown release {p[:40]!r}; known: {', '.join(RELEASES)}")
+    if len(parts) == 2 and parts[0] == parts[1]:
+        raise ConfigError(f"--sglang {shown!r} names SGLang {parts[0]} twice",
+                          hint=f"an upgrade needs two releases, e.g. --sglang {RELEASES[1]},{RELEASES[0]}")
+    return tuple(parts)
+
+
+def ordered(releases: Sequence[str]) -> tuple[str, str]:
+    """(OLD, NEW) of two releases, whichever order they were given in."""
+    old, new = sorted(releases, key=RELEASES.index, reverse=True)
+    return old, new

@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tierdiag.diagnose.upgrade import (TTFT_MOVED_NS, UNDONE_SHARE, Attribution, MovedRequest, UpgradeView)
+from tierdiag.diagnose.upgrade import (TTFT_MOVED_NS, UNDONE_SHARE, Attribution, MovedRequest, UpgradeView,
+                                       signed_ms)
 from tierdiag.report.terminal import plain
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, share
 
@@ -23,10 +24,7 @@ def _signed_tokens(n: int) -> str:
 
 
 def _signed_ms(before: int | None, after: int | None) -> str:
-    if before is None or after is None:
-        return "-"
-    d = after - before
-    return "0" if d == 0 else ("+" if d > 0 else "-") + fmt_ms(abs(d))
+    return "-" if before is None or after is None else signed_ms(after - before)
 
 
 def _count(n: int, of: int) -> str:
@@ -110,8 +108,8 @@ def _rules_tables(view: UpgradeView, console: Console) -> None:
 def _request_line(m: MovedRequest) -> Text:
     d = m.ttft_delta_ns
     text = f"req {m.req_id}: TTFT {fmt_ms(m.before.ttft_ns)} -> {fmt_ms(m.after.ttft_ns)}"
-    if d is not None and d != 0:
-        text += f" ({'+' if d > 0 else '-'}{fmt_ms(abs(d))})"
+    if d:
+        text += f" ({signed_ms(d)})"
     if m.split_moved:
         text += f"; split {m.before.split_text()} -> {m.after.split_text()}"
     return plain("  " + text)
