@@ -117,7 +117,7 @@ def _request_line(m: MovedRequest) -> Text:
 
 def _top(view: UpgradeView, console: Console) -> None:
     shown = [(f"the upgrade ({view.old} -> {view.new})", view.upgrade)]
-    shown += [(f"{r.rule} (switched back -> {view.new}'s)", r.movement) for r in view.rules if r.movement.top]
+    shown += [(f"{r.rule} ({view.old}'s rule -> {view.new}'s)", r.movement) for r in view.rules if r.movement.top]
     console.print(plain("requests moved most (largest TTFT change first)", "bold"))
     for label, m in shown:
         if not m.top:
@@ -135,8 +135,9 @@ def _attribution_line(kind: str, a: Attribution, view: UpgradeView) -> str:
             f"{view.old}'s for {sum(a.one_rule.values()):,}" + (f" ({', '.join(parts)})" if parts else ""))
     if a.each_of_several:
         text += f"; several rules each do alone for {a.each_of_several:,} (the change needs all of them)"
-    text += f"; no single rule does for {a.no_single_rule:,} (several rules together)."
-    return text
+    if a.no_single_rule:
+        text += f"; no single rule does for {a.no_single_rule:,} (several rules together)"
+    return text + "."
 
 
 def render_upgrade(view: UpgradeView, console: Console) -> None:
