@@ -355,3 +355,43 @@ def test_explaining_an_upgrade_run_imports_no_torch(demo_upgrade):
                                     "--json")
     assert code == 0, err
     assert heavy == [] and any(s["name"] == "upgrade" for s in json.loads(out)["steps"])
+
+
+def _runner_failing(rule: str | None):
+    """A sweep runner that replays every config but the one switching `rule` back (None: OLD's
+    own), then fails as the sweep runner does when a replay failed."""
+    from tierdiag.app.sweep import Processes, RunOutcome, SweepFailed, run_configs
+
+    def runner(trace, plan, db, backend, sweep_id, skip_bad):
+        keep, outcomes = [], []
+        for i, (name, cfg) in enumerate(plan.configs):
+            dropped = cfg.sglang_switched_back == rule if rule else (cfg.sglang_rules == OLD)
+            if dropped:
+                outcomes.append(RunOutcome(i, name, None, "failed", "worker process exited with code -9", 1))
+            else:
+                keep.append((name, cfg))
+        ids = run_configs(trace, keep, db, backend=Processes(2), sweep_id=sweep_id)
+        outcomes += [RunOutcome(0, n, i, "complete") for (n, _), i in zip(keep, ids)]
+        raise SweepFailed(outcomes)
+
+    return runner
+
+
+@pytest.mark.parametrize("failing", ["hits_past_inserted", None])
+def test_a_failed_rule_replay_is_listed_not_isolated_and_the_command_still_fails(tmp_path, capsys, failing):
+    from tierdiag.app.sweep import SweepFailed
+    from tierdiag.cli.upgrade import replay_upgrade
+    from tierdiag.config.engine import EngineConfig
+
+    head = tmp_path / "demo100.jsonl"
+    head.write_text("".join(DEMO.read_text().splitlines(keepends=True)[:100]))
+    cfg = EngineConfig(device_tokens=16384, host_tokens=32768)
+    with pytest.raises(SweepFailed):
+        replay_upgrade(head, cfg, (OLD, NEW), db=tmp_path / "f.duckdb", run_name=None, jobs=2, skip_bad=False,
+                       json_=True, runner=_runner_failing(failing))
+    out = capsys.readouterr().out
+    if failing is None:  # without OLD's run there is no upgrade to show
+        assert "{" not in out
+        return
+    view = json.loads(out[out.index("{"):])
+    assert view["missing_rules"] == [failing] and failing not in [r["rule"] for r in view["rules"]]

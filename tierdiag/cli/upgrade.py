@@ -31,27 +31,47 @@ def upgrade_releases(sglang: str | None, *, jobs: int | None, no_probes: bool) -
 
 
 def replay_upgrade(trace: Path, cfg, releases: tuple[str, str], *, db: Path, run_name: str | None,
-                   jobs: int | None, skip_bad: bool, json_: bool) -> None:
-    from tierdiag.app.sweep import Processes
+                   jobs: int | None, skip_bad: bool, json_: bool, runner=None) -> None:
+    """Replay the upgrade's plan and show its view. A rule's replay that failed leaves that rule
+    out of the view (listed as not isolated) and the command then fails with the sweep's error;
+    without both release runs there is no view, only the error. `runner`: the sweep's `_run`."""
+    from tierdiag.app.sweep import Processes, SweepFailed
     from tierdiag.app.upgrade import new_upgrade_id, plan_upgrade
-    from tierdiag.cli.sweep import _run  # the sweep's progress bar, headlines and interrupt line
     from tierdiag.diagnose.upgrade import upgrade_view
+    from tierdiag.errors import StoreError
     from tierdiag.store.reader import list_runs, open_store
+
+    if runner is None:
+        from tierdiag.cli.sweep import _run as runner  # the sweep's progress bar, headlines and interrupt line
 
     plan = plan_upgrade(cfg, releases, run_name or trace.stem)
     sweep_id = new_upgrade_id()
-    _run(trace, SimpleNamespace(configs=list(plan.configs)), db, Processes(jobs), sweep_id, skip_bad)
+    failed: SweepFailed | None = None
+    try:
+        runner(trace, SimpleNamespace(configs=list(plan.configs)), db, Processes(jobs), sweep_id, skip_bad)
+    except SweepFailed as exc:
+        failed = exc
     with open_store(db) as con:
         runs = [r for r in list_runs(con) if r.sweep_id == sweep_id]
-        view = upgrade_view(con, runs)
+        try:
+            view = upgrade_view(con, runs)
+        except StoreError:
+            if failed is not None:  # a release's own run failed: nothing to compare
+                raise failed from None
+            raise
     if json_:
         print_json(view.to_json())
-        return
+    else:
+        _render(view, db)
+    if failed is not None:
+        raise failed
+
+
+def _render(view, db: Path) -> None:
+    from tierdiag.report.terminal import plain
     from tierdiag.report.upgrade_view import render_upgrade
 
     render_upgrade(view, out)
-    from tierdiag.report.terminal import plain
-
     where = db_option(db)
     new_run = next(r.run_id for r in view.runs if r.role == "new")
     old_run = next(r.run_id for r in view.runs if r.role == "old")
