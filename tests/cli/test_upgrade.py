@@ -395,3 +395,17 @@ def test_a_failed_rule_replay_is_listed_not_isolated_and_the_command_still_fails
         return
     view = json.loads(out[out.index("{"):])
     assert view["missing_rules"] == [failing] and failing not in [r["rule"] for r in view["rules"]]
+
+
+def test_a_rule_run_says_which_rule_it_switched_back(demo_upgrade):
+    from tierdiag.report.terminal import rules_line
+    from tierdiag.store.reader import list_runs
+
+    db, view = demo_upgrade
+    con = duckdb.connect(str(db), read_only=True)
+    by_id = {r.run_id: r for r in list_runs(con)}
+    con.close()
+    rule = view["rules"][0]
+    assert rules_line(by_id[rule["before_run_id"]]) == f"sglang {NEW} with {rule['rule']} as {OLD}"
+    assert rules_line(by_id[view["upgrade"]["after_run_id"]]) == f"sglang {NEW}"
+    assert rules_line(by_id[view["upgrade"]["before_run_id"]]) == f"sglang {OLD}"
