@@ -158,8 +158,9 @@ def check_view_against_rows(db: Path, view: dict) -> None:
     u = view["upgrade"]
     assert (u["split_moved"], u["ttft_moved"], u["ttft_moved_over_1s"]) == (len(split), len(ttft), len(over))
     assert u["compared_requests"] == len(n)
-    for tier, i in (("device", 0), ("host", 1), ("storage", 2)):
-        assert u["tokens_delta"][tier] == sum(v[i] for v in n.values()) - sum(v[i] for v in o.values())
+    for tier, i in (("device", 0), ("host", 1), ("storage", 2)):  # finished requests' (as summary's)
+        assert u["tokens_delta"][tier] == (sum(v[i] for v in n.values() if v[3] is not None)
+                                           - sum(v[i] for v in o.values() if v[3] is not None))
     reproduce_split: dict[str, list[str]] = {}
     reproduce_ttft: dict[str, list[str]] = {}
     for rule in view["rules"]:
@@ -200,13 +201,15 @@ def test_the_view_is_the_runs_rows_recounted(demo_upgrade):
     assert a["one_rule"] and a["no_single_rule"] and view["upgrade"]["ttft_moved_over_1s"]
 
 
-def test_the_percentiles_are_summarys(demo_upgrade):
+def test_the_percentiles_and_tokens_are_summarys(demo_upgrade):
     db, view = demo_upgrade
     for run in view["runs"][:2]:
         s = invoke_json("summary", "--db", db, "--run", run["run_id"])
         every = next(c for c in s["classes"] if c["hit_class"] == "all")
         assert (run["ttft_p50_ms"], run["ttft_p90_ms"], run["ttft_p99_ms"]) == pytest.approx(
             (every["ttft_p50_ms"], every["ttft_p90_ms"], every["ttft_p99_ms"]))
+        for key in ("input_tokens", "device_tokens", "host_tokens", "storage_tokens", "computed_tokens"):
+            assert run[key] == s["tokens"][key], key
 
 
 def test_compare_of_the_two_release_runs_works_as_ever(demo_upgrade):

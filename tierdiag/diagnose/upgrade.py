@@ -74,8 +74,8 @@ class RunTotals:
     run_id: str
     name: str
     role: str  # "old", "new" or a rule name
-    requests: int
-    input_tokens: int
+    requests: int  # every request of the run, rejected ones included
+    input_tokens: int  # this and the token sums: the finished requests'
     device_tokens: int
     host_tokens: int
     storage_tokens: int
@@ -262,11 +262,13 @@ def _outcomes(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], req_id: st
 
 
 def _totals(run: RunInfo, role: str, rows: dict[str, tuple[Outcome, int]]) -> RunTotals:
-    ttfts = sorted(o.ttft_ns for o, _ in rows.values() if o.ttft_ns is not None)
+    """Token sums over the finished requests (as `summary`'s split), percentiles of their TTFTs."""
+    done = [(o, n) for o, n in rows.values() if o.ttft_ns is not None]
+    ttfts = sorted(o.ttft_ns for o, _ in done)
     q = lambda p: None if not ttfts else int(nearest_rank(ttfts, p, presorted=True))  # noqa: E731
-    return RunTotals(run.run_id, run.name, role, len(rows), sum(n for _, n in rows.values()),
-                     sum(o.device for o, _ in rows.values()), sum(o.host for o, _ in rows.values()),
-                     sum(o.storage for o, _ in rows.values()), sum(o.computed for o, _ in rows.values()),
+    return RunTotals(run.run_id, run.name, role, len(rows), sum(n for _, n in done),
+                     sum(o.device for o, _ in done), sum(o.host for o, _ in done),
+                     sum(o.storage for o, _ in done), sum(o.computed for o, _ in done),
                      q(0.5), q(0.9), q(0.99))
 
 

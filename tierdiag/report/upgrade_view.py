@@ -54,7 +54,7 @@ def _whole(view: UpgradeView, console: Console) -> None:
         t.add_row(q, fmt_ms(a), fmt_ms(b), _signed_ms(a, b))
     t.caption = (f"requests moved: split {_count(u.split_moved, u.compared)}, TTFT {_count(u.ttft_moved, u.compared)}, "
                  f"by > {fmt_ms(TTFT_MOVED_NS)} {_count(u.ttft_moved_over_1s, u.compared)}; "
-                 "token shares of the run's input, percentiles by nearest rank")
+                 "tokens of the finished requests, shares of their input; percentiles by nearest rank")
     t.caption_justify = "left"
     console.print(t)
 
