@@ -12,6 +12,7 @@ import typer
 
 from tierdiag import signals
 from tierdiag.cli.choices import choices, completer, listed
+from tierdiag.cli.upgrade import upgrade_releases
 from tierdiag.cli.common import command_line, db_option, DbOpt, DEFAULT_DB_PATH, err, JsonOpt, out, print_json
 # No torch: presets, registries and validation only.
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_pool
@@ -106,7 +107,12 @@ def replay(
     router: Annotated[Optional[str], Opt("--router", metavar="NAME", autocompletion=completer(ROUTER_NAMES), help=_d(
         "The router in front of the --dp ranks: " + listed(ROUTER_NAMES) + "; its parameters are the router_* "
         "config keys.", "router"))] = None,
-    sglang: Annotated[Optional[str], Opt("--sglang", **choices(SGLANG_RULES), help=_d("The SGLang release whose cache rules the engine follows (config key sglang_rules).", "sglang_rules"))] = None,
+    sglang: Annotated[Optional[str], Opt("--sglang", metavar="RELEASE[,RELEASE]", autocompletion=completer(SGLANG_RULES), help=_d(
+        "The SGLang release whose cache rules the engine follows, " + listed(SGLANG_RULES) + " (config key sglang_rules). Two, OLD,NEW: the "
+        "upgrade view, both replayed and NEW once more per differing rule switched back, under one sweep id.",
+        "sglang_rules"))] = None,
+    jobs: Annotated[Optional[int], Opt("--jobs", help="With --sglang OLD,NEW: replays at a time (default: the "
+                                                      "machine's cores).")] = None,
     skip_bad: Annotated[bool, Opt("--skip-bad", help="Skip malformed trace lines (and count them).")] = False,
     no_probes: Annotated[bool, Opt("--no-probes", help="Record nothing (benchmarking the engine).")] = False,
     json_: JsonOpt = False,
@@ -121,6 +127,10 @@ def replay(
     from tierdiag.app.replay import twin_dp
 
     ranks = twin_dp(None if no_probes else db, trace) if dp is None else None
+    # --sglang OLD,NEW (cli/upgrade.py): the options are checked under NEW here, under OLD by its plan.
+    releases = upgrade_releases(sglang, jobs=jobs, no_probes=no_probes)
+    if len(releases) == 2:
+        sglang = releases[1]
     cfg = load_config(config, {
         "model": model, "gpu": gpu, "device_tokens": device_tokens, "host_tokens": host_tokens,
         "storage_tokens": storage_tokens, "storage_dir": str(storage_dir) if storage_dir else None,
@@ -141,6 +151,11 @@ def replay(
                      store=True)
     for warning in cfg.warnings():
         err.print(f"tierdiag: warning: {warning}", markup=False, highlight=False)
+    if len(releases) == 2:
+        from tierdiag.cli.upgrade import replay_upgrade
+
+        return replay_upgrade(trace, cfg, releases, db=db, run_name=run_name, jobs=jobs, skip_bad=skip_bad,
+                              json_=json_)
     # Imported here, not at the top: every command module is imported to register it.
     from tierdiag.app.replay import ReplayInterrupted, replay as run_replay
 

@@ -19,6 +19,7 @@ from tierdiag.errors import ConfigError, ConfigFileError, unknown_name
 from tierdiag.config.policies import EVICTION_POLICIES as _EVICTION_REGISTRY
 from tierdiag.config.presets import GPUS, MODELS, gpu_preset, model_preset
 from tierdiag.config.profile import check_profile, profile_defaults
+from tierdiag.config.releases import RELEASES, check_switched_back, rule_release
 from tierdiag.config.router import check_router_keys
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
@@ -49,6 +50,7 @@ ARRIVALS = ("trace", "closed")
 # The SGLang releases whose rules the engine follows (engine/rules.py: one RuleSet each), the
 # default first: 0.5.23, the release `import sglang` reads.
 SGLANG_RULES = ("0.5.23", "0.5.9")
+assert SGLANG_RULES == RELEASES, "config.releases.RELEASES names the rule sets, in this order"
 # Each release's prefetch policy when the config sets none (engine/rules.py asserts the same).
 SGLANG_PREFETCH_POLICY = {"0.5.23": "timeout", "0.5.9": "best_effort"}
 # Each release's host pool layout (`hicache_mem_layout` default; engine/rules.py asserts the same).
@@ -85,6 +87,9 @@ class EngineConfig:
     arrivals: str | None = None  # trace | closed; None: closed where the trace has sessions
     max_context_tokens: int | None = None  # None: the model preset's context (--max-context)
     sglang_rules: str = SGLANG_RULES[0]  # whose rules the engine follows (engine/rules.py)
+    # Rules of sglang_rules taken from the release before it (comma-separated names of
+    # config/releases.py RULE_NAMES; None: none): `replay --sglang OLD,NEW` isolates each rule.
+    sglang_switched_back: str | None = None
     # tlru's settings, in tokens (SGLang's --radix-eviction-policy-config threshold and
     # next_prompt_estimate); None: unset (0). Only with eviction_policy = "tlru".
     tlru_threshold: int | None = None
@@ -125,6 +130,9 @@ class EngineConfig:
             if value not in known:
                 raise unknown_name(opt, value, known)
         self._check_tlru()
+        # One spelling recorded for one set of rules ("a, b" and "a,b"; "" and None).
+        object.__setattr__(self, "sglang_switched_back",
+                           ",".join(check_switched_back(self.sglang_switched_back, self.sglang_rules)) or None)
         have = SCHEDULE_POLICY_RELEASES[self.schedule_policy]
         if self.sglang_rules not in have:
             raise ConfigError(f"--schedule-policy {self.schedule_policy} is not in SGLang {self.sglang_rules} (it has "
@@ -232,7 +240,11 @@ class EngineConfig:
         return model_preset(self.model).max_context_tokens
 
     def resolved_prefetch_policy(self) -> str:
-        return self.prefetch_policy or SGLANG_PREFETCH_POLICY[self.sglang_rules]
+        return self.prefetch_policy or SGLANG_PREFETCH_POLICY[self._rule_release("prefetch_policy_default")]
+
+    def _rule_release(self, rule: str) -> str:
+        """The release whose value of `rule` this config follows (sglang_switched_back)."""
+        return rule_release(self.sglang_rules, check_switched_back(self.sglang_switched_back, self.sglang_rules), rule)
 
     def resolved_host_tokens(self) -> int:
         host = self.host_tokens if self.host_tokens is not None else 2 * self.resolved_device_tokens()
@@ -263,7 +275,7 @@ class EngineConfig:
         d["max_context_tokens"] = self.resolved_max_context()
         d["prefetch_policy"] = self.resolved_prefetch_policy()  # the one the run used
         # SGLang's hicache_mem_layout default of the release (engine/rules.py `host_layout`)
-        d["host_layout"] = SGLANG_HOST_LAYOUT[self.sglang_rules]
+        d["host_layout"] = SGLANG_HOST_LAYOUT[self._rule_release("host_layout")]
         if self.profile is not None:  # what the clock came from, kept with the run (config/profile.py)
             d["profile_source"] = check_profile(self.profile, self.model, self.gpu).provenance()
         return d

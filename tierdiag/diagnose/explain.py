@@ -6,6 +6,7 @@ Every request gets the same four steps, in this order, then the verdict::
     2 prefix_indices    usable prefix vs. the device original
     3 load_back         bytes, time, bandwidth vs. peak, counterfactuals
     4 eviction          which evictions took its prefix, by whose allocation
+    (session, routing, upgrade: where the request has one)                 sessions.py, routing.py, upgrade.py
     verdict             primary cause of the excess TTFT + plain words   explain_verdict.py
 
 The result types are explain_result.py's; the run-wide numbers a request is compared with come
@@ -49,6 +50,7 @@ from tierdiag.diagnose.query import request_row
 from tierdiag.diagnose.routing import routing_step
 from tierdiag.diagnose.sessions import session_step
 from tierdiag.diagnose.tokens import TokenSplit
+from tierdiag.diagnose.upgrade import upgrade_step
 from tierdiag.store.reader import RunInfo
 
 
@@ -89,6 +91,9 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
     routing = routing_step(run, row, len(steps) + 1)  # a request of a data-parallel run
     if routing is not None:
         steps += (routing,)
+    upgrade = upgrade_step(con, run, req_id, len(steps) + 1)  # NEW's run of `replay --sglang OLD,NEW`
+    if upgrade is not None:
+        steps += (upgrade,)
     parts = TtftParts.from_row(row) if finished else None
     cause = parts.primary_cause() if parts is not None else None
     headline, text, claims = verdict(VerdictInputs(

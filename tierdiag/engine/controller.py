@@ -15,7 +15,7 @@ from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.pagemap import SMALL_CALL, PageMap
 from tierdiag.engine.content import verify_content, write_content
 from tierdiag.engine.pagepool import PagePool
-from tierdiag.engine.rules import rule_set
+from tierdiag.engine.rules import config_rules
 from tierdiag.engine.storage import StorageTier
 from tierdiag.engine.tree import RadixTree, TreeNode
 from tierdiag.probes import events as ev
@@ -58,7 +58,7 @@ class CacheController:
     def __init__(self, cfg: EngineConfig, cost: CostModel, tree: RadixTree, device: PagePool,
                  host: PagePool, storage: StorageTier | None, probe, stats: EngineStats):
         self.cfg = cfg
-        self.rules = rule_set(cfg.sglang_rules)
+        self.rules = config_rules(cfg)
         self.cost = cost
         self.tree = tree
         # 0.5.23's host pressure under write_back reads the tree's duplicate registry.

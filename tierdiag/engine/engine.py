@@ -18,7 +18,7 @@ from tierdiag.engine.deployment import Deployment
 from tierdiag.engine.pagepool import PagePool
 from tierdiag.engine.storage import StorageTier
 from tierdiag.engine.scheduler import Scheduler
-from tierdiag.engine.rules import rule_set
+from tierdiag.engine.rules import config_rules
 from tierdiag.engine.tree import RadixTree
 from tierdiag.trace.reader import TraceRequest
 
@@ -60,7 +60,7 @@ class Rank:
         cfg, ps = engine.cfg, engine.cfg.page_size
         self.device = PagePool("device", cfg.resolved_device_tokens() // ps, engine.plane, on_device=True)
         self.host = PagePool("host", cfg.resolved_host_tokens() // ps, engine.plane, on_device=False)
-        self.tree = RadixTree(ps, cfg.resolved_eviction_policy(), rule_set(cfg.sglang_rules))
+        self.tree = RadixTree(ps, cfg.resolved_eviction_policy(), config_rules(cfg))
         self.ctrl = CacheController(cfg, engine.cost, self.tree, self.device, self.host, engine.storage, probe,
                                     engine.stats)
         self.scheduler = Scheduler(cfg, engine.cost, self.tree, self.ctrl, probe, engine.stats, progress)

@@ -193,9 +193,11 @@ assert {n: tuple(sorted(p.releases)) for n, p in QUEUE_POLICIES.items()} == \
     {n: tuple(sorted(r)) for n, r in SCHEDULE_POLICY_RELEASES.items()}, "the releases of a queue policy disagree"
 
 
-def queue_policy(name: str, release: str) -> QueuePolicy:
+def queue_policy(name: str, release: str, rules: RuleSet | None = None) -> QueuePolicy:
     """The registry's policy for `--schedule-policy name` under SGLang `release`: one SGLang
-    release did not have is refused (its server would reject the flag)."""
+    release did not have is refused (its server would reject the flag). `rules`: the rule set
+    the replay follows, where some rules are switched back (rules.config_rules); else the
+    release's."""
     policy = QUEUE_POLICIES.get(name)
     if policy is None:
         raise ConfigError(f"unknown --schedule-policy {name!r}; known: {', '.join(QUEUE_POLICIES)}")
@@ -203,4 +205,4 @@ def queue_policy(name: str, release: str) -> QueuePolicy:
         raise ConfigError(f"--schedule-policy {name} is not in SGLang {release} (it has "
                           f"{', '.join(n for n, p in QUEUE_POLICIES.items() if release in p.releases)})",
                           hint=f"use --sglang {policy.releases[-1]}")
-    return replace(policy, rules=rule_set(release))
+    return replace(policy, rules=rules or rule_set(release))

@@ -8,10 +8,12 @@ narrates each one and tests/sglang drives SGLang's own code beside the engine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 from typing import Callable
 
 from tierdiag.config.engine import SGLANG_HOST_LAYOUT, SGLANG_PREFETCH_POLICY, SGLANG_RULES
+from tierdiag.config.releases import NOT_RULES, RULE_NAMES, release_before, switched_back_names
 
 
 def _evict_whole_need(free_pages: int, need_pages: int) -> int:
@@ -235,6 +237,42 @@ assert {v: r.host_layout for v, r in RULE_SETS.items()} == SGLANG_HOST_LAYOUT, \
 
 def rule_set(version: str) -> RuleSet:
     return RULE_SETS[version]  # EngineConfig has checked the name
+
+
+def config_rules(cfg) -> RuleSet:
+    """The rule set a config's replay follows: its release's, with the rules it names in
+    `sglang_switched_back` taken from the release before (`replay --sglang OLD,NEW`)."""
+    return switched_back(cfg.sglang_rules, switched_back_names(cfg.sglang_switched_back))
+
+
+@lru_cache(maxsize=None)
+def switched_back(version: str, names: tuple[str, ...]) -> RuleSet:
+    """`version`'s rule set with each named rule's fields (config/releases.py RULE_NAMES) from
+    the release before it; `version` and its explain vocabulary stay the newer release's."""
+    base = RULE_SETS[version]
+    if not names:
+        return base
+    before = RULE_SETS[release_before(version)]
+    return replace(base, **{f: getattr(before, f) for n in names for f in RULE_NAMES[n].fields})
+
+
+def differing_rules(a: str, b: str) -> tuple[str, ...]:
+    """The named rules (config/releases.py RULE_NAMES order) in which releases `a` and `b` differ."""
+    differ = set(differing_fields(a, b))
+    return tuple(n for n, r in RULE_NAMES.items() if differ & set(r.fields))
+
+
+def unnamed_fields(a: str, b: str) -> tuple[str, ...]:
+    """Fields in which `a` and `b` differ that no rule name covers: no run can isolate them."""
+    named = {f for r in RULE_NAMES.values() for f in r.fields}
+    return tuple(f for f in differing_fields(a, b) if f not in named)
+
+
+def differing_fields(a: str, b: str) -> tuple[str, ...]:
+    """The RuleSet fields (rules, not names or words) in which releases `a` and `b` differ."""
+    ra, rb = RULE_SETS[a], RULE_SETS[b]
+    return tuple(f.name for f in fields(RuleSet)
+                 if f.name not in NOT_RULES and getattr(ra, f.name) != getattr(rb, f.name))
 
 
 # A replay recorded before rule sets existed has no `sglang_rules` in its config: the engine

@@ -34,7 +34,7 @@ from tierdiag.engine.pagemap import blame
 from tierdiag.engine.prefetch import StoragePrefetch, prefetch_limit_tokens
 from tierdiag.engine.queue_policy import queue_policy
 from tierdiag.engine.request import Req, RequestRecords
-from tierdiag.engine.rules import rule_set
+from tierdiag.engine.rules import config_rules
 from tierdiag.engine.tree import RadixTree, TreeNode
 from tierdiag.errors import TierdiagError
 from tierdiag.probes import events as ev
@@ -57,8 +57,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
     def __init__(self, cfg: EngineConfig, cost: CostModel, tree: RadixTree, ctrl: CacheController,
                  probe, stats: EngineStats, progress: Callable[[int, int, EngineStats], None] | None = None):
         self.cfg = cfg
-        self.rules = rule_set(cfg.sglang_rules)  # what differs between SGLang releases (rules.py)
-        self.queue = queue_policy(cfg.schedule_policy, self.rules.version)  # --schedule-policy (queue_policy.py)
+        self.rules = config_rules(cfg)  # what differs between SGLang releases (rules.py)
+        self.queue = queue_policy(cfg.schedule_policy, self.rules.version, self.rules)  # --schedule-policy (queue_policy.py)
         self.processed_tokens, self.arrived_at = 0, {}  # HRRN's token clock: processed_tokens_counter, per-seq snapshot
         self.cost = cost
         self.tree = tree

@@ -17,7 +17,7 @@ from tierdiag.units import fmt_bytes, fmt_tokens
 
 # Shown in their own lines of `runs`' config cell (model/gpu, the pools, the rule set), so not again as options.
 _RUNS_OWN_LINES = ("model", "gpu", "device_tokens", "host_tokens", "storage_tokens", "storage_dir", "sglang_rules",
-                   "dp", "router")
+                   "sglang_switched_back", "dp", "router")
 
 
 def render_runs(infos: Sequence, console: Console, *, db_label: str,

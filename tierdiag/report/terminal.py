@@ -491,8 +491,14 @@ def rules_line(run) -> str | None:
     """`sglang 0.5.23`: the SGLang release whose rules a replay followed (`sglang_rules`); a replay
     recorded before rule sets existed followed 0.5.9's, and says so. None for an imported run (a
     server's own numbers: no engine rules)."""
+    from tierdiag.config.releases import RELEASES, release_before
     from tierdiag.engine.rules import recorded_rules
 
     if run.kind == "observed":
         return None
-    return f"sglang {recorded_rules(run.config)}" + ("" if run.config.get("sglang_rules") else " (recorded before rule sets)")
+    version = recorded_rules(run.config)
+    back = run.config.get("sglang_switched_back")  # `replay --sglang OLD,NEW`'s runs of one rule switched back
+    if back and version in RELEASES and release_before(version):
+        return f"sglang {version} with {back.replace(',', ', ')} as {release_before(version)}"
+    return f"sglang {version}" + ("" if run.config.get("sglang_rules") else " (recorded before rule sets)")
+
