@@ -235,15 +235,35 @@ def _skipped_line(count: int, first_bad: list) -> str:
     return f"skipped {count:,} bad line{'s' if count != 1 else ''} (line {line}: {why}{also})"
 
 
+def reject_line(kind: str, n: int, cfg: EngineConfig) -> str:
+    """One kind of rejection, its count and the option that changes it (engine.scheduler.reject_kind)."""
+    if kind == "context_length":
+        context = cfg.resolved_max_context()
+        by_context: dict[int, list[str]] = {}
+        for m in MODELS.values():
+            if m.max_context_tokens > context:
+                by_context.setdefault(m.max_context_tokens, []).append(m.name)
+        presets = "".join(f" or --model {'|'.join(names)} ({c:,})" for c, names in sorted(by_context.items()))
+        whose = "the --max-context" if cfg.max_context_tokens is not None else f"{cfg.model}'s"
+        return f"context_length {n:,}: over {whose} {context:,}-token context · --max-context N{presets}"
+    if kind == "session_ended":
+        return f"session_ended {n:,}: later turns of those sessions (a closed-loop session ends at a rejected turn)"
+    if kind == "device_memory":
+        return f"device_memory {n:,}: larger than the whole device pool · --device-tokens N"
+    return f"{kind} {n:,}"
+
+
+REJECT_ORDER = ("context_length", "device_memory", "session_ended")  # causes before what follows from them
+
+
 def _render(s, cfg: EngineConfig) -> None:
     from rich.table import Table
     from rich.text import Text
 
     total = s.input_tokens
-    from tierdiag.report.terminal import plain
+    from tierdiag.report.terminal import plain, requests_line
 
-    table = Table(title=plain(f"replay {s.run_name}: {s.num_requests:,} requests"
-                              + (f", {s.num_rejected} rejected" if s.num_rejected else "")
+    table = Table(title=plain(f"replay {s.run_name}: {requests_line(s.num_requests + s.num_rejected, s.num_rejected)}"
                               + f" in {s.wall_s:.1f} s wall ({fmt_ms(s.virtual_s * 1e9)} virtual)"), show_header=False)
     table.add_column(style="bold")
     table.add_column()
@@ -261,6 +281,9 @@ def _render(s, cfg: EngineConfig) -> None:
     if s.load_back_p50_ms is not None:
         lb += f", p50 {fmt_ms(s.load_back_p50_ms * 1e6)}, p99 {fmt_ms(s.load_back_p99_ms * 1e6)}"
     table.add_row("load-backs", lb)
+    kinds = sorted(s.rejected, key=lambda k: REJECT_ORDER.index(k) if k in REJECT_ORDER else len(REJECT_ORDER))
+    for i, kind in enumerate(kinds):
+        table.add_row("" if i else "rejected", reject_line(kind, s.rejected[kind], cfg))
     table.add_row("skipped", ", ".join(f"{k}: {v:,}" for k, v in sorted(s.skipped.items())) or "none")
     table.add_row("evictions", ", ".join(f"{k}: {v:,}" for k, v in sorted(s.evictions.items())) or "none")
     if s.ttft_p50_ms is not None:

@@ -85,6 +85,13 @@ def _n(count: int, word: str, plural: str | None = None) -> str:
 _NUMBER = re.compile(r"\d[\d,]*")
 
 
+def requests_line(total: int, rejected: int) -> str:
+    """'4,878 requests (3,779 served, 1,099 rejected)': replay's closing title and `summary` count
+    alike (all the run's requests first)."""
+    word = "request" if total == 1 else "requests"
+    return f"{total:,} {word} ({total - rejected:,} served, {rejected:,} rejected)" if rejected else f"{total:,} {word}"
+
+
 def grouped_reasons(reasons) -> list[tuple[str, int, int]]:
     """Reasons that differ only in their numbers, as one line with each varying number as its
     range: 30 lines "needs 30400 tokens of device memory; the pool holds 29952", "needs 31552
@@ -316,7 +323,7 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
     shares = t.shares()
     console.print(Text.assemble(
         plain(s.run_name, "bold"), visible(f" ({s.run_id}) · {s.status} · {s.model or '?'} on {s.gpu or '?'} · ", lines=False),
-        f"{_n(s.num_requests, 'request')} ({s.num_rejected:,} rejected) over {fmt_ms(s.span_ns)} "
+        f"{requests_line(s.num_requests, s.num_rejected)} over {fmt_ms(s.span_ns)} "
         "of virtual time, from the first arrival"))
     if pools:
         console.print(plain("pools: " + " · ".join(f"{tier} {fmt_pool(n, kv_bytes_per_token)}"
