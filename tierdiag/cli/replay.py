@@ -154,7 +154,7 @@ def replay(
 
             import tierdiag.report.terminal  # noqa: F401
 
-    bar, progress = _progress_bar(trace, show=err.is_terminal and not json_)
+    bar, progress = _progress_bar(trace, show_bar=not json_)
     with bar:
         try:
             summary = run_replay(trace, cfg, db=None if no_probes else db, run_name=run_name,
@@ -195,26 +195,24 @@ def _interrupted_line(exc) -> str:
     return "interrupted (nothing was being recorded)"
 
 
-def _progress_bar(trace: Path, *, show: bool):
-    """The progress bar on stderr (a terminal's, unless --json) and the replay's callback that
-    moves it; without a bar, neither rich.progress nor a count of the trace's lines (a read of
-    the whole file) is paid for: a context that does nothing, and no callback."""
-    if not show:
-        return contextlib.nullcontext(), None
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _progress_bar(trace: Path, *, show_bar: bool):
+    """Where the replay is, on stderr (tierdiag/cli/progress.py: a bar on a terminal, unless --json;
+    a line every ~10 s otherwise), and the replay's callback that moves it. Without either (--json
+    on a terminal, TIERDIAG_PROGRESS_EVERY_S=0 piped), neither rich.progress nor a count of the
+    trace's lines (a read of the whole file) is paid for: a context that does nothing, no callback."""
+    from tierdiag.cli.progress import Progress, every_s
 
+    if not (show_bar and err.is_terminal) and (err.is_terminal or every_s() == 0):
+        return contextlib.nullcontext(), None
     from tierdiag.app.replay import count_lines
 
-    bar = Progress(TextColumn("replay", style="bold", markup=False), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}", markup=False),
-                   TimeElapsedColumn(), console=err, transient=True)
-    task = bar.add_task("replay", total=count_lines(trace) if trace.is_file() else None, info="")
+    bar = Progress("replay", count_lines(trace) if trace.is_file() else None, "requests", show_bar=show_bar)
 
     def progress(done: int, since_start_ns: int, stats) -> None:
         reused = stats.device_tokens + stats.host_tokens + stats.storage_tokens
         share = lambda n: f"{n / stats.input_tokens:.0%}" if stats.input_tokens else "-"  # noqa: E731
-        bar.update(task, completed=done, info=(
-            f"t={fmt_ms(since_start_ns)}  device {share(stats.device_tokens)} host {share(stats.host_tokens)} "
-            f"storage {share(stats.storage_tokens)} reuse {share(reused)}"))
+        bar.update(done, info=(f"t={fmt_ms(since_start_ns)}  device {share(stats.device_tokens)} host "
+                               f"{share(stats.host_tokens)} storage {share(stats.storage_tokens)} reuse {share(reused)}"))
 
     return bar, progress
 

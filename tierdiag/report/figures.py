@@ -544,17 +544,19 @@ def ttft_time_figure(data: ReportData) -> FigureSpec:
         figure={"data": traces, "layout": layout}, wide=False, height_px=400, empty=not len(d.bin_t_s))
 
 
-def build_figures(data: ReportData) -> list[FigureSpec]:
-    return [
-        tier_split_figure(data),
-        load_figure(data),
-        timeline_figure(data),
-        reuse_time_figure(data),
-        ttft_time_figure(data),
-        scatter_figure(data),
-        loadback_latency_figure(data),
-        loadback_bandwidth_figure(data),
-        ttft_by_class_figure(data),
-        decomposition_time_figure(data),
-        decomposition_class_figure(data),
-    ]
+FIGURE_BUILDERS = (
+    tier_split_figure, load_figure, timeline_figure, reuse_time_figure, ttft_time_figure, scatter_figure,
+    loadback_latency_figure, loadback_bandwidth_figure, ttft_by_class_figure, decomposition_time_figure,
+    decomposition_class_figure,
+)
+
+
+def build_figures(data: ReportData, progress=None) -> list[FigureSpec]:
+    """Every figure of a run's report, in order; `progress()` is called after each (the report's
+    progress display counts them)."""
+    figures = []
+    for build in FIGURE_BUILDERS:
+        figures.append(build(data))
+        if progress is not None:
+            progress()
+    return figures
