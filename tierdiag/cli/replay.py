@@ -307,4 +307,8 @@ def _render(s, cfg: EngineConfig) -> None:
     if s.run_id:
         out.print(Text.assemble("recorded run ", plain(s.run_id, "bold"), " in ", plain(s.db_path)))
         db = db_option(s.db_path)
-        out.print(plain(f"next: tierdiag slow{db}   ·   tierdiag explain REQ_ID{db}   ·   tierdiag report{db}"))
+        from tierdiag.cli.hints import slowest_request  # a real id: the hint runs as printed
+
+        req = slowest_request(s.db_path, s.run_id)
+        explain = f"   ·   tierdiag explain {req}{db}" if req else ""
+        out.print(plain(f"next: tierdiag slow{db}{explain}   ·   tierdiag report{db}"))
