@@ -88,10 +88,10 @@ def sglang(
     if s.trace_out and s.trace_requests:
         # Hints that run as printed (tierdiag/cli/hints.py): the twin under a name, then compared.
         twin = shlex.quote(f"{s.run_name}-twin")
+        out.print(plain("the twin: give its replay the server's cache sizes, which the export does not hold "
+                        "(--device-tokens, --host-tokens, --page-size)"))
         out.print(plain(f"next: tierdiag replay {shlex.quote(str(s.trace_out))}{db_opt} --run-name {twin}   ·   "
                         f"tierdiag compare {s.run_id} {twin} --requests{db_opt}"))
-        out.print(plain("  (give the replay the server's cache sizes, which the export does not hold: "
-                        "--device-tokens, --host-tokens, --page-size)"))
     else:
         from tierdiag.cli.hints import slowest_request
 
