@@ -273,6 +273,37 @@ def _print_fitting(console: Console, *layouts) -> None:
     console.print(layouts[-1])
 
 
+def stacked(table: Table) -> Group:
+    """`table` one block a row, for a width it does not fit: the row's first cell as a heading, then
+    each other column as `header  value` on a line of its own (a value wraps at its spaces, a run id
+    or `host_tokens=1048576` stays whole). Nothing is cut; the title and caption stay."""
+    headers = [Text.from_markup(c.header) if isinstance(c.header, str) else c.header for c in table.columns]
+    cells = [list(c._cells) for c in table.columns]
+    parts: list = []
+    if table.title is not None:
+        parts.append(table.title if isinstance(table.title, Text) else plain(table.title, "bold"))
+    for i in range(table.row_count):
+        head = cells[0][i] if cells else ""
+        label = headers[0].plain.strip() if headers else ""
+        heading = Text.assemble((f"{label} " if label else "", "dim"), head if isinstance(head, Text) else plain(head))
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="dim", max_width=24, overflow="fold")
+        grid.add_column(overflow="fold")
+        for h, column in zip(headers[1:], cells[1:]):
+            value = column[i]
+            grid.add_row("  " + h.plain.strip(), value if not isinstance(value, str) else plain(value))
+        parts += [heading.copy() if isinstance(heading, Text) else heading, grid]
+    if table.caption is not None:
+        parts.append(table.caption if isinstance(table.caption, Text) else plain(table.caption, "dim"))
+    return Group(*parts)
+
+
+def print_table(console: Console, table: Table) -> None:
+    """A table where it fits the console's width (a terminal's, or 80 columns piped), else stacked:
+    every table complete and readable at 80 columns, none cut with "…"."""
+    console.print(table if fits(console, table) else stacked(table))
+
+
 def _table(title: str = "", **kw) -> Table:
     """A compact table: no vertical rules, one space between columns, cells fold rather than cut."""
     # The title is data (a run name, a path): never markup, controls escaped.
@@ -430,20 +461,33 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
 
 def render_advise(r, console: Console, *, run_label: str) -> None:
     """`advise`: the baseline, each replayed change with its status (confirmed, no_effect,
-    refuted), the best confirmed one marked; then the advice and what was tried, not advised."""
-    table = Table(title=plain(f"advice checked by replay · {run_label}"), title_justify="left")
+    refuted), the best confirmed one marked; then the advice and what was tried, not advised.
+    A table where it fits the width, else one stacked entry a change (a run id, a change such as
+    `host_tokens=1048576`, is never split or cut)."""
+    title = plain(f"advice checked by replay · {run_label}")
+    wide = _table(title.plain)
     for col in ("", "change", "status", "TTFT p50", "TTFT p99", "recompute", "reuse dev/host/sto", "run"):
-        # Changes and run ids wrap rather than lose their ends to an ellipsis.
-        table.add_column(col, justify="left" if col in ("", "change", "run") else "right",
-                         overflow="fold" if col in ("change", "run") else "ellipsis")
+        wide.add_column(col, justify="left" if col in ("", "change", "run") else "right", no_wrap=True)
+    narrow = Table.grid(padding=(0, 1))
+    narrow.add_column(no_wrap=True)
+    narrow.add_column()
+    rows = []
 
     def row(mark: str, label: str, status: str, n) -> None:
         if n is None:
-            table.add_row(mark, plain(label), status, "-", "-", "-", "-", "-")
+            wide.add_row(mark, plain(label), status, "-", "-", "-", "-", "-")
+            narrow.add_row(mark, Text.assemble(plain(label, "bold"), plain(f" · {status or '-'} · not replayed")))
             return
         reuse = " / ".join(fmt_pct(n.reuse_share.get(t)) for t in ("device", "host", "storage"))
-        table.add_row(mark, plain(label), status, fmt_ms(n.ttft_p50_ns), fmt_ms(n.ttft_p99_ns),
-                      fmt_pct(n.recompute_share), reuse, plain(n.run_id))
+        wide.add_row(mark, plain(label), status, fmt_ms(n.ttft_p50_ns), fmt_ms(n.ttft_p99_ns),
+                     fmt_pct(n.recompute_share), reuse, plain(n.run_id))
+        head = Text.assemble(plain(label, "bold"), plain(f" · {status}") if status else "")
+        narrow.add_row(mark, Text("\n").join([
+            head,
+            plain(f"TTFT p50 {fmt_ms(n.ttft_p50_ns)} · p99 {fmt_ms(n.ttft_p99_ns)} · recompute "
+                  f"{fmt_pct(n.recompute_share)}"),
+            plain(f"reuse dev/host/sto {reuse}"), plain(f"run {n.run_id}", "dim")]))
+        rows.append(label)
 
     row("", "baseline", "", r.baseline)
     for c in r.candidates:
@@ -454,7 +498,11 @@ def render_advise(r, console: Console, *, run_label: str) -> None:
         row("★" if c.numbers is not None and c.numbers.run_id == r.best else "", label,
             c.advice.status.replace("_", " ") if c.numbers is not None else "-", c.numbers)
     if r.candidates:
-        console.print(table)
+        if fits(console, wide):
+            console.print(wide)
+        else:
+            console.print(title)
+            console.print(narrow)
         console.print(plain("best: " + (r.best or "none confirmed (TTFT p50 better by 5 %, p99 not worse by more "
                                                   "than 5 %, and the share it targeted lower)"), style="bold"))
     for line in _advice_lines(r.advice):
