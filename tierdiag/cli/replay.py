@@ -66,7 +66,9 @@ def replay(
     db: DbOpt = DEFAULT_DB_PATH,
     run_name: Annotated[Optional[str], Opt("--run-name", metavar="NAME", help="Name of the run (default: trace file stem).")] = None,
     config: Annotated[Optional[Path], Opt("--config", help="TOML file with any of the options below.")] = None,
-    model: Annotated[Optional[str], Opt(**choices(MODELS), help=_d("Model preset.", "model"))] = None,
+    # NAME, the names in the help text: the presets' list is too long for one line of --help at 80 columns.
+    model: Annotated[Optional[str], Opt(metavar="NAME", autocompletion=completer(MODELS), help=_d(
+        "Model preset: " + listed(MODELS) + ".", "model"))] = None,
     gpu: Annotated[Optional[str], Opt(**choices(GPUS), help=_d("GPU preset.", "gpu"))] = None,
     device_tokens: Annotated[Optional[int], Opt(help=_d("Device KV pool in tokens.", shown=_pool_default("device")))] = None,
     host_tokens: Annotated[Optional[int], Opt(help=_d("Host KV pool in tokens.", shown=_pool_default("host")))] = None,
