@@ -37,7 +37,8 @@ def survival_figure(sessions) -> FigureSpec | None:
                         "dtick": 25},
               "yaxis2": y2,
               # Above the plot: below it, a horizontal legend sits on the x-axis title.
-              "legend": {"orientation": "h", "x": 0, "y": 1.02, "xanchor": "left", "yanchor": "bottom"}}
+              "legend": {"orientation": "h", "x": 0, "y": 1.02, "xanchor": "left", "yanchor": "bottom",
+                         "traceorder": "normal"}}
     return FigureSpec(
         key="session-survival", section="distributions", title="Did the session's prefix survive the pause?",
         how_to_read="For every later turn of a session, by its pause (think_ms): where its reused prefix (tokens "
