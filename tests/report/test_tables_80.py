@@ -38,6 +38,9 @@ def store(tmp_path_factory):
     r = cli("sweep", trace, "--db", db, "--set", "model=tiny", "--set", "gpu=cpu", "--set", "device_tokens=12288",
             "--set", "host_tokens=20480,40960,81920", "--set", "write_policy=write_through,write_back", "--jobs", "2")
     assert r.returncode == 0, r.stderr
+    for name, router in (("rr", "round_robin"), ("ca", "cache_aware")):  # compare's ranks table
+        r = cli("replay", trace, "--db", db, "--run-name", name, *REPLAY_ARGS, "--dp", 2, "--router", router)
+        assert r.returncode == 0, r.stderr
     prod = tmp / "prod.duckdb"
     r = cli("import", "sglang", SAMPLES / "sglang", "--db", prod, "--run-name", "prod", "--trace-out", tmp / "twin.jsonl")
     assert r.returncode == 0, r.stderr
@@ -48,8 +51,8 @@ def store(tmp_path_factory):
 
 
 VIEWS = [
-    ("summary", "--run", "small"), ("slow", "--top", "10", "--run", "small"), ("runs",),
-    ("compare", "small", "large"), ("compare", "small", "large", "--requests"), ("compare",),
+    ("summary", "--run", "small"), ("slow", "--top", "10", "--run", "small"), ("runs",), ("summary", "--run", "rr"),
+    ("compare", "small", "large"), ("compare", "small", "large", "--requests"), ("compare",), ("compare", "rr", "ca"),
     ("summary", "--run", "prod", "@prod"), ("slow", "--run", "prod", "@prod"), ("runs", "@prod"),
     ("compare", "prod", "twin", "--requests", "@prod"), ("compare", "prod", "twin", "@prod"),
 ]
@@ -66,7 +69,7 @@ def test_piped_views_fit_80_columns(store, view):
 
 def test_advise_fits_80_columns_and_keeps_changes_and_ids_whole(store):
     db, _ = store
-    r = cli("advise", "--run", "small", "--budget", "2", "--db", db, columns=80)
+    r = cli("advise", "--run", "small", "--budget", "2", "--jobs", "2", "--db", db, columns=80)
     assert r.returncode == 0, r.stderr
     check_80(r.stdout, "advise")
     ids = set(re.findall(r"\b\d{8}-\d{6}-[0-9a-f]{6}\b", r.stdout))

@@ -18,7 +18,7 @@ from tierdiag.diagnose.compare import (CLASSES, Comparison, RequestComparison, R
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct
 from tierdiag.report.observed import render_agreement
 from tierdiag.report.ranks_view import render_ranks_comparison
-from tierdiag.report.terminal import CAUSE_STYLE, SafeConsole, print_table
+from tierdiag.report.terminal import CAUSE_STYLE, print_table
 from tierdiag.report.text import fmt_option
 
 _CLASS_SHORT = {"device_hit": "device hit", "tiered_hit": "tiered hit", "miss": "miss"}
@@ -27,17 +27,6 @@ _CLASS_SHORT = {"device_hit": "device hit", "tiered_hit": "tiered hit", "miss": 
 def _split(r: RunRow) -> str:
     pct = lambda v: "-" if v is None else f"{v * 100:.0f}"  # noqa: E731
     return f"{pct(r.device_share)}/{pct(r.host_share)}/{pct(r.storage_share)} %"
-
-
-WIDE = 200
-
-
-def wide_console(console: Console) -> Console:
-    """Piped output has no terminal to overflow (Rich assumes 80 columns there): give the wide
-    tables the room they need rather than cutting every cell."""
-    if console.is_terminal or console.width >= WIDE:
-        return console
-    return SafeConsole(file=console.file, width=WIDE, soft_wrap=True, color_system=None)
 
 
 def _names_are_options(c: Comparison) -> bool:
@@ -83,7 +72,7 @@ def render_comparison(c: Comparison, console: Console, *, title: str | None = No
         by_class.add_row(Text(r.name), *cells)
     if present:
         print_table(console, by_class)
-    render_ranks_comparison(c.rows, wide_console(console))
+    render_ranks_comparison(c.rows, console)
 
 
 def _delta_table(title: str, rows: Sequence[RequestDelta], name_a: str, name_b: str) -> Table:

@@ -101,4 +101,6 @@ def render_ranks_comparison(rows, console: Console) -> None:
                      "rank that held the most of their prefix at arrival; held elsewhere: tokens of prefix on another "
                      "rank but not on the serving one; reuse by rank: device + host + storage, token-weighted, "
                      "rank 0 first")
-    console.print(table)
+    from tierdiag.report.terminal import print_table  # here: terminal imports this module
+
+    print_table(console, table)
