@@ -14,7 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from tierdiag.report.terminal import print_table
+from tierdiag.report.tables import print_table
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, fmt_value
 
 if TYPE_CHECKING:

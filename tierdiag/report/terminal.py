@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Sequence
 
 from rich import box
 from rich.console import Console, Group
-from rich.measure import Measurement
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from tierdiag.report.tables import fits, print_table, stacked  # noqa: F401 - the views import them from here too
 from tierdiag.report.text import fmt_option, visible  # noqa: F401 - fmt_option: the views import it from here too
 from tierdiag.report.ranks_view import render_ranks
 from tierdiag.report.sessions_view import render_sessions
@@ -256,13 +256,6 @@ def _advice_lines(advice) -> list:
     return lines
 
 
-def fits(console: Console, renderable, width: int | None = None) -> bool:
-    """Whether `renderable` fits `width` (default: the console's) unwrapped, so no cell is cut."""
-    # Measured against an unbounded width: Measurement.get clamps to the options' max_width.
-    unbounded = console.options.update_width(1 << 20)
-    return Measurement.get(console, unbounded, renderable).maximum <= (width or console.width)
-
-
 def _print_fitting(console: Console, *layouts) -> None:
     """Print the first layout that fits the width, else the last (the narrow one, which wraps
     rather than cuts). Views build a wide layout and a stacked one; none truncates with "…"."""
@@ -271,37 +264,6 @@ def _print_fitting(console: Console, *layouts) -> None:
             console.print(layout)
             return
     console.print(layouts[-1])
-
-
-def stacked(table: Table) -> Group:
-    """`table` one block a row, for a width it does not fit: the row's first cell as a heading, then
-    each other column as `header  value` on a line of its own (a value wraps at its spaces, a run id
-    or `host_tokens=1048576` stays whole). Nothing is cut; the title and caption stay."""
-    headers = [Text.from_markup(c.header) if isinstance(c.header, str) else c.header for c in table.columns]
-    cells = [list(c._cells) for c in table.columns]
-    parts: list = []
-    if table.title is not None:
-        parts.append(table.title if isinstance(table.title, Text) else plain(table.title, "bold"))
-    for i in range(table.row_count):
-        head = cells[0][i] if cells else ""
-        label = headers[0].plain.strip() if headers else ""
-        heading = Text.assemble((f"{label} " if label else "", "dim"), head if isinstance(head, Text) else plain(head))
-        grid = Table.grid(padding=(0, 2))
-        grid.add_column(style="dim", max_width=24, overflow="fold")
-        grid.add_column(overflow="fold")
-        for h, column in zip(headers[1:], cells[1:]):
-            value = column[i]
-            grid.add_row("  " + h.plain.strip(), value if not isinstance(value, str) else plain(value))
-        parts += [heading.copy() if isinstance(heading, Text) else heading, grid]
-    if table.caption is not None:
-        parts.append(table.caption if isinstance(table.caption, Text) else plain(table.caption, "dim"))
-    return Group(*parts)
-
-
-def print_table(console: Console, table: Table) -> None:
-    """A table where it fits the console's width (a terminal's, or 80 columns piped), else stacked:
-    every table complete and readable at 80 columns, none cut with "…"."""
-    console.print(table if fits(console, table) else stacked(table))
 
 
 def _table(title: str = "", **kw) -> Table:
