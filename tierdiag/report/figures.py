@@ -394,7 +394,8 @@ def ttft_by_class_figure(data: ReportData) -> FigureSpec:
         # Precomputed box: whiskers at p1 / p99 so a handful of outliers can't stretch them.
         traces.append({
             "type": "box", "name": CLASS_LABELS[t.hit_class],
-            "x": [f"{CLASS_LABELS[t.hit_class]}<br>{t.num_requests:,}"],
+            # A word a line: in the half-width panel "all requests" ran into "device hit".
+            "x": [f"{CLASS_LABELS[t.hit_class].replace(' ', '<br>')}<br>{t.num_requests:,}"],
             "q1": [t.p25_ns / unit.ns], "median": [t.p50_ns / unit.ns], "q3": [t.p75_ns / unit.ns],
             "lowerfence": [max(t.p01_ns, 1.0) / unit.ns], "upperfence": [t.p99_ns / unit.ns],
             "mean": [t.mean_ns / unit.ns],
@@ -403,7 +404,7 @@ def ttft_by_class_figure(data: ReportData) -> FigureSpec:
             "hoverinfo": "y+name",
         })
     box_ns = [v for t in stats for v in (max(t.p01_ns, 1.0), t.p99_ns)]
-    layout = base_layout(yaxis=log_time_axis("TTFT (log scale)", box_ns, unit), xaxis=base_axis("", tickangle=0))
+    layout = base_layout(yaxis=log_time_axis("TTFT (log scale)", box_ns, unit), xaxis=base_axis("", tickangle=0, automargin=True))
     return FigureSpec(
         key="ttft-by-class", section="distributions", title="TTFT by class",
         how_to_read="Box = p25–p75 with the median line and the mean dashed; whiskers reach p1 and p99. "
