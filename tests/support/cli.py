@@ -17,8 +17,9 @@ ENTRY = "from tierdiag.cli.main import main; main()"
 
 def cli_env(*, columns: int | None = 200, keep_width: bool = True, **extra: str) -> dict[str, str]:
     """This checkout first on the path (also for what the CLI starts); no TIERDIAG_* setting
-    inherited but TIERDIAG_CPLANE (a suite run on numpy replays on numpy throughout); COLUMNS as
-    given (None: no width, nor LINES/NO_COLOR/FORCE_COLOR, inherited)."""
+    inherited but TIERDIAG_CPLANE (a suite run on numpy replays on numpy throughout), and
+    TIERDIAG_PROGRESS_EVERY_S=0 unless given; COLUMNS as given (None: no width, nor
+    LINES/NO_COLOR/FORCE_COLOR, inherited)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERDIAG_") or k == "TIERDIAG_CPLANE"}
     if not keep_width or columns is None:
         for k in ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR"):
@@ -26,6 +27,9 @@ def cli_env(*, columns: int | None = 200, keep_width: bool = True, **extra: str)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     if columns is not None:
         env["COLUMNS"] = str(columns)
+    # No piped progress lines (tierdiag/cli/progress.py) unless a test asks: a slow machine must
+    # not add lines to the stderr a test reads. tests/cli/test_progress.py sets it.
+    env["TIERDIAG_PROGRESS_EVERY_S"] = "0"
     env.update(extra)
     return env
 

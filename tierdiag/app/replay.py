@@ -71,6 +71,9 @@ class ReplaySummary:
     # up), "engine_s" (the engine's run, emitting and handing over rows), "close_s" (the run's
     # close: the last rows, the run evidence, the closing numbers). They add up to wall_s.
     wall_phases: dict = field(default_factory=dict)
+    # Rejected requests by the kind of their reason (engine.scheduler.reject_kind): context_length,
+    # session_ended, device_memory; they add up to num_rejected.
+    rejected: dict = field(default_factory=dict)
 
     @property
     def reuse_share(self) -> float:
@@ -449,6 +452,7 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
         storage_dir=str(storage_dir) if storage_dir is not None and storage_tmp is None else None,
         storage_bytes=storage_bytes, writer=mode if writer is not None else None,
         wall_phases={"start_s": t_engine - t0, "engine_s": t_close - t_engine, "close_s": t_end - t_close},
+        rejected=dict(sorted(stats.rejected.items(), key=lambda kv: -kv[1])),
     )
 
 

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt, err, out, print_json
+from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt, out, print_json
 
 
 def advise(
@@ -34,12 +34,20 @@ def advise(
     with open_store(db) as con:
         info = resolve_run(con, run, db_label=str(db))
 
-    def progress(outcome) -> None:
-        err.print(f"  {outcome.name}: {outcome.status}" + (f" ({outcome.wall_s:.1f}s)" if outcome.wall_s else ""),
-                  markup=False, highlight=False)
+    from tierdiag.cli.progress import Progress
 
-    result = advise_run(lambda: open_store(db), db, info, budget=budget, jobs=jobs, host_limit_bytes=host_limit,
-                        progress=None if json_ else progress)
+    # How many replays is known only as they go (the changes, then their combination and the size
+    # searches, within --budget): a count of at most the budget, no total.
+    bar = Progress("advise", None, f"of at most {budget} replays", show_bar=not json_)
+
+    def progress(outcome) -> None:
+        bar.advance()
+        if not json_:
+            bar.print(f"  {outcome.name}: {outcome.status}" + (f" ({outcome.wall_s:.1f}s)" if outcome.wall_s else ""))
+
+    with bar:
+        result = advise_run(lambda: open_store(db), db, info, budget=budget, jobs=jobs, host_limit_bytes=host_limit,
+                            progress=progress)
     if json_:
         print_json(result.to_json())
         return

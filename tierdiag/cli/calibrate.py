@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from tierdiag.cli.choices import choices
+from tierdiag.cli.choices import choices, completer, listed
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, err, out, print_json
 from tierdiag.config.presets import GPUS, MODELS
 
@@ -39,7 +39,8 @@ FromOpt = Annotated[Optional[str], typer.Option(
     help="Fit the cost model's clock to this run's requests (an id, prefix or name; `import sglang` makes one) "
          "instead of measuring copy kernels; writes a TOML profile (-o, required).")]
 ModelOpt = Annotated[Optional[str], typer.Option(
-    **choices(MODELS), help="With --from: the model preset the server runs (layers, KV bytes)  [default: llama3-8b]")]
+    metavar="NAME", autocompletion=completer(MODELS),
+    help="With --from: the model preset the server runs (layers, KV bytes): " + listed(MODELS) + "  [default: llama3-8b]")]
 ConfigOpt = Annotated[Optional[Path], typer.Option(
     "--config", help="With --from: the TOML config the twin will be replayed with (its model, GPU, page size and "
                      "prefill chunk price the fit); --model/--gpu override it.")]

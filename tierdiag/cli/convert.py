@@ -30,7 +30,16 @@ def convert(
     Sessions and pauses become "session" and "think_ms"; hash ids come out prefix-chained, in
     blocks of --block-size tokens.
     """
-    summary = run(fmt, sources, out_path, ConvertOptions(block_size=block_size, start_spread_s=start_spread, seed=seed))
+    from tierdiag.cli.progress import Progress
+
+    # Read, then written in arrival order: a count while reading (the total is known only then), done/total
+    # while writing.
+    with Progress("convert", None, "requests", show_bar=not json_) as bar:
+        def moved(phase: str, done: int, total: int | None) -> None:
+            bar.update(done, total=total, what="convert: reading" if phase == "read" else "convert: writing")
+
+        summary = run(fmt, sources, out_path, ConvertOptions(block_size=block_size, start_spread_s=start_spread,
+                                                              seed=seed), progress=moved)
     notes = summary.notes
     if notes.unchained_blocks:
         err.print(f"tierdiag: warning: {notes.unchained_blocks:,} source block ids follow a different block than "

@@ -86,8 +86,15 @@ def sglang(
     db_opt = db_option(s.db_path)
     out.print(plain(f"recorded observed run {s.run_id} in {s.db_path}"))
     if s.trace_out and s.trace_requests:
-        out.print(plain(f"next: tierdiag replay {shlex.quote(str(s.trace_out))}{db_opt} --device-tokens N --host-tokens N "
-                        f"--page-size N (the server's cache sizes), then tierdiag compare {s.run_id} REPLAY_RUN "
-                        f"--requests{db_opt}"))
+        # Hints that run as printed (tierdiag/cli/hints.py): the twin under a name, then compared.
+        twin = shlex.quote(f"{s.run_name}-twin")
+        out.print(plain("the twin: give its replay the server's cache sizes, which the export does not hold "
+                        "(--device-tokens, --host-tokens, --page-size)"))
+        out.print(plain(f"next: tierdiag replay {shlex.quote(str(s.trace_out))}{db_opt} --run-name {twin}   ·   "
+                        f"tierdiag compare {s.run_id} {twin} --requests{db_opt}"))
     else:
-        out.print(plain(f"next: tierdiag summary --run {s.run_id}{db_opt}   ·   tierdiag explain REQ_ID --run {s.run_id}{db_opt}"))
+        from tierdiag.cli.hints import slowest_request
+
+        req = slowest_request(s.db_path, s.run_id)
+        explain = f"   ·   tierdiag explain {req} --run {s.run_id}{db_opt}" if req else ""
+        out.print(plain(f"next: tierdiag summary --run {s.run_id}{db_opt}{explain}"))

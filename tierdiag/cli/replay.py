@@ -67,7 +67,9 @@ def replay(
     db: DbOpt = DEFAULT_DB_PATH,
     run_name: Annotated[Optional[str], Opt("--run-name", metavar="NAME", help="Name of the run (default: trace file stem).")] = None,
     config: Annotated[Optional[Path], Opt("--config", help="TOML file with any of the options below.")] = None,
-    model: Annotated[Optional[str], Opt(**choices(MODELS), help=_d("Model preset.", "model"))] = None,
+    # NAME, the names in the help text: the presets' list is too long for one line of --help at 80 columns.
+    model: Annotated[Optional[str], Opt(metavar="NAME", autocompletion=completer(MODELS), help=_d(
+        "Model preset: " + listed(MODELS) + ".", "model"))] = None,
     gpu: Annotated[Optional[str], Opt(**choices(GPUS), help=_d("GPU preset.", "gpu"))] = None,
     device_tokens: Annotated[Optional[int], Opt(help=_d("Device KV pool in tokens.", shown=_pool_default("device")))] = None,
     host_tokens: Annotated[Optional[int], Opt(help=_d("Host KV pool in tokens.", shown=_pool_default("host")))] = None,
@@ -169,7 +171,7 @@ def replay(
 
             import tierdiag.report.terminal  # noqa: F401
 
-    bar, progress = _progress_bar(trace, show=err.is_terminal and not json_)
+    bar, progress = _progress_bar(trace, show_bar=not json_)
     with bar:
         try:
             summary = run_replay(trace, cfg, db=None if no_probes else db, run_name=run_name,
@@ -210,26 +212,24 @@ def _interrupted_line(exc) -> str:
     return "interrupted (nothing was being recorded)"
 
 
-def _progress_bar(trace: Path, *, show: bool):
-    """The progress bar on stderr (a terminal's, unless --json) and the replay's callback that
-    moves it; without a bar, neither rich.progress nor a count of the trace's lines (a read of
-    the whole file) is paid for: a context that does nothing, and no callback."""
-    if not show:
-        return contextlib.nullcontext(), None
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _progress_bar(trace: Path, *, show_bar: bool):
+    """Where the replay is, on stderr (tierdiag/cli/progress.py: a bar on a terminal, unless --json;
+    a line every ~10 s otherwise), and the replay's callback that moves it. Without either (--json
+    on a terminal, TIERDIAG_PROGRESS_EVERY_S=0 piped), neither rich.progress nor a count of the
+    trace's lines (a read of the whole file) is paid for: a context that does nothing, no callback."""
+    from tierdiag.cli.progress import Progress, every_s
 
+    if not (show_bar and err.is_terminal) and (err.is_terminal or every_s() == 0):
+        return contextlib.nullcontext(), None
     from tierdiag.app.replay import count_lines
 
-    bar = Progress(TextColumn("replay", style="bold", markup=False), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}", markup=False),
-                   TimeElapsedColumn(), console=err, transient=True)
-    task = bar.add_task("replay", total=count_lines(trace) if trace.is_file() else None, info="")
+    bar = Progress("replay", count_lines(trace) if trace.is_file() else None, "requests", show_bar=show_bar)
 
     def progress(done: int, since_start_ns: int, stats) -> None:
         reused = stats.device_tokens + stats.host_tokens + stats.storage_tokens
         share = lambda n: f"{n / stats.input_tokens:.0%}" if stats.input_tokens else "-"  # noqa: E731
-        bar.update(task, completed=done, info=(
-            f"t={fmt_ms(since_start_ns)}  device {share(stats.device_tokens)} host {share(stats.host_tokens)} "
-            f"storage {share(stats.storage_tokens)} reuse {share(reused)}"))
+        bar.update(done, info=(f"t={fmt_ms(since_start_ns)}  device {share(stats.device_tokens)} host "
+                               f"{share(stats.host_tokens)} storage {share(stats.storage_tokens)} reuse {share(reused)}"))
 
     return bar, progress
 
@@ -250,15 +250,35 @@ def _skipped_line(count: int, first_bad: list) -> str:
     return f"skipped {count:,} bad line{'s' if count != 1 else ''} (line {line}: {why}{also})"
 
 
+def reject_line(kind: str, n: int, cfg: EngineConfig) -> str:
+    """One kind of rejection, its count and the option that changes it (engine.scheduler.reject_kind)."""
+    if kind == "context_length":
+        context = cfg.resolved_max_context()
+        by_context: dict[int, list[str]] = {}
+        for m in MODELS.values():
+            if m.max_context_tokens > context:
+                by_context.setdefault(m.max_context_tokens, []).append(m.name)
+        presets = "".join(f" or --model {'|'.join(names)} ({c:,})" for c, names in sorted(by_context.items()))
+        whose = "the --max-context" if cfg.max_context_tokens is not None else f"{cfg.model}'s"
+        return f"context_length {n:,}: over {whose} {context:,}-token context · --max-context N{presets}"
+    if kind == "session_ended":
+        return f"session_ended {n:,}: later turns of those sessions (a closed-loop session ends at a rejected turn)"
+    if kind == "device_memory":
+        return f"device_memory {n:,}: larger than the whole device pool · --device-tokens N"
+    return f"{kind} {n:,}"
+
+
+REJECT_ORDER = ("context_length", "device_memory", "session_ended")  # causes before what follows from them
+
+
 def _render(s, cfg: EngineConfig) -> None:
     from rich.table import Table
     from rich.text import Text
 
     total = s.input_tokens
-    from tierdiag.report.terminal import plain
+    from tierdiag.report.terminal import plain, requests_line
 
-    table = Table(title=plain(f"replay {s.run_name}: {s.num_requests:,} requests"
-                              + (f", {s.num_rejected} rejected" if s.num_rejected else "")
+    table = Table(title=plain(f"replay {s.run_name}: {requests_line(s.num_requests + s.num_rejected, s.num_rejected)}"
                               + f" in {s.wall_s:.1f} s wall ({fmt_ms(s.virtual_s * 1e9)} virtual)"), show_header=False)
     table.add_column(style="bold")
     table.add_column()
@@ -276,6 +296,9 @@ def _render(s, cfg: EngineConfig) -> None:
     if s.load_back_p50_ms is not None:
         lb += f", p50 {fmt_ms(s.load_back_p50_ms * 1e6)}, p99 {fmt_ms(s.load_back_p99_ms * 1e6)}"
     table.add_row("load-backs", lb)
+    kinds = sorted(s.rejected, key=lambda k: REJECT_ORDER.index(k) if k in REJECT_ORDER else len(REJECT_ORDER))
+    for i, kind in enumerate(kinds):
+        table.add_row("" if i else "rejected", reject_line(kind, s.rejected[kind], cfg))
     table.add_row("skipped", ", ".join(f"{k}: {v:,}" for k, v in sorted(s.skipped.items())) or "none")
     table.add_row("evictions", ", ".join(f"{k}: {v:,}" for k, v in sorted(s.evictions.items())) or "none")
     if s.ttft_p50_ms is not None:
@@ -301,4 +324,8 @@ def _render(s, cfg: EngineConfig) -> None:
     if s.run_id:
         out.print(Text.assemble("recorded run ", plain(s.run_id, "bold"), " in ", plain(s.db_path)))
         db = db_option(s.db_path)
-        out.print(plain(f"next: tierdiag slow{db}   ·   tierdiag explain REQ_ID{db}   ·   tierdiag report{db}"))
+        from tierdiag.cli.hints import slowest_request  # a real id: the hint runs as printed
+
+        req = slowest_request(s.db_path, s.run_id)
+        explain = f"   ·   tierdiag explain {req}{db}" if req else ""
+        out.print(plain(f"next: tierdiag slow{db}{explain}   ·   tierdiag report{db}"))

@@ -38,9 +38,11 @@ def report(db: DbOpt = DEFAULT_DB_PATH, run: RunOpt = None, output: OutputOpt = 
     else:
         # Imported here: main.py imports every command module, and the report stack (numpy, figures)
         # would otherwise add ~0.1 s to the start-up of explain/slow/summary.
-        from tierdiag.report.html import build_report
+        from tierdiag.cli.progress import Progress
+        from tierdiag.report.html import REPORT_STEPS, build_report
 
-        result = build_report(db, run, output)
+        with Progress("report", REPORT_STEPS, "steps") as bar:
+            result = build_report(db, run, output, progress=lambda done, total: bar.update(done, total=total))
     from tierdiag.report.terminal import visible
 
     if json_:

@@ -90,8 +90,7 @@ def sweep(
 
 def _run(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool) -> list[str]:
     """The runner under a progress bar; each finished run's headline is printed above it."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+    from tierdiag.cli.progress import Progress
     from tierdiag.errors import RunInterrupted
     from tierdiag.diagnose.summary import run_summary
     from tierdiag.units import fmt_ms, fmt_pct
@@ -102,11 +101,10 @@ def _run(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool) ->
     where = "as Ray tasks" if isinstance(backend, Ray) else f"in {min(backend.jobs or _cores(), n)} processes"
     err.print(f"tierdiag: sweep {sweep_id}: {n} combination{'s' if n != 1 else ''} of {trace.name} {where}",
               markup=False, highlight=False)
-    bar = Progress(TextColumn("sweep", style="bold", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=err, transient=True, disable=not err.is_terminal)
+    bar = Progress("sweep", n, "runs")  # tierdiag/cli/progress.py: a bar, or a line every ~10 s piped
 
     def headline(outcome) -> None:
-        bar.advance(task)
+        bar.advance()
         if outcome.run_id is None:
             text = f"{outcome.name}: {outcome.status}" + (f" ({outcome.error})" if outcome.error else "")
         else:
@@ -121,10 +119,9 @@ def _run(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool) ->
                 p50_ns = next((c.ttft_p50_ns for c in s.classes if c.hit_class == "all"), None)
             text = (f"{outcome.name}: {outcome.status}, reuse {fmt_pct(reuse)}, "
                     f"TTFT p50 {fmt_ms(p50_ns)} ({outcome.wall_s:.1f}s)")
-        bar.console.print(f"  {text}", markup=False, highlight=False)
+        bar.print(f"  {text}")
 
     with bar:
-        task = bar.add_task("sweep", total=n)
         try:
             return run_configs(trace, plan.configs, db, backend=backend, sweep_id=sweep_id, skip_bad=skip_bad,
                                command_line=command_line(), progress=headline)

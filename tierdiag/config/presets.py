@@ -2,7 +2,8 @@
 
 Sources: model configs from the models' config.json (layers, KV heads, head dim, and
 `max_position_embeddings` as the context: Llama-3.1-8B/70B 131,072; Qwen2.5-7B(-Instruct) 32,768,
-YaRN off as shipped; `tiny` is no real model and takes Llama's); GPU peaks from
+YaRN off as shipped; the Qwen3 2507 releases 262,144 native, below; `tiny` is no real model and
+takes Llama's); GPU peaks from
 vendor datasheets (dense BF16 tensor FLOPs, HBM bandwidth) and PCIe link rates. `link_bytes_per_s`
 is an achievable host<->device copy rate for pinned memory (about 85 % of the PCIe theoretical).
 """
@@ -26,6 +27,10 @@ class ModelPreset:
     # `model_config.context_len`): a longer request is rejected (scheduler: context_length).
     max_context_tokens: int
     dtype_bytes: int = 2
+    # A mixture of experts: `num_params` is what one token computes with (the active parameters:
+    # the cost model's 2 x params FLOPs a token), `total_params` what sits in GPU memory (every
+    # expert: the weights beside the KV pool, and what a decode step reads). None: a dense model.
+    total_params: float | None = None
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -34,7 +39,7 @@ class ModelPreset:
 
     @property
     def weight_bytes(self) -> float:
-        return self.num_params * self.dtype_bytes
+        return (self.total_params or self.num_params) * self.dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,25 @@ MODELS: dict[str, ModelPreset] = {
                     max_context_tokens=131_072),
         ModelPreset("qwen2.5-7b", num_layers=28, hidden_size=3584, num_kv_heads=4, head_dim=128, num_params=7.62e9,
                     max_context_tokens=32_768),
+        # Long-context open models (>= 200k tokens native), from their Hugging Face config.json.
+        # All are GQA with head_dim 128 and full attention on every layer, so the KV layout is the
+        # one above: 2 (K, V) x layers x KV heads x head_dim x 2 B. MLA models (DeepSeek-V3, Kimi K2)
+        # cache one compressed latent a layer instead and are left out rather than mis-sized.
+        # Qwen/Qwen3-4B-Instruct-2507: hidden_size 2560, num_hidden_layers 36, num_attention_heads 32,
+        # num_key_value_heads 8, head_dim 128, max_position_embeddings 262144; 4.0B parameters.
+        # KV 147,456 B/token.
+        ModelPreset("qwen3-4b", num_layers=36, hidden_size=2560, num_kv_heads=8, head_dim=128, num_params=4.02e9,
+                    max_context_tokens=262_144),
+        # Qwen/Qwen3-30B-A3B-Instruct-2507 (qwen3_moe): hidden_size 2048, num_hidden_layers 48,
+        # num_attention_heads 32, num_key_value_heads 4, head_dim 128, max_position_embeddings 262144;
+        # 128 experts, 8 routed a token (moe_intermediate_size 768): 30.5B parameters, 3.3B active.
+        # KV 98,304 B/token; BF16 weights 61 GB leave an H200 most of its memory for KV.
+        ModelPreset("qwen3-30b-a3b", num_layers=48, hidden_size=2048, num_kv_heads=4, head_dim=128,
+                    num_params=3.3e9, total_params=30.5e9, max_context_tokens=262_144),
+        # Qwen/Qwen3-Coder-30B-A3B-Instruct: the same shape as Qwen3-30B-A3B (48 layers, 4 KV heads of
+        # 128, 128 experts / 8 active), max_position_embeddings 262144: the agentic-coding model.
+        ModelPreset("qwen3-coder-30b-a3b", num_layers=48, hidden_size=2048, num_kv_heads=4, head_dim=128,
+                    num_params=3.3e9, total_params=30.5e9, max_context_tokens=262_144),
         ModelPreset("tiny", num_layers=4, hidden_size=256, num_kv_heads=2, head_dim=32, num_params=20e6,
                     max_context_tokens=131_072),
     )

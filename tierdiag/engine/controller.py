@@ -28,6 +28,7 @@ class EngineStats:
     """Counters kept whether or not probes are on (the replay summary needs them)."""
     requests_finished: int = 0
     requests_rejected: int = 0
+    rejected: dict = field(default_factory=dict)  # reason kind (reject_kind) -> count
     input_tokens: int = 0
     device_tokens: int = 0
     host_tokens: int = 0

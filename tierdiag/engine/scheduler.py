@@ -191,6 +191,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
 
     def _reject(self, req: Req, reason: str, *, ends_session: bool = True) -> None:
         self.stats.requests_rejected += 1
+        kind = reject_kind(reason)
+        self.stats.rejected[kind] = self.stats.rejected.get(kind, 0) + 1
         if self.on_leave is not None:
             self.on_leave(req, req.arrival_ns)
         if ends_session and req.session is not None and self.arrivals.closed:
@@ -606,3 +608,11 @@ class Scheduler(StoragePrefetch, RequestRecords):
             self.on_leave(req, now)
         if req.session is not None and self.arrivals.closed:
             self.arrivals.finished(req.session, now)
+
+
+def reject_kind(reason: str) -> str:
+    """The kind of a rejection's reason, for the replay's closing counts: `context_length`,
+    `session_ended` (the reason's own first word), else `device_memory` (a request the whole
+    device pool cannot hold)."""
+    head = reason.partition(":")[0]
+    return head if head in ("context_length", "session_ended") else "device_memory"

@@ -18,7 +18,7 @@ from tierdiag.diagnose.compare import (CLASSES, Comparison, RequestComparison, R
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct
 from tierdiag.report.observed import render_agreement
 from tierdiag.report.ranks_view import render_ranks_comparison
-from tierdiag.report.terminal import CAUSE_STYLE, SafeConsole
+from tierdiag.report.terminal import CAUSE_STYLE, print_table
 from tierdiag.report.text import fmt_option
 
 _CLASS_SHORT = {"device_hit": "device hit", "tiered_hit": "tiered hit", "miss": "miss"}
@@ -27,17 +27,6 @@ _CLASS_SHORT = {"device_hit": "device hit", "tiered_hit": "tiered hit", "miss": 
 def _split(r: RunRow) -> str:
     pct = lambda v: "-" if v is None else f"{v * 100:.0f}"  # noqa: E731
     return f"{pct(r.device_share)}/{pct(r.host_share)}/{pct(r.storage_share)} %"
-
-
-WIDE = 200
-
-
-def wide_console(console: Console) -> Console:
-    """Piped output has no terminal to overflow (Rich assumes 80 columns there): give the wide
-    tables the room they need rather than cutting every cell."""
-    if console.is_terminal or console.width >= WIDE:
-        return console
-    return SafeConsole(file=console.file, width=WIDE, soft_wrap=True, color_system=None)
 
 
 def _memory(r) -> str:
@@ -75,7 +64,7 @@ def render_comparison(c: Comparison, console: Console, *, title: str | None = No
     table.caption = ("reuse and tier split are token-weighted over finished requests; recompute: tokens "
                      "computed although cached once; memory: KV capacity in all, every rank's device + host "
                      "pools plus the shared storage (a run of N ranks: N × one rank's)")
-    wide_console(console).print(table)
+    print_table(console, table)
 
     by_class = Table(title="TTFT p50 / p90 / p99 by class", title_justify="left")
     by_class.add_column("run")
@@ -90,8 +79,8 @@ def render_comparison(c: Comparison, console: Console, *, title: str | None = No
                                                 f"{fmt_ms(s.ttft_p99_ns)}  ({s.num_requests:,})")
         by_class.add_row(Text(r.name), *cells)
     if present:
-        wide_console(console).print(by_class)
-    render_ranks_comparison(c.rows, wide_console(console))
+        print_table(console, by_class)
+    render_ranks_comparison(c.rows, console)
 
 
 def _delta_table(title: str, rows: Sequence[RequestDelta], name_a: str, name_b: str) -> Table:
@@ -126,9 +115,9 @@ def render_request_comparison(rc: RequestComparison, console: Console) -> None:
     console.print(Text(f"{rc.num_common:,} requests in both ({rc.num_only_a:,} only in A, {rc.num_only_b:,} only in B): "
                        f"{rc.num_faster:,} faster in B, {rc.num_slower:,} slower, {rc.num_changed:,} changed verdict"))
     if rc.gains:
-        wide_console(console).print(_delta_table(f"largest TTFT gains (top {rc.top})", rc.gains, rc.name_a, rc.name_b))
+        print_table(console, _delta_table(f"largest TTFT gains (top {rc.top})", rc.gains, rc.name_a, rc.name_b))
     if rc.losses:
-        wide_console(console).print(_delta_table(f"largest TTFT losses (top {rc.top})", rc.losses, rc.name_a, rc.name_b))
+        print_table(console, _delta_table(f"largest TTFT losses (top {rc.top})", rc.losses, rc.name_a, rc.name_b))
     if rc.transitions:
         t = Table(title="verdicts that changed (primary cause, A → B)", title_justify="left")
         for col in ("from", "to", "requests"):
@@ -136,8 +125,8 @@ def render_request_comparison(rc: RequestComparison, console: Console) -> None:
         for v in rc.transitions:
             t.add_row(Text(v.from_cause, style=CAUSE_STYLE.get(v.from_cause, "")),
                       Text(v.to_cause, style=CAUSE_STYLE.get(v.to_cause, "")), f"{v.num_requests:,}")
-        wide_console(console).print(t)
-        wide_console(console).print(_delta_table(f"changed verdicts with the largest TTFT change (top {rc.top})", rc.changed,
+        print_table(console, t)
+        print_table(console, _delta_table(f"changed verdicts with the largest TTFT change (top {rc.top})", rc.changed,
                                    rc.name_a, rc.name_b))
     elif rc.num_common:
         console.print("no request changed its verdict")
@@ -195,10 +184,10 @@ def _clock_line(t: TwinAgreement) -> Text:
 def render_twin_agreement(t: TwinAgreement, console: Console) -> None:
     render_agreement(t.agreement, console)
     console.print(_clock_line(t))
-    wide_console(console).print(_twin_error_table([t]))
+    print_table(console, _twin_error_table([t]))
     ranks = _rank_error_table([t])
     if ranks is not None:
-        wide_console(console).print(ranks)
+        print_table(console, ranks)
 
 
 def render_twin_comparison(c: TwinComparison, console: Console) -> None:
@@ -207,7 +196,7 @@ def render_twin_comparison(c: TwinComparison, console: Console) -> None:
     for t in c.twins:
         console.print(_clock_line(t))
         console.print(Text("  " + t.agreement.finding()))
-    wide_console(console).print(_twin_error_table(c.twins))
+    print_table(console, _twin_error_table(c.twins))
     ranks = _rank_error_table(c.twins)
     if ranks is not None:
-        wide_console(console).print(ranks)
+        print_table(console, ranks)

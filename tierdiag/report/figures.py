@@ -233,30 +233,59 @@ def timeline_figure(data: ReportData) -> FigureSpec:
 
 # --- 3. per request ---------------------------------------------------------------------------
 
+# The scatter's left panel: requests with no host share, one jittered strip a class (a device hit
+# and a miss both sit at x = 0, where one class hid the other); the right panel: the rest, by share.
+STRIP_CLASSES = ("device_hit", "tiered_hit", "miss")
+STRIP_JITTER = 0.32  # half the width of a strip, in category units
+STRIP_DOMAIN = (0.0, 0.2)
+SHARE_DOMAIN = (0.25, 1.0)
+
+
+def _strip_x(index: int, n: int, key: str) -> np.ndarray:
+    """Deterministic jitter (the same report twice is the same file): n points around `index`."""
+    rng = np.random.default_rng(abs(hash_text(key)) % (2**32))
+    return index + rng.uniform(-STRIP_JITTER, STRIP_JITTER, n)
+
+
+def hash_text(text: str) -> int:
+    import zlib
+
+    return zlib.crc32(text.encode("utf-8"))
+
+
 def scatter_figure(data: ReportData) -> FigureSpec:
     pts: RequestPoints = data.points
     share = pts.host_share * 100
     unit = ttft_unit(data)
     ttft = unit.of(pts.ttft_ns)
     traces = []
+    at_zero = share <= 0
+    strips = [c for c in STRIP_CLASSES if ((pts.hit_class == c) & at_zero).any()]
     for cls in CLASSES:
-        m = pts.hit_class == cls
-        if not m.any():
+        m_cls = pts.hit_class == cls
+        if not m_cls.any():
             continue
-        # Plotly renders hover text as (a subset of) HTML, so ids are escaped like any page text.
-        ids = np.array([html.escape(str(r), quote=False) for r in pts.req_id[m]], dtype=object)
-        custom = np.stack([ids, pts.cause[m],
-                           np.round(unit.of(pts.excess_ns[m]), 3).astype(object),
-                           pts.input_tokens[m].astype(np.int64).astype(object)], axis=1)
-        traces.append({
-            "type": "scattergl", "mode": "markers", "name": CLASS_LABELS[cls], "x": share[m], "y": ttft[m],
-            "customdata": custom.tolist(),
-            "marker": {"color": CLASS_COLOURS[cls], "size": 5, "opacity": 0.6, "line": {"width": 0}},
-            "hovertemplate": "<b>req %{customdata[0]}</b> · " + CLASS_LABELS[cls]
-                             + f"<br>TTFT %{{y:,.2f}} {unit.label} (excess %{{customdata[2]:,.2f}} {unit.label})"
-                             "<br>host share %{x:.1f} % of %{customdata[3]:,} tokens"
-                             "<br>verdict: %{customdata[1]}<extra></extra>",
-        })
+        for panel, m in (("strip", m_cls & at_zero), ("share", m_cls & ~at_zero)):
+            if not m.any():
+                continue
+            # Plotly renders hover text as (a subset of) HTML, so ids are escaped like any page text.
+            ids = np.array([html.escape(str(r), quote=False) for r in pts.req_id[m]], dtype=object)
+            custom = np.stack([ids, pts.cause[m],
+                               np.round(unit.of(pts.excess_ns[m]), 3).astype(object),
+                               pts.input_tokens[m].astype(np.int64).astype(object),
+                               np.round(share[m], 3).astype(object)], axis=1)
+            x = _strip_x(strips.index(cls), int(m.sum()), cls) if panel == "strip" else share[m]
+            traces.append({
+                "type": "scattergl", "mode": "markers", "name": CLASS_LABELS[cls], "x": x, "y": ttft[m],
+                "xaxis": "x" if panel == "strip" else "x2", "legendgroup": cls,
+                "showlegend": not any(t.get("legendgroup") == cls for t in traces),
+                "customdata": custom.tolist(),
+                "marker": {"color": CLASS_COLOURS[cls], "size": 5, "opacity": 0.6, "line": {"width": 0}},
+                "hovertemplate": "<b>req %{customdata[0]}</b> · " + CLASS_LABELS[cls]
+                                 + f"<br>TTFT %{{y:,.2f}} {unit.label} (excess %{{customdata[2]:,.2f}} {unit.label})"
+                                 "<br>host share %{customdata[4]:.1f} % of %{customdata[3]:,} tokens"
+                                 "<br>verdict: %{customdata[1]}<extra></extra>",
+            })
     shapes = []
     ref = data.headline.ttft_for("device_hit")
     if ref is not None and ref.p99_ns > 0:
@@ -269,17 +298,21 @@ def scatter_figure(data: ReportData) -> FigureSpec:
                             "xanchor": "right", "yref": "y", "y": np.log10(ref.p99_ns / unit.ns),
                             "yanchor": "bottom", "showarrow": False,
                             "font": {"size": 10, "color": CLASS_COLOURS["device_hit"]}})
-    layout = base_layout(xaxis=base_axis("host-hit share (% of input tokens loaded back from host or storage)",
-                                 range=[-2, 102], ticksuffix=" %"),
-                     yaxis=log_time_axis("TTFT (log scale)", pts.ttft_ns, unit), shapes=shapes,
-                     annotations=annotations,
-                     hovermode="closest")
+    strip_axis = base_axis("no host share", domain=list(STRIP_DOMAIN), range=[-0.5, max(len(strips), 1) - 0.5],
+                           tickvals=list(range(len(strips))), ticktext=[CLASS_LABELS[c] for c in strips],
+                           showgrid=False, fixedrange=True)
+    share_axis = base_axis("host-hit share (% of input tokens loaded back from host or storage)",
+                           domain=list(SHARE_DOMAIN), range=[0, 102], ticksuffix=" %")
+    layout = base_layout(xaxis=strip_axis, xaxis2=share_axis,
+                         yaxis=log_time_axis("TTFT (log scale)", pts.ttft_ns, unit), shapes=shapes,
+                         annotations=annotations, hovermode="closest")
     note = pts.sampling_note
     return FigureSpec(
         key="ttft-vs-host-share", section="requests", title="TTFT against host-hit share, per request",
-        how_to_read="Points to the right reused more from host; points high up were slow. A point that is "
-                    "both right and above the dotted device-hit p99 line is a “hit but slow” request — "
-                    "hover for its id and verdict.",
+        how_to_read="Left: the requests that loaded nothing back (host share 0), one strip a class, spread "
+                    "sideways so neither class hides the other. Right: the rest, by the share of their input "
+                    "loaded back from host or storage; points high up were slow. A point on the right above the "
+                    "dotted device-hit p99 line is a “hit but slow” request — hover for its id and verdict.",
         figure={"data": traces, "layout": layout}, note=note, height_px=460)
 
 
@@ -361,7 +394,8 @@ def ttft_by_class_figure(data: ReportData) -> FigureSpec:
         # Precomputed box: whiskers at p1 / p99 so a handful of outliers can't stretch them.
         traces.append({
             "type": "box", "name": CLASS_LABELS[t.hit_class],
-            "x": [f"{CLASS_LABELS[t.hit_class]}<br>{t.num_requests:,}"],
+            # A word a line: in the half-width panel "all requests" ran into "device hit".
+            "x": [f"{CLASS_LABELS[t.hit_class].replace(' ', '<br>')}<br>{t.num_requests:,}"],
             "q1": [t.p25_ns / unit.ns], "median": [t.p50_ns / unit.ns], "q3": [t.p75_ns / unit.ns],
             "lowerfence": [max(t.p01_ns, 1.0) / unit.ns], "upperfence": [t.p99_ns / unit.ns],
             "mean": [t.mean_ns / unit.ns],
@@ -370,7 +404,7 @@ def ttft_by_class_figure(data: ReportData) -> FigureSpec:
             "hoverinfo": "y+name",
         })
     box_ns = [v for t in stats for v in (max(t.p01_ns, 1.0), t.p99_ns)]
-    layout = base_layout(yaxis=log_time_axis("TTFT (log scale)", box_ns, unit), xaxis=base_axis("", tickangle=0))
+    layout = base_layout(yaxis=log_time_axis("TTFT (log scale)", box_ns, unit), xaxis=base_axis("", tickangle=0, automargin=True))
     return FigureSpec(
         key="ttft-by-class", section="distributions", title="TTFT by class",
         how_to_read="Box = p25–p75 with the median line and the mean dashed; whiskers reach p1 and p99. "
@@ -544,17 +578,19 @@ def ttft_time_figure(data: ReportData) -> FigureSpec:
         figure={"data": traces, "layout": layout}, wide=False, height_px=400, empty=not len(d.bin_t_s))
 
 
-def build_figures(data: ReportData) -> list[FigureSpec]:
-    return [
-        tier_split_figure(data),
-        load_figure(data),
-        timeline_figure(data),
-        reuse_time_figure(data),
-        ttft_time_figure(data),
-        scatter_figure(data),
-        loadback_latency_figure(data),
-        loadback_bandwidth_figure(data),
-        ttft_by_class_figure(data),
-        decomposition_time_figure(data),
-        decomposition_class_figure(data),
-    ]
+FIGURE_BUILDERS = (
+    tier_split_figure, load_figure, timeline_figure, reuse_time_figure, ttft_time_figure, scatter_figure,
+    loadback_latency_figure, loadback_bandwidth_figure, ttft_by_class_figure, decomposition_time_figure,
+    decomposition_class_figure,
+)
+
+
+def build_figures(data: ReportData, progress=None) -> list[FigureSpec]:
+    """Every figure of a run's report, in order; `progress()` is called after each (the report's
+    progress display counts them)."""
+    figures = []
+    for build in FIGURE_BUILDERS:
+        figures.append(build(data))
+        if progress is not None:
+            progress()
+    return figures

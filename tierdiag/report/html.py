@@ -31,6 +31,7 @@ from tierdiag.report.figures import (
     TIER_COLOURS,
     TIER_LABELS,
     FigureSpec,
+    FIGURE_BUILDERS,
     build_figures,
 )
 from tierdiag.report.page import DEFAULT_REPORTS_DIR, e, encode_figure, page, plotly_js, write_atomic  # noqa: F401 (encode_figure: for tests)
@@ -387,22 +388,36 @@ def default_output(run: RunInfo, folder: Path = DEFAULT_REPORTS_DIR) -> Path:
     return folder / f"{_file_part(run.name, 'run')}-{_file_part(run.run_id, 'id')}.html"
 
 
+REPORT_STEPS = len(FIGURE_BUILDERS) + 4  # the run read, each figure, the session and rank figures, the page written
+
+
 def build_report(db: str | os.PathLike, run: str | None = None, output: str | os.PathLike | None = None,
-                 *, slow_pool: int | None = None) -> ReportResult:
-    """Read one run from the store and write its HTML report; returns where and how big."""
+                 *, slow_pool: int | None = None, progress=None) -> ReportResult:
+    """Read one run from the store and write its HTML report; returns where and how big.
+    `progress(done, REPORT_STEPS)` is called after each step."""
+    done = [0]
+
+    def step() -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], REPORT_STEPS)
+
     con = open_store(db)
     try:
         info = resolve_run(con, run, db_label=str(db))
         data = load_report_data(con, info) if slow_pool is None else load_report_data(con, info, slow_pool=slow_pool)
     finally:
         con.close()
-    figures = build_figures(data)
+    step()
+    figures = build_figures(data, progress=step)
     survival = survival_figure(data.summary.sessions)  # session runs only
     if survival is not None:
         figures.append(survival)
+    step()
     ranks = ranks_figure(getattr(data.summary, "ranks", None))  # data-parallel runs only
     if ranks is not None:
         figures.append(ranks)
+    step()
     if not has_engine_parts(info):  # an empty figure there means "not reported", not "none happened"
         import dataclasses
 
@@ -412,5 +427,6 @@ def build_report(db: str | os.PathLike, run: str | None = None, output: str | os
     text = render_html(data, figures, plotly_js=plotly_js())
     path = Path(output) if output is not None else default_output(info)
     size = write_atomic(path, text)
+    step()
     return ReportResult(path=path, figures=sum(1 for f in figures if not f.empty), bytes=size,
                         sampled=data.points.sampled, run_id=info.run_id)

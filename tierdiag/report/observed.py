@@ -14,6 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from tierdiag.report.tables import print_table
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, fmt_value
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def render_observed_slow(rows: Sequence[ObservedSlow], console: Console, *, run_
                       split)
     table.caption = ("observed run: SGLang reports no ideal TTFT, so requests are ranked by TTFT itself; "
                      "'mostly' names a server-reported part that is at least half of it")
-    console.print(table)
+    print_table(console, table)
     console.print(Text("explain one with `tierdiag explain REQ_ID --run RUN`", style="dim"))
 
 
@@ -86,7 +87,7 @@ def render_agreement(a: Agreement, console: Console) -> None:
     for tier in ("device", "host", "storage", "computed"):
         table.add_row(tier, fmt_tokens(getattr(a.observed_tokens, f"{tier}_tokens")),
                       fmt_tokens(getattr(a.replayed_tokens, f"{tier}_tokens")))
-    console.print(table)
+    print_table(console, table)
     console.print(Text(a.finding()))
     if a.requests:
         pairs = Table(title="largest disagreements (split mismatches first, then TTFT error)", title_justify="left")
@@ -100,7 +101,7 @@ def render_agreement(a: Agreement, console: Console) -> None:
             match = "-" if p.split_match is None else ("match" if p.split_match else "differs")
             err = "-" if p.ttft_error_ns is None else f"{fmt_ms(p.ttft_error_ns)} ({fmt_pct(p.ttft_rel_error)})"
             pairs.add_row(Text(p.req_id), obs, rep, match, fmt_ms(p.observed_ttft_ns), fmt_ms(p.replayed_ttft_ns), err)
-        console.print(pairs)
+        print_table(console, pairs)
 
 
 def render_observed_summary(s: ObservedSummary, console: Console) -> None:
@@ -117,7 +118,7 @@ def render_observed_summary(s: ObservedSummary, console: Console) -> None:
     split.caption = (f"{fmt_pct(s.hit_request_share)} of requests hit something, {fmt_pct(s.reused_token_share)} "
                      f"of tokens were reused"
                      + (f"; {s.num_split_unknown:,} requests without a reported split left out" if s.num_split_unknown else ""))
-    console.print(split)
+    print_table(console, split)
     classes = Table(title="TTFT by class (server-reported)", title_justify="left")
     for col in ("class", "requests", "input tokens", "p50", "p90", "p99", "queue p50"):
         classes.add_column(col, justify="left" if col == "class" else "right")
@@ -126,7 +127,7 @@ def render_observed_summary(s: ObservedSummary, console: Console) -> None:
                         fmt_tokens(c.input_tokens), fmt_ms(c.ttft_p50_ns), fmt_ms(c.ttft_p90_ns), fmt_ms(c.ttft_p99_ns),
                         fmt_ms(c.queue_p50_ns))
     classes.caption = f"{s.num_with_ttft:,} of {s.num_requests:,} requests have a TTFT"
-    console.print(classes)
+    print_table(console, classes)
     if s.ttft_total_ns:
         console.print(Text(f"queueing is {fmt_pct(s.queue_share_of_ttft)} of all TTFT; {s.requests_mostly_queueing:,} "
                            f"requests spent at least half of their TTFT in the queue; storage prefetch waits "

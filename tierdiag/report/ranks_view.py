@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tierdiag.report.tables import print_table
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens
 
 
@@ -101,4 +102,4 @@ def render_ranks_comparison(rows, console: Console) -> None:
                      "rank that held the most of their prefix at arrival; held elsewhere: tokens of prefix on another "
                      "rank but not on the serving one; reuse by rank: device + host + storage, token-weighted, "
                      "rank 0 first")
-    console.print(table)
+    print_table(console, table)

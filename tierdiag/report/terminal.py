@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Sequence
 
 from rich import box
 from rich.console import Console, Group
-from rich.measure import Measurement
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from tierdiag.report.tables import fits, print_table, stacked  # noqa: F401 - the views import them from here too
 from tierdiag.report.text import fmt_option, visible  # noqa: F401 - fmt_option: the views import it from here too
 from tierdiag.report.ranks_view import render_ranks
 from tierdiag.report.sessions_view import render_sessions
@@ -83,6 +83,13 @@ def _n(count: int, word: str, plural: str | None = None) -> str:
 
 
 _NUMBER = re.compile(r"\d[\d,]*")
+
+
+def requests_line(total: int, rejected: int) -> str:
+    """'4,878 requests (3,779 served, 1,099 rejected)': replay's closing title and `summary` count
+    alike (all the run's requests first)."""
+    word = "request" if total == 1 else "requests"
+    return f"{total:,} {word} ({total - rejected:,} served, {rejected:,} rejected)" if rejected else f"{total:,} {word}"
 
 
 def grouped_reasons(reasons) -> list[tuple[str, int, int]]:
@@ -249,13 +256,6 @@ def _advice_lines(advice) -> list:
     return lines
 
 
-def fits(console: Console, renderable, width: int | None = None) -> bool:
-    """Whether `renderable` fits `width` (default: the console's) unwrapped, so no cell is cut."""
-    # Measured against an unbounded width: Measurement.get clamps to the options' max_width.
-    unbounded = console.options.update_width(1 << 20)
-    return Measurement.get(console, unbounded, renderable).maximum <= (width or console.width)
-
-
 def _print_fitting(console: Console, *layouts) -> None:
     """Print the first layout that fits the width, else the last (the narrow one, which wraps
     rather than cuts). Views build a wide layout and a stacked one; none truncates with "…"."""
@@ -317,7 +317,7 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
     shares = t.shares()
     console.print(Text.assemble(
         plain(s.run_name, "bold"), visible(f" ({s.run_id}) · {s.status} · {s.model or '?'} on {s.gpu or '?'} · ", lines=False),
-        f"{_n(s.num_requests, 'request')} ({s.num_rejected:,} rejected) over {fmt_ms(s.span_ns)} "
+        f"{requests_line(s.num_requests, s.num_rejected)} over {fmt_ms(s.span_ns)} "
         "of virtual time, from the first arrival"))
     if pools:
         each = memory is not None and memory.ranks > 1
@@ -426,20 +426,33 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
 
 def render_advise(r, console: Console, *, run_label: str) -> None:
     """`advise`: the baseline, each replayed change with its status (confirmed, no_effect,
-    refuted), the best confirmed one marked; then the advice and what was tried, not advised."""
-    table = Table(title=plain(f"advice checked by replay · {run_label}"), title_justify="left")
+    refuted), the best confirmed one marked; then the advice and what was tried, not advised.
+    A table where it fits the width, else one stacked entry a change (a run id, a change such as
+    `host_tokens=1048576`, is never split or cut)."""
+    title = plain(f"advice checked by replay · {run_label}")
+    wide = _table(title.plain)
     for col in ("", "change", "status", "TTFT p50", "TTFT p99", "recompute", "reuse dev/host/sto", "run"):
-        # Changes and run ids wrap rather than lose their ends to an ellipsis.
-        table.add_column(col, justify="left" if col in ("", "change", "run") else "right",
-                         overflow="fold" if col in ("change", "run") else "ellipsis")
+        wide.add_column(col, justify="left" if col in ("", "change", "run") else "right", no_wrap=True)
+    narrow = Table.grid(padding=(0, 1))
+    narrow.add_column(no_wrap=True)
+    narrow.add_column()
+    rows = []
 
     def row(mark: str, label: str, status: str, n) -> None:
         if n is None:
-            table.add_row(mark, plain(label), status, "-", "-", "-", "-", "-")
+            wide.add_row(mark, plain(label), status, "-", "-", "-", "-", "-")
+            narrow.add_row(mark, Text.assemble(plain(label, "bold"), plain(f" · {status or '-'} · not replayed")))
             return
         reuse = " / ".join(fmt_pct(n.reuse_share.get(t)) for t in ("device", "host", "storage"))
-        table.add_row(mark, plain(label), status, fmt_ms(n.ttft_p50_ns), fmt_ms(n.ttft_p99_ns),
-                      fmt_pct(n.recompute_share), reuse, plain(n.run_id))
+        wide.add_row(mark, plain(label), status, fmt_ms(n.ttft_p50_ns), fmt_ms(n.ttft_p99_ns),
+                     fmt_pct(n.recompute_share), reuse, plain(n.run_id))
+        head = Text.assemble(plain(label, "bold"), plain(f" · {status}") if status else "")
+        narrow.add_row(mark, Text("\n").join([
+            head,
+            plain(f"TTFT p50 {fmt_ms(n.ttft_p50_ns)} · p99 {fmt_ms(n.ttft_p99_ns)} · recompute "
+                  f"{fmt_pct(n.recompute_share)}"),
+            plain(f"reuse dev/host/sto {reuse}"), plain(f"run {n.run_id}", "dim")]))
+        rows.append(label)
 
     row("", "baseline", "", r.baseline)
     for c in r.candidates:
@@ -450,7 +463,11 @@ def render_advise(r, console: Console, *, run_label: str) -> None:
         row("★" if c.numbers is not None and c.numbers.run_id == r.best else "", label,
             c.advice.status.replace("_", " ") if c.numbers is not None else "-", c.numbers)
     if r.candidates:
-        console.print(table)
+        if fits(console, wide):
+            console.print(wide)
+        else:
+            console.print(title)
+            console.print(narrow)
         console.print(plain("best: " + (r.best or "none confirmed (TTFT p50 better by 5 %, p99 not worse by more "
                                                   "than 5 %)"), style="bold"))
     for line in _advice_lines(r.advice):

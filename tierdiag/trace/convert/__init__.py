@@ -61,8 +61,14 @@ class ConvertSummary:
                 "block_size": self.block_size, "span_s": round(self.span_s, 3), **self.notes.to_json()}
 
 
-def convert(fmt: str, sources: list[Path], out: Path, options: ConvertOptions = ConvertOptions()) -> ConvertSummary:
-    """Read `sources` (files, or folders of them) in format `fmt`; write one session trace to `out`."""
+PROGRESS_EVERY = 1000  # requests between two progress calls
+
+
+def convert(fmt: str, sources: list[Path], out: Path, options: ConvertOptions = ConvertOptions(),
+            progress: Callable[[str, int, int | None], None] | None = None) -> ConvertSummary:
+    """Read `sources` (files, or folders of them) in format `fmt`; write one session trace to `out`.
+    `progress(phase, done, total)`: every PROGRESS_EVERY requests, phase "read" (no total yet)
+    then "write" (of all the requests)."""
     spec = FORMATS.get(fmt)
     if spec is None:
         raise unknown_name("format", fmt, FORMATS)
@@ -79,18 +85,29 @@ def convert(fmt: str, sources: list[Path], out: Path, options: ConvertOptions = 
     rechain = Rechainer(options.block_size)
     notes = ConvertNotes()
     kwargs = {"start_spread_s": spread, "seed": options.seed} if spec.takes_start_spread else {}
-    requests = list(spec.read(files, rechain=rechain, notes=notes, **kwargs))
+    requests = []
+    for req in spec.read(files, rechain=rechain, notes=notes, **kwargs):
+        requests.append(req)
+        if progress is not None and len(requests) % PROGRESS_EVERY == 0:
+            progress("read", len(requests), None)
     if not requests:
         raise TraceError(f"{sources[0]}: no requests in the input" if len(sources) == 1 else
                          f"no requests in the {len(files)} input files")
     notes.unchained_blocks = rechain.unchained
     # Sorted by arrival; ties keep reading order, so a session's turns stay in order.
     order = sorted(range(len(requests)), key=lambda i: requests[i].timestamp_ms)
-    write_jsonl(out, (requests[i].to_json_line() for i in order))
+    write_jsonl(out, _lines(requests, order, progress))
     first, last = requests[order[0]].timestamp_ms, requests[order[-1]].timestamp_ms
     return ConvertSummary(path=str(out), format=fmt, num_files=len(files), num_requests=len(requests),
                           num_sessions=len({r.session for r in requests}), block_size=options.block_size,
                           span_s=(last - first) / 1000, notes=notes)
+
+
+def _lines(requests: list[SessionRequest], order: list[int], progress) -> Iterator[str]:
+    for n, i in enumerate(order, 1):
+        yield requests[i].to_json_line()
+        if progress is not None and n % PROGRESS_EVERY == 0:
+            progress("write", n, len(order))
 
 
 def _expand(sources: list[Path], glob: str) -> list[Path]:

@@ -1,0 +1,134 @@
+"""Issue 42 item 2: long commands say where they are, on stderr only (tierdiag/cli/progress.py).
+Piped: a line every TIERDIAG_PROGRESS_EVERY_S seconds (what, done/total, elapsed); stdout's data
+is the same with or without them. On an 80-column terminal: a bar with done/total and the time
+left that fits the line."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from tests.cli.cli_helpers import REPLAY_ARGS, on_tty, write_late_trace
+from tests.support.cli import cli_env, run
+from tierdiag.cli import progress as prog
+from tierdiag.errors import ConfigError
+
+SAMPLES = prog.__file__.rsplit("/cli/", 1)[0] + "/trace/samples"
+OFTEN = "0.01"
+LINE = re.compile(r"^tierdiag: (?P<what>[a-z: ]+): (?P<done>[\d,]+)(/(?P<total>[\d,]+))? ?[^,]*, "
+                  r"(?P<elapsed>\d+[smh][\dms]*) elapsed")
+
+
+def _lines(stderr: str, what: str) -> list[re.Match]:
+    found = [LINE.match(x) for x in stderr.splitlines()]
+    return [m for m in found if m and m["what"].startswith(what)]
+
+
+def test_a_piped_replay_says_where_it_is_on_stderr_only(tmp_path):
+    trace = write_late_trace(tmp_path / "t.jsonl", num_requests=3000)
+    with_lines = run("replay", trace, "--db", tmp_path / "a.duckdb", *REPLAY_ARGS, "--json",
+                     env=cli_env(TIERDIAG_PROGRESS_EVERY_S=OFTEN))
+    assert with_lines.returncode == 0, with_lines.stderr
+    lines = _lines(with_lines.stderr, "replay")
+    assert lines, with_lines.stderr
+    assert all(m["total"] == "3,000" for m in lines)  # done/total: the trace's line count
+    done = [int(m["done"].replace(",", "")) for m in lines]
+    assert done == sorted(done) and done[-1] <= 3000
+    assert "tierdiag: replay:" not in with_lines.stdout
+    without = run("replay", trace, "--db", tmp_path / "b.duckdb", *REPLAY_ARGS, "--json")
+    assert without.returncode == 0 and "tierdiag: replay:" not in without.stderr
+    a, b = json.loads(with_lines.stdout), json.loads(without.stdout)
+    for volatile in ("run_id", "db_path", "wall_s", "wall_phases", "writer", "storage_dir"):
+        a.pop(volatile, None), b.pop(volatile, None)
+    assert a == b  # the data is the same with progress lines on stderr
+
+
+def test_a_piped_convert_report_and_sweep_say_where_they_are(tmp_path):
+    env = cli_env(TIERDIAG_PROGRESS_EVERY_S=OFTEN)
+    quiet = cli_env()
+    out_a, out_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a = run("convert", "kv-cache-tester", f"{SAMPLES}/kv-cache-tester", "-o", out_a, env=env)
+    b = run("convert", "kv-cache-tester", f"{SAMPLES}/kv-cache-tester", "-o", out_b, env=quiet)
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    assert a.stdout.replace(str(out_a), "OUT") == b.stdout.replace(str(out_b), "OUT")
+    assert out_a.read_bytes() == out_b.read_bytes()
+    db = tmp_path / "r.duckdb"
+    trace = write_late_trace(tmp_path / "t.jsonl", num_requests=400)
+    assert run("replay", trace, "--db", db, *REPLAY_ARGS, env=quiet).returncode == 0
+    r = run("report", "--db", db, "-o", tmp_path / "r.html", env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(tmp_path / "r.html")  # stdout: the path, nothing else
+    steps = _lines(r.stderr, "report")
+    assert steps and all(m["total"] for m in steps), r.stderr
+    s = run("sweep", trace, "--db", db, "--set", "host_tokens=20480,40960", "--set", "model=tiny", "--set", "gpu=cpu",
+            "--set", "device_tokens=12288", "--jobs", "1", env=env)
+    assert s.returncode == 0, s.stderr
+    assert all(m["total"] == "2" for m in _lines(s.stderr, "sweep")) and _lines(s.stderr, "sweep"), s.stderr
+    assert "tierdiag: sweep:" not in s.stdout
+
+
+def test_lines_off_with_zero(tmp_path):
+    trace = write_late_trace(tmp_path / "t.jsonl", num_requests=600)
+    r = run("replay", trace, "--db", tmp_path / "r.duckdb", *REPLAY_ARGS, env=cli_env(TIERDIAG_PROGRESS_EVERY_S="0"))
+    assert r.returncode == 0 and not _lines(r.stderr, "replay"), r.stderr
+
+
+@pytest.mark.parametrize("bad", ["-1", "abc", "nan", "inf", "1e9", "0x10"])
+def test_a_bad_interval_is_one_line_exit_2(tmp_path, bad):
+    from tests.support.cli import one_line_error
+
+    trace = write_late_trace(tmp_path / "t.jsonl", num_requests=20)
+    r = run("replay", trace, "--db", tmp_path / "r.duckdb", *REPLAY_ARGS, env=cli_env(TIERDIAG_PROGRESS_EVERY_S=bad))
+    one_line_error(r.returncode, r.stderr, 2, "TIERDIAG_PROGRESS_EVERY_S")
+
+
+@settings(max_examples=60, deadline=None)
+@given(raw=st.one_of(st.text(max_size=30), st.floats(allow_nan=True, allow_infinity=True).map(repr),
+                     st.integers(-10**6, 10**6).map(str)))
+def test_every_s_takes_seconds_or_refuses(raw):
+    if "\x00" in raw or any(0xD800 <= ord(c) <= 0xDFFF for c in raw):
+        return  # not a value an environment can hold
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(prog.ENV, raw)
+        try:
+            value = prog.every_s()
+        except ConfigError as exc:
+            value = exc
+    if isinstance(value, ConfigError):
+        exc = value
+        assert prog.ENV in str(exc) and "\n" not in str(exc).strip("\n")
+        return
+    assert 0 <= value <= prog.MAX_EVERY_S
+    if raw.strip():
+        assert value == float(raw)
+    else:
+        assert value == prog.DEFAULT_EVERY_S
+
+
+@settings(max_examples=60, deadline=None)
+@given(done=st.integers(0, 10**9), extra=st.one_of(st.none(), st.integers(0, 10**9)),
+       elapsed=st.floats(0, 10**6), what=st.sampled_from(["replay", "convert: reading", "sweep"]))
+def test_progress_line_names_what_done_total_elapsed(done, extra, elapsed, what):
+    total = None if extra is None else done + extra
+    line = prog.progress_line(what, done, total, "requests", elapsed)
+    m = LINE.match(line)
+    assert m and m["what"] == what and int(m["done"].replace(",", "")) == done
+    assert (m["total"] is None) == (total is None)
+    assert "\n" not in line
+
+
+def test_the_bar_fits_80_columns_with_done_total_and_eta(tmp_path):
+    trace = write_late_trace(tmp_path / "t.jsonl", num_requests=3000)
+    code, shown = on_tty("replay", trace, "--db", tmp_path / "r.duckdb", *REPLAY_ARGS, columns=80)
+    assert code == 0, shown[-2000:]
+    frames = {re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", f) for f in re.split(r"[\r\n]", shown)}
+    bars = [f for f in frames if "/3,000 requests" in f]
+    assert bars, shown[:2000]
+    assert all(len(f.rstrip()) <= 80 and "ETA" in f and "…" not in f for f in bars), bars
+
+
+def test_fmt_duration_reads_short():
+    assert [prog.fmt_duration(s) for s in (0, 42, 187, 3720)] == ["0s", "42s", "3m07s", "1h02m"]

@@ -1,0 +1,159 @@
+"""Where a long command is (replay, convert, report, advise, sweep): one display for all, on stderr only.
+
+- On a terminal: a Rich bar, `what`, the bar, done/total, the time left and elapsed, and what the
+  command adds (`info`) only where it fits: the whole line fits 80 columns.
+- Not on a terminal (a log, a pipe): one line every TIERDIAG_PROGRESS_EVERY_S seconds (default 10;
+  0: none), `tierdiag: replay: 26,880/43,012 requests, 1m02s elapsed, about 38s left`, from a
+  background thread, so a step that calls back rarely (a sweep's runs, a report's figures) still
+  shows the command is alive. A command that ends within the interval prints no line.
+
+stdout is never written: the data stays what it is without progress.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from tierdiag.errors import ConfigError
+
+ENV = "TIERDIAG_PROGRESS_EVERY_S"
+DEFAULT_EVERY_S = 10.0
+MAX_EVERY_S = 86_400.0
+NARROW = 80  # the bar's line fits this many columns without `info`
+
+
+def every_s() -> float:
+    """TIERDIAG_PROGRESS_EVERY_S: seconds between piped progress lines (0: none). Bad value: exit 2."""
+    raw = os.environ.get(ENV)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_EVERY_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= MAX_EVERY_S:  # NaN fails too
+        raise ConfigError(f"{ENV}={raw[:40]!r} must be a number of seconds from 0 to {MAX_EVERY_S:g}")
+    return value
+
+
+def fmt_duration(seconds: float) -> str:
+    """'42s', '3m07s', '1h02m': short, for a progress line."""
+    s = max(int(seconds + 0.5), 0)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def progress_line(what: str, done: int, total: int | None, unit: str, elapsed_s: float) -> str:
+    """The piped line: what, done/total, elapsed, and the time left once there is a rate."""
+    count = f"{done:,}/{total:,}" if total is not None else f"{done:,}"
+    line = f"tierdiag: {what}: {count}{' ' + unit if unit else ''}, {fmt_duration(elapsed_s)} elapsed"
+    if total is not None and 0 < done < total and elapsed_s > 0:
+        line += f", about {fmt_duration(elapsed_s * (total - done) / done)} left"
+    return line
+
+
+class Progress:
+    """`with Progress("replay", total, "requests") as p: ... p.update(done, info=...)`.
+
+    `show=False` (e.g. `--json` on a terminal): the bar is not drawn; piped lines still are, on
+    stderr. `total` None: counts without a total (and no time left)."""
+
+    def __init__(self, what: str, total: int | None = None, unit: str = "", *, show_bar: bool = True):
+        from tierdiag.cli.common import err
+
+        self.what, self.total, self.unit = what, total, unit
+        self.done = 0
+        self._info = ""
+        self._console = err
+        self._terminal = bool(err.is_terminal)
+        self._bar = None
+        self._task = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._show_bar = show_bar and self._terminal
+        self._every = 0.0 if self._terminal else every_s()
+
+    # --- the two displays ------------------------------------------------------------------
+    def start(self) -> "Progress":
+        self._t0 = time.monotonic()
+        if self._show_bar:
+            from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self._bar = Bar(TextColumn("{task.fields[what]}", style="bold", markup=False), BarColumn(bar_width=20),
+                            TextColumn("{task.fields[count]}", markup=False), TextColumn("ETA", style="dim"),
+                            TimeRemainingColumn(), TimeElapsedColumn(), TextColumn("{task.fields[info]}", markup=False),
+                            console=self._console, transient=True)
+            self._task = self._bar.add_task(self.what, total=self.total, what=self.what, count=self._count(), info="")
+            self._bar.start()
+        elif self._every > 0:
+            self._thread = threading.Thread(target=self._tick, name=f"tierdiag-progress-{self.what}", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=2)
+            self._thread = None
+
+    def __enter__(self) -> "Progress":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def _count(self) -> str:
+        count = f"{self.done:,}/{self.total:,}" if self.total is not None else f"{self.done:,}"
+        return f"{count} {self.unit}".rstrip()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self._every):
+            line = progress_line(self.what, self.done, self.total, self.unit, time.monotonic() - self._t0)
+            # stderr, one whole line at a time; data, never markup
+            self._console.print(line + (f" ({self._info})" if self._info else ""), markup=False, highlight=False,
+                                soft_wrap=True)
+
+    # --- the command's side ----------------------------------------------------------------
+    def update(self, done: int, *, total: int | None = None, info: str = "", what: str | None = None) -> None:
+        """`done` of `total` (None: unchanged); `info`: shown on a terminal where it fits, piped in
+        brackets; `what`: a new name for the step (e.g. "convert: writing")."""
+        if what is not None:
+            self.what = what
+        self.done = done
+        if total is not None:
+            self.total = total
+        self._info = info
+        if self._bar is not None:
+            fixed = len(self.what) + 1 + 20 + 1 + len(self._count()) + 1 + 3 + 1 + 7 + 1 + 7 + 1
+            room = self._console.width - fixed
+            self._bar.update(self._task, completed=done, total=self.total, what=self.what, count=self._count(),
+                             info=info if len(info) <= room else "")
+
+    def advance(self, n: int = 1, *, info: str = "") -> None:
+        self.update(self.done + n, info=info)
+
+    def print(self, text: str) -> None:
+        """A line of its own on stderr (above the bar, on a terminal)."""
+        console = self._bar.console if self._bar is not None else self._console
+        console.print(text, markup=False, highlight=False)
+
+
+@contextmanager
+def progress(what: str, total: int | None = None, unit: str = "", *, show_bar: bool = True) -> Iterator[Progress]:
+    p = Progress(what, total, unit, show_bar=show_bar)
+    p.start()
+    try:
+        yield p
+    finally:
+        p.stop()
