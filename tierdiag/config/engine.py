@@ -161,7 +161,8 @@ class EngineConfig:
         check_profile(self.profile, self.model, self.gpu)
         if self.resolved_device_tokens() < 2 * ps:
             raise _bad(("model", "gpu", "mem_fraction_static"),
-                       lambda n: f"model {self.model} does not fit on gpu {self.gpu}: no room left for the KV cache",
+                       lambda n: f"model {self.model} does not fit on gpu {self.gpu} at {n('mem_fraction_static')} "
+                       f"{self.mem_fraction_static}: no room left for the KV cache",
                        lambda n: f"pass {n('device_tokens')}")
         # The real pools shrink to fit --data-plane-mib: row width first, then layers, down to
         # one 8-byte word a page (dataplane.plan_data_plane). Pools with more pages than even that
