@@ -235,3 +235,25 @@ def test_clock_params_are_declared_once():
     from tierdiag.config.profile import CLOCK_BOUNDS
 
     assert list(CLOCK_BOUNDS) == list(CLOCK_PARAMS) and PROFILE_FORMAT
+
+
+# --- the contract's tables are the declarations ------------------------------------------------------
+
+def _block(text: str, name: str) -> list[str]:
+    return text.split(f"<!-- {name}:begin -->\n", 1)[1].split(f"\n<!-- {name}:end -->", 1)[0].splitlines()
+
+
+def test_the_contract_tables_are_the_declarations():
+    """docs/contract.md holds the tables markdown_table writes from the declarations; if this
+    fails, paste the lines it prints there."""
+    import dataclasses
+    from pathlib import Path
+
+    from tierdiag.config.profile import CLOCK_SCHEMA
+    from tierdiag.config.schema import markdown_table
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "contract.md").read_text()
+    want = markdown_table(CONFIG_SCHEMA, default={f.name: f.default for f in dataclasses.fields(EngineConfig)})
+    assert _block(doc, "config-keys") == want, "\n".join(want)
+    want = markdown_table(CLOCK_SCHEMA, prefix="clock.", options=False)
+    assert _block(doc, "clock-keys") == want, "\n".join(want)

@@ -18,8 +18,7 @@ from tierdiag.errors import ConfigError, ConfigFileError
 from tierdiag.config.policies import EVICTION_POLICIES as _EVICTION_REGISTRY
 from tierdiag.config.presets import GPUS, MODELS, gpu_preset, model_preset
 from tierdiag.config.profile import check_profile, profile_defaults
-from tierdiag.config.router import (CACHE_MISS_NAMES, MAX_DP, MAX_EVICTION_INTERVAL_S, MAX_RATIO, ROUTER_NAMES,
-                                    register_router_schema)
+from tierdiag.config.router import KEYS as ROUTER_KEYS
 from tierdiag.config.schema import (INT64_MAX, Choice, Flag, Float, Int, KeyedConfigError, Namer, Schema, Text,
                                     check_values, key_name, option_name, register_options, show)
 
@@ -97,7 +96,7 @@ class EngineConfig:
     profile: Text() | None = None  # `tierdiag calibrate` profile: JSON (link) or TOML (--from: the whole clock)
     # multiply trace inter-arrival times (2.0 = half the request rate)
     time_scale: Float(MIN_TIME_SCALE, MAX_TIME_SCALE) = 1.0
-    seed: Int(0) = 0
+    seed: ROUTER_KEYS["seed"] = 0  # recorded; the random routers draw with it
     verify: Choice(VERIFY_MODES) = "sample"  # byte-for-byte check of load-backs: all | sample | off
     data_plane_mib: Int(1, MAX_DATA_PLANE_MIB) = 64  # memory for the real device+host pools; width shrinks to fit
     mem_fraction_static: Float(0.0, 1.0, lo_open=True, cli=False) = 0.88
@@ -111,17 +110,18 @@ class EngineConfig:
     tlru_next_prompt_estimate: Int(0) | None = None
     # Data-parallel ranks behind one router (engine/deployment.py; docs/contract.md "Deployments").
     # The router keys are engine/routing/config.py RouterConfig's fields, its defaults the SGLang
-    # model gateway's command line; config/router.py says why their bounds are what they are.
-    dp: Int(1, MAX_DP) = 1
-    router: Choice(ROUTER_NAMES) = "round_robin"
-    router_cache_threshold: Float(0.0, 1.0, cli=False) = 0.3
-    router_balance_abs_threshold: Int(0, cli=False) = 64
-    router_balance_rel_threshold: Float(0.0, MAX_RATIO, lo_open=True, cli=False) = 1.5
-    router_eviction_interval_s: Float(0.0, MAX_EVICTION_INTERVAL_S, cli=False) = 60.0
-    router_max_tree_tokens: Int(1, cli=False) = 2**26
-    router_cache_miss: Choice(CACHE_MISS_NAMES, cli=False, noun="rule") = "smallest_tree"
-    router_prefix_hash_tokens: Int(1, cli=False) = 256
-    router_prefix_hash_load_factor: Float(0.0, MAX_RATIO, lo_open=True, cli=False) = 1.25
+    # model gateway's command line; declared in config/router.py (KEYS), which says why their
+    # bounds are what they are.
+    dp: ROUTER_KEYS["dp"] = 1
+    router: ROUTER_KEYS["router"] = "round_robin"
+    router_cache_threshold: ROUTER_KEYS["router_cache_threshold"] = 0.3
+    router_balance_abs_threshold: ROUTER_KEYS["router_balance_abs_threshold"] = 64
+    router_balance_rel_threshold: ROUTER_KEYS["router_balance_rel_threshold"] = 1.5
+    router_eviction_interval_s: ROUTER_KEYS["router_eviction_interval_s"] = 60.0
+    router_max_tree_tokens: ROUTER_KEYS["router_max_tree_tokens"] = 2**26
+    router_cache_miss: ROUTER_KEYS["router_cache_miss"] = "smallest_tree"
+    router_prefix_hash_tokens: ROUTER_KEYS["router_prefix_hash_tokens"] = 256
+    router_prefix_hash_load_factor: ROUTER_KEYS["router_prefix_hash_load_factor"] = 1.25
 
     def __post_init__(self) -> None:
         check_values(CONFIG_SCHEMA, {f.name: getattr(self, f.name) for f in fields(self)})
@@ -285,7 +285,6 @@ CONFIG_KEYS = tuple(f.name for f in fields(EngineConfig))
 # against it (check_values), before EngineConfig's own checks of how keys relate.
 CONFIG_SCHEMA = Schema.of_class(EngineConfig)
 register_options(CONFIG_SCHEMA)
-register_router_schema(CONFIG_SCHEMA)
 
 
 def load_config(path: str | Path | None, overrides: Mapping[str, Any],

@@ -55,21 +55,22 @@ CLOCK_PARAMS: dict[str, tuple[str, str]] = {
 # (tests/reliability/test_config_boundary.py).
 _NS = 1e12  # one batch's floor or overhead, a decode step, a transfer's overhead: 1,000 s
 CLOCK_BOUNDS: dict[str, Any] = {
-    "prefill_ns_per_token": Float(0.0, 1e9, what="time in ns"),
-    "prefill_ns_per_token_pair": Float(0.0, 2650.0, what="time in ns"),
-    "prefill_floor_ns": Float(0.0, _NS, what="time in ns"),
-    "batch_overhead_ns": Float(0.0, _NS, what="time in ns"),
-    "decode_step_ns": Float(0.0, _NS, what="time in ns"),
-    "decode_ns_per_context_token": Float(0.0, 1e6, what="time in ns"),
-    "h2d_bytes_per_s": Float(1e6, 1e15, what="bandwidth in bytes/s"),
-    "transfer_overhead_ns": Float(0.0, _NS, what="time in ns"),
-    "d2h_bytes_per_s": Float(1e6, 1e15, what="bandwidth in bytes/s"),
+    "prefill_ns_per_token": Float(0.0, 1e9, what="time in ns", cli=False),
+    "prefill_ns_per_token_pair": Float(0.0, 2650.0, what="time in ns", cli=False),
+    "prefill_floor_ns": Float(0.0, _NS, what="time in ns", cli=False),
+    "batch_overhead_ns": Float(0.0, _NS, what="time in ns", cli=False),
+    "decode_step_ns": Float(0.0, _NS, what="time in ns", cli=False),
+    "decode_ns_per_context_token": Float(0.0, 1e6, what="time in ns", cli=False),
+    "h2d_bytes_per_s": Float(1e6, 1e15, what="bandwidth in bytes/s", cli=False),
+    "transfer_overhead_ns": Float(0.0, _NS, what="time in ns", cli=False),
+    "d2h_bytes_per_s": Float(1e6, 1e15, what="bandwidth in bytes/s", cli=False),
 }
 assert list(CLOCK_BOUNDS) == list(CLOCK_PARAMS)
 # A fitted profile's [clock] table: every parameter, nothing else.
 CLOCK_SCHEMA = Schema("FittedClock", CLOCK_BOUNDS)
 # A fitted profile's presets.
-PRESETS_SCHEMA = Schema("ProfilePresets", {"model": Choice(MODELS, noun="preset"), "gpu": Choice(GPUS, noun="preset")})
+PRESETS_SCHEMA = Schema("ProfilePresets", {"model": Choice(MODELS, noun="preset", cli=False),
+                                            "gpu": Choice(GPUS, noun="preset", cli=False)})
 # The link numbers a copy-kernel profile (JSON, `tierdiag calibrate`) sets; its other keys are
 # what calibrate measured beside them, not read.
 _JSON_KEYS = ("h2d_bytes_per_s", "d2h_bytes_per_s", "transfer_overhead_ns")

@@ -269,3 +269,20 @@ def check_values(schema: Schema, values: Mapping[str, Any], name: Namer = option
         key, value = bad
         spec = schema.fields[key]
         raise KeyedConfigError((key,), lambda n: spec.problem(n(key), value), name=name)
+
+
+def markdown_table(schema: Schema, *, default: Mapping[str, Any] | None = None, prefix: str = "",
+                   options: bool = True) -> list[str]:
+    """The declared fields as a Markdown table (docs/contract.md holds it; a test keeps it equal).
+    A preset name is said as such: the registries grow (config/presets.py), the table need not."""
+    head = ["key", "option", "type and range", "default"] if options else ["key", "type and range"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for key, f in schema.fields.items():
+        expected = f"a {key} preset's name" if f.noun == "preset" else f.expected()
+        cells = [f"`{prefix}{key}`", expected + (" or unset" if f.optional else "")]
+        if options:
+            value = (default or {}).get(key)
+            cells[1:1] = ["`" + f.option + "`" if f.option else "(config key only)"]
+            cells.append("unset" if value is None else f"`{value!r}`".replace("'", '"'))
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
