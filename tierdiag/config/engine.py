@@ -124,6 +124,10 @@ class EngineConfig:
     router_prefix_hash_load_factor: ROUTER_KEYS["router_prefix_hash_load_factor"] = 1.25
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # a number computed with numpy (a proposal's size) is that number
+            value = getattr(self, f.name)
+            if type(value).__module__ == "numpy" and hasattr(value, "item"):
+                object.__setattr__(self, f.name, value.item())
         check_values(CONFIG_SCHEMA, {f.name: getattr(self, f.name) for f in fields(self)})
         self._check_release()
         self._check_tlru()
