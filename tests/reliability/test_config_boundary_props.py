@@ -21,7 +21,7 @@ import sys
 
 import pytest
 import tomli_w
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, example, given, settings, strategies as st
 
 from harness import SMALL, good_lines, tierdiag, write_trace
 from tierdiag.config.engine import CONFIG_KEYS, CONFIG_SCHEMA, load_config
@@ -108,6 +108,8 @@ def _write_toml(path, table: dict) -> None:
 
 @SETTINGS
 @given(key=st.sampled_from(CONFIG_KEYS), value=HOSTILE)
+@example(key="router_cache_threshold", value=10**400)  # found here: math.isfinite raised OverflowError
+@example(key="mem_fraction_static", value=math.nan)  # issue 39, item 15
 def test_every_config_key_takes_or_names_file_and_key(store, key, value):
     """In the boundary itself: a value is taken as written, or refused (exit 3) naming the file
     and the key, in one line."""
@@ -219,6 +221,8 @@ def _profile_taken_or_named(p, key, value) -> bool:
 
 @SETTINGS
 @given(place=st.sampled_from(PROFILE_KEYS), value=HOSTILE)
+@example(place=("clock", "prefill_ns_per_token"), value=10**400)
+@example(place=(None, "model"), value=["llama3-8b"])  # issue 39, item 20
 def test_every_fitted_profile_key_takes_or_names_the_profile_and_key(store, place, value):
     where, key = place
     _profile_taken_or_named(_fitted(store[2], where, key, value), key, value)
@@ -226,6 +230,7 @@ def test_every_fitted_profile_key_takes_or_names_the_profile_and_key(store, plac
 
 @SETTINGS
 @given(key=st.sampled_from(["h2d_bytes_per_s", "d2h_bytes_per_s", "transfer_overhead_ns"]), value=HOSTILE)
+@example(key="h2d_bytes_per_s", value=0)  # issue 39, item 6
 def test_every_copy_kernel_profile_key_takes_or_names_the_profile_and_key(store, key, value):
     _profile_taken_or_named(_copy_kernels(store[2], key, value), key, value)
 

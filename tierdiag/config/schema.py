@@ -130,7 +130,7 @@ class FieldSpec:
             if self.hi == INT64_MAX and self.what is None:
                 return f"{name} {shown} must be at least {self.lo:,}"
             return f"{name} {shown} must be {self.expected()}"
-        if not math.isfinite(value):
+        if not _finite(value):
             return f"{name} {shown} must be a finite {self.what or 'number'} in {self.interval()}"
         return f"{name} {shown} must be {'a ' + self.what + ' ' if self.what else ''}in {self.interval()}"
 
@@ -141,6 +141,14 @@ def _right_type(spec: FieldSpec, value: Any) -> bool:
     if spec.kind is float:
         return isinstance(value, (int, float))
     return isinstance(value, spec.kind)
+
+
+def _finite(value: int | float) -> bool:
+    """False for NaN, the infinities and an integer past every float (10**400)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _type_word(value: Any) -> str:
