@@ -107,7 +107,7 @@ def test_the_fits_model_is_the_cost_models(layerwise):
 @pytest.mark.parametrize("text, message", [
     ('format = "other/1"\n', "not a calibrate profile (format 'other/1'"),
     ('format = "{f}"\nmodel = "tiny"\ngpu = "cpu"\n', "no [clock] table"),
-    ('format = "{f}"\nmodel = "tiny"\ngpu = "cpu"\n[clock]\nprefill_ns_per_token = 1.0\n', "clock.prefill_ns_per_token_pair must be"),
+    ('format = "{f}"\nmodel = "tiny"\ngpu = "cpu"\n[clock]\nprefill_ns_per_token = 1.0\n', "no clock.prefill_ns_per_token_pair (it must be"),
     ("not = [toml", "neither JSON nor TOML"),
 ])
 def test_bad_profiles_are_refused_with_the_reason(tmp_path, text, message):
@@ -118,8 +118,8 @@ def test_bad_profiles_are_refused_with_the_reason(tmp_path, text, message):
 
 
 def test_bad_clock_values_and_presets(tmp_path):
-    for over, message in (({"h2d_bytes_per_s": 0.0}, "a bandwidth above 0"),
-                          ({"batch_overhead_ns": -1.0}, "must be a finite number >= 0")):
+    for over, message in (({"h2d_bytes_per_s": 0.0}, r"clock.h2d_bytes_per_s 0.0 must be a bandwidth in bytes/s in \[1e\+06"),
+                          ({"batch_overhead_ns": -1.0}, r"clock.batch_overhead_ns -1.0 must be a time in ns in \[0, ")):
         path = write_profile(tmp_path / "p.toml", model="tiny", gpu="cpu", clock=_clock(**over), fit={})
         with pytest.raises(ConfigError, match=message):
             load_profile(path)
@@ -142,5 +142,5 @@ def test_copy_kernel_json_profiles_still_set_the_link_only(tmp_path):
     assert cost.clock is None and cost.prefill_alone_ns(500, 100) == plain.prefill_alone_ns(500, 100)
     assert cfg.to_json()["profile_source"]["kind"] == "copy_kernels"
     p.write_text("{}")
-    with pytest.raises(ConfigError, match="is not a calibrate profile"):
+    with pytest.raises(ConfigError, match="profile.json: no h2d_bytes_per_s"):
         EngineConfig(profile=str(p), **pools)

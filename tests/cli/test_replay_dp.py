@@ -66,8 +66,9 @@ def test_bad_options_exit_2_with_one_line(tmp_path, args, words):
 
 
 @pytest.mark.parametrize("text, words", [
-    ("dp = 0\n", "--dp 0"), ("router_cache_threshold = 1.5\n", "router_cache_threshold 1.5 must be in [0, 1]"),
-    ('router = "x"\n', "unknown --router 'x'"), ('router_cache_threshold = "high"\n', "router_cache_threshold must be"),
+    ("dp = 0\n", ": dp 0 must be an integer from 1 to 256"),
+    ("router_cache_threshold = 1.5\n", "router_cache_threshold 1.5 must be in [0, 1]"),
+    ('router = "x"\n', "unknown router 'x'"), ('router_cache_threshold = "high"\n', "router_cache_threshold 'high' must be"),
 ])
 def test_bad_deployment_keys_in_a_config_file_exit_3(tmp_path, text, words):
     cfg = tmp_path / "c.toml"

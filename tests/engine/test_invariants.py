@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.engine.helpers import PS, Collect, numbered, small_config
-from tierdiag.config.engine import EVICTION_POLICIES, SGLANG_RULES
+from tierdiag.config.engine import RELEASE_OFFERS, SGLANG_RULES
 from tierdiag.engine.engine import Engine
 from tierdiag.trace.reader import TraceRequest
 
@@ -55,19 +55,20 @@ def workloads(draw):
 def configs(draw):
     storage = draw(st.sampled_from([0, 0, 48 * PS]))
     device = draw(st.integers(4, 40))
+    rules = draw(st.sampled_from(SGLANG_RULES))
     return small_config(
         device_tokens=device * PS,
         host_tokens=draw(st.integers(device, 80)) * PS,  # HiCache: host >= device
         storage_tokens=storage,
         write_policy=draw(st.sampled_from(["write_through", "write_through_selective", "write_back"])),
-        eviction_policy=draw(st.sampled_from(EVICTION_POLICIES)),
+        eviction_policy=draw(st.sampled_from(RELEASE_OFFERS[rules]["eviction_policy"])),  # what the release has
         prefetch_policy=draw(st.sampled_from(["best_effort", "wait_complete", "timeout"])),
         prefetch_threshold=draw(st.sampled_from([0, PS, 4 * PS])),
         load_back_threshold=draw(st.sampled_from([0, 10, 2 * PS, 10 * PS])),
         max_prefill_tokens=draw(st.integers(1, 16)) * PS,
         layerwise_overlap=draw(st.booleans()),
         schedule_policy=draw(st.sampled_from(["fcfs", "lpm"])),
-        sglang_rules=draw(st.sampled_from(SGLANG_RULES)),
+        sglang_rules=rules,
     )
 
 

@@ -64,8 +64,10 @@ def test_defaults_are_the_gateways_command_line():
     ("router_cache_threshold", float("nan"), "must be a finite number"),
     ("router_balance_abs_threshold", -1, "router_balance_abs_threshold -1 must be at least 0"),
     ("router_balance_abs_threshold", 6.5, "must be an integer"),
-    ("router_balance_rel_threshold", 0.0, r"router_balance_rel_threshold 0.0 must be in \(0, inf\)"),
+    ("router_balance_rel_threshold", 0.0, r"router_balance_rel_threshold 0.0 must be in \(0, 1e\+06\]"),
     ("router_eviction_interval_s", -1.0, "must be in"),
+    # issue 39, item 12: accepted, then the replay crashed turning it into ns
+    ("router_eviction_interval_s", 1e300, r"router_eviction_interval_s 1e\+300 must be in \[0, 1e\+09\]"),
     ("router_max_tree_tokens", 0, "must be at least 1"),
     ("router_prefix_hash_tokens", 0, "must be at least 1"),
     ("router_prefix_hash_load_factor", -2.0, "must be in"),

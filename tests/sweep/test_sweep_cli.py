@@ -64,7 +64,7 @@ def test_compare_requests_between_two_runs_of_the_sweep(swept):
     (("--set", "host_tokens=lots"), ("host_tokens value 'lots' must be a whole number",)),
     (("--set", "host_tokens="), ("no values for host_tokens",)),
     (("--set", "host_tokens=1M", "--set", "host_tokens=2M"), ("given twice",)),
-    (("--set", "write_policy=write_back,wb"), ("unknown --write-policy 'wb'",)),
+    (("--set", "write_policy=write_back,wb"), ("unknown write_policy 'wb'",)),
     (("--set", "host_tokens=1M", "--jobs", "0"), ("--jobs 0",)),
 ])
 def test_bad_set_fails_before_any_replay(tmp_path, trace, sets, fragments):

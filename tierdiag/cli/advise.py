@@ -57,13 +57,6 @@ def advise(
 
 
 def _bytes(text: str) -> int:
-    from tierdiag.errors import ConfigError
-    from tierdiag.config.sweep_spec import parse_size
+    from tierdiag.config.sweep_spec import size_option
 
-    try:
-        value = parse_size(text)
-    except ValueError:
-        raise ConfigError(f"--host-memory {text!r} is not a size in bytes (e.g. 512G, 2T)") from None
-    if value < 1:
-        raise ConfigError(f"--host-memory {text!r} must be at least 1 byte")
-    return value
+    return size_option("--host-memory", text)  # bytes: 1 to 2^63 - 1

@@ -145,7 +145,8 @@ def replay(
         "layerwise_overlap": overlap, "timing": timing, "profile": str(profile) if profile else None,
         "time_scale": time_scale, "arrivals": arrivals, "max_context_tokens": max_context, "seed": seed, "verify": verify, "data_plane_mib": data_plane_mib,
         "sglang_rules": sglang, "dp": dp, "router": router,
-    }, defaults={"dp": ranks} if ranks else None)
+    }, defaults={"dp": ranks} if ranks else None,
+        defaults_origin=f"the imported run whose --trace-out this trace is (its export named {ranks} ranks)")
     if not no_probes:  # the store is not one of the files this replay reads (tierdiag/paths.py)
         from tierdiag.paths import check_output
 

@@ -1,42 +1,43 @@
 """One frozen, validated configuration for a replay. A TOML file or CLI options fill it.
 
-Validation happens before any work: every error names the option and what would be valid.
+Validation happens before any work: each field is declared once below with its type and bounds
+(config/schema.py checks them with msgspec), then __post_init__ checks how fields relate. Every
+error names the option, or the --config file and key, and what would be valid.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
 import os
 import tomllib
-import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from tierdiag.errors import ConfigError, ConfigFileError, unknown_name
+from tierdiag.errors import ConfigError, ConfigFileError
 from tierdiag.config.policies import EVICTION_POLICIES as _EVICTION_REGISTRY
 from tierdiag.config.presets import GPUS, MODELS, gpu_preset, model_preset
 from tierdiag.config.profile import check_profile, profile_defaults
 from tierdiag.config.releases import RELEASES, check_switched_back, rule_release
-from tierdiag.config.router import check_router_keys
+from tierdiag.config.router import KEYS as ROUTER_KEYS
+from tierdiag.config.schema import (INT64_MAX, Choice, Flag, Float, Int, KeyedConfigError, Namer, Schema, Text,
+                                    check_values, key_name, option_name, register_options, show)
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 EVICTION_POLICIES = tuple(_EVICTION_REGISTRY)
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 SCHEDULE_POLICIES = ("fcfs", "lpm", "hrrn", "shortest-prefill-first")
-# The SGLang releases that have each queue policy (engine/queue_policy.py's registry says the
-# same, checked at its import): a policy its release lacks is refused here, before a run exists.
-SCHEDULE_POLICY_RELEASES = {"fcfs": ("0.5.9", "0.5.23"), "lpm": ("0.5.9", "0.5.23"),
-                            "hrrn": ("0.5.23",), "shortest-prefill-first": ("0.5.23",)}
 # Host pools past this are a what-if (large servers carry 1-2 TiB): warned, not refused.
 HOST_MEMORY_SANE_BYTES = 2 << 40
 NARROWEST_PAGE_BYTES = 8  # one int64 a page: the least the data plane can verify
 TIMINGS = ("modelled", "measured")
 # Every integer option is stored and computed with as int64 (DuckDB BIGINT, numpy): one past it
-# is refused here, whether it came from an option, `--set` or a --config file.
-INT64_MAX = 2**63 - 1
+# is refused (schema.INT64_MAX), whether it came from an option, `--set` or a --config file.
+# Lengths in tokens of one page or one hash block: at most the longest request (trace.reader's
+# MAX_LENGTH_TOKENS, 2^24).
+MAX_PAGE_TOKENS = 2**24
+# The real pools' budget, in MiB (a PiB): the machine's memory refuses far less.
+MAX_DATA_PLANE_MIB = 2**30
 # Bounds on --time-scale: arrivals are int64 ns after scaling (the trace reader bounds them
 # before), and a factor past these is a typo, not a workload. Checked with the rest of the
 # config, so a sweep refuses `--set time_scale=1e30,1` before its first replay.
@@ -55,167 +56,175 @@ assert SGLANG_RULES == RELEASES, "config.releases.RELEASES names the rule sets, 
 SGLANG_PREFETCH_POLICY = {"0.5.23": "timeout", "0.5.9": "best_effort"}
 # Each release's host pool layout (`hicache_mem_layout` default; engine/rules.py asserts the same).
 SGLANG_HOST_LAYOUT = {"0.5.23": "page_first", "0.5.9": "layer_first"}
+# What each release offers of the options that name something (one check per release for every
+# option: a name its release lacks is refused before a run exists, exit 2, or 3 from --config).
+# 0.5.9: `RadixCache.__init__`'s eviction_policy switch (radix_cache.py: lru, lfu, fifo, mru,
+# filo, priority; slru and tlru came later, 0.5.23's `get_eviction_strategy`), and its queue
+# policies fcfs and lpm (`SchedulePolicy`; hrrn and shortest-prefill-first are 0.5.23's).
+# Write and prefetch policies and the routers are the same in both. engine/queue_policy.py's
+# registry is checked against SCHEDULE_POLICY_RELEASES at its import.
+RELEASE_OFFERS: dict[str, dict[str, tuple[str, ...]]] = {
+    "0.5.23": {"eviction_policy": EVICTION_POLICIES, "schedule_policy": SCHEDULE_POLICIES},
+    "0.5.9": {"eviction_policy": ("lru", "lfu", "fifo", "mru", "filo", "priority"),
+              "schedule_policy": ("fcfs", "lpm")},
+}
+# The releases that have each queue policy, oldest first.
+SCHEDULE_POLICY_RELEASES = {p: tuple(r for r in reversed(SGLANG_RULES) if p in RELEASE_OFFERS[r]["schedule_policy"])
+                            for p in SCHEDULE_POLICIES}
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = "llama3-8b"
-    gpu: str = "h200"
+    # Each field: its type and bounds, declared once (config/schema.py). The option that sets it
+    # is `--` + the key with dashes unless named; `cli=False`: a config key only.
+    model: Choice(MODELS, noun="preset") = "llama3-8b"
+    gpu: Choice(GPUS, noun="preset") = "h200"
     # None: derived from the presets (device: what is left of GPU memory after weights at a
     # 0.88 static fraction, like SGLang's mem_fraction_static; host: 2x device, HiCache's ratio).
-    device_tokens: int | None = None
-    host_tokens: int | None = None
-    storage_tokens: int = 0  # 0 = no storage tier
-    page_size: int = 64
-    block_size: int = 512  # tokens per hash id in Mooncake traces
-    write_policy: str = "write_through"
-    eviction_policy: str = "lru"
-    load_back_threshold: int = 10
-    prefetch_policy: str | None = None  # None: the release's default (SGLANG_PREFETCH_POLICY)
-    schedule_policy: str = "fcfs"  # fcfs | lpm | hrrn | shortest-prefill-first (engine/queue_policy.py)
-    prefetch_threshold: int = 256
-    max_prefill_tokens: int = 16384
-    layerwise_overlap: bool = True
-    timing: str = "modelled"
-    profile: str | None = None  # `tierdiag calibrate` profile: JSON (link) or TOML (--from: the whole clock)
-    time_scale: float = 1.0  # multiply trace inter-arrival times (2.0 = half the request rate)
-    seed: int = 0
-    verify: str = "sample"  # byte-for-byte check of load-backs: all | sample | off
-    data_plane_mib: int = 64  # memory for the real device+host pools; width shrinks to fit
-    mem_fraction_static: float = 0.88
-    storage_dir: str | None = None  # default: a folder beside the database
-    arrivals: str | None = None  # trace | closed; None: closed where the trace has sessions
-    max_context_tokens: int | None = None  # None: the model preset's context (--max-context)
-    sglang_rules: str = SGLANG_RULES[0]  # whose rules the engine follows (engine/rules.py)
+    device_tokens: Int(1) | None = None
+    host_tokens: Int(1) | None = None
+    storage_tokens: Int(0) = 0  # 0 = no storage tier
+    page_size: Int(1, MAX_PAGE_TOKENS, what="a power of two") = 64
+    block_size: Int(1, MAX_PAGE_TOKENS) = 512  # tokens per hash id in Mooncake traces
+    write_policy: Choice(WRITE_POLICIES) = "write_through"
+    eviction_policy: Choice(EVICTION_POLICIES) = "lru"
+    load_back_threshold: Int(0) = 10
+    prefetch_policy: Choice(PREFETCH_POLICIES) | None = None  # None: the release's default (SGLANG_PREFETCH_POLICY)
+    schedule_policy: Choice(SCHEDULE_POLICIES) = "fcfs"  # engine/queue_policy.py
+    prefetch_threshold: Int(0) = 256
+    max_prefill_tokens: Int(1) = 16384
+    layerwise_overlap: Flag(option="--overlap/--no-overlap") = True
+    timing: Choice(TIMINGS) = "modelled"
+    profile: Text() | None = None  # `tierdiag calibrate` profile: JSON (link) or TOML (--from: the whole clock)
+    # multiply trace inter-arrival times (2.0 = half the request rate)
+    time_scale: Float(MIN_TIME_SCALE, MAX_TIME_SCALE) = 1.0
+    seed: ROUTER_KEYS["seed"] = 0  # recorded; the random routers draw with it
+    verify: Choice(VERIFY_MODES) = "sample"  # byte-for-byte check of load-backs: all | sample | off
+    data_plane_mib: Int(1, MAX_DATA_PLANE_MIB) = 64  # memory for the real device+host pools; width shrinks to fit
+    mem_fraction_static: Float(0.0, 1.0, lo_open=True, cli=False) = 0.88
+    storage_dir: Text() | None = None  # default: a folder beside the database
+    arrivals: Choice(ARRIVALS) | None = None  # trace | closed; None: closed where the trace has sessions
+    max_context_tokens: Int(1, option="--max-context") | None = None  # None: the model preset's context
+    sglang_rules: Choice(SGLANG_RULES, option="--sglang") = SGLANG_RULES[0]  # whose rules (engine/rules.py)
     # Rules of sglang_rules taken from the release before it (comma-separated names of
     # config/releases.py RULE_NAMES; None: none): `replay --sglang OLD,NEW` isolates each rule.
-    sglang_switched_back: str | None = None
+    sglang_switched_back: Text(cli=False) | None = None
     # tlru's settings, in tokens (SGLang's --radix-eviction-policy-config threshold and
     # next_prompt_estimate); None: unset (0). Only with eviction_policy = "tlru".
-    tlru_threshold: int | None = None
-    tlru_next_prompt_estimate: int | None = None
+    tlru_threshold: Int(0) | None = None
+    tlru_next_prompt_estimate: Int(0) | None = None
     # Data-parallel ranks behind one router (engine/deployment.py; docs/contract.md "Deployments").
     # The router keys are engine/routing/config.py RouterConfig's fields, its defaults the SGLang
-    # model gateway's command line.
-    dp: int = 1
-    router: str = "round_robin"
-    router_cache_threshold: float = 0.3
-    router_balance_abs_threshold: int = 64
-    router_balance_rel_threshold: float = 1.5
-    router_eviction_interval_s: float = 60.0
-    router_max_tree_tokens: int = 2**26
-    router_cache_miss: str = "smallest_tree"
-    router_prefix_hash_tokens: int = 256
-    router_prefix_hash_load_factor: float = 1.25
+    # model gateway's command line; declared in config/router.py (KEYS), which says why their
+    # bounds are what they are.
+    dp: ROUTER_KEYS["dp"] = 1
+    router: ROUTER_KEYS["router"] = "round_robin"
+    router_cache_threshold: ROUTER_KEYS["router_cache_threshold"] = 0.3
+    router_balance_abs_threshold: ROUTER_KEYS["router_balance_abs_threshold"] = 64
+    router_balance_rel_threshold: ROUTER_KEYS["router_balance_rel_threshold"] = 1.5
+    router_eviction_interval_s: ROUTER_KEYS["router_eviction_interval_s"] = 60.0
+    router_max_tree_tokens: ROUTER_KEYS["router_max_tree_tokens"] = 2**26
+    router_cache_miss: ROUTER_KEYS["router_cache_miss"] = "smallest_tree"
+    router_prefix_hash_tokens: ROUTER_KEYS["router_prefix_hash_tokens"] = 256
+    router_prefix_hash_load_factor: ROUTER_KEYS["router_prefix_hash_load_factor"] = 1.25
 
     def __post_init__(self) -> None:
-        for f in fields(self):
+        for f in fields(self):  # a number computed with numpy (a proposal's size) is that number
             value = getattr(self, f.name)
-            if type(value) is int and not -INT64_MAX - 1 <= value <= INT64_MAX:
-                raise ConfigError(f"--{f.name.replace('_', '-')} {value} is out of range (at most {INT64_MAX:,})")
-        if self.model not in MODELS:
-            raise unknown_name("--model preset", self.model, MODELS)
-        if self.gpu not in GPUS:
-            raise unknown_name("--gpu preset", self.gpu, GPUS)
-        for opt, value, known in (
-            ("--write-policy", self.write_policy, WRITE_POLICIES),
-            ("--eviction-policy", self.eviction_policy, EVICTION_POLICIES),
-            ("--prefetch-policy", self.prefetch_policy or "best_effort", PREFETCH_POLICIES),
-            ("--schedule-policy", self.schedule_policy, SCHEDULE_POLICIES),
-            ("--timing", self.timing, TIMINGS),
-            ("--verify", self.verify, VERIFY_MODES),
-            ("--arrivals", self.arrivals or "closed", ARRIVALS),
-            ("--sglang", self.sglang_rules, SGLANG_RULES),
-        ):
-            if value not in known:
-                raise unknown_name(opt, value, known)
+            if type(value).__module__ == "numpy" and hasattr(value, "item"):
+                object.__setattr__(self, f.name, value.item())
+        check_values(CONFIG_SCHEMA, {f.name: getattr(self, f.name) for f in fields(self)})
+        self._check_release()
         self._check_tlru()
         # One spelling recorded for one set of rules ("a, b" and "a,b"; "" and None).
-        object.__setattr__(self, "sglang_switched_back",
-                           ",".join(check_switched_back(self.sglang_switched_back, self.sglang_rules)) or None)
-        have = SCHEDULE_POLICY_RELEASES[self.schedule_policy]
-        if self.sglang_rules not in have:
-            raise ConfigError(f"--schedule-policy {self.schedule_policy} is not in SGLang {self.sglang_rules} (it has "
-                              + ", ".join(n for n, r in SCHEDULE_POLICY_RELEASES.items() if self.sglang_rules in r) + ")",
-                              hint=f"use --sglang {have[-1]}")
+        try:
+            names = check_switched_back(self.sglang_switched_back, self.sglang_rules)
+        except KeyedConfigError:
+            raise
+        except ConfigError as exc:
+            raise KeyedConfigError(("sglang_switched_back", "sglang_rules"), lambda n: exc.message, exc.hint) from None
+        object.__setattr__(self, "sglang_switched_back", ",".join(names) or None)
         ps = self.page_size
-        if ps <= 0 or ps & (ps - 1):
-            raise ConfigError(f"--page-size {ps} must be a power of two")
-        if self.block_size <= 0 or self.block_size % ps:
-            raise ConfigError(f"--block-size {self.block_size} must be a positive multiple of --page-size {ps}")
+        if ps & (ps - 1):
+            raise _bad(("page_size",), lambda n: f"{n('page_size')} {ps} must be a power of two")
+        if self.block_size % ps:
+            raise _bad(("block_size", "page_size"),
+                       lambda n: f"{n('block_size')} {self.block_size} must be a positive multiple of {n('page_size')} {ps}")
         if self.device_tokens is not None and self.device_tokens < 2 * ps:
-            raise ConfigError(f"--device-tokens {self.device_tokens} is smaller than two pages ({2 * ps} tokens)")
+            raise _bad(("device_tokens", "page_size"), lambda n: f"{n('device_tokens')} {self.device_tokens} is smaller "
+                       f"than two pages ({2 * ps} tokens)")
         if self.host_tokens is not None and self.host_tokens < ps:
-            raise ConfigError(f"--host-tokens {self.host_tokens} is smaller than one page ({ps} tokens)")
+            raise _bad(("host_tokens", "page_size"),
+                       lambda n: f"{n('host_tokens')} {self.host_tokens} is smaller than one page ({ps} tokens)")
         # HiCache's host pool must be at least the device pool (memory_pool_host.py,
         # HostKVCache.__init__: "The host memory should be larger than the device memory with the
         # current protocol"; hicache_ratio > 1). SGLang rounds the host pool up by one page, so an
         # equal size passes there, and here.
         if self.resolved_host_tokens() < self.resolved_device_tokens():
-            raise ConfigError(f"--host-tokens {self.resolved_host_tokens():,} is smaller than the device pool "
-                              f"({self.resolved_device_tokens():,} tokens); HiCache needs host >= device",
-                              hint="raise --host-tokens (SGLang's hicache_ratio must be at least 1)")
-        if self.storage_tokens < 0 or (0 < self.storage_tokens < ps):
-            raise ConfigError(f"--storage-tokens {self.storage_tokens} must be 0 (off) or at least one page ({ps})")
-        for opt, value in (("--load-back-threshold", self.load_back_threshold),
-                           ("--prefetch-threshold", self.prefetch_threshold), ("--seed", self.seed)):
-            if value < 0:
-                raise ConfigError(f"{opt} {value} must not be negative")
+            raise _bad(("host_tokens", "device_tokens"),
+                       lambda n: f"{n('host_tokens')} {self.resolved_host_tokens():,} is smaller than the device pool "
+                       f"({self.resolved_device_tokens():,} tokens); HiCache needs host >= device",
+                       lambda n: f"raise {n('host_tokens')} (SGLang's hicache_ratio must be at least 1)")
+        if 0 < self.storage_tokens < ps:
+            raise _bad(("storage_tokens", "page_size"), lambda n: f"{n('storage_tokens')} {self.storage_tokens} must be "
+                       f"0 (off) or at least one page ({ps})")
         if self.max_prefill_tokens < ps:
-            raise ConfigError(f"--max-prefill-tokens {self.max_prefill_tokens} is smaller than one page ({ps})")
-        if not (self.time_scale > 0 and math.isfinite(self.time_scale)):
-            raise ConfigError(f"--time-scale {self.time_scale} must be a positive, finite number")
-        if not MIN_TIME_SCALE <= self.time_scale <= MAX_TIME_SCALE:
-            raise ConfigError(f"--time-scale {self.time_scale:g} is out of range "
-                              f"({MIN_TIME_SCALE:g} to {MAX_TIME_SCALE:g})")
-        if self.max_context_tokens is not None and self.max_context_tokens < 1:
-            raise ConfigError(f"--max-context {self.max_context_tokens} must be at least 1 token")
-        check_router_keys(self)
-        if self.data_plane_mib < 1:
-            raise ConfigError(f"--data-plane-mib {self.data_plane_mib} must be at least 1")
+            raise _bad(("max_prefill_tokens", "page_size"), lambda n: f"{n('max_prefill_tokens')} "
+                       f"{self.max_prefill_tokens} is smaller than one page ({ps})")
         ram = _physical_memory_bytes()
         if ram and self.data_plane_mib << 20 > ram:
-            raise ConfigError(f"--data-plane-mib {self.data_plane_mib} is more than this machine's memory "
-                              f"({ram >> 20:,} MiB)")
-        if not 0 < self.mem_fraction_static <= 1:
-            raise ConfigError(f"mem_fraction_static {self.mem_fraction_static} must be in (0, 1]")
+            raise _bad(("data_plane_mib",), lambda n: f"{n('data_plane_mib')} {self.data_plane_mib} is more than this "
+                       f"machine's memory ({ram >> 20:,} MiB)")
         check_profile(self.profile, self.model, self.gpu)
         if self.resolved_device_tokens() < 2 * ps:
-            raise ConfigError(f"model {self.model} does not fit on gpu {self.gpu}: no room left for the KV cache",
-                              hint="pass --device-tokens")
+            raise _bad(("model", "gpu", "mem_fraction_static"),
+                       lambda n: f"model {self.model} does not fit on gpu {self.gpu} at {n('mem_fraction_static')} "
+                       f"{self.mem_fraction_static}: no room left for the KV cache",
+                       lambda n: f"pass {n('device_tokens')}")
         # The real pools shrink to fit --data-plane-mib: row width first, then layers, down to
         # one 8-byte word a page (dataplane.plan_data_plane). Pools with more pages than even that
         # allows are refused now, naming the options, rather than overrunning the budget.
         pages = (self.resolved_device_tokens() + self.resolved_host_tokens()) // ps
         narrowest = pages * NARROWEST_PAGE_BYTES
         if narrowest > self.data_plane_mib << 20:
-            raise ConfigError(f"--device-tokens/--host-tokens: {pages:,} pages need at least "
-                              f"{-(-narrowest >> 20):,} MiB of real pool memory, more than --data-plane-mib "
-                              f"{self.data_plane_mib}", hint="raise --data-plane-mib, or use smaller pools or a larger --page-size")
+            raise _bad(("device_tokens", "host_tokens", "data_plane_mib"),
+                       lambda n: f"{n('device_tokens')}/{n('host_tokens')}: {pages:,} pages need at least "
+                       f"{-(-narrowest >> 20):,} MiB of real pool memory, more than {n('data_plane_mib')} "
+                       f"{self.data_plane_mib}",
+                       lambda n: f"raise {n('data_plane_mib')}, or use smaller pools or a larger {n('page_size')}")
+
+    def _check_release(self) -> None:
+        """Every option that names something, against what the release offers (RELEASE_OFFERS)."""
+        offers = RELEASE_OFFERS[self.sglang_rules]
+        for key, names in offers.items():
+            value = getattr(self, key)
+            if value in names:
+                continue
+            have = [r for r in SGLANG_RULES if value in RELEASE_OFFERS[r][key]]
+            raise _bad((key, "sglang_rules"),
+                       lambda n, key=key, value=value: f"{n(key)} {value} is not in SGLang {self.sglang_rules} "
+                       f"(it has {', '.join(offers[key])})",
+                       lambda n, have=have: f"use {n('sglang_rules')} {have[0]}" if have else None)
 
     def _check_tlru(self) -> None:
         """SGLang 0.5.23 `kv_cache_hook` / `get_eviction_strategy`: tlru's settings are
-        non-negative token counts, a key its policy does not take fails at startup, and
-        threshold must exceed next_prompt_estimate ("otherwise no tokens are ever TEL-safe and
-        T-LRU is exactly LRU"). Both unset keeps the engine's tlru of before (0 and 0: LRU's
-        order), which SGLang refuses at startup (docs/engine.md)."""
-        given = {opt: v for opt, v in (("--tlru-threshold", self.tlru_threshold),
-                                       ("--tlru-next-prompt-estimate", self.tlru_next_prompt_estimate)) if v is not None}
-        for opt, value in given.items():
-            if type(value) is not int:
-                raise ConfigError(f"{opt} {value!r} must be an integer (tokens)")
-            if value < 0:
-                raise ConfigError(f"{opt} {value} must not be negative (tokens)")
+        non-negative token counts (declared above), a key its policy does not take fails at
+        startup, and threshold must exceed next_prompt_estimate ("otherwise no tokens are ever
+        TEL-safe and T-LRU is exactly LRU"). Both unset keeps the engine's tlru of before (0 and
+        0: LRU's order), which SGLang refuses at startup (docs/engine.md)."""
+        given = tuple(k for k in ("tlru_threshold", "tlru_next_prompt_estimate") if getattr(self, k) is not None)
         if not given:
             return
         if self.eviction_policy != "tlru":
-            raise ConfigError(f"{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} to --eviction-policy "
-                              f"tlru only, not {self.eviction_policy} "
-                              "(SGLang's --radix-eviction-policy-config fails on a key its policy does not take)")
+            raise _bad((*given, "eviction_policy"),
+                       lambda n: f"{' and '.join(n(k) for k in given)} {'apply' if len(given) > 1 else 'applies'} to "
+                       f"{n('eviction_policy')} tlru only, not {self.eviction_policy} "
+                       "(SGLang's --radix-eviction-policy-config fails on a key its policy does not take)")
         threshold, estimate = self.tlru_threshold or 0, self.tlru_next_prompt_estimate or 0
         if threshold <= estimate:
-            raise ConfigError(f"--tlru-threshold {threshold} must be greater than --tlru-next-prompt-estimate "
-                              f"{estimate}: otherwise no tokens are ever TEL-safe and tlru is exactly lru")
+            raise _bad(given, lambda n: f"{n('tlru_threshold')} {threshold} must be greater than "
+                       f"{n('tlru_next_prompt_estimate')} {estimate}: otherwise no tokens are ever TEL-safe and tlru "
+                       "is exactly lru")
 
     def resolved_eviction_policy(self):
         """The eviction policy with its settings (tlru's threshold and next_prompt_estimate)."""
@@ -288,79 +297,86 @@ def _physical_memory_bytes() -> int | None:
         return None
 
 
+def _bad(keys: tuple[str, ...], render, hint=None) -> KeyedConfigError:
+    return KeyedConfigError(keys, render, hint)
+
+
 CONFIG_KEYS = tuple(f.name for f in fields(EngineConfig))
-
-
-def _accepted_types(name: str) -> tuple[type, ...]:
-    """The TOML value types a key accepts, from the field's annotation (TOML has no null)."""
-    hint = typing.get_type_hints(EngineConfig)[name]
-    args = typing.get_args(hint) or (hint,)
-    accepted = tuple(a for a in args if a is not type(None))
-    return accepted + ((int,) if float in accepted else ())  # `time_scale = 2` means 2.0
-
-
-_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
-
-
-def _check_type(path: Path, key: str, name: str, value: Any) -> None:
-    accepted = _accepted_types(name)
-    # bool is an int subclass; `page_size = true` is a mistake, not 1.
-    ok = isinstance(value, accepted) and (bool in accepted or not isinstance(value, bool))
-    if not ok:
-        want = " or ".join(dict.fromkeys(_TYPE_WORDS.get(t, t.__name__) for t in accepted))
-        raise ConfigFileError(f"--config {path}: {key} must be {want}, got {type(value).__name__} {value!r}"[:300])
+# The declarations above, as one msgspec schema: a value of any key, from any source, is checked
+# against it (check_values), before EngineConfig's own checks of how keys relate.
+CONFIG_SCHEMA = Schema.of_class(EngineConfig)
+register_options(CONFIG_SCHEMA)
 
 
 def load_config(path: str | Path | None, overrides: Mapping[str, Any],
-                defaults: Mapping[str, Any] | None = None) -> EngineConfig:
+                defaults: Mapping[str, Any] | None = None, *, defaults_origin: str | None = None) -> EngineConfig:
     """TOML file first, then CLI options that were given (None means not given). `defaults`:
-    values below both, where the caller knows better than the built-in default (a twin's `dp`).
+    values below both, where the caller knows better than the built-in default (a twin's `dp`),
+    `defaults_origin` saying where they came from (for the error when one is out of range).
 
-    Everything is checked before any work starts: a file that cannot be read, is not TOML, has
-    an unknown key or a value of the wrong type is a ConfigFileError naming the file and key.
+    Everything is checked before any work starts. A file that cannot be read, is not TOML, has
+    an unknown key or a bad value is a ConfigFileError (exit 3) naming the file and key; a bad
+    option value is a ConfigError (exit 2) naming the option. A check of several keys blames the
+    file when a key it involves came from the file (and no option overrode it).
     """
     values: dict[str, Any] = {}
     if path is not None:
-        p = Path(path)
+        values = _read_config_file(Path(path))
+    given = {k: v for k, v in overrides.items() if v is not None}
+    from_file = set(values) - set(given)
+    from_defaults = set(defaults or {}) - set(values) - set(given)
+
+    def name(key: str) -> str:  # what a key is called where its value came from
+        return key if key in from_file else option_name(key)
+
+    check_values(CONFIG_SCHEMA, given)  # a bad option value: exit 2, naming the option
+    if from_defaults:
         try:
-            raw = tomllib.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigFileError(f"--config {p}: no such file") from None
-        except IsADirectoryError:
-            raise ConfigFileError(f"--config {p}: is a folder, not a TOML file") from None
-        except OSError as exc:
-            raise ConfigFileError(f"--config {p}: cannot read it ({exc.strerror or exc})") from None
-        except UnicodeDecodeError:
-            raise ConfigFileError(f"--config {p}: not UTF-8 text (is it a TOML file?)") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigFileError(f"--config {p}: not valid TOML ({exc})") from None
-        if isinstance(raw.get("replay"), dict):  # a [replay] table, or top-level keys
-            table = raw.pop("replay")
-            if raw:
-                key = next(iter(raw))
-                raise ConfigFileError(f"--config {p}: unknown key {key!r} beside the [replay] table",
-                                      hint="put every option inside [replay]")
-            raw = table
-        for key, value in raw.items():
-            name = key.replace("-", "_")
-            if name not in CONFIG_KEYS:
-                known = ", ".join(sorted(CONFIG_KEYS))
-                raise ConfigFileError(f"--config {p}: unknown key {key!r}; known: {known}")
-            _check_type(p, key, name, value)
-            values[name] = value
-    from_file = set(values)
-    values = {**(defaults or {}), **values}
-    values.update({k: v for k, v in overrides.items() if v is not None})
+            check_values(CONFIG_SCHEMA, {k: defaults[k] for k in from_defaults})
+        except KeyedConfigError as exc:
+            key = exc.keys[0]
+            raise ConfigError(f"{option_name(key)} {show(defaults[key])} was taken from "
+                              f"{defaults_origin or 'the default'}, but it must be {CONFIG_SCHEMA.fields[key].expected()}",
+                              hint=f"pass {option_name(key)} to choose") from None
+    merged = {**{k: defaults[k] for k in from_defaults}, **values, **given}
     try:
-        return EngineConfig(**profile_defaults(values))  # a fitted profile names its model and GPU
-    except TypeError as exc:
-        raise ConfigError(f"bad configuration: {exc}") from None
-    except ConfigError as exc:
-        # A bad value written in the file is a bad --config file (exit 3), like a wrong type;
-        # one given on the command line stays a bad option value (exit 2).
-        named = {m.replace("-", "_") for m in re.findall(r"--([a-z][a-z-]*)", exc.message)}
-        named |= set(re.findall(r"\b([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b", exc.message)) & set(CONFIG_KEYS)  # router_* keys
-        blamed = named & (from_file - {k for k, v in overrides.items() if v is not None})
-        if path is None or isinstance(exc, ConfigFileError) or not blamed:
-            raise
-        raise ConfigFileError(f"--config {path}: {exc.message}", hint=exc.hint) from None
+        return EngineConfig(**profile_defaults(merged))  # a fitted profile names its model and GPU
+    except KeyedConfigError as exc:
+        if path is not None and (from_file & set(exc.keys)):
+            raise exc.renamed(name, prefix=f"--config {path}: ", file=True) from None
+        raise exc.renamed(name) from None
+
+
+def _read_config_file(p: Path) -> dict[str, Any]:
+    """The keys of a --config file, each checked against its declaration (exit 3 naming the key)."""
+    try:
+        raw = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigFileError(f"--config {p}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigFileError(f"--config {p}: is a folder, not a TOML file") from None
+    except OSError as exc:
+        raise ConfigFileError(f"--config {p}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise ConfigFileError(f"--config {p}: not UTF-8 text (is it a TOML file?)") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigFileError(f"--config {p}: not valid TOML ({exc})") from None
+    if isinstance(raw.get("replay"), dict):  # a [replay] table, or top-level keys
+        table = raw.pop("replay")
+        if raw:
+            key = next(iter(raw))
+            raise ConfigFileError(f"--config {p}: unknown key {key!r} beside the [replay] table",
+                                  hint="put every option inside [replay]")
+        raw = table
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name not in CONFIG_KEYS:
+            known = ", ".join(sorted(CONFIG_KEYS))
+            raise ConfigFileError(f"--config {p}: unknown key {key!r}; known: {known}")
+        values[name] = value
+    try:
+        check_values(CONFIG_SCHEMA, values, key_name)
+    except KeyedConfigError as exc:
+        raise exc.renamed(key_name, prefix=f"--config {p}: ", file=True) from None
+    return values

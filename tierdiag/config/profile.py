@@ -18,7 +18,6 @@ The clock, in the cost model's terms (engine/costmodel.py)::
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import tomllib
 import json
@@ -26,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from tierdiag.config.presets import gpu_preset, model_preset
+from tierdiag.config.presets import GPUS, MODELS, gpu_preset, model_preset
+from tierdiag.config.schema import Choice, Float, KeyedConfigError, Schema, check_values
 from tierdiag.errors import ConfigError, OutputError
 
 PROFILE_FORMAT = "tierdiag-profile/1"
@@ -46,8 +46,35 @@ CLOCK_PARAMS: dict[str, tuple[str, str]] = {
     "transfer_overhead_ns": ("ns", "per load-back transfer"),
     "d2h_bytes_per_s": ("B/s", "device->host link for backups"),
 }
-# The link numbers a copy-kernel profile (JSON) sets.
+# Each clock parameter's bounds, declared once: times in ns from 0, bandwidths in bytes/s from
+# 1 MB/s to 1 PB/s. At their bounds, one operation on the longest request a trace may hold (2^24
+# tokens: its prefill attending 2^24 cached tokens, its copy over the slowest link, a decode step
+# over a 2^24-token context) stays under 2^60 ns (~36 years), where the clock leaves 2^62 ns
+# after the last arrival (trace/reader.py MAX_ARRIVAL_NS); every preset's clock is inside them
+# (the slowest: llama3-70b on the cpu preset, 141 ms a token, 2,621 ns a token pair). Both are tested
+# (tests/reliability/test_config_boundary.py).
+_NS = 1e12  # one batch's floor or overhead, a decode step, a transfer's overhead: 1,000 s
+CLOCK_BOUNDS: dict[str, Any] = {
+    "prefill_ns_per_token": Float(0.0, 1e9, what="time in ns", cli=False),
+    "prefill_ns_per_token_pair": Float(0.0, 2650.0, what="time in ns", cli=False),
+    "prefill_floor_ns": Float(0.0, _NS, what="time in ns", cli=False),
+    "batch_overhead_ns": Float(0.0, _NS, what="time in ns", cli=False),
+    "decode_step_ns": Float(0.0, _NS, what="time in ns", cli=False),
+    "decode_ns_per_context_token": Float(0.0, 1e6, what="time in ns", cli=False),
+    "h2d_bytes_per_s": Float(1e6, 1e15, what="bandwidth in bytes/s", cli=False),
+    "transfer_overhead_ns": Float(0.0, _NS, what="time in ns", cli=False),
+    "d2h_bytes_per_s": Float(1e6, 1e15, what="bandwidth in bytes/s", cli=False),
+}
+assert list(CLOCK_BOUNDS) == list(CLOCK_PARAMS)
+# A fitted profile's [clock] table: every parameter, nothing else.
+CLOCK_SCHEMA = Schema("FittedClock", CLOCK_BOUNDS)
+# A fitted profile's presets.
+PRESETS_SCHEMA = Schema("ProfilePresets", {"model": Choice(MODELS, noun="preset", cli=False),
+                                            "gpu": Choice(GPUS, noun="preset", cli=False)})
+# The link numbers a copy-kernel profile (JSON, `tierdiag calibrate`) sets; its other keys are
+# what calibrate measured beside them, not read.
 _JSON_KEYS = ("h2d_bytes_per_s", "d2h_bytes_per_s", "transfer_overhead_ns")
+JSON_SCHEMA = Schema("CopyKernelProfile", {k: CLOCK_BOUNDS[k] for k in _JSON_KEYS}, strict_keys=False)
 
 
 def preset_clock(model: str, gpu: str) -> dict[str, float]:
@@ -104,56 +131,68 @@ def provenance_line(source: Mapping[str, Any] | None) -> str | None:
             + ")")
 
 
+def _bad_file(p: Path, problem: str, hint: str | None = None) -> KeyedConfigError:
+    """The profile's own content is wrong: bad input (exit 3) wherever the profile was named,
+    `--profile FILE: ...` or `--config C: profile FILE: ...`."""
+    return KeyedConfigError(("profile",), lambda n: f"{n('profile')} {p}: {problem}", hint, file_error=True)
+
+
+def _check(schema: Schema, p: Path, values: Any, prefix: str = "") -> None:
+    """`values` (a table of the profile) against `schema`, errors naming the profile and key."""
+    if not isinstance(values, dict):
+        raise _bad_file(p, f"{prefix.rstrip('.') or 'the profile'} must be a table, got {type(values).__name__}")
+    for k in values:
+        if not isinstance(k, str) or (schema.struct.__struct_config__.forbid_unknown_fields and k not in schema.fields):
+            raise _bad_file(p, f"unknown key {prefix}{k}; known: {', '.join(prefix + f for f in schema.fields)}")
+    missing = [k for k in schema.fields if k not in values]
+    if missing:
+        raise _bad_file(p, f"no {prefix}{missing[0]} (it must be {schema.fields[missing[0]].expected()})")
+    try:
+        check_values(schema, values)
+    except KeyedConfigError as exc:
+        raise _bad_file(p, exc.render(lambda k: prefix + k)) from None
+
+
 def load_profile(path: str | os.PathLike) -> Profile:
-    """Read a profile of either kind; ConfigError naming the file and what is wrong."""
+    """Read a profile of either kind, every value checked against its declaration (CLOCK_BOUNDS)
+    before any run exists: a missing or unreadable file names the option or config key that
+    named it; a bad value names the profile and its key (exit 3)."""
     p = Path(path)
     try:
         data = p.read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"--profile {p}: no such file", hint="write one with `tierdiag calibrate`") from None
+        raise KeyedConfigError(("profile",), lambda n: f"{n('profile')} {p}: no such file",
+                               "write one with `tierdiag calibrate`") from None
     except OSError as exc:
-        raise ConfigError(f"--profile {p}: cannot read it ({exc.strerror or exc})") from None
+        reason = exc.strerror or str(exc)
+        raise KeyedConfigError(("profile",), lambda n: f"{n('profile')} {p}: cannot read it ({reason})") from None
     sha = hashlib.sha256(data).hexdigest()
     if data.lstrip()[:1] == b"{":
         return _json_profile(p, data, sha)
     try:
         raw = tomllib.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"--profile {p} is not a calibrate profile (neither JSON nor TOML: {exc})") from None
+        raise _bad_file(p, f"is not a calibrate profile (neither JSON nor TOML: {exc})") from None
     if raw.get("format") != PROFILE_FORMAT:
-        raise ConfigError(f"--profile {p} is not a calibrate profile (format {raw.get('format')!r}, "
-                          f"expected {PROFILE_FORMAT!r})", hint="write one with `tierdiag calibrate --from RUN`")
-    clock_raw = raw.get("clock")
-    if not isinstance(clock_raw, dict):
-        raise ConfigError(f"--profile {p}: no [clock] table")
-    clock: dict[str, float] = {}
-    for name in CLOCK_PARAMS:
-        v = clock_raw.get(name)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
-                or (v == 0 and name.endswith("bytes_per_s")):
-            raise ConfigError(f"--profile {p}: clock.{name} must be a finite number >= 0"
-                              + (" (a bandwidth above 0)" if name.endswith("bytes_per_s") else "") + f", got {v!r}")
-        clock[name] = float(v)
-    unknown = sorted(set(clock_raw) - set(CLOCK_PARAMS))
-    if unknown:
-        raise ConfigError(f"--profile {p}: unknown clock key {unknown[0]!r}; known: {', '.join(CLOCK_PARAMS)}")
-    model, gpu = raw.get("model"), raw.get("gpu")
-    try:
-        model_preset(model)
-        gpu_preset(gpu)
-    except ConfigError as exc:
-        raise ConfigError(f"--profile {p}: {exc.message}") from None
+        raise _bad_file(p, f"is not a calibrate profile (format {raw.get('format')!r:.60}, expected {PROFILE_FORMAT!r})",
+                        "write one with `tierdiag calibrate --from RUN`")
+    if "clock" not in raw:
+        raise _bad_file(p, "no [clock] table")
+    _check(CLOCK_SCHEMA, p, raw["clock"], "clock.")
+    _check(PRESETS_SCHEMA, p, {k: raw[k] for k in ("model", "gpu") if k in raw})
+    clock = {name: float(raw["clock"][name]) for name in CLOCK_PARAMS}
     fit = raw.get("fit") if isinstance(raw.get("fit"), dict) else {}
-    return Profile(path=str(p), kind="fitted", clock=clock, model=model, gpu=gpu, fit=fit, sha256=sha)
+    return Profile(path=str(p), kind="fitted", clock=clock, model=raw["model"], gpu=raw["gpu"], fit=fit, sha256=sha)
 
 
 def _json_profile(p: Path, data: bytes, sha: str) -> Profile:
     try:
         prof = json.loads(data)
-        clock = {"h2d_bytes_per_s": float(prof["h2d_bytes_per_s"]), "d2h_bytes_per_s": float(prof["d2h_bytes_per_s"]),
-                 "transfer_overhead_ns": float(int(prof["transfer_overhead_ns"]))}
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"--profile {p} is not a calibrate profile ({exc})") from None
+    except (ValueError, RecursionError) as exc:
+        raise _bad_file(p, f"is not a calibrate profile (not JSON: {exc})") from None
+    _check(JSON_SCHEMA, p, prof)
+    clock = {"h2d_bytes_per_s": float(prof["h2d_bytes_per_s"]), "d2h_bytes_per_s": float(prof["d2h_bytes_per_s"]),
+             "transfer_overhead_ns": float(prof["transfer_overhead_ns"])}  # the cost model takes whole ns
     return Profile(path=str(p), kind="copy_kernels", clock=clock, sha256=sha)
 
 
@@ -163,9 +202,11 @@ def check_profile(path: str | None, model: str, gpu: str) -> Profile | None:
         return None
     prof = load_profile(path)
     if prof.kind == "fitted" and (prof.model, prof.gpu) != (model, gpu):
-        raise ConfigError(f"--profile {path} was fitted for model {prof.model} on gpu {prof.gpu}, but the replay "
-                          f"uses {model} on {gpu}",
-                          hint=f"pass --model {prof.model} --gpu {prof.gpu} (or leave both out: the profile sets them)")
+        raise KeyedConfigError(
+            ("profile", "model", "gpu"),
+            lambda n: f"{n('profile')} {path} was fitted for model {prof.model} on gpu {prof.gpu}, but the replay "
+                      f"uses {model} on {gpu}",
+            lambda n: f"pass {n('model')} {prof.model} {n('gpu')} {prof.gpu} (or leave both out: the profile sets them)")
     return prof
 
 

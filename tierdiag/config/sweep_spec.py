@@ -16,11 +16,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
-import typing
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from tierdiag.config.engine import CONFIG_KEYS, EngineConfig
+from tierdiag.config.engine import CONFIG_KEYS, CONFIG_SCHEMA, EngineConfig
+from tierdiag.config.schema import INT64_MAX, KeyedConfigError, check_values, key_name, option_name
 from tierdiag.errors import ConfigError, TierdiagError
 
 SIZE_SUFFIXES = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -67,27 +67,37 @@ def parse_size(text: str) -> int:
     return int(number) * scale
 
 
-def _field_types(key: str) -> tuple[type, ...]:
-    hint = typing.get_type_hints(EngineConfig)[key]
-    args = typing.get_args(hint) or (hint,)
-    return tuple(a for a in args if a is not type(None))
+def size_option(option: str, text: str, *, lo: int = 1, hi: int = INT64_MAX) -> int:
+    """A size option's value (`--host-memory 2T`): a whole number with an optional suffix, from
+    `lo` to `hi` (int64 at most, what the engine and the store compute with); ConfigError (exit
+    2) naming the option otherwise."""
+    try:
+        value = parse_size(text)
+    except ValueError:
+        raise ConfigError(f"{option} {text!r} is not a size (e.g. 512G, 2T)") from None
+    if not lo <= value <= hi:
+        top = "2^63 - 1" if hi == INT64_MAX else f"{hi:,}"
+        raise ConfigError(f"{option} {text!r} must be from {lo:,} to {top}")
+    return value
 
 
 def _parse_value(key: str, text: str) -> Any:
-    types = _field_types(key)
+    """The text of one `--set` value, read by the kind the key is declared with (config/schema.py);
+    its bounds are checked by the caller, against the same declaration."""
+    spec = CONFIG_SCHEMA.fields[key]
     low = text.strip().lower()
-    if bool in types:
+    if spec.kind is bool:
         if low in _TRUE:
             return True
         if low in _FALSE:
             return False
         raise ValueError("true or false")
-    if int in types:
+    if spec.kind is int:
         try:
             return parse_size(text)
         except ValueError:
             raise ValueError("a whole number, optionally with a k/M/G suffix (512k, 4M, 1G)") from None
-    if float in types:
+    if spec.kind is float:
         try:
             return float(text)
         except ValueError:
@@ -114,6 +124,10 @@ def parse_set(text: str) -> SetOption:
             values.append(_parse_value(key, s))
         except ValueError as exc:
             raise ConfigError(f"--set {text!r}: {key} value {s!r} must be {exc}") from None
+        try:
+            check_values(CONFIG_SCHEMA, {key: values[-1]}, key_name)
+        except KeyedConfigError as exc:
+            raise ConfigError(f"--set {text!r}: {exc.message}", hint=exc.hint) from None
     seen: dict[Any, str] = {}
     for s, v in zip(spellings, values):
         if v in seen:
@@ -151,6 +165,10 @@ def plan_sweep(base: EngineConfig, sets: Sequence[str]) -> SweepPlan:
         values.update({o.key: o.values[i] for o, i in zip(options, picks)})
         try:
             cfg = EngineConfig(**values)
+        except KeyedConfigError as exc:  # the keys --set gave named as it wrote them, the others as options
+            set_keys = {o.key for o in options}
+            bad = exc.renamed(lambda k: k if k in set_keys else option_name(k))
+            raise type(bad)(f"--set combination {name}: {bad.message}", hint=bad.hint) from None
         except TierdiagError as exc:
             raise ConfigError(f"--set combination {name}: {exc.message}", hint=exc.hint) from None
         configs.append((name, cfg))

@@ -180,4 +180,8 @@ def _half_widths(res, m: int, p: int) -> np.ndarray:
         var = np.diag((vt.T / s ** 2) @ vt)
     s_sq = 2 * res.cost / (m - p)
     t = stats.t.ppf((1 + CONFIDENCE) / 2, m - p)
-    return t * np.sqrt(var * s_sq)
+    # A direction the data do not see stays infinitely wide even where the fit is exact (timings
+    # the model matches to the ns: s_sq = 0, and inf * 0 would be NaN, with numpy's warning on
+    # stderr); elsewhere the usual variance times scatter.
+    unseen = np.isinf(var)
+    return np.where(unseen, np.inf, t * np.sqrt(np.where(unseen, 0.0, var) * s_sq))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from tierdiag.config.router import check_router_parameters, integer
+from tierdiag.config.router import check_router_parameters
 from tierdiag.errors import unknown_name
 from tierdiag.engine.routing.registry import ROUTERS
 
@@ -33,8 +33,7 @@ class RouterConfig:
     def __post_init__(self) -> None:
         if self.router not in ROUTERS:
             raise unknown_name("router", self.router, ROUTERS)
-        check_router_parameters(self)  # the same checks as the replay config's (config/router.py)
-        integer("seed", self.seed, lo=0)
+        check_router_parameters(self)  # the replay config's declarations of these keys and seed (config/router.py)
 
     @classmethod
     def from_config(cls, config: object) -> "RouterConfig":
