@@ -142,7 +142,8 @@ class EngineConfig:
         except KeyedConfigError:
             raise
         except ConfigError as exc:
-            raise KeyedConfigError(("sglang_switched_back", "sglang_rules"), lambda n: exc.message, exc.hint) from None
+            message, hint = exc.message, exc.hint  # the lambda outlives `exc`
+            raise KeyedConfigError(("sglang_switched_back", "sglang_rules"), lambda n: message, hint) from None
         object.__setattr__(self, "sglang_switched_back", ",".join(names) or None)
         ps = self.page_size
         if ps & (ps - 1):
