@@ -86,7 +86,8 @@ def convert(fmt: str, sources: list[Path], out: Path, options: ConvertOptions = 
     notes.unchained_blocks = rechain.unchained
     # Sorted by arrival; ties keep reading order, so a session's turns stay in order.
     order = sorted(range(len(requests)), key=lambda i: requests[i].timestamp_ms)
-    write_jsonl(out, (requests[i].to_json_line() for i in order))
+    write_jsonl(out, (requests[i].to_json_line() for i in order), what="-o",
+                inputs=[("the input", f) for f in [*sources, *files]])
     first, last = requests[order[0]].timestamp_ms, requests[order[-1]].timestamp_ms
     return ConvertSummary(path=str(out), format=fmt, num_files=len(files), num_requests=len(requests),
                           num_sessions=len({r.session for r in requests}), block_size=options.block_size,
