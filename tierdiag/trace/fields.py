@@ -92,9 +92,11 @@ def _plain(t) -> tuple[Any, dict]:
 
 def _word_value(key: str, value: object, t, extra: dict, index: int | None, style: str) -> str:
     if isinstance(t, (mi.ListType, mi.VarTupleType)):
+        item, _ = _plain(t.item_type)
+        if not isinstance(item, mi.IntType):
+            return f"'{key}' must be a list, got {json_type(value)}"
         if not isinstance(value, list):
             return f"'{key}' must be a list of integers, got {json_type(value)}"
-        item, item_extra = _plain(t.item_type)
         bad = value[index] if index is not None and index < len(value) else None
         if not _is_int(bad):
             return f"'{key}' must hold only integers, found {json_type(bad)} {show(bad)}"
@@ -113,6 +115,8 @@ def _word_value(key: str, value: object, t, extra: dict, index: int | None, styl
         if isinstance(value, float) and not math.isfinite(value):
             return f"'{key}' must be {'a finite number' if words == 'a number' else words}, got {value}"
         return _out_of_range(key, value, t.ge, t.le, extra, "trace")
+    if isinstance(t, mi.LiteralType):
+        return f"'{key}' is {show(value)}, expected one of {', '.join(map(str, t.values))}"
     if isinstance(t, mi.StrType):
         if not isinstance(value, str):
             return f"'{key}' must be a string, got {json_type(value)} {show(value)}"

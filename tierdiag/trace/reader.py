@@ -100,13 +100,13 @@ class SessionClock:
     def __init__(self) -> None:
         self._at: dict[str, int] = {}
 
-    def check(self, session: str, timestamp_ns: int, think_ns: int | None) -> int:
+    def check(self, session: str, timestamp_ns: int, think_ns: int | None, what: str = "'think_ms'") -> int:
         at = self._at.get(session)
         if at is None:  # the session's first turn: its pause, if any, is ignored
             return timestamp_ns
         at += think_ns or 0
         if at > MAX_ARRIVAL_NS:
-            raise BadLine(f"'think_ms': in closed loop this turn of session {_show(session)} would arrive past "
+            raise BadLine(f"{what}: in closed loop this turn of session {_show(session)} would arrive past "
                           f"the latest time tierdiag can keep (the session's first timestamp plus its pauses "
                           f"come to {at // NS_PER_MS:,} ms; at most {MAX_TIMESTAMP_MS:,} ms)")
         return at

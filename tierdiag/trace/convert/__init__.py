@@ -71,8 +71,8 @@ def convert(fmt: str, sources: list[Path], out: Path, options: ConvertOptions = 
     if options.start_spread_s is not None and not spec.takes_start_spread:
         raise ConfigError(f"--start-spread applies to kv-cache-tester traces only ({fmt} timestamps are absolute)")
     spread = DEFAULT_START_SPREAD_S if options.start_spread_s is None else options.start_spread_s
-    if not 0 <= spread <= 1e9:  # NaN fails too
-        raise ConfigError(f"--start-spread must be 0 to 1e9 seconds, got {spread}")
+    if not 0 <= spread <= kv_cache_tester.MAX_START_S:  # NaN fails too
+        raise ConfigError(f"--start-spread must be 0 to {kv_cache_tester.MAX_START_S:,} seconds, got {spread:g}")
     files = _expand(sources, spec.file_glob)
     _refuse_overwrite(out, sources, files)
 
@@ -83,7 +83,8 @@ def convert(fmt: str, sources: list[Path], out: Path, options: ConvertOptions = 
     if not requests:
         raise TraceError(f"{sources[0]}: no requests in the input" if len(sources) == 1 else
                          f"no requests in the {len(files)} input files")
-    notes.unchained_blocks = rechain.unchained
+    notes.unchained_blocks = len(rechain.unchained_ids)
+    notes.unchained_block_uses = rechain.unchained
     # Sorted by arrival; ties keep reading order, so a session's turns stay in order.
     order = sorted(range(len(requests)), key=lambda i: requests[i].timestamp_ms)
     write_jsonl(out, (requests[i].to_json_line() for i in order), what="-o",
