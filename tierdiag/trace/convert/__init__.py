@@ -22,6 +22,19 @@ from tierdiag.trace.writer import write_jsonl
 
 DEFAULT_BLOCK_SIZE = 512  # replay's default: the output replays without --block-size
 DEFAULT_START_SPREAD_S = 30.0
+REPLAY_DEFAULT_PAGE_SIZE = 64  # replay's --page-size default (config.engine.EngineConfig.page_size)
+
+
+def replay_options(block_size: int) -> list[str]:
+    """The replay options a converted trace needs: `--block-size` unless it is replay's default,
+    and then a `--page-size` that divides it (replay takes a power of two dividing the block size;
+    the largest such up to replay's default, so pages stay as large as they can)."""
+    if block_size == DEFAULT_BLOCK_SIZE:
+        return []
+    opts = ["--block-size", str(block_size)]
+    if block_size % REPLAY_DEFAULT_PAGE_SIZE:
+        opts += ["--page-size", str(min(REPLAY_DEFAULT_PAGE_SIZE, block_size & -block_size))]
+    return opts
 
 
 @dataclass(frozen=True, slots=True)
