@@ -21,7 +21,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tests.support.cli import run, tierdiag
@@ -177,15 +177,11 @@ def test_the_duckdb_check_never_opens_a_fifo(tmp_path):
     assert done == [False]
 
 
-def test_dev_null_is_streamed_into_and_stays_a_device(tmp_path):
-    (tmp_path / "conv.json").write_text(CONV)
-    res = tierdiag("convert", "kv-cache-tester", "conv.json", "-o", "/dev/null", cwd=tmp_path)
-    assert res.code == 0, res.err
-    assert stat.S_ISCHR(os.lstat("/dev/null").st_mode)
-
+# Device nodes are made under tmp_path (root only), never the system's /dev/null or /dev/full:
+# this file run against a writer without the fix (to see its tests fail) must not replace them.
 
 @pytest.mark.skipif(not IS_ROOT, reason="making a device node needs root")
-def test_a_character_device_node_is_not_replaced_by_a_file(tmp_path):
+def test_a_character_device_node_is_streamed_into_not_replaced(tmp_path):
     """As root the old writer replaced a device node by a regular file."""
     (tmp_path / "conv.json").write_text(CONV)
     node = tmp_path / "null"
@@ -193,14 +189,17 @@ def test_a_character_device_node_is_not_replaced_by_a_file(tmp_path):
     res = tierdiag("convert", "kv-cache-tester", "conv.json", "-o", "null", cwd=tmp_path)
     assert res.code == 0, res.err
     assert stat.S_ISCHR(node.lstat().st_mode) and node.lstat().st_rdev == os.makedev(1, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["conv.json", "null"]
 
 
+@pytest.mark.skipif(not IS_ROOT, reason="making a device node needs root")
 def test_a_full_device_is_exit_6(tmp_path):
-    if not os.path.exists("/dev/full"):
-        pytest.skip("no /dev/full")
     (tmp_path / "conv.json").write_text(CONV)
-    res = tierdiag("convert", "kv-cache-tester", "conv.json", "-o", "/dev/full", cwd=tmp_path)
-    res.fails(ExitCode.IO, "/dev/full")
+    node = tmp_path / "full"
+    os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 7))  # /dev/full's numbers: every write is ENOSPC
+    res = tierdiag("convert", "kv-cache-tester", "conv.json", "-o", "full", cwd=tmp_path)
+    res.fails(ExitCode.IO, "full", "No space left")
+    assert stat.S_ISCHR(node.lstat().st_mode)
 
 
 def test_a_socket_is_refused(tmp_path):
@@ -216,7 +215,7 @@ def test_a_socket_is_refused(tmp_path):
 # --- property: any output location ---------------------------------------------------------------
 
 KINDS = ["new", "regular", "link_to_store", "link_to_input", "input", "store", "tmp_links", "fifo", "folder",
-         "socket", "under_a_file", "dangling_link", "link_loop", "read_only_folder", "dev_null"]
+         "socket", "under_a_file", "dangling_link", "link_loop", "read_only_folder", "char_device"]
 NAMES = st.text(st.characters(blacklist_characters="/\x00", blacklist_categories=("Cs",)), min_size=1,
                 max_size=30).filter(lambda s: s not in (".", "..") and len(os.fsencode(s)) < 200)
 
@@ -264,14 +263,15 @@ def _place(kind: str, folder: Path, name: str) -> tuple[Path, list]:
         ro.mkdir()
         ro.chmod(0o555)
         out = ro / name
-    elif kind == "dev_null":
-        out = Path("/dev/null")
+    elif kind == "char_device":
+        os.mknod(out, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a /dev/null of our own (root only)
     return out, inputs
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kind=st.sampled_from(KINDS), name=NAMES, writer=st.sampled_from(["bytes", "trace"]))
 def test_any_output_location_writes_exactly_the_output_or_fails_cleanly(kind, name, writer, monkeypatch):
+    assume(kind != "char_device" or IS_ROOT)
     real = tempfile._get_candidate_names
 
     def planted_first():
@@ -295,7 +295,7 @@ def test_any_output_location_writes_exactly_the_output_or_fails_cleanly(kind, na
             assert exc.exit_code in (ExitCode.USAGE, ExitCode.IO), (kind, exc)
             assert "\n" not in str(exc)
             assert snapshot(folder) == before, kind
-            assert kind not in ("new", "regular", "tmp_links", "dev_null", "dangling_link"), (kind, exc)
+            assert kind not in ("new", "regular", "tmp_links", "char_device", "dangling_link"), (kind, exc)
             if kind == "read_only_folder":
                 assert not IS_ROOT
             return
@@ -305,7 +305,9 @@ def test_any_output_location_writes_exactly_the_output_or_fails_cleanly(kind, na
                             "under_a_file", "link_loop"), kind
         after = snapshot(folder)
         rel = str(out.relative_to(folder)) if out.is_relative_to(folder) else None
-        if rel is not None:
+        if kind == "char_device":
+            assert after[rel] == before[rel]  # streamed into, still the device
+        elif rel is not None:
             assert after[rel][:2] == ("file", payload)
             if kind == "regular":
                 assert after[rel][2] == 0o640  # the old file's permissions are kept

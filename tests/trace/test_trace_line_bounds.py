@@ -61,6 +61,15 @@ def test_a_400_digit_think_ms_through_the_cli(tmp_path):
     assert res.code == 0, res.err
 
 
+@pytest.mark.parametrize("field", ["timestamp", "think_ms", "hash_ids"])
+def test_a_lone_surrogate_where_a_number_belongs_is_a_bad_line(tmp_path, field):
+    """Found by the property test below: msgspec failed to encode "\\ud800" while wording its error."""
+    line = json.dumps({**GOOD, "session": "s", "think_ms": 1, field: "X"}).replace('"X"', '"\\ud800"')
+    path = _write(tmp_path, [json.dumps(GOOD), line])
+    with pytest.raises(TraceError, match=rf"t.jsonl:2: '{field}' must be"):
+        list(read_trace(path))
+
+
 # --- bug 10: pauses that add up past the clock ---------------------------------------------------
 
 def test_pauses_within_their_bound_that_add_up_past_the_clock_are_a_bad_line(tmp_path):
@@ -90,6 +99,18 @@ def test_pauses_past_the_clock_through_the_cli_are_exit_3(tmp_path):
     path = _write(tmp_path, [_turn(0, None, 0)] + [_turn(i, MAX_THINK_MS // 2, 2 * i) for i in range(1, 5)])
     res = tierdiag("replay", path, "--db", tmp_path / "r.duckdb", *SMALL, "--arrivals", "closed")
     res.fails(ExitCode.BAD_INPUT, "t.jsonl:4: 'think_ms'", "would arrive past")
+
+
+def test_a_time_scale_that_pushes_a_session_past_the_clock_names_the_line(tmp_path):
+    """The reader bounds first timestamp + pauses unscaled; --time-scale 2 doubles the first
+    arrival (not the pauses): the second turn would arrive past 2^62 ns in closed loop, the
+    bound every arrival keeps so that what the engine adds stays in int64 (before: taken)."""
+    half = MAX_THINK_MS // 2
+    path = _write(tmp_path, [_turn(half, None, 0), _turn(half, half, 2)])
+    res = tierdiag("replay", path, "--db", tmp_path / "r.duckdb", *SMALL, "--time-scale", "2")
+    res.fails(ExitCode.BAD_INPUT, "t.jsonl:2: session \"s\": its first arrival times --time-scale 2 plus its pauses")
+    res = tierdiag("replay", path, "--db", tmp_path / "r2.duckdb", *SMALL, "--time-scale", "2", "--arrivals", "trace")
+    assert res.code == 0, res.err  # open loop: the pauses place nothing
 
 
 # --- property: any value in any field ------------------------------------------------------------

@@ -43,6 +43,25 @@ def convert(obj: dict, model: type, *, style: str = "trace", null_is_missing: bo
         return msgspec.convert(obj, model, strict=True)
     except msgspec.ValidationError as exc:
         raise FieldError(word(str(exc), obj, model, style=style, null_is_missing=null_is_missing)) from None
+    except UnicodeEncodeError:
+        # A string holding a lone surrogate (JSON's "\ud800", which json.loads takes) where a
+        # number belongs: msgspec fails to encode it while wording its error. The same check on
+        # a copy whose strings are made encodable finds the field; the words use the original.
+        try:
+            msgspec.convert(_encodable(obj), model, strict=True)
+        except msgspec.ValidationError as exc:
+            raise FieldError(word(str(exc), obj, model, style=style, null_is_missing=null_is_missing)) from None
+        raise FieldError("a value holds text that is not valid Unicode (a lone surrogate)") from None
+
+
+def _encodable(value):
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_encodable(k): _encodable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_encodable(v) for v in value]
+    return value
 
 
 def word(message: str, obj: dict, model: type, *, style: str = "trace", null_is_missing: bool = False) -> str:
