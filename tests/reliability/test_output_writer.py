@@ -313,3 +313,29 @@ def test_any_output_location_writes_exactly_the_output_or_fails_cleanly(kind, na
                 assert after[rel][2] == 0o640  # the old file's permissions are kept
         assert {k: v for k, v in after.items() if k != rel} == {k: v for k, v in before.items() if k != rel}
         assert is_duckdb_file(folder / "runs.duckdb")
+
+
+# --- the same locations through the CLI: one line, the documented code, nothing changed ----------
+
+CLI_KINDS = {  # kind: the exit code convert -o KIND gives (0: written)
+    "new": 0, "regular": 0, "link_to_store": ExitCode.USAGE, "link_to_input": ExitCode.USAGE,
+    "input": ExitCode.USAGE, "store": ExitCode.USAGE, "tmp_links": 0, "fifo": ExitCode.IO, "folder": ExitCode.IO,
+    "socket": ExitCode.USAGE, "under_a_file": ExitCode.IO, "link_loop": ExitCode.IO,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CLI_KINDS))
+def test_convert_output_locations_through_the_cli(kind, tmp_path):
+    out, _ = _place(kind, tmp_path, "o.jsonl")  # tmp_links: links at the old temporary names
+    before = snapshot(tmp_path)
+    res = tierdiag("convert", "kv-cache-tester", tmp_path / "input.json", "-o", out, timeout=120)
+    want = CLI_KINDS[kind]
+    if want:
+        res.fails(want)
+        assert snapshot(tmp_path) == before
+        return
+    assert res.code == 0, res.err
+    after = snapshot(tmp_path)
+    rel = str(out.relative_to(tmp_path))
+    assert after[rel][0] == "file" and after[rel][1].count(b"\n") == 2
+    assert {k: v for k, v in after.items() if k != rel} == {k: v for k, v in before.items() if k != rel}

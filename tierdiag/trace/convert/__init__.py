@@ -9,12 +9,12 @@ prefix-chained and re-blocked to `block_size` (`records.Rechainer`).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tierdiag.errors import ConfigError, TraceError, unknown_name
+from tierdiag.paths import same_file
 from tierdiag.trace.convert import bailian, kv_cache_tester
 from tierdiag.trace.convert.records import ConvertNotes, Rechainer, SessionRequest
 from tierdiag.trace.reader import MAX_LENGTH_TOKENS
@@ -123,16 +123,9 @@ def _expand(sources: list[Path], glob: str) -> list[Path]:
     return files
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return a.resolve() == b.resolve()
-
-
 def _refuse_overwrite(out: Path, sources: list[Path], files: list[Path]) -> None:
     """The output is written last and replaces its path: it must not be one of the inputs."""
     for src in [*sources, *files]:
-        if _same_file(out, src):
+        if same_file(out, src):  # a link loop is no input (paths.same_file)
             raise ConfigError(f"-o {out} is the input {src}: convert would overwrite it",
                               hint="write the trace to another file")
