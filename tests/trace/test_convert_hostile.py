@@ -112,6 +112,13 @@ def test_a_400_digit_time_is_a_bad_record_not_an_overflow(tmp_path, fmt):
     assert not (tmp_path / "o.jsonl").exists()
 
 
+def test_a_lone_surrogate_in_a_session_name_is_a_bad_record(tmp_path):
+    src = tmp_path / "c.json"
+    src.write_text('{"id": "c\\ud800", "requests": [{"t": 0, "in": 64, "out": 1, "hash_ids": [1]}]}')
+    with pytest.raises(TraceError, match=r"c.json:1: session name c\\ud800 is not valid Unicode"):
+        convert("kv-cache-tester", [src], tmp_path / "o.jsonl")
+
+
 # --- bug 23: --start-spread names itself ----------------------------------------------------------
 
 def test_a_start_spread_too_wide_for_the_files_names_the_option(tmp_path):

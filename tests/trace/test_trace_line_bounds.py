@@ -66,8 +66,24 @@ def test_a_lone_surrogate_where_a_number_belongs_is_a_bad_line(tmp_path, field):
     """Found by the property test below: msgspec failed to encode "\\ud800" while wording its error."""
     line = json.dumps({**GOOD, "session": "s", "think_ms": 1, field: "X"}).replace('"X"', '"\\ud800"')
     path = _write(tmp_path, [json.dumps(GOOD), line])
-    with pytest.raises(TraceError, match=rf"t.jsonl:2: '{field}' must be"):
+    with pytest.raises(TraceError, match=rf"t.jsonl:2: '{field}' (must be|holds text that is not valid Unicode)"):
         list(read_trace(path))
+
+
+@pytest.mark.parametrize("field", ["id", "session", "extra_key"])
+def test_a_lone_surrogate_in_text_is_a_bad_line(tmp_path, field):
+    """json.loads takes "\\ud800"; the run could not store it (exit 1 when the run was written)."""
+    line = json.dumps({**GOOD, "session": "s", "think_ms": 1, field: "X"}).replace('"X"', '"a\\ud800"')
+    path = _write(tmp_path, [json.dumps(GOOD), line])
+    with pytest.raises(TraceError, match=rf"t.jsonl:2: '{field}' holds text that is not valid Unicode"):
+        list(read_trace(path))
+    assert [r.line for r in read_trace(path, skip_bad=True)] == [1]
+
+
+def test_a_lone_surrogate_through_replay_is_exit_3(tmp_path):
+    path = _write(tmp_path, [json.dumps(GOOD).replace("}", ', "id": "a\\udfff"}')])
+    res = tierdiag("replay", path, "--db", tmp_path / "r.duckdb", *SMALL)
+    res.fails(ExitCode.BAD_INPUT, "t.jsonl:1: 'id' holds text that is not valid Unicode")
 
 
 # --- bug 10: pauses that add up past the clock ---------------------------------------------------

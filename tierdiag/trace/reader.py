@@ -267,13 +267,31 @@ def _loads_slow(data: bytes) -> object | None:
     if not text or text.isspace():  # `not text.strip()`, without the copy
         return None
     try:
-        return json.loads(text)
+        obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise BadLine(f"bad JSON ({exc.msg} at column {exc.colno})") from None
     except RecursionError:
         raise BadLine("bad JSON (nested too deeply)") from None
     except ValueError as exc:  # e.g. an integer literal past Python's digit limit
         raise BadLine(f"bad JSON ({_first_line(exc)})") from None
+    if type(obj) is dict:
+        _refuse_lone_surrogates(obj)
+    return obj
+
+
+def _refuse_lone_surrogates(obj: dict) -> None:
+    """json.loads takes an escaped lone surrogate ("\\ud800", which msgspec refuses): text that
+    no UTF-8 file or store can hold, so an id, session or key holding one would fail only when
+    the run is written. A bad line here instead."""
+    for key, value in obj.items():
+        for text, what in ((key, "a key"), (value, f"'{key}'")):
+            if isinstance(text, str) and not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    shown = text.encode("ascii", "backslashreplace").decode("ascii")
+                    raise BadLine(f"{what} holds text that is not valid Unicode (a lone surrogate: "
+                                  f"{shown[:40]})") from None
 
 
 def _request(line, lineno: int, seq: int, block_size: int) -> tuple[int, tuple]:

@@ -88,6 +88,12 @@ def show(value: object, limit: int = 40) -> str:
 def session_name(name: str) -> str:
     if len(name) > MAX_SESSION_CHARS:
         raise BadRecord(f"session name is {len(name):,} characters long (at most {MAX_SESSION_CHARS})")
+    if not name.isascii():
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:  # an escaped lone surrogate json.loads took: replay would refuse the line
+            raise BadRecord(f"session name {name.encode('ascii', 'backslashreplace').decode()[:40]} is not valid "
+                            "Unicode text (a lone surrogate)") from None
     return name
 
 
