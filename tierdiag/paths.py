@@ -19,7 +19,11 @@ DuckDB database: a report, trace or profile written over one would lose every ru
 - a FIFO or a character device (`-o /dev/stdout`, `/dev/null`, a named pipe a reader holds
   open): streamed into as it is, no temporary file, no rename; a FIFO nobody reads is exit 6
   at once, never a hang;
-- anything else that is not a regular file (a socket, a block device): refused, exit 2.
+- anything else that is not a regular file (a socket, a block device): refused, exit 2;
+- `/dev/stdout`, `/dev/stderr`, `/dev/fd/N`, `/proc/self/fd/N` (a descriptor the command was
+  given, whatever it is: `-o /dev/stdout > out.jsonl`): written through that descriptor itself,
+  where it stands (no file can be made or renamed in /proc, and a new open of the name would
+  start at the file's beginning, under what the command prints there).
 
 A failure removes the temporary file and leaves the path as it was (exit 6 naming it).
 """
@@ -30,6 +34,7 @@ import contextlib
 import errno
 import os
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -162,6 +167,11 @@ def open_output(path: str | os.PathLike, *, what: str, inputs: Iterable[tuple[st
     inputs = list(inputs)
     prepare_output_path(path, what=what, inputs=inputs, stream_special=True)
     mode = _existing_mode(path)
+    descriptor = descriptor_of(path)
+    if mode is not None and descriptor is not None:
+        with _through_descriptor(path, descriptor) as fh:
+            yield fh
+        return
     if mode is not None and not stat.S_ISREG(mode):
         with _stream(path) as fh:
             yield fh
@@ -187,6 +197,38 @@ def open_output(path: str | os.PathLike, *, what: str, inputs: Iterable[tuple[st
         if tmp is not None:
             with contextlib.suppress(OSError):  # cleanup after a failure; its error is the one to see
                 os.unlink(tmp)
+
+
+def descriptor_of(path: Path) -> int | None:
+    """The descriptor a name stands for (`/dev/stdout`: 1, `/dev/fd/5`: 5), or None."""
+    text = str(path)
+    named = {"/dev/stdout": 1, "/dev/stderr": 2}.get(text)
+    if named is not None:
+        return named
+    for prefix in ("/dev/fd/", "/proc/self/fd/"):
+        rest = text[len(prefix):]
+        if text.startswith(prefix) and rest.isdigit() and rest.isascii():
+            return int(rest)
+    return None
+
+
+@contextlib.contextmanager
+def _through_descriptor(path: Path, descriptor: int) -> Iterator[BinaryIO]:
+    """Write through a duplicate of `descriptor`: its file offset is shared, so what the command
+    printed there before stays before, and what it prints after comes after."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(ValueError, OSError):  # closed, or a pipe already gone: nothing to keep in order
+            stream.flush()
+    try:
+        fh = os.fdopen(os.dup(descriptor), "wb", buffering=1 << 20)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        with fh:
+            yield fh
+            fh.flush()
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 @contextlib.contextmanager
