@@ -7,13 +7,38 @@ Before that, `check_output` refuses (ConfigError, exit 2, one line naming both) 
 one of the command's own inputs or its store: the same file by inode (a hard or symbolic link to
 it too), or, not there yet, the same path. And it never lets anything but a run store replace a
 DuckDB database: a report, trace or profile written over one would lose every run in it.
+
+`open_output` / `write_output` are the one way a file is written (a trace, a profile, a report,
+`--trace-out`): the checks above, then
+
+- a regular file (or none yet): the bytes go to a temporary file made exclusively in the target's
+  folder (`tempfile.mkstemp`: O_CREAT|O_EXCL, so a link planted at a temporary name is never
+  followed), fsynced, given the old file's permissions (a new one: 0666 less the umask), then
+  renamed over the path (`os.replace`: a reader sees the old file or the whole new one; a link
+  at the path itself is replaced, never written through);
+- a FIFO or a character device (`-o /dev/stdout`, `/dev/null`, a named pipe a reader holds
+  open): streamed into as it is, no temporary file, no rename; a FIFO nobody reads is exit 6
+  at once, never a hang;
+- anything else that is not a regular file (a socket, a block device): refused, exit 2;
+- `/dev/stdout`, `/dev/stderr`, `/dev/fd/N`, `/proc/self/fd/N` (a descriptor the command was
+  given, whatever it is: `-o /dev/stdout > out.jsonl`): written through that descriptor itself,
+  where it stands (no file can be made or renamed in /proc, and a new open of the name would
+  start at the file's beginning, under what the command prints there).
+
+A failure removes the temporary file and leaves the path as it was (exit 6 naming it).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import stat
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterable
+from typing import BinaryIO, Iterable
 
 from tierdiag.errors import ConfigError, OutputError
 
@@ -28,13 +53,43 @@ _DUCKDB_MAGIC_AT = 8
 
 
 def is_duckdb_file(path: str | os.PathLike) -> bool:
-    """A DuckDB database file (checked by its header, not its name)."""
+    """A DuckDB database file (checked by its header, not its name). Only a regular file is
+    opened, and without blocking: a FIFO or a device is never read (opening a FIFO for reading
+    waits for a writer)."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(_DUCKDB_MAGIC_AT + len(DUCKDB_MAGIC))
-    except OSError:  # missing, a folder, unreadable: not one we could destroy by reading its name
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
+        # O_NONBLOCK: should the path become a FIFO after the stat, the open returns at once.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except (OSError, ValueError):  # missing, unreadable, a NUL in the name: nothing to destroy
         return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        head = os.pread(fd, _DUCKDB_MAGIC_AT + len(DUCKDB_MAGIC), 0)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
     return head[_DUCKDB_MAGIC_AT:] == DUCKDB_MAGIC
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _existing_mode(path: Path) -> int | None:
+    """The mode of what `path` names (through links), or None when nothing is there."""
+    try:
+        return os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:  # a link loop, a name too long, no permission to look
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
@@ -66,15 +121,22 @@ def check_output(path: str | os.PathLike, *, what: str, inputs: Iterable[tuple[s
 
 
 def prepare_output_path(path: Path, *, what: str, inputs: Iterable[tuple[str, str | os.PathLike]] = (),
-                        store: bool = False) -> None:
+                        store: bool = False, stream_special: bool = False) -> None:
     """The one rule for every file tierdiag writes (--db, -o, export, calibrate -o, --trace-out):
     `check_output` first (an input, or a DuckDB file for anything but a store: exit 2); then
     missing parent folders are created; a path that is a folder, or a parent that cannot be created
-    or written, is an OutputError (exit 6) naming the path."""
+    or written, is an OutputError (exit 6) naming the path. A path that is neither a regular file
+    nor a folder is refused (exit 2), except a FIFO or a character device when `stream_special`
+    (the caller streams into it: `open_output`)."""
     path = Path(path)
     check_output(path, what=what, inputs=inputs, store=store)
-    if path.is_dir():
+    mode = _existing_mode(path)
+    if mode is not None and stat.S_ISDIR(mode):
         raise OutputError(f"cannot write {path}: it is a folder", hint=f"pass a file name to {what}")
+    if mode is not None and not stat.S_ISREG(mode):
+        if not (stream_special and (stat.S_ISFIFO(mode) or stat.S_ISCHR(mode))):
+            raise ConfigError(f"{what} {path} is {_kind(mode)}: refusing to write to it",
+                              hint=f"pass a regular file to {what}")
     parent = path.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -85,3 +147,131 @@ def prepare_output_path(path: Path, *, what: str, inputs: Iterable[tuple[str, st
     if not path.exists() and not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"cannot write {path}: folder {parent} is not writable",
                           hint=f"pass a {what} in a folder you can write to")
+
+
+def _umask() -> int:
+    # The only portable way to read the umask is to set it and put it back.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def open_output(path: str | os.PathLike, *, what: str, inputs: Iterable[tuple[str, str | os.PathLike]] = ()
+                ) -> Iterator[BinaryIO]:
+    """A binary file to write `path`'s new content into (see the module's docstring): checked
+    like `prepare_output_path`, then a temporary file renamed into place when the block ends
+    without an error (a FIFO or character device: streamed into). Any error leaves the path as it
+    was; an OSError becomes an OutputError (exit 6) naming the path."""
+    path = Path(path)
+    inputs = list(inputs)
+    prepare_output_path(path, what=what, inputs=inputs, stream_special=True)
+    mode = _existing_mode(path)
+    descriptor = descriptor_of(path)
+    if mode is not None and descriptor is not None:
+        with _through_descriptor(path, descriptor) as fh:
+            yield fh
+        return
+    if mode is not None and not stat.S_ISREG(mode):
+        with _stream(path) as fh:
+            yield fh
+        return
+    parent = path.parent if str(path.parent) else Path(".")
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")  # O_CREAT|O_EXCL
+        with os.fdopen(fd, "wb", buffering=1 << 20) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, stat.S_IMODE(mode) if mode is not None else 0o666 & ~_umask())
+        # The checks again, just before the rename: the path may have changed since (a link to
+        # an input or a store planted meanwhile is refused, not replaced).
+        check_output(path, what=what, inputs=inputs)
+        os.replace(tmp, path)
+        tmp = None
+        _fsync_folder(parent)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):  # cleanup after a failure; its error is the one to see
+                os.unlink(tmp)
+
+
+def descriptor_of(path: Path) -> int | None:
+    """The descriptor a name stands for (`/dev/stdout`: 1, `/dev/fd/5`: 5), or None."""
+    text = str(path)
+    named = {"/dev/stdout": 1, "/dev/stderr": 2}.get(text)
+    if named is not None:
+        return named
+    for prefix in ("/dev/fd/", "/proc/self/fd/"):
+        rest = text[len(prefix):]
+        if text.startswith(prefix) and rest.isdigit() and rest.isascii():
+            return int(rest)
+    return None
+
+
+@contextlib.contextmanager
+def _through_descriptor(path: Path, descriptor: int) -> Iterator[BinaryIO]:
+    """Write through a duplicate of `descriptor`: its file offset is shared, so what the command
+    printed there before stays before, and what it prints after comes after."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(ValueError, OSError):  # closed, or a pipe already gone: nothing to keep in order
+            stream.flush()
+    try:
+        fh = os.fdopen(os.dup(descriptor), "wb", buffering=1 << 20)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        with fh:
+            yield fh
+            fh.flush()
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+@contextlib.contextmanager
+def _stream(path: Path) -> Iterator[BinaryIO]:
+    """Write into a FIFO or a character device as it is. O_NONBLOCK for the open only: a FIFO
+    with no reader fails at once (ENXIO) instead of waiting for one."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise OutputError(f"cannot write {path}: it is a FIFO (named pipe) that nothing is reading",
+                              hint="start its reader first, or pass a regular file") from None
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        os.set_blocking(fd, True)
+        fh = os.fdopen(fd, "wb", buffering=1 << 20)
+    except OSError as exc:
+        os.close(fd)
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        with fh:
+            yield fh
+            fh.flush()
+    except OSError as exc:  # a device full (/dev/full), a reader gone (EPIPE)
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename durable; a file system that cannot sync a folder is no error."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):  # EINVAL where folders cannot be synced: the file is written
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_output(path: str | os.PathLike, data: bytes, *, what: str,
+                 inputs: Iterable[tuple[str, str | os.PathLike]] = ()) -> int:
+    """Write `data` as the whole of `path` through `open_output`; the number of bytes."""
+    with open_output(path, what=what, inputs=inputs) as fh:
+        fh.write(data)
+    return len(data)

@@ -83,7 +83,7 @@ def test_unchained_source_ids_warn_on_stderr(tmp_path):
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     res = cli("convert", "bailian", src, "-o", tmp_path / "o.jsonl", "--block-size", "16")
     assert res.returncode == 0, res.stderr
-    assert res.stderr.startswith("tierdiag: warning: 1 source block ids") and "not prefix-chained" in res.stderr
+    assert res.stderr.startswith("tierdiag: warning: 1 distinct source block id(s)") and "not prefix-chained" in res.stderr
 
 
 def test_convert_is_listed_in_help():

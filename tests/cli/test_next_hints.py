@@ -26,9 +26,7 @@ CASES = [
     pytest.param(["convert", "kv-cache-tester", f"{SAMPLES}/kv-cache-tester", "-o", "coding.jsonl", "--block-size", "64"],
                  id="convert-block-64"),
     pytest.param(["convert", "bailian", f"{SAMPLES}/bailian.jsonl", "-o", "chat.jsonl", "--block-size", "16"],
-                 id="convert-block-16", marks=pytest.mark.xfail(
-                     reason="issue 39 bug 24: convert's hint for --block-size 16 must carry --page-size 16 (the "
-                            "converter's owner fixes it)", strict=False)),
+                 id="convert-block-16"),  # issue 39 bug 24: the hint carries --page-size 16
     pytest.param(["import", "sglang", f"{SAMPLES}/sglang", "--db", "prod.duckdb", "--run-name", "prod",
                   "--trace-out", "prod-twin.jsonl"], id="import-with-trace-out"),
     pytest.param(["import", "sglang", f"{SAMPLES}/sglang", "--db", "prod.duckdb", "--run-name", "prod"], id="import"),

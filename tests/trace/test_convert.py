@@ -45,7 +45,8 @@ def test_kv_cache_tester_fixture_narrated(tmp_path):
     # 200 tokens: 3 full 64-token blocks named by the source, the 8-token tail its own block.
     a1, a2, a3 = (r[f"conv-a#{i}"]["hash_ids"] for i in (1, 2, 3))
     assert len(a1) == 4 and a2[:3] == a1[:3] and a2[3] not in a1 and a3[:4] == a2[:4]
-    # The sub-agent is its own session on the conversation's clock, sharing the file's ids:
+    # The sub-agent is its own session, its t counted from its marker (t 7.0: 7.0 + 0.0 and 7.0 + 2.5),
+    # sharing the file's ids:
     # its first block is conv-a's block 1 (same id, same place), its second is not conv-a's 2.
     s1, s2 = r["conv-a/sa1#1"], r["conv-a/sa1#2"]
     assert (s1["session"], s1["timestamp"], s2["timestamp"], s2["think_ms"]) == ("conv-a/sa1", 7_000, 9_500, 1_500)

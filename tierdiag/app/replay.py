@@ -29,6 +29,7 @@ from tierdiag.units import ns_to_ms
 from tierdiag.config.engine import EngineConfig
 from tierdiag.errors import ConfigError, TierdiagError, TraceError
 from tierdiag.store.storage_dir import run_folder
+from tierdiag.trace.fields import show
 from tierdiag.trace.reader import MAX_ARRIVAL_NS, ReadReport, is_seekable_file, read_trace, trace_sha256
 
 
@@ -229,13 +230,25 @@ def _single_threaded_data_plane() -> None:
         torch.set_num_threads(1)
 
 
-def _scaled_arrivals(requests, time_scale: float, trace: Path):
-    """The requests, refusing one whose arrival times --time-scale would leave int64 ns."""
+def _scaled_arrivals(requests, time_scale: float, trace: Path, closed: bool = True):
+    """The requests, refusing one whose arrival times --time-scale would leave int64 ns. In
+    closed loop a session's turn arrives no earlier than its first turn's scaled arrival plus the
+    pauses since (not scaled); the reader bounds that sum unscaled (`reader.SessionClock`), so
+    only a --time-scale above 1 can push it past the range: refused here, naming the line."""
+    sessions: dict[str, int] | None = {} if closed and time_scale > 1 else None
     for req in requests:
         if req.arrival_ns * time_scale > MAX_ARRIVAL_NS:
             raise TraceError(f"{trace}:{req.line}: timestamp {req.arrival_ns // 1_000_000:,} ms times --time-scale "
                              f"{time_scale:g} is past the latest arrival tierdiag can time "
                              f"({MAX_ARRIVAL_NS // 1_000_000:,} ms)", hint="use a smaller --time-scale")
+        if sessions is not None and req.session is not None:
+            at = sessions.get(req.session)
+            at = int(req.arrival_ns * time_scale) if at is None else at + (req.think_ns or 0)
+            if at > MAX_ARRIVAL_NS:
+                raise TraceError(f"{trace}:{req.line}: session {show(req.session)}: its first arrival times --time-scale "
+                                 f"{time_scale:g} plus its pauses is past the latest arrival tierdiag can time "
+                                 f"({MAX_ARRIVAL_NS // 1_000_000:,} ms)", hint="use a smaller --time-scale")
+            sessions[req.session] = at
         yield req
 
 
@@ -273,7 +286,7 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
     # cfg.time_scale is inside its declared bounds (config/engine.py): an EngineConfig is never outside them.
     report = ReadReport()
     requests = _scaled_arrivals(read_trace(trace, block_size=cfg.block_size, skip_bad=skip_bad, report=report),
-                                cfg.time_scale, trace)
+                                cfg.time_scale, trace, closed=cfg.arrivals != "trace")
     # The reader streams: pull the first request now, so that a trace that is empty or bad from
     # its first line fails here, before a run (or the database file) exists, and before torch.
     first = next(requests)

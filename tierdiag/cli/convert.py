@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import shlex
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -9,7 +12,9 @@ import typer
 
 from tierdiag.cli.choices import choices
 from tierdiag.cli.common import JsonOpt, err, out, print_json
-from tierdiag.trace.convert import DEFAULT_BLOCK_SIZE, DEFAULT_START_SPREAD_S, FORMATS, ConvertOptions, convert as run
+from tierdiag.paths import descriptor_of
+from tierdiag.trace.convert import (DEFAULT_BLOCK_SIZE, DEFAULT_START_SPREAD_S, FORMATS, ConvertOptions, convert as run,
+                                    replay_options)
 
 
 def convert(
@@ -41,20 +46,26 @@ def convert(
         summary = run(fmt, sources, out_path, ConvertOptions(block_size=block_size, start_spread_s=start_spread,
                                                               seed=seed), progress=moved)
     notes = summary.notes
+    # `-o /dev/stdout`: stdout is the trace; what is said about it goes to stderr.
+    to = err if descriptor_of(out_path) == 1 else out
     if notes.unchained_blocks:
-        err.print(f"tierdiag: warning: {notes.unchained_blocks:,} source block ids follow a different block than "
-                  "where first seen (the source's ids are not prefix-chained); they were given new ids there, so "
-                  "only true shared prefixes are shared", markup=False, highlight=False)
+        err.print(f"tierdiag: warning: {notes.unchained_blocks:,} distinct source block id(s) follow a different "
+                  f"block than where first seen, at {notes.unchained_block_uses:,} place(s) in the requests (the "
+                  "source's ids are not prefix-chained); they were given new ids there, so only true shared prefixes "
+                  "are shared", markup=False, highlight=False)
     if json_:
-        print_json(summary.to_json())
+        if to is err:
+            sys.stderr.write(json.dumps(summary.to_json(), indent=2) + "\n")
+        else:
+            print_json(summary.to_json())
         return
     extra = [f"{n:,} {what}" for n, what in ((notes.subagents, "sub-agent session(s)"),
                                              (notes.orphans, "turn(s) whose parent is missing: new sessions"),
                                              (notes.forks, "fork(s): new sessions"),
                                              (notes.early_turns, "turn(s) sent before the parent's estimated finish: "
                                                                  "think_ms 0")) if n]
-    flag = "" if summary.block_size == 512 else f" --block-size {summary.block_size}"
-    out.print(f"wrote {summary.num_requests:,} requests in {summary.num_sessions:,} sessions ({summary.format}, "
+    flag = "".join(f" {opt}" for opt in replay_options(summary.block_size))
+    to.print(f"wrote {summary.num_requests:,} requests in {summary.num_sessions:,} sessions ({summary.format}, "
               f"{summary.num_files:,} file(s), {summary.span_s:,.0f} s) to {summary.path}"
               + (f"\n  {'; '.join(extra)}" if extra else "")
-              + f"\n  next: tierdiag replay {summary.path}{flag}", markup=False, highlight=False)
+              + f"\n  next: tierdiag replay {shlex.quote(summary.path)}{flag}", markup=False, highlight=False)

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 from tierdiag.config.presets import GPUS, MODELS, gpu_preset, model_preset
 from tierdiag.config.schema import Choice, Float, KeyedConfigError, Schema, check_values
-from tierdiag.errors import ConfigError, OutputError
+from tierdiag.paths import write_output
 
 PROFILE_FORMAT = "tierdiag-profile/1"
 # The presets' constants that are not in a model or GPU preset (the cost model reads them here).
@@ -232,12 +232,6 @@ def write_profile(path: str | os.PathLike, *, model: str, gpu: str, clock: Mappi
             "# Use: tierdiag replay TRACE --profile THIS_FILE (or profile = \"THIS_FILE\" in --config).\n"
             "# [clock] units: ns, or bytes per second for *_bytes_per_s; [fit] says which were fitted.\n")
     p = Path(path)
-    tmp = p.with_name(f".{p.name}.tmp")
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(head + tomli_w.dumps(doc), encoding="utf-8")
-        os.replace(tmp, p)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise OutputError(f"cannot write profile {p}: {exc.strerror or exc}") from None
+    # The one output writer: exclusive temporary file, atomic rename, FIFO/device streamed.
+    write_output(p, (head + tomli_w.dumps(doc)).encode("utf-8"), what="-o/--out")
     return p

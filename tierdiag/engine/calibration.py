@@ -36,8 +36,7 @@ import numpy as np
 import torch
 
 from tierdiag.engine import kernels
-from tierdiag.errors import OutputError
-from tierdiag.paths import check_output
+from tierdiag.paths import write_output
 
 PROFILE_FORMAT = "tierdiag-calibrate/1"
 PATTERN = "random pages on both sides (distinct, unsorted)"
@@ -332,16 +331,7 @@ def calibrate(*, quick: bool = False, num_layers: int = 4, row_bytes: int = 4096
 def save_profile(profile: Profile, path: Path) -> Path:
     """Write the profile JSON atomically (a reader never sees half a file)."""
     path = Path(path).expanduser()
-    check_output(path, what="-o")  # never over a DuckDB store (tierdiag/paths.py)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            tmp.write_text(json.dumps(profile.to_json(), indent=2) + "\n")
-            tmp.replace(path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)  # a full disk, or PATH a folder: leave no PATH.tmp behind
-            raise
-    except OSError as exc:
-        raise OutputError(f"cannot write profile {path}: {exc.strerror or exc}") from None
+    # The one output writer (tierdiag/paths.py): never over a DuckDB store, an exclusive temporary
+    # file renamed into place, a FIFO or device streamed into.
+    write_output(path, (json.dumps(profile.to_json(), indent=2) + "\n").encode("utf-8"), what="-o")
     return path

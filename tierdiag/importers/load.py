@@ -54,7 +54,7 @@ import pyarrow.compute as pc
 
 from tierdiag import __version__, signals
 from tierdiag.errors import OutputError, RunInterrupted, TraceError
-from tierdiag.paths import check_output, prepare_output_path
+from tierdiag.paths import check_output, open_output, prepare_output_path
 from tierdiag.importers.sglang import (
     KEEP_TOKEN_IDS_HINT,
     METRICS_FLAG,
@@ -202,7 +202,8 @@ class _TraceSpool:
     def __init__(self, out: Path, inputs: list[tuple[str, str | os.PathLike]]) -> None:
         self.out = out
         # Not one of the export files nor --db, never over a DuckDB file; parents created.
-        prepare_output_path(out, what="--trace-out", inputs=inputs)
+        prepare_output_path(out, what="--trace-out", inputs=inputs, stream_special=True)
+        self._inputs = list(inputs)
         parent = out.parent if str(out.parent) else Path(".")
         try:
             self._fh = tempfile.NamedTemporaryFile(prefix=f".{out.name}.", suffix=".spool", dir=parent, delete=False)
@@ -255,12 +256,14 @@ class _TraceSpool:
         self._fh.close()
         n = len(self.arrival)
         digest = hashlib.sha256()
-        tmp = self.out.with_name(f".{self.out.name}.tmp")
         try:
             arrival = np.frombuffer(self.arrival, dtype=np.int64) if n else np.empty(0, dtype=np.int64)
             order = np.argsort(arrival, kind="stable")
             base = t0_ns if t0_ns is not None else 0
-            with open(self.spool_path, "rb") as src, open(tmp, "wb", buffering=1 << 20) as dst:
+            # The one output writer (tierdiag/paths.py): an exclusive temporary file renamed into
+            # place (never through a link at a temporary name), a FIFO or device streamed into.
+            with open(self.spool_path, "rb") as src, open_output(self.out, what="--trace-out",
+                                                                 inputs=self._inputs) as dst:
                 for i in order.tolist():
                     src.seek(self.offset[i])
                     rest = src.read(self.length[i])
@@ -269,11 +272,9 @@ class _TraceSpool:
                     digest.update(rest)
                     dst.write(head)
                     dst.write(rest)
-            os.replace(tmp, self.out)
         except OSError as exc:
             raise OutputError(f"cannot write {self.out}: {exc.strerror or exc}") from None
         finally:
-            tmp.unlink(missing_ok=True)
             self.spool_path.unlink(missing_ok=True)
         return n, digest.hexdigest()
 

@@ -11,11 +11,8 @@ Plotly's base64 typed arrays (`{"dtype": "f8", "bdata": ...}`), so 20,000 points
 from __future__ import annotations
 
 import base64
-import contextlib
 import html
 import json
-import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,8 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tierdiag import __version__
-from tierdiag.errors import OutputError
-from tierdiag.paths import prepare_output_path
+from tierdiag.paths import write_output
 from tierdiag.report.plotting import FigureSpec
 
 DEFAULT_REPORTS_DIR = Path("reports")
@@ -263,41 +259,12 @@ Times are virtual ({clock}); token counts are exact. This file works offline.</f
 
 # --- writing ----------------------------------------------------------------------------------
 
-def _umask() -> int:
-    # The only portable way to read the umask is to set it and put it back.
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def write_atomic(path: Path, text: str) -> int:
-    """Write `text` to `path` via a temporary file in the same folder, renamed into place.
-
-    Readers (a browser reloading, a CI artifact upload) see the old file or the whole new one,
-    never a torn write; on failure the temporary file is removed and nothing else changes.
-    """
-    payload = text.encode("utf-8")
-    prepare_output_path(path, what="-o")
-    parent = path.parent
-    tmp: str | None = None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a report is meant to be shared
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as exc:
-        raise OutputError(f"cannot write {path}: {exc.strerror or exc}",
-                          hint="check free space and permissions, or pass -o elsewhere") from exc
-    finally:
-        if tmp is not None:
-            # Cleanup after a failed write; the original error is what the user needs to see.
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-    return len(payload)
+    """Write `text` to `path` through the one output writer (`paths.write_output`): a temporary
+    file made exclusively in the same folder, renamed into place. Readers (a browser reloading, a
+    CI artifact upload) see the old file or the whole new one, never a torn write; on failure the
+    temporary file is removed and nothing else changes."""
+    return write_output(path, text.encode("utf-8"), what="-o")
 
 
 def plotly_js() -> str:

@@ -17,20 +17,27 @@ its magic bytes, not its name). The file is never loaded whole: lines are parsed
 and only the requests that share the current timestamp are held back (see `_spread`).
 
 Every problem is a `TraceError` naming `file:line`; with `skip_bad=True` bad lines are skipped
-and counted in a `ReadReport` instead.
+and counted in a `ReadReport` instead. A line's fields, their types and bounds are declared once,
+in `line_model` (msgspec; `trace.fields` words what is wrong); what relates fields to each other
+or to other lines (lengths, the hash chain, ids, a session's clock) is checked here.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
+from typing import Annotated, Optional, Union
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
 
 from tierdiag.errors import TraceError
+from tierdiag.trace.fields import FieldError, convert as convert_fields, json_type as _json_type, show as _show
 from tierdiag.trace.lines import BadLine, is_seekable_file, numbered_lines, open_raw, skip_bad_line  # noqa: F401 - numbered_lines, is_seekable_file: this module's API too
 
 KNOWN_KEYS = frozenset({"id", "timestamp", "input_length", "output_length", "hash_ids", "tokens",
@@ -52,6 +59,60 @@ MAX_THINK_MS = MAX_TIMESTAMP_MS
 MAX_LENGTH_TOKENS = 2**24
 # Token ids are hashed as 4-byte words (see pages.py); every real vocabulary fits.
 MAX_TOKEN_ID = 2**32 - 1
+
+
+@lru_cache(maxsize=8)
+def line_model(max_hash: int) -> type:
+    """A trace line's fields: types and bounds, declared once (`trace.fields` words a value that
+    does not fit). `max_hash` depends on the block size (`max_hash_id`)."""
+    count = Annotated[int, Meta(ge=0, le=MAX_LENGTH_TOKENS, extra={"unit": " tokens"})]
+    return msgspec.defstruct("TraceLine", [
+        ("timestamp", Annotated[int, Meta(ge=0, le=MAX_TIMESTAMP_MS, extra={"unit": " ms"})]),
+        ("input_length", Annotated[int, Meta(ge=1, le=MAX_LENGTH_TOKENS, extra={
+            "unit": " tokens", "low": "a request needs at least one input token"})]),
+        ("output_length", count),
+        ("hash_ids", Union[tuple[Annotated[int, Meta(ge=0, le=max_hash)], ...], UnsetType], UNSET),
+        ("tokens", Union[tuple[Annotated[int, Meta(ge=0, le=MAX_TOKEN_ID)], ...], UnsetType], UNSET),
+        ("id", Union[str, UnsetType], UNSET),
+        ("priority", Annotated[int, Meta(ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1],
+                                         extra={"range": "does not fit in a 64-bit integer"})], 0),
+        ("extra_key", Optional[Annotated[str, Meta(max_length=MAX_EXTRA_KEY_CHARS)]], None),
+        ("session", Optional[Annotated[str, Meta(max_length=MAX_SESSION_CHARS)]], None),
+        ("think_ms", Optional[Annotated[float, Meta(ge=0, le=MAX_THINK_MS, extra={"unit": " ms"})]], None),
+    ], frozen=True)
+
+
+def pause_ns(think_ms: float) -> int:
+    """`think_ms` in integer ns, exact for a whole number of ms (what replay uses, and convert
+    checks its sessions' clocks with)."""
+    return int(think_ms) * NS_PER_MS if think_ms == int(think_ms) else round(think_ms * NS_PER_MS)
+
+
+class SessionClock:
+    """Per session, the earliest time its next turn can arrive in closed loop: its first turn's
+    timestamp plus the pauses (`think_ms`) of its later turns (the replay adds each turn's
+    serving time on top). A turn that would take that past MAX_ARRIVAL_NS is a bad line: several
+    pauses, each within its own bound, must not add up past the clock's range (issue 39 bug 10).
+    `check` raises BadLine without changing anything; `commit` records a turn that was taken."""
+
+    __slots__ = ("_at",)
+
+    def __init__(self) -> None:
+        self._at: dict[str, int] = {}
+
+    def check(self, session: str, timestamp_ns: int, think_ns: int | None, what: str = "'think_ms'") -> int:
+        at = self._at.get(session)
+        if at is None:  # the session's first turn: its pause, if any, is ignored
+            return timestamp_ns
+        at += think_ns or 0
+        if at > MAX_ARRIVAL_NS:
+            raise BadLine(f"{what}: in closed loop this turn of session {_show(session)} would arrive past "
+                          f"the latest time tierdiag can keep (the session's first timestamp plus its pauses "
+                          f"come to {at // NS_PER_MS:,} ms; at most {MAX_TIMESTAMP_MS:,} ms)")
+        return at
+
+    def commit(self, session: str, at: int) -> None:
+        self._at[session] = at
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,28 +196,38 @@ def _parse(path: Path, *, block_size: int, skip_bad: bool, report: ReadReport) -
     parents: dict[int, int] = {}
     last_ts = -1
     seq = 0
-    max_hash = max_hash_id(block_size)
+    model = line_model(max_hash_id(block_size))
     known_keys = KNOWN_KEYS
+    decode = msgspec.json.Decoder().decode
+    clock = SessionClock()
     for lineno, data in numbered_lines(path, report):
         try:
             if lineno == 1 and data.startswith(b"\xef\xbb\xbf"):
                 data = data[3:]  # a UTF-8 byte-order mark some editors write
             try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError:
-                raise BadLine("not UTF-8 text (is this a binary file?)") from None
-            if not text or text.isspace():  # `not text.strip()`, without the copy
-                continue
-            obj = _loads(text)
+                obj = decode(data)
+            except (msgspec.DecodeError, RecursionError):  # blank lines, NaN, bad UTF-8: worded by json.loads
+                obj = _loads_slow(data)
+                if obj is None:
+                    continue
+            if type(obj) is not dict:
+                raise BadLine(f"expected a JSON object, got {_json_type(obj)}")
             if not known_keys.issuperset(obj):
                 report.unknown_keys.update(obj.keys() - known_keys)
-            ts, fields = _request(obj, lineno, seq, block_size, max_hash)
+            try:
+                line = convert_fields(obj, model)
+            except FieldError as exc:
+                raise BadLine(str(exc)) from None
+            ts, fields = _request(line, lineno, seq, block_size)
             if ts < last_ts:
                 raise BadLine(f"timestamp {ts} goes backwards (previous request is at {last_ts})")
             req_id = fields[0]
             first = seen_ids.get(req_id)
             if first is not None:
                 raise BadLine(f"duplicate id {_show(req_id)} (first used on line {first})")
+            session = fields[9]
+            if session is not None:
+                at = clock.check(session, ts * NS_PER_MS, fields[10])
             if fields[5]:
                 _link_chain(fields[5], parents)  # last: a line that fails leaves no links behind
         except BadLine as exc:
@@ -164,36 +235,37 @@ def _parse(path: Path, *, block_size: int, skip_bad: bool, report: ReadReport) -
             if skip_bad_line(path, lineno, exc, skip_bad, report.bad_lines):
                 report.first_bad.append((lineno, str(exc)))
             continue
+        if session is not None:
+            clock.commit(session, at)
         seen_ids[req_id] = lineno
         last_ts = ts
         seq += 1
         yield ts, fields
 
 
-# The scanner json.loads ends in, called directly for a line that is one object (see _loads).
-_scan_json = json.scanner.make_scanner(json.JSONDecoder())
-_JSON_SPACE = " \t\n\r"
-
-
-def _scanned_object(text: str) -> dict | None:
-    """The line's object by the scanner alone; None where json.loads is to parse it (a failure,
-    whose message and column json.loads gives again, or more than whitespace after it)."""
-    try:
-        obj, end = _scan_json(text, 0)
-    except (StopIteration, ValueError, RecursionError):
-        return None
-    return obj if end == len(text) or not text[end:].strip(_JSON_SPACE) else None
-
-
 def _loads(text: str) -> dict:
-    # json.loads wraps the scanner in two regex whitespace matches and three Python calls. A
-    # line that starts with "{" and ends in JSON whitespace after the object parses the same
-    # by the scanner alone; anything else, a failure included, goes through json.loads, whose
-    # error (and column) is the one reported.
-    if text[0] == "{":
-        obj = _scanned_object(text)
-        if obj is not None:
-            return obj
+    """One non-blank line's object, decoded as `_parse` does (msgspec, then json.loads for what
+    msgspec refuses: the accepted objects and every error, message and column, are json.loads's)."""
+    data = text.encode("utf-8", "surrogatepass")
+    try:
+        obj = msgspec.json.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        obj = _loads_slow(data)
+    if type(obj) is not dict:
+        raise BadLine(f"expected a JSON object, got {_json_type(obj)}")
+    return obj
+
+
+def _loads_slow(data: bytes) -> object | None:
+    """A line msgspec could not decode: None for a blank line, else the object json.loads makes
+    of it (it reads NaN and Infinity, which are then worded as not finite) or BadLine with its
+    message and column."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadLine("not UTF-8 text (is this a binary file?)") from None
+    if not text or text.isspace():  # `not text.strip()`, without the copy
+        return None
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -202,132 +274,60 @@ def _loads(text: str) -> dict:
         raise BadLine("bad JSON (nested too deeply)") from None
     except ValueError as exc:  # e.g. an integer literal past Python's digit limit
         raise BadLine(f"bad JSON ({_first_line(exc)})") from None
-    if not isinstance(obj, dict):
-        raise BadLine(f"expected a JSON object, got {_json_type(obj)}")
+    if type(obj) is dict:
+        _refuse_lone_surrogates(obj)
     return obj
 
 
-def _request(obj: dict, lineno: int, seq: int, block_size: int, max_hash: int) -> tuple[int, tuple]:
-    """(timestamp ms, TraceRequest's fields in order, arrival_ns left out)."""
-    # Each field is tested inline and `_int_field` called only to word what is wrong with it.
-    ts = obj.get("timestamp")
-    if type(ts) is not int or ts < 0:
-        ts = _int_field(obj, "timestamp")
-    if ts > MAX_TIMESTAMP_MS:
-        raise BadLine(f"'timestamp' {_show(ts)} is too large (at most {MAX_TIMESTAMP_MS} ms)")
-    input_len = obj.get("input_length")
-    if type(input_len) is not int or input_len < 0:
-        input_len = _int_field(obj, "input_length")
-    if input_len == 0:
-        raise BadLine("'input_length' is 0 (a request needs at least one input token)")
-    output_len = obj.get("output_length")
-    if type(output_len) is not int or output_len < 0:
-        output_len = _int_field(obj, "output_length")
-    if input_len > MAX_LENGTH_TOKENS:
-        raise BadLine(f"'input_length' {_show(input_len)} is too large (at most {MAX_LENGTH_TOKENS:,} tokens)")
-    if output_len > MAX_LENGTH_TOKENS:
-        raise BadLine(f"'output_length' {_show(output_len)} is too large (at most {MAX_LENGTH_TOKENS:,} tokens)")
+def _refuse_lone_surrogates(obj: dict) -> None:
+    """json.loads takes an escaped lone surrogate ("\\ud800", which msgspec refuses): text that
+    no UTF-8 file or store can hold, so an id, session or key holding one would fail only when
+    the run is written. A bad line here instead."""
+    for key, value in obj.items():
+        for text, what in ((key, "a key"), (value, f"'{key}'")):
+            if isinstance(text, str) and not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    shown = text.encode("ascii", "backslashreplace").decode("ascii")
+                    raise BadLine(f"{what} holds text that is not valid Unicode (a lone surrogate: "
+                                  f"{shown[:40]})") from None
 
-    has_hashes, has_tokens = "hash_ids" in obj, "tokens" in obj
+
+def _request(line, lineno: int, seq: int, block_size: int) -> tuple[int, tuple]:
+    """(timestamp ms, TraceRequest's fields in order, arrival_ns left out) of a line whose fields
+    each fit their declaration (`line_model`): what relates them is checked here."""
+    input_len = line.input_length
+    hash_ids, tokens = line.hash_ids, line.tokens
+    has_hashes, has_tokens = hash_ids is not UNSET, tokens is not UNSET
     if has_hashes == has_tokens:
-        raise BadLine("needs exactly one of 'hash_ids' or 'tokens', found "
-                       + ("both" if has_hashes else "neither"))
-    hash_ids = tokens = None
+        raise BadLine("needs exactly one of 'hash_ids' or 'tokens', found " + ("both" if has_hashes else "neither"))
     if has_hashes:
-        hash_ids = _int_list(obj, "hash_ids", max_hash)
+        tokens = None
         want = -(-input_len // block_size)
         if len(hash_ids) != want:
             raise BadLine(f"'hash_ids' has {len(hash_ids)} entries, expected {want} "
                            f"(ceil(input_length {input_len} / block size {block_size}); see --block-size)")
     else:
-        tokens = _int_list(obj, "tokens", MAX_TOKEN_ID)
+        hash_ids = None
         if len(tokens) != input_len:
             raise BadLine(f"'tokens' has {len(tokens)} entries but 'input_length' is {input_len}")
-
-    if "id" in obj:
-        req_id = obj["id"]
-        if not isinstance(req_id, str):
-            raise BadLine(f"'id' must be a string, got {_json_type(req_id)}")
-        if not req_id.strip():
-            raise BadLine("'id' is empty")
-    else:
+    req_id = line.id
+    if req_id is UNSET:
         req_id = str(lineno)
-    priority = 0
-    if "priority" in obj:
-        priority = obj["priority"]
-        if type(priority) is not int:
-            raise BadLine(f"'priority' must be an integer, got {_json_type(priority)} {_show(priority)}")
-        if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
-            raise BadLine(f"'priority' {_show(priority)} does not fit in a 64-bit integer")
-    extra_key = obj.get("extra_key")  # null: no key, as an absent field
-    if extra_key is not None:
-        if not isinstance(extra_key, str):
-            raise BadLine(f"'extra_key' must be a string, got {_json_type(extra_key)}")
-        if len(extra_key) > MAX_EXTRA_KEY_CHARS:
-            raise BadLine(f"'extra_key' is {len(extra_key):,} characters long (at most {MAX_EXTRA_KEY_CHARS})")
-    session = obj.get("session")  # null: no session, as an absent field
-    think_ns = None
-    if session is not None:
-        session = _session(session)
-    think_ms = obj.get("think_ms")
-    if think_ms is not None:
-        think_ns = _think_ns(think_ms, session)
-    return ts, (req_id, seq, lineno, input_len, output_len, hash_ids, tokens, priority, extra_key, session, think_ns)
-
-
-def _session(session: object) -> str:
-    if not isinstance(session, str):
-        raise BadLine(f"'session' must be a string, got {_json_type(session)} {_show(session)}")
-    if not session.strip():
+    elif not req_id.strip():
+        raise BadLine("'id' is empty")
+    session = line.session  # null: no session, as an absent field
+    if session is not None and not session.strip():
         raise BadLine("'session' is empty")
-    if len(session) > MAX_SESSION_CHARS:
-        raise BadLine(f"'session' is {len(session):,} characters long (at most {MAX_SESSION_CHARS})")
-    return session
-
-
-def _think_ns(think_ms: object, session: str | None) -> int:
-    if type(think_ms) not in (int, float):  # bool is an int subclass; JSON true is not a pause
-        raise BadLine(f"'think_ms' must be a number, got {_json_type(think_ms)} {_show(think_ms)}")
-    if not math.isfinite(think_ms):  # json reads NaN and Infinity
-        raise BadLine(f"'think_ms' must be a finite number, got {think_ms}")
-    if think_ms < 0:
-        raise BadLine(f"'think_ms' is negative ({_show(think_ms)})")
-    if think_ms > MAX_THINK_MS:
-        raise BadLine(f"'think_ms' {_show(think_ms)} is too large (at most {MAX_THINK_MS} ms)")
-    if session is None:
-        raise BadLine("'think_ms' without a 'session' (the pause follows the previous turn of the same session)")
-    return think_ms * NS_PER_MS if type(think_ms) is int else round(think_ms * NS_PER_MS)
-
-
-def _int_field(obj: dict, key: str) -> int:
-    try:
-        value = obj[key]
-    except KeyError:
-        raise BadLine(f"missing field '{key}'") from None
-    if type(value) is not int:  # bool is an int subclass; JSON true is not a length
-        raise BadLine(f"'{key}' must be an integer, got {_json_type(value)} {_show(value)}")
-    if value < 0:
-        raise BadLine(f"'{key}' is negative ({_show(value)})")
-    return value
-
-
-def _int_list(obj: dict, key: str, max_value: int) -> tuple[int, ...]:
-    values = obj[key]
-    if not isinstance(values, list):
-        raise BadLine(f"'{key}' must be a list of integers, got {_json_type(values)}")
-    if not values:
-        return ()
-    # One C-level pass for the types, then min/max: a per-element Python loop would dominate
-    # reading time on long traces.
-    if set(map(type, values)) != {int}:
-        bad = next(v for v in values if type(v) is not int)
-        raise BadLine(f"'{key}' must hold only integers, found {_json_type(bad)} {_show(bad)}")
-    lo, hi = min(values), max(values)
-    if lo < 0:
-        raise BadLine(f"'{key}' holds a negative value ({_show(lo)})")
-    if hi > max_value:
-        raise BadLine(f"'{key}' holds {_show(hi)}, larger than the maximum {max_value}")
-    return tuple(values)
+    think_ms = line.think_ms
+    think_ns = None
+    if think_ms is not None:
+        if session is None:
+            raise BadLine("'think_ms' without a 'session' (the pause follows the previous turn of the same session)")
+        think_ns = pause_ns(think_ms)
+    return line.timestamp, (req_id, seq, lineno, input_len, line.output_length, hash_ids, tokens, line.priority,
+                            line.extra_key, session, think_ns)
 
 
 def _link_chain(hash_ids: tuple[int, ...], parents: dict[int, int]) -> None:
@@ -372,31 +372,9 @@ def _check_chain_slow(hash_ids: tuple[int, ...], parents: dict[int, int]) -> dic
     return new
 
 
-def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
-
-
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _show(value: object, limit: int = 40) -> str:
-    """A short one-line rendering of a value for an error message."""
-    text = json.dumps(value, ensure_ascii=True)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # --- spreading shared timestamps ------------------------------------------------------------

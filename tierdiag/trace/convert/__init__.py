@@ -9,12 +9,12 @@ prefix-chained and re-blocked to `block_size` (`records.Rechainer`).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tierdiag.errors import ConfigError, TraceError, unknown_name
+from tierdiag.paths import same_file
 from tierdiag.trace.convert import bailian, kv_cache_tester
 from tierdiag.trace.convert.records import ConvertNotes, Rechainer, SessionRequest
 from tierdiag.trace.reader import MAX_LENGTH_TOKENS
@@ -22,6 +22,19 @@ from tierdiag.trace.writer import write_jsonl
 
 DEFAULT_BLOCK_SIZE = 512  # replay's default: the output replays without --block-size
 DEFAULT_START_SPREAD_S = 30.0
+REPLAY_DEFAULT_PAGE_SIZE = 64  # replay's --page-size default (config.engine.EngineConfig.page_size)
+
+
+def replay_options(block_size: int) -> list[str]:
+    """The replay options a converted trace needs: `--block-size` unless it is replay's default,
+    and then a `--page-size` that divides it (replay takes a power of two dividing the block size;
+    the largest such up to replay's default, so pages stay as large as they can)."""
+    if block_size == DEFAULT_BLOCK_SIZE:
+        return []
+    opts = ["--block-size", str(block_size)]
+    if block_size % REPLAY_DEFAULT_PAGE_SIZE:
+        opts += ["--page-size", str(min(REPLAY_DEFAULT_PAGE_SIZE, block_size & -block_size))]
+    return opts
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +90,8 @@ def convert(fmt: str, sources: list[Path], out: Path, options: ConvertOptions = 
     if options.start_spread_s is not None and not spec.takes_start_spread:
         raise ConfigError(f"--start-spread applies to kv-cache-tester traces only ({fmt} timestamps are absolute)")
     spread = DEFAULT_START_SPREAD_S if options.start_spread_s is None else options.start_spread_s
-    if not 0 <= spread <= 1e9:  # NaN fails too
-        raise ConfigError(f"--start-spread must be 0 to 1e9 seconds, got {spread}")
+    if not 0 <= spread <= kv_cache_tester.MAX_START_S:  # NaN fails too
+        raise ConfigError(f"--start-spread must be 0 to {kv_cache_tester.MAX_START_S:,} seconds, got {spread:g}")
     files = _expand(sources, spec.file_glob)
     _refuse_overwrite(out, sources, files)
 
@@ -93,10 +106,12 @@ def convert(fmt: str, sources: list[Path], out: Path, options: ConvertOptions = 
     if not requests:
         raise TraceError(f"{sources[0]}: no requests in the input" if len(sources) == 1 else
                          f"no requests in the {len(files)} input files")
-    notes.unchained_blocks = rechain.unchained
+    notes.unchained_blocks = len(rechain.unchained_ids)
+    notes.unchained_block_uses = rechain.unchained
     # Sorted by arrival; ties keep reading order, so a session's turns stay in order.
     order = sorted(range(len(requests)), key=lambda i: requests[i].timestamp_ms)
-    write_jsonl(out, _lines(requests, order, progress))
+    write_jsonl(out, _lines(requests, order, progress), what="-o",
+                inputs=[("the input", f) for f in [*sources, *files]])
     first, last = requests[order[0]].timestamp_ms, requests[order[-1]].timestamp_ms
     return ConvertSummary(path=str(out), format=fmt, num_files=len(files), num_requests=len(requests),
                           num_sessions=len({r.session for r in requests}), block_size=options.block_size,
@@ -125,16 +140,9 @@ def _expand(sources: list[Path], glob: str) -> list[Path]:
     return files
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return a.resolve() == b.resolve()
-
-
 def _refuse_overwrite(out: Path, sources: list[Path], files: list[Path]) -> None:
     """The output is written last and replaces its path: it must not be one of the inputs."""
     for src in [*sources, *files]:
-        if _same_file(out, src):
+        if same_file(out, src):  # a link loop is no input (paths.same_file)
             raise ConfigError(f"-o {out} is the input {src}: convert would overwrite it",
                               hint="write the trace to another file")

@@ -27,14 +27,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tierdiag.errors import TraceError
-from tierdiag.trace.convert.records import (BadRecord, ConvertNotes, Rechainer, SessionRequest, need_ids, need_int,
-                                            need_seconds, session_name, show, timestamp_ms)
+from msgspec import Struct
+
+from tierdiag.trace.convert.records import (BadRecord, BlockIds, ConvertNotes, Count, InputCount, Rechainer, Seconds,
+                                            SessionClocks, SessionRequest, record, session_name, show, timestamp_ms)
 from tierdiag.trace.reader import numbered_lines
 from tierdiag.trace.synth import DECODE_MS_PER_TOKEN
 
 SOURCE_BLOCK_SIZE = 16  # tokens a hash id covers in the Bailian traces
 _NO_PARENT = -1
 _NAMESPACE = 0  # one numbering of hash ids across the whole trace
+
+
+class Row(Struct):
+    """A usage-trace line's fields (`chat_id` and `parent_chat_id`, an integer or a string, are
+    checked by `_chat_id`); any other field is not used."""
+
+    timestamp: Seconds
+    input_length: InputCount
+    output_length: Count
+    hash_ids: BlockIds
 
 
 @dataclass(slots=True)
@@ -49,11 +61,12 @@ class _Chat:
 def read(files: list[Path], *, rechain: Rechainer, notes: ConvertNotes) -> Iterator[SessionRequest]:
     chats: dict[str, _Chat] = {}  # chat ids as text: 5 and "5" are one chat (and one request id)
     missing_parents: dict[str, str] = {}  # parent id never seen -> the first child's file:line
+    clocks = SessionClocks()
     for path in files:
         for lineno, data in numbered_lines(path):
             where = f"{path}:{lineno}"
             try:
-                req = _request(data, lineno, chats, missing_parents, where, rechain, notes)
+                req = _request(data, lineno, chats, missing_parents, where, rechain, notes, clocks)
             except BadRecord as exc:
                 raise TraceError(f"{where}: {exc}") from None
             if req is not None:
@@ -69,7 +82,7 @@ def _chat_id(obj: dict, key: str) -> str:
 
 
 def _request(data: bytes, lineno: int, chats: dict, missing_parents: dict, where: str, rechain: Rechainer,
-             notes: ConvertNotes) -> SessionRequest | None:
+             notes: ConvertNotes, clocks: SessionClocks) -> SessionRequest | None:
     if lineno == 1 and data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
     try:
@@ -88,10 +101,8 @@ def _request(data: bytes, lineno: int, chats: dict, missing_parents: dict, where
         raise BadRecord("expected a JSON object")
     chat_id = _chat_id(obj, "chat_id")
     parent_id = None if obj.get("parent_chat_id") in (None, _NO_PARENT) else _chat_id(obj, "parent_chat_id")
-    arrival_s = need_seconds(obj, "timestamp")
-    input_len = need_int(obj, "input_length", low=1)
-    output_len = need_int(obj, "output_length")
-    hash_ids = need_ids(obj)
+    row = record(obj, Row)
+    arrival_s, input_len, output_len, hash_ids = row.timestamp, row.input_length, row.output_length, row.hash_ids
     want = (input_len // SOURCE_BLOCK_SIZE, -(-input_len // SOURCE_BLOCK_SIZE))
     if len(hash_ids) not in want:
         raise BadRecord(f"'hash_ids' has {len(hash_ids)} entries, expected {want[1]} "
@@ -124,6 +135,7 @@ def _request(data: bytes, lineno: int, chats: dict, missing_parents: dict, where
         if think_ms < 0:
             notes.early_turns += 1
             think_ms = 0.0
+    clocks.turn(session, arrival_ms, think_ms, "the pause before it (its arrival - the parent's estimated finish)")
     chats[chat_id] = _Chat(session, arrival_ms, arrival_ms + output_len * DECODE_MS_PER_TOKEN, where)
     return SessionRequest(chat_id, session, arrival_ms, input_len, output_len,
                           rechain.blocks(_NAMESPACE, hash_ids, SOURCE_BLOCK_SIZE, input_len), think_ms)
