@@ -49,7 +49,7 @@ from sglang.srt.managers import schedule_batch  # noqa: E402
 from sglang.srt.managers import scheduler as S  # noqa: E402
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput  # noqa: E402
 from sglang.srt.managers.utils import GenerationBatchResult  # noqa: E402
-from sglang.srt.mem_cache import kv_cache_builder  # noqa: E402
+from sglang.srt.mem_cache import allocation, kv_cache_builder  # noqa: E402
 from sglang.srt.mem_cache import unified_radix_cache as urc  # noqa: E402
 from sglang.srt.mem_cache.common import evict_from_tree_cache  # noqa: E402
 from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator  # noqa: E402
@@ -60,6 +60,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 
 import sglang0523  # noqa: E402,F401  (its byte stand-ins: device module, host buffer, copies)
+from token_ids import OUTPUT_TOKEN_BASE, input_tokens  # noqa: E402
 
 # The engine's cost model: the repository root is two folders up (tests/sglang/..).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -78,7 +79,6 @@ kv_cache_builder.uses_ssm_state = lambda model_config: False
 S.get_resolved_model_impl = lambda model_config: "sglang"
 
 MISSING: set[str] = set()  # model-config / runner fields SGLang asked for that the stand-ins lack
-OUTPUT_TOKEN_BASE = 1 << 30  # output token ids: fresh, above every input token id
 _PARALLEL = {"ready": False}
 SWITCHES: set[str] = set()
 
@@ -294,15 +294,27 @@ def _alloc_for_extend(batch):
     first evict as main's engine allocates at admission: a request's last chunk takes
     ceil((input + output) / page) pages (its whole output, and one page more than SGLang ever
     gives it when input + output = 1 mod page), plus the rule set's page a request."""
+    ps = batch.token_to_kv_pool_allocator.page_size
+    once = "reserve_page_once" in SWITCHES
     if "alloc_output" in SWITCHES:
-        ps = batch.token_to_kv_pool_allocator.page_size
         need = 0
         for req, pre, ext in zip(batch.reqs, batch.prefix_lens, batch.extend_lens):
             end, n_in = pre + ext, len(req.origin_input_ids)
             last = -(-(n_in + req.sampling_params.max_new_tokens) // ps) if end >= n_in else -(-end // ps)
-            need += (last - -(-pre // ps)) * ps + ps
-        evict_from_tree_cache(batch.tree_cache, need)
-    return _orig_alloc_for_extend(batch)
+            need += (last - -(-pre // ps)) * ps + (0 if once else ps)
+        evict_from_tree_cache(batch.tree_cache, need + (ps if once else 0))
+    if not once or len(batch.reqs) < 2:
+        return _orig_alloc_for_extend(batch)
+    # divergence 6: alloc_paged_token_slots_extend evicts for the batch's extend plus a page a
+    # request at once; the engine evicts request by request, each for its extend plus a page
+    # that the next one then finds free: one page for the batch
+    spare = (len(batch.reqs) - 1) * ps
+    allocation.evict_from_tree_cache = lambda tree_cache, num_tokens: evict_from_tree_cache(
+        tree_cache, num_tokens - spare)
+    try:
+        return _orig_alloc_for_extend(batch)
+    finally:
+        allocation.evict_from_tree_cache = evict_from_tree_cache
 
 
 schedule_batch.alloc_for_extend = _alloc_for_extend
@@ -347,21 +359,6 @@ def build(spec: dict) -> HeadlessScheduler:
         got = sch.tree_cache.cache_controller.mem_pool_host.size
         assert got == host * ps, f"host pool {got} tokens, asked for {host * ps}"
     return sch
-
-
-def input_tokens(r: dict, block: int) -> list[int]:
-    """A request's token ids from its hash ids: token j of block b is 1 + hash * block + j, so two
-    requests share a token prefix exactly where they share hash ids (the engine's page keys from
-    the same hash ids share the same pages)."""
-    n = r["input_len"]
-    out = []
-    for b, h in enumerate(r["hash_ids"]):
-        base = 1 + h * block
-        out.extend(range(base, base + min(block, n - b * block)))
-        if len(out) >= n:
-            break
-    assert len(out) == n and out[-1] < OUTPUT_TOKEN_BASE, "hash ids cover the input, below the output ids"
-    return out
 
 
 def _make(r: dict, block: int) -> TokenizedGenerateReqInput:
