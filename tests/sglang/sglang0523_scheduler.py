@@ -297,12 +297,14 @@ def _alloc_for_extend(batch):
     ps = batch.token_to_kv_pool_allocator.page_size
     once = "reserve_page_once" in SWITCHES
     if "alloc_output" in SWITCHES:
+        # request by request, as the engine's admissions evict: each for what the requests
+        # before it took plus its own pages plus the page it keeps free
         need = 0
         for req, pre, ext in zip(batch.reqs, batch.prefix_lens, batch.extend_lens):
             end, n_in = pre + ext, len(req.origin_input_ids)
             last = -(-(n_in + req.sampling_params.max_new_tokens) // ps) if end >= n_in else -(-end // ps)
             need += (last - -(-pre // ps)) * ps + (0 if once else ps)
-        evict_from_tree_cache(batch.tree_cache, need + (ps if once else 0))
+            evict_from_tree_cache(batch.tree_cache, need + (ps if once else 0))
     if not once or len(batch.reqs) < 2:
         return _orig_alloc_for_extend(batch)
     # divergence 6: alloc_paged_token_slots_extend evicts for the batch's extend plus a page a
