@@ -312,7 +312,9 @@ def seeded(seed: int, *, page_size: int, shape: str, schedule_policy: str = "fcf
     """Concurrent sequences: `burst` (groups arriving at one instant, sharing a system prompt and
     a family prefix), `chunk` (long prompts beyond the prefill budget, beside short ones),
     `pressure` (a device pool a few requests fill: admissions wait for memory, the tree evicts to
-    host and loads back). Block 64 tokens; the budget 512 tokens (1,024 at page 64)."""
+    host and loads back), `tiered` (a smaller device pool, a host pool of the same size, most prompts
+    repeats of earlier ones: load-backs, and host evictions). Block 64 tokens; the budget 512
+    tokens (1,024 at page 64)."""
     rnd = random.Random(seed * 7919 + len(shape))
     block = 64
     chains = _Chains()
@@ -320,7 +322,8 @@ def seeded(seed: int, *, page_size: int, shape: str, schedule_policy: str = "fcf
     families = [system + chains.fresh(rnd.randint(1, 3)) for _ in range(4)]
     reqs = []
     t = 0
-    n = {"burst": 40, "chunk": 24, "pressure": 48}[shape]
+    n = {"burst": 40, "chunk": 24, "pressure": 48, "tiered": 64}[shape]
+    repeat = 0.6 if shape == "tiered" else 0.25
     for i in range(n):
         if shape == "burst":
             t += 0 if i % 8 else rnd.randint(20, 60) * 1_000_000
@@ -331,7 +334,7 @@ def seeded(seed: int, *, page_size: int, shape: str, schedule_policy: str = "fcf
             extra = rnd.randint(10, 24)  # 640-1,536 tokens past the family prefix
         else:
             extra = rnd.randint(1, 4)
-        if rnd.random() < 0.25 and reqs:  # a repeat of an earlier prompt (a hit, or a load-back)
+        if rnd.random() < repeat and reqs:  # a repeat of an earlier prompt (a hit, or a load-back)
             prev = rnd.choice(reqs)
             ids, length = list(prev["hash_ids"]), prev["input_len"]
         else:
@@ -341,10 +344,11 @@ def seeded(seed: int, *, page_size: int, shape: str, schedule_policy: str = "fcf
         reqs.append({"id": f"{shape}{seed}-{i}", "arrival_ns": t, "input_len": length, "output_len": out,
                      "hash_ids": ids, "priority": rnd.choice((0, 0, 1, 3)) if eviction_policy == "priority" else 0})
     budget = 512 if page_size < 64 else 1024
-    dev_tokens = {"burst": 6144, "chunk": 8192, "pressure": 2560}[shape]
+    dev_tokens = {"burst": 6144, "chunk": 8192, "pressure": 2560, "tiered": 2048}[shape]
     dev = dev_tokens // page_size
+    host = dev * (1 if shape == "tiered" else 3)  # tiered: the host pool evicts too
     return Workload(f"{shape}(seed {seed}, page {page_size}, {schedule_policy}, {write_policy})", reqs, page_size,
-                    dev, dev * 3, block, budget, schedule_policy, write_policy, eviction_policy)
+                    dev, host, block, budget, schedule_policy, write_policy, eviction_policy)
 
 
 def mooncake(n: int, *, speedup: float, page_size: int = 64, schedule_policy: str = "fcfs",
@@ -364,7 +368,7 @@ def mooncake(n: int, *, speedup: float, page_size: int = 64, schedule_policy: st
 
 
 def agentic(seed: int, *, sessions: int = 6, turns: int = 5, page_size: int = 64,
-            schedule_policy: str = "lpm", write_policy: str = "write_through") -> Workload:
+            schedule_policy: str = "lpm", write_policy: str = "write_through", device_tokens: int = 8192) -> Workload:
     """Closed-loop agent sessions: each turn resends the session's whole history plus a tool
     result (the context grows), after a think time; the sessions share a system prompt."""
     rnd = random.Random(seed)
@@ -382,8 +386,9 @@ def agentic(seed: int, *, sessions: int = 6, turns: int = 5, page_size: int = 64
                          "think_ns": rnd.randint(0, 20) * 1_000_000})
             hist = hist + chains.fresh(rnd.randint(2, 6))
     reqs.sort(key=lambda r: r["arrival_ns"])
-    dev = 8192 // page_size
-    return Workload(f"agentic(seed {seed}, page {page_size}, {schedule_policy}, {write_policy})", reqs, page_size,
+    dev = device_tokens // page_size
+    return Workload(f"agentic(seed {seed}, page {page_size}, {schedule_policy}, {write_policy}, {device_tokens})",
+                    reqs, page_size,
                     dev, dev * 3, block, 1024, schedule_policy, write_policy, closed_loop=True)
 
 
@@ -396,7 +401,7 @@ def seeded_cases() -> list[tuple[str, Callable[[], Workload], str]]:
     pages 1 and 64; fcfs and lpm; the Rust core (SGLang's default), the Python core beside it for
     a few."""
     out = []
-    for shape in ("burst", "chunk", "pressure"):
+    for shape in ("burst", "chunk", "pressure", "tiered"):
         for seed in range(3 if not LONG else 8):
             for ps in (1, 64):
                 for pol in ("fcfs", "lpm"):
@@ -431,4 +436,9 @@ def agentic_cases() -> list[tuple[str, Callable[[], Workload], str]]:
             for ps in (1, 64):
                 out.append((f"agentic-s{seed}-p{ps}-{pol}", partial(agentic, seed, page_size=ps, schedule_policy=pol,
                                                                    write_policy=WRITE_POLICIES[seed % 3]), "rust"))
+    for seed in range(2 if not LONG else 6):
+        # a device pool of three sessions' histories: the others' go to host between turns
+        for ps in (1, 64):
+            out.append((f"agentic-tiered-s{seed}-p{ps}", partial(agentic, seed, page_size=ps, device_tokens=3072,
+                                                                  write_policy=WRITE_POLICIES[seed % 3]), "rust"))
     return out

@@ -387,19 +387,12 @@ class Pricer:
         self.blocking = 0  # write-backs the current step's allocation waited for
         self.zero_decode = "zero_decode" in SWITCHES
 
-    def device_to_host(self, tokens: int, now: int, *, blocking: bool) -> None:
-        """A backup of `tokens` on the one device->host link (CacheController.backup); under
-        write_back an eviction's copy blocks the allocation (CacheController._write_back: the
-        batch waits for it)."""
+    def device_to_host(self, tokens: int, now: int) -> None:
+        """A copy of `tokens` on the one device->host link (CacheController.backup / _write_back:
+        each starts when the link is free)."""
         pages = -(-tokens // self.ps)
-        dur = self.cost.copy_ns(pages * self.page_bytes, pages, to_device=False)
-        if blocking:
-            start = max(now + self.blocking, self.d2h_free)
-            self.d2h_free = start + dur
-            self.blocking = self.d2h_free - now
-        else:
-            start = max(now, self.d2h_free)
-            self.d2h_free = start + dur
+        start = max(now, self.d2h_free)
+        self.d2h_free = start + self.cost.copy_ns(pages * self.page_bytes, pages, to_device=False)
 
     def prefill(self, now: int, items: list[tuple[int, int, int]]) -> int:
         """items: (extend tokens, prefix tokens, loaded pages) a request, in batch order."""
@@ -453,9 +446,8 @@ def run_workload(spec: dict) -> dict:
     tree = sch.tree_cache
     evicted = {"device": 0, "host": 0}
     _hook_evictions(tree, evicted)
-    phase = {"now": 0, "blocking": False}
+    phase = {"now": 0}
     _hook_copies(tree, pricer, phase)
-    write_back = spec["write_policy"] == "write_back"
     drain = "drain_decode" in SWITCHES
     pi = 0
     while True:
@@ -471,7 +463,7 @@ def run_workload(spec: dict) -> dict:
         for req in sch.waiting_queue:
             live[req.rid] = req
         mark = [evicted["device"], evicted["host"]]  # cumulative at this pass's start
-        phase.update(now=clock, blocking=write_back)
+        phase["now"] = clock
         hidden = None
         if drain and _decodable(sch):
             # decode first, at no cost: the running requests finish before the next prefill (a
@@ -495,8 +487,14 @@ def run_workload(spec: dict) -> dict:
                 idle_passes += 1
                 if idle_passes <= 4:
                     continue
+            # the next thing to happen: an arrival, or a copy's end (a node it locks frees)
+            ctrl = getattr(tree, "cache_controller", None)
+            later = [a.finish_event.ready_at for a in (ctrl.ack_write_queue if ctrl is not None else ())
+                     if isinstance(a.finish_event, _TimedEvent) and a.finish_event.ready_at > clock]
             if pi < len(pending):
-                clock = max(clock, arrival[pending[pi]])
+                later.append(arrival[pending[pi]])
+            if later and (pi < len(pending) or sch.waiting_queue or sch.chunked_req is not None):
+                clock = max(clock, min(later))
                 idle_passes = 0
                 continue
             if sch.waiting_queue or sch.chunked_req is not None:
@@ -530,7 +528,7 @@ def run_workload(spec: dict) -> dict:
             pricer.blocking = 0
         had_output = {r.rid: len(r.output_ids) for r in batch.reqs}
         end = clock + dur
-        phase.update(now=end, blocking=False)
+        phase["now"] = end
         result = sch.run_batch(batch)
         sch.process_batch_result(batch, result)
         sch.last_batch = batch
@@ -580,22 +578,52 @@ def _decodable(sch) -> bool:
         not r.finished() and r is not sch.chunked_req for r in last.reqs)
 
 
+class _TimedEvent:
+    """A device->host copy's completion on the virtual clock: done once the clock reaches the
+    copy's modelled end (the engine keeps a backed-up node locked until then: CacheController.backup);
+    waiting for it (a write_back eviction's synchronize) makes the step wait, as the engine's
+    _write_back blocks the batch."""
+
+    def __init__(self, ready_at: int, pricer: "Pricer", phase: dict):
+        self.ready_at, self.pricer, self.phase = ready_at, pricer, phase
+
+    def query(self) -> bool:
+        return self.phase["now"] >= self.ready_at
+
+    def synchronize(self) -> None:
+        self.pricer.blocking = max(self.pricer.blocking, self.ready_at - self.phase["now"])
+
+    def record(self, *a, **k):
+        pass
+
+    def wait(self, *a, **k):
+        pass
+
+
 def _hook_copies(tree, pricer: Pricer, phase: dict) -> None:
-    """Price every device->host copy the controller is asked for (`write`) on the link, at the
-    phase's time: during a batch's formation under write_back an eviction's write-back (the
-    allocation waits), otherwise a backup after an insert (at the step's end)."""
+    """Price every device->host copy the controller is asked for (`write`, a node at a time, as
+    the engine backs up a node at a time) on one link from the phase's time, and make its
+    acknowledgement wait for the copy's end on the virtual clock."""
     ctrl = getattr(tree, "cache_controller", None)
     if ctrl is None:
         return
-    write = ctrl.write
+    write, start_writing = ctrl.write, ctrl.start_writing
 
     def priced(device_indices, *a, **k):
         res = write(device_indices, *a, **k)
         if res is not None:
-            pricer.device_to_host(len(device_indices), phase["now"], blocking=phase["blocking"])
+            pricer.device_to_host(len(device_indices), phase["now"])
         return res
 
-    ctrl.write = priced
+    def timed_start_writing(*a, **k):
+        n = len(ctrl.ack_write_queue)
+        res = start_writing(*a, **k)
+        q = ctrl.ack_write_queue
+        for i in range(n, len(q)):  # HiCacheAck is a NamedTuple
+            q[i] = q[i]._replace(finish_event=_TimedEvent(pricer.d2h_free, pricer, phase))
+        return res
+
+    ctrl.write, ctrl.start_writing = priced, timed_start_writing
 
 
 def _hook_evictions(tree, counter: dict) -> None:

@@ -14,7 +14,7 @@ from tests.sglang import scheduler_harness as H
 from tests.sglang.token_ids import OUTPUT_TOKEN_BASE, input_tokens
 from tierdiag.trace.pages import page_keys
 
-SHAPES = ("burst", "chunk", "pressure")
+SHAPES = ("burst", "chunk", "pressure", "tiered")
 
 
 def _chained(reqs: list[dict]) -> None:
