@@ -450,7 +450,14 @@ def run_workload(spec: dict) -> dict:
     _hook_copies(tree, pricer, phase)
     drain = "drain_decode" in SWITCHES
     pi = 0
+    # a bound no replay reaches: every output token a decode step, every request many chunks
+    max_passes = 4 * (sum(r["output_len"] for r in reqs) + sum(r["input_len"] for r in reqs) // 64 + 1000)
+    passes = 0
     while True:
+        passes += 1
+        if passes > max_passes:
+            raise RuntimeError(f"no end after {max_passes} scheduling passes: {len(sch.waiting_queue)} waiting, "
+                               f"{sch.running_batch.batch_size()} running")
         # arrivals due (the engine: ArrivalSource.due before the batch)
         due = []
         while pi < len(pending) and arrival[pending[pi]] <= clock:
