@@ -162,6 +162,8 @@ def run_engine(w: Workload, switches) -> dict:
             cap.current = {"t": now, "kind": "prefill", "members": [], "evicted_before": mark}
             end = form(now)
             if end is not None:
+                if not cap.current["members"]:  # no request prefilled: a decode step (engines that step decode)
+                    cap.current["kind"] = "decode"
                 cap.steps.append(cap.current)
             cap.current = None
             return end
