@@ -62,3 +62,12 @@ def sglang_0523():
     worker = Worker("0.5.23", unpacked_wheel("0.5.23"))
     yield worker
     worker.close()
+
+
+@pytest.fixture(scope="session")
+def sglang_0523_scheduler():
+    """A worker of its own for the Scheduler harness (test_scheduler_0523.py): each workload
+    publishes its server args process-wide, which the cache-only scenarios must not see."""
+    worker = Worker("0.5.23", unpacked_wheel("0.5.23"))
+    yield worker
+    worker.close()

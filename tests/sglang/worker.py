@@ -4,7 +4,8 @@
 
 reads one JSON scenario a line on stdin and answers one JSON line on stdout: the state after
 every step (tests/sglang/differential.py builds the scenarios and compares the answers with the
-engine's). One process per version: each version's `sglang` package gets a namespace of its
+engine's), or, for a workload (a scenario with "requests"), 0.5.23's whole Scheduler's steps and
+requests on the virtual clock (sglang0523_scheduler.py, tests/sglang/scheduler_harness.py). One process per version: each version's `sglang` package gets a namespace of its
 own, and the stubs it needs never reach pytest's process.
 """
 
@@ -37,7 +38,12 @@ def main() -> int:
     for line in sys.stdin:
         scenario = json.loads(line)
         try:
-            answer = {"steps": run_scenario(scenario)}
+            if "requests" in scenario:  # a workload for the whole Scheduler (sglang0523_scheduler.py)
+                from sglang0523_scheduler import run_workload
+
+                answer = run_workload(scenario)
+            else:
+                answer = {"steps": run_scenario(scenario)}
         except Exception as exc:  # a failure inside SGLang is a finding, reported with its step
             answer = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc(limit=6),
                       "steps": getattr(exc, "steps", [])}
