@@ -99,7 +99,15 @@ def _rows(con, rid: str) -> list[dict]:
                  first_token_ns - coalesce(prefill_ns, 0) AS sched, first_token_ns AS ft, q,
                  greatest(ttft_ns - coalesce(ideal_ttft_ns, 0), 0) AS excess, rc AS own_rec,
                  coalesce(compute_ns, 0) AS own_comp, lb AS own_lb,
-                 {_CAUSE.format(m='greatest(q, lb, sw, rc, cx)')} AS cause
+                 {_CAUSE.format(m='greatest(q, lb, sw, rc, cx)')} AS cause,
+                 coalesce(recomputed_tokens, 0)
+                 - CASE WHEN loadback_skipped_reason IS NULL THEN 0 ELSE coalesce(loadback_skipped_tokens, 0) END
+                 - CASE WHEN storage_skipped_reason IS NULL THEN 0
+                        ELSE greatest(coalesce(storage_match_tokens, 0) - coalesce(storage_hit_tokens, 0), 0) END
+                 - CASE WHEN best_rank IS NOT NULL AND best_rank <> dp_rank
+                        THEN greatest(coalesce(best_rank_device_tokens, 0) + coalesce(best_rank_host_tokens, 0)
+                                      - coalesce(arrival_device_tokens, 0) - coalesce(arrival_host_tokens, 0)
+                                      - coalesce(storage_match_tokens, 0), 0) ELSE 0 END AS gone
           FROM q0),
     b AS (SELECT t_start_ns AS s, t_end_ns AS e, greatest(t_end_ns - t_start_ns, 1) AS d,
                  coalesce(compute_ns, 0) AS comp, least(coalesce(recompute_ns, 0), coalesce(compute_ns, 0)) AS brc,
@@ -111,11 +119,14 @@ def _rows(con, rid: str) -> list[dict]:
           FROM r JOIN b ON b.s < r.w1 AND b.e > r.w0 GROUP BY 1),
     c AS (SELECT r.req_id, sum(greatest(least(b.e, greatest(r.ft, r.c0)) - greatest(b.s, r.c0), 0)) AS busy_ns
           FROM r JOIN b ON b.s < greatest(r.ft, r.c0) AND b.e > r.c0 GROUP BY 1),
-    ev AS (SELECT re.req_id, e.t_ns FROM request_evictions re JOIN evictions e
+    ev AS (SELECT re.req_id, e.t_ns, e.action FROM request_evictions re JOIN evictions e
              ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id WHERE re.run_id = $r)
     SELECT r.*, coalesce(w.wrc, 0) AS wrc, coalesce(w.wnew, 0) AS wnew, coalesce(w.wlb, 0) AS wlb,
            coalesce(w.wwb, 0) AS wwb, coalesce(c.busy_ns, 0) AS busy_ns,
-           EXISTS (SELECT 1 FROM ev WHERE ev.req_id = r.req_id AND ev.t_ns >= r.a AND ev.t_ns <= r.sched) AS waited_out
+           -- issue 40: lost while waiting = a drop / delete (left every tier) in its wait, and tokens
+           -- recomputed that no tier held (not a skipped load-back, not an unused storage match)
+           EXISTS (SELECT 1 FROM ev WHERE ev.req_id = r.req_id AND ev.t_ns >= r.a AND ev.t_ns <= r.sched
+                   AND ev.action IN ('drop', 'delete')) AND r.gone > 0 AS waited_out
     FROM r LEFT JOIN w USING (req_id) LEFT JOIN c USING (req_id)"""
     cur = con.execute(sql, {"r": rid})
     names = [d[0] for d in cur.description]

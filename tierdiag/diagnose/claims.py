@@ -429,15 +429,16 @@ def queue_cause_claim(story, overloaded: bool, why: str | None) -> Claim:
 
 
 def evicted_while_waiting_claim(story) -> Claim | None:
-    """Requests that lost their prefix after they arrived, while they waited (a named finding)."""
+    """Requests whose prefix left every tier after they arrived, while they waited, and was
+    recomputed (waiting_loss.py; a demotion to host is not counted: it loads back)."""
     n = story.evicted_while_waiting_requests
     if not n:
         return None
     return Claim("evicted_while_waiting", (
         f"{n:,} request{'s' if n != 1 else ''} lost {'their' if n != 1 else 'its'} prefix after arriving, while "
         f"waiting to be scheduled ({fmt_pct(share(story.evicted_while_waiting_excess_ns, story.excess_total_ns))} "
-        f"of the excess TTFT): the wait let the pool evict it, so the queue, not only the pool size, cost the "
-        f"recompute."))
+        f"of the excess TTFT): it left every tier before {'they were' if n != 1 else 'it was'} scheduled and was "
+        f"recomputed, so the queue, not only the pool size, cost the recompute."))
 
 
 # --------------------------------------------------------------------------- the advice's reasons

@@ -30,6 +30,7 @@ import duckdb
 from tierdiag.diagnose.causes import cause_sql, excess_sql
 from tierdiag.diagnose.context import CONTEXT_LOOKBACK_NS
 from tierdiag.diagnose.sql import finished_sql
+from tierdiag.diagnose.waiting_loss import lost_while_waiting_sql, waiting_removals_sql
 from tierdiag.units import share
 
 # The rule explain's verdict uses (claims.py): a queue is the cache's doing when recompute took
@@ -72,8 +73,9 @@ class RunStory:
     queued_wait_ns: int  # their queue time, summed
     queued_wait_parts_ns: dict  # WAIT_KEYS -> ns of their wait (others' batches, gaps as idle)
     caches_doing_excess_ns: int  # of queued_excess_ns: requests whose queue was the cache's doing
-    # Requests whose prefix was evicted after they arrived, while they waited (their recompute
-    # is then the queue's doing, not the cache's size): how many, and their excess.
+    # Requests whose prefix left every tier after they arrived, while they waited, and was
+    # recomputed (waiting_loss.py: their recompute is then the queue's doing, not only the
+    # cache's size): how many, and their excess.
     evicted_while_waiting_requests: int
     evicted_while_waiting_excess_ns: int
     # The queued requests whose queue was NOT the cache's doing, on their own (the reason the run
@@ -132,12 +134,9 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
                    coalesce(queue_ns, 0) AS queue, greatest({excess_sql('q')}, 0) AS excess, {cause_sql('q')} AS cause,
                    coalesce(recompute_ns, 0) AS own_rec, coalesce(compute_ns, 0) AS own_comp,
                    coalesce(loadback_exposed_ns, 0) AS own_lb,
-                   first_token_ns - coalesce(prefill_ns, 0) AS sched, coalesce(ev.t, -1) AS last_evicted,
+                   {lost_while_waiting_sql('q', 'w.removed')} AS lost_waiting,
                    coalesce(q.dp_rank, 0) AS rank
-            FROM requests q LEFT JOIN (
-                SELECT re.req_id, max(e.t_ns) AS t FROM request_evictions re JOIN evictions e
-                  ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id
-                WHERE re.run_id = $r GROUP BY 1) ev ON ev.req_id = q.req_id
+            FROM requests q LEFT JOIN ({waiting_removals_sql('$r')}) w ON w.req_id = q.req_id
             WHERE q.run_id = $r AND {finished_sql('q')} ORDER BY q.seq""", {"r": rid}).fetchnumpy()
     if not len(b["t_start_ns"]) or not len(r["arrival_ns"]):
         return None
@@ -184,10 +183,9 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
     qx = excess[q].astype(np.float64)
     wait_parts = dict(zip(WAIT_KEYS, (int(round(float(x))) for x in
                                       list(parts[:, q].sum(axis=1)) + [float(idle[q].sum())])))
-    # Evicted while it waited: an eviction that took its prefix after it arrived, before it was scheduled.
-    sched = np.asarray(r["sched"], dtype=np.int64)
-    last_ev = np.asarray(r["last_evicted"], dtype=np.int64)
-    waited_out = (last_ev >= arrival) & (last_ev <= sched)
+    # Lost while it waited: tokens of its prefix that left every tier after it arrived, before it
+    # was scheduled, and were recomputed (waiting_loss.py; a demotion to host is no loss).
+    waited_out = np.asarray(r["lost_waiting"], dtype=np.int64) > 0
     other = q & ~cache
     ox = excess[other].astype(np.float64)
     return RunStory(
