@@ -85,6 +85,10 @@ def _check_request(row: dict, e) -> list[str]:
 
     if "full device hit" in text:
         need(d > 0 and h == 0 and s == 0 and rec == 0, "'full device hit' with tokens off device or recomputed")
+        need(new <= 0.05 * n, "'full device hit' with more than 5 % of its input new")  # issue 40
+    # Issue 40: the wait's sentence names the largest part of the wait as it was.
+    need("mostly computing new tokens" not in text and "GPU time it waited behind" not in text,
+         "an old wait sentence")
     need("evicted from every tier" not in text, "'evicted from every tier' is no longer a claim")
     # The split, in its own words: "of its N input tokens the cache served P % device (T), ...".
     m = re.search(r"of its ([\d,]+) input tokens", verdict)

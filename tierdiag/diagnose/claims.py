@@ -68,8 +68,17 @@ def _pct_of(part: int, whole: int) -> str:
 # --------------------------------------------------------------------------- tokens
 
 
-def is_full_device_hit(device: int, host: int, storage: int, recomputed: int) -> bool:
-    return device > 0 and host == 0 and storage == 0 and recomputed == 0
+# "A full device hit" also needs the new tokens to be a small part of the input: a request that
+# computed 37 % of its input was no full hit, though every token it reused was on device (issue 40).
+FULL_HIT_NEW_SHARE = 0.05
+
+
+def is_full_device_hit(device: int, host: int, storage: int, recomputed: int, new: int | None = None) -> bool:
+    """Every reused token on device, nothing recomputed, and (given `new`) at most
+    FULL_HIT_NEW_SHARE of the input new."""
+    if not (device > 0 and host == 0 and storage == 0 and recomputed == 0):
+        return False
+    return new is None or new <= FULL_HIT_NEW_SHARE * (device + new)
 
 
 def cache_context(tokens, *, short: bool = False) -> str:
@@ -79,10 +88,9 @@ def cache_context(tokens, *, short: bool = False) -> str:
     new = tokens.new_tokens
     if d + h + s == 0 and r == 0:
         return f"the cache had nothing to offer (all {fmt_tokens(n)} tokens new)"
-    # The headline (`short`) has no numbers: "a full device hit" alone reads as "most of it came
-    # from the GPU", so it says so only when device tokens outnumber the new ones (else shares:
-    # "its input was 8 % device, 92 % new").
-    if is_full_device_hit(d, h, s, r) and (not short or d >= new):
+    # "A full device hit" reads as "all of it came from the GPU", so it is said only when at most
+    # FULL_HIT_NEW_SHARE of the input was new (else shares: "its input was 63 % device, 37 % new").
+    if is_full_device_hit(d, h, s, r, new):
         return ("the cache was a full device hit" if short else
                 f"the cache was a full device hit ({fmt_tokens(d)} of {fmt_tokens(n)} input tokens on device, "
                 f"nothing recomputed)")
@@ -179,18 +187,33 @@ def queue_claim(row: dict, qa: QueueAttribution | None, ctx: RequestContext | No
     parts = sorted(((k, v) for k, v in qa.parts_ns.items() if v), key=lambda kv: -kv[1])
     text += ". Meanwhile the GPU spent " + ", ".join(
         f"{fmt_ms(v)} ({_pct_of(v, queue)}) {_WAIT_WORDS[k]}" for k, v in parts) + "."
+    rshare = qa.share_of("recompute") or 0
     if queue_is_the_caches_doing(qa, ctx):
-        rshare = qa.share_of("recompute") or 0
-        text += (f" The queue was the cache's doing: prefixes the cache had held and lost took {fmt_pct(rshare)} of "
-                 f"the GPU time it waited behind, on a GPU {fmt_pct(ctx.prefill_busy_share)} busy "
-                 f"({fmt_pct(ctx.prefill_busy_share * (1 - (ctx.recompute_share_of_prefill or 0)))} busy had it not "
+        text += (f" The queue was the cache's doing: other requests recomputing prefixes the cache had held and lost "
+                 f"took {fmt_pct(rshare)} of its wait (at least {fmt_pct(RECOMPUTE_QUEUE_SHARE)} makes it so), on a "
+                 f"GPU {fmt_pct(ctx.prefill_busy_share)} busy (at least {fmt_pct(BUSY_SHARE)}; "
+                 f"{fmt_pct(ctx.prefill_busy_share * (1 - (ctx.recompute_share_of_prefill or 0)))} busy had it not "
                  f"recomputed them)")
         text += f"; {run_why}." if run_why else "."
-    elif qa.gpu_work_ns():
-        top = max(("recompute", "new_compute", "load_back", "write_back"), key=lambda k: qa.parts_ns[k])
-        if top == "new_compute":
-            text += " The slowness was not the cache's doing: the GPU it waited for was mostly computing new tokens."
+    elif ctx is not None and ctx.prefill_busy_share is not None:
+        text += " " + wait_not_the_caches_doing(qa, ctx.prefill_busy_share)
     return Claim("queue", text)
+
+
+def wait_not_the_caches_doing(qa: QueueAttribution, busy: float) -> str:
+    """Why its wait was not the cache's doing, naming the threshold that decided, and the largest
+    part of the wait as it was (idle for memory is idle, not "computing new tokens"). About the
+    wait only: its own recompute is a TTFT part of its own, told apart (issue 40)."""
+    rshare = qa.share_of("recompute") or 0
+    if rshare < RECOMPUTE_QUEUE_SHARE:
+        why = (f"other requests' recompute of once-cached tokens took {fmt_pct(rshare)} of it, below the "
+               f"{fmt_pct(RECOMPUTE_QUEUE_SHARE)} at which a queue is the cache's doing")
+    else:
+        why = (f"the prefill GPU was {fmt_pct(busy)} busy around it, below the {fmt_pct(BUSY_SHARE)} at which a queue "
+               f"is the cache's doing")
+    top = qa.largest()
+    return (f"Its wait (not its own TTFT parts) was not the cache's doing: {why}; the largest part of the wait "
+            f"({_pct_of(qa.parts_ns[top], qa.queue_ns)}) the GPU was {_WAIT_WORDS[top]}.")
 
 
 # --------------------------------------------------------------------------- recompute
