@@ -300,11 +300,19 @@ def _check(db: Path) -> tuple[list[str], list[dict]]:
             need(_pct_ok(m[1], sum(x["busy"] * x["excess"] for x in queued) / qx), f"queued_wait: busy {m[1]}")
             need(_pct_ok(m[2], busy_ns / span_ns), f"queued_wait: run busy {m[2]} vs {busy_ns / span_ns}")
             words = {"recomputing once-cached tokens": "recompute", "computing new tokens": "new_compute",
-                     "on exposed load-backs": "load_back", "blocked on write-backs": "write_back", "idle": "idle"}
+                     "on exposed load-backs": "load_back", "blocked on write-backs": "write_back",
+                     "idle waiting for device memory": "idle", "idle (no prefill batch": "idle"}
+            gaps = 0.0
             for pct, word in re.findall(rf"{PCT} (recomputing once-cached tokens|computing new tokens|on exposed "
-                                        rf"load-backs|blocked on write-backs|idle)", text):
+                                        rf"load-backs|blocked on write-backs|idle waiting for device memory|"
+                                        rf"idle \(no prefill batch)", text):
+                if words[word] == "idle":  # memory wait + the rest of the gaps: checked together below
+                    gaps += {"< 0.1 %": 0.05, "> 99.9 %": 99.95}.get(pct) or float(pct.rstrip(" %"))
+                    continue
                 part = sum(x["parts"][words[word]] for x in queued)
                 need(_pct_ok(pct, part / qwait), f"queued_wait: {pct} {word} vs {part / qwait}")
+            idle = sum(x["parts"]["idle"] for x in queued) / qwait
+            need(abs(gaps - 100 * idle) <= 1.0 + 1e-9, f"queued_wait: gaps {gaps} vs {idle}")
         elif name == "queue_cause":
             doing = sum(x["excess"] for x in queued if x["cache"]) / qx
             m = re.match(rf"The queue was (not )?the cache's doing(?: for|: for) {PCT} of the excess", text)
@@ -325,6 +333,19 @@ def _check(db: Path) -> tuple[list[str], list[dict]]:
             if b:
                 need(_pct_ok(b[1], obusy), f"queue_cause: busy {b[1]} vs {obusy}")
                 need(obusy < BUSY_SHARE and low_busy > 0.5, f"queue_cause: busy reason, {low_busy} of it below")
+                # Issue 40: their wait's largest part, as it was (not "memory or storage" by default).
+                need("waited for memory or storage" not in text, "queue_cause: the old default reason")
+                t = re.search(rf"the largest part of their wait \({PCT}\) the GPU was (recomputing|computing new|"
+                              rf"on exposed|blocked on|idle)", text)
+                if t:
+                    owait = sum(x["q"] for x in other)
+                    key = {"recomputing": "recompute", "computing new": "new_compute", "on exposed": "load_back",
+                           "blocked on": "write_back", "idle": "idle"}[t[2]]
+                    mine = {k: sum(x["parts"][k] for x in other) for k in x["parts"]}
+                    if key != "idle":  # a batch part: the largest of all (gaps split two ways beside it)
+                        need(_pct_ok(t[1], mine[key] / owait), f"queue_cause: largest {t[1]} vs {mine[key] / owait}")
+                        need(mine[key] >= max(v for k, v in mine.items() if k != "idle") - 1,
+                             f"queue_cause: {key} named, parts {mine}")
             r = re.search(rf"recompute took {PCT} of their wait, below", text)
             if r:
                 need(_pct_ok(r[1], orec), f"queue_cause: rec {r[1]} vs {orec}")

@@ -106,3 +106,60 @@ def test_a_request_that_computed_37_percent_is_no_full_device_hit():
     # At most FULL_HIT_NEW_SHARE new: a full hit, with its numbers in the long form.
     assert C.cache_context(_split(device=9_600, computed=400), short=True) == "the cache was a full device hit"
     assert "9,600 of 10,000 input tokens on device" in C.cache_context(_split(device=9_600, computed=400))
+
+
+def test_the_run_story_names_memory_waits_as_explain_does(held):
+    """Issue 40: the run story's wait names the GPU idle for device memory as its own part (the
+    queue for memory is no cache setting's), with the numbers explain's attributions sum to."""
+    from tierdiag.diagnose.causes import primary_cause
+    from tierdiag.diagnose.context import queue_attribution
+    from tierdiag.diagnose.query import fetch_dicts
+    from tierdiag.diagnose.summary import run_summary
+
+    with open_store(held) as con:
+        run = resolve_run(con, None)
+        story = run_context(con, run).story
+        memory = idle = 0
+        for row in fetch_dicts(con, "SELECT * FROM requests WHERE run_id = ? AND status = 'finished'", [run.run_id]):
+            if primary_cause(row) != "queueing":
+                continue
+            qa = queue_attribution(con, run.run_id, row)
+            memory += qa.parts_ns["memory_wait"]
+            idle += qa.parts_ns["idle"] + qa.parts_ns["storage_wait"]
+        dx = run_summary(con, run).diagnosis
+    assert memory > 0
+    assert abs(story.queued_wait_parts_ns["memory_wait"] - memory) <= 1e-6 * story.queued_wait_ns + 1_000
+    assert abs(story.queued_wait_parts_ns["idle"] - idle) <= 1e-6 * story.queued_wait_ns + 1_000
+    wait = next(c for c in dx.claims if c.name == "queued_wait")
+    m = re.search(r"([\d.]+) % idle waiting for device memory that decoding requests held", wait.text)
+    assert m is not None and _pct(m[1], memory / story.queued_wait_ns), wait.text
+
+
+def test_a_zero_reuse_queue_is_named_as_other_requests_prefill(tmp_path):
+    """Issue 40: the zero-reuse control's queued requests "waited for memory or storage" when all
+    of their wait was other requests' prefill. Planted: bursts of 4 one-off 16-page requests 1 ms
+    apart, a minute apart: nothing is reused, each burst queues behind its own prefill on a GPU idle
+    the second before (below 70 % busy around them)."""
+    from tierdiag.diagnose.summary import run_summary
+
+    from .test_advice_planted import Story
+
+    s = Story()
+    for b in range(6):
+        for i in range(4):
+            s.add(f"b{b}q{i}", 60_000 * b + i, s.fresh(16))
+    db = s.replay(tmp_path, {"model": "llama3-70b", "device_tokens": 65536, "host_tokens": 65536})
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        reused = con.execute("SELECT sum(device_hit_tokens + host_hit_tokens + storage_hit_tokens + "
+                             "recomputed_tokens) FROM requests WHERE run_id = ?", [run.run_id]).fetchone()[0]
+        story = run_context(con, run).story
+        dx = run_summary(con, run).diagnosis
+    assert reused == 0
+    cause = next(c for c in dx.claims if c.name == "queue_cause")
+    assert "waited for memory or storage" not in cause.text
+    parts = story.other_wait_parts_ns
+    assert max(parts, key=parts.get) == "new_compute"
+    m = re.search(r"below 70 %; the largest part of their wait \(([\d.]+) %\) the GPU was computing new tokens",
+                  cause.text)
+    assert m is not None and _pct(m[1], parts["new_compute"] / story.other_wait_ns), cause.text

@@ -389,7 +389,8 @@ def loss_why(run: RunContext | None) -> str | None:
 
 _RUN_WAIT_WORDS = {"recompute": "recomputing once-cached tokens", "new_compute": "computing new tokens",
                    "load_back": "on exposed load-backs", "write_back": "blocked on write-backs",
-                   "idle": "idle (no prefill batch: requests held for memory or storage)"}
+                   "memory_wait": "idle waiting for device memory that decoding requests held",
+                   "idle": "idle (no prefill batch and none decoding: held for storage, or nothing to run)"}
 
 
 def capacity_claim(cap) -> Claim:
@@ -441,8 +442,13 @@ def queue_cause_claim(story, overloaded: bool, why: str | None) -> Claim:
         reason = (f"the GPU was offered more prefill than it can do ({fmt_pct(busy)} busy around them; recompute "
                   f"{fmt_pct(rec)} of their wait)")
     elif busy < BUSY_SHARE:
-        reason = (f"the GPU was {fmt_pct(busy)} busy around them, below {fmt_pct(BUSY_SHARE)}: they waited for "
-                  f"memory or storage, or in a short burst")
+        reason = f"the GPU was {fmt_pct(busy)} busy around them, below {fmt_pct(BUSY_SHARE)}"
+        parts = story.other_wait_parts_ns or {}
+        if parts and story.other_wait_ns:
+            # What their wait was, as it was (a zero-reuse queue is other requests' prefill, not memory).
+            top = max(parts, key=lambda k: parts[k])
+            reason += (f"; the largest part of their wait ({fmt_pct(share(parts[top], story.other_wait_ns))}) the GPU "
+                       f"was {_RUN_WAIT_WORDS[top]}")
     elif rec < RECOMPUTE_QUEUE_SHARE:
         reason = f"recompute took {fmt_pct(rec)} of their wait, below {fmt_pct(RECOMPUTE_QUEUE_SHARE)}"
     else:
