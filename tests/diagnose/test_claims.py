@@ -151,7 +151,18 @@ def _check_request(row: dict, e) -> list[str]:
         need(qa is not None and qa.parts_ns["recompute"] >= RECOMPUTE_QUEUE_SHARE * row["queue_ns"]
              and ctx.prefill_busy_share >= BUSY_SHARE, "'the cache's doing' without the recompute share")
     need(all(c.text in e.verdict for c in e.claims), "every claim is in the verdict")
+    # Issue 40: "while the device pool was thrashing" only where an eviction of its prefix fell in
+    # the window the thrashing was measured over (1 s before its schedule to 1 s after its first token).
+    if "while the device pool was thrashing" in verdict:
+        st = e.steps[3].evidence
+        start = _START[e.run_id]  # explain's times are since the run's first arrival
+        sched = row["first_token_ns"] - row["prefill_ns"] - start
+        lo, hi = sched - 1_000_000_000, row["first_token_ns"] - start + 1_000_000_000
+        need(st.thrashing and any(lo <= x.t_ns <= hi for x in st.events), "thrashing outside the eviction's window")
     return bad
+
+
+_START: dict[str, int] = {}  # run_id -> its first arrival (ns)
 
 
 def _check_run(db: Path) -> int:
@@ -163,6 +174,8 @@ def _check_run(db: Path) -> int:
         bad = []
         totals = con.execute("SELECT sum(recomputed_tokens), sum(input_tokens) FROM requests "
                              "WHERE run_id = ? AND status = 'finished'", [run.run_id]).fetchone()
+        _START[run.run_id] = con.execute("SELECT min(arrival_ns) FROM requests WHERE run_id = ?",
+                                         [run.run_id]).fetchone()[0]
         for row in rows:
             e = explain_request(con, run, row["req_id"], run_ctx=ctx, advice=advice)
             bad += _check_request(row, e)

@@ -163,3 +163,27 @@ def test_a_zero_reuse_queue_is_named_as_other_requests_prefill(tmp_path):
     m = re.search(r"below 70 %; the largest part of their wait \(([\d.]+) %\) the GPU was computing new tokens",
                   cause.text)
     assert m is not None and _pct(m[1], parts["new_compute"] / story.other_wait_ns), cause.text
+
+
+def test_a_rejected_request_has_no_window_and_a_lone_one_no_context_but_itself(tmp_path):
+    """Issue 40: a rejected request got a window "from 1 s before it was scheduled" (it never ran)
+    and sometimes "thrashing"; a request alone on the GPU got a step-3 context that was itself."""
+    from tierdiag.diagnose.explain import explain_request
+
+    from .test_advice_planted import Story
+
+    s = Story()
+    s.add("lone", 0, s.fresh(8))
+    s.add("huge", 5_000, s.fresh(3_000))  # 192,000 tokens: beyond the context window, rejected
+    db = s.replay(tmp_path, {"model": "llama3-8b"})
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        status = con.execute("SELECT status FROM requests WHERE run_id = ? AND req_id = 'huge'",
+                             [run.run_id]).fetchone()[0]
+        rejected = explain_request(con, run, "huge")
+        lone = explain_request(con, run, "lone")
+    assert status == "rejected"
+    text = " ".join(st.finding for st in rejected.steps)
+    assert "before it was scheduled" not in text and "thrashing" not in text
+    assert not rejected.steps[3].evidence.thrashing
+    assert "the context is the request itself" in lone.steps[2].finding

@@ -79,7 +79,7 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
         step_eviction(con, run, row, tokens, totals),
     )
     # Context in step 3 (the load-back rate around it) and the run's "why" in step 4.
-    steps = (steps[0], steps[1], replace(steps[2], finding=steps[2].finding + context_sentence(ctx)),
+    steps = (steps[0], steps[1], replace(steps[2], finding=steps[2].finding + context_sentence(ctx, row)),
              steps[3])
     why = C.loss_why(run_ctx) if tokens.recomputed_tokens or tokens.host_tokens or tokens.storage_tokens else None
     if why:
