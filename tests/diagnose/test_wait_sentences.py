@@ -187,3 +187,25 @@ def test_a_rejected_request_has_no_window_and_a_lone_one_no_context_but_itself(t
     assert "before it was scheduled" not in text and "thrashing" not in text
     assert not rejected.steps[3].evidence.thrashing
     assert "the context is the request itself" in lone.steps[2].finding
+
+
+def test_no_share_of_excess_above_100_percent_in_a_shared_batch(tmp_path):
+    """Issue 40: summary's "of excess" showed queueing above 100 %: requests sharing one prefill
+    batch wait longer than their excess (each one's compute there is below its ideal). Planted:
+    eight 4-page requests at one instant, one batch."""
+    from tierdiag.diagnose.summary import run_summary
+
+    from .test_advice_planted import Story
+
+    s = Story()
+    for i in range(8):
+        s.add(f"q{i}", 0, s.fresh(4))
+    db = s.replay(tmp_path, {"model": "llama3-8b"})
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        queue, excess = con.execute("SELECT sum(queue_ns), sum(greatest(ttft_ns - ideal_ttft_ns, 0)) FROM requests "
+                                    "WHERE run_id = ?", [run.run_id]).fetchone()
+        summary = run_summary(con, run)
+    assert queue > excess > 0  # the planted case
+    shares = [c.excess_share for c in summary.time_by_cause if c.excess_share is not None]
+    assert shares and all(0 <= x <= 1 for x in shares) and sum(shares) == pytest.approx(1.0)
