@@ -250,6 +250,8 @@ def _check(db: Path) -> tuple[list[str], list[dict]]:
             f"(SELECT sum(t_end_ns - t_start_ns) FROM batches WHERE run_id = $r)", {"r": rid}).fetchone()
         tok = con.execute("SELECT sum(recomputed_tokens), sum(input_tokens) FROM requests WHERE run_id = ? AND "
                           "coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL", [rid]).fetchone()
+        con_in_batch = con.execute("SELECT coalesce(sum(miss_shared_in_batch_tokens), 0), sum(input_tokens) FROM "
+                                   "requests WHERE run_id = ? AND status = 'finished'", [rid]).fetchone()
     with open_store(db) as con:
         rid = resolve_run(con, None).run_id
         run = resolve_run(con, None)
@@ -392,6 +394,12 @@ def _check(db: Path) -> tuple[list[str], list[dict]]:
             need(max(by_label, key=by_label.get) == "load_back", f"load_back: named under {by_label}")
             m = re.fullmatch(rf"Load-backs ran at {PCT} of link peak\.", text)
             need(m is not None and link is not None and _pct_ok(m[1], link), f"load_back: {text!r} vs {link}")
+        elif name == "in_batch":  # issue 40: the run's tokens shared within prefill batches (miss reasons)
+            m = re.match(rf"([\d,]+) tokens \({PCT} of input\) were shared with requests in the same prefill batch",
+                         text)
+            shared, inp = con_in_batch
+            need(m is not None and int(m[1].replace(",", "")) == shared and _pct_ok(m[2], shared / inp)
+                 and shared >= 0.1 * inp, f"in_batch: {text!r} vs {shared} of {inp}")
         else:
             need(False, f"unknown claim {name}: {text!r}")
         for n, reason in re.findall(r"([\d,]+) were host hits skipped \(([a-z_]+)\)", text):

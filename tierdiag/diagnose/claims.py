@@ -662,6 +662,23 @@ def advice_router_threshold_claim(*, routing_tokens: int, input_tokens: int, bra
     return Claim("router_threshold", text)
 
 
+def advice_in_batch_claim(*, tokens: int, input_tokens: int, policy: str, budget: int, change: str,
+                          smaller: int | None = None) -> Claim:
+    """The in-batch advice's reason (advice_in_batch.py)."""
+    text = (f"{fmt_tokens(tokens)} tokens ({_pct_of(tokens, input_tokens)} of input) were shared with requests in "
+            f"the same prefill batch: under schedule_policy {policy} each request of a batch computes the prefix "
+            f"they share, as SGLang does (it enters the cache when the batch ends)")
+    if change == "lpm":
+        text += ("; lpm's in-batch prefix caching (IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD 32 tokens cached at "
+                 "most, IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD 32 tokens shared at least) puts a request "
+                 "sharing a prefix with one ahead of it last, so where the batch budget ends before it, it reuses "
+                 "the prefix in the next batch")
+    else:
+        text += (f"; max_prefill_tokens {smaller:,} instead of {budget:,} admits fewer requests a batch, so the "
+                 f"later ones of a fan-out reuse the prefix the first inserted")
+    return Claim("in_batch", text)
+
+
 def advice_dp_claim(cap, *, queue_excess_share: float, dp: int, n: int) -> Claim:
     offered = cap.material_load * dp
     return Claim("dp", (

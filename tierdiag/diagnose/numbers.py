@@ -151,6 +151,7 @@ class RunSummary:
     diagnosis: object = None  # advice.RunDiagnosis: the run's root cause and what to change (summary.py)
     sessions: object = None  # sessions.SessionSummary (summary.py; None: no sessions)
     ranks: object = None  # ranks.RankSummary (summary.py; None: a run of one rank)
+    miss_reasons: object = None  # {reason: tokens} (miss_reasons.py, read-time; None: no reasons recorded)
 
     def to_json(self) -> dict:
         d = dataclass_json(self)

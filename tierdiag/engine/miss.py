@@ -39,6 +39,7 @@ MISS_REASONS: tuple[str, ...] = (
     "never_cached", "evicted_before_reuse", "lost_while_queued", "loadback_skipped", "prefetch_declined",
     "prefetch_revoked", "shared_in_batch", "routed_elsewhere", "beyond_storage")
 MISS_COLUMNS: tuple[str, ...] = tuple(f"miss_{r}_tokens" for r in MISS_REASONS)
+NO_MISSES: tuple = (None,) * len(MISS_COLUMNS)  # a rejected request's columns
 
 # storage_skipped_reason -> its miss reason (a prefetch cut short is revoked; one never taken, declined).
 _STORAGE_REASON = {"prefetch_incomplete": "prefetch_revoked"}
@@ -52,7 +53,8 @@ class MissFacts(NamedTuple):
 class MissTracker:
     """A scheduler's two facts per request (module doc). One per rank: a rank's batches are its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, ps: int) -> None:
+        self.ps = ps  # page size: a request's keys are its input's full pages (then, at finish, output's)
         self._at_arrival: dict[int, int] = {}
         self._shared: dict[int, int] = {}
         self._batch_ns: int | None = None
@@ -63,15 +65,16 @@ class MissTracker:
         self._at_arrival[req.seq] = device + host
 
     def scheduled(self, req, now: int, first_page: int, end_page: int) -> None:
-        """`req` joins the batch formed at `now`, computing pages [first_page, end_page)."""
+        """`req` joins the batch formed at `now`, its first chunk computing pages [first_page,
+        end_page). Every page it will compute (its later chunks too: a chunked request does not
+        match again) that a request ahead of it in this batch computes is shared in the batch."""
         if now != self._batch_ns:
             self._batch_ns, self._batch_keys = now, set()
-        keys = req.keys[first_page:end_page]
         batch = self._batch_keys
-        shared = sum(1 for k in keys if k in batch)
+        shared = sum(1 for k in req.keys[first_page:req.input_len // self.ps] if k in batch)
         if shared:
-            self._shared[req.seq] = self._shared.get(req.seq, 0) + shared
-        batch.update(keys)
+            self._shared[req.seq] = shared
+        batch.update(req.keys[first_page:end_page])
 
     def take(self, seq: int) -> MissFacts:
         return MissFacts(self._at_arrival.pop(seq, 0), self._shared.pop(seq, 0))

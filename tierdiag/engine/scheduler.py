@@ -30,7 +30,7 @@ from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.arrivals import ArrivalSource, pause_ms
 from tierdiag.engine.controller import CacheController, EngineStats
 from tierdiag.engine.costmodel import CostModel
-from tierdiag.engine.miss import MissTracker
+from tierdiag.engine.miss import NO_MISSES, MissTracker
 from tierdiag.engine.pagemap import blame
 from tierdiag.engine.prefetch import StoragePrefetch, prefetch_limit_tokens
 from tierdiag.engine.queue_policy import queue_policy
@@ -66,7 +66,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         self.ctrl = ctrl
         self.probe = probe
         self.emit = ev.Emitters(probe)  # one callable an event kind, None where nothing is emitted
-        self.miss = MissTracker() if self.emit.record is not None else None  # miss reasons' facts (miss.py)
+        self.miss = MissTracker(cfg.page_size) if self.emit.record is not None else None  # miss reasons' facts (miss.py)
         self.stats = stats
         self.progress = progress
         self.ps = cfg.page_size
@@ -204,7 +204,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
                 req.req_id, req.seq, req.arrival_ns, req.input_len, req.output_len, "rejected", reason, None,
                 0, 0, 0, 0, 0, 0, 0, None, 0, None, 0, 0, 0,
                 None, None, None, None, None, 0, 0, 0, 0, None, None, None, None, None, None, None, None,
-                None, 0, None, None, req.session, req.think_ms, req.trace_arrival_ns, self.rank) + req.route)
+                None, 0, None, None, req.session, req.think_ms, req.trace_arrival_ns, self.rank) + req.route
+                + NO_MISSES)  # a rejected request computed nothing: no miss reasons (miss.py)
             if self.emit.tick is not None:  # rejections come without batches: a trace of them stays bounded
                 self.emit.tick()
 
