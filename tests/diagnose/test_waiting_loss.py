@@ -98,3 +98,41 @@ def test_a_prefix_deleted_while_waiting_and_recomputed_is_lost(deleted):
     assert m is not None, claim.text
     half = 0.5 * 10 ** -len(m[1].partition(".")[2])  # half the last digit shown
     assert abs(float(m[1]) - 100 * lost[0][1] / total) <= half + 1e-9, (m[1], lost, total)
+
+
+def test_the_miss_reasons_say_the_same(demoted, deleted, tmp_path):
+    """Miss reasons end to end (DESIGN §7): a2's prefix demoted while it waited is no miss (it
+    loaded back: only its one new page was never cached); deleted while it waited, lost while
+    queued; pushed out of every tier before it arrived (no queue), evicted before reuse; with a
+    storage tier that never held it (too small for a page run), beyond storage."""
+    from tierdiag.diagnose.explain import explain_request
+    from tierdiag.store.schema import MISS_COLUMNS, MISS_REASONS
+
+    def reasons(db, req="a2"):
+        with open_store(db) as con:
+            run = resolve_run(con, None)
+            row = con.execute(f"SELECT computed_tokens, {', '.join(MISS_COLUMNS)} FROM requests WHERE run_id = ? "
+                              f"AND req_id = ?", [run.run_id, req]).fetchone()
+            step4 = explain_request(con, run, req).steps[3].finding
+        got = {r: n for r, n in zip(MISS_REASONS, row[1:]) if n}
+        assert sum(got.values()) == row[0]
+        return got, step4
+
+    got, step4 = reasons(demoted)
+    assert got == {"never_cached": 64}
+    got, step4 = reasons(deleted)
+    assert got == {"lost_while_queued": 1536, "never_cached": 64}
+    assert "1,536 lost from every tier while it queued; 64 never cached before." in step4
+    # Pushed out before it arrived: 'a1' caches the prefix, floods push it out of device and host, a2 arrives later.
+    s = Story()
+    prefix = list(range(24))
+    s.add("a1", 0, prefix)
+    for i in range(12):
+        s.add(f"f{i}", 1000 + 500 * i, s.fresh(32))
+    s.add("a2", 60_000, prefix + s.fresh(1))
+    before = s.replay(tmp_path / "before", {"model": "llama3-70b", "device_tokens": 8192, "host_tokens": 8192})
+    assert reasons(before)[0] == {"evicted_before_reuse": 1536, "never_cached": 64}
+    tiny = s.replay(tmp_path / "tiny", {"model": "llama3-70b", "device_tokens": 8192, "host_tokens": 8192,
+                                        "storage_tokens": 64})
+    got = reasons(tiny)[0]
+    assert got.get("beyond_storage", 0) > 0 and "evicted_before_reuse" not in got, got
