@@ -633,7 +633,7 @@ def run_routing_claim(ev: RoutingLoss) -> Claim:
 
 def advice_router_claim(*, routing_tokens: int, input_tokens: int, requests: int, ranks: int, router: str,
                         share_of_recomputed: float | None, to: str, session_tokens: int,
-                        cache_threshold: float) -> Claim:
+                        cache_threshold: float, balance_abs: int = 64, balance_rel: float = 1.5) -> Claim:
     text = (f"routing lost {fmt_tokens(routing_tokens)} tokens ({_pct_of(routing_tokens, input_tokens)} of input) in "
             f"{requests:,} requests across {ranks} ranks: at their arrival another rank held the prefix on device or "
             f"host and {router} sent them elsewhere ({fmt_pct(share_of_recomputed)} of the run's recomputed tokens)")
@@ -642,7 +642,9 @@ def advice_router_claim(*, routing_tokens: int, input_tokens: int, requests: int
                  f"a session on one rank, where its earlier turns left the prefix")
     else:
         text += (f"; cache_aware sends a request to the rank its approximate tree says holds more than "
-                 f"{cache_threshold:g} of it while the load stays balanced")
+                 f"router_cache_threshold {cache_threshold:g} of it while the load stays balanced "
+                 f"(router_balance_abs_threshold {balance_abs} in flight apart, router_balance_rel_threshold "
+                 f"{balance_rel:g}×)")
     return Claim("router", text)
 
 
