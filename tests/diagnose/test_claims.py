@@ -151,6 +151,16 @@ def _check_request(row: dict, e) -> list[str]:
         need(qa is not None and qa.parts_ns["recompute"] >= RECOMPUTE_QUEUE_SHARE * row["queue_ns"]
              and ctx.prefill_busy_share >= BUSY_SHARE, "'the cache's doing' without the recompute share")
     need(all(c.text in e.verdict for c in e.claims), "every claim is in the verdict")
+    # Miss reasons (issue 40): step 4's sentence is the row's columns, summing to its computed tokens.
+    m = re.search(r"Its ([\d,]+) computed tokens, by why they were not reused: (.*?)\.(?:\s|$)", e.steps[3].finding)
+    cols = {k[len("miss_"):-len("_tokens")]: v for k, v in row.items() if k.startswith("miss_") and v}
+    need(bool(m) == bool(cols), "miss reasons: a sentence iff the row has reasons")
+    if m:
+        need(_num(m[1]) == row["computed_tokens"] == sum(cols.values()), "miss reasons: computed tokens")
+        from tierdiag.diagnose.miss_reasons import WORDS
+        said = {next(r for r, w in WORDS.items() if part.split(" ", 1)[1] == w): _num(part.split(" ", 1)[0])
+                for part in m[2].split("; ")}
+        need(said == cols, f"miss reasons: {said} vs {cols}")
     # Issue 40: "while the device pool was thrashing" only where an eviction of its prefix fell in
     # the window the thrashing was measured over (1 s before its schedule to 1 s after its first token).
     if "while the device pool was thrashing" in verdict:

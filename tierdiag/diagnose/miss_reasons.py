@@ -17,14 +17,14 @@ from tierdiag.units import fmt_pct, fmt_tokens, share
 # How each reason reads in a sentence ("N tokens {words}").
 WORDS = {
     "never_cached": "never cached before",
-    "evicted_before_reuse": "evicted from every tier before reuse",
+    "evicted_before_reuse": "once cached, in no tier at its arrival",
     "lost_while_queued": "lost from every tier while it queued",
     "loadback_skipped": "a host hit whose load-back was skipped",
     "prefetch_declined": "in storage, prefetch not taken",
     "prefetch_revoked": "in storage, prefetch cut short",
     "shared_in_batch": "shared with requests in the same prefill batch",
     "routed_elsewhere": "held by another rank at arrival",
-    "beyond_storage": "evicted from every tier, not in the storage tier",
+    "beyond_storage": "once cached, in no tier at its arrival (the storage tier did not hold them)",
 }
 assert tuple(WORDS) == MISS_REASONS
 
