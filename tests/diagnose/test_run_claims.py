@@ -107,7 +107,8 @@ def _rows(con, rid: str) -> list[dict]:
                  - CASE WHEN best_rank IS NOT NULL AND best_rank <> dp_rank
                         THEN greatest(coalesce(best_rank_device_tokens, 0) + coalesce(best_rank_host_tokens, 0)
                                       - coalesce(arrival_device_tokens, 0) - coalesce(arrival_host_tokens, 0)
-                                      - coalesce(storage_match_tokens, 0), 0) ELSE 0 END AS gone
+                                      - coalesce(storage_match_tokens, 0), 0) ELSE 0 END AS gone,
+                 miss_lost_while_queued_tokens AS mlq
           FROM q0),
     b AS (SELECT t_start_ns AS s, t_end_ns AS e, greatest(t_end_ns - t_start_ns, 1) AS d,
                  coalesce(compute_ns, 0) AS comp, least(coalesce(recompute_ns, 0), coalesce(compute_ns, 0)) AS brc,
@@ -125,8 +126,10 @@ def _rows(con, rid: str) -> list[dict]:
            coalesce(w.wwb, 0) AS wwb, coalesce(c.busy_ns, 0) AS busy_ns,
            -- issue 40: lost while waiting = a drop / delete (left every tier) in its wait, and tokens
            -- recomputed that no tier held (not a skipped load-back, not an unused storage match)
+           -- (schema v5: the engine's miss reason, held at arrival and in no tier at the schedule)
+           CASE WHEN r.mlq IS NOT NULL THEN r.mlq > 0 ELSE
            EXISTS (SELECT 1 FROM ev WHERE ev.req_id = r.req_id AND ev.t_ns >= r.a AND ev.t_ns <= r.sched
-                   AND ev.action IN ('drop', 'delete')) AND r.gone > 0 AS waited_out
+                   AND ev.action IN ('drop', 'delete')) AND r.gone > 0 END AS waited_out
     FROM r LEFT JOIN w USING (req_id) LEFT JOIN c USING (req_id)"""
     cur = con.execute(sql, {"r": rid})
     names = [d[0] for d in cur.description]

@@ -121,7 +121,7 @@ def session_summary(con: duckdb.DuckDBPyConnection, run) -> SessionSummary | Non
         SELECT {_bucket_sql()} AS bucket, count(*) AS n,
                sum(coalesce(device_hit_tokens, 0)) AS device, sum(coalesce(host_hit_tokens, 0)) AS host,
                sum(coalesce(storage_hit_tokens, 0)) AS storage, sum(coalesce(recomputed_tokens, 0)) AS recomputed,
-               sum({lost_while_waiting_sql('q', 'w.removed')}) AS queued_lost,
+               sum({lost_while_waiting_sql('q', 'w.removed', con)}) AS queued_lost,
                {quantile_sql('ttft_ns', 0.5)} AS p50, {quantile_sql('ttft_ns', 0.99)} AS p99
         FROM requests q LEFT JOIN w ON w.req_id = q.req_id
         WHERE q.run_id = ? AND think_ms IS NOT NULL AND {FINISHED_SQL}

@@ -210,7 +210,7 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
                    coalesce(queue_ns, 0) AS queue, greatest({excess_sql('q')}, 0) AS excess, {cause_sql('q')} AS cause,
                    coalesce(recompute_ns, 0) AS own_rec, coalesce(compute_ns, 0) AS own_comp,
                    coalesce(loadback_exposed_ns, 0) AS own_lb,
-                   {lost_while_waiting_sql('q', 'w.removed')} AS lost_waiting,
+                   {lost_while_waiting_sql('q', 'w.removed', con)} AS lost_waiting,
                    coalesce(q.dp_rank, 0) AS rank
             FROM requests q LEFT JOIN ({waiting_removals_sql('$r')}) w ON w.req_id = q.req_id
             WHERE q.run_id = $r AND {finished_sql('q')} ORDER BY q.seq""", {"r": rid}).fetchnumpy()

@@ -11,7 +11,9 @@ keeps a host copy of every inserted prefix). So "lost while it waited" is::
     gone                  = its recomputed tokens that were in no tier at its schedule
                             (claims.recomputed_split's last part: not a skipped load-back, not an
                             unused storage match, not another rank's)
-    lost_while_waiting    = min(removed_while_waiting, gone)
+    lost_while_waiting    = min(removed_while_waiting, gone)     (a store before schema v5)
+                          = miss_lost_while_queued_tokens         (schema v5: engine/miss.py, on
+                            device or host at its arrival, in no tier at its schedule)
 
 A request lost its prefix while it waited when `lost_while_waiting > 0`. An eviction at the very
 instant of the schedule still counts: request_evictions only names evictions that took pages the
@@ -26,6 +28,7 @@ from __future__ import annotations
 import duckdb
 
 from tierdiag.diagnose.causes import routing_tokens_sql
+from tierdiag.diagnose.miss_reasons import has_miss_columns
 
 # Eviction actions that take a page out of the last tier that held it (the storage tier aside:
 # `gone` already leaves out what storage matched).
@@ -57,16 +60,24 @@ def waiting_removals_sql(run_param: str = "$r") -> str:
                GROUP BY 1"""
 
 
-def lost_while_waiting_sql(alias: str, removed: str) -> str:
-    """SQL: `min(removed_while_waiting, gone)` for row `alias`, `removed` its removed tokens (may be NULL)."""
-    return f"least(coalesce({removed}, 0), greatest({gone_tokens_sql(alias)}, 0))"
+def lost_while_waiting_sql(alias: str, removed: str, con: duckdb.DuckDBPyConnection | None = None) -> str:
+    """SQL: the row's tokens lost while it waited. Where the store has the engine's miss reasons
+    (schema v5), its `miss_lost_while_queued_tokens`: on device or host at its arrival, in no tier
+    at its schedule (engine/miss.py), so summary, the session views and the miss reasons say one
+    number. Else (an older store) `min(removed_while_waiting, gone)` from the eviction records,
+    `removed` its removed tokens (may be NULL): that also counts a page cached anew during the wait
+    and removed again, so it can only be larger."""
+    fallback = f"least(coalesce({removed}, 0), greatest({gone_tokens_sql(alias)}, 0))"
+    if con is not None and has_miss_columns(con):
+        return f"coalesce({alias}.miss_lost_while_queued_tokens, {fallback})"
+    return fallback
 
 
 def lost_while_waiting(con: duckdb.DuckDBPyConnection, run_id: str, req_id: str) -> int:
     """One request's tokens lost while it waited (module doc)."""
     row = con.execute(
         f"""WITH w AS ({waiting_removals_sql('$r')})
-            SELECT {lost_while_waiting_sql('q', 'w.removed')} FROM requests q LEFT JOIN w ON w.req_id = q.req_id
+            SELECT {lost_while_waiting_sql('q', 'w.removed', con)} FROM requests q LEFT JOIN w ON w.req_id = q.req_id
             WHERE q.run_id = $r AND q.req_id = $q AND q.first_token_ns IS NOT NULL""",
         {"r": run_id, "q": req_id}).fetchone()
     return int(row[0] or 0) if row else 0
