@@ -27,7 +27,7 @@ from tierdiag.diagnose.story import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE  # noqa: F
 from tierdiag.units import NS_PER_S, fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, share
 
 # The queue is called the cache's doing when recomputing once-cached tokens took at least
-# RECOMPUTE_QUEUE_SHARE of the GPU time a request waited behind, on a prefill GPU at least
+# RECOMPUTE_QUEUE_SHARE of a request's wait (other requests' recompute), on a prefill GPU at least
 # BUSY_SHARE busy: queueing grows steeply with load, so that share of the work is what made the
 # wait. Defined once in story.py (imported above), which applies the same rule to every request.
 # A load-back at or above this share of the link's peak is as fast as the link goes.
@@ -429,8 +429,8 @@ def queue_cause_claim(story, overloaded: bool, why: str | None) -> Claim:
     doing = story.caches_doing_share or 0.0
     if doing >= 0.5:
         text = (f"The queue was the cache's doing: for {fmt_pct(doing)} of the excess the queued requests carry, "
-                f"recompute of once-cached tokens took at least {fmt_pct(RECOMPUTE_QUEUE_SHARE)} of the GPU time "
-                f"they waited behind, on a GPU at least {fmt_pct(BUSY_SHARE)} busy around them")
+                f"other requests' recompute of once-cached tokens took at least {fmt_pct(RECOMPUTE_QUEUE_SHARE)} of "
+                f"each one's wait, on a GPU at least {fmt_pct(BUSY_SHARE)} busy around it")
         if overloaded:
             text += " (both hold: the offered load alone exceeded the GPU, and recompute added to it)"
         return Claim("queue_cause", text + (f"; {why}." if why else "."))

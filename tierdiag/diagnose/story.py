@@ -34,7 +34,7 @@ from tierdiag.diagnose.waiting_loss import lost_while_waiting_sql, waiting_remov
 from tierdiag.units import share
 
 # The rule explain's verdict uses (claims.py): a queue is the cache's doing when recompute took
-# at least this share of the GPU time a request waited behind, on a GPU at least BUSY_SHARE busy
+# at least this share of a request's wait (other requests' recompute), on a GPU at least BUSY_SHARE busy
 # around it. Kept here (claims imports the run context, which imports this) and tested equal.
 RECOMPUTE_QUEUE_SHARE = 0.2
 BUSY_SHARE = 0.7
