@@ -250,7 +250,7 @@ STORED_FIELDS = {
     "RunStory": ["excess_total_ns", "verdicts", "queued_excess_ns", "queued_busy_share", "queued_wait_ns",
                  "queued_wait_parts_ns", "caches_doing_excess_ns", "evicted_while_waiting_requests",
                  "evicted_while_waiting_excess_ns", "other_busy_share", "other_recompute_share",
-                 "other_wait_parts_ns", "other_wait_ns"],
+                 "other_wait_parts_ns", "other_wait_ns", "evicted_while_waiting_tokens"],
     "VerdictShare": ["cause", "caches_doing", "num_requests", "excess_ns", "excess_share"],
     "Capacity": ["window_ns", "span_ns", "overloaded_share", "overload_factor", "peak_load", "material_load", "mean_load",
                  "offered_ns", "num_ranks"],

@@ -369,6 +369,9 @@ def _check(db: Path) -> tuple[list[str], list[dict]]:
                 continue
             need(int(m[1].replace(",", "")) == len(mine), f"evicted_while_waiting: {m[1]} vs {len(mine)}")
             need(_pct_ok(m[2], sum(x["excess"] for x in mine) / total), f"evicted_while_waiting: {m[2]}")
+            t = re.search(r"\): ([\d,]+) tokens of it, on device or host at arrival", text)
+            if t and all(x["mlq"] is not None for x in mine):  # schema v5: the miss reason's tokens
+                need(int(t[1].replace(",", "")) == sum(x["mlq"] for x in mine), f"evicted_while_waiting: {t[1]}")
         elif name == "capacity":
             m = re.match(rf"Offered prefill was ([\d,.]+)× one GPU for {PCT} of the run .*? each {MS} window.*?; "
                          rf"([\d,.]+)× at the busiest", text)

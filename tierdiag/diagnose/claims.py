@@ -463,11 +463,13 @@ def evicted_while_waiting_claim(story) -> Claim | None:
     n = story.evicted_while_waiting_requests
     if not n:
         return None
+    tokens = story.evicted_while_waiting_tokens
     return Claim("evicted_while_waiting", (
         f"{n:,} request{'s' if n != 1 else ''} lost {'their' if n != 1 else 'its'} prefix after arriving, while "
         f"waiting to be scheduled ({fmt_pct(share(story.evicted_while_waiting_excess_ns, story.excess_total_ns))} "
-        f"of the excess TTFT): it left every tier before {'they were' if n != 1 else 'it was'} scheduled and was "
-        f"recomputed, so the queue, not only the pool size, cost the recompute."))
+        f"of the excess TTFT): {fmt_tokens(tokens) + ' tokens of it, ' if tokens else 'it, '}on device or host at "
+        f"arrival, were in no tier when {'they were' if n != 1 else 'it was'} scheduled and were recomputed, so the "
+        f"queue, not only the pool size, cost the recompute."))
 
 
 # --------------------------------------------------------------------------- the advice's reasons

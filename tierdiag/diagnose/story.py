@@ -88,6 +88,8 @@ class RunStory:
     # ... and their wait by WAIT_KEYS, summed (the largest part is named as their reason).
     other_wait_parts_ns: dict | None = None
     other_wait_ns: int = 0
+    # The tokens those requests lost while they waited (of their prefix; waiting_loss.py).
+    evicted_while_waiting_tokens: int = 0
 
     @property
     def top(self) -> VerdictShare | None:
@@ -266,7 +268,8 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
                                                                        float(idle[q].sum())])))
     # Lost while it waited: tokens of its prefix that left every tier after it arrived, before it
     # was scheduled, and were recomputed (waiting_loss.py; a demotion to host is no loss).
-    waited_out = np.asarray(r["lost_waiting"], dtype=np.int64) > 0
+    lost_waiting = np.asarray(r["lost_waiting"], dtype=np.int64)
+    waited_out = lost_waiting > 0
     other = q & ~cache
     ox = excess[other].astype(np.float64)
     return RunStory(
@@ -276,6 +279,7 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
         caches_doing_excess_ns=int(excess[q & cache].sum()),
         evicted_while_waiting_requests=int(waited_out.sum()),
         evicted_while_waiting_excess_ns=int(excess[waited_out].sum()),
+        evicted_while_waiting_tokens=int(lost_waiting[waited_out].sum()),
         other_busy_share=float((busy[other] * ox).sum() / ox.sum()) if ox.sum() > 0 else None,
         other_recompute_share=share(float(parts[0, other].sum()), float(queue[other].sum())),
         other_wait_parts_ns=dict(zip(WAIT_KEYS, (int(round(float(x))) for x in
