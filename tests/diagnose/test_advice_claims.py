@@ -102,6 +102,8 @@ class Rows:
                 f"ELSE least(loadback_skipped_tokens, recomputed_tokens) END) - (CASE WHEN storage_skipped_reason IS "
                 f"NULL THEN 0 ELSE least(storage_match_tokens - storage_hit_tokens, recomputed_tokens) END), 0)), 0) "
                 f"FROM requests WHERE {FIN}", r).fetchone()[0]
+            self.in_batch = con.execute(f"SELECT coalesce(sum(miss_shared_in_batch_tokens), 0) FROM requests "
+                                        f"WHERE {FIN}", r).fetchone()[0]
             self.turns = _later_turns(con, run.run_id)
             self.capacity = _capacity(con, run.run_id)
 
@@ -338,6 +340,14 @@ def _check(items: list[dict], rows: Rows, host_limit_bytes: int = 2 << 40) -> li
                 if m[5]:
                     need(abs(float(m[5].replace(",", "")) - rows.tiered_recompute_ns / rows.tiered_lb_ns) <= 0.05 + 1e-9,
                          f"none: ratio {m[5]}")
+        elif kind == "in_batch":  # advice_in_batch.py: the tokens shared within prefill batches (miss reasons)
+            m = re.match(rf"([\d,]+) tokens \({PCT} of input\) were shared with requests in the same prefill batch: "
+                         rf"under schedule_policy (\w+) ", text)
+            need(m is not None, f"in_batch: unparsed {text!r}")
+            if m is None:
+                continue
+            need(int(m[1].replace(",", "")) == rows.in_batch and _pct_ok(m[2], rows.in_batch / rows.input),
+                 f"in_batch: {m[1]} vs {rows.in_batch}")
         else:
             need(False, f"no check for advice kind {kind}")
     return bad

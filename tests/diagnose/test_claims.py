@@ -85,6 +85,10 @@ def _check_request(row: dict, e) -> list[str]:
 
     if "full device hit" in text:
         need(d > 0 and h == 0 and s == 0 and rec == 0, "'full device hit' with tokens off device or recomputed")
+        need(new <= 0.05 * n, "'full device hit' with more than 5 % of its input new")  # issue 40
+    # Issue 40: the wait's sentence names the largest part of the wait as it was.
+    need("mostly computing new tokens" not in text and "GPU time it waited behind" not in text,
+         "an old wait sentence")
     need("evicted from every tier" not in text, "'evicted from every tier' is no longer a claim")
     # The split, in its own words: "of its N input tokens the cache served P % device (T), ...".
     m = re.search(r"of its ([\d,]+) input tokens", verdict)
@@ -147,7 +151,28 @@ def _check_request(row: dict, e) -> list[str]:
         need(qa is not None and qa.parts_ns["recompute"] >= RECOMPUTE_QUEUE_SHARE * row["queue_ns"]
              and ctx.prefill_busy_share >= BUSY_SHARE, "'the cache's doing' without the recompute share")
     need(all(c.text in e.verdict for c in e.claims), "every claim is in the verdict")
+    # Miss reasons (issue 40): step 4's sentence is the row's columns, summing to its computed tokens.
+    m = re.search(r"Its ([\d,]+) computed tokens, by why they were not reused: (.*?)\.(?:\s|$)", e.steps[3].finding)
+    cols = {k[len("miss_"):-len("_tokens")]: v for k, v in row.items() if k.startswith("miss_") and v}
+    need(bool(m) == bool(cols), "miss reasons: a sentence iff the row has reasons")
+    if m:
+        need(_num(m[1]) == row["computed_tokens"] == sum(cols.values()), "miss reasons: computed tokens")
+        from tierdiag.diagnose.miss_reasons import WORDS
+        said = {next(r for r, w in WORDS.items() if part.split(" ", 1)[1] == w): _num(part.split(" ", 1)[0])
+                for part in m[2].split("; ")}
+        need(said == cols, f"miss reasons: {said} vs {cols}")
+    # Issue 40: "while the device pool was thrashing" only where an eviction of its prefix fell in
+    # the window the thrashing was measured over (1 s before its schedule to 1 s after its first token).
+    if "while the device pool was thrashing" in verdict:
+        st = e.steps[3].evidence
+        start = _START[e.run_id]  # explain's times are since the run's first arrival
+        sched = row["first_token_ns"] - row["prefill_ns"] - start
+        lo, hi = sched - 1_000_000_000, row["first_token_ns"] - start + 1_000_000_000
+        need(st.thrashing and any(lo <= x.t_ns <= hi for x in st.events), "thrashing outside the eviction's window")
     return bad
+
+
+_START: dict[str, int] = {}  # run_id -> its first arrival (ns)
 
 
 def _check_run(db: Path) -> int:
@@ -159,6 +184,8 @@ def _check_run(db: Path) -> int:
         bad = []
         totals = con.execute("SELECT sum(recomputed_tokens), sum(input_tokens) FROM requests "
                              "WHERE run_id = ? AND status = 'finished'", [run.run_id]).fetchone()
+        _START[run.run_id] = con.execute("SELECT min(arrival_ns) FROM requests WHERE run_id = ?",
+                                         [run.run_id]).fetchone()[0]
         for row in rows:
             e = explain_request(con, run, row["req_id"], run_ctx=ctx, advice=advice)
             bad += _check_request(row, e)

@@ -99,7 +99,16 @@ def _rows(con, rid: str) -> list[dict]:
                  first_token_ns - coalesce(prefill_ns, 0) AS sched, first_token_ns AS ft, q,
                  greatest(ttft_ns - coalesce(ideal_ttft_ns, 0), 0) AS excess, rc AS own_rec,
                  coalesce(compute_ns, 0) AS own_comp, lb AS own_lb,
-                 {_CAUSE.format(m='greatest(q, lb, sw, rc, cx)')} AS cause
+                 {_CAUSE.format(m='greatest(q, lb, sw, rc, cx)')} AS cause,
+                 coalesce(recomputed_tokens, 0)
+                 - CASE WHEN loadback_skipped_reason IS NULL THEN 0 ELSE coalesce(loadback_skipped_tokens, 0) END
+                 - CASE WHEN storage_skipped_reason IS NULL THEN 0
+                        ELSE greatest(coalesce(storage_match_tokens, 0) - coalesce(storage_hit_tokens, 0), 0) END
+                 - CASE WHEN best_rank IS NOT NULL AND best_rank <> dp_rank
+                        THEN greatest(coalesce(best_rank_device_tokens, 0) + coalesce(best_rank_host_tokens, 0)
+                                      - coalesce(arrival_device_tokens, 0) - coalesce(arrival_host_tokens, 0)
+                                      - coalesce(storage_match_tokens, 0), 0) ELSE 0 END AS gone,
+                 miss_lost_while_queued_tokens AS mlq
           FROM q0),
     b AS (SELECT t_start_ns AS s, t_end_ns AS e, greatest(t_end_ns - t_start_ns, 1) AS d,
                  coalesce(compute_ns, 0) AS comp, least(coalesce(recompute_ns, 0), coalesce(compute_ns, 0)) AS brc,
@@ -111,11 +120,16 @@ def _rows(con, rid: str) -> list[dict]:
           FROM r JOIN b ON b.s < r.w1 AND b.e > r.w0 GROUP BY 1),
     c AS (SELECT r.req_id, sum(greatest(least(b.e, greatest(r.ft, r.c0)) - greatest(b.s, r.c0), 0)) AS busy_ns
           FROM r JOIN b ON b.s < greatest(r.ft, r.c0) AND b.e > r.c0 GROUP BY 1),
-    ev AS (SELECT re.req_id, e.t_ns FROM request_evictions re JOIN evictions e
+    ev AS (SELECT re.req_id, e.t_ns, e.action FROM request_evictions re JOIN evictions e
              ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id WHERE re.run_id = $r)
     SELECT r.*, coalesce(w.wrc, 0) AS wrc, coalesce(w.wnew, 0) AS wnew, coalesce(w.wlb, 0) AS wlb,
            coalesce(w.wwb, 0) AS wwb, coalesce(c.busy_ns, 0) AS busy_ns,
-           EXISTS (SELECT 1 FROM ev WHERE ev.req_id = r.req_id AND ev.t_ns >= r.a AND ev.t_ns <= r.sched) AS waited_out
+           -- issue 40: lost while waiting = a drop / delete (left every tier) in its wait, and tokens
+           -- recomputed that no tier held (not a skipped load-back, not an unused storage match)
+           -- (schema v5: the engine's miss reason, held at arrival and in no tier at the schedule)
+           CASE WHEN r.mlq IS NOT NULL THEN r.mlq > 0 ELSE
+           EXISTS (SELECT 1 FROM ev WHERE ev.req_id = r.req_id AND ev.t_ns >= r.a AND ev.t_ns <= r.sched
+                   AND ev.action IN ('drop', 'delete')) AND r.gone > 0 END AS waited_out
     FROM r LEFT JOIN w USING (req_id) LEFT JOIN c USING (req_id)"""
     cur = con.execute(sql, {"r": rid})
     names = [d[0] for d in cur.description]
@@ -239,6 +253,8 @@ def _check(db: Path) -> tuple[list[str], list[dict]]:
             f"(SELECT sum(t_end_ns - t_start_ns) FROM batches WHERE run_id = $r)", {"r": rid}).fetchone()
         tok = con.execute("SELECT sum(recomputed_tokens), sum(input_tokens) FROM requests WHERE run_id = ? AND "
                           "coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL", [rid]).fetchone()
+        con_in_batch = con.execute("SELECT coalesce(sum(miss_shared_in_batch_tokens), 0), sum(input_tokens) FROM "
+                                   "requests WHERE run_id = ? AND status = 'finished'", [rid]).fetchone()
     with open_store(db) as con:
         rid = resolve_run(con, None).run_id
         run = resolve_run(con, None)
@@ -289,11 +305,19 @@ def _check(db: Path) -> tuple[list[str], list[dict]]:
             need(_pct_ok(m[1], sum(x["busy"] * x["excess"] for x in queued) / qx), f"queued_wait: busy {m[1]}")
             need(_pct_ok(m[2], busy_ns / span_ns), f"queued_wait: run busy {m[2]} vs {busy_ns / span_ns}")
             words = {"recomputing once-cached tokens": "recompute", "computing new tokens": "new_compute",
-                     "on exposed load-backs": "load_back", "blocked on write-backs": "write_back", "idle": "idle"}
+                     "on exposed load-backs": "load_back", "blocked on write-backs": "write_back",
+                     "idle waiting for device memory": "idle", "idle (no prefill batch": "idle"}
+            gaps = 0.0
             for pct, word in re.findall(rf"{PCT} (recomputing once-cached tokens|computing new tokens|on exposed "
-                                        rf"load-backs|blocked on write-backs|idle)", text):
+                                        rf"load-backs|blocked on write-backs|idle waiting for device memory|"
+                                        rf"idle \(no prefill batch)", text):
+                if words[word] == "idle":  # memory wait + the rest of the gaps: checked together below
+                    gaps += {"< 0.1 %": 0.05, "> 99.9 %": 99.95}.get(pct) or float(pct.rstrip(" %"))
+                    continue
                 part = sum(x["parts"][words[word]] for x in queued)
                 need(_pct_ok(pct, part / qwait), f"queued_wait: {pct} {word} vs {part / qwait}")
+            idle = sum(x["parts"]["idle"] for x in queued) / qwait
+            need(abs(gaps - 100 * idle) <= 1.0 + 1e-9, f"queued_wait: gaps {gaps} vs {idle}")
         elif name == "queue_cause":
             doing = sum(x["excess"] for x in queued if x["cache"]) / qx
             m = re.match(rf"The queue was (not )?the cache's doing(?: for|: for) {PCT} of the excess", text)
@@ -314,6 +338,19 @@ def _check(db: Path) -> tuple[list[str], list[dict]]:
             if b:
                 need(_pct_ok(b[1], obusy), f"queue_cause: busy {b[1]} vs {obusy}")
                 need(obusy < BUSY_SHARE and low_busy > 0.5, f"queue_cause: busy reason, {low_busy} of it below")
+                # Issue 40: their wait's largest part, as it was (not "memory or storage" by default).
+                need("waited for memory or storage" not in text, "queue_cause: the old default reason")
+                t = re.search(rf"the largest part of their wait \({PCT}\) the GPU was (recomputing|computing new|"
+                              rf"on exposed|blocked on|idle)", text)
+                if t:
+                    owait = sum(x["q"] for x in other)
+                    key = {"recomputing": "recompute", "computing new": "new_compute", "on exposed": "load_back",
+                           "blocked on": "write_back", "idle": "idle"}[t[2]]
+                    mine = {k: sum(x["parts"][k] for x in other) for k in x["parts"]}
+                    if key != "idle":  # a batch part: the largest of all (gaps split two ways beside it)
+                        need(_pct_ok(t[1], mine[key] / owait), f"queue_cause: largest {t[1]} vs {mine[key] / owait}")
+                        need(mine[key] >= max(v for k, v in mine.items() if k != "idle") - 1,
+                             f"queue_cause: {key} named, parts {mine}")
             r = re.search(rf"recompute took {PCT} of their wait, below", text)
             if r:
                 need(_pct_ok(r[1], orec), f"queue_cause: rec {r[1]} vs {orec}")
@@ -332,6 +369,9 @@ def _check(db: Path) -> tuple[list[str], list[dict]]:
                 continue
             need(int(m[1].replace(",", "")) == len(mine), f"evicted_while_waiting: {m[1]} vs {len(mine)}")
             need(_pct_ok(m[2], sum(x["excess"] for x in mine) / total), f"evicted_while_waiting: {m[2]}")
+            t = re.search(r"\): ([\d,]+) tokens of it, on device or host at arrival", text)
+            if t and all(x["mlq"] is not None for x in mine):  # schema v5: the miss reason's tokens
+                need(int(t[1].replace(",", "")) == sum(x["mlq"] for x in mine), f"evicted_while_waiting: {t[1]}")
         elif name == "capacity":
             m = re.match(rf"Offered prefill was ([\d,.]+)× one GPU for {PCT} of the run .*? each {MS} window.*?; "
                          rf"([\d,.]+)× at the busiest", text)
@@ -360,6 +400,12 @@ def _check(db: Path) -> tuple[list[str], list[dict]]:
             need(max(by_label, key=by_label.get) == "load_back", f"load_back: named under {by_label}")
             m = re.fullmatch(rf"Load-backs ran at {PCT} of link peak\.", text)
             need(m is not None and link is not None and _pct_ok(m[1], link), f"load_back: {text!r} vs {link}")
+        elif name == "in_batch":  # issue 40: the run's tokens shared within prefill batches (miss reasons)
+            m = re.match(rf"([\d,]+) tokens \({PCT} of input\) were shared with requests in the same prefill batch",
+                         text)
+            shared, inp = con_in_batch
+            need(m is not None and int(m[1].replace(",", "")) == shared and _pct_ok(m[2], shared / inp)
+                 and shared >= 0.1 * inp, f"in_batch: {text!r} vs {shared} of {inp}")
         else:
             need(False, f"unknown claim {name}: {text!r}")
         for n, reason in re.findall(r"([\d,]+) were host hits skipped \(([a-z_]+)\)", text):

@@ -99,10 +99,12 @@ def test_evicted_while_waiting_is_named(burst_run):
     with open_store(burst_run) as con:
         run = resolve_run(con, None)
         dx = run_summary(con, run).diagnosis
+        # Issue 40: a prefix that left every tier (drop / delete) while it waited, and was recomputed.
         n = con.execute(
-            "SELECT count(*) FROM requests q WHERE run_id = ? AND (SELECT max(e.t_ns) FROM request_evictions re "
-            "JOIN evictions e ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id WHERE re.run_id = q.run_id "
-            "AND re.req_id = q.req_id) BETWEEN q.arrival_ns AND q.first_token_ns - q.prefill_ns",
+            "SELECT count(*) FROM requests q WHERE run_id = ? AND recomputed_tokens > 0 AND EXISTS (SELECT 1 "
+            "FROM request_evictions re JOIN evictions e ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id "
+            "WHERE re.run_id = q.run_id AND re.req_id = q.req_id AND e.action IN ('drop', 'delete') "
+            "AND e.t_ns BETWEEN q.arrival_ns AND q.first_token_ns - q.prefill_ns)",
             [run.run_id]).fetchone()[0]
     assert n > 0
     claim = next(c for c in dx.claims if c.name == "evicted_while_waiting")

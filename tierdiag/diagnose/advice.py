@@ -50,6 +50,7 @@ from tierdiag.diagnose.claims import (
     NEAR_PEAK_SHARE,
     held_capacity,
 )
+from tierdiag.diagnose.advice_in_batch import IN_BATCH_RULES  # requests sharing a prefix in one batch
 from tierdiag.diagnose.advice_routing import ROUTING_RULES, routing_first  # data-parallel runs: router, thresholds, dp
 from tierdiag.diagnose.capacity import MATERIAL_SHARE, TARGET_LOAD
 from tierdiag.diagnose.runcontext import RunContext
@@ -426,6 +427,8 @@ def _rate(ctx: RunContext) -> list[Advice]:
     cap = ctx.capacity
     if cap is None or not cap.overloaded:
         return []
+    if getattr(ctx.losses, "trace_arrival_spread_ns", None) == 0:
+        return []  # every request arrived at once: no time_scale changes anything (issue 40)
     current = float(ctx.config.get("time_scale") or 1.0)
     want = _round_up_2(cap.time_scale_for(current))
     if want > MAX_TIME_SCALE or want <= current:
@@ -450,7 +453,8 @@ def _round_up_2(x: float) -> float:
     return round(math.ceil(round(x / 10 ** e, 9)) * 10 ** e, max(-e, 0))
 
 
-RULES = (_rate, _prefetch, _write_policy, _sessions, _capacity, _eviction_policy, _page_size) + ROUTING_RULES
+RULES = (_rate, _prefetch, _write_policy, _sessions, _capacity, _eviction_policy, _page_size) + ROUTING_RULES \
+    + IN_BATCH_RULES
 
 
 def _nothing(ctx: RunContext) -> Advice:

@@ -71,7 +71,9 @@ def _router(ctx: RunContext) -> list[Advice]:
         return []
     numbers = dict(routing_tokens=ev.routing_tokens, input_tokens=ev.input_tokens, requests=ev.routed_requests,
                    ranks=ev.num_ranks, router=router, share_of_recomputed=ev.share_of_recomputed,
-                   session_tokens=ev.session_tokens, cache_threshold=DEFAULT_CACHE_THRESHOLD)
+                   session_tokens=ev.session_tokens, cache_threshold=DEFAULT_CACHE_THRESHOLD,
+                   balance_abs=int(ctx.config.get("router_balance_abs_threshold", DEFAULT_BALANCE_ABS)),
+                   balance_rel=float(ctx.config.get("router_balance_rel_threshold", DEFAULT_BALANCE_REL)))
     evidence = {"routing_tokens": ev.routing_tokens, "input_tokens": ev.input_tokens,
                 "routed_requests": ev.routed_requests, "session_routing_tokens": ev.session_tokens,
                 "dp": ev.num_ranks, "router": router}
@@ -80,15 +82,27 @@ def _router(ctx: RunContext) -> list[Advice]:
             "router", "router", "session", {"router": "session"}, C.advice_router_claim(**numbers, to="session").text,
             evidence, prediction=f"predicted: brings back the {_lost(ev, ev.session_tokens)} routing lost on "
                                  f"session turns, as far as the rank keeps them between turns")]
-    kept = ev.tokens_above(DEFAULT_CACHE_THRESHOLD)
+    threshold, changes = DEFAULT_CACHE_THRESHOLD, {"router": "cache_aware"}
+    kept = ev.tokens_above(threshold)
     if not _significant(kept, ev.input_tokens):
-        return []
+        # The prefixes routing lost are shorter shares of their requests than cache_aware's default
+        # threshold: cache_aware alone would place them as before. Where routing lost most of the
+        # reuse (issue 40), advise it with router_cache_threshold just under their best rank's share.
+        shares = [x for x, _ in ev.best_share_tokens if x > LOWEST_CACHE_THRESHOLD]
+        if not ev.dominates_lost_reuse or not shares:
+            return []
+        threshold = max(math.floor(min(shares) * 100 - 1) / 100, LOWEST_CACHE_THRESHOLD)
+        kept = ev.tokens_above(threshold)
+        if threshold >= DEFAULT_CACHE_THRESHOLD or not _significant(kept, ev.input_tokens):
+            return []
+        changes = {"router": "cache_aware", "router_cache_threshold": threshold}
+        numbers["cache_threshold"] = threshold
     return [Advice(
-        "router", "router", "cache_aware", {"router": "cache_aware"},
+        "router", "router", "cache_aware", changes,
         C.advice_router_claim(**numbers, to="cache_aware").text, {**evidence, "kept_tokens": kept},
         prediction=(f"predicted: brings back up to {_lost(ev, kept)}, those of requests whose best rank held more "
-                    f"than {fmt_pct(DEFAULT_CACHE_THRESHOLD)} of their input (fewer where the load is imbalanced, "
-                    f"{DEFAULT_BALANCE_ABS} in flight apart and {DEFAULT_BALANCE_REL:g}×)"))]
+                    f"than {fmt_pct(threshold)} of their input (fewer where the load is imbalanced, "
+                    f"{numbers['balance_abs']} in flight apart and {numbers['balance_rel']:g}×)"))]
 
 
 def _router_threshold(ctx: RunContext) -> list[Advice]:

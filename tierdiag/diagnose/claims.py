@@ -27,7 +27,7 @@ from tierdiag.diagnose.story import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE  # noqa: F
 from tierdiag.units import NS_PER_S, fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, share
 
 # The queue is called the cache's doing when recomputing once-cached tokens took at least
-# RECOMPUTE_QUEUE_SHARE of the GPU time a request waited behind, on a prefill GPU at least
+# RECOMPUTE_QUEUE_SHARE of a request's wait (other requests' recompute), on a prefill GPU at least
 # BUSY_SHARE busy: queueing grows steeply with load, so that share of the work is what made the
 # wait. Defined once in story.py (imported above), which applies the same rule to every request.
 # A load-back at or above this share of the link's peak is as fast as the link goes.
@@ -68,8 +68,17 @@ def _pct_of(part: int, whole: int) -> str:
 # --------------------------------------------------------------------------- tokens
 
 
-def is_full_device_hit(device: int, host: int, storage: int, recomputed: int) -> bool:
-    return device > 0 and host == 0 and storage == 0 and recomputed == 0
+# "A full device hit" also needs the new tokens to be a small part of the input: a request that
+# computed 37 % of its input was no full hit, though every token it reused was on device (issue 40).
+FULL_HIT_NEW_SHARE = 0.05
+
+
+def is_full_device_hit(device: int, host: int, storage: int, recomputed: int, new: int | None = None) -> bool:
+    """Every reused token on device, nothing recomputed, and (given `new`) at most
+    FULL_HIT_NEW_SHARE of the input new."""
+    if not (device > 0 and host == 0 and storage == 0 and recomputed == 0):
+        return False
+    return new is None or new <= FULL_HIT_NEW_SHARE * (device + new)
 
 
 def cache_context(tokens, *, short: bool = False) -> str:
@@ -79,10 +88,9 @@ def cache_context(tokens, *, short: bool = False) -> str:
     new = tokens.new_tokens
     if d + h + s == 0 and r == 0:
         return f"the cache had nothing to offer (all {fmt_tokens(n)} tokens new)"
-    # The headline (`short`) has no numbers: "a full device hit" alone reads as "most of it came
-    # from the GPU", so it says so only when device tokens outnumber the new ones (else shares:
-    # "its input was 8 % device, 92 % new").
-    if is_full_device_hit(d, h, s, r) and (not short or d >= new):
+    # "A full device hit" reads as "all of it came from the GPU", so it is said only when at most
+    # FULL_HIT_NEW_SHARE of the input was new (else shares: "its input was 63 % device, 37 % new").
+    if is_full_device_hit(d, h, s, r, new):
         return ("the cache was a full device hit" if short else
                 f"the cache was a full device hit ({fmt_tokens(d)} of {fmt_tokens(n)} input tokens on device, "
                 f"nothing recomputed)")
@@ -179,18 +187,33 @@ def queue_claim(row: dict, qa: QueueAttribution | None, ctx: RequestContext | No
     parts = sorted(((k, v) for k, v in qa.parts_ns.items() if v), key=lambda kv: -kv[1])
     text += ". Meanwhile the GPU spent " + ", ".join(
         f"{fmt_ms(v)} ({_pct_of(v, queue)}) {_WAIT_WORDS[k]}" for k, v in parts) + "."
+    rshare = qa.share_of("recompute") or 0
     if queue_is_the_caches_doing(qa, ctx):
-        rshare = qa.share_of("recompute") or 0
-        text += (f" The queue was the cache's doing: prefixes the cache had held and lost took {fmt_pct(rshare)} of "
-                 f"the GPU time it waited behind, on a GPU {fmt_pct(ctx.prefill_busy_share)} busy "
-                 f"({fmt_pct(ctx.prefill_busy_share * (1 - (ctx.recompute_share_of_prefill or 0)))} busy had it not "
+        text += (f" The queue was the cache's doing: other requests recomputing prefixes the cache had held and lost "
+                 f"took {fmt_pct(rshare)} of its wait (at least {fmt_pct(RECOMPUTE_QUEUE_SHARE)} makes it so), on a "
+                 f"GPU {fmt_pct(ctx.prefill_busy_share)} busy (at least {fmt_pct(BUSY_SHARE)}; "
+                 f"{fmt_pct(ctx.prefill_busy_share * (1 - (ctx.recompute_share_of_prefill or 0)))} busy had it not "
                  f"recomputed them)")
         text += f"; {run_why}." if run_why else "."
-    elif qa.gpu_work_ns():
-        top = max(("recompute", "new_compute", "load_back", "write_back"), key=lambda k: qa.parts_ns[k])
-        if top == "new_compute":
-            text += " The slowness was not the cache's doing: the GPU it waited for was mostly computing new tokens."
+    elif ctx is not None and ctx.prefill_busy_share is not None:
+        text += " " + wait_not_the_caches_doing(qa, ctx.prefill_busy_share)
     return Claim("queue", text)
+
+
+def wait_not_the_caches_doing(qa: QueueAttribution, busy: float) -> str:
+    """Why its wait was not the cache's doing, naming the threshold that decided, and the largest
+    part of the wait as it was (idle for memory is idle, not "computing new tokens"). About the
+    wait only: its own recompute is a TTFT part of its own, told apart (issue 40)."""
+    rshare = qa.share_of("recompute") or 0
+    if rshare < RECOMPUTE_QUEUE_SHARE:
+        why = (f"other requests' recompute of once-cached tokens took {fmt_pct(rshare)} of it, below the "
+               f"{fmt_pct(RECOMPUTE_QUEUE_SHARE)} at which a queue is the cache's doing")
+    else:
+        why = (f"the prefill GPU was {fmt_pct(busy)} busy around it, below the {fmt_pct(BUSY_SHARE)} at which a queue "
+               f"is the cache's doing")
+    top = qa.largest()
+    return (f"Its wait (not its own TTFT parts) was not the cache's doing: {why}; the largest part of the wait "
+            f"({_pct_of(qa.parts_ns[top], qa.queue_ns)}) the GPU was {_WAIT_WORDS[top]}.")
 
 
 # --------------------------------------------------------------------------- recompute
@@ -366,7 +389,8 @@ def loss_why(run: RunContext | None) -> str | None:
 
 _RUN_WAIT_WORDS = {"recompute": "recomputing once-cached tokens", "new_compute": "computing new tokens",
                    "load_back": "on exposed load-backs", "write_back": "blocked on write-backs",
-                   "idle": "idle (no prefill batch: requests held for memory or storage)"}
+                   "memory_wait": "idle waiting for device memory that decoding requests held",
+                   "idle": "idle (no prefill batch and none decoding: held for storage, or nothing to run)"}
 
 
 def capacity_claim(cap) -> Claim:
@@ -405,8 +429,8 @@ def queue_cause_claim(story, overloaded: bool, why: str | None) -> Claim:
     doing = story.caches_doing_share or 0.0
     if doing >= 0.5:
         text = (f"The queue was the cache's doing: for {fmt_pct(doing)} of the excess the queued requests carry, "
-                f"recompute of once-cached tokens took at least {fmt_pct(RECOMPUTE_QUEUE_SHARE)} of the GPU time "
-                f"they waited behind, on a GPU at least {fmt_pct(BUSY_SHARE)} busy around them")
+                f"other requests' recompute of once-cached tokens took at least {fmt_pct(RECOMPUTE_QUEUE_SHARE)} of "
+                f"each one's wait, on a GPU at least {fmt_pct(BUSY_SHARE)} busy around it")
         if overloaded:
             text += " (both hold: the offered load alone exceeded the GPU, and recompute added to it)"
         return Claim("queue_cause", text + (f"; {why}." if why else "."))
@@ -418,8 +442,13 @@ def queue_cause_claim(story, overloaded: bool, why: str | None) -> Claim:
         reason = (f"the GPU was offered more prefill than it can do ({fmt_pct(busy)} busy around them; recompute "
                   f"{fmt_pct(rec)} of their wait)")
     elif busy < BUSY_SHARE:
-        reason = (f"the GPU was {fmt_pct(busy)} busy around them, below {fmt_pct(BUSY_SHARE)}: they waited for "
-                  f"memory or storage, or in a short burst")
+        reason = f"the GPU was {fmt_pct(busy)} busy around them, below {fmt_pct(BUSY_SHARE)}"
+        parts = story.other_wait_parts_ns or {}
+        if parts and story.other_wait_ns:
+            # What their wait was, as it was (a zero-reuse queue is other requests' prefill, not memory).
+            top = max(parts, key=lambda k: parts[k])
+            reason += (f"; the largest part of their wait ({fmt_pct(share(parts[top], story.other_wait_ns))}) the GPU "
+                       f"was {_RUN_WAIT_WORDS[top]}")
     elif rec < RECOMPUTE_QUEUE_SHARE:
         reason = f"recompute took {fmt_pct(rec)} of their wait, below {fmt_pct(RECOMPUTE_QUEUE_SHARE)}"
     else:
@@ -429,15 +458,18 @@ def queue_cause_claim(story, overloaded: bool, why: str | None) -> Claim:
 
 
 def evicted_while_waiting_claim(story) -> Claim | None:
-    """Requests that lost their prefix after they arrived, while they waited (a named finding)."""
+    """Requests whose prefix left every tier after they arrived, while they waited, and was
+    recomputed (waiting_loss.py; a demotion to host is not counted: it loads back)."""
     n = story.evicted_while_waiting_requests
     if not n:
         return None
+    tokens = story.evicted_while_waiting_tokens
     return Claim("evicted_while_waiting", (
         f"{n:,} request{'s' if n != 1 else ''} lost {'their' if n != 1 else 'its'} prefix after arriving, while "
         f"waiting to be scheduled ({fmt_pct(share(story.evicted_while_waiting_excess_ns, story.excess_total_ns))} "
-        f"of the excess TTFT): the wait let the pool evict it, so the queue, not only the pool size, cost the "
-        f"recompute."))
+        f"of the excess TTFT): {fmt_tokens(tokens) + ' tokens of it, ' if tokens else 'it, '}on device or host at "
+        f"arrival, were in no tier when {'they were' if n != 1 else 'it was'} scheduled and were recomputed, so the "
+        f"queue, not only the pool size, cost the recompute."))
 
 
 # --------------------------------------------------------------------------- the advice's reasons
@@ -603,7 +635,7 @@ def run_routing_claim(ev: RoutingLoss) -> Claim:
 
 def advice_router_claim(*, routing_tokens: int, input_tokens: int, requests: int, ranks: int, router: str,
                         share_of_recomputed: float | None, to: str, session_tokens: int,
-                        cache_threshold: float) -> Claim:
+                        cache_threshold: float, balance_abs: int = 64, balance_rel: float = 1.5) -> Claim:
     text = (f"routing lost {fmt_tokens(routing_tokens)} tokens ({_pct_of(routing_tokens, input_tokens)} of input) in "
             f"{requests:,} requests across {ranks} ranks: at their arrival another rank held the prefix on device or "
             f"host and {router} sent them elsewhere ({fmt_pct(share_of_recomputed)} of the run's recomputed tokens)")
@@ -612,7 +644,9 @@ def advice_router_claim(*, routing_tokens: int, input_tokens: int, requests: int
                  f"a session on one rank, where its earlier turns left the prefix")
     else:
         text += (f"; cache_aware sends a request to the rank its approximate tree says holds more than "
-                 f"{cache_threshold:g} of it while the load stays balanced")
+                 f"router_cache_threshold {cache_threshold:g} of it while the load stays balanced "
+                 f"(router_balance_abs_threshold {balance_abs} in flight apart, router_balance_rel_threshold "
+                 f"{balance_rel:g}×)")
     return Claim("router", text)
 
 
@@ -630,6 +664,23 @@ def advice_router_threshold_claim(*, routing_tokens: int, input_tokens: int, bra
         text += (f"in-flight loads {balance_abs} apart and {balance_rel:g}× sent requests to the least loaded rank "
                  f"whatever held their prefix; thresholds {factor}× higher let the cache decide")
     return Claim("router_threshold", text)
+
+
+def advice_in_batch_claim(*, tokens: int, input_tokens: int, policy: str, budget: int, change: str,
+                          smaller: int | None = None) -> Claim:
+    """The in-batch advice's reason (advice_in_batch.py)."""
+    text = (f"{fmt_tokens(tokens)} tokens ({_pct_of(tokens, input_tokens)} of input) were shared with requests in "
+            f"the same prefill batch: under schedule_policy {policy} each request of a batch computes the prefix "
+            f"they share, as SGLang does (it enters the cache when the batch ends)")
+    if change == "lpm":
+        text += ("; lpm's in-batch prefix caching (IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD 32 tokens cached at "
+                 "most, IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD 32 tokens shared at least) puts a request "
+                 "sharing a prefix with one ahead of it last, so where the batch budget ends before it, it reuses "
+                 "the prefix in the next batch")
+    else:
+        text += (f"; max_prefill_tokens {smaller:,} instead of {budget:,} admits fewer requests a batch, so the "
+                 f"later ones of a fan-out reuse the prefix the first inserted")
+    return Claim("in_batch", text)
 
 
 def advice_dp_claim(cap, *, queue_excess_share: float, dp: int, n: int) -> Claim:

@@ -51,7 +51,7 @@ _BATCH_KINDS = ("recompute", "new_compute", "load_back", "write_back")
 
 @dataclass(frozen=True)
 class RequestContext:
-    queue_depth_at_arrival: int  # requests that had arrived before it and were not yet scheduled
+    queue_depth_at_arrival: int  # requests that had arrived before it (replayed clock) and were not yet scheduled
     window_start_ns: int
     window_ns: int
     prefill_busy_ns: int  # batch time inside the window
@@ -130,10 +130,15 @@ def request_context(con: duckdb.DuckDBPyConnection, run_id: str, row: dict, run_
     n, busy, compute, recompute = int(b[0]), int(b[1] or 0), int(b[2] or 0), int(b[3] or 0)
     depth = 0
     if row.get("seq") is not None:
+        # The replay's own queue at its replayed arrival: requests of its rank that had arrived
+        # (arrival_ns, the replay's clock; at the same instant, the earlier trace line first) and
+        # were scheduled after it arrived. Not the trace's order: in a closed loop a later trace
+        # line can arrive first, an earlier one (a session's next turn) later (issue 40).
         depth = int(con.execute(
-            "SELECT count(*) FROM requests WHERE run_id = ? AND seq < ? AND arrival_ns <= ? "
+            "SELECT count(*) FROM requests WHERE run_id = ? AND req_id <> ? "
+            "AND (arrival_ns < ? OR (arrival_ns = ? AND seq < ?)) "
             "AND status = 'finished' AND first_token_ns - prefill_ns > ? AND coalesce(dp_rank, 0) = ?",
-            [run_id, int(row["seq"]), arrival, arrival, _rank(row)]).fetchone()[0])
+            [run_id, row["req_id"], arrival, arrival, int(row["seq"]), arrival, _rank(row)]).fetchone()[0])
     span = end - start
     return RequestContext(
         queue_depth_at_arrival=depth, window_start_ns=start, window_ns=span, prefill_busy_ns=busy,

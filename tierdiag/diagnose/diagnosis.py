@@ -12,6 +12,7 @@ from typing import Any
 
 from tierdiag.diagnose.advice import Advice, advice_json
 from tierdiag.diagnose import claims as C
+from tierdiag.diagnose.miss_reasons import in_batch_claim_text
 from tierdiag.diagnose.capacity import Capacity
 from tierdiag.diagnose.claims import loss_why
 from tierdiag.diagnose.runcontext import RunContext
@@ -67,7 +68,8 @@ class RunDiagnosis:
                     "offered_ms": ns_to_ms(cap.offered_ns)}}
 
 
-def diagnose_run(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple[Advice, ...]) -> RunDiagnosis:
+def diagnose_run(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple[Advice, ...],
+                 miss_reasons: dict | None = None) -> RunDiagnosis:
     """`excess_parts_ns`: cause -> the run total of the excess part it owns (summary's table).
 
     The verdict is the requests' (ctx.story: each request's own primary cause and queue
@@ -104,6 +106,9 @@ def diagnose_run(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple
     waited = C.evicted_while_waiting_claim(story)
     if waited is not None:
         claims.append(waited)
+    in_batch = in_batch_claim_text(miss_reasons or {}, ctx.losses.input_tokens)  # miss_reasons.py
+    if in_batch is not None:
+        claims.append(C.Claim("in_batch", in_batch))
     if top.cause == "queueing" and top.caches_doing:
         dominant = "recompute"
     elif cap is not None and top.cause in ("queueing", "none"):

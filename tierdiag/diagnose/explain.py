@@ -45,6 +45,7 @@ from tierdiag.diagnose.explain_steps import (
     step_prefix,
 )
 from tierdiag.diagnose.explain_verdict import VerdictInputs, context_sentence, verdict
+from tierdiag.diagnose.miss_reasons import miss_sentence, request_miss_reasons
 from tierdiag.diagnose.facts import RunFacts, run_bounds  # noqa: F401 - run_bounds: slow's clock
 from tierdiag.diagnose.query import request_row
 from tierdiag.diagnose.routing import routing_step
@@ -80,11 +81,15 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
         step_eviction(con, run, row, tokens, totals),
     )
     # Context in step 3 (the load-back rate around it) and the run's "why" in step 4.
-    steps = (steps[0], steps[1], replace(steps[2], finding=steps[2].finding + context_sentence(ctx)),
+    steps = (steps[0], steps[1], replace(steps[2], finding=steps[2].finding + context_sentence(ctx, row)),
              steps[3])
     why = C.loss_why(run_ctx) if tokens.recomputed_tokens or tokens.host_tokens or tokens.storage_tokens else None
     if why:
         steps = steps[:3] + (replace(steps[3], finding=f"{steps[3].finding} For context, {why}."),)
+    reasons = request_miss_reasons(row)  # why its computed tokens were not reused (miss_reasons.py)
+    if reasons:
+        steps = steps[:3] + (replace(steps[3], finding=f"{steps[3].finding} "
+                                                       f"{miss_sentence(reasons, tokens.computed_tokens)}"),)
     session = session_step(con, run, row, bounds[0], len(steps) + 1)  # a turn with a predecessor
     if session is not None:
         steps += (session,)

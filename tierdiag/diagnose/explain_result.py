@@ -124,6 +124,7 @@ class EvictionEvidence:
     run_device_evictions_per_s: float | None
     rereferenced_share: float | None
     thrashing: bool
+    thrashing_when_evicted: bool = False  # thrashing, and an eviction of its prefix inside the window
 
 
 @dataclass(frozen=True)

@@ -275,6 +275,8 @@ def step_load_back(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, toke
 
 
 def _load_back_finding(ev: LoadBackEvidence, row: dict) -> str:
+    if not is_finished(row):  # never scheduled: no window "before it was scheduled" to speak of (issue 40)
+        return "not scheduled, so no load-back."
     rate = (f"Around it ({_window_words(ev.window_ns)}): {plural(ev.window_loadbacks, 'load-back')}, "
             f"{fmt_rate(ev.window_loadbacks_per_s)} vs {fmt_rate(ev.run_loadbacks_per_s)} over the run.")
     if not ev.loaded_tokens and not ev.loadback_bytes:
@@ -385,8 +387,12 @@ def step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, token
     window_rate = _per_s(win_n, int(win_busy or 0) or hi - lo)
     run_rate = _per_s(run_n, int(run_busy or 0) or span_ns)
     reref = share(int(win_reref or 0), win_tokens)
-    thrashing = (win_n > 0 and reref is not None and reref >= THRASH_REREFERENCED_SHARE
+    # Thrashing is said of the pool around its schedule, for a request that was scheduled (a
+    # rejected one has no window), and is blamed for its prefix's loss only when an eviction of
+    # it fell inside that window (not one a minute earlier; issue 40: `thrashing_when_evicted`).
+    thrashing = (is_finished(row) and win_n > 0 and reref is not None and reref >= THRASH_REREFERENCED_SHARE
                  and (run_rate is None or (window_rate or 0) >= run_rate))
+    when_evicted = thrashing and any(lo <= e.t_ns + bounds[0] <= hi for e in events)
 
     by_action = {"demote": 0, "drop": 0, "delete": 0}
     for e in events:
@@ -400,7 +406,7 @@ def step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, token
         reuse_distance_tokens=reuse_distance, reuse_distance_share=share(reuse_distance, compared),
         window_ns=hi - lo, window_device_evictions=win_n, window_device_evicted_tokens=win_tokens,
         window_device_evictions_per_s=window_rate, run_device_evictions_per_s=run_rate,
-        rereferenced_share=reref, thrashing=thrashing,
+        rereferenced_share=reref, thrashing=thrashing, thrashing_when_evicted=when_evicted,
     )
     return Step(4, "eviction", _eviction_finding(ev, row, tokens), ev)
 
@@ -411,6 +417,8 @@ def _eviction_finding(ev: EvictionEvidence, row: dict, tokens: TokenSplit) -> st
             f"vs {fmt_rate(ev.run_device_evictions_per_s)} over the run, per second of prefill-busy time; "
             f"{fmt_pct(ev.rereferenced_share)} of the tokens it evicted there were asked for again")
     pool += " — thrashing." if ev.thrashing else "."
+    if not is_finished(row):  # never scheduled: no window around a schedule (issue 40)
+        pool = ""
     if not ev.events:
         if not is_finished(row):
             head = "not scheduled, so no eviction is involved."
@@ -424,7 +432,7 @@ def _eviction_finding(ev: EvictionEvidence, row: dict, tokens: TokenSplit) -> st
             head = "its prefix was device-resident: no eviction had taken it."
         else:
             head = "nothing of it had been cached, so nothing was evicted."
-        return f"{head} {pool}"
+        return f"{head} {pool}".rstrip()
     first = ev.events[0]
     actions = []
     if ev.demoted_tokens:
@@ -457,4 +465,4 @@ def _eviction_finding(ev: EvictionEvidence, row: dict, tokens: TokenSplit) -> st
                    if ev.reuse_distance_tokens > ev.compared_capacity_tokens
                    else "it fit, so pressure (locks, bursts) pushed it out")
         text += f" Reuse distance {fmt_tokens(ev.reuse_distance_tokens)} tokens vs {pools}: {verdict}."
-    return f"{text} {pool}"
+    return f"{text} {pool}".rstrip()

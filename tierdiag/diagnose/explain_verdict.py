@@ -74,7 +74,7 @@ def _claims(v: VerdictInputs) -> tuple[C.Claim, ...]:
     if cause != "routing" and parts.routing_tokens:  # part of that recompute was routing's (causes.py)
         out.append(C.routing_claim(row, v.run.config if v.run is not None else {}))
     if evs.evicted_by and (tokens.recomputed_tokens or tokens.host_tokens or tokens.storage_tokens):
-        out.append(C.evicted_by_claim(evs.evicted_by, {e.tier for e in evs.events}, evs.thrashing))
+        out.append(C.evicted_by_claim(evs.evicted_by, {e.tier for e in evs.events}, evs.thrashing_when_evicted))
     for claim in (C.counterfactual_claim(row), C.break_even_claim(row, lb.link_peak_share, lb.achieved_bytes_per_s, cause)):
         if claim is not None:
             out.append(claim)
@@ -126,11 +126,19 @@ def verdict(v: VerdictInputs) -> tuple[str, str, tuple[C.Claim, ...]]:
     return headline, " ".join([base] + [c.text for c in claims]), claims
 
 
-def context_sentence(ctx: RequestContext | None) -> str:
-    """Step 3's closing sentence: the prefill GPU around the request."""
+def context_sentence(ctx: RequestContext | None, row: dict | None = None) -> str:
+    """Step 3's closing sentence: the prefill GPU around the request. Where the only batches in the
+    window were its own (its chunks), the context is the request itself: said so, not as a
+    busy share of "the system around it" (issue 40)."""
     if ctx is None:
         return ""
-    return (f" Prefill GPU from {C.CONTEXT_LOOKBACK_NS // NS_PER_S} s before its arrival to its first token: "
-            f"{fmt_pct(ctx.prefill_busy_share)} busy over {plural(ctx.num_batches, 'batch')}, "
-            f"{fmt_pct(ctx.recompute_share_of_prefill)} of its compute recomputing once-cached tokens; "
+    own = row_int(row, "num_chunks") if row is not None else 0
+    head = f" Prefill GPU from {C.CONTEXT_LOOKBACK_NS // NS_PER_S} s before its arrival to its first token: "
+    if own and ctx.num_batches <= own and not ctx.queue_depth_at_arrival:
+        return (head + f"only the {plural(ctx.num_batches, 'batch')} running its own prefill "
+                f"({fmt_pct(ctx.prefill_busy_share)} of the window), and no request queued ahead of it at arrival: "
+                f"the context is the request itself.")
+    return (head + f"{fmt_pct(ctx.prefill_busy_share)} busy over {plural(ctx.num_batches, 'batch')}"
+            + (f" ({own} of them running its own prefill)" if own else "")
+            + f", {fmt_pct(ctx.recompute_share_of_prefill)} of that compute recomputing once-cached tokens; "
             f"{fmt_tokens(ctx.queue_depth_at_arrival)} requests queued ahead of it at arrival.")

@@ -151,6 +151,7 @@ class RunSummary:
     diagnosis: object = None  # advice.RunDiagnosis: the run's root cause and what to change (summary.py)
     sessions: object = None  # sessions.SessionSummary (summary.py; None: no sessions)
     ranks: object = None  # ranks.RankSummary (summary.py; None: a run of one rank)
+    miss_reasons: object = None  # {reason: tokens} (miss_reasons.py, read-time; None: no reasons recorded)
 
     def to_json(self) -> dict:
         d = dataclass_json(self)
@@ -299,6 +300,11 @@ def compute_run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo) -> RunSumm
                "storage_fetch": ("storage_wait_ns", "storage_wait_ns"),
                "routing": ("routing_ns", "routing_ns"), "recompute": ("recompute_rest_ns", "recompute_rest_ns"),
                "compute": ("compute_ns", "compute_excess_ns")}
+    # Shares of excess are of the excess, or of the parts' sum where the parts add up to more: a
+    # request sharing a prefill batch can wait longer than its excess (its compute there is below
+    # its ideal), and no share is shown above 100 % (issue 40).
+    parts_total = sum(_i(t.get(part_of[c][1])) for c in CAUSES if c != "none")
+    excess_base = max(excess_total, parts_total)
     time_by_cause = []
     for cause in CAUSES:
         if cause == "none":
@@ -309,7 +315,7 @@ def compute_run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo) -> RunSumm
         time_by_cause.append(CauseShare(
             cause=cause, num_requests=cause_counts.get(cause, 0), ttft_part_ns=ttft_part,
             ttft_share=share(ttft_part, ttft_total), excess_part_ns=excess_part,
-            excess_share=share(excess_part, excess_total) if excess_total > 0 else None))
+            excess_share=share(excess_part, excess_base) if excess_total > 0 else None))
 
     hit_requests = _i(t.get("hit_requests"))
     return RunSummary(

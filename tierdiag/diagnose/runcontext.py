@@ -27,6 +27,7 @@ from tierdiag.diagnose.routing_loss import RoutingLoss, routing_loss
 from tierdiag.diagnose.sql import FINISHED_SQL as _FINISHED
 from tierdiag.diagnose.sql import span_columns_sql
 from tierdiag.diagnose.story import RunStory, run_story
+from tierdiag.diagnose.miss_reasons import run_miss_reasons
 from tierdiag.units import NS_PER_S, ns_to_ms, share
 
 
@@ -63,6 +64,12 @@ class LossEvidence:
     # every hot re-reference whose interval (last use -> re-reference) overlaps its own, its own
     # included. LFU evicts once-hit content first, so a hot page stays while that volume fits.
     hot_competing_deciles_tokens: tuple = ()
+    # Computed tokens another request of the same prefill batch computed too (miss reason
+    # shared_in_batch, engine/miss.py; 0 where the rows have no reasons).
+    in_batch_tokens: int = 0
+    # The trace's own arrivals (x time_scale): max - min over the run's requests. 0: every request
+    # arrived at once, and no time_scale can change when anything arrives (advice.py's rate).
+    trace_arrival_spread_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -289,7 +296,19 @@ def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict) -> LossEvide
         removed_reuse_p50_tokens=p50, removed_reuse_p90_tokens=p90, removed_reuse_deciles_tokens=tuple(deciles),
         device_capacity_tokens=cap("device_tokens"), host_capacity_tokens=cap("host_tokens"),
         storage_capacity_tokens=cap("storage_tokens"), lost_request_deciles_tokens=tuple(lost_deciles),
-        hot_competing_deciles_tokens=tuple(hot_competing))
+        hot_competing_deciles_tokens=tuple(hot_competing), in_batch_tokens=_in_batch_tokens(con, rid),
+        trace_arrival_spread_ns=_arrival_spread(con, rid))
+
+
+def _in_batch_tokens(con: duckdb.DuckDBPyConnection, rid: str) -> int:
+    reasons = run_miss_reasons(con, rid)
+    return reasons["shared_in_batch"] if reasons else 0
+
+
+def _arrival_spread(con: duckdb.DuckDBPyConnection, rid: str) -> int | None:
+    row = con.execute("SELECT max(coalesce(trace_arrival_ns, arrival_ns)) - min(coalesce(trace_arrival_ns, arrival_ns)) "
+                      "FROM requests WHERE run_id = ?", [rid]).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
 
 
 def _weighted_deciles(values, weights) -> list[int]:

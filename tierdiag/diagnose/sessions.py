@@ -10,8 +10,12 @@ drop it, or delete its host copy. At this turn's arrival the match finds what is
     arrival       |== device ==|==== host ====|-- gone --|    (evictions in between moved it)
 
 The reused prefix of a turn is every input token that had been cached: device + host + storage
-hits (used) + recomputed tokens. Its split at arrival is where match_prefix found it; the
-survival table sums it per pause bucket, token-weighted like every share.
+hits (used) + recomputed tokens. match_prefix finds it at the turn's schedule, which in a queue
+comes after its arrival: the evictions of its prefix between the two are told apart (issue 40),
+its split at arrival being the schedule's with those evictions undone, and what left every tier
+while it queued is "lost while queued" (waiting_loss.py), not the pause's. The survival table sums
+the schedule's split per pause bucket, token-weighted like every share, its recomputed part split
+into lost during the pause and lost while queued.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from tierdiag.diagnose.explain_result import Step
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one
 from tierdiag.diagnose.quantile import quantile_sql
 from tierdiag.diagnose.sql import FINISHED_SQL
+from tierdiag.diagnose.context import scheduled_ns
+from tierdiag.diagnose.waiting_loss import lost_while_waiting, lost_while_waiting_sql, wait_moves, waiting_removals_sql
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
 
 # (label, lower bound ms inclusive, upper bound ms exclusive or None)
@@ -61,6 +67,10 @@ class PauseBucket:
     recomputed_share: float | None
     ttft_p50_ns: int | None
     ttft_p99_ns: int | None
+    # recomputed_share split (issue 40): lost while the turn queued (after its arrival, before its
+    # schedule: waiting_loss.py) and the rest, lost before it arrived (during the pause).
+    paused_lost_share: float | None = None
+    queued_lost_share: float | None = None
 
     def to_json(self) -> dict:
         return dataclass_json(self)
@@ -107,12 +117,15 @@ def session_summary(con: duckdb.DuckDBPyConnection, run) -> SessionSummary | Non
     if not head or not head["sessions"]:
         return None
     rows = fetch_dicts(con, f"""
+        WITH w AS ({waiting_removals_sql('?')})
         SELECT {_bucket_sql()} AS bucket, count(*) AS n,
                sum(coalesce(device_hit_tokens, 0)) AS device, sum(coalesce(host_hit_tokens, 0)) AS host,
                sum(coalesce(storage_hit_tokens, 0)) AS storage, sum(coalesce(recomputed_tokens, 0)) AS recomputed,
+               sum({lost_while_waiting_sql('q', 'w.removed', con)}) AS queued_lost,
                {quantile_sql('ttft_ns', 0.5)} AS p50, {quantile_sql('ttft_ns', 0.99)} AS p99
-        FROM requests WHERE run_id = ? AND think_ms IS NOT NULL AND {FINISHED_SQL}
-        GROUP BY bucket""", [rid])
+        FROM requests q LEFT JOIN w ON w.req_id = q.req_id
+        WHERE q.run_id = ? AND think_ms IS NOT NULL AND {FINISHED_SQL}
+        GROUP BY bucket""", [rid, rid])
     by_bucket = {int(r["bucket"]): r for r in rows}
     buckets = []
     for i, (label, lo, hi) in enumerate(PAUSE_BUCKETS):
@@ -123,9 +136,12 @@ def session_summary(con: duckdb.DuckDBPyConnection, run) -> SessionSummary | Non
         parts = [int(r[k] or 0) for k in ("device", "host", "storage", "recomputed")]
         reused = sum(parts)
         shares = [share(p, reused) if reused else None for p in parts]
+        queued = min(int(r["queued_lost"] or 0), parts[3])
         buckets.append(PauseBucket(label, lo, hi, int(r["n"]), reused, *shares,
                                    None if r["p50"] is None else int(r["p50"]),
-                                   None if r["p99"] is None else int(r["p99"])))
+                                   None if r["p99"] is None else int(r["p99"]),
+                                   share(parts[3] - queued, reused) if reused else None,
+                                   share(queued, reused) if reused else None))
     ended = fetch_dicts(con, f"""
         WITH dropped AS (
             SELECT session_id, count(*) AS n, min(seq) AS first_seq FROM requests
@@ -175,6 +191,16 @@ class SessionEvidence:
     at_arrival_storage_tokens: int
     at_arrival_gone_tokens: int
     evictions: tuple[PauseEviction, ...]
+    # Issue 40: the match is taken at its schedule; what moved between its arrival and its
+    # schedule (while it queued) is told apart. at_arrival_* above are the split at arrival (the
+    # schedule's split with the wait's evictions undone); at_schedule_* what the match found.
+    at_schedule_device_tokens: int = 0
+    at_schedule_host_tokens: int = 0
+    at_schedule_storage_tokens: int = 0
+    at_schedule_gone_tokens: int = 0
+    lost_while_queued_tokens: int = 0  # left every tier while it queued, recomputed (waiting_loss.py)
+    demoted_while_queued_tokens: int = 0  # device -> host while it queued (loaded back, not lost)
+    queued_evictions: tuple[PauseEviction, ...] = ()  # the evictions of its prefix while it queued
 
 
 _MOVES = {("device", "demote"): "demoted from device to host", ("device", "drop"): "dropped from device",
@@ -200,6 +226,7 @@ def session_step(con: duckdb.DuckDBPyConnection, run, row: dict, run_start_ns: i
     host = min(int(row.get("host_match_tokens") or 0), reused - device)
     storage = min(int(row.get("storage_match_tokens") or 0), reused - device - host)
     gone = reused - device - host - storage
+    arrived = _undo_wait(con, rid, row, (device, host, storage, gone))
     prev_context = int(prev["input_tokens"] or 0) + int(prev["output_tokens"] or 0) if prev else 0
     at_start = min(reused, prev_context) if prev and prev["status"] == "finished" else 0
     evictions: tuple[PauseEviction, ...] = ()
@@ -212,6 +239,19 @@ def session_step(con: duckdb.DuckDBPyConnection, run, row: dict, run_start_ns: i
                 FROM request_evictions re JOIN evictions e ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id
                 WHERE re.run_id = ? AND re.req_id = ? AND e.t_ns >= ? AND e.t_ns <= ?
                 ORDER BY e.t_ns, e.eviction_id""", [rid, row["req_id"], int(finish), int(arrival)]))
+    sched = scheduled_ns(row)
+    queued_evictions: tuple[PauseEviction, ...] = ()
+    if arrival is not None and sched is not None and sched >= int(arrival):
+        queued_evictions = tuple(
+            PauseEviction(int(e["eviction_id"]), int(e["t_ns"]) - run_start_ns, e["tier"], e["action"],
+                          int(e["tokens"] or 0), e["cause_req_id"])
+            for e in fetch_dicts(con, """
+                SELECT e.eviction_id, e.t_ns, e.tier, e.action, re.tokens, e.cause_req_id
+                FROM request_evictions re JOIN evictions e ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id
+                WHERE re.run_id = ? AND re.req_id = ? AND e.t_ns >= ? AND e.t_ns <= ?
+                ORDER BY e.t_ns, e.eviction_id""", [rid, row["req_id"], int(arrival), int(sched)]))
+        # The pause ends at its arrival: an eviction at that very instant is the queue's, not the pause's.
+        evictions = tuple(e for e in evictions if e.t_ns + run_start_ns < int(arrival))
     pause = int(arrival) - int(finish) if finish is not None and arrival is not None else None
     trace_arrival = row.get("trace_arrival_ns")
     ev = SessionEvidence(
@@ -220,10 +260,39 @@ def session_step(con: duckdb.DuckDBPyConnection, run, row: dict, run_start_ns: i
         previous_finish_ns=int(finish) - run_start_ns if finish is not None else None,
         think_ms=float(row["think_ms"]), pause_ns=pause,
         trace_arrival_ns=int(trace_arrival) - run_start_ns if trace_arrival is not None else None,
-        reused_tokens=reused, at_pause_start_device_tokens=at_start, at_arrival_device_tokens=device,
-        at_arrival_host_tokens=host, at_arrival_storage_tokens=storage, at_arrival_gone_tokens=gone,
-        evictions=evictions)
+        reused_tokens=reused, at_pause_start_device_tokens=at_start, at_arrival_device_tokens=arrived[0],
+        at_arrival_host_tokens=arrived[1], at_arrival_storage_tokens=arrived[2], at_arrival_gone_tokens=arrived[3],
+        evictions=evictions, at_schedule_device_tokens=device, at_schedule_host_tokens=host,
+        at_schedule_storage_tokens=storage, at_schedule_gone_tokens=gone,
+        lost_while_queued_tokens=arrived[4], demoted_while_queued_tokens=arrived[5],
+        queued_evictions=queued_evictions)
     return Step(step=number, name="session", finding=session_finding(ev), evidence=ev)
+
+
+def _undo_wait(con: duckdb.DuckDBPyConnection, rid: str, row: dict,
+               at_schedule: tuple[int, int, int, int]) -> tuple[int, int, int, int, int, int]:
+    """(device, host, storage, gone) at its arrival, lost while queued, demoted while queued: the
+    split its match found at its schedule with the evictions of its prefix while it queued undone
+    (a demotion put back on device, a drop on device, a deletion on host; what they took is taken
+    from where it was at the schedule). The lost tokens are waiting_loss's: left every tier while
+    it queued, and recomputed."""
+    device, host, storage, gone = at_schedule
+    if row.get("first_token_ns") is None:
+        return device, host, storage, gone, 0, 0
+    moves = wait_moves(con, rid, row["req_id"])
+    lost = lost_while_waiting(con, rid, row["req_id"])
+    demoted = min(moves.get(("device", "demote"), 0), host + storage + gone)
+    # Deletions and drops first: what left every tier while it queued was on host / device at arrival.
+    deleted = min(moves.get(("host", "delete"), 0), lost)
+    dropped = min(moves.get(("device", "drop"), 0), lost - deleted)
+    gone -= deleted + dropped
+    host += deleted
+    device += dropped
+    # Demotions: on device at arrival, on host (or further) at the schedule.
+    back = min(demoted, host)
+    host -= back
+    device += back
+    return device, host, storage, gone, deleted + dropped, demoted
 
 
 def session_finding(ev: SessionEvidence) -> str:
@@ -236,6 +305,7 @@ def session_finding(ev: SessionEvidence) -> str:
         head += f", {fmt_ms(ev.pause_ns)} in this open-loop replay"
     if ev.reused_tokens == 0:
         return head + ". It reused no cached prefix."
+    # At arrival (the schedule's match with the wait's evictions undone); gone at arrival stays gone.
     split = ", ".join(f"{fmt_tokens(n)} {where}" for n, where in (
         (ev.at_arrival_device_tokens, "on device"), (ev.at_arrival_host_tokens, "on host"),
         (ev.at_arrival_storage_tokens, "in storage"), (ev.at_arrival_gone_tokens, "gone (recomputed)")) if n)
@@ -244,19 +314,32 @@ def session_finding(ev: SessionEvidence) -> str:
             f"(the previous turn had just inserted it); at this arrival: {split}.")
     if not ev.evictions:
         moved = ev.reused_tokens - ev.at_arrival_device_tokens
-        return text + (" No eviction during the pause moved it." if moved == 0 else
-                       " No eviction recorded during the pause moved it.")
+        text += (" No eviction during the pause moved it." if moved == 0 else
+                 " No eviction recorded during the pause moved it.")
+    else:
+        text += f" During the pause: {_listed(ev.evictions)}."
+    if ev.queued_evictions:
+        at_sched = ", ".join(f"{fmt_tokens(n)} {where}" for n, where in (
+            (ev.at_schedule_device_tokens, "on device"), (ev.at_schedule_host_tokens, "on host"),
+            (ev.at_schedule_storage_tokens, "in storage"), (ev.at_schedule_gone_tokens, "gone (recomputed)")) if n)
+        text += (f" While it queued, after its arrival: {_listed(ev.queued_evictions)}; "
+                 f"{fmt_tokens(ev.lost_while_queued_tokens)} tokens were lost while it queued (recomputed) and "
+                 f"{fmt_tokens(ev.demoted_while_queued_tokens)} demoted to host; at its schedule: {at_sched}.")
+    return text
+
+
+def _listed(evictions: tuple[PauseEviction, ...]) -> str:
     listed = "; ".join(
         f"eviction {e.eviction_id} at {fmt_ms(e.t_ns)}: {fmt_tokens(e.prefix_tokens)} tokens {_move(e.tier, e.action)}"
         + (f" by request {e.cause_req_id}'s allocation" if e.cause_req_id else "")
-        for e in ev.evictions[:5])
-    more = f" (and {len(ev.evictions) - 5} more)" if len(ev.evictions) > 5 else ""
-    return f"{text} During the pause: {listed}{more}."
+        for e in evictions[:5])
+    return listed + (f" (and {len(evictions) - 5} more)" if len(evictions) > 5 else "")
 
 
 def survival_rows(summary: SessionSummary) -> list[dict]:
     """The survival table as plain rows for views (ms, shares)."""
     return [{"bucket": b.label, "turns": b.num_turns, "reused_tokens": b.reused_tokens,
              "device": b.device_share, "host": b.host_share, "storage": b.storage_share,
-             "recomputed": b.recomputed_share, "ttft_p50_ms": ns_to_ms(b.ttft_p50_ns),
+             "recomputed": b.recomputed_share, "lost_in_pause": b.paused_lost_share,
+             "lost_while_queued": b.queued_lost_share, "ttft_p50_ms": ns_to_ms(b.ttft_p50_ns),
              "ttft_p99_ms": ns_to_ms(b.ttft_p99_ns)} for b in summary.survival]

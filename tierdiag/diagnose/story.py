@@ -30,16 +30,19 @@ import duckdb
 from tierdiag.diagnose.causes import cause_sql, excess_sql
 from tierdiag.diagnose.context import CONTEXT_LOOKBACK_NS
 from tierdiag.diagnose.sql import finished_sql
+from tierdiag.diagnose.waiting_loss import lost_while_waiting_sql, waiting_removals_sql
 from tierdiag.units import share
 
 # The rule explain's verdict uses (claims.py): a queue is the cache's doing when recompute took
-# at least this share of the GPU time a request waited behind, on a GPU at least BUSY_SHARE busy
+# at least this share of a request's wait (other requests' recompute), on a GPU at least BUSY_SHARE busy
 # around it. Kept here (claims imports the run context, which imports this) and tested equal.
 RECOMPUTE_QUEUE_SHARE = 0.2
 BUSY_SHARE = 0.7
-# The wait's parts, as batches make them (the gaps between batches are `idle` here: explain
-# splits them further into memory_wait / storage_wait / idle by what held memory meanwhile).
-WAIT_KEYS = ("recompute", "new_compute", "load_back", "write_back", "idle")
+# The wait's parts, as batches make them; the gaps between batches split, as explain splits them,
+# into `memory_wait` (some request of its rank was decoding: its KV held the device memory the
+# queue needed) and `idle` (the rest: held for a storage prefetch, or nothing to run; explain tells
+# those two apart, the run's story does not).
+WAIT_KEYS = ("recompute", "new_compute", "load_back", "write_back", "memory_wait", "idle")
 
 
 @dataclass(frozen=True)
@@ -72,8 +75,9 @@ class RunStory:
     queued_wait_ns: int  # their queue time, summed
     queued_wait_parts_ns: dict  # WAIT_KEYS -> ns of their wait (others' batches, gaps as idle)
     caches_doing_excess_ns: int  # of queued_excess_ns: requests whose queue was the cache's doing
-    # Requests whose prefix was evicted after they arrived, while they waited (their recompute
-    # is then the queue's doing, not the cache's size): how many, and their excess.
+    # Requests whose prefix left every tier after they arrived, while they waited, and was
+    # recomputed (waiting_loss.py: their recompute is then the queue's doing, not only the
+    # cache's size): how many, and their excess.
     evicted_while_waiting_requests: int
     evicted_while_waiting_excess_ns: int
     # The queued requests whose queue was NOT the cache's doing, on their own (the reason the run
@@ -81,6 +85,11 @@ class RunStory:
     # and recompute's share of their wait.
     other_busy_share: float | None = None
     other_recompute_share: float | None = None
+    # ... and their wait by WAIT_KEYS, summed (the largest part is named as their reason).
+    other_wait_parts_ns: dict | None = None
+    other_wait_ns: int = 0
+    # The tokens those requests lost while they waited (of their prefix; waiting_loss.py).
+    evicted_while_waiting_tokens: int = 0
 
     @property
     def top(self) -> VerdictShare | None:
@@ -115,6 +124,77 @@ def _integral(s, e, values):
     return at
 
 
+def _merge(intervals):
+    """Sorted, merged [(a, b)] of the non-empty intervals."""
+    out: list[list[int]] = []
+    for a, b in sorted((int(a), int(b)) for a, b in intervals if b > a):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _minus(xs, ys):
+    """The parts of merged intervals `xs` outside merged intervals `ys`."""
+    out, j = [], 0
+    for a, b in xs:
+        cur = a
+        while j < len(ys) and ys[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(ys) and ys[k][0] < b:
+            if ys[k][0] > cur:
+                out.append((cur, ys[k][0]))
+            cur = max(cur, ys[k][1])
+            k += 1
+        if cur < b:
+            out.append((cur, b))
+    return out
+
+
+def _measure(intervals):
+    """t -> the measure of the union of disjoint sorted `intervals` before t (vectorized)."""
+    import numpy as np
+
+    if not intervals:
+        return lambda t: np.zeros(len(t))
+    a = np.array([x for x, _ in intervals], dtype=np.int64)
+    b = np.array([y for _, y in intervals], dtype=np.int64)
+    cum = np.concatenate([[0], np.cumsum(b - a)])
+
+    def at(t):
+        t = np.asarray(t, dtype=np.int64)
+        k = np.searchsorted(a, t, side="right")  # intervals starting at or before t
+        kk = np.maximum(k - 1, 0)
+        inside = np.where(k > 0, np.clip(np.minimum(t, b[kk]) - a[kk], 0, None), 0)
+        return (cum[kk] + inside).astype(np.float64) * (k > 0)
+
+    return at
+
+
+def _memory_wait(con, rid: str, r_rank, w0, w1, b_rank, s, e):
+    """Per request: the GPU-idle time in [w0, w1] while some request of its rank was decoding
+    (explain's memory_wait: the queue waited for the device memory their KV held)."""
+    import numpy as np
+
+    out = np.zeros(len(w0))
+    dec = con.execute("SELECT coalesce(dp_rank, 0), first_token_ns, finish_ns FROM requests WHERE run_id = ? "
+                      "AND first_token_ns IS NOT NULL AND finish_ns > first_token_ns", [rid]).fetchall()
+    by_rank: dict[int, list] = {}
+    for rank, a, b in dec:
+        by_rank.setdefault(int(rank), []).append((a, b))
+    for rank, spans in by_rank.items():
+        mine = r_rank == rank
+        if not mine.any():
+            continue
+        theirs = b_rank == rank
+        held = _minus(_merge(spans), _merge(zip(s[theirs].tolist(), e[theirs].tolist())))
+        at = _measure(held)
+        out[mine] = at(w1[mine]) - at(w0[mine])
+    return out
+
+
 def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunStory | None:
     """None for a store without per-batch recompute (`rec` None) or without batch rows."""
     import numpy as np
@@ -132,12 +212,9 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
                    coalesce(queue_ns, 0) AS queue, greatest({excess_sql('q')}, 0) AS excess, {cause_sql('q')} AS cause,
                    coalesce(recompute_ns, 0) AS own_rec, coalesce(compute_ns, 0) AS own_comp,
                    coalesce(loadback_exposed_ns, 0) AS own_lb,
-                   first_token_ns - coalesce(prefill_ns, 0) AS sched, coalesce(ev.t, -1) AS last_evicted,
+                   {lost_while_waiting_sql('q', 'w.removed', con)} AS lost_waiting,
                    coalesce(q.dp_rank, 0) AS rank
-            FROM requests q LEFT JOIN (
-                SELECT re.req_id, max(e.t_ns) AS t FROM request_evictions re JOIN evictions e
-                  ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id
-                WHERE re.run_id = $r GROUP BY 1) ev ON ev.req_id = q.req_id
+            FROM requests q LEFT JOIN ({waiting_removals_sql('$r')}) w ON w.req_id = q.req_id
             WHERE q.run_id = $r AND {finished_sql('q')} ORDER BY q.seq""", {"r": rid}).fetchnumpy()
     if not len(b["t_start_ns"]) or not len(r["arrival_ns"]):
         return None
@@ -167,7 +244,11 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
         around[mine] = at(c1[mine])[4] - at(c0[mine])[4]
     parts = np.stack([work[0] - own[0], work[1] - own[1], work[2] - own[2], work[3]])
     parts = np.maximum(parts, 0.0)
-    idle = np.maximum(queue - parts.sum(axis=0), 0.0)
+    gaps = np.maximum(queue - parts.sum(axis=0), 0.0)
+    # Of the gaps, those while a request of its rank decoded: waiting for device memory. A request's
+    # own decode comes after its first token, so never inside its own wait.
+    memory = np.minimum(_memory_wait(con, rid, r_rank, w0, wend, b_rank, s, e), gaps)
+    idle = gaps - memory
     rec_share = np.where(queue > 0, parts[0] / np.maximum(queue, 1), 0.0)
     busy = np.where(c1 > c0, around / np.maximum(c1 - c0, 1), 0.0)
     cache = (queue > 0) & (rec_share >= RECOMPUTE_QUEUE_SHARE) & (busy >= BUSY_SHARE)
@@ -183,11 +264,12 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
     q = cause == "queueing"
     qx = excess[q].astype(np.float64)
     wait_parts = dict(zip(WAIT_KEYS, (int(round(float(x))) for x in
-                                      list(parts[:, q].sum(axis=1)) + [float(idle[q].sum())])))
-    # Evicted while it waited: an eviction that took its prefix after it arrived, before it was scheduled.
-    sched = np.asarray(r["sched"], dtype=np.int64)
-    last_ev = np.asarray(r["last_evicted"], dtype=np.int64)
-    waited_out = (last_ev >= arrival) & (last_ev <= sched)
+                                      list(parts[:, q].sum(axis=1)) + [float(memory[q].sum()),
+                                                                       float(idle[q].sum())])))
+    # Lost while it waited: tokens of its prefix that left every tier after it arrived, before it
+    # was scheduled, and were recomputed (waiting_loss.py; a demotion to host is no loss).
+    lost_waiting = np.asarray(r["lost_waiting"], dtype=np.int64)
+    waited_out = lost_waiting > 0
     other = q & ~cache
     ox = excess[other].astype(np.float64)
     return RunStory(
@@ -197,5 +279,10 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
         caches_doing_excess_ns=int(excess[q & cache].sum()),
         evicted_while_waiting_requests=int(waited_out.sum()),
         evicted_while_waiting_excess_ns=int(excess[waited_out].sum()),
+        evicted_while_waiting_tokens=int(lost_waiting[waited_out].sum()),
         other_busy_share=float((busy[other] * ox).sum() / ox.sum()) if ox.sum() > 0 else None,
-        other_recompute_share=share(float(parts[0, other].sum()), float(queue[other].sum())))
+        other_recompute_share=share(float(parts[0, other].sum()), float(queue[other].sum())),
+        other_wait_parts_ns=dict(zip(WAIT_KEYS, (int(round(float(x))) for x in
+                                                 list(parts[:, other].sum(axis=1)) + [float(memory[other].sum()),
+                                                                                      float(idle[other].sum())]))),
+        other_wait_ns=int(queue[other].sum()))

@@ -31,6 +31,7 @@ from tierdiag.diagnose.numbers import (  # noqa: F401 - the types summary's call
     TierSplit,
     compute_run_summary,
 )
+from tierdiag.diagnose.miss_reasons import run_miss_reasons
 from tierdiag.diagnose.ranks import rank_summary
 from tierdiag.diagnose.sessions import session_summary
 from tierdiag.store.reader import RunInfo
@@ -42,9 +43,11 @@ def run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo, *, diagnose: bool 
     costly part, for callers that show only the numbers (compare, a sweep's headlines).
     `ctx` / `facts`: the run's context / facts when the caller has them already (the report)."""
     facts = facts if facts is not None else RunFacts(con, run)
-    numbers = replace(facts.summary_numbers(), sessions=session_summary(con, run), ranks=rank_summary(con, run))
+    numbers = replace(facts.summary_numbers(), sessions=session_summary(con, run), ranks=rank_summary(con, run),
+                      miss_reasons=run_miss_reasons(con, run.run_id))
     if not diagnose:
         return numbers
     ctx = ctx if ctx is not None else facts.context()
     parts = {c.cause: c.excess_part_ns or 0 for c in numbers.time_by_cause if c.cause != "none"}
-    return replace(numbers, diagnosis=diagnose_run(ctx, parts, run_advice(con, run, ctx, facts=facts)))
+    return replace(numbers, diagnosis=diagnose_run(ctx, parts, run_advice(con, run, ctx, facts=facts),
+                                                   miss_reasons=numbers.miss_reasons))

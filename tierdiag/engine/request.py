@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from tierdiag.engine.tree import TreeNode
-from tierdiag.probes.events import ROUTE_NONE
+from tierdiag.engine.miss import MISS_COLUMNS, MISS_REASONS, MissFacts, miss_split
+from tierdiag.probes.events import ROUTE_NONE, RequestRecord
 from tierdiag.trace.reader import TraceRequest
 
 
@@ -132,7 +133,7 @@ class RequestRecords:
             recompute_instead = if_resident + (cost.prefill_alone_ns(computed + loaded, req.dev_pages * ps)
                                                - cost.prefill_alone_ns(computed, prefix)) if loaded else if_resident
             hit_class = "tiered_hit" if host + storage else "device_hit" if device else "miss"
-            self.emit.record((
+            self.emit.record(self._with_misses(req, (
                 req.req_id, req.seq, req.arrival_ns, req.input_len, req.output_len, "finished", None, hit_class,
                 device, host, storage, computed, recomputed, req.host_match_pages * ps,
                 req.storage_match_pages * ps, req.lb_skip_reason, req.lb_skip_pages * ps, req.storage_skip_reason,
@@ -141,9 +142,16 @@ class RequestRecords:
                 req.lb_pages, req.lb_runs, req.storage_bytes, req.storage_fetch_ns, recompute_ns, compute_ns,
                 req.first_token_ns - req.sched_ns, ttft, ideal, if_resident, recompute_instead,
                 req.first_batch_id, req.num_chunks, req.first_token_ns, now, req.session, req.think_ms,
-                req.trace_arrival_ns, self.rank) + req.route)
+                req.trace_arrival_ns, self.rank) + req.route))
         if self.progress is not None and st.requests_finished % 256 == 0:
             self.progress(st.requests_finished, now, st)
+
+    def _with_misses(self, req: Req, record: tuple) -> tuple:
+        """The record with its miss-reason columns (engine/miss.py) set by name from its own columns."""
+        rec = RequestRecord(*record)
+        facts = self.miss.take(req.seq) if self.miss is not None else MissFacts(0, 0)
+        split = miss_split(rec._asdict(), facts, self.ps, self.ctrl.storage is not None)
+        return tuple(rec._replace(**{col: split[r] for r, col in zip(MISS_REASONS, MISS_COLUMNS)}))
 
     def rules_split(self, req: Req) -> tuple[int, int, int]:
         """The cached prefix by tier in tokens, as the rule set's release reports it

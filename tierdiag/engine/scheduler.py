@@ -30,6 +30,7 @@ from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.arrivals import ArrivalSource, pause_ms
 from tierdiag.engine.controller import CacheController, EngineStats
 from tierdiag.engine.costmodel import CostModel
+from tierdiag.engine.miss import NO_MISSES, MissTracker
 from tierdiag.engine.pagemap import blame
 from tierdiag.engine.prefetch import StoragePrefetch, prefetch_limit_tokens
 from tierdiag.engine.queue_policy import queue_policy
@@ -65,6 +66,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         self.ctrl = ctrl
         self.probe = probe
         self.emit = ev.Emitters(probe)  # one callable an event kind, None where nothing is emitted
+        self.miss = MissTracker(cfg.page_size) if self.emit.record is not None else None  # miss reasons' facts (miss.py)
         self.stats = stats
         self.progress = progress
         self.ps = cfg.page_size
@@ -184,6 +186,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
         req.keys_np = page_keys_array(t, page_size=ps, block_size=self.cfg.block_size) if keys_np is None else keys_np
         req.keys = req.keys_np.tolist()
         req.max_match_pages = min(len(req.keys), (req.input_len - 1) // ps)
+        if self.miss is not None:
+            self.miss.arrived(req, self.tree)
         if self.ctrl.storage is not None:
             self._start_prefetch(req, now)
         self.waiting.append(req)
@@ -202,7 +206,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
                 req.req_id, req.seq, req.arrival_ns, req.input_len, req.output_len, "rejected", reason, None,
                 0, 0, 0, 0, 0, 0, 0, None, 0, None, 0, 0, 0,
                 None, None, None, None, None, 0, 0, 0, 0, None, None, None, None, None, None, None, None,
-                None, 0, None, None, req.session, req.think_ms, req.trace_arrival_ns, self.rank) + req.route)
+                None, 0, None, None, req.session, req.think_ms, req.trace_arrival_ns, self.rank) + req.route
+                + NO_MISSES)  # a rejected request computed nothing: no miss reasons (miss.py)
             if self.emit.tick is not None:  # rejections come without batches: a trace of them stays bounded
                 self.emit.tick()
 
@@ -378,6 +383,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
         req.extend_total = req.input_len - req.done_tokens
         req.sched_ns = now
         self._count_recomputed(req, match, skip is not None)
+        if self.miss is not None:  # the pages this chunk computes, against its batch's (miss.py)
+            self.miss.scheduled(req, now, prefix_pages, min((prefix_pages * ps + take) // ps, len(req.keys)))
         if self.emit.matched is not None:
             self.emit.matched((now, req.req_id, dev_pages * ps, req.host_loaded_pages * ps,
                               req.storage_loaded_pages * ps, prefix_pages * ps, req.protected_pages * ps))

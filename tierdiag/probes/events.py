@@ -178,6 +178,17 @@ class RequestRecord(NamedTuple):
     best_rank_device_tokens: int | None = None
     best_rank_host_tokens: int | None = None
     ranks_json: str | None = None
+    # v5 miss reasons (engine/miss.py, DESIGN §7): a finished request's computed tokens by why they
+    # were not reused, summing to computed_tokens (NULL: rejected, or an older run). Set by name.
+    miss_never_cached_tokens: int | None = None
+    miss_evicted_before_reuse_tokens: int | None = None
+    miss_lost_while_queued_tokens: int | None = None
+    miss_loadback_skipped_tokens: int | None = None
+    miss_prefetch_declined_tokens: int | None = None
+    miss_prefetch_revoked_tokens: int | None = None
+    miss_shared_in_batch_tokens: int | None = None
+    miss_routed_elsewhere_tokens: int | None = None
+    miss_beyond_storage_tokens: int | None = None
 
 
 # A one-rank run's routing columns (RequestRecord's ten after dp_rank): none.

@@ -42,8 +42,10 @@ def survival_figure(sessions) -> FigureSpec | None:
     return FigureSpec(
         key="session-survival", section="distributions", title="Did the session's prefix survive the pause?",
         how_to_read="For every later turn of a session, by its pause (think_ms): where its reused prefix (tokens "
-                    "that had been cached) was found at arrival, and the turns' TTFT p50/p99 (nearest rank). Red "
-                    "growing with the pause is the cache dropping sessions while their users think.",
+                    "that had been cached) was found when the turn was scheduled, its recomputed part split into "
+                    "lost during the pause and lost while the turn queued after arriving, and the turns' TTFT "
+                    "p50/p99 (nearest rank). Red growing with the pause is the cache dropping sessions while their "
+                    "users think; dark red is the queue's doing.",
         figure={"data": data, "layout": layout}, wide=True, height_px=400,
         note=f"{sessions.num_turns_with_predecessor:,} turns of {sessions.num_sessions:,} sessions, arrivals "
              f"{sessions.arrivals}")

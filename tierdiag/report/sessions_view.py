@@ -13,8 +13,11 @@ from rich.text import Text
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens
 
 # (name, SessionSummary's share field, the report's colour)
+# The recomputed part is split (issue 40): lost during the pause, and lost while the turn queued
+# after its arrival (the queue's doing, not the pause's).
 TIERS = (("device", "device_share", "#2a9d8f"), ("host", "host_share", "#e9c46a"),
-         ("storage", "storage_share", "#f4a261"), ("recomputed", "recomputed_share", "#e76f51"))
+         ("storage", "storage_share", "#f4a261"), ("lost in the pause", "paused_lost_share", "#e76f51"),
+         ("lost while queued", "queued_lost_share", "#9d0208"))
 
 
 def render_sessions(sessions, console: Console, *, table: Callable[..., Table], plain: Callable[..., Text]) -> None:
@@ -28,13 +31,15 @@ def render_sessions(sessions, console: Console, *, table: Callable[..., Table], 
         console.print(plain(head))
     else:
         tab = table(f"{head}: did the prefix survive the pause (think_ms)?")
-        for col in ("pause", "turns", "reused", "device", "host", "storage", "recomp.", "p50 TTFT", "p99 TTFT"):
+        for col in ("pause", "turns", "reused", "dev.", "host", "stor.", "paused", "queued", "p50 TTFT", "p99"):
             tab.add_column(col, justify="left" if col == "pause" else "right", no_wrap=True)
         for b in sessions.survival:
             tab.add_row(plain(b.label), f"{b.num_turns:,}", fmt_tokens(b.reused_tokens),
                         *(fmt_pct(getattr(b, attr)) if b.reused_tokens else "-" for _, attr, _ in TIERS),
                         fmt_ms(b.ttft_p50_ns) if b.num_turns else "-", fmt_ms(b.ttft_p99_ns) if b.num_turns else "-")
-        tab.caption = "where each bucket's reused prefix (tokens that had been cached) was found, token-weighted"
+        tab.caption = ("where each bucket's reused prefix (tokens that had been cached) was found at the turn's "
+                       "schedule (device, host, storage), token-weighted; recomputed: lost during the pause (paused) or while the turn "
+                       "queued after arriving (queued)")
         console.print(tab)
     if sessions.num_ended_sessions:
         ended = table(f"sessions ended at a rejected turn: {sessions.num_ended_sessions:,}, "

@@ -343,6 +343,11 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
                   fmt_pct(shares["recomputed"]))
     split.add_row(Text("input", style="bold"), fmt_tokens(t.input_tokens), "")
     console.print(split)
+    misses = getattr(s, "miss_reasons", None)  # diagnose/miss_reasons.py; None: not recorded
+    if misses and t.computed_tokens:
+        console.print(plain("computed tokens by why they were not reused: " + ", ".join(
+            f"{r.replace('_', ' ')} {fmt_tokens(n)} ({fmt_pct(n / t.computed_tokens)})"
+            for r, n in sorted(misses.items(), key=lambda kv: -kv[1]) if n)))
     console.print(f"{fmt_pct(s.hit_request_share)} of requests hit something, but only "
                   f"{fmt_pct(s.reused_token_share)} of tokens were reused; median reused per hit "
                   f"{fmt_tokens(int(s.median_reused_tokens_per_hit)) if s.median_reused_tokens_per_hit is not None else '-'} tokens",

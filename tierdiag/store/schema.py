@@ -15,12 +15,19 @@ def new_run_id() -> str:
     sweep's workers all name runs with it)."""
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
-SCHEMA_VERSION = 4  # v2: runs.kind, runs.sweep_id (DESIGN §5); v3: requests' session columns (§6);
-# v4: data-parallel ranks (dp_rank on every event table, the routing decision on requests; §6)
+SCHEMA_VERSION = 5  # v2: runs.kind, runs.sweep_id (DESIGN §5); v3: requests' session columns (§6);
+# v4: data-parallel ranks (dp_rank on every event table, the routing decision on requests; §6);
+# v5: miss reasons (requests.miss_*_tokens; DESIGN §7, issue 40)
 
 # Columns each version added to the end of a table, nothing else changing: a store of an older
 # version still reads (store/reader.py shows it with these columns, NULL), and a writer adds them
 # to it before its first run (store/writer.py).
+# The miss reasons' columns (engine/miss.py MISS_COLUMNS, kept equal by tests/engine/test_miss_reasons.py).
+MISS_REASONS: tuple[str, ...] = (
+    "never_cached", "evicted_before_reuse", "lost_while_queued", "loadback_skipped", "prefetch_declined",
+    "prefetch_revoked", "shared_in_batch", "routed_elsewhere", "beyond_storage")
+MISS_COLUMNS: tuple[str, ...] = tuple(f"miss_{r}_tokens" for r in MISS_REASONS)
+
 ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {
     3: {"requests": ("session_id", "think_ms", "trace_arrival_ns")},
     4: {
@@ -32,6 +39,7 @@ ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {
         "batches": ("dp_rank",),
         "pool_samples": ("dp_rank",),
     },
+    5: {"requests": MISS_COLUMNS},
 }
 OLDEST_READABLE_VERSION = 2
 
@@ -129,6 +137,9 @@ TABLES: dict[str, dict[str, str]] = {
         "best_rank_device_tokens": "BIGINT",
         "best_rank_host_tokens": "BIGINT",
         "ranks_json": "VARCHAR",  # [{"rank","device_tokens","host_tokens","in_flight","score"}, ...] one per rank
+        # v5: a finished request's computed tokens by why they were not reused (engine/miss.py,
+        # DESIGN §7): one reason a token, summing to computed_tokens; NULL for rejected rows.
+        **{col: "BIGINT" for col in MISS_COLUMNS},
     },
     "evictions": {
         "run_id": "VARCHAR",

@@ -1,0 +1,76 @@
+"""Miss reasons, read: why the tokens a run computed were not reused (engine/miss.py writes one
+reason a computed token on each finished request's row; DESIGN §7, issue 40).
+
+`summary --json` `miss_reasons` {reason: tokens} over the finished requests (null for a store
+written before the columns), the terminal's line under the tier split, explain's step-4 sentence
+and the run diagnosis's in-batch claim are all built from these sums.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+from tierdiag.diagnose.sql import FINISHED_SQL
+from tierdiag.store.schema import MISS_COLUMNS, MISS_REASONS
+from tierdiag.units import fmt_pct, fmt_tokens, share
+
+# How each reason reads in a sentence ("N tokens {words}").
+WORDS = {
+    "never_cached": "never cached before",
+    "evicted_before_reuse": "once cached, in no tier at its arrival",
+    "lost_while_queued": "lost from every tier while it queued",
+    "loadback_skipped": "a host hit whose load-back was skipped",
+    "prefetch_declined": "in storage, prefetch not taken",
+    "prefetch_revoked": "in storage, prefetch cut short",
+    "shared_in_batch": "shared with requests in the same prefill batch",
+    "routed_elsewhere": "held by another rank at arrival",
+    "beyond_storage": "once cached, in no tier at its arrival (the storage tier did not hold them)",
+}
+assert tuple(WORDS) == MISS_REASONS
+
+# The run names in-batch sharing as a cause when it holds at least this share of the input tokens.
+IN_BATCH_SHARE = 0.1
+
+
+def has_miss_columns(con: duckdb.DuckDBPyConnection) -> bool:
+    return MISS_COLUMNS[0] in (d[0] for d in con.execute("SELECT * FROM requests LIMIT 0").description)
+
+
+def run_miss_reasons(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, int] | None:
+    """reason -> tokens over the run's finished requests; None where the rows have no reasons
+    (a store written before them, an observed run)."""
+    if not has_miss_columns(con):
+        return None
+    sums = ", ".join(f"sum({c})" for c in MISS_COLUMNS)
+    row = con.execute(f"SELECT count({MISS_COLUMNS[0]}), {sums} FROM requests WHERE run_id = ? AND {FINISHED_SQL}",
+                      [run_id]).fetchone()
+    if not row or not row[0]:
+        return None
+    return {r: int(v or 0) for r, v in zip(MISS_REASONS, row[1:])}
+
+
+def request_miss_reasons(row: dict) -> dict[str, int] | None:
+    """A `requests` row's reasons (None where it has none: rejected, an older store)."""
+    if row.get(MISS_COLUMNS[0]) is None:
+        return None
+    return {r: int(row.get(c) or 0) for r, c in zip(MISS_REASONS, MISS_COLUMNS)}
+
+
+def miss_sentence(reasons: dict[str, int], computed: int) -> str:
+    """"Its N computed tokens, by why they were not reused: ..." (largest first)."""
+    parts = sorted(((r, n) for r, n in reasons.items() if n), key=lambda kv: (-kv[1], MISS_REASONS.index(kv[0])))
+    if not parts:
+        return ""
+    return (f"Its {fmt_tokens(computed)} computed tokens, by why they were not reused: "
+            + "; ".join(f"{fmt_tokens(n)} {WORDS[r]}" for r, n in parts) + ".")
+
+
+def in_batch_claim_text(reasons: dict[str, int], input_tokens: int) -> str | None:
+    """The run's in-batch sentence where sharing within prefill batches holds IN_BATCH_SHARE of input."""
+    n = reasons.get("shared_in_batch", 0)
+    if not n or (share(n, input_tokens) or 0) < IN_BATCH_SHARE:
+        return None
+    return (f"{fmt_tokens(n)} tokens ({fmt_pct(share(n, input_tokens))} of input) were shared with requests in the "
+            f"same prefill batch: arriving together, each request of the batch computed the shared prefix, as "
+            f"SGLang's fcfs does (the prefix enters the cache only when the batch ends), so the cache had no "
+            f"chance to reuse them.")

@@ -1,0 +1,121 @@
+"""Miss reasons: why each token a request computed was not reused (DESIGN §7, issue 40).
+
+Every computed token of a finished request gets exactly one reason from a fixed list, so the
+reasons sum to `computed_tokens`. The scheduler knows two facts only it can see, both taken here:
+
+  - at arrival, how much of the prefix its own tree held on device and host (`RadixTree.peek`, no
+    side effect: the match that decides is the one at scheduling, after the wait);
+  - at scheduling, which of the pages it will compute another request admitted into the same
+    prefill batch computes too. The first request's pages enter the tree only when the batch ends
+    (cache_unfinished_req / cache_finished_req), so under fcfs every request of a batch that shares
+    a prefix computes it, exactly as SGLang does (`Scheduler.get_new_batch_prefill`: the prefix
+    match is taken before the batch runs; lpm's in-batch prefix caching is what avoids it).
+
+The rest comes from the record's own columns, in this order (each reason takes at most what is
+left, so none is counted twice)::
+
+    computed = recomputed (once cached) + new (never cached here)
+    recomputed: loadback_skipped    a host hit whose load-back was skipped (below_threshold, device_full)
+                prefetch_revoked    matched in storage, the prefetch started and was cut short
+                                    (prefetch_incomplete: SGLang's revoke/terminate)
+                prefetch_declined   matched in storage, no prefetch taken (below_threshold, host_full,
+                                    rate_limited, not_backed_up)
+                routed_elsewhere    another data-parallel rank held it at arrival (causes.routing_tokens)
+                lost_while_queued   on device or host at arrival, in no tier at scheduling
+                beyond_storage      left every tier before arrival, a storage tier existed but did not hold it
+                evicted_before_reuse  left every tier before arrival, no storage tier
+    new:        shared_in_batch     computed by another request of the same prefill batch
+                never_cached        first sight of these pages (here)
+
+A demotion device -> host is never a miss: those tokens load back.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+# The reasons, in the order of the columns (`miss_<reason>_tokens` on `requests`).
+MISS_REASONS: tuple[str, ...] = (
+    "never_cached", "evicted_before_reuse", "lost_while_queued", "loadback_skipped", "prefetch_declined",
+    "prefetch_revoked", "shared_in_batch", "routed_elsewhere", "beyond_storage")
+MISS_COLUMNS: tuple[str, ...] = tuple(f"miss_{r}_tokens" for r in MISS_REASONS)
+NO_MISSES: tuple = (None,) * len(MISS_COLUMNS)  # a rejected request's columns
+
+# storage_skipped_reason -> its miss reason (a prefetch cut short is revoked; one never taken, declined).
+_STORAGE_REASON = {"prefetch_incomplete": "prefetch_revoked"}
+
+
+class MissFacts(NamedTuple):
+    arrival_pages: int  # device + host pages of its prefix its own tree held at arrival
+    shared_pages: int  # pages it computes that another request of its batch computes too
+
+
+class MissTracker:
+    """A scheduler's two facts per request (module doc). One per rank: a rank's batches are its own."""
+
+    def __init__(self, ps: int) -> None:
+        self.ps = ps  # page size: a request's keys are its input's full pages (then, at finish, output's)
+        self._at_arrival: dict[int, int] = {}
+        self._shared: dict[int, int] = {}
+        self._batch_ns: int | None = None
+        self._batch_keys: set = set()
+
+    def arrived(self, req, tree) -> None:
+        device, host = tree.peek(req.keys[:req.max_match_pages])
+        self._at_arrival[req.seq] = device + host
+
+    def scheduled(self, req, now: int, first_page: int, end_page: int) -> None:
+        """`req` joins the batch formed at `now`, its first chunk computing pages [first_page,
+        end_page). Every page it will compute (its later chunks too: a chunked request does not
+        match again) that a request ahead of it in this batch computes is shared in the batch."""
+        if now != self._batch_ns:
+            self._batch_ns, self._batch_keys = now, set()
+        batch = self._batch_keys
+        shared = sum(1 for k in req.keys[first_page:req.input_len // self.ps] if k in batch)
+        if shared:
+            self._shared[req.seq] = shared
+        batch.update(req.keys[first_page:end_page])
+
+    def take(self, seq: int) -> MissFacts:
+        return MissFacts(self._at_arrival.pop(seq, 0), self._shared.pop(seq, 0))
+
+
+def _routing_tokens(r: dict) -> int:
+    """causes.routing_tokens, over the record's columns (the engine does not import diagnose)."""
+    rank, best = r.get("dp_rank"), r.get("best_rank")
+    if rank is None or best is None or best == rank:
+        return 0
+    gap = sum(int(r.get(k) or 0) for k in ("best_rank_device_tokens", "best_rank_host_tokens")) - sum(
+        int(r.get(k) or 0) for k in ("arrival_device_tokens", "arrival_host_tokens", "storage_match_tokens"))
+    return min(int(r.get("recomputed_tokens") or 0), max(gap, 0))
+
+
+def miss_split(r: dict, facts: MissFacts, ps: int, storage_tier: bool) -> dict[str, int]:
+    """reason -> tokens for one finished record `r` (a dict of its columns); sums to computed_tokens."""
+    out = dict.fromkeys(MISS_REASONS, 0)
+    computed = max(int(r.get("computed_tokens") or 0), 0)
+    left = computed
+    recomputed = min(int(r.get("recomputed_tokens") or 0), computed)
+
+    def give(reason: str, tokens: int, cap: int) -> int:
+        nonlocal left
+        n = max(min(tokens, cap, left), 0)
+        out[reason] += n
+        left -= n
+        return n
+
+    rec_left = recomputed
+    if r.get("loadback_skipped_reason"):
+        rec_left -= give("loadback_skipped", int(r.get("loadback_skipped_tokens") or 0), rec_left)
+    if r.get("storage_skipped_reason"):
+        unused = int(r.get("storage_match_tokens") or 0) - int(r.get("storage_hit_tokens") or 0)
+        reason = _STORAGE_REASON.get(r["storage_skipped_reason"], "prefetch_declined")
+        rec_left -= give(reason, unused, rec_left)
+    rec_left -= give("routed_elsewhere", _routing_tokens(r), rec_left)
+    # Lost while queued: its own tree held it at arrival, the match at scheduling did not find it.
+    at_sched = int(r.get("device_hit_tokens") or 0) + int(r.get("host_match_tokens") or 0)
+    rec_left -= give("lost_while_queued", facts.arrival_pages * ps - at_sched, rec_left)
+    give("beyond_storage" if storage_tier else "evicted_before_reuse", rec_left, rec_left)
+    give("shared_in_batch", facts.shared_pages * ps, left)
+    give("never_cached", left, left)
+    return out
