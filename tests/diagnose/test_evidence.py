@@ -276,7 +276,7 @@ STORED_FIELDS = {
                    "num_rejected", "rejected_reasons", "span_ns", "tokens", "hit_requests", "hit_request_share",
                    "reused_token_share", "median_reused_tokens_per_hit", "classes", "load_back", "skipped",
                    "evictions", "most_evicted_from", "top_evictors", "time_by_cause", "ttft_total_ns",
-                   "excess_total_ns", "diagnosis", "sessions", "ranks"],
+                   "excess_total_ns", "diagnosis", "sessions", "ranks", "size_curves"],
     "TierSplit": ["input_tokens", "device_tokens", "host_tokens", "storage_tokens", "computed_tokens",
                   "recomputed_tokens", "loadback_skipped_tokens"],
     "ClassStats": ["hit_class", "num_requests", "input_tokens", "reused_tokens", "ttft_p50_ns", "ttft_p90_ns",

@@ -138,3 +138,18 @@ def test_planted_cycle_has_its_knee_at_the_working_set():
     assert c.reused_at(((K - 1) * P + 1) * page) == (R - 1) * K * page  # page 0 of every prefix
     assert c.reused_at(K * P * page - 1) == (R - 1) * K * (P - 1) * page
     assert c.reused_at(K * P * page) == c.unbounded_reused_tokens == (R - 1) * K * P * page
+
+
+def test_the_knee_counts_what_the_tier_adds_not_what_the_tiers_above_find():
+    """A host curve whose size 0 already finds 80 pages (device alone): its knee is where host adds
+    90 % of the 20 pages it can add, not where the total first reaches 90 % of 100 pages."""
+    page = 64
+    need = np.array([0] * 80 + [page * (i + 1) for i in range(20)] + [np.iinfo(np.int64).max] * 5, dtype=np.int64)
+    c = sc._curve("host", 0, "device at the run's size", need, page, 0)
+    assert c.unbounded_reused_tokens == 100 * page
+    assert c.reused_at(0) == 80 * page
+    assert c.knee_tokens == 18 * page  # ceil(0.9 x 20) = 18th added page
+    assert c.reused_at(c.knee_tokens) - c.reused_at(0) >= 0.9 * (c.unbounded_reused_tokens - c.reused_at(0))
+    assert c.reused_at(c.knee_tokens - 1) - c.reused_at(0) < 0.9 * (c.unbounded_reused_tokens - c.reused_at(0))
+    nothing = sc._curve("host", 0, "", np.array([0, 0], dtype=np.int64), page, 0)
+    assert nothing.knee_tokens is None and nothing.unbounded_reused_tokens == 2 * page

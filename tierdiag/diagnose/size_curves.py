@@ -31,8 +31,14 @@ Per tier, at size S (per rank), the tiers above held at the run's own sizes:
 
 reused_tokens counts the looked-up pages found (tokens), reused_share divides it by the finished
 requests' input tokens. The knee (`knee_tokens`) of a curve is the smallest size, in whole pages,
-at which it finds at least KNEE_SHARE (90 %) of what an unbounded pool of that tier would: every
-looked-up page touched before (the curve's plateau). `advise` proposes host and storage sizes from it.
+at which the tier adds at least KNEE_SHARE (90 %) of what an unbounded pool of that tier would add
+to what the tiers above it find at size 0:
+
+    knee = min S such that reused(S) - reused(0) >= KNEE_SHARE x (reused(inf) - reused(0))
+
+where reused(inf), the plateau, is every looked-up page touched before (None where the tier can
+add nothing). For device reused(0) is 0; for host it is what device finds alone; for storage what
+device and host find at the run's sizes. `advise` proposes host and storage sizes from it.
 
 Limits, stated with the curves (`model`): pages are kept in LRU order at every instant, where the
 engine evicts only when an allocation needs room, never a page locked by a running request, and
@@ -77,7 +83,7 @@ class SizeCurve:
     held: str  # what the tiers above it were held at, in words
     steps: tuple[tuple[int, int], ...]  # (size tokens, reused tokens at that size and above), ascending
     unbounded_reused_tokens: int  # the plateau: every looked-up page touched before
-    knee_tokens: int | None  # smallest size (whole pages) finding >= KNEE_SHARE of the plateau; None: no reuse
+    knee_tokens: int | None  # smallest size (whole pages) adding >= KNEE_SHARE of what the tier can add; None: nothing
     found_tokens: int  # what the run's rows found in this tier or above (device; + host; + storage)
 
     def reused_at(self, size_tokens: int) -> int:
@@ -388,8 +394,9 @@ def _curve(tier: str, run_size: int, held: str, need: np.ndarray, page: int, fou
                 bucket = b
         steps = kept
     knee = None
-    if len(sizes):
-        knee = int(sizes[max(math.ceil(KNEE_SHARE * len(sizes)) - 1, 0)])
+    grows = sizes[sizes > 0]  # what the tier adds beyond its size 0 (the tiers above it find the rest)
+    if len(grows):
+        knee = int(grows[max(math.ceil(KNEE_SHARE * len(grows)) - 1, 0)])
     return SizeCurve(tier, run_size, held, tuple((int(s), int(c)) for s, c in steps), total, knee, int(found))
 
 
@@ -400,7 +407,7 @@ def knee_words(c: SizeCurve, input_tokens: int) -> str:
     if c.knee_tokens is None:
         return f"{c.tier}: no page was looked up again, at any size"
     return (f"{c.tier}: knee at {c.knee_tokens:_} tokens, finding {fmt_tokens(c.reused_at(c.knee_tokens))} "
-            f"({fmt_pct(share(c.reused_at(c.knee_tokens), input_tokens))} of input; an unbounded pool finds "
+            f"({fmt_pct(share(c.reused_at(c.knee_tokens), input_tokens))} of input; an unbounded one finds "
             f"{fmt_tokens(c.unbounded_reused_tokens)})")
 
 
