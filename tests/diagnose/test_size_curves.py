@@ -153,3 +153,161 @@ def test_the_knee_counts_what_the_tier_adds_not_what_the_tiers_above_find():
     assert c.reused_at(c.knee_tokens - 1) - c.reused_at(0) < 0.9 * (c.unbounded_reused_tokens - c.reused_at(0))
     nothing = sc._curve("host", 0, "", np.array([0, 0], dtype=np.int64), page, 0)
     assert nothing.knee_tokens is None and nothing.unbounded_reused_tokens == 2 * page
+
+
+# --------------------------------------------------------------------------- from a replayed run
+
+from pathlib import Path  # noqa: E402
+
+from hypothesis import HealthCheck  # noqa: E402
+
+from tierdiag.store.reader import open_store, resolve_run  # noqa: E402
+from tests.support.cli import invoke as _invoke, invoke_json as _json  # noqa: E402
+
+PAGE = 64
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> tuple[Path, Path]:
+    """A small system-prompt workload on two ranks under write_back, pools small enough to evict."""
+    folder = tmp_path_factory.mktemp("size_curves")
+    trace, db = folder / "sp.jsonl", folder / "run.duckdb"
+    _invoke("synth", str(trace), "--kind", "system-prompt", "--requests", "80", "--rate", "2")
+    _invoke("replay", str(trace), "--db", str(db), "--model", "llama3-8b", "--gpu", "h100", "--device-tokens", "4096",
+            "--host-tokens", "4096", "--write-policy", "write_back", "--dp", "2")
+    return trace, db
+
+
+def _brute_force(trace: Path, db: Path, device: int, host: int, storage: int) -> tuple[int, int, int]:
+    """The model of size_curves.py's doc, simulated: per rank an LRU of `device` pages and one of
+    device + host pages (write_back: they add up), and one LRU over every rank of `storage` pages;
+    a request looks up its full pages before its last token at scheduling, touches its input then
+    (deepest first) and its input and output at finish. Found: (device, host or above, storage or above)."""
+    from collections import OrderedDict
+
+    from tierdiag.trace.pages import page_keys_array
+    from tierdiag.trace.reader import read_trace
+
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        rows = con.execute("SELECT seq, coalesce(dp_rank, 0), arrival_ns + coalesce(queue_ns, 0), finish_ns, "
+                           "input_tokens, output_tokens FROM requests WHERE run_id = ? AND status = 'finished' "
+                           "AND ttft_ns IS NOT NULL", [run.run_id]).fetchall()
+    keys = {r.seq: list(dict.fromkeys(page_keys_array(r, page_size=PAGE, block_size=512).tolist()))
+            for r in read_trace(trace)}
+    events = sorted([(r[2], 1, r[0], r) for r in rows] + [(r[3], 0, r[0], r) for r in rows])
+    pools: dict = {}
+
+    def touch(pool: OrderedDict, cap: int, ks: list) -> None:
+        for k in ks:
+            pool.pop(k, None)
+            pool[k] = True
+            while len(pool) > cap:
+                pool.popitem(last=False)
+
+    found = [0, 0, 0]
+    fresh = [0]
+    for _, kind, seq, r in events:
+        rank, ks = r[1], keys[seq]
+        dev = pools.setdefault(("d", rank), OrderedDict())
+        both = pools.setdefault(("h", rank), OrderedDict())
+        sto = pools.setdefault("s", OrderedDict())
+        if kind == 1:
+            look = ks[:max((r[4] - 1) // PAGE, 0)]
+            d = sum(k in dev for k in look)
+            h = sum(k in both for k in look)
+            found[0] += d * PAGE
+            found[1] += h * PAGE
+            found[2] += sum(k in both or k in sto for k in look) * PAGE
+            order = ks[::-1]
+        else:
+            n_out = (r[4] + r[5]) // PAGE - r[4] // PAGE
+            outs = [("out", fresh[0] + i) for i in range(n_out)]
+            fresh[0] += n_out
+            order = outs[::-1] + ks[::-1]
+        touch(dev, device // PAGE, order)
+        touch(both, (device + host) // PAGE, order)
+        touch(sto, storage // PAGE, order)
+    return tuple(found)
+
+
+def test_the_curves_are_the_model_simulated_on_a_replayed_run(two_ranks):
+    trace, db = two_ranks
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        c = sc.compute_size_curves(con, run)
+        found = con.execute("SELECT sum(device_hit_tokens), sum(device_hit_tokens + host_hit_tokens) FROM requests "
+                            "WHERE run_id = ? AND status = 'finished' AND ttft_ns IS NOT NULL", [run.run_id]).fetchone()
+    assert (c.write_policy, c.num_ranks, c.page_size) == ("write_back", 2, PAGE)
+    dev, host, sto = (c.curve(t) for t in sc.TIERS)
+    assert (dev.run_size_tokens, host.run_size_tokens, sto.run_size_tokens) == (4096, 4096, 0)
+    assert (dev.found_tokens, host.found_tokens) == found
+    for size in (PAGE, 1024, 4096, 8192, 65536):
+        d, _, _ = _brute_force(trace, db, size, 0, PAGE)
+        _, h, _ = _brute_force(trace, db, 4096, size, PAGE)
+        _, _, s = _brute_force(trace, db, 4096, 4096, size)
+        assert (dev.reused_at(size), host.reused_at(size), sto.reused_at(size)) == (d, h, s), size
+
+
+def test_summary_shows_the_curves_and_json_has_every_tier(two_ranks):
+    _, db = two_ranks
+    j = _json("summary", "--db", str(db))["size_curves"]
+    assert set(j["tiers"]) == set(sc.TIERS) and j["write_policy"] == "write_back" and j["knee_share"] == sc.KNEE_SHARE
+    for tier, t in j["tiers"].items():
+        sizes = [p["size_tokens"] for p in t["points"]]
+        assert sizes == sorted(set(sizes)) and t["run_size_tokens"] in sizes
+        shares = [p["reused_share"] for p in t["points"]]
+        assert shares == sorted(shares)  # a larger pool never finds less under LRU (the inclusion property)
+        assert all(p["reused_share"] == pytest.approx(p["reused_tokens"] / j["input_tokens"]) for p in t["points"])
+        assert t["points"][-1]["reused_tokens"] == t["unbounded_reused_tokens"]
+    text = " ".join(_invoke("summary", "--db", str(db)).split())
+    assert "reuse by pool size, predicted in one pass" in text and "write_back" in text
+
+
+def test_a_trace_gone_or_changed_means_no_curves_and_nothing_else_lost(two_ranks, tmp_path):
+    trace, db = two_ranks
+    import shutil
+
+    from tierdiag.store.copy_run import read_run_tables, write_run_tables
+
+    for what, content in (("gone", None), ("changed", trace.read_text().replace('"', ' "', 1))):
+        moved = tmp_path / f"{what}.jsonl"
+        if content is not None:
+            moved.write_text(content)
+        copy = tmp_path / f"{what}.duckdb"
+        write_run_tables(copy, read_run_tables(db), {"trace_path": str(moved)})
+        with open_store(copy) as con:
+            run = resolve_run(con, None)
+            assert sc.size_curves(con, run) is None
+            with pytest.raises(sc.CurvesUnavailable, match=what):
+                sc.compute_size_curves(con, run)
+        j = _json("summary", "--db", str(copy))
+        assert j["num_finished"] > 0  # stored evidence of the copy: the curves stored at close are still there
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+hostile = st.one_of(st.none(), st.integers(), st.text(max_size=20), st.lists(st.integers(), max_size=3),
+                    st.dictionaries(st.text(max_size=8), st.integers(), max_size=3),
+                    st.just({"__dataclass__": "SizeCurves", "write_policy": 1}),
+                    st.just({"__dataclass__": "SizeCurves"}), st.just({"__dataclass__": "RunTotals"}))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=hostile)
+def test_a_hand_edited_stored_section_is_never_misread(two_ranks, value):
+    """A stored `size_curves` section that does not decode to SizeCurves is computed again from the
+    trace (or read as the null it is), never raised."""
+    import json
+
+    from tierdiag.diagnose.facts import StoredEvidence
+
+    _, db = two_ranks
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        raw = json.loads(con.execute("SELECT evidence_json FROM run_evidence WHERE run_id = ?",
+                                     [run.run_id]).fetchone()[0])
+        expect = sc.compute_size_curves(con, run)
+    stored = StoredEvidence({**raw, "size_curves": value})
+    ok, got = stored.size_curves()
+    assert (ok, got) == ((True, None) if value is None else (False, None))
+    assert StoredEvidence(raw).size_curves() == (True, expect)
