@@ -334,7 +334,7 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     d_rank = np.zeros(len(lookup_rank), dtype=np.int64)
     for rank in ranks:
         d_rank[lookup_rank == rank] = _lookup_depths(per_rank[rank])
-    d_all = _lookup_depths(every)
+    d_all = d_rank if len(ranks) == 1 else _lookup_depths(every)  # one rank: the same touches
     never = np.iinfo(np.int64).max
     pages_rank = np.where(d_rank > 0, d_rank, never)
     pages_all = np.where(d_all > 0, d_all, never)
@@ -386,13 +386,11 @@ def _curve(tier: str, run_size: int, held: str, need: np.ndarray, page: int, fou
         cum = (np.r_[idx[1:], len(sizes)]) * page
         steps = list(zip(uniq.tolist(), cum.tolist()))
     if len(steps) > CURVE_POINTS:
-        kept, bucket = [], -1
-        for i, (s, c) in enumerate(steps):
-            b = c * CURVE_POINTS // total if total else 0
-            if b > bucket or i == len(steps) - 1:
-                kept.append((s, c))
-                bucket = b
-        steps = kept
+        # The first step into each 1/CURVE_POINTS of the plateau, and the last.
+        b = cum * CURVE_POINTS // total
+        keep = np.r_[True, b[1:] > b[:-1]]
+        keep[-1] = True
+        steps = list(zip(uniq[keep].tolist(), cum[keep].tolist()))
     knee = None
     grows = sizes[sizes > 0]  # what the tier adds beyond its size 0 (the tiers above it find the rest)
     if len(grows):
