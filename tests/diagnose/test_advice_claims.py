@@ -242,8 +242,7 @@ def _check(items: list[dict], rows: Rows, host_limit_bytes: int = 2 << 40, curve
                 need(keep is not None and _n(keep[1] or keep[2]) == n, f"capacity: size in {text!r} vs {n}")
                 curve = (curves or {}).get("tiers", {}).get("host")
                 if curve is not None:  # sized at the host size curve's knee (diagnose/size_curves.py)
-                    knee = -(-curve["knee_tokens"] // page) * page
-                    want = knee
+                    want = -(-(curve["knee_tokens"] + curves["slack_tokens"]) // page) * page
                 else:
                     want = _pow2_pages(dec[9] if rows.through else dec[9] - device, page)
                 need(n == want or (keep is not None and keep[2] is not None and n < want),
@@ -256,10 +255,12 @@ def _check(items: list[dict], rows: Rows, host_limit_bytes: int = 2 << 40, curve
                     at = {pt["size_tokens"]: pt["reused_share"] for pt in curve["points"]}
                     p = re.fullmatch(rf"predicted in one pass \(size curve, LRU\): device and host find {PCT} of input "
                                      rf"at host_tokens ([\d,]+), against {PCT} at the run's ([\d,]+) \(the run found "
-                                     rf"{PCT}\); the curve's knee is ([\d,]+) tokens", pred)
+                                     rf"{PCT}\); the curve's knee is ([\d,]+) tokens, plus the median request's prefix "
+                                     rf"\(([\d,]+)\) of slack: the engine evicts a whole tree node at a time", pred)
                     need(p is not None and _n(p[2]) == n and _n(p[4]) == host and _n(p[6]) == curve["knee_tokens"]
                          and (n not in at or _pct_ok(p[1], at[n])) and _pct_ok(p[3], at[host])
-                         and _pct_ok(p[5], curve["found_tokens"] / curves["input_tokens"]),
+                         and _pct_ok(p[5], curve["found_tokens"] / curves["input_tokens"])
+                         and _n(p[7]) == curves["slack_tokens"],
                          f"capacity: prediction {pred!r} vs the curve {at}")
                     # found: the run's own device + host hits, from the rows
                     need(curve["found_tokens"] == rows.device_host_found, f"capacity: found {curve['found_tokens']}")
@@ -273,12 +274,15 @@ def _check(items: list[dict], rows: Rows, host_limit_bytes: int = 2 << 40, curve
                 want = _pow2_pages(dec[9] if rows.through else dec[9] - device, page)
                 need(_bytes_ok(m[3], want * rows.kv), f"storage_tier: host bytes {m[3]} vs {want} tokens")
                 sto = (curves or {}).get("tiers", {}).get("storage")
-                sto_want = -(-sto["knee_tokens"] // page) * page if sto is not None else _pow2_pages(dec[9], page)
+                sto_want = (-(-(sto["knee_tokens"] + curves["slack_tokens"]) // page) * page if sto is not None
+                            else _pow2_pages(dec[9], page))
                 need(_n(m[4]) == a["changes"]["storage_tokens"] == sto_want, f"storage_tier: {m[4]} vs {sto_want}")
                 _check_read(text, rows, per_token, need, kind)
                 tail = (rf"; predicted in one pass \(size curve, LRU\): device, host and storage find {PCT} of input at "
                         rf"storage_tokens {sto_want:,}, against {PCT} at the run's [\d,]+ \(the run found {PCT}\); "
-                        rf"the curve's knee is {sto['knee_tokens']:,} tokens" if sto is not None else "")
+                        rf"the curve's knee is {sto['knee_tokens']:,} tokens, plus the median request's prefix "
+                        rf"\({curves['slack_tokens']:,}\) of slack: the engine evicts a whole tree node at a time"
+                        if sto is not None else "")
                 p = re.search(r"prefetch_threshold ([\d,]+)\): keeps ~([\d,]+) of the lost tokens" + tail + "$", pred)
                 need(p is not None and _n(p[1]) == int(cfg.get("prefetch_threshold") or 0)
                      and 0 < _n(p[2]) <= rows.lost, f"storage_tier: prediction {pred!r} vs lost {rows.lost}")

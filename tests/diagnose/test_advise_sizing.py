@@ -66,7 +66,7 @@ def _item(items: list[dict], kind: str) -> dict:
     return found[0]
 
 
-# --------------------------------------------------------------------------- 1. the smallest sufficient size
+# --------------------------------------------------------------------------- 1. the size, from the curve, one replay
 
 
 def _found_share(db: Path, run_id: str) -> float:
@@ -82,13 +82,14 @@ def test_the_host_pool_is_the_curves_knee_confirmed_by_one_replay(advised):
     db, j = advised
     curves = _json("summary", "--db", str(db))["size_curves"]
     host = curves["tiers"]["host"]
-    knee = -(-host["knee_tokens"] // PAGE) * PAGE
-    assert 8192 < knee < 32768  # the knee, not the old power of two above the p90 reuse distance
+    knee = -(-(host["knee_tokens"] + curves["slack_tokens"]) // PAGE) * PAGE  # the knee + slack, whole pages
+    assert 8192 < knee < 32768  # not the old power of two above the p90 reuse distance
     cap = _item(j["advice"], "capacity")
     assert cap["status"] == "confirmed" and cap["changes"] == {"host_tokens": knee}
     s = cap["sizing"]
     at = {p["size_tokens"]: p["reused_share"] for p in host["points"]}
-    assert (s["option"], s["tier"], s["value"], s["knee_tokens"]) == ("host_tokens", "host", knee, host["knee_tokens"])
+    assert (s["option"], s["tier"], s["value"], s["knee_tokens"], s["slack_tokens"], s["curve_size_tokens"]) == (
+        "host_tokens", "host", knee, host["knee_tokens"], curves["slack_tokens"], knee)
     assert s["predicted_share"] == pytest.approx(at[knee])
     assert s["run_size_tokens"] == 8192 and s["run_predicted_share"] == pytest.approx(at[8192])
     assert s["run_found_share"] == pytest.approx(_found_share(db, j["baseline"]["run_id"]))
@@ -106,7 +107,10 @@ def test_the_host_pool_is_the_curves_knee_confirmed_by_one_replay(advised):
 def test_every_view_prints_the_prediction_beside_the_replay(advised, tmp_path):
     db, j = advised
     s = _item(j["advice"], "capacity")["sizing"]
-    words = f"one-pass size curve (LRU): at host_tokens = {s['value']:_} (the knee) device and host find"
+    from tierdiag.diagnose.advice_types import _toml  # TOML a user can paste: 8192, 30_016
+
+    words = (f"one-pass size curve (LRU): at host_tokens = {_toml(s['value'])} (the knee {_toml(s['knee_tokens'])} + "
+             f"the median request's prefix {_toml(s['slack_tokens'])}) device and host find")
     found = f"the replay found {s['replayed_share'] * 100:,.0f} %"
     summary = _json("summary", "--db", str(db))["diagnosis"]
     assert _item(summary["advice"], "capacity")["sizing"] == s
@@ -117,8 +121,10 @@ def test_every_view_prints_the_prediction_beside_the_replay(advised, tmp_path):
     assert _item(explain["advice"], "capacity")["sizing"] == s
     html = tmp_path / "report.html"
     _invoke("report", "--db", str(db), "--output", str(html))
+    import html as markup
+
     text = html.read_text()
-    assert words in text and found in text and 'id="fig-size-curves"' in text
+    assert words in markup.unescape(text) and found in text and 'id="fig-size-curves"' in text
 
 
 # --------------------------------------------------------------------------- 2. tried, not advised

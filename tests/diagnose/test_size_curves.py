@@ -311,3 +311,38 @@ def test_a_hand_edited_stored_section_is_never_misread(two_ranks, value):
     ok, got = stored.size_curves()
     assert (ok, got) == ((True, None) if value is None else (False, None))
     assert StoredEvidence(raw).size_curves() == (True, expect)
+
+
+config_values = st.one_of(st.none(), st.integers(-2 ** 70, 2 ** 70), st.text(max_size=12), st.floats(allow_nan=True),
+                          st.booleans(), st.lists(st.integers(), max_size=2))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(["page_size", "block_size", "device_tokens", "host_tokens", "storage_tokens",
+                            "write_policy", "dp"]), value=config_values)
+def test_a_hand_edited_config_gives_curves_or_none_never_an_error(two_ranks, key, value):
+    """The recorded config the curves read (page and block sizes, pools, write policy): a hostile
+    value gives no curves (a one-line reason) or curves, never an exception out of size_curves."""
+    import dataclasses
+
+    _, db = two_ranks
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        edited = dataclasses.replace(run, config={**run.config, key: value})
+        try:
+            got = sc.compute_size_curves(con, edited)
+        except sc.CurvesUnavailable as exc:
+            assert str(exc) and "\n" not in str(exc)
+        else:
+            assert {c.tier for c in got.curves} == set(sc.TIERS)
+        sc.size_curves(con, edited)
+
+
+def test_more_touches_than_the_pass_holds_gives_no_curves(two_ranks, monkeypatch):
+    _, db = two_ranks
+    monkeypatch.setattr(sc, "MAX_TOUCHES", 10)
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        with pytest.raises(sc.CurvesUnavailable, match="more than the one pass holds"):
+            sc.compute_size_curves(con, run)
+        assert sc.size_curves(con, run) is None

@@ -223,17 +223,16 @@ def _sessions(ctx: RunContext, sessions: SessionPauses | None,
 
 
 def _knee_above(curves, tier: str, own: int, page: int) -> tuple[int | None, bool]:
-    """(the tier's size-curve knee in whole pages where it is above the run's own size, whether a
-    curve was there): with a curve, the size to propose is its knee (size_curves.py), and none
-    where the run's size is at or past it already."""
+    """(the size to propose for the tier, whether a curve was there): with a curve, its knee plus
+    the curves' slack (SizeCurves.proposed_size, size_curves.py), and none where the run's size is
+    at or past the knee already."""
     curve = curves.curve(tier) if curves is not None else None
     if curve is None:
         return None, False
     knee = curve.knee_tokens
-    if knee is None:
+    if knee is None or -(-knee // page) * page <= own:
         return None, True
-    knee = -(-knee // page) * page
-    return (knee if knee > own else None), True
+    return curves.proposed_size(tier), True
 
 
 def _curve_prediction(curves, tier: str, option: str, value: int, own: int) -> str:
@@ -243,7 +242,8 @@ def _curve_prediction(curves, tier: str, option: str, value: int, own: int) -> s
             f"{fmt_pct(share(c.reused_at(value), curves.input_tokens))} of input at {option} {fmt_tokens(value)}, "
             f"against {fmt_pct(share(c.reused_at(own), curves.input_tokens))} at the run's {fmt_tokens(own)} "
             f"(the run found {fmt_pct(share(c.found_tokens, curves.input_tokens))}); the curve's knee is "
-            f"{fmt_tokens(c.knee_tokens)} tokens")
+            f"{fmt_tokens(c.knee_tokens)} tokens, plus the median request's prefix ({fmt_tokens(curves.slack_tokens)}) "
+            "of slack: the engine evicts a whole tree node at a time")
 
 
 def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES, curves=None) -> list[Advice]:

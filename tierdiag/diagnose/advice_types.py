@@ -118,6 +118,8 @@ class Sizing:
     replayed_share: float | None = None  # what the item's replay found; None: not replayed
     replay_run_id: str | None = None
     also_changed: tuple[str, ...] = ()  # other keys the item sets: the curve held them at the run's values
+    slack_tokens: int = 0  # what a proposal adds to the knee (size_curves.SizeCurves.slack_tokens)
+    curve_size_tokens: int | None = None  # the size the curve proposes: knee + slack, whole pages
 
     @property
     def disagrees(self) -> bool | None:
@@ -131,11 +133,14 @@ class Sizing:
                 "disagrees": self.disagrees, "tolerance": SIZING_TOLERANCE}
 
     def words(self) -> str:
-        """"one-pass size curve (LRU): at host_tokens = 11_008 (the knee) ... predicted 75 %; the
+        """"one-pass size curve (LRU): at host_tokens = 28_672 (the knee 26_688 + the median
+        request's prefix 1_984) ... predicted 75 %; the
         replay found 70 %: they agree within 5 points", every number named."""
         where = {"device": "device", "host": "device and host", "storage": "device, host and storage"}[self.tier]
-        knee = (" (the knee)" if self.knee_tokens == self.value else
-                f" (the knee: {_toml(self.knee_tokens)})" if self.knee_tokens is not None else "")
+        knee = ("" if self.knee_tokens is None else
+                f" (the knee {_toml(self.knee_tokens)} + the median request's prefix {_toml(self.slack_tokens)})"
+                if self.value == self.curve_size_tokens else " (the knee)" if self.value == self.knee_tokens
+                else f" (the knee: {_toml(self.knee_tokens)})")
         text = (f"one-pass size curve (LRU): at {self.option} = {_toml(self.value)}{knee} {where} find "
                 f"{fmt_pct(self.predicted_share)} of input, predicted (at the run's {_toml(self.run_size_tokens)}: "
                 f"{fmt_pct(self.run_predicted_share)} predicted, {fmt_pct(self.run_found_share)} found)")

@@ -43,7 +43,7 @@ def sizing(con: duckdb.DuckDBPyConnection, run, a: Advice, curves) -> Sizing | N
     return Sizing(a.option, tier, a.value, curve.knee_tokens, share(curve.reused_at(a.value), curves.input_tokens),
                   curve.run_size_tokens, share(curve.reused_at(curve.run_size_tokens), curves.input_tokens),
                   share(curve.found_tokens, curves.input_tokens), replayed, v.run_id if v is not None else None,
-                  tuple(k for k in a.changes if k != a.option))
+                  tuple(k for k in a.changes if k != a.option), curves.slack_tokens, curves.proposed_size(tier))
 
 
 def same_clock(base: dict, other: dict) -> bool:

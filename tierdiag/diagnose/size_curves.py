@@ -38,9 +38,16 @@ to what the tiers above it find at size 0:
 
 where reused(inf), the plateau, is every looked-up page touched before (None where the tier can
 add nothing). For device reused(0) is 0; for host it is what device finds alone; for storage what
-device and host find at the run's sizes. `advise` proposes host and storage sizes from it.
+device and host find at the run's sizes. `advise` proposes host and storage sizes from it, with
+slack: the knee plus the median request's looked-up prefix (`slack_tokens`, whole pages), since
+the engine evicts a whole tree node at a time (a request's private pages go together, not page by
+page from the leaf end) and holds a running request's pages locked. On a planted cycle of six
+17-page prefixes (tests/diagnose/test_advise_cli.py) the page-level model finds every prefix at
+6,464 host tokens; the engine finds none there, 6,144 tokens at 6,528 and all of them from ~7,040:
+the knee alone (6,400) would fall short, the knee plus one prefix (7,424) does not.
 
-Limits, stated with the curves (`model`): pages are kept in LRU order at every instant, where the
+A run of more than MAX_TOUCHES page touches (about a million requests) gets no curves: the pass
+holds every touch in memory. Limits, stated with the curves (`model`): pages are kept in LRU order at every instant, where the
 engine evicts only when an allocation needs room, never a page locked by a running request, and
 inserts computed pages at the end of prefill, not at scheduling; a load-back or a prefetch is
 counted as found whatever the link, the prefetch thresholds and rate limits decide; other eviction
@@ -67,6 +74,10 @@ from tierdiag.units import share
 TIERS = ("device", "host", "storage")
 KNEE_SHARE = 0.9
 CURVE_POINTS = 2048  # steps kept of each curve's step function (session_pool.py's rule)
+# The one pass holds every page touch in memory (~60 bytes each, keys, order and depths): beyond
+# this many touches (a run of about a million requests) a run gets no curves, not a close that
+# needs gigabytes. Counted from the rows before the trace is read.
+MAX_TOUCHES = 20_000_000
 MODEL = ("LRU stack distances over the run's page references (pages touched deepest first, so a prefix outlives "
          "its leaves); exact for that model, not for the engine: it evicts only when it needs room, never a locked "
          "page, inserts at the end of prefill; load-backs and prefetches count as found whatever the link and the "
@@ -91,11 +102,11 @@ class SizeCurve:
         i = bisect_right([s for s, _ in self.steps], size_tokens)
         return self.steps[i - 1][1] if i else 0
 
-    def points(self, page: int) -> tuple[tuple[int, int], ...]:
+    def points(self, page: int, *more: int | None) -> tuple[tuple[int, int], ...]:
         """(size, reused) at 0, each power of two pages up to the plateau's first size, the run's
-        size and the knee: what summary and the report show."""
+        size, the knee and `more` (the size advise proposes): what summary and the report show."""
         top = self.steps[-1][0] if self.steps else 0
-        sizes = {0, self.run_size_tokens}
+        sizes = {0, self.run_size_tokens} | {m for m in more if m is not None}
         s = page
         while True:
             sizes.add(s)
@@ -116,23 +127,34 @@ class SizeCurves:
     num_ranks: int
     input_tokens: int  # of the finished requests: what reused_share divides by
     looked_up_tokens: int  # the full pages before the last input token of each finished request
+    slack_tokens: int  # the median request's looked-up prefix (whole pages): what a proposal adds to a knee
     curves: tuple[SizeCurve, ...]  # device, host, storage
     model: str
 
     def curve(self, tier: str) -> SizeCurve | None:
         return next((c for c in self.curves if c.tier == tier), None)
 
+    def proposed_size(self, tier: str) -> int | None:
+        """The size `advise` proposes for `tier`: its knee plus `slack_tokens` (module doc); None
+        where the tier adds nothing."""
+        c = self.curve(tier)
+        if c is None or c.knee_tokens is None:
+            return None
+        return -(-(c.knee_tokens + self.slack_tokens) // self.page_size) * self.page_size
+
     def to_json(self) -> dict:
         """`summary --json` `size_curves` (docs/contract.md)."""
         return {"write_policy": self.write_policy, "page_size": self.page_size, "num_ranks": self.num_ranks,
                 "input_tokens": self.input_tokens, "looked_up_tokens": self.looked_up_tokens,
+                "slack_tokens": self.slack_tokens,
                 "knee_share": KNEE_SHARE, "model": self.model,
                 "tiers": {c.tier: {
                     "run_size_tokens": c.run_size_tokens, "held": c.held, "knee_tokens": c.knee_tokens,
                     "unbounded_reused_tokens": c.unbounded_reused_tokens,
                     "predicted_at_run_size_tokens": c.reused_at(c.run_size_tokens), "found_tokens": c.found_tokens,
                     "points": [{"size_tokens": s, "reused_tokens": r, "reused_share": share(r, self.input_tokens)}
-                               for s, r in c.points(self.page_size)]} for c in self.curves}}
+                               for s, r in c.points(self.page_size, self.proposed_size(c.tier))]}
+                          for c in self.curves}}
 
 
 # --------------------------------------------------------------------------- the one pass
@@ -279,7 +301,10 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
         raise CurvesUnavailable(f"trace file {path} is gone")
     if run.trace_sha256 and trace_sha256(path) != run.trace_sha256:
         raise CurvesUnavailable(f"trace file {path} changed since the run was recorded")
-    page, device, host, storage = _sizes(run.config)
+    try:
+        page, device, host, storage = _sizes(run.config)
+    except (TierdiagError, TypeError, ValueError) as exc:  # a hand-edited config the replay would not take
+        raise CurvesUnavailable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
     block = int(run.config.get("block_size") or 512)
     policy = str(run.config.get("write_policy") or "write_through")
     rows = con.execute(f"""
@@ -290,6 +315,10 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
                coalesce(storage_hit_tokens, 0) AS storage
         FROM requests WHERE run_id = ? AND {finished_sql()} AND seq IS NOT NULL AND arrival_ns IS NOT NULL
         ORDER BY seq""", [run.run_id]).fetchall()
+    touches = sum(2 * (r[5] // page) + max((r[5] + r[6]) // page - r[5] // page, 0) for r in rows)
+    if touches > MAX_TOUCHES:
+        raise CurvesUnavailable(f"{touches:,} page touches are more than the one pass holds in memory "
+                                f"({MAX_TOUCHES:,})")
     by_seq = {r[0]: r for r in rows}
     keys: dict[int, np.ndarray] = {}
     try:
@@ -366,7 +395,10 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
                               "(device + host)"), host_need, page, dev_found + host_found),
         _curve("storage", storage, f"device and host at the run's sizes ({held_words}); storage is one tier "
                                    "shared by every rank", sto_need, page, dev_found + host_found + sto_found))
-    return SizeCurves(policy, page, len(ranks), input_tokens, int(len(lookup_rank) * page), curves, MODEL)
+    looks = sorted(min(max((r[5] - 1) // page, 0), len(keys[r[0]])) for r in rows)
+    looks = [x for x in looks if x] or [0]
+    slack = looks[max(math.ceil(0.5 * len(looks)) - 1, 0)] * page  # nearest rank
+    return SizeCurves(policy, page, len(ranks), input_tokens, int(len(lookup_rank) * page), slack, curves, MODEL)
 
 
 def _lookup_depths(groups: list) -> np.ndarray:
