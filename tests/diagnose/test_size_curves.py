@@ -396,3 +396,45 @@ def test_a_trace_rewritten_after_the_run_gives_curves_of_its_lines_or_none(two_r
             assert str(exc) and "\n" not in str(exc)
         else:
             assert {c.tier for c in got.curves} == set(sc.TIERS)
+
+
+def test_sizing_says_where_the_prediction_and_the_replay_disagree():
+    from tierdiag.diagnose.advice_types import SIZING_TOLERANCE, Sizing
+
+    base = dict(option="host_tokens", tier="host", value=7424, knee_tokens=6400, predicted_share=0.66,
+                run_size_tokens=4096, run_predicted_share=0.0, run_found_share=0.0, slack_tokens=1024,
+                curve_size_tokens=7424)
+    far = Sizing(**base, replayed_share=0.0, replay_run_id="r1")
+    assert far.disagrees is True
+    assert "the knee 6400 + the median request's prefix 1024" in far.words()
+    assert "the replay found 0 %: they disagree by 66.0 points (more than 5)" in far.words()
+    near = Sizing(**base, replayed_share=0.66 - SIZING_TOLERANCE / 2, replay_run_id="r2")
+    assert near.disagrees is False and "they agree within 5 points" in near.words()
+    proposed = Sizing(**base)
+    assert proposed.disagrees is None and "replay" not in proposed.words()
+    unknown = Sizing(**{**base, "predicted_share": None}, replayed_share=0.5, replay_run_id="r3")
+    assert unknown.disagrees is None and "disagree" not in unknown.words() and "agree within" not in unknown.words()
+    assert far.to_json()["disagrees"] is True and far.to_json()["tolerance"] == SIZING_TOLERANCE
+
+
+def test_the_report_figure_draws_each_tiers_curve_and_its_marks(two_ranks):
+    from tierdiag.report.size_curves_figure import size_curves_figure
+
+    assert size_curves_figure(None) is None
+    _, db = two_ranks
+    with open_store(db) as con:
+        curves = sc.compute_size_curves(con, resolve_run(con, None))
+    fig = size_curves_figure(curves)
+    lines = {d["name"]: d for d in fig.figure["data"] if d["mode"] == "lines"}
+    assert set(lines) == set(sc.TIERS)
+    for c in curves.curves:
+        line = lines[c.tier]
+        assert line["x"] == sorted(line["x"]) and line["x"][0] == curves.page_size
+        assert line["y"] == [100 * c.reused_at(x) / curves.input_tokens for x in line["x"]]
+        marks = [d for d in fig.figure["data"] if d.get("legendgroup") == c.tier and d["mode"] == "markers"]
+        run_mark = next(d for d in marks if "the run's size" in d["name"])
+        assert run_mark["y"] == [100 * c.reused_at(c.run_size_tokens) / curves.input_tokens,
+                                 100 * c.found_tokens / curves.input_tokens]
+        if c.knee_tokens:
+            assert any(d["x"] == [c.knee_tokens] for d in marks)
+    assert fig.figure["layout"]["xaxis"]["type"] == "log"

@@ -40,6 +40,14 @@ def size_curves_figure(curves) -> FigureSpec | None:
                          "marker": {"color": color, "symbol": "diamond", "size": 12, "line": {"color": "#264653",
                                                                                             "width": 1}},
                          "hovertemplate": f"{c.tier} knee %{{x:,}} tokens: %{{y:.1f}} %<extra></extra>"})
+        proposed = curves.proposed_size(c.tier) if c.tier != "device" else None  # what advise would set
+        if proposed and c.knee_tokens and proposed > c.run_size_tokens:
+            data.append({"type": "scatter", "mode": "markers", "name": f"{c.tier}: proposed", "x": [proposed],
+                         "y": [100 * c.reused_at(proposed) / total], "legendgroup": c.tier, "showlegend": False,
+                         "marker": {"color": color, "symbol": "triangle-up", "size": 11,
+                                    "line": {"color": "#264653", "width": 1}},
+                         "hovertemplate": f"{c.tier}: advise proposes %{{x:,}} tokens (knee + slack): "
+                                          "%{y:.1f} %<extra></extra>"})
     layout = {"xaxis": {"title": {"text": "size of the tier (tokens per rank; storage: the one tier)"}, "type": "log"},
               "yaxis": {"title": {"text": "reused share of input"}, "range": [0, 100], "ticksuffix": " %"},
               "legend": {"orientation": "h", "x": 0, "y": 1.02, "xanchor": "left", "yanchor": "bottom"}}
@@ -49,7 +57,8 @@ def size_curves_figure(curves) -> FigureSpec | None:
                      f"{curves.write_policy}): the share of input each tier would find at each size, the tiers above "
                      "it held at the run's sizes. Circle: the model at the run's size; cross: what the run found "
                      f"there (a size of 0 drawn at one page); diamond: the knee, the smallest size adding {KNEE_SHARE * 100:.0f} % of what an "
-                     "unbounded tier would add. The model is LRU over pages, with no locks, eviction timing or "
+                     "unbounded tier would add; triangle: what advise proposes for host and storage (the knee plus the median "
+                     "request's prefix of slack). The model is LRU over pages, with no locks, eviction timing or "
                      "prefetch rules: where circle and cross part, so may its prediction and a replay."),
         figure={"data": data, "layout": layout}, wide=True, height_px=420,
         note=f"{curves.num_ranks} rank(s), page {page} tokens, {curves.input_tokens:,} input tokens")
