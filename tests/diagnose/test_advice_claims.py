@@ -106,6 +106,8 @@ class Rows:
                                         f"WHERE {FIN}", r).fetchone()[0]
             self.turns = _later_turns(con, run.run_id)
             self.capacity = _capacity(con, run.run_id)
+            self.device_host_found = con.execute(
+                f"SELECT sum(device_hit_tokens + host_hit_tokens) FROM requests WHERE {FIN}", r).fetchone()[0]
 
     @property
     def recompute_per_token_ns(self) -> float:
@@ -205,7 +207,8 @@ def _later_turns(con, rid: str) -> dict | None:
 # --------------------------------------------------------------------------- the checks
 
 
-def _check(items: list[dict], rows: Rows, host_limit_bytes: int = 2 << 40) -> list[str]:
+def _check(items: list[dict], rows: Rows, host_limit_bytes: int = 2 << 40, curves: dict | None = None) -> list[str]:
+    """`curves`: summary --json's `size_curves` (the capacity rule sizes from their knees)."""
     bad: list[str] = []
 
     def need(cond: bool, what: str) -> None:
@@ -239,23 +242,50 @@ def _check(items: list[dict], rows: Rows, host_limit_bytes: int = 2 << 40) -> li
                 keep = re.search(rf"; (?:a ([\d,]+)-token host pool keeps|([\d,]+) tokens \({BYTES}, the most host "
                                  rf"memory [^)]*\) keep) {PCT} of them$", text)
                 need(keep is not None and _n(keep[1] or keep[2]) == n, f"capacity: size in {text!r} vs {n}")
-                want = _pow2_pages(dec[9] if rows.through else dec[9] - device, page)
+                curve = (curves or {}).get("tiers", {}).get("host")
+                if curve is not None:  # sized at the host size curve's knee (diagnose/size_curves.py)
+                    want = -(-(curve["knee_tokens"] + curves["slack_tokens"]) // page) * page
+                else:
+                    want = _pow2_pages(dec[9] if rows.through else dec[9] - device, page)
                 need(n == want or (keep is not None and keep[2] is not None and n < want),
-                     f"capacity: {n} vs the p90's {want}")
+                     f"capacity: {n} vs {'the knee' if curve else 'the p90'}'s {want}")
                 if keep is not None and keep[3]:
                     need(_bytes_ok(keep[3], n * rows.kv), f"capacity: bytes {keep[3]}")
                 cover = _cover(dec, n if rows.through else device + n)
                 need(keep is not None and _pct_ok(keep[4], cover), f"capacity: keeps {keep and keep[4]} vs {cover}")
-                p = re.fullmatch(r"predicted under LRU: keeps ~([\d,]+) of the ([\d,]+) tokens deleted from host", pred)
-                need(p is not None and (_n(p[1]), _n(p[2])) == (int(cover * rm["deleted"]), rm["deleted"]),
-                     f"capacity: prediction {pred!r}")
+                if curve is not None:
+                    at = {pt["size_tokens"]: pt["reused_share"] for pt in curve["points"]}
+                    p = re.fullmatch(rf"predicted in one pass \(size curve, LRU\): device and host find {PCT} of input "
+                                     rf"at host_tokens ([\d,]+), against {PCT} at the run's ([\d,]+) \(the run found "
+                                     rf"{PCT}\); the curve's knee is ([\d,]+) tokens, plus the median request's prefix "
+                                     rf"\(([\d,]+)\) of slack: the engine evicts a whole tree node at a time", pred)
+                    need(p is not None and _n(p[2]) == n and _n(p[4]) == host and _n(p[6]) == curve["knee_tokens"]
+                         and (n not in at or _pct_ok(p[1], at[n])) and _pct_ok(p[3], at[host])
+                         and _pct_ok(p[5], curve["found_tokens"] / curves["input_tokens"])
+                         and _n(p[7]) == curves["slack_tokens"],
+                         f"capacity: prediction {pred!r} vs the curve {at}")
+                    # found: the run's own device + host hits, from the rows
+                    need(curve["found_tokens"] == rows.device_host_found, f"capacity: found {curve['found_tokens']}")
+                else:
+                    p = re.fullmatch(r"predicted under LRU: keeps ~([\d,]+) of the ([\d,]+) tokens deleted from host",
+                                     pred)
+                    need(p is not None and (_n(p[1]), _n(p[2])) == (int(cover * rm["deleted"]), rm["deleted"]),
+                         f"capacity: prediction {pred!r}")
             else:
                 need(_n(m[2]) == dec[9], f"storage_tier: p90 {m[2]} vs {dec}")
                 want = _pow2_pages(dec[9] if rows.through else dec[9] - device, page)
                 need(_bytes_ok(m[3], want * rows.kv), f"storage_tier: host bytes {m[3]} vs {want} tokens")
-                need(_n(m[4]) == a["changes"]["storage_tokens"] == _pow2_pages(dec[9], page), f"storage_tier: {m[4]}")
+                sto = (curves or {}).get("tiers", {}).get("storage")
+                sto_want = (-(-(sto["knee_tokens"] + curves["slack_tokens"]) // page) * page if sto is not None
+                            else _pow2_pages(dec[9], page))
+                need(_n(m[4]) == a["changes"]["storage_tokens"] == sto_want, f"storage_tier: {m[4]} vs {sto_want}")
                 _check_read(text, rows, per_token, need, kind)
-                p = re.search(r"prefetch_threshold ([\d,]+)\): keeps ~([\d,]+) of the lost tokens$", pred)
+                tail = (rf"; predicted in one pass \(size curve, LRU\): device, host and storage find {PCT} of input at "
+                        rf"storage_tokens {sto_want:,}, against {PCT} at the run's [\d,]+ \(the run found {PCT}\); "
+                        rf"the curve's knee is {sto['knee_tokens']:,} tokens, plus the median request's prefix "
+                        rf"\({curves['slack_tokens']:,}\) of slack: the engine evicts a whole tree node at a time"
+                        if sto is not None else "")
+                p = re.search(r"prefetch_threshold ([\d,]+)\): keeps ~([\d,]+) of the lost tokens" + tail + "$", pred)
                 need(p is not None and _n(p[1]) == int(cfg.get("prefetch_threshold") or 0)
                      and 0 < _n(p[2]) <= rows.lost, f"storage_tier: prediction {pred!r} vs lost {rows.lost}")
         elif kind == "prefetch":
@@ -426,7 +456,7 @@ def test_every_advice_number_is_the_rows_on_synth(synth_runs, name):
     d = json.loads(out[out.index("{"):])["diagnosis"]
     items = d["advice"] + d["tried_not_advised"]
     assert any(a["option"] for a in items), [a["kind"] for a in items]
-    bad = _check(items, Rows(db))
+    bad = _check(items, Rows(db), curves=json.loads(out[out.index("{"):])["size_curves"])
     assert not bad, bad
     sentences = _sentences(*(c["text"] for c in d["claims"]), *(a["reason"] for a in items),
                            *(a["prediction"] or "" for a in items))

@@ -26,7 +26,7 @@ from tierdiag.diagnose.advice_types import Advice, Verified, classify
 from tierdiag.diagnose.advice_verify import combination
 
 from .test_advice_planted import Story
-from .test_advise_cli import _cycle
+from .test_advise_cli import _curve_size, _cycle
 from .test_cli import run_cli
 
 pytest.importorskip("tierdiag.cli.replay")
@@ -140,8 +140,9 @@ def test_candidates_of_a_run_from_before_rule_sets_follow_0_5_9(tmp_path):
     j = invoke_json("advise", "--db", str(db), "--budget", "1", "--jobs", "1")
     (cand,) = j["candidates"]
     assert _runs(db)[cand["run_id"]]["sglang_rules"] == "0.5.9"
-    assert cand["changes"] == {"host_tokens": 8192} and cand["advice_status"] == "confirmed"
-    assert [a["changes"] for a in j["advice"]] == [{"host_tokens": 8192}] and j["tried_not_advised"] == []
+    size = _curve_size(db, "host")  # the host size curve's knee + slack
+    assert cand["changes"] == {"host_tokens": size} and cand["advice_status"] == "confirmed"
+    assert [a["changes"] for a in j["advice"]] == [{"host_tokens": size}] and j["tried_not_advised"] == []
 
 
 # --------------------------------------------------------------------------- the profile a run replayed with

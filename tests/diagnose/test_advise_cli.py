@@ -32,6 +32,17 @@ def _cycle(story: Story, prefixes: int = 6, pages: int = 16, rounds: int = 4) ->
             t += 100
 
 
+def _curve_size(db, tier: str) -> int:
+    """The size the capacity rule proposes for `tier`: its size curve's knee plus the curves' slack
+    (summary --json size_curves; diagnose/size_curves.py), in whole pages."""
+    from tests.support.cli import invoke_json
+
+    c = invoke_json("summary", "--db", str(db))["size_curves"]
+    page = c["page_size"]
+    return -(-(c["tiers"][tier]["knee_tokens"] + c["slack_tokens"]) // page) * page
+
+
+
 @pytest.fixture(scope="module")
 def lost_prefix(tmp_path_factory):
     """The capacity story: every prefix falls out of a 4,096-token host pool before it comes back."""
@@ -47,7 +58,9 @@ def test_advise_confirms_the_change_and_explain_shows_it_verified(lost_prefix):
     j = json.loads(result.output)
     assert set(j) >= {"baseline", "candidates", "best", "advice", "tried_not_advised"}
     (cand,) = j["candidates"]
-    assert cand["changes"] == {"host_tokens": 8192} and cand["status"] == "complete"
+    size = _curve_size(lost_prefix, "host")
+    assert 6528 < size < 8192  # the cycle's 6 x 17 pages, plus a prefix of slack; the old rule's power of two above
+    assert cand["changes"] == {"host_tokens": size} and cand["status"] == "complete"
     assert cand["advice_status"] == "confirmed" and j["tried_not_advised"] == []
     # confirmed: p50 at least 5 % better, p99 not worse, the recompute it targeted lower.
     assert cand["ttft_p50_ms"] <= 0.95 * j["baseline"]["ttft_p50_ms"]
@@ -66,12 +79,12 @@ def test_advise_confirms_the_change_and_explain_shows_it_verified(lost_prefix):
     # The terminal verdict ends with the advice, verified.
     code, text, _, _ = run_cli("explain", "p0r2", "--db", str(lost_prefix), "--run", base_run)
     flat = " ".join(text.replace("│", " ").split())  # the verdict panel wraps its lines
-    assert "advice: set host_tokens = 8192" in flat and f"verified by run {cand['run_id']}" in flat
-    assert "predicted under LRU: keeps ~" in flat
+    assert f"advice: set host_tokens = {size}" in flat and f"verified by run {cand['run_id']}" in flat
+    assert "predicted in one pass (size curve, LRU)" in flat
     assert "tried, not advised" not in text
     # What follows "set" is TOML a user can paste into --config (digit separators included).
     setting = text.split("advice: set ", 1)[1].split(":", 1)[0]
-    assert tomllib.loads(setting) == {"host_tokens": 8192}
+    assert tomllib.loads(setting) == {"host_tokens": size}
 
 
 def test_advise_without_the_trace_is_exit_3_naming_it(tmp_path):
@@ -110,7 +123,8 @@ def test_advise_confirms_a_storage_tier_and_predicts_the_host_pool_would_not_hel
     assert result.exit_code == 0, (result.output, result.exception)
     j = json.loads(result.output)
     (tier,) = j["candidates"]  # the host pool was not proposed: predicted to keep nothing
-    assert tier["changes"] == {"storage_tokens": 32768, "prefetch_policy": "wait_complete", "host_tokens": 8192}
+    assert tier["changes"] == {"storage_tokens": _curve_size(db, "storage"), "prefetch_policy": "wait_complete",
+                               "host_tokens": 8192}
     assert tier["status"] == "complete" and tier["reuse_share"]["storage"] > 0
     assert tier["recompute_share"] < j["baseline"]["recompute_share"]
     assert tier["advice_status"] == "confirmed" and j["best"] == tier["run_id"]

@@ -1,18 +1,16 @@
-"""`advise` end to end on a small synth workload (issue 34): the smallest sufficient size, and a
-proposal the replay did not bear out.
+"""`advise` end to end on a small synth workload (issues 34, 40): a size from the one-pass curve's
+knee confirmed by one replay, and a proposal the replay did not bear out.
 
 The workload: `tierdiag synth --kind system-prompt` (200 requests at 0.5/s) on pools too small
-for its shared prompts (8,192 tokens of device and host). Its diagnosis proposes a host pool
-(capacity: 32,768 tokens keep 90 % of the re-referenced deleted tokens under LRU) and
-eviction_policy lfu (the hot re-references' live volume fits the pools). `advise --budget 6`
-replays both, then spends what the budget has left bisecting the confirmed host pool between
-the run's 8,192 and 32,768 tokens, in whole pages, for the smallest whose TTFT p50 keeps at
-least 90 % of 32,768's gain.
+for its shared prompts (8,192 tokens of device and host). Its diagnosis proposes a host pool at
+the host size curve's knee (diagnose/size_curves.py: the smallest pool adding 90 % of what an
+unbounded one would add) and eviction_policy lfu (the hot re-references' live volume fits the
+pools). `advise --budget 6` replays each once.
 
-1. Smallest sufficient size: every point of the gain curve (value, TTFT p50, share of the gain)
-   is recomputed from its run's rows (nearest rank); the smallest sufficient value is the
-   smallest point at >= 90 %, the point below it fell short, and the two are within one page
-   unless the budget ran out. summary, explain, --json and the report HTML print it.
+1. The size: the capacity item sets host_tokens to the knee of `summary --json`'s host curve, its
+   one replay confirms it, and its `sizing` puts the curve's prediction (at the knee and at the
+   run's own size) beside what the replay's and the run's rows found; no other replay sized it.
+   summary, explain, --json and the report print it.
 2. A proposal the replay refutes or leaves flat: lfu's prediction counts the hot re-references
    the removal rows show, but not the hits on content never removed that competes with them
    under LFU; the replay keeps the recompute share and TTFT where they were (no_effect). It is
@@ -68,54 +66,65 @@ def _item(items: list[dict], kind: str) -> dict:
     return found[0]
 
 
-# --------------------------------------------------------------------------- 1. the smallest sufficient size
+# --------------------------------------------------------------------------- 1. the size, from the curve, one replay
 
 
-def test_the_gain_curve_is_the_runs_and_its_smallest_sufficient_value(advised):
-    db, j = advised
-    cap = _item(j["advice"], "capacity")
-    assert cap["status"] == "confirmed" and cap["changes"] == {"host_tokens": 32768}
-    s = cap["sizing"]
-    assert s is not None and s["option"] == "host_tokens" and s["largest"] == 32768
-    points = s["points"]
-    values = [p["value"] for p in points]
-    assert values == sorted(values) and values[0] == 8192 and values[-1] == 32768
-    assert all(v % PAGE == 0 for v in values) and len(values) > 2  # sizes between were replayed
-    base_ms, top_ms = points[0]["ttft_p50_ms"], points[-1]["ttft_p50_ms"]
-    assert base_ms == pytest.approx(_p50_ms(db, j["baseline"]["run_id"]))
-    assert top_ms == pytest.approx(_p50_ms(db, cap["verified"]["run_id"]))
-    for p in points:
-        assert p["ttft_p50_ms"] == pytest.approx(_p50_ms(db, p["run_id"]))
-        assert p["gain_share"] == pytest.approx((base_ms - p["ttft_p50_ms"]) / (base_ms - top_ms))
-    enough = [p["value"] for p in points if p["gain_share"] >= 0.9]
-    assert s["smallest_sufficient"] == min(enough) < 32768
-    below = [p for p in points if p["value"] < s["smallest_sufficient"]]
-    assert s["short_of"] == below[-1]["value"] and below[-1]["gain_share"] < 0.9
-    # Every replay within the budget: the two proposals, then the size search.
+def _found_share(db: Path, run_id: str) -> float:
+    """Device + host hits over the finished requests' input, from the run's rows."""
     with open_store(db) as con:
-        size_runs = con.execute("SELECT count(*) FROM runs WHERE sweep_id = ?",
-                                ["advise-size-" + j["baseline"]["run_id"]]).fetchone()[0]
-    assert len(j["candidates"]) + size_runs <= BUDGET and size_runs == len(points) - 2
-    # Bisection converged to a page, or spent the budget trying.
-    assert s["smallest_sufficient"] - s["short_of"] <= PAGE or len(j["candidates"]) + size_runs == BUDGET
+        found, total = con.execute(
+            "SELECT sum(device_hit_tokens + host_hit_tokens), sum(input_tokens) FROM requests WHERE run_id = ? "
+            "AND coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL", [run_id]).fetchone()
+    return found / total
 
 
-def test_every_view_prints_the_smallest_sufficient_value(advised, tmp_path):
+def test_the_host_pool_is_the_curves_knee_confirmed_by_one_replay(advised):
+    db, j = advised
+    curves = _json("summary", "--db", str(db))["size_curves"]
+    host = curves["tiers"]["host"]
+    knee = -(-(host["knee_tokens"] + curves["slack_tokens"]) // PAGE) * PAGE  # the knee + slack, whole pages
+    assert 8192 < knee < 32768  # not the old power of two above the p90 reuse distance
+    cap = _item(j["advice"], "capacity")
+    assert cap["status"] == "confirmed" and cap["changes"] == {"host_tokens": knee}
+    s = cap["sizing"]
+    at = {p["size_tokens"]: p["reused_share"] for p in host["points"]}
+    assert (s["option"], s["tier"], s["value"], s["knee_tokens"], s["slack_tokens"], s["curve_size_tokens"]) == (
+        "host_tokens", "host", knee, host["knee_tokens"], curves["slack_tokens"], knee)
+    assert s["predicted_share"] == pytest.approx(at[knee])
+    assert s["run_size_tokens"] == 8192 and s["run_predicted_share"] == pytest.approx(at[8192])
+    assert s["run_found_share"] == pytest.approx(_found_share(db, j["baseline"]["run_id"]))
+    # What the one replay found, from its rows; the disagreement flag is the tolerance's.
+    assert s["replay_run_id"] == cap["verified"]["run_id"]
+    assert s["replayed_share"] == pytest.approx(_found_share(db, cap["verified"]["run_id"]))
+    assert s["disagrees"] == (abs(s["replayed_share"] - s["predicted_share"]) > s["tolerance"])
+    # One replay an item: no size search anywhere, every replay a candidate, within the budget.
+    with open_store(db) as con:
+        sweeps = {r[0] for r in con.execute("SELECT DISTINCT sweep_id FROM runs WHERE sweep_id IS NOT NULL").fetchall()}
+    assert sweeps == {"advise-" + j["baseline"]["run_id"]}
+    assert len(j["candidates"]) <= BUDGET and [c["changes"] for c in j["candidates"]].count({"host_tokens": knee}) == 1
+
+
+def test_every_view_prints_the_prediction_beside_the_replay(advised, tmp_path):
     db, j = advised
     s = _item(j["advice"], "capacity")["sizing"]
-    words = f"smallest sufficient host_tokens = {s['smallest_sufficient']:_}"
-    curve = ", ".join(f"{p['value']:_}" if p["value"] >= 10_000 else f"{p['value']}" for p in s["points"])
+    from tierdiag.diagnose.advice_types import _toml  # TOML a user can paste: 8192, 30_016
+
+    words = (f"one-pass size curve (LRU): at host_tokens = {_toml(s['value'])} (the knee {_toml(s['knee_tokens'])} + "
+             f"the median request's prefix {_toml(s['slack_tokens'])}) device and host find")
+    found = f"the replay found {s['replayed_share'] * 100:,.0f} %"
     summary = _json("summary", "--db", str(db))["diagnosis"]
     assert _item(summary["advice"], "capacity")["sizing"] == s
     for text in (_flat(_invoke("summary", "--db", str(db))), _flat(_invoke("explain", "sys4-q1", "--db", str(db)))):
-        assert words in text
-        shown = re.findall(r"([\d_]+): [\d.,]+ (?:µs|ms|s), [\d.<> ]+ %", text[text.index("gain curve"):])
-        assert ", ".join(shown) == curve, (shown, curve)
+        assert words in text and found in text
+        assert ("they disagree by" in text) == s["disagrees"]
     explain = _json("explain", "sys4-q1", "--db", str(db))
     assert _item(explain["advice"], "capacity")["sizing"] == s
     html = tmp_path / "report.html"
     _invoke("report", "--db", str(db), "--output", str(html))
-    assert words in html.read_text()
+    import html as markup
+
+    text = html.read_text()
+    assert words in markup.unescape(text) and found in text and 'id="fig-size-curves"' in text
 
 
 # --------------------------------------------------------------------------- 2. tried, not advised

@@ -22,6 +22,7 @@ from tierdiag.diagnose.runcontext import LossEvidence, RunContext, TransferEvide
 from tierdiag.diagnose.facts import run_context
 from tierdiag.diagnose.explain import explain_request
 from tierdiag.diagnose.session_pool import session_pauses
+from tierdiag.diagnose.size_curves import size_curves
 from tierdiag.diagnose.totals import RunTotals, run_totals
 from tierdiag.diagnose.summary import compute_run_summary, run_summary
 from tierdiag.store.reader import open_store, resolve_run
@@ -96,6 +97,7 @@ def test_stored_evidence_is_what_the_rows_give(request, which):
         assert stored.summary(run) == compute_run_summary(con, run)
         assert stored.totals() == run_totals(con, run.run_id)
         assert stored.sessions() == (True, session_pauses(con, run))
+        assert stored.size_curves() == (True, size_curves(con, run))
         assert run_context(con, run) == computed  # what every reader gets
     if which == "replayed":  # the real run has all of it: a split queue, losses, load-backs
         assert computed.queue_attribution and computed.losses.recomputed_tokens > 0
@@ -267,13 +269,17 @@ STORED_FIELDS = {
                          "loadback_exposed_ns", "ttft_total_ns", "tiered_ttft_ns", "transfer_overhead_ns"],
     "SessionPauses": ["num_turns", "input_tokens", "reused_tokens", "device_tokens", "host_tokens", "storage_tokens",
                       "recomputed_tokens", "pause_p90_ms", "pool_p90_tokens", "kept_curve"],
+    "SizeCurves": ["write_policy", "page_size", "num_ranks", "input_tokens", "looked_up_tokens", "slack_tokens", "curves",
+                   "model"],
+    "SizeCurve": ["tier", "run_size_tokens", "held", "steps", "unbounded_reused_tokens", "knee_tokens",
+                  "found_tokens"],
     "RunTotals": ["start_ns", "end_ns", "loadbacks", "loadback_bytes", "device_evictions", "device_evicted_tokens",
                   "device_rereferenced_tokens"],
     "RunSummary": ["run_id", "run_name", "status", "trace_path", "model", "gpu", "num_requests", "num_finished",
                    "num_rejected", "rejected_reasons", "span_ns", "tokens", "hit_requests", "hit_request_share",
                    "reused_token_share", "median_reused_tokens_per_hit", "classes", "load_back", "skipped",
                    "evictions", "most_evicted_from", "top_evictors", "time_by_cause", "ttft_total_ns",
-                   "excess_total_ns", "diagnosis", "sessions", "ranks", "miss_reasons"],
+                   "excess_total_ns", "diagnosis", "sessions", "ranks", "miss_reasons", "size_curves"],
     "TierSplit": ["input_tokens", "device_tokens", "host_tokens", "storage_tokens", "computed_tokens",
                   "recomputed_tokens", "loadback_skipped_tokens"],
     "ClassStats": ["hit_class", "num_requests", "input_tokens", "reused_tokens", "ttft_p50_ns", "ttft_p90_ns",
@@ -292,7 +298,7 @@ STORED_FIELDS = {
 
 def test_the_stored_classes_are_the_ones_evidence_version_describes():
     classes = {}
-    for section in ("context", "totals", "summary", "sessions"):
+    for section in ("context", "totals", "summary", "sessions", "size_curves"):
         classes.update(S.section_classes(section))
     assert sorted(classes) == sorted(STORED_FIELDS)
     for name, cls in classes.items():

@@ -2,6 +2,9 @@
 the run's trace once per change with the sweep runner, and measure each against the baseline:
 each tried change is confirmed, no_effect or refuted (diagnose.advice.classify). Where two or
 more are confirmed and the budget has a replay left, the best of them are replayed together.
+A size (a host pool, a storage tier) is proposed at its one-pass size curve's knee
+(diagnose/size_curves.py) and confirmed by that one replay: its `sizing` puts the curve's
+prediction beside what the replay found.
 
 Orchestration only: the rules, the numbers and the verification read back are diagnose's; the
 replays are the sweep runner's. Diagnose never starts a replay."""
@@ -11,9 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tierdiag.diagnose.advice import HOST_POOL_LIMIT_BYTES, Advice, advice_json, propose
-from tierdiag.diagnose.advice_types import SUFFICIENT_GAIN_SHARE
-from tierdiag.diagnose.advice_verify import (RunNumbers, advise_sweep_id, combination, run_numbers, sizable,
-                                             size_runs, size_sweep_id, verified_advice)
+from tierdiag.diagnose.advice_verify import RunNumbers, advise_sweep_id, combination, run_numbers, verified_advice
 from tierdiag.diagnose.facts import run_facts
 
 
@@ -144,7 +145,8 @@ def advise_run(con_factory, db, run, *, budget: int = 4, jobs: int | None = None
     with con_factory() as con:
         facts = run_facts(con, run)
         ctx = facts.context()
-        proposed = propose(ctx, host_limit_bytes=host_limit_bytes, sessions=facts.session_pauses())
+        curves = facts.size_curves()
+        proposed = propose(ctx, host_limit_bytes=host_limit_bytes, sessions=facts.session_pauses(), curves=curves)
         baseline = run_numbers(con, run.run_id)
     sweep_id = advise_sweep_id(run.run_id)
     # What every candidate replays with, checked before anything is replayed or recorded: the
@@ -155,21 +157,15 @@ def advise_run(con_factory, db, run, *, budget: int = 4, jobs: int | None = None
         check_trace_for_advise(run)
     outcomes = _replay(run, db, plans, jobs, sweep_id, progress)
     with con_factory() as con:
-        verified = verified_advice(con, run, proposed)
+        verified = verified_advice(con, run, proposed, curves=curves)
     # Two or more confirmed: their best together, if the budget has a replay left.
     together = combination(verified)
     extra = candidate_configs(run, (together,), 1) if together is not None and len(plans) < budget else []
     outcomes.update({len(plans) + i: o for i, o in _replay(run, db, extra, jobs, sweep_id, progress).items()})
     plans += extra
-    # What the budget has left: bisect each confirmed size item down to its smallest sufficient value.
-    left = budget - len(plans)
-    with con_factory() as con:
-        sized = [a for a in verified_advice(con, run, proposed) if sizable(a, run.config)]
-    for a in sized:
-        left -= _search_size(con_factory, db, run, a, left, jobs, progress)
     candidates = []
     with con_factory() as con:
-        verified = verified_advice(con, run, proposed)
+        verified = verified_advice(con, run, proposed, curves=curves)
         # Each row is the item its replay was planned for (a single change, or the combination),
         # with what was measured of it: never another item that happens to set the same keys.
         by_changes = {_key(a): a for a in verified}
@@ -186,46 +182,6 @@ def _key(a: Advice) -> tuple:
     import json
 
     return (a.kind == "combined", json.dumps(a.changes, sort_keys=True, default=str))
-
-
-def _search_size(con_factory, db, run, a: Advice, budget: int, jobs, progress) -> int:
-    """Bisect the size a confirmed item sets (a.option, between the run's own value and a.value,
-    in whole pages) for the smallest whose replay keeps SUFFICIENT_GAIN_SHARE of a.value's TTFT
-    p50 gain; at most `budget` replays (sizes an earlier advise replayed are read back, not
-    replayed). Assumes the gain grows with the size (a larger pool never keeps less under LRU);
-    stops within one page or when the budget is spent. Returns the replays it ran."""
-    from tierdiag.config.engine import EngineConfig
-
-    v = a.verified
-    base_ms, top_ms = v.ttft_p50_ms_before, v.ttft_p50_ms_after
-    page = int(run.config.get("page_size") or 64)
-    lo, hi = int(run.config.get(a.option) or 0), int(a.value)
-    config = replayed_config(run)
-    used = 0
-    while hi - lo > page:
-        mid = (lo + hi) // 2 // page * page
-        if mid <= lo:
-            break
-        with con_factory() as con:
-            rid = size_runs(con, run, a).get(mid)
-        if rid is None:
-            if used >= budget:
-                break
-            cfg = EngineConfig(**{**config, **a.changes, a.option: mid})
-            rest = ", ".join(f"{k}={val}" for k, val in a.changes.items() if k != a.option)
-            name = f"advise: size {a.option}={mid}" + (f" (with {rest})" if rest else "")
-            out = _replay(run, db, [(a, name, cfg)], jobs, size_sweep_id(run.run_id), progress)
-            used += 1
-            rid, status = out.get(0, (None, "not_started"))
-            if rid is None or status != "complete":
-                break
-        with con_factory() as con:
-            p50 = run_numbers(con, rid).ttft_p50_ns
-        if p50 is not None and base_ms - p50 / 1e6 >= SUFFICIENT_GAIN_SHARE * (base_ms - top_ms):
-            hi = mid
-        else:
-            lo = mid
-    return used
 
 
 def _replay(run, db, plans, jobs, sweep_id, progress) -> dict[int, tuple[str | None, str]]:

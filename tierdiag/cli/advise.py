@@ -12,8 +12,8 @@ from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt, out, pr
 def advise(
     db: DbOpt = DEFAULT_DB_PATH,
     run: RunOpt = None,
-    budget: Annotated[int, typer.Option("--budget", help="At most this many replays: the changes, then the best confirmed together, "
-                                                         "then the search for each confirmed size's smallest sufficient value.")] = 4,
+    budget: Annotated[int, typer.Option("--budget", help="At most this many replays: the changes (a size at its one-pass curve's knee, "
+                                                         "one replay each), then the best confirmed together.")] = 4,
     jobs: Annotated[Optional[int], typer.Option("--jobs", help="Replays at a time (default: one per change, "
                                                                "at most the machine's cores).")] = None,
     host_memory: Annotated[Optional[str], typer.Option(

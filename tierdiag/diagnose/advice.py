@@ -10,8 +10,10 @@ memory, and `verified` once `tierdiag advise` has replayed the trace with it.
     write_policy      once-cached tokens dropped from device with no host copy     write_policy write_through
     session           later session turns recomputed / loaded back their prefix    host_tokens for the p90 pause
                       after their pause (closed-loop arrivals)                     (session_pool.py; <= 2 TiB)
-    capacity          tokens deleted from host, reuse distance (p90) > device+host host_tokens (<= 2 TiB)
-                                                                                   else a storage tier + wait_complete
+    capacity          tokens deleted from host, reuse distance (p90) > device+host host_tokens: the host size
+                                                                                   curve's knee (<= 256 GiB a GPU)
+                                                                                   else a storage tier (its curve's
+                                                                                   knee) + wait_complete
     eviction_policy   hot prefixes (hit >= 3 times) among the removed tokens       eviction_policy lfu
     page_size         load-backs fragmented and far below link peak, exposed       page_size x4
     (none of these)   the cache was fine                                           "nothing to change in the cache"
@@ -221,7 +223,36 @@ def _sessions(ctx: RunContext, sessions: SessionPauses | None,
                     f"{fmt_pct(found)} there)"))]
 
 
-def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) -> list[Advice]:
+def _knee_above(curves, tier: str, own: int, page: int) -> tuple[int | None, bool]:
+    """(the size to propose for the tier, whether a curve was there): with a curve, its knee plus
+    the curves' slack (SizeCurves.proposed_size, size_curves.py), and none where the run's size is
+    at or past the knee already."""
+    curve = curves.curve(tier) if curves is not None else None
+    if curve is None:
+        return None, False
+    knee = curve.knee_tokens
+    if knee is None or -(-knee // page) * page <= own:
+        return None, True
+    return curves.proposed_size(tier), True
+
+
+def _curve_prediction(curves, tier: str, option: str, value: int, own: int) -> str:
+    c = curves.curve(tier)
+    where = {"host": "device and host", "storage": "device, host and storage"}[tier]
+    return (f"predicted in one pass (size curve, LRU): {where} find "
+            f"{fmt_pct(share(c.reused_at(value), curves.input_tokens))} of input at {option} {fmt_tokens(value)}, "
+            f"against {fmt_pct(share(c.reused_at(own), curves.input_tokens))} at the run's {fmt_tokens(own)} "
+            f"(the run found {fmt_pct(share(c.found_tokens, curves.input_tokens))}); the curve's knee is "
+            f"{fmt_tokens(c.knee_tokens)} tokens, plus the median request's prefix ({fmt_tokens(curves.slack_tokens)}) "
+            "of slack: the engine evicts a whole tree node at a time")
+
+
+def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES, curves=None) -> list[Advice]:
+    """`curves`: the run's size curves (size_curves.SizeCurves): the host pool and the storage
+    tier proposed are their curves' knees (the smallest size finding KNEE_SHARE of what an
+    unbounded one would), none where the run's size is at the knee already; None (no curves: the
+    trace could not be read again): sized from the removed tokens' p90 reuse distance, rounded up
+    to a power of two."""
     lo = ctx.losses
     device, host = lo.device_capacity_tokens, lo.host_capacity_tokens
     deciles = lo.removed_reuse_deciles_tokens
@@ -243,14 +274,20 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
                              reuse_p50_tokens=deciles[5], reuse_p90_tokens=target, pools=pools)
     out: list[Advice] = []
     want = _pow2_at_least(target if inclusive else target - device, page)
+    knee, curved = _knee_above(curves, "host", host, page)
+    want = knee if curved else want
     limit = _pow2_at_most(host_limit_bytes // kv) if kv else want
+    if curved and knee is None:
+        return out  # the run's host pool is at its curve's knee already: more finds little
     if want <= limit:
         cover = _covered(deciles, want if inclusive else device + want)
         out.append(Advice("capacity", "host_tokens", want, {"host_tokens": want},
                           C.advice_capacity_claim(why=why, host_tokens=want, cover=cover).text,
-                          evidence, _gib(want - host, kv), "host_memory",
-                          prediction=f"predicted under LRU: keeps ~{fmt_tokens(int((cover or 0) * lo.deleted_from_host_tokens))} "
-                                     f"of the {fmt_tokens(lo.deleted_from_host_tokens)} tokens deleted from host"))
+                          {**evidence, "host_knee_tokens": knee} if curved else evidence,
+                          _gib(want - host, kv), "host_memory",
+                          prediction=_curve_prediction(curves, "host", "host_tokens", want, host) if curved else
+                          f"predicted under LRU: keeps ~{fmt_tokens(int((cover or 0) * lo.deleted_from_host_tokens))} "
+                          f"of the {fmt_tokens(lo.deleted_from_host_tokens)} tokens deleted from host"))
         return out
     cover = _covered(deciles, limit if inclusive else device + limit)
     kept = int((cover or 0) * lo.deleted_from_host_tokens)
@@ -266,6 +303,11 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
                                      f"{fmt_tokens(lo.deleted_from_host_tokens)} tokens deleted from host"))
     storage = int(ctx.config.get("storage_tokens") or 0)
     want_storage = _pow2_at_least(target, page)
+    storage_knee, storage_curved = _knee_above(curves, "storage", storage, page)
+    if storage_curved:
+        if storage_knee is None:
+            return out  # the run's storage tier is at its curve's knee already
+        want_storage = storage_knee
     # A storage tier pays when fetching a token from disk is cheaper than recomputing it, or
     # when the prefill GPU is saturated (the fetch runs beside it and frees it for others).
     recompute_per_token_ns = share(ctx.recompute_ns, lo.recomputed_tokens) or 0.0
@@ -330,7 +372,9 @@ def _capacity(ctx: RunContext, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES) ->
                                       f"while in flight < {fmt_pct(rules.prefetch_capacity_share)} of host"
                                       + (" beyond device" if beyond_device else "") + " = "
                                       f"{fmt_tokens(room_for)} tokens; prefetch_threshold {fmt_tokens(threshold)}): "
-                                      f"keeps ~{fmt_tokens(kept_storage)} of the lost tokens")))
+                                      f"keeps ~{fmt_tokens(kept_storage)} of the lost tokens"
+                                      + (f"; {_curve_prediction(curves, 'storage', 'storage_tokens', want_storage, storage)}"
+                                         if storage_curved else ""))))
     return out
 
 
@@ -468,16 +512,18 @@ def _nothing(ctx: RunContext) -> Advice:
 
 
 def propose(ctx: RunContext, *, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES,
-            sessions: SessionPauses | None = None) -> tuple[Advice, ...]:
+            sessions: SessionPauses | None = None, curves=None) -> tuple[Advice, ...]:
     """Every rule that fires, biggest loss first; else the one "nothing to change" item. The
     rate leads only where the requests' queues were not the cache's doing (story.py): where
     they were, the cache rules come first and the rate after them. `sessions`: the run's later
     session turns (session_pool.session_pauses), for the session rule; None: it does not fire.
+    `curves`: the run's size curves (size_curves.py), which size the capacity rule's host pool and
+    storage tier at their knees; None: sized from the removed tokens' reuse distance.
     Two rules that propose the same change (a host pool for the sessions and for capacity) are
     one replay: the first is kept."""
     items: list[Advice] = []
     for rule in RULES:
-        found = (rule(ctx, host_limit_bytes) if rule is _capacity else
+        found = (rule(ctx, host_limit_bytes, curves) if rule is _capacity else
                  rule(ctx, sessions, host_limit_bytes) if rule is _sessions else rule(ctx))
         items += [a for a in found if all(a.changes != b.changes for b in items)]
     top = ctx.story.top if ctx.story is not None else None

@@ -25,10 +25,11 @@ TARGETS: dict[str, str] = {
     "page_size": "loadback_exposed_share", "rate": "queue_share", "session": "session_recompute_share",
     "router": "routing_share", "router_threshold": "routing_share", "dp": "queue_excess_share",  # advice_routing_loss.py
 }
-# Sizes `advise` searches down (issue 34): for a confirmed item setting one of these, the smallest
-# value whose replay keeps at least SUFFICIENT_GAIN_SHARE of the largest tried value's TTFT p50 gain.
-SIZE_KEYS = ("host_tokens", "storage_tokens", "device_tokens")
-SUFFICIENT_GAIN_SHARE = 0.9
+# The size options a rule proposes, and the tier whose size curve (size_curves.py) predicts them:
+# an item setting one carries `sizing`, the curve's prediction at its value beside what its one
+# replay found; they disagree where the two shares of input differ by more than SIZING_TOLERANCE.
+SIZE_KEYS = {"device_tokens": "device", "host_tokens": "host", "storage_tokens": "storage"}
+SIZING_TOLERANCE = 0.05
 _TARGET_WORDS = {"recompute_share": "recompute share of input", "loadback_exposed_share":
                  "exposed load-back share of TTFT", "queue_share": "queueing share of TTFT",
                  "session_recompute_share": "recompute share of later session turns' input",
@@ -102,45 +103,59 @@ def target_moved(v: Verified) -> bool | None:
 
 
 @dataclass(frozen=True)
-class SizePoint:
-    """One size replayed (or the run itself): its TTFT p50 and the share of the largest tried
-    value's p50 gain it kept (0 for the run's own size, by definition)."""
-
-    value: int
-    run_id: str
-    ttft_p50_ms: float | None
-    gain_share: float | None
-
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
-
-
-@dataclass(frozen=True)
 class Sizing:
-    """The gain curve `advise` measured for a size item (app/advise.py's bisection) and the
-    smallest value keeping SUFFICIENT_GAIN_SHARE of the largest tried value's TTFT p50 gain."""
+    """A size item's one-pass prediction (the tier's size curve, size_curves.py) beside what its
+    replay found: reused tokens in that tier or above, as shares of the finished requests' input."""
 
     option: str
-    largest: int  # the value the rule proposed (its replay is the curve's top)
-    smallest_sufficient: int
-    points: tuple[SizePoint, ...]  # ascending by value: the run's own, each size tried, the largest
-    short_of: int | None  # the largest value tried below smallest_sufficient (it fell short); None: none
+    tier: str  # SIZE_KEYS[option]
+    value: int
+    knee_tokens: int | None  # the curve's knee (size_curves.KNEE_SHARE of its plateau)
+    predicted_share: float | None  # the curve at `value`
+    run_size_tokens: int
+    run_predicted_share: float | None  # the curve at the run's own size ...
+    run_found_share: float | None  # ... and what the run's rows found there: the model's error on the run itself
+    replayed_share: float | None = None  # what the item's replay found; None: not replayed
+    replay_run_id: str | None = None
+    also_changed: tuple[str, ...] = ()  # other keys the item sets: the curve held them at the run's values
+    slack_tokens: int = 0  # what a proposal adds to the knee (size_curves.SizeCurves.slack_tokens)
+    curve_size_tokens: int | None = None  # the size the curve proposes: knee + slack, whole pages
+
+    @property
+    def disagrees(self) -> bool | None:
+        """Whether prediction and replay differ by more than SIZING_TOLERANCE (None: not replayed)."""
+        if self.replayed_share is None or self.predicted_share is None:
+            return None
+        return abs(self.replayed_share - self.predicted_share) > SIZING_TOLERANCE
 
     def to_json(self) -> dict:
-        return {"option": self.option, "largest": self.largest, "smallest_sufficient": self.smallest_sufficient,
-                "sufficient_gain_share": SUFFICIENT_GAIN_SHARE, "short_of": self.short_of,
-                "points": [p.to_json() for p in self.points]}
+        return {**{k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()},
+                "disagrees": self.disagrees, "tolerance": SIZING_TOLERANCE}
 
     def words(self) -> str:
-        """"smallest sufficient host_tokens = 32_768 (...); gain curve: ...", every number named."""
-        best = next(p for p in self.points if p.value == self.smallest_sufficient)
-        text = (f"smallest sufficient {self.option} = {_toml(self.smallest_sufficient)}: it keeps "
-                f"{fmt_pct(best.gain_share)} of the TTFT p50 gain of {_toml(self.largest)} "
-                f"(at least {fmt_pct(SUFFICIENT_GAIN_SHARE)})")
-        if self.short_of is not None:
-            text += f", {_toml(self.short_of)} fell short"
-        return text + "; gain curve (value: TTFT p50, share of the gain): " + ", ".join(
-            f"{_toml(p.value)}: {fmt_ms_value(p.ttft_p50_ms)}, {fmt_pct(p.gain_share)}" for p in self.points)
+        """"one-pass size curve (LRU): at host_tokens = 28_672 (the knee 26_688 + the median
+        request's prefix 1_984) ... predicted 75 %; the
+        replay found 70 %: they agree within 5 points", every number named."""
+        where = {"device": "device", "host": "device and host", "storage": "device, host and storage"}[self.tier]
+        knee = ("" if self.knee_tokens is None else
+                f" (the knee {_toml(self.knee_tokens)} + the median request's prefix {_toml(self.slack_tokens)})"
+                if self.value == self.curve_size_tokens else " (the knee)" if self.value == self.knee_tokens
+                else f" (the knee: {_toml(self.knee_tokens)})")
+        text = (f"one-pass size curve (LRU): at {self.option} = {_toml(self.value)}{knee} {where} find "
+                f"{fmt_pct(self.predicted_share)} of input, predicted (at the run's {_toml(self.run_size_tokens)}: "
+                f"{fmt_pct(self.run_predicted_share)} predicted, {fmt_pct(self.run_found_share)} found)")
+        if self.also_changed:
+            text += f", with {', '.join(self.also_changed)} held at the run's"
+        if self.replayed_share is None:
+            return text
+        text += f"; the replay found {fmt_pct(self.replayed_share)}"
+        gap = (self.replayed_share - self.predicted_share) * 100 if self.predicted_share is not None else None
+        if self.disagrees:
+            text += (f": they disagree by {abs(gap):,.1f} points (more than {SIZING_TOLERANCE * 100:,.0f}), the "
+                     "model is LRU over pages with no locks, eviction timing or prefetch rules")
+        elif gap is not None:
+            text += f": they agree within {SIZING_TOLERANCE * 100:,.0f} points"
+        return text
 
 
 @dataclass(frozen=True)
@@ -156,7 +171,7 @@ class Advice:
     verified: Verified | None = None  # what a replay measured (whatever its status)
     status: str = "proposed"  # STATUSES: proposed until `advise` replayed it
     prediction: str | None = None  # what the rule expects under the run's own rules, in words
-    sizing: Sizing | None = None  # a confirmed size item's gain curve, once `advise` searched it
+    sizing: Sizing | None = None  # a size item's one-pass prediction beside its replay (SIZE_KEYS)
     cost_ranks: int = 1  # the data-parallel ranks that each pay cost_gib (a host pool is per rank)
     host_limit_words: str | None = None  # what caps a host pool (a server's host memory per GPU)
 
@@ -196,10 +211,10 @@ class Advice:
         v = self.verified
         if v is not None and self.status == "confirmed":
             text += f" — verified by run {v.run_id}: {v.numbers()}"
-            if self.sizing is not None:
-                text += f"; {self.sizing.words()}"
         elif v is not None:
             text += f" — tried in run {v.run_id}, {self.status.replace('_', ' ')}: {v.numbers()}"
+        if self.sizing is not None:
+            text += f"; {self.sizing.words()}"
         return text
 
     def tried_line(self) -> str:
@@ -207,7 +222,7 @@ class Advice:
         v = self.verified
         why = {"refuted": "it made TTFT worse", "no_effect": _no_effect_why(self)}.get(self.status, self.status)
         return (f"{self.settings()} ({self.kind}): {why} — run {v.run_id if v else '?'}: "
-                + (v.numbers() if v else "not measured"))
+                + (v.numbers() if v else "not measured") + (f"; {self.sizing.words()}" if self.sizing else ""))
 
 
 def _no_effect_why(a: "Advice") -> str:

@@ -12,7 +12,7 @@ import duckdb
 from tierdiag.diagnose.advice import (_NOT_CHANGES, COMBINE_MAX, CONFIRM_P50_GAIN, TARGETS, Advice, RunContext,
                                       Verified, classify, propose)
 from tierdiag.diagnose.causes import excess_sql, routing_tokens_sql
-from tierdiag.diagnose.advice_types import SIZE_KEYS, SUFFICIENT_GAIN_SHARE, SizePoint, Sizing
+from tierdiag.diagnose.advice_types import SIZE_KEYS, Sizing
 from tierdiag.store.reader import ADVISE_SWEEP_PREFIX
 from tierdiag.units import fmt_pct, ns_to_ms, share
 
@@ -23,61 +23,27 @@ def advise_sweep_id(run_id: str) -> str:
     return ADVISE_SWEEP_PREFIX + run_id
 
 
-def size_sweep_id(run_id: str) -> str:
-    """Where `advise` records its search for the smallest sufficient size: apart from the
-    candidates (advise_sweep_id), so a size tried is a point of a curve, not a proposal."""
-    return ADVISE_SWEEP_PREFIX + "size-" + run_id
-
-
-def sizable(a: Advice, config: dict) -> bool:
-    """A confirmed item that sets a size (SIZE_KEYS) above the run's own: `advise` searches it down."""
-    return (a.status == "confirmed" and a.kind != "combined" and a.option in SIZE_KEYS and isinstance(a.value, int)
-            and a.value > int(config.get(a.option) or 0))
-
-
-def size_runs(con: duckdb.DuckDBPyConnection, run, a: Advice) -> dict[int, str]:
-    """value -> run id of the size search's replays of item `a` (its changes, its option's value
-    other than the item's): the newest run of each value."""
-    import json
-
-    out: dict[int, str] = {}
-    rest = {k: v for k, v in a.changes.items() if k != a.option}
-    for rid, cfg in con.execute("SELECT run_id, config_json FROM runs WHERE sweep_id = ? AND status = 'complete' "
-                                "ORDER BY created_at", [size_sweep_id(run.run_id)]).fetchall():
-        cfg = json.loads(cfg or "{}")
-        if not same_clock(run.config, cfg):
-            continue
-        changes = config_changes(run.config, cfg)
-        value = changes.pop(a.option, None)
-        if isinstance(value, int) and changes == rest:
-            out[value] = rid
-    return out
-
-
-def sizing(con: duckdb.DuckDBPyConnection, run, a: Advice) -> Sizing | None:
-    """The gain curve of a confirmed size item from its size-search replays (None before any): each
-    value's TTFT p50 and the share of the largest value's p50 gain it keeps; the smallest keeping at
-    least SUFFICIENT_GAIN_SHARE of it."""
-    v = a.verified
-    tried = size_runs(con, run, a) if sizable(a, run.config) and v is not None else {}
-    if not tried:
+def sizing(con: duckdb.DuckDBPyConnection, run, a: Advice, curves) -> Sizing | None:
+    """A size item's prediction from the run's size curve (`curves`: size_curves.SizeCurves; None:
+    none) beside what its replay found, where it was replayed: reused tokens in the tier or above,
+    as shares of the finished requests' input. None for an item that sets no size."""
+    tier = SIZE_KEYS.get(a.option) if a.option is not None and a.kind != "combined" else None
+    curve = curves.curve(tier) if curves is not None and tier is not None else None
+    if curve is None or not isinstance(a.value, int) or isinstance(a.value, bool):
         return None
-    base_ms, top_ms = v.ttft_p50_ms_before, v.ttft_p50_ms_after
-    gain = base_ms - top_ms
-
-    def point(value: int, rid: str, p50_ms: float | None) -> SizePoint:
-        return SizePoint(value, rid, p50_ms, None if p50_ms is None or gain <= 0 else (base_ms - p50_ms) / gain)
-
-    own = int(run.config.get(a.option) or 0)
-    pts = {own: point(own, run.run_id, base_ms), a.value: point(a.value, v.run_id, top_ms)}
-    for value, rid in tried.items():
-        if own < value < a.value:
-            pts[value] = point(value, rid, ns_to_ms(_run_numbers(con, rid)["p50"]))
-    points = tuple(pts[k] for k in sorted(pts))
-    enough = [p.value for p in points if p.gain_share is not None and p.gain_share >= SUFFICIENT_GAIN_SHARE]
-    smallest = min(enough, default=a.value)
-    short = [p.value for p in points if p.value < smallest]
-    return Sizing(a.option, a.value, smallest, points, max(short) if short else None)
+    found_sql = {"device": "device_hit_tokens", "host": "device_hit_tokens + host_hit_tokens",
+                 "storage": "device_hit_tokens + host_hit_tokens + storage_hit_tokens"}[tier]
+    replayed = None
+    v = a.verified
+    if v is not None:
+        row = con.execute(f"SELECT sum({found_sql}), sum(input_tokens) FROM requests "
+                          "WHERE run_id = ? AND coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL",
+                          [v.run_id]).fetchone()
+        replayed = share(row[0], row[1])
+    return Sizing(a.option, tier, a.value, curve.knee_tokens, share(curve.reused_at(a.value), curves.input_tokens),
+                  curve.run_size_tokens, share(curve.reused_at(curve.run_size_tokens), curves.input_tokens),
+                  share(curve.found_tokens, curves.input_tokens), replayed, v.run_id if v is not None else None,
+                  tuple(k for k in a.changes if k != a.option), curves.slack_tokens, curves.proposed_size(tier))
 
 
 def same_clock(base: dict, other: dict) -> bool:
@@ -192,10 +158,11 @@ def _merge(changes: dict, more: dict) -> dict:
 
 
 def verified_advice(con: duckdb.DuckDBPyConnection, run, advice: tuple[Advice, ...],
-                    req_id: str | None = None) -> tuple[Advice, ...]:
+                    req_id: str | None = None, curves=None) -> tuple[Advice, ...]:
     """Attach what `advise` measured (its runs under advise_sweep_id) to the matching items, each
     with its status (module doc); the combination of the confirmed ones, where it was replayed,
-    first when it is confirmed too."""
+    first when it is confirmed too. `curves`: the run's size curves (size_curves.py), for each size
+    item's `sizing` (prediction beside replay); None: no sizing."""
     import dataclasses
     import json
 
@@ -203,28 +170,28 @@ def verified_advice(con: duckdb.DuckDBPyConnection, run, advice: tuple[Advice, .
         "SELECT run_id, config_json FROM runs WHERE sweep_id = ? AND status = 'complete' ORDER BY created_at",
         [advise_sweep_id(run.run_id)]).fetchall()
     if not rows:
-        return advice
+        return tuple(dataclasses.replace(a, sizing=sizing(con, run, a, curves)) for a in advice)
     by_changes: dict[str, str] = {}
     for rid, cfg in rows:  # the newest run of each change wins
         cfg = json.loads(cfg or "{}")
         if same_clock(run.config, cfg):
             by_changes[json.dumps(config_changes(run.config, cfg), sort_keys=True)] = rid
     if not by_changes:
-        return advice
+        return tuple(dataclasses.replace(a, sizing=sizing(con, run, a, curves)) for a in advice)
     base = _run_numbers(con, run.run_id)
     q = "SELECT ttft_ns FROM requests WHERE run_id = ? AND req_id = ?"
 
     def measure(a: Advice) -> Advice:
         rid = by_changes.get(json.dumps(a.changes, sort_keys=True)) if a.option else None
         if rid is None:
-            return a
+            return dataclasses.replace(a, sizing=sizing(con, run, a, curves))
         req = None
         if req_id is not None:
             req = ((con.execute(q, [run.run_id, req_id]).fetchone() or [None])[0],
                    (con.execute(q, [rid, req_id]).fetchone() or [None])[0], req_id)
         v = _measured(base, _run_numbers(con, rid), rid, a.kind, req)
         done = dataclasses.replace(a, verified=v, status=classify(v))
-        return dataclasses.replace(done, sizing=sizing(con, run, done))
+        return dataclasses.replace(done, sizing=sizing(con, run, done, curves))
 
     out = [measure(a) for a in advice]
     together = combination(tuple(out))
@@ -257,7 +224,8 @@ def run_advice(con: duckdb.DuckDBPyConnection, run, ctx: RunContext, req_id: str
     from tierdiag.diagnose.facts import RunFacts
 
     facts = facts if facts is not None else RunFacts(con, run)
-    return verified_advice(con, run, propose(ctx, sessions=facts.session_pauses()), req_id)
+    curves = facts.size_curves()
+    return verified_advice(con, run, propose(ctx, sessions=facts.session_pauses(), curves=curves), req_id, curves)
 
 
 # --------------------------------------------------------------------------- a run's headline numbers

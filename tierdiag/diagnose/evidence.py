@@ -11,6 +11,9 @@ class name, tuples marked as such, so that they read back equal to what was comp
     totals    RunTotals   (totals.py)   the bounds, load-backs and device evictions explain compares with
     sessions  SessionPauses (session_pool.py) the later session turns' stack distances (the session
                           advice rule); null for a run without later session turns
+    size_curves SizeCurves (size_curves.py) the reuse each tier would find at every size, from one
+                          pass over the run's page references: the trace is read again here, at
+                          close, while it is surely there; null where it cannot be (gone, changed)
 
 On a million-request run these are seconds of work over every request, batch and eviction
 (queue attribution, loss evidence, the token and class aggregates); stored, a reader fetches one
@@ -49,6 +52,7 @@ import duckdb
 from tierdiag.diagnose.runcontext import compute_run_context
 from tierdiag.diagnose.numbers import compute_run_summary
 from tierdiag.diagnose.session_pool import session_pauses
+from tierdiag.diagnose.size_curves import size_curves
 from tierdiag.diagnose.stored import EVIDENCE_VERSION, TABLE, encode, inputs
 from tierdiag.diagnose.totals import run_totals
 
@@ -87,7 +91,8 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run) -> dict:
     if isinstance(context[0], BaseException):
         raise context[0]
     return {"inputs": encode(inputs(run)), "context": encode(context[0]),
-            "summary": encode(summary), "totals": encode(totals), "sessions": encode(session_pauses(con, run))}
+            "summary": encode(summary), "totals": encode(totals), "sessions": encode(session_pauses(con, run)),
+            "size_curves": encode(size_curves(con, run))}
 
 
 def write_evidence(con: duckdb.DuckDBPyConnection, run_id: str, sections: dict) -> None:

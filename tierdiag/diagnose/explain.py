@@ -112,9 +112,10 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
             queue_ns=parts.queue_ns, storage_wait_ns=parts.storage_wait_ns,
             loadback_exposed_ns=parts.loadback_exposed_ns, recompute_ns=parts.recompute_ns,
             compute_ns=parts.compute_ns)
+    curves = facts.size_curves()  # the capacity rule sizes from their knees; sizing compares with them
     if advice is None:
-        advice = propose(run_ctx, sessions=facts.session_pauses())
-    advice = verified_advice(con, run, advice, req_id)
+        advice = propose(run_ctx, sessions=facts.session_pauses(), curves=curves)
+    advice = verified_advice(con, run, advice, req_id, curves)
     evicted_by: tuple[str, ...] = steps[3].evidence.evicted_by  # type: ignore[union-attr]
     return Explanation(
         run_id=run.run_id, run_name=run.name, req_id=req_id,

@@ -5,6 +5,7 @@
     facts.summary_numbers()          RunSummary   (numbers.py)  summary's numbers, diagnosis None
     facts.totals() / facts.bounds    RunTotals    (totals.py)   what explain compares a request with
     facts.session_pauses()           SessionPauses (session_pool.py) the session advice rule's distances
+    facts.size_curves()              SizeCurves   (size_curves.py) reuse against each tier's size
 
 Each is taken from the `run_evidence` row stored when the run was closed (evidence.py writes it,
 stored.py is its format) where that row is there and current, else computed from the run's rows
@@ -28,6 +29,7 @@ from tierdiag.diagnose.runcontext import RunContext, compute_run_context
 from tierdiag.diagnose.kinds import has_engine_parts
 from tierdiag.diagnose.numbers import RunSummary, compute_run_summary
 from tierdiag.diagnose.session_pool import SessionPauses, session_pauses
+from tierdiag.diagnose.size_curves import SizeCurves, size_curves
 from tierdiag.diagnose.stored import DATACLASS_TAG, EVIDENCE_VERSION, TABLE, decode, inputs, section_classes
 from tierdiag.diagnose.totals import RunTotals, run_totals
 
@@ -75,6 +77,14 @@ class StoredEvidence:
         if "sessions" in self._sections and self._sections["sessions"] is None:
             return True, None
         found = self._get("sessions", "SessionPauses")
+        return found is not None, found
+
+    def size_curves(self) -> tuple[bool, SizeCurves | None]:
+        """(stored, the run's SizeCurves): stored as null where the trace could not be read again
+        at close; (False, None) where the row has no such section or it does not decode."""
+        if "size_curves" in self._sections and self._sections["size_curves"] is None:
+            return True, None
+        found = self._get("size_curves", "SizeCurves")
         return found is not None, found
 
 
@@ -139,6 +149,15 @@ class RunFacts:
         if "sessions" not in self._computed:
             self._computed["sessions"] = session_pauses(self._con, self.run)
         return self._computed["sessions"]
+
+    def size_curves(self) -> SizeCurves | None:
+        """The run's size curves (None: its trace could not be read again, at close or now)."""
+        stored, value = self.stored.size_curves() if self.stored is not None else (False, None)
+        if stored:
+            return value
+        if "size_curves" not in self._computed:
+            self._computed["size_curves"] = size_curves(self._con, self.run)
+        return self._computed["size_curves"]
 
     @property
     def bounds(self) -> tuple[int, int]:

@@ -152,6 +152,7 @@ class RunSummary:
     sessions: object = None  # sessions.SessionSummary (summary.py; None: no sessions)
     ranks: object = None  # ranks.RankSummary (summary.py; None: a run of one rank)
     miss_reasons: object = None  # {reason: tokens} (miss_reasons.py, read-time; None: no reasons recorded)
+    size_curves: object = None  # size_curves.SizeCurves (summary.py, with the diagnosis; None: none)
 
     def to_json(self) -> dict:
         d = dataclass_json(self)
@@ -163,6 +164,7 @@ class RunSummary:
             d["ranks"] = self.ranks.to_json()
         d["session_survival"] = ([b.to_json() for b in self.sessions.survival] if self.sessions is not None
                                  else None)
+        d["size_curves"] = self.size_curves.to_json() if self.size_curves is not None else None
         return d
 
 

@@ -87,7 +87,13 @@ def slow_groups(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int, span_n
     # The run's evidence once, not once per explained request.
     if ctx is None and ranked:
         ctx = run_context(con, run, attribution=False)
-    advice = propose(ctx) if ctx is not None else None
+    if ctx is not None:  # as summary and explain propose: the session rule's distances, the size curves
+        from tierdiag.diagnose.facts import RunFacts
+
+        facts = RunFacts(con, run)
+        advice = propose(ctx, sessions=facts.session_pauses(), curves=facts.size_curves())
+    else:
+        advice = None
     out = []
     for (b, cause), members in ranked[:limit]:
         arrivals = [r.arrival_ns for r in members]

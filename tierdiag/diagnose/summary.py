@@ -50,4 +50,5 @@ def run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo, *, diagnose: bool 
     ctx = ctx if ctx is not None else facts.context()
     parts = {c.cause: c.excess_part_ns or 0 for c in numbers.time_by_cause if c.cause != "none"}
     return replace(numbers, diagnosis=diagnose_run(ctx, parts, run_advice(con, run, ctx, facts=facts),
-                                                   miss_reasons=numbers.miss_reasons))
+                                                   miss_reasons=numbers.miss_reasons),
+                   size_curves=facts.size_curves())

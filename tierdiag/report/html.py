@@ -38,6 +38,7 @@ from tierdiag.report.page import DEFAULT_REPORTS_DIR, e, encode_figure, page, pl
 from tierdiag.diagnose.kinds import has_engine_parts
 from tierdiag.report.ranks_figure import ranks_figure
 from tierdiag.report.sessions_figure import survival_figure
+from tierdiag.report.size_curves_figure import size_curves_figure
 from tierdiag.store.reader import RunInfo, open_store, resolve_run
 
 
@@ -179,8 +180,8 @@ def _advice_html(item: Any) -> str:
     elif get("verification"):
         check = f'<div class="check">check: {e(get("verification"))}</div>'
     prediction = f'<div class="check">{e(get("prediction"))}</div>' if get("prediction") else ""
-    sizing = get("sizing")
-    if sizing is not None and get("status") == "confirmed":
+    sizing = get("sizing")  # a size item's one-pass prediction beside its replay (advice_types.Sizing)
+    if sizing is not None:
         words = sizing.words() if hasattr(sizing, "words") else None
         check += f'<div class="check">{e(words)}</div>' if words else ""
     return f"<li>{head}{reason}{prediction}{cost}{check}</li>"
@@ -417,6 +418,9 @@ def build_report(db: str | os.PathLike, run: str | None = None, output: str | os
     ranks = ranks_figure(getattr(data.summary, "ranks", None))  # data-parallel runs only
     if ranks is not None:
         figures.append(ranks)
+    sizes = size_curves_figure(getattr(data.summary, "size_curves", None))  # where the trace was read again
+    if sizes is not None:
+        figures.append(sizes)
     step()
     if not has_engine_parts(info):  # an empty figure there means "not reported", not "none happened"
         import dataclasses

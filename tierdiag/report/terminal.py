@@ -20,6 +20,7 @@ from tierdiag.report.tables import fits, print_table, stacked  # noqa: F401 - th
 from tierdiag.report.text import fmt_option, visible  # noqa: F401 - fmt_option: the views import it from here too
 from tierdiag.report.ranks_view import render_ranks
 from tierdiag.report.sessions_view import render_sessions
+from tierdiag.report.size_curves_view import render_size_curves
 from tierdiag.units import (
     fmt_bandwidth,
     fmt_bytes,
@@ -427,6 +428,7 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
                                             who_table("top evictors (whose allocation)", s.top_evictors)))
     render_ranks(getattr(s, "ranks", None), console, table=_table, plain=plain)
     render_sessions(s.sessions, console, table=_table, plain=plain)
+    render_size_curves(getattr(s, "size_curves", None), console, table=_table, plain=plain)
 
 
 def render_advise(r, console: Console, *, run_label: str) -> None:

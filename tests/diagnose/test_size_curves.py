@@ -1,0 +1,440 @@
+"""Size curves (diagnose/size_curves.py): the one-pass LRU stack depths against a brute-force LRU
+simulation at several sizes, on Hypothesis-generated page streams (prefix-chained, as page keys
+are, and arbitrary); the compiled depths against the Python reference; and the knee of a planted
+workload whose working set is known."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from tierdiag.diagnose import size_curves as sc
+
+
+def _lru_hits(groups, capacity: int) -> list[bool]:
+    """Brute force: an LRU pool of `capacity` keys; each group's looked-up keys are checked
+    before the group touches its keys, in the order given (evicting the least recent)."""
+    pool: OrderedDict = OrderedDict()
+    hits = []
+    for keys, looked in groups:
+        hits += [int(k) in pool for k, m in zip(keys, looked) if m]
+        for k in keys:
+            pool.pop(int(k), None)
+            pool[int(k)] = True
+            while len(pool) > capacity:
+                pool.popitem(last=False)
+    return hits
+
+
+def _groups_from(raw) -> list:
+    out = []
+    for keys, looks in raw:
+        keys = list(dict.fromkeys(keys))  # distinct within a group, first place kept
+        out.append((np.array(keys, dtype=np.int64), np.array(looks[:len(keys)] + [False] * (len(keys) - len(looks)),
+                                                             dtype=bool)))
+    return out
+
+
+arbitrary = st.lists(st.tuples(st.lists(st.integers(-5, 30), max_size=8), st.lists(st.booleans(), max_size=8)),
+                     max_size=30)
+
+
+@st.composite
+def chained(draw):
+    """Requests as paths of a small tree of prefixes (chained keys), touched deepest first, with
+    a finish touch adding fresh output keys, as compute_size_curves builds them."""
+    n = draw(st.integers(0, 25))
+    fresh = -1
+    groups = []
+    for _ in range(n):
+        path = [draw(st.integers(0, 3)) for _ in range(draw(st.integers(0, 6)))]
+        keys = [hash(tuple(path[:i + 1])) & (2 ** 40 - 1) for i in range(len(path))]
+        look = draw(st.integers(0, len(keys)))
+        mask = [i < look for i in range(len(keys))]
+        groups.append((np.array(keys[::-1], dtype=np.int64), np.array(mask[::-1], dtype=bool)))
+        outs = list(range(fresh, fresh - draw(st.integers(0, 3)), -1))
+        fresh -= len(outs)
+        both = outs[::-1] + keys[::-1]
+        groups.append((np.array(both, dtype=np.int64), np.zeros(len(both), dtype=bool)))
+    return groups
+
+
+def _check(groups):
+    depths = sc.stack_depths(groups)
+    for capacity in (1, 2, 3, 5, 8, 13, 40):
+        expect = _lru_hits(groups, capacity)
+        assert [0 < d <= capacity for d in depths.tolist()] == expect, capacity
+
+
+@settings(max_examples=60, deadline=None)
+@given(arbitrary)
+def test_one_pass_equals_lru_simulation_on_arbitrary_streams(raw):
+    _check(_groups_from(raw))
+
+
+@settings(max_examples=60, deadline=None)
+@given(chained())
+def test_one_pass_equals_lru_simulation_on_prefix_chained_streams(groups):
+    _check(groups)
+    # Prefix-closed: where a page is found, every page above it in its request is found too
+    # (the tree's leaf-first eviction), at every size.
+    depths = sc.stack_depths(groups).tolist()
+    i = 0
+    for keys, looked in groups:
+        m = int(np.sum(looked))
+        d = depths[i:i + m][::-1]  # page order: 0 .. m-1
+        i += m
+        found = [x for x in d if x > 0]
+        assert d[:len(found)] == found and found == sorted(found)
+
+
+@settings(max_examples=40, deadline=None)
+@given(arbitrary)
+def test_compiled_depths_equal_the_python_reference(raw):
+    pytest.importorskip("tierdiag.native._stackdist")
+    groups = _groups_from(raw)
+    if not groups or not sum(len(k) for k, _ in groups):
+        return
+    keys = np.concatenate([k for k, _ in groups])
+    query = np.concatenate([m for _, m in groups]).astype(np.uint8)
+    starts = np.concatenate([[0], np.cumsum([len(k) for k, _ in groups])[:-1]]).astype(np.int64)
+    order = np.argsort(keys, kind="stable")
+    prev = np.full(len(keys), -1, dtype=np.int64)
+    same = np.flatnonzero(keys[order][1:] == keys[order][:-1]) + 1
+    prev[order[same]] = order[same - 1]
+    assert sc._depths_c(prev, starts, query).tolist() == sc._depths_python(prev, starts, query).tolist()
+
+
+@pytest.mark.parametrize("bad", [([0, 5], [0], [1, 1]), ([-3], [0], [1]), ([-1], [1], [1]), ([-1, -1], [0], [1])])
+def test_compiled_depths_refuse_malformed_arrays(bad):
+    mod = pytest.importorskip("tierdiag.native._stackdist")
+    prev, starts, query = bad
+    with pytest.raises(ValueError):
+        mod.depths(np.array(prev, dtype=np.int64).tobytes(), np.array(starts, dtype=np.int64).tobytes(),
+                   np.array(query, dtype=np.uint8).tobytes())
+
+
+def test_planted_cycle_has_its_knee_at_the_working_set():
+    """K prefixes of P pages each, requested round robin R times: page j of a prefix is
+    re-referenced at depth (K - 1) x P + j + 1 (the other prefixes, then its own pages from the
+    top down: a prefix is touched deepest first), so the curve climbs one page per request from
+    (K - 1) x P + 1 pages and reaches every re-reference at the whole working set, K x P pages:
+    the knee (90 % of the plateau needs the deepest page here)."""
+    K, P, R, page = 7, 5, 6, 64
+    groups = []
+    for _ in range(R):
+        for k in range(K):
+            keys = np.array([1000 * k + j for j in range(P)], dtype=np.int64)
+            groups.append((keys[::-1], np.ones(P, dtype=bool)))
+    d = sc.stack_depths(groups)
+    assert set(d.tolist()) == {-1} | {(K - 1) * P + j + 1 for j in range(P)}
+    need = np.where(d > 0, d * page, np.iinfo(np.int64).max)
+    c = sc._curve("device", 0, "device alone", need, page, 0)
+    assert c.knee_tokens == K * P * page
+    assert c.reused_at(((K - 1) * P + 1) * page - 1) == 0
+    assert c.reused_at(((K - 1) * P + 1) * page) == (R - 1) * K * page  # page 0 of every prefix
+    assert c.reused_at(K * P * page - 1) == (R - 1) * K * (P - 1) * page
+    assert c.reused_at(K * P * page) == c.unbounded_reused_tokens == (R - 1) * K * P * page
+
+
+def test_the_knee_counts_what_the_tier_adds_not_what_the_tiers_above_find():
+    """A host curve whose size 0 already finds 80 pages (device alone): its knee is where host adds
+    90 % of the 20 pages it can add, not where the total first reaches 90 % of 100 pages."""
+    page = 64
+    need = np.array([0] * 80 + [page * (i + 1) for i in range(20)] + [np.iinfo(np.int64).max] * 5, dtype=np.int64)
+    c = sc._curve("host", 0, "device at the run's size", need, page, 0)
+    assert c.unbounded_reused_tokens == 100 * page
+    assert c.reused_at(0) == 80 * page
+    assert c.knee_tokens == 18 * page  # ceil(0.9 x 20) = 18th added page
+    assert c.reused_at(c.knee_tokens) - c.reused_at(0) >= 0.9 * (c.unbounded_reused_tokens - c.reused_at(0))
+    assert c.reused_at(c.knee_tokens - 1) - c.reused_at(0) < 0.9 * (c.unbounded_reused_tokens - c.reused_at(0))
+    nothing = sc._curve("host", 0, "", np.array([0, 0], dtype=np.int64), page, 0)
+    assert nothing.knee_tokens is None and nothing.unbounded_reused_tokens == 2 * page
+
+
+# --------------------------------------------------------------------------- from a replayed run
+
+from pathlib import Path  # noqa: E402
+
+from hypothesis import HealthCheck  # noqa: E402
+
+from tierdiag.store.reader import open_store, resolve_run  # noqa: E402
+from tests.support.cli import invoke as _invoke, invoke_json as _json  # noqa: E402
+
+PAGE = 64
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> tuple[Path, Path]:
+    """A small system-prompt workload on two ranks under write_back, pools small enough to evict."""
+    folder = tmp_path_factory.mktemp("size_curves")
+    trace, db = folder / "sp.jsonl", folder / "run.duckdb"
+    _invoke("synth", str(trace), "--kind", "system-prompt", "--requests", "80", "--rate", "2")
+    _invoke("replay", str(trace), "--db", str(db), "--model", "llama3-8b", "--gpu", "h100", "--device-tokens", "4096",
+            "--host-tokens", "4096", "--write-policy", "write_back", "--dp", "2")
+    return trace, db
+
+
+def _brute_force(trace: Path, db: Path, device: int, host: int, storage: int) -> tuple[int, int, int]:
+    """The model of size_curves.py's doc, simulated: per rank an LRU of `device` pages and one of
+    device + host pages (write_back: they add up), and one LRU over every rank of `storage` pages;
+    a request looks up its full pages before its last token at scheduling, touches its input then
+    (deepest first) and its input and output at finish. Found: (device, host or above, storage or above)."""
+    from collections import OrderedDict
+
+    from tierdiag.trace.pages import page_keys_array
+    from tierdiag.trace.reader import read_trace
+
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        rows = con.execute("SELECT seq, coalesce(dp_rank, 0), arrival_ns + coalesce(queue_ns, 0), finish_ns, "
+                           "input_tokens, output_tokens FROM requests WHERE run_id = ? AND status = 'finished' "
+                           "AND ttft_ns IS NOT NULL", [run.run_id]).fetchall()
+    keys = {r.seq: list(dict.fromkeys(page_keys_array(r, page_size=PAGE, block_size=512).tolist()))
+            for r in read_trace(trace)}
+    events = sorted([(r[2], 1, r[0], r) for r in rows] + [(r[3], 0, r[0], r) for r in rows])
+    pools: dict = {}
+
+    def touch(pool: OrderedDict, cap: int, ks: list) -> None:
+        for k in ks:
+            pool.pop(k, None)
+            pool[k] = True
+            while len(pool) > cap:
+                pool.popitem(last=False)
+
+    found = [0, 0, 0]
+    fresh = [0]
+    for _, kind, seq, r in events:
+        rank, ks = r[1], keys[seq]
+        dev = pools.setdefault(("d", rank), OrderedDict())
+        both = pools.setdefault(("h", rank), OrderedDict())
+        sto = pools.setdefault("s", OrderedDict())
+        if kind == 1:
+            look = ks[:max((r[4] - 1) // PAGE, 0)]
+            d = sum(k in dev for k in look)
+            h = sum(k in both for k in look)
+            found[0] += d * PAGE
+            found[1] += h * PAGE
+            found[2] += sum(k in both or k in sto for k in look) * PAGE
+            order = ks[::-1]
+        else:
+            n_out = (r[4] + r[5]) // PAGE - r[4] // PAGE
+            outs = [("out", fresh[0] + i) for i in range(n_out)]
+            fresh[0] += n_out
+            order = outs[::-1] + ks[::-1]
+        touch(dev, device // PAGE, order)
+        touch(both, (device + host) // PAGE, order)
+        touch(sto, storage // PAGE, order)
+    return tuple(found)
+
+
+def test_the_curves_are_the_model_simulated_on_a_replayed_run(two_ranks):
+    trace, db = two_ranks
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        c = sc.compute_size_curves(con, run)
+        found = con.execute("SELECT sum(device_hit_tokens), sum(device_hit_tokens + host_hit_tokens) FROM requests "
+                            "WHERE run_id = ? AND status = 'finished' AND ttft_ns IS NOT NULL", [run.run_id]).fetchone()
+    assert (c.write_policy, c.num_ranks, c.page_size) == ("write_back", 2, PAGE)
+    dev, host, sto = (c.curve(t) for t in sc.TIERS)
+    assert (dev.run_size_tokens, host.run_size_tokens, sto.run_size_tokens) == (4096, 4096, 0)
+    assert (dev.found_tokens, host.found_tokens) == found
+    for size in (PAGE, 1024, 4096, 8192, 65536):
+        d, _, _ = _brute_force(trace, db, size, 0, PAGE)
+        _, h, _ = _brute_force(trace, db, 4096, size, PAGE)
+        _, _, s = _brute_force(trace, db, 4096, 4096, size)
+        assert (dev.reused_at(size), host.reused_at(size), sto.reused_at(size)) == (d, h, s), size
+
+
+def test_summary_shows_the_curves_and_json_has_every_tier(two_ranks):
+    _, db = two_ranks
+    j = _json("summary", "--db", str(db))["size_curves"]
+    assert set(j["tiers"]) == set(sc.TIERS) and j["write_policy"] == "write_back" and j["knee_share"] == sc.KNEE_SHARE
+    for tier, t in j["tiers"].items():
+        sizes = [p["size_tokens"] for p in t["points"]]
+        assert sizes == sorted(set(sizes)) and t["run_size_tokens"] in sizes
+        shares = [p["reused_share"] for p in t["points"]]
+        assert shares == sorted(shares)  # a larger pool never finds less under LRU (the inclusion property)
+        assert all(p["reused_share"] == pytest.approx(p["reused_tokens"] / j["input_tokens"]) for p in t["points"])
+        assert t["points"][-1]["reused_tokens"] == t["unbounded_reused_tokens"]
+    text = " ".join(_invoke("summary", "--db", str(db)).split())
+    assert "reuse by pool size, predicted in one pass" in text and "write_back" in text
+
+
+def test_a_trace_gone_or_changed_means_no_curves_and_nothing_else_lost(two_ranks, tmp_path):
+    trace, db = two_ranks
+    import shutil
+
+    from tierdiag.store.copy_run import read_run_tables, write_run_tables
+
+    for what, content in (("gone", None), ("changed", trace.read_text().replace('"', ' "', 1))):
+        moved = tmp_path / f"{what}.jsonl"
+        if content is not None:
+            moved.write_text(content)
+        copy = tmp_path / f"{what}.duckdb"
+        write_run_tables(copy, read_run_tables(db), {"trace_path": str(moved)})
+        with open_store(copy) as con:
+            run = resolve_run(con, None)
+            assert sc.size_curves(con, run) is None
+            with pytest.raises(sc.CurvesUnavailable, match=what):
+                sc.compute_size_curves(con, run)
+        j = _json("summary", "--db", str(copy))
+        assert j["num_finished"] > 0  # stored evidence of the copy: the curves stored at close are still there
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+hostile = st.one_of(st.none(), st.integers(), st.text(max_size=20), st.lists(st.integers(), max_size=3),
+                    st.dictionaries(st.text(max_size=8), st.integers(), max_size=3),
+                    st.just({"__dataclass__": "SizeCurves", "write_policy": 1}),
+                    st.just({"__dataclass__": "SizeCurves"}), st.just({"__dataclass__": "RunTotals"}))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=hostile)
+def test_a_hand_edited_stored_section_is_never_misread(two_ranks, value):
+    """A stored `size_curves` section that does not decode to SizeCurves is computed again from the
+    trace (or read as the null it is), never raised."""
+    import json
+
+    from tierdiag.diagnose.facts import StoredEvidence
+
+    _, db = two_ranks
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        raw = json.loads(con.execute("SELECT evidence_json FROM run_evidence WHERE run_id = ?",
+                                     [run.run_id]).fetchone()[0])
+        expect = sc.compute_size_curves(con, run)
+    stored = StoredEvidence({**raw, "size_curves": value})
+    ok, got = stored.size_curves()
+    assert (ok, got) == ((True, None) if value is None else (False, None))
+    assert StoredEvidence(raw).size_curves() == (True, expect)
+
+
+config_values = st.one_of(st.none(), st.integers(-2 ** 70, 2 ** 70), st.text(max_size=12), st.floats(allow_nan=True),
+                          st.booleans(), st.lists(st.integers(), max_size=2))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(["page_size", "block_size", "device_tokens", "host_tokens", "storage_tokens",
+                            "write_policy", "dp"]), value=config_values)
+def test_a_hand_edited_config_gives_curves_or_none_never_an_error(two_ranks, key, value):
+    """The recorded config the curves read (page and block sizes, pools, write policy): a hostile
+    value gives no curves (a one-line reason) or curves, never an exception out of size_curves."""
+    import dataclasses
+
+    _, db = two_ranks
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        edited = dataclasses.replace(run, config={**run.config, key: value})
+        try:
+            got = sc.compute_size_curves(con, edited)
+        except sc.CurvesUnavailable as exc:
+            assert str(exc) and "\n" not in str(exc)
+        else:
+            assert {c.tier for c in got.curves} == set(sc.TIERS)
+        sc.size_curves(con, edited)
+
+
+def test_more_touches_than_the_pass_holds_gives_no_curves(two_ranks, monkeypatch):
+    _, db = two_ranks
+    monkeypatch.setattr(sc, "MAX_TOUCHES", 10)
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        with pytest.raises(sc.CurvesUnavailable, match="more than the one pass holds"):
+            sc.compute_size_curves(con, run)
+        assert sc.size_curves(con, run) is None
+
+
+@st.composite
+def rewritten(draw, lines: list[str]):
+    """The run's trace rewritten after the run (its recorded sha256 cleared, as in a store from
+    before it was recorded): a line dropped, a field changed, junk appended, or the file emptied."""
+    import json
+
+    out = list(lines)
+    how = draw(st.sampled_from(["drop", "length", "id", "junk", "empty", "hash", "same"]))
+    i = draw(st.integers(0, len(out) - 1))
+    if how == "drop":
+        del out[i]
+    elif how in ("length", "id", "hash"):
+        obj = json.loads(out[i])
+        if how == "length":
+            obj["input_length"] = draw(st.integers(-5, 10 ** 7))
+        elif how == "id":
+            obj["id"] = draw(st.text(max_size=10))
+        else:
+            obj["hash_ids"] = draw(st.lists(st.integers(-3, 2 ** 40), max_size=6))
+        out[i] = json.dumps(obj)
+    elif how == "junk":
+        out.insert(i, draw(st.text(max_size=30)))
+    elif how == "empty":
+        out = []
+    return "\n".join(out) + ("\n" if out else "")
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_trace_rewritten_after_the_run_gives_curves_of_its_lines_or_none(two_ranks, tmp_path_factory, data):
+    """Read again at close or at a later summary, the trace may not be what was replayed: a line
+    that no longer matches its row (seq, req_id, input length) or a file that no longer parses
+    gives no curves with a one-line reason, never another exception."""
+    import dataclasses
+
+    trace, db = two_ranks
+    text = data.draw(rewritten(trace.read_text().splitlines()))
+    path = tmp_path_factory.mktemp("rewritten") / "trace.jsonl"
+    path.write_text(text)
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        edited = dataclasses.replace(run, trace_path=str(path), trace_sha256=None)
+        try:
+            got = sc.compute_size_curves(con, edited)
+        except sc.CurvesUnavailable as exc:
+            assert str(exc) and "\n" not in str(exc)
+        else:
+            assert {c.tier for c in got.curves} == set(sc.TIERS)
+
+
+def test_sizing_says_where_the_prediction_and_the_replay_disagree():
+    from tierdiag.diagnose.advice_types import SIZING_TOLERANCE, Sizing
+
+    base = dict(option="host_tokens", tier="host", value=7424, knee_tokens=6400, predicted_share=0.66,
+                run_size_tokens=4096, run_predicted_share=0.0, run_found_share=0.0, slack_tokens=1024,
+                curve_size_tokens=7424)
+    far = Sizing(**base, replayed_share=0.0, replay_run_id="r1")
+    assert far.disagrees is True
+    assert "the knee 6400 + the median request's prefix 1024" in far.words()
+    assert "the replay found 0 %: they disagree by 66.0 points (more than 5)" in far.words()
+    near = Sizing(**base, replayed_share=0.66 - SIZING_TOLERANCE / 2, replay_run_id="r2")
+    assert near.disagrees is False and "they agree within 5 points" in near.words()
+    proposed = Sizing(**base)
+    assert proposed.disagrees is None and "replay" not in proposed.words()
+    unknown = Sizing(**{**base, "predicted_share": None}, replayed_share=0.5, replay_run_id="r3")
+    assert unknown.disagrees is None and "disagree" not in unknown.words() and "agree within" not in unknown.words()
+    assert far.to_json()["disagrees"] is True and far.to_json()["tolerance"] == SIZING_TOLERANCE
+
+
+def test_the_report_figure_draws_each_tiers_curve_and_its_marks(two_ranks):
+    from tierdiag.report.size_curves_figure import size_curves_figure
+
+    assert size_curves_figure(None) is None
+    _, db = two_ranks
+    with open_store(db) as con:
+        curves = sc.compute_size_curves(con, resolve_run(con, None))
+    fig = size_curves_figure(curves)
+    lines = {d["name"]: d for d in fig.figure["data"] if d["mode"] == "lines"}
+    assert set(lines) == set(sc.TIERS)
+    for c in curves.curves:
+        line = lines[c.tier]
+        assert line["x"] == sorted(line["x"]) and line["x"][0] == curves.page_size
+        assert line["y"] == [100 * c.reused_at(x) / curves.input_tokens for x in line["x"]]
+        marks = [d for d in fig.figure["data"] if d.get("legendgroup") == c.tier and d["mode"] == "markers"]
+        run_mark = next(d for d in marks if "the run's size" in d["name"])
+        assert run_mark["y"] == [100 * c.reused_at(c.run_size_tokens) / curves.input_tokens,
+                                 100 * c.found_tokens / curves.input_tokens]
+        if c.knee_tokens:
+            assert any(d["x"] == [c.knee_tokens] for d in marks)
+    assert fig.figure["layout"]["xaxis"]["type"] == "log"
