@@ -30,6 +30,8 @@ CASES = [
     pytest.param(["import", "sglang", f"{SAMPLES}/sglang", "--db", "prod.duckdb", "--run-name", "prod",
                   "--trace-out", "prod-twin.jsonl"], id="import-with-trace-out"),
     pytest.param(["import", "sglang", f"{SAMPLES}/sglang", "--db", "prod.duckdb", "--run-name", "prod"], id="import"),
+    pytest.param(["replay", f"{SAMPLES}/demo.jsonl", "--device-tokens", "98304", "--sglang", "0.5.9,0.5.23",
+                  "--jobs", "2"], id="upgrade"),
     pytest.param(["sweep", f"{SAMPLES}/demo.jsonl", "--set", "device_tokens=98304", "--set", "host_tokens=128k,256k",
                   "--jobs", "2"], id="sweep"),
 ]

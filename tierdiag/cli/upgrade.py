@@ -75,5 +75,12 @@ def _render(view, db: Path) -> None:
     where = db_option(db)
     new_run = next(r.run_id for r in view.runs if r.role == "new")
     old_run = next(r.run_id for r in view.runs if r.role == "old")
-    out.print(plain(f"next: tierdiag explain REQ_ID --run {new_run}{where}   ·   "
-                    f"tierdiag compare {old_run} {new_run}{where}"))
+    # A hint runs as printed (issue 42): the request the upgrade moved most, else the run's slowest.
+    import shlex
+
+    from tierdiag.cli.hints import slowest_request
+
+    moved = view.upgrade.top[0].req_id if view.upgrade.top else None
+    req = shlex.quote(moved) if moved is not None else slowest_request(db, new_run)
+    explain = f"tierdiag explain {req} --run {new_run}{where}   ·   " if req else ""
+    out.print(plain(f"next: {explain}tierdiag compare {old_run} {new_run}{where}"))

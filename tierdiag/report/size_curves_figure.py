@@ -48,7 +48,9 @@ def size_curves_figure(curves) -> FigureSpec | None:
                                     "line": {"color": "#264653", "width": 1}},
                          "hovertemplate": f"{c.tier}: advise proposes %{{x:,}} tokens (knee + slack): "
                                           "%{y:.1f} %<extra></extra>"})
-    layout = {"xaxis": {"title": {"text": "size of the tier (tokens per rank; storage: the one tier)"}, "type": "log"},
+    # One rank's pools are the run's pools: "per rank" only where there are several.
+    unit = "tokens per rank; storage: the one tier" if curves.num_ranks > 1 else "tokens"
+    layout = {"xaxis": {"title": {"text": f"size of the tier ({unit})"}, "type": "log"},
               "yaxis": {"title": {"text": "reused share of input"}, "range": [0, 100], "ticksuffix": " %"},
               "legend": {"orientation": "h", "x": 0, "y": 1.02, "xanchor": "left", "yanchor": "bottom"}}
     return FigureSpec(

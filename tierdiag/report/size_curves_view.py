@@ -33,7 +33,7 @@ def render_size_curves(curves, console: Console, *, table: Callable[..., Table],
     if curves is None:
         return
     tab = table(f"reuse by pool size, predicted in one pass (LRU stack distances; write policy "
-                f"{curves.write_policy}; per rank" + (f", {curves.num_ranks} ranks" if curves.num_ranks > 1 else "")
+                f"{curves.write_policy}" + (f"; per rank, {curves.num_ranks} ranks" if curves.num_ranks > 1 else "")
                 + "): reused share of input at each size")
     for col in ("tier", "run's size: predicted / found", "knee", "at size"):
         tab.add_column(col, justify="left", overflow="fold")
