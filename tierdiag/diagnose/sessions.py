@@ -229,27 +229,25 @@ def session_step(con: duckdb.DuckDBPyConnection, run, row: dict, run_start_ns: i
     arrived = _undo_wait(con, rid, row, (device, host, storage, gone))
     prev_context = int(prev["input_tokens"] or 0) + int(prev["output_tokens"] or 0) if prev else 0
     at_start = min(reused, prev_context) if prev and prev["status"] == "finished" else 0
-    evictions: tuple[PauseEviction, ...] = ()
-    if finish is not None and arrival is not None:
-        evictions = tuple(
+
+    def evictions_between(start_ns: int, end_ns: int) -> tuple[PauseEviction, ...]:
+        """The evictions that took this request's pages in [start_ns, end_ns]."""
+        return tuple(
             PauseEviction(int(e["eviction_id"]), int(e["t_ns"]) - run_start_ns, e["tier"], e["action"],
                           int(e["tokens"] or 0), e["cause_req_id"])
             for e in fetch_dicts(con, """
                 SELECT e.eviction_id, e.t_ns, e.tier, e.action, re.tokens, e.cause_req_id
                 FROM request_evictions re JOIN evictions e ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id
                 WHERE re.run_id = ? AND re.req_id = ? AND e.t_ns >= ? AND e.t_ns <= ?
-                ORDER BY e.t_ns, e.eviction_id""", [rid, row["req_id"], int(finish), int(arrival)]))
+                ORDER BY e.t_ns, e.eviction_id""", [rid, row["req_id"], int(start_ns), int(end_ns)]))
+
+    evictions: tuple[PauseEviction, ...] = ()
+    if finish is not None and arrival is not None:
+        evictions = evictions_between(finish, arrival)
     sched = scheduled_ns(row)
     queued_evictions: tuple[PauseEviction, ...] = ()
     if arrival is not None and sched is not None and sched >= int(arrival):
-        queued_evictions = tuple(
-            PauseEviction(int(e["eviction_id"]), int(e["t_ns"]) - run_start_ns, e["tier"], e["action"],
-                          int(e["tokens"] or 0), e["cause_req_id"])
-            for e in fetch_dicts(con, """
-                SELECT e.eviction_id, e.t_ns, e.tier, e.action, re.tokens, e.cause_req_id
-                FROM request_evictions re JOIN evictions e ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id
-                WHERE re.run_id = ? AND re.req_id = ? AND e.t_ns >= ? AND e.t_ns <= ?
-                ORDER BY e.t_ns, e.eviction_id""", [rid, row["req_id"], int(arrival), int(sched)]))
+        queued_evictions = evictions_between(arrival, sched)
         # The pause ends at its arrival: an eviction at that very instant is the queue's, not the pause's.
         evictions = tuple(e for e in evictions if e.t_ns + run_start_ns < int(arrival))
     pause = int(arrival) - int(finish) if finish is not None and arrival is not None else None
