@@ -170,7 +170,10 @@ class Scheduler(StoragePrefetch, RequestRecords):
             self._reject(req, f"context_length: {req.input_len:,} input + {req.output_len:,} output tokens; the "
                               f"model's context is {context:,} tokens")
             return
-        req.total_pages = -(-(req.input_len + req.output_len) // ps)
+        # The KV a request ever holds: its input and every output token but the last, which is
+        # never fed back through the model (ScheduleBatch.prepare_for_decode -> alloc_for_decode
+        # allocates the slot of the token a step reads, the previous step's output), both releases.
+        req.total_pages = -(-(req.input_len + max(req.output_len - 1, 0)) // ps)
         overhead = self.rules.admission_overhead_pages
         if req.total_pages + overhead > self.ctrl.device.capacity:
             # Said with the admission overhead where the rule set has one (0.5.23's PrefillAdder
