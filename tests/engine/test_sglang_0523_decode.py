@@ -35,3 +35,47 @@ def test_the_last_output_token_never_gets_a_kv_slot(version):
     assert probe.evictions == []
     assert probe.records["a"].status == "finished"
     assert engine.tree.match(list(range(1, 6)), 10**12, "probe").device_pages == 5
+
+
+# --- 1. the finish's second insert at the prompt boundary ----------------------------------------
+def _priority_run(version):
+    """a (prompt 4 pages, 1 output page) finishes, then b (4 pages, no output page), both at
+    priority 0; c then needs 4 of their 9 pages under `--eviction-policy priority`."""
+    a = req("a", 0, pages(1, 4), output=PS)
+    b = req("b", 1000, pages(100, 4), output=1)
+    c = req("c", 2000, pages(200, 9), output=1)
+    engine, probe = helpers.run([a, b, c], sglang_rules=version, eviction_policy="priority")
+    assert {r.status for r in probe.records.values()} == {"finished"}
+    later = 10**13
+    return (engine.tree.match(pages(1, 4), later, "probe").device_pages,
+            engine.tree.match(pages(100, 4), later, "probe").device_pages)
+
+
+def test_a_finished_prompt_is_inserted_again_one_priority_up():
+    """`UnifiedRadixCache.checkpoint_into_tree` (0.5.23): after the finished request's insert of
+    input + output (`token_ids[:up_to]`), "split the leaf at the prompt boundary so eviction can
+    drop the output KV without the prompt": the page-aligned `origin_input_ids` are inserted again
+    with `priority=min(insert_params.priority + 1, int64 max)`, `prev_prefix_len` and
+    `inserted_len` at the prompt (nothing freed, no hit). So a's prompt nodes carry priority 1,
+    its output page and b (whose output took no page: nothing past the prompt, no second
+    insert) priority 0, and the priority policy (lowest first, then LRU) evicts a's output page
+    and b for c, keeping a's prompt, which LRU alone (a finished first) would have evicted."""
+    assert _priority_run("0.5.23") == (4, 0)
+
+
+def _priorities(version):
+    """The priority of each node under the root after a (4 prompt pages, 1 output page) finished."""
+    engine, _ = helpers.run([req("a", 0, pages(1, 4), output=PS)], sglang_rules=version)
+    out, node = [], engine.tree.root
+    while node.children:
+        (node,) = node.children.values()
+        out.append((len(node.keys), node.priority))
+    return out
+
+
+def test_0_5_9_inserts_a_finished_request_once():
+    """`RadixCache.cache_finished_req` (0.5.9, inherited by HiRadixCache): one insert of the
+    committed KV at the request's priority, so every node keeps priority 0; 0.5.23 raises the
+    prompt's to 1 and leaves the output page's at 0."""
+    assert _priorities("0.5.9") == [(4, 0), (1, 0)]
+    assert _priorities("0.5.23") == [(4, 1), (1, 0)]

@@ -111,6 +111,13 @@ class RuleSet:
     # `_inc_hit_count(node, chunked)`: chunk inserts count nothing, every other insert counts its
     # whole path.
     hits_past_inserted: bool
+    # `UnifiedRadixCache.checkpoint_into_tree` (0.5.23): after a finished request's insert of
+    # input + output, its prompt (page-aligned `origin_input_ids`) is inserted a second time at
+    # `priority + 1`, with `prev_prefix_len` = `inserted_len` = the prompt ("split the leaf at the
+    # prompt boundary so eviction can drop the output KV without the prompt"): no duplicate is
+    # freed and no hit counted, but the walk stamps the prompt's nodes again and raises their
+    # priority. 0.5.9's `RadixCache.cache_finished_req` inserts once.
+    finish_reinserts_prompt: bool
     # --- the queue ---
     # `_sort_by_longest_prefix` ranks by `num_matched_prefix_tokens` = min(device + host hit,
     # input - 1) (0.5.23, `common.match_kv_cache`); 0.5.9 by `len(prefix_indices)`, device only.
@@ -182,6 +189,7 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         admission_overhead_pages=1,
         chunk_later_requests=True,
         hits_past_inserted=True,
+        finish_reinserts_prompt=True,
         lpm_counts_host_hit=True,
         split_cached_prefix=_split_by_tier,
         prefetch_capacity_share=0.5,
@@ -209,6 +217,7 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         admission_overhead_pages=0,
         chunk_later_requests=False,
         hits_past_inserted=False,
+        finish_reinserts_prompt=False,
         lpm_counts_host_hit=False,
         split_cached_prefix=_split_promised,
         prefetch_capacity_share=0.8,

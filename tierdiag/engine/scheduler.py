@@ -41,6 +41,7 @@ from tierdiag.probes import events as ev
 from tierdiag.trace.pages import output_page_keys, page_keys_array
 from tierdiag.trace.reader import TraceRequest
 
+INT64_MAX = 2**63 - 1  # checkpoint_into_tree: min(priority + 1, torch.iinfo(torch.int64).max)
 # HiRadixCache.write_through_threshold: insert hits that trigger a device->host backup.
 WRITE_THROUGH_THRESHOLD = {"write_through": 1, "write_through_selective": 2}
 
@@ -600,6 +601,11 @@ class Scheduler(StoragePrefetch, RequestRecords):
             req.keys.extend(out_keys)
             req.keys_np = np.concatenate((req.keys_np, np.array(out_keys, dtype=np.int64)))
         self._insert(req, n_full, now, chunk=False)
+        if self.rules.finish_reinserts_prompt and 0 < n_in < n_full:
+            # checkpoint_into_tree's second insert: the prompt again at priority + 1, on device
+            # (our lock covers it), nothing to free, no node past `inserted_len` (no hit).
+            self.tree.insert(req.keys[:n_in], n_in, [], now, req.req_id, count_hits=self.count_hits,
+                             priority=min(req.priority + 1, INT64_MAX), keys_np=req.keys_np[:n_in], inserted=n_in)
         self.ctrl.device.free(req.own_slots)
         req.own_slots = []
         self.tree.dec_lock(req.lock_node)
