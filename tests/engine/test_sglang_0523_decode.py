@@ -8,9 +8,14 @@ Pools: device 16 pages, host 64 pages of 64 tokens unless a test says otherwise 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.engine import helpers
 from tests.engine.helpers import PS, req
+from tierdiag.config.engine import load_config
+from tierdiag.errors import ConfigFileError
+from tierdiag.trace.reader import TraceRequest
 
 
 def pages(lo: int, n: int) -> list[int]:
@@ -79,3 +84,69 @@ def test_0_5_9_inserts_a_finished_request_once():
     prompt's to 1 and leaves the output page's at 0."""
     assert _priorities("0.5.9") == [(4, 0), (1, 0)]
     assert _priorities("0.5.23") == [(4, 1), (1, 0)]
+
+
+# --- 4. the waiting-prefix refresh ---------------------------------------------------------------
+def tiny(req_id: str, t_ms: float) -> TraceRequest:
+    """Less than a page of input, one output token: a scheduling pass that caches nothing."""
+    return TraceRequest(req_id=req_id, seq=0, line=1, arrival_ns=int(t_ms * 1e6), input_len=10, output_len=1,
+                        hash_ids=(10**7 + int(t_ms),), tokens=None)
+
+
+def _refresh_run(**kw):
+    """x (4 pages) then y (4 other pages) finish and stay cached; 30 passes of tiny requests
+    follow; at 2 s B (7 pages + 1 token) and w (x's 4 pages + 3 more) arrive together, B first:
+    the 33rd pass. B's allocation needs one page more than is free: LRU evicts one whole node,
+    x (older) or y."""
+    x = req("x", 0, pages(1, 4), output=1)
+    y = req("y", 1000, pages(100, 4), output=1)
+    fillers = [tiny(f"t{i}", 1100 + 10 * i) for i in range(kw.pop("fillers", 30))]
+    b = req("B", 2000, pages(200, 7), output=1)
+    w = req("w", 2000, pages(1, 4) + pages(300, 3), output=1)
+    _, probe = helpers.run([x, y, *fillers, b, w], **kw)
+    return probe.records["w"]
+
+
+def test_the_waiting_queue_prefixes_are_touched_every_32nd_pass():
+    """`SchedulePolicy.calc_priority` -> `_touch_waiting_prefixes` (0.5.23, on by default:
+    `SGLANG_ENABLE_WAITING_PREFIX_REFRESH`): under a cache-agnostic active policy (fcfs here) and
+    `lru` eviction, the passes that reach it are counted (`_waiting_prefix_refresh_calls`) and on
+    every 32nd, the first of them included (`calls % WAITING_PREFIX_REFRESH_INTERVAL == 0`), the
+    first 128 waiting requests' prefixes are walked head last (`touch_waiting_prefix` ->
+    `touch_prefix`, a match that only stamps). The pass that admits B is the 33rd: it touches
+    w's prefix, x, which is then newer than y, so B's eviction takes y and w finds x on device.
+    With the switch off (`waiting_prefix_refresh = false`) x is the older node and goes; one
+    tiny request fewer and B's pass is the 32nd, which does not refresh."""
+    on = _refresh_run()
+    assert (on.device_hit_tokens, on.host_hit_tokens) == (4 * PS, 0)
+    off = _refresh_run(waiting_prefix_refresh=False)
+    assert (off.device_hit_tokens, off.host_hit_tokens) == (0, 4 * PS)
+    assert _refresh_run(fillers=29).device_hit_tokens == 0
+
+
+def test_0_5_9_has_no_waiting_prefix_refresh_nor_does_a_non_lru_policy():
+    """0.5.9's `calc_priority` has no `_touch_waiting_prefixes`; in 0.5.23 it returns at once
+    unless `radix_eviction_policy` is `lru`."""
+    old = _refresh_run(sglang_rules="0.5.9")
+    assert old.device_hit_tokens == 0
+    fifo = _refresh_run(eviction_policy="fifo")
+    assert fifo.device_hit_tokens == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(value=st.one_of(st.integers(), st.floats(allow_nan=True), st.text(max_size=20),
+                       st.lists(st.booleans(), max_size=2), st.booleans()))
+def test_waiting_prefix_refresh_takes_true_or_false_only(tmp_path_factory, value):
+    """The config key `waiting_prefix_refresh`: a TOML boolean; anything else is refused before
+    any work, in one line naming the file and the key."""
+    import tomli_w
+
+    path = tmp_path_factory.mktemp("cfg") / "c.toml"
+    path.write_text(tomli_w.dumps({"waiting_prefix_refresh": value}), encoding="utf-8")
+    if isinstance(value, bool):
+        assert load_config(path, {}).waiting_prefix_refresh is value
+        return
+    with pytest.raises(ConfigFileError) as exc:
+        load_config(path, {})
+    msg = str(exc.value)
+    assert "\n" not in msg and "waiting_prefix_refresh must be true or false" in msg and str(path) in msg

@@ -122,6 +122,13 @@ class RuleSet:
     # `_sort_by_longest_prefix` ranks by `num_matched_prefix_tokens` = min(device + host hit,
     # input - 1) (0.5.23, `common.match_kv_cache`); 0.5.9 by `len(prefix_indices)`, device only.
     lpm_counts_host_hit: bool
+    # `SchedulePolicy._touch_waiting_prefixes` (0.5.23, `SGLANG_ENABLE_WAITING_PREFIX_REFRESH`, on
+    # by default): every `WAITING_PREFIX_REFRESH_INTERVAL`-th (32) `calc_priority` that gets past
+    # its conditions (a cache-agnostic active policy, a non-empty queue, `lru` eviction) walks
+    # the cached prefix of the first `WAITING_QUEUE_PREFIX_MATCH_MAX` (128) waiting requests,
+    # head last (`touch_waiting_prefix` -> `touch_prefix`: a match, stamps only). 0: none (0.5.9).
+    waiting_prefix_refresh_interval: int
+    waiting_prefix_refresh_max: int
     # (prefix, device, host_hit, host_loaded, storage_hit, storage_start) -> (device, host, storage)
     split_cached_prefix: Callable[[int, int, int, int, int, int], tuple[int, int, int]]
     # --- the storage prefetch ---
@@ -191,6 +198,8 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         hits_past_inserted=True,
         finish_reinserts_prompt=True,
         lpm_counts_host_hit=True,
+        waiting_prefix_refresh_interval=32,
+        waiting_prefix_refresh_max=128,
         split_cached_prefix=_split_by_tier,
         prefetch_capacity_share=0.5,
         prefetch_capacity_of_host_minus_device=False,
@@ -219,6 +228,8 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         hits_past_inserted=False,
         finish_reinserts_prompt=False,
         lpm_counts_host_hit=False,
+        waiting_prefix_refresh_interval=0,
+        waiting_prefix_refresh_max=0,
         split_cached_prefix=_split_promised,
         prefetch_capacity_share=0.8,
         prefetch_capacity_of_host_minus_device=True,

@@ -84,6 +84,10 @@ class Scheduler(StoragePrefetch, RequestRecords):
         self.prefetch_tokens_occupied = 0
         self.prefetch_retry_due: dict[int, int | None] = {}  # req seq -> pass its re-query is due (0.5.23)
         self.prefetch_pass = 0  # scheduling passes, the re-queries' clock
+        # SchedulePolicy._waiting_prefix_refresh_calls: the passes that reached the refresh (0.5.23)
+        self.refresh_calls = 0
+        self.refresh_interval = (self.rules.waiting_prefix_refresh_interval
+                                 if cfg.waiting_prefix_refresh and cfg.eviction_policy == "lru" else 0)
         self.max_context = cfg.resolved_max_context()
         self.arrivals: ArrivalSource | None = None  # the trace's arrivals, open or closed loop (run)
         self.rank = 0  # the data-parallel rank (its rows' dp_rank; engine/deployment.py)
@@ -232,7 +236,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
             limit = self.queue.chunk_limit
             if limit is not None:
                 # calc_priority runs before add_chunked_req, whose cap reads the sorted queue
-                self.queue.order(self.waiting, self.tree.match, ps, now, self.processed_tokens, self.arrived_at)
+                self._calc_priority(now)
                 sorted_yet = True
                 cap = limit(req, self.waiting, budget, ps)  # adder.chunked_req_limit
                 if cap is not None:
@@ -244,7 +248,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
             budget -= -(-take // ps) * ps
             chunk_continues = req.done_tokens + take < req.input_len
         if not sorted_yet:
-            self.queue.order(self.waiting, self.tree.match, ps, now, self.processed_tokens, self.arrived_at)
+            self._calc_priority(now)
         overhead = self.rules.admission_overhead_pages
         i = 0
         # A continuing chunk spends the budget, unless the policy's cap left room beside it.
@@ -270,6 +274,24 @@ class Scheduler(StoragePrefetch, RequestRecords):
         if not items:
             return None
         return self._run_batch(items, now)
+
+    def _calc_priority(self, now: int) -> None:
+        """SchedulePolicy.calc_priority: the queue policy's order, then (0.5.23)
+        `_touch_waiting_prefixes`: on every `refresh_interval`-th pass that reaches it with a
+        cache-agnostic active policy (a cache-aware one touches while matching) and a waiting
+        queue, the cached prefixes of the first `waiting_prefix_refresh_max` waiting requests
+        are walked, head last, so LRU evicts them in reverse admission order."""
+        waiting = self.waiting
+        self.queue.order(waiting, self.tree.match, self.ps, now, self.processed_tokens, self.arrived_at)
+        interval = self.refresh_interval
+        if not interval or not waiting or self.queue.cache_aware(waiting):
+            return
+        refresh = self.refresh_calls % interval == 0
+        self.refresh_calls += 1
+        if refresh:
+            match = self.tree.match
+            for r in reversed(waiting[:self.rules.waiting_prefix_refresh_max]):
+                match(r.keys, now)  # touch_waiting_prefix: the whole input, page-aligned
 
     def _pages_through(self, req: Req, end_tokens: int) -> int:
         if end_tokens >= req.input_len:
