@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from tests.engine import helpers
 from tests.engine.helpers import PS, req
 from tierdiag.config.engine import load_config
+from tierdiag.engine.engine import Engine
+from tierdiag.probes import events as ev
 from tierdiag.errors import ConfigFileError
 from tierdiag.trace.reader import TraceRequest
 
@@ -150,3 +152,126 @@ def test_waiting_prefix_refresh_takes_true_or_false_only(tmp_path_factory, value
         load_config(path, {})
     msg = str(exc.value)
     assert "\n" not in msg and "waiting_prefix_refresh must be true or false" in msg and str(path) in msg
+
+
+# --- 5 and 3. decode on the clock, its memory and retraction -------------------------------------
+class Batches(helpers.Collect):
+    """Collect, plus the batch rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches = []
+
+    def emit(self, event):
+        super().emit(event)
+        if isinstance(event, ev.BatchScheduled):
+            self.batches.append(event)
+
+
+def run_batches(trace, **kw):
+    probe = Batches()
+    engine = Engine(helpers.small_config(**kw), probe=probe)
+    engine.run(helpers.numbered(trace))
+    engine.check_invariants(idle=True)
+    return engine, probe
+
+
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.9"])
+def test_decode_steps_run_only_when_no_prefill_can_be_formed(version):
+    """Scheduler.get_next_batch_to_run (both releases, mixed chunk off): `get_new_batch_prefill`
+    first; only when it forms no batch does `update_running_batch` run a decode step of the
+    running requests, each step on the GPU for `decode_step_ns` of the KV it reads. a decodes 200
+    tokens (199 steps after the token its prefill samples); b arrives in the middle of one of a's
+    steps: its prefill waits for that step to end (its whole queue, the record's
+    `decode_wait_ns`), then runs before a's next step, which waits for it in turn."""
+    a = req("a", 0, pages(1, 2), output=200)
+    b = req("b", 1.5, pages(50, 2), output=1)
+    engine, probe = run_batches([a, b], sglang_rules=version)
+    ra, rb = probe.records["a"], probe.records["b"]
+    assert ra.first_token_ns < rb.arrival_ns < rb.first_token_ns < ra.finish_ns
+    assert 0 < rb.decode_wait_ns == rb.queue_ns
+    assert engine.scheduler.stats.decode_steps == 199
+    # a's decode time: its 199 steps and b's prefill batch between two of them
+    b_batch = next(x for x in probe.batches if x.batch_id == rb.first_batch_id)
+    assert ra.finish_ns - ra.first_token_ns == engine.scheduler.stats.decode_ns + (b_batch.t_end_ns - b_batch.t_start_ns)
+    assert b_batch.num_decoding == 1  # a held its memory meanwhile
+
+
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.9"])
+def test_output_pages_are_allocated_a_decode_step_at_a_time(version):
+    """`alloc_for_extend` allocates the extend (the input) only; `prepare_for_decode` ->
+    `alloc_for_decode` allocates each step's slot, a page when it starts one
+    (`new_tokens_required_next_decode`: kv_committed_len % page == 0). After its prefill, a
+    (1 page + 1 token of input, 640 output tokens) holds 2 device pages, not the 11 its whole
+    KV will take; at finish 11 (65 + 639 tokens) are in the tree."""
+    a_in = pages(1, 1)
+    w = helpers.Watch({"a": a_in})
+    engine = Engine(helpers.small_config(sglang_rules=version), probe=w)
+    w.engine = engine
+    engine.run(helpers.numbered([req("a", 0, a_in, output=10 * PS)]))
+    assert w.at("prefilled", "a")["device_used_pages"] == 2
+    assert engine.tree.device_pages == 11
+
+
+def _three(**kw):
+    """a, b and c (a page + 1 token each; 700, 700 and 600 output tokens) on a 32-page pool,
+    each admitted at a pass after the one before it, while new_token_ratio (0.7) reserves 70 %
+    of what the running ones may still decode: their whole KV (12 + 12 + 11 pages) does not fit."""
+    trace = [req("a", 0, [1], output=700), req("b", 1, [2], output=700), req("c", 2, [3], output=600)]
+    return run_batches(trace, device_tokens=32 * PS, **kw)
+
+
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.9"])
+def test_a_decode_step_that_does_not_fit_retracts_the_request_with_the_least_output(version):
+    """`update_running_batch`: `check_decode_mem` fails (the pool is full of a's, b's and c's
+    pages) -> `retract_decode`: requests ordered by (output so far, -input) descending, the last
+    (c: admitted last, the least output) retracted (`release_req` -> `release_kv_cache(
+    checkpoint=False)`: its own pages freed, its input page left cached, unlocked) until the
+    next step fits; `new_token_ratio` becomes (generated + 20 x kept) / (max_new of the kept + 1);
+    c goes back to the waiting queue (`_add_request_to_queue(is_retracted=True)`) and is
+    prefilled again, input and output so far, once memory allows. Its record keeps its first
+    admission (TTFT, batch, tier split) and counts the retraction."""
+    engine, probe = _three(sglang_rules=version)
+    r = probe.records
+    assert [r[x].retractions for x in "abc"] == [0, 0, 1]
+    assert engine.scheduler.stats.retractions == 1
+    assert {x.status for x in r.values()} == {"finished"}
+    assert (r["c"].first_batch_id, r["c"].num_chunks) == (3, 1)  # the first admission's
+    assert r["c"].computed_tokens == PS + 1 and r["c"].finish_ns > max(r["a"].finish_ns, r["b"].finish_ns)
+    # retracted mid-decode, so its re-prefill holds more than its input: a prefill batch of
+    # c's input and output so far, less the input page it had left cached
+    again = [x for x in probe.batches if x.batch_id > 3]
+    assert len(again) == 1 and again[0].num_reqs == 1 and again[0].extend_tokens > 1 + PS
+    assert engine.scheduler.new_token_ratio < 1
+
+
+def test_retraction_frees_memory_without_a_checkpoint_and_evicts_for_the_rest():
+    """`release_req`: after `release_kv_cache(checkpoint=False)`, `evict_from_tree_cache` for
+    20 decode steps of each request left (SGLANG_RETRACT_DECODE_STEPS): 2 requests x 20 tokens
+    fit in a page, which the retraction had just freed, so nothing is evicted while a and b
+    decode; c's input page, inserted after its prefill, stays in the tree: its re-prefill
+    finds it on device and computes the one input token past it and its output so far."""
+    engine, probe = _three()
+    r = probe.records
+    assert r["c"].retractions == 1
+    assert all(e.t_ns >= max(r["a"].finish_ns, r["b"].finish_ns) for e in probe.evictions)
+    again = [x for x in probe.batches if x.batch_id > 3]
+    generated = again[0].extend_tokens - 1  # the re-prefill: 1 input token + the output so far
+    assert 0 < generated < 600
+
+
+def test_mixed_chunk_carries_the_running_decodes_in_the_prefill_batch():
+    """`--enable-mixed-chunk` (`is_mixed_chunk`): `_get_new_batch_prefill_raw` mixes the running
+    batch into the prefill batch (`mix_with_running`) when its step fits (`check_decode_mem`),
+    and the prefill budget is less a token a running request (`num_mixed_decode_tokens`). b's
+    prefill batch then also takes a's decode step: a's 199 steps are the same, one of them in
+    b's batch, whose time is its prefill and that step."""
+    a = req("a", 0, pages(1, 2), output=200)
+    b = req("b", 1.5, pages(50, 2), output=1)
+    plain, p0 = run_batches([a, b])
+    mixed, p1 = run_batches([a, b], enable_mixed_chunk=True)
+    assert plain.scheduler.stats.decode_steps == mixed.scheduler.stats.decode_steps == 199
+    b0 = next(x for x in p0.batches if x.batch_id == p0.records["b"].first_batch_id)
+    b1 = next(x for x in p1.batches if x.batch_id == p1.records["b"].first_batch_id)
+    assert b1.compute_ns > b0.compute_ns and b1.t_end_ns - b1.t_start_ns > b0.t_end_ns - b0.t_start_ns
+    assert mixed.scheduler.stats.decode_ns < plain.scheduler.stats.decode_ns  # one step rode in b's batch

@@ -93,6 +93,9 @@ class EngineConfig:
     # pass refreshes the LRU recency of the first 128 waiting requests' cached prefixes. 0.5.9
     # has no such refresh; there the key changes nothing.
     waiting_prefix_refresh: bool = True
+    # SGLang's --enable-mixed-chunk (off by default, as there): a prefill batch carries a decode
+    # step of the running requests instead of waiting for the GPU to run one on its own.
+    enable_mixed_chunk: bool = False
     # Data-parallel ranks behind one router (engine/deployment.py; docs/contract.md "Deployments").
     # The router keys are engine/routing/config.py RouterConfig's fields, its defaults the SGLang
     # model gateway's command line.

@@ -178,6 +178,10 @@ class RequestRecord(NamedTuple):
     best_rank_device_tokens: int | None = None
     best_rank_host_tokens: int | None = None
     ranks_json: str | None = None
+    # v5 (issue 43): of queue_ns, the time the GPU ran decode steps; times the request was
+    # retracted (retract_decode) and prefilled again.
+    decode_wait_ns: int | None = None
+    retractions: int | None = 0
 
 
 # A one-rank run's routing columns (RequestRecord's ten after dp_rank): none.

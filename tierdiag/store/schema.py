@@ -15,8 +15,9 @@ def new_run_id() -> str:
     sweep's workers all name runs with it)."""
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
-SCHEMA_VERSION = 4  # v2: runs.kind, runs.sweep_id (DESIGN §5); v3: requests' session columns (§6);
-# v4: data-parallel ranks (dp_rank on every event table, the routing decision on requests; §6)
+SCHEMA_VERSION = 5  # v2: runs.kind, runs.sweep_id (DESIGN §5); v3: requests' session columns (§6);
+# v4: data-parallel ranks (dp_rank on every event table, the routing decision on requests; §6);
+# v5: decode on the clock (requests.decode_wait_ns, requests.retractions; issue 43)
 
 # Columns each version added to the end of a table, nothing else changing: a store of an older
 # version still reads (store/reader.py shows it with these columns, NULL), and a writer adds them
@@ -32,6 +33,7 @@ ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {
         "batches": ("dp_rank",),
         "pool_samples": ("dp_rank",),
     },
+    5: {"requests": ("decode_wait_ns", "retractions")},
 }
 OLDEST_READABLE_VERSION = 2
 
@@ -129,6 +131,8 @@ TABLES: dict[str, dict[str, str]] = {
         "best_rank_device_tokens": "BIGINT",
         "best_rank_host_tokens": "BIGINT",
         "ranks_json": "VARCHAR",  # [{"rank","device_tokens","host_tokens","in_flight","score"}, ...] one per rank
+        "decode_wait_ns": "BIGINT",  # v5: of queue_ns, the GPU running decode steps (NULL: older runs, rejected)
+        "retractions": "BIGINT",  # v5: times retracted for decode memory (retract_decode) and prefilled again
     },
     "evictions": {
         "run_id": "VARCHAR",
