@@ -126,10 +126,13 @@ def test_invariants_hold_for_any_workload(reqs, cfg, tmp_path_factory):
         loaded_pages += r.loadback_pages
     # loaded-back bytes equal written bytes: every load-back was compared with the page content
     assert engine.stats.verified_data_plane_bytes == engine.stats.loaded_data_plane_bytes
-    assert engine.stats.loaded_data_plane_bytes == loaded_pages * engine.plane.page_bytes
     lb_transfers = [t for t in probe.transfers if t.kind == "load_back"]
     assert all(t.verified for t in lb_transfers)
-    assert sum(t.pages for t in lb_transfers) == loaded_pages
+    transferred = sum(t.pages for t in lb_transfers)
+    assert engine.stats.loaded_data_plane_bytes == transferred * engine.plane.page_bytes
+    # a retracted request's record keeps its first admission; its re-admission may load back too
+    retracted = any(r.retractions for r in probe.records.values())
+    assert transferred == loaded_pages if not retracted else transferred >= loaded_pages
     # determinism
     _, again = replay(reqs, cfg, tmp_path, "b")
     assert again.records == probe.records
