@@ -136,22 +136,23 @@ def test_0_5_9_has_no_waiting_prefix_refresh_nor_does_a_non_lru_policy():
 
 
 @settings(max_examples=40, deadline=None)
-@given(value=st.one_of(st.integers(), st.floats(allow_nan=True), st.text(max_size=20),
+@given(key=st.sampled_from(["waiting_prefix_refresh", "enable_mixed_chunk"]),
+       value=st.one_of(st.integers(), st.floats(allow_nan=True), st.text(max_size=20),
                        st.lists(st.booleans(), max_size=2), st.booleans()))
-def test_waiting_prefix_refresh_takes_true_or_false_only(tmp_path_factory, value):
-    """The config key `waiting_prefix_refresh`: a TOML boolean; anything else is refused before
-    any work, in one line naming the file and the key."""
+def test_the_new_switches_take_true_or_false_only(tmp_path_factory, key, value):
+    """The config keys `waiting_prefix_refresh` and `enable_mixed_chunk`: a TOML boolean;
+    anything else is refused before any work, in one line naming the file and the key."""
     import tomli_w
 
     path = tmp_path_factory.mktemp("cfg") / "c.toml"
-    path.write_text(tomli_w.dumps({"waiting_prefix_refresh": value}), encoding="utf-8")
+    path.write_text(tomli_w.dumps({key: value}), encoding="utf-8")
     if isinstance(value, bool):
-        assert load_config(path, {}).waiting_prefix_refresh is value
+        assert getattr(load_config(path, {}), key) is value
         return
     with pytest.raises(ConfigFileError) as exc:
         load_config(path, {})
     msg = str(exc.value)
-    assert "\n" not in msg and "waiting_prefix_refresh must be true or false" in msg and str(path) in msg
+    assert "\n" not in msg and f"{key} must be true or false" in msg and str(path) in msg
 
 
 # --- 5 and 3. decode on the clock, its memory and retraction -------------------------------------

@@ -22,7 +22,7 @@ from tierdiag.diagnose.runcontext import LossEvidence, RunContext, TransferEvide
 from tierdiag.diagnose.story import RunStory, VerdictShare
 from tierdiag.diagnose.totals import RunTotals
 
-EVIDENCE_VERSION = 6  # 6: RunSummary.ranks (always None when stored: read-time, diagnose/ranks.py), RunContext.routing, Capacity.num_ranks, time_by_cause's routing row, per-rank story (issue 31); 5: RunSummary.median_reused_tokens_per_hit nearest rank (quantile_disc), LossEvidence.hot_competing_deciles_tokens, TransferEvidence.transfer_overhead_ns, queue attribution key memory_wait (was decode); 4: RunStory.other_busy_share/other_recompute_share; 2: RunSummary.sessions (always None when stored: read-time, diagnose/sessions.py); 3: RunContext gained story and capacity (issue 34)
+EVIDENCE_VERSION = 7  # 7: queue attribution key decode (issue 43: decode steps on the clock); 6: RunSummary.ranks (always None when stored: read-time, diagnose/ranks.py), RunContext.routing, Capacity.num_ranks, time_by_cause's routing row, per-rank story (issue 31); 5: RunSummary.median_reused_tokens_per_hit nearest rank (quantile_disc), LossEvidence.hot_competing_deciles_tokens, TransferEvidence.transfer_overhead_ns, queue attribution key memory_wait (was decode); 4: RunStory.other_busy_share/other_recompute_share; 2: RunSummary.sessions (always None when stored: read-time, diagnose/sessions.py); 3: RunContext gained story and capacity (issue 34)
 TABLE = "run_evidence"
 _DC, _TUPLE = "__dataclass__", "__tuple__"
 DATACLASS_TAG = _DC

@@ -1,15 +1,18 @@
 """The scheduler on a virtual clock: arrivals, a waiting queue (FCFS or LPM), prefill batches
-under a token budget with chunked prefill, admission gated on device memory, modelled decode, and
-`cache_unfinished_req` / `cache_finished_req` into the tree. The rules mirror SGLang 0.5.9
-(managers/scheduler.py, schedule_policy.py, scheduler_output_processor_mixin.py,
-mem_cache/hiradix_cache.py); each function names the one it restates.
+under a token budget with chunked prefill, admission gated on PrefillAdder's memory budget,
+decode steps on the same clock (with their memory and retraction), and `cache_unfinished_req` /
+`cache_finished_req` into the tree. The rules mirror SGLang (managers/scheduler.py,
+schedule_policy.py, schedule_batch.py, scheduler_output_processor_mixin.py, mem_cache/), the
+release's where they differ (rules.py); each function names the one it restates.
 
 A request's life (times on the virtual clock):
 
-    arrival (storage prefetch starts) ──queue──► admitted: match_prefix, whole request fits?
-        (else it waits), load-back, alloc ──prefill chunk(s) (chunk insert after each)──►
-        last chunk: insert input pages (cache_unfinished_req), first token
-        ──decode (output_len steps)──► finish: insert input + output pages (cache_finished_req),
+    arrival (storage prefetch starts) ──queue──► admitted: match_prefix, whole request within
+        the memory budget? (else it waits), load-back, alloc its extend ──prefill chunk(s)
+        (chunk insert after each)──► last chunk: insert input pages (cache_unfinished_req),
+        first token, joins the running batch ──decode steps (output_len - 1, each when no
+        prefill batch is formed; a page when a step's slot starts one; retracted to the queue
+        when a step does not fit)──► finish: insert input + output pages (cache_finished_req),
         unlock, free the rest
 
 Token split at admission (`prefix_indices` = device original + what load-back restored):
