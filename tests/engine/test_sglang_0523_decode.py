@@ -276,3 +276,18 @@ def test_mixed_chunk_carries_the_running_decodes_in_the_prefill_batch():
     b1 = next(x for x in p1.batches if x.batch_id == p1.records["b"].first_batch_id)
     assert b1.compute_ns > b0.compute_ns and b1.t_end_ns - b1.t_start_ns > b0.t_end_ns - b0.t_start_ns
     assert mixed.scheduler.stats.decode_ns < plain.scheduler.stats.decode_ns  # one step rode in b's batch
+
+
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.9"])
+def test_a_request_out_of_memory_alone_is_aborted(version):
+    """`retract_decode` always keeps one request; if even its step does not fit, 0.5.23 aborts it
+    (FINISH_ABORT, "Out of memory even after retracting all other requests") and 0.5.9 raises
+    (the scheduler stops): the engine records it rejected, the reason saying which. Admission
+    clips the output it counts at 4096 tokens (SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION), so a
+    request of 65 input and 5,000 output tokens is admitted into 70 pages and runs out at 70."""
+    engine, probe = helpers.run([req("a", 0, [1], output=5000)], device_tokens=70 * PS, host_tokens=70 * PS,
+                                sglang_rules=version, max_context_tokens=10_000)
+    r = probe.records["a"]
+    assert r.status == "rejected" and r.reject_reason.startswith("aborted: out of device memory")
+    assert ("raises" in r.reject_reason) == (version == "0.5.9")
+    engine.check_invariants(idle=True)

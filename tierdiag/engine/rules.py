@@ -118,6 +118,11 @@ class RuleSet:
     # freed and no hit counted, but the walk stamps the prompt's nodes again and raises their
     # priority. 0.5.9's `RadixCache.cache_finished_req` inserts once.
     finish_reinserts_prompt: bool
+    # ScheduleBatch.retract_decode, the last running request out of memory even alone: 0.5.23
+    # aborts it (FINISH_ABORT "Out of memory even after retracting all other requests"); 0.5.9
+    # raises ValueError there (the scheduler dies). The engine records it rejected either way;
+    # the reason says which.
+    decode_oom_aborts: bool
     # --- the queue ---
     # `_sort_by_longest_prefix` ranks by `num_matched_prefix_tokens` = min(device + host hit,
     # input - 1) (0.5.23, `common.match_kv_cache`); 0.5.9 by `len(prefix_indices)`, device only.
@@ -197,6 +202,7 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         chunk_later_requests=True,
         hits_past_inserted=True,
         finish_reinserts_prompt=True,
+        decode_oom_aborts=True,
         lpm_counts_host_hit=True,
         waiting_prefix_refresh_interval=32,
         waiting_prefix_refresh_max=128,
@@ -227,6 +233,7 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         chunk_later_requests=False,
         hits_past_inserted=False,
         finish_reinserts_prompt=False,
+        decode_oom_aborts=False,
         lpm_counts_host_hit=False,
         waiting_prefix_refresh_interval=0,
         waiting_prefix_refresh_max=0,

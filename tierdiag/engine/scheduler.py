@@ -943,8 +943,9 @@ class Scheduler(StoragePrefetch, RequestRecords):
     def _abort(self, req: Req, now: int) -> None:
         """retract_decode's last request, out of memory even alone: aborted (FINISH_ABORT)."""
         self._leave(req)
+        said = "" if self.rules.decode_oom_aborts else f" (SGLang {self.rules.version} raises here and stops)"
         self._reject(req, "aborted: out of device memory for its next decode step even after retracting every "
-                          "other running request")
+                          f"other running request{said}")
 
     def _finish(self, req: Req) -> None:
         """cache_finished_req: the committed KV, input and output (all but the last output token,
