@@ -162,11 +162,14 @@ class Batches(helpers.Collect):
     def __init__(self):
         super().__init__()
         self.batches = []
+        self.steps = []
 
     def emit(self, event):
         super().emit(event)
         if isinstance(event, ev.BatchScheduled):
             self.batches.append(event)
+        elif isinstance(event, ev.DecodeStep):
+            self.steps.append(event)
 
 
 def run_batches(trace, **kw):
@@ -192,6 +195,9 @@ def test_decode_steps_run_only_when_no_prefill_can_be_formed(version):
     assert ra.first_token_ns < rb.arrival_ns < rb.first_token_ns < ra.finish_ns
     assert 0 < rb.decode_wait_ns == rb.queue_ns
     assert engine.scheduler.stats.decode_steps == 199
+    # each step as the harness sees it (events.DecodeStep, not stored): a alone, on the clock
+    assert [x.step for x in probe.steps] == list(range(1, 200))
+    assert all(x.req_ids == ("a",) and x.batch_id is None and x.t_end_ns > x.t_start_ns for x in probe.steps)
     # a's decode time: its 199 steps and b's prefill batch between two of them
     b_batch = next(x for x in probe.batches if x.batch_id == rb.first_batch_id)
     assert ra.finish_ns - ra.first_token_ns == engine.scheduler.stats.decode_ns + (b_batch.t_end_ns - b_batch.t_start_ns)
@@ -276,6 +282,7 @@ def test_mixed_chunk_carries_the_running_decodes_in_the_prefill_batch():
     b1 = next(x for x in p1.batches if x.batch_id == p1.records["b"].first_batch_id)
     assert b1.compute_ns > b0.compute_ns and b1.t_end_ns - b1.t_start_ns > b0.t_end_ns - b0.t_start_ns
     assert mixed.scheduler.stats.decode_ns < plain.scheduler.stats.decode_ns  # one step rode in b's batch
+    assert [x.batch_id for x in p1.steps if x.batch_id is not None] == [b1.batch_id]
 
 
 @pytest.mark.parametrize("version", ["0.5.23", "0.5.9"])

@@ -602,6 +602,9 @@ class Scheduler(StoragePrefetch, RequestRecords):
         duration += mixed_ns
         end = now + duration
         if mixed_ns:
+            if self.emit.decode_step is not None:
+                self.emit.decode_step((now, end, self.dstep, tuple(r.req_id for r in self.running), (), bid,
+                                       self.rank))
             self._finish_step(end)
         total_flops = sum(flops) or 1.0
         total_lb = sum(p for _, _, _, p in items) or 1
@@ -849,18 +852,22 @@ class Scheduler(StoragePrefetch, RequestRecords):
     def _decode(self, now: int) -> int:
         """Scheduler.update_running_batch: `check_decode_mem`; when the step does not fit,
         `retract_decode`, else `new_token_ratio` decays; then the step (`prepare_for_decode`)."""
+        retracted = ()
         if not self._decode_fits(self.running, now):
-            self._retract(now)
+            retracted = self._retract(now)
             if not self.running:
                 return None
         else:
             self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
         end = now + self._decode_step(now)
+        if self.emit.decode_step is not None:
+            self.emit.decode_step((now, end, self.dstep, tuple(r.req_id for r in self.running),
+                                   tuple(r.req_id for r in retracted), None, self.rank))
         self._finish_step(end)
         self._note_decode(now, end)
         return end
 
-    def _retract(self, now: int) -> None:
+    def _retract(self, now: int) -> list[Req]:
         """ScheduleBatch.retract_decode: requests ordered by (output so far, -input) descending
         (`_get_decode_retraction_order`), the last retracted first, at least one and until the
         rest's next step fits (`check_decode_mem(selected_indices)`), one always kept; each
@@ -903,6 +910,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
             self._requeue(req, now)
         if aborted is not None:
             self._abort(aborted, now)
+        return retracted
 
     def _release(self, req: Req) -> None:
         """release_kv_cache(checkpoint=False): the request's own pages are freed (what it
