@@ -41,7 +41,7 @@ from tierdiag.engine.arrivals import ArrivalSource
 from tierdiag.engine.controller import EngineStats
 from tierdiag.engine.request import Req
 from tierdiag.engine.routing import Gateway, RequestView, RouterConfig
-from tierdiag.engine.scheduler import EngineError, Scheduler
+from tierdiag.engine.scheduler import INIT_NEW_TOKEN_RATIO, EngineError, Scheduler
 from tierdiag.trace.pages import page_keys_array
 from tierdiag.trace.reader import TraceRequest
 
@@ -113,6 +113,8 @@ class Deployment:
                         gpu_free[rank] = end
                         ran.append(rank)
                     batched = True
+                elif now >= gpu_free[rank]:
+                    sched.new_token_ratio = INIT_NEW_TOKEN_RATIO  # idle: self_check_during_idle
             if batched:
                 for tick in ticks:  # a batch's events are in: the probe may flush its buffers
                     tick()

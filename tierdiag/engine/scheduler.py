@@ -170,6 +170,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
                     gpu_free, ran = end, True
                 if tick is not None:  # a batch's events are in: the probe may flush its buffers
                     tick()
+            elif now >= gpu_free:
+                self.new_token_ratio = INIT_NEW_TOKEN_RATIO  # nothing to run: self_check_during_idle
             nxt = nxt_t
             if events and (nxt is None or events[0][0] < nxt):
                 nxt = events[0][0]
@@ -390,9 +392,9 @@ class Scheduler(StoragePrefetch, RequestRecords):
         refresh = self.refresh_calls % interval == 0
         self.refresh_calls += 1
         if refresh:
-            match = self.tree.match
+            walk = self.tree._walk  # RadixTree.match's walk: the stamps without the match's result
             for r in reversed(waiting[:self.rules.waiting_prefix_refresh_max]):
-                match(r.keys, now)  # touch_waiting_prefix: the whole input, page-aligned
+                walk(r.keys, now, None)  # touch_waiting_prefix: the whole input, page-aligned
 
     def _pages_through(self, req: Req, end_tokens: int) -> int:
         """Pages holding tokens [0, end_tokens): the extend allocates its own tokens only
