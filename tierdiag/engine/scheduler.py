@@ -326,6 +326,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
         i = 0
         # A continuing chunk spends the budget, unless the policy's cap left room beside it.
         while (capped or not chunk_continues) and budget >= ps and i < len(self.waiting):
+            if self.batch_is_full:
+                break  # a chunked request's pass: it goes on, nobody else is admitted
             req = self.waiting[i]
             if req.hold_until_ns > now and self._prefetch_holds(req, now):  # "skip staging requests that are ongoing prefetch"
                 req.held = True
