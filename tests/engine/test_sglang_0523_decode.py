@@ -298,3 +298,47 @@ def test_a_request_out_of_memory_alone_is_aborted(version):
     assert r.status == "rejected" and r.reject_reason.startswith("aborted: out of device memory")
     assert ("raises" in r.reject_reason) == (version == "0.5.9")
     engine.check_invariants(idle=True)
+
+
+@st.composite
+def decode_heavy(draw):
+    """Requests with long outputs arriving close together on a small pool: decode memory runs
+    out, so retraction and re-admission are exercised."""
+    n = draw(st.integers(2, 8))
+    out, t = [], 0.0
+    for i in range(n):
+        t += draw(st.sampled_from([0.0, 0.5, 1.0, 2.0]))
+        shared = draw(st.integers(0, 2))
+        keys = pages(1, shared) + pages(100 * (i + 1), draw(st.integers(0, 3)))
+        out.append(helpers.req(f"r{i}", t, keys or [5000 + i], output=draw(st.integers(1, 700))))
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(trace=decode_heavy(), device=st.integers(12, 40), version=st.sampled_from(["0.5.23", "0.5.9"]),
+       mixed=st.booleans())
+def test_decode_memory_invariants_hold_through_retraction(trace, device, version, mixed):
+    """Whatever the retractions: every request finishes or is rejected (never lost), a finished
+    one conserves its input tokens (its record: its first admission), its decode wait is part of
+    its queue, the pools account for every page and every lock is back at rest; the same run
+    twice gives the same records."""
+    kw = dict(device_tokens=device * PS, host_tokens=2 * device * PS, sglang_rules=version,
+              enable_mixed_chunk=mixed, max_context_tokens=10_000)
+    engine, probe = helpers.run(trace, **kw)
+    engine.check_invariants(idle=True)
+    assert len(probe.records) == len(trace)
+    for r in probe.records.values():
+        if r.status != "finished":
+            continue
+        assert r.prefix_indices_len + r.computed_tokens == r.input_tokens
+        assert 0 <= r.decode_wait_ns <= r.queue_ns and r.finish_ns >= r.first_token_ns
+    assert helpers.run(trace, **kw)[1].records == probe.records
+
+
+def test_the_property_workloads_do_retract():
+    """The strategy above reaches retract_decode (not only the happy path): a draw like it."""
+    trace = [helpers.req(f"r{i}", 1.0 * i, pages(100 * (i + 1), 1), output=(700, 700, 600)[i]) for i in range(3)]
+    engine, probe = helpers.run(trace, device_tokens=32 * PS, host_tokens=64 * PS)
+    assert engine.scheduler.stats.retractions > 0
+    assert any(r.retractions for r in probe.records.values())
+    engine.check_invariants(idle=True)
