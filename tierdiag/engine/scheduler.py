@@ -863,7 +863,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
                 return None
         else:
             self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
-        end = now + self._decode_step(now)
+        # the step, after any write-back its eviction waited for (write_back: blocking copies)
+        end = now + self._decode_step(now) + self.ctrl.blocking_ns
         if self.emit.decode_step is not None:
             self.emit.decode_step((now, end, self.dstep, tuple(r.req_id for r in self.running),
                                    tuple(r.req_id for r in retracted), None, self.rank))
