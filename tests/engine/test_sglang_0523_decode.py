@@ -349,14 +349,16 @@ def test_a_decode_step_waits_for_the_write_back_its_eviction_needs():
     (`HiRadixCache` / `drive_host_eviction`); when `check_decode_mem` evicts for a decode step,
     the step waits for that copy, as a prefill batch does (the harness prices SGLang's decode
     step with the same blocking). a (12 pages, 130 output tokens) fills the pool beside x's 2
-    cached pages; its page at step 129 evicts x, written back first: that step lasts the copy's
-    wait plus `decode_step_ns` of its KV (768 + 129 tokens)."""
+    cached pages: its pages at steps 1 and 65 take the last free ones; at step 66
+    `alloc_paged_token_slots_decode` evicts for a page anyway ("assume each request needs a
+    new page"): x, written back first, and that step lasts the copy's wait plus `decode_step_ns`
+    of its KV (768 + 66 tokens)."""
     x = req("x", 0, pages(1, 2), output=1)
     a = TraceRequest(req_id="a", seq=0, line=1, arrival_ns=10**9, input_len=12 * PS, output_len=130,
                      hash_ids=tuple(pages(100, 12)), tokens=None)
     engine, probe = run_batches([x, a], write_policy="write_back")
     (wb,) = [t for t in probe.transfers if t.kind == "write_back"]
     step = next(s for s in probe.steps if s.t_start_ns == wb.t_start_ns)
-    assert step.step == 129
+    assert step.step == 66
     assert step.t_end_ns - step.t_start_ns == (wb.t_end_ns - step.t_start_ns) + engine.scheduler.cost.decode_step_ns(
         12 * PS + step.step)

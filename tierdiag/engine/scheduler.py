@@ -805,11 +805,17 @@ class Scheduler(StoragePrefetch, RequestRecords):
         return self.ctrl.evict_device(len(need), need[0].req_id, now)
 
     def _decode_step(self, now: int) -> int:
-        """prepare_for_decode + the step's time: `alloc_for_decode` gives each request whose
-        slot starts a page that page; the step reads the weights and every running request's
+        """prepare_for_decode + the step's time: `alloc_for_decode` evicts for a page a running
+        request, then gives each request whose slot starts a page that page; the step reads the weights and every running request's
         KV (`decode_step_ns` of the seq_lens after the step's slot). The decode clock advances;
         requests whose output is then complete finish when the step ends."""
         k = self.dstep + 1
+        # alloc_paged_token_slots_decode (both releases; alloc_token_slots at page 1): "Over
+        # estimate the number of tokens: assume each request needs a new page", evicting for a
+        # page a running request whatever the step needs
+        n = len(self.running)
+        if self.ctrl.device.free_pages < n:
+            self.ctrl.evict_device(n, self.running[0].req_id, now)
         due = self._page_due.pop(k, None)
         if due:
             alloc = self.ctrl.device.alloc
