@@ -362,3 +362,17 @@ def test_a_decode_step_waits_for_the_write_back_its_eviction_needs():
     assert step.step == 66
     assert step.t_end_ns - step.t_start_ns == (wb.t_end_ns - step.t_start_ns) + engine.scheduler.cost.decode_step_ns(
         12 * PS + step.step)
+
+
+def test_the_batch_allocation_leaves_a_page_a_request_free():
+    """allocation.py `alloc_paged_token_slots_extend` (0.5.23) evicts once for the batch: its
+    extend plus a page a request (`conservative_num_tokens`), only the shortfall
+    (`evict_to_free_tokens`). x1 and x2 leave a cached page each (14 of 16 free); a and b (6
+    pages + 1 token: 7 pages each) come in one batch: 14 pages + 2 is 2 more than free, so x1 and
+    x2 go. The engine allocates request by request (b's allocation evicts x1 for its own page
+    and leaves 1 free), then evicts for the rest of the batch's pages: x2."""
+    x1, x2 = req("x1", 0, pages(1, 1), output=1), req("x2", 100, pages(2, 1), output=1)
+    a, b = req("a", 1000, pages(100, 6), output=1), req("b", 1000, pages(200, 6), output=1)
+    engine, probe = run_batches([x1, x2, a, b])
+    assert [e.owner_req_id for e in probe.evictions if e.tier == "device"] == ["x1", "x2"]
+    assert probe.records["a"].first_batch_id == probe.records["b"].first_batch_id

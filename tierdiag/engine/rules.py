@@ -92,6 +92,12 @@ class RuleSet:
     # alloc_paged_token_slots_extend (both): the allocation's eviction asks for a page a request
     # more than the extend (`conservative_num_tokens`); the page is not allocated.
     alloc_overhead_pages: int
+    # alloc_paged_token_slots_extend (0.5.23) evicts once for the whole batch, its extend plus a
+    # page a request (`conservative_num_tokens`, the shortfall of it): after the batch's
+    # allocation a page a request is free when anything was evicted. The engine allocates
+    # request by request (each evicting for its extend and a page); with this rule it then evicts
+    # for the rest of those pages. 0.5.9 (whole-need eviction) keeps the per-request one.
+    batch_alloc_page_per_request: bool
     # PrefillAdder.add_one_req (0.5.23): `per_req_token_overhead`, one page, in total_tokens, and
     # `_update_prefill_budget` -> `PrefillBudget.reserve` keeps it reserved (`total_offset`) for
     # the rest of the batch: the k-th request admitted in a batch finds the pages of the k - 1
@@ -199,6 +205,7 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         reclaim_host_duplicates=True,
         alloc_overhead_pages=1,
         admission_overhead_pages=1,
+        batch_alloc_page_per_request=True,
         chunk_later_requests=True,
         hits_past_inserted=True,
         finish_reinserts_prompt=True,
@@ -230,6 +237,7 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         reclaim_host_duplicates=False,
         alloc_overhead_pages=1,
         admission_overhead_pages=0,
+        batch_alloc_page_per_request=False,
         chunk_later_requests=False,
         hits_past_inserted=False,
         finish_reinserts_prompt=False,

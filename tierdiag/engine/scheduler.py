@@ -353,6 +353,9 @@ class Scheduler(StoragePrefetch, RequestRecords):
             if self._rem_total() <= 0 or self._rem_current() <= 0:  # budget_state: NO_TOKEN
                 self.batch_is_full = True
                 break
+        if items and self.rules.batch_alloc_page_per_request and self.ctrl.device.free_pages < len(items):
+            # alloc_paged_token_slots_extend: the batch's eviction leaves a page a request free
+            self.ctrl.evict_device(len(items), items[-1][0].req_id, now)
         return items or None
 
     def _running_reserve(self) -> int:
