@@ -17,6 +17,7 @@ from tierdiag.config.engine import load_config
 from tierdiag.engine.engine import Engine
 from tierdiag.probes import events as ev
 from tierdiag.errors import ConfigFileError
+from tierdiag.trace.pages import page_keys_array
 from tierdiag.trace.reader import TraceRequest
 
 
@@ -376,3 +377,22 @@ def test_the_batch_allocation_leaves_a_page_a_request_free():
     engine, probe = run_batches([x1, x2, a, b])
     assert [e.owner_req_id for e in probe.evictions if e.tier == "device"] == ["x1", "x2"]
     assert probe.records["a"].first_batch_id == probe.records["b"].first_batch_id
+
+
+def test_a_chunk_that_ends_mid_page_leaves_its_page_to_the_next_chunk():
+    """PrefillAdder.add_chunked_req: a chunk limited by memory (`available_chunk_tokens` =
+    `rem_total_tokens`) is not page-floored, so it can end mid-page; the next chunk completes that
+    page and must write its content (else its backup copies nothing and a load-back of it fails
+    verification). A request's first chunk stopped at token 10; the next one (100 tokens) ends
+    at 110 and completes page 0."""
+    from tierdiag.engine.request import Req as EngineReq
+    from tierdiag.engine.content import verify_content
+
+    engine = Engine(helpers.small_config())
+    sched = engine.scheduler
+    r = EngineReq(req("r", 0, pages(1, 3), output=1), 0, 0, None)
+    r.keys_np = page_keys_array(req("r", 0, pages(1, 3)), page_size=PS, block_size=PS)
+    r.keys = r.keys_np.tolist()
+    r.own_slots, r.own_from, r.done_tokens = engine.device.alloc(2), 0, 10
+    sched._write_chunk(r, 100)
+    assert verify_content(engine.device, r.own_slots[:1], r.keys_np[:1])
