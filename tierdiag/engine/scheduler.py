@@ -664,7 +664,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         """The prefill output of this chunk: KV content for the pages it completes (a chunk that
         ended mid-page, memory-limited, left that page for this one to finish)."""
         ps = self.ps
-        first = -(-req.done_tokens // ps)
+        first = req.done_tokens // ps
         last = min((req.done_tokens + take) // ps, len(req.keys))
         if last > first:
             off = first - req.own_from
