@@ -74,15 +74,23 @@ def test_a_declined_load_back_reports_no_host_tokens():
 
 def test_admission_reserves_a_page_a_request():
     """schedule_policy.py `PrefillAdder.add_one_req` (0.5.23): total_tokens = extend + max_new +
-    `per_req_token_overhead` (a page). A request needing the whole device pool can never be
-    admitted and is rejected at arrival; one page less fits. 0.5.9 had no overhead."""
+    `per_req_token_overhead` (a page), admitted only when less than `rem_total_tokens` (an empty
+    pool: all of it). A request that can never be admitted is rejected at arrival. 0.5.9 had no
+    overhead, and the same strict test (`total_tokens >= rem_total_tokens`: NO_TOKEN): 15 pages
+    + 1 token + 63 output tokens are the whole pool, never admitted under either release (issue
+    43: before decode memory was modelled 0.5.9's page count admitted it); 14 pages + 1 token +
+    62 output tokens + the page are one token less than the pool, and fit under 0.5.23."""
     whole = [req("w", 0, pages(1, 15), output=PS - 1)]  # 15 pages + 1 token + 63 output: 16 pages
     _, p23 = helpers.run(whole)
     _, p59 = helpers.run(whole, sglang_rules="0.5.9")
     assert p23.records["w"].status == "rejected" and "device memory" in p23.records["w"].reject_reason
-    assert p59.records["w"].status == "finished"
-    _, fits = helpers.run([req("w", 0, pages(1, 14), output=PS - 1)])
+    assert p59.records["w"].status == "rejected"
+    _, fits59 = helpers.run([req("w", 0, pages(1, 15), output=PS - 2)], sglang_rules="0.5.9")
+    assert fits59.records["w"].status == "finished"
+    _, fits = helpers.run([req("w", 0, pages(1, 14), output=PS - 2)])
     assert fits.records["w"].status == "finished"
+    _, one_more = helpers.run([req("w", 0, pages(1, 14), output=PS - 1)])
+    assert one_more.records["w"].status == "rejected"
 
 
 def test_the_allocation_evicts_for_a_page_more_but_only_the_shortfall():

@@ -80,15 +80,18 @@ def test_the_overhead_page_stays_reserved_for_the_rest_of_the_batch():
     per_req_token_overhead - page_size)`, which charges a page itself: each admitted request keeps
     `ceil(extend) + page + max_new` in `total_offset` for the rest of the pass, so the next
     request's `total_tokens < remaining_total` sees it. The compute budget (`rem_input_tokens`,
-    `rem_chunk_tokens`) is charged the page-ceiled extend only. a takes 4 of 16 device pages;
-    b needs 11: with its own overhead page 12 = the 12 free, but a's reserved page makes 13, so b
-    waits for the next batch (0.5.9, no overhead: admitted beside a). With 10 pages it fits."""
+    `rem_chunk_tokens`) is charged the page-ceiled extend only. a (193 input tokens, 63 output)
+    takes 4 of 16 device pages (its extend: output pages come with decode steps) and reserves
+    its page and its 63 output tokens: 768 - 127 = 641 tokens left. b with 9 pages + 1 token:
+    577 + 63 + its page 64 = 704, not below 641, so b waits for a to leave (0.5.9, no page either
+    side: 640 < 705, admitted beside a); without a's reserved page (705) it would fit. With 8
+    pages (640 < 641) it fits."""
     def first_batches(n):
         out = by_release([req("a", 0, pages(1, 3), output=63), req("b", 0, pages(10, n), output=63)],
                          max_prefill_tokens=64 * PS)
         return {v: (p.records["a"].first_batch_id, p.records["b"].first_batch_id) for v, p in out.items()}
-    assert first_batches(10) == {"0.5.23": (1, 2), "0.5.9": (1, 1)}  # b: 10 pages + 1 token + 63 = 11 pages
-    assert first_batches(9) == {"0.5.23": (1, 1), "0.5.9": (1, 1)}
+    assert first_batches(9) == {"0.5.23": (1, 2), "0.5.9": (1, 1)}
+    assert first_batches(8) == {"0.5.23": (1, 1), "0.5.9": (1, 1)}
 
 
 # --- 2. hits past cache_inserted_len: write-through at every chunk -------------------------------

@@ -123,7 +123,8 @@ def test_request_larger_than_the_device_pool_is_rejected_not_waited_on(tmp_path)
     summary = r.json()
     assert (summary["num_requests"], summary["num_rejected"]) == (3, 1)
     rows = dict(sql(db, "SELECT req_id, coalesce(reject_reason, status) FROM requests"))
-    assert rows.pop("2") == ("needs 1024 tokens of device memory and 64 of admission overhead (SGLang 0.5.23: "
+    # input + output (PrefillAdder.add_one_req's total_tokens, issue 43; it said 16 pages before)
+    assert rows.pop("2") == ("needs 1008 tokens of device memory and 64 of admission overhead (SGLang 0.5.23: "
                              "a page a request); the pool holds 256")
     assert set(rows.values()) == {"finished"}
 

@@ -109,6 +109,9 @@ def replay(
     router: Annotated[Optional[str], Opt("--router", metavar="NAME", autocompletion=completer(ROUTER_NAMES), help=_d(
         "The router in front of the --dp ranks: " + listed(ROUTER_NAMES) + "; its parameters are the router_* "
         "config keys.", "router"))] = None,
+    enable_mixed_chunk: Annotated[Optional[bool], Opt("--enable-mixed-chunk", help=_d(
+        "A prefill batch carries the running requests' decode step (SGLang's --enable-mixed-chunk; config key "
+        "enable_mixed_chunk).", shown="off"))] = None,
     sglang: Annotated[Optional[str], Opt("--sglang", metavar="RELEASE[,RELEASE]", autocompletion=completer(SGLANG_RULES), help=_d(
         "The SGLang release whose cache rules the engine follows, " + listed(SGLANG_RULES) + " (config key sglang_rules). Two, OLD,NEW: the "
         "upgrade view, both replayed and NEW once more per differing rule switched back, under one sweep id.",
@@ -144,7 +147,7 @@ def replay(
         "prefetch_threshold": prefetch_threshold, "max_prefill_tokens": max_prefill_tokens,
         "layerwise_overlap": overlap, "timing": timing, "profile": str(profile) if profile else None,
         "time_scale": time_scale, "arrivals": arrivals, "max_context_tokens": max_context, "seed": seed, "verify": verify, "data_plane_mib": data_plane_mib,
-        "sglang_rules": sglang, "dp": dp, "router": router,
+        "sglang_rules": sglang, "dp": dp, "router": router, "enable_mixed_chunk": enable_mixed_chunk,
     }, defaults={"dp": ranks} if ranks else None,
         defaults_origin=f"the imported run whose --trace-out this trace is (its export named {ranks} ranks)")
     if not no_probes:  # the store is not one of the files this replay reads (tierdiag/paths.py)

@@ -113,6 +113,13 @@ class EngineConfig:
     # next_prompt_estimate); None: unset (0). Only with eviction_policy = "tlru".
     tlru_threshold: Int(0) | None = None
     tlru_next_prompt_estimate: Int(0) | None = None
+    # SGLang 0.5.23's SGLANG_ENABLE_WAITING_PREFIX_REFRESH (on by default): every 32nd scheduling
+    # pass refreshes the LRU recency of the first 128 waiting requests' cached prefixes. 0.5.9
+    # has no such refresh; there the key changes nothing.
+    waiting_prefix_refresh: Flag(cli=False) = True
+    # SGLang's --enable-mixed-chunk (off by default, as there): a prefill batch carries a decode
+    # step of the running requests instead of waiting for the GPU to run one on its own.
+    enable_mixed_chunk: Flag(option="--enable-mixed-chunk") = False
     # Data-parallel ranks behind one router (engine/deployment.py; docs/contract.md "Deployments").
     # The router keys are engine/routing/config.py RouterConfig's fields, its defaults the SGLang
     # model gateway's command line; declared in config/router.py (KEYS), which says why their

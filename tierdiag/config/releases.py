@@ -43,6 +43,14 @@ RULE_NAMES: dict[str, RuleName] = {r.name: r for r in (
     RuleName("unevict_counts_hit", ("unevict_counts_hit",), "refill by insert"),
     RuleName("reclaim_host_duplicates", ("reclaim_host_duplicates",), "host pressure under write_back"),
     RuleName("split_cached_prefix", ("split_cached_prefix",), "tier split"),
+    # Issue 43's rules of 0.5.23 (docs/engine.md): alloc_paged_token_slots_extend's one page a
+    # request once a batch, checkpoint_into_tree's second insert at priority + 1, a decode out of
+    # memory alone aborted rather than raised, the waiting-prefix refresh.
+    RuleName("batch_alloc_page_per_request", ("batch_alloc_page_per_request",), "batch allocation slack"),
+    RuleName("finish_reinserts_prompt", ("finish_reinserts_prompt",), "priority re-insert at finish"),
+    RuleName("decode_oom_aborts", ("decode_oom_aborts",), "decode out of memory"),
+    RuleName("waiting_prefix_refresh", ("waiting_prefix_refresh_interval", "waiting_prefix_refresh_max"),
+             "waiting-prefix refresh"),
     RuleName("prefetch_capacity", ("prefetch_capacity_share", "prefetch_capacity_of_host_minus_device"),
              "prefetch in flight"),
     RuleName("prefetch_gate_on_best_match", ("prefetch_gate_on_best_match",), "prefetch gate"),

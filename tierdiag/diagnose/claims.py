@@ -168,6 +168,7 @@ _WAIT_WORDS = {
     "new_compute": "computing other requests' new tokens",
     "load_back": "on exposed load-backs of other requests",
     "write_back": "blocked on write-backs at eviction",
+    "decode": "running decode steps of the requests ahead",
     "memory_wait": "idle, the queue waiting for device memory that decoding requests held",
     "storage_wait": "idle while requests waited for storage prefetches",
     "idle": "idle",
@@ -389,6 +390,7 @@ def loss_why(run: RunContext | None) -> str | None:
 
 _RUN_WAIT_WORDS = {"recompute": "recomputing once-cached tokens", "new_compute": "computing new tokens",
                    "load_back": "on exposed load-backs", "write_back": "blocked on write-backs",
+                   "decode": "running decode steps",
                    "memory_wait": "idle waiting for device memory that decoding requests held",
                    "idle": "idle (no prefill batch and none decoding: held for storage, or nothing to run)"}
 

@@ -18,11 +18,11 @@ Two results, both from the `batches` table (one row per prefill batch) and `requ
 
   Batch time splits by kind: `recompute` (compute of once-cached tokens), `new_compute`,
   `load_back` (exposed), `write_back` (blocking device->host copies at eviction). Idle gaps
-  while it waited split into `memory_wait` (no prefill batch ran while some request was
-  decoding: its KV held the device memory the queue needed, so the queue waited for memory;
-  decode runs beside prefill in this engine, so it takes memory, not prefill time; the name
-  says what the waiting request waited for, as the verdict does), `storage_wait` (else some request was held for a storage prefetch) and
-  `idle`. From the shared batches its own parts (recompute, compute, exposed load-back) are
+  while it waited split into `decode` (the GPU ran decode steps: the engine records how much of
+  each request's queue that was, `decode_wait_ns`), `memory_wait` (the rest of the time no
+  prefill batch ran while some request was decoding: its KV held the device memory the queue
+  needed; the name says what the waiting request waited for, as the verdict does),
+  `storage_wait` (else some request was held for a storage prefetch) and `idle`. From the shared batches its own parts (recompute, compute, exposed load-back) are
   subtracted. The parts are rounded to whole ns by largest remainder so they sum to
   `queue_ns` exactly; `rounding_ns` says how far the float sum was from it (a few ns from
   the engine's per-batch integer truncation).
@@ -44,8 +44,8 @@ from tierdiag.units import NS_PER_S, ns_to_ms, share
 # Context is measured over [arrival - CONTEXT_LOOKBACK_NS, first token].
 CONTEXT_LOOKBACK_NS = 1 * NS_PER_S
 
-ATTRIBUTION_KEYS: tuple[str, ...] = ("recompute", "new_compute", "load_back", "write_back", "storage_wait",
-                                     "memory_wait", "idle")
+ATTRIBUTION_KEYS: tuple[str, ...] = ("recompute", "new_compute", "load_back", "write_back", "decode",
+                                     "storage_wait", "memory_wait", "idle")
 _BATCH_KINDS = ("recompute", "new_compute", "load_back", "write_back")
 
 
@@ -272,6 +272,11 @@ def queue_attribution(con: duckdb.DuckDBPyConnection, run_id: str, row: dict) ->
                 held_ns = sum(b - a for a, b in hold)
                 raw["storage_wait"] += held_ns
                 raw["idle"] += rest[1] - rest[0] - held_ns
+    # The GPU running decode steps meanwhile (the engine's record, decode_wait_ns): always while
+    # some request decoded, so taken out of memory_wait (NULL in runs recorded before it: 0).
+    decode = min(float(row.get("decode_wait_ns") or 0), raw["memory_wait"])
+    raw["decode"] += decode
+    raw["memory_wait"] -= decode
     rounding = queue - sum(max(v, 0.0) for v in raw.values())
     return QueueAttribution(queue_ns=queue, parts_ns=round_exact(raw, queue), rounding_ns=rounding,
                             batches_ahead=ahead)

@@ -188,14 +188,16 @@ def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_t
         keep = ft > w0  # an empty window overlaps no batch
         tot += integral(ft[keep]) - integral(w0[keep])
     own = con.execute(
-        f"SELECT sum(recompute_ns), sum(compute_ns), sum(loadback_exposed_ns) FROM requests "
+        f"SELECT sum(recompute_ns), sum(compute_ns), sum(loadback_exposed_ns), sum(decode_wait_ns) FROM requests "
         f"WHERE run_id = ? AND {_FINISHED}", [rid]).fetchone()
     raw = dict.fromkeys(ATTRIBUTION_KEYS, 0.0)
     raw["recompute"] = float(tot[0]) - _i(own[0])
     raw["new_compute"] = float(tot[1]) - _i(own[1])
     raw["load_back"] = float(tot[2]) - _i(own[2])
     raw["write_back"] = float(tot[3])
-    raw["idle"] = queue_total - sum(max(v, 0.0) for v in raw.values())
+    idle = queue_total - sum(max(v, 0.0) for v in raw.values())
+    raw["decode"] = float(min(_i(own[3]), max(idle, 0)))  # decode steps, out of the gaps
+    raw["idle"] = idle - raw["decode"]
     return round_exact(raw, queue_total)
 
 

@@ -52,6 +52,9 @@ class EngineStats:
     ttft_ns: list = field(default_factory=list)
     batches: int = 0
     busy_ns: int = 0  # virtual time the GPU spent in prefill batches
+    decode_steps: int = 0  # decode steps run (a mixed batch's included)
+    decode_ns: int = 0  # virtual time the GPU spent in decode steps (not a mixed batch's)
+    retractions: int = 0  # requests retracted for decode memory (retract_decode)
     virtual_end_ns: int = 0
 
 

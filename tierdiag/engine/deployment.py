@@ -41,7 +41,7 @@ from tierdiag.engine.arrivals import ArrivalSource
 from tierdiag.engine.controller import EngineStats
 from tierdiag.engine.request import Req
 from tierdiag.engine.routing import Gateway, RequestView, RouterConfig
-from tierdiag.engine.scheduler import EngineError, Scheduler
+from tierdiag.engine.scheduler import INIT_NEW_TOKEN_RATIO, EngineError, Scheduler
 from tierdiag.trace.pages import page_keys_array
 from tierdiag.trace.reader import TraceRequest
 
@@ -105,20 +105,24 @@ class Deployment:
                 if nxt_t is None or nxt_t > now:
                     break
             batched = False
+            ran = []  # ranks whose pass ran a batch: their next pass is when it ends, even now
             for rank, sched in enumerate(ranks):
-                if now >= gpu_free[rank] and (sched.waiting or sched.chunked is not None):
+                if now >= gpu_free[rank] and (sched.waiting or sched.running or sched.chunked is not None):
                     end = sched._batch(now)
                     if end is not None:
                         gpu_free[rank] = end
+                        ran.append(rank)
                     batched = True
+                elif now >= gpu_free[rank]:
+                    sched.new_token_ratio = INIT_NEW_TOKEN_RATIO  # idle: self_check_during_idle
             if batched:
                 for tick in ticks:  # a batch's events are in: the probe may flush its buffers
                     tick()
             nxt = nxt_t
             if events and (nxt is None or events[0][0] < nxt):
                 nxt = events[0][0]
-            for free in gpu_free:
-                if free > now and (nxt is None or free < nxt):
+            for rank, free in enumerate(gpu_free):
+                if (free > now or rank in ran) and (nxt is None or free < nxt):
                     nxt = free
             if nxt is None:
                 stuck = [(r, s) for r, s in enumerate(ranks) if s.waiting or s.chunked is not None]

@@ -170,6 +170,11 @@ class QueuePolicy:
     chunk_limit: Callable[[Req, list[Req], int, int], int | None] | None = None
     rules: RuleSet | None = None
 
+    def cache_aware(self, waiting: list[Req]) -> bool:
+        """`SchedulePolicy._determine_active_policy`: whether the policy that orders `waiting`
+        this pass matches the queue (a cache-aware one not fallen back to FCFS past its limit)."""
+        return self.sort is not None and (self.fcfs_past is None or len(waiting) <= self.fcfs_past)
+
     def order(self, waiting: list[Req], match, ps: int, now: int, processed: int, arrived: dict[int, int]) -> None:
         """Sorts `waiting` in place (SchedulePolicy.calc_priority) before a batch is formed. A
         policy with a chunk cap sorts (and so matches) even a single request: the cap reads the

@@ -24,6 +24,8 @@ class Req:
         "lock_node", "dev_pages", "prefix_pages", "host_loaded_pages", "storage_loaded_pages",
         "host_match_pages", "storage_match_pages", "lb_skip_reason", "lb_skip_pages", "storage_skip_reason",
         "own_slots", "own_from", "done_tokens", "extend_total", "recomputed_pages",
+        "fill_len", "generated", "kv_len", "join_step", "next_page", "finish_step", "in_running", "first_pass",
+        "retractions",
         "sched_ns", "first_batch_id", "num_chunks", "lb_ns", "lb_exposed", "lb_queued", "lb_pages", "lb_runs",
         "storage_bytes", "storage_fetch_ns", "recompute_ns", "compute_ns", "first_token_ns", "lost",
         "lb_wall", "lb_verified", "protected_pages", "session", "think_ms", "trace_arrival_ns",
@@ -54,6 +56,16 @@ class Req:
         # into the re-query (`poll_miss`), which then assumes that span stored (`assume_stored`).
         self.storage_hit_end: int | None = None
         self.inserted_pages = 0  # req.kv.cache_inserted_len in pages: what this request's inserts covered
+        # Decode: the tokens its next prefill covers (input, plus the output so far after a
+        # retraction), output tokens generated (len(output_ids)) and KV committed when it last
+        # joined or left the running batch, and its place on the decode clock (scheduler.py).
+        self.fill_len = self.input_len
+        self.generated = 0
+        self.kv_len = 0
+        self.join_step = self.next_page = self.finish_step = 0
+        self.in_running = False
+        self.first_pass: tuple | None = None  # FIRST_PASS_FIELDS at its first retraction
+        self.retractions = 0
         self.prefill_work = 0  # `_shortest_prefill_work` at the last sort (shortest-prefill-first)
         self.route = ROUTE_NONE  # the record's routing columns (engine/deployment.py sets them)
         self.priority = t.priority
@@ -85,12 +97,25 @@ class Req:
         self.lb_verified: bool | None = None
 
 
+# What a request's record says of its first admission: a retracted request is admitted again
+# (its input and output so far prefilled anew), and its record keeps the first one's.
+FIRST_PASS_FIELDS = (
+    "dev_pages", "prefix_pages", "host_loaded_pages", "storage_loaded_pages", "host_match_pages",
+    "storage_match_pages", "lb_skip_reason", "lb_skip_pages", "storage_skip_reason", "recomputed_pages",
+    "sched_ns", "first_batch_id", "num_chunks", "lb_ns", "lb_exposed", "lb_queued", "lb_pages", "lb_runs",
+    "storage_bytes", "storage_fetch_ns", "recompute_ns", "compute_ns", "protected_pages", "lb_wall", "lb_verified",
+    "held", "hold_until_ns", "extend_total")
+
+
 class RequestRecords:
     """The Scheduler's records (a mixin, as SGLang's scheduler keeps its output processing in
     scheduler_output_processor_mixin.py): the finished request's row and the pool samples."""
 
     def _record(self, req: Req, now: int) -> None:
         ps, cost, st = self.ps, self.cost, self.stats
+        if req.first_pass is not None:
+            for name, value in zip(FIRST_PASS_FIELDS, req.first_pass):
+                setattr(req, name, value)
         device, host, storage = self.rules_split(req)
         computed = req.input_len - req.prefix_pages * ps
         recomputed = min(req.recomputed_pages * ps, computed)
@@ -106,6 +131,9 @@ class RequestRecords:
         if queue < 0:
             compute_ns += queue
             queue = 0
+        # Of its queue, the time the GPU ran decode steps (scheduler.decode_before)
+        decode_wait = min(self.decode_before(req.first_token_ns)
+                          - self.decode_before(req.arrival_ns + storage_wait), queue)
         st.requests_finished += 1
         st.input_tokens += req.input_len
         st.device_tokens += device
@@ -142,7 +170,7 @@ class RequestRecords:
                 req.lb_pages, req.lb_runs, req.storage_bytes, req.storage_fetch_ns, recompute_ns, compute_ns,
                 req.first_token_ns - req.sched_ns, ttft, ideal, if_resident, recompute_instead,
                 req.first_batch_id, req.num_chunks, req.first_token_ns, now, req.session, req.think_ms,
-                req.trace_arrival_ns, self.rank) + req.route))
+                req.trace_arrival_ns, self.rank) + req.route + (decode_wait, req.retractions))
         if self.progress is not None and st.requests_finished % 256 == 0:
             self.progress(st.requests_finished, now, st)
 

@@ -94,6 +94,12 @@ class RuleSet:
     # alloc_paged_token_slots_extend (both): the allocation's eviction asks for a page a request
     # more than the extend (`conservative_num_tokens`); the page is not allocated.
     alloc_overhead_pages: int
+    # alloc_paged_token_slots_extend (0.5.23) evicts once for the whole batch, its extend plus a
+    # page a request (`conservative_num_tokens`, the shortfall of it): after the batch's
+    # allocation a page a request is free when anything was evicted. The engine allocates
+    # request by request (each evicting for its extend and a page); with this rule it then evicts
+    # for the rest of those pages. 0.5.9 (whole-need eviction) keeps the per-request one.
+    batch_alloc_page_per_request: bool
     # PrefillAdder.add_one_req (0.5.23): `per_req_token_overhead`, one page, in total_tokens, and
     # `_update_prefill_budget` -> `PrefillBudget.reserve` keeps it reserved (`total_offset`) for
     # the rest of the batch: the k-th request admitted in a batch finds the pages of the k - 1
@@ -113,10 +119,29 @@ class RuleSet:
     # `_inc_hit_count(node, chunked)`: chunk inserts count nothing, every other insert counts its
     # whole path.
     hits_past_inserted: bool
+    # `UnifiedRadixCache.checkpoint_into_tree` (0.5.23): after a finished request's insert of
+    # input + output, its prompt (page-aligned `origin_input_ids`) is inserted a second time at
+    # `priority + 1`, with `prev_prefix_len` = `inserted_len` = the prompt ("split the leaf at the
+    # prompt boundary so eviction can drop the output KV without the prompt"): no duplicate is
+    # freed and no hit counted, but the walk stamps the prompt's nodes again and raises their
+    # priority. 0.5.9's `RadixCache.cache_finished_req` inserts once.
+    finish_reinserts_prompt: bool
+    # ScheduleBatch.retract_decode, the last running request out of memory even alone: 0.5.23
+    # aborts it (FINISH_ABORT "Out of memory even after retracting all other requests"); 0.5.9
+    # raises ValueError there (the scheduler dies). The engine records it rejected either way;
+    # the reason says which.
+    decode_oom_aborts: bool
     # --- the queue ---
     # `_sort_by_longest_prefix` ranks by `num_matched_prefix_tokens` = min(device + host hit,
     # input - 1) (0.5.23, `common.match_kv_cache`); 0.5.9 by `len(prefix_indices)`, device only.
     lpm_counts_host_hit: bool
+    # `SchedulePolicy._touch_waiting_prefixes` (0.5.23, `SGLANG_ENABLE_WAITING_PREFIX_REFRESH`, on
+    # by default): every `WAITING_PREFIX_REFRESH_INTERVAL`-th (32) `calc_priority` that gets past
+    # its conditions (a cache-agnostic active policy, a non-empty queue, `lru` eviction) walks
+    # the cached prefix of the first `WAITING_QUEUE_PREFIX_MATCH_MAX` (128) waiting requests,
+    # head last (`touch_waiting_prefix` -> `touch_prefix`: a match, stamps only). 0: none (0.5.9).
+    waiting_prefix_refresh_interval: int
+    waiting_prefix_refresh_max: int
     # (prefix, device, host_hit, host_loaded, storage_hit, storage_start) -> (device, host, storage)
     split_cached_prefix: Callable[[int, int, int, int, int, int], tuple[int, int, int]]
     # --- the storage prefetch ---
@@ -182,9 +207,14 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         reclaim_host_duplicates=True,
         alloc_overhead_pages=1,
         admission_overhead_pages=1,
+        batch_alloc_page_per_request=True,
         chunk_later_requests=True,
         hits_past_inserted=True,
+        finish_reinserts_prompt=True,
+        decode_oom_aborts=True,
         lpm_counts_host_hit=True,
+        waiting_prefix_refresh_interval=32,
+        waiting_prefix_refresh_max=128,
         split_cached_prefix=_split_by_tier,
         prefetch_capacity_share=0.5,
         prefetch_capacity_of_host_minus_device=False,
@@ -209,9 +239,14 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         reclaim_host_duplicates=False,
         alloc_overhead_pages=1,
         admission_overhead_pages=0,
+        batch_alloc_page_per_request=False,
         chunk_later_requests=False,
         hits_past_inserted=False,
+        finish_reinserts_prompt=False,
+        decode_oom_aborts=False,
         lpm_counts_host_hit=False,
+        waiting_prefix_refresh_interval=0,
+        waiting_prefix_refresh_max=0,
         split_cached_prefix=_split_promised,
         prefetch_capacity_share=0.8,
         prefetch_capacity_of_host_minus_device=True,

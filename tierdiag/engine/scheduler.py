@@ -1,15 +1,18 @@
 """The scheduler on a virtual clock: arrivals, a waiting queue (FCFS or LPM), prefill batches
-under a token budget with chunked prefill, admission gated on device memory, modelled decode, and
-`cache_unfinished_req` / `cache_finished_req` into the tree. The rules mirror SGLang 0.5.9
-(managers/scheduler.py, schedule_policy.py, scheduler_output_processor_mixin.py,
-mem_cache/hiradix_cache.py); each function names the one it restates.
+under a token budget with chunked prefill, admission gated on PrefillAdder's memory budget,
+decode steps on the same clock (with their memory and retraction), and `cache_unfinished_req` /
+`cache_finished_req` into the tree. The rules mirror SGLang (managers/scheduler.py,
+schedule_policy.py, schedule_batch.py, scheduler_output_processor_mixin.py, mem_cache/), the
+release's where they differ (rules.py); each function names the one it restates.
 
 A request's life (times on the virtual clock):
 
-    arrival (storage prefetch starts) ──queue──► admitted: match_prefix, whole request fits?
-        (else it waits), load-back, alloc ──prefill chunk(s) (chunk insert after each)──►
-        last chunk: insert input pages (cache_unfinished_req), first token
-        ──decode (output_len steps)──► finish: insert input + output pages (cache_finished_req),
+    arrival (storage prefetch starts) ──queue──► admitted: match_prefix, whole request within
+        the memory budget? (else it waits), load-back, alloc its extend ──prefill chunk(s)
+        (chunk insert after each)──► last chunk: insert input pages (cache_unfinished_req),
+        first token, joins the running batch ──decode steps (output_len - 1, each when no
+        prefill batch is formed; a page when a step's slot starts one; retracted to the queue
+        when a step does not fit)──► finish: insert input + output pages (cache_finished_req),
         unlock, free the rest
 
 Token split at admission (`prefix_indices` = device original + what load-back restored):
@@ -22,6 +25,7 @@ Token split at admission (`prefix_indices` = device original + what load-back re
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from typing import Callable, Iterable
 
 import numpy as np
@@ -34,7 +38,7 @@ from tierdiag.engine.miss import NO_MISSES, MissTracker
 from tierdiag.engine.pagemap import blame
 from tierdiag.engine.prefetch import StoragePrefetch, prefetch_limit_tokens
 from tierdiag.engine.queue_policy import queue_policy
-from tierdiag.engine.request import Req, RequestRecords
+from tierdiag.engine.request import FIRST_PASS_FIELDS, Req, RequestRecords
 from tierdiag.engine.rules import config_rules
 from tierdiag.engine.tree import RadixTree, TreeNode
 from tierdiag.errors import TierdiagError
@@ -42,6 +46,17 @@ from tierdiag.probes import events as ev
 from tierdiag.trace.pages import output_page_keys, page_keys_array
 from tierdiag.trace.reader import TraceRequest
 
+# Decode memory (both releases, environ.py): new_token_ratio starts at SGLANG_INIT_NEW_TOKEN_RATIO
+# (0.7) x schedule_conservativeness (1), decays by (init - init x SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
+# (0.14)) / SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS (600) every decode step that retracts nothing, is
+# reset when the scheduler idles; a running request reserves min(max_new - out, CLIP) x ratio.
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
+RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
+CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+NO_TOKEN, OTHER = "no_token", "other"  # AddReqResult: memory, or anything else (the shape, the budget)
+INT64_MAX = 2**63 - 1  # checkpoint_into_tree: min(priority + 1, torch.iinfo(torch.int64).max)
 # HiRadixCache.write_through_threshold: insert hits that trigger a device->host backup.
 WRITE_THROUGH_THRESHOLD = {"write_through": 1, "write_through_selective": 2}
 
@@ -72,7 +87,26 @@ class Scheduler(StoragePrefetch, RequestRecords):
         self.ps = cfg.page_size
         self.waiting: list[Req] = []
         self.chunked: Req | None = None
-        self.running_context_tokens = 0
+        # The running (decoding) batch, in merge order, and what SGLang keeps beside it:
+        # `batch_is_full` (a NO_TOKEN with requests running shuts admission until one leaves),
+        # `new_token_ratio`, the decode steps run so far (`dstep`, the decode clock each request's
+        # next page and finish are due on), S = sum(kv_len - join step) over running requests, so
+        # a step's KV read is S + len(running) x step.
+        self.running: list[Req] = []
+        self.batch_is_full = False
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.dstep = 0
+        self._kv_base = 0
+        self._page_due: dict[int, list[Req]] = {}
+        self._fin_sum = self._n_short = 0  # running requests' finish steps (those with <= 4096 to go)
+        self._long: list[Req] = []  # running requests that joined with more than 4096 tokens to go
+        self._finish_due: dict[int, list[Req]] = {}
+        self.mixed_chunk = cfg.enable_mixed_chunk
+        # Runs of back-to-back decode steps on the clock (start, end, decode time before the
+        # run): a request's record says how much of its wait was decode steps (`decode_before`).
+        self._drun_starts: list[int] = []
+        self._drun_ends: list[int] = []
+        self._drun_cum: list[int] = []
         self._events: list = []
         self._order = 0
         self._batch_id = 0
@@ -85,6 +119,10 @@ class Scheduler(StoragePrefetch, RequestRecords):
         self.prefetch_tokens_occupied = 0
         self.prefetch_retry_due: dict[int, int | None] = {}  # req seq -> pass its re-query is due (0.5.23)
         self.prefetch_pass = 0  # scheduling passes, the re-queries' clock
+        # SchedulePolicy._waiting_prefix_refresh_calls: the passes that reached the refresh (0.5.23)
+        self.refresh_calls = 0
+        self.refresh_interval = (self.rules.waiting_prefix_refresh_interval
+                                 if cfg.waiting_prefix_refresh and cfg.eviction_policy == "lru" else 0)
         self.max_context = cfg.resolved_max_context()
         self.arrivals: ArrivalSource | None = None  # the trace's arrivals, open or closed loop (run)
         self.rank = 0  # the data-parallel rank (its rows' dp_rank; engine/deployment.py)
@@ -127,20 +165,22 @@ class Scheduler(StoragePrefetch, RequestRecords):
                 nxt_t = src.next_ns(now)
                 if nxt_t is None or nxt_t > now:
                     break
-            if now >= gpu_free and (self.waiting or self.chunked is not None):
+            ran = False
+            if now >= gpu_free and (self.waiting or self.running or self.chunked is not None):
                 end = self._batch(now)
                 if end is not None:
-                    gpu_free = end
+                    gpu_free, ran = end, True
                 if tick is not None:  # a batch's events are in: the probe may flush its buffers
                     tick()
-            candidates = []
-            if nxt_t is not None:
-                candidates.append(nxt_t)
-            if events:
-                candidates.append(events[0][0])
-            if gpu_free > now:
-                candidates.append(gpu_free)
-            if not candidates:
+            elif now >= gpu_free:
+                self.new_token_ratio = INIT_NEW_TOKEN_RATIO  # nothing to run: self_check_during_idle
+            nxt = nxt_t
+            if events and (nxt is None or events[0][0] < nxt):
+                nxt = events[0][0]
+            # The next pass: when the GPU is free again (at once after a step that took no time)
+            if (ran or gpu_free > now) and (nxt is None or gpu_free < nxt):
+                nxt = gpu_free
+            if nxt is None:
                 if self.waiting or self.chunked is not None:
                     head = self.chunked or self.waiting[0]
                     raise EngineError(
@@ -148,7 +188,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
                         f"event will free ({self.ctrl.device.free_pages} pages free, "
                         f"{self.tree.locked_device_pages} locked)")
                 break
-            now = max(now, min(candidates))
+            now = max(now, nxt)
         self.stats.virtual_end_ns = now
         return self.stats
 
@@ -172,15 +212,21 @@ class Scheduler(StoragePrefetch, RequestRecords):
             self._reject(req, f"context_length: {req.input_len:,} input + {req.output_len:,} output tokens; the "
                               f"model's context is {context:,} tokens")
             return
-        req.total_pages = -(-(req.input_len + req.output_len) // ps)
+        # The KV a request ever holds: its input and every output token but the last, which is
+        # never fed back through the model (ScheduleBatch.prepare_for_decode -> alloc_for_decode
+        # allocates the slot of the token a step reads, the previous step's output), both releases.
+        req.total_pages = -(-(req.input_len + max(req.output_len - 1, 0)) // ps)
         overhead = self.rules.admission_overhead_pages
-        if req.total_pages + overhead > self.ctrl.device.capacity:
+        # Admission into an empty pool (PrefillAdder.add_one_req): input + min(output, 4096)
+        # + the rule set's page must be less than the pool, or the request would wait forever.
+        need = req.input_len + min(req.output_len, CLIP_MAX_NEW_TOKENS)
+        if need + overhead * ps >= self.ctrl.device.capacity * ps:
             # Said with the admission overhead where the rule set has one (0.5.23's PrefillAdder
             # counts a page a request beside its tokens): a request that needs exactly the pool
             # is refused for that page, and the reason must say so.
             extra = (f" and {overhead * ps} of admission overhead (SGLang {self.rules.version}: a page a "
                      f"request)" if overhead else "")
-            self._reject(req, f"needs {req.total_pages * ps} tokens of device memory{extra}; the pool holds "
+            self._reject(req, f"needs {need} tokens of device memory{extra}; the pool holds "
                               f"{self.ctrl.device.capacity * ps}")
             return
         req.keys_np = page_keys_array(t, page_size=ps, block_size=self.cfg.block_size) if keys_np is None else keys_np
@@ -207,6 +253,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
                 0, 0, 0, 0, 0, 0, 0, None, 0, None, 0, 0, 0,
                 None, None, None, None, None, 0, 0, 0, 0, None, None, None, None, None, None, None, None,
                 None, 0, None, None, req.session, req.think_ms, req.trace_arrival_ns, self.rank) + req.route
+                + (None, req.retractions)
                 + NO_MISSES)  # a rejected request computed nothing: no miss reasons (miss.py)
             if self.emit.tick is not None:  # rejections come without batches: a trace of them stays bounded
                 self.emit.tick()
@@ -219,23 +266,56 @@ class Scheduler(StoragePrefetch, RequestRecords):
 
     # --- batches -------------------------------------------------------------------------
     def _batch(self, now: int) -> int | None:
-        """Scheduler.get_new_batch_prefill: the chunked request first, then waiting requests in
-        policy order until one does not fit (it and everyone behind it wait)."""
-        ps = self.ps
-        budget = self.cfg.max_prefill_tokens
-        items: list[tuple[Req, int, int, int]] = []  # (req, chunk tokens, load-back ns, load-back pages)
+        """One scheduling pass (Scheduler.get_next_batch_to_run, without mixed chunk unless
+        `enable_mixed_chunk`): a prefill batch if one can be formed (`get_new_batch_prefill`),
+        else a decode step of the running batch (`update_running_batch`), else nothing (the
+        scheduler idles: `self_check_during_idle` resets `new_token_ratio`). Returns when the
+        GPU is free again, None when nothing ran."""
         self.ctrl.blocking_ns = 0
-        self._retry_prefetches(now)  # _process_hicache_events, before the batch is formed
+        self._retry_prefetches(now)  # _process_hicache_events, every pass
+        if not self.running:
+            self.batch_is_full = False  # "An empty batch has no request left to leave"
+        items = None
+        # _get_new_batch_prefill_raw: nothing to try while a NO_TOKEN with requests running
+        # holds (batch_is_full) or nobody waits, unless a chunked request goes on.
+        if (self.waiting and not self.batch_is_full) or self.chunked is not None:
+            items = self._new_prefill(now)
+        if items:
+            return self._run_batch(items, now)
+        if self.running:
+            return self._decode(now)
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        return None
+
+    def _new_prefill(self, now: int) -> list | None:
+        """Scheduler.get_new_batch_prefill: the chunked request first, then waiting requests in
+        policy order until one does not fit (it and everyone behind it wait). Memory is
+        SGLang's PrefillAdder budget in tokens (`rem_total_tokens`): free + evictable device
+        memory less what running requests may still decode (min(max_new - generated, 4096) x
+        `new_token_ratio` each) and, for each request admitted this pass, its page of overhead
+        (0.5.23) and its output (min(max_new, 4096), none for a chunk that goes on); the engine
+        allocates each extend as it admits it, so the extend itself is already out of free
+        memory. A request needs (input beyond its device prefix) + its output + the rule set's
+        page < that budget, or it is NO_TOKEN; NO_TOKEN with a request admitted or running
+        sets `batch_is_full`."""
+        ps = self.ps
+        mixed = len(self.running) if self.mixed_chunk else 0  # num_mixed_decode_tokens
+        budget = self.cfg.max_prefill_tokens - mixed
+        ratio = self.new_token_ratio
+        self._total_offset = mixed + self._running_reserve() * ratio
+        self._cur_offset = mixed
+        items: list[tuple[Req, int, int, int]] = []  # (req, chunk tokens, load-back ns, load-back pages)
         chunk_continues = False
         capped = False  # the queue policy capped the chunked request's chunk (shortest-prefill-first)
         sorted_yet = False
+        overhead = self.rules.admission_overhead_pages
         if self.chunked is not None:
             req = self.chunked
             chunk_budget = budget
             limit = self.queue.chunk_limit
             if limit is not None:
                 # calc_priority runs before add_chunked_req, whose cap reads the sorted queue
-                self.queue.order(self.waiting, self.tree.match, ps, now, self.processed_tokens, self.arrived_at)
+                self._calc_priority(now)
                 sorted_yet = True
                 cap = limit(req, self.waiting, budget, ps)  # adder.chunked_req_limit
                 if cap is not None:
@@ -245,45 +325,98 @@ class Scheduler(StoragePrefetch, RequestRecords):
                 return None  # the chunked request needs memory first; it goes before everyone
             items.append((req, take, 0, 0))
             budget -= -(-take // ps) * ps
-            chunk_continues = req.done_tokens + take < req.input_len
+            chunk_continues = req.done_tokens + take < req.fill_len
+            # add_chunked_req -> _update_prefill_budget: its page, and its output when it ends here
+            self._reserve(overhead, 0 if chunk_continues else min(req.output_len, CLIP_MAX_NEW_TOKENS))
         if not sorted_yet:
-            self.queue.order(self.waiting, self.tree.match, ps, now, self.processed_tokens, self.arrived_at)
-        overhead = self.rules.admission_overhead_pages
+            self._calc_priority(now)
         i = 0
         # A continuing chunk spends the budget, unless the policy's cap left room beside it.
         while (capped or not chunk_continues) and budget >= ps and i < len(self.waiting):
+            if self.batch_is_full:
+                break  # a chunked request's pass: it goes on, nobody else is admitted
             req = self.waiting[i]
             if req.hold_until_ns > now and self._prefetch_holds(req, now):  # "skip staging requests that are ongoing prefetch"
                 req.held = True
                 i += 1
                 continue
-            # PrefillBudget.reserve: each request already in the batch keeps its page of overhead
-            admitted = self._admit(req, budget, now, first=not items, reserved_pages=overhead * len(items),
-                                   may_chunk=not chunk_continues)
-            if admitted is None:
-                break  # NO_TOKEN or OTHER: the request waits, and so does everyone behind it
+            admitted = self._admit(req, budget, now, first=not items, may_chunk=not chunk_continues)
+            if admitted is NO_TOKEN:
+                # "Set batch_is_full after making sure there are requests that can be served"
+                self.batch_is_full = bool(items) or bool(self.running)
+                break
+            if admitted is OTHER:
+                break  # the request waits, and so does everyone behind it
             del self.waiting[i]
             self.arrived_at.pop(req.seq, None)
             self.prefetch_retry_due.pop(req.seq, None)
             take, lb_ns, lb_pages = admitted
             items.append((req, take, lb_ns, lb_pages))
             budget -= -(-take // ps) * ps  # PrefillAdder._update_prefill_budget: page-ceiled
-            if req.done_tokens + take < req.input_len:
+            ends = req.done_tokens + take >= req.fill_len
+            self._reserve(overhead, min(req.output_len, CLIP_MAX_NEW_TOKENS) if ends else 0)
+            if not ends:
                 break  # it became the chunked request; the budget is spent
-        if not items:
-            return None
-        return self._run_batch(items, now)
+            if self._rem_total() <= 0 or self._rem_current() <= 0:  # budget_state: NO_TOKEN
+                self.batch_is_full = True
+                break
+        if items and self.rules.batch_alloc_page_per_request and self.ctrl.device.free_pages < len(items):
+            # alloc_paged_token_slots_extend: the batch's eviction leaves a page a request free
+            self.ctrl.evict_device(len(items), items[-1][0].req_id, now)
+        return items or None
+
+    def _running_reserve(self) -> int:
+        """Sum over running requests of min(max_new - generated, 4096) (the tokens each may still
+        decode, `_get_running_request_total_token_offset` before its ratio): a request's
+        remaining output is its finish step less the decode clock; only those that joined with
+        more than 4096 to go are clipped one by one."""
+        k = self.dstep
+        total = self._fin_sum - self._n_short * k
+        for r in self._long:
+            total += min(r.finish_step - k, CLIP_MAX_NEW_TOKENS)
+        return total
+
+    def _reserve(self, overhead_pages: int, max_new: int) -> None:
+        """PrefillBudget.reserve (0.5.23; 0.5.9's `rem_total_token_offset`): the admitted
+        request's page of overhead, and its output, stay reserved for the rest of the pass."""
+        page = overhead_pages * self.ps
+        self._total_offset += page + max_new
+        self._cur_offset += page
+
+    def _rem_total(self) -> float:
+        """`rem_total_tokens`: free + evictable device tokens less the pass's reservations."""
+        return (self.ctrl.device.free_pages + self.tree.evictable_device_pages) * self.ps - self._total_offset
+
+    def _rem_current(self) -> float:
+        return (self.ctrl.device.free_pages + self.tree.evictable_device_pages) * self.ps - self._cur_offset
+
+    def _calc_priority(self, now: int) -> None:
+        """SchedulePolicy.calc_priority: the queue policy's order, then (0.5.23)
+        `_touch_waiting_prefixes`: on every `refresh_interval`-th pass that reaches it with a
+        cache-agnostic active policy (a cache-aware one touches while matching) and a waiting
+        queue, the cached prefixes of the first `waiting_prefix_refresh_max` waiting requests
+        are walked, head last, so LRU evicts them in reverse admission order."""
+        waiting = self.waiting
+        self.queue.order(waiting, self.tree.match, self.ps, now, self.processed_tokens, self.arrived_at)
+        interval = self.refresh_interval
+        if not interval or not waiting or self.queue.cache_aware(waiting):
+            return
+        refresh = self.refresh_calls % interval == 0
+        self.refresh_calls += 1
+        if refresh:
+            walk = self.tree._walk  # RadixTree.match's walk: the stamps without the match's result
+            for r in reversed(waiting[:self.rules.waiting_prefix_refresh_max]):
+                walk(r.keys, now, None)  # touch_waiting_prefix: the whole input, page-aligned
 
     def _pages_through(self, req: Req, end_tokens: int) -> int:
-        if end_tokens >= req.input_len:
-            return req.total_pages  # the last chunk also holds the output
+        """Pages holding tokens [0, end_tokens): the extend allocates its own tokens only
+        (`alloc_for_extend`); output pages come a decode step at a time (`alloc_for_decode`)."""
         return -(-end_tokens // self.ps)
 
     def _take(self, remaining: int, budget: int) -> int:
         return remaining if remaining <= budget else (budget // self.ps) * self.ps
 
-    def _admit(self, req: Req, budget: int, now: int, *, first: bool, reserved_pages: int = 0,
-               may_chunk: bool = True):
+    def _admit(self, req: Req, budget: int, now: int, *, first: bool, may_chunk: bool = True):
         """PrefillAdder.add_one_req (SGLang 0.5.9; 0.5.23's `_select_prefill_admission` where the
         rule set says), with init_load_back inside it.
 
@@ -294,18 +427,19 @@ class Scheduler(StoragePrefetch, RequestRecords):
            for the next batch (OTHER); under 0.5.23 (`chunk_later_requests`) it is chunked into
            what is left, unless a chunked request goes on beside it (`has_chunked_req`: OTHER);
         3. lock the device path, then NO_TOKEN: the whole request (input beyond the device part,
-           host part included, plus its output, plus the rule set's page of overhead, plus the
-           overhead pages `reserved_pages` the batch's earlier requests keep) must fit in free +
-           evictable device memory, or it waits. It is not recomputed: memory frees as running
-           requests finish;
+           host part included, plus its output, plus the rule set's page of overhead) must be
+           less than the pass's memory budget (`_rem_total`: free + evictable device memory less
+           the running requests' and this pass's reservations), or it waits;
         4. load-back of the host part, all or nothing (a partial load is an error in 0.5.23;
            here one allocation takes the whole host part or none): declined below
            load_back_threshold, or when eviction cannot make room for the host part
            (`device_full`). Declined, the prefix is the device part and the shape is selected
            again as recompute (step 2 with no host part); cache_protected_len = device part,
            and only the device path stays locked;
-        5. allocate the first chunk (the last chunk also holds the output pages).
-        Returns (chunk tokens, load-back ns, load-back pages), or None when the request waits.
+        5. allocate the first chunk (its input tokens: output pages come with decode steps).
+        Returns (chunk tokens, load-back ns, load-back pages), or NO_TOKEN / OTHER when the
+        request waits. A retracted request prefills its input and the output it had generated
+        (`fill_len`).
         """
         ps = self.ps
         tree, ctrl = self.tree, self.ctrl
@@ -318,13 +452,16 @@ class Scheduler(StoragePrefetch, RequestRecords):
         host_pages = match.host_pages - storage_pages
         tiered = host_pages + storage_pages
         if self._waits_for_next_batch(req, (dev_pages + tiered) * ps, budget, first, may_chunk):
-            return None  # OTHER, the shape chosen assuming the host part loads
+            return OTHER  # the shape chosen assuming the host part loads
         dev_node = match.last_device_node or tree.root
         tree.inc_lock(dev_node)
-        overhead = self.rules.admission_overhead_pages + reserved_pages  # 0.5.23: per_req_token_overhead
-        if req.total_pages - dev_pages + overhead > ctrl.device.free_pages + tree.evictable_device_pages:
+        # add_one_req: total_tokens = extend beyond the device prefix + max_new (less what was
+        # generated, clipped) + 0.5.23's per_req_token_overhead, against rem_total_tokens
+        max_new = min(max(req.output_len - req.generated, 0), CLIP_MAX_NEW_TOKENS)
+        total_tokens = req.fill_len - dev_pages * ps + max_new + self.rules.admission_overhead_pages * ps
+        if total_tokens >= self._rem_total():
             tree.dec_lock(dev_node)
-            return None  # NO_TOKEN: total_tokens >= rem_total_tokens
+            return NO_TOKEN
         load = tiered > 0
         skip = None
         if load and tiered * ps < self.cfg.load_back_threshold:
@@ -342,8 +479,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
         prefix_pages = dev_pages + tiered if load else dev_pages
         if not load and self._waits_for_next_batch(req, prefix_pages * ps, budget, first, may_chunk):
             tree.dec_lock(dev_node)
-            return None  # OTHER, re-selected as recompute: the declined host part counted as input
-        take = self._take(req.input_len - prefix_pages * ps, budget)
+            return OTHER  # re-selected as recompute: the declined host part counted as input
+        take = self._take(req.fill_len - prefix_pages * ps, budget)
         # alloc_paged_token_slots_extend: the extend's eviction (with the rule set's page a request)
         need = self._pages_through(req, prefix_pages * ps + take) - prefix_pages
         if not ctrl.evict_device(need, req.req_id, now, reserve_pages=self.rules.alloc_overhead_pages):
@@ -380,7 +517,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         req.own_slots = slots
         req.own_from = prefix_pages
         req.done_tokens = prefix_pages * ps
-        req.extend_total = req.input_len - req.done_tokens
+        req.extend_total = req.fill_len - req.done_tokens
         req.sched_ns = now
         self._count_recomputed(req, match, skip is not None)
         if self.miss is not None:  # the pages this chunk computes, against its batch's (miss.py)
@@ -400,7 +537,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         least what is left of the budget. 0.5.23 `_select_prefill_admission` (chunked prefill on):
         such a request is chunked into what is left; only one that needs chunking while another
         chunked request goes on beside it waits (the budget always holds a page here)."""
-        extend = -(-(req.input_len - prefix_tokens) // self.ps) * self.ps
+        extend = -(-(req.fill_len - prefix_tokens) // self.ps) * self.ps
         if self.rules.chunk_later_requests:
             return not may_chunk and extend > budget
         return not first and extend >= budget
@@ -433,7 +570,12 @@ class Scheduler(StoragePrefetch, RequestRecords):
         req.recomputed_pages = recomputed + once
 
     def _continue_chunk(self, req: Req, budget: int, now: int) -> int | None:
-        take = self._take(req.input_len - req.done_tokens, budget)
+        """PrefillAdder.add_chunked_req: the next chunk, at most the budget and, where memory is
+        short, at most `rem_total_tokens` (`available_chunk_tokens`; none left: the budget, so
+        the chunk goes on), not page-floored then. None when eviction cannot free its pages."""
+        remaining = req.fill_len - req.done_tokens
+        mem = int(self._rem_total())
+        take = self._take(remaining, budget) if mem <= 0 or mem >= budget else min(remaining, mem)
         need = self._pages_through(req, req.done_tokens + take) - req.own_from - len(req.own_slots)
         if need > 0:
             if not self.ctrl.evict_device(need, req.req_id, now, reserve_pages=self.rules.alloc_overhead_pages):
@@ -442,7 +584,13 @@ class Scheduler(StoragePrefetch, RequestRecords):
         return take
 
     def _run_batch(self, items, now: int) -> int:
+        """A prefill batch on the GPU; with `enable_mixed_chunk` it carries a decode step of the
+        running requests (`mix_with_running`) when their next step fits (`check_decode_mem`;
+        else they sit it out, nothing retracted), the batch then also taking that step's time."""
         cost, ctrl, ps = self.cost, self.ctrl, self.ps
+        mixed_ns = 0
+        if self.mixed_chunk and self.running and self._decode_fits(self.running, now):
+            mixed_ns = self._decode_step(now)
         self._batch_id += self.id_step
         bid = self._batch_id
         if self.emit.pool_sample is not None:
@@ -467,10 +615,16 @@ class Scheduler(StoragePrefetch, RequestRecords):
         blocking = ctrl.blocking_ns
         duration = cost.overlapped_ns(load_ns, compute_ns) + blocking
         exposed = duration - compute_ns - blocking
+        duration += mixed_ns
         end = now + duration
+        if mixed_ns:
+            if self.emit.decode_step is not None:
+                self.emit.decode_step((now, end, self.dstep, tuple(r.req_id for r in self.running), (), bid,
+                                       self.rank))
+            self._finish_step(end)
         total_flops = sum(flops) or 1.0
         total_lb = sum(p for _, _, _, p in items) or 1
-        decoding = self.running_context_tokens
+        decoding = len(self.running)  # requests decoding (holding memory; in a mixed batch, decoding in it)
         batch_recompute_ns = 0.0  # of compute_ns: recomputing once-cached tokens (queue attribution)
         self.stats.batches += 1
         self.stats.busy_ns += duration
@@ -482,7 +636,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         # == prefill_flops(t, p). The request's new tokens get the rest of its share.
         rec_flops = []
         for req, take, _, _ in items:
-            rec_end = req.input_len - req.extend_total + min(req.recomputed_pages * ps, req.extend_total)
+            rec_end = req.fill_len - req.extend_total + min(req.recomputed_pages * ps, req.extend_total)
             r = min(take, rec_end - req.done_tokens)
             rec_flops.append(cost.prefill_flops(r, req.done_tokens) if r > 0 else 0.0)
         all_rec = sum(rec_flops)
@@ -500,7 +654,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
             req.num_chunks += 1
             self._write_chunk(req, take)
             req.done_tokens += take
-            if req.done_tokens >= req.input_len:
+            if req.done_tokens >= req.fill_len:
                 if self.chunked is req:
                     self.chunked = None
                 self.at(end, self._prefill_done, req)
@@ -510,14 +664,16 @@ class Scheduler(StoragePrefetch, RequestRecords):
             if self.emit.prefill_done is not None:
                 self.emit.prefill_done((end, req.req_id, bid, req.num_chunks, take))
         if self.emit.batch is not None:
-            self.emit.batch((bid, now, end, len(items), sum(t for _, t, _, _ in items), lb_bytes_total, compute_ns,
-                            exposed, decoding, int(batch_recompute_ns), self.rank))
+            # A mixed batch's decode step is part of its compute (the rows' new compute)
+            self.emit.batch((bid, now, end, len(items), sum(t for _, t, _, _ in items), lb_bytes_total,
+                            compute_ns + mixed_ns, exposed, decoding, int(batch_recompute_ns), self.rank))
         return end
 
     def _write_chunk(self, req: Req, take: int) -> None:
-        """The prefill output of this chunk: KV content for its full pages."""
+        """The prefill output of this chunk: KV content for the pages it completes (a chunk that
+        ended mid-page, memory-limited, left that page for this one to finish)."""
         ps = self.ps
-        first = -(-req.done_tokens // ps)
+        first = req.done_tokens // ps
         last = min((req.done_tokens + take) // ps, len(req.keys))
         if last > first:
             off = first - req.own_from
@@ -532,13 +688,22 @@ class Scheduler(StoragePrefetch, RequestRecords):
         self._insert(req, min(req.done_tokens // self.ps, len(req.keys)), self._current, chunk=True)
 
     def _prefill_done(self, req: Req) -> None:
-        """process_batch_result_prefill: after the last chunk a request that goes on decoding is
-        inserted (cache_unfinished_req), so a request arriving now matches it on device while it
-        decodes; the insert counts hits and starts write-through. A request finished by its first
-        token (output <= 1) is only inserted at finish (release_kv_cache)."""
-        if req.output_len > 1:
+        """process_batch_result_prefill: the last chunk samples a token. A request that goes on
+        decoding is inserted (cache_unfinished_req), so a request arriving now matches it on
+        device while it decodes (the insert counts hits and starts write-through), and joins
+        the running batch; one whose output is complete (a single output token) finishes now
+        (release_kv_cache -> cache_finished_req)."""
+        req.generated += 1
+        req.kv_len = req.fill_len
+        done = req.generated >= req.output_len
+        if not done:
             self._insert(req, len(req.keys), self._current, chunk=False)
-        self._first_token(req)
+        if req.first_token_ns is None:
+            self._first_token(req)
+        if done:
+            self._finish(req)
+        else:
+            self._join(req)
 
     def _insert(self, req: Req, upto: int, now: int, *, chunk: bool) -> list[TreeNode]:
         """cache_unfinished_req / cache_finished_req: insert pages [0, upto) of req.keys; our
@@ -583,10 +748,236 @@ class Scheduler(StoragePrefetch, RequestRecords):
         self.stats.ttft_ns.append(ttft)
         if self.emit.first_token is not None:
             self.emit.first_token((now, req.req_id, ttft))
-        context = req.input_len + req.output_len
-        step = self.cost.decode_step_ns(self.running_context_tokens + context)
-        self.running_context_tokens += context
-        self.at(now + req.output_len * step, self._finish, req)
+
+    # --- decode ----------------------------------------------------------------------------
+    def _generated(self, req: Req) -> int:
+        """Output tokens a running request has (len(output_ids)), after `dstep` decode steps."""
+        return req.generated + self.dstep - req.join_step
+
+    def _join(self, req: Req) -> None:
+        """The request joins the running batch (get_next_batch_to_run merges the last prefill
+        batch into it). Its next page and its finish are due on the decode clock: each decode
+        step allocates the slot of the token it reads (kv_len before the step), a page when
+        that slot starts one (`new_tokens_required_next_decode`: kv_committed_len % page == 0)."""
+        k0 = self.dstep
+        req.join_step = k0
+        req.in_running = True
+        self._kv_base += req.kv_len - k0
+        req.finish_step = k0 + req.output_len - req.generated
+        self._finish_due.setdefault(req.finish_step, []).append(req)
+        if req.output_len - req.generated > CLIP_MAX_NEW_TOKENS:
+            self._long.append(req)
+        else:
+            self._fin_sum += req.finish_step
+            self._n_short += 1
+        nxt = k0 + 1 + (-req.kv_len) % self.ps
+        req.next_page = nxt
+        if nxt <= req.finish_step:
+            self._page_due.setdefault(nxt, []).append(req)
+        self.running.append(req)
+
+    def _leave(self, req: Req) -> None:
+        """Out of the running batch (finished or retracted): `filter_batch`, which also lets
+        admission try again (`batch_is_full = False`)."""
+        if not req.in_running:
+            return
+        req.in_running = False
+        if req in self._long:
+            self._long.remove(req)
+        else:
+            self._fin_sum -= req.finish_step
+            self._n_short -= 1
+        steps = self.dstep - req.join_step
+        self._kv_base -= req.kv_len - req.join_step
+        req.kv_len += steps
+        req.generated += steps
+        req.join_step = self.dstep
+        self.running.remove(req)
+        due = self._page_due.get(req.next_page)
+        if due is not None and req in due:
+            due.remove(req)
+        due = self._finish_due.get(req.finish_step)
+        if due is not None and req in due:
+            due.remove(req)
+        self.batch_is_full = False
+
+    def _decode_fits(self, reqs, now: int) -> bool:
+        """ScheduleBatch.check_decode_mem: the pages the next step of `reqs` needs, after
+        evicting for them (`check_decode_capacity` -> `evict_to_free_tokens`)."""
+        k = self.dstep + 1
+        due = self._page_due.get(k)
+        if not due:
+            return True
+        if reqs is self.running:
+            need = due
+        else:
+            chosen = set(map(id, reqs))
+            need = [r for r in due if id(r) in chosen]
+        if not need or len(need) <= self.ctrl.device.free_pages:
+            return True  # (evict_to_free_tokens evicts nothing when the pages are free)
+        return self.ctrl.evict_device(len(need), need[0].req_id, now)
+
+    def _decode_step(self, now: int) -> int:
+        """prepare_for_decode + the step's time: `alloc_for_decode` evicts for a page a running
+        request, then gives each request whose slot starts a page that page; the step reads the weights and every running request's
+        KV (`decode_step_ns` of the seq_lens after the step's slot). The decode clock advances;
+        requests whose output is then complete finish when the step ends."""
+        k = self.dstep + 1
+        # alloc_paged_token_slots_decode (both releases; alloc_token_slots at page 1): "Over
+        # estimate the number of tokens: assume each request needs a new page", evicting for a
+        # page a running request whatever the step needs
+        n = len(self.running)
+        if self.ctrl.device.free_pages < n:
+            self.ctrl.evict_device(n, self.running[0].req_id, now)
+        due = self._page_due.pop(k, None)
+        if due:
+            alloc = self.ctrl.device.alloc
+            ps = self.ps
+            page_due = self._page_due
+            for r in due:
+                slots = alloc(1)
+                assert slots is not None, "check_decode_mem reported room that alloc could not find"
+                r.own_slots.extend(slots)
+                nxt = k + ps
+                r.next_page = nxt
+                if nxt <= r.finish_step:
+                    page_due.setdefault(nxt, []).append(r)
+        ctx = self._kv_base + len(self.running) * k
+        self.dstep = k
+        self.stats.decode_steps += 1
+        return self.cost.decode_step_ns(ctx)
+
+    def _finish_step(self, end: int) -> None:
+        """The step's end: requests whose output is complete finish then (the event loop runs
+        them before the next pass)."""
+        for r in self._finish_due.pop(self.dstep, ()):
+            self.at(end, self._finish, r)
+
+    def _note_decode(self, start: int, end: int) -> None:
+        """A decode step's time, kept as runs of steps on the clock (`decode_before`)."""
+        self.stats.decode_ns += end - start
+        starts = self._drun_starts
+        if starts and self._drun_ends[-1] == start:
+            self._drun_ends[-1] = end
+        else:
+            self._drun_cum.append(self._drun_cum[-1] + self._drun_ends[-1] - starts[-1] if starts else 0)
+            starts.append(start)
+            self._drun_ends.append(end)
+
+    def decode_before(self, t: int) -> int:
+        """Virtual time the GPU spent in decode steps before `t`."""
+        starts = self._drun_starts
+        i = bisect_right(starts, t) - 1
+        if i < 0:
+            return 0
+        return self._drun_cum[i] + min(t, self._drun_ends[i]) - starts[i]
+
+    def _decode(self, now: int) -> int:
+        """Scheduler.update_running_batch: `check_decode_mem`; when the step does not fit,
+        `retract_decode`, else `new_token_ratio` decays; then the step (`prepare_for_decode`)."""
+        retracted = ()
+        if not self._decode_fits(self.running, now):
+            retracted = self._retract(now)
+            if not self.running:
+                return None
+        else:
+            self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+        # the step, after any write-back its eviction waited for (write_back: blocking copies)
+        end = now + self._decode_step(now) + self.ctrl.blocking_ns
+        if self.emit.decode_step is not None:
+            self.emit.decode_step((now, end, self.dstep, tuple(r.req_id for r in self.running),
+                                   tuple(r.req_id for r in retracted), None, self.rank))
+        self._finish_step(end)
+        self._note_decode(now, end)
+        return end
+
+    def _retract(self, now: int) -> list[Req]:
+        """ScheduleBatch.retract_decode: requests ordered by (output so far, -input) descending
+        (`_get_decode_retraction_order`), the last retracted first, at least one and until the
+        rest's next step fits (`check_decode_mem(selected_indices)`), one always kept; each
+        released without a checkpoint (`release_req` -> `release_kv_cache(checkpoint=False)`:
+        its own KV freed, its lock dropped, what it had inserted stays cached) and the tree
+        evicted for 20 decode steps of each request left (`evict_from_tree_cache`,
+        SGLANG_RETRACT_DECODE_STEPS); back at the end of the waiting queue
+        (`_add_request_to_queue`), to prefill its input and its output so far again. The last
+        one, if even it does not fit, is aborted. `new_token_ratio` becomes
+        (generated + 20 x kept) / (max_new of the kept + 1), at most 1."""
+        running = self.running
+        order = sorted(range(len(running)), key=lambda i: (self._generated(running[i]), -running[i].input_len),
+                       reverse=True)
+        retracted: list[Req] = []
+        first = True
+        while first or not self._decode_fits([running[i] for i in order], now):
+            if len(order) == 1:
+                break
+            first = False
+            req = running[order.pop()]
+            self._release(req)
+            pages = -(-len(order) * RETRACT_DECODE_STEPS // self.ps)
+            if pages:
+                self.ctrl.evict_device(pages, req.req_id, now)
+            retracted.append(req)
+        aborted = None
+        if len(order) <= 1 and not self._decode_fits([running[i] for i in order], now):
+            aborted = running[order.pop()]
+            self._release(aborted)
+        kept = [running[i] for i in order]  # filter_batch(keep_indices=sorted_indices)
+        keep = set(map(id, kept))
+        for r in list(running):
+            if id(r) not in keep:
+                self._leave(r)
+        self.running = kept
+        self.new_token_ratio = min(1.0, (sum(self._generated(r) for r in kept) + RETRACT_DECODE_STEPS * len(kept))
+                                   / (sum(r.output_len for r in kept) + 1))
+        self.stats.retractions += len(retracted)
+        for req in retracted:
+            self._requeue(req, now)
+        if aborted is not None:
+            self._abort(aborted, now)
+        return retracted
+
+    def _release(self, req: Req) -> None:
+        """release_kv_cache(checkpoint=False): the request's own pages are freed (what it
+        inserted stays in the tree, unlocked), its lock dropped."""
+        self.ctrl.device.free(req.own_slots)
+        req.own_slots = []
+        self.tree.dec_lock(req.lock_node)
+        req.lock_node = None
+
+    def _requeue(self, req: Req, now: int) -> None:
+        """Req.reset_for_retract + _add_request_to_queue(is_retracted=True): prefix, protected
+        and inserted lengths back to 0, the output so far kept (its next prefill is input +
+        output: `fill_len`); at the end of the waiting queue, its storage prefetch started again.
+        The record keeps what its first admission found (`first_pass`)."""
+        if req.first_pass is None:
+            req.first_pass = tuple(getattr(req, f) for f in FIRST_PASS_FIELDS)
+        req.retractions += 1
+        req.kv_len = 0
+        req.fill_len = req.input_len + req.generated
+        ps = self.ps
+        n_in = req.input_len // ps
+        n_fill = req.fill_len // ps
+        if n_fill > len(req.keys):
+            out = output_page_keys(req.req_id, req.keys[:n_in], n_fill - n_in)[len(req.keys) - n_in:]
+            req.keys.extend(out)
+            req.keys_np = np.concatenate((req.keys_np, np.array(out, dtype=np.int64)))
+        req.max_match_pages = min(len(req.keys), (req.fill_len - 1) // ps)
+        req.inserted_pages = req.protected_pages = req.prefix_pages = req.dev_pages = 0
+        req.done_tokens = 0
+        req.own_from = 0
+        req.prefetch_retries = 0
+        req.storage_hit_end = None
+        self.waiting.append(req)
+        self.arrived_at[req.seq] = self.processed_tokens
+        if self.ctrl.storage is not None and req.prefetch is None:
+            self._start_prefetch(req, now)
+
+    def _abort(self, req: Req, now: int) -> None:
+        """retract_decode's last request, out of memory even alone: aborted (FINISH_ABORT)."""
+        self._leave(req)
+        said = "" if self.rules.decode_oom_aborts else f" (SGLang {self.rules.version} raises here and stops)"
+        self._reject(req, "aborted: out of device memory for its next decode step even after retracting every "
+                          f"other running request{said}")
 
     def _finish(self, req: Req) -> None:
         """cache_finished_req: the committed KV, input and output (all but the last output token,
@@ -595,17 +986,23 @@ class Scheduler(StoragePrefetch, RequestRecords):
         carries the same tokens, so they take device (and host) room without ever being hit."""
         now = self._current
         ps = self.ps
-        self.running_context_tokens -= req.input_len + req.output_len
+        self._leave(req)
         n_full = (req.input_len + max(req.output_len - 1, 0)) // ps
-        n_in = len(req.keys)
-        if n_full > n_in:
+        n_in = req.input_len // ps
+        have = len(req.keys)
+        if n_full > have:
             # No content is written for output pages: their keys are this request's own, so no
             # request ever matches them and no load-back reads (or verifies) them back. Their
             # copies to host and storage still run, as the real ones would.
-            out_keys = output_page_keys(req.req_id, req.keys, n_full - n_in)
+            out_keys = output_page_keys(req.req_id, req.keys[:n_in], n_full - n_in)[have - n_in:]
             req.keys.extend(out_keys)
             req.keys_np = np.concatenate((req.keys_np, np.array(out_keys, dtype=np.int64)))
         self._insert(req, n_full, now, chunk=False)
+        if self.rules.finish_reinserts_prompt and 0 < n_in < n_full:
+            # checkpoint_into_tree's second insert: the prompt again at priority + 1, on device
+            # (our lock covers it), nothing to free, no node past `inserted_len` (no hit).
+            self.tree.insert(req.keys[:n_in], n_in, [], now, req.req_id, count_hits=self.count_hits,
+                             priority=min(req.priority + 1, INT64_MAX), keys_np=req.keys_np[:n_in], inserted=n_in)
         self.ctrl.device.free(req.own_slots)
         req.own_slots = []
         self.tree.dec_lock(req.lock_node)

@@ -95,6 +95,18 @@ class BatchScheduled(NamedTuple):
     dp_rank: int = 0
 
 
+class DecodeStep(NamedTuple):
+    """One decode step of the running batch (not stored: for probes that follow the schedule,
+    such as the differential harness). `mixed`: it rode in the prefill batch `batch_id`."""
+    t_start_ns: int
+    t_end_ns: int
+    step: int  # the decode clock: steps run so far, this one included
+    req_ids: tuple  # the requests decoding in it, in running-batch order
+    retracted: tuple  # requests retract_decode sent back to the queue before it
+    batch_id: int | None  # the mixed prefill batch it rode in; None: a step on its own
+    dp_rank: int = 0
+
+
 class PrefillDone(NamedTuple):
     t_ns: int
     req_id: str
@@ -178,6 +190,10 @@ class RequestRecord(NamedTuple):
     best_rank_device_tokens: int | None = None
     best_rank_host_tokens: int | None = None
     ranks_json: str | None = None
+    # v6 (issue 43): of queue_ns, the time the GPU ran decode steps; times the request was
+    # retracted (retract_decode) and prefilled again.
+    decode_wait_ns: int | None = None
+    retractions: int | None = 0
     # v5 miss reasons (engine/miss.py, DESIGN §7): a finished request's computed tokens by why they
     # were not reused, summing to computed_tokens (NULL: rejected, or an older run). Set by name.
     miss_never_cached_tokens: int | None = None
@@ -215,12 +231,12 @@ class Emitters:
     `emit`, as always."""
 
     __slots__ = ("arrived", "matched", "skipped", "transfer", "eviction", "lost", "batch", "prefill_done",
-                 "first_token", "pool_sample", "record", "tick")
+                 "first_token", "pool_sample", "record", "decode_step", "tick")
 
     _CLASSES = {"arrived": RequestArrived, "matched": PrefixMatched, "skipped": LoadBackSkipped,
                 "transfer": Transfer, "eviction": Eviction, "lost": PrefixLostPages, "batch": BatchScheduled,
                 "prefill_done": PrefillDone, "first_token": FirstToken, "pool_sample": PoolSample,
-                "record": RequestRecord}
+                "record": RequestRecord, "decode_step": DecodeStep}
 
     def __init__(self, probe) -> None:
         for name, cls in self._CLASSES.items():

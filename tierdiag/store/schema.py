@@ -15,9 +15,10 @@ def new_run_id() -> str:
     sweep's workers all name runs with it)."""
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
-SCHEMA_VERSION = 5  # v2: runs.kind, runs.sweep_id (DESIGN §5); v3: requests' session columns (§6);
+SCHEMA_VERSION = 6  # v2: runs.kind, runs.sweep_id (DESIGN §5); v3: requests' session columns (§6);
 # v4: data-parallel ranks (dp_rank on every event table, the routing decision on requests; §6);
 # v5: miss reasons (requests.miss_*_tokens; DESIGN §7, issue 40)
+# v6: decode on the clock (requests.decode_wait_ns, requests.retractions; issue 43)
 
 # Columns each version added to the end of a table, nothing else changing: a store of an older
 # version still reads (store/reader.py shows it with these columns, NULL), and a writer adds them
@@ -40,6 +41,7 @@ ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {
         "pool_samples": ("dp_rank",),
     },
     5: {"requests": MISS_COLUMNS},
+    6: {"requests": ("decode_wait_ns", "retractions")},
 }
 OLDEST_READABLE_VERSION = 2
 
@@ -140,6 +142,8 @@ TABLES: dict[str, dict[str, str]] = {
         # v5: a finished request's computed tokens by why they were not reused (engine/miss.py,
         # DESIGN §7): one reason a token, summing to computed_tokens; NULL for rejected rows.
         **{col: "BIGINT" for col in MISS_COLUMNS},
+        "decode_wait_ns": "BIGINT",  # v6: of queue_ns, the GPU running decode steps (NULL: older runs, rejected)
+        "retractions": "BIGINT",  # v6: times retracted for decode memory (retract_decode) and prefilled again
     },
     "evictions": {
         "run_id": "VARCHAR",
