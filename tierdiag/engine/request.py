@@ -170,7 +170,7 @@ class RequestRecords:
                 req.lb_pages, req.lb_runs, req.storage_bytes, req.storage_fetch_ns, recompute_ns, compute_ns,
                 req.first_token_ns - req.sched_ns, ttft, ideal, if_resident, recompute_instead,
                 req.first_batch_id, req.num_chunks, req.first_token_ns, now, req.session, req.think_ms,
-                req.trace_arrival_ns, self.rank) + req.route + (decode_wait, req.retractions))
+                req.trace_arrival_ns, self.rank) + req.route + (decode_wait, req.retractions)))
         if self.progress is not None and st.requests_finished % 256 == 0:
             self.progress(st.requests_finished, now, st)
 
