@@ -153,7 +153,8 @@ def test_the_new_switches_take_true_or_false_only(tmp_path_factory, key, value):
     with pytest.raises(ConfigFileError) as exc:
         load_config(path, {})
     msg = str(exc.value)
-    assert "\n" not in msg and f"{key} must be true or false" in msg and str(path) in msg
+    # config/schema.py's wording: "--config F: KEY VALUE must be true or false (...)"
+    assert "\n" not in msg and msg.startswith(f"--config {path}: {key} ") and "must be true or false" in msg
 
 
 # --- 5 and 3. decode on the clock, its memory and retraction -------------------------------------
