@@ -33,7 +33,7 @@ def render_calibration(c: Calibration, console: Console, *, profile_path: str) -
     console.print(plain(f"usable: {u.prefill_requests:,} of {u.num_requests:,} timed requests for prefill "
                         f"({len(u.prefill.observed_ns):,} batches that ran alone, up to 4 requests)"
                         + (f"; left out: {excluded}" if excluded else "")
-                        + f"; {len(u.decode_step_ns):,} for decode"))
+                        + f"; {len(u.decode_ns):,} for decode"))
     t = _table("clock (± : 95 % interval, from the Jacobian at the solution)")
     for col in ("parameter", "value", "±", "how"):
         t.add_column(col, justify="left" if col in ("parameter", "how") else "right", no_wrap=col != "how")
