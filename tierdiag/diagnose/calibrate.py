@@ -11,10 +11,21 @@ reads the same)::
   *batch point*: its time is the cost model's batch time for its members' computed tokens, the
   prefixes they attend to, and their load-backs (host + storage tokens), overlapped layer by
   layer as the replay overlaps them. Batches of up to SMALL_BATCH requests are kept.
-- decode: (finish - first token) / output tokens is one step time; the running context at the
-  first token (every request between its own first token and finish, plus this one, input +
-  output tokens each, as the replay counts it) is known from the rows unless another request's
-  first token or finish falls on the same instant (then the order is not known: left out).
+- decode: SGLang runs a decode step only when no prefill batch can be formed, one step for every
+  running request at once, on the GPU's clock (the engine does the same): a request's first output
+  token comes from its prefill, its other output - 1 come from decode steps, and step j
+  (1..output - 1) reads the seq_len after its slot, input + j tokens, of this request. A step's
+  time is `decode_step_ns` + `decode_ns_per_context_token` x the whole running batch's context,
+  and a prefill batch that runs between two steps delays the rest. The export gives per request
+  only its stamps (arrival, forward entry, first token, finish), not the steps it shared nor the
+  others' context in them, so (finish - first token) is one point only for a request that
+  decoded alone: no other request's busy span (forward entry, else arrival, to finish) on its
+  data-parallel rank overlaps its decode window. Its time is then exactly
+  (output - 1) x decode_step_ns + decode_ns_per_context_token x sum_j (input + j), and both
+  parameters are fitted from such requests: the fixed part from their step counts, the
+  per-token part from their prompt lengths (it is kept from the preset, and says so, when their
+  prompts are too short for the KV read to show beside the noise). Requests that decoded beside
+  others, and those with one output token (no step), are left out with the reason.
 
 Held-out check: the points are fitted on the first HOLDOUT_SPLIT of them by arrival and the
 error is measured on the rest; the profile holds exactly the parameters that were checked.
@@ -201,11 +212,12 @@ def decode_model(steps: np.ndarray, context: np.ndarray):
 def usable_points(con, run_id: str, g: Geometry) -> Usable:
     rows = con.execute(
         "SELECT arrival_ns, queue_ns, prefill_ns, first_token_ns, finish_ns, input_tokens, output_tokens, "
-        "device_hit_tokens, host_hit_tokens, storage_hit_tokens, computed_tokens FROM requests "
+        "device_hit_tokens, host_hit_tokens, storage_hit_tokens, computed_tokens, dp_rank FROM requests "
         "WHERE run_id = ? AND status = 'finished' AND arrival_ns IS NOT NULL AND first_token_ns IS NOT NULL "
         "AND computed_tokens IS NOT NULL ORDER BY first_token_ns, arrival_ns", [run_id]).fetchnumpy()
     # NULL -> NaN (float): a column the server did not report leaves its requests out below
-    col = {k: np.asarray(v.filled(np.nan) if np.ma.isMaskedArray(v) else v, dtype=float) for k, v in rows.items()}
+    col = {k: v.astype(float).filled(np.nan) if np.ma.isMaskedArray(v) else np.asarray(v, dtype=float)
+           for k, v in rows.items()}  # (an integer column cannot hold NaN: float first)
     n = len(col["arrival_ns"])
     arrival, first = col["arrival_ns"], col["first_token_ns"]
     entry = first - col["prefill_ns"]
@@ -289,13 +301,21 @@ def usable_points(con, run_id: str, g: Geometry) -> Usable:
     busy_start = np.where(np.isfinite(entry), entry, arrival)
     busy_end = np.where(np.isfinite(finish), finish, first)
     known = np.isfinite(busy_start) & np.isfinite(busy_end)
-    starts_sorted, ends_sorted = np.sort(busy_start[known]), np.sort(busy_end[known])
     idx = np.flatnonzero(d_ok & ~one)
     lo, hi = first[idx] + SAME_INSTANT_NS, finish[idx] - SAME_INSTANT_NS
-    # Spans overlapping (lo, hi): those starting before hi less those ending by lo (a span that
-    # ends by lo < hi started before hi), the request's own among them.
-    overlapping = (np.searchsorted(starts_sorted, hi, side="left")
-                   - np.searchsorted(ends_sorted, lo, side="right"))
+    # Data-parallel ranks are GPUs of their own: where every request names its rank, only its
+    # rank's requests share its steps; else every request might.
+    rank = col["dp_rank"]
+    groups_d = rank if np.isfinite(rank).all() else np.zeros(n)
+    overlapping = np.zeros(len(idx), dtype=int)
+    for r in np.unique(groups_d[idx]):
+        on = groups_d == r
+        starts_sorted, ends_sorted = np.sort(busy_start[known & on]), np.sort(busy_end[known & on])
+        sel = groups_d[idx] == r
+        # Spans overlapping (lo, hi): those starting before hi less those ending by lo (a span
+        # that ends by lo < hi started before hi), the request's own among them.
+        overlapping[sel] = (np.searchsorted(starts_sorted, hi[sel], side="left")
+                            - np.searchsorted(ends_sorted, lo[sel], side="right"))
     alone_d = (overlapping == 1) & (hi > lo)
     d_out("decoded beside another request (batched steps or a prefill between them: the steps' context "
           "and count are not its own)", int((~alone_d).sum()))
@@ -361,8 +381,8 @@ def calibrate_run(con, run, g: Geometry, *, db_label: str) -> Calibration:
     d_preset = {k: preset[k] for k in DECODE_PARAMS}
     dm = decode_model(u.decode_steps[d_train], u.decode_context[d_train])
     df = robust_fit(dm, u.decode_ns[d_train], d_preset, list(DECODE_PARAMS),
-                    no_support_reason={"decode_step_ns": "no request decoded alone",
-                                       "decode_ns_per_context_token": "no request decoded alone"})
+                    no_support_reason={"decode_ns_per_context_token": "the KV read never showed in a decode time "
+                                       "(the prompts of the requests that decoded alone too short)"})
 
     params: dict[str, ParamFit] = {**pf.params, **df.params}
     for k, why in NOT_OBSERVABLE.items():
