@@ -50,7 +50,7 @@ def main() -> None:
                 walls.append(time.perf_counter() - t)
     h = c.heldout_prefill
     print(f"calibrate --from: {len(lines):,} requests ({c.usable.prefill_requests:,} usable for prefill in "
-          f"{len(c.usable.prefill.observed_ns):,} batches, {len(c.usable.decode_step_ns):,} for decode), "
+          f"{len(c.usable.prefill.observed_ns):,} batches, {len(c.usable.decode_ns):,} for decode), "
           f"noise {a.noise:.0%}: fit median {statistics.median(walls) * 1e3:,.0f} ms over {a.repeats} "
           f"(min {min(walls) * 1e3:,.0f} ms); held-out prefill error median {h.median_rel_error:.2%}; "
           f"kept {', '.join(c.kept)}; set-up (server replay, export, import) {setup_s:.1f} s")

@@ -8,8 +8,11 @@ the clock shows in some requests' times:
   (attention term), and a 64-token new part runs at the floor (the weights read once);
 - documents pushed out of a small device pool come back from host: 8k-token load-backs behind a
   64-token prefill, long enough to show (the load-back shows only when it outlasts compute);
-- some arrivals close together, so decode contexts overlap (the per-context decode term) and
-  some requests queue (left out of the prefill fit, as they must be).
+- decode runs on the engine's clock as SGLang's does (output - 1 steps, interleaved with prefill
+  batches): requests far apart decode alone, their prompts of 128..12k tokens giving the
+  per-context decode term; some arrivals close together, so some requests decode beside others
+  (left out of the decode fit) and some queue, behind a prefill or a decode step (left out of
+  the prefill fit, as they must be).
 """
 
 from __future__ import annotations

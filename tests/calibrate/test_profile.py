@@ -100,8 +100,13 @@ def test_the_fits_model_is_the_cost_models(layerwise):
         compute = plain.prefill_ns(plain.prefill_flops(n, p))
         load = plain.copy_ns(h * plain.kv_bytes_per_token, h // ps, to_device=True) if h else 0
         assert g == pytest.approx(plain.overlapped_ns(load, compute), abs=2)
-    steps = decode_model(np.array([0.0, 1e5]))(preset_clock(model, gpu))
-    assert steps == pytest.approx([plain.decode_step_ns(0), plain.decode_step_ns(100_000)], abs=1)
+    # decode: a request of `input` tokens decoding alone runs output - 1 steps, step j reading
+    # input + j tokens (the engine's seq_len after the step's slot)
+    decodes = [(1, 2), (8192, 16), (0, 5), (100_000, 3)]
+    got = decode_model(np.array([o - 1 for _, o in decodes], float),
+                       np.array([(o - 1) * i + (o - 1) * o / 2 for i, o in decodes], float))(preset_clock(model, gpu))
+    for (i, o), g in zip(decodes, got):
+        assert g == pytest.approx(sum(plain.decode_step_ns(i + j) for j in range(1, o)), abs=o)
 
 
 @pytest.mark.parametrize("text, message", [

@@ -11,10 +11,21 @@ reads the same)::
   *batch point*: its time is the cost model's batch time for its members' computed tokens, the
   prefixes they attend to, and their load-backs (host + storage tokens), overlapped layer by
   layer as the replay overlaps them. Batches of up to SMALL_BATCH requests are kept.
-- decode: (finish - first token) / output tokens is one step time; the running context at the
-  first token (every request between its own first token and finish, plus this one, input +
-  output tokens each, as the replay counts it) is known from the rows unless another request's
-  first token or finish falls on the same instant (then the order is not known: left out).
+- decode: SGLang runs a decode step only when no prefill batch can be formed, one step for every
+  running request at once, on the GPU's clock (the engine does the same): a request's first output
+  token comes from its prefill, its other output - 1 come from decode steps, and step j
+  (1..output - 1) reads the seq_len after its slot, input + j tokens, of this request. A step's
+  time is `decode_step_ns` + `decode_ns_per_context_token` x the whole running batch's context,
+  and a prefill batch that runs between two steps delays the rest. The export gives per request
+  only its stamps (arrival, forward entry, first token, finish), not the steps it shared nor the
+  others' context in them, so (finish - first token) is one point only for a request that
+  decoded alone: no other request's busy span (forward entry, else arrival, to finish) on its
+  data-parallel rank overlaps its decode window. Its time is then exactly
+  (output - 1) x decode_step_ns + decode_ns_per_context_token x sum_j (input + j), and both
+  parameters are fitted from such requests: the fixed part from their step counts, the
+  per-token part from their prompt lengths (it is kept from the preset, and says so, when their
+  prompts are too short for the KV read to show beside the noise). Requests that decoded beside
+  others, and those with one output token (no step), are left out with the reason.
 
 Held-out check: the points are fitted on the first HOLDOUT_SPLIT of them by arrival and the
 error is measured on the rest; the profile holds exactly the parameters that were checked.
@@ -77,8 +88,9 @@ class PrefillPoints:
 @dataclass(frozen=True)
 class Usable:
     prefill: PrefillPoints
-    decode_context: np.ndarray  # running context tokens at the first token
-    decode_step_ns: np.ndarray
+    decode_steps: np.ndarray  # output - 1 per request that decoded alone
+    decode_context: np.ndarray  # the context tokens its steps read, summed over its steps
+    decode_ns: np.ndarray  # finish - first token
     decode_arrival_ns: np.ndarray
     num_requests: int  # finished requests with the timings a fit needs
     prefill_requests: int
@@ -130,7 +142,7 @@ class Calibration:
         d = {"source_run": self.source_run, "source_run_name": self.source_run_name, "source_db": self.source_db,
              "source_kind": self.source_kind, "usable_requests": self.usable.prefill_requests,
              "usable_batches": int(len(self.usable.prefill.observed_ns)),
-             "usable_decode_requests": int(len(self.usable.decode_step_ns)),
+             "usable_decode_requests": int(len(self.usable.decode_ns)),
              "observed_requests": self.usable.num_requests, "holdout_split": HOLDOUT_SPLIT,
              "fitted": [k for k in CLOCK_PARAMS if self.params[k].fitted], "kept_from_preset": self.kept,
              "kept_reasons": {k: self.params[k].reason or "" for k in self.kept},
@@ -155,7 +167,7 @@ class Calibration:
                 "params": [self.params[k].to_json() | {"unit": CLOCK_PARAMS[k][0]} for k in CLOCK_PARAMS],
                 "usable": {"observed_requests": u.num_requests, "prefill_requests": u.prefill_requests,
                            "prefill_batches": int(len(u.prefill.observed_ns)),
-                           "decode_requests": int(len(u.decode_step_ns)),
+                           "decode_requests": int(len(u.decode_ns)),
                            "prefill_excluded": u.excluded, "decode_excluded": u.decode_excluded},
                 "heldout": {"split": HOLDOUT_SPLIT, "prefill": self.heldout_prefill.to_json(),
                             "prefill_preset": self.heldout_prefill_preset.to_json(),
@@ -187,9 +199,10 @@ def prefill_model(points: PrefillPoints, g: Geometry):
     return model
 
 
-def decode_model(context: np.ndarray):
+def decode_model(steps: np.ndarray, context: np.ndarray):
+    """A request's decode time: its steps, each CostModel.decode_step_ns of the context it reads."""
     def model(c) -> np.ndarray:
-        return c["decode_step_ns"] + c["decode_ns_per_context_token"] * context
+        return c["decode_step_ns"] * steps + c["decode_ns_per_context_token"] * context
     return model
 
 
@@ -199,11 +212,12 @@ def decode_model(context: np.ndarray):
 def usable_points(con, run_id: str, g: Geometry) -> Usable:
     rows = con.execute(
         "SELECT arrival_ns, queue_ns, prefill_ns, first_token_ns, finish_ns, input_tokens, output_tokens, "
-        "device_hit_tokens, host_hit_tokens, storage_hit_tokens, computed_tokens FROM requests "
+        "device_hit_tokens, host_hit_tokens, storage_hit_tokens, computed_tokens, dp_rank FROM requests "
         "WHERE run_id = ? AND status = 'finished' AND arrival_ns IS NOT NULL AND first_token_ns IS NOT NULL "
         "AND computed_tokens IS NOT NULL ORDER BY first_token_ns, arrival_ns", [run_id]).fetchnumpy()
     # NULL -> NaN (float): a column the server did not report leaves its requests out below
-    col = {k: np.asarray(v.filled(np.nan) if np.ma.isMaskedArray(v) else v, dtype=float) for k, v in rows.items()}
+    col = {k: v.astype(float).filled(np.nan) if np.ma.isMaskedArray(v) else np.asarray(v, dtype=float)
+           for k, v in rows.items()}  # (an integer column cannot hold NaN: float first)
     n = len(col["arrival_ns"])
     arrival, first = col["arrival_ns"], col["first_token_ns"]
     entry = first - col["prefill_ns"]
@@ -268,38 +282,50 @@ def usable_points(con, run_id: str, g: Geometry) -> Usable:
     points = PrefillPoints(np.array(tokens, dtype=float), np.array(pairs, dtype=float), loaded_m,
                            np.array(obs, dtype=float), np.array(arr, dtype=float), np.array(sizes, dtype=int))
 
-    # Decode: the running context at each first token.
-    finish, ctx = col["finish_ns"], col["input_tokens"] + col["output_tokens"]
-    outputs = col["output_tokens"]
-    d_ok = np.isfinite(finish) & np.isfinite(ctx) & (outputs >= 1) & (finish > first)
-    decode_excluded = {}
-    if (~d_ok).sum():
-        decode_excluded["no decode timing"] = int((~d_ok).sum())
-    # running(t) = sum of ctx over f_j < t < fin_j = (sum over f_j < t) - (sum over fin_j <= t), as
-    # fin_j > f_j: two sorted cumulative sums, not a scan per request.
-    c_ok = np.where(d_ok, ctx, 0.0)
-    f_sorted, fin_sorted = np.sort(first), np.sort(np.where(d_ok, finish, math.inf))
-    by_f, by_fin = np.argsort(first, kind="stable"), np.argsort(np.where(d_ok, finish, math.inf), kind="stable")
-    cum_f = np.concatenate(([0.0], np.cumsum(c_ok[by_f])))
-    cum_fin = np.concatenate(([0.0], np.cumsum(c_ok[by_fin])))
-    idx = np.flatnonzero(d_ok)
-    t = first[idx]
-    running = cum_f[np.searchsorted(f_sorted, t, side="left")] - cum_fin[np.searchsorted(fin_sorted, t, side="right")]
-    # Another first token or a finish at the same instant: who counted whom is not known.
-    firsts_near = (np.searchsorted(f_sorted, t + SAME_INSTANT_NS, side="right")
-                   - np.searchsorted(f_sorted, t - SAME_INSTANT_NS, side="left"))
-    fins_near = (np.searchsorted(fin_sorted, t + SAME_INSTANT_NS, side="right")
-                 - np.searchsorted(fin_sorted, t - SAME_INSTANT_NS, side="left"))
-    clear = (firsts_near == 1) & (fins_near == 0)
-    ambiguous = int((~clear).sum())
-    keep = idx[clear]
-    context = ctx[keep] + running[clear]
-    steps = (finish[keep] - first[keep]) / outputs[keep]
-    d_arr = arrival[keep]
-    if ambiguous:
-        decode_excluded["another first token or finish at the same instant"] = ambiguous
-    return Usable(points, np.array(context, dtype=float), np.array(steps, dtype=float),
-                  np.array(d_arr, dtype=float), n, int(points.num_requests.sum()), excluded, decode_excluded)
+    # Decode (the engine's and SGLang's: steps on the GPU's clock, interleaved with prefill batches;
+    # see the module's docstring): a request whose decode window no other request's busy span
+    # overlaps ran its output - 1 steps alone, each reading its own KV only.
+    finish, outputs, inputs = col["finish_ns"], col["output_tokens"], col["input_tokens"]
+    d_ok = np.isfinite(finish) & np.isfinite(inputs) & np.isfinite(outputs) & (finish > first)
+    decode_excluded: dict[str, int] = {}
+
+    def d_out(reason: str, count: int) -> None:
+        if count:
+            decode_excluded[reason] = decode_excluded.get(reason, 0) + count
+
+    d_out("no decode timing", int((~d_ok).sum()))
+    one = d_ok & (outputs < 2)
+    d_out("no decode step (one output token: it comes from prefill)", int(one.sum()))
+    # Every request's busy span: from its forward entry (its arrival where the entry is not
+    # known: it may have prefilled any time after) to its finish (its first token if unfinished).
+    busy_start = np.where(np.isfinite(entry), entry, arrival)
+    busy_end = np.where(np.isfinite(finish), finish, first)
+    known = np.isfinite(busy_start) & np.isfinite(busy_end)
+    idx = np.flatnonzero(d_ok & ~one)
+    lo, hi = first[idx] + SAME_INSTANT_NS, finish[idx] - SAME_INSTANT_NS
+    # Data-parallel ranks are GPUs of their own: where every request names its rank, only its
+    # rank's requests share its steps; else every request might.
+    rank = col["dp_rank"]
+    groups_d = rank if np.isfinite(rank).all() else np.zeros(n)
+    overlapping = np.zeros(len(idx), dtype=int)
+    for r in np.unique(groups_d[idx]):
+        on = groups_d == r
+        starts_sorted, ends_sorted = np.sort(busy_start[known & on]), np.sort(busy_end[known & on])
+        sel = groups_d[idx] == r
+        # Spans overlapping (lo, hi): those starting before hi less those ending by lo (a span
+        # that ends by lo < hi started before hi), the request's own among them.
+        overlapping[sel] = (np.searchsorted(starts_sorted, hi[sel], side="left")
+                            - np.searchsorted(ends_sorted, lo[sel], side="right"))
+    alone_d = (overlapping == 1) & (hi > lo)
+    d_out("decoded beside another request (batched steps or a prefill between them: the steps' context "
+          "and count are not its own)", int((~alone_d).sum()))
+    keep = idx[alone_d]
+    steps = outputs[keep] - 1
+    # Step j (1..output - 1) reads input + j tokens (the seq_len after the step's slot).
+    context = steps * inputs[keep] + steps * (steps + 1) / 2
+    return Usable(points, np.array(steps, dtype=float), np.array(context, dtype=float),
+                  np.array(finish[keep] - first[keep], dtype=float), np.array(arrival[keep], dtype=float),
+                  n, int(points.num_requests.sum()), excluded, decode_excluded)
 
 
 # --- the fit -----------------------------------------------------------------------------------
@@ -353,9 +379,10 @@ def calibrate_run(con, run, g: Geometry, *, db_label: str) -> Calibration:
 
     d_train, d_test = _split(u.decode_arrival_ns)
     d_preset = {k: preset[k] for k in DECODE_PARAMS}
-    dm = decode_model(u.decode_context[d_train])
-    df = robust_fit(dm, u.decode_step_ns[d_train], d_preset, list(DECODE_PARAMS),
-                    no_support_reason={"decode_ns_per_context_token": "the running context never varied enough"})
+    dm = decode_model(u.decode_steps[d_train], u.decode_context[d_train])
+    df = robust_fit(dm, u.decode_ns[d_train], d_preset, list(DECODE_PARAMS),
+                    no_support_reason={"decode_ns_per_context_token": "the KV read never showed in a decode time "
+                                       "(the prompts of the requests that decoded alone too short)"})
 
     params: dict[str, ParamFit] = {**pf.params, **df.params}
     for k, why in NOT_OBSERVABLE.items():
@@ -365,7 +392,7 @@ def calibrate_run(con, run, g: Geometry, *, db_label: str) -> Calibration:
     held = _heldout(prefill_model(test_pts, g)(values), test_pts.observed_ns)
     held_preset = _heldout(prefill_model(test_pts, g)(p_preset), test_pts.observed_ns)
     dvalues = {k: params[k].value for k in DECODE_PARAMS}
-    held_d = _heldout(decode_model(u.decode_context[d_test])(dvalues), u.decode_step_ns[d_test])
+    held_d = _heldout(decode_model(u.decode_steps[d_test], u.decode_context[d_test])(dvalues), u.decode_ns[d_test])
 
     warnings = []
     if not len(pts.observed_ns):

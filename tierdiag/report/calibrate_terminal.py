@@ -33,7 +33,7 @@ def render_calibration(c: Calibration, console: Console, *, profile_path: str) -
     console.print(plain(f"usable: {u.prefill_requests:,} of {u.num_requests:,} timed requests for prefill "
                         f"({len(u.prefill.observed_ns):,} batches that ran alone, up to 4 requests)"
                         + (f"; left out: {excluded}" if excluded else "")
-                        + f"; {len(u.decode_step_ns):,} for decode"))
+                        + f"; {len(u.decode_ns):,} for decode (decoded alone)"))
     t = _table("clock (± : 95 % interval, from the Jacobian at the solution)")
     for col in ("parameter", "value", "±", "how"):
         t.add_column(col, justify="left" if col in ("parameter", "how") else "right", no_wrap=col != "how")
@@ -57,7 +57,7 @@ def render_calibration(c: Calibration, console: Console, *, profile_path: str) -
                             f"p90 {_pct(h.p90_rel_error)} (the presets': median {_pct(hp.median_rel_error)}, "
                             f"p90 {_pct(hp.p90_rel_error)})"))
     if hd.num_points:
-        console.print(plain(f"decode step, held out ({hd.num_points:,} requests): error median "
+        console.print(plain(f"decode, held out ({hd.num_points:,} requests that decoded alone): error median "
                             f"{_pct(hd.median_rel_error)}, p90 {_pct(hd.p90_rel_error)}"))
     if c.wide:
         scatter = c.prefill_fit.scatter
