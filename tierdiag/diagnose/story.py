@@ -39,10 +39,11 @@ from tierdiag.units import share
 RECOMPUTE_QUEUE_SHARE = 0.2
 BUSY_SHARE = 0.7
 # The wait's parts, as batches make them; the gaps between batches split, as explain splits them,
-# into `memory_wait` (some request of its rank was decoding: its KV held the device memory the
+# into `decode` (the GPU ran decode steps: the engine's decode_wait_ns of the request), `memory_wait`
+# (the rest of the time some request of its rank was decoding: its KV held the device memory the
 # queue needed) and `idle` (the rest: held for a storage prefetch, or nothing to run; explain tells
 # those two apart, the run's story does not).
-WAIT_KEYS = ("recompute", "new_compute", "load_back", "write_back", "memory_wait", "idle")
+WAIT_KEYS = ("recompute", "new_compute", "load_back", "write_back", "decode", "memory_wait", "idle")
 
 
 @dataclass(frozen=True)
@@ -211,7 +212,7 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
         f"""SELECT arrival_ns, arrival_ns + coalesce(storage_wait_ns, 0) AS wait_start, first_token_ns,
                    coalesce(queue_ns, 0) AS queue, greatest({excess_sql('q')}, 0) AS excess, {cause_sql('q')} AS cause,
                    coalesce(recompute_ns, 0) AS own_rec, coalesce(compute_ns, 0) AS own_comp,
-                   coalesce(loadback_exposed_ns, 0) AS own_lb,
+                   coalesce(loadback_exposed_ns, 0) AS own_lb, coalesce(q.decode_wait_ns, 0) AS own_decode,
                    {lost_while_waiting_sql('q', 'w.removed', con)} AS lost_waiting,
                    coalesce(q.dp_rank, 0) AS rank
             FROM requests q LEFT JOIN ({waiting_removals_sql('$r')}) w ON w.req_id = q.req_id
@@ -249,6 +250,9 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
     # own decode comes after its first token, so never inside its own wait.
     memory = np.minimum(_memory_wait(con, rid, r_rank, w0, wend, b_rank, s, e), gaps)
     idle = gaps - memory
+    # Of that, the GPU running decode steps (decode on the clock; context.queue_attribution's rule).
+    decode = np.minimum(np.asarray(r["own_decode"], dtype=np.float64), memory)
+    memory = memory - decode
     rec_share = np.where(queue > 0, parts[0] / np.maximum(queue, 1), 0.0)
     busy = np.where(c1 > c0, around / np.maximum(c1 - c0, 1), 0.0)
     cache = (queue > 0) & (rec_share >= RECOMPUTE_QUEUE_SHARE) & (busy >= BUSY_SHARE)
@@ -264,7 +268,7 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
     q = cause == "queueing"
     qx = excess[q].astype(np.float64)
     wait_parts = dict(zip(WAIT_KEYS, (int(round(float(x))) for x in
-                                      list(parts[:, q].sum(axis=1)) + [float(memory[q].sum()),
+                                      list(parts[:, q].sum(axis=1)) + [float(decode[q].sum()), float(memory[q].sum()),
                                                                        float(idle[q].sum())])))
     # Lost while it waited: tokens of its prefix that left every tier after it arrived, before it
     # was scheduled, and were recomputed (waiting_loss.py; a demotion to host is no loss).
@@ -283,6 +287,7 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
         other_busy_share=float((busy[other] * ox).sum() / ox.sum()) if ox.sum() > 0 else None,
         other_recompute_share=share(float(parts[0, other].sum()), float(queue[other].sum())),
         other_wait_parts_ns=dict(zip(WAIT_KEYS, (int(round(float(x))) for x in
-                                                 list(parts[:, other].sum(axis=1)) + [float(memory[other].sum()),
+                                                 list(parts[:, other].sum(axis=1)) + [float(decode[other].sum()),
+                                                                                      float(memory[other].sum()),
                                                                                       float(idle[other].sum())]))),
         other_wait_ns=int(queue[other].sum()))
