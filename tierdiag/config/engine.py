@@ -20,7 +20,7 @@ from tierdiag.config.presets import GPUS, MODELS, gpu_preset, model_preset
 from tierdiag.config.profile import check_profile, profile_defaults
 from tierdiag.config.releases import RELEASES, check_switched_back, rule_release
 from tierdiag.config.router import KEYS as ROUTER_KEYS
-from tierdiag.config.schema import (INT64_MAX, Choice, Flag, Float, Int, KeyedConfigError, Namer, Schema, Text,
+from tierdiag.config.schema import (Choice, Flag, Float, Int, KeyedConfigError, Schema, Text,
                                     check_values, key_name, option_name, register_options, show)
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
