@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from tests.support.cli import invoke, invoke_json, one_line_error
 from tierdiag.diagnose.advice_types import Advice, Verified, classify
-from tierdiag.diagnose.advice_verify import combination
+from tierdiag.diagnose.advice_verify import combination, own_combination
 
 from .test_advice_planted import Story
 from .test_advise_cli import _curve_size, _cycle
@@ -240,3 +240,15 @@ def test_any_recorded_profile_is_checked_or_refused_in_one_line(profile, source)
         import os
 
         assert profile is None or profile == "" or (os.path.isfile(profile) and not (isinstance(source, dict) and source.get("sha256")))
+
+
+def test_an_item_that_is_the_combination_carries_its_replay_alone():
+    """Issue 40: an advice item "verified by" a combined replay that the same view listed under
+    "tried, not advised". An item setting exactly the combination's changes (a storage tier with
+    its host pool) is that replay: the combination is not a second entry for it."""
+    host = _item("capacity", "host_tokens", 1 << 20, 0.30)
+    policy = _item("write_policy", "write_policy", "write_back", 0.20)
+    both = combination((host, policy))
+    assert both is not None and own_combination((host, policy)) == both
+    same = _item("storage", "host_tokens", 1 << 20, 0.10, changes=dict(both.changes))
+    assert own_combination((host, policy, same)) is None

@@ -157,6 +157,16 @@ def _merge(changes: dict, more: dict) -> dict:
     return out
 
 
+def own_combination(items: tuple[Advice, ...]) -> Advice | None:
+    """`combination(items)`, unless an item of the list sets exactly its changes: that item and
+    the combination would be one replay, shown once as advice ("verified by run R") and once as
+    tried, not advised (issue 40). The item carries the replay; no second entry."""
+    together = combination(items)
+    if together is None or any(a.changes == together.changes for a in items if a.option is not None):
+        return None
+    return together
+
+
 def verified_advice(con: duckdb.DuckDBPyConnection, run, advice: tuple[Advice, ...],
                     req_id: str | None = None, curves=None) -> tuple[Advice, ...]:
     """Attach what `advise` measured (its runs under advise_sweep_id) to the matching items, each
@@ -194,7 +204,7 @@ def verified_advice(con: duckdb.DuckDBPyConnection, run, advice: tuple[Advice, .
         return dataclasses.replace(done, sizing=sizing(con, run, done, curves))
 
     out = [measure(a) for a in advice]
-    together = combination(tuple(out))
+    together = own_combination(tuple(out))
     if together is not None:
         together = measure(together)
     # Candidates of an earlier advise that no proposal of now matches (other --host-memory, a
