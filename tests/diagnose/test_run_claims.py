@@ -306,12 +306,13 @@ def _check(db: Path) -> tuple[list[str], list[dict]]:
             need(_pct_ok(m[2], busy_ns / span_ns), f"queued_wait: run busy {m[2]} vs {busy_ns / span_ns}")
             words = {"recomputing once-cached tokens": "recompute", "computing new tokens": "new_compute",
                      "on exposed load-backs": "load_back", "blocked on write-backs": "write_back",
-                     "idle waiting for device memory": "idle", "idle (no prefill batch": "idle"}
+                     "idle waiting for device memory": "idle", "idle (no prefill batch": "idle",
+                     "running decode steps": "idle"}  # decode on the clock: a gap between prefill batches
             gaps = 0.0
             for pct, word in re.findall(rf"{PCT} (recomputing once-cached tokens|computing new tokens|on exposed "
                                         rf"load-backs|blocked on write-backs|idle waiting for device memory|"
-                                        rf"idle \(no prefill batch)", text):
-                if words[word] == "idle":  # memory wait + the rest of the gaps: checked together below
+                                        rf"idle \(no prefill batch|running decode steps)", text):
+                if words[word] == "idle":  # decode steps, memory wait and the rest of the gaps: checked together below
                     gaps += {"< 0.1 %": 0.05, "> 99.9 %": 99.95}.get(pct) or float(pct.rstrip(" %"))
                     continue
                 part = sum(x["parts"][words[word]] for x in queued)
