@@ -252,3 +252,18 @@ def test_an_item_that_is_the_combination_carries_its_replay_alone():
     assert both is not None and own_combination((host, policy)) == both
     same = _item("storage", "host_tokens", 1 << 20, 0.10, changes=dict(both.changes))
     assert own_combination((host, policy, same)) is None
+
+
+def test_a_replay_records_its_trace_and_profile_as_absolute_paths(tmp_path, monkeypatch):
+    """`advise` re-reads the run's trace and profile, perhaps from another folder than the replay
+    ran in: the run records them as absolute paths, whatever was typed."""
+    monkeypatch.chdir(tmp_path)
+    invoke("synth", "t.jsonl", "--kind", "mixed", "--requests", "40")
+    invoke("calibrate", "--quick", "--out", "p.json")
+    invoke("replay", "t.jsonl", "--db", "r.duckdb", "--profile", "p.json")
+    from tierdiag.store.reader import open_store
+
+    with open_store(tmp_path / "r.duckdb") as con:
+        trace_path, cfg = con.execute("SELECT trace_path, config_json FROM runs").fetchone()
+    assert trace_path == str(tmp_path / "t.jsonl")
+    assert json.loads(cfg)["profile"] == str(tmp_path / "p.json")

@@ -356,7 +356,11 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
                 if cfg.storage_tokens:
                     storage_dir = run_folder(db, cfg.storage_dir, run_id)
                     config["storage_dir"] = str(storage_dir)
-                run = dict(name=run_name, trace_path=str(trace), trace_sha256=sha or "", config=config,
+                # Paths as absolute ones: `advise` re-reads the trace and the profile, maybe from
+                # another folder than the one the replay ran in.
+                if config.get("profile"):
+                    config["profile"] = str(Path(config["profile"]).absolute())
+                run = dict(name=run_name, trace_path=str(Path(trace).absolute()), trace_sha256=sha or "", config=config,
                            hardware=hardware_summary(), run_id=run_id, data_plane=describe_data_plane(cfg),
                            timing=cfg.timing, command_line=command_line)
                 if wproc is not None:

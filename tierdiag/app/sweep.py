@@ -162,7 +162,7 @@ def run_configs(trace: str | os.PathLike, configs: Sequence[tuple[str, EngineCon
     open_destination(db, inputs=[("TRACE", trace)], check=True).close()
     keeper = Keeper(db, sweep_id or new_sweep_id())  # the kept store is named after a sweep either way
     cmd = " ".join(command_line if command_line is not None else sys.argv)
-    overrides = {"sweep_id": sweep_id, "kind": kind, "trace_path": str(trace), "command_line": cmd}
+    overrides = {"sweep_id": sweep_id, "kind": kind, "trace_path": str(Path(trace).absolute()), "command_line": cmd}
     tasks = [Task(i, name, cfg, str(db)) for i, (name, cfg) in enumerate(configs)]
     outcomes: dict[int, RunOutcome] = {}
 
