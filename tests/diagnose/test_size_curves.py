@@ -438,3 +438,26 @@ def test_the_report_figure_draws_each_tiers_curve_and_its_marks(two_ranks):
         if c.knee_tokens:
             assert any(d["x"] == [c.knee_tokens] for d in marks)
     assert fig.figure["layout"]["xaxis"]["type"] == "log"
+
+
+def test_a_run_with_no_finished_request_stores_its_evidence(tmp_path):
+    """A run closed with nothing finished (every request over the context, or an interrupt before
+    the first finish): the curves' totals are sums over no rows (NULL), never a failed evidence
+    (CI caught it as a warning line after a signal landed before the first request)."""
+    import json
+
+    from tests.support.cli import invoke
+    from tierdiag.diagnose.evidence import compute_evidence
+    from tierdiag.store.reader import open_store, resolve_run
+
+    trace = tmp_path / "long.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": i, "input_length": 200_000, "output_length": 4,
+                                         "hash_ids": list(range(i * 400, i * 400 + 391))}) + "\n" for i in range(3)))
+    db = tmp_path / "r.duckdb"
+    invoke("replay", str(trace), "--db", str(db))
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        assert con.execute("SELECT count(*) FROM requests WHERE run_id = ? AND status = 'finished'",
+                           [run.run_id]).fetchone()[0] == 0
+        sections = compute_evidence(con, run)
+    assert "size_curves" in sections

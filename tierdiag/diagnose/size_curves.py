@@ -382,7 +382,7 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     held_hit = pages_rank != never
     held_hit &= pages_rank * page <= held
     sto_need = np.where(held_hit, 0, need(pages_all, 0))
-    totals = [int(x) for x in con.execute(
+    totals = [int(x or 0) for x in con.execute(  # sum() of no rows is NULL: a run with none finished
         f"SELECT sum(coalesce(device_hit_tokens, 0)), sum(coalesce(host_hit_tokens, 0)), "
         f"sum(coalesce(storage_hit_tokens, 0)), sum(coalesce(input_tokens, 0)) FROM requests "
         f"WHERE run_id = ? AND {finished_sql()}", [run.run_id]).fetchone()]
