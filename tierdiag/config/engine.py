@@ -19,7 +19,7 @@ from tierdiag.config.policies import EVICTION_POLICIES as _EVICTION_REGISTRY
 from tierdiag.config.presets import GPUS, MODELS, gpu_preset, model_preset
 from tierdiag.config.profile import check_profile, profile_defaults
 from tierdiag.config.releases import RELEASES, check_switched_back, rule_release
-from tierdiag.config.router import KEYS as ROUTER_KEYS
+from tierdiag.config.router import DEFAULTS as ROUTER_DEFAULTS, KEYS as ROUTER_KEYS
 from tierdiag.config.schema import (Choice, Flag, Float, Int, KeyedConfigError, Schema, Text,
                                     check_values, key_name, option_name, register_options, show)
 
@@ -98,7 +98,7 @@ class EngineConfig:
     profile: Text() | None = None  # `tierdiag calibrate` profile: JSON (link) or TOML (--from: the whole clock)
     # multiply trace inter-arrival times (2.0 = half the request rate)
     time_scale: Float(MIN_TIME_SCALE, MAX_TIME_SCALE) = 1.0
-    seed: ROUTER_KEYS["seed"] = 0  # recorded; the random routers draw with it
+    seed: ROUTER_KEYS["seed"] = ROUTER_DEFAULTS["seed"]  # recorded; the random routers draw with it
     verify: Choice(VERIFY_MODES) = "sample"  # byte-for-byte check of load-backs: all | sample | off
     data_plane_mib: Int(1, MAX_DATA_PLANE_MIB) = 64  # memory for the real device+host pools; width shrinks to fit
     mem_fraction_static: Float(0.0, 1.0, lo_open=True, cli=False) = 0.88
@@ -121,19 +121,18 @@ class EngineConfig:
     # step of the running requests instead of waiting for the GPU to run one on its own.
     enable_mixed_chunk: Flag(option="--enable-mixed-chunk") = False
     # Data-parallel ranks behind one router (engine/deployment.py; docs/contract.md "Deployments").
-    # The router keys are engine/routing/config.py RouterConfig's fields, its defaults the SGLang
-    # model gateway's command line; declared in config/router.py (KEYS), which says why their
-    # bounds are what they are.
-    dp: ROUTER_KEYS["dp"] = 1
-    router: ROUTER_KEYS["router"] = "round_robin"
-    router_cache_threshold: ROUTER_KEYS["router_cache_threshold"] = 0.3
-    router_balance_abs_threshold: ROUTER_KEYS["router_balance_abs_threshold"] = 64
-    router_balance_rel_threshold: ROUTER_KEYS["router_balance_rel_threshold"] = 1.5
-    router_eviction_interval_s: ROUTER_KEYS["router_eviction_interval_s"] = 60.0
-    router_max_tree_tokens: ROUTER_KEYS["router_max_tree_tokens"] = 2**26
-    router_cache_miss: ROUTER_KEYS["router_cache_miss"] = "smallest_tree"
-    router_prefix_hash_tokens: ROUTER_KEYS["router_prefix_hash_tokens"] = 256
-    router_prefix_hash_load_factor: ROUTER_KEYS["router_prefix_hash_load_factor"] = 1.25
+    # The router keys, their bounds and defaults (the SGLang model gateway's command line) are
+    # config/router.py's: declared there once.
+    dp: ROUTER_KEYS["dp"] = ROUTER_DEFAULTS["dp"]
+    router: ROUTER_KEYS["router"] = ROUTER_DEFAULTS["router"]
+    router_cache_threshold: ROUTER_KEYS["router_cache_threshold"] = ROUTER_DEFAULTS["router_cache_threshold"]
+    router_balance_abs_threshold: ROUTER_KEYS["router_balance_abs_threshold"] = ROUTER_DEFAULTS["router_balance_abs_threshold"]
+    router_balance_rel_threshold: ROUTER_KEYS["router_balance_rel_threshold"] = ROUTER_DEFAULTS["router_balance_rel_threshold"]
+    router_eviction_interval_s: ROUTER_KEYS["router_eviction_interval_s"] = ROUTER_DEFAULTS["router_eviction_interval_s"]
+    router_max_tree_tokens: ROUTER_KEYS["router_max_tree_tokens"] = ROUTER_DEFAULTS["router_max_tree_tokens"]
+    router_cache_miss: ROUTER_KEYS["router_cache_miss"] = ROUTER_DEFAULTS["router_cache_miss"]
+    router_prefix_hash_tokens: ROUTER_KEYS["router_prefix_hash_tokens"] = ROUTER_DEFAULTS["router_prefix_hash_tokens"]
+    router_prefix_hash_load_factor: ROUTER_KEYS["router_prefix_hash_load_factor"] = ROUTER_DEFAULTS["router_prefix_hash_load_factor"]
 
     def __post_init__(self) -> None:
         for f in fields(self):  # a number computed with numpy (a proposal's size) is that number

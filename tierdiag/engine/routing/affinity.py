@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tierdiag.config.router import RouterName
 from tierdiag.engine.routing.base import (RanksView, RequestView, RouteDecision, Router, key_bytes,
                                           least_loaded, stable_hash)
 from tierdiag.engine.routing.hashring import HashRing
 
 if TYPE_CHECKING:
-    from tierdiag.engine.routing.config import RouterConfig
+    from tierdiag.config.router import RouterConfig
 
 
 def _scores(ranks: RanksView) -> tuple[float, ...]:
@@ -29,7 +30,7 @@ class SessionRouter(Router):
     without a session is keyed by its first page key instead (requests that open alike stay
     together, and a replay repeats itself), and one without a full page by its id."""
 
-    name = "session"
+    name = RouterName.SESSION
     follows = ("consistent_hashing.rs ConsistentHashingPolicy::select_worker_impl / find_by_consistent_hash "
                "(routing key on a hash ring, no load check)")
 
@@ -56,7 +57,7 @@ class PrefixHashRouter(Router):
     average (counting the incoming request) gives way to the least loaded rank within that bound,
     as PrefixHashPolicy::find_worker_with_load_balance; if none is within it, the ring's rank."""
 
-    name = "prefix_hash"
+    name = RouterName.PREFIX_HASH
     follows = ("prefix_hash.rs PrefixHashPolicy::find_worker_with_load_balance and load_ok "
                "(prefix_token_count 256, load_factor 1.25)")
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Sequence
 
 if TYPE_CHECKING:
-    from tierdiag.engine.routing.config import RouterConfig
+    from tierdiag.config.router import RouterConfig
 
 
 @dataclass(frozen=True, slots=True)
