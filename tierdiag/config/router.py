@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any
 
+from tierdiag.config.names import values
 from tierdiag.config.schema import Choice, Float, Int, Schema, check_values, key_name
 from tierdiag.errors import unknown_name
 
@@ -33,8 +34,8 @@ class CacheMissRule(StrEnum):
     MIN_LOAD = "min_load"  # sgl-model-gateway
 
 
-ROUTER_NAMES = tuple(r.value for r in RouterName)
-CACHE_MISS_NAMES = tuple(r.value for r in CacheMissRule)
+ROUTER_NAMES = values(RouterName)
+CACHE_MISS_NAMES = values(CacheMissRule)
 MAX_DP = 256  # ranks of one replay: each has its own pools and data plane
 # The approximate tree's eviction interval, in seconds: turned into ns and added to the clock
 # (arrivals < 2^62 ns), so at most 10^9 s (~31 years; 10^18 ns) keeps the sum inside int64.

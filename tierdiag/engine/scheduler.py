@@ -30,6 +30,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from tierdiag.config.names import Tier, WritePolicy
 from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.arrivals import ArrivalSource, pause_ms
 from tierdiag.engine.controller import CacheController, EngineStats
@@ -58,7 +59,7 @@ CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 NO_TOKEN, OTHER = "no_token", "other"  # AddReqResult: memory, or anything else (the shape, the budget)
 INT64_MAX = 2**63 - 1  # checkpoint_into_tree: min(priority + 1, torch.iinfo(torch.int64).max)
 # HiRadixCache.write_through_threshold: insert hits that trigger a device->host backup.
-WRITE_THROUGH_THRESHOLD = {"write_through": 1, "write_through_selective": 2}
+WRITE_THROUGH_THRESHOLD = {WritePolicy.WRITE_THROUGH: 1, WritePolicy.WRITE_THROUGH_SELECTIVE: 2}
 
 
 class EngineError(TierdiagError):
@@ -111,7 +112,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         self._order = 0
         self._batch_id = 0
         self._current = 0  # virtual time of the event being handled
-        self.count_hits = cfg.write_policy != "write_back"  # _inc_hit_count returns early under write_back
+        self.count_hits = cfg.write_policy != WritePolicy.WRITE_BACK  # _inc_hit_count returns early under write_back
         self.backup_threshold = WRITE_THROUGH_THRESHOLD.get(cfg.write_policy)
         self.prefetch_threshold = max(cfg.prefetch_threshold, self.ps)  # HiCacheController: >= a page
         self.prefetch_limit_tokens = prefetch_limit_tokens(self.rules, ctrl.host.capacity, ctrl.device.capacity,
@@ -526,7 +527,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
             self.emit.matched((now, req.req_id, dev_pages * ps, req.host_loaded_pages * ps,
                               req.storage_loaded_pages * ps, prefix_pages * ps, req.protected_pages * ps))
         if skip and self.emit.skipped is not None:
-            self.emit.skipped((now, req.req_id, "host", tiered * ps, skip))
+            self.emit.skipped((now, req.req_id, Tier.HOST, tiered * ps, skip))
         if load:
             return take, lb_ns, tiered
         return take, 0, 0
