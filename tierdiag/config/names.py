@@ -42,6 +42,16 @@ class TransferKind(StrEnum):
     LOAD_BACK = "load_back"  # host -> device, for a request's cached prefix
     WRITE_BACK = "write_back"  # device -> host backup
     PREFETCH = "prefetch"  # storage -> host
+    STORAGE_WRITE = "storage_write"  # host -> storage backup
+
+
+class EvictionAction(StrEnum):
+    """What an eviction did to a node's pages (the `evictions` table's `action`)."""
+
+    DEMOTE = "demote"  # device copy dropped, a host copy kept (or made: write_back)
+    DROP = "drop"  # device copy dropped, no host copy: gone
+    DELETE = "delete"  # host (or storage) copy dropped
+    FREE_DUPLICATE = "free_duplicate"  # host copy of a node also on device, reclaimed under pressure
 
 
 class Cause(StrEnum):

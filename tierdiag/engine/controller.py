@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tierdiag.config.names import Tier, TransferKind, WritePolicy
+from tierdiag.config.names import EvictionAction, Tier, TransferKind, WritePolicy
 from tierdiag.engine import rows as _rows
 from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.costmodel import CostModel
@@ -157,7 +157,7 @@ class CacheController:
             if node.host is None and self.cfg.write_policy == WritePolicy.WRITE_BACK:
                 self._write_back(node, cause, now_ns)
             if node.host is not None:
-                eid = self.record_eviction(node, Tier.DEVICE, "demote", cause, now_ns)
+                eid = self.record_eviction(node, Tier.DEVICE, EvictionAction.DEMOTE, cause, now_ns)
                 node.evicted_by = eid
                 self.device.free(self.tree.demote(node))
             else:
@@ -171,8 +171,8 @@ class CacheController:
         for child in list(node.children.values()):
             self._remove(child, cause, now_ns)
         on_device = node.device is not None
-        eid = self.record_eviction(node, Tier.DEVICE if on_device else Tier.HOST, "drop" if on_device else "delete",
-                                   cause, now_ns)
+        tier, action = (Tier.DEVICE, EvictionAction.DROP) if on_device else (Tier.HOST, EvictionAction.DELETE)
+        eid = self.record_eviction(node, tier, action, cause, now_ns)
         self._forget(node, eid)
         device_slots, host_slots = self.tree.delete(node)
         self.device.free(device_slots)
@@ -221,7 +221,7 @@ class CacheController:
                     continue
                 if node.host_ref:  # a host lock (a load-back's or a prefetch's anchor)
                     continue
-                self.record_eviction(node, Tier.HOST, "free_duplicate", cause, now_ns)
+                self.record_eviction(node, Tier.HOST, EvictionAction.FREE_DUPLICATE, cause, now_ns)
                 self.host.free(tree.drop_host(node))
                 swept.append(node.id)
         for nid in swept:
@@ -299,8 +299,8 @@ class CacheController:
             key = "storage/delete"
             self.stats.evictions[key] = self.stats.evictions.get(key, 0) + len(deleted)
         if self.emit.transfer is not None:
-            self.emit.transfer((self._transfer_id(), start, end, "storage_write", cause, pages, 1,
-                                        pages * self.page_bytes, dp_bytes, start - now_ns, 0, None, self.rank))
+            self.emit.transfer((self._transfer_id(), start, end, TransferKind.STORAGE_WRITE, cause, pages, 1,
+                                pages * self.page_bytes, dp_bytes, start - now_ns, 0, None, self.rank))
 
     # --- host -> device ------------------------------------------------------------------
     def load_back(self, nodes: tuple[TreeNode, ...], slots: list[int], req_id: str, now_ns: int,

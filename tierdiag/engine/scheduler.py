@@ -195,7 +195,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
 
     # --- arrival -------------------------------------------------------------------------
     def _arrive(self, t: TraceRequest, now: int, trace_ns: int, think_ms: float | None,
-                keys_np: np.ndarray | None = None, route: tuple | None = None) -> None:
+                keys_np: np.ndarray | None = None, route: ev.Route | None = None) -> None:
         """A request arrives (a deployment passes the page keys it computed to route it, and the
         routing columns of its record)."""
         req = Req(t, now, trace_ns, think_ms)
@@ -562,11 +562,12 @@ class Scheduler(StoragePrefetch, RequestRecords):
         path_pages = req.dev_pages + match.host_pages
         once = blame(cached, demoted, req.keys_np[path_pages:req.input_len // ps], lost, ps)
         route = req.route
-        if route[6] is not None and route[6] != self.rank:
+        if route.best_rank is not None and route.best_rank != self.rank:
             # In a deployment the cache is every rank's: pages another rank held at arrival (its
             # device + host prefix, deployment.py) were cached once too, though never here. Both
             # sets lead the part past the match (prefix closure), so together they are the longer.
-            elsewhere = min((route[7] + route[8]) // ps, req.input_len // ps) - path_pages
+            elsewhere = min((route.best_rank_device_tokens + route.best_rank_host_tokens) // ps,
+                            req.input_len // ps) - path_pages
             once = max(once, elsewhere)
         req.recomputed_pages = recomputed + once
 
@@ -722,11 +723,11 @@ class Scheduler(StoragePrefetch, RequestRecords):
             count, inserted = self.count_hits, req.inserted_pages
         else:
             count, inserted = self.count_hits and not chunk, 0
-        last, dups, fresh, hit = tree.insert(req.keys[:upto], req.own_from, req.own_slots[:n], now, req.req_id,
-                                             count_hits=count, priority=req.priority,
-                                             keys_np=req.keys_np[:upto], inserted=inserted)
+        done = tree.insert(req.keys[:upto], req.own_from, req.own_slots[:n], now, req.req_id,
+                           count_hits=count, priority=req.priority, keys_np=req.keys_np[:upto], inserted=inserted)
+        last, fresh = done.last, done.fresh
         req.inserted_pages = max(req.inserted_pages, upto)  # cache_inserted_len = max(.., page_aligned_len)
-        self.ctrl.device.free(dups)
+        self.ctrl.device.free(done.duplicate_slots)
         del req.own_slots[:n]
         req.own_from = upto
         if last is not req.lock_node:
@@ -737,7 +738,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
             self.ctrl.cached_once.set_many(node.keys if node.keys_np is None else node.keys_np, 0, outputs_last=True)
         threshold = self.backup_threshold
         if threshold is not None:
-            for node in hit:
+            for node in done.hit:
                 if node.host is None and node.device is not None and node.hit_count >= threshold:
                     self.ctrl.backup(node, req.req_id, now)
         return fresh

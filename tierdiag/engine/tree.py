@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from tierdiag.config.policies import EVICTION_POLICIES, EvictionPolicy
 from tierdiag.engine.rules import RULE_SETS, RuleSet
@@ -66,6 +66,17 @@ class TreeNode:
         return f"<node {self.id} pages={len(self.keys)} {tiers} lock={self.lock_ref}>"
 
 
+
+
+class TreeInsert(NamedTuple):
+    """What `RadixTree.insert` did: the last node of the path, the caller's slots of pages the
+    tree already held on device (to free), the nodes it created or revived, and the nodes whose
+    hit count it raised in path order (the write-through candidates)."""
+
+    last: "TreeNode"
+    duplicate_slots: list[int]
+    fresh: list["TreeNode"]
+    hit: list["TreeNode"]
 
 
 @dataclass(frozen=True)
@@ -291,7 +302,7 @@ class RadixTree:
     # --- insertion -----------------------------------------------------------------------
     def insert(self, keys: list[int], own_from: int, device_slots: list[int], now_ns: int,
                owner: str | None = None, *, count_hits: bool = True, priority: int = 0, keys_np=None,
-               inserted: int = 0) -> tuple[TreeNode, list[int], list[TreeNode], list[TreeNode]]:
+               inserted: int = 0) -> TreeInsert:
         """Give the tree a computed prefix: `keys[:own_from]` are already in the tree on device
         (the caller holds a lock on them), `device_slots` hold pages `keys[own_from:]`.
 
@@ -307,8 +318,7 @@ class RadixTree:
         `_should_backup_after_insert`: "nodes this request already inserted were counted back
         then"); 0.5.9's callers pass 0.
 
-        Returns (last node, duplicate slots to free, new or revived nodes, nodes whose hit count
-        this insert raised, in path order: the write-through candidates). `keys_np`, the same
+        Returns a TreeInsert. `keys_np`, the same
         keys as an array, lets a new node keep a view of its keys (TreeNode.keys_np).
         """
         assert len(keys) - own_from == len(device_slots), "one device slot per page key"
@@ -330,7 +340,7 @@ class RadixTree:
                     hit.append(child)
                 fresh.append(child)
                 self._push_device(child)
-                return child, dups, fresh, hit
+                return TreeInsert(child, dups, fresh, hit)
             m = self._common_pages(keys, i, child.keys)
             if i < own_from < i + m:  # keep the locked prefix and our pages in separate nodes
                 m = own_from - i
@@ -363,7 +373,7 @@ class RadixTree:
             child.owner = owner
             node = child
             i += m
-        return node, dups, fresh, hit
+        return TreeInsert(node, dups, fresh, hit)
 
     def insert_host(self, parent: TreeNode, keys: list[int], host_slots: list[int], now_ns: int,
                     owner: str | None, keys_np=None) -> TreeNode:
