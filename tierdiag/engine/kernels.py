@@ -260,15 +260,15 @@ def _run_triton(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_p
         for layer in (range(src.shape[0]) if per_layer_events else (None,)):
             if plan.num_pages:
                 kt.copy_rows(src, s_t, dst, d_t, layer=layer)
-        return LoadBackHandle(plan.num_pages, num_bytes, "triton", _wall_ns=time.perf_counter_ns() - t0)
+        return LoadBackHandle(plan.num_pages, num_bytes, "triton", wall_ns=time.perf_counter_ns() - t0)
     device = _cuda_device(src, dst)
     stream = _SideStreams.get(device)
-    handle = LoadBackHandle(plan.num_pages, num_bytes, "triton", _stream=stream)
-    handle._start_event = torch.cuda.Event(enable_timing=True)
-    handle._end_event = torch.cuda.Event(enable_timing=True)
+    handle = LoadBackHandle(plan.num_pages, num_bytes, "triton", stream=stream)
+    handle.start_event = torch.cuda.Event(enable_timing=True)
+    handle.end_event = torch.cuda.Event(enable_timing=True)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.device(device), torch.cuda.stream(stream):
-        handle._start_event.record(stream)
+        handle.start_event.record(stream)
         s_t = torch.from_numpy(plan.src_idx).to(device)
         d_t = torch.from_numpy(plan.dst_idx).to(device)
         if per_layer_events:
@@ -280,7 +280,7 @@ def _run_triton(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_p
                 handle.layer_events.append(ev)
         elif plan.num_pages:
             kt.copy_rows(src, s_t, dst, d_t)
-        handle._end_event.record(stream)
+        handle.end_event.record(stream)
     return handle
 
 
@@ -329,7 +329,7 @@ def copy_pages(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pa
         _execute_cpu(src, dst, _plan_for(src, src_pages, dst, dst_pages))
         return time.perf_counter_ns() - t0
     handle, staged, plan = _start_cuda(src, dst, src_pages, dst_pages, per_layer_events=False)
-    handle._end_event.synchronize()
+    handle.end_event.synchronize()
     # staged rows are in the plan's order (pairs may have been sorted), not the caller's
     _finish_staged(_wide_rows(dst), plan.dst_idx, staged)
     return time.perf_counter_ns() - t0
@@ -361,22 +361,22 @@ def load_back(host: torch.Tensor, host_pages: PageList, device: torch.Tensor,
         t0 = time.perf_counter_ns()
         if _copy_direct(host, host_pages, device, device_pages):
             return LoadBackHandle(len(host_pages), _nbytes(host, len(host_pages)), "direct",
-                                  _wall_ns=time.perf_counter_ns() - t0)
+                                  wall_ns=time.perf_counter_ns() - t0)
     if _choose_backend(host, device, len(host_pages), backend, host_pages, device_pages) == "triton":
         return _run_triton(host, host_pages, device, device_pages, per_layer_events=True)
     if not _layer_first_both(host, device):
         t0 = time.perf_counter_ns()
         n = _copy_generic(host, host_pages, device, device_pages)
-        return LoadBackHandle(n, _nbytes(host, n), "generic", _wall_ns=time.perf_counter_ns() - t0)
+        return LoadBackHandle(n, _nbytes(host, n), "generic", wall_ns=time.perf_counter_ns() - t0)
     if not _is_cuda(device):
         t0 = time.perf_counter_ns()
         if _copy_direct(host, host_pages, device, device_pages):
             return LoadBackHandle(len(host_pages), _nbytes(host, len(host_pages)), "direct",
-                                  _wall_ns=time.perf_counter_ns() - t0)
+                                  wall_ns=time.perf_counter_ns() - t0)
         plan = _plan_for(host, host_pages, device, device_pages)
         _execute_cpu(host, device, plan)
         return LoadBackHandle(plan.num_pages, _nbytes(host, plan.num_pages), plan.kind,
-                              _wall_ns=time.perf_counter_ns() - t0)
+                              wall_ns=time.perf_counter_ns() - t0)
     handle, staged, _plan = _start_cuda(host, device, host_pages, device_pages, per_layer_events=True)
     assert not staged, "load-back lands on the device: nothing is staged on the host side"
     return handle

@@ -180,22 +180,22 @@ class LoadBackHandle:
     num_bytes: int
     plan_kind: str
     layer_events: list = field(default_factory=list)
-    _stream: Any = None
-    _start_event: Any = None
-    _end_event: Any = None
-    _wall_ns: int | None = None
+    stream: Any = None
+    start_event: Any = None
+    end_event: Any = None
+    wall_ns: int | None = None
 
     def done(self) -> bool:
-        return self._wall_ns is not None or self._end_event is None or self._end_event.query()
+        return self.wall_ns is not None or self.end_event is None or self.end_event.query()
 
     def wait(self) -> int:
         """Block until every layer has landed; return the transfer's wall time in ns
         (on CUDA measured on the stream between issue and the last layer, so calling wait()
         late does not inflate it)."""
-        if self._wall_ns is None:
-            self._end_event.synchronize()
-            self._wall_ns = int(self._start_event.elapsed_time(self._end_event) * 1e6)
-        return self._wall_ns
+        if self.wall_ns is None:
+            self.end_event.synchronize()
+            self.wall_ns = int(self.start_event.elapsed_time(self.end_event) * 1e6)
+        return self.wall_ns
 
 
 def _cross_device_indices(plan: CopyPlan, device: torch.device) -> tuple[dict, dict]:
@@ -229,14 +229,14 @@ def _start_cuda(src: torch.Tensor, dst: torch.Tensor, src_pages: PageList, dst_p
     device = _cuda_device(src, dst)
     stream = _SideStreams.get(device)
     num_bytes = plan.num_pages * src.shape[0] * src.shape[2] * src.element_size()
-    handle = LoadBackHandle(plan.num_pages, num_bytes, plan.kind, _stream=stream)
-    handle._start_event = torch.cuda.Event(enable_timing=True)
-    handle._end_event = torch.cuda.Event(enable_timing=True)
+    handle = LoadBackHandle(plan.num_pages, num_bytes, plan.kind, stream=stream)
+    handle.start_event = torch.cuda.Event(enable_timing=True)
+    handle.end_event = torch.cuda.Event(enable_timing=True)
     staged: list = []
     # The side stream must see what the compute stream wrote before copying it.
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
-        handle._start_event.record(stream)
+        handle.start_event.record(stream)
         if same_device:
             _execute_same_device(src_w, dst_w, plan)
         else:
@@ -248,7 +248,7 @@ def _start_cuda(src: torch.Tensor, dst: torch.Tensor, src_pages: PageList, dst_p
                     ev = torch.cuda.Event()
                     ev.record(stream)
                     handle.layer_events.append(ev)
-        handle._end_event.record(stream)
+        handle.end_event.record(stream)
     return handle, staged, plan
 
 

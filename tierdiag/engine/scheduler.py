@@ -139,7 +139,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         then every num_ranks-th, so no two ranks' ids meet. Rank 0 of 1 is the default."""
         self.rank, self.id_step = rank, num_ranks
         self._batch_id = rank + 1 - num_ranks
-        self.tree._next_id, self.tree.id_step = rank + 1, num_ranks
+        self.tree.number_nodes(rank + 1, num_ranks)
         self.ctrl.as_rank(rank, num_ranks)
 
     def at(self, t_ns: int, fn, arg) -> None:

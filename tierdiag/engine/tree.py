@@ -48,6 +48,11 @@ class RadixTree:
         self.host_duplicates: dict[int, TreeNode] = {}
         self.tracks_duplicates = False  # set by the controller when host pressure reads them
 
+    def number_nodes(self, first: int, step: int) -> None:
+        """New nodes get ids first, first + step, ... (a rank's tree in a deployment: rank + 1,
+        then every num_ranks-th, so no two ranks' node ids meet)."""
+        self._next_id, self.id_step = first, step
+
     def _new_node(self, parent: TreeNode, keys: list[int], device, host, now_ns: int, owner,
                   keys_np=None) -> TreeNode:
         node = TreeNode(self._next_id, parent, keys, device, host, now_ns, owner, keys_np)
