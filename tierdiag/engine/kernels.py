@@ -31,13 +31,7 @@ bytes moved), because a 64-byte page and a 64 KiB page want different plans. Tra
 CPU: rows move as numpy items of one row each (`np.take`/`np.put`/`np.copyto`: one memcpy a
 row, any dtype, on the calling thread; see `_np_rows`); tiny transfers are two torch ops.
 
-CUDA: copies are issued on a dedicated side stream (which first waits for the current stream,
-so it sees the KV the prefill wrote), host memory is pinned, host<->device copies are
-`non_blocking`, and load-back records one `torch.cuda.Event` per layer so a prefill can start
-on layer 0 while later layers are still in flight. The torch path gathers scattered host pages
-into a pinned staging buffer by the CPU (torch's caching host allocator keeps a staging block
-alive until the copy that reads it has completed), then scatters on the device; the Triton
-path reads the scattered host pages from the GPU in one pass, one launch per layer.
+CUDA: see kernels_cuda.py (side stream, pinned staging, one event per layer of a load-back).
 
 torch is imported here at module level: this module is only imported by engine code paths that
 have tensors (CUDA pools, calibrate, the tests' tensor pools); a CPU replay needs only rows.py.

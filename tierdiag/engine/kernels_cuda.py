@@ -2,6 +2,15 @@
 execution of a plan: the side stream, staged host<->device copies, load-back handles with one
 event per layer. kernels.py, the torch backend's entry points, imports this; this imports
 nothing of kernels.py (rows.py holds the plans, numpy only).
+
+CUDA: copies are issued on a dedicated side stream (which first waits for the current stream,
+so it sees the KV the prefill wrote), host memory is pinned, host<->device copies are
+`non_blocking`, and load-back records one `torch.cuda.Event` per layer so a prefill can start
+on layer 0 while later layers are still in flight. The torch path gathers scattered host pages
+into a pinned staging buffer by the CPU (torch's caching host allocator keeps a staging block
+alive until the copy that reads it has completed), then scatters on the device; the Triton
+path (kernels_triton.py) reads the scattered host pages from the GPU in one pass, one launch
+per layer.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Routers in front of data-parallel ranks (issue 31; DESIGN §6 Deployments).
+"""Routers in front of data-parallel ranks (DESIGN §6 Deployments).
 
     base.py         RequestView, RanksView, RouteDecision, the Router base: what a router sees
     load.py         round_robin, random, shortest_queue, power_of_two
