@@ -7,15 +7,10 @@ any state. They differ in the key and in whether load can overrule the ring.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from tierdiag.config.router import RouterName
+from tierdiag.config.router import RouterConfig, RouterName
 from tierdiag.engine.routing.base import (RanksView, RequestView, RouteDecision, Router, key_bytes,
                                           least_loaded, stable_hash)
 from tierdiag.engine.routing.hashring import HashRing
-
-if TYPE_CHECKING:
-    from tierdiag.config.router import RouterConfig
 
 
 def _scores(ranks: RanksView) -> tuple[float, ...]:
@@ -34,7 +29,7 @@ class SessionRouter(Router):
     follows = ("consistent_hashing.rs ConsistentHashingPolicy::select_worker_impl / find_by_consistent_hash "
                "(routing key on a hash ring, no load check)")
 
-    def __init__(self, num_ranks: int, config: "RouterConfig") -> None:
+    def __init__(self, num_ranks: int, config: RouterConfig) -> None:
         super().__init__(num_ranks, config)
         self._ring = HashRing(num_ranks)
 
@@ -61,7 +56,7 @@ class PrefixHashRouter(Router):
     follows = ("prefix_hash.rs PrefixHashPolicy::find_worker_with_load_balance and load_ok "
                "(prefix_token_count 256, load_factor 1.25)")
 
-    def __init__(self, num_ranks: int, config: "RouterConfig") -> None:
+    def __init__(self, num_ranks: int, config: RouterConfig) -> None:
         super().__init__(num_ranks, config)
         self._ring = HashRing(num_ranks)
 

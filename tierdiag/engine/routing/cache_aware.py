@@ -38,14 +38,11 @@ shared storage tier, or of requests a rank refused. `explain` prints both: the r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from tierdiag.config.router import CacheMissRule, RouterName
+from tierdiag.config.router import CacheMissRule, RouterConfig, RouterName
 from tierdiag.engine.routing.approx_tree import ApproxTree
 from tierdiag.engine.routing.base import RanksView, RequestView, RouteDecision, Router, least_loaded
-
-if TYPE_CHECKING:
-    from tierdiag.config.router import RouterConfig
 
 
 def _smallest_tree(router: "CacheAwareRouter", ranks: RanksView) -> tuple[int, str]:
@@ -76,7 +73,7 @@ class CacheAwareRouter(Router):
     follows = ("cache_aware.rs CacheAwarePolicy::select_worker / select_worker_min_load; tree.rs Tree::insert, "
                "prefix_match, evict_tenant_by_size, get_smallest_tenant")
 
-    def __init__(self, num_ranks: int, config: "RouterConfig") -> None:
+    def __init__(self, num_ranks: int, config: RouterConfig) -> None:
         super().__init__(num_ranks, config)
         self.tree = ApproxTree(num_ranks)
         self._miss = CACHE_MISS_RULES[config.router_cache_miss]

@@ -7,16 +7,11 @@ Ties go to the lowest rank, as Rust's `min_by_key` keeps the first minimum.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from tierdiag.config.router import RouterName
+from tierdiag.config.router import RouterConfig, RouterName
 from tierdiag.engine.routing.base import (RanksView, RequestView, RouteDecision, Router, fmt_loads,
                                           least_loaded, loads_of)
-
-if TYPE_CHECKING:
-    from tierdiag.config.router import RouterConfig
 
 
 def _load_scores(loads) -> tuple[float, ...]:
@@ -33,7 +28,7 @@ class RoundRobinRouter(Router):
     name = RouterName.ROUND_ROBIN
     follows = "round_robin.rs RoundRobinPolicy::select_worker (a counter, fetch_add, modulo the workers)"
 
-    def __init__(self, num_ranks: int, config: "RouterConfig") -> None:
+    def __init__(self, num_ranks: int, config: RouterConfig) -> None:
         super().__init__(num_ranks, config)
         self._turn = 0
 
@@ -52,7 +47,7 @@ class RandomRouter(Router):
     name = RouterName.RANDOM
     follows = "random.rs RandomPolicy::select_worker (uniform over healthy workers)"
 
-    def __init__(self, num_ranks: int, config: "RouterConfig") -> None:
+    def __init__(self, num_ranks: int, config: RouterConfig) -> None:
         super().__init__(num_ranks, config)
         self._rng = np.random.default_rng(config.seed)
 
@@ -84,7 +79,7 @@ class PowerOfTwoRouter(Router):
     follows = ("power_of_two.rs PowerOfTwoPolicy::select_worker (idx2 = idx1 + 1 + draw(len - 1), "
                "load1 <= load2 keeps idx1)")
 
-    def __init__(self, num_ranks: int, config: "RouterConfig") -> None:
+    def __init__(self, num_ranks: int, config: RouterConfig) -> None:
         super().__init__(num_ranks, config)
         self._rng = np.random.default_rng(config.seed)
 
