@@ -69,3 +69,18 @@ def test_the_router_defaults_are_declared_once():
     for key, default in R.DEFAULTS.items():
         assert getattr(cfg, key) == default, key
     assert R.RouterConfig.from_config(cfg) == R.RouterConfig()
+
+
+def test_the_tree_node_carries_what_eviction_keys_read():
+    """config/policies.py's keys read an EvictionNode (config sits below the engine); the
+    engine's TreeNode must carry every field the Protocol names, and every policy's key must
+    run on one."""
+    from tierdiag.config.policies import EvictionNode, configured_eviction_policy
+    from tierdiag.engine.tree import TreeNode
+
+    assert set(EvictionNode.__annotations__) <= set(TreeNode.__slots__)
+    root = TreeNode(0, None, [], [], None, 0, None)
+    node = TreeNode(1, root, [7], [0], None, 5, "r")
+    for name in EVICTION_POLICIES:
+        assert isinstance(EVICTION_POLICIES[name].key(node), tuple)
+    assert isinstance(configured_eviction_policy("tlru", 8, 2).key(node), tuple)
