@@ -19,7 +19,7 @@ from tierdiag.diagnose import advice_routing as R
 from tierdiag.diagnose.advice import propose
 from tierdiag.diagnose.capacity import TARGET_LOAD
 from tierdiag.diagnose.facts import run_context
-from tierdiag.engine.routing.config import RouterConfig
+from tierdiag.config.router import RouterConfig
 from tierdiag.store.reader import open_store, resolve_run
 
 from .test_advice_planted import Story

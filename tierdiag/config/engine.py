@@ -15,17 +15,19 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tierdiag.errors import ConfigError, ConfigFileError
-from tierdiag.config.policies import EVICTION_POLICIES as _EVICTION_REGISTRY
+from tierdiag.config.constants import MAX_TIME_SCALE, MIN_TIME_SCALE
+from tierdiag.config.names import PrefetchPolicy, WritePolicy, values
+from tierdiag.config.policies import EVICTION_POLICIES as _EVICTION_REGISTRY, configured_eviction_policy
 from tierdiag.config.presets import GPUS, MODELS, gpu_preset, model_preset
 from tierdiag.config.profile import check_profile, profile_defaults
 from tierdiag.config.releases import RELEASES, check_switched_back, rule_release
-from tierdiag.config.router import KEYS as ROUTER_KEYS
+from tierdiag.config.router import DEFAULTS as ROUTER_DEFAULTS, KEYS as ROUTER_KEYS
 from tierdiag.config.schema import (Choice, Flag, Float, Int, KeyedConfigError, Schema, Text,
                                     check_values, key_name, option_name, register_options, show)
 
-WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+WRITE_POLICIES = values(WritePolicy)
 EVICTION_POLICIES = tuple(_EVICTION_REGISTRY)
-PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+PREFETCH_POLICIES = values(PrefetchPolicy)
 SCHEDULE_POLICIES = ("fcfs", "lpm", "hrrn", "shortest-prefill-first")
 # Host pools past this are a what-if (large servers carry 1-2 TiB): warned, not refused.
 HOST_MEMORY_SANE_BYTES = 2 << 40
@@ -38,23 +40,17 @@ TIMINGS = ("modelled", "measured")
 MAX_PAGE_TOKENS = 2**24
 # The real pools' budget, in MiB (a PiB): the machine's memory refuses far less.
 MAX_DATA_PLANE_MIB = 2**30
-# Bounds on --time-scale: arrivals are int64 ns after scaling (the trace reader bounds them
-# before), and a factor past these is a typo, not a workload. Checked with the rest of the
-# config, so a sweep refuses `--set time_scale=1e30,1` before its first replay.
-MAX_TIME_SCALE = 1e6
-MIN_TIME_SCALE = 1e-9
 VERIFY_MODES = ("all", "sample", "off")
 # How session turns arrive (engine/arrivals.py): `trace` at their timestamps (open loop),
 # `closed` at their predecessor's finish + think_ms. None (the default): closed, which for a
 # trace without sessions is the same as trace.
 ARRIVALS = ("trace", "closed")
-# The SGLang releases whose rules the engine follows (engine/rules.py: one RuleSet each), the
-# default first: 0.5.23, the release `import sglang` reads.
-SGLANG_RULES = ("0.5.23", "0.5.9")
-assert SGLANG_RULES == RELEASES, "config.releases.RELEASES names the rule sets, in this order"
-# Each release's prefetch policy when the config sets none (engine/rules.py asserts the same).
-SGLANG_PREFETCH_POLICY = {"0.5.23": "timeout", "0.5.9": "best_effort"}
-# Each release's host pool layout (`hicache_mem_layout` default; engine/rules.py asserts the same).
+# The SGLang releases whose rules the engine follows (config/releases.py; engine/rules.py: one
+# RuleSet each), the default first: 0.5.23, the release `import sglang` reads.
+SGLANG_RULES = RELEASES
+# Each release's prefetch policy when the config sets none (its RuleSet's prefetch_policy_default).
+SGLANG_PREFETCH_POLICY = {"0.5.23": PrefetchPolicy.TIMEOUT.value, "0.5.9": PrefetchPolicy.BEST_EFFORT.value}
+# Each release's host pool layout (`hicache_mem_layout` default; its RuleSet's host_layout).
 SGLANG_HOST_LAYOUT = {"0.5.23": "page_first", "0.5.9": "layer_first"}
 # What each release offers of the options that name something (one check per release for every
 # option: a name its release lacks is refused before a run exists, exit 2, or 3 from --config).
@@ -86,7 +82,7 @@ class EngineConfig:
     storage_tokens: Int(0) = 0  # 0 = no storage tier
     page_size: Int(1, MAX_PAGE_TOKENS, what="a power of two") = 64
     block_size: Int(1, MAX_PAGE_TOKENS) = 512  # tokens per hash id in Mooncake traces
-    write_policy: Choice(WRITE_POLICIES) = "write_through"
+    write_policy: Choice(WRITE_POLICIES) = WritePolicy.WRITE_THROUGH.value
     eviction_policy: Choice(EVICTION_POLICIES) = "lru"
     load_back_threshold: Int(0) = 10
     prefetch_policy: Choice(PREFETCH_POLICIES) | None = None  # None: the release's default (SGLANG_PREFETCH_POLICY)
@@ -98,7 +94,7 @@ class EngineConfig:
     profile: Text() | None = None  # `tierdiag calibrate` profile: JSON (link) or TOML (--from: the whole clock)
     # multiply trace inter-arrival times (2.0 = half the request rate)
     time_scale: Float(MIN_TIME_SCALE, MAX_TIME_SCALE) = 1.0
-    seed: ROUTER_KEYS["seed"] = 0  # recorded; the random routers draw with it
+    seed: ROUTER_KEYS["seed"] = ROUTER_DEFAULTS["seed"]  # recorded; the random routers draw with it
     verify: Choice(VERIFY_MODES) = "sample"  # byte-for-byte check of load-backs: all | sample | off
     data_plane_mib: Int(1, MAX_DATA_PLANE_MIB) = 64  # memory for the real device+host pools; width shrinks to fit
     mem_fraction_static: Float(0.0, 1.0, lo_open=True, cli=False) = 0.88
@@ -121,19 +117,18 @@ class EngineConfig:
     # step of the running requests instead of waiting for the GPU to run one on its own.
     enable_mixed_chunk: Flag(option="--enable-mixed-chunk") = False
     # Data-parallel ranks behind one router (engine/deployment.py; docs/contract.md "Deployments").
-    # The router keys are engine/routing/config.py RouterConfig's fields, its defaults the SGLang
-    # model gateway's command line; declared in config/router.py (KEYS), which says why their
-    # bounds are what they are.
-    dp: ROUTER_KEYS["dp"] = 1
-    router: ROUTER_KEYS["router"] = "round_robin"
-    router_cache_threshold: ROUTER_KEYS["router_cache_threshold"] = 0.3
-    router_balance_abs_threshold: ROUTER_KEYS["router_balance_abs_threshold"] = 64
-    router_balance_rel_threshold: ROUTER_KEYS["router_balance_rel_threshold"] = 1.5
-    router_eviction_interval_s: ROUTER_KEYS["router_eviction_interval_s"] = 60.0
-    router_max_tree_tokens: ROUTER_KEYS["router_max_tree_tokens"] = 2**26
-    router_cache_miss: ROUTER_KEYS["router_cache_miss"] = "smallest_tree"
-    router_prefix_hash_tokens: ROUTER_KEYS["router_prefix_hash_tokens"] = 256
-    router_prefix_hash_load_factor: ROUTER_KEYS["router_prefix_hash_load_factor"] = 1.25
+    # The router keys, their bounds and defaults (the SGLang model gateway's command line) are
+    # config/router.py's: declared there once.
+    dp: ROUTER_KEYS["dp"] = ROUTER_DEFAULTS["dp"]
+    router: ROUTER_KEYS["router"] = ROUTER_DEFAULTS["router"]
+    router_cache_threshold: ROUTER_KEYS["router_cache_threshold"] = ROUTER_DEFAULTS["router_cache_threshold"]
+    router_balance_abs_threshold: ROUTER_KEYS["router_balance_abs_threshold"] = ROUTER_DEFAULTS["router_balance_abs_threshold"]
+    router_balance_rel_threshold: ROUTER_KEYS["router_balance_rel_threshold"] = ROUTER_DEFAULTS["router_balance_rel_threshold"]
+    router_eviction_interval_s: ROUTER_KEYS["router_eviction_interval_s"] = ROUTER_DEFAULTS["router_eviction_interval_s"]
+    router_max_tree_tokens: ROUTER_KEYS["router_max_tree_tokens"] = ROUTER_DEFAULTS["router_max_tree_tokens"]
+    router_cache_miss: ROUTER_KEYS["router_cache_miss"] = ROUTER_DEFAULTS["router_cache_miss"]
+    router_prefix_hash_tokens: ROUTER_KEYS["router_prefix_hash_tokens"] = ROUTER_DEFAULTS["router_prefix_hash_tokens"]
+    router_prefix_hash_load_factor: ROUTER_KEYS["router_prefix_hash_load_factor"] = ROUTER_DEFAULTS["router_prefix_hash_load_factor"]
 
     def __post_init__(self) -> None:
         for f in fields(self):  # a number computed with numpy (a proposal's size) is that number
@@ -236,8 +231,6 @@ class EngineConfig:
 
     def resolved_eviction_policy(self):
         """The eviction policy with its settings (tlru's threshold and next_prompt_estimate)."""
-        from tierdiag.config.policies import configured_eviction_policy
-
         return configured_eviction_policy(self.eviction_policy, self.tlru_threshold or 0,
                                           self.tlru_next_prompt_estimate or 0)
 

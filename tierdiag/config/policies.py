@@ -6,7 +6,7 @@ and tlru, which SGLang added after 0.5.9 (0.5.23's `SLRUStrategy`, `TLRUStrategy
 ties break the same way in every run; before it, `access_seq`, the order of the access stamps
 within one virtual instant (SGLang's clocks never tie: the newer stamp is the more recent).
 
-What the keys read (see tree.TreeNode):
+What the keys read (`EvictionNode`; engine/tree.py's TreeNode is one):
 - `last_access_ns`: set by every match and insert that walks through the node;
 - `hit_count`: grows per *insert* that walks through the node (chunk inserts excluded, and never
   under write_back), as HiRadixCache._inc_hit_count; matches do not count;
@@ -21,10 +21,22 @@ What the keys read (see tree.TreeNode):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
-if TYPE_CHECKING:
-    from tierdiag.engine.tree import TreeNode
+
+class EvictionNode(Protocol):
+    """What an eviction key reads of a tree node: the config names the policies and their keys,
+    the engine's tree nodes carry these attributes (config sits below the engine)."""
+
+    id: int
+    parent: "EvictionNode | None"
+    last_access_ns: int
+    access_seq: int
+    hit_count: int
+    created_ns: int
+    priority: int
+    tlru_depth: int
+    tlru_history: int
 
 # SLRUStrategy(protected_threshold=2) in SGLang 0.5.23: a node hit twice is "protected".
 SLRU_PROTECTED_HITS = 2
@@ -33,7 +45,7 @@ SLRU_PROTECTED_HITS = 2
 @dataclass(frozen=True)
 class EvictionPolicy:
     name: str
-    key: Callable[["TreeNode"], tuple]
+    key: Callable[[EvictionNode], tuple]
     # True when a node's key can get smaller while it sits in an eviction heap (mru: every
     # access makes it a better victim). The tree then re-pushes a node each time it is touched.
     key_can_shrink: bool
@@ -42,35 +54,35 @@ class EvictionPolicy:
     tree_depths: bool = False
 
 
-def _lru(n: "TreeNode") -> tuple:
+def _lru(n: EvictionNode) -> tuple:
     return (n.last_access_ns, n.access_seq, n.id)
 
 
-def _lfu(n: "TreeNode") -> tuple:
+def _lfu(n: EvictionNode) -> tuple:
     return (n.hit_count, n.last_access_ns, n.access_seq, n.id)
 
 
-def _fifo(n: "TreeNode") -> tuple:
+def _fifo(n: EvictionNode) -> tuple:
     return (n.created_ns, n.id)
 
 
-def _mru(n: "TreeNode") -> tuple:
+def _mru(n: EvictionNode) -> tuple:
     return (-n.last_access_ns, -n.access_seq, n.id)
 
 
-def _filo(n: "TreeNode") -> tuple:
+def _filo(n: EvictionNode) -> tuple:
     return (-n.created_ns, n.id)
 
 
-def _priority(n: "TreeNode") -> tuple:
+def _priority(n: EvictionNode) -> tuple:
     return (n.priority, n.last_access_ns, n.access_seq, n.id)
 
 
-def _slru(n: "TreeNode") -> tuple:
+def _slru(n: EvictionNode) -> tuple:
     return (1 if n.hit_count >= SLRU_PROTECTED_HITS else 0, n.last_access_ns, n.access_seq, n.id)
 
 
-def tlru_key(threshold: int = 0, next_prompt_estimate: int = 0) -> Callable[["TreeNode"], tuple]:
+def tlru_key(threshold: int = 0, next_prompt_estimate: int = 0) -> Callable[[EvictionNode], tuple]:
     """SGLang 0.5.23 `TLRUStrategy(threshold, next_prompt_estimate).get_priority` (Tail-Optimized
     LRU, arXiv:2510.15152; both in tokens): a branch whose history reached L tokens only needs
     L + next_prompt_estimate - threshold of them cached; a node whose ancestors already hold that
@@ -80,7 +92,7 @@ def tlru_key(threshold: int = 0, next_prompt_estimate: int = 0) -> Callable[["Tr
     upper half the parent's depth + its own tokens, the lower half keeps its own), read here as
     such. Under SGLang's defaults (no `--radix-eviction-policy-config`: 0 and 0) no node is ever
     TEL-safe (its history is at least its own depth, beyond its parent's): the order is LRU's."""
-    def _tlru(n: "TreeNode") -> tuple:
+    def _tlru(n: EvictionNode) -> tuple:
         budget = max(n.tlru_history + next_prompt_estimate - threshold, 0)
         without_this_node = n.parent.tlru_depth if n.parent is not None else 0
         return (-1 if without_this_node >= budget else 0, n.last_access_ns, n.access_seq, n.id)

@@ -19,7 +19,7 @@ from typing import Sequence
 
 from tierdiag.errors import ConfigError
 
-# Newest first, as config.engine.SGLANG_RULES (asserted there): the release "before" one is the
+# Newest first (config.engine.SGLANG_RULES is this tuple): the release "before" one is the
 # next in this tuple.
 RELEASES = ("0.5.23", "0.5.9")
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 
 
+from tierdiag.config.constants import DISK_BYTES_PER_S, MAX_TIME_SCALE, RUN_OVERHEAD_NS, SEGMENT_OVERHEAD_NS
 from tierdiag.diagnose import claims as C
 from tierdiag.diagnose.claims import (
     BUSY_SHARE,
@@ -81,9 +82,6 @@ def limit_words(host_limit_bytes: int) -> str:
 # SGLang 0.5.9's prefetch room: this share of host beyond device (HiCacheController.prefetch_rate_limited);
 # the advice reads the run's own rule set (engine/rules.py `prefetch_room_tokens`).
 PREFETCH_ROOM_SHARE = 0.8
-# The cost model's storage read rate (engine/costmodel.py DISK_BYTES_PER_S; a test keeps the two
-# equal): not imported, since costmodel loads the engine's config and presets (~15 ms of explain).
-DISK_BYTES_PER_S = 5e9
 # Size pools to keep this share of the re-referenced removed tokens (reuse distance decile).
 CAPACITY_DECILE = 9
 SLOW_LINK_SHARE = 0.5
@@ -92,15 +90,10 @@ SMALL_RUN_BYTES = 1 << 20
 SMALL_PAGE_BYTES = 4 << 20  # a 64-token page of an 8B model is 8 MiB
 EXPOSED_SHARE_OF_TTFT = 0.05
 PAGE_SIZE_FACTOR = 4
-# The cost model's copy overheads, per layer (engine/costmodel.py SEGMENT_OVERHEAD_NS and
-# RUN_OVERHEAD_NS; a test keeps them equal): not imported, as DISK_BYTES_PER_S above.
-SEGMENT_OVERHEAD_NS = 50
-RUN_OVERHEAD_NS = 500
 # Config keys that differ between runs without being a change of the cache (bookkeeping).
 # `profile_source` is what the profile held (advice_verify.same_clock compares its hash apart).
 _NOT_CHANGES = frozenset({"storage_dir", "seed", "verify", "data_plane_mib", "profile", "profile_source", "timing"})
 GIB = 1 << 30
-MAX_TIME_SCALE = 1e6  # config/engine.py's bound (not imported: config pulls the presets in)
 def _pow2_at_least(n: int, page: int) -> int:
     p = max(page, 1)
     while p < n:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 
+from tierdiag.config.router import DEFAULTS as ROUTER_DEFAULTS
 from tierdiag.diagnose import claims as C
 from tierdiag.diagnose.advice_types import Advice
 from tierdiag.diagnose.capacity import MATERIAL_SHARE, TARGET_LOAD
@@ -50,10 +51,10 @@ QUEUE_EXCESS_SHARE = 0.2
 MAX_DP = 64
 BALANCE_FACTOR = 4
 LOWEST_CACHE_THRESHOLD = 0.05
-# The gateway's command-line defaults (engine/routing/config.py RouterConfig; a test keeps them equal).
-DEFAULT_CACHE_THRESHOLD = 0.3
-DEFAULT_BALANCE_ABS = 64
-DEFAULT_BALANCE_REL = 1.5
+# The gateway's command-line defaults (config/router.py).
+DEFAULT_CACHE_THRESHOLD = ROUTER_DEFAULTS["router_cache_threshold"]
+DEFAULT_BALANCE_ABS = ROUTER_DEFAULTS["router_balance_abs_threshold"]
+DEFAULT_BALANCE_REL = ROUTER_DEFAULTS["router_balance_rel_threshold"]
 
 
 def _significant(tokens: int | None, input_tokens: int | None) -> bool:

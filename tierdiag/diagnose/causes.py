@@ -56,10 +56,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tierdiag.config.names import Cause, values
+
 NONE_TOLERANCE_PCT = 20
 
 # Order matters: it breaks ties and fixes the order of columns and rows everywhere.
-CAUSES: tuple[str, ...] = ("none", "queueing", "load_back", "storage_fetch", "routing", "recompute", "compute")
+CAUSES: tuple[str, ...] = values(Cause)  # config/names.py
 
 
 def routing_tokens_sql(alias: str = "") -> str:

@@ -8,8 +8,10 @@
 
 from __future__ import annotations
 
+from tierdiag.config.names import RunKind
+
 # kind -> whether its rows carry the engine's TTFT parts (ideal, batches, evictions).
-ENGINE_PARTS: dict[str, bool] = {"replay": True, "observed": False}
+ENGINE_PARTS: dict[str, bool] = {RunKind.REPLAY: True, RunKind.OBSERVED: False}
 
 
 def has_engine_parts(run) -> bool:

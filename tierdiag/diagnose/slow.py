@@ -13,12 +13,13 @@ from dataclasses import dataclass
 
 import duckdb
 
+from tierdiag.config.names import HitClass, values
 from tierdiag.diagnose.causes import TtftParts, cause_sql, check_cause, excess_sql
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts
 from tierdiag.errors import ConfigError, unknown_name
 from tierdiag.store.reader import RunInfo
 
-HIT_CLASSES: tuple[str, ...] = ("device_hit", "tiered_hit", "miss")
+HIT_CLASSES: tuple[str, ...] = values(HitClass)  # config/names.py
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tierdiag.config.names import EvictionAction, Tier, TransferKind, WritePolicy
 from tierdiag.engine import rows as _rows
 from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.costmodel import CostModel
@@ -66,7 +67,7 @@ class CacheController:
         self.cost = cost
         self.tree = tree
         # 0.5.23's host pressure under write_back reads the tree's duplicate registry.
-        self.reclaim_duplicates = self.rules.reclaim_host_duplicates and cfg.write_policy == "write_back"
+        self.reclaim_duplicates = self.rules.reclaim_host_duplicates and cfg.write_policy == WritePolicy.WRITE_BACK
         tree.tracks_duplicates = self.reclaim_duplicates
         self.device = device
         self.host = host
@@ -133,8 +134,8 @@ class CacheController:
         self.stats.evictions[key] = self.stats.evictions.get(key, 0) + 1
         self.stats.evicted_tokens[tier] = self.stats.evicted_tokens.get(tier, 0) + tokens
         if self.emit.eviction is not None:
-            pool = self.device if tier == "device" else self.host
-            locked = self.tree.locked_device_pages if tier == "device" else self.tree.locked_host_pages
+            pool = self.device if tier == Tier.DEVICE else self.host
+            locked = self.tree.locked_device_pages if tier == Tier.DEVICE else self.tree.locked_host_pages
             self.emit.eviction((
                 eid, now_ns, tier, node.id, tokens, action, cause, node.owner,
                 pool.used_pages * self.page_size, pool.capacity * self.page_size,
@@ -153,10 +154,10 @@ class CacheController:
             node = self.tree.pop_device_victim()
             if node is None:
                 break
-            if node.host is None and self.cfg.write_policy == "write_back":
+            if node.host is None and self.cfg.write_policy == WritePolicy.WRITE_BACK:
                 self._write_back(node, cause, now_ns)
             if node.host is not None:
-                eid = self.record_eviction(node, "device", "demote", cause, now_ns)
+                eid = self.record_eviction(node, Tier.DEVICE, EvictionAction.DEMOTE, cause, now_ns)
                 node.evicted_by = eid
                 self.device.free(self.tree.demote(node))
             else:
@@ -170,8 +171,8 @@ class CacheController:
         for child in list(node.children.values()):
             self._remove(child, cause, now_ns)
         on_device = node.device is not None
-        eid = self.record_eviction(node, "device" if on_device else "host", "drop" if on_device else "delete",
-                                   cause, now_ns)
+        tier, action = (Tier.DEVICE, EvictionAction.DROP) if on_device else (Tier.HOST, EvictionAction.DELETE)
+        eid = self.record_eviction(node, tier, action, cause, now_ns)
         self._forget(node, eid)
         device_slots, host_slots = self.tree.delete(node)
         self.device.free(device_slots)
@@ -220,7 +221,7 @@ class CacheController:
                     continue
                 if node.host_ref:  # a host lock (a load-back's or a prefetch's anchor)
                     continue
-                self.record_eviction(node, "host", "free_duplicate", cause, now_ns)
+                self.record_eviction(node, Tier.HOST, EvictionAction.FREE_DUPLICATE, cause, now_ns)
                 self.host.free(tree.drop_host(node))
                 swept.append(node.id)
         for nid in swept:
@@ -277,7 +278,7 @@ class CacheController:
         self.blocking_ns = self.d2h_free_ns - now_ns
         self.stats.write_backs += 1
         if self.emit.transfer is not None:
-            self.emit.transfer((self._transfer_id(), start, start + dur, "write_back", cause, pages, runs,
+            self.emit.transfer((self._transfer_id(), start, start + dur, TransferKind.WRITE_BACK, cause, pages, runs,
                                         pages * self.page_bytes, dp_bytes, start - now_ns, wall, None, self.rank))
         self._write_storage(node, cause, start + dur)
 
@@ -298,8 +299,8 @@ class CacheController:
             key = "storage/delete"
             self.stats.evictions[key] = self.stats.evictions.get(key, 0) + len(deleted)
         if self.emit.transfer is not None:
-            self.emit.transfer((self._transfer_id(), start, end, "storage_write", cause, pages, 1,
-                                        pages * self.page_bytes, dp_bytes, start - now_ns, 0, None, self.rank))
+            self.emit.transfer((self._transfer_id(), start, end, TransferKind.STORAGE_WRITE, cause, pages, 1,
+                                pages * self.page_bytes, dp_bytes, start - now_ns, 0, None, self.rank))
 
     # --- host -> device ------------------------------------------------------------------
     def load_back(self, nodes: tuple[TreeNode, ...], slots: list[int], req_id: str, now_ns: int,
@@ -358,7 +359,7 @@ class CacheController:
         storage.free_ns = end
         self.stats.prefetches += 1
         if self.emit.transfer is not None:
-            self.emit.transfer((self._transfer_id(), start, end, "prefetch", req_id, pages,
+            self.emit.transfer((self._transfer_id(), start, end, TransferKind.PREFETCH, req_id, pages,
                                         _rows.count_runs(slots), pages * self.page_bytes,
                                         dp_bytes, start - now_ns, 0, None, self.rank))
         return start, end
@@ -367,5 +368,5 @@ class CacheController:
                        wall: int, verified) -> None:
         if self.emit.transfer is not None:
             dp_bytes = pages * self.dp_page_bytes
-            self.emit.transfer((self._transfer_id(), start, end, "load_back", req_id, pages, runs,
+            self.emit.transfer((self._transfer_id(), start, end, TransferKind.LOAD_BACK, req_id, pages, runs,
                                         pages * self.page_bytes, dp_bytes, queued, wall, verified, self.rank))

@@ -16,15 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from tierdiag.config.constants import DISK_BYTES_PER_S, RUN_OVERHEAD_NS, SEGMENT_OVERHEAD_NS
 from tierdiag.config.engine import EngineConfig
 from tierdiag.config.presets import gpu_preset, model_preset
 from tierdiag.config.profile import BATCH_OVERHEAD_NS, DECODE_STEP_OVERHEAD_NS, load_profile
-# Per layer: each page is one segment of the copy, each contiguous run of slots one DMA. At
-# Llama-3-8B geometry a 64-token page is 256 KiB a layer, so these matter for small pages and
-# heavy fragmentation, and hardly at all otherwise.
-SEGMENT_OVERHEAD_NS = 50
-RUN_OVERHEAD_NS = 500
-DISK_BYTES_PER_S = 5e9  # NVMe-class local storage
+# Per layer: each page is one segment of the copy, each contiguous run of slots one DMA
+# (SEGMENT_OVERHEAD_NS, RUN_OVERHEAD_NS, DISK_BYTES_PER_S: config/constants.py, which the advice
+# predicts with too). At Llama-3-8B geometry a 64-token page is 256 KiB a layer, so these matter
+# for small pages and heavy fragmentation, and hardly at all otherwise.
 DISK_LATENCY_NS = 100_000
 
 

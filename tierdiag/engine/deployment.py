@@ -42,6 +42,7 @@ from tierdiag.engine.controller import EngineStats
 from tierdiag.engine.request import Req
 from tierdiag.engine.routing import Gateway, RequestView, RouterConfig
 from tierdiag.engine.scheduler import INIT_NEW_TOKEN_RATIO, EngineError, Scheduler
+from tierdiag.probes.events import Route
 from tierdiag.trace.pages import page_keys_array
 from tierdiag.trace.reader import TraceRequest
 
@@ -168,8 +169,9 @@ class Deployment:
             for r, (d, h) in enumerate(held)) + "]"
         own_d, own_h = held[rank]
         best_d, best_h = held[best]
-        route = (decision.branch, decision.reason, decision.score, decision.score_name, own_d * ps, own_h * ps,
-                 best, best_d * ps, best_h * ps, ranks_json)
+        route = Route(decision.branch, decision.reason, decision.score, decision.score_name,
+                      arrival_device_tokens=own_d * ps, arrival_host_tokens=own_h * ps, best_rank=best,
+                      best_rank_device_tokens=best_d * ps, best_rank_host_tokens=best_h * ps, ranks_json=ranks_json)
         self.ranks[rank]._arrive(t, now, trace_ns, think_ms, keys_np, route)
 
     def _leave(self, req: Req, now: int) -> None:

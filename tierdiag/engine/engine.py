@@ -9,6 +9,7 @@ import weakref
 from pathlib import Path
 from typing import Callable, Iterable
 
+from tierdiag.config.names import Tier
 from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.controller import CacheController, EngineStats
 from tierdiag.engine.costmodel import CostModel
@@ -58,8 +59,8 @@ class Rank:
 
     def __init__(self, engine: "Engine", probe, progress) -> None:
         cfg, ps = engine.cfg, engine.cfg.page_size
-        self.device = PagePool("device", cfg.resolved_device_tokens() // ps, engine.plane, on_device=True)
-        self.host = PagePool("host", cfg.resolved_host_tokens() // ps, engine.plane, on_device=False)
+        self.device = PagePool(Tier.DEVICE, cfg.resolved_device_tokens() // ps, engine.plane, on_device=True)
+        self.host = PagePool(Tier.HOST, cfg.resolved_host_tokens() // ps, engine.plane, on_device=False)
         self.tree = RadixTree(ps, cfg.resolved_eviction_policy(), config_rules(cfg))
         self.ctrl = CacheController(cfg, engine.cost, self.tree, self.device, self.host, engine.storage, probe,
                                     engine.stats)

@@ -1,4 +1,4 @@
-"""Miss reasons: why each token a request computed was not reused (DESIGN §7, issue 40).
+"""Miss reasons: why each token a request computed was not reused (DESIGN §7).
 
 Every computed token of a finished request gets exactly one reason from a fixed list, so the
 reasons sum to `computed_tokens`. The scheduler knows two facts only it can see, both taken here:

@@ -7,6 +7,7 @@ A mixin of the Scheduler, whose state (tree, controller, clock) it works on.
 
 from __future__ import annotations
 
+from tierdiag.config.names import PrefetchPolicy
 from tierdiag.engine.request import Req
 from tierdiag.engine.rules import RuleSet
 
@@ -128,17 +129,19 @@ class StoragePrefetch:
         self.prefetch_tokens_occupied += req.prefetch_tokens
         req.storage_fetch_ns = done - start
         req.storage_bytes = hits * ctrl.page_bytes
-        policy = self.cfg.resolved_prefetch_policy()
-        if policy == "wait_complete":
-            req.hold_until_ns = done
-        elif policy == "timeout":
-            if rules.prefetch_timer_at_first_poll:  # armed by _prefetch_holds; a re-query keeps it
+        match PrefetchPolicy(self.cfg.resolved_prefetch_policy()):
+            case PrefetchPolicy.WAIT_COMPLETE:
+                req.hold_until_ns = done
+            case PrefetchPolicy.TIMEOUT if rules.prefetch_timer_at_first_poll:
+                # armed by _prefetch_holds; a re-query keeps it
                 deadline = req.prefetch_deadline_ns
                 req.hold_until_ns = done if deadline is None else min(done, deadline)
                 if deadline is None:
                     req.prefetch_wait_ns = prefetch_timeout_ns(span * ps)
-            else:
+            case PrefetchPolicy.TIMEOUT:
                 req.hold_until_ns = min(done, now + prefetch_timeout_ns(hits * ps))
+            case PrefetchPolicy.BEST_EFFORT:
+                pass  # the prefetch never holds the request (SGLang: best_effort terminates at once)
         if req.hold_until_ns > now:
             self.at(req.hold_until_ns, _noop, None)
 

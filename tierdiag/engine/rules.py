@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import Callable
 
-from tierdiag.config.engine import SGLANG_HOST_LAYOUT, SGLANG_PREFETCH_POLICY, SGLANG_RULES
+from tierdiag.config.engine import SGLANG_HOST_LAYOUT, SGLANG_PREFETCH_POLICY
 from tierdiag.config.releases import NOT_RULES, RULE_NAMES, release_before, switched_back_names
 
 
@@ -220,12 +220,12 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         prefetch_capacity_of_host_minus_device=False,
         prefetch_gate_on_best_match=True,
         prefetch_alloc_hit_only=True,
-        prefetch_policy_default="timeout",
+        prefetch_policy_default=SGLANG_PREFETCH_POLICY["0.5.23"],
         prefetch_timer_at_first_poll=True,
         prefetch_retry_interval_passes=8,
         prefetch_retry_max_attempts=8,
         prefetch_assume_stored=True,
-        host_layout="page_first",
+        host_layout=SGLANG_HOST_LAYOUT["0.5.23"],
         vocabulary=ExplainVocabulary("prefix_len", "host_loaded_length", "best_match_node", "kv.cache_protected_len"),
         doc="SGLang 0.5.23 (October): UnifiedRadixCache on the unified tree core",
     ),
@@ -252,22 +252,18 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         prefetch_capacity_of_host_minus_device=True,
         prefetch_gate_on_best_match=False,
         prefetch_alloc_hit_only=False,
-        prefetch_policy_default="best_effort",
+        prefetch_policy_default=SGLANG_PREFETCH_POLICY["0.5.9"],
         prefetch_timer_at_first_poll=False,
         prefetch_retry_interval_passes=0,
         prefetch_retry_max_attempts=0,
         prefetch_assume_stored=False,
-        host_layout="layer_first",
+        host_layout=SGLANG_HOST_LAYOUT["0.5.9"],
         vocabulary=ExplainVocabulary("prefix_indices", "host_hit_length", "last_host_node", "cache_protected_len"),
         doc="SGLang 0.5.9 (February): HiRadixCache",
     ),
 )}
 
-assert tuple(RULE_SETS) == SGLANG_RULES, "config.engine.SGLANG_RULES names the rule sets, in this order"
-assert {v: r.prefetch_policy_default for v, r in RULE_SETS.items()} == SGLANG_PREFETCH_POLICY, \
-    "config.engine.SGLANG_PREFETCH_POLICY names each rule set's default prefetch policy"
-assert {v: r.host_layout for v, r in RULE_SETS.items()} == SGLANG_HOST_LAYOUT, \
-    "config.engine.SGLANG_HOST_LAYOUT names each rule set's host layout"
+# One rule set a name of config/releases.py RELEASES (tests/test_registries.py checks both ways).
 
 
 def rule_set(version: str) -> RuleSet:

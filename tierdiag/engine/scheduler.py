@@ -30,6 +30,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from tierdiag.config.names import Tier, WritePolicy
 from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.arrivals import ArrivalSource, pause_ms
 from tierdiag.engine.controller import CacheController, EngineStats
@@ -58,7 +59,7 @@ CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 NO_TOKEN, OTHER = "no_token", "other"  # AddReqResult: memory, or anything else (the shape, the budget)
 INT64_MAX = 2**63 - 1  # checkpoint_into_tree: min(priority + 1, torch.iinfo(torch.int64).max)
 # HiRadixCache.write_through_threshold: insert hits that trigger a device->host backup.
-WRITE_THROUGH_THRESHOLD = {"write_through": 1, "write_through_selective": 2}
+WRITE_THROUGH_THRESHOLD = {WritePolicy.WRITE_THROUGH: 1, WritePolicy.WRITE_THROUGH_SELECTIVE: 2}
 
 
 class EngineError(TierdiagError):
@@ -111,7 +112,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         self._order = 0
         self._batch_id = 0
         self._current = 0  # virtual time of the event being handled
-        self.count_hits = cfg.write_policy != "write_back"  # _inc_hit_count returns early under write_back
+        self.count_hits = cfg.write_policy != WritePolicy.WRITE_BACK  # _inc_hit_count returns early under write_back
         self.backup_threshold = WRITE_THROUGH_THRESHOLD.get(cfg.write_policy)
         self.prefetch_threshold = max(cfg.prefetch_threshold, self.ps)  # HiCacheController: >= a page
         self.prefetch_limit_tokens = prefetch_limit_tokens(self.rules, ctrl.host.capacity, ctrl.device.capacity,
@@ -138,7 +139,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         then every num_ranks-th, so no two ranks' ids meet. Rank 0 of 1 is the default."""
         self.rank, self.id_step = rank, num_ranks
         self._batch_id = rank + 1 - num_ranks
-        self.tree._next_id, self.tree.id_step = rank + 1, num_ranks
+        self.tree.number_nodes(rank + 1, num_ranks)
         self.ctrl.as_rank(rank, num_ranks)
 
     def at(self, t_ns: int, fn, arg) -> None:
@@ -194,7 +195,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
 
     # --- arrival -------------------------------------------------------------------------
     def _arrive(self, t: TraceRequest, now: int, trace_ns: int, think_ms: float | None,
-                keys_np: np.ndarray | None = None, route: tuple | None = None) -> None:
+                keys_np: np.ndarray | None = None, route: ev.Route | None = None) -> None:
         """A request arrives (a deployment passes the page keys it computed to route it, and the
         routing columns of its record)."""
         req = Req(t, now, trace_ns, think_ms)
@@ -526,7 +527,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
             self.emit.matched((now, req.req_id, dev_pages * ps, req.host_loaded_pages * ps,
                               req.storage_loaded_pages * ps, prefix_pages * ps, req.protected_pages * ps))
         if skip and self.emit.skipped is not None:
-            self.emit.skipped((now, req.req_id, "host", tiered * ps, skip))
+            self.emit.skipped((now, req.req_id, Tier.HOST, tiered * ps, skip))
         if load:
             return take, lb_ns, tiered
         return take, 0, 0
@@ -561,11 +562,12 @@ class Scheduler(StoragePrefetch, RequestRecords):
         path_pages = req.dev_pages + match.host_pages
         once = blame(cached, demoted, req.keys_np[path_pages:req.input_len // ps], lost, ps)
         route = req.route
-        if route[6] is not None and route[6] != self.rank:
+        if route.best_rank is not None and route.best_rank != self.rank:
             # In a deployment the cache is every rank's: pages another rank held at arrival (its
             # device + host prefix, deployment.py) were cached once too, though never here. Both
             # sets lead the part past the match (prefix closure), so together they are the longer.
-            elsewhere = min((route[7] + route[8]) // ps, req.input_len // ps) - path_pages
+            elsewhere = min((route.best_rank_device_tokens + route.best_rank_host_tokens) // ps,
+                            req.input_len // ps) - path_pages
             once = max(once, elsewhere)
         req.recomputed_pages = recomputed + once
 
@@ -721,11 +723,11 @@ class Scheduler(StoragePrefetch, RequestRecords):
             count, inserted = self.count_hits, req.inserted_pages
         else:
             count, inserted = self.count_hits and not chunk, 0
-        last, dups, fresh, hit = tree.insert(req.keys[:upto], req.own_from, req.own_slots[:n], now, req.req_id,
-                                             count_hits=count, priority=req.priority,
-                                             keys_np=req.keys_np[:upto], inserted=inserted)
+        done = tree.insert(req.keys[:upto], req.own_from, req.own_slots[:n], now, req.req_id,
+                           count_hits=count, priority=req.priority, keys_np=req.keys_np[:upto], inserted=inserted)
+        last, fresh = done.last, done.fresh
         req.inserted_pages = max(req.inserted_pages, upto)  # cache_inserted_len = max(.., page_aligned_len)
-        self.ctrl.device.free(dups)
+        self.ctrl.device.free(done.duplicate_slots)
         del req.own_slots[:n]
         req.own_from = upto
         if last is not req.lock_node:
@@ -736,7 +738,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
             self.ctrl.cached_once.set_many(node.keys if node.keys_np is None else node.keys_np, 0, outputs_last=True)
         threshold = self.backup_threshold
         if threshold is not None:
-            for node in hit:
+            for node in done.hit:
                 if node.host is None and node.device is not None and node.hit_count >= threshold:
                     self.ctrl.backup(node, req.req_id, now)
         return fresh

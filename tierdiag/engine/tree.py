@@ -14,86 +14,13 @@ Residency invariants (checked by tests):
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 from typing import Callable
 
 from tierdiag.config.policies import EVICTION_POLICIES, EvictionPolicy
 from tierdiag.engine.rules import RULE_SETS, RuleSet
+from tierdiag.engine.tree_node import TreeInsert, TreeMatch, TreeNode
 
-
-class TreeNode:
-    __slots__ = ("id", "parent", "children", "keys", "device", "host", "lock_ref", "hit_count",
-                 "last_access_ns", "created_ns", "n_dev_children", "owner", "prefetched_for", "evicted_by",
-                 "priority", "host_ref", "keys_np", "access_seq", "tlru_depth", "tlru_history")
-
-    def __init__(self, node_id: int, parent: "TreeNode | None", keys: list[int],
-                 device: list[int] | None, host: list[int] | None, now_ns: int, owner: str | None,
-                 keys_np=None):
-        self.id = node_id
-        self.parent = parent
-        self.children: dict[int, TreeNode] = {}
-        self.keys = keys
-        # The same keys as an int64 array (a view of the request's), when the inserter had one:
-        # the per-page bookkeeping at eviction takes it as it is instead of converting the list.
-        self.keys_np = keys_np
-        self.device = device  # device pool slots, one per page, or None
-        self.host = host  # host pool slots, one per page, or None
-        self.lock_ref = 0
-        self.hit_count = 0
-        self.last_access_ns = now_ns
-        # The order of access stamps within one virtual instant (the tree's counter): SGLang's
-        # clocks never tie (0.5.9's time.monotonic, 0.5.23's logical counter), so neither may ours.
-        self.access_seq = 0
-        self.created_ns = now_ns
-        self.n_dev_children = 0
-        self.owner = owner  # the last request that used these pages
-        self.prefetched_for: int | None = None  # request seq whose storage prefetch brought it in
-        self.evicted_by: int | None = None  # eviction id that demoted it (host-only nodes)
-        self.priority = 0  # max "priority" of the requests that inserted it (eviction policy priority)
-        # SGLang's host_ref_counter (protect_host): a prefetch anchored here keeps the host copy
-        # from host eviction without pinning any device page.
-        self.host_ref = 0
-        # tlru's bookkeeping (config/policies.py), kept only when the policy reads it.
-        self.tlru_depth = 0
-        self.tlru_history = 0
-
-    @property
-    def num_pages(self) -> int:
-        return len(self.keys)
-
-    def __repr__(self) -> str:
-        tiers = ("D" if self.device is not None else "") + ("H" if self.host is not None else "")
-        return f"<node {self.id} pages={len(self.keys)} {tiers} lock={self.lock_ref}>"
-
-
-
-
-@dataclass(frozen=True)
-class TreeMatch:
-    """What the tree knows of a key sequence: the matched path split by residency.
-
-        pages:  |--- device_nodes ---|--- host_nodes ---|   (rest: not in the tree)
-    """
-    device_nodes: tuple[TreeNode, ...]
-    host_nodes: tuple[TreeNode, ...]
-
-    @property
-    def device_pages(self) -> int:
-        return sum(len(n.keys) for n in self.device_nodes)
-
-    @property
-    def host_pages(self) -> int:
-        return sum(len(n.keys) for n in self.host_nodes)
-
-    @property
-    def last_node(self) -> "TreeNode | None":
-        if self.host_nodes:
-            return self.host_nodes[-1]
-        return self.device_nodes[-1] if self.device_nodes else None
-
-    @property
-    def last_device_node(self) -> "TreeNode | None":
-        return self.device_nodes[-1] if self.device_nodes else None
+__all__ = ["RadixTree", "TreeInsert", "TreeMatch", "TreeNode"]
 
 
 class RadixTree:
@@ -120,6 +47,11 @@ class RadixTree:
         # entries go stale lazily and are re-checked when host pressure reads them.
         self.host_duplicates: dict[int, TreeNode] = {}
         self.tracks_duplicates = False  # set by the controller when host pressure reads them
+
+    def number_nodes(self, first: int, step: int) -> None:
+        """New nodes get ids first, first + step, ... (a rank's tree in a deployment: rank + 1,
+        then every num_ranks-th, so no two ranks' node ids meet)."""
+        self._next_id, self.id_step = first, step
 
     def _new_node(self, parent: TreeNode, keys: list[int], device, host, now_ns: int, owner,
                   keys_np=None) -> TreeNode:
@@ -291,7 +223,7 @@ class RadixTree:
     # --- insertion -----------------------------------------------------------------------
     def insert(self, keys: list[int], own_from: int, device_slots: list[int], now_ns: int,
                owner: str | None = None, *, count_hits: bool = True, priority: int = 0, keys_np=None,
-               inserted: int = 0) -> tuple[TreeNode, list[int], list[TreeNode], list[TreeNode]]:
+               inserted: int = 0) -> TreeInsert:
         """Give the tree a computed prefix: `keys[:own_from]` are already in the tree on device
         (the caller holds a lock on them), `device_slots` hold pages `keys[own_from:]`.
 
@@ -307,8 +239,7 @@ class RadixTree:
         `_should_backup_after_insert`: "nodes this request already inserted were counted back
         then"); 0.5.9's callers pass 0.
 
-        Returns (last node, duplicate slots to free, new or revived nodes, nodes whose hit count
-        this insert raised, in path order: the write-through candidates). `keys_np`, the same
+        Returns a TreeInsert. `keys_np`, the same
         keys as an array, lets a new node keep a view of its keys (TreeNode.keys_np).
         """
         assert len(keys) - own_from == len(device_slots), "one device slot per page key"
@@ -330,7 +261,7 @@ class RadixTree:
                     hit.append(child)
                 fresh.append(child)
                 self._push_device(child)
-                return child, dups, fresh, hit
+                return TreeInsert(child, dups, fresh, hit)
             m = self._common_pages(keys, i, child.keys)
             if i < own_from < i + m:  # keep the locked prefix and our pages in separate nodes
                 m = own_from - i
@@ -363,7 +294,7 @@ class RadixTree:
             child.owner = owner
             node = child
             i += m
-        return node, dups, fresh, hit
+        return TreeInsert(node, dups, fresh, hit)
 
     def insert_host(self, parent: TreeNode, keys: list[int], host_slots: list[int], now_ns: int,
                     owner: str | None, keys_np=None) -> TreeNode:

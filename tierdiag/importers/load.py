@@ -55,6 +55,7 @@ import pyarrow.compute as pc
 from tierdiag import __version__, signals
 from tierdiag.errors import OutputError, RunInterrupted, TraceError
 from tierdiag.paths import check_output, open_output, prepare_output_path
+from tierdiag.units import NS_PER_MS, NS_PER_S
 from tierdiag.importers.sglang import (
     KEEP_TOKEN_IDS_HINT,
     METRICS_FLAG,
@@ -63,8 +64,6 @@ from tierdiag.importers.sglang import (
     read_export,
 )
 
-NS_PER_S = 1_000_000_000
-NS_PER_MS = 1_000_000
 CHUNK_ROWS = 16_384
 PROGRESS_EVERY = 1_000
 OBSERVED_TIMING = "observed"  # runs.timing of an imported run: the server's own clock

@@ -30,9 +30,9 @@ import msgspec
 from tierdiag.errors import TraceError
 from tierdiag.trace.lines import BadLine, numbered_lines, skip_bad_line
 from tierdiag.trace.reader import MAX_ARRIVAL_NS, MAX_LENGTH_TOKENS
+from tierdiag.units import NS_PER_S
 from tierdiag.trace.fields import json_type as _json_type  # one wording for "got <type>" in trace and import errors
 
-NS_PER_S = 1_000_000_000
 
 # --- the format's quirks, written once ------------------------------------------------------
 

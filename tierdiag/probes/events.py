@@ -207,8 +207,24 @@ class RequestRecord(NamedTuple):
     miss_beyond_storage_tokens: int | None = None
 
 
-# A one-rank run's routing columns (RequestRecord's ten after dp_rank): none.
-ROUTE_NONE: tuple = (None,) * 10
+class Route(NamedTuple):
+    """A request's routing columns (RequestRecord's ten after dp_rank, same names): the router's
+    decision and where the request's prefix was at arrival (engine/deployment.py)."""
+
+    route_branch: str | None
+    route_reason: str | None
+    route_score: float | None
+    route_score_name: str | None
+    arrival_device_tokens: int | None  # the serving rank's device prefix at arrival
+    arrival_host_tokens: int | None
+    best_rank: int | None  # the rank that held the longest prefix at arrival
+    best_rank_device_tokens: int | None
+    best_rank_host_tokens: int | None
+    ranks_json: str | None
+
+
+# A one-rank run's routing columns: none.
+ROUTE_NONE = Route(*(None,) * len(Route._fields))
 
 
 class RequestFinished(NamedTuple):

@@ -37,6 +37,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from tierdiag.errors import TraceError
+from tierdiag.units import NS_PER_MS
 from tierdiag.trace.fields import FieldError, convert as convert_fields, json_type as _json_type, show as _show
 from tierdiag.trace.lines import BadLine, is_seekable_file, numbered_lines, open_raw, skip_bad_line  # noqa: F401 - numbered_lines, is_seekable_file: this module's API too
 
@@ -46,7 +47,6 @@ KNOWN_KEYS = frozenset({"id", "timestamp", "input_length", "output_length", "has
 PRIORITY_RANGE = (-(2**63) + 1, 2**63 - 1)
 MAX_EXTRA_KEY_CHARS = 1024
 MAX_SESSION_CHARS = MAX_EXTRA_KEY_CHARS
-NS_PER_MS = 1_000_000
 # Every time downstream is int64 ns (DuckDB BIGINT, ~292 years). Arrivals (after --time-scale)
 # stay below 2**62 ns (~146 years: epoch-millisecond timestamps fit), leaving as much again for
 # what the engine adds (queueing, prefill, decode), so no accepted trace can overflow.

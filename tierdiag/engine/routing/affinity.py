@@ -7,14 +7,10 @@ any state. They differ in the key and in whether load can overrule the ring.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from tierdiag.config.router import RouterConfig, RouterName
 from tierdiag.engine.routing.base import (RanksView, RequestView, RouteDecision, Router, key_bytes,
                                           least_loaded, stable_hash)
 from tierdiag.engine.routing.hashring import HashRing
-
-if TYPE_CHECKING:
-    from tierdiag.engine.routing.config import RouterConfig
 
 
 def _scores(ranks: RanksView) -> tuple[float, ...]:
@@ -29,11 +25,11 @@ class SessionRouter(Router):
     without a session is keyed by its first page key instead (requests that open alike stay
     together, and a replay repeats itself), and one without a full page by its id."""
 
-    name = "session"
+    name = RouterName.SESSION
     follows = ("consistent_hashing.rs ConsistentHashingPolicy::select_worker_impl / find_by_consistent_hash "
                "(routing key on a hash ring, no load check)")
 
-    def __init__(self, num_ranks: int, config: "RouterConfig") -> None:
+    def __init__(self, num_ranks: int, config: RouterConfig) -> None:
         super().__init__(num_ranks, config)
         self._ring = HashRing(num_ranks)
 
@@ -56,11 +52,11 @@ class PrefixHashRouter(Router):
     average (counting the incoming request) gives way to the least loaded rank within that bound,
     as PrefixHashPolicy::find_worker_with_load_balance; if none is within it, the ring's rank."""
 
-    name = "prefix_hash"
+    name = RouterName.PREFIX_HASH
     follows = ("prefix_hash.rs PrefixHashPolicy::find_worker_with_load_balance and load_ok "
                "(prefix_token_count 256, load_factor 1.25)")
 
-    def __init__(self, num_ranks: int, config: "RouterConfig") -> None:
+    def __init__(self, num_ranks: int, config: RouterConfig) -> None:
         super().__init__(num_ranks, config)
         self._ring = HashRing(num_ranks)
 

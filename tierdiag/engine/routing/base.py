@@ -26,10 +26,9 @@ from __future__ import annotations
 import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Sequence
+from typing import ClassVar, Sequence
 
-if TYPE_CHECKING:
-    from tierdiag.engine.routing.config import RouterConfig
+from tierdiag.config.router import RouterConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +75,7 @@ class Router(ABC):
     name: ClassVar[str]
     follows: ClassVar[str]  # the gateway function (or other source) the policy follows
 
-    def __init__(self, num_ranks: int, config: "RouterConfig") -> None:
+    def __init__(self, num_ranks: int, config: RouterConfig) -> None:
         self.num_ranks = num_ranks
         self.config = config
 

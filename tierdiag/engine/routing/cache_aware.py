@@ -38,13 +38,11 @@ shared storage tier, or of requests a rank refused. `explain` prints both: the r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
+from tierdiag.config.router import CacheMissRule, RouterConfig, RouterName
 from tierdiag.engine.routing.approx_tree import ApproxTree
 from tierdiag.engine.routing.base import RanksView, RequestView, RouteDecision, Router, least_loaded
-
-if TYPE_CHECKING:
-    from tierdiag.engine.routing.config import RouterConfig
 
 
 def _smallest_tree(router: "CacheAwareRouter", ranks: RanksView) -> tuple[int, str]:
@@ -58,9 +56,9 @@ def _min_load(router: "CacheAwareRouter", ranks: RanksView) -> tuple[int, str]:
 
 
 # Where a request whose best match is at or under the threshold goes.
-CACHE_MISS_RULES: dict[str, Callable[["CacheAwareRouter", RanksView], tuple[int, str]]] = {
-    "smallest_tree": _smallest_tree,  # sgl-router: tree.get_smallest_tenant()
-    "min_load": _min_load,  # sgl-model-gateway: min_by_key(worker.load()) among healthy workers
+CACHE_MISS_RULES: dict[CacheMissRule, Callable[["CacheAwareRouter", RanksView], tuple[int, str]]] = {
+    CacheMissRule.SMALLEST_TREE: _smallest_tree,  # sgl-router: tree.get_smallest_tenant()
+    CacheMissRule.MIN_LOAD: _min_load,  # sgl-model-gateway: min_by_key(worker.load()) among healthy workers
 }
 
 
@@ -71,11 +69,11 @@ def is_imbalanced(loads: tuple[int, ...], abs_threshold: int, rel_threshold: flo
 
 
 class CacheAwareRouter(Router):
-    name = "cache_aware"
+    name = RouterName.CACHE_AWARE
     follows = ("cache_aware.rs CacheAwarePolicy::select_worker / select_worker_min_load; tree.rs Tree::insert, "
                "prefix_match, evict_tenant_by_size, get_smallest_tenant")
 
-    def __init__(self, num_ranks: int, config: "RouterConfig") -> None:
+    def __init__(self, num_ranks: int, config: RouterConfig) -> None:
         super().__init__(num_ranks, config)
         self.tree = ApproxTree(num_ranks)
         self._miss = CACHE_MISS_RULES[config.router_cache_miss]

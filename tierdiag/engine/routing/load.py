@@ -7,15 +7,11 @@ Ties go to the lowest rank, as Rust's `min_by_key` keeps the first minimum.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
+from tierdiag.config.router import RouterConfig, RouterName
 from tierdiag.engine.routing.base import (RanksView, RequestView, RouteDecision, Router, fmt_loads,
                                           least_loaded, loads_of)
-
-if TYPE_CHECKING:
-    from tierdiag.engine.routing.config import RouterConfig
 
 
 def _load_scores(loads) -> tuple[float, ...]:
@@ -29,10 +25,10 @@ def _load_name(ranks: RanksView) -> str:
 class RoundRobinRouter(Router):
     """Rank i, i+1, ... in turn, whatever their load."""
 
-    name = "round_robin"
+    name = RouterName.ROUND_ROBIN
     follows = "round_robin.rs RoundRobinPolicy::select_worker (a counter, fetch_add, modulo the workers)"
 
-    def __init__(self, num_ranks: int, config: "RouterConfig") -> None:
+    def __init__(self, num_ranks: int, config: RouterConfig) -> None:
         super().__init__(num_ranks, config)
         self._turn = 0
 
@@ -48,10 +44,10 @@ class RandomRouter(Router):
     """A uniform draw from a generator seeded by the run's seed (the gateway draws from the
     thread's RNG; a replay must repeat itself, so the seed is the run's)."""
 
-    name = "random"
+    name = RouterName.RANDOM
     follows = "random.rs RandomPolicy::select_worker (uniform over healthy workers)"
 
-    def __init__(self, num_ranks: int, config: "RouterConfig") -> None:
+    def __init__(self, num_ranks: int, config: RouterConfig) -> None:
         super().__init__(num_ranks, config)
         self._rng = np.random.default_rng(config.seed)
 
@@ -64,7 +60,7 @@ class RandomRouter(Router):
 class ShortestQueueRouter(Router):
     """The rank with the least load: cache_aware's imbalanced branch on its own."""
 
-    name = "shortest_queue"
+    name = RouterName.SHORTEST_QUEUE
     follows = "cache_aware.rs CacheAwarePolicy::select_worker_min_load (min_by_key over worker.load())"
 
     def route(self, request: RequestView, ranks: RanksView, now_ns: int) -> RouteDecision:
@@ -79,11 +75,11 @@ class ShortestQueueRouter(Router):
 class PowerOfTwoRouter(Router):
     """Two distinct ranks drawn at random; the less loaded one (the first on a tie)."""
 
-    name = "power_of_two"
+    name = RouterName.POWER_OF_TWO
     follows = ("power_of_two.rs PowerOfTwoPolicy::select_worker (idx2 = idx1 + 1 + draw(len - 1), "
                "load1 <= load2 keeps idx1)")
 
-    def __init__(self, num_ranks: int, config: "RouterConfig") -> None:
+    def __init__(self, num_ranks: int, config: RouterConfig) -> None:
         super().__init__(num_ranks, config)
         self._rng = np.random.default_rng(config.seed)
 

@@ -1,0 +1,93 @@
+"""The radix tree's node (residency, locks, the fields eviction keys read: config/policies.py's
+EvictionNode) and what the tree's operations return (TreeMatch, TreeInsert). engine/tree.py
+holds the operations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class TreeNode:
+    __slots__ = ("id", "parent", "children", "keys", "device", "host", "lock_ref", "hit_count",
+                 "last_access_ns", "created_ns", "n_dev_children", "owner", "prefetched_for", "evicted_by",
+                 "priority", "host_ref", "keys_np", "access_seq", "tlru_depth", "tlru_history")
+
+    def __init__(self, node_id: int, parent: "TreeNode | None", keys: list[int],
+                 device: list[int] | None, host: list[int] | None, now_ns: int, owner: str | None,
+                 keys_np=None):
+        self.id = node_id
+        self.parent = parent
+        self.children: dict[int, TreeNode] = {}
+        self.keys = keys
+        # The same keys as an int64 array (a view of the request's), when the inserter had one:
+        # the per-page bookkeeping at eviction takes it as it is instead of converting the list.
+        self.keys_np = keys_np
+        self.device = device  # device pool slots, one per page, or None
+        self.host = host  # host pool slots, one per page, or None
+        self.lock_ref = 0
+        self.hit_count = 0
+        self.last_access_ns = now_ns
+        # The order of access stamps within one virtual instant (the tree's counter): SGLang's
+        # clocks never tie (0.5.9's time.monotonic, 0.5.23's logical counter), so neither may ours.
+        self.access_seq = 0
+        self.created_ns = now_ns
+        self.n_dev_children = 0
+        self.owner = owner  # the last request that used these pages
+        self.prefetched_for: int | None = None  # request seq whose storage prefetch brought it in
+        self.evicted_by: int | None = None  # eviction id that demoted it (host-only nodes)
+        self.priority = 0  # max "priority" of the requests that inserted it (eviction policy priority)
+        # SGLang's host_ref_counter (protect_host): a prefetch anchored here keeps the host copy
+        # from host eviction without pinning any device page.
+        self.host_ref = 0
+        # tlru's bookkeeping (config/policies.py), kept only when the policy reads it.
+        self.tlru_depth = 0
+        self.tlru_history = 0
+
+    @property
+    def num_pages(self) -> int:
+        return len(self.keys)
+
+    def __repr__(self) -> str:
+        tiers = ("D" if self.device is not None else "") + ("H" if self.host is not None else "")
+        return f"<node {self.id} pages={len(self.keys)} {tiers} lock={self.lock_ref}>"
+
+
+class TreeInsert(NamedTuple):
+    """What `RadixTree.insert` did: the last node of the path, the caller's slots of pages the
+    tree already held on device (to free), the nodes it created or revived, and the nodes whose
+    hit count it raised in path order (the write-through candidates)."""
+
+    last: "TreeNode"
+    duplicate_slots: list[int]
+    fresh: list["TreeNode"]
+    hit: list["TreeNode"]
+
+
+@dataclass(frozen=True)
+class TreeMatch:
+    """What the tree knows of a key sequence: the matched path split by residency.
+
+        pages:  |--- device_nodes ---|--- host_nodes ---|   (rest: not in the tree)
+    """
+    device_nodes: tuple[TreeNode, ...]
+    host_nodes: tuple[TreeNode, ...]
+
+    @property
+    def device_pages(self) -> int:
+        return sum(len(n.keys) for n in self.device_nodes)
+
+    @property
+    def host_pages(self) -> int:
+        return sum(len(n.keys) for n in self.host_nodes)
+
+    @property
+    def last_node(self) -> "TreeNode | None":
+        if self.host_nodes:
+            return self.host_nodes[-1]
+        return self.device_nodes[-1] if self.device_nodes else None
+
+    @property
+    def last_device_node(self) -> "TreeNode | None":
+        return self.device_nodes[-1] if self.device_nodes else None
