@@ -153,7 +153,7 @@ def run_configs(trace: str | os.PathLike, configs: Sequence[tuple[str, EngineCon
     if not configs:
         raise ConfigError("no configurations to replay")
     from tierdiag.paths import check_output
-    from tierdiag.store.copy_run import open_destination
+    from tierdiag.store.copy_run import RunFileCopier, open_destination
 
     check_output(db, what="--db", inputs=[("TRACE", trace)], store=True)
     _check_trace(trace, configs, skip_bad)
@@ -166,8 +166,10 @@ def run_configs(trace: str | os.PathLike, configs: Sequence[tuple[str, EngineCon
     tasks = [Task(i, name, cfg, str(db)) for i, (name, cfg) in enumerate(configs)]
     outcomes: dict[int, RunOutcome] = {}
 
+    copier = RunFileCopier()  # one in-memory DuckDB connection for every merge of the sweep
+
     def record(result: "WorkerResult", tables) -> None:
-        outcome = _merge(keeper, tasks[result.index], result, tables, overrides)
+        outcome = _merge(keeper, copier, tasks[result.index], result, tables, overrides)
         outcomes[result.index] = outcome
         if progress is not None:
             progress(outcome)
@@ -177,10 +179,13 @@ def run_configs(trace: str | os.PathLike, configs: Sequence[tuple[str, EngineCon
             outcomes.setdefault(t.index, RunOutcome(t.index, t.name, None, "not_started"))
         raise SweepInterrupted(keeper.last_try([outcomes[t.index] for t in tasks])) from exc
 
-    if isinstance(backend, Ray):
-        _run_ray(backend, trace, tasks, skip_bad, cmd, record, finish_interrupted)
-    else:
-        _run_processes(backend.jobs or default_jobs(), trace, tasks, skip_bad, cmd, record, finish_interrupted)
+    try:
+        if isinstance(backend, Ray):
+            _run_ray(backend, trace, tasks, skip_bad, cmd, record, finish_interrupted)
+        else:
+            _run_processes(backend.jobs or default_jobs(), trace, tasks, skip_bad, cmd, record, finish_interrupted)
+    finally:
+        copier.close()
     ordered = keeper.last_try([outcomes[t.index] for t in tasks])
     if keeper.path is not None:
         raise SweepNotMerged(ordered, db, keeper.path, keeper.failure)
@@ -197,24 +202,31 @@ def _check_trace(trace: Path, configs, skip_bad: bool) -> None:
         next(read_trace(trace, block_size=block_size, skip_bad=skip_bad))
 
 
-def _merge(keeper: Keeper, task: Task, result: WorkerResult, tables, overrides: dict) -> RunOutcome:
+def _merge(keeper: Keeper, copier, task: Task, result: WorkerResult, tables, overrides: dict) -> RunOutcome:
     """Copy a worker's run into --db (or the kept store); its status as recorded (a run left
     `running`, whose worker was stopped while closing it, is interrupted). The worker's store
-    is removed only once its run is committed elsewhere."""
-    from tierdiag.store.copy_run import read_run_tables
-
-    if tables is None and result.db_path is not None:
-        tables = read_run_tables(result.db_path)
-    if tables is None or tables["runs"].num_rows == 0:
+    is removed only once its run is committed elsewhere. Its rows go from file to file inside
+    DuckDB (`copier`, a RunFileCopier) where the worker's store is a local file; Ray's come as
+    Arrow `tables`."""
+    from_file = tables is None and result.db_path is not None
+    if from_file:
+        row = copier.source(result.db_path)
+    else:
+        row = None if tables is None or tables["runs"].num_rows == 0 else {
+            "status": tables["runs"].column("status")[0].as_py(), "error": tables["runs"].column("error")[0].as_py()}
+    if row is None:
         status = "failed" if result.error else "not_started"
         return RunOutcome(task.index, task.name, None, status, result.error, result.exit_code, result.wall_s)
-    status = tables["runs"].column("status")[0].as_py()
+    status = row["status"]
     if status == "running":
         status = "interrupted"
-    run_id, kept_in = keeper.write(tables, {**overrides, "status": status})
-    if result.db_path is not None:
+    if from_file:
+        run_id, kept_in = keeper.write_from(copier, {**overrides, "status": status})
+        copier.release_source()
         _remove_worker_store(Path(result.db_path))
-    error = result.error or tables["runs"].column("error")[0].as_py()
+    else:
+        run_id, kept_in = keeper.write(tables, {**overrides, "status": status})
+    error = result.error or row["error"]
     return RunOutcome(task.index, task.name, run_id, status, error if status == "failed" else None,
                       result.exit_code if status == "failed" else 0, result.wall_s,
                       result.reuse_share, result.ttft_p50_ms, kept_in)
