@@ -156,3 +156,20 @@ def test_hostile_override_text_lands_as_the_arrow_path_writes_it(tmp_path_factor
     assert outcomes[1] == "ok" or outcomes[0] != "ok", outcomes
     if outcomes == ["ok", "ok"]:
         assert every_row(arrow)["runs"] == every_row(direct)["runs"]
+
+
+def test_workers_come_warm_from_a_fork_server_that_imported_the_replay():
+    """Issue 41: a sweep's workers are forked from one fork server that imported the replay
+    once (its start-up was paid once per worker before, ~0.5 s of CPU each); spawn where the
+    platform has no fork server. The preloaded modules exist (a typo would only warn there)."""
+    import importlib.util
+    import multiprocessing
+
+    from tierdiag.app import sweep
+
+    ctx = sweep.worker_context()
+    expected = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    assert ctx.get_start_method() == expected
+    assert all(importlib.util.find_spec(m) is not None for m in sweep._WORKER_PRELOAD)
+    sweep.warm_up_workers()
+    sweep.warm_up_workers()  # twice: the same server, nothing else
