@@ -173,3 +173,27 @@ def test_workers_come_warm_from_a_fork_server_that_imported_the_replay():
     assert all(importlib.util.find_spec(m) is not None for m in sweep._WORKER_PRELOAD)
     sweep.warm_up_workers()
     sweep.warm_up_workers()  # twice: the same server, nothing else
+
+
+def test_the_fork_server_preloads_nothing_that_starts_a_thread_but_numpys():
+    """A fork server forks with the threads its imports started: only OpenBLAS's (numpy),
+    which OpenBLAS itself stops and restarts around a fork, may be there."""
+    import ast
+
+    from tierdiag.app import sweep
+
+    # The list as the fork server gets it: importing tierdiag.app.sweep here would bring pyarrow
+    # (the driver's merge), which the server never imports.
+    preload = next(ast.literal_eval(node.value) for node in ast.parse(Path(sweep.__file__).read_text()).body
+                   if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "_WORKER_PRELOAD")
+    assert preload == sweep._WORKER_PRELOAD
+    code = (f"import os, sys\nfor m in {preload!r}: __import__(m)\n"
+            "print(len(os.listdir('/proc/self/task')), 'pyarrow' in sys.modules, 'torch' in sys.modules)")
+    if not Path("/proc/self/task").is_dir():
+        pytest.skip("no /proc: threads not countable here")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    base = subprocess.run([sys.executable, "-c", "import os, numpy; print(len(os.listdir('/proc/self/task')))"],
+                          capture_output=True, text=True, timeout=120, check=True)
+    threads, pyarrow, torch_ = out.stdout.split()
+    assert (pyarrow, torch_) == ("False", "False")
+    assert int(threads) <= int(base.stdout), "a preloaded module started a thread numpy does not"

@@ -273,8 +273,15 @@ def _sweep_workdir() -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-"))
 
 
-# What the fork server imports once for every worker it forks: the replay's whole import chain.
-_WORKER_PRELOAD = ["tierdiag.app.sweep_worker", "tierdiag.app.replay"]
+# What the fork server imports once for every worker it forks: the replay's import chain, the
+# parts `replay` imports lazily included (the engine, the recorder, the close's evidence: most
+# of the ~0.26 s of imports in a worker's first replay, against ~0.21 s of CPU for replaying a
+# 50-request trace). Not the store's writer: it imports pyarrow, which starts a thread at import,
+# and a fork server should not fork with threads of unknown state (numpy's OpenBLAS thread,
+# which the engine brings, is stopped and restarted around a fork by OpenBLAS itself; DuckDB
+# starts threads with a connection, not at import).
+_WORKER_PRELOAD = ["tierdiag.app.sweep_worker", "tierdiag.app.replay", "tierdiag.engine.engine",
+                   "tierdiag.probes.recorder", "tierdiag.diagnose.close"]
 
 
 def worker_context():
