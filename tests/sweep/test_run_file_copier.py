@@ -133,7 +133,7 @@ _hostile = st.one_of(st.none(), st.text(max_size=40), st.sampled_from(
     ["'; DROP TABLE runs; --", "a'b\"c", "\x00nul", "\x1b[31mred\x1b[0m", "[bold]x[/]", "é漢字🙂", " " * 3, "\\"]))
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sweep_id=_hostile, trace_path=_hostile, command_line=_hostile,
        status=st.sampled_from(["complete", "interrupted", "failed"]))
 def test_hostile_override_text_lands_as_the_arrow_path_writes_it(tmp_path_factory, worker_store, sweep_id,

@@ -6,7 +6,9 @@
 Both back ends run the same worker function, `sweep_worker.replay_one`: an ordinary `tierdiag.app.replay.replay`
 into a private DuckDB file (the same RunWriter, so the rows are exactly those of a single replay).
 The driver is the only writer of `db`: as each combination finishes it copies that run in, in one
-transaction (merge.py), so `db` holds whole runs only and a reader can open it at any time.
+transaction (store/copy_run.py: file to file inside DuckDB for a worker's store, from Arrow for a
+Ray task's tables), so `db` holds whole runs only and a reader can open it at any time. Local
+workers are forked warm from a fork server that has imported the replay (`worker_context`).
 
     driver ──tasks──► worker 1: replay ─► run-0.duckdb ──┐
            ──tasks──► worker 2: replay ─► run-1.duckdb ──┤ (Ray: the tables come back as Arrow)
