@@ -3,6 +3,12 @@
     .venv/bin/python benchmarks/run.py [--quick] [--repeats N] [--json FILE] [--keep]
 
 Sections (each says "not available" when the command it needs is missing):
+  targets    issue 41's table, every row a ratio measured in this run (benchmarks/targets41.py):
+             the conversation replay against a plain-Python prefix LRU floor (<= 10x), probe
+             overhead, storage on/off, --dp 8 cache_aware / --dp 1, 1M requests (time, peak RSS),
+             CPU scattered load-back / contiguous, a 4-run sweep --jobs 2 / one by one, summary
+             and explain with start-up on the 1M run. `--quick` alone runs only this section,
+             scaled down (~1-2 min)
   replay     requests/s on both Mooncake traces (../shared/traces), with probes and with
              --no-probes, interleaved; probe overhead (target <= 5 %); conversation wall (<= 10 s)
   ingest     DuckDB ingestion rate of the recorder's writer (RunWriter.append, ~1M request rows)
@@ -481,8 +487,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="replay repeats per mode (default 3, quick 2)")
     ap.add_argument("--json", type=Path, default=None, help="also write all results to this JSON file")
     ap.add_argument("--keep", action="store_true", help="keep the temporary run stores and print where")
-    ap.add_argument("--only", default="replay,ingest,explain,report,kernels,scale,storage",
-                    help="comma-separated sections to run (default: all)")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated sections to run (default: all; with --quick: targets)")
     ap.add_argument("--baseline", default=None, metavar="REF",
                     help="also replay a git ref's code (e.g. main~5) interleaved with this one: before/after")
     ap.add_argument("--threads", type=int, default=None,
@@ -493,7 +499,8 @@ def main(argv: list[str] | None = None) -> int:
         _ENV["OMP_NUM_THREADS"] = str(args.threads)
         os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before torch is imported below
     repeats = args.repeats or (2 if args.quick else 3)
-    only = set(args.only.split(","))
+    only = set((args.only or ("targets" if args.quick else
+                               "targets,replay,ingest,explain,report,kernels,scale,storage")).split(","))
     tmp = Path(tempfile.mkdtemp(prefix="tierdiag-bench-"))
     import torch
 
@@ -505,6 +512,8 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": os.getloadavg()[0], "python": sys.version.split()[0], "torch": torch.__version__,
     }}
     skipped = {"available": False, "why": "section not selected (--only)"}
+    import targets41  # benchmarks/targets41.py: issue 41's table
+
     try:
         base = _baseline_checkout(args.baseline, tmp) if args.baseline and "replay" in only else None
         # Byte-compiled first, as an installed package is: where PYTHONDONTWRITEBYTECODE is set
@@ -514,6 +523,11 @@ def main(argv: list[str] | None = None) -> int:
 
         for root in (ROOT, base) if base is not None else (ROOT,):
             compileall.compile_dir(str(root / "tierdiag"), quiet=1)
+        if "targets" in only:
+            (tmp / "targets").mkdir()
+            res["targets41"] = targets41.collect(args.quick, repeats, set(targets41.ROWS), tmp / "targets")
+        else:
+            res["targets41"] = skipped
         try:
             res["replay"] = (bench_replay(repeats, 1500 if args.quick else None, tmp, base)
                              if "replay" in only else skipped)
@@ -528,14 +542,20 @@ def main(argv: list[str] | None = None) -> int:
         res["kernels"] = bench_kernels(args.quick, tmp) if "kernels" in only else {"calibrate": skipped}
         import scale  # benchmarks/scale.py: the scale and storage sections
 
-        res["scale"] = scale.collect(scale.QUICK_SIZES if args.quick else scale.FULL_SIZES, repeats, args.quick,
-                                     only & {"scale", "storage"}, tmp)
+        sizes = scale.QUICK_SIZES if args.quick else scale.FULL_SIZES
+        if "targets" in only and sizes[-1] >= 1_000_000:
+            sizes = sizes[:-1]  # the 1M replay (~5 min) is the targets section's: not twice
+        res["scale"] = scale.collect(sizes, repeats, args.quick, only & {"scale", "storage"}, tmp)
         res["meta"]["load_after"] = os.getloadavg()[0]
         res["targets"] = [t.__dict__ for t in targets(res)] + [
             Target(**{**t, "ok": bool(t["ok"]) if t["value"] is not None else None}).__dict__
             for t in scale.targets(res["scale"])]
-        scale.render(res["scale"])
-        render(res)
+        if only - {"targets"}:
+            scale.render(res["scale"])
+            render(res)
+        if "targets" in only:
+            targets41.render(res["targets41"])
+            res["targets41"]["table"] = targets41.table(res["targets41"])
         if args.json:
             args.json.write_text(json.dumps(res, indent=2, default=str) + "\n")
             _say(f"results written to {args.json}")

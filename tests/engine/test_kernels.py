@@ -155,7 +155,10 @@ def _as_kind(pages: list[int], kind: str):
 # Which CPU route a transfer takes depends on its size; the cases here are small (the default
 # route: no plan, one fancy-indexed numpy move of rows), so each is also forced down the planner
 # (every plan kind, numpy row moves, gather-then-scatter one row at a time through the scratch).
-_ROUTES = {"default": {}, "planner": {"_DIRECT_MAX_BYTES": -1, "_CHUNK_BYTES": 3}}
+# planner: big-transfer plans on small pools (the compiled move for scattered pages where it is
+# built); planner_numpy: the same plans by numpy alone (its gather/scatter through scratch).
+_ROUTES = {"default": {}, "planner": {"_DIRECT_MAX_BYTES": -1, "_CHUNK_BYTES": 3},
+           "planner_numpy": {"_DIRECT_MAX_BYTES": -1, "_CHUNK_BYTES": 3, "_c_move": None}}
 
 
 @contextlib.contextmanager
@@ -187,7 +190,7 @@ def test_copy_pages_matches_naive_reference(case, route):
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_transfers(), st.sampled_from(sorted(_ROUTES)))
+@given(_transfers(), st.sampled_from(sorted(set(_ROUTES) - {"planner_numpy"})))  # copy_rows_c calls the move itself
 def test_copy_rows_between_row_views_matches_naive_reference(case, route):
     """The engine's CPU path (two pools' row views, kernels.copy_rows): same bytes as the
     page-at-a-time reference on every dtype and route, and the runs of the source pages."""
@@ -259,6 +262,7 @@ def test_each_plan_kind_is_exercised_and_correct(kind_pages):
 def test_two_pass_chunks_through_a_bounded_scratch(monkeypatch):
     monkeypatch.setattr(rows, "_CHUNK_BYTES", 3 * 16 * 8)  # 3 rows a chunk (CPU)
     monkeypatch.setattr(rows, "_DIRECT_MAX_BYTES", -1)  # through the planner, not the direct path
+    monkeypatch.setattr(rows, "_c_move", None)  # numpy's two-pass (the compiled move needs no scratch)
     rng = np.random.default_rng(3)
     s = rng.permutation(64)[:20].tolist()
     d = rng.permutation(64)[:20].tolist()
@@ -457,3 +461,32 @@ def test_write_pages_lands_the_staging_rows_in_the_given_pages(pages):
         assert torch.equal(pool[:, others], before[:, others]), "pages outside the list were touched"
     with pytest.raises(IndexError, match="destination page 8 out of range"):
         kernels.write_pages(np.zeros((2, 1, 4), dtype=np.int64), torch.zeros((2, 8, 4), dtype=torch.int64), [8])
+
+
+def test_scattered_cpu_plans_take_the_compiled_move_and_land_the_same_bytes(monkeypatch):
+    """Issue 41: on the compiled data plane a CPU plan with scattered pages (gather, scatter,
+    two-pass) is one compiled move, each row straight from its page to its page; numpy's
+    two-pass is not called. Bytes as the page-at-a-time reference, the source untouched."""
+    if rows._c_move is None:
+        pytest.skip("the compiled CPU data plane is not built here (numpy's path is the route tested above)")
+    monkeypatch.setattr(rows, "_DIRECT_MAX_BYTES", -1)
+    called = []
+    monkeypatch.setattr(kernels, "_execute_rows", lambda *a: called.append(a))
+    rng = np.random.default_rng(5)
+    for s, d in ((rng.permutation(64)[:20].tolist(), rng.permutation(64)[:20].tolist()),  # two_pass
+                 (rng.permutation(64)[:8].tolist(), list(range(30, 38))),  # gather
+                 (list(range(30, 38)), rng.permutation(64)[:8].tolist())):  # scatter
+        src = _pool(3, 64, 4, torch.int64, 1)
+        dst = _pool(3, 64, 4, torch.int64, 2)
+        expected, before = _reference(src, s, dst, d), src.clone()
+        handle = load_back(src, s, dst, d)
+        assert handle.plan_kind in ("two_pass", "gather", "scatter")
+        assert torch.equal(dst, expected) and torch.equal(src, before)
+    assert called == [], "numpy's row path ran although the compiled move takes these"
+    # A move inside one pool whose pages overlap still reads everything first, on numpy.
+    monkeypatch.undo()
+    pool = _pool(2, 32, 4, torch.int64, 3)
+    expected = _reference(pool, [1, 2, 3, 4], pool.clone(), [2, 3, 4, 5])
+    monkeypatch.setattr(rows, "_DIRECT_MAX_BYTES", -1)
+    copy_pages(pool, [1, 2, 3, 4], pool, [2, 3, 4, 5])
+    assert torch.equal(pool, expected)

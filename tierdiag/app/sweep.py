@@ -6,7 +6,9 @@
 Both back ends run the same worker function, `sweep_worker.replay_one`: an ordinary `tierdiag.app.replay.replay`
 into a private DuckDB file (the same RunWriter, so the rows are exactly those of a single replay).
 The driver is the only writer of `db`: as each combination finishes it copies that run in, in one
-transaction (merge.py), so `db` holds whole runs only and a reader can open it at any time.
+transaction (store/copy_run.py: file to file inside DuckDB for a worker's store, from Arrow for a
+Ray task's tables), so `db` holds whole runs only and a reader can open it at any time. Local
+workers are forked warm from a fork server that has imported the replay (`worker_context`).
 
     driver ──tasks──► worker 1: replay ─► run-0.duckdb ──┐
            ──tasks──► worker 2: replay ─► run-1.duckdb ──┤ (Ray: the tables come back as Arrow)
@@ -152,8 +154,10 @@ def run_configs(trace: str | os.PathLike, configs: Sequence[tuple[str, EngineCon
     db = Path(db)
     if not configs:
         raise ConfigError("no configurations to replay")
+    if isinstance(backend, Processes):
+        warm_up_workers()  # it boots beside the checks below
     from tierdiag.paths import check_output
-    from tierdiag.store.copy_run import open_destination
+    from tierdiag.store.copy_run import RunFileCopier, open_destination
 
     check_output(db, what="--db", inputs=[("TRACE", trace)], store=True)
     _check_trace(trace, configs, skip_bad)
@@ -166,8 +170,10 @@ def run_configs(trace: str | os.PathLike, configs: Sequence[tuple[str, EngineCon
     tasks = [Task(i, name, cfg, str(db)) for i, (name, cfg) in enumerate(configs)]
     outcomes: dict[int, RunOutcome] = {}
 
+    copier = RunFileCopier()  # one in-memory DuckDB connection for every merge of the sweep
+
     def record(result: "WorkerResult", tables) -> None:
-        outcome = _merge(keeper, tasks[result.index], result, tables, overrides)
+        outcome = _merge(keeper, copier, tasks[result.index], result, tables, overrides)
         outcomes[result.index] = outcome
         if progress is not None:
             progress(outcome)
@@ -177,10 +183,13 @@ def run_configs(trace: str | os.PathLike, configs: Sequence[tuple[str, EngineCon
             outcomes.setdefault(t.index, RunOutcome(t.index, t.name, None, "not_started"))
         raise SweepInterrupted(keeper.last_try([outcomes[t.index] for t in tasks])) from exc
 
-    if isinstance(backend, Ray):
-        _run_ray(backend, trace, tasks, skip_bad, cmd, record, finish_interrupted)
-    else:
-        _run_processes(backend.jobs or default_jobs(), trace, tasks, skip_bad, cmd, record, finish_interrupted)
+    try:
+        if isinstance(backend, Ray):
+            _run_ray(backend, trace, tasks, skip_bad, cmd, record, finish_interrupted)
+        else:
+            _run_processes(backend.jobs or default_jobs(), trace, tasks, skip_bad, cmd, record, finish_interrupted)
+    finally:
+        copier.close()
     ordered = keeper.last_try([outcomes[t.index] for t in tasks])
     if keeper.path is not None:
         raise SweepNotMerged(ordered, db, keeper.path, keeper.failure)
@@ -197,24 +206,31 @@ def _check_trace(trace: Path, configs, skip_bad: bool) -> None:
         next(read_trace(trace, block_size=block_size, skip_bad=skip_bad))
 
 
-def _merge(keeper: Keeper, task: Task, result: WorkerResult, tables, overrides: dict) -> RunOutcome:
+def _merge(keeper: Keeper, copier, task: Task, result: WorkerResult, tables, overrides: dict) -> RunOutcome:
     """Copy a worker's run into --db (or the kept store); its status as recorded (a run left
     `running`, whose worker was stopped while closing it, is interrupted). The worker's store
-    is removed only once its run is committed elsewhere."""
-    from tierdiag.store.copy_run import read_run_tables
-
-    if tables is None and result.db_path is not None:
-        tables = read_run_tables(result.db_path)
-    if tables is None or tables["runs"].num_rows == 0:
+    is removed only once its run is committed elsewhere. Its rows go from file to file inside
+    DuckDB (`copier`, a RunFileCopier) where the worker's store is a local file; Ray's come as
+    Arrow `tables`."""
+    from_file = tables is None and result.db_path is not None
+    if from_file:
+        row = copier.source(result.db_path)
+    else:
+        row = None if tables is None or tables["runs"].num_rows == 0 else {
+            "status": tables["runs"].column("status")[0].as_py(), "error": tables["runs"].column("error")[0].as_py()}
+    if row is None:
         status = "failed" if result.error else "not_started"
         return RunOutcome(task.index, task.name, None, status, result.error, result.exit_code, result.wall_s)
-    status = tables["runs"].column("status")[0].as_py()
+    status = row["status"]
     if status == "running":
         status = "interrupted"
-    run_id, kept_in = keeper.write(tables, {**overrides, "status": status})
-    if result.db_path is not None:
+    if from_file:
+        run_id, kept_in = keeper.write_from(copier, {**overrides, "status": status})
+        copier.release_source()
         _remove_worker_store(Path(result.db_path))
-    error = result.error or tables["runs"].column("error")[0].as_py()
+    else:
+        run_id, kept_in = keeper.write(tables, {**overrides, "status": status})
+    error = result.error or row["error"]
     return RunOutcome(task.index, task.name, run_id, status, error if status == "failed" else None,
                       result.exit_code if status == "failed" else 0, result.wall_s,
                       result.reuse_share, result.ttft_p50_ms, kept_in)
@@ -259,14 +275,47 @@ def _sweep_workdir() -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-"))
 
 
-def _run_processes(jobs: int, trace: Path, tasks: list[Task], skip_bad: bool, command_line: str,
-                   record, finish_interrupted) -> None:
+# What the fork server imports once for every worker it forks: the replay's import chain, the
+# parts `replay` imports lazily included (the engine, the recorder, the close's evidence: most
+# of the ~0.26 s of imports in a worker's first replay, against ~0.21 s of CPU for replaying a
+# 50-request trace). Not the store's writer: it imports pyarrow, which starts a thread at import,
+# and a fork server should not fork with threads of unknown state (numpy's OpenBLAS thread,
+# which the engine brings, is stopped and restarted around a fork by OpenBLAS itself; DuckDB
+# starts threads with a connection, not at import).
+_WORKER_PRELOAD = ["tierdiag.app.sweep_worker", "tierdiag.app.replay", "tierdiag.engine.engine",
+                   "tierdiag.probes.recorder", "tierdiag.diagnose.close"]
+
+
+def worker_context():
+    """Where worker processes come from: a fork server (a fresh interpreter, started once per
+    process, that has imported the replay: `_WORKER_PRELOAD`) where the platform has one, so a
+    worker starts warm in a few milliseconds and the replay's imports are paid once for all the
+    workers, not once each (~0.5 s of CPU a worker, the other workers' core on a 2-core
+    machine: issue 41's 4-run sweep); else spawn, a fresh interpreter a worker. Either way no
+    worker inherits the driver's state (no forked torch/CUDA/DuckDB threads). As with any
+    spawn pool, a script calling run_configs must guard its top level with
+    `if __name__ == "__main__":`."""
     import multiprocessing
 
-    # spawn: a fresh interpreter per worker (no forked torch/CUDA/thread state); it costs one
-    # import of the engine per worker, not per combination. As with any spawn pool, a script
-    # calling run_configs must guard its top level with `if __name__ == "__main__":`.
-    ctx = multiprocessing.get_context("spawn")
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(_WORKER_PRELOAD)
+    return ctx
+
+
+def warm_up_workers() -> None:
+    """Start the fork server now (it boots and imports the replay while the caller is still
+    planning its sweep); harmless to call twice, or where there is no fork server."""
+    from multiprocessing import forkserver
+
+    if worker_context().get_start_method() == "forkserver":
+        forkserver.ensure_running()
+
+
+def _run_processes(jobs: int, trace: Path, tasks: list[Task], skip_bad: bool, command_line: str,
+                   record, finish_interrupted) -> None:
+    ctx = worker_context()
     jobs_q, results_q = ctx.Queue(), ctx.Queue()
     n_workers = max(1, min(jobs, len(tasks)))
     for t in tasks:

@@ -36,21 +36,29 @@ class Keeper:
         self.path: Path | None = None
 
     def write(self, tables, overrides: dict) -> tuple[str, str | None]:
-        """(run id, the kept store's path or None when the run is in `db`)."""
+        """(run id, the kept store's path or None when the run is in `db`): a run's tables (Ray)."""
         from tierdiag.store.copy_run import write_run_tables
 
+        return self._write(lambda path, **wait: write_run_tables(path, tables, overrides, **wait))
+
+    def write_from(self, copier, overrides: dict) -> tuple[str, str | None]:
+        """The same for the run of the store file `copier` has as its source (a worker's): copied
+        inside DuckDB, no rows through Python (store.copy_run.RunFileCopier)."""
+        return self._write(lambda path, **wait: copier.copy(path, overrides, **wait))
+
+    def _write(self, put) -> tuple[str, str | None]:
         if self.failure is None:
             try:
-                return write_run_tables(self.db, tables, overrides, wait_s=MERGE_WAIT_S), None
+                return put(self.db, wait_s=MERGE_WAIT_S), None
             except TierdiagError as exc:  # busy past the wait, a full disk, a damaged file
                 self.failure = exc
         if self.path is None:
             self.path = kept_store_path(self.db, self.sweep_id)
         try:
-            return write_run_tables(self.path, tables, overrides), str(self.path)
+            return put(self.path), str(self.path)
         except TierdiagError:  # beside --db is not writable either: the temporary folder
             self.path = Path(tempfile.gettempdir()) / kept_store_path(self.db, self.sweep_id).name
-            return write_run_tables(self.path, tables, overrides), str(self.path)
+            return put(self.path), str(self.path)
 
     def last_try(self, outcomes: list) -> list:
         """Move the kept runs into `db` if it takes them now; the outcomes as they end up."""

@@ -45,6 +45,10 @@ def sweep(
         return _resume(resume, db, by, json_)
     if trace is None:
         raise ConfigError("missing TRACE", hint="tierdiag sweep TRACE --set KEY=V1,V2")
+    if not ray:
+        from tierdiag.app.sweep import warm_up_workers
+
+        warm_up_workers()  # the workers' fork server boots and imports while the sweep is planned
     from tierdiag.diagnose.compare import check_sort_key
     from tierdiag.config.engine import load_config  # no torch: presets and validation only
     from tierdiag.app.sweep import Processes, Ray, import_ray, new_sweep_id
