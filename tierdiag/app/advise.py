@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tierdiag.diagnose.advice import HOST_POOL_LIMIT_BYTES, Advice, advice_json, propose
-from tierdiag.diagnose.advice_verify import RunNumbers, advise_sweep_id, combination, run_numbers, verified_advice
+from tierdiag.diagnose.advice.verify import RunNumbers, advise_sweep_id, combination, run_numbers, verified_advice
 from tierdiag.diagnose.facts import run_facts
 
 
