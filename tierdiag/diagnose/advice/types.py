@@ -149,7 +149,7 @@ class Sizing:
 
 @dataclass(frozen=True)
 class Advice:
-    kind: str  # prefetch | write_policy | session | capacity | storage_tier | eviction_policy | page_size | none
+    kind: str  # one of its rule's kinds (base.Rule.kinds); none; combined; other (verify.kind_of)
     option: str | None  # the --config TOML key (None: nothing to change)
     value: Any
     changes: dict  # every key to apply together (option included)
