@@ -108,6 +108,14 @@ class Rows:
             self.capacity = _capacity(con, run.run_id)
             self.device_host_found = con.execute(
                 f"SELECT sum(device_hit_tokens + host_hit_tokens) FROM requests WHERE {FIN}", r).fetchone()[0]
+            # Routing: a request's tokens another rank held on device or host at its arrival, beyond what
+            # its own rank held or storage matched, that it recomputed (at most those).
+            lost = ("CASE WHEN best_rank <> dp_rank THEN least(recomputed_tokens, greatest(best_rank_device_tokens "
+                    "+ best_rank_host_tokens - arrival_device_tokens - arrival_host_tokens - storage_match_tokens, "
+                    "0)) ELSE 0 END")
+            self.routing = {b: (int(n or 0), int(k or 0)) for b, n, k in con.execute(
+                f"SELECT coalesce(route_branch, '?'), sum({lost}), count(*) FILTER (WHERE {lost} > 0) "
+                f"FROM requests WHERE {FIN} GROUP BY ALL", r).fetchall()}
 
     @property
     def recompute_per_token_ns(self) -> float:
@@ -206,6 +214,11 @@ def _later_turns(con, rid: str) -> dict | None:
 
 # --------------------------------------------------------------------------- the checks
 
+# The kinds `_check` takes apart: every kind a registered advice rule proposes must be one
+# (tests/diagnose/test_advice_registry.py), so a new rule's sentence is checked against the rows.
+CHECKED_KINDS = frozenset({"capacity", "storage_tier", "prefetch", "write_policy", "eviction_policy", "page_size",
+                           "session", "rate", "dp", "none", "in_batch", "router", "router_threshold"})
+
 
 def _check(items: list[dict], rows: Rows, host_limit_bytes: int = 2 << 40, curves: dict | None = None) -> list[str]:
     """`curves`: summary --json's `size_curves` (the capacity rule sizes from their knees)."""
@@ -223,6 +236,7 @@ def _check(items: list[dict], rows: Rows, host_limit_bytes: int = 2 << 40, curve
     for a in items:
         kind, text, pred = a["kind"], a["reason"], a.get("prediction") or ""
         need(bool(text), f"{kind}: no reason")
+        need(kind in CHECKED_KINDS, f"no check for advice kind {kind}")
         if kind in ("capacity", "storage_tier"):
             m = re.match(rf"([\d,]+) once-cached tokens \({PCT} of input\) were deleted from host before they were "
                          rf"asked for again; their reuse distance is ([\d,]+) tokens at the median and ([\d,]+) at p90, "
@@ -343,7 +357,7 @@ def _check(items: list[dict], rows: Rows, host_limit_bytes: int = 2 << 40, curve
             e = math.floor(math.log10(want)) - 1
             want = round(math.ceil(round(want / 10 ** e, 9)) * 10 ** e, max(-e, 0))  # two significant digits, up
             need(float(m[5]) == want == a["changes"]["time_scale"], f"rate: time_scale {m[5]} vs {want}")
-        elif kind == "dp":  # advice_routing.py: the smallest N whose ranks are offered <= 0.9 at the material quantile
+        elif kind == "dp":  # advice/rules/dp.py: the smallest N whose ranks are offered <= 0.9 at the material quantile
             cap = rows.capacity
             m = re.match(rf"queueing is {PCT} of the run's excess TTFT, and the offered prefill was ([\d,.]+)× one GPU "
                          rf"or more in the busiest 10 % of the {MS} windows \(recompute excluded\): it takes more ranks "
@@ -370,7 +384,7 @@ def _check(items: list[dict], rows: Rows, host_limit_bytes: int = 2 << 40, curve
                 if m[5]:
                     need(abs(float(m[5].replace(",", "")) - rows.tiered_recompute_ns / rows.tiered_lb_ns) <= 0.05 + 1e-9,
                          f"none: ratio {m[5]}")
-        elif kind == "in_batch":  # advice_in_batch.py: the tokens shared within prefill batches (miss reasons)
+        elif kind == "in_batch":  # advice/rules/in_batch.py: the tokens shared within prefill batches (miss reasons)
             m = re.match(rf"([\d,]+) tokens \({PCT} of input\) were shared with requests in the same prefill batch: "
                          rf"under schedule_policy (\w+) ", text)
             need(m is not None, f"in_batch: unparsed {text!r}")
@@ -378,9 +392,31 @@ def _check(items: list[dict], rows: Rows, host_limit_bytes: int = 2 << 40, curve
                 continue
             need(int(m[1].replace(",", "")) == rows.in_batch and _pct_ok(m[2], rows.in_batch / rows.input),
                  f"in_batch: {m[1]} vs {rows.in_batch}")
-        else:
-            need(False, f"no check for advice kind {kind}")
+        elif kind in ("router", "router_threshold"):
+            _check_routing(a, rows, need)
     return bad
+
+
+def _check_routing(a: dict, rows: Rows, need) -> None:
+    """'routing lost N tokens (P of input)': the rows' routing-lost tokens; the router's item adds
+    the requests, ranks and router and the share of recomputed tokens, the threshold's the tokens
+    of the rule (route_branch) that placed most of them."""
+    kind, text, cfg = a["kind"], a["reason"], rows.config
+    tokens = sum(n for n, _ in rows.routing.values())
+    m = re.match(rf"routing lost ([\d,]+) tokens \({PCT} of input\)", text)
+    need(m is not None and _n(m[1]) == tokens and _pct_ok(m[2], tokens / rows.input),
+         f"{kind}: {text!r} vs {tokens} of {rows.input}")
+    if kind == "router":
+        r = re.match(rf"routing lost [\d,]+ tokens \({PCT} of input\) in ([\d,]+) requests across (\d+) ranks: at "
+                     rf"their arrival another rank held the prefix on device or host and (\w+) sent them elsewhere "
+                     rf"\({PCT} of the run's recomputed tokens\)", text)
+        need(r is not None and _n(r[2]) == sum(k for _, k in rows.routing.values()) and int(r[3]) == cfg["dp"]
+             and r[4] == cfg["router"] and _pct_ok(r[5], tokens / rows.recomputed), f"router: {text!r}")
+        return
+    branch, (branch_tokens, _) = max(rows.routing.items(), key=lambda kv: kv[1][0])
+    r = re.search(r"; ([\d,]+) of it by cache_aware's (\w+) rule: ", text)
+    need(r is not None and _n(r[1]) == branch_tokens and r[2] == branch,
+         f"router_threshold: {text!r} vs {branch} {branch_tokens}")
 
 
 def _check_read(text: str, rows: Rows, per_token: float | None, need, kind: str) -> None:
@@ -509,3 +545,39 @@ def test_every_advice_number_is_the_rows_planted(tmp_path, name):
     assert not bad, bad
     sentences = _sentences(*(a["reason"] for a in items), *(a["prediction"] or "" for a in items))
     assert len(sentences) == len(set(sentences)), sentences
+
+
+@pytest.fixture(scope="module")
+def bursts_run(tmp_path_factory) -> Path:
+    s = Story()
+    bursty(s)
+    return s.replay(tmp_path_factory.mktemp("routed"), {"model": "llama3-8b", "device_tokens": 16384,
+                                                        "host_tokens": 16384})
+
+
+@pytest.mark.parametrize("router,branch,kind", [("round_robin", None, "router"),
+                                                ("cache_aware", "cache_miss", "router_threshold"),
+                                                ("cache_aware", "imbalanced", "router_threshold")])
+def test_every_advice_number_is_the_rows_routed(bursts_run, tmp_path, router, branch, kind):
+    """The data-parallel rules' reasons (test_routing.plant_ranks makes the run a ranked one)."""
+    import duckdb
+
+    from .test_routing import plant_ranks
+
+    db = tmp_path / "routed.duckdb"
+    db.write_bytes(bursts_run.read_bytes())
+    plant_ranks(db, routed=True, router=router)
+    if branch is not None:
+        con = duckdb.connect(str(db))
+        con.execute("UPDATE requests SET route_branch = ? WHERE best_rank <> dp_rank", [branch])
+        if branch == "cache_miss":  # the best rank held a fifth of each: a lower threshold matches it
+            con.execute("""UPDATE requests SET best_rank_device_tokens = arrival_device_tokens + arrival_host_tokens
+                               + storage_match_tokens + (input_tokens // 5) - best_rank_host_tokens
+                           WHERE best_rank <> dp_rank""")
+        con.close()
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        items = [a.to_json() for a in propose(run_context(con, run))]
+    assert kind in [a["kind"] for a in items], [a["kind"] for a in items]
+    bad = _check(items, Rows(db))
+    assert not bad, bad

@@ -171,9 +171,9 @@ def test_nothing_to_change_when_the_cache_was_fine(tmp_path):
 
 
 def test_advice_prefetch_room_share_is_the_engines():
-    """advice.py names 0.5.9's prefetch room (0.8 x (host - device)) and reads the run's own rule
+    """The capacity rule (advice/rules/capacity.py) names 0.5.9's prefetch room (0.8 x (host - device)) and reads the run's own rule
     set for the limit (RuleSet.prefetch_room_tokens: 0.5 x host under 0.5.23)."""
-    from tierdiag.diagnose.advice import PREFETCH_ROOM_SHARE
+    from tierdiag.diagnose.advice.rules.capacity import PREFETCH_ROOM_SHARE
     from tierdiag.engine.rules import RULE_SETS
 
     assert PREFETCH_ROOM_SHARE == RULE_SETS["0.5.9"].prefetch_capacity_share

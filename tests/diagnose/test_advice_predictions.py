@@ -14,8 +14,10 @@ import re
 
 import pytest
 
-from tierdiag.diagnose import advice as A
 from tierdiag.diagnose.advice import propose
+from tierdiag.diagnose.advice.base import MIN_LOSS_SHARE
+from tierdiag.diagnose.advice.rules import page_size as P
+from tierdiag.diagnose.advice.rules import prefetch as F
 from tierdiag.diagnose.claims import held_capacity
 from tierdiag.diagnose.facts import run_context
 from tierdiag.store.reader import open_store, resolve_run
@@ -37,11 +39,11 @@ def _n(text: str) -> int:
 
 
 def test_copy_costs_are_the_cost_models():
-    """advice.py's page-size prediction uses engine/costmodel.py's per-layer copy overheads."""
+    """The page-size rule's prediction (advice/rules/page_size.py) uses engine/costmodel.py's per-layer copy overheads."""
     from tierdiag.engine import costmodel
 
-    assert (A.SEGMENT_OVERHEAD_NS, A.RUN_OVERHEAD_NS) == (costmodel.SEGMENT_OVERHEAD_NS, costmodel.RUN_OVERHEAD_NS)
-    assert A.DISK_BYTES_PER_S == costmodel.DISK_BYTES_PER_S
+    assert (P.SEGMENT_OVERHEAD_NS, P.RUN_OVERHEAD_NS) == (costmodel.SEGMENT_OVERHEAD_NS, costmodel.RUN_OVERHEAD_NS)
+    assert F.DISK_BYTES_PER_S == costmodel.DISK_BYTES_PER_S
 
 
 # --------------------------------------------------------------------------- page size
@@ -126,7 +128,7 @@ def test_eviction_policy_prediction_from_the_hot_re_references(tmp_path):
     # Half of them fit: 512 tokens kept, below 5 % of this run's input: not proposed either.
     half = dataclasses.replace(ctx, losses=dataclasses.replace(
         lo, hot_competing_deciles_tokens=(held,) * 6 + (held + 1,) * 5))
-    assert lo.hot_removed_tokens // 2 < A.MIN_LOSS_SHARE * lo.input_tokens <= lo.hot_removed_tokens
+    assert lo.hot_removed_tokens // 2 < MIN_LOSS_SHARE * lo.input_tokens <= lo.hot_removed_tokens
     assert _item(half, "eviction_policy") is None
 
 
@@ -141,7 +143,7 @@ def test_prefetch_prediction_and_when_a_read_would_cost_more(tmp_path):
     late = ctx.losses.storage_unused_tokens["prefetch_incomplete"]
     item = _item(ctx, "prefetch")
     assert item is not None and f"keeps ~{late:,} of the lost tokens" in item.prediction
-    disk = ctx.kv_bytes_per_token * 1e9 / A.DISK_BYTES_PER_S
+    disk = ctx.kv_bytes_per_token * 1e9 / F.DISK_BYTES_PER_S
     assert disk < ctx.recompute_ns / ctx.losses.recomputed_tokens  # 70B: a read beats a recompute
     # Were a recompute cheaper than a read, on a GPU with room, waiting would only slow it down.
     cheap = dataclasses.replace(ctx, recompute_ns=int(disk * ctx.losses.recomputed_tokens / 2),

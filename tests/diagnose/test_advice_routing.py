@@ -1,4 +1,4 @@
-"""Advice for data-parallel runs (advice_routing_loss.py): the router's policy, its thresholds and the
+"""Advice for data-parallel runs (advice/rules/router.py, router_threshold.py, dp.py): the router's policy, its thresholds and the
 number of ranks, each proposed from the run's rows with a prediction built from them.
 
 The routed runs are test_routing_loss.py's: a bursty replay made a 4-rank run by writing the v4
@@ -14,8 +14,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tierdiag.diagnose import advice as A
-from tierdiag.diagnose import advice_routing as R
+from tierdiag.diagnose.advice.rules import dp as D
+from tierdiag.diagnose.advice.rules import router as R
 from tierdiag.diagnose.advice import propose
 from tierdiag.diagnose.capacity import TARGET_LOAD
 from tierdiag.diagnose.facts import run_context
@@ -38,8 +38,7 @@ def _copy(src: Path, folder: Path, name: str) -> Path:
     return db
 
 
-def test_the_rules_bar_and_defaults_are_the_shared_ones():
-    assert R.ROUTING_LOSS_SHARE == A.MIN_LOSS_SHARE
+def test_the_routers_defaults_are_the_gateways():
     d = RouterConfig()
     assert (R.DEFAULT_CACHE_THRESHOLD, R.DEFAULT_BALANCE_ABS, R.DEFAULT_BALANCE_REL) == (
         d.router_cache_threshold, d.router_balance_abs_threshold, d.router_balance_rel_threshold)
@@ -130,7 +129,7 @@ def test_dp_is_the_smallest_n_whose_ranks_are_offered_under_target(overloaded):
     n = a.changes["dp"]
     assert load / n <= TARGET_LOAD < load / (n - 1)  # the smallest such N
     assert a.evidence["queue_excess_share"] == pytest.approx(ctx.queue_total_ns / ctx.excess_total_ns)
-    assert a.evidence["queue_excess_share"] >= R.QUEUE_EXCESS_SHARE
+    assert a.evidence["queue_excess_share"] >= D.QUEUE_EXCESS_SHARE
     assert f"{n} ranks are each offered {load / n:,.2f}×" in a.reason
     assert "queueing falls below 20 % of the excess TTFT" in a.prediction
 

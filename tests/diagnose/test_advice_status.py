@@ -10,7 +10,7 @@ import duckdb
 import pytest
 
 from tierdiag.diagnose.advice import Advice, Verified, advice_json, classify
-from tierdiag.diagnose.advice_verify import combination, verified_advice
+from tierdiag.diagnose.advice.verify import combination, verified_advice
 from tierdiag.store.reader import open_store, resolve_run
 
 from .conftest import CONFIG, MS, RunBuilder
@@ -95,7 +95,7 @@ def test_tried_changes_get_their_status_and_only_confirmed_ones_stay_advice(trie
 def test_views_list_tried_changes_apart(tried, monkeypatch):
     """summary's diagnosis, explain and the terminal lines split the same way (the advice rules
     are stubbed to propose the planted items: the split is what is under test)."""
-    import tierdiag.diagnose.advice_verify as advice_mod  # run_advice: summary's proposals
+    import tierdiag.diagnose.advice.verify as advice_mod  # run_advice: summary's proposals
     import tierdiag.diagnose.explain as explain_mod
     from rich.console import Console
 

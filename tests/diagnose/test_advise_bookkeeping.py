@@ -22,8 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.cli import invoke, invoke_json, one_line_error
-from tierdiag.diagnose.advice_types import Advice, Verified, classify
-from tierdiag.diagnose.advice_verify import combination, own_combination
+from tierdiag.diagnose.advice.types import Advice, Verified, classify
+from tierdiag.diagnose.advice.verify import combination, own_combination
 
 from .test_advice_planted import Story
 from .test_advise_cli import _curve_size, _cycle

@@ -107,7 +107,7 @@ def test_the_host_pool_is_the_curves_knee_confirmed_by_one_replay(advised):
 def test_every_view_prints_the_prediction_beside_the_replay(advised, tmp_path):
     db, j = advised
     s = _item(j["advice"], "capacity")["sizing"]
-    from tierdiag.diagnose.advice_types import _toml  # TOML a user can paste: 8192, 30_016
+    from tierdiag.diagnose.advice.types import _toml  # TOML a user can paste: 8192, 30_016
 
     words = (f"one-pass size curve (LRU): at host_tokens = {_toml(s['value'])} (the knee {_toml(s['knee_tokens'])} + "
              f"the median request's prefix {_toml(s['slack_tokens'])}) device and host find")

@@ -11,7 +11,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from tierdiag.diagnose.advice import MAX_TIME_SCALE, _round_up_2, propose
+from tierdiag.diagnose.advice import propose
+from tierdiag.diagnose.advice.rules.rate import MAX_TIME_SCALE, round_up_2
 from tierdiag.diagnose.capacity import TARGET_LOAD
 from tierdiag.diagnose.facts import run_context
 from tierdiag.diagnose.summary import run_summary
@@ -57,7 +58,7 @@ def test_overload_is_named_first_with_its_numbers(overload_run):
     j = dx.to_json()
     assert j["capacity"]["overloaded"] is True and j["capacity"]["overload_factor"] == cap.overload_factor
     rate = dx.advice[0]
-    assert rate.kind == "rate" and rate.changes == {"time_scale": _round_up_2(cap.material_load / TARGET_LOAD)}
+    assert rate.kind == "rate" and rate.changes == {"time_scale": round_up_2(cap.material_load / TARGET_LOAD)}
     assert cap.overload_factor <= cap.material_load <= cap.peak_load
     assert "--dp" in rate.reason and rate.prediction
 
@@ -76,11 +77,11 @@ def test_advise_confirms_the_rate(overload_run):
 def test_a_cache_rule_does_not_fire_on_a_run_that_reuses_nothing(overload_run):
     with open_store(overload_run) as con:
         kinds = [a.kind for a in propose(run_context(con, resolve_run(con, None)))]
-    assert kinds == ["rate", "dp"]  # less traffic per GPU, or more GPUs (advice_routing.py); no cache rule
+    assert kinds == ["rate", "dp"]  # less traffic per GPU, or more GPUs (advice/rules/dp.py); no cache rule
 
 
 def test_the_time_scale_bound_is_the_configs():
     from tierdiag.config.engine import MAX_TIME_SCALE as CONFIG_MAX
 
     assert MAX_TIME_SCALE == CONFIG_MAX
-    assert [_round_up_2(x) for x in (3.41, 62.3, 0.0123, 1.0, 120.1)] == [3.5, 63, 0.013, 1.0, 130]
+    assert [round_up_2(x) for x in (3.41, 62.3, 0.0123, 1.0, 120.1)] == [3.5, 63, 0.013, 1.0, 130]

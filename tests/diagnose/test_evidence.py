@@ -322,7 +322,7 @@ def test_encoding_reads_back_as_itself_or_refuses():
 
 
 def test_advice_uses_the_cost_models_disk_rate():
-    from tierdiag.diagnose.advice import DISK_BYTES_PER_S
+    from tierdiag.diagnose.advice.rules.prefetch import DISK_BYTES_PER_S
     from tierdiag.engine.costmodel import DISK_BYTES_PER_S as MODEL
 
     assert DISK_BYTES_PER_S == MODEL

@@ -389,7 +389,7 @@ def test_a_trace_rewritten_after_the_run_gives_curves_of_its_lines_or_none(two_r
 
 
 def test_sizing_says_where_the_prediction_and_the_replay_disagree():
-    from tierdiag.diagnose.advice_types import SIZING_TOLERANCE, Sizing
+    from tierdiag.diagnose.advice.types import SIZING_TOLERANCE, Sizing
 
     base = dict(option="host_tokens", tier="host", value=7424, knee_tokens=6400, predicted_share=0.66,
                 run_size_tokens=4096, run_predicted_share=0.0, run_found_share=0.0, slack_tokens=1024,

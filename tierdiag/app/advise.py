@@ -1,20 +1,22 @@
-"""`tierdiag advise`: propose changes from a run's diagnosis (diagnose.advice's rules), replay
-the run's trace once per change with the sweep runner, and measure each against the baseline:
-each tried change is confirmed, no_effect or refuted (diagnose.advice.classify). Where two or
-more are confirmed and the budget has a replay left, the best of them are replayed together.
+"""`tierdiag advise`: propose changes from a run's diagnosis (every rule of
+diagnose/advice/registry.py), replay the run's trace once per change with the sweep runner, and
+measure each against the baseline: each tried change is confirmed, no_effect or refuted
+(diagnose.advice.classify). Where two or more are confirmed and the budget has a replay left, the
+best of them are replayed together.
 A size (a host pool, a storage tier) is proposed at its one-pass size curve's knee
 (diagnose/size_curves.py) and confirmed by that one replay: its `sizing` puts the curve's
 prediction beside what the replay found.
 
-Orchestration only: the rules, the numbers and the verification read back are diagnose's; the
-replays are the sweep runner's. Diagnose never starts a replay."""
+Orchestration only, and of no rule in particular: the rules, the numbers and the verification
+read back (each rule's target) are diagnose's; the replays are the sweep runner's. Diagnose never
+starts a replay."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from tierdiag.diagnose.advice import HOST_POOL_LIMIT_BYTES, Advice, advice_json, propose
-from tierdiag.diagnose.advice_verify import RunNumbers, advise_sweep_id, combination, run_numbers, verified_advice
+from tierdiag.diagnose.advice.verify import RunNumbers, advise_sweep_id, combination, run_numbers, verified_advice
 from tierdiag.diagnose.facts import run_facts
 
 

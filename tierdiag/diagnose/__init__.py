@@ -1,5 +1,5 @@
 """Diagnosis: read a recorded run, say what happened and why. Reads the store only, never
-starts a replay (app/advise.py does that, as a client of advice.py's rules).
+starts a replay (app/advise.py does that, as a client of advice/'s rules).
 
 Modules, each importing only those below it (an arrow reads "is built on")::
 
@@ -8,8 +8,8 @@ Modules, each importing only those below it (an arrow reads "is built on")::
     observed -> observed_explain -> observed_twin                    imported (server) runs
     compare, observed_explain -> twin_error                          a twin's TTFT error, its clock
     slow_groups -> explain, slow                                     the report's slowest table
-    summary -> diagnosis -> advice -> claims                         the run's root cause, what to change
-               advice -> advice_routing                              data-parallel: router, its thresholds, dp
+    summary -> diagnosis -> advice/ -> claims                        the run's root cause, what to change: one rule
+                                                                     a module (advice/rules/), listed in registry.py
     compare, slow                                                    runs side by side; ranking
     calibrate -> fit, twin_error                                     a cost model fitted to an observed run
     evidence                     computes and stores at the close (close.py: the store's hook)

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 from tierdiag.diagnose.causes import recompute_cost_ns, routing_tokens  # recompute_cost_ns: re-exported (views)
 from tierdiag.diagnose.context import CONTEXT_LOOKBACK_NS, QueueAttribution, RequestContext
-from tierdiag.diagnose.capacity import MATERIAL_SHARE
 from tierdiag.diagnose.routing_loss import RoutingLoss, routing_cost_ns
 from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.diagnose.story import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE  # noqa: F401 - the rule's, re-exported
@@ -395,10 +394,16 @@ _RUN_WAIT_WORDS = {"recompute": "recomputing once-cached tokens", "new_compute":
                    "idle": "idle (no prefill batch and none decoding: held for storage, or nothing to run)"}
 
 
+def gpus(cap) -> str:
+    """What capacity's loads are per: one GPU, or (a data-parallel run) each rank's."""
+    n = getattr(cap, "num_ranks", 1)
+    return "one GPU" if n <= 1 else f"each of its {n} ranks' GPUs (spread evenly)"
+
+
 def capacity_claim(cap) -> Claim:
     """Offered prefill above one GPU for a material share of the run: named first."""
     return Claim("capacity", (
-        f"Offered prefill was {cap.overload_factor:,.1f}× {_gpus(cap)} for {fmt_pct(cap.overloaded_share)} of the run "
+        f"Offered prefill was {cap.overload_factor:,.1f}× {gpus(cap)} for {fmt_pct(cap.overloaded_share)} of the run "
         f"(the ideal prefill of the requests arriving in each {fmt_ms(cap.window_ns)} window, recompute "
         f"excluded; {cap.peak_load:,.1f}× at the busiest): no cache setting removes this queue, only a lower "
         f"request rate or more GPUs."))
@@ -474,127 +479,6 @@ def evicted_while_waiting_claim(story) -> Claim | None:
         f"queue, not only the pool size, cost the recompute."))
 
 
-# --------------------------------------------------------------------------- the advice's reasons
-#
-# Each advice item's `reason` (advice.py's rules) is one Claim named by its kind, built here from
-# the named numbers its rule computed, as a verdict's sentences are: tests/diagnose/
-# test_advice_claims.py takes every reason apart and recomputes each number with its own SQL.
-# Two items of one run never share a sentence (the storage tier states its own reuse distance
-# rather than repeating the capacity item's).
-
-
-def advice_prefetch_claim(*, late_tokens: int, input_tokens: int, policy, disk_per_token_ns: float | None,
-                          recompute_per_token_ns: float, prefill_busy_share: float | None) -> Claim:
-    cheaper = disk_per_token_ns is not None and disk_per_token_ns < recompute_per_token_ns
-    why = (f"a token comes from disk in {fmt_ms(disk_per_token_ns)} against {fmt_ms(recompute_per_token_ns)} to "
-           f"recompute it" if cheaper else
-           f"the prefill GPU was {fmt_pct(prefill_busy_share)} busy: the wait frees it for others")
-    return Claim("prefetch", (
-        f"{fmt_tokens(late_tokens)} tokens ({_pct_of(late_tokens, input_tokens)} of input) were matched in storage "
-        f"but recomputed because their prefetch had not completed when the request was scheduled "
-        f"(prefetch_policy {policy}); waiting for it loads them instead ({why})"))
-
-
-def advice_write_policy_claim(*, dropped_tokens: int, policy) -> Claim:
-    return Claim("write_policy", (
-        f"{fmt_tokens(dropped_tokens)} once-cached tokens that were asked for again had been dropped from device "
-        f"without a host copy (write_policy {policy}); write_through backs every new prefix up to host, so "
-        f"eviction demotes it instead"))
-
-
-def advice_session_claim(*, lost_tokens: int, num_turns: int, input_tokens: int, recomputed_tokens: int,
-                         loaded_tokens: int, pause_p90_ns: float, size: str, pool_p90_tokens: int,
-                         pools: str) -> Claim:
-    return Claim("session", (
-        f"{fmt_tokens(lost_tokens)} tokens of the reused prefix of {num_turns:,} later session turns "
-        f"({_pct_of(lost_tokens, input_tokens)} of their input) were recomputed ({fmt_tokens(recomputed_tokens)}) "
-        f"or loaded back ({fmt_tokens(loaded_tokens)}) after their pause; keep sessions alive for the p90 pause "
-        f"({fmt_ms(pause_p90_ns)}): {size} (a turn paused up to p90 had at most {fmt_tokens(pool_p90_tokens)} "
-        f"tokens touched, its own context included, between its predecessor's answer and its schedule, "
-        f"against {pools})"))
-
-
-def host_deleted_why(*, deleted_tokens: int, input_tokens: int, reuse_p50_tokens: int, reuse_p90_tokens: int,
-                     pools: str) -> str:
-    """The capacity item's grounds: what was deleted from host, and its reuse distance."""
-    return (f"{fmt_tokens(deleted_tokens)} once-cached tokens ({_pct_of(deleted_tokens, input_tokens)} of input) "
-            f"were deleted from host before they were asked for again; their reuse distance is "
-            f"{fmt_tokens(reuse_p50_tokens)} tokens at the median and {fmt_tokens(reuse_p90_tokens)} at p90, "
-            f"against {pools}")
-
-
-def advice_capacity_claim(*, why: str, host_tokens: int, cover: float | None, kv_bytes: int | None = None,
-                          limit_words: str | None = None) -> Claim:
-    """A host pool of `host_tokens` keeps `cover` of the re-referenced deleted tokens; where it is
-    the most the server holds (`limit_words`), says so with its size."""
-    if limit_words is None:
-        return Claim("capacity", f"{why}; a {fmt_tokens(host_tokens)}-token host pool keeps {fmt_pct(cover)} of them")
-    return Claim("capacity", (f"{why}; {fmt_tokens(host_tokens)} tokens ({fmt_bytes(host_tokens * (kv_bytes or 0))}, "
-                              f"the most host memory {limit_words}) keep {fmt_pct(cover)} of them"))
-
-
-def advice_storage_claim(*, deleted_tokens: int, reuse_p90_tokens: int, want_host_bytes: int, beyond: str,
-                         storage_tokens: int, disk_per_token_ns: float | None, recompute_per_token_ns: float,
-                         prefill_busy_share: float | None, room_note: str) -> Claim:
-    cheaper = disk_per_token_ns is not None and disk_per_token_ns < recompute_per_token_ns
-    return Claim("storage_tier", (
-        f"keeping the {fmt_tokens(deleted_tokens)} tokens deleted from host up to their p90 reuse distance "
-        f"({fmt_tokens(reuse_p90_tokens)} tokens) takes {fmt_bytes(want_host_bytes)} of host memory, {beyond}; a "
-        f"{fmt_tokens(storage_tokens)}-token storage tier keeps them, with prefetch_policy wait_complete so a "
-        f"prefetch is used rather than recomputed ("
-        + (f"a token comes from disk in {fmt_ms(disk_per_token_ns)} against {fmt_ms(recompute_per_token_ns)} to "
-           f"recompute it" if cheaper else
-           f"the prefill GPU was {fmt_pct(prefill_busy_share)} busy: the fetch runs beside it")
-        + ")" + room_note))
-
-
-def advice_eviction_claim(*, hot_tokens: int, removed_tokens: int, policy) -> Claim:
-    return Claim("eviction_policy", (
-        f"{fmt_tokens(hot_tokens)} of the {fmt_tokens(removed_tokens)} removed tokens that were asked for again came "
-        f"from hot prefixes (hit 3 or more times): eviction_policy {policy} evicted them behind one-off prefixes; "
-        f"lfu keeps the frequently hit ones"))
-
-
-def advice_page_size_claim(*, link_peak_share: float, bytes_per_page: float, pages_per_run: float,
-                           bytes_per_run: float, exposed_ns: int, tiered_ttft_ns: int) -> Claim:
-    return Claim("page_size", (
-        f"load-backs ran at {fmt_pct(link_peak_share)} of link peak, {fmt_bytes(bytes_per_page)} a page and "
-        f"{pages_per_run:,.1f} pages ({fmt_bytes(bytes_per_run)}) per contiguous run, and exposed load-back was "
-        f"{_pct_of(exposed_ns, tiered_ttft_ns)} of the TTFT of the requests that loaded back: per-page and per-run "
-        f"copy overheads dominate, and larger pages mean fewer, larger copies"))
-
-
-def _gpus(cap) -> str:
-    """What capacity's loads are per: one GPU, or (a data-parallel run) each rank's."""
-    n = getattr(cap, "num_ranks", 1)
-    return "one GPU" if n <= 1 else f"each of its {n} ranks' GPUs (spread evenly)"
-
-
-def advice_rate_claim(cap, *, want: float, current: float, material_share: float) -> Claim:
-    return Claim("rate", (
-        f"offered prefill was {cap.overload_factor:,.1f}× {_gpus(cap)} for {fmt_pct(cap.overloaded_share)} of the run "
-        f"({fmt_ms(cap.window_ns)} windows, recompute excluded; {cap.material_load:,.1f}× or more in "
-        f"{fmt_pct(material_share)} of them): no cache setting removes that queue; time_scale {want:g} spreads "
-        f"the arrivals {want / current:,.2g}× (in production: that much less traffic per GPU, or more GPUs: "
-        f"`--dp`, the dp item)"))
-
-
-def advice_none_claim(*, recomputed_share: float | None, num_finished: int, num_loadbacks: int, loadback_ns: int,
-                      link_peak_share: float | None, recompute_instead_extra_ns: int) -> Claim:
-    if recomputed_share is None:  # no finished request, or a server that does not report recompute
-        text = ("nothing to change in the cache that the run's numbers show: how many input tokens were "
-                "recomputed is not known" + ("" if num_finished else " (no request finished)"))
-    else:
-        text = (f"nothing to change in the cache: {fmt_pct(recomputed_share)} of input tokens were "
-                f"recomputed once-cached tokens")
-    if num_loadbacks and loadback_ns:
-        text += (f"; load-backs ran at {fmt_pct(link_peak_share)} of link peak and took {fmt_ms(loadback_ns)} "
-                 f"where recomputing the same tokens would have cost {fmt_ms(recompute_instead_extra_ns)}")
-        if recompute_instead_extra_ns > loadback_ns:
-            text += f" ({recompute_instead_extra_ns / loadback_ns:,.1f}× more)"
-    return Claim("none", text)
-
-
 # --------------------------------------------------------------------------- routing (routing_loss.py)
 
 
@@ -630,66 +514,3 @@ def run_routing_claim(ev: RoutingLoss) -> Claim:
         text += "; by the router's rule: " + ", ".join(
             f"{b} {fmt_pct(share(n, ev.routing_tokens))}" for b, n in named)
     return Claim("routing", text + ".")
-
-
-# The data-parallel advice's reasons (advice_routing.py), as the other rules' above.
-
-
-def advice_router_claim(*, routing_tokens: int, input_tokens: int, requests: int, ranks: int, router: str,
-                        share_of_recomputed: float | None, to: str, session_tokens: int,
-                        cache_threshold: float, balance_abs: int = 64, balance_rel: float = 1.5) -> Claim:
-    text = (f"routing lost {fmt_tokens(routing_tokens)} tokens ({_pct_of(routing_tokens, input_tokens)} of input) in "
-            f"{requests:,} requests across {ranks} ranks: at their arrival another rank held the prefix on device or "
-            f"host and {router} sent them elsewhere ({fmt_pct(share_of_recomputed)} of the run's recomputed tokens)")
-    if to == "session":
-        text += (f"; {fmt_tokens(session_tokens)} of them were session turns: the session router keeps every turn of "
-                 f"a session on one rank, where its earlier turns left the prefix")
-    else:
-        text += (f"; cache_aware sends a request to the rank its approximate tree says holds more than "
-                 f"router_cache_threshold {cache_threshold:g} of it while the load stays balanced "
-                 f"(router_balance_abs_threshold {balance_abs} in flight apart, router_balance_rel_threshold "
-                 f"{balance_rel:g}×)")
-    return Claim("router", text)
-
-
-def advice_router_threshold_claim(*, routing_tokens: int, input_tokens: int, branch: str, branch_tokens: int,
-                                  cache_threshold: float | None = None, new_threshold: float | None = None,
-                                  miss_rule: str | None = None, balance_abs: int | None = None,
-                                  balance_rel: float | None = None, factor: int | None = None) -> Claim:
-    text = (f"routing lost {fmt_tokens(routing_tokens)} tokens ({_pct_of(routing_tokens, input_tokens)} of input); "
-            f"{fmt_tokens(branch_tokens)} of it by cache_aware's {branch} rule: ")
-    if branch == "cache_miss":
-        text += (f"the best match was at most router_cache_threshold {cache_threshold:g}, so the request went to the "
-                 f"{miss_rule} rank while another held part of its prefix; a threshold of {new_threshold:g} "
-                 f"matches those")
-    else:
-        text += (f"in-flight loads {balance_abs} apart and {balance_rel:g}× sent requests to the least loaded rank "
-                 f"whatever held their prefix; thresholds {factor}× higher let the cache decide")
-    return Claim("router_threshold", text)
-
-
-def advice_in_batch_claim(*, tokens: int, input_tokens: int, policy: str, budget: int, change: str,
-                          smaller: int | None = None) -> Claim:
-    """The in-batch advice's reason (advice_in_batch.py)."""
-    text = (f"{fmt_tokens(tokens)} tokens ({_pct_of(tokens, input_tokens)} of input) were shared with requests in "
-            f"the same prefill batch: under schedule_policy {policy} each request of a batch computes the prefix "
-            f"they share, as SGLang does (it enters the cache when the batch ends)")
-    if change == "lpm":
-        text += ("; lpm's in-batch prefix caching (IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD 32 tokens cached at "
-                 "most, IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD 32 tokens shared at least) puts a request "
-                 "sharing a prefix with one ahead of it last, so where the batch budget ends before it, it reuses "
-                 "the prefix in the next batch")
-    else:
-        text += (f"; max_prefill_tokens {smaller:,} instead of {budget:,} admits fewer requests a batch, so the "
-                 f"later ones of a fan-out reuse the prefix the first inserted")
-    return Claim("in_batch", text)
-
-
-def advice_dp_claim(cap, *, queue_excess_share: float, dp: int, n: int) -> Claim:
-    offered = cap.material_load * dp
-    return Claim("dp", (
-        f"queueing is {fmt_pct(queue_excess_share)} of the run's excess TTFT, and the offered prefill was "
-        f"{cap.material_load:,.1f}× {'one GPU' if dp <= 1 else f'each of its {dp} ranks'} or more in the busiest "
-        f"{fmt_pct(MATERIAL_SHARE)} of the {fmt_ms(cap.window_ns)} windows (recompute excluded): "
-        f"it takes more ranks (or less traffic) to shorten that queue; {n} ranks are each offered "
-        f"{offered / n:,.2f}× there"))

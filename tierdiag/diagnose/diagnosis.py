@@ -1,5 +1,5 @@
 """The run's diagnosis: its root cause, the part of its excess TTFT that is largest, what to
-change (advice.py's rules), and, for the report, the numbers that back it (DESIGN §5).
+change (advice/'s rules), and, for the report, the numbers that back it (DESIGN §5).
 
     diagnose_run(ctx, excess parts, advice)      -> RunDiagnosis      (summary's diagnosis)
     backed(summary, prefill busy, busiest bin)   -> RunDiagnosis      (the report's verdict card)

@@ -23,7 +23,7 @@ import duckdb
 
 from tierdiag.diagnose import claims as C
 from tierdiag.diagnose.advice import propose
-from tierdiag.diagnose.advice_verify import verified_advice
+from tierdiag.diagnose.advice.verify import verified_advice
 from tierdiag.diagnose.causes import TtftParts
 from tierdiag.diagnose.context import queue_attribution, request_context
 from tierdiag.diagnose.runcontext import RunContext

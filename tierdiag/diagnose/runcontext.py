@@ -57,9 +57,9 @@ class LossEvidence:
     storage_capacity_tokens: int | None
     # Token-weighted deciles (p0, p10, ..., p100) of a request's lost tokens (recomputed, neither
     # skipped nor matched in storage): how large a prefix a storage prefetch would have to bring
-    # back at once (the prefetch admission rule limits that; advice.py predicts with it).
+    # back at once (the prefetch admission rule limits that; advice/rules/capacity.py predicts with it).
     lost_request_deciles_tokens: tuple = ()
-    # For the eviction-policy prediction (advice.py): token-weighted deciles (p0 ... p100) over the
+    # For the eviction-policy prediction (advice/rules/eviction_policy.py): token-weighted deciles (p0 ... p100) over the
     # hot re-references (hot_removed_tokens) of the hot volume competing with each: the tokens of
     # every hot re-reference whose interval (last use -> re-reference) overlaps its own, its own
     # included. LFU evicts once-hit content first, so a hot page stays while that volume fits.
@@ -68,7 +68,7 @@ class LossEvidence:
     # shared_in_batch, engine/miss.py; 0 where the rows have no reasons).
     in_batch_tokens: int = 0
     # The trace's own arrivals (x time_scale): max - min over the run's requests. 0: every request
-    # arrived at once, and no time_scale can change when anything arrives (advice.py's rate).
+    # arrived at once, and no time_scale can change when anything arrives (advice/rules/rate.py).
     trace_arrival_spread_ns: int | None = None
 
 
@@ -87,7 +87,7 @@ class TransferEvidence:
     ttft_total_ns: int
     tiered_ttft_ns: int  # summed TTFT of the requests that loaded something back
     # The engine's fixed cost per copy launch (data_plane_json; None for an import): the part of a
-    # load-back's time a page size does not change (advice.py's page-size prediction).
+    # load-back's time a page size does not change (advice/rules/page_size.py's prediction).
     transfer_overhead_ns: int | None = None
 
 

@@ -1,6 +1,6 @@
 """How many tokens the pools must hold to keep a session's context across its pause: the
-evidence of advice.py's `session` rule ("keep sessions alive for the p90 pause: host pool of N
-tokens"), from the run's own rows.
+evidence of the `session` advice rule (advice/rules/session.py: "keep sessions alive for the p90
+pause: host pool of N tokens"), from the run's own rows.
 
 The engine evicts least-recently-used first (the tree's LRU over unlocked leaves, device then
 host). Under LRU a turn's context survives its pause exactly when the pool holds everything

@@ -6,7 +6,7 @@ means little. The split is of tokens (device / host / storage / computed), with 
 request-count view beside it only to show the gap.
 
 The numbers are numbers.py's (stored with the run at its close, read through facts.py); the
-diagnosis is made here from the run context and advice.py's rules, either way (its advice
+diagnosis is made here from the run context and advice/'s rules, either way (its advice
 carries what `advise` verified since the run was closed).
 """
 
@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import duckdb
 
-from tierdiag.diagnose.advice_verify import run_advice
+from tierdiag.diagnose.advice.verify import run_advice
 from tierdiag.diagnose.diagnosis import diagnose_run
 from tierdiag.diagnose.facts import RunFacts
 from tierdiag.diagnose.numbers import (  # noqa: F401 - the types summary's callers render

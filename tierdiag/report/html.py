@@ -180,7 +180,7 @@ def _advice_html(item: Any) -> str:
     elif get("verification"):
         check = f'<div class="check">check: {e(get("verification"))}</div>'
     prediction = f'<div class="check">{e(get("prediction"))}</div>' if get("prediction") else ""
-    sizing = get("sizing")  # a size item's one-pass prediction beside its replay (advice_types.Sizing)
+    sizing = get("sizing")  # a size item's one-pass prediction beside its replay (diagnose.advice.types.Sizing)
     if sizing is not None:
         words = sizing.words() if hasattr(sizing, "words") else None
         check += f'<div class="check">{e(words)}</div>' if words else ""

@@ -279,7 +279,7 @@ def _pid_alive(pid: int | None) -> bool:
 
 
 # `advise` records its candidates under sweep id ADVISE_SWEEP_PREFIX + the baseline's run id
-# (diagnose/advice.py takes the prefix from here: the store knows what a candidate run is).
+# (diagnose/advice/verify.py takes the prefix from here: the store knows what a candidate run is).
 ADVISE_SWEEP_PREFIX = "advise-"
 
 

@@ -1,7 +1,8 @@
 """Advice verified: what `tierdiag advise` replayed for a run's proposals (the runs recorded
 under `advise-<run_id>`), measured against the run, each change classified (confirmed /
-no_effect / refuted, advice.classify), the confirmed ones combined, and a run's headline numbers.
-The rules that propose are advice.py's; this reads what their replays recorded."""
+no_effect / refuted, types.classify) with the share its rule targets measured beside it (the
+rule's Target), the confirmed ones combined, and a run's headline numbers. The rules that
+propose are rules/'s (registry.py); this reads what their replays recorded."""
 
 from __future__ import annotations
 
@@ -9,12 +10,18 @@ from dataclasses import dataclass
 
 import duckdb
 
-from tierdiag.diagnose.advice import (_NOT_CHANGES, COMBINE_MAX, CONFIRM_P50_GAIN, TARGETS, Advice, RunContext,
-                                      Verified, classify, propose)
-from tierdiag.diagnose.causes import excess_sql, routing_tokens_sql
-from tierdiag.diagnose.advice_types import SIZE_KEYS, Sizing
+from tierdiag.diagnose.advice import registry
+from tierdiag.diagnose.advice.propose import propose
+from tierdiag.diagnose.advice.targets import RECOMPUTE_SHARE
+from tierdiag.diagnose.advice.types import (COMBINE_MAX, CONFIRM_P50_GAIN, SIZE_KEYS, Advice, Sizing, Verified,
+                                            classify)
+from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.store.reader import ADVISE_SWEEP_PREFIX
 from tierdiag.units import fmt_pct, ns_to_ms, share
+
+# Config keys that differ between runs without being a change of the cache (bookkeeping).
+# `profile_source` is what the profile held (same_clock compares its hash apart).
+NOT_CHANGES = frozenset({"storage_dir", "seed", "verify", "data_plane_mib", "profile", "profile_source", "timing"})
 
 # --------------------------------------------------------------------------- verification
 
@@ -64,25 +71,27 @@ def config_changes(base: dict, other: dict) -> dict:
     from tierdiag.engine.rules import recorded_rules
 
     base = {**base, "sglang_rules": recorded_rules(base)}
-    return {k: v for k, v in other.items() if k not in _NOT_CHANGES and base.get(k) != v}
+    return {k: v for k, v in other.items() if k not in NOT_CHANGES and base.get(k) != v}
 
 
 def _run_numbers(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
+    """TTFT p50 and p99, and every share a registered rule targets (the recompute share always:
+    Verified carries it), over the run's finished requests."""
+    targets = {RECOMPUTE_SHARE.name: RECOMPUTE_SHARE}
+    for rule in registry.rules():
+        if rule.target is not None:
+            targets.setdefault(rule.target.name, rule.target)
+    names = list(targets)
     r = con.execute(
         "SELECT quantile_disc(ttft_ns, 0.5), quantile_disc(ttft_ns, 0.99), "
-        "sum(recomputed_tokens) / nullif(sum(input_tokens), 0), "
-        "sum(loadback_exposed_ns) / nullif(sum(ttft_ns), 0), sum(queue_ns) / nullif(sum(ttft_ns), 0), "
-        "sum(recomputed_tokens) FILTER (WHERE think_ms IS NOT NULL) "
-        "/ nullif(sum(input_tokens) FILTER (WHERE think_ms IS NOT NULL), 0), "
-        f"sum({routing_tokens_sql()}) / nullif(sum(input_tokens), 0), "
-        f"sum(queue_ns) / nullif(sum(greatest({excess_sql()}, 0)), 0) "
-        "FROM requests WHERE run_id = ? AND status = 'finished' AND ttft_ns IS NOT NULL", [run_id]).fetchone()
-    return {"p50": r[0], "p99": r[1], "recompute_share": r[2], "loadback_exposed_share": r[3], "queue_share": r[4],
-            "session_recompute_share": r[5], "routing_share": r[6], "queue_excess_share": r[7]}
+        + ", ".join(targets[n].sql for n in names)
+        + " FROM requests WHERE run_id = ? AND status = 'finished' AND ttft_ns IS NOT NULL", [run_id]).fetchone()
+    return {"p50": r[0], "p99": r[1], **dict(zip(names, r[2:]))}
 
 
 def _measured(base: dict, after: dict, rid: str, kind: str, req: tuple | None) -> Verified:
-    target = TARGETS.get(kind)
+    rule = registry.rule_of(kind)
+    target = rule.target.name if rule is not None and rule.target is not None else None
     before_req, after_req = req[:2] if req is not None else (None, None)
     return Verified(
         run_id=rid, ttft_p50_ms_before=ns_to_ms(base["p50"]), ttft_p50_ms_after=ns_to_ms(after["p50"]),
@@ -100,17 +109,14 @@ def _gain(a: Advice) -> float:
     return (v.ttft_p50_ms_before - v.ttft_p50_ms_after) / v.ttft_p50_ms_before
 
 
-# A config key -> the kind of advice that changes it (for a tried change no proposal names).
-_KEY_KINDS = {"storage_tokens": "storage_tier", "host_tokens": "capacity", "prefetch_policy": "prefetch",
-              "write_policy": "write_policy", "eviction_policy": "eviction_policy", "page_size": "page_size",
-              "time_scale": "rate", "dp": "dp", "router": "router", "router_cache_threshold": "router_threshold",
-              "router_balance_abs_threshold": "router_threshold", "router_balance_rel_threshold": "router_threshold"}
-
-
-def _kind_of(changes: dict) -> str:
-    kinds = {_KEY_KINDS.get(k, "other") for k in changes}
-    if "storage_tier" in kinds:  # a storage tier comes with its prefetch policy and host room
-        return "storage_tier"
+def kind_of(changes: dict) -> str:
+    """The kind of a replayed change no proposal names: the rule whose options it sets (a key one
+    rule's dominant_options name decides it alone), else combined; other for a key no rule owns."""
+    key_kinds, dominant = registry.option_kinds()
+    for k in changes:
+        if k in dominant:
+            return key_kinds[k]
+    kinds = {key_kinds.get(k, "other") for k in changes}
     return kinds.pop() if len(kinds) == 1 else "combined"
 
 
@@ -214,7 +220,7 @@ def verified_advice(con: duckdb.DuckDBPyConnection, run, advice: tuple[Advice, .
         changes = json.loads(key)
         if key not in known and changes:
             first = next(iter(changes))
-            out.append(measure(Advice(_kind_of(changes), first, changes[first], changes,
+            out.append(measure(Advice(kind_of(changes), first, changes[first], changes,
                                       "replayed by an earlier `tierdiag advise` of this run")))
     if together is not None:
         if together.verified is not None:

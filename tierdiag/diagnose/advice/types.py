@@ -1,12 +1,13 @@
 """Advice as data: the typed item a rule proposes (`Advice`), what a replay measured of it
 (`Verified`), and its status (DESIGN §6: proposed, confirmed, no_effect, refuted; `classify`).
-The rules are advice.py's; what `advise` replayed is read by advice_verify.py."""
+The rules are rules/'s (registry.py lists them); what `advise` replayed is read by verify.py."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from tierdiag.diagnose.advice.targets import words as target_words
 from tierdiag.units import fmt_ms, fmt_pct
 
 # Verification (DESIGN §6 "Advice status"): replays are deterministic, so these are not noise
@@ -17,23 +18,11 @@ STATUSES = ("proposed", "confirmed", "no_effect", "refuted")
 ADVISED = ("proposed", "confirmed")
 # At most this many confirmed items are replayed together (the best, by their p50 gain).
 COMBINE_MAX = 3
-# kind -> the run share the change targets, which it must lower: a change that sped TTFT up
-# without lowering its target did not work the way its rule claimed.
-TARGETS: dict[str, str] = {
-    "prefetch": "recompute_share", "write_policy": "recompute_share", "capacity": "recompute_share",
-    "storage_tier": "recompute_share", "eviction_policy": "recompute_share",
-    "page_size": "loadback_exposed_share", "rate": "queue_share", "session": "session_recompute_share",
-    "router": "routing_share", "router_threshold": "routing_share", "dp": "queue_excess_share",  # advice_routing_loss.py
-}
 # The size options a rule proposes, and the tier whose size curve (size_curves.py) predicts them:
 # an item setting one carries `sizing`, the curve's prediction at its value beside what its one
 # replay found; they disagree where the two shares of input differ by more than SIZING_TOLERANCE.
 SIZE_KEYS = {"device_tokens": "device", "host_tokens": "host", "storage_tokens": "storage"}
 SIZING_TOLERANCE = 0.05
-_TARGET_WORDS = {"recompute_share": "recompute share of input", "loadback_exposed_share":
-                 "exposed load-back share of TTFT", "queue_share": "queueing share of TTFT",
-                 "session_recompute_share": "recompute share of later session turns' input",
-                 "routing_share": "routing-lost share of input", "queue_excess_share": "queueing share of excess TTFT"}
 
 
 @dataclass(frozen=True)
@@ -48,7 +37,7 @@ class Verified:
     req_id: str | None = None  # set when attached to one request's explain
     ttft_ms_before: float | None = None
     ttft_ms_after: float | None = None
-    target: str | None = None  # the share the change targeted (TARGETS), None: TTFT alone
+    target: str | None = None  # the share the change targeted (its rule's Target), None: TTFT alone
     target_before: float | None = None
     target_after: float | None = None
 
@@ -62,7 +51,7 @@ class Verified:
                 f"{fmt_ms_value(self.ttft_p99_ms_before)} → {fmt_ms_value(self.ttft_p99_ms_after)}"
                 f"{_change(self.ttft_p99_ms_before, self.ttft_p99_ms_after)}")
         if self.target is not None:
-            text += (f", {_TARGET_WORDS.get(self.target, self.target)} {fmt_pct(self.target_before)} → "
+            text += (f", {target_words(self.target)} {fmt_pct(self.target_before)} → "
                      f"{fmt_pct(self.target_after)}")
             if target_moved(self) is False and self.ttft_p50_ms_before and self.ttft_p50_ms_after is not None \
                     and self.ttft_p50_ms_after <= self.ttft_p50_ms_before * (1 - CONFIRM_P50_GAIN):
@@ -96,7 +85,7 @@ def classify(v: Verified) -> str:
 
 def target_moved(v: Verified) -> bool | None:
     """Whether the share the change targeted fell (every target is a share its change must lower,
-    TARGETS); None: no target, or not measured on one side."""
+    its rule's Target); None: no target, or not measured on one side."""
     if v.target is None or v.target_before is None or v.target_after is None:
         return None
     return v.target_after < v.target_before
@@ -160,7 +149,7 @@ class Sizing:
 
 @dataclass(frozen=True)
 class Advice:
-    kind: str  # prefetch | write_policy | session | capacity | storage_tier | eviction_policy | page_size | none
+    kind: str  # one of its rule's kinds (base.Rule.kinds); none; combined; other (verify.kind_of)
     option: str | None  # the --config TOML key (None: nothing to change)
     value: Any
     changes: dict  # every key to apply together (option included)
