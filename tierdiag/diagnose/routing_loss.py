@@ -31,6 +31,7 @@ import duckdb
 from tierdiag.diagnose.causes import recompute_cost_ns, routing_ns_sql, routing_tokens, routing_tokens_sql
 from tierdiag.diagnose.sql import FINISHED_SQL
 from tierdiag.units import share
+from tierdiag.diagnose.read.requests import RequestRow, RowLike
 
 # A run's routing claim is told when routing's requests carry the largest verdict, or when routing
 # lost at least this share of the run's recomputed tokens ("routing dominates lost reuse").
@@ -55,13 +56,14 @@ def position_weight(x: int, y: int, k: float | None) -> float:
     return (y - x) + ((y * y - x * x) / (2.0 * k) if k else 0.0)
 
 
-def routing_cost_ns(row: dict, config: dict) -> int:
+def routing_cost_ns(row: RowLike, config: dict) -> int:
     """What recomputing the row's routing-lost tokens cost, priced by their position (module doc)."""
+    row = RequestRow.of(row)
     r = routing_tokens(row)
-    recomputed = int(row.get("recomputed_tokens") or 0)
+    recomputed = int(row.recomputed_tokens or 0)
     if not r or not recomputed:
         return 0
-    h = sum(int(row.get(c) or 0) for c in ("device_hit_tokens", "host_hit_tokens", "storage_hit_tokens"))
+    h = sum(int(getattr(row, c) or 0) for c in ("device_hit_tokens", "host_hit_tokens", "storage_hit_tokens"))
     k = tokens_per_attention(config)
     whole = position_weight(h, h + recomputed, k)
     return int(recompute_cost_ns(row) * position_weight(h, h + r, k) / whole) if whole else 0
