@@ -1,6 +1,6 @@
 """The primary-cause rule: why a request's TTFT exceeded its ideal, in one word.
 
-The engine splits every finished request's TTFT exactly (COLUMNS.md)::
+The engine splits every finished request's TTFT exactly (docs/contract.md §5, the `requests` columns)::
 
     ttft = queue + storage_wait + loadback_exposed + recompute + compute
 

@@ -30,7 +30,7 @@ from tierdiag.diagnose.causes import cause_sql
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one, jsonify
 from tierdiag.diagnose.sql import FINISHED_SQL as _FINISHED
 from tierdiag.diagnose.facts import RunFacts
-from tierdiag.diagnose.kinds import is_observed
+from tierdiag.diagnose.read.kind import view_of
 from tierdiag.diagnose.numbers import ClassStats, RunSummary
 from tierdiag.diagnose.observed_twin import Agreement, agreement
 from tierdiag.diagnose.ranks import deployment, rank_summary
@@ -419,7 +419,7 @@ class TwinComparison:
 
 def observed_and_twins(runs: Sequence[RunInfo]) -> tuple[RunInfo, list[RunInfo]] | None:
     """(observed, replays in the order given) when exactly one of two or more runs is observed."""
-    observed = [r for r in runs if is_observed(r)]
+    observed = [r for r in runs if not view_of(r).engine_parts]
     if len(runs) < 2 or len(observed) != 1:
         return None
     return observed[0], [r for r in runs if r is not observed[0]]

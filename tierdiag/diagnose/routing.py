@@ -9,7 +9,7 @@ match with no side effect, before routing): the `requests` row's v4 columns (doc
 §5). This step sets the two side by side: "3 other ranks held up to 40,960 tokens of this
 prefix on device; the router sent it to rank 2, which held none".
 
-Every sentence is a `Claim` built from named numbers of the row (tests/diagnose/test_routing_step.py
+Every sentence is a `Claim` built from named numbers of the row (tests/diagnose/test_rank_views*.py
 checks each against the rows); the step's finding is its claims in order. A request of a
 one-rank run has no routing step (None).
 """

@@ -119,11 +119,6 @@ class RunContext:
     # A data-parallel run's routing losses (routing_loss.py); None with one rank.
     routing: RoutingLoss | None = None
 
-    def attribution_share(self, key: str) -> float | None:
-        if not self.queue_attribution:
-            return None
-        return share(self.queue_attribution.get(key, 0), self.queue_total_ns)
-
     def to_json(self) -> dict:
         d = dataclass_json(self)
         d["queue_attribution_ms"] = ({k: ns_to_ms(v) for k, v in self.queue_attribution.items()}

@@ -30,7 +30,7 @@ from tierdiag.diagnose.quantile import quantile_sql
 from tierdiag.diagnose.sql import FINISHED_SQL
 from tierdiag.diagnose.context import scheduled_ns
 from tierdiag.diagnose.waiting_loss import lost_while_waiting, lost_while_waiting_sql, wait_moves, waiting_removals_sql
-from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
+from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, share
 from tierdiag.diagnose.read.requests import RequestRow, RowLike
 
 # (label, lower bound ms inclusive, upper bound ms exclusive or None)
@@ -334,12 +334,3 @@ def _listed(evictions: tuple[PauseEviction, ...]) -> str:
         + (f" by request {e.cause_req_id}'s allocation" if e.cause_req_id else "")
         for e in evictions[:5])
     return listed + (f" (and {len(evictions) - 5} more)" if len(evictions) > 5 else "")
-
-
-def survival_rows(summary: SessionSummary) -> list[dict]:
-    """The survival table as plain rows for views (ms, shares)."""
-    return [{"bucket": b.label, "turns": b.num_turns, "reused_tokens": b.reused_tokens,
-             "device": b.device_share, "host": b.host_share, "storage": b.storage_share,
-             "recomputed": b.recomputed_share, "lost_in_pause": b.paused_lost_share,
-             "lost_while_queued": b.queued_lost_share, "ttft_p50_ms": ns_to_ms(b.ttft_p50_ns),
-             "ttft_p99_ms": ns_to_ms(b.ttft_p99_ns)} for b in summary.survival]

@@ -30,6 +30,7 @@ from tierdiag.config.releases import RELEASES, RULE_NAMES, switched_back_names
 from tierdiag.diagnose.claims import Claim
 from tierdiag.diagnose.explain_result import Step
 from tierdiag.diagnose.quantile import nearest_rank
+from tierdiag.diagnose.read.run import parse
 from tierdiag.engine.rules import differing_rules, unnamed_fields
 from tierdiag.errors import StoreError
 from tierdiag.store.reader import RunInfo
@@ -221,8 +222,9 @@ def is_upgrade_sweep(sweep_id: str | None) -> bool:
 
 def run_role(run: RunInfo, old: str, new: str) -> str | None:
     """"old", "new", a rule name (NEW with that one rule switched back), or None."""
-    rules = run.config.get("sglang_rules")
-    back = switched_back_names(run.config.get("sglang_switched_back"))
+    run = parse(run)
+    rules = run.rules_recorded
+    back = switched_back_names(run.switched_back)
     if rules == old and not back:
         return "old"
     if rules == new and not back:
@@ -234,7 +236,7 @@ def run_role(run: RunInfo, old: str, new: str) -> str | None:
 
 def releases_of(runs: Sequence[RunInfo]) -> tuple[str, str]:
     """(OLD, NEW) of an upgrade sweep's runs: the two releases recorded, older first."""
-    seen = {r.config.get("sglang_rules") for r in runs} & set(RELEASES)
+    seen = {parse(r).rules_recorded for r in runs} & set(RELEASES)
     if len(seen) != 2:
         raise StoreError(f"sweep {runs[0].sweep_id if runs else '?'} is not an upgrade of two SGLang releases "
                          f"(its runs follow {', '.join(sorted(map(str, seen))) or 'none'})")

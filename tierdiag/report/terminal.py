@@ -516,13 +516,14 @@ def rules_line(run) -> str | None:
     recorded before rule sets existed followed 0.5.9's, and says so. None for an imported run (a
     server's own numbers: no engine rules)."""
     from tierdiag.config.releases import RELEASES, release_before
-    from tierdiag.engine.rules import recorded_rules
+    from tierdiag.diagnose.read.run import parse
 
-    if run.kind == "observed":
+    run = parse(run)
+    version = run.rules
+    if version is None:
         return None
-    version = recorded_rules(run.config)
-    back = run.config.get("sglang_switched_back")  # `replay --sglang OLD,NEW`'s runs of one rule switched back
+    back = run.switched_back  # `replay --sglang OLD,NEW`'s runs of one rule switched back
     if back and version in RELEASES and release_before(version):
         return f"sglang {version} with {back.replace(',', ', ')} as {release_before(version)}"
-    return f"sglang {version}" + ("" if run.config.get("sglang_rules") else " (recorded before rule sets)")
+    return f"sglang {version}" + ("" if run.rules_recorded else " (recorded before rule sets)")
 

@@ -3,7 +3,7 @@ of it answered at one place instead of re-derived from the raw config dict at ea
 
     kind           RunKind (replay, observed), and its view (kind.py): the one branch on it
     rules          the SGLang release whose cache rules a replay followed (None: an imported run);
-                   a replay recorded before rule sets followed 0.5.9 (`rules_recorded` False)
+                   a replay recorded before rule sets followed 0.5.9 (`rules_recorded` None)
     switched_back  `replay --sglang OLD,NEW`'s run of one rule switched back: those rules' names
     ranks          data-parallel ranks configured (config `dp`; 1 where absent or not a count)
     timing         the clock the replay ran on (virtual | wall), as stored
@@ -22,7 +22,7 @@ from tierdiag.store.reader import RunInfo
 @dataclass(frozen=True)
 class Run(RunInfo):
     rules: str | None = None
-    rules_recorded: bool = False
+    rules_recorded: str | None = None  # config `sglang_rules` as recorded (None: before rule sets)
     switched_back: str | None = None
     ranks: int = 1
     view: RunView = field(default_factory=ReplayView, compare=False, repr=False)
@@ -31,6 +31,10 @@ class Run(RunInfo):
     def engine_parts(self) -> bool:
         """Whether the run's rows carry the engine's TTFT parts (a replay)."""
         return self.view.engine_parts
+
+
+def _recorded(value) -> str | None:
+    return str(value) if value else None
 
 
 def _ranks(config: dict) -> int:
@@ -54,7 +58,7 @@ def parse(run) -> Run:
 
         rules = recorded_rules(config)
     back = config.get("sglang_switched_back")
-    return Run(**base, rules=rules, rules_recorded=bool(config.get("sglang_rules")),
+    return Run(**base, rules=rules, rules_recorded=_recorded(config.get("sglang_rules")),
                switched_back=back if isinstance(back, str) and back else None, ranks=_ranks(config), view=view)
 
 
