@@ -38,6 +38,7 @@ from tierdiag.diagnose.twin_error import TwinError, twin_clock, twin_error
 from tierdiag.units import share
 from tierdiag.errors import ConfigError, StoreError, TierdiagError
 from tierdiag.store.reader import RunInfo, list_runs
+from tierdiag.diagnose.read.run import parse
 TIERS = ("device", "host", "storage")
 CLASSES = ("device_hit", "tiered_hit", "miss")
 DEFAULT_TOP = 10
@@ -206,9 +207,9 @@ def _row(con: duckdb.DuckDBPyConnection, run: RunInfo, s: RunSummary, varied: Se
         ttft_by_class=tuple(c for c in s.classes if c.hit_class != "all"),
         loadback_bytes=s.load_back.bytes, loadback_exposed_ns=s.load_back.exposed_ns,
         num_evictions=sum(e.num_events for e in s.evictions), evicted_tokens=sum(e.tokens for e in s.evictions),
-        gpu_busy_share=gpu_busy_share(con, run.run_id, int(run.config.get("dp") or 1)), memory_bytes=memory_bytes(run.config),
+        gpu_busy_share=gpu_busy_share(con, run.run_id, parse(run).ranks), memory_bytes=memory_bytes(run.config),
         memory_rank_bytes=None if memory is None else memory.rank_bytes,
-        num_ranks=memory.ranks if memory is not None else int(run.config.get("dp") or 1),
+        num_ranks=memory.ranks if memory is not None else parse(run).ranks,
         ranks=rank_summary(con, run))
 
 

@@ -51,7 +51,7 @@ from tierdiag.diagnose.read import queries
 from tierdiag.diagnose.routing import routing_step
 from tierdiag.diagnose.sessions import session_step
 from tierdiag.diagnose.tokens import TokenSplit
-from tierdiag.diagnose.upgrade import upgrade_step
+from tierdiag.diagnose.upgrade_step import upgrade_step
 from tierdiag.store.reader import RunInfo
 
 

@@ -32,6 +32,7 @@ from tierdiag.diagnose.context import scheduled_ns
 from tierdiag.diagnose.waiting_loss import lost_while_waiting, lost_while_waiting_sql, wait_moves, waiting_removals_sql
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, share
 from tierdiag.diagnose.read.requests import RequestRow, RowLike
+from tierdiag.diagnose.read import queries
 
 # (label, lower bound ms inclusive, upper bound ms exclusive or None)
 PAUSE_BUCKETS: tuple[tuple[str, float, float | None], ...] = (
@@ -218,19 +219,17 @@ def session_step(con: duckdb.DuckDBPyConnection, run, row: RowLike, run_start_ns
     if row.think_ms is None or row.session_id is None:
         return None
     rid = run.run_id
-    prev = fetch_one(con, "SELECT req_id, status, finish_ns, input_tokens, output_tokens FROM requests "
-                          "WHERE run_id = ? AND session_id = ? AND seq < ? ORDER BY seq DESC LIMIT 1",
-                     [rid, row.session_id, row.seq])
+    prev = queries.previous_turn(con, run, row)
     arrival = row.arrival_ns
-    finish = prev.get("finish_ns") if prev else None
+    finish = prev.finish_ns if prev else None
     device = int(row.device_hit_tokens or 0)
     reused = device + sum(int(getattr(row, k) or 0) for k in ("host_hit_tokens", "storage_hit_tokens", "recomputed_tokens"))
     host = min(int(row.host_match_tokens or 0), reused - device)
     storage = min(int(row.storage_match_tokens or 0), reused - device - host)
     gone = reused - device - host - storage
     arrived = _undo_wait(con, rid, row, (device, host, storage, gone))
-    prev_context = int(prev["input_tokens"] or 0) + int(prev["output_tokens"] or 0) if prev else 0
-    at_start = min(reused, prev_context) if prev and prev["status"] == "finished" else 0
+    prev_context = int(prev.input_tokens or 0) + int(prev.output_tokens or 0) if prev else 0
+    at_start = min(reused, prev_context) if prev and prev.status == "finished" else 0
 
     def evictions_between(start_ns: int, end_ns: int) -> tuple[PauseEviction, ...]:
         """The evictions that took this request's pages in [start_ns, end_ns]."""
@@ -255,8 +254,8 @@ def session_step(con: duckdb.DuckDBPyConnection, run, row: RowLike, run_start_ns
     pause = int(arrival) - int(finish) if finish is not None and arrival is not None else None
     trace_arrival = row.trace_arrival_ns
     ev = SessionEvidence(
-        session_id=row.session_id, arrivals=arrivals_of(run), previous_req_id=prev["req_id"] if prev else None,
-        previous_status=prev["status"] if prev else None,
+        session_id=row.session_id, arrivals=arrivals_of(run), previous_req_id=prev.req_id if prev else None,
+        previous_status=prev.status if prev else None,
         previous_finish_ns=int(finish) - run_start_ns if finish is not None else None,
         think_ms=float(row.think_ms), pause_ns=pause,
         trace_arrival_ns=int(trace_arrival) - run_start_ns if trace_arrival is not None else None,

@@ -9,7 +9,8 @@ from typing import Sequence
 from rich.console import Console
 from rich.text import Text
 
-from tierdiag.report.terminal import _table, plain, pool_sizes, rules_line, run_kv_memory  # noqa: F401
+from tierdiag.report.run_lines import pool_sizes, rules_line, run_kv_memory
+from tierdiag.report.terminal import _table, plain
 from tierdiag.report.ranks_view import deployment_line
 from tierdiag.report.text import fmt_option
 from tierdiag.units import fmt_bytes, fmt_tokens

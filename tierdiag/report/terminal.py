@@ -31,6 +31,7 @@ from tierdiag.units import (
     fmt_tokens,
     fmt_value,
 )
+from tierdiag.report.run_lines import POOL_TIERS, pool_sizes, rules_line, run_kv_memory  # noqa: F401 - summary's head; re-exported for cli/runs.py
 
 if TYPE_CHECKING:  # only for hints: `explain` should not import the slow/summary code to render
     from tierdiag.diagnose.explain import Explanation
@@ -479,51 +480,3 @@ def render_advise(r, console: Console, *, run_label: str) -> None:
                                                   "than 5 %)"), style="bold"))
     for line in _advice_lines(r.advice):
         console.print(line)
-
-
-POOL_TIERS = ("device", "host", "storage")
-
-
-def pool_sizes(config: dict, data_plane: dict) -> dict[str, dict[str, int | None]]:
-    """A run's pools as recorded: tier -> tokens and modelled bytes (None when the run did not
-    record its KV size per token). Tiers of size 0 (no storage tier) are left out."""
-    kv = data_plane.get("kv_bytes_per_token")
-    kv = kv if isinstance(kv, int) and not isinstance(kv, bool) else None
-    return {tier: {"tokens": config[f"{tier}_tokens"], "bytes": config[f"{tier}_tokens"] * kv if kv else None}
-            for tier in POOL_TIERS
-            if isinstance(config.get(f"{tier}_tokens"), int) and config[f"{tier}_tokens"] > 0}
-
-
-def run_kv_memory(run):
-    """diagnose.compare.run_kv_memory (the run's KV capacity per rank and in all)."""
-    from tierdiag.diagnose.compare import run_kv_memory as of_run
-
-    return of_run(run)
-
-
-def _pools_text(config: dict, data_plane: dict) -> str:
-    kv = data_plane.get("kv_bytes_per_token")
-    kv = kv if isinstance(kv, int) else None
-    return " · ".join(f"{tier} {fmt_pool(config[f'{tier}_tokens'], kv)}" for tier in POOL_TIERS
-                    if isinstance(config.get(f"{tier}_tokens"), int) and config[f"{tier}_tokens"] > 0) or "-"
-
-
-# Shown in their own lines of `runs`' config cell (model/gpu, the pools, the rule set), so not again as options.
-
-
-def rules_line(run) -> str | None:
-    """`sglang 0.5.23`: the SGLang release whose rules a replay followed (`sglang_rules`); a replay
-    recorded before rule sets existed followed 0.5.9's, and says so. None for an imported run (a
-    server's own numbers: no engine rules)."""
-    from tierdiag.config.releases import RELEASES, release_before
-    from tierdiag.diagnose.read.run import parse
-
-    run = parse(run)
-    version = run.rules
-    if version is None:
-        return None
-    back = run.switched_back  # `replay --sglang OLD,NEW`'s runs of one rule switched back
-    if back and version in RELEASES and release_before(version):
-        return f"sglang {version} with {back.replace(',', ', ')} as {release_before(version)}"
-    return f"sglang {version}" + ("" if run.rules_recorded else " (recorded before rule sets)")
-

@@ -105,6 +105,15 @@ def slowest_observed(con: duckdb.DuckDBPyConnection, run, *, top: int, hit_class
     return out
 
 
+def previous_turn(con: duckdb.DuckDBPyConnection, run, row: RequestRow) -> RequestRow | None:
+    """The turn before `row` in its session (the latest of a lower seq), or None. The row holds
+    req_id, status, finish_ns, input_tokens and output_tokens, the rest None."""
+    found = _rows(con, "SELECT req_id, status, finish_ns, input_tokens, output_tokens FROM requests "
+                       "WHERE run_id = ? AND session_id = ? AND seq < ? ORDER BY seq DESC LIMIT 1",
+                  [run.run_id, row.session_id, row.seq])
+    return RequestRow(**found[0]) if found else None
+
+
 def span_ns(con: duckdb.DuckDBPyConnection, run, over: SpanOver = "all") -> tuple[int, int]:
     """(first arrival, last finish) of the run's `over` requests (sql.py), virtual ns; (0, 0) for none."""
     return run_span_ns(con, run.run_id, over)
