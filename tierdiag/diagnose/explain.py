@@ -6,7 +6,7 @@ Every request gets the same four steps, in this order, then the verdict::
     2 prefix_indices    usable prefix vs. the device original
     3 load_back         bytes, time, bandwidth vs. peak, counterfactuals
     4 eviction          which evictions took its prefix, by whose allocation
-    (session, routing, upgrade: where the request has one)                 sessions.py, routing.py, upgrade.py
+    (session, routing, upgrade: where the request has one)                 sessions.py, routing.py, upgrade_step.py
     verdict             primary cause of the excess TTFT + plain words   explain_verdict.py
 
 The result types are explain_result.py's; the run-wide numbers a request is compared with come
