@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tierdiag.diagnose.query import fetch_dicts
 from tierdiag.diagnose.read import queries
-from tierdiag.diagnose.read.kind import ObservedView, ReplayView, view_of
+from tierdiag.diagnose.read.kind import OBSERVED, REPLAY, view_of
 from tierdiag.diagnose.read.requests import COLUMNS, RequestRow
 from tierdiag.diagnose.read.run import Run, parse
 from tierdiag.errors import NotFoundError
@@ -93,9 +93,9 @@ def test_parse_reads_the_config_once_whatever_it_holds(dp, rules, back, kind):
 
 
 def test_view_of_a_run_without_a_kind_is_a_replay_and_an_unknown_kind_a_servers():
-    assert isinstance(view_of(object()), ReplayView)
-    assert isinstance(view_of(_info(kind="observed")), ObservedView)
-    assert isinstance(view_of(_info(kind="later")), ObservedView)
+    assert view_of(object()) is REPLAY
+    assert view_of(_info(kind="observed")) is OBSERVED
+    assert view_of(_info(kind="later")) is OBSERVED
 
 
 @pytest.fixture

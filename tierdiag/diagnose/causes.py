@@ -251,3 +251,15 @@ def check_cause(name: str | None) -> str | None:
     from tierdiag.errors import unknown_name
 
     raise unknown_name("cause", name, CAUSES)
+
+
+# An imported (observed) run: a server-reported part of TTFT at least this share of it is named
+# the primary cause; below, the unsplit rest (prefill with any load-back) could hold the cause,
+# which the server does not say (observed_explain.ObservedParts.cause, in Python).
+MAJORITY_SHARE = 0.5
+
+
+def server_cause_sql() -> str:
+    """SQL: an observed `requests` row's server-reported cause (queueing | storage_fetch | NULL)."""
+    return (f"CASE WHEN ttft_ns > 0 AND queue_ns >= {MAJORITY_SHARE} * ttft_ns THEN 'queueing' "
+            f"WHEN ttft_ns > 0 AND storage_wait_ns >= {MAJORITY_SHARE} * ttft_ns THEN 'storage_fetch' END")

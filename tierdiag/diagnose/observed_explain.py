@@ -20,9 +20,7 @@ from tierdiag.store.reader import RunInfo
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
 from tierdiag.diagnose.read.requests import RequestRow, RowLike
 
-# A server-reported part of TTFT at least this share of it is named the primary cause; below,
-# the unsplit rest (prefill with any load-back) could hold the cause, which the server does not say.
-MAJORITY_SHARE = 0.5
+from tierdiag.diagnose.causes import MAJORITY_SHARE, server_cause_sql  # noqa: F401 - the server's cause rule
 
 
 # --------------------------------------------------------------------------- the server's TTFT
@@ -55,11 +53,6 @@ class ObservedParts:
             if part is not None and part >= MAJORITY_SHARE * self.ttft_ns:
                 return name
         return None
-
-
-def server_cause_sql() -> str:
-    return (f"CASE WHEN ttft_ns > 0 AND queue_ns >= {MAJORITY_SHARE} * ttft_ns THEN 'queueing' "
-            f"WHEN ttft_ns > 0 AND storage_wait_ns >= {MAJORITY_SHARE} * ttft_ns THEN 'storage_fetch' END")
 
 
 # --------------------------------------------------------------------------- explain

@@ -13,8 +13,12 @@ from typing import Any
 
 import duckdb
 
+from tierdiag.diagnose.causes import cause_sql, excess_sql, server_cause_sql
 from tierdiag.diagnose.read.requests import SELECT_COLUMNS, RequestRow
 from tierdiag.diagnose.sql import FINISHED_SQL, SpanOver, run_span_ns
+
+
+EVIDENCE_TABLE = "run_evidence"  # one row per closed replay (store/schema.py OPTIONAL_TABLES)
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> list[dict[str, Any]]:
@@ -64,8 +68,6 @@ def slowest(con: duckdb.DuckDBPyConnection, run, *, top: int, hit_class: str | N
     TTFT over their ideal (ties: trace order); a request at or under its ideal is not slow.
     `by_rank`: only rank `dp_rank`'s (None: no rank recorded). The rows hold the columns
     SlowRequest and TtftParts read, the rest None."""
-    from tierdiag.diagnose.causes import cause_sql, excess_sql
-
     found = _rows(con, f"""
         SELECT * FROM (
             SELECT {_SLOW_COLUMNS}, {excess_sql()} AS _excess_ns, {cause_sql()} AS _primary_cause
@@ -91,8 +93,6 @@ def slowest_observed(con: duckdb.DuckDBPyConnection, run, *, top: int, hit_class
                      cause: str | None = None) -> list[tuple[RequestRow, str | None]]:
     """(row, server cause) of the `top` finished requests of an imported run by their
     server-reported TTFT (no ideal is known there; ties: trace order)."""
-    from tierdiag.diagnose.observed_explain import server_cause_sql
-
     found = _rows(con, f"""
         SELECT * FROM (SELECT {SELECT_COLUMNS}, {server_cause_sql()} AS _server_cause FROM requests
                        WHERE run_id = ? AND status = 'finished' AND ttft_ns IS NOT NULL)
@@ -123,10 +123,8 @@ def stored_evidence(con: duckdb.DuckDBPyConnection, run) -> tuple[int, str] | No
     """(evidence_version, evidence_json) of the evidence stored with the run at its close
     (diagnose/stored.py is its format); None where the store has no such table or the run no
     single row."""
-    from tierdiag.diagnose.stored import TABLE
-
     try:
-        found = con.execute(f"SELECT evidence_version, evidence_json FROM {TABLE} WHERE run_id = ?",
+        found = con.execute(f"SELECT evidence_version, evidence_json FROM {EVIDENCE_TABLE} WHERE run_id = ?",
                             [run.run_id]).fetchall()
     except duckdb.CatalogException:
         return None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields
 
-from tierdiag.diagnose.read.kind import ObservedView, ReplayView, RunView, view_of
+from tierdiag.diagnose.read.kind import REPLAY, RunView, view_of
 from tierdiag.store.reader import RunInfo
 
 
@@ -25,7 +25,7 @@ class Run(RunInfo):
     rules_recorded: str | None = None  # config `sglang_rules` as recorded (None: before rule sets)
     switched_back: str | None = None
     ranks: int = 1
-    view: RunView = field(default_factory=ReplayView, compare=False, repr=False)
+    view: RunView = field(default=REPLAY, compare=False, repr=False)
 
     @property
     def engine_parts(self) -> bool:
@@ -62,4 +62,4 @@ def parse(run) -> Run:
                switched_back=back if isinstance(back, str) and back else None, ranks=_ranks(config), view=view)
 
 
-__all__ = ["ObservedView", "ReplayView", "Run", "RunView", "parse", "view_of"]
+__all__ = ["Run", "RunView", "parse", "view_of"]
