@@ -272,7 +272,7 @@ def _totals(run: RunInfo, role: str, rows: dict[str, tuple[Outcome, int]]) -> Ru
                      q(0.5), q(0.9), q(0.99))
 
 
-def ttft_moved(a: Outcome, b: Outcome, over_ns: int = 0) -> bool:
+def ttft_changed(a: Outcome, b: Outcome, over_ns: int = 0) -> bool:
     if (a.ttft_ns is None) != (b.ttft_ns is None):
         return True
     return a.ttft_ns is not None and abs(b.ttft_ns - a.ttft_ns) > over_ns
@@ -283,14 +283,14 @@ def _movement(before: RunTotals, after: RunTotals, b: dict[str, tuple[Outcome, i
     both = [rid for rid in a if rid in b]
     moved = [MovedRequest(rid, b[rid][0], a[rid][0]) for rid in both]
     split = [m for m in moved if m.split_moved]
-    ttft_any = [m for m in moved if ttft_moved(m.before, m.after)]
-    over = [m for m in ttft_any if ttft_moved(m.before, m.after, TTFT_MOVED_NS)]
+    ttft_any = [m for m in moved if ttft_changed(m.before, m.after)]
+    over = [m for m in ttft_any if ttft_changed(m.before, m.after, TTFT_MOVED_NS)]
 
     def size(m: MovedRequest) -> tuple:
         d = m.ttft_delta_ns
         return (-(abs(d) if d is not None else float("inf")), not m.split_moved)
 
-    ranked = sorted((m for m in moved if m.split_moved or ttft_moved(m.before, m.after)), key=size)
+    ranked = sorted((m for m in moved if m.split_moved or ttft_changed(m.before, m.after)), key=size)
     return Movement(before, after, len(both), len(split), len(ttft_any), len(over),
                     tuple(m.req_id for m in split[:SHOWN_IDS]), tuple(ranked[:top]))
 
@@ -346,7 +346,7 @@ def upgrade_view(con: duckdb.DuckDBPyConnection, runs: Sequence[RunInfo], *, top
     upgrade = _movement(totals["old"], totals["new"], o_rows, n_rows, top)
 
     split_moved = [rid for rid in n_rows if rid in o_rows and o_rows[rid][0].split != n_rows[rid][0].split]
-    ttft_moved = [rid for rid in n_rows if rid in o_rows and ttft_moved(o_rows[rid][0], n_rows[rid][0], TTFT_MOVED_NS)]
+    ttft_moved = [rid for rid in n_rows if rid in o_rows and ttft_changed(o_rows[rid][0], n_rows[rid][0], TTFT_MOVED_NS)]
     split_by: dict[str, list[str]] = {}
     ttft_by: dict[str, list[str]] = {}
     effects = []

@@ -10,7 +10,7 @@ import duckdb
 from tierdiag.config.releases import RULE_NAMES
 from tierdiag.diagnose.claims import Claim
 from tierdiag.diagnose.explain_result import Step
-from tierdiag.diagnose.upgrade import (TTFT_MOVED_NS, UNDONE_SHARE, Outcome, request_outcomes, ttft_moved,
+from tierdiag.diagnose.upgrade import (TTFT_MOVED_NS, UNDONE_SHARE, Outcome, request_outcomes, ttft_changed,
                                        is_upgrade_sweep, reproduces_ttft, signed_ms, sweep_members)
 from tierdiag.errors import StoreError
 from tierdiag.store.reader import RunInfo
@@ -78,7 +78,7 @@ def upgrade_step(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, numb
         if got is None:
             continue
         b = got[0]
-        if b.split == n.split and not ttft_moved(b, n):
+        if b.split == n.split and not ttft_changed(b, n):
             continue
         per_rule.append(RuleOutcome(rule, b.device, b.host, b.storage, None if b.ttft_ns is None else b.ttft_ns / 1e6,
                                     b.split == o.split and o.split != n.split, reproduces_ttft(o, n, b)))
@@ -93,7 +93,7 @@ def upgrade_step(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, numb
         new_device_tokens=n.device, new_host_tokens=n.host, new_storage_tokens=n.storage,
         new_ttft_ms=None if n.ttft_ns is None else n.ttft_ns / 1e6, split_moved=o.split != n.split,
         ttft_delta_ms=None if delta is None else delta / 1e6,
-        ttft_moved_over_1s=ttft_moved(o, n, TTFT_MOVED_NS),
+        ttft_moved_over_1s=ttft_changed(o, n, TTFT_MOVED_NS),
         split_rules=tuple(r.rule for r in per_rule if r.gives_old_split),
         ttft_rules=tuple(r.rule for r in per_rule if r.gives_old_ttft),
         undone_sum_ms=undone, rules=tuple(per_rule))
