@@ -129,7 +129,7 @@ def run_kv_memory(run) -> KvMemory | None:
     one that did not record it."""
     kv = run.data_plane.get("kv_bytes_per_token") if isinstance(run.data_plane, dict) else None
     kv = kv if isinstance(kv, int) and not isinstance(kv, bool) and kv > 0 else None
-    if kv is None or getattr(run, "kind", "replay") == "observed":
+    if kv is None or not view_of(run).engine_parts:
         return None
     return kv_memory(run.config, kv)
 

@@ -7,6 +7,7 @@ according to its type; the modules behind an answer are imported only when it is
 from __future__ import annotations
 
 from tierdiag.diagnose.read.kind import view_of
+from tierdiag.diagnose.read.run import parse
 from tierdiag.store.reader import RunKind
 
 
@@ -57,17 +58,24 @@ def commands(run) -> ReplayCommands | ObservedCommands:
     return COMMANDS[view_of(run).kind]
 
 
+# Each command parses the run once (read/run.py): what it hands down is a Run, which every
+# reader below takes as it is.
+
+
 def summarize(con, run):
     """`summary`: RunSummary for a replay, ObservedSummary for an imported run."""
+    run = parse(run)
     return commands(run).summarize(con, run)
 
 
 def explain(con, run, req_id: str):
     """`explain`: Explanation for a replayed request, ObservedExplanation for an imported one."""
+    run = parse(run)
     return commands(run).explain(con, run, req_id)
 
 
 def slow(con, run, *, top: int, hit_class: str | None = None, cause: str | None = None):
     """`slow`: (row type, rows): requests ranked by excess TTFT over their ideal in a replay, by
     TTFT in an imported run (no ideal there). The row type is returned for an empty list's view."""
+    run = parse(run)
     return commands(run).slow(con, run, top=top, hit_class=hit_class, cause=cause)

@@ -406,7 +406,7 @@ def build_report(db: str | os.PathLike, run: str | None = None, output: str | os
 
     con = open_store(db)
     try:
-        info = resolve_run(con, run, db_label=str(db))
+        info = parse(resolve_run(con, run, db_label=str(db)))  # the run parsed once for every loader
         data = load_report_data(con, info) if slow_pool is None else load_report_data(con, info, slow_pool=slow_pool)
     finally:
         con.close()
