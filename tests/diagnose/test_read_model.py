@@ -138,3 +138,32 @@ def test_span_starts_at_the_first_arrival(store):
     con, run = store
     assert queries.span_ns(con, run)[0] == con.execute(
         "SELECT min(arrival_ns) FROM requests WHERE run_id = ?", [run.run_id]).fetchone()[0]
+
+
+def test_slow_gives_routing_its_part_of_the_excess(tmp_path):
+    """A request whose primary cause is routing: `slow` names routing and gives it the part of
+    the excess routing owns (causes.TtftParts), as `explain` does. It gave 0 ms while
+    `queries.slowest` read no routing columns (found on a --dp 2 replay of the conversation
+    trace: every `slow --cause routing` row said cause 0 ms)."""
+    from tests.diagnose.conftest import CONFIG, MS, US, RunBuilder
+    from tierdiag.diagnose.causes import TtftParts
+    from tierdiag.diagnose.explain import explain_request
+    from tierdiag.diagnose.slow import slow_requests
+
+    b = RunBuilder(tmp_path / "dp.duckdb", config={**CONFIG, "dp": 2})
+    row = b.request("lost", arrival_ns=0, input_tokens=2048, recomputed=1024, recompute_ns=8 * MS, compute_ns=900 * US,
+                    ideal_ttft_ns=900 * US)
+    # Rank 0 held 1,024 tokens of its prefix at arrival; the router sent it to rank 1, which held none.
+    row.update(dp_rank=1, best_rank=0, best_rank_device_tokens=1024, best_rank_host_tokens=0,
+               arrival_device_tokens=0, arrival_host_tokens=0)
+    b.request("other", arrival_ns=50 * MS, input_tokens=512, compute_ns=200 * US)["dp_rank"] = 0
+    b.write()
+    con = open_store(b.path)
+    run = resolve_run(con, None)
+    parts = TtftParts.from_row(queries.request(con, run, "lost"))
+    assert parts.primary_cause() == "routing" and parts.routing_ns > 0
+    (slow,) = slow_requests(con, run, top=1, cause="routing")
+    assert slow.req_id == "lost" and slow.primary_cause == "routing"
+    assert slow.cause_ns == min(parts.excess_parts_ns()["routing"], parts.excess_ns) > 0
+    assert explain_request(con, run, "lost").primary_cause == "routing"
+    con.close()
