@@ -53,12 +53,14 @@ def close_ids(con: duckdb.DuckDBPyConnection, run_id: str, req_id: str) -> list[
     return close
 
 
-# The columns `slowest` reads: what SlowRequest shows and TtftParts splits (causes.py). Not the
-# routing columns (best_rank, arrival_*_tokens): a row without them splits no routing part out of
-# its recompute, as `slow` always has (the report to issue 38 asks whether it should).
+# The columns `slowest` reads: what SlowRequest shows and TtftParts splits (causes.py), the
+# routing columns included (without them no routing part was split out of a request's recompute,
+# and a request slow by routing showed a 0 ms cause in `slow`).
 _SLOW_COLUMNS = ("req_id, seq, hit_class, arrival_ns, ttft_ns, ideal_ttft_ns, input_tokens, device_hit_tokens, "
                  "host_hit_tokens, storage_hit_tokens, computed_tokens, recomputed_tokens, loadback_skipped_reason, "
-                 "queue_ns, storage_wait_ns, loadback_exposed_ns, recompute_ns, compute_ns, dp_rank")
+                 "queue_ns, storage_wait_ns, loadback_exposed_ns, recompute_ns, compute_ns, dp_rank, best_rank, "
+                 "best_rank_device_tokens, best_rank_host_tokens, arrival_device_tokens, arrival_host_tokens, "
+                 "storage_match_tokens")
 
 
 def slowest(con: duckdb.DuckDBPyConnection, run, *, top: int, hit_class: str | None = None,
