@@ -16,7 +16,7 @@ from tierdiag.diagnose.read.kind import OBSERVED, REPLAY, view_of
 from tierdiag.diagnose.read.requests import COLUMNS, RequestRow
 from tierdiag.diagnose.read.run import Run, parse
 from tierdiag.errors import NotFoundError
-from tierdiag.store.reader import RunInfo, RunKind, open_store, resolve_run
+from tierdiag.store.reader import RunInfo, RunKind, open_store, resolve_run, run_kind
 from tierdiag.store.schema import TABLES
 
 _PY = {"VARCHAR": str, "BIGINT": int, "INTEGER": int, "DOUBLE": float}
@@ -51,8 +51,8 @@ def test_of_takes_any_dict_of_columns(columns, extra):
 @settings(max_examples=60, deadline=None)
 @given(st.one_of(st.none(), st.sampled_from(["", "replay", "observed", "Replay", "twin", " observed"]),
                  st.text(max_size=16)))
-def test_run_kind_parse(stored):
-    kind = RunKind.parse(stored)
+def test_run_kind_of_a_stored_kind(stored):
+    kind = run_kind(stored)
     if not stored:
         assert kind is RunKind.REPLAY  # recorded before kinds
     elif stored in ("replay", "observed"):
@@ -79,7 +79,7 @@ dp_values = st.one_of(st.none(), st.integers(min_value=-10, max_value=10**6), st
        kind=st.one_of(st.none(), st.sampled_from(["replay", "observed", "later"])))
 def test_parse_reads_the_config_once_whatever_it_holds(dp, rules, back, kind):
     config = {"dp": dp, "sglang_rules": rules, "sglang_switched_back": back}
-    info = _info(config=config, kind=RunKind.parse(kind))
+    info = _info(config=config, kind=run_kind(kind))
     run = parse(info)
     assert isinstance(run, Run) and parse(run) is run
     assert run.to_json() == info.to_json()  # the runs view is the runs row's, extras aside

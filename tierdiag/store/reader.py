@@ -285,19 +285,20 @@ ADVISE_SWEEP_PREFIX = "advise-"
 
 
 class RunKind(StrEnum):
-    """What recorded a run (the runs row's `kind`); the values are the stored strings."""
+    """What recorded a run (the runs row's `kind`); the values are the stored strings. (The same
+    enum as config/names.py's on main: at the merge this class becomes that import.)"""
 
     REPLAY = "replay"  # the reference engine: every TTFT part, batches, transfers, evictions
     OBSERVED = "observed"  # imported from a server's export (importers/): what the server reported
 
-    @classmethod
-    def parse(cls, stored: str | None) -> "RunKind | str":
-        """The stored kind as a RunKind (NULL: a replay, recorded before kinds); a kind this
-        tierdiag does not know (a newer store) stays its string, read as a server's run."""
-        try:
-            return cls(stored or cls.REPLAY)
-        except ValueError:
-            return str(stored)
+
+def run_kind(stored: str | None) -> RunKind | str:
+    """The stored kind as a RunKind (NULL: a replay, recorded before kinds); a kind this
+    tierdiag does not know (a newer store) stays its string, read as a server's run."""
+    try:
+        return RunKind(stored or RunKind.REPLAY)
+    except ValueError:
+        return str(stored)
 
 
 @dataclass(frozen=True)
@@ -352,7 +353,7 @@ def _run_info(row, recorded: int) -> RunInfo:
                    tierdiag_version=version, trace_path=trace_path, trace_sha256=sha,
                    config=config, hardware=hardware, data_plane=data_plane, timing=timing,
                    num_requests=int(num_requests or 0), wall_s=wall_s, command_line=command_line or "",
-                   error=error, kind=RunKind.parse(kind), sweep_id=sweep_id)
+                   error=error, kind=run_kind(kind), sweep_id=sweep_id)
 
 
 def run_info(con: duckdb.DuckDBPyConnection, run_id: str) -> RunInfo | None:
