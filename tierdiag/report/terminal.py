@@ -150,7 +150,7 @@ def _records_table(title: str, records: list[dict], console: Console | None = No
     columns = _RECORD_COLUMNS.get(title) or tuple((k, k) for k in records[0])
     shown = records[:_MAX_ROWS]
     cells = [[fmt_value("x_bytes" if key == "bytes" else key, rec.get(key)) for key, _ in columns] for rec in shown]
-    table = _table(title)
+    table = new_table(title)
     for key, header in columns:
         table.add_column(plain(header), justify="left" if key in ("kind", "tier", "action") or key.endswith("req_id")
                          else "right", no_wrap=True)
@@ -268,7 +268,7 @@ def _print_fitting(console: Console, *layouts) -> None:
     console.print(layouts[-1])
 
 
-def _table(title: str = "", **kw) -> Table:
+def new_table(title: str = "", **kw) -> Table:
     """A compact table: no vertical rules, one space between columns, cells fold rather than cut."""
     # The title is data (a run name, a path): never markup, controls escaped.
     return Table(title=plain(title) if title else None, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
@@ -284,7 +284,7 @@ def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str
         return
     splits = [" / ".join(fmt_tokens(n) for n in (r.device_tokens, r.host_tokens, r.storage_tokens, r.computed_tokens))
               for r in rows]
-    wide = _table(title)
+    wide = new_table(title)
     for col in ("#", "req_id", "class", "TTFT", "excess", "cause", "by cause", "dev/host/sto/comp tokens"):
         wide.add_column(col, justify="left" if col in ("req_id", "class", "cause") else "right", no_wrap=True)
     for r, split in zip(rows, splits):
@@ -293,7 +293,7 @@ def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str
                      plain(r.primary_cause, style=style),
                      "-" if r.primary_cause == "none" else fmt_ms(r.cause_ns), split)
     # Narrow: each request on two lines, the token split whole on the second.
-    narrow = _table(title)
+    narrow = new_table(title)
     narrow.add_column("#", justify="right", no_wrap=True)
     narrow.add_column("request · class · tokens dev/host/sto/comp", overflow="fold")
     narrow.add_column("TTFT / excess", justify="right", no_wrap=True)
@@ -336,7 +336,7 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
                             title=plain(f"diagnosis: {dx.dominant_cause or '-'}"), title_align="left",
                             border_style=CAUSE_STYLE.get(dx.dominant_cause, "bold")), soft_wrap=False)
 
-    split = _table("tier split, token-weighted (finished requests)")
+    split = new_table("tier split, token-weighted (finished requests)")
     for col in ("tier", "tokens", "share of input"):
         split.add_column(col, justify="left" if col == "tier" else "right", no_wrap=True)
     for tier in ("device", "host", "storage", "computed"):
@@ -356,7 +356,7 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
                   markup=False, highlight=False)
 
     # Two tables, not one of nine columns: each fits 80 columns with every number whole.
-    tokens = _table("requests and tokens by class")
+    tokens = new_table("requests and tokens by class")
     for col in ("class", "requests", "input tokens", "reused tokens", "reused"):
         tokens.add_column(col, justify="left" if col == "class" else "right", no_wrap=True)
     for c in s.classes:
@@ -364,7 +364,7 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
                        fmt_tokens(c.input_tokens), fmt_tokens(c.reused_tokens),
                        fmt_pct(c.reused_tokens / c.input_tokens if c.input_tokens else None))
     console.print(tokens)
-    ttft = _table("TTFT by class (percentiles: nearest rank)")
+    ttft = new_table("TTFT by class (percentiles: nearest rank)")
     for col in ("class", "p50", "p90", "p99", "mean", "max"):
         ttft.add_column(col, justify="left" if col == "class" else "right", no_wrap=True)
     for c in s.classes:
@@ -373,7 +373,7 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
                                                  c.ttft_max_ns)))
     console.print(ttft)
 
-    causes = _table("where TTFT went (run totals) · requests by primary cause")
+    causes = new_table("where TTFT went (run totals) · requests by primary cause")
     for col in ("cause", "requests", "TTFT part", "of all TTFT", "of excess"):
         causes.add_column(col, justify="left" if col == "cause" else "right", no_wrap=True)
     for c in s.time_by_cause:
@@ -404,7 +404,7 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
     console.print(Text("sizes in binary units (GiB = 2^30 bytes), bandwidth in decimal GB/s (10^9 bytes/s)",
                        style="dim"))
 
-    ev = _table("evictions")
+    ev = new_table("evictions")
     for col in ("tier", "action", "events", "tokens"):
         ev.add_column(col, justify="left" if col in ("tier", "action") else "right", no_wrap=True)
     for e in s.evictions:
@@ -414,7 +414,7 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
     console.print(ev)
     if s.most_evicted_from or s.top_evictors:
         def who_table(title: str, rows) -> Table:
-            tab = _table(title)
+            tab = new_table(title)
             for col in ("request", "events", "tokens"):
                 tab.add_column(col, justify="left" if col == "request" else "right", no_wrap=col != "request",
                                overflow="fold")
@@ -427,9 +427,9 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
                      who_table("top evictors (whose allocation)", s.top_evictors))
         _print_fitting(console, side, Group(who_table("most evicted-from (owner of the pages)", s.most_evicted_from),
                                             who_table("top evictors (whose allocation)", s.top_evictors)))
-    render_ranks(getattr(s, "ranks", None), console, table=_table, plain=plain)
-    render_sessions(s.sessions, console, table=_table, plain=plain)
-    render_size_curves(getattr(s, "size_curves", None), console, table=_table, plain=plain)
+    render_ranks(getattr(s, "ranks", None), console, table=new_table, plain=plain)
+    render_sessions(s.sessions, console, table=new_table, plain=plain)
+    render_size_curves(getattr(s, "size_curves", None), console, table=new_table, plain=plain)
 
 
 def render_advise(r, console: Console, *, run_label: str) -> None:
@@ -438,7 +438,7 @@ def render_advise(r, console: Console, *, run_label: str) -> None:
     A table where it fits the width, else one stacked entry a change (a run id, a change such as
     `host_tokens=1048576`, is never split or cut)."""
     title = plain(f"advice checked by replay · {run_label}")
-    wide = _table(title.plain)
+    wide = new_table(title.plain)
     for col in ("", "change", "status", "TTFT p50", "TTFT p99", "recompute", "reuse dev/host/sto", "run"):
         wide.add_column(col, justify="left" if col in ("", "change", "run") else "right", no_wrap=True)
     narrow = Table.grid(padding=(0, 1))
