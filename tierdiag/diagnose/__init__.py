@@ -19,6 +19,9 @@ Modules, each importing only those below it (an arrow reads "is built on")::
             runcontext -> story, capacity    the requests' own verdicts by excess; offered prefill vs GPU
             runcontext, claims -> routing_loss  once-cached tokens lost to routing (a dp run's), priced by position
     context (one request's surroundings) . causes . tokens . sql . quantile . query . kinds
+    read/    the read model: Run (the runs row parsed once: kind, rules, ranks), one view per run
+             kind (kind.py: the one branch on it), RequestRow (a typed `requests` row), and the
+             named queries (queries.py: `request`, `slowest`, ...); built on sql, below them all
 
 Nothing below `facts` reads the stored row; `evidence` writes it and never reads it back.
 """

@@ -1,6 +1,6 @@
 """The primary-cause rule: why a request's TTFT exceeded its ideal, in one word.
 
-The engine splits every finished request's TTFT exactly (COLUMNS.md)::
+The engine splits every finished request's TTFT exactly (docs/contract.md §5, the `requests` columns)::
 
     ttft = queue + storage_wait + loadback_exposed + recompute + compute
 
@@ -55,6 +55,7 @@ diagnosis). Views look a cause up there rather than branching on its name.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from tierdiag.diagnose.read.requests import RequestRow, RowLike
 
 from tierdiag.config.names import Cause, values
 
@@ -173,33 +174,36 @@ class TtftParts:
         return max(parts, key=lambda cause: parts[cause])
 
     @classmethod
-    def from_row(cls, row: dict) -> "TtftParts | None":
-        """From a `requests` row (dict); None when it has no TTFT (rejected)."""
-        if row.get("ttft_ns") is None:
+    def from_row(cls, row: RowLike) -> "TtftParts | None":
+        """From a `requests` row (RequestRow.of); None when it has no TTFT (rejected)."""
+        row = RequestRow.of(row)
+        if row.ttft_ns is None:
             return None
-        fields = {name: int(row.get(name) or 0) for name in cls.__dataclass_fields__ if name != "routing_tokens"}
+        fields = {name: int(getattr(row, name) or 0) for name in cls.__dataclass_fields__ if name != "routing_tokens"}
         return cls(**fields, routing_tokens=routing_tokens(row))
 
 
-def routing_tokens(row: dict) -> int:
+def routing_tokens(row: RowLike) -> int:
     """A `requests` row's routing-lost tokens (`routing_tokens_sql`, in Python)."""
-    rank, best = row.get("dp_rank"), row.get("best_rank")
+    row = RequestRow.of(row)
+    rank, best = row.dp_rank, row.best_rank
     if rank is None or best is None or best == rank:
         return 0
-    gap = sum(int(row.get(k) or 0) for k in ("best_rank_device_tokens", "best_rank_host_tokens")) - sum(
-        int(row.get(k) or 0) for k in ("arrival_device_tokens", "arrival_host_tokens", "storage_match_tokens"))
-    return min(int(row.get("recomputed_tokens") or 0), max(gap, 0))
+    gap = sum(int(getattr(row, k) or 0) for k in ("best_rank_device_tokens", "best_rank_host_tokens")) - sum(
+        int(getattr(row, k) or 0) for k in ("arrival_device_tokens", "arrival_host_tokens", "storage_match_tokens"))
+    return min(int(row.recomputed_tokens or 0), max(gap, 0))
 
 
-def primary_cause(row: dict) -> str | None:
-    """The primary cause of one `requests` row (a dict of its columns); None if it has no TTFT."""
+def primary_cause(row: RowLike) -> str | None:
+    """The primary cause of one `requests` row (RequestRow.of: a RequestRow or a dict of its columns); None if it has no TTFT."""
+    row = RequestRow.of(row)
     parts = TtftParts.from_row(row)
-    if parts is None or (row.get("status") or "finished") != "finished":
+    if parts is None or (row.status or "finished") != "finished":
         return None
     return parts.primary_cause()
 
 
-def recompute_cost_ns(row: dict) -> int:
+def recompute_cost_ns(row: RowLike) -> int:
     """What recomputing its once-cached tokens really cost.
 
     The engine splits each prefill chunk's compute between the recomputed and the new tokens
@@ -213,8 +217,9 @@ def recompute_cost_ns(row: dict) -> int:
     so they cost at least that: the new part is max(compute, ideal) (never more than all of
     it), and recompute is the rest. A counterfactual without the recompute is then never below
     the ideal."""
-    rec, comp = int(row.get("recompute_ns") or 0), int(row.get("compute_ns") or 0)
-    new = max(comp, min(int(row.get("ideal_ttft_ns") or 0), comp + rec))
+    row = RequestRow.of(row)
+    rec, comp = int(row.recompute_ns or 0), int(row.compute_ns or 0)
+    new = max(comp, min(int(row.ideal_ttft_ns or 0), comp + rec))
     return comp + rec - new
 
 
@@ -248,3 +253,15 @@ def check_cause(name: str | None) -> str | None:
     from tierdiag.errors import unknown_name
 
     raise unknown_name("cause", name, CAUSES)
+
+
+# An imported (observed) run: a server-reported part of TTFT at least this share of it is named
+# the primary cause; below, the unsplit rest (prefill with any load-back) could hold the cause,
+# which the server does not say (observed_explain.ObservedParts.cause, in Python).
+MAJORITY_SHARE = 0.5
+
+
+def server_cause_sql() -> str:
+    """SQL: an observed `requests` row's server-reported cause (queueing | storage_fetch | NULL)."""
+    return (f"CASE WHEN ttft_ns > 0 AND queue_ns >= {MAJORITY_SHARE} * ttft_ns THEN 'queueing' "
+            f"WHEN ttft_ns > 0 AND storage_wait_ns >= {MAJORITY_SHARE} * ttft_ns THEN 'storage_fetch' END")

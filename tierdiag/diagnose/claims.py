@@ -24,6 +24,7 @@ from tierdiag.diagnose.routing_loss import RoutingLoss, routing_cost_ns
 from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.diagnose.story import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE  # noqa: F401 - the rule's, re-exported
 from tierdiag.units import NS_PER_S, fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, share
+from tierdiag.diagnose.read.requests import RequestRow, RowLike
 
 # The queue is called the cache's doing when recomputing once-cached tokens took at least
 # RECOMPUTE_QUEUE_SHARE of a request's wait (other requests' recompute), on a prefill GPU at least
@@ -54,10 +55,6 @@ class Claim:
 
     def to_json(self) -> dict:
         return {"name": self.name, "text": self.text}
-
-
-def _int(row: dict, key: str) -> int:
-    return int(row.get(key) or 0)
 
 
 def _pct_of(part: int, whole: int) -> str:
@@ -117,9 +114,10 @@ def none_claim(tolerance_pct: int) -> Claim:
                          f"worth naming.")
 
 
-def load_back_claim(row: dict, loaded: int, reused: int, lb_bytes: int, lb_ns: int,
+def load_back_claim(row: RowLike, loaded: int, reused: int, lb_bytes: int, lb_ns: int,
                     achieved_bytes_per_s: float | None) -> Claim:
-    exposed, ttft = _int(row, "loadback_exposed_ns"), _int(row, "ttft_ns")
+    row = RequestRow.of(row)
+    exposed, ttft = int(row.loadback_exposed_ns or 0), int(row.ttft_ns or 0)
     return Claim("load_back", (
         f"{fmt_tokens(loaded)} of its {fmt_tokens(reused)} reused tokens were not on the device and had to be "
         f"loaded back ({fmt_bytes(lb_bytes)} in {fmt_ms(lb_ns)}"
@@ -127,9 +125,10 @@ def load_back_claim(row: dict, loaded: int, reused: int, lb_bytes: int, lb_ns: i
         + f"); {fmt_ms(exposed)} of that ({_pct_of(exposed, ttft)} of TTFT) was not hidden behind compute."))
 
 
-def storage_fetch_claim(row: dict, storage_bytes: int) -> Claim:
-    wait, ttft = _int(row, "storage_wait_ns"), _int(row, "ttft_ns")
-    used, matched = _int(row, "storage_hit_tokens"), _int(row, "storage_match_tokens")
+def storage_fetch_claim(row: RowLike, storage_bytes: int) -> Claim:
+    row = RequestRow.of(row)
+    wait, ttft = int(row.storage_wait_ns or 0), int(row.ttft_ns or 0)
+    used, matched = int(row.storage_hit_tokens or 0), int(row.storage_match_tokens or 0)
     text = (f"It was held back {fmt_ms(wait)} ({_pct_of(wait, ttft)} of TTFT) while {fmt_tokens(matched)} tokens of "
             f"its prefix, on neither device nor host, were fetched from storage ({fmt_bytes(storage_bytes)})")
     if used != matched:
@@ -137,10 +136,11 @@ def storage_fetch_claim(row: dict, storage_bytes: int) -> Claim:
     return Claim("storage_fetch", text + ".")
 
 
-def compute_claim(row: dict, new_tokens: int, beyond_ideal_ns: int) -> Claim:
-    chunks = _int(row, "num_chunks") or 1
+def compute_claim(row: RowLike, new_tokens: int, beyond_ideal_ns: int) -> Claim:
+    row = RequestRow.of(row)
+    chunks = int(row.num_chunks or 0) or 1
     return Claim("compute", (
-        f"Its own compute of {fmt_tokens(new_tokens)} new tokens took {fmt_ms(_int(row, 'compute_ns'))}, "
+        f"Its own compute of {fmt_tokens(new_tokens)} new tokens took {fmt_ms(int(row.compute_ns or 0))}, "
         f"{fmt_ms(beyond_ideal_ns)} more than its ideal ({chunks} prefill chunk{'s' if chunks > 1 else ''})."))
 
 
@@ -174,9 +174,10 @@ _WAIT_WORDS = {
 }
 
 
-def queue_claim(row: dict, qa: QueueAttribution | None, ctx: RequestContext | None,
+def queue_claim(row: RowLike, qa: QueueAttribution | None, ctx: RequestContext | None,
                 run_why: str | None) -> Claim:
-    queue, ttft = _int(row, "queue_ns"), _int(row, "ttft_ns")
+    row = RequestRow.of(row)
+    queue, ttft = int(row.queue_ns or 0), int(row.ttft_ns or 0)
     text = f"It waited {fmt_ms(queue)} ({_pct_of(queue, ttft)} of TTFT) in the queue or sharing batches"
     if ctx is not None:
         text += (f"; {fmt_tokens(ctx.queue_depth_at_arrival)} requests were queued ahead of it at arrival and the "
@@ -219,34 +220,36 @@ def wait_not_the_caches_doing(qa: QueueAttribution, busy: float) -> str:
 # --------------------------------------------------------------------------- recompute
 
 
-def recomputed_split(row: dict) -> tuple[int, int, int, int]:
+def recomputed_split(row: RowLike) -> tuple[int, int, int, int]:
     """Its recomputed tokens as (skipped host hit, storage match not used, held by another rank at
     its arrival (routing), gone from every tier)."""
-    recomputed = _int(row, "recomputed_tokens")
-    skipped = min(_int(row, "loadback_skipped_tokens"), recomputed) if row.get("loadback_skipped_reason") else 0
+    row = RequestRow.of(row)
+    recomputed = int(row.recomputed_tokens or 0)
+    skipped = min(int(row.loadback_skipped_tokens or 0), recomputed) if row.loadback_skipped_reason else 0
     unused = 0
-    if row.get("storage_skipped_reason"):
-        unused = min(max(_int(row, "storage_match_tokens") - _int(row, "storage_hit_tokens"), 0),
+    if row.storage_skipped_reason:
+        unused = min(max(int(row.storage_match_tokens or 0) - int(row.storage_hit_tokens or 0), 0),
                      recomputed - skipped)
     routed = min(routing_tokens(row), recomputed - skipped - unused)
     return skipped, unused, routed, recomputed - skipped - unused - routed
 
 
-def recompute_reasons(row: dict, threshold: int | None, host_deleted_tokens: int, storage_tier: bool) -> list[str]:
+def recompute_reasons(row: RowLike, threshold: int | None, host_deleted_tokens: int, storage_tier: bool) -> list[str]:
     """Why its recomputed tokens were recomputed, one phrase per reason that holds tokens."""
+    row = RequestRow.of(row)
     skipped, unused, routed, lost = recomputed_split(row)
     why = []
     if skipped:
-        reason = row["loadback_skipped_reason"]
+        reason = row.loadback_skipped_reason
         detail = SKIP_WHY.get(reason, reason).format(threshold=fmt_tokens(threshold) if threshold else "?")
         why.append(f"{fmt_tokens(skipped)} were a host hit whose load-back was skipped ({reason}: {detail})")
     if unused:
-        reason = row["storage_skipped_reason"]
+        reason = row.storage_skipped_reason
         why.append(f"{fmt_tokens(unused)} were matched in storage but not used ({reason}: "
                    f"{STORAGE_WHY.get(reason, reason)})")
     if routed:
-        why.append(f"{fmt_tokens(routed)} were held by rank {row['best_rank']} at its arrival, not by rank "
-                   f"{row['dp_rank']} that served it")
+        why.append(f"{fmt_tokens(routed)} were held by rank {row.best_rank} at its arrival, not by rank "
+                   f"{row.dp_rank} that served it")
     if lost:
         where = "no longer in any tier"
         if host_deleted_tokens:
@@ -257,10 +260,11 @@ def recompute_reasons(row: dict, threshold: int | None, host_deleted_tokens: int
     return why
 
 
-def recompute_claim(row: dict, threshold: int | None, host_deleted_tokens: int, storage_tier: bool) -> Claim:
-    recomputed = _int(row, "recomputed_tokens")
+def recompute_claim(row: RowLike, threshold: int | None, host_deleted_tokens: int, storage_tier: bool) -> Claim:
+    row = RequestRow.of(row)
+    recomputed = int(row.recomputed_tokens or 0)
     why = recompute_reasons(row, threshold, host_deleted_tokens, storage_tier)
-    rec_ns, ttft = recompute_cost_ns(row), _int(row, "ttft_ns")
+    rec_ns, ttft = recompute_cost_ns(row), int(row.ttft_ns or 0)
     return Claim("recompute", f"{fmt_tokens(recomputed)} tokens that had been cached before were computed again: "
                               f"{'; '.join(why)}; that took {fmt_ms(rec_ns)} ({_pct_of(rec_ns, ttft)} of TTFT).")
 
@@ -268,12 +272,13 @@ def recompute_claim(row: dict, threshold: int | None, host_deleted_tokens: int, 
 # --------------------------------------------------------------------------- counterfactuals
 
 
-def never_evicted_ns(row: dict) -> int | None:
+def never_evicted_ns(row: RowLike) -> int | None:
     """TTFT had every once-cached or loaded token been device-resident, the same queue ahead."""
-    if row.get("ttft_ns") is None:
+    row = RequestRow.of(row)
+    if row.ttft_ns is None:
         return None
-    return (_int(row, "ttft_ns") - recompute_cost_ns(row) - _int(row, "loadback_exposed_ns")
-            - _int(row, "storage_wait_ns"))
+    return (int(row.ttft_ns or 0) - recompute_cost_ns(row) - int(row.loadback_exposed_ns or 0)
+            - int(row.storage_wait_ns or 0))
 
 
 def fmt_ms_pair(a: int, b: int) -> tuple[str, str]:
@@ -285,33 +290,35 @@ def fmt_ms_pair(a: int, b: int) -> tuple[str, str]:
     return ta, tb
 
 
-def counterfactual_claim(row: dict) -> Claim | None:
-    tiered = _int(row, "host_hit_tokens") + _int(row, "storage_hit_tokens")
-    recomputed = _int(row, "recomputed_tokens")
+def counterfactual_claim(row: RowLike) -> Claim | None:
+    row = RequestRow.of(row)
+    tiered = int(row.host_hit_tokens or 0) + int(row.storage_hit_tokens or 0)
+    recomputed = int(row.recomputed_tokens or 0)
     if not tiered and not recomputed:
         return None
-    ttft = _int(row, "ttft_ns")
+    ttft = int(row.ttft_ns or 0)
     would, was = fmt_ms_pair(never_evicted_ns(row), ttft)
     text = (f"Had its prefix never been evicted ({fmt_tokens(tiered + recomputed)} tokens device-resident instead of "
             f"loaded or recomputed, the same queue ahead), TTFT would have been {would} instead of {was}")
-    if tiered and row.get("recompute_instead_ns") is not None:
-        if recomputed and row.get("ttft_if_device_resident_ns") is not None:
+    if tiered and row.recompute_instead_ns is not None:
+        if recomputed and row.ttft_if_device_resident_ns is not None:
             text += (f"; with only its {fmt_tokens(tiered)} loaded tokens device-resident, "
-                     f"{fmt_ms(row['ttft_if_device_resident_ns'])}")
-        text += f"; recomputing those {fmt_tokens(tiered)} tokens instead of loading them, {fmt_ms(row['recompute_instead_ns'])}"
+                     f"{fmt_ms(row.ttft_if_device_resident_ns)}")
+        text += f"; recomputing those {fmt_tokens(tiered)} tokens instead of loading them, {fmt_ms(row.recompute_instead_ns)}"
     return Claim("counterfactual", text + ".")
 
 
-def break_even_claim(row: dict, link_peak_share: float | None, achieved_bytes_per_s: float | None,
+def break_even_claim(row: RowLike, link_peak_share: float | None, achieved_bytes_per_s: float | None,
                      cause: str | None = None) -> Claim | None:
     """Load-back vs recompute for the tokens it loaded: which was cheaper, by how much. Where
     load-back is the request's primary cause, a fast link is not "nothing to fix": it says why
     both hold (the link is not what to fix; the tokens' being off the device is)."""
-    tiered = _int(row, "host_hit_tokens") + _int(row, "storage_hit_tokens")
-    lb_ns = _int(row, "loadback_ns")
-    if not tiered or not lb_ns or row.get("recompute_instead_ns") is None or row.get("ttft_if_device_resident_ns") is None:
+    row = RequestRow.of(row)
+    tiered = int(row.host_hit_tokens or 0) + int(row.storage_hit_tokens or 0)
+    lb_ns = int(row.loadback_ns or 0)
+    if not tiered or not lb_ns or row.recompute_instead_ns is None or row.ttft_if_device_resident_ns is None:
         return None
-    recompute_cost = _int(row, "recompute_instead_ns") - _int(row, "ttft_if_device_resident_ns")
+    recompute_cost = int(row.recompute_instead_ns or 0) - int(row.ttft_if_device_resident_ns or 0)
     text = f"Loading back {fmt_tokens(tiered)} tokens took {fmt_ms(lb_ns)} on the link"
     if achieved_bytes_per_s:
         text += f" at {fmt_bandwidth(achieved_bytes_per_s)}"
@@ -482,20 +489,21 @@ def evicted_while_waiting_claim(story) -> Claim | None:
 # --------------------------------------------------------------------------- routing (routing_loss.py)
 
 
-def routing_claim(row: dict, config: dict) -> Claim | None:
+def routing_claim(row: RowLike, config: dict) -> Claim | None:
     """The request's routing sentence: where its prefix was, where the router sent it, what that cost."""
+    row = RequestRow.of(row)
     r = routing_tokens(row)
     if not r:
         return None
-    rank, best = row["dp_rank"], row["best_rank"]
-    bd, bh = _int(row, "best_rank_device_tokens"), _int(row, "best_rank_host_tokens")
-    own = _int(row, "arrival_device_tokens") + _int(row, "arrival_host_tokens")
-    cost, ttft = routing_cost_ns(row, config), _int(row, "ttft_ns")
-    why = row.get("route_reason")
+    rank, best = row.dp_rank, row.best_rank
+    bd, bh = int(row.best_rank_device_tokens or 0), int(row.best_rank_host_tokens or 0)
+    own = int(row.arrival_device_tokens or 0) + int(row.arrival_host_tokens or 0)
+    cost, ttft = routing_cost_ns(row, config), int(row.ttft_ns or 0)
+    why = row.route_reason
     text = (f"At its arrival rank {best} held {fmt_tokens(bd + bh)} tokens of its prefix ({fmt_tokens(bd)} on device, "
             f"{fmt_tokens(bh)} on host) against {fmt_tokens(own)} on rank {rank}; the router sent it to rank {rank}"
             + (f" ({why})" if why else "")
-            + f", so {fmt_tokens(r)} of its {fmt_tokens(_int(row, 'recomputed_tokens'))} "
+            + f", so {fmt_tokens(r)} of its {fmt_tokens(int(row.recomputed_tokens or 0))} "
             f"recomputed tokens were lost to routing; recomputing them took {fmt_ms(cost)} "
             f"({fmt_pct(share(cost, ttft))} of TTFT, priced by their position in the context).")
     return Claim("routing", text)

@@ -30,7 +30,7 @@ from tierdiag.diagnose.causes import cause_sql
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one, jsonify
 from tierdiag.diagnose.sql import FINISHED_SQL as _FINISHED
 from tierdiag.diagnose.facts import RunFacts
-from tierdiag.diagnose.kinds import is_observed
+from tierdiag.diagnose.read.kind import view_of
 from tierdiag.diagnose.numbers import ClassStats, RunSummary
 from tierdiag.diagnose.observed_twin import Agreement, agreement
 from tierdiag.diagnose.ranks import deployment, rank_summary
@@ -38,6 +38,7 @@ from tierdiag.diagnose.twin_error import TwinError, twin_clock, twin_error
 from tierdiag.units import share
 from tierdiag.errors import ConfigError, StoreError, TierdiagError
 from tierdiag.store.reader import RunInfo, list_runs
+from tierdiag.diagnose.read.run import parse
 TIERS = ("device", "host", "storage")
 CLASSES = ("device_hit", "tiered_hit", "miss")
 DEFAULT_TOP = 10
@@ -128,7 +129,7 @@ def run_kv_memory(run) -> KvMemory | None:
     one that did not record it."""
     kv = run.data_plane.get("kv_bytes_per_token") if isinstance(run.data_plane, dict) else None
     kv = kv if isinstance(kv, int) and not isinstance(kv, bool) and kv > 0 else None
-    if kv is None or getattr(run, "kind", "replay") == "observed":
+    if kv is None or not view_of(run).engine_parts:
         return None
     return kv_memory(run.config, kv)
 
@@ -206,9 +207,9 @@ def _row(con: duckdb.DuckDBPyConnection, run: RunInfo, s: RunSummary, varied: Se
         ttft_by_class=tuple(c for c in s.classes if c.hit_class != "all"),
         loadback_bytes=s.load_back.bytes, loadback_exposed_ns=s.load_back.exposed_ns,
         num_evictions=sum(e.num_events for e in s.evictions), evicted_tokens=sum(e.tokens for e in s.evictions),
-        gpu_busy_share=gpu_busy_share(con, run.run_id, int(run.config.get("dp") or 1)), memory_bytes=memory_bytes(run.config),
+        gpu_busy_share=gpu_busy_share(con, run.run_id, parse(run).ranks), memory_bytes=memory_bytes(run.config),
         memory_rank_bytes=None if memory is None else memory.rank_bytes,
-        num_ranks=memory.ranks if memory is not None else int(run.config.get("dp") or 1),
+        num_ranks=memory.ranks if memory is not None else parse(run).ranks,
         ranks=rank_summary(con, run))
 
 
@@ -419,7 +420,7 @@ class TwinComparison:
 
 def observed_and_twins(runs: Sequence[RunInfo]) -> tuple[RunInfo, list[RunInfo]] | None:
     """(observed, replays in the order given) when exactly one of two or more runs is observed."""
-    observed = [r for r in runs if is_observed(r)]
+    observed = [r for r in runs if not view_of(r).engine_parts]
     if len(runs) < 2 or len(observed) != 1:
         return None
     return observed[0], [r for r in runs if r is not observed[0]]

@@ -40,6 +40,7 @@ import duckdb
 
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts
 from tierdiag.units import NS_PER_S, ns_to_ms, share
+from tierdiag.diagnose.read.requests import RequestRow, RowLike
 
 # Context is measured over [arrival - CONTEXT_LOOKBACK_NS, first token].
 CONTEXT_LOOKBACK_NS = 1 * NS_PER_S
@@ -96,10 +97,11 @@ def batch_recompute_sql(con: duckdb.DuckDBPyConnection) -> str | None:
     return "recompute_ns" if _has_column(con, "batches", "recompute_ns") else None
 
 
-def scheduled_ns(row: dict) -> int | None:
-    if row.get("first_token_ns") is None or row.get("prefill_ns") is None:
+def scheduled_ns(row: RowLike) -> int | None:
+    row = RequestRow.of(row)
+    if row.first_token_ns is None or row.prefill_ns is None:
         return None
-    return int(row["first_token_ns"]) - int(row["prefill_ns"])
+    return int(row.first_token_ns) - int(row.prefill_ns)
 
 
 # A data-parallel run: a request waited for its own rank's GPU and memory, so its surroundings
@@ -107,13 +109,14 @@ def scheduled_ns(row: dict) -> int | None:
 SAME_RANK = "coalesce(dp_rank, 0) = $rank"
 
 
-def _rank(row: dict) -> int:
-    return int(row.get("dp_rank") or 0)
+def _rank(row: RequestRow) -> int:
+    return int(row.dp_rank or 0)
 
 
-def request_context(con: duckdb.DuckDBPyConnection, run_id: str, row: dict, run_start_ns: int) -> RequestContext:
-    arrival = int(row.get("arrival_ns") or 0)
-    end = int(row["first_token_ns"]) if row.get("first_token_ns") is not None else arrival
+def request_context(con: duckdb.DuckDBPyConnection, run_id: str, row: RowLike, run_start_ns: int) -> RequestContext:
+    row = RequestRow.of(row)
+    arrival = int(row.arrival_ns or 0)
+    end = int(row.first_token_ns) if row.first_token_ns is not None else arrival
     start = max(arrival - CONTEXT_LOOKBACK_NS, run_start_ns)
     end = max(end, start)
     rec = batch_recompute_sql(con) or "0"
@@ -129,7 +132,7 @@ def request_context(con: duckdb.DuckDBPyConnection, run_id: str, row: dict, run_
         {"r": run_id, "s": start, "e": end, "rank": _rank(row)}).fetchone()
     n, busy, compute, recompute = int(b[0]), int(b[1] or 0), int(b[2] or 0), int(b[3] or 0)
     depth = 0
-    if row.get("seq") is not None:
+    if row.seq is not None:
         # The replay's own queue at its replayed arrival: requests of its rank that had arrived
         # (arrival_ns, the replay's clock; at the same instant, the earlier trace line first) and
         # were scheduled after it arrived. Not the trace's order: in a closed loop a later trace
@@ -138,7 +141,7 @@ def request_context(con: duckdb.DuckDBPyConnection, run_id: str, row: dict, run_
             "SELECT count(*) FROM requests WHERE run_id = ? AND req_id <> ? "
             "AND (arrival_ns < ? OR (arrival_ns = ? AND seq < ?)) "
             "AND status = 'finished' AND first_token_ns - prefill_ns > ? AND coalesce(dp_rank, 0) = ?",
-            [run_id, row["req_id"], arrival, arrival, int(row["seq"]), arrival, _rank(row)]).fetchone()[0])
+            [run_id, row.req_id, arrival, arrival, int(row.seq), arrival, _rank(row)]).fetchone()[0])
     span = end - start
     return RequestContext(
         queue_depth_at_arrival=depth, window_start_ns=start, window_ns=span, prefill_busy_ns=busy,
@@ -195,18 +198,19 @@ def round_exact(raw: dict[str, float], total: int) -> dict[str, int]:
     return floors
 
 
-def queue_attribution(con: duckdb.DuckDBPyConnection, run_id: str, row: dict) -> QueueAttribution | None:
+def queue_attribution(con: duckdb.DuckDBPyConnection, run_id: str, row: RowLike) -> QueueAttribution | None:
     """None when the request has no TTFT or the store has no per-batch recompute time."""
+    row = RequestRow.of(row)
     sched = scheduled_ns(row)
-    if sched is None or row.get("queue_ns") is None or row.get("ttft_ns") is None:
+    if sched is None or row.queue_ns is None or row.ttft_ns is None:
         return None
     rec = batch_recompute_sql(con)
     if rec is None:
         return None
-    arrival = int(row["arrival_ns"])
-    first_token = int(row["first_token_ns"])
-    wait_start = arrival + int(row.get("storage_wait_ns") or 0)
-    queue = int(row["queue_ns"])
+    arrival = int(row.arrival_ns)
+    first_token = int(row.first_token_ns)
+    wait_start = arrival + int(row.storage_wait_ns or 0)
+    queue = int(row.queue_ns)
     batches = fetch_dicts(
         con,
         f"SELECT t_start_ns, t_end_ns, compute_ns, loadback_exposed_ns, {rec} AS recompute_ns FROM batches "
@@ -250,20 +254,20 @@ def queue_attribution(con: duckdb.DuckDBPyConnection, run_id: str, row: dict) ->
         ahead = sum(1 for b in waiting if int(b["t_end_ns"]) > wait_start)
     walk(sched, first_token, [b for b in batches if int(b["t_start_ns"]) >= sched])
     # Its own parts of the batches it ran in belong to its TTFT, not to its queue.
-    raw["recompute"] -= int(row.get("recompute_ns") or 0)
-    raw["new_compute"] -= int(row.get("compute_ns") or 0)
-    raw["load_back"] -= int(row.get("loadback_exposed_ns") or 0)
+    raw["recompute"] -= int(row.recompute_ns or 0)
+    raw["new_compute"] -= int(row.compute_ns or 0)
+    raw["load_back"] -= int(row.loadback_exposed_ns or 0)
     gaps = [g for g in gaps if g[1] > g[0]]
     if gaps:
         lo, hi = gaps[0][0], gaps[-1][1]
         decoding = [(int(a), int(b)) for a, b in con.execute(
             "SELECT first_token_ns, finish_ns FROM requests WHERE run_id = ? AND req_id <> ? "
             "AND first_token_ns < ? AND finish_ns > ? AND coalesce(dp_rank, 0) = ?",
-            [run_id, row["req_id"], hi, lo, _rank(row)]).fetchall()]
+            [run_id, row.req_id, hi, lo, _rank(row)]).fetchall()]
         held = [(int(a), int(a) + int(w)) for a, w in con.execute(
             "SELECT arrival_ns, storage_wait_ns FROM requests WHERE run_id = ? AND req_id <> ? "
             "AND storage_wait_ns > 0 AND arrival_ns < ? AND arrival_ns + storage_wait_ns > ? "
-            "AND coalesce(dp_rank, 0) = ?", [run_id, row["req_id"], hi, lo, _rank(row)]).fetchall()]
+            "AND coalesce(dp_rank, 0) = ?", [run_id, row.req_id, hi, lo, _rank(row)]).fetchall()]
         for gap in gaps:
             dec = _union_measure(*gap, decoding)
             raw["memory_wait"] += sum(b - a for a, b in dec)
@@ -274,7 +278,7 @@ def queue_attribution(con: duckdb.DuckDBPyConnection, run_id: str, row: dict) ->
                 raw["idle"] += rest[1] - rest[0] - held_ns
     # The GPU running decode steps meanwhile (the engine's record, decode_wait_ns): always while
     # some request decoded, so taken out of memory_wait (NULL in runs recorded before it: 0).
-    decode = min(float(row.get("decode_wait_ns") or 0), raw["memory_wait"])
+    decode = min(float(row.decode_wait_ns or 0), raw["memory_wait"])
     raw["decode"] += decode
     raw["memory_wait"] -= decode
     rounding = queue - sum(max(v, 0.0) for v in raw.values())

@@ -29,7 +29,7 @@ and readers compute the evidence from the rows as they always did. Observed runs
 a server) get none: their readers (diagnose/observed.py) use none of it.
 
 This module computes and stores; it never reads the row back. Readers take it through
-facts.py (`run_facts`: the one reader, with the one "stored, else computed" fallback), and only when its `evidence_version` is
+facts.py (`RunFacts`: the one reader, with the one "stored, else computed" fallback), and only when its `evidence_version` is
 EVIDENCE_VERSION; otherwise (a store written before the table, a run closed by an older tierdiag,
 a run still being recorded, a failed run, an observed one) they compute it from the rows, with
 the same result (tests/diagnose/test_evidence.py checks both paths agree). Bump EVIDENCE_VERSION
@@ -134,17 +134,18 @@ def record_run_evidence(db_path, run_id: str, *, con: duckdb.DuckDBPyConnection 
     INSERT. Never raises an Exception: a failure is printed as one warning line on stderr and
     returned (None when all went well); the run is untouched by it."""
     try:
+        from tierdiag.diagnose.read.kind import view_of
         from tierdiag.store.reader import connect_with_retry, run_info
 
         if con is not None:
             run = run_info(con, run_id)
-            if run is None or run.kind != "replay":
+            if run is None or not view_of(run).engine_parts:
                 return None  # observed runs: their readers use none of it
             write_evidence(con, run_id, compute_evidence(con, run))
             return None
         with connect_with_retry(db_path, read_only=True, wait_s=WAIT_S) as ro:
             run = run_info(ro, run_id)
-            if run is None or run.kind != "replay":
+            if run is None or not view_of(run).engine_parts:
                 return None
             sections = compute_evidence(ro, run)
         with connect_with_retry(db_path, read_only=False, wait_s=WAIT_S) as rw:

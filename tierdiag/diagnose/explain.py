@@ -6,7 +6,7 @@ Every request gets the same four steps, in this order, then the verdict::
     2 prefix_indices    usable prefix vs. the device original
     3 load_back         bytes, time, bandwidth vs. peak, counterfactuals
     4 eviction          which evictions took its prefix, by whose allocation
-    (session, routing, upgrade: where the request has one)                 sessions.py, routing.py, upgrade.py
+    (session, routing, upgrade: where the request has one)                 sessions.py, routing.py, upgrade_step.py
     verdict             primary cause of the excess TTFT + plain words   explain_verdict.py
 
 The result types are explain_result.py's; the run-wide numbers a request is compared with come
@@ -47,11 +47,11 @@ from tierdiag.diagnose.explain_steps import (
 from tierdiag.diagnose.explain_verdict import VerdictInputs, context_sentence, verdict
 from tierdiag.diagnose.miss_reasons import miss_sentence, request_miss_reasons
 from tierdiag.diagnose.facts import RunFacts, run_bounds  # noqa: F401 - run_bounds: slow's clock
-from tierdiag.diagnose.query import request_row
+from tierdiag.diagnose.read import queries
 from tierdiag.diagnose.routing import routing_step
 from tierdiag.diagnose.sessions import session_step
 from tierdiag.diagnose.tokens import TokenSplit
-from tierdiag.diagnose.upgrade import upgrade_step
+from tierdiag.diagnose.upgrade_step import upgrade_step
 from tierdiag.store.reader import RunInfo
 
 
@@ -63,7 +63,7 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
     report explains several requests of one run); computed here otherwise.
     """
     req_id = str(req_id)
-    row = request_row(con, run, req_id)
+    row = queries.request(con, run, req_id)
     tokens = TokenSplit.from_row(row)
     facts = RunFacts(con, run)
     totals = facts.totals()
@@ -119,13 +119,13 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
     evicted_by: tuple[str, ...] = steps[3].evidence.evicted_by  # type: ignore[union-attr]
     return Explanation(
         run_id=run.run_id, run_name=run.name, req_id=req_id,
-        seq=row.get("seq"), status=row.get("status") or "finished", reject_reason=row.get("reject_reason"),
-        hit_class=row.get("hit_class"),
-        arrival_ns=int(row["arrival_ns"]) - bounds[0] if row.get("arrival_ns") is not None else None,
-        ttft_ns=row.get("ttft_ns"),
+        seq=row.seq, status=row.status or "finished", reject_reason=row.reject_reason,
+        hit_class=row.hit_class,
+        arrival_ns=int(row.arrival_ns) - bounds[0] if row.arrival_ns is not None else None,
+        ttft_ns=row.ttft_ns,
         tokens=tokens, steps=steps, primary_cause=cause, headline=headline, verdict=text,
-        decomposition=decomposition, ttft_if_device_resident_ns=row.get("ttft_if_device_resident_ns"),
-        recompute_instead_ns=row.get("recompute_instead_ns"), evicted_by=evicted_by,
+        decomposition=decomposition, ttft_if_device_resident_ns=row.ttft_if_device_resident_ns,
+        recompute_instead_ns=row.recompute_instead_ns, evicted_by=evicted_by,
         ttft_if_never_evicted_ns=C.never_evicted_ns(row) if finished else None,
         context=replace(ctx, window_start_ns=ctx.window_start_ns - bounds[0]) if ctx is not None else None,
         queue_attribution=attribution, advice=tuple(advice), claims=claims, run_start_ns=bounds[0],

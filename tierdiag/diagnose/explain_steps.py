@@ -32,13 +32,14 @@ from tierdiag.diagnose.explain_result import (
     Step,
     TransferRow,
 )
-from tierdiag.diagnose.query import fetch_dicts, link_peak_bytes_per_s, row_int
+from tierdiag.diagnose.query import fetch_dicts, link_peak_bytes_per_s
 from tierdiag.diagnose.sql import FINISHED_SQL
 from tierdiag.diagnose.tokens import TokenSplit
 from tierdiag.diagnose.totals import RunTotals
 from tierdiag.engine.rules import RULE_SETS, recorded_rules
 from tierdiag.store.reader import RunInfo
 from tierdiag.units import NS_PER_S, fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_rate, fmt_tokens, share
+from tierdiag.diagnose.read.requests import RequestRow, RowLike
 
 # Rates "around the request" are counted over [arrival - WINDOW, first token + WINDOW].
 WINDOW_NS = 1 * NS_PER_S
@@ -90,8 +91,9 @@ def plural(count: int, word: str) -> str:
     return f"{count:,} {word}{'' if count == 1 else ('es' if word.endswith(('s', 'ch')) else 's')}"
 
 
-def is_finished(row: dict) -> bool:
-    return (row.get("status") or "finished") == "finished" and row.get("ttft_ns") is not None
+def is_finished(row: RowLike) -> bool:
+    row = RequestRow.of(row)
+    return (row.status or "finished") == "finished" and row.ttft_ns is not None
 
 
 
@@ -100,20 +102,20 @@ def is_finished(row: dict) -> bool:
 _SCHEDULED_SQL = "coalesce(first_token_ns - prefill_ns, arrival_ns)"
 
 
-def _scheduled_ns(row: dict) -> int:
-    if row.get("first_token_ns") is not None and row.get("prefill_ns") is not None:
-        return int(row["first_token_ns"]) - int(row["prefill_ns"])
-    return row_int(row, "arrival_ns")
+def _scheduled_ns(row: RequestRow) -> int:
+    if row.first_token_ns is not None and row.prefill_ns is not None:
+        return int(row.first_token_ns) - int(row.prefill_ns)
+    return int(row.arrival_ns or 0)
 
 
-def _window(row: dict, bounds: tuple[int, int]) -> tuple[int, int]:
+def _window(row: RequestRow, bounds: tuple[int, int]) -> tuple[int, int]:
     """[scheduled - WINDOW, first token + WINDOW], clipped to the run so rates compare fairly.
 
     Centred on when it was served, not on its arrival: a request that queued for minutes would
     otherwise average the link and the pool over all of that wait.
     """
     start = _scheduled_ns(row)
-    end = max(int(row.get("first_token_ns") or start), start)
+    end = max(int(row.first_token_ns or start), start)
     return max(start - WINDOW_NS, bounds[0]), max(min(end + WINDOW_NS, bounds[1]), end)
 
 
@@ -130,25 +132,26 @@ def _per_s(count: float, span_ns: int) -> float | None:
 # --------------------------------------------------------------------------- step 1
 
 
-def step_host_hit(row: dict, tokens: TokenSplit, run: RunInfo, vocab: Vocabulary | None = None) -> Step:
+def step_host_hit(row: RowLike, tokens: TokenSplit, run: RunInfo, vocab: Vocabulary | None = None) -> Step:
+    row = RequestRow.of(row)
     V = vocab or run_vocabulary(run)
     threshold = run.config.get("load_back_threshold")
     ev = HostHitEvidence(
-        hit_class=row.get("hit_class"), input_tokens=tokens.input_tokens,
+        hit_class=row.hit_class, input_tokens=tokens.input_tokens,
         device_hit_tokens=tokens.device_tokens, host_hit_length=tokens.host_tokens,
         storage_hit_tokens=tokens.storage_tokens, computed_tokens=tokens.computed_tokens,
         recomputed_tokens=tokens.recomputed_tokens, new_tokens=tokens.new_tokens,
-        host_match_tokens=row_int(row, "host_match_tokens"),
-        storage_match_tokens=row_int(row, "storage_match_tokens"),
-        loadback_skipped_reason=row.get("loadback_skipped_reason"),
-        loadback_skipped_tokens=row_int(row, "loadback_skipped_tokens"),
-        storage_skipped_reason=row.get("storage_skipped_reason"),
+        host_match_tokens=int(row.host_match_tokens or 0),
+        storage_match_tokens=int(row.storage_match_tokens or 0),
+        loadback_skipped_reason=row.loadback_skipped_reason,
+        loadback_skipped_tokens=int(row.loadback_skipped_tokens or 0),
+        storage_skipped_reason=row.storage_skipped_reason,
         load_back_threshold_tokens=int(threshold) if threshold is not None else None,
     )
     t = tokens
     cls = ev.hit_class
     if not is_finished(row):
-        finding = (f"rejected ({row.get('reject_reason') or 'no reason recorded'}): it was never "
+        finding = (f"rejected ({row.reject_reason or 'no reason recorded'}): it was never "
                    f"scheduled, so none of its {fmt_tokens(t.input_tokens)} tokens used the cache.")
         return Step(1, "host_hit_length", finding, ev)
     if cls == "device_hit":
@@ -193,14 +196,15 @@ def _skip_sentence(ev: HostHitEvidence) -> str:
 # --------------------------------------------------------------------------- step 2
 
 
-def step_prefix(row: dict, tokens: TokenSplit, vocab: Vocabulary) -> Step:
+def step_prefix(row: RowLike, tokens: TokenSplit, vocab: Vocabulary) -> Step:
+    row = RequestRow.of(row)
     V = vocab
-    pil = row_int(row, "prefix_indices_len")
+    pil = int(row.prefix_indices_len or 0)
     device = tokens.device_tokens
     restored = max(pil - device, 0)
     ev = PrefixEvidence(prefix_indices_len=pil, device_original_tokens=device, restored_tokens=restored,
-                        restored_share=share(restored, pil), cache_protected_len=row_int(row, "cache_protected_len"),
-                        extend_input_len=row_int(row, "extend_input_len"))
+                        restored_share=share(restored, pil), cache_protected_len=int(row.cache_protected_len or 0),
+                        extend_input_len=int(row.extend_input_len or 0))
     if pil == 0:
         finding = (f"no usable prefix: {V['prefix_indices_len']} is 0 ({V['cache_protected_len']} "
                    f"{fmt_tokens(ev.cache_protected_len)}); extend_input_len {fmt_tokens(ev.extend_input_len)}.")
@@ -218,8 +222,9 @@ def step_prefix(row: dict, tokens: TokenSplit, vocab: Vocabulary) -> Step:
 # --------------------------------------------------------------------------- step 3
 
 
-def step_load_back(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, tokens: TokenSplit,
+def step_load_back(con: duckdb.DuckDBPyConnection, run: RunInfo, row: RowLike, tokens: TokenSplit,
                     totals: RunTotals) -> Step:
+    row = RequestRow.of(row)
     bounds = totals.bounds
     lo, hi = _window(row, bounds)
     span_ns = bounds[1] - bounds[0]
@@ -228,8 +233,8 @@ def step_load_back(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, toke
     # prefetch at arrival, a load-back when its batch is formed): bounding the scan by that lets
     # DuckDB skip the row groups of the rest of the run (~50 -> ~10 ms on a million requests).
     # tests/diagnose/test_claims.py checks the bound on the demo run and the Mooncake traces.
-    t_lo = int(row["arrival_ns"]) if row.get("arrival_ns") is not None else None
-    t_hi = row.get("finish_ns")
+    t_lo = int(row.arrival_ns) if row.arrival_ns is not None else None
+    t_hi = row.finish_ns
     transfers = tuple(
         TransferRow(transfer_id=int(t["transfer_id"] or 0), kind=t["kind"],
                     t_start_ns=int(t["t_start_ns"] or 0) - bounds[0], t_end_ns=int(t["t_end_ns"] or 0) - bounds[0],
@@ -240,7 +245,7 @@ def step_load_back(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, toke
             "SELECT transfer_id, kind, t_start_ns, t_end_ns, pages, runs, bytes, queued_ns, wall_ns "
             "FROM transfers WHERE run_id = ? AND req_id = ? AND kind IN ('load_back', 'prefetch') "
             "AND (? IS NULL OR t_start_ns >= ?) AND (? IS NULL OR t_start_ns <= ?) "
-            "ORDER BY t_start_ns, transfer_id", [rid, row["req_id"], t_lo, t_lo, t_hi, t_hi]))
+            "ORDER BY t_start_ns, transfer_id", [rid, row.req_id, t_lo, t_lo, t_hi, t_hi]))
     stats = con.execute(
         "SELECT count(*), coalesce(sum(bytes), 0) FROM transfers "
         "WHERE run_id = ? AND kind = 'load_back' AND t_end_ns >= ? AND t_start_ns <= ?", [rid, lo, hi]).fetchone()
@@ -248,11 +253,11 @@ def step_load_back(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, toke
     run_n, run_bytes = totals.loadbacks, totals.loadback_bytes
     window_span = hi - lo
 
-    lb_bytes = row_int(row, "loadback_bytes")
-    lb_ns = row_int(row, "loadback_ns")
-    pages = row_int(row, "loadback_pages")
-    runs = row_int(row, "loadback_runs")
-    exposed = row_int(row, "loadback_exposed_ns")
+    lb_bytes = int(row.loadback_bytes or 0)
+    lb_ns = int(row.loadback_ns or 0)
+    pages = int(row.loadback_pages or 0)
+    runs = int(row.loadback_runs or 0)
+    exposed = int(row.loadback_exposed_ns or 0)
     peak = link_peak_bytes_per_s(run)
     achieved = lb_bytes * NS_PER_S / lb_ns if lb_bytes and lb_ns else None
     peak_share = share(achieved, peak)
@@ -262,28 +267,28 @@ def step_load_back(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, toke
         loaded_tokens=tokens.host_tokens + tokens.storage_tokens, loadback_bytes=lb_bytes,
         loadback_pages=pages, loadback_runs=runs, loadback_ns=lb_ns, achieved_bytes_per_s=achieved,
         link_peak_bytes_per_s=peak, link_peak_share=peak_share, small_transfer=small, fragmented=fragmented,
-        exposed_ns=exposed, overlapped_ns=max(lb_ns - exposed, 0), queued_ns=row_int(row, "loadback_queued_ns"),
-        storage_bytes=row_int(row, "storage_bytes"), storage_fetch_ns=row_int(row, "storage_fetch_ns"),
-        storage_wait_ns=row_int(row, "storage_wait_ns"), window_ns=window_span, window_loadbacks=win_n,
+        exposed_ns=exposed, overlapped_ns=max(lb_ns - exposed, 0), queued_ns=int(row.loadback_queued_ns or 0),
+        storage_bytes=int(row.storage_bytes or 0), storage_fetch_ns=int(row.storage_fetch_ns or 0),
+        storage_wait_ns=int(row.storage_wait_ns or 0), window_ns=window_span, window_loadbacks=win_n,
         window_loadback_bytes=win_bytes, window_loadbacks_per_s=_per_s(win_n, window_span),
         run_loadbacks_per_s=_per_s(run_n, span_ns), window_loadback_bytes_per_s=_per_s(win_bytes, window_span),
-        run_loadback_bytes_per_s=_per_s(run_bytes, span_ns), ttft_ns=row.get("ttft_ns"),
-        ttft_if_device_resident_ns=row.get("ttft_if_device_resident_ns"),
-        recompute_instead_ns=row.get("recompute_instead_ns"), transfers=transfers,
+        run_loadback_bytes_per_s=_per_s(run_bytes, span_ns), ttft_ns=row.ttft_ns,
+        ttft_if_device_resident_ns=row.ttft_if_device_resident_ns,
+        recompute_instead_ns=row.recompute_instead_ns, transfers=transfers,
     )
     return Step(3, "load_back", _load_back_finding(ev, row), ev)
 
 
-def _load_back_finding(ev: LoadBackEvidence, row: dict) -> str:
+def _load_back_finding(ev: LoadBackEvidence, row: RequestRow) -> str:
     if not is_finished(row):  # never scheduled: no window "before it was scheduled" to speak of (issue 40)
         return "not scheduled, so no load-back."
     rate = (f"Around it ({_window_words(ev.window_ns)}): {plural(ev.window_loadbacks, 'load-back')}, "
             f"{fmt_rate(ev.window_loadbacks_per_s)} vs {fmt_rate(ev.run_loadbacks_per_s)} over the run.")
     if not ev.loaded_tokens and not ev.loadback_bytes:
-        if row.get("loadback_skipped_reason"):
-            head = (f"no load-back: the {fmt_tokens(row_int(row, 'loadback_skipped_tokens'))}-token host part "
-                    f"was skipped ({row['loadback_skipped_reason']}) and recomputed in "
-                    f"{fmt_ms(row_int(row, 'recompute_ns'))}.")
+        if row.loadback_skipped_reason:
+            head = (f"no load-back: the {fmt_tokens(int(row.loadback_skipped_tokens or 0))}-token host part "
+                    f"was skipped ({row.loadback_skipped_reason}) and recomputed in "
+                    f"{fmt_ms(int(row.recompute_ns or 0))}.")
         else:
             head = "no load-back: nothing it reused was off the device."
         return f"{head} {rate}"
@@ -318,8 +323,9 @@ def _load_back_finding(ev: LoadBackEvidence, row: dict) -> str:
 # --------------------------------------------------------------------------- step 4
 
 
-def step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, tokens: TokenSplit,
+def step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: RowLike, tokens: TokenSplit,
                    totals: RunTotals) -> Step:
+    row = RequestRow.of(row)
     rid = run.run_id
     bounds = totals.bounds
     rows = fetch_dicts(
@@ -329,7 +335,7 @@ def step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, token
         "       e.locked_tokens, e.node_last_access_ns "
         "FROM request_evictions re JOIN evictions e "
         "  ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id "
-        "WHERE re.run_id = ? AND re.req_id = ? ORDER BY e.t_ns, e.eviction_id", [rid, row["req_id"]])
+        "WHERE re.run_id = ? AND re.req_id = ? ORDER BY e.t_ns, e.eviction_id", [rid, row.req_id])
     events = tuple(
         EvictionEvent(
             eviction_id=int(e["eviction_id"]), t_ns=int(e["t_ns"] or 0) - bounds[0], tier=e["tier"], action=e["action"],
@@ -342,7 +348,7 @@ def step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, token
     accesses = [int(e["node_last_access_ns"]) for e in rows if e["node_last_access_ns"] is not None]
     last_access = max(accesses) if accesses else None
     evicted_by = tuple(dict.fromkeys(
-        e.cause_req_id for e in events if e.cause_req_id is not None and e.cause_req_id != row["req_id"]))
+        e.cause_req_id for e in events if e.cause_req_id is not None and e.cause_req_id != row.req_id))
 
     def pool_size(tier: str) -> int | None:
         size = run.config.get(f"{tier}_tokens")
@@ -356,7 +362,7 @@ def step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, token
         # What the write policy lets hold a prefix: host alone under write_through (claims.held_capacity).
         compared = C.held_capacity(run.config, capacity, host_capacity)[0]
     reuse_distance = None
-    if last_access is not None and row.get("arrival_ns") is not None:
+    if last_access is not None and row.arrival_ns is not None:
         # Tokens the device pool had to allocate for other requests scheduled between the
         # prefix's last use and this request's scheduling: the LRU stack distance, roughly.
         # Beyond the pool size an LRU pool cannot have kept it; well below it, something else
@@ -411,7 +417,7 @@ def step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: dict, token
     return Step(4, "eviction", _eviction_finding(ev, row, tokens), ev)
 
 
-def _eviction_finding(ev: EvictionEvidence, row: dict, tokens: TokenSplit) -> str:
+def _eviction_finding(ev: EvictionEvidence, row: RequestRow, tokens: TokenSplit) -> str:
     pool = (f"Device pool around it ({_window_words(ev.window_ns)}): "
             f"{plural(ev.window_device_evictions, 'eviction')}, {fmt_rate(ev.window_device_evictions_per_s)} "
             f"vs {fmt_rate(ev.run_device_evictions_per_s)} over the run, per second of prefill-busy time; "

@@ -15,16 +15,16 @@ from tierdiag.diagnose.context import QueueAttribution, RequestContext
 from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.diagnose.explain_result import EvictionEvidence, LoadBackEvidence, Step
 from tierdiag.diagnose.explain_steps import plural
-from tierdiag.diagnose.query import row_int
 from tierdiag.diagnose.tokens import TokenSplit
 from tierdiag.units import NS_PER_S, fmt_ms, fmt_pct, fmt_tokens, share
+from tierdiag.diagnose.read.requests import RequestRow, RowLike
 
 
 @dataclass(frozen=True)
 class VerdictInputs:
     """What the verdict's claims are built from: the row and the typed evidence around it."""
 
-    row: dict
+    row: RequestRow
     tokens: TokenSplit
     parts: TtftParts | None
     cause: str | None
@@ -94,10 +94,10 @@ HEADLINES: dict[str, Callable[[VerdictInputs, str, str], str]] = {
     "load_back": lambda v, pct, short: (f"load_back: {pct} of TTFT was exposed load-back of "
                                         f"{fmt_tokens(v.load_back.loaded_tokens)} tokens"),
     "storage_fetch": lambda v, pct, short: (f"storage_fetch: {pct} of TTFT waiting for "
-                                            f"{fmt_tokens(row_int(v.row, 'storage_match_tokens'))} tokens from storage"),
+                                            f"{fmt_tokens(int(v.row.storage_match_tokens or 0))} tokens from storage"),
     "routing": lambda v, pct, short: (f"routing: {pct} of TTFT recomputing {fmt_tokens(v.parts.routing_tokens)} "
-                                      f"tokens rank {v.row.get('best_rank')} held at arrival (the router sent it to "
-                                      f"rank {v.row.get('dp_rank')})"),
+                                      f"tokens rank {v.row.best_rank} held at arrival (the router sent it to "
+                                      f"rank {v.row.dp_rank})"),
     "recompute": lambda v, pct, short: (f"recompute: {pct} of TTFT recomputing "
                                         f"{fmt_tokens(v.tokens.recomputed_tokens - v.parts.routing_tokens)} "
                                         f"once-cached tokens"),
@@ -109,9 +109,9 @@ assert tuple(HEADLINES) == CAUSES
 def verdict(v: VerdictInputs) -> tuple[str, str, tuple[C.Claim, ...]]:
     """(headline, verdict, the verdict's claims after its first sentence)."""
     row, tokens, parts, cause = v.row, v.tokens, v.parts, v.cause
-    req = row["req_id"]
+    req = row.req_id
     if parts is None or cause is None:
-        reason = row.get("reject_reason") or "no reason recorded"
+        reason = row.reject_reason or "no reason recorded"
         return (f"rejected: {reason}",
                 f"Request {req} was rejected ({reason}) and never produced a first token; there is no "
                 f"TTFT to explain.", ())
@@ -126,13 +126,13 @@ def verdict(v: VerdictInputs) -> tuple[str, str, tuple[C.Claim, ...]]:
     return headline, " ".join([base] + [c.text for c in claims]), claims
 
 
-def context_sentence(ctx: RequestContext | None, row: dict | None = None) -> str:
+def context_sentence(ctx: RequestContext | None, row: RowLike | None = None) -> str:
     """Step 3's closing sentence: the prefill GPU around the request. Where the only batches in the
     window were its own (its chunks), the context is the request itself: said so, not as a
     busy share of "the system around it" (issue 40)."""
     if ctx is None:
         return ""
-    own = row_int(row, "num_chunks") if row is not None else 0
+    own = int(RequestRow.of(row).num_chunks or 0) if row is not None else 0
     head = f" Prefill GPU from {C.CONTEXT_LOOKBACK_NS // NS_PER_S} s before its arrival to its first token: "
     if own and ctx.num_batches <= own and not ctx.queue_depth_at_arrival:
         return (head + f"only the {plural(ctx.num_batches, 'batch')} running its own prefill "

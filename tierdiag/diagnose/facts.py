@@ -1,6 +1,6 @@
 """A run's run-wide facts, and the one reader of the evidence stored with it.
 
-    facts = run_facts(con, run)
+    facts = RunFacts(con, run)
     facts.context(attribution=...)   RunContext   (context.py)  the diagnosis, explain's "why", advice
     facts.summary_numbers()          RunSummary   (numbers.py)  summary's numbers, diagnosis None
     facts.totals() / facts.bounds    RunTotals    (totals.py)   what explain compares a request with
@@ -26,11 +26,12 @@ from dataclasses import replace
 import duckdb
 
 from tierdiag.diagnose.runcontext import RunContext, compute_run_context
-from tierdiag.diagnose.kinds import has_engine_parts
+from tierdiag.diagnose.read import queries
+from tierdiag.diagnose.read.kind import view_of
 from tierdiag.diagnose.numbers import RunSummary, compute_run_summary
 from tierdiag.diagnose.session_pool import SessionPauses, session_pauses
 from tierdiag.diagnose.size_curves import SizeCurves, size_curves
-from tierdiag.diagnose.stored import DATACLASS_TAG, EVIDENCE_VERSION, TABLE, decode, inputs, section_classes
+from tierdiag.diagnose.stored import DATACLASS_TAG, EVIDENCE_VERSION, decode, inputs, section_classes
 from tierdiag.diagnose.totals import RunTotals, run_totals
 
 
@@ -90,17 +91,13 @@ class StoredEvidence:
 
 def stored_evidence(con: duckdb.DuckDBPyConnection, run) -> StoredEvidence | None:
     """The evidence stored with `run` when it was closed, or None where no current row is there."""
-    if not has_engine_parts(run):
+    if not view_of(run).engine_parts:
+        return None
+    row = queries.stored_evidence(con, run)
+    if row is None or row[0] != EVIDENCE_VERSION:
         return None
     try:
-        rows = con.execute(f"SELECT evidence_version, evidence_json FROM {TABLE} WHERE run_id = ?",
-                           [run.run_id]).fetchall()
-    except duckdb.CatalogException:
-        return None
-    if len(rows) != 1 or rows[0][0] != EVIDENCE_VERSION:
-        return None
-    try:
-        sections = json.loads(rows[0][1])
+        sections = json.loads(row[1])
     except (TypeError, ValueError, RecursionError):
         return None
     if not isinstance(sections, dict) or sections.get("inputs") != inputs(run):
@@ -166,14 +163,15 @@ class RunFacts:
 
 
 def run_facts(con: duckdb.DuckDBPyConnection, run) -> RunFacts:
+    """`RunFacts(con, run)`: kept for app/advise.py until the commands' rework lands (then gone)."""
     return RunFacts(con, run)
 
 
 def run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: bool = True) -> RunContext:
-    """The run context alone (`run_facts(con, run).context(...)`)."""
+    """The run context alone (`RunFacts(con, run).context(...)`)."""
     return RunFacts(con, run).context(attribution=attribution)
 
 
 def run_bounds(con: duckdb.DuckDBPyConnection, run) -> tuple[int, int]:
-    """The run's first arrival and last finish (`run_facts(con, run).bounds`)."""
+    """The run's first arrival and last finish (`RunFacts(con, run).bounds`)."""
     return RunFacts(con, run).bounds

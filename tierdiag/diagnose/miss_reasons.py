@@ -13,6 +13,7 @@ import duckdb
 from tierdiag.diagnose.sql import FINISHED_SQL
 from tierdiag.store.schema import MISS_COLUMNS, MISS_REASONS
 from tierdiag.units import fmt_pct, fmt_tokens, share
+from tierdiag.diagnose.read.requests import RequestRow, RowLike
 
 # How each reason reads in a sentence ("N tokens {words}").
 WORDS = {
@@ -49,11 +50,12 @@ def run_miss_reasons(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, i
     return {r: int(v or 0) for r, v in zip(MISS_REASONS, row[1:])}
 
 
-def request_miss_reasons(row: dict) -> dict[str, int] | None:
+def request_miss_reasons(row: RowLike) -> dict[str, int] | None:
     """A `requests` row's reasons (None where it has none: rejected, an older store)."""
-    if row.get(MISS_COLUMNS[0]) is None:
+    row = RequestRow.of(row)
+    if getattr(row, MISS_COLUMNS[0]) is None:
         return None
-    return {r: int(row.get(c) or 0) for r, c in zip(MISS_REASONS, MISS_COLUMNS)}
+    return {r: int(getattr(row, c) or 0) for r, c in zip(MISS_REASONS, MISS_COLUMNS)}
 
 
 def miss_sentence(reasons: dict[str, int], computed: int) -> str:

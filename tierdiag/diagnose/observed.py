@@ -44,6 +44,7 @@ from tierdiag.diagnose.observed_twin import (  # noqa: F401
     observed_and_replayed,
 )
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one
+from tierdiag.diagnose.read import queries
 from tierdiag.store.reader import RunInfo
 from tierdiag.units import share
 
@@ -87,17 +88,13 @@ def slow_observed(con: duckdb.DuckDBPyConnection, run: RunInfo, *, top: int = 20
     if cause is not None and cause not in ("queueing", "storage_fetch"):
         raise ConfigError(f"--cause {cause} cannot be told from an observed run (the server reports only "
                           f"queueing and storage_fetch); explain a request to use its replayed twin")
-    rows = fetch_dicts(con, f"""
-        SELECT * FROM (SELECT *, {server_cause_sql()} AS server_cause FROM requests
-                       WHERE run_id = ? AND status = 'finished' AND ttft_ns IS NOT NULL)
-        WHERE (CAST(? AS VARCHAR) IS NULL OR hit_class = ?) AND (CAST(? AS VARCHAR) IS NULL OR server_cause = ?)
-        ORDER BY ttft_ns DESC, seq, req_id LIMIT ?""", [run.run_id, hit_class, hit_class, cause, cause, top])
+    rows = queries.slowest_observed(con, run, top=top, hit_class=hit_class, cause=cause)
     return [ObservedSlow(
-        rank=i, req_id=r["req_id"], hit_class=r["hit_class"], arrival_ns=r["arrival_ns"], ttft_ns=r["ttft_ns"],
-        queue_ns=r["queue_ns"], storage_wait_ns=r["storage_wait_ns"], input_tokens=r["input_tokens"],
-        device_tokens=r["device_hit_tokens"], host_tokens=r["host_hit_tokens"],
-        storage_tokens=r["storage_hit_tokens"], computed_tokens=r["computed_tokens"],
-        server_cause=r["server_cause"]) for i, r in enumerate(rows, start=1)]
+        rank=i, req_id=r.req_id, hit_class=r.hit_class, arrival_ns=r.arrival_ns, ttft_ns=r.ttft_ns,
+        queue_ns=r.queue_ns, storage_wait_ns=r.storage_wait_ns, input_tokens=r.input_tokens,
+        device_tokens=r.device_hit_tokens, host_tokens=r.host_hit_tokens,
+        storage_tokens=r.storage_hit_tokens, computed_tokens=r.computed_tokens,
+        server_cause=server) for i, (r, server) in enumerate(rows, start=1)]
 
 
 @dataclass(frozen=True)

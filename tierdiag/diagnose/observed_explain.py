@@ -12,15 +12,15 @@ import duckdb
 
 from tierdiag.diagnose.explain import explain_request
 from tierdiag.diagnose.observed_twin import Twin, page_tokens, find_twin
-from tierdiag.diagnose.query import dataclass_json, request_row
+from tierdiag.diagnose.query import dataclass_json
+from tierdiag.diagnose.read import queries
 from tierdiag.diagnose.twin_error import ClassError, RankError, twin_clock, twin_error
 from tierdiag.errors import NotFoundError
 from tierdiag.store.reader import RunInfo
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
+from tierdiag.diagnose.read.requests import RequestRow, RowLike
 
-# A server-reported part of TTFT at least this share of it is named the primary cause; below,
-# the unsplit rest (prefill with any load-back) could hold the cause, which the server does not say.
-MAJORITY_SHARE = 0.5
+from tierdiag.diagnose.causes import MAJORITY_SHARE, server_cause_sql  # noqa: F401 - the server's cause rule
 
 
 # --------------------------------------------------------------------------- the server's TTFT
@@ -36,8 +36,9 @@ class ObservedParts:
     rest_ns: int | None  # TTFT - queue - storage wait: prefill with any load-back, not split by the server
 
     @classmethod
-    def from_row(cls, row: dict) -> "ObservedParts":
-        ttft, queue, wait = row.get("ttft_ns"), row.get("queue_ns"), row.get("storage_wait_ns")
+    def from_row(cls, row: RowLike) -> "ObservedParts":
+        row = RequestRow.of(row)
+        ttft, queue, wait = row.ttft_ns, row.queue_ns, row.storage_wait_ns
         rest = None
         if ttft is not None and queue is not None:
             rest = max(int(ttft) - int(queue) - int(wait or 0), 0)
@@ -52,11 +53,6 @@ class ObservedParts:
             if part is not None and part >= MAJORITY_SHARE * self.ttft_ns:
                 return name
         return None
-
-
-def server_cause_sql() -> str:
-    return (f"CASE WHEN ttft_ns > 0 AND queue_ns >= {MAJORITY_SHARE} * ttft_ns THEN 'queueing' "
-            f"WHEN ttft_ns > 0 AND storage_wait_ns >= {MAJORITY_SHARE} * ttft_ns THEN 'storage_fetch' END")
 
 
 # --------------------------------------------------------------------------- explain
@@ -111,16 +107,17 @@ class TwinTrust:
         return f"{text} ({self.clock})" if clock else text
 
 
-def twin_trust(con: duckdb.DuckDBPyConnection, run: RunInfo, twin_run: RunInfo, row: dict, twin_ttft_ns: int | None,
+def twin_trust(con: duckdb.DuckDBPyConnection, run: RunInfo, twin_run: RunInfo, row: RowLike, twin_ttft_ns: int | None,
                ) -> TwinTrust:
-    server = row.get("ttft_ns")
+    row = RequestRow.of(row)
+    server = row.ttft_ns
     err = None if server is None or twin_ttft_ns is None else int(twin_ttft_ns) - int(server)
     errors = twin_error(con, run.run_id, twin_run.run_id)
-    rank = row.get("dp_rank")
+    rank = row.dp_rank
     twin_rank = None
     if rank is not None:
         found = con.execute("SELECT dp_rank FROM requests WHERE run_id = ? AND req_id = ?",
-                            [twin_run.run_id, row.get("req_id")]).fetchone()
+                            [twin_run.run_id, row.req_id]).fetchone()
         twin_rank = found[0] if found else None
     return TwinTrust(twin_ttft_ns, err, err / server if err is not None and server else None,
                      errors.by_class().get("all"), twin_clock(twin_run.config), rank,
@@ -173,10 +170,10 @@ class ObservedExplanation:
         }
 
 
-def _step1(row: dict) -> ObservedStep:
-    d, h, s, c, n = (row.get(k) for k in ("device_hit_tokens", "host_hit_tokens", "storage_hit_tokens",
+def _step1(row: RequestRow) -> ObservedStep:
+    d, h, s, c, n = (getattr(row, k) for k in ("device_hit_tokens", "host_hit_tokens", "storage_hit_tokens",
                                           "computed_tokens", "input_tokens"))
-    ev = {"hit_class": row.get("hit_class"), "input_tokens": n, "device_hit_tokens": d, "host_hit_length": h,
+    ev = {"hit_class": row.hit_class, "input_tokens": n, "device_hit_tokens": d, "host_hit_length": h,
           "storage_hit_tokens": s, "computed_tokens": c}
     if d is None:
         cached = None if c is None else n - c
@@ -195,8 +192,8 @@ def _step1(row: dict) -> ObservedStep:
     return ObservedStep(1, "host_hit_length", "server", finding, ev)
 
 
-def _step2(row: dict) -> ObservedStep:
-    d, h, s = (row.get(k) for k in ("device_hit_tokens", "host_hit_tokens", "storage_hit_tokens"))
+def _step2(row: RequestRow) -> ObservedStep:
+    d, h, s = (getattr(row, k) for k in ("device_hit_tokens", "host_hit_tokens", "storage_hit_tokens"))
     if d is None:
         return ObservedStep(2, "prefix_indices", "unknown",
                             "without the tier split, the restored share of the prefix is not known.",
@@ -214,10 +211,10 @@ def _step2(row: dict) -> ObservedStep:
     return ObservedStep(2, "prefix_indices", "server", finding, ev)
 
 
-def _unknown_steps(row: dict, run: RunInfo, parts: ObservedParts) -> tuple[ObservedStep, ObservedStep]:
+def _unknown_steps(row: RequestRow, run: RunInfo, parts: ObservedParts) -> tuple[ObservedStep, ObservedStep]:
     how = ("replay the trace written by `tierdiag import sglang --trace-out` with the server's cache sizes "
            "into this database to get it from the replayed twin")
-    loaded = (row.get("host_hit_tokens") or 0) + (row.get("storage_hit_tokens") or 0)
+    loaded = (row.host_hit_tokens or 0) + (row.storage_hit_tokens or 0)
     s3 = ("SGLang does not report per-request load-back bytes or time, so whether transfer cost amplified "
           "this request's latency cannot be known from the export")
     if loaded and parts.rest_ns is not None:
@@ -230,7 +227,7 @@ def _unknown_steps(row: dict, run: RunInfo, parts: ObservedParts) -> tuple[Obser
             ObservedStep(4, "eviction", "unknown", f"{s4}; {how}.", dict(ev)))
 
 
-def _twin_steps(con: duckdb.DuckDBPyConnection, run: RunInfo, twin: Twin, req_id: str, row: dict):
+def _twin_steps(con: duckdb.DuckDBPyConnection, run: RunInfo, twin: Twin, req_id: str, row: RequestRow):
     """Steps 3-4 (and the twin's verdict) from the replayed twin's explanation of the same request."""
     from tierdiag.store.reader import resolve_run
 
@@ -241,18 +238,18 @@ def _twin_steps(con: duckdb.DuckDBPyConnection, run: RunInfo, twin: Twin, req_id
         return None
     t = expl.tokens
     same = None
-    if row.get("device_hit_tokens") is not None:
+    if row.device_hit_tokens is not None:
         page = page_tokens(twin_run)
-        same = (abs(t.device_tokens - row["device_hit_tokens"]) <= page
-                and abs(t.host_tokens - (row["host_hit_tokens"] or 0)) <= page
-                and abs(t.storage_tokens - (row["storage_hit_tokens"] or 0)) <= page)
+        same = (abs(t.device_tokens - row.device_hit_tokens) <= page
+                and abs(t.host_tokens - (row.host_hit_tokens or 0)) <= page
+                and abs(t.storage_tokens - (row.storage_hit_tokens or 0)) <= page)
     trust = twin_trust(con, run, twin_run, row, expl.ttft_ns)
     prefix = f"From the {twin.describe()}; {trust.sentence(clock=False)}. "
     if same is False:
         prefix += (f"Its split differs from the server's ({fmt_tokens(t.device_tokens)} device / "
                    f"{fmt_tokens(t.host_tokens)} host / {fmt_tokens(t.storage_tokens)} storage replayed vs "
-                   f"{fmt_tokens(row['device_hit_tokens'])} / {fmt_tokens(row['host_hit_tokens'])} / "
-                   f"{fmt_tokens(row['storage_hit_tokens'])} observed), so read it as the engine's account. ")
+                   f"{fmt_tokens(row.device_hit_tokens)} / {fmt_tokens(row.host_hit_tokens)} / "
+                   f"{fmt_tokens(row.storage_hit_tokens)} observed), so read it as the engine's account. ")
     elif same:
         prefix += "Its tier split matches the server's within one page. "
     steps = []
@@ -267,7 +264,7 @@ def explain_observed(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str) 
     """The troubleshooting order for an imported request: steps 1-2 from the server's numbers,
     3-4 from its replayed twin when the database holds one, else what cannot be known."""
     req_id = str(req_id)
-    row = request_row(con, run, req_id)
+    row = queries.request(con, run, req_id)
     parts = ObservedParts.from_row(row)
     twin = find_twin(con, run)
     twin_result = _twin_steps(con, run, twin, req_id, row) if twin is not None else None
@@ -284,23 +281,23 @@ def explain_observed(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str) 
         counterfactual = {"ttft_if_device_resident_ms": ns_to_ms(twin_expl.ttft_if_device_resident_ns),
                           "recompute_instead_ms": ns_to_ms(twin_expl.recompute_instead_ns),
                           "source": "replayed twin"}
-    tokens = {"input": row.get("input_tokens"), "device": row.get("device_hit_tokens"),
-              "host": row.get("host_hit_tokens"), "storage": row.get("storage_hit_tokens"),
-              "computed": row.get("computed_tokens")}
+    tokens = {"input": row.input_tokens, "device": row.device_hit_tokens,
+              "host": row.host_hit_tokens, "storage": row.storage_hit_tokens,
+              "computed": row.computed_tokens}
     return ObservedExplanation(
-        run_id=run.run_id, run_name=run.name, req_id=req_id, status=row.get("status") or "finished",
-        hit_class=row.get("hit_class"), ttft_ns=row.get("ttft_ns"), tokens=tokens, parts=parts,
+        run_id=run.run_id, run_name=run.name, req_id=req_id, status=row.status or "finished",
+        hit_class=row.hit_class, ttft_ns=row.ttft_ns, tokens=tokens, parts=parts,
         steps=steps, primary_cause=cause, primary_cause_source=source, headline=headline, verdict=verdict,
         twin=twin if twin_expl is not None else None, twin_primary_cause=twin_cause,
         counterfactual=counterfactual, evicted_by=twin_expl.evicted_by if twin_expl is not None else (),
         twin_trust=twin_result[2] if twin_result else None)
 
 
-def _verdict(row: dict, parts: ObservedParts, server_cause: str | None, twin: Twin | None,
+def _verdict(row: RequestRow, parts: ObservedParts, server_cause: str | None, twin: Twin | None,
              twin_expl) -> tuple[str, str]:
-    req = row["req_id"]
-    status = row.get("status") or "finished"
-    why = row.get("reject_reason") or "no reason recorded"
+    req = row.req_id
+    status = row.status or "finished"
+    why = row.reject_reason or "no reason recorded"
     if status != "finished" and parts.ttft_ns is None:
         return (f"{status}: {why}",
                 f"Request {req} was {status} ({why}) before its first token; there is no TTFT to explain.")

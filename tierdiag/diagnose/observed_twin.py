@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from tierdiag.diagnose.kinds import has_engine_parts, is_observed
+from tierdiag.diagnose.read.kind import view_of
 from tierdiag.diagnose.quantile import quantile_sql
 from tierdiag.diagnose.query import dataclass_json
 from tierdiag.store.reader import RunInfo, list_runs
@@ -25,7 +25,6 @@ from tierdiag.units import fmt_ms, fmt_pct, share
 TWIN_MIN_SHARED = 0.9
 # Page size when the replayed run does not record one (the engine's default, SGLang's too).
 DEFAULT_PAGE_TOKENS = 64
-TOP_PAIRS = 20
 
 
 # --------------------------------------------------------------------------- twin
@@ -46,7 +45,7 @@ class Twin:
 
 def find_twin(con: duckdb.DuckDBPyConnection, run: RunInfo) -> Twin | None:
     """The newest complete replay of the same requests, if the database holds one."""
-    replays = [r for r in list_runs(con) if has_engine_parts(r) and r.run_id != run.run_id
+    replays = [r for r in list_runs(con) if view_of(r).engine_parts and r.run_id != run.run_id
                and r.status == "complete"]
     sha = run.config.get("trace_out_sha256")
     for r in reversed(replays):
@@ -67,7 +66,7 @@ def ranks_by_trace_out(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in list_runs(con):  # oldest first: a newer import of the same trace overwrites
         sha, n = r.config.get("trace_out_sha256"), r.config.get("dp_ranks")
-        if is_observed(r) and sha and isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+        if not view_of(r).engine_parts and sha and isinstance(n, int) and not isinstance(n, bool) and n >= 1:
             out[sha] = n
     return out
 
@@ -245,8 +244,8 @@ def agreement(con: duckdb.DuckDBPyConnection, observed: RunInfo, replayed: RunIn
 
 def observed_and_replayed(a: RunInfo, b: RunInfo) -> tuple[RunInfo, RunInfo] | None:
     """(observed, replayed) when exactly one of the two runs is observed, else None."""
-    if is_observed(a) and not is_observed(b):
+    if not view_of(a).engine_parts and view_of(b).engine_parts:
         return a, b
-    if is_observed(b) and not is_observed(a):
+    if not view_of(b).engine_parts and view_of(a).engine_parts:
         return b, a
     return None

@@ -21,35 +21,6 @@ def fetch_one(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] = 
     return rows[0] if rows else None
 
 
-def row_int(row: dict, key: str) -> int:
-    """A `requests` column of one row as an int, NULL as 0."""
-    return int(row.get(key) or 0)
-
-
-def request_row(con: duckdb.DuckDBPyConnection, run, req_id: str) -> dict:
-    """One request's `requests` row as a dict; NotFoundError (with the closest ids) if it is not there."""
-    row = fetch_one(con, "SELECT * FROM requests WHERE run_id = ? AND req_id = ?", [run.run_id, req_id])
-    if row is not None:
-        return row
-    from tierdiag.errors import NotFoundError
-
-    close = _close_ids(con, run.run_id, req_id)
-    hint = f"did you mean {', '.join(close)}?" if close else "list requests with `tierdiag slow`"
-    raise NotFoundError(f"no request {req_id!r} in run {run.run_id} ({run.name})", hint=hint)
-
-
-def _close_ids(con: duckdb.DuckDBPyConnection, run_id: str, req_id: str) -> list[str]:
-    import difflib  # only on this error path: keep explain's start-up lean
-
-    ids = [r[0] for r in con.execute("SELECT req_id FROM requests WHERE run_id = ?", [run_id]).fetchall()]
-    close = difflib.get_close_matches(req_id, ids, n=3, cutoff=0.6)
-    if not close:
-        # Ids are often numbers (trace line numbers): a case or whitespace slip still matches.
-        wanted = req_id.strip().lower()
-        close = [i for i in ids if i.lower() == wanted][:3]
-    return close
-
-
 def link_peak_bytes_per_s(run) -> float | None:
     """The modelled host->device peak the run used (data_plane_json, else hardware_json)."""
     for source in (run.data_plane, run.hardware, run.config):

@@ -30,6 +30,7 @@ from tierdiag.diagnose.quantile import quantile_sql
 from tierdiag.diagnose.sql import FINISHED_SQL, run_span_ns
 from tierdiag.errors import ConfigError
 from tierdiag.units import share
+from tierdiag.diagnose.read.run import parse
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,10 @@ class Deployment:
 
 def deployment(run) -> Deployment | None:
     """The run's ranks and router; None for a run of one rank (or recorded before ranks)."""
-    dp = run.config.get("dp") if isinstance(run.config, dict) else None
-    if not isinstance(dp, int) or isinstance(dp, bool) or dp <= 1:
+    run = parse(run)
+    if run.ranks <= 1:
         return None
-    return Deployment(dp=dp, router=str(run.config.get("router") or "round_robin"))
+    return Deployment(dp=run.ranks, router=str(run.config.get("router") or "round_robin"))
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ match with no side effect, before routing): the `requests` row's v4 columns (doc
 §5). This step sets the two side by side: "3 other ranks held up to 40,960 tokens of this
 prefix on device; the router sent it to rank 2, which held none".
 
-Every sentence is a `Claim` built from named numbers of the row (tests/diagnose/test_routing_step.py
+Every sentence is a `Claim` built from named numbers of the row (tests/diagnose/test_rank_views*.py
 checks each against the rows); the step's finding is its claims in order. A request of a
 one-rank run has no routing step (None).
 """
@@ -23,6 +23,7 @@ from tierdiag.diagnose.claims import Claim
 from tierdiag.diagnose.explain_result import Step
 from tierdiag.diagnose.ranks import deployment
 from tierdiag.units import fmt_tokens
+from tierdiag.diagnose.read.requests import RequestRow, RowLike
 
 LISTED_RANKS = 8  # ranks named in a sentence (all of them are in the evidence)
 
@@ -78,21 +79,22 @@ def _ranks(text) -> tuple[RankAtArrival, ...]:
         return ()
 
 
-def routing_evidence(run, row: dict) -> RoutingEvidence | None:
+def routing_evidence(run, row: RowLike) -> RoutingEvidence | None:
     """The routing evidence of one request row; None for a run of one rank."""
+    row = RequestRow.of(row)
     dep = deployment(run)
     if dep is None:
         return None
-    ranks = tuple(sorted(_ranks(row.get("ranks_json")), key=lambda r: r.rank))
-    own = row.get("dp_rank")
-    own_d, own_h = _int(row.get("arrival_device_tokens")), _int(row.get("arrival_host_tokens"))
-    best = row.get("best_rank")
-    best_d, best_h = _int(row.get("best_rank_device_tokens")), _int(row.get("best_rank_host_tokens"))
+    ranks = tuple(sorted(_ranks(row.ranks_json), key=lambda r: r.rank))
+    own = row.dp_rank
+    own_d, own_h = _int(row.arrival_device_tokens), _int(row.arrival_host_tokens)
+    best = row.best_rank
+    best_d, best_h = _int(row.best_rank_device_tokens), _int(row.best_rank_host_tokens)
     others = [r for r in ranks if r.rank != own]
     return RoutingEvidence(
-        router=dep.router, dp=dep.dp, dp_rank=own, route_branch=row.get("route_branch"),
-        route_reason=row.get("route_reason"), route_score=row.get("route_score"),
-        route_score_name=row.get("route_score_name"), arrival_device_tokens=own_d, arrival_host_tokens=own_h,
+        router=dep.router, dp=dep.dp, dp_rank=own, route_branch=row.route_branch,
+        route_reason=row.route_reason, route_score=row.route_score,
+        route_score_name=row.route_score_name, arrival_device_tokens=own_d, arrival_host_tokens=own_h,
         best_rank=best, best_rank_device_tokens=best_d, best_rank_host_tokens=best_h,
         best_rank_extra_tokens=max(best_d + best_h - own_d - own_h, 0) if best is not None and best != own else 0,
         other_ranks_on_device=sum(1 for r in others if r.device_tokens > 0),
@@ -170,8 +172,9 @@ def routing_claims(ev: RoutingEvidence) -> tuple[Claim, ...]:
     return (routed_claim(ev), at_arrival_claim(ev), elsewhere_claim(ev)) + ((best,) if best else ())
 
 
-def routing_step(run, row: dict, number: int) -> Step | None:
+def routing_step(run, row: RowLike, number: int) -> Step | None:
     """The routing step for a request of a data-parallel run; None for one of one rank."""
+    row = RequestRow.of(row)
     ev = routing_evidence(run, row)
     if ev is None:
         return None

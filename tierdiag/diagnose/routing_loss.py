@@ -31,6 +31,8 @@ import duckdb
 from tierdiag.diagnose.causes import recompute_cost_ns, routing_ns_sql, routing_tokens, routing_tokens_sql
 from tierdiag.diagnose.sql import FINISHED_SQL
 from tierdiag.units import share
+from tierdiag.diagnose.read.requests import RequestRow, RowLike
+from tierdiag.diagnose.read.run import parse
 
 # A run's routing claim is told when routing's requests carry the largest verdict, or when routing
 # lost at least this share of the run's recomputed tokens ("routing dominates lost reuse").
@@ -55,13 +57,14 @@ def position_weight(x: int, y: int, k: float | None) -> float:
     return (y - x) + ((y * y - x * x) / (2.0 * k) if k else 0.0)
 
 
-def routing_cost_ns(row: dict, config: dict) -> int:
+def routing_cost_ns(row: RowLike, config: dict) -> int:
     """What recomputing the row's routing-lost tokens cost, priced by their position (module doc)."""
+    row = RequestRow.of(row)
     r = routing_tokens(row)
-    recomputed = int(row.get("recomputed_tokens") or 0)
+    recomputed = int(row.recomputed_tokens or 0)
     if not r or not recomputed:
         return 0
-    h = sum(int(row.get(c) or 0) for c in ("device_hit_tokens", "host_hit_tokens", "storage_hit_tokens"))
+    h = sum(int(getattr(row, c) or 0) for c in ("device_hit_tokens", "host_hit_tokens", "storage_hit_tokens"))
     k = tokens_per_attention(config)
     whole = position_weight(h, h + recomputed, k)
     return int(recompute_cost_ns(row) * position_weight(h, h + r, k) / whole) if whole else 0
@@ -111,7 +114,8 @@ def routing_loss(con: duckdb.DuckDBPyConnection, run) -> RoutingLoss | None:
     rid = run.run_id
     ranks = con.execute(f"SELECT count(DISTINCT dp_rank) FROM requests WHERE run_id = ? AND {FINISHED_SQL} "
                         f"AND dp_rank IS NOT NULL", [rid]).fetchone()[0] or 0
-    if int(run.config.get("dp") or 1) <= 1 and ranks <= 1:
+    run = parse(run)
+    if run.ranks <= 1 and ranks <= 1:
         return None
     r = routing_tokens_sql()
     t = con.execute(
@@ -137,7 +141,7 @@ def routing_loss(con: duckdb.DuckDBPyConnection, run) -> RoutingLoss | None:
                               f"AND {r} > 0", [rid]).fetchall():
         cost += routing_cost_ns(dict(zip(cols, values)), run.config)
     return RoutingLoss(
-        num_ranks=int(max(ranks, int(run.config.get("dp") or 1))), router=run.config.get("router"),
+        num_ranks=int(max(ranks, run.ranks)), router=run.config.get("router"),
         routed_requests=int(t[0]), routing_tokens=int(t[1]), recomputed_tokens=int(t[2]), input_tokens=int(t[3]),
         routing_ns=int(t[4]), routing_cost_ns=cost, branch_tokens=branches, session_tokens=int(t[5]),
         best_share_tokens=pairs(""), miss_best_share_tokens=pairs("AND route_branch = 'cache_miss'"))

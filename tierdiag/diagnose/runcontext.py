@@ -29,6 +29,7 @@ from tierdiag.diagnose.sql import span_columns_sql
 from tierdiag.diagnose.story import RunStory, run_story
 from tierdiag.diagnose.miss_reasons import run_miss_reasons
 from tierdiag.units import NS_PER_S, ns_to_ms, share
+from tierdiag.diagnose.read.run import parse
 
 
 # A removed node whose pages had been hit at least this often is "hot".
@@ -118,11 +119,6 @@ class RunContext:
     capacity: Capacity | None = None
     # A data-parallel run's routing losses (routing_loss.py); None with one rank.
     routing: RoutingLoss | None = None
-
-    def attribution_share(self, key: str) -> float | None:
-        if not self.queue_attribution:
-            return None
-        return share(self.queue_attribution.get(key, 0), self.queue_total_ns)
 
     def to_json(self) -> dict:
         d = dataclass_json(self)
@@ -374,8 +370,7 @@ def _overhead_ns(run) -> int | None:
 def run_ranks(con: duckdb.DuckDBPyConnection, run) -> int:
     """The run's data-parallel ranks: its config's `dp`, or the ranks its requests name, whichever is more."""
     named = con.execute("SELECT count(DISTINCT dp_rank) FROM requests WHERE run_id = ?", [run.run_id]).fetchone()[0]
-    dp = run.config.get("dp")
-    return max(int(named or 0), int(dp) if isinstance(dp, int) and not isinstance(dp, bool) else 1, 1)
+    return max(int(named or 0), parse(run).ranks)
 
 
 def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: bool = True) -> RunContext:

@@ -30,7 +30,9 @@ from tierdiag.diagnose.quantile import quantile_sql
 from tierdiag.diagnose.sql import FINISHED_SQL
 from tierdiag.diagnose.context import scheduled_ns
 from tierdiag.diagnose.waiting_loss import lost_while_waiting, lost_while_waiting_sql, wait_moves, waiting_removals_sql
-from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
+from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, share
+from tierdiag.diagnose.read.requests import RequestRow, RowLike
+from tierdiag.diagnose.read import queries
 
 # (label, lower bound ms inclusive, upper bound ms exclusive or None)
 PAUSE_BUCKETS: tuple[tuple[str, float, float | None], ...] = (
@@ -211,24 +213,23 @@ def _move(tier: str, action: str) -> str:
     return _MOVES.get((tier, action), f"{action} ({tier})")
 
 
-def session_step(con: duckdb.DuckDBPyConnection, run, row: dict, run_start_ns: int, number: int) -> Step | None:
+def session_step(con: duckdb.DuckDBPyConnection, run, row: RowLike, run_start_ns: int, number: int) -> Step | None:
     """The session step for a turn with a predecessor (its row's think_ms set), else None."""
-    if row.get("think_ms") is None or row.get("session_id") is None:
+    row = RequestRow.of(row)
+    if row.think_ms is None or row.session_id is None:
         return None
     rid = run.run_id
-    prev = fetch_one(con, "SELECT req_id, status, finish_ns, input_tokens, output_tokens FROM requests "
-                          "WHERE run_id = ? AND session_id = ? AND seq < ? ORDER BY seq DESC LIMIT 1",
-                     [rid, row["session_id"], row["seq"]])
-    arrival = row.get("arrival_ns")
-    finish = prev.get("finish_ns") if prev else None
-    device = int(row.get("device_hit_tokens") or 0)
-    reused = device + sum(int(row.get(k) or 0) for k in ("host_hit_tokens", "storage_hit_tokens", "recomputed_tokens"))
-    host = min(int(row.get("host_match_tokens") or 0), reused - device)
-    storage = min(int(row.get("storage_match_tokens") or 0), reused - device - host)
+    prev = queries.previous_turn(con, run, row)
+    arrival = row.arrival_ns
+    finish = prev.finish_ns if prev else None
+    device = int(row.device_hit_tokens or 0)
+    reused = device + sum(int(getattr(row, k) or 0) for k in ("host_hit_tokens", "storage_hit_tokens", "recomputed_tokens"))
+    host = min(int(row.host_match_tokens or 0), reused - device)
+    storage = min(int(row.storage_match_tokens or 0), reused - device - host)
     gone = reused - device - host - storage
     arrived = _undo_wait(con, rid, row, (device, host, storage, gone))
-    prev_context = int(prev["input_tokens"] or 0) + int(prev["output_tokens"] or 0) if prev else 0
-    at_start = min(reused, prev_context) if prev and prev["status"] == "finished" else 0
+    prev_context = int(prev.input_tokens or 0) + int(prev.output_tokens or 0) if prev else 0
+    at_start = min(reused, prev_context) if prev and prev.status == "finished" else 0
 
     def evictions_between(start_ns: int, end_ns: int) -> tuple[PauseEviction, ...]:
         """The evictions that took this request's pages in [start_ns, end_ns]."""
@@ -239,7 +240,7 @@ def session_step(con: duckdb.DuckDBPyConnection, run, row: dict, run_start_ns: i
                 SELECT e.eviction_id, e.t_ns, e.tier, e.action, re.tokens, e.cause_req_id
                 FROM request_evictions re JOIN evictions e ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id
                 WHERE re.run_id = ? AND re.req_id = ? AND e.t_ns >= ? AND e.t_ns <= ?
-                ORDER BY e.t_ns, e.eviction_id""", [rid, row["req_id"], int(start_ns), int(end_ns)]))
+                ORDER BY e.t_ns, e.eviction_id""", [rid, row.req_id, int(start_ns), int(end_ns)]))
 
     evictions: tuple[PauseEviction, ...] = ()
     if finish is not None and arrival is not None:
@@ -251,12 +252,12 @@ def session_step(con: duckdb.DuckDBPyConnection, run, row: dict, run_start_ns: i
         # The pause ends at its arrival: an eviction at that very instant is the queue's, not the pause's.
         evictions = tuple(e for e in evictions if e.t_ns + run_start_ns < int(arrival))
     pause = int(arrival) - int(finish) if finish is not None and arrival is not None else None
-    trace_arrival = row.get("trace_arrival_ns")
+    trace_arrival = row.trace_arrival_ns
     ev = SessionEvidence(
-        session_id=row["session_id"], arrivals=arrivals_of(run), previous_req_id=prev["req_id"] if prev else None,
-        previous_status=prev["status"] if prev else None,
+        session_id=row.session_id, arrivals=arrivals_of(run), previous_req_id=prev.req_id if prev else None,
+        previous_status=prev.status if prev else None,
         previous_finish_ns=int(finish) - run_start_ns if finish is not None else None,
-        think_ms=float(row["think_ms"]), pause_ns=pause,
+        think_ms=float(row.think_ms), pause_ns=pause,
         trace_arrival_ns=int(trace_arrival) - run_start_ns if trace_arrival is not None else None,
         reused_tokens=reused, at_pause_start_device_tokens=at_start, at_arrival_device_tokens=arrived[0],
         at_arrival_host_tokens=arrived[1], at_arrival_storage_tokens=arrived[2], at_arrival_gone_tokens=arrived[3],
@@ -267,7 +268,7 @@ def session_step(con: duckdb.DuckDBPyConnection, run, row: dict, run_start_ns: i
     return Step(step=number, name="session", finding=session_finding(ev), evidence=ev)
 
 
-def _undo_wait(con: duckdb.DuckDBPyConnection, rid: str, row: dict,
+def _undo_wait(con: duckdb.DuckDBPyConnection, rid: str, row: RequestRow,
                at_schedule: tuple[int, int, int, int]) -> tuple[int, int, int, int, int, int]:
     """(device, host, storage, gone) at its arrival, lost while queued, demoted while queued: the
     split its match found at its schedule with the evictions of its prefix while it queued undone
@@ -275,10 +276,10 @@ def _undo_wait(con: duckdb.DuckDBPyConnection, rid: str, row: dict,
     from where it was at the schedule). The lost tokens are waiting_loss's: left every tier while
     it queued, and recomputed."""
     device, host, storage, gone = at_schedule
-    if row.get("first_token_ns") is None:
+    if row.first_token_ns is None:
         return device, host, storage, gone, 0, 0
-    moves = wait_moves(con, rid, row["req_id"])
-    lost = lost_while_waiting(con, rid, row["req_id"])
+    moves = wait_moves(con, rid, row.req_id)
+    lost = lost_while_waiting(con, rid, row.req_id)
     demoted = min(moves.get(("device", "demote"), 0), host + storage + gone)
     # Deletions and drops first: what left every tier while it queued was on host / device at arrival.
     deleted = min(moves.get(("host", "delete"), 0), lost)
@@ -332,12 +333,3 @@ def _listed(evictions: tuple[PauseEviction, ...]) -> str:
         + (f" by request {e.cause_req_id}'s allocation" if e.cause_req_id else "")
         for e in evictions[:5])
     return listed + (f" (and {len(evictions) - 5} more)" if len(evictions) > 5 else "")
-
-
-def survival_rows(summary: SessionSummary) -> list[dict]:
-    """The survival table as plain rows for views (ms, shares)."""
-    return [{"bucket": b.label, "turns": b.num_turns, "reused_tokens": b.reused_tokens,
-             "device": b.device_share, "host": b.host_share, "storage": b.storage_share,
-             "recomputed": b.recomputed_share, "lost_in_pause": b.paused_lost_share,
-             "lost_while_queued": b.queued_lost_share, "ttft_p50_ms": ns_to_ms(b.ttft_p50_ns),
-             "ttft_p99_ms": ns_to_ms(b.ttft_p99_ns)} for b in summary.survival]

@@ -4,7 +4,8 @@ Only requests with some excess are listed: one at its ideal is not slow, whateve
 
 Ideal = all reused (and once-cached) tokens device-resident, no queueing (`ideal_ttft_ns`).
 The cause comes from the same SQL rule `explain` applies to one row (causes.py), so a
-request's cause here and in `explain` never disagree. One query over the run's rows.
+request's cause here and in `explain` never disagree. One query over the run's rows
+(read/queries.py `slowest`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from dataclasses import dataclass
 import duckdb
 
 from tierdiag.config.names import HitClass, values
-from tierdiag.diagnose.causes import TtftParts, cause_sql, check_cause, excess_sql
-from tierdiag.diagnose.query import dataclass_json, fetch_dicts
+from tierdiag.diagnose.causes import TtftParts, check_cause
+from tierdiag.diagnose.query import dataclass_json
+from tierdiag.diagnose.read import queries
 from tierdiag.errors import ConfigError, unknown_name
 from tierdiag.store.reader import RunInfo
 
@@ -64,40 +66,19 @@ def slow_requests(con: duckdb.DuckDBPyConnection, run: RunInfo, *, top: int = 20
         raise ConfigError(f"--top must be at least 1, got {top}")
     check_hit_class(hit_class)
     check_cause(cause)
-    rows = fetch_dicts(
-        con,
-        f"""
-        SELECT * FROM (
-            SELECT req_id, seq, hit_class, arrival_ns, ttft_ns, ideal_ttft_ns, input_tokens,
-                   device_hit_tokens, host_hit_tokens, storage_hit_tokens, computed_tokens,
-                   recomputed_tokens, loadback_skipped_reason, queue_ns, storage_wait_ns,
-                   loadback_exposed_ns, recompute_ns, compute_ns,
-                   dp_rank, {excess_sql()} AS excess_ns, {cause_sql()} AS primary_cause
-            FROM requests
-            WHERE run_id = ? AND coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL
-        )
-        WHERE excess_ns > 0
-          AND (CAST(? AS VARCHAR) IS NULL OR hit_class = ?)
-          AND (CAST(? AS VARCHAR) IS NULL OR primary_cause = ?)
-          AND (NOT ? OR dp_rank IS NOT DISTINCT FROM CAST(? AS INTEGER))
-        ORDER BY excess_ns DESC, seq, req_id
-        LIMIT ?
-        """,
-        [run.run_id, hit_class, hit_class, cause, cause, by_rank, dp_rank, top],
-    )
     result = []
-    for rank, r in enumerate(rows, start=1):
+    for rank, (r, primary) in enumerate(queries.slowest(con, run, top=top, hit_class=hit_class, cause=cause,
+                                                        by_rank=by_rank, dp_rank=dp_rank), start=1):
         parts = TtftParts.from_row(r)
-        assert parts is not None, f"request {r['req_id']}: finished but no ttft_ns (engine bug?)"
-        primary = r["primary_cause"]
+        assert parts is not None, f"request {r.req_id}: finished but no ttft_ns (engine bug?)"
         result.append(SlowRequest(
-            rank=rank, req_id=r["req_id"], seq=r["seq"], hit_class=r["hit_class"],
-            arrival_ns=int(r["arrival_ns"] or 0), ttft_ns=parts.ttft_ns, ideal_ttft_ns=parts.ideal_ttft_ns,
-            excess_ns=parts.excess_ns, input_tokens=int(r["input_tokens"] or 0),
-            device_tokens=int(r["device_hit_tokens"] or 0), host_tokens=int(r["host_hit_tokens"] or 0),
-            storage_tokens=int(r["storage_hit_tokens"] or 0), computed_tokens=int(r["computed_tokens"] or 0),
-            recomputed_tokens=int(r["recomputed_tokens"] or 0),
-            loadback_skipped_reason=r["loadback_skipped_reason"], primary_cause=primary,
+            rank=rank, req_id=r.req_id, seq=r.seq, hit_class=r.hit_class,
+            arrival_ns=int(r.arrival_ns or 0), ttft_ns=parts.ttft_ns, ideal_ttft_ns=parts.ideal_ttft_ns,
+            excess_ns=parts.excess_ns, input_tokens=int(r.input_tokens or 0),
+            device_tokens=int(r.device_hit_tokens or 0), host_tokens=int(r.host_hit_tokens or 0),
+            storage_tokens=int(r.storage_hit_tokens or 0), computed_tokens=int(r.computed_tokens or 0),
+            recomputed_tokens=int(r.recomputed_tokens or 0),
+            loadback_skipped_reason=r.loadback_skipped_reason, primary_cause=primary,
             # A part can exceed the excess when the request's own compute came out below its
             # ideal (recompute and compute split one memory-bound prefill): cap it there.
             cause_ns=0 if primary == "none" else min(parts.excess_parts_ns()[primary], parts.excess_ns),

@@ -13,7 +13,7 @@ import duckdb
 from tierdiag.diagnose.advice import propose
 from tierdiag.diagnose.explain import Explanation, explain_request
 from tierdiag.diagnose.facts import run_context
-from tierdiag.diagnose.kinds import has_engine_parts
+from tierdiag.diagnose.read.kind import view_of
 from tierdiag.diagnose.slow import SlowRequest, slow_requests
 from tierdiag.store.reader import RunInfo
 
@@ -65,7 +65,7 @@ def slow_groups(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int, span_n
     table costs `limit` explains, however long the run. Returns the groups and how many
     requests were grouped (the pool after "none" is left out).
     """
-    if not has_engine_parts(run):  # no engine TTFT parts to rank or explain by (diagnose/observed.py)
+    if not view_of(run).engine_parts:  # no engine TTFT parts to rank or explain by (diagnose/observed.py)
         return (), 0
     rows = [r for cls in ("device_hit", "tiered_hit") for r in slow_requests(con, run, top=pool, hit_class=cls)]
     rows.sort(key=lambda r: (-r.excess_ns, r.seq if r.seq is not None else -1, r.req_id))

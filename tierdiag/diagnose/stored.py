@@ -18,6 +18,7 @@ from dataclasses import fields, is_dataclass
 
 from tierdiag.diagnose import numbers as n
 from tierdiag.diagnose.capacity import Capacity
+from tierdiag.diagnose.read.queries import EVIDENCE_TABLE as TABLE  # noqa: F401 - evidence.py writes it
 from tierdiag.diagnose.routing_loss import RoutingLoss
 from tierdiag.diagnose.runcontext import LossEvidence, RunContext, TransferEvidence
 from tierdiag.diagnose.session_pool import SessionPauses
@@ -26,7 +27,6 @@ from tierdiag.diagnose.story import RunStory, VerdictShare
 from tierdiag.diagnose.totals import RunTotals
 
 EVIDENCE_VERSION = 10  # 10: queue attribution key decode (issue 43: decode steps on the clock); 9: section `size_curves` (SizeCurves, size_curves.py; issue 40); 8: RunStory.evicted_while_waiting_* counts only prefixes that left every tier while waiting and were recomputed, wait parts gain memory_wait, other_wait_parts_ns / other_wait_ns, time_by_cause excess_share of max(excess, parts sum), LossEvidence.in_batch_tokens / trace_arrival_spread_ns, RunSummary.miss_reasons (always None when stored: read-time), RunStory.evicted_while_waiting_tokens (issue 40); 7  # 7: section `sessions` (SessionPauses, session_pool.py; issue 39), RunSummary.span_ns ends at the last served finish (issue 40); 6: RunSummary.ranks (always None when stored: read-time, diagnose/ranks.py), RunContext.routing, Capacity.num_ranks, time_by_cause's routing row, per-rank story (issue 31); 5: RunSummary.median_reused_tokens_per_hit nearest rank (quantile_disc), LossEvidence.hot_competing_deciles_tokens, TransferEvidence.transfer_overhead_ns, queue attribution key memory_wait (was decode); 4: RunStory.other_busy_share/other_recompute_share; 2: RunSummary.sessions (always None when stored: read-time, diagnose/sessions.py); 3: RunContext gained story and capacity (issue 34)
-TABLE = "run_evidence"
 _DC, _TUPLE = "__dataclass__", "__tuple__"
 DATACLASS_TAG = _DC
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tierdiag.units import fmt_pct
+from tierdiag.diagnose.read.requests import RequestRow, RowLike
 
 # requests column of each field (the row a split is read from).
 ROW_COLUMNS = {"input_tokens": "input_tokens", "device_tokens": "device_hit_tokens",
@@ -28,9 +29,10 @@ class TokenSplit:
     recomputed_tokens: int
 
     @classmethod
-    def from_row(cls, row: dict) -> "TokenSplit":
-        """From a `requests` row (a dict of its columns); a NULL counts as 0."""
-        return cls(**{f: int(row.get(col) or 0) for f, col in ROW_COLUMNS.items()})
+    def from_row(cls, row: RowLike) -> "TokenSplit":
+        """From a `requests` row (RequestRow.of: a RequestRow or a dict of its columns); a NULL counts as 0."""
+        row = RequestRow.of(row)
+        return cls(**{f: int(getattr(row, col) or 0) for f, col in ROW_COLUMNS.items()})
 
     @property
     def new_tokens(self) -> int:

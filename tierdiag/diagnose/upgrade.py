@@ -16,7 +16,7 @@ A request's upgrade change (its tier split, or its TTFT by more than `TTFT_MOVED
 attributed to a rule only when switching that rule back alone reproduces OLD's outcome: the
 same split, or a TTFT within `(1 - UNDONE_SHARE)` of the change from OLD's. When no single
 switch-back does, the answer is "several rules together"; when several each do alone, it is
-all of them (each is needed). `upgrade_step` says this for one request in `explain`.
+all of them (each is needed). `upgrade_step` (upgrade_step.py) says this for one request in `explain`.
 """
 
 from __future__ import annotations
@@ -27,13 +27,12 @@ from typing import Sequence
 import duckdb
 
 from tierdiag.config.releases import RELEASES, RULE_NAMES, switched_back_names
-from tierdiag.diagnose.claims import Claim
-from tierdiag.diagnose.explain_result import Step
 from tierdiag.diagnose.quantile import nearest_rank
+from tierdiag.diagnose.read.run import parse
 from tierdiag.engine.rules import differing_rules, unnamed_fields
 from tierdiag.errors import StoreError
 from tierdiag.store.reader import RunInfo
-from tierdiag.units import NS_PER_S, fmt_ms, fmt_pct, fmt_tokens
+from tierdiag.units import NS_PER_S, fmt_ms, fmt_tokens
 
 UPGRADE_SWEEP_PREFIX = "upgrade-"
 TTFT_MOVED_NS = 1 * NS_PER_S  # "TTFT moved by more than 1 s"
@@ -221,8 +220,9 @@ def is_upgrade_sweep(sweep_id: str | None) -> bool:
 
 def run_role(run: RunInfo, old: str, new: str) -> str | None:
     """"old", "new", a rule name (NEW with that one rule switched back), or None."""
-    rules = run.config.get("sglang_rules")
-    back = switched_back_names(run.config.get("sglang_switched_back"))
+    run = parse(run)
+    rules = run.rules_recorded
+    back = switched_back_names(run.switched_back)
     if rules == old and not back:
         return "old"
     if rules == new and not back:
@@ -234,7 +234,7 @@ def run_role(run: RunInfo, old: str, new: str) -> str | None:
 
 def releases_of(runs: Sequence[RunInfo]) -> tuple[str, str]:
     """(OLD, NEW) of an upgrade sweep's runs: the two releases recorded, older first."""
-    seen = {r.config.get("sglang_rules") for r in runs} & set(RELEASES)
+    seen = {parse(r).rules_recorded for r in runs} & set(RELEASES)
     if len(seen) != 2:
         raise StoreError(f"sweep {runs[0].sweep_id if runs else '?'} is not an upgrade of two SGLang releases "
                          f"(its runs follow {', '.join(sorted(map(str, seen))) or 'none'})")
@@ -250,7 +250,7 @@ _OUTCOME_SQL = ("SELECT run_id, req_id, coalesce(device_hit_tokens, 0), coalesce
                 "FROM requests WHERE run_id IN ({marks}){extra} ORDER BY run_id, seq NULLS LAST, req_id")
 
 
-def _outcomes(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], req_id: str | None = None
+def request_outcomes(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], req_id: str | None = None
               ) -> dict[str, dict[str, tuple[Outcome, int]]]:
     """run_id -> req_id -> (outcome, input tokens), in request order."""
     sql = _OUTCOME_SQL.format(marks=", ".join("?" * len(run_ids)), extra=" AND req_id = ?" if req_id else "")
@@ -272,7 +272,7 @@ def _totals(run: RunInfo, role: str, rows: dict[str, tuple[Outcome, int]]) -> Ru
                      q(0.5), q(0.9), q(0.99))
 
 
-def _ttft_moved(a: Outcome, b: Outcome, over_ns: int = 0) -> bool:
+def ttft_changed(a: Outcome, b: Outcome, over_ns: int = 0) -> bool:
     if (a.ttft_ns is None) != (b.ttft_ns is None):
         return True
     return a.ttft_ns is not None and abs(b.ttft_ns - a.ttft_ns) > over_ns
@@ -283,14 +283,14 @@ def _movement(before: RunTotals, after: RunTotals, b: dict[str, tuple[Outcome, i
     both = [rid for rid in a if rid in b]
     moved = [MovedRequest(rid, b[rid][0], a[rid][0]) for rid in both]
     split = [m for m in moved if m.split_moved]
-    ttft_any = [m for m in moved if _ttft_moved(m.before, m.after)]
-    over = [m for m in ttft_any if _ttft_moved(m.before, m.after, TTFT_MOVED_NS)]
+    ttft_any = [m for m in moved if ttft_changed(m.before, m.after)]
+    over = [m for m in ttft_any if ttft_changed(m.before, m.after, TTFT_MOVED_NS)]
 
     def size(m: MovedRequest) -> tuple:
         d = m.ttft_delta_ns
         return (-(abs(d) if d is not None else float("inf")), not m.split_moved)
 
-    ranked = sorted((m for m in moved if m.split_moved or _ttft_moved(m.before, m.after)), key=size)
+    ranked = sorted((m for m in moved if m.split_moved or ttft_changed(m.before, m.after)), key=size)
     return Movement(before, after, len(both), len(split), len(ttft_any), len(over),
                     tuple(m.req_id for m in split[:SHOWN_IDS]), tuple(ranked[:top]))
 
@@ -340,13 +340,13 @@ def upgrade_view(con: duckdb.DuckDBPyConnection, runs: Sequence[RunInfo], *, top
     old, new, roles = sweep_members(con, runs)
     rule_roles = [n for n in RULE_NAMES if n in roles]
     ids = [roles[r].run_id for r in ("old", "new", *rule_roles)]
-    rows = _outcomes(con, ids)
+    rows = request_outcomes(con, ids)
     totals = {role: _totals(roles[role], role, rows[roles[role].run_id]) for role in ("old", "new", *rule_roles)}
     o_rows, n_rows = rows[roles["old"].run_id], rows[roles["new"].run_id]
     upgrade = _movement(totals["old"], totals["new"], o_rows, n_rows, top)
 
     split_moved = [rid for rid in n_rows if rid in o_rows and o_rows[rid][0].split != n_rows[rid][0].split]
-    ttft_moved = [rid for rid in n_rows if rid in o_rows and _ttft_moved(o_rows[rid][0], n_rows[rid][0], TTFT_MOVED_NS)]
+    ttft_moved = [rid for rid in n_rows if rid in o_rows and ttft_changed(o_rows[rid][0], n_rows[rid][0], TTFT_MOVED_NS)]
     split_by: dict[str, list[str]] = {}
     ttft_by: dict[str, list[str]] = {}
     effects = []
@@ -367,161 +367,6 @@ def upgrade_view(con: duckdb.DuckDBPyConnection, runs: Sequence[RunInfo], *, top
                        unnamed_fields(old, new), tuple(totals.values()))
 
 
-# --------------------------------------------------------------------------- explain's step
-
-
-@dataclass(frozen=True)
-class RuleOutcome:
-    """The request under NEW with one rule switched back."""
-
-    rule: str
-    device_tokens: int
-    host_tokens: int
-    storage_tokens: int
-    ttft_ms: float | None
-    gives_old_split: bool
-    gives_old_ttft: bool
-
-
-@dataclass(frozen=True)
-class UpgradeEvidence:
-    sweep_id: str
-    old_release: str
-    new_release: str
-    old_run_id: str
-    old_device_tokens: int
-    old_host_tokens: int
-    old_storage_tokens: int
-    old_ttft_ms: float | None
-    new_device_tokens: int
-    new_host_tokens: int
-    new_storage_tokens: int
-    new_ttft_ms: float | None
-    split_moved: bool
-    ttft_delta_ms: float | None
-    ttft_moved_over_1s: bool
-    split_rules: tuple[str, ...]  # rules whose switch-back alone gives OLD's split
-    ttft_rules: tuple[str, ...]  # rules whose switch-back alone gives OLD's TTFT (within tolerance)
-    undone_sum_ms: float | None  # the single switch-backs' TTFT changes added up (overlapping)
-    rules: tuple[RuleOutcome, ...]  # every rule that moved this request (split or TTFT)
-
-
-def upgrade_step(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, number: int) -> Step | None:
-    """explain's upgrade step for a request of NEW's run of an upgrade sweep (None otherwise)."""
-    if not is_upgrade_sweep(run.sweep_id):
-        return None
-    from tierdiag.store.reader import list_runs
-
-    members = [r for r in list_runs(con) if r.sweep_id == run.sweep_id]
-    try:
-        old, new, roles = sweep_members(con, members)
-    except StoreError:
-        return None
-    if roles.get("new") is None or roles["new"].run_id != run.run_id:
-        return None
-    rule_roles = [n for n in RULE_NAMES if n in roles]
-    ids = [roles[r].run_id for r in ("old", "new", *rule_roles)]
-    rows = _outcomes(con, ids, req_id)
-    if req_id not in rows[roles["old"].run_id] or req_id not in rows[run.run_id]:
-        return None
-    o, n = rows[roles["old"].run_id][req_id][0], rows[run.run_id][req_id][0]
-    per_rule = []
-    for rule in rule_roles:
-        got = rows[roles[rule].run_id].get(req_id)
-        if got is None:
-            continue
-        b = got[0]
-        if b.split == n.split and not _ttft_moved(b, n):
-            continue
-        per_rule.append(RuleOutcome(rule, b.device, b.host, b.storage, None if b.ttft_ns is None else b.ttft_ns / 1e6,
-                                    b.split == o.split and o.split != n.split, reproduces_ttft(o, n, b)))
-    delta = None if o.ttft_ns is None or n.ttft_ns is None else n.ttft_ns - o.ttft_ns
-    undone = None
-    if n.ttft_ns is not None and all(r.ttft_ms is not None for r in per_rule):
-        undone = sum(n.ttft_ns / 1e6 - r.ttft_ms for r in per_rule)
-    ev = UpgradeEvidence(
-        sweep_id=run.sweep_id or "", old_release=old, new_release=new, old_run_id=roles["old"].run_id,
-        old_device_tokens=o.device, old_host_tokens=o.host, old_storage_tokens=o.storage,
-        old_ttft_ms=None if o.ttft_ns is None else o.ttft_ns / 1e6,
-        new_device_tokens=n.device, new_host_tokens=n.host, new_storage_tokens=n.storage,
-        new_ttft_ms=None if n.ttft_ns is None else n.ttft_ns / 1e6, split_moved=o.split != n.split,
-        ttft_delta_ms=None if delta is None else delta / 1e6,
-        ttft_moved_over_1s=_ttft_moved(o, n, TTFT_MOVED_NS),
-        split_rules=tuple(r.rule for r in per_rule if r.gives_old_split),
-        ttft_rules=tuple(r.rule for r in per_rule if r.gives_old_ttft),
-        undone_sum_ms=undone, rules=tuple(per_rule))
-    claims = upgrade_claims(ev, o, n)
-    return Step(number, "upgrade", " ".join(c.text for c in claims), ev, claims)
-
-
-def _ttft(ns: float | None) -> str:
-    return "no TTFT (not finished)" if ns is None else fmt_ms(ns)
-
-
 def signed_ms(ns: float) -> str:
     """A TTFT difference with its sign: "+1.04 s", "-259.3 ms", "0 ms"."""
     return "0 ms" if ns == 0 else ("+" if ns > 0 else "-") + fmt_ms(abs(ns))
-
-
-def upgrade_claims(ev: UpgradeEvidence, o: Outcome, n: Outcome) -> tuple[Claim, ...]:
-    """The step's sentences, each from the evidence's named numbers (times: the rows' ns)."""
-    old, new = ev.old_release, ev.new_release
-    claims = []
-    if not ev.split_moved and not ev.ttft_moved_over_1s:
-        claims.append(Claim("upgrade_same", (
-            f"Under SGLang {old}'s rules (run {ev.old_run_id}) this request had the same tier split "
-            f"({o.split_text()}) and a TTFT of {_ttft(o.ttft_ns)} against {_ttft(n.ttft_ns)} here, within "
-            f"{fmt_ms(TTFT_MOVED_NS)}: the upgrade did not change its outcome.")))
-        return tuple(claims)
-    both = o.ttft_ns is not None and n.ttft_ns is not None
-    claims.append(Claim("upgrade_outcome", (
-        f"Under SGLang {old}'s rules (run {ev.old_run_id}) this request's split was {o.split_text()} and its TTFT "
-        f"{_ttft(o.ttft_ns)}; under {new}'s, {n.split_text()} and {_ttft(n.ttft_ns)}"
-        + (f" ({signed_ms(n.ttft_ns - o.ttft_ns)})." if both else "."))))
-    if ev.split_moved:
-        if len(ev.split_rules) == 1:
-            claims.append(Claim("upgrade_split_rule", (
-                f"Switching {ev.split_rules[0]} ({RULE_NAMES[ev.split_rules[0]].title}) back to {old}'s alone gives "
-                f"{old}'s split: that rule changed it.")))
-        elif ev.split_rules:
-            claims.append(Claim("upgrade_split_rule", (
-                f"Each of {', '.join(ev.split_rules)} switched back to {old}'s alone gives {old}'s split: the change "
-                f"needs all of them (with any one back it is gone).")))
-        else:
-            movers = [r for r in ev.rules if (r.device_tokens, r.host_tokens, r.storage_tokens) != n.split]
-            listed = "; ".join(f"{r.rule}: device {fmt_tokens(r.device_tokens)} / host {fmt_tokens(r.host_tokens)} / "
-                               f"storage {fmt_tokens(r.storage_tokens)}" for r in movers[:4])
-            claims.append(Claim("upgrade_split_rule", (
-                f"No rule switched back to {old}'s alone gives {old}'s split"
-                + (f" (those that move it: {listed}{'; ...' if len(movers) > 4 else ''})" if movers else
-                   " (none moves it alone)")
-                + ": several rules together changed it.")))
-    if ev.ttft_moved_over_1s and both:
-        change_ns = n.ttft_ns - o.ttft_ns
-        within = f"within {fmt_pct(1 - UNDONE_SHARE)} of the {signed_ms(change_ns)} change from {old}'s {_ttft(o.ttft_ns)}"
-        by_rule = {r.rule: r for r in ev.rules}
-        if len(ev.ttft_rules) == 1:
-            r = by_rule[ev.ttft_rules[0]]
-            claims.append(Claim("upgrade_ttft_rule", (
-                f"Switching {r.rule} back to {old}'s alone leaves its TTFT {signed_ms(r.ttft_ms * 1e6 - o.ttft_ns)} "
-                f"from {old}'s, {within}: that rule accounts for it.")))
-        elif ev.ttft_rules:
-            claims.append(Claim("upgrade_ttft_rule", (
-                f"Each of {', '.join(ev.ttft_rules)} switched back to {old}'s alone brings its TTFT {within}: the "
-                f"change needs all of them.")))
-        else:
-            timed = [r for r in ev.rules if r.ttft_ms is not None]
-            text = f"No rule switched back to {old}'s alone brings its TTFT {within}"
-            if timed:
-                closest = min(timed, key=lambda r: abs(r.ttft_ms * 1e6 - o.ttft_ns))
-                back = (n.ttft_ns - closest.ttft_ms * 1e6) / change_ns
-                text += (f" (closest: {closest.rule}, {signed_ms(closest.ttft_ms * 1e6 - o.ttft_ns)} from it, moving "
-                         f"it back {fmt_pct(back)} of the change)")
-            if ev.undone_sum_ms is not None and timed:
-                text += (f"; the {len(timed)} single switch-backs that move it move it back "
-                         f"{signed_ms(ev.undone_sum_ms * 1e6)} added up, against the {signed_ms(change_ns)} change "
-                         "(overlapping parts, not a decomposition)")
-            elif not ev.rules:
-                text += " (no rule switched back alone moves it at all: only their combination does)"
-            claims.append(Claim("upgrade_ttft_rule", text + ": several rules together changed it."))
-    return tuple(claims)

@@ -7,7 +7,7 @@ from rich.text import Text
 
 from tierdiag.config.profile import CLOCK_PARAMS
 from tierdiag.diagnose.calibrate import HOLDOUT_SPLIT, WIDE_REL_HALF_WIDTH, Calibration
-from tierdiag.report.terminal import _table, plain
+from tierdiag.report.terminal import new_table, plain
 
 
 def _value(v: float, unit: str) -> str:
@@ -34,7 +34,7 @@ def render_calibration(c: Calibration, console: Console, *, profile_path: str) -
                         f"({len(u.prefill.observed_ns):,} batches that ran alone, up to 4 requests)"
                         + (f"; left out: {excluded}" if excluded else "")
                         + f"; {len(u.decode_ns):,} for decode (decoded alone)"))
-    t = _table("clock (± : 95 % interval, from the Jacobian at the solution)")
+    t = new_table("clock (± : 95 % interval, from the Jacobian at the solution)")
     for col in ("parameter", "value", "±", "how"):
         t.add_column(col, justify="left" if col in ("parameter", "how") else "right", no_wrap=col != "how")
     for name in CLOCK_PARAMS:

@@ -16,7 +16,6 @@ from typing import Any
 
 from tierdiag.units import fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens
 from tierdiag.diagnose.compare import run_kv_memory
-from tierdiag.engine.rules import recorded_rules
 from tierdiag.report.series import (
     BURST_GAP_SHARE,
     CAUSE_MEANING,
@@ -35,7 +34,8 @@ from tierdiag.report.figures import (
     build_figures,
 )
 from tierdiag.report.page import DEFAULT_REPORTS_DIR, e, encode_figure, page, plotly_js, write_atomic  # noqa: F401 (encode_figure: for tests)
-from tierdiag.diagnose.kinds import has_engine_parts
+from tierdiag.diagnose.read.kind import view_of
+from tierdiag.diagnose.read.run import parse
 from tierdiag.report.ranks_figure import ranks_figure
 from tierdiag.report.sessions_figure import survival_figure
 from tierdiag.report.size_curves_figure import size_curves_figure
@@ -127,7 +127,7 @@ def _headline_stats(data: ReportData) -> str:
         cards.append(_stat("TTFT p50 / p99", fmt_ms(ttft_all.ttft_p50_ns),
                            f"p99 {e(fmt_ms(ttft_all.ttft_p99_ns))}",
                            extra=f'<div class="rows">{per_class}</div>', basis_px=260))
-    if not has_engine_parts(data.run):  # imported from a server that reports none of the cards below
+    if not view_of(data.run).engine_parts:  # imported from a server that reports none of the cards below
         cards.append(_stat("Not reported by the server", "-", e(
             "load-back volume, skipped load-backs, evictions, TTFT parts: replay the trace written by "
             "`tierdiag import sglang --trace-out` and report that run"), basis_px=250))
@@ -306,7 +306,7 @@ def _run_details(run: RunInfo) -> str:
 def _slow_table(data: ReportData) -> str:
     """The slowest cached requests, one row per (burst, verdict) group; the verdict comes first so
     it stays on screen on a narrow window, the worst request's full answer one click away."""
-    if not data.slow_groups and not has_engine_parts(data.run):
+    if not data.slow_groups and not view_of(data.run).engine_parts:
         return ('<div class="card"><div class="empty">an observed run has no engine verdicts: '
                 '`tierdiag explain REQ_ID --run RUN` explains one request from the server\'s numbers '
                 'and its replayed twin</div></div>')
@@ -364,9 +364,10 @@ def render_html(data: ReportData, figures: list[FigureSpec], *, plotly_js: str) 
     peak = data.transfers.link_bytes_per_s
     status = "" if run.status == "complete" else f" · <b style='color:#ffb74d'>status {e(run.status)}</b>"
     rules = ""
-    if run.kind != "observed":  # the SGLang release whose rules the replay followed
-        rules = (f" · sglang <b>{e(recorded_rules(run.config))}</b>"
-                 + ("" if run.config.get("sglang_rules") else " (recorded before rule sets)"))
+    parsed = parse(run)
+    if parsed.rules is not None:  # the SGLang release whose rules the replay followed
+        rules = (f" · sglang <b>{e(parsed.rules)}</b>"
+                 + ("" if parsed.rules_recorded else " (recorded before rule sets)"))
     memory = run_kv_memory(run)  # a run of more than one rank: each rank's own pools, and in all
     if memory is not None and memory.ranks > 1:
         rules += f" · KV memory <b>{e(memory.words())}</b>"
@@ -405,7 +406,7 @@ def build_report(db: str | os.PathLike, run: str | None = None, output: str | os
 
     con = open_store(db)
     try:
-        info = resolve_run(con, run, db_label=str(db))
+        info = parse(resolve_run(con, run, db_label=str(db)))  # the run parsed once for every loader
         data = load_report_data(con, info) if slow_pool is None else load_report_data(con, info, slow_pool=slow_pool)
     finally:
         con.close()
@@ -422,7 +423,7 @@ def build_report(db: str | os.PathLike, run: str | None = None, output: str | os
     if sizes is not None:
         figures.append(sizes)
     step()
-    if not has_engine_parts(info):  # an empty figure there means "not reported", not "none happened"
+    if not view_of(info).engine_parts:  # an empty figure there means "not reported", not "none happened"
         import dataclasses
 
         figures = [dataclasses.replace(f, empty_text="not reported by the server (observed run); replay the "

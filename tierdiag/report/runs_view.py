@@ -9,7 +9,8 @@ from typing import Sequence
 from rich.console import Console
 from rich.text import Text
 
-from tierdiag.report.terminal import _table, plain, pool_sizes, rules_line, run_kv_memory  # noqa: F401
+from tierdiag.report.run_lines import pool_sizes, rules_line, run_kv_memory
+from tierdiag.report.terminal import new_table, plain
 from tierdiag.report.ranks_view import deployment_line
 from tierdiag.report.text import fmt_option
 from tierdiag.units import fmt_bytes, fmt_tokens
@@ -32,7 +33,7 @@ def render_runs(infos: Sequence, console: Console, *, db_label: str,
     from tierdiag.config.profile import provenance_line
 
     options = options or {}
-    table = _table(f"runs in {db_label}", show_lines=True)
+    table = new_table(f"runs in {db_label}", show_lines=True)
     table.add_column("run (id, name, sweep)", overflow="fold", min_width=22)
     table.add_column("kind", no_wrap=True)
     table.add_column("requests", justify="right", no_wrap=True)

@@ -23,7 +23,7 @@ import numpy as np
 from tierdiag.diagnose.causes import CAUSE_MEANING, cause_sql, excess_sql  # noqa: F401 - the page's words
 from tierdiag.diagnose.diagnosis import RunDiagnosis, backed
 from tierdiag.diagnose.facts import RunFacts
-from tierdiag.diagnose.kinds import has_engine_parts
+from tierdiag.diagnose.read.kind import view_of
 from tierdiag.diagnose.quantile import quantile_sql
 from tierdiag.diagnose.query import link_peak_bytes_per_s
 from tierdiag.diagnose.slow_groups import BURST_GAP_SHARE, SLOW_POOL, SlowGroup  # noqa: F401
@@ -593,7 +593,7 @@ def load_report_data(con: duckdb.DuckDBPyConnection, run: RunInfo, *, slow_pool:
 
     # The run's evidence once: summary's diagnosis and the explained slow requests share it
     # (explain takes it without the queue attribution, as it computes it itself).
-    ctx = RunFacts(con, run).context() if has_engine_parts(run) else None
+    ctx = RunFacts(con, run).context() if view_of(run).engine_parts else None
     headline = load_headline(con, run, ctx)
     t0 = headline.t0_ns
     load = load_load(con, run, t0)

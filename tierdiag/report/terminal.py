@@ -31,6 +31,7 @@ from tierdiag.units import (
     fmt_tokens,
     fmt_value,
 )
+from tierdiag.report.run_lines import POOL_TIERS, pool_sizes, rules_line, run_kv_memory  # noqa: F401 - summary's head; re-exported for cli/runs.py
 
 if TYPE_CHECKING:  # only for hints: `explain` should not import the slow/summary code to render
     from tierdiag.diagnose.explain import Explanation
@@ -149,7 +150,7 @@ def _records_table(title: str, records: list[dict], console: Console | None = No
     columns = _RECORD_COLUMNS.get(title) or tuple((k, k) for k in records[0])
     shown = records[:_MAX_ROWS]
     cells = [[fmt_value("x_bytes" if key == "bytes" else key, rec.get(key)) for key, _ in columns] for rec in shown]
-    table = _table(title)
+    table = new_table(title)
     for key, header in columns:
         table.add_column(plain(header), justify="left" if key in ("kind", "tier", "action") or key.endswith("req_id")
                          else "right", no_wrap=True)
@@ -267,7 +268,7 @@ def _print_fitting(console: Console, *layouts) -> None:
     console.print(layouts[-1])
 
 
-def _table(title: str = "", **kw) -> Table:
+def new_table(title: str = "", **kw) -> Table:
     """A compact table: no vertical rules, one space between columns, cells fold rather than cut."""
     # The title is data (a run name, a path): never markup, controls escaped.
     return Table(title=plain(title) if title else None, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
@@ -283,7 +284,7 @@ def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str
         return
     splits = [" / ".join(fmt_tokens(n) for n in (r.device_tokens, r.host_tokens, r.storage_tokens, r.computed_tokens))
               for r in rows]
-    wide = _table(title)
+    wide = new_table(title)
     for col in ("#", "req_id", "class", "TTFT", "excess", "cause", "by cause", "dev/host/sto/comp tokens"):
         wide.add_column(col, justify="left" if col in ("req_id", "class", "cause") else "right", no_wrap=True)
     for r, split in zip(rows, splits):
@@ -292,7 +293,7 @@ def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str
                      plain(r.primary_cause, style=style),
                      "-" if r.primary_cause == "none" else fmt_ms(r.cause_ns), split)
     # Narrow: each request on two lines, the token split whole on the second.
-    narrow = _table(title)
+    narrow = new_table(title)
     narrow.add_column("#", justify="right", no_wrap=True)
     narrow.add_column("request · class · tokens dev/host/sto/comp", overflow="fold")
     narrow.add_column("TTFT / excess", justify="right", no_wrap=True)
@@ -335,7 +336,7 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
                             title=plain(f"diagnosis: {dx.dominant_cause or '-'}"), title_align="left",
                             border_style=CAUSE_STYLE.get(dx.dominant_cause, "bold")), soft_wrap=False)
 
-    split = _table("tier split, token-weighted (finished requests)")
+    split = new_table("tier split, token-weighted (finished requests)")
     for col in ("tier", "tokens", "share of input"):
         split.add_column(col, justify="left" if col == "tier" else "right", no_wrap=True)
     for tier in ("device", "host", "storage", "computed"):
@@ -355,7 +356,7 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
                   markup=False, highlight=False)
 
     # Two tables, not one of nine columns: each fits 80 columns with every number whole.
-    tokens = _table("requests and tokens by class")
+    tokens = new_table("requests and tokens by class")
     for col in ("class", "requests", "input tokens", "reused tokens", "reused"):
         tokens.add_column(col, justify="left" if col == "class" else "right", no_wrap=True)
     for c in s.classes:
@@ -363,7 +364,7 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
                        fmt_tokens(c.input_tokens), fmt_tokens(c.reused_tokens),
                        fmt_pct(c.reused_tokens / c.input_tokens if c.input_tokens else None))
     console.print(tokens)
-    ttft = _table("TTFT by class (percentiles: nearest rank)")
+    ttft = new_table("TTFT by class (percentiles: nearest rank)")
     for col in ("class", "p50", "p90", "p99", "mean", "max"):
         ttft.add_column(col, justify="left" if col == "class" else "right", no_wrap=True)
     for c in s.classes:
@@ -372,7 +373,7 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
                                                  c.ttft_max_ns)))
     console.print(ttft)
 
-    causes = _table("where TTFT went (run totals) · requests by primary cause")
+    causes = new_table("where TTFT went (run totals) · requests by primary cause")
     for col in ("cause", "requests", "TTFT part", "of all TTFT", "of excess"):
         causes.add_column(col, justify="left" if col == "cause" else "right", no_wrap=True)
     for c in s.time_by_cause:
@@ -403,7 +404,7 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
     console.print(Text("sizes in binary units (GiB = 2^30 bytes), bandwidth in decimal GB/s (10^9 bytes/s)",
                        style="dim"))
 
-    ev = _table("evictions")
+    ev = new_table("evictions")
     for col in ("tier", "action", "events", "tokens"):
         ev.add_column(col, justify="left" if col in ("tier", "action") else "right", no_wrap=True)
     for e in s.evictions:
@@ -413,7 +414,7 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
     console.print(ev)
     if s.most_evicted_from or s.top_evictors:
         def who_table(title: str, rows) -> Table:
-            tab = _table(title)
+            tab = new_table(title)
             for col in ("request", "events", "tokens"):
                 tab.add_column(col, justify="left" if col == "request" else "right", no_wrap=col != "request",
                                overflow="fold")
@@ -426,9 +427,9 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
                      who_table("top evictors (whose allocation)", s.top_evictors))
         _print_fitting(console, side, Group(who_table("most evicted-from (owner of the pages)", s.most_evicted_from),
                                             who_table("top evictors (whose allocation)", s.top_evictors)))
-    render_ranks(getattr(s, "ranks", None), console, table=_table, plain=plain)
-    render_sessions(s.sessions, console, table=_table, plain=plain)
-    render_size_curves(getattr(s, "size_curves", None), console, table=_table, plain=plain)
+    render_ranks(getattr(s, "ranks", None), console, table=new_table, plain=plain)
+    render_sessions(s.sessions, console, table=new_table, plain=plain)
+    render_size_curves(getattr(s, "size_curves", None), console, table=new_table, plain=plain)
 
 
 def render_advise(r, console: Console, *, run_label: str) -> None:
@@ -437,7 +438,7 @@ def render_advise(r, console: Console, *, run_label: str) -> None:
     A table where it fits the width, else one stacked entry a change (a run id, a change such as
     `host_tokens=1048576`, is never split or cut)."""
     title = plain(f"advice checked by replay · {run_label}")
-    wide = _table(title.plain)
+    wide = new_table(title.plain)
     for col in ("", "change", "status", "TTFT p50", "TTFT p99", "recompute", "reuse dev/host/sto", "run"):
         wide.add_column(col, justify="left" if col in ("", "change", "run") else "right", no_wrap=True)
     narrow = Table.grid(padding=(0, 1))
@@ -479,50 +480,3 @@ def render_advise(r, console: Console, *, run_label: str) -> None:
                                                   "than 5 %)"), style="bold"))
     for line in _advice_lines(r.advice):
         console.print(line)
-
-
-POOL_TIERS = ("device", "host", "storage")
-
-
-def pool_sizes(config: dict, data_plane: dict) -> dict[str, dict[str, int | None]]:
-    """A run's pools as recorded: tier -> tokens and modelled bytes (None when the run did not
-    record its KV size per token). Tiers of size 0 (no storage tier) are left out."""
-    kv = data_plane.get("kv_bytes_per_token")
-    kv = kv if isinstance(kv, int) and not isinstance(kv, bool) else None
-    return {tier: {"tokens": config[f"{tier}_tokens"], "bytes": config[f"{tier}_tokens"] * kv if kv else None}
-            for tier in POOL_TIERS
-            if isinstance(config.get(f"{tier}_tokens"), int) and config[f"{tier}_tokens"] > 0}
-
-
-def run_kv_memory(run):
-    """diagnose.compare.run_kv_memory (the run's KV capacity per rank and in all)."""
-    from tierdiag.diagnose.compare import run_kv_memory as of_run
-
-    return of_run(run)
-
-
-def _pools_text(config: dict, data_plane: dict) -> str:
-    kv = data_plane.get("kv_bytes_per_token")
-    kv = kv if isinstance(kv, int) else None
-    return " · ".join(f"{tier} {fmt_pool(config[f'{tier}_tokens'], kv)}" for tier in POOL_TIERS
-                    if isinstance(config.get(f"{tier}_tokens"), int) and config[f"{tier}_tokens"] > 0) or "-"
-
-
-# Shown in their own lines of `runs`' config cell (model/gpu, the pools, the rule set), so not again as options.
-
-
-def rules_line(run) -> str | None:
-    """`sglang 0.5.23`: the SGLang release whose rules a replay followed (`sglang_rules`); a replay
-    recorded before rule sets existed followed 0.5.9's, and says so. None for an imported run (a
-    server's own numbers: no engine rules)."""
-    from tierdiag.config.releases import RELEASES, release_before
-    from tierdiag.engine.rules import recorded_rules
-
-    if run.kind == "observed":
-        return None
-    version = recorded_rules(run.config)
-    back = run.config.get("sglang_switched_back")  # `replay --sglang OLD,NEW`'s runs of one rule switched back
-    if back and version in RELEASES and release_before(version):
-        return f"sglang {version} with {back.replace(',', ', ')} as {release_before(version)}"
-    return f"sglang {version}" + ("" if run.config.get("sglang_rules") else " (recorded before rule sets)")
-

@@ -40,7 +40,8 @@ def _observed_explanation(r, console, ctx: Context) -> None:
 
 
 def _summary(r, console, ctx: Context) -> None:
-    from tierdiag.report.terminal import pool_sizes, render_summary, rules_line, run_kv_memory
+    from tierdiag.report.run_lines import pool_sizes, rules_line, run_kv_memory
+    from tierdiag.report.terminal import render_summary
 
     run = ctx.run
     pools = {tier: size["tokens"] for tier, size in pool_sizes(run.config, run.data_plane).items()} if run else None

@@ -13,13 +13,14 @@ import os
 import re
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
 from tierdiag import signals
+from tierdiag.config.names import RunKind
 from tierdiag.errors import StoreError
 from tierdiag.paths import DEFAULT_DB  # noqa: F401 - re-exported: the store's default name
 from tierdiag.store.schema import (EVENT_TABLES, OLDEST_READABLE_VERSION, OPTIONAL_TABLES, SCHEMA_VERSION, TABLES,
@@ -283,6 +284,17 @@ def _pid_alive(pid: int | None) -> bool:
 ADVISE_SWEEP_PREFIX = "advise-"
 
 
+
+
+def run_kind(stored: str | None) -> RunKind | str:
+    """The stored kind as a RunKind (NULL: a replay, recorded before kinds); a kind this
+    tierdiag does not know (a newer store) stays its string, read as a server's run."""
+    try:
+        return RunKind(stored or RunKind.REPLAY)
+    except ValueError:
+        return str(stored)
+
+
 @dataclass(frozen=True)
 class RunInfo:
     run_id: str
@@ -300,12 +312,14 @@ class RunInfo:
     wall_s: float | None
     command_line: str
     error: str | None = None  # why a failed run failed (one line)
-    kind: str = "replay"  # replay | observed
+    kind: RunKind | str = RunKind.REPLAY  # a str only for a kind a newer tierdiag wrote
     sweep_id: str | None = None
 
     def to_json(self) -> dict:
-        d = dict(self.__dict__)
+        """The runs row's own fields (a subclass's parsed extras are not part of it)."""
+        d = {f.name: getattr(self, f.name) for f in fields(RunInfo)}
         d["created_at"] = str(self.created_at)
+        d["kind"] = str(self.kind)
         return d
 
 
@@ -333,7 +347,7 @@ def _run_info(row, recorded: int) -> RunInfo:
                    tierdiag_version=version, trace_path=trace_path, trace_sha256=sha,
                    config=config, hardware=hardware, data_plane=data_plane, timing=timing,
                    num_requests=int(num_requests or 0), wall_s=wall_s, command_line=command_line or "",
-                   error=error, kind=kind or "replay", sweep_id=sweep_id)
+                   error=error, kind=run_kind(kind), sweep_id=sweep_id)
 
 
 def run_info(con: duckdb.DuckDBPyConnection, run_id: str) -> RunInfo | None:
