@@ -284,8 +284,6 @@ def _pid_alive(pid: int | None) -> bool:
 ADVISE_SWEEP_PREFIX = "advise-"
 
 
-
-
 def run_kind(stored: str | None) -> RunKind | str:
     """The stored kind as a RunKind (NULL: a replay, recorded before kinds); a kind this
     tierdiag does not know (a newer store) stays its string, read as a server's run."""
