@@ -34,7 +34,7 @@ from tierdiag.trace.reader import MAX_ARRIVAL_NS, ReadReport, is_seekable_file, 
 
 
 @dataclass(frozen=True)
-class ReplaySummary:
+class ReplayResult:
     run_id: str | None
     db_path: str | None
     run_name: str
@@ -254,7 +254,7 @@ def _scaled_arrivals(requests, time_scale: float, trace: Path, closed: bool = Tr
 
 def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | None, probes: bool,
            skip_bad: bool, command_line: list[str] | None = None,
-           progress: Callable[[int, int, object], None] | None = None) -> ReplaySummary:
+           progress: Callable[[int, int, object], None] | None = None) -> ReplayResult:
     # Fewer collector passes over the whole replay, the closing flush and summary included: the
     # recorder's last ~10^5 buffered events and the tree are live objects that a default-
     # threshold pass right after the engine rescans (0.1-0.3 s on the conversation trace).
@@ -277,7 +277,7 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
 def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | None, probes: bool,
             skip_bad: bool, command_line: list[str] | None,
             progress: Callable[[int, int, object], None] | None, cleanup: contextlib.ExitStack,
-            closed: list) -> ReplaySummary:
+            closed: list) -> ReplayResult:
     from tierdiag.store.writer_process import writer_mode
 
     t0 = time.perf_counter()
@@ -445,7 +445,7 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
         if numbers["ttft_ns"] is not None:
             ttft_q = dict(zip((0.5, 0.9, 0.99), map(ns_to_ms, numbers["ttft_ns"])))
     t_end = time.perf_counter()
-    return ReplaySummary(
+    return ReplayResult(
         run_id=writer.run_id if writer else None, db_path=str(db) if writer else None,
         run_name=writer.name if writer else (run_name or trace.stem), status=status,
         num_requests=stats.requests_finished, num_rejected=stats.requests_rejected,
