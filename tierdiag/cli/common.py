@@ -5,7 +5,6 @@ stdout is data, stderr is diagnostics.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -71,6 +70,9 @@ err = _LazyConsole(stderr=True)
 
 
 def print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    """A JSON view on stdout, as cli/sink.py prints one (for a command not yet moved to the sink)."""
+    from tierdiag.cli.sink import json_text
+
+    sys.stdout.write(json_text(obj))
     sys.stdout.flush()
 
