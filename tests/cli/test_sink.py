@@ -155,3 +155,31 @@ def test_no_command_prints_json_or_builds_a_rich_table_itself():
         text = path.read_text()
         assert not re.search(r"(?<!def )print_json\(|json\.dumps\(", text), path.name
         assert not re.search(r"^\s+if json_:", text, re.M), path.name
+
+
+@pytest.fixture(scope="module")
+def late_runs_view(late_run):
+    from tierdiag.app.views import runs_view
+
+    return runs_view(late_run)
+
+
+@settings(max_examples=25, deadline=None)
+@given(name=HOSTILE, run_id=HOSTILE, error=HOSTILE)
+def test_runs_through_the_sink_keeps_hostile_names_data(late_runs_view, name, run_id, error):
+    """A real `runs` listing (app.views.RunsView of a replayed run) whose run's name, id and error
+    are hostile: the JSON view holds them exactly; the text view shows no raw escape."""
+    import dataclasses
+
+    import tierdiag.cli.runs  # noqa: F401 - registers RunsView's text view
+
+    (info,) = late_runs_view.runs
+    hostile = dataclasses.replace(info, name=name, run_id=run_id, status="failed", error=error or "x")
+    view = dataclasses.replace(late_runs_view, runs=(hostile,), changes={run_id: {}}, default_run_id=run_id)
+    printed = _stdout_of(lambda: Sink(json=True).emit(view, db="s.duckdb"))
+    (row,) = json.loads(printed)
+    assert (row["name"], row["run_id"], row["error"], row["default"]) == (name, run_id, error or "x", True)
+    assert printed.isascii() and not _RAW_CONTROL.search(printed)
+    text = _stdout_of(lambda: Sink(json=False).emit(view, db="s.duckdb"))
+    assert not _RAW_CONTROL.search(text), text
+    assert "failed: " in text
