@@ -67,6 +67,15 @@ def test_text_view_shows_markup_as_text_and_no_raw_escape(run_id, name, folder):
             assert value in printed
 
 
+def test_an_emoji_code_in_a_name_is_text_not_a_face():
+    """Rich replaces `:smile:` with 😄 unless told not to: a run named so was printed as a face (a
+    bug: data is never markup). The consoles the sink draws on keep it as text."""
+    import tierdiag.cli.runs  # noqa: F401 - registers the views of `runs` (DeletedRun among them)
+
+    printed = _stdout_of(lambda: Sink(json=False).emit(_deleted(":smile:", ":thumbs_up:", "f"), db="s.duckdb"))
+    assert printed.startswith("deleted run :smile: (:thumbs_up:): ")
+
+
 @settings(max_examples=30, deadline=None)
 @given(out_dir=HOSTILE, run_ids=st.lists(HOSTILE, max_size=3))
 def test_text_view_registered_by_type_name_is_found_and_escapes_a_hostile_path(out_dir, run_ids):
@@ -153,7 +162,12 @@ def test_no_command_prints_json_or_builds_a_rich_table_itself():
         if path.name in ("sink.py", "advise.py"):  # advise.py: its owner moves it (issue 38)
             continue
         text = path.read_text()
-        assert not re.search(r"(?<!def )print_json\(|json\.dumps\(", text), path.name
+        if path.name == "common.py":  # print_json, for advise until it moves: the sink's format
+            from tierdiag.cli.common import print_json
+
+            assert _stdout_of(lambda: print_json({"a": ["\x1b"]})) == json_text({"a": ["\x1b"]})
+            text = text.replace(text[text.index("def print_json("):], "")
+        assert not re.search(r"print_json\(|json\.dumps\(", text), path.name
         assert not re.search(r"^\s+if json_:", text, re.M), path.name
 
 

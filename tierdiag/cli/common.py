@@ -5,6 +5,7 @@ stdout is data, stderr is diagnostics.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -70,9 +71,8 @@ err = _LazyConsole(stderr=True)
 
 
 def print_json(obj: Any) -> None:
-    """A JSON view on stdout, as cli/sink.py prints one (for a command not yet moved to the sink)."""
-    from tierdiag.cli.sink import json_text
-
-    sys.stdout.write(json_text(obj))
+    """A JSON view on stdout as cli/sink.py's `json_text` prints it, for the one command not yet
+    handing its result to the sink (advise)."""
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
     sys.stdout.flush()
 
