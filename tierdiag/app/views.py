@@ -38,16 +38,18 @@ class SummaryView:
 
 
 def summary_view(db: Path, run: str | None) -> SummaryView:
-    from tierdiag.config.profile import provenance_line
-    from tierdiag.diagnose.compare import run_kv_memory
-    from tierdiag.diagnose.views import summarize
-    from tierdiag.engine.rules import recorded_rules
     from tierdiag.store.reader import open_store
 
     with open_store(db) as con:
         info = _resolve(con, run, db)
         # An imported run has only what the server reported: diagnose answers for its kind.
+        from tierdiag.diagnose.views import summarize
+
         result = summarize(con, info)
+    from tierdiag.config.profile import provenance_line
+    from tierdiag.diagnose.compare import run_kv_memory
+    from tierdiag.engine.rules import recorded_rules
+
     # The SGLang release whose rules the replay followed (0.5.9 for one recorded before rule sets);
     # None for an imported run, whose numbers are the server's.
     rules = recorded_rules(info.config) if info.kind != "observed" else None
@@ -67,11 +69,12 @@ class ExplainView:
 
 
 def explain_view(db: Path, run: str | None, req_id: str) -> ExplainView:
-    from tierdiag.diagnose.views import explain
     from tierdiag.store.reader import open_store
 
     with open_store(db) as con:
         info = _resolve(con, run, db)
+        from tierdiag.diagnose.views import explain
+
         # Which question a run of its kind can answer is diagnose's; how the answer is drawn
         # follows its type (report/views.py).
         return ExplainView(run=info, explanation=explain(con, info, req_id))
@@ -120,7 +123,6 @@ SLOW_BY = ("rank",)
 
 def slow_view(db: Path, run: str | None, *, top: int, hit_class: str | None, cause: str | None,
               by: str | None) -> SlowView:
-    from tierdiag.diagnose.explain import run_bounds
     from tierdiag.errors import ConfigError, unknown_name
     from tierdiag.store.reader import open_store
 
@@ -128,6 +130,8 @@ def slow_view(db: Path, run: str | None, *, top: int, hit_class: str | None, cau
         raise unknown_name("--by grouping", by, SLOW_BY)
     with open_store(db) as con:
         info = _resolve(con, run, db)
+        from tierdiag.diagnose.facts import run_bounds  # where every view's clock starts
+
         if by == "rank":  # the listing cut by dp_rank (diagnose/ranks.py), a replayed run only
             from tierdiag.diagnose.kinds import has_engine_parts
 
