@@ -1,13 +1,61 @@
-"""`calibrate --from`: fit the clock to a recorded run and write the profile (a TOML config)."""
+"""`calibrate`: measure the copy kernels here, or (`--from`) fit the clock to a recorded run, and
+write the profile `replay --profile` reads."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from tierdiag.config.engine import EngineConfig, load_config
 from tierdiag.config.presets import gpu_preset, model_preset
 from tierdiag.config.profile import write_profile
 from tierdiag.diagnose.calibrate import Calibration, Geometry, calibrate_run
+
+
+@dataclass(frozen=True)
+class MeasuredProfile:
+    """`calibrate`: the copy kernels' profile (engine.calibration.Profile) and where it was written."""
+
+    profile: Any
+    path: Path
+
+    def to_json(self) -> dict:
+        return self.profile.to_json()
+
+    def json_note(self) -> str:
+        """Where the profile went, said on stderr beside the JSON view (the text view says it)."""
+        return f"profile written to {self.path}"
+
+
+def measure(out: Path | None, *, quick: bool, progress: Callable[[str], None] | None = None) -> MeasuredProfile:
+    """Measure the copy kernels (torch: imported here) and write the profile to `out` (default:
+    ~/.cache/tierdiag/profile.json)."""
+    from tierdiag.engine.calibration import calibrate, default_profile_path, save_profile
+
+    path = out if out is not None else default_profile_path()
+    profile = calibrate(quick=quick, progress=progress)
+    return MeasuredProfile(profile, save_profile(profile, path))
+
+
+@dataclass(frozen=True)
+class FittedProfile:
+    """`calibrate --from`: the fit and the TOML profile it was written to."""
+
+    calibration: Calibration
+    path: Path
+
+    def to_json(self) -> dict:
+        return {**self.calibration.to_json(), "profile": str(self.path)}
+
+
+def fit_profile(db: Path, run: str, out: Path, *, model: str | None = None, gpu: str | None = None,
+                config: Path | None = None) -> FittedProfile:
+    """`calibrate_from` as the command's one call: out is never one of its inputs."""
+    from tierdiag.paths import check_output
+
+    check_output(out, what="-o/--out", inputs=[("--config", config), ("--db", db)])  # never an input
+    return FittedProfile(*calibrate_from(db, run, out, model=model, gpu=gpu, config=config))
 
 
 def calibrate_from(db: Path, run: str, out: Path, *, model: str | None = None,

@@ -34,7 +34,7 @@ from tierdiag.trace.reader import MAX_ARRIVAL_NS, ReadReport, is_seekable_file, 
 
 
 @dataclass(frozen=True)
-class ReplaySummary:
+class ReplayResult:
     run_id: str | None
     db_path: str | None
     run_name: str
@@ -167,43 +167,6 @@ def _flush_every_s() -> float:
     return value
 
 
-def _after_commit():
-    from tierdiag.diagnose.close import after_commit
-
-    return after_commit
-
-
-def _close_run(writer, recorder, status: str | Callable[[], str], error: str | None, *,
-               trace_sha256: str | None = None) -> TierdiagError | None:
-    """Flush what is buffered and write the final status, SIGINT/SIGTERM held meanwhile. On any
-    failure (disk full, a value that cannot be stored) the run is marked failed, keeping every
-    row already written, if anything can still be written, and the failure is returned."""
-    bug = None
-    try:
-        recorder.flush()
-        # The inline writer runs the close hook here; a writer process has its own (writer_child).
-        from tierdiag.store.writer_process import WriterProcess
-
-        hook = {} if isinstance(writer, WriterProcess) else {"after_commit": _after_commit()}
-        writer.finish(status if isinstance(status, str) else status(), error=error, trace_sha256=trace_sha256,
-                      **hook)
-        return None
-    except TierdiagError as exc:
-        problem = exc
-    except Exception as exc:  # a bug: the run must still not be left `running`; raised below
-        bug = exc
-        problem = TierdiagError(f"{type(exc).__name__}: {_first_line(exc)}")
-    try:
-        writer.finish("failed", error=problem.one_line(), write_pending=False)
-    except Exception:  # noqa: BLE001 - nothing more can be written; what to say is below
-        # The row still says running; once this process is gone readers show it as
-        # interrupted (they check the pid).
-        problem.hint = (problem.hint + "; " if problem.hint else "") + "the run could not be marked failed"
-    if bug is not None:
-        raise bug
-    return problem
-
-
 @contextlib.contextmanager
 def _fewer_gc_passes():
     """A replay allocates millions of short-lived objects beside ~10^5 long-lived tree nodes;
@@ -254,7 +217,7 @@ def _scaled_arrivals(requests, time_scale: float, trace: Path, closed: bool = Tr
 
 def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | None, probes: bool,
            skip_bad: bool, command_line: list[str] | None = None,
-           progress: Callable[[int, int, object], None] | None = None) -> ReplaySummary:
+           progress: Callable[[int, int, object], None] | None = None) -> ReplayResult:
     # Fewer collector passes over the whole replay, the closing flush and summary included: the
     # recorder's last ~10^5 buffered events and the tree are live objects that a default-
     # threshold pass right after the engine rescans (0.1-0.3 s on the conversation trace).
@@ -277,12 +240,13 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
 def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | None, probes: bool,
             skip_bad: bool, command_line: list[str] | None,
             progress: Callable[[int, int, object], None] | None, cleanup: contextlib.ExitStack,
-            closed: list) -> ReplaySummary:
+            closed: list) -> ReplayResult:
+    from tierdiag.app.replay_writers import for_mode
     from tierdiag.store.writer_process import writer_mode
 
     t0 = time.perf_counter()
     flush_every_s = _flush_every_s()
-    mode = writer_mode() if db is not None and probes else None
+    recording = for_mode(writer_mode() if db is not None and probes else None)
     # cfg.time_scale is inside its declared bounds (config/engine.py): an EngineConfig is never outside them.
     report = ReadReport()
     requests = _scaled_arrivals(read_trace(trace, block_size=cfg.block_size, skip_bad=skip_bad, report=report),
@@ -291,35 +255,18 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
     # its first line fails here, before a run (or the database file) exists, and before torch.
     first = next(requests)
     requests = itertools.chain([first], requests)
-    wproc = None
-    if mode == "process":
-        # Started now, so that its interpreter and imports (duckdb, pyarrow) overlap the engine's
-        # import and set-up; it touches no store until it is told to open one, below.
-        from tierdiag.app import writer_child
-        from tierdiag.store.writer_process import WriterProcess
-
-        with signals.deferred():
-            try:
-                wproc = WriterProcess.start(entry=writer_child.ENTRY)
-            except OSError:  # no process to be had (out of processes or memory): write inline
-                mode = "inline"
-            else:
-                cleanup.callback(wproc.close)
+    recording = recording.start(cleanup)  # a writer process starts now, beside the engine's import
 
     # Imported here: read-only commands share this package and must not pay for torch. Signals
     # wait for the imports: torch's initialisation calls back into Python from C++, and an
     # interrupt raised there aborts the process instead of unwinding it.
     with signals.deferred():
         from tierdiag.engine.engine import Engine, describe_data_plane
-        from tierdiag.engine.hardware import hardware_summary
-        from tierdiag.probes.recorder import Recorder
 
         _single_threaded_data_plane()
     # A trace read through a pipe can be read once only: its digest is taken while replaying
     # and recorded at the end (the reader fills report.sha256).
     sha = trace_sha256(trace) if is_seekable_file(trace) else None
-    writer = None
-    recorder = None
     storage_dir = None
     storage_tmp = None
     engine = None
@@ -327,8 +274,8 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
 
     def on_progress(done: int, now_ns: int, stats) -> None:
         # Called every few hundred requests: flush by wall time too, so a killed replay loses little.
-        if recorder is not None and time.monotonic() - last_flush[0] >= flush_every_s:
-            recorder.flush()
+        if recording.recorder is not None and time.monotonic() - last_flush[0] >= flush_every_s:
+            recording.recorder.flush()
             last_flush[0] = time.monotonic()
         if progress is not None:
             # Virtual time since the run's first arrival, where every view's clock starts (a
@@ -337,117 +284,129 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
 
     def recorded() -> int:
         """Requests in the file (with probes), else those the engine got to."""
-        if writer is not None:
-            return writer.recorded
+        if recording.writer is not None:
+            return recording.writer.recorded
         return engine.stats.requests_finished + engine.stats.requests_rejected if engine is not None else 0
 
     try:
-        if db is not None and probes:
+        if recording.kind is not None:
             # Deferred: an interrupt while the store is created or the run row written waits for
-            # that transaction, then lands below with `writer` set, and the run is closed.
+            # that transaction, then lands below with the writer set, and the run is closed.
             with signals.deferred():
-                from tierdiag.store.writer_process import BATCH_ROWS, new_run_id
-
-                run_id = new_run_id()
-                config = cfg.to_json()
-                # The run's own folder, recorded so `runs --delete` finds it; none without a tier
-                # (a --storage-dir given anyway names a root no run of this kind writes into).
-                config["storage_dir"] = None
-                if cfg.storage_tokens:
-                    storage_dir = run_folder(db, cfg.storage_dir, run_id)
-                    config["storage_dir"] = str(storage_dir)
-                # Paths as absolute ones: `advise` re-reads the trace and the profile, maybe from
-                # another folder than the one the replay ran in.
-                if config.get("profile"):
-                    config["profile"] = str(Path(config["profile"]).absolute())
-                run = dict(name=run_name, trace_path=str(Path(trace).absolute()), trace_sha256=sha or "", config=config,
-                           hardware=hardware_summary(), run_id=run_id, data_plane=describe_data_plane(cfg),
-                           timing=cfg.timing, command_line=command_line)
-                if wproc is not None:
-                    # Returns at once: the writer creates the store and the runs row while the
-                    # engine starts; what it says back is read at the first hand-over.
-                    wproc.open(db, write_every_s=flush_every_s, **run)
-                    writer = wproc
-                    recorder = Recorder(rows_sink=writer.append_rows, flush_rows=BATCH_ROWS)
-                else:
-                    from tierdiag.store.writer import RunWriter
-
-                    writer = RunWriter(db, **run)
-                    recorder = Recorder(rows_sink=writer.append_rows)
+                storage_dir = _open_run(recording, db, trace, cfg, run_name=run_name, sha=sha,
+                                        command_line=command_line, flush_every_s=flush_every_s)
         elif cfg.storage_tokens:
             # Nothing is recorded, so no run owns the pages: a temporary folder, removed at the end.
             storage_tmp = _temporary_storage(cfg.storage_dir)
             storage_dir = storage_tmp
-        engine = Engine(cfg, probe=recorder, storage_dir=storage_dir, progress=on_progress)
+        engine = Engine(cfg, probe=recording.recorder, storage_dir=storage_dir, progress=on_progress)
         t_engine = time.perf_counter()
         stats = engine.run(requests)
         t_close = time.perf_counter()
-        if writer is not None:
+        if recording.writer is not None:
             # The final flush and status, all held against signals: a Ctrl-C that lands here
             # waits for them and then marks the run interrupted (with all its rows) instead.
             with signals.deferred():
-                problem = _close_run(writer, recorder, lambda: "complete" if signals.pending() is None
-                                     else "interrupted", None, trace_sha256=report.sha256)
-                if wproc is not None:
-                    wproc.close()
+                problem = recording.close(lambda: "complete" if signals.pending() is None else "interrupted", None,
+                                          trace_sha256=report.sha256)
+                recording.finished()
             if problem is not None:
                 raise problem
-            closed.append(writer)
+            closed.append(recording.writer)
     except BaseException as exc:
-        # An interrupt is an interrupt wherever it lands: also when DuckDB or an import it cut
-        # short turned it into an error of another kind (the signal was seen all the same).
-        if isinstance(exc, KeyboardInterrupt) or signals.received() is not None:
-            problem = None
-            if writer is not None and not _closed(writer):
-                with signals.deferred(reraise=False):  # a second Ctrl-C does not cut the close short
-                    problem = _close_run(writer, recorder, "interrupted", None)
-            kept = writer is not None and writer.has_run  # a writer process may have refused the store
-            raise ReplayInterrupted(writer.run_id if kept else None, str(db) if kept else None, recorded(),
-                                    problem, (writer.closed_as or "running") if kept else "interrupted") from exc
-        if writer is None:
-            raise
-        if isinstance(exc, TierdiagError):
-            closing = None
-            if not _closed(writer):
-                with signals.deferred(reraise=False):
-                    closing = _close_run(writer, recorder, "failed", exc.one_line())
-            # Still one line: the error, then where the partial run is (the count is what the
-            # file holds, not what the engine got to). No run: the writer process refused the
-            # store (damaged, busy, ...), the error as a RunWriter would have raised it.
-            if writer.has_run:
-                exc.hint = ((exc.hint + "; ") if exc.hint else "") + (
-                    f"run {writer.run_id} kept in {db} as {writer.closed_as or 'running'}, "
-                    f"{_requests(recorded())} recorded"
-                    + ("" if closing is None or closing is exc else f" ({closing.message})"))
-        elif not _closed(writer):
-            with signals.deferred(reraise=False):
-                _close_run(writer, recorder, "failed", f"{type(exc).__name__}: {_first_line(exc)}")
+        _on_failure(exc, recording, db, recorded)
         raise
     finally:
         storage_bytes = _close_storage(engine, storage_tmp)
-    status = "complete"
+    # A recorded run's closing numbers are `summary`'s, read back: one definition per metric
+    # (by the writer process, after the run evidence it stored, when there is one).
+    numbers = recording.numbers()
+    t_end = time.perf_counter()
+    return _result(stats, numbers, recording, trace, cfg, first_arrival_ns=int(first.arrival_ns * cfg.time_scale),
+                   db=db, run_name=run_name, report=report, data_plane=describe_data_plane(cfg),
+                   storage_dir=storage_dir if storage_tmp is None else None, storage_bytes=storage_bytes,
+                   wall_phases={"start_s": t_engine - t0, "engine_s": t_close - t_engine, "close_s": t_end - t_close},
+                   wall_s=t_end - t0)
+
+
+def _open_run(recording, db: Path, trace: Path, cfg: EngineConfig, *, run_name: str | None, sha: str | None,
+              command_line: list[str] | None, flush_every_s: float) -> Path | None:
+    """The run's row, through `recording`; the run's storage folder (None without a storage tier)."""
+    from tierdiag.engine.engine import describe_data_plane
+    from tierdiag.engine.hardware import hardware_summary
+    from tierdiag.store.writer_process import new_run_id
+
+    run_id = new_run_id()
+    config = cfg.to_json()
+    # The run's own folder, recorded so `runs --delete` finds it; none without a tier (a
+    # --storage-dir given anyway names a root no run of this kind writes into).
+    config["storage_dir"] = None
+    storage_dir = None
+    if cfg.storage_tokens:
+        storage_dir = run_folder(db, cfg.storage_dir, run_id)
+        config["storage_dir"] = str(storage_dir)
+    # Paths as absolute ones: `advise` re-reads the trace and the profile, maybe from another
+    # folder than the one the replay ran in.
+    if config.get("profile"):
+        config["profile"] = str(Path(config["profile"]).absolute())
+    run = dict(name=run_name, trace_path=str(Path(trace).absolute()), trace_sha256=sha or "", config=config,
+               hardware=hardware_summary(), run_id=run_id, data_plane=describe_data_plane(cfg),
+               timing=cfg.timing, command_line=command_line)
+    recording.open(db, run, flush_every_s=flush_every_s)
+    return storage_dir
+
+
+def _on_failure(exc: BaseException, recording, db: Path | None, recorded: Callable[[], int]) -> None:
+    """What a replay that did not finish leaves: its run closed as interrupted or failed, with
+    every row already written, and where it is told in the error. Raises ReplayInterrupted for an
+    interrupt; returns for the caller to re-raise anything else."""
+    writer = recording.writer
+    # An interrupt is an interrupt wherever it lands: also when DuckDB or an import it cut
+    # short turned it into an error of another kind (the signal was seen all the same).
+    if isinstance(exc, KeyboardInterrupt) or signals.received() is not None:
+        problem = None
+        if writer is not None and not _closed(writer):
+            with signals.deferred(reraise=False):  # a second Ctrl-C does not cut the close short
+                problem = recording.close("interrupted", None)
+        kept = writer is not None and writer.has_run  # a writer process may have refused the store
+        raise ReplayInterrupted(writer.run_id if kept else None, str(db) if kept else None, recorded(),
+                                problem, (writer.closed_as or "running") if kept else "interrupted") from exc
+    if writer is None:
+        return
+    if isinstance(exc, TierdiagError):
+        closing = None
+        if not _closed(writer):
+            with signals.deferred(reraise=False):
+                closing = recording.close("failed", exc.one_line())
+        # Still one line: the error, then where the partial run is (the count is what the file
+        # holds, not what the engine got to). No run: the writer process refused the store
+        # (damaged, busy, ...), the error as a RunWriter would have raised it.
+        if writer.has_run:
+            exc.hint = ((exc.hint + "; ") if exc.hint else "") + (
+                f"run {writer.run_id} kept in {db} as {writer.closed_as or 'running'}, "
+                f"{_requests(recorded())} recorded"
+                + ("" if closing is None or closing is exc else f" ({closing.message})"))
+    elif not _closed(writer):
+        with signals.deferred(reraise=False):
+            recording.close("failed", f"{type(exc).__name__}: {_first_line(exc)}")
+
+
+def _result(stats, numbers: dict | None, recording, trace: Path, cfg: EngineConfig, *, first_arrival_ns: int,
+            db: Path | None, run_name: str | None, report: ReadReport, data_plane: dict,
+            storage_dir: Path | None, storage_bytes: int, wall_phases: dict, wall_s: float) -> ReplayResult:
+    """The replay's closing numbers: a recorded run's span and TTFT percentiles as `summary` reads
+    them back (`numbers`); unrecorded, the engine's own (its span ends at the last event)."""
     ttft_q = {q: _percentile(stats.ttft_ns, q) for q in (0.5, 0.9, 0.99)}
-    # The run's span starts at its first arrival (a sliced trace starts late); unrecorded, it ends
-    # at the last event, recorded it is `summary`'s (to the last finish).
-    span_ns = max(stats.virtual_end_ns - int(first.arrival_ns * cfg.time_scale), 0)
-    if writer is not None:
-        # A recorded run's closing numbers are `summary`'s, read back: one definition per metric
-        # (by the writer process, after the run evidence it stored, when there is one).
-        if wproc is not None:
-            if wproc.numbers_error is not None:
-                raise wproc.numbers_error
-            numbers = wproc.numbers
-        else:  # read back by the writer's close, on its connection
-            if writer.numbers_error is not None:
-                raise writer.numbers_error
-            numbers = writer.numbers
+    # The run's span starts at its first arrival (a sliced trace starts late).
+    span_ns = max(stats.virtual_end_ns - first_arrival_ns, 0)
+    if numbers is not None:
         span_ns = numbers["span_ns"]
         if numbers["ttft_ns"] is not None:
             ttft_q = dict(zip((0.5, 0.9, 0.99), map(ns_to_ms, numbers["ttft_ns"])))
-    t_end = time.perf_counter()
-    return ReplaySummary(
+    writer = recording.writer
+    return ReplayResult(
         run_id=writer.run_id if writer else None, db_path=str(db) if writer else None,
-        run_name=writer.name if writer else (run_name or trace.stem), status=status,
+        run_name=writer.name if writer else (run_name or trace.stem), status="complete",
         num_requests=stats.requests_finished, num_rejected=stats.requests_rejected,
         input_tokens=stats.input_tokens, device_tokens=stats.device_tokens, host_tokens=stats.host_tokens,
         storage_tokens=stats.storage_tokens, computed_tokens=stats.computed_tokens,
@@ -455,12 +414,12 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
         load_back_bytes=stats.load_back_bytes, load_back_p50_ms=_percentile(stats.load_back_ns, 0.5),
         load_back_p99_ms=_percentile(stats.load_back_ns, 0.99), skipped=dict(stats.skipped),
         evictions=dict(stats.evictions), ttft_p50_ms=ttft_q[0.5], ttft_p90_ms=ttft_q[0.9], ttft_p99_ms=ttft_q[0.99],
-        virtual_s=span_ns / 1e9, prefill_busy_share=stats.busy_ns / cfg.dp / span_ns if span_ns else 0.0, wall_s=t_end - t0, bad_lines=report.bad_lines,
-        first_bad=list(report.first_bad), unknown_keys=sorted(report.unknown_keys),
-        data_plane=describe_data_plane(cfg),
-        storage_dir=str(storage_dir) if storage_dir is not None and storage_tmp is None else None,
-        storage_bytes=storage_bytes, writer=mode if writer is not None else None,
-        wall_phases={"start_s": t_engine - t0, "engine_s": t_close - t_engine, "close_s": t_end - t_close},
+        virtual_s=span_ns / 1e9, prefill_busy_share=stats.busy_ns / cfg.dp / span_ns if span_ns else 0.0,
+        wall_s=wall_s, bad_lines=report.bad_lines, first_bad=list(report.first_bad),
+        unknown_keys=sorted(report.unknown_keys), data_plane=data_plane,
+        storage_dir=str(storage_dir) if storage_dir is not None else None,
+        storage_bytes=storage_bytes, writer=recording.kind if writer is not None else None,
+        wall_phases=wall_phases,
         rejected=dict(sorted(stats.rejected.items(), key=lambda kv: -kv[1])),
     )
 

@@ -3,6 +3,7 @@ observed run) and save a profile for `replay --profile`."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -11,7 +12,8 @@ from rich.table import Table
 from rich.text import Text
 
 from tierdiag.cli.choices import choices, completer, listed
-from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, err, out, print_json
+from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, err
+from tierdiag.cli.sink import Sink, renders
 from tierdiag.config.presets import GPUS, MODELS
 
 OutOpt = Annotated[Optional[Path], typer.Option(
@@ -57,23 +59,24 @@ def calibrate(json_: JsonOpt = False, out_path: OutOpt = None, quick: QuickOpt =
     whole clock (prefill, decode, load-back) to an observed run instead, with intervals and a
     held-out error."""
     if from_ is not None:
-        return _calibrate_from(from_, db, out_path, model, gpu, config, json_)
+        if out_path is None:
+            raise typer.BadParameter("calibrate --from writes a TOML profile: name it", param_hint="-o/--out")
+        from tierdiag.app.calibrate import fit_profile
+
+        return Sink(json=json_).emit(fit_profile(db, from_, out_path, model=model, gpu=gpu, config=config))
     if model is not None or gpu is not None or config is not None:
         raise typer.BadParameter("only means something with --from RUN", param_hint="--model/--gpu/--config")
-    from tierdiag.engine.calibration import calibrate as run_calibration
-    from tierdiag.engine.calibration import default_profile_path, save_profile
+    from tierdiag.app.calibrate import measure
 
-    path = out_path if out_path is not None else default_profile_path()
-    if json_:
-        profile = run_calibration(quick=quick)
-    else:
-        with err.status("measuring copy kernels…") as status:
-            profile = run_calibration(quick=quick, progress=lambda msg: status.update(msg))
-    written = save_profile(profile, path)
-    if json_:
-        print_json(profile.to_json())
-        err.print(f"profile written to {written}")
-        return
+    # A spinner on stderr while measuring, unless the output is JSON.
+    with (contextlib.nullcontext() if json_ else err.status("measuring copy kernels…")) as status:
+        result = measure(out_path, quick=quick, progress=None if status is None else status.update)
+    Sink(json=json_).emit(result)
+
+
+@renders("tierdiag.app.calibrate.MeasuredProfile")
+def _measured(result, out) -> None:
+    profile, written = result.profile, result.path
     table = Table(title=f"copy kernels on {profile.device} "
                         f"({profile.num_layers} layers, {_size(profile.page_bytes)} per page; GB/s, medians "
                         f"of {profile.repeats})")
@@ -114,19 +117,8 @@ def calibrate(json_: JsonOpt = False, out_path: OutOpt = None, quick: QuickOpt =
     out.print(f"profile written to {written}  (use: tierdiag replay TRACE --profile {written})")
 
 
-def _calibrate_from(run: str, db, out_path, model: str | None, gpu: str | None, config: Path | None,
-                    json_: bool) -> None:
-    if out_path is None:
-        raise typer.BadParameter("calibrate --from writes a TOML profile: name it", param_hint="-o/--out")
-    from tierdiag.app.calibrate import calibrate_from
-
-    from tierdiag.paths import check_output
-
-    check_output(out_path, what="-o/--out", inputs=[("--config", config), ("--db", db)])  # never an input
-    c, written = calibrate_from(db, run, out_path, model=model, gpu=gpu, config=config)
-    if json_:
-        print_json({**c.to_json(), "profile": str(written)})
-        return
+@renders("tierdiag.app.calibrate.FittedProfile")
+def _fitted(result, out) -> None:
     from tierdiag.report.calibrate_terminal import render_calibration
 
-    render_calibration(c, out, profile_path=str(written))
+    render_calibration(result.calibration, out, profile_path=str(result.path))

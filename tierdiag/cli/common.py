@@ -71,6 +71,8 @@ err = _LazyConsole(stderr=True)
 
 
 def print_json(obj: Any) -> None:
+    """A JSON view on stdout as cli/sink.py's `json_text` prints it, for the one command not yet
+    handing its result to the sink (advise)."""
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
     sys.stdout.flush()
 

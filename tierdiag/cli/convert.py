@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import shlex
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from tierdiag.cli.choices import choices
-from tierdiag.cli.common import JsonOpt, err, out, print_json
+from tierdiag.cli.common import JsonOpt, err
+from tierdiag.cli.sink import Sink, renders
 from tierdiag.paths import descriptor_of
 from tierdiag.trace.convert import (DEFAULT_BLOCK_SIZE, DEFAULT_START_SPREAD_S, FORMATS, ConvertOptions, convert as run,
                                     replay_options)
@@ -46,19 +45,18 @@ def convert(
         summary = run(fmt, sources, out_path, ConvertOptions(block_size=block_size, start_spread_s=start_spread,
                                                               seed=seed), progress=moved)
     notes = summary.notes
-    # `-o /dev/stdout`: stdout is the trace; what is said about it goes to stderr.
-    to = err if descriptor_of(out_path) == 1 else out
     if notes.unchained_blocks:
         err.print(f"tierdiag: warning: {notes.unchained_blocks:,} distinct source block id(s) follow a different "
                   f"block than where first seen, at {notes.unchained_block_uses:,} place(s) in the requests (the "
                   "source's ids are not prefix-chained); they were given new ids there, so only true shared prefixes "
                   "are shared", markup=False, highlight=False)
-    if json_:
-        if to is err:
-            sys.stderr.write(json.dumps(summary.to_json(), indent=2) + "\n")
-        else:
-            print_json(summary.to_json())
-        return
+    # `-o /dev/stdout`: stdout is the trace; what is said about it goes to stderr.
+    Sink(json=json_, stderr=descriptor_of(out_path) == 1).emit(summary)
+
+
+@renders("tierdiag.trace.convert.ConvertSummary")
+def _text(summary, to) -> None:
+    notes = summary.notes
     extra = [f"{n:,} {what}" for n, what in ((notes.subagents, "sub-agent session(s)"),
                                              (notes.orphans, "turn(s) whose parent is missing: new sessions"),
                                              (notes.forks, "fork(s): new sessions"),

@@ -5,7 +5,8 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
-from tierdiag.cli.common import JsonOpt, out, print_json
+from tierdiag.cli.common import JsonOpt
+from tierdiag.cli.sink import Sink, renders
 from tierdiag.report.terminal import plain
 
 _MARK = {"ok": "green", "info": "cyan", "warn": "yellow"}
@@ -28,10 +29,11 @@ def doctor(json_: JsonOpt = False) -> None:
     generation and width, current and max, theoretical link bandwidth), pinned memory."""
     from tierdiag.engine.hardware import doctor_report
 
-    report = doctor_report()
-    if json_:
-        print_json(report.to_json())
-        return
+    Sink(json=json_).emit(doctor_report())
+
+
+@renders("tierdiag.engine.hardware.DoctorReport")
+def _text(report, out) -> None:
     t = report.torch
     setup = Table(title="tierdiag doctor", show_header=False)
     setup.add_column("what", style="bold")

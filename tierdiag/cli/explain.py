@@ -6,8 +6,9 @@ from typing import Annotated
 
 import typer
 
-from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt, out, print_json
-from tierdiag.store.reader import open_store, resolve_run
+from tierdiag.app.views import ExplainView, explain_view
+from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt
+from tierdiag.cli.sink import Sink, renders
 
 
 def explain(
@@ -17,16 +18,11 @@ def explain(
     json_: JsonOpt = False,
 ) -> None:
     """Why was this request slow? Walks host_hit_length, prefix_indices, load_back, eviction, then the verdict."""
-    with open_store(db) as con:
-        info = resolve_run(con, run, db_label=str(db))
-        # Which question a run of its kind can answer is diagnose's; how the answer is drawn
-        # follows its type (report/views.py).
-        from tierdiag.diagnose.views import explain as explain_run
+    Sink(json=json_).emit(explain_view(db, run, req_id))
 
-        result = explain_run(con, info, req_id)
-    if json_:  # no Rich for JSON
-        print_json(result.to_json())
-        return
+
+@renders(ExplainView)
+def _text(view: ExplainView, console) -> None:
     from tierdiag.report.views import render
 
-    render(result, out, run=info)
+    render(view.explanation, console, run=view.run)

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt, out, print_json
+from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt
+from tierdiag.cli.sink import Sink, renders
 from tierdiag.store.reader import list_runs, open_store, resolve_run
 
 
@@ -24,9 +25,11 @@ def export(
     with open_store(db) as con:
         runs = list_runs(con) if all_runs else [resolve_run(con, run, db_label=str(db))]
         result = export_parquet(con, runs, out_dir, replace_all=all_runs, inputs=[("--db", db)])
-    if json_:
-        print_json(result.to_json())
-        return
+    Sink(json=json_).emit(result)
+
+
+@renders("tierdiag.store.export.ExportResult")
+def _text(result, console) -> None:
     total = sum(result.rows.values())
-    out.print(f"exported {len(result.run_ids)} run(s), {total:,} rows, to {result.out_dir}/<table>/run_id=<id>/",
-              markup=False, highlight=False)
+    console.print(f"exported {len(result.run_ids)} run(s), {total:,} rows, to {result.out_dir}/<table>/run_id=<id>/",
+                  markup=False, highlight=False)

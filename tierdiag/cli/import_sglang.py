@@ -12,7 +12,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from tierdiag.cli.common import command_line, db_option, DbOpt, DEFAULT_DB_PATH, err, JsonOpt, out, print_json
+from tierdiag.cli.common import command_line, db_option, DbOpt, DEFAULT_DB_PATH, err, JsonOpt
+from tierdiag.cli.sink import Sink, renders
 
 import_app = typer.Typer(name="import", help="Record a server's own per-request export as an observed run.",
                          no_args_is_help=True)
@@ -55,9 +56,11 @@ def sglang(
                   markup=False, highlight=False)
     for warning in s.warnings:
         err.print(f"tierdiag: warning: {warning}", markup=False, highlight=False)
-    if json_:
-        print_json(s.to_json())
-        return
+    Sink(json=json_).emit(s)
+
+
+@renders("tierdiag.importers.load.ImportSummary")
+def _text(s, out) -> None:
     from rich.table import Table
 
     table = Table(title=f"import sglang: {s.run_name}", show_header=False, title_justify="left")

@@ -8,7 +8,8 @@ from typing import Annotated, Optional, Tuple
 
 import typer
 
-from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt, err, print_json
+from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt, err
+from tierdiag.cli.sink import Sink, renders
 
 OutputOpt = Annotated[Optional[Path], typer.Option(
     "-o", "--output", help="Where to write the HTML (default: reports/<run name>-<run id>.html).")]
@@ -43,14 +44,17 @@ def report(db: DbOpt = DEFAULT_DB_PATH, run: RunOpt = None, output: OutputOpt = 
 
         with Progress("report", REPORT_STEPS, "steps") as bar:
             result = build_report(db, run, output, progress=lambda done, total: bar.update(done, total=total))
-    from tierdiag.report.terminal import visible
-
-    if json_:
-        print_json(result.to_json())
-    else:
-        print(visible(result.path, lines=False))
+    Sink(json=json_).emit(result)
     if open_:
         # webbrowser returns False rather than raising when no browser is available (CI, SSH).
         opened = webbrowser.open(result.path.resolve().as_uri())
         if not opened:
             err.print(f"no web browser found; open {result.path} yourself", markup=False, highlight=False)
+
+
+@renders("tierdiag.report.html.ReportResult", "tierdiag.report.compare_html.CompareReportResult")
+def _text(result, console) -> None:
+    """The written file's path, alone on its line (controls and newlines escaped)."""
+    from tierdiag.report.terminal import visible
+
+    print(visible(result.path, lines=False), file=console.file)

@@ -6,14 +6,12 @@ from typing import Annotated, Optional
 
 import typer
 
+from tierdiag.app.views import SLOW_BY, SlowView, slow_view
 from tierdiag.cli.choices import choices
-from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt, out, print_json
+from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt
+from tierdiag.cli.sink import Sink, renders
 from tierdiag.diagnose.causes import CAUSES
 from tierdiag.diagnose.slow import HIT_CLASSES
-from tierdiag.errors import ConfigError, unknown_name
-from tierdiag.store.reader import open_store, resolve_run
-
-SLOW_BY = ("rank",)
 
 
 def slow(
@@ -31,60 +29,23 @@ def slow(
                                          "(replay --dp), each with its --top slowest.")] = None,
 ) -> None:
     """Requests ranked by excess TTFT over their ideal (reused tokens device-resident, no queueing)."""
-    if by is not None and by not in SLOW_BY:
-        raise unknown_name("--by grouping", by, SLOW_BY)
-    with open_store(db) as con:
-        info = resolve_run(con, run, db_label=str(db))
-        if by == "rank":
-            return _by_rank(con, info, top=top, hit_class=hit_class, cause=cause, json_=json_, ids=ids)
-        # An imported run has no ideal TTFT: diagnose ranks it by TTFT (diagnose/views.py).
-        from tierdiag.diagnose.views import slow as rank
+    view = slow_view(db, run, top=top, hit_class=hit_class, cause=cause, by=by)
+    # --ids is a text view of its own (one id a line), and wins over --json.
+    Sink(json=json_ and not ids).emit(view, ids_only=ids)
 
-        Row, rows = rank(con, info, top=top, hit_class=hit_class, cause=cause)
-        if json_:
-            from tierdiag.diagnose.explain import run_bounds
 
-            t0_ns = run_bounds(con, info)[0]
-    if ids:
-        for r in rows:
-            out.print(r.req_id, markup=False, highlight=False)
+@renders(SlowView)
+def _text(view: SlowView, console, *, ids_only: bool = False) -> None:
+    if ids_only:
+        for req_id in view.req_ids:
+            console.print(req_id, markup=False, highlight=False)
         return
-    if json_:
-        # Arrivals since the run's first arrival, as in `explain --json` (run_start_ms adds back).
-        print_json({"run_id": info.run_id, "run_name": info.name, "top": top, "class": hit_class,
-                    "cause": cause, "run_start_ms": t0_ns / 1e6,
-                    "requests": [{**r.to_json(), "arrival_ms": None if r.arrival_ns is None else (r.arrival_ns - t0_ns) / 1e6}
-                                 for r in rows]})
+    if view.by == "rank":
+        from tierdiag.report.slow_ranks_view import render_slow_by_rank
+
+        render_slow_by_rank(list(view.groups), console, run_label=f"{view.run.name} ({view.run.run_id})",
+                            hit_class=view.hit_class, cause=view.cause)
         return
     from tierdiag.report.views import render
 
-    render(rows, out, of=Row, run=info, hit_class=hit_class, cause=cause)
-
-
-def _by_rank(con, info, *, top: int, hit_class, cause, json_: bool, ids: bool) -> None:
-    """`slow --by rank`: the listing cut by dp_rank (diagnose/ranks.py), a replayed run only."""
-    from tierdiag.diagnose.kinds import has_engine_parts
-
-    if not has_engine_parts(info):
-        raise ConfigError(f"--by rank ranks requests by excess over their ideal; run {info.run_id} ({info.name}) "
-                          f"is imported and has no ideal: use `tierdiag slow` without --by")
-    from tierdiag.diagnose.explain import run_bounds
-    from tierdiag.diagnose.ranks import slow_by_rank
-
-    groups = slow_by_rank(con, info, top=top, hit_class=hit_class, cause=cause)
-    if ids:
-        for g in groups:
-            for r in g.requests:
-                out.print(r.req_id, markup=False, highlight=False)
-        return
-    if json_:
-        t0_ns = run_bounds(con, info)[0]
-        print_json({"run_id": info.run_id, "run_name": info.name, "top": top, "class": hit_class, "cause": cause,
-                    "by": "rank", "run_start_ms": t0_ns / 1e6,
-                    "groups": [{**g.to_json(), "requests": [
-                        {**r.to_json(), "arrival_ms": None if r.arrival_ns is None else (r.arrival_ns - t0_ns) / 1e6}
-                        for r in g.requests]} for g in groups]})
-        return
-    from tierdiag.report.slow_ranks_view import render_slow_by_rank
-
-    render_slow_by_rank(groups, out, run_label=f"{info.name} ({info.run_id})", hit_class=hit_class, cause=cause)
+    render(list(view.rows), console, of=view.row_type, run=view.run, hit_class=view.hit_class, cause=view.cause)

@@ -7,7 +7,8 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from tierdiag.cli.common import command_line, db_option, DbOpt, DEFAULT_DB_PATH, err, JsonOpt, out, print_json
+from tierdiag.cli.common import command_line, db_option, DbOpt, DEFAULT_DB_PATH, err, JsonOpt
+from tierdiag.cli.sink import Sink, renders
 from tierdiag.errors import ConfigError
 
 Opt = typer.Option
@@ -73,33 +74,40 @@ def sweep(
         err.print(f"tierdiag: warning: {warning}", markup=False, highlight=False)
     sweep_id = new_sweep_id()
     run_ids = _run(trace, plan, db, backend, sweep_id, skip_bad)
+    from tierdiag.app.sweep_view import compare_sweep
 
-    from tierdiag.diagnose.compare import compare_runs
-    from tierdiag.store.reader import list_runs, open_store
+    Sink(json=json_).emit(compare_sweep(db, run_ids, by=by, sweep_id=sweep_id))
 
-    with open_store(db) as con:
-        by_id = {r.run_id: r for r in list_runs(con)}
-        result = compare_runs(con, [by_id[i] for i in run_ids], by=by, sweep_id=sweep_id)
-    if json_:
-        print_json(result.to_json())
-        return
+
+@renders("tierdiag.app.sweep_view.SweepComparison")
+def _text(result, out) -> None:
     from tierdiag.report.compare_terminal import render_comparison
 
-    render_comparison(result, out)
+    render_comparison(result.comparison, out)
+    if result.resumed:
+        return
     from tierdiag.report.terminal import plain
 
-    where = db_option(db)
-    out.print(plain(f"next: tierdiag compare --sweep {sweep_id}{where}   ·   tierdiag report --sweep {sweep_id}{where}"))
+    where = db_option(result.db)
+    out.print(plain(f"next: tierdiag compare --sweep {result.sweep_id}{where}   ·   "
+                    f"tierdiag report --sweep {result.sweep_id}{where}"))
+
+
+def _headline(h) -> str:
+    """One finished combination's progress line (an app.sweep_view.Headline)."""
+    from tierdiag.units import fmt_ms, fmt_pct
+
+    if h.run_id is None:
+        return f"{h.name}: {h.status}" + (f" ({h.error})" if h.error else "")
+    return f"{h.name}: {h.status}, reuse {fmt_pct(h.reuse_share)}, TTFT p50 {fmt_ms(h.ttft_p50_ns)} ({h.wall_s:.1f}s)"
 
 
 def _run(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool) -> list[str]:
     """The runner under a progress bar; each finished run's headline is printed above it."""
     from tierdiag.cli.progress import Progress
     from tierdiag.errors import RunInterrupted
-    from tierdiag.diagnose.summary import run_summary
-    from tierdiag.units import fmt_ms, fmt_pct
-    from tierdiag.store.reader import open_store, resolve_run
-    from tierdiag.app.sweep import Ray, SweepInterrupted, run_configs
+    from tierdiag.app.sweep import Ray, SweepInterrupted
+    from tierdiag.app.sweep_view import run_sweep
 
     n = len(plan.configs)
     where = "as Ray tasks" if isinstance(backend, Ray) else f"in {min(backend.jobs or _cores(), n)} processes"
@@ -107,28 +115,14 @@ def _run(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool) ->
               markup=False, highlight=False)
     bar = Progress("sweep", n, "runs")  # tierdiag/cli/progress.py: a bar, or a line every ~10 s piped
 
-    def headline(outcome) -> None:
+    def reported(h) -> None:
         bar.advance()
-        if outcome.run_id is None:
-            text = f"{outcome.name}: {outcome.status}" + (f" ({outcome.error})" if outcome.error else "")
-        else:
-            # A finished replay brings its headline with it (computed by its worker); only a run
-            # cut short is read back here. This runs in the driver while the workers replay:
-            # a query per run here is CPU taken from them.
-            reuse, p50_ns = outcome.reuse_share, None if outcome.ttft_p50_ms is None else outcome.ttft_p50_ms * 1e6
-            if reuse is None:
-                with open_store(outcome.kept_in or db) as con:
-                    s = run_summary(con, resolve_run(con, outcome.run_id), diagnose=False)
-                reuse = s.reused_token_share
-                p50_ns = next((c.ttft_p50_ns for c in s.classes if c.hit_class == "all"), None)
-            text = (f"{outcome.name}: {outcome.status}, reuse {fmt_pct(reuse)}, "
-                    f"TTFT p50 {fmt_ms(p50_ns)} ({outcome.wall_s:.1f}s)")
-        bar.print(f"  {text}")
+        bar.print(f"  {_headline(h)}")
 
     with bar:
         try:
-            return run_configs(trace, plan.configs, db, backend=backend, sweep_id=sweep_id, skip_bad=skip_bad,
-                               command_line=command_line(), progress=headline)
+            return run_sweep(trace, plan.configs, db, backend=backend, sweep_id=sweep_id, skip_bad=skip_bad,
+                             command_line=command_line(), progress=reported)
         except SweepInterrupted as exc:
             bar.stop()
             count = {s: sum(1 for o in exc.outcomes if o.status == s) for s in ("complete", "interrupted", "not_started")}
@@ -147,24 +141,11 @@ def _cores() -> int:
 
 def _resume(kept: Path, db: Path, by, json_: bool) -> None:
     """`sweep --resume KEPT`: the kept runs into --db, then the comparison a sweep ends with."""
-    from tierdiag.app.sweep import resume
-    from tierdiag.diagnose.compare import check_sort_key, compare_runs
-    from tierdiag.store.reader import list_runs, open_store
+    from tierdiag.app.sweep_view import resume_sweep
 
-    check_sort_key(by)
-    done = resume(kept, db)
-    err.print(f"tierdiag: merged {len(done.copied)} run{'s' if len(done.copied) != 1 else ''} from {kept} into {db}"
-              + (f" ({len(done.present)} there already)" if done.present else "") + f"; removed {kept}",
-              markup=False, highlight=False)
-    with open_store(db) as con:
-        every = list_runs(con)
-        # The whole sweep, the runs merged before --db went busy too (oldest first, as a sweep's).
-        runs = ([r for r in every if r.sweep_id == done.sweep_id] if done.sweep_id is not None else
-                [r for r in every if r.run_id in set(done.run_ids)])
-        result = compare_runs(con, runs, by=by, sweep_id=done.sweep_id)
-    if json_:
-        print_json(result.to_json())
-        return
-    from tierdiag.report.compare_terminal import render_comparison
+    def merged(done) -> None:
+        err.print(f"tierdiag: merged {len(done.copied)} run{'s' if len(done.copied) != 1 else ''} from {kept} into {db}"
+                  + (f" ({len(done.present)} there already)" if done.present else "") + f"; removed {kept}",
+                  markup=False, highlight=False)
 
-    render_comparison(result, out)
+    Sink(json=json_).emit(resume_sweep(kept, db, by=by, merged=merged))

@@ -8,8 +8,9 @@ from typing import Annotated
 import typer
 
 from tierdiag.cli.choices import choices
-from tierdiag.cli.common import JsonOpt, out, print_json
-from tierdiag.trace.synth import KINDS, SynthConfig, synth_to_file
+from tierdiag.cli.common import JsonOpt
+from tierdiag.cli.sink import Sink, renders
+from tierdiag.trace.synth import KINDS, SynthConfig, SynthSummary, synth_to_file
 
 _DEFAULTS = SynthConfig()
 
@@ -28,12 +29,13 @@ def synth(
     The defaults reproduce the bundled demo trace (tierdiag/trace/samples/demo.jsonl).
     """
     cfg = SynthConfig(kind=kind, num_requests=requests, seed=seed, rate_per_s=rate, block_size=block_size)
-    summary = synth_to_file(out_path, cfg)
-    if json_:
-        print_json(summary.to_json())
-        return
+    Sink(json=json_).emit(synth_to_file(out_path, cfg))
+
+
+@renders(SynthSummary)
+def _text(summary: SynthSummary, console) -> None:
     # markup off: a path may contain [brackets]
-    out.print(f"wrote {summary.num_requests:,} requests ({summary.kind}, seed {summary.seed}) to {summary.path}\n"
+    console.print(f"wrote {summary.num_requests:,} requests ({summary.kind}, seed {summary.seed}) to {summary.path}\n"
               f"  {summary.num_sessions:,} sessions over {summary.span_s:,.0f} s; input tokens mean "
               f"{summary.mean_input_tokens:,.0f}, max {summary.max_input_tokens:,}; "
               f"{summary.reusable_share:.0%} reusable with an unlimited cache", markup=False, highlight=False)

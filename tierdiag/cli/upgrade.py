@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from tierdiag.cli.common import db_option, out, print_json
+from tierdiag.cli.common import db_option
+from tierdiag.cli.sink import Sink, renders
 from tierdiag.errors import ConfigError
 
 
@@ -59,15 +60,13 @@ def replay_upgrade(trace: Path, cfg, releases: tuple[str, str], *, db: Path, run
             if failed is not None:  # a release's own run failed: nothing to compare
                 raise failed from None
             raise
-    if json_:
-        print_json(view.to_json())
-    else:
-        _render(view, db)
+    Sink(json=json_).emit(view, db=db)
     if failed is not None:
         raise failed
 
 
-def _render(view, db: Path) -> None:
+@renders("tierdiag.diagnose.upgrade.UpgradeView")
+def _text(view, out, *, db: Path) -> None:
     from tierdiag.report.terminal import plain
     from tierdiag.report.upgrade_view import render_upgrade
 

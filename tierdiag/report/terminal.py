@@ -43,14 +43,15 @@ CAUSE_STYLE = {"none": "green", "queueing": "yellow", "load_back": "red", "stora
 _MAX_ROWS = 10
 
 class SafeConsole(Console):
-    """A Console for data: it never parses markup (a `[/]` or `[bold]` in a name, a path or a
-    backend is text; styling goes in as `Text` and `style=`), and every text segment is shown
+    """A Console for data: it never parses markup nor emoji codes (a `[/]`, `[bold]` or `:smile:` in
+    a name, a path or a backend is text; styling goes in as `Text` and `style=`), and every text segment is shown
     with its control characters escaped (`\x1b`) while Rich's own styling still works. Views
     also pass data through `plain`/`visible`, escaped before layout so columns line up; this is
     the net under every view, including ones added later."""
 
     def __init__(self, **options):
-        super().__init__(**{"markup": False, **options})
+        # Nor emoji codes: a run named `:smile:` is that text, not a face.
+        super().__init__(**{"markup": False, "emoji": False, **options})
         # Piped output is complete (docs/contract.md): a COLUMNS below the 80 the views are laid
         # out for would squeeze whole columns away; a wider one is taken as it is.
         if not self.is_terminal and self.width < PIPED_MIN_WIDTH and "width" not in options:

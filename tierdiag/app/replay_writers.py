@@ -1,0 +1,139 @@
+"""How a replay's rows reach the store, one small strategy a writer kind behind one interface:
+`Unrecorded` (nothing recorded: `--no-probes`, or no store), `InlineWriter` (store.writer.RunWriter
+on the engine's thread) and `WriterInProcess` (store.writer_process.WriterProcess: a process of its
+own beside the engine). app/replay.py drives any of them the same way: `start` before the engine's
+import, `open` the run, hand the recorder's rows, `close` with the run's status; the rows, errors
+and statuses are the same whichever writes them (tierdiag/store/writer_process.py)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Callable
+
+from tierdiag import signals
+from tierdiag.errors import TierdiagError
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
+class Unrecorded:
+    """Nothing written: the replay's numbers come from the engine's own counts."""
+
+    kind: str | None = None  # ReplayResult.writer: how the store was written (None: nothing recorded)
+    writer = None
+    recorder = None
+
+    def start(self, cleanup: contextlib.ExitStack) -> "Unrecorded":
+        """Begin what can overlap the engine's import; the strategy to go on with (a writer
+        process that cannot be had falls back to writing inline)."""
+        return self
+
+    def open(self, db: Path, run: dict, *, flush_every_s: float) -> None:
+        raise AssertionError("an unrecorded replay opens no run")
+
+    def close(self, status: str | Callable[[], str], error: str | None, *,
+              trace_sha256: str | None = None) -> TierdiagError | None:
+        return None
+
+    def finished(self) -> None:
+        """After the run's close: nothing left to wait for."""
+
+    def numbers(self) -> dict | None:
+        """The closing numbers `summary` reads back from the store (None: none were recorded)."""
+        return None
+
+
+class InlineWriter(Unrecorded):
+    """store.writer.RunWriter on the engine's thread; the close hook runs on its connection."""
+
+    kind = "inline"
+
+    def open(self, db: Path, run: dict, *, flush_every_s: float) -> None:
+        from tierdiag.probes.recorder import Recorder
+        from tierdiag.store.writer import RunWriter
+
+        self.writer = RunWriter(db, **run)
+        self.recorder = Recorder(rows_sink=self.writer.append_rows)
+
+    def _close_hooks(self) -> dict:
+        from tierdiag.diagnose.close import after_commit
+
+        return {"after_commit": after_commit}
+
+    def close(self, status: str | Callable[[], str], error: str | None, *,
+              trace_sha256: str | None = None) -> TierdiagError | None:
+        """Flush what is buffered and write the final status, SIGINT/SIGTERM held meanwhile by the
+        caller. On any failure (disk full, a value that cannot be stored) the run is marked failed,
+        keeping every row already written, if anything can still be written, and the failure is
+        returned."""
+        writer, bug = self.writer, None
+        try:
+            self.recorder.flush()
+            writer.finish(status if isinstance(status, str) else status(), error=error, trace_sha256=trace_sha256,
+                          **self._close_hooks())
+            return None
+        except TierdiagError as exc:
+            problem = exc
+        except Exception as exc:  # a bug: the run must still not be left `running`; raised below
+            bug = exc
+            problem = TierdiagError(f"{type(exc).__name__}: {_first_line(exc)}")
+        try:
+            writer.finish("failed", error=problem.one_line(), write_pending=False)
+        except Exception:  # noqa: BLE001 - nothing more can be written; what to say is below
+            # The row still says running; once this process is gone readers show it as
+            # interrupted (they check the pid).
+            problem.hint = (problem.hint + "; " if problem.hint else "") + "the run could not be marked failed"
+        if bug is not None:
+            raise bug
+        return problem
+
+    def numbers(self) -> dict | None:
+        # Read back by the writer's close, after the run evidence it stored: one definition per metric.
+        if self.writer.numbers_error is not None:
+            raise self.writer.numbers_error
+        return self.writer.numbers
+
+
+class WriterInProcess(InlineWriter):
+    """store.writer_process.WriterProcess: started before the engine's import so that its interpreter
+    and imports (duckdb, pyarrow) overlap the engine's; it runs the close hook itself (writer_child)."""
+
+    kind = "process"
+
+    def start(self, cleanup: contextlib.ExitStack) -> Unrecorded:
+        from tierdiag.app import writer_child
+        from tierdiag.store.writer_process import WriterProcess
+
+        # It touches no store until `open` tells it to open one.
+        with signals.deferred():
+            try:
+                self.process = WriterProcess.start(entry=writer_child.ENTRY)
+            except OSError:  # no process to be had (out of processes or memory): write inline
+                return InlineWriter()
+        cleanup.callback(self.process.close)
+        return self
+
+    def open(self, db: Path, run: dict, *, flush_every_s: float) -> None:
+        from tierdiag.probes.recorder import Recorder
+        from tierdiag.store.writer_process import BATCH_ROWS
+
+        # Returns at once: the writer creates the store and the runs row while the engine starts;
+        # what it says back is read at the first hand-over.
+        self.process.open(db, write_every_s=flush_every_s, **run)
+        self.writer = self.process
+        self.recorder = Recorder(rows_sink=self.writer.append_rows, flush_rows=BATCH_ROWS)
+
+    def _close_hooks(self) -> dict:
+        return {}
+
+    def finished(self) -> None:
+        self.process.close()
+
+
+def for_mode(mode: str | None) -> Unrecorded:
+    """The strategy of a writer kind: store.writer_process.writer_mode's, None for nothing recorded."""
+    return {None: Unrecorded, "inline": InlineWriter, "process": WriterInProcess}[mode]()
