@@ -134,6 +134,7 @@ def profile(cfg, reqs, mode: str, top: int) -> None:
 _DRIVER = """
 import gc, sys
 sys.path.insert(0, {root!r})
+sys.path.insert(0, {code!r})
 from benchmarks.core import read, make_probe
 from pathlib import Path
 cfg, reqs = read(Path({trace!r}), {requests!r})
@@ -152,17 +153,20 @@ if mode != "read":
 """
 
 
-def instructions(trace: Path, requests: int | None, modes) -> dict:
+def instructions(trace: Path, requests: int | None, modes, code: Path = ROOT) -> dict:
+    """Each mode's `Engine.run` instructions by the engine of checkout `code` (this one by
+    default; its extension built in place): the driver (this file) stays this checkout's."""
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
-    driver = _DRIVER.format(root=str(ROOT), trace=str(trace), requests=requests)
+    driver = _DRIVER.format(root=str(ROOT), code=str(code), trace=str(trace), requests=requests)
     counts = {}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "cg.out"
         for mode in ("read", *modes):
             proc = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}",
                                    sys.executable, "-c", driver, mode], cwd=ROOT, capture_output=True, text=True,
-                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                  # one BLAS thread: an idle one spins, and its spinning is counted
+                                  env={**os.environ, "PYTHONPATH": f"{code}:{ROOT}", "OPENBLAS_NUM_THREADS": "1"})
             found = re.search(r"I\s+refs:\s+([\d,]+)", proc.stderr)
             if proc.returncode or found is None:
                 raise SystemExit(f"{mode}: failed under valgrind: {proc.stderr.strip().splitlines()[-3:]}")
@@ -180,6 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--profile", choices=MODES, default=None)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--instructions", action="store_true")
+    ap.add_argument("--code", type=Path, default=ROOT,
+                    help="--instructions: count the engine of this checkout (before/after in one run)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
@@ -188,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--modes: {', '.join(bad)} not among {', '.join(MODES)}")
     trace = args.trace.resolve()
     if args.instructions:
-        counts = instructions(trace, args.requests, modes)
+        counts = instructions(trace, args.requests, modes, args.code.resolve())
         base = counts.get("none")
         for m, n in counts.items():
             print(f"| {m} | {n / 1e9:.3f} G | {n / base if base else float('nan'):.3f} |")

@@ -102,7 +102,7 @@ class Recorder(Probe):
 
     def tick(self) -> None:
         """Flush once `flush_rows` rows are buffered (the engine calls this once a batch)."""
-        if self.buffered_rows >= self._flush_rows:
+        if sum(map(len, self._buffers)) >= self._flush_rows:  # buffered_rows, inline: ~8 calls a request
             self.flush()
 
     def emit(self, event) -> None:
