@@ -28,9 +28,14 @@ def doctor(json_: JsonOpt = False) -> None:
     generation and width, current and max, theoretical link bandwidth), pinned memory."""
     from tierdiag.engine.hardware import doctor_report
 
+    from tierdiag.native import cplane
+
     report = doctor_report()
+    # The compiled CPU data plane (native/cplane.py): where it is not built (no C compiler when
+    # installed) or is stale, every replay runs its Python/numpy twin, rows the same, slower.
+    plane = {"kernel": cplane.CPU_KERNEL, "why_not": cplane.WHY_NOT or None}
     if json_:
-        print_json(report.to_json())
+        print_json({**report.to_json(), "cpu_data_plane": plane})
         return
     t = report.torch
     setup = Table(title="tierdiag doctor", show_header=False)
@@ -49,6 +54,8 @@ def doctor(json_: JsonOpt = False) -> None:
         setup.add_row("driver", f"{n.driver_version or '?'} (supports CUDA {n.cuda_driver_version or '?'})")
     else:
         setup.add_row("driver", plain(n.error, "yellow"))
+    setup.add_row("CPU data plane", Text("compiled (tierdiag/native/_cplane)", "green") if plane["kernel"] == "c"
+                  else Text.assemble(("Python/numpy: ", "yellow"), plain(plane["why_not"] or "")))
     pin = report.pinned_memory
     setup.add_row("pinned memory", Text.assemble(("yes ", "green") if pin.available else "no: ", plain(pin.detail)))
     out.print(setup)
