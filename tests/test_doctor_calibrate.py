@@ -284,3 +284,25 @@ def test_calibrate_text_output_and_unwritable_profile(tmp_path):
     assert ok.returncode == 0, ok.stderr
     assert "load-back" in ok.stdout and "profile written to" in ok.stdout
     assert "path: what kernels.load_back uses" in ok.stdout and "Triton kernel:" in ok.stdout
+
+
+@pytest.mark.parametrize("choice", ["auto", "numpy"])
+def test_doctor_says_which_cpu_data_plane_replays_run(choice):
+    """Issue 41: a machine where the compiled data plane is not built (no C compiler at install)
+    or not used replays on the Python/numpy twins, rows the same; `doctor` says which, and why."""
+    import os
+
+    from tierdiag.native import cplane
+
+    env = {**os.environ, "TIERDIAG_CPLANE": choice}
+    proc = subprocess.run([sys.executable, "-c", "from tierdiag.cli.main import main; main()", "doctor", "--json"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    plane = json.loads(proc.stdout)["cpu_data_plane"]
+    if choice == "numpy" or cplane.C is None:
+        assert plane["kernel"] == "numpy" and plane["why_not"]
+    else:
+        assert plane == {"kernel": "c", "why_not": None}
+    text = subprocess.run([sys.executable, "-c", "from tierdiag.cli.main import main; main()", "doctor"],
+                          capture_output=True, text=True, env=env, timeout=120).stdout
+    assert ("CPU data plane" in text) and (("Python/numpy" in text) == (plane["kernel"] == "numpy"))

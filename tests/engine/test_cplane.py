@@ -77,6 +77,7 @@ def test_every_pair_takes_the_side_the_facade_chose():
         "pages.block_page_keys": pages.block_page_keys,
         "storage.index": storage.new_index,
         "recorder.row_buffer": recorder.new_row_buffer,
+        "recorder.tick": recorder.new_ticker,
     }
     pairs = cplane.pairs()
     assert set(pairs) == set(bound)
@@ -560,3 +561,89 @@ def test_a_row_buffer_refuses_a_row_of_another_width_and_decode_refuses_damaged_
             _decode(*args)
     with pytest.raises(ValueError):
         cplane.C.RowBuffer(0)
+
+
+_TICKERS = pytest.mark.parametrize("side", ["compiled", "reference"])
+
+
+def _ticker_side(side):
+    compiled, reference = cplane.pairs()["recorder.tick"]
+    if side == "compiled" and cplane.C is None:
+        pytest.skip(f"_cplane: {cplane.WHY_NOT}")
+    return compiled if side == "compiled" else reference
+
+
+@settings(max_examples=60, deadline=None)
+@given(limit=st.one_of(st.integers(min_value=-3, max_value=12), st.just(2**62)),
+       steps=st.lists(st.tuples(st.integers(min_value=0, max_value=2), st.integers(min_value=0, max_value=5),
+                                st.booleans()), max_size=30),
+       encoded=st.booleans())
+def test_the_compiled_tick_flushes_exactly_when_the_python_one_does(limit, steps, encoded):
+    """_cplane.FlushTicker and recorder._python_ticker (the recorder's tick, once a batch): each
+    step appends rows to one of three buffers (row buffers or lists) and maybe ticks; both call
+    flush() at the same ticks, whenever the buffers hold `limit` rows or more in all (a limit of
+    0 or below: every tick), and flush here empties the buffers as the recorder's does."""
+    if encoded and cplane.C is None:
+        encoded = False
+    compiled, reference = cplane.pairs()["recorder.tick"]
+    sides = [reference] + ([compiled] if cplane.C is not None else [])
+    logs = []
+    for make in sides:
+        buffers = tuple(cplane.C.RowBuffer(1) if encoded else [] for _ in range(3))
+        log = []
+
+        def flush(buffers=buffers, log=log):
+            log.append(sum(map(len, buffers)))
+            for b in buffers:
+                b.clear() if isinstance(b, list) else b.take()
+
+        tick = make(buffers, limit, flush)
+        for which, count, do_tick in steps:
+            for i in range(count):
+                buffers[which].append((i,))
+            if do_tick:
+                log.append("tick")
+                tick()
+        logs.append(log)
+    assert all(log == logs[0] for log in logs)
+    held = 0  # the rows buffered since the last flush, as the steps appended them
+    flushes = iter(logs[0])
+    for _, count, do_tick in steps:
+        held += count
+        if do_tick:
+            assert next(flushes) == "tick"
+            if held >= limit:  # flushed at this tick, holding every row since the last flush
+                assert next(flushes) == held
+                held = 0
+    assert next(flushes, None) is None
+
+
+@_TICKERS
+def test_a_tick_passes_on_what_a_length_or_flush_raises(side):
+    """An error counting a buffer or flushing reaches the engine, as from the Python tick."""
+    make = _ticker_side(side)
+
+    class Broken:
+        def __len__(self):
+            raise RuntimeError("length broken")
+
+    with pytest.raises(RuntimeError, match="length broken"):
+        make((Broken(),), 1, lambda: None)()
+
+    def failing():
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        make(([1, 2],), 2, failing)()
+    assert make(([1],), 2, failing)() is None  # below the limit: flush is not called
+
+
+def test_the_compiled_ticker_refuses_what_the_recorder_never_passes():
+    if cplane.C is None:
+        pytest.skip(f"_cplane: {cplane.WHY_NOT}")
+    make = cplane.C.FlushTicker
+    for args in (([],), ([], 1, print), ((), "1", print), ((), 1, 5), ((), 2**70, print)):
+        with pytest.raises((TypeError, OverflowError)):
+            make(*args)
+    with pytest.raises(TypeError):
+        make((), 1, print)(1)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tierdiag.probes import events as ev
 from tierdiag.probes.recorder import Probe, Recorder
@@ -130,3 +132,55 @@ def test_a_rows_sink_gets_each_tables_rows_with_their_field_names_and_the_buffer
     assert got[0]["pool_samples"][1]["tier"] == ("device", "host")
     with pytest.raises(TypeError):
         Recorder()
+
+
+_EVENT_CLASSES = sorted(ev.Emitters._CLASSES.values(), key=lambda c: c.__name__)
+_VALUES = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+                    st.floats(allow_nan=False), st.text(max_size=8), st.tuples(st.integers()))
+
+
+@settings(max_examples=60, deadline=None)
+@given(cls=st.sampled_from(_EVENT_CLASSES), data=st.data())
+def test_an_event_built_by_keyword_is_the_tuple_of_its_fields_in_order(cls, data):
+    """events.by_keyword (issue 38: records built by name, not by position): every field given
+    by keyword, in any order, whatever its value, reaches the emitter as the tuple of the
+    class's fields in order, exactly what the positional emitter took; a field the class gives
+    a default may be left out (its default then), and a missing field or a name the class has
+    not is a TypeError naming it, nothing emitted."""
+    fields = cls._fields
+    values = data.draw(st.lists(_VALUES, min_size=len(fields), max_size=len(fields)))
+    order = data.draw(st.permutations(range(len(fields))))
+    out: list = []
+    emit = ev.by_keyword(cls, out.append)
+    emit(**{fields[i]: values[i] for i in order})
+    assert out == [tuple(values)] == [tuple(cls(*values))]
+    left_out = data.draw(st.sets(st.sampled_from(fields)))
+    given_ = {f: v for f, v in zip(fields, values) if f not in left_out}
+    if all(f in cls._field_defaults for f in left_out):
+        emit(**given_)
+        assert out[-1] == tuple(cls(**given_))
+    else:
+        missing = next(f for f in fields if f in left_out and f not in cls._field_defaults)
+        with pytest.raises(TypeError, match=missing):
+            emit(**given_)
+        assert len(out) == 1
+    hostile = data.draw(st.text(min_size=1, max_size=12).filter(lambda n: n not in fields))
+    with pytest.raises(TypeError):
+        emit(**{**dict(zip(fields, values)), hostile: 1})
+    assert len(out) <= 2
+
+
+def test_the_engine_emits_its_request_records_by_name_through_the_same_emitter():
+    """Emitters.request is the `record` emitter taking every column by keyword: None exactly
+    where `record` is (no probe, or a probe that keeps no requests), else the same buffer."""
+    assert ev.Emitters(None).request is None
+    no_requests = Recorder(lambda tables: None)
+    no_requests.wants = lambda cls: cls is ev.Eviction
+    assert ev.Emitters(no_requests).request is None
+    flushed = []
+    recorder = Recorder(flushed.append)
+    emitters = ev.Emitters(recorder)
+    row = ev.RequestRecord(*(f"v{i}" for i in range(len(ev.RequestRecord._fields))))
+    emitters.request(**row._asdict())
+    recorder.flush()
+    assert flushed == [{"requests": {f: (v,) for f, v in row._asdict().items()}}]

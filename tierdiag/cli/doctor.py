@@ -34,6 +34,7 @@ def doctor(json_: JsonOpt = False) -> None:
 
 @renders("tierdiag.engine.hardware.DoctorReport")
 def _text(report, out) -> None:
+    plane = report.cpu_data_plane
     t = report.torch
     setup = Table(title="tierdiag doctor", show_header=False)
     setup.add_column("what", style="bold")
@@ -51,6 +52,8 @@ def _text(report, out) -> None:
         setup.add_row("driver", f"{n.driver_version or '?'} (supports CUDA {n.cuda_driver_version or '?'})")
     else:
         setup.add_row("driver", plain(n.error, "yellow"))
+    setup.add_row("CPU data plane", Text("compiled (tierdiag/native/_cplane)", "green") if plane["kernel"] == "c"
+                  else Text.assemble(("Python/numpy: ", "yellow"), plain(plane["why_not"] or "")))
     pin = report.pinned_memory
     setup.add_row("pinned memory", Text.assemble(("yes ", "green") if pin.available else "no: ", plain(pin.detail)))
     out.print(setup)

@@ -96,6 +96,9 @@ class DoctorReport:
     nvml: NvmlInfo
     pinned_memory: PinnedMemoryInfo
     findings: tuple[Finding, ...] = field(default_factory=tuple)
+    # The compiled CPU data plane (native/cplane.py): where it is not built (no C compiler when
+    # installed) or is stale, every replay runs its Python/numpy twin, rows the same, slower.
+    cpu_data_plane: dict[str, Any] = field(default_factory=dict)  # {kernel, why_not}
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -245,7 +248,14 @@ def doctor_report() -> DoctorReport:
         tierdiag_version=_tierdiag_version(),
         torch=torch_info, nvml=nvml, pinned_memory=pinned,
         findings=_findings(torch_info, nvml, pinned),
+        cpu_data_plane=_cpu_data_plane(),
     )
+
+
+def _cpu_data_plane() -> dict[str, Any]:
+    from tierdiag.native import cplane
+
+    return {"kernel": cplane.CPU_KERNEL, "why_not": cplane.WHY_NOT or None}
 
 
 _NVIDIA_DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/nvidiactl")

@@ -71,9 +71,10 @@ class MissTracker:
         if now != self._batch_ns:
             self._batch_ns, self._batch_keys = now, set()
         batch = self._batch_keys
-        shared = sum(1 for k in req.keys[first_page:req.input_len // self.ps] if k in batch)
-        if shared:
-            self._shared[req.seq] = shared
+        if batch:  # the batch's first request shares nothing; the others count in C (a page a key)
+            shared = sum(map(batch.__contains__, req.keys[first_page:req.input_len // self.ps]))
+            if shared:
+                self._shared[req.seq] = shared
         batch.update(req.keys[first_page:end_page])
 
     def take(self, seq: int) -> MissFacts:

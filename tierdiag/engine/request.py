@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from tierdiag.engine.tree import TreeNode
-from tierdiag.engine.miss import MISS_COLUMNS, MISS_REASONS, MissFacts, miss_split
-from tierdiag.probes.events import ROUTE_NONE, RequestRecord
+from tierdiag.engine.miss import MissFacts, miss_split
+from tierdiag.probes.events import ROUTE_NONE
 from tierdiag.trace.reader import TraceRequest
 
 
@@ -152,7 +152,8 @@ class RequestRecords:
             lost = self.emit.lost
             for eid, tokens in req.lost.items():
                 lost((req.req_id, eid, tokens))
-        if self.emit.record is not None:  # the record's counterfactuals: only for a probe that keeps them
+        emit = self.emit.request
+        if emit is not None:  # the record's counterfactuals: only for a probe that keeps them
             new_tokens = computed - recomputed
             prefix = req.prefix_pages * ps
             ideal = cost.prefill_alone_ns(new_tokens, req.input_len - max(new_tokens, 1))
@@ -161,25 +162,52 @@ class RequestRecords:
             recompute_instead = if_resident + (cost.prefill_alone_ns(computed + loaded, req.dev_pages * ps)
                                                - cost.prefill_alone_ns(computed, prefix)) if loaded else if_resident
             hit_class = "tiered_hit" if host + storage else "device_hit" if device else "miss"
-            self.emit.record(self._with_misses(req, (
-                req.req_id, req.seq, req.arrival_ns, req.input_len, req.output_len, "finished", None, hit_class,
-                device, host, storage, computed, recomputed, req.host_match_pages * ps,
-                req.storage_match_pages * ps, req.lb_skip_reason, req.lb_skip_pages * ps, req.storage_skip_reason,
-                prefix, req.protected_pages * ps, req.input_len - prefix,
-                queue, storage_wait, req.lb_ns, lb_exposed, req.lb_queued, req.lb_pages * self.ctrl.page_bytes,
-                req.lb_pages, req.lb_runs, req.storage_bytes, req.storage_fetch_ns, recompute_ns, compute_ns,
-                req.first_token_ns - req.sched_ns, ttft, ideal, if_resident, recompute_instead,
-                req.first_batch_id, req.num_chunks, req.first_token_ns, now, req.session, req.think_ms,
-                req.trace_arrival_ns, self.rank) + req.route + (decode_wait, req.retractions)))
+            route = req.route
+            host_match, storage_match = req.host_match_pages * ps, req.storage_match_pages * ps
+            lb_skipped = req.lb_skip_pages * ps
+            # The miss reasons (engine/miss.py) from the record's own columns, those it reads
+            miss = miss_split({
+                "computed_tokens": computed, "recomputed_tokens": recomputed,
+                "loadback_skipped_reason": req.lb_skip_reason, "loadback_skipped_tokens": lb_skipped,
+                "storage_skipped_reason": req.storage_skip_reason, "storage_match_tokens": storage_match,
+                "storage_hit_tokens": storage, "device_hit_tokens": device, "host_match_tokens": host_match,
+                "dp_rank": self.rank, "best_rank": route[6], "best_rank_device_tokens": route[7],
+                "best_rank_host_tokens": route[8], "arrival_device_tokens": route[4],
+                "arrival_host_tokens": route[5]},
+                self.miss.take(req.seq) if self.miss is not None else MissFacts(0, 0), ps,
+                self.ctrl.storage is not None)
+            emit(
+                req_id=req.req_id, seq=req.seq, arrival_ns=req.arrival_ns, input_tokens=req.input_len,
+                output_tokens=req.output_len, status="finished", reject_reason=None, hit_class=hit_class,
+                device_hit_tokens=device, host_hit_tokens=host, storage_hit_tokens=storage,
+                computed_tokens=computed, recomputed_tokens=recomputed, host_match_tokens=host_match,
+                storage_match_tokens=storage_match, loadback_skipped_reason=req.lb_skip_reason,
+                loadback_skipped_tokens=lb_skipped, storage_skipped_reason=req.storage_skip_reason,
+                prefix_indices_len=prefix, cache_protected_len=req.protected_pages * ps,
+                extend_input_len=req.input_len - prefix, queue_ns=queue, storage_wait_ns=storage_wait,
+                loadback_ns=req.lb_ns, loadback_exposed_ns=lb_exposed, loadback_queued_ns=req.lb_queued,
+                loadback_bytes=req.lb_pages * self.ctrl.page_bytes, loadback_pages=req.lb_pages,
+                loadback_runs=req.lb_runs, storage_bytes=req.storage_bytes, storage_fetch_ns=req.storage_fetch_ns,
+                recompute_ns=recompute_ns, compute_ns=compute_ns, prefill_ns=req.first_token_ns - req.sched_ns,
+                ttft_ns=ttft, ideal_ttft_ns=ideal, ttft_if_device_resident_ns=if_resident,
+                recompute_instead_ns=recompute_instead, first_batch_id=req.first_batch_id,
+                num_chunks=req.num_chunks, first_token_ns=req.first_token_ns, finish_ns=now,
+                session_id=req.session, think_ms=req.think_ms, trace_arrival_ns=req.trace_arrival_ns,
+                dp_rank=self.rank, route_branch=route[0], route_reason=route[1], route_score=route[2],
+                route_score_name=route[3], arrival_device_tokens=route[4], arrival_host_tokens=route[5],
+                best_rank=route[6], best_rank_device_tokens=route[7], best_rank_host_tokens=route[8],
+                ranks_json=route[9], decode_wait_ns=decode_wait, retractions=req.retractions,
+                miss_never_cached_tokens=miss["never_cached"],
+                miss_evicted_before_reuse_tokens=miss["evicted_before_reuse"],
+                miss_lost_while_queued_tokens=miss["lost_while_queued"],
+                miss_loadback_skipped_tokens=miss["loadback_skipped"],
+                miss_prefetch_declined_tokens=miss["prefetch_declined"],
+                miss_prefetch_revoked_tokens=miss["prefetch_revoked"],
+                miss_shared_in_batch_tokens=miss["shared_in_batch"],
+                miss_routed_elsewhere_tokens=miss["routed_elsewhere"],
+                miss_beyond_storage_tokens=miss["beyond_storage"])
         if self.progress is not None and st.requests_finished % 256 == 0:
             self.progress(st.requests_finished, now, st)
-
-    def _with_misses(self, req: Req, record: tuple) -> tuple:
-        """The record with its miss-reason columns (engine/miss.py) set by name from its own columns."""
-        rec = RequestRecord(*record)
-        facts = self.miss.take(req.seq) if self.miss is not None else MissFacts(0, 0)
-        split = miss_split(rec._asdict(), facts, self.ps, self.ctrl.storage is not None)
-        return tuple(rec._replace(**{col: split[r] for r, col in zip(MISS_REASONS, MISS_COLUMNS)}))
 
     def rules_split(self, req: Req) -> tuple[int, int, int]:
         """The cached prefix by tier in tokens, as the rule set's release reports it

@@ -35,7 +35,7 @@ from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.arrivals import ArrivalSource, pause_ms
 from tierdiag.engine.controller import CacheController, EngineStats
 from tierdiag.engine.costmodel import CostModel
-from tierdiag.engine.miss import NO_MISSES, MissTracker
+from tierdiag.engine.miss import MissTracker
 from tierdiag.engine.pagemap import blame
 from tierdiag.engine.prefetch import StoragePrefetch, prefetch_limit_tokens
 from tierdiag.engine.queue_policy import queue_policy
@@ -248,14 +248,32 @@ class Scheduler(StoragePrefetch, RequestRecords):
             self.on_leave(req, req.arrival_ns)
         if ends_session and req.session is not None and self.arrivals.closed:
             self.arrivals.rejected(req.session, req.arrival_ns)
-        if self.emit.record is not None:
-            self.emit.record((
-                req.req_id, req.seq, req.arrival_ns, req.input_len, req.output_len, "rejected", reason, None,
-                0, 0, 0, 0, 0, 0, 0, None, 0, None, 0, 0, 0,
-                None, None, None, None, None, 0, 0, 0, 0, None, None, None, None, None, None, None, None,
-                None, 0, None, None, req.session, req.think_ms, req.trace_arrival_ns, self.rank) + req.route
-                + (None, req.retractions)
-                + NO_MISSES)  # a rejected request computed nothing: no miss reasons (miss.py)
+        emit = self.emit.request
+        if emit is not None:
+            # A rejected request: arrived, never served; its other columns at their rejected
+            # values (0 where the column counts, NULL where it times or names), no miss reasons
+            # (it computed nothing: miss.py), its routing columns as decided.
+            route = req.route
+            emit(req_id=req.req_id, seq=req.seq, arrival_ns=req.arrival_ns, input_tokens=req.input_len,
+                 output_tokens=req.output_len, status="rejected", reject_reason=reason, hit_class=None,
+                 device_hit_tokens=0, host_hit_tokens=0, storage_hit_tokens=0, computed_tokens=0,
+                 recomputed_tokens=0, host_match_tokens=0, storage_match_tokens=0, loadback_skipped_reason=None,
+                 loadback_skipped_tokens=0, storage_skipped_reason=None, prefix_indices_len=0,
+                 cache_protected_len=0, extend_input_len=0, queue_ns=None, storage_wait_ns=None, loadback_ns=None,
+                 loadback_exposed_ns=None, loadback_queued_ns=None, loadback_bytes=0, loadback_pages=0,
+                 loadback_runs=0, storage_bytes=0, storage_fetch_ns=None, recompute_ns=None, compute_ns=None,
+                 prefill_ns=None, ttft_ns=None, ideal_ttft_ns=None, ttft_if_device_resident_ns=None,
+                 recompute_instead_ns=None, first_batch_id=None, num_chunks=0, first_token_ns=None, finish_ns=None,
+                 session_id=req.session, think_ms=req.think_ms, trace_arrival_ns=req.trace_arrival_ns,
+                 dp_rank=self.rank, route_branch=route[0], route_reason=route[1], route_score=route[2],
+                 route_score_name=route[3], arrival_device_tokens=route[4], arrival_host_tokens=route[5],
+                 best_rank=route[6], best_rank_device_tokens=route[7], best_rank_host_tokens=route[8],
+                 ranks_json=route[9], decode_wait_ns=None, retractions=req.retractions,
+                 miss_never_cached_tokens=None, miss_evicted_before_reuse_tokens=None,
+                 miss_lost_while_queued_tokens=None, miss_loadback_skipped_tokens=None,
+                 miss_prefetch_declined_tokens=None, miss_prefetch_revoked_tokens=None,
+                 miss_shared_in_batch_tokens=None, miss_routed_elsewhere_tokens=None,
+                 miss_beyond_storage_tokens=None)
             if self.emit.tick is not None:  # rejections come without batches: a trace of them stays bounded
                 self.emit.tick()
 

@@ -247,7 +247,7 @@ class Emitters:
     `emit`, as always."""
 
     __slots__ = ("arrived", "matched", "skipped", "transfer", "eviction", "lost", "batch", "prefill_done",
-                 "first_token", "pool_sample", "record", "decode_step", "tick")
+                 "first_token", "pool_sample", "record", "decode_step", "tick", "request")
 
     _CLASSES = {"arrived": RequestArrived, "matched": PrefixMatched, "skipped": LoadBackSkipped,
                 "transfer": Transfer, "eviction": Eviction, "lost": PrefixLostPages, "batch": BatchScheduled,
@@ -258,6 +258,10 @@ class Emitters:
         for name, cls in self._CLASSES.items():
             setattr(self, name, None if probe is None else _emitter(probe, cls))
         self.tick = getattr(probe, "tick", None)
+        # The request record by name (issue 38): `emit.request(req_id=..., seq=..., ...)`, every
+        # field a keyword (those RequestRecord gives a default may be left out); None where no
+        # record is emitted. Builds the same tuple `record` takes, in the columns' order.
+        self.request = None if self.record is None else by_keyword(RequestRecord, self.record)
 
 
 def _emitter(probe, cls):
@@ -271,3 +275,32 @@ def _emitter(probe, cls):
     if cls is RequestRecord:  # a request's record reaches a plain probe as RequestFinished
         return lambda fields: emit(RequestFinished(RequestRecord(*fields)))
     return lambda fields: emit(cls(*fields))
+
+
+_BY_KEYWORD: dict = {}
+
+
+def by_keyword(cls, emit):
+    """`emit` (a callable taking the tuple of `cls`'s fields in order) as a function taking every
+    field by keyword: `by_keyword(RequestRecord, emit)(req_id="7", seq=6, ...)` calls
+    `emit(("7", 6, ...))`. A field `cls` gives a default may be left out; one it does not, or a
+    name it has not, is a TypeError naming it (Python's own). One generated function a class
+    (compiled once), its `emit` bound as a default: one Python frame a row, and no dict or
+    NamedTuple built on the way (the recorder stores the tuple as it comes)."""
+    make = _BY_KEYWORD.get(cls)
+    if make is None:
+        fields = cls._fields
+        defaults = cls._field_defaults
+        if any(not f.isidentifier() or f.startswith("_") for f in fields):
+            raise ValueError(f"{cls.__name__}: a field name that is no plain identifier")
+        params = ", ".join(f"{f}=_d_{f}" if f in defaults else f for f in fields)
+        src = (f"def make(_emit, {', '.join(f'_d_{f}' for f in defaults)}):\n"
+               f"    def {cls.__name__.lower()}(*, {params}):\n"
+               f"        _emit(({', '.join(fields)},))\n"
+               f"    return {cls.__name__.lower()}\n")
+        scope: dict = {}
+        exec(compile(src, f"<by_keyword {cls.__name__}>", "exec"), scope)  # noqa: S102 - field names checked above
+        inner = scope["make"]
+        values = tuple(defaults.values())
+        make = _BY_KEYWORD[cls] = lambda emit: inner(emit, *values)
+    return make(emit)

@@ -10,6 +10,7 @@
  *   storage_index.c  the storage tier's index (engine/storage.py)
  *   rows.c           the recorder's RowBuffer (probes/recorder.py) and its decoder into Arrow
  *                    buffers (store/writer.py)
+ *   ticker.c         the recorder's tick (probes/recorder.py: FlushTicker)
  *
  * The numpy (or Python) implementations beside their owners are the reference and the
  * fallback: tierdiag/native/cplane.py chooses one backend for the process. Every function here
@@ -38,8 +39,9 @@
  * build (an editable install's .so compiled from an older source) instead of misusing it.
  * 6: the SHA-256 storage key chain, lookup_prefix, block_page_keys, map_set, gather_pages and
  * decode_rows gone; StorageIndex takes int keys.
- * 7: block_page_keys and map_set back (measured: benchmarks/README.md, session 11). */
-#define CPLANE_API 7
+ * 7: block_page_keys and map_set back (measured: benchmarks/README.md, session 11).
+ * 8: FlushTicker (the recorder's tick; benchmarks/README.md, issue 41). */
+#define CPLANE_API 8
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256
@@ -79,5 +81,6 @@ CP_HIDDEN extern PyMethodDef cp_page_keys_methods[]; /* page_keys.c */
 CP_HIDDEN extern PyMethodDef cp_rows_methods[];    /* rows.c */
 CP_HIDDEN extern PyTypeObject cp_StorageIndexType; /* storage_index.c */
 CP_HIDDEN extern PyTypeObject cp_RowBufferType;    /* rows.c */
+CP_HIDDEN extern PyTypeObject cp_FlushTickerType;  /* ticker.c */
 
 #endif

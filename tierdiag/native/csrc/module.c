@@ -225,7 +225,9 @@ PyInit__cplane(void)
         PyType_Ready(&cp_StorageIndexType) < 0 ||
         PyModule_AddObjectRef(m, "StorageIndex", (PyObject *)&cp_StorageIndexType) < 0 ||
         PyType_Ready(&cp_RowBufferType) < 0 ||
-        PyModule_AddObjectRef(m, "RowBuffer", (PyObject *)&cp_RowBufferType) < 0) {
+        PyModule_AddObjectRef(m, "RowBuffer", (PyObject *)&cp_RowBufferType) < 0 ||
+        PyType_Ready(&cp_FlushTickerType) < 0 ||
+        PyModule_AddObjectRef(m, "FlushTicker", (PyObject *)&cp_FlushTickerType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

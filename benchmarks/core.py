@@ -1,0 +1,223 @@
+"""The engine core's speed (issue 41): `Engine.run` on a trace read beforehand, with and without
+the recorder, against the plain-Python prefix-LRU floor over the same trace's hash ids; each
+a ratio measured in the same process and the same minute, so a fast or slow phase of the
+machine cancels out. Instructions (valgrind's cachegrind, deterministic) where a 5 % change is
+to be told from this shared machine's noise.
+
+    .venv/bin/python benchmarks/core.py [--trace FILE] [--requests N] [--repeats 3]
+                                        [--modes none,record,arrow] [--profile MODE] [--instructions]
+
+Modes (the probe the engine is given):
+  none     no probe (what `replay --no-probes` runs)
+  record   the Recorder with a sink that drops what it is handed: the engine's own cost of the
+           probes (events built, buffered, handed over), what a replay with the writer process
+           pays on the engine's core
+  arrow    the Recorder, its hand-overs made the store's Arrow columns (store/columns.py
+           table_columns) on this thread: the inline writer's cost short of DuckDB
+
+`--profile MODE` prints cProfile's top functions of one run of MODE instead. `--instructions`
+counts each mode's `Engine.run` under cachegrind (the trace read counted alone and taken off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+DEFAULT_TRACE = ROOT / ".." / "shared" / "traces" / "conversation_trace.jsonl"
+MODES = ("none", "record", "arrow")
+
+
+def read(trace: Path, requests: int | None):
+    from tierdiag.config.engine import EngineConfig
+    from tierdiag.trace.reader import ReadReport, read_trace
+
+    cfg = EngineConfig()
+    reqs = list(read_trace(trace, block_size=cfg.block_size, skip_bad=False, report=ReadReport()))
+    return cfg, reqs[:requests] if requests else reqs
+
+
+def lru_floor(reqs, capacity_blocks: int) -> int:
+    """The floor: a plain-Python prefix LRU over the requests' hash ids (a request hits the
+    leading blocks already cached, stops at the first miss, and caches the rest), the least
+    recently used block evicted first. Returns the blocks hit."""
+    cache: OrderedDict = OrderedDict()
+    hits = 0
+    for r in reqs:
+        missed = False
+        for h in r.hash_ids or ():
+            if not missed and h in cache:
+                cache.move_to_end(h)
+                hits += 1
+                continue
+            missed = True
+            cache[h] = None
+            cache.move_to_end(h)
+            if len(cache) > capacity_blocks:
+                cache.popitem(last=False)
+    return hits
+
+
+def make_probe(mode: str):
+    if mode == "none":
+        return None
+    from tierdiag.probes.recorder import Recorder
+
+    if mode == "record":
+        return Recorder(rows_sink=lambda tables: None)
+    from tierdiag.store.columns import table_columns
+
+    def to_arrow(tables):
+        for table, (fields, rows) in tables.items():
+            table_columns(table, fields, rows)
+
+    return Recorder(rows_sink=to_arrow)
+
+
+def run_once(cfg, reqs, mode: str) -> float:
+    from tierdiag.engine.engine import Engine
+
+    probe = make_probe(mode)
+    with tempfile.TemporaryDirectory() as storage:
+        engine = Engine(cfg, probe=probe, storage_dir=storage)
+        gc.collect()
+        t0 = time.perf_counter()
+        engine.run(reqs)
+        if probe is not None:
+            probe.flush()
+        return time.perf_counter() - t0
+
+
+def timings(cfg, reqs, modes, repeats: int) -> dict:
+    capacity = cfg.resolved_device_tokens() // cfg.block_size
+    out: dict[str, list[float]] = {m: [] for m in (*modes, "lru_floor")}
+    for _ in range(repeats):  # interleaved: each repeat runs every mode once
+        for m in modes:
+            out[m].append(run_once(cfg, reqs, m))
+        t0 = time.perf_counter()
+        lru_floor(reqs, capacity)
+        out["lru_floor"].append(time.perf_counter() - t0)
+    med = {m: sorted(v)[len(v) // 2] for m, v in out.items()}
+    return {"seconds": out, "median": med}
+
+
+def profile(cfg, reqs, mode: str, top: int) -> None:
+    import cProfile
+    import pstats
+
+    from tierdiag.engine.engine import Engine
+
+    probe = make_probe(mode)
+    with tempfile.TemporaryDirectory() as storage:
+        engine = Engine(cfg, probe=probe, storage_dir=storage)
+        prof = cProfile.Profile()
+        prof.enable()
+        engine.run(reqs)
+        if probe is not None:
+            probe.flush()
+        prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
+_DRIVER = """
+import gc, sys
+sys.path.insert(0, {root!r})
+sys.path.insert(0, {code!r})
+from benchmarks.core import read, make_probe
+from pathlib import Path
+cfg, reqs = read(Path({trace!r}), {requests!r})
+gc.set_threshold(50_000, 20, 100)
+mode = sys.argv[1]
+import tempfile
+from tierdiag.engine.engine import Engine
+from tierdiag.probes.recorder import Recorder
+from tierdiag.store.columns import table_columns
+if mode != "read":
+    probe = make_probe(mode)
+    with tempfile.TemporaryDirectory() as storage:
+        Engine(cfg, probe=probe, storage_dir=storage).run(reqs)
+        if probe is not None:
+            probe.flush()
+"""
+
+
+def instructions(trace: Path, requests: int | None, modes, code: Path = ROOT) -> dict:
+    """Each mode's `Engine.run` instructions by the engine of checkout `code` (this one by
+    default; its extension built in place): the driver (this file) stays this checkout's."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    driver = _DRIVER.format(root=str(ROOT), code=str(code), trace=str(trace), requests=requests)
+    counts = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "cg.out"
+        for mode in ("read", *modes):
+            proc = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}",
+                                   sys.executable, "-c", driver, mode], cwd=ROOT, capture_output=True, text=True,
+                                  # one BLAS thread: an idle one spins, and its spinning is counted
+                                  env={**os.environ, "PYTHONPATH": f"{code}:{ROOT}", "OPENBLAS_NUM_THREADS": "1"})
+            found = re.search(r"I\s+refs:\s+([\d,]+)", proc.stderr)
+            if proc.returncode or found is None:
+                raise SystemExit(f"{mode}: failed under valgrind: {proc.stderr.strip().splitlines()[-3:]}")
+            counts[mode] = int(found.group(1).replace(",", ""))
+    fixed = counts.pop("read")
+    return {m: n - fixed for m, n in counts.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    ap.add_argument("--requests", type=int, default=None, help="the first N requests (default: all)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--profile", choices=MODES, default=None)
+    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--instructions", action="store_true")
+    ap.add_argument("--code", type=Path, default=ROOT,
+                    help="--instructions: count the engine of this checkout (before/after in one run)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise SystemExit(f"--modes: {', '.join(bad)} not among {', '.join(MODES)}")
+    trace = args.trace.resolve()
+    if args.instructions:
+        counts = instructions(trace, args.requests, modes, args.code.resolve())
+        base = counts.get("none")
+        for m, n in counts.items():
+            print(f"| {m} | {n / 1e9:.3f} G | {n / base if base else float('nan'):.3f} |")
+        if args.json:
+            print(json.dumps(counts))
+        return
+    cfg, reqs = read(trace, args.requests)
+    gc.set_threshold(50_000, 20, 100)  # as a replay sets it
+    if args.profile:
+        profile(cfg, reqs, args.profile, args.top)
+        return
+    res = timings(cfg, reqs, modes, args.repeats)
+    med = res["median"]
+    floor = med["lru_floor"]
+    print(f"{trace.name}: {len(reqs)} requests, medians of {args.repeats} interleaved")
+    print("| mode | Engine.run | req/s | vs none | vs LRU floor |")
+    print("|---|---|---|---|---|")
+    for m in (*modes, "lru_floor"):
+        vs_none = med[m] / med["none"] if "none" in med else float("nan")
+        print(f"| {m} | {med[m]:.3f} s | {len(reqs) / med[m]:,.0f} | {vs_none:.3f} | {med[m] / floor:.1f}x |")
+    if args.json:
+        print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""MissTracker.scheduled counts a request's pages that an earlier request of the same prefill
+batch computes (engine/miss.py). It runs for every admitted request of a probed replay, so it
+counts in C (`map(set.__contains__, ...)`) and skips the batch's first request; this checks it
+against the counting it replaced, a Python loop a page, on hostile streams of batches."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tierdiag.engine.miss import MissTracker
+
+
+def _reference(calls, ps):
+    shared, batch_ns, batch = {}, None, set()
+    for now, seq, keys, input_len, first, end in calls:
+        if now != batch_ns:
+            batch_ns, batch = now, set()
+        n = sum(1 for k in keys[first:input_len // ps] if k in batch)
+        if n:
+            shared[seq] = n
+        batch.update(keys[first:end])
+    return shared
+
+
+_KEYS = st.lists(st.one_of(st.integers(min_value=-(2**63), max_value=2**64), st.sampled_from([0, 1, 2, 3])),
+                 max_size=30)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ps=st.sampled_from([1, 2, 16, 64]),
+       calls=st.lists(st.tuples(st.integers(min_value=0, max_value=3), _KEYS,
+                                st.integers(min_value=0, max_value=2000), st.integers(min_value=-3, max_value=40),
+                                st.integers(min_value=-3, max_value=40)), max_size=25))
+def test_shared_pages_in_a_batch_are_counted_as_the_page_loop_counted_them(ps, calls):
+    tracker = MissTracker(ps)
+    stream = [(now, seq, keys, input_len, first, end) for seq, (now, keys, input_len, first, end) in enumerate(calls)]
+    for now, seq, keys, input_len, first, end in stream:
+        tracker.scheduled(SimpleNamespace(seq=seq, keys=keys, input_len=input_len), now, first, end)
+    assert tracker._shared == _reference(stream, ps)
+    for seq in range(len(stream)):
+        assert tracker.take(seq).shared_pages == _reference(stream, ps).get(seq, 0)
