@@ -136,6 +136,18 @@ class Capture:
             self.records[e.record.req_id] = e.record
 
 
+def engine_state(engine) -> dict:
+    """The engine's memory state once a batch is formed (its admissions allocated), the same
+    fields as the SGLang side's (`sglang0523_scheduler._state`): free, evictable and locked
+    device tokens, backups in flight (a backed-up node stays locked until its copy's modelled
+    end: CacheController.backup), free host tokens, requests waiting and running."""
+    sched, ctrl, tree, ps = engine.scheduler, engine.scheduler.ctrl, engine.scheduler.tree, engine.cfg.page_size
+    backups = sum(1 for e in sched._events if e[2] == tree.dec_lock)
+    return {"free": ctrl.device.free_pages * ps, "evictable": tree.evictable_device_pages * ps,
+            "locked": tree.locked_device_pages * ps, "backups": backups,
+            "host_free": ctrl.host.free_pages * ps, "waiting": len(sched.waiting), "running": len(sched.running)}
+
+
 def trace_requests(w: Workload) -> list[TraceRequest]:
     return [TraceRequest(req_id=r["id"], seq=i, line=i + 1, arrival_ns=r["arrival_ns"], input_len=r["input_len"],
                          output_len=r["output_len"], hash_ids=tuple(r["hash_ids"]), tokens=None,
@@ -161,6 +173,7 @@ def run_engine(w: Workload, switches) -> dict:
             mark = list(cap.evicted)
             cap.current = {"t": now, "kind": "prefill", "members": [], "evicted_before": mark}
             end = form(now)
+            cap.current["state"] = engine_state(engine)
             if end is not None:
                 if not cap.current["members"]:  # no request prefilled: a decode step (engines that step decode)
                     cap.current["kind"] = "decode"
@@ -190,7 +203,8 @@ def prefill_steps(steps: list[dict]) -> list[dict]:
     out = []
     for s, nxt in zip(marks, marks[1:]):
         out.append({"t": s["t"], "kind": s["kind"], "members": [list(m) for m in s["members"]],
-                    "evicted": [b - a for a, b in zip(s["evicted_before"], nxt["evicted_before"])]})
+                    "evicted": [b - a for a, b in zip(s["evicted_before"], nxt["evicted_before"])],
+                    "state": s.get("state")})
     return out
 
 
@@ -253,7 +267,14 @@ def compare(w: Workload, theirs: dict, ours: dict, switches) -> Report:
                     lines.append(f"  {f}: sglang={a}\n  {' ' * len(f)}  engine={b}")
                 prev = s_steps[i - 1] if 0 < i <= len(s_steps) else None
                 if prev is not None:
-                    lines.append(f"  (step before, both sides agreeing: {prev})")
+                    shown = {k: v for k, v in prev.items() if k != "state"}
+                    lines.append(f"  (step before, both sides agreeing: {shown})")
+                for j, when in ((i - 1, "step before"), (i, "this step")):
+                    if 0 <= j:
+                        a = s_steps[j].get("state") if j < len(s_steps) else None
+                        b = e_steps[j].get("state") if j < len(e_steps) else None
+                        lines.append(f"  memory once formed ({when}): sglang={a}\n"
+                                     f"  {' ' * len(when)}                      engine={b}")
                 rep.first_step = "\n".join(lines)
     s_req, e_req = theirs["requests"], ours["requests"]
     ratios = []

@@ -510,7 +510,7 @@ def run_workload(spec: dict) -> dict:
             break
         idle_passes = 0
         mode = batch.forward_mode
-        step = {"t": clock, "evicted_before": mark}
+        step = {"t": clock, "evicted_before": mark, "state": _state(sch, tree)}
         if mode.is_extend() or mode.is_mixed():
             n_new = len(batch.reqs) - (batch.decoding_reqs and len(batch.decoding_reqs) or 0) if mode.is_mixed() \
                 else len(batch.reqs)
@@ -564,6 +564,17 @@ def run_workload(spec: dict) -> dict:
                   "evicted_before": [evicted["device"], evicted["host"]]})
     return {"steps": steps, "requests": out, "missing": sorted(MISSING),
             "core": type(tree.tree_core).__name__}
+
+
+def _state(sch, tree) -> dict:
+    """The memory state once a batch is formed (its allocation done), for the first diverging
+    step's printout: free, evictable and locked device tokens, backups in flight (a write-through
+    node stays locked until its copy is acknowledged), free host tokens."""
+    ctrl = getattr(tree, "cache_controller", None)
+    return {"free": int(sch.token_to_kv_pool_allocator.available_size()), "evictable": int(tree.evictable_size()),
+            "locked": int(tree.protected_size()), "backups": len(getattr(tree, "ongoing_write_through", ()) or ()),
+            "host_free": None if ctrl is None else int(ctrl.mem_pool_host.available_size()),
+            "waiting": len(sch.waiting_queue), "running": sch.running_batch.batch_size()}
 
 
 def _insert_pending(pending: list, pi: int, rid: str, arrival: dict) -> None:

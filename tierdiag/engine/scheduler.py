@@ -86,6 +86,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         self.progress = progress
         self.ps = cfg.page_size
         self.waiting: list[Req] = []
+        self._pending_alloc: list[tuple[Req, int, int]] = []  # 0.5.23: extends allocated with the batch
         self.chunked: Req | None = None
         # The running (decoding) batch, in merge order, and what SGLang keeps beside it:
         # `batch_is_full` (a NO_TOKEN with requests running shuts admission until one leaves),
@@ -94,6 +95,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         # a step's KV read is S + len(running) x step.
         self.running: list[Req] = []
         self.batch_is_full = False
+        self._last_batch_shrank = False  # the last prefill batch lost a member before merging
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.dstep = 0
         self._kv_base = 0
@@ -273,6 +275,12 @@ class Scheduler(StoragePrefetch, RequestRecords):
         GPU is free again, None when nothing ran."""
         self.ctrl.blocking_ns = 0
         self._retry_prefetches(now)  # _process_hicache_events, every pass
+        if self._last_batch_shrank:
+            # get_next_batch_to_run: the last prefill batch is filtered before it merges into the
+            # running batch (`last_batch.filter_batch(reqs_to_exclude=[its chunked_req])`, and its
+            # finished requests); "if last_batch.batch_size() < last_bs: batch_is_full = False"
+            self._last_batch_shrank = False
+            self.batch_is_full = False
         if not self.running:
             self.batch_is_full = False  # "An empty batch has no request left to leave"
         items = None
@@ -360,9 +368,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
             if self._rem_total() <= 0 or self._rem_current() <= 0:  # budget_state: NO_TOKEN
                 self.batch_is_full = True
                 break
-        if items and self.rules.batch_alloc_page_per_request and self.ctrl.device.free_pages < len(items):
-            # alloc_paged_token_slots_extend: the batch's eviction leaves a page a request free
-            self.ctrl.evict_device(len(items), items[-1][0].req_id, now)
+        if self.rules.batch_alloc_page_per_request:
+            self._alloc_batch(items, now)
         return items or None
 
     def _running_reserve(self) -> int:
@@ -481,16 +488,26 @@ class Scheduler(StoragePrefetch, RequestRecords):
             tree.dec_lock(dev_node)
             return OTHER  # re-selected as recompute: the declined host part counted as input
         take = self._take(req.fill_len - prefix_pages * ps, budget)
-        # alloc_paged_token_slots_extend: the extend's eviction (with the rule set's page a request)
         need = self._pages_through(req, prefix_pages * ps + take) - prefix_pages
-        if not ctrl.evict_device(need, req.req_id, now, reserve_pages=self.rules.alloc_overhead_pages):
-            raise EngineError(f"request {req.req_id}: admitted with {need} device pages needed, but eviction "
-                              f"could not free them ({ctrl.device.free_pages} free, "
-                              f"{tree.evictable_device_pages} evictable)")
-        if load:
-            tree.release_host(host_nodes[-1])
-        slots = ctrl.device.alloc(need)
-        assert slots is not None, "evict_device reported room that alloc could not find"
+        if self.rules.batch_alloc_page_per_request:
+            # 0.5.23: the extend is allocated with the batch (prepare_for_extend ->
+            # alloc_paged_token_slots_extend, one eviction for every member: _alloc_batch), after
+            # every member's prefix is locked; until then PrefillBudget.reserve holds its
+            # page-ceiled extend against the pass's budget.
+            if load:
+                tree.release_host(host_nodes[-1])
+            self._defer_alloc(req, need, take)
+            slots = []
+        else:
+            # alloc_paged_token_slots_extend: the extend's eviction (with the rule set's page a request)
+            if not ctrl.evict_device(need, req.req_id, now, reserve_pages=self.rules.alloc_overhead_pages):
+                raise EngineError(f"request {req.req_id}: admitted with {need} device pages needed, but eviction "
+                                  f"could not free them ({ctrl.device.free_pages} free, "
+                                  f"{tree.evictable_device_pages} evictable)")
+            if load:
+                tree.release_host(host_nodes[-1])
+            slots = ctrl.device.alloc(need)
+            assert slots is not None, "evict_device reported room that alloc could not find"
         lb_ns = 0
         lock_node = dev_node
         if load:
@@ -577,11 +594,46 @@ class Scheduler(StoragePrefetch, RequestRecords):
         mem = int(self._rem_total())
         take = self._take(remaining, budget) if mem <= 0 or mem >= budget else min(remaining, mem)
         need = self._pages_through(req, req.done_tokens + take) - req.own_from - len(req.own_slots)
-        if need > 0:
+        if self.rules.batch_alloc_page_per_request:
+            self._defer_alloc(req, max(need, 0), take)  # with the batch (0.5.23: _alloc_batch)
+        elif need > 0:
             if not self.ctrl.evict_device(need, req.req_id, now, reserve_pages=self.rules.alloc_overhead_pages):
                 return None
             req.own_slots.extend(self.ctrl.device.alloc(need))
         return take
+
+    def _defer_alloc(self, req: Req, pages: int, take: int) -> None:
+        """0.5.23: a member's extend waits for the batch's allocation (`_alloc_batch`); the pass's
+        budget holds its page-ceiled extend meanwhile (PrefillBudget.reserve: `immediate`)."""
+        self._pending_alloc.append((req, pages, take))
+        held = -(-take // self.ps) * self.ps
+        self._total_offset += held
+        self._cur_offset += held
+
+    def _alloc_batch(self, items, now: int) -> None:
+        """ScheduleBatch.prepare_for_extend -> alloc_for_extend -> alloc_paged_token_slots_extend
+        (0.5.23): once every member is admitted (their prefixes locked), one eviction for the
+        batch's `conservative_num_tokens` = its extend tokens (not page-ceiled) + a page a member
+        (`evict_to_free_tokens`: the shortfall against the free tokens), then each member's pages
+        in batch order. The engine allocated each extend at its admission before (evicting a
+        page-ceiled extend and a page each, then a page a member for the batch): more evicted
+        when extends end mid-page, and victims chosen before later members had matched and
+        locked their prefixes."""
+        pending, self._pending_alloc = self._pending_alloc, []
+        if not pending:
+            return
+        ps, ctrl = self.ps, self.ctrl
+        conservative = sum(take for _, _, take in pending) + len(items) * ps
+        ctrl.evict_device(-(-conservative // ps), items[-1][0].req_id, now)
+        for req, pages, _ in pending:
+            if pages <= 0:
+                continue
+            slots = ctrl.device.alloc(pages)
+            if slots is None:
+                raise EngineError(f"request {req.req_id}: admitted with {pages} device pages needed, but eviction "
+                                  f"could not free them ({ctrl.device.free_pages} free, "
+                                  f"{self.tree.evictable_device_pages} evictable)")
+            req.own_slots.extend(slots)
 
     def _run_batch(self, items, now: int) -> int:
         """A prefill batch on the GPU; with `enable_mixed_chunk` it carries a decode step of the
@@ -686,6 +738,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         locked; under 0.5.9 no hit is counted and nothing is backed up (_inc_hit_count skips
         chunked); under 0.5.23 the chunk's new pages count a hit and may be backed up at once."""
         self._insert(req, min(req.done_tokens // self.ps, len(req.keys)), self._current, chunk=True)
+        self._last_batch_shrank = True  # the batch's chunked_req leaves it at the next pass
 
     def _prefill_done(self, req: Req) -> None:
         """process_batch_result_prefill: the last chunk samples a token. A request that goes on
@@ -701,6 +754,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         if req.first_token_ns is None:
             self._first_token(req)
         if done:
+            self._last_batch_shrank = True  # finished in its prefill batch: filtered out of it
             self._finish(req)
         else:
             self._join(req)
