@@ -99,14 +99,15 @@ def tiny(req_id: str, t_ms: float) -> TraceRequest:
 def _refresh_run(**kw):
     """x (4 pages) then y (4 other pages) finish and stay cached; 30 passes of tiny requests
     follow; at 2 s B (7 pages + 1 token) and w (x's 4 pages + 3 more) arrive together, B first:
-    the 33rd pass. B's allocation needs one page more than is free: LRU evicts one whole node,
-    x (older) or y."""
+    the 33rd pass. B's extend fills the prefill budget (8 pages), so w waits for the next batch;
+    B's allocation needs one page more than is free: LRU evicts one whole node, x (older) or y.
+    (In one batch, w's match would lock x before the batch's eviction: `_alloc_batch`.)"""
     x = req("x", 0, pages(1, 4), output=1)
     y = req("y", 1000, pages(100, 4), output=1)
     fillers = [tiny(f"t{i}", 1100 + 10 * i) for i in range(kw.pop("fillers", 30))]
     b = req("B", 2000, pages(200, 7), output=1)
     w = req("w", 2000, pages(1, 4) + pages(300, 3), output=1)
-    _, probe = helpers.run([x, y, *fillers, b, w], **kw)
+    _, probe = helpers.run([x, y, *fillers, b, w], max_prefill_tokens=8 * PS, **kw)
     return probe.records["w"]
 
 
@@ -367,17 +368,40 @@ def test_a_decode_step_waits_for_the_write_back_its_eviction_needs():
 
 
 def test_the_batch_allocation_leaves_a_page_a_request_free():
-    """allocation.py `alloc_paged_token_slots_extend` (0.5.23) evicts once for the batch: its
-    extend plus a page a request (`conservative_num_tokens`), only the shortfall
-    (`evict_to_free_tokens`). x1 and x2 leave a cached page each (14 of 16 free); a and b (6
-    pages + 1 token: 7 pages each) come in one batch: 14 pages + 2 is 2 more than free, so x1 and
-    x2 go. The engine allocates request by request (b's allocation evicts x1 for its own page
-    and leaves 1 free), then evicts for the rest of the batch's pages: x2."""
+    """allocation.py `alloc_paged_token_slots_extend` (0.5.23) evicts once for the batch, in
+    `prepare_for_extend` after every member was admitted: `conservative_num_tokens` =
+    `extend_num_tokens` (the sum of the members' extends, not page-ceiled:
+    `sum(len(ids) for ids in input_ids)`) plus a page a request, only the shortfall against the
+    free tokens (`evict_to_free_tokens`). x1 and x2 leave a cached page each (14 of 16 pages
+    free, 896 tokens); a and b (6 pages + 1 token: 385 tokens, 7 pages each) come in one batch:
+    770 + 2 x 64 = 898 tokens, 2 short, so one node goes (x1, the older) and 15 pages are free
+    for their 14. Counting page-ceiled extends (14 pages + 2 = 16) would take x2 too.
+    (SGLang 0.5.23's Scheduler evicts x1 alone on this workload: tests/sglang harness.)"""
     x1, x2 = req("x1", 0, pages(1, 1), output=1), req("x2", 100, pages(2, 1), output=1)
     a, b = req("a", 1000, pages(100, 6), output=1), req("b", 1000, pages(200, 6), output=1)
     engine, probe = run_batches([x1, x2, a, b])
-    assert [e.owner_req_id for e in probe.evictions if e.tier == "device"] == ["x1", "x2"]
+    assert [e.owner_req_id for e in probe.evictions if e.tier == "device"] == ["x1"]
     assert probe.records["a"].first_batch_id == probe.records["b"].first_batch_id
+
+
+def test_the_batch_evicts_after_every_member_locked_its_prefix():
+    """`Scheduler.get_new_batch_prefill` (0.5.23): PrefillAdder admits every member first (each
+    `match_prefix` + `inc_lock_ref` of its device prefix, no allocation), then
+    `ScheduleBatch.prepare_for_extend` -> `alloc_for_extend` evicts once for the batch. So a
+    later member's cached prefix is locked when the batch evicts, even if LRU would take it
+    first. x (4 pages, older) and y (4 pages) are cached, 8 of 16 pages free (512 tokens); a (7
+    pages + 1 token: 8 pages) and w (x's 4 pages + 1 token) come in one batch: 449 + 1 + 2 x 64
+    = 578 tokens, 66 short. x is w's prefix, locked: y goes, and w hits x on device. Evicting
+    at a's admission, for its 8 pages and the page beside them, before w matched (the engine
+    did) took x, the older, and w recomputed it."""
+    x = req("x", 0, pages(1, 4), output=1)
+    y = req("y", 100, pages(50, 4), output=1)
+    a = req("a", 1000, pages(100, 7), output=1)
+    w = req("w", 1000, pages(1, 4), output=1)
+    engine, probe = run_batches([x, y, a, w], max_prefill_tokens=4096)
+    assert probe.records["a"].first_batch_id == probe.records["w"].first_batch_id
+    assert [e.owner_req_id for e in probe.evictions if e.tier == "device"] == ["y"]
+    assert probe.records["w"].device_hit_tokens == 4 * PS
 
 
 def test_a_chunk_that_ends_mid_page_leaves_its_page_to_the_next_chunk():
@@ -397,3 +421,28 @@ def test_a_chunk_that_ends_mid_page_leaves_its_page_to_the_next_chunk():
     r.own_slots, r.own_from, r.done_tokens = engine.device.alloc(2), 0, 10
     sched._write_chunk(r, 100)
     assert verify_content(engine.device, r.own_slots[:1], r.keys_np[:1])
+
+
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.9"])
+def test_a_request_finished_in_its_prefill_batch_reopens_admission(version):
+    """`Scheduler.get_next_batch_to_run` (both releases): the last prefill batch is filtered
+    before it merges into the running batch (`last_batch.filter_batch(...)`, which drops the
+    requests that finished in it and the batch's chunked request), and "if
+    last_batch.batch_size() < last_bs: running_batch.batch_is_full = False". r decodes 200
+    tokens; a (4 pages + 1 token, one output token) and b (7 pages + 1 token) arrive together:
+    a is admitted, b does not fit beside a's reservation (NO_TOKEN with a admitted:
+    `batch_is_full`). a finishes in its prefill batch, so the next pass tries b again, which
+    fits now that a's pages are cached: b's batch starts when a's ends, no decode step of r
+    between. Keeping batch_is_full until a running request leaves made b wait for r's 199
+    decode steps."""
+    r = req("r", 0, [1], output=200)
+    a = req("a", 1.5, pages(10, 4), output=1)
+    b = req("b", 1.5, pages(20, 7), output=1)
+    engine, probe = run_batches([r, a, b], sglang_rules=version)
+    rec = probe.records
+    a_batch = next(x for x in probe.batches if x.batch_id == rec["a"].first_batch_id)
+    b_batch = next(x for x in probe.batches if x.batch_id == rec["b"].first_batch_id)
+    assert a_batch.batch_id != b_batch.batch_id  # b waited for a pass of its own
+    assert b_batch.t_start_ns == a_batch.t_end_ns
+    assert rec["b"].first_token_ns < rec["r"].finish_ns
+    assert not [s for s in probe.steps if a_batch.t_end_ns <= s.t_start_ns < b_batch.t_start_ns]
