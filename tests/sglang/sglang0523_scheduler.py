@@ -364,7 +364,10 @@ def build(spec: dict) -> HeadlessScheduler:
 
 
 def _make(r: dict, block: int) -> TokenizedGenerateReqInput:
-    sp = SamplingParams(max_new_tokens=r["output_len"], ignore_eos=True)
+    # Not ignore_eos (the engine's model: a request's output ends by itself, max_new_tokens being
+    # the trace's output length; the fake worker never samples an EOS id). The `ignore_eos`
+    # switch sends it as bench clients do, which 0.5.23 reserves differently (not modelled).
+    sp = SamplingParams(max_new_tokens=r["output_len"], ignore_eos="ignore_eos" in SWITCHES)
     sp.normalize(None)
     return TokenizedGenerateReqInput(
         rid=r["id"], input_text=None, input_ids=array("q", input_tokens(r, block)), input_embeds=None,
