@@ -446,3 +446,25 @@ def test_a_request_finished_in_its_prefill_batch_reopens_admission(version):
     assert b_batch.t_start_ns == a_batch.t_end_ns
     assert rec["b"].first_token_ns < rec["r"].finish_ns
     assert not [s for s in probe.steps if a_batch.t_end_ns <= s.t_start_ns < b_batch.t_start_ns]
+
+
+def test_the_first_running_batch_starts_with_admission_open():
+    """`Scheduler.get_next_batch_to_run` (both releases): "if running_batch.is_empty():
+    running_batch = last_batch", the prefill batch itself, whose `batch_is_full` was never set:
+    the NO_TOKEN that set it (`get_new_batch_prefill`: "running_batch.batch_is_full =
+    len(adder.can_run_list) > 0 or ...") marked the empty running batch, which is dropped. a
+    (4 pages + 1 token, 200 output tokens) and b (5 pages + 1 token, 100) arrive together on
+    the 16-page pool with nothing running: a is admitted, b is NO_TOKEN beside a's reservation
+    (0.5.23: 321 + 100 + 64 = 485 tokens against 1,024 - (320 + 64 + 200) = 440). After a's
+    batch the running batch is a's, flag clear: b is tried again and fits (1,024 - a's 5 pages
+    - 199 x 0.7 = 565), its batch starting when a's ends. Keeping the flag made b wait for a's
+    199 decode steps."""
+    a = req("a", 0, pages(1, 4), output=200)
+    b = req("b", 0, pages(20, 5), output=100)
+    engine, probe = run_batches([a, b])
+    rec = probe.records
+    a_batch = next(x for x in probe.batches if x.batch_id == rec["a"].first_batch_id)
+    b_batch = next(x for x in probe.batches if x.batch_id == rec["b"].first_batch_id)
+    assert a_batch.num_reqs == 1 and b_batch.batch_id != a_batch.batch_id
+    assert b_batch.t_start_ns == a_batch.t_end_ns
+    assert rec["b"].first_token_ns < rec["a"].finish_ns

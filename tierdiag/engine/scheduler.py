@@ -95,7 +95,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         # a step's KV read is S + len(running) x step.
         self.running: list[Req] = []
         self.batch_is_full = False
-        self._last_batch_shrank = False  # the last prefill batch lost a member before merging
+        self._admission_reopens = False  # the next pass clears batch_is_full (_batch)
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.dstep = 0
         self._kv_base = 0
@@ -275,11 +275,15 @@ class Scheduler(StoragePrefetch, RequestRecords):
         GPU is free again, None when nothing ran."""
         self.ctrl.blocking_ns = 0
         self._retry_prefetches(now)  # _process_hicache_events, every pass
-        if self._last_batch_shrank:
-            # get_next_batch_to_run: the last prefill batch is filtered before it merges into the
-            # running batch (`last_batch.filter_batch(reqs_to_exclude=[its chunked_req])`, and its
-            # finished requests); "if last_batch.batch_size() < last_bs: batch_is_full = False"
-            self._last_batch_shrank = False
+        if self._admission_reopens:
+            # get_next_batch_to_run clears batch_is_full after the last prefill batch when
+            # (a) it is filtered before it merges into the running batch
+            # (`last_batch.filter_batch(reqs_to_exclude=[its chunked_req])`, and its finished
+            # requests): "if last_batch.batch_size() < last_bs: batch_is_full = False"; or
+            # (b) the running batch was empty: "if running_batch.is_empty(): running_batch =
+            # last_batch", a batch whose flag was never set (the NO_TOKEN that set it marked the
+            # empty batch object, which is dropped)
+            self._admission_reopens = False
             self.batch_is_full = False
         if not self.running:
             self.batch_is_full = False  # "An empty batch has no request left to leave"
@@ -641,6 +645,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
         else they sit it out, nothing retracted), the batch then also taking that step's time."""
         cost, ctrl, ps = self.cost, self.ctrl, self.ps
         mixed_ns = 0
+        if not self.running:
+            self._admission_reopens = True  # (b) in _batch: its members start the running batch
         if self.mixed_chunk and self.running and self._decode_fits(self.running, now):
             mixed_ns = self._decode_step(now)
         self._batch_id += self.id_step
@@ -738,7 +744,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         locked; under 0.5.9 no hit is counted and nothing is backed up (_inc_hit_count skips
         chunked); under 0.5.23 the chunk's new pages count a hit and may be backed up at once."""
         self._insert(req, min(req.done_tokens // self.ps, len(req.keys)), self._current, chunk=True)
-        self._last_batch_shrank = True  # the batch's chunked_req leaves it at the next pass
+        self._admission_reopens = True  # the batch's chunked_req leaves it at the next pass
 
     def _prefill_done(self, req: Req) -> None:
         """process_batch_result_prefill: the last chunk samples a token. A request that goes on
@@ -754,7 +760,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         if req.first_token_ns is None:
             self._first_token(req)
         if done:
-            self._last_batch_shrank = True  # finished in its prefill batch: filtered out of it
+            self._admission_reopens = True  # finished in its prefill batch: filtered out of it
             self._finish(req)
         else:
             self._join(req)
