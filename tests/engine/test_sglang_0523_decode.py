@@ -468,3 +468,19 @@ def test_the_first_running_batch_starts_with_admission_open():
     assert a_batch.num_reqs == 1 and b_batch.batch_id != a_batch.batch_id
     assert b_batch.t_start_ns == a_batch.t_end_ns
     assert rec["b"].first_token_ns < rec["a"].finish_ns
+
+
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.9"])
+def test_at_page_1_the_extend_evicts_for_itself_alone(version):
+    """`alloc_for_extend` (both releases): at page 1 "out_cache_loc = alloc_token_slots(
+    batch.tree_cache, batch.extend_num_tokens)", whose `evict_from_tree_cache` asks for the
+    extend alone; the page a request more is `alloc_paged_token_slots_extend`'s (page > 1). x's
+    64 tokens are cached, 960 of 1,024 slots free; a's 960 tokens fit exactly: nothing is
+    evicted and x stays on device (asking one slot more evicted it). SGLang 0.5.23's Scheduler
+    evicts nothing on this workload (tests/sglang harness)."""
+    x = req("x", 0, [1], extra_tokens=0, output=1)
+    a = req("a", 1000, pages(100, 15), extra_tokens=0, output=1)
+    engine, probe = run_batches([x, a], page_size=1, sglang_rules=version)
+    assert probe.records["a"].input_tokens == 960
+    assert probe.evictions == []
+    assert engine.tree.device_pages == 64 + 960  # x's tokens and a's, all still on device

@@ -123,6 +123,7 @@ class Capture:
         self.prefix: dict[str, int] = {}  # rid -> tokens before its next chunk
         self.records: dict[str, ev.RequestRecord] = {}
         self.current: dict | None = None
+        self.log: list = []  # every eviction (tier, action, tokens), for a diverging step's story
 
     def emit(self, e) -> None:
         if isinstance(e, ev.PrefixMatched):
@@ -136,6 +137,7 @@ class Capture:
         elif isinstance(e, ev.BatchScheduled):
             self.current["t"], self.current["end"] = e.t_start_ns, e.t_end_ns
         elif isinstance(e, ev.Eviction):
+            self.log.append((e.tier, e.action, e.tokens))
             if e.tier == "device":
                 self.evicted[0] += e.tokens
             elif e.tier == "host":
@@ -179,7 +181,7 @@ def run_engine(w: Workload, switches) -> dict:
 
         def batch(now):  # a step: one Scheduler._batch call that formed a batch
             mark = list(cap.evicted)
-            cap.current = {"t": now, "kind": "prefill", "members": [], "evicted_before": mark}
+            cap.current = {"t": now, "kind": "prefill", "members": [], "evicted_before": mark, "log_at": len(cap.log)}
             end = form(now)
             cap.current["state"] = engine_state(engine)
             if end is not None:
@@ -200,7 +202,7 @@ def run_engine(w: Workload, switches) -> dict:
         requests[rid] = {"status": rec.status, "device": rec.device_hit_tokens, "host": rec.host_hit_tokens,
                          "storage": rec.storage_hit_tokens, "computed": rec.computed_tokens,
                          "ttft_ns": rec.ttft_ns, "finish_ns": rec.finish_ns}
-    return {"steps": cap.steps, "requests": requests}
+    return {"steps": cap.steps, "requests": requests, "evictions": cap.log}
 
 
 # --- comparing -------------------------------------------------------------------------------------

@@ -473,6 +473,7 @@ def run_workload(spec: dict) -> dict:
         for req in sch.waiting_queue:
             live[req.rid] = req
         mark = [evicted["device"], evicted["host"]]  # cumulative at this pass's start
+        log_at = len(evicted["log"])
         phase["now"] = clock
         hidden = None
         if drain and _decodable(sch):
@@ -513,7 +514,7 @@ def run_workload(spec: dict) -> dict:
             break
         idle_passes = 0
         mode = batch.forward_mode
-        step = {"t": clock, "evicted_before": mark, "state": _state(sch, tree)}
+        step = {"t": clock, "evicted_before": mark, "state": _state(sch, tree), "log_at": log_at}
         if mode.is_extend() or mode.is_mixed():
             n_new = len(batch.reqs) - (batch.decoding_reqs and len(batch.decoding_reqs) or 0) if mode.is_mixed() \
                 else len(batch.reqs)
@@ -565,7 +566,7 @@ def run_workload(spec: dict) -> dict:
             o["computed"] = r["input_len"] - o["device"] - o["host"] - o["storage"]
     steps.append({"t": clock, "kind": "end", "members": [],
                   "evicted_before": [evicted["device"], evicted["host"]]})
-    return {"steps": steps, "requests": out, "missing": sorted(MISSING),
+    return {"steps": steps, "requests": out, "missing": sorted(MISSING), "evictions": evicted["log"],
             "core": type(tree.tree_core).__name__}
 
 
@@ -652,14 +653,28 @@ def _hook_evictions(tree, counter: dict) -> None:
     eviction: demote or drop) and off the host (`evict_host`), wrapped on this instance."""
     evict, evict_host = tree._evict, tree.evict_host
 
-    def device(*a, **k):
-        res = evict(*a, **k)
+    log = counter.setdefault("log", [])
+
+    def device(params, *a, **k):
+        res = evict(params, *a, **k)
         counter["device"] += res.num_tokens_evicted
+        log.append(("device", params.num_tokens, res.num_tokens_evicted))
         return res
 
-    def host(*a, **k):
-        n = evict_host(*a, **k)
+    def host(num_tokens, *a, **k):
+        n = evict_host(num_tokens, *a, **k)
         counter["host"] += n
+        log.append(("host", num_tokens, n))
         return n
 
     tree._evict, tree.evict_host = device, host
+    if os.environ.get("H14_DEBUG"):
+        acc = tree._accumulate_tracker
+
+        def accumulate(tracker, delta):
+            n = sum(v for k, v in delta.items() if getattr(k, "name", str(k)) == "FULL")
+            if n:
+                log.append(("  node", n))
+            return acc(tracker, delta)
+
+        tree._accumulate_tracker = accumulate

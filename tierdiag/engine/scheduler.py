@@ -86,6 +86,9 @@ class Scheduler(StoragePrefetch, RequestRecords):
         self.progress = progress
         self.ps = cfg.page_size
         self.waiting: list[Req] = []
+        # alloc_for_extend (both releases): at page 1 `alloc_token_slots(extend_num_tokens)`
+        # evicts for the extend alone; above, alloc_paged_token_slots_extend asks a page a request more
+        self.alloc_page = self.rules.alloc_overhead_pages if self.ps > 1 else 0
         self._pending_alloc: list[tuple[Req, int, int]] = []  # 0.5.23: extends allocated with the batch
         self.chunked: Req | None = None
         # The running (decoding) batch, in merge order, and what SGLang keeps beside it:
@@ -504,7 +507,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
             slots = []
         else:
             # alloc_paged_token_slots_extend: the extend's eviction (with the rule set's page a request)
-            if not ctrl.evict_device(need, req.req_id, now, reserve_pages=self.rules.alloc_overhead_pages):
+            if not ctrl.evict_device(need, req.req_id, now, reserve_pages=self.alloc_page):
                 raise EngineError(f"request {req.req_id}: admitted with {need} device pages needed, but eviction "
                                   f"could not free them ({ctrl.device.free_pages} free, "
                                   f"{tree.evictable_device_pages} evictable)")
@@ -601,7 +604,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         if self.rules.batch_alloc_page_per_request:
             self._defer_alloc(req, max(need, 0), take)  # with the batch (0.5.23: _alloc_batch)
         elif need > 0:
-            if not self.ctrl.evict_device(need, req.req_id, now, reserve_pages=self.rules.alloc_overhead_pages):
+            if not self.ctrl.evict_device(need, req.req_id, now, reserve_pages=self.alloc_page):
                 return None
             req.own_slots.extend(self.ctrl.device.alloc(need))
         return take
@@ -618,7 +621,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
         """ScheduleBatch.prepare_for_extend -> alloc_for_extend -> alloc_paged_token_slots_extend
         (0.5.23): once every member is admitted (their prefixes locked), one eviction for the
         batch's `conservative_num_tokens` = its extend tokens (not page-ceiled) + a page a member
-        (`evict_to_free_tokens`: the shortfall against the free tokens), then each member's pages
+        (`evict_to_free_tokens`: the shortfall against the free tokens; at page 1
+        `alloc_token_slots`, the extend alone), then each member's pages
         in batch order. The engine allocated each extend at its admission before (evicting a
         page-ceiled extend and a page each, then a page a member for the batch): more evicted
         when extends end mid-page, and victims chosen before later members had matched and
@@ -627,7 +631,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         if not pending:
             return
         ps, ctrl = self.ps, self.ctrl
-        conservative = sum(take for _, _, take in pending) + len(items) * ps
+        conservative = sum(take for _, _, take in pending) + len(items) * self.alloc_page * ps
         ctrl.evict_device(-(-conservative // ps), items[-1][0].req_id, now)
         for req, pages, _ in pending:
             if pages <= 0:
