@@ -484,3 +484,28 @@ def test_at_page_1_the_extend_evicts_for_itself_alone(version):
     assert probe.records["a"].input_tokens == 960
     assert probe.evictions == []
     assert engine.tree.device_pages == 64 + 960  # x's tokens and a's, all still on device
+
+
+def test_a_load_back_is_no_host_duplicate_to_reclaim_before_its_ack():
+    """Under write_back, 0.5.23's host pressure first frees host copies of nodes also on device
+    (`UnifiedTreeCore._reclaim_full_host_duplicates`), but only those
+    `_can_reclaim_full_host_duplicate` allows: not `load_back_pending`. A load-back's nodes stay
+    pending until its ack at the next scheduling pass (`check_hicache_events` -> `loading_check`
+    -> `finish_load_back`, which clears the pin and registers them as duplicates,
+    `_update_duplicate_tracking`). a's 4 pages went to host (written back when f's allocation
+    evicted them); loading them back makes them duplicates, yet host pressure in the same pass
+    cannot free their host copies; after the ack (the next pass) it can."""
+    a = req("a", 0, pages(1, 4), extra_tokens=0, output=1)
+    f = req("f", 100, pages(100, 11), output=1)
+    engine, _ = run_batches([a, f], write_policy="write_back")
+    ctrl, tree = engine.scheduler.ctrl, engine.tree
+    keys = page_keys_array(a, page_size=PS, block_size=PS).tolist()
+    match = tree.match(keys, 10**12, "probe")
+    assert (match.device_pages, match.host_pages) == (0, 4) and engine.host.free_pages == 60
+    slots = engine.device.alloc(4)
+    ctrl.load_back(match.host_nodes, slots, "probe", 10**12, keys)
+    ctrl.evict_host(64, "probe", 10**12)  # this pass: a's copies are pending, nothing to free
+    assert engine.host.free_pages == 60
+    ctrl.ack_loads()  # the next pass's check_hicache_events
+    ctrl.evict_host(64, "probe", 10**12)
+    assert engine.host.free_pages == 64

@@ -89,6 +89,7 @@ class Workload:
     eviction_policy: str = "lru"
     closed_loop: bool = False
     max_running: int = 512
+    mixed_chunk: bool = False  # --enable-mixed-chunk: a prefill batch carries the running requests' decode step
 
     def context_len(self) -> int:
         return max(r["input_len"] + r["output_len"] for r in self.requests) + 64
@@ -99,7 +100,7 @@ class Workload:
                  host_tokens=(self.host_pages or self.device_pages) * ps, write_policy=self.write_policy,
                  eviction_policy=self.eviction_policy, schedule_policy=self.schedule_policy,
                  max_prefill_tokens=self.max_prefill_tokens, max_context_tokens=self.context_len(),
-                 sglang_rules="0.5.23", verify="off", data_plane_mib=4)
+                 sglang_rules="0.5.23", verify="off", data_plane_mib=4, enable_mixed_chunk=self.mixed_chunk)
         d.update(kw)
         return d
 
@@ -109,7 +110,8 @@ class Workload:
                 "eviction_policy": self.eviction_policy, "max_prefill_tokens": self.max_prefill_tokens,
                 "context_len": self.context_len(), "core": core, "block_size": self.block_size,
                 "engine_config": self.engine_config(), "requests": self.requests, "switches": sorted(switches),
-                "closed_loop": self.closed_loop, "max_running": self.max_running, "flat_copy_cost": True}
+                "closed_loop": self.closed_loop, "max_running": self.max_running, "flat_copy_cost": True,
+                "mixed_chunk": self.mixed_chunk}
 
 
 # --- the engine side --------------------------------------------------------------------------
@@ -142,6 +144,9 @@ class Capture:
                 self.evicted[0] += e.tokens
             elif e.tier == "host":
                 self.evicted[1] += e.tokens
+        elif isinstance(e, ev.DecodeStep):
+            if e.batch_id is not None and self.current is not None:
+                self.current["kind"] = "mixed"  # the running requests' step rode in this prefill batch
         elif isinstance(e, ev.RequestFinished):
             self.records[e.record.req_id] = e.record
 
@@ -341,7 +346,8 @@ class _Chains:
 
 
 def seeded(seed: int, *, page_size: int, shape: str, schedule_policy: str = "fcfs",
-           write_policy: str = "write_through", eviction_policy: str = "lru", outputs=(1, 9)) -> Workload:
+           write_policy: str = "write_through", eviction_policy: str = "lru", outputs=(1, 9),
+           mixed_chunk: bool = False) -> Workload:
     """Concurrent sequences: `burst` (groups arriving at one instant, sharing a system prompt and
     a family prefix), `chunk` (long prompts beyond the prefill budget, beside short ones),
     `pressure` (a device pool a few requests fill: admissions wait for memory, the tree evicts to
@@ -380,8 +386,10 @@ def seeded(seed: int, *, page_size: int, shape: str, schedule_policy: str = "fcf
     dev_tokens = {"burst": 6144, "chunk": 8192, "pressure": 2560, "tiered": 2048}[shape]
     dev = dev_tokens // page_size
     host = dev * (1 if shape == "tiered" else 3)  # tiered: the host pool evicts too
-    return Workload(f"{shape}(seed {seed}, page {page_size}, {schedule_policy}, {write_policy})", reqs, page_size,
-                    dev, host, block, budget, schedule_policy, write_policy, eviction_policy)
+    mixed = ", mixed chunk" if mixed_chunk else ""
+    return Workload(f"{shape}(seed {seed}, page {page_size}, {schedule_policy}, {write_policy}{mixed})", reqs,
+                    page_size, dev, host, block, budget, schedule_policy, write_policy, eviction_policy,
+                    mixed_chunk=mixed_chunk)
 
 
 def mooncake(n: int, *, speedup: float, page_size: int = 64, schedule_policy: str = "fcfs",
@@ -447,6 +455,12 @@ def seeded_cases() -> list[tuple[str, Callable[[], Workload], str]]:
             out.append((f"{shape}-s0-p64-{pol}-write_through-pythoncore", w, "python"))
     w = partial(seeded, 0, page_size=64, shape="pressure", eviction_policy="priority")
     out.append(("pressure-s0-p64-fcfs-write_through-priority", w, "rust"))
+    # --enable-mixed-chunk: decode steps ride in the prefill batches (mix_with_running)
+    for shape, seed, ps in (("chunk", 0, 64), ("chunk", 1, 1), ("pressure", 0, 64), ("pressure", 1, 1),
+                            ("burst", 2, 64)):
+        wp = WRITE_POLICIES[seed % 3]
+        w = partial(seeded, seed, page_size=ps, shape=shape, write_policy=wp, mixed_chunk=True)
+        out.append((f"{shape}-s{seed}-p{ps}-fcfs-{wp}-mixed", w, "rust"))
     return out
 
 

@@ -277,6 +277,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         scheduler idles: `self_check_during_idle` resets `new_token_ratio`). Returns when the
         GPU is free again, None when nothing ran."""
         self.ctrl.blocking_ns = 0
+        self.ctrl.ack_loads()  # _process_hicache_events -> check_hicache_events: loading_check
         self._retry_prefetches(now)  # _process_hicache_events, every pass
         if self._admission_reopens:
             # get_next_batch_to_run clears batch_is_full after the last prefill batch when
