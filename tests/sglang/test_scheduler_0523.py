@@ -41,11 +41,9 @@ STILL_DIFFERENT = {
         "1 of 48 prefill steps differ, 0 of 64 requests; step 38: host eviction frees 345 tokens in "
         "SGLang, 346 in the engine (FullComponent.drive_host_eviction's heap of evictable host "
         "leaves: the engine's order has a 1-token host leaf more before the 243-token one)",
-    "chunk-s1-p1-fcfs-write_back-mixed":
-        "3 of 21 prefill steps differ, 7 of 24 requests; first at step 19 (evicted 883 vs 467)",
     "pressure-s0-p64-fcfs-write_through-mixed":
-        "4 of 34 prefill steps differ, 0 of 48 requests; step 21: SGLang evicts a 2-page node, the "
-        "engine a 3-page one (a different LRU victim in a mixed batch)",
+        "2 of 34 prefill steps differ, 0 of 48 requests; first at step 28 (evicted tokens: another "
+        "LRU victim in a mixed batch)",
     "pressure-s1-p1-fcfs-write_back-mixed":
         "20 of 28 prefill steps differ, 28 of 48 requests; step 8: the mixed step's decode eviction "
         "(check_decode_mem) takes a 3- then a 253-token node in SGLang, a 4- then a 3-token one in "

@@ -680,11 +680,9 @@ class Scheduler(StoragePrefetch, RequestRecords):
         exposed = duration - compute_ns - blocking
         duration += mixed_ns
         end = now + duration
-        if mixed_ns:
-            if self.emit.decode_step is not None:
-                self.emit.decode_step((now, end, self.dstep, tuple(r.req_id for r in self.running), (), bid,
-                                       self.rank))
-            self._finish_step(end)
+        if mixed_ns and self.emit.decode_step is not None:
+            self.emit.decode_step((now, end, self.dstep, tuple(r.req_id for r in self.running), (), bid,
+                                   self.rank))
         total_flops = sum(flops) or 1.0
         total_lb = sum(p for _, _, _, p in items) or 1
         decoding = len(self.running)  # requests decoding (holding memory; in a mixed batch, decoding in it)
@@ -726,6 +724,11 @@ class Scheduler(StoragePrefetch, RequestRecords):
                 self.at(end, self._cache_unfinished, req)
             if self.emit.prefill_done is not None:
                 self.emit.prefill_done((end, req.req_id, bid, req.num_chunks, take))
+        if mixed_ns:
+            # process_batch_result_prefill walks the mixed batch in its order, the new requests
+            # first (mix_with_running appends the running ones): their inserts come before the
+            # finishing decoders' (cache_finished_req), which LRU then sees as the more recent
+            self._finish_step(end)
         if self.emit.batch is not None:
             # A mixed batch's decode step is part of its compute (the rows' new compute)
             self.emit.batch((bid, now, end, len(items), sum(t for _, t, _, _ in items), lb_bytes_total,
