@@ -509,3 +509,22 @@ def test_a_load_back_is_no_host_duplicate_to_reclaim_before_its_ack():
     ctrl.ack_loads()  # the next pass's check_hicache_events
     ctrl.evict_host(64, "probe", 10**12)
     assert engine.host.free_pages == 64
+
+
+def test_a_mixed_batch_inserts_its_new_requests_before_its_finishing_decoders():
+    """`--enable-mixed-chunk`: `mix_with_running` appends the running requests to the new
+    prefill batch, and `process_batch_result_prefill` walks the batch in that order, so the new
+    requests' inserts come first and the decoders that finish in the batch (`cache_finished_req`)
+    after them: at one instant, LRU sees the finishing decoder's pages as the more recent. r (2
+    pages, 2 output tokens) decodes its last token in the mixed batch that prefills n (2 pages,
+    one output token); both finish at its end. x (13 pages) then needs 14 pages with its page
+    (`alloc_paged_token_slots_extend`), 2 more than free: LRU evicts n's node, r's stays."""
+    r = req("r", 0, pages(1, 2), extra_tokens=0, output=2)
+    n = req("n", 0.001, pages(10, 2), extra_tokens=0, output=1)
+    x = req("x", 1000, pages(20, 13), extra_tokens=0, output=1)
+    engine, probe = run_batches([r, n, x], enable_mixed_chunk=True)
+    assert probe.records["r"].finish_ns == probe.records["n"].finish_ns
+    assert [s.batch_id for s in probe.steps] == [probe.records["n"].first_batch_id]  # r's step rode in n's batch
+    assert [e.owner_req_id for e in probe.evictions if e.tier == "device"] == ["n"]
+    keys = lambda t: page_keys_array(t, page_size=PS, block_size=PS).tolist()  # noqa: E731
+    assert engine.tree.match(keys(r), 10**13, "probe").device_pages == 2
