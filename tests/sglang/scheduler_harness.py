@@ -125,7 +125,7 @@ class Capture:
         self.prefix: dict[str, int] = {}  # rid -> tokens before its next chunk
         self.records: dict[str, ev.RequestRecord] = {}
         self.current: dict | None = None
-        self.log: list = []  # every eviction (tier, action, tokens), for a diverging step's story
+        self.log: list = []  # every eviction (tier, action, tokens, the node's owner), for a diverging step's story
 
     def emit(self, e) -> None:
         if isinstance(e, ev.PrefixMatched):
@@ -139,7 +139,7 @@ class Capture:
         elif isinstance(e, ev.BatchScheduled):
             self.current["t"], self.current["end"] = e.t_start_ns, e.t_end_ns
         elif isinstance(e, ev.Eviction):
-            self.log.append((e.tier, e.action, e.tokens))
+            self.log.append((e.tier, e.action, e.tokens, e.owner_req_id))
             if e.tier == "device":
                 self.evicted[0] += e.tokens
             elif e.tier == "host":

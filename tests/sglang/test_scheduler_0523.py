@@ -34,20 +34,14 @@ pytestmark = pytest.mark.sglang
 # branch; tests/sglang/README.md and docs/engine.md). 29 were listed before issue 43's second pass;
 # 25 of them were the engine's (now modelled: the batch's allocation in alloc_paged_token_slots_extend /
 # alloc_token_slots, batch_is_full cleared by get_next_batch_to_run, the load-back's pending ack
-# before duplicate reclaim) and 4 the harness's (ignore_eos: see NOT_MODELLED). What is left is
-# one host-eviction order at page 1 and mixed chunk under memory pressure, not attributed yet.
+# before duplicate reclaim) and 5 the harness's (ignore_eos: see NOT_MODELLED). What is left is
+# one host-eviction order at page 1, not attributed yet (no request differs). The mixed-chunk
+# workloads agree since the engine follows a mixed batch's order (new requests first).
 STILL_DIFFERENT = {
     "tiered-s2-p1-lpm-write_through_selective":
         "1 of 48 prefill steps differ, 0 of 64 requests; step 38: host eviction frees 345 tokens in "
         "SGLang, 346 in the engine (FullComponent.drive_host_eviction's heap of evictable host "
         "leaves: the engine's order has a 1-token host leaf more before the 243-token one)",
-    "pressure-s0-p64-fcfs-write_through-mixed":
-        "2 of 34 prefill steps differ, 0 of 48 requests; first at step 28 (evicted tokens: another "
-        "LRU victim in a mixed batch)",
-    "pressure-s1-p1-fcfs-write_back-mixed":
-        "20 of 28 prefill steps differ, 28 of 48 requests; step 8: the mixed step's decode eviction "
-        "(check_decode_mem) takes a 3- then a 253-token node in SGLang, a 4- then a 3-token one in "
-        "the engine (a leaf the engine has evictable one step earlier)",
 }
 # The long mode's cases were not measured on the merged engine (about 20 minutes each on a CPU).
 LONG_UNMEASURED = {"conversation2000-x1-fcfs-write_through", "conversation2000-x1-lpm-write_back",

@@ -99,6 +99,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         self.running: list[Req] = []
         self.batch_is_full = False
         self._admission_reopens = False  # the next pass clears batch_is_full (_batch)
+        self._join_front = None  # where the next joiner goes in `running` (after a mixed batch: the front)
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.dstep = 0
         self._kv_base = 0
@@ -724,6 +725,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
                 self.at(end, self._cache_unfinished, req)
             if self.emit.prefill_done is not None:
                 self.emit.prefill_done((end, req.req_id, bid, req.num_chunks, take))
+        self._join_front = 0 if mixed_ns else None
         if mixed_ns:
             # process_batch_result_prefill walks the mixed batch in its order, the new requests
             # first (mix_with_running appends the running ones): their inserts come before the
@@ -842,7 +844,13 @@ class Scheduler(StoragePrefetch, RequestRecords):
         req.next_page = nxt
         if nxt <= req.finish_step:
             self._page_due.setdefault(nxt, []).append(req)
-        self.running.append(req)
+        if self._join_front is None:
+            self.running.append(req)
+        else:
+            # after a mixed batch the running batch is that batch (`running_batch = last_batch`),
+            # its new requests first (`mix_with_running` appended the running ones after them)
+            self.running.insert(self._join_front, req)
+            self._join_front += 1
 
     def _leave(self, req: Req) -> None:
         """Out of the running batch (finished or retracted): `filter_batch`, which also lets
@@ -917,8 +925,13 @@ class Scheduler(StoragePrefetch, RequestRecords):
 
     def _finish_step(self, end: int) -> None:
         """The step's end: requests whose output is complete finish then (the event loop runs
-        them before the next pass)."""
-        for r in self._finish_due.pop(self.dstep, ()):
+        them before the next pass), in the running batch's order (process_batch_result walks
+        the batch: the order their finish inserts stamp the tree)."""
+        due = self._finish_due.pop(self.dstep, ())
+        if len(due) > 1:
+            where = {id(r): i for i, r in enumerate(self.running)}
+            due = sorted(due, key=lambda r: where.get(id(r), 0))
+        for r in due:
             self.at(end, self._finish, r)
 
     def _note_decode(self, start: int, end: int) -> None:
