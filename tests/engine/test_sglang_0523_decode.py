@@ -528,3 +528,21 @@ def test_a_mixed_batch_inserts_its_new_requests_before_its_finishing_decoders():
     assert [e.owner_req_id for e in probe.evictions if e.tier == "device"] == ["n"]
     keys = lambda t: page_keys_array(t, page_size=PS, block_size=PS).tolist()  # noqa: E731
     assert engine.tree.match(keys(r), 10**13, "probe").device_pages == 2
+
+
+def test_after_a_mixed_batch_its_new_requests_lead_the_running_batch():
+    """`--enable-mixed-chunk`: the mixed batch is the new requests followed by the running ones
+    (`mix_with_running`), and it becomes the running batch at the next pass
+    (`get_next_batch_to_run`: "running_batch = last_batch"), so the new requests lead it; a
+    decode step's results are processed in that order (`process_batch_result_decode`), and so
+    are the finish inserts of the requests that end in the same step. r (2 pages, 3 output
+    tokens) decodes one token in the mixed batch that prefills m (2 pages, 2 output tokens);
+    both finish in the next decode step, m first, so r's pages are the more recent: x (13
+    pages, 14 with its page, 2 more than free) evicts m's node."""
+    r = req("r", 0, pages(1, 2), extra_tokens=0, output=3)
+    m = req("m", 0.001, pages(10, 2), extra_tokens=0, output=2)
+    x = req("x", 1000, pages(20, 13), extra_tokens=0, output=1)
+    engine, probe = run_batches([r, m, x], enable_mixed_chunk=True)
+    assert probe.records["r"].finish_ns == probe.records["m"].finish_ns
+    assert [s.req_ids for s in probe.steps] == [("r",), ("m", "r")]  # the mixed step, then m leading
+    assert [e.owner_req_id for e in probe.evictions if e.tier == "device"] == ["m"]
