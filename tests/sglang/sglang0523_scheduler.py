@@ -668,7 +668,8 @@ def _hook_evictions(tree, counter: dict) -> None:
         return n
 
     tree._evict, tree.evict_host = device, host
-    if os.environ.get("H14_DEBUG"):
+    if os.environ.get("TIERDIAG_HARNESS_NODES") == "1":
+        # for a diverging step's story: each device node the eviction walk took, in order
         acc = tree._accumulate_tracker
 
         def accumulate(tracker, delta):
