@@ -99,14 +99,15 @@ def tiny(req_id: str, t_ms: float) -> TraceRequest:
 def _refresh_run(**kw):
     """x (4 pages) then y (4 other pages) finish and stay cached; 30 passes of tiny requests
     follow; at 2 s B (7 pages + 1 token) and w (x's 4 pages + 3 more) arrive together, B first:
-    the 33rd pass. B's allocation needs one page more than is free: LRU evicts one whole node,
-    x (older) or y."""
+    the 33rd pass. B's extend fills the prefill budget (8 pages), so w waits for the next batch;
+    B's allocation needs one page more than is free: LRU evicts one whole node, x (older) or y.
+    (In one batch, w's match would lock x before the batch's eviction: `_alloc_batch`.)"""
     x = req("x", 0, pages(1, 4), output=1)
     y = req("y", 1000, pages(100, 4), output=1)
     fillers = [tiny(f"t{i}", 1100 + 10 * i) for i in range(kw.pop("fillers", 30))]
     b = req("B", 2000, pages(200, 7), output=1)
     w = req("w", 2000, pages(1, 4) + pages(300, 3), output=1)
-    _, probe = helpers.run([x, y, *fillers, b, w], **kw)
+    _, probe = helpers.run([x, y, *fillers, b, w], max_prefill_tokens=8 * PS, **kw)
     return probe.records["w"]
 
 
@@ -367,17 +368,40 @@ def test_a_decode_step_waits_for_the_write_back_its_eviction_needs():
 
 
 def test_the_batch_allocation_leaves_a_page_a_request_free():
-    """allocation.py `alloc_paged_token_slots_extend` (0.5.23) evicts once for the batch: its
-    extend plus a page a request (`conservative_num_tokens`), only the shortfall
-    (`evict_to_free_tokens`). x1 and x2 leave a cached page each (14 of 16 free); a and b (6
-    pages + 1 token: 7 pages each) come in one batch: 14 pages + 2 is 2 more than free, so x1 and
-    x2 go. The engine allocates request by request (b's allocation evicts x1 for its own page
-    and leaves 1 free), then evicts for the rest of the batch's pages: x2."""
+    """allocation.py `alloc_paged_token_slots_extend` (0.5.23) evicts once for the batch, in
+    `prepare_for_extend` after every member was admitted: `conservative_num_tokens` =
+    `extend_num_tokens` (the sum of the members' extends, not page-ceiled:
+    `sum(len(ids) for ids in input_ids)`) plus a page a request, only the shortfall against the
+    free tokens (`evict_to_free_tokens`). x1 and x2 leave a cached page each (14 of 16 pages
+    free, 896 tokens); a and b (6 pages + 1 token: 385 tokens, 7 pages each) come in one batch:
+    770 + 2 x 64 = 898 tokens, 2 short, so one node goes (x1, the older) and 15 pages are free
+    for their 14. Counting page-ceiled extends (14 pages + 2 = 16) would take x2 too.
+    (SGLang 0.5.23's Scheduler evicts x1 alone on this workload: tests/sglang harness.)"""
     x1, x2 = req("x1", 0, pages(1, 1), output=1), req("x2", 100, pages(2, 1), output=1)
     a, b = req("a", 1000, pages(100, 6), output=1), req("b", 1000, pages(200, 6), output=1)
     engine, probe = run_batches([x1, x2, a, b])
-    assert [e.owner_req_id for e in probe.evictions if e.tier == "device"] == ["x1", "x2"]
+    assert [e.owner_req_id for e in probe.evictions if e.tier == "device"] == ["x1"]
     assert probe.records["a"].first_batch_id == probe.records["b"].first_batch_id
+
+
+def test_the_batch_evicts_after_every_member_locked_its_prefix():
+    """`Scheduler.get_new_batch_prefill` (0.5.23): PrefillAdder admits every member first (each
+    `match_prefix` + `inc_lock_ref` of its device prefix, no allocation), then
+    `ScheduleBatch.prepare_for_extend` -> `alloc_for_extend` evicts once for the batch. So a
+    later member's cached prefix is locked when the batch evicts, even if LRU would take it
+    first. x (4 pages, older) and y (4 pages) are cached, 8 of 16 pages free (512 tokens); a (7
+    pages + 1 token: 8 pages) and w (x's 4 pages + 1 token) come in one batch: 449 + 1 + 2 x 64
+    = 578 tokens, 66 short. x is w's prefix, locked: y goes, and w hits x on device. Evicting
+    at a's admission, for its 8 pages and the page beside them, before w matched (the engine
+    did) took x, the older, and w recomputed it."""
+    x = req("x", 0, pages(1, 4), output=1)
+    y = req("y", 100, pages(50, 4), output=1)
+    a = req("a", 1000, pages(100, 7), output=1)
+    w = req("w", 1000, pages(1, 4), output=1)
+    engine, probe = run_batches([x, y, a, w], max_prefill_tokens=4096)
+    assert probe.records["a"].first_batch_id == probe.records["w"].first_batch_id
+    assert [e.owner_req_id for e in probe.evictions if e.tier == "device"] == ["y"]
+    assert probe.records["w"].device_hit_tokens == 4 * PS
 
 
 def test_a_chunk_that_ends_mid_page_leaves_its_page_to_the_next_chunk():
@@ -397,3 +421,128 @@ def test_a_chunk_that_ends_mid_page_leaves_its_page_to_the_next_chunk():
     r.own_slots, r.own_from, r.done_tokens = engine.device.alloc(2), 0, 10
     sched._write_chunk(r, 100)
     assert verify_content(engine.device, r.own_slots[:1], r.keys_np[:1])
+
+
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.9"])
+def test_a_request_finished_in_its_prefill_batch_reopens_admission(version):
+    """`Scheduler.get_next_batch_to_run` (both releases): the last prefill batch is filtered
+    before it merges into the running batch (`last_batch.filter_batch(...)`, which drops the
+    requests that finished in it and the batch's chunked request), and "if
+    last_batch.batch_size() < last_bs: running_batch.batch_is_full = False". r decodes 200
+    tokens; a (4 pages + 1 token, one output token) and b (7 pages + 1 token) arrive together:
+    a is admitted, b does not fit beside a's reservation (NO_TOKEN with a admitted:
+    `batch_is_full`). a finishes in its prefill batch, so the next pass tries b again, which
+    fits now that a's pages are cached: b's batch starts when a's ends, no decode step of r
+    between. Keeping batch_is_full until a running request leaves made b wait for r's 199
+    decode steps."""
+    r = req("r", 0, [1], output=200)
+    a = req("a", 1.5, pages(10, 4), output=1)
+    b = req("b", 1.5, pages(20, 7), output=1)
+    engine, probe = run_batches([r, a, b], sglang_rules=version)
+    rec = probe.records
+    a_batch = next(x for x in probe.batches if x.batch_id == rec["a"].first_batch_id)
+    b_batch = next(x for x in probe.batches if x.batch_id == rec["b"].first_batch_id)
+    assert a_batch.batch_id != b_batch.batch_id  # b waited for a pass of its own
+    assert b_batch.t_start_ns == a_batch.t_end_ns
+    assert rec["b"].first_token_ns < rec["r"].finish_ns
+    assert not [s for s in probe.steps if a_batch.t_end_ns <= s.t_start_ns < b_batch.t_start_ns]
+
+
+def test_the_first_running_batch_starts_with_admission_open():
+    """`Scheduler.get_next_batch_to_run` (both releases): "if running_batch.is_empty():
+    running_batch = last_batch", the prefill batch itself, whose `batch_is_full` was never set:
+    the NO_TOKEN that set it (`get_new_batch_prefill`: "running_batch.batch_is_full =
+    len(adder.can_run_list) > 0 or ...") marked the empty running batch, which is dropped. a
+    (4 pages + 1 token, 200 output tokens) and b (5 pages + 1 token, 100) arrive together on
+    the 16-page pool with nothing running: a is admitted, b is NO_TOKEN beside a's reservation
+    (0.5.23: 321 + 100 + 64 = 485 tokens against 1,024 - (320 + 64 + 200) = 440). After a's
+    batch the running batch is a's, flag clear: b is tried again and fits (1,024 - a's 5 pages
+    - 199 x 0.7 = 565), its batch starting when a's ends. Keeping the flag made b wait for a's
+    199 decode steps."""
+    a = req("a", 0, pages(1, 4), output=200)
+    b = req("b", 0, pages(20, 5), output=100)
+    engine, probe = run_batches([a, b])
+    rec = probe.records
+    a_batch = next(x for x in probe.batches if x.batch_id == rec["a"].first_batch_id)
+    b_batch = next(x for x in probe.batches if x.batch_id == rec["b"].first_batch_id)
+    assert a_batch.num_reqs == 1 and b_batch.batch_id != a_batch.batch_id
+    assert b_batch.t_start_ns == a_batch.t_end_ns
+    assert rec["b"].first_token_ns < rec["a"].finish_ns
+
+
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.9"])
+def test_at_page_1_the_extend_evicts_for_itself_alone(version):
+    """`alloc_for_extend` (both releases): at page 1 "out_cache_loc = alloc_token_slots(
+    batch.tree_cache, batch.extend_num_tokens)", whose `evict_from_tree_cache` asks for the
+    extend alone; the page a request more is `alloc_paged_token_slots_extend`'s (page > 1). x's
+    64 tokens are cached, 960 of 1,024 slots free; a's 960 tokens fit exactly: nothing is
+    evicted and x stays on device (asking one slot more evicted it). SGLang 0.5.23's Scheduler
+    evicts nothing on this workload (tests/sglang harness)."""
+    x = req("x", 0, [1], extra_tokens=0, output=1)
+    a = req("a", 1000, pages(100, 15), extra_tokens=0, output=1)
+    engine, probe = run_batches([x, a], page_size=1, sglang_rules=version)
+    assert probe.records["a"].input_tokens == 960
+    assert probe.evictions == []
+    assert engine.tree.device_pages == 64 + 960  # x's tokens and a's, all still on device
+
+
+def test_a_load_back_is_no_host_duplicate_to_reclaim_before_its_ack():
+    """Under write_back, 0.5.23's host pressure first frees host copies of nodes also on device
+    (`UnifiedTreeCore._reclaim_full_host_duplicates`), but only those
+    `_can_reclaim_full_host_duplicate` allows: not `load_back_pending`. A load-back's nodes stay
+    pending until its ack at the next scheduling pass (`check_hicache_events` -> `loading_check`
+    -> `finish_load_back`, which clears the pin and registers them as duplicates,
+    `_update_duplicate_tracking`). a's 4 pages went to host (written back when f's allocation
+    evicted them); loading them back makes them duplicates, yet host pressure in the same pass
+    cannot free their host copies; after the ack (the next pass) it can."""
+    a = req("a", 0, pages(1, 4), extra_tokens=0, output=1)
+    f = req("f", 100, pages(100, 11), output=1)
+    engine, _ = run_batches([a, f], write_policy="write_back")
+    ctrl, tree = engine.scheduler.ctrl, engine.tree
+    keys = page_keys_array(a, page_size=PS, block_size=PS).tolist()
+    match = tree.match(keys, 10**12, "probe")
+    assert (match.device_pages, match.host_pages) == (0, 4) and engine.host.free_pages == 60
+    slots = engine.device.alloc(4)
+    ctrl.load_back(match.host_nodes, slots, "probe", 10**12, keys)
+    ctrl.evict_host(64, "probe", 10**12)  # this pass: a's copies are pending, nothing to free
+    assert engine.host.free_pages == 60
+    ctrl.ack_loads()  # the next pass's check_hicache_events
+    ctrl.evict_host(64, "probe", 10**12)
+    assert engine.host.free_pages == 64
+
+
+def test_a_mixed_batch_inserts_its_new_requests_before_its_finishing_decoders():
+    """`--enable-mixed-chunk`: `mix_with_running` appends the running requests to the new
+    prefill batch, and `process_batch_result_prefill` walks the batch in that order, so the new
+    requests' inserts come first and the decoders that finish in the batch (`cache_finished_req`)
+    after them: at one instant, LRU sees the finishing decoder's pages as the more recent. r (2
+    pages, 2 output tokens) decodes its last token in the mixed batch that prefills n (2 pages,
+    one output token); both finish at its end. x (13 pages) then needs 14 pages with its page
+    (`alloc_paged_token_slots_extend`), 2 more than free: LRU evicts n's node, r's stays."""
+    r = req("r", 0, pages(1, 2), extra_tokens=0, output=2)
+    n = req("n", 0.001, pages(10, 2), extra_tokens=0, output=1)
+    x = req("x", 1000, pages(20, 13), extra_tokens=0, output=1)
+    engine, probe = run_batches([r, n, x], enable_mixed_chunk=True)
+    assert probe.records["r"].finish_ns == probe.records["n"].finish_ns
+    assert [s.batch_id for s in probe.steps] == [probe.records["n"].first_batch_id]  # r's step rode in n's batch
+    assert [e.owner_req_id for e in probe.evictions if e.tier == "device"] == ["n"]
+    keys = lambda t: page_keys_array(t, page_size=PS, block_size=PS).tolist()  # noqa: E731
+    assert engine.tree.match(keys(r), 10**13, "probe").device_pages == 2
+
+
+def test_after_a_mixed_batch_its_new_requests_lead_the_running_batch():
+    """`--enable-mixed-chunk`: the mixed batch is the new requests followed by the running ones
+    (`mix_with_running`), and it becomes the running batch at the next pass
+    (`get_next_batch_to_run`: "running_batch = last_batch"), so the new requests lead it; a
+    decode step's results are processed in that order (`process_batch_result_decode`), and so
+    are the finish inserts of the requests that end in the same step. r (2 pages, 3 output
+    tokens) decodes one token in the mixed batch that prefills m (2 pages, 2 output tokens);
+    both finish in the next decode step, m first, so r's pages are the more recent: x (13
+    pages, 14 with its page, 2 more than free) evicts m's node."""
+    r = req("r", 0, pages(1, 2), extra_tokens=0, output=3)
+    m = req("m", 0.001, pages(10, 2), extra_tokens=0, output=2)
+    x = req("x", 1000, pages(20, 13), extra_tokens=0, output=1)
+    engine, probe = run_batches([r, m, x], enable_mixed_chunk=True)
+    assert probe.records["r"].finish_ns == probe.records["m"].finish_ns
+    assert [s.req_ids for s in probe.steps] == [("r",), ("m", "r")]  # the mixed step, then m leading
+    assert [e.owner_req_id for e in probe.evictions if e.tier == "device"] == ["m"]

@@ -109,6 +109,7 @@ class EngineSide:
 
     def request(self, op: dict, now: int) -> dict:
         tree, ctrl = self.tree, self.ctrl
+        ctrl.ack_loads()  # a step is a scheduling pass: the load-backs before it are acknowledged
         keys = op["pages"]
         m = tree.match(keys, now, op["id"])
         dev, host_nodes = m.device_pages, m.host_nodes

@@ -364,7 +364,10 @@ def build(spec: dict) -> HeadlessScheduler:
 
 
 def _make(r: dict, block: int) -> TokenizedGenerateReqInput:
-    sp = SamplingParams(max_new_tokens=r["output_len"], ignore_eos=True)
+    # Not ignore_eos (the engine's model: a request's output ends by itself, max_new_tokens being
+    # the trace's output length; the fake worker never samples an EOS id). The `ignore_eos`
+    # switch sends it as bench clients do, which 0.5.23 reserves differently (not modelled).
+    sp = SamplingParams(max_new_tokens=r["output_len"], ignore_eos="ignore_eos" in SWITCHES)
     sp.normalize(None)
     return TokenizedGenerateReqInput(
         rid=r["id"], input_text=None, input_ids=array("q", input_tokens(r, block)), input_embeds=None,
@@ -470,6 +473,7 @@ def run_workload(spec: dict) -> dict:
         for req in sch.waiting_queue:
             live[req.rid] = req
         mark = [evicted["device"], evicted["host"]]  # cumulative at this pass's start
+        log_at = len(evicted["log"])
         phase["now"] = clock
         hidden = None
         if drain and _decodable(sch):
@@ -510,7 +514,7 @@ def run_workload(spec: dict) -> dict:
             break
         idle_passes = 0
         mode = batch.forward_mode
-        step = {"t": clock, "evicted_before": mark}
+        step = {"t": clock, "evicted_before": mark, "state": _state(sch, tree), "log_at": log_at}
         if mode.is_extend() or mode.is_mixed():
             n_new = len(batch.reqs) - (batch.decoding_reqs and len(batch.decoding_reqs) or 0) if mode.is_mixed() \
                 else len(batch.reqs)
@@ -562,8 +566,19 @@ def run_workload(spec: dict) -> dict:
             o["computed"] = r["input_len"] - o["device"] - o["host"] - o["storage"]
     steps.append({"t": clock, "kind": "end", "members": [],
                   "evicted_before": [evicted["device"], evicted["host"]]})
-    return {"steps": steps, "requests": out, "missing": sorted(MISSING),
+    return {"steps": steps, "requests": out, "missing": sorted(MISSING), "evictions": evicted["log"],
             "core": type(tree.tree_core).__name__}
+
+
+def _state(sch, tree) -> dict:
+    """The memory state once a batch is formed (its allocation done), for the first diverging
+    step's printout: free, evictable and locked device tokens, backups in flight (a write-through
+    node stays locked until its copy is acknowledged), free host tokens."""
+    ctrl = getattr(tree, "cache_controller", None)
+    return {"free": int(sch.token_to_kv_pool_allocator.available_size()), "evictable": int(tree.evictable_size()),
+            "locked": int(tree.protected_size()), "backups": len(getattr(tree, "ongoing_write_through", ()) or ()),
+            "host_free": None if ctrl is None else int(ctrl.mem_pool_host.available_size()),
+            "waiting": len(sch.waiting_queue), "running": sch.running_batch.batch_size()}
 
 
 def _insert_pending(pending: list, pi: int, rid: str, arrival: dict) -> None:
@@ -638,14 +653,29 @@ def _hook_evictions(tree, counter: dict) -> None:
     eviction: demote or drop) and off the host (`evict_host`), wrapped on this instance."""
     evict, evict_host = tree._evict, tree.evict_host
 
-    def device(*a, **k):
-        res = evict(*a, **k)
+    log = counter.setdefault("log", [])
+
+    def device(params, *a, **k):
+        res = evict(params, *a, **k)
         counter["device"] += res.num_tokens_evicted
+        log.append(("device", params.num_tokens, res.num_tokens_evicted))
         return res
 
-    def host(*a, **k):
-        n = evict_host(*a, **k)
+    def host(num_tokens, *a, **k):
+        n = evict_host(num_tokens, *a, **k)
         counter["host"] += n
+        log.append(("host", num_tokens, n))
         return n
 
     tree._evict, tree.evict_host = device, host
+    if os.environ.get("TIERDIAG_HARNESS_NODES") == "1":
+        # for a diverging step's story: each device node the eviction walk took, in order
+        acc = tree._accumulate_tracker
+
+        def accumulate(tracker, delta):
+            n = sum(v for k, v in delta.items() if getattr(k, "name", str(k)) == "FULL")
+            if n:
+                log.append(("  node", n))
+            return acc(tracker, delta)
+
+        tree._accumulate_tracker = accumulate

@@ -30,72 +30,18 @@ from tests.sglang import scheduler_harness as H
 
 pytestmark = pytest.mark.sglang
 
-# Cases where the engine and SGLang 0.5.23 still differ, with what differs first (measured on the
-# merged engine; tests/sglang/README.md). Not yet attributed to one SGLang function each:
-# - write-through backups: a device node stays locked while its d2h copy is in flight on the
-#   modelled link, so the engine has fewer evictable pages than SGLang at the same moment (the
-#   evicted tokens of a step's window differ; under write_back the write-back a node needs moves a
-#   step's time);
-# - agent sessions whose history went to host: SGLang admits fewer requests beside a load-back.
+# Cases where the engine and SGLang 0.5.23 still differ, with what differs first (measured on this
+# branch; tests/sglang/README.md and docs/engine.md). 29 were listed before issue 43's second pass;
+# 25 of them were the engine's (now modelled: the batch's allocation in alloc_paged_token_slots_extend /
+# alloc_token_slots, batch_is_full cleared by get_next_batch_to_run, the load-back's pending ack
+# before duplicate reclaim) and 5 the harness's (ignore_eos: see NOT_MODELLED). What is left is
+# one host-eviction order at page 1, not attributed yet (no request differs). The mixed-chunk
+# workloads agree since the engine follows a mixed batch's order (new requests first).
 STILL_DIFFERENT = {
-    "chunk-s0-p1-fcfs-write_through":
-        "3 of 21 prefill steps differ, 5 of 24 requests; first at step 19 (t)",
-    "chunk-s0-p64-fcfs-write_through":
-        "3 of 16 prefill steps differ, 5 of 24 requests; first at step 14 (t)",
-    "chunk-s0-p64-lpm-write_through":
-        "3 of 15 prefill steps differ, 3 of 24 requests; first at step 13 (members)",
-    "chunk-s1-p1-lpm-write_back":
-        "7 of 25 prefill steps differ, 12 of 24 requests; first at step 19 (t)",
-    "chunk-s1-p64-lpm-write_back":
-        "4 of 16 prefill steps differ, 9 of 24 requests; first at step 13 (evicted)",
-    "chunk-s2-p1-fcfs-write_through_selective":
-        "2 of 20 prefill steps differ, 3 of 24 requests; first at step 19 (t)",
-    "chunk-s2-p64-fcfs-write_through_selective":
-        "3 of 13 prefill steps differ, 4 of 24 requests; first at step 11 (evicted)",
-    "chunk-s2-p64-lpm-write_through_selective":
-        "4 of 13 prefill steps differ, 4 of 24 requests; first at step 10 (evicted)",
-    "pressure-s1-p1-fcfs-write_back":
-        "10 of 40 prefill steps differ, 12 of 48 requests; first at step 31 (t)",
-    "pressure-s1-p1-lpm-write_back":
-        "10 of 40 prefill steps differ, 12 of 48 requests; first at step 31 (t)",
-    "pressure-s1-p64-fcfs-write_back":
-        "23 of 37 prefill steps differ, 30 of 48 requests; first at step 15 (evicted)",
-    "pressure-s1-p64-lpm-write_back":
-        "22 of 36 prefill steps differ, 30 of 48 requests; first at step 15 (evicted)",
-    "pressure-s2-p1-fcfs-write_through_selective":
-        "4 of 38 prefill steps differ, 0 of 48 requests; first at step 26 (evicted)",
-    "pressure-s2-p1-lpm-write_through_selective":
-        "4 of 38 prefill steps differ, 0 of 48 requests; first at step 26 (evicted)",
-    "pressure-s2-p64-fcfs-write_through_selective":
-        "2 of 37 prefill steps differ, 0 of 48 requests; first at step 11 (evicted)",
-    "pressure-s2-p64-lpm-write_through_selective":
-        "2 of 37 prefill steps differ, 0 of 48 requests; first at step 11 (evicted)",
-    "tiered-s0-p64-fcfs-write_through":
-        "35 of 54 prefill steps differ, 41 of 64 requests; first at step 20 (t)",
-    "tiered-s0-p64-lpm-write_through":
-        "34 of 53 prefill steps differ, 41 of 64 requests; first at step 20 (t)",
-    "tiered-s1-p1-fcfs-write_back":
-        "8 of 40 prefill steps differ, 8 of 64 requests; first at step 31 (evicted)",
-    "tiered-s1-p1-lpm-write_back":
-        "5 of 39 prefill steps differ, 4 of 64 requests; first at step 30 (evicted)",
-    "tiered-s1-p64-fcfs-write_back":
-        "29 of 42 prefill steps differ, 46 of 64 requests; first at step 14 (evicted)",
-    "tiered-s1-p64-lpm-write_back":
-        "26 of 40 prefill steps differ, 46 of 64 requests; first at step 15 (evicted)",
-    "tiered-s2-p1-fcfs-write_through_selective":
-        "6 of 49 prefill steps differ, 10 of 64 requests; first at step 44 (members)",
     "tiered-s2-p1-lpm-write_through_selective":
-        "4 of 48 prefill steps differ, 6 of 64 requests; first at step 38 (evicted)",
-    "tiered-s2-p64-fcfs-write_through_selective":
-        "3 of 44 prefill steps differ, 6 of 64 requests; first at step 42 (t)",
-    "tiered-s2-p64-lpm-write_through_selective":
-        "5 of 44 prefill steps differ, 3 of 64 requests; first at step 36 (evicted)",
-    "agentic-tiered-s0-p1":
-        "9 of 27 prefill steps differ, 11 of 30 requests; first at step 19 (t)",
-    "agentic-tiered-s0-p64":
-        "15 of 27 prefill steps differ, 17 of 30 requests; first at step 13 (t)",
-    "agentic-tiered-s1-p1":
-        "12 of 23 prefill steps differ, 7 of 30 requests; first at step 12 (evicted)",
+        "1 of 48 prefill steps differ, 0 of 64 requests; step 38: host eviction frees 345 tokens in "
+        "SGLang, 346 in the engine (FullComponent.drive_host_eviction's heap of evictable host "
+        "leaves: the engine's order has a 1-token host leaf more before the 243-token one)",
 }
 # The long mode's cases were not measured on the merged engine (about 20 minutes each on a CPU).
 LONG_UNMEASURED = {"conversation2000-x1-fcfs-write_through", "conversation2000-x1-lpm-write_back",
@@ -134,7 +80,7 @@ def test_agrees_with_sglang(sglang_0523_scheduler, cid, make, core):
 
 # switch -> workloads that agree with SGLang as it is (searched among the cases above).
 MODELLED = {
-    "zero_decode": ('pressure-s0-p64-fcfs-write_through-priority', 'agentic-s0-p1-fcfs'),
+    "zero_decode": ('agentic-s0-p64-fcfs', 'agentic-s0-p1-fcfs'),
     "alloc_output": ('chunk-s1-p1-fcfs-write_back', 'chunk-s2-p1-lpm-write_through_selective'),
     "reserve_page_once": ('chunk-s1-p64-fcfs-write_back', 'pressure-s0-p64-fcfs-write_through'),
     "drain_decode": ('burst-s0-p1-fcfs-write_through', 'burst-s0-p1-lpm-write_through'),
@@ -145,6 +91,20 @@ MODELLED = {
 def test_the_engine_models_the_divergence(sglang_0523_scheduler, switch, cid):
     """SGLang with one switch on (as the engine was before issue 43) differs from the engine on a
     workload where SGLang as it is agrees: the engine now does what SGLang does there."""
+    make, core = next((m, k) for c, m, k in H.seeded_cases() + H.agentic_cases() if c == cid)
+    assert _report(sglang_0523_scheduler, make, core, ()).clean
+    rep = _report(sglang_0523_scheduler, make, core, (switch,))
+    assert not rep.clean, f"{switch} ({H.SWITCHES[switch][1]}) changed nothing on {cid}"
+
+
+# switch -> workloads that agree without it (NOT_MODELLED: what SGLang does and the engine does not)
+SHOWN = {"ignore_eos": ("chunk-s1-p64-lpm-write_back", "agentic-tiered-s0-p64")}
+
+
+@pytest.mark.parametrize("switch,cid", [pytest.param(s, c, id=f"{s}-{c}") for s, cs in SHOWN.items() for c in cs])
+def test_a_not_modelled_behaviour_shows_with_its_switch(sglang_0523_scheduler, switch, cid):
+    """A behaviour docs/engine.md lists as not modelled (scheduler_harness.NOT_MODELLED) moves a
+    workload that agrees without it: the switch shows its effect alone."""
     make, core = next((m, k) for c, m, k in H.seeded_cases() + H.agentic_cases() if c == cid)
     assert _report(sglang_0523_scheduler, make, core, ()).clean
     rep = _report(sglang_0523_scheduler, make, core, (switch,))

@@ -83,6 +83,8 @@ class CacheController:
         self._rows = device.rows is not None and host.rows is not None
         self.h2d_free_ns = 0
         self.d2h_free_ns = 0
+        self.loads_pending: list = []  # load-backs not yet acknowledged (ack_loads), node tuples
+        self.load_pending_ids: set[int] = set()
         self.blocking_ns = 0  # write-backs done synchronously during the current admission
         # The storage tier's own clock (storage.free_ns): one bandwidth, shared by every rank
         # that shares the tier (engine/deployment.py).
@@ -221,6 +223,8 @@ class CacheController:
                     continue
                 if node.host_ref:  # a host lock (a load-back's or a prefetch's anchor)
                     continue
+                if node.id in self.load_pending_ids:  # loaded back this pass, not yet acknowledged
+                    continue
                 self.record_eviction(node, Tier.HOST, EvictionAction.FREE_DUPLICATE, cause, now_ns)
                 self.host.free(tree.drop_host(node))
                 swept.append(node.id)
@@ -323,8 +327,14 @@ class CacheController:
             n = len(node.keys)
             self.tree.set_device(node, slots[i:i + n])
             i += n
-        for node in reversed(nodes):  # the load-back's ack: from the anchor up (0.5.23)
-            self.tree.track_duplicate(node)
+        if self.reclaim_duplicates:
+            # The load-back's ack comes at the next scheduling pass (check_hicache_events ->
+            # loading_check -> UnifiedTreeCore.finish_load_back): until then its nodes are
+            # `load_back_pending` (write_back), which `_can_reclaim_full_host_duplicate`
+            # refuses, and not yet registered as duplicates (ack_loads).
+            self.loads_pending.append(nodes)
+            for node in nodes:
+                self.load_pending_ids.add(node.id)
         pages = len(slots)
         dp_bytes = pages * self.dp_page_bytes
         self.stats.loaded_data_plane_bytes += dp_bytes
@@ -339,6 +349,18 @@ class CacheController:
             self.stats.verified_load_backs += 1
             self.stats.verified_data_plane_bytes += dp_bytes
         return self._copy_ns(pages, wall, dp_bytes, to_device=True, runs=runs), runs, wall, verified
+
+    def ack_loads(self) -> None:
+        """A scheduling pass's start (check_hicache_events -> loading_check): the load-backs
+        issued before it are acknowledged, each registering its nodes as host duplicates from
+        the anchor up (`finish_load_back` -> `_update_duplicate_tracking`)."""
+        if not self.loads_pending:
+            return
+        for nodes in self.loads_pending:
+            for node in reversed(nodes):
+                self.tree.track_duplicate(node)
+        self.loads_pending.clear()
+        self.load_pending_ids.clear()
 
     def write_computed(self, slots: list[int], page_keys: list[int]) -> None:
         """The prefill's output: KV for these pages, derived from their keys."""

@@ -87,6 +87,10 @@ class Scheduler(StoragePrefetch, RequestRecords):
         self.progress = progress
         self.ps = cfg.page_size
         self.waiting: list[Req] = []
+        # alloc_for_extend (both releases): at page 1 `alloc_token_slots(extend_num_tokens)`
+        # evicts for the extend alone; above, alloc_paged_token_slots_extend asks a page a request more
+        self.alloc_page = self.rules.alloc_overhead_pages if self.ps > 1 else 0
+        self._pending_alloc: list[tuple[Req, int, int]] = []  # 0.5.23: extends allocated with the batch
         self.chunked: Req | None = None
         # The running (decoding) batch, in merge order, and what SGLang keeps beside it:
         # `batch_is_full` (a NO_TOKEN with requests running shuts admission until one leaves),
@@ -95,6 +99,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
         # a step's KV read is S + len(running) x step.
         self.running: list[Req] = []
         self.batch_is_full = False
+        self._admission_reopens = False  # the next pass clears batch_is_full (_batch)
+        self._join_front = None  # where the next joiner goes in `running` (after a mixed batch: the front)
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.dstep = 0
         self._kv_base = 0
@@ -291,7 +297,18 @@ class Scheduler(StoragePrefetch, RequestRecords):
         scheduler idles: `self_check_during_idle` resets `new_token_ratio`). Returns when the
         GPU is free again, None when nothing ran."""
         self.ctrl.blocking_ns = 0
+        self.ctrl.ack_loads()  # _process_hicache_events -> check_hicache_events: loading_check
         self._retry_prefetches(now)  # _process_hicache_events, every pass
+        if self._admission_reopens:
+            # get_next_batch_to_run clears batch_is_full after the last prefill batch when
+            # (a) it is filtered before it merges into the running batch
+            # (`last_batch.filter_batch(reqs_to_exclude=[its chunked_req])`, and its finished
+            # requests): "if last_batch.batch_size() < last_bs: batch_is_full = False"; or
+            # (b) the running batch was empty: "if running_batch.is_empty(): running_batch =
+            # last_batch", a batch whose flag was never set (the NO_TOKEN that set it marked the
+            # empty batch object, which is dropped)
+            self._admission_reopens = False
+            self.batch_is_full = False
         if not self.running:
             self.batch_is_full = False  # "An empty batch has no request left to leave"
         items = None
@@ -379,9 +396,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
             if self._rem_total() <= 0 or self._rem_current() <= 0:  # budget_state: NO_TOKEN
                 self.batch_is_full = True
                 break
-        if items and self.rules.batch_alloc_page_per_request and self.ctrl.device.free_pages < len(items):
-            # alloc_paged_token_slots_extend: the batch's eviction leaves a page a request free
-            self.ctrl.evict_device(len(items), items[-1][0].req_id, now)
+        if self.rules.batch_alloc_page_per_request:
+            self._alloc_batch(items, now)
         return items or None
 
     def _running_reserve(self) -> int:
@@ -500,16 +516,26 @@ class Scheduler(StoragePrefetch, RequestRecords):
             tree.dec_lock(dev_node)
             return OTHER  # re-selected as recompute: the declined host part counted as input
         take = self._take(req.fill_len - prefix_pages * ps, budget)
-        # alloc_paged_token_slots_extend: the extend's eviction (with the rule set's page a request)
         need = self._pages_through(req, prefix_pages * ps + take) - prefix_pages
-        if not ctrl.evict_device(need, req.req_id, now, reserve_pages=self.rules.alloc_overhead_pages):
-            raise EngineError(f"request {req.req_id}: admitted with {need} device pages needed, but eviction "
-                              f"could not free them ({ctrl.device.free_pages} free, "
-                              f"{tree.evictable_device_pages} evictable)")
-        if load:
-            tree.release_host(host_nodes[-1])
-        slots = ctrl.device.alloc(need)
-        assert slots is not None, "evict_device reported room that alloc could not find"
+        if self.rules.batch_alloc_page_per_request:
+            # 0.5.23: the extend is allocated with the batch (prepare_for_extend ->
+            # alloc_paged_token_slots_extend, one eviction for every member: _alloc_batch), after
+            # every member's prefix is locked; until then PrefillBudget.reserve holds its
+            # page-ceiled extend against the pass's budget.
+            if load:
+                tree.release_host(host_nodes[-1])
+            self._defer_alloc(req, need, take)
+            slots = []
+        else:
+            # alloc_paged_token_slots_extend: the extend's eviction (with the rule set's page a request)
+            if not ctrl.evict_device(need, req.req_id, now, reserve_pages=self.alloc_page):
+                raise EngineError(f"request {req.req_id}: admitted with {need} device pages needed, but eviction "
+                                  f"could not free them ({ctrl.device.free_pages} free, "
+                                  f"{tree.evictable_device_pages} evictable)")
+            if load:
+                tree.release_host(host_nodes[-1])
+            slots = ctrl.device.alloc(need)
+            assert slots is not None, "evict_device reported room that alloc could not find"
         lb_ns = 0
         lock_node = dev_node
         if load:
@@ -597,11 +623,47 @@ class Scheduler(StoragePrefetch, RequestRecords):
         mem = int(self._rem_total())
         take = self._take(remaining, budget) if mem <= 0 or mem >= budget else min(remaining, mem)
         need = self._pages_through(req, req.done_tokens + take) - req.own_from - len(req.own_slots)
-        if need > 0:
-            if not self.ctrl.evict_device(need, req.req_id, now, reserve_pages=self.rules.alloc_overhead_pages):
+        if self.rules.batch_alloc_page_per_request:
+            self._defer_alloc(req, max(need, 0), take)  # with the batch (0.5.23: _alloc_batch)
+        elif need > 0:
+            if not self.ctrl.evict_device(need, req.req_id, now, reserve_pages=self.alloc_page):
                 return None
             req.own_slots.extend(self.ctrl.device.alloc(need))
         return take
+
+    def _defer_alloc(self, req: Req, pages: int, take: int) -> None:
+        """0.5.23: a member's extend waits for the batch's allocation (`_alloc_batch`); the pass's
+        budget holds its page-ceiled extend meanwhile (PrefillBudget.reserve: `immediate`)."""
+        self._pending_alloc.append((req, pages, take))
+        held = -(-take // self.ps) * self.ps
+        self._total_offset += held
+        self._cur_offset += held
+
+    def _alloc_batch(self, items, now: int) -> None:
+        """ScheduleBatch.prepare_for_extend -> alloc_for_extend -> alloc_paged_token_slots_extend
+        (0.5.23): once every member is admitted (their prefixes locked), one eviction for the
+        batch's `conservative_num_tokens` = its extend tokens (not page-ceiled) + a page a member
+        (`evict_to_free_tokens`: the shortfall against the free tokens; at page 1
+        `alloc_token_slots`, the extend alone), then each member's pages
+        in batch order. The engine allocated each extend at its admission before (evicting a
+        page-ceiled extend and a page each, then a page a member for the batch): more evicted
+        when extends end mid-page, and victims chosen before later members had matched and
+        locked their prefixes."""
+        pending, self._pending_alloc = self._pending_alloc, []
+        if not pending:
+            return
+        ps, ctrl = self.ps, self.ctrl
+        conservative = sum(take for _, _, take in pending) + len(items) * self.alloc_page * ps
+        ctrl.evict_device(-(-conservative // ps), items[-1][0].req_id, now)
+        for req, pages, _ in pending:
+            if pages <= 0:
+                continue
+            slots = ctrl.device.alloc(pages)
+            if slots is None:
+                raise EngineError(f"request {req.req_id}: admitted with {pages} device pages needed, but eviction "
+                                  f"could not free them ({ctrl.device.free_pages} free, "
+                                  f"{self.tree.evictable_device_pages} evictable)")
+            req.own_slots.extend(slots)
 
     def _run_batch(self, items, now: int) -> int:
         """A prefill batch on the GPU; with `enable_mixed_chunk` it carries a decode step of the
@@ -609,6 +671,8 @@ class Scheduler(StoragePrefetch, RequestRecords):
         else they sit it out, nothing retracted), the batch then also taking that step's time."""
         cost, ctrl, ps = self.cost, self.ctrl, self.ps
         mixed_ns = 0
+        if not self.running:
+            self._admission_reopens = True  # (b) in _batch: its members start the running batch
         if self.mixed_chunk and self.running and self._decode_fits(self.running, now):
             mixed_ns = self._decode_step(now)
         self._batch_id += self.id_step
@@ -637,11 +701,9 @@ class Scheduler(StoragePrefetch, RequestRecords):
         exposed = duration - compute_ns - blocking
         duration += mixed_ns
         end = now + duration
-        if mixed_ns:
-            if self.emit.decode_step is not None:
-                self.emit.decode_step((now, end, self.dstep, tuple(r.req_id for r in self.running), (), bid,
-                                       self.rank))
-            self._finish_step(end)
+        if mixed_ns and self.emit.decode_step is not None:
+            self.emit.decode_step((now, end, self.dstep, tuple(r.req_id for r in self.running), (), bid,
+                                   self.rank))
         total_flops = sum(flops) or 1.0
         total_lb = sum(p for _, _, _, p in items) or 1
         decoding = len(self.running)  # requests decoding (holding memory; in a mixed batch, decoding in it)
@@ -683,6 +745,12 @@ class Scheduler(StoragePrefetch, RequestRecords):
                 self.at(end, self._cache_unfinished, req)
             if self.emit.prefill_done is not None:
                 self.emit.prefill_done((end, req.req_id, bid, req.num_chunks, take))
+        self._join_front = 0 if mixed_ns else None
+        if mixed_ns:
+            # process_batch_result_prefill walks the mixed batch in its order, the new requests
+            # first (mix_with_running appends the running ones): their inserts come before the
+            # finishing decoders' (cache_finished_req), which LRU then sees as the more recent
+            self._finish_step(end)
         if self.emit.batch is not None:
             # A mixed batch's decode step is part of its compute (the rows' new compute)
             self.emit.batch((bid, now, end, len(items), sum(t for _, t, _, _ in items), lb_bytes_total,
@@ -706,6 +774,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         locked; under 0.5.9 no hit is counted and nothing is backed up (_inc_hit_count skips
         chunked); under 0.5.23 the chunk's new pages count a hit and may be backed up at once."""
         self._insert(req, min(req.done_tokens // self.ps, len(req.keys)), self._current, chunk=True)
+        self._admission_reopens = True  # the batch's chunked_req leaves it at the next pass
 
     def _prefill_done(self, req: Req) -> None:
         """process_batch_result_prefill: the last chunk samples a token. A request that goes on
@@ -721,6 +790,7 @@ class Scheduler(StoragePrefetch, RequestRecords):
         if req.first_token_ns is None:
             self._first_token(req)
         if done:
+            self._admission_reopens = True  # finished in its prefill batch: filtered out of it
             self._finish(req)
         else:
             self._join(req)
@@ -794,7 +864,13 @@ class Scheduler(StoragePrefetch, RequestRecords):
         req.next_page = nxt
         if nxt <= req.finish_step:
             self._page_due.setdefault(nxt, []).append(req)
-        self.running.append(req)
+        if self._join_front is None:
+            self.running.append(req)
+        else:
+            # after a mixed batch the running batch is that batch (`running_batch = last_batch`),
+            # its new requests first (`mix_with_running` appended the running ones after them)
+            self.running.insert(self._join_front, req)
+            self._join_front += 1
 
     def _leave(self, req: Req) -> None:
         """Out of the running batch (finished or retracted): `filter_batch`, which also lets
@@ -869,8 +945,13 @@ class Scheduler(StoragePrefetch, RequestRecords):
 
     def _finish_step(self, end: int) -> None:
         """The step's end: requests whose output is complete finish then (the event loop runs
-        them before the next pass)."""
-        for r in self._finish_due.pop(self.dstep, ()):
+        them before the next pass), in the running batch's order (process_batch_result walks
+        the batch: the order their finish inserts stamp the tree)."""
+        due = self._finish_due.pop(self.dstep, ())
+        if len(due) > 1:
+            where = {id(r): i for i, r in enumerate(self.running)}
+            due = sorted(due, key=lambda r: where.get(id(r), 0))
+        for r in due:
             self.at(end, self._finish, r)
 
     def _note_decode(self, start: int, end: int) -> None:
