@@ -111,6 +111,7 @@ def _assert_rendered(result: dict, expected_figures: int) -> None:
     assert result["fetched"] == []
 
 
+@pytest.mark.slow
 def test_large_fake_run_renders_sampled(tmp_path: Path):
     # Past MAX_SCATTER_POINTS finished requests, so the scatter is sampled and says so.
     write_fake_run(tmp_path / "run.duckdb", 24_000, 21)
