@@ -8,7 +8,7 @@ DEMO_DB := demo.duckdb
 # their prefix demoted to host: tiered hits with real load-backs, beside device hits and misses.
 DEMO_OPTS := --device-tokens 98304 --host-tokens 393216 --run-name demo
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test test-fast bench clean
 
 # summary --json -> the cause with the largest share of excess TTFT (the diagnosis's, when present).
 define DOMINANT_CAUSE
@@ -51,8 +51,18 @@ demo: setup
 	$(BIN)/tierdiag explain "$$id" --db $(DEMO_DB)
 	@echo "report: reports/demo.html   (open it in a browser)"
 
+# The whole suite, slow tier included (CI runs this), on TEST_JOBS worker processes
+# (pytest-xdist; each test file stays on one worker, so a file's shared replays run once);
+# TEST_JOBS=0 runs it in this process. `make test-fast`: the same without the slow tier
+# (the `slow` marker, pyproject.toml), for a quick check while developing.
+TEST_JOBS ?= 2
+PYTEST_XDIST := -n $(TEST_JOBS) --dist loadfile
+
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_XDIST)
+
+test-fast: setup
+	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "not slow"
 
 bench: setup
 	$(BIN)/python benchmarks/run.py

@@ -247,6 +247,7 @@ def test_triton_threshold_is_where_it_wins_from_then_on():
     assert pick_triton_min_bytes([], [], []) is None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the GPU run is the real thing, not a dry run")
 def test_gpu_check_script_runs_end_to_end_on_cpu_and_says_what_it_skipped(tmp_path):
     root = Path(__file__).resolve().parents[1]

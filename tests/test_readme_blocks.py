@@ -8,8 +8,8 @@ line of its block, with its `\\` continuations; comments are the shell's.
 `tierdiag/` (so `tierdiag/trace/samples/...` is the path the README gives), and HOME is the
 folder (nothing written beside the user's files).
 
-Left out, each for the reason named in NOT_RUN: the setup targets (`make demo`, `make test`: the
-suite itself; `make demo` runs the tour's commands), the SGLang server's launch and the benchmarks.
+Left out, each for the reason named in NOT_RUN: the setup targets (`make demo`, `make test`,
+`make test-fast`: the suite itself; `make demo` runs the tour's commands), the SGLang server's launch and the benchmarks.
 A block is left out only when it is listed there, whole, so a new block is run or listed.
 """
 
@@ -35,6 +35,7 @@ NOT_RUN = {
     "python -m sglang.launch_server": "starts an SGLang server (a GPU, the model's weights); the export it writes "
                                       "ships as tierdiag/trace/samples/sglang",
     "make bench": "benchmarks: minutes each (benchmarks/README.md), never in the test suite",
+    "make test-fast": "the test suite itself (less its slow tier): this test is part of it",
 }
 # A line that needs an optional extra, run only where it is installed.
 NEEDS = {"--ray": "ray"}

@@ -12,6 +12,8 @@ import pytest
 
 from tierdiag.trace.synth import DEMO_TRACE
 
+from tests.support.replays import shared_replay
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "traces"
 
@@ -80,9 +82,9 @@ def test_same_trace_twice_gives_identical_rows_in_every_table(tmp_path):
 
 @pytest.mark.shared
 @pytest.mark.skipif(not (SHARED / "conversation_trace.jsonl").exists(), reason="needs ../shared/traces")
-def test_conversation_trace_replays_complete_with_plausible_reuse(tmp_path):
-    db = tmp_path / "conv.duckdb"
-    res = tierdiag("replay", SHARED / "conversation_trace.jsonl", "--db", db, "--json")
+def test_conversation_trace_replays_complete_with_plausible_reuse(tmp_path_factory):
+    # the one default replay of the trace this run (test_report_chromium renders the same run)
+    db, res = shared_replay(tmp_path_factory, SHARED / "conversation_trace.jsonl", "--json")
     assert res.returncode == 0, res.stderr
     con = duckdb.connect(str(db), read_only=True)
     status, n = con.execute("SELECT status, num_requests FROM runs").fetchone()

@@ -31,7 +31,7 @@ CASES = [
                   "--trace-out", "prod-twin.jsonl"], id="import-with-trace-out"),
     pytest.param(["import", "sglang", f"{SAMPLES}/sglang", "--db", "prod.duckdb", "--run-name", "prod"], id="import"),
     pytest.param(["replay", f"{SAMPLES}/demo.jsonl", "--device-tokens", "98304", "--sglang", "0.5.9,0.5.23",
-                  "--jobs", "2"], id="upgrade"),
+                  "--jobs", "2"], id="upgrade", marks=pytest.mark.slow),
     pytest.param(["sweep", f"{SAMPLES}/demo.jsonl", "--set", "device_tokens=98304", "--set", "host_tokens=128k,256k",
                   "--jobs", "2"], id="sweep"),
 ]

@@ -324,6 +324,7 @@ def test_the_view_fits_80_columns_and_cuts_nothing(demo_upgrade):
         assert r["rule"] in text
 
 
+@pytest.mark.slow
 def test_piped_output_is_complete(tmp_path):
     head = tmp_path / "demo300.jsonl"
     head.write_text("".join(DEMO.read_text().splitlines(keepends=True)[:300]))

@@ -303,6 +303,7 @@ def test_a_requests_transfers_start_between_its_arrival_and_its_finish_on_moonca
     assert total > 0 and outside == 0
 
 
+@pytest.mark.slow
 def test_every_claim_is_true_on_a_data_parallel_run(tmp_path):
     """The same mixed workload on 3 ranks behind round_robin, whose requests often find their
     prefix on another rank: the recompute sentence splits what another rank held at arrival

@@ -104,9 +104,15 @@ def test_stored_evidence_is_what_the_rows_give(request, which):
         assert computed.losses.removed_reuse_deciles_tokens and computed.transfers.num_loadbacks > 0
 
 
+@pytest.fixture(scope="module")
+def replayed_views(replayed) -> dict:
+    """`_views` of the unspoiled run, once for every spoil below (the store is only read)."""
+    return _views(replayed)
+
+
 @pytest.mark.parametrize("spoil", ["no table", "old version", "config edited", "not JSON", "another class"])
-def test_readers_fall_back_to_the_rows_and_say_the_same(replayed, tmp_path, spoil):
-    base = _views(replayed)
+def test_readers_fall_back_to_the_rows_and_say_the_same(replayed, replayed_views, tmp_path, spoil):
+    base = replayed_views
     db = _copy(replayed, tmp_path, "spoiled.duckdb")
     _sql(db, {
         "no table": "DROP TABLE run_evidence",  # a store written before the table existed

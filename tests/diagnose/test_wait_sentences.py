@@ -45,6 +45,7 @@ def _pct(text: str, x: float) -> bool:
     return abs(float(text) - 100 * x) <= half + 1e-9
 
 
+@pytest.mark.slow
 def test_every_wait_sentence_names_the_largest_part_of_the_wait(held):
     checked, idle_largest_gpu_new = 0, 0
     with open_store(held) as con:

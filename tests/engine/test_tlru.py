@@ -13,16 +13,15 @@ defaults (threshold 0, next_prompt_estimate 0) no node is ever TEL-safe, so the 
 from __future__ import annotations
 
 import importlib.util
-import os
 import random
-import tempfile
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from tierdiag.config.policies import EVICTION_POLICIES, tlru_key
 from tierdiag.engine.tree import RadixTree
+
+from tests.support.sglang_wheels import unpacked_wheel
 
 PAGE = 64
 
@@ -107,10 +106,7 @@ def test_with_sglangs_default_config_tlru_orders_as_lru():
 
 
 def _sglang_evict_policy():
-    base = Path(os.environ.get("TIERDIAG_SGLANG_CACHE", tempfile.gettempdir())) / "tierdiag-sglang-0.5.23"
-    path = base / "root" / "sglang" / "srt" / "mem_cache" / "evict_policy.py"
-    if not path.is_file():
-        pytest.skip(f"SGLang 0.5.23 not fetched ({path} missing; tests/sglang fetches it)")
+    path = unpacked_wheel("0.5.23") / "sglang" / "srt" / "mem_cache" / "evict_policy.py"  # fetched if not yet
     spec = importlib.util.spec_from_file_location("sglang_0523_evict_policy", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # stdlib only: its TreeNode import is for type checking

@@ -19,6 +19,7 @@ import signal
 import tempfile
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -190,6 +191,7 @@ def check_records(w: Workload, engine, stats, probe: Collect) -> None:
     assert all(t.verified for t in probe.load_backs), "verify='all' checks every load-back"
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(w=workloads())
 def test_random_workloads_keep_invariants(w):

@@ -138,6 +138,7 @@ def _fresh_db(tmp_path: Path, i: int, traces) -> tuple[Path, dict]:
     return db, traces["earlier"]
 
 
+@pytest.mark.slow
 def test_signal_at_random_moments_of_a_replay(tmp_path, traces):
     """SIGINT and SIGTERM over the whole of a replay that flushes every 256 requests."""
     rnd = random.Random(17)

@@ -133,6 +133,7 @@ def test_readers_share_the_file(tmp_path, store):
         assert runs(db)[0]["name"] == "conversation"
 
 
+@pytest.mark.slow
 def test_a_replay_waits_for_a_reader_to_let_go(tmp_path, store):
     """DuckDB keeps a writer out while a reader holds the file: the replay waits, then writes."""
     db = tmp_path / "s.duckdb"

@@ -143,6 +143,7 @@ def test_the_writer_ignores_signals_sent_to_it(tmp_path, traces):
     assert_no_process_left(mark)
 
 
+@pytest.mark.slow
 def test_signals_to_the_process_group_at_any_moment(tmp_path, traces):
     """Ctrl-C and SIGTERM to the whole group, from the CLI's first moments (the writer starting)
     to the close: 130/143 with one line, the run interrupted (or complete) with each row once,

@@ -95,6 +95,7 @@ _FIGURE = """(id) => {
 }"""
 
 
+@pytest.mark.slow
 @pytest.mark.chromium
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (apt-get install chromium)")
 def test_figures_render_at_the_default_window_size(session_run):

@@ -7,14 +7,14 @@ drives the system browser; it never downloads one of its own.
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from fake_run import write_fake_run
 from tierdiag.report import html as rh
+
+from tests.support.replays import shared_replay
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
@@ -111,6 +111,7 @@ def _assert_rendered(result: dict, expected_figures: int) -> None:
     assert result["fetched"] == []
 
 
+@pytest.mark.slow
 def test_large_fake_run_renders_sampled(tmp_path: Path):
     # Past MAX_SCATTER_POINTS finished requests, so the scatter is sampled and says so.
     write_fake_run(tmp_path / "run.duckdb", 24_000, 21)
@@ -123,11 +124,10 @@ def test_large_fake_run_renders_sampled(tmp_path: Path):
 
 @pytest.mark.shared
 @pytest.mark.skipif(not CONVERSATION.exists(), reason="needs ../shared/traces/conversation_trace.jsonl")
-def test_conversation_trace_report(tmp_path: Path):
+def test_conversation_trace_report(tmp_path: Path, tmp_path_factory):
     """The issue's bar: the full Mooncake conversation-trace run (12,031 requests)."""
-    db = tmp_path / "conv.duckdb"
-    replay = subprocess.run([sys.executable, "-c", "from tierdiag.cli.main import main; main()", "replay",
-                             str(CONVERSATION), "--db", str(db)], capture_output=True, text=True, timeout=1800)
+    # the one default replay of the trace this run (test_replay_cli checks its rows); read only
+    db, replay = shared_replay(tmp_path_factory, CONVERSATION, "--json")
     assert replay.returncode == 0, replay.stderr[-2000:]
     report = rh.build_report(db, None, tmp_path / "reports" / "conv.html")
     assert report.bytes < MAX_REPORT_BYTES and report.figures >= 4

@@ -84,6 +84,7 @@ def test_ray_missing_is_one_line_with_the_install_hint(tmp_path, trace):
     assert not db.exists()
 
 
+@pytest.mark.slow
 def test_interrupted_sweep_keeps_finished_runs_complete(tmp_path):
     """One worker, three combinations: SIGINT to the driver once the first run is in --db, while
     the second replays (the demo trace COPIES times over, each copy's sessions its own, so a

@@ -13,6 +13,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                 reason="needs the ray extra (pip install 'tierdiag[ray]')")
 
 
+@pytest.mark.slow
 def test_ray_sweep_rows_are_those_of_single_replays(tmp_path, trace, singles):
     db = tmp_path / "ray.duckdb"
     proc = cli("sweep", trace, *BASE, *SETS, "--ray", "--jobs", "2", "--db", db, "--json",
