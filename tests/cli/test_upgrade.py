@@ -403,7 +403,7 @@ def test_a_failed_rule_replay_is_listed_not_isolated_and_the_command_still_fails
 
 
 def test_a_rule_run_says_which_rule_it_switched_back(demo_upgrade):
-    from tierdiag.report.terminal import rules_line
+    from tierdiag.report.run_lines import rules_line
     from tierdiag.store.reader import list_runs
 
     db, view = demo_upgrade

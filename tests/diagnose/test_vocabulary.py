@@ -23,7 +23,8 @@ from tests.cli.cli_helpers import cli
 from tierdiag.diagnose.explain import explain_request
 from tierdiag.diagnose.summary import run_summary
 from tierdiag.report.runs_view import render_runs
-from tierdiag.report.terminal import render_explanation, render_summary, rules_line
+from tierdiag.report.run_lines import rules_line
+from tierdiag.report.terminal import render_explanation, render_summary
 from tierdiag.store.reader import RunInfo, open_store, resolve_run
 
 from .conftest import CONFIG, RunBuilder, plant_scenarios

@@ -48,11 +48,11 @@ def summary_view(db: Path, run: str | None) -> SummaryView:
         result = summarize(con, info)
     from tierdiag.config.profile import provenance_line
     from tierdiag.diagnose.compare import run_kv_memory
-    from tierdiag.engine.rules import recorded_rules
+    from tierdiag.diagnose.read.run import parse
 
     # The SGLang release whose rules the replay followed (0.5.9 for one recorded before rule sets);
-    # None for an imported run, whose numbers are the server's.
-    rules = recorded_rules(info.config) if info.kind != "observed" else None
+    # None for an imported run, whose numbers are the server's (the run parsed once: read/run.py).
+    rules = parse(info).rules
     return SummaryView(run=info, summary=result, sglang_rules=rules, kv_memory=run_kv_memory(info),
                        clock=provenance_line(info.config.get("profile_source")))
 
@@ -133,9 +133,9 @@ def slow_view(db: Path, run: str | None, *, top: int, hit_class: str | None, cau
         from tierdiag.diagnose.facts import run_bounds  # where every view's clock starts
 
         if by == "rank":  # the listing cut by dp_rank (diagnose/ranks.py), a replayed run only
-            from tierdiag.diagnose.kinds import has_engine_parts
+            from tierdiag.diagnose.read.kind import view_of
 
-            if not has_engine_parts(info):
+            if not view_of(info).engine_parts:
                 raise ConfigError(f"--by rank ranks requests by excess over their ideal; run {info.run_id} "
                                   f"({info.name}) is imported and has no ideal: use `tierdiag slow` without --by")
             from tierdiag.diagnose.ranks import slow_by_rank
@@ -162,15 +162,16 @@ class RunsView:
     default_run_id: str | None
 
     def to_json(self) -> list:
-        from tierdiag.engine.rules import recorded_rules
-        from tierdiag.report.terminal import pool_sizes, run_kv_memory
+        from tierdiag.diagnose.compare import run_kv_memory
+        from tierdiag.diagnose.read.run import parse
+        from tierdiag.report.run_lines import pool_sizes
 
         def memory(r):
             m = run_kv_memory(r)  # ranks, one rank's device + host bytes, the shared storage's, the total
             return None if m is None else m.to_json()
 
         return [{**r.to_json(), "changed_from_defaults": self.changes[r.run_id],
-                 "sglang_rules": recorded_rules(r.config) if r.kind != "observed" else None,
+                 "sglang_rules": parse(r).rules,
                  "pools": pool_sizes(r.config, r.data_plane), "kv_memory": memory(r),
                  "default": r.run_id == self.default_run_id} for r in self.runs]
 

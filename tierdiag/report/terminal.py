@@ -31,7 +31,6 @@ from tierdiag.units import (
     fmt_tokens,
     fmt_value,
 )
-from tierdiag.report.run_lines import POOL_TIERS, pool_sizes, rules_line, run_kv_memory  # noqa: F401 - summary's head; re-exported for cli/runs.py
 
 if TYPE_CHECKING:  # only for hints: `explain` should not import the slow/summary code to render
     from tierdiag.diagnose.explain import Explanation
