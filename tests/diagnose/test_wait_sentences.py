@@ -117,7 +117,7 @@ def test_the_run_story_names_memory_waits_as_explain_does(held):
     numbers explain's attributions sum to. With decode on the clock (issue 43) the held run's
     memory waits are mostly decode steps: the story must name whichever there is."""
     from tierdiag.diagnose.causes import primary_cause
-    from tierdiag.diagnose.claims import _RUN_WAIT_WORDS
+    from tierdiag.diagnose.run_claims import _RUN_WAIT_WORDS
     from tierdiag.diagnose.context import queue_attribution
     from tierdiag.diagnose.query import fetch_dicts
     from tierdiag.diagnose.summary import run_summary

@@ -12,9 +12,10 @@ from typing import Any
 
 from tierdiag.diagnose.advice import Advice, advice_json
 from tierdiag.diagnose import claims as C
+from tierdiag.diagnose import run_claims as RC
 from tierdiag.diagnose.miss_reasons import in_batch_claim_text
 from tierdiag.diagnose.capacity import Capacity
-from tierdiag.diagnose.claims import loss_why
+from tierdiag.diagnose.run_claims import loss_why
 from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.diagnose.numbers import CauseShare, RunSummary
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
@@ -87,23 +88,23 @@ def diagnose_run(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple
         return _from_parts(ctx, excess_parts_ns, advice, cap)
     top = story.top
     why = loss_why(ctx)
-    claims: list[C.Claim] = [C.capacity_claim(cap)] if cap is not None else []
-    claims.append(C.verdicts_claim(story))
+    claims: list[C.Claim] = [RC.capacity_claim(cap)] if cap is not None else []
+    claims.append(RC.verdicts_claim(story))
     queued_share = share(story.queued_excess_ns, story.excess_total_ns) or 0.0
     if top.cause == "queueing" or queued_share >= MATERIAL_QUEUE_SHARE:
-        claims.append(C.queued_wait_claim(story, ctx.prefill_busy_share))
-        claims.append(C.queue_cause_claim(story, cap is not None, why))
+        claims.append(RC.queued_wait_claim(story, ctx.prefill_busy_share))
+        claims.append(RC.queue_cause_claim(story, cap is not None, why))
     routing = ctx.routing
     routing_told = routing is not None and routing.routing_tokens > 0 and (
         top.cause == "routing" or routing.dominates_lost_reuse)
     if routing_told:
-        claims.append(C.run_routing_claim(routing))
+        claims.append(RC.run_routing_claim(routing))
     if top.cause == "recompute":
         claims.append(C.Claim("recompute", "Recomputing once-cached tokens is the largest part of the slow requests' "
                                            "TTFT" + (f"; {why}." if why else ".")))
     elif top.cause == "load_back":
         claims.append(C.Claim("load_back", f"Load-backs ran at {fmt_pct(ctx.transfers.link_peak_share)} of link peak."))
-    waited = C.evicted_while_waiting_claim(story)
+    waited = RC.evicted_while_waiting_claim(story)
     if waited is not None:
         claims.append(waited)
     in_batch = in_batch_claim_text(miss_reasons or {}, ctx.losses.input_tokens)  # miss_reasons.py
@@ -133,7 +134,7 @@ def _from_parts(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple[
     proximate = max(excess_parts_ns, key=lambda k: excess_parts_ns[k])
     pshare = share(excess_parts_ns[proximate], total)
     why = loss_why(ctx)
-    claims = [C.capacity_claim(cap)] if cap is not None else []
+    claims = [RC.capacity_claim(cap)] if cap is not None else []
     if proximate == "queueing":
         text = (f"Queueing is {fmt_pct(pshare)} of the run's excess TTFT; this store has no per-batch record of "
                 f"what the GPU did while requests waited, so whose doing the queue was is not known.")

@@ -22,6 +22,7 @@ from dataclasses import replace
 import duckdb
 
 from tierdiag.diagnose import claims as C
+from tierdiag.diagnose import run_claims as RC
 from tierdiag.diagnose.advice import propose
 from tierdiag.diagnose.advice.verify import verified_advice
 from tierdiag.diagnose.causes import TtftParts
@@ -83,7 +84,7 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
     # Context in step 3 (the load-back rate around it) and the run's "why" in step 4.
     steps = (steps[0], steps[1], replace(steps[2], finding=steps[2].finding + context_sentence(ctx, row)),
              steps[3])
-    why = C.loss_why(run_ctx) if tokens.recomputed_tokens or tokens.host_tokens or tokens.storage_tokens else None
+    why = RC.loss_why(run_ctx) if tokens.recomputed_tokens or tokens.host_tokens or tokens.storage_tokens else None
     if why:
         steps = steps[:3] + (replace(steps[3], finding=f"{steps[3].finding} For context, {why}."),)
     reasons = request_miss_reasons(row)  # why its computed tokens were not reused (miss_reasons.py)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import duckdb
 
 from tierdiag.diagnose import claims as C
+from tierdiag.diagnose import run_claims as RC
 from tierdiag.diagnose.explain_result import (
     EvictionEvent,
     EvictionEvidence,
@@ -359,8 +360,8 @@ def step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: RowLike, to
     capacity, host_capacity = pool_size("device"), pool_size("host")
     compared = capacity
     if capacity is not None and host_capacity and any(e.tier != "device" for e in events):
-        # What the write policy lets hold a prefix: host alone under write_through (claims.held_capacity).
-        compared = C.held_capacity(run.config, capacity, host_capacity)[0]
+        # What the write policy lets hold a prefix: host alone under write_through (run_claims.held_capacity).
+        compared = RC.held_capacity(run.config, capacity, host_capacity)[0]
     reuse_distance = None
     if last_access is not None and row.arrival_ns is not None:
         # Tokens the device pool had to allocate for other requests scheduled between the

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tierdiag.diagnose import claims as C
+from tierdiag.diagnose import run_claims as RC
 from tierdiag.diagnose.causes import CAUSES, NONE_TOLERANCE_PCT, TtftParts
 from tierdiag.diagnose.context import QueueAttribution, RequestContext
 from tierdiag.diagnose.runcontext import RunContext
@@ -68,7 +69,7 @@ def _claims(v: VerdictInputs) -> tuple[C.Claim, ...]:
         out.append(CAUSE_CLAIMS[cause](v))
     # Its wait, when it is the cause or a sizeable part of TTFT.
     if parts.queue_ns and (cause == "queueing" or share(parts.queue_ns, ttft) >= 0.2):
-        out.append(C.queue_claim(row, v.attribution, v.context, C.loss_why(v.run)))
+        out.append(C.queue_claim(row, v.attribution, v.context, RC.loss_why(v.run)))
     if tokens.recomputed_tokens:
         out.append(C.recompute_claim(row, v.threshold, evs.host_deleted_tokens, v.storage_tier))
     if cause != "routing" and parts.routing_tokens:  # part of that recompute was routing's (causes.py)

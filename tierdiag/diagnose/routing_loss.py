@@ -4,7 +4,7 @@ rank held them at arrival (causes.py defines the tokens, `r`, and the part of TT
     routing_cost_ns(row, config)     what recomputing its routing-lost tokens cost, priced by position
     routing_loss(con, run)           RoutingLoss: the run's routing losses (RunContext.routing)
 
-Its sentences (the request's, the run's) are claims.py's `routing_claim` and `run_routing_claim`.
+Its sentences (the request's, the run's) are claims.py's `routing_claim` and run_claims.py's `run_routing_claim`.
 
 Pricing by position. The engine splits a chunk's compute between recomputed and new tokens by
 count; a token's cost grows with its position (attention over all before it). The tokens routing

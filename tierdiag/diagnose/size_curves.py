@@ -291,7 +291,7 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
 
     import os
 
-    from tierdiag.diagnose.claims import held_capacity
+    from tierdiag.diagnose.run_claims import held_capacity
     from tierdiag.errors import TierdiagError
     from tierdiag.trace.pages import page_keys_array
     from tierdiag.trace.reader import read_trace, trace_sha256

@@ -9,7 +9,8 @@ from __future__ import annotations
 from tierdiag.diagnose.advice import targets as T
 from tierdiag.diagnose.advice.base import Evidence, Rule, gib, limit_words, pow2_at_least, pow2_at_most, significant
 from tierdiag.diagnose.advice.types import Advice
-from tierdiag.diagnose.claims import Claim, held_capacity
+from tierdiag.diagnose.claims import Claim
+from tierdiag.diagnose.run_claims import held_capacity
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, share
 
 
