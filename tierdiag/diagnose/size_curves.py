@@ -207,9 +207,10 @@ def _depths_c(prev: np.ndarray, starts: np.ndarray, query: np.ndarray) -> np.nda
 
     from tierdiag.native import _stackdist
 
-    out = _stackdist.depths(np.ascontiguousarray(prev, dtype=np.int64).tobytes(),
-                            np.ascontiguousarray(starts, dtype=np.int64).tobytes(),
-                            np.ascontiguousarray(query, dtype=np.uint8).tobytes())
+    # The arrays' own buffers (no bytes copy: a run's pass holds several arrays of its touches).
+    out = _stackdist.depths(np.ascontiguousarray(prev, dtype=np.int64),
+                            np.ascontiguousarray(starts, dtype=np.int64),
+                            np.ascontiguousarray(query, dtype=np.uint8))
     return np.frombuffer(out, dtype=np.int64)
 
 
@@ -245,12 +246,17 @@ def stack_depths(groups: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    # prev[t]: the touch before t of the same key. Intermediates are dropped as soon as they are
+    # used: at a million requests the touches run to tens of millions, 8 bytes each per array.
     order = np.argsort(keys, kind="stable")
     ks = keys[order]
+    del keys
+    same = ks[1:] == ks[:-1]
+    del ks
     prev = np.full(n, -1, dtype=np.int64)
-    same = np.flatnonzero(ks[1:] == ks[:-1]) + 1
-    prev[order[same]] = order[same - 1]
-    return depths_of(prev, starts, query)[query.astype(bool)]
+    prev[order[1:][same]] = order[:-1][same]
+    del order, same
+    return depths_of(prev, starts, query)[query.view(bool)]
 
 
 # --------------------------------------------------------------------------- from a run
