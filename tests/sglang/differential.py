@@ -78,7 +78,7 @@ class Worker:
 # --- the engine side -----------------------------------------------------------------------------
 class EngineSide:
     """The engine's tree and controller, driven in the order of Scheduler._admit, _insert and
-    _finish (tierdiag/engine/scheduler.py), one request at a time."""
+    _finish (tierdiag/engine/decode.py), one request at a time."""
 
     def __init__(self, sc: dict):
         ps = sc["page_size"]

@@ -41,7 +41,8 @@ from tierdiag.engine.arrivals import ArrivalSource
 from tierdiag.engine.controller import EngineStats
 from tierdiag.engine.request import Req
 from tierdiag.engine.routing import Gateway, RequestView, RouterConfig
-from tierdiag.engine.scheduler import INIT_NEW_TOKEN_RATIO, EngineError, Scheduler
+from tierdiag.engine.schedule_common import INIT_NEW_TOKEN_RATIO, EngineError
+from tierdiag.engine.scheduler import Scheduler
 from tierdiag.probes.events import Route
 from tierdiag.trace.pages import page_keys_array
 from tierdiag.trace.reader import TraceRequest

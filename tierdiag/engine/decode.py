@@ -1,0 +1,294 @@
+"""Decode steps on the clock, the Scheduler's mixin: a running batch that decodes when no
+prefill batch is formed (or beside one, with mixed chunk), its memory taken step by step, a
+retraction when a step does not fit, and the finish (cache_finished_req: insert, unlock, free).
+SGLang: scheduler.py's update_running_batch, schedule_batch.py's check_decode_mem /
+retract_decode, scheduler_output_processor_mixin.py; each function names the one it restates."""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+import numpy as np
+
+from tierdiag.engine.request import FIRST_PASS_FIELDS, Req
+from tierdiag.engine.schedule_common import (CLIP_MAX_NEW_TOKENS, INT64_MAX, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY,
+                                             RETRACT_DECODE_STEPS)
+from tierdiag.trace.pages import output_page_keys
+
+
+class DecodeSteps:
+    """Scheduler's decode steps, retraction and finish (a mixin: its state is Scheduler's)."""
+
+    def _generated(self, req: Req) -> int:
+        """Output tokens a running request has (len(output_ids)), after `dstep` decode steps."""
+        return req.generated + self.dstep - req.join_step
+
+    def _join(self, req: Req) -> None:
+        """The request joins the running batch (get_next_batch_to_run merges the last prefill
+        batch into it). Its next page and its finish are due on the decode clock: each decode
+        step allocates the slot of the token it reads (kv_len before the step), a page when
+        that slot starts one (`new_tokens_required_next_decode`: kv_committed_len % page == 0)."""
+        k0 = self.dstep
+        req.join_step = k0
+        req.in_running = True
+        self._kv_base += req.kv_len - k0
+        req.finish_step = k0 + req.output_len - req.generated
+        self._finish_due.setdefault(req.finish_step, []).append(req)
+        if req.output_len - req.generated > CLIP_MAX_NEW_TOKENS:
+            self._long.append(req)
+        else:
+            self._fin_sum += req.finish_step
+            self._n_short += 1
+        nxt = k0 + 1 + (-req.kv_len) % self.ps
+        req.next_page = nxt
+        if nxt <= req.finish_step:
+            self._page_due.setdefault(nxt, []).append(req)
+        if self._join_front is None:
+            self.running.append(req)
+        else:
+            # after a mixed batch the running batch is that batch (`running_batch = last_batch`),
+            # its new requests first (`mix_with_running` appended the running ones after them)
+            self.running.insert(self._join_front, req)
+            self._join_front += 1
+
+    def _leave(self, req: Req) -> None:
+        """Out of the running batch (finished or retracted): `filter_batch`, which also lets
+        admission try again (`batch_is_full = False`)."""
+        if not req.in_running:
+            return
+        req.in_running = False
+        if req in self._long:
+            self._long.remove(req)
+        else:
+            self._fin_sum -= req.finish_step
+            self._n_short -= 1
+        steps = self.dstep - req.join_step
+        self._kv_base -= req.kv_len - req.join_step
+        req.kv_len += steps
+        req.generated += steps
+        req.join_step = self.dstep
+        self.running.remove(req)
+        due = self._page_due.get(req.next_page)
+        if due is not None and req in due:
+            due.remove(req)
+        due = self._finish_due.get(req.finish_step)
+        if due is not None and req in due:
+            due.remove(req)
+        self.batch_is_full = False
+
+    def _decode_fits(self, reqs, now: int) -> bool:
+        """ScheduleBatch.check_decode_mem: the pages the next step of `reqs` needs, after
+        evicting for them (`check_decode_capacity` -> `evict_to_free_tokens`)."""
+        k = self.dstep + 1
+        due = self._page_due.get(k)
+        if not due:
+            return True
+        if reqs is self.running:
+            need = due
+        else:
+            chosen = set(map(id, reqs))
+            need = [r for r in due if id(r) in chosen]
+        if not need or len(need) <= self.ctrl.device.free_pages:
+            return True  # (evict_to_free_tokens evicts nothing when the pages are free)
+        return self.ctrl.evict_device(len(need), need[0].req_id, now)
+
+    def _decode_step(self, now: int) -> int:
+        """prepare_for_decode + the step's time: `alloc_for_decode` evicts for a page a running
+        request, then gives each request whose slot starts a page that page; the step reads the weights and every running request's
+        KV (`decode_step_ns` of the seq_lens after the step's slot). The decode clock advances;
+        requests whose output is then complete finish when the step ends."""
+        k = self.dstep + 1
+        # alloc_paged_token_slots_decode (both releases; alloc_token_slots at page 1): "Over
+        # estimate the number of tokens: assume each request needs a new page", evicting for a
+        # page a running request whatever the step needs
+        n = len(self.running)
+        if self.ctrl.device.free_pages < n:
+            self.ctrl.evict_device(n, self.running[0].req_id, now)
+        due = self._page_due.pop(k, None)
+        if due:
+            alloc = self.ctrl.device.alloc
+            ps = self.ps
+            page_due = self._page_due
+            for r in due:
+                slots = alloc(1)
+                assert slots is not None, "check_decode_mem reported room that alloc could not find"
+                r.own_slots.extend(slots)
+                nxt = k + ps
+                r.next_page = nxt
+                if nxt <= r.finish_step:
+                    page_due.setdefault(nxt, []).append(r)
+        ctx = self._kv_base + len(self.running) * k
+        self.dstep = k
+        self.stats.decode_steps += 1
+        return self.cost.decode_step_ns(ctx)
+
+    def _finish_step(self, end: int) -> None:
+        """The step's end: requests whose output is complete finish then (the event loop runs
+        them before the next pass), in the running batch's order (process_batch_result walks
+        the batch: the order their finish inserts stamp the tree)."""
+        due = self._finish_due.pop(self.dstep, ())
+        if len(due) > 1:
+            where = {id(r): i for i, r in enumerate(self.running)}
+            due = sorted(due, key=lambda r: where.get(id(r), 0))
+        for r in due:
+            self.at(end, self._finish, r)
+
+    def _note_decode(self, start: int, end: int) -> None:
+        """A decode step's time, kept as runs of steps on the clock (`decode_before`)."""
+        self.stats.decode_ns += end - start
+        starts = self._drun_starts
+        if starts and self._drun_ends[-1] == start:
+            self._drun_ends[-1] = end
+        else:
+            self._drun_cum.append(self._drun_cum[-1] + self._drun_ends[-1] - starts[-1] if starts else 0)
+            starts.append(start)
+            self._drun_ends.append(end)
+
+    def decode_before(self, t: int) -> int:
+        """Virtual time the GPU spent in decode steps before `t`."""
+        starts = self._drun_starts
+        i = bisect_right(starts, t) - 1
+        if i < 0:
+            return 0
+        return self._drun_cum[i] + min(t, self._drun_ends[i]) - starts[i]
+
+    def _decode(self, now: int) -> int:
+        """Scheduler.update_running_batch: `check_decode_mem`; when the step does not fit,
+        `retract_decode`, else `new_token_ratio` decays; then the step (`prepare_for_decode`)."""
+        retracted = ()
+        if not self._decode_fits(self.running, now):
+            retracted = self._retract(now)
+            if not self.running:
+                return None
+        else:
+            self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+        # the step, after any write-back its eviction waited for (write_back: blocking copies)
+        end = now + self._decode_step(now) + self.ctrl.blocking_ns
+        if self.emit.decode_step is not None:
+            self.emit.decode_step((now, end, self.dstep, tuple(r.req_id for r in self.running),
+                                   tuple(r.req_id for r in retracted), None, self.rank))
+        self._finish_step(end)
+        self._note_decode(now, end)
+        return end
+
+    def _retract(self, now: int) -> list[Req]:
+        """ScheduleBatch.retract_decode: requests ordered by (output so far, -input) descending
+        (`_get_decode_retraction_order`), the last retracted first, at least one and until the
+        rest's next step fits (`check_decode_mem(selected_indices)`), one always kept; each
+        released without a checkpoint (`release_req` -> `release_kv_cache(checkpoint=False)`:
+        its own KV freed, its lock dropped, what it had inserted stays cached) and the tree
+        evicted for 20 decode steps of each request left (`evict_from_tree_cache`,
+        SGLANG_RETRACT_DECODE_STEPS); back at the end of the waiting queue
+        (`_add_request_to_queue`), to prefill its input and its output so far again. The last
+        one, if even it does not fit, is aborted. `new_token_ratio` becomes
+        (generated + 20 x kept) / (max_new of the kept + 1), at most 1."""
+        running = self.running
+        order = sorted(range(len(running)), key=lambda i: (self._generated(running[i]), -running[i].input_len),
+                       reverse=True)
+        retracted: list[Req] = []
+        first = True
+        while first or not self._decode_fits([running[i] for i in order], now):
+            if len(order) == 1:
+                break
+            first = False
+            req = running[order.pop()]
+            self._release(req)
+            pages = -(-len(order) * RETRACT_DECODE_STEPS // self.ps)
+            if pages:
+                self.ctrl.evict_device(pages, req.req_id, now)
+            retracted.append(req)
+        aborted = None
+        if len(order) <= 1 and not self._decode_fits([running[i] for i in order], now):
+            aborted = running[order.pop()]
+            self._release(aborted)
+        kept = [running[i] for i in order]  # filter_batch(keep_indices=sorted_indices)
+        keep = set(map(id, kept))
+        for r in list(running):
+            if id(r) not in keep:
+                self._leave(r)
+        self.running = kept
+        self.new_token_ratio = min(1.0, (sum(self._generated(r) for r in kept) + RETRACT_DECODE_STEPS * len(kept))
+                                   / (sum(r.output_len for r in kept) + 1))
+        self.stats.retractions += len(retracted)
+        for req in retracted:
+            self._requeue(req, now)
+        if aborted is not None:
+            self._abort(aborted, now)
+        return retracted
+
+    def _release(self, req: Req) -> None:
+        """release_kv_cache(checkpoint=False): the request's own pages are freed (what it
+        inserted stays in the tree, unlocked), its lock dropped."""
+        self.ctrl.device.free(req.own_slots)
+        req.own_slots = []
+        self.tree.dec_lock(req.lock_node)
+        req.lock_node = None
+
+    def _requeue(self, req: Req, now: int) -> None:
+        """Req.reset_for_retract + _add_request_to_queue(is_retracted=True): prefix, protected
+        and inserted lengths back to 0, the output so far kept (its next prefill is input +
+        output: `fill_len`); at the end of the waiting queue, its storage prefetch started again.
+        The record keeps what its first admission found (`first_pass`)."""
+        if req.first_pass is None:
+            req.first_pass = tuple(getattr(req, f) for f in FIRST_PASS_FIELDS)
+        req.retractions += 1
+        req.kv_len = 0
+        req.fill_len = req.input_len + req.generated
+        ps = self.ps
+        n_in = req.input_len // ps
+        n_fill = req.fill_len // ps
+        if n_fill > len(req.keys):
+            out = output_page_keys(req.req_id, req.keys[:n_in], n_fill - n_in)[len(req.keys) - n_in:]
+            req.keys.extend(out)
+            req.keys_np = np.concatenate((req.keys_np, np.array(out, dtype=np.int64)))
+        req.max_match_pages = min(len(req.keys), (req.fill_len - 1) // ps)
+        req.inserted_pages = req.protected_pages = req.prefix_pages = req.dev_pages = 0
+        req.done_tokens = 0
+        req.own_from = 0
+        req.prefetch_retries = 0
+        req.storage_hit_end = None
+        self.waiting.append(req)
+        self.arrived_at[req.seq] = self.processed_tokens
+        if self.ctrl.storage is not None and req.prefetch is None:
+            self._start_prefetch(req, now)
+
+    def _abort(self, req: Req, now: int) -> None:
+        """retract_decode's last request, out of memory even alone: aborted (FINISH_ABORT)."""
+        self._leave(req)
+        said = "" if self.rules.decode_oom_aborts else f" (SGLang {self.rules.version} raises here and stops)"
+        self._reject(req, "aborted: out of device memory for its next decode step even after retracting every "
+                          f"other running request{said}")
+
+    def _finish(self, req: Req) -> None:
+        """cache_finished_req: the committed KV, input and output (all but the last output token,
+        which never went through the model), page-aligned, is inserted; the unaligned tail is freed.
+        Output pages get synthetic keys (trace.pages.output_page_keys): no later trace request
+        carries the same tokens, so they take device (and host) room without ever being hit."""
+        now = self._current
+        ps = self.ps
+        self._leave(req)
+        n_full = (req.input_len + max(req.output_len - 1, 0)) // ps
+        n_in = req.input_len // ps
+        have = len(req.keys)
+        if n_full > have:
+            # No content is written for output pages: their keys are this request's own, so no
+            # request ever matches them and no load-back reads (or verifies) them back. Their
+            # copies to host and storage still run, as the real ones would.
+            out_keys = output_page_keys(req.req_id, req.keys[:n_in], n_full - n_in)[have - n_in:]
+            req.keys.extend(out_keys)
+            req.keys_np = np.concatenate((req.keys_np, np.array(out_keys, dtype=np.int64)))
+        self._insert(req, n_full, now, chunk=False)
+        if self.rules.finish_reinserts_prompt and 0 < n_in < n_full:
+            # checkpoint_into_tree's second insert: the prompt again at priority + 1, on device
+            # (our lock covers it), nothing to free, no node past `inserted_len` (no hit).
+            self.tree.insert(req.keys[:n_in], n_in, [], now, req.req_id, count_hits=self.count_hits,
+                             priority=min(req.priority + 1, INT64_MAX), keys_np=req.keys_np[:n_in], inserted=n_in)
+        self.ctrl.device.free(req.own_slots)
+        req.own_slots = []
+        self.tree.dec_lock(req.lock_node)
+        req.lock_node = None
+        self._record(req, now)
+        if self.on_leave is not None:
+            self.on_leave(req, now)
+        if req.session is not None and self.arrivals.closed:
+            self.arrivals.finished(req.session, now)
