@@ -23,7 +23,7 @@ from tests.importers.sglang_export import record, write_export
 from tierdiag import signals
 from tierdiag.errors import RunInterrupted, TraceError
 from tierdiag.importers.load import import_sglang
-from tierdiag.importers.sglang import read_export
+from tierdiag.importers.sglang_export import read_export
 
 from tests.support.cli import ENTRY  # noqa: E402 - the one CLI entry
 

@@ -23,7 +23,7 @@ import pytest
 from tests.importers.sglang_export import record, write_export
 from tierdiag.errors import TraceError
 from tierdiag.importers.load import import_sglang
-from tierdiag.importers.sglang import read_export
+from tierdiag.importers.sglang_export import read_export
 from tierdiag.trace.reader import read_trace
 
 MS = 1_000_000
@@ -222,7 +222,7 @@ def test_files_are_read_in_the_hour_order_of_their_names_whatever_the_arguments(
     early = write_export(tmp_path / "e", "20251130_02", [record("early", prompt=80)], gz=True)
     other = tmp_path / "renamed.log"
     other.write_text(json.dumps(record("other", prompt=80)) + "\n")
-    from tierdiag.importers.sglang import export_files
+    from tierdiag.importers.sglang_export import export_files
 
     assert export_files([other, late, tmp_path / "e", early]) == [early, late, other]
     assert [r.req_id for r in read_export([tmp_path / "e"])] == ["early", "late"]

@@ -1,6 +1,6 @@
 """`tierdiag import sglang`: an SGLang metrics export -> one `observed` run (+ a replayable trace).
 
-Records stream from `importers.sglang.read_export`; only their numbers are kept, as Arrow
+Records stream from `importers.sglang_export.read_export`; only their numbers are kept, as Arrow
 columns in chunks (a few hundred bytes a request, never the prompts: peak RSS grows ~0.7 KB a
 request with DuckDB's own buffers, benchmarks/import_sglang.py). Times are written relative to
 the first request's arrival, which is known only at the end: the export is in *finish* order,
@@ -61,8 +61,8 @@ from tierdiag.importers.sglang import (
     METRICS_FLAG,
     ImportReport,
     SGLangRequest,
-    read_export,
 )
+from tierdiag.importers.sglang_export import read_export
 
 CHUNK_ROWS = 16_384
 PROGRESS_EVERY = 1_000
