@@ -1,5 +1,5 @@
 """What a run is, in the lines `summary`, `runs` and the report head it with: its pools as
-recorded, its KV memory per rank, the SGLang rules it followed."""
+recorded and the SGLang rules it followed (its KV memory per rank: diagnose.compare.run_kv_memory)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,6 @@ def pool_sizes(config: dict, data_plane: dict) -> dict[str, dict[str, int | None
     return {tier: {"tokens": config[f"{tier}_tokens"], "bytes": config[f"{tier}_tokens"] * kv if kv else None}
             for tier in POOL_TIERS
             if isinstance(config.get(f"{tier}_tokens"), int) and config[f"{tier}_tokens"] > 0}
-
-
-def run_kv_memory(run):
-    """diagnose.compare.run_kv_memory (the run's KV capacity per rank and in all)."""
-    from tierdiag.diagnose.compare import run_kv_memory as of_run
-
-    return of_run(run)
 
 
 def rules_line(run) -> str | None:

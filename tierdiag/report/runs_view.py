@@ -9,7 +9,8 @@ from typing import Sequence
 from rich.console import Console
 from rich.text import Text
 
-from tierdiag.report.run_lines import pool_sizes, rules_line, run_kv_memory
+from tierdiag.diagnose.compare import run_kv_memory
+from tierdiag.report.run_lines import pool_sizes, rules_line
 from tierdiag.report.terminal import new_table, plain
 from tierdiag.report.ranks_view import deployment_line
 from tierdiag.report.text import fmt_option

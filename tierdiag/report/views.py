@@ -40,7 +40,8 @@ def _observed_explanation(r, console, ctx: Context) -> None:
 
 
 def _summary(r, console, ctx: Context) -> None:
-    from tierdiag.report.run_lines import pool_sizes, rules_line, run_kv_memory
+    from tierdiag.diagnose.compare import run_kv_memory
+    from tierdiag.report.run_lines import pool_sizes, rules_line
     from tierdiag.report.terminal import render_summary
 
     run = ctx.run
