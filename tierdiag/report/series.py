@@ -1,9 +1,7 @@
-"""The report's series: everything the HTML report draws, read from one run in the store
-(DuckDB only, no torch). The diagnosis it shows beside them (the run's, the slowest requests
-explained) is diagnose's: diagnosis.py, slow_groups.py; `load_report_data` gathers both.
-
-(Some 600 lines, on purpose: one loader per figure of the page, each a dataclass and its SQL,
-sharing the time-binning helpers; split, each file would import the others' bins.)
+"""The report's series: everything the HTML report draws, from one run in the store (DuckDB
+only, no torch). The questions it asks of the run are diagnose/read/series.py's; the diagnosis it
+shows beside them (the run's, the slowest requests explained) is diagnose's: diagnosis.py,
+slow_groups.py; `load_report_data` gathers both.
 
 Aggregation happens in SQL (percentiles, time bins, group-bys) so a run of a million requests
 costs the report no more memory than a small one; only the per-request scatter and the per-
@@ -20,15 +18,16 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from tierdiag.diagnose.causes import CAUSE_MEANING, cause_sql, excess_sql  # noqa: F401 - the page's words
+from tierdiag.diagnose.causes import CAUSE_MEANING, excess_sql  # noqa: F401 - the page's words
 from tierdiag.diagnose.diagnosis import RunDiagnosis, backed
 from tierdiag.diagnose.facts import RunFacts
+from tierdiag.diagnose.read import series as read
 from tierdiag.diagnose.read.kind import view_of
-from tierdiag.diagnose.quantile import quantile_sql
+from tierdiag.diagnose.read.series import FINISHED_WHERE as _FINISHED  # noqa: F401 - tests count the same rows
 from tierdiag.diagnose.query import link_peak_bytes_per_s
 from tierdiag.diagnose.slow_groups import BURST_GAP_SHARE, SLOW_POOL, SlowGroup  # noqa: F401
 from tierdiag.diagnose.slow_groups import slow_groups as load_slow_groups
-from tierdiag.diagnose.sql import FINISHED_SQL, run_span_ns
+from tierdiag.diagnose.sql import run_span_ns
 from tierdiag.diagnose.summary import RunSummary, run_summary
 from tierdiag.store.reader import RunInfo
 
@@ -45,11 +44,6 @@ LOAD_BINS = 300  # the load timeline's time-weighted bins
 CLASSES = ("device_hit", "tiered_hit", "miss")
 # TTFT decomposition columns, in the order they are stacked (sum == ttft_ns per request).
 COMPONENTS = ("queue_ns", "storage_wait_ns", "loadback_exposed_ns", "recompute_ns", "compute_ns")
-
-# The same rows `summary` counts as finished (diagnose/sql.py: one definition every view uses).
-_FINISHED = "run_id = $run AND " + FINISHED_SQL
-_DECOMPOSED = _FINISHED + " AND compute_ns IS NOT NULL"
-
 
 @dataclass(frozen=True)
 class ClassTTFT:
@@ -236,10 +230,6 @@ class LoadSeries:
         return self.busy_new + rec + self.busy_loadback + self.busy_other
 
 
-def _params(run: RunInfo) -> dict[str, Any]:
-    return {"run": run.run_id}
-
-
 def _num(v: Any) -> int:
     return int(v) if v is not None else 0
 
@@ -268,26 +258,14 @@ def load_tier_split(con: duckdb.DuckDBPyConnection, run: RunInfo,
     t = summary.tokens
     found = {"all": {"device": t.device_tokens, "host": t.host_tokens, "storage": t.storage_tokens,
                      "new": t.computed_tokens - t.recomputed_tokens, "recomputed": t.recomputed_tokens}}
-    rows = con.execute(
-        f"""
-        SELECT hit_class, sum(device_hit_tokens), sum(host_hit_tokens), sum(storage_hit_tokens),
-               sum(computed_tokens - coalesce(recomputed_tokens, 0)), sum(coalesce(recomputed_tokens, 0))
-        FROM requests WHERE {_FINISHED} GROUP BY hit_class
-        """, _params(run)).fetchall()
-    found.update({r[0]: dict(zip(TIER_PARTS, (_num(v) for v in r[1:]))) for r in rows})
+    found.update({r.hit_class: dict(zip(TIER_PARTS, (_num(v) for v in r[1:])))
+                  for r in read.tokens_by_class(con, run.run_id)})
     return {c: found[c] for c in ("all",) + CLASSES if c in found}
 
 
 def load_ttft_by_class(con: duckdb.DuckDBPyConnection, run: RunInfo,
                        summary: RunSummary) -> tuple[ClassTTFT, ...]:
-    q = ", ".join(quantile_sql("ttft_ns", x) for x in (0.01, 0.25, 0.75))
-    rows = con.execute(
-        f"""
-        SELECT coalesce(hit_class, 'all') AS cls, {q}
-        FROM requests WHERE {_FINISHED}
-        GROUP BY GROUPING SETS ((hit_class), ())
-        """, _params(run)).fetchall()
-    box = {r[0]: r[1:] for r in rows}
+    box = read.ttft_quantiles_by_class(con, run.run_id, (0.01, 0.25, 0.75))
     out = []
     for c in summary.classes:
         if c.hit_class not in box or c.ttft_p50_ns is None:
@@ -302,14 +280,7 @@ def load_ttft_by_class(con: duckdb.DuckDBPyConnection, run: RunInfo,
 def _time_range(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int) -> tuple[int, int]:
     """[first arrival, last event]: a trace sliced from a longer one starts late, and the idle
     lead-in before its first request is no part of the run (the same span `summary` uses)."""
-    (hi,) = con.execute(
-        """
-        SELECT max(t) FROM (
-            SELECT t_ns AS t FROM pool_samples WHERE run_id = $run
-            UNION ALL SELECT arrival_ns FROM requests WHERE run_id = $run
-            UNION ALL SELECT finish_ns FROM requests WHERE run_id = $run
-            UNION ALL SELECT t_end_ns FROM transfers WHERE run_id = $run AND kind = 'load_back')
-        """, _params(run)).fetchone()
+    hi = read.last_event_ns(con, run.run_id)
     return t0_ns, max(int(hi or 0), t0_ns + 1)
 
 
@@ -317,40 +288,20 @@ def load_timeline(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int | Non
     """Pools, evictions and load-back bandwidth; times in seconds since the first arrival."""
     lo, hi = _time_range(con, run, run_start_ns(con, run) if t0_ns is None else t0_ns)
     width_ns = max((hi - lo) / TIME_BINS, 1.0)
-    # $lo/$w bin any time column into TIME_BINS buckets; the last bucket is closed on the right.
-    p = {"run": run.run_id, "lo": lo, "w": width_ns, "last": TIME_BINS - 1}
-    bin_of = "least(CAST(floor((t_ns - $lo) / $w) AS BIGINT), $last)"
+    bins = read.TimeBins(lo, width_ns, TIME_BINS)
 
     pools = []
-    tiers = [r[0] for r in con.execute(
-        "SELECT DISTINCT tier FROM pool_samples WHERE run_id = $run ORDER BY tier = 'host', tier",
-        {"run": run.run_id}).fetchall()]
-    for tier in tiers:
-        tp = {**p, "tier": tier}
-        (count, cap), = con.execute(
-            "SELECT count(*), max(capacity_tokens) FROM pool_samples WHERE run_id = $run AND tier = $tier",
-            {"run": run.run_id, "tier": tier}).fetchall()
+    for tier in read.pool_tiers(con, run.run_id):
+        count, cap = read.pool_sample_count(con, run.run_id, tier)
         binned = count > MAX_LINE_POINTS
-        if binned:
-            cols = con.execute(
-                f"SELECT $lo + ({bin_of} + 0.5) * $w AS t, max(used_tokens) AS used, max(locked_tokens) AS locked "
-                f"FROM pool_samples WHERE run_id = $run AND tier = $tier GROUP BY {bin_of} ORDER BY 1",
-                tp).fetchnumpy()
-        else:
-            cols = con.execute(
-                "SELECT t_ns AS t, used_tokens AS used, coalesce(locked_tokens, 0) AS locked "
-                "FROM pool_samples WHERE run_id = $run AND tier = $tier ORDER BY t_ns",
-                {"run": run.run_id, "tier": tier}).fetchnumpy()
+        cols = read.pool_samples(con, run.run_id, tier, bins if binned else None)
         pools.append(PoolSeries(tier=tier, t_s=(np.asarray(cols["t"], dtype=float) - lo) / 1e9,
                                 used_tokens=np.asarray(cols["used"], dtype=float),
                                 locked_tokens=np.asarray(cols["locked"], dtype=float),
                                 capacity_tokens=_num(cap), binned=binned))
 
     marks = []
-    ev = con.execute(
-        f"SELECT tier, $lo + ({bin_of} + 0.5) * $w AS t, count(*) AS n, sum(tokens) AS tok, "
-        f"max(pool_used_tokens) AS used FROM evictions WHERE run_id = $run GROUP BY ALL ORDER BY 1, 2",
-        p).fetchnumpy()
+    ev = read.eviction_bins(con, run.run_id, bins)
     for tier in dict.fromkeys(ev["tier"].tolist()):
         m = ev["tier"] == tier
         marks.append(EvictionMarks(tier=str(tier), t_s=(np.asarray(ev["t"][m], dtype=float) - lo) / 1e9,
@@ -360,47 +311,26 @@ def load_timeline(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int | Non
 
     # A load-back counts in the bin where its midpoint falls: transfers last far less than a bin
     # on any run long enough for binning to matter, so splitting them across bins changes nothing.
-    bw = con.execute(
-        f"""
-        WITH lb AS (SELECT (t_start_ns + t_end_ns) // 2 AS t_ns, bytes FROM transfers
-                    WHERE run_id = $run AND kind = 'load_back')
-        SELECT b, coalesce(total, 0) AS total FROM range(0, $last + 1) r(b)
-        LEFT JOIN (SELECT {bin_of} AS bin, sum(bytes) AS total FROM lb GROUP BY ALL) ON bin = b
-        ORDER BY b
-        """, p).fetchnumpy()
+    bw = read.loadback_bytes_bins(con, run.run_id, bins)
     bw_t_s = (np.asarray(bw["b"], dtype=float) + 0.5) * width_ns / 1e9
     bw_rate = np.asarray(bw["total"], dtype=float) / (width_ns / 1e9)
     return Timeline(pools=tuple(pools), evictions=tuple(marks), bin_s=width_ns / 1e9, bw_t_s=bw_t_s,
                     bw_bytes_per_s=bw_rate, t_min_s=0.0, t_max_s=(hi - lo) / 1e9, num_bins=TIME_BINS)
 
 
-_POINT_COLS = (f"req_id, hit_class, ttft_ns, {excess_sql()} AS excess_ns, input_tokens, "
-               f"device_hit_tokens, host_hit_tokens, storage_hit_tokens, computed_tokens, {cause_sql()} AS cause")
-
-
 def load_points(con: duckdb.DuckDBPyConnection, run: RunInfo, *,
                 max_points: int | None = None, keep_slowest: int | None = None) -> RequestPoints:
     max_points = MAX_SCATTER_POINTS if max_points is None else max_points
     keep_slowest = SLOWEST_ALWAYS_KEPT if keep_slowest is None else keep_slowest
-    p = _params(run)
-    total = con.execute(f"SELECT count(*) FROM requests WHERE {_FINISHED}", p).fetchone()[0]
+    total = read.finished_count(con, run.run_id)
     sampled = total > max_points
     if sampled:
         # The slowest requests (by excess TTFT) are the point of the plot, so they are always
         # kept; the rest is an even sample ordered by a hash of the id (same run, same sample).
         keep_slowest = min(keep_slowest, max_points)
-        cols = con.execute(
-            f"""
-            WITH r AS (SELECT {_POINT_COLS} FROM requests WHERE {_FINISHED}),
-                 slow AS (SELECT req_id FROM r ORDER BY excess_ns DESC, req_id LIMIT {keep_slowest})
-            SELECT * FROM (SELECT * FROM r WHERE req_id IN (SELECT req_id FROM slow)
-                           UNION ALL
-                           (SELECT * FROM r WHERE req_id NOT IN (SELECT req_id FROM slow)
-                            ORDER BY hash(req_id), req_id LIMIT {max_points - keep_slowest}))
-            ORDER BY req_id
-            """, p).fetchnumpy()
+        cols = read.request_points(con, run.run_id, sample=max_points, keep_slowest=keep_slowest)
     else:
-        cols = con.execute(f"SELECT {_POINT_COLS} FROM requests WHERE {_FINISHED} ORDER BY seq", p).fetchnumpy()
+        cols = read.request_points(con, run.run_id)
     f = {k: np.asarray(v, dtype=float) for k, v in cols.items() if k not in ("req_id", "hit_class", "cause")}
     return RequestPoints(
         req_id=np.asarray(cols["req_id"], dtype=object), hit_class=np.asarray(cols["hit_class"], dtype=object),
@@ -412,13 +342,8 @@ def load_points(con: duckdb.DuckDBPyConnection, run: RunInfo, *,
 
 
 def load_transfers(con: duckdb.DuckDBPyConnection, run: RunInfo) -> Transfers:
-    cols = con.execute(
-        "SELECT t_end_ns - t_start_ns AS dur, coalesce(queued_ns, 0) AS queued, bytes FROM transfers "
-        "WHERE run_id = $run AND kind = 'load_back'", _params(run)).fetchnumpy()
-    p50, p99, bw50 = con.execute(
-        f"SELECT {quantile_sql('t_end_ns - t_start_ns', 0.5)}, {quantile_sql('t_end_ns - t_start_ns', 0.99)}, "
-        f"{quantile_sql('bytes * 1e9 / (t_end_ns - t_start_ns)', 0.5)} FROM transfers "
-        "WHERE run_id = $run AND kind = 'load_back' AND t_end_ns > t_start_ns", _params(run)).fetchone()
+    cols = read.loadback_transfers(con, run.run_id)
+    p50, p99, bw50 = read.loadback_quantiles(con, run.run_id)
     return Transfers(duration_ns=np.asarray(cols["dur"], dtype=float),
                      queued_ns=np.asarray(cols["queued"], dtype=float),
                      bytes=np.asarray(cols["bytes"], dtype=float),
@@ -429,25 +354,15 @@ def load_transfers(con: duckdb.DuckDBPyConnection, run: RunInfo) -> Transfers:
 
 def load_decomposition(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int | None = None) -> Decomposition:
     """TTFT parts, token sources and TTFT quantiles per arrival-time bin (bins from the first arrival)."""
-    p = _params(run)
-    _FINISHED = _DECOMPOSED  # noqa: N806 (observed runs have no split of TTFT: left out, not drawn as 0)
-    means = ", ".join(f"avg({c}) AS {c}" for c in COMPONENTS)
+    # Observed runs have no split of TTFT: left out, not drawn as 0.
     lo = run_start_ns(con, run) if t0_ns is None else t0_ns
-    (hi,) = con.execute(f"SELECT max(arrival_ns) FROM requests WHERE {_FINISHED}", p).fetchone()
+    hi = read.last_decomposed_arrival_ns(con, run.run_id)
     hi = int(hi or lo)
     width = max((hi - lo) / DECOMP_BINS, 1.0)
-    tokens = ", ".join(f"sum({expr}) AS tok_{part}" for part, expr in _TOKEN_EXPR.items())
-    binned = con.execute(
-        f"SELECT least(CAST(floor((arrival_ns - $lo) / $w) AS BIGINT), {DECOMP_BINS - 1}) AS b, count(*) AS n, "
-        f"{means}, {tokens}, {quantile_sql('ttft_ns', 0.5)} AS p50, {quantile_sql('ttft_ns', 0.99)} AS p99 "
-        f"FROM requests WHERE {_FINISHED} GROUP BY b ORDER BY b",
-        {**p, "lo": lo, "w": width}).fetchnumpy()
-    by_class_rows = con.execute(
-        f"SELECT hit_class, count(*), {means} FROM requests WHERE {_FINISHED} GROUP BY ALL", p).fetchall()
+    binned = read.decomposition_bins(con, run.run_id, COMPONENTS, lo, width, DECOMP_BINS)
+    by_class_rows = read.component_means_by_class(con, run.run_id, COMPONENTS)
     by_class = {r[0]: {c: float(v or 0) for c, v in zip(COMPONENTS, r[2:])} for r in by_class_rows}
-    sums = con.execute(
-        f"SELECT sum(ttft_ns), {', '.join(f'sum({c})' for c in COMPONENTS)} FROM requests WHERE {_FINISHED}",
-        p).fetchone()
+    sums = read.component_sums(con, run.run_id, COMPONENTS)
     total = float(sums[0] or 0)
     return Decomposition(
         bin_t_s=(np.asarray(binned["b"], dtype=float) + 0.5) * width / 1e9,
@@ -460,50 +375,6 @@ def load_decomposition(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int 
         class_count={r[0]: int(r[1]) for r in by_class_rows},
         total_share={c: (float(v or 0) / total if total else 0.0) for c, v in zip(COMPONENTS, sums[1:])},
     )
-
-
-_TOKEN_EXPR = {"device": "device_hit_tokens", "host": "host_hit_tokens", "storage": "storage_hit_tokens",
-               "new": "computed_tokens - coalesce(recomputed_tokens, 0)",
-               "recomputed": "coalesce(recomputed_tokens, 0)"}
-
-
-def _has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
-    return bool(con.execute(
-        "SELECT count(*) FROM information_schema.columns WHERE table_name = ? AND column_name = ?",
-        [table, column]).fetchone()[0])
-
-
-def _binned_overlaps(con: duckdb.DuckDBPyConnection, intervals_sql: str, p: dict,
-                     kinds: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """Σ over intervals [t0, t1) of weight x times the interval's overlap with each of the $n
-    time bins [$lo + b·$w, $lo + (b+1)·$w), divided by $w, per kind k of interval.
-
-    Without a range join: the overlap integral up to an edge e is Σ_{t0<e} x·(e - t0) -
-    Σ_{t1<e} x·(e - t1), so each end point only needs its bin's count and sum, then running
-    totals over the bins (O(n) in the intervals, however many bins each one spans). A point a
-    rounding error away from an edge lands in the neighbouring bin with a weight of ~0."""
-    n, w = p["n"], p["w"]
-    rows = con.execute(
-        f"""WITH iv AS ({intervals_sql}), ends AS (
-                SELECT k, x, t0 - $lo AS t, 1 AS side FROM iv WHERE t1 > t0
-                UNION ALL SELECT k, x, t1 - $lo, -1 FROM iv WHERE t1 > t0)
-            SELECT k, least(greatest(CAST(floor(t / $w) AS BIGINT), 0), $n) AS b,
-                   sum(side * x), sum(side * x * t::DOUBLE)
-            FROM ends GROUP BY ALL""", p).fetchall()
-    out = {}
-    edges = np.arange(n + 1, dtype=float) * w  # e_k - lo
-    for kind in kinds:
-        wsum = np.zeros(n + 2)
-        tsum = np.zeros(n + 2)
-        for k, b, xs, ts in rows:
-            if k == kind:
-                wsum[b + 1] += float(xs or 0.0)
-                tsum[b + 1] += float(ts or 0.0)
-        # running totals of the ends strictly before edge k: bins 0..k-1
-        before_w, before_t = np.cumsum(wsum)[:n + 1], np.cumsum(tsum)[:n + 1]
-        integral = before_w * edges - before_t
-        out[kind] = np.maximum(np.diff(integral) / w, 0.0)  # never below 0 but by rounding
-    return out
 
 
 def load_load(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int | None = None) -> LoadSeries:
@@ -520,52 +391,25 @@ def load_load(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int | None = 
     hi = max(run_span_ns(con, run.run_id, "all")[1] or lo, lo + 1)
     n = LOAD_BINS
     width = (hi - lo) / n
-    p = {"run": run.run_id, "lo": lo, "w": width, "n": n}
-    # The three phases of a finished request; first_token_ns - prefill_ns is its first batch's start.
-    req = _binned_overlaps(con, f"""
-        WITH r AS (SELECT arrival_ns, first_token_ns - prefill_ns AS started, first_token_ns, finish_ns,
-                          input_tokens FROM requests WHERE {_FINISHED} AND prefill_ns IS NOT NULL)
-        SELECT 'w' AS k, arrival_ns AS t0, started AS t1, input_tokens::DOUBLE AS x FROM r
-        UNION ALL SELECT 't', arrival_ns, started, 1.0 FROM r
-        UNION ALL SELECT 'p', started, first_token_ns, 1.0 FROM r
-        UNION ALL SELECT 'd', first_token_ns, finish_ns, 1.0 FROM r""", p, ("w", "t", "p", "d"))
+    req = read.request_phases(con, run.run_id, lo, width, n)
     # A batch's time: compute (new tokens, and recompute of once-cached ones where the run
     # recorded the split) plus the load-back stall it could not hide, plus other blocking.
-    has_recompute = _has_column(con, "batches", "recompute_ns")
-    recompute = "coalesce(recompute_ns, 0)" if has_recompute else "0"
-    gpu = _binned_overlaps(con, f"""
-        WITH iv AS (SELECT t_start_ns AS t0, t_end_ns AS t1, (t_end_ns - t_start_ns)::DOUBLE AS dur,
-                           compute_ns - {recompute} AS new_ns, {recompute} AS rec_ns,
-                           coalesce(loadback_exposed_ns, 0) AS lb_ns
-                    FROM batches WHERE run_id = $run AND t_end_ns > t_start_ns)
-        SELECT 'new' AS k, t0, t1, new_ns / dur AS x FROM iv
-        UNION ALL SELECT 'rec', t0, t1, rec_ns / dur FROM iv
-        UNION ALL SELECT 'lb', t0, t1, lb_ns / dur FROM iv
-        UNION ALL SELECT 'other', t0, t1, greatest(dur - new_ns - rec_ns - lb_ns, 0) / dur FROM iv""", p,
-        ("new", "rec", "lb", "other"))
+    has_recompute = read.has_column(con, "batches", "recompute_ns")
+    gpu = read.batch_busy(con, run.run_id, lo, width, n, recompute_recorded=has_recompute)
     req = {"waiting": req["t"], "waiting_tokens": req["w"], "prefilling": req["p"], "decoding": req["d"],
            "b": np.arange(n)}
     gpu = {k: gpu[k] for k in ("new", "rec", "lb", "other")}
-    # Decode: the union of the requests' decode intervals (first token -> finish), as islands of
-    # overlapping intervals, each island's overlap with each bin (binned like the rest: no join).
-    busy_decode = _binned_overlaps(con, f"""
-        WITH d AS (SELECT first_token_ns AS t0, finish_ns AS t1 FROM requests
-                   WHERE {_FINISHED} AND finish_ns > first_token_ns),
-             m AS (SELECT t0, t1, max(t1) OVER (ORDER BY t0, t1 ROWS BETWEEN UNBOUNDED PRECEDING
-                                                 AND 1 PRECEDING) AS reach FROM d),
-             g AS (SELECT t0, t1, sum(CASE WHEN reach IS NULL OR t0 > reach THEN 1 ELSE 0 END)
-                                  OVER (ORDER BY t0, t1 ROWS UNBOUNDED PRECEDING) AS island FROM m)
-        SELECT 'u' AS k, min(t0) AS t0, max(t1) AS t1, 1.0::DOUBLE AS x FROM g GROUP BY island""", p, ("u",))["u"]
-    (busy, num_batches) = con.execute(
-        "SELECT sum(t_end_ns - t_start_ns), count(*) FROM batches WHERE run_id = $run", _params(run)).fetchone()
+    # Decode: the union of the requests' decode intervals (first token -> finish).
+    busy_decode = read.decode_busy(con, run.run_id, lo, width, n)
+    busy, num_batches = read.batch_totals(con, run.run_id)
     f = lambda d, k: np.asarray(d[k], dtype=float)  # noqa: E731
     return LoadSeries(
         t_s=(np.asarray(req["b"], dtype=float) + 0.5) * width / 1e9, bin_s=width / 1e9,
         waiting=f(req, "waiting"), waiting_tokens=f(req, "waiting_tokens"), prefilling=f(req, "prefilling"),
         decoding=f(req, "decoding"), busy_new=f(gpu, "new"),
         busy_recompute=f(gpu, "rec") if has_recompute else None, busy_loadback=f(gpu, "lb"),
-        busy_other=f(gpu, "other"), num_batches=int(num_batches or 0),
-        prefill_busy_share=int(busy or 0) / (hi - lo), busy_decode=busy_decode,
+        busy_other=f(gpu, "other"), num_batches=num_batches,
+        prefill_busy_share=busy / (hi - lo), busy_decode=busy_decode,
         decode_busy_share=float(busy_decode.mean()) if len(busy_decode) else None)
 
 
