@@ -26,9 +26,8 @@ from typing import Any, Callable, Sequence
 
 import duckdb
 
-from tierdiag.diagnose.causes import cause_sql
-from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one, jsonify
-from tierdiag.diagnose.sql import FINISHED_SQL as _FINISHED
+from tierdiag.diagnose.query import dataclass_json, jsonify
+from tierdiag.diagnose.read.compare import RequestPair, RequestPairs, busy_time
 from tierdiag.diagnose.facts import RunFacts
 from tierdiag.diagnose.read.kind import view_of
 from tierdiag.diagnose.numbers import ClassStats, RunSummary
@@ -183,13 +182,8 @@ class RunRow:
 def gpu_busy_share(con: duckdb.DuckDBPyConnection, run_id: str, ranks: int = 1) -> float | None:
     """Prefill batch time over the virtual time to the last finish (as `replay` reports it): each
     GPU's on average when the run has `ranks` data-parallel ranks (their batches overlap)."""
-    r = fetch_one(con, """
-        SELECT (SELECT sum(t_end_ns - t_start_ns) FROM batches WHERE run_id = $1) AS busy,
-               greatest((SELECT max(t_end_ns) FROM batches WHERE run_id = $1),
-                        (SELECT max(coalesce(finish_ns, first_token_ns)) FROM requests WHERE run_id = $1)) AS t_end
-        """, [run_id]) or {}
-    t_end = r.get("t_end")
-    return share(r.get("busy"), None if t_end is None else t_end * max(ranks, 1))
+    busy = busy_time(con, run_id)
+    return share(busy.busy_ns, None if busy.end_ns is None else busy.end_ns * max(ranks, 1))
 
 
 def _row(con: duckdb.DuckDBPyConnection, run: RunInfo, s: RunSummary, varied: Sequence[str]) -> RunRow:
@@ -328,39 +322,20 @@ class RequestComparison:
         return dataclass_json(self)
 
 
-def _delta(r: dict) -> RequestDelta:
-    return RequestDelta(req_id=r["req_id"], hit_class_a=r["class_a"], hit_class_b=r["class_b"],
-                        ttft_a_ns=r["ttft_a"], ttft_b_ns=r["ttft_b"], delta_ns=r["delta"],
-                        cause_a=r["cause_a"], cause_b=r["cause_b"], rank_a=r.get("rank_a"), rank_b=r.get("rank_b"))
+def _delta(r: RequestPair) -> RequestDelta:
+    return RequestDelta(req_id=r.req_id, hit_class_a=r.class_a, hit_class_b=r.class_b,
+                        ttft_a_ns=r.ttft_a, ttft_b_ns=r.ttft_b, delta_ns=r.delta,
+                        cause_a=r.cause_a, cause_b=r.cause_b, rank_a=r.rank_a, rank_b=r.rank_b)
 
 
 def compare_requests(con: duckdb.DuckDBPyConnection, a: RunInfo, b: RunInfo, *, top: int = DEFAULT_TOP) -> RequestComparison:
     if top < 1:
         raise ConfigError(f"--top {top} must be at least 1")
     # A run of more than one rank shows which rank served each request (deployment: its config's dp).
-    ranked = deployment(a) is not None or deployment(b) is not None
-    rank_a = "dp_rank" if deployment(a) is not None else "0" if ranked else "NULL"
-    rank_b = "dp_rank" if deployment(b) is not None else "0" if ranked else "NULL"
-    pair = f"""
-        WITH a AS (SELECT req_id, hit_class, CASE WHEN {_FINISHED} THEN ttft_ns END AS ttft_ns,
-                          {cause_sql()} AS cause, input_tokens, {rank_a} AS dp_rank FROM requests WHERE run_id = $1),
-             b AS (SELECT req_id, hit_class, CASE WHEN {_FINISHED} THEN ttft_ns END AS ttft_ns,
-                          {cause_sql()} AS cause, input_tokens, {rank_b} AS dp_rank FROM requests WHERE run_id = $2),
-             p AS (SELECT req_id, a.hit_class AS class_a, b.hit_class AS class_b, a.ttft_ns AS ttft_a,
-                          b.ttft_ns AS ttft_b, b.ttft_ns - a.ttft_ns AS delta, a.cause AS cause_a,
-                          b.cause AS cause_b, a.input_tokens IS DISTINCT FROM b.input_tokens AS mismatch,
-                          a.dp_rank AS rank_a, b.dp_rank AS rank_b
-                   FROM a JOIN b USING (req_id))"""
-    params = [a.run_id, b.run_id]
-    counts = fetch_one(con, pair + """
-        SELECT (SELECT count(*) FROM p) AS common,
-               (SELECT count(*) FROM a) AS n_a, (SELECT count(*) FROM b) AS n_b,
-               (SELECT count(*) FROM p WHERE delta < 0) AS faster,
-               (SELECT count(*) FROM p WHERE delta > 0) AS slower,
-               (SELECT count(*) FROM p WHERE cause_a IS DISTINCT FROM cause_b) AS changed,
-               (SELECT count(*) FROM p WHERE mismatch) AS mismatch""", params) or {}
-    common = int(counts.get("common") or 0)
-    mismatch = int(counts.get("mismatch") or 0)
+    pairs = RequestPairs(con, a.run_id, b.run_id, ranks_a=deployment(a) is not None,
+                         ranks_b=deployment(b) is not None)
+    counts = pairs.counts()
+    common, mismatch = counts.common, counts.mismatch
     if mismatch and 2 * (common - mismatch) <= common:
         raise ConfigError(
             f"runs {a.run_id} ({a.name}) and {b.run_id} ({b.name}) are not of the same trace: {mismatch:,} of "
@@ -369,21 +344,14 @@ def compare_requests(con: duckdb.DuckDBPyConnection, a: RunInfo, b: RunInfo, *, 
     if mismatch:
         sys.stderr.write(f"tierdiag: warning: {mismatch:,} of {common:,} requests paired by id have different "
                          f"input lengths in runs {a.run_id} and {b.run_id}: those pairs are unrelated requests\n")
-    cols = "SELECT req_id, class_a, class_b, ttft_a, ttft_b, delta, cause_a, cause_b, rank_a, rank_b FROM p"
-    gains = fetch_dicts(con, pair + f" {cols} WHERE delta < 0 ORDER BY delta, req_id LIMIT {int(top)}", params)
-    losses = fetch_dicts(con, pair + f" {cols} WHERE delta > 0 ORDER BY delta DESC, req_id LIMIT {int(top)}", params)
-    changed = fetch_dicts(con, pair + f""" {cols} WHERE cause_a IS DISTINCT FROM cause_b
-        ORDER BY abs(coalesce(delta, 0)) DESC, req_id LIMIT {int(top)}""", params)
-    transitions = fetch_dicts(con, pair + """
-        SELECT coalesce(cause_a, 'rejected') AS f, coalesce(cause_b, 'rejected') AS t, count(*) AS n FROM p
-        WHERE cause_a IS DISTINCT FROM cause_b GROUP BY 1, 2 ORDER BY n DESC, f, t""", params)
+    found = pairs.lists(top)
     return RequestComparison(
         run_a=a.run_id, name_a=a.name, run_b=b.run_id, name_b=b.name, num_common=common,
-        num_only_a=int(counts.get("n_a") or 0) - common, num_only_b=int(counts.get("n_b") or 0) - common,
-        num_faster=int(counts.get("faster") or 0), num_slower=int(counts.get("slower") or 0),
-        num_changed=int(counts.get("changed") or 0), gains=tuple(map(_delta, gains)),
-        losses=tuple(map(_delta, losses)), changed=tuple(map(_delta, changed)),
-        transitions=tuple(VerdictChange(r["f"], r["t"], int(r["n"])) for r in transitions), top=top,
+        num_only_a=counts.n_a - common, num_only_b=counts.n_b - common,
+        num_faster=counts.faster, num_slower=counts.slower,
+        num_changed=counts.changed, gains=tuple(map(_delta, found.gains)),
+        losses=tuple(map(_delta, found.losses)), changed=tuple(map(_delta, found.changed)),
+        transitions=tuple(VerdictChange(f.cause_a, f.cause_b, f.requests) for f in found.flows), top=top,
         num_input_mismatch=mismatch)
 
 

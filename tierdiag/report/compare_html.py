@@ -23,6 +23,7 @@ import numpy as np
 
 from tierdiag.diagnose.compare import (CLASSES, Comparison, RequestComparison, RequestDelta, compare_requests,
                                        compare_runs, sweep_runs)
+from tierdiag.diagnose.read.compare import ttfts_by_class
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct
 from tierdiag.errors import ConfigError
 from tierdiag.report.compare_figures import (RunTtfts, pareto_figure, reuse_bars_figure, run_colour,
@@ -70,10 +71,7 @@ def run_labels(c: Comparison) -> list[str]:
 
 
 def load_ttfts(con: duckdb.DuckDBPyConnection, run_id: str, label: str) -> RunTtfts:
-    rows = con.execute("""
-        SELECT hit_class, ttft_ns FROM requests
-        WHERE run_id = ? AND coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL
-        ORDER BY ttft_ns""", [run_id]).fetchall()
+    rows = ttfts_by_class(con, run_id)
     ttft = np.array([r[1] for r in rows], dtype=np.int64)
     cls = np.array([r[0] or "" for r in rows], dtype=object)
     return RunTtfts(run_id=run_id, label=label,
