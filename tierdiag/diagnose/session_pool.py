@@ -50,13 +50,11 @@ from dataclasses import dataclass
 
 import duckdb
 
-from tierdiag.diagnose.sql import finished_sql
+from tierdiag.diagnose.read import sessions as read
 from tierdiag.units import share
 
 PAUSE_QUANTILE = 0.9
 CURVE_POINTS = 2048
-_REUSED = ("coalesce(device_hit_tokens, 0) + coalesce(host_hit_tokens, 0) + coalesce(storage_hit_tokens, 0) "
-           "+ coalesce(recomputed_tokens, 0)")
 
 
 @dataclass(frozen=True)
@@ -140,38 +138,13 @@ def _turns(con: duckdb.DuckDBPyConnection, run) -> tuple[tuple[SessionTurn, ...]
     import numpy as np
 
     rid = run.run_id
-    t = con.execute(f"""
-        WITH ordered AS (
-            SELECT *, lag(req_id) OVER w AS prev_id, lag(status) OVER w AS prev_status,
-                   lag(finish_ns) OVER w AS prev_finish_ns,
-                   lag(coalesce(input_tokens, 0) + coalesce(output_tokens, 0)) OVER w AS prev_context
-            FROM requests WHERE run_id = ? AND session_id IS NOT NULL
-            WINDOW w AS (PARTITION BY session_id ORDER BY seq))
-        SELECT seq, session_id, think_ms, prev_finish_ns AS pause_start_ns,
-               arrival_ns + coalesce(queue_ns, 0) AS match_ns, prev_context, coalesce(input_tokens, 0) AS input,
-               coalesce(device_hit_tokens, 0) AS device, coalesce(host_hit_tokens, 0) AS host,
-               coalesce(storage_hit_tokens, 0) AS storage, coalesce(recomputed_tokens, 0) AS recomputed
-        FROM ordered
-        WHERE think_ms IS NOT NULL AND prev_id IS NOT NULL AND coalesce(prev_status, 'finished') = 'finished'
-          AND prev_finish_ns IS NOT NULL AND arrival_ns IS NOT NULL AND {finished_sql()}
-        ORDER BY seq""", [rid]).fetchnumpy()
+    t = read.later_turns(con, rid)
     if len(t["seq"]) == 0:
         return (), {}
     # Who each request is (its session, or itself when it has none), numbered; what each who's
     # first request found cached (a prefix shared with others); and every other finished request.
-    o = con.execute(f"""
-        WITH who AS (
-            SELECT *, coalesce(session_id, '#' || req_id) AS who FROM requests WHERE run_id = ?),
-        firsts AS (
-            SELECT who, arg_min({_REUSED}, seq) AS shared, dense_rank() OVER (ORDER BY who) - 1 AS who_id
-            FROM who GROUP BY who)
-        SELECT f.who_id, f.shared, (w.session_id IS NOT NULL) AS has_session, w.arrival_ns, w.finish_ns,
-               coalesce(w.input_tokens, 0) + coalesce(w.output_tokens, 0) AS tokens, w.session_id
-        FROM who w JOIN firsts f USING (who)
-        WHERE {finished_sql('w')} AND w.finish_ns IS NOT NULL AND w.arrival_ns IS NOT NULL""", [rid]).fetchnumpy()
-    firsts = dict(con.execute(f"""
-        SELECT session_id, arg_min({_REUSED}, seq) FROM requests WHERE run_id = ? AND session_id IS NOT NULL
-        GROUP BY session_id""", [rid]).fetchall())
+    o = read.finished_by_owner(con, rid)
+    firsts = read.first_turn_reused(con, rid)
     sessions = {}
     for sid, wid, has in zip(o["session_id"], o["who_id"], o["has_session"]):
         if has:

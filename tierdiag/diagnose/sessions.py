@@ -25,14 +25,13 @@ from dataclasses import dataclass
 import duckdb
 
 from tierdiag.diagnose.explain_result import Step
-from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one
-from tierdiag.diagnose.quantile import quantile_sql
-from tierdiag.diagnose.sql import FINISHED_SQL
+from tierdiag.diagnose.query import dataclass_json
 from tierdiag.diagnose.context import scheduled_ns
-from tierdiag.diagnose.waiting_loss import lost_while_waiting, lost_while_waiting_sql, wait_moves, waiting_removals_sql
+from tierdiag.diagnose.waiting_loss import lost_while_waiting, wait_moves
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, share
 from tierdiag.diagnose.read.requests import RequestRow, RowLike
 from tierdiag.diagnose.read import queries
+from tierdiag.diagnose.read import sessions as read
 
 # (label, lower bound ms inclusive, upper bound ms exclusive or None)
 PAUSE_BUCKETS: tuple[tuple[str, float, float | None], ...] = (
@@ -44,15 +43,6 @@ PAUSE_BUCKETS: tuple[tuple[str, float, float | None], ...] = (
 )
 ENDED_LISTED = 20  # sessions named in `summary` (all are counted)
 SESSION_ENDED = "session_ended"  # the reject_reason prefix of a turn not served (engine/arrivals.py)
-
-_REUSED = "(coalesce(device_hit_tokens, 0) + coalesce(host_hit_tokens, 0) + coalesce(storage_hit_tokens, 0) " \
-          "+ coalesce(recomputed_tokens, 0))"
-
-
-def _bucket_sql() -> str:
-    cases = " ".join(f"WHEN think_ms < {hi!r} THEN {i}" for i, (_, _, hi) in enumerate(PAUSE_BUCKETS) if hi is not None)
-    return f"CASE {cases} ELSE {len(PAUSE_BUCKETS) - 1} END"
-
 
 @dataclass(frozen=True)
 class PauseBucket:
@@ -114,54 +104,32 @@ def arrivals_of(run) -> str:
 def session_summary(con: duckdb.DuckDBPyConnection, run) -> SessionSummary | None:
     """The run's sessions; None for a run without any (a Mooncake trace, an older store)."""
     rid = run.run_id
-    head = fetch_one(con, "SELECT count(DISTINCT session_id) AS sessions FROM requests "
-                          "WHERE run_id = ? AND session_id IS NOT NULL", [rid])
-    if not head or not head["sessions"]:
+    sessions = read.session_count(con, rid)
+    if not sessions:
         return None
-    rows = fetch_dicts(con, f"""
-        WITH w AS ({waiting_removals_sql('?')})
-        SELECT {_bucket_sql()} AS bucket, count(*) AS n,
-               sum(coalesce(device_hit_tokens, 0)) AS device, sum(coalesce(host_hit_tokens, 0)) AS host,
-               sum(coalesce(storage_hit_tokens, 0)) AS storage, sum(coalesce(recomputed_tokens, 0)) AS recomputed,
-               sum({lost_while_waiting_sql('q', 'w.removed', con)}) AS queued_lost,
-               {quantile_sql('ttft_ns', 0.5)} AS p50, {quantile_sql('ttft_ns', 0.99)} AS p99
-        FROM requests q LEFT JOIN w ON w.req_id = q.req_id
-        WHERE q.run_id = ? AND think_ms IS NOT NULL AND {FINISHED_SQL}
-        GROUP BY bucket""", [rid, rid])
-    by_bucket = {int(r["bucket"]): r for r in rows}
+    by_bucket = read.pause_totals(con, rid, tuple(hi for _, _, hi in PAUSE_BUCKETS))
     buckets = []
     for i, (label, lo, hi) in enumerate(PAUSE_BUCKETS):
         r = by_bucket.get(i)
         if r is None:
             buckets.append(PauseBucket(label, lo, hi, 0, 0, None, None, None, None, None, None))
             continue
-        parts = [int(r[k] or 0) for k in ("device", "host", "storage", "recomputed")]
+        parts = [int(v or 0) for v in (r.device_tokens, r.host_tokens, r.storage_tokens, r.recomputed_tokens)]
         reused = sum(parts)
         shares = [share(p, reused) if reused else None for p in parts]
-        queued = min(int(r["queued_lost"] or 0), parts[3])
-        buckets.append(PauseBucket(label, lo, hi, int(r["n"]), reused, *shares,
-                                   None if r["p50"] is None else int(r["p50"]),
-                                   None if r["p99"] is None else int(r["p99"]),
+        queued = min(int(r.queued_lost_tokens or 0), parts[3])
+        buckets.append(PauseBucket(label, lo, hi, int(r.turns), reused, *shares,
+                                   None if r.ttft_p50_ns is None else int(r.ttft_p50_ns),
+                                   None if r.ttft_p99_ns is None else int(r.ttft_p99_ns),
                                    share(parts[3] - queued, reused) if reused else None,
                                    share(queued, reused) if reused else None))
-    ended = fetch_dicts(con, f"""
-        WITH dropped AS (
-            SELECT session_id, count(*) AS n, min(seq) AS first_seq FROM requests
-            WHERE run_id = ? AND status = 'rejected' AND reject_reason LIKE '{SESSION_ENDED}%'
-            GROUP BY session_id),
-        ends AS (  -- the last rejected turn before the first dropped one: it ended the session
-            SELECT d.session_id, d.n, d.first_seq, arg_max(r.req_id, r.seq) AS req_id,
-                   arg_max(r.reject_reason, r.seq) AS reason
-            FROM dropped d LEFT JOIN requests r
-              ON r.run_id = ? AND r.session_id = d.session_id AND r.seq < d.first_seq AND r.status = 'rejected'
-                 AND r.reject_reason NOT LIKE '{SESSION_ENDED}%'
-            GROUP BY d.session_id, d.n, d.first_seq)
-        SELECT * FROM ends ORDER BY first_seq""", [rid, rid])
+    ended = read.ended_sessions(con, rid, SESSION_ENDED)
     return SessionSummary(
-        arrivals=arrivals_of(run), num_sessions=int(head["sessions"]),
+        arrivals=arrivals_of(run), num_sessions=sessions,
         num_turns_with_predecessor=sum(b.num_turns for b in buckets), survival=tuple(buckets),
-        num_ended_sessions=len(ended), num_turns_not_served=sum(int(e["n"]) for e in ended),
-        ended=tuple(EndedSession(e["session_id"], e["req_id"], e["reason"], int(e["n"])) for e in ended[:ENDED_LISTED]))
+        num_ended_sessions=len(ended), num_turns_not_served=sum(int(e.turns_not_served) for e in ended),
+        ended=tuple(EndedSession(e.session_id, e.req_id, e.reason, int(e.turns_not_served))
+                    for e in ended[:ENDED_LISTED]))
 
 
 # --- explain's session step ---------------------------------------------------------------
@@ -234,13 +202,9 @@ def session_step(con: duckdb.DuckDBPyConnection, run, row: RowLike, run_start_ns
     def evictions_between(start_ns: int, end_ns: int) -> tuple[PauseEviction, ...]:
         """The evictions that took this request's pages in [start_ns, end_ns]."""
         return tuple(
-            PauseEviction(int(e["eviction_id"]), int(e["t_ns"]) - run_start_ns, e["tier"], e["action"],
-                          int(e["tokens"] or 0), e["cause_req_id"])
-            for e in fetch_dicts(con, """
-                SELECT e.eviction_id, e.t_ns, e.tier, e.action, re.tokens, e.cause_req_id
-                FROM request_evictions re JOIN evictions e ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id
-                WHERE re.run_id = ? AND re.req_id = ? AND e.t_ns >= ? AND e.t_ns <= ?
-                ORDER BY e.t_ns, e.eviction_id""", [rid, row.req_id, int(start_ns), int(end_ns)]))
+            PauseEviction(int(e.eviction_id), int(e.t_ns) - run_start_ns, e.tier, e.action, int(e.tokens or 0),
+                          e.cause_req_id)
+            for e in read.request_evictions(con, rid, row.req_id, start_ns, end_ns))
 
     evictions: tuple[PauseEviction, ...] = ()
     if finish is not None and arrival is not None:
