@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import duckdb
 
 from tierdiag.diagnose.causes import check_cause
-from tierdiag.diagnose.query import dataclass_json, fetch_dicts
-from tierdiag.diagnose.quantile import quantile_sql
-from tierdiag.diagnose.sql import FINISHED_SQL, run_span_ns
+from tierdiag.diagnose.query import dataclass_json
+from tierdiag.diagnose.read import ranks as read
+from tierdiag.diagnose.sql import run_span_ns
 from tierdiag.errors import ConfigError
 from tierdiag.units import share
 from tierdiag.diagnose.read.run import parse
@@ -98,55 +98,39 @@ def rank_summary(con: duckdb.DuckDBPyConnection, run) -> RankSummary | None:
     if dep is None:
         return None
     rid = run.run_id
-    reqs = {r["dp_rank"]: r for r in fetch_dicts(con, f"""
-        SELECT dp_rank, count(*) AS n, count(*) FILTER (WHERE {FINISHED_SQL}) AS finished,
-               sum(computed_tokens) FILTER (WHERE {FINISHED_SQL}) AS computed,
-               sum(input_tokens) FILTER (WHERE {FINISHED_SQL}) AS input,
-               sum(device_hit_tokens) FILTER (WHERE {FINISHED_SQL}) AS device,
-               sum(host_hit_tokens) FILTER (WHERE {FINISHED_SQL}) AS host,
-               sum(storage_hit_tokens) FILTER (WHERE {FINISHED_SQL}) AS storage,
-               {quantile_sql('ttft_ns', 0.5)} FILTER (WHERE {FINISHED_SQL}) AS p50,
-               {quantile_sql('ttft_ns', 0.9)} FILTER (WHERE {FINISHED_SQL}) AS p90
-        FROM requests WHERE run_id = ? GROUP BY dp_rank""", [rid])}
-    busy = {r["dp_rank"]: int(r["busy"] or 0) for r in fetch_dicts(con, """
-        SELECT dp_rank, sum(t_end_ns - t_start_ns) AS busy FROM batches WHERE run_id = ? GROUP BY dp_rank""", [rid])}
-    routing = fetch_dicts(con, """
-        SELECT count(*) AS n, count(*) FILTER (WHERE best_rank = dp_rank) AS best,
-               sum(CASE WHEN best_rank <> dp_rank THEN greatest(coalesce(best_rank_device_tokens, 0)
-                   + coalesce(best_rank_host_tokens, 0) - coalesce(arrival_device_tokens, 0)
-                   - coalesce(arrival_host_tokens, 0), 0) ELSE 0 END) AS elsewhere,
-               sum(coalesce(best_rank_device_tokens, 0) + coalesce(best_rank_host_tokens, 0)) AS prefix
-        FROM requests WHERE run_id = ? AND best_rank IS NOT NULL""", [rid])[0]
+    reqs = read.rank_totals(con, rid)
+    busy = read.rank_busy_ns(con, rid)
+    routing = read.route_totals(con, rid)
     start, end = run_span_ns(con, rid, "finished")
     span = end - start
     extra = sorted((k for k in set(reqs) | set(busy) if k is None or not 0 <= k < dep.dp),
                    key=lambda k: (k is None, k or 0))
     ranks = []
     for k in [*range(dep.dp), *extra]:
-        r = reqs.get(k, {})
+        r = reqs.get(k) or read.RankTotals(k, 0, 0, None, None, None, None, None, None, None)
 
-        def n(key: str) -> int:
-            return int(r.get(key) or 0)
+        def n(value) -> int:
+            return int(value or 0)
 
-        inp = n("input")
+        inp = n(r.input_tokens)
         ranks.append(RankStats(
-            dp_rank=k, num_requests=n("n"), num_finished=n("finished"), prefill_busy_ns=busy.get(k, 0),
-            prefill_busy_share=share(busy.get(k, 0), span), computed_tokens=n("computed"), input_tokens=inp,
-            device_hit_tokens=n("device"), host_hit_tokens=n("host"), storage_hit_tokens=n("storage"),
-            device_share=share(n("device"), inp), host_share=share(n("host"), inp),
-            storage_share=share(n("storage"), inp),
-            ttft_p50_ns=None if r.get("p50") is None else int(r["p50"]),
-            ttft_p90_ns=None if r.get("p90") is None else int(r["p90"])))
+            dp_rank=k, num_requests=n(r.requests), num_finished=n(r.finished), prefill_busy_ns=busy.get(k, 0),
+            prefill_busy_share=share(busy.get(k, 0), span), computed_tokens=n(r.computed_tokens), input_tokens=inp,
+            device_hit_tokens=n(r.device_tokens), host_hit_tokens=n(r.host_tokens),
+            storage_hit_tokens=n(r.storage_tokens), device_share=share(n(r.device_tokens), inp),
+            host_share=share(n(r.host_tokens), inp), storage_share=share(n(r.storage_tokens), inp),
+            ttft_p50_ns=None if r.ttft_p50_ns is None else int(r.ttft_p50_ns),
+            ttft_p90_ns=None if r.ttft_p90_ns is None else int(r.ttft_p90_ns)))
     own = [busy.get(k, 0) for k in range(dep.dp)]
     mean = sum(own) / dep.dp
     top = max(own)
     return RankSummary(dp=dep.dp, router=dep.router, span_ns=span, ranks=tuple(ranks), busy_max_ns=top,
                        busy_mean_ns=mean, busiest_rank=own.index(top) if top else None,
-                       imbalance=top / mean if mean else None, num_routed=int(routing["n"] or 0),
-                       to_best_rank=int(routing["best"] or 0),
-                       to_best_rank_share=share(int(routing["best"] or 0), int(routing["n"] or 0)),
-                       held_elsewhere_tokens=int(routing["elsewhere"] or 0),
-                       prefix_tokens_at_arrival=int(routing["prefix"] or 0))
+                       imbalance=top / mean if mean else None, num_routed=int(routing.routed or 0),
+                       to_best_rank=int(routing.to_best or 0),
+                       to_best_rank_share=share(int(routing.to_best or 0), int(routing.routed or 0)),
+                       held_elsewhere_tokens=int(routing.held_elsewhere_tokens or 0),
+                       prefix_tokens_at_arrival=int(routing.prefix_tokens or 0))
 
 
 # --- slow --by rank ------------------------------------------------------------------------------
@@ -172,7 +156,6 @@ def slow_by_rank(con: duckdb.DuckDBPyConnection, run, *, top: int = 20, hit_clas
                  cause: str | None = None) -> tuple[RankSlow, ...]:
     """`slow --by rank`: the slow listing cut by dp_rank, one group a rank (0..dp-1; a run of
     one rank is one group, rank 0), each with its `top` slowest. Groups in rank order."""
-    from tierdiag.diagnose.causes import cause_sql, excess_sql
     from tierdiag.diagnose.slow import check_hit_class, slow_requests
 
     if top < 1:
@@ -180,25 +163,15 @@ def slow_by_rank(con: duckdb.DuckDBPyConnection, run, *, top: int = 20, hit_clas
     check_hit_class(hit_class)
     check_cause(cause)
     dep = deployment(run)
-    # One rank: every request is rank 0's (the contract's dp_rank of a one-rank replay, NULL before v4).
-    rank_sql = "dp_rank" if dep is not None else "0"
-    counts = {r["k"]: r for r in fetch_dicts(con, f"""
-        SELECT k, count(*) AS n, count(*) FILTER (WHERE excess_ns > 0
-                 AND (CAST(? AS VARCHAR) IS NULL OR hit_class = ?)
-                 AND (CAST(? AS VARCHAR) IS NULL OR primary_cause = ?)) AS slow,
-               sum(excess_ns) FILTER (WHERE excess_ns > 0
-                 AND (CAST(? AS VARCHAR) IS NULL OR hit_class = ?)
-                 AND (CAST(? AS VARCHAR) IS NULL OR primary_cause = ?)) AS excess
-        FROM (SELECT {rank_sql} AS k, hit_class, {excess_sql()} AS excess_ns, {cause_sql()} AS primary_cause
-              FROM requests WHERE run_id = ? AND {FINISHED_SQL})
-        GROUP BY k""", [hit_class, hit_class, cause, cause] * 2 + [run.run_id])}
+    counts = read.slow_counts_by_rank(con, run.run_id, ranked=dep is not None, hit_class=hit_class, cause=cause)
     keys = list(range(dep.dp)) if dep is not None else [0]
     keys += sorted((k for k in counts if k not in keys), key=lambda k: (k is None, k or 0))
     out = []
     for k in keys:
-        c = counts.get(k, {})
+        c = counts.get(k)
+        slow = int(c.slow or 0) if c is not None else 0
         rows = slow_requests(con, run, top=top, hit_class=hit_class, cause=cause,
-                             by_rank=dep is not None, dp_rank=k) if c.get("slow") else []
-        out.append(RankSlow(dp_rank=k, num_requests=int(c.get("n") or 0), num_slow=int(c.get("slow") or 0),
-                            excess_total_ns=int(c.get("excess") or 0), requests=tuple(rows)))
+                             by_rank=dep is not None, dp_rank=k) if slow else []
+        out.append(RankSlow(dp_rank=k, num_requests=int(c.finished or 0) if c is not None else 0, num_slow=slow,
+                            excess_total_ns=int(c.excess_ns or 0) if c is not None else 0, requests=tuple(rows)))
     return tuple(out)

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 import duckdb
 
-from tierdiag.diagnose.causes import recompute_cost_ns, routing_ns_sql, routing_tokens, routing_tokens_sql
-from tierdiag.diagnose.sql import FINISHED_SQL
+from tierdiag.diagnose.causes import recompute_cost_ns, routing_tokens
+from tierdiag.diagnose.read import ranks as read
 from tierdiag.units import share
 from tierdiag.diagnose.read.requests import RequestRow, RowLike
 from tierdiag.diagnose.read.run import parse
@@ -112,36 +112,16 @@ def routing_loss(con: duckdb.DuckDBPyConnection, run) -> RoutingLoss | None:
     """None for a run whose requests name no rank (one-rank replays before v4, imports without
     dp_rank) or that had one rank: no router chose anything."""
     rid = run.run_id
-    ranks = con.execute(f"SELECT count(DISTINCT dp_rank) FROM requests WHERE run_id = ? AND {FINISHED_SQL} "
-                        f"AND dp_rank IS NOT NULL", [rid]).fetchone()[0] or 0
+    ranks = read.ranks_named(con, rid)
     run = parse(run)
     if run.ranks <= 1 and ranks <= 1:
         return None
-    r = routing_tokens_sql()
-    t = con.execute(
-        f"""SELECT count(*) FILTER (WHERE {r} > 0), coalesce(sum({r}), 0), coalesce(sum(recomputed_tokens), 0),
-                   coalesce(sum(input_tokens), 0), coalesce(sum({routing_ns_sql()}), 0),
-                   coalesce(sum({r}) FILTER (WHERE session_id IS NOT NULL), 0)
-            FROM requests WHERE run_id = ? AND {FINISHED_SQL}""", [rid]).fetchone()
-    branches = {str(b): int(n) for b, n in con.execute(
-        f"""SELECT coalesce(route_branch, '?'), sum({r}) FROM requests WHERE run_id = ? AND {FINISHED_SQL} AND {r} > 0
-            GROUP BY 1 ORDER BY 2 DESC, 1""", [rid]).fetchall()}
-    shares = f"round((best_rank_device_tokens + best_rank_host_tokens) / nullif(input_tokens, 0), 2)"
-
-    def pairs(where: str) -> tuple:
-        return tuple((float(s), int(n)) for s, n in con.execute(
-            f"""SELECT {shares} AS s, sum({r}) FROM requests WHERE run_id = ? AND {FINISHED_SQL} AND {r} > 0
-                {where} GROUP BY 1 ORDER BY 1""", [rid]).fetchall() if s is not None)
-
-    cost = 0
-    cols = ("dp_rank", "best_rank", "best_rank_device_tokens", "best_rank_host_tokens", "arrival_device_tokens",
-            "arrival_host_tokens", "storage_match_tokens", "recomputed_tokens", "device_hit_tokens",
-            "host_hit_tokens", "storage_hit_tokens", "recompute_ns", "compute_ns", "ideal_ttft_ns")
-    for values in con.execute(f"SELECT {', '.join(cols)} FROM requests WHERE run_id = ? AND {FINISHED_SQL} "
-                              f"AND {r} > 0", [rid]).fetchall():
-        cost += routing_cost_ns(dict(zip(cols, values)), run.config)
+    t = read.routing_totals(con, rid)
+    branches = read.routing_tokens_by_branch(con, rid)
+    cost = sum(routing_cost_ns(row, run.config) for row in read.routed_requests(con, rid))
     return RoutingLoss(
         num_ranks=int(max(ranks, run.ranks)), router=run.config.get("router"),
-        routed_requests=int(t[0]), routing_tokens=int(t[1]), recomputed_tokens=int(t[2]), input_tokens=int(t[3]),
-        routing_ns=int(t[4]), routing_cost_ns=cost, branch_tokens=branches, session_tokens=int(t[5]),
-        best_share_tokens=pairs(""), miss_best_share_tokens=pairs("AND route_branch = 'cache_miss'"))
+        routed_requests=t.routed_requests, routing_tokens=t.routing_tokens, recomputed_tokens=t.recomputed_tokens,
+        input_tokens=t.input_tokens, routing_ns=t.routing_ns, routing_cost_ns=cost, branch_tokens=branches,
+        session_tokens=t.session_routing_tokens, best_share_tokens=read.routing_tokens_by_best_share(con, rid),
+        miss_best_share_tokens=read.routing_tokens_by_best_share(con, rid, cache_miss_only=True))
