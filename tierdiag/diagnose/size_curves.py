@@ -68,7 +68,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from tierdiag.diagnose.sql import finished_sql
+from tierdiag.diagnose.read.curves import curve_requests, found_tokens
 from tierdiag.units import share
 
 TIERS = ("device", "host", "storage")
@@ -313,26 +313,20 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
         raise CurvesUnavailable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
     block = int(run.config.get("block_size") or 512)
     policy = str(run.config.get("write_policy") or "write_through")
-    rows = con.execute(f"""
-        SELECT seq, req_id, coalesce(dp_rank, 0) AS rank, arrival_ns + coalesce(queue_ns, 0) AS sched_ns,
-               coalesce(finish_ns, first_token_ns, arrival_ns + coalesce(queue_ns, 0)) AS fin_ns,
-               coalesce(input_tokens, 0) AS input, coalesce(output_tokens, 0) AS output,
-               coalesce(device_hit_tokens, 0) AS device, coalesce(host_hit_tokens, 0) AS host,
-               coalesce(storage_hit_tokens, 0) AS storage
-        FROM requests WHERE run_id = ? AND {finished_sql()} AND seq IS NOT NULL AND arrival_ns IS NOT NULL
-        ORDER BY seq""", [run.run_id]).fetchall()
-    touches = sum(2 * (r[5] // page) + max((r[5] + r[6]) // page - r[5] // page, 0) for r in rows)
+    rows = curve_requests(con, run.run_id)
+    touches = sum(2 * (r.input_tokens // page)
+                  + max((r.input_tokens + r.output_tokens) // page - r.input_tokens // page, 0) for r in rows)
     if touches > MAX_TOUCHES:
         raise CurvesUnavailable(f"{touches:,} page touches are more than the one pass holds in memory "
                                 f"({MAX_TOUCHES:,})")
-    by_seq = {r[0]: r for r in rows}
+    by_seq = {r.seq: r for r in rows}
     keys: dict[int, np.ndarray] = {}
     try:
         for req in read_trace(path, block_size=block, skip_bad=True):
             r = by_seq.get(req.seq)
             if r is None:
                 continue
-            if r[1] != req.req_id or r[5] != req.input_len:
+            if r.req_id != req.req_id or r.input_tokens != req.input_len:
                 raise CurvesUnavailable(f"trace line {req.line} is not the request run {run.run_id} replayed as seq {req.seq}")
             keys[req.seq] = _first_distinct(page_keys_array(req, page_size=page, block_size=block))
     except TierdiagError as exc:
@@ -340,8 +334,8 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     if len(keys) != len(rows):
         raise CurvesUnavailable(f"trace file {path} has {len(keys)} of the run's {len(rows)} finished requests")
     # Events in the replay's order: (time, finish before a schedule at the same time, seq).
-    events = sorted([(r[3], 1, r[0]) for r in rows] + [(r[4], 0, r[0]) for r in rows])
-    ranks = sorted({r[2] for r in rows})
+    events = sorted([(r.sched_ns, 1, r.seq) for r in rows] + [(r.fin_ns, 0, r.seq) for r in rows])
+    ranks = sorted({r.rank for r in rows})
     fresh = -1
     per_rank: dict[int, list] = {k: [] for k in ranks}
     every: list = []
@@ -352,18 +346,18 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
         if kind == 1:
             # Deepest first, so the prefix ends the most recent; the lookups are answered against
             # the stack before the group, so the touch order inside it changes no depth.
-            look = min(max((r[5] - 1) // page, 0), len(k))
+            look = min(max((r.input_tokens - 1) // page, 0), len(k))
             mask = np.zeros(len(k), dtype=bool)
             mask[:look] = True
             group = (k[::-1], mask[::-1])
-            rank_of_lookup.append(np.full(look, r[2], dtype=np.int64))
+            rank_of_lookup.append(np.full(look, r.rank, dtype=np.int64))
         else:
-            out_pages = max((r[5] + r[6]) // page - r[5] // page, 0)
+            out_pages = max((r.input_tokens + r.output_tokens) // page - r.input_tokens // page, 0)
             outs = np.arange(fresh, fresh - out_pages, -1, dtype=np.int64)
             fresh -= out_pages
             both = np.concatenate([outs[::-1], k[::-1]])
             group = (both, np.zeros(len(both), dtype=bool))
-        per_rank[r[2]].append(group)
+        per_rank[r.rank].append(group)
         every.append(group)
     lookup_rank = np.concatenate(rank_of_lookup) if rank_of_lookup else np.zeros(0, dtype=np.int64)
     d_rank = np.zeros(len(lookup_rank), dtype=np.int64)
@@ -388,11 +382,7 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     held_hit = pages_rank != never
     held_hit &= pages_rank * page <= held
     sto_need = np.where(held_hit, 0, need(pages_all, 0))
-    totals = [int(x or 0) for x in con.execute(  # sum() of no rows is NULL: a run with none finished
-        f"SELECT sum(coalesce(device_hit_tokens, 0)), sum(coalesce(host_hit_tokens, 0)), "
-        f"sum(coalesce(storage_hit_tokens, 0)), sum(coalesce(input_tokens, 0)) FROM requests "
-        f"WHERE run_id = ? AND {finished_sql()}", [run.run_id]).fetchone()]
-    dev_found, host_found, sto_found, input_tokens = (x or 0 for x in totals)
+    dev_found, host_found, sto_found, input_tokens = found_tokens(con, run.run_id)
     curves = (
         _curve("device", device, "device alone", dev_need, page, dev_found),
         _curve("host", host, (f"device at the run's {device:_} tokens; write_through keeps a host copy of device's "
