@@ -94,13 +94,14 @@ def resume(kept: str | os.PathLike, db: str | os.PathLike,
 
     A failure (--db still busy, a full disk) leaves the kept store as it was, less the runs
     already copied, for another try."""
+    from tierdiag.diagnose.read.ids import sweep_ids
     from tierdiag.store.copy_run import merge_store
     from tierdiag.store.reader import open_store
 
     kept = Path(kept)
     con = open_store(kept)  # missing, foreign, damaged: its own one-line error
     try:
-        sweeps = [r[0] for r in con.execute("SELECT DISTINCT sweep_id FROM runs").fetchall()]
+        sweeps = sweep_ids(con)
     finally:
         con.close()
     copied, present = merge_store(kept, Path(db), progress=progress)

@@ -11,6 +11,7 @@ def slowest_request(db: str | Path, run_id: str) -> str | None:
     """The run's request `slow` lists first (the largest excess TTFT over its ideal; an observed run,
     which has no ideal: the largest TTFT), quoted for a shell; None when the run has no finished
     request with a TTFT (or the store cannot be read: the hint then leaves `explain` out)."""
+    from tierdiag.diagnose.read.ids import first_slow_request
     from tierdiag.errors import StoreError
     from tierdiag.store.reader import open_store
 
@@ -19,7 +20,5 @@ def slowest_request(db: str | Path, run_id: str) -> str | None:
     except StoreError:
         return None
     with con:
-        row = con.execute(
-            "SELECT req_id FROM requests WHERE run_id = ? AND status = 'finished' AND ttft_ns IS NOT NULL "
-            "ORDER BY ttft_ns - coalesce(ideal_ttft_ns, 0) DESC, req_id LIMIT 1", [run_id]).fetchone()
-    return None if row is None else shlex.quote(str(row[0]))
+        found = first_slow_request(con, run_id)
+    return None if found is None else shlex.quote(found)

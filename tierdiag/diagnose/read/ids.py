@@ -1,0 +1,19 @@
+"""Ids a command hands on: the request a `next:` hint names, the sweep a kept store holds."""
+
+from __future__ import annotations
+
+import duckdb
+
+
+def first_slow_request(con: duckdb.DuckDBPyConnection, run_id: str) -> str | None:
+    """The id of the run's request `slow` lists first: the largest TTFT over its ideal (no ideal,
+    as in an observed run: the largest TTFT; ties by id); None without a finished request."""
+    row = con.execute(
+        "SELECT req_id FROM requests WHERE run_id = ? AND status = 'finished' AND ttft_ns IS NOT NULL "
+        "ORDER BY ttft_ns - coalesce(ideal_ttft_ns, 0) DESC, req_id LIMIT 1", [run_id]).fetchone()
+    return None if row is None else str(row[0])
+
+
+def sweep_ids(con: duckdb.DuckDBPyConnection) -> list[str | None]:
+    """The distinct sweep ids of the store's runs (None: runs of no sweep)."""
+    return [r[0] for r in con.execute("SELECT DISTINCT sweep_id FROM runs").fetchall()]
