@@ -320,7 +320,7 @@ def _slow_table(data: ReportData) -> str:
         # The headline starts with the cause ("load_back: ..."), which the badge already shows.
         headline = ex.headline.split(": ", 1)[1] if ex.headline.startswith(f"{cause}: ") else ex.headline
         split = {"device": r.device_tokens, "host": r.host_tokens, "storage": r.storage_tokens,
-                 "new": r.computed_tokens - r.recomputed_tokens, "recomputed": r.recomputed_tokens}
+                 "new": r.tokens.new_tokens, "recomputed": r.recomputed_tokens}
         n_in = max(r.input_tokens, 1)
         split_text = (f"{fmt_tokens(r.input_tokens)} tok · dev {r.device_tokens / n_in:.0%}"
                       f" · host {(r.host_tokens + r.storage_tokens) / n_in:.0%}"

@@ -267,7 +267,7 @@ def load_tier_split(con: duckdb.DuckDBPyConnection, run: RunInfo,
     """
     t = summary.tokens
     found = {"all": {"device": t.device_tokens, "host": t.host_tokens, "storage": t.storage_tokens,
-                     "new": t.computed_tokens - t.recomputed_tokens, "recomputed": t.recomputed_tokens}}
+                     "new": t.new_tokens, "recomputed": t.recomputed_tokens}}
     rows = con.execute(
         f"""
         SELECT hit_class, sum(device_hit_tokens), sum(host_hit_tokens), sum(storage_hit_tokens),
