@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from tierdiag.config.engine import EngineConfig
+from tierdiag.config.names import RunKind
 from tierdiag.errors import ConfigError, ExitCode, TierdiagError
 from tierdiag.app.sweep_kept import Keeper, Resumed, kept_store_path, resume  # noqa: F401 - the sweep's API
 from tierdiag.app.sweep_worker import Task, WorkerResult, ray_task, worker_main
@@ -138,7 +139,7 @@ def default_jobs() -> int:
 
 
 def run_configs(trace: str | os.PathLike, configs: Sequence[tuple[str, EngineConfig]], db: str | os.PathLike, *,
-                backend: Backend = Processes(), sweep_id: str | None = None, kind: str = "replay",
+                backend: Backend = Processes(), sweep_id: str | None = None, kind: str = RunKind.REPLAY,
                 skip_bad: bool = False, command_line: Sequence[str] | None = None,
                 progress: Callable[[RunOutcome], None] | None = None) -> list[str]:
     """Replay `trace` once per (run name, config) and record every run in `db` under `sweep_id`.

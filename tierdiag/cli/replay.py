@@ -16,6 +16,7 @@ from tierdiag.cli.upgrade import upgrade_releases
 from tierdiag.cli.common import command_line, DbOpt, DEFAULT_DB_PATH, err, JsonOpt
 from tierdiag.cli.sink import Sink
 from tierdiag.cli import replay_view  # noqa: F401 - registers the replay's text view (app.replay.ReplayResult)
+from tierdiag.config.names import Tier
 # No torch: presets, registries and validation only.
 from tierdiag.units import fmt_ms, fmt_pool
 from tierdiag.config.engine import (
@@ -54,8 +55,8 @@ def _pool_default(which: str) -> str:
     cfg = EngineConfig.__new__(EngineConfig)  # the defaults, without validating this machine
     for f in fields(EngineConfig):
         object.__setattr__(cfg, f.name, f.default)
-    tokens = cfg.resolved_device_tokens() if which == "device" else cfg.resolved_host_tokens()
-    how = ("what the GPU preset leaves beside the weights" if which == "device" else "2x device")
+    tokens = cfg.resolved_device_tokens() if which == Tier.DEVICE else cfg.resolved_host_tokens()
+    how = ("what the GPU preset leaves beside the weights" if which == Tier.DEVICE else "2x device")
     return f"{how}; {cfg.model} on {cfg.gpu}: {fmt_pool(tokens, model_preset(cfg.model).kv_bytes_per_token)}"
 
 

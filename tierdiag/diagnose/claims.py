@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tierdiag.config.names import Cause
 from tierdiag.diagnose.causes import recompute_cost_ns, routing_tokens  # recompute_cost_ns: re-exported (views)
 from tierdiag.diagnose.context import CONTEXT_LOOKBACK_NS, QueueAttribution, RequestContext
 from tierdiag.diagnose.routing_loss import routing_cost_ns
@@ -330,7 +331,7 @@ def break_even_claim(row: RowLike, link_peak_share: float | None, achieved_bytes
         if link_peak_share is not None and link_peak_share >= NEAR_PEAK_SHARE:
             text += (", and the link ran near its peak: the load-back itself cannot go faster; what would lower "
                      "this request's TTFT is having those tokens on the device (a larger device pool), since "
-                     "load-back is its largest part" if cause == "load_back" else
+                     "load-back is its largest part" if cause == Cause.LOAD_BACK else
                      ", and the link ran near its peak: nothing to fix in the load-back")
     elif recompute_cost > 0:
         text += f": recomputing would have been {lb_ns / recompute_cost:,.1f}× cheaper"

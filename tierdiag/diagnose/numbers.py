@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import duckdb
 
+from tierdiag.config.names import Cause
 from tierdiag.diagnose.causes import CAUSES, cause_sql, excess_sql, routing_ns_sql
 from tierdiag.diagnose.quantile import quantile_sql
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one, link_peak_bytes_per_s
@@ -305,11 +306,11 @@ def compute_run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo) -> RunSumm
     # Shares of excess are of the excess, or of the parts' sum where the parts add up to more: a
     # request sharing a prefill batch can wait longer than its excess (its compute there is below
     # its ideal), and no share is shown above 100 % (issue 40).
-    parts_total = sum(_i(t.get(part_of[c][1])) for c in CAUSES if c != "none")
+    parts_total = sum(_i(t.get(part_of[c][1])) for c in CAUSES if c != Cause.NONE)
     excess_base = max(excess_total, parts_total)
     time_by_cause = []
     for cause in CAUSES:
-        if cause == "none":
+        if cause == Cause.NONE:
             time_by_cause.append(CauseShare(cause, cause_counts.get(cause, 0), None, None, None, None))
             continue
         ttft_key, excess_key = part_of[cause]

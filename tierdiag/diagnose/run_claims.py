@@ -5,6 +5,7 @@ sentences are claims.py's. Checked against the rows by tests/diagnose/test_run_c
 
 from __future__ import annotations
 
+from tierdiag.config.names import WritePolicy
 from tierdiag.diagnose.claims import NAMED_REASON_SHARE, Claim
 from tierdiag.diagnose.routing_loss import RoutingLoss
 from tierdiag.diagnose.runcontext import RunContext
@@ -18,7 +19,7 @@ def held_capacity(config: dict, device: int | None, host: int | None) -> tuple[i
     everything on device, so the host pool alone bounds it; otherwise host holds what device
     evicted and the two add up."""
     device, host = device or 0, host or 0
-    if config.get("write_policy") == "write_through":
+    if config.get("write_policy") == WritePolicy.WRITE_THROUGH:
         return host, f"{fmt_tokens(host)} tokens of host (write_through keeps a host copy of the device's)"
     return device + host, f"{fmt_tokens(device + host)} tokens of device + host"
 

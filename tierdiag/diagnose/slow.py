@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, fields
 
 import duckdb
 
-from tierdiag.config.names import HitClass, values
+from tierdiag.config.names import Cause, HitClass, values
 from tierdiag.diagnose.causes import TtftParts, check_cause
 from tierdiag.diagnose.query import dataclass_json
 from tierdiag.diagnose.read import queries
@@ -84,6 +84,6 @@ def slow_requests(con: duckdb.DuckDBPyConnection, run: RunInfo, *, top: int = 20
             loadback_skipped_reason=r.loadback_skipped_reason, primary_cause=primary,
             # A part can exceed the excess when the request's own compute came out below its
             # ideal (recompute and compute split one memory-bound prefill): cap it there.
-            cause_ns=0 if primary == "none" else min(parts.excess_parts_ns()[primary], parts.excess_ns),
+            cause_ns=0 if primary == Cause.NONE else min(parts.excess_parts_ns()[primary], parts.excess_ns),
         ))
     return result

@@ -16,6 +16,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from tierdiag.config.names import Cause
 from tierdiag.report.tables import fits, print_table, stacked  # noqa: F401 - the views import them from here too
 from tierdiag.report.text import fmt_option, visible  # noqa: F401 - fmt_option: the views import it from here too
 from tierdiag.report.ranks_view import render_ranks
@@ -37,8 +38,8 @@ if TYPE_CHECKING:  # only for hints: `explain` should not import the slow/summar
     from tierdiag.diagnose.slow import SlowRequest
     from tierdiag.diagnose.summary import RunSummary
 
-CAUSE_STYLE = {"none": "green", "queueing": "yellow", "load_back": "red", "storage_fetch": "magenta",
-               "routing": "red", "recompute": "red", "compute": "cyan", None: "dim"}
+CAUSE_STYLE = {Cause.NONE: "green", Cause.QUEUEING: "yellow", Cause.LOAD_BACK: "red", Cause.STORAGE_FETCH: "magenta",
+               Cause.ROUTING: "red", Cause.RECOMPUTE: "red", Cause.COMPUTE: "cyan", None: "dim"}
 _MAX_ROWS = 10
 
 class SafeConsole(Console):
@@ -291,7 +292,7 @@ def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str
         style = CAUSE_STYLE.get(r.primary_cause, "")
         wide.add_row(str(r.rank), plain(r.req_id), plain(r.hit_class or "-"), fmt_ms(r.ttft_ns), fmt_ms(r.excess_ns),
                      plain(r.primary_cause, style=style),
-                     "-" if r.primary_cause == "none" else fmt_ms(r.cause_ns), split)
+                     "-" if r.primary_cause == Cause.NONE else fmt_ms(r.cause_ns), split)
     # Narrow: each request on two lines, the token split whole on the second.
     narrow = new_table(title)
     narrow.add_column("#", justify="right", no_wrap=True)
@@ -304,7 +305,7 @@ def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str
                                                   (split, "dim")),
                        f"{fmt_ms(r.ttft_ns)}\n{fmt_ms(r.excess_ns)}",
                        Text.assemble(plain(r.primary_cause, style), "\n",
-                                     "-" if r.primary_cause == "none" else fmt_ms(r.cause_ns)))
+                                     "-" if r.primary_cause == Cause.NONE else fmt_ms(r.cause_ns)))
     _print_fitting(console, wide, narrow)
     if hint:
         console.print(Text("explain one with `tierdiag explain REQ_ID`", style="dim"))
