@@ -47,7 +47,6 @@ CONTEXT_LOOKBACK_NS = 1 * NS_PER_S
 
 ATTRIBUTION_KEYS: tuple[str, ...] = ("recompute", "new_compute", "load_back", "write_back", "decode",
                                      "storage_wait", "memory_wait", "idle")
-_BATCH_KINDS = ("recompute", "new_compute", "load_back", "write_back")
 
 
 @dataclass(frozen=True)
@@ -76,9 +75,6 @@ class QueueAttribution:
 
     def share_of(self, key: str) -> float | None:
         return share(self.parts_ns.get(key, 0), self.queue_ns)
-
-    def gpu_work_ns(self) -> int:
-        return sum(self.parts_ns[k] for k in _BATCH_KINDS)
 
     def largest(self) -> str:
         return max(ATTRIBUTION_KEYS, key=lambda k: self.parts_ns[k])

@@ -42,7 +42,6 @@ from tierdiag.diagnose.observed_twin import (  # noqa: F401
     Twin,
     agreement,
     find_twin,
-    observed_and_replayed,
 )
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one
 from tierdiag.diagnose.read import queries

@@ -122,14 +122,6 @@ class CopyPlan:
     num_ops: int = 0
     snapshot: bool = False  # read every source row before writing any (src and dst overlap)
 
-    @property
-    def src_runs(self) -> int:
-        return count_runs(self.src_idx)
-
-    @property
-    def dst_runs(self) -> int:
-        return count_runs(self.dst_idx)
-
 
 def _check_range(idx: np.ndarray, num_pages: int, side: str) -> None:
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= num_pages):
