@@ -124,7 +124,7 @@ class SweepFailed(TierdiagError):
         failed = [o for o in self.outcomes if o.status == "failed"]
         first = failed[0]
         super().__init__(f"{len(failed)} of {len(self.outcomes)} sweep runs failed; {first.name}: {first.error}")
-        self.exit_code = ExitCode(first.exit_code) if first.exit_code in ExitCode._value2member_map_ else ExitCode.BUG
+        self.exit_code = ExitCode(first.exit_code) if first.exit_code in frozenset(ExitCode) else ExitCode.BUG
 
 
 def new_sweep_id() -> str:
