@@ -299,10 +299,10 @@ def compute_run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo) -> RunSumm
         SELECT {cause_sql()} AS cause, count(*) AS n FROM requests WHERE run_id = ? AND {_FINISHED}
         GROUP BY 1""", [rid])}
     ttft_total, excess_total = _i(t.get("ttft_ns")), _i(t.get("excess_ns"))
-    part_of = {"queueing": ("queue_ns", "queue_ns"), "load_back": ("exposed_ns", "exposed_ns"),
-               "storage_fetch": ("storage_wait_ns", "storage_wait_ns"),
-               "routing": ("routing_ns", "routing_ns"), "recompute": ("recompute_rest_ns", "recompute_rest_ns"),
-               "compute": ("compute_ns", "compute_excess_ns")}
+    part_of = {Cause.QUEUEING: ("queue_ns", "queue_ns"), Cause.LOAD_BACK: ("exposed_ns", "exposed_ns"),
+               Cause.STORAGE_FETCH: ("storage_wait_ns", "storage_wait_ns"),
+               Cause.ROUTING: ("routing_ns", "routing_ns"), Cause.RECOMPUTE: ("recompute_rest_ns", "recompute_rest_ns"),
+               Cause.COMPUTE: ("compute_ns", "compute_excess_ns")}
     # Shares of excess are of the excess, or of the parts' sum where the parts add up to more: a
     # request sharing a prefill batch can wait longer than its excess (its compute there is below
     # its ideal), and no share is shown above 100 % (issue 40).

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from tierdiag.config.names import WritePolicy
 from tierdiag.diagnose.claims import NAMED_REASON_SHARE, Claim
+from tierdiag.diagnose.context import WaitPart
 from tierdiag.diagnose.routing_loss import RoutingLoss
 from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.diagnose.story import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE
@@ -68,11 +69,11 @@ def loss_why(run: RunContext | None) -> str | None:
 # own verdicts (story.RunStory), the offered load (capacity.Capacity) and the run's evidence.
 
 
-_RUN_WAIT_WORDS = {"recompute": "recomputing once-cached tokens", "new_compute": "computing new tokens",
-                   "load_back": "on exposed load-backs", "write_back": "blocked on write-backs",
-                   "decode": "running decode steps",
-                   "memory_wait": "idle waiting for device memory that decoding requests held",
-                   "idle": "idle (no prefill batch and none decoding: held for storage, or nothing to run)"}
+_RUN_WAIT_WORDS = {WaitPart.RECOMPUTE: "recomputing once-cached tokens", WaitPart.NEW_COMPUTE: "computing new tokens",
+                   WaitPart.LOAD_BACK: "on exposed load-backs", WaitPart.WRITE_BACK: "blocked on write-backs",
+                   WaitPart.DECODE: "running decode steps",
+                   WaitPart.MEMORY_WAIT: "idle waiting for device memory that decoding requests held",
+                   WaitPart.IDLE: "idle (no prefill batch and none decoding: held for storage, or nothing to run)"}
 
 
 def gpus(cap) -> str:

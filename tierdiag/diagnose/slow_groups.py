@@ -68,7 +68,8 @@ def slow_groups(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int, span_n
     """
     if not view_of(run).engine_parts:  # no engine TTFT parts to rank or explain by (diagnose/observed.py)
         return (), 0
-    rows = [r for cls in (HitClass.DEVICE_HIT, HitClass.TIERED_HIT) for r in slow_requests(con, run, top=pool, hit_class=cls)]
+    rows = [r for cls in (HitClass.DEVICE_HIT, HitClass.TIERED_HIT)
+            for r in slow_requests(con, run, top=pool, hit_class=cls)]
     rows.sort(key=lambda r: (-r.excess_ns, r.seq if r.seq is not None else -1, r.req_id))
     # "none": within the tolerance of its ideal, so not slow for any reason worth a row.
     rows = [r for r in rows if r.primary_cause != Cause.NONE][:pool]

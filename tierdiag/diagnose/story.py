@@ -29,7 +29,7 @@ import duckdb
 
 from tierdiag.config.names import Cause
 from tierdiag.diagnose.causes import cause_sql, excess_sql
-from tierdiag.diagnose.context import CONTEXT_LOOKBACK_NS
+from tierdiag.diagnose.context import ATTRIBUTION_KEYS, CONTEXT_LOOKBACK_NS, WaitPart
 from tierdiag.diagnose.sql import finished_sql
 from tierdiag.diagnose.waiting_loss import lost_while_waiting_sql, waiting_removals_sql
 from tierdiag.units import share
@@ -44,7 +44,7 @@ BUSY_SHARE = 0.7
 # (the rest of the time some request of its rank was decoding: its KV held the device memory the
 # queue needed) and `idle` (the rest: held for a storage prefetch, or nothing to run; explain tells
 # those two apart, the run's story does not).
-WAIT_KEYS = ("recompute", "new_compute", "load_back", "write_back", "decode", "memory_wait", "idle")
+WAIT_KEYS = tuple(k for k in ATTRIBUTION_KEYS if k != WaitPart.STORAGE_WAIT)
 
 
 @dataclass(frozen=True)

@@ -197,9 +197,9 @@ def render_explanation(expl: Explanation, console: Console) -> None:
         table.add_column("TTFT part", style="dim")
         table.add_column("time", justify="right")
         table.add_column("of TTFT", justify="right")
-        for cause, ns in (("queueing", d.queue_ns), ("storage_fetch", d.storage_wait_ns),
-                          ("load_back", d.loadback_exposed_ns), ("recompute", d.recompute_ns),
-                          ("compute", d.compute_ns)):
+        for cause, ns in ((Cause.QUEUEING, d.queue_ns), (Cause.STORAGE_FETCH, d.storage_wait_ns),
+                          (Cause.LOAD_BACK, d.loadback_exposed_ns), (Cause.RECOMPUTE, d.recompute_ns),
+                          (Cause.COMPUTE, d.compute_ns)):
             mark = "bold" if cause == expl.primary_cause else ""
             table.add_row(Text(cause, style=mark), fmt_ms(ns), fmt_pct(shares[cause]))
         table.add_row(Text("TTFT", style="bold"), fmt_ms(d.ttft_ns), "")
