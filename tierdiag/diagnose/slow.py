@@ -10,7 +10,7 @@ request's cause here and in `explain` never disagree. One query over the run's r
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import duckdb
 
@@ -48,7 +48,7 @@ class SlowRequest:
 
     @property
     def tokens(self) -> TokenSplit:
-        return TokenSplit(*(getattr(self, f.name) for f in fields(TokenSplit)))
+        return TokenSplit.of(self)
 
     def to_json(self) -> dict:
         return dataclass_json(self)
