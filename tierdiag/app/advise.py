@@ -123,7 +123,7 @@ def candidate_configs(run, advice: tuple[Advice, ...], budget: int) -> list[tupl
     out = []
     for a in [a for a in advice if a.option is not None][:budget]:
         cfg = EngineConfig(**{**base, **a.changes})
-        name = ("advise: together " if a.kind == "combined" else "advise: ") + ", ".join(
+        name = ("advise: together " if a.combined else "advise: ") + ", ".join(
             f"{k}={v}" for k, v in a.changes.items())
         out.append((a, name, cfg))
     return out
@@ -198,7 +198,7 @@ def advise_run(con_factory, db, run, *, budget: int = 4, jobs: int | None = None
 def _key(a: Advice) -> tuple:
     import json
 
-    return (a.kind == "combined", json.dumps(a.changes, sort_keys=True, default=str))
+    return (a.combined, json.dumps(a.changes, sort_keys=True, default=str))
 
 
 def _replay(run, db, plans, jobs, sweep_id, progress) -> dict[int, tuple[str | None, str]]:

@@ -465,7 +465,7 @@ def render_advise(r, console: Console, *, run_label: str) -> None:
 
     row("", "baseline", "", r.baseline)
     for c in r.candidates:
-        label = ("together: " if c.advice.kind == "combined" else "") + ", ".join(
+        label = ("together: " if c.advice.combined else "") + ", ".join(
             f"{k}={v}" for k, v in c.advice.changes.items())
         if c.status != "complete":
             label += f" ({c.status})"
