@@ -44,6 +44,13 @@ def _handler(signum, frame) -> None:
     raise Interrupted(signum)
 
 
+def interrupt(signum: int = signal.SIGINT) -> None:
+    """As if `signum` had arrived through our handler: recorded inside a deferred block, else
+    raised (`Interrupted`). For a signal handler of another's (the sweep worker's) that hands the
+    stop on to this one path."""
+    _handler(signum, None)
+
+
 def install() -> None:
     """Route SIGINT and SIGTERM through `_handler` (main thread only; elsewhere a no-op)."""
     if threading.current_thread() is not threading.main_thread():

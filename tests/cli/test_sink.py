@@ -159,14 +159,9 @@ def test_no_command_prints_json_or_builds_a_rich_table_itself():
 
     cli_dir = Path(tierdiag.cli.__file__).parent
     for path in sorted(cli_dir.glob("*.py")):
-        if path.name in ("sink.py", "advise.py"):  # advise.py: its owner moves it (issue 38)
+        if path.name == "sink.py":
             continue
         text = path.read_text()
-        if path.name == "common.py":  # print_json, for advise until it moves: the sink's format
-            from tierdiag.cli.common import print_json
-
-            assert _stdout_of(lambda: print_json({"a": ["\x1b"]})) == json_text({"a": ["\x1b"]})
-            text = text.replace(text[text.index("def print_json("):], "")
         assert not re.search(r"print_json\(|json\.dumps\(", text), path.name
         assert not re.search(r"^\s+if json_:", text, re.M), path.name
 

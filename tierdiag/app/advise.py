@@ -13,7 +13,8 @@ starts a replay."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from tierdiag.diagnose.advice import HOST_POOL_LIMIT_BYTES, Advice, advice_json, propose
 from tierdiag.diagnose.advice.verify import RunNumbers, advise_sweep_id, combination, run_numbers, verified_advice
@@ -42,6 +43,7 @@ class AdviseResult:
     best: str | None  # run id of the confirmed candidate with the lowest (p50, p99, mean) TTFT; None: none confirmed
     advice: tuple[Advice, ...]  # everything proposed, each with its status (advice.advised splits them)
     sweep_id: str
+    run: Any = field(default=None, compare=False)  # the advised run's store.reader.RunInfo (the text view names it)
 
     def to_json(self) -> dict:
         return {"baseline": self.baseline.to_json(), "candidates": [c.to_json() for c in self.candidates],
@@ -121,10 +123,23 @@ def candidate_configs(run, advice: tuple[Advice, ...], budget: int) -> list[tupl
     out = []
     for a in [a for a in advice if a.option is not None][:budget]:
         cfg = EngineConfig(**{**base, **a.changes})
-        name = ("advise: together " if a.kind == "combined" else "advise: ") + ", ".join(
+        name = ("advise: together " if a.combined else "advise: ") + ", ".join(
             f"{k}={v}" for k, v in a.changes.items())
         out.append((a, name, cfg))
     return out
+
+
+def advise(db, run: str | None, *, budget: int = 4, jobs: int | None = None,
+           host_limit_bytes: int = HOST_POOL_LIMIT_BYTES, progress=None) -> AdviseResult:
+    """`tierdiag advise`: the run `run` names in the store `db` (None: the newest), advised
+    (`advise_run`)."""
+    from tierdiag.store.reader import open_store, resolve_run
+
+    with open_store(db) as con:
+        info = resolve_run(con, run, db_label=str(db))
+    result = advise_run(lambda: open_store(db), db, info, budget=budget, jobs=jobs,
+                        host_limit_bytes=host_limit_bytes, progress=progress)
+    return replace(result, run=info)
 
 
 def advise_run(con_factory, db, run, *, budget: int = 4, jobs: int | None = None,
@@ -183,7 +198,7 @@ def advise_run(con_factory, db, run, *, budget: int = 4, jobs: int | None = None
 def _key(a: Advice) -> tuple:
     import json
 
-    return (a.kind == "combined", json.dumps(a.changes, sort_keys=True, default=str))
+    return (a.combined, json.dumps(a.changes, sort_keys=True, default=str))
 
 
 def _replay(run, db, plans, jobs, sweep_id, progress) -> dict[int, tuple[str | None, str]]:

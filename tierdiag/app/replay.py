@@ -19,7 +19,7 @@ import gc
 import itertools
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -78,8 +78,9 @@ class ReplayResult:
 
     @property
     def reuse_share(self) -> float:
-        reused = self.device_tokens + self.host_tokens + self.storage_tokens
-        return reused / self.input_tokens if self.input_tokens else 0.0
+        from tierdiag.diagnose.tokens import TokenSplit
+
+        return TokenSplit.of(self).reused_tokens / self.input_tokens if self.input_tokens else 0.0
 
     def to_json(self) -> dict:
         d = dict(self.__dict__)
@@ -396,6 +397,8 @@ def _result(stats, numbers: dict | None, recording, trace: Path, cfg: EngineConf
             storage_dir: Path | None, storage_bytes: int, wall_phases: dict, wall_s: float) -> ReplayResult:
     """The replay's closing numbers: a recorded run's span and TTFT percentiles as `summary` reads
     them back (`numbers`); unrecorded, the engine's own (its span ends at the last event)."""
+    from tierdiag.diagnose.tokens import TokenSplit  # the close's, not the replay's start-up
+
     ttft_q = {q: _percentile(stats.ttft_ns, q) for q in (0.5, 0.9, 0.99)}
     # The run's span starts at its first arrival (a sliced trace starts late).
     span_ns = max(stats.virtual_end_ns - first_arrival_ns, 0)
@@ -408,9 +411,7 @@ def _result(stats, numbers: dict | None, recording, trace: Path, cfg: EngineConf
         run_id=writer.run_id if writer else None, db_path=str(db) if writer else None,
         run_name=writer.name if writer else (run_name or trace.stem), status="complete",
         num_requests=stats.requests_finished, num_rejected=stats.requests_rejected,
-        input_tokens=stats.input_tokens, device_tokens=stats.device_tokens, host_tokens=stats.host_tokens,
-        storage_tokens=stats.storage_tokens, computed_tokens=stats.computed_tokens,
-        recomputed_tokens=stats.recomputed_tokens, load_backs=stats.load_backs,
+        **asdict(TokenSplit.of(stats)), load_backs=stats.load_backs,
         load_back_bytes=stats.load_back_bytes, load_back_p50_ms=_percentile(stats.load_back_ns, 0.5),
         load_back_p99_ms=_percentile(stats.load_back_ns, 0.99), skipped=dict(stats.skipped),
         evictions=dict(stats.evictions), ttft_p50_ms=ttft_q[0.5], ttft_p90_ms=ttft_q[0.9], ttft_p99_ms=ttft_q[0.99],

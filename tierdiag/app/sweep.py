@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from tierdiag.config.engine import EngineConfig
+from tierdiag.config.names import RunKind
 from tierdiag.errors import ConfigError, ExitCode, TierdiagError
 from tierdiag.app.sweep_kept import Keeper, Resumed, kept_store_path, resume  # noqa: F401 - the sweep's API
 from tierdiag.app.sweep_worker import Task, WorkerResult, ray_task, worker_main
@@ -123,7 +124,7 @@ class SweepFailed(TierdiagError):
         failed = [o for o in self.outcomes if o.status == "failed"]
         first = failed[0]
         super().__init__(f"{len(failed)} of {len(self.outcomes)} sweep runs failed; {first.name}: {first.error}")
-        self.exit_code = ExitCode(first.exit_code) if first.exit_code in ExitCode._value2member_map_ else ExitCode.BUG
+        self.exit_code = ExitCode(first.exit_code) if first.exit_code in frozenset(ExitCode) else ExitCode.BUG
 
 
 def new_sweep_id() -> str:
@@ -138,7 +139,7 @@ def default_jobs() -> int:
 
 
 def run_configs(trace: str | os.PathLike, configs: Sequence[tuple[str, EngineConfig]], db: str | os.PathLike, *,
-                backend: Backend = Processes(), sweep_id: str | None = None, kind: str = "replay",
+                backend: Backend = Processes(), sweep_id: str | None = None, kind: str = RunKind.REPLAY,
                 skip_bad: bool = False, command_line: Sequence[str] | None = None,
                 progress: Callable[[RunOutcome], None] | None = None) -> list[str]:
     """Replay `trace` once per (run name, config) and record every run in `db` under `sweep_id`.

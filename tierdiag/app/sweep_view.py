@@ -42,13 +42,15 @@ def headline(outcome, db: str | os.PathLike) -> Headline:
     return Headline(outcome.name, outcome.status, outcome.error, outcome.run_id, reuse, p50_ns, outcome.wall_s)
 
 
-def run_sweep(trace: Path, configs: Sequence, db: Path, *, backend, sweep_id: str, skip_bad: bool,
-              command_line: list[str] | None, progress: Callable[[Headline], None]) -> list[str]:
-    """app.sweep.run_configs, each finished combination reported to `progress` as its Headline."""
+def sweep(trace: Path, configs: Sequence, db: Path, *, backend, sweep_id: str, skip_bad: bool,
+          command_line: list[str] | None, progress: Callable[[Headline], None], by: str | None) -> SweepComparison:
+    """`tierdiag sweep`: app.sweep.run_configs, each finished combination reported to `progress` as
+    its Headline, then the runs compared (`compare_sweep`)."""
     from tierdiag.app.sweep import run_configs
 
-    return run_configs(trace, configs, db, backend=backend, sweep_id=sweep_id, skip_bad=skip_bad,
-                       command_line=command_line, progress=lambda outcome: progress(headline(outcome, db)))
+    run_ids = run_configs(trace, configs, db, backend=backend, sweep_id=sweep_id, skip_bad=skip_bad,
+                          command_line=command_line, progress=lambda outcome: progress(headline(outcome, db)))
+    return compare_sweep(db, run_ids, by=by, sweep_id=sweep_id)
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ def on_stop_signal(signum, frame) -> None:
         # into an error of its own and the run would be closed as failed, not interrupted.
         from tierdiag import signals
 
-        signals._handler(signal.SIGINT, frame)
+        signals.interrupt(signal.SIGINT)
 
 
 def replay_one(trace: Path, task: Task, workdir: Path, skip_bad: bool, command_line: str) -> WorkerResult:

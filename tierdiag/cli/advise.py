@@ -6,7 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt, out, print_json
+from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt
+from tierdiag.cli.sink import Sink, renders
 
 
 def advise(
@@ -25,15 +26,10 @@ def advise(
     """Propose cache changes from the run's diagnosis, replay the run's trace once per change in parallel,
     and print TTFT p50/p99, recompute share and reuse by tier before and after; the best is marked.
     The measured numbers then show in `explain` as advice[].verified for that run's requests."""
-    from tierdiag.app.advise import advise_run
+    from tierdiag.app.advise import advise as advise_store
     from tierdiag.diagnose.advice import HOST_POOL_LIMIT_BYTES
-    from tierdiag.store.reader import open_store, resolve_run
 
     host_limit = HOST_POOL_LIMIT_BYTES if host_memory is None else _bytes(host_memory)
-
-    with open_store(db) as con:
-        info = resolve_run(con, run, db_label=str(db))
-
     from tierdiag.cli.progress import Progress
 
     # How many replays is known only as they go (the changes, then their combination and the size
@@ -46,14 +42,15 @@ def advise(
             bar.print(f"  {outcome.name}: {outcome.status}" + (f" ({outcome.wall_s:.1f}s)" if outcome.wall_s else ""))
 
     with bar:
-        result = advise_run(lambda: open_store(db), db, info, budget=budget, jobs=jobs, host_limit_bytes=host_limit,
-                            progress=progress)
-    if json_:
-        print_json(result.to_json())
-        return
+        result = advise_store(db, run, budget=budget, jobs=jobs, host_limit_bytes=host_limit, progress=progress)
+    Sink(json=json_).emit(result)
+
+
+@renders("tierdiag.app.advise.AdviseResult")
+def _text(result, console) -> None:
     from tierdiag.report.views import render
 
-    render(result, out, run=info)
+    render(result, console, run=result.run)
 
 
 def _bytes(text: str) -> int:

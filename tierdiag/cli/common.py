@@ -5,10 +5,9 @@ stdout is data, stderr is diagnostics.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -68,11 +67,4 @@ class _LazyConsole:
 
 out = _LazyConsole(stderr=False)
 err = _LazyConsole(stderr=True)
-
-
-def print_json(obj: Any) -> None:
-    """A JSON view on stdout as cli/sink.py's `json_text` prints it, for the one command not yet
-    handing its result to the sink (advise)."""
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
-    sys.stdout.flush()
 

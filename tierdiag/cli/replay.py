@@ -16,6 +16,7 @@ from tierdiag.cli.upgrade import upgrade_releases
 from tierdiag.cli.common import command_line, DbOpt, DEFAULT_DB_PATH, err, JsonOpt
 from tierdiag.cli.sink import Sink
 from tierdiag.cli import replay_view  # noqa: F401 - registers the replay's text view (app.replay.ReplayResult)
+from tierdiag.config.names import Tier
 # No torch: presets, registries and validation only.
 from tierdiag.units import fmt_ms, fmt_pool
 from tierdiag.config.engine import (
@@ -54,8 +55,8 @@ def _pool_default(which: str) -> str:
     cfg = EngineConfig.__new__(EngineConfig)  # the defaults, without validating this machine
     for f in fields(EngineConfig):
         object.__setattr__(cfg, f.name, f.default)
-    tokens = cfg.resolved_device_tokens() if which == "device" else cfg.resolved_host_tokens()
-    how = ("what the GPU preset leaves beside the weights" if which == "device" else "2x device")
+    tokens = cfg.resolved_device_tokens() if which == Tier.DEVICE else cfg.resolved_host_tokens()
+    how = ("what the GPU preset leaves beside the weights" if which == Tier.DEVICE else "2x device")
     return f"{how}; {cfg.model} on {cfg.gpu}: {fmt_pool(tokens, model_preset(cfg.model).kv_bytes_per_token)}"
 
 
@@ -69,8 +70,9 @@ def replay(
     model: Annotated[Optional[str], Opt(metavar="NAME", autocompletion=completer(MODELS), help=_d(
         "Model preset: " + listed(MODELS) + ".", "model"))] = None,
     gpu: Annotated[Optional[str], Opt(**choices(GPUS), help=_d("GPU preset.", "gpu"))] = None,
-    device_tokens: Annotated[Optional[int], Opt(help=_d("Device KV pool in tokens.", shown=_pool_default("device")))] = None,
-    host_tokens: Annotated[Optional[int], Opt(help=_d("Host KV pool in tokens.", shown=_pool_default("host")))] = None,
+    device_tokens: Annotated[Optional[int], Opt(help=_d("Device KV pool in tokens.",
+                                                         shown=_pool_default(Tier.DEVICE)))] = None,
+    host_tokens: Annotated[Optional[int], Opt(help=_d("Host KV pool in tokens.", shown=_pool_default(Tier.HOST)))] = None,
     storage_tokens: Annotated[Optional[int], Opt(help=_d("Storage tier in tokens; 0 = none.", "storage_tokens"))] = None,
     storage_dir: Annotated[Optional[Path], Opt("--storage-dir", help="Folder for the storage tier's page files; each run "
                                                "writes into its own subfolder.  [default: DB.storage beside --db]",
@@ -224,8 +226,10 @@ def _progress_bar(trace: Path, *, show_bar: bool):
 
     bar = Progress("replay", count_lines(trace) if trace.is_file() else None, "requests", show_bar=show_bar)
 
+    from tierdiag.diagnose.tokens import TokenSplit
+
     def progress(done: int, since_start_ns: int, stats) -> None:
-        reused = stats.device_tokens + stats.host_tokens + stats.storage_tokens
+        reused = TokenSplit.of(stats).reused_tokens
         share = lambda n: f"{n / stats.input_tokens:.0%}" if stats.input_tokens else "-"  # noqa: E731
         bar.update(done, info=(f"t={fmt_ms(since_start_ns)}  device {share(stats.device_tokens)} host "
                                f"{share(stats.host_tokens)} storage {share(stats.storage_tokens)} reuse {share(reused)}"))

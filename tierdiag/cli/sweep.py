@@ -72,11 +72,7 @@ def sweep(
         backend = Processes(jobs=jobs)
     for warning in dict.fromkeys(w for _, cfg in plan.configs for w in cfg.warnings()):
         err.print(f"tierdiag: warning: {warning}", markup=False, highlight=False)
-    sweep_id = new_sweep_id()
-    run_ids = _run(trace, plan, db, backend, sweep_id, skip_bad)
-    from tierdiag.app.sweep_view import compare_sweep
-
-    Sink(json=json_).emit(compare_sweep(db, run_ids, by=by, sweep_id=sweep_id))
+    Sink(json=json_).emit(_run(trace, plan, db, backend, new_sweep_id(), skip_bad, by))
 
 
 @renders("tierdiag.app.sweep_view.SweepComparison")
@@ -102,12 +98,13 @@ def _headline(h) -> str:
     return f"{h.name}: {h.status}, reuse {fmt_pct(h.reuse_share)}, TTFT p50 {fmt_ms(h.ttft_p50_ns)} ({h.wall_s:.1f}s)"
 
 
-def _run(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool) -> list[str]:
-    """The runner under a progress bar; each finished run's headline is printed above it."""
+def _run(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool, by: str | None):
+    """The sweep (app.sweep_view.sweep) under a progress bar, each finished run's headline printed
+    above it; its comparison."""
     from tierdiag.cli.progress import Progress
     from tierdiag.errors import RunInterrupted
     from tierdiag.app.sweep import Ray, SweepInterrupted
-    from tierdiag.app.sweep_view import run_sweep
+    from tierdiag.app.sweep_view import sweep as run_and_compare
 
     n = len(plan.configs)
     where = "as Ray tasks" if isinstance(backend, Ray) else f"in {min(backend.jobs or _cores(), n)} processes"
@@ -121,8 +118,8 @@ def _run(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool) ->
 
     with bar:
         try:
-            return run_sweep(trace, plan.configs, db, backend=backend, sweep_id=sweep_id, skip_bad=skip_bad,
-                             command_line=command_line(), progress=reported)
+            return run_and_compare(trace, plan.configs, db, backend=backend, sweep_id=sweep_id, skip_bad=skip_bad,
+                                   command_line=command_line(), progress=reported, by=by)
         except SweepInterrupted as exc:
             bar.stop()
             count = {s: sum(1 for o in exc.outcomes if o.status == s) for s in ("complete", "interrupted", "not_started")}

@@ -85,12 +85,12 @@ def routing_ns_sql(alias: str = "") -> str:
 
 # cause -> SQL expression (over a `requests` row) of the part of the excess it owns.
 _PART_SQL: dict[str, str] = {
-    "queueing": "coalesce({p}queue_ns, 0)",
-    "load_back": "coalesce({p}loadback_exposed_ns, 0)",
-    "storage_fetch": "coalesce({p}storage_wait_ns, 0)",
-    "routing": "{routing}",
-    "recompute": "(coalesce({p}recompute_ns, 0) - {routing})",
-    "compute": "greatest(coalesce({p}compute_ns, 0) - coalesce({p}ideal_ttft_ns, 0), 0)",
+    Cause.QUEUEING: "coalesce({p}queue_ns, 0)",
+    Cause.LOAD_BACK: "coalesce({p}loadback_exposed_ns, 0)",
+    Cause.STORAGE_FETCH: "coalesce({p}storage_wait_ns, 0)",
+    Cause.ROUTING: "{routing}",
+    Cause.RECOMPUTE: "(coalesce({p}recompute_ns, 0) - {routing})",
+    Cause.COMPUTE: "greatest(coalesce({p}compute_ns, 0) - coalesce({p}ideal_ttft_ns, 0), 0)",
 }
 
 
@@ -105,17 +105,17 @@ class CauseInfo:
 
 
 CAUSE_INFO: dict[str, CauseInfo] = {c.name: c for c in (
-    CauseInfo("none", None, "nothing beyond the ideal (within the tolerance of it)"),
-    CauseInfo("queueing", "queue_ns", "waiting for the GPU, or sharing a prefill batch with other requests' work"),
-    CauseInfo("load_back", "loadback_exposed_ns",
+    CauseInfo(Cause.NONE, None, "nothing beyond the ideal (within the tolerance of it)"),
+    CauseInfo(Cause.QUEUEING, "queue_ns", "waiting for the GPU, or sharing a prefill batch with other requests' work"),
+    CauseInfo(Cause.LOAD_BACK, "loadback_exposed_ns",
               "loading prefixes back from host memory, not hidden behind prefill compute"),
-    CauseInfo("storage_fetch", "storage_wait_ns", "waiting for storage prefetches before prefill could start"),
-    CauseInfo("routing", "recompute_ns",
+    CauseInfo(Cause.STORAGE_FETCH, "storage_wait_ns", "waiting for storage prefetches before prefill could start"),
+    CauseInfo(Cause.ROUTING, "recompute_ns",
               "recomputing prefixes another data-parallel rank held when they arrived (the router sent "
               "them elsewhere)"),
-    CauseInfo("recompute", "recompute_ns",
+    CauseInfo(Cause.RECOMPUTE, "recompute_ns",
               "prefilling tokens the cache had held once (evicted, or a load-back skipped)"),
-    CauseInfo("compute", "compute_ns", "their own new-token compute beyond the ideal (chunked prefill)"),
+    CauseInfo(Cause.COMPUTE, "compute_ns", "their own new-token compute beyond the ideal (chunked prefill)"),
 )}
 assert tuple(CAUSE_INFO) == CAUSES
 
@@ -150,7 +150,7 @@ class TtftParts:
 
     def part_ns(self, cause: str) -> int:
         """The TTFT part `cause` owns (0 for "none"; compute: all its compute, not only the excess)."""
-        if cause == "compute":
+        if cause == Cause.COMPUTE:
             return self.compute_ns
         return 0 if CAUSE_INFO[cause].part_column is None else self.excess_parts_ns()[cause]
 
@@ -158,17 +158,17 @@ class TtftParts:
         """cause -> the part of the excess it owns (the same numbers `cause_sql` compares)."""
         routing = self.routing_ns
         return {
-            "queueing": self.queue_ns,
-            "load_back": self.loadback_exposed_ns,
-            "storage_fetch": self.storage_wait_ns,
-            "routing": routing,
-            "recompute": self.recompute_ns - routing,
-            "compute": max(self.compute_ns - self.ideal_ttft_ns, 0),
+            Cause.QUEUEING: self.queue_ns,
+            Cause.LOAD_BACK: self.loadback_exposed_ns,
+            Cause.STORAGE_FETCH: self.storage_wait_ns,
+            Cause.ROUTING: routing,
+            Cause.RECOMPUTE: self.recompute_ns - routing,
+            Cause.COMPUTE: max(self.compute_ns - self.ideal_ttft_ns, 0),
         }
 
     def primary_cause(self) -> str:
         if self.excess_ns * 100 <= self.ideal_ttft_ns * NONE_TOLERANCE_PCT:
-            return "none"
+            return Cause.NONE
         parts = self.excess_parts_ns()
         # max() keeps the first of equal values, and dicts keep CAUSES order.
         return max(parts, key=lambda cause: parts[cause])

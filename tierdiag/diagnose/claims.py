@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tierdiag.config.names import Cause
 from tierdiag.diagnose.causes import recompute_cost_ns, routing_tokens  # recompute_cost_ns: re-exported (views)
-from tierdiag.diagnose.context import CONTEXT_LOOKBACK_NS, QueueAttribution, RequestContext
+from tierdiag.diagnose.context import CONTEXT_LOOKBACK_NS, QueueAttribution, RequestContext, WaitPart
 from tierdiag.diagnose.routing_loss import routing_cost_ns
 from tierdiag.diagnose.story import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE  # noqa: F401 - the rule's, re-exported
 from tierdiag.units import NS_PER_S, fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, share
@@ -159,18 +160,18 @@ def evicted_by_claim(evicted_by: tuple[str, ...], tiers: set[str], thrashing: bo
 def queue_is_the_caches_doing(qa: QueueAttribution | None, ctx: RequestContext | None) -> bool:
     if qa is None or ctx is None or not qa.queue_ns or ctx.prefill_busy_share is None:
         return False
-    return (qa.share_of("recompute") or 0) >= RECOMPUTE_QUEUE_SHARE and ctx.prefill_busy_share >= BUSY_SHARE
+    return (qa.share_of(WaitPart.RECOMPUTE) or 0) >= RECOMPUTE_QUEUE_SHARE and ctx.prefill_busy_share >= BUSY_SHARE
 
 
 _WAIT_WORDS = {
-    "recompute": "recomputing once-cached tokens of other requests",
-    "new_compute": "computing other requests' new tokens",
-    "load_back": "on exposed load-backs of other requests",
-    "write_back": "blocked on write-backs at eviction",
-    "decode": "running decode steps of the requests ahead",
-    "memory_wait": "idle, the queue waiting for device memory that decoding requests held",
-    "storage_wait": "idle while requests waited for storage prefetches",
-    "idle": "idle",
+    WaitPart.RECOMPUTE: "recomputing once-cached tokens of other requests",
+    WaitPart.NEW_COMPUTE: "computing other requests' new tokens",
+    WaitPart.LOAD_BACK: "on exposed load-backs of other requests",
+    WaitPart.WRITE_BACK: "blocked on write-backs at eviction",
+    WaitPart.DECODE: "running decode steps of the requests ahead",
+    WaitPart.MEMORY_WAIT: "idle, the queue waiting for device memory that decoding requests held",
+    WaitPart.STORAGE_WAIT: "idle while requests waited for storage prefetches",
+    WaitPart.IDLE: "idle",
 }
 
 
@@ -188,7 +189,7 @@ def queue_claim(row: RowLike, qa: QueueAttribution | None, ctx: RequestContext |
     parts = sorted(((k, v) for k, v in qa.parts_ns.items() if v), key=lambda kv: -kv[1])
     text += ". Meanwhile the GPU spent " + ", ".join(
         f"{fmt_ms(v)} ({_pct_of(v, queue)}) {_WAIT_WORDS[k]}" for k, v in parts) + "."
-    rshare = qa.share_of("recompute") or 0
+    rshare = qa.share_of(WaitPart.RECOMPUTE) or 0
     if queue_is_the_caches_doing(qa, ctx):
         text += (f" The queue was the cache's doing: other requests recomputing prefixes the cache had held and lost "
                  f"took {fmt_pct(rshare)} of its wait (at least {fmt_pct(RECOMPUTE_QUEUE_SHARE)} makes it so), on a "
@@ -205,7 +206,7 @@ def wait_not_the_caches_doing(qa: QueueAttribution, busy: float) -> str:
     """Why its wait was not the cache's doing, naming the threshold that decided, and the largest
     part of the wait as it was (idle for memory is idle, not "computing new tokens"). About the
     wait only: its own recompute is a TTFT part of its own, told apart (issue 40)."""
-    rshare = qa.share_of("recompute") or 0
+    rshare = qa.share_of(WaitPart.RECOMPUTE) or 0
     if rshare < RECOMPUTE_QUEUE_SHARE:
         why = (f"other requests' recompute of once-cached tokens took {fmt_pct(rshare)} of it, below the "
                f"{fmt_pct(RECOMPUTE_QUEUE_SHARE)} at which a queue is the cache's doing")
@@ -330,7 +331,7 @@ def break_even_claim(row: RowLike, link_peak_share: float | None, achieved_bytes
         if link_peak_share is not None and link_peak_share >= NEAR_PEAK_SHARE:
             text += (", and the link ran near its peak: the load-back itself cannot go faster; what would lower "
                      "this request's TTFT is having those tokens on the device (a larger device pool), since "
-                     "load-back is its largest part" if cause == "load_back" else
+                     "load-back is its largest part" if cause == Cause.LOAD_BACK else
                      ", and the link ran near its peak: nothing to fix in the load-back")
     elif recompute_cost > 0:
         text += f": recomputing would have been {lb_ns / recompute_cost:,.1f}× cheaper"

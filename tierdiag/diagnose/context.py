@@ -35,9 +35,11 @@ runcontext.py's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 import duckdb
 
+from tierdiag.config.names import values
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts
 from tierdiag.units import NS_PER_S, ns_to_ms, share
 from tierdiag.diagnose.read.requests import RequestRow, RowLike
@@ -45,9 +47,23 @@ from tierdiag.diagnose.read.requests import RequestRow, RowLike
 # Context is measured over [arrival - CONTEXT_LOOKBACK_NS, first token].
 CONTEXT_LOOKBACK_NS = 1 * NS_PER_S
 
-ATTRIBUTION_KEYS: tuple[str, ...] = ("recompute", "new_compute", "load_back", "write_back", "decode",
-                                     "storage_wait", "memory_wait", "idle")
-_BATCH_KINDS = ("recompute", "new_compute", "load_back", "write_back")
+
+
+class WaitPart(StrEnum):
+    """What the GPU did while a request queued: the parts its queue_ns splits into (`explain`'s
+    queue attribution, the run story's wait), in the order they are listed."""
+
+    RECOMPUTE = "recompute"  # other requests' once-cached tokens
+    NEW_COMPUTE = "new_compute"  # other requests' new tokens
+    LOAD_BACK = "load_back"  # other requests' exposed load-backs
+    WRITE_BACK = "write_back"  # a batch's time beyond its compute and load-back: write-backs at eviction
+    DECODE = "decode"  # decode steps (between batches)
+    STORAGE_WAIT = "storage_wait"  # idle while held for a storage prefetch
+    MEMORY_WAIT = "memory_wait"  # idle while decoding requests held the device memory
+    IDLE = "idle"  # nothing to run
+
+
+ATTRIBUTION_KEYS: tuple[str, ...] = values(WaitPart)
 
 
 @dataclass(frozen=True)
@@ -76,9 +92,6 @@ class QueueAttribution:
 
     def share_of(self, key: str) -> float | None:
         return share(self.parts_ns.get(key, 0), self.queue_ns)
-
-    def gpu_work_ns(self) -> int:
-        return sum(self.parts_ns[k] for k in _BATCH_KINDS)
 
     def largest(self) -> str:
         return max(ATTRIBUTION_KEYS, key=lambda k: self.parts_ns[k])
@@ -229,10 +242,10 @@ def queue_attribution(con: duckdb.DuckDBPyConnection, run_id: str, row: RowLike)
         compute = int(b["compute_ns"] or 0)
         recompute = min(int(b["recompute_ns"] or 0), compute)
         exposed = int(b["loadback_exposed_ns"] or 0)
-        raw["recompute"] += f * recompute
-        raw["new_compute"] += f * (compute - recompute)
-        raw["load_back"] += f * exposed
-        raw["write_back"] += f * max(duration - compute - exposed, 0)
+        raw[WaitPart.RECOMPUTE] += f * recompute
+        raw[WaitPart.NEW_COMPUTE] += f * (compute - recompute)
+        raw[WaitPart.LOAD_BACK] += f * exposed
+        raw[WaitPart.WRITE_BACK] += f * max(duration - compute - exposed, 0)
 
     def walk(lo: int, hi: int, rows: list[dict]) -> None:
         cursor = lo
@@ -254,9 +267,9 @@ def queue_attribution(con: duckdb.DuckDBPyConnection, run_id: str, row: RowLike)
         ahead = sum(1 for b in waiting if int(b["t_end_ns"]) > wait_start)
     walk(sched, first_token, [b for b in batches if int(b["t_start_ns"]) >= sched])
     # Its own parts of the batches it ran in belong to its TTFT, not to its queue.
-    raw["recompute"] -= int(row.recompute_ns or 0)
-    raw["new_compute"] -= int(row.compute_ns or 0)
-    raw["load_back"] -= int(row.loadback_exposed_ns or 0)
+    raw[WaitPart.RECOMPUTE] -= int(row.recompute_ns or 0)
+    raw[WaitPart.NEW_COMPUTE] -= int(row.compute_ns or 0)
+    raw[WaitPart.LOAD_BACK] -= int(row.loadback_exposed_ns or 0)
     gaps = [g for g in gaps if g[1] > g[0]]
     if gaps:
         lo, hi = gaps[0][0], gaps[-1][1]
@@ -270,17 +283,17 @@ def queue_attribution(con: duckdb.DuckDBPyConnection, run_id: str, row: RowLike)
             "AND coalesce(dp_rank, 0) = ?", [run_id, row.req_id, hi, lo, _rank(row)]).fetchall()]
         for gap in gaps:
             dec = _union_measure(*gap, decoding)
-            raw["memory_wait"] += sum(b - a for a, b in dec)
+            raw[WaitPart.MEMORY_WAIT] += sum(b - a for a, b in dec)
             for rest in _subtract(gap, dec):
                 hold = _union_measure(*rest, held)
                 held_ns = sum(b - a for a, b in hold)
-                raw["storage_wait"] += held_ns
-                raw["idle"] += rest[1] - rest[0] - held_ns
+                raw[WaitPart.STORAGE_WAIT] += held_ns
+                raw[WaitPart.IDLE] += rest[1] - rest[0] - held_ns
     # The GPU running decode steps meanwhile (the engine's record, decode_wait_ns): always while
     # some request decoded, so taken out of memory_wait (NULL in runs recorded before it: 0).
-    decode = min(float(row.decode_wait_ns or 0), raw["memory_wait"])
-    raw["decode"] += decode
-    raw["memory_wait"] -= decode
+    decode = min(float(row.decode_wait_ns or 0), raw[WaitPart.MEMORY_WAIT])
+    raw[WaitPart.DECODE] += decode
+    raw[WaitPart.MEMORY_WAIT] -= decode
     rounding = queue - sum(max(v, 0.0) for v in raw.values())
     return QueueAttribution(queue_ns=queue, parts_ns=round_exact(raw, queue), rounding_ns=rounding,
                             batches_ahead=ahead)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tierdiag.config.names import Cause, Tier
 from tierdiag.diagnose.advice import Advice, advice_json
 from tierdiag.diagnose import claims as C
 from tierdiag.diagnose import run_claims as RC
@@ -91,18 +92,18 @@ def diagnose_run(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple
     claims: list[C.Claim] = [RC.capacity_claim(cap)] if cap is not None else []
     claims.append(RC.verdicts_claim(story))
     queued_share = share(story.queued_excess_ns, story.excess_total_ns) or 0.0
-    if top.cause == "queueing" or queued_share >= MATERIAL_QUEUE_SHARE:
+    if top.cause == Cause.QUEUEING or queued_share >= MATERIAL_QUEUE_SHARE:
         claims.append(RC.queued_wait_claim(story, ctx.prefill_busy_share))
         claims.append(RC.queue_cause_claim(story, cap is not None, why))
     routing = ctx.routing
     routing_told = routing is not None and routing.routing_tokens > 0 and (
-        top.cause == "routing" or routing.dominates_lost_reuse)
+        top.cause == Cause.ROUTING or routing.dominates_lost_reuse)
     if routing_told:
         claims.append(RC.run_routing_claim(routing))
-    if top.cause == "recompute":
+    if top.cause == Cause.RECOMPUTE:
         claims.append(C.Claim("recompute", "Recomputing once-cached tokens is the largest part of the slow requests' "
                                            "TTFT" + (f"; {why}." if why else ".")))
-    elif top.cause == "load_back":
+    elif top.cause == Cause.LOAD_BACK:
         claims.append(C.Claim("load_back", f"Load-backs ran at {fmt_pct(ctx.transfers.link_peak_share)} of link peak."))
     waited = RC.evicted_while_waiting_claim(story)
     if waited is not None:
@@ -110,14 +111,14 @@ def diagnose_run(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple
     in_batch = in_batch_claim_text(miss_reasons or {}, ctx.losses.input_tokens)  # miss_reasons.py
     if in_batch is not None:
         claims.append(C.Claim("in_batch", in_batch))
-    if top.cause == "queueing" and top.caches_doing:
+    if top.cause == Cause.QUEUEING and top.caches_doing:
         dominant = "recompute"
-    elif cap is not None and top.cause in ("queueing", "none"):
+    elif cap is not None and top.cause in (Cause.QUEUEING, Cause.NONE):
         dominant = "capacity"
     else:
         dominant = top.cause
     # The once-cached tokens recomputed were mostly routing's: the router, not the cache, lost them.
-    if dominant == "recompute" and routing_told:
+    if dominant == Cause.RECOMPUTE and routing_told:
         dominant = "routing"
     return RunDiagnosis(dominant, top.cause, " ".join(c.text for c in claims), advice, claims=tuple(claims),
                         capacity=ctx.capacity)
@@ -135,24 +136,24 @@ def _from_parts(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple[
     pshare = share(excess_parts_ns[proximate], total)
     why = loss_why(ctx)
     claims = [RC.capacity_claim(cap)] if cap is not None else []
-    if proximate == "queueing":
+    if proximate == Cause.QUEUEING:
         text = (f"Queueing is {fmt_pct(pshare)} of the run's excess TTFT; this store has no per-batch record of "
                 f"what the GPU did while requests waited, so whose doing the queue was is not known.")
-    elif proximate == "recompute":
+    elif proximate == Cause.RECOMPUTE:
         text = (f"Recomputing once-cached tokens is {fmt_pct(pshare)} of the run's excess TTFT"
                 + (f"; {why}." if why else "."))
-    elif proximate == "load_back":
+    elif proximate == Cause.LOAD_BACK:
         text = (f"Exposed load-back is {fmt_pct(pshare)} of the run's excess TTFT; load-backs ran at "
                 f"{fmt_pct(ctx.transfers.link_peak_share)} of link peak.")
-    elif proximate == "storage_fetch":
+    elif proximate == Cause.STORAGE_FETCH:
         text = f"Waiting for storage prefetches is {fmt_pct(pshare)} of the run's excess TTFT."
-    elif proximate == "routing":
+    elif proximate == Cause.ROUTING:
         text = (f"Recomputing prefixes another data-parallel rank held at arrival is {fmt_pct(pshare)} of the run's "
                 f"excess TTFT.")
     else:
         text = f"Requests' own new-token compute beyond their ideal is {fmt_pct(pshare)} of the run's excess TTFT."
     claims.append(C.Claim(proximate, text))
-    dominant = "capacity" if cap is not None and proximate == "queueing" else proximate
+    dominant = "capacity" if cap is not None and proximate == Cause.QUEUEING else proximate
     return RunDiagnosis(dominant, proximate, " ".join(c.text for c in claims), advice, claims=tuple(claims),
                         capacity=ctx.capacity)
 
@@ -177,7 +178,7 @@ def backed(summary: RunSummary, prefill_busy_share: float | None,
     `prefill_busy_share`: the GPU's prefill share of the run's span; `busiest`: (t in s since the
     first arrival, mean requests waiting, mean input tokens queued) of the time bin with the most
     waiting requests (None: no bins). Both are the report's load series."""
-    ranked = tuple(sorted((c for c in summary.time_by_cause if c.cause != "none" and (c.excess_part_ns or 0) > 0),
+    ranked = tuple(sorted((c for c in summary.time_by_cause if c.cause != Cause.NONE and (c.excess_part_ns or 0) > 0),
                           key=lambda c: -(c.excess_part_ns or 0)))
     dominant = ranked[0].cause if ranked else None
     items = _diagnosis_field(summary, "advice")
@@ -205,7 +206,7 @@ def _recompute_facts(summary: RunSummary, busy: float | None, busiest) -> list[s
     out = [f"{fmt_tokens(t.recomputed_tokens)} of {fmt_tokens(t.input_tokens)} input tokens "
            f"({fmt_pct(share(t.recomputed_tokens, t.input_tokens))}) were recomputed after the cache "
            f"had held them."]
-    dev = [e for e in summary.evictions if e.tier == "device"]
+    dev = [e for e in summary.evictions if e.tier == Tier.DEVICE]
     if dev:
         out.append("Device evictions: " + ", ".join(f"{e.num_events:,} {e.action} ({fmt_tokens(e.tokens)} tokens)"
                                                     for e in dev) + ".")
@@ -229,5 +230,5 @@ def _storage_facts(summary: RunSummary, busy: float | None, busiest) -> list[str
 
 
 # cause -> the sentences backing it when it dominates the run's excess (compute: none beyond its share).
-_FACTS = {"queueing": _queueing_facts, "recompute": _recompute_facts, "load_back": _load_back_facts,
-          "storage_fetch": _storage_facts}
+_FACTS = {Cause.QUEUEING: _queueing_facts, Cause.RECOMPUTE: _recompute_facts, Cause.LOAD_BACK: _load_back_facts,
+          Cause.STORAGE_FETCH: _storage_facts}

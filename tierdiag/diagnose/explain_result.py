@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tierdiag.config.names import Cause
 from tierdiag.diagnose.claims import Claim
 from tierdiag.diagnose.context import QueueAttribution, RequestContext
 from tierdiag.diagnose.query import dataclass_json
@@ -160,11 +161,11 @@ class Decomposition:
 
     def shares_of_ttft(self) -> dict[str, float | None]:
         return {
-            "queueing": share(self.queue_ns, self.ttft_ns),
-            "storage_fetch": share(self.storage_wait_ns, self.ttft_ns),
-            "load_back": share(self.loadback_exposed_ns, self.ttft_ns),
-            "recompute": share(self.recompute_ns, self.ttft_ns),
-            "compute": share(self.compute_ns, self.ttft_ns),
+            Cause.QUEUEING: share(self.queue_ns, self.ttft_ns),
+            Cause.STORAGE_FETCH: share(self.storage_wait_ns, self.ttft_ns),
+            Cause.LOAD_BACK: share(self.loadback_exposed_ns, self.ttft_ns),
+            Cause.RECOMPUTE: share(self.recompute_ns, self.ttft_ns),
+            Cause.COMPUTE: share(self.compute_ns, self.ttft_ns),
         }
 
     def to_json(self) -> dict:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import duckdb
 
+from tierdiag.config.names import HitClass, Tier
 from tierdiag.diagnose import claims as C
 from tierdiag.diagnose import run_claims as RC
 from tierdiag.diagnose.explain_result import (
@@ -155,10 +156,10 @@ def step_host_hit(row: RowLike, tokens: TokenSplit, run: RunInfo, vocab: Vocabul
         finding = (f"rejected ({row.reject_reason or 'no reason recorded'}): it was never "
                    f"scheduled, so none of its {fmt_tokens(t.input_tokens)} tokens used the cache.")
         return Step(1, "host_hit_length", finding, ev)
-    if cls == "device_hit":
+    if cls == HitClass.DEVICE_HIT:
         finding = (f"device hit: {fmt_tokens(t.reused_tokens)} of {fmt_tokens(t.input_tokens)} tokens "
                    f"reused, all device-resident ({V['host_hit_length']} 0); {fmt_tokens(t.computed_tokens)} computed.")
-    elif cls == "tiered_hit":
+    elif cls == HitClass.TIERED_HIT:
         finding = (f"tiered hit: {fmt_tokens(t.reused_tokens)} of {fmt_tokens(t.input_tokens)} tokens "
                    f"reused: {fmt_tokens(t.device_tokens)} device-resident, {fmt_tokens(t.host_tokens)} "
                    f"loaded back from host ({V['host_hit_length']} {fmt_tokens(t.host_tokens)}), "
@@ -173,7 +174,7 @@ def step_host_hit(row: RowLike, tokens: TokenSplit, run: RunInfo, vocab: Vocabul
         why = C.recompute_reasons(row, ev.load_back_threshold_tokens, 0, bool(run.config.get("storage_tokens")))
         finding += (f" {fmt_tokens(t.recomputed_tokens)} of the computed tokens had been cached before and were "
                     f"recomputed: {'; '.join(why)}.")
-    if cls in ("device_hit", "tiered_hit"):
+    if cls in (HitClass.DEVICE_HIT, HitClass.TIERED_HIT):
         finding += " " + V.note("host_hit_length")
     return Step(1, "host_hit_length", finding, ev)
 
@@ -359,7 +360,7 @@ def step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: RowLike, to
 
     capacity, host_capacity = pool_size("device"), pool_size("host")
     compared = capacity
-    if capacity is not None and host_capacity and any(e.tier != "device" for e in events):
+    if capacity is not None and host_capacity and any(e.tier != Tier.DEVICE for e in events):
         # What the write policy lets hold a prefix: host alone under write_through (run_claims.held_capacity).
         compared = RC.held_capacity(run.config, capacity, host_capacity)[0]
     reuse_distance = None
@@ -461,7 +462,7 @@ def _eviction_finding(ev: EvictionEvidence, row: RequestRow, tokens: TokenSplit)
                  f"{fmt_tokens(first.locked_tokens)} locked)")
     text += "."
     if ev.reuse_distance_tokens is not None and ev.compared_capacity_tokens:
-        if not any(e.tier != "device" for e in ev.events):
+        if not any(e.tier != Tier.DEVICE for e in ev.events):
             pools = f"a {fmt_tokens(ev.device_capacity_tokens)}-token device pool"
         elif ev.compared_capacity_tokens == (ev.device_capacity_tokens or 0) + (ev.host_capacity_tokens or 0):
             pools = f"{fmt_tokens(ev.compared_capacity_tokens)} tokens of device + host pools"

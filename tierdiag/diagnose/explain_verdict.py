@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from tierdiag.config.names import Cause
 from tierdiag.diagnose import claims as C
 from tierdiag.diagnose import run_claims as RC
 from tierdiag.diagnose.causes import CAUSES, NONE_TOLERANCE_PCT, TtftParts
@@ -48,13 +49,13 @@ class VerdictInputs:
 # cause -> the claim that names it (the verdict's second sentence); causes without one are
 # told by the claims every request with such numbers gets (queueing: its wait; recompute: its recompute).
 CAUSE_CLAIMS: dict[str, Callable[[VerdictInputs], C.Claim]] = {
-    "none": lambda v: C.none_claim(NONE_TOLERANCE_PCT),
-    "load_back": lambda v: C.load_back_claim(v.row, v.load_back.loaded_tokens, v.tokens.reused_tokens,
+    Cause.NONE: lambda v: C.none_claim(NONE_TOLERANCE_PCT),
+    Cause.LOAD_BACK: lambda v: C.load_back_claim(v.row, v.load_back.loaded_tokens, v.tokens.reused_tokens,
                                              v.load_back.loadback_bytes, v.load_back.loadback_ns,
                                              v.load_back.achieved_bytes_per_s),
-    "storage_fetch": lambda v: C.storage_fetch_claim(v.row, v.load_back.storage_bytes),
-    "compute": lambda v: C.compute_claim(v.row, v.tokens.new_tokens, v.parts.excess_parts_ns()["compute"]),
-    "routing": lambda v: C.routing_claim(v.row, v.run.config if v.run is not None else {}),
+    Cause.STORAGE_FETCH: lambda v: C.storage_fetch_claim(v.row, v.load_back.storage_bytes),
+    Cause.COMPUTE: lambda v: C.compute_claim(v.row, v.tokens.new_tokens, v.parts.excess_parts_ns()[Cause.COMPUTE]),
+    Cause.ROUTING: lambda v: C.routing_claim(v.row, v.run.config if v.run is not None else {}),
 }
 
 
@@ -68,11 +69,11 @@ def _claims(v: VerdictInputs) -> tuple[C.Claim, ...]:
     if cause in CAUSE_CLAIMS:
         out.append(CAUSE_CLAIMS[cause](v))
     # Its wait, when it is the cause or a sizeable part of TTFT.
-    if parts.queue_ns and (cause == "queueing" or share(parts.queue_ns, ttft) >= 0.2):
+    if parts.queue_ns and (cause == Cause.QUEUEING or share(parts.queue_ns, ttft) >= 0.2):
         out.append(C.queue_claim(row, v.attribution, v.context, RC.loss_why(v.run)))
     if tokens.recomputed_tokens:
         out.append(C.recompute_claim(row, v.threshold, evs.host_deleted_tokens, v.storage_tier))
-    if cause != "routing" and parts.routing_tokens:  # part of that recompute was routing's (causes.py)
+    if cause != Cause.ROUTING and parts.routing_tokens:  # part of that recompute was routing's (causes.py)
         out.append(C.routing_claim(row, v.run.config if v.run is not None else {}))
     if evs.evicted_by and (tokens.recomputed_tokens or tokens.host_tokens or tokens.storage_tokens):
         out.append(C.evicted_by_claim(evs.evicted_by, {e.tier for e in evs.events}, evs.thrashing_when_evicted))
@@ -90,19 +91,19 @@ def _queueing_headline(v: VerdictInputs, pct: str, short: str) -> str:
 
 # cause -> the headline: (inputs, its part's share of TTFT, the short cache context) -> text.
 HEADLINES: dict[str, Callable[[VerdictInputs, str, str], str]] = {
-    "none": lambda v, pct, short: f"none: TTFT within {NONE_TOLERANCE_PCT} % of its ideal; {short}",
-    "queueing": _queueing_headline,
-    "load_back": lambda v, pct, short: (f"load_back: {pct} of TTFT was exposed load-back of "
+    Cause.NONE: lambda v, pct, short: f"none: TTFT within {NONE_TOLERANCE_PCT} % of its ideal; {short}",
+    Cause.QUEUEING: _queueing_headline,
+    Cause.LOAD_BACK: lambda v, pct, short: (f"load_back: {pct} of TTFT was exposed load-back of "
                                         f"{fmt_tokens(v.load_back.loaded_tokens)} tokens"),
-    "storage_fetch": lambda v, pct, short: (f"storage_fetch: {pct} of TTFT waiting for "
+    Cause.STORAGE_FETCH: lambda v, pct, short: (f"storage_fetch: {pct} of TTFT waiting for "
                                             f"{fmt_tokens(int(v.row.storage_match_tokens or 0))} tokens from storage"),
-    "routing": lambda v, pct, short: (f"routing: {pct} of TTFT recomputing {fmt_tokens(v.parts.routing_tokens)} "
+    Cause.ROUTING: lambda v, pct, short: (f"routing: {pct} of TTFT recomputing {fmt_tokens(v.parts.routing_tokens)} "
                                       f"tokens rank {v.row.best_rank} held at arrival (the router sent it to "
                                       f"rank {v.row.dp_rank})"),
-    "recompute": lambda v, pct, short: (f"recompute: {pct} of TTFT recomputing "
+    Cause.RECOMPUTE: lambda v, pct, short: (f"recompute: {pct} of TTFT recomputing "
                                         f"{fmt_tokens(v.tokens.recomputed_tokens - v.parts.routing_tokens)} "
                                         f"once-cached tokens"),
-    "compute": lambda v, pct, short: f"compute: {pct} of TTFT was new-token compute beyond its ideal; {short}",
+    Cause.COMPUTE: lambda v, pct, short: f"compute: {pct} of TTFT was new-token compute beyond its ideal; {short}",
 }
 assert tuple(HEADLINES) == CAUSES
 
@@ -121,7 +122,7 @@ def verdict(v: VerdictInputs) -> tuple[str, str, tuple[C.Claim, ...]]:
     base = (f"Request {req} ({tokens.label()}) took {fmt_ms(ttft)} to its first token against an ideal of "
             f"{fmt_ms(ideal)} (excess {fmt_ms(excess)}); {C.cache_context(tokens)}.")
     # compute names only its part beyond the ideal; every other cause its whole TTFT part.
-    part_ns = parts.excess_parts_ns()["compute"] if cause == "compute" else parts.part_ns(cause)
+    part_ns = parts.excess_parts_ns()[Cause.COMPUTE] if cause == Cause.COMPUTE else parts.part_ns(cause)
     headline = HEADLINES[cause](v, fmt_pct(share(part_ns, ttft)), short)
     claims = _claims(v)
     return headline, " ".join([base] + [c.text for c in claims]), claims

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import duckdb
 
+from tierdiag.config.names import Cause
 from tierdiag.diagnose.causes import CAUSES
 from tierdiag.diagnose.query import dataclass_json, link_peak_bytes_per_s
 from tierdiag.diagnose.read import totals as read
@@ -228,18 +229,18 @@ def compute_run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo) -> RunSumm
 
     cause_counts = read.requests_by_cause(con, rid)
     ttft_total, excess_total = _i(t.ttft_ns), _i(t.excess_ns)
-    part_of = {"queueing": ("queue_ns", "queue_ns"), "load_back": ("exposed_ns", "exposed_ns"),
-               "storage_fetch": ("storage_wait_ns", "storage_wait_ns"),
-               "routing": ("routing_ns", "routing_ns"), "recompute": ("recompute_rest_ns", "recompute_rest_ns"),
-               "compute": ("compute_ns", "compute_excess_ns")}
+    part_of = {Cause.QUEUEING: ("queue_ns", "queue_ns"), Cause.LOAD_BACK: ("exposed_ns", "exposed_ns"),
+               Cause.STORAGE_FETCH: ("storage_wait_ns", "storage_wait_ns"),
+               Cause.ROUTING: ("routing_ns", "routing_ns"), Cause.RECOMPUTE: ("recompute_rest_ns", "recompute_rest_ns"),
+               Cause.COMPUTE: ("compute_ns", "compute_excess_ns")}
     # Shares of excess are of the excess, or of the parts' sum where the parts add up to more: a
     # request sharing a prefill batch can wait longer than its excess (its compute there is below
     # its ideal), and no share is shown above 100 % (issue 40).
-    parts_total = sum(_i(getattr(t, part_of[c][1])) for c in CAUSES if c != "none")
+    parts_total = sum(_i(getattr(t, part_of[c][1])) for c in CAUSES if c != Cause.NONE)
     excess_base = max(excess_total, parts_total)
     time_by_cause = []
     for cause in CAUSES:
-        if cause == "none":
+        if cause == Cause.NONE:
             time_by_cause.append(CauseShare(cause, cause_counts.get(cause, 0), None, None, None, None))
             continue
         ttft_key, excess_key = part_of[cause]

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import duckdb
 
+from tierdiag.config.names import Cause
 from tierdiag.diagnose.observed_explain import (  # noqa: F401 - observed runs' views, one import for the CLI
     MAJORITY_SHARE,
     ObservedExplanation,
@@ -41,7 +42,6 @@ from tierdiag.diagnose.observed_twin import (  # noqa: F401
     Twin,
     agreement,
     find_twin,
-    observed_and_replayed,
 )
 from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one
 from tierdiag.diagnose.read import queries
@@ -85,7 +85,7 @@ def slow_observed(con: duckdb.DuckDBPyConnection, run: RunInfo, *, top: int = 20
     if top < 1:
         raise ConfigError(f"--top must be at least 1, got {top}")
     check_hit_class(hit_class)
-    if cause is not None and cause not in ("queueing", "storage_fetch"):
+    if cause is not None and cause not in (Cause.QUEUEING, Cause.STORAGE_FETCH):
         raise ConfigError(f"--cause {cause} cannot be told from an observed run (the server reports only "
                           f"queueing and storage_fetch); explain a request to use its replayed twin")
     rows = queries.slowest_observed(con, run, top=top, hit_class=hit_class, cause=cause)

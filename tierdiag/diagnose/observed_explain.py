@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import duckdb
 
+from tierdiag.config.names import Cause, RunKind
 from tierdiag.diagnose.explain import explain_request
 from tierdiag.diagnose.observed_twin import Twin, page_tokens, find_twin
 from tierdiag.diagnose.query import dataclass_json
@@ -151,7 +152,7 @@ class ObservedExplanation:
             "ttft_ms": ns_to_ms(self.ttft_ns), "tokens": self.tokens,
             "steps": [s.to_json() for s in self.steps], "primary_cause": self.primary_cause,
             "counterfactual": self.counterfactual, "evicted_by": list(self.evicted_by),
-            "kind": "observed", "run_name": self.run_name, "status": self.status,
+            "kind": RunKind.OBSERVED, "run_name": self.run_name, "status": self.status,
             "primary_cause_source": self.primary_cause_source, "headline": self.headline,
             "verdict": self.verdict, "observed_ttft_parts": dataclass_json(self.parts),
             "twin": dataclass_json(self.twin) if self.twin else None,
@@ -326,9 +327,9 @@ def _ttft_verdict(req: str, parts: ObservedParts, server_cause: str | None, twin
                    f"load-back, which SGLang does not split.")
     else:
         text += "; the server did not report its queue time."
-    if server_cause == "queueing":
+    if server_cause == Cause.QUEUEING:
         headline = f"queueing: {fmt_pct(share(parts.queue_ns, ttft))} of TTFT (server-reported)"
-    elif server_cause == "storage_fetch":
+    elif server_cause == Cause.STORAGE_FETCH:
         headline = f"storage_fetch: {fmt_pct(share(parts.storage_wait_ns, ttft))} of TTFT waiting for storage (server-reported)"
     else:
         headline = (f"TTFT {fmt_ms(ttft)}: no server-reported part is most of it"

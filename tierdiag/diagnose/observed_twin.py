@@ -242,10 +242,3 @@ def agreement(con: duckdb.DuckDBPyConnection, observed: RunInfo, replayed: RunIn
         ttft_rel_error_p90=agg.get("rel90"), ttft_bias_p50_ns=agg.get("bias50"), requests=pairs)
 
 
-def observed_and_replayed(a: RunInfo, b: RunInfo) -> tuple[RunInfo, RunInfo] | None:
-    """(observed, replayed) when exactly one of the two runs is observed, else None."""
-    if not view_of(a).engine_parts and view_of(b).engine_parts:
-        return a, b
-    if not view_of(b).engine_parts and view_of(a).engine_parts:
-        return b, a
-    return None

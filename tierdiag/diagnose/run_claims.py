@@ -5,7 +5,9 @@ sentences are claims.py's. Checked against the rows by tests/diagnose/test_run_c
 
 from __future__ import annotations
 
+from tierdiag.config.names import WritePolicy
 from tierdiag.diagnose.claims import NAMED_REASON_SHARE, Claim
+from tierdiag.diagnose.context import WaitPart
 from tierdiag.diagnose.routing_loss import RoutingLoss
 from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.diagnose.story import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE
@@ -18,7 +20,7 @@ def held_capacity(config: dict, device: int | None, host: int | None) -> tuple[i
     everything on device, so the host pool alone bounds it; otherwise host holds what device
     evicted and the two add up."""
     device, host = device or 0, host or 0
-    if config.get("write_policy") == "write_through":
+    if config.get("write_policy") == WritePolicy.WRITE_THROUGH:
         return host, f"{fmt_tokens(host)} tokens of host (write_through keeps a host copy of the device's)"
     return device + host, f"{fmt_tokens(device + host)} tokens of device + host"
 
@@ -67,11 +69,11 @@ def loss_why(run: RunContext | None) -> str | None:
 # own verdicts (story.RunStory), the offered load (capacity.Capacity) and the run's evidence.
 
 
-_RUN_WAIT_WORDS = {"recompute": "recomputing once-cached tokens", "new_compute": "computing new tokens",
-                   "load_back": "on exposed load-backs", "write_back": "blocked on write-backs",
-                   "decode": "running decode steps",
-                   "memory_wait": "idle waiting for device memory that decoding requests held",
-                   "idle": "idle (no prefill batch and none decoding: held for storage, or nothing to run)"}
+_RUN_WAIT_WORDS = {WaitPart.RECOMPUTE: "recomputing once-cached tokens", WaitPart.NEW_COMPUTE: "computing new tokens",
+                   WaitPart.LOAD_BACK: "on exposed load-backs", WaitPart.WRITE_BACK: "blocked on write-backs",
+                   WaitPart.DECODE: "running decode steps",
+                   WaitPart.MEMORY_WAIT: "idle waiting for device memory that decoding requests held",
+                   WaitPart.IDLE: "idle (no prefill batch and none decoding: held for storage, or nothing to run)"}
 
 
 def gpus(cap) -> str:

@@ -21,7 +21,7 @@ import duckdb
 
 from tierdiag.diagnose.capacity import Capacity, run_capacity
 from tierdiag.diagnose.causes import excess_sql
-from tierdiag.diagnose.context import ATTRIBUTION_KEYS, batch_recompute_sql, round_exact
+from tierdiag.diagnose.context import ATTRIBUTION_KEYS, WaitPart, batch_recompute_sql, round_exact
 from tierdiag.diagnose.query import dataclass_json, link_peak_bytes_per_s
 from tierdiag.diagnose.routing_loss import RoutingLoss, routing_loss
 from tierdiag.diagnose.sql import FINISHED_SQL as _FINISHED
@@ -187,13 +187,13 @@ def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_t
         f"SELECT sum(recompute_ns), sum(compute_ns), sum(loadback_exposed_ns), sum(decode_wait_ns) FROM requests "
         f"WHERE run_id = ? AND {_FINISHED}", [rid]).fetchone()
     raw = dict.fromkeys(ATTRIBUTION_KEYS, 0.0)
-    raw["recompute"] = float(tot[0]) - _i(own[0])
-    raw["new_compute"] = float(tot[1]) - _i(own[1])
-    raw["load_back"] = float(tot[2]) - _i(own[2])
-    raw["write_back"] = float(tot[3])
+    raw[WaitPart.RECOMPUTE] = float(tot[0]) - _i(own[0])
+    raw[WaitPart.NEW_COMPUTE] = float(tot[1]) - _i(own[1])
+    raw[WaitPart.LOAD_BACK] = float(tot[2]) - _i(own[2])
+    raw[WaitPart.WRITE_BACK] = float(tot[3])
     idle = queue_total - sum(max(v, 0.0) for v in raw.values())
-    raw["decode"] = float(min(_i(own[3]), max(idle, 0)))  # decode steps, out of the gaps
-    raw["idle"] = idle - raw["decode"]
+    raw[WaitPart.DECODE] = float(min(_i(own[3]), max(idle, 0)))  # decode steps, out of the gaps
+    raw[WaitPart.IDLE] = idle - raw[WaitPart.DECODE]
     return round_exact(raw, queue_total)
 
 

@@ -31,9 +31,8 @@ distances, the share of the later turns' reused prefix an LRU pool of `capacity`
 Linear in the run: the requests that ran during a pause are those whose arrival falls in it (a
 range of the arrivals, sorted) or that were in flight when it began (a range of the pauses,
 sorted by start, for each request): two sorted searches, then a group-by over the (turn, other
-session) pairs found, all vectorised (numpy). A long session costs its turns, not their square:
-the join this replaced (an inequality join over turns x requests) took 22 s of CPU on a
-100,000-turn session (benchmarks/session_pauses.py). The result is stored with the run evidence
+session) pairs found, all vectorised (numpy). A long session costs its turns, not their square
+(benchmarks/session_pauses.py). The result is stored with the run evidence
 when the run is closed (`sessions` section, evidence.py), so `summary` and `explain` read it.
 
 `kept_curve` is the distance -> kept reused tokens step function, at most CURVE_POINTS steps:

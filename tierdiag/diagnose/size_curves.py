@@ -68,6 +68,7 @@ from dataclasses import dataclass
 
 import duckdb
 
+from tierdiag.config.names import WritePolicy
 from tierdiag.diagnose.read.curves import curve_requests, found_tokens
 from tierdiag.units import share
 
@@ -367,7 +368,7 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     never = np.iinfo(np.int64).max
     pages_rank = np.where(d_rank > 0, d_rank, never)
     pages_all = np.where(d_all > 0, d_all, never)
-    inclusive = policy == "write_through"
+    inclusive = policy == WritePolicy.WRITE_THROUGH
     held, held_words = held_capacity(run.config, device, host)
 
     def need(depth_pages: np.ndarray, beside: int) -> np.ndarray:

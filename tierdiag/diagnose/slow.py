@@ -10,14 +10,15 @@ request's cause here and in `explain` never disagree. One query over the run's r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import duckdb
 
-from tierdiag.config.names import HitClass, values
+from tierdiag.config.names import Cause, HitClass, values
 from tierdiag.diagnose.causes import TtftParts, check_cause
 from tierdiag.diagnose.query import dataclass_json
 from tierdiag.diagnose.read import queries
+from tierdiag.diagnose.tokens import TokenSplit
 from tierdiag.errors import ConfigError, unknown_name
 from tierdiag.store.reader import RunInfo
 
@@ -34,6 +35,7 @@ class SlowRequest:
     ttft_ns: int
     ideal_ttft_ns: int
     excess_ns: int
+    # the request's TokenSplit, field by field (its JSON keeps them flat)
     input_tokens: int
     device_tokens: int
     host_tokens: int
@@ -43,6 +45,10 @@ class SlowRequest:
     loadback_skipped_reason: str | None
     primary_cause: str
     cause_ns: int  # the part of the excess the primary cause owns, at most the excess (0 for none)
+
+    @property
+    def tokens(self) -> TokenSplit:
+        return TokenSplit.of(self)
 
     def to_json(self) -> dict:
         return dataclass_json(self)
@@ -74,13 +80,10 @@ def slow_requests(con: duckdb.DuckDBPyConnection, run: RunInfo, *, top: int = 20
         result.append(SlowRequest(
             rank=rank, req_id=r.req_id, seq=r.seq, hit_class=r.hit_class,
             arrival_ns=int(r.arrival_ns or 0), ttft_ns=parts.ttft_ns, ideal_ttft_ns=parts.ideal_ttft_ns,
-            excess_ns=parts.excess_ns, input_tokens=int(r.input_tokens or 0),
-            device_tokens=int(r.device_hit_tokens or 0), host_tokens=int(r.host_hit_tokens or 0),
-            storage_tokens=int(r.storage_hit_tokens or 0), computed_tokens=int(r.computed_tokens or 0),
-            recomputed_tokens=int(r.recomputed_tokens or 0),
+            excess_ns=parts.excess_ns, **asdict(TokenSplit.from_row(r)),
             loadback_skipped_reason=r.loadback_skipped_reason, primary_cause=primary,
             # A part can exceed the excess when the request's own compute came out below its
             # ideal (recompute and compute split one memory-bound prefill): cap it there.
-            cause_ns=0 if primary == "none" else min(parts.excess_parts_ns()[primary], parts.excess_ns),
+            cause_ns=0 if primary == Cause.NONE else min(parts.excess_parts_ns()[primary], parts.excess_ns),
         ))
     return result

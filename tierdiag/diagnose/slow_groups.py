@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import duckdb
 
+from tierdiag.config.names import Cause, HitClass
 from tierdiag.diagnose.advice import propose
 from tierdiag.diagnose.explain import Explanation, explain_request
 from tierdiag.diagnose.facts import run_context
@@ -67,10 +68,11 @@ def slow_groups(con: duckdb.DuckDBPyConnection, run: RunInfo, t0_ns: int, span_n
     """
     if not view_of(run).engine_parts:  # no engine TTFT parts to rank or explain by (diagnose/observed.py)
         return (), 0
-    rows = [r for cls in ("device_hit", "tiered_hit") for r in slow_requests(con, run, top=pool, hit_class=cls)]
+    rows = [r for cls in (HitClass.DEVICE_HIT, HitClass.TIERED_HIT)
+            for r in slow_requests(con, run, top=pool, hit_class=cls)]
     rows.sort(key=lambda r: (-r.excess_ns, r.seq if r.seq is not None else -1, r.req_id))
     # "none": within the tolerance of its ideal, so not slow for any reason worth a row.
-    rows = [r for r in rows if r.primary_cause != "none"][:pool]
+    rows = [r for r in rows if r.primary_cause != Cause.NONE][:pool]
     by_arrival = sorted(rows, key=lambda r: (r.arrival_ns, r.seq if r.seq is not None else -1))
     gap = BURST_GAP_SHARE * span_ns
     burst_of: dict[str, int] = {}

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 
 import duckdb
 
+from tierdiag.config.names import Cause
 from tierdiag.diagnose.causes import cause_sql, excess_sql
-from tierdiag.diagnose.context import CONTEXT_LOOKBACK_NS
+from tierdiag.diagnose.context import ATTRIBUTION_KEYS, CONTEXT_LOOKBACK_NS, WaitPart
 from tierdiag.diagnose.sql import finished_sql
 from tierdiag.diagnose.waiting_loss import lost_while_waiting_sql, waiting_removals_sql
 from tierdiag.units import share
@@ -43,7 +44,7 @@ BUSY_SHARE = 0.7
 # (the rest of the time some request of its rank was decoding: its KV held the device memory the
 # queue needed) and `idle` (the rest: held for a storage prefetch, or nothing to run; explain tells
 # those two apart, the run's story does not).
-WAIT_KEYS = ("recompute", "new_compute", "load_back", "write_back", "decode", "memory_wait", "idle")
+WAIT_KEYS = tuple(k for k in ATTRIBUTION_KEYS if k != WaitPart.STORAGE_WAIT)
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class VerdictShare:
 
     @property
     def label(self) -> str:
-        if self.cause != "queueing":
+        if self.cause != Cause.QUEUEING:
             return self.cause
         return "queueing (the cache's doing)" if self.caches_doing else "queueing (not the cache's doing)"
 
@@ -259,13 +260,13 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
     total = int(excess.sum())
     verdicts = []
     for c in dict.fromkeys(cause.tolist()):
-        for flag in ((True, False) if c == "queueing" else (False,)):
-            m = (cause == c) & ((cache == flag) if c == "queueing" else True)
+        for flag in ((True, False) if c == Cause.QUEUEING else (False,)):
+            m = (cause == c) & ((cache == flag) if c == Cause.QUEUEING else True)
             if m.any():
                 verdicts.append(VerdictShare(c, flag, int(m.sum()), int(excess[m].sum()),
                                              share(int(excess[m].sum()), total)))
     verdicts.sort(key=lambda v: (-v.excess_ns, v.label))
-    q = cause == "queueing"
+    q = cause == Cause.QUEUEING
     qx = excess[q].astype(np.float64)
     wait_parts = dict(zip(WAIT_KEYS, (int(round(float(x))) for x in
                                       list(parts[:, q].sum(axis=1)) + [float(decode[q].sum()), float(memory[q].sum()),

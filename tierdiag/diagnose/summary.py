@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import duckdb
 
+from tierdiag.config.names import Cause
 from tierdiag.diagnose.advice.verify import run_advice
 from tierdiag.diagnose.diagnosis import diagnose_run
 from tierdiag.diagnose.facts import RunFacts
@@ -48,7 +49,7 @@ def run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo, *, diagnose: bool 
     if not diagnose:
         return numbers
     ctx = ctx if ctx is not None else facts.context()
-    parts = {c.cause: c.excess_part_ns or 0 for c in numbers.time_by_cause if c.cause != "none"}
+    parts = {c.cause: c.excess_part_ns or 0 for c in numbers.time_by_cause if c.cause != Cause.NONE}
     return replace(numbers, diagnosis=diagnose_run(ctx, parts, run_advice(con, run, ctx, facts=facts),
                                                    miss_reasons=numbers.miss_reasons),
                    size_curves=facts.size_curves())

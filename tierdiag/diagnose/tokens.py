@@ -8,7 +8,7 @@ run total (`TierSplit`, the same six fields plus the skipped load-backs), the ve
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from tierdiag.units import fmt_pct
 from tierdiag.diagnose.read.requests import RequestRow, RowLike
@@ -33,6 +33,12 @@ class TokenSplit:
         """From a `requests` row (RequestRow.of: a RequestRow or a dict of its columns); a NULL counts as 0."""
         row = RequestRow.of(row)
         return cls(**{f: int(getattr(row, col) or 0) for f, col in ROW_COLUMNS.items()})
+
+    @classmethod
+    def of(cls, holder: object) -> "TokenSplit":
+        """From an object holding the six fields under these names (the engine's EngineStats, a
+        replay's result, a slow request)."""
+        return cls(*(getattr(holder, f.name) for f in fields(cls)))
 
     @property
     def new_tokens(self) -> int:

@@ -50,8 +50,8 @@ from tierdiag.engine import rows as _rows
 # The numpy side (row moves, the planner) lives in rows.py, which imports no torch; what the
 # tensor paths here use of it, and copy_rows for callers of this module. Module constants are
 # read through `_rows` (tests patch them there).
-from tierdiag.engine.rows import (  # noqa: F401 - copy_rows re-exported
-    CopyPlan, PageList, _execute_rows, _move_rows, copy_rows, count_runs, plan_copy, write_rows)
+from tierdiag.engine.rows import (  # noqa: F401 - copy_rows, PlanKind re-exported
+    CopyPlan, PageList, PlanKind, _execute_rows, _move_rows, copy_rows, count_runs, plan_copy, write_rows)
 # The tensor side and the CUDA execution (LoadBackHandle is this module's API too).
 from tierdiag.engine.kernels_cuda import (  # noqa: F401 - LoadBackHandle re-exported
     LoadBackHandle, _SideStreams, _check_pair, _cuda_device, _finish_staged, _is_cuda, _plan_for, _start_cuda,
@@ -123,7 +123,7 @@ def _execute_cpu(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -> None:
     (nothing moved), which numpy then moves."""
     sv, dv = _np_rows(src), _np_rows(dst)
     move = _rows._c_move
-    if (move is not None and plan.kind in ("gather", "scatter", "two_pass") and not plan.snapshot
+    if (move is not None and plan.kind.indexed and not plan.snapshot
             and move(sv, plan.src_idx, dv, plan.dst_idx) >= 0):
         return
     _execute_rows(sv, dv, plan)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tierdiag.engine.rows import CopyPlan, PageList, _runs_of, count_runs, plan_copy
+from tierdiag.engine.rows import CopyPlan, PageList, PlanKind, _runs_of, count_runs, plan_copy, within_one_pool
 
 # The two-pass path stages at most this much at a time (bounds the scratch memory; CUDA).
 _SCRATCH_MAX_BYTES = 32 * 1024 * 1024
@@ -57,12 +57,7 @@ def _plan_for(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pag
     plan = plan_copy(src_pages, dst_pages, column_bytes=column_bytes,
                      src_num_pages=src.shape[1], dst_num_pages=dst.shape[1])
     if plan.num_pages and src.device == dst.device and src.data_ptr() == dst.data_ptr():
-        overlap = bool(np.intersect1d(plan.src_idx, plan.dst_idx).size)
-        if overlap or plan.kind in ("gather", "scatter"):
-            # A move inside one pool. Indexed ops refuse (CUDA) or race when their output
-            # aliases their input, and with overlapping pages a slice copy would read rows it
-            # has already overwritten: stage through scratch, reading everything first.
-            return CopyPlan("two_pass", plan.num_pages, plan.src_idx, plan.dst_idx, (), 2, snapshot=overlap)
+        return within_one_pool(plan)
     return plan
 
 
@@ -80,27 +75,33 @@ def _scratch_rows(rows: int, like: torch.Tensor) -> torch.Tensor:
     return buf[: rows * width].view(rows, width)
 
 
-def _execute_same_device(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -> None:
-    """All layers at once; src and dst are wide-row views on the same CUDA device."""
-    if plan.kind == "empty":
-        return
-    if plan.kind == "runs":
-        for s0, d0, n in plan.runs:
-            dst[:, d0:d0 + n].copy_(src[:, s0:s0 + n])
-        return
+def _same_empty(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -> None:
+    return None
+
+
+def _same_runs(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -> None:
+    for s0, d0, n in plan.runs:
+        dst[:, d0:d0 + n].copy_(src[:, s0:s0 + n])
+
+
+def _same_gather(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -> None:
+    s_t = torch.from_numpy(plan.src_idx).to(src.device)
+    for pos, d0, n in _runs_of(plan.dst_idx):
+        torch.index_select(src, 1, s_t[pos:pos + n], out=dst[:, d0:d0 + n])
+
+
+def _same_scatter(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -> None:
+    d_t = torch.from_numpy(plan.dst_idx).to(src.device)
+    for pos, s0, n in _runs_of(plan.src_idx):
+        dst.index_copy_(1, d_t[pos:pos + n], src[:, s0:s0 + n])
+
+
+def _same_two_pass(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -> None:
+    """Flatten to [L * P, w] rows, stage through scratch."""
     device = src.device
     num_layers = src.shape[0]
     s_t = torch.from_numpy(plan.src_idx).to(device)
     d_t = torch.from_numpy(plan.dst_idx).to(device)
-    if plan.kind == "gather":
-        for pos, d0, n in _runs_of(plan.dst_idx):
-            torch.index_select(src, 1, s_t[pos:pos + n], out=dst[:, d0:d0 + n])
-        return
-    if plan.kind == "scatter":
-        for pos, s0, n in _runs_of(plan.src_idx):
-            dst.index_copy_(1, d_t[pos:pos + n], src[:, s0:s0 + n])
-        return
-    # two_pass: flatten to [L * P, w] rows, stage through scratch.
     src_pages = src.shape[1]
     src_flat = src.reshape(num_layers * src_pages, src.shape[2])
     dst_flat = dst.reshape(num_layers * dst.shape[1], dst.shape[2])
@@ -116,6 +117,17 @@ def _execute_same_device(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -
         part = buf[: b - a]
         torch.index_select(src_flat, 0, fs[a:b], out=part)
         dst_flat.index_copy_(0, fd[a:b], part)
+
+
+# Each plan kind's execution between wide-row views on one CUDA device, all layers at once
+# (rows.py's `_ROWS_BY_KIND` is the CPU's).
+_SAME_DEVICE_BY_KIND = {PlanKind.EMPTY: _same_empty, PlanKind.RUNS: _same_runs, PlanKind.GATHER: _same_gather,
+                        PlanKind.SCATTER: _same_scatter, PlanKind.TWO_PASS: _same_two_pass}
+
+
+def _execute_same_device(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -> None:
+    """All layers at once; src and dst are wide-row views on the same CUDA device."""
+    _SAME_DEVICE_BY_KIND[plan.kind](src, dst, plan)
 
 
 def _is_cuda(t: torch.Tensor) -> bool:
@@ -148,7 +160,7 @@ def _issue_layer_cross(src: torch.Tensor, dst: torch.Tensor, layer: int, plan: C
     (load-back) / scattered by the CPU after the copy (backup, done by the caller after sync);
     device pages are gathered/scattered on the device. Runs on both sides copy directly.
     """
-    if plan.kind == "runs":
+    if plan.kind is PlanKind.RUNS:
         for s0, d0, n in plan.runs:
             dst[layer, d0:d0 + n].copy_(src[layer, s0:s0 + n], non_blocking=True)
         return
@@ -211,7 +223,7 @@ def _cross_device_indices(plan: CopyPlan, device: torch.device) -> tuple[dict, d
     """Index tensors on each side that needs them (moved to the GPU once, not per layer)."""
     s_idx: dict = {}
     d_idx: dict = {}
-    if plan.kind in ("empty", "runs"):
+    if not plan.kind.indexed:
         return s_idx, d_idx
     for idx, out in ((plan.src_idx, s_idx), (plan.dst_idx, d_idx)):
         out["one_run"] = count_runs(idx) == 1
@@ -223,8 +235,8 @@ def _cross_device_indices(plan: CopyPlan, device: torch.device) -> tuple[dict, d
 def _cross_plan(plan: CopyPlan) -> CopyPlan:
     """Across the link every op is a separate DMA, so only coalesce when runs are few;
     otherwise stage (the staged path handles one-run sides without staging them)."""
-    if plan.kind == "runs" and plan.num_pages > 1 and len(plan.runs) > 4:
-        return CopyPlan("two_pass", plan.num_pages, plan.src_idx, plan.dst_idx, (), 2)
+    if plan.kind is PlanKind.RUNS and plan.num_pages > 1 and len(plan.runs) > 4:
+        return CopyPlan(PlanKind.TWO_PASS, plan.num_pages, plan.src_idx, plan.dst_idx, (), 2)
     return plan
 
 

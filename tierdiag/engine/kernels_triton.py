@@ -17,7 +17,7 @@ variant a load-back uses, so an event can be recorded after each layer). A move 
 whose pages overlap goes through a scratch buffer in two launches (programs run concurrently: a
 page read after another program wrote it would be the new bytes).
 
-When: `use_triton(num_bytes)` is the size threshold, measured by `tierdiag calibrate` on CUDA
+When: kernels.py's `auto_backend` decides, by the size threshold `tierdiag calibrate` measured on CUDA
 (`TRITON_MIN_BYTES`; `set_min_bytes` sets it). Under `TRITON_INTERPRET=1` the same kernel runs on
 CPU tensors through Triton's numpy interpreter (what the tests use: slow, a few MB/s). The kernel
 is jitted on first use, not at import, so whether it is interpreted follows the environment at
@@ -61,10 +61,6 @@ def set_min_bytes(min_bytes: int | None) -> None:
     """Use Triton for transfers of at least `min_bytes` (None: never)."""
     global TRITON_MIN_BYTES
     TRITON_MIN_BYTES = min_bytes
-
-
-def use_triton(num_bytes: int) -> bool:
-    return AVAILABLE and TRITON_MIN_BYTES is not None and num_bytes >= TRITON_MIN_BYTES
 
 
 def interpreting() -> bool:

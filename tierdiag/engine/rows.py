@@ -20,6 +20,7 @@ import sys
 import time
 from array import array
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Sequence, Union
 
 import numpy as np
@@ -94,24 +95,32 @@ def count_runs(pages: PageList) -> int:
     return _runs_of_index(idx) if idx.size else 0
 
 
+class PlanKind(StrEnum):
+    """How a plan moves its pages; each backend maps every kind to its implementation in one
+    table (`_ROWS_BY_KIND` here, kernels_cuda.py's `_SAME_DEVICE_BY_KIND`)."""
+
+    EMPTY = "empty"  # nothing to move
+    RUNS = "runs"  # pairs consecutive on both sides: one slice copy a run
+    GATHER = "gather"  # destination consecutive: one gather into each destination run
+    SCATTER = "scatter"  # source consecutive: one scatter from each source run
+    TWO_PASS = "two_pass"  # both sides scattered: gather into scratch, then scatter
+
+    @property
+    def indexed(self) -> bool:
+        """Moves rows through an index on at least one side (not whole runs)."""
+        return self in (PlanKind.GATHER, PlanKind.SCATTER, PlanKind.TWO_PASS)
+
+
 @dataclass(frozen=True, eq=False)  # holds arrays: identity, not value, equality
 class CopyPlan:
     """How one transfer will be executed. `runs` holds (src_start, dst_start, num_pages)."""
-    kind: str  # "empty" | "runs" | "gather" | "scatter" | "two_pass"
+    kind: PlanKind
     num_pages: int
     src_idx: np.ndarray
     dst_idx: np.ndarray
     runs: tuple[tuple[int, int, int], ...] = ()
     num_ops: int = 0
     snapshot: bool = False  # read every source row before writing any (src and dst overlap)
-
-    @property
-    def src_runs(self) -> int:
-        return count_runs(self.src_idx)
-
-    @property
-    def dst_runs(self) -> int:
-        return count_runs(self.dst_idx)
 
 
 def _check_range(idx: np.ndarray, num_pages: int, side: str) -> None:
@@ -133,16 +142,22 @@ def _check_range_small(idx: list[int], num_pages: int, side: str) -> None:
 _SMALL_PLAN = 16
 
 
-def _cheapest(total_bytes: int, k_both: int, k_src: int, k_dst: int) -> tuple[float, str]:
+def _cheapest(total_bytes: int, k_both: int, k_src: int, k_dst: int) -> tuple[float, PlanKind]:
     """(estimated cost, kind) of the cheapest plan: ops' fixed cost + bytes moved."""
     costs = {
-        "runs": k_both * _OP_COST_BYTES + total_bytes,
-        "gather": k_dst * _OP_COST_BYTES + _INDEXED_FACTOR * total_bytes,
-        "scatter": k_src * _OP_COST_BYTES + _INDEXED_FACTOR * total_bytes,
-        "two_pass": 2 * _OP_COST_BYTES + 2 * _INDEXED_FACTOR * total_bytes,
+        PlanKind.RUNS: k_both * _OP_COST_BYTES + total_bytes,
+        PlanKind.GATHER: k_dst * _OP_COST_BYTES + _INDEXED_FACTOR * total_bytes,
+        PlanKind.SCATTER: k_src * _OP_COST_BYTES + _INDEXED_FACTOR * total_bytes,
+        PlanKind.TWO_PASS: 2 * _OP_COST_BYTES + 2 * _INDEXED_FACTOR * total_bytes,
     }
     kind = min(costs, key=costs.__getitem__)
     return costs[kind], kind
+
+
+def _indexed_ops(kind: PlanKind, k_src: int, k_dst: int) -> int:
+    """Ops of an indexed plan: one per destination run (gather), source run (scatter), or the
+    two passes."""
+    return k_dst if kind is PlanKind.GATHER else k_src if kind is PlanKind.SCATTER else 2
 
 
 def _candidate_small(s: list[int], d: list[int], column_bytes: int) -> tuple[float, CopyPlan]:
@@ -163,9 +178,9 @@ def _candidate_small(s: list[int], d: list[int], column_bytes: int) -> tuple[flo
     cost, kind = _cheapest(len(s) * column_bytes, len(runs), k_src, k_dst)
     s_arr = np.array(s, dtype=np.int64)
     d_arr = np.array(d, dtype=np.int64)
-    if kind == "runs":
-        return cost, CopyPlan("runs", len(s), s_arr, d_arr, tuple(runs), len(runs))
-    return cost, CopyPlan(kind, len(s), s_arr, d_arr, (), {"gather": k_dst, "scatter": k_src}.get(kind, 2))
+    if kind is PlanKind.RUNS:
+        return cost, CopyPlan(PlanKind.RUNS, len(s), s_arr, d_arr, tuple(runs), len(runs))
+    return cost, CopyPlan(kind, len(s), s_arr, d_arr, (), _indexed_ops(kind, k_src, k_dst))
 
 
 def _candidate(s: np.ndarray, d: np.ndarray, column_bytes: int) -> tuple[float, CopyPlan]:
@@ -177,12 +192,12 @@ def _candidate(s: np.ndarray, d: np.ndarray, column_bytes: int) -> tuple[float, 
     k_src = n - int(np.count_nonzero(ds))
     k_dst = n - int(np.count_nonzero(dd))
     cost, kind = _cheapest(n * column_bytes, k_both, k_src, k_dst)
-    if kind == "runs":
+    if kind is PlanKind.RUNS:
         starts = np.concatenate(([0], np.flatnonzero(~both) + 1))
         lens = np.diff(np.concatenate((starts, [n])))
         runs = tuple(zip(s[starts].tolist(), d[starts].tolist(), lens.tolist()))
-        return cost, CopyPlan("runs", n, s, d, runs, len(runs))
-    return cost, CopyPlan(kind, n, s, d, (), {"gather": k_dst, "scatter": k_src}.get(kind, 2))
+        return cost, CopyPlan(PlanKind.RUNS, n, s, d, runs, len(runs))
+    return cost, CopyPlan(kind, n, s, d, (), _indexed_ops(kind, k_src, k_dst))
 
 
 def plan_copy(src_pages: PageList, dst_pages: PageList, *, column_bytes: int,
@@ -199,7 +214,7 @@ def plan_copy(src_pages: PageList, dst_pages: PageList, *, column_bytes: int,
         raise ValueError(f"copy of {n} source pages into {len(dst_pages)} destination pages")
     if n == 0:
         empty = np.zeros(0, dtype=np.int64)
-        return CopyPlan("empty", 0, empty, empty)
+        return CopyPlan(PlanKind.EMPTY, 0, empty, empty)
     if n <= _SMALL_PLAN:
         s_list = [int(x) for x in src_pages]
         d_list = [int(x) for x in dst_pages]
@@ -225,6 +240,16 @@ def plan_copy(src_pages: PageList, dst_pages: PageList, *, column_bytes: int,
             best = min(best, _candidate(s[order], d[order], column_bytes), key=lambda c: c[0])
     return best[1]
 
+
+
+def within_one_pool(plan: CopyPlan) -> CopyPlan:
+    """The plan for a move inside one pool. Indexed ops refuse (CUDA) or race when their output
+    aliases their input, and with overlapping pages a slice copy would read rows it has already
+    overwritten: stage through scratch (`snapshot`: reading everything first)."""
+    overlap = bool(np.intersect1d(plan.src_idx, plan.dst_idx).size)
+    if overlap or plan.kind in (PlanKind.GATHER, PlanKind.SCATTER):
+        return CopyPlan(PlanKind.TWO_PASS, plan.num_pages, plan.src_idx, plan.dst_idx, (), 2, snapshot=overlap)
+    return plan
 
 
 def _runs_of(idx: np.ndarray) -> list[tuple[int, int, int]]:
@@ -275,32 +300,49 @@ def _gather_scatter_cpu(src_v: np.ndarray, fs: np.ndarray, dst_v: np.ndarray, fd
 
 
 
+def _rows_empty(sv: np.ndarray, dv: np.ndarray, plan: CopyPlan) -> None:
+    return None
+
+
+def _rows_runs(sv: np.ndarray, dv: np.ndarray, plan: CopyPlan) -> None:
+    for s0, d0, n in plan.runs:
+        np.copyto(dv[:, d0:d0 + n], sv[:, s0:s0 + n])
+
+
+def _rows_gather(sv: np.ndarray, dv: np.ndarray, plan: CopyPlan) -> None:
+    """Destination runs: take straight into each layer's slice."""
+    num_layers, n, sf = sv.shape[0], plan.num_pages, sv.reshape(-1)
+    fs = _flat_index(plan.src_idx, num_layers, sv.shape[1])
+    for pos, d0, length in _runs_of(plan.dst_idx):
+        for layer in range(num_layers):
+            np.take(sf, fs[layer * n + pos: layer * n + pos + length], out=dv[layer, d0:d0 + length],
+                    mode="clip")
+
+
+def _rows_scatter(sv: np.ndarray, dv: np.ndarray, plan: CopyPlan) -> None:
+    """Source runs: put straight from each layer's slice."""
+    num_layers, n, df = sv.shape[0], plan.num_pages, dv.reshape(-1)
+    fd = _flat_index(plan.dst_idx, num_layers, dv.shape[1])
+    for pos, s0, length in _runs_of(plan.src_idx):
+        for layer in range(num_layers):
+            np.put(df, fd[layer * n + pos: layer * n + pos + length], sv[layer, s0:s0 + length])
+
+
+def _rows_two_pass(sv: np.ndarray, dv: np.ndarray, plan: CopyPlan) -> None:
+    num_layers = sv.shape[0]
+    fs = _flat_index(plan.src_idx, num_layers, sv.shape[1])
+    fd = _flat_index(plan.dst_idx, num_layers, dv.shape[1])
+    _gather_scatter_cpu(sv.reshape(-1), fs, dv.reshape(-1), fd, snapshot=plan.snapshot)
+
+
+# Each plan kind's execution on two [L, P] row views, all layers.
+_ROWS_BY_KIND = {PlanKind.EMPTY: _rows_empty, PlanKind.RUNS: _rows_runs, PlanKind.GATHER: _rows_gather,
+                 PlanKind.SCATTER: _rows_scatter, PlanKind.TWO_PASS: _rows_two_pass}
+
+
 def _execute_rows(sv: np.ndarray, dv: np.ndarray, plan: CopyPlan) -> None:
     """Execute a plan between two pools' [L, P] row views, all layers."""
-    if plan.kind == "empty":
-        return
-    num_layers, src_pages, dst_pages = sv.shape[0], sv.shape[1], dv.shape[1]
-    if plan.kind == "runs":
-        for s0, d0, n in plan.runs:
-            np.copyto(dv[:, d0:d0 + n], sv[:, s0:s0 + n])
-        return
-    sf, df = sv.reshape(-1), dv.reshape(-1)
-    n = plan.num_pages
-    if plan.kind == "gather":  # destination runs: take straight into each layer's slice
-        fs = _flat_index(plan.src_idx, num_layers, src_pages)
-        for pos, d0, length in _runs_of(plan.dst_idx):
-            for layer in range(num_layers):
-                np.take(sf, fs[layer * n + pos: layer * n + pos + length], out=dv[layer, d0:d0 + length],
-                        mode="clip")
-        return
-    fd = _flat_index(plan.dst_idx, num_layers, dst_pages)
-    if plan.kind == "scatter":  # source runs: put straight from each layer's slice
-        for pos, s0, length in _runs_of(plan.src_idx):
-            for layer in range(num_layers):
-                np.put(df, fd[layer * n + pos: layer * n + pos + length], sv[layer, s0:s0 + length])
-        return
-    fs = _flat_index(plan.src_idx, num_layers, src_pages)
-    _gather_scatter_cpu(sf, fs, df, fd, snapshot=plan.snapshot)
+    _ROWS_BY_KIND[plan.kind](sv, dv, plan)
 
 
 
@@ -381,10 +423,7 @@ def copy_rows_numpy(src_rows: np.ndarray, src_pages: PageList, dst_rows: np.ndar
     plan = plan_copy(src_pages, dst_pages, column_bytes=column_bytes,
                      src_num_pages=src_rows.shape[1], dst_num_pages=dst_rows.shape[1])
     if np.may_share_memory(src_rows, dst_rows):
-        # as `_plan_for`: a move inside one pool stages through scratch, reading before writing
-        overlap = bool(np.intersect1d(plan.src_idx, plan.dst_idx).size)
-        if overlap or plan.kind in ("gather", "scatter"):
-            plan = CopyPlan("two_pass", plan.num_pages, plan.src_idx, plan.dst_idx, (), 2, snapshot=overlap)
+        plan = within_one_pool(plan)
     _execute_rows(src_rows, dst_rows, plan)
     return time.perf_counter_ns() - t0, count_runs(src_pages)
 

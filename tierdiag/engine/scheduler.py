@@ -424,7 +424,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         refresh = self.refresh_calls % interval == 0
         self.refresh_calls += 1
         if refresh:
-            walk = self.tree._walk  # RadixTree.match's walk: the stamps without the match's result
+            walk = self.tree.walk  # RadixTree.match's walk: the stamps without the match's result
             for r in reversed(waiting[:self.rules.waiting_prefix_refresh_max]):
                 walk(r.keys, now, None)  # touch_waiting_prefix: the whole input, page-aligned
 

@@ -146,7 +146,7 @@ class RadixTree:
         self.track_duplicate(upper)
         return upper
 
-    def _walk(self, keys: list[int], now_ns: int | None = None, owner: str | None = None) -> list[TreeNode]:
+    def walk(self, keys: list[int], now_ns: int | None = None, owner: str | None = None) -> list[TreeNode]:
         """The path of nodes matching a prefix of `keys`, the last one split so the path ends
         exactly where the match does. With `now_ns`, touches each node's access time (and, with
         `owner`, records who used it). Matching never counts a hit: SGLang 0.5.9 counts hits per
@@ -183,7 +183,7 @@ class RadixTree:
     def match(self, keys: list[int], now_ns: int, owner: str | None = None) -> TreeMatch:
         """Longest cached prefix of `keys`, split by residency (SGLang's match_prefix: touches
         the access time of every node on the path)."""
-        path = self._walk(keys, now_ns, owner)
+        path = self.walk(keys, now_ns, owner)
         on_device = 0
         while on_device < len(path) and path[on_device].device is not None:
             on_device += 1
@@ -217,7 +217,7 @@ class RadixTree:
     def locate(self, keys: list[int]) -> tuple[TreeNode, int]:
         """Deepest node on the path of `keys` and the pages matched, without touching anything
         (prefetch bookkeeping, not a request's match)."""
-        path = self._walk(keys)
+        path = self.walk(keys)
         return (path[-1] if path else self.root), sum(len(node.keys) for node in path)
 
     # --- insertion -----------------------------------------------------------------------

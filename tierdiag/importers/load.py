@@ -53,6 +53,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tierdiag import __version__, signals
+from tierdiag.config.names import RunKind
 from tierdiag.errors import OutputError, RunInterrupted, TraceError
 from tierdiag.paths import check_output, open_output, prepare_output_path
 from tierdiag.units import NS_PER_MS, NS_PER_S
@@ -408,7 +409,7 @@ def _write_run(db: Path, chunks: list[dict[str, pa.Array]], *, name: str, trace_
            "pid": os.getpid(), "hostname": socket.gethostname(), "trace_path": trace_path,
            "trace_sha256": trace_sha256, "config_json": json.dumps(config, sort_keys=True, default=str),
            "hardware_json": "{}", "data_plane_json": "{}", "timing": OBSERVED_TIMING, "num_requests": num_requests,
-           "wall_s": time.perf_counter() - t_start, "error": None, "kind": "observed", "sweep_id": None}
+           "wall_s": time.perf_counter() - t_start, "error": None, "kind": RunKind.OBSERVED, "sweep_id": None}
     runs = pa.table({k: pa.array([v], type=_RUNS_TYPES.get(k, pa.string())) for k, v in row.items()})
     requests = pa.Table.from_batches([pa.RecordBatch.from_pydict(
         {**c, "run_id": pa.repeat(pa.scalar(run_id, pa.string()), len(c["req_id"]))}) for c in chunks])

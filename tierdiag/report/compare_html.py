@@ -21,6 +21,7 @@ from typing import Sequence
 import duckdb
 import numpy as np
 
+from tierdiag.config.names import HitClass
 from tierdiag.diagnose.compare import (CLASSES, Comparison, RequestComparison, RequestDelta, compare_requests,
                                        compare_runs, sweep_runs)
 from tierdiag.diagnose.read.compare import ttfts_by_class
@@ -100,7 +101,7 @@ def _runs_table(c: Comparison, labels: Sequence[str]) -> str:
     ths = "".join(f'<th class="num">{e(h)}</th>' if i in num else f"<th>{e(h)}</th>" for i, h in enumerate(head))
     rows = []
     for i, (r, label) in enumerate(zip(c.rows, labels)):
-        tiered = next((s for s in r.ttft_by_class if s.hit_class == "tiered_hit"), None)
+        tiered = next((s for s in r.ttft_by_class if s.hit_class == HitClass.TIERED_HIT), None)
         status = "" if r.status == "complete" else f' <span class="cause">{e(r.status)}</span>'
         cells = [f'<td class="id"><span class="swatch" style="background:{run_colour(i)}"></span><b>{e(label)}</b>'
                  f'{status}<br><span class="split">{e(r.run_id)}</span></td>']

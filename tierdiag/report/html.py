@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tierdiag.config.names import Tier
 from tierdiag.units import fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens
 from tierdiag.diagnose.compare import run_kv_memory
 from tierdiag.report.series import (
@@ -136,7 +137,7 @@ def _headline_stats(data: ReportData) -> str:
     cards.append(_stat("Load-back volume", fmt_bytes(lb.bytes),
                        e(f"{lb.num_transfers:,} load-backs for {lb.num_requests:,} requests · "
                           f"{fmt_ms(lb.link_busy_ns)} on the link · {fmt_ms(lb.exposed_ns)} exposed"), basis_px=190))
-    host_skips = [k for k in sm.skipped if k.tier == "host"]
+    host_skips = [k for k in sm.skipped if k.tier == Tier.HOST]
     reasons = ", ".join(f"{k.reason.replace('_', ' ')} {k.num_requests:,}" for k in host_skips) or "none"
     cards.append(_stat("Skipped load-backs", f"{sum(k.num_requests for k in host_skips):,}",
                        e(f"{reasons} · {fmt_tokens(sm.tokens.loadback_skipped_tokens)} tokens recomputed instead")))
@@ -320,7 +321,7 @@ def _slow_table(data: ReportData) -> str:
         # The headline starts with the cause ("load_back: ..."), which the badge already shows.
         headline = ex.headline.split(": ", 1)[1] if ex.headline.startswith(f"{cause}: ") else ex.headline
         split = {"device": r.device_tokens, "host": r.host_tokens, "storage": r.storage_tokens,
-                 "new": r.computed_tokens - r.recomputed_tokens, "recomputed": r.recomputed_tokens}
+                 "new": r.tokens.new_tokens, "recomputed": r.recomputed_tokens}
         n_in = max(r.input_tokens, 1)
         split_text = (f"{fmt_tokens(r.input_tokens)} tok · dev {r.device_tokens / n_in:.0%}"
                       f" · host {(r.host_tokens + r.storage_tokens) / n_in:.0%}"

@@ -15,13 +15,13 @@ from rich.table import Table
 from rich.text import Text
 
 from tierdiag.report.tables import print_table
+from tierdiag.report.terminal import CAUSE_STYLE
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, fmt_value
 
 if TYPE_CHECKING:
     from tierdiag.diagnose.observed import Agreement, ObservedExplanation, ObservedSlow, ObservedSummary
 
-_STYLE = {"queueing": "yellow", "storage_fetch": "magenta", "load_back": "red", "recompute": "red",
-          "compute": "cyan", "none": "green", None: "bold"}
+_STYLE = {**CAUSE_STYLE, None: "bold"}  # a cause's colour as everywhere; no cause (unknown): bold
 
 
 def _grid(evidence: dict) -> Table:

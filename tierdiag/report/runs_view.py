@@ -9,6 +9,7 @@ from typing import Sequence
 from rich.console import Console
 from rich.text import Text
 
+from tierdiag.config.names import Tier
 from tierdiag.diagnose.compare import run_kv_memory
 from tierdiag.report.run_lines import pool_sizes, rules_line
 from tierdiag.report.terminal import new_table, plain
@@ -50,7 +51,7 @@ def render_runs(infos: Sequence, console: Console, *, db_label: str,
         memory = run_kv_memory(r)
         each = memory is not None and memory.ranks > 1
         config += [f"{tier} {fmt_tokens(size['tokens'])}" + (f" ({fmt_bytes(size['bytes'])})" if size["bytes"] else "")
-                   + (" per rank" if each and tier != "storage" else "")
+                   + (" per rank" if each and tier != Tier.STORAGE else "")
                    for tier, size in pool_sizes(r.config, r.data_plane).items()]
         config += [f"KV memory {memory.words()}"] if each else []
         rules = rules_line(r)

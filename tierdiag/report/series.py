@@ -257,7 +257,7 @@ def load_tier_split(con: duckdb.DuckDBPyConnection, run: RunInfo,
     """
     t = summary.tokens
     found = {"all": {"device": t.device_tokens, "host": t.host_tokens, "storage": t.storage_tokens,
-                     "new": t.computed_tokens - t.recomputed_tokens, "recomputed": t.recomputed_tokens}}
+                     "new": t.new_tokens, "recomputed": t.recomputed_tokens}}
     found.update({r.hit_class: dict(zip(TIER_PARTS, (_num(v) for v in r[1:])))
                   for r in read.tokens_by_class(con, run.run_id)})
     return {c: found[c] for c in ("all",) + CLASSES if c in found}

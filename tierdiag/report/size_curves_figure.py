@@ -4,6 +4,7 @@ html.py calls it."""
 
 from __future__ import annotations
 
+from tierdiag.config.names import Tier
 from tierdiag.diagnose.size_curves import KNEE_SHARE
 from tierdiag.report.figures import FigureSpec
 
@@ -40,7 +41,7 @@ def size_curves_figure(curves) -> FigureSpec | None:
                          "marker": {"color": color, "symbol": "diamond", "size": 12, "line": {"color": "#264653",
                                                                                             "width": 1}},
                          "hovertemplate": f"{c.tier} knee %{{x:,}} tokens: %{{y:.1f}} %<extra></extra>"})
-        proposed = curves.proposed_size(c.tier) if c.tier != "device" else None  # what advise would set
+        proposed = curves.proposed_size(c.tier) if c.tier != Tier.DEVICE else None  # what advise would set
         if proposed and c.knee_tokens and proposed > c.run_size_tokens:
             data.append({"type": "scatter", "mode": "markers", "name": f"{c.tier}: proposed", "x": [proposed],
                          "y": [100 * c.reused_at(proposed) / total], "legendgroup": c.tier, "showlegend": False,

@@ -16,6 +16,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from tierdiag.config.names import Cause
 from tierdiag.report.tables import fits, print_table, stacked  # noqa: F401 - the views import them from here too
 from tierdiag.report.text import fmt_option, visible  # noqa: F401 - fmt_option: the views import it from here too
 from tierdiag.report.ranks_view import render_ranks
@@ -37,8 +38,8 @@ if TYPE_CHECKING:  # only for hints: `explain` should not import the slow/summar
     from tierdiag.diagnose.slow import SlowRequest
     from tierdiag.diagnose.summary import RunSummary
 
-CAUSE_STYLE = {"none": "green", "queueing": "yellow", "load_back": "red", "storage_fetch": "magenta",
-               "routing": "red", "recompute": "red", "compute": "cyan", None: "dim"}
+CAUSE_STYLE = {Cause.NONE: "green", Cause.QUEUEING: "yellow", Cause.LOAD_BACK: "red", Cause.STORAGE_FETCH: "magenta",
+               Cause.ROUTING: "red", Cause.RECOMPUTE: "red", Cause.COMPUTE: "cyan", None: "dim"}
 _MAX_ROWS = 10
 
 class SafeConsole(Console):
@@ -196,9 +197,9 @@ def render_explanation(expl: Explanation, console: Console) -> None:
         table.add_column("TTFT part", style="dim")
         table.add_column("time", justify="right")
         table.add_column("of TTFT", justify="right")
-        for cause, ns in (("queueing", d.queue_ns), ("storage_fetch", d.storage_wait_ns),
-                          ("load_back", d.loadback_exposed_ns), ("recompute", d.recompute_ns),
-                          ("compute", d.compute_ns)):
+        for cause, ns in ((Cause.QUEUEING, d.queue_ns), (Cause.STORAGE_FETCH, d.storage_wait_ns),
+                          (Cause.LOAD_BACK, d.loadback_exposed_ns), (Cause.RECOMPUTE, d.recompute_ns),
+                          (Cause.COMPUTE, d.compute_ns)):
             mark = "bold" if cause == expl.primary_cause else ""
             table.add_row(Text(cause, style=mark), fmt_ms(ns), fmt_pct(shares[cause]))
         table.add_row(Text("TTFT", style="bold"), fmt_ms(d.ttft_ns), "")
@@ -291,7 +292,7 @@ def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str
         style = CAUSE_STYLE.get(r.primary_cause, "")
         wide.add_row(str(r.rank), plain(r.req_id), plain(r.hit_class or "-"), fmt_ms(r.ttft_ns), fmt_ms(r.excess_ns),
                      plain(r.primary_cause, style=style),
-                     "-" if r.primary_cause == "none" else fmt_ms(r.cause_ns), split)
+                     "-" if r.primary_cause == Cause.NONE else fmt_ms(r.cause_ns), split)
     # Narrow: each request on two lines, the token split whole on the second.
     narrow = new_table(title)
     narrow.add_column("#", justify="right", no_wrap=True)
@@ -304,7 +305,7 @@ def render_slow(rows: Sequence[SlowRequest], console: Console, *, run_label: str
                                                   (split, "dim")),
                        f"{fmt_ms(r.ttft_ns)}\n{fmt_ms(r.excess_ns)}",
                        Text.assemble(plain(r.primary_cause, style), "\n",
-                                     "-" if r.primary_cause == "none" else fmt_ms(r.cause_ns)))
+                                     "-" if r.primary_cause == Cause.NONE else fmt_ms(r.cause_ns)))
     _print_fitting(console, wide, narrow)
     if hint:
         console.print(Text("explain one with `tierdiag explain REQ_ID`", style="dim"))
@@ -464,7 +465,7 @@ def render_advise(r, console: Console, *, run_label: str) -> None:
 
     row("", "baseline", "", r.baseline)
     for c in r.candidates:
-        label = ("together: " if c.advice.kind == "combined" else "") + ", ".join(
+        label = ("together: " if c.advice.combined else "") + ", ".join(
             f"{k}={v}" for k, v in c.advice.changes.items())
         if c.status != "complete":
             label += f" ({c.status})"

@@ -6,7 +6,7 @@ each run in with one transaction (a run is in the file whole or not at all). Row
 tables: from a local file for the process back end, from the object store for Ray.
 
 When `--db` cannot take a finished run (another program holds it past the wait, a full disk),
-the sweep keeps it in a store of its own beside `--db` (`keep_path`), an ordinary run store that
+the sweep keeps it in a store of its own beside `--db` (app/sweep_kept.py `kept_store_path`), an ordinary run store that
 every command reads with `--db`, and `merge_store` copies its runs in later
 (`tierdiag sweep --resume KEPT --db DB`): a finished run is never thrown away.
 

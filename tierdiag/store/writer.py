@@ -43,6 +43,7 @@ import duckdb
 import pyarrow as pa
 
 from tierdiag import __version__, signals
+from tierdiag.config.names import RunKind
 from tierdiag.errors import OutputError, StoreError, TierdiagError
 from tierdiag.paths import prepare_output_path
 from tierdiag.store.reader import (attach_with_retry, check_store, connect_with_retry, damage_error, detach,
@@ -141,7 +142,7 @@ class RunWriter:
     def __init__(self, db_path: str | os.PathLike, *, name: str | None, trace_path: str,
                  trace_sha256: str, config: Mapping[str, Any], hardware: Mapping[str, Any],
                  data_plane: Mapping[str, Any], timing: str, command_line: Sequence[str] | None = None,
-                 kind: str = "replay", sweep_id: str | None = None, run_id: str | None = None,
+                 kind: str = RunKind.REPLAY, sweep_id: str | None = None, run_id: str | None = None,
                  pid: int | None = None):
         self.db_path = Path(db_path)
         # run_id: chosen by the caller when the config must name it (the run's storage folder).

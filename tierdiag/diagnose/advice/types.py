@@ -18,6 +18,8 @@ STATUSES = ("proposed", "confirmed", "no_effect", "refuted")
 ADVISED = ("proposed", "confirmed")
 # At most this many confirmed items are replayed together (the best, by their p50 gain).
 COMBINE_MAX = 3
+# The kind of several rules' changes replayed together (verify.combination, verify.kind_of).
+COMBINED = "combined"
 # The size options a rule proposes, and the tier whose size curve (size_curves.py) predicts them:
 # an item setting one carries `sizing`, the curve's prediction at its value beside what its one
 # replay found; they disagree where the two shares of input differ by more than SIZING_TOLERANCE.
@@ -165,6 +167,11 @@ class Advice:
     host_limit_words: str | None = None  # what caps a host pool (a server's host memory per GPU)
 
     @property
+    def combined(self) -> bool:
+        """Several rules' changes together (kind COMBINED)."""
+        return self.kind == COMBINED
+
+    @property
     def advised(self) -> bool:
         """Shown as advice: proposed (not tried yet) or confirmed by a replay."""
         return self.status in ADVISED
@@ -220,7 +227,7 @@ def _no_effect_why(a: "Advice") -> str:
         return "nothing was measured"
     if v.ttft_p50_ms_after > v.ttft_p50_ms_before * (1 - CONFIRM_P50_GAIN):
         return f"TTFT p50 did not improve by {fmt_pct(CONFIRM_P50_GAIN)}"
-    if a.kind == "combined":
+    if a.combined:
         return "together they were no better than the best of them alone"
     return f"TTFT p50 improved by {fmt_pct(CONFIRM_P50_GAIN)} or more, yet it was not confirmed"
 

@@ -13,8 +13,8 @@ import duckdb
 from tierdiag.diagnose.advice import registry
 from tierdiag.diagnose.advice.propose import propose
 from tierdiag.diagnose.advice.targets import RECOMPUTE_SHARE
-from tierdiag.diagnose.advice.types import (COMBINE_MAX, CONFIRM_P50_GAIN, SIZE_KEYS, Advice, Sizing, Verified,
-                                            classify)
+from tierdiag.diagnose.advice.types import (COMBINE_MAX, COMBINED, CONFIRM_P50_GAIN, SIZE_KEYS, Advice, Sizing,
+                                            Verified, classify)
 from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.store.reader import ADVISE_SWEEP_PREFIX
 from tierdiag.units import fmt_pct, ns_to_ms, share
@@ -34,7 +34,7 @@ def sizing(con: duckdb.DuckDBPyConnection, run, a: Advice, curves) -> Sizing | N
     """A size item's prediction from the run's size curve (`curves`: size_curves.SizeCurves; None:
     none) beside what its replay found, where it was replayed: reused tokens in the tier or above,
     as shares of the finished requests' input. None for an item that sets no size."""
-    tier = SIZE_KEYS.get(a.option) if a.option is not None and a.kind != "combined" else None
+    tier = SIZE_KEYS.get(a.option) if a.option is not None and not a.combined else None
     curve = curves.curve(tier) if curves is not None and tier is not None else None
     if curve is None or not isinstance(a.value, int) or isinstance(a.value, bool):
         return None
@@ -117,7 +117,7 @@ def kind_of(changes: dict) -> str:
         if k in dominant:
             return key_kinds[k]
     kinds = {key_kinds.get(k, "other") for k in changes}
-    return kinds.pop() if len(kinds) == 1 else "combined"
+    return kinds.pop() if len(kinds) == 1 else COMBINED
 
 
 def combination(items: tuple[Advice, ...]) -> Advice | None:
@@ -129,7 +129,7 @@ def combination(items: tuple[Advice, ...]) -> Advice | None:
     other values, the better item's. A part that would leave the combination one of its parts'
     own changes (it adds nothing, or holds all the others) is left out: the combination is never a
     config already replayed alone."""
-    ranked = sorted((a for a in items if a.status == "confirmed" and a.kind != "combined" and a.option is not None),
+    ranked = sorted((a for a in items if a.status == "confirmed" and not a.combined and a.option is not None),
                     key=_gain, reverse=True)
     best: list[Advice] = []
     changes: dict = {}
@@ -146,7 +146,7 @@ def combination(items: tuple[Advice, ...]) -> Advice | None:
     if len(best) < 2:
         return None
     first = next(iter(changes))
-    return Advice("combined", first, changes[first], changes,
+    return Advice(COMBINED, first, changes[first], changes,
                   "together: " + "; ".join(f"{a.settings()} ({a.kind}, TTFT p50 {fmt_pct(_gain(a))} better alone)"
                                            for a in best),
                   {"parts": [a.kind for a in best]})

@@ -10,6 +10,7 @@ be read again): sized from the removed tokens' p90 reuse distance, rounded up to
 
 from __future__ import annotations
 
+from tierdiag.config.names import WritePolicy
 from tierdiag.diagnose.advice import targets as T
 from tierdiag.diagnose.advice.base import (HOST_POOL_LIMIT_BYTES, Evidence, Rule, covered, gib, limit_words,
                                            pow2_at_least, pow2_at_most, significant)
@@ -79,7 +80,7 @@ class Capacity(Rule):
         target = deciles[CAPACITY_DECILE]
         # write_through keeps a host copy of everything on device: the host pool alone bounds what
         # stays cached. Otherwise host holds what device evicted, and the two add up.
-        inclusive = ctx.config.get("write_policy") == "write_through"
+        inclusive = ctx.config.get("write_policy") == WritePolicy.WRITE_THROUGH
         held, pools = held_capacity(ctx.config, device, host)
         if target <= held:
             return []  # the pools were big enough under LRU: not a capacity problem

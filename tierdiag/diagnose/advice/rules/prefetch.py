@@ -9,6 +9,7 @@ for prefetches in flight (more may be rate_limited), and evictions during the wa
 from __future__ import annotations
 
 from tierdiag.config.constants import DISK_BYTES_PER_S
+from tierdiag.config.names import PrefetchPolicy
 from tierdiag.diagnose.advice import targets as T
 from tierdiag.diagnose.advice.base import Evidence, Rule, significant
 from tierdiag.diagnose.advice.types import Advice
@@ -33,7 +34,7 @@ class Prefetch(Rule):
         ctx = ev.ctx
         lo = ctx.losses
         late = lo.storage_unused_tokens.get("prefetch_incomplete", 0)
-        if not significant(late, lo.input_tokens) or ctx.config.get("prefetch_policy") == "wait_complete":
+        if not significant(late, lo.input_tokens) or ctx.config.get("prefetch_policy") == PrefetchPolicy.WAIT_COMPLETE:
             return []
         kv = ctx.kv_bytes_per_token
         recompute_per_token_ns = share(ctx.recompute_ns, lo.recomputed_tokens) or 0.0

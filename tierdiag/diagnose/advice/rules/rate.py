@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from tierdiag.config.constants import MAX_TIME_SCALE
+from tierdiag.config.names import Cause
 from tierdiag.diagnose.advice import targets as T
 from tierdiag.diagnose.advice.base import Evidence, Rule
 from tierdiag.diagnose.advice.types import Advice
@@ -64,4 +65,4 @@ class Rate(Rule):
     def place(self, ev: Evidence) -> int:
         """Last where the requests' queues were the cache's doing (story.py): the cache rules first."""
         top = ev.ctx.story.top if ev.ctx.story is not None else None
-        return 1 if top is not None and (top.caches_doing or top.cause == "recompute") else 0
+        return 1 if top is not None and (top.caches_doing or top.cause == Cause.RECOMPUTE) else 0

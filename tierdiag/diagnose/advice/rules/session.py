@@ -6,6 +6,7 @@ from them."""
 
 from __future__ import annotations
 
+from tierdiag.config.names import WritePolicy
 from tierdiag.diagnose.advice import targets as T
 from tierdiag.diagnose.advice.base import Evidence, Rule, gib, limit_words, pow2_at_least, pow2_at_most, significant
 from tierdiag.diagnose.advice.types import Advice
@@ -30,7 +31,7 @@ class Session(Rule):
         kv = ctx.kv_bytes_per_token
         # As for capacity: under write_through the host pool alone holds every cached copy (device's
         # included), so it alone must hold the contexts; otherwise device and host add up.
-        inclusive = ctx.config.get("write_policy") == "write_through"
+        inclusive = ctx.config.get("write_policy") == WritePolicy.WRITE_THROUGH
         held, pools = held_capacity(ctx.config, device, host)
         want = pow2_at_least(sp.pool_p90_tokens if inclusive else sp.pool_p90_tokens - device, page)
         limit = pow2_at_most(host_limit_bytes // kv) if kv else want

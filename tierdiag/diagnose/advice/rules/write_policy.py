@@ -5,6 +5,7 @@ depends on the host pool's own evictions (a replay measures it: `advise`)."""
 
 from __future__ import annotations
 
+from tierdiag.config import names
 from tierdiag.diagnose.advice import targets as T
 from tierdiag.diagnose.advice.base import Evidence, Rule, significant
 from tierdiag.diagnose.advice.types import Advice
@@ -20,7 +21,7 @@ class WritePolicy(Rule):
     def trigger(self, ev: Evidence) -> list[Advice]:
         lo = ev.ctx.losses
         policy = ev.ctx.config.get("write_policy")
-        if not significant(lo.dropped_unbacked_tokens, lo.input_tokens) or policy == "write_through":
+        if not significant(lo.dropped_unbacked_tokens, lo.input_tokens) or policy == names.WritePolicy.WRITE_THROUGH:
             return []
         return [Advice(
             "write_policy", "write_policy", "write_through", {"write_policy": "write_through"},
