@@ -22,6 +22,7 @@ from tierdiag.diagnose.runcontext import LossEvidence, RunContext, TransferEvide
 from tierdiag.diagnose.facts import run_context
 from tierdiag.diagnose.explain import explain_request
 from tierdiag.diagnose.session_pool import session_pauses
+from tierdiag.diagnose.sessions import session_summary
 from tierdiag.diagnose.size_curves import size_curves
 from tierdiag.diagnose.totals import RunTotals, run_totals
 from tierdiag.diagnose.summary import compute_run_summary, run_summary
@@ -98,6 +99,7 @@ def test_stored_evidence_is_what_the_rows_give(request, which):
         assert stored.totals() == run_totals(con, run.run_id)
         assert stored.sessions() == (True, session_pauses(con, run))
         assert stored.size_curves() == (True, size_curves(con, run))
+        assert stored.session_summary() == (True, session_summary(con, run))
         assert run_context(con, run) == computed  # what every reader gets
     if which == "replayed":  # the real run has all of it: a split queue, losses, load-backs
         assert computed.queue_attribution and computed.losses.recomputed_tokens > 0
@@ -238,6 +240,26 @@ def test_a_sweep_merge_carries_the_evidence(planted, tmp_path):
         assert stored.context(run) == F.stored_evidence(con0, run0).context(run0)
 
 
+def test_a_row_written_before_the_session_summary_section_reads_and_computes_it(replayed, replayed_views,
+                                                                              tmp_path):
+    """A v10 row from before issue 41 has no `session_summary`: the rest of it is used, summary's
+    sessions are computed from the rows, and every view says the same."""
+    db = _copy(replayed, tmp_path, "older-row.duckdb")
+    with duckdb.connect(str(db)) as con:
+        (raw,) = con.execute("SELECT evidence_json FROM run_evidence").fetchone()
+        sections = json.loads(raw)
+        assert sections["session_summary"] is not None, "the mixed synth trace has sessions"
+        del sections["session_summary"]
+        con.execute("UPDATE run_evidence SET evidence_json = ?", [json.dumps(sections)])
+    with open_store(db) as con:
+        run = _run(con)
+        stored = F.stored_evidence(con, run)
+        assert stored is not None and stored.session_summary() == (False, None)
+        assert stored.totals() is not None
+        assert F.RunFacts(con, run).session_summary() == session_summary(con, run) is not None
+    assert _views(db) == replayed_views
+
+
 @pytest.mark.parametrize("args", [("explain", "tier"), ("explain", "recomp", "--json"), ("summary",),
                                   ("summary", "--json"), ("slow", "--json")])
 def test_with_stored_evidence_explain_and_summary_need_no_numpy(planted, args):
@@ -279,6 +301,12 @@ STORED_FIELDS = {
                    "model"],
     "SizeCurve": ["tier", "run_size_tokens", "held", "steps", "unbounded_reused_tokens", "knee_tokens",
                   "found_tokens"],
+    "SessionSummary": ["arrivals", "num_sessions", "num_turns_with_predecessor", "survival", "num_ended_sessions",
+                       "num_turns_not_served", "ended"],
+    "PauseBucket": ["label", "min_think_ms", "max_think_ms", "num_turns", "reused_tokens", "device_share", "host_share",
+                    "storage_share", "recomputed_share", "ttft_p50_ns", "ttft_p99_ns", "paused_lost_share",
+                    "queued_lost_share"],
+    "EndedSession": ["session_id", "rejected_req_id", "reject_reason", "turns_not_served"],
     "RunTotals": ["start_ns", "end_ns", "loadbacks", "loadback_bytes", "device_evictions", "device_evicted_tokens",
                   "device_rereferenced_tokens"],
     "RunSummary": ["run_id", "run_name", "status", "trace_path", "model", "gpu", "num_requests", "num_finished",
@@ -304,7 +332,7 @@ STORED_FIELDS = {
 
 def test_the_stored_classes_are_the_ones_evidence_version_describes():
     classes = {}
-    for section in ("context", "totals", "summary", "sessions", "size_curves"):
+    for section in ("context", "totals", "summary", "sessions", "size_curves", "session_summary"):
         classes.update(S.section_classes(section))
     assert sorted(classes) == sorted(STORED_FIELDS)
     for name, cls in classes.items():

@@ -14,6 +14,10 @@ class name, tuples marked as such, so that they read back equal to what was comp
     size_curves SizeCurves (size_curves.py) the reuse each tier would find at every size, from one
                           pass over the run's page references: the trace is read again here, at
                           close, while it is surely there; null where it cannot be (gone, changed)
+    session_summary SessionSummary (sessions.py) summary's sessions: survival by pause, the
+                          sessions that ended early; null for a run without sessions (a join of
+                          every later turn with what left its prefix while it queued: ~0.3 s of a
+                          1M-request `summary` before it was stored; issue 41)
 
 On a million-request run these are seconds of work over every request, batch and eviction
 (queue attribution, loss evidence, the token and class aggregates); stored, a reader fetches one
@@ -52,6 +56,7 @@ import duckdb
 from tierdiag.diagnose.runcontext import compute_run_context
 from tierdiag.diagnose.numbers import compute_run_summary
 from tierdiag.diagnose.session_pool import session_pauses
+from tierdiag.diagnose.sessions import session_summary
 from tierdiag.diagnose.size_curves import size_curves
 from tierdiag.diagnose.stored import EVIDENCE_VERSION, TABLE, encode, inputs
 from tierdiag.diagnose.totals import run_totals
@@ -86,13 +91,14 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run) -> dict:
         try:
             summary = compute_run_summary(con, run)
             totals = run_totals(con, run.run_id)
+            sessions = session_summary(con, run)
         finally:
             thread.join()
     if isinstance(context[0], BaseException):
         raise context[0]
     return {"inputs": encode(inputs(run)), "context": encode(context[0]),
             "summary": encode(summary), "totals": encode(totals), "sessions": encode(session_pauses(con, run)),
-            "size_curves": encode(size_curves(con, run))}
+            "size_curves": encode(size_curves(con, run)), "session_summary": encode(sessions)}
 
 
 def write_evidence(con: duckdb.DuckDBPyConnection, run_id: str, sections: dict) -> None:

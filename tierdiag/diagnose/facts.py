@@ -6,6 +6,7 @@
     facts.totals() / facts.bounds    RunTotals    (totals.py)   what explain compares a request with
     facts.session_pauses()           SessionPauses (session_pool.py) the session advice rule's distances
     facts.size_curves()              SizeCurves   (size_curves.py) reuse against each tier's size
+    facts.session_summary()          SessionSummary (sessions.py) summary's survival by pause, ended sessions
 
 Each is taken from the `run_evidence` row stored when the run was closed (evidence.py writes it,
 stored.py is its format) where that row is there and current, else computed from the run's rows
@@ -80,6 +81,14 @@ class StoredEvidence:
         found = self._get("sessions", "SessionPauses")
         return found is not None, found
 
+    def session_summary(self) -> tuple[bool, object]:
+        """(stored, the run's sessions.SessionSummary): stored as null for a run without sessions;
+        (False, None) where the row has no such section (written before it) or it does not decode."""
+        if "session_summary" in self._sections and self._sections["session_summary"] is None:
+            return True, None
+        found = self._get("session_summary", "SessionSummary")
+        return found is not None, found
+
     def size_curves(self) -> tuple[bool, SizeCurves | None]:
         """(stored, the run's SizeCurves): stored as null where the trace could not be read again
         at close; (False, None) where the row has no such section or it does not decode."""
@@ -146,6 +155,17 @@ class RunFacts:
         if "sessions" not in self._computed:
             self._computed["sessions"] = session_pauses(self._con, self.run)
         return self._computed["sessions"]
+
+    def session_summary(self):
+        """summary's sessions.SessionSummary (None: the run has no sessions)."""
+        stored, value = self.stored.session_summary() if self.stored is not None else (False, None)
+        if stored:
+            return value
+        if "session_summary" not in self._computed:
+            from tierdiag.diagnose.sessions import session_summary
+
+            self._computed["session_summary"] = session_summary(self._con, self.run)
+        return self._computed["session_summary"]
 
     def size_curves(self) -> SizeCurves | None:
         """The run's size curves (None: its trace could not be read again, at close or now)."""

@@ -5,7 +5,9 @@ and when it is trusted::
     run_evidence(run_id, evidence_version, created_at, evidence_json)
 
 `evidence_json` holds the sections `inputs`, `context`, `summary`, `totals`, `sessions` (null for
-a run without later session turns), `size_curves` (null where the trace could not be read again), each a typed result
+a run without later session turns), `size_curves` (null where the trace could not be read again),
+`session_summary` (null for a run without sessions; absent from rows written before it, whose
+readers compute it from the rows: no version bump, nothing else changed meaning), each a typed result
 as JSON (dataclasses tagged with their class name, tuples marked as such, so that they read back
 equal to what was computed). Bump EVIDENCE_VERSION whenever a stored class gains, loses or
 renames a field, or a number in it is computed differently: old rows are then ignored, not
@@ -77,6 +79,10 @@ def section_classes(section: str) -> dict:
         found = (SessionPauses,)
     elif section == "size_curves":
         found = (SizeCurves, SizeCurve)
+    elif section == "session_summary":
+        from tierdiag.diagnose.sessions import EndedSession, PauseBucket, SessionSummary
+
+        found = (SessionSummary, PauseBucket, EndedSession)
     else:
         found = (n.RunSummary, n.TierSplit, n.ClassStats, n.LoadBackTotals, n.SkipCount, n.EvictionCount,
                  n.RequestCount, n.ReasonCount, n.CauseShare)
