@@ -102,7 +102,8 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run) -> dict:
 
 
 def write_evidence(con: duckdb.DuckDBPyConnection, run_id: str, sections: dict) -> None:
-    """Replace the run's row, in one transaction (creating the table in a store made before it)."""
+    """Replace the run's row, and its rows of `request_lookup` (store/lookup.py), in one transaction
+    (creating the tables in a store made before them)."""
     from datetime import datetime, timezone
 
     from tierdiag.store.schema import OPTIONAL_TABLES, create_table_sql
@@ -114,6 +115,9 @@ def write_evidence(con: duckdb.DuckDBPyConnection, run_id: str, sections: dict) 
         con.execute(f"DELETE FROM {TABLE} WHERE run_id = ?", [run_id])
         con.execute(f"INSERT INTO {TABLE} VALUES (?, ?, ?, ?)",
                     [run_id, EVIDENCE_VERSION, datetime.now(timezone.utc).replace(tzinfo=None), payload])
+        from tierdiag.store.lookup import write_request_lookup
+
+        write_request_lookup(con, run_id)  # explain's index of the run's request ids (issue 41)
         con.execute("COMMIT")
     except BaseException:
         try:

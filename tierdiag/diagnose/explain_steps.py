@@ -368,10 +368,13 @@ def step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: RowLike, to
         # prefix's last use and this request's scheduling: the LRU stack distance, roughly.
         # Beyond the pool size an LRU pool cannot have kept it; well below it, something else
         # (locks, bursts) pushed it out.
+        # `arrival_ns < ?` adds nothing (a request is scheduled at or after its arrival) but
+        # lets the zone maps skip every later request of a big run (issue 41).
         reuse_distance = int(con.execute(
             "SELECT coalesce(sum(input_tokens - coalesce(device_hit_tokens, 0) + output_tokens), 0) "
             f"FROM requests WHERE run_id = ? AND {FINISHED_SQL} AND {_SCHEDULED_SQL} > ? "
-            f"AND {_SCHEDULED_SQL} < ?", [rid, int(last_access), _scheduled_ns(row)]).fetchone()[0])
+            f"AND {_SCHEDULED_SQL} < ? AND arrival_ns < ?",
+            [rid, int(last_access), _scheduled_ns(row), _scheduled_ns(row)]).fetchone()[0])
 
     lo, hi = _window(row, bounds)
     span_ns = bounds[1] - bounds[0]
