@@ -43,6 +43,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tierdiag.store.schema import EVENT_TABLES as TABLES_COPIED  # noqa: E402 - every event table, copy by copy
+
 SUFFIX = "@c"  # req_id / session_id of copy k >= 1: the source's + "@c<k>"
 
 # Per table: column -> how copy k's value is made from the source row (`k` the copy, SPAN / *_N
@@ -114,7 +116,7 @@ def build(source: Path, out: Path, copies: int, run: str | None = None, *, evide
     """Copy `run` of `source` (its newest complete run when None) `copies` times into a new store `out`."""
     import duckdb
 
-    from tierdiag.store.schema import EVENT_TABLES, TABLES, new_run_id
+    from tierdiag.store.schema import TABLES, new_run_id
     from tierdiag.store.writer import init_store
 
     if copies < 1:
@@ -170,7 +172,7 @@ def build(source: Path, out: Path, copies: int, run: str | None = None, *, evide
         con.execute(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
                     [row[c] for c in cols])
         counts = {}
-        for table in EVENT_TABLES:
+        for table in TABLES_COPIED:
             exprs = [f"'{new_id}'" if c == "run_id" else f"{recipes.get(table, {}).get(c, c)}" for c in TABLES[table]]
             # Copy by copy, each in the source's own row order (the order its writer appended).
             con.execute(f"INSERT INTO {table} ({', '.join(TABLES[table])}) "
