@@ -14,7 +14,10 @@ Rows (ROWS: comma-separated keys in brackets):
   [scale]    1M `tierdiag synth` requests replayed: wall and peak RSS (<= 100 s, <= 1 GB).
              --quick: 20k requests, and the verdict says it was not the 1M run.
   [readers]  `summary` and `explain` (its slowest request) as subprocesses, start-up included,
-             on that run (a synth trace: sessions included), <= 0.3 s each.
+             on that run (a synth trace: sessions included), <= 0.3 s each. Where that run is
+             under 1M requests (--quick), also on a 1M-request stand-in built from it by copying
+             its rows (benchmarks/big_store.py: it measures the readers, not the engine; ~1-3 min
+             to build); --readers-db: on that store alone.
   [kernels]  CPU load-back with pages scattered on both sides / one contiguous copy of the same
              bytes (`tierdiag calibrate --json`'s headline, its two largest sizes), >= 0.6x.
   [sweep]    `tierdiag sweep --jobs 2` of 4 small runs (the conversation trace's first 1,000
@@ -184,6 +187,26 @@ def bench_readers(db: str | None, repeats: int, label: str) -> dict[str, Any]:
     return out
 
 
+BIG_REQUESTS = 1_000_000
+
+
+def bench_readers_big(sc: dict[str, Any], repeats: int, tmp: Path) -> dict[str, Any]:
+    """The readers on a 1M-request stand-in copied from the scale row's run (big_store.py), where
+    that run is smaller: the readers' target is on 1M requests, and a real 1M replay is minutes."""
+    if not sc.get("db"):
+        return {"available": False, "why": "no scale run (its row did not run)"}
+    n = int(sc.get("requests") or 0)
+    if n >= BIG_REQUESTS:
+        return {"available": False, "why": f"the scale run has {n:,} requests already"}
+    import big_store  # benchmarks/big_store.py
+
+    copies = -(-BIG_REQUESTS // max(n, 1))
+    _say(f"targets: building a {n * copies:,}-request stand-in ({copies} copies of the scale run's rows)")
+    built = big_store.build(Path(sc["db"]), tmp / "big-store.duckdb", copies)
+    out = bench_readers(built["db"], repeats, f"{built['requests']:,}-request stand-in ({n:,} x {copies}, copied rows)")
+    return {**out, "requests": built["requests"], "copies": copies, "build_s": built["copy_s"] + (built["evidence_s"] or 0)}
+
+
 def bench_kernels(quick: bool, tmp: Path) -> dict[str, Any]:
     args = ["calibrate", "--json", "--out", tmp / "profile.json"] + (["--quick"] if quick else [])
     r = scale.run(args)
@@ -245,6 +268,8 @@ def collect(quick: bool, repeats: int, only: set[str], tmp: Path, readers_db: Pa
     sc = res["scale"]
     res["readers"] = (_guard("readers", bench_readers, sc.get("db"), max(3, repeats), f"{sc.get('requests', 0):,}-request run")
                       if "readers" in only else skipped)
+    res["readers_big"] = (_guard("readers_big", bench_readers_big, sc, max(3, repeats), tmp)
+                          if "readers" in only and readers_db is None else skipped)
     res["load_after"] = os.getloadavg()[0]
     return res
 
@@ -308,17 +333,27 @@ def table(res: dict[str, Any]) -> list[dict[str, Any]]:
             sw["speedup"] >= 1.6, ratio=sw["speedup"])
     else:
         row("sweep of 4 small runs, --jobs 2 vs one by one", None, ">= 1.6x", None, sw.get("why", ""))
-    rd = res.get("readers", {})
+    rd, big = res.get("readers", {}), res.get("readers_big", {})
     if rd.get("available"):
         full = (sc.get("requests") or 0) >= 1_000_000
         for c in ("summary", "explain"):
             ok = rd[c]["wall_s"] <= 0.3
-            row(f"`{c}` with start-up on the {rd['run']}", f"{rd[c]['wall_s']:.3f} s ({rd[c]['rss_bytes'] / 1e6:,.0f} MB)",
-                "<= 0.3 s on 1M, sessions included", ok if full else None, "" if full else "quick: not the 1M run")
+            row(f"`{c}` with start-up on the {rd['run']}", _reader_value(rd[c]),
+                "<= 0.3 s on 1M, sessions included", ok if full else None,
+                "" if full else "not the 1M run" + ("; the stand-in's row below is" if big.get("available") else ""))
     else:
         for c in ("summary", "explain"):
             row(f"`{c}` with start-up", None, "<= 0.3 s on 1M, sessions included", None, rd.get("why", ""))
+    if big.get("available"):
+        for c in ("summary", "explain"):
+            row(f"`{c}` with start-up on the {big['run']}", _reader_value(big[c]),
+                "<= 0.3 s on 1M, sessions included", big[c]["wall_s"] <= 0.3,
+                "rows copied by benchmarks/big_store.py, not a replay")
     return rows
+
+
+def _reader_value(r: dict[str, Any]) -> str:
+    return f"{r['wall_s']:.3f} s, CPU {r['cpu_s']:.3f} s ({r['rss_bytes'] / 1e6:,.0f} MB)"
 
 
 def render(res: dict[str, Any], console=None) -> None:
@@ -347,8 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=",".join(ROWS), help=f"comma-separated rows: {', '.join(ROWS)}")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--readers-db", type=Path, default=None,
-                    help="the readers row on this recorded run store (a 1M replay made before, ~5 min): "
-                         "the scale row is then not run")
+                    help="the readers row on this recorded run store (a 1M replay made before, ~5-10 min, or "
+                         "benchmarks/big_store.py's stand-in): the scale row is then not run")
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
     if only - set(ROWS):

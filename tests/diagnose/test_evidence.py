@@ -22,6 +22,9 @@ from tierdiag.diagnose.runcontext import LossEvidence, RunContext, TransferEvide
 from tierdiag.diagnose.facts import run_context
 from tierdiag.diagnose.explain import explain_request
 from tierdiag.diagnose.session_pool import session_pauses
+from tierdiag.diagnose.sessions import session_summary
+from tierdiag.diagnose.ranks import rank_summary
+from tierdiag.diagnose.miss_reasons import run_miss_reasons
 from tierdiag.diagnose.size_curves import size_curves
 from tierdiag.diagnose.totals import RunTotals, run_totals
 from tierdiag.diagnose.summary import compute_run_summary, run_summary
@@ -98,6 +101,9 @@ def test_stored_evidence_is_what_the_rows_give(request, which):
         assert stored.totals() == run_totals(con, run.run_id)
         assert stored.sessions() == (True, session_pauses(con, run))
         assert stored.size_curves() == (True, size_curves(con, run))
+        assert stored.session_summary() == (True, session_summary(con, run))
+        assert stored.rank_summary() == (True, rank_summary(con, run))
+        assert stored.miss_reasons() == (True, run_miss_reasons(con, run.run_id))
         assert run_context(con, run) == computed  # what every reader gets
     if which == "replayed":  # the real run has all of it: a split queue, losses, load-backs
         assert computed.queue_attribution and computed.losses.recomputed_tokens > 0
@@ -238,6 +244,31 @@ def test_a_sweep_merge_carries_the_evidence(planted, tmp_path):
         assert stored.context(run) == F.stored_evidence(con0, run0).context(run0)
 
 
+def test_a_row_written_before_summarys_read_time_sections_reads_and_computes_them(replayed, replayed_views,
+                                                                              tmp_path):
+    """A v10 row from before issue 41 has no `session_summary`, `rank_summary`, `miss_reasons`: the
+    rest of it is used, those are computed from the rows, and every view says the same."""
+    db = _copy(replayed, tmp_path, "older-row.duckdb")
+    with duckdb.connect(str(db)) as con:
+        (raw,) = con.execute("SELECT evidence_json FROM run_evidence").fetchone()
+        sections = json.loads(raw)
+        assert sections["session_summary"] is not None, "the mixed synth trace has sessions"
+        assert sections["miss_reasons"] is not None
+        for late in ("session_summary", "rank_summary", "miss_reasons"):  # the sections issue 41 added
+            del sections[late]
+        con.execute("UPDATE run_evidence SET evidence_json = ?", [json.dumps(sections)])
+    with open_store(db) as con:
+        run = _run(con)
+        stored = F.stored_evidence(con, run)
+        assert stored is not None and stored.session_summary() == (False, None)
+        assert stored.rank_summary() == (False, None) and stored.miss_reasons() == (False, None)
+        assert stored.totals() is not None
+        facts = F.RunFacts(con, run)
+        assert facts.session_summary() == session_summary(con, run) is not None
+        assert facts.miss_reasons() == run_miss_reasons(con, run.run_id) is not None
+    assert _views(db) == replayed_views
+
+
 @pytest.mark.parametrize("args", [("explain", "tier"), ("explain", "recomp", "--json"), ("summary",),
                                   ("summary", "--json"), ("slow", "--json")])
 def test_with_stored_evidence_explain_and_summary_need_no_numpy(planted, args):
@@ -279,6 +310,19 @@ STORED_FIELDS = {
                    "model"],
     "SizeCurve": ["tier", "run_size_tokens", "held", "steps", "unbounded_reused_tokens", "knee_tokens",
                   "found_tokens"],
+    "SessionSummary": ["arrivals", "num_sessions", "num_turns_with_predecessor", "survival", "num_ended_sessions",
+                       "num_turns_not_served", "ended"],
+    "PauseBucket": ["label", "min_think_ms", "max_think_ms", "num_turns", "reused_tokens", "device_share", "host_share",
+                    "storage_share", "recomputed_share", "ttft_p50_ns", "ttft_p99_ns", "paused_lost_share",
+                    "queued_lost_share"],
+    "EndedSession": ["session_id", "rejected_req_id", "reject_reason", "turns_not_served"],
+    "RankSummary": ["dp", "router", "span_ns", "ranks", "busy_max_ns", "busy_mean_ns", "busiest_rank", "imbalance",
+                    "num_routed", "to_best_rank", "to_best_rank_share", "held_elsewhere_tokens",
+                    "prefix_tokens_at_arrival"],
+    "RankStats": ["dp_rank", "num_requests", "num_finished", "prefill_busy_ns", "prefill_busy_share", "computed_tokens",
+                  "input_tokens", "device_hit_tokens", "host_hit_tokens", "storage_hit_tokens", "device_share",
+                  "host_share", "storage_share", "ttft_p50_ns", "ttft_p90_ns"],
+    "Deployment": ["dp", "router"],
     "RunTotals": ["start_ns", "end_ns", "loadbacks", "loadback_bytes", "device_evictions", "device_evicted_tokens",
                   "device_rereferenced_tokens"],
     "RunSummary": ["run_id", "run_name", "status", "trace_path", "model", "gpu", "num_requests", "num_finished",
@@ -304,7 +348,8 @@ STORED_FIELDS = {
 
 def test_the_stored_classes_are_the_ones_evidence_version_describes():
     classes = {}
-    for section in ("context", "totals", "summary", "sessions", "size_curves"):
+    for section in ("context", "totals", "summary", "sessions", "size_curves", "session_summary", "rank_summary",
+                    "miss_reasons"):
         classes.update(S.section_classes(section))
     assert sorted(classes) == sorted(STORED_FIELDS)
     for name, cls in classes.items():
@@ -332,3 +377,27 @@ def test_advice_uses_the_cost_models_disk_rate():
     from tierdiag.engine.costmodel import DISK_BYTES_PER_S as MODEL
 
     assert DISK_BYTES_PER_S == MODEL
+
+
+def test_a_data_parallel_runs_ranks_are_stored_and_read_back_as_computed(tmp_path):
+    """`rank_summary` (issue 41): a --dp run's per-rank section is stored at close and reads back
+    equal to what the rows give; summary says the same with the section gone."""
+    trace = tmp_path / "mixed.jsonl"
+    assert CliRunner().invoke(app, ["synth", str(trace), "--requests", "120", "--rate", "8"]).exit_code == 0
+    db = tmp_path / "dp.duckdb"
+    result = CliRunner().invoke(app, ["replay", str(trace), "--db", str(db), "--dp", "2", "--router", "cache_aware"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    with open_store(db) as con:
+        run = _run(con)
+        stored = F.stored_evidence(con, run)
+        computed = rank_summary(con, run)
+        assert computed is not None and len(computed.ranks) == 2
+        assert stored is not None and stored.rank_summary() == (True, computed)
+        before = run_summary(con, run).to_json()
+    with duckdb.connect(str(db)) as con:
+        (raw,) = con.execute("SELECT evidence_json FROM run_evidence").fetchone()
+        sections = json.loads(raw)
+        del sections["rank_summary"]
+        con.execute("UPDATE run_evidence SET evidence_json = ?", [json.dumps(sections)])
+    with open_store(db) as con:
+        assert run_summary(con, _run(con)).to_json() == before

@@ -28,7 +28,7 @@ class SummaryView:
     run: Any  # store.reader.RunInfo
     summary: Any
     sglang_rules: str | None
-    kv_memory: Any  # diagnose.compare.KvMemory | None
+    kv_memory: Any  # diagnose.kv_memory.KvMemory | None
     clock: str | None
 
     def to_json(self) -> dict:
@@ -46,15 +46,18 @@ def summary_view(db: Path, run: str | None) -> SummaryView:
         from tierdiag.diagnose.views import summarize
 
         result = summarize(con, info)
-    from tierdiag.config.profile import provenance_line
-    from tierdiag.diagnose.compare import run_kv_memory
+    from tierdiag.diagnose.kv_memory import run_kv_memory
     from tierdiag.diagnose.read.run import parse
 
     # The SGLang release whose rules the replay followed (0.5.9 for one recorded before rule sets);
     # None for an imported run, whose numbers are the server's (the run parsed once: read/run.py).
     rules = parse(info).rules
-    return SummaryView(run=info, summary=result, sglang_rules=rules, kv_memory=run_kv_memory(info),
-                       clock=provenance_line(info.config.get("profile_source")))
+    source, clock = info.config.get("profile_source"), None
+    if source:  # a replay timed by a calibrate profile (config/profile.py loaded only then: start-up)
+        from tierdiag.config.profile import provenance_line
+
+        clock = provenance_line(source)
+    return SummaryView(run=info, summary=result, sglang_rules=rules, kv_memory=run_kv_memory(info), clock=clock)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ from tierdiag.config.names import PrefetchPolicy, WritePolicy, values
 from tierdiag.config.policies import EVICTION_POLICIES as _EVICTION_REGISTRY, configured_eviction_policy
 from tierdiag.config.presets import GPUS, MODELS, gpu_preset, model_preset
 from tierdiag.config.profile import check_profile, profile_defaults
-from tierdiag.config.releases import RELEASES, check_switched_back, rule_release
+from tierdiag.config.releases import (RELEASES, SGLANG_HOST_LAYOUT, SGLANG_PREFETCH_POLICY,  # noqa: F401 - re-exported
+                                      check_switched_back, rule_release)
 from tierdiag.config.router import DEFAULTS as ROUTER_DEFAULTS, KEYS as ROUTER_KEYS
 from tierdiag.config.schema import (Choice, Flag, Float, Int, KeyedConfigError, Schema, Text,
                                     check_values, key_name, option_name, register_options, show)
@@ -48,10 +49,6 @@ ARRIVALS = ("trace", "closed")
 # The SGLang releases whose rules the engine follows (config/releases.py; engine/rules.py: one
 # RuleSet each), the default first: 0.5.23, the release `import sglang` reads.
 SGLANG_RULES = RELEASES
-# Each release's prefetch policy when the config sets none (its RuleSet's prefetch_policy_default).
-SGLANG_PREFETCH_POLICY = {"0.5.23": PrefetchPolicy.TIMEOUT.value, "0.5.9": PrefetchPolicy.BEST_EFFORT.value}
-# Each release's host pool layout (`hicache_mem_layout` default; its RuleSet's host_layout).
-SGLANG_HOST_LAYOUT = {"0.5.23": "page_first", "0.5.9": "layer_first"}
 # What each release offers of the options that name something (one check per release for every
 # option: a name its release lacks is refused before a run exists, exit 2, or 3 from --config).
 # 0.5.9: `RadixCache.__init__`'s eviction_policy switch (radix_cache.py: lru, lfu, fifo, mru,

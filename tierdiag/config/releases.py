@@ -22,6 +22,13 @@ from tierdiag.errors import ConfigError
 # Newest first (config.engine.SGLANG_RULES is this tuple): the release "before" one is the
 # next in this tuple.
 RELEASES = ("0.5.23", "0.5.9")
+# Each release's prefetch policy when the config sets none (its RuleSet's prefetch_policy_default;
+# config/names.py PrefetchPolicy's values: "timeout", "best_effort").
+SGLANG_PREFETCH_POLICY = {"0.5.23": "timeout", "0.5.9": "best_effort"}
+# Each release's host pool layout (`hicache_mem_layout` default; its RuleSet's host_layout).
+# Here, not in config/engine.py, so that engine/rules.py (read by summary and explain) does not
+# load the config's schema and presets (issue 41: start-up).
+SGLANG_HOST_LAYOUT = {"0.5.23": "page_first", "0.5.9": "layer_first"}
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,14 @@ class name, tuples marked as such, so that they read back equal to what was comp
     size_curves SizeCurves (size_curves.py) the reuse each tier would find at every size, from one
                           pass over the run's page references: the trace is read again here, at
                           close, while it is surely there; null where it cannot be (gone, changed)
+    session_summary SessionSummary (sessions.py) summary's sessions: survival by pause, the
+                          sessions that ended early; null for a run without sessions (a join of
+                          every later turn with what left its prefix while it queued: ~0.3 s of a
+                          1M-request `summary` before it was stored; issue 41)
+    rank_summary RankSummary (ranks.py) summary's per-rank section; null for a run of one rank
+    miss_reasons {reason: tokens} (miss_reasons.py) summary's computed tokens by why they were not
+                          reused; null where the rows have none (three more passes over every
+                          request that `summary` made at read time)
 
 On a million-request run these are seconds of work over every request, batch and eviction
 (queue attribution, loss evidence, the token and class aggregates); stored, a reader fetches one
@@ -52,6 +60,9 @@ import duckdb
 from tierdiag.diagnose.runcontext import compute_run_context
 from tierdiag.diagnose.numbers import compute_run_summary
 from tierdiag.diagnose.session_pool import session_pauses
+from tierdiag.diagnose.sessions import session_summary
+from tierdiag.diagnose.ranks import rank_summary
+from tierdiag.diagnose.miss_reasons import run_miss_reasons
 from tierdiag.diagnose.size_curves import size_curves
 from tierdiag.diagnose.stored import EVIDENCE_VERSION, TABLE, encode, inputs
 from tierdiag.diagnose.totals import run_totals
@@ -86,17 +97,22 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run) -> dict:
         try:
             summary = compute_run_summary(con, run)
             totals = run_totals(con, run.run_id)
+            sessions = session_summary(con, run)
+            ranks = rank_summary(con, run)
+            reasons = run_miss_reasons(con, run.run_id)
         finally:
             thread.join()
     if isinstance(context[0], BaseException):
         raise context[0]
     return {"inputs": encode(inputs(run)), "context": encode(context[0]),
             "summary": encode(summary), "totals": encode(totals), "sessions": encode(session_pauses(con, run)),
-            "size_curves": encode(size_curves(con, run))}
+            "size_curves": encode(size_curves(con, run)), "session_summary": encode(sessions),
+            "rank_summary": encode(ranks), "miss_reasons": encode(reasons)}
 
 
 def write_evidence(con: duckdb.DuckDBPyConnection, run_id: str, sections: dict) -> None:
-    """Replace the run's row, in one transaction (creating the table in a store made before it)."""
+    """Replace the run's row, and its rows of `request_lookup` (store/lookup.py), in one transaction
+    (creating the tables in a store made before them)."""
     from datetime import datetime, timezone
 
     from tierdiag.store.schema import OPTIONAL_TABLES, create_table_sql
@@ -108,6 +124,9 @@ def write_evidence(con: duckdb.DuckDBPyConnection, run_id: str, sections: dict) 
         con.execute(f"DELETE FROM {TABLE} WHERE run_id = ?", [run_id])
         con.execute(f"INSERT INTO {TABLE} VALUES (?, ?, ?, ?)",
                     [run_id, EVIDENCE_VERSION, datetime.now(timezone.utc).replace(tzinfo=None), payload])
+        from tierdiag.store.lookup import write_request_lookup
+
+        write_request_lookup(con, run_id)  # explain's index of the run's request ids (issue 41)
         con.execute("COMMIT")
     except BaseException:
         try:

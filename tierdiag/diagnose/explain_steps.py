@@ -237,6 +237,9 @@ def step_load_back(con: duckdb.DuckDBPyConnection, run: RunInfo, row: RowLike, t
     # tests/diagnose/test_claims.py checks the bound on the demo run and the Mooncake traces.
     t_lo = int(row.arrival_ns) if row.arrival_ns is not None else None
     t_hi = row.finish_ns
+    # Each bound only where there is one: a plain `t_start_ns >= ?` lets the zone maps skip the rest
+    # of a big run's transfers, where `(? IS NULL OR ...)` compared every request id (issue 41).
+    bounded = [(" AND t_start_ns >= ?", t_lo), (" AND t_start_ns <= ?", t_hi)]
     transfers = tuple(
         TransferRow(transfer_id=int(t["transfer_id"] or 0), kind=t["kind"],
                     t_start_ns=int(t["t_start_ns"] or 0) - bounds[0], t_end_ns=int(t["t_end_ns"] or 0) - bounds[0],
@@ -245,9 +248,9 @@ def step_load_back(con: duckdb.DuckDBPyConnection, run: RunInfo, row: RowLike, t
         for t in fetch_dicts(
             con,
             "SELECT transfer_id, kind, t_start_ns, t_end_ns, pages, runs, bytes, queued_ns, wall_ns "
-            "FROM transfers WHERE run_id = ? AND req_id = ? AND kind IN ('load_back', 'prefetch') "
-            "AND (? IS NULL OR t_start_ns >= ?) AND (? IS NULL OR t_start_ns <= ?) "
-            "ORDER BY t_start_ns, transfer_id", [rid, row.req_id, t_lo, t_lo, t_hi, t_hi]))
+            "FROM transfers WHERE run_id = ? AND req_id = ? AND kind IN ('load_back', 'prefetch')"
+            + "".join(sql for sql, v in bounded if v is not None) + " ORDER BY t_start_ns, transfer_id",
+            [rid, row.req_id] + [int(v) for _, v in bounded if v is not None]))
     stats = con.execute(
         "SELECT count(*), coalesce(sum(bytes), 0) FROM transfers "
         "WHERE run_id = ? AND kind = 'load_back' AND t_end_ns >= ? AND t_start_ns <= ?", [rid, lo, hi]).fetchone()
@@ -369,28 +372,32 @@ def step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: RowLike, to
         # prefix's last use and this request's scheduling: the LRU stack distance, roughly.
         # Beyond the pool size an LRU pool cannot have kept it; well below it, something else
         # (locks, bursts) pushed it out.
+        # `arrival_ns < ?` adds nothing (a request is scheduled at or after its arrival) but
+        # lets the zone maps skip every later request of a big run (issue 41).
         reuse_distance = int(con.execute(
             "SELECT coalesce(sum(input_tokens - coalesce(device_hit_tokens, 0) + output_tokens), 0) "
             f"FROM requests WHERE run_id = ? AND {FINISHED_SQL} AND {_SCHEDULED_SQL} > ? "
-            f"AND {_SCHEDULED_SQL} < ?", [rid, int(last_access), _scheduled_ns(row)]).fetchone()[0])
+            f"AND {_SCHEDULED_SQL} < ? AND arrival_ns < ?",
+            [rid, int(last_access), _scheduled_ns(row), _scheduled_ns(row)]).fetchone()[0])
 
     lo, hi = _window(row, bounds)
     span_ns = bounds[1] - bounds[0]
     dev = con.execute(
-        "SELECT count(*), coalesce(sum(tokens), 0) FROM evictions "
+        "SELECT count(*), coalesce(sum(tokens), 0), min(eviction_id), max(eviction_id) FROM evictions "
         "WHERE run_id = ? AND tier = 'device' AND t_ns BETWEEN ? AND ?", [rid, lo, hi]).fetchone()
-    win_n, win_tokens = (int(x or 0) for x in dev)
+    win_n, win_tokens = (int(x or 0) for x in dev[:2])
+    ids_lo, ids_hi = dev[2], dev[3]  # the window's eviction ids: request_evictions read only there (issue 41)
     # On the window, not the run: the share of the tokens evicted in it that a request came
     # back for, and the eviction rate per ns of prefill-busy time, here and over the run (a
     # rate per wall ns would compare a busy window with a run average diluted by idle hours).
     win_reref, win_busy, run_busy = con.execute(
         "SELECT (SELECT coalesce(sum(tokens), 0) FROM evictions WHERE run_id = $r AND tier = 'device' "
         "        AND t_ns BETWEEN $lo AND $hi AND eviction_id IN "
-        "        (SELECT eviction_id FROM request_evictions WHERE run_id = $r)), "
+        "        (SELECT eviction_id FROM request_evictions WHERE run_id = $r AND eviction_id BETWEEN $ilo AND $ihi)), "
         "       (SELECT coalesce(sum(least(t_end_ns, $hi) - greatest(t_start_ns, $lo)), 0) FROM batches "
         "        WHERE run_id = $r AND t_end_ns > $lo AND t_start_ns < $hi), "
         "       (SELECT coalesce(sum(t_end_ns - t_start_ns), 0) FROM batches WHERE run_id = $r)",
-        {"r": rid, "lo": lo, "hi": hi}).fetchone()
+        {"r": rid, "lo": lo, "hi": hi, "ilo": ids_lo, "ihi": ids_hi}).fetchone()
     run_n = totals.device_evictions
     window_rate = _per_s(win_n, int(win_busy or 0) or hi - lo)
     run_rate = _per_s(run_n, int(run_busy or 0) or span_ns)

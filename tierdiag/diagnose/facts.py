@@ -6,6 +6,9 @@
     facts.totals() / facts.bounds    RunTotals    (totals.py)   what explain compares a request with
     facts.session_pauses()           SessionPauses (session_pool.py) the session advice rule's distances
     facts.size_curves()              SizeCurves   (size_curves.py) reuse against each tier's size
+    facts.session_summary()          SessionSummary (sessions.py) summary's survival by pause, ended sessions
+    facts.rank_summary()             RankSummary  (ranks.py)    summary's per-rank section
+    facts.miss_reasons()             {reason: tokens} (miss_reasons.py) summary's computed tokens by reason
 
 Each is taken from the `run_evidence` row stored when the run was closed (evidence.py writes it,
 stored.py is its format) where that row is there and current, else computed from the run's rows
@@ -80,6 +83,34 @@ class StoredEvidence:
         found = self._get("sessions", "SessionPauses")
         return found is not None, found
 
+    def session_summary(self) -> tuple[bool, object]:
+        """(stored, the run's sessions.SessionSummary): stored as null for a run without sessions;
+        (False, None) where the row has no such section (written before it) or it does not decode."""
+        if "session_summary" in self._sections and self._sections["session_summary"] is None:
+            return True, None
+        found = self._get("session_summary", "SessionSummary")
+        return found is not None, found
+
+    def rank_summary(self) -> tuple[bool, object]:
+        """(stored, the run's ranks.RankSummary): stored as null for a run of one rank; (False,
+        None) where the row has no such section (written before it) or it does not decode."""
+        if "rank_summary" in self._sections and self._sections["rank_summary"] is None:
+            return True, None
+        found = self._get("rank_summary", "RankSummary")
+        return found is not None, found
+
+    def miss_reasons(self) -> tuple[bool, dict | None]:
+        """(stored, reason -> tokens): stored as null where the rows have none; (False, None)
+        where the row has no such section or it is not such a dict."""
+        if "miss_reasons" not in self._sections:
+            return False, None
+        raw = self._sections["miss_reasons"]
+        if raw is None:
+            return True, None
+        if isinstance(raw, dict) and all(isinstance(k, str) and type(v) is int for k, v in raw.items()):
+            return True, dict(raw)
+        return False, None
+
     def size_curves(self) -> tuple[bool, SizeCurves | None]:
         """(stored, the run's SizeCurves): stored as null where the trace could not be read again
         at close; (False, None) where the row has no such section or it does not decode."""
@@ -146,6 +177,39 @@ class RunFacts:
         if "sessions" not in self._computed:
             self._computed["sessions"] = session_pauses(self._con, self.run)
         return self._computed["sessions"]
+
+    def session_summary(self):
+        """summary's sessions.SessionSummary (None: the run has no sessions)."""
+        stored, value = self.stored.session_summary() if self.stored is not None else (False, None)
+        if stored:
+            return value
+        if "session_summary" not in self._computed:
+            from tierdiag.diagnose.sessions import session_summary
+
+            self._computed["session_summary"] = session_summary(self._con, self.run)
+        return self._computed["session_summary"]
+
+    def rank_summary(self):
+        """summary's ranks.RankSummary (None: a run of one rank)."""
+        stored, value = self.stored.rank_summary() if self.stored is not None else (False, None)
+        if stored:
+            return value
+        if "rank_summary" not in self._computed:
+            from tierdiag.diagnose.ranks import rank_summary
+
+            self._computed["rank_summary"] = rank_summary(self._con, self.run)
+        return self._computed["rank_summary"]
+
+    def miss_reasons(self) -> dict[str, int] | None:
+        """summary's reason -> tokens over the run's finished requests (None: the rows have none)."""
+        stored, value = self.stored.miss_reasons() if self.stored is not None else (False, None)
+        if stored:
+            return value
+        if "miss_reasons" not in self._computed:
+            from tierdiag.diagnose.miss_reasons import run_miss_reasons
+
+            self._computed["miss_reasons"] = run_miss_reasons(self._con, self.run.run_id)
+        return self._computed["miss_reasons"]
 
     def size_curves(self) -> SizeCurves | None:
         """The run's size curves (None: its trace could not be read again, at close or now)."""

@@ -21,10 +21,10 @@ into lost during the pause and lost while queued.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import duckdb
 
-from tierdiag.diagnose.explain_result import Step
 from tierdiag.diagnose.query import dataclass_json
 from tierdiag.diagnose.context import scheduled_ns
 from tierdiag.diagnose.waiting_loss import lost_while_waiting, wait_moves
@@ -32,6 +32,9 @@ from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, share
 from tierdiag.diagnose.read.requests import RequestRow, RowLike
 from tierdiag.diagnose.read import queries
 from tierdiag.diagnose.read import sessions as read
+
+if TYPE_CHECKING:
+    from tierdiag.diagnose.explain_result import Step
 
 # (label, lower bound ms inclusive, upper bound ms exclusive or None)
 PAUSE_BUCKETS: tuple[tuple[str, float, float | None], ...] = (
@@ -229,6 +232,8 @@ def session_step(con: duckdb.DuckDBPyConnection, run, row: RowLike, run_start_ns
         at_schedule_storage_tokens=storage, at_schedule_gone_tokens=gone,
         lost_while_queued_tokens=arrived[4], demoted_while_queued_tokens=arrived[5],
         queued_evictions=queued_evictions)
+    from tierdiag.diagnose.explain_result import Step  # explain's types: `summary` reads this module without them
+
     return Step(step=number, name="session", finding=session_finding(ev), evidence=ev)
 
 
@@ -242,8 +247,8 @@ def _undo_wait(con: duckdb.DuckDBPyConnection, rid: str, row: RequestRow,
     device, host, storage, gone = at_schedule
     if row.first_token_ns is None:
         return device, host, storage, gone, 0, 0
-    moves = wait_moves(con, rid, row.req_id)
-    lost = lost_while_waiting(con, rid, row.req_id)
+    moves = wait_moves(con, rid, row.req_id, row.seq)
+    lost = lost_while_waiting(con, rid, row.req_id, row.seq)
     demoted = min(moves.get(("device", "demote"), 0), host + storage + gone)
     # Deletions and drops first: what left every tier while it queued was on host / device at arrival.
     deleted = min(moves.get(("host", "delete"), 0), lost)

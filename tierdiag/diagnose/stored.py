@@ -5,7 +5,11 @@ and when it is trusted::
     run_evidence(run_id, evidence_version, created_at, evidence_json)
 
 `evidence_json` holds the sections `inputs`, `context`, `summary`, `totals`, `sessions` (null for
-a run without later session turns), `size_curves` (null where the trace could not be read again), each a typed result
+a run without later session turns), `size_curves` (null where the trace could not be read again),
+`session_summary` (null for a run without sessions), `rank_summary` (null for a run of one rank)
+and `miss_reasons` (reason -> tokens; null where the rows have none): summary's read-time parts,
+absent from rows written before them, whose readers compute them from the rows (no version bump:
+nothing else changed meaning), each a typed result
 as JSON (dataclasses tagged with their class name, tuples marked as such, so that they read back
 equal to what was computed). Bump EVIDENCE_VERSION whenever a stored class gains, loses or
 renames a field, or a number in it is computed differently: old rows are then ignored, not
@@ -77,6 +81,16 @@ def section_classes(section: str) -> dict:
         found = (SessionPauses,)
     elif section == "size_curves":
         found = (SizeCurves, SizeCurve)
+    elif section == "session_summary":
+        from tierdiag.diagnose.sessions import EndedSession, PauseBucket, SessionSummary
+
+        found = (SessionSummary, PauseBucket, EndedSession)
+    elif section == "rank_summary":
+        from tierdiag.diagnose.ranks import Deployment, RankStats, RankSummary
+
+        found = (RankSummary, RankStats, Deployment)
+    elif section == "miss_reasons":
+        found = ()  # a plain dict: reason -> tokens
     else:
         found = (n.RunSummary, n.TierSplit, n.ClassStats, n.LoadBackTotals, n.SkipCount, n.EvictionCount,
                  n.RequestCount, n.ReasonCount, n.CauseShare)

@@ -32,9 +32,6 @@ from tierdiag.diagnose.numbers import (  # noqa: F401 - the types summary's call
     TierSplit,
     compute_run_summary,
 )
-from tierdiag.diagnose.miss_reasons import run_miss_reasons
-from tierdiag.diagnose.ranks import rank_summary
-from tierdiag.diagnose.sessions import session_summary
 from tierdiag.store.reader import RunInfo
 
 
@@ -44,8 +41,8 @@ def run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo, *, diagnose: bool 
     costly part, for callers that show only the numbers (compare, a sweep's headlines).
     `ctx` / `facts`: the run's context / facts when the caller has them already (the report)."""
     facts = facts if facts is not None else RunFacts(con, run)
-    numbers = replace(facts.summary_numbers(), sessions=session_summary(con, run), ranks=rank_summary(con, run),
-                      miss_reasons=run_miss_reasons(con, run.run_id))
+    numbers = replace(facts.summary_numbers(), sessions=facts.session_summary(), ranks=facts.rank_summary(),
+                      miss_reasons=facts.miss_reasons())
     if not diagnose:
         return numbers
     ctx = ctx if ctx is not None else facts.context()

@@ -47,15 +47,18 @@ def gone_tokens_sql(alias: str = "") -> str:
     return f"({rec} - {skipped} - {unused} - {routed})"
 
 
-def waiting_removals_sql(run_param: str = "$r") -> str:
+def waiting_removals_sql(run_param: str = "$r", req_param: str | None = None, *, seq_param: str | None = None) -> str:
     """SQL of a relation (req_id, removed): per request, the tokens of its prefix that a drop or
-    delete eviction took at t in [arrival, schedule] (finished requests only: they have a schedule)."""
+    delete eviction took at t in [arrival, schedule] (finished requests only: they have a schedule).
+    `req_param`: only that request's (one request's question need not join the whole run's), and
+    `seq_param` its trace order (found by the zone maps, not by every id)."""
     actions = ", ".join(f"'{a}'" for a in LEFT_EVERY_TIER)
+    one = (f" AND re.req_id = {req_param}" if req_param else "") + (f" AND q.seq = {seq_param}" if seq_param else "")
     return f"""SELECT re.req_id, sum(re.tokens) AS removed
                FROM request_evictions re
                JOIN evictions e ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id
                JOIN requests q ON q.run_id = re.run_id AND q.req_id = re.req_id
-               WHERE re.run_id = {run_param} AND e.action IN ({actions})
+               WHERE re.run_id = {run_param}{one} AND e.action IN ({actions})
                  AND e.t_ns >= q.arrival_ns AND e.t_ns <= q.first_token_ns - coalesce(q.prefill_ns, 0)
                GROUP BY 1"""
 
@@ -73,23 +76,29 @@ def lost_while_waiting_sql(alias: str, removed: str, con: duckdb.DuckDBPyConnect
     return fallback
 
 
-def lost_while_waiting(con: duckdb.DuckDBPyConnection, run_id: str, req_id: str) -> int:
-    """One request's tokens lost while it waited (module doc)."""
+def lost_while_waiting(con: duckdb.DuckDBPyConnection, run_id: str, req_id: str, seq: int | None = None) -> int:
+    """One request's tokens lost while it waited (module doc). `seq`: its trace order, where the
+    caller has its row: the row is then found by it (the zone maps skip the rest of a big run)
+    rather than by comparing every request's id."""
+    one = " AND q.seq = $s" if seq is not None else ""
     row = con.execute(
-        f"""WITH w AS ({waiting_removals_sql('$r')})
+        f"""WITH w AS ({waiting_removals_sql('$r', '$q', seq_param='$s' if seq is not None else None)})
             SELECT {lost_while_waiting_sql('q', 'w.removed', con)} FROM requests q LEFT JOIN w ON w.req_id = q.req_id
-            WHERE q.run_id = $r AND q.req_id = $q AND q.first_token_ns IS NOT NULL""",
-        {"r": run_id, "q": req_id}).fetchone()
+            WHERE q.run_id = $r AND q.req_id = $q{one} AND q.first_token_ns IS NOT NULL""",
+        {"r": run_id, "q": req_id, **({"s": int(seq)} if seq is not None else {})}).fetchone()
     return int(row[0] or 0) if row else 0
 
 
-def wait_moves(con: duckdb.DuckDBPyConnection, run_id: str, req_id: str) -> dict[tuple[str, str], int]:
-    """(tier, action) -> tokens of its prefix each kind of eviction moved while it waited."""
+def wait_moves(con: duckdb.DuckDBPyConnection, run_id: str, req_id: str,
+               seq: int | None = None) -> dict[tuple[str, str], int]:
+    """(tier, action) -> tokens of its prefix each kind of eviction moved while it waited.
+    `seq`: as for lost_while_waiting."""
+    one = " AND q.seq = ?" if seq is not None else ""
     rows = con.execute(
-        """SELECT e.tier, e.action, sum(re.tokens) FROM request_evictions re
+        f"""SELECT e.tier, e.action, sum(re.tokens) FROM request_evictions re
            JOIN evictions e ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id
            JOIN requests q ON q.run_id = re.run_id AND q.req_id = re.req_id
-           WHERE re.run_id = ? AND re.req_id = ? AND e.t_ns >= q.arrival_ns
+           WHERE re.run_id = ? AND re.req_id = ?{one} AND e.t_ns >= q.arrival_ns
              AND e.t_ns <= q.first_token_ns - coalesce(q.prefill_ns, 0)
-           GROUP BY 1, 2""", [run_id, req_id]).fetchall()
+           GROUP BY 1, 2""", [run_id, req_id] + ([int(seq)] if seq is not None else [])).fetchall()
     return {(t, a): int(n or 0) for t, a, n in rows}

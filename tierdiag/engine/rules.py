@@ -12,8 +12,8 @@ from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import Callable
 
-from tierdiag.config.engine import SGLANG_HOST_LAYOUT, SGLANG_PREFETCH_POLICY
-from tierdiag.config.releases import NOT_RULES, RULE_NAMES, release_before, switched_back_names
+from tierdiag.config.releases import (NOT_RULES, RULE_NAMES, SGLANG_HOST_LAYOUT, SGLANG_PREFETCH_POLICY,
+                                      release_before, switched_back_names)
 
 
 def _evict_whole_need(free_pages: int, need_pages: int) -> int:
@@ -162,7 +162,7 @@ class RuleSet:
     # prefix (`_compute_max_prefix_len`: input - 1) rather than the input's last full page.
     prefetch_alloc_hit_only: bool
     # `hicache_storage_prefetch_policy` when the config sets none: best_effort (0.5.9),
-    # timeout (0.5.23, arg_groups/fields/memory.py). Named in config.engine.SGLANG_PREFETCH_POLICY.
+    # timeout (0.5.23, arg_groups/fields/memory.py). Named in config.releases.SGLANG_PREFETCH_POLICY.
     prefetch_policy_default: str
     # The `timeout` policy's clock. 0.5.9 (engine as it was): from the prefetch's start, on the
     # hit. 0.5.23 `_start_storage_prefetch_wait`: from the first admission poll that finds the

@@ -360,11 +360,13 @@ def run_info(con: duckdb.DuckDBPyConnection, run_id: str) -> RunInfo | None:
 
 
 def list_runs(con: duckdb.DuckDBPyConnection) -> list[RunInfo]:
-    rows = con.execute(
-        f"SELECT {_RUN_COLS}, coalesce(q.n, 0) FROM runs r "
-        "LEFT JOIN (SELECT run_id, count(*) AS n FROM requests GROUP BY run_id) q USING (run_id) "
-        "ORDER BY r.created_at, r.run_id").fetchall()
-    return [_run_info(r[:-1], r[-1]) for r in rows]
+    rows = con.execute(f"SELECT {_RUN_COLS} FROM runs r ORDER BY r.created_at, r.run_id").fetchall()
+    # Requests are counted only for the runs whose runs row is not final (run_info's rule): a
+    # count over every run's requests was a pass over a big store's whole table at every reader's
+    # start (issue 41); one run's count reads only its own row groups.
+    return [_run_info(r, 0 if r[3] == "complete" else
+                      con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [r[0]]).fetchall()[0][0])
+            for r in rows]
 
 
 def default_run(runs: list[RunInfo]) -> RunInfo:

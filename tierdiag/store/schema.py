@@ -227,6 +227,16 @@ OPTIONAL_TABLES: dict[str, dict[str, str]] = {
         "created_at": "TIMESTAMP",
         "evidence_json": "VARCHAR",
     },
+    # Each request's id by bucket (hash(req_id) % 4096), sorted by bucket, written with the run
+    # evidence at the close: `explain REQ_ID` finds one request of a big run without comparing
+    # every id (tierdiag/store/lookup.py). An index, never the truth: a reader that finds nothing
+    # in it reads `requests` as before.
+    "request_lookup": {
+        "run_id": "VARCHAR",
+        "bucket": "INTEGER",
+        "req_id": "VARCHAR",
+        "seq": "BIGINT",
+    },
 }
 
 

@@ -29,8 +29,17 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> list[d
 
 def request(con: duckdb.DuckDBPyConnection, run, req_id: str) -> RequestRow:
     """One request's whole `requests` row; NotFoundError (with the closest ids) if it is not there."""
-    found = con.execute(f"SELECT {SELECT_COLUMNS} FROM requests WHERE run_id = ? AND req_id = ?",
-                        [run.run_id, req_id]).fetchall()
+    from tierdiag.store.lookup import lookup_seq
+
+    # By its seq where the run's request_lookup has it (the zone maps skip the rest of a big run),
+    # else by comparing every id (issue 41).
+    seq, found = lookup_seq(con, run.run_id, req_id), []
+    if seq is not None:
+        found = con.execute(f"SELECT {SELECT_COLUMNS} FROM requests WHERE run_id = ? AND seq = ? AND req_id = ?",
+                            [run.run_id, seq, req_id]).fetchall()
+    if not found:
+        found = con.execute(f"SELECT {SELECT_COLUMNS} FROM requests WHERE run_id = ? AND req_id = ?",
+                            [run.run_id, req_id]).fetchall()
     if found:
         return RequestRow.from_tuple(found[0])
     from tierdiag.errors import NotFoundError
