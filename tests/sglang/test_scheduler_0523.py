@@ -34,15 +34,12 @@ pytestmark = pytest.mark.sglang
 # branch; tests/sglang/README.md and docs/engine.md). 29 were listed before issue 43's second pass;
 # 25 of them were the engine's (now modelled: the batch's allocation in alloc_paged_token_slots_extend /
 # alloc_token_slots, batch_is_full cleared by get_next_batch_to_run, the load-back's pending ack
-# before duplicate reclaim) and 5 the harness's (ignore_eos: see NOT_MODELLED). What is left is
-# one host-eviction order at page 1, not attributed yet (no request differs). The mixed-chunk
-# workloads agree since the engine follows a mixed batch's order (new requests first).
-STILL_DIFFERENT = {
-    "tiered-s2-p1-lpm-write_through_selective":
-        "1 of 48 prefill steps differ, 0 of 64 requests; step 38: host eviction frees 345 tokens in "
-        "SGLang, 346 in the engine (FullComponent.drive_host_eviction's heap of evictable host "
-        "leaves: the engine's order has a 1-token host leaf more before the 243-token one)",
-}
+# before duplicate reclaim) and 5 the harness's (ignore_eos: see NOT_MODELLED). The mixed-chunk
+# workloads agree since the engine follows a mixed batch's order (new requests first). The last one
+# (tiered seed 2, page 1, lpm, write_through_selective, step 38: a host eviction freeing 346 tokens
+# where SGLang freed 345) was the engine's LPM match, capped at input - 1 where
+# SchedulePolicy._compute_prefix_matches walks the whole input (tests/engine/test_sglang_0523_lpm_match.py).
+STILL_DIFFERENT: dict[str, str] = {}
 # The long mode's cases were not measured on the merged engine (about 20 minutes each on a CPU).
 LONG_UNMEASURED = {"conversation2000-x1-fcfs-write_through", "conversation2000-x1-lpm-write_back",
                    "conversation2000-x4-fcfs-write_through", "conversation2000-x4-lpm-write_back"}
