@@ -47,7 +47,7 @@ LONG_UNMEASURED = {"conversation2000-x1-fcfs-write_through", "conversation2000-x
 
 def _cases():
     out = []
-    for cid, make, core in H.seeded_cases() + H.agentic_cases() + H.trace_cases():
+    for cid, make, core in H.seeded_cases() + H.agentic_cases() + H.trace_cases() + H.audit_cases():
         marks = [pytest.mark.shared] if cid.startswith("conversation") else []
         if cid in STILL_DIFFERENT:
             marks.append(pytest.mark.xfail(strict=True, reason="still differs: " + STILL_DIFFERENT[cid]))
