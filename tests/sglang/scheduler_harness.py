@@ -506,6 +506,9 @@ def audit_cases() -> list[tuple[str, Callable[[], Workload], str]]:
         ("tiered-s1-p64-lpm-write_back-pythoncore",
          partial(seeded, 1, page_size=64, shape="tiered", schedule_policy="lpm", write_policy=wb), "python"),
         ("agentic-s2-p64-lpm-write_through_selective", partial(agentic, 2, page_size=64, write_policy=wts), "rust"),
+        # two sessions' turns released by one step's finishes arrive at the same instant
+        ("agentic-s5-p64-fcfs-write_through_selective",
+         partial(agentic, 5, page_size=64, schedule_policy="fcfs", write_policy=wts), "rust"),
         ("agentic-tiered-s2-p64-write_through_selective",
          partial(agentic, 2, page_size=64, device_tokens=3072, write_policy=wts), "rust"),
         ("agentic-tiered-s0-p64-fcfs", partial(agentic, 0, page_size=64, device_tokens=3072, schedule_policy="fcfs"),
