@@ -515,6 +515,11 @@ def audit_cases() -> list[tuple[str, Callable[[], Workload], str]]:
          "rust"),
         ("agentic-tiered-s1-p1-fcfs-write_back",
          partial(agentic, 1, page_size=1, device_tokens=3072, schedule_policy="fcfs", write_policy=wb), "rust"),
+        # mixed chunk under memory pressure: still differs (test_scheduler_0523.STILL_DIFFERENT)
+        ("pressure-s1-p64-fcfs-write_back-mixed",
+         partial(seeded, 1, page_size=64, shape="pressure", write_policy=wb, mixed_chunk=True), "rust"),
+        ("tiered-s3-p1-fcfs-write_through-mixed",
+         partial(seeded, 3, page_size=1, shape="tiered", mixed_chunk=True), "rust"),
         ("chunk-s0-p64-lpm-write_through-mixed",
          partial(seeded, 0, page_size=64, shape="chunk", schedule_policy="lpm", mixed_chunk=True), "rust"),
         ("pressure-s2-p1-lpm-write_through_selective-mixed",
