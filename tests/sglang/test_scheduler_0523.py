@@ -43,8 +43,8 @@ pytestmark = pytest.mark.sglang
 # pressure still differing (20 of 64 sweeps); two of them, not attributed yet:
 STILL_DIFFERENT: dict[str, str] = {
     "pressure-s1-p64-fcfs-write_back-mixed":
-        "23 of 28 prefill steps differ, 38 of 48 requests (TTFT); step 6: the engine admits pressure1-11 "
-        "beside pressure1-10 in a mixed batch, SGLang keeps it waiting",
+        "23 of 28 prefill steps differ, 38 of 48 requests (TTFT); step 6 (89.4 ms): SGLang admits pressure1-10 "
+        "into a mixed batch, the engine finds it NO_TOKEN, decodes, and admits it with pressure1-11 next pass",
     "tiered-s3-p1-fcfs-write_through-mixed":
         "1 of 38 prefill steps differ, 2 of 64 requests (TTFT); step 38: its start time and eviction window",
 }
