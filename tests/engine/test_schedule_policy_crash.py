@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from tests.engine.helpers import PS, Collect, numbered, req, small_config
 from tests.engine.test_invariants import workloads
-from tierdiag.config.engine import SCHEDULE_POLICIES, SGLANG_RULES, SCHEDULE_POLICY_RELEASES
+from tierdiag.config.engine import SCHEDULE_POLICIES, SCHEDULE_POLICY_RELEASES
 from tierdiag.engine.engine import Engine
 
 
