@@ -489,3 +489,54 @@ def agentic_cases() -> list[tuple[str, Callable[[], Workload], str]]:
             out.append((f"agentic-tiered-s{seed}-p{ps}", partial(agentic, seed, page_size=ps, device_tokens=3072,
                                                                   write_policy=WRITE_POLICIES[seed % 3]), "rust"))
     return out
+
+
+def audit_cases() -> list[tuple[str, Callable[[], Workload], str]]:
+    """Combinations the matrix above misses (issue 43's workload list, audited): the Python core
+    at page 1, under write_back and with host evictions; agent sessions under
+    write_through_selective, and with host traffic under fcfs; the conversation slice under lpm
+    with write_through_selective and under fcfs at 4x; mixed chunk under lpm; and 0.5.23's other
+    cache-aware policies, hrrn and shortest-prefill-first (the same `_compute_prefix_matches`)."""
+    wts, wb = "write_through_selective", "write_back"
+    out = [
+        ("tiered-s2-p1-lpm-write_through_selective-pythoncore",
+         partial(seeded, 2, page_size=1, shape="tiered", schedule_policy="lpm", write_policy=wts), "python"),
+        ("pressure-s1-p1-fcfs-write_back-pythoncore",
+         partial(seeded, 1, page_size=1, shape="pressure", write_policy=wb), "python"),
+        ("tiered-s1-p64-lpm-write_back-pythoncore",
+         partial(seeded, 1, page_size=64, shape="tiered", schedule_policy="lpm", write_policy=wb), "python"),
+        ("agentic-s2-p64-lpm-write_through_selective", partial(agentic, 2, page_size=64, write_policy=wts), "rust"),
+        # two sessions' turns released by one step's finishes arrive at the same instant
+        ("agentic-s5-p64-fcfs-write_through_selective",
+         partial(agentic, 5, page_size=64, schedule_policy="fcfs", write_policy=wts), "rust"),
+        ("agentic-tiered-s2-p64-write_through_selective",
+         partial(agentic, 2, page_size=64, device_tokens=3072, write_policy=wts), "rust"),
+        ("agentic-tiered-s0-p64-fcfs", partial(agentic, 0, page_size=64, device_tokens=3072, schedule_policy="fcfs"),
+         "rust"),
+        ("agentic-tiered-s1-p1-fcfs-write_back",
+         partial(agentic, 1, page_size=1, device_tokens=3072, schedule_policy="fcfs", write_policy=wb), "rust"),
+        # mixed chunk under memory pressure: still differs (test_scheduler_0523.STILL_DIFFERENT)
+        ("pressure-s1-p64-fcfs-write_back-mixed",
+         partial(seeded, 1, page_size=64, shape="pressure", write_policy=wb, mixed_chunk=True), "rust"),
+        ("tiered-s3-p1-fcfs-write_through-mixed",
+         partial(seeded, 3, page_size=1, shape="tiered", mixed_chunk=True), "rust"),
+        ("chunk-s0-p64-lpm-write_through-mixed",
+         partial(seeded, 0, page_size=64, shape="chunk", schedule_policy="lpm", mixed_chunk=True), "rust"),
+        ("pressure-s2-p1-lpm-write_through_selective-mixed",
+         partial(seeded, 2, page_size=1, shape="pressure", schedule_policy="lpm", write_policy=wts, mixed_chunk=True),
+         "rust"),
+        ("burst-s1-p64-hrrn-write_back", partial(seeded, 1, page_size=64, shape="burst", schedule_policy="hrrn",
+                                                 write_policy=wb), "rust"),
+        ("pressure-s0-p1-hrrn-write_through", partial(seeded, 0, page_size=1, shape="pressure", schedule_policy="hrrn"),
+         "rust"),
+        ("chunk-s2-p64-shortest-prefill-first-write_through_selective",
+         partial(seeded, 2, page_size=64, shape="chunk", schedule_policy="shortest-prefill-first", write_policy=wts),
+         "rust"),
+        ("tiered-s0-p1-shortest-prefill-first-write_through",
+         partial(seeded, 0, page_size=1, shape="tiered", schedule_policy="shortest-prefill-first"), "rust"),
+        ("conversation24-x1-lpm-write_through_selective",
+         partial(mooncake, 24, speedup=1, schedule_policy="lpm", write_policy=wts), "rust"),
+        ("conversation24-x4-fcfs-write_through",
+         partial(mooncake, 24, speedup=4, schedule_policy="fcfs", write_policy="write_through"), "rust"),
+    ]
+    return out

@@ -426,6 +426,7 @@ def run_workload(spec: dict) -> dict:
     block = spec["block_size"]
     reqs = spec["requests"]
     by_id = {r["id"]: r for r in reqs}
+    seq = {r["id"]: i for i, r in enumerate(reqs)}  # trace order: the engine's TraceRequest.seq
     closed = bool(spec.get("closed_loop"))
     # closed loop: a session's next turn arrives at its predecessor's finish + think time
     nxt: dict[str, str] = {}
@@ -557,7 +558,7 @@ def run_workload(spec: dict) -> dict:
                 follow = nxt.get(req.rid)
                 if follow is not None:
                     arrival[follow] = end + (by_id[follow].get("think_ns") or 0)
-                    _insert_pending(pending, pi, follow, arrival)
+                    _insert_pending(pending, pi, follow, arrival, seq)
         steps.append(step)
         clock = end
     for rid, o in out.items():
@@ -581,11 +582,15 @@ def _state(sch, tree) -> dict:
             "waiting": len(sch.waiting_queue), "running": sch.running_batch.batch_size()}
 
 
-def _insert_pending(pending: list, pi: int, rid: str, arrival: dict) -> None:
-    """A released turn joins the arrivals not yet handed in, in arrival order (ties: as released)."""
-    t = arrival[rid]
+def _insert_pending(pending: list, pi: int, rid: str, arrival: dict, seq: dict) -> None:
+    """A released turn joins the arrivals not yet handed in, in arrival order; ties in trace
+    order, as the engine's closed-loop source hands them (`ArrivalSource`: a heap of (arrival,
+    seq)). Two turns released by finishes in one step arrive at the same instant, whose order
+    SGLang does not decide (the clients do); handing them as released (batch order) made the
+    two sides' FCFS queues differ on agent sessions (seed 5: a5-1-3 and a5-2-2)."""
+    key = (arrival[rid], seq[rid])
     j = len(pending)
-    while j > pi and arrival[pending[j - 1]] > t:
+    while j > pi and (arrival[pending[j - 1]], seq[pending[j - 1]]) > key:
         j -= 1
     pending.insert(j, rid)
 

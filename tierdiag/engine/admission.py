@@ -187,12 +187,25 @@ class Admission:
     def _continue_chunk(self, req: Req, budget: int, now: int) -> int | None:
         """PrefillAdder.add_chunked_req: the next chunk, at most the budget and, where memory is
         short, at most `rem_total_tokens` (`available_chunk_tokens`; none left: the budget, so
-        the chunk goes on), not page-floored then. None when eviction cannot free its pages."""
+        the chunk goes on). Never page-floored: `_rem_tokens = min(rem_chunk_tokens,
+        rem_total_tokens)` and the extend is min(what is left, `_rem_tokens`) in 0.5.9 and 0.5.23
+        alike (only a new request's first chunk is floored, `_select_prefill_admission`); under
+        mixed chunk the budget is `chunked_prefill_size` less the running requests' decode
+        tokens, so a continuing chunk ends off a page boundary. None when eviction cannot free
+        its pages."""
         remaining = req.fill_len - req.done_tokens
         mem = int(self._rem_total())
-        take = self._take(remaining, budget) if mem <= 0 or mem >= budget else min(remaining, mem)
+        take = min(remaining, budget if mem <= 0 or mem >= budget else mem)
         need = self._pages_through(req, req.done_tokens + take) - req.own_from - len(req.own_slots)
         if self.rules.batch_alloc_page_per_request:
+            if need > self.ctrl.device.free_pages + self.tree.evictable_device_pages:
+                # available_chunk_tokens gave the whole budget (remaining_total spent), but free and
+                # evictable memory cannot hold the chunk: alloc_paged_token_slots_extend would
+                # raise "Prefill out of memory" and SGLang's scheduler would die. Reached when
+                # shortest_prefill_chunk_limit let shorter requests in beside earlier chunks (their
+                # add_one_req does not count this request's later chunks). The engine departs:
+                # the chunk waits (decode steps free memory), as its 0.5.9 path does below.
+                return None
             self._defer_alloc(req, max(need, 0), take)  # with the batch (0.5.23: _alloc_batch)
         elif need > 0:
             if not self.ctrl.evict_device(need, req.req_id, now, reserve_pages=self.alloc_page):

@@ -159,7 +159,10 @@ class DecodeSteps:
         if not self._decode_fits(self.running, now):
             retracted = self._retract(now)
             if not self.running:
-                return None
+                # The last request was aborted and its memory freed: the event loop polls again
+                # at once (get_next_batch_to_run finds no batch, the next iteration tries the
+                # waiting queue and the chunked request), not at the next arrival.
+                return now if (self.waiting or self.chunked is not None) else None
         else:
             self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
         # the step, after any write-back its eviction waited for (write_back: blocking copies)

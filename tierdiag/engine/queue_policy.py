@@ -80,13 +80,17 @@ def _matched(waiting: list[Req], match, ps: int, now: int) -> list[tuple[Req, bo
     """SchedulePolicy._compute_prefix_matches (0.5.23) through `common.match_kv_cache`: each waiting
     request, whether the in-batch check deprioritizes it, and its `num_matched_prefix_tokens` =
     min(prefix_len + host_hit_length, input - 1) — device *and* host tokens count as cached. The
-    match is capped at the request's last matchable page (`_compute_max_prefix_len`)."""
+    match itself is NOT capped: `_compute_prefix_matches` passes the whole input + output
+    (page-aligned) to `match_kv_cache` without `max_prefix_len`, so the walk stamps (and splits)
+    up to the input's last full page, one page past `init_next_round_input`'s capped match; only
+    the count is capped (`_compute_max_prefix_len` of that length). The in-batch check reads that
+    uncapped match's device prefix (`r.prefix_len`)."""
     need = -(-IN_BATCH_DEPRIORITIZE_TOKENS // ps)
     seen: set[int] = set()
     out = []
     for r in waiting:
-        m = match(r.keys[:r.max_match_pages], now)
-        matched = min((m.device_pages + m.host_pages) * ps, r.input_len - 1)
+        m = match(r.keys[:r.fill_len // ps], now)
+        matched = min((m.device_pages + m.host_pages) * ps, r.fill_len - 1)
         out.append((r, _in_batch_deprioritized(r, m.device_pages, ps, need, seen), matched))
     return out
 
@@ -177,9 +181,10 @@ class QueuePolicy:
 
     def order(self, waiting: list[Req], match, ps: int, now: int, processed: int, arrived: dict[int, int]) -> None:
         """Sorts `waiting` in place (SchedulePolicy.calc_priority) before a batch is formed. A
-        policy with a chunk cap sorts (and so matches) even a single request: the cap reads the
-        work the sort finds."""
-        if self.sort is None or (len(waiting) < 2 and self.chunk_limit is None) or not waiting:
+        single waiting request is matched too: calc_priority has no shortcut for one (0.5.9 and
+        0.5.23 both run `_compute_prefix_matches` on any queue), and that match stamps its path
+        (a policy with a chunk cap also reads the work it finds)."""
+        if self.sort is None or not waiting:
             return
         if self.fcfs_past is not None and len(waiting) > self.fcfs_past:
             return

@@ -434,7 +434,13 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         return -(-end_tokens // self.ps)
 
     def _take(self, remaining: int, budget: int) -> int:
-        return remaining if remaining <= budget else (budget // self.ps) * self.ps
+        """A new request's extend: whole if its page-ceiled length fits what is left of the
+        budget (`input_tokens = ceil_paged_tokens(extend)` against `rem_chunk_tokens`, 0.5.9
+        `add_one_req`, 0.5.23 `_select_prefill_admission`: exact-chunk-fill is gfx95 only), else
+        a chunk of the budget floored to a page. Under mixed chunk the budget is off a page
+        boundary (a token a running request less), where the raw length would fit a chunk in."""
+        ps = self.ps
+        return remaining if -(-remaining // ps) * ps <= budget else (budget // ps) * ps
 
 
 
