@@ -94,6 +94,14 @@ class Deployment:
         pop = heapq.heappop
         ticks = [t for t in dict.fromkeys(s.emit.tick for s in ranks) if t is not None]
         arrive = self._arrive
+        # What a rank does before the next arrival or event reaches no other rank unless it
+        # evicts (host and storage writes), finishes (the router, the storage tier) or emits a
+        # decode-step event (one stream, in clock order); passes that can only be plain decode
+        # steps run at once (DecodeSteps._decode_ahead checks the rest). Not in a closed loop
+        # once a session is met: another rank's finish may release a turn routed here at any step.
+        ahead = all(s.decode_ahead and s.emit.decode_step is None for s in ranks)
+        closed = src.closed
+        next_ns = src.next_ns
         now = 0
         while True:
             while True:  # arrivals and events at `now`, until a finish releases no turn due now
@@ -112,6 +120,11 @@ class Deployment:
                 if now >= gpu_free[rank] and (sched.waiting or sched.running or sched.chunked is not None):
                     end = sched._batch(now)
                     if end is not None:
+                        if ahead and not (closed and src.num_sessions):
+                            limit = next_ns(now)
+                            if events and (limit is None or events[0][0] < limit):
+                                limit = events[0][0]
+                            end = sched._decode_ahead(end, limit)
                         gpu_free[rank] = end
                         ran.append(rank)
                     batched = True
