@@ -21,7 +21,7 @@ class DecodeSteps:
 
     # The loops run the passes that can only be plain decode steps at once (`_decode_ahead`);
     # False: every pass goes round the loop, the reference the fast path is tested against
-    # (tests/engine/test_decode_ahead.py: every event identical).
+    # (tests/engine/test_fast_paths.py: every event identical).
     decode_ahead: bool = True
 
     def _generated(self, req: Req) -> int:
@@ -176,7 +176,7 @@ class DecodeSteps:
         self._note_decode(now, end)
         return end
 
-    def _decode_ahead(self, end: int, limit: int | None) -> int:
+    def _decode_ahead(self, end: int, limit: int | None, wakes: list[int] | None = None) -> int:
         """The scheduling passes after the one that just ended at `end`, run here at once while
         each can only be a plain decode step that touches nothing outside this scheduler: a pass
         at time t < `limit` (the loop's next arrival or event: nothing from outside reaches
@@ -185,7 +185,9 @@ class DecodeSteps:
         no eviction, no retraction, no write-back, no event), and no request finishing at the
         step (its finish is an event the loop runs in order). Each pass is `_batch`'s, inline,
         in that case: ack_loads, the prefetch re-query clock, admission reopened, `_decode`.
-        Returns when the GPU is free again: the loop's next pass for this scheduler. The rows
+        Returns when the GPU is free again: the loop's next pass for this scheduler; `wakes`
+        gets the time of each pass run here (a deployment's loop still wakes then for a rank
+        whose pass ran nothing: such a rank passes at every wake). The rows
         and the clock are the ones the loop would make pass by pass (issue 41: a `--dp 8`
         replay ran ~37x the passes of `--dp 1`, each one a trip round the deployment's loop)."""
         running = self.running
@@ -238,6 +240,8 @@ class DecodeSteps:
             now = end
             end = now + cost(base + n * k)
             steps += 1
+            if wakes is not None:
+                wakes.append(now)
             if emit is not None:
                 emit((now, end, k, tuple(r.req_id for r in running), (), None, self.rank))
             # (_finish_step: nobody finishes at step k) the next pass, if it is one more such step

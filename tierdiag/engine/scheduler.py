@@ -110,6 +110,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                                                            self.ps)
         self.prefetch_tokens_occupied = 0
         self.prefetch_retry_due: dict[int, int | None] = {}  # req seq -> pass its re-query is due (0.5.23)
+        self.prefetch_retry_reqs: dict[int, Req] = {}  # the same seqs -> their requests
         self.prefetch_pass = 0  # scheduling passes, the re-queries' clock
         # SchedulePolicy._waiting_prefix_refresh_calls: the passes that reached the refresh (0.5.23)
         self.refresh_calls = 0
@@ -380,7 +381,8 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                 break  # the request waits, and so does everyone behind it
             del self.waiting[i]
             self.arrived_at.pop(req.seq, None)
-            self.prefetch_retry_due.pop(req.seq, None)
+            if self.prefetch_retry_due.pop(req.seq, 0) != 0:
+                del self.prefetch_retry_reqs[req.seq]
             take, lb_ns, lb_pages = admitted
             items.append((req, take, lb_ns, lb_pages))
             budget -= -(-take // ps) * ps  # PrefillAdder._update_prefill_budget: page-ceiled
