@@ -213,8 +213,15 @@ def bench_kernels(quick: bool, tmp: Path) -> dict[str, Any]:
     cal = json.loads(r["stdout"])
     bulk = cal["table"][-2:]
     _say(f"targets: calibrate: load-back / contiguous {cal['load_back_vs_contiguous']:.2f}")
+    # load_back_plan is the planner's kind; on the CPU a gather, scatter or two_pass plan runs
+    # by the compiled move where the data plane is built (kernels._execute_cpu), so say which
+    # (a "two_pass" there was read as "numpy chose over the compiled move": it was not).
+    built = any((Path(__file__).resolve().parents[1] / "tierdiag" / "native").glob("_cplane*"))
+    mover = " (compiled move)" if built and str(cal.get("device", "")).startswith("cpu") else ""
+    paths = [f"{row.get('load_back_plan')}{mover if row.get('load_back_plan') in ('gather', 'scatter', 'two_pass') else ''}"
+             for row in bulk]
     return {"available": True, "ratio": cal["load_back_vs_contiguous"],
-            "bulk_mib": [row["bytes"] / 2**20 for row in bulk], "paths": [row.get("load_back_plan") for row in bulk],
+            "bulk_mib": [row["bytes"] / 2**20 for row in bulk], "paths": paths,
             "device": cal.get("device"), "quick": quick}
 
 

@@ -307,7 +307,7 @@ STORED_FIELDS = {
     "SessionPauses": ["num_turns", "input_tokens", "reused_tokens", "device_tokens", "host_tokens", "storage_tokens",
                       "recomputed_tokens", "pause_p90_ms", "pool_p90_tokens", "kept_curve"],
     "SizeCurves": ["write_policy", "page_size", "num_ranks", "input_tokens", "looked_up_tokens", "slack_tokens", "curves",
-                   "model"],
+                   "model", "sample_rate"],
     "SizeCurve": ["tier", "run_size_tokens", "held", "steps", "unbounded_reused_tokens", "knee_tokens",
                   "found_tokens"],
     "SessionSummary": ["arrivals", "num_sessions", "num_turns_with_predecessor", "survival", "num_ended_sessions",

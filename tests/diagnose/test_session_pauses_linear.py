@@ -80,7 +80,10 @@ def store(tmp_path_factory):
     return db
 
 
-def test_the_linear_distances_are_the_definitions(store):
+@pytest.mark.parametrize("budget", [SP.PAIR_BUDGET, 1, 37])
+def test_the_linear_distances_are_the_definitions(store, budget, monkeypatch):
+    """Whatever the pair budget (one chunk of turns, one turn a chunk, a few), the definition's."""
+    monkeypatch.setattr(SP, "PAIR_BUDGET", budget)
     with open_store(store) as con:
         runs = [resolve_run(con, rid) for (rid,) in con.execute("SELECT run_id FROM runs").fetchall()]
         assert len(runs) == 4

@@ -333,14 +333,46 @@ def test_a_hand_edited_config_gives_curves_or_none_never_an_error(two_ranks, key
         sc.size_curves(con, edited)
 
 
-def test_more_touches_than_the_pass_holds_gives_no_curves(two_ranks, monkeypatch):
+def test_under_the_touch_budget_nothing_is_sampled(two_ranks):
     _, db = two_ranks
-    monkeypatch.setattr(sc, "MAX_TOUCHES", 10)
+    with open_store(db) as con:
+        curves = sc.compute_size_curves(con, resolve_run(con, None))
+    assert curves.sample_rate == 1.0 and curves.model == sc.MODEL and curves.to_json()["sample_rate"] == 1.0
+
+
+def test_over_the_touch_budget_the_pass_samples_and_says_so(two_ranks, monkeypatch):
+    """A run with more page touches than MAX_TOUCHES (the pass's memory budget) is sampled down
+    to it instead of losing its curves: the curves say SAMPLED and the rate, and stay close to
+    the exact ones (the sample's depths and counts scaled back by the rate)."""
+    _, db = two_ranks
     with open_store(db) as con:
         run = resolve_run(con, None)
-        with pytest.raises(sc.CurvesUnavailable, match="more than the one pass holds"):
-            sc.compute_size_curves(con, run)
-        assert sc.size_curves(con, run) is None
+        exact = sc.compute_size_curves(con, run)
+        monkeypatch.setattr(sc, "MAX_TOUCHES", 2_000)
+        sampled = sc.compute_size_curves(con, run)
+    assert 0 < sampled.sample_rate < 1
+    assert "SAMPLED" in sampled.model and sampled.to_json()["sample_rate"] == sampled.sample_rate
+    assert 0.5 * exact.looked_up_tokens <= sampled.looked_up_tokens <= 2 * exact.looked_up_tokens
+    for c in sampled.curves:
+        assert [s for s, _ in c.steps] == sorted(s for s, _ in c.steps)
+        assert [r for _, r in c.steps] == sorted(r for _, r in c.steps)
+        assert all(r % sampled.page_size == 0 for _, r in c.steps)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(budget=st.one_of(st.integers(-5, 3), st.integers(4, 50_000), st.just(2**62)))
+def test_any_touch_budget_gives_curves_never_an_exception(two_ranks, monkeypatch, budget):
+    """Hostile budgets (zero, negative, one touch, more than the run has): curves, sampled or
+    not, with a rate in (0, 1]; never an exception, never a curve that shrinks as it grows."""
+    _, db = two_ranks
+    monkeypatch.setattr(sc, "MAX_TOUCHES", budget)
+    with open_store(db) as con:
+        curves = sc.compute_size_curves(con, resolve_run(con, None))
+    assert 0 < curves.sample_rate <= 1
+    assert (curves.sample_rate == 1) == ("SAMPLED" not in curves.model)
+    for c in curves.curves:
+        assert [r for _, r in c.steps] == sorted(r for _, r in c.steps)
+        assert c.reused_at(10**12) == c.unbounded_reused_tokens
 
 
 @st.composite

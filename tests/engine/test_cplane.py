@@ -647,3 +647,27 @@ def test_the_compiled_ticker_refuses_what_the_recorder_never_passes():
             make(*args)
     with pytest.raises(TypeError):
         make((), 1, print)(1)
+
+
+@pytest.mark.skipif(cplane.compiled("move") is None, reason="the C data plane is not built")
+@settings(max_examples=3, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(520, 700), consecutive=st.booleans())
+def test_a_move_past_the_streaming_size_moves_what_numpy_moves(seed, n, consecutive):
+    """A move of 8 MiB or more goes layer by layer with streaming stores (pages.c
+    STREAM_MIN_BYTES): the same rows land as numpy's fancy-indexed store puts them, runs
+    (pages consecutive on both sides) and scattered pages alike, nothing else written."""
+    rng = np.random.default_rng(seed)
+    layers, pages, row = 4, 1024, 4096
+    src = rng.integers(0, 255, size=(layers, pages, row), dtype=np.uint8).view(np.dtype((np.void, row)))
+    src = src.reshape(layers, pages)
+    dst = np.zeros((layers, pages, row), dtype=np.uint8).view(np.dtype((np.void, row))).reshape(layers, pages)
+    if consecutive:
+        s0, d0 = (int(x) for x in rng.integers(0, pages - n, 2))
+        sp, dp = list(range(s0, s0 + n)), list(range(d0, d0 + n))
+    else:
+        sp, dp = rng.permutation(pages)[:n].tolist(), rng.permutation(pages)[:n].tolist()
+    want = dst.copy()
+    want[:, dp] = src[:, sp]
+    runs = cplane.compiled("move")(src, sp, dst, dp)
+    assert runs == sum(1 for i in range(n) if i == 0 or sp[i] != sp[i - 1] + 1)
+    assert np.array_equal(dst.view(np.uint8), want.view(np.uint8))

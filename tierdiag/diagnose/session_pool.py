@@ -54,6 +54,9 @@ from tierdiag.units import share
 
 PAUSE_QUANTILE = 0.9
 CURVE_POINTS = 2048
+# (turn, request ran during its pause) pairs the distances hold at once (_turns): ~50 bytes a pair
+# over the arrays of one chunk, so ~100 MB at most beside the rows, whatever the run.
+PAIR_BUDGET = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -167,33 +170,52 @@ def _turns(con: duckdb.DuckDBPyConnection, run) -> tuple[tuple[SessionTurn, ...]
         a_sorted = arr[by_arrival]
         lo = np.searchsorted(a_sorted, ps, side="left")
         hi = np.searchsorted(a_sorted, m, side="right")
-        ti1, pos1 = _ranges(lo, hi)
-        oj1 = by_arrival[pos1]
         # ... or arrived before it and was in flight when it began: arrival < ps <= finish, a
         # range of the pause starts, sorted, for each request.
         by_start = np.argsort(ps, kind="stable")
         s_sorted = ps[by_start]
         lo2 = np.searchsorted(s_sorted, arr, side="right")
         hi2 = np.searchsorted(s_sorted, fin, side="right")
-        oj2, pos2 = _ranges(lo2, hi2)
-        ti2 = by_start[pos2]
-        ti = np.concatenate([ti1, ti2])
-        oj = np.concatenate([oj1, oj2])
-        keep = (arr[oj] <= m[ti]) & (fin[oj] >= ps[ti]) & (o_session[oj] != t_session[ti])
-        ti, oj = ti[keep], oj[keep]
-        if len(ti):
-            # Each (turn, other who) once, at its largest context.
-            w = who_id[oj]
-            key = ti * (int(who_id.max()) + 1) + w
-            order = np.argsort(key, kind="stable")
-            key_s, tok_s = key[order], o_tokens[oj][order]
-            starts = np.flatnonzero(np.r_[True, key_s[1:] != key_s[:-1]])
-            top = np.maximum.reduceat(tok_s, starts)
-            t_u, w_u = ti[order][starts], w[order][starts]
-            sh = np.zeros(int(who_id.max()) + 1, dtype=np.int64)
-            sh[who_id] = o_shared
-            np.add.at(own, t_u, np.maximum(top - sh[w_u], 0))
-            np.maximum.at(shared_max, t_u, sh[w_u])
+        # The (turn, request) pairs, a chunk of turns at a time (in pause-start order, each
+        # chunk every pair of its turns: both ranges cut to it), at most PAIR_BUDGET pairs a
+        # chunk but one turn's: a million turns in long overlapping pauses make 10^8 pairs,
+        # 8 bytes each in a handful of arrays at once. Each turn is in one chunk, so the sums
+        # are the whole join's.
+        per_pos = np.maximum(hi - lo, 0)[by_start]
+        inflight = np.zeros(n + 1, dtype=np.int64)
+        np.add.at(inflight, lo2, 1)
+        np.add.at(inflight, hi2, -1)
+        per_pos += np.maximum(np.cumsum(inflight[:n]), 0)
+        cum = np.cumsum(per_pos)
+        sh = np.zeros(int(who_id.max()) + 1, dtype=np.int64)
+        sh[who_id] = o_shared
+        width = int(who_id.max()) + 1
+        p = 0
+        while p < n:
+            q = max(int(np.searchsorted(cum, (cum[p - 1] if p else 0) + PAIR_BUDGET, side="right")), p + 1)
+            turns_c = by_start[p:q]
+            ti1, pos1 = _ranges(lo[turns_c], hi[turns_c])
+            ti1 = turns_c[ti1]
+            oj1 = by_arrival[pos1]
+            oj2, pos2 = _ranges(np.clip(lo2, p, q), np.clip(hi2, p, q))
+            ti2 = by_start[pos2]
+            ti = np.concatenate([ti1, ti2])
+            oj = np.concatenate([oj1, oj2])
+            del ti1, pos1, oj1, oj2, pos2, ti2
+            keep = (arr[oj] <= m[ti]) & (fin[oj] >= ps[ti]) & (o_session[oj] != t_session[ti])
+            ti, oj = ti[keep], oj[keep]
+            if len(ti):
+                # Each (turn, other who) once, at its largest context.
+                w = who_id[oj]
+                key = ti * width + w
+                order = np.argsort(key, kind="stable")
+                key_s, tok_s = key[order], o_tokens[oj][order]
+                starts = np.flatnonzero(np.r_[True, key_s[1:] != key_s[:-1]])
+                top = np.maximum.reduceat(tok_s, starts)
+                t_u, w_u = ti[order][starts], w[order][starts]
+                np.add.at(own, t_u, np.maximum(top - sh[w_u], 0))
+                np.maximum.at(shared_max, t_u, sh[w_u])
+            p = q
     own_shared = np.array([int(firsts.get(sid) or 0) for sid in t["session_id"]], dtype=np.int64)
     distance = np.asarray(t["prev_context"], dtype=np.int64) + own + np.maximum(shared_max - own_shared, 0)
     reused = (np.asarray(t["device"], dtype=np.int64) + np.asarray(t["host"], dtype=np.int64)

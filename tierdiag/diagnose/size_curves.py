@@ -46,8 +46,12 @@ page from the leaf end) and holds a running request's pages locked. On a planted
 6,464 host tokens; the engine finds none there, 6,144 tokens at 6,528 and all of them from ~7,040:
 the knee alone (6,400) would fall short, the knee plus one prefix (7,424) does not.
 
-A run of more than MAX_TOUCHES page touches (about a million requests) gets no curves: the pass
-holds every touch in memory. Limits, stated with the curves (`model`): pages are kept in LRU order at every instant, where the
+The pass holds every touch in memory (~70 bytes a touch): a run of more than MAX_TOUCHES page
+touches (about a million requests) is sampled to that budget (SHARDS-style spatial sampling: a
+page key is kept when its hash falls below the rate, so every touch of a kept page is kept; the
+depths of the sample, divided by the rate, stand for the run's, and each sampled lookup for
+1/rate of them). Its curves are then approximate and say so (`model`, `sample_rate`); at or
+under the budget nothing is sampled and the curves are exact. Limits, stated with the curves (`model`): pages are kept in LRU order at every instant, where the
 engine evicts only when an allocation needs room, never a page locked by a running request, and
 inserts computed pages at the end of prefill, not at scheduling; a load-back or a prefetch is
 counted as found whatever the link, the prefetch thresholds and rate limits decide; other eviction
@@ -75,10 +79,11 @@ from tierdiag.units import share
 TIERS = ("device", "host", "storage")
 KNEE_SHARE = 0.9
 CURVE_POINTS = 2048  # steps kept of each curve's step function (session_pool.py's rule)
-# The one pass holds every page touch in memory (~60 bytes each, keys, order and depths): beyond
-# this many touches (a run of about a million requests) a run gets no curves, not a close that
-# needs gigabytes. Counted from the rows before the trace is read.
+# The one pass holds every page touch in memory (~70 bytes each, keys, order and depths): the
+# budget, in touches, of a close that must not need gigabytes. A run with more (counted from the
+# rows before the trace is read; about a million requests) is sampled down to it (module doc).
 MAX_TOUCHES = 20_000_000
+_MIX = 0x9E3779B97F4A7C15  # a page key's hash for sampling: key x the golden ratio, modulo 2**64
 MODEL = ("LRU stack distances over the run's page references (pages touched deepest first, so a prefix outlives "
          "its leaves); exact for that model, not for the engine: it evicts only when it needs room, never a locked "
          "page, inserts at the end of prefill; load-backs and prefetches count as found whatever the link and the "
@@ -131,6 +136,7 @@ class SizeCurves:
     slack_tokens: int  # the median request's looked-up prefix (whole pages): what a proposal adds to a knee
     curves: tuple[SizeCurve, ...]  # device, host, storage
     model: str
+    sample_rate: float = 1.0  # share of the pages the pass kept (1: every touch, exact; module doc)
 
     def curve(self, tier: str) -> SizeCurve | None:
         return next((c for c in self.curves if c.tier == tier), None)
@@ -148,7 +154,7 @@ class SizeCurves:
         return {"write_policy": self.write_policy, "page_size": self.page_size, "num_ranks": self.num_ranks,
                 "input_tokens": self.input_tokens, "looked_up_tokens": self.looked_up_tokens,
                 "slack_tokens": self.slack_tokens,
-                "knee_share": KNEE_SHARE, "model": self.model,
+                "knee_share": KNEE_SHARE, "model": self.model, "sample_rate": self.sample_rate,
                 "tiers": {c.tier: {
                     "run_size_tokens": c.run_size_tokens, "held": c.held, "knee_tokens": c.knee_tokens,
                     "unbounded_reused_tokens": c.unbounded_reused_tokens,
@@ -267,6 +273,21 @@ class CurvesUnavailable(Exception):
     """The trace cannot be read again as it was replayed: no curves (the message says why)."""
 
 
+def _sampler(rate: float):
+    """The sample of a pass over budget: keeps a page key when its hash (key x _MIX, modulo
+    2**64) falls in the lowest `rate` of the range, so a kept page keeps every touch."""
+    import numpy as np
+
+    bound = np.uint64(min(int(rate * 2.0**64), 2**64 - 1))
+    mix = np.uint64(_MIX)
+
+    def keep(keys: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            return keys.astype(np.uint64) * mix < bound
+
+    return keep
+
+
 def _first_distinct(keys: np.ndarray) -> np.ndarray:
     """keys without repeats, each at its first place (a hostile trace may repeat a hash id)."""
     import numpy as np
@@ -317,11 +338,14 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     rows = curve_requests(con, run.run_id)
     touches = sum(2 * (r.input_tokens // page)
                   + max((r.input_tokens + r.output_tokens) // page - r.input_tokens // page, 0) for r in rows)
+    rate, keep = 1.0, None
     if touches > MAX_TOUCHES:
-        raise CurvesUnavailable(f"{touches:,} page touches are more than the one pass holds in memory "
-                                f"({MAX_TOUCHES:,})")
+        rate = max(MAX_TOUCHES, 1) / touches
+        keep = _sampler(rate)
     by_seq = {r.seq: r for r in rows}
     keys: dict[int, np.ndarray] = {}
+    lengths: dict[int, int] = {}  # sampled: each request's distinct pages before sampling
+    looked: dict[int, np.ndarray] = {}  # sampled: which of its kept pages it looked up
     try:
         for req in read_trace(path, block_size=block, skip_bad=True):
             r = by_seq.get(req.seq)
@@ -329,7 +353,13 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
                 continue
             if r.req_id != req.req_id or r.input_tokens != req.input_len:
                 raise CurvesUnavailable(f"trace line {req.line} is not the request run {run.run_id} replayed as seq {req.seq}")
-            keys[req.seq] = _first_distinct(page_keys_array(req, page_size=page, block_size=block))
+            k = _first_distinct(page_keys_array(req, page_size=page, block_size=block))
+            if keep is not None:
+                sel = keep(k)
+                lengths[req.seq] = len(k)
+                looked[req.seq] = (np.arange(len(k)) < min(max((r.input_tokens - 1) // page, 0), len(k)))[sel]
+                k = k[sel]
+            keys[req.seq] = k
     except TierdiagError as exc:
         raise CurvesUnavailable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
     if len(keys) != len(rows):
@@ -347,15 +377,21 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
         if kind == 1:
             # Deepest first, so the prefix ends the most recent; the lookups are answered against
             # the stack before the group, so the touch order inside it changes no depth.
-            look = min(max((r.input_tokens - 1) // page, 0), len(k))
-            mask = np.zeros(len(k), dtype=bool)
-            mask[:look] = True
+            if keep is None:
+                look = min(max((r.input_tokens - 1) // page, 0), len(k))
+                mask = np.zeros(len(k), dtype=bool)
+                mask[:look] = True
+            else:
+                mask = looked[seq]
+                look = int(mask.sum())
             group = (k[::-1], mask[::-1])
             rank_of_lookup.append(np.full(look, r.rank, dtype=np.int64))
         else:
             out_pages = max((r.input_tokens + r.output_tokens) // page - r.input_tokens // page, 0)
             outs = np.arange(fresh, fresh - out_pages, -1, dtype=np.int64)
             fresh -= out_pages
+            if keep is not None:
+                outs = outs[keep(outs)]
             both = np.concatenate([outs[::-1], k[::-1]])
             group = (both, np.zeros(len(both), dtype=bool))
         per_rank[r.rank].append(group)
@@ -365,6 +401,10 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     for rank in ranks:
         d_rank[lookup_rank == rank] = _lookup_depths(per_rank[rank])
     d_all = d_rank if len(ranks) == 1 else _lookup_depths(every)  # one rank: the same touches
+    del per_rank, every
+    if keep is not None:  # the sample's depths stand for the run's: divided by the rate
+        d_rank = np.where(d_rank > 0, np.maximum(np.rint(d_rank / rate), 1), d_rank).astype(np.int64)
+        d_all = np.where(d_all > 0, np.maximum(np.rint(d_all / rate), 1), d_all).astype(np.int64)
     never = np.iinfo(np.int64).max
     pages_rank = np.where(d_rank > 0, d_rank, never)
     pages_all = np.where(d_all > 0, d_all, never)
@@ -384,35 +424,45 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     held_hit &= pages_rank * page <= held
     sto_need = np.where(held_hit, 0, need(pages_all, 0))
     dev_found, host_found, sto_found, input_tokens = found_tokens(con, run.run_id)
+    weight = 1 / rate  # lookups each sampled one stands for
     curves = (
-        _curve("device", device, "device alone", dev_need, page, dev_found),
+        _curve("device", device, "device alone", dev_need, page, dev_found, weight),
         _curve("host", host, (f"device at the run's {device:_} tokens; write_through keeps a host copy of device's "
                               "pages, so device and host hold max(device, host)" if inclusive else
                               f"device at the run's {device:_} tokens; host holds what device evicted "
-                              "(device + host)"), host_need, page, dev_found + host_found),
+                              "(device + host)"), host_need, page, dev_found + host_found, weight),
         _curve("storage", storage, f"device and host at the run's sizes ({held_words}); storage is one tier "
-                                   "shared by every rank", sto_need, page, dev_found + host_found + sto_found))
-    looks = sorted(min(max((r[5] - 1) // page, 0), len(keys[r[0]])) for r in rows)
+                                   "shared by every rank", sto_need, page, dev_found + host_found + sto_found, weight))
+    looks = sorted(min(max((r.input_tokens - 1) // page, 0), lengths.get(r.seq, len(keys[r.seq]))) for r in rows)
     looks = [x for x in looks if x] or [0]
     slack = looks[max(math.ceil(0.5 * len(looks)) - 1, 0)] * page  # nearest rank
-    return SizeCurves(policy, page, len(ranks), input_tokens, int(len(lookup_rank) * page), slack, curves, MODEL)
+    model = MODEL
+    if keep is not None:
+        model += (f"; SAMPLED: {touches:,} page touches are more than the pass's budget of {MAX_TOUCHES:,} "
+                  f"(memory), so {rate:.3g} of the pages (by key hash) were kept and the curves are scaled "
+                  "back from them: approximate")
+    return SizeCurves(policy, page, len(ranks), input_tokens, int(round(len(lookup_rank) * weight)) * page, slack,
+                      curves, model, rate)
 
 
 def _lookup_depths(groups: list) -> np.ndarray:
     return stack_depths(groups)
 
 
-def _curve(tier: str, run_size: int, held: str, need: np.ndarray, page: int, found: int) -> SizeCurve:
-    """The step function of the sizes at which each looked-up page is found (never: not at all)."""
+def _curve(tier: str, run_size: int, held: str, need: np.ndarray, page: int, found: int,
+           weight: float = 1.0) -> SizeCurve:
+    """The step function of the sizes at which each looked-up page is found (never: not at all);
+    each found page counts `weight` pages (a sampled pass: 1 / its rate, rounded to pages)."""
     import numpy as np
 
     never = np.iinfo(np.int64).max
     sizes = np.sort(need[need != never])
-    total = int(len(sizes)) * page
+    total = int(round(len(sizes) * weight)) * page
     steps: list[tuple[int, int]] = []
     if len(sizes):
         uniq, idx = np.unique(sizes, return_index=True)
-        cum = (np.r_[idx[1:], len(sizes)]) * page
+        cum = (np.r_[idx[1:], len(sizes)]) * page if weight == 1.0 else \
+            np.rint(np.r_[idx[1:], len(sizes)] * weight).astype(np.int64) * page
         steps = list(zip(uniq.tolist(), cum.tolist()))
     if len(steps) > CURVE_POINTS:
         # The first step into each 1/CURVE_POINTS of the plateau, and the last.

@@ -19,6 +19,11 @@ from tierdiag.trace.pages import output_page_keys
 class DecodeSteps:
     """Scheduler's decode steps, retraction and finish (a mixin: its state is Scheduler's)."""
 
+    # The loops run the passes that can only be plain decode steps at once (`_decode_ahead`);
+    # False: every pass goes round the loop, the reference the fast path is tested against
+    # (tests/engine/test_fast_paths.py: every event identical).
+    decode_ahead: bool = True
+
     def _generated(self, req: Req) -> int:
         """Output tokens a running request has (len(output_ids)), after `dstep` decode steps."""
         return req.generated + self.dstep - req.join_step
@@ -172,6 +177,85 @@ class DecodeSteps:
                                    tuple(r.req_id for r in retracted), None, self.rank))
         self._finish_step(end)
         self._note_decode(now, end)
+        return end
+
+    def _decode_ahead(self, end: int, limit: int | None, wakes: list[int] | None = None) -> int:
+        """The scheduling passes after the one that just ended at `end`, run here at once while
+        each can only be a plain decode step that touches nothing outside this scheduler: a pass
+        at time t < `limit` (the loop's next arrival or event: nothing from outside reaches
+        this scheduler before it), nobody waiting and no chunked request (so `_batch` forms no
+        prefill batch), room for the step's pages without eviction (`free_pages` >= running:
+        no eviction, no retraction, no write-back, no event), and no request finishing at the
+        step (its finish is an event the loop runs in order). Each pass is `_batch`'s, inline,
+        in that case: ack_loads, the prefetch re-query clock, admission reopened, `_decode`.
+        Returns when the GPU is free again: the loop's next pass for this scheduler; `wakes`
+        gets the time of each pass run here (a deployment's loop still wakes then for a rank
+        whose pass ran nothing: such a rank passes at every wake). The rows
+        and the clock are the ones the loop would make pass by pass (issue 41: a `--dp 8`
+        replay ran ~37x the passes of `--dp 1`, each one a trip round the deployment's loop)."""
+        running = self.running
+        if not running or self.waiting or self.chunked is not None:
+            return end
+        ctrl = self.ctrl
+        device = ctrl.device
+        n = len(running)
+        free = device.free_pages
+        k = self.dstep
+        finish_due = self._finish_due
+        # the first step with a finish due (a key is popped by its step: none is below k + 1)
+        fin = min((s for s in finish_due if s > k), default=None)
+        if (limit is not None and end >= limit) or free < n or fin == k + 1:
+            return end
+        # _batch's head, once: nothing waits, so no prefill batch is formed
+        ctrl.blocking_ns = 0
+        if ctrl.loads_pending:
+            ctrl.ack_loads()
+        if self._admission_reopens:
+            self._admission_reopens = False
+            self.batch_is_full = False
+        page_due = self._page_due
+        emit = self.emit.decode_step
+        cost = self.cost.decode_step_ns
+        ps = self.ps
+        alloc = device.alloc
+        base = self._kv_base
+        ratio = self.new_token_ratio
+        start = end
+        steps = 0
+        while True:
+            # _decode: the step fits (a free page for every running request, more than it needs),
+            # so new_token_ratio decays; _decode_step without its eviction
+            ratio -= NEW_TOKEN_RATIO_DECAY
+            if ratio < MIN_NEW_TOKEN_RATIO:
+                ratio = MIN_NEW_TOKEN_RATIO
+            k += 1
+            due = page_due.pop(k, None)
+            if due:
+                for r in due:
+                    slots = alloc(1)
+                    assert slots is not None, "free_pages reported room that alloc could not find"
+                    r.own_slots.extend(slots)
+                    nxt = k + ps
+                    r.next_page = nxt
+                    if nxt <= r.finish_step:
+                        page_due.setdefault(nxt, []).append(r)
+                free = device.free_pages
+            now = end
+            end = now + cost(base + n * k)
+            steps += 1
+            if wakes is not None:
+                wakes.append(now)
+            if emit is not None:
+                emit((now, end, k, tuple(r.req_id for r in running), (), None, self.rank))
+            # (_finish_step: nobody finishes at step k) the next pass, if it is one more such step
+            if (limit is not None and end >= limit) or free < n or fin == k + 1:
+                break
+        self.dstep = k
+        self.stats.decode_steps += steps
+        if self.rules.prefetch_retry_interval_passes:
+            self.prefetch_pass += steps  # _retry_prefetches: nobody waits, nothing else to do
+        self.new_token_ratio = ratio
+        self._note_decode(start, end)  # the steps back to back: one run on the clock
         return end
 
     def _retract(self, now: int) -> list[Req]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from bisect import bisect_right
 from typing import Iterable, Sequence
 
 from tierdiag.config.engine import EngineConfig
@@ -94,6 +95,18 @@ class Deployment:
         pop = heapq.heappop
         ticks = [t for t in dict.fromkeys(s.emit.tick for s in ranks) if t is not None]
         arrive = self._arrive
+        # What a rank does before the next arrival or event reaches no other rank unless it
+        # evicts (host and storage writes), finishes (the router, the storage tier) or emits a
+        # decode-step event (one stream, in clock order); passes that can only be plain decode
+        # steps run at once (DecodeSteps._decode_ahead checks the rest). Not in a closed loop
+        # once a session is met: another rank's finish may release a turn routed here at any step.
+        # The loop still wakes at those passes' times while some rank is stuck (its pass ran
+        # nothing: it waits for memory or a prefetch), as such a rank passes at every wake.
+        ahead = all(s.decode_ahead and s.emit.decode_step is None for s in ranks)
+        closed = src.closed
+        next_ns = src.next_ns
+        run_at_once: list[list[int]] = [[] for _ in ranks]  # per rank: its last passes run at once
+        at_once_until = -1  # the latest of them
         now = 0
         while True:
             while True:  # arrivals and events at `now`, until a finish releases no turn due now
@@ -112,6 +125,14 @@ class Deployment:
                 if now >= gpu_free[rank] and (sched.waiting or sched.running or sched.chunked is not None):
                     end = sched._batch(now)
                     if end is not None:
+                        if ahead and not (closed and src.num_sessions):
+                            limit = next_ns(now)
+                            if events and (limit is None or events[0][0] < limit):
+                                limit = events[0][0]
+                            wakes = run_at_once[rank] = []
+                            end = sched._decode_ahead(end, limit, wakes)
+                            if wakes and wakes[-1] > at_once_until:
+                                at_once_until = wakes[-1]
                         gpu_free[rank] = end
                         ran.append(rank)
                     batched = True
@@ -126,6 +147,13 @@ class Deployment:
             for rank, free in enumerate(gpu_free):
                 if (free > now or rank in ran) and (nxt is None or free < nxt):
                     nxt = free
+            if at_once_until > now and any(free <= now and rank not in ran and (s.waiting or s.chunked is not None
+                                                                                 or s.running)
+                                           for rank, (free, s) in enumerate(zip(gpu_free, ranks))):
+                for wakes in run_at_once:  # a stuck rank: the loop's next wake, those passes' included
+                    i = bisect_right(wakes, now)
+                    if i < len(wakes) and (nxt is None or wakes[i] < nxt):
+                        nxt = wakes[i]
             if nxt is None:
                 stuck = [(r, s) for r, s in enumerate(ranks) if s.waiting or s.chunked is not None]
                 if stuck:

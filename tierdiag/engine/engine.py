@@ -106,6 +106,11 @@ class Engine:
         that no lock is held (and, in a deployment, that the router counts nothing in flight)."""
         for rank in self.ranks:
             check_rank(rank.device, rank.host, rank.tree, idle=idle)
+            s = rank.scheduler  # every armed storage re-query is a queued request's (_retry_prefetches)
+            queued = set(map(id, s.waiting))
+            assert s.prefetch_retry_due.keys() == s.prefetch_retry_reqs.keys(), "re-query index drifted"
+            assert all(id(r) in queued and r.seq == seq for seq, r in s.prefetch_retry_reqs.items()), \
+                "a storage re-query is armed for a request not in the waiting queue"
         if idle and self.deployment is not None:
             d = self.deployment
             assert not d.in_flight, f"{len(d.in_flight)} requests routed and never reported finished"

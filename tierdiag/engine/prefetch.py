@@ -166,6 +166,7 @@ class StoragePrefetch:
         not read (the hit stops before it, as SGLang's read would come back short there)."""
         if self.rules.prefetch_retry_interval_passes:
             self.prefetch_retry_due[req.seq] = None
+            self.prefetch_retry_reqs[req.seq] = req
             if self.rules.prefetch_assume_stored:
                 req.storage_hit_end = storage_hit_end
 
@@ -181,7 +182,56 @@ class StoragePrefetch:
         pending, waiting = self.prefetch_retry_due, self.waiting
         if not pending or not waiting:
             return
-        pending.pop(waiting[0].seq, None)
+        reqs = self.prefetch_retry_reqs
+        head = waiting[0].seq
+        if head in pending:
+            del pending[head]
+            del reqs[head]
+        step = self.prefetch_pass
+        # The entries this pass acts on: unarmed (due None: armed now, or dropped past
+        # max_attempts) and due; an armed entry is never over max_attempts (the count is
+        # checked as it is armed and grows only as it fires), so the rest need nothing. Every
+        # entry is a queued request's (armed at arrival or requeue, dropped at admission:
+        # Engine.check_invariants), so pop_ready's walk of the queue reaches each of these; the
+        # walk's order matters only to the re-queries fired, sorted here by queue position
+        # (issue 41: the walk was 27 % of a storage replay's CPU, ~800 requests waiting and
+        # ~5 entries to act on a pass). `_retry_prefetches_walk` is the walk, kept as the reference.
+        act = [seq for seq, due in pending.items() if due is None or due <= step]
+        if not act:
+            return
+        ready = []
+        cap = self.rules.prefetch_retry_max_attempts
+        for seq in act:
+            req = reqs[seq]
+            if req.prefetch_retries >= cap:
+                del pending[seq]
+                del reqs[seq]
+                continue
+            if pending[seq] is None:
+                pending[seq] = step + interval  # (interval >= 1: not due this pass)
+                continue
+            del pending[seq]
+            del reqs[seq]
+            ready.append(req)
+        if len(ready) > 1:
+            order = list(map(id, waiting))
+            ready.sort(key=lambda r: order.index(id(r)))
+        for req in ready:  # _retry_storage_prefetch
+            req.prefetch_retries += 1
+            self._start_prefetch(req, now)
+
+    def _retry_prefetches_walk(self, now: int) -> None:
+        """`_retry_prefetches` as pop_ready writes it, a walk of the whole waiting queue every
+        pass: the reference the indexed one is tested against (tests/engine/test_fast_paths.py)."""
+        interval = self.rules.prefetch_retry_interval_passes
+        if not interval:
+            return
+        self.prefetch_pass += 1
+        pending, waiting, reqs = self.prefetch_retry_due, self.waiting, self.prefetch_retry_reqs
+        if not pending or not waiting:
+            return
+        if pending.pop(waiting[0].seq, 0) != 0:
+            del reqs[waiting[0].seq]
         step = self.prefetch_pass
         if not any(due is None or due <= step for due in pending.values()):
             return
@@ -191,14 +241,14 @@ class StoragePrefetch:
             if req.seq not in pending:
                 continue
             if req.prefetch_retries >= cap:
-                del pending[req.seq]
+                del pending[req.seq], reqs[req.seq]
                 continue
             due = pending[req.seq]
             if due is None:
                 due = pending[req.seq] = step + interval
             if due > step:
                 continue
-            del pending[req.seq]
+            del pending[req.seq], reqs[req.seq]
             ready.append(req)
         for req in ready:  # _retry_storage_prefetch
             req.prefetch_retries += 1

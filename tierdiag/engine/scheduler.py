@@ -110,6 +110,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                                                            self.ps)
         self.prefetch_tokens_occupied = 0
         self.prefetch_retry_due: dict[int, int | None] = {}  # req seq -> pass its re-query is due (0.5.23)
+        self.prefetch_retry_reqs: dict[int, Req] = {}  # the same seqs -> their requests
         self.prefetch_pass = 0  # scheduling passes, the re-queries' clock
         # SchedulePolicy._waiting_prefix_refresh_calls: the passes that reached the refresh (0.5.23)
         self.refresh_calls = 0
@@ -147,6 +148,11 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         pop = heapq.heappop
         tick = self.emit.tick
         arrive = self._arrive
+        # Nothing reaches the scheduler but the trace's arrivals and its own events, so the
+        # passes before the next of them that can only be decode steps run at once
+        # (DecodeSteps._decode_ahead). Not in a closed loop once a session is met: a turn's
+        # release and the read-ahead's clock are then the loop's, pass by pass.
+        closed, ahead = src.closed, self.decode_ahead
         while True:
             while True:  # arrivals and events at `now`, until a finish releases no turn due now
                 for t, at, trace_at, think_ms in src.due(now):
@@ -161,6 +167,11 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
             if now >= gpu_free and (self.waiting or self.running or self.chunked is not None):
                 end = self._batch(now)
                 if end is not None:
+                    if ahead and not (closed and src.num_sessions):
+                        limit = src.next_ns(now)
+                        if events and (limit is None or events[0][0] < limit):
+                            limit = events[0][0]
+                        end = self._decode_ahead(end, limit)
                     gpu_free, ran = end, True
                 if tick is not None:  # a batch's events are in: the probe may flush its buffers
                     tick()
@@ -370,7 +381,8 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                 break  # the request waits, and so does everyone behind it
             del self.waiting[i]
             self.arrived_at.pop(req.seq, None)
-            self.prefetch_retry_due.pop(req.seq, None)
+            if self.prefetch_retry_due.pop(req.seq, 0) != 0:
+                del self.prefetch_retry_reqs[req.seq]
             take, lb_ns, lb_pages = admitted
             items.append((req, take, lb_ns, lb_pages))
             budget -= -(-take // ps) * ps  # PrefillAdder._update_prefill_budget: page-ceiled

@@ -2,6 +2,10 @@
  * verification (engine/content.py), and a pool's free-slot stack (engine/pagepool.py). */
 #include "cplane.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 /* page_content_np: mix(key) = key * golden ratio, modulo 2**64 (content._MIX) */
 #define MIX UINT64_C(0x9E3779B97F4A7C15)
 #define LAYER_MUL UINT64_C(1000003)
@@ -17,6 +21,52 @@ PyDoc_STRVAR(move_doc,
 "Returns count_runs(src_pages), or -1 having moved nothing when the case is the numpy path's\n"
 "(lengths or geometries that differ, a page outside a pool, overlapping pools, a list of\n"
 "anything but ints).");
+
+/* A move this big goes layer by layer, the next run's source prefetched, with streaming stores
+ * (the destination is not read for ownership, nor left in the caches): a glibc memcpy that big
+ * does the same, one row at a time does not. Scattered 16 KiB pages (4 layers of 4 KiB), 34 and
+ * 67 MB on the 2-vCPU VM under load: 0.45-0.55x a contiguous copy before, 0.73-0.86x so. */
+#define STREAM_MIN_BYTES (8 << 20)
+
+#if defined(__SSE2__)
+static void
+stream_copy(char *dst, const char *src, size_t n)  /* n a multiple of 64, dst 16-byte aligned */
+{
+    for (size_t i = 0; i < n; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+        __m128i e = _mm_loadu_si128((const __m128i *)(src + i + 48));
+        _mm_stream_si128((__m128i *)(dst + i), a);
+        _mm_stream_si128((__m128i *)(dst + i + 16), b);
+        _mm_stream_si128((__m128i *)(dst + i + 32), c);
+        _mm_stream_si128((__m128i *)(dst + i + 48), e);
+    }
+}
+
+/* The runs of `s`/`d` (pages consecutive on both sides), layer by layer, streamed. */
+static void
+move_streamed(char *dst, const char *src, const Ints *s, const Ints *d, Py_ssize_t n, Py_ssize_t layers,
+              Py_ssize_t rb, Py_ssize_t sp, Py_ssize_t dp)
+{
+    for (Py_ssize_t l = 0; l < layers; l++) {
+        const char *sl = src + l * sp * rb;
+        char *dl = dst + l * dp * rb;
+        for (Py_ssize_t i = 0; i < n;) {
+            Py_ssize_t j = i + 1;
+            while (j < n && s->v[j] == s->v[j - 1] + 1 && d->v[j] == d->v[j - 1] + 1) {
+                j++;
+            }
+            if (j < n) {
+                __builtin_prefetch(sl + (Py_ssize_t)s->v[j] * rb);
+            }
+            stream_copy(dl + (Py_ssize_t)d->v[i] * rb, sl + (Py_ssize_t)s->v[i] * rb, (size_t)((j - i) * rb));
+            i = j;
+        }
+    }
+    _mm_sfence();
+}
+#endif
 
 static PyObject *
 cp_move(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
@@ -78,6 +128,12 @@ cp_move(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     runs = 0;
+#if defined(__SSE2__)
+    if (n * layers * rb >= STREAM_MIN_BYTES && rb % 64 == 0 && (uintptr_t)dst % 16 == 0) {
+        move_streamed(dst, src, &s, &d, n, layers, rb, sp, dp);
+        goto counted;
+    }
+#endif
     for (Py_ssize_t i = 0; i < n;) {
         Py_ssize_t j = i + 1;
         while (j < n && s.v[j] == s.v[j - 1] + 1 && d.v[j] == d.v[j - 1] + 1) {
@@ -89,6 +145,9 @@ cp_move(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         }
         i = j;
     }
+#if defined(__SSE2__)
+counted:
+#endif
     for (Py_ssize_t i = 0; i < n; i++) {
         runs += (i == 0 || s.v[i] != s.v[i - 1] + 1);
     }

@@ -1,0 +1,158 @@
+"""The engine's fast paths (issue 41) against the plain code they replace, kept as the reference.
+
+- The loops' decode steps (DecodeSteps._decode_ahead): the passes that can only be plain decode
+  steps, before the next arrival or event, run at once instead of one trip round the loop each.
+- The storage re-queries (StoragePrefetch._retry_prefetches): the few entries due or unarmed
+  instead of pop_ready's walk of the whole waiting queue (`_retry_prefetches_walk`).
+
+Neither may change anything: every event the engine emits (requests, batches, evictions,
+transfers, pool samples, decode steps where a probe takes them), in order, the scheduler's
+state at every prefill batch and the run's stats are the reference's, on one rank and on a
+deployment, open and closed loop, with and without a storage tier, under both rule sets."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.engine.helpers import PS, small_config
+from tests.engine.test_invariants import workloads
+from tierdiag.config.router import ROUTER_NAMES
+from tierdiag.engine.decode import DecodeSteps
+from tierdiag.engine.engine import Engine
+from tierdiag.engine.prefetch import StoragePrefetch
+from tierdiag.probes import events as ev
+from tierdiag.probes.recorder import Probe
+from tierdiag.trace.reader import TraceRequest
+
+
+_FAST_RETRY = StoragePrefetch._retry_prefetches
+_WALK = StoragePrefetch._retry_prefetches_walk
+
+
+class Everything(Probe):
+    """Every event, in order; decode steps only when `steps` (a deployment's fast path stands
+    aside for a probe that takes them, one rank's emits them in order)."""
+
+    def __init__(self, steps: bool):
+        super().__init__()
+        self.steps = steps
+        self.events: list = []
+        self.schedulers: list = []
+
+    def wants(self, cls) -> bool:
+        return self.steps or cls is not ev.DecodeStep
+
+    def emit(self, event) -> None:
+        self.events.append(event)
+        if isinstance(event, ev.BatchScheduled):
+            # A prefill batch is a pass the loop runs: its rank's state then is the loop's too
+            # (what the fast path keeps beside the events: the admission budget's ratio, the
+            # decode clock, the re-query clock, batch_is_full)
+            s = self.schedulers[event.dp_rank]
+            self.events.append((s.new_token_ratio, s.dstep, s.prefetch_pass, s.batch_is_full, s._kv_base))
+
+
+def _replay(reqs, cfg, ahead: bool, steps: bool, monkeypatch) -> tuple[list, dict]:
+    """Replay with the fast paths (`ahead`) or the reference code."""
+    monkeypatch.setattr(DecodeSteps, "decode_ahead", ahead)
+    monkeypatch.setattr(StoragePrefetch, "_retry_prefetches", _FAST_RETRY if ahead else _WALK)
+    probe = Everything(steps)
+    engine = Engine(cfg, probe=probe)
+    probe.schedulers = [r.scheduler for r in engine.ranks]
+    engine.run(sorted(reqs, key=lambda r: (r.arrival_ns, r.seq)))
+    engine.check_invariants(idle=True)
+    stats = dataclasses.asdict(engine.stats)
+    return probe.events, stats
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(reqs=workloads(), dp=st.integers(1, 4), router=st.sampled_from(ROUTER_NAMES),
+       storage=st.sampled_from([0, 48 * PS]), device=st.integers(4, 40),
+       write_policy=st.sampled_from(["write_through", "write_back"]), sessions=st.integers(0, 3),
+       arrivals=st.sampled_from(["trace", "closed"]), steps=st.booleans(), mixed=st.booleans(),
+       sglang=st.sampled_from(["0.5.9", "0.5.23"]))
+def test_fast_paths_change_no_event(reqs, dp, router, storage, device, write_policy, sessions, arrivals, steps,
+                                    mixed, sglang, tmp_path_factory, monkeypatch):
+    if sessions:
+        reqs = [TraceRequest(r.req_id, r.seq, r.line, r.arrival_ns, r.input_len, r.output_len, r.hash_ids, r.tokens,
+                             r.priority, r.extra_key, session=f"s{r.seq % sessions}" if r.seq % 2 else None)
+                for r in reqs]
+    runs = []
+    for ahead in (False, True):
+        cfg = small_config(dp=dp, router=router, device_tokens=device * PS, host_tokens=2 * device * PS,
+                           storage_tokens=storage, write_policy=write_policy, arrivals=arrivals,
+                           enable_mixed_chunk=mixed, router_balance_abs_threshold=2, sglang_rules=sglang,
+                           storage_dir=str(tmp_path_factory.mktemp("ahead")) if storage else None)
+        runs.append(_replay(reqs, cfg, ahead, steps, monkeypatch))
+    (ref_events, ref_stats), (events, stats) = runs
+    assert stats == ref_stats
+    assert len(events) == len(ref_events)
+    for a, b in zip(ref_events, events):
+        assert _comparable(a) == _comparable(b)
+
+
+def _comparable(event):
+    """The event without what is measured (a copy's wall time): the rest is the model's."""
+    if isinstance(event, ev.Transfer):
+        return event._replace(wall_ns=0)
+    return event
+
+
+@pytest.mark.parametrize("dp", [1, 3])
+def test_long_decodes_take_the_fast_path_and_keep_their_times(dp, monkeypatch):
+    """A few long outputs, nothing arriving meanwhile: most passes are plain decode steps (the
+    fast path runs them), the finish times and decode counts are the pass-by-pass loop's."""
+    reqs = [TraceRequest(f"r{i}", i, i + 1, i * 1_000_000, 3 * PS + 1, 300 + 50 * i,
+                         (i * 10, i * 10 + 1, i * 10 + 2, 99 + i), None) for i in range(4)]
+    calls = []
+    real = DecodeSteps._decode_ahead
+
+    def counting(self, end, limit, wakes=None):
+        out = real(self, end, limit, wakes)
+        calls.append(out != end)
+        return out
+
+    monkeypatch.setattr(DecodeSteps, "_decode_ahead", counting)
+    fast = _replay(reqs, small_config(dp=dp, device_tokens=40 * PS), True, False, monkeypatch)
+    assert any(calls), "no pass took the fast path"
+    slow = _replay(reqs, small_config(dp=dp, device_tokens=40 * PS), False, False, monkeypatch)
+    assert fast[1] == slow[1]
+    assert [_comparable(e) for e in fast[0]] == [_comparable(e) for e in slow[0]]
+    assert fast[1]["decode_steps"] >= 300
+
+
+@st.composite
+def bursts(draw):
+    """Requests arriving together onto a small device, sharing a few prefixes some earlier
+    request left in storage: a queue that waits many passes, its storage re-queries firing."""
+    n = draw(st.integers(4, 30))
+    convs = draw(st.integers(1, 4))
+    reqs = []
+    for i in range(n):
+        c = draw(st.integers(0, convs - 1))
+        shared = tuple(c * 1000 + p for p in range(draw(st.integers(0, 8))))
+        own = tuple(500_000 + i * 100 + p for p in range(draw(st.integers(0, 3))))
+        t_ms = draw(st.sampled_from([0, 0, 0, 1, 5, 200]))
+        reqs.append(TraceRequest(f"r{i}", i, i + 1, t_ms * 1_000_000, (len(shared) + len(own)) * PS + 1,
+                                 draw(st.integers(1, 300)), shared + own + (900_000 + i,), None))
+    return sorted(reqs, key=lambda r: (r.arrival_ns, r.seq))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(reqs=bursts(), dp=st.integers(1, 2), device=st.integers(12, 30), host=st.integers(0, 30),
+       policy=st.sampled_from(["fcfs", "lpm"]), prefetch=st.sampled_from(["best_effort", "wait_complete", "timeout"]))
+def test_storage_requeries_fire_as_the_walk_fires_them(reqs, dp, device, host, policy, prefetch, tmp_path_factory,
+                                                       monkeypatch):
+    runs = []
+    for ahead in (False, True):
+        cfg = small_config(dp=dp, device_tokens=device * PS, host_tokens=(device + host) * PS, storage_tokens=200 * PS,
+                           storage_dir=str(tmp_path_factory.mktemp("requery")), schedule_policy=policy,
+                           prefetch_policy=prefetch, write_policy="write_through", sglang_rules="0.5.23")
+        runs.append(_replay(reqs, cfg, ahead, False, monkeypatch))
+    (ref_events, ref_stats), (events, stats) = runs
+    assert stats == ref_stats
+    assert [_comparable(e) for e in events] == [_comparable(e) for e in ref_events]
