@@ -77,3 +77,53 @@ def test_a_new_request_whose_page_ceiled_extend_misses_the_mixed_budget_is_chunk
     goes whole."""
     assert _chunks(version, mixed=True, b_ms=1.5, b_pages=15, b_extra=40) == [960, 40]
     assert _chunks(version, mixed=False, b_ms=1.5, b_pages=15, b_extra=40) == [1000]
+
+
+# --- batch_is_full after a mixed batch ------------------------------------------------------------
+class Steps(helpers.Collect):
+    def __init__(self):
+        super().__init__()
+        self.batches: list[ev.BatchScheduled] = []
+        self.decodes: list[ev.DecodeStep] = []
+
+    def emit(self, event):
+        super().emit(event)
+        if isinstance(event, ev.BatchScheduled):
+            self.batches.append(event)
+        elif isinstance(event, ev.DecodeStep):
+            self.decodes.append(event)
+
+
+def _reopen_run(mixed: bool):
+    a = req("a", 0, [1], output=200)  # 65 tokens, decodes throughout
+    b = req("b", 1.5, list(range(100, 106)), output=50)  # 6 pages + 1 token
+    c = req("c", 1.5, list(range(200, 203)), output=1)  # 3 pages + 1 token
+    probe = Steps()
+    cfg = helpers.small_config(enable_mixed_chunk=mixed, sglang_rules="0.5.23")  # device 16 pages
+    engine = Engine(cfg, probe=probe)
+    engine.run(helpers.numbered([a, b, c]))
+    engine.check_invariants(idle=True)
+    assert {r.status for r in probe.records.values()} == {"finished"}
+    return probe
+
+
+def test_a_mixed_batch_reopens_admission_at_the_next_pass():
+    """`Scheduler.get_new_batch_prefill` with `--enable-mixed-chunk`: when the running requests'
+    step fits (`check_decode_mem`), `mix_with_running` moves them into the prefill batch and
+    the running batch becomes `ScheduleBatch(reqs=[], batch_is_full=...)`. A NO_TOKEN in that
+    pass set `batch_is_full` on the running batch it replaced; at the next pass
+    `get_next_batch_to_run` finds the running batch empty and takes the mixed batch as it
+    ("running_batch = last_batch"), whose flag was never set: admission is tried again though no
+    request left. b's pass admits b (a decoding) and finds c NO_TOKEN (the pass still holds b's
+    page of overhead and its whole output); at the next pass, b running at new_token_ratio, c
+    fits and goes into the very next batch. Mixed chunk off, the running batch keeps the flag
+    (b merges into it) and c waits for a decode step to finish someone (a or b) first."""
+    probe = _reopen_run(mixed=True)
+    rb, rc = probe.records["b"], probe.records["c"]
+    assert rc.first_batch_id != rb.first_batch_id  # NO_TOKEN in b's pass
+    b_batch = next(x for x in probe.batches if x.batch_id == rb.first_batch_id)
+    c_batch = next(x for x in probe.batches if x.batch_id == rc.first_batch_id)
+    assert c_batch.t_start_ns == b_batch.t_end_ns  # the very next pass, no decode step between
+    assert c_batch.num_decoding == 2  # a and b's steps ride in it
+    plain = _reopen_run(mixed=False)
+    assert plain.records["c"].first_token_ns > plain.records["b"].finish_ns

@@ -515,7 +515,7 @@ def audit_cases() -> list[tuple[str, Callable[[], Workload], str]]:
          "rust"),
         ("agentic-tiered-s1-p1-fcfs-write_back",
          partial(agentic, 1, page_size=1, device_tokens=3072, schedule_policy="fcfs", write_policy=wb), "rust"),
-        # mixed chunk under memory pressure: still differs (test_scheduler_0523.STILL_DIFFERENT)
+        # mixed chunk under memory pressure (batch_is_full after a mixed batch)
         ("pressure-s1-p64-fcfs-write_back-mixed",
          partial(seeded, 1, page_size=64, shape="pressure", write_policy=wb, mixed_chunk=True), "rust"),
         ("tiered-s3-p1-fcfs-write_through-mixed",

@@ -40,14 +40,10 @@ pytestmark = pytest.mark.sglang
 # where SGLang freed 345) was the engine's LPM match, capped at input - 1 where
 # SchedulePolicy._compute_prefix_matches walks the whole input (tests/engine/test_sglang_0523_lpm_match.py).
 # The audit's sweeps (docs/engine.md, "Issue 43, third pass") found mixed chunk under memory
-# pressure still differing (20 of 64 sweeps); two of them, not attributed yet:
-STILL_DIFFERENT: dict[str, str] = {
-    "pressure-s1-p64-fcfs-write_back-mixed":
-        "23 of 28 prefill steps differ, 38 of 48 requests (TTFT); step 6 (89.4 ms): SGLang admits pressure1-10 "
-        "into a mixed batch, the engine finds it NO_TOKEN, decodes, and admits it with pressure1-11 next pass",
-    "tiered-s3-p1-fcfs-write_through-mixed":
-        "1 of 38 prefill steps differ, 2 of 64 requests (TTFT); step 38: its start time and eviction window",
-}
+# pressure differing (20 of 64 sweeps, two of them CI cases here); it was the engine's:
+# batch_is_full is cleared at the pass after a mixed batch (get_next_batch_to_run, "running_batch
+# = last_batch" after mix_with_running emptied the running batch).
+STILL_DIFFERENT: dict[str, str] = {}
 # The long mode's cases were not measured on the merged engine (about 20 minutes each on a CPU).
 LONG_UNMEASURED = {"conversation2000-x1-fcfs-write_through", "conversation2000-x1-lpm-write_back",
                    "conversation2000-x4-fcfs-write_through", "conversation2000-x4-lpm-write_back"}

@@ -257,6 +257,11 @@ class Admission:
             self._admission_reopens = True  # (b) in _batch: its members start the running batch
         if self.mixed_chunk and self.running and self._decode_fits(self.running, now):
             mixed_ns = self._decode_step(now)
+            # mix_with_running moved the running requests into this batch and left the running
+            # batch empty ("running_batch = ScheduleBatch(reqs=[], ...)"): at the next pass
+            # get_next_batch_to_run makes this batch the running batch ("running_batch =
+            # last_batch"), whose batch_is_full was never set, as (b) in _batch
+            self._admission_reopens = True
         self._batch_id += self.id_step
         bid = self._batch_id
         if self.emit.pool_sample is not None:
