@@ -27,7 +27,8 @@ from typing import Any, Callable, Sequence
 import duckdb
 
 from tierdiag.diagnose.causes import cause_sql
-from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one, jsonify
+from tierdiag.diagnose.query import dataclass_json, jsonify
+from tierdiag.diagnose.read.rows import fetch_dicts, fetch_one
 from tierdiag.diagnose.sql import FINISHED_SQL as _FINISHED
 from tierdiag.diagnose.facts import RunFacts
 from tierdiag.diagnose.read.kind import view_of

@@ -18,7 +18,8 @@ import duckdb
 
 from tierdiag.diagnose.causes import CAUSES, cause_sql, excess_sql, routing_ns_sql
 from tierdiag.diagnose.quantile import quantile_sql
-from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one, link_peak_bytes_per_s
+from tierdiag.diagnose.query import dataclass_json, link_peak_bytes_per_s
+from tierdiag.diagnose.read.rows import fetch_dicts, fetch_one
 from tierdiag.diagnose.sql import FINISHED_SQL as _FINISHED
 from tierdiag.diagnose.sql import span_columns_sql
 from tierdiag.diagnose.tokens import TokenSplit

@@ -25,9 +25,11 @@ from dataclasses import dataclass
 import duckdb
 
 from tierdiag.diagnose.causes import check_cause
-from tierdiag.diagnose.query import dataclass_json, fetch_dicts
+from tierdiag.diagnose.query import dataclass_json
+from tierdiag.diagnose.read.rows import fetch_dicts
 from tierdiag.diagnose.quantile import quantile_sql
-from tierdiag.diagnose.sql import FINISHED_SQL, run_span_ns
+from tierdiag.diagnose.sql import FINISHED_SQL
+from tierdiag.diagnose.read.queries import run_span_ns
 from tierdiag.errors import ConfigError
 from tierdiag.units import share
 from tierdiag.diagnose.read.run import parse

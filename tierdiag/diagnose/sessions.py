@@ -25,11 +25,12 @@ from dataclasses import dataclass
 import duckdb
 
 from tierdiag.diagnose.explain_result import Step
-from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one
+from tierdiag.diagnose.query import dataclass_json
+from tierdiag.diagnose.read.rows import fetch_dicts, fetch_one
 from tierdiag.diagnose.quantile import quantile_sql
 from tierdiag.diagnose.sql import FINISHED_SQL
 from tierdiag.diagnose.context import scheduled_ns
-from tierdiag.diagnose.waiting_loss import lost_while_waiting, lost_while_waiting_sql, wait_moves, waiting_removals_sql
+from tierdiag.diagnose.read.waiting import lost_while_waiting, lost_while_waiting_sql, wait_moves, waiting_removals_sql
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, share
 from tierdiag.diagnose.read.requests import RequestRow, RowLike
 from tierdiag.diagnose.read import queries

@@ -15,7 +15,7 @@ import duckdb
 
 from tierdiag.diagnose.causes import cause_sql, excess_sql, server_cause_sql
 from tierdiag.diagnose.read.requests import SELECT_COLUMNS, RequestRow
-from tierdiag.diagnose.sql import FINISHED_SQL, SpanOver, run_span_ns
+from tierdiag.diagnose.sql import FINISHED_SQL, SpanOver, span_columns_sql
 
 
 EVIDENCE_TABLE = "run_evidence"  # one row per closed replay (store/schema.py OPTIONAL_TABLES)
@@ -119,6 +119,16 @@ def previous_turn(con: duckdb.DuckDBPyConnection, run, row: RequestRow) -> Reque
 def span_ns(con: duckdb.DuckDBPyConnection, run, over: SpanOver = "all") -> tuple[int, int]:
     """(first arrival, last finish) of the run's `over` requests (sql.py), virtual ns; (0, 0) for none."""
     return run_span_ns(con, run.run_id, over)
+
+
+def run_span_ns(con: duckdb.DuckDBPyConnection, run_id: str, over: SpanOver = "all") -> tuple[int, int]:
+    """(first arrival, last finish) of the run's `over` requests, virtual ns; (0, 0) for none.
+    The end is never before the start."""
+    start, end = span_columns_sql(over)
+    row = con.execute(f"SELECT {start}, {end} FROM requests WHERE run_id = ?", [run_id]).fetchone()
+    if row is None or row[0] is None:
+        return 0, 0
+    return int(row[0]), max(int(row[1]), int(row[0]))
 
 
 def stored_evidence(con: duckdb.DuckDBPyConnection, run) -> tuple[int, str] | None:
