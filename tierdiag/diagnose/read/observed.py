@@ -205,3 +205,29 @@ def twin_pairs(con: duckdb.DuckDBPyConnection, observed_id: str, twin_id: str) -
         "SELECT o.hit_class, o.ttft_ns, t.ttft_ns, o.dp_rank, t.dp_rank FROM requests o LEFT JOIN requests t "
         "ON t.run_id = ? AND t.req_id = o.req_id AND t.status = 'finished' AND t.ttft_ns IS NOT NULL "
         "WHERE o.run_id = ? AND o.status = 'finished' AND o.ttft_ns > 0", [twin_id, observed_id]).fetchall()]
+
+
+class CalibrationColumns(NamedTuple):
+    """Per finished request with an arrival, a first token and its computed tokens, in
+    first-token order (numpy arrays; a column the server did not report: masked)."""
+    arrival_ns: object
+    queue_ns: object
+    prefill_ns: object
+    first_token_ns: object
+    finish_ns: object
+    input_tokens: object
+    output_tokens: object
+    device_hit_tokens: object
+    host_hit_tokens: object
+    storage_hit_tokens: object
+    computed_tokens: object
+    dp_rank: object
+
+
+def calibration_columns(con: duckdb.DuckDBPyConnection, run_id: str) -> CalibrationColumns:
+    """What `calibrate --from-run` fits the cost model to (diagnose/calibrate.py)."""
+    return CalibrationColumns(**con.execute(
+        "SELECT arrival_ns, queue_ns, prefill_ns, first_token_ns, finish_ns, input_tokens, output_tokens, "
+        "device_hit_tokens, host_hit_tokens, storage_hit_tokens, computed_tokens, dp_rank FROM requests "
+        "WHERE run_id = ? AND status = 'finished' AND arrival_ns IS NOT NULL AND first_token_ns IS NOT NULL "
+        "AND computed_tokens IS NOT NULL ORDER BY first_token_ns, arrival_ns", [run_id]).fetchnumpy())

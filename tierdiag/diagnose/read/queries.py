@@ -9,16 +9,14 @@ a million-request run answers in the time of its top rows, not of its rows.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple, Sequence
 
 import duckdb
 
 from tierdiag.diagnose.causes import cause_sql, excess_sql, server_cause_sql
 from tierdiag.diagnose.read.requests import SELECT_COLUMNS, RequestRow
 from tierdiag.diagnose.sql import FINISHED_SQL, SpanOver, span_columns_sql
-
-
-EVIDENCE_TABLE = "run_evidence"  # one row per closed replay (store/schema.py OPTIONAL_TABLES)
+from tierdiag.store.evidence import TABLE as EVIDENCE_TABLE  # one row per closed replay (store/evidence.py writes it)
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> list[dict[str, Any]]:
@@ -141,3 +139,28 @@ def stored_evidence(con: duckdb.DuckDBPyConnection, run) -> tuple[int, str] | No
     except duckdb.CatalogException:
         return None
     return (found[0][0], found[0][1]) if len(found) == 1 else None
+
+
+class OutcomeRow(NamedTuple):
+    """What a request got in one run (diagnose/upgrade.py): its split (NULL as 0), its TTFT where
+    it finished, its input."""
+    run_id: str
+    req_id: str
+    device_hit_tokens: int
+    host_hit_tokens: int
+    storage_hit_tokens: int
+    computed_tokens: int
+    ttft_ns: int | None
+    input_tokens: int
+
+
+def outcome_rows(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], req_id: str | None = None) -> list[OutcomeRow]:
+    """Every request of `run_ids` (only `req_id` where given), by run, in request order."""
+    marks = ", ".join("?" * len(run_ids))
+    extra = " AND req_id = ?" if req_id else ""
+    return [OutcomeRow(*r) for r in con.execute(
+        "SELECT run_id, req_id, coalesce(device_hit_tokens, 0), coalesce(host_hit_tokens, 0), "
+        "coalesce(storage_hit_tokens, 0), coalesce(computed_tokens, 0), "
+        "CASE WHEN coalesce(status, 'finished') = 'finished' THEN ttft_ns END, coalesce(input_tokens, 0) "
+        f"FROM requests WHERE run_id IN ({marks}){extra} ORDER BY run_id, seq NULLS LAST, req_id",
+        [*run_ids, *([req_id] if req_id else [])]).fetchall()]

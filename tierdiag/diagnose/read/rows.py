@@ -4,11 +4,13 @@ and the schema questions a reader asks of an older store (a column added since).
     fetch_dicts / fetch_one   a query's rows as dicts of their columns (positional parameters)
     fetch_named               the same with DuckDB's named parameters ($name)
     has_column                whether a table has a column (a store written before it did not)
+    second_cursor             a cursor on the same database, for a query on another thread
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping, Sequence
 
 import duckdb
 
@@ -42,3 +44,13 @@ def has_miss_columns(con: duckdb.DuckDBPyConnection) -> bool:
     from tierdiag.store.schema import MISS_COLUMNS
 
     return has_column(con, "requests", MISS_COLUMNS[0])
+
+
+@contextmanager
+def second_cursor(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A cursor of `con` reading the same database as it (a cursor starts in the database's
+    default catalog), for a query run on another thread meanwhile; closed on exit."""
+    catalog = con.execute("SELECT current_database()").fetchone()[0]
+    with con.cursor() as cur:
+        cur.execute('USE "' + catalog.replace('"', '""') + '"')
+        yield cur
