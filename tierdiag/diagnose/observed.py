@@ -32,7 +32,6 @@ from tierdiag.diagnose.observed_explain import (  # noqa: F401 - observed runs' 
     ObservedParts,
     ObservedStep,
     explain_observed,
-    server_cause_sql,
 )
 from tierdiag.diagnose.observed_twin import (  # noqa: F401
     Agreement,

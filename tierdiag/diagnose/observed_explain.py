@@ -21,7 +21,7 @@ from tierdiag.store.reader import RunInfo
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
 from tierdiag.diagnose.read.requests import RequestRow, RowLike
 
-from tierdiag.diagnose.causes import MAJORITY_SHARE, server_cause_sql  # noqa: F401 - the server's cause rule
+from tierdiag.diagnose.causes import MAJORITY_SHARE  # noqa: F401 - the server's cause rule
 
 
 # --------------------------------------------------------------------------- the server's TTFT
