@@ -8,7 +8,7 @@ SQL text is a string literal (an f-string's literal parts included; docstrings l
 holds a statement's keywords: `SELECT <something>`, `INSERT INTO`, `UPDATE <table> SET`,
 `DELETE FROM`, `CREATE TABLE|VIEW|INDEX|...`, upper case as the code writes them. A call that runs
 SQL is `.execute(`, `.executemany(`, `.sql(`, or one of read/rows.py's `fetch_dicts`,
-`fetch_one`, `fetch_named`.
+`fetch_one`.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ SQL_TEXT = re.compile(
     r"|\bDELETE\s+FROM\b"
     r"|\bCREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP(?:ORARY)?\s+)?(?:TABLE|VIEW|INDEX|SEQUENCE|MACRO|SCHEMA)\b")
 SQL_METHODS = {"execute", "executemany", "sql"}
-SQL_HELPERS = {"fetch_dicts", "fetch_one", "fetch_named"}
+SQL_HELPERS = {"fetch_dicts", "fetch_one"}
 
 
 def _docstrings(tree: ast.AST) -> set[int]:

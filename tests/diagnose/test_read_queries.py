@@ -14,7 +14,7 @@ from tierdiag.diagnose.read import queries
 from tierdiag.diagnose.read import request_context as read_req
 from tierdiag.diagnose.read import request_steps as read_steps
 from tierdiag.diagnose.read import run_context as read_ctx
-from tierdiag.diagnose.read.rows import fetch_dicts, fetch_named, has_column
+from tierdiag.diagnose.read.rows import fetch_dicts, has_column
 from tierdiag.store.reader import open_store, resolve_run
 
 MS = 1_000_000
@@ -175,5 +175,3 @@ def test_outcomes_are_the_rows(store):
             r["device_hit_tokens"] or 0, r["host_hit_tokens"] or 0, r["input_tokens"] or 0)
         assert o.ttft_ns == (r["ttft_ns"] if r["status"] == "finished" else None)
     assert [o.req_id for o in queries.outcome_rows(con, [run.run_id], "dev")] == ["dev"]
-    assert fetch_named(con, "SELECT count(*) AS n FROM requests WHERE run_id = $r", {"r": run.run_id}) == [
-        {"n": len(rows)}]

@@ -11,7 +11,7 @@
     waiting.py           what a request's prefix lost while it waited (and its SQL fragments)
     observed.py          an imported run's own numbers, paired with its twin replay's
     advice.py            what advice verification reads (headline numbers, advise's replays)
-    rows.py              how results come back (fetch_dicts, fetch_one, fetch_named), schema checks
+    rows.py              how results come back (fetch_dicts, fetch_one), schema checks
 
 Every SQL text a reader runs lives here (tests/test_read_model.py); the store layer keeps the
 write side's.

@@ -1,8 +1,8 @@
-"""How a query's result comes back: the few helpers every read module runs its SQL through,
-and the schema questions a reader asks of an older store (a column added since).
+"""Helpers under the read model's queries: a query's rows as dicts (for a caller that wants a
+whole row by column name: the tests, a query not yet typed), the schema questions a reader asks
+of an older store (a column added since), and a second cursor for a query on another thread.
 
     fetch_dicts / fetch_one   a query's rows as dicts of their columns (positional parameters)
-    fetch_named               the same with DuckDB's named parameters ($name)
     has_column                whether a table has a column (a store written before it did not)
     second_cursor             a cursor on the same database, for a query on another thread
 """
@@ -10,7 +10,7 @@ and the schema questions a reader asks of an older store (a column added since).
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Sequence
 
 import duckdb
 
@@ -24,13 +24,6 @@ def fetch_dicts(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] 
 def fetch_one(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] = ()) -> dict | None:
     rows = fetch_dicts(con, sql, params)
     return rows[0] if rows else None
-
-
-def fetch_named(con: duckdb.DuckDBPyConnection, sql: str, params: Mapping[str, Any]) -> list[dict]:
-    """`fetch_dicts` with DuckDB's named parameters ($name)."""
-    cur = con.execute(sql, dict(params))
-    names = [d[0] for d in cur.description]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
 def has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
