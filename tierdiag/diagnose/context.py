@@ -109,7 +109,8 @@ def request_context(con: duckdb.DuckDBPyConnection, run_id: str, row: RowLike, r
     rec = batch_recompute_sql(con) or "0"
     # Each batch counted by the part of it inside [start, end].
     b = read_req.window_load(con, run_id, start, end, _rank(row), rec)
-    n, busy, compute, recompute = int(b[0]), int(b[1] or 0), int(b[2] or 0), int(b[3] or 0)
+    n, busy = int(b.num_batches), int(b.busy_ns or 0)
+    compute, recompute = int(b.compute_ns or 0), int(b.recompute_ns or 0)
     depth = 0
     if row.seq is not None:
         # The replay's own queue at its replayed arrival: requests of its rank that had arrived

@@ -144,15 +144,14 @@ def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_t
 
     b = read_ctx.batch_arrays(con, rid, rec)
     r = read_ctx.wait_windows(con, rid)
-    cols = list(b)
-    if not len(cols[0]) or not len(r.start_ns):
+    if not len(b.start_ns) or not len(r.start_ns):
         return None
-    s_all, e_all = (np.asarray(c, dtype=np.int64) for c in cols[:2])
-    c, rc, x = (np.asarray(v, dtype=np.float64) for v in cols[2:5])
+    s_all, e_all = (np.asarray(c, dtype=np.int64) for c in (b.start_ns, b.end_ns))
+    c, rc, x = (np.asarray(v, dtype=np.float64) for v in (b.compute_ns, b.recompute_ns, b.loadback_exposed_ns))
     d_all = np.maximum(e_all - s_all, 1).astype(np.float64)
     values_all = np.stack([rc, c - rc, x, np.maximum(d_all - c - x, 0.0)])  # recompute, new, load-back, other
-    b_rank = np.asarray(cols[5], dtype=np.int64)
-    w0_all, ft_all, r_rank = (np.asarray(v, dtype=np.int64) for v in r)
+    b_rank = np.asarray(b.dp_rank, dtype=np.int64)
+    w0_all, ft_all, r_rank = (np.asarray(v, dtype=np.int64) for v in (r.start_ns, r.first_token_ns, r.dp_rank))
     tot = np.zeros(4)
     # A data-parallel run: each request's window over its own rank's batches (one rank: all of them).
     for rank in np.unique(r_rank):
@@ -177,12 +176,12 @@ def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_t
         tot += integral(ft[keep]) - integral(w0[keep])
     own = read_ctx.own_parts(con, rid)
     raw = dict.fromkeys(ATTRIBUTION_KEYS, 0.0)
-    raw["recompute"] = float(tot[0]) - _i(own[0])
-    raw["new_compute"] = float(tot[1]) - _i(own[1])
-    raw["load_back"] = float(tot[2]) - _i(own[2])
+    raw["recompute"] = float(tot[0]) - _i(own.recompute_ns)
+    raw["new_compute"] = float(tot[1]) - _i(own.compute_ns)
+    raw["load_back"] = float(tot[2]) - _i(own.loadback_exposed_ns)
     raw["write_back"] = float(tot[3])
     idle = queue_total - sum(max(v, 0.0) for v in raw.values())
-    raw["decode"] = float(min(_i(own[3]), max(idle, 0)))  # decode steps, out of the gaps
+    raw["decode"] = float(min(_i(own.decode_wait_ns), max(idle, 0)))  # decode steps, out of the gaps
     raw["idle"] = idle - raw["decode"]
     return round_exact(raw, queue_total)
 
@@ -230,7 +229,7 @@ def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict) -> LossEvide
         hot_competing = _hot_competing_deciles(t0[is_hot], t1[is_hot], tok[is_hot])
     p50 = deciles[5] if deciles else None
     p90 = deciles[9] if deciles else None
-    recomputed = None if t[1] is None else int(t[1])  # NULL: no finished row says (unknown, not 0)
+    recomputed = None if t.recomputed_tokens is None else int(t.recomputed_tokens)  # NULL: no finished row says (unknown, not 0)
     lost = None if recomputed is None else max(recomputed - sum(skipped.values()) - sum(unused.values()), 0)
 
     def cap(key: str) -> int | None:
@@ -247,7 +246,7 @@ def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict) -> LossEvide
             reached = np.flatnonzero(acc >= (k * 0.1) * acc[-1])
             lost_deciles.append(int(sizes[reached[0]] if reached.size else sizes[-1]))
     return LossEvidence(
-        input_tokens=_i(t[0]), recomputed_tokens=recomputed, recomputed_share=share(recomputed, _i(t[0])),
+        input_tokens=_i(t.input_tokens), recomputed_tokens=recomputed, recomputed_share=share(recomputed, _i(t.input_tokens)),
         skipped_tokens=skipped, storage_unused_tokens=unused, lost_tokens=lost,
         deleted_from_host_tokens=deleted, dropped_unbacked_tokens=dropped, hot_removed_tokens=hot,
         removed_reuse_p50_tokens=p50, removed_reuse_p90_tokens=p90, removed_reuse_deciles_tokens=tuple(deciles),
@@ -303,8 +302,9 @@ def _transfers(con: duckdb.DuckDBPyConnection, rid: str, peak: float | None,
     return TransferEvidence(
         num_loadbacks=n, loadback_bytes=nbytes, loadback_busy_ns=busy, link_peak_share=share(achieved, peak),
         pages_per_run=share(pages, runs), bytes_per_run=share(nbytes, runs), bytes_per_page=share(nbytes, pages),
-        loadback_ns=_i(rq[0]), recompute_instead_extra_ns=_i(rq[1]), loadback_exposed_ns=_i(rq[2]),
-        ttft_total_ns=_i(rq[3]), tiered_ttft_ns=_i(rq[4]), transfer_overhead_ns=overhead_ns)
+        loadback_ns=_i(rq.tiered_loadback_ns), recompute_instead_extra_ns=_i(rq.tiered_recompute_instead_extra_ns),
+        loadback_exposed_ns=_i(rq.loadback_exposed_ns), ttft_total_ns=_i(rq.ttft_ns), tiered_ttft_ns=_i(rq.tiered_ttft_ns),
+        transfer_overhead_ns=overhead_ns)
 
 
 def _overhead_ns(run) -> int | None:
@@ -325,24 +325,24 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
     over every request and batch), so it is left out."""
     rid = run.run_id
     t = read_ctx.finished_totals(con, rid)
-    span = max(_i(t[2]) - _i(t[1]), 0)
+    span = max(_i(t.end_ns) - _i(t.start_ns), 0)
     rec = read_ctx.batch_recompute_sql(con)
     b = read_ctx.batch_totals(con, rid, rec)
-    busy, compute, recompute = _i(b[0]), _i(b[1]), _i(b[2])
+    busy, compute, recompute = _i(b.busy_ns), _i(b.compute_ns), _i(b.recompute_ns)
     ranks = run_ranks(con, run)  # a data-parallel run's GPUs: its busy share is of all their time
-    queue_total = _i(t[4])
+    queue_total = _i(t.queue_ns)
     attribution = _run_attribution(con, rid, rec, queue_total) if attribution and rec and busy else None
     kv = run.data_plane.get("kv_bytes_per_token") if isinstance(run.data_plane, dict) else None
     return RunContext(
-        run_id=rid, span_ns=span, num_finished=_i(t[0]),
+        run_id=rid, span_ns=span, num_finished=_i(t.finished),
         prefill_busy_share=share(busy, span * ranks) if busy else None, prefill_compute_ns=compute,
         recompute_ns=recompute if rec else 0,
         recompute_share_of_prefill=share(recompute, compute) if rec else None,
-        ttft_total_ns=_i(t[3]), queue_total_ns=queue_total, queue_share_of_ttft=share(queue_total, _i(t[3])),
-        excess_total_ns=_i(t[5]), queue_attribution=attribution,
+        ttft_total_ns=_i(t.ttft_ns), queue_total_ns=queue_total, queue_share_of_ttft=share(queue_total, _i(t.ttft_ns)),
+        excess_total_ns=_i(t.excess_ns), queue_attribution=attribution,
         losses=_losses(con, rid, run.config), transfers=_transfers(con, rid, link_peak_bytes_per_s(run), _overhead_ns(run)),
         config=dict(run.config), kv_bytes_per_token=int(kv) if kv else None,
-        ttft_p50_ns=t[6], ttft_p99_ns=t[7],
+        ttft_p50_ns=t.ttft_p50_ns, ttft_p99_ns=t.ttft_p99_ns,
         story=run_story(con, rid, rec) if attribution and busy else None,
         capacity=run_capacity(con, rid, ranks),
         routing=routing_loss(con, run))
