@@ -168,10 +168,15 @@ def test_advice_and_observed_numbers_name_their_columns(store):
 
 def test_outcomes_are_the_rows(store):
     con, run, rows = store
-    got = queries.outcome_rows(con, [run.run_id])
+    got = [queries.OutcomeRow(*r) for r in queries.outcome_rows(con, [run.run_id])]
     assert [o.req_id for o in got] == [r["req_id"] for r in rows]
     for o, r in zip(got, rows):
         assert (o.device_hit_tokens, o.host_hit_tokens, o.input_tokens) == (
             r["device_hit_tokens"] or 0, r["host_hit_tokens"] or 0, r["input_tokens"] or 0)
         assert o.ttft_ns == (r["ttft_ns"] if r["status"] == "finished" else None)
-    assert [o.req_id for o in queries.outcome_rows(con, [run.run_id], "dev")] == ["dev"]
+    assert [o[1] for o in queries.outcome_rows(con, [run.run_id], "dev")] == ["dev"]
+    # The twin's pairs of a run paired with itself: each finished request with a TTFT, both sides equal.
+    pairs = [read_obs.TwinPair(*p) for p in read_obs.twin_pairs(con, run.run_id, run.run_id)]
+    assert sorted(p.observed_ttft_ns for p in pairs) == sorted(
+        r["ttft_ns"] for r in rows if r["status"] == "finished" and (r["ttft_ns"] or 0) > 0)
+    assert all(p.twin_ttft_ns == p.observed_ttft_ns and p.twin_rank == p.observed_rank for p in pairs)

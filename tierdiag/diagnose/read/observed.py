@@ -200,11 +200,13 @@ class TwinPair(NamedTuple):
     twin_rank: int | None
 
 
-def twin_pairs(con: duckdb.DuckDBPyConnection, observed_id: str, twin_id: str) -> list[TwinPair]:
-    return [TwinPair(*r) for r in con.execute(
+def twin_pairs(con: duckdb.DuckDBPyConnection, observed_id: str, twin_id: str) -> list[tuple]:
+    """Every such request, each a plain tuple in TwinPair's field order: one row per request of a
+    possibly million-request run, where a named tuple each would cost more than the query."""
+    return con.execute(
         "SELECT o.hit_class, o.ttft_ns, t.ttft_ns, o.dp_rank, t.dp_rank FROM requests o LEFT JOIN requests t "
         "ON t.run_id = ? AND t.req_id = o.req_id AND t.status = 'finished' AND t.ttft_ns IS NOT NULL "
-        "WHERE o.run_id = ? AND o.status = 'finished' AND o.ttft_ns > 0", [twin_id, observed_id]).fetchall()]
+        "WHERE o.run_id = ? AND o.status = 'finished' AND o.ttft_ns > 0", [twin_id, observed_id]).fetchall()
 
 
 class CalibrationColumns(NamedTuple):

@@ -154,13 +154,15 @@ class OutcomeRow(NamedTuple):
     input_tokens: int
 
 
-def outcome_rows(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], req_id: str | None = None) -> list[OutcomeRow]:
-    """Every request of `run_ids` (only `req_id` where given), by run, in request order."""
+def outcome_rows(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], req_id: str | None = None) -> list[tuple]:
+    """Every request of `run_ids` (only `req_id` where given), by run, in request order; each a
+    plain tuple in OutcomeRow's field order (a million-request run's rows: a named tuple each
+    would cost more than the query)."""
     marks = ", ".join("?" * len(run_ids))
     extra = " AND req_id = ?" if req_id else ""
-    return [OutcomeRow(*r) for r in con.execute(
+    return con.execute(
         "SELECT run_id, req_id, coalesce(device_hit_tokens, 0), coalesce(host_hit_tokens, 0), "
         "coalesce(storage_hit_tokens, 0), coalesce(computed_tokens, 0), "
         "CASE WHEN coalesce(status, 'finished') = 'finished' THEN ttft_ns END, coalesce(input_tokens, 0) "
         f"FROM requests WHERE run_id IN ({marks}){extra} ORDER BY run_id, seq NULLS LAST, req_id",
-        [*run_ids, *([req_id] if req_id else [])]).fetchall()]
+        [*run_ids, *([req_id] if req_id else [])]).fetchall()
