@@ -26,7 +26,7 @@ from tierdiag.diagnose.advice import propose
 from tierdiag.diagnose.claims import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE
 from tierdiag.diagnose.facts import run_context
 from tierdiag.diagnose.explain import explain_request
-from tierdiag.diagnose.query import fetch_dicts
+from tierdiag.diagnose.read.rows import fetch_dicts
 from tierdiag.units import fmt_ms
 from tierdiag.store.reader import open_store, resolve_run
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tierdiag.diagnose.query import fetch_dicts
+from tierdiag.diagnose.read.rows import fetch_dicts
 from tierdiag.diagnose.read import queries
 from tierdiag.diagnose.read.kind import OBSERVED, REPLAY, view_of
 from tierdiag.diagnose.read.requests import COLUMNS, RequestRow

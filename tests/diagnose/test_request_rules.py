@@ -17,7 +17,7 @@ import pytest
 
 from tierdiag.diagnose.explain import explain_request
 from tierdiag.diagnose.facts import run_context
-from tierdiag.diagnose.query import fetch_dicts
+from tierdiag.diagnose.read.rows import fetch_dicts
 from tierdiag.store.reader import open_store, resolve_run
 
 from .test_advice_planted import Story

@@ -119,7 +119,7 @@ def test_the_run_story_names_memory_waits_as_explain_does(held):
     from tierdiag.diagnose.causes import primary_cause
     from tierdiag.diagnose.run_claims import _RUN_WAIT_WORDS
     from tierdiag.diagnose.context import queue_attribution
-    from tierdiag.diagnose.query import fetch_dicts
+    from tierdiag.diagnose.read.rows import fetch_dicts
     from tierdiag.diagnose.summary import run_summary
 
     with open_store(held) as con:

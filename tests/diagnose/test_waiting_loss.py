@@ -1,6 +1,6 @@
 """False rule 1 of issue 40: summary's "N requests lost their prefix after arriving, while waiting
 to be scheduled" counted requests whose prefix was only demoted device -> host while they waited
-(under write_through it is still on host and loads back). The rule (diagnose/waiting_loss.py):
+(under write_through it is still on host and loads back). The rule (diagnose/read/waiting.py):
 only tokens that left every tier between arrival and schedule, and were recomputed.
 
 The planted workload: 'a1' caches a 24-page prefix; twelve 32-page one-off requests arrive just

@@ -43,6 +43,7 @@ from tierdiag.config.presets import model_preset
 from tierdiag.config.profile import CLOCK_PARAMS, preset_clock
 from tierdiag.diagnose.fit import FitResult, ParamFit, relative_errors, robust_fit
 from tierdiag.diagnose.quantile import nearest_rank
+from tierdiag.diagnose.read.observed import calibration_columns
 from tierdiag.diagnose.twin_error import ClassError, TwinError, twin_error  # noqa: F401 - the twin's error, here for calibrate's callers
 from tierdiag.engine.costmodel import RUN_OVERHEAD_NS, SEGMENT_OVERHEAD_NS
 
@@ -210,11 +211,7 @@ def decode_model(steps: np.ndarray, context: np.ndarray):
 
 
 def usable_points(con, run_id: str, g: Geometry) -> Usable:
-    rows = con.execute(
-        "SELECT arrival_ns, queue_ns, prefill_ns, first_token_ns, finish_ns, input_tokens, output_tokens, "
-        "device_hit_tokens, host_hit_tokens, storage_hit_tokens, computed_tokens, dp_rank FROM requests "
-        "WHERE run_id = ? AND status = 'finished' AND arrival_ns IS NOT NULL AND first_token_ns IS NOT NULL "
-        "AND computed_tokens IS NOT NULL ORDER BY first_token_ns, arrival_ns", [run_id]).fetchnumpy()
+    rows = calibration_columns(con, run_id)._asdict()
     # NULL -> NaN (float): a column the server did not report leaves its requests out below
     col = {k: v.astype(float).filled(np.nan) if np.ma.isMaskedArray(v) else np.asarray(v, dtype=float)
            for k, v in rows.items()}  # (an integer column cannot hold NaN: float first)

@@ -31,7 +31,7 @@ import duckdb
 
 from tierdiag.diagnose.quantile import nearest_rank
 
-from tierdiag.diagnose.sql import FINISHED_SQL
+from tierdiag.diagnose.read.run_context import ideal_arrivals
 
 # The window holds this many median requests' worth of prefill.
 WINDOW_SERVICES = 32
@@ -73,11 +73,9 @@ def run_capacity(con: duckdb.DuckDBPyConnection, rid: str, num_ranks: int = 1) -
     the run's data-parallel ranks (loads per rank, module doc)."""
     import numpy as np
 
-    r = con.execute(
-        f"SELECT arrival_ns, ideal_ttft_ns FROM requests WHERE run_id = ? AND {FINISHED_SQL} "
-        f"AND ideal_ttft_ns IS NOT NULL ORDER BY arrival_ns", [rid]).fetchnumpy()
-    arrival = np.asarray(r["arrival_ns"], dtype=np.int64)
-    ideal = np.asarray(r["ideal_ttft_ns"], dtype=np.float64)
+    r = ideal_arrivals(con, rid)
+    arrival = np.asarray(r.arrival_ns, dtype=np.int64)
+    ideal = np.asarray(r.ideal_ttft_ns, dtype=np.float64)
     if not len(arrival) or ideal.sum() <= 0:
         return None
     window = max(int(WINDOW_SERVICES * float(np.median(ideal))), 1)

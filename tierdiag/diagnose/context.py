@@ -40,7 +40,9 @@ from enum import StrEnum
 import duckdb
 
 from tierdiag.config.names import values
-from tierdiag.diagnose.query import dataclass_json, fetch_dicts
+from tierdiag.diagnose.query import dataclass_json
+from tierdiag.diagnose.read import request_context as read_req
+from tierdiag.diagnose.read.run_context import batch_recompute_sql
 from tierdiag.units import NS_PER_S, ns_to_ms, share
 from tierdiag.diagnose.read.requests import RequestRow, RowLike
 
@@ -100,26 +102,11 @@ class QueueAttribution:
         return {k: ns_to_ms(self.parts_ns[k]) for k in ATTRIBUTION_KEYS}
 
 
-def _has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
-    # The columns of an empty result: ~0.3 ms, where information_schema takes 2-10 ms.
-    return column in (d[0] for d in con.execute(f"SELECT * FROM {table} LIMIT 0").description)
-
-
-def batch_recompute_sql(con: duckdb.DuckDBPyConnection) -> str | None:
-    """`recompute_ns` of a batch, or None for stores written before batches recorded it."""
-    return "recompute_ns" if _has_column(con, "batches", "recompute_ns") else None
-
-
 def scheduled_ns(row: RowLike) -> int | None:
     row = RequestRow.of(row)
     if row.first_token_ns is None or row.prefill_ns is None:
         return None
     return int(row.first_token_ns) - int(row.prefill_ns)
-
-
-# A data-parallel run: a request waited for its own rank's GPU and memory, so its surroundings
-# are that rank's batches and requests (one rank, or rows without a rank: rank 0, all of them).
-SAME_RANK = "coalesce(dp_rank, 0) = $rank"
 
 
 def _rank(row: RequestRow) -> int:
@@ -134,27 +121,16 @@ def request_context(con: duckdb.DuckDBPyConnection, run_id: str, row: RowLike, r
     end = max(end, start)
     rec = batch_recompute_sql(con) or "0"
     # Each batch counted by the part of it inside [start, end].
-    b = con.execute(
-        f"""SELECT count(*),
-                   coalesce(sum(least(t_end_ns, $e) - greatest(t_start_ns, $s)), 0),
-                   coalesce(sum(compute_ns::DOUBLE * (least(t_end_ns, $e) - greatest(t_start_ns, $s))
-                                / greatest(t_end_ns - t_start_ns, 1)), 0),
-                   coalesce(sum({rec}::DOUBLE * (least(t_end_ns, $e) - greatest(t_start_ns, $s))
-                                / greatest(t_end_ns - t_start_ns, 1)), 0)
-            FROM batches WHERE run_id = $r AND t_end_ns > $s AND t_start_ns < $e AND {SAME_RANK}""",
-        {"r": run_id, "s": start, "e": end, "rank": _rank(row)}).fetchone()
-    n, busy, compute, recompute = int(b[0]), int(b[1] or 0), int(b[2] or 0), int(b[3] or 0)
+    b = read_req.window_load(con, run_id, start, end, _rank(row), rec)
+    n, busy = int(b.num_batches), int(b.busy_ns or 0)
+    compute, recompute = int(b.compute_ns or 0), int(b.recompute_ns or 0)
     depth = 0
     if row.seq is not None:
         # The replay's own queue at its replayed arrival: requests of its rank that had arrived
         # (arrival_ns, the replay's clock; at the same instant, the earlier trace line first) and
         # were scheduled after it arrived. Not the trace's order: in a closed loop a later trace
         # line can arrive first, an earlier one (a session's next turn) later (issue 40).
-        depth = int(con.execute(
-            "SELECT count(*) FROM requests WHERE run_id = ? AND req_id <> ? "
-            "AND (arrival_ns < ? OR (arrival_ns = ? AND seq < ?)) "
-            "AND status = 'finished' AND first_token_ns - prefill_ns > ? AND coalesce(dp_rank, 0) = ?",
-            [run_id, row.req_id, arrival, arrival, int(row.seq), arrival, _rank(row)]).fetchone()[0])
+        depth = read_req.queue_depth_at_arrival(con, run_id, row.req_id, arrival, int(row.seq), _rank(row))
     span = end - start
     return RequestContext(
         queue_depth_at_arrival=depth, window_start_ns=start, window_ns=span, prefill_busy_ns=busy,
@@ -224,33 +200,28 @@ def queue_attribution(con: duckdb.DuckDBPyConnection, run_id: str, row: RowLike)
     first_token = int(row.first_token_ns)
     wait_start = arrival + int(row.storage_wait_ns or 0)
     queue = int(row.queue_ns)
-    batches = fetch_dicts(
-        con,
-        f"SELECT t_start_ns, t_end_ns, compute_ns, loadback_exposed_ns, {rec} AS recompute_ns FROM batches "
-        "WHERE run_id = ? AND t_end_ns > ? AND t_start_ns < ? AND coalesce(dp_rank, 0) = ? "
-        "ORDER BY t_start_ns, batch_id",
-        [run_id, min(wait_start, sched), first_token, _rank(row)])
+    batches = read_req.window_batches(con, run_id, min(wait_start, sched), first_token, _rank(row), rec)
     if not batches and queue:
         return None  # a store without batch rows (hand-built, or probes off)
     raw = dict.fromkeys(ATTRIBUTION_KEYS, 0.0)
     gaps: list[tuple[int, int]] = []
     ahead = 0
 
-    def add(b: dict, lo: int, hi: int) -> None:
-        duration = max(int(b["t_end_ns"]) - int(b["t_start_ns"]), 1)
+    def add(b: read_req.WindowBatch, lo: int, hi: int) -> None:
+        duration = max(int(b.t_end_ns) - int(b.t_start_ns), 1)
         f = (hi - lo) / duration
-        compute = int(b["compute_ns"] or 0)
-        recompute = min(int(b["recompute_ns"] or 0), compute)
-        exposed = int(b["loadback_exposed_ns"] or 0)
+        compute = int(b.compute_ns or 0)
+        recompute = min(int(b.recompute_ns or 0), compute)
+        exposed = int(b.loadback_exposed_ns or 0)
         raw[WaitPart.RECOMPUTE] += f * recompute
         raw[WaitPart.NEW_COMPUTE] += f * (compute - recompute)
         raw[WaitPart.LOAD_BACK] += f * exposed
         raw[WaitPart.WRITE_BACK] += f * max(duration - compute - exposed, 0)
 
-    def walk(lo: int, hi: int, rows: list[dict]) -> None:
+    def walk(lo: int, hi: int, rows: list[read_req.WindowBatch]) -> None:
         cursor = lo
         for b in rows:
-            s, e = max(int(b["t_start_ns"]), lo), min(int(b["t_end_ns"]), hi)
+            s, e = max(int(b.t_start_ns), lo), min(int(b.t_end_ns), hi)
             if e <= s:
                 continue
             if s > cursor:
@@ -261,11 +232,11 @@ def queue_attribution(con: duckdb.DuckDBPyConnection, run_id: str, row: RowLike)
             gaps.append((cursor, hi))
 
     # Held for storage until wait_start; a hold that outlasted its scheduling is none (wait_start >= sched).
-    waiting = [b for b in batches if int(b["t_start_ns"]) < sched]
+    waiting = [b for b in batches if int(b.t_start_ns) < sched]
     if sched > wait_start:
         walk(wait_start, sched, waiting)
-        ahead = sum(1 for b in waiting if int(b["t_end_ns"]) > wait_start)
-    walk(sched, first_token, [b for b in batches if int(b["t_start_ns"]) >= sched])
+        ahead = sum(1 for b in waiting if int(b.t_end_ns) > wait_start)
+    walk(sched, first_token, [b for b in batches if int(b.t_start_ns) >= sched])
     # Its own parts of the batches it ran in belong to its TTFT, not to its queue.
     raw[WaitPart.RECOMPUTE] -= int(row.recompute_ns or 0)
     raw[WaitPart.NEW_COMPUTE] -= int(row.compute_ns or 0)
@@ -273,14 +244,8 @@ def queue_attribution(con: duckdb.DuckDBPyConnection, run_id: str, row: RowLike)
     gaps = [g for g in gaps if g[1] > g[0]]
     if gaps:
         lo, hi = gaps[0][0], gaps[-1][1]
-        decoding = [(int(a), int(b)) for a, b in con.execute(
-            "SELECT first_token_ns, finish_ns FROM requests WHERE run_id = ? AND req_id <> ? "
-            "AND first_token_ns < ? AND finish_ns > ? AND coalesce(dp_rank, 0) = ?",
-            [run_id, row.req_id, hi, lo, _rank(row)]).fetchall()]
-        held = [(int(a), int(a) + int(w)) for a, w in con.execute(
-            "SELECT arrival_ns, storage_wait_ns FROM requests WHERE run_id = ? AND req_id <> ? "
-            "AND storage_wait_ns > 0 AND arrival_ns < ? AND arrival_ns + storage_wait_ns > ? "
-            "AND coalesce(dp_rank, 0) = ?", [run_id, row.req_id, hi, lo, _rank(row)]).fetchall()]
+        decoding = read_req.others_decoding(con, run_id, row.req_id, lo, hi, _rank(row))
+        held = read_req.others_held(con, run_id, row.req_id, lo, hi, _rank(row))
         for gap in gaps:
             dec = _union_measure(*gap, decoding)
             raw[WaitPart.MEMORY_WAIT] += sum(b - a for a, b in dec)

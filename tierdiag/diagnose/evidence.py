@@ -64,8 +64,10 @@ from tierdiag.diagnose.sessions import session_summary
 from tierdiag.diagnose.ranks import rank_summary
 from tierdiag.diagnose.miss_reasons import run_miss_reasons
 from tierdiag.diagnose.size_curves import size_curves
-from tierdiag.diagnose.stored import EVIDENCE_VERSION, TABLE, encode, inputs
+from tierdiag.diagnose.read.rows import second_cursor
+from tierdiag.diagnose.stored import EVIDENCE_VERSION, encode, inputs
 from tierdiag.diagnose.totals import run_totals
+from tierdiag.store.evidence import replace_run_evidence
 
 
 # --------------------------------------------------------------------------- compute and write
@@ -81,9 +83,7 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run) -> dict:
     committed and nothing writes meanwhile."""
     import threading
 
-    catalog = con.execute("SELECT current_database()").fetchone()[0]
-    with con.cursor() as cur:
-        cur.execute('USE "' + catalog.replace('"', '""') + '"')  # a cursor starts in the database's default catalog
+    with second_cursor(con) as cur:
         context: list = []
 
         def compute_context() -> None:
@@ -113,28 +113,7 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run) -> dict:
 def write_evidence(con: duckdb.DuckDBPyConnection, run_id: str, sections: dict) -> None:
     """Replace the run's row, and its rows of `request_lookup` (store/lookup.py), in one transaction
     (creating the tables in a store made before them)."""
-    from datetime import datetime, timezone
-
-    from tierdiag.store.schema import OPTIONAL_TABLES, create_table_sql
-
-    payload = json.dumps(sections, separators=(",", ":"))
-    con.execute("BEGIN")
-    try:
-        con.execute(create_table_sql(TABLE, OPTIONAL_TABLES[TABLE]))
-        con.execute(f"DELETE FROM {TABLE} WHERE run_id = ?", [run_id])
-        con.execute(f"INSERT INTO {TABLE} VALUES (?, ?, ?, ?)",
-                    [run_id, EVIDENCE_VERSION, datetime.now(timezone.utc).replace(tzinfo=None), payload])
-        from tierdiag.store.lookup import write_request_lookup
-
-        write_request_lookup(con, run_id)  # explain's index of the run's request ids (issue 41)
-        con.execute("COMMIT")
-    except BaseException:
-        try:
-            con.execute("ROLLBACK")
-        except duckdb.Error as exc:  # the connection is unusable; the first error is the one to report
-            sys.stderr.write(f"tierdiag: warning: rolling back the evidence of run {run_id} failed too: "
-                             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}\n")
-        raise
+    replace_run_evidence(con, run_id, EVIDENCE_VERSION, json.dumps(sections, separators=(",", ":")))
 
 
 # How long to wait for another process to let go of the store, to read the rows and to write the

@@ -34,8 +34,8 @@ from tierdiag.diagnose.explain_result import (
     Step,
     TransferRow,
 )
-from tierdiag.diagnose.query import fetch_dicts, link_peak_bytes_per_s
-from tierdiag.diagnose.sql import FINISHED_SQL
+from tierdiag.diagnose.query import link_peak_bytes_per_s
+from tierdiag.diagnose.read import request_steps as read_steps
 from tierdiag.diagnose.tokens import TokenSplit
 from tierdiag.diagnose.totals import RunTotals
 from tierdiag.engine.rules import RULE_SETS, recorded_rules
@@ -97,11 +97,6 @@ def is_finished(row: RowLike) -> bool:
     row = RequestRow.of(row)
     return (row.status or "finished") == "finished" and row.ttft_ns is not None
 
-
-
-# When a request was scheduled (its first prefill batch started): match_prefix, load-back and
-# the evictions its allocation forced happen then, not at arrival.
-_SCHEDULED_SQL = "coalesce(first_token_ns - prefill_ns, arrival_ns)"
 
 
 def _scheduled_ns(row: RequestRow) -> int:
@@ -237,24 +232,13 @@ def step_load_back(con: duckdb.DuckDBPyConnection, run: RunInfo, row: RowLike, t
     # tests/diagnose/test_claims.py checks the bound on the demo run and the Mooncake traces.
     t_lo = int(row.arrival_ns) if row.arrival_ns is not None else None
     t_hi = row.finish_ns
-    # Each bound only where there is one: a plain `t_start_ns >= ?` lets the zone maps skip the rest
-    # of a big run's transfers, where `(? IS NULL OR ...)` compared every request id (issue 41).
-    bounded = [(" AND t_start_ns >= ?", t_lo), (" AND t_start_ns <= ?", t_hi)]
     transfers = tuple(
-        TransferRow(transfer_id=int(t["transfer_id"] or 0), kind=t["kind"],
-                    t_start_ns=int(t["t_start_ns"] or 0) - bounds[0], t_end_ns=int(t["t_end_ns"] or 0) - bounds[0],
-                    pages=int(t["pages"] or 0), runs=int(t["runs"] or 0),
-                    bytes=int(t["bytes"] or 0), queued_ns=t["queued_ns"], wall_ns=t["wall_ns"])
-        for t in fetch_dicts(
-            con,
-            "SELECT transfer_id, kind, t_start_ns, t_end_ns, pages, runs, bytes, queued_ns, wall_ns "
-            "FROM transfers WHERE run_id = ? AND req_id = ? AND kind IN ('load_back', 'prefetch')"
-            + "".join(sql for sql, v in bounded if v is not None) + " ORDER BY t_start_ns, transfer_id",
-            [rid, row.req_id] + [int(v) for _, v in bounded if v is not None]))
-    stats = con.execute(
-        "SELECT count(*), coalesce(sum(bytes), 0) FROM transfers "
-        "WHERE run_id = ? AND kind = 'load_back' AND t_end_ns >= ? AND t_start_ns <= ?", [rid, lo, hi]).fetchone()
-    win_n, win_bytes = (int(x or 0) for x in stats)
+        TransferRow(transfer_id=int(t.transfer_id or 0), kind=t.kind,
+                    t_start_ns=int(t.t_start_ns or 0) - bounds[0], t_end_ns=int(t.t_end_ns or 0) - bounds[0],
+                    pages=int(t.pages or 0), runs=int(t.runs or 0),
+                    bytes=int(t.bytes or 0), queued_ns=t.queued_ns, wall_ns=t.wall_ns)
+        for t in read_steps.request_transfers(con, rid, row.req_id, t_lo, t_hi))
+    win_n, win_bytes = read_steps.window_loadbacks(con, rid, lo, hi)
     run_n, run_bytes = totals.loadbacks, totals.loadback_bytes
     window_span = hi - lo
 
@@ -333,24 +317,17 @@ def step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: RowLike, to
     row = RequestRow.of(row)
     rid = run.run_id
     bounds = totals.bounds
-    rows = fetch_dicts(
-        con,
-        "SELECT e.eviction_id, e.t_ns, e.tier, e.action, e.tokens, re.tokens AS prefix_tokens, "
-        "       e.cause_req_id, e.owner_req_id, e.pool_used_tokens, e.pool_capacity_tokens, "
-        "       e.locked_tokens, e.node_last_access_ns "
-        "FROM request_evictions re JOIN evictions e "
-        "  ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id "
-        "WHERE re.run_id = ? AND re.req_id = ? ORDER BY e.t_ns, e.eviction_id", [rid, row.req_id])
+    rows = read_steps.request_evictions(con, rid, row.req_id)
     events = tuple(
         EvictionEvent(
-            eviction_id=int(e["eviction_id"]), t_ns=int(e["t_ns"] or 0) - bounds[0], tier=e["tier"], action=e["action"],
-            node_tokens=int(e["tokens"] or 0), prefix_tokens=int(e["prefix_tokens"] or 0),
-            cause_req_id=e["cause_req_id"], owner_req_id=e["owner_req_id"],
-            pool_used_tokens=e["pool_used_tokens"], pool_capacity_tokens=e["pool_capacity_tokens"],
-            pool_used_share=share(e["pool_used_tokens"], e["pool_capacity_tokens"]),
-            locked_tokens=e["locked_tokens"])
+            eviction_id=int(e.eviction_id), t_ns=int(e.t_ns or 0) - bounds[0], tier=e.tier, action=e.action,
+            node_tokens=int(e.tokens or 0), prefix_tokens=int(e.prefix_tokens or 0),
+            cause_req_id=e.cause_req_id, owner_req_id=e.owner_req_id,
+            pool_used_tokens=e.pool_used_tokens, pool_capacity_tokens=e.pool_capacity_tokens,
+            pool_used_share=share(e.pool_used_tokens, e.pool_capacity_tokens),
+            locked_tokens=e.locked_tokens)
         for e in rows)
-    accesses = [int(e["node_last_access_ns"]) for e in rows if e["node_last_access_ns"] is not None]
+    accesses = [int(e.node_last_access_ns) for e in rows if e.node_last_access_ns is not None]
     last_access = max(accesses) if accesses else None
     evicted_by = tuple(dict.fromkeys(
         e.cause_req_id for e in events if e.cause_req_id is not None and e.cause_req_id != row.req_id))
@@ -372,32 +349,17 @@ def step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: RowLike, to
         # prefix's last use and this request's scheduling: the LRU stack distance, roughly.
         # Beyond the pool size an LRU pool cannot have kept it; well below it, something else
         # (locks, bursts) pushed it out.
-        # `arrival_ns < ?` adds nothing (a request is scheduled at or after its arrival) but
-        # lets the zone maps skip every later request of a big run (issue 41).
-        reuse_distance = int(con.execute(
-            "SELECT coalesce(sum(input_tokens - coalesce(device_hit_tokens, 0) + output_tokens), 0) "
-            f"FROM requests WHERE run_id = ? AND {FINISHED_SQL} AND {_SCHEDULED_SQL} > ? "
-            f"AND {_SCHEDULED_SQL} < ? AND arrival_ns < ?",
-            [rid, int(last_access), _scheduled_ns(row), _scheduled_ns(row)]).fetchone()[0])
+        reuse_distance = read_steps.allocated_between(con, rid, int(last_access), _scheduled_ns(row))
 
     lo, hi = _window(row, bounds)
     span_ns = bounds[1] - bounds[0]
-    dev = con.execute(
-        "SELECT count(*), coalesce(sum(tokens), 0), min(eviction_id), max(eviction_id) FROM evictions "
-        "WHERE run_id = ? AND tier = 'device' AND t_ns BETWEEN ? AND ?", [rid, lo, hi]).fetchone()
-    win_n, win_tokens = (int(x or 0) for x in dev[:2])
-    ids_lo, ids_hi = dev[2], dev[3]  # the window's eviction ids: request_evictions read only there (issue 41)
+    dev = read_steps.window_device_evictions(con, rid, lo, hi)
+    win_n, win_tokens = dev.evictions, dev.tokens
     # On the window, not the run: the share of the tokens evicted in it that a request came
     # back for, and the eviction rate per ns of prefill-busy time, here and over the run (a
     # rate per wall ns would compare a busy window with a run average diluted by idle hours).
-    win_reref, win_busy, run_busy = con.execute(
-        "SELECT (SELECT coalesce(sum(tokens), 0) FROM evictions WHERE run_id = $r AND tier = 'device' "
-        "        AND t_ns BETWEEN $lo AND $hi AND eviction_id IN "
-        "        (SELECT eviction_id FROM request_evictions WHERE run_id = $r AND eviction_id BETWEEN $ilo AND $ihi)), "
-        "       (SELECT coalesce(sum(least(t_end_ns, $hi) - greatest(t_start_ns, $lo)), 0) FROM batches "
-        "        WHERE run_id = $r AND t_end_ns > $lo AND t_start_ns < $hi), "
-        "       (SELECT coalesce(sum(t_end_ns - t_start_ns), 0) FROM batches WHERE run_id = $r)",
-        {"r": rid, "lo": lo, "hi": hi, "ilo": ids_lo, "ihi": ids_hi}).fetchone()
+    # request_evictions is read only between the window's eviction ids (issue 41).
+    win_reref, win_busy, run_busy = read_steps.window_eviction_load(con, rid, lo, hi, dev.first_id, dev.last_id)
     run_n = totals.device_evictions
     window_rate = _per_s(win_n, int(win_busy or 0) or hi - lo)
     run_rate = _per_s(run_n, int(run_busy or 0) or span_ns)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import duckdb
 
-from tierdiag.diagnose.sql import FINISHED_SQL
 from tierdiag.store.schema import MISS_COLUMNS, MISS_REASONS
 from tierdiag.units import fmt_pct, fmt_tokens, share
 from tierdiag.diagnose.read.requests import RequestRow, RowLike
+from tierdiag.diagnose.read.run_context import miss_reason_sums
 
 # How each reason reads in a sentence ("N tokens {words}").
 WORDS = {
@@ -33,18 +33,10 @@ assert tuple(WORDS) == MISS_REASONS
 IN_BATCH_SHARE = 0.1
 
 
-def has_miss_columns(con: duckdb.DuckDBPyConnection) -> bool:
-    return MISS_COLUMNS[0] in (d[0] for d in con.execute("SELECT * FROM requests LIMIT 0").description)
-
-
 def run_miss_reasons(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, int] | None:
     """reason -> tokens over the run's finished requests; None where the rows have no reasons
     (a store written before them, an observed run)."""
-    if not has_miss_columns(con):
-        return None
-    sums = ", ".join(f"sum({c})" for c in MISS_COLUMNS)
-    row = con.execute(f"SELECT count({MISS_COLUMNS[0]}), {sums} FROM requests WHERE run_id = ? AND {FINISHED_SQL}",
-                      [run_id]).fetchone()
+    row = miss_reason_sums(con, run_id)
     if not row or not row[0]:
         return None
     return {r: int(v or 0) for r, v in zip(MISS_REASONS, row[1:])}

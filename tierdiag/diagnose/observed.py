@@ -33,7 +33,6 @@ from tierdiag.diagnose.observed_explain import (  # noqa: F401 - observed runs' 
     ObservedParts,
     ObservedStep,
     explain_observed,
-    server_cause_sql,
 )
 from tierdiag.diagnose.observed_twin import (  # noqa: F401
     Agreement,
@@ -43,7 +42,8 @@ from tierdiag.diagnose.observed_twin import (  # noqa: F401
     agreement,
     find_twin,
 )
-from tierdiag.diagnose.query import dataclass_json, fetch_dicts, fetch_one
+from tierdiag.diagnose.query import dataclass_json
+from tierdiag.diagnose.read import observed as read_obs
 from tierdiag.diagnose.read import queries
 from tierdiag.store.reader import RunInfo
 from tierdiag.units import share
@@ -143,51 +143,33 @@ class ObservedSummary:
 
 def observed_summary(con: duckdb.DuckDBPyConnection, run: RunInfo) -> ObservedSummary:
     rid = run.run_id
-    t = fetch_one(con, f"""
-        SELECT count(*) AS n, count(*) FILTER (WHERE status = 'finished') AS finished,
-               count(*) FILTER (WHERE status = 'aborted') AS aborted,
-               count(*) FILTER (WHERE device_hit_tokens IS NULL) AS unknown,
-               count(ttft_ns) AS with_ttft,
-               sum(input_tokens) FILTER (WHERE device_hit_tokens IS NOT NULL) AS input_tokens,
-               sum(device_hit_tokens) AS d, sum(host_hit_tokens) AS h, sum(storage_hit_tokens) AS s,
-               sum(computed_tokens) FILTER (WHERE device_hit_tokens IS NOT NULL) AS c,
-               count(*) FILTER (WHERE device_hit_tokens + host_hit_tokens + storage_hit_tokens > 0) AS hits,
-               count(device_hit_tokens) AS known,
-               min(arrival_ns) AS t0, max(coalesce(finish_ns, first_token_ns, arrival_ns)) AS t1,
-               sum(ttft_ns) AS ttft, sum(queue_ns) FILTER (WHERE ttft_ns IS NOT NULL) AS queue,
-               sum(storage_wait_ns) AS wait,
-               count(*) FILTER (WHERE ({server_cause_sql()}) = 'queueing') AS mostly_queueing
-        FROM requests WHERE run_id = ?""", [rid]) or {}
-    i = lambda k: int(t.get(k) or 0)  # noqa: E731
+    t = read_obs.observed_totals(con, rid)
     classes = tuple(ObservedClass(
-        hit_class="all" if r["is_total"] else (r["hit_class"] or "unknown"), num_requests=int(r["n"]),
-        input_tokens=int(r["input_tokens"] or 0), ttft_p50_ns=r["p50"], ttft_p90_ns=r["p90"], ttft_p99_ns=r["p99"],
-        queue_p50_ns=r["q50"])
-        for r in sorted(fetch_dicts(con, """
-            SELECT hit_class, grouping(hit_class) AS is_total, count(*) AS n, sum(input_tokens) AS input_tokens,
-                   quantile_disc(ttft_ns, 0.5) AS p50, quantile_disc(ttft_ns, 0.9) AS p90,
-                   quantile_disc(ttft_ns, 0.99) AS p99, quantile_disc(queue_ns, 0.5) AS q50
-            FROM requests WHERE run_id = ? AND status = 'finished' GROUP BY GROUPING SETS ((hit_class), ())""",
-                                        [rid]),
-                        key=lambda r: (r["is_total"], {"device_hit": 0, "tiered_hit": 1, "miss": 2}.get(
-                            r["hit_class"], 3))))
+        hit_class="all" if r.is_total else (r.hit_class or "unknown"), num_requests=int(r.requests),
+        input_tokens=int(r.input_tokens or 0), ttft_p50_ns=r.ttft_p50_ns, ttft_p90_ns=r.ttft_p90_ns,
+        ttft_p99_ns=r.ttft_p99_ns, queue_p50_ns=r.queue_p50_ns)
+        for r in sorted(read_obs.observed_classes(con, rid),
+                        key=lambda r: (r.is_total, {"device_hit": 0, "tiered_hit": 1, "miss": 2}.get(
+                            r.hit_class, 3))))
     twin = find_twin(con, run)
     agree = None
     if twin is not None:
         from tierdiag.store.reader import resolve_run
 
         agree = agreement(con, run, resolve_run(con, twin.run_id))
-    reused = i("d") + i("h") + i("s")
-    ttft = t.get("ttft")
+    reused = int(t.device_tokens or 0) + int(t.host_tokens or 0) + int(t.storage_tokens or 0)
+    ttft = t.ttft_ns
     return ObservedSummary(
         run_id=rid, run_name=run.name, kind=run.kind, export_files=tuple(run.config.get("export_files") or ()),
-        num_requests=i("n"), num_finished=i("finished"), num_aborted=i("aborted"), num_split_unknown=i("unknown"),
-        num_with_ttft=i("with_ttft"),
-        span_ns=(i("t1") - i("t0")) if t.get("t0") is not None else None, input_tokens=i("input_tokens"),
-        device_tokens=i("d"), host_tokens=i("h"), storage_tokens=i("s"), computed_tokens=i("c"),
-        hit_request_share=share(i("hits"), i("known")), reused_token_share=share(reused, i("input_tokens")),
+        num_requests=int(t.requests), num_finished=int(t.finished), num_aborted=int(t.aborted),
+        num_split_unknown=int(t.split_unknown), num_with_ttft=int(t.with_ttft),
+        span_ns=(int(t.last_event_ns or 0) - int(t.first_arrival_ns)) if t.first_arrival_ns is not None else None,
+        input_tokens=int(t.input_tokens or 0), device_tokens=int(t.device_tokens or 0),
+        host_tokens=int(t.host_tokens or 0), storage_tokens=int(t.storage_tokens or 0),
+        computed_tokens=int(t.computed_tokens or 0), hit_request_share=share(int(t.hit_requests), int(t.split_known)),
+        reused_token_share=share(reused, int(t.input_tokens or 0)),
         classes=classes, ttft_total_ns=int(ttft) if ttft is not None else None,
-        queue_total_ns=int(t["queue"]) if t.get("queue") is not None else None,
-        storage_wait_total_ns=int(t["wait"]) if t.get("wait") is not None else None,
-        queue_share_of_ttft=share(t.get("queue"), ttft), requests_mostly_queueing=i("mostly_queueing"),
+        queue_total_ns=int(t.queue_ns) if t.queue_ns is not None else None,
+        storage_wait_total_ns=int(t.storage_wait_ns) if t.storage_wait_ns is not None else None,
+        queue_share_of_ttft=share(t.queue_ns, ttft), requests_mostly_queueing=int(t.mostly_queueing),
         not_reported=NOT_REPORTED, twin=twin, agreement=agree)

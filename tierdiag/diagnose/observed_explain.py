@@ -14,6 +14,7 @@ from tierdiag.config.names import Cause, RunKind
 from tierdiag.diagnose.explain import explain_request
 from tierdiag.diagnose.observed_twin import Twin, page_tokens, find_twin
 from tierdiag.diagnose.query import dataclass_json
+from tierdiag.diagnose.read import observed as read_obs
 from tierdiag.diagnose.read import queries
 from tierdiag.diagnose.twin_error import ClassError, RankError, twin_clock, twin_error
 from tierdiag.errors import NotFoundError
@@ -21,7 +22,7 @@ from tierdiag.store.reader import RunInfo
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
 from tierdiag.diagnose.read.requests import RequestRow, RowLike
 
-from tierdiag.diagnose.causes import MAJORITY_SHARE, server_cause_sql  # noqa: F401 - the server's cause rule
+from tierdiag.diagnose.causes import MAJORITY_SHARE  # noqa: F401 - the server's cause rule
 
 
 # --------------------------------------------------------------------------- the server's TTFT
@@ -117,9 +118,7 @@ def twin_trust(con: duckdb.DuckDBPyConnection, run: RunInfo, twin_run: RunInfo, 
     rank = row.dp_rank
     twin_rank = None
     if rank is not None:
-        found = con.execute("SELECT dp_rank FROM requests WHERE run_id = ? AND req_id = ?",
-                            [twin_run.run_id, row.req_id]).fetchone()
-        twin_rank = found[0] if found else None
+        twin_rank = read_obs.request_rank(con, twin_run.run_id, row.req_id)
     return TwinTrust(twin_ttft_ns, err, err / server if err is not None and server else None,
                      errors.by_class().get("all"), twin_clock(twin_run.config), rank,
                      errors.by_rank().get(rank) if rank is not None else None, twin_rank)

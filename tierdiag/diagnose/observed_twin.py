@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import duckdb
 
+from tierdiag.diagnose.read import observed as read_obs
 from tierdiag.diagnose.read.kind import view_of
-from tierdiag.diagnose.quantile import quantile_sql
 from tierdiag.diagnose.query import dataclass_json
 from tierdiag.store.reader import RunInfo, list_runs
 from tierdiag.units import fmt_ms, fmt_pct, share
@@ -50,10 +50,10 @@ def find_twin(con: duckdb.DuckDBPyConnection, run: RunInfo) -> Twin | None:
     sha = run.config.get("trace_out_sha256")
     for r in reversed(replays):
         if sha and r.trace_sha256 == sha:
-            return Twin(r.run_id, r.name, "trace_sha256", _shared(con, run.run_id, r.run_id))
-    total = con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [run.run_id]).fetchone()[0]
+            return Twin(r.run_id, r.name, "trace_sha256", read_obs.shared_requests(con, run.run_id, r.run_id))
+    total = read_obs.request_count(con, run.run_id)
     for r in reversed(replays):
-        n = _shared(con, run.run_id, r.run_id)
+        n = read_obs.shared_requests(con, run.run_id, r.run_id)
         if total and n >= TWIN_MIN_SHARED * total:
             return Twin(r.run_id, r.name, "request_ids", n)
     return None
@@ -69,12 +69,6 @@ def ranks_by_trace_out(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
         if not view_of(r).engine_parts and sha and isinstance(n, int) and not isinstance(n, bool) and n >= 1:
             out[sha] = n
     return out
-
-
-def _shared(con: duckdb.DuckDBPyConnection, a: str, b: str) -> int:
-    return int(con.execute(
-        "SELECT count(*) FROM requests o JOIN requests r ON r.run_id = ? AND r.req_id = o.req_id "
-        "AND r.input_tokens = o.input_tokens WHERE o.run_id = ?", [b, a]).fetchone()[0])
 
 
 # --------------------------------------------------------------------------- agreement
@@ -165,80 +159,35 @@ def page_tokens(*runs: RunInfo) -> int:
     return DEFAULT_PAGE_TOKENS
 
 
-_PAIRS = """
-    WITH p AS (
-        SELECT o.req_id, o.input_tokens,
-               o.device_hit_tokens AS od, o.host_hit_tokens AS oh, o.storage_hit_tokens AS os,
-               o.computed_tokens AS oc,
-               r.device_hit_tokens AS rd, r.host_hit_tokens AS rh, r.storage_hit_tokens AS rs,
-               r.computed_tokens AS rc,
-               o.ttft_ns AS ot, r.ttft_ns AS rt, o.seq
-        FROM requests o JOIN requests r ON r.run_id = $b AND r.req_id = o.req_id
-        WHERE o.run_id = $a),
-    q AS (
-        SELECT *, CASE WHEN od IS NULL OR rd IS NULL THEN NULL
-                       ELSE abs(od - rd) <= $page AND abs(coalesce(oh, 0) - coalesce(rh, 0)) <= $page
-                            AND abs(coalesce(os, 0) - coalesce(rs, 0)) <= $page END AS split_match,
-               CASE WHEN ot IS NOT NULL AND rt IS NOT NULL THEN rt - ot END AS err
-        FROM p)
-"""
-
-
-def _named(con: duckdb.DuckDBPyConnection, sql: str, params: dict) -> list[dict]:
-    """Rows as dicts, with DuckDB's named parameters ($name) — fetch_dicts takes positional ones."""
-    cur = con.execute(sql, params)
-    names = [d[0] for d in cur.description]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
-
-
 def agreement(con: duckdb.DuckDBPyConnection, observed: RunInfo, replayed: RunInfo, *,
               top: int | None = None) -> Agreement:
     """Per-request agreement of `replayed` with `observed`; `top` pairs listed, worst first."""
     page = page_tokens(replayed, observed)
-    params = {"a": observed.run_id, "b": replayed.run_id, "page": page}
-    # Percentiles by nearest rank (quantile.py), as every view: each is one request's error.
-    agg = _named(con, _PAIRS + f"""
-        SELECT count(*) AS matched,
-               count(split_match) AS split_known, count(*) FILTER (WHERE split_match) AS split_match,
-               coalesce(sum(od) FILTER (WHERE split_match IS NOT NULL), 0) AS od,
-               coalesce(sum(oh) FILTER (WHERE split_match IS NOT NULL), 0) AS oh,
-               coalesce(sum(os) FILTER (WHERE split_match IS NOT NULL), 0) AS os,
-               coalesce(sum(oc) FILTER (WHERE split_match IS NOT NULL), 0) AS oc,
-               coalesce(sum(rd) FILTER (WHERE split_match IS NOT NULL), 0) AS rd,
-               coalesce(sum(rh) FILTER (WHERE split_match IS NOT NULL), 0) AS rh,
-               coalesce(sum(rs) FILTER (WHERE split_match IS NOT NULL), 0) AS rs,
-               coalesce(sum(rc) FILTER (WHERE split_match IS NOT NULL), 0) AS rc,
-               count(err) AS ttft_pairs,
-               {quantile_sql("abs(err)", 0.5)} AS abs50, {quantile_sql("abs(err)", 0.9)} AS abs90,
-               {quantile_sql("abs(err) / ot", 0.5)} FILTER (WHERE ot > 0) AS rel50,
-               {quantile_sql("abs(err) / ot", 0.9)} FILTER (WHERE ot > 0) AS rel90,
-               {quantile_sql("err", 0.5)} AS bias50
-        FROM q""", params)[0]
-    counts = dict(con.execute("SELECT run_id, count(*) FROM requests WHERE run_id IN (?, ?) GROUP BY run_id",
-                              [observed.run_id, replayed.run_id]).fetchall())
+    agg = read_obs.pair_totals(con, observed.run_id, replayed.run_id, page)
+    counts = read_obs.request_counts(con, observed.run_id, replayed.run_id)
     pairs: tuple[RequestPair, ...] = ()
     if top:
-        rows = _named(con, _PAIRS + """
-            SELECT * FROM q
-            ORDER BY split_match NULLS LAST, abs(err) DESC NULLS LAST, seq, req_id LIMIT $top""",
-                           {**params, "top": int(top)})
         pairs = tuple(RequestPair(
-            req_id=r["req_id"], input_tokens=r["input_tokens"], observed_device_tokens=r["od"],
-            observed_host_tokens=r["oh"], observed_storage_tokens=r["os"], replayed_device_tokens=r["rd"],
-            replayed_host_tokens=r["rh"], replayed_storage_tokens=r["rs"], split_match=r["split_match"],
-            observed_ttft_ns=r["ot"], replayed_ttft_ns=r["rt"], ttft_error_ns=r["err"],
-            ttft_rel_error=r["err"] / r["ot"] if r["err"] is not None and r["ot"] else None) for r in rows)
-    i = lambda k: int(agg.get(k) or 0)  # noqa: E731
+            req_id=r.req_id, input_tokens=r.input_tokens, observed_device_tokens=r.observed_device_tokens,
+            observed_host_tokens=r.observed_host_tokens, observed_storage_tokens=r.observed_storage_tokens,
+            replayed_device_tokens=r.replayed_device_tokens, replayed_host_tokens=r.replayed_host_tokens,
+            replayed_storage_tokens=r.replayed_storage_tokens, split_match=r.split_match,
+            observed_ttft_ns=r.observed_ttft_ns, replayed_ttft_ns=r.replayed_ttft_ns, ttft_error_ns=r.ttft_error_ns,
+            ttft_rel_error=r.ttft_error_ns / r.observed_ttft_ns
+            if r.ttft_error_ns is not None and r.observed_ttft_ns else None)
+            for r in read_obs.worst_pairs(con, observed.run_id, replayed.run_id, page, top))
     return Agreement(
         observed_run_id=observed.run_id, observed_run_name=observed.name, replayed_run_id=replayed.run_id,
         replayed_run_name=replayed.name, page_tokens=page, num_observed=int(counts.get(observed.run_id, 0)),
-        num_replayed=int(counts.get(replayed.run_id, 0)), num_matched=i("matched"),
-        num_split_known=i("split_known"), num_split_match=i("split_match"),
-        split_match_share=share(i("split_match"), i("split_known")),
-        observed_tokens=TierTotals(i("od"), i("oh"), i("os"), i("oc")),
-        replayed_tokens=TierTotals(i("rd"), i("rh"), i("rs"), i("rc")),
-        num_ttft_pairs=i("ttft_pairs"), ttft_abs_error_p50_ns=agg.get("abs50"),
-        ttft_abs_error_p90_ns=agg.get("abs90"), ttft_rel_error_p50=agg.get("rel50"),
-        ttft_rel_error_p90=agg.get("rel90"), ttft_bias_p50_ns=agg.get("bias50"), requests=pairs)
+        num_replayed=int(counts.get(replayed.run_id, 0)), num_matched=agg.matched,
+        num_split_known=agg.split_known, num_split_match=agg.split_match,
+        split_match_share=share(agg.split_match, agg.split_known),
+        observed_tokens=TierTotals(agg.observed_device_tokens, agg.observed_host_tokens, agg.observed_storage_tokens,
+                                   agg.observed_computed_tokens),
+        replayed_tokens=TierTotals(agg.replayed_device_tokens, agg.replayed_host_tokens, agg.replayed_storage_tokens,
+                                   agg.replayed_computed_tokens),
+        num_ttft_pairs=agg.ttft_pairs, ttft_abs_error_p50_ns=agg.ttft_abs_error_p50_ns,
+        ttft_abs_error_p90_ns=agg.ttft_abs_error_p90_ns, ttft_rel_error_p50=agg.ttft_rel_error_p50,
+        ttft_rel_error_p90=agg.ttft_rel_error_p90, ttft_bias_p50_ns=agg.ttft_bias_p50_ns, requests=pairs)
 
 

@@ -1,24 +1,12 @@
-"""Small read helpers shared by summary / slow / explain / observed (read-only; no pandas, no torch)."""
+"""Small helpers shared by summary / slow / explain / observed over what they read (no SQL: that
+is in read/; no pandas, no torch)."""
 
 from __future__ import annotations
 
 from dataclasses import fields, is_dataclass
-from typing import Any, Sequence
-
-import duckdb
+from typing import Any
 
 from tierdiag.units import ns_to_ms
-
-
-def fetch_dicts(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] = ()) -> list[dict]:
-    cur = con.execute(sql, list(params))
-    names = [d[0] for d in cur.description]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
-
-
-def fetch_one(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] = ()) -> dict | None:
-    rows = fetch_dicts(con, sql, params)
-    return rows[0] if rows else None
 
 
 def link_peak_bytes_per_s(run) -> float | None:

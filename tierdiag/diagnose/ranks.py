@@ -27,7 +27,7 @@ import duckdb
 from tierdiag.diagnose.causes import check_cause
 from tierdiag.diagnose.query import dataclass_json
 from tierdiag.diagnose.read import ranks as read
-from tierdiag.diagnose.sql import run_span_ns
+from tierdiag.diagnose.read.queries import run_span_ns
 from tierdiag.errors import ConfigError
 from tierdiag.units import share
 from tierdiag.diagnose.read.run import parse

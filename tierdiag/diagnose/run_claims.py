@@ -148,7 +148,7 @@ def queue_cause_claim(story, overloaded: bool, why: str | None) -> Claim:
 
 def evicted_while_waiting_claim(story) -> Claim | None:
     """Requests whose prefix left every tier after they arrived, while they waited, and was
-    recomputed (waiting_loss.py; a demotion to host is not counted: it loads back)."""
+    recomputed (read/waiting.py; a demotion to host is not counted: it loads back)."""
     n = story.evicted_while_waiting_requests
     if not n:
         return None

@@ -20,15 +20,13 @@ from dataclasses import dataclass
 import duckdb
 
 from tierdiag.diagnose.capacity import Capacity, run_capacity
-from tierdiag.diagnose.causes import excess_sql
-from tierdiag.diagnose.context import ATTRIBUTION_KEYS, WaitPart, batch_recompute_sql, round_exact
+from tierdiag.diagnose.context import ATTRIBUTION_KEYS, WaitPart, round_exact
 from tierdiag.diagnose.query import dataclass_json, link_peak_bytes_per_s
 from tierdiag.diagnose.routing_loss import RoutingLoss, routing_loss
-from tierdiag.diagnose.sql import FINISHED_SQL as _FINISHED
-from tierdiag.diagnose.sql import span_columns_sql
 from tierdiag.diagnose.story import RunStory, run_story
 from tierdiag.diagnose.miss_reasons import run_miss_reasons
 from tierdiag.units import NS_PER_S, ns_to_ms, share
+from tierdiag.diagnose.read import run_context as read_ctx
 from tierdiag.diagnose.read.run import parse
 
 
@@ -144,23 +142,16 @@ def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_t
     F(first token) − F(start): the same sums as the interval join, in O((R + B) log B)."""
     import numpy as np
 
-    b = con.execute(
-        f"""SELECT t_start_ns, t_end_ns, coalesce(compute_ns, 0),
-                   least(coalesce({rec}, 0), coalesce(compute_ns, 0)), coalesce(loadback_exposed_ns, 0),
-                   coalesce(dp_rank, 0)
-            FROM batches WHERE run_id = $r ORDER BY t_start_ns, t_end_ns""", {"r": rid}).fetchnumpy()
-    r = con.execute(
-        f"""SELECT arrival_ns + coalesce(storage_wait_ns, 0), first_token_ns, coalesce(dp_rank, 0) FROM requests
-            WHERE run_id = $r AND {_FINISHED} AND prefill_ns IS NOT NULL""", {"r": rid}).fetchnumpy()
-    cols = list(b.values())
-    if not len(cols[0]) or not len(next(iter(r.values()))):
+    b = read_ctx.batch_arrays(con, rid, rec)
+    r = read_ctx.wait_windows(con, rid)
+    if not len(b.start_ns) or not len(r.start_ns):
         return None
-    s_all, e_all = (np.asarray(c, dtype=np.int64) for c in cols[:2])
-    c, rc, x = (np.asarray(v, dtype=np.float64) for v in cols[2:5])
+    s_all, e_all = (np.asarray(c, dtype=np.int64) for c in (b.start_ns, b.end_ns))
+    c, rc, x = (np.asarray(v, dtype=np.float64) for v in (b.compute_ns, b.recompute_ns, b.loadback_exposed_ns))
     d_all = np.maximum(e_all - s_all, 1).astype(np.float64)
     values_all = np.stack([rc, c - rc, x, np.maximum(d_all - c - x, 0.0)])  # recompute, new, load-back, other
-    b_rank = np.asarray(cols[5], dtype=np.int64)
-    w0_all, ft_all, r_rank = (np.asarray(v, dtype=np.int64) for v in r.values())
+    b_rank = np.asarray(b.dp_rank, dtype=np.int64)
+    w0_all, ft_all, r_rank = (np.asarray(v, dtype=np.int64) for v in (r.start_ns, r.first_token_ns, r.dp_rank))
     tot = np.zeros(4)
     # A data-parallel run: each request's window over its own rank's batches (one rank: all of them).
     for rank in np.unique(r_rank):
@@ -183,31 +174,22 @@ def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_t
         w0, ft = w0_all[mine], ft_all[mine]
         keep = ft > w0  # an empty window overlaps no batch
         tot += integral(ft[keep]) - integral(w0[keep])
-    own = con.execute(
-        f"SELECT sum(recompute_ns), sum(compute_ns), sum(loadback_exposed_ns), sum(decode_wait_ns) FROM requests "
-        f"WHERE run_id = ? AND {_FINISHED}", [rid]).fetchone()
+    own = read_ctx.own_parts(con, rid)
     raw = dict.fromkeys(ATTRIBUTION_KEYS, 0.0)
-    raw[WaitPart.RECOMPUTE] = float(tot[0]) - _i(own[0])
-    raw[WaitPart.NEW_COMPUTE] = float(tot[1]) - _i(own[1])
-    raw[WaitPart.LOAD_BACK] = float(tot[2]) - _i(own[2])
+    raw[WaitPart.RECOMPUTE] = float(tot[0]) - _i(own.recompute_ns)
+    raw[WaitPart.NEW_COMPUTE] = float(tot[1]) - _i(own.compute_ns)
+    raw[WaitPart.LOAD_BACK] = float(tot[2]) - _i(own.loadback_exposed_ns)
     raw[WaitPart.WRITE_BACK] = float(tot[3])
     idle = queue_total - sum(max(v, 0.0) for v in raw.values())
-    raw[WaitPart.DECODE] = float(min(_i(own[3]), max(idle, 0)))  # decode steps, out of the gaps
+    raw[WaitPart.DECODE] = float(min(_i(own.decode_wait_ns), max(idle, 0)))  # decode steps, out of the gaps
     raw[WaitPart.IDLE] = idle - raw[WaitPart.DECODE]
     return round_exact(raw, queue_total)
 
 
 def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict) -> LossEvidence:
-    t = con.execute(
-        f"""SELECT sum(input_tokens), sum(recomputed_tokens) FROM requests WHERE run_id = ? AND {_FINISHED}""",
-        [rid]).fetchone()
-    skipped = {r: _i(n) for r, n in con.execute(
-        f"SELECT loadback_skipped_reason, sum(loadback_skipped_tokens) FROM requests WHERE run_id = ? "
-        f"AND {_FINISHED} AND loadback_skipped_reason IS NOT NULL GROUP BY 1 ORDER BY 1", [rid]).fetchall()}
-    unused = {r: _i(n) for r, n in con.execute(
-        f"SELECT storage_skipped_reason, sum(least(storage_match_tokens - storage_hit_tokens, recomputed_tokens)) "
-        f"FROM requests WHERE run_id = ? AND {_FINISHED} AND storage_skipped_reason IS NOT NULL "
-        f"GROUP BY 1 ORDER BY 1", [rid]).fetchall()}
+    t = read_ctx.finished_token_totals(con, rid)
+    skipped = {r: _i(n) for r, n in read_ctx.loadback_skipped_by_reason(con, rid)}
+    unused = {r: _i(n) for r, n in read_ctx.storage_unused_by_reason(con, rid)}
     # Reuse distance of each re-reference of removed pages: tokens the device pool allocated
     # for requests scheduled between the pages' last use and the request that came back for
     # them (the LRU stack distance, roughly; explain's step 4 uses the same measure).
@@ -219,38 +201,19 @@ def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict) -> LossEvide
     # each even on the conversation trace's 12k requests (one thread).
     import numpy as np
 
-    alloc = con.execute(
-        f"""SELECT sched, max(cum) FROM (
-                SELECT first_token_ns - prefill_ns AS sched,
-                       sum(input_tokens - coalesce(device_hit_tokens, 0) + output_tokens)
-                           OVER (ORDER BY first_token_ns - prefill_ns, seq ROWS UNBOUNDED PRECEDING) AS cum
-                FROM requests WHERE run_id = $r AND {_FINISHED} AND prefill_ns IS NOT NULL)
-            GROUP BY sched ORDER BY sched""", {"r": rid}).fetchnumpy()
-    raw = con.execute(
-        """SELECT coalesce(re.tokens * least(1.0, greatest(q.recomputed_tokens
-                      - CASE WHEN q.loadback_skipped_reason IS NULL THEN 0 ELSE q.loadback_skipped_tokens END
-                      - CASE WHEN q.storage_skipped_reason IS NULL THEN 0
-                             ELSE greatest(q.storage_match_tokens - q.storage_hit_tokens, 0) END, 0)
-                      / sum(re.tokens) OVER (PARTITION BY re.req_id)), 0)::DOUBLE AS tokens,
-                  e.action = 'delete' AS deleted, e.action = 'drop' AS dropped,
-                  coalesce(e.node_hit_count, 0) AS hits, e.node_last_access_ns IS NULL AS no_t0,
-                  coalesce(e.node_last_access_ns, 0) AS t0, q.first_token_ns - q.prefill_ns AS t1
-           FROM request_evictions re
-           JOIN evictions e ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id
-           JOIN requests q ON q.run_id = re.run_id AND q.req_id = re.req_id
-           WHERE re.run_id = $r AND e.action IN ('delete', 'drop') AND q.prefill_ns IS NOT NULL
-             AND q.recomputed_tokens > 0""", {"r": rid}).fetchnumpy()
+    alloc = read_ctx.allocations(con, rid)
+    raw = read_ctx.removed_rereferences(con, rid)
     deciles: list[int] = []
     deleted = dropped = hot = 0
     hot_competing: list[int] = []
-    if len(raw["tokens"]):
-        sched = np.asarray(alloc["sched"], dtype=np.int64)
-        cum = np.concatenate([[0], np.asarray(alloc[next(k for k in alloc if k != "sched")], dtype=np.int64)])
-        t0, t1 = np.asarray(raw["t0"], dtype=np.int64), np.asarray(raw["t1"], dtype=np.int64)
+    if len(raw.tokens):
+        sched = np.asarray(alloc.sched_ns, dtype=np.int64)
+        cum = np.concatenate([[0], np.asarray(alloc.cum_tokens, dtype=np.int64)])
+        t0, t1 = np.asarray(raw.t0_ns, dtype=np.int64), np.asarray(raw.t1_ns, dtype=np.int64)
         cum0 = cum[np.searchsorted(sched, t0, side="right")]  # allocated up to the pages' last use
         cum1 = cum[np.searchsorted(sched, t1, side="left")]  # ... and before the request came back
-        dist = np.where(np.asarray(raw["no_t0"], dtype=bool), 0, np.maximum(cum1 - cum0, 0))
-        tok = np.rint(np.asarray(raw["tokens"], dtype=np.float64)).astype(np.int64)  # half to even
+        dist = np.where(np.asarray(raw.no_t0, dtype=bool), 0, np.maximum(cum1 - cum0, 0))
+        tok = np.rint(np.asarray(raw.tokens, dtype=np.float64)).astype(np.int64)  # half to even
         order = np.argsort(dist, kind="stable")
         dist_sorted, acc = dist[order], np.cumsum(tok[order])
         total = float(tok.sum())
@@ -259,26 +222,21 @@ def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict) -> LossEvide
         for k in range(11):
             reached = np.flatnonzero(acc.astype(np.float64) >= (k * 0.1) * total)
             deciles.append(int(dist_sorted[reached[0]] if reached.size else dist_sorted[-1]))
-        deleted = int(tok[np.asarray(raw["deleted"], dtype=bool)].sum())
-        dropped = int(tok[np.asarray(raw["dropped"], dtype=bool)].sum())
-        is_hot = np.asarray(raw["hits"], dtype=np.int64) >= HOT_HIT_COUNT
+        deleted = int(tok[np.asarray(raw.deleted, dtype=bool)].sum())
+        dropped = int(tok[np.asarray(raw.dropped, dtype=bool)].sum())
+        is_hot = np.asarray(raw.hits, dtype=np.int64) >= HOT_HIT_COUNT
         hot = int(tok[is_hot].sum())
         hot_competing = _hot_competing_deciles(t0[is_hot], t1[is_hot], tok[is_hot])
     p50 = deciles[5] if deciles else None
     p90 = deciles[9] if deciles else None
-    recomputed = None if t[1] is None else int(t[1])  # NULL: no finished row says (unknown, not 0)
+    recomputed = None if t.recomputed_tokens is None else int(t.recomputed_tokens)  # NULL: no finished row says (unknown, not 0)
     lost = None if recomputed is None else max(recomputed - sum(skipped.values()) - sum(unused.values()), 0)
 
     def cap(key: str) -> int | None:
         v = config.get(key)
         return int(v) if v is not None else None
 
-    lost_sizes = con.execute(
-        f"""SELECT greatest(recomputed_tokens
-                    - CASE WHEN loadback_skipped_reason IS NULL THEN 0 ELSE least(loadback_skipped_tokens, recomputed_tokens) END
-                    - CASE WHEN storage_skipped_reason IS NULL THEN 0
-                           ELSE greatest(storage_match_tokens - storage_hit_tokens, 0) END, 0) AS lost
-            FROM requests WHERE run_id = ? AND {_FINISHED} AND recomputed_tokens > 0""", [rid]).fetchnumpy()["lost"]
+    lost_sizes = read_ctx.lost_request_sizes(con, rid)
     lost_deciles: list[int] = []
     sizes = np.sort(np.asarray(lost_sizes, dtype=np.int64))
     sizes = sizes[sizes > 0]
@@ -288,25 +246,19 @@ def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict) -> LossEvide
             reached = np.flatnonzero(acc >= (k * 0.1) * acc[-1])
             lost_deciles.append(int(sizes[reached[0]] if reached.size else sizes[-1]))
     return LossEvidence(
-        input_tokens=_i(t[0]), recomputed_tokens=recomputed, recomputed_share=share(recomputed, _i(t[0])),
+        input_tokens=_i(t.input_tokens), recomputed_tokens=recomputed, recomputed_share=share(recomputed, _i(t.input_tokens)),
         skipped_tokens=skipped, storage_unused_tokens=unused, lost_tokens=lost,
         deleted_from_host_tokens=deleted, dropped_unbacked_tokens=dropped, hot_removed_tokens=hot,
         removed_reuse_p50_tokens=p50, removed_reuse_p90_tokens=p90, removed_reuse_deciles_tokens=tuple(deciles),
         device_capacity_tokens=cap("device_tokens"), host_capacity_tokens=cap("host_tokens"),
         storage_capacity_tokens=cap("storage_tokens"), lost_request_deciles_tokens=tuple(lost_deciles),
         hot_competing_deciles_tokens=tuple(hot_competing), in_batch_tokens=_in_batch_tokens(con, rid),
-        trace_arrival_spread_ns=_arrival_spread(con, rid))
+        trace_arrival_spread_ns=read_ctx.trace_arrival_spread_ns(con, rid))
 
 
 def _in_batch_tokens(con: duckdb.DuckDBPyConnection, rid: str) -> int:
     reasons = run_miss_reasons(con, rid)
     return reasons["shared_in_batch"] if reasons else 0
-
-
-def _arrival_spread(con: duckdb.DuckDBPyConnection, rid: str) -> int | None:
-    row = con.execute("SELECT max(coalesce(trace_arrival_ns, arrival_ns)) - min(coalesce(trace_arrival_ns, arrival_ns)) "
-                      "FROM requests WHERE run_id = ?", [rid]).fetchone()
-    return None if row is None or row[0] is None else int(row[0])
 
 
 def _weighted_deciles(values, weights) -> list[int]:
@@ -343,23 +295,16 @@ def _hot_competing_deciles(t0, t1, tok) -> list[int]:
 
 def _transfers(con: duckdb.DuckDBPyConnection, rid: str, peak: float | None,
                overhead_ns: int | None = None) -> TransferEvidence:
-    tr = con.execute(
-        "SELECT count(*), coalesce(sum(bytes), 0), coalesce(sum(t_end_ns - t_start_ns), 0), coalesce(sum(pages), 0), "
-        "coalesce(sum(runs), 0) FROM transfers WHERE run_id = ? AND kind = 'load_back'", [rid]).fetchone()
-    rq = con.execute(
-        f"""SELECT coalesce(sum(loadback_ns) FILTER (WHERE host_hit_tokens + storage_hit_tokens > 0), 0),
-                   coalesce(sum(recompute_instead_ns - ttft_if_device_resident_ns)
-                            FILTER (WHERE host_hit_tokens + storage_hit_tokens > 0), 0),
-                   coalesce(sum(loadback_exposed_ns), 0), coalesce(sum(ttft_ns), 0),
-                   coalesce(sum(ttft_ns) FILTER (WHERE host_hit_tokens + storage_hit_tokens > 0), 0)
-            FROM requests WHERE run_id = ? AND {_FINISHED}""", [rid]).fetchone()
+    tr = read_ctx.loadback_transfers(con, rid)
+    rq = read_ctx.loadback_requests(con, rid)
     n, nbytes, busy, pages, runs = (_i(x) for x in tr)
     achieved = nbytes * NS_PER_S / busy if nbytes and busy else None
     return TransferEvidence(
         num_loadbacks=n, loadback_bytes=nbytes, loadback_busy_ns=busy, link_peak_share=share(achieved, peak),
         pages_per_run=share(pages, runs), bytes_per_run=share(nbytes, runs), bytes_per_page=share(nbytes, pages),
-        loadback_ns=_i(rq[0]), recompute_instead_extra_ns=_i(rq[1]), loadback_exposed_ns=_i(rq[2]),
-        ttft_total_ns=_i(rq[3]), tiered_ttft_ns=_i(rq[4]), transfer_overhead_ns=overhead_ns)
+        loadback_ns=_i(rq.tiered_loadback_ns), recompute_instead_extra_ns=_i(rq.tiered_recompute_instead_extra_ns),
+        loadback_exposed_ns=_i(rq.loadback_exposed_ns), ttft_total_ns=_i(rq.ttft_ns), tiered_ttft_ns=_i(rq.tiered_ttft_ns),
+        transfer_overhead_ns=overhead_ns)
 
 
 def _overhead_ns(run) -> int | None:
@@ -369,8 +314,7 @@ def _overhead_ns(run) -> int | None:
 
 def run_ranks(con: duckdb.DuckDBPyConnection, run) -> int:
     """The run's data-parallel ranks: its config's `dp`, or the ranks its requests name, whichever is more."""
-    named = con.execute("SELECT count(DISTINCT dp_rank) FROM requests WHERE run_id = ?", [run.run_id]).fetchone()[0]
-    return max(int(named or 0), parse(run).ranks)
+    return max(read_ctx.named_ranks(con, run.run_id), parse(run).ranks)
 
 
 def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: bool = True) -> RunContext:
@@ -380,32 +324,25 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
     `attribution=False`: the caller does not need the run's queue attribution (it costs a pass
     over every request and batch), so it is left out."""
     rid = run.run_id
-    start, end = span_columns_sql("finished")  # the span of the work done: rejected requests did none
-    t = con.execute(
-        f"""SELECT count(*), {start}, {end},
-                   sum(ttft_ns), sum(queue_ns), sum({excess_sql()}),
-                   quantile_disc(ttft_ns, 0.5), quantile_disc(ttft_ns, 0.99)
-            FROM requests WHERE run_id = ? AND {_FINISHED}""", [rid]).fetchone()
-    span = max(_i(t[2]) - _i(t[1]), 0)
-    rec = batch_recompute_sql(con)
-    b = con.execute(
-        f"SELECT coalesce(sum(t_end_ns - t_start_ns), 0), coalesce(sum(compute_ns), 0), "
-        f"coalesce(sum({rec or '0'}), 0) FROM batches WHERE run_id = ?", [rid]).fetchone()
-    busy, compute, recompute = _i(b[0]), _i(b[1]), _i(b[2])
+    t = read_ctx.finished_totals(con, rid)
+    span = max(_i(t.end_ns) - _i(t.start_ns), 0)
+    rec = read_ctx.batch_recompute_sql(con)
+    b = read_ctx.batch_totals(con, rid, rec)
+    busy, compute, recompute = _i(b.busy_ns), _i(b.compute_ns), _i(b.recompute_ns)
     ranks = run_ranks(con, run)  # a data-parallel run's GPUs: its busy share is of all their time
-    queue_total = _i(t[4])
+    queue_total = _i(t.queue_ns)
     attribution = _run_attribution(con, rid, rec, queue_total) if attribution and rec and busy else None
     kv = run.data_plane.get("kv_bytes_per_token") if isinstance(run.data_plane, dict) else None
     return RunContext(
-        run_id=rid, span_ns=span, num_finished=_i(t[0]),
+        run_id=rid, span_ns=span, num_finished=_i(t.finished),
         prefill_busy_share=share(busy, span * ranks) if busy else None, prefill_compute_ns=compute,
         recompute_ns=recompute if rec else 0,
         recompute_share_of_prefill=share(recompute, compute) if rec else None,
-        ttft_total_ns=_i(t[3]), queue_total_ns=queue_total, queue_share_of_ttft=share(queue_total, _i(t[3])),
-        excess_total_ns=_i(t[5]), queue_attribution=attribution,
+        ttft_total_ns=_i(t.ttft_ns), queue_total_ns=queue_total, queue_share_of_ttft=share(queue_total, _i(t.ttft_ns)),
+        excess_total_ns=_i(t.excess_ns), queue_attribution=attribution,
         losses=_losses(con, rid, run.config), transfers=_transfers(con, rid, link_peak_bytes_per_s(run), _overhead_ns(run)),
         config=dict(run.config), kv_bytes_per_token=int(kv) if kv else None,
-        ttft_p50_ns=t[6], ttft_p99_ns=t[7],
+        ttft_p50_ns=t.ttft_p50_ns, ttft_p99_ns=t.ttft_p99_ns,
         story=run_story(con, rid, rec) if attribution and busy else None,
         capacity=run_capacity(con, rid, ranks),
         routing=routing_loss(con, run))

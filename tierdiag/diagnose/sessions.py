@@ -27,7 +27,7 @@ import duckdb
 
 from tierdiag.diagnose.query import dataclass_json
 from tierdiag.diagnose.context import scheduled_ns
-from tierdiag.diagnose.waiting_loss import lost_while_waiting, wait_moves
+from tierdiag.diagnose.read.waiting import lost_while_waiting, wait_moves
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, share
 from tierdiag.diagnose.read.requests import RequestRow, RowLike
 from tierdiag.diagnose.read import queries

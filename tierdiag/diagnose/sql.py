@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-import duckdb
-
 SpanOver = Literal["all", "finished"]
 
 
@@ -48,13 +46,3 @@ def span_columns_sql(over: SpanOver) -> tuple[str, str]:
         return (f"{SPAN_START_SQL} {where}",
                 f"coalesce(max(coalesce(finish_ns, first_token_ns)) {where}, max(arrival_ns) {where})")
     raise ValueError(f"span over {over!r}: 'all' or 'finished'")
-
-
-def run_span_ns(con: duckdb.DuckDBPyConnection, run_id: str, over: SpanOver = "all") -> tuple[int, int]:
-    """(first arrival, last finish) of the run's `over` requests, virtual ns; (0, 0) for none.
-    The end is never before the start."""
-    start, end = span_columns_sql(over)
-    row = con.execute(f"SELECT {start}, {end} FROM requests WHERE run_id = ?", [run_id]).fetchone()
-    if row is None or row[0] is None:
-        return 0, 0
-    return int(row[0]), max(int(row[1]), int(row[0]))

@@ -22,7 +22,6 @@ from dataclasses import fields, is_dataclass
 
 from tierdiag.diagnose import numbers as n
 from tierdiag.diagnose.capacity import Capacity
-from tierdiag.diagnose.read.queries import EVIDENCE_TABLE as TABLE  # noqa: F401 - evidence.py writes it
 from tierdiag.diagnose.routing_loss import RoutingLoss
 from tierdiag.diagnose.runcontext import LossEvidence, RunContext, TransferEvidence
 from tierdiag.diagnose.session_pool import SessionPauses

@@ -28,10 +28,8 @@ from dataclasses import dataclass
 import duckdb
 
 from tierdiag.config.names import Cause
-from tierdiag.diagnose.causes import cause_sql, excess_sql
 from tierdiag.diagnose.context import ATTRIBUTION_KEYS, CONTEXT_LOOKBACK_NS, WaitPart
-from tierdiag.diagnose.sql import finished_sql
-from tierdiag.diagnose.waiting_loss import lost_while_waiting_sql, waiting_removals_sql
+from tierdiag.diagnose.read import run_context as read_ctx
 from tierdiag.units import share
 
 # The rule explain's verdict uses (claims.py): a queue is the cache's doing when recompute took
@@ -78,7 +76,7 @@ class RunStory:
     queued_wait_parts_ns: dict  # WAIT_KEYS -> ns of their wait (others' batches, gaps as idle)
     caches_doing_excess_ns: int  # of queued_excess_ns: requests whose queue was the cache's doing
     # Requests whose prefix left every tier after they arrived, while they waited, and was
-    # recomputed (waiting_loss.py: their recompute is then the queue's doing, not only the
+    # recomputed (read/waiting.py: their recompute is then the queue's doing, not only the
     # cache's size): how many, and their excess.
     evicted_while_waiting_requests: int
     evicted_while_waiting_excess_ns: int
@@ -90,7 +88,7 @@ class RunStory:
     # ... and their wait by WAIT_KEYS, summed (the largest part is named as their reason).
     other_wait_parts_ns: dict | None = None
     other_wait_ns: int = 0
-    # The tokens those requests lost while they waited (of their prefix; waiting_loss.py).
+    # The tokens those requests lost while they waited (of their prefix; read/waiting.py).
     evicted_while_waiting_tokens: int = 0
 
     @property
@@ -181,8 +179,7 @@ def _memory_wait(con, rid: str, r_rank, w0, w1, b_rank, s, e):
     import numpy as np
 
     out = np.zeros(len(w0))
-    dec = con.execute("SELECT coalesce(dp_rank, 0), first_token_ns, finish_ns FROM requests WHERE run_id = ? "
-                      "AND first_token_ns IS NOT NULL AND finish_ns > first_token_ns", [rid]).fetchall()
+    dec = read_ctx.decoding_spans(con, rid)
     by_rank: dict[int, list] = {}
     for rank, a, b in dec:
         by_rank.setdefault(int(rank), []).append((a, b))
@@ -203,34 +200,22 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
 
     if rec is None:
         return None
-    b = con.execute(
-        f"""SELECT t_start_ns, t_end_ns, coalesce(compute_ns, 0),
-                   least(coalesce({rec}, 0), coalesce(compute_ns, 0)), coalesce(loadback_exposed_ns, 0),
-                   coalesce(dp_rank, 0) AS rank
-            FROM batches WHERE run_id = $r ORDER BY t_start_ns, t_end_ns""", {"r": rid}).fetchnumpy()
-    start = con.execute("SELECT min(arrival_ns) FROM requests WHERE run_id = ?", [rid]).fetchone()[0]
-    r = con.execute(
-        f"""SELECT arrival_ns, arrival_ns + coalesce(storage_wait_ns, 0) AS wait_start, first_token_ns,
-                   coalesce(queue_ns, 0) AS queue, greatest({excess_sql('q')}, 0) AS excess, {cause_sql('q')} AS cause,
-                   coalesce(recompute_ns, 0) AS own_rec, coalesce(compute_ns, 0) AS own_comp,
-                   coalesce(loadback_exposed_ns, 0) AS own_lb, coalesce(q.decode_wait_ns, 0) AS own_decode,
-                   {lost_while_waiting_sql('q', 'w.removed', con)} AS lost_waiting,
-                   coalesce(q.dp_rank, 0) AS rank
-            FROM requests q LEFT JOIN ({waiting_removals_sql('$r')}) w ON w.req_id = q.req_id
-            WHERE q.run_id = $r AND {finished_sql('q')} ORDER BY q.seq""", {"r": rid}).fetchnumpy()
-    if not len(b["t_start_ns"]) or not len(r["arrival_ns"]):
+    b = read_ctx.batch_arrays(con, rid, rec)
+    start = read_ctx.first_arrival_ns(con, rid)
+    r = read_ctx.story_requests(con, rid)
+    if not len(b.start_ns) or not len(r.arrival_ns):
         return None
-    s, e = (np.asarray(b[k], dtype=np.int64) for k in ("t_start_ns", "t_end_ns"))
-    comp, rc, lb = (np.asarray(b[k], dtype=np.float64) for k in list(b)[2:5])
+    s, e = (np.asarray(v, dtype=np.int64) for v in (b.start_ns, b.end_ns))
+    comp, rc, lb = (np.asarray(v, dtype=np.float64) for v in (b.compute_ns, b.recompute_ns, b.loadback_exposed_ns))
     d = np.maximum(e - s, 1).astype(np.float64)
     values = np.stack([rc, comp - rc, lb, np.maximum(d - comp - lb, 0.0), d])  # ..., write-back, busy
-    arrival, w0, ft = (np.asarray(r[k], dtype=np.int64) for k in ("arrival_ns", "wait_start", "first_token_ns"))
-    queue, excess = (np.asarray(r[k], dtype=np.int64) for k in ("queue", "excess"))
-    cause = np.asarray(r["cause"], dtype=object)
-    own = np.stack([np.asarray(r[k], dtype=np.float64) for k in ("own_rec", "own_comp", "own_lb")])
+    arrival, w0, ft = (np.asarray(v, dtype=np.int64) for v in (r.arrival_ns, r.wait_start_ns, r.first_token_ns))
+    queue, excess = (np.asarray(v, dtype=np.int64) for v in (r.queue_ns, r.excess_ns))
+    cause = np.asarray(r.cause, dtype=object)
+    own = np.stack([np.asarray(v, dtype=np.float64) for v in (r.own_recompute_ns, r.own_compute_ns, r.own_loadback_ns)])
     # Each request against its own GPU: in a data-parallel run, the batches of the rank that served
     # it (a rank's batches do not overlap; all ranks' do). One rank: every batch, as before.
-    b_rank, r_rank = np.asarray(b["rank"], dtype=np.int64), np.asarray(r["rank"], dtype=np.int64)
+    b_rank, r_rank = np.asarray(b.dp_rank, dtype=np.int64), np.asarray(r.dp_rank, dtype=np.int64)
     wend = np.maximum(ft, w0)
     c0 = np.maximum(arrival - CONTEXT_LOOKBACK_NS, int(start))  # its context window, explain's
     c1 = np.maximum(ft, c0)
@@ -252,7 +237,7 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
     memory = np.minimum(_memory_wait(con, rid, r_rank, w0, wend, b_rank, s, e), gaps)
     idle = gaps - memory
     # Of that, the GPU running decode steps (decode on the clock; context.queue_attribution's rule).
-    decode = np.minimum(np.asarray(r["own_decode"], dtype=np.float64), memory)
+    decode = np.minimum(np.asarray(r.own_decode_ns, dtype=np.float64), memory)
     memory = memory - decode
     rec_share = np.where(queue > 0, parts[0] / np.maximum(queue, 1), 0.0)
     busy = np.where(c1 > c0, around / np.maximum(c1 - c0, 1), 0.0)
@@ -272,8 +257,8 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
                                       list(parts[:, q].sum(axis=1)) + [float(decode[q].sum()), float(memory[q].sum()),
                                                                        float(idle[q].sum())])))
     # Lost while it waited: tokens of its prefix that left every tier after it arrived, before it
-    # was scheduled, and were recomputed (waiting_loss.py; a demotion to host is no loss).
-    lost_waiting = np.asarray(r["lost_waiting"], dtype=np.int64)
+    # was scheduled, and were recomputed (read/waiting.py; a demotion to host is no loss).
+    lost_waiting = np.asarray(r.lost_waiting_tokens, dtype=np.int64)
     waited_out = lost_waiting > 0
     other = q & ~cache
     ox = excess[other].astype(np.float64)

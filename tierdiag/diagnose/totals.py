@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import duckdb
 
-from tierdiag.diagnose.sql import run_span_ns
+from tierdiag.diagnose.read import run_context as read_ctx
+from tierdiag.diagnose.read.queries import run_span_ns
 
 
 @dataclass(frozen=True)
@@ -35,13 +36,8 @@ def run_bounds_ns(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[int, int
 def run_totals(con: duckdb.DuckDBPyConnection, run_id: str) -> RunTotals:
     """`RunTotals` from the run's rows."""
     start, end = run_bounds_ns(con, run_id)
-    lb = con.execute("SELECT count(*), coalesce(sum(bytes), 0) FROM transfers WHERE run_id = ? AND kind = 'load_back'",
-                     [run_id]).fetchone()
-    dev = con.execute(
-        "SELECT count(*), coalesce(sum(tokens), 0), "
-        "       coalesce(sum(tokens) FILTER (WHERE eviction_id IN "
-        "           (SELECT eviction_id FROM request_evictions WHERE run_id = ?)), 0) "
-        "FROM evictions WHERE run_id = ? AND tier = 'device'", [run_id, run_id]).fetchone()
-    return RunTotals(start_ns=start, end_ns=end, loadbacks=int(lb[0] or 0), loadback_bytes=int(lb[1] or 0),
-                     device_evictions=int(dev[0] or 0), device_evicted_tokens=int(dev[1] or 0),
-                     device_rereferenced_tokens=int(dev[2] or 0))
+    loadbacks, loadback_bytes = read_ctx.loadback_count_bytes(con, run_id)
+    dev = read_ctx.device_evictions(con, run_id)
+    return RunTotals(start_ns=start, end_ns=end, loadbacks=loadbacks, loadback_bytes=loadback_bytes,
+                     device_evictions=dev.evictions, device_evicted_tokens=dev.tokens,
+                     device_rereferenced_tokens=dev.rereferenced_tokens)

@@ -17,6 +17,7 @@ from typing import Any
 
 from tierdiag.config.profile import provenance_line
 from tierdiag.diagnose.quantile import nearest_rank
+from tierdiag.diagnose.read.observed import twin_pairs
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,7 @@ def twin_error(con, observed_run: str, twin_run: str) -> TwinError:
     """TTFT error of `twin_run` against `observed_run`, request by request (same req_id): median and
     p90 (nearest rank) of |twin - server| in ms and relative to the server's TTFT, for every
     request and per the server's hit class. Requests without a TTFT on either side are left out."""
-    rows = con.execute(
-        "SELECT o.hit_class, o.ttft_ns, t.ttft_ns, o.dp_rank, t.dp_rank FROM requests o LEFT JOIN requests t "
-        "ON t.run_id = ? AND t.req_id = o.req_id AND t.status = 'finished' AND t.ttft_ns IS NOT NULL "
-        "WHERE o.run_id = ? AND o.status = 'finished' AND o.ttft_ns > 0", [twin_run, observed_run]).fetchall()
+    rows = twin_pairs(con, observed_run, twin_run)
     pairs = [(c or "unknown", o, t, orank, trank) for c, o, t, orank, trank in rows if t is not None]
     classes = [("all", pairs)] + [(k, [p for p in pairs if p[0] == k]) for k in sorted({p[0] for p in pairs})]
 

@@ -28,6 +28,7 @@ import duckdb
 
 from tierdiag.config.releases import RELEASES, RULE_NAMES, switched_back_names
 from tierdiag.diagnose.quantile import nearest_rank
+from tierdiag.diagnose.read.queries import outcome_rows
 from tierdiag.diagnose.read.run import parse
 from tierdiag.engine.rules import differing_rules, unnamed_fields
 from tierdiag.errors import StoreError
@@ -244,17 +245,10 @@ def releases_of(runs: Sequence[RunInfo]) -> tuple[str, str]:
 
 # --------------------------------------------------------------------------- reading
 
-_OUTCOME_SQL = ("SELECT run_id, req_id, coalesce(device_hit_tokens, 0), coalesce(host_hit_tokens, 0), "
-                "coalesce(storage_hit_tokens, 0), coalesce(computed_tokens, 0), "
-                "CASE WHEN coalesce(status, 'finished') = 'finished' THEN ttft_ns END, coalesce(input_tokens, 0) "
-                "FROM requests WHERE run_id IN ({marks}){extra} ORDER BY run_id, seq NULLS LAST, req_id")
-
-
 def request_outcomes(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], req_id: str | None = None
               ) -> dict[str, dict[str, tuple[Outcome, int]]]:
     """run_id -> req_id -> (outcome, input tokens), in request order."""
-    sql = _OUTCOME_SQL.format(marks=", ".join("?" * len(run_ids)), extra=" AND req_id = ?" if req_id else "")
-    rows = con.execute(sql, [*run_ids, *([req_id] if req_id else [])]).fetchall()
+    rows = outcome_rows(con, run_ids, req_id)
     out: dict[str, dict[str, tuple[Outcome, int]]] = {r: {} for r in run_ids}
     for run_id, rid, d, h, s, c, ttft, n in rows:
         out[run_id][str(rid)] = (Outcome(int(d), int(h), int(s), int(c), None if ttft is None else int(ttft)), int(n))

@@ -27,7 +27,7 @@ from tierdiag.diagnose.read.series import FINISHED_WHERE as _FINISHED  # noqa: F
 from tierdiag.diagnose.query import link_peak_bytes_per_s
 from tierdiag.diagnose.slow_groups import BURST_GAP_SHARE, SLOW_POOL, SlowGroup  # noqa: F401
 from tierdiag.diagnose.slow_groups import slow_groups as load_slow_groups
-from tierdiag.diagnose.sql import run_span_ns
+from tierdiag.diagnose.read.queries import run_span_ns
 from tierdiag.diagnose.summary import RunSummary, run_summary
 from tierdiag.store.reader import RunInfo
 

@@ -15,6 +15,7 @@ from tierdiag.diagnose.advice.propose import propose
 from tierdiag.diagnose.advice.targets import RECOMPUTE_SHARE
 from tierdiag.diagnose.advice.types import (COMBINE_MAX, COMBINED, CONFIRM_P50_GAIN, SIZE_KEYS, Advice, Sizing,
                                             Verified, classify)
+from tierdiag.diagnose.read import advice as read_advice
 from tierdiag.diagnose.runcontext import RunContext
 from tierdiag.store.reader import ADVISE_SWEEP_PREFIX
 from tierdiag.units import fmt_pct, ns_to_ms, share
@@ -38,15 +39,10 @@ def sizing(con: duckdb.DuckDBPyConnection, run, a: Advice, curves) -> Sizing | N
     curve = curves.curve(tier) if curves is not None and tier is not None else None
     if curve is None or not isinstance(a.value, int) or isinstance(a.value, bool):
         return None
-    found_sql = {"device": "device_hit_tokens", "host": "device_hit_tokens + host_hit_tokens",
-                 "storage": "device_hit_tokens + host_hit_tokens + storage_hit_tokens"}[tier]
     replayed = None
     v = a.verified
     if v is not None:
-        row = con.execute(f"SELECT sum({found_sql}), sum(input_tokens) FROM requests "
-                          "WHERE run_id = ? AND coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL",
-                          [v.run_id]).fetchone()
-        replayed = share(row[0], row[1])
+        replayed = share(*read_advice.found_and_input_tokens(con, v.run_id, tier))
     return Sizing(a.option, tier, a.value, curve.knee_tokens, share(curve.reused_at(a.value), curves.input_tokens),
                   curve.run_size_tokens, share(curve.reused_at(curve.run_size_tokens), curves.input_tokens),
                   share(curve.found_tokens, curves.input_tokens), replayed, v.run_id if v is not None else None,
@@ -82,11 +78,8 @@ def _run_numbers(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
         if rule.target is not None:
             targets.setdefault(rule.target.name, rule.target)
     names = list(targets)
-    r = con.execute(
-        "SELECT quantile_disc(ttft_ns, 0.5), quantile_disc(ttft_ns, 0.99), "
-        + ", ".join(targets[n].sql for n in names)
-        + " FROM requests WHERE run_id = ? AND status = 'finished' AND ttft_ns IS NOT NULL", [run_id]).fetchone()
-    return {"p50": r[0], "p99": r[1], **dict(zip(names, r[2:]))}
+    r = read_advice.target_numbers(con, run_id, [targets[n].sql for n in names])
+    return {"p50": r.ttft_p50_ns, "p99": r.ttft_p99_ns, **dict(zip(names, r.targets))}
 
 
 def _measured(base: dict, after: dict, rid: str, kind: str, req: tuple | None) -> Verified:
@@ -182,9 +175,7 @@ def verified_advice(con: duckdb.DuckDBPyConnection, run, advice: tuple[Advice, .
     import dataclasses
     import json
 
-    rows = con.execute(
-        "SELECT run_id, config_json FROM runs WHERE sweep_id = ? AND status = 'complete' ORDER BY created_at",
-        [advise_sweep_id(run.run_id)]).fetchall()
+    rows = read_advice.complete_sweep_runs(con, advise_sweep_id(run.run_id))
     if not rows:
         return tuple(dataclasses.replace(a, sizing=sizing(con, run, a, curves)) for a in advice)
     by_changes: dict[str, str] = {}
@@ -195,7 +186,6 @@ def verified_advice(con: duckdb.DuckDBPyConnection, run, advice: tuple[Advice, .
     if not by_changes:
         return tuple(dataclasses.replace(a, sizing=sizing(con, run, a, curves)) for a in advice)
     base = _run_numbers(con, run.run_id)
-    q = "SELECT ttft_ns FROM requests WHERE run_id = ? AND req_id = ?"
 
     def measure(a: Advice) -> Advice:
         rid = by_changes.get(json.dumps(a.changes, sort_keys=True)) if a.option else None
@@ -203,8 +193,8 @@ def verified_advice(con: duckdb.DuckDBPyConnection, run, advice: tuple[Advice, .
             return dataclasses.replace(a, sizing=sizing(con, run, a, curves))
         req = None
         if req_id is not None:
-            req = ((con.execute(q, [run.run_id, req_id]).fetchone() or [None])[0],
-                   (con.execute(q, [rid, req_id]).fetchone() or [None])[0], req_id)
+            req = (read_advice.request_ttft_ns(con, run.run_id, req_id), read_advice.request_ttft_ns(con, rid, req_id),
+                   req_id)
         v = _measured(base, _run_numbers(con, rid), rid, a.kind, req)
         done = dataclasses.replace(a, verified=v, status=classify(v))
         return dataclasses.replace(done, sizing=sizing(con, run, done, curves))
@@ -268,12 +258,10 @@ class RunNumbers:
 
 
 def run_numbers(con: duckdb.DuckDBPyConnection, run_id: str) -> RunNumbers:
-    r = con.execute(
-        "SELECT quantile_disc(ttft_ns, 0.5), quantile_disc(ttft_ns, 0.99), sum(recomputed_tokens), "
-        "sum(device_hit_tokens), sum(host_hit_tokens), sum(storage_hit_tokens), sum(input_tokens), avg(ttft_ns) "
-        "FROM requests WHERE run_id = ? AND status = 'finished' AND ttft_ns IS NOT NULL", [run_id]).fetchone()
-    n = r[6]
-    return RunNumbers(run_id, r[0], r[1], share(r[2], n),
-                      {"device": share(r[3], n), "host": share(r[4], n), "storage": share(r[5], n)}, r[7])
+    r = read_advice.headline(con, run_id)
+    n = r.input_tokens
+    return RunNumbers(run_id, r.ttft_p50_ns, r.ttft_p99_ns, share(r.recomputed_tokens, n),
+                      {"device": share(r.device_tokens, n), "host": share(r.host_tokens, n),
+                       "storage": share(r.storage_tokens, n)}, r.ttft_mean_ns)
 
 

@@ -9,16 +9,14 @@ a million-request run answers in the time of its top rows, not of its rows.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple, Sequence
 
 import duckdb
 
 from tierdiag.diagnose.causes import cause_sql, excess_sql, server_cause_sql
 from tierdiag.diagnose.read.requests import SELECT_COLUMNS, RequestRow
-from tierdiag.diagnose.sql import FINISHED_SQL, SpanOver, run_span_ns
-
-
-EVIDENCE_TABLE = "run_evidence"  # one row per closed replay (store/schema.py OPTIONAL_TABLES)
+from tierdiag.diagnose.sql import FINISHED_SQL, SpanOver, span_columns_sql
+from tierdiag.store.evidence import TABLE as EVIDENCE_TABLE  # one row per closed replay (store/evidence.py writes it)
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> list[dict[str, Any]]:
@@ -130,6 +128,16 @@ def span_ns(con: duckdb.DuckDBPyConnection, run, over: SpanOver = "all") -> tupl
     return run_span_ns(con, run.run_id, over)
 
 
+def run_span_ns(con: duckdb.DuckDBPyConnection, run_id: str, over: SpanOver = "all") -> tuple[int, int]:
+    """(first arrival, last finish) of the run's `over` requests, virtual ns; (0, 0) for none.
+    The end is never before the start."""
+    start, end = span_columns_sql(over)
+    row = con.execute(f"SELECT {start}, {end} FROM requests WHERE run_id = ?", [run_id]).fetchone()
+    if row is None or row[0] is None:
+        return 0, 0
+    return int(row[0]), max(int(row[1]), int(row[0]))
+
+
 def stored_evidence(con: duckdb.DuckDBPyConnection, run) -> tuple[int, str] | None:
     """(evidence_version, evidence_json) of the evidence stored with the run at its close
     (diagnose/stored.py is its format); None where the store has no such table or the run no
@@ -140,3 +148,30 @@ def stored_evidence(con: duckdb.DuckDBPyConnection, run) -> tuple[int, str] | No
     except duckdb.CatalogException:
         return None
     return (found[0][0], found[0][1]) if len(found) == 1 else None
+
+
+class OutcomeRow(NamedTuple):
+    """What a request got in one run (diagnose/upgrade.py): its split (NULL as 0), its TTFT where
+    it finished, its input."""
+    run_id: str
+    req_id: str
+    device_hit_tokens: int
+    host_hit_tokens: int
+    storage_hit_tokens: int
+    computed_tokens: int
+    ttft_ns: int | None
+    input_tokens: int
+
+
+def outcome_rows(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], req_id: str | None = None) -> list[tuple]:
+    """Every request of `run_ids` (only `req_id` where given), by run, in request order; each a
+    plain tuple in OutcomeRow's field order (a million-request run's rows: a named tuple each
+    would cost more than the query)."""
+    marks = ", ".join("?" * len(run_ids))
+    extra = " AND req_id = ?" if req_id else ""
+    return con.execute(
+        "SELECT run_id, req_id, coalesce(device_hit_tokens, 0), coalesce(host_hit_tokens, 0), "
+        "coalesce(storage_hit_tokens, 0), coalesce(computed_tokens, 0), "
+        "CASE WHEN coalesce(status, 'finished') = 'finished' THEN ttft_ns END, coalesce(input_tokens, 0) "
+        f"FROM requests WHERE run_id IN ({marks}){extra} ORDER BY run_id, seq NULLS LAST, req_id",
+        [*run_ids, *([req_id] if req_id else [])]).fetchall()

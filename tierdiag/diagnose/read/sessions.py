@@ -14,7 +14,7 @@ import duckdb
 
 from tierdiag.diagnose.quantile import quantile_sql
 from tierdiag.diagnose.sql import FINISHED_SQL, finished_sql
-from tierdiag.diagnose.waiting_loss import lost_while_waiting_sql, waiting_removals_sql
+from tierdiag.diagnose.read.waiting import lost_while_waiting_sql, waiting_removals_sql
 
 Columns = dict[str, Any]  # fetchnumpy(): column name -> numpy array
 

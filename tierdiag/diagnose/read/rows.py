@@ -1,0 +1,49 @@
+"""Helpers under the read model's queries: a query's rows as dicts (for a caller that wants a
+whole row by column name: the tests, a query not yet typed), the schema questions a reader asks
+of an older store (a column added since), and a second cursor for a query on another thread.
+
+    fetch_dicts / fetch_one   a query's rows as dicts of their columns (positional parameters)
+    has_column                whether a table has a column (a store written before it did not)
+    second_cursor             a cursor on the same database, for a query on another thread
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+import duckdb
+
+
+def fetch_dicts(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] = ()) -> list[dict]:
+    cur = con.execute(sql, list(params))
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def fetch_one(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] = ()) -> dict | None:
+    rows = fetch_dicts(con, sql, params)
+    return rows[0] if rows else None
+
+
+def has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
+    """Whether `table` has `column`. The columns of an empty result: ~0.3 ms, where
+    information_schema takes 2-10 ms."""
+    return column in (d[0] for d in con.execute(f"SELECT * FROM {table} LIMIT 0").description)
+
+
+def has_miss_columns(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the store's requests carry the engine's miss reasons (schema v5)."""
+    from tierdiag.store.schema import MISS_COLUMNS
+
+    return has_column(con, "requests", MISS_COLUMNS[0])
+
+
+@contextmanager
+def second_cursor(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A cursor of `con` reading the same database as it (a cursor starts in the database's
+    default catalog), for a query run on another thread meanwhile; closed on exit."""
+    catalog = con.execute("SELECT current_database()").fetchone()[0]
+    with con.cursor() as cur:
+        cur.execute('USE "' + catalog.replace('"', '""') + '"')
+        yield cur

@@ -1,0 +1,323 @@
+"""The run context's queries (diagnose/runcontext.py, story.py, capacity.py, totals.py): the
+run-wide sums and the per-batch and per-request columns the run's evidence is computed from.
+
+Each is filtered on the run's id first and aggregates in DuckDB; the column sets that the
+evidence integrates along the clock come back as numpy arrays (`fetchnumpy`), one NamedTuple
+field per column, so a million-request run never becomes a million Python objects.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import duckdb
+
+from tierdiag.diagnose.causes import cause_sql, excess_sql
+from tierdiag.diagnose.read.rows import has_column, has_miss_columns
+from tierdiag.diagnose.read.waiting import lost_while_waiting_sql, waiting_removals_sql
+from tierdiag.diagnose.sql import FINISHED_SQL, finished_sql, span_columns_sql
+
+
+def batch_recompute_sql(con: duckdb.DuckDBPyConnection) -> str | None:
+    """`recompute_ns` of a batch, or None for stores written before batches recorded it."""
+    return "recompute_ns" if has_column(con, "batches", "recompute_ns") else None
+
+
+class BatchArrays(NamedTuple):
+    """A run's batches in clock order (numpy arrays): recompute is at most compute, NULL as 0."""
+    start_ns: Any
+    end_ns: Any
+    compute_ns: Any
+    recompute_ns: Any
+    loadback_exposed_ns: Any
+    dp_rank: Any
+
+
+def batch_arrays(con: duckdb.DuckDBPyConnection, run_id: str, rec: str) -> BatchArrays:
+    """Every batch of the run ordered by (start, end); `rec` the batch recompute column (batch_recompute_sql)."""
+    b = con.execute(
+        f"""SELECT t_start_ns, t_end_ns, coalesce(compute_ns, 0),
+                   least(coalesce({rec}, 0), coalesce(compute_ns, 0)), coalesce(loadback_exposed_ns, 0),
+                   coalesce(dp_rank, 0)
+            FROM batches WHERE run_id = $r ORDER BY t_start_ns, t_end_ns""", {"r": run_id}).fetchnumpy()
+    return BatchArrays(*b.values())
+
+
+class WaitWindows(NamedTuple):
+    """Per finished, scheduled request (numpy arrays): its wait window [start, first token] and rank."""
+    start_ns: Any  # arrival + storage wait
+    first_token_ns: Any
+    dp_rank: Any
+
+
+def wait_windows(con: duckdb.DuckDBPyConnection, run_id: str) -> WaitWindows:
+    r = con.execute(
+        f"""SELECT arrival_ns + coalesce(storage_wait_ns, 0), first_token_ns, coalesce(dp_rank, 0) FROM requests
+            WHERE run_id = $r AND {FINISHED_SQL} AND prefill_ns IS NOT NULL""", {"r": run_id}).fetchnumpy()
+    return WaitWindows(*r.values())
+
+
+class OwnParts(NamedTuple):
+    """Sums over the run's finished requests of their own TTFT parts (None: no row says)."""
+    recompute_ns: int | None
+    compute_ns: int | None
+    loadback_exposed_ns: int | None
+    decode_wait_ns: int | None
+
+
+def own_parts(con: duckdb.DuckDBPyConnection, run_id: str) -> OwnParts:
+    return OwnParts(*con.execute(
+        f"SELECT sum(recompute_ns), sum(compute_ns), sum(loadback_exposed_ns), sum(decode_wait_ns) FROM requests "
+        f"WHERE run_id = ? AND {FINISHED_SQL}", [run_id]).fetchone())
+
+
+class TokenTotals(NamedTuple):
+    input_tokens: int | None
+    recomputed_tokens: int | None  # None: no finished row says (unknown, not 0)
+
+
+def finished_token_totals(con: duckdb.DuckDBPyConnection, run_id: str) -> TokenTotals:
+    return TokenTotals(*con.execute(
+        f"""SELECT sum(input_tokens), sum(recomputed_tokens) FROM requests WHERE run_id = ? AND {FINISHED_SQL}""",
+        [run_id]).fetchone())
+
+
+def loadback_skipped_by_reason(con: duckdb.DuckDBPyConnection, run_id: str) -> list[tuple[str, int | None]]:
+    """(reason, tokens) of the host load-backs skipped over the run's finished requests, by reason."""
+    return con.execute(
+        f"SELECT loadback_skipped_reason, sum(loadback_skipped_tokens) FROM requests WHERE run_id = ? "
+        f"AND {FINISHED_SQL} AND loadback_skipped_reason IS NOT NULL GROUP BY 1 ORDER BY 1", [run_id]).fetchall()
+
+
+def storage_unused_by_reason(con: duckdb.DuckDBPyConnection, run_id: str) -> list[tuple[str, int | None]]:
+    """(reason, tokens) of storage matches not used (and recomputed) over the finished requests, by reason."""
+    return con.execute(
+        f"SELECT storage_skipped_reason, sum(least(storage_match_tokens - storage_hit_tokens, recomputed_tokens)) "
+        f"FROM requests WHERE run_id = ? AND {FINISHED_SQL} AND storage_skipped_reason IS NOT NULL "
+        f"GROUP BY 1 ORDER BY 1", [run_id]).fetchall()
+
+
+class Allocations(NamedTuple):
+    """The device pool's running allocation (numpy arrays): per schedule instant, the tokens
+    allocated for the finished requests scheduled up to it."""
+    sched_ns: Any
+    cum_tokens: Any
+
+
+def allocations(con: duckdb.DuckDBPyConnection, run_id: str) -> Allocations:
+    alloc = con.execute(
+        f"""SELECT sched, max(cum) FROM (
+                SELECT first_token_ns - prefill_ns AS sched,
+                       sum(input_tokens - coalesce(device_hit_tokens, 0) + output_tokens)
+                           OVER (ORDER BY first_token_ns - prefill_ns, seq ROWS UNBOUNDED PRECEDING) AS cum
+                FROM requests WHERE run_id = $r AND {FINISHED_SQL} AND prefill_ns IS NOT NULL)
+            GROUP BY sched ORDER BY sched""", {"r": run_id}).fetchnumpy()
+    return Allocations(alloc["sched"], alloc[next(k for k in alloc if k != "sched")])
+
+
+class RemovedRereferences(NamedTuple):
+    """Per re-reference of pages a removal (delete / drop) had taken, by a request that then
+    recomputed (numpy arrays): its tokens scaled to what the request recomputed."""
+    tokens: Any
+    deleted: Any
+    dropped: Any
+    hits: Any
+    no_t0: Any
+    t0_ns: Any  # the pages' last use (0 where unknown: no_t0)
+    t1_ns: Any  # when the request came back for them (its schedule)
+
+
+def removed_rereferences(con: duckdb.DuckDBPyConnection, run_id: str) -> RemovedRereferences:
+    raw = con.execute(
+        """SELECT coalesce(re.tokens * least(1.0, greatest(q.recomputed_tokens
+                      - CASE WHEN q.loadback_skipped_reason IS NULL THEN 0 ELSE q.loadback_skipped_tokens END
+                      - CASE WHEN q.storage_skipped_reason IS NULL THEN 0
+                             ELSE greatest(q.storage_match_tokens - q.storage_hit_tokens, 0) END, 0)
+                      / sum(re.tokens) OVER (PARTITION BY re.req_id)), 0)::DOUBLE AS tokens,
+                  e.action = 'delete' AS deleted, e.action = 'drop' AS dropped,
+                  coalesce(e.node_hit_count, 0) AS hits, e.node_last_access_ns IS NULL AS no_t0,
+                  coalesce(e.node_last_access_ns, 0) AS t0, q.first_token_ns - q.prefill_ns AS t1
+           FROM request_evictions re
+           JOIN evictions e ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id
+           JOIN requests q ON q.run_id = re.run_id AND q.req_id = re.req_id
+           WHERE re.run_id = $r AND e.action IN ('delete', 'drop') AND q.prefill_ns IS NOT NULL
+             AND q.recomputed_tokens > 0""", {"r": run_id}).fetchnumpy()
+    return RemovedRereferences(*raw.values())
+
+
+def lost_request_sizes(con: duckdb.DuckDBPyConnection, run_id: str):
+    """Per finished request that recomputed (numpy array): its recomputed tokens neither skipped
+    nor matched in storage (gone from every tier)."""
+    return con.execute(
+        f"""SELECT greatest(recomputed_tokens
+                    - CASE WHEN loadback_skipped_reason IS NULL THEN 0 ELSE least(loadback_skipped_tokens, recomputed_tokens) END
+                    - CASE WHEN storage_skipped_reason IS NULL THEN 0
+                           ELSE greatest(storage_match_tokens - storage_hit_tokens, 0) END, 0) AS lost
+            FROM requests WHERE run_id = ? AND {FINISHED_SQL} AND recomputed_tokens > 0""", [run_id]).fetchnumpy()["lost"]
+
+
+def trace_arrival_spread_ns(con: duckdb.DuckDBPyConnection, run_id: str) -> int | None:
+    """Last minus first trace arrival of the run's requests (the replayed arrival where none); None for none."""
+    row = con.execute("SELECT max(coalesce(trace_arrival_ns, arrival_ns)) - min(coalesce(trace_arrival_ns, arrival_ns)) "
+                      "FROM requests WHERE run_id = ?", [run_id]).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+class LoadbackTransfers(NamedTuple):
+    transfers: int | None
+    bytes: int | None
+    busy_ns: int | None
+    pages: int | None
+    runs: int | None
+
+
+def loadback_transfers(con: duckdb.DuckDBPyConnection, run_id: str) -> LoadbackTransfers:
+    """The run's load-back transfers summed (0 for none)."""
+    return LoadbackTransfers(*con.execute(
+        "SELECT count(*), coalesce(sum(bytes), 0), coalesce(sum(t_end_ns - t_start_ns), 0), coalesce(sum(pages), 0), "
+        "coalesce(sum(runs), 0) FROM transfers WHERE run_id = ? AND kind = 'load_back'", [run_id]).fetchone())
+
+
+class LoadbackRequests(NamedTuple):
+    """Sums over the finished requests (0 for none); `tiered` = those with a host or storage hit."""
+    tiered_loadback_ns: int
+    tiered_recompute_instead_extra_ns: int
+    loadback_exposed_ns: int
+    ttft_ns: int
+    tiered_ttft_ns: int
+
+
+def loadback_requests(con: duckdb.DuckDBPyConnection, run_id: str) -> LoadbackRequests:
+    return LoadbackRequests(*con.execute(
+        f"""SELECT coalesce(sum(loadback_ns) FILTER (WHERE host_hit_tokens + storage_hit_tokens > 0), 0),
+                   coalesce(sum(recompute_instead_ns - ttft_if_device_resident_ns)
+                            FILTER (WHERE host_hit_tokens + storage_hit_tokens > 0), 0),
+                   coalesce(sum(loadback_exposed_ns), 0), coalesce(sum(ttft_ns), 0),
+                   coalesce(sum(ttft_ns) FILTER (WHERE host_hit_tokens + storage_hit_tokens > 0), 0)
+            FROM requests WHERE run_id = ? AND {FINISHED_SQL}""", [run_id]).fetchone())
+
+
+def named_ranks(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
+    """How many distinct data-parallel ranks the run's requests name."""
+    return int(con.execute("SELECT count(DISTINCT dp_rank) FROM requests WHERE run_id = ?", [run_id]).fetchone()[0] or 0)
+
+
+class FinishedTotals(NamedTuple):
+    """Over the run's finished requests: their count, span (the work done), sums and TTFT quantiles."""
+    finished: int
+    start_ns: int | None
+    end_ns: int | None
+    ttft_ns: int | None
+    queue_ns: int | None
+    excess_ns: int | None
+    ttft_p50_ns: int | None
+    ttft_p99_ns: int | None
+
+
+def finished_totals(con: duckdb.DuckDBPyConnection, run_id: str) -> FinishedTotals:
+    start, end = span_columns_sql("finished")  # the span of the work done: rejected requests did none
+    return FinishedTotals(*con.execute(
+        f"""SELECT count(*), {start}, {end},
+                   sum(ttft_ns), sum(queue_ns), sum({excess_sql()}),
+                   quantile_disc(ttft_ns, 0.5), quantile_disc(ttft_ns, 0.99)
+            FROM requests WHERE run_id = ? AND {FINISHED_SQL}""", [run_id]).fetchone())
+
+
+class BatchTotals(NamedTuple):
+    busy_ns: int
+    compute_ns: int
+    recompute_ns: int
+
+
+def batch_totals(con: duckdb.DuckDBPyConnection, run_id: str, rec: str | None) -> BatchTotals:
+    """The run's batches summed (0 for none; recompute 0 where the store has no batch recompute, `rec` None)."""
+    return BatchTotals(*con.execute(
+        f"SELECT coalesce(sum(t_end_ns - t_start_ns), 0), coalesce(sum(compute_ns), 0), "
+        f"coalesce(sum({rec or '0'}), 0) FROM batches WHERE run_id = ?", [run_id]).fetchone())
+
+
+def miss_reason_sums(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple | None:
+    """(rows with reasons, then the tokens of each reason in MISS_COLUMNS' order) over the run's
+    finished requests; None where the store has no miss reasons (written before them)."""
+    from tierdiag.store.schema import MISS_COLUMNS
+
+    if not has_miss_columns(con):
+        return None
+    sums = ", ".join(f"sum({c})" for c in MISS_COLUMNS)
+    return con.execute(f"SELECT count({MISS_COLUMNS[0]}), {sums} FROM requests WHERE run_id = ? AND {FINISHED_SQL}",
+                       [run_id]).fetchone()
+
+
+def decoding_spans(con: duckdb.DuckDBPyConnection, run_id: str) -> list[tuple[int, int, int]]:
+    """(rank, first token, finish) of every request of the run that decoded (finish after its first token)."""
+    return con.execute("SELECT coalesce(dp_rank, 0), first_token_ns, finish_ns FROM requests WHERE run_id = ? "
+                       "AND first_token_ns IS NOT NULL AND finish_ns > first_token_ns", [run_id]).fetchall()
+
+
+def first_arrival_ns(con: duckdb.DuckDBPyConnection, run_id: str) -> int | None:
+    return con.execute("SELECT min(arrival_ns) FROM requests WHERE run_id = ?", [run_id]).fetchone()[0]
+
+
+class StoryRequests(NamedTuple):
+    """Per finished request in trace order (numpy arrays) what the run story weighs: its wait
+    window, queue, excess TTFT and primary cause, its own TTFT parts, what it lost while it waited."""
+    arrival_ns: Any
+    wait_start_ns: Any
+    first_token_ns: Any
+    queue_ns: Any
+    excess_ns: Any
+    cause: Any
+    own_recompute_ns: Any
+    own_compute_ns: Any
+    own_loadback_ns: Any
+    own_decode_ns: Any
+    lost_waiting_tokens: Any
+    dp_rank: Any
+
+
+def story_requests(con: duckdb.DuckDBPyConnection, run_id: str) -> StoryRequests:
+    r = con.execute(
+        f"""SELECT arrival_ns, arrival_ns + coalesce(storage_wait_ns, 0) AS wait_start, first_token_ns,
+                   coalesce(queue_ns, 0) AS queue, greatest({excess_sql('q')}, 0) AS excess, {cause_sql('q')} AS cause,
+                   coalesce(recompute_ns, 0) AS own_rec, coalesce(compute_ns, 0) AS own_comp,
+                   coalesce(loadback_exposed_ns, 0) AS own_lb, coalesce(q.decode_wait_ns, 0) AS own_decode,
+                   {lost_while_waiting_sql('q', 'w.removed', con)} AS lost_waiting,
+                   coalesce(q.dp_rank, 0) AS rank
+            FROM requests q LEFT JOIN ({waiting_removals_sql('$r')}) w ON w.req_id = q.req_id
+            WHERE q.run_id = $r AND {finished_sql('q')} ORDER BY q.seq""", {"r": run_id}).fetchnumpy()
+    return StoryRequests(*r.values())
+
+
+class IdealArrivals(NamedTuple):
+    """The finished requests with an ideal TTFT in arrival order (numpy arrays)."""
+    arrival_ns: Any
+    ideal_ttft_ns: Any
+
+
+def ideal_arrivals(con: duckdb.DuckDBPyConnection, run_id: str) -> IdealArrivals:
+    r = con.execute(
+        f"SELECT arrival_ns, ideal_ttft_ns FROM requests WHERE run_id = ? AND {FINISHED_SQL} "
+        f"AND ideal_ttft_ns IS NOT NULL ORDER BY arrival_ns", [run_id]).fetchnumpy()
+    return IdealArrivals(r["arrival_ns"], r["ideal_ttft_ns"])
+
+
+class DeviceEvictions(NamedTuple):
+    evictions: int
+    tokens: int
+    rereferenced_tokens: int  # of those, tokens some request later came back for
+
+
+def loadback_count_bytes(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[int, int]:
+    """(load-back transfers, their bytes) of the run."""
+    lb = con.execute("SELECT count(*), coalesce(sum(bytes), 0) FROM transfers WHERE run_id = ? AND kind = 'load_back'",
+                     [run_id]).fetchone()
+    return int(lb[0] or 0), int(lb[1] or 0)
+
+
+def device_evictions(con: duckdb.DuckDBPyConnection, run_id: str) -> DeviceEvictions:
+    dev = con.execute(
+        "SELECT count(*), coalesce(sum(tokens), 0), "
+        "       coalesce(sum(tokens) FILTER (WHERE eviction_id IN "
+        "           (SELECT eviction_id FROM request_evictions WHERE run_id = ?)), 0) "
+        "FROM evictions WHERE run_id = ? AND tier = 'device'", [run_id, run_id]).fetchone()
+    return DeviceEvictions(int(dev[0] or 0), int(dev[1] or 0), int(dev[2] or 0))
