@@ -50,6 +50,12 @@ class AdviseResult:
                 "best": self.best, "sweep_id": self.sweep_id, **advice_json(self.advice)}
 
 
+
+def _shown(path: str) -> str:
+    """A recorded path as one line: as it is, or quoted with its escapes where it holds a newline
+    or another control character (a hand-edited store's value is data, not text to print)."""
+    return path if path.isprintable() else repr(path)
+
 def check_trace_for_advise(run) -> str:
     """The run's trace must still be there, unchanged: advise replays it."""
     import os
@@ -58,7 +64,7 @@ def check_trace_for_advise(run) -> str:
 
     path = run.trace_path
     if not path or not os.path.isfile(path):
-        raise TraceError(f"trace file {path} of run {run.run_id} ({run.name}) is gone; advise replays it",
+        raise TraceError(f"trace file {_shown(path)} of run {run.run_id} ({run.name}) is gone; advise replays it",
                          hint="restore the file at that path, or replay the trace again and advise that run")
     if run.trace_sha256:
         from tierdiag.trace.reader import trace_sha256
@@ -87,14 +93,14 @@ def check_profile_for_advise(run) -> None:
         raise TraceError(f"profile {path!r} of run {run.run_id} ({run.name}) is not a file path; advise replays with it",
                          hint="replay the trace again and advise that run")
     if not os.path.isfile(path):
-        raise TraceError(f"profile {path} of run {run.run_id} ({run.name}) is gone; advise replays with it",
+        raise TraceError(f"profile {_shown(path)} of run {run.run_id} ({run.name}) is gone; advise replays with it",
                          hint="restore the file at that path, or replay the trace again and advise that run")
     if recorded:
         try:
             with open(path, "rb") as f:
                 now = hashlib.sha256(f.read()).hexdigest()
         except OSError as exc:
-            raise TraceError(f"profile {path} of run {run.run_id} ({run.name}) cannot be read "
+            raise TraceError(f"profile {_shown(path)} of run {run.run_id} ({run.name}) cannot be read "
                              f"({exc.strerror or exc}); advise replays with it") from None
         if now != recorded:
             raise TraceError(f"profile {path} changed since run {run.run_id} ({run.name}) was recorded",
