@@ -279,7 +279,18 @@ def _stash_chunked_request(self, req):
     if getattr(self, "_stashed", None) == key:
         return None
     self._stashed = key
-    return _orig_stash(self, req)
+    counter = getattr(self, "_harness_evicted", None)
+    if counter is None:
+        return _orig_stash(self, req)
+    # The chunk's insert (cache_unfinished_req: its write-through backup may evict host leaves)
+    # belongs to the previous batch's end, where the engine runs it (_cache_unfinished at the
+    # batch's end): run_workload moves what it evicted into the window before this pass.
+    before = (counter["device"], counter["host"], len(counter["log"]))
+    try:
+        return _orig_stash(self, req)
+    finally:
+        counter["stash"] = [a + counter[k] - b for a, k, b in zip(counter["stash"], ("device", "host"), before)] + \
+            [counter["stash"][2] + len(counter["log"]) - before[2]]
 
 
 S.Scheduler.stash_chunked_request = _stash_chunked_request
@@ -449,6 +460,8 @@ def run_workload(spec: dict) -> dict:
     tree = sch.tree_cache
     evicted = {"device": 0, "host": 0}
     _hook_evictions(tree, evicted)
+    evicted["stash"] = [0, 0, 0]  # device, host tokens and log entries of this pass's chunk stash
+    sch._harness_evicted = evicted
     phase = {"now": 0}
     _hook_copies(tree, pricer, phase)
     drain = "drain_decode" in SWITCHES
@@ -482,7 +495,11 @@ def run_workload(spec: dict) -> dict:
             hidden = sch.get_new_batch_prefill
             sch.get_new_batch_prefill = lambda running_batch: S.NextBatchPlan(batch_to_run=None,
                                                                               running_batch=running_batch)
+        evicted["stash"] = [0, 0, 0]
         plan = sch.get_next_batch_to_run(running_batch=sch.running_batch, last_batch=sch.last_batch)
+        # the chunk stashed at this pass's start ends the previous batch (_stash_chunked_request)
+        mark = [mark[0] + evicted["stash"][0], mark[1] + evicted["stash"][1]]
+        log_at += evicted["stash"][2]
         if hidden is not None:
             del sch.get_new_batch_prefill
         sch.running_batch = plan.running_batch
