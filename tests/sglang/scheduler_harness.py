@@ -71,6 +71,19 @@ NOT_MODELLED = {
 SWITCHES.update(NOT_MODELLED)
 COMPAT = tuple(s for s in SWITCHES if s not in NOT_MODELLED)  # every switch on: SGLang as main's engine was
 LONG = os.environ.get("TIERDIAG_HARNESS_LONG") == "1"  # benchmark sizes (the issue's 2,000 requests)
+
+
+def long_n(env: dict | None = None) -> int:
+    """The long mode's conversation size: TIERDIAG_HARNESS_LONG_N (a positive integer; default
+    the issue's 2,000), to find a divergence on the smallest prefix of the trace that shows it."""
+    raw = (os.environ if env is None else env).get("TIERDIAG_HARNESS_LONG_N", "").strip()
+    if not raw:
+        return 2000
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+        raise ValueError(f"TIERDIAG_HARNESS_LONG_N must be a positive integer, not {raw!r}")
+    return int(raw)
+
+
 CONVERSATION = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces" / "conversation_trace.jsonl"
 MODEL, GPU = "llama3-8b", "h200"
 
@@ -466,8 +479,9 @@ def seeded_cases() -> list[tuple[str, Callable[[], Workload], str]]:
 
 def trace_cases() -> list[tuple[str, Callable[[], Workload], str]]:
     """The conversation trace's first requests at its own rate and at 4x: 24 in CI (SGLang's CPU
-    allocation and its decode steps make ~0.5 s a request), the issue's 2,000 in the long mode."""
-    n = 2000 if LONG else 24
+    allocation and its decode steps make ~0.5 s a request), the issue's 2,000 in the long mode
+    (TIERDIAG_HARNESS_LONG_N: another size)."""
+    n = long_n() if LONG else 24
     combos = (("fcfs", "write_through", 1), ("lpm", "write_back", 4))
     if LONG:
         combos = tuple((p, wp, x) for x in (1, 4) for p, wp in (("fcfs", "write_through"), ("lpm", "write_back")))

@@ -172,3 +172,38 @@ def test_engine_side_records_every_batch_once():
         rec = ours["requests"][r["id"]]
         assert done[r["id"]] == r["input_len"]
         assert rec["device"] + rec["host"] + rec["storage"] + rec["computed"] == r["input_len"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(raw=st.one_of(st.text(max_size=12), st.integers(-10**6, 10**6).map(str),
+                     st.sampled_from(["", " ", "0", "-1", "1e3", "２", "0x10", "100\n", "007", "1.5"])))
+def test_long_n_is_a_positive_integer_or_one_line_error(raw):
+    """TIERDIAG_HARNESS_LONG_N, the long mode's size knob: unset or blank is the issue's 2,000;
+    ASCII digits naming a positive integer are that size; anything else is a one-line error
+    naming the variable (never a silent other size)."""
+    env = {"TIERDIAG_HARNESS_LONG_N": raw}
+    s = raw.strip()
+    if not s:
+        assert H.long_n(env) == 2000
+    elif s.isascii() and s.isdigit() and int(s) >= 1:
+        assert H.long_n(env) == int(s)
+    else:
+        with pytest.raises(ValueError) as e:
+            H.long_n(env)
+        assert "TIERDIAG_HARNESS_LONG_N" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_long_n_sizes_the_long_conversation_cases(monkeypatch):
+    """With the long mode on, TIERDIAG_HARNESS_LONG_N sizes the conversation cases (their ids say it)."""
+    import importlib
+
+    monkeypatch.setenv("TIERDIAG_HARNESS_LONG", "1")
+    monkeypatch.setenv("TIERDIAG_HARNESS_LONG_N", "150")
+    mod = importlib.reload(H)
+    try:
+        ids = [cid for cid, _, _ in mod.trace_cases()]
+        assert len(ids) == 4 and all(cid.startswith("conversation150-") for cid in ids)
+    finally:
+        monkeypatch.delenv("TIERDIAG_HARNESS_LONG")
+        monkeypatch.delenv("TIERDIAG_HARNESS_LONG_N")
+        importlib.reload(H)
