@@ -173,7 +173,8 @@ def engine_state(engine) -> dict:
     backups = sum(1 for e in sched._events if e[2] == tree.dec_lock)
     return {"free": ctrl.device.free_pages * ps, "evictable": tree.evictable_device_pages * ps,
             "locked": tree.locked_device_pages * ps, "backups": backups,
-            "host_free": ctrl.host.free_pages * ps, "waiting": len(sched.waiting), "running": len(sched.running)}
+            "host_free": ctrl.host.free_pages * ps, "waiting": len(sched.waiting), "running": len(sched.running),
+            "refresh_calls": sched.refresh_calls}
 
 
 def trace_requests(w: Workload) -> list[TraceRequest]:

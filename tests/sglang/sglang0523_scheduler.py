@@ -510,12 +510,13 @@ def run_workload(spec: dict) -> dict:
                 raise RuntimeError("a running batch but no batch to run")
             if hidden is not None:
                 continue  # nothing left to decode: the prefill pass runs now
-            if sch.waiting_queue or sch.chunked_req is not None:
-                # copies are acknowledged at the next pass (check_hicache_events): try again now
-                idle_passes += 1
-                if idle_passes <= 4:
-                    continue
-            # the next thing to happen: an arrival, or a copy's end (a node it locks frees)
+            # The next pass is at the next thing to happen: an arrival, or a copy's end (a node it
+            # locks frees), one pass an instant as the engine's loop runs them. SGLang's event loop
+            # spins meanwhile, as many passes as wall-clock time allows, each counting toward the
+            # waiting-prefix refresh (every 32nd: SchedulePolicy._touch_waiting_prefixes); a
+            # number no virtual clock reproduces (docs/engine.md, not modelled). Extra passes here
+            # at the same instant changed nothing but that count (conversation[:400] x1 step 182:
+            # four of them moved the refresh to another pass, and a node split with it).
             ctrl = getattr(tree, "cache_controller", None)
             later = [a.finish_event.ready_at for a in (ctrl.ack_write_queue if ctrl is not None else ())
                      if isinstance(a.finish_event, _TimedEvent) and a.finish_event.ready_at > clock]
@@ -526,6 +527,11 @@ def run_workload(spec: dict) -> dict:
                 idle_passes = 0
                 continue
             if sch.waiting_queue or sch.chunked_req is not None:
+                # nothing later: a copy acknowledged at the next pass (check_hicache_events) may
+                # still free what the head waits for; one more pass now before giving up
+                idle_passes += 1
+                if idle_passes <= 1:
+                    continue
                 raise RuntimeError(f"no progress: {len(sch.waiting_queue)} waiting, nothing running, "
                                    f"{sch.token_to_kv_pool_allocator.available_size()} tokens free")
             break
@@ -595,7 +601,9 @@ def _state(sch, tree) -> dict:
     return {"free": int(sch.token_to_kv_pool_allocator.available_size()), "evictable": int(tree.evictable_size()),
             "locked": int(tree.protected_size()), "backups": len(getattr(tree, "ongoing_write_through", ()) or ()),
             "host_free": None if ctrl is None else int(ctrl.mem_pool_host.available_size()),
-            "waiting": len(sch.waiting_queue), "running": sch.running_batch.batch_size()}
+            "waiting": len(sch.waiting_queue), "running": sch.running_batch.batch_size(),
+            # the waiting-prefix refresh's pass counter (SchedulePolicy._touch_waiting_prefixes)
+            "refresh_calls": sch.policy._waiting_prefix_refresh_calls}
 
 
 def _insert_pending(pending: list, pi: int, rid: str, arrival: dict) -> None:
