@@ -422,6 +422,27 @@ def mooncake(n: int, *, speedup: float, page_size: int = 64, schedule_policy: st
                     page_size, dev, dev * 4, 512, 8192, schedule_policy, write_policy)
 
 
+def chunk_host(seed: int, *, n: int = 24, page_size: int = 64, write_policy: str = "write_through") -> Workload:
+    """Long distinct prompts (6-20 blocks of 64 tokens) that chunk at a 512-token budget, into a
+    device pool of 2,048 tokens and a host pool of the same size: every chunk's insert
+    (`stash_chunked_request` -> cache_unfinished_req) backs its pages up and evicts host leaves to
+    make room, at the start of the pass that continues the chunk (the conversation trace's first
+    divergence at step 69, found by the long mode, in 24 requests)."""
+    rnd = random.Random(seed)
+    block = 64
+    chains = _Chains()
+    reqs = []
+    t = 0
+    for i in range(n):
+        t += rnd.randint(0, 6) * 1_000_000
+        ids = chains.fresh(rnd.randint(6, 20))
+        reqs.append({"id": f"k{seed}-{i}", "arrival_ns": t, "input_len": len(ids) * block - rnd.randint(0, block - 1),
+                     "output_len": rnd.randint(1, 4), "hash_ids": ids, "priority": 0})
+    dev = 2048 // page_size
+    return Workload(f"chunk_host(seed {seed}, page {page_size}, fcfs, {write_policy})", reqs, page_size, dev, dev,
+                    block, 512, "fcfs", write_policy)
+
+
 def agentic(seed: int, *, sessions: int = 6, turns: int = 5, page_size: int = 64,
             schedule_policy: str = "lpm", write_policy: str = "write_through", device_tokens: int = 8192) -> Workload:
     """Closed-loop agent sessions: each turn resends the session's whole history plus a tool
