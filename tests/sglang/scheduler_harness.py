@@ -170,7 +170,8 @@ def engine_state(engine) -> dict:
     device tokens, backups in flight (a backed-up node stays locked until its copy's modelled
     end: CacheController.backup), free host tokens, requests waiting and running."""
     sched, ctrl, tree, ps = engine.scheduler, engine.scheduler.ctrl, engine.scheduler.tree, engine.cfg.page_size
-    backups = sum(1 for e in sched._events if e[2] == tree.dec_lock)
+    backups = (sum(1 for e in sched._events if e[2] == tree.dec_lock) + ctrl.backups_in_flight
+               + len(ctrl.backup_queue) + len(ctrl.backup_later))
     return {"free": ctrl.device.free_pages * ps, "evictable": tree.evictable_device_pages * ps,
             "locked": tree.locked_device_pages * ps, "backups": backups,
             "host_free": ctrl.host.free_pages * ps, "waiting": len(sched.waiting), "running": len(sched.running),

@@ -648,21 +648,19 @@ class _TimedEvent:
 
 
 def _hook_copies(tree, pricer: Pricer, phase: dict) -> None:
-    """Price every device->host copy the controller is asked for (`write`, a node at a time, as
-    the engine backs up a node at a time) on one link from the phase's time, and make its
-    acknowledgement wait for the copy's end on the virtual clock."""
+    """Price every device->host copy the controller submits (`start_writing`: the queued nodes,
+    each a copy, as the engine's flush_backups) on one link from the phase's time, and make the
+    merged copy's one acknowledgement wait for its end on the virtual clock."""
     ctrl = getattr(tree, "cache_controller", None)
     if ctrl is None:
         return
-    write, start_writing = ctrl.write, ctrl.start_writing
-
-    def priced(device_indices, *a, **k):
-        res = write(device_indices, *a, **k)
-        if res is not None:
-            pricer.device_to_host(len(device_indices), phase["now"])
-        return res
+    start_writing = ctrl.start_writing
 
     def timed_start_writing(*a, **k):
+        # the copy starts when the queue is submitted (0.5.23 queues a backup with flush=False:
+        # flush_pending_backups at the batch's end, or writing_check), node after node
+        for op in ctrl.write_queue:
+            pricer.device_to_host(len(op.device_indices), phase["now"])
         n = len(ctrl.ack_write_queue)
         res = start_writing(*a, **k)
         q = ctrl.ack_write_queue
@@ -670,7 +668,7 @@ def _hook_copies(tree, pricer: Pricer, phase: dict) -> None:
             q[i] = q[i]._replace(finish_event=_TimedEvent(pricer.d2h_free, pricer, phase))
         return res
 
-    ctrl.write, ctrl.start_writing = priced, timed_start_writing
+    ctrl.start_writing = timed_start_writing
 
 
 def _hook_evictions(tree, counter: dict) -> None:

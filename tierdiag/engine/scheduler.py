@@ -166,6 +166,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                     tick()
             elif now >= gpu_free:
                 self.new_token_ratio = INIT_NEW_TOKEN_RATIO  # nothing to run: self_check_during_idle
+                self.ctrl.flush_backups(now)  # the last batch's backups (process_batch_result)
             nxt = nxt_t
             if events and (nxt is None or events[0][0] < nxt):
                 nxt = events[0][0]
@@ -282,6 +283,9 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         scheduler idles: `self_check_during_idle` resets `new_token_ratio`). Returns when the
         GPU is free again, None when nothing ran."""
         self.ctrl.blocking_ns = 0
+        # 0.5.23: the last batch's backups (process_batch_result -> flush_pending_backups, the
+        # same instant) or a batch-less pass's stash (writing_check) go now, merged
+        self.ctrl.flush_backups(now)
         self.ctrl.ack_loads()  # _process_hicache_events -> check_hicache_events: loading_check
         self._retry_prefetches(now)  # _process_hicache_events, every pass
         if self._admission_reopens:
