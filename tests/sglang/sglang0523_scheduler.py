@@ -72,6 +72,13 @@ _cpu_alloc = host_common.ALLOC_MEMORY_FUNCS["cpu"]
 host_common.ALLOC_MEMORY_FUNCS.default_factory = lambda: _cpu_alloc
 for _k in list(host_common.ALLOC_MEMORY_FUNCS):
     host_common.ALLOC_MEMORY_FUNCS[_k] = _cpu_alloc
+# HostKVCache._allocate_host_buffer checks the pool against the machine's free RAM less a
+# reserve (HICACHE_HOST_MEMORY_RESERVE_BYTES): at head_dim 1 the pool is a few MB, but on a busy
+# shared machine the reserve alone fails it ("Not enough host memory available"). The budget is
+# what the pool asks for.
+from sglang.srt.mem_cache.pool_host import base as _host_base  # noqa: E402
+
+_host_base.host_memory_budget_bytes = lambda requested_bytes=0, *, auto_size=False: requested_bytes
 # Model-specific questions the KV-cache builder asks of a real model config.
 kv_cache_builder.get_resolved_model_impl = lambda model_config: "sglang"
 kv_cache_builder.is_deepseek_dsa = lambda hf_config: False
