@@ -256,6 +256,7 @@ class Report:
     first_request: str | None = None
     ttft_ratio_p50: float | None = None
     ttft_ratio_p90: float | None = None
+    ttft_ratio_max: float | None = None
     error: str | None = None
     notes: list = field(default_factory=list)
 
@@ -267,7 +268,8 @@ class Report:
         sw = "+".join(self.switches) or "none"
         head = (f"{self.workload} [switches: {sw}]: {self.differing_steps} of {self.steps} prefill steps differ, "
                 f"{self.differing_requests} of {self.requests} requests (splits {self.differing_splits}, "
-                f"TTFT {self.differing_ttft}; SGLang/engine TTFT p50 {self.ttft_ratio_p50}, p90 {self.ttft_ratio_p90})")
+                f"TTFT {self.differing_ttft}; SGLang/engine TTFT p50 {self.ttft_ratio_p50}, p90 {self.ttft_ratio_p90}, "
+                f"max {self.ttft_ratio_max})")
         parts = [head]
         if self.error:
             parts.append(f"SGLang raised: {self.error}")
@@ -337,6 +339,7 @@ def compare(w: Workload, theirs: dict, ours: dict, switches) -> Report:
         ratios.sort()
         rep.ttft_ratio_p50 = round(ratios[len(ratios) // 2], 3)
         rep.ttft_ratio_p90 = round(ratios[min(len(ratios) - 1, int(len(ratios) * 0.9))], 3)
+        rep.ttft_ratio_max = round(ratios[-1], 3)
     return rep
 
 

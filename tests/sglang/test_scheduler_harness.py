@@ -207,3 +207,23 @@ def test_long_n_sizes_the_long_conversation_cases(monkeypatch):
         monkeypatch.delenv("TIERDIAG_HARNESS_LONG")
         monkeypatch.delenv("TIERDIAG_HARNESS_LONG_N")
         importlib.reload(H)
+
+
+@settings(max_examples=30, deadline=None)
+@given(ttfts=st.lists(st.tuples(st.integers(1, 10**12), st.integers(1, 10**12)), min_size=1, max_size=30))
+def test_compare_reports_the_ttft_ratio_p50_p90_and_max(ttfts):
+    """The report's SGLang/engine TTFT ratios: p50, p90 and max of the per-request ratios (the long
+    mode's per-case numbers), and a request differs in TTFT exactly where the two differ."""
+    w = H.Workload("t", [{"id": f"r{i}"} for i in range(len(ttfts))], 64, 10, 20, 64, 1024)
+    end = [{"t": 0, "kind": "end", "members": [], "evicted_before": [0, 0]}]
+    theirs = {"steps": end, "requests": {f"r{i}": {"device": 0, "host": 0, "storage": 0, "computed": 1,
+                                                    "arrival_ns": 0, "first_token_ns": s}
+                                         for i, (s, _) in enumerate(ttfts)}}
+    ours = {"steps": end, "requests": {f"r{i}": {"device": 0, "host": 0, "storage": 0, "computed": 1, "ttft_ns": e}
+                                       for i, (_, e) in enumerate(ttfts)}}
+    rep = H.compare(w, theirs, ours, ())
+    ratios = sorted(s / e for s, e in ttfts)
+    assert rep.ttft_ratio_max == round(ratios[-1], 3) and rep.ttft_ratio_p50 == round(ratios[len(ratios) // 2], 3)
+    assert rep.ttft_ratio_p50 <= rep.ttft_ratio_p90 <= rep.ttft_ratio_max
+    assert rep.differing_ttft == sum(s != e for s, e in ttfts) == rep.differing_requests
+    assert f"max {rep.ttft_ratio_max}" in rep.summary()
