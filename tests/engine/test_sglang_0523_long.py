@@ -12,7 +12,7 @@ import pytest
 from tests.engine import helpers
 from tests.engine.helpers import req
 from tests.engine.test_sglang_0523_decode import pages, run_batches
-from tierdiag.probes import events as ev
+from tierdiag.engine.engine import Engine
 
 
 def _chunked_backups(**kw):
@@ -75,3 +75,31 @@ def _nodes(node):
         if n.parent is not None:
             yield n
         stack.extend(n.children.values())
+
+
+def test_a_pass_that_runs_nothing_while_requests_wait_keeps_the_new_token_ratio():
+    """`Scheduler.event_loop_normal`: a pass with no batch calls `on_idle`, which resets
+    `new_token_ratio` (`new_token_ratio_tracker.reset()`) only when `is_fully_idle`: nothing running,
+    no chunked request, and no waiting request. With requests waiting (for memory, or for a
+    backup's ack) it returns before the reset, so the ratio the decode steps decayed stays for the
+    next admission. The engine reset it at every pass that ran nothing; on the conversation
+    trace's first 2,000 at its rate that admitted one request fewer beside a chunk (step 1288 of
+    issue 43's long mode, 2,080 of 3,368 steps and 1,249 TTFTs apart after it: 0 since)."""
+    engine = Engine(helpers.small_config())
+    sched = engine.scheduler
+    sched._arrive(req("a", 0, pages(1, 2)), 0, 0, None)
+    assert sched.waiting
+    sched._new_prefill = lambda now: None  # nothing can be admitted this pass
+    sched.new_token_ratio = 0.3
+    assert sched._batch(0) is None
+    assert sched.new_token_ratio == 0.3
+
+
+def test_the_fully_idle_scheduler_resets_the_new_token_ratio():
+    """... and fully idle (`is_fully_idle`: the last request finished, none waiting) it resets it:
+    a request that decoded (the ratio decays a step at a time) leaves the ratio at its initial
+    value once the run is over."""
+    from tierdiag.engine.schedule_common import INIT_NEW_TOKEN_RATIO
+
+    engine, _ = run_batches([req("a", 0, pages(1, 2), output=50)])
+    assert engine.scheduler.new_token_ratio == INIT_NEW_TOKEN_RATIO

@@ -143,8 +143,10 @@ class Capture:
     def emit(self, e) -> None:
         if isinstance(e, ev.PrefixMatched):
             self.matched[e.req_id] = (e.prefix_indices_len, e.host_tokens + e.storage_tokens)
+            self.prefix.pop(e.req_id, None)  # an admission (a retracted request's again): its match
         elif isinstance(e, ev.PrefillDone):
-            first = e.chunk == 1
+            # the first chunk since its admission's match (a retracted request's chunks count on)
+            first = e.req_id not in self.prefix
             prefix = self.matched[e.req_id][0] if first else self.prefix[e.req_id]
             loaded = self.matched[e.req_id][1] if first else 0
             self.current["members"].append([e.req_id, e.extend_tokens, prefix, loaded])

@@ -515,6 +515,10 @@ def run_workload(spec: dict) -> dict:
             sch.last_batch = None
             if not sch.running_batch.is_empty():
                 raise RuntimeError("a running batch but no batch to run")
+            if not sch.waiting_queue and sch.chunked_req is None:
+                # the event loop's `on_idle`: fully idle (`is_fully_idle`), it resets the ratio
+                # (its other work is housekeeping); requests waiting, it returns before that
+                sch.new_token_ratio_tracker.reset()
             if hidden is not None:
                 continue  # nothing left to decode: the prefill pass runs now
             # The next pass is at the next thing to happen: an arrival, or a copy's end (a node it
@@ -552,9 +556,11 @@ def run_workload(spec: dict) -> dict:
             for i, req in enumerate(batch.reqs[:n_new]):
                 ext, pre = int(batch.extend_lens[i]), int(batch.prefix_lens[i])
                 loaded = 0
-                if pre == req.prefix_len and not getattr(req, "_harness_counted", False):
+                # the first chunk since its admission (a retracted request's again:
+                # Req.reset_for_retract counts retraction_count up) loaded what it matched on host
+                if pre == req.prefix_len and getattr(req, "_harness_counted", None) != req.retraction_count:
                     loaded = req.host_loaded_length
-                    req._harness_counted = True
+                    req._harness_counted = req.retraction_count
                 items.append((ext, pre, loaded // pricer.ps))
                 members.append([req.rid, ext, pre, loaded])
             step.update(kind="mixed" if mode.is_mixed() else "prefill", members=members,

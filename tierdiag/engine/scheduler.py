@@ -309,7 +309,9 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
             return self._run_batch(items, now)
         if self.running:
             return self._decode(now)
-        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        # nothing ran, but requests wait (memory, a copy's ack): `Scheduler.on_idle` resets
+        # new_token_ratio only when `is_fully_idle` (no waiting request either), the run loop's
+        # idle branch
         return None
 
     def _new_prefill(self, now: int) -> list | None:
