@@ -115,8 +115,10 @@ def test_an_insert_counts_hits_only_past_what_the_request_inserted():
 def test_write_through_backs_up_at_every_prefill_chunk():
     """0.5.23: a chunk's insert (`cache_unfinished_req` -> `checkpoint_into_tree` with
     `inserted_len = cache_inserted_len`) counts its new pages a hit, and write_through
-    (threshold 1) starts their backup then: x's three chunks (14, 14, 2 pages) are backed up as
-    each chunk ends. 0.5.9 (`_inc_hit_count(node, chunked=True)` returns at once): nothing until
+    (threshold 1) queues their backup then: x's three chunks (14, 14, 2 pages) are backed up one
+    batch later, with the next batch's backups (`flush_pending_backups` at its end, issue 43's
+    long mode: tests/engine/test_sglang_0523_long.py): chunk 1's copy when chunk 2's batch ends,
+    chunk 2's and the last chunk's, one after the other, when the prefill ends. 0.5.9 (`_inc_hit_count(node, chunked=True)` returns at once): nothing until
     the prefill ends, then all three, one after the other on the link."""
     out = by_release([req("x", 0, pages(300, 30))], max_prefill_tokens=14 * PS, device_tokens=64 * PS,
                      host_tokens=64 * PS)
@@ -125,7 +127,7 @@ def test_write_through_backs_up_at_every_prefill_chunk():
     b59 = [(t.pages, t.t_start_ns) for t in old.transfers if t.kind == "backup"]
     assert [p for p, _ in b23] == [p for p, _ in b59] == [14, 14, 2]
     x23, x59 = new.records["x"], old.records["x"]
-    assert b23[0][1] < b23[1][1] < b23[2][1] == x23.first_token_ns  # at each chunk's end
+    assert b23[0][1] < b23[1][1] == x23.first_token_ns < b23[2][1]  # each with the next batch's
     assert b59[0][1] == x59.first_token_ns  # all after the prefill
 
 

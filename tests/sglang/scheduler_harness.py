@@ -71,6 +71,19 @@ NOT_MODELLED = {
 SWITCHES.update(NOT_MODELLED)
 COMPAT = tuple(s for s in SWITCHES if s not in NOT_MODELLED)  # every switch on: SGLang as main's engine was
 LONG = os.environ.get("TIERDIAG_HARNESS_LONG") == "1"  # benchmark sizes (the issue's 2,000 requests)
+
+
+def long_n(env: dict | None = None) -> int:
+    """The long mode's conversation size: TIERDIAG_HARNESS_LONG_N (a positive integer; default
+    the issue's 2,000), to find a divergence on the smallest prefix of the trace that shows it."""
+    raw = (os.environ if env is None else env).get("TIERDIAG_HARNESS_LONG_N", "").strip()
+    if not raw:
+        return 2000
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+        raise ValueError(f"TIERDIAG_HARNESS_LONG_N must be a positive integer, not {raw!r}")
+    return int(raw)
+
+
 CONVERSATION = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces" / "conversation_trace.jsonl"
 MODEL, GPU = "llama3-8b", "h200"
 
@@ -130,8 +143,10 @@ class Capture:
     def emit(self, e) -> None:
         if isinstance(e, ev.PrefixMatched):
             self.matched[e.req_id] = (e.prefix_indices_len, e.host_tokens + e.storage_tokens)
+            self.prefix.pop(e.req_id, None)  # an admission (a retracted request's again): its match
         elif isinstance(e, ev.PrefillDone):
-            first = e.chunk == 1
+            # the first chunk since its admission's match (a retracted request's chunks count on)
+            first = e.req_id not in self.prefix
             prefix = self.matched[e.req_id][0] if first else self.prefix[e.req_id]
             loaded = self.matched[e.req_id][1] if first else 0
             self.current["members"].append([e.req_id, e.extend_tokens, prefix, loaded])
@@ -157,10 +172,12 @@ def engine_state(engine) -> dict:
     device tokens, backups in flight (a backed-up node stays locked until its copy's modelled
     end: CacheController.backup), free host tokens, requests waiting and running."""
     sched, ctrl, tree, ps = engine.scheduler, engine.scheduler.ctrl, engine.scheduler.tree, engine.cfg.page_size
-    backups = sum(1 for e in sched._events if e[2] == tree.dec_lock)
+    backups = (sum(1 for e in sched._events if e[2] == tree.dec_lock) + ctrl.backups_in_flight
+               + len(ctrl.backup_queue) + len(ctrl.backup_later))
     return {"free": ctrl.device.free_pages * ps, "evictable": tree.evictable_device_pages * ps,
             "locked": tree.locked_device_pages * ps, "backups": backups,
-            "host_free": ctrl.host.free_pages * ps, "waiting": len(sched.waiting), "running": len(sched.running)}
+            "host_free": ctrl.host.free_pages * ps, "waiting": len(sched.waiting), "running": len(sched.running),
+            "refresh_calls": sched.refresh_calls}
 
 
 def trace_requests(w: Workload) -> list[TraceRequest]:
@@ -241,6 +258,7 @@ class Report:
     first_request: str | None = None
     ttft_ratio_p50: float | None = None
     ttft_ratio_p90: float | None = None
+    ttft_ratio_max: float | None = None
     error: str | None = None
     notes: list = field(default_factory=list)
 
@@ -252,7 +270,8 @@ class Report:
         sw = "+".join(self.switches) or "none"
         head = (f"{self.workload} [switches: {sw}]: {self.differing_steps} of {self.steps} prefill steps differ, "
                 f"{self.differing_requests} of {self.requests} requests (splits {self.differing_splits}, "
-                f"TTFT {self.differing_ttft}; SGLang/engine TTFT p50 {self.ttft_ratio_p50}, p90 {self.ttft_ratio_p90})")
+                f"TTFT {self.differing_ttft}; SGLang/engine TTFT p50 {self.ttft_ratio_p50}, p90 {self.ttft_ratio_p90}, "
+                f"max {self.ttft_ratio_max})")
         parts = [head]
         if self.error:
             parts.append(f"SGLang raised: {self.error}")
@@ -322,6 +341,7 @@ def compare(w: Workload, theirs: dict, ours: dict, switches) -> Report:
         ratios.sort()
         rep.ttft_ratio_p50 = round(ratios[len(ratios) // 2], 3)
         rep.ttft_ratio_p90 = round(ratios[min(len(ratios) - 1, int(len(ratios) * 0.9))], 3)
+        rep.ttft_ratio_max = round(ratios[-1], 3)
     return rep
 
 
@@ -408,6 +428,27 @@ def mooncake(n: int, *, speedup: float, page_size: int = 64, schedule_policy: st
                     page_size, dev, dev * 4, 512, 8192, schedule_policy, write_policy)
 
 
+def chunk_host(seed: int, *, n: int = 24, page_size: int = 64, write_policy: str = "write_through") -> Workload:
+    """Long distinct prompts (6-20 blocks of 64 tokens) that chunk at a 512-token budget, into a
+    device pool of 2,048 tokens and a host pool of the same size: every chunk's insert
+    (`stash_chunked_request` -> cache_unfinished_req) backs its pages up and evicts host leaves to
+    make room, at the start of the pass that continues the chunk (the conversation trace's first
+    divergence at step 69, found by the long mode, in 24 requests)."""
+    rnd = random.Random(seed)
+    block = 64
+    chains = _Chains()
+    reqs = []
+    t = 0
+    for i in range(n):
+        t += rnd.randint(0, 6) * 1_000_000
+        ids = chains.fresh(rnd.randint(6, 20))
+        reqs.append({"id": f"k{seed}-{i}", "arrival_ns": t, "input_len": len(ids) * block - rnd.randint(0, block - 1),
+                     "output_len": rnd.randint(1, 4), "hash_ids": ids, "priority": 0})
+    dev = 2048 // page_size
+    return Workload(f"chunk_host(seed {seed}, page {page_size}, fcfs, {write_policy})", reqs, page_size, dev, dev,
+                    block, 512, "fcfs", write_policy)
+
+
 def agentic(seed: int, *, sessions: int = 6, turns: int = 5, page_size: int = 64,
             schedule_policy: str = "lpm", write_policy: str = "write_through", device_tokens: int = 8192) -> Workload:
     """Closed-loop agent sessions: each turn resends the session's whole history plus a tool
@@ -466,8 +507,9 @@ def seeded_cases() -> list[tuple[str, Callable[[], Workload], str]]:
 
 def trace_cases() -> list[tuple[str, Callable[[], Workload], str]]:
     """The conversation trace's first requests at its own rate and at 4x: 24 in CI (SGLang's CPU
-    allocation and its decode steps make ~0.5 s a request), the issue's 2,000 in the long mode."""
-    n = 2000 if LONG else 24
+    allocation and its decode steps make ~0.5 s a request), the issue's 2,000 in the long mode
+    (TIERDIAG_HARNESS_LONG_N: another size)."""
+    n = long_n() if LONG else 24
     combos = (("fcfs", "write_through", 1), ("lpm", "write_back", 4))
     if LONG:
         combos = tuple((p, wp, x) for x in (1, 4) for p, wp in (("fcfs", "write_through"), ("lpm", "write_back")))

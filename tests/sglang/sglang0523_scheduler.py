@@ -72,6 +72,13 @@ _cpu_alloc = host_common.ALLOC_MEMORY_FUNCS["cpu"]
 host_common.ALLOC_MEMORY_FUNCS.default_factory = lambda: _cpu_alloc
 for _k in list(host_common.ALLOC_MEMORY_FUNCS):
     host_common.ALLOC_MEMORY_FUNCS[_k] = _cpu_alloc
+# HostKVCache._allocate_host_buffer checks the pool against the machine's free RAM less a
+# reserve (HICACHE_HOST_MEMORY_RESERVE_BYTES): at head_dim 1 the pool is a few MB, but on a busy
+# shared machine the reserve alone fails it ("Not enough host memory available"). The budget is
+# what the pool asks for.
+from sglang.srt.mem_cache.pool_host import base as _host_base  # noqa: E402
+
+_host_base.host_memory_budget_bytes = lambda requested_bytes=0, *, auto_size=False: requested_bytes
 # Model-specific questions the KV-cache builder asks of a real model config.
 kv_cache_builder.get_resolved_model_impl = lambda model_config: "sglang"
 kv_cache_builder.is_deepseek_dsa = lambda hf_config: False
@@ -279,7 +286,18 @@ def _stash_chunked_request(self, req):
     if getattr(self, "_stashed", None) == key:
         return None
     self._stashed = key
-    return _orig_stash(self, req)
+    counter = getattr(self, "_harness_evicted", None)
+    if counter is None:
+        return _orig_stash(self, req)
+    # The chunk's insert (cache_unfinished_req: its write-through backup may evict host leaves)
+    # belongs to the previous batch's end, where the engine runs it (_cache_unfinished at the
+    # batch's end): run_workload moves what it evicted into the window before this pass.
+    before = (counter["device"], counter["host"], len(counter["log"]))
+    try:
+        return _orig_stash(self, req)
+    finally:
+        counter["stash"] = [a + counter[k] - b for a, k, b in zip(counter["stash"], ("device", "host"), before)] + \
+            [counter["stash"][2] + len(counter["log"]) - before[2]]
 
 
 S.Scheduler.stash_chunked_request = _stash_chunked_request
@@ -450,6 +468,8 @@ def run_workload(spec: dict) -> dict:
     tree = sch.tree_cache
     evicted = {"device": 0, "host": 0}
     _hook_evictions(tree, evicted)
+    evicted["stash"] = [0, 0, 0]  # device, host tokens and log entries of this pass's chunk stash
+    sch._harness_evicted = evicted
     phase = {"now": 0}
     _hook_copies(tree, pricer, phase)
     drain = "drain_decode" in SWITCHES
@@ -483,7 +503,11 @@ def run_workload(spec: dict) -> dict:
             hidden = sch.get_new_batch_prefill
             sch.get_new_batch_prefill = lambda running_batch: S.NextBatchPlan(batch_to_run=None,
                                                                               running_batch=running_batch)
+        evicted["stash"] = [0, 0, 0]
         plan = sch.get_next_batch_to_run(running_batch=sch.running_batch, last_batch=sch.last_batch)
+        # the chunk stashed at this pass's start ends the previous batch (_stash_chunked_request)
+        mark = [mark[0] + evicted["stash"][0], mark[1] + evicted["stash"][1]]
+        log_at += evicted["stash"][2]
         if hidden is not None:
             del sch.get_new_batch_prefill
         sch.running_batch = plan.running_batch
@@ -492,14 +516,19 @@ def run_workload(spec: dict) -> dict:
             sch.last_batch = None
             if not sch.running_batch.is_empty():
                 raise RuntimeError("a running batch but no batch to run")
+            if not sch.waiting_queue and sch.chunked_req is None:
+                # the event loop's `on_idle`: fully idle (`is_fully_idle`), it resets the ratio
+                # (its other work is housekeeping); requests waiting, it returns before that
+                sch.new_token_ratio_tracker.reset()
             if hidden is not None:
                 continue  # nothing left to decode: the prefill pass runs now
-            if sch.waiting_queue or sch.chunked_req is not None:
-                # copies are acknowledged at the next pass (check_hicache_events): try again now
-                idle_passes += 1
-                if idle_passes <= 4:
-                    continue
-            # the next thing to happen: an arrival, or a copy's end (a node it locks frees)
+            # The next pass is at the next thing to happen: an arrival, or a copy's end (a node it
+            # locks frees), one pass an instant as the engine's loop runs them. SGLang's event loop
+            # spins meanwhile, as many passes as wall-clock time allows, each counting toward the
+            # waiting-prefix refresh (every 32nd: SchedulePolicy._touch_waiting_prefixes); a
+            # number no virtual clock reproduces (docs/engine.md, not modelled). Extra passes here
+            # at the same instant changed nothing but that count (conversation[:400] x1 step 182:
+            # four of them moved the refresh to another pass, and a node split with it).
             ctrl = getattr(tree, "cache_controller", None)
             later = [a.finish_event.ready_at for a in (ctrl.ack_write_queue if ctrl is not None else ())
                      if isinstance(a.finish_event, _TimedEvent) and a.finish_event.ready_at > clock]
@@ -510,6 +539,11 @@ def run_workload(spec: dict) -> dict:
                 idle_passes = 0
                 continue
             if sch.waiting_queue or sch.chunked_req is not None:
+                # nothing later: a copy acknowledged at the next pass (check_hicache_events) may
+                # still free what the head waits for; one more pass now before giving up
+                idle_passes += 1
+                if idle_passes <= 1:
+                    continue
                 raise RuntimeError(f"no progress: {len(sch.waiting_queue)} waiting, nothing running, "
                                    f"{sch.token_to_kv_pool_allocator.available_size()} tokens free")
             break
@@ -523,9 +557,11 @@ def run_workload(spec: dict) -> dict:
             for i, req in enumerate(batch.reqs[:n_new]):
                 ext, pre = int(batch.extend_lens[i]), int(batch.prefix_lens[i])
                 loaded = 0
-                if pre == req.prefix_len and not getattr(req, "_harness_counted", False):
+                # the first chunk since its admission (a retracted request's again:
+                # Req.reset_for_retract counts retraction_count up) loaded what it matched on host
+                if pre == req.prefix_len and getattr(req, "_harness_counted", None) != req.retraction_count:
                     loaded = req.host_loaded_length
-                    req._harness_counted = True
+                    req._harness_counted = req.retraction_count
                 items.append((ext, pre, loaded // pricer.ps))
                 members.append([req.rid, ext, pre, loaded])
             step.update(kind="mixed" if mode.is_mixed() else "prefill", members=members,
@@ -579,7 +615,9 @@ def _state(sch, tree) -> dict:
     return {"free": int(sch.token_to_kv_pool_allocator.available_size()), "evictable": int(tree.evictable_size()),
             "locked": int(tree.protected_size()), "backups": len(getattr(tree, "ongoing_write_through", ()) or ()),
             "host_free": None if ctrl is None else int(ctrl.mem_pool_host.available_size()),
-            "waiting": len(sch.waiting_queue), "running": sch.running_batch.batch_size()}
+            "waiting": len(sch.waiting_queue), "running": sch.running_batch.batch_size(),
+            # the waiting-prefix refresh's pass counter (SchedulePolicy._touch_waiting_prefixes)
+            "refresh_calls": sch.policy._waiting_prefix_refresh_calls}
 
 
 def _insert_pending(pending: list, pi: int, rid: str, arrival: dict, seq: dict) -> None:
@@ -628,21 +666,19 @@ class _TimedEvent:
 
 
 def _hook_copies(tree, pricer: Pricer, phase: dict) -> None:
-    """Price every device->host copy the controller is asked for (`write`, a node at a time, as
-    the engine backs up a node at a time) on one link from the phase's time, and make its
-    acknowledgement wait for the copy's end on the virtual clock."""
+    """Price every device->host copy the controller submits (`start_writing`: the queued nodes,
+    each a copy, as the engine's flush_backups) on one link from the phase's time, and make the
+    merged copy's one acknowledgement wait for its end on the virtual clock."""
     ctrl = getattr(tree, "cache_controller", None)
     if ctrl is None:
         return
-    write, start_writing = ctrl.write, ctrl.start_writing
-
-    def priced(device_indices, *a, **k):
-        res = write(device_indices, *a, **k)
-        if res is not None:
-            pricer.device_to_host(len(device_indices), phase["now"])
-        return res
+    start_writing = ctrl.start_writing
 
     def timed_start_writing(*a, **k):
+        # the copy starts when the queue is submitted (0.5.23 queues a backup with flush=False:
+        # flush_pending_backups at the batch's end, or writing_check), node after node
+        for op in ctrl.write_queue:
+            pricer.device_to_host(len(op.device_indices), phase["now"])
         n = len(ctrl.ack_write_queue)
         res = start_writing(*a, **k)
         q = ctrl.ack_write_queue
@@ -650,7 +686,7 @@ def _hook_copies(tree, pricer: Pricer, phase: dict) -> None:
             q[i] = q[i]._replace(finish_event=_TimedEvent(pricer.d2h_free, pricer, phase))
         return res
 
-    ctrl.write, ctrl.start_writing = priced, timed_start_writing
+    ctrl.start_writing = timed_start_writing
 
 
 def _hook_evictions(tree, counter: dict) -> None:

@@ -172,3 +172,58 @@ def test_engine_side_records_every_batch_once():
         rec = ours["requests"][r["id"]]
         assert done[r["id"]] == r["input_len"]
         assert rec["device"] + rec["host"] + rec["storage"] + rec["computed"] == r["input_len"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(raw=st.one_of(st.text(max_size=12), st.integers(-10**6, 10**6).map(str),
+                     st.sampled_from(["", " ", "0", "-1", "1e3", "２", "0x10", "100\n", "007", "1.5"])))
+def test_long_n_is_a_positive_integer_or_one_line_error(raw):
+    """TIERDIAG_HARNESS_LONG_N, the long mode's size knob: unset or blank is the issue's 2,000;
+    ASCII digits naming a positive integer are that size; anything else is a one-line error
+    naming the variable (never a silent other size)."""
+    env = {"TIERDIAG_HARNESS_LONG_N": raw}
+    s = raw.strip()
+    if not s:
+        assert H.long_n(env) == 2000
+    elif s.isascii() and s.isdigit() and int(s) >= 1:
+        assert H.long_n(env) == int(s)
+    else:
+        with pytest.raises(ValueError) as e:
+            H.long_n(env)
+        assert "TIERDIAG_HARNESS_LONG_N" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_long_n_sizes_the_long_conversation_cases(monkeypatch):
+    """With the long mode on, TIERDIAG_HARNESS_LONG_N sizes the conversation cases (their ids say it)."""
+    import importlib
+
+    monkeypatch.setenv("TIERDIAG_HARNESS_LONG", "1")
+    monkeypatch.setenv("TIERDIAG_HARNESS_LONG_N", "150")
+    mod = importlib.reload(H)
+    try:
+        ids = [cid for cid, _, _ in mod.trace_cases()]
+        assert len(ids) == 4 and all(cid.startswith("conversation150-") for cid in ids)
+    finally:
+        monkeypatch.delenv("TIERDIAG_HARNESS_LONG")
+        monkeypatch.delenv("TIERDIAG_HARNESS_LONG_N")
+        importlib.reload(H)
+
+
+@settings(max_examples=30, deadline=None)
+@given(ttfts=st.lists(st.tuples(st.integers(1, 10**12), st.integers(1, 10**12)), min_size=1, max_size=30))
+def test_compare_reports_the_ttft_ratio_p50_p90_and_max(ttfts):
+    """The report's SGLang/engine TTFT ratios: p50, p90 and max of the per-request ratios (the long
+    mode's per-case numbers), and a request differs in TTFT exactly where the two differ."""
+    w = H.Workload("t", [{"id": f"r{i}"} for i in range(len(ttfts))], 64, 10, 20, 64, 1024)
+    end = [{"t": 0, "kind": "end", "members": [], "evicted_before": [0, 0]}]
+    theirs = {"steps": end, "requests": {f"r{i}": {"device": 0, "host": 0, "storage": 0, "computed": 1,
+                                                    "arrival_ns": 0, "first_token_ns": s}
+                                         for i, (s, _) in enumerate(ttfts)}}
+    ours = {"steps": end, "requests": {f"r{i}": {"device": 0, "host": 0, "storage": 0, "computed": 1, "ttft_ns": e}
+                                       for i, (_, e) in enumerate(ttfts)}}
+    rep = H.compare(w, theirs, ours, ())
+    ratios = sorted(s / e for s, e in ttfts)
+    assert rep.ttft_ratio_max == round(ratios[-1], 3) and rep.ttft_ratio_p50 == round(ratios[len(ratios) // 2], 3)
+    assert rep.ttft_ratio_p50 <= rep.ttft_ratio_p90 <= rep.ttft_ratio_max
+    assert rep.differing_ttft == sum(s != e for s, e in ttfts) == rep.differing_requests
+    assert f"max {rep.ttft_ratio_max}" in rep.summary()

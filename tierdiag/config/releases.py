@@ -55,6 +55,7 @@ RULE_NAMES: dict[str, RuleName] = {r.name: r for r in (
     # memory alone aborted rather than raised, the waiting-prefix refresh.
     RuleName("batch_alloc_page_per_request", ("batch_alloc_page_per_request",), "batch allocation slack"),
     RuleName("finish_reinserts_prompt", ("finish_reinserts_prompt",), "priority re-insert at finish"),
+    RuleName("backups_flush_per_batch", ("backups_flush_per_batch",), "backups merged a batch"),
     RuleName("decode_oom_aborts", ("decode_oom_aborts",), "decode out of memory"),
     RuleName("waiting_prefix_refresh", ("waiting_prefix_refresh_interval", "waiting_prefix_refresh_max"),
              "waiting-prefix refresh"),

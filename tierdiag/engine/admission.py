@@ -360,7 +360,12 @@ class Admission:
         cache_unfinished_req(chunked=True). The full pages computed so far enter the tree and stay
         locked; under 0.5.9 no hit is counted and nothing is backed up (_inc_hit_count skips
         chunked); under 0.5.23 the chunk's new pages count a hit and may be backed up at once."""
-        self._insert(req, min(req.done_tokens // self.ps, len(req.keys)), self._current, chunk=True)
+        ctrl = self.ctrl
+        ctrl.stash_backups = True  # 0.5.23: its backups go with the next batch's (flush_backups)
+        try:
+            self._insert(req, min(req.done_tokens // self.ps, len(req.keys)), self._current, chunk=True)
+        finally:
+            ctrl.stash_backups = False
         self._admission_reopens = True  # the batch's chunked_req leaves it at the next pass
 
     def _prefill_done(self, req: Req) -> None:

@@ -86,6 +86,13 @@ class CacheController:
         self.loads_pending: list = []  # load-backs not yet acknowledged (ack_loads), node tuples
         self.load_pending_ids: set[int] = set()
         self.blocking_ns = 0  # write-backs done synchronously during the current admission
+        # 0.5.23 (rules.backups_flush_per_batch): write-through backups queued, not yet copied
+        # (flush_backups); `stash_backups` routes a chunk stash's to the flush after the next
+        self.flush_per_batch = self.rules.backups_flush_per_batch
+        self.backup_queue: list[tuple] = []
+        self.backup_later: list[tuple] = []
+        self.stash_backups = False
+        self.backups_in_flight = 0  # nodes copied, not yet acknowledged (flush_backups)
         # The storage tier's own clock (storage.free_ns): one bandwidth, shared by every rank
         # that shares the tier (engine/deployment.py).
         self.rank = 0  # the data-parallel rank (its rows' dp_rank)
@@ -252,17 +259,49 @@ class CacheController:
         wall, runs = self._to_host(node.device, slots)
         self.tree.set_host(node, slots)
         dp_bytes = pages * self.dp_page_bytes
+        self.stats.backups += 1
+        self.stats.backup_bytes += pages * self.page_bytes
+        if self.flush_per_batch:
+            (self.backup_later if self.stash_backups else self.backup_queue).append(
+                (node, cause, pages, wall, runs, dp_bytes, now_ns))
+            return True
         start = max(now_ns, self.d2h_free_ns)
         end = start + self._copy_ns(pages, wall, dp_bytes, to_device=False, runs=runs)
         self.d2h_free_ns = end
-        self.stats.backups += 1
-        self.stats.backup_bytes += pages * self.page_bytes
         if self.emit.transfer is not None:
             self.emit.transfer((self._transfer_id(), start, end, "backup", cause, pages, runs,
                                         pages * self.page_bytes, dp_bytes, start - now_ns, wall, None, self.rank))
         self.at(end, self.tree.dec_lock, node)
         self._write_storage(node, cause, end)
         return True
+
+    def flush_backups(self, now_ns: int) -> None:
+        """0.5.23 `flush_pending_backups` (the end of a batch's result processing, or the next
+        pass's `writing_check`): the queued backups go as one copy, node after node on the
+        device->host link, with one ack at its end (`CacheOperation.merge_ops`, one `HiCacheAck`):
+        every node in it unlocks then. A chunk stash's backups (queued at the pass's start) wait
+        for the flush after this one: the end of the batch that pass runs."""
+        queue, self.backup_queue, self.backup_later = self.backup_queue, self.backup_later, []
+        if not queue:
+            return
+        t = max(now_ns, self.d2h_free_ns)
+        nodes = []
+        for node, cause, pages, wall, runs, dp_bytes, queued_ns in queue:
+            start, t = t, t + self._copy_ns(pages, wall, dp_bytes, to_device=False, runs=runs)
+            if self.emit.transfer is not None:
+                self.emit.transfer((self._transfer_id(), start, t, "backup", cause, pages, runs,
+                                    pages * self.page_bytes, dp_bytes, start - queued_ns, wall, None, self.rank))
+            nodes.append(node)
+        self.d2h_free_ns = t
+        self.backups_in_flight += len(nodes)
+        self.at(t, self._ack_backups, nodes)
+        for node, cause, *_ in queue:
+            self._write_storage(node, cause, t)
+
+    def _ack_backups(self, nodes: list[TreeNode]) -> None:
+        self.backups_in_flight -= len(nodes)
+        for node in nodes:
+            self.tree.dec_lock(node)
 
     def _write_back(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
         """write_back: back the node up at eviction, synchronously (the allocation waits for it)."""

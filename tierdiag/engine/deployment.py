@@ -138,6 +138,7 @@ class Deployment:
                     batched = True
                 elif now >= gpu_free[rank]:
                     sched.new_token_ratio = INIT_NEW_TOKEN_RATIO  # idle: self_check_during_idle
+                    sched.ctrl.flush_backups(now)  # the last batch's backups (process_batch_result)
             if batched:
                 for tick in ticks:  # a batch's events are in: the probe may flush its buffers
                     tick()

@@ -126,6 +126,15 @@ class RuleSet:
     # freed and no hit counted, but the walk stamps the prompt's nodes again and raises their
     # priority. 0.5.9's `RadixCache.cache_finished_req` inserts once.
     finish_reinserts_prompt: bool
+    # When a write-through backup's copy starts and when its node unlocks. 0.5.23
+    # (`UnifiedRadixCache._execute_kv_backup`: `cache_controller.write(..., flush=False)`) queues
+    # it; `flush_pending_backups` submits the queue at the end of the batch's result processing
+    # (`Scheduler.process_batch_result`) or at the next pass's `writing_check`, as ONE copy
+    # (`CacheOperation.merge_ops`) with one ack: every node in it stays locked until the whole copy
+    # ends. A chunk's backup, queued by `stash_chunked_request` at a pass's start, waits for the end
+    # of the batch that pass runs. 0.5.9 (`CacheController.write` -> `start_writing`): each node's
+    # copy starts at its insert and is acknowledged alone.
+    backups_flush_per_batch: bool
     # ScheduleBatch.retract_decode, the last running request out of memory even alone: 0.5.23
     # aborts it (FINISH_ABORT "Out of memory even after retracting all other requests"); 0.5.9
     # raises ValueError there (the scheduler dies). The engine records it rejected either way;
@@ -211,6 +220,7 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         chunk_later_requests=True,
         hits_past_inserted=True,
         finish_reinserts_prompt=True,
+        backups_flush_per_batch=True,
         decode_oom_aborts=True,
         lpm_counts_host_hit=True,
         waiting_prefix_refresh_interval=32,
@@ -243,6 +253,7 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         chunk_later_requests=False,
         hits_past_inserted=False,
         finish_reinserts_prompt=False,
+        backups_flush_per_batch=False,
         decode_oom_aborts=False,
         lpm_counts_host_hit=False,
         waiting_prefix_refresh_interval=0,

@@ -177,6 +177,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                     tick()
             elif now >= gpu_free:
                 self.new_token_ratio = INIT_NEW_TOKEN_RATIO  # nothing to run: self_check_during_idle
+                self.ctrl.flush_backups(now)  # the last batch's backups (process_batch_result)
             nxt = nxt_t
             if events and (nxt is None or events[0][0] < nxt):
                 nxt = events[0][0]
@@ -293,6 +294,9 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         scheduler idles: `self_check_during_idle` resets `new_token_ratio`). Returns when the
         GPU is free again, None when nothing ran."""
         self.ctrl.blocking_ns = 0
+        # 0.5.23: the last batch's backups (process_batch_result -> flush_pending_backups, the
+        # same instant) or a batch-less pass's stash (writing_check) go now, merged
+        self.ctrl.flush_backups(now)
         self.ctrl.ack_loads()  # _process_hicache_events -> check_hicache_events: loading_check
         self._retry_prefetches(now)  # _process_hicache_events, every pass
         if self._admission_reopens:
@@ -316,7 +320,9 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
             return self._run_batch(items, now)
         if self.running:
             return self._decode(now)
-        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        # nothing ran, but requests wait (memory, a copy's ack): `Scheduler.on_idle` resets
+        # new_token_ratio only when `is_fully_idle` (no waiting request either), the run loop's
+        # idle branch
         return None
 
     def _new_prefill(self, now: int) -> list | None:
