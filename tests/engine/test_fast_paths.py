@@ -156,3 +156,25 @@ def test_storage_requeries_fire_as_the_walk_fires_them(reqs, dp, device, host, p
     (ref_events, ref_stats), (events, stats) = runs
     assert stats == ref_stats
     assert [_comparable(e) for e in events] == [_comparable(e) for e in ref_events]
+
+
+def test_a_chunked_prompt_on_a_slow_link_keeps_its_backup_flushes(monkeypatch):
+    """0.5.23 queues a chunk stash's backup for the flush after the next one (`stash_chunked_request`,
+    then `flush_pending_backups`), and the passes after a prompt's last chunk are plain decode
+    steps: the fast path stands aside while a backup is queued (the next pass's `_batch` flushes it
+    at its head), so with a link slow enough that no ack stops it first, the copies, their acks and
+    every decode step are still the pass-by-pass loop's."""
+    from tierdiag.engine.controller import CacheController
+
+    real = CacheController._copy_ns
+    # A slow device->host link: a backup's ack comes after the next decode steps, so no event
+    # stops the fast path before the pass that must flush.
+    monkeypatch.setattr(CacheController, "_copy_ns", lambda self, *a, **k: 200 * real(self, *a, **k))
+    reqs = [TraceRequest("long", 0, 1, 0, 12 * PS + 1, 400, tuple(range(100, 113)), None)]
+    cfg = small_config(device_tokens=64 * PS, host_tokens=128 * PS, max_prefill_tokens=4 * PS,
+                       write_policy="write_through", sglang_rules="0.5.23")
+    fast = _replay(reqs, cfg, True, False, monkeypatch)
+    slow = _replay(reqs, cfg, False, False, monkeypatch)
+    assert any(isinstance(e, ev.Transfer) and e.kind == "backup" for e in slow[0]), "no backup to flush"
+    assert fast[1] == slow[1]
+    assert [_comparable(e) for e in fast[0]] == [_comparable(e) for e in slow[0]]

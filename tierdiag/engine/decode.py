@@ -185,8 +185,9 @@ class DecodeSteps:
         at time t < `limit` (the loop's next arrival or event: nothing from outside reaches
         this scheduler before it), nobody waiting and no chunked request (so `_batch` forms no
         prefill batch), room for the step's pages without eviction (`free_pages` >= running:
-        no eviction, no retraction, no write-back, no event), and no request finishing at the
-        step (its finish is an event the loop runs in order). Each pass is `_batch`'s, inline,
+        no eviction, no retraction, no write-back, no event), no backup queued for the next
+        pass's flush (0.5.23 `flush_pending_backups`, at `_batch`'s head), and no request
+        finishing at the step (its finish is an event the loop runs in order). Each pass is `_batch`'s, inline,
         in that case: ack_loads, the prefetch re-query clock, admission reopened, `_decode`.
         Returns when the GPU is free again: the loop's next pass for this scheduler; `wakes`
         gets the time of each pass run here (a deployment's loop still wakes then for a rank
@@ -205,6 +206,8 @@ class DecodeSteps:
         # the first step with a finish due (a key is popped by its step: none is below k + 1)
         fin = min((s for s in finish_due if s > k), default=None)
         if (limit is not None and end >= limit) or free < n or fin == k + 1:
+            return end
+        if ctrl.backup_queue or ctrl.backup_later:  # the next pass's `_batch` flushes them first
             return end
         # _batch's head, once: nothing waits, so no prefill batch is formed
         ctrl.blocking_ns = 0
