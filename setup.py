@@ -15,5 +15,5 @@ SOURCES = sorted(glob("tierdiag/native/csrc/*.c"))
 
 setup(ext_modules=[Extension("tierdiag.native._cplane", SOURCES, depends=glob("tierdiag/native/csrc/*.h"),
                              optional=True),
-                   # diagnose's LRU stack depths (diagnose/size_curves.py; its Python reference runs without it)
+                   # diagnose's LRU stack depths (diagnose/run/size_curves.py; its Python reference runs without it)
                    Extension("tierdiag.native._stackdist", ["tierdiag/native/stackdist/stackdist.c"], optional=True)])

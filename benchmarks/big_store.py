@@ -23,7 +23,7 @@ The run's row says how it was made (name `big-store-xK`, command line), counts C
 requests, and points at a trace written beside OUT (OUT.jsonl: the source trace's lines copied the
 same way, hash ids shifted past the source's largest so the copies share no prefix), so that the
 size curves read a trace that matches the rows. Its run evidence is then computed and stored as
-a replay's close does (diagnose/evidence.py `record_run_evidence`): readers find the stored row
+a replay's close does (diagnose/run/evidence.py `record_run_evidence`): readers find the stored row
 as they would on a real run. Each copy is a cold start of the same workload; a real 1M replay
 would carry a warm cache across: the rows are plausible, not what the engine would have recorded.
 """
@@ -188,7 +188,7 @@ def build(source: Path, out: Path, copies: int, run: str | None = None, *, evide
     _say(f"big_store: {counts['requests']:,} requests ({copies} copies of run {run}) in {copied_s:.1f} s")
     evidence_s = None
     if evidence:
-        from tierdiag.diagnose.evidence import record_run_evidence
+        from tierdiag.diagnose.run.evidence import record_run_evidence
 
         t1 = time.perf_counter()
         warning = record_run_evidence(out, new_id)

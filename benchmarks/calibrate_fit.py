@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.calibrate.server, tierdiag
 
 from tests.calibrate.server import export_server, run_server, workload  # noqa: E402
-from tierdiag.diagnose.calibrate import Geometry, calibrate_run  # noqa: E402
+from tierdiag.diagnose.twin.calibrate import Geometry, calibrate_run  # noqa: E402
 from tierdiag.importers.load import import_sglang  # noqa: E402
 from tierdiag.store.reader import open_store, resolve_run  # noqa: E402
 

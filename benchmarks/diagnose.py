@@ -118,7 +118,7 @@ def _main(a, tmp, base: Path | None) -> int:
     rows.append(_measure("summary (with diagnosis)", ["summary", "--db", db, "--run", run_id], a.repeats, base))
     rows.append(_measure("--help (start-up, no command module)", ["--help"], a.repeats, base))
     sys.path.insert(0, str(ROOT))
-    from tierdiag.diagnose.explain import explain_request
+    from tierdiag.diagnose.request.explain import explain_request
     from tierdiag.store.reader import open_store, resolve_run
 
     with open_store(db) as con:

@@ -1,4 +1,4 @@
-"""The session advice's stack distances (diagnose/session_pool.py) on one long session: CPU seconds
+"""The session advice's stack distances (diagnose/session/session_pool.py) on one long session: CPU seconds
 of `session_pauses` and of a `summary` view, per number of turns (issue 39 item 16).
 
     PYTHONPATH=. .venv/bin/python benchmarks/session_pauses.py [--turns 25000,50000,100000] [--baseline REF]
@@ -35,7 +35,7 @@ def _baseline(ref: str):
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
-    src = subprocess.run(["git", "-C", str(root), "show", f"{ref}:tierdiag/diagnose/session_pool.py"],
+    src = subprocess.run(["git", "-C", str(root), "show", f"{ref}:tierdiag/diagnose/session/session_pool.py"],
                          capture_output=True, text=True, check=True).stdout
     path = Path(tempfile.mkdtemp()) / "session_pool_baseline.py"
     path.write_text(src)
@@ -75,8 +75,8 @@ def main() -> None:
     from typer.testing import CliRunner
 
     from tierdiag.cli.main import app
-    from tierdiag.diagnose.session_pool import session_pauses
-    from tierdiag.diagnose.summary import run_summary
+    from tierdiag.diagnose.session.session_pool import session_pauses
+    from tierdiag.diagnose.run.summary import run_summary
     from tierdiag.store.reader import open_store, resolve_run
 
     rows = []

@@ -1,4 +1,4 @@
-"""Size curves (diagnose/size_curves.py) at scale: CPU seconds of the one pass a run's close adds
+"""Size curves (diagnose/run/size_curves.py) at scale: CPU seconds of the one pass a run's close adds
 (the trace read again, the page references' LRU stack depths, the three curves), on a real trace.
 
     PYTHONPATH=. .venv/bin/python benchmarks/size_curves.py [--trace PATH] [--requests N] [--repeats 3]
@@ -43,7 +43,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--python", action="store_true", help="time the Python reference depths too")
     a = ap.parse_args()
-    from tierdiag.diagnose import size_curves as sc
+    from tierdiag.diagnose.run import size_curves as sc
     from tierdiag.store.reader import open_store, resolve_run
 
     with tempfile.TemporaryDirectory() as tmp:

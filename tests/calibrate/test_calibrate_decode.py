@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.importers.sglang_export import EPOCH, record, write_export
-from tierdiag.diagnose.calibrate import Geometry, calibrate_run
+from tierdiag.diagnose.twin.calibrate import Geometry, calibrate_run
 from tierdiag.importers.load import import_sglang
 from tierdiag.store.reader import open_store, resolve_run
 

@@ -15,8 +15,8 @@ import pytest
 from tests.calibrate.server import POOLS, export_server, run_server, workload
 from tests.diagnose.test_cli import run_cli
 from tierdiag.config.profile import load_profile, preset_clock
-from tierdiag.diagnose.calibrate import Geometry, calibrate_run, twin_error
-from tierdiag.diagnose.quantile import nearest_rank
+from tierdiag.diagnose.twin.calibrate import Geometry, calibrate_run, twin_error
+from tierdiag.diagnose.read.quantile import nearest_rank
 from tierdiag.importers.load import import_sglang
 from tierdiag.store.reader import open_store, resolve_run
 

@@ -10,7 +10,7 @@ import warnings
 from tests.importers.sglang_export import EPOCH, record, write_export
 from tests.support.cli import tierdiag
 from tierdiag.config.profile import load_profile
-from tierdiag.diagnose.calibrate import Geometry, calibrate_run
+from tierdiag.diagnose.twin.calibrate import Geometry, calibrate_run
 from tierdiag.importers.load import import_sglang
 from tierdiag.store.reader import open_store, resolve_run
 

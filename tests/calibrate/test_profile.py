@@ -12,7 +12,7 @@ import pytest
 from tierdiag.config.engine import EngineConfig, load_config
 from tierdiag.config.profile import CLOCK_PARAMS, PROFILE_FORMAT, load_profile, preset_clock, provenance_line, \
     write_profile
-from tierdiag.diagnose.calibrate import Geometry, PrefillPoints, decode_model, prefill_model
+from tierdiag.diagnose.twin.calibrate import Geometry, PrefillPoints, decode_model, prefill_model
 from tierdiag.engine.costmodel import CostModel
 from tierdiag.errors import ConfigError, ConfigFileError
 
@@ -85,7 +85,7 @@ def test_preset_clock_is_the_presets_cost_model():
 
 @pytest.mark.parametrize("layerwise", [True, False])
 def test_the_fits_model_is_the_cost_models(layerwise):
-    """diagnose/calibrate.prefill_model, vectorised, against CostModel term by term: one batch of
+    """diagnose/twin/calibrate.prefill_model, vectorised, against CostModel term by term: one batch of
     one request with and without a load-back, overlapped or not."""
     model, gpu, ps = "llama3-70b", "a100", 64
     plain = CostModel.from_config(EngineConfig(model=model, gpu=gpu, device_tokens=4096, host_tokens=8192,

@@ -14,7 +14,7 @@ import pytest
 from tests.calibrate.server import POOLS, export_server, run_server, workload
 from tests.diagnose.test_cli import run_cli
 from tierdiag.config.engine import EngineConfig
-from tierdiag.diagnose.twin_error import twin_error
+from tierdiag.diagnose.twin.twin_error import twin_error
 from tierdiag.importers.load import import_sglang
 from tierdiag.store.reader import open_store, resolve_run
 

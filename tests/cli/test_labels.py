@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from tests.cli.cli_helpers import cli
-from tierdiag.diagnose.explain import TokenSplit
+from tierdiag.diagnose.request.explain import TokenSplit
 
 
 def split(device=0, host=0, storage=0, computed=0, recomputed=0) -> TokenSplit:
@@ -38,7 +38,7 @@ def test_explain_names_a_mostly_recomputed_device_hit_so(late_run):
 
 
 def test_headline_calls_a_mostly_new_request_no_full_device_hit():
-    from tierdiag.diagnose.claims import cache_context
+    from tierdiag.diagnose.request.claims import cache_context
 
     assert cache_context(split(device=512, computed=5_814), short=True) == "its input was 8 % device, 92 % new"
     assert cache_context(split(device=6_144, computed=29), short=True) == "the cache was a full device hit"

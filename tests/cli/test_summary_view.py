@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tierdiag.diagnose.summary import ReasonCount
+from tierdiag.diagnose.run.summary import ReasonCount
 from tierdiag.report.terminal import grouped_reasons
 
 

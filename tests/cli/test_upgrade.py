@@ -20,7 +20,7 @@ from hypothesis import given, settings, strategies as st
 
 from tests.support.cli import cli_env, invoke_json, run, tierdiag
 from tierdiag.config.releases import RELEASES, RULE_NAMES, ordered, parse_releases
-from tierdiag.diagnose.upgrade import TTFT_MOVED_NS, UNDONE_SHARE, signed_ms, upgrade_view
+from tierdiag.diagnose.comparison.upgrade import TTFT_MOVED_NS, UNDONE_SHARE, signed_ms, upgrade_view
 from tierdiag.engine.rules import differing_rules
 from tierdiag.errors import ConfigError
 from tierdiag.units import fmt_ms, fmt_tokens

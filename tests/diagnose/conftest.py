@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tierdiag.store.writer import RunWriter
-from tierdiag.diagnose.close import after_commit
+from tierdiag.diagnose.run.close import after_commit
 
 US = 1_000  # ns
 MS = 1_000_000  # ns
@@ -121,7 +121,7 @@ class RunBuilder:
         tables = {"requests": self.requests, "evictions": self.evictions,
                   "request_evictions": self.request_evictions, "transfers": self.transfers}
         writer.append({name: _columns(rows) for name, rows in tables.items() if rows})
-        # Closed as a replay closes its run: with the run evidence (diagnose.close).
+        # Closed as a replay closes its run: with the run evidence (diagnose.run.close).
         writer.finish("complete", num_requests=len(self.requests), after_commit=after_commit)
         self.run_id = writer.run_id
         return self.path

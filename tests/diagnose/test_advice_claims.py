@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from tierdiag.diagnose.advice import propose
-from tierdiag.diagnose.facts import run_context
-from tierdiag.diagnose.session_pool import session_pauses
+from tierdiag.diagnose.run.facts import run_context
+from tierdiag.diagnose.session.session_pool import session_pauses
 from tierdiag.store.reader import open_store, resolve_run
 
 from .test_advice_planted import Story, _pushed_out
@@ -257,7 +257,7 @@ def _check(items: list[dict], rows: Rows, host_limit_bytes: int = 2 << 40, curve
                                  rf"memory [^)]*\) keep) {PCT} of them$", text)
                 need(keep is not None and _n(keep[1] or keep[2]) == n, f"capacity: size in {text!r} vs {n}")
                 curve = (curves or {}).get("tiers", {}).get("host")
-                if curve is not None:  # sized at the host size curve's knee (diagnose/size_curves.py)
+                if curve is not None:  # sized at the host size curve's knee (diagnose/run/size_curves.py)
                     want = -(-(curve["knee_tokens"] + curves["slack_tokens"]) // page) * page
                 else:
                     want = _pow2_pages(dec[9] if rows.through else dec[9] - device, page)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from tests.diagnose.conftest import CONFIG, MS, RunBuilder
 from tests.importers.sglang_export import record, write_export
 from tierdiag.diagnose.advice import propose
-from tierdiag.diagnose.facts import run_context
-from tierdiag.diagnose.summary import run_summary
+from tierdiag.diagnose.run.facts import run_context
+from tierdiag.diagnose.run.summary import run_summary
 from tierdiag.importers.load import import_sglang
 from tierdiag.store.reader import open_store, resolve_run
 

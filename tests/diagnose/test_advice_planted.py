@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tierdiag.diagnose.advice import propose
-from tierdiag.diagnose.facts import run_context
+from tierdiag.diagnose.run.facts import run_context
 from tierdiag.store.reader import open_store, resolve_run
 
 pytest.importorskip("tierdiag.cli.replay")

@@ -18,8 +18,8 @@ from tierdiag.diagnose.advice import propose
 from tierdiag.diagnose.advice.base import MIN_LOSS_SHARE
 from tierdiag.diagnose.advice.rules import page_size as P
 from tierdiag.diagnose.advice.rules import prefetch as F
-from tierdiag.diagnose.run_claims import held_capacity
-from tierdiag.diagnose.facts import run_context
+from tierdiag.diagnose.run.run_claims import held_capacity
+from tierdiag.diagnose.run.facts import run_context
 from tierdiag.store.reader import open_store, resolve_run
 
 from .test_advice_planted import Story, _pushed_out

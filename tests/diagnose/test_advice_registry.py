@@ -19,7 +19,7 @@ from tierdiag.diagnose.advice.base import Evidence, Rule, significant
 from tierdiag.diagnose.advice.targets import Target
 from tierdiag.diagnose.advice.types import Advice
 from tierdiag.diagnose.advice.verify import _measured, kind_of
-from tierdiag.diagnose.claims import Claim
+from tierdiag.diagnose.request.claims import Claim
 from tierdiag.units import fmt_pct, fmt_tokens, share
 
 from .test_advice_claims import CHECKED_KINDS

@@ -17,8 +17,8 @@ import pytest
 from tierdiag.diagnose.advice.rules import dp as D
 from tierdiag.diagnose.advice.rules import router as R
 from tierdiag.diagnose.advice import propose
-from tierdiag.diagnose.capacity import TARGET_LOAD
-from tierdiag.diagnose.facts import run_context
+from tierdiag.diagnose.run.capacity import TARGET_LOAD
+from tierdiag.diagnose.run.facts import run_context
 from tierdiag.config.router import RouterConfig
 from tierdiag.store.reader import open_store, resolve_run
 

@@ -96,11 +96,11 @@ def test_views_list_tried_changes_apart(tried, monkeypatch):
     """summary's diagnosis, explain and the terminal lines split the same way (the advice rules
     are stubbed to propose the planted items: the split is what is under test)."""
     import tierdiag.diagnose.advice.verify as advice_mod  # run_advice: summary's proposals
-    import tierdiag.diagnose.explain as explain_mod
+    import tierdiag.diagnose.request.explain as explain_mod
     from rich.console import Console
 
-    from tierdiag.diagnose.explain import explain_request
-    from tierdiag.diagnose.summary import run_summary
+    from tierdiag.diagnose.request.explain import explain_request
+    from tierdiag.diagnose.run.summary import run_summary
     from tierdiag.report.html import _advice_html
     from tierdiag.report.terminal import _advice_lines
 

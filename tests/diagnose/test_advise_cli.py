@@ -34,7 +34,7 @@ def _cycle(story: Story, prefixes: int = 6, pages: int = 16, rounds: int = 4) ->
 
 def _curve_size(db, tier: str) -> int:
     """The size the capacity rule proposes for `tier`: its size curve's knee plus the curves' slack
-    (summary --json size_curves; diagnose/size_curves.py), in whole pages."""
+    (summary --json size_curves; diagnose/run/size_curves.py), in whole pages."""
     from tests.support.cli import invoke_json
 
     c = invoke_json("summary", "--db", str(db))["size_curves"]

@@ -3,7 +3,7 @@ knee confirmed by one replay, and a proposal the replay did not bear out.
 
 The workload: `tierdiag synth --kind system-prompt` (200 requests at 0.5/s) on pools too small
 for its shared prompts (8,192 tokens of device and host). Its diagnosis proposes a host pool at
-the host size curve's knee (diagnose/size_curves.py: the smallest pool adding 90 % of what an
+the host size curve's knee (diagnose/run/size_curves.py: the smallest pool adding 90 % of what an
 unbounded one would add) and eviction_policy lfu (the hot re-references' live volume fits the
 pools). `advise --budget 6` replays each once.
 

@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from tierdiag.diagnose.advice import propose
 from tierdiag.diagnose.advice.rules.rate import MAX_TIME_SCALE, round_up_2
-from tierdiag.diagnose.capacity import TARGET_LOAD
-from tierdiag.diagnose.facts import run_context
-from tierdiag.diagnose.summary import run_summary
+from tierdiag.diagnose.run.capacity import TARGET_LOAD
+from tierdiag.diagnose.run.facts import run_context
+from tierdiag.diagnose.run.summary import run_summary
 from tierdiag.store.reader import open_store, resolve_run
 
 from .test_advice_planted import Story

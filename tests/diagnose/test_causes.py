@@ -6,7 +6,7 @@ import duckdb
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierdiag.diagnose.causes import (CAUSES, NONE_TOLERANCE_PCT, TtftParts, cause_sql, primary_cause, routing_tokens,
+from tierdiag.diagnose.request.causes import (CAUSES, NONE_TOLERANCE_PCT, TtftParts, cause_sql, primary_cause, routing_tokens,
                                       routing_tokens_sql)
 
 

@@ -23,9 +23,9 @@ import pytest
 from typer.testing import CliRunner
 
 from tierdiag.diagnose.advice import propose
-from tierdiag.diagnose.claims import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE
-from tierdiag.diagnose.facts import run_context
-from tierdiag.diagnose.explain import explain_request
+from tierdiag.diagnose.request.claims import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE
+from tierdiag.diagnose.run.facts import run_context
+from tierdiag.diagnose.request.explain import explain_request
 from tierdiag.diagnose.read.rows import fetch_dicts
 from tierdiag.units import fmt_ms
 from tierdiag.store.reader import open_store, resolve_run
@@ -157,7 +157,7 @@ def _check_request(row: dict, e) -> list[str]:
     need(bool(m) == bool(cols), "miss reasons: a sentence iff the row has reasons")
     if m:
         need(_num(m[1]) == row["computed_tokens"] == sum(cols.values()), "miss reasons: computed tokens")
-        from tierdiag.diagnose.miss_reasons import WORDS
+        from tierdiag.diagnose.run.miss_reasons import WORDS
         said = {next(r for r, w in WORDS.items() if part.split(" ", 1)[1] == w): _num(part.split(" ", 1)[0])
                 for part in m[2].split("; ")}
         need(said == cols, f"miss reasons: {said} vs {cols}")
@@ -249,7 +249,7 @@ def test_every_claim_is_true_on_mooncake(mooncake_runs, name):
 
 @pytest.mark.shared
 def test_conversation_summary_names_recompute_as_what_made_the_queue(mooncake_runs):
-    from tierdiag.diagnose.summary import run_summary
+    from tierdiag.diagnose.run.summary import run_summary
 
     with open_store(mooncake_runs["conversation"]) as con:
         dx = run_summary(con, resolve_run(con, None)).diagnosis
@@ -264,10 +264,10 @@ def test_conversation_summary_names_recompute_as_what_made_the_queue(mooncake_ru
 def test_stored_evidence_is_what_the_rows_give_on_mooncake(mooncake_runs, name):
     """The claims above were checked against the evidence the replay stored at its close (the
     readers' fast path); it must be exactly what the rows give (the path for older stores)."""
-    from tierdiag.diagnose.runcontext import compute_run_context
-    from tierdiag.diagnose.facts import stored_evidence
-    from tierdiag.diagnose.totals import run_totals
-    from tierdiag.diagnose.summary import compute_run_summary
+    from tierdiag.diagnose.run.runcontext import compute_run_context
+    from tierdiag.diagnose.run.facts import stored_evidence
+    from tierdiag.diagnose.run.totals import run_totals
+    from tierdiag.diagnose.run.summary import compute_run_summary
 
     with open_store(mooncake_runs[name]) as con:
         run = resolve_run(con, None)
@@ -280,7 +280,7 @@ def test_stored_evidence_is_what_the_rows_give_on_mooncake(mooncake_runs, name):
 
 def _transfers_outside_their_request(db: Path) -> tuple[int, int]:
     """(a request's load-backs and prefetches, those that start outside its [arrival, finish]):
-    explain's step 3 reads them through that bound (diagnose/explain.py _step_load_back)."""
+    explain's step 3 reads them through that bound (diagnose/request/explain.py _step_load_back)."""
     with open_store(db) as con:
         return con.execute(
             "SELECT count(*), count(*) FILTER (WHERE t.t_start_ns < r.arrival_ns OR t.t_start_ns > r.finish_ns) "

@@ -2,7 +2,7 @@
 earlier trace lines, not the requests waiting at its replayed arrival. In a closed-loop run a
 session's next turn arrives when its predecessor finishes plus its pause, after trace lines that
 come later in the file. The count is now the replay's own queue at the replayed arrival
-(diagnose/context.py `request_context`).
+(diagnose/request/context.py `request_context`).
 
 Planted: session turn s-1 (trace line 2, think 5 s) arrives at ~5 s in the replay; ten one-off
 2,048-token requests (trace lines 3-12) arrive at 4.990-4.999 s and queue behind one another on a
@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from tierdiag.diagnose.explain import explain_request
+from tierdiag.diagnose.request.explain import explain_request
 from tierdiag.store.reader import open_store, resolve_run
 
 from .test_advice_planted import Story

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.diagnose.conftest import MS, RunBuilder
-from tierdiag.diagnose.compare import compare_requests
+from tierdiag.diagnose.comparison.compare import compare_requests
 from tierdiag.errors import ConfigError, ExitCode
 from tierdiag.store.reader import open_store, resolve_run
 

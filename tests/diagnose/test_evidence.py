@@ -1,4 +1,4 @@
-"""Run evidence stored at the run's close (diagnose/evidence.py): what readers read back is what
+"""Run evidence stored at the run's close (diagnose/run/evidence.py): what readers read back is what
 they would compute from the rows, they fall back to computing it wherever it is missing, stale
 or unreadable, deleting a run deletes it, and a failure to store it never costs the run anything."""
 
@@ -15,24 +15,24 @@ from typer.testing import CliRunner
 
 from tests.diagnose.conftest import RunBuilder, plant_scenarios
 from tests.diagnose.test_cli import run_cli
-from tierdiag.diagnose import evidence as E
-from tierdiag.diagnose import facts as F
-from tierdiag.diagnose import stored as S
-from tierdiag.diagnose.runcontext import LossEvidence, RunContext, TransferEvidence, compute_run_context
-from tierdiag.diagnose.facts import run_context
-from tierdiag.diagnose.explain import explain_request
-from tierdiag.diagnose.session_pool import session_pauses
-from tierdiag.diagnose.sessions import session_summary
-from tierdiag.diagnose.ranks import rank_summary
-from tierdiag.diagnose.miss_reasons import run_miss_reasons
-from tierdiag.diagnose.size_curves import size_curves
-from tierdiag.diagnose.totals import RunTotals, run_totals
-from tierdiag.diagnose.summary import compute_run_summary, run_summary
+from tierdiag.diagnose.run import evidence as E
+from tierdiag.diagnose.run import facts as F
+from tierdiag.diagnose.run import stored as S
+from tierdiag.diagnose.run.runcontext import LossEvidence, RunContext, TransferEvidence, compute_run_context
+from tierdiag.diagnose.run.facts import run_context
+from tierdiag.diagnose.request.explain import explain_request
+from tierdiag.diagnose.session.session_pool import session_pauses
+from tierdiag.diagnose.session.sessions import session_summary
+from tierdiag.diagnose.dp.ranks import rank_summary
+from tierdiag.diagnose.run.miss_reasons import run_miss_reasons
+from tierdiag.diagnose.run.size_curves import size_curves
+from tierdiag.diagnose.run.totals import RunTotals, run_totals
+from tierdiag.diagnose.run.summary import compute_run_summary, run_summary
 from tierdiag.store.reader import open_store, resolve_run
 
 pytest.importorskip("tierdiag.cli.replay")
 from tierdiag.cli.main import app  # noqa: E402
-from tierdiag.diagnose.close import after_commit
+from tierdiag.diagnose.run.close import after_commit
 
 
 @pytest.fixture(scope="module")
@@ -354,7 +354,7 @@ def test_the_stored_classes_are_the_ones_evidence_version_describes():
     assert sorted(classes) == sorted(STORED_FIELDS)
     for name, cls in classes.items():
         assert [f.name for f in dataclasses.fields(cls)] == STORED_FIELDS[name], (
-            f"{name} changed: bump EVIDENCE_VERSION in diagnose/evidence.py and update STORED_FIELDS")
+            f"{name} changed: bump EVIDENCE_VERSION in diagnose/run/evidence.py and update STORED_FIELDS")
     assert [classes[c.__name__] for c in (RunContext, LossEvidence, TransferEvidence, RunTotals)] == [
         RunContext, LossEvidence, TransferEvidence, RunTotals]
 

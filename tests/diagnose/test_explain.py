@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tierdiag.diagnose.explain import explain_request
+from tierdiag.diagnose.request.explain import explain_request
 from tierdiag.errors import NotFoundError
 from tierdiag.store.reader import open_store, resolve_run
 

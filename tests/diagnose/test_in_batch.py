@@ -14,8 +14,8 @@ import re
 import pytest
 
 from tierdiag.diagnose.advice import propose
-from tierdiag.diagnose.facts import run_context
-from tierdiag.diagnose.summary import run_summary
+from tierdiag.diagnose.run.facts import run_context
+from tierdiag.diagnose.run.summary import run_summary
 from tierdiag.store.reader import open_store, resolve_run
 from tierdiag.store.schema import MISS_COLUMNS, MISS_REASONS
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tierdiag.diagnose.context import ATTRIBUTION_KEYS, queue_attribution
+from tierdiag.diagnose.request.context import ATTRIBUTION_KEYS, queue_attribution
 from tierdiag.store.reader import open_store, resolve_run
 from tierdiag.units import fmt_ms
 

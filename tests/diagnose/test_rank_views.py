@@ -20,12 +20,12 @@ from typer.testing import CliRunner
 from tests.support.cli import tierdiag
 from tests.support.ranks import REUSE_POOLS, plant_ranks, reuse_lines, rows
 from tests.support.traces import write_trace
-from tierdiag.diagnose.explain import explain_request
-from tierdiag.diagnose.quantile import nearest_rank
-from tierdiag.diagnose.ranks import rank_summary, slow_by_rank
-from tierdiag.diagnose.routing import routing_step
-from tierdiag.diagnose.slow import slow_requests
-from tierdiag.diagnose.summary import run_summary
+from tierdiag.diagnose.request.explain import explain_request
+from tierdiag.diagnose.read.quantile import nearest_rank
+from tierdiag.diagnose.dp.ranks import rank_summary, slow_by_rank
+from tierdiag.diagnose.dp.routing import routing_step
+from tierdiag.diagnose.request.slow import slow_requests
+from tierdiag.diagnose.run.summary import run_summary
 from tierdiag.store.reader import open_store, resolve_run
 
 pytest.importorskip("tierdiag.cli.replay")
@@ -317,7 +317,7 @@ def test_compare_requests_names_the_serving_ranks(db):
     d = json.loads(cli("compare", "solo", "ca", "--db", db, "--requests", "--json"))
     assert all(x["rank_a"] == 0 for x in d["gains"] + d["losses"] + d["changed"])
     with open_store(db) as con:
-        from tierdiag.diagnose.compare import compare_requests
+        from tierdiag.diagnose.comparison.compare import compare_requests
 
         solo = resolve_run(con, "solo")
         same = compare_requests(con, solo, solo)

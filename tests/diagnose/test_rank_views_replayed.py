@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from tests.support.ranks import REUSE_POOLS, reuse_lines, rows
 from tests.support.traces import write_trace
-from tierdiag.diagnose.ranks import rank_summary, slow_by_rank
-from tierdiag.diagnose.routing import routing_step
-from tierdiag.diagnose.slow import slow_requests
+from tierdiag.diagnose.dp.ranks import rank_summary, slow_by_rank
+from tierdiag.diagnose.dp.routing import routing_step
+from tierdiag.diagnose.request.slow import slow_requests
 from tierdiag.store.reader import open_store, resolve_run
 
 pytest.importorskip("tierdiag.cli.replay")

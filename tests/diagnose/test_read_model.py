@@ -126,7 +126,7 @@ def test_request_not_there_names_it(store, req_id):
 def test_slowest_ranks_by_excess_with_the_sql_cause(store):
     con, run = store
     rows = queries.slowest(con, run, top=100)
-    from tierdiag.diagnose.causes import TtftParts
+    from tierdiag.diagnose.request.causes import TtftParts
 
     excess = [TtftParts.from_row(r).excess_ns for r, _ in rows]
     assert excess == sorted(excess, reverse=True) and all(e > 0 for e in excess)
@@ -146,9 +146,9 @@ def test_slow_gives_routing_its_part_of_the_excess(tmp_path):
     `queries.slowest` read no routing columns (found on a --dp 2 replay of the conversation
     trace: every `slow --cause routing` row said cause 0 ms)."""
     from tests.diagnose.conftest import CONFIG, MS, US, RunBuilder
-    from tierdiag.diagnose.causes import TtftParts
-    from tierdiag.diagnose.explain import explain_request
-    from tierdiag.diagnose.slow import slow_requests
+    from tierdiag.diagnose.request.causes import TtftParts
+    from tierdiag.diagnose.request.explain import explain_request
+    from tierdiag.diagnose.request.slow import slow_requests
 
     b = RunBuilder(tmp_path / "dp.duckdb", config={**CONFIG, "dp": 2})
     row = b.request("lost", arrival_ns=0, input_tokens=2048, recomputed=1024, recompute_ns=8 * MS, compute_ns=900 * US,

@@ -15,8 +15,8 @@ import re
 
 import pytest
 
-from tierdiag.diagnose.explain import explain_request
-from tierdiag.diagnose.facts import run_context
+from tierdiag.diagnose.request.explain import explain_request
+from tierdiag.diagnose.run.facts import run_context
 from tierdiag.diagnose.read.rows import fetch_dicts
 from tierdiag.store.reader import open_store, resolve_run
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tierdiag.diagnose.causes import TtftParts, recompute_cost_ns
-from tierdiag.diagnose.routing_loss import position_weight, routing_cost_ns, tokens_per_attention
+from tierdiag.diagnose.request.causes import TtftParts, recompute_cost_ns
+from tierdiag.diagnose.dp.routing_loss import position_weight, routing_cost_ns, tokens_per_attention
 from tierdiag.store.reader import open_store, resolve_run
 from tierdiag.units import fmt_ms, fmt_pct
 

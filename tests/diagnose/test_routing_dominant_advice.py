@@ -14,7 +14,7 @@ import json
 import pytest
 
 from tierdiag.diagnose.advice import propose
-from tierdiag.diagnose.facts import run_context
+from tierdiag.diagnose.run.facts import run_context
 from tierdiag.store.reader import open_store, resolve_run
 
 from .test_advice_planted import Story

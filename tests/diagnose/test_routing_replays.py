@@ -17,7 +17,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tierdiag.diagnose.causes import TtftParts
+from tierdiag.diagnose.request.causes import TtftParts
 
 from tests.support.cli import invoke as _invoke, invoke_json as _json
 

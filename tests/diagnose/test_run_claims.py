@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from tierdiag.diagnose.context import CONTEXT_LOOKBACK_NS
-from tierdiag.diagnose.story import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE
+from tierdiag.diagnose.request.context import CONTEXT_LOOKBACK_NS
+from tierdiag.diagnose.run.story import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE
 from tierdiag.store.reader import open_store, resolve_run
 
 from .test_run_story import bursty

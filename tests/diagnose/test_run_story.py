@@ -16,10 +16,10 @@ from collections import defaultdict
 
 import pytest
 
-from tierdiag.diagnose import claims as C
-from tierdiag.diagnose.explain import explain_request
-from tierdiag.diagnose.facts import run_context
-from tierdiag.diagnose.summary import run_summary
+from tierdiag.diagnose.request import claims as C
+from tierdiag.diagnose.request.explain import explain_request
+from tierdiag.diagnose.run.facts import run_context
+from tierdiag.diagnose.run.summary import run_summary
 from tierdiag.store.reader import open_store, resolve_run
 
 from .test_advice_planted import Story

@@ -1,5 +1,5 @@
 """Advice for sessions (issue 30, item 5): "keep sessions alive for the p90 pause: host pool of N
-tokens", sized from the run's own pause distribution (diagnose/session_pool.py's LRU stack
+tokens", sized from the run's own pause distribution (diagnose/session/session_pool.py's LRU stack
 distances), and `advise` verifies it like any change.
 
 The workload: `tierdiag synth --kind agent` (120 steps of agent loops, 64-token blocks) replayed
@@ -17,8 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tierdiag.diagnose.advice import propose
-from tierdiag.diagnose.facts import run_context
-from tierdiag.diagnose.session_pool import session_pauses, session_turns
+from tierdiag.diagnose.run.facts import run_context
+from tierdiag.diagnose.session.session_pool import session_pauses, session_turns
 from tierdiag.store.reader import open_store, resolve_run
 
 pytest.importorskip("tierdiag.cli.replay")

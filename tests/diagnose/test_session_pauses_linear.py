@@ -1,4 +1,4 @@
-"""The session rule's stack distances (diagnose/session_pool.py) in linear time, stored at close
+"""The session rule's stack distances (diagnose/session/session_pool.py) in linear time, stored at close
 (issue 39 item 16: a 100k-turn session cost 22 s of CPU per `summary`/`explain`, the query
 rerunning on every call).
 
@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.cli import invoke
-from tierdiag.diagnose import session_pool as SP
-from tierdiag.diagnose.facts import RunFacts
+from tierdiag.diagnose.session import session_pool as SP
+from tierdiag.diagnose.run.facts import RunFacts
 from tierdiag.store.reader import open_store, resolve_run
 
 pytest.importorskip("tierdiag.cli.replay")

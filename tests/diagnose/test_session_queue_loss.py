@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from tierdiag.diagnose.explain import explain_request
-from tierdiag.diagnose.summary import run_summary
+from tierdiag.diagnose.request.explain import explain_request
+from tierdiag.diagnose.run.summary import run_summary
 from tierdiag.store.reader import open_store, resolve_run
 
 from .test_advice_planted import Story

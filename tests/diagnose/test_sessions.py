@@ -11,9 +11,9 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from tierdiag.diagnose.explain import explain_request
-from tierdiag.diagnose.sessions import PAUSE_BUCKETS
-from tierdiag.diagnose.summary import run_summary
+from tierdiag.diagnose.request.explain import explain_request
+from tierdiag.diagnose.session.sessions import PAUSE_BUCKETS
+from tierdiag.diagnose.run.summary import run_summary
 from tierdiag.store.reader import open_store, resolve_run
 from tierdiag.store.schema import SCHEMA_VERSION, columns_missing_in
 

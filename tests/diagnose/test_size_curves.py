@@ -1,4 +1,4 @@
-"""Size curves (diagnose/size_curves.py): the one-pass LRU stack depths against a brute-force LRU
+"""Size curves (diagnose/run/size_curves.py): the one-pass LRU stack depths against a brute-force LRU
 simulation at several sizes, on Hypothesis-generated page streams (prefix-chained, as page keys
 are, and arbitrary); the compiled depths against the Python reference; and the knee of a planted
 workload whose working set is known."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tierdiag.diagnose import size_curves as sc
+from tierdiag.diagnose.run import size_curves as sc
 
 
 def _lru_hits(groups, capacity: int) -> list[bool]:
@@ -299,7 +299,7 @@ def test_a_hand_edited_stored_section_is_never_misread(two_ranks, value):
     trace (or read as the null it is), never raised."""
     import json
 
-    from tierdiag.diagnose.facts import StoredEvidence
+    from tierdiag.diagnose.run.facts import StoredEvidence
 
     _, db = two_ranks
     with open_store(db) as con:
@@ -469,7 +469,7 @@ def test_a_run_with_no_finished_request_stores_its_evidence(tmp_path):
     import json
 
     from tests.support.cli import invoke
-    from tierdiag.diagnose.evidence import compute_evidence
+    from tierdiag.diagnose.run.evidence import compute_evidence
     from tierdiag.store.reader import open_store, resolve_run
 
     trace = tmp_path / "long.jsonl"

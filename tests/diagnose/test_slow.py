@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tierdiag.diagnose.explain import explain_request
-from tierdiag.diagnose.slow import slow_requests
+from tierdiag.diagnose.request.explain import explain_request
+from tierdiag.diagnose.request.slow import slow_requests
 from tierdiag.errors import ConfigError
 from tierdiag.store.reader import open_store, resolve_run
 

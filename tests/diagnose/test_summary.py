@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tierdiag.diagnose.summary import run_summary
+from tierdiag.diagnose.run.summary import run_summary
 from tierdiag.store.reader import open_store, resolve_run
 
 from .conftest import KV_BYTES_PER_TOKEN, MS
@@ -72,7 +72,7 @@ def test_json_round_trips(summary):
 
 def test_a_run_with_no_requests(tmp_path):
     """A replay interrupted before its first flush: every view still answers, with zeros."""
-    from tierdiag.diagnose.slow import slow_requests
+    from tierdiag.diagnose.request.slow import slow_requests
 
     from .conftest import RunBuilder
 
@@ -89,7 +89,7 @@ def test_a_run_with_no_requests(tmp_path):
 
 
 def test_median_reused_per_hit_is_nearest_rank(tmp_path):
-    """One percentile definition (diagnose/quantile.py): the median reused tokens per hit is a
+    """One percentile definition (diagnose/read/quantile.py): the median reused tokens per hit is a
     recorded request's value at rank ceil(n / 2), never DuckDB's interpolating median() (which
     would say 2,560 for hits of 1,024 and 4,096 tokens: no request's)."""
     from .conftest import RunBuilder

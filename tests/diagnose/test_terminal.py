@@ -7,9 +7,9 @@ import io
 import pytest
 from rich.console import Console
 
-from tierdiag.diagnose.explain import explain_request
-from tierdiag.diagnose.slow import slow_requests
-from tierdiag.diagnose.summary import run_summary
+from tierdiag.diagnose.request.explain import explain_request
+from tierdiag.diagnose.request.slow import slow_requests
+from tierdiag.diagnose.run.summary import run_summary
 from tierdiag.report.terminal import render_explanation, render_slow, render_summary
 from tierdiag.store.reader import open_store, resolve_run
 

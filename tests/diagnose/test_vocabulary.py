@@ -20,8 +20,8 @@ import pytest
 from rich.console import Console
 
 from tests.cli.cli_helpers import cli
-from tierdiag.diagnose.explain import explain_request
-from tierdiag.diagnose.summary import run_summary
+from tierdiag.diagnose.request.explain import explain_request
+from tierdiag.diagnose.run.summary import run_summary
 from tierdiag.report.runs_view import render_runs
 from tierdiag.report.run_lines import rules_line
 from tierdiag.report.terminal import render_explanation, render_summary

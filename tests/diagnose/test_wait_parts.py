@@ -1,10 +1,11 @@
-"""The parts of a request's queue wait are named once (diagnose/context.py `WaitPart`): the
+"""The parts of a request's queue wait are named once (diagnose/request/context.py `WaitPart`): the
 attribution's keys, the run story's wait keys and the words both say them in follow it."""
 
 from __future__ import annotations
 
-from tierdiag.diagnose import claims, run_claims, story
-from tierdiag.diagnose.context import ATTRIBUTION_KEYS, WaitPart
+from tierdiag.diagnose.request import claims
+from tierdiag.diagnose.run import run_claims, story
+from tierdiag.diagnose.request.context import ATTRIBUTION_KEYS, WaitPart
 
 
 def test_attribution_keys_are_the_wait_parts_in_order():

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tierdiag.diagnose import claims as C
-from tierdiag.diagnose.explain import explain_request
-from tierdiag.diagnose.facts import run_context
+from tierdiag.diagnose.request import claims as C
+from tierdiag.diagnose.request.explain import explain_request
+from tierdiag.diagnose.run.facts import run_context
 from tierdiag.store.reader import open_store, resolve_run
 
 pytest.importorskip("tierdiag.cli.replay")
@@ -94,7 +94,7 @@ def test_every_wait_sentence_names_the_largest_part_of_the_wait(held):
 
 
 def _split(device=0, computed=0):
-    from tierdiag.diagnose.tokens import TokenSplit
+    from tierdiag.diagnose.request.tokens import TokenSplit
 
     return TokenSplit(input_tokens=device + computed, device_tokens=device, host_tokens=0, storage_tokens=0,
                       computed_tokens=computed, recomputed_tokens=0)
@@ -116,11 +116,11 @@ def test_the_run_story_names_memory_waits_as_explain_does(held):
     device memory, as their own parts (the queue for memory is no cache setting's), with the
     numbers explain's attributions sum to. With decode on the clock (issue 43) the held run's
     memory waits are mostly decode steps: the story must name whichever there is."""
-    from tierdiag.diagnose.causes import primary_cause
-    from tierdiag.diagnose.run_claims import _RUN_WAIT_WORDS
-    from tierdiag.diagnose.context import queue_attribution
+    from tierdiag.diagnose.request.causes import primary_cause
+    from tierdiag.diagnose.run.run_claims import _RUN_WAIT_WORDS
+    from tierdiag.diagnose.request.context import queue_attribution
     from tierdiag.diagnose.read.rows import fetch_dicts
-    from tierdiag.diagnose.summary import run_summary
+    from tierdiag.diagnose.run.summary import run_summary
 
     with open_store(held) as con:
         run = resolve_run(con, None)
@@ -149,7 +149,7 @@ def test_a_zero_reuse_queue_is_named_as_other_requests_prefill(tmp_path):
     of their wait was other requests' prefill. Planted: bursts of 4 one-off 16-page requests 1 ms
     apart, a minute apart: nothing is reused, each burst queues behind its own prefill on a GPU idle
     the second before (below 70 % busy around them)."""
-    from tierdiag.diagnose.summary import run_summary
+    from tierdiag.diagnose.run.summary import run_summary
 
     from .test_advice_planted import Story
 
@@ -177,7 +177,7 @@ def test_a_zero_reuse_queue_is_named_as_other_requests_prefill(tmp_path):
 def test_a_rejected_request_has_no_window_and_a_lone_one_no_context_but_itself(tmp_path):
     """Issue 40: a rejected request got a window "from 1 s before it was scheduled" (it never ran)
     and sometimes "thrashing"; a request alone on the GPU got a step-3 context that was itself."""
-    from tierdiag.diagnose.explain import explain_request
+    from tierdiag.diagnose.request.explain import explain_request
 
     from .test_advice_planted import Story
 
@@ -202,7 +202,7 @@ def test_no_share_of_excess_above_100_percent_in_a_shared_batch(tmp_path):
     """Issue 40: summary's "of excess" showed queueing above 100 %: requests sharing one prefill
     batch wait longer than their excess (each one's compute there is below its ideal). Planted:
     eight 4-page requests at one instant, one batch."""
-    from tierdiag.diagnose.summary import run_summary
+    from tierdiag.diagnose.run.summary import run_summary
 
     from .test_advice_planted import Story
 

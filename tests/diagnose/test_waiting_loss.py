@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tierdiag.diagnose.summary import run_summary
+from tierdiag.diagnose.run.summary import run_summary
 from tierdiag.store.reader import open_store, resolve_run
 
 from .test_advice_planted import Story
@@ -106,7 +106,7 @@ def test_the_miss_reasons_say_the_same(demoted, deleted, tmp_path):
     loaded back: only its one new page was never cached); deleted while it waited, lost while
     queued; pushed out of every tier before it arrived (no queue), evicted before reuse; with a
     storage tier that never held it (too small for a page run), beyond storage."""
-    from tierdiag.diagnose.explain import explain_request
+    from tierdiag.diagnose.request.explain import explain_request
     from tierdiag.store.schema import MISS_COLUMNS, MISS_REASONS
 
     def reasons(db, req="a2"):

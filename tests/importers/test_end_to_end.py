@@ -11,7 +11,7 @@ import json
 
 from tests.diagnose.test_cli import run_cli
 from tests.importers.sglang_export import record, write_export
-from tierdiag.diagnose.observed import agreement
+from tierdiag.diagnose.twin.observed import agreement
 from tierdiag.store.reader import open_store, resolve_run
 
 SYS = list(range(1000, 1064))
@@ -76,7 +76,7 @@ def test_import_replay_compare_explain(tmp_path):
         assert code == 0, (args, err)
         assert heavy == [], f"{args} imported {heavy}"
     assert "r2" in out and "ranked by TTFT itself" in out.replace("\n", " ")  # slow's observed view
-    from tierdiag.diagnose.observed import observed_summary
+    from tierdiag.diagnose.twin.observed import observed_summary
     from tierdiag.report.html import build_report
 
     with open_store(db) as con:

@@ -15,14 +15,14 @@ import pytest
 
 from tests.diagnose.conftest import MS, RunBuilder
 from tests.importers.sglang_export import record, write_export
-from tierdiag.diagnose.observed import (
+from tierdiag.diagnose.twin.observed import (
     agreement,
     explain_observed,
     find_twin,
     observed_summary,
     slow_observed,
 )
-from tierdiag.diagnose.quantile import nearest_rank
+from tierdiag.diagnose.read.quantile import nearest_rank
 from tierdiag.errors import ConfigError, NotFoundError
 from tierdiag.importers.load import import_sglang
 from tierdiag.store.reader import open_store, resolve_run

@@ -14,7 +14,7 @@ import numpy as np
 
 from tierdiag.store.schema import TABLES
 from tierdiag.store.writer import RunWriter
-from tierdiag.diagnose.close import after_commit
+from tierdiag.diagnose.run.close import after_commit
 
 PAGE = 64
 KV_BYTES_PER_TOKEN = 128 * 1024

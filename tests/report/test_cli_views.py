@@ -16,7 +16,7 @@ import pytest
 
 from fake_run import write_fake_run
 from tests.cli.cli_helpers import cli, on_tty
-from tierdiag.diagnose.causes import CAUSES
+from tierdiag.diagnose.request.causes import CAUSES
 from tierdiag.config.engine import EVICTION_POLICIES, WRITE_POLICIES
 from tierdiag.config.presets import MODELS
 

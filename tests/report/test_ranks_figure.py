@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tests.support.ranks import REUSE_POOLS, plant_ranks, reuse_lines
 from tests.support.traces import write_trace
-from tierdiag.diagnose.ranks import rank_summary
+from tierdiag.diagnose.dp.ranks import rank_summary
 from tierdiag.report import html as rh
 from tierdiag.report.ranks_figure import ranks_figure
 from tierdiag.report.ranks_view import imbalance_line, routing_line

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fake_run import fake_columns, write_fake_run
-from tierdiag.diagnose.causes import primary_cause
-from tierdiag.diagnose.quantile import nearest_rank
-from tierdiag.diagnose.slow import slow_requests
+from tierdiag.diagnose.request.causes import primary_cause
+from tierdiag.diagnose.read.quantile import nearest_rank
+from tierdiag.diagnose.request.slow import slow_requests
 from tierdiag.report import series as rd
 from tierdiag.store.reader import open_store, resolve_run
 from tierdiag.store.schema import TABLES

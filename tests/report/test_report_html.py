@@ -216,7 +216,7 @@ def test_verdict_renders_diagnosis_advice_when_summary_has_it(tmp_path: Path, mo
         reason: str
         verification: str
 
-    from tierdiag.diagnose import summary as ds
+    from tierdiag.diagnose.run import summary as ds
 
     real = ds.run_summary
 

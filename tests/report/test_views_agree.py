@@ -16,8 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tierdiag.cli.main import app
-from tierdiag.diagnose.quantile import QUANTILE_SQL, nearest_rank
-from tierdiag.diagnose.summary import run_summary
+from tierdiag.diagnose.read.quantile import QUANTILE_SQL, nearest_rank
+from tierdiag.diagnose.run.summary import run_summary
 from tierdiag.report import series as rd
 from tierdiag.report import html as rh
 from tierdiag.store.reader import open_store, resolve_run

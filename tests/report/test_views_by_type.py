@@ -13,11 +13,11 @@ from tierdiag.report import views
 
 def _result_types():
     from tierdiag.app.advise import AdviseResult
-    from tierdiag.diagnose.compare import Comparison, RequestComparison, TwinAgreement, TwinComparison
-    from tierdiag.diagnose.explain import Explanation
-    from tierdiag.diagnose.observed import ObservedExplanation, ObservedSlow, ObservedSummary
-    from tierdiag.diagnose.slow import SlowRequest
-    from tierdiag.diagnose.summary import RunSummary
+    from tierdiag.diagnose.comparison.compare import Comparison, RequestComparison, TwinAgreement, TwinComparison
+    from tierdiag.diagnose.request.explain import Explanation
+    from tierdiag.diagnose.twin.observed import ObservedExplanation, ObservedSlow, ObservedSummary
+    from tierdiag.diagnose.request.slow import SlowRequest
+    from tierdiag.diagnose.run.summary import RunSummary
 
     return [Explanation, ObservedExplanation, RunSummary, ObservedSummary, SlowRequest, ObservedSlow, Comparison,
             RequestComparison, TwinAgreement, TwinComparison, AdviseResult]

@@ -72,7 +72,7 @@ def test_the_copies_are_one_consistent_run(source, built):
 
 
 def test_the_stand_in_reads_as_copies_of_the_source(source, built):
-    from tierdiag.diagnose.summary import run_summary
+    from tierdiag.diagnose.run.summary import run_summary
     from tierdiag.store.reader import open_store, resolve_run
 
     with open_store(source) as con:

@@ -84,7 +84,7 @@ def replayed(tmp_path_factory) -> Path:
 
 
 def _explain_all(db: Path) -> dict:
-    from tierdiag.diagnose.explain import explain_request
+    from tierdiag.diagnose.request.explain import explain_request
     from tierdiag.store.reader import open_store, resolve_run
 
     with open_store(db) as con:

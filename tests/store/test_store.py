@@ -121,14 +121,14 @@ def test_a_run_whose_rows_hold_nulls_still_summarises_and_gets_its_evidence(tmp_
     """Eviction rows with a NULL tier and action beside an unknown tier (hand-made or foreign rows;
     the engine writes neither): summary sorts them last instead of failing to compare None with a
     string (a TypeError before), so the run's evidence is stored without a warning."""
-    from tierdiag.diagnose.facts import stored_evidence
-    from tierdiag.diagnose.summary import compute_run_summary
+    from tierdiag.diagnose.run.facts import stored_evidence
+    from tierdiag.diagnose.run.summary import compute_run_summary
 
     db = tmp_path / "s.duckdb"
     w = writer(db)
     w.append({"evictions": {"eviction_id": [1, 2, 3, 4], "tier": ["host", None, "x", "device"],
                             "action": ["delete", None, "drop", "demote"], "tokens": [64, 32, 16, 128]}})
-    from tierdiag.diagnose.close import after_commit
+    from tierdiag.diagnose.run.close import after_commit
 
     w.finish("complete", num_requests=0, after_commit=after_commit)  # as a replay closes it
     assert "warning" not in capsys.readouterr().err

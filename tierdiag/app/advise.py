@@ -4,7 +4,7 @@ measure each against the baseline: each tried change is confirmed, no_effect or 
 (diagnose.advice.classify). Where two or more are confirmed and the budget has a replay left, the
 best of them are replayed together.
 A size (a host pool, a storage tier) is proposed at its one-pass size curve's knee
-(diagnose/size_curves.py) and confirmed by that one replay: its `sizing` puts the curve's
+(diagnose/run/size_curves.py) and confirmed by that one replay: its `sizing` puts the curve's
 prediction beside what the replay found.
 
 Orchestration only, and of no rule in particular: the rules, the numbers and the verification
@@ -18,7 +18,7 @@ from typing import Any
 
 from tierdiag.diagnose.advice import HOST_POOL_LIMIT_BYTES, Advice, advice_json, propose
 from tierdiag.diagnose.advice.verify import RunNumbers, advise_sweep_id, combination, run_numbers, verified_advice
-from tierdiag.diagnose.facts import run_facts
+from tierdiag.diagnose.run.facts import run_facts
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Any, Callable
 from tierdiag.config.engine import EngineConfig, load_config
 from tierdiag.config.presets import gpu_preset, model_preset
 from tierdiag.config.profile import write_profile
-from tierdiag.diagnose.calibrate import Calibration, Geometry, calibrate_run
+from tierdiag.diagnose.twin.calibrate import Calibration, Geometry, calibrate_run
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from tierdiag import signals
-from tierdiag.diagnose.quantile import nearest_rank
+from tierdiag.diagnose.read.quantile import nearest_rank
 from tierdiag.units import ns_to_ms
 from tierdiag.config.engine import EngineConfig
 from tierdiag.errors import ConfigError, TierdiagError, TraceError
@@ -78,7 +78,7 @@ class ReplayResult:
 
     @property
     def reuse_share(self) -> float:
-        from tierdiag.diagnose.tokens import TokenSplit
+        from tierdiag.diagnose.request.tokens import TokenSplit
 
         return TokenSplit.of(self).reused_tokens / self.input_tokens if self.input_tokens else 0.0
 
@@ -95,7 +95,7 @@ def twin_dp(db: Path | None, trace: Path) -> int | None:
     run."""
     if db is None or not Path(db).is_file() or not is_seekable_file(trace):
         return None
-    from tierdiag.diagnose.observed_twin import ranks_by_trace_out
+    from tierdiag.diagnose.twin.observed_twin import ranks_by_trace_out
     from tierdiag.errors import StoreError
     from tierdiag.store.reader import open_store
 
@@ -109,7 +109,7 @@ def twin_dp(db: Path | None, trace: Path) -> int | None:
 
 
 def _percentile(values: list[int], q: float) -> float | None:
-    """In ms, by nearest rank: the definition `summary` and the report use (diagnose/quantile.py)."""
+    """In ms, by nearest rank: the definition `summary` and the report use (diagnose/read/quantile.py)."""
     v = nearest_rank(values, q)
     return None if v is None else v / 1e6
 
@@ -397,7 +397,7 @@ def _result(stats, numbers: dict | None, recording, trace: Path, cfg: EngineConf
             storage_dir: Path | None, storage_bytes: int, wall_phases: dict, wall_s: float) -> ReplayResult:
     """The replay's closing numbers: a recorded run's span and TTFT percentiles as `summary` reads
     them back (`numbers`); unrecorded, the engine's own (its span ends at the last event)."""
-    from tierdiag.diagnose.tokens import TokenSplit  # the close's, not the replay's start-up
+    from tierdiag.diagnose.request.tokens import TokenSplit  # the close's, not the replay's start-up
 
     ttft_q = {q: _percentile(stats.ttft_ns, q) for q in (0.5, 0.9, 0.99)}
     # The run's span starts at its first arrival (a sliced trace starts late).

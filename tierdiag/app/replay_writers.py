@@ -60,7 +60,7 @@ class InlineWriter(Unrecorded):
         self.recorder = Recorder(rows_sink=self.writer.append_rows)
 
     def _close_hooks(self) -> dict:
-        from tierdiag.diagnose.close import after_commit
+        from tierdiag.diagnose.run.close import after_commit
 
         return {"after_commit": after_commit}
 

@@ -284,7 +284,7 @@ def _sweep_workdir() -> Path:
 # which the engine brings, is stopped and restarted around a fork by OpenBLAS itself; DuckDB
 # starts threads with a connection, not at import).
 _WORKER_PRELOAD = ["tierdiag.app.sweep_worker", "tierdiag.app.replay", "tierdiag.engine.engine",
-                   "tierdiag.probes.recorder", "tierdiag.diagnose.close"]
+                   "tierdiag.probes.recorder", "tierdiag.diagnose.run.close"]
 
 
 def worker_context():

@@ -32,7 +32,7 @@ def headline(outcome, db: str | os.PathLike) -> Headline:
         return Headline(outcome.name, outcome.status, outcome.error, None)
     reuse, p50_ns = outcome.reuse_share, None if outcome.ttft_p50_ms is None else outcome.ttft_p50_ms * 1e6
     if reuse is None:
-        from tierdiag.diagnose.summary import run_summary
+        from tierdiag.diagnose.run.summary import run_summary
         from tierdiag.store.reader import open_store, resolve_run
 
         with open_store(outcome.kept_in or db) as con:
@@ -55,7 +55,7 @@ def sweep(trace: Path, configs: Sequence, db: Path, *, backend, sweep_id: str, s
 
 @dataclass(frozen=True)
 class SweepComparison:
-    """The comparison a sweep ends with (diagnose.compare.Comparison), `resumed` for `sweep --resume`
+    """The comparison a sweep ends with (diagnose.comparison.compare.Comparison), `resumed` for `sweep --resume`
     (then `merged`: its app.sweep_kept.Resumed)."""
 
     comparison: Any
@@ -70,7 +70,7 @@ class SweepComparison:
 
 def compare_sweep(db: Path, run_ids: Sequence[str], *, by: str | None, sweep_id: str) -> SweepComparison:
     """The sweep's runs (in the order of its combinations) compared."""
-    from tierdiag.diagnose.compare import compare_runs
+    from tierdiag.diagnose.comparison.compare import compare_runs
     from tierdiag.store.reader import list_runs, open_store
 
     with open_store(db) as con:
@@ -85,7 +85,7 @@ def resume_sweep(kept: Path, db: Path, *, by: str | None,
     what was, before the comparison), then compared: the whole sweep, the runs merged before --db
     went busy too (oldest first, as a sweep's)."""
     from tierdiag.app.sweep import resume
-    from tierdiag.diagnose.compare import check_sort_key, compare_runs
+    from tierdiag.diagnose.comparison.compare import check_sort_key, compare_runs
     from tierdiag.store.reader import list_runs, open_store
 
     check_sort_key(by)

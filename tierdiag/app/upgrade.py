@@ -3,7 +3,7 @@
 One run under OLD's rules, one under NEW's, and one under NEW's per rule in which the releases
 differ with that rule alone switched back to OLD's (`sglang_switched_back`): `plan_upgrade`'s
 configs, replayed by `sweep.run_configs` into one store under one sweep id (`new_upgrade_id`,
-`UPGRADE_SWEEP_PREFIX`...). diagnose/upgrade.py reads them back.
+`UPGRADE_SWEEP_PREFIX`...). diagnose/comparison/upgrade.py reads them back.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Sequence
 
 from tierdiag.config.engine import EngineConfig
 from tierdiag.config.releases import ordered
-from tierdiag.diagnose.upgrade import UPGRADE_SWEEP_PREFIX
+from tierdiag.diagnose.comparison.upgrade import UPGRADE_SWEEP_PREFIX
 from tierdiag.engine.rules import differing_rules
 from tierdiag.errors import ConfigError
 

@@ -28,7 +28,7 @@ class SummaryView:
     run: Any  # store.reader.RunInfo
     summary: Any
     sglang_rules: str | None
-    kv_memory: Any  # diagnose.kv_memory.KvMemory | None
+    kv_memory: Any  # diagnose.run.kv_memory.KvMemory | None
     clock: str | None
 
     def to_json(self) -> dict:
@@ -46,7 +46,7 @@ def summary_view(db: Path, run: str | None) -> SummaryView:
         from tierdiag.diagnose.views import summarize
 
         result = summarize(con, info)
-    from tierdiag.diagnose.kv_memory import run_kv_memory
+    from tierdiag.diagnose.run.kv_memory import run_kv_memory
     from tierdiag.diagnose.read.run import parse
 
     # The SGLang release whose rules the replay followed (0.5.9 for one recorded before rule sets);
@@ -92,7 +92,7 @@ def _request_json(r, t0_ns: int) -> dict:
 class SlowView:
     """`slow`: the run's requests ranked (by excess TTFT over their ideal; an imported run by TTFT),
     `row_type` naming the rows' type for an empty list's view; with `by` "rank", `groups` instead
-    (diagnose/ranks.py), one a data-parallel rank."""
+    (diagnose/dp/ranks.py), one a data-parallel rank."""
 
     run: Any
     top: int
@@ -133,15 +133,15 @@ def slow_view(db: Path, run: str | None, *, top: int, hit_class: str | None, cau
         raise unknown_name("--by grouping", by, SLOW_BY)
     with open_store(db) as con:
         info = _resolve(con, run, db)
-        from tierdiag.diagnose.facts import run_bounds  # where every view's clock starts
+        from tierdiag.diagnose.run.facts import run_bounds  # where every view's clock starts
 
-        if by == "rank":  # the listing cut by dp_rank (diagnose/ranks.py), a replayed run only
+        if by == "rank":  # the listing cut by dp_rank (diagnose/dp/ranks.py), a replayed run only
             from tierdiag.diagnose.read.kind import view_of
 
             if not view_of(info).engine_parts:
                 raise ConfigError(f"--by rank ranks requests by excess over their ideal; run {info.run_id} "
                                   f"({info.name}) is imported and has no ideal: use `tierdiag slow` without --by")
-            from tierdiag.diagnose.ranks import slow_by_rank
+            from tierdiag.diagnose.dp.ranks import slow_by_rank
 
             groups = slow_by_rank(con, info, top=top, hit_class=hit_class, cause=cause)
             return SlowView(run=info, top=top, hit_class=hit_class, cause=cause,
@@ -165,7 +165,7 @@ class RunsView:
     default_run_id: str | None
 
     def to_json(self) -> list:
-        from tierdiag.diagnose.compare import run_kv_memory
+        from tierdiag.diagnose.comparison.compare import run_kv_memory
         from tierdiag.diagnose.read.run import parse
         from tierdiag.report.run_lines import pool_sizes
 
@@ -180,7 +180,7 @@ class RunsView:
 
 
 def runs_view(db: Path) -> RunsView:
-    from tierdiag.diagnose.compare import changed_from_defaults
+    from tierdiag.diagnose.comparison.compare import changed_from_defaults
     from tierdiag.store.reader import default_run, list_runs, open_store
 
     with open_store(db) as con:
@@ -202,7 +202,7 @@ class CompareView:
 
 def compare_view(db: Path, runs: list[str], *, sweep: str | None, by: str | None, requests: bool,
                  top: int) -> CompareView:
-    from tierdiag.diagnose.compare import (check_sort_key, compare_requests, compare_runs, compare_twins,
+    from tierdiag.diagnose.comparison.compare import (check_sort_key, compare_requests, compare_runs, compare_twins,
                                            observed_and_twins, sweep_runs)
     from tierdiag.errors import ConfigError
     from tierdiag.store.reader import list_runs, open_store

@@ -1,5 +1,5 @@
 """The replay's writer process: the store's writer loop (store/writer_process.py) with the
-replay's close hook (diagnose/close.py: the run evidence and the closing numbers)."""
+replay's close hook (diagnose/run/close.py: the run evidence and the closing numbers)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ ENTRY = "from tierdiag.app.writer_child import main; main()"
 
 
 def main() -> None:
-    from tierdiag.diagnose import close
+    from tierdiag.diagnose.run import close
     from tierdiag.store import writer_serve
 
     writer_serve.main(after_commit=close.after_commit, preload=close.PRELOAD)

@@ -226,7 +226,7 @@ def _progress_bar(trace: Path, *, show_bar: bool):
 
     bar = Progress("replay", count_lines(trace) if trace.is_file() else None, "requests", show_bar=show_bar)
 
-    from tierdiag.diagnose.tokens import TokenSplit
+    from tierdiag.diagnose.request.tokens import TokenSplit
 
     def progress(done: int, since_start_ns: int, stats) -> None:
         reused = TokenSplit.of(stats).reused_tokens

@@ -10,8 +10,8 @@ from tierdiag.app.views import SLOW_BY, SlowView, slow_view
 from tierdiag.cli.choices import choices
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt
 from tierdiag.cli.sink import Sink, renders
-from tierdiag.diagnose.causes import CAUSES
-from tierdiag.diagnose.slow import HIT_CLASSES
+from tierdiag.diagnose.request.causes import CAUSES
+from tierdiag.diagnose.request.slow import HIT_CLASSES
 
 
 def slow(

@@ -50,7 +50,7 @@ def sweep(
         from tierdiag.app.sweep import warm_up_workers
 
         warm_up_workers()  # the workers' fork server boots and imports while the sweep is planned
-    from tierdiag.diagnose.compare import check_sort_key
+    from tierdiag.diagnose.comparison.compare import check_sort_key
     from tierdiag.config.engine import load_config  # no torch: presets and validation only
     from tierdiag.app.sweep import Processes, Ray, import_ray, new_sweep_id
     from tierdiag.config.sweep_spec import plan_sweep

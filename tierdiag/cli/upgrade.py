@@ -38,7 +38,7 @@ def replay_upgrade(trace: Path, cfg, releases: tuple[str, str], *, db: Path, run
     without both release runs there is no view, only the error. `runner`: the sweep's `_run`."""
     from tierdiag.app.sweep import Processes, SweepFailed
     from tierdiag.app.upgrade import new_upgrade_id, plan_upgrade
-    from tierdiag.diagnose.upgrade import upgrade_view
+    from tierdiag.diagnose.comparison.upgrade import upgrade_view
     from tierdiag.errors import StoreError
     from tierdiag.store.reader import list_runs, open_store
 
@@ -65,7 +65,7 @@ def replay_upgrade(trace: Path, cfg, releases: tuple[str, str], *, db: Path, run
         raise failed
 
 
-@renders("tierdiag.diagnose.upgrade.UpgradeView")
+@renders("tierdiag.diagnose.comparison.upgrade.UpgradeView")
 def _text(view, out, *, db: Path) -> None:
     from tierdiag.report.terminal import plain
     from tierdiag.report.upgrade_view import render_upgrade

@@ -1,27 +1,25 @@
 """Diagnosis: read a recorded run, say what happened and why. Reads the store only, never
 starts a replay (app/advise.py does that, as a client of advice/'s rules).
 
-Modules, each importing only those below it (an arrow reads "is built on")::
+Grouped by the question a module answers (each package's __init__ says why its modules are
+together; docs/architecture.md says where a new one goes)::
 
-    explain -> explain_steps, explain_verdict -> explain_result      one request
-    explain -> routing -> ranks                                      a --dp run: the routing step; ranks side by side
-    observed -> observed_explain -> observed_twin                    imported (server) runs
-    compare, observed_explain -> twin_error                          a twin's TTFT error, its clock
-    slow_groups -> explain, slow                                     the report's slowest table
-    summary -> diagnosis -> advice/ -> run_claims, claims           the run's root cause, what to change: one rule
-                                                                     a module (advice/rules/), listed in registry.py
-    compare, slow                                                    runs side by side; ranking
-    calibrate -> fit, twin_error                                     a cost model fitted to an observed run
-    evidence                     computes and stores at the close (close.py: the store's hook)
-    facts                        the ONE reader of stored evidence: stored, else computed
-      -> stored                  the row's format
-         -> runcontext, numbers, totals                              computed from the rows
-            runcontext -> story, capacity    the requests' own verdicts by excess; offered prefill vs GPU
-            runcontext, run_claims -> routing_loss  once-cached tokens lost to routing (a dp run's), priced by position
-    context (one request's surroundings) . causes . tokens . sql . quantile . query
-    read/    the read model: Run (the runs row parsed once: kind, rules, ranks), one view per run
-             kind (kind.py: the one branch on it), RequestRow (a typed `requests` row), and the
-             named queries (queries.py: `request`, `slowest`, ...); built on sql, below them all
-
-Nothing below `facts` reads the stored row; `evidence` writes it and never reads it back.
+    advice/     Advice: what to change in a run's config, each item a rule's, verified by a replay.
+    comparison/ Runs side by side: `compare`, and what an SGLang upgrade moves rule by rule (`replay
+                --sglang OLD,NEW`) with explain's upgrade step.
+    dp/         A data-parallel run (`replay --dp N`): its ranks side by side, explain's routing
+                step, and the once-cached tokens routing lost.
+    read/       The read model of a run: what diagnose and report ask of a recorded run, typed.
+    request/    One request's verdict: why its TTFT exceeded its ideal (`explain`'s four steps, its
+                cause, its sentences), and `slow`, which ranks requests by that same verdict.
+    run/        The run's story: its numbers, context and diagnosis, computed from its rows, stored
+                with the run at its close (evidence, stored) and read back through the one reader
+                (facts).
+    session/    Sessions: whether a turn's context survived its pause, and the pool sizes that would
+                keep it.
+    twin/       An observed run (imported from a server's export) against its replayed twin:
+                agreement, explain through the twin, the twin's TTFT error, and the cost-model clock
+                fitted to it (calibrate).
+    views.py    What each command asks of a run, answered by its kind's commands, chosen once from
+                the run's view (read/kind.py): a replay from the engine's parts, an imported run ...
 """

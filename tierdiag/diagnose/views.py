@@ -1,6 +1,6 @@
 """What each command asks of a run, answered by its kind's commands, chosen once from the run's
 view (read/kind.py): a replay from the engine's parts, an imported run from what its server
-reported (diagnose/observed.py). Each answer is a typed result, drawn by report/views.py
+reported (diagnose/twin/observed.py). Each answer is a typed result, drawn by report/views.py
 according to its type; the modules behind an answer are imported only when it is asked for
 (start-up: `summary` never loads explain's modules)."""
 
@@ -14,19 +14,19 @@ from tierdiag.store.reader import RunKind
 class ReplayCommands:
     def summarize(self, con, run):
         """RunSummary."""
-        from tierdiag.diagnose.summary import run_summary
+        from tierdiag.diagnose.run.summary import run_summary
 
         return run_summary(con, run)
 
     def explain(self, con, run, req_id: str):
         """Explanation."""
-        from tierdiag.diagnose.explain import explain_request
+        from tierdiag.diagnose.request.explain import explain_request
 
         return explain_request(con, run, req_id)
 
     def slow(self, con, run, *, top: int, hit_class: str | None = None, cause: str | None = None):
         """(SlowRequest, rows ranked by excess TTFT over their ideal)."""
-        from tierdiag.diagnose.slow import SlowRequest, slow_requests
+        from tierdiag.diagnose.request.slow import SlowRequest, slow_requests
 
         return SlowRequest, slow_requests(con, run, top=top, hit_class=hit_class, cause=cause)
 
@@ -34,19 +34,19 @@ class ReplayCommands:
 class ObservedCommands:
     def summarize(self, con, run):
         """ObservedSummary."""
-        from tierdiag.diagnose.observed import observed_summary
+        from tierdiag.diagnose.twin.observed import observed_summary
 
         return observed_summary(con, run)
 
     def explain(self, con, run, req_id: str):
         """ObservedExplanation."""
-        from tierdiag.diagnose.observed import explain_observed
+        from tierdiag.diagnose.twin.observed import explain_observed
 
         return explain_observed(con, run, req_id)
 
     def slow(self, con, run, *, top: int, hit_class: str | None = None, cause: str | None = None):
         """(ObservedSlow, rows ranked by TTFT: no ideal there)."""
-        from tierdiag.diagnose.observed import ObservedSlow, slow_observed
+        from tierdiag.diagnose.twin.observed import ObservedSlow, slow_observed
 
         return ObservedSlow, slow_observed(con, run, top=top, hit_class=hit_class, cause=cause)
 

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.text import Text
 
 from tierdiag.config.profile import CLOCK_PARAMS
-from tierdiag.diagnose.calibrate import HOLDOUT_SPLIT, WIDE_REL_HALF_WIDTH, Calibration
+from tierdiag.diagnose.twin.calibrate import HOLDOUT_SPLIT, WIDE_REL_HALF_WIDTH, Calibration
 from tierdiag.report.terminal import new_table, plain
 
 

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tierdiag.diagnose.compare import RunRow
+from tierdiag.diagnose.comparison.compare import RunRow
 from tierdiag.report.plotting import CLASS_LABELS, TIER_COLOURS, TIER_LABELS, FigureSpec, TimeUnit, base_axis, base_layout
 
 # Plotly's D3 palette without its amber/purple/red (those mean host, storage, recompute here).

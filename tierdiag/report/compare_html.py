@@ -2,7 +2,7 @@
 self-contained HTML file, built like the run report (html.py) and sharing its page parts.
 
     build_compare_report(db, runs | sweep, output)
-      open_store ─► compare_runs / compare_requests (diagnose/compare.py) + each run's TTFTs
+      open_store ─► compare_runs / compare_requests (diagnose/comparison/compare.py) + each run's TTFTs
                  ─► compare_figures.py ─► the page (html.py's CSS, loader, cards) ─► write_atomic
 
 The per-request delta table compares two runs: the two given (`--compare A B`); for a sweep, its
@@ -22,7 +22,7 @@ import duckdb
 import numpy as np
 
 from tierdiag.config.names import HitClass
-from tierdiag.diagnose.compare import (CLASSES, Comparison, RequestComparison, RequestDelta, compare_requests,
+from tierdiag.diagnose.comparison.compare import (CLASSES, Comparison, RequestComparison, RequestDelta, compare_requests,
                                        compare_runs, sweep_runs)
 from tierdiag.diagnose.read.compare import ttfts_by_class
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tierdiag.diagnose.compare import (CLASSES, Comparison, RequestComparison, RequestDelta, RunRow, TwinAgreement,
+from tierdiag.diagnose.comparison.compare import (CLASSES, Comparison, RequestComparison, RequestDelta, RunRow, TwinAgreement,
                                       TwinComparison)
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct
 from tierdiag.report.observed import render_agreement

@@ -16,7 +16,7 @@ from typing import Any
 
 from tierdiag.config.names import Tier
 from tierdiag.units import fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens
-from tierdiag.diagnose.compare import run_kv_memory
+from tierdiag.diagnose.comparison.compare import run_kv_memory
 from tierdiag.report.series import (
     BURST_GAP_SHARE,
     CAUSE_MEANING,

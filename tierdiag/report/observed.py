@@ -1,4 +1,4 @@
-"""Rich views of observed runs (diagnose/observed.py): explain, slow, summary, agreement.
+"""Rich views of observed runs (diagnose/twin/observed.py): explain, slow, summary, agreement.
 
 Rendered from the same typed results `--json` prints; what the server did not report shows as
 "-" and is named as not reported, never as 0. Request ids and other text from the export are
@@ -19,7 +19,7 @@ from tierdiag.report.terminal import CAUSE_STYLE
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, fmt_value
 
 if TYPE_CHECKING:
-    from tierdiag.diagnose.observed import Agreement, ObservedExplanation, ObservedSlow, ObservedSummary
+    from tierdiag.diagnose.twin.observed import Agreement, ObservedExplanation, ObservedSlow, ObservedSummary
 
 _STYLE = {**CAUSE_STYLE, None: "bold"}  # a cause's colour as everywhere; no cause (unknown): bold
 

@@ -1,4 +1,4 @@
-"""The report's per-rank figure for a data-parallel run (diagnose/ranks.py's `RankSummary`): per
+"""The report's per-rank figure for a data-parallel run (diagnose/dp/ranks.py's `RankSummary`): per
 rank, where its input tokens came from (stacked shares: device, host, storage, computed) and,
 on a second axis, its load (prefill busy share of the run's span). html.py calls it; a run of
 one rank has none."""

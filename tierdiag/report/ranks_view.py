@@ -1,4 +1,4 @@
-"""A data-parallel run's ranks in the terminal: `summary`'s per-rank tables (diagnose/ranks.py's
+"""A data-parallel run's ranks in the terminal: `summary`'s per-rank tables (diagnose/dp/ranks.py's
 `RankSummary`), `compare`'s ranks table and the one-line deployment shown by `runs` and
 `summary` (`slow --by rank` is slow_ranks_view.py's: it draws with terminal.py's slow table). A
 run of one rank has none of them. No numpy or Plotly here (the report's figure is
@@ -18,7 +18,7 @@ from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens
 
 def deployment_line(run) -> str | None:
     """"4 ranks · router cache_aware" for a data-parallel run; None for a run of one rank."""
-    from tierdiag.diagnose.ranks import deployment
+    from tierdiag.diagnose.dp.ranks import deployment
 
     dep = deployment(run)
     return None if dep is None else f"{dep.dp} ranks · router {dep.router}"

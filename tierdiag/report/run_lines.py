@@ -1,5 +1,5 @@
 """What a run is, in the lines `summary`, `runs` and the report head it with: its pools as
-recorded and the SGLang rules it followed (its KV memory per rank: diagnose.compare.run_kv_memory)."""
+recorded and the SGLang rules it followed (its KV memory per rank: diagnose.comparison.compare.run_kv_memory)."""
 
 from __future__ import annotations
 

@@ -18,17 +18,17 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from tierdiag.diagnose.causes import CAUSE_MEANING, excess_sql  # noqa: F401 - the page's words
-from tierdiag.diagnose.diagnosis import RunDiagnosis, backed
-from tierdiag.diagnose.facts import RunFacts
+from tierdiag.diagnose.request.causes import CAUSE_MEANING, excess_sql  # noqa: F401 - the page's words
+from tierdiag.diagnose.run.diagnosis import RunDiagnosis, backed
+from tierdiag.diagnose.run.facts import RunFacts
 from tierdiag.diagnose.read import series as read
 from tierdiag.diagnose.read.kind import view_of
 from tierdiag.diagnose.read.series import FINISHED_WHERE as _FINISHED  # noqa: F401 - tests count the same rows
-from tierdiag.diagnose.query import link_peak_bytes_per_s
-from tierdiag.diagnose.slow_groups import BURST_GAP_SHARE, SLOW_POOL, SlowGroup  # noqa: F401
-from tierdiag.diagnose.slow_groups import slow_groups as load_slow_groups
+from tierdiag.diagnose.read.query import link_peak_bytes_per_s
+from tierdiag.diagnose.request.slow_groups import BURST_GAP_SHARE, SLOW_POOL, SlowGroup  # noqa: F401
+from tierdiag.diagnose.request.slow_groups import slow_groups as load_slow_groups
 from tierdiag.diagnose.read.queries import run_span_ns
-from tierdiag.diagnose.summary import RunSummary, run_summary
+from tierdiag.diagnose.run.summary import RunSummary, run_summary
 from tierdiag.store.reader import RunInfo
 
 # Past this many finished requests the per-request scatter keeps the slowest ones plus an
@@ -47,7 +47,7 @@ COMPONENTS = ("queue_ns", "storage_wait_ns", "loadback_exposed_ns", "recompute_n
 
 @dataclass(frozen=True)
 class ClassTTFT:
-    """TTFT quantiles of one class for the box plot (nearest rank, see diagnose/quantile.py).
+    """TTFT quantiles of one class for the box plot (nearest rank, see diagnose/read/quantile.py).
 
     p50 and p99 are `summary`'s (`ClassStats`), not recomputed; p01/p25/p75 only draw the box."""
 
@@ -146,7 +146,7 @@ class RequestPoints:
     host_tokens: np.ndarray
     storage_tokens: np.ndarray
     computed_tokens: np.ndarray
-    cause: np.ndarray  # primary cause per request (diagnose.causes rule)
+    cause: np.ndarray  # primary cause per request (diagnose.request.causes rule)
     total: int  # finished requests in the run
     sampled: bool
     slowest_kept: int = 0  # when sampled: how many of the points are the slowest, kept whatever the sample

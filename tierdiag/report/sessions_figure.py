@@ -1,4 +1,4 @@
-"""The report's session figure: survival by pause length (diagnose/sessions.py's `SessionSummary`),
+"""The report's session figure: survival by pause length (diagnose/session/sessions.py's `SessionSummary`),
 one stacked bar a pause bucket, TTFT p50 / p99 on a second axis. html.py calls it."""
 
 from __future__ import annotations

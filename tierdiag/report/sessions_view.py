@@ -1,5 +1,5 @@
 """`summary`'s session view in the terminal: survival by pause length and the sessions that ended
-at a rejected turn, from diagnose/sessions.py's `SessionSummary` (terminal.py calls it; the
+at a rejected turn, from diagnose/session/sessions.py's `SessionSummary` (terminal.py calls it; the
 report's figure is sessions_figure.py). No numpy or Plotly here: `summary` must not pay for them."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ html.py calls it."""
 from __future__ import annotations
 
 from tierdiag.config.names import Tier
-from tierdiag.diagnose.size_curves import KNEE_SHARE
+from tierdiag.diagnose.run.size_curves import KNEE_SHARE
 from tierdiag.report.figures import FigureSpec
 
 COLORS = {"device": "#2a9d8f", "host": "#e9c46a", "storage": "#f4a261"}

@@ -1,6 +1,6 @@
 """`summary`'s size curves in the terminal: for each tier, the reuse the one-pass LRU model
 predicts at a few sizes, the run's own size (predicted beside what the run found) and the knee,
-from diagnose/size_curves.py's `SizeCurves` (terminal.py calls it; the report's figure is
+from diagnose/run/size_curves.py's `SizeCurves` (terminal.py calls it; the report's figure is
 size_curves_figure.py). No numpy or Plotly here: `summary` must not pay for them."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tierdiag.diagnose.size_curves import KNEE_SHARE
+from tierdiag.diagnose.run.size_curves import KNEE_SHARE
 from tierdiag.units import fmt_pct, fmt_tokens, share
 
 SHOWN = 6  # sizes shown a tier beside its own and its knee: every other power of two pages, up to the plateau

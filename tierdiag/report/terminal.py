@@ -34,9 +34,9 @@ from tierdiag.units import (
 )
 
 if TYPE_CHECKING:  # only for hints: `explain` should not import the slow/summary code to render
-    from tierdiag.diagnose.explain import Explanation
-    from tierdiag.diagnose.slow import SlowRequest
-    from tierdiag.diagnose.summary import RunSummary
+    from tierdiag.diagnose.request.explain import Explanation
+    from tierdiag.diagnose.request.slow import SlowRequest
+    from tierdiag.diagnose.run.summary import RunSummary
 
 CAUSE_STYLE = {Cause.NONE: "green", Cause.QUEUEING: "yellow", Cause.LOAD_BACK: "red", Cause.STORAGE_FETCH: "magenta",
                Cause.ROUTING: "red", Cause.RECOMPUTE: "red", Cause.COMPUTE: "cyan", None: "dim"}
@@ -139,7 +139,7 @@ _RECORD_COLUMNS = {
     "events": (("t_ms", "when"), ("tier", "tier"), ("action", "action"), ("prefix_tokens", "its tokens"),
                ("cause_req_id", "by req"), ("owner_req_id", "owner"), ("pool_used_share", "pool used"),
                ("locked_tokens", "locked")),
-    # the routing step's prefix on every rank at arrival (diagnose/routing.py)
+    # the routing step's prefix on every rank at arrival (diagnose/dp/routing.py)
     "ranks": (("rank", "rank"), ("device_tokens", "device"), ("host_tokens", "host"), ("in_flight", "in flight"),
               ("score", "score")),
 }
@@ -329,7 +329,7 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
                             + (f" · KV memory {memory.words()}" if each else ""), "dim"))
     if rules:
         console.print(plain(f"engine rules: {rules}", "dim"))
-    if getattr(s, "ranks", None) is not None:  # a data-parallel run (diagnose/ranks.py); one rank: nothing
+    if getattr(s, "ranks", None) is not None:  # a data-parallel run (diagnose/dp/ranks.py); one rank: nothing
         console.print(plain(f"deployment: {s.ranks.dp} data-parallel ranks behind router {s.ranks.router}", "dim"))
     if getattr(s, "diagnosis", None) is not None:
         dx = s.diagnosis
@@ -346,7 +346,7 @@ def render_summary(s: RunSummary, console: Console, *, kv_bytes_per_token: int |
                   fmt_pct(shares["recomputed"]))
     split.add_row(Text("input", style="bold"), fmt_tokens(t.input_tokens), "")
     console.print(split)
-    misses = getattr(s, "miss_reasons", None)  # diagnose/miss_reasons.py; None: not recorded
+    misses = getattr(s, "miss_reasons", None)  # diagnose/run/miss_reasons.py; None: not recorded
     if misses and t.computed_tokens:
         console.print(plain("computed tokens by why they were not reused: " + ", ".join(
             f"{r.replace('_', ' ')} {fmt_tokens(n)} ({fmt_pct(n / t.computed_tokens)})"

@@ -1,6 +1,6 @@
 """The upgrade view (`replay TRACE --sglang OLD,NEW`): the whole upgrade, then what each rule
 moves when switched back alone, the requests it moved most, and how the upgrade's moved requests
-divide by the rules that reproduce them. Rendered from diagnose/upgrade.py's UpgradeView, the
+divide by the rules that reproduce them. Rendered from diagnose/comparison/upgrade.py's UpgradeView, the
 same result `--json` prints; tables fit 80 columns and are complete when piped (cells wrap,
 nothing is cut). Data (run names, ids) goes in as Text, never markup."""
 
@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tierdiag.diagnose.upgrade import (TTFT_MOVED_NS, UNDONE_SHARE, Attribution, MovedRequest, UpgradeView,
+from tierdiag.diagnose.comparison.upgrade import (TTFT_MOVED_NS, UNDONE_SHARE, Attribution, MovedRequest, UpgradeView,
                                        signed_ms)
 from tierdiag.report.terminal import plain
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, share

@@ -40,7 +40,7 @@ def _observed_explanation(r, console, ctx: Context) -> None:
 
 
 def _summary(r, console, ctx: Context) -> None:
-    from tierdiag.diagnose.kv_memory import run_kv_memory
+    from tierdiag.diagnose.run.kv_memory import run_kv_memory
     from tierdiag.report.run_lines import pool_sizes, rules_line
     from tierdiag.report.terminal import render_summary
 

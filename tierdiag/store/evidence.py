@@ -1,5 +1,5 @@
-"""The write side of the evidence stored with a run at its close (diagnose/evidence.py computes
-it, diagnose/stored.py is its format, diagnose/read/queries.py `stored_evidence` reads it back):
+"""The write side of the evidence stored with a run at its close (diagnose/run/evidence.py computes
+it, diagnose/run/stored.py is its format, diagnose/read/queries.py `stored_evidence` reads it back):
 one row per run in `run_evidence`, replaced in one transaction."""
 
 from __future__ import annotations

@@ -219,7 +219,7 @@ EVENT_TABLES = ("requests", "evictions", "request_evictions", "transfers", "batc
 OPTIONAL_TABLES: dict[str, dict[str, str]] = {
     # The run-wide evidence every reader would otherwise recompute from all of a run's rows
     # (run context, summary numbers, explain's run totals), written once when the run is closed
-    # as complete or interrupted (tierdiag/diagnose/evidence.py). One row per run; a reader uses
+    # as complete or interrupted (tierdiag/diagnose/run/evidence.py). One row per run; a reader uses
     # it only when evidence_version is the code's EVIDENCE_VERSION, else computes it as before.
     "run_evidence": {
         "run_id": "VARCHAR",

@@ -347,7 +347,7 @@ class RunWriter:
 
         `after_commit(con, db_path, run_id, status)` runs once the status is committed, on the
         same connection (one open and one checkpoint for the whole close): the replay passes
-        diagnose.close.after_commit (the run evidence, and the closing numbers it returns, kept
+        diagnose.run.close.after_commit (the run evidence, and the closing numbers it returns, kept
         as `numbers`; what it raises is kept as `numbers_error`, for the replay to raise). The
         store computes nothing of the diagnosis itself.
 

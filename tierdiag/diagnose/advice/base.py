@@ -26,9 +26,9 @@ from tierdiag.units import fmt_bytes
 if TYPE_CHECKING:
     from tierdiag.diagnose.advice.targets import Target
     from tierdiag.diagnose.advice.types import Advice
-    from tierdiag.diagnose.claims import Claim
-    from tierdiag.diagnose.runcontext import RunContext
-    from tierdiag.diagnose.session_pool import SessionPauses
+    from tierdiag.diagnose.request.claims import Claim
+    from tierdiag.diagnose.run.runcontext import RunContext
+    from tierdiag.diagnose.session.session_pool import SessionPauses
 
 # A rule fires only when its tokens are known, more than none, and at least this share of a known,
 # non-empty input (`significant`): below that, the cache is not what is worth changing.

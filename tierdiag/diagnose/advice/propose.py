@@ -49,8 +49,8 @@ import dataclasses
 from tierdiag.diagnose.advice import registry
 from tierdiag.diagnose.advice.base import HOST_POOL_LIMIT_BYTES, Evidence, limit_words
 from tierdiag.diagnose.advice.types import Advice
-from tierdiag.diagnose.runcontext import RunContext
-from tierdiag.diagnose.session_pool import SessionPauses
+from tierdiag.diagnose.run.runcontext import RunContext
+from tierdiag.diagnose.session.session_pool import SessionPauses
 
 
 def propose(ctx: RunContext, *, host_limit_bytes: int = HOST_POOL_LIMIT_BYTES,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tierdiag.diagnose.causes import excess_sql, routing_tokens_sql
+from tierdiag.diagnose.request.causes import excess_sql, routing_tokens_sql
 
 # Every Target made, by name: what `Verified.numbers` calls a target in words.
 _BY_NAME: dict[str, "Target"] = {}

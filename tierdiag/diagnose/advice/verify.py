@@ -16,7 +16,7 @@ from tierdiag.diagnose.advice.targets import RECOMPUTE_SHARE
 from tierdiag.diagnose.advice.types import (COMBINE_MAX, COMBINED, CONFIRM_P50_GAIN, SIZE_KEYS, Advice, Sizing,
                                             Verified, classify)
 from tierdiag.diagnose.read import advice as read_advice
-from tierdiag.diagnose.runcontext import RunContext
+from tierdiag.diagnose.run.runcontext import RunContext
 from tierdiag.store.reader import ADVISE_SWEEP_PREFIX
 from tierdiag.units import fmt_pct, ns_to_ms, share
 
@@ -227,7 +227,7 @@ def run_advice(con: duckdb.DuckDBPyConnection, run, ctx: RunContext, req_id: str
                facts=None) -> tuple[Advice, ...]:
     """The run's advice, verified by what `advise` replayed; `facts`: the run's RunFacts where
     the caller has them (the session rule's distances are stored with the run evidence)."""
-    from tierdiag.diagnose.facts import RunFacts
+    from tierdiag.diagnose.run.facts import RunFacts
 
     facts = facts if facts is not None else RunFacts(con, run)
     curves = facts.size_curves()

@@ -19,6 +19,9 @@
     observed.py          an imported run's own numbers, paired with its twin replay's
     advice.py            what advice verification reads (headline numbers, advise's replays)
     rows.py              dict rows (fetch_dicts, fetch_one), schema checks, a second cursor
+    quantile.py  The one percentile definition every view uses: nearest rank.
+    query.py     Small helpers shared by summary / slow / explain / observed over what they ...
+    sql.py       The two row sets every view counts over, written once.
 
 Every SQL text a reader runs lives here (tests/test_read_model.py); the store layer keeps the
 write side's.

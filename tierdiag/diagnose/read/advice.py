@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import duckdb
 
-from tierdiag.diagnose.sql import FINISHED_SQL
+from tierdiag.diagnose.read.sql import FINISHED_SQL
 
 # The tokens reused in a tier or above it.
 _FOUND_SQL = {"device": "device_hit_tokens", "host": "device_hit_tokens + host_hit_tokens",

@@ -8,8 +8,8 @@ from typing import NamedTuple
 
 import duckdb
 
-from tierdiag.diagnose.causes import cause_sql
-from tierdiag.diagnose.sql import FINISHED_SQL
+from tierdiag.diagnose.request.causes import cause_sql
+from tierdiag.diagnose.read.sql import FINISHED_SQL
 
 
 class BusyTime(NamedTuple):

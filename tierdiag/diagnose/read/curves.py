@@ -1,4 +1,4 @@
-"""What the size curves (diagnose/size_curves.py) read of a run: its finished requests in trace
+"""What the size curves (diagnose/run/size_curves.py) read of a run: its finished requests in trace
 order with the times the replay matched and released them, and the tokens they found by tier."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import duckdb
 
-from tierdiag.diagnose.sql import finished_sql
+from tierdiag.diagnose.read.sql import finished_sql
 
 
 class CurveRequest(NamedTuple):

@@ -5,7 +5,7 @@ commands (summary, explain, slow), chosen by the same view.
     replay     recorded by the reference engine: every TTFT part, the ideal TTFT, batches,
                transfers, evictions; run evidence stored at its close; the SGLang rules it followed
     observed   imported from a server's export (importers/): what the server reported, NULL for
-               the rest; no engine parts, no stored evidence, no engine rules (diagnose/observed*.py)
+               the rest; no engine parts, no stored evidence, no engine rules (diagnose/twin/observed*.py)
 
 A kind this tierdiag does not know (a newer store) is read as a server's: its rows are not
 trusted to carry the engine's parts.

@@ -1,4 +1,4 @@
-"""The queries over an imported (observed) run and its twin replay (diagnose/observed.py,
+"""The queries over an imported (observed) run and its twin replay (diagnose/twin/observed.py,
 observed_twin.py, twin_error.py, observed_explain.py): the server's own numbers summed, and the
 two runs' rows paired by request id. Filtered on the run ids first, aggregated in DuckDB.
 """
@@ -9,8 +9,8 @@ from typing import NamedTuple
 
 import duckdb
 
-from tierdiag.diagnose.causes import server_cause_sql
-from tierdiag.diagnose.quantile import quantile_sql
+from tierdiag.diagnose.request.causes import server_cause_sql
+from tierdiag.diagnose.read.quantile import quantile_sql
 
 
 class ObservedTotals(NamedTuple):
@@ -227,7 +227,7 @@ class CalibrationColumns(NamedTuple):
 
 
 def calibration_columns(con: duckdb.DuckDBPyConnection, run_id: str) -> CalibrationColumns:
-    """What `calibrate --from-run` fits the cost model to (diagnose/calibrate.py)."""
+    """What `calibrate --from-run` fits the cost model to (diagnose/twin/calibrate.py)."""
     return CalibrationColumns(**con.execute(
         "SELECT arrival_ns, queue_ns, prefill_ns, first_token_ns, finish_ns, input_tokens, output_tokens, "
         "device_hit_tokens, host_hit_tokens, storage_hit_tokens, computed_tokens, dp_rank FROM requests "

@@ -13,9 +13,9 @@ from typing import Any, NamedTuple, Sequence
 
 import duckdb
 
-from tierdiag.diagnose.causes import cause_sql, excess_sql, server_cause_sql
+from tierdiag.diagnose.request.causes import cause_sql, excess_sql, server_cause_sql
 from tierdiag.diagnose.read.requests import SELECT_COLUMNS, RequestRow
-from tierdiag.diagnose.sql import FINISHED_SQL, SpanOver, span_columns_sql
+from tierdiag.diagnose.read.sql import FINISHED_SQL, SpanOver, span_columns_sql
 from tierdiag.store.evidence import TABLE as EVIDENCE_TABLE  # one row per closed replay (store/evidence.py writes it)
 
 
@@ -140,7 +140,7 @@ def run_span_ns(con: duckdb.DuckDBPyConnection, run_id: str, over: SpanOver = "a
 
 def stored_evidence(con: duckdb.DuckDBPyConnection, run) -> tuple[int, str] | None:
     """(evidence_version, evidence_json) of the evidence stored with the run at its close
-    (diagnose/stored.py is its format); None where the store has no such table or the run no
+    (diagnose/run/stored.py is its format); None where the store has no such table or the run no
     single row."""
     try:
         found = con.execute(f"SELECT evidence_version, evidence_json FROM {EVIDENCE_TABLE} WHERE run_id = ?",
@@ -151,7 +151,7 @@ def stored_evidence(con: duckdb.DuckDBPyConnection, run) -> tuple[int, str] | No
 
 
 class OutcomeRow(NamedTuple):
-    """What a request got in one run (diagnose/upgrade.py): its split (NULL as 0), its TTFT where
+    """What a request got in one run (diagnose/comparison/upgrade.py): its split (NULL as 0), its TTFT where
     it finished, its input."""
     run_id: str
     req_id: str

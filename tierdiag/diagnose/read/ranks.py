@@ -1,5 +1,5 @@
 """What the data-parallel views read of a run: per-rank totals (`summary`'s ranks section),
-`slow --by rank`'s counts, and the routing losses (diagnose/ranks.py, diagnose/routing_loss.py).
+`slow --by rank`'s counts, and the routing losses (diagnose/dp/ranks.py, diagnose/dp/routing_loss.py).
 Each is one group-by in DuckDB over the run's rows; `routed_requests` alone fetches rows, the
 requests that lost tokens to routing, which routing_loss prices one by one.
 """
@@ -10,10 +10,10 @@ from typing import NamedTuple
 
 import duckdb
 
-from tierdiag.diagnose.causes import cause_sql, excess_sql, routing_ns_sql, routing_tokens_sql
-from tierdiag.diagnose.quantile import quantile_sql
+from tierdiag.diagnose.request.causes import cause_sql, excess_sql, routing_ns_sql, routing_tokens_sql
+from tierdiag.diagnose.read.quantile import quantile_sql
 from tierdiag.diagnose.read.requests import RequestRow
-from tierdiag.diagnose.sql import FINISHED_SQL
+from tierdiag.diagnose.read.sql import FINISHED_SQL
 
 
 class RankTotals(NamedTuple):

@@ -1,4 +1,4 @@
-"""One request's surroundings (diagnose/context.py): the batches and requests of its rank around
+"""One request's surroundings (diagnose/request/context.py): the batches and requests of its rank around
 its wait, each query filtered on the run's id first and bounded by the window it asks about.
 
 A data-parallel run: a request waited for its own rank's GPU and memory, so its surroundings

@@ -1,4 +1,4 @@
-"""What explain's steps read beyond the request's own row (diagnose/explain_steps.py): its
+"""What explain's steps read beyond the request's own row (diagnose/request/explain_steps.py): its
 transfers and evictions, and the run's load-backs, evictions and batches in a window around it.
 Each query is filtered on the run's id first and bounded by the request or its window.
 """
@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import duckdb
 
-from tierdiag.diagnose.sql import FINISHED_SQL
+from tierdiag.diagnose.read.sql import FINISHED_SQL
 
 # When a request was scheduled (its first prefill batch started; its arrival where it never was):
 # match_prefix, load-back and the evictions its allocation forced happen then, not at arrival.

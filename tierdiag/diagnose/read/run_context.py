@@ -1,4 +1,4 @@
-"""The run context's queries (diagnose/runcontext.py, story.py, capacity.py, totals.py): the
+"""The run context's queries (diagnose/run/runcontext.py, story.py, capacity.py, totals.py): the
 run-wide sums and the per-batch and per-request columns the run's evidence is computed from.
 
 Each is filtered on the run's id first and aggregates in DuckDB; the column sets that the
@@ -12,10 +12,10 @@ from typing import Any, NamedTuple
 
 import duckdb
 
-from tierdiag.diagnose.causes import cause_sql, excess_sql
+from tierdiag.diagnose.request.causes import cause_sql, excess_sql
 from tierdiag.diagnose.read.rows import has_column, has_miss_columns
 from tierdiag.diagnose.read.waiting import lost_while_waiting_sql, waiting_removals_sql
-from tierdiag.diagnose.sql import FINISHED_SQL, finished_sql, span_columns_sql
+from tierdiag.diagnose.read.sql import FINISHED_SQL, finished_sql, span_columns_sql
 
 
 def batch_recompute_sql(con: duckdb.DuckDBPyConnection) -> str | None:

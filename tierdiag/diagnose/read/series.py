@@ -13,13 +13,13 @@ from typing import Any, NamedTuple
 import duckdb
 import numpy as np
 
-from tierdiag.diagnose.causes import cause_sql, excess_sql
-from tierdiag.diagnose.quantile import quantile_sql
-from tierdiag.diagnose.sql import FINISHED_SQL
+from tierdiag.diagnose.request.causes import cause_sql, excess_sql
+from tierdiag.diagnose.read.quantile import quantile_sql
+from tierdiag.diagnose.read.sql import FINISHED_SQL
 
 Columns = dict[str, Any]  # fetchnumpy(): column name -> numpy array
 
-# The same rows `summary` counts as finished (diagnose/sql.py: one definition every view uses).
+# The same rows `summary` counts as finished (diagnose/read/sql.py: one definition every view uses).
 FINISHED_WHERE = "run_id = $run AND " + FINISHED_SQL
 _DECOMPOSED = FINISHED_WHERE + " AND compute_ns IS NOT NULL"  # observed runs have no split of TTFT
 

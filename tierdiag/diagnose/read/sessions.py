@@ -1,5 +1,5 @@
-"""What the session views read of a run (diagnose/sessions.py: `summary`'s survival by pause and
-explain's session step; diagnose/session_pool.py: the host pool the pauses need).
+"""What the session views read of a run (diagnose/session/sessions.py: `summary`'s survival by pause and
+explain's session step; diagnose/session/session_pool.py: the host pool the pauses need).
 
 Grouping and windowing (turns by pause bucket, each turn's predecessor, the sessions a run
 dropped) happen in DuckDB over the run's rows; the per-turn columns come back as DuckDB's
@@ -12,8 +12,8 @@ from typing import Any, NamedTuple
 
 import duckdb
 
-from tierdiag.diagnose.quantile import quantile_sql
-from tierdiag.diagnose.sql import FINISHED_SQL, finished_sql
+from tierdiag.diagnose.read.quantile import quantile_sql
+from tierdiag.diagnose.read.sql import FINISHED_SQL, finished_sql
 from tierdiag.diagnose.read.waiting import lost_while_waiting_sql, waiting_removals_sql
 
 Columns = dict[str, Any]  # fetchnumpy(): column name -> numpy array

@@ -1,4 +1,4 @@
-"""A run's totals, as `summary` counts them (diagnose/numbers.py turns them into RunSummary):
+"""A run's totals, as `summary` counts them (diagnose/run/numbers.py turns them into RunSummary):
 tokens, times and counts over its requests, per hit class, per reject and skip reason, its
 transfers, evictions and primary causes. Each is one aggregate in DuckDB over the run's rows;
 counts and sums come back as stored (None: no row to sum), the caller reads None as 0.
@@ -10,10 +10,10 @@ from typing import NamedTuple
 
 import duckdb
 
-from tierdiag.diagnose.causes import cause_sql, excess_sql, routing_ns_sql
-from tierdiag.diagnose.quantile import quantile_sql
-from tierdiag.diagnose.sql import FINISHED_SQL as _FINISHED
-from tierdiag.diagnose.sql import span_columns_sql
+from tierdiag.diagnose.request.causes import cause_sql, excess_sql, routing_ns_sql
+from tierdiag.diagnose.read.quantile import quantile_sql
+from tierdiag.diagnose.read.sql import FINISHED_SQL as _FINISHED
+from tierdiag.diagnose.read.sql import span_columns_sql
 
 _SPAN = span_columns_sql("all")  # the run's clock: every request
 
@@ -32,7 +32,7 @@ class RequestTotals(NamedTuple):
     loadback_skipped_tokens: int | None
     hit_requests: int  # with any reused token
     median_hit_tokens: int | None  # reused tokens of the median hit request (nearest rank)
-    t0_ns: int | None  # the run's span (diagnose/sql.py)
+    t0_ns: int | None  # the run's span (diagnose/read/sql.py)
     t1_ns: int | None
     loadback_requests: int  # with any host or storage hit
     loaded_tokens: int | None

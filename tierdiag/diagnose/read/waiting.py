@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import duckdb
 
-from tierdiag.diagnose.causes import routing_tokens_sql
+from tierdiag.diagnose.request.causes import routing_tokens_sql
 from tierdiag.diagnose.read.rows import has_miss_columns
 
 # Eviction actions that take a page out of the last tier that held it (the storage tier aside:

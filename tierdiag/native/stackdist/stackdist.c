@@ -1,5 +1,5 @@
 /* LRU stack depths in one pass (Mattson's algorithm over a Fenwick tree): the compiled side of
- * tierdiag/diagnose/size_curves.py `_depths_python`, which is the reference (same arguments, same
+ * tierdiag/diagnose/run/size_curves.py `_depths_python`, which is the reference (same arguments, same
  * result; tests/diagnose/test_size_curves.py runs both). A module of its own, apart from the data
  * plane (_cplane): it is diagnose's, read at a run's close, never by the engine.
  *

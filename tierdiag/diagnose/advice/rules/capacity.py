@@ -16,8 +16,8 @@ from tierdiag.diagnose.advice.base import (HOST_POOL_LIMIT_BYTES, Evidence, Rule
                                            pow2_at_least, pow2_at_most, significant)
 from tierdiag.diagnose.advice.rules.prefetch import DISK_BYTES_PER_S, read_or_recompute
 from tierdiag.diagnose.advice.types import Advice
-from tierdiag.diagnose.claims import BUSY_SHARE, Claim
-from tierdiag.diagnose.run_claims import held_capacity
+from tierdiag.diagnose.request.claims import BUSY_SHARE, Claim
+from tierdiag.diagnose.run.run_claims import held_capacity
 from tierdiag.engine.rules import rule_set
 from tierdiag.units import fmt_bytes, fmt_pct, fmt_tokens, ns_to_ms, share
 

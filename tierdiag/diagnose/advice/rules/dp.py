@@ -14,8 +14,8 @@ import math
 from tierdiag.diagnose.advice import targets as T
 from tierdiag.diagnose.advice.base import Evidence, Rule
 from tierdiag.diagnose.advice.types import Advice
-from tierdiag.diagnose.capacity import MATERIAL_SHARE, TARGET_LOAD
-from tierdiag.diagnose.claims import Claim
+from tierdiag.diagnose.run.capacity import MATERIAL_SHARE, TARGET_LOAD
+from tierdiag.diagnose.request.claims import Claim
 from tierdiag.units import fmt_ms, fmt_pct, share
 
 # The rule fires when queueing is at least this share of the run's excess TTFT, and predicts the

@@ -13,8 +13,8 @@ from __future__ import annotations
 from tierdiag.diagnose.advice import targets as T
 from tierdiag.diagnose.advice.base import Evidence, Rule, covered, significant
 from tierdiag.diagnose.advice.types import Advice
-from tierdiag.diagnose.claims import NAMED_REASON_SHARE, Claim
-from tierdiag.diagnose.run_claims import held_capacity
+from tierdiag.diagnose.request.claims import NAMED_REASON_SHARE, Claim
+from tierdiag.diagnose.run.run_claims import held_capacity
 from tierdiag.units import fmt_tokens
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from tierdiag.diagnose.advice.base import Evidence, Rule, pow2_at_most
 from tierdiag.diagnose.advice.types import Advice
-from tierdiag.diagnose.claims import Claim
+from tierdiag.diagnose.request.claims import Claim
 from tierdiag.units import fmt_pct, fmt_tokens, share
 
 # Named (and advised) where the shared tokens are at least this share of the run's input.

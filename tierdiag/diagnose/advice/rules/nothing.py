@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tierdiag.diagnose.advice.base import Evidence, Rule
 from tierdiag.diagnose.advice.types import Advice
-from tierdiag.diagnose.claims import Claim
+from tierdiag.diagnose.request.claims import Claim
 from tierdiag.units import fmt_ms, fmt_pct
 
 

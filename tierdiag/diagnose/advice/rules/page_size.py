@@ -8,7 +8,7 @@ from tierdiag.config.constants import RUN_OVERHEAD_NS, SEGMENT_OVERHEAD_NS
 from tierdiag.diagnose.advice import targets as T
 from tierdiag.diagnose.advice.base import Evidence, Rule
 from tierdiag.diagnose.advice.types import Advice
-from tierdiag.diagnose.claims import Claim
+from tierdiag.diagnose.request.claims import Claim
 from tierdiag.units import fmt_bytes, fmt_ms, fmt_pct, ns_to_ms, share
 
 SLOW_LINK_SHARE = 0.5

@@ -13,7 +13,7 @@ from tierdiag.config.names import PrefetchPolicy
 from tierdiag.diagnose.advice import targets as T
 from tierdiag.diagnose.advice.base import Evidence, Rule, significant
 from tierdiag.diagnose.advice.types import Advice
-from tierdiag.diagnose.claims import BUSY_SHARE, Claim
+from tierdiag.diagnose.request.claims import BUSY_SHARE, Claim
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, ns_to_ms, share
 
 

@@ -12,9 +12,9 @@ from tierdiag.config.names import Cause
 from tierdiag.diagnose.advice import targets as T
 from tierdiag.diagnose.advice.base import Evidence, Rule
 from tierdiag.diagnose.advice.types import Advice
-from tierdiag.diagnose.capacity import MATERIAL_SHARE, TARGET_LOAD
-from tierdiag.diagnose.claims import Claim
-from tierdiag.diagnose.run_claims import gpus
+from tierdiag.diagnose.run.capacity import MATERIAL_SHARE, TARGET_LOAD
+from tierdiag.diagnose.request.claims import Claim
+from tierdiag.diagnose.run.run_claims import gpus
 from tierdiag.units import fmt_ms, fmt_pct, ns_to_ms
 
 

@@ -20,7 +20,7 @@ from tierdiag.config.router import DEFAULTS as ROUTER_DEFAULTS
 from tierdiag.diagnose.advice import targets as T
 from tierdiag.diagnose.advice.base import Evidence, Rule, significant
 from tierdiag.diagnose.advice.types import Advice
-from tierdiag.diagnose.claims import Claim
+from tierdiag.diagnose.request.claims import Claim
 from tierdiag.units import fmt_pct, fmt_tokens, share
 
 # Routers that place a request without looking at its prefix (engine/routing/load.py).

@@ -15,7 +15,7 @@ from tierdiag.diagnose.advice.base import Evidence, Rule, significant
 from tierdiag.diagnose.advice.rules.router import (DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_CACHE_THRESHOLD,
                                                    LOWEST_CACHE_THRESHOLD, lost_words, routing_leads)
 from tierdiag.diagnose.advice.types import Advice
-from tierdiag.diagnose.claims import Claim
+from tierdiag.diagnose.request.claims import Claim
 from tierdiag.units import fmt_pct, fmt_tokens, share
 
 BALANCE_FACTOR = 4

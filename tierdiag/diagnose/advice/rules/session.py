@@ -10,8 +10,8 @@ from tierdiag.config.names import WritePolicy
 from tierdiag.diagnose.advice import targets as T
 from tierdiag.diagnose.advice.base import Evidence, Rule, gib, limit_words, pow2_at_least, pow2_at_most, significant
 from tierdiag.diagnose.advice.types import Advice
-from tierdiag.diagnose.claims import Claim
-from tierdiag.diagnose.run_claims import held_capacity
+from tierdiag.diagnose.request.claims import Claim
+from tierdiag.diagnose.run.run_claims import held_capacity
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, share
 
 

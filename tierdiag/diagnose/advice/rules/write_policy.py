@@ -9,7 +9,7 @@ from tierdiag.config import names
 from tierdiag.diagnose.advice import targets as T
 from tierdiag.diagnose.advice.base import Evidence, Rule, significant
 from tierdiag.diagnose.advice.types import Advice
-from tierdiag.diagnose.claims import Claim
+from tierdiag.diagnose.request.claims import Claim
 from tierdiag.units import fmt_tokens
 
 

@@ -1,0 +1,41 @@
+"""What a replay's close computes, once the store's writer has committed the run's status:
+the run evidence (stored for every reader, diagnose/run/evidence.py) and the closing numbers the
+replay prints (`summary`'s, one definition per metric).
+
+The store calls this as a hook (`RunWriter.finish(..., after_commit=after_commit)`, and the
+writer process's entry, app/writer_child.py): the store knows nothing of the diagnosis, and the
+close still pays one open and one checkpoint, the hook running on the writer's connection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+
+from tierdiag.diagnose.run.evidence import record_run_evidence
+
+# What the hook imports: a writer process imports these while the engine runs, not in the close.
+PRELOAD = ("tierdiag.diagnose.run.evidence", "tierdiag.diagnose.run.summary")
+
+
+def after_commit(con: duckdb.DuckDBPyConnection, db_path: Path, run_id: str, status: str) -> dict | None:
+    """The run evidence for a run closed complete or interrupted (its own transaction; never
+    raises: a warning line, and readers compute it from the rows), then, for a complete run, the
+    closing numbers read back (what this raises, the replay raises where it reads them)."""
+    if status in ("complete", "interrupted"):
+        record_run_evidence(db_path, run_id, con=con)
+    if status == "complete":
+        return closing_numbers(con, run_id)
+    return None
+
+
+def closing_numbers(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
+    """What the replay's closing table takes from `summary` (one definition per metric): the
+    run's span and its TTFT percentiles over every finished request (None when there is none)."""
+    from tierdiag.diagnose.run.summary import run_summary
+    from tierdiag.store.reader import resolve_run
+
+    s = run_summary(con, resolve_run(con, run_id), diagnose=False)  # the closing table needs no diagnosis
+    every = next((c for c in s.classes if c.hit_class == "all"), None)
+    return {"span_ns": s.span_ns,
+            "ttft_ns": None if every is None else (every.ttft_p50_ns, every.ttft_p90_ns, every.ttft_p99_ns)}

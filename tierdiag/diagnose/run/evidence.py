@@ -1,0 +1,160 @@
+"""Run evidence: the run-wide numbers every reader would recompute from all of a run's rows,
+computed once when the run is closed and stored with it (docs/contract.md §5)::
+
+    run_evidence(run_id, evidence_version, created_at, evidence_json)
+
+`evidence_json` holds four sections, each a typed result as JSON (dataclasses tagged with their
+class name, tuples marked as such, so that they read back equal to what was computed)::
+
+    context   RunContext  (context.py)  summary's diagnosis, explain's "why", the advice rules
+    summary   RunSummary  (numbers.py)  summary's numbers, without the diagnosis
+    totals    RunTotals   (totals.py)   the bounds, load-backs and device evictions explain compares with
+    sessions  SessionPauses (session_pool.py) the later session turns' stack distances (the session
+                          advice rule); null for a run without later session turns
+    size_curves SizeCurves (size_curves.py) the reuse each tier would find at every size, from one
+                          pass over the run's page references: the trace is read again here, at
+                          close, while it is surely there; null where it cannot be (gone, changed)
+    session_summary SessionSummary (sessions.py) summary's sessions: survival by pause, the
+                          sessions that ended early; null for a run without sessions (a join of
+                          every later turn with what left its prefix while it queued: ~0.3 s of a
+                          1M-request `summary` before it was stored; issue 41)
+    rank_summary RankSummary (ranks.py) summary's per-rank section; null for a run of one rank
+    miss_reasons {reason: tokens} (miss_reasons.py) summary's computed tokens by why they were not
+                          reused; null where the rows have none (three more passes over every
+                          request that `summary` made at read time)
+
+On a million-request run these are seconds of work over every request, batch and eviction
+(queue attribution, loss evidence, the token and class aggregates); stored, a reader fetches one
+row. The diagnosis itself is still made by the reader from the stored context: its advice carries
+what `tierdiag advise` verified after the run was closed.
+
+Written by `record_run_evidence`, which the store's writer calls when it closes a run as complete
+or interrupted (store/writer.py `RunWriter.finish`: replays, sweep and advise workers, imports),
+after the run's rows and status are committed, in a transaction of its own on the writer's own
+connection (the close opens and checkpoints the file once). A failure there is
+one warning line on stderr and nothing else: the run stays as it was closed, with all its rows,
+and readers compute the evidence from the rows as they always did. Observed runs (imported from
+a server) get none: their readers (diagnose/twin/observed.py) use none of it.
+
+This module computes and stores; it never reads the row back. Readers take it through
+facts.py (`RunFacts`: the one reader, with the one "stored, else computed" fallback), and only when its `evidence_version` is
+EVIDENCE_VERSION; otherwise (a store written before the table, a run closed by an older tierdiag,
+a run still being recorded, a failed run, an observed one) they compute it from the rows, with
+the same result (tests/diagnose/test_evidence.py checks both paths agree). Bump EVIDENCE_VERSION
+(stored.py) whenever a stored class gains, loses or renames a field, or a number in it is computed
+differently (stored.py, the row's format): old rows are then ignored, not misread.
+
+A fourth section, `inputs`, holds what of the `runs` row the numbers were computed from (config,
+hardware, data plane); a row whose inputs differ from the run's (a config edited since) is not
+used. The summary's identity fields (name, status, trace path, model, gpu) are taken from the
+`runs` row when read: a sweep's merge rewrites the trace path.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import duckdb
+
+from tierdiag.diagnose.run.runcontext import compute_run_context
+from tierdiag.diagnose.run.numbers import compute_run_summary
+from tierdiag.diagnose.session.session_pool import session_pauses
+from tierdiag.diagnose.session.sessions import session_summary
+from tierdiag.diagnose.dp.ranks import rank_summary
+from tierdiag.diagnose.run.miss_reasons import run_miss_reasons
+from tierdiag.diagnose.run.size_curves import size_curves
+from tierdiag.diagnose.read.rows import second_cursor
+from tierdiag.diagnose.run.stored import EVIDENCE_VERSION, encode, inputs
+from tierdiag.diagnose.run.totals import run_totals
+from tierdiag.store.evidence import replace_run_evidence
+
+
+# --------------------------------------------------------------------------- compute and write
+
+
+def compute_evidence(con: duckdb.DuckDBPyConnection, run) -> dict:
+    """The three sections, from the run's rows, as the JSON-ready dict that is stored.
+
+    The run context (half the queries) is computed on a second cursor, in a thread, while
+    this one computes the summary and the totals: DuckDB runs a query without the GIL, and at a
+    replay's close the engine's core is idle, waiting for this (~80 -> ~50 ms on the
+    conversation trace). The results are the same as one after the other: the rows are
+    committed and nothing writes meanwhile."""
+    import threading
+
+    with second_cursor(con) as cur:
+        context: list = []
+
+        def compute_context() -> None:
+            try:
+                context.append(compute_run_context(cur, run))
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, on the caller's thread
+                context.append(exc)
+
+        thread = threading.Thread(target=compute_context, name="tierdiag-evidence", daemon=True)
+        thread.start()
+        try:
+            summary = compute_run_summary(con, run)
+            totals = run_totals(con, run.run_id)
+            sessions = session_summary(con, run)
+            ranks = rank_summary(con, run)
+            reasons = run_miss_reasons(con, run.run_id)
+        finally:
+            thread.join()
+    if isinstance(context[0], BaseException):
+        raise context[0]
+    return {"inputs": encode(inputs(run)), "context": encode(context[0]),
+            "summary": encode(summary), "totals": encode(totals), "sessions": encode(session_pauses(con, run)),
+            "size_curves": encode(size_curves(con, run)), "session_summary": encode(sessions),
+            "rank_summary": encode(ranks), "miss_reasons": encode(reasons)}
+
+
+def write_evidence(con: duckdb.DuckDBPyConnection, run_id: str, sections: dict) -> None:
+    """Replace the run's row, and its rows of `request_lookup` (store/lookup.py), in one transaction
+    (creating the tables in a store made before them)."""
+    replace_run_evidence(con, run_id, EVIDENCE_VERSION, json.dumps(sections, separators=(",", ":")))
+
+
+# How long to wait for another process to let go of the store, to read the rows and to write the
+# row: a reader's wait. Beyond it the run goes without stored evidence (its readers compute it).
+WAIT_S = 3.0
+
+
+def record_run_evidence(db_path, run_id: str, *, con: duckdb.DuckDBPyConnection | None = None) -> str | None:
+    """Compute and store the evidence of run `run_id`, whose rows and final status are committed
+    to the store at `db_path`. With `con` (the store's writer closing the run: its own read-write
+    connection) the rows are read and the row written through it, with no open and no checkpoint
+    of their own in the close the replay waits for; the file stays the writer's meanwhile (a
+    reader waits, as for any write). Without, no connection of this process may hold the file:
+    the rows are read through a read-only connection, so other readers can open the file
+    meanwhile (seconds on a million requests), and it is held for writing only for the one short
+    INSERT. Never raises an Exception: a failure is printed as one warning line on stderr and
+    returned (None when all went well); the run is untouched by it."""
+    try:
+        from tierdiag.diagnose.read.kind import view_of
+        from tierdiag.store.reader import connect_with_retry, run_info
+
+        if con is not None:
+            run = run_info(con, run_id)
+            if run is None or not view_of(run).engine_parts:
+                return None  # observed runs: their readers use none of it
+            write_evidence(con, run_id, compute_evidence(con, run))
+            return None
+        with connect_with_retry(db_path, read_only=True, wait_s=WAIT_S) as ro:
+            run = run_info(ro, run_id)
+            if run is None or not view_of(run).engine_parts:
+                return None
+            sections = compute_evidence(ro, run)
+        with connect_with_retry(db_path, read_only=False, wait_s=WAIT_S) as rw:
+            write_evidence(rw, run_id, sections)
+        return None
+    except Exception as exc:  # noqa: BLE001 - by contract: the run is closed already, readers fall back
+        text = str(exc).strip()
+        line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in (text.splitlines()[0] if text else ""))
+        why = f"{type(exc).__name__}: {line[:200]}" if line else type(exc).__name__
+        msg = (f"run {run_id} is recorded in full, but its run evidence was not stored ({why}); "
+               "summary and explain compute it from the rows instead")
+        sys.stderr.write(f"tierdiag: warning: {msg}\n")
+        sys.stderr.flush()
+        return msg

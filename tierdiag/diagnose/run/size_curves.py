@@ -1,0 +1,492 @@
+"""Size curves: the reuse each tier would have found at every size, from one pass over the run's
+page references (LRU stack distances, Mattson's algorithm), stored with the run evidence when the
+run is closed (`size_curves` section, evidence.py) and read through RunFacts.
+
+What is referenced. The rows carry no page identities, so the run's trace is read again at close
+(its recorded path, checked against its recorded sha256; each finished row matched to its trace
+line by seq, req_id and input length): each finished request's page keys (trace/pages.py, the
+engine's own keys) in the replay's order, two touches per request:
+
+    scheduled  (arrival_ns + queue_ns)  its input pages: the full pages before its last input token
+               are looked up (a hit when their depth fits), then all its input pages are touched
+    finished   (finish_ns)              its input pages and its output pages (synthetic keys no
+                                        request looks up again, as the engine's) are touched
+
+Within a touch the pages are touched deepest first, so a prefix is always more recent than what
+hangs below it: the LRU page is then always a leaf of the tree of prefixes, and an LRU pool of C
+pages holds a page's whole prefix whenever it holds the page. That is the radix tree's
+leaf-first LRU (SGLang `RadixCache.evict`: the least recently used leaf) over whole pages.
+
+    depth of a lookup = distinct pages touched since that page was last touched, itself included
+    an LRU pool of C tokens finds it  <=>  depth x page_size <= C
+
+Per tier, at size S (per rank), the tiers above held at the run's own sizes:
+
+    device    reused(S) = pages whose depth on their rank <= S
+    host      the device and host pools together: write_through keeps a host copy of device's
+              pages, so they hold max(device, S); otherwise host holds what device evicted and they
+              add up, device + S (write_back and write_through_selective alike)
+    storage   one tier shared by every rank: a page is found where its rank's device + host held
+              it (at the run's sizes, as above), or where its depth over all ranks' touches <= S
+
+reused_tokens counts the looked-up pages found (tokens), reused_share divides it by the finished
+requests' input tokens. The knee (`knee_tokens`) of a curve is the smallest size, in whole pages,
+at which the tier adds at least KNEE_SHARE (90 %) of what an unbounded pool of that tier would add
+to what the tiers above it find at size 0:
+
+    knee = min S such that reused(S) - reused(0) >= KNEE_SHARE x (reused(inf) - reused(0))
+
+where reused(inf), the plateau, is every looked-up page touched before (None where the tier can
+add nothing). For device reused(0) is 0; for host it is what device finds alone; for storage what
+device and host find at the run's sizes. `advise` proposes host and storage sizes from it, with
+slack: the knee plus the median request's looked-up prefix (`slack_tokens`, whole pages), since
+the engine evicts a whole tree node at a time (a request's private pages go together, not page by
+page from the leaf end) and holds a running request's pages locked. On a planted cycle of six
+17-page prefixes (tests/diagnose/test_advise_cli.py) the page-level model finds every prefix at
+6,464 host tokens; the engine finds none there, 6,144 tokens at 6,528 and all of them from ~7,040:
+the knee alone (6,400) would fall short, the knee plus one prefix (7,424) does not.
+
+The pass holds every touch in memory (~70 bytes a touch): a run of more than MAX_TOUCHES page
+touches (about a million requests) is sampled to that budget (SHARDS-style spatial sampling: a
+page key is kept when its hash falls below the rate, so every touch of a kept page is kept; the
+depths of the sample, divided by the rate, stand for the run's, and each sampled lookup for
+1/rate of them). Its curves are then approximate and say so (`model`, `sample_rate`); at or
+under the budget nothing is sampled and the curves are exact. Limits, stated with the curves (`model`): pages are kept in LRU order at every instant, where the
+engine evicts only when an allocation needs room, never a page locked by a running request, and
+inserts computed pages at the end of prefill, not at scheduling; a load-back or a prefetch is
+counted as found whatever the link, the prefetch thresholds and rate limits decide; other eviction
+policies (lfu, priority, tlru) are not modelled (the curve is LRU's); write_through_selective's
+second-hit rule is not modelled (counted as exclusive, like write_back). The depths are exact for
+this model (tests/diagnose/test_size_curves.py checks them against an LRU simulation).
+
+One pass: the touches get positions; a Fenwick tree over the positions marks each key's latest
+touch, so a depth is one prefix count (O(log n)); compiled (tierdiag/native/stackdist/) with a
+Python reference that gives the same depths.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from dataclasses import dataclass
+
+import duckdb
+
+from tierdiag.config.names import WritePolicy
+from tierdiag.diagnose.read.curves import curve_requests, found_tokens
+from tierdiag.units import share
+
+TIERS = ("device", "host", "storage")
+KNEE_SHARE = 0.9
+CURVE_POINTS = 2048  # steps kept of each curve's step function (session_pool.py's rule)
+# The one pass holds every page touch in memory (~70 bytes each, keys, order and depths): the
+# budget, in touches, of a close that must not need gigabytes. A run with more (counted from the
+# rows before the trace is read; about a million requests) is sampled down to it (module doc).
+MAX_TOUCHES = 20_000_000
+_MIX = 0x9E3779B97F4A7C15  # a page key's hash for sampling: key x the golden ratio, modulo 2**64
+MODEL = ("LRU stack distances over the run's page references (pages touched deepest first, so a prefix outlives "
+         "its leaves); exact for that model, not for the engine: it evicts only when it needs room, never a locked "
+         "page, inserts at the end of prefill; load-backs and prefetches count as found whatever the link and the "
+         "prefetch rules decide; LRU only (lfu, priority, tlru not modelled); write_through_selective counted as "
+         "exclusive like write_back")
+
+
+@dataclass(frozen=True)
+class SizeCurve:
+    """One tier's curve: reused tokens against the tier's size (per rank; storage: the one tier)."""
+
+    tier: str  # device | host | storage
+    run_size_tokens: int  # the run's own size of this tier
+    held: str  # what the tiers above it were held at, in words
+    steps: tuple[tuple[int, int], ...]  # (size tokens, reused tokens at that size and above), ascending
+    unbounded_reused_tokens: int  # the plateau: every looked-up page touched before
+    knee_tokens: int | None  # smallest size (whole pages) adding >= KNEE_SHARE of what the tier can add; None: nothing
+    found_tokens: int  # what the run's rows found in this tier or above (device; + host; + storage)
+
+    def reused_at(self, size_tokens: int) -> int:
+        """Reused tokens the model predicts at `size_tokens` (errs low by under 1/CURVE_POINTS)."""
+        i = bisect_right([s for s, _ in self.steps], size_tokens)
+        return self.steps[i - 1][1] if i else 0
+
+    def points(self, page: int, *more: int | None) -> tuple[tuple[int, int], ...]:
+        """(size, reused) at 0, each power of two pages up to the plateau's first size, the run's
+        size, the knee and `more` (the size advise proposes): what summary and the report show."""
+        top = self.steps[-1][0] if self.steps else 0
+        sizes = {0, self.run_size_tokens} | {m for m in more if m is not None}
+        s = page
+        while True:
+            sizes.add(s)
+            if s >= top:
+                break
+            s *= 2
+        if self.knee_tokens is not None:
+            sizes.add(self.knee_tokens)
+        return tuple((x, self.reused_at(x)) for x in sorted(sizes))
+
+
+@dataclass(frozen=True)
+class SizeCurves:
+    """A run's size curves (module doc); None in its place where the trace could not be read again."""
+
+    write_policy: str
+    page_size: int
+    num_ranks: int
+    input_tokens: int  # of the finished requests: what reused_share divides by
+    looked_up_tokens: int  # the full pages before the last input token of each finished request
+    slack_tokens: int  # the median request's looked-up prefix (whole pages): what a proposal adds to a knee
+    curves: tuple[SizeCurve, ...]  # device, host, storage
+    model: str
+    sample_rate: float = 1.0  # share of the pages the pass kept (1: every touch, exact; module doc)
+
+    def curve(self, tier: str) -> SizeCurve | None:
+        return next((c for c in self.curves if c.tier == tier), None)
+
+    def proposed_size(self, tier: str) -> int | None:
+        """The size `advise` proposes for `tier`: its knee plus `slack_tokens` (module doc); None
+        where the tier adds nothing."""
+        c = self.curve(tier)
+        if c is None or c.knee_tokens is None:
+            return None
+        return -(-(c.knee_tokens + self.slack_tokens) // self.page_size) * self.page_size
+
+    def to_json(self) -> dict:
+        """`summary --json` `size_curves` (docs/contract.md)."""
+        return {"write_policy": self.write_policy, "page_size": self.page_size, "num_ranks": self.num_ranks,
+                "input_tokens": self.input_tokens, "looked_up_tokens": self.looked_up_tokens,
+                "slack_tokens": self.slack_tokens,
+                "knee_share": KNEE_SHARE, "model": self.model, "sample_rate": self.sample_rate,
+                "tiers": {c.tier: {
+                    "run_size_tokens": c.run_size_tokens, "held": c.held, "knee_tokens": c.knee_tokens,
+                    "unbounded_reused_tokens": c.unbounded_reused_tokens,
+                    "predicted_at_run_size_tokens": c.reused_at(c.run_size_tokens), "found_tokens": c.found_tokens,
+                    "points": [{"size_tokens": s, "reused_tokens": r, "reused_share": share(r, self.input_tokens)}
+                               for s, r in c.points(self.page_size, self.proposed_size(c.tier))]}
+                          for c in self.curves}}
+
+
+# --------------------------------------------------------------------------- the one pass
+
+
+def _depths_python(prev: np.ndarray, starts: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """The reference of the compiled `depths` (tierdiag/native/stackdist/stackdist.c says what
+    each argument is): -2 not asked, -1 never touched before, else the LRU stack depth."""
+    import numpy as np
+
+    n = len(prev)
+    tree = [0] * (n + 1)
+    out = np.full(n, -2, dtype=np.int64)
+    live = 0
+    bounds = list(starts.tolist()) + [n]
+    pv = prev.tolist()
+    q = query.tolist()
+    for k in range(len(starts)):
+        a, b = bounds[k], bounds[k + 1]
+        for t in range(a, b):
+            if not q[t]:
+                continue
+            p = pv[t]
+            if p < 0:
+                out[t] = -1
+                continue
+            below, i = 0, p
+            while i > 0:
+                below += tree[i]
+                i -= i & -i
+            out[t] = live - below
+        for t in range(a, b):
+            p = pv[t]
+            if p >= 0:
+                i = p + 1
+                while i <= n:
+                    tree[i] -= 1
+                    i += i & -i
+            else:
+                live += 1
+            i = t + 1
+            while i <= n:
+                tree[i] += 1
+                i += i & -i
+    return out
+
+
+def _depths_c(prev: np.ndarray, starts: np.ndarray, query: np.ndarray) -> np.ndarray:
+    import numpy as np
+
+    from tierdiag.native import _stackdist
+
+    # The arrays' own buffers (no bytes copy: a run's pass holds several arrays of its touches).
+    out = _stackdist.depths(np.ascontiguousarray(prev, dtype=np.int64),
+                            np.ascontiguousarray(starts, dtype=np.int64),
+                            np.ascontiguousarray(query, dtype=np.uint8))
+    return np.frombuffer(out, dtype=np.int64)
+
+
+def _choose_depths():
+    import os
+
+    if os.environ.get("TIERDIAG_CPLANE", "").strip().lower() == "numpy":
+        return _depths_python
+    try:
+        from tierdiag.native import _stackdist  # noqa: F401 - built by setup.py (optional)
+    except ImportError:
+        return _depths_python
+    return _depths_c
+
+
+depths_of = _choose_depths()
+
+
+def stack_depths(groups: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """LRU stack depths of grouped touches, in one pass. `groups`: in time order, (keys, looked):
+    the group's keys (distinct), those where `looked` (bools) looked up against the stack as it
+    was before the group, then all of them touched in the order given (the last given ends the
+    most recent). Returns the depth of every looked-up key, groups and keys in order (-1: never
+    touched before)."""
+    import numpy as np
+
+    if not groups:
+        return np.zeros(0, dtype=np.int64)
+    sizes = np.array([len(k) for k, _ in groups], dtype=np.int64)
+    keys = np.concatenate([np.asarray(k, dtype=np.int64) for k, _ in groups])
+    query = np.concatenate([np.asarray(m, dtype=np.uint8) for _, m in groups])
+    n = len(keys)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    # prev[t]: the touch before t of the same key. Intermediates are dropped as soon as they are
+    # used: at a million requests the touches run to tens of millions, 8 bytes each per array.
+    order = np.argsort(keys, kind="stable")
+    ks = keys[order]
+    del keys
+    same = ks[1:] == ks[:-1]
+    del ks
+    prev = np.full(n, -1, dtype=np.int64)
+    prev[order[1:][same]] = order[:-1][same]
+    del order, same
+    return depths_of(prev, starts, query)[query.view(bool)]
+
+
+# --------------------------------------------------------------------------- from a run
+
+
+class CurvesUnavailable(Exception):
+    """The trace cannot be read again as it was replayed: no curves (the message says why)."""
+
+
+def _sampler(rate: float):
+    """The sample of a pass over budget: keeps a page key when its hash (key x _MIX, modulo
+    2**64) falls in the lowest `rate` of the range, so a kept page keeps every touch."""
+    import numpy as np
+
+    bound = np.uint64(min(int(rate * 2.0**64), 2**64 - 1))
+    mix = np.uint64(_MIX)
+
+    def keep(keys: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            return keys.astype(np.uint64) * mix < bound
+
+    return keep
+
+
+def _first_distinct(keys: np.ndarray) -> np.ndarray:
+    """keys without repeats, each at its first place (a hostile trace may repeat a hash id)."""
+    import numpy as np
+
+    _, idx = np.unique(keys, return_index=True)
+    return keys[np.sort(idx)] if len(idx) != len(keys) else keys
+
+
+def _sizes(config: dict) -> tuple[int, int, int, int]:
+    """(page, device, host, storage) tokens per rank, as the replay resolved them."""
+    from tierdiag.config.engine import CONFIG_KEYS, EngineConfig
+
+    cfg = EngineConfig(**{k: v for k, v in config.items() if k in CONFIG_KEYS and k != "storage_dir"})
+    return (cfg.page_size, cfg.resolved_device_tokens(), cfg.resolved_host_tokens(),
+            int(config.get("storage_tokens") or 0))
+
+
+def size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves | None:
+    """The run's size curves; None where its trace is gone, changed or does not match its rows."""
+    try:
+        return compute_size_curves(con, run)
+    except CurvesUnavailable:
+        return None
+
+
+def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
+    """The run's size curves (module doc); CurvesUnavailable where the trace cannot be read again."""
+    import numpy as np
+
+    import os
+
+    from tierdiag.diagnose.run.run_claims import held_capacity
+    from tierdiag.errors import TierdiagError
+    from tierdiag.trace.pages import page_keys_array
+    from tierdiag.trace.reader import read_trace, trace_sha256
+
+    path = run.trace_path
+    if not path or not os.path.isfile(path):
+        raise CurvesUnavailable(f"trace file {path} is gone")
+    if run.trace_sha256 and trace_sha256(path) != run.trace_sha256:
+        raise CurvesUnavailable(f"trace file {path} changed since the run was recorded")
+    try:
+        page, device, host, storage = _sizes(run.config)
+    except (TierdiagError, TypeError, ValueError) as exc:  # a hand-edited config the replay would not take
+        raise CurvesUnavailable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    block = int(run.config.get("block_size") or 512)
+    policy = str(run.config.get("write_policy") or "write_through")
+    rows = curve_requests(con, run.run_id)
+    touches = sum(2 * (r.input_tokens // page)
+                  + max((r.input_tokens + r.output_tokens) // page - r.input_tokens // page, 0) for r in rows)
+    rate, keep = 1.0, None
+    if touches > MAX_TOUCHES:
+        rate = max(MAX_TOUCHES, 1) / touches
+        keep = _sampler(rate)
+    by_seq = {r.seq: r for r in rows}
+    keys: dict[int, np.ndarray] = {}
+    lengths: dict[int, int] = {}  # sampled: each request's distinct pages before sampling
+    looked: dict[int, np.ndarray] = {}  # sampled: which of its kept pages it looked up
+    try:
+        for req in read_trace(path, block_size=block, skip_bad=True):
+            r = by_seq.get(req.seq)
+            if r is None:
+                continue
+            if r.req_id != req.req_id or r.input_tokens != req.input_len:
+                raise CurvesUnavailable(f"trace line {req.line} is not the request run {run.run_id} replayed as seq {req.seq}")
+            k = _first_distinct(page_keys_array(req, page_size=page, block_size=block))
+            if keep is not None:
+                sel = keep(k)
+                lengths[req.seq] = len(k)
+                looked[req.seq] = (np.arange(len(k)) < min(max((r.input_tokens - 1) // page, 0), len(k)))[sel]
+                k = k[sel]
+            keys[req.seq] = k
+    except TierdiagError as exc:
+        raise CurvesUnavailable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    if len(keys) != len(rows):
+        raise CurvesUnavailable(f"trace file {path} has {len(keys)} of the run's {len(rows)} finished requests")
+    # Events in the replay's order: (time, finish before a schedule at the same time, seq).
+    events = sorted([(r.sched_ns, 1, r.seq) for r in rows] + [(r.fin_ns, 0, r.seq) for r in rows])
+    ranks = sorted({r.rank for r in rows})
+    fresh = -1
+    per_rank: dict[int, list] = {k: [] for k in ranks}
+    every: list = []
+    rank_of_lookup: list[np.ndarray] = []
+    for _t, kind, seq in events:
+        r = by_seq[seq]
+        k = keys[seq]
+        if kind == 1:
+            # Deepest first, so the prefix ends the most recent; the lookups are answered against
+            # the stack before the group, so the touch order inside it changes no depth.
+            if keep is None:
+                look = min(max((r.input_tokens - 1) // page, 0), len(k))
+                mask = np.zeros(len(k), dtype=bool)
+                mask[:look] = True
+            else:
+                mask = looked[seq]
+                look = int(mask.sum())
+            group = (k[::-1], mask[::-1])
+            rank_of_lookup.append(np.full(look, r.rank, dtype=np.int64))
+        else:
+            out_pages = max((r.input_tokens + r.output_tokens) // page - r.input_tokens // page, 0)
+            outs = np.arange(fresh, fresh - out_pages, -1, dtype=np.int64)
+            fresh -= out_pages
+            if keep is not None:
+                outs = outs[keep(outs)]
+            both = np.concatenate([outs[::-1], k[::-1]])
+            group = (both, np.zeros(len(both), dtype=bool))
+        per_rank[r.rank].append(group)
+        every.append(group)
+    lookup_rank = np.concatenate(rank_of_lookup) if rank_of_lookup else np.zeros(0, dtype=np.int64)
+    d_rank = np.zeros(len(lookup_rank), dtype=np.int64)
+    for rank in ranks:
+        d_rank[lookup_rank == rank] = _lookup_depths(per_rank[rank])
+    d_all = d_rank if len(ranks) == 1 else _lookup_depths(every)  # one rank: the same touches
+    del per_rank, every
+    if keep is not None:  # the sample's depths stand for the run's: divided by the rate
+        d_rank = np.where(d_rank > 0, np.maximum(np.rint(d_rank / rate), 1), d_rank).astype(np.int64)
+        d_all = np.where(d_all > 0, np.maximum(np.rint(d_all / rate), 1), d_all).astype(np.int64)
+    never = np.iinfo(np.int64).max
+    pages_rank = np.where(d_rank > 0, d_rank, never)
+    pages_all = np.where(d_all > 0, d_all, never)
+    inclusive = policy == WritePolicy.WRITE_THROUGH
+    held, held_words = held_capacity(run.config, device, host)
+
+    def need(depth_pages: np.ndarray, beside: int) -> np.ndarray:
+        """The smallest size, whole pages, at which a depth fits beside `beside` tokens."""
+        tok = np.where(depth_pages == never, never, depth_pages * page)
+        return np.where(tok == never, never, np.maximum(-(-(tok - beside) // page) * page, 0))
+
+    dev_need = need(pages_rank, 0)
+    host_need = np.where(pages_rank == never, never,
+                         np.where(pages_rank * page <= device, 0, pages_rank * page) if inclusive
+                         else need(pages_rank, device))
+    held_hit = pages_rank != never
+    held_hit &= pages_rank * page <= held
+    sto_need = np.where(held_hit, 0, need(pages_all, 0))
+    dev_found, host_found, sto_found, input_tokens = found_tokens(con, run.run_id)
+    weight = 1 / rate  # lookups each sampled one stands for
+    curves = (
+        _curve("device", device, "device alone", dev_need, page, dev_found, weight),
+        _curve("host", host, (f"device at the run's {device:_} tokens; write_through keeps a host copy of device's "
+                              "pages, so device and host hold max(device, host)" if inclusive else
+                              f"device at the run's {device:_} tokens; host holds what device evicted "
+                              "(device + host)"), host_need, page, dev_found + host_found, weight),
+        _curve("storage", storage, f"device and host at the run's sizes ({held_words}); storage is one tier "
+                                   "shared by every rank", sto_need, page, dev_found + host_found + sto_found, weight))
+    looks = sorted(min(max((r.input_tokens - 1) // page, 0), lengths.get(r.seq, len(keys[r.seq]))) for r in rows)
+    looks = [x for x in looks if x] or [0]
+    slack = looks[max(math.ceil(0.5 * len(looks)) - 1, 0)] * page  # nearest rank
+    model = MODEL
+    if keep is not None:
+        model += (f"; SAMPLED: {touches:,} page touches are more than the pass's budget of {MAX_TOUCHES:,} "
+                  f"(memory), so {rate:.3g} of the pages (by key hash) were kept and the curves are scaled "
+                  "back from them: approximate")
+    return SizeCurves(policy, page, len(ranks), input_tokens, int(round(len(lookup_rank) * weight)) * page, slack,
+                      curves, model, rate)
+
+
+def _lookup_depths(groups: list) -> np.ndarray:
+    return stack_depths(groups)
+
+
+def _curve(tier: str, run_size: int, held: str, need: np.ndarray, page: int, found: int,
+           weight: float = 1.0) -> SizeCurve:
+    """The step function of the sizes at which each looked-up page is found (never: not at all);
+    each found page counts `weight` pages (a sampled pass: 1 / its rate, rounded to pages)."""
+    import numpy as np
+
+    never = np.iinfo(np.int64).max
+    sizes = np.sort(need[need != never])
+    total = int(round(len(sizes) * weight)) * page
+    steps: list[tuple[int, int]] = []
+    if len(sizes):
+        uniq, idx = np.unique(sizes, return_index=True)
+        cum = (np.r_[idx[1:], len(sizes)]) * page if weight == 1.0 else \
+            np.rint(np.r_[idx[1:], len(sizes)] * weight).astype(np.int64) * page
+        steps = list(zip(uniq.tolist(), cum.tolist()))
+    if len(steps) > CURVE_POINTS:
+        # The first step into each 1/CURVE_POINTS of the plateau, and the last.
+        b = cum * CURVE_POINTS // total
+        keep = np.r_[True, b[1:] > b[:-1]]
+        keep[-1] = True
+        steps = list(zip(uniq[keep].tolist(), cum[keep].tolist()))
+    knee = None
+    grows = sizes[sizes > 0]  # what the tier adds beyond its size 0 (the tiers above it find the rest)
+    if len(grows):
+        knee = int(grows[max(math.ceil(KNEE_SHARE * len(grows)) - 1, 0)])
+    return SizeCurve(tier, run_size, held, tuple((int(s), int(c)) for s, c in steps), total, knee, int(found))
+
+
+def knee_words(c: SizeCurve, input_tokens: int) -> str:
+    """"host: knee at 40_960 tokens (90 % of the 1.2 M an unbounded pool finds)", numbers named."""
+    from tierdiag.units import fmt_pct, fmt_tokens
+
+    if c.knee_tokens is None:
+        return f"{c.tier}: no page was looked up again, at any size"
+    return (f"{c.tier}: knee at {c.knee_tokens:_} tokens, finding {fmt_tokens(c.reused_at(c.knee_tokens))} "
+            f"({fmt_pct(share(c.reused_at(c.knee_tokens), input_tokens))} of input; an unbounded one finds "
+            f"{fmt_tokens(c.unbounded_reused_tokens)})")
+
+
+__all__ = ["SizeCurve", "SizeCurves", "KNEE_SHARE", "TIERS", "stack_depths", "size_curves",
+           "compute_size_curves", "CurvesUnavailable", "knee_words", "MODEL"]

@@ -1,0 +1,279 @@
+"""The run's story told by its requests: every finished request's own verdict (its primary cause,
+and for a queued one whether its queue was the cache's doing), weighted by its excess TTFT.
+
+Why not run-wide averages: a run with hours of idle between bursts has a prefill GPU "8 % busy"
+over its span while every request that waited did so behind a GPU busy all the time it waited.
+The run's verdict has to be what its slow requests' verdicts say, so each number here is a sum
+over requests of that request's own numbers (the ones `explain` gives it), weighted by the
+excess TTFT it carries::
+
+    request i:  excess_i = ttft_i - ideal_i,  cause_i = causes.cause_sql()  (explain's rule)
+                busy_i   = prefill batch time in [max(arrival_i - CONTEXT_LOOKBACK, run start),
+                           first token_i] / that window                     (explain's context)
+                recompute_i = other requests' recompute in its wait window  (explain's attribution)
+                cache_i  = claims.queue_is_the_caches_doing(recompute_i / queue_i, busy_i)
+    run:        by verdict: sum of excess_i per (cause_i, cache_i)
+                around the queued ones: sum(excess_i * busy_i) / sum(excess_i)  ...
+
+The batch integrals run along the clock once (the same prefix-sum trick as runcontext's run
+attribution): O((R + B) log B), no request x batch join. In a data-parallel run each request is
+set against its own rank's batches (`dp_rank`): one rank's GPU is the one it waited for. Requests whose queue was split by
+`explain` over exactly the same batches get the same share, up to the ns rounding of its parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+
+from tierdiag.config.names import Cause
+from tierdiag.diagnose.request.context import ATTRIBUTION_KEYS, CONTEXT_LOOKBACK_NS, WaitPart
+from tierdiag.diagnose.read import run_context as read_ctx
+from tierdiag.units import share
+
+# The rule explain's verdict uses (claims.py): a queue is the cache's doing when recompute took
+# at least this share of a request's wait (other requests' recompute), on a GPU at least BUSY_SHARE busy
+# around it. Kept here (claims imports the run context, which imports this) and tested equal.
+RECOMPUTE_QUEUE_SHARE = 0.2
+BUSY_SHARE = 0.7
+# The wait's parts, as batches make them; the gaps between batches split, as explain splits them,
+# into `decode` (the GPU ran decode steps: the engine's decode_wait_ns of the request), `memory_wait`
+# (the rest of the time some request of its rank was decoding: its KV held the device memory the
+# queue needed) and `idle` (the rest: held for a storage prefetch, or nothing to run; explain tells
+# those two apart, the run's story does not).
+WAIT_KEYS = tuple(k for k in ATTRIBUTION_KEYS if k != WaitPart.STORAGE_WAIT)
+
+
+@dataclass(frozen=True)
+class VerdictShare:
+    """The requests with one verdict: how many, and the excess TTFT they carry."""
+
+    cause: str  # causes.CAUSES
+    caches_doing: bool  # queueing only: the requests' own attribution says the cache made the queue
+    num_requests: int
+    excess_ns: int
+    excess_share: float | None  # of the run's excess
+
+    @property
+    def label(self) -> str:
+        if self.cause != Cause.QUEUEING:
+            return self.cause
+        return "queueing (the cache's doing)" if self.caches_doing else "queueing (not the cache's doing)"
+
+
+@dataclass(frozen=True)
+class RunStory:
+    """The run's verdict from its requests' verdicts (module doc). Shares of excess are of
+    `excess_total_ns`, the sum of the finished requests' positive excess."""
+
+    excess_total_ns: int
+    verdicts: tuple[VerdictShare, ...]  # largest excess first
+    # The requests whose verdict is queueing, excess-weighted:
+    queued_excess_ns: int
+    queued_busy_share: float | None  # prefill busy around them (explain's window)
+    queued_wait_ns: int  # their queue time, summed
+    queued_wait_parts_ns: dict  # WAIT_KEYS -> ns of their wait (others' batches, gaps as idle)
+    caches_doing_excess_ns: int  # of queued_excess_ns: requests whose queue was the cache's doing
+    # Requests whose prefix left every tier after they arrived, while they waited, and was
+    # recomputed (read/waiting.py: their recompute is then the queue's doing, not only the
+    # cache's size): how many, and their excess.
+    evicted_while_waiting_requests: int
+    evicted_while_waiting_excess_ns: int
+    # The queued requests whose queue was NOT the cache's doing, on their own (the reason the run
+    # gives for them is theirs, not diluted by the others): busy around them, excess-weighted,
+    # and recompute's share of their wait.
+    other_busy_share: float | None = None
+    other_recompute_share: float | None = None
+    # ... and their wait by WAIT_KEYS, summed (the largest part is named as their reason).
+    other_wait_parts_ns: dict | None = None
+    other_wait_ns: int = 0
+    # The tokens those requests lost while they waited (of their prefix; read/waiting.py).
+    evicted_while_waiting_tokens: int = 0
+
+    @property
+    def top(self) -> VerdictShare | None:
+        return self.verdicts[0] if self.verdicts else None
+
+    def wait_share(self, key: str) -> float | None:
+        return share(self.queued_wait_parts_ns.get(key, 0), self.queued_wait_ns)
+
+    @property
+    def caches_doing_share(self) -> float | None:
+        """Of the excess queued requests carry, the share whose queue was the cache's doing."""
+        return share(self.caches_doing_excess_ns, self.queued_excess_ns)
+
+
+def _integral(s, e, values):
+    """F(t) = sum over batches of value x (part of the batch before t) / duration: a window's
+    sum is F(end) - F(start) (batches do not overlap: one prefill GPU)."""
+    import numpy as np
+
+    d = np.maximum(e - s, 1).astype(np.float64)
+    full = (e - s) / d  # 1, or 0 for a batch of no duration
+    cum = np.concatenate([np.zeros((values.shape[0], 1)), np.cumsum(values * full, axis=1)], axis=1)
+
+    def at(t):
+        k = np.searchsorted(s, t, side="right") - 1
+        kk = np.maximum(k, 0)
+        part = np.clip(np.minimum(t, e[kk]) - s[kk], 0, None) / d[kk]
+        out = cum[:, kk] + values[:, kk] * part
+        out[:, k < 0] = 0.0
+        return out
+
+    return at
+
+
+def _merge(intervals):
+    """Sorted, merged [(a, b)] of the non-empty intervals."""
+    out: list[list[int]] = []
+    for a, b in sorted((int(a), int(b)) for a, b in intervals if b > a):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _minus(xs, ys):
+    """The parts of merged intervals `xs` outside merged intervals `ys`."""
+    out, j = [], 0
+    for a, b in xs:
+        cur = a
+        while j < len(ys) and ys[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(ys) and ys[k][0] < b:
+            if ys[k][0] > cur:
+                out.append((cur, ys[k][0]))
+            cur = max(cur, ys[k][1])
+            k += 1
+        if cur < b:
+            out.append((cur, b))
+    return out
+
+
+def _measure(intervals):
+    """t -> the measure of the union of disjoint sorted `intervals` before t (vectorized)."""
+    import numpy as np
+
+    if not intervals:
+        return lambda t: np.zeros(len(t))
+    a = np.array([x for x, _ in intervals], dtype=np.int64)
+    b = np.array([y for _, y in intervals], dtype=np.int64)
+    cum = np.concatenate([[0], np.cumsum(b - a)])
+
+    def at(t):
+        t = np.asarray(t, dtype=np.int64)
+        k = np.searchsorted(a, t, side="right")  # intervals starting at or before t
+        kk = np.maximum(k - 1, 0)
+        inside = np.where(k > 0, np.clip(np.minimum(t, b[kk]) - a[kk], 0, None), 0)
+        return (cum[kk] + inside).astype(np.float64) * (k > 0)
+
+    return at
+
+
+def _memory_wait(con, rid: str, r_rank, w0, w1, b_rank, s, e):
+    """Per request: the GPU-idle time in [w0, w1] while some request of its rank was decoding
+    (explain's memory_wait: the queue waited for the device memory their KV held)."""
+    import numpy as np
+
+    out = np.zeros(len(w0))
+    dec = read_ctx.decoding_spans(con, rid)
+    by_rank: dict[int, list] = {}
+    for rank, a, b in dec:
+        by_rank.setdefault(int(rank), []).append((a, b))
+    for rank, spans in by_rank.items():
+        mine = r_rank == rank
+        if not mine.any():
+            continue
+        theirs = b_rank == rank
+        held = _minus(_merge(spans), _merge(zip(s[theirs].tolist(), e[theirs].tolist())))
+        at = _measure(held)
+        out[mine] = at(w1[mine]) - at(w0[mine])
+    return out
+
+
+def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunStory | None:
+    """None for a store without per-batch recompute (`rec` None) or without batch rows."""
+    import numpy as np
+
+    if rec is None:
+        return None
+    b = read_ctx.batch_arrays(con, rid, rec)
+    start = read_ctx.first_arrival_ns(con, rid)
+    r = read_ctx.story_requests(con, rid)
+    if not len(b.start_ns) or not len(r.arrival_ns):
+        return None
+    s, e = (np.asarray(v, dtype=np.int64) for v in (b.start_ns, b.end_ns))
+    comp, rc, lb = (np.asarray(v, dtype=np.float64) for v in (b.compute_ns, b.recompute_ns, b.loadback_exposed_ns))
+    d = np.maximum(e - s, 1).astype(np.float64)
+    values = np.stack([rc, comp - rc, lb, np.maximum(d - comp - lb, 0.0), d])  # ..., write-back, busy
+    arrival, w0, ft = (np.asarray(v, dtype=np.int64) for v in (r.arrival_ns, r.wait_start_ns, r.first_token_ns))
+    queue, excess = (np.asarray(v, dtype=np.int64) for v in (r.queue_ns, r.excess_ns))
+    cause = np.asarray(r.cause, dtype=object)
+    own = np.stack([np.asarray(v, dtype=np.float64) for v in (r.own_recompute_ns, r.own_compute_ns, r.own_loadback_ns)])
+    # Each request against its own GPU: in a data-parallel run, the batches of the rank that served
+    # it (a rank's batches do not overlap; all ranks' do). One rank: every batch, as before.
+    b_rank, r_rank = np.asarray(b.dp_rank, dtype=np.int64), np.asarray(r.dp_rank, dtype=np.int64)
+    wend = np.maximum(ft, w0)
+    c0 = np.maximum(arrival - CONTEXT_LOOKBACK_NS, int(start))  # its context window, explain's
+    c1 = np.maximum(ft, c0)
+    work = np.zeros((5, len(arrival)))
+    around = np.zeros(len(arrival))
+    for rank in np.unique(r_rank):
+        mine, theirs = r_rank == rank, b_rank == rank
+        if not theirs.any():
+            continue
+        at = _integral(s[theirs], e[theirs], values[:, theirs])
+        # Its wait: what its GPU did in [wait start, first token] (less its own parts, below).
+        work[:, mine] = at(wend[mine]) - at(w0[mine])
+        around[mine] = at(c1[mine])[4] - at(c0[mine])[4]
+    parts = np.stack([work[0] - own[0], work[1] - own[1], work[2] - own[2], work[3]])
+    parts = np.maximum(parts, 0.0)
+    gaps = np.maximum(queue - parts.sum(axis=0), 0.0)
+    # Of the gaps, those while a request of its rank decoded: waiting for device memory. A request's
+    # own decode comes after its first token, so never inside its own wait.
+    memory = np.minimum(_memory_wait(con, rid, r_rank, w0, wend, b_rank, s, e), gaps)
+    idle = gaps - memory
+    # Of that, the GPU running decode steps (decode on the clock; context.queue_attribution's rule).
+    decode = np.minimum(np.asarray(r.own_decode_ns, dtype=np.float64), memory)
+    memory = memory - decode
+    rec_share = np.where(queue > 0, parts[0] / np.maximum(queue, 1), 0.0)
+    busy = np.where(c1 > c0, around / np.maximum(c1 - c0, 1), 0.0)
+    cache = (queue > 0) & (rec_share >= RECOMPUTE_QUEUE_SHARE) & (busy >= BUSY_SHARE)
+    total = int(excess.sum())
+    verdicts = []
+    for c in dict.fromkeys(cause.tolist()):
+        for flag in ((True, False) if c == Cause.QUEUEING else (False,)):
+            m = (cause == c) & ((cache == flag) if c == Cause.QUEUEING else True)
+            if m.any():
+                verdicts.append(VerdictShare(c, flag, int(m.sum()), int(excess[m].sum()),
+                                             share(int(excess[m].sum()), total)))
+    verdicts.sort(key=lambda v: (-v.excess_ns, v.label))
+    q = cause == Cause.QUEUEING
+    qx = excess[q].astype(np.float64)
+    wait_parts = dict(zip(WAIT_KEYS, (int(round(float(x))) for x in
+                                      list(parts[:, q].sum(axis=1)) + [float(decode[q].sum()), float(memory[q].sum()),
+                                                                       float(idle[q].sum())])))
+    # Lost while it waited: tokens of its prefix that left every tier after it arrived, before it
+    # was scheduled, and were recomputed (read/waiting.py; a demotion to host is no loss).
+    lost_waiting = np.asarray(r.lost_waiting_tokens, dtype=np.int64)
+    waited_out = lost_waiting > 0
+    other = q & ~cache
+    ox = excess[other].astype(np.float64)
+    return RunStory(
+        excess_total_ns=total, verdicts=tuple(verdicts), queued_excess_ns=int(qx.sum()),
+        queued_busy_share=float((busy[q] * qx).sum() / qx.sum()) if qx.sum() > 0 else None,
+        queued_wait_ns=int(queue[q].sum()), queued_wait_parts_ns=wait_parts,
+        caches_doing_excess_ns=int(excess[q & cache].sum()),
+        evicted_while_waiting_requests=int(waited_out.sum()),
+        evicted_while_waiting_excess_ns=int(excess[waited_out].sum()),
+        evicted_while_waiting_tokens=int(lost_waiting[waited_out].sum()),
+        other_busy_share=float((busy[other] * ox).sum() / ox.sum()) if ox.sum() > 0 else None,
+        other_recompute_share=share(float(parts[0, other].sum()), float(queue[other].sum())),
+        other_wait_parts_ns=dict(zip(WAIT_KEYS, (int(round(float(x))) for x in
+                                                 list(parts[:, other].sum(axis=1)) + [float(decode[other].sum()),
+                                                                                      float(memory[other].sum()),
+                                                                                      float(idle[other].sum())]))),
+        other_wait_ns=int(queue[other].sum()))
