@@ -418,7 +418,7 @@ def test_a_chunk_that_ends_mid_page_leaves_its_page_to_the_next_chunk():
     r = EngineReq(req("r", 0, pages(1, 3), output=1), 0, 0, None)
     r.keys_np = page_keys_array(req("r", 0, pages(1, 3)), page_size=PS, block_size=PS)
     r.keys = r.keys_np.tolist()
-    r.own_slots, r.own_from, r.done_tokens = engine.device.alloc(2), 0, 10
+    r.own_slots, r.own_from_page, r.done_tokens = engine.device.alloc(2), 0, 10
     sched._write_chunk(r, 100)
     assert verify_content(engine.device, r.own_slots[:1], r.keys_np[:1])
 

@@ -165,7 +165,7 @@ def _waiting(works):
     out = []
     for i, w in enumerate(works):
         r = Req(req(f"w{i}", 0, pages(10 * i + 100, 1), seq=i + 1), 0)
-        r.prefill_work = w
+        r.prefill_work_tokens = w
         out.append(r)
     return out
 

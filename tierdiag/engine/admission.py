@@ -61,7 +61,7 @@ class Admission:
         tree.inc_lock(dev_node)
         # add_one_req: total_tokens = extend beyond the device prefix + max_new (less what was
         # generated, clipped) + 0.5.23's per_req_token_overhead, against rem_total_tokens
-        max_new = min(max(req.output_len - req.generated, 0), CLIP_MAX_NEW_TOKENS)
+        max_new = min(max(req.output_len - req.generated_tokens, 0), CLIP_MAX_NEW_TOKENS)
         total_tokens = req.fill_len - dev_pages * ps + max_new + self.rules.admission_overhead_pages * ps
         if total_tokens >= self._rem_total():
             tree.dec_lock(dev_node)
@@ -111,9 +111,9 @@ class Admission:
             first_page = dev_pages
             lb_ns, runs, wall, verified = ctrl.load_back(host_nodes, lb_slots, req.req_id, now,
                                                          req.keys[first_page:first_page + tiered])
-            req.lb_pages, req.lb_runs, req.lb_ns = tiered, runs, lb_ns
+            req.loadback_pages, req.loadback_runs, req.loadback_ns = tiered, runs, lb_ns
             req.host_loaded_pages, req.storage_loaded_pages = host_pages, storage_pages
-            req.lb_wall, req.lb_verified = wall, verified
+            req.loadback_wall_ns, req.loadback_verified = wall, verified
             lock_node = host_nodes[-1]  # the request now holds the loaded path
             tree.inc_lock(lock_node)
             tree.dec_lock(dev_node)
@@ -122,17 +122,17 @@ class Admission:
         # cache_protected_len: reset to the new prefix after a load-back; the device part when
         # the load-back was declined (host nodes stay unlocked then, free to be evicted).
         req.protected_pages = prefix_pages
-        req.dev_pages = dev_pages
+        req.device_prefix_pages = dev_pages
         req.host_match_pages = host_pages
         if storage_pages:
             req.storage_match_pages = max(req.storage_match_pages, storage_pages)
-        req.lb_skip_reason = skip
-        req.lb_skip_pages = tiered if skip else 0
+        req.loadback_skip_reason = skip
+        req.loadback_skip_pages = tiered if skip else 0
         req.own_slots = slots
-        req.own_from = prefix_pages
+        req.own_from_page = prefix_pages
         req.done_tokens = prefix_pages * ps
-        req.extend_total = req.fill_len - req.done_tokens
-        req.sched_ns = now
+        req.extend_total_tokens = req.fill_len - req.done_tokens
+        req.scheduled_ns = now
         self._count_recomputed(req, match, skip is not None)
         if self.miss is not None:  # the pages this chunk computes, against its batch's (miss.py)
             self.miss.scheduled(req, now, prefix_pages, min((prefix_pages * ps + take) // ps, len(req.keys)))
@@ -171,8 +171,8 @@ class Admission:
                 blame(cached, demoted, node.keys if node.keys_np is None else node.keys_np, lost, ps)
             elif node.evicted_by is not None and attribute:
                 lost[node.evicted_by] = lost.get(node.evicted_by, 0) + len(node.keys) * ps
-        recomputed = req.lb_skip_pages if skipped else 0
-        path_pages = req.dev_pages + match.host_pages
+        recomputed = req.loadback_skip_pages if skipped else 0
+        path_pages = req.device_prefix_pages + match.host_pages
         once = blame(cached, demoted, req.keys_np[path_pages:req.input_len // ps], lost, ps)
         route = req.route
         if route.best_rank is not None and route.best_rank != self.rank:
@@ -196,7 +196,7 @@ class Admission:
         remaining = req.fill_len - req.done_tokens
         mem = int(self._rem_total())
         take = min(remaining, budget if mem <= 0 or mem >= budget else mem)
-        need = self._pages_through(req, req.done_tokens + take) - req.own_from - len(req.own_slots)
+        need = self._pages_through(req, req.done_tokens + take) - req.own_from_page - len(req.own_slots)
         if self.rules.batch_alloc_page_per_request:
             if need > self.ctrl.device.free_pages + self.tree.evictable_device_pages:
                 # available_chunk_tokens gave the whole budget (remaining_total spent), but free and
@@ -274,10 +274,10 @@ class Admission:
             if lb_pages:
                 start = link
                 link = start + lb_ns
-                req.lb_queued = start - now
+                req.loadback_queued_ns = start - now
                 lb_bytes_total += lb_pages * ctrl.page_bytes
-                ctrl.emit_load_back(start, link, req.req_id, lb_pages, req.lb_runs, start - now,
-                                    req.lb_wall, req.lb_verified)
+                ctrl.emit_load_back(start, link, req.req_id, lb_pages, req.loadback_runs, start - now,
+                                    req.loadback_wall_ns, req.loadback_verified)
             flops.append(cost.prefill_flops(take, req.done_tokens))
         ctrl.h2d_free_ns = link
         self.processed_tokens += sum(take for _, take, _, _ in items)  # += batch.extend_num_tokens
@@ -305,7 +305,7 @@ class Admission:
         # == prefill_flops(t, p). The request's new tokens get the rest of its share.
         rec_flops = []
         for req, take, _, _ in items:
-            rec_end = req.fill_len - req.extend_total + min(req.recomputed_pages * ps, req.extend_total)
+            rec_end = req.fill_len - req.extend_total_tokens + min(req.recomputed_pages * ps, req.extend_total_tokens)
             r = min(take, rec_end - req.done_tokens)
             rec_flops.append(cost.prefill_flops(r, req.done_tokens) if r > 0 else 0.0)
         all_rec = sum(rec_flops)
@@ -317,7 +317,7 @@ class Admission:
             batch_recompute_ns += rec
             req.compute_ns += share - rec
             if lb_pages:
-                req.lb_exposed += exposed * lb_pages / total_lb
+                req.loadback_exposed_ns += exposed * lb_pages / total_lb
             if req.first_batch_id is None:
                 req.first_batch_id = bid
             req.num_chunks += 1
@@ -351,7 +351,7 @@ class Admission:
         first = req.done_tokens // ps
         last = min((req.done_tokens + take) // ps, len(req.keys))
         if last > first:
-            off = first - req.own_from
+            off = first - req.own_from_page
             self.ctrl.write_computed(req.own_slots[off:off + last - first], req.keys_np[first:last])
 
     # --- completion ----------------------------------------------------------------------
@@ -374,9 +374,9 @@ class Admission:
         device while it decodes (the insert counts hits and starts write-through), and joins
         the running batch; one whose output is complete (a single output token) finishes now
         (release_kv_cache -> cache_finished_req)."""
-        req.generated += 1
+        req.generated_tokens += 1
         req.kv_len = req.fill_len
-        done = req.generated >= req.output_len
+        done = req.generated_tokens >= req.output_len
         if not done:
             self._insert(req, len(req.keys), self._current, chunk=False)
         if req.first_token_ns is None:
@@ -397,19 +397,19 @@ class Admission:
         write policy's threshold is backed up now (every counted insert retries a missing backup)."""
         if upto == 0:
             return []
-        n = upto - req.own_from
+        n = upto - req.own_from_page
         tree = self.tree
         if self.rules.hits_past_inserted:
             count, inserted = self.count_hits, req.inserted_pages
         else:
             count, inserted = self.count_hits and not chunk, 0
-        done = tree.insert(req.keys[:upto], req.own_from, req.own_slots[:n], now, req.req_id,
+        done = tree.insert(req.keys[:upto], req.own_from_page, req.own_slots[:n], now, req.req_id,
                            count_hits=count, priority=req.priority, keys_np=req.keys_np[:upto], inserted=inserted)
         last, fresh = done.last, done.fresh
         req.inserted_pages = max(req.inserted_pages, upto)  # cache_inserted_len = max(.., page_aligned_len)
         self.ctrl.device.free(done.duplicate_slots)
         del req.own_slots[:n]
-        req.own_from = upto
+        req.own_from_page = upto
         if last is not req.lock_node:
             tree.inc_lock(last)
             tree.dec_lock(req.lock_node)

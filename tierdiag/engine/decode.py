@@ -26,7 +26,7 @@ class DecodeSteps:
 
     def _generated(self, req: Req) -> int:
         """Output tokens a running request has (len(output_ids)), after `dstep` decode steps."""
-        return req.generated + self.dstep - req.join_step
+        return req.generated_tokens + self.dstep - req.join_step
 
     def _join(self, req: Req) -> None:
         """The request joins the running batch (get_next_batch_to_run merges the last prefill
@@ -37,9 +37,9 @@ class DecodeSteps:
         req.join_step = k0
         req.in_running = True
         self._kv_base += req.kv_len - k0
-        req.finish_step = k0 + req.output_len - req.generated
+        req.finish_step = k0 + req.output_len - req.generated_tokens
         self._finish_due.setdefault(req.finish_step, []).append(req)
-        if req.output_len - req.generated > CLIP_MAX_NEW_TOKENS:
+        if req.output_len - req.generated_tokens > CLIP_MAX_NEW_TOKENS:
             self._long.append(req)
         else:
             self._fin_sum += req.finish_step
@@ -70,7 +70,7 @@ class DecodeSteps:
         steps = self.dstep - req.join_step
         self._kv_base -= req.kv_len - req.join_step
         req.kv_len += steps
-        req.generated += steps
+        req.generated_tokens += steps
         req.join_step = self.dstep
         self.running.remove(req)
         due = self._page_due.get(req.next_page)
@@ -323,7 +323,7 @@ class DecodeSteps:
             req.first_pass = tuple(getattr(req, f) for f in FIRST_PASS_FIELDS)
         req.retractions += 1
         req.kv_len = 0
-        req.fill_len = req.input_len + req.generated
+        req.fill_len = req.input_len + req.generated_tokens
         ps = self.ps
         n_in = req.input_len // ps
         n_fill = req.fill_len // ps
@@ -332,9 +332,9 @@ class DecodeSteps:
             req.keys.extend(out)
             req.keys_np = np.concatenate((req.keys_np, np.array(out, dtype=np.int64)))
         req.max_match_pages = min(len(req.keys), (req.fill_len - 1) // ps)
-        req.inserted_pages = req.protected_pages = req.prefix_pages = req.dev_pages = 0
+        req.inserted_pages = req.protected_pages = req.prefix_pages = req.device_prefix_pages = 0
         req.done_tokens = 0
-        req.own_from = 0
+        req.own_from_page = 0
         req.prefetch_retries = 0
         req.storage_hit_end = None
         self.waiting.append(req)

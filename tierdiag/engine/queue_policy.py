@@ -126,8 +126,8 @@ def sort_by_shortest_prefill(waiting: list[Req], match, ps: int, now: int, proce
     `_determine_active_policy`'s list)."""
     keys = {}
     for r, deprioritized, matched in _matched(waiting, match, ps, now):
-        r.prefill_work = max(1, r.input_len - matched)  # read by the chunk cap below
-        keys[r.seq] = (deprioritized, r.prefill_work, r.arrival_ns, r.seq)
+        r.prefill_work_tokens = max(1, r.input_len - matched)  # read by the chunk cap below
+        keys[r.seq] = (deprioritized, r.prefill_work_tokens, r.arrival_ns, r.seq)
     waiting.sort(key=lambda r: keys[r.seq])
 
 
@@ -143,7 +143,7 @@ def shortest_prefill_chunk_limit(chunked: Req, waiting: list[Req], budget: int, 
     remaining = chunked.input_len - chunked.done_tokens
     reserved = 0
     for r in waiting:
-        work = r.prefill_work
+        work = r.prefill_work_tokens
         charge = -(-work // ps) * ps
         if work >= remaining or reserved + charge > budget - ps:
             break

@@ -21,15 +21,16 @@ class Req:
     __slots__ = (
         "seq", "req_id", "arrival_ns", "input_len", "output_len", "keys", "keys_np", "total_pages", "max_match_pages",
         "prefetch", "anchor", "prefetch_tokens", "hold_until_ns", "held", "priority", "sort_key",
-        "lock_node", "dev_pages", "prefix_pages", "host_loaded_pages", "storage_loaded_pages",
-        "host_match_pages", "storage_match_pages", "lb_skip_reason", "lb_skip_pages", "storage_skip_reason",
-        "own_slots", "own_from", "done_tokens", "extend_total", "recomputed_pages",
-        "fill_len", "generated", "kv_len", "join_step", "next_page", "finish_step", "in_running", "first_pass",
+        "lock_node", "device_prefix_pages", "prefix_pages", "host_loaded_pages", "storage_loaded_pages",
+        "host_match_pages", "storage_match_pages", "loadback_skip_reason", "loadback_skip_pages", "storage_skip_reason",
+        "own_slots", "own_from_page", "done_tokens", "extend_total_tokens", "recomputed_pages",
+        "fill_len", "generated_tokens", "kv_len", "join_step", "next_page", "finish_step", "in_running", "first_pass",
         "retractions",
-        "sched_ns", "first_batch_id", "num_chunks", "lb_ns", "lb_exposed", "lb_queued", "lb_pages", "lb_runs",
+        "scheduled_ns", "first_batch_id", "num_chunks", "loadback_ns", "loadback_exposed_ns", "loadback_queued_ns",
+        "loadback_pages", "loadback_runs",
         "storage_bytes", "storage_fetch_ns", "recompute_ns", "compute_ns", "first_token_ns", "lost",
-        "lb_wall", "lb_verified", "protected_pages", "session", "think_ms", "trace_arrival_ns",
-        "prefetch_wait_ns", "prefetch_deadline_ns", "prefetch_retries", "inserted_pages", "prefill_work",
+        "loadback_wall_ns", "loadback_verified", "protected_pages", "session", "think_ms", "trace_arrival_ns",
+        "prefetch_wait_ns", "prefetch_deadline_ns", "prefetch_retries", "inserted_pages", "prefill_work_tokens",
         "storage_hit_end", "route",
     )
 
@@ -60,51 +61,53 @@ class Req:
         # retraction), output tokens generated (len(output_ids)) and KV committed when it last
         # joined or left the running batch, and its place on the decode clock (scheduler.py).
         self.fill_len = self.input_len
-        self.generated = 0
+        self.generated_tokens = 0
         self.kv_len = 0
         self.join_step = self.next_page = self.finish_step = 0
         self.in_running = False
         self.first_pass: tuple | None = None  # FIRST_PASS_FIELDS at its first retraction
         self.retractions = 0
-        self.prefill_work = 0  # `_shortest_prefill_work` at the last sort (shortest-prefill-first)
+        self.prefill_work_tokens = 0  # `_shortest_prefill_work` at the last sort (shortest-prefill-first)
         self.route = ROUTE_NONE  # the record's routing columns (engine/deployment.py sets them)
         self.priority = t.priority
         self.sort_key = 0.0
         self.hold_until_ns = 0
         self.held = False
         self.lock_node: TreeNode | None = None
-        self.dev_pages = self.prefix_pages = self.host_loaded_pages = self.storage_loaded_pages = 0
+        self.device_prefix_pages = self.prefix_pages = self.host_loaded_pages = self.storage_loaded_pages = 0
         self.host_match_pages = self.storage_match_pages = 0
-        self.lb_skip_reason: str | None = None
-        self.lb_skip_pages = 0
+        self.loadback_skip_reason: str | None = None
+        self.loadback_skip_pages = 0
         self.storage_skip_reason: str | None = None
         self.own_slots: list[int] = []
-        self.own_from = 0  # page index of own_slots[0]
+        self.own_from_page = 0  # page index of own_slots[0]
         self.done_tokens = 0  # input tokens whose KV exists (prefix + computed chunks)
-        self.extend_total = 0
+        self.extend_total_tokens = 0
         self.recomputed_pages = 0
-        self.sched_ns: int | None = None
+        self.scheduled_ns: int | None = None
         self.first_batch_id: int | None = None
         self.num_chunks = 0
-        self.lb_ns = self.lb_queued = self.lb_pages = self.lb_runs = 0
-        self.lb_exposed = 0.0
+        self.loadback_ns = self.loadback_queued_ns = self.loadback_pages = self.loadback_runs = 0
+        self.loadback_exposed_ns = 0.0
         self.storage_bytes = self.storage_fetch_ns = 0
         self.recompute_ns = self.compute_ns = 0.0
         self.first_token_ns: int | None = None
         self.lost: dict[int, int] = {}  # eviction id -> tokens of this request's prefix it took
-        self.lb_wall = 0
+        self.loadback_wall_ns = 0
         self.protected_pages = 0  # cache_protected_len in pages: the prefix the tree protects for us
-        self.lb_verified: bool | None = None
+        self.loadback_verified: bool | None = None
 
 
 # What a request's record says of its first admission: a retracted request is admitted again
 # (its input and output so far prefilled anew), and its record keeps the first one's.
 FIRST_PASS_FIELDS = (
-    "dev_pages", "prefix_pages", "host_loaded_pages", "storage_loaded_pages", "host_match_pages",
-    "storage_match_pages", "lb_skip_reason", "lb_skip_pages", "storage_skip_reason", "recomputed_pages",
-    "sched_ns", "first_batch_id", "num_chunks", "lb_ns", "lb_exposed", "lb_queued", "lb_pages", "lb_runs",
-    "storage_bytes", "storage_fetch_ns", "recompute_ns", "compute_ns", "protected_pages", "lb_wall", "lb_verified",
-    "held", "hold_until_ns", "extend_total")
+    "device_prefix_pages", "prefix_pages", "host_loaded_pages", "storage_loaded_pages", "host_match_pages",
+    "storage_match_pages", "loadback_skip_reason", "loadback_skip_pages", "storage_skip_reason", "recomputed_pages",
+    "scheduled_ns", "first_batch_id", "num_chunks", "loadback_ns", "loadback_exposed_ns", "loadback_queued_ns",
+    "loadback_pages", "loadback_runs",
+    "storage_bytes", "storage_fetch_ns", "recompute_ns", "compute_ns", "protected_pages", "loadback_wall_ns",
+    "loadback_verified",
+    "held", "hold_until_ns", "extend_total_tokens")
 
 
 class RequestRecords:
@@ -122,8 +125,8 @@ class RequestRecords:
         ttft = req.first_token_ns - req.arrival_ns
         storage_wait = 0
         if req.held:
-            storage_wait = max(0, min(req.hold_until_ns, req.sched_ns) - req.arrival_ns)
-        lb_exposed = int(req.lb_exposed)
+            storage_wait = max(0, min(req.hold_until_ns, req.scheduled_ns) - req.arrival_ns)
+        lb_exposed = int(req.loadback_exposed_ns)
         recompute_ns = int(req.recompute_ns)
         compute_ns = int(req.compute_ns)
         queue = ttft - storage_wait - lb_exposed - recompute_ns - compute_ns
@@ -141,11 +144,11 @@ class RequestRecords:
         st.storage_tokens += storage
         st.computed_tokens += computed
         st.recomputed_tokens += recomputed
-        if req.lb_pages:
+        if req.loadback_pages:
             st.load_backs += 1
-            st.load_back_bytes += req.lb_pages * self.ctrl.page_bytes
-            st.load_back_ns.append(req.lb_ns)
-        for reason in (req.lb_skip_reason, req.storage_skip_reason):
+            st.load_back_bytes += req.loadback_pages * self.ctrl.page_bytes
+            st.load_back_ns.append(req.loadback_ns)
+        for reason in (req.loadback_skip_reason, req.storage_skip_reason):
             if reason:
                 st.skipped[reason] = st.skipped.get(reason, 0) + 1
         if self.emit.lost is not None:
@@ -159,16 +162,16 @@ class RequestRecords:
             ideal = cost.prefill_alone_ns(new_tokens, req.input_len - max(new_tokens, 1))
             if_resident = ttft - lb_exposed - storage_wait
             loaded = (req.host_loaded_pages + req.storage_loaded_pages) * ps  # what was loaded, whatever is reported
-            recompute_instead = if_resident + (cost.prefill_alone_ns(computed + loaded, req.dev_pages * ps)
+            recompute_instead = if_resident + (cost.prefill_alone_ns(computed + loaded, req.device_prefix_pages * ps)
                                                - cost.prefill_alone_ns(computed, prefix)) if loaded else if_resident
             hit_class = "tiered_hit" if host + storage else "device_hit" if device else "miss"
             route = req.route
             host_match, storage_match = req.host_match_pages * ps, req.storage_match_pages * ps
-            lb_skipped = req.lb_skip_pages * ps
+            lb_skipped = req.loadback_skip_pages * ps
             # The miss reasons (engine/miss.py) from the record's own columns, those it reads
             miss = miss_split({
                 "computed_tokens": computed, "recomputed_tokens": recomputed,
-                "loadback_skipped_reason": req.lb_skip_reason, "loadback_skipped_tokens": lb_skipped,
+                "loadback_skipped_reason": req.loadback_skip_reason, "loadback_skipped_tokens": lb_skipped,
                 "storage_skipped_reason": req.storage_skip_reason, "storage_match_tokens": storage_match,
                 "storage_hit_tokens": storage, "device_hit_tokens": device, "host_match_tokens": host_match,
                 "dp_rank": self.rank, "best_rank": route[6], "best_rank_device_tokens": route[7],
@@ -181,14 +184,14 @@ class RequestRecords:
                 output_tokens=req.output_len, status="finished", reject_reason=None, hit_class=hit_class,
                 device_hit_tokens=device, host_hit_tokens=host, storage_hit_tokens=storage,
                 computed_tokens=computed, recomputed_tokens=recomputed, host_match_tokens=host_match,
-                storage_match_tokens=storage_match, loadback_skipped_reason=req.lb_skip_reason,
+                storage_match_tokens=storage_match, loadback_skipped_reason=req.loadback_skip_reason,
                 loadback_skipped_tokens=lb_skipped, storage_skipped_reason=req.storage_skip_reason,
                 prefix_indices_len=prefix, cache_protected_len=req.protected_pages * ps,
                 extend_input_len=req.input_len - prefix, queue_ns=queue, storage_wait_ns=storage_wait,
-                loadback_ns=req.lb_ns, loadback_exposed_ns=lb_exposed, loadback_queued_ns=req.lb_queued,
-                loadback_bytes=req.lb_pages * self.ctrl.page_bytes, loadback_pages=req.lb_pages,
-                loadback_runs=req.lb_runs, storage_bytes=req.storage_bytes, storage_fetch_ns=req.storage_fetch_ns,
-                recompute_ns=recompute_ns, compute_ns=compute_ns, prefill_ns=req.first_token_ns - req.sched_ns,
+                loadback_ns=req.loadback_ns, loadback_exposed_ns=lb_exposed, loadback_queued_ns=req.loadback_queued_ns,
+                loadback_bytes=req.loadback_pages * self.ctrl.page_bytes, loadback_pages=req.loadback_pages,
+                loadback_runs=req.loadback_runs, storage_bytes=req.storage_bytes, storage_fetch_ns=req.storage_fetch_ns,
+                recompute_ns=recompute_ns, compute_ns=compute_ns, prefill_ns=req.first_token_ns - req.scheduled_ns,
                 ttft_ns=ttft, ideal_ttft_ns=ideal, ttft_if_device_resident_ns=if_resident,
                 recompute_instead_ns=recompute_instead, first_batch_id=req.first_batch_id,
                 num_chunks=req.num_chunks, first_token_ns=req.first_token_ns, finish_ns=now,
@@ -217,11 +220,11 @@ class RequestRecords:
             input pages |-- dev_pages --|-- host_match --|-- storage (prefetched) --|
         """
         ps = self.ps
-        storage_hit = req.storage_loaded_pages if req.lb_skip_pages == 0 else req.lb_skip_pages - req.host_match_pages
+        storage_hit = req.storage_loaded_pages if req.loadback_skip_pages == 0 else req.loadback_skip_pages - req.host_match_pages
         host_hit = req.host_match_pages + storage_hit  # host_hit_length: prefetched pages are host pages by now
         host_loaded = req.host_loaded_pages + req.storage_loaded_pages
-        d, h, s = self.rules.split_cached_prefix(req.prefix_pages, req.dev_pages, host_hit, host_loaded, storage_hit,
-                                                 req.dev_pages + req.host_match_pages)
+        d, h, s = self.rules.split_cached_prefix(req.prefix_pages, req.device_prefix_pages, host_hit, host_loaded, storage_hit,
+                                                 req.device_prefix_pages + req.host_match_pages)
         return d * ps, h * ps, s * ps
 
     def _sample_pools(self, now: int) -> None:
