@@ -13,7 +13,7 @@ The reused prefix of a turn is every input token that had been cached: device + 
 hits (used) + recomputed tokens. match_prefix finds it at the turn's schedule, which in a queue
 comes after its arrival: the evictions of its prefix between the two are told apart (issue 40),
 its split at arrival being the schedule's with those evictions undone, and what left every tier
-while it queued is "lost while queued" (waiting_loss.py), not the pause's. The survival table sums
+while it queued is "lost while queued" (read/waiting.py), not the pause's. The survival table sums
 the schedule's split per pause bucket, token-weighted like every share, its recomputed part split
 into lost during the pause and lost while queued.
 """
@@ -63,7 +63,7 @@ class PauseBucket:
     ttft_p50_ns: int | None
     ttft_p99_ns: int | None
     # recomputed_share split (issue 40): lost while the turn queued (after its arrival, before its
-    # schedule: waiting_loss.py) and the rest, lost before it arrived (during the pause).
+    # schedule: read/waiting.py) and the rest, lost before it arrived (during the pause).
     paused_lost_share: float | None = None
     queued_lost_share: float | None = None
 
@@ -171,7 +171,7 @@ class SessionEvidence:
     at_schedule_host_tokens: int = 0
     at_schedule_storage_tokens: int = 0
     at_schedule_gone_tokens: int = 0
-    lost_while_queued_tokens: int = 0  # left every tier while it queued, recomputed (waiting_loss.py)
+    lost_while_queued_tokens: int = 0  # left every tier while it queued, recomputed (read/waiting.py)
     demoted_while_queued_tokens: int = 0  # device -> host while it queued (loaded back, not lost)
     queued_evictions: tuple[PauseEviction, ...] = ()  # the evictions of its prefix while it queued
 
