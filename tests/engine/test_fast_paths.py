@@ -1,6 +1,6 @@
 """The engine's fast paths (issue 41) against the plain code they replace, kept as the reference.
 
-- The loops' decode steps (DecodeSteps._decode_ahead): the passes that can only be plain decode
+- The loops' decode steps (DecodeSteps.run_decode_ahead): the passes that can only be plain decode
   steps, before the next arrival or event, run at once instead of one trip round the loop each.
 - The storage re-queries (StoragePrefetch._retry_prefetches): the few entries due or unarmed
   instead of pop_ready's walk of the whole waiting queue (`_retry_prefetches_walk`).
@@ -109,14 +109,14 @@ def test_long_decodes_take_the_fast_path_and_keep_their_times(dp, monkeypatch):
     reqs = [TraceRequest(f"r{i}", i, i + 1, i * 1_000_000, 3 * PS + 1, 300 + 50 * i,
                          (i * 10, i * 10 + 1, i * 10 + 2, 99 + i), None) for i in range(4)]
     calls = []
-    real = DecodeSteps._decode_ahead
+    real = DecodeSteps.run_decode_ahead
 
     def counting(self, end, limit, wakes=None):
         out = real(self, end, limit, wakes)
         calls.append(out != end)
         return out
 
-    monkeypatch.setattr(DecodeSteps, "_decode_ahead", counting)
+    monkeypatch.setattr(DecodeSteps, "run_decode_ahead", counting)
     fast = _replay(reqs, small_config(dp=dp, device_tokens=40 * PS), True, False, monkeypatch)
     assert any(calls), "no pass took the fast path"
     slow = _replay(reqs, small_config(dp=dp, device_tokens=40 * PS), False, False, monkeypatch)
@@ -161,7 +161,7 @@ def test_storage_requeries_fire_as_the_walk_fires_them(reqs, dp, device, host, p
 def test_a_chunked_prompt_on_a_slow_link_keeps_its_backup_flushes(monkeypatch):
     """0.5.23 queues a chunk stash's backup for the flush after the next one (`stash_chunked_request`,
     then `flush_pending_backups`), and the passes after a prompt's last chunk are plain decode
-    steps: the fast path stands aside while a backup is queued (the next pass's `_batch` flushes it
+    steps: the fast path stands aside while a backup is queued (the next pass's `schedule_pass` flushes it
     at its head), so with a link slow enough that no ack stops it first, the copies, their acks and
     every decode step are still the pass-by-pass loop's."""
     from tierdiag.engine.controller import CacheController

@@ -158,7 +158,7 @@ def _as_kind(pages: list[int], kind: str):
 # planner: big-transfer plans on small pools (the compiled move for scattered pages where it is
 # built); planner_numpy: the same plans by numpy alone (its gather/scatter through scratch).
 _ROUTES = {"default": {}, "planner": {"_DIRECT_MAX_BYTES": -1, "_CHUNK_BYTES": 3},
-           "planner_numpy": {"_DIRECT_MAX_BYTES": -1, "_CHUNK_BYTES": 3, "_c_move": None}}
+           "planner_numpy": {"_DIRECT_MAX_BYTES": -1, "_CHUNK_BYTES": 3, "compiled_move": None}}
 
 
 @contextlib.contextmanager
@@ -262,7 +262,7 @@ def test_each_plan_kind_is_exercised_and_correct(kind_pages):
 def test_two_pass_chunks_through_a_bounded_scratch(monkeypatch):
     monkeypatch.setattr(rows, "_CHUNK_BYTES", 3 * 16 * 8)  # 3 rows a chunk (CPU)
     monkeypatch.setattr(rows, "_DIRECT_MAX_BYTES", -1)  # through the planner, not the direct path
-    monkeypatch.setattr(rows, "_c_move", None)  # numpy's two-pass (the compiled move needs no scratch)
+    monkeypatch.setattr(rows, "compiled_move", None)  # numpy's two-pass (the compiled move needs no scratch)
     rng = np.random.default_rng(3)
     s = rng.permutation(64)[:20].tolist()
     d = rng.permutation(64)[:20].tolist()
@@ -467,7 +467,7 @@ def test_scattered_cpu_plans_take_the_compiled_move_and_land_the_same_bytes(monk
     """Issue 41: on the compiled data plane a CPU plan with scattered pages (gather, scatter,
     two-pass) is one compiled move, each row straight from its page to its page; numpy's
     two-pass is not called. Bytes as the page-at-a-time reference, the source untouched."""
-    if rows._c_move is None:
+    if rows.compiled_move is None:
         pytest.skip("the compiled CPU data plane is not built here (numpy's path is the route tested above)")
     monkeypatch.setattr(rows, "_DIRECT_MAX_BYTES", -1)
     called = []

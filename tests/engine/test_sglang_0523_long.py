@@ -91,7 +91,7 @@ def test_a_pass_that_runs_nothing_while_requests_wait_keeps_the_new_token_ratio(
     assert sched.waiting
     sched._new_prefill = lambda now: None  # nothing can be admitted this pass
     sched.new_token_ratio = 0.3
-    assert sched._batch(0) is None
+    assert sched.schedule_pass(0) is None
     assert sched.new_token_ratio == 0.3
 
 

@@ -10,7 +10,7 @@ exactly the same prefixes. Both sides are priced by the engine's cost model
 (`tierdiag.engine.costmodel.CostModel`) on their own batches.
 
 Compared, for every prefill step (SGLang's extend and mixed batches; the engine's batches, each
-formed in one `Scheduler._batch` call, which the harness wraps to mark it):
+formed in one `Scheduler.schedule_pass` call, which the harness wraps to mark it):
   - the batch start time, membership in order, each member's extend and prefix tokens (chunk
     boundaries are consecutive members' prefix + extend) and the tokens it loaded back from host;
   - the device and host tokens evicted from the start of the step's formation to the next one's;
@@ -199,9 +199,9 @@ def run_engine(w: Workload, switches) -> dict:
         sched = engine.scheduler
         if "zero_decode" in switches:
             object.__setattr__(engine.cost, "decode_step_ns", lambda context_tokens: 0)
-        form = sched._batch
+        form = sched.schedule_pass
 
-        def batch(now):  # a step: one Scheduler._batch call that formed a batch
+        def batch(now):  # a step: one Scheduler.schedule_pass call that formed a batch
             mark = list(cap.evicted)
             cap.current = {"t": now, "kind": "prefill", "members": [], "evicted_before": mark, "log_at": len(cap.log)}
             end = form(now)
@@ -213,7 +213,7 @@ def run_engine(w: Workload, switches) -> dict:
             cap.current = None
             return end
 
-        sched._batch = batch
+        sched.schedule_pass = batch
         engine.run(trace_requests(w))
         engine.check_invariants(idle=True)
     finally:

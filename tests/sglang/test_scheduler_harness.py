@@ -157,7 +157,7 @@ def test_long_mode_only_on_one(monkeypatch, value, long):
 
 
 def test_engine_side_records_every_batch_once():
-    """The engine side's steps are its batches (one Scheduler._batch call that formed one), with
+    """The engine side's steps are its batches (one Scheduler.schedule_pass call that formed one), with
     every request's chunks adding up to its computed tokens."""
     w = H.seeded(0, page_size=64, shape="chunk")
     ours = H.run_engine(w, ())

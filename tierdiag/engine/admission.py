@@ -254,13 +254,13 @@ class Admission:
         cost, ctrl, ps = self.cost, self.ctrl, self.ps
         mixed_ns = 0
         if not self.running:
-            self._admission_reopens = True  # (b) in _batch: its members start the running batch
+            self._admission_reopens = True  # (b) in schedule_pass: its members start the running batch
         if self.mixed_chunk and self.running and self._decode_fits(self.running, now):
             mixed_ns = self._decode_step(now)
             # mix_with_running moved the running requests into this batch and left the running
             # batch empty ("running_batch = ScheduleBatch(reqs=[], ...)"): at the next pass
             # get_next_batch_to_run makes this batch the running batch ("running_batch =
-            # last_batch"), whose batch_is_full was never set, as (b) in _batch
+            # last_batch"), whose batch_is_full was never set, as (b) in schedule_pass
             self._admission_reopens = True
         self._batch_id += self.id_step
         bid = self._batch_id
@@ -363,7 +363,7 @@ class Admission:
         ctrl = self.ctrl
         ctrl.stash_backups = True  # 0.5.23: its backups go with the next batch's (flush_backups)
         try:
-            self._insert(req, min(req.done_tokens // self.ps, len(req.keys)), self._current, chunk=True)
+            self._insert(req, min(req.done_tokens // self.ps, len(req.keys)), self.event_ns, chunk=True)
         finally:
             ctrl.stash_backups = False
         self._admission_reopens = True  # the batch's chunked_req leaves it at the next pass
@@ -378,7 +378,7 @@ class Admission:
         req.kv_len = req.fill_len
         done = req.generated_tokens >= req.output_len
         if not done:
-            self._insert(req, len(req.keys), self._current, chunk=False)
+            self._insert(req, len(req.keys), self.event_ns, chunk=False)
         if req.first_token_ns is None:
             self._first_token(req)
         if done:
@@ -424,7 +424,7 @@ class Admission:
         return fresh
 
     def _first_token(self, req: Req) -> None:
-        now = self._current
+        now = self.event_ns
         req.first_token_ns = now
         ttft = now - req.arrival_ns
         self.stats.ttft_ns.append(ttft)

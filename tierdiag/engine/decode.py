@@ -19,7 +19,7 @@ from tierdiag.trace.pages import output_page_keys
 class DecodeSteps:
     """Scheduler's decode steps, retraction and finish (a mixin: its state is Scheduler's)."""
 
-    # The loops run the passes that can only be plain decode steps at once (`_decode_ahead`);
+    # The loops run the passes that can only be plain decode steps at once (`run_decode_ahead`);
     # False: every pass goes round the loop, the reference the fast path is tested against
     # (tests/engine/test_fast_paths.py: every event identical).
     decode_ahead: bool = True
@@ -179,15 +179,15 @@ class DecodeSteps:
         self._note_decode(now, end)
         return end
 
-    def _decode_ahead(self, end: int, limit: int | None, wakes: list[int] | None = None) -> int:
+    def run_decode_ahead(self, end: int, limit: int | None, wakes: list[int] | None = None) -> int:
         """The scheduling passes after the one that just ended at `end`, run here at once while
         each can only be a plain decode step that touches nothing outside this scheduler: a pass
         at time t < `limit` (the loop's next arrival or event: nothing from outside reaches
-        this scheduler before it), nobody waiting and no chunked request (so `_batch` forms no
+        this scheduler before it), nobody waiting and no chunked request (so `schedule_pass` forms no
         prefill batch), room for the step's pages without eviction (`free_pages` >= running:
         no eviction, no retraction, no write-back, no event), no backup queued for the next
-        pass's flush (0.5.23 `flush_pending_backups`, at `_batch`'s head), and no request
-        finishing at the step (its finish is an event the loop runs in order). Each pass is `_batch`'s, inline,
+        pass's flush (0.5.23 `flush_pending_backups`, at `schedule_pass`'s head), and no request
+        finishing at the step (its finish is an event the loop runs in order). Each pass is `schedule_pass`'s, inline,
         in that case: ack_loads, the prefetch re-query clock, admission reopened, `_decode`.
         Returns when the GPU is free again: the loop's next pass for this scheduler; `wakes`
         gets the time of each pass run here (a deployment's loop still wakes then for a rank
@@ -207,9 +207,9 @@ class DecodeSteps:
         fin = min((s for s in finish_due if s > k), default=None)
         if (limit is not None and end >= limit) or free < n or fin == k + 1:
             return end
-        if ctrl.backup_queue or ctrl.backup_later:  # the next pass's `_batch` flushes them first
+        if ctrl.backup_queue or ctrl.backup_later:  # the next pass's `schedule_pass` flushes them first
             return end
-        # _batch's head, once: nothing waits, so no prefill batch is formed
+        # schedule_pass's head, once: nothing waits, so no prefill batch is formed
         ctrl.blocking_ns = 0
         if ctrl.loads_pending:
             ctrl.ack_loads()
@@ -354,7 +354,7 @@ class DecodeSteps:
         which never went through the model), page-aligned, is inserted; the unaligned tail is freed.
         Output pages get synthetic keys (trace.pages.output_page_keys): no later trace request
         carries the same tokens, so they take device (and host) room without ever being hit."""
-        now = self._current
+        now = self.event_ns
         ps = self.ps
         self._leave(req)
         n_full = (req.input_len + max(req.output_len - 1, 0)) // ps

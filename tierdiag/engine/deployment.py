@@ -98,7 +98,7 @@ class Deployment:
         # What a rank does before the next arrival or event reaches no other rank unless it
         # evicts (host and storage writes), finishes (the router, the storage tier) or emits a
         # decode-step event (one stream, in clock order); passes that can only be plain decode
-        # steps run at once (DecodeSteps._decode_ahead checks the rest). Not in a closed loop
+        # steps run at once (DecodeSteps.run_decode_ahead checks the rest). Not in a closed loop
         # once a session is met: another rank's finish may release a turn routed here at any step.
         # The loop still wakes at those passes' times while some rank is stuck (its pass ran
         # nothing: it waits for memory or a prefetch), as such a rank passes at every wake.
@@ -114,7 +114,7 @@ class Deployment:
                     arrive(t, at, trace_at, think_ms)
                 while events and events[0][0] <= now:
                     t_ns, _, sched, fn, arg = pop(events)
-                    sched._current = t_ns
+                    sched.event_ns = t_ns
                     fn(arg)
                 nxt_t = src.next_ns(now)
                 if nxt_t is None or nxt_t > now:
@@ -123,14 +123,14 @@ class Deployment:
             ran = []  # ranks whose pass ran a batch: their next pass is when it ends, even now
             for rank, sched in enumerate(ranks):
                 if now >= gpu_free[rank] and (sched.waiting or sched.running or sched.chunked is not None):
-                    end = sched._batch(now)
+                    end = sched.schedule_pass(now)
                     if end is not None:
                         if ahead and not (closed and src.num_sessions):
                             limit = next_ns(now)
                             if events and (limit is None or events[0][0] < limit):
                                 limit = events[0][0]
                             wakes = run_at_once[rank] = []
-                            end = sched._decode_ahead(end, limit, wakes)
+                            end = sched.run_decode_ahead(end, limit, wakes)
                             if wakes and wakes[-1] > at_once_until:
                                 at_once_until = wakes[-1]
                         gpu_free[rank] = end

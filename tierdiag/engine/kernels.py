@@ -114,7 +114,7 @@ def _np_rows_uncached(pool: torch.Tensor) -> np.ndarray:
 
 def _execute_cpu(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -> None:
     """Execute a plan between two contiguous CPU pools, all layers. Scattered pages on either
-    side go by the compiled move where there is one (rows.py's `_c_move`: each row memcpy'd
+    side go by the compiled move where there is one (rows.py's `compiled_move`: each row memcpy'd
     straight from its source page to its destination page, one pass over memory), else by
     numpy (`_execute_rows`: gather into an L2-sized scratch, scatter from it). The compiled
     move takes 4,096 scattered 16 KiB pages at ~2x the numpy path's rate (benchmarks/README.md,
@@ -122,7 +122,7 @@ def _execute_cpu(src: torch.Tensor, dst: torch.Tensor, plan: CopyPlan) -> None:
     reads every row before writing any, and the compiled move declines what it does not take
     (nothing moved), which numpy then moves."""
     sv, dv = _np_rows(src), _np_rows(dst)
-    move = _rows._c_move
+    move = _rows.compiled_move
     if (move is not None and plan.kind.indexed and not plan.snapshot
             and move(sv, plan.src_idx, dv, plan.dst_idx) >= 0):
         return

@@ -436,7 +436,7 @@ def copy_rows_c(src_rows: np.ndarray, src_pages: PageList, dst_rows: np.ndarray,
     kernel declines, having moved nothing (a page outside a pool, lengths or geometries that
     differ, overlapping pools, a tensor of page ids), takes the numpy path, with its errors."""
     t0 = time.perf_counter_ns()
-    runs = _c_move(src_rows, src_pages, dst_rows, dst_pages)
+    runs = compiled_move(src_rows, src_pages, dst_rows, dst_pages)
     if runs < 0:
         return copy_rows_numpy(src_rows, src_pages, dst_rows, dst_pages)
     return time.perf_counter_ns() - t0, runs
@@ -489,5 +489,5 @@ def array_rows(buffer: np.ndarray, *, page_first: bool | None = None) -> np.ndar
 
 
 # --- the CPU kernel: the one native/cplane.py chose ------------------------------------------
-_c_move = cplane.compiled("move")
+compiled_move = cplane.compiled("move")
 copy_rows = cplane.choose("rows.copy_rows", copy_rows_c, copy_rows_numpy)

@@ -84,7 +84,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         # a step's KV read is S + len(running) x step.
         self.running: list[Req] = []
         self.batch_is_full = False
-        self._admission_reopens = False  # the next pass clears batch_is_full (_batch)
+        self._admission_reopens = False  # the next pass clears batch_is_full (schedule_pass)
         self._join_front = None  # where the next joiner goes in `running` (after a mixed batch: the front)
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.dstep = 0
@@ -102,7 +102,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self._events: list = []
         self._order = 0
         self._batch_id = 0
-        self._current = 0  # virtual time of the event being handled
+        self.event_ns = 0  # virtual time of the event being handled
         self.count_hits = cfg.write_policy != WritePolicy.WRITE_BACK  # _inc_hit_count returns early under write_back
         self.backup_threshold = WRITE_THROUGH_THRESHOLD.get(cfg.write_policy)
         self.prefetch_threshold = max(cfg.prefetch_threshold, self.ps)  # HiCacheController: >= a page
@@ -150,7 +150,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         arrive = self._arrive
         # Nothing reaches the scheduler but the trace's arrivals and its own events, so the
         # passes before the next of them that can only be decode steps run at once
-        # (DecodeSteps._decode_ahead). Not in a closed loop once a session is met: a turn's
+        # (DecodeSteps.run_decode_ahead). Not in a closed loop once a session is met: a turn's
         # release and the read-ahead's clock are then the loop's, pass by pass.
         closed, ahead = src.closed, self.decode_ahead
         while True:
@@ -158,20 +158,20 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                 for t, at, trace_at, think_ms in src.due(now):
                     arrive(t, at, trace_at, think_ms)
                 while events and events[0][0] <= now:
-                    self._current, _, fn, arg = pop(events)
+                    self.event_ns, _, fn, arg = pop(events)
                     fn(arg)
                 nxt_t = src.next_ns(now)
                 if nxt_t is None or nxt_t > now:
                     break
             ran = False
             if now >= gpu_free and (self.waiting or self.running or self.chunked is not None):
-                end = self._batch(now)
+                end = self.schedule_pass(now)
                 if end is not None:
                     if ahead and not (closed and src.num_sessions):
                         limit = src.next_ns(now)
                         if events and (limit is None or events[0][0] < limit):
                             limit = events[0][0]
-                        end = self._decode_ahead(end, limit)
+                        end = self.run_decode_ahead(end, limit)
                     gpu_free, ran = end, True
                 if tick is not None:  # a batch's events are in: the probe may flush its buffers
                     tick()
@@ -287,7 +287,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                      ends_session=False)
 
     # --- batches -------------------------------------------------------------------------
-    def _batch(self, now: int) -> int | None:
+    def schedule_pass(self, now: int) -> int | None:
         """One scheduling pass (Scheduler.get_next_batch_to_run, without mixed chunk unless
         `enable_mixed_chunk`): a prefill batch if one can be formed (`get_new_batch_prefill`),
         else a decode step of the running batch (`update_running_batch`), else nothing (the
