@@ -367,7 +367,7 @@ def _runner_failing(rule: str | None):
     own), then fails as the sweep runner does when a replay failed."""
     from tierdiag.app.sweep import Processes, RunOutcome, SweepFailed, run_configs
 
-    def runner(trace, plan, db, backend, sweep_id, skip_bad):
+    def runner(trace, plan, db, backend, sweep_id, skip_bad, by=None, *, compare=True):
         keep, outcomes = [], []
         for i, (name, cfg) in enumerate(plan.configs):
             dropped = cfg.sglang_switched_back == rule if rule else (cfg.sglang_rules == OLD)

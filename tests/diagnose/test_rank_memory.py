@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.cli import invoke, invoke_json
-from tierdiag.diagnose.comparison.compare import KvMemory, kv_memory
+from tierdiag.diagnose.run.kv_memory import KvMemory, kv_memory
 
 pytest.importorskip("tierdiag.cli.replay")
 

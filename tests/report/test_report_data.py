@@ -13,6 +13,7 @@ from fake_run import fake_columns, write_fake_run
 from tierdiag.diagnose.request.causes import primary_cause
 from tierdiag.diagnose.read.quantile import nearest_rank
 from tierdiag.diagnose.request.slow import slow_requests
+from tierdiag.diagnose.request.slow_groups import BURST_GAP_SHARE
 from tierdiag.report import series as rd
 from tierdiag.store.reader import open_store, resolve_run
 from tierdiag.store.schema import TABLES
@@ -157,7 +158,7 @@ def test_slow_groups_are_cached_bursts_of_one_cause(store):
     assert len(members) == considered <= 60 and len({r.req_id for r in members}) == len(members)
     totals = [g.excess_total_ns for g in groups]
     assert totals == sorted(totals, reverse=True)
-    gap = rd.BURST_GAP_SHARE * h.span_ns
+    gap = BURST_GAP_SHARE * h.span_ns
     for g in groups:
         assert {r.primary_cause for r in g.requests} == {g.cause} and g.cause != "none"
         assert {r.hit_class for r in g.requests} <= {"device_hit", "tiered_hit"}

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.report.fake_run import write_fake_run
+from tierdiag.diagnose.read.series import FINISHED_WHERE
+from tierdiag.diagnose.request.causes import excess_sql
 from tierdiag.report import series as rd
 from tierdiag.report import html as rh
 from tierdiag.store.reader import open_store, resolve_run
@@ -17,9 +19,9 @@ def test_the_scatter_keeps_the_slowest_samples_the_rest_uniformly_and_says_so(tm
         run = resolve_run(con, None)
         pts = rd.load_points(con, run, max_points=120, keep_slowest=20)
         again = rd.load_points(con, run, max_points=120, keep_slowest=20)
-        (total,) = con.execute(f"SELECT count(*) FROM requests WHERE {rd._FINISHED}", {"run": run.run_id}).fetchone()
+        (total,) = con.execute(f"SELECT count(*) FROM requests WHERE {FINISHED_WHERE}", {"run": run.run_id}).fetchone()
         slowest = {r[0] for r in con.execute(
-            f"SELECT req_id, {rd.excess_sql()} AS x FROM requests WHERE {rd._FINISHED} ORDER BY x DESC, req_id LIMIT 20",
+            f"SELECT req_id, {excess_sql()} AS x FROM requests WHERE {FINISHED_WHERE} ORDER BY x DESC, req_id LIMIT 20",
             {"run": run.run_id}).fetchall()}
     assert pts.sampled and len(pts.req_id) == 120 and pts.total == total > 120
     assert slowest <= set(pts.req_id)  # the point of the plot is never sampled away

@@ -11,7 +11,8 @@ A scenario is pools, policies, the engine's rule set ("rules": "0.5.9" or "0.5.2
     {"op": "release", "id"}            (a held request finishes: its lock goes)
 A request is matched, locked, admitted when its pages beyond the device prefix fit free +
 evictable device memory, its host part loaded back (all or nothing), the rest allocated, the
-whole inserted, and unlocked (or held). Copies complete at the end of each step on both sides.
+whole inserted, and unlocked (or held). Copies (the step's queued backups flushed as one)
+complete at the end of each step on both sides.
 Page keys are prefix-chained (a key names its prefix), as the engine's are; SGLang gets tokens
 [k] * page_size for page k, so both trees hold the same pages.
 
@@ -210,6 +211,9 @@ def run_engine(sc: dict) -> list:
     for t, op in enumerate(sc["ops"], start=1):
         side.log = []
         out = side.request(op, t) if op["op"] == "req" else side.release(op, t)
+        # the step's queued backups go out as one copy at its end (0.5.23 flush_pending_backups,
+        # the batch's result processing; 0.5.9 copied each at once and queued none)
+        side.ctrl.flush_backups(t)
         for fn, arg in side.queue:
             fn(arg)
         side.queue.clear()

@@ -43,14 +43,16 @@ def headline(outcome, db: str | os.PathLike) -> Headline:
 
 
 def sweep(trace: Path, configs: Sequence, db: Path, *, backend, sweep_id: str, skip_bad: bool,
-          command_line: list[str] | None, progress: Callable[[Headline], None], by: str | None) -> SweepComparison:
+          command_line: list[str] | None, progress: Callable[[Headline], None], by: str | None = None,
+          compare: bool = True) -> SweepComparison | None:
     """`tierdiag sweep`: app.sweep.run_configs, each finished combination reported to `progress` as
-    its Headline, then the runs compared (`compare_sweep`)."""
+    its Headline, then the runs compared (`compare_sweep`; not with `compare` False: `replay
+    --sglang`'s upgrade view reads the runs itself)."""
     from tierdiag.app.sweep import run_configs
 
     run_ids = run_configs(trace, configs, db, backend=backend, sweep_id=sweep_id, skip_bad=skip_bad,
                           command_line=command_line, progress=lambda outcome: progress(headline(outcome, db)))
-    return compare_sweep(db, run_ids, by=by, sweep_id=sweep_id)
+    return compare_sweep(db, run_ids, by=by, sweep_id=sweep_id) if compare else None
 
 
 @dataclass(frozen=True)

@@ -165,7 +165,7 @@ class RunsView:
     default_run_id: str | None
 
     def to_json(self) -> list:
-        from tierdiag.diagnose.comparison.compare import run_kv_memory
+        from tierdiag.diagnose.run.kv_memory import run_kv_memory
         from tierdiag.diagnose.read.run import parse
         from tierdiag.report.run_lines import pool_sizes
 

@@ -72,7 +72,7 @@ def sweep(
         backend = Processes(jobs=jobs)
     for warning in dict.fromkeys(w for _, cfg in plan.configs for w in cfg.warnings()):
         err.print(f"tierdiag: warning: {warning}", markup=False, highlight=False)
-    Sink(json=json_).emit(_run(trace, plan, db, backend, new_sweep_id(), skip_bad, by))
+    Sink(json=json_).emit(run_sweep(trace, plan, db, backend, new_sweep_id(), skip_bad, by))
 
 
 @renders("tierdiag.app.sweep_view.SweepComparison")
@@ -98,9 +98,10 @@ def _headline(h) -> str:
     return f"{h.name}: {h.status}, reuse {fmt_pct(h.reuse_share)}, TTFT p50 {fmt_ms(h.ttft_p50_ns)} ({h.wall_s:.1f}s)"
 
 
-def _run(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool, by: str | None):
+def run_sweep(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool, by: str | None = None, *,
+              compare: bool = True):
     """The sweep (app.sweep_view.sweep) under a progress bar, each finished run's headline printed
-    above it; its comparison."""
+    above it; its comparison (None with `compare` False: `replay --sglang` reads its runs itself)."""
     from tierdiag.cli.progress import Progress
     from tierdiag.errors import RunInterrupted
     from tierdiag.app.sweep import Ray, SweepInterrupted
@@ -119,7 +120,7 @@ def _run(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: bool, by
     with bar:
         try:
             return run_and_compare(trace, plan.configs, db, backend=backend, sweep_id=sweep_id, skip_bad=skip_bad,
-                                   command_line=command_line(), progress=reported, by=by)
+                                   command_line=command_line(), progress=reported, by=by, compare=compare)
         except SweepInterrupted as exc:
             bar.stop()
             count = {s: sum(1 for o in exc.outcomes if o.status == s) for s in ("complete", "interrupted", "not_started")}

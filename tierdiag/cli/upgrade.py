@@ -35,7 +35,7 @@ def replay_upgrade(trace: Path, cfg, releases: tuple[str, str], *, db: Path, run
                    jobs: int | None, skip_bad: bool, json_: bool, runner=None) -> None:
     """Replay the upgrade's plan and show its view. A rule's replay that failed leaves that rule
     out of the view (listed as not isolated) and the command then fails with the sweep's error;
-    without both release runs there is no view, only the error. `runner`: the sweep's `_run`."""
+    without both release runs there is no view, only the error. `runner`: the sweep's `run_sweep`."""
     from tierdiag.app.sweep import Processes, SweepFailed
     from tierdiag.app.upgrade import new_upgrade_id, plan_upgrade
     from tierdiag.diagnose.comparison.upgrade import upgrade_view
@@ -43,13 +43,13 @@ def replay_upgrade(trace: Path, cfg, releases: tuple[str, str], *, db: Path, run
     from tierdiag.store.reader import list_runs, open_store
 
     if runner is None:
-        from tierdiag.cli.sweep import _run as runner  # the sweep's progress bar, headlines and interrupt line
+        from tierdiag.cli.sweep import run_sweep as runner  # the sweep's progress bar, headlines and interrupt line
 
     plan = plan_upgrade(cfg, releases, run_name or trace.stem)
     sweep_id = new_upgrade_id()
     failed: SweepFailed | None = None
     try:
-        runner(trace, SimpleNamespace(configs=list(plan.configs)), db, Processes(jobs), sweep_id, skip_bad)
+        runner(trace, SimpleNamespace(configs=list(plan.configs)), db, Processes(jobs), sweep_id, skip_bad, compare=False)
     except SweepFailed as exc:
         failed = exc
     with open_store(db) as con:

@@ -16,10 +16,10 @@ from typing import Any
 
 from tierdiag.config.names import Tier
 from tierdiag.units import fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens
-from tierdiag.diagnose.comparison.compare import run_kv_memory
+from tierdiag.diagnose.run.kv_memory import run_kv_memory
+from tierdiag.diagnose.request.causes import CAUSE_MEANING
+from tierdiag.diagnose.request.slow_groups import BURST_GAP_SHARE
 from tierdiag.report.series import (
-    BURST_GAP_SHARE,
-    CAUSE_MEANING,
     CLASSES,
     TIER_PARTS,
     ReportData,

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 from tierdiag.config.names import Tier
-from tierdiag.diagnose.comparison.compare import run_kv_memory
+from tierdiag.diagnose.run.kv_memory import run_kv_memory
 from tierdiag.report.run_lines import pool_sizes, rules_line
 from tierdiag.report.terminal import new_table, plain
 from tierdiag.report.ranks_view import deployment_line

@@ -18,14 +18,12 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from tierdiag.diagnose.request.causes import CAUSE_MEANING, excess_sql  # noqa: F401 - the page's words
 from tierdiag.diagnose.run.diagnosis import RunDiagnosis, backed
 from tierdiag.diagnose.run.facts import RunFacts
 from tierdiag.diagnose.read import series as read
 from tierdiag.diagnose.read.kind import view_of
-from tierdiag.diagnose.read.series import FINISHED_WHERE as _FINISHED  # noqa: F401 - tests count the same rows
 from tierdiag.diagnose.read.query import link_peak_bytes_per_s
-from tierdiag.diagnose.request.slow_groups import BURST_GAP_SHARE, SLOW_POOL, SlowGroup  # noqa: F401
+from tierdiag.diagnose.request.slow_groups import SLOW_POOL, SlowGroup
 from tierdiag.diagnose.request.slow_groups import slow_groups as load_slow_groups
 from tierdiag.diagnose.read.queries import run_span_ns
 from tierdiag.diagnose.run.summary import RunSummary, run_summary

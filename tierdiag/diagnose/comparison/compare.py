@@ -38,7 +38,7 @@ from tierdiag.units import share
 from tierdiag.errors import ConfigError, StoreError, TierdiagError
 from tierdiag.store.reader import RunInfo, list_runs
 from tierdiag.diagnose.read.run import parse
-from tierdiag.diagnose.run.kv_memory import KvMemory, kv_memory, run_kv_memory  # noqa: F401 - compare's callers import them here
+from tierdiag.diagnose.run.kv_memory import kv_memory
 TIERS = ("device", "host", "storage")
 CLASSES = ("device_hit", "tiered_hit", "miss")
 DEFAULT_TOP = 10

@@ -18,7 +18,7 @@
     waiting.py           what a request's prefix lost while it waited (and its SQL fragments)
     observed.py          an imported run's own numbers, paired with its twin replay's
     advice.py            what advice verification reads (headline numbers, advise's replays)
-    rows.py              dict rows (fetch_dicts, fetch_one), schema checks, a second cursor
+    rows.py              dict rows (fetch_dicts), schema checks, a second cursor
     quantile.py  The one percentile definition every view uses: nearest rank.
     query.py     Small helpers shared by summary / slow / explain / observed over what they ...
     sql.py       The two row sets every view counts over, written once.

@@ -2,7 +2,7 @@
 whole row by column name: the tests, a query not yet typed), the schema questions a reader asks
 of an older store (a column added since), and a second cursor for a query on another thread.
 
-    fetch_dicts / fetch_one   a query's rows as dicts of their columns (positional parameters)
+    fetch_dicts               a query's rows as dicts of their columns (positional parameters)
     has_column                whether a table has a column (a store written before it did not)
     second_cursor             a cursor on the same database, for a query on another thread
 """
@@ -19,11 +19,6 @@ def fetch_dicts(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] 
     cur = con.execute(sql, list(params))
     names = [d[0] for d in cur.description]
     return [dict(zip(names, row)) for row in cur.fetchall()]
-
-
-def fetch_one(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] = ()) -> dict | None:
-    rows = fetch_dicts(con, sql, params)
-    return rows[0] if rows else None
 
 
 def has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:

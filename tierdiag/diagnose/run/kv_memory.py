@@ -1,6 +1,6 @@
 """A run's KV memory in modelled bytes (KvMemory): what `summary`, `runs`, `compare` and the report
 state beside the pool sizes. A module of its own so that `summary` reads it without loading
-compare.py's modules (issue 41: start-up); compare.py re-exports it."""
+compare.py's modules (start-up)."""
 
 from __future__ import annotations
 
