@@ -97,6 +97,22 @@ class DecodeSteps:
             return True  # (evict_to_free_tokens evicts nothing when the pages are free)
         return self.ctrl.evict_device(len(need), need[0].req_id, now)
 
+    def _give_pages(self, due: list, k: int) -> None:
+        """Decode step `k`'s pages: each request in `due` (its slot starts a page at this step)
+        gets one, and is due again a page later while its output lasts. The caller checked the
+        room (check_decode_mem / free_pages), so the allocation cannot fail."""
+        alloc = self.ctrl.device.alloc
+        ps = self.ps
+        page_due = self._page_due
+        for r in due:
+            slots = alloc(1)
+            assert slots is not None, "the step's room was checked, yet alloc found no page"
+            r.own_slots.extend(slots)
+            nxt = k + ps
+            r.next_page = nxt
+            if nxt <= r.finish_step:
+                page_due.setdefault(nxt, []).append(r)
+
     def _decode_step(self, now: int) -> int:
         """prepare_for_decode + the step's time: `alloc_for_decode` evicts for a page a running
         request, then gives each request whose slot starts a page that page; the step reads the weights and every running request's
@@ -111,17 +127,7 @@ class DecodeSteps:
             self.ctrl.evict_device(n, self.running[0].req_id, now)
         due = self._page_due.pop(k, None)
         if due:
-            alloc = self.ctrl.device.alloc
-            ps = self.ps
-            page_due = self._page_due
-            for r in due:
-                slots = alloc(1)
-                assert slots is not None, "check_decode_mem reported room that alloc could not find"
-                r.own_slots.extend(slots)
-                nxt = k + ps
-                r.next_page = nxt
-                if nxt <= r.finish_step:
-                    page_due.setdefault(nxt, []).append(r)
+            self._give_pages(due, k)
         ctx = self._kv_base + len(self.running) * k
         self.dstep = k
         self.stats.decode_steps += 1
@@ -219,8 +225,6 @@ class DecodeSteps:
         page_due = self._page_due
         emit = self.emit.decode_step
         cost = self.cost.decode_step_ns
-        ps = self.ps
-        alloc = device.alloc
         base = self._kv_base
         ratio = self.new_token_ratio
         start = end
@@ -234,14 +238,7 @@ class DecodeSteps:
             k += 1
             due = page_due.pop(k, None)
             if due:
-                for r in due:
-                    slots = alloc(1)
-                    assert slots is not None, "free_pages reported room that alloc could not find"
-                    r.own_slots.extend(slots)
-                    nxt = k + ps
-                    r.next_page = nxt
-                    if nxt <= r.finish_step:
-                        page_due.setdefault(nxt, []).append(r)
+                self._give_pages(due, k)
                 free = device.free_pages
             now = end
             end = now + cost(base + n * k)
