@@ -8,6 +8,11 @@ around the KeyboardInterrupt, "Current transaction is aborted") is still known t
 A write to the store must be all or nothing: inside `deferred()` a signal is only recorded, and
 raised when the outermost deferred block ends (the transaction committed or rolled back by then).
 `checkpoint()` raises a recorded signal early at a point where nothing is half-done (a wait).
+
+A signal that lands while a module is being imported is held too: raised inside a native
+extension's initialisation (DuckDB's nanobind enums, found by a SIGTERM in CI) it aborts the
+process (nanobind's "Critical error", exit -6) instead of unwinding. It is handed back to this
+process a moment later (`_REDELIVER_S`), again and again until no import is running.
 """
 
 from __future__ import annotations
@@ -29,9 +34,32 @@ class Interrupted(KeyboardInterrupt):
 
 
 _state = {"depth": 0, "pending": None, "first": None, "closing": 0, "raised": False}
+_REDELIVER_S = 0.02
+
+
+def _importing(frame) -> bool:
+    """Whether `frame` runs (somewhere below) the import machinery."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _redeliver(signum: int) -> None:
+    """Send `signum` to this process's main thread again (after an import held it)."""
+    try:
+        signal.pthread_kill(threading.main_thread().ident, signum)
+    except (ProcessLookupError, OSError):
+        return  # the main thread is gone: the process is exiting, which is what the signal asked
 
 
 def _handler(signum, frame) -> None:
+    if _state["depth"] == 0 and not _state["raised"] and _importing(frame):
+        timer = threading.Timer(_REDELIVER_S, _redeliver, (signum,))
+        timer.daemon = True
+        timer.start()
+        return
     if _state["first"] is None:
         _state["first"] = signum
     if _state["depth"] > 0:
