@@ -58,8 +58,11 @@ def _handler(signum, frame) -> None:
     if _state["depth"] == 0 and not _state["raised"] and _importing(frame):
         timer = threading.Timer(_REDELIVER_S, _redeliver, (signum,))
         timer.daemon = True
-        timer.start()
-        return
+        try:
+            timer.start()
+            return
+        except RuntimeError:
+            pass  # no new thread at interpreter shutdown: the signal is raised here, as before
     if _state["first"] is None:
         _state["first"] = signum
     if _state["depth"] > 0:
