@@ -54,15 +54,22 @@ def _redeliver(signum: int) -> None:
         return  # the main thread is gone: the process is exiting, which is what the signal asked
 
 
+def _start(timer: threading.Timer) -> bool:
+    """Start `timer`; False where no thread can start (the interpreter is shutting down)."""
+    try:
+        timer.start()
+    except RuntimeError:
+        return False
+    return True
+
+
 def _handler(signum, frame) -> None:
     if _state["depth"] == 0 and not _state["raised"] and _importing(frame):
         timer = threading.Timer(_REDELIVER_S, _redeliver, (signum,))
         timer.daemon = True
-        try:
-            timer.start()
+        if _start(timer):
             return
-        except RuntimeError:
-            pass  # no new thread at interpreter shutdown: the signal is raised here, as before
+        # no new thread at interpreter shutdown: the signal is raised here, as before
     if _state["first"] is None:
         _state["first"] = signum
     if _state["depth"] > 0:
