@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from tierdiag.app.views import SummaryView, summary_view
-from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt
+from tierdiag.cli import common
+from tierdiag.cli.common import DEFAULT_DB_PATH
 from tierdiag.cli.sink import Sink, renders
 
 
-def summary(db: DbOpt = DEFAULT_DB_PATH, run: RunOpt = None, json_: JsonOpt = False) -> None:
+# The annotations are read by Typer alone (`common.DbOpt`: made with Typer when it does); cli/main.py
+# calls this directly, without Typer, for the plain forms of the command line.
+def summary(db: common.DbOpt = DEFAULT_DB_PATH, run: common.RunOpt = None, json_: common.JsonOpt = False) -> None:
     """One run at a glance: tokens by tier (not request counts), TTFT percentiles, load-backs, evictions."""
     Sink(json=json_).emit(summary_view(db, run))
 
