@@ -52,7 +52,6 @@ from tierdiag.diagnose.read import queries
 from tierdiag.diagnose.dp.routing import routing_step
 from tierdiag.diagnose.session.sessions import session_step
 from tierdiag.diagnose.request.tokens import TokenSplit
-from tierdiag.diagnose.comparison.upgrade_step import upgrade_step
 from tierdiag.store.reader import RunInfo
 
 
@@ -97,9 +96,13 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
     routing = routing_step(run, row, len(steps) + 1)  # a request of a data-parallel run
     if routing is not None:
         steps += (routing,)
-    upgrade = upgrade_step(con, run, req_id, len(steps) + 1)  # NEW's run of `replay --sglang OLD,NEW`
-    if upgrade is not None:
-        steps += (upgrade,)
+    if run.sweep_id:  # only a sweep's run can be NEW's of an upgrade (`replay --sglang OLD,NEW`)
+        # imported here: the upgrade's reading (comparison/upgrade*.py) was ~10 ms of every explain's start-up
+        from tierdiag.diagnose.comparison.upgrade_step import upgrade_step
+
+        upgrade = upgrade_step(con, run, req_id, len(steps) + 1)
+        if upgrade is not None:
+            steps += (upgrade,)
     parts = TtftParts.from_row(row) if finished else None
     cause = parts.primary_cause() if parts is not None else None
     headline, text, claims = verdict(VerdictInputs(
