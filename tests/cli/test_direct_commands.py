@@ -108,3 +108,24 @@ def test_the_plain_read_commands_import_no_typer_and_print_what_typer_s_path_pri
         assert r.returncode == 0 and not {m for m in loaded if m.split(".")[0] in ("typer", "msgspec")}, r.stderr
     r, loaded = _loaded("explain", req, f"--db={db}")  # a form left to Typer: Typer parses it
     assert r.returncode == 0 and "typer" in loaded, r.stderr
+
+
+def test_the_read_commands_leave_without_teardown_their_output_written_and_atexit_run(late_run):
+    """summary and explain end the console script's process without the interpreter's teardown
+    (cli/exits.py `_leave`; ~40 ms of CPU after the last line): everything printed reaches the
+    pipe, a library's atexit function still runs, and an error keeps its line and exit code."""
+    entry = ("import atexit, sys\n"
+             "atexit.register(lambda: sys.stderr.write('atexit ran\\n'))\n"
+             "from tierdiag.cli.main import entry\n"
+             "entry()\n")
+    db = str(late_run)
+    req = _slowest(late_run)
+    for args, code in ((["summary", "--db", db], 0), (["explain", req, "--db", db, "--json"], 0),
+                       (["explain", "no-such-request", "--db", db], None)):
+        left = subprocess.run([sys.executable, "-c", entry, *args], capture_output=True, text=True, env=_env(COLUMNS="80"),
+                              timeout=120)
+        plain = cli(*args)
+        assert left.stdout == plain.stdout and left.returncode == plain.returncode, args
+        assert left.stderr == plain.stderr + "atexit ran\n", left.stderr
+        assert code is None or left.returncode == code
+        assert code == 0 or left.returncode != 0

@@ -20,6 +20,9 @@ def explain(
     json_: common.JsonOpt = False,
 ) -> None:
     """Why was this request slow? Walks host_hit_length, prefix_indices, load_back, eviction, then the verdict."""
+    from tierdiag.cli.exits import leave_without_teardown
+
+    leave_without_teardown()  # the store is closed before the view prints (as summary's: cli/summary.py)
     Sink(json=json_).emit(explain_view(db, run, req_id))
 
 
