@@ -49,7 +49,7 @@ from tierdiag.diagnose.request.explain_verdict import VerdictInputs, context_sen
 from tierdiag.diagnose.run.miss_reasons import miss_sentence, request_miss_reasons
 from tierdiag.diagnose.run.facts import RunFacts, run_bounds  # noqa: F401 - run_bounds: slow's clock
 from tierdiag.diagnose.read import queries
-from tierdiag.diagnose.dp.routing import routing_step
+from tierdiag.diagnose.read.run import parse
 from tierdiag.diagnose.session.sessions import session_step
 from tierdiag.diagnose.request.tokens import TokenSplit
 from tierdiag.store.reader import RunInfo
@@ -93,9 +93,12 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
     session = session_step(con, run, row, bounds[0], len(steps) + 1)  # a turn with a predecessor
     if session is not None:
         steps += (session,)
-    routing = routing_step(run, row, len(steps) + 1)  # a request of a data-parallel run
-    if routing is not None:
-        steps += (routing,)
+    if parse(run).ranks > 1:  # a request of a data-parallel run (routing.py imported for one: ~4 ms)
+        from tierdiag.diagnose.dp.routing import routing_step
+
+        routing = routing_step(run, row, len(steps) + 1)
+        if routing is not None:
+            steps += (routing,)
     if run.sweep_id:  # only a sweep's run can be NEW's of an upgrade (`replay --sglang OLD,NEW`)
         # imported here: the upgrade's reading (comparison/upgrade*.py) was ~10 ms of every explain's start-up
         from tierdiag.diagnose.comparison.upgrade_step import upgrade_step
