@@ -213,9 +213,10 @@ def bench_kernels(quick: bool, tmp: Path) -> dict[str, Any]:
     cal = json.loads(r["stdout"])
     bulk = cal["table"][-2:]
     _say(f"targets: calibrate: load-back / contiguous {cal['load_back_vs_contiguous']:.2f}")
-    # load_back_plan is the planner's kind; on the CPU a gather, scatter or two_pass plan runs
-    # by the compiled move where the data plane is built (kernels._execute_cpu), so say which
-    # (a "two_pass" there was read as "numpy chose over the compiled move": it was not).
+    # load_back_plan names the path: "compiled" (the C data plane's move, no plan: every CPU
+    # transfer past 1 MiB where it is built), "direct" (numpy, no plan), or a planner's kind; a
+    # gather, scatter or two_pass plan on the CPU still runs by the compiled move where it is
+    # built (kernels._execute_cpu: pages given as a tensor), so say which.
     built = any((Path(__file__).resolve().parents[1] / "tierdiag" / "native").glob("_cplane*"))
     mover = " (compiled move)" if built and str(cal.get("device", "")).startswith("cpu") else ""
     paths = [f"{row.get('load_back_plan')}{mover if row.get('load_back_plan') in ('gather', 'scatter', 'two_pass') else ''}"

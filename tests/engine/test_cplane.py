@@ -650,24 +650,43 @@ def test_the_compiled_ticker_refuses_what_the_recorder_never_passes():
 
 
 @pytest.mark.skipif(cplane.compiled("move") is None, reason="the C data plane is not built")
-@settings(max_examples=3, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(520, 700), consecutive=st.booleans())
-def test_a_move_past_the_streaming_size_moves_what_numpy_moves(seed, n, consecutive):
-    """A move of 8 MiB or more goes layer by layer with streaming stores (pages.c
-    STREAM_MIN_BYTES): the same rows land as numpy's fancy-indexed store puts them, runs
-    (pages consecutive on both sides) and scattered pages alike, nothing else written."""
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), geometry=st.sampled_from([(4, 4096, 1024), (2, 64, 16384), (3, 192, 4096)]),
+       extra=st.integers(0, 7), shape=st.sampled_from(["consecutive", "scattered", "repeats", "runs"]),
+       aligned=st.booleans())
+def test_a_move_past_the_streaming_size_moves_what_numpy_moves(seed, geometry, extra, shape, aligned):
+    """A move of 1 MiB or more goes layer by layer, four rows at a time, with streaming stores
+    (pages.c STREAM_MIN_BYTES, stream_rows): the same rows land as numpy's fancy-indexed store
+    puts them, whatever the count of rows left over past the last four, runs (pages consecutive
+    on both sides), scattered pages and a source page read twice alike, rows of 64 bytes to
+    4 KiB; a destination not 16-byte aligned goes a memcpy a row, the same bytes; nothing else
+    is written."""
     rng = np.random.default_rng(seed)
-    layers, pages, row = 4, 1024, 4096
+    layers, row, pages = geometry
+    n = -(-(1 << 20) // (layers * row)) + extra  # just past the streaming size, any remainder mod 4
+    assert n * layers * row >= 1 << 20 and n <= pages
     src = rng.integers(0, 255, size=(layers, pages, row), dtype=np.uint8).view(np.dtype((np.void, row)))
     src = src.reshape(layers, pages)
-    dst = np.zeros((layers, pages, row), dtype=np.uint8).view(np.dtype((np.void, row))).reshape(layers, pages)
-    if consecutive:
-        s0, d0 = (int(x) for x in rng.integers(0, pages - n, 2))
+    raw = np.zeros(layers * pages * row + 8, dtype=np.uint8)
+    base = raw.ctypes.data % 16
+    at = (16 - base) % 16 if aligned else (16 - base) % 16 + 8  # 16-byte aligned, or 8 bytes off
+    dst = raw[at:at + layers * pages * row].view(np.dtype((np.void, row))).reshape(layers, pages)
+    assert (dst.ctypes.data % 16 == 0) == aligned
+    if shape == "consecutive":
+        s0, d0 = (int(x) for x in rng.integers(0, pages - n + 1, 2))
         sp, dp = list(range(s0, s0 + n)), list(range(d0, d0 + n))
+    elif shape == "runs":  # two runs, swapped on the destination
+        cut = int(rng.integers(0, n + 1))
+        sp, dp = list(range(n)), list(range(cut, n)) + list(range(cut))
     else:
         sp, dp = rng.permutation(pages)[:n].tolist(), rng.permutation(pages)[:n].tolist()
+        if shape == "repeats":
+            sp = rng.integers(0, 9, size=n).tolist()  # a few source pages, each read many times
     want = dst.copy()
     want[:, dp] = src[:, sp]
+    src_before = src.copy()
     runs = cplane.compiled("move")(src, sp, dst, dp)
     assert runs == sum(1 for i in range(n) if i == 0 or sp[i] != sp[i - 1] + 1)
     assert np.array_equal(dst.view(np.uint8), want.view(np.uint8))
+    assert np.array_equal(src.view(np.uint8), src_before.view(np.uint8)), "the source changed"
+    assert not raw[:at].any() and not raw[at + layers * pages * row:].any(), "bytes around the pool were written"

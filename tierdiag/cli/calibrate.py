@@ -22,7 +22,7 @@ QuickOpt = Annotated[bool, typer.Option("--quick", help="Fewer sizes and repeats
 
 
 # the torch path's plan for a size, as benchmarks/kernels.py abbreviates them
-_PLAN = {"direct": "direct", "runs": "R", "gather": "G", "scatter": "S", "two_pass": "2P", "generic": "generic"}
+_PLAN = {"direct": "direct", "compiled": "compiled", "runs": "R", "gather": "G", "scatter": "S", "two_pass": "2P", "generic": "generic"}
 
 
 def _gbps(v: float) -> str:
@@ -96,8 +96,9 @@ def _measured(result, out) -> None:
         path = "triton" if r.load_back_path == "triton" else f"torch {_PLAN.get(r.load_back_plan, r.load_back_plan)}"
         table.add_row(*cells, f"{r.load_back_vs_contiguous:.0%}", path)
     out.print(table)
-    out.print("path: what kernels.load_back uses at that size — torch (direct: no plan; R runs, G gather, "
-              "S scatter, 2P gather+scatter through a cache-sized scratch) or the Triton kernel")
+    out.print("path: what kernels.load_back uses at that size — torch (direct: no plan, numpy; compiled: no plan, "
+              "the C data plane's move; R runs, G gather, S scatter, 2P gather+scatter through a cache-sized "
+              "scratch) or the Triton kernel")
     if profile.triton_min_bytes is not None:
         out.print(f"Triton kernel: used from {_size(profile.triton_min_bytes)} per transfer up (faster than the torch "
                   f"path at every larger size measured)")

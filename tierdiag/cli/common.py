@@ -7,16 +7,45 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
-
-import typer
 
 from tierdiag.paths import DEFAULT_DB
 
-DbOpt = Annotated[Path, typer.Option("--db", help="Run-store file (DuckDB).")]
-RunOpt = Annotated[Optional[str], typer.Option("--run", metavar="RUN", help="Run id, id prefix or name; default: newest.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 DEFAULT_DB_PATH = Path(DEFAULT_DB)
+
+
+def _options() -> dict:
+    from typing import Annotated, Optional
+
+    import typer
+
+    return {"DbOpt": Annotated[Path, typer.Option("--db", help="Run-store file (DuckDB).")],
+            "RunOpt": Annotated[Optional[str], typer.Option("--run", metavar="RUN",
+                                                            help="Run id, id prefix or name; default: newest.")],
+            "JsonOpt": Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]}
+
+
+def __getattr__(name: str):
+    """DbOpt, RunOpt, JsonOpt: made with Typer when first asked for (`from ... import DbOpt`, or
+    Typer reading a command's annotation `common.DbOpt`), so that a command run without Typer
+    (cli/main.py's direct path: `summary`, `explain`) never imports it (~45 ms of start-up)."""
+    if name in ("DbOpt", "RunOpt", "JsonOpt"):
+        made = _options()
+        globals().update(made)
+        return made[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _TyperWhenRead:
+    """`typer` as a command module's annotations name it (`typer.Argument(...)`): imported when
+    Typer evaluates them, not when the module is imported (the direct path never does)."""
+
+    def __getattr__(self, name: str):
+        import typer
+
+        return getattr(typer, name)
+
+
+typer_when_read = _TyperWhenRead()
 
 
 def db_option(db: str | Path) -> str:

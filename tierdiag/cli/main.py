@@ -163,10 +163,129 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+# --- the read commands' plain forms, without Typer ------------------------------------------------
+# `tierdiag summary` and `tierdiag explain REQ` are read commands whose whole run is ~0.3 s, and
+# importing Typer (and the click it vendors, inspect, ast, subprocess...) was ~45 ms of it. Their
+# plain forms are parsed here and the command's function called as Typer calls it (its arguments
+# checked by params.checked, the same exits); anything else (--help, --no-json, `--db=X`, an
+# option twice, a value that starts with "-" or is empty or not UTF-8, a missing or extra
+# argument, shell completion, a --db that is there but not readable) goes to Typer, which parses
+# it or says what is wrong with it as it always has. tests/cli/test_direct_commands.py holds the
+# two paths to the same outputs.
+# name -> (its positional parameters, its options that take a value, its flags): option -> parameter
+_DIRECT: dict[str, tuple[tuple[str, ...], dict[str, str], dict[str, str]]] = {
+    "summary": ((), {"--db": "db", "--run": "run"}, {"--json": "json_"}),
+    "explain": (("req_id",), {"--db": "db", "--run": "run"}, {"--json": "json_"}),
+}
+_DIRECT_ORDER = ("req_id", "db", "run", "json_")  # the parameters in the functions' order
+_DIRECT_DEFAULTS = {"run": None, "json_": False}
+
+
+def _plain_token(token: str) -> bool:
+    if not token or token.startswith("-"):
+        return False
+    try:
+        token.encode("utf-8")  # a byte that was not UTF-8 is a surrogate here: Typer's path names it
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def direct_arguments(argv: list[str], environ) -> tuple[str, dict] | None:
+    """(command, the keyword arguments Typer would call it with) for `argv` (sys.argv[1:]) in a
+    plain form of a read command; None where Typer must parse it."""
+    if not argv or argv[0] not in _DIRECT or "_TIERDIAG_COMPLETE" in environ:
+        return None
+    positional, options, flags = _DIRECT[argv[0]]
+    given: dict = {}
+    args: list[str] = []
+    i = 1
+    while i < len(argv):
+        token = argv[i]
+        name = options.get(token) or flags.get(token)
+        if name is not None:
+            if name in given:
+                return None
+            if token in flags:
+                given[name] = True
+                i += 1
+                continue
+            if i + 1 >= len(argv) or not _plain_token(argv[i + 1]):
+                return None
+            given[name] = argv[i + 1]
+            i += 2
+            continue
+        if not _plain_token(token):
+            return None
+        args.append(token)
+        i += 1
+    if len(args) != len(positional):
+        return None
+    import os
+    from pathlib import Path
+
+    from tierdiag.cli.common import DEFAULT_DB_PATH
+
+    db = Path(given["db"]) if "db" in given else DEFAULT_DB_PATH
+    try:
+        os.stat(db)
+    except OSError:
+        pass  # not there (yet): the command says so, as through Typer
+    else:
+        if not os.access(db, os.R_OK):
+            return None  # Typer's "Path ... is not readable."
+    values = {**_DIRECT_DEFAULTS, **given, **dict(zip(positional, args)), "db": db}
+    return argv[0], {k: values[k] for k in _DIRECT_ORDER if k in values}
+
+
+class _Direct:
+    """What `exits.run` calls in place of the Typer app for a plain read command: the command's
+    function, its arguments checked, ending as Typer's app ends outside standalone mode (a
+    KeyboardInterrupt returns 130, an EOFError is an Abort after an empty line, a broken pipe
+    exit 1)."""
+
+    def __init__(self, name: str, kwargs: dict):
+        self.name, self.kwargs = name, kwargs
+
+    def __call__(self, *, prog_name: str, standalone_mode: bool):
+        import errno
+        import importlib
+        import sys
+
+        from tierdiag.cli.params import checked
+
+        fn = checked(getattr(importlib.import_module(f"tierdiag.cli.{COMMANDS[self.name][0]}"), self.name))
+        try:
+            return fn(**self.kwargs)
+        except KeyboardInterrupt:
+            return 130
+        except EOFError as exc:
+            import typer
+
+            print(file=sys.stderr)
+            raise typer.Abort() from exc
+        except OSError as exc:
+            if exc.errno != errno.EPIPE:
+                raise
+            from typer._click.utils import PacifyFlushWrapper
+
+            sys.stdout, sys.stderr = PacifyFlushWrapper(sys.stdout), PacifyFlushWrapper(sys.stderr)
+            sys.exit(1)
+
+
+def _app_for_argv():
+    """The plain read command's direct call where sys.argv is one (above), else the Typer app."""
+    import os
+    import sys
+
+    found = direct_arguments(sys.argv[1:], os.environ)
+    return _Direct(*found) if found is not None else _build_app()
+
+
 def main() -> None:
     from tierdiag.cli.exits import run
 
-    run(_build_app)
+    run(_app_for_argv)
 
 
 def entry() -> None:
@@ -174,4 +293,4 @@ def entry() -> None:
     teardown after a command that asked for it (cli/exits.py `leave_without_teardown`)."""
     from tierdiag.cli.exits import run_and_leave
 
-    run_and_leave(_build_app)
+    run_and_leave(_app_for_argv)

@@ -5,8 +5,11 @@ number, NaN fails every bound, a float field refuses inf because every number ha
 upper bound, and an integer past its bound (10**400 included) is refused without converting it.
 
 A field is declared as `Int(lo, hi)`, `Float(lo, hi)`, `Choice(names)`, `Text()` or `Flag()`
-(an `Annotated` type whose `msgspec.Meta` carries the bounds, and in `extra` the option that
-sets it and the words of its error). msgspec decides whether a value is valid and which key is
+(an `Annotated` type whose `Bounds` carries the bounds, and in `extra` the option that sets it
+and the words of its error; a schema's msgspec Struct, with each Bounds as a `msgspec.Meta`, is
+made when a value is first checked, so that importing a declaration imports no msgspec: the
+read commands import the router's defaults, never check a value, and msgspec was ~20 ms of
+their start-up). msgspec decides whether a value is valid and which key is
 wrong; the message is written from the declaration, so it is the same wherever the value came
 from, only the name changes: `--page-size` on the command line, `page_size` in a `--config`
 file (`--config FILE: page_size ...`, exit 3), `--set page_size=...` in a sweep.
@@ -21,12 +24,10 @@ from __future__ import annotations
 
 import math
 import re
+import types
 import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Iterable, Literal, Mapping
-
-import msgspec
-from msgspec import Meta
 
 from tierdiag.errors import ConfigError, ConfigFileError, ExitCode
 
@@ -39,10 +40,41 @@ def _extra(option: str | None, cli: bool, what: str | None, noun: str | None) ->
     return {"option": option, "cli": cli, "what": what, "noun": noun}
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """A declaration's bounds and words: msgspec.Meta's fields of the same names, made a Meta
+    (`meta()`) when its schema's Struct is."""
+
+    gt: float | int | None = None
+    ge: float | int | None = None
+    le: float | int | None = None
+    extra: dict | None = None
+
+    def __hash__(self) -> int:  # `extra` is a dict: hashed by what it says
+        return hash((self.gt, self.ge, self.le, tuple(sorted((self.extra or {}).items()))))
+
+    def meta(self):
+        from msgspec import Meta
+
+        return Meta(**{k: v for k, v in (("gt", self.gt), ("ge", self.ge), ("le", self.le)) if v is not None},
+                    extra=self.extra)
+
+
+def _with_meta(hint: Any) -> Any:
+    """`hint` with every Bounds in it (Annotated, inside a Union or not) made a msgspec.Meta."""
+    origin = typing.get_origin(hint)
+    if origin is Annotated:
+        base, *metadata = typing.get_args(hint)
+        return Annotated[(_with_meta(base), *(m.meta() if isinstance(m, Bounds) else m for m in metadata))]
+    if origin is typing.Union or isinstance(hint, types.UnionType):
+        return typing.Union[tuple(_with_meta(a) for a in typing.get_args(hint))]
+    return hint
+
+
 def Int(lo: int = 0, hi: int = INT64_MAX, *, option: str | None = None, cli: bool = True,
         what: str | None = None) -> Any:
     """An integer from `lo` to `hi` (every integer is int64 at most: DuckDB BIGINT, numpy)."""
-    return Annotated[int, Meta(ge=lo, le=hi, extra=_extra(option, cli, what, None))]
+    return Annotated[int, Bounds(ge=lo, le=hi, extra=_extra(option, cli, what, None))]
 
 
 def Float(lo: float, hi: float, *, lo_open: bool = False, option: str | None = None, cli: bool = True,
@@ -50,20 +82,20 @@ def Float(lo: float, hi: float, *, lo_open: bool = False, option: str | None = N
     """A finite number in [lo, hi] ((lo, hi] with lo_open); an integer is taken as a number.
     `what`: its noun, without an article ("time in ns")."""
     bound = {"gt": lo} if lo_open else {"ge": lo}
-    return Annotated[float, Meta(le=hi, extra=_extra(option, cli, what, None), **bound)]
+    return Annotated[float, Bounds(le=hi, extra=_extra(option, cli, what, None), **bound)]
 
 
 def Choice(names: Iterable[str], *, option: str | None = None, cli: bool = True, noun: str | None = None) -> Any:
     """One of `names` (a registry's keys, read when the declaring class is made)."""
-    return Annotated[Literal[tuple(names)], Meta(extra=_extra(option, cli, None, noun))]
+    return Annotated[Literal[tuple(names)], Bounds(extra=_extra(option, cli, None, noun))]
 
 
 def Text(*, option: str | None = None, cli: bool = True) -> Any:
-    return Annotated[str, Meta(extra=_extra(option, cli, None, None))]
+    return Annotated[str, Bounds(extra=_extra(option, cli, None, None))]
 
 
 def Flag(*, option: str | None = None, cli: bool = True) -> Any:
-    return Annotated[bool, Meta(extra=_extra(option, cli, None, None))]
+    return Annotated[bool, Bounds(extra=_extra(option, cli, None, None))]
 
 
 @dataclass(frozen=True)
@@ -87,7 +119,7 @@ class FieldSpec:
         if typing.get_origin(hint) is typing.Union:
             args = [a for a in typing.get_args(hint) if a is not type(None)]
             optional, hint = True, args[0]
-        meta = next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Meta)), Meta())
+        meta = next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Bounds)), Bounds())
         base = typing.get_args(hint)[0] if typing.get_origin(hint) is Annotated else hint
         extra = meta.extra or {}
         option = extra.get("option") or ("--" + key.replace("_", "-"))
@@ -189,10 +221,20 @@ class Schema:
     def __init__(self, name: str, hints: Mapping[str, Any], defaults: Mapping[str, Any] | None = None,
                  *, strict_keys: bool = True):
         self.fields = {k: FieldSpec.of(k, h) for k, h in hints.items()}
-        defaults = defaults or {}
-        spec = [(k, h, defaults[k]) if k in defaults else (k, h) for k, h in hints.items()]
-        spec.sort(key=lambda s: len(s) == 3)  # required fields first
-        self.struct = msgspec.defstruct(name, spec, kw_only=True, forbid_unknown_fields=strict_keys)
+        self._name, self._hints, self._defaults, self._strict_keys = name, dict(hints), dict(defaults or {}), strict_keys
+        self._struct = None
+
+    @property
+    def struct(self) -> Any:
+        """The msgspec Struct that checks the fields, made on first use (msgspec imported then)."""
+        if self._struct is None:
+            import msgspec
+
+            spec = [(k, _with_meta(h), self._defaults[k]) if k in self._defaults else (k, _with_meta(h))
+                    for k, h in self._hints.items()]
+            spec.sort(key=lambda s: len(s) == 3)  # required fields first
+            self._struct = msgspec.defstruct(self._name, spec, kw_only=True, forbid_unknown_fields=self._strict_keys)
+        return self._struct
 
     @classmethod
     def of_class(cls, klass: type, *, strict_keys: bool = True) -> "Schema":
@@ -209,8 +251,11 @@ class Schema:
 
     def first_error(self, values: Mapping[str, Any]) -> tuple[str, Any] | None:
         """(key, value) of the first invalid value of `values` (its own keys only), or None."""
+        import msgspec
+
+        struct = self.struct
         try:
-            msgspec.convert(dict(values), self.struct, strict=True)
+            msgspec.convert(dict(values), struct, strict=True)
         except msgspec.ValidationError as exc:
             m = _PATH.search(str(exc))
             if m is None:
@@ -220,6 +265,8 @@ class Schema:
         return None
 
     def convert(self, values: Mapping[str, Any]) -> Any:
+        import msgspec
+
         return msgspec.convert(dict(values), self.struct, strict=True)
 
 

@@ -152,6 +152,22 @@ def _copy_direct(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_
     return True
 
 
+
+def _copy_compiled(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pages: PageList) -> bool:
+    """CPU, no plan: the compiled move (rows.py's `compiled_move`) straight from the page lists,
+    as the engine's CPU copies go (rows.copy_rows_c). The plan would only choose among numpy's
+    ways of moving the same rows (and reorder the pairs to find runs), which the compiled move
+    does not use: past 1 MiB it streams four rows at a time whatever their order (pages.c), and
+    planning 256 scattered pages cost ~60 us, a sixth of copying their 4 MiB. False, having moved
+    nothing, where there is no compiled move or it declines (a page outside a pool, one pool
+    into itself, lengths or geometries that differ, pages given as a tensor): the planner then
+    moves the pages or raises its message."""
+    move = _rows.compiled_move
+    if (move is None or src.dim() != 3 or dst.dim() != 3 or not (src.is_contiguous() and dst.is_contiguous())):
+        return False
+    _check_pair(src, dst)
+    return move(_np_rows(src), src_pages, _np_rows(dst), dst_pages) >= 0
+
 # --- layouts, backends --------------------------------------------------------------------------
 LAYER_FIRST = "layer_first"  # buffer [L, P, E]: one layer's pages are consecutive rows
 PAGE_FIRST = "page_first"    # buffer [P, L, E], passed as buffer.permute(1, 0, 2): a page's layers are adjacent
@@ -320,7 +336,8 @@ def copy_pages(src: torch.Tensor, src_pages: PageList, dst: torch.Tensor, dst_pa
     `_choose_backend`), "torch" or "triton" forces one.
     """
     t0 = time.perf_counter_ns()
-    if backend in (None, "torch") and not (src.is_cuda or dst.is_cuda) and _copy_direct(src, src_pages, dst, dst_pages):
+    if backend in (None, "torch") and not (src.is_cuda or dst.is_cuda) and (
+            _copy_direct(src, src_pages, dst, dst_pages) or _copy_compiled(src, src_pages, dst, dst_pages)):
         return time.perf_counter_ns() - t0  # the CPU's common case, before any dispatch
     if _choose_backend(src, dst, len(src_pages), backend, src_pages, dst_pages) == "triton":
         handle = _run_triton(src, src_pages, dst, dst_pages, per_layer_events=False)
@@ -362,11 +379,15 @@ def load_back(host: torch.Tensor, host_pages: PageList, device: torch.Tensor,
               device_pages: PageList, *, backend: str | None = None) -> LoadBackHandle:
     """Host -> device, layer by layer. On CUDA returns at once with one event per layer
     (`handle.wait()` blocks and returns the wall ns); on CPU the copy is done on return.
-    `handle.plan_kind` names the path taken ("direct", a plan kind, "triton" or "generic")."""
+    `handle.plan_kind` names the path taken ("direct", "compiled", a plan kind, "triton" or
+    "generic")."""
     if backend in (None, "torch") and not (host.is_cuda or device.is_cuda):
         t0 = time.perf_counter_ns()
         if _copy_direct(host, host_pages, device, device_pages):
             return LoadBackHandle(len(host_pages), _nbytes(host, len(host_pages)), "direct",
+                                  wall_ns=time.perf_counter_ns() - t0)
+        if _copy_compiled(host, host_pages, device, device_pages):
+            return LoadBackHandle(len(host_pages), _nbytes(host, len(host_pages)), "compiled",
                                   wall_ns=time.perf_counter_ns() - t0)
     if _choose_backend(host, device, len(host_pages), backend, host_pages, device_pages) == "triton":
         return _run_triton(host, host_pages, device, device_pages, per_layer_events=True)

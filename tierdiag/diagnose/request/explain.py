@@ -49,10 +49,9 @@ from tierdiag.diagnose.request.explain_verdict import VerdictInputs, context_sen
 from tierdiag.diagnose.run.miss_reasons import miss_sentence, request_miss_reasons
 from tierdiag.diagnose.run.facts import RunFacts, run_bounds  # noqa: F401 - run_bounds: slow's clock
 from tierdiag.diagnose.read import queries
-from tierdiag.diagnose.dp.routing import routing_step
+from tierdiag.diagnose.read.run import parse
 from tierdiag.diagnose.session.sessions import session_step
 from tierdiag.diagnose.request.tokens import TokenSplit
-from tierdiag.diagnose.comparison.upgrade_step import upgrade_step
 from tierdiag.store.reader import RunInfo
 
 
@@ -94,12 +93,19 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
     session = session_step(con, run, row, bounds[0], len(steps) + 1)  # a turn with a predecessor
     if session is not None:
         steps += (session,)
-    routing = routing_step(run, row, len(steps) + 1)  # a request of a data-parallel run
-    if routing is not None:
-        steps += (routing,)
-    upgrade = upgrade_step(con, run, req_id, len(steps) + 1)  # NEW's run of `replay --sglang OLD,NEW`
-    if upgrade is not None:
-        steps += (upgrade,)
+    if parse(run).ranks > 1:  # a request of a data-parallel run (routing.py imported for one: ~4 ms)
+        from tierdiag.diagnose.dp.routing import routing_step
+
+        routing = routing_step(run, row, len(steps) + 1)
+        if routing is not None:
+            steps += (routing,)
+    if run.sweep_id:  # only a sweep's run can be NEW's of an upgrade (`replay --sglang OLD,NEW`)
+        # imported here: the upgrade's reading (comparison/upgrade*.py) was ~10 ms of every explain's start-up
+        from tierdiag.diagnose.comparison.upgrade_step import upgrade_step
+
+        upgrade = upgrade_step(con, run, req_id, len(steps) + 1)
+        if upgrade is not None:
+            steps += (upgrade,)
     parts = TtftParts.from_row(row) if finished else None
     cause = parts.primary_cause() if parts is not None else None
     headline, text, claims = verdict(VerdictInputs(

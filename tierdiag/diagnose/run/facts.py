@@ -25,17 +25,20 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import duckdb
 
 from tierdiag.diagnose.run.runcontext import RunContext, compute_run_context
 from tierdiag.diagnose.read import queries
 from tierdiag.diagnose.read.kind import view_of
-from tierdiag.diagnose.run.numbers import RunSummary, compute_run_summary
 from tierdiag.diagnose.session.session_pool import SessionPauses, session_pauses
 from tierdiag.diagnose.run.size_curves import SizeCurves, size_curves
 from tierdiag.diagnose.run.stored import DATACLASS_TAG, EVIDENCE_VERSION, decode, inputs, section_classes
 from tierdiag.diagnose.run.totals import RunTotals, run_totals
+
+if TYPE_CHECKING:  # summary's numbers are imported where they are computed: explain never asks for them
+    from tierdiag.diagnose.run.numbers import RunSummary
 
 
 class StoredEvidence:
@@ -162,6 +165,8 @@ class RunFacts:
 
     def summary_numbers(self) -> RunSummary:
         """summary's numbers, diagnosis None."""
+        from tierdiag.diagnose.run.numbers import compute_run_summary
+
         return self._fact(self.stored and self.stored.summary(self.run), "summary",
                           lambda: compute_run_summary(self._con, self.run))
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from dataclasses import fields, is_dataclass
 
-from tierdiag.diagnose.run import numbers as n
 from tierdiag.diagnose.run.capacity import Capacity
 from tierdiag.diagnose.dp.routing_loss import RoutingLoss
 from tierdiag.diagnose.run.runcontext import LossEvidence, RunContext, TransferEvidence
@@ -90,7 +89,9 @@ def section_classes(section: str) -> dict:
         found = (RankSummary, RankStats, Deployment)
     elif section == "miss_reasons":
         found = ()  # a plain dict: reason -> tokens
-    else:
+    else:  # summary's numbers: imported by who reads them (explain does not: ~6 ms of its start-up)
+        from tierdiag.diagnose.run import numbers as n
+
         found = (n.RunSummary, n.TierSplit, n.ClassStats, n.LoadBackTotals, n.SkipCount, n.EvictionCount,
                  n.RequestCount, n.ReasonCount, n.CauseShare)
     return {c.__name__: c for c in found}

@@ -17,51 +17,84 @@
 PyDoc_STRVAR(move_doc,
 "move(src_rows, src_pages, dst_rows, dst_pages) -> int\n\n"
 "dst_rows[:, dst_pages[i]] = src_rows[:, src_pages[i]] for every i, one memcpy a run of pages\n"
-"consecutive on both sides in every layer; every page is range-checked before a byte moves.\n"
+"consecutive on both sides in every layer (from 1 MiB a move: layer by layer, four rows at a\n"
+"time, streaming stores); every page is range-checked before a byte moves.\n"
 "Returns count_runs(src_pages), or -1 having moved nothing when the case is the numpy path's\n"
 "(lengths or geometries that differ, a page outside a pool, overlapping pools, a list of\n"
 "anything but ints).");
 
-/* A move this big goes layer by layer, the next run's source prefetched, with streaming stores
- * (the destination is not read for ownership, nor left in the caches): a glibc memcpy that big
- * does the same, one row at a time does not. Scattered 16 KiB pages (4 layers of 4 KiB), 34 and
- * 67 MB on the 2-vCPU VM under load: 0.45-0.55x a contiguous copy before, 0.73-0.86x so. */
-#define STREAM_MIN_BYTES (8 << 20)
+/* A move this big goes layer by layer, four rows at a time, with streaming stores (the
+ * destination is not read for ownership, nor left in the caches). Four rows' loads interleaved
+ * 64 bytes at a time keep four streams of misses in flight: one row at a time (a memcpy each,
+ * or one streamed run after another) waits on each row's first lines, and 4 KiB rows scattered
+ * over a pool are too short for the hardware prefetcher to run ahead. Scattered 16 KiB pages
+ * (4 layers of 4 KiB rows), the 2-vCPU VM under load, against one contiguous memcpy of the same
+ * bytes (benchmarks/README.md, issue 41): a memcpy a row 0.5-0.6x at 1-64 MiB, one run streamed
+ * after another 0.7-0.9x, four rows interleaved 1.1-1.4x. Below 1 MiB rows are memcpy'd: the
+ * destination of a small move is read again soon (kept in the caches). */
+#define STREAM_MIN_BYTES (1 << 20)
 
 #if defined(__SSE2__)
+#define LOAD4(p, a, b, c, e)                                                                   \
+    do {                                                                                       \
+        a = _mm_loadu_si128((const __m128i *)(p));                                             \
+        b = _mm_loadu_si128((const __m128i *)((p) + 16));                                      \
+        c = _mm_loadu_si128((const __m128i *)((p) + 32));                                      \
+        e = _mm_loadu_si128((const __m128i *)((p) + 48));                                      \
+    } while (0)
+#define STREAM4(p, a, b, c, e)                                                                 \
+    do {                                                                                       \
+        _mm_stream_si128((__m128i *)(p), a);                                                   \
+        _mm_stream_si128((__m128i *)((p) + 16), b);                                            \
+        _mm_stream_si128((__m128i *)((p) + 32), c);                                            \
+        _mm_stream_si128((__m128i *)((p) + 48), e);                                            \
+    } while (0)
+
+/* rows s[0..k) -> d[0..k) (k <= 4), rb bytes each (a multiple of 64, every d 16-byte aligned),
+ * 64 bytes of each row in turn. Rows named twice on the destination end as a row-at-a-time copy
+ * leaves them: at every offset the later row is stored last. */
 static void
-stream_copy(char *dst, const char *src, size_t n)  /* n a multiple of 64, dst 16-byte aligned */
+stream_rows(char *const *d, const char *const *s, int k, size_t rb)
 {
-    for (size_t i = 0; i < n; i += 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
-        __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
-        __m128i e = _mm_loadu_si128((const __m128i *)(src + i + 48));
-        _mm_stream_si128((__m128i *)(dst + i), a);
-        _mm_stream_si128((__m128i *)(dst + i + 16), b);
-        _mm_stream_si128((__m128i *)(dst + i + 32), c);
-        _mm_stream_si128((__m128i *)(dst + i + 48), e);
+    __m128i a0, b0, c0, e0, a1, b1, c1, e1, a2, b2, c2, e2, a3, b3, c3, e3;
+    if (k == 4) {
+        for (size_t i = 0; i < rb; i += 64) {
+            LOAD4(s[0] + i, a0, b0, c0, e0);
+            LOAD4(s[1] + i, a1, b1, c1, e1);
+            LOAD4(s[2] + i, a2, b2, c2, e2);
+            LOAD4(s[3] + i, a3, b3, c3, e3);
+            STREAM4(d[0] + i, a0, b0, c0, e0);
+            STREAM4(d[1] + i, a1, b1, c1, e1);
+            STREAM4(d[2] + i, a2, b2, c2, e2);
+            STREAM4(d[3] + i, a3, b3, c3, e3);
+        }
+        return;
+    }
+    for (size_t i = 0; i < rb; i += 64) {
+        for (int r = 0; r < k; r++) {
+            LOAD4(s[r] + i, a0, b0, c0, e0);
+            STREAM4(d[r] + i, a0, b0, c0, e0);
+        }
     }
 }
 
-/* The runs of `s`/`d` (pages consecutive on both sides), layer by layer, streamed. */
+/* Every row of `s`/`d`, layer by layer, four at a time, streamed. */
 static void
 move_streamed(char *dst, const char *src, const Ints *s, const Ints *d, Py_ssize_t n, Py_ssize_t layers,
               Py_ssize_t rb, Py_ssize_t sp, Py_ssize_t dp)
 {
+    const char *from[4];
+    char *to[4];
     for (Py_ssize_t l = 0; l < layers; l++) {
         const char *sl = src + l * sp * rb;
         char *dl = dst + l * dp * rb;
-        for (Py_ssize_t i = 0; i < n;) {
-            Py_ssize_t j = i + 1;
-            while (j < n && s->v[j] == s->v[j - 1] + 1 && d->v[j] == d->v[j - 1] + 1) {
-                j++;
+        for (Py_ssize_t i = 0; i < n; i += 4) {
+            int k = n - i < 4 ? (int)(n - i) : 4;
+            for (int r = 0; r < k; r++) {
+                from[r] = sl + (Py_ssize_t)s->v[i + r] * rb;
+                to[r] = dl + (Py_ssize_t)d->v[i + r] * rb;
             }
-            if (j < n) {
-                __builtin_prefetch(sl + (Py_ssize_t)s->v[j] * rb);
-            }
-            stream_copy(dl + (Py_ssize_t)d->v[i] * rb, sl + (Py_ssize_t)s->v[i] * rb, (size_t)((j - i) * rb));
-            i = j;
+            stream_rows(to, from, k, (size_t)rb);
         }
     }
     _mm_sfence();
