@@ -227,13 +227,10 @@ def direct_arguments(argv: list[str], environ) -> tuple[str, dict] | None:
     from tierdiag.cli.common import DEFAULT_DB_PATH
 
     db = Path(given["db"]) if "db" in given else DEFAULT_DB_PATH
-    try:
-        os.stat(db)
-    except OSError:
-        pass  # not there (yet): the command says so, as through Typer
-    else:
-        if not os.access(db, os.R_OK):
-            return None  # Typer's "Path ... is not readable."
+    # A --db that is not there (yet) is the command's to report, as through Typer; one that is
+    # there but not readable is Typer's ("Path ... is not readable.").
+    if os.path.exists(db) and not os.access(db, os.R_OK):
+        return None
     values = {**_DIRECT_DEFAULTS, **given, **dict(zip(positional, args)), "db": db}
     return argv[0], {k: values[k] for k in _DIRECT_ORDER if k in values}
 
