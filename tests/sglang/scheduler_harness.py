@@ -567,6 +567,10 @@ def audit_cases() -> list[tuple[str, Callable[[], Workload], str]]:
         ("pressure-s2-p1-lpm-write_through_selective-mixed",
          partial(seeded, 2, page_size=1, shape="pressure", schedule_policy="lpm", write_policy=wts, mixed_chunk=True),
          "rust"),
+        # a mixed batch leaves under a page of budget: the next waiting request is matched (its
+        # prefix stamped) and refused (_get_new_batch_prefill_raw: budget_state() is not OTHER)
+        ("chunk-s4-p64-fcfs-write_back-mixed",
+         partial(seeded, 4, page_size=64, shape="chunk", write_policy=wb, mixed_chunk=True), "rust"),
         ("burst-s1-p64-hrrn-write_back", partial(seeded, 1, page_size=64, shape="burst", schedule_policy="hrrn",
                                                  write_policy=wb), "rust"),
         ("pressure-s0-p1-hrrn-write_through", partial(seeded, 0, page_size=1, shape="pressure", schedule_policy="hrrn"),
