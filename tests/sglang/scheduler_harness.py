@@ -533,6 +533,15 @@ def agentic_cases() -> list[tuple[str, Callable[[], Workload], str]]:
     return out
 
 
+def with_budget(make: Callable[[], Workload], budget: int) -> Workload:
+    """A workload with another prefill budget (`max_prefill_tokens`, SGLang's chunked_prefill_size
+    too): one that is not a page multiple leaves under a page of it after a batch."""
+    w = make()
+    w.max_prefill_tokens = budget
+    w.name += f" budget {budget}"
+    return w
+
+
 def audit_cases() -> list[tuple[str, Callable[[], Workload], str]]:
     """Combinations the matrix above misses (issue 43's workload list, audited): the Python core
     at page 1, under write_back and with host evictions; agent sessions under
@@ -571,6 +580,9 @@ def audit_cases() -> list[tuple[str, Callable[[], Workload], str]]:
         # prefix stamped) and refused (_get_new_batch_prefill_raw: budget_state() is not OTHER)
         ("chunk-s4-p64-fcfs-write_back-mixed",
          partial(seeded, 4, page_size=64, shape="chunk", write_policy=wb, mixed_chunk=True), "rust"),
+        # ... and without mixed chunk, a budget off a page boundary (1,000 at page 64)
+        ("chunk-s4-p64-fcfs-write_back-budget1000",
+         partial(with_budget, partial(seeded, 4, page_size=64, shape="chunk", write_policy=wb), 1000), "rust"),
         ("burst-s1-p64-hrrn-write_back", partial(seeded, 1, page_size=64, shape="burst", schedule_policy="hrrn",
                                                  write_policy=wb), "rust"),
         ("pressure-s0-p1-hrrn-write_through", partial(seeded, 0, page_size=1, shape="pressure", schedule_policy="hrrn"),
