@@ -583,6 +583,13 @@ def audit_cases() -> list[tuple[str, Callable[[], Workload], str]]:
         # ... and without mixed chunk, a budget off a page boundary (1,000 at page 64)
         ("chunk-s4-p64-fcfs-write_back-budget1000",
          partial(with_budget, partial(seeded, 4, page_size=64, shape="chunk", write_policy=wb), 1000), "rust"),
+        # hrrn's token clock counts decode steps (the running batch's stale extend_num_tokens) and
+        # a mixed batch's decode rows (Scheduler.run_batch)
+        ("chunk-s1-p64-hrrn-write_back", partial(seeded, 1, page_size=64, shape="chunk", schedule_policy="hrrn",
+                                                 write_policy=wb), "rust"),
+        ("pressure-s7-p64-hrrn-write_back-mixed",
+         partial(seeded, 7, page_size=64, shape="pressure", schedule_policy="hrrn", write_policy=wb, mixed_chunk=True),
+         "rust"),
         ("burst-s1-p64-hrrn-write_back", partial(seeded, 1, page_size=64, shape="burst", schedule_policy="hrrn",
                                                  write_policy=wb), "rust"),
         ("pressure-s0-p1-hrrn-write_through", partial(seeded, 0, page_size=1, shape="pressure", schedule_policy="hrrn"),

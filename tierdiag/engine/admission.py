@@ -293,7 +293,14 @@ class Admission:
                                     req.loadback_wall_ns, req.loadback_verified)
             flops.append(cost.prefill_flops(take, req.done_tokens))
         ctrl.h2d_free_ns = link
-        self.processed_tokens += sum(take for _, take, _, _ in items)  # += batch.extend_num_tokens
+        # HRRN's clock: Scheduler.run_batch's `processed_tokens_counter += batch.extend_num_tokens`,
+        # to which mix_with_running adds a token a running request. The batch becomes the running
+        # batch when that was empty (get_next_batch_to_run: "running_batch = last_batch"; after a
+        # mixed batch it always is), and each later decode step adds its count again (_decode).
+        extend_num_tokens = sum(take for _, take, _, _ in items) + (len(self.running) if mixed_ns else 0)
+        self.processed_tokens += extend_num_tokens
+        if mixed_ns or not self.running:
+            self._running_extend = extend_num_tokens
         load_ns = link - now
         compute_ns = cost.prefill_ns(sum(flops))
         blocking = ctrl.blocking_ns

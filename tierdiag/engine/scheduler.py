@@ -62,6 +62,9 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.rules = config_rules(cfg)  # what differs between SGLang releases (rules.py)
         self.queue = queue_policy(cfg.schedule_policy, self.rules.version, self.rules)  # --schedule-policy (queue_policy.py)
         self.processed_tokens, self.arrived_at = 0, {}  # HRRN's token clock: processed_tokens_counter, per-seq snapshot
+        # the running batch's `extend_num_tokens`: every decode step adds it to HRRN's clock (the
+        # batch that became the running batch keeps its own; prepare_for_decode never resets it)
+        self._running_extend = 0
         self.cost = cost
         self.tree = tree
         self.ctrl = ctrl
