@@ -533,6 +533,15 @@ def agentic_cases() -> list[tuple[str, Callable[[], Workload], str]]:
     return out
 
 
+def with_budget(make: Callable[[], Workload], budget: int) -> Workload:
+    """A workload with another prefill budget (`max_prefill_tokens`, SGLang's chunked_prefill_size
+    too): one that is not a page multiple leaves under a page of it after a batch."""
+    w = make()
+    w.max_prefill_tokens = budget
+    w.name += f" budget {budget}"
+    return w
+
+
 def audit_cases() -> list[tuple[str, Callable[[], Workload], str]]:
     """Combinations the matrix above misses (issue 43's workload list, audited): the Python core
     at page 1, under write_back and with host evictions; agent sessions under
@@ -566,6 +575,20 @@ def audit_cases() -> list[tuple[str, Callable[[], Workload], str]]:
          partial(seeded, 0, page_size=64, shape="chunk", schedule_policy="lpm", mixed_chunk=True), "rust"),
         ("pressure-s2-p1-lpm-write_through_selective-mixed",
          partial(seeded, 2, page_size=1, shape="pressure", schedule_policy="lpm", write_policy=wts, mixed_chunk=True),
+         "rust"),
+        # a mixed batch leaves under a page of budget: the next waiting request is matched (its
+        # prefix stamped) and refused (_get_new_batch_prefill_raw: budget_state() is not OTHER)
+        ("chunk-s4-p64-fcfs-write_back-mixed",
+         partial(seeded, 4, page_size=64, shape="chunk", write_policy=wb, mixed_chunk=True), "rust"),
+        # ... and without mixed chunk, a budget off a page boundary (1,000 at page 64)
+        ("chunk-s4-p64-fcfs-write_back-budget1000",
+         partial(with_budget, partial(seeded, 4, page_size=64, shape="chunk", write_policy=wb), 1000), "rust"),
+        # hrrn's token clock counts decode steps (the running batch's stale extend_num_tokens) and
+        # a mixed batch's decode rows (Scheduler.run_batch)
+        ("chunk-s1-p64-hrrn-write_back", partial(seeded, 1, page_size=64, shape="chunk", schedule_policy="hrrn",
+                                                 write_policy=wb), "rust"),
+        ("pressure-s7-p64-hrrn-write_back-mixed",
+         partial(seeded, 7, page_size=64, shape="pressure", schedule_policy="hrrn", write_policy=wb, mixed_chunk=True),
          "rust"),
         ("burst-s1-p64-hrrn-write_back", partial(seeded, 1, page_size=64, shape="burst", schedule_policy="hrrn",
                                                  write_policy=wb), "rust"),

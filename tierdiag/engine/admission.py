@@ -29,7 +29,9 @@ class Admission:
         2. the chunk shape, assuming the host part loads: under 0.5.9 a request after the first
            whose input (less the host part) does not fit what is left of the batch budget waits
            for the next batch (OTHER); under 0.5.23 (`chunk_later_requests`) it is chunked into
-           what is left, unless a chunked request goes on beside it (`has_chunked_req`: OTHER);
+           what is left, unless a chunked request goes on beside it (`has_chunked_req`: OTHER),
+           and this step comes after step 3 (`check_prefill` before the shape); either way a
+           chunk of 0 tokens (a budget under a page) is OTHER;
         3. lock the device path, then NO_TOKEN: the whole request (input beyond the device part,
            host part included, plus its output, plus the rule set's page of overhead) must be
            less than the pass's memory budget (`_rem_total`: free + evictable device memory less
@@ -55,7 +57,10 @@ class Admission:
         storage_pages = sum(len(n.keys) for n in host_nodes if n.prefetched_for == req.seq)
         host_pages = match.host_pages - storage_pages
         tiered = host_pages + storage_pages
-        if self._waits_for_next_batch(req, (dev_pages + tiered) * ps, budget, first, may_chunk):
+        # 0.5.9 add_one_req: OTHER before the lock; 0.5.23 `_select_prefill_admission`: NO_TOKEN
+        # (`check_prefill`) first, then the shape
+        shape_first = not self.rules.chunk_later_requests
+        if shape_first and self._waits_for_next_batch(req, (dev_pages + tiered) * ps, budget, first, may_chunk):
             return OTHER  # the shape chosen assuming the host part loads
         dev_node = match.last_device_node or tree.root
         tree.inc_lock(dev_node)
@@ -66,6 +71,14 @@ class Admission:
         if total_tokens >= self._rem_total():
             tree.dec_lock(dev_node)
             return NO_TOKEN
+        if (not shape_first and self._waits_for_next_batch(req, (dev_pages + tiered) * ps, budget, first, may_chunk)) \
+                or self._take(req.fill_len - (dev_pages + tiered) * ps, budget) <= 0:
+            # the shape assuming the host part loads; a budget under a page (mixed chunk's
+            # budget is off a page boundary) gives a chunk of 0 tokens: "if extend_len <= 0:
+            # return OTHER" (0.5.23 `_select_prefill_admission`; 0.5.9 `trunc_len <= 0`, which
+            # comes after its load-back: a difference only for a batch's first request)
+            tree.dec_lock(dev_node)
+            return OTHER
         load = tiered > 0
         skip = None
         if load and tiered * ps < self.cfg.load_back_threshold:
@@ -280,7 +293,14 @@ class Admission:
                                     req.loadback_wall_ns, req.loadback_verified)
             flops.append(cost.prefill_flops(take, req.done_tokens))
         ctrl.h2d_free_ns = link
-        self.processed_tokens += sum(take for _, take, _, _ in items)  # += batch.extend_num_tokens
+        # HRRN's clock: Scheduler.run_batch's `processed_tokens_counter += batch.extend_num_tokens`,
+        # to which mix_with_running adds a token a running request. The batch becomes the running
+        # batch when that was empty (get_next_batch_to_run: "running_batch = last_batch"; after a
+        # mixed batch it always is), and each later decode step adds its count again (_decode).
+        extend_num_tokens = sum(take for _, take, _, _ in items) + (len(self.running) if mixed_ns else 0)
+        self.processed_tokens += extend_num_tokens
+        if mixed_ns or not self.running:
+            self._running_extend = extend_num_tokens
         load_ns = link - now
         compute_ns = cost.prefill_ns(sum(flops))
         blocking = ctrl.blocking_ns

@@ -178,6 +178,7 @@ class DecodeSteps:
             self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
         # the step, after any write-back its eviction waited for (write_back: blocking copies)
         end = now + self._decode_step(now) + self.ctrl.blocking_ns
+        self.processed_tokens += self._running_extend  # Scheduler.run_batch: the running batch's stale count
         if self.emit.decode_step is not None:
             self.emit.decode_step((now, end, self.dstep, tuple(r.req_id for r in self.running),
                                    tuple(r.req_id for r in retracted), None, self.rank))
@@ -252,6 +253,7 @@ class DecodeSteps:
                 break
         self.dstep = k
         self.stats.decode_steps += steps
+        self.processed_tokens += steps * self._running_extend  # as _decode, a step at a time
         if self.rules.prefetch_retry_interval_passes:
             self.prefetch_pass += steps  # _retry_prefetches: nobody waits, nothing else to do
         self.new_token_ratio = ratio

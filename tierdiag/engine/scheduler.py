@@ -62,6 +62,9 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.rules = config_rules(cfg)  # what differs between SGLang releases (rules.py)
         self.queue = queue_policy(cfg.schedule_policy, self.rules.version, self.rules)  # --schedule-policy (queue_policy.py)
         self.processed_tokens, self.arrived_at = 0, {}  # HRRN's token clock: processed_tokens_counter, per-seq snapshot
+        # the running batch's `extend_num_tokens`: every decode step adds it to HRRN's clock (the
+        # batch that became the running batch keeps its own; prepare_for_decode never resets it)
+        self._running_extend = 0
         self.cost = cost
         self.tree = tree
         self.ctrl = ctrl
@@ -344,7 +347,6 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self._cur_offset = mixed
         items: list[tuple[Req, int, int, int]] = []  # (req, chunk tokens, load-back ns, load-back pages)
         chunk_continues = False
-        capped = False  # the queue policy capped the chunked request's chunk (shortest-prefill-first)
         sorted_yet = False
         overhead = self.rules.admission_overhead_pages
         if self.chunked is not None:
@@ -357,7 +359,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                 sorted_yet = True
                 cap = limit(req, self.waiting, budget, ps)  # adder.chunked_req_limit
                 if cap is not None:
-                    chunk_budget, capped = min(budget, cap), True
+                    chunk_budget = min(budget, cap)
             take = self._continue_chunk(req, chunk_budget, now)
             if take is None:
                 return None  # the chunked request needs memory first; it goes before everyone
@@ -369,8 +371,11 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         if not sorted_yet:
             self._calc_priority(now)
         i = 0
-        # A continuing chunk spends the budget, unless the policy's cap left room beside it.
-        while (capped or not chunk_continues) and budget >= ps and i < len(self.waiting):
+        # The head is tried while any budget is left (0.5.23: the loop breaks on `budget_state()
+        # == OTHER`, rem_chunk_tokens <= 0): under a page it is still matched (its prefix
+        # stamped) before `_select_prefill_admission` finds no page to give it (OTHER), or no
+        # memory (NO_TOKEN). A continuing chunk spends the budget, unless memory cut it short.
+        while budget > 0 and i < len(self.waiting):
             if self.batch_is_full:
                 break  # a chunked request's pass: it goes on, nobody else is admitted
             req = self.waiting[i]
@@ -394,8 +399,8 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
             budget -= -(-take // ps) * ps  # PrefillAdder._update_prefill_budget: page-ceiled
             ends = req.done_tokens + take >= req.fill_len
             self._reserve(overhead, min(req.output_len, CLIP_MAX_NEW_TOKENS) if ends else 0)
-            if not ends:
-                break  # it became the chunked request; the budget is spent
+            # (a request that became the chunked request took the budget floored to a page: what
+            # is left, under a page, still matches the next head)
             if self._rem_total() <= 0 or self._rem_current() <= 0:  # budget_state: NO_TOKEN
                 self.batch_is_full = True
                 break
