@@ -249,6 +249,15 @@ def stack_depths(groups: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     sizes = np.array([len(k) for k, _ in groups], dtype=np.int64)
     keys = np.concatenate([np.asarray(k, dtype=np.int64) for k, _ in groups])
     query = np.concatenate([np.asarray(m, dtype=np.uint8) for _, m in groups])
+    return _flat_depths(keys, query, sizes)
+
+
+def _flat_depths(keys: np.ndarray, query: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """`stack_depths` of the groups laid end to end: `keys` (int64) and `query` (bools), group g
+    the next `sizes[g]` of them."""
+    import numpy as np
+
+    query = query.astype(np.uint8, copy=False)
     n = len(keys)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
@@ -292,8 +301,10 @@ def _first_distinct(keys: np.ndarray) -> np.ndarray:
     """keys without repeats, each at its first place (a hostile trace may repeat a hash id)."""
     import numpy as np
 
+    if len(set(keys.tolist())) == len(keys):  # the common case, ~10x cheaper than the sort below
+        return keys
     _, idx = np.unique(keys, return_index=True)
-    return keys[np.sort(idx)] if len(idx) != len(keys) else keys
+    return keys[np.sort(idx)]
 
 
 def _sizes(config: dict) -> tuple[int, int, int, int]:
@@ -364,50 +375,16 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
         raise CurvesUnavailable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
     if len(keys) != len(rows):
         raise CurvesUnavailable(f"trace file {path} has {len(keys)} of the run's {len(rows)} finished requests")
-    # Events in the replay's order: (time, finish before a schedule at the same time, seq).
-    events = sorted([(r.sched_ns, 1, r.seq) for r in rows] + [(r.fin_ns, 0, r.seq) for r in rows])
     ranks = sorted({r.rank for r in rows})
-    fresh = -1
-    per_rank: dict[int, list] = {k: [] for k in ranks}
-    every: list = []
-    rank_of_lookup: list[np.ndarray] = []
-    for _t, kind, seq in events:
-        r = by_seq[seq]
-        k = keys[seq]
-        if kind == 1:
-            # Deepest first, so the prefix ends the most recent; the lookups are answered against
-            # the stack before the group, so the touch order inside it changes no depth.
-            if keep is None:
-                look = min(max((r.input_tokens - 1) // page, 0), len(k))
-                mask = np.zeros(len(k), dtype=bool)
-                mask[:look] = True
-            else:
-                mask = looked[seq]
-                look = int(mask.sum())
-            group = (k[::-1], mask[::-1])
-            rank_of_lookup.append(np.full(look, r.rank, dtype=np.int64))
-        else:
-            out_pages = max((r.input_tokens + r.output_tokens) // page - r.input_tokens // page, 0)
-            outs = np.arange(fresh, fresh - out_pages, -1, dtype=np.int64)
-            fresh -= out_pages
-            if keep is not None:
-                outs = outs[keep(outs)]
-            both = np.concatenate([outs[::-1], k[::-1]])
-            group = (both, np.zeros(len(both), dtype=bool))
-        per_rank[r.rank].append(group)
-        every.append(group)
-    lookup_rank = np.concatenate(rank_of_lookup) if rank_of_lookup else np.zeros(0, dtype=np.int64)
-    d_rank = np.zeros(len(lookup_rank), dtype=np.int64)
-    for rank in ranks:
-        d_rank[lookup_rank == rank] = _lookup_depths(per_rank[rank])
-    d_all = d_rank if len(ranks) == 1 else _lookup_depths(every)  # one rank: the same touches
-    del per_rank, every
+    touches_of = _replay_touches(rows, keys, looked if keep is not None else None, page, keep)
+    lookup_rank, d_rank, d_all = _pass_depths(*touches_of)
     if keep is not None:  # the sample's depths stand for the run's: divided by the rate
         d_rank = np.where(d_rank > 0, np.maximum(np.rint(d_rank / rate), 1), d_rank).astype(np.int64)
         d_all = np.where(d_all > 0, np.maximum(np.rint(d_all / rate), 1), d_all).astype(np.int64)
     never = np.iinfo(np.int64).max
+    one_rank = len(ranks) <= 1  # d_all is d_rank's touches: the same depths
     pages_rank = np.where(d_rank > 0, d_rank, never)
-    pages_all = np.where(d_all > 0, d_all, never)
+    pages_all = pages_rank if one_rank else np.where(d_all > 0, d_all, never)
     inclusive = policy == WritePolicy.WRITE_THROUGH
     held, held_words = held_capacity(run.config, device, host)
 
@@ -416,23 +393,36 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
         tok = np.where(depth_pages == never, never, depth_pages * page)
         return np.where(tok == never, never, np.maximum(-(-(tok - beside) // page) * page, 0))
 
-    dev_need = need(pages_rank, 0)
-    host_need = np.where(pages_rank == never, never,
-                         np.where(pages_rank * page <= device, 0, pages_rank * page) if inclusive
-                         else need(pages_rank, device))
-    held_hit = pages_rank != never
-    held_hit &= pages_rank * page <= held
-    sto_need = np.where(held_hit, 0, need(pages_all, 0))
+    def found_held(depth_pages: np.ndarray) -> np.ndarray:
+        """Found where its rank's device and host held it, at the run's sizes."""
+        hit = depth_pages != never
+        hit &= depth_pages * page <= held
+        return hit
+
+    # Each curve's sizes are a non-decreasing function of the depth on the lookup's rank (with one
+    # rank, storage's too): applied to the depths sorted once, they come out sorted, and _curve
+    # need not sort each again (two or three sorts of every lookup: ~0.3 s of the conversation
+    # trace's close, issue 41). The step functions are the same: a sorted multiset is one array.
+    by_depth = np.sort(pages_rank)
+    dev_need = need(by_depth, 0)
+    host_need = np.where(by_depth == never, never,
+                         np.where(by_depth * page <= device, 0, by_depth * page) if inclusive
+                         else need(by_depth, device))
+    if one_rank:
+        sto_need = np.where(found_held(by_depth), 0, need(by_depth, 0))
+    else:  # storage: the lookup's depth over all ranks, beside what its own rank held
+        sto_need = np.where(found_held(pages_rank), 0, need(pages_all, 0))
     dev_found, host_found, sto_found, input_tokens = found_tokens(con, run.run_id)
     weight = 1 / rate  # lookups each sampled one stands for
     curves = (
-        _curve("device", device, "device alone", dev_need, page, dev_found, weight),
+        _curve("device", device, "device alone", dev_need, page, dev_found, weight, presorted=True),
         _curve("host", host, (f"device at the run's {device:_} tokens; write_through keeps a host copy of device's "
                               "pages, so device and host hold max(device, host)" if inclusive else
                               f"device at the run's {device:_} tokens; host holds what device evicted "
-                              "(device + host)"), host_need, page, dev_found + host_found, weight),
+                              "(device + host)"), host_need, page, dev_found + host_found, weight, presorted=True),
         _curve("storage", storage, f"device and host at the run's sizes ({held_words}); storage is one tier "
-                                   "shared by every rank", sto_need, page, dev_found + host_found + sto_found, weight))
+                                   "shared by every rank", sto_need, page, dev_found + host_found + sto_found, weight,
+               presorted=one_rank))
     looks = sorted(min(max((r.input_tokens - 1) // page, 0), lengths.get(r.seq, len(keys[r.seq]))) for r in rows)
     looks = [x for x in looks if x] or [0]
     slack = looks[max(math.ceil(0.5 * len(looks)) - 1, 0)] * page  # nearest rank
@@ -449,27 +439,133 @@ def _lookup_depths(groups: list) -> np.ndarray:
     return stack_depths(groups)
 
 
+# Touches built a bounded number at a time: the temporaries of a chunk (~10 arrays of its touches)
+# stay small beside the pass's own arrays.
+_CHUNK_TOUCHES = 1 << 21
+
+
+def _replay_touches(rows, keys: dict, looked: dict | None, page: int, keep):
+    """The pass's touches, flat, in the replay's order: two groups a finished request (module
+    doc), events ordered by (time, finish before a schedule at the same time, seq).
+
+    A schedule group is the request's keys deepest first, those it looks up marked; a finish
+    group its fresh output keys (negative, numbered in event order from -1 down, each group's
+    in ascending order) then its keys deepest first, none marked. With `looked` (a sampled pass)
+    the keys are the kept ones, `looked` marks them, and only the kept output keys stay
+    (`keep`). Returns (keys, looked up, event of each touch, touches an event, rank an event):
+    built with array operations (a group at a time in Python was ~30 % of the conversation
+    trace's curves, issue 41); tests/diagnose/test_size_curves.py checks them against an LRU
+    simulation."""
+    import numpy as np
+
+    n = len(rows)
+    lens = np.fromiter((len(keys[r.seq]) for r in rows), dtype=np.int64, count=n)
+    flat = np.concatenate([np.asarray(keys[r.seq], dtype=np.int64) for r in rows]) if n else np.zeros(0, np.int64)
+    off = np.zeros(n, dtype=np.int64)
+    np.cumsum(lens[:-1], out=off[1:])
+    if looked is None:
+        look = np.minimum(np.fromiter((max((r.input_tokens - 1) // page, 0) for r in rows), dtype=np.int64, count=n),
+                          lens)
+        marked = (np.arange(len(flat), dtype=np.int64) - np.repeat(off, lens)) < np.repeat(look, lens)
+    else:
+        marked = (np.concatenate([np.asarray(looked[r.seq], dtype=bool) for r in rows]) if n
+                  else np.zeros(0, dtype=bool))
+    outp = np.fromiter((max((r.input_tokens + r.output_tokens) // page - r.input_tokens // page, 0) for r in rows),
+                       dtype=np.int64, count=n)
+    rank = np.fromiter((r.rank for r in rows), dtype=np.int64, count=n)
+    t = np.fromiter((r.sched_ns for r in rows), dtype=np.int64, count=n)
+    t = np.concatenate([t, np.fromiter((r.fin_ns for r in rows), dtype=np.int64, count=n)])
+    sched = np.r_[np.ones(n, dtype=np.int64), np.zeros(n, dtype=np.int64)]
+    seq = np.fromiter((r.seq for r in rows), dtype=np.int64, count=n)
+    order = np.lexsort((np.r_[seq, seq], sched, t))  # by time, then finish (0) first, then seq
+    del t, seq
+    req = np.r_[np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64)][order]
+    fin = sched[order] == 0
+    del order, sched
+    outs = np.where(fin, outp[req], 0)  # fresh output keys of each event
+    before = np.cumsum(outs) - outs  # fresh keys numbered by the finish events before it
+    count = lens[req] + outs
+    ends = np.cumsum(count)
+    parts: list = []
+    e0 = 0
+    while e0 < len(req):
+        base = int(ends[e0 - 1]) if e0 else 0
+        e1 = max(int(np.searchsorted(ends, base + _CHUNK_TOUCHES, side="right")), e0 + 1)
+        c = count[e0:e1]
+        ev = np.repeat(np.arange(e0, e1, dtype=np.int64), c)
+        j = np.arange(len(ev), dtype=np.int64) - np.repeat(ends[e0:e1] - c - base, c)
+        o = outs[ev]
+        is_out = j < o
+        i = req[ev]
+        at = off[i] + lens[i] - 1 - (j - o)  # deepest first: the request's keys from the last
+        k = np.empty(len(ev), dtype=np.int64)
+        k[is_out] = (j - before[ev] - o)[is_out]
+        inside = ~is_out
+        k[inside] = flat[at[inside]]
+        q = np.zeros(len(ev), dtype=bool)
+        s = ~fin[ev]
+        q[s] = marked[at[s]]
+        del j, o, i, at, inside, s
+        if keep is not None and is_out.any():
+            stay = ~is_out
+            stay[is_out] = keep(k[is_out])
+            k, q, ev = k[stay], q[stay], ev[stay]
+        parts.append((k, q, ev))
+        e0 = e1
+    if parts:
+        tk, tq, tev = (np.concatenate(x) for x in zip(*parts))
+    else:
+        tk, tq, tev = np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0, np.int64)
+    del parts
+    per_event = np.bincount(tev, minlength=len(req)).astype(np.int64) if keep is not None else count
+    return tk, tq, tev, per_event, rank[req]
+
+
+def _pass_depths(tk, tq, tev, per_event, event_rank):
+    """(rank of each lookup, its depth on its rank, its depth over all ranks), lookups in order."""
+    import numpy as np
+
+    lookup_rank = event_rank[tev[tq]]
+    ranks = np.unique(event_rank).tolist()
+    d_rank = np.zeros(len(lookup_rank), dtype=np.int64)
+    if len(ranks) == 1:
+        d_rank[:] = _flat_depths(tk, tq, per_event)
+        return lookup_rank, d_rank, d_rank  # one rank: the same touches
+    for r in ranks:
+        on = event_rank == r
+        sel = on[tev]
+        d_rank[lookup_rank == r] = _flat_depths(tk[sel], tq[sel], per_event[on])
+    return lookup_rank, d_rank, _flat_depths(tk, tq, per_event)
+
+
 def _curve(tier: str, run_size: int, held: str, need: np.ndarray, page: int, found: int,
-           weight: float = 1.0) -> SizeCurve:
+           weight: float = 1.0, *, presorted: bool = False) -> SizeCurve:
     """The step function of the sizes at which each looked-up page is found (never: not at all);
-    each found page counts `weight` pages (a sampled pass: 1 / its rate, rounded to pages)."""
+    each found page counts `weight` pages (a sampled pass: 1 / its rate, rounded to pages).
+    `presorted`: `need` is in ascending order already."""
     import numpy as np
 
     never = np.iinfo(np.int64).max
-    sizes = np.sort(need[need != never])
+    sizes = need[need != never]
+    if not presorted:
+        sizes = np.sort(sizes)
     total = int(round(len(sizes) * weight)) * page
     steps: list[tuple[int, int]] = []
     if len(sizes):
-        uniq, idx = np.unique(sizes, return_index=True)
+        # np.unique(sizes, return_index=True) of the sorted sizes, without sorting them again:
+        # each distinct size at its first place (a whole run's lookups: ~0.8 s of the conversation
+        # trace's close went to that second sort and to the unthinned list of steps, issue 41).
+        idx = np.flatnonzero(np.r_[True, sizes[1:] != sizes[:-1]])
+        uniq = sizes[idx]
         cum = (np.r_[idx[1:], len(sizes)]) * page if weight == 1.0 else \
             np.rint(np.r_[idx[1:], len(sizes)] * weight).astype(np.int64) * page
+        if len(uniq) > CURVE_POINTS:
+            # The first step into each 1/CURVE_POINTS of the plateau, and the last.
+            b = cum * CURVE_POINTS // total
+            keep = np.r_[True, b[1:] > b[:-1]]
+            keep[-1] = True
+            uniq, cum = uniq[keep], cum[keep]
         steps = list(zip(uniq.tolist(), cum.tolist()))
-    if len(steps) > CURVE_POINTS:
-        # The first step into each 1/CURVE_POINTS of the plateau, and the last.
-        b = cum * CURVE_POINTS // total
-        keep = np.r_[True, b[1:] > b[:-1]]
-        keep[-1] = True
-        steps = list(zip(uniq[keep].tolist(), cum[keep].tolist()))
     knee = None
     grows = sizes[sizes > 0]  # what the tier adds beyond its size 0 (the tiers above it find the rest)
     if len(grows):
