@@ -385,6 +385,67 @@ def test_a_trace_gone_or_changed_means_no_curves_and_nothing_else_lost(two_ranks
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 
+def test_the_trace_read_ahead_gives_the_curves_the_close_reads_itself(two_ranks, tmp_path):
+    """The writer process reads the trace's pages while the run is recorded (read_ahead, issue
+    41): the curves are the same as the close's own read, and the read-ahead is used once."""
+    trace, db = two_ranks
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        own = sc.compute_size_curves(con, run)
+        sc.read_ahead(run.trace_path, run.trace_sha256, run.config)
+        assert len(sc._READ_AHEAD) == 1
+        ahead = sc.compute_size_curves(con, run)
+        assert not sc._READ_AHEAD  # taken: its memory goes with the close
+        assert ahead == own
+        # Another page size than the run's (a config edited since): not used, read again.
+        sc.read_ahead(run.trace_path, run.trace_sha256, {**run.config, "page_size": 2 * int(run.config["page_size"])})
+        assert sc.compute_size_curves(con, run) == own
+
+
+@pytest.mark.parametrize("how", ["rewritten", "appended", "other digest"])
+def test_a_trace_changed_after_its_read_ahead_is_read_again_and_said_changed(two_ranks, tmp_path, how):
+    """What was read ahead is used only where the file is as it was then (size, mtime, inode)
+    and its digest the run's: else the close reads it again and says what it says without one."""
+    import os
+
+    from tierdiag.store.copy_run import read_run_tables, write_run_tables
+
+    trace, db = two_ranks
+    moved = tmp_path / "t.jsonl"
+    moved.write_text(trace.read_text())
+    copy = tmp_path / "copy.duckdb"
+    write_run_tables(copy, read_run_tables(db), {"trace_path": str(moved)})
+    with open_store(copy) as con:
+        run = resolve_run(con, None)
+        own = sc.compute_size_curves(con, run)
+        sha = run.trace_sha256 if how != "other digest" else "0" * 64
+        sc.read_ahead(run.trace_path, sha, run.config)
+        sc._READ_AHEAD[0]._thread.join()
+        if how == "rewritten":  # same size, other bytes, a later mtime
+            text = moved.read_text()
+            moved.write_text(text.replace('"', "'", 1))
+            st = os.stat(moved)
+            os.utime(moved, ns=(st.st_atime_ns, st.st_mtime_ns + 10 ** 9))
+        elif how == "appended":
+            with open(moved, "a") as fh:
+                fh.write("\n")
+        if how == "other digest":  # the read-ahead saw another digest: not used, the close reads it
+            assert sc.compute_size_curves(con, run) == own
+        else:
+            with pytest.raises(sc.CurvesUnavailable, match="changed"):
+                sc.compute_size_curves(con, run)
+        assert not sc._READ_AHEAD
+
+
+def test_a_read_ahead_that_cannot_start_leaves_the_close_as_it_was(two_ranks):
+    trace, db = two_ranks
+    for config in ({"page_size": "x"}, {"page_size": 0}, {"block_size": []}):
+        sc.read_ahead(str(trace), None, config)
+        assert not sc._READ_AHEAD
+    sc.read_ahead(str(trace) + ".gone", None, {})
+    assert not sc._READ_AHEAD
+
+
 hostile = st.one_of(st.none(), st.integers(), st.text(max_size=20), st.lists(st.integers(), max_size=3),
                     st.dictionaries(st.text(max_size=8), st.integers(), max_size=3),
                     st.just({"__dataclass__": "SizeCurves", "write_policy": 1}),

@@ -332,19 +332,25 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
 
     from tierdiag.diagnose.run.run_claims import held_capacity
     from tierdiag.errors import TierdiagError
-    from tierdiag.trace.pages import page_keys_array
-    from tierdiag.trace.reader import read_trace, trace_sha256
+    from tierdiag.trace.reader import trace_sha256
 
     path = run.trace_path
     if not path or not os.path.isfile(path):
         raise CurvesUnavailable(f"trace file {path} is gone")
-    if run.trace_sha256 and trace_sha256(path) != run.trace_sha256:
-        raise CurvesUnavailable(f"trace file {path} changed since the run was recorded")
     try:
         page, device, host, storage = _sizes(run.config)
     except (TierdiagError, TypeError, ValueError) as exc:  # a hand-edited config the replay would not take
+        if run.trace_sha256 and trace_sha256(path) != run.trace_sha256:  # what was said first, before
+            raise CurvesUnavailable(f"trace file {path} changed since the run was recorded") from None
         raise CurvesUnavailable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
     block = int(run.config.get("block_size") or 512)
+    # The trace read while the run was recorded (`read_ahead`, the writer process), where it is
+    # the same file, unchanged since, read with the same page and block sizes; else read now.
+    ahead = _taken_ahead(path, run.trace_sha256, page, block)
+    if ahead is None and run.trace_sha256 and trace_sha256(path) != run.trace_sha256:
+        raise CurvesUnavailable(f"trace file {path} changed since the run was recorded")
+    if ahead is not None and ahead.changed:
+        raise CurvesUnavailable(f"trace file {path} changed since the run was recorded")
     policy = str(run.config.get("write_policy") or "write_through")
     rows = curve_requests(con, run.run_id)
     touches = sum(2 * (r.input_tokens // page)
@@ -357,22 +363,24 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     keys: dict[int, np.ndarray] = {}
     lengths: dict[int, int] = {}  # sampled: each request's distinct pages before sampling
     looked: dict[int, np.ndarray] = {}  # sampled: which of its kept pages it looked up
+    lines = ahead.lines if ahead is not None else _trace_pages(path, page, block, wanted=by_seq)
     try:
-        for req in read_trace(path, block_size=block, skip_bad=True):
-            r = by_seq.get(req.seq)
+        for line, seq, req_id, input_len, k in lines:
+            r = by_seq.get(seq)
             if r is None:
                 continue
-            if r.req_id != req.req_id or r.input_tokens != req.input_len:
-                raise CurvesUnavailable(f"trace line {req.line} is not the request run {run.run_id} replayed as seq {req.seq}")
-            k = _first_distinct(page_keys_array(req, page_size=page, block_size=block))
+            if r.req_id != req_id or r.input_tokens != input_len:
+                raise CurvesUnavailable(f"trace line {line} is not the request run {run.run_id} replayed as seq {seq}")
             if keep is not None:
                 sel = keep(k)
-                lengths[req.seq] = len(k)
-                looked[req.seq] = (np.arange(len(k)) < min(max((r.input_tokens - 1) // page, 0), len(k)))[sel]
+                lengths[seq] = len(k)
+                looked[seq] = (np.arange(len(k)) < min(max((r.input_tokens - 1) // page, 0), len(k)))[sel]
                 k = k[sel]
-            keys[req.seq] = k
+            keys[seq] = k
     except TierdiagError as exc:
         raise CurvesUnavailable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    if ahead is not None and ahead.error is not None:
+        raise ahead.error
     if len(keys) != len(rows):
         raise CurvesUnavailable(f"trace file {path} has {len(keys)} of the run's {len(rows)} finished requests")
     ranks = sorted({r.rank for r in rows})
@@ -433,6 +441,102 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
                   "back from them: approximate")
     return SizeCurves(policy, page, len(ranks), input_tokens, int(round(len(lookup_rank) * weight)) * page, slack,
                       curves, model, rate)
+
+
+def _trace_pages(path: str, page: int, block: int, wanted=None):
+    """(line, seq, req_id, input tokens, distinct page keys) of each request of the trace, in
+    its order (bad lines skipped, as the replay may have); keys only for the seqs in `wanted`
+    (all when None): the others are passed over with empty keys."""
+    import numpy as np
+
+    from tierdiag.trace.pages import page_keys_array
+    from tierdiag.trace.reader import read_trace
+
+    none = np.zeros(0, dtype=np.int64)
+    for req in read_trace(path, block_size=block, skip_bad=True):
+        if wanted is not None and req.seq not in wanted:
+            yield req.line, req.seq, req.req_id, req.input_len, none
+            continue
+        yield req.line, req.seq, req.req_id, req.input_len, \
+            _first_distinct(page_keys_array(req, page_size=page, block_size=block))
+
+
+class _ReadAhead:
+    """The trace's pages read on a thread of their own while the run is recorded: the writer
+    process (app/writer_child.py) starts it once the store is open, so that the close, which the
+    replay waits for, does not read the trace again (~35 % of the curves' time on the
+    conversation trace, issue 41). Used by compute_size_curves only where it is the file the run
+    names, unchanged since it was read (size, mtime, inode), at the same page and block sizes;
+    else that reads the trace itself, as it always did."""
+
+    def __init__(self, path: str, sha: str | None, page: int, block: int):
+        import threading
+
+        self.key = (path, sha or "", page, block)
+        self.lines: list = []
+        self.changed = False  # the file's digest is not the run's
+        self.error: CurvesUnavailable | None = None  # what reading it said (the lines before it are kept)
+        self.stat = None
+        self._thread = threading.Thread(target=self._read, name="tierdiag-trace-pages", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _stat(path: str):
+        import os
+
+        st = os.stat(path)
+        return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
+
+    def _read(self) -> None:
+        from tierdiag.errors import TierdiagError
+        from tierdiag.trace.reader import trace_sha256
+
+        path, sha, page, block = self.key
+        try:
+            self.stat = self._stat(path)
+            if sha and trace_sha256(path) != sha:
+                self.changed = True
+                return
+            self.lines = list(_trace_pages(path, page, block))
+        except TierdiagError as exc:
+            self.error = CurvesUnavailable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        except Exception:  # noqa: BLE001 - not usable: the close reads the trace itself, and says what fails there
+            self.stat = None
+
+    def result(self, path: str, sha: str | None, page: int, block: int) -> "_ReadAhead | None":
+        self._thread.join()
+        if self.key != (path, sha or "", page, block) or self.stat is None:
+            return None
+        try:
+            return self if self._stat(path) == self.stat else None
+        except OSError:
+            return None
+
+
+_READ_AHEAD: list[_ReadAhead] = []  # at most one: the run this process is recording
+
+
+def read_ahead(trace_path: str, trace_sha256: str | None, config: dict) -> None:
+    """Start reading the trace's pages for the curves of the run being recorded (the writer
+    process calls this once the store is open, module doc of _ReadAhead). A config the pass
+    could not use starts nothing: the close then reads the trace, and says why not there."""
+    import os
+
+    try:
+        page = _sizes(config)[0]
+        block = int(config.get("block_size") or 512)
+    except Exception:  # noqa: BLE001 - compute_size_curves decides what the config means, at the close
+        return
+    if trace_path and os.path.isfile(trace_path):
+        _READ_AHEAD[:] = [_ReadAhead(trace_path, trace_sha256, page, block)]
+
+
+def _taken_ahead(path: str, sha: str | None, page: int, block: int) -> _ReadAhead | None:
+    """The read-ahead of this trace, once (its memory goes with the close), if it can be used."""
+    if not _READ_AHEAD:
+        return None
+    ahead = _READ_AHEAD.pop()
+    return ahead.result(path, sha, page, block)
 
 
 def _lookup_depths(groups: list) -> np.ndarray:
