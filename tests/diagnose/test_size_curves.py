@@ -179,6 +179,7 @@ def test_the_pass_built_with_arrays_in_small_chunks_equals_it_in_one(case):
         chunked = sc._replay_touches(rows, keys, looked, page, keep)
     finally:
         sc._CHUNK_TOUCHES = old
+    assert len(whole) == len(chunked) == 4
     for a, b in zip(whole, chunked):
         assert a.tolist() == b.tolist()
 

@@ -411,13 +411,16 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     # rank, storage's too): applied to the depths sorted once, they come out sorted, and _curve
     # need not sort each again (two or three sorts of every lookup: ~0.3 s of the conversation
     # trace's close, issue 41). The step functions are the same: a sorted multiset is one array.
+    # Only the depths found at some size: `never` is where no size finds it, and _curve leaves
+    # those out; at size 0 beside nothing a depth needs depth x page tokens, exactly.
     by_depth = np.sort(pages_rank)
-    dev_need = need(by_depth, 0)
-    host_need = np.where(by_depth == never, never,
-                         np.where(by_depth * page <= device, 0, by_depth * page) if inclusive
-                         else need(by_depth, device))
+    by_depth = by_depth[:int(np.searchsorted(by_depth, never))]
+    tokens = by_depth * page
+    dev_need = tokens
+    host_need = (np.where(tokens <= device, 0, tokens) if inclusive
+                 else np.maximum(-(-(tokens - device) // page) * page, 0))
     if one_rank:
-        sto_need = np.where(found_held(by_depth), 0, need(by_depth, 0))
+        sto_need = np.where(tokens <= held, 0, tokens)
     else:  # storage: the lookup's depth over all ranks, beside what its own rank held
         sto_need = np.where(found_held(pages_rank), 0, need(pages_all, 0))
     dev_found, host_found, sto_found, input_tokens = found_tokens(con, run.run_id)
@@ -556,24 +559,34 @@ def _replay_touches(rows, keys: dict, looked: dict | None, page: int, keep):
     group its fresh output keys (negative, numbered in event order from -1 down, each group's
     in ascending order) then its keys deepest first, none marked. With `looked` (a sampled pass)
     the keys are the kept ones, `looked` marks them, and only the kept output keys stay
-    (`keep`). Returns (keys, looked up, event of each touch, touches an event, rank an event):
-    built with array operations (a group at a time in Python was ~30 % of the conversation
-    trace's curves, issue 41); tests/diagnose/test_size_curves.py checks them against an LRU
-    simulation."""
+    (`keep`). Returns (keys, looked up, touches an event, rank an event).
+
+    Built with array operations, as copies of contiguous runs: each request's keys (and marks)
+    reversed once, the output keys laid out in event order, and every group one or two runs of
+    those (a group at a time in Python was ~30 % of the conversation trace's curves, and a touch
+    at a time in numpy half of what remained; issue 41). tests/diagnose/test_size_curves.py
+    checks them against the group-at-a-time reference and an LRU simulation."""
     import numpy as np
 
     n = len(rows)
     lens = np.fromiter((len(keys[r.seq]) for r in rows), dtype=np.int64, count=n)
-    flat = np.concatenate([np.asarray(keys[r.seq], dtype=np.int64) for r in rows]) if n else np.zeros(0, np.int64)
+    flat = np.concatenate([keys[r.seq] for r in rows]).astype(np.int64, copy=False) if n else np.zeros(0, np.int64)
+    total = len(flat)
     off = np.zeros(n, dtype=np.int64)
     np.cumsum(lens[:-1], out=off[1:])
     if looked is None:
         look = np.minimum(np.fromiter((max((r.input_tokens - 1) // page, 0) for r in rows), dtype=np.int64, count=n),
                           lens)
-        marked = (np.arange(len(flat), dtype=np.int64) - np.repeat(off, lens)) < np.repeat(look, lens)
+        # reversed, a request's first `look` keys are its last `look`
+        marks = np.arange(total, dtype=np.int64) >= np.repeat(off + lens - look, lens)
     else:
-        marked = (np.concatenate([np.asarray(looked[r.seq], dtype=bool) for r in rows]) if n
-                  else np.zeros(0, dtype=bool))
+        marks = (np.concatenate([looked[r.seq] for r in rows]).astype(bool, copy=False) if n
+                 else np.zeros(0, dtype=bool))
+    rev = np.repeat(2 * off + lens - 1, lens) - np.arange(total, dtype=np.int64)  # each request's keys backwards
+    flat = flat[rev]
+    if looked is not None:
+        marks = marks[rev]
+    del rev
     outp = np.fromiter((max((r.input_tokens + r.output_tokens) // page - r.input_tokens // page, 0) for r in rows),
                        dtype=np.int64, count=n)
     rank = np.fromiter((r.rank for r in rows), dtype=np.int64, count=n)
@@ -584,61 +597,60 @@ def _replay_touches(rows, keys: dict, looked: dict | None, page: int, keep):
     order = np.lexsort((np.r_[seq, seq], sched, t))  # by time, then finish (0) first, then seq
     del t, seq
     req = np.r_[np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64)][order]
-    fin = sched[order] == 0
+    is_sched = sched[order] == 1
     del order, sched
-    outs = np.where(fin, outp[req], 0)  # fresh output keys of each event
-    before = np.cumsum(outs) - outs  # fresh keys numbered by the finish events before it
-    count = lens[req] + outs
-    ends = np.cumsum(count)
-    parts: list = []
-    e0 = 0
-    while e0 < len(req):
-        base = int(ends[e0 - 1]) if e0 else 0
-        e1 = max(int(np.searchsorted(ends, base + _CHUNK_TOUCHES, side="right")), e0 + 1)
-        c = count[e0:e1]
-        ev = np.repeat(np.arange(e0, e1, dtype=np.int64), c)
-        j = np.arange(len(ev), dtype=np.int64) - np.repeat(ends[e0:e1] - c - base, c)
-        o = outs[ev]
-        is_out = j < o
-        i = req[ev]
-        at = off[i] + lens[i] - 1 - (j - o)  # deepest first: the request's keys from the last
-        k = np.empty(len(ev), dtype=np.int64)
-        k[is_out] = (j - before[ev] - o)[is_out]
-        inside = ~is_out
-        k[inside] = flat[at[inside]]
-        q = np.zeros(len(ev), dtype=bool)
-        s = ~fin[ev]
-        q[s] = marked[at[s]]
-        del j, o, i, at, inside, s
-        if keep is not None and is_out.any():
-            stay = ~is_out
-            stay[is_out] = keep(k[is_out])
-            k, q, ev = k[stay], q[stay], ev[stay]
-        parts.append((k, q, ev))
-        e0 = e1
-    if parts:
-        tk, tq, tev = (np.concatenate(x) for x in zip(*parts))
-    else:
-        tk, tq, tev = np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0, np.int64)
-    del parts
-    per_event = np.bincount(tev, minlength=len(req)).astype(np.int64) if keep is not None else count
-    return tk, tq, tev, per_event, rank[req]
+    events = len(req)
+    outs = np.where(is_sched, 0, outp[req])  # fresh output keys of each event
+    before = np.cumsum(outs) - outs
+    # Every fresh key in event order, each event's ascending: -(before + outs) ... -(before + 1).
+    fresh = np.arange(int(outs.sum()), dtype=np.int64) - np.repeat(2 * before + outs, outs)
+    if keep is not None and len(fresh):
+        kept = keep(fresh)
+        outs = np.bincount(np.repeat(np.arange(events, dtype=np.int64), outs)[kept], minlength=events).astype(np.int64)
+        fresh = fresh[kept]
+        before = np.cumsum(outs) - outs
+    source = np.concatenate([flat, fresh])
+    marks = np.concatenate([marks, np.zeros(len(fresh), dtype=bool)])
+    del flat, fresh
+    # Two runs an event: its fresh keys (none for a schedule), then its request's keys.
+    run_from = np.stack([total + before, off[req]], axis=1).ravel()
+    run_len = np.stack([outs, lens[req]], axis=1).ravel()
+    run_looks = np.stack([np.zeros(events, dtype=bool), is_sched], axis=1).ravel()
+    run_to = np.cumsum(run_len) - run_len
+    count = outs + lens[req]
+    touches = int(count.sum())
+    tk = np.empty(touches, dtype=np.int64)
+    tq = np.empty(touches, dtype=bool)
+    r0, ends = 0, run_to + run_len
+    while r0 < len(run_len):
+        lo = int(run_to[r0])
+        r1 = max(int(np.searchsorted(ends, lo + _CHUNK_TOUCHES, side="right")), r0 + 1)
+        hi = int(ends[r1 - 1])
+        ln = run_len[r0:r1]
+        at = np.repeat(run_from[r0:r1] - run_to[r0:r1], ln)
+        at += np.arange(lo, hi, dtype=np.int64)
+        tk[lo:hi] = source[at]
+        np.logical_and(marks[at], np.repeat(run_looks[r0:r1], ln), out=tq[lo:hi])
+        r0 = r1
+    return tk, tq, count, rank[req]
 
 
-def _pass_depths(tk, tq, tev, per_event, event_rank):
+def _pass_depths(tk, tq, per_event, event_rank):
     """(rank of each lookup, its depth on its rank, its depth over all ranks), lookups in order."""
     import numpy as np
 
-    lookup_rank = event_rank[tev[tq]]
     ranks = np.unique(event_rank).tolist()
-    d_rank = np.zeros(len(lookup_rank), dtype=np.int64)
-    if len(ranks) == 1:
+    if len(ranks) <= 1:
+        lookup_rank = np.full(int(np.count_nonzero(tq)), ranks[0] if ranks else 0, dtype=np.int64)
+        d_rank = np.zeros(len(lookup_rank), dtype=np.int64)
         d_rank[:] = _flat_depths(tk, tq, per_event)
         return lookup_rank, d_rank, d_rank  # one rank: the same touches
+    touch_rank = np.repeat(event_rank, per_event)
+    lookup_rank = touch_rank[tq]
+    d_rank = np.zeros(len(lookup_rank), dtype=np.int64)
     for r in ranks:
-        on = event_rank == r
-        sel = on[tev]
-        d_rank[lookup_rank == r] = _flat_depths(tk[sel], tq[sel], per_event[on])
+        sel = touch_rank == r
+        d_rank[lookup_rank == r] = _flat_depths(tk[sel], tq[sel], per_event[event_rank == r])
     return lookup_rank, d_rank, _flat_depths(tk, tq, per_event)
 
 
