@@ -278,49 +278,62 @@ def main() -> None:
                                                      if k != "PYTHONDONTWRITEBYTECODE"})
         keys = [(p, root, m) for p, root in roots for m in modes]
         runs: dict[str, list[dict]] = {p + m: [] for p, _, m in keys}
-        for rnd in range(a.repeats):
-            order = keys if rnd % 2 == 0 else keys[::-1]
-            for prefix, root, mode in order:
-                name = prefix + mode
-                tag = name.replace(":", "_").replace("/", "_")
-                prof = a.profile is not None and rnd == a.repeats - 1
-                r = run_once(root, a.trace, mode, tmp, tag, a.extra, prof)
-                runs[name].append(r)
-                print(f"round {rnd + 1} {name:>16}: wall {r['wall_s']:.3f} s, CPU main {r['cpu_main_s']:.3f} "
-                      f"writer {r['cpu_writer_s']:.3f} (all {r['cpu_all_s']:.3f}) s; in-process {r['replay_wall_s']:.3f} s "
-                      f"{ {k: round(v, 3) for k, v in (r['phases'] or {}).items()} }", file=sys.stderr, flush=True)
-                if prof:
-                    a.profile.mkdir(parents=True, exist_ok=True)
-                    for side in ("main", "writer"):
-                        src = tmp / f"{tag}-{side}.prof"
-                        if src.exists():
-                            (a.profile / f"{tag}-{side}.prof").write_bytes(src.read_bytes())
-        with open("/proc/loadavg") as fh:
-            load = fh.read().split()[:3]
-        print(f"\nload average at the end: {' '.join(load)}; medians of {a.repeats} interleaved rounds\n")
-        print(f"{'mode':>16} {'wall':>7} {'CPU all':>8} {'main':>7} {'writer':>7} {'in-proc':>8}")
-        med = {}
-        for name, rs in runs.items():
-            m = {k: statistics.median(r[k] for r in rs) for k in ("wall_s", "cpu_all_s", "cpu_main_s", "cpu_writer_s",
-                                                                  "replay_wall_s")}
-            med[name] = m
-            print(f"{name:>16} {m['wall_s']:7.3f} {m['cpu_all_s']:8.3f} {m['cpu_main_s']:7.3f} {m['cpu_writer_s']:7.3f} "
-                  f"{m['replay_wall_s']:8.3f}")
-        for prefix, _ in roots:
-            p, n = med.get(prefix + "process"), med.get(prefix + "none")
-            if p and n:
-                print(f"{prefix or 'this'} probe overhead (process vs none): wall {p['wall_s'] / n['wall_s']:.2f}x, "
-                      f"CPU {p['cpu_all_s'] / n['cpu_all_s']:.2f}x")
-        for name, rs in runs.items():
-            if not a.timeline and name != next(iter(runs)):
+        try:
+            _rounds(a, keys, runs, tmp)
+        finally:
+            if a.baseline:  # the worktree goes with the temporary folder: unregister it too
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(roots[0][1])],
+                               capture_output=True)
+        _print(a, roots, runs)
+
+
+def _rounds(a, keys, runs: dict, tmp: Path) -> None:
+    for rnd in range(a.repeats):
+        order = keys if rnd % 2 == 0 else keys[::-1]
+        for prefix, root, mode in order:
+            name = prefix + mode
+            tag = name.replace(":", "_").replace("/", "_")
+            prof = a.profile is not None and rnd == a.repeats - 1
+            r = run_once(root, a.trace, mode, tmp, tag, a.extra, prof)
+            runs[name].append(r)
+            print(f"round {rnd + 1} {name:>16}: wall {r['wall_s']:.3f} s, CPU main {r['cpu_main_s']:.3f} "
+                  f"writer {r['cpu_writer_s']:.3f} (all {r['cpu_all_s']:.3f}) s; in-process {r['replay_wall_s']:.3f} s "
+                  f"{ {k: round(v, 3) for k, v in (r['phases'] or {}).items()} }", file=sys.stderr, flush=True)
+            if prof:
+                a.profile.mkdir(parents=True, exist_ok=True)
+                for side in ("main", "writer"):
+                    src = tmp / f"{tag}-{side}.prof"
+                    if src.exists():
+                        (a.profile / f"{tag}-{side}.prof").write_bytes(src.read_bytes())
+
+
+def _print(a, roots, runs: dict) -> None:
+    with open("/proc/loadavg") as fh:
+        load = fh.read().split()[:3]
+    print(f"\nload average at the end: {' '.join(load)}; medians of {a.repeats} interleaved rounds\n")
+    print(f"{'mode':>16} {'wall':>7} {'CPU all':>8} {'main':>7} {'writer':>7} {'in-proc':>8}")
+    med = {}
+    for name, rs in runs.items():
+        m = {k: statistics.median(r[k] for r in rs) for k in ("wall_s", "cpu_all_s", "cpu_main_s", "cpu_writer_s",
+                                                              "replay_wall_s")}
+        med[name] = m
+        print(f"{name:>16} {m['wall_s']:7.3f} {m['cpu_all_s']:8.3f} {m['cpu_main_s']:7.3f} {m['cpu_writer_s']:7.3f} "
+              f"{m['replay_wall_s']:8.3f}")
+    for prefix, _ in roots:
+        p, n = med.get(prefix + "process"), med.get(prefix + "none")
+        if p and n:
+            print(f"{prefix or 'this'} probe overhead (process vs none): wall {p['wall_s'] / n['wall_s']:.2f}x, "
+                  f"CPU {p['cpu_all_s'] / n['cpu_all_s']:.2f}x")
+    for name, rs in runs.items():
+        if not a.timeline and name != next(iter(runs)):
+            continue
+        print(f"\ntimeline of {name} (median offset from the spawn, s):")
+        for mark, t in _median_marks(rs):
+            if mark.split()[1].startswith("import:") and "main import:tierdiag.engine" not in mark:
                 continue
-            print(f"\ntimeline of {name} (median offset from the spawn, s):")
-            for mark, t in _median_marks(rs):
-                if mark.split()[1].startswith("import:") and "main import:tierdiag.engine" not in mark:
-                    continue
-                print(f"  {t:7.3f}  {mark}")
-        if a.json:
-            a.json.write_text(json.dumps({"runs": runs, "medians": med, "load": load}, indent=1))
+            print(f"  {t:7.3f}  {mark}")
+    if a.json:
+        a.json.write_text(json.dumps({"runs": runs, "medians": med, "load": load}, indent=1))
 
 
 if __name__ == "__main__":
