@@ -438,6 +438,23 @@ def test_a_trace_changed_after_its_read_ahead_is_read_again_and_said_changed(two
         assert not sc._READ_AHEAD
 
 
+def test_a_read_ahead_of_a_trace_the_close_would_sample_is_given_up(two_ranks, monkeypatch):
+    """Over the pass's budget the close samples the pages, reading the trace itself: the read
+    ahead keeps none of them (its memory would be the whole trace's), and the curves are the
+    sampled ones, as without it."""
+    trace, db = two_ranks
+    monkeypatch.setattr(sc, "MAX_TOUCHES", 200)
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        alone = sc.compute_size_curves(con, run)
+        assert alone.sample_rate < 1
+        sc.read_ahead(run.trace_path, run.trace_sha256, run.config)
+        ahead = sc._READ_AHEAD[0]
+        ahead._thread.join()
+        assert ahead.lines == [] and ahead.stat is None
+        assert sc.compute_size_curves(con, run) == alone
+
+
 def test_a_read_ahead_that_cannot_start_leaves_the_close_as_it_was(two_ranks):
     trace, db = two_ranks
     for config in ({"page_size": "x"}, {"page_size": 0}, {"block_size": []}):

@@ -470,7 +470,9 @@ class _ReadAhead:
     replay waits for, does not read the trace again (~35 % of the curves' time on the
     conversation trace, issue 41). Used by compute_size_curves only where it is the file the run
     names, unchanged since it was read (size, mtime, inode), at the same page and block sizes;
-    else that reads the trace itself, as it always did."""
+    else that reads the trace itself, as it always did. A trace whose pages are more than a pass
+    keeps unsampled (MAX_TOUCHES: about a million requests) is given up on, its keys let go: the
+    close samples it, reading it again, and holds no more than it did."""
 
     def __init__(self, path: str, sha: str | None, page: int, block: int):
         import threading
@@ -500,7 +502,13 @@ class _ReadAhead:
             if sha and trace_sha256(path) != sha:
                 self.changed = True
                 return
-            self.lines = list(_trace_pages(path, page, block))
+            budget = MAX_TOUCHES // 2  # a pass over budget is sampled: its keys are not all kept
+            for item in _trace_pages(path, page, block):
+                budget -= len(item[4])
+                if budget < 0:  # each key is touched twice at least: the close samples (and reads) it
+                    self.lines, self.stat = [], None
+                    return
+                self.lines.append(item)
         except TierdiagError as exc:
             self.error = CurvesUnavailable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         except Exception:  # noqa: BLE001 - not usable: the close reads the trace itself, and says what fails there
