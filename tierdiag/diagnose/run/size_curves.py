@@ -550,10 +550,6 @@ def _taken_ahead(path: str, sha: str | None, page: int, block: int) -> _ReadAhea
     return ahead.result(path, sha, page, block)
 
 
-def _lookup_depths(groups: list) -> np.ndarray:
-    return stack_depths(groups)
-
-
 # Touches built a bounded number at a time: the temporaries of a chunk (~10 arrays of its touches)
 # stay small beside the pass's own arrays.
 _CHUNK_TOUCHES = 1 << 21
