@@ -71,7 +71,7 @@ def test_what_the_writer_prepares_while_recording_never_stops_the_rows(tmp_path,
 
     def boom(run):
         seen.append(run["trace_path"])
-        raise RuntimeError("no\nmore")
+        raise RuntimeError("no \x1b[2J\nmore")
 
     r, w = os.pipe()
     serve = writer_serve._Serve(inbox=None, reply_fd=w, while_recording=boom)
@@ -81,7 +81,8 @@ def test_what_the_writer_prepares_while_recording_never_stops_the_rows(tmp_path,
     assert read_frame(r) == ("opened", None)
     assert seen == ["/t.jsonl"]
     err = capfd.readouterr().err
-    assert err.count("\n") == 1 and "nothing prepared while recording (RuntimeError: no)" in err
+    assert err.count("\n") == 1 and "nothing prepared while recording (RuntimeError: no \\x1b[2J)" in err
+    assert "\x1b" not in err  # no raw terminal escape reaches the terminal
     serve.writer.close()
     os.close(r)
     os.close(w)

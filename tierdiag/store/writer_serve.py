@@ -137,8 +137,9 @@ class _Serve:
                 self.while_recording(dict(arg["writer"]))
             except Exception as exc:  # noqa: BLE001 - said once on stderr; the close computes it all as before
                 text = str(exc).strip()
+                line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in (text.splitlines()[0] if text else ""))
                 sys.stderr.write(f"tierdiag: warning: run {self.writer.run_id}: nothing prepared while recording "
-                                 f"({type(exc).__name__}: {text.splitlines()[0] if text else ''})\n")
+                                 f"({type(exc).__name__}: {line[:200]})\n")
         return True
 
     def rows(self, tables) -> None:
