@@ -225,6 +225,7 @@ def run_once(root: Path, trace: Path, mode: str, tmp: Path, tag: str, extra: lis
     marks.sort(key=lambda m: m[1])
     return {"mode": mode, "wall_s": wall, "cpu_all_s": (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime),
             "cpu_main_s": main["cpu_s"], "cpu_writer_s": writer["cpu_s"] if writer else 0.0,
+            "rss_main_mb": main["maxrss_kb"] / 1024, "rss_writer_mb": writer["maxrss_kb"] / 1024 if writer else 0.0,
             "replay_wall_s": out.get("wall_s"), "phases": out.get("wall_phases"), "writer": out.get("writer"),
             "marks": marks, "db": str(db)}
 
@@ -297,7 +298,8 @@ def _rounds(a, keys, runs: dict, tmp: Path) -> None:
             r = run_once(root, a.trace, mode, tmp, tag, a.extra, prof)
             runs[name].append(r)
             print(f"round {rnd + 1} {name:>16}: wall {r['wall_s']:.3f} s, CPU main {r['cpu_main_s']:.3f} "
-                  f"writer {r['cpu_writer_s']:.3f} (all {r['cpu_all_s']:.3f}) s; in-process {r['replay_wall_s']:.3f} s "
+                  f"writer {r['cpu_writer_s']:.3f} (all {r['cpu_all_s']:.3f}) s; peak RSS main {r['rss_main_mb']:.0f} "
+                  f"writer {r['rss_writer_mb']:.0f} MB; in-process {r['replay_wall_s']:.3f} s "
                   f"{ {k: round(v, 3) for k, v in (r['phases'] or {}).items()} }", file=sys.stderr, flush=True)
             if prof:
                 a.profile.mkdir(parents=True, exist_ok=True)
