@@ -73,7 +73,7 @@ from dataclasses import dataclass
 import duckdb
 
 from tierdiag.config.names import WritePolicy
-from tierdiag.diagnose.read.curves import curve_requests, found_tokens
+from tierdiag.diagnose.read.curves import CurveRequest, curve_requests, found_tokens
 from tierdiag.units import share
 
 TIERS = ("device", "host", "storage")
@@ -573,14 +573,19 @@ def _replay_touches(rows, keys: dict, looked: dict | None, page: int, keep):
     import numpy as np
 
     n = len(rows)
-    lens = np.fromiter((len(keys[r.seq]) for r in rows), dtype=np.int64, count=n)
+
+    def column(i: int) -> np.ndarray:  # CurveRequest's i-th field of every row (one zip, not a pass each)
+        return np.fromiter(columns[i], dtype=np.int64, count=n)
+
+    columns = list(zip(*rows)) if n else [()] * len(CurveRequest._fields)
+    seq, rank, inp, out = column(0), column(2), column(5), column(6)
+    lens = np.fromiter((len(keys[s]) for s in columns[0]), dtype=np.int64, count=n)
     flat = np.concatenate([keys[r.seq] for r in rows]).astype(np.int64, copy=False) if n else np.zeros(0, np.int64)
     total = len(flat)
     off = np.zeros(n, dtype=np.int64)
     np.cumsum(lens[:-1], out=off[1:])
     if looked is None:
-        look = np.minimum(np.fromiter((max((r.input_tokens - 1) // page, 0) for r in rows), dtype=np.int64, count=n),
-                          lens)
+        look = np.minimum(np.maximum((inp - 1) // page, 0), lens)
         # reversed, a request's first `look` keys are its last `look`
         marks = np.arange(total, dtype=np.int64) >= np.repeat(off + lens - look, lens)
     else:
@@ -591,13 +596,10 @@ def _replay_touches(rows, keys: dict, looked: dict | None, page: int, keep):
     if looked is not None:
         marks = marks[rev]
     del rev
-    outp = np.fromiter((max((r.input_tokens + r.output_tokens) // page - r.input_tokens // page, 0) for r in rows),
-                       dtype=np.int64, count=n)
-    rank = np.fromiter((r.rank for r in rows), dtype=np.int64, count=n)
-    t = np.fromiter((r.sched_ns for r in rows), dtype=np.int64, count=n)
-    t = np.concatenate([t, np.fromiter((r.fin_ns for r in rows), dtype=np.int64, count=n)])
+    outp = np.maximum((inp + out) // page - inp // page, 0)
+    t = np.concatenate([column(3), column(4)])  # schedules, then finishes
     sched = np.r_[np.ones(n, dtype=np.int64), np.zeros(n, dtype=np.int64)]
-    seq = np.fromiter((r.seq for r in rows), dtype=np.int64, count=n)
+    del columns
     order = np.lexsort((np.r_[seq, seq], sched, t))  # by time, then finish (0) first, then seq
     del t, seq
     req = np.r_[np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64)][order]
