@@ -401,3 +401,35 @@ def test_a_data_parallel_runs_ranks_are_stored_and_read_back_as_computed(tmp_pat
         con.execute("UPDATE run_evidence SET evidence_json = ?", [json.dumps(sections)])
     with open_store(db) as con:
         assert run_summary(con, _run(con)).to_json() == before
+
+
+@pytest.mark.parametrize("where", ["run_totals", "compute_run_context", "size_curves"])
+def test_a_section_that_fails_on_any_of_the_evidence_threads_fails_the_evidence(replayed, monkeypatch, where):
+    """The sections are computed three at a time (the size curves on the caller's thread, the run
+    context and the rest on two more: issue 41): a failure on any of them is raised by
+    compute_evidence on the caller's thread, once the others are done, as one after the other."""
+    def boom(*args, **kwargs):
+        raise RuntimeError(f"{where} failed")
+
+    monkeypatch.setattr(E, where, boom)
+    with open_store(replayed) as con:
+        run = resolve_run(con, None)
+        with pytest.raises(RuntimeError, match=f"{where} failed"):
+            E.compute_evidence(con, run)
+        import threading
+
+        assert not [t for t in threading.enumerate() if t.name == "tierdiag-evidence"]
+
+
+def test_the_evidence_computed_three_at_a_time_is_each_section_computed_alone(replayed):
+    with open_store(replayed) as con:
+        run = resolve_run(con, None)
+        got = E.compute_evidence(con, run)
+        alone = {"context": compute_run_context(con, run), "summary": compute_run_summary(con, run),
+                 "totals": run_totals(con, run.run_id), "sessions": session_pauses(con, run),
+                 "size_curves": size_curves(con, run), "session_summary": session_summary(con, run),
+                 "rank_summary": rank_summary(con, run), "miss_reasons": run_miss_reasons(con, run.run_id)}
+    assert list(got) == ["inputs", "context", "summary", "totals", "sessions", "size_curves", "session_summary",
+                         "rank_summary", "miss_reasons"]
+    for name, value in alone.items():
+        assert got[name] == S.encode(value), name

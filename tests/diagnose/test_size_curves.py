@@ -91,6 +91,106 @@ def test_one_pass_equals_lru_simulation_on_prefix_chained_streams(groups):
         assert d[:len(found)] == found and found == sorted(found)
 
 
+def _touches_a_group_at_a_time(rows, keys, looked, page, keep):
+    """The reference of sc._replay_touches + sc._pass_depths: the pass as it was first written,
+    one group of arrays a request event in Python (kept here as the reference the array version
+    must equal, issue 41)."""
+    by_seq = {r.seq: r for r in rows}
+    events = sorted([(r.sched_ns, 1, r.seq) for r in rows] + [(r.fin_ns, 0, r.seq) for r in rows])
+    ranks = sorted({r.rank for r in rows})
+    fresh = -1
+    per_rank = {k: [] for k in ranks}
+    every, rank_of_lookup = [], []
+    for _t, kind, seq in events:
+        r, k = by_seq[seq], keys[seq]
+        if kind == 1:
+            if looked is None:
+                look = min(max((r.input_tokens - 1) // page, 0), len(k))
+                mask = np.zeros(len(k), dtype=bool)
+                mask[:look] = True
+            else:
+                mask = looked[seq]
+                look = int(mask.sum())
+            group = (k[::-1], mask[::-1])
+            rank_of_lookup.append(np.full(look, r.rank, dtype=np.int64))
+        else:
+            out_pages = max((r.input_tokens + r.output_tokens) // page - r.input_tokens // page, 0)
+            outs = np.arange(fresh, fresh - out_pages, -1, dtype=np.int64)
+            fresh -= out_pages
+            if keep is not None:
+                outs = outs[keep(outs)]
+            both = np.concatenate([outs[::-1], k[::-1]])
+            group = (both, np.zeros(len(both), dtype=bool))
+        per_rank[r.rank].append(group)
+        every.append(group)
+    lookup_rank = np.concatenate(rank_of_lookup) if rank_of_lookup else np.zeros(0, dtype=np.int64)
+    d_rank = np.zeros(len(lookup_rank), dtype=np.int64)
+    for rank in ranks:
+        d_rank[lookup_rank == rank] = sc.stack_depths(per_rank[rank])
+    d_all = d_rank if len(ranks) == 1 else sc.stack_depths(every)
+    return lookup_rank, d_rank, d_all
+
+
+@st.composite
+def replayed_requests(draw):
+    """Finished requests as curve_requests reads them: times with ties (a finish and a schedule
+    at the same instant), ranks, zero-length prompts and outputs, repeated prefixes; with a
+    sampled pass's kept keys and looked-up marks, or without."""
+    from tierdiag.diagnose.read.curves import CurveRequest
+
+    page = draw(st.sampled_from([1, 2, 16]))
+    n = draw(st.integers(0, 14))
+    ranks = draw(st.integers(1, 3))
+    rows, keys, looked = [], {}, {}
+    seqs = draw(st.lists(st.integers(0, 10 ** 6), min_size=n, max_size=n, unique=True))
+    for seq in sorted(seqs):
+        path = [draw(st.integers(0, 3)) for _ in range(draw(st.integers(0, 6)))]
+        k = np.array([hash(tuple(path[:i + 1])) & (2 ** 40 - 1) for i in range(len(path))], dtype=np.int64)
+        inp = len(k) * page + draw(st.integers(0, page - 1))
+        sched = draw(st.integers(0, 20))
+        fin = sched + draw(st.integers(0, 6))
+        rows.append(CurveRequest(seq, f"r{seq}", draw(st.integers(0, ranks - 1)), sched, fin, inp,
+                                 draw(st.integers(0, 4 * page)), 0, 0, 0))
+        keys[seq] = sc._first_distinct(k)
+        looked[seq] = np.array([draw(st.booleans()) for _ in range(len(keys[seq]))], dtype=bool)
+    sampled = draw(st.booleans())
+    keep = sc._sampler(draw(st.sampled_from([0.3, 0.7]))) if sampled else None
+    return rows, keys, looked if sampled else None, page, keep
+
+
+@settings(max_examples=60, deadline=None)
+@given(replayed_requests())
+def test_the_pass_built_with_arrays_equals_a_group_at_a_time(case):
+    rows, keys, looked, page, keep = case
+    got = sc._pass_depths(*sc._replay_touches(rows, keys, looked, page, keep))
+    want = _touches_a_group_at_a_time(rows, keys, looked, page, keep)
+    for g, w in zip(got, want):
+        assert g.tolist() == w.tolist()
+
+
+@settings(max_examples=30, deadline=None)
+@given(replayed_requests())
+def test_the_pass_built_with_arrays_in_small_chunks_equals_it_in_one(case):
+    rows, keys, looked, page, keep = case
+    whole = sc._replay_touches(rows, keys, looked, page, keep)
+    old = sc._CHUNK_TOUCHES
+    sc._CHUNK_TOUCHES = 3  # several chunks, an event larger than one among them
+    try:
+        chunked = sc._replay_touches(rows, keys, looked, page, keep)
+    finally:
+        sc._CHUNK_TOUCHES = old
+    assert len(whole) == len(chunked) == 4
+    for a, b in zip(whole, chunked):
+        assert a.tolist() == b.tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-2 ** 63, 2 ** 63 - 1), max_size=12), st.lists(st.integers(0, 5), max_size=12))
+def test_first_distinct_keeps_each_key_at_its_first_place(values, repeats):
+    keys = np.array(values + [values[i % len(values)] for i in repeats] if values else [], dtype=np.int64)
+    assert sc._first_distinct(keys).tolist() == list(dict.fromkeys(keys.tolist()))
+
+
 @settings(max_examples=40, deadline=None)
 @given(arbitrary)
 def test_compiled_depths_equal_the_python_reference(raw):
@@ -284,6 +384,84 @@ def test_a_trace_gone_or_changed_means_no_curves_and_nothing_else_lost(two_ranks
         j = _json("summary", "--db", str(copy))
         assert j["num_finished"] > 0  # stored evidence of the copy: the curves stored at close are still there
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_the_trace_read_ahead_gives_the_curves_the_close_reads_itself(two_ranks, tmp_path):
+    """The writer process reads the trace's pages while the run is recorded (read_ahead, issue
+    41): the curves are the same as the close's own read, and the read-ahead is used once."""
+    trace, db = two_ranks
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        own = sc.compute_size_curves(con, run)
+        sc.read_ahead(run.trace_path, run.trace_sha256, run.config)
+        assert len(sc._READ_AHEAD) == 1
+        ahead = sc.compute_size_curves(con, run)
+        assert not sc._READ_AHEAD  # taken: its memory goes with the close
+        assert ahead == own
+        # Another page size than the run's (a config edited since): not used, read again.
+        sc.read_ahead(run.trace_path, run.trace_sha256, {**run.config, "page_size": 2 * int(run.config["page_size"])})
+        assert sc.compute_size_curves(con, run) == own
+
+
+@pytest.mark.parametrize("how", ["rewritten", "appended", "other digest"])
+def test_a_trace_changed_after_its_read_ahead_is_read_again_and_said_changed(two_ranks, tmp_path, how):
+    """What was read ahead is used only where the file is as it was then (size, mtime, inode)
+    and its digest the run's: else the close reads it again and says what it says without one."""
+    import os
+
+    from tierdiag.store.copy_run import read_run_tables, write_run_tables
+
+    trace, db = two_ranks
+    moved = tmp_path / "t.jsonl"
+    moved.write_text(trace.read_text())
+    copy = tmp_path / "copy.duckdb"
+    write_run_tables(copy, read_run_tables(db), {"trace_path": str(moved)})
+    with open_store(copy) as con:
+        run = resolve_run(con, None)
+        own = sc.compute_size_curves(con, run)
+        sha = run.trace_sha256 if how != "other digest" else "0" * 64
+        sc.read_ahead(run.trace_path, sha, run.config)
+        sc._READ_AHEAD[0]._thread.join()
+        if how == "rewritten":  # same size, other bytes, a later mtime
+            text = moved.read_text()
+            moved.write_text(text.replace('"', "'", 1))
+            st = os.stat(moved)
+            os.utime(moved, ns=(st.st_atime_ns, st.st_mtime_ns + 10 ** 9))
+        elif how == "appended":
+            with open(moved, "a") as fh:
+                fh.write("\n")
+        if how == "other digest":  # the read-ahead saw another digest: not used, the close reads it
+            assert sc.compute_size_curves(con, run) == own
+        else:
+            with pytest.raises(sc.CurvesUnavailable, match="changed"):
+                sc.compute_size_curves(con, run)
+        assert not sc._READ_AHEAD
+
+
+def test_a_read_ahead_of_a_trace_the_close_would_sample_is_given_up(two_ranks, monkeypatch):
+    """Over the pass's budget the close samples the pages, reading the trace itself: the read
+    ahead keeps none of them (its memory would be the whole trace's), and the curves are the
+    sampled ones, as without it."""
+    trace, db = two_ranks
+    monkeypatch.setattr(sc, "MAX_TOUCHES", 200)
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        alone = sc.compute_size_curves(con, run)
+        assert alone.sample_rate < 1
+        sc.read_ahead(run.trace_path, run.trace_sha256, run.config)
+        ahead = sc._READ_AHEAD[0]
+        ahead._thread.join()
+        assert ahead.lines == [] and ahead.stat is None
+        assert sc.compute_size_curves(con, run) == alone
+
+
+def test_a_read_ahead_that_cannot_start_leaves_the_close_as_it_was(two_ranks):
+    trace, db = two_ranks
+    for config in ({"page_size": "x"}, {"page_size": 0}, {"block_size": []}):
+        sc.read_ahead(str(trace), None, config)
+        assert not sc._READ_AHEAD
+    sc.read_ahead(str(trace) + ".gone", None, {})
+    assert not sc._READ_AHEAD
 
 
 hostile = st.one_of(st.none(), st.integers(), st.text(max_size=20), st.lists(st.integers(), max_size=3),

@@ -50,7 +50,42 @@ def test_inline_and_process_write_the_same_rows_and_print_the_same_numbers(tmp_p
     # Both runs got their evidence stored, and the runs row names the replay's own process.
     assert con.execute("SELECT count(*) FROM run_evidence").fetchone()[0] == 2
     assert all(pid for (pid,) in con.execute("SELECT pid FROM runs").fetchall())
+    # The same evidence, though the writer process read the trace's pages for the size curves
+    # while the run was recorded and the inline close read them itself (issue 41).
+    inline, process = (json.loads(payload.replace(run_id, "RUN")) for run_id, payload in con.execute(
+        "SELECT e.run_id, e.evidence_json FROM run_evidence e JOIN runs r USING (run_id) ORDER BY r.created_at"
+    ).fetchall())
+    assert inline["size_curves"] is not None
+    assert inline == process
     con.close()
+
+
+def test_what_the_writer_prepares_while_recording_never_stops_the_rows(tmp_path, capfd):
+    """The writer process's `while_recording` hook (app/writer_child.py: the trace's pages read
+    ahead for the close) is started once the store is open; one that fails is one warning line,
+    and the run opens and records as without it."""
+    from tierdiag.store import writer_serve
+    from tierdiag.store.frames import read_frame
+
+    seen = []
+
+    def boom(run):
+        seen.append(run["trace_path"])
+        raise RuntimeError("no \x1b[2J\nmore")
+
+    r, w = os.pipe()
+    serve = writer_serve._Serve(inbox=None, reply_fd=w, while_recording=boom)
+    args = {"db_path": str(tmp_path / "h.duckdb"), "run_id": "r1", "name": "h", "trace_path": "/t.jsonl",
+            "trace_sha256": "", "config": {}, "hardware": {}, "data_plane": {}, "timing": "modeled"}
+    assert serve.open({"writer": args, "write_every_s": 1.0})
+    assert read_frame(r) == ("opened", None)
+    assert seen == ["/t.jsonl"]
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "nothing prepared while recording (RuntimeError: no \\x1b[2J)" in err
+    assert "\x1b" not in err  # no raw terminal escape reaches the terminal
+    serve.writer.close()
+    os.close(r)
+    os.close(w)
 
 
 @pytest.mark.parametrize("writer", ["inline", "process"])

@@ -11,4 +11,13 @@ def main() -> None:
     from tierdiag.diagnose.run import close
     from tierdiag.store import writer_serve
 
-    writer_serve.main(after_commit=close.after_commit, preload=close.PRELOAD)
+    writer_serve.main(after_commit=close.after_commit, preload=close.PRELOAD, while_recording=while_recording)
+
+
+def while_recording(run: dict) -> None:
+    """Once the store is open, while the engine runs: start reading the trace's pages for the
+    run's size curves (diagnose/run/size_curves.py `read_ahead`), which the close would
+    otherwise read then, on the path the replay waits for."""
+    from tierdiag.diagnose.run.size_curves import read_ahead
+
+    read_ahead(run.get("trace_path"), run.get("trace_sha256"), run.get("config") or {})

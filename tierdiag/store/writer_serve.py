@@ -16,11 +16,13 @@ from tierdiag.store.frames import EOF, portable, read_raw, send_frame
 from tierdiag.store.writer_process import FIRST_WRITE_S, WRITE_EVERY_S
 
 
-def main(after_commit=None, preload: tuple[str, ...] = ()) -> None:
+def main(after_commit=None, preload: tuple[str, ...] = (), while_recording=None) -> None:
     """The writer process: `python -c CHILD_ENTRY` (or the caller's entry, which passes
-    `after_commit`, RunWriter.finish's hook, and the modules it needs, imported once the store is
-    open, while the engine runs rather than in the close), the request pipe on stdin, replies on
-    stdout."""
+    `after_commit`, RunWriter.finish's hook, the modules it needs, imported once the store is
+    open, while the engine runs rather than in the close, and `while_recording(run)`, called then
+    with the run's arguments (RunWriter's: trace_path, trace_sha256, config, ...), to start on a
+    thread what the hook can prepare before the rows are all there), the request pipe on stdin,
+    replies on stdout."""
     for sig in signals.HANDLED:
         signal.signal(sig, signal.SIG_IGN)  # the engine's process decides (see the module docstring)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, signals.HANDLED)  # blocked since the spawn; now ignored
@@ -37,7 +39,7 @@ def main(after_commit=None, preload: tuple[str, ...] = ()) -> None:
     sys.setswitchinterval(0.001)
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     threading.Thread(target=_read_requests, args=(0, inbox), name="requests", daemon=True).start()
-    serve = _Serve(inbox, reply_fd, after_commit=after_commit, preload=preload)
+    serve = _Serve(inbox, reply_fd, after_commit=after_commit, preload=preload, while_recording=while_recording)
     code = 0
     try:
         serve.run()
@@ -59,11 +61,13 @@ def _read_requests(fd: int, inbox) -> None:
 
 
 class _Serve:
-    def __init__(self, inbox, reply_fd: int, *, after_commit=None, preload: tuple[str, ...] = ()):
+    def __init__(self, inbox, reply_fd: int, *, after_commit=None, preload: tuple[str, ...] = (),
+                 while_recording=None):
         self.inbox = inbox
         self.reply_fd = reply_fd
         self.after_commit = after_commit
         self.preload = preload
+        self.while_recording = while_recording
         self.writer = None
         self.failed = False  # a write failed and was reported: later rows are given up
         self.every = WRITE_EVERY_S  # the interval now: FIRST_WRITE_S at open, doubling to every_max
@@ -127,6 +131,15 @@ class _Serve:
 
         for name in self.preload:
             importlib.import_module(name)
+        if self.while_recording is not None:
+            # Never in the way of the rows: what it cannot start, the close does itself.
+            try:
+                self.while_recording(dict(arg["writer"]))
+            except Exception as exc:  # noqa: BLE001 - said once on stderr; the close computes it all as before
+                text = str(exc).strip()
+                line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in (text.splitlines()[0] if text else ""))
+                sys.stderr.write(f"tierdiag: warning: run {self.writer.run_id}: nothing prepared while recording "
+                                 f"({type(exc).__name__}: {line[:200]})\n")
         return True
 
     def rows(self, tables) -> None:

@@ -74,40 +74,49 @@ from tierdiag.store.evidence import replace_run_evidence
 
 
 def compute_evidence(con: duckdb.DuckDBPyConnection, run) -> dict:
-    """The three sections, from the run's rows, as the JSON-ready dict that is stored.
+    """The sections, from the run's rows, as the JSON-ready dict that is stored.
 
-    The run context (half the queries) is computed on a second cursor, in a thread, while
-    this one computes the summary and the totals: DuckDB runs a query without the GIL, and at a
-    replay's close the engine's core is idle, waiting for this (~80 -> ~50 ms on the
-    conversation trace). The results are the same as one after the other: the rows are
-    committed and nothing writes meanwhile."""
+    Three at a time: the size curves (the trace's pages and one pass over them: Python and
+    numpy, most of the close) on this thread, while two more cursors, on threads of their own,
+    run the run context's queries and every other section's (DuckDB runs a query without the
+    GIL, and at a replay's close the engine's core is idle, waiting for this). The curves used
+    to come last, after the others (issue 41). The results are the same as one after the other:
+    the rows are committed and nothing writes meanwhile."""
     import threading
 
-    with second_cursor(con) as cur:
-        context: list = []
+    done: dict = {}
 
-        def compute_context() -> None:
+    def on_a_thread(cur, work) -> threading.Thread:
+        def compute() -> None:
             try:
-                context.append(compute_run_context(cur, run))
+                for name, f in work:
+                    done[name] = f(cur)
             except BaseException as exc:  # noqa: BLE001 - re-raised below, on the caller's thread
-                context.append(exc)
+                done.setdefault("error", exc)
 
-        thread = threading.Thread(target=compute_context, name="tierdiag-evidence", daemon=True)
+        thread = threading.Thread(target=compute, name="tierdiag-evidence", daemon=True)
         thread.start()
+        return thread
+
+    with second_cursor(con) as one, second_cursor(con) as two:
+        threads = [on_a_thread(one, [("context", lambda c: compute_run_context(c, run))]),
+                   on_a_thread(two, [("summary", lambda c: compute_run_summary(c, run)),
+                                     ("totals", lambda c: run_totals(c, run.run_id)),
+                                     ("session_summary", lambda c: session_summary(c, run)),
+                                     ("rank_summary", lambda c: rank_summary(c, run)),
+                                     ("miss_reasons", lambda c: run_miss_reasons(c, run.run_id)),
+                                     ("sessions", lambda c: session_pauses(c, run))])]
         try:
-            summary = compute_run_summary(con, run)
-            totals = run_totals(con, run.run_id)
-            sessions = session_summary(con, run)
-            ranks = rank_summary(con, run)
-            reasons = run_miss_reasons(con, run.run_id)
+            curves = size_curves(con, run)
         finally:
-            thread.join()
-    if isinstance(context[0], BaseException):
-        raise context[0]
-    return {"inputs": encode(inputs(run)), "context": encode(context[0]),
-            "summary": encode(summary), "totals": encode(totals), "sessions": encode(session_pauses(con, run)),
-            "size_curves": encode(size_curves(con, run)), "session_summary": encode(sessions),
-            "rank_summary": encode(ranks), "miss_reasons": encode(reasons)}
+            for thread in threads:
+                thread.join()
+    if "error" in done:
+        raise done["error"]
+    return {"inputs": encode(inputs(run)), "context": encode(done["context"]),
+            "summary": encode(done["summary"]), "totals": encode(done["totals"]), "sessions": encode(done["sessions"]),
+            "size_curves": encode(curves), "session_summary": encode(done["session_summary"]),
+            "rank_summary": encode(done["rank_summary"]), "miss_reasons": encode(done["miss_reasons"])}
 
 
 def write_evidence(con: duckdb.DuckDBPyConnection, run_id: str, sections: dict) -> None:

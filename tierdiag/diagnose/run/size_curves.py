@@ -73,7 +73,7 @@ from dataclasses import dataclass
 import duckdb
 
 from tierdiag.config.names import WritePolicy
-from tierdiag.diagnose.read.curves import curve_requests, found_tokens
+from tierdiag.diagnose.read.curves import CurveRequest, curve_requests, found_tokens
 from tierdiag.units import share
 
 TIERS = ("device", "host", "storage")
@@ -249,6 +249,15 @@ def stack_depths(groups: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     sizes = np.array([len(k) for k, _ in groups], dtype=np.int64)
     keys = np.concatenate([np.asarray(k, dtype=np.int64) for k, _ in groups])
     query = np.concatenate([np.asarray(m, dtype=np.uint8) for _, m in groups])
+    return _flat_depths(keys, query, sizes)
+
+
+def _flat_depths(keys: np.ndarray, query: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """`stack_depths` of the groups laid end to end: `keys` (int64) and `query` (bools), group g
+    the next `sizes[g]` of them."""
+    import numpy as np
+
+    query = query.astype(np.uint8, copy=False)
     n = len(keys)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
@@ -292,8 +301,10 @@ def _first_distinct(keys: np.ndarray) -> np.ndarray:
     """keys without repeats, each at its first place (a hostile trace may repeat a hash id)."""
     import numpy as np
 
+    if len(set(keys.tolist())) == len(keys):  # the common case, ~10x cheaper than the sort below
+        return keys
     _, idx = np.unique(keys, return_index=True)
-    return keys[np.sort(idx)] if len(idx) != len(keys) else keys
+    return keys[np.sort(idx)]
 
 
 def _sizes(config: dict) -> tuple[int, int, int, int]:
@@ -321,19 +332,25 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
 
     from tierdiag.diagnose.run.run_claims import held_capacity
     from tierdiag.errors import TierdiagError
-    from tierdiag.trace.pages import page_keys_array
-    from tierdiag.trace.reader import read_trace, trace_sha256
+    from tierdiag.trace.reader import trace_sha256
 
     path = run.trace_path
     if not path or not os.path.isfile(path):
         raise CurvesUnavailable(f"trace file {path} is gone")
-    if run.trace_sha256 and trace_sha256(path) != run.trace_sha256:
-        raise CurvesUnavailable(f"trace file {path} changed since the run was recorded")
     try:
         page, device, host, storage = _sizes(run.config)
     except (TierdiagError, TypeError, ValueError) as exc:  # a hand-edited config the replay would not take
+        if run.trace_sha256 and trace_sha256(path) != run.trace_sha256:  # what was said first, before
+            raise CurvesUnavailable(f"trace file {path} changed since the run was recorded") from None
         raise CurvesUnavailable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
     block = int(run.config.get("block_size") or 512)
+    # The trace read while the run was recorded (`read_ahead`, the writer process), where it is
+    # the same file, unchanged since, read with the same page and block sizes; else read now.
+    ahead = _taken_ahead(path, run.trace_sha256, page, block)
+    if ahead is None and run.trace_sha256 and trace_sha256(path) != run.trace_sha256:
+        raise CurvesUnavailable(f"trace file {path} changed since the run was recorded")
+    if ahead is not None and ahead.changed:
+        raise CurvesUnavailable(f"trace file {path} changed since the run was recorded")
     policy = str(run.config.get("write_policy") or "write_through")
     rows = curve_requests(con, run.run_id)
     touches = sum(2 * (r.input_tokens // page)
@@ -346,68 +363,36 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     keys: dict[int, np.ndarray] = {}
     lengths: dict[int, int] = {}  # sampled: each request's distinct pages before sampling
     looked: dict[int, np.ndarray] = {}  # sampled: which of its kept pages it looked up
+    lines = ahead.lines if ahead is not None else _trace_pages(path, page, block, wanted=by_seq)
     try:
-        for req in read_trace(path, block_size=block, skip_bad=True):
-            r = by_seq.get(req.seq)
+        for line, seq, req_id, input_len, k in lines:
+            r = by_seq.get(seq)
             if r is None:
                 continue
-            if r.req_id != req.req_id or r.input_tokens != req.input_len:
-                raise CurvesUnavailable(f"trace line {req.line} is not the request run {run.run_id} replayed as seq {req.seq}")
-            k = _first_distinct(page_keys_array(req, page_size=page, block_size=block))
+            if r.req_id != req_id or r.input_tokens != input_len:
+                raise CurvesUnavailable(f"trace line {line} is not the request run {run.run_id} replayed as seq {seq}")
             if keep is not None:
                 sel = keep(k)
-                lengths[req.seq] = len(k)
-                looked[req.seq] = (np.arange(len(k)) < min(max((r.input_tokens - 1) // page, 0), len(k)))[sel]
+                lengths[seq] = len(k)
+                looked[seq] = (np.arange(len(k)) < min(max((r.input_tokens - 1) // page, 0), len(k)))[sel]
                 k = k[sel]
-            keys[req.seq] = k
+            keys[seq] = k
     except TierdiagError as exc:
         raise CurvesUnavailable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    if ahead is not None and ahead.error is not None:
+        raise ahead.error
     if len(keys) != len(rows):
         raise CurvesUnavailable(f"trace file {path} has {len(keys)} of the run's {len(rows)} finished requests")
-    # Events in the replay's order: (time, finish before a schedule at the same time, seq).
-    events = sorted([(r.sched_ns, 1, r.seq) for r in rows] + [(r.fin_ns, 0, r.seq) for r in rows])
     ranks = sorted({r.rank for r in rows})
-    fresh = -1
-    per_rank: dict[int, list] = {k: [] for k in ranks}
-    every: list = []
-    rank_of_lookup: list[np.ndarray] = []
-    for _t, kind, seq in events:
-        r = by_seq[seq]
-        k = keys[seq]
-        if kind == 1:
-            # Deepest first, so the prefix ends the most recent; the lookups are answered against
-            # the stack before the group, so the touch order inside it changes no depth.
-            if keep is None:
-                look = min(max((r.input_tokens - 1) // page, 0), len(k))
-                mask = np.zeros(len(k), dtype=bool)
-                mask[:look] = True
-            else:
-                mask = looked[seq]
-                look = int(mask.sum())
-            group = (k[::-1], mask[::-1])
-            rank_of_lookup.append(np.full(look, r.rank, dtype=np.int64))
-        else:
-            out_pages = max((r.input_tokens + r.output_tokens) // page - r.input_tokens // page, 0)
-            outs = np.arange(fresh, fresh - out_pages, -1, dtype=np.int64)
-            fresh -= out_pages
-            if keep is not None:
-                outs = outs[keep(outs)]
-            both = np.concatenate([outs[::-1], k[::-1]])
-            group = (both, np.zeros(len(both), dtype=bool))
-        per_rank[r.rank].append(group)
-        every.append(group)
-    lookup_rank = np.concatenate(rank_of_lookup) if rank_of_lookup else np.zeros(0, dtype=np.int64)
-    d_rank = np.zeros(len(lookup_rank), dtype=np.int64)
-    for rank in ranks:
-        d_rank[lookup_rank == rank] = _lookup_depths(per_rank[rank])
-    d_all = d_rank if len(ranks) == 1 else _lookup_depths(every)  # one rank: the same touches
-    del per_rank, every
+    touches_of = _replay_touches(rows, keys, looked if keep is not None else None, page, keep)
+    lookup_rank, d_rank, d_all = _pass_depths(*touches_of)
     if keep is not None:  # the sample's depths stand for the run's: divided by the rate
         d_rank = np.where(d_rank > 0, np.maximum(np.rint(d_rank / rate), 1), d_rank).astype(np.int64)
         d_all = np.where(d_all > 0, np.maximum(np.rint(d_all / rate), 1), d_all).astype(np.int64)
     never = np.iinfo(np.int64).max
+    one_rank = len(ranks) <= 1  # d_all is d_rank's touches: the same depths
     pages_rank = np.where(d_rank > 0, d_rank, never)
-    pages_all = np.where(d_all > 0, d_all, never)
+    pages_all = pages_rank if one_rank else np.where(d_all > 0, d_all, never)
     inclusive = policy == WritePolicy.WRITE_THROUGH
     held, held_words = held_capacity(run.config, device, host)
 
@@ -416,23 +401,39 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
         tok = np.where(depth_pages == never, never, depth_pages * page)
         return np.where(tok == never, never, np.maximum(-(-(tok - beside) // page) * page, 0))
 
-    dev_need = need(pages_rank, 0)
-    host_need = np.where(pages_rank == never, never,
-                         np.where(pages_rank * page <= device, 0, pages_rank * page) if inclusive
-                         else need(pages_rank, device))
-    held_hit = pages_rank != never
-    held_hit &= pages_rank * page <= held
-    sto_need = np.where(held_hit, 0, need(pages_all, 0))
+    def found_held(depth_pages: np.ndarray) -> np.ndarray:
+        """Found where its rank's device and host held it, at the run's sizes."""
+        hit = depth_pages != never
+        hit &= depth_pages * page <= held
+        return hit
+
+    # Each curve's sizes are a non-decreasing function of the depth on the lookup's rank (with one
+    # rank, storage's too): applied to the depths sorted once, they come out sorted, and _curve
+    # need not sort each again (two or three sorts of every lookup: ~0.3 s of the conversation
+    # trace's close, issue 41). The step functions are the same: a sorted multiset is one array.
+    # Only the depths found at some size: `never` is where no size finds it, and _curve leaves
+    # those out; at size 0 beside nothing a depth needs depth x page tokens, exactly.
+    by_depth = np.sort(pages_rank)
+    by_depth = by_depth[:int(np.searchsorted(by_depth, never))]
+    tokens = by_depth * page
+    dev_need = tokens
+    host_need = (np.where(tokens <= device, 0, tokens) if inclusive
+                 else np.maximum(-(-(tokens - device) // page) * page, 0))
+    if one_rank:
+        sto_need = np.where(tokens <= held, 0, tokens)
+    else:  # storage: the lookup's depth over all ranks, beside what its own rank held
+        sto_need = np.where(found_held(pages_rank), 0, need(pages_all, 0))
     dev_found, host_found, sto_found, input_tokens = found_tokens(con, run.run_id)
     weight = 1 / rate  # lookups each sampled one stands for
     curves = (
-        _curve("device", device, "device alone", dev_need, page, dev_found, weight),
+        _curve("device", device, "device alone", dev_need, page, dev_found, weight, presorted=True),
         _curve("host", host, (f"device at the run's {device:_} tokens; write_through keeps a host copy of device's "
                               "pages, so device and host hold max(device, host)" if inclusive else
                               f"device at the run's {device:_} tokens; host holds what device evicted "
-                              "(device + host)"), host_need, page, dev_found + host_found, weight),
+                              "(device + host)"), host_need, page, dev_found + host_found, weight, presorted=True),
         _curve("storage", storage, f"device and host at the run's sizes ({held_words}); storage is one tier "
-                                   "shared by every rank", sto_need, page, dev_found + host_found + sto_found, weight))
+                                   "shared by every rank", sto_need, page, dev_found + host_found + sto_found, weight,
+               presorted=one_rank))
     looks = sorted(min(max((r.input_tokens - 1) // page, 0), lengths.get(r.seq, len(keys[r.seq]))) for r in rows)
     looks = [x for x in looks if x] or [0]
     slack = looks[max(math.ceil(0.5 * len(looks)) - 1, 0)] * page  # nearest rank
@@ -445,31 +446,248 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
                       curves, model, rate)
 
 
-def _lookup_depths(groups: list) -> np.ndarray:
-    return stack_depths(groups)
+def _trace_pages(path: str, page: int, block: int, wanted=None):
+    """(line, seq, req_id, input tokens, distinct page keys) of each request of the trace, in
+    its order (bad lines skipped, as the replay may have); keys only for the seqs in `wanted`
+    (all when None): the others are passed over with empty keys."""
+    import numpy as np
+
+    from tierdiag.trace.pages import page_keys_array
+    from tierdiag.trace.reader import read_trace
+
+    none = np.zeros(0, dtype=np.int64)
+    for req in read_trace(path, block_size=block, skip_bad=True):
+        if wanted is not None and req.seq not in wanted:
+            yield req.line, req.seq, req.req_id, req.input_len, none
+            continue
+        yield req.line, req.seq, req.req_id, req.input_len, \
+            _first_distinct(page_keys_array(req, page_size=page, block_size=block))
+
+
+class _ReadAhead:
+    """The trace's pages read on a thread of their own while the run is recorded: the writer
+    process (app/writer_child.py) starts it once the store is open, so that the close, which the
+    replay waits for, does not read the trace again (~35 % of the curves' time on the
+    conversation trace, issue 41). Used by compute_size_curves only where it is the file the run
+    names, unchanged since it was read (size, mtime, inode), at the same page and block sizes;
+    else that reads the trace itself, as it always did. A trace whose pages are more than a pass
+    keeps unsampled (MAX_TOUCHES: about a million requests) is given up on, its keys let go: the
+    close samples it, reading it again, and holds no more than it did."""
+
+    def __init__(self, path: str, sha: str | None, page: int, block: int):
+        import threading
+
+        self.key = (path, sha or "", page, block)
+        self.lines: list = []
+        self.changed = False  # the file's digest is not the run's
+        self.error: CurvesUnavailable | None = None  # what reading it said (the lines before it are kept)
+        self.stat = None
+        self._thread = threading.Thread(target=self._read, name="tierdiag-trace-pages", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _stat(path: str):
+        import os
+
+        st = os.stat(path)
+        return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
+
+    def _read(self) -> None:
+        from tierdiag.errors import TierdiagError
+        from tierdiag.trace.reader import trace_sha256
+
+        path, sha, page, block = self.key
+        try:
+            self.stat = self._stat(path)
+            if sha and trace_sha256(path) != sha:
+                self.changed = True
+                return
+            budget = MAX_TOUCHES // 2  # a pass over budget is sampled: its keys are not all kept
+            for item in _trace_pages(path, page, block):
+                budget -= len(item[4])
+                if budget < 0:  # each key is touched twice at least: the close samples (and reads) it
+                    self.lines, self.stat = [], None
+                    return
+                self.lines.append(item)
+        except TierdiagError as exc:
+            self.error = CurvesUnavailable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        except Exception:  # noqa: BLE001 - not usable: the close reads the trace itself, and says what fails there
+            self.stat = None
+
+    def result(self, path: str, sha: str | None, page: int, block: int) -> "_ReadAhead | None":
+        self._thread.join()
+        if self.key != (path, sha or "", page, block) or self.stat is None:
+            return None
+        try:
+            return self if self._stat(path) == self.stat else None
+        except OSError:
+            return None
+
+
+_READ_AHEAD: list[_ReadAhead] = []  # at most one: the run this process is recording
+
+
+def read_ahead(trace_path: str, trace_sha256: str | None, config: dict) -> None:
+    """Start reading the trace's pages for the curves of the run being recorded (the writer
+    process calls this once the store is open, module doc of _ReadAhead). A config the pass
+    could not use starts nothing: the close then reads the trace, and says why not there."""
+    import os
+
+    try:
+        page = _sizes(config)[0]
+        block = int(config.get("block_size") or 512)
+    except Exception:  # noqa: BLE001 - compute_size_curves decides what the config means, at the close
+        return
+    if trace_path and os.path.isfile(trace_path):
+        _READ_AHEAD[:] = [_ReadAhead(trace_path, trace_sha256, page, block)]
+
+
+def _taken_ahead(path: str, sha: str | None, page: int, block: int) -> _ReadAhead | None:
+    """The read-ahead of this trace, once (its memory goes with the close), if it can be used."""
+    if not _READ_AHEAD:
+        return None
+    ahead = _READ_AHEAD.pop()
+    return ahead.result(path, sha, page, block)
+
+
+# Touches built a bounded number at a time: the temporaries of a chunk (~10 arrays of its touches)
+# stay small beside the pass's own arrays.
+_CHUNK_TOUCHES = 1 << 21
+
+
+def _replay_touches(rows, keys: dict, looked: dict | None, page: int, keep):
+    """The pass's touches, flat, in the replay's order: two groups a finished request (module
+    doc), events ordered by (time, finish before a schedule at the same time, seq).
+
+    A schedule group is the request's keys deepest first, those it looks up marked; a finish
+    group its fresh output keys (negative, numbered in event order from -1 down, each group's
+    in ascending order) then its keys deepest first, none marked. With `looked` (a sampled pass)
+    the keys are the kept ones, `looked` marks them, and only the kept output keys stay
+    (`keep`). Returns (keys, looked up, touches an event, rank an event).
+
+    Built with array operations, as copies of contiguous runs: each request's keys (and marks)
+    reversed once, the output keys laid out in event order, and every group one or two runs of
+    those (a group at a time in Python was ~30 % of the conversation trace's curves, and a touch
+    at a time in numpy half of what remained; issue 41). tests/diagnose/test_size_curves.py
+    checks them against the group-at-a-time reference and an LRU simulation."""
+    import numpy as np
+
+    n = len(rows)
+
+    def column(i: int) -> np.ndarray:  # CurveRequest's i-th field of every row (one zip, not a pass each)
+        return np.fromiter(columns[i], dtype=np.int64, count=n)
+
+    columns = list(zip(*rows)) if n else [()] * len(CurveRequest._fields)
+    seq, rank, inp, out = column(0), column(2), column(5), column(6)
+    lens = np.fromiter((len(keys[s]) for s in columns[0]), dtype=np.int64, count=n)
+    flat = np.concatenate([keys[r.seq] for r in rows]).astype(np.int64, copy=False) if n else np.zeros(0, np.int64)
+    total = len(flat)
+    off = np.zeros(n, dtype=np.int64)
+    np.cumsum(lens[:-1], out=off[1:])
+    if looked is None:
+        look = np.minimum(np.maximum((inp - 1) // page, 0), lens)
+        # reversed, a request's first `look` keys are its last `look`
+        marks = np.arange(total, dtype=np.int64) >= np.repeat(off + lens - look, lens)
+    else:
+        marks = (np.concatenate([looked[r.seq] for r in rows]).astype(bool, copy=False) if n
+                 else np.zeros(0, dtype=bool))
+    rev = np.repeat(2 * off + lens - 1, lens) - np.arange(total, dtype=np.int64)  # each request's keys backwards
+    flat = flat[rev]
+    if looked is not None:
+        marks = marks[rev]
+    del rev
+    outp = np.maximum((inp + out) // page - inp // page, 0)
+    t = np.concatenate([column(3), column(4)])  # schedules, then finishes
+    sched = np.r_[np.ones(n, dtype=np.int64), np.zeros(n, dtype=np.int64)]
+    del columns
+    order = np.lexsort((np.r_[seq, seq], sched, t))  # by time, then finish (0) first, then seq
+    del t, seq
+    req = np.r_[np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64)][order]
+    is_sched = sched[order] == 1
+    del order, sched
+    events = len(req)
+    outs = np.where(is_sched, 0, outp[req])  # fresh output keys of each event
+    before = np.cumsum(outs) - outs
+    # Every fresh key in event order, each event's ascending: -(before + outs) ... -(before + 1).
+    fresh = np.arange(int(outs.sum()), dtype=np.int64) - np.repeat(2 * before + outs, outs)
+    if keep is not None and len(fresh):
+        kept = keep(fresh)
+        outs = np.bincount(np.repeat(np.arange(events, dtype=np.int64), outs)[kept], minlength=events).astype(np.int64)
+        fresh = fresh[kept]
+        before = np.cumsum(outs) - outs
+    source = np.concatenate([flat, fresh])
+    marks = np.concatenate([marks, np.zeros(len(fresh), dtype=bool)])
+    del flat, fresh
+    # Two runs an event: its fresh keys (none for a schedule), then its request's keys.
+    run_from = np.stack([total + before, off[req]], axis=1).ravel()
+    run_len = np.stack([outs, lens[req]], axis=1).ravel()
+    run_looks = np.stack([np.zeros(events, dtype=bool), is_sched], axis=1).ravel()
+    run_to = np.cumsum(run_len) - run_len
+    count = outs + lens[req]
+    touches = int(count.sum())
+    tk = np.empty(touches, dtype=np.int64)
+    tq = np.empty(touches, dtype=bool)
+    r0, ends = 0, run_to + run_len
+    while r0 < len(run_len):
+        lo = int(run_to[r0])
+        r1 = max(int(np.searchsorted(ends, lo + _CHUNK_TOUCHES, side="right")), r0 + 1)
+        hi = int(ends[r1 - 1])
+        ln = run_len[r0:r1]
+        at = np.repeat(run_from[r0:r1] - run_to[r0:r1], ln)
+        at += np.arange(lo, hi, dtype=np.int64)
+        tk[lo:hi] = source[at]
+        np.logical_and(marks[at], np.repeat(run_looks[r0:r1], ln), out=tq[lo:hi])
+        r0 = r1
+    return tk, tq, count, rank[req]
+
+
+def _pass_depths(tk, tq, per_event, event_rank):
+    """(rank of each lookup, its depth on its rank, its depth over all ranks), lookups in order."""
+    import numpy as np
+
+    ranks = np.unique(event_rank).tolist()
+    if len(ranks) <= 1:
+        lookup_rank = np.full(int(np.count_nonzero(tq)), ranks[0] if ranks else 0, dtype=np.int64)
+        d_rank = np.zeros(len(lookup_rank), dtype=np.int64)
+        d_rank[:] = _flat_depths(tk, tq, per_event)
+        return lookup_rank, d_rank, d_rank  # one rank: the same touches
+    touch_rank = np.repeat(event_rank, per_event)
+    lookup_rank = touch_rank[tq]
+    d_rank = np.zeros(len(lookup_rank), dtype=np.int64)
+    for r in ranks:
+        sel = touch_rank == r
+        d_rank[lookup_rank == r] = _flat_depths(tk[sel], tq[sel], per_event[event_rank == r])
+    return lookup_rank, d_rank, _flat_depths(tk, tq, per_event)
 
 
 def _curve(tier: str, run_size: int, held: str, need: np.ndarray, page: int, found: int,
-           weight: float = 1.0) -> SizeCurve:
+           weight: float = 1.0, *, presorted: bool = False) -> SizeCurve:
     """The step function of the sizes at which each looked-up page is found (never: not at all);
-    each found page counts `weight` pages (a sampled pass: 1 / its rate, rounded to pages)."""
+    each found page counts `weight` pages (a sampled pass: 1 / its rate, rounded to pages).
+    `presorted`: `need` is in ascending order already."""
     import numpy as np
 
     never = np.iinfo(np.int64).max
-    sizes = np.sort(need[need != never])
+    sizes = need[need != never]
+    if not presorted:
+        sizes = np.sort(sizes)
     total = int(round(len(sizes) * weight)) * page
     steps: list[tuple[int, int]] = []
     if len(sizes):
-        uniq, idx = np.unique(sizes, return_index=True)
+        # np.unique(sizes, return_index=True) of the sorted sizes, without sorting them again:
+        # each distinct size at its first place (a whole run's lookups: ~0.8 s of the conversation
+        # trace's close went to that second sort and to the unthinned list of steps, issue 41).
+        idx = np.flatnonzero(np.r_[True, sizes[1:] != sizes[:-1]])
+        uniq = sizes[idx]
         cum = (np.r_[idx[1:], len(sizes)]) * page if weight == 1.0 else \
             np.rint(np.r_[idx[1:], len(sizes)] * weight).astype(np.int64) * page
+        if len(uniq) > CURVE_POINTS:
+            # The first step into each 1/CURVE_POINTS of the plateau, and the last.
+            b = cum * CURVE_POINTS // total
+            keep = np.r_[True, b[1:] > b[:-1]]
+            keep[-1] = True
+            uniq, cum = uniq[keep], cum[keep]
         steps = list(zip(uniq.tolist(), cum.tolist()))
-    if len(steps) > CURVE_POINTS:
-        # The first step into each 1/CURVE_POINTS of the plateau, and the last.
-        b = cum * CURVE_POINTS // total
-        keep = np.r_[True, b[1:] > b[:-1]]
-        keep[-1] = True
-        steps = list(zip(uniq[keep].tolist(), cum[keep].tolist()))
     knee = None
     grows = sizes[sizes > 0]  # what the tier adds beyond its size 0 (the tiers above it find the rest)
     if len(grows):

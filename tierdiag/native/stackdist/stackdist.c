@@ -18,6 +18,30 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* One pass over the groups with a Fenwick tree of TYPE counts (see depths). */
+#define PASS(TYPE, TREE) do {                                                                     \
+    TYPE *tr = (TREE);                                                                            \
+    int64_t live = 0;                                                                             \
+    for (Py_ssize_t k = 0; k < g; k++) {                                                          \
+        Py_ssize_t a = (Py_ssize_t)st[k], b = k + 1 < g ? (Py_ssize_t)st[k + 1] : n;              \
+        for (Py_ssize_t t = a; t < b; t++) {                                                      \
+            if (!q[t]) { out[t] = -2; continue; }                                                 \
+            if (pv[t] < 0) { out[t] = -1; continue; }                                             \
+            int64_t below = 0; /* live latest touches at positions < prev[t] */                   \
+            for (Py_ssize_t i = (Py_ssize_t)pv[t]; i > 0; i -= i & -i) below += tr[i];            \
+            out[t] = live - below;                                                                \
+        }                                                                                         \
+        for (Py_ssize_t t = a; t < b; t++) {                                                      \
+            if (pv[t] >= 0) {                                                                     \
+                for (Py_ssize_t i = (Py_ssize_t)pv[t] + 1; i <= n; i += i & -i) tr[i] -= 1;       \
+            } else {                                                                              \
+                live += 1;                                                                        \
+            }                                                                                     \
+            for (Py_ssize_t i = t + 1; i <= n; i += i & -i) tr[i] += 1;                           \
+        }                                                                                         \
+    }                                                                                             \
+} while (0)
+
 static PyObject *depths(PyObject *self, PyObject *args) {
     Py_buffer prev, starts, query;
     if (!PyArg_ParseTuple(args, "y*y*y*", &prev, &starts, &query)) return NULL;
@@ -38,28 +62,16 @@ static PyObject *depths(PyObject *self, PyObject *args) {
     result = PyBytes_FromStringAndSize(NULL, n * 8);
     if (!result) goto done;
     int64_t *out = (int64_t *)PyBytes_AS_STRING(result);
-    int64_t *tree = calloc((size_t)n + 1, sizeof(int64_t));
+    /* The tree's counts are at most n: 32-bit ones where n allows (half the memory a walk up
+     * the tree touches; the pass is cache misses, ~25 % less time on the conversation trace's
+     * 4.6M touches, issue 41), else 64-bit. The same answers either way. */
+    void *tree = calloc((size_t)n + 1, n < INT32_MAX ? sizeof(int32_t) : sizeof(int64_t));
     if (!tree) { Py_CLEAR(result); PyErr_NoMemory(); goto done; }
-    int64_t live = 0;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t k = 0; k < g; k++) {
-        Py_ssize_t a = (Py_ssize_t)st[k], b = k + 1 < g ? (Py_ssize_t)st[k + 1] : n;
-        for (Py_ssize_t t = a; t < b; t++) {
-            if (!q[t]) { out[t] = -2; continue; }
-            if (pv[t] < 0) { out[t] = -1; continue; }
-            int64_t below = 0; /* live latest touches at positions < prev[t] */
-            for (Py_ssize_t i = (Py_ssize_t)pv[t]; i > 0; i -= i & -i) below += tree[i];
-            out[t] = live - below;
-        }
-        for (Py_ssize_t t = a; t < b; t++) {
-            if (pv[t] >= 0) {
-                for (Py_ssize_t i = (Py_ssize_t)pv[t] + 1; i <= n; i += i & -i) tree[i] -= 1;
-            } else {
-                live += 1;
-            }
-            for (Py_ssize_t i = t + 1; i <= n; i += i & -i) tree[i] += 1;
-        }
-    }
+    if (n < INT32_MAX)
+        PASS(int32_t, (int32_t *)tree);
+    else
+        PASS(int64_t, (int64_t *)tree);
     Py_END_ALLOW_THREADS
     free(tree);
 done:
