@@ -128,9 +128,11 @@ def pump(tree, now_ns: int) -> int:
 
 
 def pending(tree) -> bool:
-    """Whether the scheduler thread has storage results to drain (a pass is due)."""
+    """Whether storage work is queued (a thread's input: pumped before the next pass) or has
+    results for the scheduler thread to drain: a pass is due, at once (the event loop's next)."""
     ctrl = controller(tree)
-    return ctrl is not None and any(not getattr(ctrl, q).empty() for q in ACK_QUEUES)
+    return ctrl is not None and any(not getattr(ctrl, q).empty()
+                                    for q in ACK_QUEUES + tuple(q for _, q in THREADS))
 
 
 def server_args(spec: dict) -> tuple[dict, str | None]:

@@ -334,6 +334,7 @@ class DecodeSteps:
         req.own_from_page = 0
         req.prefetch_retries = 0
         req.storage_hit_end = None
+        req.storage_last_match = 0  # _add_request_to_queue(is_retracted=True)
         self.waiting.append(req)
         self.arrived_at[req.seq] = self.processed_tokens
         if self.ctrl.storage is not None and req.prefetch is None:

@@ -55,6 +55,8 @@ class StoragePrefetch:
         req.storage_skip_reason = None  # this query's verdict (a re-query replaces the last one)
         match = tree.match(req.keys[:req.max_match_pages], now)  # init_next_round_input
         matched = match.device_pages + match.host_pages
+        req.storage_last_match = matched  # storage_prefetch_last_match_len, whatever the query decides
+        req.prefetch_query_pass = self.prefetch_pass
         storage = ctrl.storage
         hits = storage.hits(req.keys, matched)  # consecutive hits past the match, not touched
         end = matched + hits
@@ -124,6 +126,11 @@ class StoragePrefetch:
             slots = slots[:hits]
         start, done = ctrl.prefetch(req.keys[matched:matched + hits], slots, req.req_id, now)
         req.prefetch = (matched, hits, slots, start, done)
+        if rules.prefetch_ack_next_pass:
+            # the pass after the next one: the next pass's drain allocates the hit (this
+            # query's answer), the one after drains the read's acks (prefetch_pass counts the
+            # pass now running, or the last one between passes)
+            req.prefetch_ack_pass = self.prefetch_pass + 2
         req.anchor = anchor
         req.prefetch_tokens = span * ps  # the requested span is what counts against the limit
         self.prefetch_tokens_occupied += req.prefetch_tokens
@@ -156,7 +163,57 @@ class StoragePrefetch:
             if deadline < req.hold_until_ns:
                 req.hold_until_ns = deadline
                 self.at(deadline, _noop, None)
-        return req.hold_until_ns > now
+        if req.hold_until_ns > now:
+            return True
+        if self._prefetch_unacked(req, now):
+            self.at(now, _noop, None)  # the event loop's next pass drains the read's acks
+            return True
+        return False
+
+    def _prefetch_unacked(self, req: Req, now: int) -> bool:
+        """A prefetch whose read is not seen yet, or a query not answered yet (rule
+        `prefetch_ack_next_pass`), holds its request under a policy that waits
+        (`_can_terminate_prefetch`: wait_complete, or timeout before its deadline); best_effort
+        never holds."""
+        if not self.rules.prefetch_ack_next_pass:
+            return False
+        step = self.prefetch_pass
+        # a read not seen yet; or a query made in this pass (a re-query), in flight until the
+        # next pass answers it, a miss included (`ongoing_prefetch` keeps it until the drain
+        # revokes it)
+        if not ((req.prefetch is not None and req.prefetch_ack_pass > step) or req.prefetch_query_pass == step):
+            return False
+        policy = PrefetchPolicy(self.cfg.resolved_prefetch_policy())
+        if policy == PrefetchPolicy.BEST_EFFORT:
+            return False
+        deadline = req.prefetch_deadline_ns
+        return not (policy == PrefetchPolicy.TIMEOUT and deadline is not None and deadline <= now)
+
+    def _prefetch_after_hit_loss(self, req: Req, now: int) -> bool:
+        """0.5.23 `Scheduler._prefetch_after_device_hit_loss`, at admission once the prefetch has
+        ended (`check_prefetch_progress`) and the request is matched (`init_next_round_input`):
+        when its device + host match is shorter than at its last storage query (eviction took
+        part of its prefix while it waited), storage is queried again for the range that opened
+        (`_retry_storage_prefetch`: one more re-query, `prefetch_from_storage` without a known
+        end, which cancels an armed one) and the request is skipped this pass. Past the re-query
+        cap the shorter match is taken as it is. Returns whether the request is skipped.
+        The rule set's re-queries (`prefetch_retry_*`) gate it: 0.5.9 has neither."""
+        last = req.storage_last_match
+        if not last or not self.rules.prefetch_retry_interval_passes:
+            return False
+        _, current = self.tree.locate(req.keys[:req.max_match_pages])  # no stamp: _admit's match stamps
+        if current >= last:
+            return False
+        if req.prefetch_retries >= self.rules.prefetch_retry_max_attempts:
+            req.storage_last_match = current
+            return False
+        self.tree.match(req.keys[:req.max_match_pages], now)  # the admission's match, before the skip
+        if self.prefetch_retry_due.pop(req.seq, 0) != 0:  # prefetch_from_storage: retries.cancel(rid)
+            del self.prefetch_retry_reqs[req.seq]
+        req.prefetch_retries += 1
+        req.storage_hit_end = None
+        self._start_prefetch(req, now)
+        return True
 
     def _arm_prefetch_retry(self, req: Req, storage_hit_end: int | None = None) -> None:
         """StoragePrefetchRetries.poll_miss: query storage again in a few scheduling passes, with
@@ -177,6 +234,8 @@ class StoragePrefetch:
         speculative miss must never delay the queue head"); past max_attempts re-queries, none."""
         interval = self.rules.prefetch_retry_interval_passes
         if not interval:
+            if self.rules.prefetch_ack_next_pass:
+                self.prefetch_pass += 1  # the clock of the prefetch acks
             return
         self.prefetch_pass += 1
         pending, waiting = self.prefetch_retry_due, self.waiting
@@ -225,6 +284,8 @@ class StoragePrefetch:
         pass: the reference the indexed one is tested against (tests/engine/test_fast_paths.py)."""
         interval = self.rules.prefetch_retry_interval_passes
         if not interval:
+            if self.rules.prefetch_ack_next_pass:
+                self.prefetch_pass += 1  # the clock of the prefetch acks
             return
         self.prefetch_pass += 1
         pending, waiting, reqs = self.prefetch_retry_due, self.waiting, self.prefetch_retry_reqs
@@ -261,6 +322,8 @@ class StoragePrefetch:
         The new nodes are not locked: admission follows at once and loads them back."""
         first, pages, slots, start, end = req.prefetch
         done = pages if now >= end else max(0, (pages * (now - start)) // max(end - start, 1))
+        if req.prefetch_ack_pass > self.prefetch_pass:
+            done = 0  # no ack drained yet: `operation.completed_tokens` is 0 (prefetch_ack_next_pass)
         req.prefetch = None
         tree = self.tree
         node, matched = tree.locate(req.keys[:first + done])
