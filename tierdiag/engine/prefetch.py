@@ -89,11 +89,56 @@ class StoragePrefetch:
         elif hit_only and hits * ps < self.prefetch_threshold:
             reason = "below_threshold"  # a miss, or a hit not worth the transfer: poll_miss
             self._arm_prefetch_retry(req)
+            if rules.prefetch_ack_next_pass:
+                # issued: it holds its requested span until the drain revokes it
+                self.prefetch_tokens_occupied += span * ps
+                self.query_occupied += span * ps
         if reason is not None:
             if req.storage_match_pages:
                 req.storage_skip_reason = reason
             return
         tree.protect_host(anchor)
+        if rules.prefetch_ack_next_pass:
+            # 0.5.23: the span is reserved at the query (`prefetch_tokens_occupied`), the hit's
+            # host memory allocated and its read started by the next drain
+            # (`_drain_and_alloc_storage_hit`): Scheduler.drain_prefetch_queries
+            req.prefetch_tokens = span * ps
+            self.prefetch_tokens_occupied += req.prefetch_tokens
+            self.unallocated[req.seq] = (req, anchor, matched, hits, span)
+            return
+        self._alloc_prefetch(req, anchor, matched, hits, span, now)
+
+    def drain_prefetch_queries(self, now: int) -> None:
+        """0.5.23 `_drain_storage_control_queues_impl` -> `_drain_and_alloc_storage_hit`, in the
+        order the queries were made: misses give their span back (`revoke_pending_prefetch`),
+        hits get their host memory and start their read."""
+        self.prefetch_tokens_occupied -= self.query_occupied
+        self.query_occupied = 0
+        if not self.unallocated:
+            return
+        queued, self.unallocated = self.unallocated, {}
+        for req, anchor, matched, hits, span in queued.values():
+            self._alloc_prefetch(req, anchor, matched, hits, span, now)
+
+    def _revoke_query(self, req: Req) -> None:
+        """best_effort at an admission poll while the request's query is in flight
+        (`check_prefetch_progress` -> terminate with no host memory): `poll_miss`, revoked."""
+        _, anchor, _, _, _ = self.unallocated.pop(req.seq)
+        self.tree.release_host(anchor)
+        self.prefetch_tokens_occupied -= req.prefetch_tokens
+        req.prefetch_tokens = 0
+        self._arm_prefetch_retry(req)
+
+    def _alloc_prefetch(self, req: Req, anchor, matched: int, hits: int, span: int, now: int) -> None:
+        """The hit's host memory and its read (the rest of `_start_prefetch`)."""
+        rules, tree, ctrl, ps = self.rules, self.tree, self.ctrl, self.ps
+        hit_only = rules.prefetch_alloc_hit_only
+        reserved = rules.prefetch_ack_next_pass  # the span is held since the query
+
+        def give_back():
+            if reserved:
+                self.prefetch_tokens_occupied -= req.prefetch_tokens
+                req.prefetch_tokens = 0
         if hit_only:  # allocate_storage_hit(allow_partial=True, min_tokens=prefetch_threshold)
             slots = ctrl.alloc_host(hits, req.req_id, now)
             if slots is None:
@@ -102,6 +147,7 @@ class StoragePrefetch:
                     slots = ctrl.alloc_host(fit, req.req_id, now)
             if slots is None:
                 tree.release_host(anchor)
+                give_back()
                 req.storage_skip_reason = "host_full"
                 # poll_miss(rid, storage_start + storage_hit_count): the re-query knows the hit's end
                 self._arm_prefetch_retry(req, matched + hits)
@@ -113,12 +159,14 @@ class StoragePrefetch:
             slots = ctrl.alloc_host(span, req.req_id, now)
             if slots is None:
                 tree.release_host(anchor)
+                give_back()
                 if req.storage_match_pages:
                     req.storage_skip_reason = "host_full"
                 return
             if hits * ps < self.prefetch_threshold:  # prefetch_thread_func: revoke, not enough benefit
                 ctrl.host.free(slots)
                 tree.release_host(anchor)
+                give_back()
                 if req.storage_match_pages:
                     req.storage_skip_reason = "below_threshold"
                 return
@@ -126,14 +174,14 @@ class StoragePrefetch:
             slots = slots[:hits]
         start, done = ctrl.prefetch(req.keys[matched:matched + hits], slots, req.req_id, now)
         req.prefetch = (matched, hits, slots, start, done)
-        if rules.prefetch_ack_next_pass:
-            # the pass after the next one: the next pass's drain allocates the hit (this
-            # query's answer), the one after drains the read's acks (prefetch_pass counts the
-            # pass now running, or the last one between passes)
+        if reserved:
+            # its hit allocated by this drain, its read's acks drained by the next pass's
+            # (the drain runs before prefetch_pass counts the pass it belongs to)
             req.prefetch_ack_pass = self.prefetch_pass + 2
+        else:
+            req.prefetch_tokens = span * ps  # the requested span is what counts against the limit
+            self.prefetch_tokens_occupied += req.prefetch_tokens
         req.anchor = anchor
-        req.prefetch_tokens = span * ps  # the requested span is what counts against the limit
-        self.prefetch_tokens_occupied += req.prefetch_tokens
         req.storage_fetch_ns = done - start
         req.storage_bytes = hits * ctrl.page_bytes
         match PrefetchPolicy(self.cfg.resolved_prefetch_policy()):

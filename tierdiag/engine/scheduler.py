@@ -114,6 +114,11 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.prefetch_pass = 0  # scheduling passes, the re-queries' clock
         # arrivals whose storage query waits for the next pass (rule prefetch_ack_next_pass)
         self.unqueried: list[Req] = []
+        # queries made, their hits' host memory and reads waiting for the next drain
+        # (drain_prefetch_queries), by request seq in query order; and the spans the misses
+        # among them hold until then
+        self.unallocated: dict[int, tuple] = {}
+        self.query_occupied = 0
         # SchedulePolicy._waiting_prefix_refresh_calls: the passes that reached the refresh (0.5.23)
         self.refresh_calls = 0
         self.refresh_interval = (self.rules.waiting_prefix_refresh_interval
@@ -310,6 +315,8 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
             arrived, self.unqueried = self.unqueried, []
             for req in arrived:
                 self._start_prefetch(req, now)
+        if self.rules.prefetch_ack_next_pass:
+            self.drain_prefetch_queries(now)
         self._retry_prefetches(now)  # _process_hicache_events, every pass
         if self._admission_reopens:
             # get_next_batch_to_run clears batch_is_full after the last prefill batch when
@@ -393,6 +400,8 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                 i += 1
                 continue
             if self.ctrl.storage is not None:
+                if req.seq in self.unallocated:  # its query in flight, the policy lets it end now
+                    self._revoke_query(req)
                 if req.prefetch is not None:  # check_prefetch_progress: the policy lets it end now
                     self._finish_prefetch(req, now)
                 if self._prefetch_after_hit_loss(req, now):
