@@ -547,8 +547,8 @@ def _run_workload(spec: dict) -> dict:
                      if isinstance(a.finish_event, _TimedEvent) and a.finish_event.ready_at > clock]
             if pi < len(pending):
                 later.append(arrival[pending[pi]])
-            if storage.pending(tree):
-                later.append(clock)  # storage results to drain: the event loop's next pass
+            if storage.held():
+                later.append(clock)  # a request waits on storage: the event loop's next pass
             if later and (pi < len(pending) or sch.waiting_queue or sch.chunked_req is not None):
                 clock = max(clock, min(later))
                 idle_passes = 0

@@ -36,6 +36,8 @@ import types
 from queue import Queue
 
 from sglang.srt.managers import cache_controller as cc_mod
+from sglang.srt.managers import scheduler as S
+from sglang.srt.mem_cache import unified_radix_cache as urc
 from sglang.srt.utils import poll_timer
 
 NOW = {"ns": 0}  # the virtual clock, as the harness last set it (pump)
@@ -106,6 +108,7 @@ def pump(tree, now_ns: int) -> int:
     """Run SGLang's storage thread functions until every queue they read is empty. Returns the
     number of thread-function runs (0: nothing was queued)."""
     NOW["ns"] = now_ns
+    HELD["pass"] = False
     ctrl = controller(tree)
     if ctrl is None:
         return 0
@@ -125,6 +128,36 @@ def pump(tree, now_ns: int) -> int:
                 runs += 1
     finally:
         ctrl.storage_stop_event = stop
+
+
+HELD = {"pass": False}  # a request was skipped for storage in this pass (the harness wakes at once)
+_orig_check = urc.UnifiedRadixCache.check_prefetch_progress
+_orig_hit_loss = S.Scheduler._prefetch_after_device_hit_loss
+
+
+def _check_prefetch_progress(self, request):
+    done = _orig_check(self, request)
+    if not done:
+        HELD["pass"] = True
+    return done
+
+
+def _prefetch_after_device_hit_loss(self, req):
+    skipped = _orig_hit_loss(self, req)
+    if skipped:
+        HELD["pass"] = True
+    return skipped
+
+
+urc.UnifiedRadixCache.check_prefetch_progress = _check_prefetch_progress
+S.Scheduler._prefetch_after_device_hit_loss = _prefetch_after_device_hit_loss
+
+
+def held() -> bool:
+    """Whether the last pass skipped a request for storage ("skip staging requests that are
+    ongoing prefetch", or a re-query after its prefix shrank): SGLang's event loop passes again
+    at once (the engine wakes its loop at the same instant)."""
+    return HELD["pass"]
 
 
 def pending(tree) -> bool:

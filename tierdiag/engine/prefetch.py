@@ -56,7 +56,6 @@ class StoragePrefetch:
         match = tree.match(req.keys[:req.max_match_pages], now)  # init_next_round_input
         matched = match.device_pages + match.host_pages
         req.storage_last_match = matched  # storage_prefetch_last_match_len, whatever the query decides
-        req.prefetch_query_pass = self.prefetch_pass
         storage = ctrl.storage
         hits = storage.hits(req.keys, matched)  # consecutive hits past the match, not touched
         end = matched + hits
@@ -89,16 +88,18 @@ class StoragePrefetch:
         elif hit_only and hits * ps < self.prefetch_threshold:
             reason = "below_threshold"  # a miss, or a hit not worth the transfer: poll_miss
             self._arm_prefetch_retry(req)
-            if rules.prefetch_ack_next_pass:
+            if rules.storage_acks_per_pass:
                 # issued: it holds its requested span until the drain revokes it
                 self.prefetch_tokens_occupied += span * ps
                 self.query_occupied += span * ps
+                req.prefetch_query_pass = self.prefetch_pass
         if reason is not None:
             if req.storage_match_pages:
                 req.storage_skip_reason = reason
             return
         tree.protect_host(anchor)
-        if rules.prefetch_ack_next_pass:
+        if rules.storage_acks_per_pass:
+            req.prefetch_query_pass = self.prefetch_pass  # issued
             # 0.5.23: the span is reserved at the query (`prefetch_tokens_occupied`), the hit's
             # host memory allocated and its read started by the next drain
             # (`_drain_and_alloc_storage_hit`): Scheduler.drain_prefetch_queries
@@ -133,7 +134,7 @@ class StoragePrefetch:
         """The hit's host memory and its read (the rest of `_start_prefetch`)."""
         rules, tree, ctrl, ps = self.rules, self.tree, self.ctrl, self.ps
         hit_only = rules.prefetch_alloc_hit_only
-        reserved = rules.prefetch_ack_next_pass  # the span is held since the query
+        reserved = rules.storage_acks_per_pass  # the span is held since the query
 
         def give_back():
             if reserved:
@@ -220,10 +221,10 @@ class StoragePrefetch:
 
     def _prefetch_unacked(self, req: Req, now: int) -> bool:
         """A prefetch whose read is not seen yet, or a query not answered yet (rule
-        `prefetch_ack_next_pass`), holds its request under a policy that waits
+        `storage_acks_per_pass`), holds its request under a policy that waits
         (`_can_terminate_prefetch`: wait_complete, or timeout before its deadline); best_effort
         never holds."""
-        if not self.rules.prefetch_ack_next_pass:
+        if not self.rules.storage_acks_per_pass:
             return False
         step = self.prefetch_pass
         # a read not seen yet; or a query made in this pass (a re-query), in flight until the
@@ -261,6 +262,7 @@ class StoragePrefetch:
         req.prefetch_retries += 1
         req.storage_hit_end = None
         self._start_prefetch(req, now)
+        self.at(now, _noop, None)  # skipped: the event loop passes again at once
         return True
 
     def _arm_prefetch_retry(self, req: Req, storage_hit_end: int | None = None) -> None:
@@ -282,7 +284,7 @@ class StoragePrefetch:
         speculative miss must never delay the queue head"); past max_attempts re-queries, none."""
         interval = self.rules.prefetch_retry_interval_passes
         if not interval:
-            if self.rules.prefetch_ack_next_pass:
+            if self.rules.storage_acks_per_pass:
                 self.prefetch_pass += 1  # the clock of the prefetch acks
             return
         self.prefetch_pass += 1
@@ -332,7 +334,7 @@ class StoragePrefetch:
         pass: the reference the indexed one is tested against (tests/engine/test_fast_paths.py)."""
         interval = self.rules.prefetch_retry_interval_passes
         if not interval:
-            if self.rules.prefetch_ack_next_pass:
+            if self.rules.storage_acks_per_pass:
                 self.prefetch_pass += 1  # the clock of the prefetch acks
             return
         self.prefetch_pass += 1
@@ -371,7 +373,7 @@ class StoragePrefetch:
         first, pages, slots, start, end = req.prefetch
         done = pages if now >= end else max(0, (pages * (now - start)) // max(end - start, 1))
         if req.prefetch_ack_pass > self.prefetch_pass:
-            done = 0  # no ack drained yet: `operation.completed_tokens` is 0 (prefetch_ack_next_pass)
+            done = 0  # no ack drained yet: `operation.completed_tokens` is 0 (storage_acks_per_pass)
         req.prefetch = None
         tree = self.tree
         node, matched = tree.locate(req.keys[:first + done])

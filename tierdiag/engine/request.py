@@ -60,9 +60,9 @@ class Req:
         # last storage query (`_prefetch_kvcache`); 0 before any
         self.storage_last_match = 0
         # the scheduling pass (Scheduler.prefetch_pass) from which its prefetch's read is seen
-        # (rule prefetch_ack_next_pass); 0: on its read's time only
+        # (rule storage_acks_per_pass); 0: on its read's time only
         self.prefetch_ack_pass = 0
-        # the pass its last storage query was made in (rule prefetch_ack_next_pass): a query made
+        # the pass its last storage query was made in (rule storage_acks_per_pass): a query made
         # inside a pass (a re-query) is answered by the next; -1: none
         self.prefetch_query_pass = -1
         self.inserted_pages = 0  # req.kv.cache_inserted_len in pages: what this request's inserts covered

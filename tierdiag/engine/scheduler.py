@@ -112,13 +112,14 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.prefetch_retry_due: dict[int, int | None] = {}  # req seq -> pass its re-query is due (0.5.23)
         self.prefetch_retry_reqs: dict[int, Req] = {}  # the same seqs -> their requests
         self.prefetch_pass = 0  # scheduling passes, the re-queries' clock
-        # arrivals whose storage query waits for the next pass (rule prefetch_ack_next_pass)
+        # arrivals whose storage query waits for the next pass (rule storage_acks_per_pass)
         self.unqueried: list[Req] = []
         # queries made, their hits' host memory and reads waiting for the next drain
         # (drain_prefetch_queries), by request seq in query order; and the spans the misses
         # among them hold until then
         self.unallocated: dict[int, tuple] = {}
         self.query_occupied = 0
+        self.ctrl.pass_now = lambda: self.prefetch_pass
         # SchedulePolicy._waiting_prefix_refresh_calls: the passes that reached the refresh (0.5.23)
         self.refresh_calls = 0
         self.refresh_interval = (self.rules.waiting_prefix_refresh_interval
@@ -200,6 +201,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                         f"{self.tree.locked_device_pages} locked)")
                 break
             now = max(now, nxt)
+        self.ctrl.release_storage_writes(now, every=True)
         self.stats.virtual_end_ns = now
         return self.stats
 
@@ -246,7 +248,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         if self.miss is not None:
             self.miss.arrived(req, self.tree)
         if self.ctrl.storage is not None:
-            if self.rules.prefetch_ack_next_pass:
+            if self.rules.storage_acks_per_pass:
                 # 0.5.23 handles an arrival at the next pass (recv_requests ->
                 # `_add_request_to_queue` -> `_prefetch_kvcache`, before get_next_batch_to_run)
                 self.unqueried.append(req)
@@ -315,7 +317,8 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
             arrived, self.unqueried = self.unqueried, []
             for req in arrived:
                 self._start_prefetch(req, now)
-        if self.rules.prefetch_ack_next_pass:
+        if self.rules.storage_acks_per_pass:
+            self.ctrl.release_storage_writes(now)
             self.drain_prefetch_queries(now)
         self._retry_prefetches(now)  # _process_hicache_events, every pass
         if self._admission_reopens:
