@@ -628,3 +628,17 @@ def stored(seed: int, *, page_size: int, schedule_policy: str = "fcfs", write_po
     return Workload(f"stored(seed {seed}, page {page_size}, {schedule_policy}, {write_policy}, {pp})", reqs,
                     page_size, dev, dev, block, budget, schedule_policy, write_policy,
                     storage_tokens=STORAGE_TOKENS, prefetch_policy=prefetch_policy)
+
+
+def storage_cases() -> list[tuple[str, Callable[[], Workload], str]]:
+    """A storage tier (`stored`): pages 64 and 1, fcfs and lpm, write_through, write_back and
+    write_through_selective, and each prefetch policy (timeout is 0.5.23's default)."""
+    out = []
+    for seed, ps, pol, wp, pp in ((0, 64, "fcfs", "write_through", None), (0, 64, "fcfs", "write_through", "best_effort"),
+                                  (1, 64, "lpm", "write_back", None), (0, 1, "fcfs", "write_through", None),
+                                  (1, 1, "lpm", "write_back", "best_effort"),
+                                  (2, 64, "fcfs", "write_through_selective", "wait_complete")):
+        name = f"stored-s{seed}-p{ps}-{pol}-{wp}-{pp or 'timeout'}"
+        out.append((name, partial(stored, seed, page_size=ps, schedule_policy=pol, write_policy=wp,
+                                  prefetch_policy=pp), "rust"))
+    return out

@@ -50,7 +50,8 @@ STILL_DIFFERENT: dict[str, str] = {}
 
 def _cases():
     out = []
-    for cid, make, core in H.seeded_cases() + H.agentic_cases() + H.trace_cases() + H.audit_cases():
+    for cid, make, core in H.seeded_cases() + H.agentic_cases() + H.trace_cases() + H.audit_cases() + \
+            H.storage_cases():
         marks = [pytest.mark.shared] if cid.startswith("conversation") else []
         if cid in STILL_DIFFERENT:
             marks.append(pytest.mark.xfail(strict=True, reason="still differs: " + STILL_DIFFERENT[cid]))

@@ -361,6 +361,11 @@ class Admission:
         locked; under 0.5.9 no hit is counted and nothing is backed up (_inc_hit_count skips
         chunked); under 0.5.23 the chunk's new pages count a hit and may be backed up at once."""
         ctrl = self.ctrl
+        if self.rules.storage_acks_per_pass:
+            # the stash runs in the next pass after its drain (`_drain_backup`): the storage
+            # writes that drain takes are done and their host copies free before the chunk's
+            # backup makes host room
+            ctrl.release_storage_writes(self.event_ns)
         ctrl.stash_backups = True  # 0.5.23: its backups go with the next batch's (flush_backups)
         try:
             self._insert(req, min(req.done_tokens // self.ps, len(req.keys)), self.event_ns, chunk=True)
