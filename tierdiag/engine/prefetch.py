@@ -115,11 +115,21 @@ class StoragePrefetch:
         hits get their host memory and start their read."""
         self.prefetch_tokens_occupied -= self.query_occupied
         self.query_occupied = 0
-        if not self.unallocated:
-            return
-        queued, self.unallocated = self.unallocated, {}
-        for req, anchor, matched, hits, span in queued.values():
-            self._alloc_prefetch(req, anchor, matched, hits, span, now)
+        if self.unallocated:
+            queued, self.unallocated = self.unallocated, {}
+            for req, anchor, matched, hits, span in queued.values():
+                self._alloc_prefetch(req, anchor, matched, hits, span, now)
+        # `_drain_ack_prefetch`: a read whose acks this drain takes is inserted into the tree now
+        # (`_handle_prefetch_result`, "check_prefetch_progress() is not called for this rid
+        # yet"), whether or not its request is polled in this pass
+        if self.reading:
+            step = self.prefetch_pass + 1  # the pass this drain belongs to
+            for seq, req in list(self.reading.items()):
+                if req.prefetch is None:
+                    del self.reading[seq]
+                elif req.prefetch_ack_pass <= step:
+                    del self.reading[seq]
+                    self._finish_prefetch(req, now, acked=True)
 
     def _revoke_query(self, req: Req) -> None:
         """best_effort at an admission poll while the request's query is in flight
@@ -179,6 +189,7 @@ class StoragePrefetch:
             # its hit allocated by this drain, its read's acks drained by the next pass's
             # (the drain runs before prefetch_pass counts the pass it belongs to)
             req.prefetch_ack_pass = self.prefetch_pass + 2
+            self.reading[req.seq] = req
         else:
             req.prefetch_tokens = span * ps  # the requested span is what counts against the limit
             self.prefetch_tokens_occupied += req.prefetch_tokens
@@ -365,14 +376,14 @@ class StoragePrefetch:
             req.prefetch_retries += 1
             self._start_prefetch(req, now)
 
-    def _finish_prefetch(self, req: Req, now: int) -> None:
+    def _finish_prefetch(self, req: Req, now: int, *, acked: bool = False) -> None:
         """HiRadixCache.check_prefetch_progress, once the policy lets the prefetch end: the pages
         read so far go into the tree as host-only nodes below the anchor (pages someone else put
         there meanwhile are duplicates and freed), the rest is released, the anchor unprotected.
         The new nodes are not locked: admission follows at once and loads them back."""
         first, pages, slots, start, end = req.prefetch
         done = pages if now >= end else max(0, (pages * (now - start)) // max(end - start, 1))
-        if req.prefetch_ack_pass > self.prefetch_pass:
+        if req.prefetch_ack_pass > self.prefetch_pass and not acked:
             done = 0  # no ack drained yet: `operation.completed_tokens` is 0 (storage_acks_per_pass)
         req.prefetch = None
         tree = self.tree

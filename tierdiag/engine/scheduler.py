@@ -119,6 +119,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         # among them hold until then
         self.unallocated: dict[int, tuple] = {}
         self.query_occupied = 0
+        self.reading: dict[int, Req] = {}  # prefetches whose read's acks a later drain takes
         self.ctrl.pass_now = lambda: self.prefetch_pass
         # SchedulePolicy._waiting_prefix_refresh_calls: the passes that reached the refresh (0.5.23)
         self.refresh_calls = 0
