@@ -600,16 +600,19 @@ STORAGE_TOKENS = 1 << 22  # far beyond what a workload writes: nothing is delete
 
 
 def stored(seed: int, *, page_size: int, schedule_policy: str = "fcfs", write_policy: str = "write_through",
-           prefetch_policy: str | None = None, n: int = 40) -> Workload:
+           prefetch_policy: str | None = None, n: int = 40, system_prompt: bool = True) -> Workload:
     """A storage tier behind pools that churn: distinct prompts of 5-12 blocks (320-768 tokens)
     under a system prompt, into a device pool of 2,048 tokens and a host pool of the same size,
     so the host evicts what storage then keeps; 40 % of the requests repeat an earlier prompt
     (a storage hit once its pages left the host: prefetched at arrival, loaded back at
-    admission), some of them arriving together (in-flight prefetches share the host)."""
+    admission), some of them arriving together (in-flight prefetches share the host).
+    Without `system_prompt` the prompts share nothing: under write_back a device-resident system
+    prompt is never backed up, so 0.5.23's prefetch gate (`_prefetch_kvcache`: the best match
+    backed up, or the root) stops every query; without it the gate is the root."""
     rnd = random.Random(seed * 104729 + 17)
     block = 64
     chains = _Chains()
-    system = chains.fresh(1)
+    system = chains.fresh(1) if system_prompt else []
     reqs = []
     t = 0
     for i in range(n):
@@ -625,20 +628,24 @@ def stored(seed: int, *, page_size: int, schedule_policy: str = "fcfs", write_po
     dev = 2048 // page_size
     budget = 512 if page_size < 64 else 1024
     pp = prefetch_policy or "timeout"
-    return Workload(f"stored(seed {seed}, page {page_size}, {schedule_policy}, {write_policy}, {pp})", reqs,
+    sp = "" if system_prompt else ", no system prompt"
+    return Workload(f"stored(seed {seed}, page {page_size}, {schedule_policy}, {write_policy}, {pp}{sp})", reqs,
                     page_size, dev, dev, block, budget, schedule_policy, write_policy,
                     storage_tokens=STORAGE_TOKENS, prefetch_policy=prefetch_policy)
 
 
 def storage_cases() -> list[tuple[str, Callable[[], Workload], str]]:
     """A storage tier (`stored`): pages 64 and 1, fcfs and lpm, write_through, write_back and
-    write_through_selective, and each prefetch policy (timeout is 0.5.23's default)."""
+    write_through_selective, each prefetch policy (timeout is 0.5.23's default), and prompts
+    without a shared system prompt (under write_back the prefetch gate is then the root)."""
     out = []
-    for seed, ps, pol, wp, pp in ((0, 64, "fcfs", "write_through", None), (0, 64, "fcfs", "write_through", "best_effort"),
-                                  (1, 64, "lpm", "write_back", None), (0, 1, "fcfs", "write_through", None),
-                                  (1, 1, "lpm", "write_back", "best_effort"),
-                                  (2, 64, "fcfs", "write_through_selective", "wait_complete")):
-        name = f"stored-s{seed}-p{ps}-{pol}-{wp}-{pp or 'timeout'}"
+    for seed, ps, pol, wp, pp, system in (
+            (0, 64, "fcfs", "write_through", None, True), (0, 64, "fcfs", "write_through", "best_effort", True),
+            (1, 64, "fcfs", "write_back", "best_effort", False), (1, 64, "lpm", "write_back", None, True),
+            (1, 1, "lpm", "write_back", "best_effort", True), (0, 1, "fcfs", "write_through", None, True),
+            (0, 64, "lpm", "write_through", None, True), (0, 1, "fcfs", "write_back", "best_effort", False),
+            (2, 64, "fcfs", "write_through_selective", "wait_complete", True)):
+        name = f"stored-s{seed}-p{ps}-{pol}-{wp}-{pp or 'timeout'}" + ("" if system else "-nosystem")
         out.append((name, partial(stored, seed, page_size=ps, schedule_policy=pol, write_policy=wp,
-                                  prefetch_policy=pp), "rust"))
+                                  prefetch_policy=pp, system_prompt=system), "rust"))
     return out
