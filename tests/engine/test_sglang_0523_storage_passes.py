@@ -46,10 +46,10 @@ def _polls(engine: Engine, rid: str) -> list[tuple[int, str]]:
             seen.append((s.prefetch_pass, "held" if out else "polled"))
         return out
 
-    def finished(r, now):
-        if r.req_id == rid:
-            seen.append((s.prefetch_pass, "finished"))
-        return finish(r, now)
+    def finished(r, now, acked=False):
+        if r.req_id == rid:  # a drain's (acked) runs before the pass is counted
+            seen.append((s.prefetch_pass + acked, "inserted at the drain" if acked else "finished"))
+        return finish(r, now, acked=acked)
 
     s._prefetch_holds, s._finish_prefetch = held, finished
     return seen
@@ -64,13 +64,14 @@ def test_a_read_is_seen_at_the_pass_after_its_hit_is_allocated(tmp_path):
     its query runs at the first pass (`_add_request_to_queue` -> `_prefetch_kvcache`, before
     `get_next_batch_to_run`), the drain allocates its 8-page hit; under wait_complete
     `check_prefetch_progress` holds it (`_can_terminate_prefetch` False) and the loop passes again
-    at once, where the read is in and r loads it back."""
+    at once, whose drain takes the read's acks and inserts its pages (`_drain_ack_prefetch` ->
+    `_handle_prefetch_result`); r is admitted and loads them back."""
     engine = _engine(tmp_path, "wait_complete")
     t = req("r", 0, list(range(1, 9)))
     _store(engine, t)
     seen = _polls(engine, "r")
     engine.run(helpers.numbered([t]))
-    assert seen == [(1, "held"), (2, "finished")]
+    assert seen == [(1, "held"), (2, "inserted at the drain")]
     r = engine.probe.records["r"]
     assert (r.storage_hit_tokens, r.device_hit_tokens) == (8 * PS, 0)
     assert r.queue_ns == 0  # both passes at its arrival: storage costs no time here
