@@ -319,8 +319,10 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
             for req in arrived:
                 self._start_prefetch(req, now)
         if self.rules.storage_acks_per_pass:
-            self.ctrl.release_storage_writes(now)
+            # the drain's order: the hits (host memory, reads), the reads' acks, then the
+            # storage writes' acks (`_drain_backup`: their host copies free only after)
             self.drain_prefetch_queries(now)
+            self.ctrl.release_storage_writes(now)
         self._retry_prefetches(now)  # _process_hicache_events, every pass
         if self._admission_reopens:
             # get_next_batch_to_run clears batch_is_full after the last prefill batch when
