@@ -127,7 +127,8 @@ class StoragePrefetch:
             for seq, req in list(self.reading.items()):
                 if req.prefetch is None:
                     del self.reading[seq]
-                elif req.prefetch_ack_pass <= step:
+                elif req.prefetch_ack_pass <= step and now >= req.prefetch[4]:
+                    # its read done on the clock too (the last ack comes when the read ends)
                     del self.reading[seq]
                     self._finish_prefetch(req, now, acked=True)
 
