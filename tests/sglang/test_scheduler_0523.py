@@ -44,13 +44,13 @@ pytestmark = pytest.mark.sglang
 # batch_is_full is cleared at the pass after a mixed batch (get_next_batch_to_run, "running_batch
 # = last_batch" after mix_with_running emptied the running batch).
 STILL_DIFFERENT: dict[str, str] = {
-    # The storage tier (sglang0523_storage.py; docs/engine.md, "Storage tier"): not attributed yet.
+    # The storage tier (sglang0523_storage.py; docs/engine.md, "Storage tier: run"): not attributed yet.
     "stored-s0-p1-fcfs-write_through-timeout":
-        "step 11 of 44: SGLang admits st0-11 beside st0-7, the engine does not (SGLang evicted 435 "
-        "device / 869 host tokens in the window, the engine 0 / 434)",
+        "step 12 of 44: the engine evicts 742 host tokens in the window, SGLang none; 29 of 40 "
+        "requests after it (5 splits)",
     "stored-s0-p1-fcfs-write_back-best_effort-nosystem":
-        "step 11 of 40 starts 10 us later in SGLang (host evictions 1,528 vs 1,029 tokens in the "
-        "window before); TTFT only, no split differs",
+        "4 of 40 steps' host evictions (from step 11: SGLang 1,528 tokens, the engine 1,029, its "
+        "duplicate reclaims and write-back storage locks); every request agrees",
     "stored-s2-p64-fcfs-write_through_selective-wait_complete":
         "step 24 of 29: SGLang admits st2-33, the engine re-queries it (a shrunk match: its last "
         "query's match was 6 pages in the engine; SGLang queried it again at its pass 43 after a "
