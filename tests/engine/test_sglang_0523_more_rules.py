@@ -295,13 +295,16 @@ def test_a_requery_after_a_hit_the_host_could_not_take_assumes_it_stored(tmp_pat
     s, r = _stored_request(tmp_path)
     r.storage_hit_end = 5  # a 5-page hit the host could not take, 8 pages stored by now
     s._start_prefetch(r, 0)
+    s.drain_prefetch_queries(0)  # the hit's host memory and read: the next drain (storage_acks_per_pass)
     assert r.prefetch[:2] == (0, 5) and r.prefetch_tokens == 5 * PS and r.storage_hit_end is None
     s2, r2 = _stored_request(tmp_path / "plain")
     s2._start_prefetch(r2, 0)  # no known end: the whole span is queried
+    s2.drain_prefetch_queries(0)
     assert r2.prefetch[:2] == (0, 8) and r2.prefetch_tokens == 8 * PS
     s3, r3 = _stored_request(tmp_path / "behind")
     r3.storage_hit_end = 0  # not past the match (0 pages): an ordinary query
     s3._start_prefetch(r3, 0)
+    s3.drain_prefetch_queries(0)
     assert r3.prefetch[:2] == (0, 8)
 
 
@@ -313,5 +316,6 @@ def test_a_hit_the_host_cannot_take_arms_a_requery_with_its_end(tmp_path, monkey
     monkeypatch.setattr(s.ctrl, "alloc_host", lambda pages, cause, now: None)
     monkeypatch.setattr(s.ctrl.host, "alloc", lambda pages: None)
     s._start_prefetch(r, 0)
+    s.drain_prefetch_queries(0)  # the hit's host memory: the next drain (storage_acks_per_pass)
     assert (r.storage_skip_reason, r.storage_hit_end, s.prefetch_retry_due) == ("host_full", 8, {r.seq: None})
     assert RULE_SETS["0.5.23"].prefetch_assume_stored and not RULE_SETS["0.5.9"].prefetch_assume_stored

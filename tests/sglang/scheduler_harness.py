@@ -103,6 +103,10 @@ class Workload:
     closed_loop: bool = False
     max_running: int = 512
     mixed_chunk: bool = False  # --enable-mixed-chunk: a prefill batch carries the running requests' decode step
+    # a storage tier (SGLang: the file backend, its threads pumped at each pass: sglang0523_storage.py);
+    # 0: none. prefetch_policy None: each side's default for 0.5.23 ("timeout")
+    storage_tokens: int = 0
+    prefetch_policy: str | None = None
 
     def context_len(self) -> int:
         return max(r["input_len"] + r["output_len"] for r in self.requests) + 64
@@ -114,6 +118,8 @@ class Workload:
                  eviction_policy=self.eviction_policy, schedule_policy=self.schedule_policy,
                  max_prefill_tokens=self.max_prefill_tokens, max_context_tokens=self.context_len(),
                  sglang_rules="0.5.23", verify="off", data_plane_mib=4, enable_mixed_chunk=self.mixed_chunk)
+        if self.storage_tokens:
+            d.update(storage_tokens=self.storage_tokens, prefetch_policy=self.prefetch_policy)
         d.update(kw)
         return d
 
@@ -124,7 +130,8 @@ class Workload:
                 "context_len": self.context_len(), "core": core, "block_size": self.block_size,
                 "engine_config": self.engine_config(), "requests": self.requests, "switches": sorted(switches),
                 "closed_loop": self.closed_loop, "max_running": self.max_running, "flat_copy_cost": True,
-                "mixed_chunk": self.mixed_chunk}
+                "mixed_chunk": self.mixed_chunk, "storage": bool(self.storage_tokens),
+                "prefetch_policy": self.prefetch_policy}
 
 
 # --- the engine side --------------------------------------------------------------------------
@@ -199,6 +206,10 @@ def run_engine(w: Workload, switches) -> dict:
         sched = engine.scheduler
         if "zero_decode" in switches:
             object.__setattr__(engine.cost, "decode_step_ns", lambda context_tokens: 0)
+        if w.storage_tokens:
+            # SGLang's storage threads are pumped between passes (sglang0523_storage.py): its
+            # reads and writes take no virtual time, and so do the engine's here
+            object.__setattr__(engine.cost, "storage_ns", lambda num_bytes: 0)
         form = sched.schedule_pass
 
         def batch(now):  # a step: one Scheduler.schedule_pass call that formed a batch
@@ -604,4 +615,60 @@ def audit_cases() -> list[tuple[str, Callable[[], Workload], str]]:
         ("conversation24-x4-fcfs-write_through",
          partial(mooncake, 24, speedup=4, schedule_policy="fcfs", write_policy="write_through"), "rust"),
     ]
+    return out
+
+
+# --- the storage tier (sglang0523_storage.py) -------------------------------------------------------
+STORAGE_TOKENS = 1 << 22  # far beyond what a workload writes: nothing is deleted from the tier
+
+
+def stored(seed: int, *, page_size: int, schedule_policy: str = "fcfs", write_policy: str = "write_through",
+           prefetch_policy: str | None = None, n: int = 40, system_prompt: bool = True) -> Workload:
+    """A storage tier behind pools that churn: distinct prompts of 5-12 blocks (320-768 tokens)
+    under a system prompt, into a device pool of 2,048 tokens and a host pool of the same size,
+    so the host evicts what storage then keeps; 40 % of the requests repeat an earlier prompt
+    (a storage hit once its pages left the host: prefetched at arrival, loaded back at
+    admission), some of them arriving together (in-flight prefetches share the host).
+    Without `system_prompt` the prompts share nothing: under write_back a device-resident system
+    prompt is never backed up, so 0.5.23's prefetch gate (`_prefetch_kvcache`: the best match
+    backed up, or the root) stops every query; without it the gate is the root."""
+    rnd = random.Random(seed * 104729 + 17)
+    block = 64
+    chains = _Chains()
+    system = chains.fresh(1) if system_prompt else []
+    reqs = []
+    t = 0
+    for i in range(n):
+        t += 0 if rnd.random() < 0.25 else rnd.randint(1, 10) * 1_000_000
+        if i >= 8 and rnd.random() < 0.4:
+            prev = rnd.choice(reqs[: max(1, i - 6)])  # an older prompt: its pages have likely left the host
+            ids, length = list(prev["hash_ids"]), prev["input_len"]
+        else:
+            ids = system + chains.fresh(rnd.randint(4, 11))
+            length = len(ids) * block - rnd.randint(0, block - 1)
+        reqs.append({"id": f"st{seed}-{i}", "arrival_ns": t, "input_len": length, "output_len": rnd.randint(1, 8),
+                     "hash_ids": ids, "priority": 0})
+    dev = 2048 // page_size
+    budget = 512 if page_size < 64 else 1024
+    pp = prefetch_policy or "timeout"
+    sp = "" if system_prompt else ", no system prompt"
+    return Workload(f"stored(seed {seed}, page {page_size}, {schedule_policy}, {write_policy}, {pp}{sp})", reqs,
+                    page_size, dev, dev, block, budget, schedule_policy, write_policy,
+                    storage_tokens=STORAGE_TOKENS, prefetch_policy=prefetch_policy)
+
+
+def storage_cases() -> list[tuple[str, Callable[[], Workload], str]]:
+    """A storage tier (`stored`): pages 64 and 1, fcfs and lpm, write_through, write_back and
+    write_through_selective, each prefetch policy (timeout is 0.5.23's default), and prompts
+    without a shared system prompt (under write_back the prefetch gate is then the root)."""
+    out = []
+    for seed, ps, pol, wp, pp, system in (
+            (0, 64, "fcfs", "write_through", None, True), (0, 64, "fcfs", "write_through", "best_effort", True),
+            (1, 64, "fcfs", "write_back", "best_effort", False), (1, 64, "lpm", "write_back", None, True),
+            (1, 1, "lpm", "write_back", "best_effort", True), (0, 1, "fcfs", "write_through", None, True),
+            (0, 64, "lpm", "write_through", None, True), (0, 1, "fcfs", "write_back", "best_effort", False),
+            (2, 64, "fcfs", "write_through_selective", "wait_complete", True)):
+        name = f"stored-s{seed}-p{ps}-{pol}-{wp}-{pp or 'timeout'}" + ("" if system else "-nosystem")
+        out.append((name, partial(stored, seed, page_size=ps, schedule_policy=pol, write_policy=wp,
+                                  prefetch_policy=pp, system_prompt=system), "rust"))
     return out

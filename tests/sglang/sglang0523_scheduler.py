@@ -60,6 +60,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 
 import sglang0523  # noqa: E402,F401  (its byte stand-ins: device module, host buffer, copies)
+import sglang0523_storage as storage  # noqa: E402  (the storage tier's threads, pumped: its docstring)
 from token_ids import OUTPUT_TOKEN_BASE, input_tokens  # noqa: E402
 
 # The engine's cost model: the repository root is two folders up (tests/sglang/..).
@@ -361,6 +362,7 @@ def build(spec: dict) -> HeadlessScheduler:
         kw = dict(enable_hierarchical_cache=True, hicache_ratio=((host - 1) * ps + 0.5) / (dev * ps),
                   hicache_io_backend="kernel", hicache_mem_layout="layer_first",
                   hicache_write_policy=spec["write_policy"])
+        kw.update(spec.get("_storage_args", {}))
     budget = spec["max_prefill_tokens"]
     args = ServerArgs(model_path="dummy", skip_tokenizer_init=True, page_size=ps, device="cpu",
                       disable_overlap_schedule=True, chunked_prefill_size=budget, max_prefill_tokens=budget,
@@ -438,6 +440,15 @@ def run_workload(spec: dict) -> dict:
     SWITCHES.clear()
     SWITCHES.update(spec.get("switches", ()))
     _set_env(SWITCHES, spec["core"])
+    spec["_storage_args"], folder = storage.server_args(spec)
+    spec["_storage_folder"] = folder
+    try:
+        return _run_workload(spec)
+    finally:
+        storage.cleanup(folder)
+
+
+def _run_workload(spec: dict) -> dict:
     sch = build(spec)
     worker = sch.tp_worker
     pricer = Pricer(spec)
@@ -493,6 +504,8 @@ def run_workload(spec: dict) -> dict:
             out[rid] = {"arrival_ns": arrival[rid], "first_token_ns": None, "finish_ns": None}
         for req in sch.waiting_queue:
             live[req.rid] = req
+        # the storage threads ran while the last batch ran: quiescent before the pass
+        storage.pump(tree, clock)
         mark = [evicted["device"], evicted["host"]]  # cumulative at this pass's start
         log_at = len(evicted["log"])
         phase["now"] = clock
@@ -534,6 +547,8 @@ def run_workload(spec: dict) -> dict:
                      if isinstance(a.finish_event, _TimedEvent) and a.finish_event.ready_at > clock]
             if pi < len(pending):
                 later.append(arrival[pending[pi]])
+            if storage.held():
+                later.append(clock)  # a request waits on storage: the event loop's next pass
             if later and (pi < len(pending) or sch.waiting_queue or sch.chunked_req is not None):
                 clock = max(clock, min(later))
                 idle_passes = 0
@@ -604,7 +619,7 @@ def run_workload(spec: dict) -> dict:
     steps.append({"t": clock, "kind": "end", "members": [],
                   "evicted_before": [evicted["device"], evicted["host"]]})
     return {"steps": steps, "requests": out, "missing": sorted(MISSING), "evictions": evicted["log"],
-            "core": type(tree.tree_core).__name__}
+            "core": type(tree.tree_core).__name__, "storage": storage.stats(tree, spec.get("_storage_folder"))}
 
 
 def _state(sch, tree) -> dict:

@@ -43,14 +43,28 @@ pytestmark = pytest.mark.sglang
 # pressure differing (20 of 64 sweeps, two of them CI cases here); it was the engine's:
 # batch_is_full is cleared at the pass after a mixed batch (get_next_batch_to_run, "running_batch
 # = last_batch" after mix_with_running emptied the running batch).
-STILL_DIFFERENT: dict[str, str] = {}
+STILL_DIFFERENT: dict[str, str] = {
+    # The storage tier (sglang0523_storage.py; docs/engine.md, "Storage tier: run"): not attributed yet.
+    "stored-s0-p1-fcfs-write_through-timeout":
+        "step 12 of 44: the engine evicts 742 host tokens in the window, SGLang the same 742 in "
+        "the next pass's drain (a prefetch's host room, before its chunk stash); 29 of 40 "
+        "requests after it (3 splits, TTFT within 0.4 %)",
+    "stored-s0-p1-fcfs-write_back-best_effort-nosystem":
+        "6 of 40 steps' host evictions (from step 11: SGLang 1,528 tokens, the engine 1,029, its "
+        "duplicate reclaims and write-back storage locks); every request agrees",
+    "stored-s2-p64-fcfs-write_through_selective-wait_complete":
+        "step 24 of 29: SGLang admits st2-33, the engine re-queries it (a shrunk match: its last "
+        "query's match was 6 pages in the engine; SGLang queried it again at its pass 43 after a "
+        "miss the engine never had) and admits st2-34; TTFT of 7 requests, no split",
+}
 # The long mode (TIERDIAG_HARNESS_LONG=1, not CI: 3-15 minutes each on a CPU) agrees on every step
 # and request in all four cases (tests/sglang/README.md has the numbers and the fixes it took).
 
 
 def _cases():
     out = []
-    for cid, make, core in H.seeded_cases() + H.agentic_cases() + H.trace_cases() + H.audit_cases():
+    for cid, make, core in H.seeded_cases() + H.agentic_cases() + H.trace_cases() + H.audit_cases() + \
+            H.storage_cases():
         marks = [pytest.mark.shared] if cid.startswith("conversation") else []
         if cid in STILL_DIFFERENT:
             marks.append(pytest.mark.xfail(strict=True, reason="still differs: " + STILL_DIFFERENT[cid]))

@@ -381,6 +381,18 @@ class Admission:
         locked; under 0.5.9 no hit is counted and nothing is backed up (_inc_hit_count skips
         chunked); under 0.5.23 the chunk's new pages count a hit and may be backed up at once."""
         ctrl = self.ctrl
+        if self.rules.storage_acks_per_pass and ctrl.storage is not None:
+            # the stash runs in the next pass, after that pass's arrivals are queried
+            # (`_add_request_to_queue` -> `_prefetch_kvcache`: they match the tree without this
+            # chunk) and after its drain (the hits' host memory, the reads' inserts, then
+            # `_drain_backup`: the storage writes it takes are done and their host copies free
+            # before the chunk's backup makes host room); the pass's own drain finds it done
+            if self.unqueried:
+                arrived, self.unqueried = self.unqueried, []
+                for queued in arrived:
+                    self._start_prefetch(queued, self.event_ns)
+            self.drain_prefetch_queries(self.event_ns)  # its hits' host memory first, then
+            ctrl.release_storage_writes(self.event_ns)
         ctrl.stash_backups = True  # 0.5.23: its backups go with the next batch's (flush_backups)
         try:
             self._insert(req, min(req.done_tokens // self.ps, len(req.keys)), self.event_ns, chunk=True)

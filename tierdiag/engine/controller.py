@@ -107,6 +107,12 @@ class CacheController:
         self.demoted_by = PageMap()
         # The scheduler's event queue: at(t_ns, callback, arg) runs callback(arg) at virtual time t_ns.
         self.at = None
+        # 0.5.23 (rules.storage_acks_per_pass): a node's storage write waits for its host copy's
+        # ack, and holds the host copy until the pass after that ack's (release_storage_writes);
+        # `pass_now` is the scheduler's pass count (Scheduler.prefetch_pass)
+        self.storage_per_pass = self.rules.storage_acks_per_pass and storage is not None
+        self.storage_writes: list[tuple] = []  # (node, cause, pass that releases it)
+        self.pass_now = lambda: 0
 
     # --- helpers -------------------------------------------------------------------------
     def _to_host(self, device_slots: list[int], host_slots: list[int]) -> tuple[int, int]:
@@ -294,14 +300,51 @@ class CacheController:
             nodes.append(node)
         self.d2h_free_ns = t
         self.backups_in_flight += len(nodes)
+        if self.storage_per_pass:
+            self.at(t, self._ack_backups_to_storage, [(node, cause) for node, cause, *_ in queue])
+            return
         self.at(t, self._ack_backups, nodes)
         for node, cause, *_ in queue:
             self._write_storage(node, cause, t)
+
+    def _ack_backups_to_storage(self, acked: list[tuple]) -> None:
+        """The copy's ack (`writing_check` -> `_finish_write_through_ack`), and each node's
+        storage write started (`write_backup_storage`)."""
+        self._ack_backups([node for node, _ in acked])
+        for node, cause in acked:
+            self._storage_after_ack(node, cause)
 
     def _ack_backups(self, nodes: list[TreeNode]) -> None:
         self.backups_in_flight -= len(nodes)
         for node in nodes:
             self.tree.dec_lock(node)
+
+    def _storage_after_ack(self, node: TreeNode, cause: str | None) -> None:
+        """0.5.23: the node's host copy held from its copy's ack until its storage write's ack is
+        drained, at the pass after the one whose `writing_check` takes the copy's ack: the pass
+        after the next (pass_now counts the pass running, or the last one between passes)."""
+        self.tree.protect_host(node)
+        self.storage_writes.append((node, cause, self.pass_now() + 2))
+
+    def release_storage_writes(self, now_ns: int, *, every: bool = False) -> None:
+        """A pass's drain (`_drain_backup`): the storage writes whose ack it takes are in the tier
+        (written before this pass, after its arrivals' queries: `backup_thread_func` runs after
+        the query thread) and their host copies free to evict again."""
+        if not self.storage_writes:
+            return
+        step = self.pass_now() + 1  # the pass this drain belongs to
+        if every:  # the replay's end: the passes after it would take every ack
+            step = max(release for _, _, release in self.storage_writes)
+        keep = []
+        for entry in self.storage_writes:
+            node, cause, release = entry
+            if release > step:
+                keep.append(entry)
+                continue
+            if node.host is not None:
+                self._write_storage(node, cause, now_ns)
+            self.tree.release_host(node)
+        self.storage_writes = keep
 
     def _write_back(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
         """write_back: back the node up at eviction, synchronously (the allocation waits for it)."""
@@ -323,7 +366,10 @@ class CacheController:
         if self.emit.transfer is not None:
             self.emit.transfer((self._transfer_id(), start, start + dur, TransferKind.WRITE_BACK, cause, pages, runs,
                                         pages * self.page_bytes, dp_bytes, start - now_ns, wall, None, self.rank))
-        self._write_storage(node, cause, start + dur)
+        if self.storage_per_pass:
+            self._storage_after_ack(node, cause)
+        else:
+            self._write_storage(node, cause, start + dur)
 
     def _write_storage(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
         if self.storage is None:

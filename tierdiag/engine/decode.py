@@ -216,6 +216,8 @@ class DecodeSteps:
             return end
         if ctrl.backup_queue or ctrl.backup_later:  # the next pass's `schedule_pass` flushes them first
             return end
+        if ctrl.storage_writes or self.unallocated or self.query_occupied or self.reading:
+            return end  # a pass's drain has storage work (storage_acks_per_pass): schedule_pass's
         # schedule_pass's head, once: nothing waits, so no prefill batch is formed
         ctrl.blocking_ns = 0
         if ctrl.loads_pending:
@@ -336,6 +338,7 @@ class DecodeSteps:
         req.own_from_page = 0
         req.prefetch_retries = 0
         req.storage_hit_end = None
+        req.storage_last_match = 0  # _add_request_to_queue(is_retracted=True)
         self.waiting.append(req)
         self.arrived_at[req.seq] = self.processed_tokens
         if self.ctrl.storage is not None and req.prefetch is None:

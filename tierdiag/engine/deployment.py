@@ -166,6 +166,8 @@ class Deployment:
                         f"{sched.tree.locked_device_pages} locked)")
                 break
             now = max(now, nxt)
+        for sched in self.ranks:  # the passes after the end would take every storage write's ack
+            sched.ctrl.release_storage_writes(now, every=True)
         self.stats.virtual_end_ns = now
         return self.stats
 

@@ -55,6 +55,7 @@ class StoragePrefetch:
         req.storage_skip_reason = None  # this query's verdict (a re-query replaces the last one)
         match = tree.match(req.keys[:req.max_match_pages], now)  # init_next_round_input
         matched = match.device_pages + match.host_pages
+        req.storage_last_match = matched  # storage_prefetch_last_match_len, whatever the query decides
         storage = ctrl.storage
         hits = storage.hits(req.keys, matched)  # consecutive hits past the match, not touched
         end = matched + hits
@@ -87,11 +88,69 @@ class StoragePrefetch:
         elif hit_only and hits * ps < self.prefetch_threshold:
             reason = "below_threshold"  # a miss, or a hit not worth the transfer: poll_miss
             self._arm_prefetch_retry(req)
+            if rules.storage_acks_per_pass:
+                # issued: it holds its requested span until the drain revokes it
+                self.prefetch_tokens_occupied += span * ps
+                self.query_occupied += span * ps
+                req.prefetch_query_pass = self.prefetch_pass
         if reason is not None:
             if req.storage_match_pages:
                 req.storage_skip_reason = reason
             return
         tree.protect_host(anchor)
+        if rules.storage_acks_per_pass:
+            req.prefetch_query_pass = self.prefetch_pass  # issued
+            # 0.5.23: the span is reserved at the query (`prefetch_tokens_occupied`), the hit's
+            # host memory allocated and its read started by the next drain
+            # (`_drain_and_alloc_storage_hit`): Scheduler.drain_prefetch_queries
+            req.prefetch_tokens = span * ps
+            self.prefetch_tokens_occupied += req.prefetch_tokens
+            self.unallocated[req.seq] = (req, anchor, matched, hits, span)
+            return
+        self._alloc_prefetch(req, anchor, matched, hits, span, now)
+
+    def drain_prefetch_queries(self, now: int) -> None:
+        """0.5.23 `_drain_storage_control_queues_impl` -> `_drain_and_alloc_storage_hit`, in the
+        order the queries were made: misses give their span back (`revoke_pending_prefetch`),
+        hits get their host memory and start their read."""
+        self.prefetch_tokens_occupied -= self.query_occupied
+        self.query_occupied = 0
+        if self.unallocated:
+            queued, self.unallocated = self.unallocated, {}
+            for req, anchor, matched, hits, span in queued.values():
+                self._alloc_prefetch(req, anchor, matched, hits, span, now)
+        # `_drain_ack_prefetch`: a read whose acks this drain takes is inserted into the tree now
+        # (`_handle_prefetch_result`, "check_prefetch_progress() is not called for this rid
+        # yet"), whether or not its request is polled in this pass
+        if self.reading:
+            step = self.prefetch_pass + 1  # the pass this drain belongs to
+            for seq, req in list(self.reading.items()):
+                if req.prefetch is None:
+                    del self.reading[seq]
+                elif req.prefetch_ack_pass <= step and now >= req.prefetch[4]:
+                    # its read done on the clock too (the last ack comes when the read ends)
+                    del self.reading[seq]
+                    self._finish_prefetch(req, now, acked=True)
+
+    def _revoke_query(self, req: Req) -> None:
+        """best_effort at an admission poll while the request's query is in flight
+        (`check_prefetch_progress` -> terminate with no host memory): `poll_miss`, revoked."""
+        _, anchor, _, _, _ = self.unallocated.pop(req.seq)
+        self.tree.release_host(anchor)
+        self.prefetch_tokens_occupied -= req.prefetch_tokens
+        req.prefetch_tokens = 0
+        self._arm_prefetch_retry(req)
+
+    def _alloc_prefetch(self, req: Req, anchor, matched: int, hits: int, span: int, now: int) -> None:
+        """The hit's host memory and its read (the rest of `_start_prefetch`)."""
+        rules, tree, ctrl, ps = self.rules, self.tree, self.ctrl, self.ps
+        hit_only = rules.prefetch_alloc_hit_only
+        reserved = rules.storage_acks_per_pass  # the span is held since the query
+
+        def give_back():
+            if reserved:
+                self.prefetch_tokens_occupied -= req.prefetch_tokens
+                req.prefetch_tokens = 0
         if hit_only:  # allocate_storage_hit(allow_partial=True, min_tokens=prefetch_threshold)
             slots = ctrl.alloc_host(hits, req.req_id, now)
             if slots is None:
@@ -100,6 +159,7 @@ class StoragePrefetch:
                     slots = ctrl.alloc_host(fit, req.req_id, now)
             if slots is None:
                 tree.release_host(anchor)
+                give_back()
                 req.storage_skip_reason = "host_full"
                 # poll_miss(rid, storage_start + storage_hit_count): the re-query knows the hit's end
                 self._arm_prefetch_retry(req, matched + hits)
@@ -111,12 +171,14 @@ class StoragePrefetch:
             slots = ctrl.alloc_host(span, req.req_id, now)
             if slots is None:
                 tree.release_host(anchor)
+                give_back()
                 if req.storage_match_pages:
                     req.storage_skip_reason = "host_full"
                 return
             if hits * ps < self.prefetch_threshold:  # prefetch_thread_func: revoke, not enough benefit
                 ctrl.host.free(slots)
                 tree.release_host(anchor)
+                give_back()
                 if req.storage_match_pages:
                     req.storage_skip_reason = "below_threshold"
                 return
@@ -124,9 +186,15 @@ class StoragePrefetch:
             slots = slots[:hits]
         start, done = ctrl.prefetch(req.keys[matched:matched + hits], slots, req.req_id, now)
         req.prefetch = (matched, hits, slots, start, done)
+        if reserved:
+            # its hit allocated by this drain, its read's acks drained by the next pass's
+            # (the drain runs before prefetch_pass counts the pass it belongs to)
+            req.prefetch_ack_pass = self.prefetch_pass + 2
+            self.reading[req.seq] = req
+        else:
+            req.prefetch_tokens = span * ps  # the requested span is what counts against the limit
+            self.prefetch_tokens_occupied += req.prefetch_tokens
         req.anchor = anchor
-        req.prefetch_tokens = span * ps  # the requested span is what counts against the limit
-        self.prefetch_tokens_occupied += req.prefetch_tokens
         req.storage_fetch_ns = done - start
         req.storage_bytes = hits * ctrl.page_bytes
         match PrefetchPolicy(self.cfg.resolved_prefetch_policy()):
@@ -156,7 +224,58 @@ class StoragePrefetch:
             if deadline < req.hold_until_ns:
                 req.hold_until_ns = deadline
                 self.at(deadline, _noop, None)
-        return req.hold_until_ns > now
+        if req.hold_until_ns > now:
+            return True
+        if self._prefetch_unacked(req, now):
+            self.at(now, _noop, None)  # the event loop's next pass drains the read's acks
+            return True
+        return False
+
+    def _prefetch_unacked(self, req: Req, now: int) -> bool:
+        """A prefetch whose read is not seen yet, or a query not answered yet (rule
+        `storage_acks_per_pass`), holds its request under a policy that waits
+        (`_can_terminate_prefetch`: wait_complete, or timeout before its deadline); best_effort
+        never holds."""
+        if not self.rules.storage_acks_per_pass:
+            return False
+        step = self.prefetch_pass
+        # a read not seen yet; or a query made in this pass (a re-query), in flight until the
+        # next pass answers it, a miss included (`ongoing_prefetch` keeps it until the drain
+        # revokes it)
+        if not ((req.prefetch is not None and req.prefetch_ack_pass > step) or req.prefetch_query_pass == step):
+            return False
+        policy = PrefetchPolicy(self.cfg.resolved_prefetch_policy())
+        if policy == PrefetchPolicy.BEST_EFFORT:
+            return False
+        deadline = req.prefetch_deadline_ns
+        return not (policy == PrefetchPolicy.TIMEOUT and deadline is not None and deadline <= now)
+
+    def _prefetch_after_hit_loss(self, req: Req, now: int) -> bool:
+        """0.5.23 `Scheduler._prefetch_after_device_hit_loss`, at admission once the prefetch has
+        ended (`check_prefetch_progress`) and the request is matched (`init_next_round_input`):
+        when its device + host match is shorter than at its last storage query (eviction took
+        part of its prefix while it waited), storage is queried again for the range that opened
+        (`_retry_storage_prefetch`: one more re-query, `prefetch_from_storage` without a known
+        end, which cancels an armed one) and the request is skipped this pass. Past the re-query
+        cap the shorter match is taken as it is. Returns whether the request is skipped.
+        The rule set's re-queries (`prefetch_retry_*`) gate it: 0.5.9 has neither."""
+        last = req.storage_last_match
+        if not last or not self.rules.prefetch_retry_interval_passes:
+            return False
+        _, current = self.tree.locate(req.keys[:req.max_match_pages])  # no stamp: _admit's match stamps
+        if current >= last:
+            return False
+        if req.prefetch_retries >= self.rules.prefetch_retry_max_attempts:
+            req.storage_last_match = current
+            return False
+        self.tree.match(req.keys[:req.max_match_pages], now)  # the admission's match, before the skip
+        if self.prefetch_retry_due.pop(req.seq, 0) != 0:  # prefetch_from_storage: retries.cancel(rid)
+            del self.prefetch_retry_reqs[req.seq]
+        req.prefetch_retries += 1
+        req.storage_hit_end = None
+        self._start_prefetch(req, now)
+        self.at(now, _noop, None)  # skipped: the event loop passes again at once
+        return True
 
     def _arm_prefetch_retry(self, req: Req, storage_hit_end: int | None = None) -> None:
         """StoragePrefetchRetries.poll_miss: query storage again in a few scheduling passes, with
@@ -177,6 +296,8 @@ class StoragePrefetch:
         speculative miss must never delay the queue head"); past max_attempts re-queries, none."""
         interval = self.rules.prefetch_retry_interval_passes
         if not interval:
+            if self.rules.storage_acks_per_pass:
+                self.prefetch_pass += 1  # the clock of the prefetch acks
             return
         self.prefetch_pass += 1
         pending, waiting = self.prefetch_retry_due, self.waiting
@@ -225,6 +346,8 @@ class StoragePrefetch:
         pass: the reference the indexed one is tested against (tests/engine/test_fast_paths.py)."""
         interval = self.rules.prefetch_retry_interval_passes
         if not interval:
+            if self.rules.storage_acks_per_pass:
+                self.prefetch_pass += 1  # the clock of the prefetch acks
             return
         self.prefetch_pass += 1
         pending, waiting, reqs = self.prefetch_retry_due, self.waiting, self.prefetch_retry_reqs
@@ -254,13 +377,15 @@ class StoragePrefetch:
             req.prefetch_retries += 1
             self._start_prefetch(req, now)
 
-    def _finish_prefetch(self, req: Req, now: int) -> None:
+    def _finish_prefetch(self, req: Req, now: int, *, acked: bool = False) -> None:
         """HiRadixCache.check_prefetch_progress, once the policy lets the prefetch end: the pages
         read so far go into the tree as host-only nodes below the anchor (pages someone else put
         there meanwhile are duplicates and freed), the rest is released, the anchor unprotected.
         The new nodes are not locked: admission follows at once and loads them back."""
         first, pages, slots, start, end = req.prefetch
         done = pages if now >= end else max(0, (pages * (now - start)) // max(end - start, 1))
+        if req.prefetch_ack_pass > self.prefetch_pass and not acked:
+            done = 0  # no ack drained yet: `operation.completed_tokens` is 0 (storage_acks_per_pass)
         req.prefetch = None
         tree = self.tree
         node, matched = tree.locate(req.keys[:first + done])

@@ -31,7 +31,7 @@ class Req:
         "storage_bytes", "storage_fetch_ns", "recompute_ns", "compute_ns", "first_token_ns", "lost",
         "loadback_wall_ns", "loadback_verified", "protected_pages", "session", "think_ms", "trace_arrival_ns",
         "prefetch_wait_ns", "prefetch_deadline_ns", "prefetch_retries", "inserted_pages", "prefill_work_tokens",
-        "storage_hit_end", "route",
+        "storage_hit_end", "route", "storage_last_match", "prefetch_ack_pass", "prefetch_query_pass",
     )
 
     def __init__(self, t: TraceRequest, arrival_ns: int, trace_arrival_ns: int | None = None,
@@ -56,6 +56,15 @@ class Req:
         # 0.5.23's `storage_hit_end` in pages: where a hit the host could not take ended, carried
         # into the re-query (`poll_miss`), which then assumes that span stored (`assume_stored`).
         self.storage_hit_end: int | None = None
+        # 0.5.23's `storage_prefetch_last_match_len` in pages: device + host pages matched at the
+        # last storage query (`_prefetch_kvcache`); 0 before any
+        self.storage_last_match = 0
+        # the scheduling pass (Scheduler.prefetch_pass) from which its prefetch's read is seen
+        # (rule storage_acks_per_pass); 0: on its read's time only
+        self.prefetch_ack_pass = 0
+        # the pass its last storage query was made in (rule storage_acks_per_pass): a query made
+        # inside a pass (a re-query) is answered by the next; -1: none
+        self.prefetch_query_pass = -1
         self.inserted_pages = 0  # req.kv.cache_inserted_len in pages: what this request's inserts covered
         # Decode: the tokens its next prefill covers (input, plus the output so far after a
         # retraction), output tokens generated (len(output_ids)) and KV committed when it last

@@ -190,6 +190,19 @@ class RuleSet:
     # for the span up to where that hit ended, assumed stored (`assume_stored`: the existence query
     # is skipped, `_storage_hit_query`) when it still lies past the new match. 0.5.9: no re-query.
     prefetch_assume_stored: bool
+    # When a prefetch's read is seen. 0.5.23: `_drain_storage_control_queues_impl` takes the
+    # read acks it counted (`_sync_hicache_ready_counts`) before it allocates host memory for
+    # the hits and queues their reads (`_drain_and_alloc_storage_hit` -> `prefetch_buffer`), and
+    # `operation.completed_tokens` only moves as acks are drained (`_drain_ack_prefetch`): a
+    # read is seen, at the earliest, at the scheduling pass after the one whose drain allocated
+    # its hit, the pass after its query (at arrival: the first pass after it). Until then
+    # `check_prefetch_progress` finds it running (held under wait_complete / timeout; under
+    # best_effort it ends with nothing read). Storage writes the same way: a node's write to
+    # storage starts when its host copy is acknowledged (`writing_check` ->
+    # `_finish_write_through_ack` -> `write_backup_storage`), which holds the node's host copy
+    # (`inc_host_lock_ref`) until the write's ack is drained (`_drain_backup`) at the pass after.
+    # 0.5.9 (engine as it was): reads on their time only, writes at the backup, no host lock.
+    storage_acks_per_pass: bool
     # --- the host pool ---
     # `hicache_mem_layout` default: layer_first (0.5.9 server_args), page_first (0.5.23
     # arg_groups/fields/memory.py). Recorded in the run's config (`host_layout`); what it changes
@@ -235,6 +248,7 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         prefetch_retry_interval_passes=8,
         prefetch_retry_max_attempts=8,
         prefetch_assume_stored=True,
+        storage_acks_per_pass=True,
         host_layout=SGLANG_HOST_LAYOUT["0.5.23"],
         vocabulary=ExplainVocabulary("prefix_len", "host_loaded_length", "best_match_node", "kv.cache_protected_len"),
         doc="SGLang 0.5.23 (October): UnifiedRadixCache on the unified tree core",
@@ -268,6 +282,7 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         prefetch_retry_interval_passes=0,
         prefetch_retry_max_attempts=0,
         prefetch_assume_stored=False,
+        storage_acks_per_pass=False,
         host_layout=SGLANG_HOST_LAYOUT["0.5.9"],
         vocabulary=ExplainVocabulary("prefix_indices", "host_hit_length", "last_host_node", "cache_protected_len"),
         doc="SGLang 0.5.9 (February): HiRadixCache",

@@ -115,6 +115,15 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.prefetch_retry_due: dict[int, int | None] = {}  # req seq -> pass its re-query is due (0.5.23)
         self.prefetch_retry_reqs: dict[int, Req] = {}  # the same seqs -> their requests
         self.prefetch_pass = 0  # scheduling passes, the re-queries' clock
+        # arrivals whose storage query waits for the next pass (rule storage_acks_per_pass)
+        self.unqueried: list[Req] = []
+        # queries made, their hits' host memory and reads waiting for the next drain
+        # (drain_prefetch_queries), by request seq in query order; and the spans the misses
+        # among them hold until then
+        self.unallocated: dict[int, tuple] = {}
+        self.query_occupied = 0
+        self.reading: dict[int, Req] = {}  # prefetches whose read's acks a later drain takes
+        self.ctrl.pass_now = lambda: self.prefetch_pass
         # SchedulePolicy._waiting_prefix_refresh_calls: the passes that reached the refresh (0.5.23)
         self.refresh_calls = 0
         self.refresh_interval = (self.rules.waiting_prefix_refresh_interval
@@ -196,6 +205,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                         f"{self.tree.locked_device_pages} locked)")
                 break
             now = max(now, nxt)
+        self.ctrl.release_storage_writes(now, every=True)
         self.stats.virtual_end_ns = now
         return self.stats
 
@@ -242,7 +252,12 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         if self.miss is not None:
             self.miss.arrived(req, self.tree)
         if self.ctrl.storage is not None:
-            self._start_prefetch(req, now)
+            if self.rules.storage_acks_per_pass:
+                # 0.5.23 handles an arrival at the next pass (recv_requests ->
+                # `_add_request_to_queue` -> `_prefetch_kvcache`, before get_next_batch_to_run)
+                self.unqueried.append(req)
+            else:
+                self._start_prefetch(req, now)
         self.waiting.append(req)
         self.arrived_at[req.seq] = self.processed_tokens  # req.arrival_processed_tokens
 
@@ -301,6 +316,16 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         # same instant) or a batch-less pass's stash (writing_check) go now, merged
         self.ctrl.flush_backups(now)
         self.ctrl.ack_loads()  # _process_hicache_events -> check_hicache_events: loading_check
+        if self.unqueried:
+            # the arrivals' storage queries (answered before this pass's drain allocates the hits)
+            arrived, self.unqueried = self.unqueried, []
+            for req in arrived:
+                self._start_prefetch(req, now)
+        if self.rules.storage_acks_per_pass:
+            # the drain's order: the hits (host memory, reads), the reads' acks, then the
+            # storage writes' acks (`_drain_backup`: their host copies free only after)
+            self.drain_prefetch_queries(now)
+            self.ctrl.release_storage_writes(now)
         self._retry_prefetches(now)  # _process_hicache_events, every pass
         if self._admission_reopens:
             # get_next_batch_to_run clears batch_is_full after the last prefill batch when
@@ -379,10 +404,20 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
             if self.batch_is_full:
                 break  # a chunked request's pass: it goes on, nobody else is admitted
             req = self.waiting[i]
-            if req.hold_until_ns > now and self._prefetch_holds(req, now):  # "skip staging requests that are ongoing prefetch"
+            if (req.hold_until_ns > now or req.prefetch_ack_pass > self.prefetch_pass
+                    or req.prefetch_query_pass == self.prefetch_pass) and \
+                    self._prefetch_holds(req, now):  # "skip staging requests that are ongoing prefetch"
                 req.held = True
                 i += 1
                 continue
+            if self.ctrl.storage is not None:
+                if req.seq in self.unallocated:  # its query in flight, the policy lets it end now
+                    self._revoke_query(req)
+                if req.prefetch is not None:  # check_prefetch_progress: the policy lets it end now
+                    self._finish_prefetch(req, now)
+                if self._prefetch_after_hit_loss(req, now):
+                    i += 1
+                    continue
             admitted = self._admit(req, budget, now, first=not items, may_chunk=not chunk_continues)
             if admitted is NO_TOKEN:
                 # "Set batch_is_full after making sure there are requests that can be served"
