@@ -9,8 +9,11 @@ TTFT parts (every one in ns of the virtual clock, adding up to TTFT):
 
 from __future__ import annotations
 
+from mypy_extensions import trait
+
 import numpy as np
 
+from tierdiag.engine.schedule_common import SchedulerState
 from tierdiag.engine.tree import TreeNode
 from tierdiag.engine.miss import MissFacts, miss_split
 from tierdiag.probes.events import ROUTE_NONE
@@ -33,6 +36,8 @@ class Req:
         "prefetch_wait_ns", "prefetch_deadline_ns", "prefetch_retries", "inserted_pages", "prefill_work_tokens",
         "storage_hit_end", "route",
     )
+    total_pages: int  # set on arrival (Scheduler._arrive)
+    max_match_pages: int
 
     def __init__(self, t: TraceRequest, arrival_ns: int, trace_arrival_ns: int | None = None,
                  think_ms: float | None = None):
@@ -47,7 +52,7 @@ class Req:
         self.output_len = t.output_len
         self.keys: list[int] = []  # page keys: the input's full pages, then (at finish) output pages
         self.keys_np: np.ndarray | None = None  # `keys` as an array (tree nodes keep views of it)
-        self.prefetch = None  # (first page, pages, host slots, start ns, end ns)
+        self.prefetch: tuple | None = None  # (first page, pages, host slots, start ns, end ns)
         self.anchor: TreeNode | None = None  # the node whose host copy the prefetch protects
         self.prefetch_tokens = 0  # tokens the prefetch counts against the capacity limit
         self.prefetch_wait_ns: int | None = None  # timeout budget armed at the first blocked poll (0.5.23)
@@ -110,7 +115,8 @@ FIRST_PASS_FIELDS = (
     "held", "hold_until_ns", "extend_total_tokens")
 
 
-class RequestRecords:
+@trait
+class RequestRecords(SchedulerState):
     """The Scheduler's records (a mixin, as SGLang's scheduler keeps its output processing in
     scheduler_output_processor_mixin.py): the finished request's row and the pool samples."""
 

@@ -27,7 +27,7 @@ Token split at admission (`prefix_indices` = device original + what load-back re
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -61,7 +61,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.cfg = cfg
         self.rules = config_rules(cfg)  # what differs between SGLang releases (rules.py)
         self.queue = queue_policy(cfg.schedule_policy, self.rules.version, self.rules)  # --schedule-policy (queue_policy.py)
-        self.processed_tokens, self.arrived_at = 0, {}  # HRRN's token clock: processed_tokens_counter, per-seq snapshot
+        self.processed_tokens, self.arrived_at = 0, dict[int, int]()  # HRRN's token clock: processed_tokens_counter, per-seq snapshot
         self.cost = cost
         self.tree = tree
         self.ctrl = ctrl
@@ -123,6 +123,9 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         # Called with (request, now) when a request leaves this scheduler, finished or rejected
         # (a deployment's router counts what it has in flight); None: nobody asks.
         self.on_leave: Callable[[Req, int], None] | None = None
+        # at(t_ns, fn, arg): fn(arg) at virtual time t_ns; an attribute (not a method) because a
+        # deployment puts its shared queue's in its place (engine/deployment.py)
+        self.at: Callable[[int, Any, Any], None] = self._at_own
         ctrl.at = self.at
 
     def as_rank(self, rank: int, num_ranks: int) -> None:
@@ -134,7 +137,8 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.tree.number_nodes(rank + 1, num_ranks)
         self.ctrl.as_rank(rank, num_ranks)
 
-    def at(self, t_ns: int, fn, arg) -> None:
+    def _at_own(self, t_ns: int, fn, arg) -> None:
+        """`at` of a scheduler on its own: the event on its own queue (a deployment replaces `at`)."""
         self._order += 1
         heapq.heappush(self._events, (t_ns, self._order, fn, arg))
 
