@@ -26,13 +26,11 @@ from tierdiag.engine.engine import Engine
 from tierdiag.engine.prefetch import StoragePrefetch
 from tierdiag.probes import events as ev
 from tierdiag.probes.recorder import Probe
-from tierdiag.engine import compiled
+from tests.engine.helpers import patches_the_engine
 
 # These tests swap the engine's methods and class attributes (monkeypatch) to run the fast paths
-# against the reference loop. A compiled core's classes cannot be patched (mypyc's native
-# classes): there, test_fast_paths_twin.py runs this file on the Python twin, in a subprocess.
-pytestmark = pytest.mark.skipif(compiled.is_compiled(), reason="patches engine classes: run on the Python twin by "
-                                                               "test_fast_paths_twin.py")
+# against the reference loop: under a compiled core, on the Python twin (test_python_twin.py).
+pytestmark = patches_the_engine
 from tierdiag.trace.reader import TraceRequest
 
 

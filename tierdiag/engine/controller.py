@@ -111,6 +111,10 @@ class CacheController:
         self.demoted_by = PageMap()
         # The scheduler's event queue: at(t_ns, callback, arg) runs callback(arg) at virtual time t_ns.
         self.at: Any = None  # (typed Any: a compiled build keeps the callable as it is)
+        # Called with (node, tier, action) as each eviction is recorded, before the node changes;
+        # None: nobody asks (tests/sglang/differential.py logs the evicted keys: a compiled
+        # controller's methods cannot be wrapped in their place).
+        self.on_eviction: Any = None
 
     # --- helpers -------------------------------------------------------------------------
     def _to_host(self, device_slots: list[int], host_slots: list[int]) -> tuple[int, int]:
@@ -140,6 +144,8 @@ class CacheController:
         return self.cost.copy_ns(nbytes, pages, to_device=to_device, runs=runs)
 
     def record_eviction(self, node: TreeNode, tier: str, action: str, cause: str | None, now_ns: int) -> int:
+        if self.on_eviction is not None:
+            self.on_eviction(node, tier, action)
         eid = self._next_eviction
         self._next_eviction += self.id_step
         tokens = len(node.keys) * self.page_size

@@ -13,7 +13,6 @@ from mypy_extensions import trait
 
 import numpy as np
 
-from tierdiag.engine.schedule_common import SchedulerState
 from tierdiag.engine.tree import TreeNode
 from tierdiag.engine.miss import MissFacts, miss_split
 from tierdiag.probes.events import ROUTE_NONE
@@ -116,7 +115,7 @@ FIRST_PASS_FIELDS = (
 
 
 @trait
-class RequestRecords(SchedulerState):
+class RequestRecords:
     """The Scheduler's records (a mixin, as SGLang's scheduler keeps its output processing in
     scheduler_output_processor_mixin.py): the finished request's row and the pool samples."""
 

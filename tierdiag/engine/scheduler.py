@@ -127,6 +127,9 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         # deployment puts its shared queue's in its place (engine/deployment.py)
         self.at: Callable[[int, Any, Any], None] = self._at_own
         ctrl.at = self.at
+        # The pass the loops run (schedule_pass): an attribute, so that a harness can watch each
+        # pass (tests/sglang/scheduler_harness.py) where a compiled method cannot be replaced
+        self.pass_fn: Callable[[int], int | None] = self.schedule_pass
 
     def as_rank(self, rank: int, num_ranks: int) -> None:
         """Rank `rank` of a deployment of `num_ranks` (engine/deployment.py): every row it and its
@@ -169,7 +172,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                     break
             ran = False
             if now >= gpu_free and (self.waiting or self.running or self.chunked is not None):
-                end = self.schedule_pass(now)
+                end = self.pass_fn(now)
                 if end is not None:
                     if ahead and not (closed and src.num_sessions):
                         limit = src.next_ns(now)
