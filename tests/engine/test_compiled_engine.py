@@ -93,6 +93,19 @@ def test_a_build_without_mypyc_or_a_manifest_runs_the_twin(tmp_path, monkeypatch
     assert mode == "pure" and says in why
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=20))
+def test_any_value_of_the_switch_decides_without_failing(monkeypatch, value):
+    """TIERDIAG_PURE_ENGINE: unset, empty or 0 keep the default; any other value (hostile ones
+    included) asks for the twin, and the reason quotes it without failing."""
+    monkeypatch.setenv(compiled.ENV, value)
+    mode, why, _ = compiled._decide()
+    if value in ("", "0"):
+        assert not why.startswith("asked")
+    else:
+        assert (mode, why.split(" ")[0]) == ("pure", "asked")
+
+
 # --- replays, compiled and pure, every table compared -------------------------------------------
 
 def _replay(trace: Path, db: Path, args: list[str], *, pure: bool) -> None:

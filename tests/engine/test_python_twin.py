@@ -19,6 +19,8 @@ PATCHING = [
     "tests/engine/test_pools.py::test_a_load_back_of_a_corrupted_host_copy_is_caught",  # wraps load_back
     # replaces _new_prefill for one pass
     "tests/engine/test_sglang_0523_long.py::test_a_pass_that_runs_nothing_while_requests_wait_keeps_the_new_token_ratio",
+    "tests/engine/test_sglang_0523_conformance.py::test_a_miss_is_queried_again_every_8_passes_up_to_8_times",  # _start_prefetch
+    "tests/engine/test_sglang_0523_more_rules.py::test_a_hit_the_host_cannot_take_arms_a_requery_with_its_end",  # alloc_host
 ]
 
 
