@@ -15,6 +15,7 @@ it. `pip install -e .` builds everything in place, beside the sources."""
 import importlib.util
 import json
 import os
+import shutil
 from glob import glob
 from pathlib import Path
 
@@ -85,6 +86,14 @@ class BuildExt(build_ext):
                 ext._tierdiag_engine = True
             self.distribution.ext_modules = list(self.distribution.ext_modules or []) + exts
         super().finalize_options()
+
+    def run(self):
+        super().run()
+        if not self.inplace:  # a wheel: the manifest goes with the extensions (in place, it is there already)
+            manifest = _compiled_module().MANIFEST
+            target = Path(self.build_lib) / "tierdiag" / "engine" / manifest.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(manifest, target)
 
 
 setup(ext_modules=[Extension("tierdiag.native._cplane", SOURCES, depends=glob("tierdiag/native/csrc/*.h"),
