@@ -11,9 +11,8 @@ from mypy_extensions import trait
 
 from tierdiag.config.names import Tier
 from tierdiag.engine.pagemap import blame
-from tierdiag.engine.schedule_common import SchedulerState
 from tierdiag.engine.request import Req
-from tierdiag.engine.schedule_common import CLIP_MAX_NEW_TOKENS, NO_TOKEN, OTHER, EngineError
+from tierdiag.engine.schedule_common import CLIP_MAX_NEW_TOKENS, NO_TOKEN, OTHER, EngineError, SchedulerState
 from tierdiag.engine.tree import TreeNode
 
 

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
+import numpy as np
 from mypy_extensions import trait
 
-import numpy as np
-
-from tierdiag.engine.schedule_common import SchedulerState
 from tierdiag.engine.request import FIRST_PASS_FIELDS, Req
 from tierdiag.engine.schedule_common import (CLIP_MAX_NEW_TOKENS, INT64_MAX, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY,
-                                             RETRACT_DECODE_STEPS)
+                                             RETRACT_DECODE_STEPS, SchedulerState)
 from tierdiag.trace.pages import output_page_keys
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from mypy_extensions import trait
 
 from tierdiag.config.names import PrefetchPolicy
-from tierdiag.engine.schedule_common import SchedulerState
 from tierdiag.engine.request import Req
 from tierdiag.engine.rules import RuleSet
+from tierdiag.engine.schedule_common import SchedulerState
 
 
 def prefetch_limit_tokens(rules: RuleSet, host_pages: int, device_pages: int, page_size: int) -> int:
