@@ -26,19 +26,27 @@ setup: $(VENV)/.installed
 # (the CPU data plane) and tierdiag/native/stackdist/ (diagnose's size curves), so a changed source
 # reinstalls rather than leave a stale build.
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard tierdiag/native/csrc/*.c tierdiag/native/csrc/*.h) \
-		$(wildcard tierdiag/native/stackdist/*.c)
+		$(wildcard tierdiag/native/stackdist/*.c) tierdiag/engine/compiled.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# Pinned: installs the CPU build from this machine's disk in seconds (pyproject says torch>=2.4).
 	$(BIN)/pip install -q torch==2.13.0
-	# The ray extra too: CI runs one sweep on a local Ray (tests/sweep/test_sweep_ray.py).
+	# The ray extra too: CI runs one sweep on a local Ray (tests/sweep/test_sweep_ray.py). The build
+	# compiles the engine core with mypyc (pyproject's build-system pins mypy; setup.py), about
+	# 1.5 min of the install on a 2-core machine; without a C compiler the Python engine runs.
 	$(BIN)/pip install -q -e '.[dev,ray]'
 	# The Triton kernel's tests run under Triton's interpreter on CPU (pytest -m triton); 3.9.0
 	# installs beside torch 2.13.0+cpu (CUDA wheels of torch bring their own triton).
 	$(BIN)/pip install -q triton==3.9.0
+	touch $(VENV)/.engine-core $@
+
+# The engine core again after an edit of the engine's source: a compiled module whose source
+# changed is stale, and the Python twin would run in its place (engine/compiled.py; doctor says so).
+$(VENV)/.engine-core: $(wildcard tierdiag/engine/*.py) | $(VENV)/.installed
+	$(BIN)/python setup.py build_ext --inplace -q
 	touch $@
 
-demo: setup
+demo: setup $(VENV)/.engine-core
 	rm -f $(DEMO_DB) $(DEMO_DB).wal
 	$(BIN)/tierdiag replay tierdiag/trace/samples/demo.jsonl --db $(DEMO_DB) $(DEMO_OPTS)
 	$(BIN)/tierdiag report --db $(DEMO_DB) -o reports/demo.html
@@ -58,13 +66,13 @@ demo: setup
 TEST_JOBS ?= 2
 PYTEST_XDIST := -n $(TEST_JOBS) --dist loadfile
 
-test: setup
+test: setup $(VENV)/.engine-core
 	$(BIN)/python -m pytest -q $(PYTEST_XDIST)
 
-test-fast: setup
+test-fast: setup $(VENV)/.engine-core
 	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "not slow"
 
-bench: setup
+bench: setup $(VENV)/.engine-core
 	$(BIN)/python benchmarks/run.py
 
 clean:

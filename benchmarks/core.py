@@ -17,6 +17,8 @@ Modes (the probe the engine is given):
 
 `--profile MODE` prints cProfile's top functions of one run of MODE instead. `--instructions`
 counts each mode's `Engine.run` under cachegrind (the trace read counted alone and taken off).
+`--pure` runs the engine core's Python twin where it is compiled (TIERDIAG_PURE_ENGINE=1, also
+for the cachegrind subprocesses; benchmarks/engine_core.py compares the two side by side).
 """
 
 from __future__ import annotations
@@ -187,7 +189,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--code", type=Path, default=ROOT,
                     help="--instructions: count the engine of this checkout (before/after in one run)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--pure", action="store_true", help="the engine core's Python twin (TIERDIAG_PURE_ENGINE=1)")
     args = ap.parse_args(argv)
+    if args.pure:  # before tierdiag.engine is first imported: the process decides once
+        os.environ["TIERDIAG_PURE_ENGINE"] = "1"
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -209,7 +214,11 @@ def main(argv: list[str] | None = None) -> None:
     res = timings(cfg, reqs, modes, args.repeats)
     med = res["median"]
     floor = med["lru_floor"]
-    print(f"{trace.name}: {len(reqs)} requests, medians of {args.repeats} interleaved")
+    from tierdiag.engine import compiled
+
+    core = compiled.describe()
+    print(f"{trace.name}: {len(reqs)} requests, medians of {args.repeats} interleaved; engine core {core['mode']} "
+          f"({core['why']})")
     print("| mode | Engine.run | req/s | vs none | vs LRU floor |")
     print("|---|---|---|---|---|")
     for m in (*modes, "lru_floor"):

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tierdiag.config.engine import EngineConfig
+from tierdiag.engine import compiled
 from tierdiag.engine.engine import Engine
 from tierdiag.probes import events as ev
 from tierdiag.probes.recorder import Probe
 from tierdiag.trace.reader import TraceRequest
 
 PS = 64  # page size used by the narrated tests: one hash id = one page (block_size 64)
+
+# A test that replaces an engine method or class attribute (on an instance or the class): a compiled
+# core's classes (mypyc's native classes) cannot be patched, so under it such a test is skipped
+# here and run on the Python twin by tests/engine/test_python_twin.py (listed there).
+patches_the_engine = pytest.mark.skipif(compiled.is_compiled(), reason="patches the engine's classes: run on the "
+                                                                       "Python twin by test_python_twin.py")
 
 
 class Collect(Probe):

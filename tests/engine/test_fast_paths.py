@@ -26,6 +26,11 @@ from tierdiag.engine.engine import Engine
 from tierdiag.engine.prefetch import StoragePrefetch
 from tierdiag.probes import events as ev
 from tierdiag.probes.recorder import Probe
+from tests.engine.helpers import patches_the_engine
+
+# These tests swap the engine's methods and class attributes (monkeypatch) to run the fast paths
+# against the reference loop: under a compiled core, on the Python twin (test_python_twin.py).
+pytestmark = patches_the_engine
 from tierdiag.trace.reader import TraceRequest
 
 

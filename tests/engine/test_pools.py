@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.engine.helpers import patches_the_engine
 from tierdiag.engine.content import page_content_np, read_pages, verify_content, write_content
 from tierdiag.engine.dataplane import DataPlane
 from tierdiag.engine.pagepool import PagePool
@@ -161,6 +162,7 @@ def test_content_without_the_row_view_takes_the_tensor_path(layout):
     assert verify_content(b, [4, 0], [7, 9]) and not verify_content(b, [0, 4], [7, 9])
 
 
+@patches_the_engine  # wraps the controller's load_back
 def test_a_load_back_of_a_corrupted_host_copy_is_caught():
     """The engine end to end (test_scenarios' narrated load-back: a's pages backed up, demoted by
     a flood, loaded back for b). Flip one bit of a's host copy just before the load-back and

@@ -228,6 +228,7 @@ def test_the_timeout_starts_at_the_first_blocked_admission_poll():
     assert not s._prefetch_holds(r, 4_125_000_000)  # expired: admitted with what arrived
 
 
+@helpers.patches_the_engine  # replaces the scheduler's _start_prefetch
 def test_a_miss_is_queried_again_every_8_passes_up_to_8_times(monkeypatch):
     """scheduler.py `_process_storage_prefetch_retries` -> storage_prefetch.py
     `StoragePrefetchRetries.pop_ready(waiting, interval=8, max_attempts=8)`

@@ -77,6 +77,7 @@ def _nodes(node):
         stack.extend(n.children.values())
 
 
+@helpers.patches_the_engine  # replaces the scheduler's _new_prefill
 def test_a_pass_that_runs_nothing_while_requests_wait_keeps_the_new_token_ratio():
     """`Scheduler.event_loop_normal`: a pass with no batch calls `on_idle`, which resets
     `new_token_ratio` (`new_token_ratio_tracker.reset()`) only when `is_fully_idle`: nothing running,

@@ -308,6 +308,7 @@ def test_a_requery_after_a_hit_the_host_could_not_take_assumes_it_stored(tmp_pat
     assert r3.prefetch[:2] == (0, 8)
 
 
+@helpers.patches_the_engine  # replaces the controller's alloc_host
 def test_a_hit_the_host_cannot_take_arms_a_requery_with_its_end(tmp_path, monkeypatch):
     """`_try_alloc_storage_hit`: `allocate_storage_hit` returns nothing -> `poll_miss(rid,
     storage_start + storage_hit_count)`: the re-query knows where the hit ended (0.5.23); 0.5.9

@@ -100,13 +100,19 @@ class EngineSide:
         self.threshold = {"write_through": 1, "write_through_selective": 2}.get(sc["write_policy"])
         self.held: dict = {}
         self.log: list = []
-        record = self.ctrl.record_eviction
-
-        def logged(node, tier, action, cause, now_ns):
+        def log(node, tier, action):
             self.log.append([tier, action, node.keys[0], len(node.keys)])
-            return record(node, tier, action, cause, now_ns)
 
-        self.ctrl.record_eviction = logged
+        if hasattr(self.ctrl, "on_eviction"):  # the controller's hook (a compiled one cannot be wrapped)
+            self.ctrl.on_eviction = log
+        else:  # an engine before the hook (a baseline checkout)
+            record = self.ctrl.record_eviction
+
+            def logged(node, tier, action, cause, now_ns):
+                log(node, tier, action)
+                return record(node, tier, action, cause, now_ns)
+
+            self.ctrl.record_eviction = logged
 
     def request(self, op: dict, now: int) -> dict:
         tree, ctrl = self.tree, self.ctrl

@@ -224,7 +224,10 @@ def run_engine(w: Workload, switches) -> dict:
             cap.current = None
             return end
 
-        sched.schedule_pass = batch
+        if hasattr(sched, "pass_fn"):  # the loops' pass (a compiled scheduler's methods cannot be replaced)
+            sched.pass_fn = batch
+        else:  # an engine before it (a baseline checkout)
+            sched.schedule_pass = batch
         engine.run(trace_requests(w))
         engine.check_invariants(idle=True)
     finally:

@@ -54,6 +54,9 @@ def _text(report, out) -> None:
         setup.add_row("driver", plain(n.error, "yellow"))
     setup.add_row("CPU data plane", Text("compiled (tierdiag/native/_cplane)", "green") if plane["kernel"] == "c"
                   else Text.assemble(("Python/numpy: ", "yellow"), plain(plane["why_not"] or "")))
+    core = report.engine_core
+    setup.add_row("engine core", Text(f"compiled ({core['why']})", "green") if core.get("mode") == "compiled"
+                  else Text.assemble(("Python: ", "yellow"), plain(core.get("why") or "")))
     pin = report.pinned_memory
     setup.add_row("pinned memory", Text.assemble(("yes ", "green") if pin.available else "no: ", plain(pin.detail)))
     out.print(setup)

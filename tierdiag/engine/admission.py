@@ -7,16 +7,17 @@ restates."""
 
 from __future__ import annotations
 
-
+from mypy_extensions import trait
 
 from tierdiag.config.names import Tier
 from tierdiag.engine.pagemap import blame
 from tierdiag.engine.request import Req
-from tierdiag.engine.schedule_common import CLIP_MAX_NEW_TOKENS, NO_TOKEN, OTHER, EngineError
+from tierdiag.engine.schedule_common import CLIP_MAX_NEW_TOKENS, NO_TOKEN, OTHER, EngineError, SchedulerState
 from tierdiag.engine.tree import TreeNode
 
 
-class Admission:
+@trait
+class Admission(SchedulerState):
     """Scheduler's admission, batch run and completion into the tree (a mixin: its state is
     Scheduler's, set up in Scheduler.__init__)."""
 

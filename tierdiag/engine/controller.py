@@ -8,6 +8,7 @@ ties them together and reports every step to the probe.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from tierdiag.config.names import EvictionAction, Tier, TransferKind, WritePolicy
 from tierdiag.engine import rows as _rows
@@ -20,6 +21,9 @@ from tierdiag.engine.rules import config_rules
 from tierdiag.engine.storage import StorageTier
 from tierdiag.engine.tree import RadixTree, TreeNode
 from tierdiag.probes import events as ev
+
+if TYPE_CHECKING:
+    import numpy as np
 
 VERIFY_SAMPLE_EVERY = 16  # with --verify sample, check one load-back in this many
 
@@ -106,13 +110,17 @@ class CacheController:
         # page key -> the device demotion that preceded its deletion from the host tier
         self.demoted_by = PageMap()
         # The scheduler's event queue: at(t_ns, callback, arg) runs callback(arg) at virtual time t_ns.
-        self.at = None
+        self.at: Any = None  # (typed Any: a compiled build keeps the callable as it is)
+        # Called with (node, tier, action) as each eviction is recorded, before the node changes;
+        # None: nobody asks (tests/sglang/differential.py logs the evicted keys: a compiled
+        # controller's methods cannot be wrapped in their place).
+        self.on_eviction: Any = None
         # 0.5.23 (rules.storage_acks_per_pass): a node's storage write waits for its host copy's
         # ack, and holds the host copy until the pass after that ack's (release_storage_writes);
         # `pass_now` is the scheduler's pass count (Scheduler.prefetch_pass)
         self.storage_per_pass = self.rules.storage_acks_per_pass and storage is not None
         self.storage_writes: list[tuple] = []  # (node, cause, pass that releases it)
-        self.pass_now = lambda: 0
+        self.pass_now: Any = lambda: 0
 
     # --- helpers -------------------------------------------------------------------------
     def _to_host(self, device_slots: list[int], host_slots: list[int]) -> tuple[int, int]:
@@ -142,6 +150,8 @@ class CacheController:
         return self.cost.copy_ns(nbytes, pages, to_device=to_device, runs=runs)
 
     def record_eviction(self, node: TreeNode, tier: str, action: str, cause: str | None, now_ns: int) -> int:
+        if self.on_eviction is not None:
+            self.on_eviction(node, tier, action)
         eid = self._next_eviction
         self._next_eviction += self.id_step
         tokens = len(node.keys) * self.page_size
@@ -194,7 +204,7 @@ class CacheController:
         self.host.free(host_slots)
 
     def _forget(self, node: TreeNode, eid: int) -> None:
-        keys = node.keys
+        keys: Any = node.keys  # a list, or an array for a big call
         if len(keys) > SMALL_CALL:  # an array for both maps: the node's own view, or converted once
             keys = node.keys_np if node.keys_np is not None else PageMap.keys_array(keys)
         self.cached_once.set_many(keys, eid, outputs_last=True)
@@ -447,7 +457,7 @@ class CacheController:
         self.loads_pending.clear()
         self.load_pending_ids.clear()
 
-    def write_computed(self, slots: list[int], page_keys: list[int]) -> None:
+    def write_computed(self, slots: list[int], page_keys: "np.ndarray | list[int]") -> None:
         """The prefill's output: KV for these pages, derived from their keys."""
         write_content(self.device, slots, page_keys)
 

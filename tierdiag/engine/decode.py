@@ -9,14 +9,16 @@ from __future__ import annotations
 from bisect import bisect_right
 
 import numpy as np
+from mypy_extensions import trait
 
 from tierdiag.engine.request import FIRST_PASS_FIELDS, Req
 from tierdiag.engine.schedule_common import (CLIP_MAX_NEW_TOKENS, INT64_MAX, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY,
-                                             RETRACT_DECODE_STEPS)
+                                             RETRACT_DECODE_STEPS, SchedulerState)
 from tierdiag.trace.pages import output_page_keys
 
 
-class DecodeSteps:
+@trait
+class DecodeSteps(SchedulerState):
     """Scheduler's decode steps, retraction and finish (a mixin: its state is Scheduler's)."""
 
     # The loops run the passes that can only be plain decode steps at once (`run_decode_ahead`);
@@ -163,10 +165,10 @@ class DecodeSteps:
             return 0
         return self._drun_cum[i] + min(t, self._drun_ends[i]) - starts[i]
 
-    def _decode(self, now: int) -> int:
+    def _decode(self, now: int) -> int | None:
         """Scheduler.update_running_batch: `check_decode_mem`; when the step does not fit,
         `retract_decode`, else `new_token_ratio` decays; then the step (`prepare_for_decode`)."""
-        retracted = ()
+        retracted: tuple | list[Req] = ()
         if not self._decode_fits(self.running, now):
             retracted = self._retract(now)
             if not self.running:

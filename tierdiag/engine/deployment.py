@@ -123,7 +123,7 @@ class Deployment:
             ran = []  # ranks whose pass ran a batch: their next pass is when it ends, even now
             for rank, sched in enumerate(ranks):
                 if now >= gpu_free[rank] and (sched.waiting or sched.running or sched.chunked is not None):
-                    end = sched.schedule_pass(now)
+                    end = sched.pass_fn(now)
                     if end is not None:
                         if ahead and not (closed and src.num_sessions):
                             limit = next_ns(now)

@@ -16,6 +16,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tierdiag.engine import compiled
+
 NO_DRIVER = "no NVIDIA driver (NVML unavailable)"
 
 # Per-lane transfer rate (GT/s) and line-code efficiency by PCIe generation: 8b/10b up to
@@ -99,6 +101,9 @@ class DoctorReport:
     # The compiled CPU data plane (native/cplane.py): where it is not built (no C compiler when
     # installed) or is stale, every replay runs its Python/numpy twin, rows the same, slower.
     cpu_data_plane: dict[str, Any] = field(default_factory=dict)  # {kernel, why_not}
+    # The engine core (engine/compiled.py): its hot modules compiled by mypyc, or their Python
+    # source (no mypyc or C compiler at install, a stale build, or TIERDIAG_PURE_ENGINE=1).
+    engine_core: dict[str, Any] = field(default_factory=dict)  # {mode, why, modules}
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -249,6 +254,7 @@ def doctor_report() -> DoctorReport:
         torch=torch_info, nvml=nvml, pinned_memory=pinned,
         findings=_findings(torch_info, nvml, pinned),
         cpu_data_plane=_cpu_data_plane(),
+        engine_core=compiled.describe(),
     )
 
 

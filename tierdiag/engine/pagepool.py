@@ -10,6 +10,8 @@ tensors from the start. The geometry and layout are the data plane's (dataplane.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from tierdiag.engine import rows as _rows
@@ -72,7 +74,7 @@ class PagePool:
         self.page_bytes = plane.num_layers * plane.page_elems * 8  # data plane (int64)
 
     @property
-    def buffer(self):
+    def buffer(self) -> Any:
         """The pool as a torch tensor [layers, pages, elems]; a CPU pool's is made on first use,
         over the same memory (so torch is imported only when someone asks for it)."""
         if self._tensor is None:

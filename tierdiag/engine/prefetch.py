@@ -7,9 +7,12 @@ A mixin of the Scheduler, whose state (tree, controller, clock) it works on.
 
 from __future__ import annotations
 
+from mypy_extensions import trait
+
 from tierdiag.config.names import PrefetchPolicy
 from tierdiag.engine.request import Req
 from tierdiag.engine.rules import RuleSet
+from tierdiag.engine.schedule_common import SchedulerState
 
 
 def prefetch_limit_tokens(rules: RuleSet, host_pages: int, device_pages: int, page_size: int) -> int:
@@ -29,7 +32,8 @@ def prefetch_timeout_ns(tokens: int) -> int:
     return int((PREFETCH_TIMEOUT_BASE_S + PREFETCH_TIMEOUT_PER_KI_TOKEN_S * tokens / 1024) * 1e9)
 
 
-class StoragePrefetch:
+@trait
+class StoragePrefetch(SchedulerState):
     """The Scheduler's storage prefetch (its `tree`, `ctrl`, `cfg`, `rules`, `ps`, `at` and the
     prefetch accounting set up in Scheduler.__init__)."""
 

@@ -9,6 +9,8 @@ TTFT parts (every one in ns of the virtual clock, adding up to TTFT):
 
 from __future__ import annotations
 
+from mypy_extensions import trait
+
 import numpy as np
 
 from tierdiag.engine.tree import TreeNode
@@ -33,6 +35,8 @@ class Req:
         "prefetch_wait_ns", "prefetch_deadline_ns", "prefetch_retries", "inserted_pages", "prefill_work_tokens",
         "storage_hit_end", "route", "storage_last_match", "prefetch_ack_pass", "prefetch_query_pass",
     )
+    total_pages: int  # set on arrival (Scheduler._arrive)
+    max_match_pages: int
 
     def __init__(self, t: TraceRequest, arrival_ns: int, trace_arrival_ns: int | None = None,
                  think_ms: float | None = None):
@@ -47,7 +51,7 @@ class Req:
         self.output_len = t.output_len
         self.keys: list[int] = []  # page keys: the input's full pages, then (at finish) output pages
         self.keys_np: np.ndarray | None = None  # `keys` as an array (tree nodes keep views of it)
-        self.prefetch = None  # (first page, pages, host slots, start ns, end ns)
+        self.prefetch: tuple | None = None  # (first page, pages, host slots, start ns, end ns)
         self.anchor: TreeNode | None = None  # the node whose host copy the prefetch protects
         self.prefetch_tokens = 0  # tokens the prefetch counts against the capacity limit
         self.prefetch_wait_ns: int | None = None  # timeout budget armed at the first blocked poll (0.5.23)
@@ -119,6 +123,7 @@ FIRST_PASS_FIELDS = (
     "held", "hold_until_ns", "extend_total_tokens")
 
 
+@trait
 class RequestRecords:
     """The Scheduler's records (a mixin, as SGLang's scheduler keeps its output processing in
     scheduler_output_processor_mixin.py): the finished request's row and the pool samples."""

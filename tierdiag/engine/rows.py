@@ -56,7 +56,7 @@ def _run_starts(idx: np.ndarray) -> np.ndarray:
     """Positions where a maximal run of consecutive ids (step +1) starts."""
     if idx.size == 0:
         return np.zeros(0, dtype=np.int64)
-    brk = np.flatnonzero(np.diff(idx) != 1) + 1
+    brk: np.ndarray = np.flatnonzero(np.diff(idx) != 1) + 1
     return np.concatenate(([0], brk))
 
 
@@ -213,7 +213,7 @@ def plan_copy(src_pages: PageList, dst_pages: PageList, *, column_bytes: int,
     if n != len(dst_pages):
         raise ValueError(f"copy of {n} source pages into {len(dst_pages)} destination pages")
     if n == 0:
-        empty = np.zeros(0, dtype=np.int64)
+        empty: np.ndarray = np.zeros(0, dtype=np.int64)
         return CopyPlan(PlanKind.EMPTY, 0, empty, empty)
     if n <= _SMALL_PLAN:
         s_list = [int(x) for x in src_pages]

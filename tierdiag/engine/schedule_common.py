@@ -3,8 +3,22 @@ constants (their environ.py defaults) and AddReqResult's values, and the engine'
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Callable
+
+from mypy_extensions import trait
+
 from tierdiag.config.names import WritePolicy
 from tierdiag.errors import TierdiagError
+
+if TYPE_CHECKING:
+    from tierdiag.config.engine import EngineConfig
+    from tierdiag.engine.arrivals import ArrivalSource
+    from tierdiag.engine.controller import CacheController, EngineStats
+    from tierdiag.engine.costmodel import CostModel
+    from tierdiag.engine.miss import MissTracker
+    from tierdiag.engine.request import Req
+    from tierdiag.engine.rules import RuleSet
+    from tierdiag.engine.tree import RadixTree
 
 # Decode memory (both releases, environ.py): new_token_ratio starts at SGLANG_INIT_NEW_TOKEN_RATIO
 # (0.7) x schedule_conservativeness (1), decays by (init - init x SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
@@ -23,3 +37,66 @@ WRITE_THROUGH_THRESHOLD = {WritePolicy.WRITE_THROUGH: 1, WritePolicy.WRITE_THROU
 
 class EngineError(TierdiagError):
     """The engine cannot make progress (a bug or an impossible configuration)."""
+
+
+@trait
+class SchedulerState:
+    """The Scheduler's state, which its mixins (admission.py, decode.py, prefetch.py, request.py)
+    read and write; Scheduler.__init__ sets it up and says what each is. Declared here, with its
+    types, so that a compiled build (mypyc: setup.py) lays each attribute out once and the mixins
+    reach it without a dictionary look-up. Floats are `Any`: a compiled build keeps them boxed."""
+
+    cfg: EngineConfig
+    rules: RuleSet
+    cost: CostModel
+    tree: RadixTree
+    ctrl: CacheController
+    probe: Any
+    emit: Any  # ev.Emitters: one attribute an event kind, set where it is built
+    miss: MissTracker | None
+    stats: EngineStats
+    progress: Any
+    ps: int
+    waiting: list[Req]
+    alloc_page: int
+    _pending_alloc: list[tuple[Req, int, int]]
+    chunked: Req | None
+    running: list[Req]
+    batch_is_full: bool
+    _admission_reopens: bool
+    _join_front: int | None
+    new_token_ratio: Any
+    dstep: int
+    _kv_base: int
+    _page_due: dict[int, list[Req]]
+    _fin_sum: int
+    _n_short: int
+    _long: list[Req]
+    _finish_due: dict[int, list[Req]]
+    mixed_chunk: bool
+    _drun_starts: list[int]
+    _drun_ends: list[int]
+    _drun_cum: list[int]
+    _batch_id: int
+    event_ns: int
+    count_hits: bool
+    backup_threshold: int | None
+    prefetch_threshold: int
+    prefetch_tokens_occupied: int
+    prefetch_retry_due: dict[int, int | None]
+    prefetch_retry_reqs: dict[int, Req]
+    prefetch_pass: int
+    unqueried: list[Req]
+    unallocated: dict[int, tuple]
+    query_occupied: int
+    reading: dict[int, Req]
+    _running_extend: int
+    arrivals: ArrivalSource | None
+    rank: int
+    id_step: int
+    on_leave: Callable[[Req, int], None] | None
+    at: Callable[[int, Any, Any], None]
+    processed_tokens: int
+    arrived_at: dict[int, int]
+    _total_offset: Any
+    _cur_offset: int

@@ -27,7 +27,7 @@ Token split at admission (`prefix_indices` = device original + what load-back re
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -61,7 +61,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.cfg = cfg
         self.rules = config_rules(cfg)  # what differs between SGLang releases (rules.py)
         self.queue = queue_policy(cfg.schedule_policy, self.rules.version, self.rules)  # --schedule-policy (queue_policy.py)
-        self.processed_tokens, self.arrived_at = 0, {}  # HRRN's token clock: processed_tokens_counter, per-seq snapshot
+        self.processed_tokens, self.arrived_at = 0, dict[int, int]()  # HRRN's token clock: processed_tokens_counter, per-seq snapshot
         # the running batch's `extend_num_tokens`: every decode step adds it to HRRN's clock (the
         # batch that became the running batch keeps its own; prepare_for_decode never resets it)
         self._running_extend = 0
@@ -135,7 +135,13 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         # Called with (request, now) when a request leaves this scheduler, finished or rejected
         # (a deployment's router counts what it has in flight); None: nobody asks.
         self.on_leave: Callable[[Req, int], None] | None = None
+        # at(t_ns, fn, arg): fn(arg) at virtual time t_ns; an attribute (not a method) because a
+        # deployment puts its shared queue's in its place (engine/deployment.py)
+        self.at: Callable[[int, Any, Any], None] = self._at_own
         ctrl.at = self.at
+        # The pass the loops run (schedule_pass): an attribute, so that a harness can watch each
+        # pass (tests/sglang/scheduler_harness.py) where a compiled method cannot be replaced
+        self.pass_fn: Callable[[int], int | None] = self.schedule_pass
 
     def as_rank(self, rank: int, num_ranks: int) -> None:
         """Rank `rank` of a deployment of `num_ranks` (engine/deployment.py): every row it and its
@@ -146,7 +152,8 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.tree.number_nodes(rank + 1, num_ranks)
         self.ctrl.as_rank(rank, num_ranks)
 
-    def at(self, t_ns: int, fn, arg) -> None:
+    def _at_own(self, t_ns: int, fn, arg) -> None:
+        """`at` of a scheduler on its own: the event on its own queue (a deployment replaces `at`)."""
         self._order += 1
         heapq.heappush(self._events, (t_ns, self._order, fn, arg))
 
@@ -177,7 +184,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                     break
             ran = False
             if now >= gpu_free and (self.waiting or self.running or self.chunked is not None):
-                end = self.schedule_pass(now)
+                end = self.pass_fn(now)
                 if end is not None:
                     if ahead and not (closed and src.num_sessions):
                         limit = src.next_ns(now)

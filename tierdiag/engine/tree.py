@@ -65,7 +65,7 @@ class RadixTree:
             self.device_pages += len(keys)
         if self._tree_depths:  # UnifiedTreeCore's _set_tlru_lens_and_raise_history (0.5.23)
             node.tlru_depth = node.tlru_history = parent.tlru_depth + len(keys) * self.page_size
-            cur = parent
+            cur: TreeNode | None = parent
             while cur is not None and cur.tlru_history < node.tlru_depth:
                 cur.tlru_history = node.tlru_depth
                 cur = cur.parent
@@ -369,7 +369,7 @@ class RadixTree:
             self.host_duplicates.pop(node.id, None)
 
     # --- locks ---------------------------------------------------------------------------
-    def inc_lock(self, node: TreeNode) -> None:
+    def inc_lock(self, node: TreeNode | None) -> None:
         while node is not None:
             if node.lock_ref == 0:
                 if node.device is not None:
@@ -379,7 +379,7 @@ class RadixTree:
             node.lock_ref += 1
             node = node.parent
 
-    def dec_lock(self, node: TreeNode) -> None:
+    def dec_lock(self, node: TreeNode | None) -> None:
         while node is not None:
             assert node.lock_ref > 0, f"{node}: lock_ref would go negative (unbalanced dec_lock)"
             node.lock_ref -= 1

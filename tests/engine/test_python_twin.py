@@ -1,0 +1,35 @@
+"""The tests that patch the engine's classes (helpers.patches_the_engine), which a compiled core's
+are not open to (mypyc's native classes): where the core is compiled, each runs here on the
+Python twin (TIERDIAG_PURE_ENGINE=1), in a subprocess; where it is not, in the suite itself."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tierdiag.engine import compiled
+
+REPO = Path(__file__).resolve().parents[2]
+PATCHING = [
+    "tests/engine/test_fast_paths.py",  # the fast paths against the reference loop (class attributes swapped)
+    "tests/engine/test_pools.py::test_a_load_back_of_a_corrupted_host_copy_is_caught",  # wraps load_back
+    # replaces _new_prefill for one pass
+    "tests/engine/test_sglang_0523_long.py::test_a_pass_that_runs_nothing_while_requests_wait_keeps_the_new_token_ratio",
+    "tests/engine/test_sglang_0523_conformance.py::test_a_miss_is_queried_again_every_8_passes_up_to_8_times",  # _start_prefetch
+    "tests/engine/test_sglang_0523_more_rules.py::test_a_hit_the_host_cannot_take_arms_a_requery_with_its_end",  # alloc_host
+]
+
+
+@pytest.mark.skipif(not compiled.is_compiled(), reason="the engine here is the Python twin: these run in the "
+                                                       "suite itself")
+@pytest.mark.parametrize("target", PATCHING)
+def test_on_the_python_twin(target):
+    proc = subprocess.run([sys.executable, "-m", "pytest", target, "-q", "-p", "no:cacheprovider"],
+                          capture_output=True, text=True, timeout=1200, cwd=REPO, env={**os.environ, compiled.ENV: "1"})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert " passed" in last and "skipped" not in last, last

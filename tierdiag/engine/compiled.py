@@ -1,0 +1,122 @@
+"""Which engine core this process runs: the engine's hot modules compiled by mypyc (setup.py), or
+the same modules' Python source, the reference twin (issue 41).
+
+The compiled modules are the .py files themselves, compiled: the same source is the Python twin,
+so both produce the same rows by construction (tests/engine/test_compiled_engine.py checks it).
+setup.py writes `_compiled.json` beside this file when it builds them: the modules and a
+SHA-256 of each source. The pure twin runs when
+
+- `TIERDIAG_PURE_ENGINE=1` asks for it ("asked");
+- the build did not compile them (no mypyc at build time, mypyc refused the source, no C
+  compiler: `_compiled.json` says which, or the extensions are missing);
+- a source changed since the build (a stale build would run old code): "stale".
+
+Then an import hook (a finder ahead of the standard ones) loads each of those modules from its
+.py file, so an extension left in place is never imported. Decided once, on the first import of
+tierdiag.engine (its __init__ calls `install`); `describe()` says what was decided and why
+(`tierdiag doctor`'s "engine core" line). This module is never compiled itself."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+ENV = "TIERDIAG_PURE_ENGINE"
+HERE = Path(__file__).resolve().parent
+MANIFEST = HERE / "_compiled.json"
+GROUP = "tierdiag.engine._compiled__mypyc"  # mypyc's shared library (setup.py's group_name)
+# The modules setup.py compiles: the per-request path (benchmarks/core.py --profile) and what it
+# calls into; the rest of the engine stays Python (pagepool, pagemap, rows and content are thin
+# wrappers of the C data plane already).
+MODULES = ("tree_node", "tree", "schedule_common", "request", "miss", "queue_policy", "prefetch", "decode",
+           "admission", "controller", "scheduler")
+
+_STATE: dict = {}
+
+
+def source_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _extension(name: str) -> Path | None:
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        p = HERE / f"{name}{suffix}"
+        if p.exists():
+            return p
+    return None
+
+
+def _decide() -> tuple[str, str, list[str]]:
+    """(mode, why, modules): mode "compiled" or "pure"; modules those the build compiled."""
+    try:
+        manifest = json.loads(MANIFEST.read_text())
+    except FileNotFoundError:
+        manifest = {"compiled": False, "why": "not built by setup.py (no _compiled.json)"}
+    except (OSError, ValueError) as exc:
+        manifest = {"compiled": False, "why": f"_compiled.json unreadable: {exc}"}
+    sources: dict[str, str] = manifest.get("sources") or {}
+    modules = [m for m in MODULES if m in sources]
+    if os.environ.get(ENV, "") not in ("", "0"):
+        return "pure", f"asked ({ENV}={os.environ[ENV]})", modules
+    if not manifest.get("compiled"):
+        return "pure", str(manifest.get("why") or "not compiled"), modules
+    missing = [m for m in modules if _extension(m) is None]
+    if missing or _extension("_compiled__mypyc") is None:
+        return "pure", f"compiled extensions missing ({', '.join(missing) or 'the shared library'}): the C build " \
+                       "failed (no C compiler?) or was removed", modules
+    for m in modules:
+        try:
+            digest = source_digest(HERE / f"{m}.py")
+        except OSError as exc:
+            return "pure", f"{m}.py unreadable: {exc}", modules
+        if digest != sources[m]:
+            return "pure", f"stale build: {m}.py changed since it was compiled (rebuild: " \
+                           "python setup.py build_ext --inplace)", modules
+    try:
+        importlib.import_module(GROUP)
+    except ImportError as exc:
+        return "pure", f"the compiled build does not load: {exc}", modules
+    return "compiled", f"mypyc {manifest.get('mypy', '?')}, {len(modules)} modules", modules
+
+
+class _PureFinder:
+    """Loads the listed modules of tierdiag.engine from their .py files (the twin), never from
+    an extension module beside them."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self.names:
+            return None
+        short = fullname.rsplit(".", 1)[1]
+        return importlib.util.spec_from_file_location(
+            fullname, HERE / f"{short}.py",
+            loader=importlib.machinery.SourceFileLoader(fullname, str(HERE / f"{short}.py")))
+
+
+def install() -> None:
+    """Decide once which core this process runs; for the pure twin, put the finder in place."""
+    if _STATE:
+        return
+    mode, why, modules = _decide()
+    _STATE.update(mode=mode, why=why, modules=modules)
+    if mode == "pure":
+        # every module that may be compiled, whatever the manifest says: an extension left beside
+        # a source is never what a pure process runs
+        sys.meta_path.insert(0, _PureFinder({f"tierdiag.engine.{m}" for m in MODULES}))
+
+
+def describe() -> dict:
+    """{"mode": "compiled" | "pure", "why": ..., "modules": [...]} for this process."""
+    install()
+    return {"mode": _STATE["mode"], "why": _STATE["why"], "modules": list(_STATE["modules"])}
+
+
+def is_compiled() -> bool:
+    return describe()["mode"] == "compiled"
