@@ -80,6 +80,25 @@ def test_a_changed_source_makes_the_build_stale(tmp_path, monkeypatch):
         assert mode == "pure" and "missing" in why
 
 
+def test_the_source_as_it_is_compiles_where_mypyc_is_installed():
+    """mypyc refusing the engine's source (a mixin's new attribute not declared in
+    SchedulerState, an annotation mypy rejects) leaves the Python twin running: every test still
+    passes and the compiled core is silently gone. Where the build had mypyc, it must have
+    compiled this source: a refusal fails here with the build's reason."""
+    try:
+        manifest = json.loads(compiled.MANIFEST.read_text())
+    except FileNotFoundError:
+        pytest.skip("not built by setup.py (no _compiled.json)")
+    why = str(manifest.get("why") or "")
+    if "mypyc was not installed" in why or "was set at build time" in why:
+        pytest.skip(why)
+    assert "refused" not in why, why
+    if manifest.get("compiled"):
+        stale = [m for m, digest in manifest["sources"].items()
+                 if compiled.source_digest(compiled.HERE / f"{m}.py") != digest]
+        assert not stale, f"the build is older than {stale}: rebuild (python setup.py build_ext --inplace)"
+
+
 @pytest.mark.parametrize("manifest, says", [(None, "no _compiled.json"), ("{not json", "unreadable"),
                                             ({"compiled": False, "why": "not compiled: mypyc was not installed"},
                                              "mypyc was not installed")])
