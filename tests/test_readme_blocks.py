@@ -4,6 +4,10 @@ blocks run in README order in one folder, as a reader following the README would
 is what `summary` reads, the import's store is what the twin replays into). A command line is a
 line of its block, with its `\\` continuations; comments are the shell's.
 
+README's upgrade of the demo trace (26 replays) is also a `next:` hint case of
+tests/cli/test_next_hints.py: that one line runs once per suite for both, as written, in a fresh
+folder like this one (tests/support/shared_commands.py), and what it wrote is copied here.
+
 `tierdiag` is this checkout's CLI (a script on PATH), the folder holds a link to this checkout's
 `tierdiag/` (so `tierdiag/trace/samples/...` is the path the README gives), and HOME is the
 folder (nothing written beside the user's files).
@@ -25,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import cli_env
+from tests.support.shared_commands import UPGRADE_DEMO, copy_outputs, shared_command
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -93,7 +98,7 @@ def _env(folder: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)), ids=[f"block{i + 1}" for i in range(len(BLOCKS))])
-def test_readme_block_runs_as_written(folder, index):
+def test_readme_block_runs_as_written(folder, tmp_path_factory, index):
     block = BLOCKS[index]
     why = _skipped(block)
     if why:
@@ -106,6 +111,10 @@ def test_readme_block_runs_as_written(folder, index):
                 __import__(needed)
             except ImportError:
                 continue  # an optional extra this environment has not installed
-        r = subprocess.run(["bash", "-c", line], cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+        if tuple(shlex.split(line, comments=True)) == ("tierdiag", *UPGRADE_DEMO):
+            shared, r = shared_command(tmp_path_factory, UPGRADE_DEMO)  # it reads only the sample trace
+            copy_outputs(shared, folder)
+        else:
+            r = subprocess.run(["bash", "-c", line], cwd=folder, env=env, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, f"README: {line}\nexit {r.returncode}\n{r.stderr[-3000:]}\n{r.stdout[-2000:]}"
         assert "Traceback" not in r.stderr, r.stderr
