@@ -2,8 +2,9 @@
 ends with hints, in a fresh folder, then each hint in turn, exactly as printed (split by the shell's
 rules), with the same folder and environment: each must exit 0.
 
-The upgrade case is README.md's own upgrade command (26 replays): it runs once per suite for both
-files (tests/support/shared_commands.py), in a fresh folder as here, and its outputs are copied in."""
+The replay, import-with-trace-out and upgrade cases are README.md's own commands (the upgrade is 26
+replays): each runs once per suite for both files (tests/support/shared_commands.py), in a fresh
+folder as here, and what it wrote is copied in."""
 
 from __future__ import annotations
 
@@ -16,14 +17,15 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import cli_env
-from tests.support.shared_commands import UPGRADE_DEMO, copy_outputs, shared_command
+from tests.support.shared_commands import (IMPORT_PROD, README_SHARED, REPLAY_DEMO, UPGRADE_DEMO, copy_outputs,
+                                          shared_command)
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = "tierdiag/trace/samples"
 HINT_SEPARATOR = "   ·   "
 
 CASES = [
-    pytest.param(["replay", f"{SAMPLES}/demo.jsonl", "--device-tokens", "98304"], id="replay"),
+    pytest.param(list(REPLAY_DEMO), id="replay"),
     pytest.param(["replay", f"{SAMPLES}/demo.jsonl", "--device-tokens", "98304", "--db", "my runs/it's.duckdb"],
                  id="replay-odd-db"),
     pytest.param(["convert", "kv-cache-tester", f"{SAMPLES}/kv-cache-tester", "-o", "coding.jsonl"], id="convert"),
@@ -31,8 +33,7 @@ CASES = [
                  id="convert-block-64"),
     pytest.param(["convert", "bailian", f"{SAMPLES}/bailian.jsonl", "-o", "chat.jsonl", "--block-size", "16"],
                  id="convert-block-16"),  # issue 39 bug 24: the hint carries --page-size 16
-    pytest.param(["import", "sglang", f"{SAMPLES}/sglang", "--db", "prod.duckdb", "--run-name", "prod",
-                  "--trace-out", "prod-twin.jsonl"], id="import-with-trace-out"),
+    pytest.param(list(IMPORT_PROD), id="import-with-trace-out"),
     pytest.param(["import", "sglang", f"{SAMPLES}/sglang", "--db", "prod.duckdb", "--run-name", "prod"], id="import"),
     pytest.param(list(UPGRADE_DEMO), id="upgrade", marks=pytest.mark.slow),
     pytest.param(["sweep", f"{SAMPLES}/demo.jsonl", "--set", "device_tokens=98304", "--set", "host_tokens=128k,256k",
@@ -61,7 +62,7 @@ def _tierdiag(folder: Path, argv: list[str]) -> subprocess.CompletedProcess:
 def test_every_next_hint_runs_as_printed(tmp_path, tmp_path_factory, argv):
     (tmp_path / "tierdiag").symlink_to(ROOT / "tierdiag", target_is_directory=True)
     (tmp_path / "my runs").mkdir()
-    if tuple(argv) == UPGRADE_DEMO:  # run once for this file and the README's (same folder, same environment)
+    if tuple(argv) in README_SHARED:  # run once for this file and the README's (same folder, same environment)
         shared, first = shared_command(tmp_path_factory, argv)
         copy_outputs(shared, tmp_path)
     else:

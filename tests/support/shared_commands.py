@@ -1,6 +1,6 @@
 """One run per suite of a `tierdiag` command line that tests in different files run exactly as a
-user types it in a fresh folder (issue 41's suite time: README.md's upgrade of the demo trace is
-also a `next:` hint case, 26 replays each time).
+user types it in a fresh folder (issue 41's suite time: three of README.md's commands are also
+`next:` hint cases; the upgrade of the demo trace is 26 replays each time).
 
 `shared_command(tmp_path_factory, argv)` runs `tierdiag ARGV...` once per suite run, in a fresh
 folder holding only a link `tierdiag` to this checkout's package (so the README's and the hints'
@@ -28,9 +28,14 @@ from tests.support.replays import _shared_root
 
 ROOT = Path(__file__).resolve().parents[2]
 LINK = "tierdiag"
-# README.md's upgrade of the bundled trace (its "Upgrading SGLang" block), also a `next:` hint case.
+# README.md's commands that are also `next:` hint cases (tests/cli/test_next_hints.py), each as
+# the README writes it: the tour's first replay, the SGLang import, the upgrade of the demo trace.
+REPLAY_DEMO = ("replay", "tierdiag/trace/samples/demo.jsonl", "--device-tokens", "98304", "--run-name", "demo")
+IMPORT_PROD = ("import", "sglang", "tierdiag/trace/samples/sglang", "--db", "prod.duckdb", "--run-name", "prod",
+               "--trace-out", "prod-twin.jsonl")
 UPGRADE_DEMO = ("replay", "tierdiag/trace/samples/demo.jsonl", "--device-tokens", "98304", "--sglang", "0.5.9,0.5.23",
                 "--jobs", "2", "--db", "upgrade.duckdb")
+README_SHARED = (REPLAY_DEMO, IMPORT_PROD, UPGRADE_DEMO)
 
 
 def command_env(folder: Path) -> dict[str, str]:
