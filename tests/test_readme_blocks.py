@@ -4,8 +4,8 @@ blocks run in README order in one folder, as a reader following the README would
 is what `summary` reads, the import's store is what the twin replays into). A command line is a
 line of its block, with its `\\` continuations; comments are the shell's.
 
-Three README lines are also `next:` hint cases of tests/cli/test_next_hints.py (the tour's first
-replay, the SGLang import, the upgrade of the demo trace: 26 replays): each runs once per suite for
+Four README lines are also `next:` hint cases of tests/cli/test_next_hints.py (the tour's first
+replay, the SGLang import, the what-if sweep, the upgrade of the demo trace: 26 replays): each runs once per suite for
 both, as written, in a fresh folder like this one (tests/support/shared_commands.py), and what it
 wrote is copied here; none of them reads what an earlier block wrote.
 

@@ -2,8 +2,8 @@
 ends with hints, in a fresh folder, then each hint in turn, exactly as printed (split by the shell's
 rules), with the same folder and environment: each must exit 0.
 
-The replay, import-with-trace-out and upgrade cases are README.md's own commands (the upgrade is 26
-replays): each runs once per suite for both files (tests/support/shared_commands.py), in a fresh
+The replay, import-with-trace-out, sweep and upgrade cases are README.md's own commands (the
+upgrade is 26 replays): each runs once per suite for both files (tests/support/shared_commands.py), in a fresh
 folder as here, and what it wrote is copied in."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import cli_env
-from tests.support.shared_commands import (IMPORT_PROD, README_SHARED, REPLAY_DEMO, UPGRADE_DEMO, copy_outputs,
-                                          shared_command)
+from tests.support.shared_commands import (IMPORT_PROD, README_SHARED, REPLAY_DEMO, SWEEP_WHAT_IF, UPGRADE_DEMO,
+                                          copy_outputs, shared_command)
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = "tierdiag/trace/samples"
@@ -36,8 +36,7 @@ CASES = [
     pytest.param(list(IMPORT_PROD), id="import-with-trace-out"),
     pytest.param(["import", "sglang", f"{SAMPLES}/sglang", "--db", "prod.duckdb", "--run-name", "prod"], id="import"),
     pytest.param(list(UPGRADE_DEMO), id="upgrade", marks=pytest.mark.slow),
-    pytest.param(["sweep", f"{SAMPLES}/demo.jsonl", "--set", "device_tokens=98304", "--set", "host_tokens=128k,256k",
-                  "--jobs", "2"], id="sweep"),
+    pytest.param(list(SWEEP_WHAT_IF), id="sweep"),
 ]
 
 

@@ -1,5 +1,5 @@
 """One run per suite of a `tierdiag` command line that tests in different files run exactly as a
-user types it in a fresh folder (issue 41's suite time: three of README.md's commands are also
+user types it in a fresh folder (issue 41's suite time: four of README.md's commands are also
 `next:` hint cases; the upgrade of the demo trace is 26 replays each time).
 
 `shared_command(tmp_path_factory, argv)` runs `tierdiag ARGV...` once per suite run, in a fresh
@@ -29,13 +29,16 @@ from tests.support.replays import _shared_root
 ROOT = Path(__file__).resolve().parents[2]
 LINK = "tierdiag"
 # README.md's commands that are also `next:` hint cases (tests/cli/test_next_hints.py), each as
-# the README writes it: the tour's first replay, the SGLang import, the upgrade of the demo trace.
+# the README writes it: the tour's first replay, the SGLang import, the what-if sweep, the upgrade
+# of the demo trace.
 REPLAY_DEMO = ("replay", "tierdiag/trace/samples/demo.jsonl", "--device-tokens", "98304", "--run-name", "demo")
 IMPORT_PROD = ("import", "sglang", "tierdiag/trace/samples/sglang", "--db", "prod.duckdb", "--run-name", "prod",
                "--trace-out", "prod-twin.jsonl")
+SWEEP_WHAT_IF = ("sweep", "tierdiag/trace/samples/demo.jsonl", "--db", "what-if.duckdb", "--set", "device_tokens=98304",
+                 "--set", "host_tokens=128k,512k", "--set", "write_policy=write_through,write_back", "--jobs", "2")
 UPGRADE_DEMO = ("replay", "tierdiag/trace/samples/demo.jsonl", "--device-tokens", "98304", "--sglang", "0.5.9,0.5.23",
                 "--jobs", "2", "--db", "upgrade.duckdb")
-README_SHARED = (REPLAY_DEMO, IMPORT_PROD, UPGRADE_DEMO)
+README_SHARED = (REPLAY_DEMO, IMPORT_PROD, SWEEP_WHAT_IF, UPGRADE_DEMO)
 
 
 def command_env(folder: Path) -> dict[str, str]:
