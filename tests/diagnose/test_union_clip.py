@@ -6,7 +6,7 @@ overlapping, touching, empty or reversed, and any gap inside the span."""
 
 from __future__ import annotations
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from tierdiag.diagnose.request.context import _clip, _subtract, _union_measure
 
@@ -18,6 +18,7 @@ COORD = st.integers(min_value=-50, max_value=250)
        span=st.tuples(st.integers(min_value=-20, max_value=100), st.integers(min_value=0, max_value=200)),
        cuts=st.lists(st.tuples(st.integers(min_value=0, max_value=200), st.integers(min_value=0, max_value=200)),
                      max_size=12))
+@example(intervals=[(0, 2)], span=(0, 1), cuts=[(1, 0)])  # an empty gap inside an interval: nothing
 def test_cutting_the_merged_intervals_is_merging_them_per_gap(intervals, span, cuts):
     lo, hi = span[0], span[0] + span[1] + 1
     merged = _union_measure(lo, hi, intervals)

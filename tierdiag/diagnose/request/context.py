@@ -157,6 +157,8 @@ def _clip(lo: int, hi: int, merged: list[tuple[int, int]], ends: list[int]) -> l
     (`ends`: its ends): disjoint, non-touching parts stay so when cut to [lo, hi). One merge per
     request instead of one per gap (a long wait has thousands of gaps and of others' intervals)."""
     out: list[tuple[int, int]] = []
+    if hi <= lo:  # an empty gap covers nothing (queue_attribution passes none; _union_measure agrees)
+        return out
     for a, b in merged[bisect_right(ends, lo):]:
         if a >= hi:
             break
