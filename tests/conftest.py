@@ -5,11 +5,32 @@ test-fast` (`pytest -m "not slow"`) leaves out the tests that take seconds each 
 Marked by hand (`@pytest.mark.slow`) where a test is slow on its own, and here for every test
 marked `shared`: those replay the whole Mooncake traces of ../shared/traces (12,031 and 3,993
 requests) or a long slice of them, each a replay of seconds to a minute.
+
+Bytecode: the suite starts Python thousands of times (each CLI call, sweep worker and writer
+process). Where PYTHONDONTWRITEBYTECODE is set (this machine's environment, and so CI's), no
+start writes `__pycache__`, so every one compiled tierdiag's modules from source again (about
+0.1 s of CPU each). The controller compiles them once here; reading a .pyc is allowed with the
+variable set, and one whose source changed is compiled afresh in memory as before.
 """
 
 from __future__ import annotations
 
+import compileall
+from pathlib import Path
+
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller has done it
+        return
+    for package in ("tierdiag", "tests"):
+        if not compileall.compile_dir(ROOT / package, quiet=2):
+            config.issue_config_time_warning(pytest.PytestConfigWarning(
+                f"could not byte-compile all of {package}/ (a read-only checkout?): each Python the "
+                "tests start compiles those modules again"), stacklevel=2)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

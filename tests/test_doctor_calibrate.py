@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -25,6 +26,15 @@ REQUIRED_PROFILE_KEYS = {"h2d_bytes_per_s", "d2h_bytes_per_s", "transfer_overhea
 def _main(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", "from tierdiag.cli.main import main; main()", *args],
                           capture_output=True, text=True, timeout=120, env=env)
+
+
+@functools.cache
+def _doctor(cplane: str, *args: str) -> subprocess.CompletedProcess:
+    """`tierdiag doctor ARGS` in a subprocess with TIERDIAG_CPLANE=cplane, once per test process
+    (each start imports torch; several tests read the same report)."""
+    import os
+
+    return _main("doctor", *args, env={**os.environ, "TIERDIAG_CPLANE": cplane})
 
 
 # --- a fake pynvml: two GPUs, the second one's link trained down ------------------------------
@@ -147,11 +157,11 @@ def _real_nvml_available() -> bool:
 
 @pytest.mark.skipif(_real_nvml_available(), reason="this machine has an NVIDIA driver")
 def test_doctor_without_a_driver_for_real():
-    proc = _main("doctor")
+    proc = _doctor("auto")
     assert proc.returncode == 0, proc.stderr
     assert "no NVIDIA driver (NVML unavailable)" in proc.stdout
     assert "Traceback" not in proc.stdout + proc.stderr
-    data = json.loads(_main("doctor", "--json").stdout)
+    data = json.loads(_doctor("auto", "--json").stdout)
     assert data["nvml"]["available"] is False and data["nvml"]["gpus"] == []
     assert data["python_version"].count(".") == 2 and data["torch"]["version"]
     assert data["pinned_memory"]["available"] is False  # no CUDA: nothing to pin for
@@ -291,19 +301,14 @@ def test_calibrate_text_output_and_unwritable_profile(tmp_path):
 def test_doctor_says_which_cpu_data_plane_replays_run(choice):
     """Issue 41: a machine where the compiled data plane is not built (no C compiler at install)
     or not used replays on the Python/numpy twins, rows the same; `doctor` says which, and why."""
-    import os
-
     from tierdiag.native import cplane
 
-    env = {**os.environ, "TIERDIAG_CPLANE": choice}
-    proc = subprocess.run([sys.executable, "-c", "from tierdiag.cli.main import main; main()", "doctor", "--json"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = _doctor(choice, "--json")
     assert proc.returncode == 0, proc.stderr
     plane = json.loads(proc.stdout)["cpu_data_plane"]
     if choice == "numpy" or cplane.C is None:
         assert plane["kernel"] == "numpy" and plane["why_not"]
     else:
         assert plane == {"kernel": "c", "why_not": None}
-    text = subprocess.run([sys.executable, "-c", "from tierdiag.cli.main import main; main()", "doctor"],
-                          capture_output=True, text=True, env=env, timeout=120).stdout
+    text = _doctor(choice).stdout
     assert ("CPU data plane" in text) and (("Python/numpy" in text) == (plane["kernel"] == "numpy"))

@@ -4,6 +4,11 @@ blocks run in README order in one folder, as a reader following the README would
 is what `summary` reads, the import's store is what the twin replays into). A command line is a
 line of its block, with its `\\` continuations; comments are the shell's.
 
+Four README lines are also `next:` hint cases of tests/cli/test_next_hints.py (the tour's first
+replay, the SGLang import, the what-if sweep, the upgrade of the demo trace: 26 replays): each runs once per suite for
+both, as written, in a fresh folder like this one (tests/support/shared_commands.py), and what it
+wrote is copied here; none of them reads what an earlier block wrote.
+
 `tierdiag` is this checkout's CLI (a script on PATH), the folder holds a link to this checkout's
 `tierdiag/` (so `tierdiag/trace/samples/...` is the path the README gives), and HOME is the
 folder (nothing written beside the user's files).
@@ -25,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import cli_env
+from tests.support.shared_commands import README_SHARED, copy_outputs, shared_command
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -70,6 +76,9 @@ def test_the_readme_has_its_blocks_and_every_left_out_one_is_named():
             assert line.startswith("tierdiag "), f"README command is not a tierdiag command: {line!r}"
             # a placeholder would not run as written
             assert not re.search(r"\b(TRACE|REQ_ID|RUN_A|RUN_B|SWEEP_ID|ADDRESS)\b|\[--", line.split("#")[0]), line
+    # the lines run once for this test and test_next_hints are README's lines, as written
+    lines = {tuple(shlex.split(line, comments=True))[1:] for b in BLOCKS if not _skipped(b) for line in commands(b)}
+    assert set(README_SHARED) <= lines, set(README_SHARED) - lines
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +102,7 @@ def _env(folder: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)), ids=[f"block{i + 1}" for i in range(len(BLOCKS))])
-def test_readme_block_runs_as_written(folder, index):
+def test_readme_block_runs_as_written(folder, tmp_path_factory, index):
     block = BLOCKS[index]
     why = _skipped(block)
     if why:
@@ -106,6 +115,11 @@ def test_readme_block_runs_as_written(folder, index):
                 __import__(needed)
             except ImportError:
                 continue  # an optional extra this environment has not installed
-        r = subprocess.run(["bash", "-c", line], cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+        argv = tuple(shlex.split(line, comments=True))[1:]
+        if argv in README_SHARED:  # each reads only the repository's samples
+            shared, r = shared_command(tmp_path_factory, argv)
+            copy_outputs(shared, folder)
+        else:
+            r = subprocess.run(["bash", "-c", line], cwd=folder, env=env, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, f"README: {line}\nexit {r.returncode}\n{r.stderr[-3000:]}\n{r.stdout[-2000:]}"
         assert "Traceback" not in r.stderr, r.stderr

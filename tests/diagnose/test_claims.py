@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from tierdiag.diagnose.advice import propose
 from tierdiag.diagnose.request.claims import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE
-from tierdiag.diagnose.run.facts import run_context
+from tierdiag.diagnose.run.facts import RunFacts, run_context
 from tierdiag.diagnose.request.explain import explain_request
 from tierdiag.diagnose.read.rows import fetch_dicts
 from tierdiag.units import fmt_ms
@@ -181,13 +181,14 @@ def _check_run(db: Path) -> int:
         ctx = run_context(con, run)
         advice = propose(ctx)
         rows = _sample(con, run.run_id)
+        facts = RunFacts(con, run)  # the stored evidence decoded once, not once per request
         bad = []
         totals = con.execute("SELECT sum(recomputed_tokens), sum(input_tokens) FROM requests "
                              "WHERE run_id = ? AND status = 'finished'", [run.run_id]).fetchone()
         _START[run.run_id] = con.execute("SELECT min(arrival_ns) FROM requests WHERE run_id = ?",
                                          [run.run_id]).fetchone()[0]
         for row in rows:
-            e = explain_request(con, run, row["req_id"], run_ctx=ctx, advice=advice)
+            e = explain_request(con, run, row["req_id"], run_ctx=ctx, advice=advice, facts=facts)
             bad += _check_request(row, e)
             for sentence in RUN_WIDE.findall(e.verdict):
                 got = re.match(r"run-wide ([\d,]+) once-cached tokens", sentence)

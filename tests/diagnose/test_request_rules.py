@@ -16,7 +16,7 @@ import re
 import pytest
 
 from tierdiag.diagnose.request.explain import explain_request
-from tierdiag.diagnose.run.facts import run_context
+from tierdiag.diagnose.run.facts import RunFacts, run_context
 from tierdiag.diagnose.read.rows import fetch_dicts
 from tierdiag.store.reader import open_store, resolve_run
 
@@ -51,7 +51,8 @@ def test_every_request_of_a_long_context_write_through_replay(agentic_run):
         ctx = run_context(con, run)
         rows = fetch_dicts(con, "SELECT * FROM requests WHERE run_id = ? AND status = 'finished' ORDER BY seq",
                            [run.run_id])
-        explained = [(r, explain_request(con, run, r["req_id"], run_ctx=ctx)) for r in rows]
+        facts = RunFacts(con, run)  # the stored evidence decoded once, not once per request
+        explained = [(r, explain_request(con, run, r["req_id"], run_ctx=ctx, facts=facts)) for r in rows]
         checked = {"counterfactual": 0, "capacity": 0, "thrashing": 0}
         for row, e in explained:
             rid = row["req_id"]

@@ -18,7 +18,7 @@ import pytest
 
 from tierdiag.diagnose.request import claims as C
 from tierdiag.diagnose.request.explain import explain_request
-from tierdiag.diagnose.run.facts import run_context
+from tierdiag.diagnose.run.facts import RunFacts, run_context
 from tierdiag.diagnose.run.summary import run_summary
 from tierdiag.store.reader import open_store, resolve_run
 
@@ -60,7 +60,8 @@ def test_the_run_verdict_is_its_requests_verdicts(burst_run):
         run = resolve_run(con, None)
         ctx = run_context(con, run)
         dx = run_summary(con, run).diagnosis
-        explained = [explain_request(con, run, rid, run_ctx=ctx) for (rid,) in con.execute(
+        facts = RunFacts(con, run)  # the stored evidence decoded once, not once per request
+        explained = [explain_request(con, run, rid, run_ctx=ctx, facts=facts) for (rid,) in con.execute(
             "SELECT req_id FROM requests WHERE run_id = ? AND status = 'finished' ORDER BY seq",
             [run.run_id]).fetchall()]
     # The planted contradiction's conditions: an idle run, busy bursts.
@@ -162,7 +163,8 @@ def test_planted_cause_is_the_run_verdict_and_its_requests(name, tmp_path):
         run = resolve_run(con, None)
         ctx = run_context(con, run)
         dx = run_summary(con, run).diagnosis
-        explained = [explain_request(con, run, rid, run_ctx=ctx) for (rid,) in con.execute(
+        facts = RunFacts(con, run)  # the stored evidence decoded once, not once per request
+        explained = [explain_request(con, run, rid, run_ctx=ctx, facts=facts) for (rid,) in con.execute(
             "SELECT req_id FROM requests WHERE run_id = ? AND status = 'finished' ORDER BY seq",
             [run.run_id]).fetchall()]
         if skipped:  # the planted mechanism happened: the storage tier's prefetches were declined

@@ -31,13 +31,21 @@ def replay_json(trace, db, writer: str, *extra) -> dict:
     return r.json()
 
 
-def test_inline_and_process_write_the_same_rows_and_print_the_same_numbers(tmp_path, trace):
+@pytest.fixture(scope="module")
+def both(tmp_path_factory, trace) -> tuple:
+    """The trace replayed inline, then through a writer process, into one store: (store, each
+    replay's --json summary by writer). Read only (the tests copy the summaries)."""
+    db = tmp_path_factory.mktemp("both") / "both.duckdb"
+    return db, {writer: replay_json(trace, db, writer) for writer in ("inline", "process")}
+
+
+def test_inline_and_process_write_the_same_rows_and_print_the_same_numbers(both):
     """Every column of every event table (but the measured wall time of the real copies), as
     multisets both ways; the run's count; the closing summary (but wall time and the run's id).
     The batches travel much smaller with a writer process (8k rows against 250k), so this also
     checks that how rows are cut into flushes changes none of them."""
-    db = tmp_path / "both.duckdb"
-    summaries = [replay_json(trace, db, writer) for writer in ("inline", "process")]
+    db, by_writer = both
+    summaries = [dict(by_writer[writer]) for writer in ("inline", "process")]
     assert [s.pop("writer") for s in summaries] == ["inline", "process"]  # the replay says which it took
     for s in summaries:
         for key in ("wall_s", "wall_phases", "run_id"):
@@ -89,15 +97,19 @@ def test_what_the_writer_prepares_while_recording_never_stops_the_rows(tmp_path,
 
 
 @pytest.mark.parametrize("writer", ["inline", "process"])
-def test_the_wall_phases_add_up_to_the_wall_time(tmp_path, trace, writer):
+def test_the_wall_phases_add_up_to_the_wall_time(both, writer):
     """replay --json says where its wall time went (start, engine, close: the probe overhead's
-    split in benchmarks/run.py); the three cover wall_s, none negative. With probes off there is
-    no run to close, so nearly all of it is the engine's."""
-    s = replay_json(trace, tmp_path / "p.duckdb", writer)
+    split in benchmarks/run.py); the three cover wall_s, none negative (each writer's replay of
+    `both`, the one the rows are compared on)."""
+    s = both[1][writer]
     phases = s["wall_phases"]
     assert set(phases) == {"start_s", "engine_s", "close_s"}
     assert all(v >= 0 for v in phases.values())
     assert sum(phases.values()) == pytest.approx(s["wall_s"], abs=1e-6)
+
+
+def test_the_wall_phases_of_a_replay_without_probes_are_nearly_all_the_engines(trace):
+    """With probes off there is no run to close, so nearly all of the wall time is the engine's."""
     off = tierdiag("replay", trace, "--no-probes", *ROOMY, "--json").json()
     assert sum(off["wall_phases"].values()) == pytest.approx(off["wall_s"], abs=1e-6)
     assert off["wall_phases"]["close_s"] < off["wall_phases"]["engine_s"]

@@ -34,6 +34,7 @@ runcontext.py's.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -151,6 +152,20 @@ def _union_measure(lo: int, hi: int, intervals: list[tuple[int, int]]) -> list[t
     return out
 
 
+def _clip(lo: int, hi: int, merged: list[tuple[int, int]], ends: list[int]) -> list[tuple[int, int]]:
+    """_union_measure(lo, hi, intervals) from `merged` = _union_measure over a span holding [lo, hi)
+    (`ends`: its ends): disjoint, non-touching parts stay so when cut to [lo, hi). One merge per
+    request instead of one per gap (a long wait has thousands of gaps and of others' intervals)."""
+    out: list[tuple[int, int]] = []
+    if hi <= lo:  # an empty gap covers nothing (queue_attribution passes none; _union_measure agrees)
+        return out
+    for a, b in merged[bisect_right(ends, lo):]:
+        if a >= hi:
+            break
+        out.append((max(a, lo), min(b, hi)))
+    return out
+
+
 def _subtract(gap: tuple[int, int], covered: list[tuple[int, int]]) -> list[tuple[int, int]]:
     lo, hi = gap
     rest, cursor = [], lo
@@ -246,11 +261,13 @@ def queue_attribution(con: duckdb.DuckDBPyConnection, run_id: str, row: RowLike)
         lo, hi = gaps[0][0], gaps[-1][1]
         decoding = read_req.others_decoding(con, run_id, row.req_id, lo, hi, _rank(row))
         held = read_req.others_held(con, run_id, row.req_id, lo, hi, _rank(row))
+        decoding, held = _union_measure(lo, hi, decoding), _union_measure(lo, hi, held)
+        decoding_ends, held_ends = [b for _, b in decoding], [b for _, b in held]
         for gap in gaps:
-            dec = _union_measure(*gap, decoding)
+            dec = _clip(*gap, decoding, decoding_ends)
             raw[WaitPart.MEMORY_WAIT] += sum(b - a for a, b in dec)
             for rest in _subtract(gap, dec):
-                hold = _union_measure(*rest, held)
+                hold = _clip(*rest, held, held_ends)
                 held_ns = sum(b - a for a, b in hold)
                 raw[WaitPart.STORAGE_WAIT] += held_ns
                 raw[WaitPart.IDLE] += rest[1] - rest[0] - held_ns

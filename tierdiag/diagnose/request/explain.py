@@ -56,16 +56,19 @@ from tierdiag.store.reader import RunInfo
 
 
 def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *,
-                    run_ctx: RunContext | None = None, advice: tuple | None = None) -> Explanation:
+                    run_ctx: RunContext | None = None, advice: tuple | None = None,
+                    facts: RunFacts | None = None) -> Explanation:
     """Walk the troubleshooting order for `req_id` in `run`; NotFoundError if it is not there.
 
-    `run_ctx` / `advice`: the run's context and advice when the caller already has them (the
-    report explains several requests of one run); computed here otherwise.
+    `run_ctx` / `advice` / `facts`: the run's context, advice and RunFacts(con, run) when the
+    caller already has them (the report explains several requests of one run; `facts` keeps the
+    stored evidence decoded once, not once per request); computed here otherwise.
     """
     req_id = str(req_id)
     row = queries.request(con, run, req_id)
     tokens = TokenSplit.from_row(row)
-    facts = RunFacts(con, run)
+    if facts is None:
+        facts = RunFacts(con, run)
     totals = facts.totals()
     if run_ctx is None:
         run_ctx = facts.context(attribution=False)
