@@ -21,14 +21,20 @@ PATCHING = [
     "tests/engine/test_sglang_0523_long.py::test_a_pass_that_runs_nothing_while_requests_wait_keeps_the_new_token_ratio",
     "tests/engine/test_sglang_0523_conformance.py::test_a_miss_is_queried_again_every_8_passes_up_to_8_times",  # _start_prefetch
     "tests/engine/test_sglang_0523_more_rules.py::test_a_hit_the_host_cannot_take_arms_a_requery_with_its_end",  # alloc_host
+    # the storage pass tests wrap the scheduler's prefetch steps and the controller's storage writes
+    "tests/engine/test_sglang_0523_storage_passes.py::test_a_read_is_seen_at_the_pass_after_its_hit_is_allocated",
+    "tests/engine/test_sglang_0523_storage_passes.py::test_best_effort_polled_before_the_read_is_seen_gets_nothing",
+    "tests/engine/test_sglang_0523_storage_passes.py::test_a_storage_write_starts_at_the_host_copys_ack_and_holds_it_a_pass",
+    "tests/engine/test_sglang_0523_storage_requery.py",  # replaces _start_prefetch
 ]
 
 
 @pytest.mark.skipif(not compiled.is_compiled(), reason="the engine here is the Python twin: these run in the "
                                                        "suite itself")
-@pytest.mark.parametrize("target", PATCHING)
-def test_on_the_python_twin(target):
-    proc = subprocess.run([sys.executable, "-m", "pytest", target, "-q", "-p", "no:cacheprovider"],
+def test_on_the_python_twin():
+    """All of them in one pytest process (one start-up, not one a target); its summary names any
+    that fails."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", *PATCHING, "-q", "-p", "no:cacheprovider"],
                           capture_output=True, text=True, timeout=1200, cwd=REPO, env={**os.environ, compiled.ENV: "1"})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     last = proc.stdout.strip().splitlines()[-1]
