@@ -26,6 +26,7 @@ WORDS = {
     "shared_in_batch": "shared with requests in the same prefill batch",
     "routed_elsewhere": "held by another rank at arrival",
     "beyond_storage": "once cached, in no tier at its arrival (the storage tier did not hold them)",
+    "prefetch_lost": "read from storage by its prefetch, then evicted from host before it was scheduled",
 }
 assert tuple(WORDS) == MISS_REASONS
 
