@@ -298,6 +298,14 @@ def test_conversation_with_storage_names_the_prefetches_lost_before_scheduling(t
             "FROM requests WHERE status = 'finished'").fetchone()
     assert 0 < lost <= read and lost > beyond / 2, (lost, read, beyond)
     assert _check_run(db) >= 40
+    # The run's diagnosis names it (7 % of input, over PREFETCH_LOST_SHARE), with its number.
+    from tierdiag.diagnose.run.summary import run_summary
+
+    with open_store(db) as con:
+        dx = run_summary(con, resolve_run(con, None)).diagnosis
+    [claim] = [c for c in dx.claims if c.name == "prefetch_lost"]
+    assert claim.text.startswith(f"{lost:,} tokens (7 % of input) were read from storage by their requests' own "
+                                 f"prefetches, then evicted from host before those requests were scheduled")
 
 
 @pytest.mark.shared

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from tierdiag.diagnose.read.waiting import gone_tokens_sql
 from tierdiag.diagnose.request.claims import recomputed_split
+from tierdiag.diagnose.run.miss_reasons import PREFETCH_LOST_SHARE, prefetch_lost_claim_text
 from tierdiag.store.reader import open_store, resolve_run
 from tierdiag.store.schema import MISS_REASONS, SCHEMA_VERSION, columns_missing_in
 
@@ -66,6 +67,9 @@ def test_summary_and_explain_name_the_prefetch_lost(lost_db):
     assert f"{lost:,} were {LOST_SAID} before it was scheduled" in step1
     assert "host_tokens" in step1  # the remedy: host room (no prefetch policy protects a finished read)
     assert f"{lost:,} {LOST_SAID} before it was scheduled" in e["steps"][3]["finding"]
+    # under PREFETCH_LOST_SHARE of the input here: the run's diagnosis does not name it
+    assert total < PREFETCH_LOST_SHARE * s["tokens"]["input_tokens"]
+    assert all(c["name"] != "prefetch_lost" for c in s["diagnosis"]["claims"])
 
 
 def test_a_run_recorded_before_the_column_reads_and_a_replay_adds_it(lost_db, tmp_path):
@@ -127,3 +131,17 @@ def test_the_recomputed_split_and_its_sql_agree_on_hostile_rows(row):
     with duckdb.connect() as con:
         sql = con.execute(f"SELECT {gone_tokens_sql('q')} FROM (SELECT {cols}) q", list(row.values())).fetchone()[0]
     assert sql == gone
+
+
+@settings(max_examples=60, deadline=None)
+@given(reasons=st.dictionaries(st.sampled_from(MISS_REASONS), st.integers(-10**12, 10**12)),
+       input_tokens=st.integers(-10, 10**12))
+def test_the_runs_prefetch_lost_sentence_only_at_its_share(reasons, input_tokens):
+    """The run's claim: said with its own number exactly where prefetch_lost holds at least
+    PREFETCH_LOST_SHARE of a positive input, on hostile sums (negative, zero, missing)."""
+    text = prefetch_lost_claim_text(reasons, input_tokens)
+    n = reasons.get("prefetch_lost", 0)
+    due = n > 0 and input_tokens > 0 and n / input_tokens >= PREFETCH_LOST_SHARE
+    assert (text is not None) == due
+    if text is not None:
+        assert text.startswith(f"{n:,} tokens (")
