@@ -4,14 +4,18 @@ The verdicts of many requests of real replays are taken apart, and each phrase t
 fact is checked against the `requests` row it must come from (recomputed here from the row,
 not from the Explanation): "a full device hit" only when every reused token was on device and
 nothing was recomputed; the shares and token counts of the split; "no longer in any tier" only
-for recomputed tokens neither skipped nor matched in storage; a storage match and its reason;
+for recomputed tokens neither skipped, nor matched in storage, nor read by its prefetch and lost;
+"read from storage by its prefetch, then evicted from host" only for its miss_prefetch_lost_tokens;
+a storage match and its reason;
 the never-evicted counterfactual's number; "recomputing those tokens instead" only with a
 load-back; "the cache's doing" only when recompute took that share of the wait; and the queue
 attribution sums exactly to queue_ns.
 
 Always: a small `tierdiag synth` workload on small pools with a best-effort storage tier (skips, storage
-matches, late prefetches, recompute). With ../shared (marker `shared`): both Mooncake traces,
-the conversation at --time-scale 2; each replayed once per session.
+matches, late prefetches, recompute), and the same workload under wait_complete on a smaller host
+(prefetches read, then evicted from host before their requests were scheduled: prefetch_lost).
+With ../shared (marker `shared`): both Mooncake traces, the conversation at --time-scale 2, each
+replayed once per session; and its first 1,000 requests with a 50M-token storage tier (issue 43).
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ def _sample(con, run_id: str) -> list[dict]:
         "CASE WHEN storage_skipped_reason IS NULL THEN 0 ELSE storage_match_tokens END DESC",
         "CASE WHEN loadback_skipped_reason IS NULL THEN 0 ELSE 1 END DESC, seq",
         "CASE WHEN hit_class = 'device_hit' AND recomputed_tokens > 0 THEN recomputed_tokens ELSE 0 END DESC",
+        "coalesce(miss_prefetch_lost_tokens, 0) DESC",  # read by its prefetch, lost before scheduling
         "hash(req_id)",  # anything
     ]
     rows: dict[str, dict] = {}
@@ -103,18 +108,27 @@ def _check_request(row: dict, e) -> list[str]:
         need(_num(got) == new, f"new {got} vs {new}")
     # Why recomputed tokens were recomputed.
     skipped = min(row["loadback_skipped_tokens"] or 0, rec) if row["loadback_skipped_reason"] else 0
-    unused = (min(max(row["storage_match_tokens"] - s, 0), rec - skipped) if row["storage_skipped_reason"] else 0)
+    # Read from storage by its own prefetch, evicted from host before it was scheduled (engine/miss.py).
+    read_lost = min(max(row.get("miss_prefetch_lost_tokens") or 0, 0), rec - skipped)
+    unused = (min(max(row["storage_match_tokens"] - s - read_lost, 0), rec - skipped - read_lost)
+              if row["storage_skipped_reason"] else 0)
     # A data-parallel run: what the best rank held beyond its own rank and the shared storage match.
     routed = 0
     if row.get("best_rank") is not None and row["best_rank"] != row["dp_rank"]:
         gap = (row["best_rank_device_tokens"] + row["best_rank_host_tokens"] - row["arrival_device_tokens"]
                - row["arrival_host_tokens"] - row["storage_match_tokens"])
-        routed = min(max(gap, 0), rec - skipped - unused)
+        routed = min(max(gap, 0), rec - skipped - read_lost - unused)
     for got, best, own in re.findall(r"([\d,]+) were held by rank (\d+) at its arrival, not by rank (\d+)", verdict):
         need(_num(got) == routed > 0 and int(best) == row["best_rank"] and int(own) == row["dp_rank"],
              "tokens held by another rank")
     for got in re.findall(r"([\d,]+) were no longer in any tier", verdict):
-        need(_num(got) == rec - skipped - unused - routed > 0, "'no longer in any tier' tokens")
+        need(_num(got) == rec - skipped - read_lost - unused - routed > 0, "'no longer in any tier' tokens")
+    lost_said = r"([\d,]+) were read from storage by its prefetch, then evicted from host"
+    for got in re.findall(lost_said, verdict):
+        need(_num(got) == read_lost > 0, "prefetch read, then evicted from host")
+    # step 1 explains every recomputed token: the prefetch's loss is said there iff the row has one
+    need([_num(g) for g in re.findall(lost_said, e.steps[0].finding)] == ([read_lost] if read_lost else []),
+         "step 1: prefetch read, then evicted from host")
     for got, reason in re.findall(r"([\d,]+) were matched in storage but not used \((\w+)", verdict):
         need(reason == row["storage_skipped_reason"] and _num(got) == unused > 0, "storage match not used")
     for got, reason in re.findall(r"([\d,]+) were a host hit whose load-back was skipped \((\w+)", verdict):
@@ -219,6 +233,24 @@ def test_every_claim_is_true_on_the_demo_trace(demo_run):
     assert _check_run(demo_run) >= 40
 
 
+@pytest.fixture(scope="module")
+def prefetch_lost_run(demo_run) -> Path:
+    """The demo workload under wait_complete on a 65,536-token host: prefetches complete and are
+    inserted unprotected (0.5.23's drain), and host pressure deletes some before their requests
+    are scheduled (miss reason prefetch_lost)."""
+    trace = demo_run.parent / "mixed.jsonl"
+    return _replay(trace, demo_run.parent / "lost.duckdb", "--model", "llama3-8b", "--gpu", "h100",
+                   "--device-tokens", "65536", "--host-tokens", "65536", "--storage-tokens", "1048576",
+                   "--load-back-threshold", "1024", "--prefetch-policy", "wait_complete")
+
+
+def test_every_claim_is_true_where_prefetches_were_lost(prefetch_lost_run):
+    with open_store(prefetch_lost_run) as con:
+        lost = con.execute("SELECT count(*) FILTER (WHERE miss_prefetch_lost_tokens > 0) FROM requests").fetchone()[0]
+    assert lost > 0  # the story the checks are about is there
+    assert _check_run(prefetch_lost_run) >= 40
+
+
 def test_demo_run_has_every_story(demo_run):
     """The sample above is only worth something if the run holds the stories the checks are about."""
     with open_store(demo_run) as con:
@@ -246,6 +278,35 @@ def mooncake_runs(tmp_path_factory) -> dict[str, Path]:
 @pytest.mark.parametrize("name", ["conversation", "synthetic"])
 def test_every_claim_is_true_on_mooncake(mooncake_runs, name):
     assert _check_run(mooncake_runs[name]) >= 40
+
+
+@pytest.mark.shared
+def test_conversation_with_storage_names_the_prefetches_lost_before_scheduling(tmp_path):
+    """Issue 43's replay: conversation[:1000], a 50M-token storage tier, 98,304 device / 196,608
+    host tokens. Under 0.5.23 most prefetched pages are deleted from host before their requests
+    are scheduled; those tokens are prefetch_lost (they were called beyond_storage: "the storage
+    tier did not hold them"), and every claim about them holds."""
+    if not SHARED_TRACES.is_dir():
+        pytest.skip("../shared/traces not present")
+    head = tmp_path / "conv1000.jsonl"
+    with open(SHARED_TRACES / "conversation_trace.jsonl") as f:
+        head.write_text("".join(line for _, line in zip(range(1000), f)))
+    db = _replay(head, tmp_path / "conv.duckdb", "--storage-tokens", "50000000", "--device-tokens", "98304",
+                 "--host-tokens", "196608")
+    with open_store(db) as con:
+        lost, read, beyond = con.execute(
+            "SELECT sum(miss_prefetch_lost_tokens), sum(storage_bytes) // 8388608 * 64, sum(miss_beyond_storage_tokens) "
+            "FROM requests WHERE status = 'finished'").fetchone()
+    assert 0 < lost <= read and lost > beyond / 2, (lost, read, beyond)
+    assert _check_run(db) >= 40
+    # The run's diagnosis names it (7 % of input, over PREFETCH_LOST_SHARE), with its number.
+    from tierdiag.diagnose.run.summary import run_summary
+
+    with open_store(db) as con:
+        dx = run_summary(con, resolve_run(con, None)).diagnosis
+    [claim] = [c for c in dx.claims if c.name == "prefetch_lost"]
+    assert claim.text.startswith(f"{lost:,} tokens (7 % of input) were read from storage by their requests' own "
+                                 f"prefetches, then evicted from host before those requests were scheduled")
 
 
 @pytest.mark.shared

@@ -255,6 +255,8 @@ def _check(db: Path) -> tuple[list[str], list[dict]]:
                           "coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL", [rid]).fetchone()
         con_in_batch = con.execute("SELECT coalesce(sum(miss_shared_in_batch_tokens), 0), sum(input_tokens) FROM "
                                    "requests WHERE run_id = ? AND status = 'finished'", [rid]).fetchone()
+        con_lost_read = con.execute("SELECT coalesce(sum(miss_prefetch_lost_tokens), 0), sum(input_tokens) FROM "
+                                    "requests WHERE run_id = ? AND status = 'finished'", [rid]).fetchone()
     with open_store(db) as con:
         rid = resolve_run(con, None).run_id
         run = resolve_run(con, None)
@@ -264,7 +266,9 @@ def _check(db: Path) -> tuple[list[str], list[dict]]:
         fin = "run_id = ? AND coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL"
         skipped = dict(con.execute(f"SELECT loadback_skipped_reason, sum(loadback_skipped_tokens) FROM requests "
                                    f"WHERE {fin} AND loadback_skipped_reason IS NOT NULL GROUP BY 1", [rid]).fetchall())
-        unused = dict(con.execute(f"SELECT storage_skipped_reason, sum(least(storage_match_tokens - storage_hit_tokens, "
+        # a storage match not used: less what its prefetch read and host lost before scheduling
+        unused = dict(con.execute(f"SELECT storage_skipped_reason, sum(least(greatest(storage_match_tokens "
+                                  f"- storage_hit_tokens - coalesce(miss_prefetch_lost_tokens, 0), 0), "
                                   f"recomputed_tokens)) FROM requests WHERE {fin} AND storage_skipped_reason IS NOT "
                                   f"NULL GROUP BY 1", [rid]).fetchall())
     total = sum(x["excess"] for x in rows)
@@ -407,6 +411,12 @@ def _check(db: Path) -> tuple[list[str], list[dict]]:
             shared, inp = con_in_batch
             need(m is not None and int(m[1].replace(",", "")) == shared and _pct_ok(m[2], shared / inp)
                  and shared >= 0.1 * inp, f"in_batch: {text!r} vs {shared} of {inp}")
+        elif name == "prefetch_lost":  # read by their own prefetches, evicted from host before scheduling
+            m = re.match(rf"([\d,]+) tokens \({PCT} of input\) were read from storage by their requests' own "
+                         rf"prefetches, then evicted from host before those requests were scheduled", text)
+            lost, inp = con_lost_read
+            need(m is not None and int(m[1].replace(",", "")) == lost and _pct_ok(m[2], lost / inp)
+                 and lost >= 0.05 * inp, f"prefetch_lost: {text!r} vs {lost} of {inp}")
         else:
             need(False, f"unknown claim {name}: {text!r}")
         for n, reason in re.findall(r"([\d,]+) were host hits skipped \(([a-z_]+)\)", text):

@@ -401,6 +401,8 @@ class StoragePrefetch(SchedulerState):
                 new = tree.insert_host(node, req.keys[matched:first + done], slots[dup:done], now, req.req_id,
                                        req.keys_np[matched:first + done])
                 new.prefetched_for = req.seq
+                if self.miss is not None:  # which pages its own prefetch brought in (miss.py)
+                    self.miss.prefetched(req.seq, matched, first + done)
             kept = done
         else:
             self.ctrl.host.free(slots[:done])

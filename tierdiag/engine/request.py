@@ -222,7 +222,8 @@ class RequestRecords:
                 miss_prefetch_revoked_tokens=miss["prefetch_revoked"],
                 miss_shared_in_batch_tokens=miss["shared_in_batch"],
                 miss_routed_elsewhere_tokens=miss["routed_elsewhere"],
-                miss_beyond_storage_tokens=miss["beyond_storage"])
+                miss_beyond_storage_tokens=miss["beyond_storage"],
+                miss_prefetch_lost_tokens=miss["prefetch_lost"])
         if self.progress is not None and st.requests_finished % 256 == 0:
             self.progress(st.requests_finished, now, st)
 

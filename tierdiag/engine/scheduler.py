@@ -301,7 +301,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                  miss_lost_while_queued_tokens=None, miss_loadback_skipped_tokens=None,
                  miss_prefetch_declined_tokens=None, miss_prefetch_revoked_tokens=None,
                  miss_shared_in_batch_tokens=None, miss_routed_elsewhere_tokens=None,
-                 miss_beyond_storage_tokens=None)
+                 miss_beyond_storage_tokens=None, miss_prefetch_lost_tokens=None)
             if self.emit.tick is not None:  # rejections come without batches: a trace of them stays bounded
                 self.emit.tick()
 

@@ -205,6 +205,8 @@ class RequestRecord(NamedTuple):
     miss_shared_in_batch_tokens: int | None = None
     miss_routed_elsewhere_tokens: int | None = None
     miss_beyond_storage_tokens: int | None = None
+    # v7: of those, read from storage by its own prefetch, then evicted from host before it was scheduled
+    miss_prefetch_lost_tokens: int | None = None
 
 
 class Route(NamedTuple):

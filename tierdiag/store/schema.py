@@ -15,10 +15,11 @@ def new_run_id() -> str:
     sweep's workers all name runs with it)."""
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
-SCHEMA_VERSION = 6  # v2: runs.kind, runs.sweep_id (DESIGN §5); v3: requests' session columns (§6);
+SCHEMA_VERSION = 7  # v2: runs.kind, runs.sweep_id (DESIGN §5); v3: requests' session columns (§6);
 # v4: data-parallel ranks (dp_rank on every event table, the routing decision on requests; §6);
 # v5: miss reasons (requests.miss_*_tokens; DESIGN §7, issue 40)
 # v6: decode on the clock (requests.decode_wait_ns, requests.retractions; issue 43)
+# v7: the miss reason prefetch_lost (requests.miss_prefetch_lost_tokens; issue 43 follow-up)
 
 # Columns each version added to the end of a table, nothing else changing: a store of an older
 # version still reads (store/reader.py shows it with these columns, NULL), and a writer adds them
@@ -26,8 +27,9 @@ SCHEMA_VERSION = 6  # v2: runs.kind, runs.sweep_id (DESIGN §5); v3: requests' s
 # The miss reasons' columns (engine/miss.py MISS_COLUMNS, kept equal by tests/engine/test_miss_reasons.py).
 MISS_REASONS: tuple[str, ...] = (
     "never_cached", "evicted_before_reuse", "lost_while_queued", "loadback_skipped", "prefetch_declined",
-    "prefetch_revoked", "shared_in_batch", "routed_elsewhere", "beyond_storage")
+    "prefetch_revoked", "shared_in_batch", "routed_elsewhere", "beyond_storage", "prefetch_lost")
 MISS_COLUMNS: tuple[str, ...] = tuple(f"miss_{r}_tokens" for r in MISS_REASONS)
+MISS_COLUMNS_V5 = MISS_COLUMNS[:9]  # the first nine (v5); v7 added the tenth, at the table's end
 
 ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {
     3: {"requests": ("session_id", "think_ms", "trace_arrival_ns")},
@@ -40,8 +42,9 @@ ADDED_COLUMNS: dict[int, dict[str, tuple[str, ...]]] = {
         "batches": ("dp_rank",),
         "pool_samples": ("dp_rank",),
     },
-    5: {"requests": MISS_COLUMNS},
+    5: {"requests": MISS_COLUMNS_V5},
     6: {"requests": ("decode_wait_ns", "retractions")},
+    7: {"requests": ("miss_prefetch_lost_tokens",)},
 }
 OLDEST_READABLE_VERSION = 2
 
@@ -141,9 +144,11 @@ TABLES: dict[str, dict[str, str]] = {
         "ranks_json": "VARCHAR",  # [{"rank","device_tokens","host_tokens","in_flight","score"}, ...] one per rank
         # v5: a finished request's computed tokens by why they were not reused (engine/miss.py,
         # DESIGN §7): one reason a token, summing to computed_tokens; NULL for rejected rows.
-        **{col: "BIGINT" for col in MISS_COLUMNS},
+        **{col: "BIGINT" for col in MISS_COLUMNS_V5},
         "decode_wait_ns": "BIGINT",  # v6: of queue_ns, the GPU running decode steps (NULL: older runs, rejected)
         "retractions": "BIGINT",  # v6: times retracted for decode memory (retract_decode) and prefilled again
+        # v7: the tenth miss reason, prefetch_lost (NULL: older runs, where beyond_storage held it)
+        "miss_prefetch_lost_tokens": "BIGINT",
     },
     "evictions": {
         "run_id": "VARCHAR",

@@ -84,6 +84,7 @@ class RequestRow:
     miss_beyond_storage_tokens: int | None = None
     decode_wait_ns: int | None = None
     retractions: int | None = None
+    miss_prefetch_lost_tokens: int | None = None
 
     @classmethod
     def of(cls, row: "RequestRow | Mapping[str, Any]") -> "RequestRow":

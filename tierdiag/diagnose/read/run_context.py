@@ -90,9 +90,12 @@ def loadback_skipped_by_reason(con: duckdb.DuckDBPyConnection, run_id: str) -> l
 
 
 def storage_unused_by_reason(con: duckdb.DuckDBPyConnection, run_id: str) -> list[tuple[str, int | None]]:
-    """(reason, tokens) of storage matches not used (and recomputed) over the finished requests, by reason."""
+    """(reason, tokens) of storage matches not used (and recomputed) over the finished requests, by reason;
+    not the part its prefetch read and host lost before scheduling (miss reason prefetch_lost, NULL
+    before schema v7): that was read, whatever the reason for the rest."""
     return con.execute(
-        f"SELECT storage_skipped_reason, sum(least(storage_match_tokens - storage_hit_tokens, recomputed_tokens)) "
+        f"SELECT storage_skipped_reason, sum(least(greatest(storage_match_tokens - storage_hit_tokens "
+        f"- coalesce(miss_prefetch_lost_tokens, 0), 0), recomputed_tokens)) "
         f"FROM requests WHERE run_id = ? AND {FINISHED_SQL} AND storage_skipped_reason IS NOT NULL "
         f"GROUP BY 1 ORDER BY 1", [run_id]).fetchall()
 

@@ -36,15 +36,17 @@ LEFT_EVERY_TIER = ("drop", "delete")
 
 
 def gone_tokens_sql(alias: str = "") -> str:
-    """SQL: a `requests` row's recomputed tokens that were in no tier (claims.recomputed_split's `lost`)."""
+    """SQL: a `requests` row's recomputed tokens that were in no tier (claims.recomputed_split's `lost`;
+    the prefetch's loss, `miss_prefetch_lost_tokens`, is NULL in a run recorded before it)."""
     p = f"{alias}." if alias else ""
     rec = f"coalesce({p}recomputed_tokens, 0)"
     skipped = (f"(CASE WHEN {p}loadback_skipped_reason IS NOT NULL "
                f"THEN least(coalesce({p}loadback_skipped_tokens, 0), {rec}) ELSE 0 END)")
+    read = f"least(greatest(coalesce({p}miss_prefetch_lost_tokens, 0), 0), {rec} - {skipped})"
     unused = (f"(CASE WHEN {p}storage_skipped_reason IS NOT NULL THEN least(greatest(coalesce({p}storage_match_tokens, 0)"
-              f" - coalesce({p}storage_hit_tokens, 0), 0), {rec} - {skipped}) ELSE 0 END)")
-    routed = f"least({routing_tokens_sql(alias)}, {rec} - {skipped} - {unused})"
-    return f"({rec} - {skipped} - {unused} - {routed})"
+              f" - coalesce({p}storage_hit_tokens, 0) - {read}, 0), {rec} - {skipped} - {read}) ELSE 0 END)")
+    routed = f"least({routing_tokens_sql(alias)}, {rec} - {skipped} - {read} - {unused})"
+    return f"({rec} - {skipped} - {read} - {unused} - {routed})"
 
 
 def waiting_removals_sql(run_param: str = "$r", req_param: str | None = None, *, seq_param: str | None = None) -> str:

@@ -9,7 +9,9 @@ The run's own sentences (capacity, queue, losses, routing) are run_claims.py's.
 
 Vocabulary the checks rely on (keep them in step):
   "a full device hit"          every reused token was on device and nothing was recomputed
-  "no longer in any tier"      recomputed tokens neither skipped nor matched in storage
+  "no longer in any tier"      recomputed tokens neither skipped, nor matched in storage, nor read
+                               by its prefetch and lost (miss_prefetch_lost_tokens), nor routed
+  "read from storage by its prefetch"  miss_prefetch_lost_tokens (engine/miss.py prefetch_lost)
   "matched in storage"         the storage match the request did not use, with its reason
   "the cache's doing"          recompute took >= RECOMPUTE_QUEUE_SHARE of its wait on a GPU
                                at least BUSY_SHARE busy
@@ -221,29 +223,34 @@ def wait_not_the_caches_doing(qa: QueueAttribution, busy: float) -> str:
 # --------------------------------------------------------------------------- recompute
 
 
-def recomputed_split(row: RowLike) -> tuple[int, int, int, int]:
-    """Its recomputed tokens as (skipped host hit, storage match not used, held by another rank at
-    its arrival (routing), gone from every tier)."""
+def recomputed_split(row: RowLike) -> tuple[int, int, int, int, int]:
+    """Its recomputed tokens as (skipped host hit, read by its own prefetch and evicted from host
+    before it was scheduled, storage match not used, held by another rank at its arrival
+    (routing), gone from every tier), in engine/miss.py's order (the prefetch's loss is its
+    `miss_prefetch_lost_tokens`: NULL, so 0, in a run recorded before it)."""
     row = RequestRow.of(row)
     recomputed = int(row.recomputed_tokens or 0)
     skipped = min(int(row.loadback_skipped_tokens or 0), recomputed) if row.loadback_skipped_reason else 0
+    lost_read = min(max(int(row.miss_prefetch_lost_tokens or 0), 0), recomputed - skipped)
     unused = 0
     if row.storage_skipped_reason:
-        unused = min(max(int(row.storage_match_tokens or 0) - int(row.storage_hit_tokens or 0), 0),
-                     recomputed - skipped)
-    routed = min(routing_tokens(row), recomputed - skipped - unused)
-    return skipped, unused, routed, recomputed - skipped - unused - routed
+        unused = min(max(int(row.storage_match_tokens or 0) - int(row.storage_hit_tokens or 0) - lost_read, 0),
+                     recomputed - skipped - lost_read)
+    routed = min(routing_tokens(row), recomputed - skipped - lost_read - unused)
+    return skipped, lost_read, unused, routed, recomputed - skipped - lost_read - unused - routed
 
 
 def recompute_reasons(row: RowLike, threshold: int | None, host_deleted_tokens: int, storage_tier: bool) -> list[str]:
     """Why its recomputed tokens were recomputed, one phrase per reason that holds tokens."""
     row = RequestRow.of(row)
-    skipped, unused, routed, lost = recomputed_split(row)
+    skipped, lost_read, unused, routed, lost = recomputed_split(row)
     why = []
     if skipped:
         reason = row.loadback_skipped_reason
         detail = SKIP_WHY.get(reason, reason).format(threshold=fmt_tokens(threshold) if threshold else "?")
         why.append(f"{fmt_tokens(skipped)} were a host hit whose load-back was skipped ({reason}: {detail})")
+    if lost_read:
+        why.append(prefetch_lost_phrase(lost_read))
     if unused:
         reason = row.storage_skipped_reason
         why.append(f"{fmt_tokens(unused)} were matched in storage but not used ({reason}: "
@@ -259,6 +266,18 @@ def recompute_reasons(row: RowLike, threshold: int | None, host_deleted_tokens: 
             where += " (no storage tier)"
         why.append(f"{fmt_tokens(lost)} were {where}")
     return why
+
+
+def prefetch_lost_phrase(tokens: int) -> str:
+    """The tokens its own prefetch read into host and host pressure deleted before it was scheduled
+    (engine/miss.py prefetch_lost), with what keeps them: SGLang 0.5.23 inserts a finished
+    prefetch's pages unprotected (`_handle_prefetch_result` -> `insert_host`) and queries storage
+    again only when the device + host match falls below the one at its last query
+    (`_prefetch_after_device_hit_loss`), which these pages were past. No prefetch policy protects
+    them (the read had finished); host room does, or a shorter wait."""
+    return (f"{fmt_tokens(tokens)} were read from storage by its prefetch, then evicted from host before it was "
+            f"scheduled (SGLang inserts a finished prefetch unprotected and does not query storage again for it: "
+            f"a larger host pool (host_tokens) or a shorter queue keeps them)")
 
 
 def recompute_claim(row: RowLike, threshold: int | None, host_deleted_tokens: int, storage_tier: bool) -> Claim:

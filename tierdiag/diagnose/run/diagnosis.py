@@ -14,7 +14,7 @@ from tierdiag.config.names import Cause, Tier
 from tierdiag.diagnose.advice import Advice, advice_json
 from tierdiag.diagnose.request import claims as C
 from tierdiag.diagnose.run import run_claims as RC
-from tierdiag.diagnose.run.miss_reasons import in_batch_claim_text
+from tierdiag.diagnose.run.miss_reasons import in_batch_claim_text, prefetch_lost_claim_text
 from tierdiag.diagnose.run.capacity import Capacity
 from tierdiag.diagnose.run.run_claims import loss_why
 from tierdiag.diagnose.run.runcontext import RunContext
@@ -111,6 +111,9 @@ def diagnose_run(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple
     in_batch = in_batch_claim_text(miss_reasons or {}, ctx.losses.input_tokens)  # miss_reasons.py
     if in_batch is not None:
         claims.append(C.Claim("in_batch", in_batch))
+    lost_read = prefetch_lost_claim_text(miss_reasons or {}, ctx.losses.input_tokens)  # miss_reasons.py
+    if lost_read is not None:
+        claims.append(C.Claim("prefetch_lost", lost_read))
     if top.cause == Cause.QUEUEING and top.caches_doing:
         dominant = "recompute"
     elif cap is not None and top.cause in (Cause.QUEUEING, Cause.NONE):

@@ -3,7 +3,7 @@ reason a computed token on each finished request's row; DESIGN §7, issue 40).
 
 `summary --json` `miss_reasons` {reason: tokens} over the finished requests (null for a store
 written before the columns), the terminal's line under the tier split, explain's step-4 sentence
-and the run diagnosis's in-batch claim are all built from these sums.
+and the run diagnosis's in-batch and prefetch-lost claims are all built from these sums.
 """
 
 from __future__ import annotations
@@ -26,11 +26,14 @@ WORDS = {
     "shared_in_batch": "shared with requests in the same prefill batch",
     "routed_elsewhere": "held by another rank at arrival",
     "beyond_storage": "once cached, in no tier at its arrival (the storage tier did not hold them)",
+    "prefetch_lost": "read from storage by its prefetch, then evicted from host before it was scheduled",
 }
 assert tuple(WORDS) == MISS_REASONS
 
 # The run names in-batch sharing as a cause when it holds at least this share of the input tokens.
 IN_BATCH_SHARE = 0.1
+# The run names prefetches lost before scheduling when they hold at least this share of the input.
+PREFETCH_LOST_SHARE = 0.05
 
 
 def run_miss_reasons(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, int] | None:
@@ -68,3 +71,16 @@ def in_batch_claim_text(reasons: dict[str, int], input_tokens: int) -> str | Non
             f"same prefill batch: arriving together, each request of the batch computed the shared prefix, as "
             f"SGLang's fcfs does (the prefix enters the cache only when the batch ends), so the cache had no "
             f"chance to reuse them.")
+
+
+def prefetch_lost_claim_text(reasons: dict[str, int], input_tokens: int) -> str | None:
+    """The run's prefetch-lost sentence where tokens read by requests' own prefetches and evicted
+    from host before those requests were scheduled hold PREFETCH_LOST_SHARE of input."""
+    n = reasons.get("prefetch_lost", 0)
+    if not n or (share(n, input_tokens) or 0) < PREFETCH_LOST_SHARE:
+        return None
+    return (f"{fmt_tokens(n)} tokens ({fmt_pct(share(n, input_tokens))} of input) were read from storage by their "
+            f"requests' own prefetches, then evicted from host before those requests were scheduled, and computed "
+            f"again: SGLang inserts a finished prefetch unprotected and does not query storage again for it, so "
+            f"host room (host_tokens) or a shorter queue is what keeps them; no prefetch policy does, the read "
+            f"had finished.")
