@@ -21,6 +21,9 @@ PATCHING = [
     "tests/engine/test_sglang_0523_long.py::test_a_pass_that_runs_nothing_while_requests_wait_keeps_the_new_token_ratio",
     "tests/engine/test_sglang_0523_conformance.py::test_a_miss_is_queried_again_every_8_passes_up_to_8_times",  # _start_prefetch
     "tests/engine/test_sglang_0523_more_rules.py::test_a_hit_the_host_cannot_take_arms_a_requery_with_its_end",  # alloc_host
+    # _prefetch_holds / _finish_prefetch / _storage_after_ack / _start_prefetch wrapped
+    "tests/engine/test_sglang_0523_storage_passes.py",
+    "tests/engine/test_sglang_0523_storage_requery.py",
 ]
 
 

@@ -55,6 +55,7 @@ def _polls(engine: Engine, rid: str) -> list[tuple[int, str]]:
     return seen
 
 
+@helpers.patches_the_engine  # wraps the scheduler's or controller's methods
 def test_a_read_is_seen_at_the_pass_after_its_hit_is_allocated(tmp_path):
     """`_drain_storage_control_queues_impl(n_storage_hit, n_ack_prefetch, ...)`: the counts come
     from `_sync_hicache_ready_counts` before the drain; `_drain_and_alloc_storage_hit` then
@@ -78,6 +79,7 @@ def test_a_read_is_seen_at_the_pass_after_its_hit_is_allocated(tmp_path):
     engine.check_invariants(idle=True)
 
 
+@helpers.patches_the_engine  # wraps the scheduler's or controller's methods
 def test_best_effort_polled_before_the_read_is_seen_gets_nothing(tmp_path):
     """`check_prefetch_progress` under best_effort: `_can_terminate_prefetch` is True at once;
     `terminate_prefetch` then `_handle_prefetch_result(operation)` with `completed_tokens` 0 (no
@@ -113,6 +115,7 @@ def test_a_miss_holds_its_span_until_the_drain(tmp_path):
     assert s.prefetch_tokens_occupied == 0 == s.query_occupied
 
 
+@helpers.patches_the_engine  # wraps the scheduler's or controller's methods
 def test_a_storage_write_starts_at_the_host_copys_ack_and_holds_it_a_pass(tmp_path, monkeypatch):
     """`writing_check` -> `_finish_write_through_ack` -> `write_backup_storage`: a node goes to
     storage once its host copy is acknowledged, and `inc_host_lock_ref` keeps its host copy

@@ -29,6 +29,7 @@ def _recording(monkeypatch, sched) -> list:
     return queried
 
 
+@helpers.patches_the_engine  # wraps the scheduler's or controller's methods
 def test_a_shorter_match_at_admission_queries_storage_again_and_skips_the_pass(monkeypatch):
     """scheduler.py `_prefetch_after_device_hit_loss` (0.5.23), called by
     `_get_new_batch_prefill_raw` after `check_prefetch_progress` and `init_next_round_input`:
@@ -48,6 +49,7 @@ def test_a_shorter_match_at_admission_queries_storage_again_and_skips_the_pass(m
     assert r.seq not in s.prefetch_retry_due and r.seq not in s.prefetch_retry_reqs
 
 
+@helpers.patches_the_engine  # wraps the scheduler's or controller's methods
 def test_no_requery_without_a_loss_before_a_query_or_past_the_cap(monkeypatch):
     """The same function's guards: `if not previous_match_len` (no query yet, or it matched
     nothing) and `if current_match_len >= previous_match_len` return False; past
@@ -68,6 +70,7 @@ def test_no_requery_without_a_loss_before_a_query_or_past_the_cap(monkeypatch):
     assert old._prefetch_after_hit_loss(r, 0) is False
 
 
+@helpers.patches_the_engine  # wraps the scheduler's or controller's methods
 def test_the_query_records_the_match_it_was_made_with(tmp_path, monkeypatch):
     """`_prefetch_kvcache` sets `req.storage_prefetch_last_match_len = prefix_len +
     host_hit_length` at every query, before its gate: b matches a's 8 pages on device at arrival,
