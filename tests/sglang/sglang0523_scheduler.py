@@ -292,13 +292,14 @@ def _stash_chunked_request(self, req):
         return _orig_stash(self, req)
     # The chunk's insert (cache_unfinished_req: its write-through backup may evict host leaves)
     # belongs to the previous batch's end, where the engine runs it (_cache_unfinished at the
-    # batch's end): run_workload moves what it evicted into the window before this pass.
-    before = (counter["device"], counter["host"], len(counter["log"]))
+    # batch's end), and so does what this pass ran before it (`_process_hicache_events`: the
+    # storage drain, whose hits' host memory may evict host leaves, and the re-queries), which
+    # the engine runs there too, just before the insert (`storage_pass_start`): run_workload
+    # moves everything evicted from the pass's start to the stash's end into the window before.
     try:
         return _orig_stash(self, req)
     finally:
-        counter["stash"] = [a + counter[k] - b for a, k, b in zip(counter["stash"], ("device", "host"), before)] + \
-            [counter["stash"][2] + len(counter["log"]) - before[2]]
+        counter["stash"] = [counter["device"], counter["host"], len(counter["log"])]
 
 
 S.Scheduler.stash_chunked_request = _stash_chunked_request
@@ -479,7 +480,7 @@ def _run_workload(spec: dict) -> dict:
     tree = sch.tree_cache
     evicted = {"device": 0, "host": 0}
     _hook_evictions(tree, evicted)
-    evicted["stash"] = [0, 0, 0]  # device, host tokens and log entries of this pass's chunk stash
+    evicted["stash"] = None  # device, host tokens and log entries evicted up to this pass's chunk stash's end
     sch._harness_evicted = evicted
     phase = {"now": 0}
     _hook_copies(tree, pricer, phase)
@@ -516,11 +517,13 @@ def _run_workload(spec: dict) -> dict:
             hidden = sch.get_new_batch_prefill
             sch.get_new_batch_prefill = lambda running_batch: S.NextBatchPlan(batch_to_run=None,
                                                                               running_batch=running_batch)
-        evicted["stash"] = [0, 0, 0]
+        evicted["stash"] = None
         plan = sch.get_next_batch_to_run(running_batch=sch.running_batch, last_batch=sch.last_batch)
-        # the chunk stashed at this pass's start ends the previous batch (_stash_chunked_request)
-        mark = [mark[0] + evicted["stash"][0], mark[1] + evicted["stash"][1]]
-        log_at += evicted["stash"][2]
+        # the chunk stashed at this pass's start, and what the pass ran before it, end the
+        # previous batch (_stash_chunked_request: the counters at the stash's end)
+        if evicted["stash"] is not None:
+            mark = evicted["stash"][:2]
+            log_at = evicted["stash"][2]
         if hidden is not None:
             del sch.get_new_batch_prefill
         sch.running_batch = plan.running_batch

@@ -56,6 +56,7 @@ RULE_NAMES: dict[str, RuleName] = {r.name: r for r in (
     RuleName("batch_alloc_page_per_request", ("batch_alloc_page_per_request",), "batch allocation slack"),
     RuleName("finish_reinserts_prompt", ("finish_reinserts_prompt",), "priority re-insert at finish"),
     RuleName("backups_flush_per_batch", ("backups_flush_per_batch",), "backups merged a batch"),
+    RuleName("backup_chains_ancestors", ("backup_chains_ancestors",), "backup of unbacked ancestors"),
     RuleName("decode_oom_aborts", ("decode_oom_aborts",), "decode out of memory"),
     RuleName("waiting_prefix_refresh", ("waiting_prefix_refresh_interval", "waiting_prefix_refresh_max"),
              "waiting-prefix refresh"),

@@ -386,15 +386,13 @@ class Admission(SchedulerState):
         if self.rules.storage_acks_per_pass and ctrl.storage is not None:
             # the stash runs in the next pass, after that pass's arrivals are queried
             # (`_add_request_to_queue` -> `_prefetch_kvcache`: they match the tree without this
-            # chunk) and after its drain (the hits' host memory, the reads' inserts, then
+            # chunk), after its drain (the hits' host memory, the reads' inserts, then
             # `_drain_backup`: the storage writes it takes are done and their host copies free
-            # before the chunk's backup makes host room); the pass's own drain finds it done
-            if self.unqueried:
-                arrived, self.unqueried = self.unqueried, []
-                for queued in arrived:
-                    self._start_prefetch(queued, self.event_ns)
-            self.drain_prefetch_queries(self.event_ns)  # its hits' host memory first, then
-            ctrl.release_storage_writes(self.event_ns)
+            # before the chunk's backup makes host room) and after its re-queries
+            # (`_process_storage_prefetch_retries`: they match without this chunk too); that
+            # pass skips them (storage_pass_start)
+            self.storage_pass_start(self.event_ns)
+            self.storage_pass_done_ns = self.event_ns
         ctrl.stash_backups = True  # 0.5.23: its backups go with the next batch's (flush_backups)
         try:
             self._insert(req, min(req.done_tokens // self.ps, len(req.keys)), self.event_ns, chunk=True)
@@ -452,9 +450,13 @@ class Admission(SchedulerState):
             self.ctrl.cached_once.set_many(node.keys if node.keys_np is None else node.keys_np, 0, outputs_last=True)
         threshold = self.backup_threshold
         if threshold is not None:
+            chain = self.rules.backup_chains_ancestors
             for node in done.hit:
                 if node.host is None and node.device is not None and node.hit_count >= threshold:
-                    self.ctrl.backup(node, req.req_id, now)
+                    if chain:
+                        self.ctrl.backup_chain(node, req.req_id, now)
+                    else:
+                        self.ctrl.backup(node, req.req_id, now)
         return fresh
 
     def _first_token(self, req: Req) -> None:

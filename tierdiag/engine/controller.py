@@ -119,7 +119,7 @@ class CacheController:
         # ack, and holds the host copy until the pass after that ack's (release_storage_writes);
         # `pass_now` is the scheduler's pass count (Scheduler.prefetch_pass)
         self.storage_per_pass = self.rules.storage_acks_per_pass and storage is not None
-        self.storage_writes: list[tuple] = []  # (node, cause, pass that releases it)
+        self.storage_writes: list[tuple] = []  # (node, cause, pass that releases it, its pages at the ack)
         self.pass_now: Any = lambda: 0
 
     # --- helpers -------------------------------------------------------------------------
@@ -291,6 +291,21 @@ class CacheController:
         self._write_storage(node, cause, end)
         return True
 
+    def backup_chain(self, node: TreeNode, cause: str | None, now_ns: int) -> bool:
+        """0.5.23 write_through (rule `backup_chains_ancestors`): `UnifiedTreeCore._build_backup_kv_action`
+        chains the node's ancestors not backed up, root side first, and
+        `UnifiedRadixCache._execute_and_commit_kv_backup` backs them up in that order, stopping
+        at the first that finds no host room (`_execute_kv_backup`: `evict_host` short)."""
+        chain = [node]
+        up, root = node.parent, self.tree.root
+        while up is not None and up is not root and up.host is None:
+            chain.append(up)
+            up = up.parent
+        for target in reversed(chain):
+            if not self.backup(target, cause, now_ns):
+                return False
+        return True
+
     def flush_backups(self, now_ns: int) -> None:
         """0.5.23 `flush_pending_backups` (the end of a batch's result processing, or the next
         pass's `writing_check`): the queued backups go as one copy, node after node on the
@@ -311,7 +326,7 @@ class CacheController:
         self.d2h_free_ns = t
         self.backups_in_flight += len(nodes)
         if self.storage_per_pass:
-            self.at(t, self._ack_backups_to_storage, [(node, cause) for node, cause, *_ in queue])
+            self.at(t, self._ack_backups_to_storage, [(node, cause, pages) for node, cause, pages, *_ in queue])
             return
         self.at(t, self._ack_backups, nodes)
         for node, cause, *_ in queue:
@@ -319,10 +334,28 @@ class CacheController:
 
     def _ack_backups_to_storage(self, acked: list[tuple]) -> None:
         """The copy's ack (`writing_check` -> `_finish_write_through_ack`), and each node's
-        storage write started (`write_backup_storage`)."""
-        self._ack_backups([node for node, _ in acked])
-        for node, cause in acked:
-            self._storage_after_ack(node, cause)
+        storage write started (`write_backup_storage`). A node split while its copy was in flight
+        (a match ending inside it) is now the lower part, its upper part a new parent: SGLang
+        moves the pending backup to both (`UpdatePendingBackupOnNodeSplit` ->
+        `_replace_pending_write_through_node`: publish [upper, lower]) and writes each to storage,
+        so every part the copy covered is written, root side first."""
+        self._ack_backups([node for node, _, _ in acked])
+        for node, cause, pages in acked:
+            for part in self._parts(node, pages):
+                self._storage_after_ack(part, cause)
+
+    def _parts(self, node: TreeNode, pages: int) -> list[TreeNode]:
+        """The nodes that now hold the `pages` pages `node` held (the last of them `node`, a
+        split's lower part; its upper parts above it), root side first."""
+        parts = [node]
+        covered = len(node.keys)
+        up = node.parent
+        while covered < pages and up is not None and up is not self.tree.root:
+            parts.append(up)
+            covered += len(up.keys)
+            up = up.parent
+        parts.reverse()
+        return parts
 
     def _ack_backups(self, nodes: list[TreeNode]) -> None:
         self.backups_in_flight -= len(nodes)
@@ -334,7 +367,7 @@ class CacheController:
         drained, at the pass after the one whose `writing_check` takes the copy's ack: the pass
         after the next (pass_now counts the pass running, or the last one between passes)."""
         self.tree.protect_host(node)
-        self.storage_writes.append((node, cause, self.pass_now() + 2))
+        self.storage_writes.append((node, cause, self.pass_now() + 2, len(node.keys)))
 
     def release_storage_writes(self, now_ns: int, *, every: bool = False) -> None:
         """A pass's drain (`_drain_backup`): the storage writes whose ack it takes are in the tier
@@ -344,15 +377,18 @@ class CacheController:
             return
         step = self.pass_now() + 1  # the pass this drain belongs to
         if every:  # the replay's end: the passes after it would take every ack
-            step = max(release for _, _, release in self.storage_writes)
+            step = max(release for _, _, release, _ in self.storage_writes)
         keep = []
         for entry in self.storage_writes:
-            node, cause, release = entry
+            node, cause, release, pages = entry
             if release > step:
                 keep.append(entry)
                 continue
-            if node.host is not None:
-                self._write_storage(node, cause, now_ns)
+            # what was written is the host copy as the ack found it (`write_backup_storage` takes
+            # the node's host value then); a match may have split the node since: write each part
+            for part in self._parts(node, pages):
+                if part.host is not None:
+                    self._write_storage(part, cause, now_ns)
             self.tree.release_host(node)
         self.storage_writes = keep
 

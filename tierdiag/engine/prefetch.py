@@ -113,6 +113,26 @@ class StoragePrefetch(SchedulerState):
             return
         self._alloc_prefetch(req, anchor, matched, hits, span, now)
 
+    def storage_pass_start(self, now: int) -> None:
+        """The storage half of a pass's `_process_hicache_events`, before its batch is formed:
+        the arrivals' queries (answered before this pass's drain allocates the hits), the drain
+        (rule `storage_acks_per_pass`: the hits' host memory and reads, the reads' acks, then the
+        storage writes' acks, `_drain_backup`, whose host copies free only after), then
+        `_process_storage_prefetch_retries` (the re-queries due). A chunk's stash runs this
+        early (`_cache_unfinished`), as SGLang's next pass runs it before
+        `get_next_batch_to_run` -> `stash_chunked_request`; that pass then skips it."""
+        if self.storage_pass_done_ns == now:
+            self.storage_pass_done_ns = -1
+            return
+        if self.unqueried:
+            arrived, self.unqueried = self.unqueried, []
+            for req in arrived:
+                self._start_prefetch(req, now)
+        if self.rules.storage_acks_per_pass:
+            self.drain_prefetch_queries(now)
+            self.ctrl.release_storage_writes(now)
+        self._retry_prefetches(now)  # _process_hicache_events, every pass
+
     def drain_prefetch_queries(self, now: int) -> None:
         """0.5.23 `_drain_storage_control_queues_impl` -> `_drain_and_alloc_storage_hit`, in the
         order the queries were made: misses give their span back (`revoke_pending_prefetch`),

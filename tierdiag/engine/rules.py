@@ -135,6 +135,13 @@ class RuleSet:
     # of the batch that pass runs. 0.5.9 (`CacheController.write` -> `start_writing`): each node's
     # copy starts at its insert and is acknowledged alone.
     backups_flush_per_batch: bool
+    # A write-through backup of a node whose ancestors are not all on host: 0.5.9 backs up the
+    # node alone (`HiRadixCache.write_backup`); 0.5.23 chains the ancestors not backed up, root
+    # side first (`UnifiedTreeCore._build_backup_kv_action`: "Ancestors first to preserve backup
+    # invariant"), and stops at the first that finds no host room
+    # (`UnifiedRadixCache._execute_and_commit_kv_backup`). An ancestor is left unbacked when its
+    # own backup found the host full; its next counted insert (a finish's) retries it first.
+    backup_chains_ancestors: bool
     # ScheduleBatch.retract_decode, the last running request out of memory even alone: 0.5.23
     # aborts it (FINISH_ABORT "Out of memory even after retracting all other requests"); 0.5.9
     # raises ValueError there (the scheduler dies). The engine records it rejected either way;
@@ -234,6 +241,7 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         hits_past_inserted=True,
         finish_reinserts_prompt=True,
         backups_flush_per_batch=True,
+        backup_chains_ancestors=True,
         decode_oom_aborts=True,
         lpm_counts_host_hit=True,
         waiting_prefix_refresh_interval=32,
@@ -268,6 +276,7 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         hits_past_inserted=False,
         finish_reinserts_prompt=False,
         backups_flush_per_batch=False,
+        backup_chains_ancestors=False,
         decode_oom_aborts=False,
         lpm_counts_host_hit=False,
         waiting_prefix_refresh_interval=0,

@@ -123,6 +123,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.unallocated: dict[int, tuple] = {}
         self.query_occupied = 0
         self.reading: dict[int, Req] = {}  # prefetches whose read's acks a later drain takes
+        self.storage_pass_done_ns = -1  # a chunk's stash ran this instant's storage_pass_start
         self.ctrl.pass_now = lambda: self.prefetch_pass
         # SchedulePolicy._waiting_prefix_refresh_calls: the passes that reached the refresh (0.5.23)
         self.refresh_calls = 0
@@ -323,17 +324,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         # same instant) or a batch-less pass's stash (writing_check) go now, merged
         self.ctrl.flush_backups(now)
         self.ctrl.ack_loads()  # _process_hicache_events -> check_hicache_events: loading_check
-        if self.unqueried:
-            # the arrivals' storage queries (answered before this pass's drain allocates the hits)
-            arrived, self.unqueried = self.unqueried, []
-            for req in arrived:
-                self._start_prefetch(req, now)
-        if self.rules.storage_acks_per_pass:
-            # the drain's order: the hits (host memory, reads), the reads' acks, then the
-            # storage writes' acks (`_drain_backup`: their host copies free only after)
-            self.drain_prefetch_queries(now)
-            self.ctrl.release_storage_writes(now)
-        self._retry_prefetches(now)  # _process_hicache_events, every pass
+        self.storage_pass_start(now)  # queries, drain, re-queries (prefetch.py)
         if self._admission_reopens:
             # get_next_batch_to_run clears batch_is_full after the last prefill batch when
             # (a) it is filtered before it merges into the running batch
