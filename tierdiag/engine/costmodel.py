@@ -13,7 +13,7 @@ A `tierdiag calibrate` profile replaces the link numbers with measured ones; a f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from tierdiag.config.constants import DISK_BYTES_PER_S, RUN_OVERHEAD_NS, SEGMENT_OVERHEAD_NS
@@ -43,6 +43,12 @@ class CostModel:
     link_source: str  # "preset" or the profile path
     # A fitted profile's clock (config/profile.CLOCK_PARAMS); None: the presets' roofline.
     clock: Mapping[str, float] | None = None
+    # __post_init__'s folded factors, declared (the compiled class has no __dict__): not fields
+    # of __init__, repr or ==.
+    _linear_flops: float = field(init=False, repr=False, compare=False)
+    _attention_flops: float = field(init=False, repr=False, compare=False)
+    _memory_s: float = field(init=False, repr=False, compare=False)
+    _batch_overhead_ns: int = field(init=False, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, cfg: EngineConfig) -> "CostModel":
