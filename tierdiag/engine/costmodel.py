@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from mypy_extensions import mypyc_attr
+
 from tierdiag.config.constants import DISK_BYTES_PER_S, RUN_OVERHEAD_NS, SEGMENT_OVERHEAD_NS
 from tierdiag.config.engine import EngineConfig
 from tierdiag.config.presets import gpu_preset, model_preset
@@ -27,6 +29,10 @@ from tierdiag.config.profile import BATCH_OVERHEAD_NS, DECODE_STEP_OVERHEAD_NS, 
 DISK_LATENCY_NS = 100_000
 
 
+# Compiled (engine/compiled.py) as a Python class, its methods compiled: an instance keeps a
+# __dict__, so a harness may still price storage or a decode step at 0 by setting the method
+# on the instance (tests/sglang/scheduler_harness.py), and the engine's calls see it.
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True)
 class CostModel:
     num_layers: int
