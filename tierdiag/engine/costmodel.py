@@ -29,10 +29,10 @@ from tierdiag.config.profile import BATCH_OVERHEAD_NS, DECODE_STEP_OVERHEAD_NS, 
 DISK_LATENCY_NS = 100_000
 
 
-# Compiled (engine/compiled.py) as a Python class, its methods compiled: an instance keeps a
-# __dict__, so a harness may still price storage or a decode step at 0 by setting the method
-# on the instance (tests/sglang/scheduler_harness.py), and the engine's calls see it.
-@mypyc_attr(native_class=False)
+# Compiled (engine/compiled.py) as a native class that Python may subclass: a harness prices
+# storage or a decode step at 0 with a subclass given to every holder of the model
+# (tests/sglang/scheduler_harness.py `price_at_zero`); an instance takes no new attribute.
+@mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(frozen=True)
 class CostModel:
     num_layers: int
