@@ -6,6 +6,7 @@ to be told from this shared machine's noise.
 
     .venv/bin/python benchmarks/core.py [--trace FILE] [--requests N] [--repeats 3]
                                         [--modes none,record,arrow] [--profile MODE] [--instructions]
+                                        [--storage-tokens N] [--dp N --router NAME]
 
 Modes (the probe the engine is given):
   none     no probe (what `replay --no-probes` runs)
@@ -19,6 +20,8 @@ Modes (the probe the engine is given):
 counts each mode's `Engine.run` under cachegrind (the trace read counted alone and taken off).
 `--pure` runs the engine core's Python twin where it is compiled (TIERDIAG_PURE_ENGINE=1, also
 for the cachegrind subprocesses; benchmarks/engine_core.py compares the two side by side).
+`--storage-tokens`, `--dp`, `--router`: the engine config's keys of those names (targets41's storage
+and dp rows), the default config otherwise.
 """
 
 from __future__ import annotations
@@ -42,11 +45,11 @@ DEFAULT_TRACE = ROOT / ".." / "shared" / "traces" / "conversation_trace.jsonl"
 MODES = ("none", "record", "arrow")
 
 
-def read(trace: Path, requests: int | None):
+def read(trace: Path, requests: int | None, overrides: dict | None = None):
     from tierdiag.config.engine import EngineConfig
     from tierdiag.trace.reader import ReadReport, read_trace
 
-    cfg = EngineConfig()
+    cfg = EngineConfig(**(overrides or {}))
     reqs = list(read_trace(trace, block_size=cfg.block_size, skip_bad=False, report=ReadReport()))
     return cfg, reqs[:requests] if requests else reqs
 
@@ -136,10 +139,14 @@ def profile(cfg, reqs, mode: str, top: int) -> None:
 _DRIVER = """
 import gc, sys
 sys.path.insert(0, {root!r})
+from benchmarks.core import make_probe  # (it puts this checkout first on the path: `code` goes ahead of it)
 sys.path.insert(0, {code!r})
-from benchmarks.core import read, make_probe
-from pathlib import Path
-cfg, reqs = read(Path({trace!r}), {requests!r})
+from tierdiag.config.engine import EngineConfig
+from tierdiag.trace.reader import ReadReport, read_trace
+# read() inline: an older checkout's (--code) takes no config keys
+cfg = EngineConfig(**{overrides!r})
+reqs = list(read_trace({trace!r}, block_size=cfg.block_size, skip_bad=False, report=ReadReport()))
+reqs = reqs[:{requests!r}] if {requests!r} else reqs
 gc.set_threshold(50_000, 20, 100)
 mode = sys.argv[1]
 import tempfile
@@ -155,12 +162,13 @@ if mode != "read":
 """
 
 
-def instructions(trace: Path, requests: int | None, modes, code: Path = ROOT) -> dict:
+def instructions(trace: Path, requests: int | None, modes, code: Path = ROOT, overrides: dict | None = None) -> dict:
     """Each mode's `Engine.run` instructions by the engine of checkout `code` (this one by
     default; its extension built in place): the driver (this file) stays this checkout's."""
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
-    driver = _DRIVER.format(root=str(ROOT), code=str(code), trace=str(trace), requests=requests)
+    driver = _DRIVER.format(root=str(ROOT), code=str(code), trace=str(trace), requests=requests,
+                            overrides=dict(overrides or {}))
     counts = {}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "cg.out"
@@ -190,7 +198,12 @@ def main(argv: list[str] | None = None) -> None:
                     help="--instructions: count the engine of this checkout (before/after in one run)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--pure", action="store_true", help="the engine core's Python twin (TIERDIAG_PURE_ENGINE=1)")
+    ap.add_argument("--storage-tokens", type=int, default=None, help="the storage tier's tokens (0: none)")
+    ap.add_argument("--dp", type=int, default=None, help="data-parallel ranks")
+    ap.add_argument("--router", default=None, help="the router of --dp ranks")
     args = ap.parse_args(argv)
+    overrides = {k: v for k, v in (("storage_tokens", args.storage_tokens), ("dp", args.dp),
+                                   ("router", args.router)) if v is not None}
     if args.pure:  # before tierdiag.engine is first imported: the process decides once
         os.environ["TIERDIAG_PURE_ENGINE"] = "1"
     modes = [m for m in args.modes.split(",") if m]
@@ -199,14 +212,14 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--modes: {', '.join(bad)} not among {', '.join(MODES)}")
     trace = args.trace.resolve()
     if args.instructions:
-        counts = instructions(trace, args.requests, modes, args.code.resolve())
+        counts = instructions(trace, args.requests, modes, args.code.resolve(), overrides)
         base = counts.get("none")
         for m, n in counts.items():
             print(f"| {m} | {n / 1e9:.3f} G | {n / base if base else float('nan'):.3f} |")
         if args.json:
             print(json.dumps(counts))
         return
-    cfg, reqs = read(trace, args.requests)
+    cfg, reqs = read(trace, args.requests, overrides)
     gc.set_threshold(50_000, 20, 100)  # as a replay sets it
     if args.profile:
         profile(cfg, reqs, args.profile, args.top)

@@ -27,6 +27,7 @@ function and issue 43's number.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -194,6 +195,19 @@ def trace_requests(w: Workload) -> list[TraceRequest]:
             for i, r in enumerate(w.requests)]
 
 
+def price_at_zero(engine: Engine, names: list[str]) -> None:
+    """The engine's cost model with the methods `names` at 0 ns, given to every rank's controller
+    and scheduler: a subclass (the compiled model's instances take no attribute)."""
+    if not names:
+        return
+    base = engine.cost
+    zero = type("ZeroPriced", (type(base),), {n: (lambda self, *args, **kw: 0) for n in names})
+    cost = zero(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init})
+    engine.cost = cost
+    for rank in engine.ranks:
+        rank.ctrl.cost = rank.scheduler.cost = cost
+
+
 def run_engine(w: Workload, switches) -> dict:
     """Main's engine on the workload: its prefill batches as steps (the same fields as SGLang's)
     and its request records."""
@@ -204,12 +218,10 @@ def run_engine(w: Workload, switches) -> dict:
     try:
         engine = Engine(cfg, probe=cap)
         sched = engine.scheduler
-        if "zero_decode" in switches:
-            object.__setattr__(engine.cost, "decode_step_ns", lambda context_tokens: 0)
-        if w.storage_tokens:
-            # SGLang's storage threads are pumped between passes (sglang0523_storage.py): its
-            # reads and writes take no virtual time, and so do the engine's here
-            object.__setattr__(engine.cost, "storage_ns", lambda num_bytes: 0)
+        # SGLang's storage threads are pumped between passes (sglang0523_storage.py): its
+        # reads and writes take no virtual time, and so do the engine's here
+        price_at_zero(engine, (["decode_step_ns"] if "zero_decode" in switches else [])
+                      + (["storage_ns"] if w.storage_tokens else []))
         form = sched.schedule_pass
 
         def batch(now):  # a step: one Scheduler.schedule_pass call that formed a batch

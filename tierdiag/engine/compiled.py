@@ -31,10 +31,11 @@ HERE = Path(__file__).resolve().parent
 MANIFEST = HERE / "_compiled.json"
 GROUP = "tierdiag.engine._compiled__mypyc"  # mypyc's shared library (setup.py's group_name)
 # The modules setup.py compiles: the per-request path (benchmarks/core.py --profile) and what it
-# calls into; the rest of the engine stays Python (pagepool, pagemap, rows and content are thin
-# wrappers of the C data plane already).
+# calls into, the storage tier, the data-parallel loop and the clock (CostModel: a decode step's
+# time is asked once a step); the rest of the engine stays Python (pagepool, pagemap, rows and
+# content are thin wrappers of the C data plane already; routing/ is dict work already in C).
 MODULES = ("tree_node", "tree", "schedule_common", "request", "miss", "queue_policy", "prefetch", "decode",
-           "admission", "controller", "scheduler")
+           "admission", "controller", "scheduler", "storage", "deployment", "costmodel")
 
 _STATE: dict = {}
 

@@ -13,8 +13,10 @@ A `tierdiag calibrate` profile replaces the link numbers with measured ones; a f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
+
+from mypy_extensions import mypyc_attr
 
 from tierdiag.config.constants import DISK_BYTES_PER_S, RUN_OVERHEAD_NS, SEGMENT_OVERHEAD_NS
 from tierdiag.config.engine import EngineConfig
@@ -27,6 +29,10 @@ from tierdiag.config.profile import BATCH_OVERHEAD_NS, DECODE_STEP_OVERHEAD_NS, 
 DISK_LATENCY_NS = 100_000
 
 
+# Compiled (engine/compiled.py) as a native class that Python may subclass: a harness prices
+# storage or a decode step at 0 with a subclass given to every holder of the model
+# (tests/sglang/scheduler_harness.py `price_at_zero`); an instance takes no new attribute.
+@mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(frozen=True)
 class CostModel:
     num_layers: int
@@ -43,6 +49,12 @@ class CostModel:
     link_source: str  # "preset" or the profile path
     # A fitted profile's clock (config/profile.CLOCK_PARAMS); None: the presets' roofline.
     clock: Mapping[str, float] | None = None
+    # __post_init__'s folded factors, declared (the compiled class has no __dict__): not fields
+    # of __init__, repr or ==.
+    _linear_flops: float = field(init=False, repr=False, compare=False)
+    _attention_flops: float = field(init=False, repr=False, compare=False)
+    _memory_s: float = field(init=False, repr=False, compare=False)
+    _batch_overhead_ns: int = field(init=False, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, cfg: EngineConfig) -> "CostModel":

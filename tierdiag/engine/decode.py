@@ -229,7 +229,7 @@ class DecodeSteps(SchedulerState):
             self.batch_is_full = False
         page_due = self._page_due
         emit = self.emit.decode_step
-        cost = self.cost.decode_step_ns
+        cost = self.cost  # (its method called on it: a native call where costmodel is compiled)
         base = self._kv_base
         ratio = self.new_token_ratio
         start = end
@@ -246,7 +246,7 @@ class DecodeSteps(SchedulerState):
                 self._give_pages(due, k)
                 free = device.free_pages
             now = end
-            end = now + cost(base + n * k)
+            end = now + cost.decode_step_ns(base + n * k)
             steps += 1
             if wakes is not None:
                 wakes.append(now)

@@ -61,7 +61,7 @@ class _LruIndex:
     the tier does no Python work a page.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._od: OrderedDict = OrderedDict()
         self._live: dict[int, int] = {}
 
@@ -120,7 +120,9 @@ class _LruIndex:
         not written again); pushed out in between by the write's own keys, it is entered anew
         (and is in `deleted` too). Either way fresh names it once, at the position whose page
         the tier keeps: the one that entered it last."""
-        od, deleted, emptied = self._od, [], []
+        deleted: list = []
+        emptied: list[int] = []
+        od = self._od
         distinct = set(keys)
         if len(keys) <= capacity and len(distinct) == len(keys) and od.keys().isdisjoint(distinct):
             # All new (the common case): what the loop below does, at once. With the index full,
@@ -332,7 +334,9 @@ class StorageTier:
                     # O_EXCL: a folder shared by mistake never has its pages overwritten.
                     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
                 except FileExistsError:
-                    continue
+                    fd = -1  # (no `continue` inside the with: mypyc does not compile one)
+            if fd < 0:
+                continue
             seg = self._segments[number] = _Segment(number, path, fd)
             return seg
 
@@ -401,7 +405,7 @@ class StorageTier:
     def _read_slots(self, seg: _Segment, slots: list[int]):
         """[len(slots), layers, elems] int64 read from `seg`, one preadv per run of adjacent slots."""
         layers, elems = self._page_shape
-        out = np.empty((len(slots), layers, elems), dtype=np.int64)
+        out: np.ndarray = np.empty((len(slots), layers, elems), dtype=np.int64)
         page_bytes = self.page_bytes
         i = 0
         while i < len(slots):
@@ -424,7 +428,7 @@ class StorageTier:
         keys = keys if type(keys) is list else list(keys)
         locs = self._index.locs(keys)
         layers, elems = self._page_shape
-        out = np.empty((len(keys), layers, elems), dtype=np.int64)
+        out: np.ndarray = np.empty((len(keys), layers, elems), dtype=np.int64)
         mask = (1 << _SLOT_BITS) - 1
         i = 0
         while i < len(keys):
