@@ -30,7 +30,7 @@ def _engine(tmp_path, **kw) -> Engine:
     cfg = helpers.small_config(storage_tokens=128 * PS, prefetch_threshold=PS, prefetch_policy="wait_complete",
                                storage_dir=str(tmp_path / "st"), verify="off", host_tokens=24 * PS, **kw)
     engine = Engine(cfg, probe=helpers.Collect())
-    object.__setattr__(engine.cost, "storage_ns", lambda num_bytes: 0)
+    helpers.price_at_zero(engine, ["storage_ns"])
     return engine
 
 

@@ -17,7 +17,7 @@ def _engine(tmp_path, write_policy: str = "write_through", **kw) -> Engine:
     cfg = helpers.small_config(storage_tokens=128 * PS, prefetch_threshold=PS, write_policy=write_policy,
                                storage_dir=str(tmp_path / "tier"), verify="off", **kw)
     engine = Engine(cfg, probe=helpers.Collect())
-    object.__setattr__(engine.cost, "storage_ns", lambda num_bytes: 0)
+    helpers.price_at_zero(engine, ["storage_ns"])
     return engine
 
 

@@ -21,7 +21,7 @@ def _engine(tmp_path, policy: str, **kw) -> Engine:
     cfg = helpers.small_config(storage_tokens=128 * PS, prefetch_threshold=PS, prefetch_policy=policy,
                                storage_dir=str(tmp_path / policy), verify="off", **kw)
     engine = Engine(cfg, probe=helpers.Collect())
-    object.__setattr__(engine.cost, "storage_ns", lambda num_bytes: 0)
+    helpers.price_at_zero(engine, ["storage_ns"])
     return engine
 
 

@@ -27,7 +27,6 @@ function and issue 43's number.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random
@@ -36,6 +35,7 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
+from tests.engine.helpers import price_at_zero
 from tierdiag.config.engine import EngineConfig
 from tierdiag.engine import costmodel
 from tierdiag.engine.engine import Engine
@@ -193,19 +193,6 @@ def trace_requests(w: Workload) -> list[TraceRequest]:
                          output_len=r["output_len"], hash_ids=tuple(r["hash_ids"]), tokens=None,
                          priority=r.get("priority", 0), session=r.get("session"), think_ns=r.get("think_ns"))
             for i, r in enumerate(w.requests)]
-
-
-def price_at_zero(engine: Engine, names: list[str]) -> None:
-    """The engine's cost model with the methods `names` at 0 ns, given to every rank's controller
-    and scheduler: a subclass (the compiled model's instances take no attribute)."""
-    if not names:
-        return
-    base = engine.cost
-    zero = type("ZeroPriced", (type(base),), {n: (lambda self, *args, **kw: 0) for n in names})
-    cost = zero(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init})
-    engine.cost = cost
-    for rank in engine.ranks:
-        rank.ctrl.cost = rank.scheduler.cost = cost
 
 
 def run_engine(w: Workload, switches) -> dict:

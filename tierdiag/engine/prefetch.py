@@ -358,9 +358,9 @@ class StoragePrefetch(SchedulerState):
             del pending[seq]
             del reqs[seq]
             ready.append(req)
-        if len(ready) > 1:
-            order = list(map(id, waiting))
-            ready.sort(key=lambda r: order.index(id(r)))
+        if len(ready) > 1:  # in waiting-queue order (each is queued): one pass over the queue
+            due = set(map(id, ready))
+            ready = [r for r in waiting if id(r) in due]
         for req in ready:  # _retry_storage_prefetch
             req.prefetch_retries += 1
             self._start_prefetch(req, now)
