@@ -160,3 +160,14 @@ def price_at_zero(engine: Engine, names: list[str]) -> None:
     engine.cost = cost
     for rank in engine.ranks:
         rank.ctrl.cost = rank.scheduler.cost = cost
+
+
+def store_input_pages(engine: Engine, t) -> None:
+    """The input pages of trace request `t` written into the storage tier (nothing on device or host)."""
+    from tierdiag.trace.pages import page_keys_array
+
+    keys = page_keys_array(t, page_size=PS, block_size=PS).tolist()[: (t.input_len - 1) // PS]
+    host = engine.ctrl.host
+    slots = host.alloc(len(keys))
+    engine.ctrl.storage.write_from(host.array, slots, keys, rows=host.rows)
+    host.free(slots)

@@ -22,7 +22,6 @@ from tests.engine import helpers
 from tests.engine.helpers import PS, req
 from tierdiag.engine.engine import Engine
 from tierdiag.engine.miss import MISS_COLUMNS
-from tierdiag.trace.pages import page_keys_array
 
 
 def _engine(tmp_path, **kw) -> Engine:
@@ -32,15 +31,6 @@ def _engine(tmp_path, **kw) -> Engine:
     engine = Engine(cfg, probe=helpers.Collect())
     helpers.price_at_zero(engine, ["storage_ns"])
     return engine
-
-
-def _store(engine: Engine, t) -> None:
-    """The input pages of trace request `t` written into the storage tier (nothing on device or host)."""
-    keys = page_keys_array(t, page_size=PS, block_size=PS).tolist()[: (t.input_len - 1) // PS]
-    host = engine.ctrl.host
-    slots = host.alloc(len(keys))
-    engine.ctrl.storage.write_from(host.array, slots, keys, rows=host.rows)
-    host.free(slots)
 
 
 def _reasons(record) -> dict[str, int]:
@@ -60,8 +50,8 @@ def test_a_prefetch_evicted_from_host_before_admission_is_prefetch_lost(tmp_path
     a = req("a", 0, list(range(1000, 1008)), output=400)
     r = req("r", 1, list(range(1, 9)))
     q = req("q", 2, list(range(101, 115)))
-    _store(engine, r)
-    _store(engine, q)
+    helpers.store_input_pages(engine, r)
+    helpers.store_input_pages(engine, q)
     engine.run(helpers.numbered([a, r, q]))
     got = engine.probe.records["r"]
     # storage held it and its prefetch read it: 8 pages matched, 8 read, none used
@@ -87,7 +77,7 @@ def test_a_prefetch_admitted_at_once_loses_nothing(tmp_path):
     back (a storage hit); nothing was lost, no prefetch_lost."""
     engine = _engine(tmp_path)
     r = req("r", 1, list(range(1, 9)))
-    _store(engine, r)
+    helpers.store_input_pages(engine, r)
     engine.run(helpers.numbered([r]))
     got = engine.probe.records["r"]
     assert got.storage_hit_tokens == 8 * PS and got.miss_prefetch_lost_tokens == 0

@@ -25,15 +25,6 @@ def _engine(tmp_path, policy: str, **kw) -> Engine:
     return engine
 
 
-def _store(engine: Engine, t) -> None:
-    """The input pages of trace request `t` written into the storage tier (nothing on device or host)."""
-    keys = page_keys_array(t, page_size=PS, block_size=PS).tolist()[: (t.input_len - 1) // PS]
-    host = engine.ctrl.host
-    slots = host.alloc(len(keys))
-    engine.ctrl.storage.write_from(host.array, slots, keys, rows=host.rows)
-    host.free(slots)
-
-
 def _polls(engine: Engine, rid: str) -> list[tuple[int, str]]:
     """(pass, what the admission loop did with `rid`) for each pass that reached it."""
     s = engine.scheduler
@@ -69,7 +60,7 @@ def test_a_read_is_seen_at_the_pass_after_its_hit_is_allocated(tmp_path):
     `_handle_prefetch_result`); r is admitted and loads them back."""
     engine = _engine(tmp_path, "wait_complete")
     t = req("r", 0, list(range(1, 9)))
-    _store(engine, t)
+    helpers.store_input_pages(engine, t)
     seen = _polls(engine, "r")
     engine.run(helpers.numbered([t]))
     assert seen == [(1, "held"), (2, "inserted at the drain")]
@@ -87,7 +78,7 @@ def test_best_effort_polled_before_the_read_is_seen_gets_nothing(tmp_path):
     its hit was allocated, computes its whole input."""
     engine = _engine(tmp_path, "best_effort")
     t = req("r", 0, list(range(1, 9)))
-    _store(engine, t)
+    helpers.store_input_pages(engine, t)
     seen = _polls(engine, "r")
     engine.run(helpers.numbered([t]))
     assert seen == [(1, "polled"), (1, "finished")]  # not held: it ends at once
