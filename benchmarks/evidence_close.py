@@ -25,6 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from probe_timeline import baseline_worktree  # benchmarks/ is the script's folder: first on sys.path
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
@@ -72,15 +74,6 @@ print(json.dumps({"wall_s": statistics.median(walls), "cpu_s": statistics.median
 """
 
 
-def _worktree(ref: str, tmp: Path) -> Path:
-    path = tmp / f"baseline-{ref.replace('/', '_')}"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), ref], check=True,
-                   capture_output=True)
-    subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace", "-q"], cwd=path, check=True,
-                   capture_output=True)
-    return path
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("db", type=Path)
@@ -91,7 +84,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tierdiag-evidence-") as td:
         sides = [("this", ROOT, "close"), ("this, read ahead", ROOT, "ahead")]
         if a.baseline:
-            sides.insert(0, (a.baseline, _worktree(a.baseline, Path(td)), "close"))
+            sides.insert(0, (a.baseline, baseline_worktree(a.baseline, Path(td)), "close"))
         got: dict[str, list[dict]] = {name: [] for name, _, _ in sides}
         try:
             for rnd in range(a.rounds):

@@ -245,7 +245,8 @@ def _median_marks(runs: list[dict]) -> list[tuple[str, float]]:
     return sorted(out, key=lambda m: m[1])
 
 
-def _worktree(ref: str, tmp: Path) -> Path:
+def baseline_worktree(ref: str, tmp: Path) -> Path:
+    """A detached worktree of `ref` under `tmp`, its C data plane built (made once; evidence_close.py too)."""
     path = tmp / f"baseline-{ref.replace('/', '_')}"
     if not path.exists():
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), ref], check=True,
@@ -271,7 +272,7 @@ def main() -> None:
         tmp = Path(td)
         roots = [("", ROOT)]
         if a.baseline:
-            roots.insert(0, (f"{a.baseline}:", _worktree(a.baseline, tmp)))
+            roots.insert(0, (f"{a.baseline}:", baseline_worktree(a.baseline, tmp)))
         for _, root in roots:  # as after a first run: every module's bytecode cached (whatever
             # PYTHONDONTWRITEBYTECODE says), or each process compiles its imports again (~0.3 s)
             subprocess.run([sys.executable, "-m", "compileall", "-q", str(root / "tierdiag")], check=True,
