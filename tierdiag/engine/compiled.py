@@ -12,16 +12,14 @@ SHA-256 of each source. The pure twin runs when
 - a source changed since the build (a stale build would run old code): "stale".
 
 Then an import hook (a finder ahead of the standard ones) loads each of those modules from its
-.py file, so an extension left in place is never imported. Decided once, on the first import of
-tierdiag.engine (its __init__ calls `install`); `describe()` says what was decided and why
+.py file, so an extension left in place is never imported. Decided once, at the first import of
+one of those modules (tierdiag.engine's __init__ installs the finder that decides); `describe()` says what was decided and why
 (`tierdiag doctor`'s "engine core" line). This module is never compiled itself."""
 
 from __future__ import annotations
 
-import hashlib
 import importlib.machinery
 import importlib.util
-import json
 import os
 import sys
 from pathlib import Path
@@ -41,6 +39,8 @@ _STATE: dict = {}
 
 
 def source_digest(path: Path) -> str:
+    import hashlib  # here: a process that imports no compiled module never needs it
+
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
@@ -54,6 +54,8 @@ def _extension(name: str) -> Path | None:
 
 def _decide() -> tuple[str, str, list[str]]:
     """(mode, why, modules): mode "compiled" or "pure"; modules those the build compiled."""
+    import json  # here, as hashlib: only a process that decides reads the manifest
+
     try:
         manifest = json.loads(MANIFEST.read_text())
     except FileNotFoundError:
@@ -85,38 +87,42 @@ def _decide() -> tuple[str, str, list[str]]:
     return "compiled", f"mypyc {manifest.get('mypy', '?')}, {len(modules)} modules", modules
 
 
-class _PureFinder:
-    """Loads the listed modules of tierdiag.engine from their .py files (the twin), never from
-    an extension module beside them."""
+class _Finder:
+    """Ahead of the standard finders: the first import of a module that may be compiled decides
+    which core this process runs (`_decided`); for the pure twin it loads each of those modules
+    from its .py file, never from an extension module beside it. Importing the package alone (a
+    read command reading engine.rules) decides nothing: no manifest read, no source hashed."""
 
-    def __init__(self, names: set[str]) -> None:
-        self.names = names
+    names = frozenset(f"tierdiag.engine.{m}" for m in MODULES)
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in self.names:
-            return None
+        if fullname not in self.names or _decided()["mode"] != "pure":
+            return None  # not ours, or compiled: the standard finders load the extension
         short = fullname.rsplit(".", 1)[1]
         return importlib.util.spec_from_file_location(
             fullname, HERE / f"{short}.py",
             loader=importlib.machinery.SourceFileLoader(fullname, str(HERE / f"{short}.py")))
 
 
+def _decided() -> dict:
+    """Which core this process runs, decided once (every module that may be compiled, whatever the
+    manifest says, comes from its source in a pure process)."""
+    if not _STATE:
+        mode, why, modules = _decide()
+        _STATE.update(mode=mode, why=why, modules=modules)
+    return _STATE
+
+
 def install() -> None:
-    """Decide once which core this process runs; for the pure twin, put the finder in place."""
-    if _STATE:
-        return
-    mode, why, modules = _decide()
-    _STATE.update(mode=mode, why=why, modules=modules)
-    if mode == "pure":
-        # every module that may be compiled, whatever the manifest says: an extension left beside
-        # a source is never what a pure process runs
-        sys.meta_path.insert(0, _PureFinder({f"tierdiag.engine.{m}" for m in MODULES}))
+    """Put the finder in place (once); the decision waits for the first compiled module's import."""
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
 
 
 def describe() -> dict:
     """{"mode": "compiled" | "pure", "why": ..., "modules": [...]} for this process."""
-    install()
-    return {"mode": _STATE["mode"], "why": _STATE["why"], "modules": list(_STATE["modules"])}
+    state = _decided()
+    return {"mode": state["mode"], "why": state["why"], "modules": list(state["modules"])}
 
 
 def is_compiled() -> bool:
