@@ -108,13 +108,16 @@ class Workload:
     # 0: none. prefetch_policy None: each side's default for 0.5.23 ("timeout")
     storage_tokens: int = 0
     prefetch_policy: str | None = None
+    model: str = MODEL  # the cost model's presets (both sides are priced by it)
+    gpu: str = GPU
 
     def context_len(self) -> int:
         return max(r["input_len"] + r["output_len"] for r in self.requests) + 64
 
     def engine_config(self, **kw) -> dict:
         ps = self.page_size
-        d = dict(model=MODEL, gpu=GPU, page_size=ps, block_size=self.block_size, device_tokens=self.device_pages * ps,
+        d = dict(model=self.model, gpu=self.gpu, page_size=ps, block_size=self.block_size,
+                 device_tokens=self.device_pages * ps,
                  host_tokens=(self.host_pages or self.device_pages) * ps, write_policy=self.write_policy,
                  eviction_policy=self.eviction_policy, schedule_policy=self.schedule_policy,
                  max_prefill_tokens=self.max_prefill_tokens, max_context_tokens=self.context_len(),
@@ -190,7 +193,9 @@ def engine_state(engine) -> dict:
 
 def trace_requests(w: Workload) -> list[TraceRequest]:
     return [TraceRequest(req_id=r["id"], seq=i, line=i + 1, arrival_ns=r["arrival_ns"], input_len=r["input_len"],
-                         output_len=r["output_len"], hash_ids=tuple(r["hash_ids"]), tokens=None,
+                         output_len=r["output_len"],
+                         hash_ids=None if r.get("hash_ids") is None else tuple(r["hash_ids"]),
+                         tokens=None if r.get("tokens") is None else tuple(r["tokens"]),
                          priority=r.get("priority", 0), session=r.get("session"), think_ns=r.get("think_ns"))
             for i, r in enumerate(w.requests)]
 
