@@ -25,7 +25,7 @@ Exit codes: 0 both sides agree on every prefill step and request; 1 they differ 
 Scheduler raised on the workload: printed with its step); 2 a bad option value (one line naming the
 option, as `tierdiag replay` says it), or a workload this harness cannot run on a CPU (one line);
 3 a bad trace (one line, `file:line: field ...`, the reader's error); 4 SGLang's wheel could not be
-fetched; 6 `--json OUT` not writable.
+fetched; 6 `--json OUT` not writable (checked before the run).
 
 Where the harness differs from `tierdiag replay` on purpose: the engine runs with the per-run DMA term
 at 0 and `verify off` (scheduler_harness.run_engine); the context limit is the longest request + 64
@@ -345,10 +345,23 @@ def main(argv: list[str] | None = None, worker=None) -> int:
 
 
 def _check_output(out: Path, trace: Path) -> None:
+    """--json OUT before anything runs (a run can take minutes): not the trace (2), writable (6:
+    a folder, a path under a file, a read-only place); missing parent folders are created."""
+    if "\x00" in str(out):
+        raise Usage(f"--json {str(out)!r}: a file name cannot hold a NUL byte")
     if out.exists() and trace.exists() and os.path.samefile(out, trace):
         raise Usage(f"--json {out} is the trace itself: pick another file")
-    if out.exists() and out.is_dir():
-        raise Usage(f"--json {out} is a folder")
+    try:
+        if out.is_dir():
+            raise IsADirectoryError(21, "is a folder")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        existed = out.exists()
+        with open(out, "a"):
+            pass
+        if not existed:
+            out.unlink()
+    except OSError as exc:
+        raise DriveError(f"--json {out}: {exc.strerror or exc}", IO) from None
 
 
 def _fail(message: str, code: int) -> int:

@@ -86,6 +86,8 @@ def test_a_hostile_option_value_is_one_line_or_runs(tmp_path, option, value):
     (["{t}", "--switch=nope"], 2, "--switch"),
     (["{t}", "--json={t}"], 2, "is the trace itself"),
     (["{t}", "--bogus"], 2, "unrecognized arguments"),
+    (["{t}", "--json={dir}"], 6, "is a folder"),
+    (["{t}", "--json={t}/under/a/file.json"], 6, "--json"),
     (["{missing}"], 3, "no such trace file"),
     (["{dir}"], 3, "is a directory"),
 ])
@@ -95,6 +97,21 @@ def test_bad_input_is_one_line_with_its_exit_code(tmp_path, capsys, argv, code, 
     assert drive.main(argv) == code
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and says in err[0], err
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.text(min_size=1, max_size=20).filter(lambda n: n not in (".", "..")))
+def test_a_hostile_json_path_is_one_line_or_writable(tmp_path, name):
+    """--json OUT is checked before the run: refused in one line (2, or 6 when it cannot be
+    written), or writable, and nothing is left behind by the check."""
+    trace = _write(tmp_path / "t.jsonl", SMALL)
+    out = tmp_path / "out" / name
+    got = _outcome([str(trace), f"--json={out}", "--device-tokens=8192"])
+    if got is not None:
+        code, message = got
+        assert code in (drive.USAGE, drive.IO) and message.startswith("--json") and "\n" not in message
+    else:
+        assert not out.exists()  # the check created it and took it away again
 
 
 def test_a_request_longer_than_the_req_to_token_pool_allows_is_refused(tmp_path):
