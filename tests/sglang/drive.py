@@ -263,12 +263,18 @@ def _agreement(theirs: dict, ours: dict, w: H.Workload) -> dict:
     return {"steps": steps, "requests": requests}
 
 
+def printable(text: str) -> str:
+    """Text from the trace (ids, the file name) as it is printed: control characters escaped, so no
+    terminal escape reaches the screen; newlines kept."""
+    return "\n".join("".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
+                      for line in str(text).split("\n"))
+
+
 class DriveError(Exception):
     """Bad input: one line, and the exit code it documents."""
 
     def __init__(self, message: str, code: int):
-        text = " ".join(str(message).split())  # one line, and no terminal escapes from the data
-        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
+        super().__init__(printable(" ".join(str(message).split())))  # one line, no terminal escapes
         self.code = code
 
 
@@ -307,8 +313,8 @@ def main(argv: list[str] | None = None, worker=None) -> int:
         except WheelUnavailable as exc:
             return _fail(str(exc), NO_WHEEL)
         worker = Worker(VERSION, root)
-    print(f"{w.name}: {len(w.requests)} requests, SGLang {VERSION}'s Scheduler ({a.core} tree core) beside the "
-          f"engine{' (switches: ' + ', '.join(a.switch) + ')' if a.switch else ''}", file=sys.stderr, flush=True)
+    print(printable(f"{w.name}: {len(w.requests)} requests, SGLang {VERSION}'s Scheduler ({a.core} tree core) beside the "
+          f"engine{' (switches: ' + ', '.join(a.switch) + ')' if a.switch else ''}"), file=sys.stderr, flush=True)
     switches = tuple(dict.fromkeys(a.switch))
     try:
         theirs = worker.run(w.spec(switches, a.core))
@@ -324,7 +330,7 @@ def main(argv: list[str] | None = None, worker=None) -> int:
           f"{len(detail['requests'])} agree (tier splits differ in {rep.differing_splits}, TTFT in "
           f"{rep.differing_ttft})")
     print(f"TTFT SGLang / engine: p50 {rep.ttft_ratio_p50}, p90 {rep.ttft_ratio_p90}, max {rep.ttft_ratio_max}")
-    print(rep.summary())
+    print(printable(rep.summary()))
     if w.notes["skipped_lines"]:
         print(f"({w.notes['skipped_lines']} bad trace lines skipped)")
     if a.json is not None:

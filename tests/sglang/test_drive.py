@@ -176,6 +176,15 @@ def test_token_ids_are_renumbered_keeping_every_shared_prefix(tmp_path, tokens, 
                 assert (ra["tokens"][:n] == rb["tokens"][:n]) == same
 
 
+@settings(max_examples=40, deadline=None)
+@given(text=st.text(max_size=30))
+def test_printed_trace_text_carries_no_control_character(text):
+    """Request ids and file names reach the report: escaped, never a raw terminal escape."""
+    out = drive.printable(text + "\n" + text)
+    assert all(c.isprintable() for line in out.split("\n") for c in line)
+    assert out.count("\n") == 1 + 2 * text.count("\n")  # the lines stay the lines
+
+
 def _session_trace(path: Path) -> Path:
     """Three sessions of three turns (closed loop, think times), token ids up to 2^32 - 1, one session
     under an extra_key, gzip: what the harness's own case builders never produce."""
