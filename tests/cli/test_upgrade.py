@@ -294,6 +294,38 @@ def test_explain_credits_a_ttft_change_only_within_the_tolerance(demo_upgrade):
             assert ("no rule switched back alone moves it at all" in text) == (not movers)
 
 
+def test_explain_says_nothing_of_giving_back_an_outcome_the_upgrade_did_not_move(demo_upgrade):
+    """A rule's `gives_old_split` is a yes/no only where the upgrade moved the split; where the split
+    did not move it is null ("-"): a rule whose switch-back leaves OLD's split as it was does not
+    "not give" it (the conversation trace's req 12031 read `gives_old_split no` under every rule
+    although every run kept its split). `gives_old_ttft` likewise where the TTFT did not move."""
+    db, view = demo_upgrade
+    rows = _rows(db)
+    old_id, new_id = view["upgrade"]["before_run_id"], view["upgrade"]["after_run_id"]
+    o, n = rows[old_id], rows[new_id]
+    runs = {r["rule"]: r["before_run_id"] for r in view["rules"]}
+    checked = {"unmoved": 0, "moved": 0}
+    for req_id in sorted(r for r in n if r in o):
+        kind = "moved" if o[req_id][:3] != n[req_id][:3] else "unmoved"
+        if checked[kind] >= 3:
+            continue
+        step = _step(db, new_id, req_id)
+        if not step["evidence"]["rules"]:
+            continue
+        checked[kind] += 1
+        for r in step["evidence"]["rules"]:
+            b = rows[runs[r["rule"]]][req_id]
+            if kind == "unmoved":
+                assert r["gives_old_split"] is None, (req_id, r)
+            else:
+                assert r["gives_old_split"] is (b[:3] == o[req_id][:3]), (req_id, r)
+            if o[req_id][3] == n[req_id][3]:
+                assert r["gives_old_ttft"] is None, (req_id, r)
+        if checked == {"unmoved": 3, "moved": 3}:
+            break
+    assert checked == {"unmoved": 3, "moved": 3}
+
+
 def test_explain_says_an_unmoved_request_is_the_same_and_other_runs_have_no_upgrade_step(demo_upgrade):
     db, view = demo_upgrade
     rows = _rows(db)

@@ -108,17 +108,22 @@ class Workload:
     # 0: none. prefetch_policy None: each side's default for 0.5.23 ("timeout")
     storage_tokens: int = 0
     prefetch_policy: str | None = None
+    model: str = MODEL  # the cost model's presets (both sides are priced by it)
+    gpu: str = GPU
 
     def context_len(self) -> int:
         return max(r["input_len"] + r["output_len"] for r in self.requests) + 64
 
     def engine_config(self, **kw) -> dict:
         ps = self.page_size
-        d = dict(model=MODEL, gpu=GPU, page_size=ps, block_size=self.block_size, device_tokens=self.device_pages * ps,
+        d = dict(model=self.model, gpu=self.gpu, page_size=ps, block_size=self.block_size,
+                 device_tokens=self.device_pages * ps,
                  host_tokens=(self.host_pages or self.device_pages) * ps, write_policy=self.write_policy,
                  eviction_policy=self.eviction_policy, schedule_policy=self.schedule_policy,
                  max_prefill_tokens=self.max_prefill_tokens, max_context_tokens=self.context_len(),
-                 sglang_rules="0.5.23", verify="off", data_plane_mib=4, enable_mixed_chunk=self.mixed_chunk)
+                 sglang_rules="0.5.23", verify="off", enable_mixed_chunk=self.mixed_chunk,
+                 # the real pools at one 8-byte word a page (verify is off): 4 MiB, or what they need
+                 data_plane_mib=max(4, -(-(self.device_pages + (self.host_pages or self.device_pages)) * 8 >> 20) + 1))
         if self.storage_tokens:
             d.update(storage_tokens=self.storage_tokens, prefetch_policy=self.prefetch_policy)
         d.update(kw)
@@ -190,7 +195,9 @@ def engine_state(engine) -> dict:
 
 def trace_requests(w: Workload) -> list[TraceRequest]:
     return [TraceRequest(req_id=r["id"], seq=i, line=i + 1, arrival_ns=r["arrival_ns"], input_len=r["input_len"],
-                         output_len=r["output_len"], hash_ids=tuple(r["hash_ids"]), tokens=None,
+                         output_len=r["output_len"],
+                         hash_ids=None if r.get("hash_ids") is None else tuple(r["hash_ids"]),
+                         tokens=None if r.get("tokens") is None else tuple(r["tokens"]),
                          priority=r.get("priority", 0), session=r.get("session"), think_ns=r.get("think_ns"))
             for i, r in enumerate(w.requests)]
 
@@ -674,3 +681,133 @@ def storage_cases() -> list[tuple[str, Callable[[], Workload], str]]:
         out.append((name, partial(stored, seed, page_size=ps, schedule_policy=pol, write_policy=wp,
                                   prefetch_policy=pp, system_prompt=system), "rust"))
     return out
+
+
+# --- issue 43's workload matrix, audited (tests/sglang/README.md, "The workload matrix") ------------
+def with_storage(make: Callable[[], Workload], prefetch_policy: str | None = None, *,
+                 pools: int | None = None) -> Workload:
+    """A workload with a storage tier behind its host pool (SGLang: the file backend,
+    sglang0523_storage.py), as `stored` has; `pools`: device and host pools of that many tokens
+    each (a host pool that evicts, so that storage serves hits)."""
+    w = make()
+    w.storage_tokens = STORAGE_TOKENS
+    w.prefetch_policy = prefetch_policy
+    if pools is not None:
+        w.device_pages = w.host_pages = pools // w.page_size
+    w.name += f" + storage ({prefetch_policy or 'timeout'}{f', pools {pools}' if pools else ''})"
+    return w
+
+
+def matrix_cases() -> list[tuple[str, Callable[[], Workload], str]]:
+    """The cells the CI cases above left empty (the audit, `matrix`): the conversation slice at
+    page 1, on the Python core and with a storage tier, at its rate (under write_back too) and at
+    4x (under write_through_selective too); agent sessions with a storage tier and on the Python
+    core; bursts of shared prefixes with a storage tier. The conversation's first 24 requests share
+    only block 0, which stays on device: their storage tier is written, never read."""
+    wts, wb = "write_through_selective", "write_back"
+    return [
+        ("conversation24-x1-p1-fcfs-write_back-pythoncore",
+         partial(mooncake, 24, speedup=1, page_size=1, write_policy=wb), "python"),
+        ("conversation24-x4-p64-lpm-write_through_selective-stored",
+         partial(with_storage, partial(mooncake, 24, speedup=4, schedule_policy="lpm", write_policy=wts)), "rust"),
+        ("conversation24-x1-p64-fcfs-write_through-stored",
+         partial(with_storage, partial(mooncake, 24, speedup=1)), "rust"),
+        ("conversation24-x4-p1-fcfs-write_through-pythoncore",
+         partial(mooncake, 24, speedup=4, page_size=1), "python"),
+        # agent sessions behind pools of 2,048 / 3,072 tokens each: histories go to host, then to
+        # storage, and come back as storage hits (1,536 and 1,408 tokens)
+        ("agentic-s1-p64-lpm-write_through-stored-pythoncore",
+         partial(with_storage, partial(agentic, 1, page_size=64), pools=2048), "python"),
+        ("agentic-s3-p64-lpm-write_through-stored",
+         partial(with_storage, partial(agentic, 3, page_size=64), pools=3072), "rust"),
+        # bursts with storage: the shared prefixes stay on device (host evictions, no storage hit)
+        ("burst-s0-p64-lpm-write_through-stored",
+         partial(with_storage, partial(seeded, 0, page_size=64, shape="burst", schedule_policy="lpm"), pools=2048),
+         "rust"),
+    ]
+
+
+def long_cases() -> list[tuple[str, Callable[[], Workload], str]]:
+    """What TIERDIAG_HARNESS_LONG=1 runs besides CI's: the conversation trace's first 2,000 (or
+    TIERDIAG_HARNESS_LONG_N) at its rate and at 4x, fcfs + write_through and lpm + write_back."""
+    n = long_n()
+    return [(f"conversation{n}-x{x}-{p}-{wp}", partial(mooncake, n, speedup=x, schedule_policy=p, write_policy=wp),
+             "rust") for x in (1, 4) for p, wp in (("fcfs", "write_through"), ("lpm", "write_back"))]
+
+
+def _together(w: Workload) -> bool:
+    """Two requests arriving at one instant that share their first block (a shared prefix)."""
+    seen: dict[tuple[int, int], int] = {}
+    for r in w.requests:
+        key = (r["arrival_ns"], r["hash_ids"][0])
+        seen[key] = seen.get(key, 0) + 1
+    return any(n > 1 for n in seen.values())
+
+
+# issue 43's workload list: each kind, told from the workload itself (or, for the trace's two
+# rates, its id)
+MATRIX_KINDS: dict[str, Callable[[str, Workload], bool]] = {
+    "seeded bursts": lambda cid, w: cid.startswith("burst"),
+    "shared prefixes arriving together": lambda cid, w: _together(w),
+    "long prompts that chunk": lambda cid, w: any(r["input_len"] > w.max_prefill_tokens for r in w.requests),
+    # pools the workload overflows (evictions to host, admissions that wait): the shapes built so
+    "memory pressure": lambda cid, w: cid.startswith(("pressure", "tiered", "chunk_host", "stored", "agentic-tiered",
+                                                      "conversation")),
+    "conversation at its rate": lambda cid, w: cid.startswith("conversation") and "-x1-" in cid,
+    "conversation at 4x": lambda cid, w: cid.startswith("conversation") and "-x4-" in cid,
+    "agent sessions, closed loop": lambda cid, w: w.closed_loop,
+}
+MATRIX_COLUMNS: dict[str, Callable[[Workload, str], bool]] = {
+    "fcfs": lambda w, core: w.schedule_policy == "fcfs",
+    "lpm": lambda w, core: w.schedule_policy == "lpm",
+    "write_through": lambda w, core: w.write_policy == "write_through",
+    "write_back": lambda w, core: w.write_policy == "write_back",
+    "write_through_selective": lambda w, core: w.write_policy == "write_through_selective",
+    "no storage": lambda w, core: not w.storage_tokens,
+    "storage": lambda w, core: bool(w.storage_tokens),
+    "page 1": lambda w, core: w.page_size == 1,
+    "page 64": lambda w, core: w.page_size == 64,
+    "Rust core": lambda w, core: core == "rust",
+    "Python core": lambda w, core: core == "python",
+}
+
+
+def ci_cases() -> list[tuple[str, Callable[[], Workload], str]]:
+    """Every workload CI runs against SGLang (test_scheduler_0523.py, test_scheduler_long.py)."""
+    return (seeded_cases() + agentic_cases() + trace_cases() + audit_cases() + storage_cases() + matrix_cases()
+            + [(f"chunk_host-s{s}", partial(chunk_host, s), "rust") for s in range(4)])
+
+
+def matrix(cases) -> dict[tuple[str, str], list[str]]:
+    """(kind, column) -> the ids of the cases that cover that cell."""
+    out: dict[tuple[str, str], list[str]] = {(k, c): [] for k in MATRIX_KINDS for c in MATRIX_COLUMNS}
+    for cid, make, core in cases:
+        w = make()
+        kinds = [k for k, is_kind in MATRIX_KINDS.items() if is_kind(cid, w)]
+        for c, has in MATRIX_COLUMNS.items():
+            if has(w, core):
+                for k in kinds:
+                    out[(k, c)].append(cid)
+    return out
+
+
+def matrix_table(ci: dict, long: dict) -> str:
+    """The matrix as markdown: per cell the number of CI cases and one of them, or the long mode's."""
+    head = "| workload | " + " | ".join(MATRIX_COLUMNS) + " |"
+    lines = [head, "|---" * (len(MATRIX_COLUMNS) + 1) + "|"]
+    for k in MATRIX_KINDS:
+        cells = []
+        for c in MATRIX_COLUMNS:
+            ids = ci[(k, c)]
+            if ids:
+                cells.append(f"{len(ids)}: `{ids[0]}`")
+            elif long[(k, c)]:
+                cells.append(f"long: `{long[(k, c)][0]}`")
+            else:
+                cells.append("-")
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m tests.sglang.scheduler_harness: the matrix for the README
+    print(matrix_table(matrix(ci_cases()), matrix(long_cases())))

@@ -6,7 +6,8 @@ moves them). tests/sglang runs them in worker processes; a test that reads one S
 The fetch and the unzip hold a lock file beside them ($TMPDIR/tierdiag-sglang-<v>.lock): the
 suite's worker processes (pytest -n 2) and a second suite run at the same time each ask for the
 same folder, and only one of them may download or unzip while the others wait and then reuse it.
-No network, no wheel: the asking test skips with one line (pip asked once a session).
+No network, no wheel: the asking test skips with one line (pip asked once a session);
+`wheel_root` raises `WheelUnavailable` instead, for a caller outside pytest (tests/sglang/drive.py).
 """
 
 from __future__ import annotations
@@ -26,9 +27,22 @@ import pytest
 _UNAVAILABLE: dict[str, str] = {}  # version -> why: asked pip once a session
 
 
+class WheelUnavailable(Exception):
+    """SGLang's wheel could not be fetched (no network, no such release): one line saying why."""
+
+
 def unpacked_wheel(version: str) -> Path:
+    """The unzipped wheel's folder; the calling test skips without it."""
+    try:
+        return wheel_root(version)
+    except WheelUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def wheel_root(version: str) -> Path:
+    """The unzipped wheel's folder, fetched and unzipped the first time; WheelUnavailable without it."""
     if version in _UNAVAILABLE:
-        pytest.skip(_UNAVAILABLE[version])
+        raise WheelUnavailable(_UNAVAILABLE[version])
     base = Path(os.environ.get("TIERDIAG_SGLANG_CACHE", tempfile.gettempdir())) / f"tierdiag-sglang-{version}"
     root = base / "root"
     if (root / "sglang" / "srt").is_dir():
@@ -50,7 +64,7 @@ def _fetch_and_unpack(version: str, base: Path, root: Path) -> Path:
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             _UNAVAILABLE[version] = f"SGLang {version}'s wheel could not be downloaded (pip download --no-deps): {last}"
-            pytest.skip(_UNAVAILABLE[version])
+            raise WheelUnavailable(_UNAVAILABLE[version])
     wheel = next(wheels.glob("sglang-*.whl"))
     tmp = base / "root.partial"
     shutil.rmtree(tmp, ignore_errors=True)  # left by a run killed while unzipping (the lock is held)

@@ -26,8 +26,8 @@ class RuleOutcome:
     host_tokens: int
     storage_tokens: int
     ttft_ms: float | None
-    gives_old_split: bool
-    gives_old_ttft: bool
+    gives_old_split: bool | None  # None: the upgrade did not move the split
+    gives_old_ttft: bool | None  # None: the upgrade did not move the TTFT
 
 
 @dataclass(frozen=True)
@@ -80,8 +80,10 @@ def upgrade_step(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, numb
         b = got[0]
         if b.split == n.split and not ttft_changed(b, n):
             continue
+        # whether it gives OLD's outcome back: a question only where the upgrade moved it (None: it did not)
         per_rule.append(RuleOutcome(rule, b.device, b.host, b.storage, None if b.ttft_ns is None else b.ttft_ns / 1e6,
-                                    b.split == o.split and o.split != n.split, reproduces_ttft(o, n, b)))
+                                    None if o.split == n.split else b.split == o.split,
+                                    None if not ttft_changed(o, n) else reproduces_ttft(o, n, b)))
     delta = None if o.ttft_ns is None or n.ttft_ns is None else n.ttft_ns - o.ttft_ns
     undone = None
     if n.ttft_ns is not None and all(r.ttft_ms is not None for r in per_rule):
