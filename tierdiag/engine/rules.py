@@ -90,6 +90,12 @@ class RuleSet:
     # UnifiedTreeCore._reclaim_full_host_duplicates (0.5.23, write_back only): host pressure first
     # frees host copies of nodes also on device, in registration order.
     reclaim_host_duplicates: bool
+    # A write_back device eviction whose node found no host room for its write-back: 0.5.9's
+    # `HiRadixCache.evict` asserts it backed up (the engine drops the node and the host-only
+    # nodes below it). 0.5.23 `UnifiedTreeCore.drop_subtree_no_host` drops that subtree only when
+    # nothing in it is pinned (a lock, a host lock: a prefetch's anchor or a storage write's host
+    # copy, a load-back pending); else the node stays on device and the walk goes on.
+    write_back_drop_spares_pinned: bool
     # --- the scheduler ---
     # alloc_paged_token_slots_extend (both): the allocation's eviction asks for a page a request
     # more than the extend (`conservative_num_tokens`); the page is not allocated.
@@ -234,6 +240,7 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         unevict_counts_hit=True,
         eviction_amount=_evict_shortfall,
         reclaim_host_duplicates=True,
+        write_back_drop_spares_pinned=True,
         alloc_overhead_pages=1,
         admission_overhead_pages=1,
         batch_alloc_page_per_request=True,
@@ -269,6 +276,7 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         unevict_counts_hit=False,
         eviction_amount=_evict_whole_need,
         reclaim_host_duplicates=False,
+        write_back_drop_spares_pinned=False,
         alloc_overhead_pages=1,
         admission_overhead_pages=0,
         batch_alloc_page_per_request=False,
