@@ -176,7 +176,7 @@ class StoragePrefetch(SchedulerState):
                 self.prefetch_tokens_occupied -= req.prefetch_tokens
                 req.prefetch_tokens = 0
         if hit_only:  # allocate_storage_hit(allow_partial=True, min_tokens=prefetch_threshold)
-            slots = ctrl.alloc_host(hits, req.req_id, now)
+            slots = ctrl.alloc_storage_hit(hits, req.req_id, now)
             if slots is None:
                 fit = min(hits, ctrl.host.free_pages)
                 if fit * ps >= self.prefetch_threshold:
