@@ -195,8 +195,9 @@ class CacheController:
             if kept and node in kept:
                 continue  # declined already (its write-back's unlock pushed it back)
             if node.host is None and write_back:
-                self._write_back(node, cause, now_ns)
-                if node.host is None and decline and self._pinned_subtree(node):
+                # (the write-back's outcome, not `node.host` again: a compiled build keeps the
+                # attribute narrowed to None in this branch)
+                if not self._write_back(node, cause, now_ns) and decline and self._pinned_subtree(node):
                     kept.append(node)  # drop_subtree_no_host declined: it stays on device
                     continue
             if node.host is not None:
@@ -440,14 +441,15 @@ class CacheController:
             self.tree.release_host(node)
         self.storage_writes = keep
 
-    def _write_back(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
-        """write_back: back the node up at eviction, synchronously (the allocation waits for it)."""
+    def _write_back(self, node: TreeNode, cause: str | None, now_ns: int) -> bool:
+        """write_back: back the node up at eviction, synchronously (the allocation waits for it).
+        False when the host has no room for it."""
         pages = len(node.keys)
         self.tree.inc_lock(node)
         slots = self._alloc_host(pages, cause, now_ns)
         self.tree.dec_lock(node)
         if slots is None:
-            return  # host is full of locked pages: the node is dropped instead
+            return False  # host is full of locked pages: the node is dropped instead
         wall, runs = self._to_host(node.device, slots)
         self.tree.set_host(node, slots)
         self.tree.track_duplicate(node)  # finish_write_through: the acked copy is a duplicate
@@ -464,6 +466,7 @@ class CacheController:
             self._storage_after_ack(node, cause, 1)
         else:
             self._write_storage(node, cause, start + dur)
+        return True
 
     def _write_storage(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
         if self.storage is None:
