@@ -54,11 +54,11 @@ def test_tier_split_host_is_what_was_loaded_storage_by_position():
     promised host hit, and took it off the device part."""
     split = RULE_SETS["0.5.23"].split_cached_prefix
     # loaded: 4 device, 3 host, 2 storage pages after them
-    assert split(9, 4, 5, 5, 2, 7) == (4, 3, 2)
+    assert split(9, 4, 5, 5, 2, 7, 2, 7) == (4, 3, 2)
     # declined load-back: nothing loaded, the prefix is the device part, all of it device
-    assert split(4, 4, 5, 0, 2, 7) == (4, 0, 0)
+    assert split(4, 4, 5, 0, 2, 7, 2, 7) == (4, 0, 0)
     # 0.5.9 on the same declined load-back: the promised 5 are host/storage, device 4 - 5 -> 0
-    assert RULE_SETS["0.5.9"].split_cached_prefix(4, 4, 5, 0, 2, 7) == (0, 3, 2)
+    assert RULE_SETS["0.5.9"].split_cached_prefix(4, 4, 5, 0, 2, 7, 2, 7) == (0, 3, 2)
 
 
 def test_a_declined_load_back_reports_no_host_tokens():

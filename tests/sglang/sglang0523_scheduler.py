@@ -738,3 +738,13 @@ def _hook_evictions(tree, counter: dict) -> None:
             return acc(tracker, delta)
 
         tree._accumulate_tracker = accumulate
+        apply = tree._apply_eviction_result
+
+        def applied(result):
+            # the host copies an eviction step frees (a host leaf, or a duplicate beside its device copy)
+            sizes = [len(t) for frees in (result.host_frees or {}).values() for t in frees]
+            if sizes:
+                log.append(("  host node", sizes))
+            return apply(result)
+
+        tree._apply_eviction_result = applied

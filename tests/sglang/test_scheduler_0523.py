@@ -44,27 +44,14 @@ pytestmark = pytest.mark.sglang
 # batch_is_full is cleared at the pass after a mixed batch (get_next_batch_to_run, "running_batch
 # = last_batch" after mix_with_running emptied the running batch).
 STILL_DIFFERENT: dict[str, str] = {
-    # The storage tier (sglang0523_storage.py; docs/engine.md, "Storage tier: run"). The second
-    # storage pass made write_through_selective (seed 2) agree and took these two to the rest:
-    "stored-s0-p1-fcfs-write_through-timeout":
-        "every step agrees; st0-9's tier split: SGLang device 64 / storage 538, the engine device "
-        "514 / storage 88 (same TTFT): its prefetch read 538 tokens of which st0-12's chunk put 450 "
-        "on device before st0-9's admission; SGLang counts the whole prefetched span as storage "
-        "(`pop_prefetch_loaded_span` -> `storage_hit_length`), the engine what was loaded from it",
-    "stored-s0-p1-fcfs-write_back-best_effort-nosystem":
-        "4 of 40 steps' host evictions (from step 11: SGLang 1,528 tokens, the engine 1,029); every "
-        "request agrees. Attributed: HybridCacheController.allocate_storage_hit evicts the whole hit "
-        "(`evict_host(hit_tokens)`: 376 asked with 326 free reclaimed three host duplicates, 608 "
-        "tokens; the engine the shortfall, 109); modelled, it left 2 steps (from step 24) but made "
-        "the demo trace's write_back + storage replay fail its load-back verification, so it is "
-        "not in the engine yet (tests/sglang/README.md)",
-    # Found by the workload-matrix audit (scheduler_harness.matrix_cases; tests/sglang/README.md):
-    "agentic-s3-p64-lpm-write_through-stored":
-        "10 of 23 steps' host evictions, 4 TTFTs (< 1 %) and one tier split, from step 14 (SGLang "
-        "evicts 960 host tokens, the engine 832). Attributed (callers logged): "
-        "HybridCacheController.allocate_storage_hit (from `_try_alloc_storage_hit`) asked 320 "
-        "host tokens for a storage hit and freed 320 (`evict_host(hit_tokens)`), where the engine "
-        "frees the shortfall (192): the same function as stored-s0-p1-fcfs-write_back-best_effort-nosystem's",
+    # The last two storage cases agree since the third storage pass (tests/sglang/README.md,
+    # "The storage tier"): stored seed 0 at page 1 under write_back (a storage hit's host memory
+    # evicts the whole hit, `allocate_storage_hit`; a write-back's storage write is released at
+    # the next pass; and the engine bug the first exposed, rule `write_back_drop_spares_pinned`)
+    # and under write_through (the tier split counts the whole prefetched span as storage,
+    # `pop_prefetch_loaded_span`).
+    # So does the one the workload-matrix audit found (agentic-s3-p64-lpm-write_through-stored,
+    # the same allocate_storage_hit rule).
 }
 # The long mode (TIERDIAG_HARNESS_LONG=1, not CI: 3-15 minutes each on a CPU) agrees on every step
 # and request in all four cases (tests/sglang/README.md has the numbers and the fixes it took).

@@ -49,6 +49,8 @@ RULE_NAMES: dict[str, RuleName] = {r.name: r for r in (
     RuleName("stamp_path_after_walk", ("stamp_path_after_walk",), "access stamps"),
     RuleName("unevict_counts_hit", ("unevict_counts_hit",), "refill by insert"),
     RuleName("reclaim_host_duplicates", ("reclaim_host_duplicates",), "host pressure under write_back"),
+    RuleName("write_back_drop_spares_pinned", ("write_back_drop_spares_pinned",),
+             "write-back drop of a pinned subtree"),
     RuleName("split_cached_prefix", ("split_cached_prefix",), "tier split"),
     # Issue 43's rules of 0.5.23 (docs/engine.md): alloc_paged_token_slots_extend's one page a
     # request once a batch, checkpoint_into_tree's second insert at priority + 1, a decode out of

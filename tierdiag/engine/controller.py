@@ -175,19 +175,57 @@ class CacheController:
         shortfall). True when `pages_needed` are free after; False if locks make it impossible."""
         free = self.device.free_pages
         target = free + self.rules.eviction_amount(free, pages_needed + reserve_pages)
+        write_back = self.cfg.write_policy == WritePolicy.WRITE_BACK
+        decline = write_back and self.rules.write_back_drop_spares_pinned
+        kept: list[TreeNode] = []  # declined drops (drop_subtree_no_host), in walk order
         while self.device.free_pages < target:
             node = self.tree.pop_device_victim()
             if node is None:
-                break
-            if node.host is None and self.cfg.write_policy == WritePolicy.WRITE_BACK:
-                self._write_back(node, cause, now_ns)
+                if not kept:
+                    break
+                # Nothing else to evict: SGLang's allocation would fail here ("Prefill out of
+                # memory": its scheduler dies). The engine departs: the declined subtrees are
+                # dropped after all, pins and all (a prefetch anchored there finds its path gone
+                # and frees its pages; a storage write holding a copy there is not made).
+                decline = False
+                node = kept.pop(0)
+                if self.tree.device_evictable(node):
+                    self._remove(node, cause, now_ns)
+                continue
+            if kept and node in kept:
+                continue  # declined already (its write-back's unlock pushed it back)
+            if node.host is None and write_back:
+                # (the write-back's outcome, not `node.host` again: a compiled build keeps the
+                # attribute narrowed to None in this branch)
+                if not self._write_back(node, cause, now_ns) and decline and self._pinned_subtree(node):
+                    kept.append(node)  # drop_subtree_no_host declined: it stays on device
+                    continue
             if node.host is not None:
                 eid = self.record_eviction(node, Tier.DEVICE, EvictionAction.DEMOTE, cause, now_ns)
                 node.evicted_by = eid
                 self.device.free(self.tree.demote(node))
             else:
                 self._remove(node, cause, now_ns)
+        for node in kept:  # still device leaves: the next eviction's candidates again
+            self.tree._push_device(node)
         return self.device.free_pages >= pages_needed
+
+    def _pinned_subtree(self, node: TreeNode) -> bool:
+        """0.5.23 `UnifiedTreeCore.drop_subtree_no_host` (rule `write_back_drop_spares_pinned`):
+        a device leaf whose write-back found no host room is dropped with the host-only nodes
+        below it only when none of them is pinned: no lock, no host lock (`host_lock_ref`: a
+        prefetch's anchor, a storage write holding its host copy) and no load-back pending;
+        else the drop is declined and the node "stays device-resident until host space frees"
+        (`_evict_components`)."""
+        if node.id in self.load_pending_ids:
+            return True
+        stack = [node]
+        while stack:
+            cur = stack.pop()
+            if cur.host_ref or cur.lock_ref:
+                return True
+            stack.extend(cur.children.values())
+        return False
 
     def _remove(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
         """Take a node out of the tree with every node below it (those are host-only: device
@@ -211,12 +249,17 @@ class CacheController:
         if node.evicted_by is not None:  # it had been demoted first: remember that eviction too
             self.demoted_by.set_many(keys, node.evicted_by, outputs_last=True)
 
-    def evict_host(self, pages_needed: int, cause: str | None, now_ns: int) -> bool:
-        """Host room for `pages_needed` (the amount is the rule set's, as for the device). Under
-        0.5.23 with write_back, host copies of nodes also on device go first
+    def evict_host(self, pages_needed: int, cause: str | None, now_ns: int, *, whole: bool = False) -> bool:
+        """Host room for `pages_needed` (the amount is the rule set's, as for the device; `whole`:
+        the whole need when it does not fit, whatever the rule set). Under 0.5.23 with
+        write_back, host copies of nodes also on device go first
         (`_reclaim_full_host_duplicates`), then host-only leaves."""
         free = self.host.free_pages
-        target = free + self.rules.eviction_amount(free, pages_needed)
+        if whole:
+            amount = pages_needed if free < pages_needed else 0
+        else:
+            amount = self.rules.eviction_amount(free, pages_needed)
+        target = free + amount
         if self.reclaim_duplicates and self.host.free_pages < target:
             self._reclaim_duplicates(target, cause, now_ns)
         while self.host.free_pages < target:
@@ -362,12 +405,15 @@ class CacheController:
         for node in nodes:
             self.tree.dec_lock(node)
 
-    def _storage_after_ack(self, node: TreeNode, cause: str | None) -> None:
+    def _storage_after_ack(self, node: TreeNode, cause: str | None, passes: int = 2) -> None:
         """0.5.23: the node's host copy held from its copy's ack until its storage write's ack is
-        drained, at the pass after the one whose `writing_check` takes the copy's ack: the pass
-        after the next (pass_now counts the pass running, or the last one between passes)."""
+        drained, at the pass after the one whose `writing_check` takes the copy's ack: for a
+        write-through copy acknowledged between passes, the pass after the next (pass_now
+        counts the pass running, or the last one between passes); for a write-back, whose ack
+        is taken in the eviction itself (`writing_check(write_back=True)` blocks for it), the
+        next pass (`passes` 1)."""
         self.tree.protect_host(node)
-        self.storage_writes.append((node, cause, self.pass_now() + 2, len(node.keys)))
+        self.storage_writes.append((node, cause, self.pass_now() + passes, len(node.keys)))
 
     def release_storage_writes(self, now_ns: int, *, every: bool = False) -> None:
         """A pass's drain (`_drain_backup`): the storage writes whose ack it takes are in the tier
@@ -387,19 +433,23 @@ class CacheController:
             # what was written is the host copy as the ack found it (`write_backup_storage` takes
             # the node's host value then); a match may have split the node since: write each part
             for part in self._parts(node, pages):
-                if part.host is not None:
+                # a part dropped from the tree since (its host slots freed, maybe reused) is
+                # not written: only a rule set with `write_back_drop_spares_pinned` switched back
+                # drops a subtree whose storage write holds it
+                if part.host is not None and part.parent is not None:
                     self._write_storage(part, cause, now_ns)
             self.tree.release_host(node)
         self.storage_writes = keep
 
-    def _write_back(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
-        """write_back: back the node up at eviction, synchronously (the allocation waits for it)."""
+    def _write_back(self, node: TreeNode, cause: str | None, now_ns: int) -> bool:
+        """write_back: back the node up at eviction, synchronously (the allocation waits for it).
+        False when the host has no room for it."""
         pages = len(node.keys)
         self.tree.inc_lock(node)
         slots = self._alloc_host(pages, cause, now_ns)
         self.tree.dec_lock(node)
         if slots is None:
-            return  # host is full of locked pages: the node is dropped instead
+            return False  # host is full of locked pages: the node is dropped instead
         wall, runs = self._to_host(node.device, slots)
         self.tree.set_host(node, slots)
         self.tree.track_duplicate(node)  # finish_write_through: the acked copy is a duplicate
@@ -413,9 +463,10 @@ class CacheController:
             self.emit.transfer((self._transfer_id(), start, start + dur, TransferKind.WRITE_BACK, cause, pages, runs,
                                         pages * self.page_bytes, dp_bytes, start - now_ns, wall, None, self.rank))
         if self.storage_per_pass:
-            self._storage_after_ack(node, cause)
+            self._storage_after_ack(node, cause, 1)
         else:
             self._write_storage(node, cause, start + dur)
+        return True
 
     def _write_storage(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
         if self.storage is None:
@@ -501,6 +552,20 @@ class CacheController:
     def alloc_host(self, pages: int, cause: str | None, now_ns: int) -> list[int] | None:
         """Host slots, host-evicting unprotected leaves for room (None if that cannot be done)."""
         return self._alloc_host(pages, cause, now_ns)
+
+    def alloc_storage_hit(self, pages: int, cause: str | None, now_ns: int) -> list[int] | None:
+        """Host slots for a storage hit of `pages` (both releases): when they are not free, host
+        eviction is asked for the whole hit, not the shortfall, and the allocation tried again
+        (0.5.23 `HybridCacheController.allocate_storage_hit`: `evict_host(hit_tokens)`, which
+        frees until that many are freed; 0.5.9 `HiRadixCache.prefetch_from_storage`:
+        `evict_host(prefetch_length)`). None when they still are not free (the caller may take
+        what fits)."""
+        if pages <= self.host.free_pages:
+            return self.host.alloc(pages)
+        self.evict_host(pages, cause, now_ns, whole=True)
+        if pages > self.host.free_pages:
+            return None
+        return self.host.alloc(pages)
 
     def prefetch(self, keys: list[int], slots: list[int], req_id: str, now_ns: int) -> tuple[int, int]:
         """Read pages from storage into host `slots` (allocated by the caller). Returns (start, end)."""

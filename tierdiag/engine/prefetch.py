@@ -176,7 +176,7 @@ class StoragePrefetch(SchedulerState):
                 self.prefetch_tokens_occupied -= req.prefetch_tokens
                 req.prefetch_tokens = 0
         if hit_only:  # allocate_storage_hit(allow_partial=True, min_tokens=prefetch_threshold)
-            slots = ctrl.alloc_host(hits, req.req_id, now)
+            slots = ctrl.alloc_storage_hit(hits, req.req_id, now)
             if slots is None:
                 fit = min(hits, ctrl.host.free_pages)
                 if fit * ps >= self.prefetch_threshold:
@@ -273,6 +273,16 @@ class StoragePrefetch(SchedulerState):
             return False
         deadline = req.prefetch_deadline_ns
         return not (policy == PrefetchPolicy.TIMEOUT and deadline is not None and deadline <= now)
+
+    def _pop_loaded_span(self, req: Req) -> None:
+        """An admission poll that finds the prefetch ended (`get_new_batch_prefill`, after
+        `check_prefetch_progress`): `pop_prefetch_loaded_span` takes what the last finished
+        prefetch put into the tree; a span of at least a page becomes the request's storage hit
+        (`req.storage_hit_length`, `storage_hit_start`), which the tier split counts by position
+        (rules.RuleSet.split_cached_prefix); none leaves the one before."""
+        if req.loaded_span_pages > 0:
+            req.storage_span_pages, req.storage_span_start = req.loaded_span_pages, req.loaded_span_start
+            req.loaded_span_pages = req.loaded_span_start = 0
 
     def _prefetch_after_hit_loss(self, req: Req, now: int) -> bool:
         """0.5.23 `Scheduler._prefetch_after_device_hit_loss`, at admission once the prefetch has
@@ -414,10 +424,14 @@ class StoragePrefetch(SchedulerState):
         tree = self.tree
         node, matched = tree.locate(req.keys[:first + done])
         kept = 0
+        # `prefetch_loaded_tokens_by_reqid` / `_storage_start_`: the pages read less those the
+        # tree had, where they start (0: none), for the next admission poll to take
+        req.loaded_span_pages = req.loaded_span_start = 0
         if matched >= first:  # else the anchor's path left the tree: nothing to hang the pages on
             dup = matched - first
             self.ctrl.host.free(slots[:dup])
             if done > dup:
+                req.loaded_span_pages, req.loaded_span_start = done - dup, matched
                 new = tree.insert_host(node, req.keys[matched:first + done], slots[dup:done], now, req.req_id,
                                        req.keys_np[matched:first + done])
                 new.prefetched_for = req.seq

@@ -34,6 +34,7 @@ class Req:
         "loadback_wall_ns", "loadback_verified", "protected_pages", "session", "think_ms", "trace_arrival_ns",
         "prefetch_wait_ns", "prefetch_deadline_ns", "prefetch_retries", "inserted_pages", "prefill_work_tokens",
         "storage_hit_end", "route", "storage_last_match", "prefetch_ack_pass", "prefetch_query_pass",
+        "storage_span_pages", "storage_span_start", "loaded_span_pages", "loaded_span_start",
     )
     total_pages: int  # set on arrival (Scheduler._arrive)
     max_match_pages: int
@@ -60,6 +61,13 @@ class Req:
         # 0.5.23's `storage_hit_end` in pages: where a hit the host could not take ended, carried
         # into the re-query (`poll_miss`), which then assumes that span stored (`assume_stored`).
         self.storage_hit_end: int | None = None
+        # The span its last finished prefetch put into the tree (pages read from storage less
+        # those already there, and the page it starts at: `prefetch_loaded_tokens_by_reqid`,
+        # `prefetch_loaded_storage_start_by_reqid`), until an admission poll takes it
+        # (`pop_prefetch_loaded_span`) as `storage_span_*` (`req.storage_hit_length`,
+        # `storage_hit_start`), which only a span of at least a page replaces.
+        self.loaded_span_pages = self.loaded_span_start = 0
+        self.storage_span_pages = self.storage_span_start = 0
         # 0.5.23's `storage_prefetch_last_match_len` in pages: device + host pages matched at the
         # last storage query (`_prefetch_kvcache`); 0 before any
         self.storage_last_match = 0
@@ -120,7 +128,7 @@ FIRST_PASS_FIELDS = (
     "loadback_pages", "loadback_runs",
     "storage_bytes", "storage_fetch_ns", "recompute_ns", "compute_ns", "protected_pages", "loadback_wall_ns",
     "loadback_verified",
-    "held", "hold_until_ns", "extend_total_tokens")
+    "held", "hold_until_ns", "extend_total_tokens", "storage_span_pages", "storage_span_start")
 
 
 @trait
@@ -239,7 +247,8 @@ class RequestRecords:
         host_hit = req.host_match_pages + storage_hit  # host_hit_length: prefetched pages are host pages by now
         host_loaded = req.host_loaded_pages + req.storage_loaded_pages
         d, h, s = self.rules.split_cached_prefix(req.prefix_pages, req.device_prefix_pages, host_hit, host_loaded, storage_hit,
-                                                 req.device_prefix_pages + req.host_match_pages)
+                                                 req.device_prefix_pages + req.host_match_pages,
+                                                 req.storage_span_pages, req.storage_span_start)
         return d * ps, h * ps, s * ps
 
     def _sample_pools(self, now: int) -> None:

@@ -30,7 +30,7 @@ def _evict_shortfall(free_pages: int, need_pages: int) -> int:
 
 
 def _split_promised(prefix: int, device: int, host_hit: int, host_loaded: int, storage_hit: int,
-                    storage_start: int) -> tuple[int, int, int]:
+                    storage_start: int, span: int, span_start: int) -> tuple[int, int, int]:
     """SGLang 0.5.9 (`ScheduleBatch.prepare_for_extend`, cached-token breakdown): host =
     `host_hit_length`, the hit *promised* at match, loaded or not (storage pages counted in it);
     device = len(prefix_indices) - host_hit_length, at least 0. A declined load-back therefore
@@ -40,16 +40,21 @@ def _split_promised(prefix: int, device: int, host_hit: int, host_loaded: int, s
 
 
 def _split_by_tier(prefix: int, device: int, host_hit: int, host_loaded: int, storage_hit: int,
-                   storage_start: int) -> tuple[int, int, int]:
+                   storage_start: int, span: int, span_start: int) -> tuple[int, int, int]:
     """SGLang 0.5.20+ `schedule_batch.split_cached_prefix_by_tier`: host = min(host_hit_length,
     host_loaded_length) capped at the prefix; storage by position, [storage_hit_start, +len) within
-    [0, prefix_len); device = prefix - host - storage.
+    [0, prefix_len); device = prefix - host - storage. The storage span is the one the request's
+    prefetch put into the tree (`pop_prefetch_loaded_span` -> `req.storage_hit_length`,
+    `storage_hit_start`: `span`, `span_start`), all of it, pages another request's prefill or
+    load-back put on device before this admission included (those are storage, not device);
+    the part of the host hit it covers is not host.
 
         prefix  |---- device ----|------ host (materialized) ------|
-                                 |   |-- storage (by position) --| |
+                       |------ storage (the prefetched span) ------|
     """
     host_total = min(prefix, min(host_hit, host_loaded))
     host_start = prefix - host_total
+    storage_start, storage_hit = span_start, span
     storage_end = storage_start + storage_hit
     storage = max(0, min(prefix, storage_end) - max(0, storage_start))
     storage_in_host = max(0, min(prefix, storage_end) - max(host_start, storage_start))
@@ -90,6 +95,12 @@ class RuleSet:
     # UnifiedTreeCore._reclaim_full_host_duplicates (0.5.23, write_back only): host pressure first
     # frees host copies of nodes also on device, in registration order.
     reclaim_host_duplicates: bool
+    # A write_back device eviction whose node found no host room for its write-back: 0.5.9's
+    # `HiRadixCache.evict` asserts it backed up (the engine drops the node and the host-only
+    # nodes below it). 0.5.23 `UnifiedTreeCore.drop_subtree_no_host` drops that subtree only when
+    # nothing in it is pinned (a lock, a host lock: a prefetch's anchor or a storage write's host
+    # copy, a load-back pending); else the node stays on device and the walk goes on.
+    write_back_drop_spares_pinned: bool
     # --- the scheduler ---
     # alloc_paged_token_slots_extend (both): the allocation's eviction asks for a page a request
     # more than the extend (`conservative_num_tokens`); the page is not allocated.
@@ -158,8 +169,11 @@ class RuleSet:
     # head last (`touch_waiting_prefix` -> `touch_prefix`: a match, stamps only). 0: none (0.5.9).
     waiting_prefix_refresh_interval: int
     waiting_prefix_refresh_max: int
-    # (prefix, device, host_hit, host_loaded, storage_hit, storage_start) -> (device, host, storage)
-    split_cached_prefix: Callable[[int, int, int, int, int, int], tuple[int, int, int]]
+    # (prefix, device, host_hit, host_loaded, storage_hit, storage_start, prefetched span,
+    # its start) -> (device, host, storage): storage_hit is the part of the host hit this request's
+    # prefetch brought (0.5.9's `min(host_hit, storage_hit)`), the span all its prefetch put in
+    # the tree (0.5.23's by position)
+    split_cached_prefix: Callable[[int, int, int, int, int, int, int, int], tuple[int, int, int]]
     # --- the storage prefetch ---
     # HiCacheController.prefetch_rate_limited: tokens in flight at most share x (host - device)
     # (0.5.9) or share x host (0.5.23, `_start_storage_prefetch_wait`'s capacity).
@@ -234,6 +248,7 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         unevict_counts_hit=True,
         eviction_amount=_evict_shortfall,
         reclaim_host_duplicates=True,
+        write_back_drop_spares_pinned=True,
         alloc_overhead_pages=1,
         admission_overhead_pages=1,
         batch_alloc_page_per_request=True,
@@ -269,6 +284,7 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         unevict_counts_hit=False,
         eviction_amount=_evict_whole_need,
         reclaim_host_duplicates=False,
+        write_back_drop_spares_pinned=False,
         alloc_overhead_pages=1,
         admission_overhead_pages=0,
         batch_alloc_page_per_request=False,

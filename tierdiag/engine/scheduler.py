@@ -413,6 +413,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                     self._revoke_query(req)
                 if req.prefetch is not None:  # check_prefetch_progress: the policy lets it end now
                     self._finish_prefetch(req, now)
+                self._pop_loaded_span(req)
                 if self._prefetch_after_hit_loss(req, now):
                     i += 1
                     continue
