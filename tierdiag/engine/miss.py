@@ -111,18 +111,32 @@ class MissTracker:
         batch = self._batch_keys
         first = self._batch_first
         if first is not None:
-            keys, lo, hi = first
-            batch.update(keys[lo:hi])
+            first_keys, lo, hi = first
+            batch.update(first_keys[lo:hi])
             self._batch_first = None
-        # the others count in C (a page a key)
-        shared = sum(map(batch.__contains__, req.keys[first_page:req.input_len // self.ps]))
+        # the others count a page a key: compiled, an indexed loop (no slice, no map)
+        keys: list = req.keys
+        lo, hi = first_page, req.input_len // self.ps
+        shared = 0
+        if lo >= 0 and hi >= 0:
+            n = len(keys)
+            for i in range(lo, hi if hi < n else n):
+                if keys[i] in batch:
+                    shared += 1
+        else:  # a slice from the end, as keys[lo:hi] reads it
+            shared = sum(map(batch.__contains__, keys[lo:hi]))
         if shared:
             self._shared[req.seq] = shared
         batch.update(req.keys[first_page:end_page])
 
     def take(self, seq: int) -> MissFacts:
+        return MissFacts(*self.take_pages(seq))
+
+    def take_pages(self, seq: int) -> tuple[int, int, int]:
+        """`take`'s MissFacts as a plain tuple (the record's: a NamedTuple is built by a Python
+        function, a frame a request)."""
         self._read.pop(seq, None)
-        return MissFacts(self._at_arrival.pop(seq, 0), self._shared.pop(seq, 0), self._prefetch_lost.pop(seq, 0))
+        return self._at_arrival.pop(seq, 0), self._shared.pop(seq, 0), self._prefetch_lost.pop(seq, 0)
 
 
 def _routing_tokens(r: dict) -> int:
@@ -143,7 +157,8 @@ def routing_tokens(rank: int | None, best: int | None, best_device: int, best_ho
     if rank is None or best is None or best == rank:
         return 0
     gap = best_device + best_host - (arrival_device + arrival_host + storage_match)
-    return min(recomputed, max(gap, 0))
+    gap = gap if gap > 0 else 0
+    return recomputed if recomputed < gap else gap
 
 
 def miss_split(r: dict, facts: MissFacts, ps: int, storage_tier: bool) -> dict[str, int]:
@@ -155,6 +170,13 @@ def miss_split(r: dict, facts: MissFacts, ps: int, storage_tier: bool) -> dict[s
         _routing_tokens(r), facts.arrival_pages, facts.shared_pages, facts.prefetch_lost_pages, ps, storage_tier)))
 
 
+def _share(tokens: int, cap: int, left: int) -> int:
+    """max(min(tokens, cap, left), 0)."""
+    n = tokens if tokens < cap else cap
+    n = n if n < left else left
+    return n if n > 0 else 0
+
+
 def miss_tokens(computed_tokens: int, recomputed_tokens: int, loadback_skipped_reason: object,
                 loadback_skipped_tokens: int, storage_skipped_reason: object, storage_match_tokens: int,
                 storage_hit_tokens: int, device_hit_tokens: int, host_match_tokens: int, routing: int,
@@ -163,41 +185,42 @@ def miss_tokens(computed_tokens: int, recomputed_tokens: int, loadback_skipped_r
     """The miss reasons' tokens in MISS_REASONS' order (module doc; `miss_split` by name), from the
     record's columns as ints (None as 0) and `routing` (routing_tokens). Integers and no dict:
     the record calls it once a finished request, compiled (issue 41)."""
-    computed = max(computed_tokens, 0)
+    computed = computed_tokens if computed_tokens > 0 else 0
     left = computed
-    rec_left = min(recomputed_tokens, computed)
-    # Each reason takes max(min(its tokens, its cap, what is left), 0), in this order.
+    rec_left = recomputed_tokens if recomputed_tokens < computed else computed
+    # Each reason takes max(min(its tokens, its cap, what is left), 0), in this order (`_share`:
+    # the builtins min and max are generic calls from compiled code, ~1k instructions each).
     lb_skipped = 0
     if loadback_skipped_reason:
-        lb_skipped = max(min(loadback_skipped_tokens, rec_left, left), 0)
+        lb_skipped = _share(loadback_skipped_tokens, rec_left, left)
         left -= lb_skipped
         rec_left -= lb_skipped
     # Read by its own prefetch, then evicted from host while it queued (not a skipped prefetch:
     # storage held them and the read happened)
-    lost = max(min(max(prefetch_lost_pages, 0) * ps, rec_left, left), 0)
+    lost = _share(prefetch_lost_pages * ps if prefetch_lost_pages > 0 else 0, rec_left, left)
     left -= lost
     rec_left -= lost
     declined = revoked = 0
     if storage_skipped_reason:
         # the storage match neither used nor read-then-lost: what the skip itself cost
-        n = max(min(storage_match_tokens - storage_hit_tokens - lost, rec_left, left), 0)
+        n = _share(storage_match_tokens - storage_hit_tokens - lost, rec_left, left)
         left -= n
         rec_left -= n
         if storage_skipped_reason in _STORAGE_REASON:  # a prefetch cut short is revoked
             revoked = n
         else:
             declined = n
-    routed = max(min(routing, rec_left, left), 0)
+    routed = _share(routing, rec_left, left)
     left -= routed
     rec_left -= routed
     # Lost while queued: its own tree held it at arrival, the match at scheduling did not find it.
-    queued = max(min(arrival_pages * ps - (device_hit_tokens + host_match_tokens), rec_left, left), 0)
+    queued = _share(arrival_pages * ps - (device_hit_tokens + host_match_tokens), rec_left, left)
     left -= queued
     rec_left -= queued
-    gone = max(min(rec_left, rec_left, left), 0)
+    gone = _share(rec_left, rec_left, left)
     left -= gone
-    shared = max(min(shared_pages * ps, left, left), 0)
+    shared = _share(shared_pages * ps, left, left)
     left -= shared
-    never = max(left, 0)
+    never = left if left > 0 else 0
     return (never, 0 if storage_tier else gone, queued, lb_skipped, declined, revoked, shared, routed,
             gone if storage_tier else 0, lost)

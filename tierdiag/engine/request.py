@@ -14,7 +14,7 @@ from mypy_extensions import trait
 import numpy as np
 
 from tierdiag.engine.tree import TreeNode
-from tierdiag.engine.miss import MissFacts, miss_tokens, routing_tokens
+from tierdiag.engine.miss import miss_tokens, routing_tokens
 from tierdiag.probes.events import ROUTE_NONE
 from tierdiag.trace.reader import TraceRequest
 
@@ -217,7 +217,7 @@ class RequestRecords:
         if emit is not None:  # the record's counterfactuals: only for a probe that keeps them
             new_tokens = computed - recomputed
             prefix = req.prefix_pages * ps
-            ideal = cost.prefill_alone_ns(new_tokens, req.input_len - max(new_tokens, 1))
+            ideal = cost.prefill_alone_ns(new_tokens, req.input_len - (new_tokens if new_tokens > 1 else 1))
             if_resident = ttft - lb_exposed - storage_wait
             loaded = (req.host_loaded_pages + req.storage_loaded_pages) * ps  # what was loaded, whatever is reported
             recompute_instead = if_resident + (cost.prefill_alone_ns(computed + loaded, req.device_prefix_pages * ps)
@@ -227,7 +227,8 @@ class RequestRecords:
             host_match, storage_match = req.host_match_pages * ps, req.storage_match_pages * ps
             lb_skipped = req.loadback_skip_pages * ps
             # The miss reasons (engine/miss.py) from the record's own columns, those it reads
-            facts = self.miss.take(req.seq) if self.miss is not None else MissFacts(0, 0)
+            arrival_pages, shared_pages, prefetch_lost_pages = (self.miss.take_pages(req.seq) if self.miss is not None
+                                                                else (0, 0, 0))
             best_rank_device, best_rank_host = route[7], route[8]
             arrival_device, arrival_host = route[4], route[5]
             miss = miss_tokens(
@@ -235,7 +236,7 @@ class RequestRecords:
                 storage, device, host_match,
                 routing_tokens(self.rank, route[6], best_rank_device or 0, best_rank_host or 0, arrival_device or 0,
                                arrival_host or 0, storage_match, recomputed),
-                facts.arrival_pages, facts.shared_pages, facts.prefetch_lost_pages, ps, self.ctrl.storage is not None)
+                arrival_pages, shared_pages, prefetch_lost_pages, ps, self.ctrl.storage is not None)
             # By keyword into request_row, compiled: the keywords are resolved when it is compiled.
             emit(request_row(
                 req_id=req.req_id, seq=req.seq, arrival_ns=req.arrival_ns, input_tokens=req.input_len,
