@@ -61,6 +61,49 @@ def test_the_split_holds_for_hostile_rows(row, arrival, shared, lost, ps, storag
     out = M.miss_split(row, M.MissFacts(arrival, shared, lost), ps, storage)
     assert list(out) == list(M.MISS_REASONS)
     assert min(out.values()) >= 0 and sum(out.values()) == max(row["computed_tokens"] or 0, 0)
+    # the integers the record takes (miss_tokens, in MISS_REASONS' order) are the reference's split
+    assert out == _split_reference(row, M.MissFacts(arrival, shared, lost), ps, storage)
+
+
+def _split_reference(r: dict, facts, ps: int, storage_tier: bool) -> dict[str, int]:
+    """miss_split as it was written before issue 41 made it integers (a dict of the reasons and a
+    closure that gives each its share): the reference the compiled miss_tokens is held to."""
+    out = dict.fromkeys(M.MISS_REASONS, 0)
+    computed = max(int(r.get("computed_tokens") or 0), 0)
+    left = computed
+    recomputed = min(int(r.get("recomputed_tokens") or 0), computed)
+
+    def give(reason, tokens, cap):
+        nonlocal left
+        n = max(min(tokens, cap, left), 0)
+        out[reason] += n
+        left -= n
+        return n
+
+    def routing():
+        rank, best = r.get("dp_rank"), r.get("best_rank")
+        if rank is None or best is None or best == rank:
+            return 0
+        gap = sum(int(r.get(k) or 0) for k in ("best_rank_device_tokens", "best_rank_host_tokens")) - sum(
+            int(r.get(k) or 0) for k in ("arrival_device_tokens", "arrival_host_tokens", "storage_match_tokens"))
+        return min(int(r.get("recomputed_tokens") or 0), max(gap, 0))
+
+    rec_left = recomputed
+    if r.get("loadback_skipped_reason"):
+        rec_left -= give("loadback_skipped", int(r.get("loadback_skipped_tokens") or 0), rec_left)
+    lost = give("prefetch_lost", max(facts.prefetch_lost_pages, 0) * ps, rec_left)
+    rec_left -= lost
+    if r.get("storage_skipped_reason"):
+        unused = int(r.get("storage_match_tokens") or 0) - int(r.get("storage_hit_tokens") or 0) - lost
+        reason = {"prefetch_incomplete": "prefetch_revoked"}.get(r["storage_skipped_reason"], "prefetch_declined")
+        rec_left -= give(reason, unused, rec_left)
+    rec_left -= give("routed_elsewhere", routing(), rec_left)
+    at_sched = int(r.get("device_hit_tokens") or 0) + int(r.get("host_match_tokens") or 0)
+    rec_left -= give("lost_while_queued", facts.arrival_pages * ps - at_sched, rec_left)
+    give("beyond_storage" if storage_tier else "evicted_before_reuse", rec_left, rec_left)
+    give("shared_in_batch", facts.shared_pages * ps, left)
+    give("never_cached", left, left)
+    return out
 
 
 def _lost_reference(ranges, matched):
@@ -89,3 +132,34 @@ def test_prefetch_lost_pages_are_the_read_pages_past_the_match(ranges, matched, 
     assert tracker.take(7).prefetch_lost_pages == want
     assert tracker.take(8).prefetch_lost_pages == 0
     assert tracker.take(7) == M.MissFacts(0, 0, 0)  # taken once
+
+
+class _Req:
+    def __init__(self, seq, keys, input_len):
+        self.seq, self.keys, self.input_len = seq, keys, input_len
+
+
+@settings(max_examples=60, deadline=None)
+@given(calls=st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(0, 12), max_size=10),
+                                st.integers(-2, 12), st.integers(-2, 12), st.integers(-5, 200)), max_size=12),
+       ps=st.sampled_from([1, 16]))
+def test_shared_in_batch_pages_match_a_set_built_for_every_batch(calls, ps):
+    """MissTracker.scheduled keeps a batch's first request's pages unhashed until a second joins
+    (issue 41); the shared pages it counts are those of a set made at every batch's start: a
+    request's pages to compute ([first, input_len // ps)) that a request ahead of it in the same
+    batch (same `now`) computes in its first chunk ([first, end))."""
+    tracker = M.MissTracker(ps)
+    want: dict[int, int] = {}
+    batch_ns, batch = None, set()
+    for seq, (now, keys, first, end, input_len) in enumerate(sorted(calls, key=lambda c: c[0])):
+        req = _Req(seq, keys, input_len)
+        tracker.scheduled(req, now, first, end)
+        if now != batch_ns:
+            batch_ns, batch = now, set()
+        if batch:
+            shared = sum(k in batch for k in keys[first:input_len // ps])
+            if shared:
+                want[seq] = shared
+        batch.update(keys[first:end])
+    assert {seq: tracker.take(seq).shared_pages for seq in range(len(calls))} == \
+        {seq: want.get(seq, 0) for seq in range(len(calls))}

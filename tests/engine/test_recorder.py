@@ -184,3 +184,27 @@ def test_the_engine_emits_its_request_records_by_name_through_the_same_emitter()
     emitters.request(**row._asdict())
     recorder.flush()
     assert flushed == [{"requests": {f: (v,) for f, v in row._asdict().items()}}]
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_request_row_takes_the_records_fields_by_name_and_gives_them_in_order(data):
+    """request.request_row (issue 41: the record built by name in compiled code, its keywords
+    resolved when compiled): its keyword-only parameters are RequestRecord's fields, each
+    required; any values, given in any order, come back as the tuple of the fields in order,
+    exactly what the recorder's positional emitter takes; a missing field or a name the record
+    has not is a TypeError, on the compiled core and its Python twin alike."""
+    from tierdiag.engine.request import request_row
+
+    fields = ev.RequestRecord._fields
+    values = data.draw(st.lists(_VALUES, min_size=len(fields), max_size=len(fields)))
+    order = data.draw(st.permutations(range(len(fields))))
+    assert request_row(**{fields[i]: values[i] for i in order}) == tuple(values) == tuple(ev.RequestRecord(*values))
+    left_out = data.draw(st.sampled_from(fields))
+    with pytest.raises(TypeError):
+        request_row(**{f: v for f, v in zip(fields, values) if f != left_out})
+    hostile = data.draw(st.text(min_size=1, max_size=12).filter(lambda n: n not in fields))
+    with pytest.raises(TypeError):
+        request_row(**dict(zip(fields, values)), **{hostile: 1})
+    with pytest.raises(TypeError):
+        request_row(*values)  # by keyword only

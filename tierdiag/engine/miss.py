@@ -69,6 +69,7 @@ class MissTracker:
         self._shared: dict[int, int] = {}
         self._batch_ns: int | None = None
         self._batch_keys: set = set()
+        self._batch_first: tuple[list, int, int] | None = None  # the batch's first request, until a second joins
         self._read: dict[int, list[tuple[int, int]]] = {}  # seq -> page ranges its prefetches inserted
         self._prefetch_lost: dict[int, int] = {}
 
@@ -99,62 +100,127 @@ class MissTracker:
     def scheduled(self, req, now: int, first_page: int, end_page: int) -> None:
         """`req` joins the batch formed at `now`, its first chunk computing pages [first_page,
         end_page). Every page it will compute (its later chunks too: a chunked request does not
-        match again) that a request ahead of it in this batch computes is shared in the batch."""
+        match again) that a request ahead of it in this batch computes is shared in the batch.
+
+        The batch's first request shares nothing, and most batches have one request: its pages
+        are kept as (keys, first, end) and made a set only when a second request joins (a set a
+        batch was ~6 % of a probed Engine.run, issue 41)."""
         if now != self._batch_ns:
-            self._batch_ns, self._batch_keys = now, set()
+            self._batch_ns, self._batch_keys, self._batch_first = now, set(), (req.keys, first_page, end_page)
+            return
         batch = self._batch_keys
-        if batch:  # the batch's first request shares nothing; the others count in C (a page a key)
-            shared = sum(map(batch.__contains__, req.keys[first_page:req.input_len // self.ps]))
-            if shared:
-                self._shared[req.seq] = shared
+        first = self._batch_first
+        if first is not None:
+            first_keys, lo, hi = first
+            batch.update(first_keys[lo:hi])
+            self._batch_first = None
+        # the others count a page a key: compiled, an indexed loop (no slice, no map)
+        keys: list = req.keys
+        lo, hi = first_page, req.input_len // self.ps
+        shared = 0
+        if lo >= 0 and hi >= 0:
+            n = len(keys)
+            for i in range(lo, hi if hi < n else n):
+                if keys[i] in batch:
+                    shared += 1
+        else:  # a slice from the end, as keys[lo:hi] reads it
+            shared = sum(map(batch.__contains__, keys[lo:hi]))
+        if shared:
+            self._shared[req.seq] = shared
         batch.update(req.keys[first_page:end_page])
 
     def take(self, seq: int) -> MissFacts:
+        return MissFacts(*self.take_pages(seq))
+
+    def take_pages(self, seq: int) -> tuple[int, int, int]:
+        """`take`'s MissFacts as a plain tuple (the record's: a NamedTuple is built by a Python
+        function, a frame a request)."""
         self._read.pop(seq, None)
-        return MissFacts(self._at_arrival.pop(seq, 0), self._shared.pop(seq, 0), self._prefetch_lost.pop(seq, 0))
+        return self._at_arrival.pop(seq, 0), self._shared.pop(seq, 0), self._prefetch_lost.pop(seq, 0)
 
 
 def _routing_tokens(r: dict) -> int:
     """causes.routing_tokens, over the record's columns (the engine does not import diagnose)."""
-    rank, best = r.get("dp_rank"), r.get("best_rank")
+    return routing_tokens(r.get("dp_rank"), r.get("best_rank"), _int(r.get("best_rank_device_tokens")),
+                          _int(r.get("best_rank_host_tokens")), _int(r.get("arrival_device_tokens")),
+                          _int(r.get("arrival_host_tokens")), _int(r.get("storage_match_tokens")),
+                          _int(r.get("recomputed_tokens")))
+
+
+def _int(v: object) -> int:
+    return int(v or 0)  # type: ignore[call-overload]
+
+
+def routing_tokens(rank: int | None, best: int | None, best_device: int, best_host: int, arrival_device: int,
+                   arrival_host: int, storage_match: int, recomputed: int) -> int:
+    """Recomputed tokens another rank held at arrival beyond what this one found (causes.routing_tokens)."""
     if rank is None or best is None or best == rank:
         return 0
-    gap = sum(int(r.get(k) or 0) for k in ("best_rank_device_tokens", "best_rank_host_tokens")) - sum(
-        int(r.get(k) or 0) for k in ("arrival_device_tokens", "arrival_host_tokens", "storage_match_tokens"))
-    return min(int(r.get("recomputed_tokens") or 0), max(gap, 0))
+    gap = best_device + best_host - (arrival_device + arrival_host + storage_match)
+    gap = gap if gap > 0 else 0
+    return recomputed if recomputed < gap else gap
 
 
 def miss_split(r: dict, facts: MissFacts, ps: int, storage_tier: bool) -> dict[str, int]:
     """reason -> tokens for one finished record `r` (a dict of its columns); sums to computed_tokens."""
-    out = dict.fromkeys(MISS_REASONS, 0)
-    computed = max(int(r.get("computed_tokens") or 0), 0)
+    return dict(zip(MISS_REASONS, miss_tokens(
+        _int(r.get("computed_tokens")), _int(r.get("recomputed_tokens")), r.get("loadback_skipped_reason"),
+        _int(r.get("loadback_skipped_tokens")), r.get("storage_skipped_reason"), _int(r.get("storage_match_tokens")),
+        _int(r.get("storage_hit_tokens")), _int(r.get("device_hit_tokens")), _int(r.get("host_match_tokens")),
+        _routing_tokens(r), facts.arrival_pages, facts.shared_pages, facts.prefetch_lost_pages, ps, storage_tier)))
+
+
+def _share(tokens: int, cap: int, left: int) -> int:
+    """max(min(tokens, cap, left), 0)."""
+    n = tokens if tokens < cap else cap
+    n = n if n < left else left
+    return n if n > 0 else 0
+
+
+def miss_tokens(computed_tokens: int, recomputed_tokens: int, loadback_skipped_reason: object,
+                loadback_skipped_tokens: int, storage_skipped_reason: object, storage_match_tokens: int,
+                storage_hit_tokens: int, device_hit_tokens: int, host_match_tokens: int, routing: int,
+                arrival_pages: int, shared_pages: int, prefetch_lost_pages: int, ps: int,
+                storage_tier: bool) -> tuple[int, int, int, int, int, int, int, int, int, int]:
+    """The miss reasons' tokens in MISS_REASONS' order (module doc; `miss_split` by name), from the
+    record's columns as ints (None as 0) and `routing` (routing_tokens). Integers and no dict:
+    the record calls it once a finished request, compiled (issue 41)."""
+    computed = computed_tokens if computed_tokens > 0 else 0
     left = computed
-    recomputed = min(int(r.get("recomputed_tokens") or 0), computed)
-
-    def give(reason: str, tokens: int, cap: int) -> int:
-        nonlocal left
-        n = max(min(tokens, cap, left), 0)
-        out[reason] += n
-        left -= n
-        return n
-
-    rec_left = recomputed
-    if r.get("loadback_skipped_reason"):
-        rec_left -= give("loadback_skipped", int(r.get("loadback_skipped_tokens") or 0), rec_left)
+    rec_left = recomputed_tokens if recomputed_tokens < computed else computed
+    # Each reason takes max(min(its tokens, its cap, what is left), 0), in this order (`_share`:
+    # the builtins min and max are generic calls from compiled code, ~1k instructions each).
+    lb_skipped = 0
+    if loadback_skipped_reason:
+        lb_skipped = _share(loadback_skipped_tokens, rec_left, left)
+        left -= lb_skipped
+        rec_left -= lb_skipped
     # Read by its own prefetch, then evicted from host while it queued (not a skipped prefetch:
     # storage held them and the read happened)
-    lost = give("prefetch_lost", max(facts.prefetch_lost_pages, 0) * ps, rec_left)
+    lost = _share(prefetch_lost_pages * ps if prefetch_lost_pages > 0 else 0, rec_left, left)
+    left -= lost
     rec_left -= lost
-    if r.get("storage_skipped_reason"):
+    declined = revoked = 0
+    if storage_skipped_reason:
         # the storage match neither used nor read-then-lost: what the skip itself cost
-        unused = int(r.get("storage_match_tokens") or 0) - int(r.get("storage_hit_tokens") or 0) - lost
-        reason = _STORAGE_REASON.get(r["storage_skipped_reason"], "prefetch_declined")
-        rec_left -= give(reason, unused, rec_left)
-    rec_left -= give("routed_elsewhere", _routing_tokens(r), rec_left)
+        n = _share(storage_match_tokens - storage_hit_tokens - lost, rec_left, left)
+        left -= n
+        rec_left -= n
+        if storage_skipped_reason in _STORAGE_REASON:  # a prefetch cut short is revoked
+            revoked = n
+        else:
+            declined = n
+    routed = _share(routing, rec_left, left)
+    left -= routed
+    rec_left -= routed
     # Lost while queued: its own tree held it at arrival, the match at scheduling did not find it.
-    at_sched = int(r.get("device_hit_tokens") or 0) + int(r.get("host_match_tokens") or 0)
-    rec_left -= give("lost_while_queued", facts.arrival_pages * ps - at_sched, rec_left)
-    give("beyond_storage" if storage_tier else "evicted_before_reuse", rec_left, rec_left)
-    give("shared_in_batch", facts.shared_pages * ps, left)
-    give("never_cached", left, left)
-    return out
+    queued = _share(arrival_pages * ps - (device_hit_tokens + host_match_tokens), rec_left, left)
+    left -= queued
+    rec_left -= queued
+    gone = _share(rec_left, rec_left, left)
+    left -= gone
+    shared = _share(shared_pages * ps, left, left)
+    left -= shared
+    never = left if left > 0 else 0
+    return (never, 0 if storage_tier else gone, queued, lb_skipped, declined, revoked, shared, routed,
+            gone if storage_tier else 0, lost)

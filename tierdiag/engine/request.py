@@ -14,7 +14,7 @@ from mypy_extensions import trait
 import numpy as np
 
 from tierdiag.engine.tree import TreeNode
-from tierdiag.engine.miss import MissFacts, miss_split
+from tierdiag.engine.miss import miss_tokens, routing_tokens
 from tierdiag.probes.events import ROUTE_NONE
 from tierdiag.trace.reader import TraceRequest
 
@@ -131,6 +131,50 @@ FIRST_PASS_FIELDS = (
     "held", "hold_until_ns", "extend_total_tokens", "storage_span_pages", "storage_span_start")
 
 
+def request_row(
+        *,
+        req_id: object, seq: object, arrival_ns: object, input_tokens: object, output_tokens: object, status: object,
+        reject_reason: object, hit_class: object, device_hit_tokens: object, host_hit_tokens: object,
+        storage_hit_tokens: object, computed_tokens: object, recomputed_tokens: object, host_match_tokens: object,
+        storage_match_tokens: object, loadback_skipped_reason: object, loadback_skipped_tokens: object,
+        storage_skipped_reason: object, prefix_indices_len: object, cache_protected_len: object,
+        extend_input_len: object, queue_ns: object, storage_wait_ns: object, loadback_ns: object,
+        loadback_exposed_ns: object, loadback_queued_ns: object, loadback_bytes: object, loadback_pages: object,
+        loadback_runs: object, storage_bytes: object, storage_fetch_ns: object, recompute_ns: object,
+        compute_ns: object, prefill_ns: object, ttft_ns: object, ideal_ttft_ns: object,
+        ttft_if_device_resident_ns: object, recompute_instead_ns: object, first_batch_id: object, num_chunks: object,
+        first_token_ns: object, finish_ns: object, session_id: object, think_ms: object, trace_arrival_ns: object,
+        dp_rank: object, route_branch: object, route_reason: object, route_score: object, route_score_name: object,
+        arrival_device_tokens: object, arrival_host_tokens: object, best_rank: object,
+        best_rank_device_tokens: object, best_rank_host_tokens: object, ranks_json: object, decode_wait_ns: object,
+        retractions: object, miss_never_cached_tokens: object, miss_evicted_before_reuse_tokens: object,
+        miss_lost_while_queued_tokens: object, miss_loadback_skipped_tokens: object,
+        miss_prefetch_declined_tokens: object, miss_prefetch_revoked_tokens: object,
+        miss_shared_in_batch_tokens: object, miss_routed_elsewhere_tokens: object,
+        miss_beyond_storage_tokens: object, miss_prefetch_lost_tokens: object) -> tuple:
+    """A request's record as the tuple the recorder stores (RequestRecord's fields, in order),
+    every field by keyword and every one required. Compiled, a call by keyword to this function
+    is resolved when it is compiled: the arguments are passed by position and the tuple built in
+    C (issue 41: the generated keyword emitter, `events.by_keyword`, matched ~70 keywords in a
+    Python frame a request, ~14k instructions, the largest single piece of a record). The values
+    are the row's as they are (the store's schema types them); tests/engine/test_recorder.py
+    holds the parameters to RequestRecord's fields, in order."""
+    return (req_id, seq, arrival_ns, input_tokens, output_tokens, status, reject_reason, hit_class,
+            device_hit_tokens, host_hit_tokens, storage_hit_tokens, computed_tokens, recomputed_tokens,
+            host_match_tokens, storage_match_tokens, loadback_skipped_reason, loadback_skipped_tokens,
+            storage_skipped_reason, prefix_indices_len, cache_protected_len, extend_input_len, queue_ns,
+            storage_wait_ns, loadback_ns, loadback_exposed_ns, loadback_queued_ns, loadback_bytes, loadback_pages,
+            loadback_runs, storage_bytes, storage_fetch_ns, recompute_ns, compute_ns, prefill_ns, ttft_ns,
+            ideal_ttft_ns, ttft_if_device_resident_ns, recompute_instead_ns, first_batch_id, num_chunks,
+            first_token_ns, finish_ns, session_id, think_ms, trace_arrival_ns, dp_rank, route_branch, route_reason,
+            route_score, route_score_name, arrival_device_tokens, arrival_host_tokens, best_rank,
+            best_rank_device_tokens, best_rank_host_tokens, ranks_json, decode_wait_ns, retractions,
+            miss_never_cached_tokens, miss_evicted_before_reuse_tokens, miss_lost_while_queued_tokens,
+            miss_loadback_skipped_tokens, miss_prefetch_declined_tokens, miss_prefetch_revoked_tokens,
+            miss_shared_in_batch_tokens, miss_routed_elsewhere_tokens, miss_beyond_storage_tokens,
+            miss_prefetch_lost_tokens)
+
+
 @trait
 class RequestRecords:
     """The Scheduler's records (a mixin, as SGLang's scheduler keeps its output processing in
@@ -177,11 +221,11 @@ class RequestRecords:
             lost = self.emit.lost
             for eid, tokens in req.lost.items():
                 lost((req.req_id, eid, tokens))
-        emit = self.emit.request
+        emit = self.emit.record
         if emit is not None:  # the record's counterfactuals: only for a probe that keeps them
             new_tokens = computed - recomputed
             prefix = req.prefix_pages * ps
-            ideal = cost.prefill_alone_ns(new_tokens, req.input_len - max(new_tokens, 1))
+            ideal = cost.prefill_alone_ns(new_tokens, req.input_len - (new_tokens if new_tokens > 1 else 1))
             if_resident = ttft - lb_exposed - storage_wait
             loaded = (req.host_loaded_pages + req.storage_loaded_pages) * ps  # what was loaded, whatever is reported
             recompute_instead = if_resident + (cost.prefill_alone_ns(computed + loaded, req.device_prefix_pages * ps)
@@ -191,17 +235,18 @@ class RequestRecords:
             host_match, storage_match = req.host_match_pages * ps, req.storage_match_pages * ps
             lb_skipped = req.loadback_skip_pages * ps
             # The miss reasons (engine/miss.py) from the record's own columns, those it reads
-            miss = miss_split({
-                "computed_tokens": computed, "recomputed_tokens": recomputed,
-                "loadback_skipped_reason": req.loadback_skip_reason, "loadback_skipped_tokens": lb_skipped,
-                "storage_skipped_reason": req.storage_skip_reason, "storage_match_tokens": storage_match,
-                "storage_hit_tokens": storage, "device_hit_tokens": device, "host_match_tokens": host_match,
-                "dp_rank": self.rank, "best_rank": route[6], "best_rank_device_tokens": route[7],
-                "best_rank_host_tokens": route[8], "arrival_device_tokens": route[4],
-                "arrival_host_tokens": route[5]},
-                self.miss.take(req.seq) if self.miss is not None else MissFacts(0, 0), ps,
-                self.ctrl.storage is not None)
-            emit(
+            arrival_pages, shared_pages, prefetch_lost_pages = (self.miss.take_pages(req.seq) if self.miss is not None
+                                                                else (0, 0, 0))
+            best_rank_device, best_rank_host = route[7], route[8]
+            arrival_device, arrival_host = route[4], route[5]
+            miss = miss_tokens(
+                computed, recomputed, req.loadback_skip_reason, lb_skipped, req.storage_skip_reason, storage_match,
+                storage, device, host_match,
+                routing_tokens(self.rank, route[6], best_rank_device or 0, best_rank_host or 0, arrival_device or 0,
+                               arrival_host or 0, storage_match, recomputed),
+                arrival_pages, shared_pages, prefetch_lost_pages, ps, self.ctrl.storage is not None)
+            # By keyword into request_row, compiled: the keywords are resolved when it is compiled.
+            emit(request_row(
                 req_id=req.req_id, seq=req.seq, arrival_ns=req.arrival_ns, input_tokens=req.input_len,
                 output_tokens=req.output_len, status="finished", reject_reason=None, hit_class=hit_class,
                 device_hit_tokens=device, host_hit_tokens=host, storage_hit_tokens=storage,
@@ -219,19 +264,14 @@ class RequestRecords:
                 num_chunks=req.num_chunks, first_token_ns=req.first_token_ns, finish_ns=now,
                 session_id=req.session, think_ms=req.think_ms, trace_arrival_ns=req.trace_arrival_ns,
                 dp_rank=self.rank, route_branch=route[0], route_reason=route[1], route_score=route[2],
-                route_score_name=route[3], arrival_device_tokens=route[4], arrival_host_tokens=route[5],
-                best_rank=route[6], best_rank_device_tokens=route[7], best_rank_host_tokens=route[8],
+                route_score_name=route[3], arrival_device_tokens=arrival_device, arrival_host_tokens=arrival_host,
+                best_rank=route[6], best_rank_device_tokens=best_rank_device, best_rank_host_tokens=best_rank_host,
                 ranks_json=route[9], decode_wait_ns=decode_wait, retractions=req.retractions,
-                miss_never_cached_tokens=miss["never_cached"],
-                miss_evicted_before_reuse_tokens=miss["evicted_before_reuse"],
-                miss_lost_while_queued_tokens=miss["lost_while_queued"],
-                miss_loadback_skipped_tokens=miss["loadback_skipped"],
-                miss_prefetch_declined_tokens=miss["prefetch_declined"],
-                miss_prefetch_revoked_tokens=miss["prefetch_revoked"],
-                miss_shared_in_batch_tokens=miss["shared_in_batch"],
-                miss_routed_elsewhere_tokens=miss["routed_elsewhere"],
-                miss_beyond_storage_tokens=miss["beyond_storage"],
-                miss_prefetch_lost_tokens=miss["prefetch_lost"])
+                miss_never_cached_tokens=miss[0], miss_evicted_before_reuse_tokens=miss[1],
+                miss_lost_while_queued_tokens=miss[2], miss_loadback_skipped_tokens=miss[3],
+                miss_prefetch_declined_tokens=miss[4], miss_prefetch_revoked_tokens=miss[5],
+                miss_shared_in_batch_tokens=miss[6], miss_routed_elsewhere_tokens=miss[7],
+                miss_beyond_storage_tokens=miss[8], miss_prefetch_lost_tokens=miss[9]))
         if self.progress is not None and st.requests_finished % 256 == 0:
             self.progress(st.requests_finished, now, st)
 
