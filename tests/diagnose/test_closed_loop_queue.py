@@ -77,3 +77,30 @@ def test_the_queue_at_arrival_reads_only_the_row_groups_around_it_and_counts_as_
             assert queue_depth_at_arrival(con, rid, req_id, arrival, seq, rank) == want, req_id
             depths.append(want)
     assert max(depths) >= 3  # the run queued: the counts were not all 0
+
+
+def test_the_tokens_allocated_between_two_instants_count_as_a_full_pass(tmp_path):
+    """read/request_steps.py `allocated_between` adds `finish_ns > after` (and `arrival_ns <
+    before`) for the zone maps: the sum must be the definition's over every row, for windows
+    before, across, inside and after the run."""
+    from tierdiag.diagnose.read.request_steps import allocated_between
+
+    s = Story()
+    for i in range(24):
+        s.add(f"r{i}", 10 * (i // 3), s.fresh(16 + (i % 5) * 8))
+    db = s.replay(tmp_path, {"model": "llama3-70b", "device_tokens": 65536, "host_tokens": 65536})
+    with open_store(db) as con:
+        rid = resolve_run(con, None).run_id
+        rows = con.execute("SELECT coalesce(first_token_ns - prefill_ns, arrival_ns), "
+                           "input_tokens - coalesce(device_hit_tokens, 0) + output_tokens, "
+                           "coalesce(status, 'finished') = 'finished' AND ttft_ns IS NOT NULL "
+                           "FROM requests WHERE run_id = ?", [rid]).fetchall()
+        instants = sorted({t for t, _, _ in rows})
+        edges = [instants[0] - 1, *instants[:: max(1, len(instants) // 6)], instants[-1] + 1]
+        sums = []
+        for after in edges:
+            for before in edges:
+                want = sum(tokens for t, tokens, finished in rows if finished and after < t < before)
+                assert allocated_between(con, rid, after, before) == want, (after, before)
+                sums.append(want)
+    assert max(sums) > 0
