@@ -35,7 +35,6 @@ import errno
 import os
 import stat
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, Iterable
@@ -179,6 +178,8 @@ def open_output(path: str | os.PathLike, *, what: str, inputs: Iterable[tuple[st
     parent = path.parent if str(path.parent) else Path(".")
     tmp: str | None = None
     try:
+        import tempfile  # here: every command imports this module, few write a file (start-up)
+
         fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")  # O_CREAT|O_EXCL
         with os.fdopen(fd, "wb", buffering=1 << 20) as fh:
             yield fh

@@ -106,8 +106,10 @@ def test_the_plain_read_commands_import_no_typer_and_print_what_typer_s_path_pri
         r, loaded = _loaded(*args, "--db", db)
         # nor msgspec: config/schema.py makes its Structs when a value is first checked
         assert r.returncode == 0 and not {m for m in loaded if m.split(".")[0] in ("typer", "msgspec")}, r.stderr
+        # DuckDB's C extension alone, not its Python package (store/duckdb_core.py: ~90 ms of CPU)
+        assert "_duckdb" in loaded and not {m for m in loaded if m.startswith("duckdb.")}, sorted(loaded)
     r, loaded = _loaded("explain", req, f"--db={db}")  # a form left to Typer: Typer parses it
-    assert r.returncode == 0 and "typer" in loaded, r.stderr
+    assert r.returncode == 0 and "typer" in loaded and "duckdb._relation" in loaded, r.stderr
 
 
 def test_the_read_commands_leave_without_teardown_their_output_written_and_atexit_run(late_run):

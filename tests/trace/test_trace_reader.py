@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tierdiag.errors import TraceError
-from tierdiag.trace.reader import (ReadReport, TraceRequest, BadLine, _check_chain_slow, _link_chain, _loads,
-                                   read_trace, trace_sha256)
+from tierdiag.trace.reader import (ChainLinks, ReadReport, TraceRequest, BadLine, _check_chain_slow, _link_chain, _loads,
+                                   max_hash_id, read_trace, trace_sha256)
 
 SHARED_TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"  # repo root / ../shared
 MS = 1_000_000
@@ -287,26 +287,36 @@ def test_skip_bad_duplicate_id_keeps_the_first(tmp_path):
     assert [r.line for r in reqs] == [1] and report.bad_lines == 1
 
 
+# Ids the chain check must hold whatever their size: small dense ones (the array), ones far past
+# them (the dict), the largest a line may carry (max_hash_id), and runs of consecutive new ids.
+_CHAIN_ID = st.one_of(st.integers(0, 12), st.integers(0, 40), st.sampled_from([10**6, 2**40, max_hash_id(1) - 1]))
+
+
+@pytest.mark.parametrize("slack", [ChainLinks.DENSE_SLACK, 0, 3])
 @settings(max_examples=300, deadline=None)
-@given(lines=st.lists(st.one_of(st.lists(st.integers(0, 12), min_size=1, max_size=8),
-                                st.integers(0, 8).map(lambda n: list(range(n, n + 5)))), max_size=10))
-def test_fast_chain_check_adds_the_links_or_raises_as_the_loop_does(lines):
+@given(lines=st.lists(st.one_of(st.lists(_CHAIN_ID, min_size=1, max_size=8),
+                                st.integers(0, 30).map(lambda n: list(range(n, n + 5)))), max_size=12))
+def test_fast_chain_check_adds_the_links_or_raises_as_the_loop_does(slack, lines):
     # _link_chain answers the usual line (seen ids, then new ones) without a Python loop; on
-    # every line it must keep the links (or raise the message) of the plain loop, and add no
-    # link for a line it rejects.
-    fast: dict[int, int] = {}
+    # every line it must keep the links (or raise the message) of the plain loop over a dict,
+    # and add no link for a line it rejects. `slack`: how far past the ids held the array may
+    # grow (small: ids go to the dict first, then move into the array as it grows).
+    fast = ChainLinks()
     slow: dict[int, int] = {}
-    for ids in map(tuple, lines):
-        try:
-            want = _check_chain_slow(ids, slow)
-        except BadLine as exc:
-            with pytest.raises(BadLine) as got:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ChainLinks, "DENSE_SLACK", slack)
+        for ids in map(tuple, lines):
+            try:
+                want = _check_chain_slow(ids, slow)
+            except BadLine as exc:
+                with pytest.raises(BadLine) as got:
+                    _link_chain(ids, fast)
+                assert str(got.value) == str(exc)
+            else:
+                slow.update(want)
                 _link_chain(ids, fast)
-            assert str(got.value) == str(exc)
-        else:
-            slow.update(want)
-            _link_chain(ids, fast)
-        assert fast == slow
+            assert fast.as_dict() == slow and len(fast) == len(slow)
+            assert all(fast.get(h) == slow.get(h) for h in (*ids, -1, 0, 41, 10**6, 2**40))
 
 
 @pytest.mark.parametrize("text", ['{"a": 1}\n', '{"a": 1}', '{"a": 1} \t\r\n', ' {"a": 1}', '{"a": 1} x',

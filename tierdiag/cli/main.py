@@ -276,7 +276,14 @@ def _app_for_argv():
     import sys
 
     found = direct_arguments(sys.argv[1:], os.environ)
-    return _Direct(*found) if found is not None else _build_app()
+    if found is None:
+        return _build_app()
+    # DuckDB's C extension without its Python package, which loads if anything asks for it
+    # (store/duckdb_core.py): ~90 ms of a ~0.3 s command's CPU.
+    from tierdiag.store import duckdb_core
+
+    duckdb_core.install()
+    return _Direct(*found)
 
 
 def main() -> None:

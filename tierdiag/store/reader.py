@@ -7,11 +7,9 @@ its checksum or is cut off, a runs row that is not JSON), held by a writer, unkn
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import re
-import socket
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -329,9 +327,12 @@ _RUN_COLS = ("r.run_id, r.name, r.created_at, r.status, r.tierdiag_version, r.tr
 def _run_info(row, recorded: int) -> RunInfo:
     (run_id, name, created_at, status, version, trace_path, sha, config_json, hw_json, dp_json,
      timing, num_requests, wall_s, command_line, pid, hostname, error, kind, sweep_id) = row
-    if status == "running" and hostname == socket.gethostname() and not _pid_alive(pid):
-        # Killed (kill -9, power loss): the replay never got to write its final status.
-        status = "interrupted"
+    if status == "running":
+        import socket  # here, for a run marked running: every reader imports this module (start-up)
+
+        if hostname == socket.gethostname() and not _pid_alive(pid):
+            # Killed (kill -9, power loss): the replay never got to write its final status.
+            status = "interrupted"
     if status != "complete":
         # The runs row is updated only at the end; what a live or dead replay has flushed so
         # far is in the requests table.
@@ -409,6 +410,8 @@ def resolve_run(con: duckdb.DuckDBPyConnection, run: str | None, *, db_label: st
                          f"({', '.join(several[:4])}{', ...' if len(several) > 4 else ''})",
                          hint="give more of the id, or the whole name")
     ids = [r.run_id for r in runs] + [r.name for r in runs]
+    import difflib  # an error path
+
     close = difflib.get_close_matches(run, ids, n=3, cutoff=0.3)
     hint = f"did you mean {', '.join(close)}?" if close else "list them with `tierdiag runs`"
     raise StoreError(f"no run {run!r} in {db_label}", hint=hint)

@@ -7,12 +7,13 @@ end of a table is compatible only if readers never rely on them positionally (th
 from __future__ import annotations
 
 import time
-import uuid
 
 
 def new_run_id() -> str:
     """A run's id: when it started, and 6 hex digits (the replay, the writer process and the
     sweep's workers all name runs with it)."""
+    import uuid  # a writer's: readers import this module (uuid loads platform; start-up, issue 41)
+
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 SCHEMA_VERSION = 7  # v2: runs.kind, runs.sweep_id (DESIGN §5); v3: requests' session columns (§6);

@@ -39,12 +39,19 @@ def window_load(con: duckdb.DuckDBPyConnection, run_id: str, start_ns: int, end_
 def queue_depth_at_arrival(con: duckdb.DuckDBPyConnection, run_id: str, req_id: str, arrival_ns: int, seq: int,
                            rank: int) -> int:
     """Requests of `rank` that had arrived before this one (at the same instant, the earlier trace
-    line first) and were scheduled after it arrived: the replay's own queue at its arrival."""
+    line first) and were scheduled after it arrived: the replay's own queue at its arrival.
+
+    `finish_ns > arrival` changes no count (a finished request finishes after its first token,
+    which comes after it was scheduled: prefill_ns >= 0) but lets DuckDB skip every row group
+    that finished before this arrival: rows are appended as requests finish, so with
+    `arrival_ns <` it reads the row groups around the arrival, not the whole run (a fresh
+    process's scan of a 1M-request run: 45 -> 8 ms of CPU; issue 41)."""
     return int(con.execute(
         "SELECT count(*) FROM requests WHERE run_id = ? AND req_id <> ? "
         "AND (arrival_ns < ? OR (arrival_ns = ? AND seq < ?)) "
-        "AND status = 'finished' AND first_token_ns - prefill_ns > ? AND coalesce(dp_rank, 0) = ?",
-        [run_id, req_id, arrival_ns, arrival_ns, seq, arrival_ns, rank]).fetchone()[0])
+        "AND status = 'finished' AND first_token_ns - prefill_ns > ? AND coalesce(dp_rank, 0) = ? "
+        "AND (finish_ns > ? OR finish_ns IS NULL)",
+        [run_id, req_id, arrival_ns, arrival_ns, seq, arrival_ns, rank, arrival_ns]).fetchone()[0])
 
 
 class WindowBatch(NamedTuple):

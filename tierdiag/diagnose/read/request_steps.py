@@ -80,11 +80,14 @@ def request_evictions(con: duckdb.DuckDBPyConnection, run_id: str, req_id: str) 
 def allocated_between(con: duckdb.DuckDBPyConnection, run_id: str, after_ns: int, before_ns: int) -> int:
     """Tokens the device pool allocated for the finished requests scheduled in (after, before).
     `arrival_ns < before` adds nothing (a request is scheduled at or after its arrival) but lets
-    the zone maps skip every later request of a big run (issue 41)."""
+    the zone maps skip every later request of a big run (issue 41); `finish_ns > after` adds
+    nothing either (it finishes after it was scheduled) and skips every request that finished
+    before the window (rows are appended as requests finish)."""
     return int(con.execute(
         "SELECT coalesce(sum(input_tokens - coalesce(device_hit_tokens, 0) + output_tokens), 0) "
         f"FROM requests WHERE run_id = ? AND {FINISHED_SQL} AND {SCHEDULED_SQL} > ? "
-        f"AND {SCHEDULED_SQL} < ? AND arrival_ns < ?", [run_id, after_ns, before_ns, before_ns]).fetchone()[0])
+        f"AND {SCHEDULED_SQL} < ? AND arrival_ns < ? AND (finish_ns > ? OR finish_ns IS NULL)",
+        [run_id, after_ns, before_ns, before_ns, after_ns]).fetchone()[0])
 
 
 class WindowEvictions(NamedTuple):

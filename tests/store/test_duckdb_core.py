@@ -1,0 +1,113 @@
+"""store/duckdb_core.py: DuckDB's C extension as `duckdb` for a read command, the package loaded
+the moment anything asks for what only it has. Each case runs in a fresh interpreter: install()
+changes sys.modules and DuckDBPyConnection for the rest of the process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("_duckdb", reason="a DuckDB whose C extension is not the top-level _duckdb (1.x)")
+
+
+def _fresh(code: str) -> dict:
+    """Run `code` after install() in a new interpreter; its last stdout line, as JSON."""
+    prelude = ("import json, sys\n"
+               "from tierdiag.store import duckdb_core\n"
+               "installed = duckdb_core.install()\n"
+               "import duckdb\n"
+               "def package_loaded():\n"
+               "    return 'duckdb._relation' in sys.modules\n")
+    proc = subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_readers_calls_need_no_package(tmp_path):
+    """connect, execute, fetchall / fetchone / fetchnumpy and the exception classes: all the C
+    extension's, the package never imported; its exception classes are the package's own."""
+    db = tmp_path / "r.duckdb"
+    out = _fresh(f"""
+con = duckdb.connect({str(db)!r})
+con.execute("CREATE TABLE t (a INTEGER, b VARCHAR)")
+con.execute("INSERT INTO t VALUES (1, 'x'), (2, 'y')")
+rows = con.execute("SELECT a, b FROM t ORDER BY a").fetchall()
+one = con.execute("SELECT count(*) FROM t WHERE a = ?", [2]).fetchone()
+arr = con.execute("SELECT a FROM t ORDER BY a").fetchnumpy()["a"].tolist()
+try:
+    con.execute("SELECT * FROM no_such_table")
+    caught = None
+except duckdb.CatalogException as exc:
+    caught = type(exc).__name__
+con.close()
+ro = duckdb.connect({str(db)!r}, read_only=True)
+again = ro.execute("SELECT sum(a) FROM t").fetchone()[0]
+loaded = package_loaded()
+import _duckdb
+same = duckdb.Error is _duckdb.Error and duckdb.DuckDBPyConnection is _duckdb.DuckDBPyConnection
+print(json.dumps([installed, rows, one, arr, caught, again, loaded, same]))
+""")
+    assert out == [True, [[1, "x"], [2, "y"]], [1], [1, 2], "CatalogException", 3, False, True]
+
+
+@pytest.mark.parametrize("ask", [
+    "duckdb.sql('SELECT 41 + 1').fetchall()[0][0]",                          # a name only the package has
+    "duckdb.connect().sql('SELECT 42').fetchall()[0][0]",                     # a method it adds to the class
+    "__import__('duckdb.sqltypes').sqltypes.INTEGER is not None and 42",      # a submodule
+    "__import__('duckdb').DuckDBPyRelation is not None and 42",
+])
+def test_whatever_only_the_package_has_loads_it_then(ask):
+    out = _fresh(f"""
+before = package_loaded()
+value = {ask}
+con = duckdb.connect()
+print(json.dumps([installed, before, value, package_loaded(), con.execute("SELECT 7").fetchone()[0],
+                  callable(getattr(con, "sql", None)), sys.modules["duckdb"].__name__]))
+""")
+    assert out == [True, False, 42, True, 7, True, "duckdb"]
+
+
+def test_a_python_object_scan_is_duckdbs_own_error_until_the_package_loads():
+    """`SELECT ... FROM a_local_table`: the scanners DuckDB takes from its package as it loads
+    (not deferred: module doc). Before, DuckDB's own error says so; once anything has loaded the
+    package, the same scan reads the table."""
+    pytest.importorskip("pyarrow")
+    out = _fresh("""
+import pyarrow as pa
+tbl = pa.table({"x": [1, 2, 3]})
+con = duckdb.connect()
+try:
+    con.execute("SELECT sum(x) FROM tbl")
+    before = "scanned"
+except duckdb.InvalidInputException as exc:
+    before = "_sources" in str(exc)
+duckdb.sql  # a name only the package has: it loads
+print(json.dumps([before, con.execute("SELECT sum(x) FROM tbl").fetchone()[0], package_loaded()]))
+""")
+    assert out == [True, 6, True]
+
+
+def test_a_missing_attribute_is_still_an_attribute_error():
+    out = _fresh("""
+con = duckdb.connect()
+errors = []
+for get in (lambda: con.no_such_method, lambda: duckdb.no_such_name):
+    try:
+        get()
+    except AttributeError:
+        errors.append("AttributeError")
+print(json.dumps(errors))
+""")
+    assert out == ["AttributeError", "AttributeError"]
+
+
+def test_nothing_is_installed_where_duckdb_is_loaded_already():
+    proc = subprocess.run([sys.executable, "-c",
+                           "import duckdb, sys\nfrom tierdiag.store import duckdb_core\n"
+                           "print(duckdb_core.install(), sys.modules['duckdb'] is duckdb, "
+                           "'__getattr__' in duckdb.DuckDBPyConnection.__dict__)"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["False", "True", "False"], proc.stderr

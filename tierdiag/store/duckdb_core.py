@@ -1,0 +1,83 @@
+"""DuckDB's C extension as `duckdb` for a read command's process, its Python package loaded only
+if something asks for it (start-up: issue 41).
+
+`import duckdb` (DuckDB 2.x) runs the package around the C extension `_duckdb`: `_relation`
+(the relational API, ~4,500 lines that import dataclasses, inspect, html, secrets, random,
+decimal, uuid), `_version` (importlib.metadata: email, zipfile, csv) and `_sources` (ctypes).
+That was ~90 ms of CPU of `summary`'s ~0.3 s, where `_duckdb` alone is ~10 ms. The readers use
+what the C extension holds (connect, execute, fetchall / fetchone / fetchnumpy, the exception
+classes), and the package re-exports those very objects, so `except duckdb.Error` catches the
+same class either way.
+
+`install()` puts a module named `duckdb` in sys.modules whose attributes are `_duckdb`'s. Any
+other name (`duckdb.sql`, `duckdb.DuckDBPyRelation`, `__path__` for a submodule such as
+`duckdb.sqltypes`), and any method the package adds to DuckDBPyConnection (`con.sql`,
+`con.table`, `con.arrow`, ...), imports the whole package at that moment and answers from it:
+it loads later, that is all. One thing is not deferred: the scans of Python objects
+(`SELECT ... FROM a_local_arrow_table`), whose scanners the package hands `_duckdb` as it loads
+(`_set_arrow_sources` reads them at once, and the package warns against importing its modules
+while a query runs). Until the package is loaded such a scan is DuckDB's InvalidInputException
+("... the duckdb package did not set up duckdb._sources"); the readers read the store's tables
+and nothing else, and in a process where the package has loaded, scans are as ever.
+
+cli/main.py installs it for the plain forms of `summary` and `explain`, whose process ends with
+the command, before anything imports `duckdb`. Where `duckdb` is loaded already, or the C
+extension is not a top-level `_duckdb` (DuckDB 1.x: `duckdb.duckdb`), nothing is installed.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+_HOOK = "__getattr__"
+
+
+def install() -> bool:
+    """Install the core-only `duckdb` (module doc); whether it did."""
+    if "duckdb" in sys.modules:
+        return False
+    try:
+        import _duckdb
+    except ImportError:
+        return False
+    conn = getattr(_duckdb, "DuckDBPyConnection", None)
+    if conn is None or _HOOK in conn.__dict__:
+        return False
+    core = types.ModuleType("duckdb", _duckdb.__doc__)
+    core.__dict__.update({k: v for k, v in _duckdb.__dict__.items() if not k.startswith("__")})
+    core.__version__ = getattr(_duckdb, "__version__", None)
+
+    def package_attribute(name: str):  # PEP 562: a name `_duckdb` lacks
+        return getattr(load_package(core), name)
+
+    def connection_attribute(self, name: str):  # only where the ordinary lookup found nothing
+        load_package(core)
+        return object.__getattribute__(self, name)
+
+    core.__getattr__ = package_attribute
+    setattr(conn, _HOOK, connection_attribute)
+    sys.modules["duckdb"] = core
+    return True
+
+
+def load_package(core: types.ModuleType) -> types.ModuleType:
+    """Import DuckDB's whole package in the core module's place; the core module (held by every
+    module that imported `duckdb` before) then holds the package's names."""
+    import importlib
+
+    import _duckdb
+
+    conn = _duckdb.DuckDBPyConnection
+    if _HOOK in conn.__dict__:
+        delattr(conn, _HOOK)  # before the import: the package's own look-ups must not come back here
+    if sys.modules.get("duckdb") is core:
+        del sys.modules["duckdb"]
+    try:
+        package = importlib.import_module("duckdb")
+    except BaseException:
+        sys.modules.setdefault("duckdb", core)
+        raise
+    core.__dict__.pop(_HOOK, None)
+    core.__dict__.update({k: v for k, v in package.__dict__.items() if k not in ("__name__", "__spec__", "__loader__")})
+    return package
