@@ -129,3 +129,117 @@ def test_a_full_disk_in_the_compiled_write_is_an_output_error_and_keeps_no_half_
     assert calls == [0]
     assert [p.stat().st_size for p in (tmp_path / "st").iterdir()] == [0]  # truncated back
     assert 10 not in tier and 11 not in tier  # pages that never reached the disk are not in the tier
+
+
+# --- the compiled read (`_cplane.pread_rows`) ---------------------------------------------------
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(layers=st.integers(1, 4), pages=st.integers(1, 40), elems=st.integers(1, 24), page_first=st.booleans(),
+       data=st.data(), offset=st.integers(0, 4096), seed=st.integers(0, 2**32 - 1))
+def test_the_compiled_read_puts_each_file_page_into_the_slot_named(tmp_path, layers, pages, elems, page_first,
+                                                                  data, offset, seed):
+    src = pool_rows(layers, pages, elems, page_first, seed)
+    written = data.draw(st.lists(st.integers(0, pages - 1), max_size=40))
+    into = data.draw(st.lists(st.integers(0, pages - 1), min_size=len(written), max_size=len(written)))
+    path = tmp_path / f"seg-{seed}-{offset}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        assert cplane.C.pwrite_rows(fd, offset, src, written) == len(written) * layers * elems * 8
+        dst = pool_rows(layers, pages, elems, page_first, seed + 1)
+        want = dst.copy()
+        want[:, into] = src[:, written]  # numpy's scatter (the last of a slot named twice wins)
+        assert cplane.C.pread_rows(fd, offset, dst, into) == len(written) * layers * elems * 8
+    finally:
+        os.close(fd)
+    assert dst.tobytes() == want.tobytes()
+
+
+def test_a_short_file_gives_the_count_read_and_leaves_the_pool_alone(tmp_path):
+    rows = pool_rows(2, 8, 4, False, 1)
+    path = tmp_path / "seg"
+    path.write_bytes(b"\1" * (2 * 4 * 8 + 10))  # one page and 10 bytes
+    before = rows.tobytes()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert cplane.C.pread_rows(fd, 0, rows, [3, 4]) == 2 * 4 * 8 + 10
+        assert cplane.C.pread_rows(fd, 1 << 20, rows, [3]) == 0  # past the end
+    finally:
+        os.close(fd)
+    assert rows.tobytes() == before
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pages=st.one_of(
+    st.lists(st.integers(-(1 << 70), 1 << 70), min_size=1, max_size=6).filter(
+        lambda v: any(x < 0 or x >= 8 for x in v)),
+    st.lists(st.one_of(st.floats(allow_nan=True), st.text(max_size=3), st.none()), min_size=1, max_size=4),
+    st.just("0123"), st.just(object())),
+    offset=st.one_of(st.just(0), st.integers(-(1 << 40), -1)))
+def test_a_read_it_cannot_prove_safe_is_declined_with_the_pool_untouched(tmp_path, pages, offset):
+    rows = pool_rows(2, 8, 4, False, 1)
+    before = rows.tobytes()
+    path = tmp_path / "seg"
+    path.write_bytes(b"\7" * 4096)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert cplane.C.pread_rows(fd, offset, rows, pages) == -1
+        assert cplane.C.pread_rows(fd, 0, rows.copy()[:, :0], [0]) == -1  # page outside an empty pool
+        ro = rows.copy()
+        ro.flags.writeable = False
+        assert cplane.C.pread_rows(fd, 0, ro, [0]) == -1  # not writable
+    finally:
+        os.close(fd)
+    assert rows.tobytes() == before
+
+
+def test_a_failing_read_is_the_systems_oserror(tmp_path):
+    rows = pool_rows(2, 8, 4, False, 1)
+    fd = os.open(tmp_path / "wo", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        with pytest.raises(OSError) as err:
+            cplane.C.pread_rows(fd, 0, rows, [0])
+        assert err.value.errno == errno.EBADF
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("page_first", [False, True], ids=["layer-first", "page-first"])
+def test_the_tier_reads_the_same_pages_with_and_without_the_compiled_read(tmp_path, monkeypatch, page_first):
+    # Writes with deletions and a small segment size (reads span segments and runs), then reads
+    # of random held keys into random slots: the pool and the tier's counts the same both ways.
+    monkeypatch.setattr(storage, "SEGMENT_BYTES", 8 * 2 * 4 * 8)
+    rng = np.random.default_rng(11)
+    src = rng.integers(-(1 << 62), 1 << 62, (2, 64, 4), dtype=np.int64)
+    if page_first:
+        src = np.ascontiguousarray(src.transpose(1, 0, 2)).transpose(1, 0, 2)
+    out = {}
+    for name, fn in (("c", storage._pread_rows), ("numpy", None)):
+        monkeypatch.setattr(storage, "_pread_rows", fn)
+        tier = StorageTier(tmp_path / name, 30)
+        wrng = np.random.default_rng(3)
+        dst = np.zeros((64, 2, 4), dtype=np.int64).transpose(1, 0, 2) if page_first else np.zeros_like(src)
+        for step in range(80):
+            slots = wrng.integers(0, 64, wrng.integers(1, 10)).tolist()
+            tier.write_from(src, slots, wrng.integers(0, 90, len(slots)).tolist())
+            held = tier._index.keys()
+            if held:
+                keys = [held[k] for k in wrng.choice(len(held), min(len(held), int(wrng.integers(1, 8))),
+                                                     replace=False)]
+                into = wrng.integers(0, 64, len(keys)).tolist()
+                assert tier.read_into(keys, dst, into) == len(keys) * tier.page_bytes
+        out[name] = (dst.tobytes(), tier._index.keys(), tier.bytes_read)
+        tier.close()
+    assert out["c"] == out["numpy"]
+
+
+def test_a_truncated_segment_read_by_the_compiled_read_is_an_output_error(tmp_path):
+    tier = StorageTier(tmp_path / "st", 16)
+    buf = np.ones((2, 8, 4), dtype=np.int64)
+    tier.write_from(buf, [0, 1], [1, 2])
+    seg = next((tmp_path / "st").glob("*.kvseg"))
+    with open(seg, "r+b") as fh:
+        fh.truncate(tier.page_bytes + 8)
+    dst = np.zeros_like(buf)
+    with pytest.raises(OutputError, match=r"storage tier at .*kvseg: page file truncated \(read 72 of 128 bytes\)"):
+        tier.read_into([1, 2], dst, [3, 4])
+    assert not dst.any()  # nothing of a short run reaches the pool

@@ -209,8 +209,9 @@ def _write_all(seg: "_Segment", buf: memoryview, offset: int) -> None:
         raise _output_error(exc, seg.path) from None
 
 
-# The compiled page write (storage_io.c), None on the numpy data plane.
+# The compiled page write and read (storage_io.c), None on the numpy data plane.
 _pwrite_rows = cplane.compiled("pwrite_rows")
+_pread_rows = cplane.compiled("pread_rows")
 
 # The index native/cplane.py chose: the compiled StorageIndex or the reference.
 new_index = cplane.choose("storage.index", cplane.compiled("StorageIndex"), _LruIndex)
@@ -524,8 +525,45 @@ class StorageTier:
         if not keys:
             return 0
         target = pool if isinstance(pool, np.ndarray) else pool.numpy()
+        if _pread_rows is not None and type(keys) is list and type(slots) is list and len(slots) == len(keys):
+            try:
+                rows: np.ndarray | None = _rows.array_rows(target)
+            except ValueError:
+                rows = None  # a layout the row view does not take: numpy's way
+            if rows is not None and self._read_into_rows(keys, rows, slots):
+                return len(keys) * self.page_bytes
         target[:, np.asarray(slots, dtype=np.int64)] = self.read_pages(keys).transpose(1, 0, 2)
         return len(keys) * self.page_bytes
+
+    def _read_into_rows(self, keys: list, rows: np.ndarray, slots: list[int]) -> bool:
+        """`read_into` by the compiled read (`_cplane.pread_rows`: one pread a run of adjacent
+        slots of a segment, its pages' rows put straight into the pool's, no numpy array): the
+        same runs, bytes and errors as `read_pages`. False when the C call declines a run (the
+        caller then reads them all numpy's way: the same bytes into the same slots)."""
+        locs = self._index.locs(keys)
+        page_bytes = self.page_bytes
+        mask = (1 << _SLOT_BITS) - 1
+        n = len(keys)
+        i = 0
+        while i < n:
+            j = i + 1
+            while j < n and locs[j] == locs[j - 1] + 1 and locs[j] >> _SLOT_BITS == locs[i] >> _SLOT_BITS:
+                j += 1
+            seg = self._segments[locs[i] >> _SLOT_BITS]
+            want = (j - i) * page_bytes
+            try:
+                got = _pread_rows(seg.fd, (locs[i] & mask) * page_bytes, rows, slots[i:j])
+            except OSError as exc:
+                raise _output_error(exc, seg.path) from None
+            if got < 0:
+                return False
+            if got != want:
+                raise _output_error(OSError(errno.EIO, f"page file truncated (read {got:,} of {want:,} bytes)",
+                                            str(seg.path)), seg.path)
+            i = j
+        self.bytes_read += n * page_bytes
+        self._index.touch_all(keys)
+        return True
 
     def close(self) -> None:
         """Close the segment files (they stay on disk: the run's folder keeps them)."""

@@ -8,7 +8,7 @@
  *                    once-cached pages (engine/pagemap.py)
  *   page_keys.c      a hash_ids request's page keys (trace/pages.py)
  *   storage_index.c  the storage tier's index (engine/storage.py)
- *   storage_io.c     the storage tier's page writes (engine/storage.py)
+ *   storage_io.c     the storage tier's page writes and reads (engine/storage.py)
  *   rows.c           the recorder's RowBuffer (probes/recorder.py) and its decoder into Arrow
  *                    buffers (store/writer.py)
  *   ticker.c         the recorder's tick (probes/recorder.py: FlushTicker)
@@ -42,7 +42,7 @@
  * decode_rows gone; StorageIndex takes int keys.
  * 7: block_page_keys and map_set back (measured: benchmarks/README.md, session 11).
  * 8: FlushTicker (the recorder's tick; benchmarks/README.md, issue 41).
- * 9: pwrite_rows (the storage tier's page writes; benchmarks/README.md, issue 41 session 17). */
+ * 9: pwrite_rows, pread_rows (the storage tier's page writes and reads; benchmarks/README.md, issue 41 session 17). */
 #define CPLANE_API 9
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
