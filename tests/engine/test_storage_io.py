@@ -1,9 +1,12 @@
-"""The storage tier's compiled page write (`_cplane.pwrite_rows`, csrc/storage_io.c) against its
-reference (storage._gather_rows + os.pwrite): the same bytes at the same offset for any pool
-layout and page list, and for anything it cannot prove safe (a page outside the pool, a list of
-something else, a negative offset or descriptor, not a row view) -1 with nothing written, so
-the tier falls back to numpy and its errors. A failing write is an OSError with the system's
-errno, which the tier turns into its one-line OutputError with the file truncated back."""
+"""The storage tier's compiled page write and read (`_cplane.pwrite_rows` / `pread_rows`,
+csrc/storage_io.c) against their reference (storage._gather_rows + os.pwrite; read_pages'
+preadv + numpy's scatter): the same bytes at the same offset and in the same slots for any
+pool layout and page list, and for anything they cannot prove safe (a page outside the pool, a
+list of something else, a negative offset or descriptor, not a (writable) row view) -1 with
+nothing written or read, so the tier falls back to numpy and its errors. A failing write or
+read is an OSError with the system's errno, which the tier turns into its one-line OutputError
+(a write's file truncated back; a short read the "page file truncated" error, the pool as it
+was)."""
 
 from __future__ import annotations
 
