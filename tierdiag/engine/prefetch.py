@@ -368,9 +368,22 @@ class StoragePrefetch(SchedulerState):
             del pending[seq]
             del reqs[seq]
             ready.append(req)
-        if len(ready) > 1:  # in waiting-queue order (each is queued): one pass over the queue
+        if len(ready) > 1:  # in waiting-queue order (each is queued)
+            # Walked from the tail, stopping once all are found: re-queries are armed at arrival
+            # or requeue, so their requests sit near the queue's end (whole conversation trace
+            # with a 50M-token tier: ~3,200 waiting, the ready ones within ~20 of the tail; the
+            # whole-queue walk was ~45 % of the run's pure-Python time). Same list as
+            # `[r for r in waiting if id(r) in due]`.
             due = set(map(id, ready))
-            ready = [r for r in waiting if id(r) in due]
+            found: list[Req] = []
+            for j in range(len(waiting) - 1, -1, -1):
+                r = waiting[j]
+                if id(r) in due:
+                    found.append(r)
+                    if len(found) == len(due):
+                        break
+            found.reverse()
+            ready = found
         for req in ready:  # _retry_storage_prefetch
             req.prefetch_retries += 1
             self._start_prefetch(req, now)

@@ -23,17 +23,21 @@ from tierdiag.errors import OutputError
 from tierdiag.native import cplane
 
 
+def _output_error(exc: OSError, path: Path) -> OutputError:
+    """A filesystem error of the storage tier (its folder read-only or a file, the disk full, a
+    page file gone) as an output error naming the path: exit 6, one line, not a bug."""
+    return OutputError(f"cannot use the storage tier at {exc.filename or path}: {exc.strerror or exc}",
+                       hint="set storage_dir (--config) to a writable folder with room, or pass --storage-tokens 0")
+
+
 @contextlib.contextmanager
 def _storage_errors(path: Path):
-    """A filesystem error of the storage tier (its folder read-only or a file, the disk full, a
-    page file gone) is an output error naming the path: exit 6, one line, not a bug."""
+    """`_output_error` of what the block raises (the write paths use a try/except instead:
+    no generator a write)."""
     try:
         yield
     except OSError as exc:
-        where = exc.filename or path
-        raise OutputError(f"cannot use the storage tier at {where}: {exc.strerror or exc}",
-                          hint="set storage_dir (--config) to a writable folder with room, or pass --storage-tokens 0"
-                          ) from None
+        raise _output_error(exc, path) from None
 
 
 SEGMENT_BYTES = 64 << 20  # a segment file's target size; larger tiers get larger segments
@@ -183,6 +187,32 @@ class _LruIndex:
                 del od[key]
 
 
+def _gather_rows(layer_rows: np.ndarray, pages) -> np.ndarray:
+    """Pages `pages` (a list or an int array) of a pool's row view as page-major int64 rows
+    [n, layers * elems]: the bytes a segment file holds (the reference of `_cplane.pwrite_rows`)."""
+    slots_a = _rows.slot_index(pages) if isinstance(pages, list) else np.asarray(pages, dtype=np.intp)
+    return np.ascontiguousarray(layer_rows.take(slots_a, axis=1).T).view(np.int64)
+
+
+def _write_all(seg: "_Segment", buf: memoryview, offset: int) -> None:
+    """All of `buf` into `seg` at `offset` (pwrite writes less at times); a failure truncates the
+    file back to `offset` (a full disk must not keep half a page) and is an OutputError."""
+    try:
+        try:
+            written = 0
+            while written < len(buf):
+                written += os.pwrite(seg.fd, buf[written:], offset + written)
+        except BaseException:
+            os.ftruncate(seg.fd, offset)
+            raise
+    except OSError as exc:
+        raise _output_error(exc, seg.path) from None
+
+
+# The compiled page write and read (storage_io.c), None on the numpy data plane.
+_pwrite_rows = cplane.compiled("pwrite_rows")
+_pread_rows = cplane.compiled("pread_rows")
+
 # The index native/cplane.py chose: the compiled StorageIndex or the reference.
 new_index = cplane.choose("storage.index", cplane.compiled("StorageIndex"), _LruIndex)
 
@@ -275,20 +305,24 @@ class StorageTier:
         def gather(idx):
             # Page-major for the file, never a pass over the whole pool: numpy's rows of each
             # layer, then transposed. A page-first pool's items are whole pages already ([1, n]
-            # -> [n, 1]), so the transpose is free there. (A compiled gather was measured alone
-            # at ~1 us a call less, 2.2 -> 1.2 us at 1-4 pages, 5.7 -> 4.1 at 256: ~27 ms over
-            # the 26.7k writes of the conversation trace with a 50M-token tier, ~0.3 %.)
+            # -> [n, 1]), so the transpose is free there. (Where the compiled data plane is
+            # built, _append_rows gathers and writes in one C call instead: this is its reference
+            # and fallback.)
             if idx is None:
                 pages = slots
             else:
                 pages = [slots[i] for i in idx] if isinstance(slots, list) else np.asarray(slots)[np.asarray(idx)]
-            slots_a = _rows.slot_index(pages) if isinstance(pages, list) else np.asarray(pages, dtype=np.intp)
-            rows = layer_rows.take(slots_a, axis=1)
-            return np.ascontiguousarray(rows.T).view(np.int64)  # [n, layers * elems]
+            return _gather_rows(layer_rows, pages)
 
+        if _pwrite_rows is not None and type(slots) is list:
+            return self._write(keys, gather, (pool.shape[0], pool.shape[2]), layer_rows, slots)
         return self._write(keys, gather, (pool.shape[0], pool.shape[2]))
 
-    def _write(self, keys: list, gather, shape: tuple[int, int]) -> list:
+    def _write(self, keys: list, gather, shape: tuple[int, int], layer_rows: np.ndarray | None = None,
+               slots: list[int] | None = None) -> list:
+        """Enter `keys` in the index and append the pages it wants written: `gather(positions)`
+        makes their rows, or, given the pool's `layer_rows` and the pages' `slots` (a list),
+        `_append_rows` writes them from the pool in one C call a segment."""
         self._set_shape(shape)
         keys = keys if type(keys) is list else list(keys)
         deleted, fresh, emptied = self._index.admit(keys, self.capacity)
@@ -296,14 +330,20 @@ class StorageTier:
             segments = self._segments
             self._emptied.extend(segments[n] for n in emptied)
         if fresh is None:  # all new, in order: one gather of every slot
-            self._place(keys, gather(None))
+            if layer_rows is not None and slots is not None:
+                self._place_rows(keys, layer_rows, slots)
+            else:
+                self._place(keys, gather(None))
             # Nothing to unlink or compact without deletions: the files grew as the index did.
             # (A key there before the call but pushed out before its turn is a deletion.)
             if deleted:
                 self._collect()
             return deleted
         if fresh:
-            self._place([keys[i] for i in fresh], gather(fresh))
+            if layer_rows is not None and slots is not None:
+                self._place_rows([keys[i] for i in fresh], layer_rows, [slots[i] for i in fresh])
+            else:
+                self._place([keys[i] for i in fresh], gather(fresh))
         self._collect()
         return deleted
 
@@ -313,6 +353,14 @@ class StorageTier:
             self._append(keys, data.reshape(len(keys), -1))
         except BaseException:
             self._index.drop_placeholders(keys)  # pages that never reached the disk are not in the tier
+            raise
+
+    def _place_rows(self, keys: list, layer_rows: np.ndarray, slots: list[int]) -> None:
+        """`_place` of the pages in `slots` of a pool's row view, written from the pool."""
+        try:
+            self._append_rows(keys, layer_rows, slots)
+        except BaseException:
+            self._index.drop_placeholders(keys)
             raise
 
     def _set_shape(self, shape: tuple[int, int]) -> None:
@@ -343,29 +391,51 @@ class StorageTier:
     def _append(self, keys: list, data) -> None:
         """Append pages (data: [n, page_bytes/8] int64, C order; keys in the index) at the end of
         the active segment, starting a new one when it is full; one pwrite per segment touched."""
-        index, per_seg, page_bytes = self._index, self._segment_pages, self.page_bytes
         done = 0
         while done < len(keys):
-            seg = self._active
-            if seg is None or seg.pages >= per_seg:
-                seg = self._active = self._new_segment()
-            first = seg.pages
-            n = min(len(keys) - done, per_seg - first)
-            buf = memoryview(data[done:done + n]).cast("B")
-            offset = first * page_bytes
-            with _storage_errors(seg.path):
+            seg, first, n = self._next_run(len(keys) - done)
+            offset = first * self.page_bytes
+            _write_all(seg, memoryview(data[done:done + n]).cast("B"), offset)
+            self._placed(keys[done:done + n] if done or n < len(keys) else keys, seg, first, n)
+            done += n
+
+    def _append_rows(self, keys: list, layer_rows: np.ndarray, slots: list[int]) -> None:
+        """`_append` of the pages in `slots` of a pool's row view: gathered and written by one
+        C call a segment touched (`_cplane.pwrite_rows`; no numpy array, no Python per page).
+        What the C call declines (having written nothing) goes the numpy way."""
+        done = 0
+        while done < len(keys):
+            seg, first, n = self._next_run(len(keys) - done)
+            offset = first * self.page_bytes
+            pages = slots[done:done + n] if done or n < len(slots) else slots
+            try:
                 try:
-                    written = 0
-                    while written < len(buf):
-                        written += os.pwrite(seg.fd, buf[written:], offset + written)
+                    got = _pwrite_rows(seg.fd, offset, layer_rows, pages)
+                    if got < 0:  # not its case: numpy's gather and the pwrite loop
+                        _write_all(seg, memoryview(_gather_rows(layer_rows, pages)).cast("B"), offset)
                 except BaseException:
                     os.ftruncate(seg.fd, offset)  # a full disk must not keep half a page
                     raise
-            index.place(keys[done:done + n] if done or n < len(keys) else keys, seg.number, first)
-            seg.pages += n
-            self._disk_pages += n
-            self.bytes_written += n * page_bytes
+            except OSError as exc:
+                raise _output_error(exc, seg.path) from None
+            self._placed(keys[done:done + n] if done or n < len(keys) else keys, seg, first, n)
             done += n
+
+    def _next_run(self, want: int) -> tuple[_Segment, int, int]:
+        """The active segment (a new one when it is full), its first free slot and how many of
+        `want` pages go there."""
+        seg = self._active
+        if seg is None or seg.pages >= self._segment_pages:
+            seg = self._active = self._new_segment()
+        first = seg.pages
+        return seg, first, min(want, self._segment_pages - first)
+
+    def _placed(self, keys: list, seg: _Segment, first: int, n: int) -> None:
+        """The pages of `keys` are in slots first .. first + n - 1 of `seg`."""
+        self._index.place(keys, seg.number, first)
+        seg.pages += n
+        self._disk_pages += n
+        self.bytes_written += n * self.page_bytes
 
     def _collect(self) -> None:
         """Unlink segments without a live page. Then, while the files hold more than about twice
@@ -455,8 +525,45 @@ class StorageTier:
         if not keys:
             return 0
         target = pool if isinstance(pool, np.ndarray) else pool.numpy()
+        if _pread_rows is not None and type(keys) is list and type(slots) is list and len(slots) == len(keys):
+            try:
+                rows: np.ndarray | None = _rows.array_rows(target)
+            except ValueError:
+                rows = None  # a layout the row view does not take: numpy's way
+            if rows is not None and self._read_into_rows(keys, rows, slots):
+                return len(keys) * self.page_bytes
         target[:, np.asarray(slots, dtype=np.int64)] = self.read_pages(keys).transpose(1, 0, 2)
         return len(keys) * self.page_bytes
+
+    def _read_into_rows(self, keys: list, rows: np.ndarray, slots: list[int]) -> bool:
+        """`read_into` by the compiled read (`_cplane.pread_rows`: one pread a run of adjacent
+        slots of a segment, its pages' rows put straight into the pool's, no numpy array): the
+        same runs, bytes and errors as `read_pages`. False when the C call declines a run (the
+        caller then reads them all numpy's way: the same bytes into the same slots)."""
+        locs = self._index.locs(keys)
+        page_bytes = self.page_bytes
+        mask = (1 << _SLOT_BITS) - 1
+        n = len(keys)
+        i = 0
+        while i < n:
+            j = i + 1
+            while j < n and locs[j] == locs[j - 1] + 1 and locs[j] >> _SLOT_BITS == locs[i] >> _SLOT_BITS:
+                j += 1
+            seg = self._segments[locs[i] >> _SLOT_BITS]
+            want = (j - i) * page_bytes
+            try:
+                got = _pread_rows(seg.fd, (locs[i] & mask) * page_bytes, rows, slots[i:j])
+            except OSError as exc:
+                raise _output_error(exc, seg.path) from None
+            if got < 0:
+                return False
+            if got != want:
+                raise _output_error(OSError(errno.EIO, f"page file truncated (read {got:,} of {want:,} bytes)",
+                                            str(seg.path)), seg.path)
+            i = j
+        self.bytes_read += n * page_bytes
+        self._index.touch_all(keys)
+        return True
 
     def close(self) -> None:
         """Close the segment files (they stay on disk: the run's folder keeps them)."""

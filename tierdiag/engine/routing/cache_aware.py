@@ -121,5 +121,7 @@ class CacheAwareRouter(Router):
             reason = f"cache_aware: best match {rate:.2f} <= {thr:.2f}: {where}"
         if holder is not None and holder != rank:  # Tree::prefix_match touched it before the choice
             self.tree.touch(keys[:matched], holder, self._tick)
-        self.tree.insert(keys, rank, self._tick)
+        # (what the rank holds of `keys`: prefix_match's depth for it; the touch above changes
+        # ticks only, and of keys the holder holds)
+        self.tree.insert(keys, rank, self._tick, held=depth_of[rank])
         return RouteDecision(rank, self.name, branch, reason, rate, "approx match", scores)

@@ -8,6 +8,7 @@
  *                    once-cached pages (engine/pagemap.py)
  *   page_keys.c      a hash_ids request's page keys (trace/pages.py)
  *   storage_index.c  the storage tier's index (engine/storage.py)
+ *   storage_io.c     the storage tier's page writes and reads (engine/storage.py)
  *   rows.c           the recorder's RowBuffer (probes/recorder.py) and its decoder into Arrow
  *                    buffers (store/writer.py)
  *   ticker.c         the recorder's tick (probes/recorder.py: FlushTicker)
@@ -40,8 +41,9 @@
  * 6: the SHA-256 storage key chain, lookup_prefix, block_page_keys, map_set, gather_pages and
  * decode_rows gone; StorageIndex takes int keys.
  * 7: block_page_keys and map_set back (measured: benchmarks/README.md, session 11).
- * 8: FlushTicker (the recorder's tick; benchmarks/README.md, issue 41). */
-#define CPLANE_API 8
+ * 8: FlushTicker (the recorder's tick; benchmarks/README.md, issue 41).
+ * 9: pwrite_rows, pread_rows (the storage tier's page writes and reads; benchmarks/README.md, issue 41 session 17). */
+#define CPLANE_API 9
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256
@@ -79,6 +81,7 @@ CP_HIDDEN extern PyMethodDef cp_pages_methods[];   /* pages.c */
 CP_HIDDEN extern PyMethodDef cp_pagemap_methods[]; /* pagemap.c */
 CP_HIDDEN extern PyMethodDef cp_page_keys_methods[]; /* page_keys.c */
 CP_HIDDEN extern PyMethodDef cp_rows_methods[];    /* rows.c */
+CP_HIDDEN extern PyMethodDef cp_storage_io_methods[]; /* storage_io.c */
 CP_HIDDEN extern PyTypeObject cp_StorageIndexType; /* storage_index.c */
 CP_HIDDEN extern PyTypeObject cp_RowBufferType;    /* rows.c */
 CP_HIDDEN extern PyTypeObject cp_FlushTickerType;  /* ticker.c */

@@ -222,6 +222,7 @@ PyInit__cplane(void)
         PyModule_AddFunctions(m, cp_pagemap_methods) < 0 ||
         PyModule_AddFunctions(m, cp_page_keys_methods) < 0 ||
         PyModule_AddFunctions(m, cp_rows_methods) < 0 ||
+        PyModule_AddFunctions(m, cp_storage_io_methods) < 0 ||
         PyType_Ready(&cp_StorageIndexType) < 0 ||
         PyModule_AddObjectRef(m, "StorageIndex", (PyObject *)&cp_StorageIndexType) < 0 ||
         PyType_Ready(&cp_RowBufferType) < 0 ||
