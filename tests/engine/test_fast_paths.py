@@ -116,8 +116,8 @@ def test_long_decodes_take_the_fast_path_and_keep_their_times(dp, monkeypatch):
     calls = []
     real = DecodeSteps.run_decode_ahead
 
-    def counting(self, end, limit, wakes=None):
-        out = real(self, end, limit, wakes)
+    def counting(self, end, limit, wakes=None, fold=None):
+        out = real(self, end, limit, wakes, fold)
         calls.append(out != end)
         return out
 
