@@ -155,7 +155,7 @@ class CacheController:
         eid = self._next_eviction
         self._next_eviction += self.id_step
         tokens = len(node.keys) * self.page_size
-        key = f"{tier}/{action}"
+        key = tier + "/" + action  # (f"{tier}/{action}" formats each StrEnum by a Python call)
         self.stats.evictions[key] = self.stats.evictions.get(key, 0) + 1
         self.stats.evicted_tokens[tier] = self.stats.evicted_tokens.get(tier, 0) + tokens
         if self.emit.eviction is not None:
@@ -174,6 +174,8 @@ class CacheController:
         the rule set's (`eviction_amount`: 0.5.9 the whole need when it does not fit, 0.5.23 the
         shortfall). True when `pages_needed` are free after; False if locks make it impossible."""
         free = self.device.free_pages
+        if free >= pages_needed + reserve_pages:
+            return True  # both rule sets' eviction_amount: nothing when the need fits
         target = free + self.rules.eviction_amount(free, pages_needed + reserve_pages)
         while self.device.free_pages < target:
             node = self.tree.pop_device_victim()
@@ -200,8 +202,10 @@ class CacheController:
         eid = self.record_eviction(node, tier, action, cause, now_ns)
         self._forget(node, eid)
         device_slots, host_slots = self.tree.delete(node)
-        self.device.free(device_slots)
-        self.host.free(host_slots)
+        if device_slots:  # (a free of nothing changes nothing: one call into the pool less)
+            self.device.free(device_slots)
+        if host_slots:
+            self.host.free(host_slots)
 
     def _forget(self, node: TreeNode, eid: int) -> None:
         keys: Any = node.keys  # a list, or an array for a big call
@@ -216,6 +220,8 @@ class CacheController:
         0.5.23 with write_back, host copies of nodes also on device go first
         (`_reclaim_full_host_duplicates`), then host-only leaves."""
         free = self.host.free_pages
+        if free >= pages_needed:
+            return True  # both rule sets' eviction_amount: nothing when the need fits
         target = free + self.rules.eviction_amount(free, pages_needed)
         if self.reclaim_duplicates and self.host.free_pages < target:
             self._reclaim_duplicates(target, cause, now_ns)

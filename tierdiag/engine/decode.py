@@ -7,6 +7,7 @@ retract_decode, scheduler_output_processor_mixin.py; each function names the one
 from __future__ import annotations
 
 from bisect import bisect_right
+from heapq import heappop, heappush
 from typing import Callable
 
 import numpy as np
@@ -41,7 +42,12 @@ class DecodeSteps(SchedulerState):
         req.in_running = True
         self._kv_base += req.kv_len - k0
         req.finish_step = k0 + req.output_len - req.generated_tokens
-        self._finish_due.setdefault(req.finish_step, []).append(req)
+        due = self._finish_due.get(req.finish_step)
+        if due is None:
+            self._finish_due[req.finish_step] = [req]
+            heappush(self._finish_steps, req.finish_step)
+        else:
+            due.append(req)
         if req.output_len - req.generated_tokens > CLIP_MAX_NEW_TOKENS:
             self._long.append(req)
         else:
@@ -238,8 +244,12 @@ class DecodeSteps(SchedulerState):
         free = device.free_pages
         k = self.dstep
         finish_due = self._finish_due
-        # the first step with a finish due (a key is popped by its step: none is below k + 1)
-        fin = min((s for s in finish_due if s > k), default=None)
+        # the first step with a finish due after k: the least key above k (a key is popped by
+        # its step, the decode clock never goes back: a heap entry at or below k is spent)
+        due_steps = self._finish_steps
+        while due_steps and (due_steps[0] <= k or due_steps[0] not in finish_due):
+            heappop(due_steps)
+        fin = due_steps[0] if due_steps else None
         if (limit is not None and end >= limit) or free < n or fin == k + 1:
             return end
         if ctrl.backup_queue or ctrl.backup_later:  # the next pass's `schedule_pass` flushes them first

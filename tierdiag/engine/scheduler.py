@@ -96,6 +96,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self._fin_sum = self._n_short = 0  # running requests' finish steps (those with <= 4096 to go)
         self._long: list[Req] = []  # running requests that joined with more than 4096 tokens to go
         self._finish_due: dict[int, list[Req]] = {}
+        self._finish_steps: list[int] = []  # a heap of the steps put in _finish_due (run_decode_ahead)
         self.mixed_chunk = cfg.enable_mixed_chunk
         # Runs of back-to-back decode steps on the clock (start, end, decode time before the
         # run): a request's record says how much of its wait was decode steps (`decode_before`).
