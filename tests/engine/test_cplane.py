@@ -306,6 +306,27 @@ def test_a_freed_list_comes_back_out_as_it_was_freed(backend):
     pool.check()
 
 
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+def test_the_compiled_alloc_lends_the_pools_own_ints():
+    """alloc's `ints`: the list holds the pool's int objects for its slots (no int made a page,
+    none freed when the list goes), the same values as without; anything but a tuple of the
+    pool's slot numbers is refused before a slot is marked."""
+    alloc = cplane.compiled("alloc")
+    pool = _bookkeeping(C, 40)
+    top = pool._top
+    lent = alloc(pool._stack, pool._owned_bytes, top, 5, pool._ints)
+    assert lent == [0, 1, 2, 3, 4] and all(a is b for a, b in zip(lent, pool._ints))
+    made = alloc(pool._stack, pool._owned_bytes, top - 5, 3)
+    assert made == [5, 6, 7]
+    marked = bytes(pool._owned_bytes)
+    for bad in (list(range(40)), tuple(range(39)), None, 7):
+        with pytest.raises(TypeError, match="ints must be a tuple"):
+            alloc(pool._stack, pool._owned_bytes, top - 8, 2, bad)
+    assert bytes(pool._owned_bytes) == marked
+    with pytest.raises(TypeError, match="takes 4 or 5 arguments"):
+        alloc(pool._stack, pool._owned_bytes, top - 8, 2, pool._ints, None)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("slots", "message"), [
     ([3, 1], "host slot 1 freed but not owned (double free?)"),  # 1 was freed before

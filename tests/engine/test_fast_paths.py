@@ -116,8 +116,8 @@ def test_long_decodes_take_the_fast_path_and_keep_their_times(dp, monkeypatch):
     calls = []
     real = DecodeSteps.run_decode_ahead
 
-    def counting(self, end, limit, wakes=None):
-        out = real(self, end, limit, wakes)
+    def counting(self, end, limit, wakes=None, fold=None):
+        out = real(self, end, limit, wakes, fold)
         calls.append(out != end)
         return out
 
@@ -181,5 +181,32 @@ def test_a_chunked_prompt_on_a_slow_link_keeps_its_backup_flushes(monkeypatch):
     fast = _replay(reqs, cfg, True, False, monkeypatch)
     slow = _replay(reqs, cfg, False, False, monkeypatch)
     assert any(isinstance(e, ev.Transfer) and e.kind == "backup" for e in slow[0]), "no backup to flush"
+    assert fast[1] == slow[1]
+    assert [_comparable(e) for e in fast[0]] == [_comparable(e) for e in slow[0]]
+
+
+@pytest.mark.parametrize("closed", [False, True])
+def test_a_queue_behind_a_full_batch_takes_the_fast_path(closed, monkeypatch):
+    """Requests keep arriving while the running batch fills the device: admission is shut
+    (`batch_is_full`), so every pass until a finish is a plain decode step with a queue. The
+    fast path runs those steps with the queue waiting and the arrivals and copies' acks between
+    them folded in (`run_decode_ahead`'s `fold`); every event, the finish times and the stats
+    are the pass-by-pass loop's."""
+    reqs = [TraceRequest(f"r{i}", i, i + 1, i * 3_000_000, 6 * PS + 1, 150 + 20 * (i % 4),
+                         tuple(1000 * i + j for j in range(7)), None) for i in range(24)]
+    calls = []
+    real = DecodeSteps._decode_ahead
+
+    def watching(self, end, limit, wakes=None):
+        queued = bool(self.waiting)
+        out = real(self, end, limit, wakes)
+        calls.append(queued and out != end)
+        return out
+
+    monkeypatch.setattr(DecodeSteps, "_decode_ahead", watching)
+    cfg = small_config(device_tokens=24 * PS, arrivals="closed" if closed else "trace")
+    fast = _replay(reqs, cfg, True, True, monkeypatch)
+    assert any(calls), "no decode step ran ahead with requests waiting"
+    slow = _replay(reqs, cfg, False, True, monkeypatch)
     assert fast[1] == slow[1]
     assert [_comparable(e) for e in fast[0]] == [_comparable(e) for e in slow[0]]

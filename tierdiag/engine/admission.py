@@ -439,7 +439,8 @@ class Admission(SchedulerState):
                            count_hits=count, priority=req.priority, keys_np=req.keys_np[:upto], inserted=inserted)
         last, fresh = done.last, done.fresh
         req.inserted_pages = max(req.inserted_pages, upto)  # cache_inserted_len = max(.., page_aligned_len)
-        self.ctrl.device.free(done.duplicate_slots)
+        if done.duplicate_slots:
+            self.ctrl.device.free(done.duplicate_slots)
         del req.own_slots[:n]
         req.own_from_page = upto
         if last is not req.lock_node:

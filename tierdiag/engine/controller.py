@@ -155,7 +155,7 @@ class CacheController:
         eid = self._next_eviction
         self._next_eviction += self.id_step
         tokens = len(node.keys) * self.page_size
-        key = f"{tier}/{action}"
+        key = tier + "/" + action  # (f"{tier}/{action}" formats each StrEnum by a Python call)
         self.stats.evictions[key] = self.stats.evictions.get(key, 0) + 1
         self.stats.evicted_tokens[tier] = self.stats.evicted_tokens.get(tier, 0) + tokens
         if self.emit.eviction is not None:
@@ -174,6 +174,8 @@ class CacheController:
         the rule set's (`eviction_amount`: 0.5.9 the whole need when it does not fit, 0.5.23 the
         shortfall). True when `pages_needed` are free after; False if locks make it impossible."""
         free = self.device.free_pages
+        if free >= pages_needed + reserve_pages:
+            return True  # both rule sets' eviction_amount: nothing when the need fits
         target = free + self.rules.eviction_amount(free, pages_needed + reserve_pages)
         write_back = self.cfg.write_policy == WritePolicy.WRITE_BACK
         decline = write_back and self.rules.write_back_drop_spares_pinned
@@ -238,8 +240,10 @@ class CacheController:
         eid = self.record_eviction(node, tier, action, cause, now_ns)
         self._forget(node, eid)
         device_slots, host_slots = self.tree.delete(node)
-        self.device.free(device_slots)
-        self.host.free(host_slots)
+        if device_slots:  # (a free of nothing changes nothing: one call into the pool less)
+            self.device.free(device_slots)
+        if host_slots:
+            self.host.free(host_slots)
 
     def _forget(self, node: TreeNode, eid: int) -> None:
         keys: Any = node.keys  # a list, or an array for a big call
@@ -255,8 +259,10 @@ class CacheController:
         write_back, host copies of nodes also on device go first
         (`_reclaim_full_host_duplicates`), then host-only leaves."""
         free = self.host.free_pages
+        if free >= pages_needed:
+            return True  # both rule sets' eviction_amount and `whole`: nothing when the need fits
         if whole:
-            amount = pages_needed if free < pages_needed else 0
+            amount = pages_needed
         else:
             amount = self.rules.eviction_amount(free, pages_needed)
         target = free + amount

@@ -7,6 +7,8 @@ retract_decode, scheduler_output_processor_mixin.py; each function names the one
 from __future__ import annotations
 
 from bisect import bisect_right
+from heapq import heappop, heappush
+from typing import Callable
 
 import numpy as np
 from mypy_extensions import trait
@@ -40,7 +42,12 @@ class DecodeSteps(SchedulerState):
         req.in_running = True
         self._kv_base += req.kv_len - k0
         req.finish_step = k0 + req.output_len - req.generated_tokens
-        self._finish_due.setdefault(req.finish_step, []).append(req)
+        due = self._finish_due.get(req.finish_step)
+        if due is None:
+            self._finish_due[req.finish_step] = [req]
+            heappush(self._finish_steps, req.finish_step)
+        else:
+            due.append(req)
         if req.output_len - req.generated_tokens > CLIP_MAX_NEW_TOKENS:
             self._long.append(req)
         else:
@@ -188,12 +195,30 @@ class DecodeSteps(SchedulerState):
         self._note_decode(now, end)
         return end
 
-    def run_decode_ahead(self, end: int, limit: int | None, wakes: list[int] | None = None) -> int:
+    def run_decode_ahead(self, end: int, limit: int | None, wakes: list[int] | None = None,
+                         fold: Callable[[int], int | None] | None = None) -> int:
+        """`_decode_ahead`, and where the loop gives `fold` (its wakes at or before a time, run
+        as the loop runs them: arrivals, then events; the next wake after it returned), the
+        wakes that stopped it run here too, and the plain decode steps go on after them while
+        they leave the next pass a plain decode step: an arrival while admission is shut
+        (`batch_is_full`), a copy's ack. The loop then meets what it would have met at that
+        pass's time, with the same things done before it (issue 41: the conversation trace's
+        65k decode steps were each a trip round the loop, its queue never empty)."""
+        while True:
+            nxt = self._decode_ahead(end, limit, wakes)
+            if fold is None or limit is None or nxt < limit:
+                return nxt  # stopped by what the next pass is, not by a wake before it
+            limit = fold(nxt)  # the wakes up to the next pass (inclusive: they go before it)
+            if limit is not None and limit < 0:
+                return nxt  # the loop goes on from there (a closed loop met a session)
+            end = nxt
+
+    def _decode_ahead(self, end: int, limit: int | None, wakes: list[int] | None) -> int:
         """The scheduling passes after the one that just ended at `end`, run here at once while
         each can only be a plain decode step that touches nothing outside this scheduler: a pass
         at time t < `limit` (the loop's next arrival or event: nothing from outside reaches
-        this scheduler before it), nobody waiting and no chunked request (so `schedule_pass` forms no
-        prefill batch), room for the step's pages without eviction (`free_pages` >= running:
+        this scheduler before it), no chunked request and nobody waiting, or admission shut
+        (`batch_is_full`: so `schedule_pass` forms no prefill batch), room for the step's pages without eviction (`free_pages` >= running:
         no eviction, no retraction, no write-back, no event), no backup queued for the next
         pass's flush (0.5.23 `flush_pending_backups`, at `schedule_pass`'s head), and no request
         finishing at the step (its finish is an event the loop runs in order). Each pass is `schedule_pass`'s, inline,
@@ -204,7 +229,14 @@ class DecodeSteps(SchedulerState):
         and the clock are the ones the loop would make pass by pass (issue 41: a `--dp 8`
         replay ran ~37x the passes of `--dp 1`, each one a trip round the deployment's loop)."""
         running = self.running
-        if not running or self.waiting or self.chunked is not None:
+        if not running or self.chunked is not None:
+            return end
+        if self.waiting and (not self.batch_is_full or self._admission_reopens or self.unqueried
+                             or self.prefetch_retry_due):
+            # requests wait: the pass forms no prefill batch only while admission stays shut
+            # (`batch_is_full`, which only a request leaving the running batch clears: a finish
+            # is an event, a retraction a step that does not fit) and the pass's storage half
+            # has nobody's query or re-query to run
             return end
         ctrl = self.ctrl
         device = ctrl.device
@@ -212,8 +244,12 @@ class DecodeSteps(SchedulerState):
         free = device.free_pages
         k = self.dstep
         finish_due = self._finish_due
-        # the first step with a finish due (a key is popped by its step: none is below k + 1)
-        fin = min((s for s in finish_due if s > k), default=None)
+        # the first step with a finish due after k: the least key above k (a key is popped by
+        # its step, the decode clock never goes back: a heap entry at or below k is spent)
+        due_steps = self._finish_steps
+        while due_steps and (due_steps[0] <= k or due_steps[0] not in finish_due):
+            heappop(due_steps)
+        fin = due_steps[0] if due_steps else None
         if (limit is not None and end >= limit) or free < n or fin == k + 1:
             return end
         if ctrl.backup_queue or ctrl.backup_later:  # the next pass's `schedule_pass` flushes them first

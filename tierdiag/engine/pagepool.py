@@ -44,6 +44,9 @@ class PagePool:
         self._top = num_pages  # _stack[:_top] are the free slots
         self._owned_bytes = bytearray(num_pages)  # 1: handed out (Python indexes it fast) ...
         self._owned = np.frombuffer(self._owned_bytes, dtype=np.uint8)  # ... numpy the same bytes
+        # every slot's number as an int, lent by the compiled alloc to the lists it hands out
+        # (no new int object a page allocated, none to free when the list goes)
+        self._ints = tuple(range(num_pages))
         shape = (plane.num_layers, num_pages, plane.page_elems)
         self._tensor = None
         self.page_major = plane.layout == "page_first"  # rows are whole pages: [1, P] items
@@ -114,7 +117,7 @@ class PagePool:
         top = self._top
         if not 0 < n <= top:  # nothing to hand out, or too much: numpy's answer (None, [], an error)
             return self._alloc_numpy(n)
-        slots = _c_alloc(self._stack, self._owned_bytes, top, n)
+        slots = _c_alloc(self._stack, self._owned_bytes, top, n, self._ints)
         self._top = top - n
         return slots
 

@@ -73,6 +73,7 @@ class SchedulerState:
     _n_short: int
     _long: list[Req]
     _finish_due: dict[int, list[Req]]
+    _finish_steps: list[int]
     mixed_chunk: bool
     _drun_starts: list[int]
     _drun_ends: list[int]

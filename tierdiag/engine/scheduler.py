@@ -96,6 +96,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self._fin_sum = self._n_short = 0  # running requests' finish steps (those with <= 4096 to go)
         self._long: list[Req] = []  # running requests that joined with more than 4096 tokens to go
         self._finish_due: dict[int, list[Req]] = {}
+        self._finish_steps: list[int] = []  # a heap of the steps put in _finish_due (run_decode_ahead)
         self.mixed_chunk = cfg.enable_mixed_chunk
         # Runs of back-to-back decode steps on the clock (start, end, decode time before the
         # run): a request's record says how much of its wait was decode steps (`decode_before`).
@@ -103,6 +104,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self._drun_ends: list[int] = []
         self._drun_cum: list[int] = []
         self._events: list = []
+        self._fold_now = 0  # the loop's wake that `_wakes_until` ran last
         self._order = 0
         self._batch_id = 0
         self.event_ns = 0  # virtual time of the event being handled
@@ -173,6 +175,9 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         # (DecodeSteps.run_decode_ahead). Not in a closed loop once a session is met: a turn's
         # release and the read-ahead's clock are then the loop's, pass by pass.
         closed, ahead = src.closed, self.decode_ahead
+        # The wakes that stop them (an arrival, an event) run there too, as this loop runs them
+        # (`_wakes_until`), and the steps go on where the pass stays a decode step
+        fold = self._wakes_until
         while True:
             while True:  # arrivals and events at `now`, until a finish releases no turn due now
                 for t, at, trace_at, think_ms in src.due(now):
@@ -191,7 +196,10 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                         limit = src.next_ns(now)
                         if events and (limit is None or events[0][0] < limit):
                             limit = events[0][0]
-                        end = self.run_decode_ahead(end, limit)
+                        self._fold_now = now
+                        end = self.run_decode_ahead(end, limit, None, fold)
+                        # (arrivals up to `end` may have come in there: at the last wake it ran)
+                        nxt_t = src.next_ns(self._fold_now)
                     gpu_free, ran = end, True
                 if tick is not None:  # a batch's events are in: the probe may flush its buffers
                     tick()
@@ -216,6 +224,35 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.ctrl.release_storage_writes(now, every=True)
         self.stats.virtual_end_ns = now
         return self.stats
+
+    def _wakes_until(self, t: int) -> int | None:
+        """The loop's wakes at or before `t` while the GPU is busy until `t` (no pass among
+        them), run as `run` runs them: at each, the arrivals due, then the events due; returns
+        the next wake after `t`, None if none (DecodeSteps.run_decode_ahead's `fold`); -1 where a
+        closed loop met a session there: its turns' releases and read-ahead are the loop's, wake
+        by wake, from the wake it ran last (`_fold_now`)."""
+        src = self.arrivals
+        assert src is not None
+        events = self._events
+        pop = heapq.heappop
+        arrive = self._arrive
+        closed = src.closed
+        woke = False
+        while True:
+            w = src.next_ns(self._fold_now)
+            if events and (w is None or events[0][0] < w):
+                w = events[0][0]
+            if w is None or w > t or (closed and src.num_sessions):
+                if woke and self.emit.tick is not None:  # what came in may be flushed
+                    self.emit.tick()
+                return -1 if closed and src.num_sessions else w
+            woke = True
+            self._fold_now = w
+            for tr, at, trace_at, think_ms in src.due(w):
+                arrive(tr, at, trace_at, think_ms)
+            while events and events[0][0] <= w:
+                self.event_ns, _, fn, arg = pop(events)
+                fn(arg)
 
     # --- arrival -------------------------------------------------------------------------
     def _arrive(self, t: TraceRequest, now: int, trace_ns: int, think_ms: float | None,

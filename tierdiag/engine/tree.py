@@ -30,6 +30,9 @@ class RadixTree:
         # a registry name, or a policy with its settings (policies.configured_eviction_policy)
         policy = eviction_policy if isinstance(eviction_policy, EvictionPolicy) else EVICTION_POLICIES[eviction_policy]
         self.priority = policy.key
+        # the registry's lru, its key built here (a compiled tree builds the tuple without a
+        # call into the policy's Python function): (last_access_ns, access_seq, id), the same
+        self._lru_key = policy.key is EVICTION_POLICIES["lru"].key
         self._repush_on_touch = policy.key_can_shrink
         self._tree_depths = policy.tree_depths
         self._next_id = 1
@@ -414,20 +417,26 @@ class RadixTree:
         return (node.parent is not None and node.device is None and node.host is not None
                 and node.lock_ref == 0 and node.host_ref == 0 and not node.children)
 
+    def _key(self, node: TreeNode) -> tuple:
+        """The node's eviction key under the tree's policy (`EvictionPolicy.key`)."""
+        if self._lru_key:
+            return (node.last_access_ns, node.access_seq, node.id)  # policies._lru
+        return self.priority(node)
+
     def _push_device(self, node: TreeNode) -> None:
         if self.device_evictable(node):
-            heapq.heappush(self._device_heap, (self.priority(node), node.id, node))
+            heapq.heappush(self._device_heap, (self._key(node), node.id, node))
 
     def _push_host(self, node: TreeNode) -> None:
         if self.host_evictable(node):
-            heapq.heappush(self._host_heap, (self.priority(node), node.id, node))
+            heapq.heappush(self._host_heap, (self._key(node), node.id, node))
 
     def _pop(self, heap: list, valid: Callable[[TreeNode], bool]) -> TreeNode | None:
         while heap:
             prio, _, node = heapq.heappop(heap)
             if not valid(node):
                 continue
-            current = self.priority(node)
+            current = self._key(node)
             if current != prio:
                 heapq.heappush(heap, (current, node.id, node))
                 continue

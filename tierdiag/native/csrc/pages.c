@@ -364,11 +364,13 @@ get_pool(PyObject *stack_o, PyObject *owned_o, Py_buffer *stack, Py_buffer *owne
 }
 
 PyDoc_STRVAR(alloc_doc,
-"alloc(stack, owned, top, n) -> list[int]\n\n"
+"alloc(stack, owned, top, n[, ints]) -> list[int]\n\n"
 "Pop n slots off the free stack (stack[:top] are free, the top last), mark them owned and\n"
 "return them, the top first: stack[top-1], stack[top-2], ... The caller keeps top - n.\n"
 "0 < n <= top is the caller's to ensure (ValueError otherwise); a stacked slot outside the\n"
-"pool is a pool bug (AssertionError), found before anything is marked.");
+"pool is a pool bug (AssertionError), found before anything is marked. `ints`, a tuple of\n"
+"the pool's slot numbers as ints (ints[s] == s, as long as the pool), lends its objects to\n"
+"the list instead of a new int a slot (TypeError for anything else).");
 
 static PyObject *
 cp_alloc(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
@@ -378,8 +380,13 @@ cp_alloc(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     const Py_ssize_t *st;
     unsigned char *own;
     PyObject *out = NULL;
+    PyObject *ints = NULL;
 
-    if (wrong_nargs(nargs, 4, "alloc() takes 4 arguments: stack, owned, top, n")) {
+    if (nargs == 5) {
+        ints = args[4];
+        nargs = 4;
+    }
+    if (wrong_nargs(nargs, 4, "alloc() takes 4 or 5 arguments: stack, owned, top, n[, ints]")) {
         return NULL;
     }
     top = PyLong_AsSsize_t(args[2]);
@@ -398,6 +405,10 @@ cp_alloc(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     own = owned.buf;
     cap = owned.len;
     depth = stack.len / stack.itemsize;
+    if (ints != NULL && (!PyTuple_CheckExact(ints) || PyTuple_GET_SIZE(ints) != cap)) {
+        PyErr_Format(PyExc_TypeError, "alloc(): ints must be a tuple of the pool's %zd slot numbers", cap);
+        goto done;
+    }
     if (n <= 0 || top > depth || n > top) {
         PyErr_Format(PyExc_ValueError, "alloc(): %zd slots off a stack of %zd (%zd deep)", n, top, depth);
         goto done;
@@ -414,7 +425,13 @@ cp_alloc(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     for (Py_ssize_t j = 0; j < n; j++) {
-        PyObject *v = PyLong_FromSsize_t(st[top - 1 - j]);
+        PyObject *v;
+        if (ints != NULL) {  /* the pool's own int for this slot: no allocation, no later free */
+            v = PyTuple_GET_ITEM(ints, st[top - 1 - j]);
+            Py_INCREF(v);
+        } else {
+            v = PyLong_FromSsize_t(st[top - 1 - j]);
+        }
         if (v == NULL) {
             Py_CLEAR(out);
             goto done;
