@@ -119,8 +119,14 @@ class CacheController:
         # ack, and holds the host copy until the pass after that ack's (release_storage_writes);
         # `pass_now` is the scheduler's pass count (Scheduler.prefetch_pass)
         self.storage_per_pass = self.rules.storage_acks_per_pass and storage is not None
-        self.storage_writes: list[tuple] = []  # (node, cause, pass that releases it, its pages at the ack)
+        # (node, cause, pass that releases it, its pages at the ack, its write's start and end on
+        # the clock: -1 until the pass after its ack starts it, start_storage_writes)
+        self.storage_writes: list[tuple] = []
         self.pass_now: Any = lambda: 0
+        # 0.5.23: the host slots of prefetch reads cut short while in flight, freed as SGLang frees
+        # them (free_prefetch_tails): (when the read stops, the pass that took its last ack or
+        # -1, the slots)
+        self.prefetch_tails: list[tuple[int, int, list[int]]] = []
 
     # --- helpers -------------------------------------------------------------------------
     def _to_host(self, device_slots: list[int], host_slots: list[int]) -> tuple[int, int]:
@@ -367,29 +373,90 @@ class CacheController:
         drained, at the pass after the one whose `writing_check` takes the copy's ack: the pass
         after the next (pass_now counts the pass running, or the last one between passes)."""
         self.tree.protect_host(node)
-        self.storage_writes.append((node, cause, self.pass_now() + 2, len(node.keys)))
+        self.storage_writes.append((node, cause, self.pass_now() + 2, len(node.keys), -1, -1, False))
 
-    def release_storage_writes(self, now_ns: int, *, every: bool = False) -> None:
-        """A pass's drain (`_drain_backup`): the storage writes whose ack it takes are in the tier
-        (written before this pass, after its arrivals' queries: `backup_thread_func` runs after
-        the query thread) and their host copies free to evict again."""
+    def start_storage_writes(self, now_ns: int) -> None:
+        """A pass's start (`writing_check` -> `write_backup_storage`): the storage writes whose
+        host copies were acknowledged since the last pass go on the tier's write queue
+        (`backup_thread_func`, one write after another, each as long as
+        CostModel.storage_io_ns prices its pages); then the writes that have ended by now, and
+        whose pass has come, are in the tier (`_page_backup`), before this pass's queries."""
         if not self.storage_writes:
             return
+        storage = self.storage
+        step = self.pass_now() + 1
+        for i, entry in enumerate(self.storage_writes):
+            node, cause, release, pages, start, end, landed = entry
+            if start < 0:
+                start = max(now_ns, storage.write_free_ns)
+                end = start + self.cost.storage_io_ns(pages, self.page_bytes)
+                storage.write_free_ns = end
+            if not landed and release <= step and end <= now_ns:
+                self._land(node, cause, pages, start, end, now_ns)
+                landed = True
+            self.storage_writes[i] = (node, cause, release, pages, start, end, landed)
+
+    def hold_prefetch_tail(self, slots: list[int], stop_ns: int) -> None:
+        """A prefetch read terminated while in flight (`check_prefetch_progress` ->
+        `terminate_prefetch`) whose pages `slots` were not acknowledged: SGLang's read thread
+        stops at the end of the batch in progress (`stop_ns`), its last ack (`completed_req`)
+        then hands the slots back (`_drain_ack_prefetch` -> `append_host_mem_release`), and
+        the drain after the one that takes that ack frees them (`_drain_release`: its count is
+        taken before the acks are drained)."""
+        if slots:
+            self.prefetch_tails.append((stop_ns, -1, slots))
+            self.at(stop_ns, self._wake, None)
+
+    def free_prefetch_tails(self, now_ns: int, *, every: bool = False) -> None:
+        """A pass's drain, its end (`_drain_release`): the tails whose last ack an earlier pass
+        took are freed; those whose read has stopped by now have their ack taken by this pass."""
+        if not self.prefetch_tails:
+            return
         step = self.pass_now() + 1  # the pass this drain belongs to
-        if every:  # the replay's end: the passes after it would take every ack
-            step = max(release for _, _, release, _ in self.storage_writes)
+        keep = []
+        for stop, seen, slots in self.prefetch_tails:
+            if every or (seen >= 0 and step > seen):
+                self.host.free(slots)
+                continue
+            if seen < 0 and now_ns >= stop:
+                seen = step
+                self.at(now_ns, self._wake, None)  # the event loop's next pass frees them
+            keep.append((stop, seen, slots))
+        self.prefetch_tails = keep
+
+    def _wake(self, _arg) -> None:
+        """An event that only wakes the scheduler (a storage ack due)."""
+
+    def _land(self, node: TreeNode, cause: str | None, pages: int, start: int, end: int, now_ns: int) -> None:
+        # what was written is the host copy as the ack found it (`write_backup_storage` takes the
+        # node's host value then); a match may have split the node since: write each part
+        for part in self._parts(node, pages):
+            if part.host is not None:
+                self._write_storage(part, cause, now_ns, start, end)
+
+    def release_storage_writes(self, now_ns: int, *, every: bool = False) -> None:
+        """A pass's drain (`_drain_backup`): the storage writes whose ack it takes (in the tier
+        since this pass's start, start_storage_writes) free their host copies to evict again.
+        `every`: the replay's end, when the passes after it would take every ack."""
+        if every:
+            self.free_prefetch_tails(now_ns, every=True)
+        if not self.storage_writes:
+            return
+        if every:
+            for i, (node, cause, release, pages, start, end, landed) in enumerate(self.storage_writes):
+                if not landed:
+                    if start < 0:
+                        start = max(now_ns, self.storage.write_free_ns)
+                        end = start + self.cost.storage_io_ns(pages, self.page_bytes)
+                        self.storage.write_free_ns = end
+                    self._land(node, cause, pages, start, end, now_ns)
+                self.storage_writes[i] = (node, cause, release, pages, start, end, True)
         keep = []
         for entry in self.storage_writes:
-            node, cause, release, pages = entry
-            if release > step:
+            if not entry[6]:
                 keep.append(entry)
                 continue
-            # what was written is the host copy as the ack found it (`write_backup_storage` takes
-            # the node's host value then); a match may have split the node since: write each part
-            for part in self._parts(node, pages):
-                if part.host is not None:
-                    self._write_storage(part, cause, now_ns)
-            self.tree.release_host(node)
+            self.tree.release_host(entry[0])
         self.storage_writes = keep
 
     def _write_back(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
@@ -417,7 +484,10 @@ class CacheController:
         else:
             self._write_storage(node, cause, start + dur)
 
-    def _write_storage(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
+    def _write_storage(self, node: TreeNode, cause: str | None, now_ns: int, start: int = -1,
+                       end: int = -1) -> None:
+        """Write the node's host copy into the tier: on the tier's link from `now_ns`, or (0.5.23,
+        start_storage_writes) timed already, from `start` to `end`."""
         if self.storage is None:
             return
         keys = node.keys  # a page key names its whole prefix: the tier's key as it is
@@ -427,15 +497,16 @@ class CacheController:
         pages = len(keys)
         dp_bytes = pages * self.dp_page_bytes
         storage = self.storage
-        start = max(now_ns, storage.free_ns)
-        end = start + self.cost.storage_ns(pages * self.page_bytes)
-        storage.free_ns = end
+        if start < 0:
+            start = max(now_ns, storage.free_ns)
+            end = start + self.cost.storage_ns(pages * self.page_bytes)
+            storage.free_ns = end
         if deleted:
             key = "storage/delete"
             self.stats.evictions[key] = self.stats.evictions.get(key, 0) + len(deleted)
         if self.emit.transfer is not None:
             self.emit.transfer((self._transfer_id(), start, end, TransferKind.STORAGE_WRITE, cause, pages, 1,
-                                pages * self.page_bytes, dp_bytes, start - now_ns, 0, None, self.rank))
+                                pages * self.page_bytes, dp_bytes, max(0, start - now_ns), 0, None, self.rank))
 
     # --- host -> device ------------------------------------------------------------------
     def load_back(self, nodes: tuple[TreeNode, ...], slots: list[int], req_id: str, now_ns: int,
@@ -508,7 +579,10 @@ class CacheController:
         dp_bytes = self.storage.read_into(keys, self.host.array, slots)
         storage = self.storage
         start = max(now_ns, storage.free_ns)
-        end = start + self.cost.storage_ns(pages * self.page_bytes)
+        if self.storage_per_pass:  # SGLang's batches, one backend call each (storage_batch_ends)
+            end = start + self.cost.storage_io_ns(pages, self.page_bytes)
+        else:
+            end = start + self.cost.storage_ns(pages * self.page_bytes)
         storage.free_ns = end
         self.stats.prefetches += 1
         if self.emit.transfer is not None:
