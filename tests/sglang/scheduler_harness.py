@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Callable
 
 from tests.engine.helpers import price_at_zero
+from tests.sglang.storage_price import priced
 from tierdiag.config.engine import EngineConfig
 from tierdiag.engine import costmodel
 from tierdiag.engine.engine import Engine
@@ -108,6 +109,10 @@ class Workload:
     # 0: none. prefetch_policy None: each side's default for 0.5.23 ("timeout")
     storage_tokens: int = 0
     prefetch_policy: str | None = None
+    # storage I/O on the virtual clock (sglang0523_storage.TIMING), priced by the engine's cost
+    # model on both sides with a disk this many times slower (storage_price.priced); 0: instant
+    # (SGLang's threads pumped to quiescence at each pass, the engine's storage_ns at 0)
+    storage_slowdown: float = 0
 
     def context_len(self) -> int:
         return max(r["input_len"] + r["output_len"] for r in self.requests) + 64
@@ -132,7 +137,7 @@ class Workload:
                 "engine_config": self.engine_config(), "requests": self.requests, "switches": sorted(switches),
                 "closed_loop": self.closed_loop, "max_running": self.max_running, "flat_copy_cost": True,
                 "mixed_chunk": self.mixed_chunk, "storage": bool(self.storage_tokens),
-                "prefetch_policy": self.prefetch_policy}
+                "prefetch_policy": self.prefetch_policy, "storage_slowdown": self.storage_slowdown}
 
 
 # --- the engine side --------------------------------------------------------------------------
@@ -205,10 +210,15 @@ def run_engine(w: Workload, switches) -> dict:
     try:
         engine = Engine(cfg, probe=cap)
         sched = engine.scheduler
-        # SGLang's storage threads are pumped between passes (sglang0523_storage.py): its
-        # reads and writes take no virtual time, and so do the engine's here
+        if w.storage_slowdown:  # storage on the clock, both sides priced alike (storage_price.py)
+            cost = priced(engine.cost, w.storage_slowdown)
+            engine.cost = cost
+            for rank in engine.ranks:
+                rank.ctrl.cost = rank.scheduler.cost = cost
+        # otherwise SGLang's storage threads are pumped between passes (sglang0523_storage.py):
+        # its reads and writes take no virtual time, and so do the engine's here
         price_at_zero(engine, (["decode_step_ns"] if "zero_decode" in switches else [])
-                      + (["storage_ns"] if w.storage_tokens else []))
+                      + (["storage_ns"] if w.storage_tokens and not w.storage_slowdown else []))
         form = sched.schedule_pass
 
         def batch(now):  # a step: one Scheduler.schedule_pass call that formed a batch
