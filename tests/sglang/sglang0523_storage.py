@@ -206,6 +206,8 @@ class _Timed:
     def __init__(self, ctrl):
         self.ctrl = ctrl
         self.reader, self.writer = _Thread(), _Thread()
+        # reads terminated in flight (`_cut`), and those of them that kept some batches
+        self.cut = {"reads_cut": 0, "partial_reads": 0}
         for name in ("prefetch_buffer", "backup_queue"):
             _stamp(getattr(ctrl, name))
         orig = ctrl.terminate_prefetch
@@ -247,7 +249,7 @@ class _Timed:
         for wait in getattr(ctrl, "_harness_tree")._storage_prefetch_wait.values():
             if wait.timer.running and not wait.expired:
                 # `_prefetch_deadline_expired`: elapsed() > timeout_s, on the virtual clock
-                times.append(int((wait.timer.started_at + wait.timeout_s) * 1e9) + 1)
+                times.append(round(wait.timer.started_at * 1e9) + int(wait.timeout_s * 1e9) + 1)
         return min((t for t in times if t >= now), default=None)
 
     def _writes(self, now: int) -> int:
@@ -289,6 +291,8 @@ class _Timed:
             term = getattr(op, "_harness_terminated", None)
             if term is not None and acks and acks[-1][0] > term:
                 _cut(acks, term, done)
+                self.cut["reads_cut"] += 1
+                self.cut["partial_reads"] += 1 if done else 0
             while acks and acks[0][0] <= now:
                 t, ack = acks.pop(0)
                 if ack.completed_tokens is not None:
@@ -450,4 +454,7 @@ def stats(tree, folder: str | None) -> dict | None:
         return None
     out = {k: int(v) for k, v in dict(getattr(tree, "_prefetch_outcome_stats", {})).items()}
     out["files"] = len(os.listdir(folder)) if folder and os.path.isdir(folder) else 0
+    timed = getattr(controller(tree), "_harness_timed", None)
+    if timed is not None:
+        out.update(timed.cut)
     return out

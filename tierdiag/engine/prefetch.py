@@ -249,7 +249,9 @@ class StoragePrefetch(SchedulerState):
         wait = req.prefetch_wait_ns
         if wait is not None:
             req.prefetch_wait_ns = None
-            req.prefetch_deadline_ns = deadline = now + wait
+            # the first nanosecond past the budget: `_prefetch_deadline_expired` asks
+            # `elapsed() > timeout_s`
+            req.prefetch_deadline_ns = deadline = now + wait + 1
             if deadline < req.hold_until_ns:
                 req.hold_until_ns = deadline
                 self.at(deadline, _noop, None)
