@@ -47,7 +47,9 @@ STILL_DIFFERENT: dict[str, str] = {
     # The storage tier (sglang0523_storage.py; docs/engine.md, "Storage tier: run"). The second
     # storage pass made write_through_selective (seed 2) agree and took these two to the rest:
     "stored-s0-p1-fcfs-write_through-timeout":
-        "every step agrees; st0-9's tier split: SGLang device 64 / storage 538, the engine device "
+        "steps 42-43's host evictions (SGLang 236 tokens, the engine 143, host free equal after; since "
+        "the writes queued at an earlier pass land before a pass's queries, sglang0523_storage.pump, "
+        "not attributed); st0-9's tier split: SGLang device 64 / storage 538, the engine device "
         "514 / storage 88 (same TTFT): its prefetch read 538 tokens of which st0-12's chunk put 450 "
         "on device before st0-9's admission; SGLang counts the whole prefetched span as storage "
         "(`pop_prefetch_loaded_span` -> `storage_hit_length`), the engine what was loaded from it",
