@@ -119,9 +119,9 @@ class CacheController:
         # ack, and holds the host copy until the pass after that ack's (release_storage_writes);
         # `pass_now` is the scheduler's pass count (Scheduler.prefetch_pass)
         self.storage_per_pass = self.rules.storage_acks_per_pass and storage is not None
-        # (node, cause, pass that releases it, its pages at the ack, its write's start and end on
-        # the clock: -1 until the pass after its ack starts it, start_storage_writes)
-        self.storage_writes: list[tuple] = []
+        # [node, cause, pass that releases it, its pages at the ack, its write's start and end on
+        # the clock (-1 until the pass after its ack starts it, start_storage_writes), in the tier]
+        self.storage_writes: list[list] = []
         self.pass_now: Any = lambda: 0
         # 0.5.23: the host slots of prefetch reads cut short while in flight, freed as SGLang frees
         # them (free_prefetch_tails): (when the read stops, the pass that took its last ack or
@@ -373,28 +373,29 @@ class CacheController:
         drained, at the pass after the one whose `writing_check` takes the copy's ack: the pass
         after the next (pass_now counts the pass running, or the last one between passes)."""
         self.tree.protect_host(node)
-        self.storage_writes.append((node, cause, self.pass_now() + 2, len(node.keys), -1, -1, False))
+        self.storage_writes.append([node, cause, self.pass_now() + 2, len(node.keys), -1, -1, False])
 
     def start_storage_writes(self, now_ns: int) -> None:
         """A pass's start (`writing_check` -> `write_backup_storage`): the storage writes whose
         host copies were acknowledged since the last pass go on the tier's write queue
         (`backup_thread_func`, one write after another, each as long as
-        CostModel.storage_io_ns prices its pages); then the writes that have ended by now, and
-        whose pass has come, are in the tier (`_page_backup`), before this pass's queries."""
+        CostModel.storage_io_ns prices its pages); each is in the tier at its end (an event:
+        the write thread needs no pass), before any query made then."""
         if not self.storage_writes:
             return
         storage = self.storage
-        step = self.pass_now() + 1
-        for i, entry in enumerate(self.storage_writes):
-            node, cause, release, pages, start, end, landed = entry
-            if start < 0:
+        for entry in self.storage_writes:
+            if entry[4] < 0:
                 start = max(now_ns, storage.write_free_ns)
-                end = start + self.cost.storage_io_ns(pages, self.page_bytes)
+                end = start + self.cost.storage_io_ns(entry[3], self.page_bytes)
                 storage.write_free_ns = end
-            if not landed and release <= step and end <= now_ns:
-                self._land(node, cause, pages, start, end, now_ns)
-                landed = True
-            self.storage_writes[i] = (node, cause, release, pages, start, end, landed)
+                entry[4], entry[5] = start, end
+                self.at(end, self._land_event, entry)
+
+    def _land_event(self, entry: list) -> None:
+        if not entry[6]:
+            self._land(entry[0], entry[1], entry[3], entry[4], entry[5], entry[5])
+            entry[6] = True
 
     def hold_prefetch_tail(self, slots: list[int], stop_ns: int) -> None:
         """A prefetch read terminated while in flight (`check_prefetch_progress` ->
@@ -442,18 +443,16 @@ class CacheController:
             self.free_prefetch_tails(now_ns, every=True)
         if not self.storage_writes:
             return
-        if every:
-            for i, (node, cause, release, pages, start, end, landed) in enumerate(self.storage_writes):
-                if not landed:
-                    if start < 0:
-                        start = max(now_ns, self.storage.write_free_ns)
-                        end = start + self.cost.storage_io_ns(pages, self.page_bytes)
-                        self.storage.write_free_ns = end
-                    self._land(node, cause, pages, start, end, now_ns)
-                self.storage_writes[i] = (node, cause, release, pages, start, end, True)
+        step = self.pass_now() + 1  # the pass this drain belongs to
         keep = []
         for entry in self.storage_writes:
-            if not entry[6]:
+            if every and not entry[6]:  # the replay's end: the passes after it would take every ack
+                if entry[4] < 0:
+                    entry[4] = max(now_ns, self.storage.write_free_ns)
+                    entry[5] = entry[4] + self.cost.storage_io_ns(entry[3], self.page_bytes)
+                    self.storage.write_free_ns = entry[5]
+                self._land_event(entry)
+            if not every and (not entry[6] or entry[2] > step):
                 keep.append(entry)
                 continue
             self.tree.release_host(entry[0])
