@@ -379,23 +379,23 @@ class CacheController:
         """A pass's start (`writing_check` -> `write_backup_storage`): the storage writes whose
         host copies were acknowledged since the last pass go on the tier's write queue
         (`backup_thread_func`, one write after another, each as long as
-        CostModel.storage_io_ns prices its pages); each is in the tier at its end (an event:
-        the write thread needs no pass), before any query made then."""
+        CostModel.storage_io_ns prices its pages; the pass at its end takes its ack). Their
+        pages are in the tier from the pass after that start, before its queries: SGLang's are
+        there at the write's end (not modelled: docs/engine.md, "Storage on the clock")."""
         if not self.storage_writes:
             return
         storage = self.storage
+        step = self.pass_now() + 1
         for entry in self.storage_writes:
             if entry[4] < 0:
                 start = max(now_ns, storage.write_free_ns)
                 end = start + self.cost.storage_io_ns(entry[3], self.page_bytes)
                 storage.write_free_ns = end
                 entry[4], entry[5] = start, end
-                self.at(end, self._land_event, entry)
-
-    def _land_event(self, entry: list) -> None:
-        if not entry[6]:
-            self._land(entry[0], entry[1], entry[3], entry[4], entry[5], entry[5])
-            entry[6] = True
+                self.at(end, self._wake, None)  # the event loop's pass then takes its ack
+            if not entry[6] and entry[2] <= step:
+                self._land(entry[0], entry[1], entry[3], entry[4], entry[5], now_ns)
+                entry[6] = True
 
     def hold_prefetch_tail(self, slots: list[int], stop_ns: int) -> None:
         """A prefetch read terminated while in flight (`check_prefetch_progress` ->
@@ -451,8 +451,9 @@ class CacheController:
                     entry[4] = max(now_ns, self.storage.write_free_ns)
                     entry[5] = entry[4] + self.cost.storage_io_ns(entry[3], self.page_bytes)
                     self.storage.write_free_ns = entry[5]
-                self._land_event(entry)
-            if not every and (not entry[6] or entry[2] > step):
+                self._land(entry[0], entry[1], entry[3], entry[4], entry[5], now_ns)
+                entry[6] = True
+            if not every and (not entry[6] or entry[2] > step or entry[5] > now_ns):
                 keep.append(entry)
                 continue
             self.tree.release_host(entry[0])
