@@ -212,8 +212,10 @@ def test_the_timeout_starts_at_the_first_blocked_admission_poll():
     """unified_radix_cache.py `check_prefetch_progress`: while `_can_terminate_prefetch` says no,
     `_start_storage_prefetch_wait` arms `timeout_s = prefetch_timeout_base (1) +
     pages x prefetch_timeout_per_page (page_size / 1024 x 0.25)` on the requested span, once, at
-    the first poll that finds the prefetch running; `_prefetch_deadline_expired` then ends it.
-    No cap. (0.5.9, as the engine had it: from the prefetch's start, on the hit.)"""
+    the first poll that finds the prefetch running; `_prefetch_deadline_expired` then ends it,
+    once `elapsed() > timeout_s`: from the first nanosecond past the budget (found by the
+    scheduler harness with storage on the clock: 1 ns of TTFT). No cap. (0.5.9, as the engine
+    had it: from the prefetch's start, on the hit.)"""
     assert prefetch_timeout_ns(0) == 1_000_000_000
     assert prefetch_timeout_ns(2048) == 1_500_000_000
     assert prefetch_timeout_ns(1024 * 1024) == int((1 + 256) * 1e9)  # no cap
@@ -223,9 +225,10 @@ def test_the_timeout_starts_at_the_first_blocked_admission_poll():
     r.hold_until_ns = 10 * 10**9  # the read ends at 10 s
     r.prefetch_wait_ns = prefetch_timeout_ns(8 * PS)  # 1.125 s, armed by _start_prefetch
     assert s._prefetch_holds(r, 3 * 10**9)  # first blocked poll at 3 s: the budget starts now
-    assert (r.prefetch_deadline_ns, r.hold_until_ns, r.prefetch_wait_ns) == (4_125_000_000, 4_125_000_000, None)
+    assert (r.prefetch_deadline_ns, r.hold_until_ns, r.prefetch_wait_ns) == (4_125_000_001, 4_125_000_001, None)
     assert s._prefetch_holds(r, 4 * 10**9)  # a later poll does not restart it
-    assert not s._prefetch_holds(r, 4_125_000_000)  # expired: admitted with what arrived
+    assert s._prefetch_holds(r, 4_125_000_000)  # the budget's end: elapsed == timeout_s, not past it
+    assert not s._prefetch_holds(r, 4_125_000_001)  # expired: admitted with what arrived
 
 
 @helpers.patches_the_engine  # replaces the scheduler's _start_prefetch

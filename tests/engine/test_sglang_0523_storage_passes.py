@@ -123,9 +123,9 @@ def test_a_storage_write_starts_at_the_host_copys_ack_and_holds_it_a_pass(tmp_pa
         after_ack(node, cause)
         acked.append((s.prefetch_pass, node.host_ref))
 
-    def on_write(node, cause, now):
+    def on_write(node, cause, now, start=-1, end=-1):
         written.append((s.prefetch_pass + 1, node.host_ref))  # the pass the drain belongs to
-        write(node, cause, now)
+        write(node, cause, now, start, end)
 
     monkeypatch.setattr(ctrl, "_storage_after_ack", on_ack)
     monkeypatch.setattr(ctrl, "_write_storage", on_write)

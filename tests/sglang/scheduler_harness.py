@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Callable
 
 from tests.engine.helpers import price_at_zero
+from tests.sglang.storage_price import priced
 from tierdiag.config.engine import EngineConfig
 from tierdiag.engine import costmodel
 from tierdiag.engine.engine import Engine
@@ -110,6 +111,10 @@ class Workload:
     prefetch_policy: str | None = None
     model: str = MODEL  # the cost model's presets (both sides are priced by it)
     gpu: str = GPU
+    # storage I/O on the virtual clock (sglang0523_storage.TIMING), priced by the engine's cost
+    # model on both sides with a disk this many times slower (storage_price.priced); 0: instant
+    # (SGLang's threads pumped to quiescence at each pass, the engine's storage_ns at 0)
+    storage_slowdown: float = 0
 
     def context_len(self) -> int:
         return max(r["input_len"] + r["output_len"] for r in self.requests) + 64
@@ -137,7 +142,7 @@ class Workload:
                 "engine_config": self.engine_config(), "requests": self.requests, "switches": sorted(switches),
                 "closed_loop": self.closed_loop, "max_running": self.max_running, "flat_copy_cost": True,
                 "mixed_chunk": self.mixed_chunk, "storage": bool(self.storage_tokens),
-                "prefetch_policy": self.prefetch_policy}
+                "prefetch_policy": self.prefetch_policy, "storage_slowdown": self.storage_slowdown}
 
 
 # --- the engine side --------------------------------------------------------------------------
@@ -212,10 +217,15 @@ def run_engine(w: Workload, switches) -> dict:
     try:
         engine = Engine(cfg, probe=cap)
         sched = engine.scheduler
-        # SGLang's storage threads are pumped between passes (sglang0523_storage.py): its
-        # reads and writes take no virtual time, and so do the engine's here
+        if w.storage_slowdown:  # storage on the clock, both sides priced alike (storage_price.py)
+            cost = priced(engine.cost, w.storage_slowdown)
+            engine.cost = cost
+            for rank in engine.ranks:
+                rank.ctrl.cost = rank.scheduler.cost = cost
+        # otherwise SGLang's storage threads are pumped between passes (sglang0523_storage.py):
+        # its reads and writes take no virtual time, and so do the engine's here
         price_at_zero(engine, (["decode_step_ns"] if "zero_decode" in switches else [])
-                      + (["storage_ns"] if w.storage_tokens else []))
+                      + (["storage_ns"] if w.storage_tokens and not w.storage_slowdown else []))
         form = sched.schedule_pass
 
         def batch(now):  # a step: one Scheduler.schedule_pass call that formed a batch
@@ -632,7 +642,8 @@ STORAGE_TOKENS = 1 << 22  # far beyond what a workload writes: nothing is delete
 
 
 def stored(seed: int, *, page_size: int, schedule_policy: str = "fcfs", write_policy: str = "write_through",
-           prefetch_policy: str | None = None, n: int = 40, system_prompt: bool = True) -> Workload:
+           prefetch_policy: str | None = None, n: int = 40, system_prompt: bool = True,
+           storage_slowdown: float = 0, spacing: int = 1) -> Workload:
     """A storage tier behind pools that churn: distinct prompts of 5-12 blocks (320-768 tokens)
     under a system prompt, into a device pool of 2,048 tokens and a host pool of the same size,
     so the host evicts what storage then keeps; 40 % of the requests repeat an earlier prompt
@@ -640,7 +651,9 @@ def stored(seed: int, *, page_size: int, schedule_policy: str = "fcfs", write_po
     admission), some of them arriving together (in-flight prefetches share the host).
     Without `system_prompt` the prompts share nothing: under write_back a device-resident system
     prompt is never backed up, so 0.5.23's prefetch gate (`_prefetch_kvcache`: the best match
-    backed up, or the root) stops every query; without it the gate is the root."""
+    backed up, or the root) stops every query; without it the gate is the root.
+    `storage_slowdown` puts storage on the clock (Workload.storage_slowdown); `spacing` stretches
+    the gaps between arrivals (so that slow writes land before the repeats come)."""
     rnd = random.Random(seed * 104729 + 17)
     block = 64
     chains = _Chains()
@@ -648,7 +661,7 @@ def stored(seed: int, *, page_size: int, schedule_policy: str = "fcfs", write_po
     reqs = []
     t = 0
     for i in range(n):
-        t += 0 if rnd.random() < 0.25 else rnd.randint(1, 10) * 1_000_000
+        t += 0 if rnd.random() < 0.25 else rnd.randint(1, 10) * 1_000_000 * spacing
         if i >= 8 and rnd.random() < 0.4:
             prev = rnd.choice(reqs[: max(1, i - 6)])  # an older prompt: its pages have likely left the host
             ids, length = list(prev["hash_ids"]), prev["input_len"]
@@ -661,9 +674,12 @@ def stored(seed: int, *, page_size: int, schedule_policy: str = "fcfs", write_po
     budget = 512 if page_size < 64 else 1024
     pp = prefetch_policy or "timeout"
     sp = "" if system_prompt else ", no system prompt"
+    if storage_slowdown:
+        sp += f", storage on the clock x{storage_slowdown:g}, gaps x{spacing}"
     return Workload(f"stored(seed {seed}, page {page_size}, {schedule_policy}, {write_policy}, {pp}{sp})", reqs,
                     page_size, dev, dev, block, budget, schedule_policy, write_policy,
-                    storage_tokens=STORAGE_TOKENS, prefetch_policy=prefetch_policy)
+                    storage_tokens=STORAGE_TOKENS, prefetch_policy=prefetch_policy,
+                    storage_slowdown=storage_slowdown)
 
 
 def storage_cases() -> list[tuple[str, Callable[[], Workload], str]]:
@@ -775,6 +791,7 @@ MATRIX_COLUMNS: dict[str, Callable[[Workload, str], bool]] = {
 def ci_cases() -> list[tuple[str, Callable[[], Workload], str]]:
     """Every workload CI runs against SGLang (test_scheduler_0523.py, test_scheduler_long.py)."""
     return (seeded_cases() + agentic_cases() + trace_cases() + audit_cases() + storage_cases() + matrix_cases()
+            + timed_storage_cases()
             + [(f"chunk_host-s{s}", partial(chunk_host, s), "rust") for s in range(4)])
 
 
@@ -807,6 +824,29 @@ def matrix_table(ci: dict, long: dict) -> str:
                 cells.append("-")
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def timed_storage_cases() -> list[tuple[str, Callable[[], Workload], str]]:
+    """Storage on the virtual clock (`stored` with `storage_slowdown`; sglang0523_storage.TIMING):
+    at the engine's own disk price (x1) and at one 100 times slower, arrivals 200 times further
+    apart, where a read of 5-12 pages outlasts the `timeout` policy's budget (1 s + 0.25 s a
+    Ki-token) and is cut short (`terminate_prefetch`): all of it at page 64 (one 128-page batch),
+    its whole batches done at page 1 (partial reads)."""
+    out = []
+    for seed, ps, pol, wp, pp, system, slow, spacing in (
+            (0, 64, "fcfs", "write_through", None, True, 300, 1000),
+            (0, 1, "fcfs", "write_through", None, True, 300, 1000),
+            (0, 64, "lpm", "write_through", None, True, 100, 200),
+            (1, 64, "fcfs", "write_back", None, False, 100, 200),
+            (0, 64, "fcfs", "write_through", "best_effort", True, 1, 1),
+            (1, 1, "lpm", "write_back", "best_effort", False, 1, 1),
+            (2, 64, "fcfs", "write_through_selective", "wait_complete", True, 100, 200)):
+        name = (f"timed{slow}-s{seed}-p{ps}-{pol}-{wp}-{pp or 'timeout'}" + ("" if system else "-nosystem"))
+        out.append((name, partial(stored, seed, page_size=ps, schedule_policy=pol, write_policy=wp,
+                                  prefetch_policy=pp, system_prompt=system, storage_slowdown=slow,
+                                  spacing=spacing), "rust"))
+    return out
+
 
 
 if __name__ == "__main__":  # python -m tests.sglang.scheduler_harness: the matrix for the README

@@ -61,6 +61,7 @@ from sglang.srt.server_args import ServerArgs  # noqa: E402
 
 import sglang0523  # noqa: E402,F401  (its byte stand-ins: device module, host buffer, copies)
 import sglang0523_storage as storage  # noqa: E402  (the storage tier's threads, pumped: its docstring)
+import storage_price  # noqa: E402
 from token_ids import OUTPUT_TOKEN_BASE, input_tokens  # noqa: E402
 
 # The engine's cost model: the repository root is two folders up (tests/sglang/..).
@@ -410,6 +411,9 @@ class Pricer:
         self.d2h_free = 0
         self.blocking = 0  # write-backs the current step's allocation waited for
         self.zero_decode = "zero_decode" in SWITCHES
+        # storage on the clock (sglang0523_storage.TIMING): the engine's price, maybe slowed
+        slow = spec.get("storage_slowdown") or 0
+        storage.timed_by(storage_price.priced(self.cost, slow) if slow else None, self.page_bytes)
 
     def device_to_host(self, tokens: int, now: int) -> None:
         """A copy of `tokens` on the one device->host link (CacheController.backup / _write_back:
@@ -550,7 +554,10 @@ def _run_workload(spec: dict) -> dict:
                      if isinstance(a.finish_event, _TimedEvent) and a.finish_event.ready_at > clock]
             if pi < len(pending):
                 later.append(arrival[pending[pi]])
-            if storage.held():
+            wake = storage.wake_ns(tree, clock)  # storage on the clock: its next delivery's pass
+            if wake is not None:
+                later.append(wake)
+            elif storage.held():
                 later.append(clock)  # a request waits on storage: the event loop's next pass
             if later and (pi < len(pending) or sch.waiting_queue or sch.chunked_req is not None):
                 clock = max(clock, min(later))

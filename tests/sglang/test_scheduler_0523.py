@@ -52,6 +52,23 @@ STILL_DIFFERENT: dict[str, str] = {
     # `pop_prefetch_loaded_span`).
     # So does the one the workload-matrix audit found (agentic-s3-p64-lpm-write_through-stored,
     # the same allocate_storage_hit rule).
+    "stored-s0-p1-fcfs-write_through-timeout":
+        "steps 42-43's host evictions (SGLang 236 tokens, the engine 143, host free equal after; since "
+        "the writes queued at an earlier pass land before a pass's queries, sglang0523_storage.pump, "
+        "not attributed)",
+    # Storage on the virtual clock (sglang0523_storage.TIMING, scheduler_harness.timed_storage_cases):
+    # every request agrees; what is left is host evictions
+    "timed300-s0-p64-fcfs-write_through-timeout":
+        "9 of 37 steps' host evictions (from step 6: SGLang 1,088 tokens, the engine 640; 42 reads cut "
+        "by the timeout policy, every request agrees): a hit's host allocation "
+        "(`HybridCacheController.allocate_storage_hit`) evicts the whole hit (`evict_host(hit_tokens)`: "
+        "512 asked), the engine the shortfall, as in stored-s0-p1-fcfs-write_back-best_effort-nosystem",
+    "timed300-s0-p1-fcfs-write_through-timeout":
+        "3 of 49 steps' host evictions (from step 9; 29 partial reads, every request agrees): the same "
+        "`allocate_storage_hit` eviction (attributed on page 64, not checked here)",
+    "timed100-s1-p64-fcfs-write_back-timeout-nosystem":
+        "2 of 32 steps (step 16: the engine deletes st1-12's 576 host tokens in that step's window, "
+        "SGLang not; every request agrees): not attributed yet",
 }
 # The long mode (TIERDIAG_HARNESS_LONG=1, not CI: 3-15 minutes each on a CPU) agrees on every step
 # and request in all four cases (tests/sglang/README.md has the numbers and the fixes it took).
@@ -60,7 +77,7 @@ STILL_DIFFERENT: dict[str, str] = {
 def _cases():
     out = []
     for cid, make, core in H.seeded_cases() + H.agentic_cases() + H.trace_cases() + H.audit_cases() + \
-            H.storage_cases() + H.matrix_cases():
+            H.storage_cases() + H.matrix_cases() + H.timed_storage_cases():
         marks = [pytest.mark.shared] if cid.startswith("conversation") else []
         if cid in STILL_DIFFERENT:
             marks.append(pytest.mark.xfail(strict=True, reason="still differs: " + STILL_DIFFERENT[cid]))

@@ -119,8 +119,14 @@ class CacheController:
         # ack, and holds the host copy until the pass after that ack's (release_storage_writes);
         # `pass_now` is the scheduler's pass count (Scheduler.prefetch_pass)
         self.storage_per_pass = self.rules.storage_acks_per_pass and storage is not None
-        self.storage_writes: list[tuple] = []  # (node, cause, pass that releases it, its pages at the ack)
+        # [node, cause, pass that releases it, its pages at the ack, its write's start and end on
+        # the clock (-1 until the pass after its ack starts it, start_storage_writes), in the tier]
+        self.storage_writes: list[list] = []
         self.pass_now: Any = lambda: 0
+        # 0.5.23: the host slots of prefetch reads cut short while in flight, freed as SGLang frees
+        # them (free_prefetch_tails): (when the read stops, the pass that took its last ack or
+        # -1, the slots)
+        self.prefetch_tails: list[tuple[int, int, list[int]]] = []
 
     # --- helpers -------------------------------------------------------------------------
     def _to_host(self, device_slots: list[int], host_slots: list[int]) -> tuple[int, int]:
@@ -419,32 +425,93 @@ class CacheController:
         is taken in the eviction itself (`writing_check(write_back=True)` blocks for it), the
         next pass (`passes` 1)."""
         self.tree.protect_host(node)
-        self.storage_writes.append((node, cause, self.pass_now() + passes, len(node.keys)))
+        self.storage_writes.append([node, cause, self.pass_now() + passes, len(node.keys), -1, -1, False])
+
+    def start_storage_writes(self, now_ns: int) -> None:
+        """A pass's start (`writing_check` -> `write_backup_storage`): the storage writes whose
+        host copies were acknowledged since the last pass go on the tier's write queue
+        (`backup_thread_func`, one write after another, each as long as
+        CostModel.storage_io_ns prices its pages; the pass at its end takes its ack). Their
+        pages are in the tier from the pass after that start, before its queries: SGLang's are
+        there at the write's end (not modelled: docs/engine.md, "Storage on the clock")."""
+        if not self.storage_writes:
+            return
+        storage = self.storage
+        step = self.pass_now() + 1
+        for entry in self.storage_writes:
+            if entry[4] < 0:
+                start = max(now_ns, storage.write_free_ns)
+                end = start + self.cost.storage_io_ns(entry[3], self.page_bytes)
+                storage.write_free_ns = end
+                entry[4], entry[5] = start, end
+                self.at(end, self._wake, None)  # the event loop's pass then takes its ack
+            if not entry[6] and entry[2] <= step:
+                self._land(entry[0], entry[1], entry[3], entry[4], entry[5], now_ns)
+                entry[6] = True
+
+    def hold_prefetch_tail(self, slots: list[int], stop_ns: int) -> None:
+        """A prefetch read terminated while in flight (`check_prefetch_progress` ->
+        `terminate_prefetch`) whose pages `slots` were not acknowledged: SGLang's read thread
+        stops at the end of the batch in progress (`stop_ns`), its last ack (`completed_req`)
+        then hands the slots back (`_drain_ack_prefetch` -> `append_host_mem_release`), and
+        the drain after the one that takes that ack frees them (`_drain_release`: its count is
+        taken before the acks are drained)."""
+        if slots:
+            self.prefetch_tails.append((stop_ns, -1, slots))
+            self.at(stop_ns, self._wake, None)
+
+    def free_prefetch_tails(self, now_ns: int, *, every: bool = False) -> None:
+        """A pass's drain, its end (`_drain_release`): the tails whose last ack an earlier pass
+        took are freed; those whose read has stopped by now have their ack taken by this pass."""
+        if not self.prefetch_tails:
+            return
+        step = self.pass_now() + 1  # the pass this drain belongs to
+        keep = []
+        for stop, seen, slots in self.prefetch_tails:
+            if every or (seen >= 0 and step > seen):
+                self.host.free(slots)
+                continue
+            if seen < 0 and now_ns >= stop:
+                seen = step
+                self.at(now_ns, self._wake, None)  # the event loop's next pass frees them
+            keep.append((stop, seen, slots))
+        self.prefetch_tails = keep
+
+    def _wake(self, _arg) -> None:
+        """An event that only wakes the scheduler (a storage ack due)."""
+
+    def _land(self, node: TreeNode, cause: str | None, pages: int, start: int, end: int, now_ns: int) -> None:
+        # what was written is the host copy as the ack found it (`write_backup_storage` takes the
+        # node's host value then); a match may have split the node since: write each part
+        for part in self._parts(node, pages):
+            # a part dropped from the tree since (its host slots freed, maybe reused) is not
+            # written: only a rule set with `write_back_drop_spares_pinned` switched back drops a
+            # subtree whose storage write holds it
+            if part.host is not None and part.parent is not None:
+                self._write_storage(part, cause, now_ns, start, end)
 
     def release_storage_writes(self, now_ns: int, *, every: bool = False) -> None:
-        """A pass's drain (`_drain_backup`): the storage writes whose ack it takes are in the tier
-        (written before this pass, after its arrivals' queries: `backup_thread_func` runs after
-        the query thread) and their host copies free to evict again."""
+        """A pass's drain (`_drain_backup`): the storage writes whose ack it takes (in the tier
+        since this pass's start, start_storage_writes) free their host copies to evict again.
+        `every`: the replay's end, when the passes after it would take every ack."""
+        if every:
+            self.free_prefetch_tails(now_ns, every=True)
         if not self.storage_writes:
             return
         step = self.pass_now() + 1  # the pass this drain belongs to
-        if every:  # the replay's end: the passes after it would take every ack
-            step = max(release for _, _, release, _ in self.storage_writes)
         keep = []
         for entry in self.storage_writes:
-            node, cause, release, pages = entry
-            if release > step:
+            if every and not entry[6]:  # the replay's end: the passes after it would take every ack
+                if entry[4] < 0:
+                    entry[4] = max(now_ns, self.storage.write_free_ns)
+                    entry[5] = entry[4] + self.cost.storage_io_ns(entry[3], self.page_bytes)
+                    self.storage.write_free_ns = entry[5]
+                self._land(entry[0], entry[1], entry[3], entry[4], entry[5], now_ns)
+                entry[6] = True
+            if not every and (not entry[6] or entry[2] > step or entry[5] > now_ns):
                 keep.append(entry)
                 continue
-            # what was written is the host copy as the ack found it (`write_backup_storage` takes
-            # the node's host value then); a match may have split the node since: write each part
-            for part in self._parts(node, pages):
-                # a part dropped from the tree since (its host slots freed, maybe reused) is
-                # not written: only a rule set with `write_back_drop_spares_pinned` switched back
-                # drops a subtree whose storage write holds it
-                if part.host is not None and part.parent is not None:
-                    self._write_storage(part, cause, now_ns)
-            self.tree.release_host(node)
+            self.tree.release_host(entry[0])
         self.storage_writes = keep
 
     def _write_back(self, node: TreeNode, cause: str | None, now_ns: int) -> bool:
@@ -474,7 +541,10 @@ class CacheController:
             self._write_storage(node, cause, start + dur)
         return True
 
-    def _write_storage(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
+    def _write_storage(self, node: TreeNode, cause: str | None, now_ns: int, start: int = -1,
+                       end: int = -1) -> None:
+        """Write the node's host copy into the tier: on the tier's link from `now_ns`, or (0.5.23,
+        start_storage_writes) timed already, from `start` to `end`."""
         if self.storage is None:
             return
         keys = node.keys  # a page key names its whole prefix: the tier's key as it is
@@ -484,15 +554,16 @@ class CacheController:
         pages = len(keys)
         dp_bytes = pages * self.dp_page_bytes
         storage = self.storage
-        start = max(now_ns, storage.free_ns)
-        end = start + self.cost.storage_ns(pages * self.page_bytes)
-        storage.free_ns = end
+        if start < 0:
+            start = max(now_ns, storage.free_ns)
+            end = start + self.cost.storage_ns(pages * self.page_bytes)
+            storage.free_ns = end
         if deleted:
             key = "storage/delete"
             self.stats.evictions[key] = self.stats.evictions.get(key, 0) + len(deleted)
         if self.emit.transfer is not None:
             self.emit.transfer((self._transfer_id(), start, end, TransferKind.STORAGE_WRITE, cause, pages, 1,
-                                pages * self.page_bytes, dp_bytes, start - now_ns, 0, None, self.rank))
+                                pages * self.page_bytes, dp_bytes, max(0, start - now_ns), 0, None, self.rank))
 
     # --- host -> device ------------------------------------------------------------------
     def load_back(self, nodes: tuple[TreeNode, ...], slots: list[int], req_id: str, now_ns: int,
@@ -579,7 +650,10 @@ class CacheController:
         dp_bytes = self.storage.read_into(keys, self.host.array, slots)
         storage = self.storage
         start = max(now_ns, storage.free_ns)
-        end = start + self.cost.storage_ns(pages * self.page_bytes)
+        if self.storage_per_pass:  # SGLang's batches, one backend call each (storage_batch_ends)
+            end = start + self.cost.storage_io_ns(pages, self.page_bytes)
+        else:
+            end = start + self.cost.storage_ns(pages * self.page_bytes)
         storage.free_ns = end
         self.stats.prefetches += 1
         if self.emit.transfer is not None:

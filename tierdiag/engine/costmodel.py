@@ -27,6 +27,10 @@ from tierdiag.config.profile import BATCH_OVERHEAD_NS, DECODE_STEP_OVERHEAD_NS, 
 # predicts with too). At Llama-3-8B geometry a 64-token page is 256 KiB a layer, so these matter
 # for small pages and heavy fragmentation, and hardly at all otherwise.
 DISK_LATENCY_NS = 100_000
+# SGLang moves a storage read or write in batches of this many pages, one backend call each, one
+# after another (hicache_storage.STORAGE_BATCH_SIZE; HiCacheController._page_transfer /
+# _page_backup), and acknowledges a read batch by batch: a read cut short keeps whole batches.
+STORAGE_BATCH_PAGES = 128
 
 
 # Compiled (engine/compiled.py) as a native class that Python may subclass: a harness prices
@@ -127,6 +131,37 @@ class CostModel:
 
     def storage_ns(self, num_bytes: int) -> int:
         return DISK_LATENCY_NS + int(num_bytes / DISK_BYTES_PER_S * 1e9)
+
+    def storage_batch_ends(self, pages: int, page_bytes: int) -> list[int]:
+        """A storage read or write of `pages` pages as SGLang issues it: one `storage_ns` call a
+        batch of STORAGE_BATCH_PAGES pages, in turn. The end of each batch from the start (ns);
+        the last is the operation's length (one call, for no pages)."""
+        ends = []
+        t = 0
+        done = 0
+        while True:
+            n = min(STORAGE_BATCH_PAGES, pages - done)
+            t += self.storage_ns(n * page_bytes)
+            ends.append(t)
+            done += n
+            if done >= pages:
+                return ends
+
+    def storage_io_ns(self, pages: int, page_bytes: int) -> int:
+        """How long a storage read or write of `pages` pages takes (storage_batch_ends' last)."""
+        return self.storage_batch_ends(pages, page_bytes)[-1]
+
+    def storage_pages_done(self, pages: int, page_bytes: int, elapsed_ns: int) -> int:
+        """The pages of a read started `elapsed_ns` ago that are acknowledged: the whole batches
+        ended by then (SGLang's `PrefetchAck` comes a batch at a time)."""
+        if elapsed_ns <= 0:
+            return 0
+        done = 0
+        for i, end in enumerate(self.storage_batch_ends(pages, page_bytes)):
+            if end > elapsed_ns:
+                return done
+            done = min(pages, (i + 1) * STORAGE_BATCH_PAGES)
+        return done
 
     def overlapped_ns(self, load_ns: int, compute_ns: int) -> int:
         """Wall time of a batch whose load-back of `load_ns` feeds a prefill of `compute_ns`.

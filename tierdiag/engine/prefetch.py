@@ -124,6 +124,10 @@ class StoragePrefetch(SchedulerState):
         if self.storage_pass_done_ns == now:
             self.storage_pass_done_ns = -1
             return
+        if self.rules.storage_acks_per_pass:
+            # the writes acknowledged since the last pass start; those ended are in the tier
+            # before this pass's queries
+            self.ctrl.start_storage_writes(now)
         if self.unqueried:
             arrived, self.unqueried = self.unqueried, []
             for req in arrived:
@@ -131,6 +135,7 @@ class StoragePrefetch(SchedulerState):
         if self.rules.storage_acks_per_pass:
             self.drain_prefetch_queries(now)
             self.ctrl.release_storage_writes(now)
+            self.ctrl.free_prefetch_tails(now)
         self._retry_prefetches(now)  # _process_hicache_events, every pass
 
     def drain_prefetch_queries(self, now: int) -> None:
@@ -244,7 +249,9 @@ class StoragePrefetch(SchedulerState):
         wait = req.prefetch_wait_ns
         if wait is not None:
             req.prefetch_wait_ns = None
-            req.prefetch_deadline_ns = deadline = now + wait
+            # the first nanosecond past the budget: `_prefetch_deadline_expired` asks
+            # `elapsed() > timeout_s`
+            req.prefetch_deadline_ns = deadline = now + wait + 1
             if deadline < req.hold_until_ns:
                 req.hold_until_ns = deadline
                 self.at(deadline, _noop, None)
@@ -430,7 +437,12 @@ class StoragePrefetch(SchedulerState):
         there meanwhile are duplicates and freed), the rest is released, the anchor unprotected.
         The new nodes are not locked: admission follows at once and loads them back."""
         first, pages, slots, start, end = req.prefetch
-        done = pages if now >= end else max(0, (pages * (now - start)) // max(end - start, 1))
+        if now >= end:
+            done = pages
+        elif self.rules.storage_acks_per_pass:  # the batches acknowledged (storage_pages_done)
+            done = self.cost.storage_pages_done(pages, self.ctrl.page_bytes, now - start)
+        else:
+            done = max(0, (pages * (now - start)) // max(end - start, 1))
         if req.prefetch_ack_pass > self.prefetch_pass and not acked:
             done = 0  # no ack drained yet: `operation.completed_tokens` is 0 (storage_acks_per_pass)
         req.prefetch = None
@@ -453,7 +465,17 @@ class StoragePrefetch(SchedulerState):
             kept = done
         else:
             self.ctrl.host.free(slots[:done])
-        self.ctrl.host.free(slots[done:])
+        if now < end and self.rules.storage_acks_per_pass:
+            # cut short in flight: the read stops at the end of its batch in progress (at its
+            # start, not started yet), and its unread slots are freed after its last ack
+            ends = self.cost.storage_batch_ends(pages, self.ctrl.page_bytes)
+            stop = start if now < start else start + next(e for e in ends if start + e > now)
+            self.ctrl.hold_prefetch_tail(slots[done:], stop)
+            storage = self.ctrl.storage
+            if storage.free_ns == end:  # the last read queued: the tier's reads are free then
+                storage.free_ns = stop
+        else:
+            self.ctrl.host.free(slots[done:])
         tree.release_host(req.anchor)
         req.anchor = None
         self.prefetch_tokens_occupied -= req.prefetch_tokens

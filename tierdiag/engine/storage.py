@@ -246,8 +246,12 @@ class StorageTier:
                 raise PermissionError(errno.EACCES, "Permission denied", str(self.root))
         self.capacity = capacity_pages
         # When the tier's bandwidth is next free (virtual ns): its reads (prefetches) and writes
-        # queue on it, from whichever rank shares the tier (engine/deployment.py).
+        # queue on it, from whichever rank shares the tier (engine/deployment.py). Under 0.5.23's
+        # rules (storage_acks_per_pass) writes have a queue of their own, `write_free_ns`, as
+        # SGLang writes in its own thread (`backup_thread_func`) beside its reads'
+        # (`prefetch_io_aux_func`).
         self.free_ns = 0
+        self.write_free_ns = 0
         self._index = new_index()  # key -> location, LRU order; live pages a segment
         self._segments: dict[int, _Segment] = {}
         self._active: _Segment | None = None
