@@ -288,13 +288,16 @@ class StoragePrefetch(SchedulerState):
         deadline = req.prefetch_deadline_ns
         return not (policy == PrefetchPolicy.TIMEOUT and deadline is not None and deadline <= now)
 
-    def _drain_held_releases(self) -> None:
+    def _drain_held_releases(self, *, every: bool = False) -> None:
         """0.5.23 `_drain_storage_control_queues_impl` -> `_drain_release`, the drain's last
         step: the host slots of prefetches that ended before their read's ack
-        (`_finish_prefetch`), queued by an earlier drain's ack, go back to the host pool now."""
+        (`_finish_prefetch`), queued by an earlier drain's ack, go back to the host pool now.
+        `every`: the replay's end (the passes after it would free them all)."""
         if not self.held_releases:
             return
         step = self.prefetch_pass + 1  # the pass this drain belongs to
+        if every:
+            step = max(due for due, _ in self.held_releases)
         kept: list[tuple[int, list[int]]] = []
         for due, slots in self.held_releases:
             if due <= step:

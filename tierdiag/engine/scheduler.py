@@ -216,6 +216,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                 break
             now = max(now, nxt)
         self.ctrl.release_storage_writes(now, every=True)
+        self._drain_held_releases(every=True)
         self.stats.virtual_end_ns = now
         return self.stats
 
