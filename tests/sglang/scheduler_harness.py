@@ -714,6 +714,20 @@ def with_storage(make: Callable[[], Workload], prefetch_policy: str | None = Non
     return w
 
 
+DEMO = Path(__file__).resolve().parents[2] / "tierdiag" / "trace" / "samples" / "demo.jsonl"
+
+
+def demo_stored(n: int, prefetch_policy: str) -> Workload:
+    """The demo trace's first n requests behind 16,384-token device and host pools with a storage
+    tier, as `python -m tests.sglang.drive` builds them (tests/sglang/README.md, "Where it
+    differed"): prompts of up to 12,000 tokens that churn both pools, so storage serves hits."""
+    from tests.sglang import drive  # it imports this module
+
+    _, w = drive.prepare([str(DEMO), "--requests", str(n), "--device-tokens", "16384", "--host-tokens", "16384",
+                          "--storage-tokens", "4000000", "--prefetch-policy", prefetch_policy])
+    return w
+
+
 def matrix_cases() -> list[tuple[str, Callable[[], Workload], str]]:
     """The cells the CI cases above left empty (the audit, `matrix`): the conversation slice at
     page 1, on the Python core and with a storage tier, at its rate (under write_back too) and at
@@ -736,6 +750,13 @@ def matrix_cases() -> list[tuple[str, Callable[[], Workload], str]]:
          partial(with_storage, partial(agentic, 1, page_size=64), pools=2048), "python"),
         ("agentic-s3-p64-lpm-write_through-stored",
          partial(with_storage, partial(agentic, 3, page_size=64), pools=3072), "rust"),
+        # issue 43's driver found these two (tests/engine/test_sglang_0523_storage_locks.py): seed
+        # 2 anchors a storage miss on a host leaf another request's hit would evict; demo.jsonl
+        # under best_effort ends prefetches before their read's ack (their host memory is freed
+        # two drains later)
+        ("agentic-s2-p64-lpm-write_through-stored",
+         partial(with_storage, partial(agentic, 2, page_size=64), pools=3072), "rust"),
+        ("demo24-p64-fcfs-write_through-stored-best_effort", partial(demo_stored, 24, "best_effort"), "rust"),
         # bursts with storage: the shared prefixes stay on device (host evictions, no storage hit)
         ("burst-s0-p64-lpm-write_through-stored",
          partial(with_storage, partial(seeded, 0, page_size=64, shape="burst", schedule_policy="lpm"), pools=2048),

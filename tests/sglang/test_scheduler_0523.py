@@ -52,20 +52,16 @@ STILL_DIFFERENT: dict[str, str] = {
     # `pop_prefetch_loaded_span`).
     # So does the one the workload-matrix audit found (agentic-s3-p64-lpm-write_through-stored,
     # the same allocate_storage_hit rule).
-    "stored-s0-p1-fcfs-write_through-timeout":
-        "steps 42-43's host evictions (SGLang 236 tokens, the engine 143, host free equal after; since "
-        "the writes queued at an earlier pass land before a pass's queries, sglang0523_storage.pump, "
-        "not attributed)",
     # Storage on the virtual clock (sglang0523_storage.TIMING, scheduler_harness.timed_storage_cases):
     # every request agrees; what is left is host evictions
     "timed300-s0-p64-fcfs-write_through-timeout":
         "9 of 37 steps' host evictions (from step 6: SGLang 1,088 tokens, the engine 640; 42 reads cut "
-        "by the timeout policy, every request agrees): a hit's host allocation "
-        "(`HybridCacheController.allocate_storage_hit`) evicts the whole hit (`evict_host(hit_tokens)`: "
-        "512 asked), the engine the shortfall, as in stored-s0-p1-fcfs-write_back-best_effort-nosystem",
+        "by the timeout policy, every request agrees). First attributed to "
+        "`HybridCacheController.allocate_storage_hit` evicting the whole hit; the engine does that now "
+        "(CacheController.alloc_storage_hit) and the step still differs: not attributed",
     "timed300-s0-p1-fcfs-write_through-timeout":
-        "3 of 49 steps' host evictions (from step 9; 29 partial reads, every request agrees): the same "
-        "`allocate_storage_hit` eviction (attributed on page 64, not checked here)",
+        "3 of 49 steps' host evictions (from step 9: SGLang 824, the engine 363; 29 partial reads, "
+        "every request agrees): not attributed",
     "timed100-s1-p64-fcfs-write_back-timeout-nosystem":
         "2 of 32 steps (step 16: the engine deletes st1-12's 576 host tokens in that step's window, "
         "SGLang not; every request agrees): not attributed yet",

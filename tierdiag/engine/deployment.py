@@ -168,6 +168,7 @@ class Deployment:
             now = max(now, nxt)
         for sched in self.ranks:  # the passes after the end would take every storage write's ack
             sched.ctrl.release_storage_writes(now, every=True)
+            sched._drain_held_releases(every=True)
         self.stats.virtual_end_ns = now
         return self.stats
 

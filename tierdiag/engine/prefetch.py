@@ -97,6 +97,14 @@ class StoragePrefetch(SchedulerState):
                 self.prefetch_tokens_occupied += span * ps
                 self.query_occupied += span * ps
                 req.prefetch_query_pass = self.prefetch_pass
+                if req.seq not in self.unallocated:
+                    # and its anchor: `prefetch_from_storage` host-locks `last_host_node` before
+                    # the lookup, and only the drain that finds the miss unlocks it
+                    # (`revoke_pending_prefetch`), in query order among the hits it allocates
+                    # (`_drain_and_alloc_storage_hit`): a host leaf that anchors a miss is not
+                    # evictable meanwhile (`UnifiedTreeCore._is_host_leaf`: host_lock_ref)
+                    tree.protect_host(anchor)
+                    self.unallocated[req.seq] = (req, anchor, matched, 0, span)
         if reason is not None:
             if req.storage_match_pages:
                 req.storage_skip_reason = reason
@@ -136,6 +144,7 @@ class StoragePrefetch(SchedulerState):
             self.drain_prefetch_queries(now)
             self.ctrl.release_storage_writes(now)
             self.ctrl.free_prefetch_tails(now)
+            self._drain_held_releases()
         self._retry_prefetches(now)  # _process_hicache_events, every pass
 
     def drain_prefetch_queries(self, now: int) -> None:
@@ -147,6 +156,9 @@ class StoragePrefetch(SchedulerState):
         if self.unallocated:
             queued, self.unallocated = self.unallocated, {}
             for req, anchor, matched, hits, span in queued.values():
+                if hits == 0:  # a miss (or a hit under the threshold): revoke_pending_prefetch
+                    self.tree.release_host(anchor)
+                    continue
                 self._alloc_prefetch(req, anchor, matched, hits, span, now)
         # `_drain_ack_prefetch`: a read whose acks this drain takes is inserted into the tree now
         # (`_handle_prefetch_result`, "check_prefetch_progress() is not called for this rid
@@ -164,8 +176,10 @@ class StoragePrefetch(SchedulerState):
     def _revoke_query(self, req: Req) -> None:
         """best_effort at an admission poll while the request's query is in flight
         (`check_prefetch_progress` -> terminate with no host memory): `poll_miss`, revoked."""
-        _, anchor, _, _, _ = self.unallocated.pop(req.seq)
+        _, anchor, _, hits, _ = self.unallocated.pop(req.seq)
         self.tree.release_host(anchor)
+        if hits == 0:  # a miss's query: its span and re-query are the drain's and the query's
+            return
         self.prefetch_tokens_occupied -= req.prefetch_tokens
         req.prefetch_tokens = 0
         self._arm_prefetch_retry(req)
@@ -280,6 +294,24 @@ class StoragePrefetch(SchedulerState):
             return False
         deadline = req.prefetch_deadline_ns
         return not (policy == PrefetchPolicy.TIMEOUT and deadline is not None and deadline <= now)
+
+    def _drain_held_releases(self, *, every: bool = False) -> None:
+        """0.5.23 `_drain_storage_control_queues_impl` -> `_drain_release`, the drain's last
+        step: the host slots of prefetches that ended before their read's ack
+        (`_finish_prefetch`), queued by an earlier drain's ack, go back to the host pool now.
+        `every`: the replay's end (the passes after it would free them all)."""
+        if not self.held_releases:
+            return
+        step = self.prefetch_pass + 1  # the pass this drain belongs to
+        if every:
+            step = max(due for due, _ in self.held_releases)
+        kept: list[tuple[int, list[int]]] = []
+        for due, slots in self.held_releases:
+            if due <= step:
+                self.ctrl.host.free(slots)
+            else:
+                kept.append((due, slots))
+        self.held_releases = kept
 
     def _pop_loaded_span(self, req: Req) -> None:
         """An admission poll that finds the prefetch ended (`get_new_batch_prefill`, after
@@ -443,8 +475,14 @@ class StoragePrefetch(SchedulerState):
             done = self.cost.storage_pages_done(pages, self.ctrl.page_bytes, now - start)
         else:
             done = max(0, (pages * (now - start)) // max(end - start, 1))
+        held_until = 0  # the drain that frees the unread slots (0: now)
         if req.prefetch_ack_pass > self.prefetch_pass and not acked:
             done = 0  # no ack drained yet: `operation.completed_tokens` is 0 (storage_acks_per_pass)
+            # 0.5.23: the read is the IO thread's until it acks (`prefetch_io_aux_func`'s
+            # `completed_req`); the drain that takes that ack (pass `prefetch_ack_pass`) queues
+            # the host slots (`_drain_ack_prefetch` -> `append_host_mem_release`), and the next
+            # drain frees them (`_drain_release`, its queue length counted at the drain's start)
+            held_until = req.prefetch_ack_pass + 1
         req.prefetch = None
         tree = self.tree
         node, matched = tree.locate(req.keys[:first + done])
@@ -474,6 +512,8 @@ class StoragePrefetch(SchedulerState):
             storage = self.ctrl.storage
             if storage.free_ns == end:  # the last read queued: the tier's reads are free then
                 storage.free_ns = stop
+        elif held_until:
+            self.held_releases.append((held_until, slots[done:]))
         else:
             self.ctrl.host.free(slots[done:])
         tree.release_host(req.anchor)

@@ -91,6 +91,7 @@ class SchedulerState:
     unallocated: dict[int, tuple]
     query_occupied: int
     reading: dict[int, Req]
+    held_releases: list[tuple[int, list[int]]]
     storage_pass_done_ns: int
     _running_extend: int
     arrivals: ArrivalSource | None

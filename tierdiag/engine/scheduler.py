@@ -125,6 +125,8 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.unallocated: dict[int, tuple] = {}
         self.query_occupied = 0
         self.reading: dict[int, Req] = {}  # prefetches whose read's acks a later drain takes
+        # host slots of prefetches ended before their read's ack: (the drain that frees them, slots)
+        self.held_releases: list[tuple[int, list[int]]] = []
         self.storage_pass_done_ns = -1  # a chunk's stash ran this instant's storage_pass_start
         self.ctrl.pass_now = lambda: self.prefetch_pass
         # SchedulePolicy._waiting_prefix_refresh_calls: the passes that reached the refresh (0.5.23)
@@ -222,6 +224,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                 break
             now = max(now, nxt)
         self.ctrl.release_storage_writes(now, every=True)
+        self._drain_held_releases(every=True)
         self.stats.virtual_end_ns = now
         return self.stats
 
