@@ -412,13 +412,20 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     del kept, marks
     lookup_rank, d_rank, d_all = _pass_depths(touches_of.pop(0), touches_of.pop(0), touches_of.pop(0),
                                               touches_of.pop(0))
+    # Each array let go once what comes of it is made (one rank: d_all is d_rank, computed once):
+    # after the pass, a sampled 1M-request close held ~8 arrays of every lookup at once (issue 41).
+    lookups = len(lookup_rank)
+    del lookup_rank
+    one_rank = len(ranks) <= 1  # d_all is d_rank's touches: the same depths
     if keep is not None:  # the sample's depths stand for the run's: divided by the rate
         d_rank = np.where(d_rank > 0, np.maximum(np.rint(d_rank / rate), 1), d_rank).astype(np.int64)
-        d_all = np.where(d_all > 0, np.maximum(np.rint(d_all / rate), 1), d_all).astype(np.int64)
+        d_all = d_rank if one_rank else \
+            np.where(d_all > 0, np.maximum(np.rint(d_all / rate), 1), d_all).astype(np.int64)
     never = np.iinfo(np.int64).max
-    one_rank = len(ranks) <= 1  # d_all is d_rank's touches: the same depths
     pages_rank = np.where(d_rank > 0, d_rank, never)
+    del d_rank
     pages_all = pages_rank if one_rank else np.where(d_all > 0, d_all, never)
+    del d_all
     inclusive = policy == WritePolicy.WRITE_THROUGH
     held, held_words = held_capacity(run.config, device, host)
 
@@ -441,25 +448,32 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     # those out; at size 0 beside nothing a depth needs depth x page tokens, exactly.
     by_depth = np.sort(pages_rank)
     by_depth = by_depth[:int(np.searchsorted(by_depth, never))]
+    if one_rank:
+        del pages_rank, pages_all
     tokens = by_depth * page
-    dev_need = tokens
+    del by_depth
+    dev_found, host_found, sto_found, input_tokens = found_tokens(con, run.run_id)
+    weight = 1 / rate  # lookups each sampled one stands for
+    # One curve at a time, each tier's sizes let go once its curve is made.
+    device_curve = _curve("device", device, "device alone", tokens, page, dev_found, weight, presorted=True)
     host_need = (np.where(tokens <= device, 0, tokens) if inclusive
                  else np.maximum(-(-(tokens - device) // page) * page, 0))
+    host_curve = _curve("host", host, (f"device at the run's {device:_} tokens; write_through keeps a host copy of "
+                                       "device's pages, so device and host hold max(device, host)" if inclusive else
+                                       f"device at the run's {device:_} tokens; host holds what device evicted "
+                                       "(device + host)"), host_need, page, dev_found + host_found, weight,
+                        presorted=True)
+    del host_need
     if one_rank:
         sto_need = np.where(tokens <= held, 0, tokens)
     else:  # storage: the lookup's depth over all ranks, beside what its own rank held
+        del tokens
         sto_need = np.where(found_held(pages_rank), 0, need(pages_all, 0))
-    dev_found, host_found, sto_found, input_tokens = found_tokens(con, run.run_id)
-    weight = 1 / rate  # lookups each sampled one stands for
-    curves = (
-        _curve("device", device, "device alone", dev_need, page, dev_found, weight, presorted=True),
-        _curve("host", host, (f"device at the run's {device:_} tokens; write_through keeps a host copy of device's "
-                              "pages, so device and host hold max(device, host)" if inclusive else
-                              f"device at the run's {device:_} tokens; host holds what device evicted "
-                              "(device + host)"), host_need, page, dev_found + host_found, weight, presorted=True),
-        _curve("storage", storage, f"device and host at the run's sizes ({held_words}); storage is one tier "
-                                   "shared by every rank", sto_need, page, dev_found + host_found + sto_found, weight,
-               presorted=one_rank))
+        del pages_rank, pages_all
+    curves = (device_curve, host_curve,
+              _curve("storage", storage, f"device and host at the run's sizes ({held_words}); storage is one tier "
+                                         "shared by every rank", sto_need, page,
+                     dev_found + host_found + sto_found, weight, presorted=one_rank))
     looks = np.sort(np.minimum(np.maximum((cols.input_tokens - 1) // page, 0), lengths))
     looks = looks[looks != 0]
     slack = int(looks[max(math.ceil(0.5 * len(looks)) - 1, 0)]) * page if len(looks) else 0  # nearest rank
@@ -468,7 +482,7 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
         model += (f"; SAMPLED: {touches:,} page touches are more than the pass's budget of {MAX_TOUCHES:,} "
                   f"(memory), so {rate:.3g} of the pages (by key hash) were kept and the curves are scaled "
                   "back from them: approximate")
-    return SizeCurves(policy, page, len(ranks), input_tokens, int(round(len(lookup_rank) * weight)) * page, slack,
+    return SizeCurves(policy, page, len(ranks), input_tokens, int(round(lookups * weight)) * page, slack,
                       curves, model, rate)
 
 
