@@ -350,15 +350,20 @@ def generate(cfg: SynthConfig) -> list[SynthRequest]:
             heapq.heappop(pending)
             num_settled += 1
     timed.sort(key=lambda x: x[:4])
-    return _finish(timed[: cfg.num_requests])
+    del timed[cfg.num_requests:]
+    return _finish(timed)
 
 
 def _finish(timed: list[tuple[float, int, int, int, _Session]]) -> list[SynthRequest]:
-    """Name requests in time order and renumber block ids by first appearance."""
+    """Name requests in time order and renumber block ids by first appearance. Empties `timed`
+    as it goes: a session (its contexts' block ids) is let go once its last request is named,
+    not held beside a million named ones (issue 41)."""
     renumber: dict[int, int] = {}
     counts: dict[str, int] = {}
     out = []
-    for t_ms, _src, session_num, step_index, session in timed:
+    for i in range(len(timed)):
+        t_ms, _src, session_num, step_index, session = timed[i]
+        timed[i] = None  # type: ignore[call-overload]
         if not t_ms <= MAX_TIMESTAMP_MS:  # the bound above makes this all but impossible
             raise ConfigError(f"a request would arrive at {t_ms:.3g} ms, past the latest timestamp replay takes "
                               f"({MAX_TIMESTAMP_MS:,} ms); raise --rate or lower --requests")
@@ -391,7 +396,7 @@ def summarize(requests: list[SynthRequest], *, path: str, cfg: SynthConfig) -> S
 
 def write_trace(path: str | os.PathLike, requests: list[SynthRequest]) -> None:
     """Write JSONL (gzip if the name ends in .gz) atomically: a failed write leaves no half file."""
-    write_jsonl(path, (r.to_json_line() for r in requests))
+    write_jsonl(path, (r.to_json_line() for r in requests), chunked=True)  # made already: cannot fail midway
 
 
 def synth_to_file(path: str | os.PathLike, cfg: SynthConfig) -> SynthSummary:

@@ -73,7 +73,7 @@ from dataclasses import dataclass
 import duckdb
 
 from tierdiag.config.names import WritePolicy
-from tierdiag.diagnose.read.curves import CurveRequest, curve_requests, found_tokens
+from tierdiag.diagnose.read.curves import CurveColumns, curve_columns, found_tokens
 from tierdiag.units import share
 
 TIERS = ("device", "host", "storage")
@@ -269,8 +269,11 @@ def _flat_depths(keys: np.ndarray, query: np.ndarray, sizes: np.ndarray) -> np.n
     del keys
     same = ks[1:] == ks[:-1]
     del ks
-    prev = np.full(n, -1, dtype=np.int64)
-    prev[order[1:][same]] = order[:-1][same]
+    # prev at each touch in key order: the touch before it where it has the same key (one
+    # temporary of n, not two of the repeats: the pass's peak, issue 41).
+    prev = np.empty(n, dtype=np.int64)
+    prev[order[0]] = -1
+    prev[order[1:]] = np.where(same, order[:-1], -1)
     del order, same
     return depths_of(prev, starts, query)[query.view(bool)]
 
@@ -352,47 +355,77 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     if ahead is not None and ahead.changed:
         raise CurvesUnavailable(f"trace file {path} changed since the run was recorded")
     policy = str(run.config.get("write_policy") or "write_through")
-    rows = curve_requests(con, run.run_id)
-    touches = sum(2 * (r.input_tokens // page)
-                  + max((r.input_tokens + r.output_tokens) // page - r.input_tokens // page, 0) for r in rows)
+    cols = curve_columns(con, run.run_id)
+    n = len(cols.seq)
+    inp_pages = cols.input_tokens // page
+    touches = sum((2 * inp_pages + np.maximum((cols.input_tokens + cols.output_tokens) // page - inp_pages, 0))
+                  .tolist())
+    del inp_pages
     rate, keep = 1.0, None
     if touches > MAX_TOUCHES:
         rate = max(MAX_TOUCHES, 1) / touches
         keep = _sampler(rate)
-    by_seq = {r.seq: r for r in rows}
-    keys: dict[int, np.ndarray] = {}
-    lengths: dict[int, int] = {}  # sampled: each request's distinct pages before sampling
-    looked: dict[int, np.ndarray] = {}  # sampled: which of its kept pages it looked up
-    lines = ahead.lines if ahead is not None else _trace_pages(path, page, block, wanted=by_seq)
+    # Each finished row's keys, in seq order, laid end to end as they are read (the trace's
+    # lines come in seq order: a walk along the rows, not a dict of a million arrays; issue 41).
+    kept = _Flat(np.int64)
+    marks = _Flat(np.bool_) if keep is not None else None  # sampled: which of its kept pages it looked up
+    lens = np.zeros(n, dtype=np.int64)  # each row's keys (kept ones, sampled)
+    lengths = np.zeros(n, dtype=np.int64)  # each row's distinct pages (before sampling)
+    seqs = cols.seq.tolist()
+    wanted = _SeqSet(seqs) if ahead is None else None
+    lines = ahead.lines if ahead is not None else _trace_pages(path, page, block, wanted=wanted)
+    at = matched = 0
+    last = None
     try:
         for line, seq, req_id, input_len, k in lines:
-            r = by_seq.get(seq)
-            if r is None:
+            if last is not None and seq <= last:  # the reader numbers its requests in order
+                raise CurvesUnavailable(f"trace line {line} is out of order (seq {seq} after {last})")
+            last = seq
+            while at < n and seqs[at] < seq:
+                at += 1
+            if at == n or seqs[at] != seq:
                 continue
-            if r.req_id != req_id or r.input_tokens != input_len:
+            i = at
+            inp = int(cols.input_tokens[i])
+            if cols.req_id[i] != req_id or inp != input_len:
                 raise CurvesUnavailable(f"trace line {line} is not the request run {run.run_id} replayed as seq {seq}")
+            lengths[i] = len(k)
             if keep is not None:
                 sel = keep(k)
-                lengths[seq] = len(k)
-                looked[seq] = (np.arange(len(k)) < min(max((r.input_tokens - 1) // page, 0), len(k)))[sel]
+                marks.add((np.arange(len(k)) < min(max((inp - 1) // page, 0), len(k)))[sel])
                 k = k[sel]
-            keys[seq] = k
+            lens[i] = len(k)
+            kept.add(k)
+            matched += 1
     except TierdiagError as exc:
         raise CurvesUnavailable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
     if ahead is not None and ahead.error is not None:
         raise ahead.error
-    if len(keys) != len(rows):
-        raise CurvesUnavailable(f"trace file {path} has {len(keys)} of the run's {len(rows)} finished requests")
-    ranks = sorted({r.rank for r in rows})
-    touches_of = _replay_touches(rows, keys, looked if keep is not None else None, page, keep)
-    lookup_rank, d_rank, d_all = _pass_depths(*touches_of)
+    if matched != n:
+        raise CurvesUnavailable(f"trace file {path} has {matched} of the run's {n} finished requests")
+    del seqs, wanted, lines, ahead
+    cols = cols._replace(req_id=None)  # matched: a million strings let go before the pass
+    ranks = np.unique(cols.rank).tolist()
+    # The touches handed over (popped, not held here): the pass lets its keys go once it has
+    # their order, and none of it outlives the pass (issue 41: ~180 MB of a 1M-request close).
+    touches_of = list(_touches(cols, kept.array(), lens, marks.array() if marks is not None else None, page, keep))
+    del kept, marks
+    lookup_rank, d_rank, d_all = _pass_depths(touches_of.pop(0), touches_of.pop(0), touches_of.pop(0),
+                                              touches_of.pop(0))
+    # Each array let go once what comes of it is made (one rank: d_all is d_rank, computed once):
+    # after the pass, a sampled 1M-request close held ~8 arrays of every lookup at once (issue 41).
+    lookups = len(lookup_rank)
+    del lookup_rank
+    one_rank = len(ranks) <= 1  # d_all is d_rank's touches: the same depths
     if keep is not None:  # the sample's depths stand for the run's: divided by the rate
         d_rank = np.where(d_rank > 0, np.maximum(np.rint(d_rank / rate), 1), d_rank).astype(np.int64)
-        d_all = np.where(d_all > 0, np.maximum(np.rint(d_all / rate), 1), d_all).astype(np.int64)
+        d_all = d_rank if one_rank else \
+            np.where(d_all > 0, np.maximum(np.rint(d_all / rate), 1), d_all).astype(np.int64)
     never = np.iinfo(np.int64).max
-    one_rank = len(ranks) <= 1  # d_all is d_rank's touches: the same depths
     pages_rank = np.where(d_rank > 0, d_rank, never)
+    del d_rank
     pages_all = pages_rank if one_rank else np.where(d_all > 0, d_all, never)
+    del d_all
     inclusive = policy == WritePolicy.WRITE_THROUGH
     held, held_words = held_capacity(run.config, device, host)
 
@@ -415,34 +448,41 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     # those out; at size 0 beside nothing a depth needs depth x page tokens, exactly.
     by_depth = np.sort(pages_rank)
     by_depth = by_depth[:int(np.searchsorted(by_depth, never))]
+    if one_rank:
+        del pages_rank, pages_all
     tokens = by_depth * page
-    dev_need = tokens
+    del by_depth
+    dev_found, host_found, sto_found, input_tokens = found_tokens(con, run.run_id)
+    weight = 1 / rate  # lookups each sampled one stands for
+    # One curve at a time, each tier's sizes let go once its curve is made.
+    device_curve = _curve("device", device, "device alone", tokens, page, dev_found, weight, presorted=True)
     host_need = (np.where(tokens <= device, 0, tokens) if inclusive
                  else np.maximum(-(-(tokens - device) // page) * page, 0))
+    host_curve = _curve("host", host, (f"device at the run's {device:_} tokens; write_through keeps a host copy of "
+                                       "device's pages, so device and host hold max(device, host)" if inclusive else
+                                       f"device at the run's {device:_} tokens; host holds what device evicted "
+                                       "(device + host)"), host_need, page, dev_found + host_found, weight,
+                        presorted=True)
+    del host_need
     if one_rank:
         sto_need = np.where(tokens <= held, 0, tokens)
     else:  # storage: the lookup's depth over all ranks, beside what its own rank held
+        del tokens
         sto_need = np.where(found_held(pages_rank), 0, need(pages_all, 0))
-    dev_found, host_found, sto_found, input_tokens = found_tokens(con, run.run_id)
-    weight = 1 / rate  # lookups each sampled one stands for
-    curves = (
-        _curve("device", device, "device alone", dev_need, page, dev_found, weight, presorted=True),
-        _curve("host", host, (f"device at the run's {device:_} tokens; write_through keeps a host copy of device's "
-                              "pages, so device and host hold max(device, host)" if inclusive else
-                              f"device at the run's {device:_} tokens; host holds what device evicted "
-                              "(device + host)"), host_need, page, dev_found + host_found, weight, presorted=True),
-        _curve("storage", storage, f"device and host at the run's sizes ({held_words}); storage is one tier "
-                                   "shared by every rank", sto_need, page, dev_found + host_found + sto_found, weight,
-               presorted=one_rank))
-    looks = sorted(min(max((r.input_tokens - 1) // page, 0), lengths.get(r.seq, len(keys[r.seq]))) for r in rows)
-    looks = [x for x in looks if x] or [0]
-    slack = looks[max(math.ceil(0.5 * len(looks)) - 1, 0)] * page  # nearest rank
+        del pages_rank, pages_all
+    curves = (device_curve, host_curve,
+              _curve("storage", storage, f"device and host at the run's sizes ({held_words}); storage is one tier "
+                                         "shared by every rank", sto_need, page,
+                     dev_found + host_found + sto_found, weight, presorted=one_rank))
+    looks = np.sort(np.minimum(np.maximum((cols.input_tokens - 1) // page, 0), lengths))
+    looks = looks[looks != 0]
+    slack = int(looks[max(math.ceil(0.5 * len(looks)) - 1, 0)]) * page if len(looks) else 0  # nearest rank
     model = MODEL
     if keep is not None:
         model += (f"; SAMPLED: {touches:,} page touches are more than the pass's budget of {MAX_TOUCHES:,} "
                   f"(memory), so {rate:.3g} of the pages (by key hash) were kept and the curves are scaled "
                   "back from them: approximate")
-    return SizeCurves(policy, page, len(ranks), input_tokens, int(round(len(lookup_rank) * weight)) * page, slack,
+    return SizeCurves(policy, page, len(ranks), input_tokens, int(round(lookups * weight)) * page, slack,
                       curves, model, rate)
 
 
@@ -555,14 +595,75 @@ def _taken_ahead(path: str, sha: str | None, page: int, block: int) -> _ReadAhea
 _CHUNK_TOUCHES = 1 << 21
 
 
+class _Flat:
+    """Arrays appended one after another, held as a few large ones: a million requests' keys
+    without a million small arrays (~100 bytes of header each; issue 41)."""
+
+    _BATCH = 4096  # small arrays joined into one at a time
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+        self.parts: list = []
+        self.pending: list = []
+
+    def add(self, a) -> None:
+        self.pending.append(a)
+        if len(self.pending) >= self._BATCH:
+            self._join()
+
+    def _join(self) -> None:
+        import numpy as np
+
+        if self.pending:
+            self.parts.append(np.concatenate(self.pending).astype(self.dtype, copy=False))
+            self.pending = []
+
+    def array(self):
+        import numpy as np
+
+        self._join()
+        out = np.concatenate(self.parts).astype(self.dtype, copy=False) if self.parts else np.zeros(0, self.dtype)
+        self.parts = []
+        return out
+
+
+class _SeqSet:
+    """`seq in wanted` over the rows' seqs (ascending): a bisect of their list, not a set of them."""
+
+    def __init__(self, seqs: list[int]):
+        self.seqs = seqs
+
+    def __contains__(self, seq: int) -> bool:
+        i = bisect_right(self.seqs, seq)
+        return i > 0 and self.seqs[i - 1] == seq
+
+
 def _replay_touches(rows, keys: dict, looked: dict | None, page: int, keep):
+    """`_touches` of CurveRequest rows (by seq) and their keys (and marks) by seq: the tests'
+    form of it."""
+    import numpy as np
+
+    n = len(rows)
+    columns = list(zip(*rows)) if n else [()] * len(CurveColumns._fields)
+    cols = CurveColumns(*(np.array(columns[i], dtype=object if i == 1 else np.int64) for i in range(7)))
+    lens = np.array([len(keys[r.seq]) for r in rows], dtype=np.int64)
+    flat = np.concatenate([keys[r.seq] for r in rows]).astype(np.int64, copy=False) if n else np.zeros(0, np.int64)
+    marks = None
+    if looked is not None:
+        marks = (np.concatenate([looked[r.seq] for r in rows]).astype(bool, copy=False) if n
+                 else np.zeros(0, dtype=bool))
+    return _touches(cols, flat, lens, marks, page, keep)
+
+
+def _touches(cols: CurveColumns, flat, lens, marks, page: int, keep):
     """The pass's touches, flat, in the replay's order: two groups a finished request (module
     doc), events ordered by (time, finish before a schedule at the same time, seq).
 
     A schedule group is the request's keys deepest first, those it looks up marked; a finish
     group its fresh output keys (negative, numbered in event order from -1 down, each group's
-    in ascending order) then its keys deepest first, none marked. With `looked` (a sampled pass)
-    the keys are the kept ones, `looked` marks them, and only the kept output keys stay
+    in ascending order) then its keys deepest first, none marked. `flat`: every row's keys end
+    to end, rows in order (`lens` of each). With `marks` (a sampled pass) the keys are the kept
+    ones, `marks` marks them, and only the kept output keys stay
     (`keep`). Returns (keys, looked up, touches an event, rank an event).
 
     Built with array operations, as copies of contiguous runs: each request's keys (and marks)
@@ -572,34 +673,24 @@ def _replay_touches(rows, keys: dict, looked: dict | None, page: int, keep):
     checks them against the group-at-a-time reference and an LRU simulation."""
     import numpy as np
 
-    n = len(rows)
-
-    def column(i: int) -> np.ndarray:  # CurveRequest's i-th field of every row (one zip, not a pass each)
-        return np.fromiter(columns[i], dtype=np.int64, count=n)
-
-    columns = list(zip(*rows)) if n else [()] * len(CurveRequest._fields)
-    seq, rank, inp, out = column(0), column(2), column(5), column(6)
-    lens = np.fromiter((len(keys[s]) for s in columns[0]), dtype=np.int64, count=n)
-    flat = np.concatenate([keys[r.seq] for r in rows]).astype(np.int64, copy=False) if n else np.zeros(0, np.int64)
+    n = len(cols.seq)
+    seq, rank, inp, out = cols.seq, cols.rank, cols.input_tokens, cols.output_tokens
+    sampled = marks is not None
     total = len(flat)
     off = np.zeros(n, dtype=np.int64)
     np.cumsum(lens[:-1], out=off[1:])
-    if looked is None:
+    if not sampled:
         look = np.minimum(np.maximum((inp - 1) // page, 0), lens)
         # reversed, a request's first `look` keys are its last `look`
         marks = np.arange(total, dtype=np.int64) >= np.repeat(off + lens - look, lens)
-    else:
-        marks = (np.concatenate([looked[r.seq] for r in rows]).astype(bool, copy=False) if n
-                 else np.zeros(0, dtype=bool))
     rev = np.repeat(2 * off + lens - 1, lens) - np.arange(total, dtype=np.int64)  # each request's keys backwards
     flat = flat[rev]
-    if looked is not None:
+    if sampled:
         marks = marks[rev]
     del rev
     outp = np.maximum((inp + out) // page - inp // page, 0)
-    t = np.concatenate([column(3), column(4)])  # schedules, then finishes
+    t = np.concatenate([cols.sched_ns, cols.fin_ns])  # schedules, then finishes
     sched = np.r_[np.ones(n, dtype=np.int64), np.zeros(n, dtype=np.int64)]
-    del columns
     order = np.lexsort((np.r_[seq, seq], sched, t))  # by time, then finish (0) first, then seq
     del t, seq
     req = np.r_[np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64)][order]
@@ -648,8 +739,10 @@ def _pass_depths(tk, tq, per_event, event_rank):
     ranks = np.unique(event_rank).tolist()
     if len(ranks) <= 1:
         lookup_rank = np.full(int(np.count_nonzero(tq)), ranks[0] if ranks else 0, dtype=np.int64)
-        d_rank = np.zeros(len(lookup_rank), dtype=np.int64)
-        d_rank[:] = _flat_depths(tk, tq, per_event)
+        # The keys handed over (this frame lets go of them): _flat_depths drops them once sorted.
+        keys = [tk]
+        del tk
+        d_rank = _flat_depths(keys.pop(), tq, per_event).astype(np.int64, copy=False)
         return lookup_rank, d_rank, d_rank  # one rank: the same touches
     touch_rank = np.repeat(event_rank, per_event)
     lookup_rank = touch_rank[tq]
