@@ -88,3 +88,35 @@ def test_best_effort_cuts_a_read_in_flight_and_nothing_leaks(tmp_path):
     assert r.computed_tokens == t.input_len
     assert not engine.ctrl.prefetch_tails
     engine.check_invariants(idle=True)
+
+
+def test_an_idle_scheduler_still_drains_a_cut_reads_tail(tmp_path):
+    """0.5.23 `Scheduler.event_loop_normal` calls `get_next_batch_to_run` every iteration, a
+    batch or none, and it begins with `_process_hicache_events` -> `check_hicache_events` ->
+    `drain_storage_control_queues`: with nobody waiting or running, a cut read's last ack
+    (`completed_req`) is still taken when the read stops (`_drain_ack_prefetch` ->
+    `append_host_mem_release`) and its tail freed by the drain after (`_drain_release`), both
+    before the next request arrives. The engine ran no pass while idle, so the tail was freed
+    only at the next arrival's pass and a batch formed there found that host memory still taken
+    (the scheduler harness's timed100-s1-p64-fcfs-write_back-timeout-nosystem, step 16: the
+    engine evicted 576 host tokens SGLang did not)."""
+    engine = Engine(helpers.small_config(storage_tokens=128 * PS, prefetch_threshold=PS,
+                                         prefetch_policy="timeout", storage_dir=str(tmp_path / "i"),
+                                         verify="off"), probe=helpers.Collect())
+    ctrl, sched = engine.ctrl, engine.scheduler
+    assert sched.rules.storage_acks_per_pass
+    slots = ctrl.host.alloc(8)
+    free = ctrl.host.free_pages
+    ctrl.hold_prefetch_tail(slots, 1_000)  # a read cut in flight, stopping at 1 us
+    seen = []
+    form = sched.pass_fn
+
+    def batch(now):
+        seen.append((now, ctrl.host.free_pages, len(ctrl.prefetch_tails)))
+        return form(now)
+
+    sched.pass_fn = batch
+    engine.run(helpers.numbered([req("late", 1_000, list(range(1, 5)))]))
+    assert seen[0][0] == 10**9  # its arrival, 1 s
+    assert seen[0][1:] == (free + 8, 0)  # freed while idle, before the arrival's pass
+    engine.check_invariants(idle=True)

@@ -206,8 +206,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                 if tick is not None:  # a batch's events are in: the probe may flush its buffers
                     tick()
             elif now >= gpu_free:
-                self.new_token_ratio = INIT_NEW_TOKEN_RATIO  # nothing to run: self_check_during_idle
-                self.ctrl.flush_backups(now)  # the last batch's backups (process_batch_result)
+                self.idle_pass(now, nxt_t is not None)
             nxt = nxt_t
             if events and (nxt is None or events[0][0] < nxt):
                 nxt = events[0][0]
@@ -227,6 +226,22 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self._drain_held_releases(every=True)
         self.stats.virtual_end_ns = now
         return self.stats
+
+    def idle_pass(self, now: int, more: bool) -> None:
+        """A pass with nothing to run (`event_loop_normal`: no batch, `on_idle`), at a wake.
+        `self_check_during_idle` resets `new_token_ratio`; the last batch's backups go
+        (process_batch_result). 0.5.23's idle loop still calls `get_next_batch_to_run`, whose
+        `_process_hicache_events` -> `check_hicache_events` drains the storage queues
+        (`drain_storage_control_queues`): a cut read's last ack is taken when the read stops and
+        its tail freed at the drain after (`_drain_ack_prefetch`, `_drain_release`), a storage
+        write's ack releases its host copy (`_drain_backup`), while nobody waits. `more`:
+        arrivals are still to come (after the last, the replay's end frees them all)."""
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        ctrl = self.ctrl
+        ctrl.flush_backups(now)
+        if more and self.rules.storage_acks_per_pass and (ctrl.storage_writes or ctrl.prefetch_tails
+                                                          or self.held_releases):
+            self.storage_pass_start(now)
 
     def _wakes_until(self, t: int) -> int | None:
         """The loop's wakes at or before `t` while the GPU is busy until `t` (no pass among
