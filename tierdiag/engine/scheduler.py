@@ -237,11 +237,27 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         write's ack releases its host copy (`_drain_backup`), while nobody waits. `more`:
         arrivals are still to come (after the last, the replay's end frees them all)."""
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
-        ctrl = self.ctrl
-        ctrl.flush_backups(now)
-        if more and self.rules.storage_acks_per_pass and (ctrl.storage_writes or ctrl.prefetch_tails
-                                                          or self.held_releases):
+        self.ctrl.flush_backups(now)
+        if more and self.rules.storage_acks_per_pass and self._idle_storage_due(now):
             self.storage_pass_start(now)
+
+    def _idle_storage_due(self, now: int) -> bool:
+        """Whether an idle pass now would change the storage state: a write to start, land or
+        release, a cut read's tail whose last ack is due or taken, a held release due. SGLang's
+        idle loop spins (a number of passes no virtual clock reproduces); the engine passes only
+        where one changes something, so its pass count (the re-queries' clock) does not depend on
+        how often the loop wakes."""
+        step = self.prefetch_pass + 1
+        for entry in self.ctrl.storage_writes:
+            if entry[4] < 0 or (entry[2] <= step and entry[5] <= now):
+                return True
+        for stop, seen, _slots in self.ctrl.prefetch_tails:
+            if (seen < 0 and now >= stop) or (seen >= 0 and step > seen):
+                return True
+        for due, _slots in self.held_releases:
+            if due <= step:
+                return True
+        return False
 
     def _wakes_until(self, t: int) -> int | None:
         """The loop's wakes at or before `t` while the GPU is busy until `t` (no pass among
