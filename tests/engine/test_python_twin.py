@@ -22,6 +22,7 @@ PATCHING = [
     "tests/engine/test_sglang_0523_conformance.py::test_a_miss_is_queried_again_every_8_passes_up_to_8_times",  # _start_prefetch
     "tests/engine/test_sglang_0523_more_rules.py::test_a_hit_the_host_cannot_take_arms_a_requery_with_its_end",  # alloc_host
     # the storage pass tests wrap the scheduler's prefetch steps and the controller's storage writes
+    "tests/engine/test_sglang_0523_storage_timing.py::test_a_storage_write_is_in_the_tier_from_its_end",
     "tests/engine/test_sglang_0523_storage_passes.py::test_a_read_is_seen_at_the_pass_after_its_hit_is_allocated",
     "tests/engine/test_sglang_0523_storage_passes.py::test_best_effort_polled_before_the_read_is_seen_gets_nothing",
     "tests/engine/test_sglang_0523_storage_passes.py::test_a_storage_write_starts_at_the_host_copys_ack_and_holds_it_a_pass",

@@ -9,6 +9,8 @@ batch (`PrefetchAck(completed_tokens=...)`), reads in `prefetch_io_aux_func`, wr
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -87,4 +89,68 @@ def test_best_effort_cuts_a_read_in_flight_and_nothing_leaks(tmp_path):
     assert (r.storage_hit_tokens, r.storage_skipped_reason) == (0, "prefetch_incomplete")
     assert r.computed_tokens == t.input_len
     assert not engine.ctrl.prefetch_tails
+    engine.check_invariants(idle=True)
+
+
+def test_an_idle_scheduler_still_drains_a_cut_reads_tail(tmp_path):
+    """0.5.23 `Scheduler.event_loop_normal` calls `get_next_batch_to_run` every iteration, a
+    batch or none, and it begins with `_process_hicache_events` -> `check_hicache_events` ->
+    `drain_storage_control_queues`: with nobody waiting or running, a cut read's last ack
+    (`completed_req`) is still taken when the read stops (`_drain_ack_prefetch` ->
+    `append_host_mem_release`) and its tail freed by the drain after (`_drain_release`), both
+    before the next request arrives. The engine ran no pass while idle, so the tail was freed
+    only at the next arrival's pass and a batch formed there found that host memory still taken
+    (the scheduler harness's timed100-s1-p64-fcfs-write_back-timeout-nosystem, step 16: the
+    engine evicted 576 host tokens SGLang did not)."""
+    engine = Engine(helpers.small_config(storage_tokens=128 * PS, prefetch_threshold=PS,
+                                         prefetch_policy="timeout", storage_dir=str(tmp_path / "i"),
+                                         verify="off"), probe=helpers.Collect())
+    ctrl, sched = engine.ctrl, engine.scheduler
+    assert sched.rules.storage_acks_per_pass
+    slots = ctrl.host.alloc(8)
+    free = ctrl.host.free_pages
+    ctrl.hold_prefetch_tail(slots, 1_000)  # a read cut in flight, stopping at 1 us
+    seen = []
+    form = sched.pass_fn
+
+    def batch(now):
+        seen.append((now, ctrl.host.free_pages, len(ctrl.prefetch_tails)))
+        return form(now)
+
+    sched.pass_fn = batch
+    engine.run(helpers.numbered([req("late", 1_000, list(range(1, 5)))]))
+    assert seen[0][0] == 10**9  # its arrival, 1 s
+    assert seen[0][1:] == (free + 8, 0)  # freed while idle, before the arrival's pass
+    engine.check_invariants(idle=True)
+
+
+@helpers.patches_the_engine  # wraps the controller's _write_storage
+def test_a_storage_write_is_in_the_tier_from_its_end(tmp_path, monkeypatch):
+    """`backup_thread_func` writes a node's pages (`_page_backup` -> `batch_set`) and only then
+    puts its ack on `ack_backup_queue`: the pages are in the tier once the write has ended, and a
+    pass's queries before that (`prefetch_thread_func`'s `batch_exists`) do not find them. The
+    engine put them there at the pass after the write's start, before its end (docs/engine.md,
+    "Storage on the clock"); now at the first pass at or after its end (the pass its ack wakes),
+    never before the pass after its start. A disk slow enough that a's writes outlast a few of its
+    decode steps."""
+    cfg = helpers.small_config(storage_tokens=128 * PS, prefetch_threshold=PS, prefetch_policy="timeout",
+                               storage_dir=str(tmp_path / "w"), verify="off")
+    engine = Engine(cfg, probe=helpers.Collect())
+    base = type(engine.cost)
+    slow = type("SlowStorage", (base,), {"storage_ns": lambda self, num_bytes: 5_000_000})  # 5 ms a call
+    cost = slow(**{f.name: getattr(engine.cost, f.name) for f in dataclasses.fields(engine.cost) if f.init})
+    engine.cost = engine.ctrl.cost = engine.scheduler.cost = cost
+    ctrl, s = engine.ctrl, engine.scheduler
+    landed = []
+    write = ctrl._write_storage
+
+    def on_write(node, cause, now, start=-1, end=-1):
+        landed.append((now, start, end, s.prefetch_pass))
+        write(node, cause, now, start, end)
+
+    monkeypatch.setattr(ctrl, "_write_storage", on_write)
+    engine.run(helpers.numbered([req("a", 0, list(range(1, 9)), output=64), req("b", 500, list(range(20, 24)))]))
+    timed = [(now, start, end) for now, start, end, _ in landed if start >= 0]
+    assert timed and all(end - start == 5_000_000 for _, start, end in timed)
+    assert all(now >= end for now, _, end in timed)  # in the tier from its end, not before
     engine.check_invariants(idle=True)

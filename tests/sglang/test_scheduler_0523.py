@@ -53,18 +53,12 @@ STILL_DIFFERENT: dict[str, str] = {
     # So does the one the workload-matrix audit found (agentic-s3-p64-lpm-write_through-stored,
     # the same allocate_storage_hit rule).
     # Storage on the virtual clock (sglang0523_storage.TIMING, scheduler_harness.timed_storage_cases):
-    # every request agrees; what is left is host evictions
-    "timed300-s0-p64-fcfs-write_through-timeout":
-        "9 of 37 steps' host evictions (from step 6: SGLang 1,088 tokens, the engine 640; 42 reads cut "
-        "by the timeout policy, every request agrees). First attributed to "
-        "`HybridCacheController.allocate_storage_hit` evicting the whole hit; the engine does that now "
-        "(CacheController.alloc_storage_hit) and the step still differs: not attributed",
-    "timed300-s0-p1-fcfs-write_through-timeout":
-        "3 of 49 steps' host evictions (from step 9: SGLang 824, the engine 363; 29 partial reads, "
-        "every request agrees): not attributed",
-    "timed100-s1-p64-fcfs-write_back-timeout-nosystem":
-        "2 of 32 steps (step 16: the engine deletes st1-12's 576 host tokens in that step's window, "
-        "SGLang not; every request agrees): not attributed yet",
+    # the last three (timed300-s0 at pages 64 and 1 under write_through, timed100-s1 under
+    # write_back: host evictions only) agree since the engine's idle loop drains storage as
+    # SGLang's does (`event_loop_normal` -> `get_next_batch_to_run` -> `_process_hicache_events`
+    # with no batch to run): a read cut in flight whose request had finished left its tail's host
+    # slots taken until the next arrival's pass (Scheduler.idle_pass,
+    # tests/engine/test_sglang_0523_storage_timing.py)
 }
 # The long mode (TIERDIAG_HARNESS_LONG=1, not CI: 3-15 minutes each on a CPU) agrees on every step
 # and request in all four cases (tests/sglang/README.md has the numbers and the fixes it took).

@@ -432,8 +432,8 @@ class CacheController:
         host copies were acknowledged since the last pass go on the tier's write queue
         (`backup_thread_func`, one write after another, each as long as
         CostModel.storage_io_ns prices its pages; the pass at its end takes its ack). Their
-        pages are in the tier from the pass after that start, before its queries: SGLang's are
-        there at the write's end (not modelled: docs/engine.md, "Storage on the clock")."""
+        pages are in the tier from the first pass at or after the write's end (and after the
+        pass that started it), before its queries: `backup_thread_func` writes, then acks."""
         if not self.storage_writes:
             return
         storage = self.storage
@@ -445,7 +445,7 @@ class CacheController:
                 storage.write_free_ns = end
                 entry[4], entry[5] = start, end
                 self.at(end, self._wake, None)  # the event loop's pass then takes its ack
-            if not entry[6] and entry[2] <= step:
+            if not entry[6] and entry[2] <= step and entry[5] <= now_ns:
                 self._land(entry[0], entry[1], entry[3], entry[4], entry[5], now_ns)
                 entry[6] = True
 

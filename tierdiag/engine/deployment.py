@@ -42,7 +42,7 @@ from tierdiag.engine.arrivals import ArrivalSource
 from tierdiag.engine.controller import EngineStats
 from tierdiag.engine.request import Req
 from tierdiag.engine.routing import Gateway, RequestView, RouterConfig
-from tierdiag.engine.schedule_common import INIT_NEW_TOKEN_RATIO, EngineError
+from tierdiag.engine.schedule_common import EngineError
 from tierdiag.engine.scheduler import Scheduler
 from tierdiag.probes.events import Route
 from tierdiag.trace.pages import page_keys_array
@@ -137,8 +137,7 @@ class Deployment:
                         ran.append(rank)
                     batched = True
                 elif now >= gpu_free[rank]:
-                    sched.new_token_ratio = INIT_NEW_TOKEN_RATIO  # idle: self_check_during_idle
-                    sched.ctrl.flush_backups(now)  # the last batch's backups (process_batch_result)
+                    sched.idle_pass(now, nxt_t is not None)  # self_check_during_idle, the storage drain
             if batched:
                 for tick in ticks:  # a batch's events are in: the probe may flush its buffers
                     tick()

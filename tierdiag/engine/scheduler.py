@@ -206,8 +206,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                 if tick is not None:  # a batch's events are in: the probe may flush its buffers
                     tick()
             elif now >= gpu_free:
-                self.new_token_ratio = INIT_NEW_TOKEN_RATIO  # nothing to run: self_check_during_idle
-                self.ctrl.flush_backups(now)  # the last batch's backups (process_batch_result)
+                self.idle_pass(now, nxt_t is not None)
             nxt = nxt_t
             if events and (nxt is None or events[0][0] < nxt):
                 nxt = events[0][0]
@@ -227,6 +226,38 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self._drain_held_releases(every=True)
         self.stats.virtual_end_ns = now
         return self.stats
+
+    def idle_pass(self, now: int, more: bool) -> None:
+        """A pass with nothing to run (`event_loop_normal`: no batch, `on_idle`), at a wake.
+        `self_check_during_idle` resets `new_token_ratio`; the last batch's backups go
+        (process_batch_result). 0.5.23's idle loop still calls `get_next_batch_to_run`, whose
+        `_process_hicache_events` -> `check_hicache_events` drains the storage queues
+        (`drain_storage_control_queues`): a cut read's last ack is taken when the read stops and
+        its tail freed at the drain after (`_drain_ack_prefetch`, `_drain_release`), a storage
+        write's ack releases its host copy (`_drain_backup`), while nobody waits. `more`:
+        arrivals are still to come (after the last, the replay's end frees them all)."""
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.ctrl.flush_backups(now)
+        if more and self.rules.storage_acks_per_pass and self._idle_storage_due(now):
+            self.storage_pass_start(now)
+
+    def _idle_storage_due(self, now: int) -> bool:
+        """Whether an idle pass now would change the storage state: a write to start, land or
+        release, a cut read's tail whose last ack is due or taken, a held release due. SGLang's
+        idle loop spins (a number of passes no virtual clock reproduces); the engine passes only
+        where one changes something, so its pass count (the re-queries' clock) does not depend on
+        how often the loop wakes."""
+        step = self.prefetch_pass + 1
+        for entry in self.ctrl.storage_writes:
+            if entry[4] < 0 or (entry[2] <= step and entry[5] <= now):
+                return True
+        for stop, seen, _slots in self.ctrl.prefetch_tails:
+            if (seen < 0 and now >= stop) or (seen >= 0 and step > seen):
+                return True
+        for due, _slots in self.held_releases:
+            if due <= step:
+                return True
+        return False
 
     def _wakes_until(self, t: int) -> int | None:
         """The loop's wakes at or before `t` while the GPU is busy until `t` (no pass among
