@@ -115,3 +115,36 @@ def test_a_prefetch_ended_before_its_ack_frees_its_host_memory_two_drains_later(
     s._drain_held_releases()  # pass 3's drain frees it
     assert host.free_pages == free + 8 and s.held_releases == []
     check_rank(engine.ctrl.device, engine.ctrl.host, engine.scheduler.tree)  # (r is in no queue)
+
+
+def _evict_from_storage(engine: Engine, keep_out: list) -> None:
+    """Write fresh pages until none of `keep_out` is left in the bounded tier (its LRU)."""
+    storage, host = engine.ctrl.storage, engine.ctrl.host
+    fresh = 10_000_000
+    while storage.hits(keep_out[:1], 0):
+        slots = host.alloc(8)
+        storage.write_from(host.array, slots, list(range(fresh, fresh + 8)), rows=host.rows)
+        host.free(slots)
+        fresh += 8
+
+
+def test_a_hit_the_tier_evicted_before_the_drain_is_read_as_far_as_it_is_there(tmp_path):
+    """The engine's storage tier is bounded (LRU by page; SGLang's file backend is not, a
+    Mooncake store is): between a query that counted a hit and the drain that allocates it
+    (`_drain_and_alloc_storage_hit`, the next pass), a storage write landing may evict the hit's
+    pages. The read gets the run still there, as a backend's get failing mid-read stops SGLang's
+    `_page_transfer` there; none left is a miss (the anchor unlocked, the span given back).
+    Found by tests/reliability/test_engine_random.py (a 128-token tier): the read asked the tier
+    for pages it no longer had (KeyError)."""
+    engine = _engine(tmp_path, "timeout")
+    s, tree = engine.scheduler, engine.scheduler.tree
+    t = req("r", 0, list(range(1, 9)))
+    helpers.store_input_pages(engine, t)
+    r = _queued(t)
+    s._start_prefetch(r, 0)
+    assert r.seq in s.unallocated and s.unallocated[r.seq][3] > 0  # a hit, counted at the query
+    _evict_from_storage(engine, r.keys)
+    s.drain_prefetch_queries(0)
+    assert r.prefetch is None and r.seq not in s.reading  # a miss now: no read
+    assert s.prefetch_tokens_occupied == 0  # the span given back
+    check_rank(engine.ctrl.device, engine.ctrl.host, engine.scheduler.tree)

@@ -194,6 +194,17 @@ class StoragePrefetch(SchedulerState):
             if reserved:
                 self.prefetch_tokens_occupied -= req.prefetch_tokens
                 req.prefetch_tokens = 0
+        if reserved:
+            # the tier is bounded and LRU: a write that landed since the query may have evicted
+            # pages it counted; the read gets the run still there (a backend whose get fails
+            # mid-read stops there too, `_page_transfer`), none left is a miss
+            present = ctrl.storage.hits(req.keys[matched:matched + hits], 0)
+            if present < hits:
+                hits = present
+                if hits == 0:
+                    tree.release_host(anchor)
+                    give_back()
+                    return
         if hit_only:  # allocate_storage_hit(allow_partial=True, min_tokens=prefetch_threshold)
             slots = ctrl.alloc_storage_hit(hits, req.req_id, now)
             if slots is None:
