@@ -24,10 +24,13 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tierdiag.diagnose.advice import propose
-from tierdiag.diagnose.request.claims import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE
+from tierdiag.diagnose.request.claims import (BUSY_SHARE, RECOMPUTE_QUEUE_SHARE, counterfactual_claim,
+                                             never_evicted_ns)
 from tierdiag.diagnose.run.facts import RunFacts, run_context
 from tierdiag.diagnose.request.explain import explain_request
 from tierdiag.diagnose.read.rows import fetch_dicts
@@ -139,9 +142,18 @@ def _check_request(row: dict, e) -> list[str]:
         row["compute_ns"], min(row["ideal_ttft_ns"], row["compute_ns"] + row["recompute_ns"]))
     never = row["ttft_ns"] - real_recompute - row["loadback_exposed_ns"] - row["storage_wait_ns"]
     need(never >= row["ideal_ttft_ns"], "never-evicted counterfactual below the ideal")
-    m = re.search(r"Had its prefix never been evicted .*?TTFT would have been (.+?) instead of (.+?)(?:;|\.(?:\s|$))",
-                  verdict)
-    need(bool(m) == (tiered + rec > 0), "never-evicted counterfactual present iff something was lost")
+    m = re.search(r"Had its prefix never been evicted .*?TTFT would have been (?!the same )(.+?) instead of "
+                  r"(.+?)(?:;|\.(?:\s|$))", verdict)
+    # Where getting the tokens exposed nothing (a prefetch that finished while it queued), the
+    # counterfactual is its TTFT: the sentence says "the same", never "X instead of X".
+    same = re.search(r"Had its prefix never been evicted .*?TTFT would have been the same (.+?): loading and "
+                     r"recomputing them added no time to it", verdict)
+    need(bool(m) == (tiered + rec > 0 and never != row["ttft_ns"]),
+         "never-evicted counterfactual present iff something was lost and it differs")
+    need(bool(same) == (tiered + rec > 0 and never == row["ttft_ns"]),
+         "'would have been the same' present iff something was lost and getting it cost nothing")
+    if same:
+        need(same.group(1) == fmt_ms(row["ttft_ns"]), "never-evicted TTFT the same")
     if m:
         need(m.group(1).split(" (")[0] == fmt_ms(never) and m.group(2) == fmt_ms(row["ttft_ns"]), "never-evicted TTFT")
         need(m.group(1) != m.group(2), "'would have been X instead of X'")
@@ -383,3 +395,31 @@ def test_every_claim_is_true_on_a_data_parallel_run(tmp_path):
         assert routed, "the sample holds no request another rank could have served"
         said = [explain_request(con, run, r["req_id"]).verdict for r in routed]
     assert any(re.search(r"were held by rank \d+ at its arrival, not by rank \d+", v) for v in said)
+
+
+# sys3-q11 of the prefetch-lost run once the engine counted its prefetch's whole span as storage
+# (issue 43): 6,720 storage-hit tokens whose read finished while it queued, nothing exposed.
+Q11 = dict(storage_hit_tokens=6720, host_hit_tokens=0, recomputed_tokens=0, ttft_ns=1_921_813_065, recompute_ns=0,
+           compute_ns=12_881_454, ideal_ttft_ns=13_766_070, loadback_exposed_ns=0, storage_wait_ns=0,
+           recompute_instead_ns=1_921_813_065, ttft_if_device_resident_ns=1_921_813_065)
+
+
+@settings(max_examples=60, deadline=None)
+@given(exposed=st.integers(0, 10**10), wait=st.integers(0, 10**10), recompute=st.integers(0, 10**10),
+       extra=st.integers(0, 10**12))
+@example(exposed=0, wait=0, recompute=0, extra=0)  # sys3-q11: "would have been 1.92 s instead of 1.92 s"
+@example(exposed=1, wait=0, recompute=0, extra=0)  # a difference rounding hides
+def test_the_never_evicted_counterfactual_never_claims_no_difference_as_one(exposed, wait, recompute, extra):
+    """claims.counterfactual_claim: where nothing of getting the tokens was exposed its TTFT is
+    the counterfactual, and the sentence says "the same", with that TTFT; otherwise the two
+    numbers it names differ as text."""
+    row = dict(Q11, loadback_exposed_ns=exposed, storage_wait_ns=wait, recompute_ns=recompute, recomputed_tokens=64,
+               ttft_ns=Q11["ttft_ns"] + exposed + wait + recompute + extra)
+    text = counterfactual_claim(row).text
+    same = f"TTFT would have been the same {fmt_ms(row['ttft_ns'])}: loading and recomputing them added no time"
+    never = never_evicted_ns(row)
+    assert (same in text) == (never == row["ttft_ns"])
+    m = re.search(r"TTFT would have been (?!the same )(.+?) instead of (.+?)(?:;|\.(?:\s|$))", text)
+    assert bool(m) == (never != row["ttft_ns"])
+    if m:
+        assert m.group(1) != m.group(2)

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tierdiag.diagnose.read.waiting import gone_tokens_sql
 from tierdiag.diagnose.request.claims import recomputed_split
-from tierdiag.diagnose.run.miss_reasons import PREFETCH_LOST_SHARE, prefetch_lost_claim_text
+from tierdiag.diagnose.run.miss_reasons import (IN_BATCH_SHARE, PREFETCH_LOST_SHARE, in_batch_claim_text,
+                                                prefetch_lost_claim_text)
 from tierdiag.store.reader import open_store, resolve_run
 from tierdiag.store.schema import MISS_REASONS, SCHEMA_VERSION, columns_missing_in
 
@@ -133,9 +134,19 @@ def test_the_recomputed_split_and_its_sql_agree_on_hostile_rows(row):
     assert sql == gone
 
 
+# Hostile pairs pinned (Hypothesis found the first): a negative pair's ratio is positive, and
+# "-1 tokens (100 % of input)" was printed; zero input; a negative count of a positive input.
+HOSTILE_PAIRS = [(-1, -1), (-5, -10), (0, 0), (0, 10), (5, 0), (-5, 10), (5, -10), (1, 1)]
+
+
 @settings(max_examples=60, deadline=None)
 @given(reasons=st.dictionaries(st.sampled_from(MISS_REASONS), st.integers(-10**12, 10**12)),
        input_tokens=st.integers(-10, 10**12))
+@example(reasons={"prefetch_lost": -1}, input_tokens=-1)
+@example(reasons={"prefetch_lost": 0}, input_tokens=0)
+@example(reasons={"prefetch_lost": -5}, input_tokens=10)
+@example(reasons={"prefetch_lost": 5}, input_tokens=0)
+@example(reasons={"prefetch_lost": 5}, input_tokens=-10)
 def test_the_runs_prefetch_lost_sentence_only_at_its_share(reasons, input_tokens):
     """The run's claim: said with its own number exactly where prefetch_lost holds at least
     PREFETCH_LOST_SHARE of a positive input, on hostile sums (negative, zero, missing)."""
@@ -143,5 +154,32 @@ def test_the_runs_prefetch_lost_sentence_only_at_its_share(reasons, input_tokens
     n = reasons.get("prefetch_lost", 0)
     due = n > 0 and input_tokens > 0 and n / input_tokens >= PREFETCH_LOST_SHARE
     assert (text is not None) == due
+    if text is not None:
+        assert text.startswith(f"{n:,} tokens (")
+
+
+@pytest.mark.parametrize(("n", "input_tokens"), HOSTILE_PAIRS)
+@pytest.mark.parametrize(("fn", "reason", "at_least"), [
+    (prefetch_lost_claim_text, "prefetch_lost", PREFETCH_LOST_SHARE),
+    (in_batch_claim_text, "shared_in_batch", IN_BATCH_SHARE)])
+def test_no_run_sentence_from_negative_or_zero_counts(fn, reason, at_least, n, input_tokens):
+    """Both run sentences over a share of input (miss_reasons.py) need a positive count of a
+    positive input: -1 of -1 is a ratio of 1, not "100 % of input"."""
+    text = fn({reason: n}, input_tokens)
+    assert (text is not None) == (n > 0 and input_tokens > 0 and n / input_tokens >= at_least)
+    if text is not None:
+        assert text.startswith(f"{n:,} tokens (")
+
+
+@settings(max_examples=60, deadline=None)
+@given(reasons=st.dictionaries(st.sampled_from(MISS_REASONS), st.integers(-10**12, 10**12)),
+       input_tokens=st.integers(-10, 10**12))
+@example(reasons={"shared_in_batch": -1}, input_tokens=-1)
+@example(reasons={"shared_in_batch": 0}, input_tokens=0)
+def test_the_runs_in_batch_sentence_only_at_its_share(reasons, input_tokens):
+    """The in-batch sentence keeps the same rule on hostile sums."""
+    text = in_batch_claim_text(reasons, input_tokens)
+    n = reasons.get("shared_in_batch", 0)
+    assert (text is not None) == (n > 0 and input_tokens > 0 and n / input_tokens >= IN_BATCH_SHARE)
     if text is not None:
         assert text.startswith(f"{n:,} tokens (")

@@ -316,10 +316,17 @@ def counterfactual_claim(row: RowLike) -> Claim | None:
     recomputed = int(row.recomputed_tokens or 0)
     if not tiered and not recomputed:
         return None
-    ttft = int(row.ttft_ns or 0)
-    would, was = fmt_ms_pair(never_evicted_ns(row), ttft)
+    ttft, never = int(row.ttft_ns or 0), never_evicted_ns(row)
     text = (f"Had its prefix never been evicted ({fmt_tokens(tiered + recomputed)} tokens device-resident instead of "
-            f"loaded or recomputed, the same queue ahead), TTFT would have been {would} instead of {was}")
+            f"loaded or recomputed, the same queue ahead), ")
+    if never == ttft:
+        # Nothing of getting them was exposed (a prefetch that finished while it queued): the
+        # counterfactual is its TTFT, and "would have been X instead of X" claims no difference.
+        text += (f"TTFT would have been the same {fmt_ms(ttft)}: loading and recomputing them added no time to it "
+                 f"(no exposed load-back, no storage wait, no recompute beyond its new tokens' ideal)")
+    else:
+        would, was = fmt_ms_pair(never, ttft)
+        text += f"TTFT would have been {would} instead of {was}"
     if tiered and row.recompute_instead_ns is not None:
         if recomputed and row.ttft_if_device_resident_ns is not None:
             text += (f"; with only its {fmt_tokens(tiered)} loaded tokens device-resident, "

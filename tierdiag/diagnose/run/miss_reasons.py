@@ -62,10 +62,17 @@ def miss_sentence(reasons: dict[str, int], computed: int) -> str:
             + "; ".join(f"{fmt_tokens(n)} {WORDS[r]}" for r, n in parts) + ".")
 
 
+def _due(n: int, input_tokens: int, at_least: float) -> bool:
+    """A run sentence about `n` of its input tokens is due: both counts positive (a negative
+    pair's ratio is positive too, and "-1 tokens (100 % of input)" is no claim) and n holds at
+    least `at_least` of the input."""
+    return n > 0 and input_tokens > 0 and n / input_tokens >= at_least
+
+
 def in_batch_claim_text(reasons: dict[str, int], input_tokens: int) -> str | None:
     """The run's in-batch sentence where sharing within prefill batches holds IN_BATCH_SHARE of input."""
     n = reasons.get("shared_in_batch", 0)
-    if not n or (share(n, input_tokens) or 0) < IN_BATCH_SHARE:
+    if not _due(n, input_tokens, IN_BATCH_SHARE):
         return None
     return (f"{fmt_tokens(n)} tokens ({fmt_pct(share(n, input_tokens))} of input) were shared with requests in the "
             f"same prefill batch: arriving together, each request of the batch computed the shared prefix, as "
@@ -77,7 +84,7 @@ def prefetch_lost_claim_text(reasons: dict[str, int], input_tokens: int) -> str 
     """The run's prefetch-lost sentence where tokens read by requests' own prefetches and evicted
     from host before those requests were scheduled hold PREFETCH_LOST_SHARE of input."""
     n = reasons.get("prefetch_lost", 0)
-    if not n or (share(n, input_tokens) or 0) < PREFETCH_LOST_SHARE:
+    if not _due(n, input_tokens, PREFETCH_LOST_SHARE):
         return None
     return (f"{fmt_tokens(n)} tokens ({fmt_pct(share(n, input_tokens))} of input) were read from storage by their "
             f"requests' own prefetches, then evicted from host before those requests were scheduled, and computed "
