@@ -137,7 +137,7 @@ def test_a_hit_the_tier_evicted_before_the_drain_is_read_as_far_as_it_is_there(t
     Found by tests/reliability/test_engine_random.py (a 128-token tier): the read asked the tier
     for pages it no longer had (KeyError)."""
     engine = _engine(tmp_path, "timeout")
-    s, tree = engine.scheduler, engine.scheduler.tree
+    s = engine.scheduler
     t = req("r", 0, list(range(1, 9)))
     helpers.store_input_pages(engine, t)
     r = _queued(t)
