@@ -37,6 +37,64 @@ pw_all(int fd, const char *buf, Py_ssize_t len, int64_t offset)
     return 0;
 }
 
+/* The two calls' arguments (fd, offset, rows, pages), checked alike. */
+typedef struct {
+    Py_buffer rb;
+    Ints p;
+    int fd;
+    int64_t offset;
+    Py_ssize_t layers, item, npages, page_bytes, total;
+} io_args;
+
+static void
+io_release(io_args *a)
+{
+    ints_free(&a->p);
+    PyBuffer_Release(&a->rb);
+}
+
+/* 1: ready (io_release after); 0: not my case, nothing held; -1: an exception set, nothing held. */
+static int
+io_parse(PyObject *const *args, Py_ssize_t nargs, const char *usage, int writable, io_args *a)
+{
+    long long fd_ll, offset;
+    int got;
+
+    if (wrong_nargs(nargs, 4, usage)) {
+        return -1;
+    }
+    fd_ll = PyLong_AsLongLong(args[0]);
+    if (fd_ll == -1 && PyErr_Occurred()) return -1;
+    offset = PyLong_AsLongLong(args[1]);
+    if (offset == -1 && PyErr_Occurred()) return -1;
+    if (fd_ll < 0 || fd_ll > INT32_MAX || offset < 0) {
+        return 0;
+    }
+    if (!get_rows(args[2], &a->rb, writable)) {
+        return 0;
+    }
+    ints_init(&a->p);
+    a->fd = (int)fd_ll;
+    a->offset = (int64_t)offset;
+    a->layers = a->rb.shape[0];
+    a->item = a->rb.itemsize;
+    a->npages = a->rb.shape[1];
+    got = ints_load(args[3], &a->p);
+    if (got < 0) {
+        io_release(a);
+        return -1;
+    }
+    if (got == 0 || !all_in_range(&a->p, a->npages) || a->item > PY_SSIZE_T_MAX / a->layers) goto not_mine;
+    a->page_bytes = a->layers * a->item;
+    if (a->p.n > 0 && a->page_bytes > (PY_SSIZE_T_MAX - 1) / a->p.n) goto not_mine;
+    a->total = a->p.n * a->page_bytes;
+    if (a->total > INT64_MAX - offset) goto not_mine;
+    return 1;
+not_mine:
+    io_release(a);
+    return 0;
+}
+
 PyDoc_STRVAR(cp_pwrite_rows_doc,
 "pwrite_rows(fd, offset, rows, pages) -> bytes written, or -1 (not my case)\n\n"
 "Write pages `pages` of a CPU pool's row view (rows.array_rows: [L, P] row items) to file\n"
@@ -48,77 +106,44 @@ PyDoc_STRVAR(cp_pwrite_rows_doc,
 static PyObject *
 cp_pwrite_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    Py_buffer rb;
-    Ints p;
-    Py_ssize_t layers, item, npages, page_bytes, per_chunk, total;
-    long long fd_ll, offset;
+    io_args a;
+    Py_ssize_t per_chunk;
     char *chunk = NULL, small[16384];
     const char *src;
     PyObject *result = NULL;
-    int got;
+    int ok = io_parse(args, nargs, "pwrite_rows() takes 4 arguments: fd, offset, rows, pages", 0, &a);
 
-    if (wrong_nargs(nargs, 4, "pwrite_rows() takes 4 arguments: fd, offset, rows, pages")) {
-        return NULL;
+    if (ok <= 0) {
+        return ok < 0 ? NULL : not_mine();
     }
-    fd_ll = PyLong_AsLongLong(args[0]);
-    if (fd_ll == -1 && PyErr_Occurred()) return NULL;
-    offset = PyLong_AsLongLong(args[1]);
-    if (offset == -1 && PyErr_Occurred()) return NULL;
-    if (fd_ll < 0 || fd_ll > INT32_MAX || offset < 0) {
-        return not_mine();
-    }
-    if (!get_rows(args[2], &rb, 0)) {
-        return not_mine();
-    }
-    ints_init(&p);
-    layers = rb.shape[0];
-    item = rb.itemsize;
-    npages = rb.shape[1];
-    src = rb.buf;
-    got = ints_load(args[3], &p);
-    if (got < 0) goto done;
-    if (got == 0 || !all_in_range(&p, npages) || item > PY_SSIZE_T_MAX / layers) {
-        result = not_mine();
-        goto done;
-    }
-    page_bytes = layers * item;
-    if (p.n > 0 && page_bytes > (PY_SSIZE_T_MAX - 1) / p.n) {
-        result = not_mine();
-        goto done;
-    }
-    total = p.n * page_bytes;
-    if (total > INT64_MAX - offset) {
-        result = not_mine();
-        goto done;
-    }
-    per_chunk = PW_CHUNK_BYTES / page_bytes;
+    src = a.rb.buf;
+    per_chunk = PW_CHUNK_BYTES / a.page_bytes;
     if (per_chunk < 1) per_chunk = 1;
-    if (per_chunk > p.n) per_chunk = p.n;
-    if (per_chunk * page_bytes <= (Py_ssize_t)sizeof small) {
+    if (per_chunk > a.p.n) per_chunk = a.p.n;
+    if (per_chunk * a.page_bytes <= (Py_ssize_t)sizeof small) {
         chunk = small;
-    } else if ((chunk = PyMem_Malloc((size_t)(per_chunk * page_bytes))) == NULL) {
+    } else if ((chunk = PyMem_Malloc((size_t)(per_chunk * a.page_bytes))) == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    for (Py_ssize_t i = 0; i < p.n; i += per_chunk) {
-        Py_ssize_t k = p.n - i < per_chunk ? p.n - i : per_chunk;
+    for (Py_ssize_t i = 0; i < a.p.n; i += per_chunk) {
+        Py_ssize_t k = a.p.n - i < per_chunk ? a.p.n - i : per_chunk;
         char *out = chunk;
         for (Py_ssize_t j = 0; j < k; j++) {
-            Py_ssize_t page = (Py_ssize_t)p.v[i + j];
-            for (Py_ssize_t l = 0; l < layers; l++) {
-                memcpy(out, src + (l * npages + page) * item, (size_t)item);
-                out += item;
+            Py_ssize_t page = (Py_ssize_t)a.p.v[i + j];
+            for (Py_ssize_t l = 0; l < a.layers; l++) {
+                memcpy(out, src + (l * a.npages + page) * a.item, (size_t)a.item);
+                out += a.item;
             }
         }
-        if (pw_all((int)fd_ll, chunk, k * page_bytes, (int64_t)offset + (int64_t)(i * page_bytes)) < 0) {
+        if (pw_all(a.fd, chunk, k * a.page_bytes, a.offset + (int64_t)(i * a.page_bytes)) < 0) {
             goto done;
         }
     }
-    result = PyLong_FromSsize_t(total);
+    result = PyLong_FromSsize_t(a.total);
 done:
     if (chunk != NULL && chunk != small) PyMem_Free(chunk);
-    ints_free(&p);
-    PyBuffer_Release(&rb);
+    io_release(&a);
     return result;
 }
 
@@ -135,58 +160,26 @@ PyDoc_STRVAR(cp_pread_rows_doc,
 static PyObject *
 cp_pread_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    Py_buffer rb;
-    Ints p;
-    Py_ssize_t layers, item, npages, page_bytes, total, done = 0;
-    long long fd_ll, offset;
+    io_args a;
+    Py_ssize_t done = 0;
     char *buf = NULL, small[16384];
     char *dst;
     PyObject *result = NULL;
-    int got;
+    int ok = io_parse(args, nargs, "pread_rows() takes 4 arguments: fd, offset, rows, pages", 1, &a);
 
-    if (wrong_nargs(nargs, 4, "pread_rows() takes 4 arguments: fd, offset, rows, pages")) {
-        return NULL;
+    if (ok <= 0) {
+        return ok < 0 ? NULL : not_mine();
     }
-    fd_ll = PyLong_AsLongLong(args[0]);
-    if (fd_ll == -1 && PyErr_Occurred()) return NULL;
-    offset = PyLong_AsLongLong(args[1]);
-    if (offset == -1 && PyErr_Occurred()) return NULL;
-    if (fd_ll < 0 || fd_ll > INT32_MAX || offset < 0) {
-        return not_mine();
-    }
-    if (!get_rows(args[2], &rb, 1)) {
-        return not_mine();
-    }
-    ints_init(&p);
-    layers = rb.shape[0];
-    item = rb.itemsize;
-    npages = rb.shape[1];
-    dst = rb.buf;
-    got = ints_load(args[3], &p);
-    if (got < 0) goto done;
-    if (got == 0 || !all_in_range(&p, npages) || item > PY_SSIZE_T_MAX / layers) {
-        result = not_mine();
-        goto done;
-    }
-    page_bytes = layers * item;
-    if (p.n > 0 && page_bytes > (PY_SSIZE_T_MAX - 1) / p.n) {
-        result = not_mine();
-        goto done;
-    }
-    total = p.n * page_bytes;
-    if (total > INT64_MAX - offset) {
-        result = not_mine();
-        goto done;
-    }
-    if (total <= (Py_ssize_t)sizeof small) {
+    dst = a.rb.buf;
+    if (a.total <= (Py_ssize_t)sizeof small) {
         buf = small;
-    } else if ((buf = PyMem_Malloc((size_t)total)) == NULL) {
+    } else if ((buf = PyMem_Malloc((size_t)a.total)) == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     /* every byte first (a short file leaves the pool untouched), then the rows into place */
-    while (done < total) {
-        ssize_t r = pread((int)fd_ll, buf + done, (size_t)(total - done), (off_t)(offset + done));
+    while (done < a.total) {
+        ssize_t r = pread(a.fd, buf + done, (size_t)(a.total - done), (off_t)(a.offset + done));
         if (r < 0) {
             if (errno == EINTR) {
                 if (PyErr_CheckSignals() < 0) goto done;
@@ -198,21 +191,20 @@ cp_pread_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
         if (r == 0) break;  /* the end of the file */
         done += r;
     }
-    if (done == total) {
+    if (done == a.total) {
         const char *in = buf;
-        for (Py_ssize_t i = 0; i < p.n; i++) {
-            Py_ssize_t page = (Py_ssize_t)p.v[i];
-            for (Py_ssize_t l = 0; l < layers; l++) {
-                memcpy(dst + (l * npages + page) * item, in, (size_t)item);
-                in += item;
+        for (Py_ssize_t i = 0; i < a.p.n; i++) {
+            Py_ssize_t page = (Py_ssize_t)a.p.v[i];
+            for (Py_ssize_t l = 0; l < a.layers; l++) {
+                memcpy(dst + (l * a.npages + page) * a.item, in, (size_t)a.item);
+                in += a.item;
             }
         }
     }
     result = PyLong_FromSsize_t(done);
 done:
     if (buf != NULL && buf != small) PyMem_Free(buf);
-    ints_free(&p);
-    PyBuffer_Release(&rb);
+    io_release(&a);
     return result;
 }
 
