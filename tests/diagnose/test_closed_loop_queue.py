@@ -55,16 +55,21 @@ def test_queued_ahead_is_the_replays_queue_at_the_replayed_arrival(tmp_path):
     assert m is not None and int(m[1]) == waiting, queue.text
 
 
+def _queued_run(tmp_path):
+    """24 requests arriving three at a time on a pool that makes them queue."""
+    s = Story()
+    for i in range(24):
+        s.add(f"r{i}", 10 * (i // 3), s.fresh(16 + (i % 5) * 8))
+    return s.replay(tmp_path, {"model": "llama3-70b", "device_tokens": 65536, "host_tokens": 65536})
+
+
 def test_the_queue_at_arrival_reads_only_the_row_groups_around_it_and_counts_as_a_full_pass(tmp_path):
     """read/request_context.py `queue_depth_at_arrival` adds `finish_ns > arrival` so that DuckDB
     skips the row groups that finished before the arrival (issue 41: 45 -> 8 ms on a 1M run). The
     count must be the definition's, over every row, for every request of a queued run."""
     from tierdiag.diagnose.read.request_context import queue_depth_at_arrival
 
-    s = Story()
-    for i in range(24):
-        s.add(f"r{i}", 10 * (i // 3), s.fresh(16 + (i % 5) * 8))
-    db = s.replay(tmp_path, {"model": "llama3-70b", "device_tokens": 65536, "host_tokens": 65536})
+    db = _queued_run(tmp_path)
     with open_store(db) as con:
         rid = resolve_run(con, None).run_id
         rows = con.execute("SELECT req_id, seq, arrival_ns, status, first_token_ns - prefill_ns, "
@@ -85,10 +90,7 @@ def test_the_tokens_allocated_between_two_instants_count_as_a_full_pass(tmp_path
     before, across, inside and after the run."""
     from tierdiag.diagnose.read.request_steps import allocated_between
 
-    s = Story()
-    for i in range(24):
-        s.add(f"r{i}", 10 * (i // 3), s.fresh(16 + (i % 5) * 8))
-    db = s.replay(tmp_path, {"model": "llama3-70b", "device_tokens": 65536, "host_tokens": 65536})
+    db = _queued_run(tmp_path)
     with open_store(db) as con:
         rid = resolve_run(con, None).run_id
         rows = con.execute("SELECT coalesce(first_token_ns - prefill_ns, arrival_ns), "

@@ -162,6 +162,17 @@ def price_at_zero(engine: Engine, names: list[str]) -> None:
         rank.ctrl.cost = rank.scheduler.cost = cost
 
 
+def storage_engine(tmp_path, folder: str = "tier", **kw) -> Engine:
+    """An engine with a 128-page storage tier in `tmp_path / folder`, prefetching from one page,
+    no verification, and storage priced at 0 ns (so a read or write lands at the pass the rules
+    say, not later); `kw`: other config keys."""
+    cfg = small_config(storage_tokens=128 * PS, prefetch_threshold=PS, storage_dir=str(tmp_path / folder),
+                       verify="off", **kw)
+    engine = Engine(cfg, probe=Collect())
+    price_at_zero(engine, ["storage_ns"])
+    return engine
+
+
 def store_input_pages(engine: Engine, t) -> None:
     """The input pages of trace request `t` written into the storage tier (nothing on device or host)."""
     from tierdiag.trace.pages import page_keys_array

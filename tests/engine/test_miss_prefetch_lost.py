@@ -26,11 +26,7 @@ from tierdiag.engine.miss import MISS_COLUMNS
 
 def _engine(tmp_path, **kw) -> Engine:
     """0.5.23 (the default rules), a 16-page device, a 24-page host, storage priced at 0 ns."""
-    cfg = helpers.small_config(storage_tokens=128 * PS, prefetch_threshold=PS, prefetch_policy="wait_complete",
-                               storage_dir=str(tmp_path / "st"), verify="off", host_tokens=24 * PS, **kw)
-    engine = Engine(cfg, probe=helpers.Collect())
-    helpers.price_at_zero(engine, ["storage_ns"])
-    return engine
+    return helpers.storage_engine(tmp_path, "st", prefetch_policy="wait_complete", host_tokens=24 * PS, **kw)
 
 
 def _reasons(record) -> dict[str, int]:

@@ -8,17 +8,12 @@ The engine here prices storage at 0 ns, as the harness does.
 from __future__ import annotations
 
 from tests.engine import helpers
-from tests.engine.helpers import PS
 from tierdiag.engine.engine import Engine
 from tierdiag.engine.rules import RULE_SETS
 
 
 def _engine(tmp_path, write_policy: str = "write_through", **kw) -> Engine:
-    cfg = helpers.small_config(storage_tokens=128 * PS, prefetch_threshold=PS, write_policy=write_policy,
-                               storage_dir=str(tmp_path / "tier"), verify="off", **kw)
-    engine = Engine(cfg, probe=helpers.Collect())
-    helpers.price_at_zero(engine, ["storage_ns"])
-    return engine
+    return helpers.storage_engine(tmp_path, write_policy=write_policy, **kw)
 
 
 def _path(engine: Engine, first: list[int], rest: list[int]):

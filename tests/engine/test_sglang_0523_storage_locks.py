@@ -18,10 +18,7 @@ from tierdiag.trace.pages import page_keys_array
 
 
 def _engine(tmp_path, policy: str) -> Engine:
-    cfg = helpers.small_config(storage_tokens=128 * PS, prefetch_threshold=PS, prefetch_policy=policy,
-                               storage_dir=str(tmp_path / policy), verify="off")
-    engine = Engine(cfg, probe=helpers.Collect())
-    helpers.price_at_zero(engine, ["storage_ns"])
+    engine = helpers.storage_engine(tmp_path, policy, prefetch_policy=policy)
     assert engine.scheduler.rules.storage_acks_per_pass  # 0.5.23's rule set, the default
     return engine
 

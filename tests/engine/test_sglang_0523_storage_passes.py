@@ -18,11 +18,7 @@ from tierdiag.trace.pages import page_keys_array
 
 
 def _engine(tmp_path, policy: str, **kw) -> Engine:
-    cfg = helpers.small_config(storage_tokens=128 * PS, prefetch_threshold=PS, prefetch_policy=policy,
-                               storage_dir=str(tmp_path / policy), verify="off", **kw)
-    engine = Engine(cfg, probe=helpers.Collect())
-    helpers.price_at_zero(engine, ["storage_ns"])
-    return engine
+    return helpers.storage_engine(tmp_path, policy, prefetch_policy=policy, **kw)
 
 
 def _polls(engine: Engine, rid: str) -> list[tuple[int, str]]:

@@ -21,11 +21,7 @@ DEMO = "tierdiag/trace/samples/demo.jsonl"
 
 
 def _engine(tmp_path, write_policy: str = "write_back", **kw) -> Engine:
-    cfg = helpers.small_config(storage_tokens=128 * PS, prefetch_threshold=PS, write_policy=write_policy,
-                               storage_dir=str(tmp_path / "tier"), verify="off", **kw)
-    engine = Engine(cfg, probe=helpers.Collect())
-    helpers.price_at_zero(engine, ["storage_ns"])
-    return engine
+    return helpers.storage_engine(tmp_path, write_policy=write_policy, **kw)
 
 
 def _device_node(engine: Engine, keys: list[int], now: int):
