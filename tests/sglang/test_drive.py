@@ -31,8 +31,8 @@ SMALL = [  # two requests sharing a block, a third alone (block 512, Mooncake li
 # every option that takes a value, and what a valid one looks like
 OPTIONS = ("--requests", "--time-scale", "--speedup", "--page-size", "--block-size", "--device-tokens",
            "--host-tokens", "--storage-tokens", "--write-policy", "--schedule-policy", "--eviction-policy",
-           "--prefetch-policy", "--max-prefill-tokens", "--chunked-prefill-size", "--arrivals", "--model", "--gpu",
-           "--core", "--switch")
+           "--prefetch-policy", "--max-prefill-tokens", "--chunked-prefill-size", "--max-running-requests",
+           "--arrivals", "--model", "--gpu", "--core", "--switch")
 
 
 def _write(path: Path, lines: list) -> Path:
@@ -84,6 +84,8 @@ def test_a_hostile_option_value_is_one_line_or_runs(tmp_path, option, value):
     (["{t}", "--host-tokens=64", "--device-tokens=8192"], 2, "HiCache needs host >= device"),
     (["{t}", "--device-tokens=256"], 2, "does not fit the device pool"),
     (["{t}", "--switch=nope"], 2, "--switch"),
+    (["{t}", "--max-running-requests=0"], 2, "--max-running-requests 0 must be at least 1"),
+    (["{t}", "--max-running-requests=2.5"], 2, "--max-running-requests"),
     (["{t}", "--json={t}"], 2, "is the trace itself"),
     (["{t}", "--bogus"], 2, "unrecognized arguments"),
     (["{t}", "--json={dir}"], 6, "is a folder"),
@@ -112,6 +114,19 @@ def test_a_hostile_json_path_is_one_line_or_writable(tmp_path, name):
         assert code in (drive.USAGE, drive.IO) and message.startswith("--json") and "\n" not in message
     else:
         assert not out.exists()  # the check created it and took it away again
+
+
+def test_the_cap_is_the_one_both_sides_derive_and_no_more_than_the_requests(tmp_path):
+    """--max-running-requests as replay takes it: derived for the harness's context (the longest
+    request + 64) when not given, capped at half the device pool (SGLang 0.5.23), and given to
+    both sides as at most the number of requests replayed (a cap they cannot reach)."""
+    t = _write(tmp_path / "t.jsonl", SMALL)
+    _, w = drive.prepare([str(t), "--device-tokens=8192"])
+    assert w.max_running == 3  # derived: min(2048 .. 4096 estimate, 4096) = 2048, no more than the 3 requests
+    _, w = drive.prepare([str(t), "--device-tokens=8192", "--max-running-requests=2"])
+    assert w.max_running == 2 and w.engine_config()["max_running_requests"] == 2
+    _, w = drive.prepare([str(t), "--device-tokens=2048", "--max-running-requests=1"])
+    assert w.max_running == 1
 
 
 def test_a_request_longer_than_the_req_to_token_pool_allows_is_refused(tmp_path):
