@@ -1,0 +1,125 @@
+"""Issue 43's last known gap: SGLang caps the requests running at once at `max_running_requests`,
+and the engine now does too.
+
+Where the number comes from. SGLang 0.5.23 `KVCacheConfigurator.resolve_max_num_reqs(
+token_capacity)` (mem_cache/kv_cache_configurator.py): with no `--max-running-requests`,
+`int(token_capacity / context_len * 512)` clamped to [2048, 4096], then at most
+`token_capacity // 2`; with one, `max(1, N // attn_dp_size)`, also at most `token_capacity // 2`.
+The ReqToTokenPool gets that many rows, `tp_worker.get_worker_info` hands it to the scheduler as
+`max_running_requests`, and `pp_max_micro_batch_size` defaults to it. 0.5.9
+(`ModelRunner.init_memory_pool`) derives the same default and takes a given N as it is (rule
+`max_running_capped_by_pool`). The engine: `EngineConfig.resolved_max_running_requests`, from
+the device pool and `max_context` (`--max-context`), per scheduler (each `--dp` rank is a
+scheduler of its own behind the router: no attention-DP division).
+
+Where it is tested. `Scheduler.get_num_allocatable_reqs` is the cap less the running batch
+(`pp_max_micro_batch_size - running_bs`; in 0.5.23 also at most the ReqToTokenPool's free rows
+plus the row a continuing chunk holds, the same number). 0.5.23 `_get_new_batch_prefill_raw`:
+none allocatable and no chunked request -> `running_batch.batch_is_full = True`, no prefill
+batch (the pass decodes); in the loop over the waiting queue, `len(adder.can_run_list) >=
+get_num_allocatable_reqs(...)` -> `batch_is_full`, break. Only a request leaving the running
+batch clears the flag (`running_batch.filter_batch()` in `get_next_batch_to_run`).
+
+Pools: page 64 (helpers.PS), device 64 pages (memory never binds here), the tiny model.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.engine import helpers
+from tests.engine.helpers import PS, req
+from tierdiag.config.engine import EngineConfig
+from tierdiag.config.releases import resolve_max_running_requests
+from tierdiag.engine.engine import Engine
+from tierdiag.probes import events as ev
+
+
+class Batches(helpers.Collect):
+    def __init__(self):
+        super().__init__()
+        self.batches: dict[int, list[str]] = {}
+
+    def emit(self, event):
+        super().emit(event)
+        if isinstance(event, ev.PrefillDone):
+            self.batches.setdefault(event.batch_id, []).append(event.req_id)
+
+
+def _run(version: str, cap: int | None):
+    # six requests at one instant, a page and a token each (distinct prefixes), 20 output tokens
+    reqs = [req(n, 0, [10 * i + 1], output=20) for i, n in enumerate("abcdef")]
+    probe = Batches()
+    cfg = helpers.small_config(device_tokens=64 * PS, host_tokens=64 * PS, max_running_requests=cap,
+                               sglang_rules=version)
+    engine = Engine(cfg, probe=probe)
+    engine.run(helpers.numbered(reqs))
+    engine.check_invariants(idle=True)
+    return engine, probe
+
+
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.9"])
+def test_requests_past_the_cap_wait_for_a_running_one_to_leave(version):
+    """Cap 4, six requests arriving together. The first pass admits a-d and stops at e
+    (`len(can_run_list)` 4 >= 4 allocatable: batch_is_full). a-d then run; every later pass finds
+    none allocatable (4 - 4 running) and decodes. a-d finish at one decode step; the pass after
+    it (filter_batch: the running batch empty) admits e and f. Without a cap (derived: 2,048 here,
+    the estimate's floor, under half the pool) all six go in the first batch."""
+    engine, probe = _run(version, 4)
+    assert engine.scheduler.max_running == 4
+    batches = list(probe.batches.values())
+    assert batches == [list("abcd"), list("ef")]
+    rec = probe.records
+    first_out = max(rec[n].finish_ns for n in "abcd")
+    assert min(rec[n].first_token_ns for n in "ef") > first_out
+    # e and f waited the whole of a-d's decode: their TTFT is a-d's time to finish and more
+    assert all(rec[n].ttft_ns > rec["a"].finish_ns - rec["a"].arrival_ns for n in "ef")
+
+    free_engine, free = _run(version, None)
+    assert free_engine.scheduler.max_running == 2048
+    assert list(free.batches.values()) == [list("abcdef")]
+    assert all(free.records[n].ttft_ns < rec[n].ttft_ns for n in "ef")
+
+
+def test_the_derived_cap_follows_the_pool_and_the_context():
+    """resolve_max_num_reqs on the engine's own sizes: the default llama3-8b on an h200 (824,064
+    device tokens, 131,072 context) gets int(824064 / 131072 * 512) = 3,219; a 32k context 4,096
+    (the estimate's ceiling); a pool of 2,048 tokens half of it, 1,024; a given cap above half
+    the pool is lowered to it in 0.5.23 (with the warning SGLang logs) and kept in 0.5.9."""
+    assert EngineConfig().resolved_max_running_requests() == 3219
+    assert EngineConfig(max_context_tokens=32768).resolved_max_running_requests() == 4096
+    assert EngineConfig(device_tokens=2048, host_tokens=4096).resolved_max_running_requests() == 1024
+    big = EngineConfig(device_tokens=2048, host_tokens=4096, max_running_requests=5000)
+    assert big.resolved_max_running_requests() == 1024
+    assert any("--max-running-requests 5,000 is reduced to 1,024" in w for w in big.warnings())
+    old = EngineConfig(device_tokens=2048, host_tokens=4096, max_running_requests=5000, sglang_rules="0.5.9")
+    assert old.resolved_max_running_requests() == 5000 and not old.warnings()
+    back = EngineConfig(device_tokens=2048, host_tokens=4096, max_running_requests=5000,
+                        sglang_switched_back="max_running_capped_by_pool")
+    assert back.resolved_max_running_requests() == 5000
+    assert resolve_max_running_requests(None, 10**9, 1, True) == 4096
+    assert EngineConfig(max_running_requests=7).to_json()["max_running_requests"] == 7
+    assert EngineConfig().to_json()["max_running_requests"] == 3219
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_a_continuing_chunk_goes_on_at_the_cap(mixed):
+    """0.5.23 skips the early return for a chunked request ("A chunked request skips this check:
+    it keeps its req_to_token row across chunks"): cap 2, a running (long output), b chunked over
+    several passes beside it. b's chunks go on while a runs (a and b hold the two rows); c, which
+    arrives meanwhile, waits for a row: the loop finds `len(can_run_list)` (b) >= 2 - 1."""
+    a = req("a", 0, [1], output=300)
+    b = req("b", 0.001, list(range(100, 140)), output=2)  # 40 pages: chunks of 16 pages
+    c = req("c", 0.002, [500], output=2)
+    probe = Batches()
+    cfg = helpers.small_config(device_tokens=128 * PS, host_tokens=128 * PS, max_prefill_tokens=16 * PS,
+                               max_running_requests=2, enable_mixed_chunk=mixed)
+    engine = Engine(cfg, probe=probe)
+    engine.run(helpers.numbered([a, b, c]))
+    engine.check_invariants(idle=True)
+    rec = probe.records
+    assert all(rec[n].status == "finished" for n in "abc")
+    c_batch = next(i for i, m in probe.batches.items() if "c" in m)
+    b_batches = [i for i, m in probe.batches.items() if "b" in m]
+    assert len(b_batches) >= 3 and c_batch > max(b_batches)
+    assert rec["c"].first_token_ns > min(rec[n].finish_ns for n in "ab")
