@@ -123,3 +123,39 @@ def test_a_continuing_chunk_goes_on_at_the_cap(mixed):
     b_batches = [i for i, m in probe.batches.items() if "b" in m]
     assert len(b_batches) >= 3 and c_batch > max(b_batches)
     assert rec["c"].first_token_ns > min(rec[n].finish_ns for n in "ab")
+
+
+def test_at_the_cap_0_5_9_still_sorts_the_queue():
+    """Rule `max_running_check_returns_early`. y leaves page 1 cached, z pages 5-7; then a, b, c
+    arrive together, a on y's page, b and c on 2 and 3 of z's, under lpm with cap 2: the first
+    pass admits c and b (longest prefixes first) and stops at a. Their batch started the running batch, so the next
+    pass starts with `batch_is_full` clear and two running: 0.5.23 returns at
+    `get_num_allocatable_reqs <= 0` before `calc_priority`; 0.5.9's early return tests
+    `chunked_req is not None` instead, so it sorts the queue (`calc_priority`: lpm matches a's
+    prefix, stamping page 1's node at that pass) and only then meets the cap in the loop."""
+    def stamps(back: str | None) -> list[int]:
+        reqs = [req("y", 0, [1], output=2), req("z", 0, [5, 6, 7], output=2), req("a", 50, [1, 90], output=30),
+                req("b", 50, [5, 6, 91], output=30), req("c", 50, [5, 6, 7, 92], output=30)]
+        cfg = helpers.small_config(device_tokens=64 * PS, host_tokens=64 * PS, max_running_requests=2,
+                                   schedule_policy="lpm", sglang_switched_back=back)
+        engine = Engine(cfg, probe=helpers.Collect())
+        sched = engine.scheduler
+        form = sched.schedule_pass
+        seen = []
+
+        def watched(now):  # page 1's node (y's, a's prefix): stamped at this pass?
+            end = form(now)
+            node = sched.tree.root.children.get(1)
+            seen.append(node is not None and node.last_access_ns == now)
+            return end
+
+        sched.pass_fn = watched
+        engine.run(helpers.numbered(reqs))
+        engine.check_invariants(idle=True)
+        return seen
+
+    new, old = stamps(None), stamps("max_running_check_returns_early")
+    assert new != old
+    # the pass after c and b's batch: stamped by 0.5.9's calc_priority only
+    first = next(i for i, (n, o) in enumerate(zip(new, old)) if n != o)
+    assert old[first] and not new[first]
