@@ -260,3 +260,20 @@ def test_a_difference_exits_1_with_the_first_diverging_step(tmp_path, capsys, sg
     # every step agrees here; four requests' TTFTs move (the decode pages taken at admission)
     assert "requests: 20 of 24 agree (tier splits differ in 0, TTFT in 4)" in out
     assert "first diverging request" in out and "sglang=" in out and "engine=" in out
+
+
+@pytest.mark.sglang
+def test_a_small_cap_reaches_both_sides(tmp_path, capsys, sglang_0523_scheduler):
+    """`--max-running-requests 3` on a burst workload whose 40 requests would otherwise run at once
+    (scheduler_harness.crowd): both sides get the cap (SGLang's ReqToTokenPool rows through its
+    own resolve_max_num_reqs) and agree on every step, exit 0."""
+    w = H.crowd(0, page_size=64)
+    lines = [{"id": r["id"], "timestamp": r["arrival_ns"] // 1_000_000, "input_length": r["input_len"],
+              "output_length": r["output_len"], "hash_ids": r["hash_ids"]} for r in w.requests]
+    t = _write(tmp_path / "crowd.jsonl", lines)
+    argv = [str(t), "--block-size=64", "--page-size=64", f"--device-tokens={w.device_pages * 64}",
+            f"--host-tokens={w.host_pages * 64}", "--max-prefill-tokens=1024", "--max-running-requests=3"]
+    _, prepared = drive.prepare(argv)
+    assert prepared.max_running == 3
+    assert drive.main(argv, worker=sglang_0523_scheduler) == drive.AGREE, capsys.readouterr().out
+    assert "requests: 40 of 40 agree" in capsys.readouterr().out
