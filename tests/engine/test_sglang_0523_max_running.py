@@ -159,3 +159,24 @@ def test_at_the_cap_0_5_9_still_sorts_the_queue():
     # the pass after c and b's batch: stamped by 0.5.9's calc_priority only
     first = next(i for i, (n, o) in enumerate(zip(new, old)) if n != o)
     assert old[first] and not new[first]
+
+
+def test_a_recorded_run_keeps_a_derived_cap_derived():
+    """The run's config records the cap used (`max_running_requests`) and the one given
+    (`max_running_requests_given`, None when derived). advise's candidates start from the
+    recorded config: a derived cap stays derived (from the candidate's own pools), a given one
+    stays given, and a run recorded before the cap derives it."""
+    from types import SimpleNamespace
+
+    from tierdiag.app.advise import replayed_config
+
+    derived = EngineConfig(device_tokens=2048, host_tokens=4096).to_json()
+    assert derived["max_running_requests"] == 1024 and derived["max_running_requests_given"] is None
+    base = replayed_config(SimpleNamespace(config=derived))
+    assert base["max_running_requests"] is None
+    bigger = EngineConfig(**{**base, "device_tokens": 8192, "host_tokens": 16384})
+    assert bigger.resolved_max_running_requests() == 2048  # its own pool's, not the recorded 1,024
+    given = replayed_config(SimpleNamespace(config=EngineConfig(max_running_requests=16).to_json()))
+    assert given["max_running_requests"] == 16
+    old = {k: v for k, v in derived.items() if not k.startswith("max_running")}
+    assert replayed_config(SimpleNamespace(config=old))["max_running_requests"] is None

@@ -298,7 +298,9 @@ class EngineConfig:
         d["device_tokens"] = self.resolved_device_tokens()
         d["host_tokens"] = self.resolved_host_tokens()
         d["max_context_tokens"] = self.resolved_max_context()
+        # the cap the run used, and the one it was given (None: derived from its pools and context)
         d["max_running_requests"] = self.resolved_max_running_requests()
+        d["max_running_requests_given"] = self.max_running_requests
         d["prefetch_policy"] = self.resolved_prefetch_policy()  # the one the run used
         # SGLang's hicache_mem_layout default of the release (engine/rules.py `host_layout`)
         d["host_layout"] = SGLANG_HOST_LAYOUT[self._rule_release("host_layout")]

@@ -99,7 +99,7 @@ RULE_NAMES: dict[str, RuleName] = {r.name: r for r in (
     # Read by the config (EngineConfig.resolved_prefetch_policy), not the engine: switched back,
     # an unset prefetch_policy resolves to the earlier release's default.
     RuleName("prefetch_policy_default", ("prefetch_policy_default",), "default prefetch policy"),
-    # SGLang's max_running_requests cap (engine/admission docs/engine.md "Running requests"): an
+    # SGLang's max_running_requests cap (docs/engine.md, "Running requests"): an
     # explicit value capped at half the device pool (read by the config, EngineConfig.
     # resolved_max_running_requests), and where the scheduler tests it.
     RuleName("max_running_capped_by_pool", ("max_running_capped_by_pool",), "explicit running cap"),

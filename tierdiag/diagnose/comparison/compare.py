@@ -46,8 +46,9 @@ DEFAULT_TOP = 10
 
 # --- which options differ ---------------------------------------------------------------------
 
-# Recorded per run, not an option: the run's own storage folder (tierdiag.store.storage_dir).
-PER_RUN_KEYS = frozenset({"storage_dir"})
+# Recorded per run, not an option: the run's own storage folder (tierdiag.store.storage_dir),
+# and the running-requests cap as given (max_running_requests, the cap used, shows the difference).
+PER_RUN_KEYS = frozenset({"storage_dir", "max_running_requests_given"})
 
 
 def varied_options(configs: Sequence[dict]) -> tuple[str, ...]:
