@@ -1,5 +1,6 @@
 """The engine under randomized workloads: tiny pools that force constant eviction, every write,
-eviction, prefetch and scheduling policy, with and without a storage tier.
+eviction, prefetch and scheduling policy, with and without a storage tier and a running-requests
+cap.
 
 Whatever the workload, after the last request:
 - every request produced exactly one record, finished or rejected, and only a request that
@@ -115,6 +116,9 @@ def workloads(draw, min_requests: int = 200, max_requests: int = 2000) -> Worklo
         prefetch_threshold=draw(st.sampled_from([0, 16, 256])),
         max_prefill_tokens=draw(st.sampled_from([PAGE, 48, 256, 16384])),
         layerwise_overlap=draw(st.booleans()),
+        # SGLang's running-requests cap: derived (never reached in pools this small), or one a
+        # few requests reach (admission stops there until one leaves)
+        max_running_requests=draw(st.sampled_from([None, None, 1, 2, 5])),
         verify="all", data_plane_mib=1,
     )
     return Workload(reqs, cfg, seed)

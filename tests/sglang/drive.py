@@ -3,7 +3,7 @@
     python -m tests.sglang.drive TRACE [--requests N] [--time-scale S | --speedup X] [--page-size P]
         [--block-size B] [--device-tokens T] [--host-tokens T] [--storage-tokens T] [--write-policy W]
         [--schedule-policy S] [--eviction-policy E] [--prefetch-policy P] [--enable-mixed-chunk]
-        [--max-prefill-tokens T] [--arrivals trace|closed] [--model M] [--gpu G] [--core rust|python]
+        [--max-prefill-tokens T] [--max-running-requests N] [--arrivals trace|closed] [--model M] [--gpu G] [--core rust|python]
         [--switch NAME ...] [--json OUT] [--skip-bad]
 
 TRACE is anything `tierdiag replay` reads (Mooncake JSONL, tierdiag JSONL with ids, tokens, sessions
@@ -29,8 +29,10 @@ fetched; 6 `--json OUT` not writable (checked before the run).
 
 Where the harness differs from `tierdiag replay` on purpose: the engine runs with the per-run DMA term
 at 0 and `verify off` (scheduler_harness.run_engine); the context limit is the longest request + 64
-(nothing is rejected); SGLang runs with at most 512 running requests (`max_running_requests`; the
-engine has no such cap) and without a tokenizer. Token ids (a `tokens` trace) and hash ids past what
+(nothing is rejected), and so the derived `--max-running-requests` is derived from that context
+(SGLang's `resolve_max_num_reqs`, the engine's `resolved_max_running_requests`: both sides get the
+same cap, and a cap above the number of requests replayed is given as that number, which changes
+nothing and keeps SGLang's ReqToTokenPool small); SGLang runs without a tokenizer. Token ids (a `tokens` trace) and hash ids past what
 the harness's token layout holds are renumbered by first appearance (equal stays equal, prefixes stay
 prefixes); an `extra_key` is folded into that renumbering, so requests under different keys share
 nothing on either side.
@@ -39,6 +41,7 @@ nothing on either side.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -57,9 +60,8 @@ from tierdiag.trace.reader import ReadReport, read_trace
 AGREE, DIFFER, USAGE, BAD_INPUT, NO_WHEEL, IO = 0, 1, 2, 3, 4, 6
 DEFAULT_REQUESTS = 200
 DEFAULT_DEVICE_TOKENS = 131072
-MAX_RUNNING = 512  # SGLang's max_running_requests here (scheduler_harness.Workload.max_running)
-# SGLang's ReqToTokenPool is max_running x context int32 slots on the CPU: past this the worker
-# would ask for more memory than a CI machine has.
+# SGLang's ReqToTokenPool is max_running_requests x context int32 slots on the CPU: past this the
+# worker would ask for more memory than a CI machine has.
 MAX_REQ_TO_TOKEN_BYTES = 4 << 30
 VERSION = "0.5.23"
 MAX_REQUESTS = 10**9
@@ -121,6 +123,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prefetch-policy", choices=PREFETCH_POLICIES)
     p.add_argument("--max-prefill-tokens", "--chunked-prefill-size", dest="max_prefill_tokens", type=_int,
                    metavar="T", help="the prefill budget (SGLang's chunked_prefill_size and max_prefill_tokens)")
+    p.add_argument("--max-running-requests", type=_int, metavar="N",
+                   help="requests running at once (replay's option; default: derived as SGLang derives it)")
     p.add_argument("--enable-mixed-chunk", "--mixed-chunk", dest="mixed_chunk", action="store_true", default=None)
     p.add_argument("--arrivals", choices=ARRIVALS, help="closed where the trace has sessions, else trace")
     p.add_argument("--model", choices=MODELS, help="the cost model's model preset")
@@ -151,7 +155,8 @@ def _config(a: argparse.Namespace):
         "storage_tokens": a.storage_tokens, "page_size": a.page_size, "block_size": a.block_size,
         "write_policy": a.write_policy, "eviction_policy": a.eviction_policy, "schedule_policy": a.schedule_policy,
         "prefetch_policy": a.prefetch_policy, "max_prefill_tokens": a.max_prefill_tokens,
-        "time_scale": a.time_scale, "arrivals": a.arrivals, "enable_mixed_chunk": a.mixed_chunk,
+        "max_running_requests": a.max_running_requests, "time_scale": a.time_scale, "arrivals": a.arrivals,
+        "enable_mixed_chunk": a.mixed_chunk,
         "sglang_rules": VERSION, "verify": "off", "data_plane_mib": _data_plane_mib(device, host, a.page_size)})
 
 
@@ -212,9 +217,13 @@ def workload(trace: Path, a: argparse.Namespace, cfg) -> H.Workload:
     host = cfg.resolved_host_tokens() // ps
     name = f"{trace.name}[:{len(out)}] x{1 / cfg.time_scale:g} (page {ps}, {cfg.schedule_policy}, {cfg.write_policy})"
     w = H.Workload(name, out, ps, dev, host, block, cfg.max_prefill_tokens, cfg.schedule_policy, cfg.write_policy,
-                   cfg.eviction_policy, closed_loop=closed, max_running=min(MAX_RUNNING, len(out)),
+                   cfg.eviction_policy, closed_loop=closed,
                    mixed_chunk=cfg.enable_mixed_chunk, storage_tokens=cfg.storage_tokens,
                    prefetch_policy=cfg.prefetch_policy, model=cfg.model, gpu=cfg.gpu)
+    # the cap both sides derive for the harness's context (or the one given), no more than the
+    # requests replayed: a cap they cannot reach admits as any larger one does
+    w.max_running = min(dataclasses.replace(cfg, max_context_tokens=w.context_len()).resolved_max_running_requests(),
+                        len(out))
     _check_runnable(w, cfg)
     w.notes = {"skipped_lines": report.bad_lines}
     return w
@@ -224,9 +233,10 @@ def _check_runnable(w: H.Workload, cfg) -> None:
     """What SGLang's Scheduler cannot run on this CPU, or the harness cannot compare: one line each."""
     need = w.max_running * (w.context_len() + 8) * 4
     if need > MAX_REQ_TO_TOKEN_BYTES:
-        raise Usage(f"the longest request ({w.context_len() - 64:,} tokens) with {w.max_running} running requests "
+        raise Usage(f"the longest request ({w.context_len() - 64:,} tokens) with {w.max_running:,} running requests "
                     f"needs SGLang's req_to_token pool of {need / 2**30:.1f} GiB on the CPU "
-                    f"(at most {MAX_REQ_TO_TOKEN_BYTES >> 30} GiB); pass fewer --requests")
+                    f"(at most {MAX_REQ_TO_TOKEN_BYTES >> 30} GiB); pass fewer --requests or a smaller "
+                    "--max-running-requests")
     if w.device_pages < 2:
         raise Usage(f"--device-tokens {cfg.device_tokens} is under two pages of --page-size {w.page_size}")
     slots = (w.device_pages + w.host_pages) * w.page_size

@@ -103,7 +103,9 @@ class Workload:
     write_policy: str = "write_through"
     eviction_policy: str = "lru"
     closed_loop: bool = False
-    max_running: int = 512
+    # SGLang's --max-running-requests, given to both sides (None: each derives it from the
+    # device pool and the context length; SGLang by its own resolve_max_num_reqs)
+    max_running: int | None = 512
     mixed_chunk: bool = False  # --enable-mixed-chunk: a prefill batch carries the running requests' decode step
     # a storage tier (SGLang: the file backend, its threads pumped at each pass: sglang0523_storage.py);
     # 0: none. prefetch_policy None: each side's default for 0.5.23 ("timeout")
@@ -127,6 +129,7 @@ class Workload:
                  eviction_policy=self.eviction_policy, schedule_policy=self.schedule_policy,
                  max_prefill_tokens=self.max_prefill_tokens, max_context_tokens=self.context_len(),
                  sglang_rules="0.5.23", verify="off", enable_mixed_chunk=self.mixed_chunk,
+                 max_running_requests=self.max_running,
                  # the real pools at one 8-byte word a page (verify is off): 4 MiB, or what they need
                  data_plane_mib=max(4, -(-(self.device_pages + (self.host_pages or self.device_pages)) * 8 >> 20) + 1))
         if self.storage_tokens:
@@ -254,7 +257,7 @@ def run_engine(w: Workload, switches) -> dict:
         requests[rid] = {"status": rec.status, "device": rec.device_hit_tokens, "host": rec.host_hit_tokens,
                          "storage": rec.storage_hit_tokens, "computed": rec.computed_tokens,
                          "ttft_ns": rec.ttft_ns, "finish_ns": rec.finish_ns}
-    return {"steps": cap.steps, "requests": requests, "evictions": cap.log}
+    return {"steps": cap.steps, "requests": requests, "evictions": cap.log, "max_running": sched.max_running}
 
 
 # --- comparing -------------------------------------------------------------------------------------
@@ -316,6 +319,10 @@ def compare(w: Workload, theirs: dict, ours: dict, switches) -> Report:
     rep = Report(w.name, tuple(sorted(switches)))
     if "error" in theirs:
         rep.error = theirs["error"] + "\n" + theirs.get("trace", "")
+        return rep
+    if theirs.get("max_running") != ours.get("max_running"):  # the cap each side derived
+        rep.error = (f"max_running_requests: SGLang's resolve_max_num_reqs gives {theirs.get('max_running')}, "
+                     f"the engine's {ours.get('max_running')}")
         return rep
     s_steps, e_steps = prefill_steps(theirs["steps"]), prefill_steps(ours["steps"])
     rep.steps = max(len(s_steps), len(e_steps))
@@ -717,6 +724,18 @@ def with_storage(make: Callable[[], Workload], prefetch_policy: str | None = Non
 DEMO = Path(__file__).resolve().parents[2] / "tierdiag" / "trace" / "samples" / "demo.jsonl"
 
 
+def crowd(seed: int, *, page_size: int, schedule_policy: str = "fcfs", write_policy: str = "write_through",
+          cap: int = 8) -> Workload:
+    """Bursts of shared prefixes (`seeded` "burst") whose outputs (24-64 tokens) keep more
+    requests running than `--max-running-requests` `cap` lets in: admission stops at the cap
+    (`get_num_allocatable_reqs`) and the rest wait for a running request to leave."""
+    w = seeded(seed, page_size=page_size, shape="burst", schedule_policy=schedule_policy, write_policy=write_policy,
+               outputs=(24, 64))
+    w.max_running = cap
+    w.name = w.name[:-1] + f", max running {cap})"
+    return w
+
+
 def demo_stored(n: int, prefetch_policy: str) -> Workload:
     """The demo trace's first n requests behind 16,384-token device and host pools with a storage
     tier, as `python -m tests.sglang.drive` builds them (tests/sglang/README.md, "Where it
@@ -767,6 +786,22 @@ def matrix_cases() -> list[tuple[str, Callable[[], Workload], str]]:
     ]
 
 
+def capped_cases() -> list[tuple[str, Callable[[], Workload], str]]:
+    """Bursts that keep more requests running than a small `--max-running-requests` (8, 16)
+    allows, given to both sides (the engine's cap, SGLang's ReqToTokenPool rows through its own
+    `resolve_max_num_reqs`): admission stops at the cap and resumes as requests finish. Forty
+    requests, 20-40 running at the peak without a cap."""
+    wts, wb = "write_through_selective", "write_back"
+    return [
+        ("crowd-s0-p1-fcfs-write_through-cap8", partial(crowd, 0, page_size=1), "rust"),
+        ("crowd-s1-p64-lpm-write_back-cap8-pythoncore",
+         partial(crowd, 1, page_size=64, schedule_policy="lpm", write_policy=wb), "python"),
+        ("crowd-s2-p64-fcfs-write_through_selective-cap16-stored",
+         partial(with_storage, partial(crowd, 2, page_size=64, write_policy=wts, cap=16), pools=4096), "rust"),
+        ("crowd-s3-p64-lpm-write_through-cap8", partial(crowd, 3, page_size=64, schedule_policy="lpm"), "rust"),
+    ]
+
+
 def long_cases() -> list[tuple[str, Callable[[], Workload], str]]:
     """What TIERDIAG_HARNESS_LONG=1 runs besides CI's: the conversation trace's first 2,000 (or
     TIERDIAG_HARNESS_LONG_N) at its rate and at 4x, fcfs + write_through and lpm + write_back."""
@@ -796,6 +831,9 @@ MATRIX_KINDS: dict[str, Callable[[str, Workload], bool]] = {
     "conversation at its rate": lambda cid, w: cid.startswith("conversation") and "-x1-" in cid,
     "conversation at 4x": lambda cid, w: cid.startswith("conversation") and "-x4-" in cid,
     "agent sessions, closed loop": lambda cid, w: w.closed_loop,
+    # more requests running at once than --max-running-requests (capped_cases: 20-40 at the peak
+    # without the cap, 8 or 16 with it)
+    "concurrency over max_running_requests": lambda cid, w: cid.startswith("crowd"),
 }
 MATRIX_COLUMNS: dict[str, Callable[[Workload, str], bool]] = {
     "fcfs": lambda w, core: w.schedule_policy == "fcfs",
@@ -815,7 +853,7 @@ MATRIX_COLUMNS: dict[str, Callable[[Workload, str], bool]] = {
 def ci_cases() -> list[tuple[str, Callable[[], Workload], str]]:
     """Every workload CI runs against SGLang (test_scheduler_0523.py, test_scheduler_long.py)."""
     return (seeded_cases() + agentic_cases() + trace_cases() + audit_cases() + storage_cases() + matrix_cases()
-            + timed_storage_cases()
+            + timed_storage_cases() + capped_cases()
             + [(f"chunk_host-s{s}", partial(chunk_host, s), "rust") for s in range(4)])
 
 

@@ -53,6 +53,7 @@ from sglang.srt.mem_cache import allocation, kv_cache_builder  # noqa: E402
 from sglang.srt.mem_cache import unified_radix_cache as urc  # noqa: E402
 from sglang.srt.mem_cache.common import evict_from_tree_cache  # noqa: E402
 from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool  # noqa: E402
 from sglang.srt.mem_cache.pool_host import common as host_common  # noqa: E402
 from sglang.srt.runtime_context import SpawnRanks, get_context, get_parallel, publish  # noqa: E402
@@ -370,10 +371,11 @@ def build(spec: dict) -> HeadlessScheduler:
                       disable_overlap_schedule=True, chunked_prefill_size=budget, max_prefill_tokens=budget,
                       max_total_tokens=dev * ps, schedule_policy=spec["schedule_policy"],
                       radix_eviction_policy=spec.get("eviction_policy", "lru"),
-                      enable_mixed_chunk=bool(spec.get("mixed_chunk")), **kw)
+                      enable_mixed_chunk=bool(spec.get("mixed_chunk")),
+                      max_running_requests=spec.get("max_running", 512), **kw)
     publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
     HeadlessScheduler.total_tokens = dev * ps
-    HeadlessScheduler.max_running = spec.get("max_running", 512)
+    HeadlessScheduler.max_running = max_running_requests(dev * ps, spec["context_len"])
     HeadlessScheduler.context_len = spec["context_len"]
     sch = HeadlessScheduler(args, types.SimpleNamespace(nccl_port=0))
     core = type(sch.tree_cache.tree_core).__name__
@@ -383,6 +385,34 @@ def build(spec: dict) -> HeadlessScheduler:
         got = sch.tree_cache.cache_controller.mem_pool_host.size
         assert got == host * ps, f"host pool {got} tokens, asked for {host * ps}"
     return sch
+
+
+def max_running_requests(token_capacity: int, context_len: int) -> int:
+    """SGLang's own `KVCacheConfigurator.resolve_max_num_reqs(token_capacity)` (the published
+    server args' max_running_requests, None: its estimate from the context length), on a
+    configurator of one attention-DP rank and no mamba state: the ReqToTokenPool's rows and the
+    scheduler's `max_running_requests` (`get_worker_info`), as `_resolve_memory_pool_config` sets
+    them."""
+    conf = types.SimpleNamespace(model_config=types.SimpleNamespace(context_len=context_len), attn_dp_size=1,
+                                 mambaish_config=None)
+    return KVCacheConfigurator.resolve_max_num_reqs(conf, token_capacity)
+
+
+def max_running_cases(cases: list) -> list[int]:
+    """`resolve_max_num_reqs` on each (token_capacity, context_len, explicit or None), the
+    explicit value read where SGLang reads it (`get_schedule().max_running_requests`, stood in
+    for the call): tests/sglang/test_scheduler_0523.py holds the engine's formula to it."""
+    from sglang.srt.mem_cache import kv_cache_configurator as kvc
+
+    real = kvc.get_schedule
+    out = []
+    try:
+        for capacity, context, explicit in cases:
+            kvc.get_schedule = lambda explicit=explicit: types.SimpleNamespace(max_running_requests=explicit)
+            out.append(max_running_requests(capacity, context))
+    finally:
+        kvc.get_schedule = real
+    return out
 
 
 def _make(r: dict, block: int) -> TokenizedGenerateReqInput:
@@ -629,7 +659,8 @@ def _run_workload(spec: dict) -> dict:
     steps.append({"t": clock, "kind": "end", "members": [],
                   "evicted_before": [evicted["device"], evicted["host"]]})
     return {"steps": steps, "requests": out, "missing": sorted(MISSING), "evictions": evicted["log"],
-            "core": type(tree.tree_core).__name__, "storage": storage.stats(tree, spec.get("_storage_folder"))}
+            "core": type(tree.tree_core).__name__, "storage": storage.stats(tree, spec.get("_storage_folder")),
+            "max_running": sch.max_running_requests}
 
 
 def _state(sch, tree) -> dict:

@@ -31,8 +31,8 @@ SMALL = [  # two requests sharing a block, a third alone (block 512, Mooncake li
 # every option that takes a value, and what a valid one looks like
 OPTIONS = ("--requests", "--time-scale", "--speedup", "--page-size", "--block-size", "--device-tokens",
            "--host-tokens", "--storage-tokens", "--write-policy", "--schedule-policy", "--eviction-policy",
-           "--prefetch-policy", "--max-prefill-tokens", "--chunked-prefill-size", "--arrivals", "--model", "--gpu",
-           "--core", "--switch")
+           "--prefetch-policy", "--max-prefill-tokens", "--chunked-prefill-size", "--max-running-requests",
+           "--arrivals", "--model", "--gpu", "--core", "--switch")
 
 
 def _write(path: Path, lines: list) -> Path:
@@ -84,6 +84,8 @@ def test_a_hostile_option_value_is_one_line_or_runs(tmp_path, option, value):
     (["{t}", "--host-tokens=64", "--device-tokens=8192"], 2, "HiCache needs host >= device"),
     (["{t}", "--device-tokens=256"], 2, "does not fit the device pool"),
     (["{t}", "--switch=nope"], 2, "--switch"),
+    (["{t}", "--max-running-requests=0"], 2, "--max-running-requests 0 must be at least 1"),
+    (["{t}", "--max-running-requests=2.5"], 2, "--max-running-requests"),
     (["{t}", "--json={t}"], 2, "is the trace itself"),
     (["{t}", "--bogus"], 2, "unrecognized arguments"),
     (["{t}", "--json={dir}"], 6, "is a folder"),
@@ -112,6 +114,19 @@ def test_a_hostile_json_path_is_one_line_or_writable(tmp_path, name):
         assert code in (drive.USAGE, drive.IO) and message.startswith("--json") and "\n" not in message
     else:
         assert not out.exists()  # the check created it and took it away again
+
+
+def test_the_cap_is_the_one_both_sides_derive_and_no_more_than_the_requests(tmp_path):
+    """--max-running-requests as replay takes it: derived for the harness's context (the longest
+    request + 64) when not given, capped at half the device pool (SGLang 0.5.23), and given to
+    both sides as at most the number of requests replayed (a cap they cannot reach)."""
+    t = _write(tmp_path / "t.jsonl", SMALL)
+    _, w = drive.prepare([str(t), "--device-tokens=8192"])
+    assert w.max_running == 3  # derived: min(2048 .. 4096 estimate, 4096) = 2048, no more than the 3 requests
+    _, w = drive.prepare([str(t), "--device-tokens=8192", "--max-running-requests=2"])
+    assert w.max_running == 2 and w.engine_config()["max_running_requests"] == 2
+    _, w = drive.prepare([str(t), "--device-tokens=2048", "--max-running-requests=1"])
+    assert w.max_running == 1
 
 
 def test_a_request_longer_than_the_req_to_token_pool_allows_is_refused(tmp_path):
@@ -245,3 +260,20 @@ def test_a_difference_exits_1_with_the_first_diverging_step(tmp_path, capsys, sg
     # every step agrees here; four requests' TTFTs move (the decode pages taken at admission)
     assert "requests: 20 of 24 agree (tier splits differ in 0, TTFT in 4)" in out
     assert "first diverging request" in out and "sglang=" in out and "engine=" in out
+
+
+@pytest.mark.sglang
+def test_a_small_cap_reaches_both_sides(tmp_path, capsys, sglang_0523_scheduler):
+    """`--max-running-requests 3` on a burst workload whose 40 requests would otherwise run at once
+    (scheduler_harness.crowd): both sides get the cap (SGLang's ReqToTokenPool rows through its
+    own resolve_max_num_reqs) and agree on every step, exit 0."""
+    w = H.crowd(0, page_size=64)
+    lines = [{"id": r["id"], "timestamp": r["arrival_ns"] // 1_000_000, "input_length": r["input_len"],
+              "output_length": r["output_len"], "hash_ids": r["hash_ids"]} for r in w.requests]
+    t = _write(tmp_path / "crowd.jsonl", lines)
+    argv = [str(t), "--block-size=64", "--page-size=64", f"--device-tokens={w.device_pages * 64}",
+            f"--host-tokens={w.host_pages * 64}", "--max-prefill-tokens=1024", "--max-running-requests=3"]
+    _, prepared = drive.prepare(argv)
+    assert prepared.max_running == 3
+    assert drive.main(argv, worker=sglang_0523_scheduler) == drive.AGREE, capsys.readouterr().out
+    assert "requests: 40 of 40 agree" in capsys.readouterr().out

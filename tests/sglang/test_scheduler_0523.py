@@ -67,7 +67,7 @@ STILL_DIFFERENT: dict[str, str] = {
 def _cases():
     out = []
     for cid, make, core in H.seeded_cases() + H.agentic_cases() + H.trace_cases() + H.audit_cases() + \
-            H.storage_cases() + H.matrix_cases() + H.timed_storage_cases():
+            H.storage_cases() + H.matrix_cases() + H.timed_storage_cases() + H.capped_cases():
         marks = [pytest.mark.shared] if cid.startswith("conversation") else []
         if cid in STILL_DIFFERENT:
             marks.append(pytest.mark.xfail(strict=True, reason="still differs: " + STILL_DIFFERENT[cid]))
@@ -127,3 +127,54 @@ def test_a_not_modelled_behaviour_shows_with_its_switch(sglang_0523_scheduler, s
     assert _report(sglang_0523_scheduler, make, core, ()).clean
     rep = _report(sglang_0523_scheduler, make, core, (switch,))
     assert not rep.clean, f"{switch} ({H.SWITCHES[switch][1]}) changed nothing on {cid}"
+
+
+# --- max_running_requests (issue 43's last known gap) ------------------------------------------------
+def _cap_cases() -> list[list]:
+    """(token_capacity, context_len, explicit or None): the clamp's both ends, the half-pool cap,
+    explicit values under, at and over it, one request a context, and seeded values between."""
+    import random
+
+    rnd = random.Random(43)
+    out = [[131072, 20064, None], [131072, 20064, 512], [8192, 1600, None], [8192, 1600, 4097], [8192, 1600, 4096],
+           [4, 100, None], [4, 100, 1], [4, 100, 3], [2, 1, None], [824064, 131072, None], [10**9, 131072, None],
+           [10**9, 2**24, None], [4096, 10**6, 7], [2 * 2048, 1, None], [6000, 1500, None]]
+    for _ in range(200):
+        cap = rnd.choice((rnd.randint(2, 4096), rnd.randint(2, 10**7), rnd.randint(2, 10**12)))
+        ctx = rnd.choice((rnd.randint(1, 4096), rnd.randint(1, 10**6)))
+        out.append([cap, ctx, rnd.choice((None, None, rnd.randint(1, 64), rnd.randint(1, 10**6)))])
+    return out
+
+
+def test_the_engine_derives_max_running_requests_as_sglang_does(sglang_0523_scheduler):
+    """SGLang 0.5.23 `KVCacheConfigurator.resolve_max_num_reqs(token_capacity)` (run in the
+    worker, `get_schedule().max_running_requests` standing for --max-running-requests): with none
+    given, int(token_capacity / context_len * 512) clamped to [2048, 4096], then at most
+    token_capacity // 2; given, at most token_capacity // 2. The engine's
+    config.releases.resolve_max_running_requests gives the same number on every case."""
+    from tierdiag.config.releases import resolve_max_running_requests
+
+    cases = _cap_cases()
+    theirs = sglang_0523_scheduler.run({"max_running_cases": cases})["max_running"]
+    ours = [resolve_max_running_requests(explicit, cap, ctx, True) for cap, ctx, explicit in cases]
+    differ = [(c, t, o) for c, t, o in zip(cases, theirs, ours) if t != o]
+    assert not differ, f"(capacity, context, explicit), SGLang's, the engine's: {differ[:5]}"
+
+
+@pytest.mark.parametrize("cid", [cid for cid, _, _ in H.capped_cases()])
+def test_without_the_cap_the_engine_would_differ(sglang_0523_scheduler, cid):
+    """The capped workloads agree (test_agrees_with_sglang) because the engine stops admitting at
+    the cap as SGLang's `get_new_batch_prefill` does (`get_num_allocatable_reqs` <= 0 ->
+    batch_is_full): the engine with a cap it never reaches forms other batches there."""
+    make, core = next((m, k) for c, m, k in H.capped_cases() if c == cid)
+    w = make()
+    theirs = sglang_0523_scheduler.run(w.spec((), core))
+    assert theirs["max_running"] == w.max_running
+    capped = H.run_engine(w, ())
+    w.max_running = None  # derived: at least 1,024 here, far above the 40 requests
+    free = H.run_engine(w, ())
+    assert free["max_running"] > len(w.requests)
+    free["max_running"] = theirs["max_running"]  # compare the batches, not the caps
+    assert H.compare(w, theirs, capped, ()).clean
+    rep = H.compare(w, theirs, free, ())
+    assert rep.differing_steps > 0 and rep.differing_requests > 0, rep.summary()

@@ -38,7 +38,11 @@ def main() -> int:
     for line in sys.stdin:
         scenario = json.loads(line)
         try:
-            if "requests" in scenario:  # a workload for the whole Scheduler (sglang0523_scheduler.py)
+            if "max_running_cases" in scenario:  # SGLang's max_running_requests formula alone
+                from sglang0523_scheduler import max_running_cases
+
+                answer = {"max_running": max_running_cases(scenario["max_running_cases"])}
+            elif "requests" in scenario:  # a workload for the whole Scheduler (sglang0523_scheduler.py)
                 from sglang0523_scheduler import run_workload
 
                 answer = run_workload(scenario)

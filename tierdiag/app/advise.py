@@ -109,7 +109,8 @@ def check_profile_for_advise(run) -> None:
 
 def replayed_config(run) -> dict:
     """The run's config as it replayed, what every candidate starts from: its recorded keys (not
-    storage_dir: recorded, it is the run's own folder; a candidate gets its own), and the SGLang
+    storage_dir: recorded, it is the run's own folder; a candidate gets its own; not the
+    running-requests cap it derived), and the SGLang
     release it followed: a run recorded before rule sets has no `sglang_rules` and followed 0.5.9
     (engine/rules.py recorded_rules), so its candidates do too, not today's default."""
     from tierdiag.config.engine import CONFIG_KEYS
@@ -117,6 +118,9 @@ def replayed_config(run) -> dict:
 
     base = {k: v for k, v in run.config.items() if k in CONFIG_KEYS and k != "storage_dir"}
     base["sglang_rules"] = recorded_rules(run.config)
+    # the running-requests cap as the run was given it: derived (None, and runs recorded before
+    # the cap) stays derived, from each candidate's own pools
+    base["max_running_requests"] = run.config.get("max_running_requests_given")
     return base
 
 

@@ -99,6 +99,10 @@ def replay(
     max_context: Annotated[Optional[int], Opt("--max-context", help=_d(
         "Longest request (input + output tokens); longer ones are rejected (context_length).",
         shown="the model preset's context"))] = None,
+    max_running_requests: Annotated[Optional[int], Opt("--max-running-requests", help=_d(
+        "Requests running at once on a scheduler (each --dp rank), SGLang's --max-running-requests; SGLang 0.5.23 "
+        "caps it at half the device pool.", shown="derived as SGLang does: 512 per context of device tokens, "
+        "2048-4096, at most half the device pool"))] = None,
     seed: Annotated[Optional[int], Opt(help=_d("Seed (recorded; the engine itself is deterministic).", "seed"))] = None,
     verify: Annotated[Optional[str], Opt(**choices(VERIFY_MODES), help=_d("Check load-backs byte for byte (sample: one in 16).", "verify"))] = None,
     data_plane_mib: Annotated[Optional[int], Opt(help=_d("Memory for the real pools in MiB; their width shrinks to fit.", "data_plane_mib"))] = None,
@@ -146,7 +150,8 @@ def replay(
         "schedule_policy": schedule_policy,
         "prefetch_threshold": prefetch_threshold, "max_prefill_tokens": max_prefill_tokens,
         "layerwise_overlap": overlap, "timing": timing, "profile": str(profile) if profile else None,
-        "time_scale": time_scale, "arrivals": arrivals, "max_context_tokens": max_context, "seed": seed, "verify": verify, "data_plane_mib": data_plane_mib,
+        "time_scale": time_scale, "arrivals": arrivals, "max_context_tokens": max_context,
+        "max_running_requests": max_running_requests, "seed": seed, "verify": verify, "data_plane_mib": data_plane_mib,
         "sglang_rules": sglang, "dp": dp, "router": router, "enable_mixed_chunk": enable_mixed_chunk,
     }, defaults={"dp": ranks} if ranks else None,
         defaults_origin=f"the imported run whose --trace-out this trace is (its export named {ranks} ranks)")

@@ -20,8 +20,9 @@ from tierdiag.config.names import PrefetchPolicy, WritePolicy, values
 from tierdiag.config.policies import EVICTION_POLICIES as _EVICTION_REGISTRY, configured_eviction_policy
 from tierdiag.config.presets import GPUS, MODELS, gpu_preset, model_preset
 from tierdiag.config.profile import check_profile, profile_defaults
-from tierdiag.config.releases import (RELEASES, SGLANG_HOST_LAYOUT, SGLANG_PREFETCH_POLICY,  # noqa: F401 - re-exported
-                                      check_switched_back, rule_release)
+from tierdiag.config.releases import (RELEASES, SGLANG_HOST_LAYOUT, SGLANG_MAX_RUNNING_CAPPED_BY_POOL,  # noqa: F401
+                                      SGLANG_PREFETCH_POLICY, check_switched_back,  # - re-exported
+                                      resolve_max_running_requests, rule_release)
 from tierdiag.config.router import DEFAULTS as ROUTER_DEFAULTS, KEYS as ROUTER_KEYS
 from tierdiag.config.schema import (Choice, Flag, Float, Int, KeyedConfigError, Schema, Text,
                                     check_values, key_name, option_name, register_options, show)
@@ -98,6 +99,10 @@ class EngineConfig:
     storage_dir: Text() | None = None  # default: a folder beside the database
     arrivals: Choice(ARRIVALS) | None = None  # trace | closed; None: closed where the trace has sessions
     max_context_tokens: Int(1, option="--max-context") | None = None  # None: the model preset's context
+    # SGLang's --max-running-requests: requests running at once (one scheduler, each --dp rank);
+    # None: derived as SGLang derives it from the device pool and the context length
+    # (resolved_max_running_requests). 0.5.23 caps a given value at half the device pool.
+    max_running_requests: Int(1) | None = None
     sglang_rules: Choice(SGLANG_RULES, option="--sglang") = SGLANG_RULES[0]  # whose rules (engine/rules.py)
     # Rules of sglang_rules taken from the release before it (comma-separated names of
     # config/releases.py RULE_NAMES; None: none): `replay --sglang OLD,NEW` isolates each rule.
@@ -246,6 +251,13 @@ class EngineConfig:
             return self.max_context_tokens
         return model_preset(self.model).max_context_tokens
 
+    def resolved_max_running_requests(self) -> int:
+        """SGLang's `max_running_requests` for this config's device pool and context
+        (config.releases.resolve_max_running_requests; rule max_running_capped_by_pool)."""
+        capped = SGLANG_MAX_RUNNING_CAPPED_BY_POOL[self._rule_release("max_running_capped_by_pool")]
+        return resolve_max_running_requests(self.max_running_requests, self.resolved_device_tokens(),
+                                            self.resolved_max_context(), capped)
+
     def resolved_prefetch_policy(self) -> str:
         return self.prefetch_policy or SGLANG_PREFETCH_POLICY[self._rule_release("prefetch_policy_default")]
 
@@ -273,6 +285,12 @@ class EngineConfig:
             found.append(f"--host-tokens {self.resolved_host_tokens():,} of {self.model} KV is {host_bytes / gib:,.1f} GiB, "
                          f"more than the {HOST_MEMORY_SANE_BYTES >> 40} TiB of memory a host has: a what-if, not a real "
                          "server")
+        running = self.resolved_max_running_requests()
+        if self.max_running_requests is not None and running < self.max_running_requests:
+            # resolve_max_num_reqs's own warning ("max_running_requests was reduced from the
+            # requested %d to %d ... due to the available KV cache capacity")
+            found.append(f"--max-running-requests {self.max_running_requests:,} is reduced to {running:,}, half the "
+                         f"device pool ({self.resolved_device_tokens():,} tokens), as SGLang {self.sglang_rules} does")
         return found
 
     def to_json(self) -> dict[str, Any]:
@@ -280,6 +298,9 @@ class EngineConfig:
         d["device_tokens"] = self.resolved_device_tokens()
         d["host_tokens"] = self.resolved_host_tokens()
         d["max_context_tokens"] = self.resolved_max_context()
+        # the cap the run used, and the one it was given (None: derived from its pools and context)
+        d["max_running_requests"] = self.resolved_max_running_requests()
+        d["max_running_requests_given"] = self.max_running_requests
         d["prefetch_policy"] = self.resolved_prefetch_policy()  # the one the run used
         # SGLang's hicache_mem_layout default of the release (engine/rules.py `host_layout`)
         d["host_layout"] = SGLANG_HOST_LAYOUT[self._rule_release("host_layout")]

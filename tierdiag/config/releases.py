@@ -29,6 +29,36 @@ SGLANG_PREFETCH_POLICY = {"0.5.23": "timeout", "0.5.9": "best_effort"}
 # Here, not in config/engine.py, so that engine/rules.py (read by summary and explain) does not
 # load the config's schema and presets (issue 41: start-up).
 SGLANG_HOST_LAYOUT = {"0.5.23": "page_first", "0.5.9": "layer_first"}
+# Whether an explicit `--max-running-requests` is capped at half the device pool (its RuleSet's
+# max_running_capped_by_pool; resolve_max_running_requests below): 0.5.23
+# `KVCacheConfigurator.resolve_max_num_reqs` caps it, 0.5.9 `init_memory_pool` sizes the
+# ReqToTokenPool to it as given.
+SGLANG_MAX_RUNNING_CAPPED_BY_POOL = {"0.5.23": True, "0.5.9": False}
+# resolve_max_num_reqs's estimate when no cap is given: 512 requests a context's worth of device
+# tokens, clamped to [2048, 4096] (the same numbers in 0.5.9's init_memory_pool)
+MAX_RUNNING_PER_CONTEXT = 512
+MAX_RUNNING_ESTIMATE_RANGE = (2048, 4096)
+
+
+def resolve_max_running_requests(explicit: int | None, device_tokens: int, context_len: int,
+                                 capped_by_pool: bool) -> int:
+    """SGLang's `max_running_requests` for one scheduler (a data-parallel rank behind a router:
+    no attention-DP division), from the device pool in tokens and the context length.
+
+    0.5.23 `KVCacheConfigurator.resolve_max_num_reqs(token_capacity)`: none given,
+    `min(clamp(int(token_capacity / context_len * 512), 2048, 4096), token_capacity // 2)`;
+    given, `min(max(1, N // attn_dp_size), token_capacity // 2)`. The ReqToTokenPool gets that
+    many rows (`_build_default_req_pool(size=max_num_reqs)`, row 0 padding beside them) and the
+    scheduler's `get_worker_info` reads it back; `pp_max_micro_batch_size` defaults to it.
+    0.5.9 `ModelRunner.init_memory_pool` + `__init__`: none given, the same estimate with
+    `min(max_total_num_tokens // 2, pool size)` after it; given, N as it is (the pool is N rows,
+    `min(N // dp_size, pool size)` with dp_size 1)."""
+    half = device_tokens // 2
+    if explicit is not None:
+        return min(explicit, half) if capped_by_pool else explicit
+    lo, hi = MAX_RUNNING_ESTIMATE_RANGE
+    estimated = max(min(int(device_tokens / context_len * MAX_RUNNING_PER_CONTEXT), hi), lo)
+    return min(estimated, half)
 
 
 @dataclass(frozen=True)
@@ -69,6 +99,11 @@ RULE_NAMES: dict[str, RuleName] = {r.name: r for r in (
     # Read by the config (EngineConfig.resolved_prefetch_policy), not the engine: switched back,
     # an unset prefetch_policy resolves to the earlier release's default.
     RuleName("prefetch_policy_default", ("prefetch_policy_default",), "default prefetch policy"),
+    # SGLang's max_running_requests cap (docs/engine.md, "Running requests"): an
+    # explicit value capped at half the device pool (read by the config, EngineConfig.
+    # resolved_max_running_requests), and where the scheduler tests it.
+    RuleName("max_running_capped_by_pool", ("max_running_capped_by_pool",), "explicit running cap"),
+    RuleName("max_running_check_returns_early", ("max_running_check_returns_early",), "running cap check"),
     RuleName("prefetch_timer_at_first_poll", ("prefetch_timer_at_first_poll",), "timeout clock"),
     RuleName("prefetch_retry", ("prefetch_retry_interval_passes", "prefetch_retry_max_attempts"),
              "storage re-queries"),

@@ -12,7 +12,8 @@ from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import Callable
 
-from tierdiag.config.releases import (NOT_RULES, RULE_NAMES, SGLANG_HOST_LAYOUT, SGLANG_PREFETCH_POLICY,
+from tierdiag.config.releases import (NOT_RULES, RULE_NAMES, SGLANG_HOST_LAYOUT, SGLANG_MAX_RUNNING_CAPPED_BY_POOL,
+                                      SGLANG_PREFETCH_POLICY,
                                       release_before, switched_back_names)
 
 
@@ -169,6 +170,20 @@ class RuleSet:
     # head last (`touch_waiting_prefix` -> `touch_prefix`: a match, stamps only). 0: none (0.5.9).
     waiting_prefix_refresh_interval: int
     waiting_prefix_refresh_max: int
+    # --- the running-requests cap (`max_running_requests`) ---
+    # An explicit cap above half the device pool: 0.5.23 `resolve_max_num_reqs` lowers it to
+    # token_capacity // 2; 0.5.9 keeps it. Read by the config (EngineConfig.
+    # resolved_max_running_requests; config.releases.SGLANG_MAX_RUNNING_CAPPED_BY_POOL).
+    max_running_capped_by_pool: bool
+    # Where `get_new_batch_prefill` tests it (`get_num_allocatable_reqs`: the cap less the
+    # running batch). 0.5.23 `_get_new_batch_prefill_raw`: none allocatable and no chunked
+    # request -> `batch_is_full`, return before `calc_priority`; in the loop, after the budget's
+    # `budget_state() == OTHER` break, `len(can_run_list) >= allocatable` -> `batch_is_full`,
+    # break. 0.5.9 `get_new_batch_prefill`: its early return tests `chunked_req is not None`
+    # (which cannot meet a full cap: the chunked request's row counts in the cap it was admitted
+    # under), so `calc_priority` runs and the loop's first request shuts admission; the loop
+    # tests the cap first, before the budget.
+    max_running_check_returns_early: bool
     # (prefix, device, host_hit, host_loaded, storage_hit, storage_start, prefetched span,
     # its start) -> (device, host, storage): storage_hit is the part of the host hit this request's
     # prefetch brought (0.5.9's `min(host_hit, storage_hit)`), the span all its prefetch put in
@@ -273,6 +288,8 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         prefetch_assume_stored=True,
         storage_acks_per_pass=True,
         host_layout=SGLANG_HOST_LAYOUT["0.5.23"],
+        max_running_capped_by_pool=SGLANG_MAX_RUNNING_CAPPED_BY_POOL["0.5.23"],
+        max_running_check_returns_early=True,
         vocabulary=ExplainVocabulary("prefix_len", "host_loaded_length", "best_match_node", "kv.cache_protected_len"),
         doc="SGLang 0.5.23 (October): UnifiedRadixCache on the unified tree core",
     ),
@@ -309,6 +326,8 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         prefetch_assume_stored=False,
         storage_acks_per_pass=False,
         host_layout=SGLANG_HOST_LAYOUT["0.5.9"],
+        max_running_capped_by_pool=SGLANG_MAX_RUNNING_CAPPED_BY_POOL["0.5.9"],
+        max_running_check_returns_early=False,
         vocabulary=ExplainVocabulary("prefix_indices", "host_hit_length", "last_host_node", "cache_protected_len"),
         doc="SGLang 0.5.9 (February): HiRadixCache",
     ),

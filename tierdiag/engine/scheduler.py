@@ -134,6 +134,9 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.refresh_interval = (self.rules.waiting_prefix_refresh_interval
                                  if cfg.waiting_prefix_refresh and cfg.eviction_policy == "lru" else 0)
         self.max_context = cfg.resolved_max_context()
+        # SGLang's max_running_requests (its ReqToTokenPool's rows and pp_max_micro_batch_size):
+        # admission stops at it (_new_prefill)
+        self.max_running = cfg.resolved_max_running_requests()
         self.arrivals: ArrivalSource | None = None  # the trace's arrivals, open or closed loop (run)
         self.rank = 0  # the data-parallel rank (its rows' dp_rank; engine/deployment.py)
         self.id_step = 1  # batch ids: rank + 1, then every num_ranks-th
@@ -434,6 +437,19 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         page < that budget, or it is NO_TOKEN; NO_TOKEN with a request admitted or running
         sets `batch_is_full`."""
         ps = self.ps
+        # get_num_allocatable_reqs: the cap less the running batch (the ReqToTokenPool's free
+        # rows, plus the row a continuing chunk holds, come to the same number)
+        allocatable = self.max_running - len(self.running)
+        returns_early = self.rules.max_running_check_returns_early
+        if allocatable <= 0 and self.chunked is None:
+            # 0.5.23 `_get_new_batch_prefill_raw`: "get_num_allocatable_reqs(...) <= 0 and
+            # self.chunked_req is None" -> batch_is_full, before calc_priority. 0.5.9 goes on
+            # (its test reads `chunked_req is not None`): calc_priority, then the loop's first
+            # request meets the cap.
+            if not returns_early and self.waiting:
+                self._calc_priority(now)
+            self.batch_is_full = True
+            return None
         mixed = len(self.running) if self.mixed_chunk else 0  # num_mixed_decode_tokens
         budget = self.cfg.max_prefill_tokens - mixed
         ratio = self.new_token_ratio
@@ -469,7 +485,15 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         # == OTHER`, rem_chunk_tokens <= 0): under a page it is still matched (its prefix
         # stamped) before `_select_prefill_admission` finds no page to give it (OTHER), or no
         # memory (NO_TOKEN). A continuing chunk spends the budget, unless memory cut it short.
-        while budget > 0 and i < len(self.waiting):
+        while i < len(self.waiting):
+            # `len(adder.can_run_list) >= get_num_allocatable_reqs(...)` -> batch_is_full: 0.5.23
+            # after the budget's break, 0.5.9 before it
+            if not returns_early and len(items) >= allocatable:
+                self.batch_is_full = True
+            if budget <= 0:
+                break
+            if returns_early and len(items) >= allocatable:
+                self.batch_is_full = True
             if self.batch_is_full:
                 break  # a chunked request's pass: it goes on, nobody else is admitted
             req = self.waiting[i]

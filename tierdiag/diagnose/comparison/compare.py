@@ -46,8 +46,9 @@ DEFAULT_TOP = 10
 
 # --- which options differ ---------------------------------------------------------------------
 
-# Recorded per run, not an option: the run's own storage folder (tierdiag.store.storage_dir).
-PER_RUN_KEYS = frozenset({"storage_dir"})
+# Recorded per run, not an option: the run's own storage folder (tierdiag.store.storage_dir),
+# and the running-requests cap as given (max_running_requests, the cap used, shows the difference).
+PER_RUN_KEYS = frozenset({"storage_dir", "max_running_requests_given"})
 
 
 def varied_options(configs: Sequence[dict]) -> tuple[str, ...]:
@@ -64,7 +65,8 @@ def changed_from_defaults(config: dict) -> dict[str, Any]:
 
     Pool sizes default from the presets (device: the GPU's memory left after the weights;
     host: 2x device), so those defaults are the ones for the run's own model and GPU, and the
-    host default follows the run's device size."""
+    host default follows the run's device size; so does the derived running-requests cap (from
+    the run's device pool and context)."""
     from tierdiag.config.engine import EngineConfig  # presets and validation only, no torch
 
     if not config:
@@ -72,8 +74,10 @@ def changed_from_defaults(config: dict) -> dict[str, Any]:
     geometry = {k: config[k] for k in ("model", "gpu", "page_size", "mem_fraction_static") if k in config}
     try:
         reference = EngineConfig(**geometry).to_json()
-        reference["host_tokens"] = EngineConfig(**geometry, device_tokens=config.get("device_tokens")).to_json()[
-            "host_tokens"]
+        sized = EngineConfig(**geometry, device_tokens=config.get("device_tokens"),
+                             max_context_tokens=config.get("max_context_tokens")).to_json()
+        reference["host_tokens"] = sized["host_tokens"]
+        reference["max_running_requests"] = sized["max_running_requests"]
     except (TierdiagError, TypeError):  # recorded by another version, with presets or keys this one lacks
         reference = EngineConfig().to_json()
     # The geometry itself against the plain defaults (llama3-8b on an h200, ...).
