@@ -14,7 +14,7 @@ Residency invariants (checked by tests):
 from __future__ import annotations
 
 import heapq
-from typing import Callable
+from typing import Any, Callable
 
 from tierdiag.config.policies import EVICTION_POLICIES, EvictionPolicy
 from tierdiag.engine.rules import RULE_SETS, RuleSet
@@ -417,10 +417,16 @@ class RadixTree:
         return (node.parent is not None and node.device is None and node.host is not None
                 and node.lock_ref == 0 and node.host_ref == 0 and not node.children)
 
-    def _key(self, node: TreeNode) -> tuple:
-        """The node's eviction key under the tree's policy (`EvictionPolicy.key`)."""
+    def _key(self, node: TreeNode) -> Any:
+        """The node's eviction key under the tree's policy (`EvictionPolicy.key`). lru's
+        (last_access_ns, access_seq, id) as one int, last_access_ns * 2**64 + access_seq: the
+        same order (access_seq counts from 0 and never reaches 2**64, so it never carries into
+        the time; ns may be any int), and where two nodes tie on both (a split's halves) the
+        heap entry's next item, the node's id, orders them as the tuple's third did. An int
+        compares without the nested tuple's item-by-item rich compare, the heaps' largest cost
+        (callgrind, issue 41)."""
         if self._lru_key:
-            return (node.last_access_ns, node.access_seq, node.id)  # policies._lru
+            return (node.last_access_ns << 64) | node.access_seq  # policies._lru, as one int
         return self.priority(node)
 
     def _push_device(self, node: TreeNode) -> None:
