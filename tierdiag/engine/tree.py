@@ -14,7 +14,7 @@ Residency invariants (checked by tests):
 from __future__ import annotations
 
 import heapq
-from typing import Any, Callable
+from typing import Any
 
 from tierdiag.config.policies import EVICTION_POLICIES, EvictionPolicy
 from tierdiag.engine.rules import RULE_SETS, RuleSet
@@ -437,24 +437,30 @@ class RadixTree:
         if self.host_evictable(node):
             heapq.heappush(self._host_heap, (self._key(node), node.id, node))
 
-    def _pop(self, heap: list, valid: Callable[[TreeNode], bool]) -> TreeNode | None:
+    def _pop(self, heap: list, device: bool) -> TreeNode | None:
+        """The next victim of the device heap (`device`) or the host heap. The entry is typed
+        and the check named (not a callable passed in, not a tuple unpacked): compiled, the
+        entry's items are read in place and the check is a native call, where an unpack of
+        what heappop returns iterated it and a passed callable went through Python's calling
+        convention (~60 M instructions of a 3,000-request run, issue 41)."""
         while heap:
-            prio, _, node = heapq.heappop(heap)
-            if not valid(node):
+            entry: tuple[Any, int, TreeNode] = heapq.heappop(heap)
+            node = entry[2]
+            if not (self.device_evictable(node) if device else self.host_evictable(node)):
                 continue
             current = self._key(node)
-            if current != prio:
+            if current != entry[0]:
                 heapq.heappush(heap, (current, node.id, node))
                 continue
-            # drop duplicates of the same node still in the heap lazily (they fail `valid` later)
+            # drop duplicates of the same node still in the heap lazily (they fail the check later)
             return node
         return None
 
     def pop_device_victim(self) -> TreeNode | None:
-        return self._pop(self._device_heap, self.device_evictable)
+        return self._pop(self._device_heap, True)
 
     def pop_host_victim(self) -> TreeNode | None:
-        return self._pop(self._host_heap, self.host_evictable)
+        return self._pop(self._host_heap, False)
 
     # --- inspection (tests, invariants) --------------------------------------------------
     def nodes(self):
