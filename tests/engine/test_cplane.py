@@ -313,7 +313,7 @@ def test_the_compiled_alloc_lends_the_pools_own_ints():
     pool's slot numbers is refused before a slot is marked."""
     alloc = cplane.compiled("alloc")
     pool = _bookkeeping(C, 40)
-    top = pool._top
+    top = pool.free_pages
     lent = alloc(pool._stack, pool._owned_bytes, top, 5, pool._ints)
     assert lent == [0, 1, 2, 3, 4] and all(a is b for a, b in zip(lent, pool._ints))
     made = alloc(pool._stack, pool._owned_bytes, top - 5, 3)
@@ -383,7 +383,7 @@ def test_every_backend_hands_out_the_same_slots_and_refuses_the_same_frees(pages
         for p in pools_:
             assert p.used_pages == len(held)
             p.check()
-        assert all(p._stack[:p._top].tolist() == pools_[0]._stack[:pools_[0]._top].tolist() for p in pools_)
+        assert all(p._stack[:p.free_pages].tolist() == pools_[0]._stack[:pools_[0].free_pages].tolist() for p in pools_)
 
 
 def _page_maps(values: dict[int, int], demotions: dict[int, int]):

@@ -27,7 +27,7 @@ _c_alloc, _c_free = cplane.compiled("alloc"), cplane.compiled("free")
 class PagePool:
     """Slots of one tier. Exact accounting: free + used == capacity, no slot owned twice.
 
-    The free slots are a stack (an int array, top at `_top`): `free` pushes a list reversed and
+    The free slots are a stack (an int array, top at `free_pages`): `free` pushes a list reversed and
     `alloc` pops from the top, so a freed run comes back out as the same run. Ownership is one
     byte a slot (`_owned`). A free proves every slot owned (one gather of their bytes) and the
     list free of repeats, then clears the bytes and pushes the slots: a few numpy calls a list
@@ -41,7 +41,10 @@ class PagePool:
         self.capacity = num_pages
         # Lowest slot first, so fresh pools hand out contiguous runs (fewer, larger transfers).
         self._stack = np.arange(num_pages - 1, -1, -1, dtype=np.intp)
-        self._top = num_pages  # _stack[:_top] are the free slots
+        # _stack[:free_pages] are the free slots. A plain attribute, not a property over a
+        # private one: the compiled engine reads it ~30 times a request (eviction loops, decode
+        # room), and a property is a call into an interpreted frame each time (issue 41).
+        self.free_pages = num_pages
         self._owned_bytes = bytearray(num_pages)  # 1: handed out (Python indexes it fast) ...
         self._owned = np.frombuffer(self._owned_bytes, dtype=np.uint8)  # ... numpy the same bytes
         # every slot's number as an int, lent by the compiled alloc to the lists it hands out
@@ -90,15 +93,11 @@ class PagePool:
         return self._tensor
 
     @property
-    def free_pages(self) -> int:
-        return self._top
-
-    @property
     def used_pages(self) -> int:
-        return self.capacity - self._top
+        return self.capacity - self.free_pages
 
     def _alloc_numpy(self, n: int) -> list[int] | None:
-        top = self._top
+        top = self.free_pages
         if n > top:
             return None
         if n <= 0:
@@ -109,27 +108,27 @@ class PagePool:
         # No ownership check: a slot reaches the stack only from __init__ or a free that proved
         # it owned and unique, so the stack never holds an owned slot (check() verifies).
         self._owned[slots] = 1
-        self._top = top - n
+        self.free_pages = top - n
         return slots.tolist()
 
     def _alloc_c(self, n: int) -> list[int] | None:
         """`_alloc_numpy` by the compiled kernel: the same slots, in one C loop."""
-        top = self._top
+        top = self.free_pages
         if not 0 < n <= top:  # nothing to hand out, or too much: numpy's answer (None, [], an error)
             return self._alloc_numpy(n)
         slots = _c_alloc(self._stack, self._owned_bytes, top, n, self._ints)
-        self._top = top - n
+        self.free_pages = top - n
         return slots
 
     def _free_c(self, slots: list[int]) -> None:
         """`_free_numpy` by the compiled kernel: every slot proved owned and named once (marked
         as it is seen, no set), then cleared and pushed. A free it refuses, having changed
         nothing, goes to the numpy path, which names the slot and raises."""
-        top = _c_free(self._stack, self._owned_bytes, self._top, slots)
+        top = _c_free(self._stack, self._owned_bytes, self.free_pages, slots)
         if top < 0:
             self._free_numpy(slots)
             return
-        self._top = top
+        self.free_pages = top
 
     def _free_numpy(self, slots: list[int]) -> None:
         n = len(slots)
@@ -150,9 +149,9 @@ class PagePool:
         if held != n or (n > 1 and self._repeats(slots, idx)):
             self._refuse_free(slots)
         owned[idx] = 0
-        top = self._top
+        top = self.free_pages
         self._stack[top:top + n] = idx[::-1]
-        self._top = top + n
+        self.free_pages = top + n
 
     def _free_small(self, slots: list[int], n: int) -> None:
         """`free` of a few slots in Python: inside a replay each numpy call costs 1-2 us with the
@@ -166,9 +165,9 @@ class PagePool:
             self._refuse_free(slots)
         for s in slots:
             owned[s] = 0
-        top = self._top
+        top = self.free_pages
         self._stack[top:top + n] = slots[::-1]
-        self._top = top + n
+        self.free_pages = top + n
 
     @staticmethod
     def _repeats(slots: list[int], idx: np.ndarray) -> bool:
@@ -195,7 +194,7 @@ class PagePool:
     free = cplane.choose("pagepool.PagePool.free", _free_c, _free_numpy)
 
     def check(self) -> None:
-        free = self._stack[:self._top]
+        free = self._stack[:self.free_pages]
         assert int(np.count_nonzero(self._owned)) == self.used_pages, \
             f"{self.name}: owned slots disagree with the free list"
         assert np.unique(free).size == free.size, f"{self.name}: a slot is free twice"
