@@ -254,7 +254,9 @@ def stack_depths(groups: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
 
 def _flat_depths(keys: np.ndarray, query: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """`stack_depths` of the groups laid end to end: `keys` (int64) and `query` (bools), group g
-    the next `sizes[g]` of them."""
+    the next `sizes[g]` of them. Every touch's previous touch of the same key is found by a
+    stable sort of the keys, then the Fenwick pass over those positions (`depths_of`). Keys of any
+    value; a pass whose keys are dense ids fed as they come is a `new_stack` (live_curves.py)."""
     import numpy as np
 
     query = query.astype(np.uint8, copy=False)
@@ -276,6 +278,104 @@ def _flat_depths(keys: np.ndarray, query: np.ndarray, sizes: np.ndarray) -> np.n
     prev[order[1:]] = np.where(same, order[:-1], -1)
     del order, same
     return depths_of(prev, starts, query)[query.view(bool)]
+
+
+class StackPython:
+    """The reference of the compiled `_stackdist.Stack` (tierdiag/native/stackdist/stackdist.c says
+    what it answers): an LRU stack of keys named by dense ids (0 .. ids - 1; -1: a key touched once
+    only), fed groups as they come. The answers are `_flat_depths`' over everything fed so far, in
+    one feed or many: a key's previous touch is `last[id]`, and the Fenwick tree over the
+    positions doubles as they grow (the new top node holds every mark, the others none)."""
+
+    def __init__(self, ids: int) -> None:
+        if not isinstance(ids, int) or ids < 0:
+            raise ValueError("Stack: ids must be >= 0")
+        self.ids = ids
+        self.last = [-1] * ids
+        self.tree = [0] * (4096 + 1)
+        self.touches = 0
+        self.live = 0
+
+    def feed(self, keys, query, sizes) -> list[int]:
+        ks, q, sz = list(keys), list(query), list(sizes)
+        if len(q) != len(ks):
+            raise ValueError("feed: ids and sizes are int64, query one byte a key")
+        if any(x < 0 for x in sz) or sum(sz) != len(ks):
+            raise ValueError("feed: sizes must be >= 0 and add up to the ids")
+        if any(k < -1 or k >= self.ids for k in ks):
+            raise ValueError("feed: an id must be -1 or in [0, ids)")
+        n0 = self.touches
+        while len(self.tree) - 1 < n0 + len(ks):
+            cap = len(self.tree) - 1
+            self.tree.extend([0] * cap)
+            self.tree[2 * cap] = self.live
+        tree, cap, last = self.tree, len(self.tree) - 1, self.last
+        out: list[int] = []
+        at = 0
+        for size in sz:
+            a, b = at, at + size
+            start = n0 + a
+            prevs = []
+            for t in range(a, b):
+                p = -1
+                if ks[t] >= 0:
+                    p = last[ks[t]]
+                    last[ks[t]] = n0 + t
+                prevs.append(p)
+                if not q[t]:
+                    continue
+                if p < 0:
+                    out.append(-1)
+                elif p >= start:
+                    out.append(0)
+                else:
+                    below, i = 0, p
+                    while i > 0:
+                        below += tree[i]
+                        i -= i & -i
+                    out.append(self.live - below)
+            for t, p in zip(range(a, b), prevs):
+                if p >= 0:
+                    i = p + 1
+                    while i <= cap:
+                        tree[i] -= 1
+                        i += i & -i
+                else:
+                    self.live += 1
+                i = n0 + t + 1
+                while i <= cap:
+                    tree[i] += 1
+                    i += i & -i
+            at = b
+        self.touches = n0 + len(ks)
+        return out
+
+
+def new_stack(ids: int):
+    """An empty LRU stack of `ids` keys to `feed`: the compiled one where it is built (and
+    TIERDIAG_CPLANE is not `numpy`), else its Python twin, `StackPython`."""
+    import os
+
+    if os.environ.get("TIERDIAG_CPLANE", "").strip().lower() != "numpy":
+        try:
+            from tierdiag.native import _stackdist
+        except ImportError:
+            pass
+        else:
+            return _stackdist.Stack(int(ids))
+    return StackPython(int(ids))
+
+
+def feed(stack, keys: np.ndarray, query: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The depths of the queried keys of groups fed to `stack` (`new_stack`), as int64."""
+    import numpy as np
+
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    query = np.ascontiguousarray(query, dtype=np.uint8)
+    sizes = np.ascontiguousarray(sizes, dtype=np.int64)
+    if isinstance(stack, StackPython):
+        return np.array(stack.feed(keys.tolist(), query.tolist(), sizes.tolist()), dtype=np.int64)
+    return np.frombuffer(stack.feed(keys, query, sizes), dtype=np.int64)
 
 
 # --------------------------------------------------------------------------- from a run
@@ -373,11 +473,14 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     lengths = np.zeros(n, dtype=np.int64)  # each row's distinct pages (before sampling)
     seqs = cols.seq.tolist()
     wanted = _SeqSet(seqs) if ahead is None else None
+    index = None if ahead is None or ahead.live is None or keep is not None else ahead.live.index
+    if index is not None:  # the pass was fed while recording: the keys are its index's, not kept here
+        kept = None
     lines = ahead.lines if ahead is not None else _trace_pages(path, page, block, wanted=wanted)
     at = matched = 0
     last = None
     try:
-        for line, seq, req_id, input_len, k in lines:
+        for line, seq, req_id, input_len, k, *_ in lines:
             if last is not None and seq <= last:  # the reader numbers its requests in order
                 raise CurvesUnavailable(f"trace line {line} is out of order (seq {seq} after {last})")
             last = seq
@@ -395,7 +498,8 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
                 marks.add((np.arange(len(k)) < min(max((inp - 1) // page, 0), len(k)))[sel])
                 k = k[sel]
             lens[i] = len(k)
-            kept.add(k)
+            if kept is not None:
+                kept.add(k)
             matched += 1
     except TierdiagError as exc:
         raise CurvesUnavailable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
@@ -403,15 +507,20 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
         raise ahead.error
     if matched != n:
         raise CurvesUnavailable(f"trace file {path} has {matched} of the run's {n} finished requests")
+    live = ahead.live if index is not None else None
     del seqs, wanted, lines, ahead
     cols = cols._replace(req_id=None)  # matched: a million strings let go before the pass
     ranks = np.unique(cols.rank).tolist()
-    # The touches handed over (popped, not held here): the pass lets its keys go once it has
-    # their order, and none of it outlives the pass (issue 41: ~180 MB of a 1M-request close).
-    touches_of = list(_touches(cols, kept.array(), lens, marks.array() if marks is not None else None, page, keep))
-    del kept, marks
-    lookup_rank, d_rank, d_all = _pass_depths(touches_of.pop(0), touches_of.pop(0), touches_of.pop(0),
-                                              touches_of.pop(0))
+    if keep is None:
+        lookup_rank, d_rank, d_all = _unsampled_pass(cols, index, live, kept, lens, page, len(ranks) > 1)
+        del kept, index, live
+    else:
+        # The touches handed over (popped, not held here): the pass lets its keys go once it has
+        # their order, and none of it outlives the pass (issue 41: ~180 MB of a 1M-request close).
+        touches_of = list(_touches(cols, kept.array(), lens, marks.array(), page, keep))
+        del kept, marks
+        lookup_rank, d_rank, d_all = _pass_depths(touches_of.pop(0), touches_of.pop(0), touches_of.pop(0),
+                                                  touches_of.pop(0))
     # Each array let go once what comes of it is made (one rank: d_all is d_rank, computed once):
     # after the pass, a sampled 1M-request close held ~8 arrays of every lookup at once (issue 41).
     lookups = len(lookup_rank)
@@ -486,10 +595,32 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
                       curves, model, rate)
 
 
+def _unsampled_pass(cols, index, live, kept, lens, page: int, several: bool):
+    """(rank of each lookup, its depth on its rank, its depth over all ranks) of a pass that keeps
+    every touch: the one fed while the run was recorded (`live`, over `index`: live_curves.py),
+    where its walk is the start of the rows' own (else walked whole here over `index`), or, where
+    nothing was read ahead, walked whole over the rows' keys (`kept`, `lens`)."""
+    import numpy as np
+
+    from tierdiag.diagnose.run import live_curves
+
+    if index is None:
+        index = live_curves.TraceIndex.of_flat(cols.seq, kept.array(), lens)
+        pos = np.arange(len(cols.seq), dtype=np.int64)
+        live = None
+    else:
+        pos = np.searchsorted(index.seq, cols.seq)
+    if live is not None and (live.every is not None or not several) and live.verify(pos, cols):
+        lookup_rank, d_rank, d_all = live.results()
+    else:
+        lookup_rank, d_rank, d_all = live_curves.whole_pass(index, pos, cols, page, all_ranks=several)
+    return lookup_rank, d_rank, d_rank if not several else d_all
+
+
 def _trace_pages(path: str, page: int, block: int, wanted=None):
-    """(line, seq, req_id, input tokens, distinct page keys) of each request of the trace, in
-    its order (bad lines skipped, as the replay may have); keys only for the seqs in `wanted`
-    (all when None): the others are passed over with empty keys."""
+    """(line, seq, req_id, input tokens, distinct page keys, arrival ns, session) of each request
+    of the trace, in its order (bad lines skipped, as the replay may have); keys only for the seqs
+    in `wanted` (all when None): the others are passed over with empty keys."""
     import numpy as np
 
     from tierdiag.trace.pages import page_keys_array
@@ -498,10 +629,10 @@ def _trace_pages(path: str, page: int, block: int, wanted=None):
     none = np.zeros(0, dtype=np.int64)
     for req in read_trace(path, block_size=block, skip_bad=True):
         if wanted is not None and req.seq not in wanted:
-            yield req.line, req.seq, req.req_id, req.input_len, none
+            yield req.line, req.seq, req.req_id, req.input_len, none, req.arrival_ns, req.session
             continue
         yield req.line, req.seq, req.req_id, req.input_len, \
-            _first_distinct(page_keys_array(req, page_size=page, block_size=block))
+            _first_distinct(page_keys_array(req, page_size=page, block_size=block)), req.arrival_ns, req.session
 
 
 class _ReadAhead:
@@ -514,11 +645,17 @@ class _ReadAhead:
     keeps unsampled (MAX_TOUCHES: about a million requests) is given up on, its keys let go: the
     close samples it, reading it again, and holds no more than it did."""
 
-    def __init__(self, path: str, sha: str | None, page: int, block: int):
+    def __init__(self, path: str, sha: str | None, page: int, block: int, config: dict | None = None):
+        import queue
         import threading
 
         self.key = (path, sha or "", page, block)
+        self.config = dict(config or {})
         self.lines: list = []
+        self.live = None  # the pass fed the run's rows as they come (live_curves.py), once the trace is read
+        self.live_error: BaseException | None = None  # what stopped it: the close walks the pass itself
+        self._rows: queue.SimpleQueue = queue.SimpleQueue()  # the requests' columns handed to `rows`; None: the end
+        self._live_thread: threading.Thread | None = None
         self.changed = False  # the file's digest is not the run's
         self.error: CurvesUnavailable | None = None  # what reading it said (the lines before it are kept)
         self.stat = None
@@ -553,9 +690,54 @@ class _ReadAhead:
             self.error = CurvesUnavailable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         except Exception:  # noqa: BLE001 - not usable: the close reads the trace itself, and says what fails there
             self.stat = None
+        if self.stat is None or self.error is not None:
+            return
+        import threading
+
+        # Its own thread: this one has read the trace and ends (what `result` waits for first).
+        self._live_thread = threading.Thread(target=self._feed_live, args=(page,), name="tierdiag-live-curves",
+                                             daemon=True)
+        self._live_thread.start()
+
+    def _feed_live(self, page: int) -> None:
+        """The pass fed the rows handed to `rows` as they come, up to each watermark, until the
+        end (None) is handed: then the rest (live_curves.py). A failure stops it, said nowhere:
+        the close then walks the whole pass itself, as where nothing was fed."""
+        from tierdiag.diagnose.run import live_curves
+
+        try:
+            seqs = [item[1] for item in self.lines]
+            if any(b <= a for a, b in zip(seqs, seqs[1:])):
+                raise ValueError("the trace's lines are out of order")  # the close says which
+            scale = float(self.config.get("time_scale") or 1.0)
+            arrival, pred, closed = live_curves._arrival_bounds([item[5] for item in self.lines],
+                                                                [item[6] for item in self.lines], scale,
+                                                                self.config.get("arrivals"))
+            index = live_curves.TraceIndex.of_keys(seqs, [item[4] for item in self.lines], arrival, pred)
+            live = live_curves.LivePass(index, page, all_ranks=int(self.config.get("dp") or 1) > 1, closed=closed)
+            self.live = live
+            while True:
+                got = self._rows.get()
+                if got is None:
+                    live.advance(None)
+                    return
+                live.add_rows(*live_curves.rows_of(index, got))
+                live.advance(live.watermark())
+        except Exception as exc:  # noqa: BLE001 - the close walks the pass itself (module doc of live_curves)
+            self.live, self.live_error = None, exc
+
+    def rows(self, taken: dict) -> None:
+        """The rows the store's writer took (RunWriter.take's Arrow columns by table): the
+        requests' go to the pass fed while recording."""
+        requests = taken.get("requests")
+        if requests:
+            self._rows.put(requests)
 
     def result(self, path: str, sha: str | None, page: int, block: int) -> "_ReadAhead | None":
+        self._rows.put(None)  # every row is committed: the pass walks the rest
         self._thread.join()
+        if self._live_thread is not None:
+            self._live_thread.join()
         if self.key != (path, sha or "", page, block) or self.stat is None:
             return None
         try:
@@ -567,19 +749,24 @@ class _ReadAhead:
 _READ_AHEAD: list[_ReadAhead] = []  # at most one: the run this process is recording
 
 
-def read_ahead(trace_path: str, trace_sha256: str | None, config: dict) -> None:
+def read_ahead(trace_path: str, trace_sha256: str | None, config: dict):
     """Start reading the trace's pages for the curves of the run being recorded (the writer
-    process calls this once the store is open, module doc of _ReadAhead). A config the pass
-    could not use starts nothing: the close then reads the trace, and says why not there."""
+    process calls this once the store is open, module doc of _ReadAhead), then the pass fed the
+    run's rows as they come: returns what to hand each batch of rows the writer takes
+    (`_ReadAhead.rows`), or None. A config the pass could not use starts nothing: the close then
+    reads the trace, and says why not there."""
     import os
 
     try:
         page = _sizes(config)[0]
         block = int(config.get("block_size") or 512)
     except Exception:  # noqa: BLE001 - compute_size_curves decides what the config means, at the close
-        return
+        return None
     if trace_path and os.path.isfile(trace_path):
-        _READ_AHEAD[:] = [_ReadAhead(trace_path, trace_sha256, page, block)]
+        ahead = _ReadAhead(trace_path, trace_sha256, page, block, config)
+        _READ_AHEAD[:] = [ahead]
+        return ahead.rows
+    return None
 
 
 def _taken_ahead(path: str, sha: str | None, page: int, block: int) -> _ReadAhead | None:
