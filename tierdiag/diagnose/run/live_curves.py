@@ -60,6 +60,13 @@ class TraceIndex:
         n = len(self.seq)
         self.arrival_ns = np.zeros(n, dtype=np.int64) if arrival_ns is None else np.asarray(arrival_ns, dtype=np.int64)
         self.pred = np.full(n, -1, dtype=np.int64) if pred is None else np.asarray(pred, dtype=np.int64)
+        self.line = self.req_id = self.input_len = None  # `lines_are`: what the close checks the rows against
+
+    def lines_are(self, line, req_id, input_len) -> None:
+        """Each request's line number, req_id and input length (size_curves.py `_matched`)."""
+        self.line = np.asarray(line, dtype=np.int64)
+        self.req_id = np.array(list(req_id), dtype=object)
+        self.input_len = np.asarray(input_len, dtype=np.int64)
 
     @classmethod
     def of_keys(cls, seq, keys: list, arrival_ns=None, pred=None) -> "TraceIndex":
@@ -229,9 +236,9 @@ class LivePass:
         return cat(self.lookup_rank), cat(self.d_rank), cat(self.d_all) if self.every is not None else None
 
     def verify(self, pos: np.ndarray, cols) -> bool:
-        """The events walked are the first of the run's whole event order, with the rows' values
-        (`cols`: the committed finished rows, CurveColumns by seq; `pos`: their positions here),
-        and no other request was walked."""
+        """The events walked are the run's whole event order, with the rows' values (`cols`: the
+        committed finished rows, CurveColumns by seq; `pos`: their positions here), and no other
+        request was walked."""
         n = len(cols.seq)
         if int(self.finished.sum()) != n or not self.finished[pos].all():
             return False
@@ -240,11 +247,11 @@ class LivePass:
         if not np.array_equal(mine, theirs):
             return False
         walked = np.concatenate(self.walked) if self.walked else np.zeros((0, 2), dtype=np.int64)
-        if len(walked) > 2 * n:
+        if len(walked) != 2 * n:  # every event walked (the close hands the end first: `advance(None)`)
             return False
         t = np.concatenate([cols.sched_ns, cols.fin_ns])
         sched = np.r_[np.ones(n, dtype=np.int64), np.zeros(n, dtype=np.int64)]
-        order = np.lexsort((np.r_[cols.seq, cols.seq], sched, t))[:len(walked)]
+        order = np.lexsort((np.r_[cols.seq, cols.seq], sched, t))
         want = np.stack([np.r_[pos, pos][order], sched[order]], axis=1)
         return bool(np.array_equal(walked, want))
 

@@ -479,6 +479,10 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     lines = ahead.lines if ahead is not None else _trace_pages(path, page, block, wanted=wanted)
     at = matched = 0
     last = None
+    if index is not None:  # the loop below's checks at once, over the index's lines (in seq order)
+        lines = ()
+        matched, lengths = _matched(index, cols, run.run_id)
+        lens = lengths
     try:
         for line, seq, req_id, input_len, k, *_ in lines:
             if last is not None and seq <= last:  # the reader numbers its requests in order
@@ -550,39 +554,40 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
         return hit
 
     # Each curve's sizes are a non-decreasing function of the depth on the lookup's rank (with one
-    # rank, storage's too): applied to the depths sorted once, they come out sorted, and _curve
-    # need not sort each again (two or three sorts of every lookup: ~0.3 s of the conversation
-    # trace's close, issue 41). The step functions are the same: a sorted multiset is one array.
-    # Only the depths found at some size: `never` is where no size finds it, and _curve leaves
-    # those out; at size 0 beside nothing a depth needs depth x page tokens, exactly.
-    by_depth = np.sort(pages_rank)
-    by_depth = by_depth[:int(np.searchsorted(by_depth, never))]
+    # rank, storage's too): the depths found at some size counted once (`_tally`), each curve's
+    # sizes are that function of the distinct depths, equal ones merged (issue 41: the lookups
+    # sorted for every curve were ~0.3 s of the conversation trace's close, then one sort and
+    # arrays of every lookup for each curve). `never` is where no size finds it: left out; at size
+    # 0 beside nothing a depth needs depth x page tokens, exactly.
+    depth_pages, counts = _tally(pages_rank[pages_rank != never])
     if one_rank:
         del pages_rank, pages_all
-    tokens = by_depth * page
-    del by_depth
+    tokens = depth_pages * page
+    del depth_pages
     dev_found, host_found, sto_found, input_tokens = found_tokens(con, run.run_id)
     weight = 1 / rate  # lookups each sampled one stands for
-    # One curve at a time, each tier's sizes let go once its curve is made.
-    device_curve = _curve("device", device, "device alone", tokens, page, dev_found, weight, presorted=True)
+    device_curve = _curve_of("device", device, "device alone", tokens, counts, page, dev_found, weight)
     host_need = (np.where(tokens <= device, 0, tokens) if inclusive
                  else np.maximum(-(-(tokens - device) // page) * page, 0))
-    host_curve = _curve("host", host, (f"device at the run's {device:_} tokens; write_through keeps a host copy of "
-                                       "device's pages, so device and host hold max(device, host)" if inclusive else
-                                       f"device at the run's {device:_} tokens; host holds what device evicted "
-                                       "(device + host)"), host_need, page, dev_found + host_found, weight,
-                        presorted=True)
+    host_curve = _curve_of("host", host, (f"device at the run's {device:_} tokens; write_through keeps a host copy "
+                                          "of device's pages, so device and host hold max(device, host)" if inclusive
+                                          else f"device at the run's {device:_} tokens; host holds what device "
+                                          "evicted (device + host)"), *_merged(host_need, counts), page,
+                           dev_found + host_found, weight)
     del host_need
     if one_rank:
-        sto_need = np.where(tokens <= held, 0, tokens)
-    else:  # storage: the lookup's depth over all ranks, beside what its own rank held
+        sto_sizes, sto_counts = _merged(np.where(tokens <= held, 0, tokens), counts)
+    else:  # storage: the lookup's depth over all ranks, beside what its own rank held (whole pages)
         del tokens
         sto_need = np.where(found_held(pages_rank), 0, need(pages_all, 0))
         del pages_rank, pages_all
+        sto_pages, sto_counts = _tally(sto_need[sto_need != never] // page)
+        sto_sizes = sto_pages * page
+        del sto_need, sto_pages
     curves = (device_curve, host_curve,
-              _curve("storage", storage, f"device and host at the run's sizes ({held_words}); storage is one tier "
-                                         "shared by every rank", sto_need, page,
-                     dev_found + host_found + sto_found, weight, presorted=one_rank))
+              _curve_of("storage", storage, f"device and host at the run's sizes ({held_words}); storage is one "
+                                            "tier shared by every rank", sto_sizes, sto_counts, page,
+                        dev_found + host_found + sto_found, weight))
     looks = np.sort(np.minimum(np.maximum((cols.input_tokens - 1) // page, 0), lengths))
     looks = looks[looks != 0]
     slack = int(looks[max(math.ceil(0.5 * len(looks)) - 1, 0)]) * page if len(looks) else 0  # nearest rank
@@ -593,6 +598,23 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
                   "back from them: approximate")
     return SizeCurves(policy, page, len(ranks), input_tokens, int(round(lookups * weight)) * page, slack,
                       curves, model, rate)
+
+
+def _matched(index, cols, run_id: str) -> tuple[int, np.ndarray]:
+    """(rows matched, each row's distinct pages) of the rows `cols` against the trace lines of
+    `index` (live_curves.TraceIndex: its seqs ascend), with compute_size_curves' loop's check:
+    the first line (in trace order) whose row has another req_id or input length is refused."""
+    import numpy as np
+
+    n = len(index.seq)
+    pos = np.minimum(np.searchsorted(index.seq, cols.seq), max(n - 1, 0))
+    found = index.seq[pos] == cols.seq if n else np.zeros(len(cols.seq), dtype=bool)
+    bad = found & ((index.req_id[pos] != cols.req_id) | (index.input_len[pos] != cols.input_tokens))
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])  # rows and lines ascend together: the first bad row is the first line
+        raise CurvesUnavailable(f"trace line {int(index.line[pos[first]])} is not the request run {run_id} replayed "
+                                f"as seq {int(cols.seq[first])}")
+    return int(found.sum()), np.where(found, index.lens[pos], 0).astype(np.int64)
 
 
 def _unsampled_pass(cols, index, live, kept, lens, page: int, several: bool):
@@ -714,6 +736,8 @@ class _ReadAhead:
                                                                 [item[6] for item in self.lines], scale,
                                                                 self.config.get("arrivals"))
             index = live_curves.TraceIndex.of_keys(seqs, [item[4] for item in self.lines], arrival, pred)
+            index.lines_are([item[0] for item in self.lines], [item[2] for item in self.lines],
+                            [item[3] for item in self.lines])
             live = live_curves.LivePass(index, page, all_ranks=int(self.config.get("dp") or 1) > 1, closed=closed)
             self.live = live
             while True:
@@ -944,23 +968,32 @@ def _curve(tier: str, run_size: int, held: str, need: np.ndarray, page: int, fou
            weight: float = 1.0, *, presorted: bool = False) -> SizeCurve:
     """The step function of the sizes at which each looked-up page is found (never: not at all);
     each found page counts `weight` pages (a sampled pass: 1 / its rate, rounded to pages).
-    `presorted`: `need` is in ascending order already."""
+    `presorted`: `need` is in ascending order already. `_curve_of` of their distinct sizes."""
     import numpy as np
 
     never = np.iinfo(np.int64).max
     sizes = need[need != never]
     if not presorted:
         sizes = np.sort(sizes)
-    total = int(round(len(sizes) * weight)) * page
+    # Each distinct size at its first place (np.unique of the sorted sizes, without sorting again).
+    idx = np.flatnonzero(np.r_[True, sizes[1:] != sizes[:-1]]) if len(sizes) else np.zeros(0, dtype=np.int64)
+    return _curve_of(tier, run_size, held, sizes[idx], np.diff(np.r_[idx, len(sizes)]), page, found, weight)
+
+
+def _curve_of(tier: str, run_size: int, held: str, sizes: np.ndarray, counts: np.ndarray, page: int, found: int,
+              weight: float = 1.0) -> SizeCurve:
+    """`_curve` of the looked-up pages found at some size, given as their distinct sizes
+    (ascending) and how many are found from each: the lookups' depths counted once
+    (`_tally`), not an array of every lookup sorted for each curve (issue 41: the close)."""
+    import numpy as np
+
+    n = int(counts.sum())
+    total = int(round(n * weight)) * page
     steps: list[tuple[int, int]] = []
+    ends = np.cumsum(counts)  # lookups found at each size and below
     if len(sizes):
-        # np.unique(sizes, return_index=True) of the sorted sizes, without sorting them again:
-        # each distinct size at its first place (a whole run's lookups: ~0.8 s of the conversation
-        # trace's close went to that second sort and to the unthinned list of steps, issue 41).
-        idx = np.flatnonzero(np.r_[True, sizes[1:] != sizes[:-1]])
-        uniq = sizes[idx]
-        cum = (np.r_[idx[1:], len(sizes)]) * page if weight == 1.0 else \
-            np.rint(np.r_[idx[1:], len(sizes)] * weight).astype(np.int64) * page
+        uniq = sizes
+        cum = ends * page if weight == 1.0 else np.rint(ends * weight).astype(np.int64) * page
         if len(uniq) > CURVE_POINTS:
             # The first step into each 1/CURVE_POINTS of the plateau, and the last.
             b = cum * CURVE_POINTS // total
@@ -969,10 +1002,41 @@ def _curve(tier: str, run_size: int, held: str, need: np.ndarray, page: int, fou
             uniq, cum = uniq[keep], cum[keep]
         steps = list(zip(uniq.tolist(), cum.tolist()))
     knee = None
-    grows = sizes[sizes > 0]  # what the tier adds beyond its size 0 (the tiers above it find the rest)
-    if len(grows):
-        knee = int(grows[max(math.ceil(KNEE_SHARE * len(grows)) - 1, 0)])
+    # What the tier adds beyond its size 0 (the tiers above it find the rest): the lookups found
+    # at a positive size, in order; the knee is the KNEE_SHARE-th of them (nearest rank).
+    zero = int(counts[0]) if len(sizes) and sizes[0] == 0 else 0
+    grows = n - zero
+    if grows:
+        k = zero + max(math.ceil(KNEE_SHARE * grows) - 1, 0)
+        knee = int(sizes[int(np.searchsorted(ends, k, side="right"))])
     return SizeCurve(tier, run_size, held, tuple((int(s), int(c)) for s, c in steps), total, knee, int(found))
+
+
+def _tally(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct values ascending, how many of each) of non-negative integers: a count array
+    where their range is not much more than their number, else a sort."""
+    import numpy as np
+
+    if len(values) == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    top = int(values.max())
+    if top < 4 * len(values) + 1024:
+        counts = np.bincount(values, minlength=top + 1)
+        at = np.flatnonzero(counts)
+        return at.astype(np.int64), counts[at].astype(np.int64)
+    uniq, counts = np.unique(values, return_counts=True)
+    return uniq.astype(np.int64), counts.astype(np.int64)
+
+
+def _merged(values: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`values` (non-decreasing: a monotone size of ascending depths) with `counts`, equal ones
+    made one."""
+    import numpy as np
+
+    if len(values) == 0:
+        return values, counts
+    at = np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
+    return values[at], np.add.reduceat(counts, at)
 
 
 def knee_words(c: SizeCurve, input_tokens: int) -> str:
