@@ -37,7 +37,7 @@ def _fed(stack, ids, query, sizes, cuts):
     out, at, g0 = [], 0, 0
     for g in cuts + [len(sizes)]:
         n = int(sizes[g0:g].sum())
-        out += sc.feed(stack, ids[at:at + n], query[at:at + n], sizes[g0:g]).tolist()
+        out += lc.feed(stack, ids[at:at + n], query[at:at + n], sizes[g0:g]).tolist()
         at, g0 = at + n, g
     return out
 
@@ -49,7 +49,7 @@ def test_the_stack_fed_in_any_cuts_answers_the_sort_based_pass(stream):
     n_ids, ids, query, sizes, cuts = stream
     keys = np.where(ids >= 0, ids, -1 - np.arange(len(ids)))
     want = sc._flat_depths(keys, query, sizes).tolist()
-    assert _fed(sc.StackPython(n_ids), ids, query, sizes, cuts) == want
+    assert _fed(lc.StackPython(n_ids), ids, query, sizes, cuts) == want
     compiled = pytest.importorskip("tierdiag.native._stackdist")
     assert _fed(compiled.Stack(n_ids), ids, query, sizes, cuts) == want
 
@@ -61,8 +61,8 @@ def test_the_stack_grows_past_its_first_tree_and_keeps_its_answers():
     sizes = np.full(6_000, 10, dtype=np.int64)
     keys = np.where(ids >= 0, ids, -1 - np.arange(len(ids)))
     want = sc._flat_depths(keys, query, sizes).tolist()
-    assert _fed(sc.new_stack(5000), ids, query, sizes, list(range(1, 6_000, 777))) == want
-    assert _fed(sc.StackPython(5000), ids[:6000], query[:6000], sizes[:600], [7, 300]) == want[:int(query[:6000].sum())]
+    assert _fed(lc.new_stack(5000), ids, query, sizes, list(range(1, 6_000, 777))) == want
+    assert _fed(lc.StackPython(5000), ids[:6000], query[:6000], sizes[:600], [7, 300]) == want[:int(query[:6000].sum())]
 
 
 hostile_feeds = st.sampled_from([
@@ -78,21 +78,21 @@ hostile_feeds = st.sampled_from([
 @given(hostile_feeds)
 def test_a_malformed_feed_is_refused_by_both_and_leaves_the_stack_as_it_was(bad):
     ids, query, sizes = (np.array(x, dtype=np.int64) for x in bad)
-    stacks = [sc.StackPython(3)]
+    stacks = [lc.StackPython(3)]
     compiled = pytest.importorskip("tierdiag.native._stackdist")
     stacks.append(compiled.Stack(3))
     for stack in stacks:
         with pytest.raises(ValueError):
-            sc.feed(stack, ids, query.astype(np.uint8), sizes)
+            lc.feed(stack, ids, query.astype(np.uint8), sizes)
         assert stack.touches == 0
-        assert sc.feed(stack, np.array([0, 0]), np.array([1, 1], dtype=bool), np.array([1, 1])).tolist() == [-1, 1]
+        assert lc.feed(stack, np.array([0, 0]), np.array([1, 1], dtype=bool), np.array([1, 1])).tolist() == [-1, 1]
 
 
 @given(st.one_of(st.integers(max_value=-1), st.floats(allow_nan=True), st.text(max_size=3), st.none()))
 def test_a_stack_of_no_sensible_size_is_refused(ids):
     compiled = pytest.importorskip("tierdiag.native._stackdist")
     with pytest.raises((ValueError, TypeError)):
-        sc.StackPython(ids)
+        lc.StackPython(ids)
     with pytest.raises((ValueError, TypeError, OverflowError)):  # past int64: the argument's own refusal
         compiled.Stack(ids)
 
@@ -214,8 +214,15 @@ def test_the_watermark_bounds_what_is_not_recorded_yet():
     assert closed.watermark() == 7  # the turn after seq 0 arrives at its finish at the earliest
     closed.add_rows(np.array([3]), [0], [31], [40], [1], [0], [False])  # rejected: recorded, no event
     assert closed.watermark() == 7
-    for _ in range(lc.WARM):
-        pass
+    # From WARM finished rows on, a request still queued is taken to be scheduled no earlier
+    # than the latest finish less SLACK x the longest service seen (a guess `verify` checks).
+    n = lc.WARM + 1
+    many = lc.TraceIndex.of_keys(np.arange(n), [np.array([1], dtype=np.int64)] * n, arrival_ns=[0] * n)
+    warm = lc.LivePass(many, 1, all_ranks=False)
+    k = lc.WARM
+    warm.add_rows(np.arange(k), [0] * k, list(range(100, 100 + k)), list(range(110, 110 + k)), [1] * k, [0] * k,
+                  [True] * k)
+    assert warm.watermark() == 110 + k - 1 - lc.SLACK * 10
     done = lc.LivePass(index, 1, all_ranks=False)
     done.add_rows(np.arange(4), [0] * 4, [1, 11, 21, 31], [2, 12, 22, 32], [1] * 4, [0] * 4, [True] * 4)
     assert done.watermark() == np.iinfo(np.int64).max
@@ -318,3 +325,26 @@ def test_the_curve_of_counted_sizes_is_the_curve_of_every_lookup_sorted(values, 
     assert np.repeat(sizes, counts).tolist() == sorted(found.tolist())
     merged = sc._merged(np.minimum(sizes, 5 * page), counts)
     assert np.repeat(*merged).tolist() == sorted(np.minimum(found, 5 * page).tolist())
+
+
+def test_the_rows_are_matched_to_the_index_with_the_loops_checks():
+    """size_curves._matched (the close, where the pass was fed): the first line (in trace order)
+    whose row has another req_id or input length is named, as the per-line loop names it; rows
+    whose seq is no line are counted out."""
+    keys = [np.array([1, 2], dtype=np.int64), np.array([3], dtype=np.int64), np.zeros(0, dtype=np.int64)]
+    index = lc.TraceIndex.of_keys(np.array([0, 2, 4]), keys)
+    index.lines_are([1, 3, 5], ["a", "b", "c"], [10, 20, 30])
+
+    def cols(seq, ids, inp):
+        z = np.zeros(len(seq), dtype=np.int64)
+        return CurveColumns(np.array(seq, dtype=np.int64), np.array(ids, dtype=object), z, z, z,
+                            np.array(inp, dtype=np.int64), z)
+
+    matched, lengths = sc._matched(index, cols([0, 4], ["a", "c"], [10, 30]), "R")
+    assert (matched, lengths.tolist()) == (2, [2, 0])
+    matched, lengths = sc._matched(index, cols([0, 1, 2], ["a", "x", "b"], [10, 1, 20]), "R")
+    assert (matched, lengths.tolist()) == (2, [2, 0, 1])
+    with pytest.raises(sc.CurvesUnavailable, match="trace line 3 is not the request run R replayed as seq 2"):
+        sc._matched(index, cols([0, 2, 4], ["a", "b", None], [10, 21, 30]), "R")
+    with pytest.raises(sc.CurvesUnavailable, match="trace line 1 is not"):
+        sc._matched(index, cols([0, 2], [None, "x"], [10, 20]), "R")

@@ -6,7 +6,7 @@ its schedule (arrival + queue) and its finish, ordered by (time, finish before s
 (size_curves.py `_touches`). Its rows reach the store's writer process as the requests finish,
 not in that order: a request still running was scheduled before the rows that come ahead of it.
 So the events are walked up to a watermark, a time before which no event of a request not
-recorded yet can fall: every event of a request is at or after its arrival, and a request not
+recorded yet is expected to fall: every event of a request is at or after its arrival, and a request not
 recorded yet arrives at
 
     its trace timestamp x time_scale       open loop (`arrivals = "trace"`), and in closed loop
@@ -16,18 +16,24 @@ recorded yet arrives at
                                            (dropped, no event), or is not recorded yet (then the
                                            predecessor's own bound is the earlier one)
 
-(engine/arrivals.py). The watermark is the least of those bounds over the trace's requests not
-recorded yet; the events before it are final, and are walked (`advance`). When the writer closes
-the run every row is there: the rest is walked then. What the close uses is checked, not trusted:
-the events walked must be, in order, the first of the run's full event order computed from the
-committed rows, with the same times, ranks and token counts (`verify`); anything else (a bound
-wrong for some mode, a row the writer did not commit) and the close walks the whole pass itself
-(`LivePass` over every row at once), as it does where no writer process recorded the run. Both
-give the same depths (tests/diagnose/test_live_curves.py).
+(engine/arrivals.py). A request already scheduled and still running is the one these bounds
+say little of: it arrived long before (on an overloaded replay, the conversation trace's, by half
+an hour of its two hours: the arrival bound alone left half the events to the close). So once
+WARM finished rows are in, the watermark is also no earlier than the latest finish recorded less
+SLACK x the longest schedule -> finish seen: a request still queued is scheduled after the
+latest finish, one running was scheduled within about its service time before it. That part is
+a guess. The watermark is the least bound over the trace's requests not recorded yet; the events
+before it are walked (`advance`). When the writer closes the run every row is there: the rest is
+walked then. What the close uses is checked, not trusted: the events walked must be, in order,
+the run's full event order computed from the committed rows, with the same times, ranks and
+token counts (`verify`); anything else (a guess that was wrong: a request running longer than
+SLACK x any seen before it, a row the writer did not commit) and the close walks the whole pass
+itself (`whole_pass` over every row at once), as it does where no writer process recorded the
+run. Both give the same depths (tests/diagnose/test_live_curves.py).
 
 The keys are dense ids (`TraceIndex`: the trace's distinct page keys numbered once, while the run
-is recorded), so a key's previous touch is one array read (`size_curves.new_stack`: compiled, or
-its Python twin) instead of a sort of every touch at the close; a request's output pages are
+is recorded), so a key's previous touch is one array read (`new_stack`: compiled, or its Python
+twin `StackPython`) instead of a sort of every touch at the close; a request's output pages are
 touched once and never looked up again: id -1. Only an unsampled pass is fed so (a run over the
 touch budget is sampled at the close, size_curves.py).
 """
@@ -36,7 +42,108 @@ from __future__ import annotations
 
 import numpy as np
 
-from tierdiag.diagnose.run.size_curves import feed, new_stack
+# --------------------------------------------------------------------------- the stack
+
+
+class StackPython:
+    """The reference of the compiled `_stackdist.Stack` (tierdiag/native/stackdist/stackdist.c says
+    what it answers): an LRU stack of keys named by dense ids (0 .. ids - 1; -1: a key touched once
+    only), fed groups as they come. The answers are size_curves `_flat_depths`' over everything fed so far, in
+    one feed or many: a key's previous touch is `last[id]`, and the Fenwick tree over the
+    positions doubles as they grow (the new top node holds every mark, the others none)."""
+
+    def __init__(self, ids: int) -> None:
+        if not isinstance(ids, int) or ids < 0:
+            raise ValueError("Stack: ids must be >= 0")
+        self.ids = ids
+        self.last = [-1] * ids
+        self.tree = [0] * (4096 + 1)
+        self.touches = 0
+        self.live = 0
+
+    def feed(self, keys, query, sizes) -> list[int]:
+        ks, q, sz = list(keys), list(query), list(sizes)
+        if len(q) != len(ks):
+            raise ValueError("feed: ids and sizes are int64, query one byte a key")
+        if any(x < 0 for x in sz) or sum(sz) != len(ks):
+            raise ValueError("feed: sizes must be >= 0 and add up to the ids")
+        if any(k < -1 or k >= self.ids for k in ks):
+            raise ValueError("feed: an id must be -1 or in [0, ids)")
+        n0 = self.touches
+        while len(self.tree) - 1 < n0 + len(ks):
+            cap = len(self.tree) - 1
+            self.tree.extend([0] * cap)
+            self.tree[2 * cap] = self.live
+        tree, cap, last = self.tree, len(self.tree) - 1, self.last
+        out: list[int] = []
+        at = 0
+        for size in sz:
+            a, b = at, at + size
+            start = n0 + a
+            prevs = []
+            for t in range(a, b):
+                p = -1
+                if ks[t] >= 0:
+                    p = last[ks[t]]
+                    last[ks[t]] = n0 + t
+                prevs.append(p)
+                if not q[t]:
+                    continue
+                if p < 0:
+                    out.append(-1)
+                elif p >= start:
+                    out.append(0)
+                else:
+                    below, i = 0, p
+                    while i > 0:
+                        below += tree[i]
+                        i -= i & -i
+                    out.append(self.live - below)
+            for t, p in zip(range(a, b), prevs):
+                if p >= 0:
+                    i = p + 1
+                    while i <= cap:
+                        tree[i] -= 1
+                        i += i & -i
+                else:
+                    self.live += 1
+                i = n0 + t + 1
+                while i <= cap:
+                    tree[i] += 1
+                    i += i & -i
+            at = b
+        self.touches = n0 + len(ks)
+        return out
+
+
+def new_stack(ids: int):
+    """An empty LRU stack of `ids` keys to `feed`: the compiled one where it is built (and
+    TIERDIAG_CPLANE is not `numpy`), else its Python twin, `StackPython`."""
+    import os
+
+    if os.environ.get("TIERDIAG_CPLANE", "").strip().lower() != "numpy":
+        try:
+            from tierdiag.native import _stackdist
+        except ImportError:
+            pass
+        else:
+            return _stackdist.Stack(int(ids))
+    return StackPython(int(ids))
+
+
+def feed(stack, keys: np.ndarray, query: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The depths of the queried keys of groups fed to `stack` (`new_stack`), as int64."""
+    import numpy as np
+
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    query = np.ascontiguousarray(query, dtype=np.uint8)
+    sizes = np.ascontiguousarray(sizes, dtype=np.int64)
+    if isinstance(stack, StackPython):
+        return np.array(stack.feed(keys.tolist(), query.tolist(), sizes.tolist()), dtype=np.int64)
+    return np.frombuffer(stack.feed(keys, query, sizes), dtype=np.int64)
+
+
+# --------------------------------------------------------------------------- the pass
 
 _NEVER = np.iinfo(np.int64).max
 # The watermark's guess for a request still running (module doc): from WARM finished rows on, its

@@ -256,7 +256,7 @@ def _flat_depths(keys: np.ndarray, query: np.ndarray, sizes: np.ndarray) -> np.n
     """`stack_depths` of the groups laid end to end: `keys` (int64) and `query` (bools), group g
     the next `sizes[g]` of them. Every touch's previous touch of the same key is found by a
     stable sort of the keys, then the Fenwick pass over those positions (`depths_of`). Keys of any
-    value; a pass whose keys are dense ids fed as they come is a `new_stack` (live_curves.py)."""
+    value; a pass whose keys are dense ids fed as they come is live_curves.py's `new_stack`."""
     import numpy as np
 
     query = query.astype(np.uint8, copy=False)
@@ -278,104 +278,6 @@ def _flat_depths(keys: np.ndarray, query: np.ndarray, sizes: np.ndarray) -> np.n
     prev[order[1:]] = np.where(same, order[:-1], -1)
     del order, same
     return depths_of(prev, starts, query)[query.view(bool)]
-
-
-class StackPython:
-    """The reference of the compiled `_stackdist.Stack` (tierdiag/native/stackdist/stackdist.c says
-    what it answers): an LRU stack of keys named by dense ids (0 .. ids - 1; -1: a key touched once
-    only), fed groups as they come. The answers are `_flat_depths`' over everything fed so far, in
-    one feed or many: a key's previous touch is `last[id]`, and the Fenwick tree over the
-    positions doubles as they grow (the new top node holds every mark, the others none)."""
-
-    def __init__(self, ids: int) -> None:
-        if not isinstance(ids, int) or ids < 0:
-            raise ValueError("Stack: ids must be >= 0")
-        self.ids = ids
-        self.last = [-1] * ids
-        self.tree = [0] * (4096 + 1)
-        self.touches = 0
-        self.live = 0
-
-    def feed(self, keys, query, sizes) -> list[int]:
-        ks, q, sz = list(keys), list(query), list(sizes)
-        if len(q) != len(ks):
-            raise ValueError("feed: ids and sizes are int64, query one byte a key")
-        if any(x < 0 for x in sz) or sum(sz) != len(ks):
-            raise ValueError("feed: sizes must be >= 0 and add up to the ids")
-        if any(k < -1 or k >= self.ids for k in ks):
-            raise ValueError("feed: an id must be -1 or in [0, ids)")
-        n0 = self.touches
-        while len(self.tree) - 1 < n0 + len(ks):
-            cap = len(self.tree) - 1
-            self.tree.extend([0] * cap)
-            self.tree[2 * cap] = self.live
-        tree, cap, last = self.tree, len(self.tree) - 1, self.last
-        out: list[int] = []
-        at = 0
-        for size in sz:
-            a, b = at, at + size
-            start = n0 + a
-            prevs = []
-            for t in range(a, b):
-                p = -1
-                if ks[t] >= 0:
-                    p = last[ks[t]]
-                    last[ks[t]] = n0 + t
-                prevs.append(p)
-                if not q[t]:
-                    continue
-                if p < 0:
-                    out.append(-1)
-                elif p >= start:
-                    out.append(0)
-                else:
-                    below, i = 0, p
-                    while i > 0:
-                        below += tree[i]
-                        i -= i & -i
-                    out.append(self.live - below)
-            for t, p in zip(range(a, b), prevs):
-                if p >= 0:
-                    i = p + 1
-                    while i <= cap:
-                        tree[i] -= 1
-                        i += i & -i
-                else:
-                    self.live += 1
-                i = n0 + t + 1
-                while i <= cap:
-                    tree[i] += 1
-                    i += i & -i
-            at = b
-        self.touches = n0 + len(ks)
-        return out
-
-
-def new_stack(ids: int):
-    """An empty LRU stack of `ids` keys to `feed`: the compiled one where it is built (and
-    TIERDIAG_CPLANE is not `numpy`), else its Python twin, `StackPython`."""
-    import os
-
-    if os.environ.get("TIERDIAG_CPLANE", "").strip().lower() != "numpy":
-        try:
-            from tierdiag.native import _stackdist
-        except ImportError:
-            pass
-        else:
-            return _stackdist.Stack(int(ids))
-    return StackPython(int(ids))
-
-
-def feed(stack, keys: np.ndarray, query: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """The depths of the queried keys of groups fed to `stack` (`new_stack`), as int64."""
-    import numpy as np
-
-    keys = np.ascontiguousarray(keys, dtype=np.int64)
-    query = np.ascontiguousarray(query, dtype=np.uint8)
-    sizes = np.ascontiguousarray(sizes, dtype=np.int64)
-    if isinstance(stack, StackPython):
-        return np.array(stack.feed(keys.tolist(), query.tolist(), sizes.tolist()), dtype=np.int64)
-    return np.frombuffer(stack.feed(keys, query, sizes), dtype=np.int64)
 
 
 # --------------------------------------------------------------------------- from a run
@@ -678,6 +580,7 @@ class _ReadAhead:
         self.live_error: BaseException | None = None  # what stopped it: the close walks the pass itself
         self._rows: queue.SimpleQueue = queue.SimpleQueue()  # the requests' columns handed to `rows`; None: the end
         self._live_thread: threading.Thread | None = None
+        self._feeding = True  # False once no pass will take the rows: `rows` keeps none of them
         self.changed = False  # the file's digest is not the run's
         self.error: CurvesUnavailable | None = None  # what reading it said (the lines before it are kept)
         self.stat = None
@@ -700,19 +603,22 @@ class _ReadAhead:
             self.stat = self._stat(path)
             if sha and trace_sha256(path) != sha:
                 self.changed = True
+                self._stop_feeding()
                 return
             budget = MAX_TOUCHES // 2  # a pass over budget is sampled: its keys are not all kept
             for item in _trace_pages(path, page, block):
                 budget -= len(item[4])
                 if budget < 0:  # each key is touched twice at least: the close samples (and reads) it
                     self.lines, self.stat = [], None
+                    self._stop_feeding()
                     return
                 self.lines.append(item)
         except TierdiagError as exc:
             self.error = CurvesUnavailable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         except Exception:  # noqa: BLE001 - not usable: the close reads the trace itself, and says what fails there
             self.stat = None
-        if self.stat is None or self.error is not None:
+        if self.stat is None or self.error is not None or self.changed:
+            self._stop_feeding()
             return
         import threading
 
@@ -749,12 +655,24 @@ class _ReadAhead:
                 live.advance(live.watermark())
         except Exception as exc:  # noqa: BLE001 - the close walks the pass itself (module doc of live_curves)
             self.live, self.live_error = None, exc
+            self._stop_feeding()
+
+    def _stop_feeding(self) -> None:
+        """No pass takes the rows: what was handed is let go, and nothing more is kept."""
+        import queue
+
+        self._feeding = False
+        while True:
+            try:
+                self._rows.get_nowait()
+            except queue.Empty:
+                return
 
     def rows(self, taken: dict) -> None:
         """The rows the store's writer took (RunWriter.take's Arrow columns by table): the
         requests' go to the pass fed while recording."""
         requests = taken.get("requests")
-        if requests:
+        if requests and self._feeding:
             self._rows.put(requests)
 
     def result(self, path: str, sha: str | None, page: int, block: int) -> "_ReadAhead | None":

@@ -84,7 +84,7 @@ done:
 
 /* ------------------------------------------------------------------------------------------------
  * Stack: the same pass fed a group at a time, as the touches come (the close's pass, and the one a
- * writer process runs while the run is recorded: diagnose/run/size_curves.py `new_stack`, whose
+ * writer process runs while the run is recorded: diagnose/run/live_curves.py `new_stack`, whose
  * Python twin `StackPython` is the reference). Keys are dense ids, 0 .. ids - 1 (Stack(ids)), or
  * -1 for a key touched once only (an output page); a key's latest position is `last[id]` (32-bit: positions stay under 2**30), so a
  * previous touch is one array read, not a sort of every touch. The Fenwick tree over the positions
