@@ -251,7 +251,10 @@ def _median_marks(runs: list[dict]) -> list[tuple[str, float]]:
 
 
 def baseline_worktree(ref: str, tmp: Path) -> Path:
-    """A detached worktree of `ref` under `tmp`, its C data plane built (made once; evidence_close.py too)."""
+    """A detached worktree of `ref` under `tmp`, its C data plane built (made once; evidence_close.py too).
+    `ref` may be the folder of a checkout already built (then used as it is, never removed)."""
+    if Path(ref).is_dir():
+        return Path(ref)
     path = tmp / f"baseline-{ref.replace('/', '_')}"
     if not path.exists():
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), ref], check=True,
@@ -288,7 +291,7 @@ def main() -> None:
         try:
             _rounds(a, keys, runs, tmp)
         finally:
-            if a.baseline:  # the worktree goes with the temporary folder: unregister it too
+            if a.baseline and not Path(a.baseline).is_dir():  # the worktree goes with the temporary folder: unregister it too
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(roots[0][1])],
                                capture_output=True)
         _print(a, roots, runs)

@@ -521,19 +521,18 @@ def _matched(index, cols, run_id: str) -> tuple[int, np.ndarray]:
 
 def _unsampled_pass(cols, index, live, kept, lens, page: int, several: bool):
     """(rank of each lookup, its depth on its rank, its depth over all ranks) of a pass that keeps
-    every touch: the one fed while the run was recorded (`live`, over `index`: live_curves.py),
-    where its walk is the start of the rows' own (else walked whole here over `index`), or, where
-    nothing was read ahead, walked whole over the rows' keys (`kept`, `lens`)."""
+    every touch: the one fed while the run was recorded (`live`, over `index`: live_curves.py)
+    where its walk is the rows' own, else walked whole here over `index`; where nothing was read
+    ahead, the pass over the rows' keys (`kept`, `lens`) as the close always made it (a sort of
+    every touch: cheaper than numbering the keys first for a pass made once)."""
     import numpy as np
 
     from tierdiag.diagnose.run import live_curves
 
     if index is None:
-        index = live_curves.TraceIndex.of_flat(cols.seq, kept.array(), lens)
-        pos = np.arange(len(cols.seq), dtype=np.int64)
-        live = None
-    else:
-        pos = np.searchsorted(index.seq, cols.seq)
+        touches_of = list(_touches(cols, kept.array(), lens, None, page, None))
+        return _pass_depths(touches_of.pop(0), touches_of.pop(0), touches_of.pop(0), touches_of.pop(0))
+    pos = np.searchsorted(index.seq, cols.seq)
     if live is not None and (live.every is not None or not several) and live.verify(pos, cols):
         lookup_rank, d_rank, d_all = live.results()
     else:
