@@ -42,15 +42,26 @@
     }                                                                                             \
 } while (0)
 
+/* The three buffers both functions take: (int64 a touch, one byte a touch, int64 a group), in the
+ * order each takes them (depths: prev, starts, query; feed: ids, query, sizes: `feed`). 0, or -1
+ * with the error set (the buffers released) when they are not buffers or not of those sizes. */
+static int three_buffers(PyObject *args, Py_buffer *a, Py_buffer *b, Py_buffer *c, int feed, const char *msg) {
+    if (!PyArg_ParseTuple(args, "y*y*y*", a, b, c)) return -1;
+    Py_buffer *touch = a, *bytes = feed ? b : c, *group = feed ? c : b;
+    if (touch->len % 8 || group->len % 8 || bytes->len != touch->len / 8) {
+        PyErr_SetString(PyExc_ValueError, msg);
+        PyBuffer_Release(a); PyBuffer_Release(b); PyBuffer_Release(c);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *depths(PyObject *self, PyObject *args) {
     Py_buffer prev, starts, query;
-    if (!PyArg_ParseTuple(args, "y*y*y*", &prev, &starts, &query)) return NULL;
+    if (three_buffers(args, &prev, &starts, &query, 0, "depths: prev and starts are int64, query one byte a touch") < 0)
+        return NULL;
     PyObject *result = NULL;
     Py_ssize_t n = prev.len / 8, g = starts.len / 8;
-    if (prev.len % 8 || starts.len % 8 || query.len != n) {
-        PyErr_SetString(PyExc_ValueError, "depths: prev and starts are int64, query one byte a touch");
-        goto done;
-    }
     const int64_t *pv = (const int64_t *)prev.buf, *st = (const int64_t *)starts.buf;
     const uint8_t *q = (const uint8_t *)query.buf;
     for (Py_ssize_t i = 0; i < n; i++)
@@ -147,14 +158,11 @@ static void stack_dealloc(StackObject *s) {
 
 static PyObject *stack_feed(StackObject *s, PyObject *args) {
     Py_buffer keys, query, sizes;
-    if (!PyArg_ParseTuple(args, "y*y*y*", &keys, &query, &sizes)) return NULL;
+    if (three_buffers(args, &keys, &query, &sizes, 1, "feed: ids and sizes are int64, query one byte a key") < 0)
+        return NULL;
     PyObject *result = NULL;
     int64_t *scratch = NULL;
     Py_ssize_t m = keys.len / 8, g = sizes.len / 8;
-    if (keys.len % 8 || sizes.len % 8 || query.len != m) {
-        PyErr_SetString(PyExc_ValueError, "feed: ids and sizes are int64, query one byte a key");
-        goto done;
-    }
     const int64_t *ks = (const int64_t *)keys.buf, *sz = (const int64_t *)sizes.buf;
     const uint8_t *q = (const uint8_t *)query.buf;
     int64_t total = 0, asked = 0;
