@@ -10,7 +10,10 @@ once to warm up (imports, the file's pages), then N times, and reports the media
 (its own process: every thread of it) of those, and the CPU of its busiest thread: what the
 close takes where each thread has a core (a quiet machine; the GIL aside). With this tree it also times the close as a
 writer process makes it: the trace's pages read ahead (`read_ahead`, finished before the close
-starts, as while the engine runs), then the evidence. Printed: medians over the rounds. On a
+starts, as while the engine runs), then the evidence; and (`fed`) as a writer process makes it
+since the curves' pass is fed while recording (diagnose/run/live_curves.py): the run's request
+rows handed to the read-ahead in the order they were written, 700 at a time (about a flush's),
+each batch walked before the next is handed (as while the engine runs), then the evidence. Printed: medians over the rounds. On a
 loaded machine prefer the CPU column; the wall of three threads is what the load leaves them.
 """
 
@@ -56,13 +59,31 @@ threading.Thread.run = _timed_run
 
 con = duckdb.connect(sys.argv[1], read_only=True)
 run = run_info(con, con.execute("SELECT run_id FROM runs ORDER BY created_at LIMIT 1").fetchone()[0])
-ahead = sys.argv[3] == "ahead"
+ahead = sys.argv[3] in ("ahead", "fed")
+fed = sys.argv[3] == "fed"
+rows = None
+if fed:
+    cur = con.execute("SELECT * FROM requests WHERE run_id = ? ORDER BY rowid", [run.run_id])
+    rows = cur.to_arrow_table() if hasattr(cur, "to_arrow_table") else cur.fetch_arrow_table()
+
+def feed_rows(hand):
+    live_of = sc._READ_AHEAD[0]
+    live_of._thread.join()
+    for i in range(0, rows.num_rows, 700):
+        part = rows.slice(i, 700)
+        hand({"requests": {c: part.column(c).combine_chunks() for c in part.column_names}})
+        while not live_of._rows.empty():  # walked before the next batch, as while the engine runs
+            time.sleep(0.001)
+    time.sleep(0.05)
+
 E.compute_evidence(con, run)
 walls, cpus, paths = [], [], []
 for _ in range(int(sys.argv[2])):
     if ahead:
-        sc.read_ahead(run.trace_path, run.trace_sha256, run.config)
+        hand = sc.read_ahead(run.trace_path, run.trace_sha256, run.config)
         sc._READ_AHEAD[0]._thread.join()
+        if fed:
+            feed_rows(hand)
     threads_cpu.clear()
     t, c, own = time.perf_counter(), cpu(), time.thread_time()
     E.compute_evidence(con, run)
@@ -82,9 +103,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="tierdiag-evidence-") as td:
-        sides = [("this", ROOT, "close"), ("this, read ahead", ROOT, "ahead")]
+        sides = [("this", ROOT, "close"), ("this, read ahead", ROOT, "ahead"), ("this, fed", ROOT, "fed")]
         if a.baseline:
-            sides.insert(0, (a.baseline, baseline_worktree(a.baseline, Path(td)), "close"))
+            base, label = baseline_worktree(a.baseline, Path(td)), Path(a.baseline).name or a.baseline
+            sides[:0] = [(label, base, "close"), (f"{label}, read ahead", base, "ahead")]
         got: dict[str, list[dict]] = {name: [] for name, _, _ in sides}
         try:
             for rnd in range(a.rounds):
@@ -96,7 +118,7 @@ def main() -> None:
                     got[name].append(json.loads(out.stdout))
                     print(f"round {rnd + 1} {name:>18}: {got[name][-1]}", file=sys.stderr, flush=True)
         finally:
-            if a.baseline:
+            if a.baseline and not Path(a.baseline).is_dir():
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
                                 str(Path(td) / f"baseline-{a.baseline.replace('/', '_')}")], capture_output=True)
     with open("/proc/loadavg") as fh:

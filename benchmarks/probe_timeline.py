@@ -88,6 +88,11 @@ HOOKS_WRITER = [
     ("tierdiag.diagnose.run.close", "closing_numbers", "closing_numbers"),
     ("tierdiag.diagnose.run.size_curves", "_ReadAhead._read", "trace_read_ahead"),
     ("tierdiag.diagnose.run.size_curves", "_taken_ahead", "ev.taken_ahead"),
+    # The pass fed while recording (live_curves.py): whole_pass marked means the close walked it all.
+    ("tierdiag.diagnose.run.size_curves", "_ReadAhead._feed_live", "live_pass"),
+    ("tierdiag.diagnose.run.size_curves", "_unsampled_pass", "ev.pass"),
+    ("tierdiag.diagnose.run.live_curves", "LivePass.verify", "ev.verify"),
+    ("tierdiag.diagnose.run.live_curves", "whole_pass", "ev.whole_pass"),
 ]
 
 # Runs first in each process: installs the hook, then runs the process's own code. argv:
@@ -246,7 +251,10 @@ def _median_marks(runs: list[dict]) -> list[tuple[str, float]]:
 
 
 def baseline_worktree(ref: str, tmp: Path) -> Path:
-    """A detached worktree of `ref` under `tmp`, its C data plane built (made once; evidence_close.py too)."""
+    """A detached worktree of `ref` under `tmp`, its C data plane built (made once; evidence_close.py too).
+    `ref` may be the folder of a checkout already built (then used as it is, never removed)."""
+    if Path(ref).is_dir():
+        return Path(ref)
     path = tmp / f"baseline-{ref.replace('/', '_')}"
     if not path.exists():
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), ref], check=True,
@@ -283,7 +291,7 @@ def main() -> None:
         try:
             _rounds(a, keys, runs, tmp)
         finally:
-            if a.baseline:  # the worktree goes with the temporary folder: unregister it too
+            if a.baseline and not Path(a.baseline).is_dir():  # the worktree goes with the temporary folder: unregister it too
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(roots[0][1])],
                                capture_output=True)
         _print(a, roots, runs)

@@ -14,10 +14,12 @@ def main() -> None:
     writer_serve.main(after_commit=close.after_commit, preload=close.PRELOAD, while_recording=while_recording)
 
 
-def while_recording(run: dict) -> None:
+def while_recording(run: dict):
     """Once the store is open, while the engine runs: start reading the trace's pages for the
     run's size curves (diagnose/run/size_curves.py `read_ahead`), which the close would
-    otherwise read then, on the path the replay waits for."""
+    otherwise read then, on the path the replay waits for, and then their pass, fed the rows as
+    they come (diagnose/run/live_curves.py). Returns what the writer hands each batch of rows
+    it takes (None: nothing)."""
     from tierdiag.diagnose.run.size_curves import read_ahead
 
-    read_ahead(run.get("trace_path"), run.get("trace_sha256"), run.get("config") or {})
+    return read_ahead(run.get("trace_path"), run.get("trace_sha256"), run.get("config") or {})

@@ -276,11 +276,12 @@ class RunWriter:
         buffered them (recorder.columns_of), encoded ones turned into Arrow arrays straight."""
         self.append({table: table_columns(table, fields, rows) for table, (fields, rows) in tables.items()})
 
-    def take(self, tables: Mapping[str, Mapping[str, Any]]) -> None:
-        """Make the columns Arrow arrays and keep them pending, unwritten. Values that cannot be
-        stored at all (an integer past int64: a bug upstream, input bounds are checked where
-        input enters) fail here, before any of them is taken, and never block the rows after
-        them; the caller may reuse its own buffers."""
+    def take(self, tables: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Make the columns Arrow arrays and keep them pending, unwritten; returns them (table ->
+        column -> Arrow array: the writer process hands them to its close's preparation). Values
+        that cannot be stored at all (an integer past int64: a bug upstream, input bounds are
+        checked where input enters) fail here, before any of them is taken, and never block the
+        rows after them; the caller may reuse its own buffers."""
         taken = {table: {col: _arrow(table, col, values) for col, values in cols.items()}
                  for table, cols in tables.items()}
         for table, cols in taken.items():  # ragged columns are refused before they are taken too
@@ -289,6 +290,7 @@ class RunWriter:
                 col, n = max(lengths.items(), key=lambda kv: kv[1])
                 raise ValueError(f"{table}.{col}: {n} values, expected {min(lengths.values())}")
         self._pending.append(taken)
+        return taken
 
     @property
     def pending(self) -> bool:

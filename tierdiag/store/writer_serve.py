@@ -21,7 +21,8 @@ def main(after_commit=None, preload: tuple[str, ...] = (), while_recording=None)
     `after_commit`, RunWriter.finish's hook, the modules it needs, imported once the store is
     open, while the engine runs rather than in the close, and `while_recording(run)`, called then
     with the run's arguments (RunWriter's: trace_path, trace_sha256, config, ...), to start on a
-    thread what the hook can prepare before the rows are all there), the request pipe on stdin,
+    thread what the hook can prepare before the rows are all there; what it returns, if not None,
+    is handed every batch of rows taken, as RunWriter.take made them), the request pipe on stdin,
     replies on stdout."""
     for sig in signals.HANDLED:
         signal.signal(sig, signal.SIG_IGN)  # the engine's process decides (see the module docstring)
@@ -68,6 +69,7 @@ class _Serve:
         self.after_commit = after_commit
         self.preload = preload
         self.while_recording = while_recording
+        self.on_rows = None  # what while_recording returned: handed each batch of rows taken
         self.writer = None
         self.failed = False  # a write failed and was reported: later rows are given up
         self.every = WRITE_EVERY_S  # the interval now: FIRST_WRITE_S at open, doubling to every_max
@@ -134,22 +136,31 @@ class _Serve:
         if self.while_recording is not None:
             # Never in the way of the rows: what it cannot start, the close does itself.
             try:
-                self.while_recording(dict(arg["writer"]))
+                self.on_rows = self.while_recording(dict(arg["writer"]))
             except Exception as exc:  # noqa: BLE001 - said once on stderr; the close computes it all as before
-                text = str(exc).strip()
-                line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in (text.splitlines()[0] if text else ""))
-                sys.stderr.write(f"tierdiag: warning: run {self.writer.run_id}: nothing prepared while recording "
-                                 f"({type(exc).__name__}: {line[:200]})\n")
+                self._unprepared(exc)
         return True
+
+    def _unprepared(self, exc: BaseException) -> None:
+        self.on_rows = None
+        text = str(exc).strip()
+        line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in (text.splitlines()[0] if text else ""))
+        sys.stderr.write(f"tierdiag: warning: run {self.writer.run_id}: nothing prepared while recording "
+                         f"({type(exc).__name__}: {line[:200]})\n")
 
     def rows(self, tables) -> None:
         if self.writer is None or self.failed:
             return  # given up: the engine is told (or was) and closes the run as failed
         try:
-            self.writer.take(tables)
+            taken = self.writer.take(tables)
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
             return
+        if self.on_rows is not None:
+            try:
+                self.on_rows(taken)
+            except Exception as exc:  # noqa: BLE001 - said once; the close computes it all as before
+                self._unprepared(exc)
         since = time.monotonic() - self.last_write
         # Coalesced: with more handed over already (the engine's last rows and the close come
         # together), one transaction takes it all: each write's close is a checkpoint (0.05-0.2 s).

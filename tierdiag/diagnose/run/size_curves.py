@@ -254,7 +254,9 @@ def stack_depths(groups: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
 
 def _flat_depths(keys: np.ndarray, query: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """`stack_depths` of the groups laid end to end: `keys` (int64) and `query` (bools), group g
-    the next `sizes[g]` of them."""
+    the next `sizes[g]` of them. Every touch's previous touch of the same key is found by a
+    stable sort of the keys, then the Fenwick pass over those positions (`depths_of`). Keys of any
+    value; a pass whose keys are dense ids fed as they come is live_curves.py's `new_stack`."""
     import numpy as np
 
     query = query.astype(np.uint8, copy=False)
@@ -373,11 +375,18 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     lengths = np.zeros(n, dtype=np.int64)  # each row's distinct pages (before sampling)
     seqs = cols.seq.tolist()
     wanted = _SeqSet(seqs) if ahead is None else None
+    index = None if ahead is None or ahead.live is None or keep is not None else ahead.live.index
+    if index is not None:  # the pass was fed while recording: the keys are its index's, not kept here
+        kept = None
     lines = ahead.lines if ahead is not None else _trace_pages(path, page, block, wanted=wanted)
     at = matched = 0
     last = None
+    if index is not None:  # the loop below's checks at once, over the index's lines (in seq order)
+        lines = ()
+        matched, lengths = _matched(index, cols, run.run_id)
+        lens = lengths
     try:
-        for line, seq, req_id, input_len, k in lines:
+        for line, seq, req_id, input_len, k, *_ in lines:
             if last is not None and seq <= last:  # the reader numbers its requests in order
                 raise CurvesUnavailable(f"trace line {line} is out of order (seq {seq} after {last})")
             last = seq
@@ -395,7 +404,8 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
                 marks.add((np.arange(len(k)) < min(max((inp - 1) // page, 0), len(k)))[sel])
                 k = k[sel]
             lens[i] = len(k)
-            kept.add(k)
+            if kept is not None:
+                kept.add(k)
             matched += 1
     except TierdiagError as exc:
         raise CurvesUnavailable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
@@ -403,15 +413,20 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
         raise ahead.error
     if matched != n:
         raise CurvesUnavailable(f"trace file {path} has {matched} of the run's {n} finished requests")
+    live = ahead.live if index is not None else None
     del seqs, wanted, lines, ahead
     cols = cols._replace(req_id=None)  # matched: a million strings let go before the pass
     ranks = np.unique(cols.rank).tolist()
-    # The touches handed over (popped, not held here): the pass lets its keys go once it has
-    # their order, and none of it outlives the pass (issue 41: ~180 MB of a 1M-request close).
-    touches_of = list(_touches(cols, kept.array(), lens, marks.array() if marks is not None else None, page, keep))
-    del kept, marks
-    lookup_rank, d_rank, d_all = _pass_depths(touches_of.pop(0), touches_of.pop(0), touches_of.pop(0),
-                                              touches_of.pop(0))
+    if keep is None:
+        lookup_rank, d_rank, d_all = _unsampled_pass(cols, index, live, kept, lens, page, len(ranks) > 1)
+        del kept, index, live
+    else:
+        # The touches handed over (popped, not held here): the pass lets its keys go once it has
+        # their order, and none of it outlives the pass (issue 41: ~180 MB of a 1M-request close).
+        touches_of = list(_touches(cols, kept.array(), lens, marks.array(), page, keep))
+        del kept, marks
+        lookup_rank, d_rank, d_all = _pass_depths(touches_of.pop(0), touches_of.pop(0), touches_of.pop(0),
+                                                  touches_of.pop(0))
     # Each array let go once what comes of it is made (one rank: d_all is d_rank, computed once):
     # after the pass, a sampled 1M-request close held ~8 arrays of every lookup at once (issue 41).
     lookups = len(lookup_rank)
@@ -441,39 +456,40 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
         return hit
 
     # Each curve's sizes are a non-decreasing function of the depth on the lookup's rank (with one
-    # rank, storage's too): applied to the depths sorted once, they come out sorted, and _curve
-    # need not sort each again (two or three sorts of every lookup: ~0.3 s of the conversation
-    # trace's close, issue 41). The step functions are the same: a sorted multiset is one array.
-    # Only the depths found at some size: `never` is where no size finds it, and _curve leaves
-    # those out; at size 0 beside nothing a depth needs depth x page tokens, exactly.
-    by_depth = np.sort(pages_rank)
-    by_depth = by_depth[:int(np.searchsorted(by_depth, never))]
+    # rank, storage's too): the depths found at some size counted once (`_tally`), each curve's
+    # sizes are that function of the distinct depths, equal ones merged (issue 41: the lookups
+    # sorted for every curve were ~0.3 s of the conversation trace's close, then one sort and
+    # arrays of every lookup for each curve). `never` is where no size finds it: left out; at size
+    # 0 beside nothing a depth needs depth x page tokens, exactly.
+    depth_pages, counts = _tally(pages_rank[pages_rank != never])
     if one_rank:
         del pages_rank, pages_all
-    tokens = by_depth * page
-    del by_depth
+    tokens = depth_pages * page
+    del depth_pages
     dev_found, host_found, sto_found, input_tokens = found_tokens(con, run.run_id)
     weight = 1 / rate  # lookups each sampled one stands for
-    # One curve at a time, each tier's sizes let go once its curve is made.
-    device_curve = _curve("device", device, "device alone", tokens, page, dev_found, weight, presorted=True)
+    device_curve = _curve_of("device", device, "device alone", tokens, counts, page, dev_found, weight)
     host_need = (np.where(tokens <= device, 0, tokens) if inclusive
                  else np.maximum(-(-(tokens - device) // page) * page, 0))
-    host_curve = _curve("host", host, (f"device at the run's {device:_} tokens; write_through keeps a host copy of "
-                                       "device's pages, so device and host hold max(device, host)" if inclusive else
-                                       f"device at the run's {device:_} tokens; host holds what device evicted "
-                                       "(device + host)"), host_need, page, dev_found + host_found, weight,
-                        presorted=True)
+    host_curve = _curve_of("host", host, (f"device at the run's {device:_} tokens; write_through keeps a host copy "
+                                          "of device's pages, so device and host hold max(device, host)" if inclusive
+                                          else f"device at the run's {device:_} tokens; host holds what device "
+                                          "evicted (device + host)"), *_merged(host_need, counts), page,
+                           dev_found + host_found, weight)
     del host_need
     if one_rank:
-        sto_need = np.where(tokens <= held, 0, tokens)
-    else:  # storage: the lookup's depth over all ranks, beside what its own rank held
+        sto_sizes, sto_counts = _merged(np.where(tokens <= held, 0, tokens), counts)
+    else:  # storage: the lookup's depth over all ranks, beside what its own rank held (whole pages)
         del tokens
         sto_need = np.where(found_held(pages_rank), 0, need(pages_all, 0))
         del pages_rank, pages_all
+        sto_pages, sto_counts = _tally(sto_need[sto_need != never] // page)
+        sto_sizes = sto_pages * page
+        del sto_need, sto_pages
     curves = (device_curve, host_curve,
-              _curve("storage", storage, f"device and host at the run's sizes ({held_words}); storage is one tier "
-                                         "shared by every rank", sto_need, page,
-                     dev_found + host_found + sto_found, weight, presorted=one_rank))
+              _curve_of("storage", storage, f"device and host at the run's sizes ({held_words}); storage is one "
+                                            "tier shared by every rank", sto_sizes, sto_counts, page,
+                        dev_found + host_found + sto_found, weight))
     looks = np.sort(np.minimum(np.maximum((cols.input_tokens - 1) // page, 0), lengths))
     looks = looks[looks != 0]
     slack = int(looks[max(math.ceil(0.5 * len(looks)) - 1, 0)]) * page if len(looks) else 0  # nearest rank
@@ -486,10 +502,48 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
                       curves, model, rate)
 
 
+def _matched(index, cols, run_id: str) -> tuple[int, np.ndarray]:
+    """(rows matched, each row's distinct pages) of the rows `cols` against the trace lines of
+    `index` (live_curves.TraceIndex: its seqs ascend), with compute_size_curves' loop's check:
+    the first line (in trace order) whose row has another req_id or input length is refused."""
+    import numpy as np
+
+    n = len(index.seq)
+    pos = np.minimum(np.searchsorted(index.seq, cols.seq), max(n - 1, 0))
+    found = index.seq[pos] == cols.seq if n else np.zeros(len(cols.seq), dtype=bool)
+    bad = found & ((index.req_id[pos] != cols.req_id) | (index.input_len[pos] != cols.input_tokens))
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])  # rows and lines ascend together: the first bad row is the first line
+        raise CurvesUnavailable(f"trace line {int(index.line[pos[first]])} is not the request run {run_id} replayed "
+                                f"as seq {int(cols.seq[first])}")
+    return int(found.sum()), np.where(found, index.lens[pos], 0).astype(np.int64)
+
+
+def _unsampled_pass(cols, index, live, kept, lens, page: int, several: bool):
+    """(rank of each lookup, its depth on its rank, its depth over all ranks) of a pass that keeps
+    every touch: the one fed while the run was recorded (`live`, over `index`: live_curves.py)
+    where its walk is the rows' own, else walked whole here over `index`; where nothing was read
+    ahead, the pass over the rows' keys (`kept`, `lens`) as the close always made it (a sort of
+    every touch: cheaper than numbering the keys first for a pass made once)."""
+    import numpy as np
+
+    from tierdiag.diagnose.run import live_curves
+
+    if index is None:
+        touches_of = list(_touches(cols, kept.array(), lens, None, page, None))
+        return _pass_depths(touches_of.pop(0), touches_of.pop(0), touches_of.pop(0), touches_of.pop(0))
+    pos = np.searchsorted(index.seq, cols.seq)
+    if live is not None and (live.every is not None or not several) and live.verify(pos, cols):
+        lookup_rank, d_rank, d_all = live.results()
+    else:
+        lookup_rank, d_rank, d_all = live_curves.whole_pass(index, pos, cols, page, all_ranks=several)
+    return lookup_rank, d_rank, d_rank if not several else d_all
+
+
 def _trace_pages(path: str, page: int, block: int, wanted=None):
-    """(line, seq, req_id, input tokens, distinct page keys) of each request of the trace, in
-    its order (bad lines skipped, as the replay may have); keys only for the seqs in `wanted`
-    (all when None): the others are passed over with empty keys."""
+    """(line, seq, req_id, input tokens, distinct page keys, arrival ns, session) of each request
+    of the trace, in its order (bad lines skipped, as the replay may have); keys only for the seqs
+    in `wanted` (all when None): the others are passed over with empty keys."""
     import numpy as np
 
     from tierdiag.trace.pages import page_keys_array
@@ -498,10 +552,10 @@ def _trace_pages(path: str, page: int, block: int, wanted=None):
     none = np.zeros(0, dtype=np.int64)
     for req in read_trace(path, block_size=block, skip_bad=True):
         if wanted is not None and req.seq not in wanted:
-            yield req.line, req.seq, req.req_id, req.input_len, none
+            yield req.line, req.seq, req.req_id, req.input_len, none, req.arrival_ns, req.session
             continue
         yield req.line, req.seq, req.req_id, req.input_len, \
-            _first_distinct(page_keys_array(req, page_size=page, block_size=block))
+            _first_distinct(page_keys_array(req, page_size=page, block_size=block)), req.arrival_ns, req.session
 
 
 class _ReadAhead:
@@ -514,11 +568,18 @@ class _ReadAhead:
     keeps unsampled (MAX_TOUCHES: about a million requests) is given up on, its keys let go: the
     close samples it, reading it again, and holds no more than it did."""
 
-    def __init__(self, path: str, sha: str | None, page: int, block: int):
+    def __init__(self, path: str, sha: str | None, page: int, block: int, config: dict | None = None):
+        import queue
         import threading
 
         self.key = (path, sha or "", page, block)
+        self.config = dict(config or {})
         self.lines: list = []
+        self.live = None  # the pass fed the run's rows as they come (live_curves.py), once the trace is read
+        self.live_error: BaseException | None = None  # what stopped it: the close walks the pass itself
+        self._rows: queue.SimpleQueue = queue.SimpleQueue()  # the requests' columns handed to `rows`; None: the end
+        self._live_thread: threading.Thread | None = None
+        self._feeding = True  # False once no pass will take the rows: `rows` keeps none of them
         self.changed = False  # the file's digest is not the run's
         self.error: CurvesUnavailable | None = None  # what reading it said (the lines before it are kept)
         self.stat = None
@@ -541,21 +602,83 @@ class _ReadAhead:
             self.stat = self._stat(path)
             if sha and trace_sha256(path) != sha:
                 self.changed = True
+                self._stop_feeding()
                 return
             budget = MAX_TOUCHES // 2  # a pass over budget is sampled: its keys are not all kept
             for item in _trace_pages(path, page, block):
                 budget -= len(item[4])
                 if budget < 0:  # each key is touched twice at least: the close samples (and reads) it
                     self.lines, self.stat = [], None
+                    self._stop_feeding()
                     return
                 self.lines.append(item)
         except TierdiagError as exc:
             self.error = CurvesUnavailable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         except Exception:  # noqa: BLE001 - not usable: the close reads the trace itself, and says what fails there
             self.stat = None
+        if self.stat is None or self.error is not None or self.changed:
+            self._stop_feeding()
+            return
+        import threading
+
+        # Its own thread: this one has read the trace and ends (what `result` waits for first).
+        self._live_thread = threading.Thread(target=self._feed_live, args=(page,), name="tierdiag-live-curves",
+                                             daemon=True)
+        self._live_thread.start()
+
+    def _feed_live(self, page: int) -> None:
+        """The pass fed the rows handed to `rows` as they come, up to each watermark, until the
+        end (None) is handed: then the rest (live_curves.py). A failure stops it, said nowhere:
+        the close then walks the whole pass itself, as where nothing was fed."""
+        from tierdiag.diagnose.run import live_curves
+
+        try:
+            seqs = [item[1] for item in self.lines]
+            if any(b <= a for a, b in zip(seqs, seqs[1:])):
+                raise ValueError("the trace's lines are out of order")  # the close says which
+            scale = float(self.config.get("time_scale") or 1.0)
+            arrival, pred, closed = live_curves._arrival_bounds([item[5] for item in self.lines],
+                                                                [item[6] for item in self.lines], scale,
+                                                                self.config.get("arrivals"))
+            index = live_curves.TraceIndex.of_keys(seqs, [item[4] for item in self.lines], arrival, pred)
+            index.lines_are([item[0] for item in self.lines], [item[2] for item in self.lines],
+                            [item[3] for item in self.lines])
+            live = live_curves.LivePass(index, page, all_ranks=int(self.config.get("dp") or 1) > 1, closed=closed)
+            self.live = live
+            while True:
+                got = self._rows.get()
+                if got is None:
+                    live.advance(None)
+                    return
+                live.add_rows(*live_curves.rows_of(index, got))
+                live.advance(live.watermark())
+        except Exception as exc:  # noqa: BLE001 - the close walks the pass itself (module doc of live_curves)
+            self.live, self.live_error = None, exc
+            self._stop_feeding()
+
+    def _stop_feeding(self) -> None:
+        """No pass takes the rows: what was handed is let go, and nothing more is kept."""
+        import queue
+
+        self._feeding = False
+        while True:
+            try:
+                self._rows.get_nowait()
+            except queue.Empty:
+                return
+
+    def rows(self, taken: dict) -> None:
+        """The rows the store's writer took (RunWriter.take's Arrow columns by table): the
+        requests' go to the pass fed while recording."""
+        requests = taken.get("requests")
+        if requests and self._feeding:
+            self._rows.put(requests)
 
     def result(self, path: str, sha: str | None, page: int, block: int) -> "_ReadAhead | None":
+        self._rows.put(None)  # every row is committed: the pass walks the rest
         self._thread.join()
+        if self._live_thread is not None:
+            self._live_thread.join()
         if self.key != (path, sha or "", page, block) or self.stat is None:
             return None
         try:
@@ -567,19 +690,24 @@ class _ReadAhead:
 _READ_AHEAD: list[_ReadAhead] = []  # at most one: the run this process is recording
 
 
-def read_ahead(trace_path: str, trace_sha256: str | None, config: dict) -> None:
+def read_ahead(trace_path: str, trace_sha256: str | None, config: dict):
     """Start reading the trace's pages for the curves of the run being recorded (the writer
-    process calls this once the store is open, module doc of _ReadAhead). A config the pass
-    could not use starts nothing: the close then reads the trace, and says why not there."""
+    process calls this once the store is open, module doc of _ReadAhead), then the pass fed the
+    run's rows as they come: returns what to hand each batch of rows the writer takes
+    (`_ReadAhead.rows`), or None. A config the pass could not use starts nothing: the close then
+    reads the trace, and says why not there."""
     import os
 
     try:
         page = _sizes(config)[0]
         block = int(config.get("block_size") or 512)
     except Exception:  # noqa: BLE001 - compute_size_curves decides what the config means, at the close
-        return
+        return None
     if trace_path and os.path.isfile(trace_path):
-        _READ_AHEAD[:] = [_ReadAhead(trace_path, trace_sha256, page, block)]
+        ahead = _ReadAhead(trace_path, trace_sha256, page, block, config)
+        _READ_AHEAD[:] = [ahead]
+        return ahead.rows
+    return None
 
 
 def _taken_ahead(path: str, sha: str | None, page: int, block: int) -> _ReadAhead | None:
@@ -757,23 +885,32 @@ def _curve(tier: str, run_size: int, held: str, need: np.ndarray, page: int, fou
            weight: float = 1.0, *, presorted: bool = False) -> SizeCurve:
     """The step function of the sizes at which each looked-up page is found (never: not at all);
     each found page counts `weight` pages (a sampled pass: 1 / its rate, rounded to pages).
-    `presorted`: `need` is in ascending order already."""
+    `presorted`: `need` is in ascending order already. `_curve_of` of their distinct sizes."""
     import numpy as np
 
     never = np.iinfo(np.int64).max
     sizes = need[need != never]
     if not presorted:
         sizes = np.sort(sizes)
-    total = int(round(len(sizes) * weight)) * page
+    # Each distinct size at its first place (np.unique of the sorted sizes, without sorting again).
+    idx = np.flatnonzero(np.r_[True, sizes[1:] != sizes[:-1]]) if len(sizes) else np.zeros(0, dtype=np.int64)
+    return _curve_of(tier, run_size, held, sizes[idx], np.diff(np.r_[idx, len(sizes)]), page, found, weight)
+
+
+def _curve_of(tier: str, run_size: int, held: str, sizes: np.ndarray, counts: np.ndarray, page: int, found: int,
+              weight: float = 1.0) -> SizeCurve:
+    """`_curve` of the looked-up pages found at some size, given as their distinct sizes
+    (ascending) and how many are found from each: the lookups' depths counted once
+    (`_tally`), not an array of every lookup sorted for each curve (issue 41: the close)."""
+    import numpy as np
+
+    n = int(counts.sum())
+    total = int(round(n * weight)) * page
     steps: list[tuple[int, int]] = []
+    ends = np.cumsum(counts)  # lookups found at each size and below
     if len(sizes):
-        # np.unique(sizes, return_index=True) of the sorted sizes, without sorting them again:
-        # each distinct size at its first place (a whole run's lookups: ~0.8 s of the conversation
-        # trace's close went to that second sort and to the unthinned list of steps, issue 41).
-        idx = np.flatnonzero(np.r_[True, sizes[1:] != sizes[:-1]])
-        uniq = sizes[idx]
-        cum = (np.r_[idx[1:], len(sizes)]) * page if weight == 1.0 else \
-            np.rint(np.r_[idx[1:], len(sizes)] * weight).astype(np.int64) * page
+        uniq = sizes
+        cum = ends * page if weight == 1.0 else np.rint(ends * weight).astype(np.int64) * page
         if len(uniq) > CURVE_POINTS:
             # The first step into each 1/CURVE_POINTS of the plateau, and the last.
             b = cum * CURVE_POINTS // total
@@ -782,10 +919,41 @@ def _curve(tier: str, run_size: int, held: str, need: np.ndarray, page: int, fou
             uniq, cum = uniq[keep], cum[keep]
         steps = list(zip(uniq.tolist(), cum.tolist()))
     knee = None
-    grows = sizes[sizes > 0]  # what the tier adds beyond its size 0 (the tiers above it find the rest)
-    if len(grows):
-        knee = int(grows[max(math.ceil(KNEE_SHARE * len(grows)) - 1, 0)])
+    # What the tier adds beyond its size 0 (the tiers above it find the rest): the lookups found
+    # at a positive size, in order; the knee is the KNEE_SHARE-th of them (nearest rank).
+    zero = int(counts[0]) if len(sizes) and sizes[0] == 0 else 0
+    grows = n - zero
+    if grows:
+        k = zero + max(math.ceil(KNEE_SHARE * grows) - 1, 0)
+        knee = int(sizes[int(np.searchsorted(ends, k, side="right"))])
     return SizeCurve(tier, run_size, held, tuple((int(s), int(c)) for s, c in steps), total, knee, int(found))
+
+
+def _tally(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct values ascending, how many of each) of non-negative integers: a count array
+    where their range is not much more than their number, else a sort."""
+    import numpy as np
+
+    if len(values) == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    top = int(values.max())
+    if top < 4 * len(values) + 1024:
+        counts = np.bincount(values, minlength=top + 1)
+        at = np.flatnonzero(counts)
+        return at.astype(np.int64), counts[at].astype(np.int64)
+    uniq, counts = np.unique(values, return_counts=True)
+    return uniq.astype(np.int64), counts.astype(np.int64)
+
+
+def _merged(values: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`values` (non-decreasing: a monotone size of ascending depths) with `counts`, equal ones
+    made one."""
+    import numpy as np
+
+    if len(values) == 0:
+        return values, counts
+    at = np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
+    return values[at], np.add.reduceat(counts, at)
 
 
 def knee_words(c: SizeCurve, input_tokens: int) -> str:

@@ -42,15 +42,26 @@
     }                                                                                             \
 } while (0)
 
+/* The three buffers both functions take: (int64 a touch, one byte a touch, int64 a group), in the
+ * order each takes them (depths: prev, starts, query; feed: ids, query, sizes: `feed`). 0, or -1
+ * with the error set (the buffers released) when they are not buffers or not of those sizes. */
+static int three_buffers(PyObject *args, Py_buffer *a, Py_buffer *b, Py_buffer *c, int feed, const char *msg) {
+    if (!PyArg_ParseTuple(args, "y*y*y*", a, b, c)) return -1;
+    Py_buffer *touch = a, *bytes = feed ? b : c, *group = feed ? c : b;
+    if (touch->len % 8 || group->len % 8 || bytes->len != touch->len / 8) {
+        PyErr_SetString(PyExc_ValueError, msg);
+        PyBuffer_Release(a); PyBuffer_Release(b); PyBuffer_Release(c);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *depths(PyObject *self, PyObject *args) {
     Py_buffer prev, starts, query;
-    if (!PyArg_ParseTuple(args, "y*y*y*", &prev, &starts, &query)) return NULL;
+    if (three_buffers(args, &prev, &starts, &query, 0, "depths: prev and starts are int64, query one byte a touch") < 0)
+        return NULL;
     PyObject *result = NULL;
     Py_ssize_t n = prev.len / 8, g = starts.len / 8;
-    if (prev.len % 8 || starts.len % 8 || query.len != n) {
-        PyErr_SetString(PyExc_ValueError, "depths: prev and starts are int64, query one byte a touch");
-        goto done;
-    }
     const int64_t *pv = (const int64_t *)prev.buf, *st = (const int64_t *)starts.buf;
     const uint8_t *q = (const uint8_t *)query.buf;
     for (Py_ssize_t i = 0; i < n; i++)
@@ -81,6 +92,162 @@ done:
     return result;
 }
 
+
+/* ------------------------------------------------------------------------------------------------
+ * Stack: the same pass fed a group at a time, as the touches come (the close's pass, and the one a
+ * writer process runs while the run is recorded: diagnose/run/live_curves.py `new_stack`, whose
+ * Python twin `StackPython` is the reference). Keys are dense ids, 0 .. ids - 1 (Stack(ids)), or
+ * -1 for a key touched once only (an output page); a key's latest position is `last[id]` (32-bit: positions stay under 2**30), so a
+ * previous touch is one array read, not a sort of every touch. The Fenwick tree over the positions
+ * doubles as they grow: a power-of-two tree keeps its nodes, the new top node holding every mark.
+ *
+ * feed(ids, query, sizes) -> bytes of int64, one per queried touch, in order: the groups laid end
+ * to end (ids int64, query one byte a key, sizes int64: group g is the next sizes[g] keys). Each
+ * queried key is answered against the stack as it was before its group (-1: never touched; its
+ * depth otherwise; 0 where the same key came earlier in the same group, as `depths` answers it),
+ * then the group's keys are touched in order. The answers are those of `depths` over every touch
+ * fed so far, prev[t] being the previous touch of the same id (none for -1).
+ */
+
+typedef struct {
+    PyObject_HEAD
+    int32_t *last;    /* each id's latest position (-1: not touched yet; positions stay under 2**30) */
+    int64_t ids;
+    int32_t *tree;    /* Fenwick tree over positions 1..cap: 1 at each key's latest touch */
+    int64_t cap;      /* a power of two */
+    int64_t n;        /* positions used: touches fed so far */
+    int64_t live;     /* distinct keys touched */
+} StackObject;
+
+/* Room for positions up to `need`: the tree doubled; the new nodes cover positions not used yet
+ * but the top one, whose range is every position: it holds every mark (`live`). */
+static int sd_grow_tree(StackObject *s, int64_t need) {
+    int64_t cap = s->cap;
+    while (cap < need) {
+        if (cap >= (INT32_MAX >> 1)) return -2;
+        int32_t *t = realloc(s->tree, ((size_t)cap * 2 + 1) * sizeof(int32_t));
+        if (!t) return -1;
+        memset(t + cap + 1, 0, (size_t)cap * sizeof(int32_t));
+        t[cap * 2] = (int32_t)s->live;
+        s->tree = t;
+        cap *= 2;
+        s->cap = cap;
+    }
+    return 0;
+}
+
+static PyObject *stack_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    long long ids;
+    if (!PyArg_ParseTuple(args, "L:Stack", &ids)) return NULL;
+    if (ids < 0 || ids >= INT64_MAX / 16) { PyErr_SetString(PyExc_ValueError, "Stack: ids must be >= 0"); return NULL; }
+    StackObject *s = (StackObject *)type->tp_alloc(type, 0);
+    if (!s) return NULL;
+    s->ids = ids;
+    s->last = malloc((size_t)(ids ? ids : 1) * sizeof(int32_t));
+    s->cap = 4096;
+    s->tree = calloc((size_t)s->cap + 1, sizeof(int32_t));
+    if (!s->last || !s->tree) { Py_DECREF(s); return PyErr_NoMemory(); }
+    for (int64_t i = 0; i < ids; i++) s->last[i] = -1;
+    return (PyObject *)s;
+}
+
+static void stack_dealloc(StackObject *s) {
+    free(s->last); free(s->tree);
+    Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+static PyObject *stack_feed(StackObject *s, PyObject *args) {
+    Py_buffer keys, query, sizes;
+    if (three_buffers(args, &keys, &query, &sizes, 1, "feed: ids and sizes are int64, query one byte a key") < 0)
+        return NULL;
+    PyObject *result = NULL;
+    int64_t *scratch = NULL;
+    Py_ssize_t m = keys.len / 8, g = sizes.len / 8;
+    const int64_t *ks = (const int64_t *)keys.buf, *sz = (const int64_t *)sizes.buf;
+    const uint8_t *q = (const uint8_t *)query.buf;
+    int64_t total = 0, asked = 0;
+    for (Py_ssize_t i = 0; i < g; i++) {
+        if (sz[i] < 0 || sz[i] > m - total) {
+            PyErr_SetString(PyExc_ValueError, "feed: sizes must be >= 0 and add up to the ids"); goto done;
+        }
+        total += sz[i];
+    }
+    if (total != m) { PyErr_SetString(PyExc_ValueError, "feed: sizes must be >= 0 and add up to the ids"); goto done; }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        if (ks[i] < -1 || ks[i] >= s->ids) { PyErr_SetString(PyExc_ValueError, "feed: an id must be -1 or in [0, ids)"); goto done; }
+        asked += q[i] != 0;
+    }
+    if (s->n + m > s->cap) {
+        int r = sd_grow_tree(s, s->n + m);
+        if (r == -2) { PyErr_SetString(PyExc_OverflowError, "feed: more than 2**30 touches"); goto done; }
+        if (r < 0) { PyErr_NoMemory(); goto done; }
+    }
+    result = PyBytes_FromStringAndSize(NULL, asked * 8);
+    scratch = malloc((size_t)(m ? m : 1) * sizeof(int64_t));
+    if (!result || !scratch) { Py_CLEAR(result); if (!PyErr_Occurred()) PyErr_NoMemory(); goto done; }
+    int64_t *out = (int64_t *)PyBytes_AS_STRING(result);
+    Py_BEGIN_ALLOW_THREADS
+    int32_t *tr = s->tree;
+    int32_t *last = s->last;
+    int64_t cap = s->cap, at = 0, o = 0, n0 = s->n;
+    for (Py_ssize_t k = 0; k < g; k++) {
+        int64_t a = at, b = at + sz[k], start = n0 + a;
+        for (int64_t t = a; t < b; t++) {          /* answers: the stack before the group */
+            int64_t id = ks[t], p = -1;
+            if (id >= 0) { p = last[id]; last[id] = (int32_t)(n0 + t); }
+            scratch[t] = p;
+            if (!q[t]) continue;
+            if (p < 0) { out[o++] = -1; continue; }
+            if (p >= start) { out[o++] = 0; continue; }  /* earlier in this group */
+            int64_t below = 0;
+            for (int64_t i = p; i > 0; i -= i & -i) below += tr[i];
+            out[o++] = s->live - below;
+        }
+        for (int64_t t = a; t < b; t++) {          /* then touched, in order */
+            int64_t p = scratch[t];
+            if (p >= 0) {
+                for (int64_t i = p + 1; i <= cap; i += i & -i) tr[i] -= 1;
+            } else {
+                s->live += 1;
+            }
+            for (int64_t i = n0 + t + 1; i <= cap; i += i & -i) tr[i] += 1;
+        }
+        at = b;
+    }
+    s->n += m;
+    Py_END_ALLOW_THREADS
+done:
+    free(scratch);
+    PyBuffer_Release(&keys);
+    PyBuffer_Release(&query);
+    PyBuffer_Release(&sizes);
+    return result;
+}
+
+static PyMethodDef stack_methods[] = {
+    {"feed", (PyCFunction)stack_feed, METH_VARARGS, "Answer and touch groups of keys (see the comment above)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyObject *stack_touches(StackObject *s, void *closure) { return PyLong_FromLongLong(s->n); }
+
+static PyGetSetDef stack_getset[] = {
+    {"touches", (getter)stack_touches, NULL, "touches fed so far", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject StackType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tierdiag.native._stackdist.Stack",
+    .tp_basicsize = sizeof(StackObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "An LRU stack fed groups of keys, answering their depths (size_curves.py StackPython).",
+    .tp_new = stack_new,
+    .tp_dealloc = (destructor)stack_dealloc,
+    .tp_methods = stack_methods,
+    .tp_getset = stack_getset,
+};
+
 static PyMethodDef methods[] = {
     {"depths", depths, METH_VARARGS, "LRU stack depths of grouped touches (size_curves.py)."},
     {NULL, NULL, 0, NULL},
@@ -88,4 +255,11 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_stackdist", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__stackdist(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__stackdist(void) {
+    if (PyType_Ready(&StackType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&StackType);
+    if (PyModule_AddObject(m, "Stack", (PyObject *)&StackType) < 0) { Py_DECREF(&StackType); Py_DECREF(m); return NULL; }
+    return m;
+}

@@ -1,0 +1,350 @@
+"""The size curves' pass fed while the run is recorded (diagnose/run/live_curves.py, issue 41):
+the stack fed groups as they come (compiled, and its Python twin) against the sort-based pass;
+the pass fed rows in any batches, walked up to any watermark, against the whole pass at once;
+its check at the close (a walk that is not the rows' own start is never used); and a replay
+whose writer process fed it stores the same evidence as one whose close walked it all."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from tierdiag.diagnose.read.curves import CurveColumns
+from tierdiag.diagnose.run import live_curves as lc
+from tierdiag.diagnose.run import size_curves as sc
+
+# --------------------------------------------------------------------------- the stack
+
+
+@st.composite
+def id_streams(draw):
+    """Groups of dense ids (some -1: keys touched once), queried at random, and a cut of them
+    into feeds."""
+    n_ids = draw(st.integers(0, 12))
+    sizes = draw(st.lists(st.integers(0, 7), max_size=25))
+    total = sum(sizes)
+    ids = draw(st.lists(st.integers(-1, n_ids - 1), min_size=total, max_size=total))
+    query = draw(st.lists(st.booleans(), min_size=total, max_size=total))
+    cuts = sorted(draw(st.lists(st.integers(0, len(sizes)), max_size=4)))
+    return n_ids, np.array(ids, dtype=np.int64), np.array(query, dtype=bool), np.array(sizes, dtype=np.int64), cuts
+
+
+def _fed(stack, ids, query, sizes, cuts):
+    out, at, g0 = [], 0, 0
+    for g in cuts + [len(sizes)]:
+        n = int(sizes[g0:g].sum())
+        out += lc.feed(stack, ids[at:at + n], query[at:at + n], sizes[g0:g]).tolist()
+        at, g0 = at + n, g
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(id_streams())
+def test_the_stack_fed_in_any_cuts_answers_the_sort_based_pass(stream):
+    """Each -1 is a key of its own (an output page): the sort-based pass gets it a distinct key."""
+    n_ids, ids, query, sizes, cuts = stream
+    keys = np.where(ids >= 0, ids, -1 - np.arange(len(ids)))
+    want = sc._flat_depths(keys, query, sizes).tolist()
+    assert _fed(lc.StackPython(n_ids), ids, query, sizes, cuts) == want
+    compiled = pytest.importorskip("tierdiag.native._stackdist")
+    assert _fed(compiled.Stack(n_ids), ids, query, sizes, cuts) == want
+
+
+def test_the_stack_grows_past_its_first_tree_and_keeps_its_answers():
+    rng = np.random.default_rng(3)
+    ids = rng.integers(-1, 5000, 60_000)
+    query = rng.integers(0, 2, 60_000).astype(bool)
+    sizes = np.full(6_000, 10, dtype=np.int64)
+    keys = np.where(ids >= 0, ids, -1 - np.arange(len(ids)))
+    want = sc._flat_depths(keys, query, sizes).tolist()
+    assert _fed(lc.new_stack(5000), ids, query, sizes, list(range(1, 6_000, 777))) == want
+    assert _fed(lc.StackPython(5000), ids[:6000], query[:6000], sizes[:600], [7, 300]) == want[:int(query[:6000].sum())]
+
+
+hostile_feeds = st.sampled_from([
+    ([5], [1], [1]),            # an id past the stack's
+    ([-2], [1], [1]),           # below -1
+    ([0, 1], [1], [2]),         # query shorter than the ids
+    ([0, 1], [1, 0], [3]),      # sizes past the ids
+    ([0, 1], [1, 0], [-1, 3]),  # a negative size
+    ([0, 1], [1, 0], [1]),      # sizes short of the ids
+])
+
+
+@given(hostile_feeds)
+def test_a_malformed_feed_is_refused_by_both_and_leaves_the_stack_as_it_was(bad):
+    ids, query, sizes = (np.array(x, dtype=np.int64) for x in bad)
+    stacks = [lc.StackPython(3)]
+    compiled = pytest.importorskip("tierdiag.native._stackdist")
+    stacks.append(compiled.Stack(3))
+    for stack in stacks:
+        with pytest.raises(ValueError):
+            lc.feed(stack, ids, query.astype(np.uint8), sizes)
+        assert stack.touches == 0
+        assert lc.feed(stack, np.array([0, 0]), np.array([1, 1], dtype=bool), np.array([1, 1])).tolist() == [-1, 1]
+
+
+@given(st.one_of(st.integers(max_value=-1), st.floats(allow_nan=True), st.text(max_size=3), st.none()))
+def test_a_stack_of_no_sensible_size_is_refused(ids):
+    compiled = pytest.importorskip("tierdiag.native._stackdist")
+    with pytest.raises((ValueError, TypeError)):
+        lc.StackPython(ids)
+    with pytest.raises((ValueError, TypeError, OverflowError)):  # past int64: the argument's own refusal
+        compiled.Stack(ids)
+
+
+# --------------------------------------------------------------------------- the pass fed as rows come
+
+
+@st.composite
+def runs(draw):
+    """A trace of requests (prefix-chained page keys) and their rows: rank, schedule and finish
+    times, tokens; a few rows not finished; the order the rows reach the writer (finish order,
+    a few swapped), cut into batches, and watermarks to walk to after each."""
+    n = draw(st.integers(1, 30))
+    page = draw(st.sampled_from([1, 2, 4]))
+    keys, rows = [], []
+    for i in range(n):
+        path = [draw(st.integers(0, 3)) for _ in range(draw(st.integers(0, 6)))]
+        keys.append(np.array([hash(tuple(path[:j + 1])) & (2 ** 40 - 1) for j in range(len(path))], dtype=np.int64))
+        arrival = draw(st.integers(0, 50))
+        sched = arrival + draw(st.integers(0, 20))
+        fin = sched + draw(st.integers(0, 20))
+        inp = len(path) * page + draw(st.integers(0, page))
+        rows.append((draw(st.integers(0, 2)), sched, fin, inp, draw(st.integers(0, 3 * page)),
+                     draw(st.booleans()) or draw(st.booleans()), arrival))
+    order = sorted(range(n), key=lambda i: rows[i][2])
+    for _ in range(draw(st.integers(0, 3))):
+        a, b = draw(st.integers(0, n - 1)), draw(st.integers(0, n - 1))
+        order[a], order[b] = order[b], order[a]
+    cuts = sorted(set(draw(st.lists(st.integers(1, n), max_size=5))))
+    marks = draw(st.lists(st.integers(-1, 80), min_size=len(cuts) + 1, max_size=len(cuts) + 1))
+    return page, keys, rows, order, cuts, marks
+
+
+def _cols(rows, finished_only=True):
+    keep = [i for i, r in enumerate(rows) if r[5] or not finished_only]
+    a = np.array([[i] + list(rows[i][:5]) for i in keep], dtype=np.int64).reshape(-1, 6)
+    return CurveColumns(a[:, 0], np.array([str(i) for i in keep], dtype=object), a[:, 1], a[:, 2], a[:, 3],
+                        a[:, 4], a[:, 5]), np.array(keep, dtype=np.int64)
+
+
+def _fed_pass(page, keys, rows, order, cuts, marks, several):
+    index = lc.TraceIndex.of_keys(np.arange(len(keys)), keys)
+    live = lc.LivePass(index, page, all_ranks=several)
+    at = 0
+    for cut, mark in zip(cuts + [len(order)], marks):
+        pos = np.array(order[at:cut], dtype=np.int64)
+        r = np.array([rows[i] for i in order[at:cut]], dtype=np.int64).reshape(-1, 7)
+        live.add_rows(pos, r[:, 0], r[:, 1], r[:, 2], r[:, 3], r[:, 4], r[:, 5].astype(bool))
+        live.advance(None if mark < 0 else mark)
+        at = cut
+    return index, live
+
+
+@settings(max_examples=200, deadline=None)
+@given(runs(), st.booleans())
+def test_a_pass_fed_in_batches_is_used_only_where_it_is_the_whole_pass(case, several):
+    """Walked to any watermark after any batch (a wrong one included: events of rows that come
+    later fall before it), the pass is used at the close only where `verify` finds its walk the
+    start of the rows' own event order, and then gives the whole pass's depths exactly."""
+    page, keys, rows, order, cuts, marks = case
+    index, live = _fed_pass(page, keys, rows, order, cuts, marks, several)
+    cols, pos = _cols(rows)
+    whole = lc.whole_pass(index, pos, cols, page, all_ranks=several)
+    if live.verify(pos, cols):
+        got = live.results()
+        assert [x.tolist() for x in got[:2]] == [x.tolist() for x in whole[:2]]
+        if several:
+            assert got[2].tolist() == whole[2].tolist()
+    # Walked after every row is in, at once, the pass is always the whole one.
+    index, live = _fed_pass(page, keys, rows, order, [], [-1], several)
+    assert live.verify(pos, cols)
+    assert [x.tolist() for x in live.results()[:2]] == [x.tolist() for x in whole[:2]]
+
+
+@settings(max_examples=150, deadline=None)
+@given(runs())
+def test_the_whole_pass_over_an_index_is_the_sort_based_pass_of_the_close(case):
+    """live_curves' walk (dense ids, output pages as -1) against size_curves' `_touches` and
+    `_pass_depths` (the sampled close's, and the first written), on the same rows."""
+    page, keys, rows, order, cuts, marks = case
+    cols, pos = _cols(rows)
+    index = lc.TraceIndex.of_keys(np.arange(len(keys)), keys)
+    several = len(np.unique(cols.rank)) > 1
+    got = lc.whole_pass(index, pos, cols, page, all_ranks=several)
+    kept = [keys[i] for i in pos.tolist()]
+    flat = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
+    lens = np.array([len(k) for k in kept], dtype=np.int64)
+    want = sc._pass_depths(*sc._touches(cols, flat, lens, None, page, None))
+    assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
+    if several:
+        assert got[2].tolist() == want[2].tolist()
+
+
+def test_a_walk_past_a_row_that_came_late_is_refused():
+    """A request scheduled at 5 whose row comes after a watermark of 10: the walk is not the
+    rows' own start, so the close walks the pass whole."""
+    keys = [np.array([1, 2], dtype=np.int64), np.array([1, 3], dtype=np.int64)]
+    index = lc.TraceIndex.of_keys(np.arange(2), keys)
+    live = lc.LivePass(index, 1, all_ranks=False)
+    live.add_rows(np.array([1]), [0], [8], [9], [2], [1], [True])
+    live.advance(10)
+    live.add_rows(np.array([0]), [0], [5], [20], [2], [1], [True])
+    live.advance(None)
+    rows = [(0, 5, 20, 2, 1, True, 0), (0, 8, 9, 2, 1, True, 0)]
+    cols, pos = _cols(rows)
+    assert not live.verify(pos, cols)
+    assert live.verify(pos, cols) is False
+
+
+def test_the_watermark_bounds_what_is_not_recorded_yet():
+    keys = [np.array([1], dtype=np.int64)] * 4
+    index = lc.TraceIndex.of_keys(np.arange(4), keys, arrival_ns=[0, 10, 20, 30], pred=[-1, 0, -1, -1])
+    open_loop = lc.LivePass(index, 1, all_ranks=False)
+    assert open_loop.watermark() == 0
+    open_loop.add_rows(np.array([0]), [0], [3], [7], [1], [0], [True])
+    assert open_loop.watermark() == 10
+    closed = lc.LivePass(index, 1, all_ranks=False, closed=True)
+    closed.add_rows(np.array([0, 2]), [0, 0], [3, 21], [7, 25], [1, 1], [0, 0], [True, True])
+    assert closed.watermark() == 7  # the turn after seq 0 arrives at its finish at the earliest
+    closed.add_rows(np.array([3]), [0], [31], [40], [1], [0], [False])  # rejected: recorded, no event
+    assert closed.watermark() == 7
+    # From WARM finished rows on, a request still queued is taken to be scheduled no earlier
+    # than the latest finish less SLACK x the longest service seen (a guess `verify` checks).
+    n = lc.WARM + 1
+    many = lc.TraceIndex.of_keys(np.arange(n), [np.array([1], dtype=np.int64)] * n, arrival_ns=[0] * n)
+    warm = lc.LivePass(many, 1, all_ranks=False)
+    k = lc.WARM
+    warm.add_rows(np.arange(k), [0] * k, list(range(100, 100 + k)), list(range(110, 110 + k)), [1] * k, [0] * k,
+                  [True] * k)
+    assert warm.watermark() == 110 + k - 1 - lc.SLACK * 10
+    done = lc.LivePass(index, 1, all_ranks=False)
+    done.add_rows(np.arange(4), [0] * 4, [1, 11, 21, 31], [2, 12, 22, 32], [1] * 4, [0] * 4, [True] * 4)
+    assert done.watermark() == np.iinfo(np.int64).max
+
+
+def test_the_rows_the_writer_takes_read_as_the_committed_rows_are():
+    """rows_of reads RunWriter.take's Arrow columns with curve_columns' rules: NULL queue is 0,
+    the finish falls back to the first token then the schedule, rejected or TTFT-less rows are
+    recorded unwalked, a column absent is NULL, a seq not in the trace is left out."""
+    index = lc.TraceIndex.of_keys(np.array([0, 1, 2, 5]), [np.zeros(0, dtype=np.int64)] * 4)
+    cols = {"seq": pa.array([0, 1, 2, 5, 9], pa.int64()),
+            "arrival_ns": pa.array([10, 20, 30, 40, 50], pa.int64()),
+            "queue_ns": pa.array([1, None, 3, 4, 5], pa.int64()),
+            "finish_ns": pa.array([100, None, None, 400, 500], pa.int64()),
+            "first_token_ns": pa.array([90, 95, None, 300, 450], pa.int64()),
+            "ttft_ns": pa.array([5, 5, 5, None, 5], pa.int64()),
+            "status": pa.array(["finished", None, "finished", "finished", "rejected"]),
+            "input_tokens": pa.array([7, 8, None, 9, 1], pa.int64())}
+    pos, rank, sched, fin, inp, out, finished = lc.rows_of(index, cols)
+    assert pos.tolist() == [0, 1, 2, 3]
+    assert rank.tolist() == [0, 0, 0, 0] and out.tolist() == [0, 0, 0, 0]
+    assert sched.tolist() == [11, 20, 33, 44]
+    assert fin.tolist() == [100, 95, 33, 400]
+    assert inp.tolist() == [7, 8, 0, 9]
+    assert finished.tolist() == [True, True, True, False]
+    with pytest.raises(ValueError, match="not a line of the trace"):
+        lc.rows_of(index, {**cols, "status": pa.array(["finished"] * 5)})
+
+
+# --------------------------------------------------------------------------- a replay
+
+
+def _evidence(db):
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        run_id, raw = con.execute("SELECT run_id, evidence_json FROM run_evidence").fetchone()
+    finally:
+        con.close()
+    return json.loads(raw.replace(run_id, "RUN"))  # the run's id aside
+
+
+@pytest.mark.parametrize("extra", [[], ["--dp", "2", "--router", "cache_aware"]])
+def test_a_replay_whose_writer_fed_the_pass_stores_the_evidence_its_close_walks_itself(tmp_path, extra):
+    """The same trace (sessions: closed loop) replayed with a writer process (the pass fed while
+    recording) and inline (the close walks it all): the stored evidence is the same, every section."""
+    from tests.support.cli import cli_env, run
+
+    trace = tmp_path / "t.jsonl"
+    assert run("synth", trace, "--requests", "300", "--kind", "agent", "--seed", "5").returncode == 0
+    got = {}
+    for mode in ("process", "inline"):
+        db = tmp_path / f"{mode}.duckdb"
+        done = run("replay", trace, "--db", db, *extra, env=cli_env(TIERDIAG_WRITER=mode))
+        assert done.returncode == 0, done.stderr
+        got[mode] = _evidence(db)
+    assert got["process"]["size_curves"] is not None
+    assert got["process"] == got["inline"]
+
+
+# --------------------------------------------------------------------------- the curves from counted depths
+
+
+def _curve_reference(need, page, weight):
+    """The step function as first written: every lookup's size sorted, np.unique's first places."""
+    never = np.iinfo(np.int64).max
+    sizes = np.sort(need[need != never])
+    total = int(round(len(sizes) * weight)) * page
+    steps = []
+    if len(sizes):
+        uniq, idx = np.unique(sizes, return_index=True)
+        cum = np.rint(np.r_[idx[1:], len(sizes)] * weight).astype(np.int64) * page
+        if len(uniq) > sc.CURVE_POINTS:
+            b = cum * sc.CURVE_POINTS // total
+            keep = np.r_[True, b[1:] > b[:-1]]
+            keep[-1] = True
+            uniq, cum = uniq[keep], cum[keep]
+        steps = list(zip(uniq.tolist(), cum.tolist()))
+    grows = sizes[sizes > 0]
+    knee = int(grows[max(int(np.ceil(sc.KNEE_SHARE * len(grows))) - 1, 0)]) if len(grows) else None
+    return tuple(steps), total, knee
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 40), st.just(np.iinfo(np.int64).max)), max_size=60),
+       st.sampled_from([1, 16]), st.sampled_from([1.0, 2.5]), st.booleans())
+def test_the_curve_of_counted_sizes_is_the_curve_of_every_lookup_sorted(values, page, weight, many):
+    """`_curve_of` (distinct sizes and their counts: `_tally`, `_merged`) against the first
+    written step function; `many` spreads the sizes past CURVE_POINTS steps (thinned)."""
+    need = np.array(values, dtype=np.int64)
+    if many:
+        need = np.where(need == np.iinfo(np.int64).max, need, need * 1000 + np.arange(len(need)) * 3)
+        need = np.concatenate([need, np.arange(sc.CURVE_POINTS + 5, dtype=np.int64) * 7])
+    need = np.where(need == np.iinfo(np.int64).max, need, need * page)
+    c = sc._curve("host", 0, "", need, page, 0, weight)
+    assert (c.steps, c.unbounded_reused_tokens, c.knee_tokens) == _curve_reference(need, page, weight)
+    found = need[need != np.iinfo(np.int64).max]
+    sizes, counts = sc._tally(found)
+    assert np.repeat(sizes, counts).tolist() == sorted(found.tolist())
+    merged = sc._merged(np.minimum(sizes, 5 * page), counts)
+    assert np.repeat(*merged).tolist() == sorted(np.minimum(found, 5 * page).tolist())
+
+
+def test_the_rows_are_matched_to_the_index_with_the_loops_checks():
+    """size_curves._matched (the close, where the pass was fed): the first line (in trace order)
+    whose row has another req_id or input length is named, as the per-line loop names it; rows
+    whose seq is no line are counted out."""
+    keys = [np.array([1, 2], dtype=np.int64), np.array([3], dtype=np.int64), np.zeros(0, dtype=np.int64)]
+    index = lc.TraceIndex.of_keys(np.array([0, 2, 4]), keys)
+    index.lines_are([1, 3, 5], ["a", "b", "c"], [10, 20, 30])
+
+    def cols(seq, ids, inp):
+        z = np.zeros(len(seq), dtype=np.int64)
+        return CurveColumns(np.array(seq, dtype=np.int64), np.array(ids, dtype=object), z, z, z,
+                            np.array(inp, dtype=np.int64), z)
+
+    matched, lengths = sc._matched(index, cols([0, 4], ["a", "c"], [10, 30]), "R")
+    assert (matched, lengths.tolist()) == (2, [2, 0])
+    matched, lengths = sc._matched(index, cols([0, 1, 2], ["a", "x", "b"], [10, 1, 20]), "R")
+    assert (matched, lengths.tolist()) == (2, [2, 0, 1])
+    with pytest.raises(sc.CurvesUnavailable, match="trace line 3 is not the request run R replayed as seq 2"):
+        sc._matched(index, cols([0, 2, 4], ["a", "b", None], [10, 21, 30]), "R")
+    with pytest.raises(sc.CurvesUnavailable, match="trace line 1 is not"):
+        sc._matched(index, cols([0, 2], [None, "x"], [10, 20]), "R")

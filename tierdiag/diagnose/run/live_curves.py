@@ -1,0 +1,426 @@
+"""The size curves' pass (size_curves.py) fed as the run's rows come, so that a replay's close,
+which the replay waits for, finds it done (issue 41, probe overhead).
+
+The pass is one walk over the run's page touches in event order: two events a finished request,
+its schedule (arrival + queue) and its finish, ordered by (time, finish before schedule, seq)
+(size_curves.py `_touches`). Its rows reach the store's writer process as the requests finish,
+not in that order: a request still running was scheduled before the rows that come ahead of it.
+So the events are walked up to a watermark, a time before which no event of a request not
+recorded yet is expected to fall: every event of a request is at or after its arrival, and a request not
+recorded yet arrives at
+
+    its trace timestamp x time_scale       open loop (`arrivals = "trace"`), and in closed loop
+                                           a session's first turn or a request without a session
+    its predecessor's finish (+ think)     closed loop, a later turn whose predecessor finished
+    never                                  closed loop: a later turn whose predecessor was rejected
+                                           (dropped, no event), or is not recorded yet (then the
+                                           predecessor's own bound is the earlier one)
+
+(engine/arrivals.py). A request already scheduled and still running is the one these bounds
+say little of: it arrived long before (on an overloaded replay, the conversation trace's, by half
+an hour of its two hours: the arrival bound alone left half the events to the close). So once
+WARM finished rows are in, the watermark is also no earlier than the latest finish recorded less
+SLACK x the longest schedule -> finish seen: a request still queued is scheduled after the
+latest finish, one running was scheduled within about its service time before it. That part is
+a guess. The watermark is the least bound over the trace's requests not recorded yet; the events
+before it are walked (`advance`). When the writer closes the run every row is there: the rest is
+walked then. What the close uses is checked, not trusted: the events walked must be, in order,
+the run's full event order computed from the committed rows, with the same times, ranks and
+token counts (`verify`); anything else (a guess that was wrong: a request running longer than
+SLACK x any seen before it, a row the writer did not commit) and the close walks the whole pass
+itself (`whole_pass` over every row at once), as it does where no writer process recorded the
+run. Both give the same depths (tests/diagnose/test_live_curves.py).
+
+The keys are dense ids (`TraceIndex`: the trace's distinct page keys numbered once, while the run
+is recorded), so a key's previous touch is one array read (`new_stack`: compiled, or its Python
+twin `StackPython`) instead of a sort of every touch at the close; a request's output pages are
+touched once and never looked up again: id -1. Only an unsampled pass is fed so (a run over the
+touch budget is sampled at the close, size_curves.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# --------------------------------------------------------------------------- the stack
+
+
+class StackPython:
+    """The reference of the compiled `_stackdist.Stack` (tierdiag/native/stackdist/stackdist.c says
+    what it answers): an LRU stack of keys named by dense ids (0 .. ids - 1; -1: a key touched once
+    only), fed groups as they come. The answers are size_curves `_flat_depths`' over everything fed so far, in
+    one feed or many: a key's previous touch is `last[id]`, and the Fenwick tree over the
+    positions doubles as they grow (the new top node holds every mark, the others none)."""
+
+    def __init__(self, ids: int) -> None:
+        if not isinstance(ids, int) or ids < 0:
+            raise ValueError("Stack: ids must be >= 0")
+        self.ids = ids
+        self.last = [-1] * ids
+        self.tree = [0] * (4096 + 1)
+        self.touches = 0
+        self.live = 0
+
+    def feed(self, keys, query, sizes) -> list[int]:
+        ks, q, sz = list(keys), list(query), list(sizes)
+        if len(q) != len(ks):
+            raise ValueError("feed: ids and sizes are int64, query one byte a key")
+        if any(x < 0 for x in sz) or sum(sz) != len(ks):
+            raise ValueError("feed: sizes must be >= 0 and add up to the ids")
+        if any(k < -1 or k >= self.ids for k in ks):
+            raise ValueError("feed: an id must be -1 or in [0, ids)")
+        n0 = self.touches
+        while len(self.tree) - 1 < n0 + len(ks):
+            cap = len(self.tree) - 1
+            self.tree.extend([0] * cap)
+            self.tree[2 * cap] = self.live
+        tree, cap, last = self.tree, len(self.tree) - 1, self.last
+        out: list[int] = []
+        at = 0
+        for size in sz:
+            a, b = at, at + size
+            start = n0 + a
+            prevs = []
+            for t in range(a, b):
+                p = -1
+                if ks[t] >= 0:
+                    p = last[ks[t]]
+                    last[ks[t]] = n0 + t
+                prevs.append(p)
+                if not q[t]:
+                    continue
+                if p < 0:
+                    out.append(-1)
+                elif p >= start:
+                    out.append(0)
+                else:
+                    below, i = 0, p
+                    while i > 0:
+                        below += tree[i]
+                        i -= i & -i
+                    out.append(self.live - below)
+            for t, p in zip(range(a, b), prevs):
+                if p >= 0:
+                    i = p + 1
+                    while i <= cap:
+                        tree[i] -= 1
+                        i += i & -i
+                else:
+                    self.live += 1
+                i = n0 + t + 1
+                while i <= cap:
+                    tree[i] += 1
+                    i += i & -i
+            at = b
+        self.touches = n0 + len(ks)
+        return out
+
+
+def new_stack(ids: int):
+    """An empty LRU stack of `ids` keys to `feed`: the compiled one where it is built (and
+    TIERDIAG_CPLANE is not `numpy`), else its Python twin, `StackPython`."""
+    import os
+
+    if os.environ.get("TIERDIAG_CPLANE", "").strip().lower() != "numpy":
+        try:
+            from tierdiag.native import _stackdist
+        except ImportError:
+            pass
+        else:
+            return _stackdist.Stack(int(ids))
+    return StackPython(int(ids))
+
+
+def feed(stack, keys: np.ndarray, query: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The depths of the queried keys of groups fed to `stack` (`new_stack`), as int64."""
+    import numpy as np
+
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    query = np.ascontiguousarray(query, dtype=np.uint8)
+    sizes = np.ascontiguousarray(sizes, dtype=np.int64)
+    if isinstance(stack, StackPython):
+        return np.array(stack.feed(keys.tolist(), query.tolist(), sizes.tolist()), dtype=np.int64)
+    return np.frombuffer(stack.feed(keys, query, sizes), dtype=np.int64)
+
+
+# --------------------------------------------------------------------------- the pass
+
+_NEVER = np.iinfo(np.int64).max
+# The watermark's guess for a request still running (module doc): from WARM finished rows on, its
+# schedule is taken to be no earlier than the latest finish less SLACK x the longest service seen.
+# 2 was wrong on conversation[:2000] with a storage tier (a request served for 710 s where the
+# longest before it was 238 s: the close walked it all); 4 held on the whole conversation trace,
+# --dp 4, the storage run and an agent trace (rows handed 700 at a time), leaving the close 7-15 %
+# of the events (benchmarks/README.md, h41close).
+WARM = 64
+SLACK = 4
+
+
+class TraceIndex:
+    """A trace's requests as the pass needs them, one position a request (its lines in seq order):
+    `seq`, `off` and `lens` (its distinct page keys are `ids[off:off + lens]`, deepest first: each
+    request's keys reversed), `n_ids` (distinct keys in the trace), and for the watermark the
+    scaled arrival `arrival_ns` and `pred` (the position of its session's previous turn, -1)."""
+
+    def __init__(self, seq, off, lens, rev_ids, n_ids: int, arrival_ns=None, pred=None):
+        self.seq = np.asarray(seq, dtype=np.int64)
+        self.off = np.asarray(off, dtype=np.int64)
+        self.lens = np.asarray(lens, dtype=np.int64)
+        self.rev_ids = np.asarray(rev_ids, dtype=np.int64)
+        self.n_ids = int(n_ids)
+        n = len(self.seq)
+        self.arrival_ns = np.zeros(n, dtype=np.int64) if arrival_ns is None else np.asarray(arrival_ns, dtype=np.int64)
+        self.pred = np.full(n, -1, dtype=np.int64) if pred is None else np.asarray(pred, dtype=np.int64)
+        self.line = self.req_id = self.input_len = None  # `lines_are`: what the close checks the rows against
+
+    def lines_are(self, line, req_id, input_len) -> None:
+        """Each request's line number, req_id and input length (size_curves.py `_matched`)."""
+        self.line = np.asarray(line, dtype=np.int64)
+        self.req_id = np.array(list(req_id), dtype=object)
+        self.input_len = np.asarray(input_len, dtype=np.int64)
+
+    @classmethod
+    def of_keys(cls, seq, keys: list, arrival_ns=None, pred=None) -> "TraceIndex":
+        """From each request's distinct page keys (int64 arrays, in trace order)."""
+        lens = np.array([len(k) for k in keys], dtype=np.int64)
+        off = np.zeros(len(keys), dtype=np.int64)
+        np.cumsum(lens[:-1], out=off[1:])
+        flat = np.concatenate(keys).astype(np.int64, copy=False) if keys else np.zeros(0, dtype=np.int64)
+        return cls.of_flat(seq, flat, lens, arrival_ns, pred)
+
+    @classmethod
+    def of_flat(cls, seq, flat, lens, arrival_ns=None, pred=None) -> "TraceIndex":
+        """From every request's keys laid end to end (`lens` of each), in trace order."""
+        lens = np.asarray(lens, dtype=np.int64)
+        total = int(lens.sum())
+        off = np.zeros(len(lens), dtype=np.int64)
+        np.cumsum(lens[:-1], out=off[1:])
+        uniq, ids = np.unique(np.asarray(flat, dtype=np.int64), return_inverse=True)
+        ids = ids.reshape(-1).astype(np.int64, copy=False)
+        rev = np.repeat(2 * off + lens - 1, lens) - np.arange(total, dtype=np.int64)  # each request's keys backwards
+        return cls(seq, off, lens, ids[rev], len(uniq), arrival_ns, pred)
+
+
+def _arrival_bounds(arrival_ns, sessions: list, time_scale: float, arrivals) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(scaled arrival of each request, its session's previous turn's position or -1, closed loop?)
+    as engine/arrivals.py `ArrivalSource` times them (`int(arrival_ns * time_scale)`)."""
+    scaled = np.array([int(a * time_scale) for a in arrival_ns], dtype=np.int64)
+    pred = np.full(len(sessions), -1, dtype=np.int64)
+    last: dict = {}
+    for i, s in enumerate(sessions):
+        if s is not None:
+            pred[i] = last.get(s, -1)
+            last[s] = i
+    closed = arrivals == "closed" or (arrivals is None and bool(last))
+    return scaled, pred, closed
+
+
+class LivePass:
+    """The pass over the requests of `index`, fed their rows as they come (module doc).
+
+    `add_rows(pos, rank, sched_ns, fin_ns, input_tokens, output_tokens, finished)`: rows of the
+    requests at positions `pos` of the index (a row with finished False is recorded, not walked);
+    `advance(until_ns)` walks every event known before `until_ns` (None: all of them);
+    `watermark()` is the time before which every event is known (module doc). The lookups' ranks
+    and depths come out in event order: `results()`."""
+
+    def __init__(self, index: TraceIndex, page: int, *, all_ranks: bool, closed: bool = False):
+        n = len(index.seq)
+        self.index = index
+        self.page = page
+        self.all_ranks = all_ranks  # a run of several ranks: the depths over every rank's touches too
+        self.closed = closed
+        self.recorded = np.zeros(n, dtype=bool)
+        self.now = 0  # the latest finish recorded: the engine's clock is past it
+        self.service = 0  # the longest schedule -> finish recorded
+        self.seen = 0  # finished rows recorded
+        self.finished = np.zeros(n, dtype=bool)
+        self.values = np.zeros((n, 5), dtype=np.int64)  # rank, sched, fin, input, output
+        self.stacks: dict = {}
+        self.every = new_stack(index.n_ids) if all_ranks else None
+        self._pending: list[np.ndarray] = []  # (time, is_sched, seq, pos) of events not walked
+        self.walked: list[np.ndarray] = []  # (pos, is_sched) of the events walked, in order
+        self.lookup_rank: list[np.ndarray] = []
+        self.d_rank: list[np.ndarray] = []
+        self.d_all: list[np.ndarray] = []
+
+    def add_rows(self, pos, rank, sched_ns, fin_ns, input_tokens, output_tokens, finished) -> None:
+        pos = np.asarray(pos, dtype=np.int64)
+        if len(pos) == 0:
+            return
+        if self.recorded[pos].any() or len(np.unique(pos)) != len(pos):
+            raise ValueError("a request's row came twice")
+        finished = np.asarray(finished, dtype=bool)
+        self.recorded[pos] = True
+        self.finished[pos] = finished
+        self.values[pos] = np.stack([np.asarray(c, dtype=np.int64) for c in
+                                     (rank, sched_ns, fin_ns, input_tokens, output_tokens)], axis=1)
+        f = pos[finished]
+        v = self.values[f]
+        if len(f):
+            self.now = max(self.now, int(v[:, 2].max()))
+            self.service = max(self.service, int((v[:, 2] - v[:, 1]).max()))
+            self.seen += len(f)
+        seq = self.index.seq[f]
+        self._pending.append(np.stack([np.r_[v[:, 1], v[:, 2]], np.r_[np.ones(len(f), dtype=np.int64),
+                                       np.zeros(len(f), dtype=np.int64)], np.r_[seq, seq], np.r_[f, f]], axis=1))
+
+    def watermark(self) -> int:
+        """The time before which no request not recorded yet is expected to have an event (module
+        doc): its arrival bound, or, once WARM rows are in, no earlier than the latest finish
+        less SLACK times the longest schedule -> finish seen (a request still queued is
+        scheduled after the latest finish; one running, within its service time before it)."""
+        todo = ~self.recorded
+        if not todo.any():
+            return _NEVER
+        bound = self.index.arrival_ns.copy()
+        if self.closed:
+            pred = self.index.pred
+            later = pred >= 0
+            p = pred[later]
+            bound[later] = np.where(self.finished[p], self.values[p, 2], _NEVER)
+        least = int(bound[todo].min())
+        if self.seen >= WARM:
+            least = max(least, min(self.now - SLACK * self.service, self.now))
+        return least
+
+    def advance(self, until_ns: int | None = None) -> int:
+        """Walk the known events before `until_ns` (all: None), in order; returns how many."""
+        if not self._pending:
+            return 0
+        ev = np.concatenate(self._pending)
+        if until_ns is not None:
+            now = ev[:, 0] < until_ns
+            later = ev[~now]
+            ev = ev[now]
+            self._pending = [later] if len(later) else []
+        else:
+            self._pending = []
+        if len(ev) == 0:
+            return 0
+        ev = ev[np.lexsort((ev[:, 2], ev[:, 1], ev[:, 0]))]  # by time, then finish (0) first, then seq
+        self._walk(ev[:, 3], ev[:, 1] == 1)
+        self.walked.append(np.stack([ev[:, 3], ev[:, 1]], axis=1))
+        return len(ev)
+
+    def _walk(self, req: np.ndarray, is_sched: np.ndarray) -> None:
+        ix, page = self.index, self.page
+        v = self.values[req]
+        rank, inp, out = v[:, 0], v[:, 3], v[:, 4]
+        ln = ix.lens[req]
+        look = np.minimum(np.maximum((inp - 1) // page, 0), ln)
+        outs = np.where(is_sched, 0, np.maximum((inp + out) // page - inp // page, 0))
+        count = outs + ln
+        start = np.cumsum(count) - count
+        total_keys = int(ln.sum())
+        # A group: its fresh output pages (id -1, touched once), then its request's keys deepest
+        # first, those before its last input token looked up where it is a schedule.
+        j = np.arange(total_keys, dtype=np.int64) - np.repeat(np.cumsum(ln) - ln, ln)
+        dest = np.repeat(start + outs, ln) + j
+        tk = np.full(int(count.sum()), -1, dtype=np.int64)
+        tk[dest] = ix.rev_ids[np.repeat(ix.off[req], ln) + j]
+        tq = np.zeros(len(tk), dtype=bool)
+        tq[dest] = np.repeat(is_sched, ln) & (j >= np.repeat(ln - look, ln))
+        del j, dest
+        lookup_rank = np.repeat(rank, count)[tq]
+        d_rank = np.zeros(len(lookup_rank), dtype=np.int64)
+        ranks = np.unique(rank).tolist()
+        for r in ranks:
+            stack = self.stacks.get(r)
+            if stack is None:
+                stack = self.stacks[r] = new_stack(ix.n_ids)
+            if len(ranks) == 1:
+                d_rank = feed(stack, tk, tq, count)
+                break
+            sel = rank == r
+            touch = np.repeat(sel, count)
+            d_rank[lookup_rank == r] = feed(stack, tk[touch], tq[touch], count[sel])
+        self.lookup_rank.append(lookup_rank)
+        self.d_rank.append(d_rank)
+        if self.every is not None:
+            self.d_all.append(feed(self.every, tk, tq, count))
+
+    def results(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(rank of each lookup walked, its depth on its rank, its depth over every rank or None
+        where only one rank was fed), in event order."""
+        cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
+        return cat(self.lookup_rank), cat(self.d_rank), cat(self.d_all) if self.every is not None else None
+
+    def verify(self, pos: np.ndarray, cols) -> bool:
+        """The events walked are the run's whole event order, with the rows' values (`cols`: the
+        committed finished rows, CurveColumns by seq; `pos`: their positions here), and no other
+        request was walked."""
+        n = len(cols.seq)
+        if int(self.finished.sum()) != n or not self.finished[pos].all():
+            return False
+        mine = self.values[pos]
+        theirs = np.stack([cols.rank, cols.sched_ns, cols.fin_ns, cols.input_tokens, cols.output_tokens], axis=1)
+        if not np.array_equal(mine, theirs):
+            return False
+        walked = np.concatenate(self.walked) if self.walked else np.zeros((0, 2), dtype=np.int64)
+        if len(walked) != 2 * n:  # every event walked (the close hands the end first: `advance(None)`)
+            return False
+        t = np.concatenate([cols.sched_ns, cols.fin_ns])
+        sched = np.r_[np.ones(n, dtype=np.int64), np.zeros(n, dtype=np.int64)]
+        order = np.lexsort((np.r_[cols.seq, cols.seq], sched, t))
+        want = np.stack([np.r_[pos, pos][order], sched[order]], axis=1)
+        return bool(np.array_equal(walked, want))
+
+
+def whole_pass(index: TraceIndex, pos: np.ndarray, cols, page: int, *, all_ranks: bool):
+    """The pass over every finished row at once (`cols` at positions `pos` of `index`): what the
+    close walks where nothing was fed while recording. (lookup ranks, depths on the rank, over all)."""
+    live = LivePass(index, page, all_ranks=all_ranks)
+    live.add_rows(pos, cols.rank, cols.sched_ns, cols.fin_ns, cols.input_tokens, cols.output_tokens,
+                  np.ones(len(pos), dtype=bool))
+    live.advance(None)
+    return live.results()
+
+
+def rows_of(index: TraceIndex, columns: dict):
+    """`LivePass.add_rows`' arguments from the requests' columns the store's writer took (Arrow
+    arrays by column; a column absent is NULL), as diagnose/read/curves.py `curve_columns` reads
+    the committed rows: sched = arrival + queue, fin = finish, else first token, else sched; a
+    finished row (status finished or NULL, and a TTFT) with a seq and an arrival is walked."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(next(iter(columns.values())))
+
+    def col(name: str, fill):
+        got = columns.get(name)
+        if got is None:
+            return None
+        return got if isinstance(got, (pa.Array, pa.ChunkedArray)) else pa.array(got)
+
+    def ints(name: str, default: int = 0) -> np.ndarray:
+        got = col(name, default)
+        if got is None:
+            return np.full(n, default, dtype=np.int64)
+        return np.asarray(pc.fill_null(got, default).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+    def present(name: str) -> np.ndarray:
+        got = col(name, None)
+        if got is None:
+            return np.zeros(n, dtype=bool)
+        return np.asarray(pc.is_valid(got).to_numpy(zero_copy_only=False), dtype=bool)
+
+    seq_ok = present("seq")
+    seq = ints("seq")
+    arrival_ok = present("arrival_ns")
+    sched = ints("arrival_ns") + ints("queue_ns")
+    fin = np.where(present("finish_ns"), ints("finish_ns"), np.where(present("first_token_ns"), ints("first_token_ns"), sched))
+    status = col("status", None)
+    is_done = np.ones(n, dtype=bool) if status is None else \
+        np.asarray(pc.fill_null(pc.equal(pc.fill_null(status, "finished"), "finished"), False)
+                   .to_numpy(zero_copy_only=False), dtype=bool)
+    finished = is_done & present("ttft_ns") & arrival_ok
+    pos = np.searchsorted(index.seq, seq)
+    pos = np.minimum(pos, max(len(index.seq) - 1, 0))
+    known = seq_ok & (len(index.seq) > 0)
+    known &= index.seq[pos] == seq if len(index.seq) else known
+    if (finished & seq_ok & ~known).any():
+        raise ValueError("a finished row whose seq is not a line of the trace")
+    keep = known
+    return (pos[keep], ints("dp_rank")[keep], sched[keep], fin[keep], ints("input_tokens")[keep],
+            ints("output_tokens")[keep], finished[keep])
