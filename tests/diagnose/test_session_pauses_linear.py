@@ -131,7 +131,7 @@ def test_a_run_without_sessions_stores_none(tmp_path):
        st.integers(0, 2 * 10**7))
 def test_the_kept_curve_is_bounded_and_errs_low_by_at_most_a_step(turns, capacity):
     ts = tuple(SP.SessionTurn(1.0, d, r) for d, r in turns)
-    curve = SP._curve(ts)
+    curve = SP._curve(*_columns(turns))
     assert len(curve) <= SP.CURVE_POINTS
     assert [d for d, _ in curve] == sorted({d for d, _ in curve})
     reused = sum(r for _, r in turns)
@@ -145,3 +145,48 @@ def test_the_kept_curve_is_bounded_and_errs_low_by_at_most_a_step(turns, capacit
     assert exact - got * reused <= reused / SP.CURVE_POINTS + max(r for _, r in turns) + 1e-6
     if len({d for d, _ in turns}) <= SP.CURVE_POINTS:
         assert got * reused == pytest.approx(exact)
+
+
+def _columns(turns):
+    """(distances, reused tokens) as the int64 columns `_curve` takes."""
+    import numpy as np
+
+    return (np.array([d for d, _ in turns], dtype=np.int64).reshape(-1),
+            np.array([r for _, r in turns], dtype=np.int64).reshape(-1))
+
+
+def _curve_reference(turns):
+    """The kept curve as it was computed before it was vectorised (a dict of distance -> reused
+    tokens, the steps walked in Python): the reference `_curve` is held to."""
+    by_distance = {}
+    for d, r in turns:
+        by_distance[d] = by_distance.get(d, 0) + r
+    steps, cum = [], 0
+    for d in sorted(by_distance):
+        cum += by_distance[d]
+        steps.append((d, cum))
+    if len(steps) <= SP.CURVE_POINTS:
+        return tuple(steps)
+    total = steps[-1][1]
+    kept, bucket = [], -1
+    for i, (d, c) in enumerate(steps):
+        b = c * SP.CURVE_POINTS // total if total else 0
+        if b > bucket or i == len(steps) - 1:
+            kept.append((d, c))
+            bucket = b
+    return tuple(kept)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(
+    st.lists(st.tuples(st.integers(0, 10**7), st.integers(0, 10**5)), min_size=1, max_size=5000),
+    # many distinct distances (the thinned curve), zero reuse, and totals whose bucket product
+    # passes int64 (the Python-int path)
+    st.lists(st.tuples(st.integers(0, 2**40), st.sampled_from([0, 1, 2**40, 2**50])), min_size=2100, max_size=2600),
+    st.lists(st.tuples(st.integers(0, 10), st.just(0)), min_size=1, max_size=50)))
+def test_the_vectorised_kept_curve_is_the_python_walks(turns):
+    """session_pool._curve (numpy: sort, reduceat, cumsum, the bucket steps) gives the very steps
+    the dict-and-loop version gave, ints included (no float on the way)."""
+    got = SP._curve(*_columns(turns))
+    assert got == _curve_reference(turns)
+    assert all(type(d) is int and type(c) is int for d, c in got)

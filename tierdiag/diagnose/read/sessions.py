@@ -107,46 +107,51 @@ def request_evictions(con: duckdb.DuckDBPyConnection, run_id: str, req_id: str, 
         ORDER BY e.t_ns, e.eviction_id""", [run_id, req_id, int(start_ns), int(end_ns)]).fetchall()]
 
 
+# Who each request is (its session, or itself without one: "#" + its id), numbered in `who`
+# order (who_id), with what the who's first request found cached (shared: a prefix shared with
+# others); the CTEs `who` and `firsts`, over run `?`. The same numbering in every query it is in.
+_OWNERS_CTE = f"""
+    who AS (
+        SELECT *, coalesce(session_id, '#' || req_id) AS who FROM requests WHERE run_id = ?),
+    firsts AS (
+        SELECT who, arg_min({_REUSED}, seq) AS shared, dense_rank() OVER (ORDER BY who) - 1 AS who_id
+        FROM who GROUP BY who)"""
+
+
 def later_turns(con: duckdb.DuckDBPyConnection, run_id: str) -> Columns:
-    """The finished later turns whose predecessor finished, in trace order: seq, session_id,
-    think_ms, pause_start_ns (the predecessor's finish), match_ns (its schedule), prev_context
-    (the predecessor's input + output tokens), input, device, host, storage, recomputed (tokens)."""
+    """The finished later turns whose predecessor finished, in trace order: seq, who_id (its
+    session's, numbered as `finished_by_owner` numbers them), own_shared (what its session's
+    first turn found cached), think_ms, pause_start_ns (the predecessor's finish), match_ns (its
+    schedule), prev_context (the predecessor's input + output tokens), input, device, host,
+    storage, recomputed (tokens). No strings: a million session ids as Python objects cost more
+    than every other column together."""
     return con.execute(f"""
-        WITH ordered AS (
+        WITH {_OWNERS_CTE},
+        ordered AS (
             SELECT *, lag(req_id) OVER w AS prev_id, lag(status) OVER w AS prev_status,
                    lag(finish_ns) OVER w AS prev_finish_ns,
                    lag(coalesce(input_tokens, 0) + coalesce(output_tokens, 0)) OVER w AS prev_context
             FROM requests WHERE run_id = ? AND session_id IS NOT NULL
             WINDOW w AS (PARTITION BY session_id ORDER BY seq))
-        SELECT seq, session_id, think_ms, prev_finish_ns AS pause_start_ns,
-               arrival_ns + coalesce(queue_ns, 0) AS match_ns, prev_context, coalesce(input_tokens, 0) AS input,
-               coalesce(device_hit_tokens, 0) AS device, coalesce(host_hit_tokens, 0) AS host,
-               coalesce(storage_hit_tokens, 0) AS storage, coalesce(recomputed_tokens, 0) AS recomputed
-        FROM ordered
-        WHERE think_ms IS NOT NULL AND prev_id IS NOT NULL AND coalesce(prev_status, 'finished') = 'finished'
-          AND prev_finish_ns IS NOT NULL AND arrival_ns IS NOT NULL AND {finished_sql()}
-        ORDER BY seq""", [run_id]).fetchnumpy()
+        SELECT o.seq, f.who_id, f.shared AS own_shared, o.think_ms, o.prev_finish_ns AS pause_start_ns,
+               o.arrival_ns + coalesce(o.queue_ns, 0) AS match_ns, o.prev_context,
+               coalesce(o.input_tokens, 0) AS input, coalesce(o.device_hit_tokens, 0) AS device,
+               coalesce(o.host_hit_tokens, 0) AS host, coalesce(o.storage_hit_tokens, 0) AS storage,
+               coalesce(o.recomputed_tokens, 0) AS recomputed
+        FROM ordered o JOIN firsts f ON f.who = o.session_id
+        WHERE o.think_ms IS NOT NULL AND o.prev_id IS NOT NULL AND coalesce(o.prev_status, 'finished') = 'finished'
+          AND o.prev_finish_ns IS NOT NULL AND o.arrival_ns IS NOT NULL AND {finished_sql('o')}
+        ORDER BY o.seq""", [run_id, run_id]).fetchnumpy()
 
 
 def finished_by_owner(con: duckdb.DuckDBPyConnection, run_id: str) -> Columns:
     """Every finished request with its owner ("who": its session, or itself without one),
     numbered: who_id, shared (what the owner's first request found cached), has_session,
-    arrival_ns, finish_ns, tokens (input + output), session_id."""
+    arrival_ns, finish_ns, tokens (input + output)."""
     return con.execute(f"""
-        WITH who AS (
-            SELECT *, coalesce(session_id, '#' || req_id) AS who FROM requests WHERE run_id = ?),
-        firsts AS (
-            SELECT who, arg_min({_REUSED}, seq) AS shared, dense_rank() OVER (ORDER BY who) - 1 AS who_id
-            FROM who GROUP BY who)
+        WITH {_OWNERS_CTE}
         SELECT f.who_id, f.shared, (w.session_id IS NOT NULL) AS has_session, w.arrival_ns, w.finish_ns,
-               coalesce(w.input_tokens, 0) + coalesce(w.output_tokens, 0) AS tokens, w.session_id
+               coalesce(w.input_tokens, 0) + coalesce(w.output_tokens, 0) AS tokens
         FROM who w JOIN firsts f USING (who)
         WHERE {finished_sql('w')} AND w.finish_ns IS NOT NULL AND w.arrival_ns IS NOT NULL""",
                        [run_id]).fetchnumpy()
-
-
-def first_turn_reused(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, int | None]:
-    """Session -> what its first turn found of an earlier context (a prefix shared with others)."""
-    return dict(con.execute(f"""
-        SELECT session_id, arg_min({_REUSED}, seq) FROM requests WHERE run_id = ? AND session_id IS NOT NULL
-        GROUP BY session_id""", [run_id]).fetchall())
