@@ -209,6 +209,13 @@ def _turns(con: duckdb.DuckDBPyConnection, run) -> _Turns | None:
         sh = np.zeros(int(who_id.max()) + 1, dtype=np.int64)
         sh[who_id] = o_shared
         width = int(who_id.max()) + 1
+        # The requests whose in-flight range reaches a chunk: those carried from the chunks before
+        # (their range goes on past them) and those whose range starts in it (in lo2 order), not
+        # every request clipped to every chunk (~40 % of this at 1M requests, 286 chunks).
+        by_lo2 = np.argsort(lo2, kind="stable")
+        lo2_sorted = lo2[by_lo2]
+        carry = np.empty(0, dtype=np.int64)
+        met = 0
         p = 0
         while p < n:
             q = max(int(np.searchsorted(cum, (cum[p - 1] if p else 0) + PAIR_BUDGET, side="right")), p + 1)
@@ -216,11 +223,17 @@ def _turns(con: duckdb.DuckDBPyConnection, run) -> _Turns | None:
             ti1, pos1 = _ranges(lo[turns_c], hi[turns_c])
             ti1 = turns_c[ti1]
             oj1 = by_arrival[pos1]
-            oj2, pos2 = _ranges(np.clip(lo2, p, q), np.clip(hi2, p, q))
+            upto = int(np.searchsorted(lo2_sorted, q, side="left"))
+            reach = np.concatenate([carry, by_lo2[met:upto]])
+            met = upto
+            reach = reach[hi2[reach] > p]
+            carry = reach[hi2[reach] > q]
+            local, pos2 = _ranges(np.clip(lo2[reach], p, q), np.clip(hi2[reach], p, q))
+            oj2 = reach[local]
             ti2 = by_start[pos2]
             ti = np.concatenate([ti1, ti2])
             oj = np.concatenate([oj1, oj2])
-            del ti1, pos1, oj1, oj2, pos2, ti2
+            del ti1, pos1, oj1, oj2, pos2, ti2, local, reach
             keep = (arr[oj] <= m[ti]) & (fin[oj] >= ps[ti]) & (o_session[oj] != t_session[ti])
             ti, oj = ti[keep], oj[keep]
             if len(ti):
