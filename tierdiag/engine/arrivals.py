@@ -30,16 +30,6 @@ from tierdiag.trace.reader import TraceRequest
 READ_AHEAD_LINES = 4096
 
 
-class _Session:
-    __slots__ = ("queue", "busy", "finish_ns", "hungry")
-
-    def __init__(self) -> None:
-        self.queue: deque[TraceRequest] = deque()  # later turns read, waiting for their predecessor
-        self.busy = True  # a turn released and not finished yet
-        self.finish_ns = 0  # the last finished turn's finish
-        self.hungry = False  # finished its turn, next turn not read yet
-
-
 class ArrivalSource:
     """The arrivals in time order: `next_ns(now)` the earliest one not delivered (None: none left),
     `due(now)` those at or before `now` as (request, arrival ns, trace arrival ns); the
@@ -54,10 +44,15 @@ class ArrivalSource:
         # (arrival, seq, request, trace arrival, think_ms: None for a turn without a predecessor)
         self._heap: list[tuple[int, int, TraceRequest, int, float | None]] = []
         self._seen: set[str] = set()  # sessions met (open loop: which turns have a predecessor)
-        self._sessions: dict[str, _Session] = {}
+        # Closed loop, a session met is in one of two maps. Busy: a turn released and not
+        # finished; the later turns read meanwhile wait in its deque (None: none yet). Idle
+        # ("hungry"): its turn finished at the int (ns) and its next turn is not read yet; every
+        # session ends there, and stays, as nothing says which turn is a session's last. A plain
+        # int a session, not an object with a deque (~0.7 KB: ~70 MB of a 1M-request synth replay).
+        self._busy: dict[str, deque[TraceRequest] | None] = {}
+        self._idle: dict[str, int] = {}
         self._ended: set[str] = set()
         self._in_hand = 0  # lines read and not yet delivered nor dropped
-        self._hungry = 0  # sessions waiting for a turn not read yet
         self._peek: TraceRequest | None = None
         self._peek_ns: int | None = None
         self.num_sessions = 0
@@ -76,7 +71,7 @@ class ArrivalSource:
 
     # --- what the scheduler calls -------------------------------------------------------
     def next_ns(self, now: int) -> int | None:
-        if self._hungry and self._peek is not None:
+        if self._idle and self._peek is not None:
             self._read_ahead_lines(now)
         heap = self._heap
         if heap:
@@ -100,30 +95,26 @@ class ArrivalSource:
 
     def finished(self, session: str, now: int) -> None:
         """A turn of `session` finished at `now`: its next turn, if read, is released."""
-        st = self._sessions.get(session)
-        if st is None:
+        busy = self._busy
+        if session not in busy:
             return
-        st.busy = False
-        st.finish_ns = now
-        if st.queue:
-            self._release(st, st.queue.popleft(), now)
+        queue = busy.pop(session)
+        if queue:
+            self._release(session, queue.popleft(), now, now, queue or None)
         else:
-            st.hungry = True
-            self._hungry += 1
+            self._idle[session] = now
 
     def rejected(self, session: str, now: int) -> None:
         """A turn of `session` was rejected at `now`: the session ends there; its later turns
         already read are dropped now, the others as they are read."""
-        st = self._sessions.pop(session, None)
+        queue = self._busy.pop(session, None)
+        self._idle.pop(session, None)
         self._ended.add(session)
         self.ended_sessions.setdefault(session, 0)
-        if st is None:
-            return
-        if st.hungry:
-            self._hungry -= 1
-        self._in_hand -= len(st.queue)
-        for req in st.queue:
-            self._drop(req, now)
+        if queue:
+            self._in_hand -= len(queue)
+            for req in queue:
+                self._drop(req, now)
 
     def _drop(self, req: TraceRequest, now: int) -> None:
         self.ended_turns += 1
@@ -132,7 +123,7 @@ class ArrivalSource:
 
     # --- reading ---------------------------------------------------------------------------
     def _read_ahead_lines(self, now: int) -> None:
-        while self._peek is not None and self._in_hand < self._read_ahead and self._hungry:
+        while self._peek is not None and self._in_hand < self._read_ahead and self._idle:
             self._ingest(self._peek, self._peek_ns, now)
             self._read()
 
@@ -153,25 +144,30 @@ class ArrivalSource:
         if session in self._ended:
             self._drop(req, now)
             return
-        st = self._sessions.get(session)
-        if st is None:  # a session's first turn: its timestamp
-            self._sessions[session] = _Session()
+        busy = self._busy
+        if session in busy:
+            self._in_hand += 1
+            queue = busy[session]
+            if queue is None:
+                busy[session] = deque((req,))
+            else:
+                queue.append(req)
+            return
+        finish_ns = self._idle.pop(session, None)
+        if finish_ns is None:  # a session's first turn: its timestamp
+            busy[session] = None
             self.num_sessions += 1
             self._push(req, trace_ns, trace_ns, None)
             return
         self._in_hand += 1
-        if st.busy or st.queue:
-            st.queue.append(req)
-            return
-        self._release(st, req, now)
+        self._release(session, req, finish_ns, now, None)
 
-    def _release(self, st: _Session, req: TraceRequest, now: int) -> None:
-        """The turn's predecessor has finished: it is due at that finish + think_ms."""
-        if st.hungry:
-            st.hungry = False
-            self._hungry -= 1
-        st.busy = True
-        t = st.finish_ns + (req.think_ns or 0)
+    def _release(self, session: str, req: TraceRequest, finish_ns: int, now: int,
+                 queue: deque[TraceRequest] | None) -> None:
+        """The turn's predecessor finished at `finish_ns`: it is due then + think_ms; the session
+        is busy again, `queue` its later turns read meanwhile."""
+        self._busy[session] = queue
+        t = finish_ns + (req.think_ns or 0)
         if t < now:  # read after its due time
             self.late_turns += 1
             t = now

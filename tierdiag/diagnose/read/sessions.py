@@ -19,8 +19,13 @@ from tierdiag.diagnose.read.waiting import lost_while_waiting_sql, waiting_remov
 Columns = dict[str, Any]  # fetchnumpy(): column name -> numpy array
 
 # What a turn found of an earlier context: hit on any tier, or recomputed (cached once).
-_REUSED = ("coalesce(device_hit_tokens, 0) + coalesce(host_hit_tokens, 0) + coalesce(storage_hit_tokens, 0) "
-           "+ coalesce(recomputed_tokens, 0)")
+def _reused_sql(alias: str = "") -> str:
+    p = f"{alias}." if alias else ""
+    return " + ".join(f"coalesce({p}{c}, 0)" for c in
+                      ("device_hit_tokens", "host_hit_tokens", "storage_hit_tokens", "recomputed_tokens"))
+
+
+_REUSED = _reused_sql()
 
 
 def session_count(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
@@ -107,46 +112,58 @@ def request_evictions(con: duckdb.DuckDBPyConnection, run_id: str, req_id: str, 
         ORDER BY e.t_ns, e.eviction_id""", [run_id, req_id, int(start_ns), int(end_ns)]).fetchall()]
 
 
+# The run's sessions (run `$1`), numbered in session-id order (sid: 0 .. sessions - 1), with what
+# each one's first turn found cached (shared: a prefix shared with others): the CTE `s`, the same
+# numbering in every query it is in. A request without a session is its own owner, numbered
+# sessions + seq (`finished_by_owner`). Numbers, not the strings of a million owners: the owners'
+# query held ~450 MB of DuckDB's memory on a 1M-request run when every request's owner was a
+# string ('#' + its id without a session) ranked and joined on, ~200 MB now.
+_SESSIONS_CTE = f"""
+    s AS (
+        SELECT session_id, arg_min({_REUSED}, seq) AS shared, row_number() OVER (ORDER BY session_id) - 1 AS sid
+        FROM requests WHERE run_id = $1 AND session_id IS NOT NULL GROUP BY session_id)"""
+
+
 def later_turns(con: duckdb.DuckDBPyConnection, run_id: str) -> Columns:
-    """The finished later turns whose predecessor finished, in trace order: seq, session_id,
-    think_ms, pause_start_ns (the predecessor's finish), match_ns (its schedule), prev_context
-    (the predecessor's input + output tokens), input, device, host, storage, recomputed (tokens)."""
+    """The finished later turns whose predecessor finished, in trace order: seq, who_id (its
+    session's number, as `finished_by_owner` numbers it), own_shared (what its session's first
+    turn found cached), think_ms, pause_start_ns (the predecessor's finish), match_ns (its
+    schedule), prev_context (the predecessor's input + output tokens), input, device, host,
+    storage, recomputed (tokens). No strings: a million session ids as Python objects cost more
+    than every other column together."""
     return con.execute(f"""
-        WITH ordered AS (
-            SELECT *, lag(req_id) OVER w AS prev_id, lag(status) OVER w AS prev_status,
-                   lag(finish_ns) OVER w AS prev_finish_ns,
-                   lag(coalesce(input_tokens, 0) + coalesce(output_tokens, 0)) OVER w AS prev_context
-            FROM requests WHERE run_id = ? AND session_id IS NOT NULL
-            WINDOW w AS (PARTITION BY session_id ORDER BY seq))
-        SELECT seq, session_id, think_ms, prev_finish_ns AS pause_start_ns,
-               arrival_ns + coalesce(queue_ns, 0) AS match_ns, prev_context, coalesce(input_tokens, 0) AS input,
-               coalesce(device_hit_tokens, 0) AS device, coalesce(host_hit_tokens, 0) AS host,
-               coalesce(storage_hit_tokens, 0) AS storage, coalesce(recomputed_tokens, 0) AS recomputed
-        FROM ordered
-        WHERE think_ms IS NOT NULL AND prev_id IS NOT NULL AND coalesce(prev_status, 'finished') = 'finished'
-          AND prev_finish_ns IS NOT NULL AND arrival_ns IS NOT NULL AND {finished_sql()}
-        ORDER BY seq""", [run_id]).fetchnumpy()
+        WITH {_SESSIONS_CTE},
+        ordered AS (  -- each session turn beside its predecessor's (lag), partitioned by number
+            SELECT r.seq, r.think_ms, r.arrival_ns, r.queue_ns, r.status, r.ttft_ns, r.input_tokens,
+                   r.device_hit_tokens, r.host_hit_tokens, r.storage_hit_tokens, r.recomputed_tokens,
+                   s.sid, s.shared AS own_shared,
+                   lag(r.req_id IS NOT NULL) OVER w AS has_prev,
+                   lag(coalesce(r.status, 'finished') = 'finished') OVER w AS prev_finished,
+                   lag(r.finish_ns) OVER w AS prev_finish_ns,
+                   lag(coalesce(r.input_tokens, 0) + coalesce(r.output_tokens, 0)) OVER w AS prev_context
+            FROM requests r JOIN s USING (session_id) WHERE r.run_id = $1
+            WINDOW w AS (PARTITION BY s.sid ORDER BY r.seq))
+        SELECT o.seq, o.sid AS who_id, o.own_shared, o.think_ms, o.prev_finish_ns AS pause_start_ns,
+               o.arrival_ns + coalesce(o.queue_ns, 0) AS match_ns, o.prev_context,
+               coalesce(o.input_tokens, 0) AS input, coalesce(o.device_hit_tokens, 0) AS device,
+               coalesce(o.host_hit_tokens, 0) AS host, coalesce(o.storage_hit_tokens, 0) AS storage,
+               coalesce(o.recomputed_tokens, 0) AS recomputed
+        FROM ordered o
+        WHERE o.think_ms IS NOT NULL AND o.has_prev AND o.prev_finished
+          AND o.prev_finish_ns IS NOT NULL AND o.arrival_ns IS NOT NULL AND {finished_sql('o')}
+        ORDER BY o.seq""", [run_id]).fetchnumpy()
 
 
 def finished_by_owner(con: duckdb.DuckDBPyConnection, run_id: str) -> Columns:
     """Every finished request with its owner ("who": its session, or itself without one),
-    numbered: who_id, shared (what the owner's first request found cached), has_session,
-    arrival_ns, finish_ns, tokens (input + output), session_id."""
+    numbered (who_id: its session's number, or sessions + its seq), shared (what the owner's first
+    request found cached), has_session, arrival_ns, finish_ns, tokens (input + output)."""
     return con.execute(f"""
-        WITH who AS (
-            SELECT *, coalesce(session_id, '#' || req_id) AS who FROM requests WHERE run_id = ?),
-        firsts AS (
-            SELECT who, arg_min({_REUSED}, seq) AS shared, dense_rank() OVER (ORDER BY who) - 1 AS who_id
-            FROM who GROUP BY who)
-        SELECT f.who_id, f.shared, (w.session_id IS NOT NULL) AS has_session, w.arrival_ns, w.finish_ns,
-               coalesce(w.input_tokens, 0) + coalesce(w.output_tokens, 0) AS tokens, w.session_id
-        FROM who w JOIN firsts f USING (who)
-        WHERE {finished_sql('w')} AND w.finish_ns IS NOT NULL AND w.arrival_ns IS NOT NULL""",
+        WITH {_SESSIONS_CTE},
+        n AS (SELECT count(*) AS sessions FROM s)
+        SELECT coalesce(s.sid, n.sessions + w.seq) AS who_id, coalesce(s.shared, {_reused_sql('w')}) AS shared,
+               (w.session_id IS NOT NULL) AS has_session, w.arrival_ns, w.finish_ns,
+               coalesce(w.input_tokens, 0) + coalesce(w.output_tokens, 0) AS tokens
+        FROM requests w LEFT JOIN s USING (session_id) CROSS JOIN n
+        WHERE w.run_id = $1 AND {finished_sql('w')} AND w.finish_ns IS NOT NULL AND w.arrival_ns IS NOT NULL""",
                        [run_id]).fetchnumpy()
-
-
-def first_turn_reused(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, int | None]:
-    """Session -> what its first turn found of an earlier context (a prefix shared with others)."""
-    return dict(con.execute(f"""
-        SELECT session_id, arg_min({_REUSED}, seq) FROM requests WHERE run_id = ? AND session_id IS NOT NULL
-        GROUP BY session_id""", [run_id]).fetchall())

@@ -46,6 +46,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
+from typing import Any
 
 import duckdb
 
@@ -54,9 +55,11 @@ from tierdiag.units import share
 
 PAUSE_QUANTILE = 0.9
 CURVE_POINTS = 2048
-# (turn, request ran during its pause) pairs the distances hold at once (_turns): ~50 bytes a pair
-# over the arrays of one chunk, so ~100 MB at most beside the rows, whatever the run.
-PAIR_BUDGET = 2_000_000
+# (turn, request ran during its pause) pairs the distances hold at once (_turns): ~180 bytes a
+# pair over the arrays of one chunk (measured: 221 MB traced at 2M, 44 MB at 250k, on a 100k-request
+# synth run), so ~45 MB at most beside the columns, whatever the run. Smaller chunks are no slower
+# (the same run: 1.8 s at 250k, 5.3 s at 2M: the chunk's arrays stay in cache).
+PAIR_BUDGET = 250_000
 
 
 @dataclass(frozen=True)
@@ -100,57 +103,72 @@ def _nearest_rank(sorted_values: list[float], q: float) -> float:
 
 def session_pauses(con: duckdb.DuckDBPyConnection, run) -> SessionPauses | None:
     """The run's later session turns and their stack distances; None for a run without any."""
-    turns, sums = _turns(con, run)
-    if not turns:
+    import numpy as np
+
+    turns = _turns(con, run)
+    if turns is None:
         return None
-    p90 = _nearest_rank(sorted(t.think_ms for t in turns), PAUSE_QUANTILE)
+    think, distance, reused = turns.think_ms, turns.distance, turns.reused
+    p90 = float(_nearest_rank(np.sort(think), PAUSE_QUANTILE))
     return SessionPauses(
-        num_turns=len(turns), input_tokens=sums["input"], reused_tokens=sum(t.reused_tokens for t in turns),
-        device_tokens=sums["device"], host_tokens=sums["host"], storage_tokens=sums["storage"],
-        recomputed_tokens=sums["recomputed"], pause_p90_ms=p90,
-        pool_p90_tokens=max(t.distance_tokens for t in turns if t.think_ms <= p90), kept_curve=_curve(turns))
+        num_turns=len(think), input_tokens=turns.sums["input"], reused_tokens=int(reused.sum()),
+        device_tokens=turns.sums["device"], host_tokens=turns.sums["host"], storage_tokens=turns.sums["storage"],
+        recomputed_tokens=turns.sums["recomputed"], pause_p90_ms=p90,
+        pool_p90_tokens=int(distance[think <= p90].max()), kept_curve=_curve(distance, reused))
 
 
 def session_turns(con: duckdb.DuckDBPyConnection, run) -> tuple[SessionTurn, ...]:
     """The run's finished later turns, each with its stack distance, in trace order."""
-    return _turns(con, run)[0]
+    turns = _turns(con, run)
+    if turns is None:
+        return ()
+    return tuple(SessionTurn(float(k), int(d), int(r)) for k, d, r in
+                 zip(turns.think_ms.tolist(), turns.distance.tolist(), turns.reused.tolist()))
 
 
-def _curve(turns: tuple[SessionTurn, ...]) -> tuple[tuple[int, int], ...]:
-    by_distance: dict[int, int] = {}
-    for t in turns:
-        by_distance[t.distance_tokens] = by_distance.get(t.distance_tokens, 0) + t.reused_tokens
-    steps, cum = [], 0
-    for d in sorted(by_distance):
-        cum += by_distance[d]
-        steps.append((d, cum))
-    if len(steps) <= CURVE_POINTS:
-        return tuple(steps)
-    total = steps[-1][1]
-    kept, bucket = [], -1
-    for i, (d, c) in enumerate(steps):
-        b = c * CURVE_POINTS // total if total else 0
-        if b > bucket or i == len(steps) - 1:
-            kept.append((d, c))
-            bucket = b
-    return tuple(kept)
+def _curve(distance, reused) -> tuple[tuple[int, int], ...]:
+    """The kept curve (module doc) of the turns' distances and reused tokens (int64 arrays)."""
+    import numpy as np
+
+    order = np.argsort(distance, kind="stable")
+    d_sorted = distance[order]
+    starts = np.flatnonzero(np.r_[True, d_sorted[1:] != d_sorted[:-1]])
+    cum = np.cumsum(np.add.reduceat(reused[order], starts))  # kept tokens at each distinct distance
+    dist = d_sorted[starts]
+    if len(dist) > CURVE_POINTS:
+        total = int(cum[-1])
+        # The bucket each step's kept tokens reach; the curve keeps the first step of each bucket
+        # and the last. Python ints where total * CURVE_POINTS could pass int64.
+        if total < (2**63 - 1) // CURVE_POINTS:
+            bucket = cum * CURVE_POINTS // total if total else np.zeros(len(cum), dtype=np.int64)
+        else:
+            bucket = np.array([c * CURVE_POINTS // total for c in cum.tolist()], dtype=object)
+        keep = np.r_[True, bucket[1:] > bucket[:-1]]
+        keep[-1] = True
+        dist, cum = dist[keep], cum[keep]
+    return tuple(zip(dist.tolist(), cum.tolist()))
 
 
-def _turns(con: duckdb.DuckDBPyConnection, run) -> tuple[tuple[SessionTurn, ...], dict]:
+@dataclass(frozen=True)
+class _Turns:
+    """The finished later turns, in trace order, as columns (int64 but think_ms)."""
+
+    think_ms: Any
+    distance: Any  # LRU stack distance of its context over the pause (module doc)
+    reused: Any  # device + host + storage hits + recomputed
+    sums: dict  # input, device, host, storage, recomputed: totals over the turns
+
+
+def _turns(con: duckdb.DuckDBPyConnection, run) -> _Turns | None:
     import numpy as np
 
     rid = run.run_id
     t = read.later_turns(con, rid)
     if len(t["seq"]) == 0:
-        return (), {}
-    # Who each request is (its session, or itself when it has none), numbered; what each who's
-    # first request found cached (a prefix shared with others); and every other finished request.
+        return None
+    # Every finished request with its who (its session, or itself when it has none), numbered,
+    # and what each who's first request found cached (a prefix shared with others).
     o = read.finished_by_owner(con, rid)
-    firsts = read.first_turn_reused(con, rid)
-    sessions = {}
-    for sid, wid, has in zip(o["session_id"], o["who_id"], o["has_session"]):
-        if has:
-            sessions.setdefault(sid, int(wid))
     n = len(t["seq"])
     own = np.zeros(n, dtype=np.int64)
     shared_max = np.zeros(n, dtype=np.int64)
@@ -164,7 +182,8 @@ def _turns(con: duckdb.DuckDBPyConnection, run) -> tuple[tuple[SessionTurn, ...]
         o_tokens = np.asarray(o["tokens"], dtype=np.int64)
         # A request's own session (-1: none), and each turn's: a turn never counts its own session.
         o_session = np.where(np.asarray(o["has_session"], dtype=bool), who_id, -1)
-        t_session = np.array([sessions.get(sid, -2) for sid in t["session_id"]], dtype=np.int64)
+        t_session = np.asarray(t["who_id"], dtype=np.int64)
+        del o
         # Ran during the pause [ps, m]: arrived in it (a range of the sorted arrivals) ...
         by_arrival = np.argsort(arr, kind="stable")
         a_sorted = arr[by_arrival]
@@ -190,6 +209,13 @@ def _turns(con: duckdb.DuckDBPyConnection, run) -> tuple[tuple[SessionTurn, ...]
         sh = np.zeros(int(who_id.max()) + 1, dtype=np.int64)
         sh[who_id] = o_shared
         width = int(who_id.max()) + 1
+        # The requests whose in-flight range reaches a chunk: those carried from the chunks before
+        # (their range goes on past them) and those whose range starts in it (in lo2 order), not
+        # every request clipped to every chunk (~40 % of this at 1M requests, 286 chunks).
+        by_lo2 = np.argsort(lo2, kind="stable")
+        lo2_sorted = lo2[by_lo2]
+        carry = np.empty(0, dtype=np.int64)
+        met = 0
         p = 0
         while p < n:
             q = max(int(np.searchsorted(cum, (cum[p - 1] if p else 0) + PAIR_BUDGET, side="right")), p + 1)
@@ -197,11 +223,17 @@ def _turns(con: duckdb.DuckDBPyConnection, run) -> tuple[tuple[SessionTurn, ...]
             ti1, pos1 = _ranges(lo[turns_c], hi[turns_c])
             ti1 = turns_c[ti1]
             oj1 = by_arrival[pos1]
-            oj2, pos2 = _ranges(np.clip(lo2, p, q), np.clip(hi2, p, q))
+            upto = int(np.searchsorted(lo2_sorted, q, side="left"))
+            reach = np.concatenate([carry, by_lo2[met:upto]])
+            met = upto
+            reach = reach[hi2[reach] > p]
+            carry = reach[hi2[reach] > q]
+            local, pos2 = _ranges(np.clip(lo2[reach], p, q), np.clip(hi2[reach], p, q))
+            oj2 = reach[local]
             ti2 = by_start[pos2]
             ti = np.concatenate([ti1, ti2])
             oj = np.concatenate([oj1, oj2])
-            del ti1, pos1, oj1, oj2, pos2, ti2
+            del ti1, pos1, oj1, oj2, pos2, ti2, local, reach
             keep = (arr[oj] <= m[ti]) & (fin[oj] >= ps[ti]) & (o_session[oj] != t_session[ti])
             ti, oj = ti[keep], oj[keep]
             if len(ti):
@@ -216,14 +248,12 @@ def _turns(con: duckdb.DuckDBPyConnection, run) -> tuple[tuple[SessionTurn, ...]
                 np.add.at(own, t_u, np.maximum(top - sh[w_u], 0))
                 np.maximum.at(shared_max, t_u, sh[w_u])
             p = q
-    own_shared = np.array([int(firsts.get(sid) or 0) for sid in t["session_id"]], dtype=np.int64)
+    own_shared = np.asarray(t["own_shared"], dtype=np.int64)
     distance = np.asarray(t["prev_context"], dtype=np.int64) + own + np.maximum(shared_max - own_shared, 0)
     reused = (np.asarray(t["device"], dtype=np.int64) + np.asarray(t["host"], dtype=np.int64)
               + np.asarray(t["storage"], dtype=np.int64) + np.asarray(t["recomputed"], dtype=np.int64))
-    turns = tuple(SessionTurn(float(k), int(d), int(r)) for k, d, r in
-                  zip(t["think_ms"].tolist(), distance.tolist(), reused.tolist()))
     sums = {k: int(np.asarray(t[k], dtype=np.int64).sum()) for k in ("input", "device", "host", "storage", "recomputed")}
-    return turns, sums
+    return _Turns(np.asarray(t["think_ms"], dtype=np.float64), distance, reused, sums)
 
 
 def _ranges(lo, hi):
