@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from bisect import bisect_right
 from typing import Iterable, Sequence
 
@@ -50,8 +51,15 @@ from tierdiag.trace.reader import TraceRequest
 
 
 def _json_number(x: float | None) -> str:
-    """A score as JSON writes it: float.__repr__ (scores are finite: match rates, loads)."""
-    return "null" if x is None else repr(float(x))
+    """A score as JSON writes it: float.__repr__ (scores are finite: match rates, loads). Most
+    ranks score 0 for a request (they hold none of it, or nothing is in flight there): "0.0"
+    without the float's repr."""
+    if x is None:
+        return "null"
+    f = float(x)
+    if f == 0.0 and math.copysign(1.0, f) > 0:
+        return "0.0"
+    return repr(f)
 
 
 class Deployment:

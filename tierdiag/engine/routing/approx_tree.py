@@ -22,6 +22,11 @@ only leaves). The gateway's functions map one to one:
     Tree::get_smallest_tenant         smallest_rank(): fewest pages (first rank on a tie)
     tenant_char_count                 pages[rank] (× page size = the tokens compared to the limit)
 
+How each rank's keys are kept: `ApproxTree` (what the router uses) keeps them as a radix tree of
+runs, a run's keys sharing one tick, as tree.rs's nodes hold a run of text with one timestamp a
+tenant; `ApproxTreeByKey`, a dict of key -> tick a rank, is its reference (issue 41: a dict
+update a page was the --dp 8 replay's largest routing cost).
+
 Two choices the gateway leaves to a hash map's iteration order are fixed here so a replay repeats
 itself: the tenant of the deepest node is the one that touched it last (the token tree's
 `get_any_tenant` prefers its cached `last_tenant`, a recent toucher), then the lowest rank; and
