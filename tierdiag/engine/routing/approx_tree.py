@@ -242,9 +242,10 @@ class ApproxTree:
         return key in self._ticks_of(rank)
 
     @staticmethod
-    def _walk(root: _Run, keys: Sequence[int]) -> tuple[int, _Run]:
+    def _path(root: _Run, keys: Sequence[int], tick: int | None = None) -> tuple[int, _Run]:
         """(how many leading `keys` the rank of `root` holds, the run holding the last of them:
-        `root` when none)."""
+        `root` when none). With `tick`, touches the runs of that path at `tick`, the last one
+        split first where the path ends inside it."""
         node = root
         i, n = 0, len(keys)
         while i < n:
@@ -254,38 +255,22 @@ class ApproxTree:
             run = child.keys
             m = len(run)
             if i + m <= n and keys[i + m - 1] == run[m - 1]:
-                i += m
-                node = child
-                continue
-            return i + _common(run, keys, i, n), child
-        return i, node
-
-    def _stamp(self, root: _Run, keys: Sequence[int], tick: int) -> tuple[int, _Run]:
-        """Touch at `tick` the runs of the leading `keys` the rank holds, the last one split where
-        they end inside it. Returns (how many they are, the run holding the last of them)."""
-        node = root
-        i, n = 0, len(keys)
-        while i < n:
-            child = node.children.get(keys[i])
-            if child is None:
-                break
-            run = child.keys
-            m = len(run)
-            if i + m <= n and keys[i + m - 1] == run[m - 1]:
-                child.tick = tick
+                if tick is not None:
+                    child.tick = tick
                 i += m
                 node = child
                 continue
             c = _common(run, keys, i, n)
-            _split(child, c)
-            child.tick = tick
+            if tick is not None:
+                _split(child, c)
+                child.tick = tick
             return i + c, child
         return i, node
 
     def insert(self, keys: Sequence[int], rank: int, tick: int, held: int | None = None) -> None:
         """Tree::insert: `rank` holds every key of `keys`, each touched at `tick`. (`held`, how
         many leading keys the rank holds already, is the reference's; the walk here finds it.)"""
-        i, node = self._stamp(self._roots[rank], keys, tick)
+        i, node = self._path(self._roots[rank], keys, tick)
         n = len(keys)
         if i < n:
             rest = keys[i:]
@@ -296,8 +281,8 @@ class ApproxTree:
                      ) -> tuple[int, int | None, list[int]]:
         """ApproxTreeByKey.prefix_match: (matched pages, the rank of the deepest matched node or
         None, pages each rank holds of `keys`' prefix)."""
-        walk = self._walk
-        found = [walk(root, keys) for root in self._roots]
+        path = self._path
+        found = [path(root, keys) for root in self._roots]
         depth_of = [d for d, _ in found]
         depth = max(depth_of)
         if depth == 0:
@@ -311,7 +296,7 @@ class ApproxTree:
 
     def touch(self, keys: Sequence[int], rank: int, tick: int) -> None:
         """Mark `rank`'s use of a path it holds (the timestamp walk of Tree::prefix_match)."""
-        self._stamp(self._roots[rank], keys, tick)
+        self._path(self._roots[rank], keys, tick)
 
     def smallest_rank(self) -> int:
         return min(range(self.num_ranks), key=self.pages.__getitem__)
