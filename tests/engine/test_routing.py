@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tierdiag.engine.routing import ROUTERS, Gateway, RanksView, RequestView, RouterConfig, make_router
-from tierdiag.engine.routing.approx_tree import ApproxTree
+from tierdiag.engine.routing.approx_tree import ApproxTree, ApproxTreeByKey
 from tierdiag.engine.routing.cache_aware import is_imbalanced
 from tierdiag.errors import ConfigError
 
@@ -455,6 +455,53 @@ def test_approx_tree_picks_the_latest_toucher_of_the_deepest_node_then_the_lowes
     assert t.prefix_match([1, 2], tick=4)[1] == 2
     assert t.prefix_match([7], tick=5) == (0, None, [0, 0, 0])
     assert t.smallest_rank() == 0
+
+
+# ApproxTree keeps a tick a run of keys; ApproxTreeByKey, a tick a key, is its reference: the same
+# operations give the same answers, page counts, ticks of every key and eviction order.
+_tree_op = st.one_of(
+    st.tuples(st.just("insert"), st.integers(0, 3), st.lists(st.integers(0, 2), max_size=7), st.integers(0, 4)),
+    st.tuples(st.just("match"), st.integers(0, 3), st.lists(st.integers(0, 2), max_size=7), st.booleans()),
+    st.tuples(st.just("evict"), st.integers(0, 12)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 4), ops=st.lists(_tree_op, max_size=60))
+def test_approx_tree_by_runs_answers_as_the_tree_by_key(n, ops):
+    runs, ref = ApproxTree(n), ApproxTreeByKey(n)
+    for tick, op in enumerate(ops, 1):
+        if op[0] == "insert":
+            _, family, path, rank = op
+            keys = _keys(family, path)
+            runs.insert(keys, rank % n, tick)
+            ref.insert(keys, rank % n, tick)
+        elif op[0] == "match":
+            _, family, path, touch = op
+            keys = _keys(family, path)
+            got, want = runs.prefix_match(keys, tick, touch=touch), ref.prefix_match(keys, tick, touch=touch)
+            assert got == want
+            if not touch and got[1] is not None:  # cache_aware's own touch of the holder's path
+                runs.touch(keys[:got[0]], got[1], tick)
+                ref.touch(keys[:got[0]], got[1], tick)
+        else:
+            assert runs.evict(op[1]) == ref.evict(op[1])
+        assert runs.pages == ref.pages and len(runs) == len(ref)
+        assert [runs._ticks_of(r) for r in range(n)] == ref._ticks
+        runs.check()
+    assert runs.smallest_rank() == ref.smallest_rank()
+
+
+def test_approx_tree_splits_a_run_where_a_touch_ends_so_its_keys_keep_their_own_ticks():
+    t = ApproxTree(1)
+    t.insert([1, 2, 3, 4], 0, tick=1)  # one run
+    t.insert([1, 2, 7], 0, tick=2)  # the run splits after 2: [1, 2] at tick 2, [3, 4] still at 1
+    assert t._ticks_of(0) == {1: 2, 2: 2, 3: 1, 4: 1, 7: 2}
+    assert t.prefix_match([1, 2, 3], tick=3) == (3, 0, [3])  # touches [1, 2] and splits [3, 4]
+    assert t._ticks_of(0) == {1: 3, 2: 3, 3: 3, 4: 1, 7: 2}
+    assert t.evict(2) == 3  # leaves in (tick, key) order: 4 (tick 1), 7 (tick 2), then 3 (tick 3)
+    assert t._ticks_of(0) == {1: 3, 2: 3}
+    t.check()
 
 
 # --- every router, any deployment, any stream (hypothesis) --------------------------------------

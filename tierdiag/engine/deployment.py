@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from bisect import bisect_right
 from typing import Iterable, Sequence
 
@@ -50,8 +51,15 @@ from tierdiag.trace.reader import TraceRequest
 
 
 def _json_number(x: float | None) -> str:
-    """A score as JSON writes it: float.__repr__ (scores are finite: match rates, loads)."""
-    return "null" if x is None else repr(float(x))
+    """A score as JSON writes it: float.__repr__ (scores are finite: match rates, loads). Most
+    ranks score 0 for a request (they hold none of it, or nothing is in flight there): "0.0"
+    without the float's repr."""
+    if x is None:
+        return "null"
+    f = float(x)
+    if f == 0.0 and math.copysign(1.0, f) > 0:
+        return "0.0"
+    return repr(f)
 
 
 class Deployment:
@@ -108,15 +116,24 @@ class Deployment:
         run_at_once: list[list[int]] = [[] for _ in ranks]  # per rank: its last passes run at once
         at_once_until = -1  # the latest of them
         now = 0
+        # In an open loop only `due` moves the source (no finish releases a turn, none is
+        # dropped, nobody waits for a line read ahead): its next arrival, once asked, holds until
+        # the clock reaches it, and the loop's wakes before then (~190k a --dp 8 conversation
+        # replay against 12k arrivals) ask the interpreted source nothing.
+        src_next = None if closed else next_ns(now)
         while True:
             while True:  # arrivals and events at `now`, until a finish releases no turn due now
-                for t, at, trace_at, think_ms in src.due(now):
-                    arrive(t, at, trace_at, think_ms)
+                deliver = closed or (src_next is not None and src_next <= now)
+                if deliver:
+                    for t, at, trace_at, think_ms in src.due(now):
+                        arrive(t, at, trace_at, think_ms)
                 while events and events[0][0] <= now:
                     t_ns, _, sched, fn, arg = pop(events)
                     sched.event_ns = t_ns
                     fn(arg)
-                nxt_t = src.next_ns(now)
+                if deliver:
+                    src_next = next_ns(now)
+                nxt_t = src_next
                 if nxt_t is None or nxt_t > now:
                     break
             batched = False
@@ -126,7 +143,7 @@ class Deployment:
                     end = sched.pass_fn(now)
                     if end is not None:
                         if ahead and not (closed and src.num_sessions):
-                            limit = next_ns(now)
+                            limit = next_ns(now) if closed else src_next
                             if events and (limit is None or events[0][0] < limit):
                                 limit = events[0][0]
                             wakes = run_at_once[rank] = []

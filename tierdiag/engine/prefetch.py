@@ -57,7 +57,7 @@ class StoragePrefetch(SchedulerState):
         rules = self.rules
         tree, ctrl, ps = self.tree, self.ctrl, self.ps
         req.storage_skip_reason = None  # this query's verdict (a re-query replaces the last one)
-        match = tree.match(req.keys[:req.max_match_pages], now)  # init_next_round_input
+        match = tree.match(_matchable(req), now)  # init_next_round_input
         matched = match.device_pages + match.host_pages
         req.storage_last_match = matched  # storage_prefetch_last_match_len, whatever the query decides
         storage = ctrl.storage
@@ -346,13 +346,13 @@ class StoragePrefetch(SchedulerState):
         last = req.storage_last_match
         if not last or not self.rules.prefetch_retry_interval_passes:
             return False
-        _, current = self.tree.locate(req.keys[:req.max_match_pages])  # no stamp: _admit's match stamps
+        _, current = self.tree.locate(_matchable(req))  # no stamp: _admit's match stamps
         if current >= last:
             return False
         if req.prefetch_retries >= self.rules.prefetch_retry_max_attempts:
             req.storage_last_match = current
             return False
-        self.tree.match(req.keys[:req.max_match_pages], now)  # the admission's match, before the skip
+        self.tree.match(_matchable(req), now)  # the admission's match, before the skip
         if self.prefetch_retry_due.pop(req.seq, 0) != 0:  # prefetch_from_storage: retries.cancel(rid)
             del self.prefetch_retry_reqs[req.seq]
         req.prefetch_retries += 1
@@ -423,15 +423,19 @@ class StoragePrefetch(SchedulerState):
             # or requeue, so their requests sit near the queue's end (whole conversation trace
             # with a 50M-token tier: ~3,200 waiting, the ready ones within ~20 of the tail; the
             # whole-queue walk was ~45 % of the run's pure-Python time). Same list as
-            # `[r for r in waiting if id(r) in due]`.
-            due = set(map(id, ready))
+            # `[r for r in waiting if id(r) in due]`. (Identity against the few ready ones, where a
+            # set of their ids made an int a queue entry walked and a set a pass.)
+            left = len(ready)
             found: list[Req] = []
             for j in range(len(waiting) - 1, -1, -1):
                 r = waiting[j]
-                if id(r) in due:
-                    found.append(r)
-                    if len(found) == len(due):
+                for x in ready:
+                    if x is r:
+                        found.append(r)
+                        left -= 1
                         break
+                if not left:
+                    break
             found.reverse()
             ready = found
         for req in ready:  # _retry_storage_prefetch
@@ -533,6 +537,14 @@ class StoragePrefetch(SchedulerState):
         req.prefetch_tokens = 0
         if kept < pages and req.storage_skip_reason is None:
             req.storage_skip_reason = "prefetch_incomplete"
+
+
+def _matchable(req: Req) -> list[int]:
+    """The pages of `req` a match may take (`max_match_pages`): its keys themselves when that is
+    all of them (the tree's walk only reads them), where a slice copied ~180 keys at each of the
+    ~100k storage queries of a conversation replay."""
+    keys = req.keys
+    return keys if req.max_match_pages >= len(keys) else keys[:req.max_match_pages]
 
 
 def _noop(_arg) -> None:

@@ -22,6 +22,11 @@ only leaves). The gateway's functions map one to one:
     Tree::get_smallest_tenant         smallest_rank(): fewest pages (first rank on a tie)
     tenant_char_count                 pages[rank] (× page size = the tokens compared to the limit)
 
+How each rank's keys are kept: `ApproxTree` (what the router uses) keeps them as a radix tree of
+runs, a run's keys sharing one tick, as tree.rs's nodes hold a run of text with one timestamp a
+tenant; `ApproxTreeByKey`, a dict of key -> tick a rank, is its reference (issue 41: a dict
+update a page was the --dp 8 replay's largest routing cost).
+
 Two choices the gateway leaves to a hash map's iteration order are fixed here so a replay repeats
 itself: the tenant of the deepest node is the one that touched it last (the token tree's
 `get_any_tenant` prefers its cached `last_tenant`, a recent toucher), then the lowest rank; and
@@ -36,7 +41,7 @@ from itertools import repeat
 from typing import Sequence
 
 
-class ApproxTree:
+class ApproxTreeByKey:
     """Per rank, the keys it holds and the tick it last touched each (`_ticks[rank]`), and the
     children it holds of each key (`_kids[rank]`); `_parent` for every key some rank holds.
 
@@ -45,7 +50,12 @@ class ApproxTree:
     the request's keys, found by binary search (`_held`) instead of a walk, and a path's ticks
     are set in one dict update. The deployment routes every request through here (tens of
     thousands a replay, hundreds of pages each): a walk a page in Python was most of the
-    replay's time at --dp 8 (benchmarks/README.md, "Data-parallel replay")."""
+    replay's time at --dp 8 (benchmarks/README.md, "Data-parallel replay").
+
+    The reference of `ApproxTree` (runs of keys, a tick a run), which the router uses: the same
+    methods, the same answers (tests/engine/test_routing.py runs both on the same operations).
+    Here every page of a routed request is a dict update: ~190 a request on the conversation
+    trace, each a cache miss in a rank's dict of hundreds of thousands of keys."""
 
     def __init__(self, num_ranks: int) -> None:
         self.num_ranks = num_ranks
@@ -174,3 +184,186 @@ class ApproxTree:
             assert len(ticks) == self.pages[r], f"rank {r}: page count {self.pages[r]} != counted {len(ticks)}"
             assert kids == self._kids[r], f"rank {r}: child counts drifted from the nodes"
         assert set(self._parent) == set().union(*self._ticks), "a node no rank holds was not removed"
+
+
+class _Run:
+    """A node of one rank's tree: a run of keys, each the parent of the next (a key inside a run
+    has no other child in that rank), all last touched by that rank at `tick`; `children` by
+    their first key."""
+    __slots__ = ("keys", "tick", "children", "parent")
+
+    def __init__(self, keys: list[int], tick: int, parent: "_Run | None") -> None:
+        self.keys = keys
+        self.tick = tick
+        self.children: dict[int, _Run] = {}
+        self.parent = parent
+
+
+class ApproxTree:
+    """`ApproxTreeByKey` with a tick a run of keys instead of a tick a key: per rank, a radix
+    tree of `_Run`s. A key's tick is its run's: a touch (insert, the path a match touches) stamps
+    every run of its path and, where the path ends inside a run, splits that run there first,
+    so the keys of a run always share their tick. A routed request is then a handful of runs
+    (the turns of its session that went to that rank), not ~190 dict updates of a page each.
+
+    Keys are prefix-chained (the key names its whole prefix), so a run matches as far as its
+    last key that equals the request's key at the same depth: one comparison for a whole run, a
+    binary search in the run where the request leaves it. Eviction pops a rank's leaf keys in
+    (tick, key) order as the reference does: a leaf key is the last key of a run without
+    children, and dropping it makes the key before it (or, the run emptied, its parent run's
+    last key) a leaf at its run's tick. The answers are the reference's, step for step
+    (tests/engine/test_routing.py runs both on hypothesis-generated operations)."""
+
+    def __init__(self, num_ranks: int) -> None:
+        self.num_ranks = num_ranks
+        self._roots = [_Run([], 0, None) for _ in range(num_ranks)]  # a rank's root: no keys
+        self.pages = [0] * num_ranks  # tenant_char_count, in pages
+
+    def __len__(self) -> int:
+        """Nodes in the tree (keys any rank holds)."""
+        return len(set().union(*(self._ticks_of(r) for r in range(self.num_ranks))))
+
+    def _runs(self, rank: int) -> list[_Run]:
+        """Every run of `rank`'s tree (not its root)."""
+        out: list[_Run] = []
+        stack = list(self._roots[rank].children.values())
+        while stack:
+            run = stack.pop()
+            out.append(run)
+            stack.extend(run.children.values())
+        return out
+
+    def _ticks_of(self, rank: int) -> dict[int, int]:
+        """{key: tick} of every key `rank` holds (the reference's `_ticks[rank]`; a walk of the
+        whole tree: for tests and `__len__`)."""
+        return {key: run.tick for run in self._runs(rank) for key in run.keys}
+
+    def holds(self, rank: int, key: int) -> bool:
+        return key in self._ticks_of(rank)
+
+    @staticmethod
+    def _path(root: _Run, keys: Sequence[int], tick: int | None = None) -> tuple[int, _Run]:
+        """(how many leading `keys` the rank of `root` holds, the run holding the last of them:
+        `root` when none). With `tick`, touches the runs of that path at `tick`, the last one
+        split first where the path ends inside it."""
+        node = root
+        i, n = 0, len(keys)
+        while i < n:
+            child = node.children.get(keys[i])
+            if child is None:
+                break
+            run = child.keys
+            m = len(run)
+            if i + m <= n and keys[i + m - 1] == run[m - 1]:
+                if tick is not None:
+                    child.tick = tick
+                i += m
+                node = child
+                continue
+            c = _common(run, keys, i, n)
+            if tick is not None:
+                _split(child, c)
+                child.tick = tick
+            return i + c, child
+        return i, node
+
+    def insert(self, keys: Sequence[int], rank: int, tick: int, held: int | None = None) -> None:
+        """Tree::insert: `rank` holds every key of `keys`, each touched at `tick`. (`held`, how
+        many leading keys the rank holds already, is the reference's; the walk here finds it.)"""
+        i, node = self._path(self._roots[rank], keys, tick)
+        n = len(keys)
+        if i < n:
+            rest = keys[i:]
+            node.children[keys[i]] = _Run(rest if type(rest) is list else list(rest), tick, node)
+            self.pages[rank] += n - i
+
+    def prefix_match(self, keys: Sequence[int], tick: int, *, touch: bool = True
+                     ) -> tuple[int, int | None, list[int]]:
+        """ApproxTreeByKey.prefix_match: (matched pages, the rank of the deepest matched node or
+        None, pages each rank holds of `keys`' prefix)."""
+        path = self._path
+        found = [path(root, keys) for root in self._roots]
+        depth_of = [d for d, _ in found]
+        depth = max(depth_of)
+        if depth == 0:
+            return 0, None, depth_of
+        # the tick of the deepest matched key in each rank: its run's
+        chosen = max((r for r in range(self.num_ranks) if depth_of[r] == depth),
+                     key=lambda r: (found[r][1].tick, -r))
+        if touch:
+            self.touch(keys[:depth], chosen, tick)
+        return depth, chosen, depth_of
+
+    def touch(self, keys: Sequence[int], rank: int, tick: int) -> None:
+        """Mark `rank`'s use of a path it holds (the timestamp walk of Tree::prefix_match)."""
+        self._path(self._roots[rank], keys, tick)
+
+    def smallest_rank(self) -> int:
+        return min(range(self.num_ranks), key=self.pages.__getitem__)
+
+    def evict(self, max_pages: int) -> int:
+        """ApproxTreeByKey.evict: for every rank over `max_pages`, drop its least recently touched
+        leaf keys, (tick, key) order, until it holds `max_pages`. Returns the entries dropped."""
+        dropped = 0
+        for rank in range(self.num_ranks):
+            if self.pages[rank] <= max_pages:
+                continue
+            root = self._roots[rank]
+            # (keys are unique in a rank: the run in the tuple is never compared)
+            heap = [(run.tick, run.keys[-1], run) for run in self._runs(rank) if not run.children]
+            heapq.heapify(heap)
+            while heap and self.pages[rank] > max_pages:
+                _, key, run = heapq.heappop(heap)
+                run.keys.pop()
+                self.pages[rank] -= 1
+                dropped += 1
+                if run.keys:  # the key before it: a leaf now, its run's tick
+                    heapq.heappush(heap, (run.tick, run.keys[-1], run))
+                    continue
+                parent = run.parent
+                assert parent is not None
+                del parent.children[key]
+                if parent is not root and not parent.children:
+                    heapq.heappush(heap, (parent.tick, parent.keys[-1], parent))
+        return dropped
+
+    def check(self) -> None:
+        """Invariants, for tests: every run has keys, its parent's link and its first key as its
+        name there; no rank holds a key twice; the page counts agree with the runs."""
+        for r in range(self.num_ranks):
+            seen: set[int] = set()
+            for run in self._runs(r):
+                assert run.keys, f"rank {r}: an empty run"
+                assert run.parent is not None and run.parent.children.get(run.keys[0]) is run, \
+                    f"rank {r}: run {run.keys[0]} is not its parent's child"
+                assert seen.isdisjoint(run.keys), f"rank {r} holds a key twice"
+                seen.update(run.keys)
+            assert len(seen) == self.pages[r], f"rank {r}: page count {self.pages[r]} != counted {len(seen)}"
+
+
+def _common(run: list[int], keys: Sequence[int], i: int, n: int) -> int:
+    """How many leading keys of `run` equal keys[i:] (at least 1: the run was found by keys[i]).
+    Keys are prefix-chained, so the keys agree up to the last position where they agree: a
+    binary search."""
+    lo, hi = 1, min(len(run), n - i)  # run[:lo] agrees; run[hi:] is past the request or disagrees
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if keys[i + mid - 1] == run[mid - 1]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _split(run: _Run, c: int) -> None:
+    """Split `run` after its first `c` keys (c < len): the rest becomes its only child, with its
+    tick and children."""
+    keys = run.keys
+    if c >= len(keys):
+        return
+    tail = _Run(keys[c:], run.tick, run)
+    tail.children = run.children
+    for child in tail.children.values():
+        child.parent = tail
+    run.keys = keys[:c]
+    run.children = {keys[c]: tail}
