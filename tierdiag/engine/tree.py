@@ -61,7 +61,7 @@ class RadixTree:
         node = TreeNode(self._next_id, parent, keys, device, host, now_ns, owner, keys_np)
         self._next_id += self.id_step
         self._seq += 1
-        node.access_seq = self._seq
+        node.access_seq = node.created_seq = self._seq
         parent.children[keys[0]] = node
         if device is not None:
             parent.n_dev_children += 1
@@ -114,7 +114,8 @@ class RadixTree:
         half is created at the split under 0.5.9 (a new TreeNode), keeps the node's creation time
         under 0.5.23 (`split_upper_created_at_split`)."""
         parent = node.parent
-        created = now_ns if now_ns is not None and self.rules.split_upper_created_at_split else node.created_ns
+        fresh = now_ns is not None and self.rules.split_upper_created_at_split
+        created = now_ns if fresh and now_ns is not None else node.created_ns
         upper = TreeNode(self._next_id, parent, node.keys[:pages],
                          None if node.device is None else node.device[:pages],
                          None if node.host is None else node.host[:pages],
@@ -124,6 +125,11 @@ class RadixTree:
         upper.hit_count = node.hit_count
         upper.last_access_ns = node.last_access_ns
         upper.access_seq = node.access_seq
+        if fresh:  # 0.5.9: a new node, created at the split (HiRadixCache._split_node)
+            self._seq += 1
+            upper.created_seq = self._seq
+        else:  # 0.5.23: the lower half's creation, both halves (UnifiedTreeCore._split_node)
+            upper.created_seq = node.created_seq
         upper.prefetched_for = node.prefetched_for
         upper.evicted_by = node.evicted_by
         upper.priority = node.priority  # SGLang: the new node inherits the child's priority
