@@ -504,6 +504,49 @@ def agentic(seed: int, *, sessions: int = 6, turns: int = 5, page_size: int = 64
                     dev, dev * 3, block, 1024, schedule_policy, write_policy, closed_loop=True)
 
 
+def decode_pressure(seed: int, *, page_size: int, n: int, device_tokens: int, outputs: tuple[int, int],
+                    schedule_policy: str, write_policy: str, eviction_policy: str = "lru",
+                    mixed_chunk: bool = False, gap_ms: int = 8, budget: int = 1024) -> Workload:
+    """Requests with long outputs (decode pressure) sharing a few prefixes, into a device pool
+    their running decode overflows: SGLang allocates a page at a time before each decode step
+    and retracts when it runs out (`update_running_batch` -> `retract_decode`)."""
+    rnd = random.Random(seed * 31337 + page_size)
+    block = 64
+    chains = _Chains()
+    system = chains.fresh(2)
+    fams = [system + chains.fresh(rnd.randint(1, 4)) for _ in range(3)]
+    reqs, t = [], 0
+    for i in range(n):
+        t += rnd.randint(0, gap_ms) * 1_000_000
+        if reqs and rnd.random() < 0.2:
+            prev = rnd.choice(reqs)
+            ids, length = list(prev["hash_ids"]), prev["input_len"]
+        else:
+            ids = rnd.choice(fams) + chains.fresh(rnd.randint(1, 8))
+            length = len(ids) * block - rnd.randint(0, block - 1)
+        reqs.append({"id": f"d{seed}-{i}", "arrival_ns": t, "input_len": length,
+                     "output_len": rnd.randint(*outputs), "hash_ids": ids,
+                     "priority": rnd.choice((0, 1, 5)) if eviction_policy == "priority" else 0})
+    dev = device_tokens // page_size
+    mixed = ", mixed" if mixed_chunk else ""
+    return Workload(f"decode(seed {seed}, page {page_size}, {device_tokens}, out {outputs}, {schedule_policy}, "
+                    f"{write_policy}, {eviction_policy}{mixed})", reqs, page_size, dev, dev * 2, block, budget,
+                    schedule_policy, write_policy, eviction_policy, mixed_chunk=mixed_chunk)
+
+
+def hunt_cases() -> list[tuple[str, Callable[[], Workload], str]]:
+    """What tests/sglang/hunt.py found differing, each reduced to a CI case of a few seconds
+    (tests/sglang/README.md, "The hunt")."""
+    return [
+        # fifo / filo order nodes made at one instant by SGLang's creation counter
+        # (tests/engine/test_sglang_0523_creation_order.py)
+        ("decode-s206-p16-lpm-write_through-filo",
+         partial(decode_pressure, 206, page_size=16, n=60, device_tokens=4096, outputs=(100, 600),
+                 schedule_policy="lpm", write_policy="write_through", eviction_policy="filo", gap_ms=2,
+                 budget=2048), "rust"),
+    ]
+
+
 # --- the test matrix -------------------------------------------------------------------------------
 WRITE_POLICIES = ("write_through", "write_back", "write_through_selective")
 
@@ -815,7 +858,7 @@ MATRIX_COLUMNS: dict[str, Callable[[Workload, str], bool]] = {
 def ci_cases() -> list[tuple[str, Callable[[], Workload], str]]:
     """Every workload CI runs against SGLang (test_scheduler_0523.py, test_scheduler_long.py)."""
     return (seeded_cases() + agentic_cases() + trace_cases() + audit_cases() + storage_cases() + matrix_cases()
-            + timed_storage_cases()
+            + timed_storage_cases() + hunt_cases()
             + [(f"chunk_host-s{s}", partial(chunk_host, s), "rust") for s in range(4)])
 
 
