@@ -57,3 +57,49 @@ def test_a_splits_upper_half_keeps_its_creation_under_0523(version, expected):
     m = tree.match([1], now_ns=1)
     assert [n.keys for n in m.device_nodes] == [[1]]  # split: [1] over [2]
     assert _order(tree) == expected
+
+
+def test_a_chunk_is_stashed_after_its_batchs_other_inserts():
+    """Found by the hunt next (synthetic_trace[758:858] at 4x, page 16, shortest-prefill-first,
+    write_back, filo: step 21 evicted 24,336 device tokens where SGLang evicted 18,848): a
+    chunked request's chunk enters the tree at the next pass's start
+    (`Scheduler.get_next_batch_to_run` -> `stash_chunked_request` -> `cache_unfinished_req`),
+    after `process_batch_result` inserted the batch's other requests (`cache_unfinished_req` for
+    those that go on decoding, `cache_finished_req` for those done): at one virtual instant, but
+    SGLang's counter makes the chunk's nodes newer than theirs (filo evicts them first; lru too
+    sees them as the more recent). The engine stashed the chunk first (the batch's order: a
+    continuing chunk leads its batch).
+
+    a (40 pages) chunks at a 16-page budget; b and c (a page + 1 token each) arrive during its
+    first chunk, and shortest-prefill-first caps a's second chunk to leave them room
+    (`shortest_prefill_chunk_limit`): batch 2 is [a's 12 pages, b, c]."""
+    from tests.engine import helpers
+    from tests.engine.helpers import PS, req
+    from tierdiag.engine.engine import Engine
+    from tierdiag.probes import events as ev
+
+    class Prefills(helpers.Collect):
+        def __init__(self):
+            super().__init__()
+            self.done: list[tuple[int, str, int]] = []
+
+        def emit(self, event):
+            super().emit(event)
+            if isinstance(event, ev.PrefillDone):
+                self.done.append((event.batch_id, event.req_id, event.extend_tokens))
+
+    probe = Prefills()
+    engine = Engine(helpers.small_config(device_tokens=128 * PS, host_tokens=256 * PS, max_prefill_tokens=16 * PS,
+                                         schedule_policy="shortest-prefill-first"), probe=probe)
+    engine.run(helpers.numbered([req("a", 0, list(range(1, 41)), output=2), req("b", 0.5, [100], output=3),
+                                 req("c", 0.5, [200], output=3)]))
+    engine.check_invariants(idle=True)
+    second = [(rid, n) for bid, rid, n in probe.done if bid == probe.done[1][0]]
+    assert second == [("a", 12 * PS), ("b", PS + 1), ("c", PS + 1)]
+    root = engine.scheduler.tree.root
+    a1 = next(n for n in root.children.values() if len(n.keys) == 16)  # a's first chunk
+    (a2,) = a1.children.values()  # its second
+    assert len(a2.keys) == 12
+    b, c = (next(n for n in root.children.values() if n.owner == rid) for rid in "bc")
+    assert a2.created_ns == b.created_ns == c.created_ns
+    assert b.created_seq < c.created_seq < a2.created_seq

@@ -544,6 +544,17 @@ def hunt_cases() -> list[tuple[str, Callable[[], Workload], str]]:
          partial(decode_pressure, 206, page_size=16, n=60, device_tokens=4096, outputs=(100, 600),
                  schedule_policy="lpm", write_policy="write_through", eviction_policy="filo", gap_ms=2,
                  budget=2048), "rust"),
+        # shortest-prefill-first orders a retracted request by its input + output so far
+        # (tests/engine/test_sglang_0523_sjf_retracted.py)
+        ("decode-s515-p1-shortest-prefill-first-write_back-slru",
+         partial(decode_pressure, 515, page_size=1, n=100, device_tokens=3072, outputs=(100, 600),
+                 schedule_policy="shortest-prefill-first", write_policy="write_back", eviction_policy="slru",
+                 gap_ms=20, budget=512), "rust"),
+        # a chunk is stashed after its batch's other inserts (the creation order filo reads;
+        # tests/engine/test_sglang_0523_creation_order.py)
+        ("chunk-s2-p16-shortest-prefill-first-write_back-filo",
+         partial(seeded, 2, page_size=16, shape="chunk", schedule_policy="shortest-prefill-first",
+                 write_policy="write_back", eviction_policy="filo", outputs=(16, 64)), "rust"),
     ]
 
 
