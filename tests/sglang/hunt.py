@@ -279,8 +279,8 @@ def main(argv=None) -> int:
                 continue
             try:
                 row = run_case(worker, c)
-            except RuntimeError as exc:  # the worker died: a fresh one for the next
-                row = {"id": c.cid, "family": c.family, "exit": 1, "note": f"worker died: {exc}"}
+            except (RuntimeError, ValueError) as exc:  # the worker died or answered garbage: a fresh one
+                row = {"id": c.cid, "family": c.family, "exit": 1, "note": f"worker: {type(exc).__name__}: {exc}"}
                 worker.close()
                 worker = Worker(drive.VERSION, wheel_root(drive.VERSION))
             with results.open("a") as f:
