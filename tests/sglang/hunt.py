@@ -227,16 +227,24 @@ def run_case(worker, c: Case) -> dict:
     return row
 
 
-def table(rows: list[dict]) -> str:
-    head = ["| workload | exit | steps differing | requests differing (splits, TTFT) | first difference |",
-            "|---|---|---|---|---|"]
+def _verdict(r: dict | None) -> str:
+    if r is None:
+        return "-"
+    if r["exit"] in (0, 1) and "steps" in r:
+        v = "agree" if r["exit"] == 0 else (f"differ: {r['differing_steps']} of {r['steps']} steps, "
+                                            f"{r['differing_requests']} of {r['requests']} requests")
+        return v if r["exit"] == 0 or not r.get("note") else f"{v} ({r['note']})"
+    return f"exit {r['exit']}: {r.get('note', '')}"
+
+
+def table(rows: list[dict], final: dict | None = None) -> str:
+    """One row a workload: its verdict, and (`final`: the same workloads run again on a later
+    engine, by id) what it is now."""
+    final = final or {}
+    head = ["| workload | verdict | now |", "|---|---|---|"]
     for r in rows:
-        if r["exit"] in (0, 1) and "steps" in r:
-            head.append(f"| `{r['id']}` | {r['exit']} | {r['differing_steps']} of {r['steps']} | "
-                        f"{r['differing_requests']} of {r['requests']} ({r['differing_splits']}, "
-                        f"{r['differing_ttft']}) | {r['note'] or '-'} |")
-        else:
-            head.append(f"| `{r['id']}` | {r['exit']} | - | - | {r.get('note', '')} |")
+        now = final.get(r["id"])
+        head.append(f"| `{r['id']}` | {_verdict(r)} | {_verdict(now) if now else 'same'} |")
     return "\n".join(head)
 
 
@@ -249,6 +257,7 @@ def main(argv=None) -> int:
     p.add_argument("--list", action="store_true", help="list the workloads and stop")
     p.add_argument("--table", action="store_true", help="print the results' table and stop")
     p.add_argument("--rerun", action="store_true", help="run rows already in the results again")
+    p.add_argument("--final", type=Path, help="with --table: a later run's results folder (the 'now' column)")
     a = p.parse_args(argv)
     out = a.out / f"seed{a.seed}"
     out.mkdir(parents=True, exist_ok=True)
@@ -267,7 +276,12 @@ def main(argv=None) -> int:
         print("\n".join(c.cid for c in cases))
         return 0
     if a.table:
-        print(table([done[c.cid] for c in cases if c.cid in done]))
+        final = {}
+        if a.final is not None and (a.final / f"seed{a.seed}" / "results.jsonl").exists():
+            for line in (a.final / f"seed{a.seed}" / "results.jsonl").read_text().splitlines():
+                r = json.loads(line)
+                final[r["id"]] = r
+        print(table([done[c.cid] for c in cases if c.cid in done], final))
         return 0
     from tests.sglang.differential import Worker
     from tests.support.sglang_wheels import wheel_root
