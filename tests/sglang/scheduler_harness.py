@@ -555,6 +555,11 @@ def hunt_cases() -> list[tuple[str, Callable[[], Workload], str]]:
         ("chunk-s2-p16-shortest-prefill-first-write_back-filo",
          partial(seeded, 2, page_size=16, shape="chunk", schedule_policy="shortest-prefill-first",
                  write_policy="write_back", eviction_policy="filo", outputs=(16, 64)), "rust"),
+        # a node split while its load-back is in flight joins the host-duplicate registry at the
+        # ack, anchor first (tests/engine/test_sglang_0523_duplicate_order.py)
+        ("tiered-s216-p1-lpm-write_back-long-outputs",
+         partial(seeded, 216, page_size=1, shape="tiered", schedule_policy="lpm", write_policy="write_back",
+                 outputs=(64, 200)), "rust"),
     ]
 
 

@@ -50,6 +50,10 @@ class RadixTree:
         # entries go stale lazily and are re-checked when host pressure reads them.
         self.host_duplicates: dict[int, TreeNode] = {}
         self.tracks_duplicates = False  # set by the controller when host pressure reads them
+        # node id -> the anchor of the load-back that filled it, until that load's ack (0.5.23's
+        # `load_back_pending_id`: not a settled duplicate meanwhile; a split's upper half inherits
+        # it, "split fragments stay on the anchor's root path for the ack's walk")
+        self.load_pending: dict[int, int] = {}
 
     def number_nodes(self, first: int, step: int) -> None:
         """New nodes get ids first, first + step, ... (a rank's tree in a deployment: rank + 1,
@@ -152,6 +156,9 @@ class RadixTree:
             self._stamp(node, now_ns)
         elif self._repush_on_touch and self._tree_depths:
             self._touched(node)  # tlru: a deeper parent can make the lower half TEL-safe
+        anchor = self.load_pending.get(node.id)
+        if anchor is not None:
+            self.load_pending[upper.id] = anchor
         self.track_duplicate(upper)
         return upper
 
@@ -372,7 +379,8 @@ class RadixTree:
         refill by insert, a load-back's completion."""
         if not self.tracks_duplicates:
             return
-        if node.parent is not None and node.device is not None and node.host is not None:
+        if node.parent is not None and node.device is not None and node.host is not None \
+                and node.id not in self.load_pending:  # _is_settled_full_host_duplicate
             self.host_duplicates.setdefault(node.id, node)
         else:
             self.host_duplicates.pop(node.id, None)
