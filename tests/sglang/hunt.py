@@ -248,17 +248,46 @@ def table(rows: list[dict], final: dict | None = None) -> str:
     return "\n".join(head)
 
 
-def main(argv=None) -> int:
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"{value} must be 0 to 2^63 - 1")
+    return value
+
+
+def _limit(text: str) -> int:
+    value = _seed(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _pattern(text: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression: {exc}") from None
+    return text
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tests.sglang.hunt", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--only", help="run the workloads whose id matches this regular expression")
-    p.add_argument("--limit", type=int, help="at most this many workloads")
+    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument("--only", type=_pattern, help="run the workloads whose id matches this regular expression")
+    p.add_argument("--limit", type=_limit, help="at most this many workloads")
     p.add_argument("--out", type=Path, default=Path("/tmp/tierdiag-hunt"))
     p.add_argument("--list", action="store_true", help="list the workloads and stop")
     p.add_argument("--table", action="store_true", help="print the results' table and stop")
     p.add_argument("--rerun", action="store_true", help="run rows already in the results again")
     p.add_argument("--final", type=Path, help="with --table: a later run's results folder (the 'now' column)")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
     out = a.out / f"seed{a.seed}"
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
