@@ -511,6 +511,65 @@ def agentic(seed: int, *, sessions: int = 6, turns: int = 5, page_size: int = 64
                     dev, dev * 3, block, 1024, schedule_policy, write_policy, closed_loop=True)
 
 
+def decode_pressure(seed: int, *, page_size: int, n: int, device_tokens: int, outputs: tuple[int, int],
+                    schedule_policy: str, write_policy: str, eviction_policy: str = "lru",
+                    mixed_chunk: bool = False, gap_ms: int = 8, budget: int = 1024) -> Workload:
+    """Requests with long outputs (decode pressure) sharing a few prefixes, into a device pool
+    their running decode overflows: SGLang allocates a page at a time before each decode step
+    and retracts when it runs out (`update_running_batch` -> `retract_decode`)."""
+    rnd = random.Random(seed * 31337 + page_size)
+    block = 64
+    chains = _Chains()
+    system = chains.fresh(2)
+    fams = [system + chains.fresh(rnd.randint(1, 4)) for _ in range(3)]
+    reqs, t = [], 0
+    for i in range(n):
+        t += rnd.randint(0, gap_ms) * 1_000_000
+        if reqs and rnd.random() < 0.2:
+            prev = rnd.choice(reqs)
+            ids, length = list(prev["hash_ids"]), prev["input_len"]
+        else:
+            ids = rnd.choice(fams) + chains.fresh(rnd.randint(1, 8))
+            length = len(ids) * block - rnd.randint(0, block - 1)
+        reqs.append({"id": f"d{seed}-{i}", "arrival_ns": t, "input_len": length,
+                     "output_len": rnd.randint(*outputs), "hash_ids": ids,
+                     "priority": rnd.choice((0, 1, 5)) if eviction_policy == "priority" else 0})
+    dev = device_tokens // page_size
+    mixed = ", mixed" if mixed_chunk else ""
+    return Workload(f"decode(seed {seed}, page {page_size}, {device_tokens}, out {outputs}, {schedule_policy}, "
+                    f"{write_policy}, {eviction_policy}{mixed})", reqs, page_size, dev, dev * 2, block, budget,
+                    schedule_policy, write_policy, eviction_policy, mixed_chunk=mixed_chunk)
+
+
+def hunt_cases() -> list[tuple[str, Callable[[], Workload], str]]:
+    """What tests/sglang/hunt.py found differing, each reduced to a CI case of a few seconds
+    (tests/sglang/README.md, "The hunt")."""
+    return [
+        # fifo / filo order nodes made at one instant by SGLang's creation counter
+        # (tests/engine/test_sglang_0523_creation_order.py)
+        ("decode-s206-p16-lpm-write_through-filo",
+         partial(decode_pressure, 206, page_size=16, n=60, device_tokens=4096, outputs=(100, 600),
+                 schedule_policy="lpm", write_policy="write_through", eviction_policy="filo", gap_ms=2,
+                 budget=2048), "rust"),
+        # shortest-prefill-first orders a retracted request by its input + output so far
+        # (tests/engine/test_sglang_0523_sjf_retracted.py)
+        ("decode-s515-p1-shortest-prefill-first-write_back-slru",
+         partial(decode_pressure, 515, page_size=1, n=100, device_tokens=3072, outputs=(100, 600),
+                 schedule_policy="shortest-prefill-first", write_policy="write_back", eviction_policy="slru",
+                 gap_ms=20, budget=512), "rust"),
+        # a chunk is stashed after its batch's other inserts (the creation order filo reads;
+        # tests/engine/test_sglang_0523_creation_order.py)
+        ("chunk-s2-p16-shortest-prefill-first-write_back-filo",
+         partial(seeded, 2, page_size=16, shape="chunk", schedule_policy="shortest-prefill-first",
+                 write_policy="write_back", eviction_policy="filo", outputs=(16, 64)), "rust"),
+        # a node split while its load-back is in flight joins the host-duplicate registry at the
+        # ack, anchor first (tests/engine/test_sglang_0523_duplicate_order.py)
+        ("tiered-s216-p1-lpm-write_back-long-outputs",
+         partial(seeded, 216, page_size=1, shape="tiered", schedule_policy="lpm", write_policy="write_back",
+                 outputs=(64, 200)), "rust"),
+    ]
+
+
 # --- the test matrix -------------------------------------------------------------------------------
 WRITE_POLICIES = ("write_through", "write_back", "write_through_selective")
 
@@ -853,7 +912,7 @@ MATRIX_COLUMNS: dict[str, Callable[[Workload, str], bool]] = {
 def ci_cases() -> list[tuple[str, Callable[[], Workload], str]]:
     """Every workload CI runs against SGLang (test_scheduler_0523.py, test_scheduler_long.py)."""
     return (seeded_cases() + agentic_cases() + trace_cases() + audit_cases() + storage_cases() + matrix_cases()
-            + timed_storage_cases() + capped_cases()
+            + timed_storage_cases() + capped_cases() + hunt_cases()
             + [(f"chunk_host-s{s}", partial(chunk_host, s), "rust") for s in range(4)])
 
 

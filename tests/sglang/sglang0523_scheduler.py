@@ -357,6 +357,22 @@ def _set_env(switches: set[str], core: str) -> None:
         os.environ.pop("SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR", None)
 
 
+def _hook_load_backs(tree) -> None:
+    """Each admission's load-back as it happens (`UnifiedRadixCache.init_load_back`), for the
+    price: `Req.host_loaded_length` is set only when an admission loads (`PrefillAdder`:
+    `if req.needs_host_load_back()`), and `reset_for_retract` leaves it, so a retracted request
+    re-admitted from device still carries its first admission's load."""
+    inner = tree.init_load_back
+
+    def init_load_back(params):
+        loaded = inner(params)
+        if loaded is not None and params.req is not None:
+            params.req._harness_fresh_load = loaded[0]
+        return loaded
+
+    tree.init_load_back = init_load_back
+
+
 def build(spec: dict) -> HeadlessScheduler:
     ps, dev, host = spec["page_size"], spec["device_pages"], spec.get("host_pages")
     kw = {}
@@ -512,6 +528,7 @@ def _run_workload(spec: dict) -> dict:
     clock = 0
     idle_passes = 0
     tree = sch.tree_cache
+    _hook_load_backs(tree)
     evicted = {"device": 0, "host": 0}
     _hook_evictions(tree, evicted)
     evicted["stash"] = None  # device, host tokens and log entries evicted up to this pass's chunk stash's end
@@ -614,10 +631,15 @@ def _run_workload(spec: dict) -> dict:
                 loaded = 0
                 # the first chunk since its admission (a retracted request's again:
                 # Req.reset_for_retract counts retraction_count up) loaded what it matched on host
+                fresh = 0
                 if pre == req.prefix_len and getattr(req, "_harness_counted", None) != req.retraction_count:
                     loaded = req.host_loaded_length
                     req._harness_counted = req.retraction_count
-                items.append((ext, pre, loaded // pricer.ps))
+                    # priced: what this admission's init_load_back loaded (a retracted request
+                    # matched on device again keeps its first admission's host_loaded_length,
+                    # as the engine's record keeps its first load: reported, not loaded again)
+                    fresh, req._harness_fresh_load = getattr(req, "_harness_fresh_load", 0), 0
+                items.append((ext, pre, fresh // pricer.ps))
                 members.append([req.rid, ext, pre, loaded])
             step.update(kind="mixed" if mode.is_mixed() else "prefill", members=members,
                         decoding=len(batch.reqs) - n_new)

@@ -67,7 +67,7 @@ STILL_DIFFERENT: dict[str, str] = {
 def _cases():
     out = []
     for cid, make, core in H.seeded_cases() + H.agentic_cases() + H.trace_cases() + H.audit_cases() + \
-            H.storage_cases() + H.matrix_cases() + H.timed_storage_cases() + H.capped_cases():
+            H.storage_cases() + H.matrix_cases() + H.timed_storage_cases() + H.capped_cases() + H.hunt_cases():
         marks = [pytest.mark.shared] if cid.startswith("conversation") else []
         if cid in STILL_DIFFERENT:
             marks.append(pytest.mark.xfail(strict=True, reason="still differs: " + STILL_DIFFERENT[cid]))

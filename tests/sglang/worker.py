@@ -23,9 +23,14 @@ import sglang_imports  # noqa: E402  (this folder, not a package)
 
 def main() -> int:
     version, root = sys.argv[1], sys.argv[2]
+    # The answers go to the pipe on fd 1 through a duplicate of it; fd 1 itself is pointed at
+    # stderr before SGLang is imported, so nothing SGLang writes (a print, a logging handler
+    # bound to the process's stdout, a tree dump before its "Prefill out of memory") can land
+    # in the middle of an answer (it did: `Extra data` where the reader expected one JSON line)
+    real_stdout = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     sglang_imports.install(root)
-    real_stdout = sys.stdout
-    sys.stdout = sys.stderr  # SGLang's prints and warnings never mix with the answers
     import logging
 
     logging.disable(logging.WARNING)

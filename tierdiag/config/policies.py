@@ -10,7 +10,10 @@ What the keys read (`EvictionNode`; engine/tree.py's TreeNode is one):
 - `last_access_ns`: set by every match and insert that walks through the node;
 - `hit_count`: grows per *insert* that walks through the node (chunk inserts excluded, and never
   under write_back), as HiRadixCache._inc_hit_count; matches do not count;
-- `created_ns`: when the node's first page entered the tree (a split keeps it);
+- `created_ns`, `created_seq`: when the node's first page entered the tree (a split keeps it
+  under 0.5.23) and the order of creations within that instant (SGLang 0.5.23's creation_time is
+  a logical counter, `get_and_increase_time_counter`: two nodes made at one virtual instant are
+  still older and newer, so fifo and filo never tie);
 - `priority`: the highest `"priority"` of the requests that inserted the node (RadixCache keeps
   the max along the path; a split inherits it);
 - `tlru_depth`, `tlru_history` (tlru only, kept by the tree when the policy asks, `tree_depths`):
@@ -34,6 +37,7 @@ class EvictionNode(Protocol):
     access_seq: int
     hit_count: int
     created_ns: int
+    created_seq: int
     priority: int
     tlru_depth: int
     tlru_history: int
@@ -63,7 +67,7 @@ def _lfu(n: EvictionNode) -> tuple:
 
 
 def _fifo(n: EvictionNode) -> tuple:
-    return (n.created_ns, n.id)
+    return (n.created_ns, n.created_seq, n.id)
 
 
 def _mru(n: EvictionNode) -> tuple:
@@ -71,7 +75,9 @@ def _mru(n: EvictionNode) -> tuple:
 
 
 def _filo(n: EvictionNode) -> tuple:
-    return (-n.created_ns, n.id)
+    # newest first within an instant too (FILOStrategy: -creation_time, a counter): the node id
+    # alone broke such ties oldest first
+    return (-n.created_ns, -n.created_seq, n.id)
 
 
 def _priority(n: EvictionNode) -> tuple:

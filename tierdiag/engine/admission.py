@@ -332,6 +332,7 @@ class Admission(SchedulerState):
             rec_flops.append(cost.prefill_flops(r, req.done_tokens) if r > 0 else 0.0)
         all_rec = sum(rec_flops)
         rec_per_flop = (compute_ns - cost.prefill_ns(sum(flops) - all_rec)) / all_rec if all_rec else 0.0
+        stash: Req | None = None
         for (req, take, lb_ns, lb_pages), f, rf in zip(items, flops, rec_flops):
             share = compute_ns * f / total_flops
             rec = rf * rec_per_flop
@@ -350,8 +351,7 @@ class Admission(SchedulerState):
                     self.chunked = None
                 self.at(end, self._prefill_done, req)
             else:
-                self.chunked = req
-                self.at(end, self._cache_unfinished, req)
+                self.chunked = stash = req
             if self.emit.prefill_done is not None:
                 self.emit.prefill_done((end, req.req_id, bid, req.num_chunks, take))
         self._join_front = 0 if mixed_ns else None
@@ -360,6 +360,11 @@ class Admission(SchedulerState):
             # first (mix_with_running appends the running ones): their inserts come before the
             # finishing decoders' (cache_finished_req), which LRU then sees as the more recent
             self._finish_step(end)
+        if stash is not None:
+            # the chunk goes into the tree at the next pass's start (get_next_batch_to_run ->
+            # stash_chunked_request), after every insert and finish of process_batch_result:
+            # its nodes are made, and stamped, after theirs (fifo / filo read the creation order)
+            self.at(end, self._cache_unfinished, stash)
         if self.emit.batch is not None:
             # A mixed batch's decode step is part of its compute (the rows' new compute)
             self.emit.batch((bid, now, end, len(items), sum(t for _, t, _, _ in items), lb_bytes_total,

@@ -88,7 +88,6 @@ class CacheController:
         self.h2d_free_ns = 0
         self.d2h_free_ns = 0
         self.loads_pending: list = []  # load-backs not yet acknowledged (ack_loads), node tuples
-        self.load_pending_ids: set[int] = set()
         self.blocking_ns = 0  # write-backs done synchronously during the current admission
         # 0.5.23 (rules.backups_flush_per_batch): write-through backups queued, not yet copied
         # (flush_backups); `stash_backups` routes a chunk stash's to the flush after the next
@@ -225,7 +224,7 @@ class CacheController:
         prefetch's anchor, a storage write holding its host copy) and no load-back pending;
         else the drop is declined and the node "stays device-resident until host space frees"
         (`_evict_components`)."""
-        if node.id in self.load_pending_ids:
+        if node.id in self.tree.load_pending:
             return True
         stack = [node]
         while stack:
@@ -301,7 +300,7 @@ class CacheController:
                     continue
                 if node.host_ref:  # a host lock (a load-back's or a prefetch's anchor)
                     continue
-                if node.id in self.load_pending_ids:  # loaded back this pass, not yet acknowledged
+                if node.id in tree.load_pending:  # loaded back this pass, not yet acknowledged
                     continue
                 self.record_eviction(node, Tier.HOST, EvictionAction.FREE_DUPLICATE, cause, now_ns)
                 self.host.free(tree.drop_host(node))
@@ -592,8 +591,9 @@ class CacheController:
             # `load_back_pending` (write_back), which `_can_reclaim_full_host_duplicate`
             # refuses, and not yet registered as duplicates (ack_loads).
             self.loads_pending.append(nodes)
+            anchor_id = nodes[-1].id
             for node in nodes:
-                self.load_pending_ids.add(node.id)
+                self.tree.load_pending[node.id] = anchor_id
         pages = len(slots)
         dp_bytes = pages * self.dp_page_bytes
         self.stats.loaded_data_plane_bytes += dp_bytes
@@ -615,11 +615,19 @@ class CacheController:
         the anchor up (`finish_load_back` -> `_update_duplicate_tracking`)."""
         if not self.loads_pending:
             return
+        tree = self.tree
+        pending = tree.load_pending
         for nodes in self.loads_pending:
-            for node in reversed(nodes):
-                self.tree.track_duplicate(node)
+            # the anchor's root path, split fragments included (its upper halves, made since)
+            anchor = nodes[-1]
+            aid = anchor.id
+            node: TreeNode | None = anchor
+            while node is not None and node.parent is not None:
+                if pending.get(node.id) == aid:
+                    del pending[node.id]
+                    tree.track_duplicate(node)
+                node = node.parent
         self.loads_pending.clear()
-        self.load_pending_ids.clear()
 
     def write_computed(self, slots: list[int], page_keys: "np.ndarray | list[int]") -> None:
         """The prefill's output: KV for these pages, derived from their keys."""

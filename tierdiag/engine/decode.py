@@ -339,8 +339,8 @@ class DecodeSteps(SchedulerState):
         self.new_token_ratio = min(1.0, (sum(self._generated(r) for r in kept) + RETRACT_DECODE_STEPS * len(kept))
                                    / (sum(r.output_len for r in kept) + 1))
         self.stats.retractions += len(retracted)
-        for req in retracted:
-            self._requeue(req, now)
+        for i, req in enumerate(retracted):
+            self._requeue(req, now, i)
         if aborted is not None:
             self._abort(aborted, now)
         return retracted
@@ -353,7 +353,7 @@ class DecodeSteps(SchedulerState):
         self.tree.dec_lock(req.lock_node)
         req.lock_node = None
 
-    def _requeue(self, req: Req, now: int) -> None:
+    def _requeue(self, req: Req, now: int, order: int = 0) -> None:
         """Req.reset_for_retract + _add_request_to_queue(is_retracted=True): prefix, protected
         and inserted lengths back to 0, the output so far kept (its next prefill is input +
         output: `fill_len`); at the end of the waiting queue, its storage prefetch started again.
@@ -378,6 +378,7 @@ class DecodeSteps(SchedulerState):
         req.storage_hit_end = None
         req.storage_last_match = 0  # _add_request_to_queue(is_retracted=True)
         self.waiting.append(req)
+        req.queue_entry = (now, order, req.seq)  # set_wait_queue_entry_time at the retraction
         self.arrived_at[req.seq] = self.processed_tokens
         if self.ctrl.storage is not None and req.prefetch is None:
             self._start_prefetch(req, now)

@@ -120,14 +120,16 @@ def sort_by_hrrn(waiting: list[Req], match, ps: int, now: int, processed: int, a
 def sort_by_shortest_prefill(waiting: list[Req], match, ps: int, now: int, processed: int,
                              arrived: dict[int, int], rules: RuleSet | None = None) -> None:
     """SchedulePolicy._sort_by_shortest_prefill (SGLang 0.5.23): key (in-batch deprioritized,
-    `_shortest_prefill_work`, wait_queue_entry_time), where work = max(1, input - 
-    num_matched_prefix_tokens): the uncached part, device and host hits both counted as cached.
-    Ties go to the earlier queue entry. Never falls back to FCFS (not in
+    `_shortest_prefill_work`, wait_queue_entry_time), where work = max(1, len(origin_input_ids) +
+    len(output_ids) - num_matched_prefix_tokens): the uncached part, device and host hits both
+    counted as cached, and a retracted request's output so far counted too (`fill_len`). Ties go
+    to the earlier queue entry, a retracted request's being its retraction
+    (`_add_request_to_queue` -> `set_wait_queue_entry_time`). Never falls back to FCFS (not in
     `_determine_active_policy`'s list)."""
     keys = {}
     for r, deprioritized, matched in _matched(waiting, match, ps, now):
-        r.prefill_work_tokens = max(1, r.input_len - matched)  # read by the chunk cap below
-        keys[r.seq] = (deprioritized, r.prefill_work_tokens, r.arrival_ns, r.seq)
+        r.prefill_work_tokens = max(1, r.fill_len - matched)  # read by the chunk cap below
+        keys[r.seq] = (deprioritized, r.prefill_work_tokens, r.queue_entry)
     waiting.sort(key=lambda r: keys[r.seq])
 
 
@@ -140,7 +142,7 @@ def shortest_prefill_chunk_limit(chunked: Req, waiting: list[Req], budget: int, 
     two pages, or nothing reserved."""
     if budget < 2 * ps:
         return None
-    remaining = chunked.input_len - chunked.done_tokens
+    remaining = chunked.fill_len - chunked.done_tokens  # full_untruncated_fill_ids: input + output so far
     reserved = 0
     for r in waiting:
         work = r.prefill_work_tokens

@@ -34,7 +34,7 @@ class Req:
         "loadback_wall_ns", "loadback_verified", "protected_pages", "session", "think_ms", "trace_arrival_ns",
         "prefetch_wait_ns", "prefetch_deadline_ns", "prefetch_retries", "inserted_pages", "prefill_work_tokens",
         "storage_hit_end", "route", "storage_last_match", "prefetch_ack_pass", "prefetch_query_pass",
-        "storage_span_pages", "storage_span_start", "loaded_span_pages", "loaded_span_start",
+        "storage_span_pages", "storage_span_start", "loaded_span_pages", "loaded_span_start", "queue_entry",
     )
     total_pages: int  # set on arrival (Scheduler._arrive)
     max_match_pages: int
@@ -89,6 +89,11 @@ class Req:
         self.first_pass: tuple | None = None  # FIRST_PASS_FIELDS at its first retraction
         self.retractions = 0
         self.prefill_work_tokens = 0  # `_shortest_prefill_work` at the last sort (shortest-prefill-first)
+        # When it last joined the waiting queue (SGLang's time_stats.wait_queue_entry_time, the
+        # shortest-prefill-first tie-break): (ns, -1, seq) at arrival; a retracted request's
+        # (ns, i, seq), i its place among that retraction's requests (they re-enter the queue
+        # after the arrivals handed in before the pass, in retract_decode's order).
+        self.queue_entry = (arrival_ns, -1, t.seq)
         self.route = ROUTE_NONE  # the record's routing columns (engine/deployment.py sets them)
         self.priority = t.priority
         self.sort_key = 0.0

@@ -50,6 +50,10 @@ class RadixTree:
         # entries go stale lazily and are re-checked when host pressure reads them.
         self.host_duplicates: dict[int, TreeNode] = {}
         self.tracks_duplicates = False  # set by the controller when host pressure reads them
+        # node id -> the anchor of the load-back that filled it, until that load's ack (0.5.23's
+        # `load_back_pending_id`: not a settled duplicate meanwhile; a split's upper half inherits
+        # it, "split fragments stay on the anchor's root path for the ack's walk")
+        self.load_pending: dict[int, int] = {}
 
     def number_nodes(self, first: int, step: int) -> None:
         """New nodes get ids first, first + step, ... (a rank's tree in a deployment: rank + 1,
@@ -61,7 +65,7 @@ class RadixTree:
         node = TreeNode(self._next_id, parent, keys, device, host, now_ns, owner, keys_np)
         self._next_id += self.id_step
         self._seq += 1
-        node.access_seq = self._seq
+        node.access_seq = node.created_seq = self._seq
         parent.children[keys[0]] = node
         if device is not None:
             parent.n_dev_children += 1
@@ -114,7 +118,8 @@ class RadixTree:
         half is created at the split under 0.5.9 (a new TreeNode), keeps the node's creation time
         under 0.5.23 (`split_upper_created_at_split`)."""
         parent = node.parent
-        created = now_ns if now_ns is not None and self.rules.split_upper_created_at_split else node.created_ns
+        fresh = now_ns is not None and self.rules.split_upper_created_at_split
+        created = now_ns if fresh and now_ns is not None else node.created_ns
         upper = TreeNode(self._next_id, parent, node.keys[:pages],
                          None if node.device is None else node.device[:pages],
                          None if node.host is None else node.host[:pages],
@@ -124,6 +129,11 @@ class RadixTree:
         upper.hit_count = node.hit_count
         upper.last_access_ns = node.last_access_ns
         upper.access_seq = node.access_seq
+        if fresh:  # 0.5.9: a new node, created at the split (HiRadixCache._split_node)
+            self._seq += 1
+            upper.created_seq = self._seq
+        else:  # 0.5.23: the lower half's creation, both halves (UnifiedTreeCore._split_node)
+            upper.created_seq = node.created_seq
         upper.prefetched_for = node.prefetched_for
         upper.evicted_by = node.evicted_by
         upper.priority = node.priority  # SGLang: the new node inherits the child's priority
@@ -146,6 +156,9 @@ class RadixTree:
             self._stamp(node, now_ns)
         elif self._repush_on_touch and self._tree_depths:
             self._touched(node)  # tlru: a deeper parent can make the lower half TEL-safe
+        anchor = self.load_pending.get(node.id)
+        if anchor is not None:
+            self.load_pending[upper.id] = anchor
         self.track_duplicate(upper)
         return upper
 
@@ -366,7 +379,8 @@ class RadixTree:
         refill by insert, a load-back's completion."""
         if not self.tracks_duplicates:
             return
-        if node.parent is not None and node.device is not None and node.host is not None:
+        if node.parent is not None and node.device is not None and node.host is not None \
+                and node.id not in self.load_pending:  # _is_settled_full_host_duplicate
             self.host_duplicates.setdefault(node.id, node)
         else:
             self.host_duplicates.pop(node.id, None)

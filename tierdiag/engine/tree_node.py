@@ -12,7 +12,7 @@ from typing import NamedTuple
 class TreeNode:
     __slots__ = ("id", "parent", "children", "keys", "device", "host", "lock_ref", "hit_count",
                  "last_access_ns", "created_ns", "n_dev_children", "owner", "prefetched_for", "evicted_by",
-                 "priority", "host_ref", "keys_np", "access_seq", "tlru_depth", "tlru_history")
+                 "priority", "host_ref", "keys_np", "access_seq", "tlru_depth", "tlru_history", "created_seq")
 
     def __init__(self, node_id: int, parent: "TreeNode | None", keys: list[int],
                  device: list[int] | None, host: list[int] | None, now_ns: int, owner: str | None,
@@ -33,6 +33,11 @@ class TreeNode:
         # clocks never tie (0.5.9's time.monotonic, 0.5.23's logical counter), so neither may ours.
         self.access_seq = 0
         self.created_ns = now_ns
+        # The order of creations within one virtual instant (the tree's counter, as access_seq):
+        # SGLang 0.5.23's creation_time is its logical counter (UnifiedTreeNode.__init__:
+        # get_and_increase_time_counter), so fifo / filo never tie, and a split's upper half
+        # keeps the lower's (UnifiedTreeCore._split_node copies creation_time).
+        self.created_seq = 0
         self.n_dev_children = 0
         self.owner = owner  # the last request that used these pages
         self.prefetched_for: int | None = None  # request seq whose storage prefetch brought it in
