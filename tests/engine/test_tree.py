@@ -89,3 +89,42 @@ def test_every_registered_policy_is_a_config_choice():
     from tierdiag.config.policies import EVICTION_POLICIES as REGISTRY
     assert EVICTION_POLICIES == tuple(REGISTRY) == ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru",
                                                                   "tlru")
+
+
+def test_lru_key_kept_on_the_node_is_always_the_current_one():
+    """RadixTree._key keeps lru's key on the node (TreeNode.lru_key) and reuses it until the next
+    stamp: after any mix of inserts, matches (which split and stamp) and evictions, every node's
+    kept key is the one made from its stamp now, and each victim is the least recently stamped evictable node."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    paths = st.lists(st.lists(st.integers(1, 6), min_size=1, max_size=6), min_size=1, max_size=12)
+
+    @settings(max_examples=60, deadline=None)
+    @given(paths, st.lists(st.booleans(), max_size=12))
+    def check(inserts, matches):
+        tree = RadixTree(64, "lru")
+        slot = iter(range(100_000))
+        now = 0
+        for i, raw in enumerate(inserts):
+            keys = [sum(raw[:j + 1]) * 10 + j for j in range(len(raw))]  # chained: a prefix names its path
+            now += 1 if i % 3 else 0  # ties in time too: access_seq orders them
+            tree.insert(keys, 0, [next(slot) for _ in keys], now_ns=now)
+            if i < len(matches) and matches[i]:
+                tree.match(keys[: max(1, len(keys) // 2)], now_ns=now)  # a split, both halves stamped
+            for node in tree.nodes():
+                tree._key(node)  # keyed (and kept) now ...
+        now += 1
+        tree.match(keys, now_ns=now)  # ... then stamped again: the kept keys must follow
+        for node in tree.nodes():
+            assert tree._key(node) == (node.last_access_ns << 64) | node.access_seq
+        while True:  # each victim: the least recently stamped of the leaves evictable then
+            stamps = sorted((n.last_access_ns, n.access_seq, n.id) for n in tree.nodes() if tree.device_evictable(n))
+            victim = tree.pop_device_victim()
+            if victim is None:
+                assert stamps == []
+                break
+            assert (victim.last_access_ns, victim.access_seq, victim.id) == stamps[0]
+            tree.delete(victim)
+
+    check()

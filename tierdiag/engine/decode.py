@@ -367,7 +367,7 @@ class DecodeSteps(SchedulerState):
         n_in = req.input_len // ps
         n_fill = req.fill_len // ps
         if n_fill > len(req.keys):
-            out = output_page_keys(req.req_id, req.keys[:n_in], n_fill - n_in)[len(req.keys) - n_in:]
+            out = output_page_keys(req.req_id, req.keys[n_in - 1:n_in], n_fill - n_in)[len(req.keys) - n_in:]
             req.keys.extend(out)
             req.keys_np = np.concatenate((req.keys_np, np.array(out, dtype=np.int64)))
         req.max_match_pages = min(len(req.keys), (req.fill_len - 1) // ps)
@@ -405,7 +405,7 @@ class DecodeSteps(SchedulerState):
             # No content is written for output pages: their keys are this request's own, so no
             # request ever matches them and no load-back reads (or verifies) them back. Their
             # copies to host and storage still run, as the real ones would.
-            out_keys = output_page_keys(req.req_id, req.keys[:n_in], n_full - n_in)[have - n_in:]
+            out_keys = output_page_keys(req.req_id, req.keys[n_in - 1:n_in], n_full - n_in)[have - n_in:]
             req.keys.extend(out_keys)
             req.keys_np = np.concatenate((req.keys_np, np.array(out_keys, dtype=np.int64)))
         self._insert(req, n_full, now, chunk=False)

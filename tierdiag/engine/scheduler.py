@@ -150,6 +150,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         # The pass the loops run (schedule_pass): an attribute, so that a harness can watch each
         # pass (tests/sglang/scheduler_harness.py) where a compiled method cannot be replaced
         self.pass_fn: Callable[[int], int | None] = self.schedule_pass
+        self._own_pass: Callable[[int], int | None] = self.pass_fn  # run: still ours, called natively
 
     def as_rank(self, rank: int, num_ranks: int) -> None:
         """Rank `rank` of a deployment of `num_ranks` (engine/deployment.py): every row it and its
@@ -183,6 +184,9 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         # The wakes that stop them (an arrival, an event) run there too, as this loop runs them
         # (`_wakes_until`), and the steps go on where the pass stays a decode step
         fold = self._wakes_until
+        # The pass: `schedule_pass` called natively (compiled: a direct call, not Python's
+        # generic call through the attribute) unless a harness has put its own in `pass_fn`
+        own_pass = self._own_pass
         while True:
             while True:  # arrivals and events at `now`, until a finish releases no turn due now
                 for t, at, trace_at, think_ms in src.due(now):
@@ -195,7 +199,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                     break
             ran = False
             if now >= gpu_free and (self.waiting or self.running or self.chunked is not None):
-                end = self.pass_fn(now)
+                end = self.schedule_pass(now) if self.pass_fn is own_pass else self.pass_fn(now)
                 if end is not None:
                     if ahead and not (closed and src.num_sessions):
                         limit = src.next_ns(now)

@@ -12,7 +12,8 @@ from typing import NamedTuple
 class TreeNode:
     __slots__ = ("id", "parent", "children", "keys", "device", "host", "lock_ref", "hit_count",
                  "last_access_ns", "created_ns", "n_dev_children", "owner", "prefetched_for", "evicted_by",
-                 "priority", "host_ref", "keys_np", "access_seq", "tlru_depth", "tlru_history", "created_seq")
+                 "priority", "host_ref", "keys_np", "access_seq", "tlru_depth", "tlru_history", "created_seq",
+                 "lru_key", "lru_key_seq")
 
     def __init__(self, node_id: int, parent: "TreeNode | None", keys: list[int],
                  device: list[int] | None, host: list[int] | None, now_ns: int, owner: str | None,
@@ -49,6 +50,11 @@ class TreeNode:
         # tlru's bookkeeping (config/policies.py), kept only when the policy reads it.
         self.tlru_depth = 0
         self.tlru_history = 0
+        # lru's heap key (RadixTree._key) as last made, and the access_seq it was made at: only a
+        # stamp moves last_access_ns, and every stamp moves access_seq, so a key made at this
+        # node's current access_seq is its current key (-1: none made yet)
+        self.lru_key = 0
+        self.lru_key_seq = -1
 
     @property
     def num_pages(self) -> int:

@@ -122,7 +122,7 @@ def _block_page_keys_c(hash_ids: tuple[int, ...], num_pages: int, per_block: int
     out = _c_block_page_keys(hash_ids, num_pages, per_block)
     if out == -1:
         return _block_page_keys_numpy(hash_ids, num_pages, per_block)
-    return np.frombuffer(out, dtype=np.int64)  # the bytearray's memory: writable, this call's own
+    return np.frombuffer(out, _INT64)  # the bytearray's memory: writable, this call's own
 
 
 def _block_page_keys_numpy(hash_ids: tuple[int, ...], num_pages: int, per_block: int) -> np.ndarray:
@@ -139,6 +139,9 @@ def _block_page_keys_numpy(hash_ids: tuple[int, ...], num_pages: int, per_block:
 
 
 _c_block_page_keys = cplane.compiled("block_page_keys")
+# The dtype made once and passed by position: np.frombuffer's keyword parsing and dtype
+# conversion were most of its cost, once a request (callgrind, issue 41)
+_INT64 = np.dtype(np.int64)
 # The backend native/cplane.py chose.
 block_page_keys = cplane.choose("pages.block_page_keys", _block_page_keys_c, _block_page_keys_numpy)
 
