@@ -22,19 +22,11 @@ from __future__ import annotations
 import pytest
 
 from tests.engine import helpers
-from tests.engine.helpers import PS, req
-from tierdiag.engine.engine import Engine, check_rank
-from tierdiag.engine.request import Req
+from tests.engine.helpers import req
 from tierdiag.engine.content import verify_content_numpy, write_content_numpy
-from tierdiag.trace.pages import page_keys_array
+from tierdiag.engine.engine import Engine, check_rank
 
-
-def _queued(t) -> Req:
-    r = Req(t, 0)
-    r.keys_np = page_keys_array(t, page_size=PS, block_size=PS)
-    r.keys = r.keys_np.tolist()
-    r.max_match_pages = (t.input_len - 1) // PS
-    return r
+_queued = helpers.queued_req
 
 
 def _read_over_a_device_only_node(engine: Engine):
