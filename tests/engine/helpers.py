@@ -173,6 +173,18 @@ def storage_engine(tmp_path, folder: str = "tier", **kw) -> Engine:
     return engine
 
 
+def queued_req(t):
+    """Trace request `t` as the scheduler's Req once queued: its page keys, its matchable pages."""
+    from tierdiag.engine.request import Req
+    from tierdiag.trace.pages import page_keys_array
+
+    r = Req(t, 0)
+    r.keys_np = page_keys_array(t, page_size=PS, block_size=PS)
+    r.keys = r.keys_np.tolist()
+    r.max_match_pages = (t.input_len - 1) // PS
+    return r
+
+
 def store_input_pages(engine: Engine, t) -> None:
     """The input pages of trace request `t` written into the storage tier (nothing on device or host)."""
     from tierdiag.trace.pages import page_keys_array

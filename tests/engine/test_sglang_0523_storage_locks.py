@@ -13,8 +13,6 @@ from __future__ import annotations
 from tests.engine import helpers
 from tests.engine.helpers import PS, req
 from tierdiag.engine.engine import Engine, check_rank
-from tierdiag.engine.request import Req
-from tierdiag.trace.pages import page_keys_array
 
 
 def _engine(tmp_path, policy: str) -> Engine:
@@ -23,12 +21,7 @@ def _engine(tmp_path, policy: str) -> Engine:
     return engine
 
 
-def _queued(t) -> Req:
-    r = Req(t, 0)
-    r.keys_np = page_keys_array(t, page_size=PS, block_size=PS)
-    r.keys = r.keys_np.tolist()
-    r.max_match_pages = (t.input_len - 1) // PS
-    return r
+_queued = helpers.queued_req
 
 
 def _missing_request_with_host_leaf(engine: Engine):

@@ -67,7 +67,11 @@ def test_the_span_is_what_the_prefetch_put_into_the_tree_taken_at_the_admission_
     s, ctrl, tree = engine.scheduler, engine.ctrl, engine.scheduler.tree
     keys = list(range(200, 210))
     slots = ctrl.device.alloc(4)
-    tree.insert(keys[:4], 0, slots, 1)  # 2 pages matched at the query, 2 more computed since
+    node = tree.insert(keys[:4], 0, slots, 1).last  # 2 pages matched at the query, 2 more computed since
+    # backed up: a node on device without a host copy would take the read's pages as its host
+    # copy and count them loaded (`UnifiedTreeCore.insert_host`, not under write_back;
+    # tests/engine/test_sglang_0523_insert_host_refill.py)
+    tree.set_host(node, ctrl.host.alloc(4))
     r = _queued(keys)
     anchor, matched = tree.locate(keys[:2])
     assert matched == 2

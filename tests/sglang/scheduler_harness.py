@@ -541,6 +541,25 @@ def decode_pressure(seed: int, *, page_size: int, n: int, device_tokens: int, ou
                     schedule_policy, write_policy, eviction_policy, mixed_chunk=mixed_chunk)
 
 
+def hunt_synth(kind: str, seed: int, rate: float, n: int, requests: int, argv: list[str]) -> Workload:
+    """A hunt workload on a `tierdiag synth` trace (tests/sglang/hunt.py's `synth` family): the
+    n-request trace written once under the temp folder, its first `requests` driven as
+    `python -m tests.sglang.drive TRACE --requests R ARGV` builds them."""
+    import tempfile
+
+    from tests.sglang import drive  # it imports this module
+    from tierdiag.trace.synth import SynthConfig, synth_to_file
+
+    path = Path(tempfile.gettempdir()) / "tierdiag-harness-traces" / f"synth-{kind}-s{seed}-r{rate:g}-n{n}.jsonl"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(f"{path.name}.{os.getpid()}.part")  # parallel workers: whole files only
+        synth_to_file(part, SynthConfig(kind=kind, num_requests=n, seed=seed, rate_per_s=rate))
+        part.replace(path)
+    _, w = drive.prepare([str(path), "--requests", str(requests)] + argv)
+    return w
+
+
 def hunt_cases() -> list[tuple[str, Callable[[], Workload], str]]:
     """What tests/sglang/hunt.py found differing, each reduced to a CI case of a few seconds
     (tests/sglang/README.md, "The hunt")."""
@@ -567,6 +586,17 @@ def hunt_cases() -> list[tuple[str, Callable[[], Workload], str]]:
         ("tiered-s216-p1-lpm-write_back-long-outputs",
          partial(seeded, 216, page_size=1, shape="tiered", schedule_policy="lpm", write_policy="write_back",
                  outputs=(64, 200)), "rust"),
+        # a storage read whose pages another request put on device meanwhile, without a host
+        # copy (the 24,576-token host pool was full at its backup): 0.5.23's insert_host refills
+        # that host copy from the read and counts it loaded from storage
+        # (tests/engine/test_sglang_0523_insert_host_refill.py); the hunt's 150 requests, cut to
+        # the first 40 (the engine without the rule differs in 1 of them, 2 of the 150)
+        ("synth-mixed-s642-r8-n150:40-p16-lpm-write_through-mru-stored-wait_complete",
+         partial(hunt_synth, "mixed", 642, 8.0, 150, 40,
+                 ["--page-size", "16", "--schedule-policy", "lpm", "--write-policy", "write_through",
+                  "--eviction-policy", "mru", "--max-prefill-tokens", "4096", "--storage-tokens", "4000000",
+                  "--prefetch-policy", "wait_complete", "--device-tokens", "24576", "--host-tokens", "24576"]),
+         "rust"),
     ]
 
 

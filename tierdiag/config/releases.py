@@ -108,6 +108,7 @@ RULE_NAMES: dict[str, RuleName] = {r.name: r for r in (
     RuleName("prefetch_retry", ("prefetch_retry_interval_passes", "prefetch_retry_max_attempts"),
              "storage re-queries"),
     RuleName("prefetch_assume_stored", ("prefetch_assume_stored",), "known hit on re-query"),
+    RuleName("insert_host_refills_host", ("insert_host_refills_host",), "host copy refilled by a read"),
     RuleName("storage_acks_per_pass", ("storage_acks_per_pass",), "storage acks a pass"),
     # Recorded in the run's config only (EngineConfig.to_json): it moves nothing in the model.
     RuleName("host_layout", ("host_layout",), "host layout"),

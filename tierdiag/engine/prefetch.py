@@ -506,10 +506,14 @@ class StoragePrefetch(SchedulerState):
         # tree had, where they start (0: none), for the next admission poll to take
         req.loaded_span_pages = req.loaded_span_start = 0
         if matched >= first:  # else the anchor's path left the tree: nothing to hang the pages on
-            dup = matched - first
-            self.ctrl.host.free(slots[:dup])
+            dup = matched - first  # pages the tree holds past the anchor
+            had = dup  # of them, those not counted as loaded, their read copy freed
+            if self.refill_host_on_read and dup:
+                had = self._refill_host_copies(req.keys[:matched], first, slots)
+            self.ctrl.host.free(slots[:had])
+            if done > had:
+                req.loaded_span_pages, req.loaded_span_start = done - had, first + had
             if done > dup:
-                req.loaded_span_pages, req.loaded_span_start = done - dup, matched
                 new = tree.insert_host(node, req.keys[matched:first + done], slots[dup:done], now, req.req_id,
                                        req.keys_np[matched:first + done])
                 new.prefetched_for = req.seq
@@ -537,6 +541,32 @@ class StoragePrefetch(SchedulerState):
         req.prefetch_tokens = 0
         if kept < pages and req.storage_skip_reason is None:
             req.storage_skip_reason = "prefetch_incomplete"
+
+
+    def _refill_host_copies(self, keys: list[int], first: int, slots: list[int]) -> int:
+        """UnifiedTreeCore.insert_host (0.5.23, not write_back): the read's path below the anchor
+        (pages `first` on, all in the tree: `keys` ends where the tree's match does) keeps the
+        read's pages as the host copy of each node on device without one
+        (`full_data.host_value = matched_host_value`, a duplicate tracked as such); the pages of
+        nodes that had a host copy come first on the path (SGLang asserts it) and are the
+        `host_prefix_len` returned, which the caller frees. The refilled pages count as loaded
+        (`loaded_from_storage = completed_tokens - prefix_len`)."""
+        tree = self.tree
+        host_prefix = 0
+        refilled = False
+        at = 0
+        for node in tree.walk(keys):
+            pages = len(node.keys)
+            if at >= first:
+                if node.host is None:
+                    tree.set_host(node, slots[at - first:at - first + pages])
+                    tree.track_duplicate(node)
+                    refilled = True
+                else:
+                    assert not refilled, f"{node}: backed node below a refilled host copy"
+                    host_prefix += pages
+            at += pages
+        return host_prefix
 
 
 def _matchable(req: Req) -> list[int]:

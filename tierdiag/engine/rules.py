@@ -90,6 +90,13 @@ class RuleSet:
     # UnifiedTreeCore._insert_walk_step -> _unevict_node_on_insert, then
     # _finish_insert_walk_node (0.5.23): a host-only node the insert refills counts a hit.
     unevict_counts_hit: bool
+    # UnifiedTreeCore.insert_host (0.5.23, a storage read's pages going into the tree): under a
+    # non-write-back policy a node on the read's path that is on device without a host copy
+    # takes the read's pages as its host copy (`full_data.host_value = matched_host_value`), and
+    # `InsertResult.prefix_len` is `host_prefix_len` (the pages whose nodes already had one): the
+    # refilled pages count as loaded from storage (`prefetch_loaded_tokens_by_reqid`). 0.5.9's
+    # `_insert_helper_host` refills nothing and counts every matched page as already there.
+    insert_host_refills_host: bool
     # --- the controller (CacheController) ---
     # pages to evict for `need` with `free` free (device and host alike)
     eviction_amount: Callable[[int, int], int]
@@ -261,6 +268,7 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         insert_priority_before_split=False,
         stamp_path_after_walk=True,
         unevict_counts_hit=True,
+        insert_host_refills_host=True,
         eviction_amount=_evict_shortfall,
         reclaim_host_duplicates=True,
         write_back_drop_spares_pinned=True,
@@ -299,6 +307,7 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         insert_priority_before_split=True,
         stamp_path_after_walk=False,
         unevict_counts_hit=False,
+        insert_host_refills_host=False,
         eviction_amount=_evict_whole_need,
         reclaim_host_duplicates=False,
         write_back_drop_spares_pinned=False,

@@ -81,6 +81,7 @@ class SchedulerState:
     _batch_id: int
     event_ns: int
     count_hits: bool
+    refill_host_on_read: bool
     backup_threshold: int | None
     prefetch_threshold: int
     prefetch_tokens_occupied: int

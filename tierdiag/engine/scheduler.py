@@ -109,6 +109,8 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self._batch_id = 0
         self.event_ns = 0  # virtual time of the event being handled
         self.count_hits = cfg.write_policy != WritePolicy.WRITE_BACK  # _inc_hit_count returns early under write_back
+        # UnifiedTreeCore.insert_host refills device-only nodes' host copies (not under write_back)
+        self.refill_host_on_read = self.rules.insert_host_refills_host and cfg.write_policy != WritePolicy.WRITE_BACK
         self.backup_threshold = WRITE_THROUGH_THRESHOLD.get(cfg.write_policy)
         self.prefetch_threshold = max(cfg.prefetch_threshold, self.ps)  # HiCacheController: >= a page
         self.prefetch_limit_tokens = prefetch_limit_tokens(self.rules, ctrl.host.capacity, ctrl.device.capacity,
