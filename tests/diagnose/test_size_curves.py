@@ -159,24 +159,6 @@ def replayed_requests(draw):
 
 
 @settings(max_examples=60, deadline=None)
-@given(arbitrary, st.integers(1, 7))
-def test_previous_touches_found_in_small_chunks_give_the_same_depths(raw, chunk):
-    # _flat_depths finds each touch's previous touch a chunk of the key order at a time (issue 41:
-    # no array of every touch beside the keys, the order and prev): any chunk size, chunk edges
-    # inside a run of equal keys included, gives the depths of one chunk and the LRU model's.
-    groups = _groups_from(raw)
-    whole = sc.stack_depths(groups)
-    old = sc._CHUNK_TOUCHES
-    sc._CHUNK_TOUCHES = chunk
-    try:
-        chunked = sc.stack_depths(groups)
-        _check(groups)
-    finally:
-        sc._CHUNK_TOUCHES = old
-    assert chunked.tolist() == whole.tolist()
-
-
-@settings(max_examples=60, deadline=None)
 @given(replayed_requests())
 def test_the_pass_built_with_arrays_equals_a_group_at_a_time(case):
     rows, keys, looked, page, keep = case

@@ -267,22 +267,17 @@ def _flat_depths(keys: np.ndarray, query: np.ndarray, sizes: np.ndarray) -> np.n
     # prev[t]: the touch before t of the same key. Intermediates are dropped as soon as they are
     # used: at a million requests the touches run to tens of millions, 8 bytes each per array.
     order = np.argsort(keys, kind="stable")
-    if n < 2**31:
-        order = order.astype(np.int32)  # half the bytes, the same positions
-    # prev at each touch in key order: the touch before it where it has the same key. Made a
-    # chunk of the order at a time, so that no array of every touch is made beside the keys, the
-    # order and prev (the sorted keys, then a temporary of `np.where`, were two more of 8n bytes:
-    # the pass's peak, 25 bytes a touch -> 20; 20M touches in a sampled close; issue 41).
+    ks = keys[order]
+    del keys
+    same = ks[1:] == ks[:-1]
+    del ks
+    # prev at each touch in key order: the touch before it where it has the same key (one
+    # temporary of n, not two of the repeats: the pass's peak, issue 41).
     prev = np.empty(n, dtype=np.int64)
     prev[order[0]] = -1
-    for lo in range(1, n, _CHUNK_TOUCHES):
-        hi = min(lo + _CHUNK_TOUCHES, n)
-        here, before = order[lo:hi], order[lo - 1:hi - 1]
-        prev[here] = np.where(keys[here] == keys[before], before, -1)
-    del keys, order
-    depths = depths_of(prev, starts, query)
-    del prev  # before the lookups' copy is made
-    return depths[query.view(bool)]
+    prev[order[1:]] = np.where(same, order[:-1], -1)
+    del order, same
+    return depths_of(prev, starts, query)[query.view(bool)]
 
 
 # --------------------------------------------------------------------------- from a run
