@@ -9,6 +9,8 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tierdiag.trace.synth import DEMO_TRACE
 
@@ -121,3 +123,16 @@ def test_synthetic_trace_uses_both_tiers_twice_identically(tmp_path):
     assert con.execute(f"""SELECT count(*) FROM (SELECT {cols} FROM requests WHERE run_id = ?
                            EXCEPT SELECT {cols} FROM requests WHERE run_id = ?)""", [a, b]).fetchone()[0] == 0
     con.close()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, (1 << 62)), max_size=60), st.sampled_from([0.0, 0.01, 0.5, 0.9, 0.99, 1.0]))
+def test_replay_percentiles_of_the_engines_int64_array_equal_the_lists(values, q):
+    # EngineStats keeps ttft_ns and load_back_ns as array('q') (issue 41: a million Python ints
+    # were ~40 MB of a 1M-request engine process); the replay's percentiles sort it with numpy:
+    # the same nearest-rank value, to the bit, as the list the engine used to keep.
+    from array import array
+
+    from tierdiag.app.replay import _percentile
+
+    assert _percentile(array("q", values), q) == _percentile(list(values), q)

@@ -287,6 +287,36 @@ def test_skip_bad_duplicate_id_keeps_the_first(tmp_path):
     assert [r.line for r in reqs] == [1] and report.bad_lines == 1
 
 
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "\u00e9", "c\\n", "7"]), st.sampled_from(["ok", "blank", "bad"])),
+                min_size=1, max_size=30))
+def test_skip_bad_duplicate_names_the_first_accepted_line(tmp_path, plan):
+    # The reader keeps the ids as a set and each accepted one's line in an array by seq (issue 41:
+    # a dict of id -> line number was ~70 MB at 1M requests); a duplicate's message must still
+    # name the line that first used the id, whatever blank or bad lines came before it.
+    lines, first, expect = [], {}, []
+    for n, (rid, kind) in enumerate(plan, start=1):
+        if kind == "blank":
+            lines.append("")
+        elif kind == "bad":
+            lines.append(obj(id=rid, timestamp="x"))
+            expect.append((n, "'timestamp'"))
+        else:
+            lines.append(obj(id=rid))
+            if rid in first:
+                expect.append((n, f"(first used on line {first[rid]})"))
+            else:
+                first[rid] = n
+    if not first:
+        return  # nothing valid: the reader refuses the trace (tested above)
+    report = ReadReport()
+    reqs = list(read_trace(write(tmp_path, lines), skip_bad=True, report=report))
+    assert [r.line for r in reqs] == sorted(first.values())
+    assert report.bad_lines == len(expect)
+    for (line, msg), (want_line, fragment) in zip(report.first_bad, expect):
+        assert line == want_line and fragment in msg, (line, msg, want_line, fragment)
+
 # Ids the chain check must hold whatever their size: small dense ones (the array), ones far past
 # them (the dict), the largest a line may carry (max_hash_id), and runs of consecutive new ids.
 _CHAIN_ID = st.one_of(st.integers(0, 12), st.integers(0, 40), st.sampled_from([10**6, 2**40, max_hash_id(1) - 1]))

@@ -19,12 +19,13 @@ import gc
 import itertools
 import os
 import time
+from array import array
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from tierdiag import signals
-from tierdiag.diagnose.read.quantile import nearest_rank
+from tierdiag.diagnose.read.quantile import nearest_rank, nearest_rank_index
 from tierdiag.units import ns_to_ms
 from tierdiag.config.engine import EngineConfig
 from tierdiag.errors import ConfigError, TierdiagError, TraceError
@@ -108,8 +109,16 @@ def twin_dp(db: Path | None, trace: Path) -> int | None:
     return ranks.get(trace_sha256(trace)) if ranks else None
 
 
-def _percentile(values: list[int], q: float) -> float | None:
-    """In ms, by nearest rank: the definition `summary` and the report use (diagnose/read/quantile.py)."""
+def _percentile(values, q: float) -> float | None:
+    """In ms, by nearest rank: the definition `summary` and the report use (diagnose/read/quantile.py).
+    `values`: a list, or the engine's array('q') (EngineStats), sorted as int64 by numpy rather than
+    as a million Python ints; the value picked, and so the result, is the same."""
+    if isinstance(values, array) and values:
+        import numpy as np
+
+        s = np.sort(np.frombuffer(values, dtype=np.int64))
+        v = int(s[nearest_rank_index(len(s), q)])
+        return v / 1e6
     v = nearest_rank(values, q)
     return None if v is None else v / 1e6
 
