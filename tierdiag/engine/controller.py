@@ -80,7 +80,7 @@ class CacheController:
         self.probe = probe
         self.emit = ev.Emitters(probe)  # one callable an event kind, None where nothing is emitted
         self.stats = stats
-        self.page_size = cfg.page_size
+        self.page_size: int = cfg.page_size  # typed: compiled, `x * page_size` is a native multiply, not PyNumber_Multiply
         self.page_bytes = cfg.page_size * cost.kv_bytes_per_token  # modelled
         self.dp_page_bytes = device.page_bytes  # one page of the real buffers, all layers
         # Both pools CPU buffers: copies go straight between their numpy row views
@@ -377,11 +377,12 @@ class CacheController:
             return
         t = max(now_ns, self.d2h_free_ns)
         nodes = []
+        emit = self.emit.transfer
         for node, cause, pages, wall, runs, dp_bytes, queued_ns in queue:
             start, t = t, t + self._copy_ns(pages, wall, dp_bytes, to_device=False, runs=runs)
-            if self.emit.transfer is not None:
-                self.emit.transfer((self._transfer_id(), start, t, "backup", cause, pages, runs,
-                                    pages * self.page_bytes, dp_bytes, start - queued_ns, wall, None, self.rank))
+            if emit is not None:
+                emit((self._transfer_id(), start, t, "backup", cause, pages, runs,
+                     pages * self.page_bytes, dp_bytes, start - queued_ns, wall, None, self.rank))
             nodes.append(node)
         self.d2h_free_ns = t
         self.backups_in_flight += len(nodes)
