@@ -146,7 +146,10 @@ class MissTracker:
         self._prefetch_lost[seq] = lost
 
     def arrived(self, req, tree) -> None:
-        device, host = tree.peek(req.keys[:req.max_match_pages])
+        keys: list = req.keys
+        limit: int = req.max_match_pages
+        # the keys as they are where the bound leaves them whole (peek only reads them): no copy
+        device, host = tree.peek(keys if len(keys) <= limit else keys[:limit])
         self._at_arrival[req.seq] = device + host
 
     def scheduled(self, req, now: int, first_page: int, end_page: int) -> None:
