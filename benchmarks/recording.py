@@ -24,36 +24,17 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 DEFAULT_TRACE = ROOT / ".." / "shared" / "traces" / "conversation_trace.jsonl"
-
-_DRIVER = """
-import gc, json, sys, tempfile, time
-sys.path.insert(0, {root!r})
-from benchmarks.core import make_probe  # this checkout's driver, `code`'s engine (ahead on the path)
-sys.path.insert(0, {code!r})
-from tierdiag.config.engine import EngineConfig
-from tierdiag.engine import compiled
-from tierdiag.engine.engine import Engine
-from tierdiag.trace.reader import ReadReport, read_trace
-cfg = EngineConfig(**{overrides!r})
-reqs = list(read_trace({trace!r}, block_size=cfg.block_size, skip_bad=False, report=ReadReport()))
-reqs = reqs[:{requests!r}] if {requests!r} else reqs
-gc.set_threshold(50_000, 20, 100)
-probe = make_probe(sys.argv[1])
-with tempfile.TemporaryDirectory() as storage:
-    engine = Engine(cfg, probe=probe, storage_dir=storage)
-    gc.collect()
-    c0, w0 = time.process_time(), time.perf_counter()
-    engine.run(reqs)
-    if probe is not None:
-        probe.flush()
-    c1, w1 = time.process_time(), time.perf_counter()
-print(json.dumps({{"cpu": c1 - c0, "wall": w1 - w0, "core": compiled.describe()["mode"]}}))
-"""
 
 
 def run_mode(code: Path, mode: str, trace: Path, requests: int | None, overrides: dict) -> dict:
-    driver = _DRIVER.format(root=str(ROOT), code=str(code), trace=str(trace), requests=requests, overrides=overrides)
+    """One mode of `code`'s engine in a fresh process: core.py's instruction-count driver, which
+    prints the run's CPU and wall seconds and whether its engine core was compiled."""
+    from benchmarks.core import _DRIVER
+
+    driver = _DRIVER.format(root=str(ROOT), code=str(code), trace=str(trace), requests=requests,
+                            overrides=dict(overrides))
     env = {**os.environ, "PYTHONPATH": f"{code}:{ROOT}", "OPENBLAS_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-c", driver, mode], cwd=code, capture_output=True, text=True, env=env)
     if proc.returncode:

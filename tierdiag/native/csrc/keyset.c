@@ -184,41 +184,55 @@ ks_args(PyObject *const *args, Py_ssize_t nargs, const char *name, Py_ssize_t *l
     return 0;
 }
 
-static PyObject *
-ks_add(PageKeySet *ks, PyObject *const *args, Py_ssize_t nargs)
+/* add (adding) or count (not): keys[lo:hi] put in, or how many of them are in; the count
+ * (added: 0), or -1 with an exception. */
+static Py_ssize_t
+ks_each(PageKeySet *ks, PyObject *const *args, Py_ssize_t nargs, int adding)
 {
-    Py_ssize_t lo, hi, i;
+    Py_ssize_t lo, hi, i, found = 0;
     PyObject *v;
-    if (ks_args(args, nargs, "add", &lo, &hi) < 0) {
-        return NULL;
+    if (ks_args(args, nargs, adding ? "add" : "count", &lo, &hi) < 0) {
+        return -1;
     }
     for (i = lo; i < hi && (v = ks_item(args[0], i)) != NULL; i++) {
         int64_t k;
         int got = ks->py == NULL ? ks_int(v, &k) : 0;
         if (got < 0) {
-            return NULL;
+            return -1;
         }
-        if (!got) {
-            int err;
+        if (!got) {  /* an odd value, or a set already switched: Python's set decides */
+            int in = 0;
             Py_INCREF(v);
-            err = (ks->py == NULL && ks_to_python(ks) < 0) || PySet_Add(ks->py, v) < 0;
-            Py_DECREF(v);
-            if (err) {
-                return NULL;
+            if ((ks->py == NULL && ks_to_python(ks) < 0)
+                || (adding ? PySet_Add(ks->py, v) : (in = PySet_Contains(ks->py, v))) < 0) {
+                Py_DECREF(v);
+                return -1;
             }
-            continue;
-        }
-        if (ks_reserve(ks) < 0) {
-            return NULL;
-        }
-        {
-            Py_ssize_t at = ks_slot(ks, k);
+            Py_DECREF(v);
+            found += in;
+        } else if (adding) {
+            Py_ssize_t at;
+            if (ks_reserve(ks) < 0) {
+                return -1;
+            }
+            at = ks_slot(ks, k);
             if (ks->stamp[at] != ks->gen) {
                 ks->keys[at] = k;
                 ks->stamp[at] = ks->gen;
                 ks->n++;
             }
+        } else if (ks->cap && ks->stamp[ks_slot(ks, k)] == ks->gen) {
+            found++;
         }
+    }
+    return found;
+}
+
+static PyObject *
+ks_add(PageKeySet *ks, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (ks_each(ks, args, nargs, 1) < 0) {
+        return NULL;
     }
     Py_RETURN_NONE;
 }
@@ -226,31 +240,8 @@ ks_add(PageKeySet *ks, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 ks_count(PageKeySet *ks, PyObject *const *args, Py_ssize_t nargs)
 {
-    Py_ssize_t lo, hi, i, found = 0;
-    PyObject *v;
-    if (ks_args(args, nargs, "count", &lo, &hi) < 0) {
-        return NULL;
-    }
-    for (i = lo; i < hi && (v = ks_item(args[0], i)) != NULL; i++) {
-        int64_t k;
-        int got = ks->py == NULL ? ks_int(v, &k) : 0;
-        if (got < 0) {
-            return NULL;
-        }
-        if (!got) {
-            int in = 0;
-            Py_INCREF(v);
-            if ((ks->py == NULL && ks_to_python(ks) < 0) || (in = PySet_Contains(ks->py, v)) < 0) {
-                Py_DECREF(v);
-                return NULL;
-            }
-            Py_DECREF(v);
-            found += in;
-        } else if (ks->cap && ks->stamp[ks_slot(ks, k)] == ks->gen) {
-            found++;
-        }
-    }
-    return PyLong_FromSsize_t(found);
+    Py_ssize_t found = ks_each(ks, args, nargs, 0);
+    return found < 0 ? NULL : PyLong_FromSsize_t(found);
 }
 
 static PyObject *
