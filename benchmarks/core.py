@@ -154,11 +154,18 @@ from tierdiag.engine.engine import Engine
 from tierdiag.probes.recorder import Recorder
 from tierdiag.store.columns import table_columns
 if mode != "read":
+    import json, time
+    from tierdiag.engine import compiled
     probe = make_probe(mode)
     with tempfile.TemporaryDirectory() as storage:
-        Engine(cfg, probe=probe, storage_dir=storage).run(reqs)
+        engine = Engine(cfg, probe=probe, storage_dir=storage)
+        c0, w0 = time.process_time(), time.perf_counter()
+        engine.run(reqs)
         if probe is not None:
             probe.flush()
+        c1, w1 = time.process_time(), time.perf_counter()
+    # what benchmarks/recording.py reads (the instruction counts ignore it)
+    print(json.dumps({{"cpu": c1 - c0, "wall": w1 - w0, "core": compiled.describe()["mode"]}}))
 """
 
 

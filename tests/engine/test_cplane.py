@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierdiag.engine import content, pagemap, rows, storage
+from tierdiag.engine import content, miss, pagemap, rows, storage
 from tierdiag.native import cplane
 from tierdiag.engine.content import page_content_np
 from tierdiag.engine.dataplane import DataPlane
@@ -78,6 +78,7 @@ def test_every_pair_takes_the_side_the_facade_chose():
         "storage.index": storage.new_index,
         "recorder.row_buffer": recorder.new_row_buffer,
         "recorder.tick": recorder.new_ticker,
+        "miss.key_set": miss.new_key_set,
     }
     pairs = cplane.pairs()
     assert set(pairs) == set(bound)
@@ -533,6 +534,9 @@ class _Str(str):
 
 _VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(-2**63, 2**63 - 1), st.integers(-2**80, 2**80),
+    # the edges of the encoder's one- and two-digit fast path (30-bit digits) and of int64
+    st.sampled_from([0, 1, -1, 2**30 - 1, 2**30, -(2**30), 2**60 - 1, 2**60, -(2**60) + 1, -(2**60), 2**63 - 1,
+                     -(2**63), 2**63]).flatmap(lambda v: st.sampled_from([v, v + 1, v - 1])),
     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
     st.sampled_from(["\\ud800 lone", "\x1b[31mred", ""]).map(lambda t: t.encode().decode("unicode_escape")),
     st.integers(-5, 5).map(np.int64), st.floats(-1, 1, width=32).map(np.float32), st.text(max_size=3).map(_Str))
@@ -668,6 +672,88 @@ def test_the_compiled_ticker_refuses_what_the_recorder_never_passes():
             make(*args)
     with pytest.raises(TypeError):
         make((), 1, print)(1)
+
+
+# Page keys as the engine makes them (ints within int64, many repeats), and what a hostile list
+# could hold: ints past int64 either way, floats equal to an int, bools, str, NaN, None.
+_PAGE_KEY = st.one_of(st.integers(min_value=-3, max_value=40), st.integers(min_value=-(2**63), max_value=2**63 - 1),
+                      st.sampled_from([2**63, -(2**63) - 1, 2**64 + 5, 1.0, 3.0, 0.5, float("nan"), True, False,
+                                       "k", "\u00e9\x00", None]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["add", "count", "clear"]),
+                              st.lists(_PAGE_KEY, max_size=40), st.integers(-5, 45), st.integers(-5, 45),
+                              st.booleans()), max_size=30))
+def test_the_compiled_page_key_set_counts_what_a_python_set_counts(ops):
+    """_cplane.PageKeySet and miss._KeySetPy (pair miss.key_set: a prefill batch's page keys,
+    MissTracker.scheduled): the same adds, counts and clears, keys from a list or a tuple,
+    bounds clamped as a slice reads them (miss._span), give the same counts and lengths; an
+    odd key (a big int, a float equal to an int, a bool, a str, NaN) switches the compiled
+    set to Python's equality and it still agrees, from then on too."""
+    if cplane.C is None:
+        pytest.skip(f"_cplane: {cplane.WHY_NOT}")
+    compiled, reference = cplane.pairs()["miss.key_set"]
+    c, py, plain = compiled(), reference(), set()
+    for op, keys, lo, hi, as_tuple in ops:
+        seq = tuple(keys) if as_tuple else keys
+        lo, hi = miss._span(len(seq), lo, hi)
+        assert seq[lo:hi] == (tuple(keys) if as_tuple else keys)[lo:hi]
+        if op == "add":
+            c.add(seq, lo, hi), py.add(seq, lo, hi)
+            plain.update(seq[lo:hi])
+        elif op == "count":
+            want = sum(k in plain for k in seq[lo:hi])
+            assert c.count(seq, lo, hi) == py.count(seq, lo, hi) == want
+        else:
+            c.clear(), py.clear()
+            plain.clear()
+        assert len(c) == len(py) == len(plain)
+
+
+@settings(max_examples=80, deadline=None)
+@given(n=st.integers(0, 30), lo=st.integers(-40, 40), hi=st.integers(-40, 40))
+def test_span_reads_bounds_as_a_slice_does(n, lo, hi):
+    """miss._span: (lo, hi) with 0 <= lo <= hi <= n, the same items as seq[lo:hi]."""
+    seq = list(range(n))
+    a, b = miss._span(n, lo, hi)
+    assert 0 <= a <= b <= n and seq[a:b] == seq[lo:hi]
+
+
+def test_the_compiled_page_key_set_refuses_what_miss_never_passes():
+    """Bounds outside 0..len(keys), keys not a list or tuple, wrong arity: TypeError or
+    ValueError naming the call, the set unchanged."""
+    if cplane.C is None:
+        pytest.skip(f"_cplane: {cplane.WHY_NOT}")
+    ks = cplane.C.PageKeySet()
+    ks.add([1, 2, 3], 0, 3)
+    for args, exc in ((([1], -1, 1), ValueError), (([1], 0, 2), ValueError), (({1}, 0, 1), TypeError),
+                      ((range(3), 0, 1), TypeError), (([1], "0", 1), TypeError), (([1], 0, 2**70), OverflowError),
+                      (([1], 0), TypeError)):
+        with pytest.raises(exc):
+            ks.add(*args)
+        with pytest.raises(exc):
+            ks.count(*args)
+    assert len(ks) == 3 and ks.count([1, 2, 3, 4], 0, 4) == 3
+    with pytest.raises(TypeError):
+        cplane.C.PageKeySet(1)
+
+
+def test_the_compiled_page_key_set_grows_and_clears_past_its_first_table():
+    """Past its first table (1,024 slots, half full), growing rehashes every key; a clear
+    forgets them all at once; many clears (the generation stamps) keep it exact."""
+    if cplane.C is None:
+        pytest.skip(f"_cplane: {cplane.WHY_NOT}")
+    ks = cplane.C.PageKeySet()
+    keys = [k * 7919 - 2**62 for k in range(5000)]
+    ks.add(keys, 0, 5000)
+    assert len(ks) == 5000 and ks.count(keys, 0, 5000) == 5000 and ks.count([k + 1 for k in keys], 0, 5000) == 0
+    for round_ in range(3000):
+        ks.clear()
+        ks.add(keys, round_ % 50, round_ % 50 + 3)
+        assert len(ks) == 3 and ks.count(keys, 0, 5000) == 3
+    ks.clear()
+    assert len(ks) == 0 and ks.count(keys, 0, 5000) == 0
 
 
 @pytest.mark.skipif(cplane.compiled("move") is None, reason="the C data plane is not built")

@@ -32,7 +32,7 @@ GROUP = "tierdiag.engine._compiled__mypyc"  # mypyc's shared library (setup.py's
 # calls into, the storage tier, the data-parallel loop and the clock (CostModel: a decode step's
 # time is asked once a step); the rest of the engine stays Python (pagepool, pagemap, rows and
 # content are thin wrappers of the C data plane already; routing/ is dict work already in C).
-MODULES = ("tree_node", "tree", "schedule_common", "request", "miss", "queue_policy", "prefetch", "decode",
+MODULES = ("tree_node", "tree", "schedule_common", "request", "records", "miss", "queue_policy", "prefetch", "decode",
            "admission", "controller", "scheduler", "storage", "deployment", "costmodel")
 
 _STATE: dict = {}

@@ -41,7 +41,9 @@ A demotion device -> host is never a miss: those tokens load back.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+from tierdiag.native import cplane
 
 # The reasons, in the order of the columns (`miss_<reason>_tokens` on `requests`).
 MISS_REASONS: tuple[str, ...] = (
@@ -60,6 +62,56 @@ class MissFacts(NamedTuple):
     prefetch_lost_pages: int = 0  # pages its own prefetch read into host, gone from the tree at scheduling
 
 
+class _KeySetPy:
+    """A set of page keys (the reference of _cplane.PageKeySet, which keeps int64 keys in a C
+    table: a Python set of the keys was ~30k instructions a request of a probed Engine.run,
+    issue 41). `keys` a list or tuple, 0 <= lo, hi <= len(keys) (`_span`)."""
+
+    def __init__(self) -> None:
+        self._keys: set = set()
+
+    def add(self, keys: Any, lo: int, hi: int) -> None:
+        """keys[lo:hi] into the set."""
+        self._keys.update(keys[lo:hi])
+
+    def count(self, keys: Any, lo: int, hi: int) -> int:
+        """How many of keys[lo:hi] are in the set."""
+        return sum(map(self._keys.__contains__, keys[lo:hi]))
+
+    def clear(self) -> None:
+        self._keys.clear()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+def _key_set_c() -> Any:
+    return cplane.compiled("PageKeySet")()
+
+
+def _key_set_py() -> Any:
+    return _KeySetPy()
+
+
+# A batch's page keys: the compiled data plane's int64 table, else the Python set (pair
+# "miss.key_set", tests/engine/test_cplane.py holds them to the same counts).
+new_key_set = cplane.choose("miss.key_set", _key_set_c, _key_set_py)
+
+
+def _span(n: int, lo: int, hi: int) -> tuple[int, int]:
+    """[lo, hi) as a slice of a sequence of `n` reads it (negative from the end, clamped to
+    0..n), as (lo, hi) with 0 <= lo <= hi <= n."""
+    if lo < 0:
+        lo = lo + n if lo + n > 0 else 0
+    elif lo > n:
+        lo = n
+    if hi < 0:
+        hi = hi + n if hi + n > 0 else 0
+    elif hi > n:
+        hi = n
+    return lo, (hi if hi > lo else lo)
+
+
 class MissTracker:
     """A scheduler's three facts per request (module doc). One per rank: a rank's batches are its own."""
 
@@ -68,7 +120,7 @@ class MissTracker:
         self._at_arrival: dict[int, int] = {}
         self._shared: dict[int, int] = {}
         self._batch_ns: int | None = None
-        self._batch_keys: set = set()
+        self._batch_keys: Any = new_key_set()  # the batch's pages, once a second request joins it
         self._batch_first: tuple[list, int, int] | None = None  # the batch's first request, until a second joins
         self._read: dict[int, list[tuple[int, int]]] = {}  # seq -> page ranges its prefetches inserted
         self._prefetch_lost: dict[int, int] = {}
@@ -94,7 +146,10 @@ class MissTracker:
         self._prefetch_lost[seq] = lost
 
     def arrived(self, req, tree) -> None:
-        device, host = tree.peek(req.keys[:req.max_match_pages])
+        keys: list = req.keys
+        limit: int = req.max_match_pages
+        # the keys as they are where the bound leaves them whole (peek only reads them): no copy
+        device, host = tree.peek(keys if len(keys) <= limit else keys[:limit])
         self._at_arrival[req.seq] = device + host
 
     def scheduled(self, req, now: int, first_page: int, end_page: int) -> None:
@@ -106,28 +161,25 @@ class MissTracker:
         are kept as (keys, first, end) and made a set only when a second request joins (a set a
         batch was ~6 % of a probed Engine.run, issue 41)."""
         if now != self._batch_ns:
-            self._batch_ns, self._batch_keys, self._batch_first = now, set(), (req.keys, first_page, end_page)
+            self._batch_ns, self._batch_first = now, (req.keys, first_page, end_page)
             return
         batch = self._batch_keys
         first = self._batch_first
         if first is not None:
             first_keys, lo, hi = first
-            batch.update(first_keys[lo:hi])
+            batch.clear()
+            lo, hi = _span(len(first_keys), lo, hi)
+            batch.add(first_keys, lo, hi)
             self._batch_first = None
-        # the others count a page a key: compiled, an indexed loop (no slice, no map)
+        # the others count a page a key, each key looked up in the batch's set (new_key_set)
         keys: list = req.keys
-        lo, hi = first_page, req.input_len // self.ps
-        shared = 0
-        if lo >= 0 and hi >= 0:
-            n = len(keys)
-            for i in range(lo, hi if hi < n else n):
-                if keys[i] in batch:
-                    shared += 1
-        else:  # a slice from the end, as keys[lo:hi] reads it
-            shared = sum(map(batch.__contains__, keys[lo:hi]))
+        n = len(keys)
+        lo, hi = _span(n, first_page, req.input_len // self.ps)
+        shared: int = batch.count(keys, lo, hi)
         if shared:
             self._shared[req.seq] = shared
-        batch.update(req.keys[first_page:end_page])
+        lo, hi = _span(n, first_page, end_page)
+        batch.add(keys, lo, hi)
 
     def take(self, seq: int) -> MissFacts:
         return MissFacts(*self.take_pages(seq))

@@ -1,6 +1,7 @@
 """A request inside the engine (`Req`: what the scheduler knows of it, from arrival to finish)
-and its record (`RequestRecords._record`: the finished request's row, its token split and TTFT
-parts, and the run's totals), with the pool samples taken beside it.
+and its record's columns (`request_row`); engine/records.py builds the record
+(`RequestRecords._record`: the finished request's row, its token split and TTFT parts, and the
+run's totals), with the pool samples taken beside it.
 
 TTFT parts (every one in ns of the virtual clock, adding up to TTFT):
 
@@ -9,12 +10,9 @@ TTFT parts (every one in ns of the virtual clock, adding up to TTFT):
 
 from __future__ import annotations
 
-from mypy_extensions import trait
-
 import numpy as np
 
 from tierdiag.engine.tree import TreeNode
-from tierdiag.engine.miss import miss_tokens, routing_tokens
 from tierdiag.probes.events import ROUTE_NONE
 from tierdiag.trace.reader import TraceRequest
 
@@ -179,129 +177,3 @@ def request_row(
             miss_shared_in_batch_tokens, miss_routed_elsewhere_tokens, miss_beyond_storage_tokens,
             miss_prefetch_lost_tokens)
 
-
-@trait
-class RequestRecords:
-    """The Scheduler's records (a mixin, as SGLang's scheduler keeps its output processing in
-    scheduler_output_processor_mixin.py): the finished request's row and the pool samples."""
-
-    def _record(self, req: Req, now: int) -> None:
-        ps, cost, st = self.ps, self.cost, self.stats
-        if req.first_pass is not None:
-            for name, value in zip(FIRST_PASS_FIELDS, req.first_pass):
-                setattr(req, name, value)
-        device, host, storage = self.rules_split(req)
-        computed = req.input_len - req.prefix_pages * ps
-        recomputed = min(req.recomputed_pages * ps, computed)
-        ttft = req.first_token_ns - req.arrival_ns
-        storage_wait = 0
-        if req.held:
-            storage_wait = max(0, min(req.hold_until_ns, req.scheduled_ns) - req.arrival_ns)
-        lb_exposed = int(req.loadback_exposed_ns)
-        recompute_ns = int(req.recompute_ns)
-        compute_ns = int(req.compute_ns)
-        queue = ttft - storage_wait - lb_exposed - recompute_ns - compute_ns
-        assert queue >= -2, f"request {req.req_id}: TTFT parts exceed TTFT by {-queue} ns"
-        if queue < 0:
-            compute_ns += queue
-            queue = 0
-        # Of its queue, the time the GPU ran decode steps (scheduler.decode_before)
-        decode_wait = min(self.decode_before(req.first_token_ns)
-                          - self.decode_before(req.arrival_ns + storage_wait), queue)
-        st.requests_finished += 1
-        st.input_tokens += req.input_len
-        st.device_tokens += device
-        st.host_tokens += host
-        st.storage_tokens += storage
-        st.computed_tokens += computed
-        st.recomputed_tokens += recomputed
-        if req.loadback_pages:
-            st.load_backs += 1
-            st.load_back_bytes += req.loadback_pages * self.ctrl.page_bytes
-            st.load_back_ns.append(req.loadback_ns)
-        for reason in (req.loadback_skip_reason, req.storage_skip_reason):
-            if reason:
-                st.skipped[reason] = st.skipped.get(reason, 0) + 1
-        if self.emit.lost is not None:
-            lost = self.emit.lost
-            for eid, tokens in req.lost.items():
-                lost((req.req_id, eid, tokens))
-        emit = self.emit.record
-        if emit is not None:  # the record's counterfactuals: only for a probe that keeps them
-            new_tokens = computed - recomputed
-            prefix = req.prefix_pages * ps
-            ideal = cost.prefill_alone_ns(new_tokens, req.input_len - (new_tokens if new_tokens > 1 else 1))
-            if_resident = ttft - lb_exposed - storage_wait
-            loaded = (req.host_loaded_pages + req.storage_loaded_pages) * ps  # what was loaded, whatever is reported
-            recompute_instead = if_resident + (cost.prefill_alone_ns(computed + loaded, req.device_prefix_pages * ps)
-                                               - cost.prefill_alone_ns(computed, prefix)) if loaded else if_resident
-            hit_class = "tiered_hit" if host + storage else "device_hit" if device else "miss"
-            route = req.route
-            host_match, storage_match = req.host_match_pages * ps, req.storage_match_pages * ps
-            lb_skipped = req.loadback_skip_pages * ps
-            # The miss reasons (engine/miss.py) from the record's own columns, those it reads
-            arrival_pages, shared_pages, prefetch_lost_pages = (self.miss.take_pages(req.seq) if self.miss is not None
-                                                                else (0, 0, 0))
-            best_rank_device, best_rank_host = route[7], route[8]
-            arrival_device, arrival_host = route[4], route[5]
-            miss = miss_tokens(
-                computed, recomputed, req.loadback_skip_reason, lb_skipped, req.storage_skip_reason, storage_match,
-                storage, device, host_match,
-                routing_tokens(self.rank, route[6], best_rank_device or 0, best_rank_host or 0, arrival_device or 0,
-                               arrival_host or 0, storage_match, recomputed),
-                arrival_pages, shared_pages, prefetch_lost_pages, ps, self.ctrl.storage is not None)
-            # By keyword into request_row, compiled: the keywords are resolved when it is compiled.
-            emit(request_row(
-                req_id=req.req_id, seq=req.seq, arrival_ns=req.arrival_ns, input_tokens=req.input_len,
-                output_tokens=req.output_len, status="finished", reject_reason=None, hit_class=hit_class,
-                device_hit_tokens=device, host_hit_tokens=host, storage_hit_tokens=storage,
-                computed_tokens=computed, recomputed_tokens=recomputed, host_match_tokens=host_match,
-                storage_match_tokens=storage_match, loadback_skipped_reason=req.loadback_skip_reason,
-                loadback_skipped_tokens=lb_skipped, storage_skipped_reason=req.storage_skip_reason,
-                prefix_indices_len=prefix, cache_protected_len=req.protected_pages * ps,
-                extend_input_len=req.input_len - prefix, queue_ns=queue, storage_wait_ns=storage_wait,
-                loadback_ns=req.loadback_ns, loadback_exposed_ns=lb_exposed, loadback_queued_ns=req.loadback_queued_ns,
-                loadback_bytes=req.loadback_pages * self.ctrl.page_bytes, loadback_pages=req.loadback_pages,
-                loadback_runs=req.loadback_runs, storage_bytes=req.storage_bytes, storage_fetch_ns=req.storage_fetch_ns,
-                recompute_ns=recompute_ns, compute_ns=compute_ns, prefill_ns=req.first_token_ns - req.scheduled_ns,
-                ttft_ns=ttft, ideal_ttft_ns=ideal, ttft_if_device_resident_ns=if_resident,
-                recompute_instead_ns=recompute_instead, first_batch_id=req.first_batch_id,
-                num_chunks=req.num_chunks, first_token_ns=req.first_token_ns, finish_ns=now,
-                session_id=req.session, think_ms=req.think_ms, trace_arrival_ns=req.trace_arrival_ns,
-                dp_rank=self.rank, route_branch=route[0], route_reason=route[1], route_score=route[2],
-                route_score_name=route[3], arrival_device_tokens=arrival_device, arrival_host_tokens=arrival_host,
-                best_rank=route[6], best_rank_device_tokens=best_rank_device, best_rank_host_tokens=best_rank_host,
-                ranks_json=route[9], decode_wait_ns=decode_wait, retractions=req.retractions,
-                miss_never_cached_tokens=miss[0], miss_evicted_before_reuse_tokens=miss[1],
-                miss_lost_while_queued_tokens=miss[2], miss_loadback_skipped_tokens=miss[3],
-                miss_prefetch_declined_tokens=miss[4], miss_prefetch_revoked_tokens=miss[5],
-                miss_shared_in_batch_tokens=miss[6], miss_routed_elsewhere_tokens=miss[7],
-                miss_beyond_storage_tokens=miss[8], miss_prefetch_lost_tokens=miss[9]))
-        if self.progress is not None and st.requests_finished % 256 == 0:
-            self.progress(st.requests_finished, now, st)
-
-    def rules_split(self, req: Req) -> tuple[int, int, int]:
-        """The cached prefix by tier in tokens, as the rule set's release reports it
-        (rules.RuleSet.split_cached_prefix): the host hit promised at match (0.5.9) or the one
-        loaded (0.5.23), the storage pages this request's prefetch brought, after its host ones.
-
-            input pages |-- dev_pages --|-- host_match --|-- storage (prefetched) --|
-        """
-        ps = self.ps
-        storage_hit = req.storage_loaded_pages if req.loadback_skip_pages == 0 else req.loadback_skip_pages - req.host_match_pages
-        host_hit = req.host_match_pages + storage_hit  # host_hit_length: prefetched pages are host pages by now
-        host_loaded = req.host_loaded_pages + req.storage_loaded_pages
-        d, h, s = self.rules.split_cached_prefix(req.prefix_pages, req.device_prefix_pages, host_hit, host_loaded, storage_hit,
-                                                 req.device_prefix_pages + req.host_match_pages,
-                                                 req.storage_span_pages, req.storage_span_start)
-        return d * ps, h * ps, s * ps
-
-    def _sample_pools(self, now: int) -> None:
-        ps, tree, ctrl = self.ps, self.tree, self.ctrl
-        emit = self.emit.pool_sample
-        rank = self.rank
-        emit((now, "device", ctrl.device.used_pages * ps, ctrl.device.capacity * ps, tree.locked_device_pages * ps,
-              rank))
-        emit((now, "host", ctrl.host.used_pages * ps, ctrl.host.capacity * ps, tree.locked_host_pages * ps, rank))
-        if ctrl.storage is not None:  # with ranks, the one shared tier as this rank's batch found it
-            emit((now, "storage", ctrl.storage.used_pages * ps, ctrl.storage.capacity * ps, 0, rank))

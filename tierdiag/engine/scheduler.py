@@ -41,7 +41,8 @@ from tierdiag.engine.decode import DecodeSteps
 from tierdiag.engine.miss import MissTracker
 from tierdiag.engine.prefetch import StoragePrefetch, prefetch_limit_tokens
 from tierdiag.engine.queue_policy import queue_policy
-from tierdiag.engine.request import Req, RequestRecords
+from tierdiag.engine.records import RequestRecords
+from tierdiag.engine.request import Req
 from tierdiag.engine.rules import config_rules
 from tierdiag.engine.schedule_common import (CLIP_MAX_NEW_TOKENS, INIT_NEW_TOKEN_RATIO, NO_TOKEN, OTHER,
                                              WRITE_THROUGH_THRESHOLD, EngineError)

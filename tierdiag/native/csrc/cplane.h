@@ -12,6 +12,7 @@
  *   rows.c           the recorder's RowBuffer (probes/recorder.py) and its decoder into Arrow
  *                    buffers (store/writer.py)
  *   ticker.c         the recorder's tick (probes/recorder.py: FlushTicker)
+ *   keyset.c         a prefill batch's page keys (engine/miss.py: PageKeySet)
  *
  * The numpy (or Python) implementations beside their owners are the reference and the
  * fallback: tierdiag/native/cplane.py chooses one backend for the process. Every function here
@@ -42,8 +43,9 @@
  * decode_rows gone; StorageIndex takes int keys.
  * 7: block_page_keys and map_set back (measured: benchmarks/README.md, session 11).
  * 8: FlushTicker (the recorder's tick; benchmarks/README.md, issue 41).
- * 9: pwrite_rows, pread_rows (the storage tier's page writes and reads; benchmarks/README.md, issue 41 session 17). */
-#define CPLANE_API 9
+ * 9: pwrite_rows, pread_rows (the storage tier's page writes and reads; benchmarks/README.md, issue 41 session 17).
+ * 10: PageKeySet (the miss reasons' in-batch page keys; benchmarks/README.md, issue 41 session 18). */
+#define CPLANE_API 10
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256
@@ -85,5 +87,6 @@ CP_HIDDEN extern PyMethodDef cp_storage_io_methods[]; /* storage_io.c */
 CP_HIDDEN extern PyTypeObject cp_StorageIndexType; /* storage_index.c */
 CP_HIDDEN extern PyTypeObject cp_RowBufferType;    /* rows.c */
 CP_HIDDEN extern PyTypeObject cp_FlushTickerType;  /* ticker.c */
+CP_HIDDEN extern PyTypeObject cp_PageKeySetType;   /* keyset.c */
 
 #endif

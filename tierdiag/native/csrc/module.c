@@ -235,7 +235,7 @@ static struct PyModuleDef cplane_module = {
     "_cplane",
     "The compiled CPU data plane (tierdiag/native/cplane.py chooses it; the numpy reference\n"
     "it falls back to lives beside each owner: engine/rows.py, content.py, pagepool.py,\n"
-    "pagemap.py, storage.py, probes/recorder.py, trace/pages.py).",
+    "pagemap.py, storage.py, probes/recorder.py, trace/pages.py, miss.py).",
     -1,
     NULL,
     NULL, NULL, NULL, NULL,
@@ -259,7 +259,9 @@ PyInit__cplane(void)
         PyType_Ready(&cp_RowBufferType) < 0 ||
         PyModule_AddObjectRef(m, "RowBuffer", (PyObject *)&cp_RowBufferType) < 0 ||
         PyType_Ready(&cp_FlushTickerType) < 0 ||
-        PyModule_AddObjectRef(m, "FlushTicker", (PyObject *)&cp_FlushTickerType) < 0) {
+        PyModule_AddObjectRef(m, "FlushTicker", (PyObject *)&cp_FlushTickerType) < 0 ||
+        PyType_Ready(&cp_PageKeySetType) < 0 ||
+        PyModule_AddObjectRef(m, "PageKeySet", (PyObject *)&cp_PageKeySetType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -22,14 +22,19 @@ typedef struct {
     PyObject *objects;  /* list, or NULL while none */
 } RowBuffer;
 
-static int
+static int rb_grow(RowBuffer *rb, Py_ssize_t need);
+
+static inline int
 rb_reserve(RowBuffer *rb, Py_ssize_t more)
 {
-    Py_ssize_t need = rb->len + more, cap = rb->cap ? rb->cap : 1 << 16;
+    return rb->len + more <= rb->cap ? 0 : rb_grow(rb, rb->len + more);
+}
+
+static int
+rb_grow(RowBuffer *rb, Py_ssize_t need)
+{
+    Py_ssize_t cap = rb->cap ? rb->cap : 1 << 16;
     char *p;
-    if (need <= rb->cap) {
-        return 0;
-    }
     while (cap < need) {
         if (cap > PY_SSIZE_T_MAX / 2) {
             PyErr_NoMemory();
@@ -46,16 +51,43 @@ rb_reserve(RowBuffer *rb, Py_ssize_t more)
     return 0;
 }
 
+/* An exact int's value when it has at most two 30-bit digits (|v| < 2^60: every id, time and
+ * count a row holds), read from the object itself (3.11's layout): 1 and *x set, else 0 (the
+ * caller asks PyLong_AsLongLongAndOverflow). A call a value was ~half of a row's encoding. */
+static inline int
+rb_small_int(PyObject *v, long long *x)
+{
+#if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
+    Py_ssize_t size = Py_SIZE(v);
+    const digit *d = ((PyLongObject *)v)->ob_digit;
+    switch (size) {
+    case 0: *x = 0; return 1;
+    case 1: *x = (long long)d[0]; return 1;
+    case -1: *x = -(long long)d[0]; return 1;
+    case 2: *x = (long long)d[0] | ((long long)d[1] << 30); return 1;
+    case -2: *x = -((long long)d[0] | ((long long)d[1] << 30)); return 1;
+    default: return 0;
+    }
+#else
+    (void)v;
+    (void)x;
+    return 0;
+#endif
+}
+
 /* One value: 0, or -1 with an exception set (MemoryError, or a str that is no valid UTF-8). */
 static int
 rb_put(RowBuffer *rb, PyObject *v)
 {
     char tag;
     if (PyLong_CheckExact(v)) {  /* most values: ids, times, counts */
-        int overflow = 0;
-        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-        if (overflow) {
-            goto object;
+        long long x;
+        if (!rb_small_int(v, &x)) {
+            int overflow = 0;
+            x = PyLong_AsLongLongAndOverflow(v, &overflow);
+            if (overflow) {
+                goto object;
+            }
         }
         if (rb_reserve(rb, 9) < 0) {
             return -1;

@@ -1,0 +1,315 @@
+/* PageKeySet (engine/miss.py: the page keys a prefill batch computes, MissTracker.scheduled).
+ *
+ * A set of page keys with three methods: add(keys, lo, hi) puts keys[lo:hi] in, count(keys, lo,
+ * hi) says how many of keys[lo:hi] are in, clear() empties it. `keys` is a list or tuple and
+ * 0 <= lo, hi <= len(keys) (the caller clamps as a slice would; hi <= lo is empty). miss.py's
+ * _KeySetPy, the reference, does the same with a Python set: a set of Python ints was ~30k
+ * instructions a request of a probed Engine.run (hashing, comparing and boxing every key),
+ * here an int64 open-addressing table, a few instructions a key.
+ *
+ * Engine keys are ints within int64. Any other value (a big int, a float, a bool, a str) makes
+ * the set switch, for good, to a Python set holding everything (its int64 keys boxed): Python's
+ * equality (1 == 1.0 == True) then decides, exactly as the reference's.
+ *
+ * clear() is O(1): a slot is in the set when its stamp is the current generation. */
+#include "cplane.h"
+
+typedef struct {
+    PyObject_HEAD
+    int64_t *keys;
+    uint32_t *stamp;
+    Py_ssize_t cap, n;  /* cap a power of two (0: none yet); n keys of this generation */
+    uint32_t gen;
+    PyObject *py;       /* the Python set once an odd value was seen, else NULL */
+} PageKeySet;
+
+static inline size_t
+ks_hash(int64_t k)
+{
+    uint64_t x = (uint64_t)k;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (size_t)x;
+}
+
+/* The slot of k: where it is, or the empty slot where it would go. */
+static inline Py_ssize_t
+ks_slot(const PageKeySet *ks, int64_t k)
+{
+    size_t mask = (size_t)ks->cap - 1, i = ks_hash(k) & mask;
+    while (ks->stamp[i] == ks->gen && ks->keys[i] != k) {
+        i = (i + 1) & mask;
+    }
+    return (Py_ssize_t)i;
+}
+
+/* Room for one more key (at most half full). 0, or -1 with MemoryError. */
+static int
+ks_reserve(PageKeySet *ks)
+{
+    Py_ssize_t cap = ks->cap ? ks->cap : 1024, i;
+    int64_t *old_keys = ks->keys;
+    uint32_t *old_stamp = ks->stamp, old_gen = ks->gen;
+    Py_ssize_t old_cap = ks->cap;
+    if ((ks->n + 1) * 2 <= ks->cap) {
+        return 0;
+    }
+    while ((ks->n + 1) * 2 > cap) {
+        if (cap > PY_SSIZE_T_MAX / 16) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        cap *= 2;
+    }
+    ks->keys = PyMem_Malloc((size_t)cap * sizeof(int64_t));
+    ks->stamp = PyMem_Calloc((size_t)cap, sizeof(uint32_t));
+    if (ks->keys == NULL || ks->stamp == NULL) {
+        PyMem_Free(ks->keys);
+        PyMem_Free(ks->stamp);
+        ks->keys = old_keys;
+        ks->stamp = old_stamp;
+        PyErr_NoMemory();
+        return -1;
+    }
+    ks->cap = cap;
+    ks->gen = 1;
+    for (i = 0; i < old_cap; i++) {
+        if (old_stamp[i] == old_gen) {
+            Py_ssize_t at = ks_slot(ks, old_keys[i]);
+            ks->keys[at] = old_keys[i];
+            ks->stamp[at] = 1;
+        }
+    }
+    PyMem_Free(old_keys);
+    PyMem_Free(old_stamp);
+    return 0;
+}
+
+/* An exact int within int64: 1 and *out set; 0 for any other value; -1 on an error. */
+static inline int
+ks_int(PyObject *v, int64_t *out)
+{
+    int overflow = 0;
+    long long x;
+    if (!PyLong_CheckExact(v)) {
+        return 0;
+    }
+#if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
+    {   /* up to three 30-bit digits read from the object (3.11's layout): page keys are hashes
+         * of up to 63 bits, and a call a key was a third of a lookup */
+        Py_ssize_t size = Py_SIZE(v), n = size < 0 ? -size : size;
+        const digit *d = ((PyLongObject *)v)->ob_digit;
+        if (n <= 2 || (n == 3 && d[2] < 8)) {
+            uint64_t u = n == 0 ? 0 : (uint64_t)d[0] | (n > 1 ? (uint64_t)d[1] << 30 : 0)
+                                      | (n > 2 ? (uint64_t)d[2] << 60 : 0);
+            *out = size < 0 ? -(int64_t)u : (int64_t)u;  /* u < 2^63 */
+            return 1;
+        }
+    }
+#endif
+    x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow) {
+        return 0;
+    }
+    if (x == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *out = (int64_t)x;
+    return 1;
+}
+
+/* Switch to a Python set holding every key so far. 0, or -1 with an exception. */
+static int
+ks_to_python(PageKeySet *ks)
+{
+    Py_ssize_t i;
+    PyObject *set = PySet_New(NULL);
+    if (set == NULL) {
+        return -1;
+    }
+    for (i = 0; i < ks->cap; i++) {
+        if (ks->stamp[i] == ks->gen) {
+            PyObject *v = PyLong_FromLongLong(ks->keys[i]);
+            if (v == NULL || PySet_Add(set, v) < 0) {
+                Py_XDECREF(v);
+                Py_DECREF(set);
+                return -1;
+            }
+            Py_DECREF(v);
+        }
+    }
+    ks->py = set;
+    return 0;
+}
+
+/* keys[i] (borrowed), or NULL past its end: a list is read afresh each time, since an odd
+ * value's __eq__ or __hash__ (the Python set's) could change it. */
+static inline PyObject *
+ks_item(PyObject *keys, Py_ssize_t i)
+{
+    if (PyList_Check(keys)) {
+        return i < PyList_GET_SIZE(keys) ? PyList_GET_ITEM(keys, i) : NULL;
+    }
+    return i < PyTuple_GET_SIZE(keys) ? PyTuple_GET_ITEM(keys, i) : NULL;
+}
+
+/* The arguments (keys, lo, hi): lo and hi checked. 0, or -1 with an exception. */
+static int
+ks_args(PyObject *const *args, Py_ssize_t nargs, const char *name, Py_ssize_t *lo, Py_ssize_t *hi)
+{
+    Py_ssize_t n;
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "PageKeySet.%s takes keys, lo, hi", name);
+        return -1;
+    }
+    if (PyList_Check(args[0])) {
+        n = PyList_GET_SIZE(args[0]);
+    } else if (PyTuple_Check(args[0])) {
+        n = PyTuple_GET_SIZE(args[0]);
+    } else {
+        PyErr_Format(PyExc_TypeError, "PageKeySet.%s: keys must be a list or tuple", name);
+        return -1;
+    }
+    if ((*lo = PyLong_AsSsize_t(args[1])) == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if ((*hi = PyLong_AsSsize_t(args[2])) == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (*lo < 0 || *lo > n || *hi < 0 || *hi > n) {
+        PyErr_Format(PyExc_ValueError, "PageKeySet.%s: lo and hi must be within 0..len(keys)", name);
+        return -1;
+    }
+    return 0;
+}
+
+/* add (adding) or count (not): keys[lo:hi] put in, or how many of them are in; the count
+ * (added: 0), or -1 with an exception. */
+static Py_ssize_t
+ks_each(PageKeySet *ks, PyObject *const *args, Py_ssize_t nargs, int adding)
+{
+    Py_ssize_t lo, hi, i, found = 0;
+    PyObject *v;
+    if (ks_args(args, nargs, adding ? "add" : "count", &lo, &hi) < 0) {
+        return -1;
+    }
+    for (i = lo; i < hi && (v = ks_item(args[0], i)) != NULL; i++) {
+        int64_t k;
+        int got = ks->py == NULL ? ks_int(v, &k) : 0;
+        if (got < 0) {
+            return -1;
+        }
+        if (!got) {  /* an odd value, or a set already switched: Python's set decides */
+            int in = 0;
+            Py_INCREF(v);
+            if ((ks->py == NULL && ks_to_python(ks) < 0)
+                || (adding ? PySet_Add(ks->py, v) : (in = PySet_Contains(ks->py, v))) < 0) {
+                Py_DECREF(v);
+                return -1;
+            }
+            Py_DECREF(v);
+            found += in;
+        } else if (adding) {
+            Py_ssize_t at;
+            if (ks_reserve(ks) < 0) {
+                return -1;
+            }
+            at = ks_slot(ks, k);
+            if (ks->stamp[at] != ks->gen) {
+                ks->keys[at] = k;
+                ks->stamp[at] = ks->gen;
+                ks->n++;
+            }
+        } else if (ks->cap && ks->stamp[ks_slot(ks, k)] == ks->gen) {
+            found++;
+        }
+    }
+    return found;
+}
+
+static PyObject *
+ks_add(PageKeySet *ks, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (ks_each(ks, args, nargs, 1) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+ks_count(PageKeySet *ks, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t found = ks_each(ks, args, nargs, 0);
+    return found < 0 ? NULL : PyLong_FromSsize_t(found);
+}
+
+static PyObject *
+ks_clear(PageKeySet *ks, PyObject *Py_UNUSED(ignored))
+{
+    if (ks->py != NULL && PySet_Clear(ks->py) < 0) {
+        return NULL;
+    }
+    ks->n = 0;
+    if (++ks->gen == 0) {  /* wrapped: every stamp is old again */
+        if (ks->cap) {
+            memset(ks->stamp, 0, (size_t)ks->cap * sizeof(uint32_t));
+        }
+        ks->gen = 1;
+    }
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t
+ks_len(PageKeySet *ks)
+{
+    return ks->py != NULL ? PySet_GET_SIZE(ks->py) : ks->n;
+}
+
+static PyObject *
+ks_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PageKeySet *ks;
+    if (PyTuple_GET_SIZE(args) || (kwds != NULL && PyDict_GET_SIZE(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "PageKeySet() takes no arguments");
+        return NULL;
+    }
+    if ((ks = (PageKeySet *)type->tp_alloc(type, 0)) == NULL) {
+        return NULL;
+    }
+    ks->gen = 1;
+    return (PyObject *)ks;
+}
+
+static void
+ks_dealloc(PageKeySet *ks)
+{
+    PyMem_Free(ks->keys);
+    PyMem_Free(ks->stamp);
+    Py_CLEAR(ks->py);
+    Py_TYPE(ks)->tp_free((PyObject *)ks);
+}
+
+static PyMethodDef ks_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))ks_add, METH_FASTCALL, "add(keys, lo, hi): keys[lo:hi] into the set."},
+    {"count", (PyCFunction)(void (*)(void))ks_count, METH_FASTCALL,
+     "count(keys, lo, hi) -> how many of keys[lo:hi] are in the set."},
+    {"clear", (PyCFunction)ks_clear, METH_NOARGS, "clear(): empty the set."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods ks_as_sequence = {
+    .sq_length = (lenfunc)ks_len,
+};
+
+PyTypeObject cp_PageKeySetType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tierdiag.native._cplane.PageKeySet",
+    .tp_doc = PyDoc_STR("PageKeySet(): a set of page keys (engine/miss.py), int64 keys in a C table."),
+    .tp_basicsize = sizeof(PageKeySet),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = ks_new,
+    .tp_dealloc = (destructor)ks_dealloc,
+    .tp_as_sequence = &ks_as_sequence,
+    .tp_methods = ks_methods,
+};
