@@ -43,7 +43,7 @@ from tierdiag.engine.arrivals import ArrivalSource
 from tierdiag.engine.controller import EngineStats
 from tierdiag.engine.request import Req
 from tierdiag.engine.routing import Gateway, RequestView, RouterConfig
-from tierdiag.engine.schedule_common import EngineError
+from tierdiag.engine.schedule_common import INIT_NEW_TOKEN_RATIO, EngineError
 from tierdiag.engine.scheduler import Scheduler
 from tierdiag.probes.events import Route
 from tierdiag.trace.pages import page_keys_array
@@ -60,6 +60,16 @@ def _json_number(x: float | None) -> str:
     if f == 0.0 and math.copysign(1.0, f) > 0:
         return "0.0"
     return repr(f)
+
+
+def idle_pass_changes(sched: Scheduler) -> bool:
+    """Whether `sched.idle_pass` (without the storage rule) would change anything: it resets
+    new_token_ratio (a no-op where it is already reset) and flushes the queued backups
+    (`EngineController.flush_backups` swaps its two queues and sends the first: a no-op where
+    both are empty). tests/engine/test_deployment.py holds a replay that skips the others to
+    the rows of one that calls every idle pass."""
+    ctrl = sched.ctrl
+    return sched.new_token_ratio != INIT_NEW_TOKEN_RATIO or bool(ctrl.backup_queue) or bool(ctrl.backup_later)
 
 
 class Deployment:
@@ -103,6 +113,11 @@ class Deployment:
         pop = heapq.heappop
         ticks = [t for t in dict.fromkeys(s.emit.tick for s in ranks) if t is not None]
         arrive = self._arrive
+        # An idle rank passes (Scheduler.idle_pass) only where that can change something
+        # (idle_pass_changes): ~586k calls of a --dp 8 conversation replay, most at wakes for
+        # another rank's batch or events. Under storage_acks_per_pass every idle pass is called
+        # (it asks its own storage state whether it is due).
+        idle_storage = [bool(s.rules.storage_acks_per_pass) for s in ranks]
         # What a rank does before the next arrival or event reaches no other rank unless it
         # evicts (host and storage writes), finishes (the router, the storage tier) or emits a
         # decode-step event (one stream, in clock order); passes that can only be plain decode
@@ -153,7 +168,7 @@ class Deployment:
                         gpu_free[rank] = end
                         ran.append(rank)
                     batched = True
-                elif now >= gpu_free[rank]:
+                elif now >= gpu_free[rank] and (idle_storage[rank] or idle_pass_changes(sched)):
                     sched.idle_pass(now, nxt_t is not None)  # self_check_during_idle, the storage drain
             if batched:
                 for tick in ticks:  # a batch's events are in: the probe may flush its buffers
