@@ -63,13 +63,18 @@ def _json_number(x: float | None) -> str:
 
 
 def idle_pass_changes(sched: Scheduler) -> bool:
-    """Whether `sched.idle_pass` (without the storage rule) would change anything: it resets
-    new_token_ratio (a no-op where it is already reset) and flushes the queued backups
-    (`EngineController.flush_backups` swaps its two queues and sends the first: a no-op where
-    both are empty). tests/engine/test_deployment.py holds a replay that skips the others to
-    the rows of one that calls every idle pass."""
+    """Whether `sched.idle_pass` could change anything: it resets new_token_ratio (a no-op where
+    it is already reset), flushes the queued backups (`EngineController.flush_backups` swaps its
+    two queues and sends the first: a no-op where both are empty) and, under the rule
+    storage_acks_per_pass, passes where `_idle_storage_due` finds a storage write, a cut read's
+    tail or a held release due (none where all three lists are empty: always without a storage
+    tier). tests/engine/test_deployment.py holds a replay that skips the other calls to the
+    events of one that makes every call."""
     ctrl = sched.ctrl
-    return sched.new_token_ratio != INIT_NEW_TOKEN_RATIO or bool(ctrl.backup_queue) or bool(ctrl.backup_later)
+    if sched.new_token_ratio != INIT_NEW_TOKEN_RATIO or ctrl.backup_queue or ctrl.backup_later:
+        return True
+    return bool(sched.rules.storage_acks_per_pass
+                and (ctrl.storage_writes or ctrl.prefetch_tails or sched.held_releases))
 
 
 class Deployment:
@@ -115,9 +120,7 @@ class Deployment:
         arrive = self._arrive
         # An idle rank passes (Scheduler.idle_pass) only where that can change something
         # (idle_pass_changes): ~586k calls of a --dp 8 conversation replay, most at wakes for
-        # another rank's batch or events. Under storage_acks_per_pass every idle pass is called
-        # (it asks its own storage state whether it is due).
-        idle_storage = [bool(s.rules.storage_acks_per_pass) for s in ranks]
+        # another rank's batch or events.
         # What a rank does before the next arrival or event reaches no other rank unless it
         # evicts (host and storage writes), finishes (the router, the storage tier) or emits a
         # decode-step event (one stream, in clock order); passes that can only be plain decode
@@ -168,7 +171,7 @@ class Deployment:
                         gpu_free[rank] = end
                         ran.append(rank)
                     batched = True
-                elif now >= gpu_free[rank] and (idle_storage[rank] or idle_pass_changes(sched)):
+                elif now >= gpu_free[rank] and idle_pass_changes(sched):
                     sched.idle_pass(now, nxt_t is not None)  # self_check_during_idle, the storage drain
             if batched:
                 for tick in ticks:  # a batch's events are in: the probe may flush its buffers
