@@ -9,12 +9,13 @@ pools, tree and locks are sound once idle, tokens are conserved, ids unique acro
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.engine.helpers import PS, Collect, small_config
+from tests.engine.helpers import PS, Collect, patches_the_engine, small_config
 from tests.engine.test_invariants import workloads
 from tierdiag.config.router import ROUTER_NAMES
 from tierdiag.engine.engine import Engine
@@ -242,3 +243,85 @@ def test_peek_reads_the_tree_without_touching_it():
     tree.set_host(lower, [0, 1])
     tree.demote(lower)
     assert tree.peek([1, 2, 3, 4, 5, 6, 7]) == (4, 2)
+
+
+# --- the loop's idle passes -------------------------------------------------------------------
+class CollectEvery(Collect):
+    """Every event the engine emits, in order, as its repr less the data plane's measured wall
+    time (`wall_ns`: a clock reading, as benchmarks/compare_rows.py leaves it out)."""
+
+    def __init__(self):
+        super().__init__()
+        self.every: list[str] = []
+
+    def emit(self, event):
+        super().emit(event)
+        self.every.append(re.sub(r"wall_ns=\d+", "wall_ns=", repr(event)))
+
+
+def gated_and_every(trace, cfg, monkeypatch) -> tuple[list[str], list[str], int, int]:
+    """The replay's events and idle_pass calls, as Deployment.run runs it (`idle_pass_changes`
+    gates the idle passes) and with every idle pass called (the predicate made always true)."""
+    from tierdiag.engine import deployment
+    from tierdiag.engine.scheduler import Scheduler
+
+    calls = [0]
+    idle_pass = Scheduler.idle_pass
+
+    def counted(self, now, more):
+        calls[0] += 1
+        idle_pass(self, now, more)
+
+    out = []
+    with monkeypatch.context() as mp:
+        mp.setattr(Scheduler, "idle_pass", counted)
+        for every in (False, True):
+            if every:
+                mp.setattr(deployment, "idle_pass_changes", lambda sched: True)
+            calls[0] = 0
+            probe = CollectEvery()
+            Engine(cfg, probe=probe).run(trace)
+            out.append((probe.every, calls[0]))
+    (gated, gated_calls), (every, every_calls) = out
+    return gated, every, gated_calls, every_calls
+
+
+@patches_the_engine
+def test_an_idle_rank_passes_only_where_its_pass_changes_something(monkeypatch):
+    """Deployment.run calls an idle rank's `Scheduler.idle_pass` (self_check_during_idle's reset
+    of new_token_ratio, the queued backups' flush) only where `idle_pass_changes` says it can
+    change something: a --dp 8 conversation replay skipped ~586k calls at wakes for another
+    rank's batch or events. Here: rank 0 holds a long request (a batch end a step, 40 steps)
+    while rank 1 finished its short one and idles; the loop wakes at each of rank 0's batch
+    ends, and rank 1's pass there would reset a ratio already reset with no backup queued. The
+    replay skips those calls and emits the same events, in order, as one calling them all."""
+    trace = [turn("long", 0, 0, tuple(range(1, 5)), output=40), turn("short", 1, 0, tuple(range(11, 15)), output=2)]
+    cfg = small_config(dp=2, router="round_robin", device_tokens=64 * PS, host_tokens=128 * PS)
+    gated, every, gated_calls, every_calls = gated_and_every(trace, cfg, monkeypatch)
+    assert gated == every
+    assert gated_calls < every_calls, (gated_calls, every_calls)
+
+
+@patches_the_engine
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(reqs=workloads(), dp=st.integers(2, 4), router=st.sampled_from(ROUTER_NAMES), device=st.integers(6, 24),
+       write_policy=st.sampled_from(["write_through", "write_back"]), closed=st.booleans(),
+       storage=st.sampled_from([0, 48 * PS]))
+def test_skipping_the_idle_passes_that_change_nothing_keeps_every_event(reqs, dp, router, device, write_policy,
+                                                                         closed, storage, monkeypatch,
+                                                                         tmp_path_factory):
+    """The same on random workloads, routers, rank counts, write policies and storage tiers
+    (0.5.23's storage_acks_per_pass drains storage in idle passes), open and closed loop: the
+    gated replay emits every event the replay calling every idle pass emits, in the same order
+    with the same values, and never calls more."""
+    if closed:
+        reqs = [TraceRequest(r.req_id, r.seq, r.line, r.arrival_ns, r.input_len, r.output_len, r.hash_ids, r.tokens,
+                             r.priority, r.extra_key, session=f"s{r.seq % 2}") for r in reqs]
+    trace = sorted(reqs, key=lambda r: (r.arrival_ns, r.seq))
+    cfg = small_config(dp=dp, router=router, device_tokens=device * PS, host_tokens=2 * device * PS,
+                       write_policy=write_policy, router_balance_abs_threshold=2,
+                       arrivals="closed" if closed else "trace", storage_tokens=storage,
+                       storage_dir=str(tmp_path_factory.mktemp("idle")) if storage else None)
+    gated, every, gated_calls, every_calls = gated_and_every(trace, cfg, monkeypatch)
+    assert gated == every
+    assert gated_calls <= every_calls
