@@ -10,7 +10,7 @@ from tierdiag.diagnose.request.claims import NAMED_REASON_SHARE, Claim
 from tierdiag.diagnose.request.context import WaitPart
 from tierdiag.diagnose.dp.routing_loss import RoutingLoss
 from tierdiag.diagnose.run.runcontext import RunContext
-from tierdiag.diagnose.run.story import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE
+from tierdiag.diagnose.run.story import BUSY_SHARE, CAP_SHARE, RECOMPUTE_QUEUE_SHARE
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, share
 
 
@@ -113,6 +113,12 @@ def queued_wait_claim(story, run_busy_share: float | None) -> Claim:
     return Claim("queued_wait", text + ".")
 
 
+def cap_reason(cap: int, given: bool) -> str:
+    """Who ran while the queue was held: the cap, and where its value came from."""
+    return (f"{cap:,} request{'s' if cap != 1 else ''} {'were' if cap != 1 else 'was'} running on their scheduler, "
+            f"the max_running_requests cap ({'given' if given else 'derived from the device pool'})")
+
+
 def queue_cause_claim(story, overloaded: bool, why: str | None) -> Claim:
     """Whose doing the queue was, as the queued requests' own attributions say, by excess."""
     doing = story.caches_doing_share or 0.0
@@ -127,7 +133,12 @@ def queue_cause_claim(story, overloaded: bool, why: str | None) -> Claim:
     busy = story.other_busy_share if story.other_busy_share is not None else (story.queued_busy_share or 0.0)
     rec = story.other_recompute_share if story.other_recompute_share is not None else \
         (story.wait_share("recompute") or 0.0)
-    if overloaded:
+    cap_share = story.other_cap_share
+    if not overloaded and story.max_running is not None and cap_share is not None and cap_share >= CAP_SHARE:
+        reason = (f"for {fmt_pct(cap_share)} of their wait (each its own, weighted by its excess) "
+                  f"{cap_reason(story.max_running, story.max_running_given)}: the cap held the queue, not the GPU "
+                  f"({fmt_pct(busy)} busy around them)")
+    elif overloaded:
         reason = (f"the GPU was offered more prefill than it can do ({fmt_pct(busy)} busy around them; recompute "
                   f"{fmt_pct(rec)} of their wait)")
     elif busy < BUSY_SHARE:
