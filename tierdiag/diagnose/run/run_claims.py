@@ -119,6 +119,20 @@ def cap_reason(cap: int, given: bool) -> str:
             f"the max_running_requests cap ({'given' if given else 'derived from the device pool'})")
 
 
+def cap_held(story, overloaded: bool) -> bool:
+    """The max_running_requests cap, not the GPU, held the queue the cache did not make: for at
+    least CAP_SHARE of those requests' wait (excess-weighted) their rank ran `max_running` requests,
+    and the offered load did not exceed the GPU (then that is named instead)."""
+    return (not overloaded and story.max_running is not None and story.other_cap_share is not None
+            and story.other_cap_share >= CAP_SHARE)
+
+
+def running_cap_json(story) -> dict:
+    """summary --json's `diagnosis.running_cap` (only where cap_held)."""
+    return {"max_running_requests": story.max_running, "given": story.max_running_given,
+            "queued_wait_share": story.queued_cap_share, "not_the_caches_doing_wait_share": story.other_cap_share}
+
+
 def queue_cause_claim(story, overloaded: bool, why: str | None) -> Claim:
     """Whose doing the queue was, as the queued requests' own attributions say, by excess."""
     doing = story.caches_doing_share or 0.0
@@ -133,9 +147,8 @@ def queue_cause_claim(story, overloaded: bool, why: str | None) -> Claim:
     busy = story.other_busy_share if story.other_busy_share is not None else (story.queued_busy_share or 0.0)
     rec = story.other_recompute_share if story.other_recompute_share is not None else \
         (story.wait_share("recompute") or 0.0)
-    cap_share = story.other_cap_share
-    if not overloaded and story.max_running is not None and cap_share is not None and cap_share >= CAP_SHARE:
-        reason = (f"for {fmt_pct(cap_share)} of their wait (each its own, weighted by its excess) "
+    if cap_held(story, overloaded):
+        reason = (f"for {fmt_pct(story.other_cap_share)} of their wait (each its own, weighted by its excess) "
                   f"{cap_reason(story.max_running, story.max_running_given)}: the cap held the queue, not the GPU "
                   f"({fmt_pct(busy)} busy around them)")
     elif overloaded:
