@@ -6,7 +6,7 @@ sentences are claims.py's. Checked against the rows by tests/diagnose/test_run_c
 from __future__ import annotations
 
 from tierdiag.config.names import WritePolicy
-from tierdiag.diagnose.request.claims import NAMED_REASON_SHARE, Claim
+from tierdiag.diagnose.request.claims import NAMED_REASON_SHARE, Claim, cap_reason
 from tierdiag.diagnose.request.context import WaitPart
 from tierdiag.diagnose.dp.routing_loss import RoutingLoss
 from tierdiag.diagnose.run.runcontext import RunContext
@@ -111,12 +111,6 @@ def queued_wait_claim(story, run_busy_share: float | None) -> Claim:
         text += "; of their wait it spent " + ", ".join(
             f"{fmt_pct(share(v, story.queued_wait_ns))} {_RUN_WAIT_WORDS[k]}" for k, v in parts)
     return Claim("queued_wait", text + ".")
-
-
-def cap_reason(cap: int, given: bool) -> str:
-    """Who ran while the queue was held: the cap, and where its value came from."""
-    return (f"{cap:,} request{'s' if cap != 1 else ''} {'were' if cap != 1 else 'was'} running on their scheduler, "
-            f"the max_running_requests cap ({'given' if given else 'derived from the device pool'})")
 
 
 def cap_held(story, overloaded: bool) -> bool:

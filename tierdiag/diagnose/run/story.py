@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import duckdb
 
 from tierdiag.config.names import Cause
+from tierdiag.diagnose.request import running
 from tierdiag.diagnose.request.context import ATTRIBUTION_KEYS, CONTEXT_LOOKBACK_NS, WaitPart
 from tierdiag.diagnose.read import run_context as read_ctx
 from tierdiag.units import share
@@ -262,26 +263,6 @@ def _memory_wait(con, rid: str, r_rank, w0, w1, b_rank, s, e):
     return out
 
 
-def at_cap_arrays(a, b, cap: int):
-    """(starts, ends) of the times at least `cap` of the half-open intervals [a, b) cover, sorted
-    and disjoint (touching pieces may stay apart). A sweep: +1 at each start, -1 at each end, an
-    end before a start at the same instant (the one leaving no longer runs)."""
-    import numpy as np
-
-    a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
-    keep = b > a
-    t = np.concatenate([a[keep], b[keep]])
-    if not len(t):
-        return t, t
-    d = np.concatenate([np.ones(int(keep.sum()), dtype=np.int64), -np.ones(int(keep.sum()), dtype=np.int64)])
-    order = np.lexsort((d, t))
-    t, count = t[order], np.cumsum(d[order])
-    last = np.r_[t[1:] != t[:-1], True]  # the count after every event at that instant
-    tt, cc = t[last], count[last]
-    held = cc[:-1] >= cap
-    return tt[:-1][held], tt[1:][held]
-
-
 def cap_wait(con: duckdb.DuckDBPyConnection, rid: str, r_rank, w0, w1, queue, cap: int | None):
     """Per request: the time in its wait [w0, w1] while `cap` requests of its rank were running
     (SGLang's running batch: a request joins it at its first token and leaves at its finish;
@@ -299,7 +280,7 @@ def cap_wait(con: duckdb.DuckDBPyConnection, rid: str, r_rank, w0, w1, queue, ca
         if not mine.any():
             continue
         spans = d_rank == rank
-        at = _measure_arrays(*at_cap_arrays(d_a[spans], d_b[spans], cap))
+        at = _measure_arrays(*running.at_cap_arrays(d_a[spans], d_b[spans], cap))
         out[mine] = at(w1[mine]) - at(w0[mine])
     return np.minimum(out, np.maximum(np.asarray(queue, dtype=np.float64), 0.0))
 
