@@ -247,6 +247,17 @@ def _memory_wait(con, rid: str, r_rank, w0, w1, b_rank, s, e):
     In arrays: as tuples of Python ints (`_merge`, `_minus`, kept as the reference,
     tests/diagnose/test_story_intervals.py) a million requests' spans and batches held ~1 GB
     of the close of a 1M-request replay (issue 41). The measures are integers either way."""
+
+    def held(rank, a, b):
+        theirs = b_rank == rank
+        return _held_arrays(*_merge_arrays(a, b), *_merge_arrays(s[theirs], e[theirs]))
+
+    return _per_rank_time(con, rid, r_rank, w0, w1, held)
+
+
+def _per_rank_time(con: duckdb.DuckDBPyConnection, rid: str, r_rank, w0, w1, held):
+    """Per request: the time in [w0, w1] inside `held(rank, starts, ends)` (sorted disjoint
+    intervals, as arrays) of its rank's decoding spans (read_ctx.decoding_span_arrays)."""
     import numpy as np
 
     out = np.zeros(len(w0))
@@ -255,10 +266,8 @@ def _memory_wait(con, rid: str, r_rank, w0, w1, b_rank, s, e):
         mine = r_rank == rank
         if not mine.any():
             continue
-        theirs = b_rank == rank
         spans = d_rank == rank
-        at = _measure_arrays(*_held_arrays(*_merge_arrays(d_a[spans], d_b[spans]),
-                                           *_merge_arrays(s[theirs], e[theirs])))
+        at = _measure_arrays(*held(rank, d_a[spans], d_b[spans]))
         out[mine] = at(w1[mine]) - at(w0[mine])
     return out
 
@@ -271,17 +280,9 @@ def cap_wait(con: duckdb.DuckDBPyConnection, rid: str, r_rank, w0, w1, queue, ca
     requests"): the cap, not the GPU, holds the queue. Zeros where the run records no cap."""
     import numpy as np
 
-    out = np.zeros(len(w0))
     if cap is None:
-        return out
-    d_rank, d_a, d_b = read_ctx.decoding_span_arrays(con, rid)
-    for rank in np.unique(d_rank).tolist():
-        mine = r_rank == rank
-        if not mine.any():
-            continue
-        spans = d_rank == rank
-        at = _measure_arrays(*running.at_cap_arrays(d_a[spans], d_b[spans], cap))
-        out[mine] = at(w1[mine]) - at(w0[mine])
+        return np.zeros(len(w0))
+    out = _per_rank_time(con, rid, r_rank, w0, w1, lambda rank, a, b: running.at_cap_arrays(a, b, cap))
     return np.minimum(out, np.maximum(np.asarray(queue, dtype=np.float64), 0.0))
 
 
