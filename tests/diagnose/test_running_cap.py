@@ -77,3 +77,29 @@ def test_the_run_story_share_is_each_requests_own(tmp_path, cap):
     assert any(want), "the cap never held a wait: the run tests nothing"
     share = np.where(queue > 0, got / np.maximum(queue, 1), 0.0)
     assert ((share >= 0) & (share <= 1)).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.one_of(st.none(), st.booleans(), st.integers(-10, 10), st.integers(2 ** 62, 2 ** 63 - 1),
+                 st.floats(allow_nan=True), st.text(max_size=8), st.lists(st.integers(), max_size=2)),
+       st.one_of(st.none(), st.integers(1, 8), st.text(max_size=4)))
+def test_a_hostile_recorded_cap_reads_as_none_or_itself(cap, given_):
+    """runs.config_json's max_running_requests as recorded, or as a hand-edited / foreign store
+    might hold it: a positive int is the cap; anything else (bool, 0, negative, float, NaN, text,
+    list, missing) reads as no cap, so no sentence names one."""
+    import json
+
+    import duckdb
+
+    from tierdiag.diagnose.read.run_context import running_cap
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE runs (run_id VARCHAR, config_json VARCHAR)")
+    config = {"max_running_requests": cap, "max_running_requests_given": given_}
+    con.execute("INSERT INTO runs VALUES ('r', ?)", [json.dumps(config)])
+    got = running_cap(con, "r")
+    ok = isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1
+    assert got == ((cap, given_ is not None) if ok else (None, False))
+    con.execute("UPDATE runs SET config_json = ?", ["{not json"])
+    assert running_cap(con, "r") == (None, False)
+    assert running_cap(con, "missing") == (None, False)
