@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tierdiag.diagnose.advice import propose
-from tierdiag.diagnose.request.claims import (BUSY_SHARE, RECOMPUTE_QUEUE_SHARE, counterfactual_claim,
+from tierdiag.diagnose.request.claims import (BUSY_SHARE, CAP_SHARE, RECOMPUTE_QUEUE_SHARE, counterfactual_claim,
                                              never_evicted_ns)
 from tierdiag.diagnose.run.facts import RunFacts, run_context
 from tierdiag.diagnose.request.explain import explain_request
@@ -66,6 +66,7 @@ def _sample(con, run_id: str) -> list[dict]:
         "CASE WHEN loadback_skipped_reason IS NULL THEN 0 ELSE 1 END DESC, seq",
         "CASE WHEN hit_class = 'device_hit' AND recomputed_tokens > 0 THEN recomputed_tokens ELSE 0 END DESC",
         "coalesce(miss_prefetch_lost_tokens, 0) DESC",  # read by its prefetch, lost before scheduling
+        "queue_ns DESC",  # the longest waits (issue 43why: where a running cap holds them)
         "hash(req_id)",  # anything
     ]
     rows: dict[str, dict] = {}
@@ -177,6 +178,23 @@ def _check_request(row: dict, e) -> list[str]:
         need(qa is not None and qa.parts_ns["recompute"] >= RECOMPUTE_QUEUE_SHARE * row["queue_ns"]
              and ctx.prefill_busy_share >= BUSY_SHARE, "'the cache's doing' without the recompute share")
     need(all(c.text in e.verdict for c in e.claims), "every claim is in the verdict")
+    # Issue 43why: its wait while its rank ran max_running_requests requests (brute force over the
+    # run's first-token / finish spans, _HELD), named where it is at least CAP_SHARE of the wait.
+    cap, given_, held = _HELD[e.run_id]
+    queue = int(row["queue_ns"] or 0)
+    w0, w1 = row["arrival_ns"] + int(row["storage_wait_ns"] or 0), row["first_token_ns"]
+    at_cap = min(sum(max(min(b, w1) - max(a, w0), 0) for a, b in held.get(int(row["dp_rank"] or 0), [])), queue) \
+        if cap and queue and w1 is not None else 0
+    if ctx is not None:
+        need(ctx.at_cap_ns == at_cap, f"at_cap_ns {ctx.at_cap_ns} vs {at_cap}")
+    m = re.search(r"For (.+?) \((.+?)\) of its wait ([\d,]+) requests? w(?:ere|as) running on its scheduler, the "
+                  r"max_running_requests cap \((given|derived from the device pool)\): the cap held it, not the GPU\.",
+                  verdict)
+    need(bool(m) == ("It waited" in verdict and queue > 0 and at_cap >= CAP_SHARE * queue),
+         f"cap named {bool(m)}, at cap {at_cap} of {queue}")
+    if m:
+        need(m[1] == fmt_ms(at_cap) and _num(m[3]) == cap and (m[4] == "given") == given_,
+             f"cap sentence {m[0]!r} vs {at_cap} ns, cap {cap} given {given_}")
     # Miss reasons (issue 40): step 4's sentence is the row's columns, summing to its computed tokens.
     m = re.search(r"Its ([\d,]+) computed tokens, by why they were not reused: (.*?)\.(?:\s|$)", e.steps[3].finding)
     cols = {k[len("miss_"):-len("_tokens")]: v for k, v in row.items() if k.startswith("miss_") and v}
@@ -199,6 +217,25 @@ def _check_request(row: dict, e) -> list[str]:
 
 
 _START: dict[str, int] = {}  # run_id -> its first arrival (ns)
+_HELD: dict[str, tuple] = {}  # run_id -> (max_running_requests, given, rank -> the pieces of time it ran that many)
+
+
+def _held(con, run_id: str) -> tuple:
+    """The run's cap from its config, and per rank the pieces between consecutive first-token /
+    finish instants that at least `cap` running spans cover (a count per piece, no sweep)."""
+    import json
+
+    config = json.loads(con.execute("SELECT config_json FROM runs WHERE run_id = ?", [run_id]).fetchone()[0] or "{}")
+    cap = config.get("max_running_requests")
+    spans: dict[int, list] = {}
+    for k, a, b in con.execute("SELECT coalesce(dp_rank, 0), first_token_ns, finish_ns FROM requests WHERE run_id = ? "
+                               "AND first_token_ns IS NOT NULL AND finish_ns > first_token_ns", [run_id]).fetchall():
+        spans.setdefault(k, []).append((a, b))
+    held = {}
+    for k, sp in spans.items():
+        pts = sorted({t for ab in sp for t in ab})
+        held[k] = [(p, q) for p, q in zip(pts, pts[1:]) if cap and sum(a <= p and b >= q for a, b in sp) >= cap]
+    return cap, config.get("max_running_requests_given") is not None, held
 
 
 def _check_run(db: Path) -> int:
@@ -211,6 +248,7 @@ def _check_run(db: Path) -> int:
         bad = []
         totals = con.execute("SELECT sum(recomputed_tokens), sum(input_tokens) FROM requests "
                              "WHERE run_id = ? AND status = 'finished'", [run.run_id]).fetchone()
+        _HELD[run.run_id] = _held(con, run.run_id)
         _START[run.run_id] = con.execute("SELECT min(arrival_ns) FROM requests WHERE run_id = ?",
                                          [run.run_id]).fetchone()[0]
         for row in rows:
@@ -243,6 +281,35 @@ def demo_run(tmp_path_factory) -> Path:
 
 def test_every_claim_is_true_on_the_demo_trace(demo_run):
     assert _check_run(demo_run) >= 40
+
+
+def test_explain_names_the_running_cap_where_it_held_the_wait(demo_run):
+    """Issue 43why, narrated. The demo workload capped at 2 running requests (SGLang 0.5.23
+    `Scheduler.get_num_allocatable_reqs` is the cap less the running batch; at 0
+    `_get_new_batch_prefill_raw` forms no prefill batch): the longest waits were spent while 2
+    requests ran on its scheduler, and explain says the cap held them, not the GPU; every number
+    checked by _check_request against a brute-force count. Uncapped (demo_run, a derived cap of
+    thousands) no verdict names it (_check_request: named iff the count says so)."""
+    trace = demo_run.parent / "mixed.jsonl"
+    db = _replay(trace, demo_run.parent / "capped.duckdb", "--model", "llama3-8b", "--gpu", "h100",
+                 "--device-tokens", "65536", "--host-tokens", "98304", "--max-running-requests", "2")
+    assert _check_run(db) >= 40
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        rid = con.execute("SELECT req_id FROM requests WHERE run_id = ? ORDER BY queue_ns DESC LIMIT 1",
+                          [run.run_id]).fetchone()[0]
+        e = explain_request(con, run, rid)
+    assert "2 requests were running on its scheduler, the max_running_requests cap (given): the cap held it, " \
+           "not the GPU." in e.verdict, e.verdict
+    assert e.context.max_running == 2 and e.context.at_cap_ns > 0
+    assert {"at_cap_ms", "max_running", "max_running_given"} <= set(e.context.to_json())
+    with open_store(demo_run) as con:  # uncapped: the context's JSON reads as before the cap was known
+        run = resolve_run(con, None)
+        rid = con.execute("SELECT req_id FROM requests WHERE run_id = ? ORDER BY queue_ns DESC LIMIT 1",
+                          [run.run_id]).fetchone()[0]
+        plain = explain_request(con, run, rid)
+    assert plain.context.at_cap_ns == 0 and "max_running_requests" not in plain.verdict
+    assert not {"at_cap_ms", "max_running", "max_running_given"} & set(plain.context.to_json())
 
 
 @pytest.fixture(scope="module")

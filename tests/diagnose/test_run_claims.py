@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tierdiag.diagnose.request.context import CONTEXT_LOOKBACK_NS
-from tierdiag.diagnose.run.story import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE
+from tierdiag.diagnose.run.story import BUSY_SHARE, CAP_SHARE, RECOMPUTE_QUEUE_SHARE
 from tierdiag.store.reader import open_store, resolve_run
 
 from .test_run_story import bursty
@@ -144,7 +144,28 @@ def _rows(con, rid: str) -> list[dict]:
         x["cache"] = (x["q"] > 0 and parts[0] / x["q"] >= RECOMPUTE_QUEUE_SHARE and x["busy"] >= BUSY_SHARE)
         x["label"] = x["cause"] if x["cause"] != "queueing" else (
             "queueing (the cache's doing)" if x["cache"] else "queueing (not the cache's doing)")
+    _at_cap(con, rid, rows)
     return rows
+
+
+def _at_cap(con, rid: str, rows: list[dict]) -> None:
+    """Per row `atcap`: the time in its wait [w0, w1] while its rank ran max_running_requests
+    requests (first token to finish: the running batch), at most its queue; brute force, counting
+    the spans covering each piece between two consecutive first-token / finish instants."""
+    config = json.loads(con.execute("SELECT config_json FROM runs WHERE run_id = ?", [rid]).fetchone()[0] or "{}")
+    cap = config.get("max_running_requests")
+    rank = dict(con.execute("SELECT req_id, coalesce(dp_rank, 0) FROM requests WHERE run_id = ?", [rid]).fetchall())
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for k, a, b in con.execute("SELECT coalesce(dp_rank, 0), first_token_ns, finish_ns FROM requests WHERE run_id = ? "
+                               "AND first_token_ns IS NOT NULL AND finish_ns > first_token_ns", [rid]).fetchall():
+        spans.setdefault(k, []).append((a, b))
+    held: dict[int, list[tuple[int, int]]] = {}
+    for k, sp in spans.items():
+        pts = sorted({t for ab in sp for t in ab})
+        held[k] = [(p, q) for p, q in zip(pts, pts[1:]) if cap and sum(a <= p and b >= q for a, b in sp) >= cap]
+    for x in rows:
+        x["atcap"] = min(sum(max(min(q, x["w1"]) - max(p, x["w0"]), 0) for p, q in held.get(rank[x["req_id"]], [])),
+                         x["q"]) if cap else 0
 
 
 def _capacity(con, rid: str) -> dict | None:
@@ -364,7 +385,20 @@ def _check(db: Path) -> tuple[list[str], list[dict]]:
             if o:
                 need(cap is not None and cap["share"] >= 0.1, "queue_cause: overload named without overload")
                 need(_pct_ok(o[1], obusy) and _pct_ok(o[2], orec), f"queue_cause: {o[0]} vs {obusy}, {orec}")
-            need(bool(b) + bool(r) + bool(o) + ("waited behind other work" in text) == 1,
+            # The max_running_requests cap held them (their rank ran `cap` requests for most of their wait).
+            ocap = sum(x["excess"] * x["atcap"] / x["q"] for x in other if x["q"] > 0) / ox
+            k = re.search(rf"for {PCT} of their wait \(each its own, weighted by its excess\) ([\d,]+) requests? "
+                          rf"w(?:ere|as) running on their scheduler, the max_running_requests cap \((given|derived from "
+                          rf"the device pool)\): the cap held the queue, not the GPU \({PCT} busy around them\)", text)
+            need(bool(k) == (not overloaded and config.get("max_running_requests") is not None and ocap >= CAP_SHARE),
+                 f"queue_cause: cap named {bool(k)}, its share {ocap}")
+            if k:
+                need(_pct_ok(k[1], ocap), f"queue_cause: cap share {k[1]} vs {ocap}")
+                need(int(k[2].replace(",", "")) == config["max_running_requests"], f"queue_cause: cap {k[2]}")
+                need((k[3] == "given") == (config.get("max_running_requests_given") is not None),
+                     f"queue_cause: cap {k[3]} vs {config.get('max_running_requests_given')}")
+                need(_pct_ok(k[4], obusy), f"queue_cause: cap busy {k[4]} vs {obusy}")
+            need(bool(b) + bool(r) + bool(o) + bool(k) + ("waited behind other work" in text) == 1,
                  f"queue_cause: no reason checked in {text!r}")
         elif name == "evicted_while_waiting":
             mine = [x for x in rows if x["waited_out"]]
@@ -470,10 +504,10 @@ LOAD_BACK = ["--model", "llama3-8b", "--gpu", "h100", "--device-tokens", "8192",
              "--load-back-threshold", "64", "--no-overlap"]
 
 
-def _synth(folder: Path, kind: str, requests: int, rate: float, options: list[str] = POOLS) -> Path:
-    trace = folder / f"{kind}{rate}.jsonl"
+def _synth(folder: Path, kind: str, requests: int, rate: float, options: list[str] = POOLS, tag: str = "") -> Path:
+    trace = folder / f"{kind}{rate}{tag}.jsonl"
     _invoke("synth", str(trace), "--kind", kind, "--requests", str(requests), "--rate", str(rate))
-    return _replay(trace, folder / f"{kind}{rate}.duckdb", *options)
+    return _replay(trace, folder / f"{kind}{rate}{tag}.duckdb", *options)
 
 
 @pytest.fixture(scope="module")
@@ -485,11 +519,13 @@ def synth_runs(tmp_path_factory) -> dict[str, Path]:
             "storage": _synth(folder, "mixed", 300, 30, STORAGE),
             "recompute": _synth(folder, "system-prompt", 200, 0.5, RECOMPUTE),
             "load_back": _synth(folder, "system-prompt", 150, 0.1, LOAD_BACK),
+            # issue 43why: a cap of 2 running requests holds the queue (the GPU mostly idle)
+            "capped": _synth(folder, "mixed", 300, 8, POOLS + ["--max-running-requests", "2"], "capped"),
             "bursty": s.replay(folder / "bursty", {"model": "llama3-8b", "device_tokens": 16384,
                                                     "host_tokens": 16384})}
 
 
-@pytest.mark.parametrize("name", ["mixed", "agent", "storage", "bursty", "recompute", "load_back"])
+@pytest.mark.parametrize("name", ["mixed", "agent", "storage", "bursty", "recompute", "load_back", "capped"])
 def test_every_run_claim_is_true_on_synth(synth_runs, name):
     bad, claims = _check(synth_runs[name])
     assert claims, "the run's diagnosis has no claims"
@@ -516,3 +552,24 @@ def test_every_run_claim_is_true_on_mooncake(mooncake_heads, name):
     bad, claims = _check(mooncake_heads[name])
     assert claims, "the run's diagnosis has no claims"
     assert not bad, bad
+
+
+def test_the_cap_is_named_where_it_held_the_queue_and_only_there(synth_runs):
+    """Issue 43why, narrated. SGLang caps the requests running on a scheduler at
+    max_running_requests (0.5.23 `Scheduler.get_num_allocatable_reqs`: the cap less the running
+    batch; `_get_new_batch_prefill_raw` forms no prefill batch when none is allocatable, and its
+    waiting loop stops at `len(can_run_list) >= allocatable`). The same mixed load at 8 req/s with
+    a cap of 2: the requests wait while 2 run, on a GPU mostly idle, and the run's verdict says the
+    cap held the queue, not the GPU (its numbers are checked by _check above); with the derived
+    cap (thousands) it never binds and the verdict reads as before, with no `running_cap`."""
+    capped = json.loads((out := _invoke("summary", "--db", str(synth_runs["capped"]), "--json"))[out.index("{"):])
+    d = capped["diagnosis"]
+    cause = next(c["text"] for c in d["claims"] if c["name"] == "queue_cause")
+    assert "the cap held the queue, not the GPU" in cause and "2 requests were running" in cause, cause
+    assert "(given)" in cause
+    rc = d["running_cap"]
+    assert rc["max_running_requests"] == 2 and rc["given"] is True
+    assert CAP_SHARE <= rc["not_the_caches_doing_wait_share"] <= 1 and 0 <= rc["queued_wait_share"] <= 1
+    plain = json.loads((out := _invoke("summary", "--db", str(synth_runs["mixed"]), "--json"))[out.index("{"):])
+    assert "running_cap" not in plain["diagnosis"], plain["diagnosis"].get("running_cap")
+    assert all("max_running_requests" not in c["text"] for c in plain["diagnosis"]["claims"])

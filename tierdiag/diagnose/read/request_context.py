@@ -88,3 +88,13 @@ def others_held(con: duckdb.DuckDBPyConnection, run_id: str, req_id: str, lo_ns:
         "SELECT arrival_ns, storage_wait_ns FROM requests WHERE run_id = ? AND req_id <> ? "
         "AND storage_wait_ns > 0 AND arrival_ns < ? AND arrival_ns + storage_wait_ns > ? "
         "AND coalesce(dp_rank, 0) = ?", [run_id, req_id, hi_ns, lo_ns, rank]).fetchall()]
+
+
+def running_spans(con: duckdb.DuckDBPyConnection, run_id: str, rank: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """(first token, finish) of the requests of `rank` that were running (decoding: SGLang's
+    running batch) at some time in [lo, hi): the spans that count toward max_running_requests
+    there (run_context.decoding_span_arrays, cut to one request's wait)."""
+    return [(int(a), int(b)) for a, b in con.execute(
+        "SELECT first_token_ns, finish_ns FROM requests WHERE run_id = ? AND coalesce(dp_rank, 0) = ? "
+        "AND first_token_ns IS NOT NULL AND finish_ns > first_token_ns AND first_token_ns < ? AND finish_ns > ?",
+        [run_id, rank, hi, lo]).fetchall()]

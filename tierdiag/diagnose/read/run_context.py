@@ -262,6 +262,23 @@ def decoding_span_arrays(con: duckdb.DuckDBPyConnection, run_id: str):
     return tuple(np.asarray(got[k], dtype=np.int64) for k in ("rank", "a", "b"))
 
 
+def running_cap(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[int | None, bool]:
+    """The run's `max_running_requests` (per scheduler: per rank) and whether it was given (not
+    derived from the device pool), as its stored config records them; (None, False) for a run
+    that does not record it (older runs, imports)."""
+    import json
+
+    row = con.execute("SELECT config_json FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    try:
+        config = json.loads(row[0]) if row and row[0] else {}
+    except ValueError:
+        return None, False
+    cap = config.get("max_running_requests") if isinstance(config, dict) else None
+    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+        return None, False
+    return cap, config.get("max_running_requests_given") is not None
+
+
 def first_arrival_ns(con: duckdb.DuckDBPyConnection, run_id: str) -> int | None:
     return con.execute("SELECT min(arrival_ns) FROM requests WHERE run_id = ?", [run_id]).fetchone()[0]
 

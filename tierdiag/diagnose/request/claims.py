@@ -25,7 +25,7 @@ from tierdiag.config.names import Cause
 from tierdiag.diagnose.request.causes import recompute_cost_ns, routing_tokens  # recompute_cost_ns: re-exported (views)
 from tierdiag.diagnose.request.context import CONTEXT_LOOKBACK_NS, QueueAttribution, RequestContext, WaitPart
 from tierdiag.diagnose.dp.routing_loss import routing_cost_ns
-from tierdiag.diagnose.run.story import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE  # noqa: F401 - the rule's, re-exported
+from tierdiag.diagnose.run.story import BUSY_SHARE, CAP_SHARE, RECOMPUTE_QUEUE_SHARE  # noqa: F401 - the rule's, re-exported
 from tierdiag.units import NS_PER_S, fmt_bandwidth, fmt_bytes, fmt_ms, fmt_pct, fmt_tokens, share
 from tierdiag.diagnose.read.requests import RequestRow, RowLike
 
@@ -201,7 +201,23 @@ def queue_claim(row: RowLike, qa: QueueAttribution | None, ctx: RequestContext |
         text += f"; {run_why}." if run_why else "."
     elif ctx is not None and ctx.prefill_busy_share is not None:
         text += " " + wait_not_the_caches_doing(qa, ctx.prefill_busy_share)
-    return Claim("queue", text)
+    held = cap_held_sentence(ctx, queue)
+    return Claim("queue", text + (" " + held if held else ""))
+
+
+def cap_reason(cap: int, given: bool, whose: str = "their") -> str:
+    """Who ran while the queue was held: the cap, and where its value came from."""
+    return (f"{cap:,} request{'s' if cap != 1 else ''} {'were' if cap != 1 else 'was'} running on {whose} scheduler, "
+            f"the max_running_requests cap ({'given' if given else 'derived from the device pool'})")
+
+
+def cap_held_sentence(ctx: RequestContext | None, queue: int) -> str | None:
+    """Where its rank ran max_running_requests requests for at least CAP_SHARE of its wait
+    (context.at_cap_ns, running.py): the cap held it, not the GPU."""
+    if ctx is None or ctx.max_running is None or not queue or (share(ctx.at_cap_ns, queue) or 0) < CAP_SHARE:
+        return None
+    return (f"For {fmt_ms(ctx.at_cap_ns)} ({_pct_of(ctx.at_cap_ns, queue)}) of its wait "
+            f"{cap_reason(ctx.max_running, ctx.max_running_given, 'its')}: the cap held it, not the GPU.")
 
 
 def wait_not_the_caches_doing(qa: QueueAttribution, busy: float) -> str:

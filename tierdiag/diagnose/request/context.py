@@ -43,7 +43,8 @@ import duckdb
 from tierdiag.config.names import values
 from tierdiag.diagnose.read.query import dataclass_json
 from tierdiag.diagnose.read import request_context as read_req
-from tierdiag.diagnose.read.run_context import batch_recompute_sql
+from tierdiag.diagnose.read.run_context import batch_recompute_sql, running_cap
+from tierdiag.diagnose.request.running import at_cap_ns
 from tierdiag.units import NS_PER_S, ns_to_ms, share
 from tierdiag.diagnose.read.requests import RequestRow, RowLike
 
@@ -80,9 +81,19 @@ class RequestContext:
     recompute_ns: int  # of prefill_compute_ns: recomputing once-cached tokens
     recompute_share_of_prefill: float | None  # recompute_ns / prefill_compute_ns
     num_batches: int
+    # Of its wait ([arrival + storage wait, first token], at most queue_ns), the time its rank ran
+    # max_running_requests requests (running.py: the cap, not the GPU, held it), the cap and
+    # whether it was given. In the JSON only where that time is not 0 (runs where the cap never
+    # held it read as before).
+    at_cap_ns: int = 0
+    max_running: int | None = None
+    max_running_given: bool = False
 
     def to_json(self) -> dict:
         d = dataclass_json(self)
+        if not self.at_cap_ns:
+            for k in ("at_cap_ms", "max_running", "max_running_given"):
+                d.pop(k, None)
         return d
 
 
@@ -133,10 +144,17 @@ def request_context(con: duckdb.DuckDBPyConnection, run_id: str, row: RowLike, r
         # line can arrive first, an earlier one (a session's next turn) later (issue 40).
         depth = read_req.queue_depth_at_arrival(con, run_id, row.req_id, arrival, int(row.seq), _rank(row))
     span = end - start
+    cap, given = running_cap(con, run_id)
+    at_cap = 0
+    queue = int(row.queue_ns or 0)
+    if cap is not None and queue > 0 and row.first_token_ns is not None:
+        w0, w1 = arrival + int(row.storage_wait_ns or 0), int(row.first_token_ns)
+        at_cap = min(at_cap_ns(read_req.running_spans(con, run_id, _rank(row), w0, w1), cap, w0, w1), queue)
     return RequestContext(
         queue_depth_at_arrival=depth, window_start_ns=start, window_ns=span, prefill_busy_ns=busy,
         prefill_busy_share=share(busy, span), prefill_compute_ns=compute, recompute_ns=recompute,
-        recompute_share_of_prefill=share(recompute, compute), num_batches=n)
+        recompute_share_of_prefill=share(recompute, compute), num_batches=n,
+        at_cap_ns=at_cap, max_running=cap, max_running_given=given)
 
 
 def _union_measure(lo: int, hi: int, intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -42,6 +42,9 @@ class RunDiagnosis:
     ttft_total_ns: int = 0
     claims: tuple = ()  # claims.Claim: the finding's sentences, each from named numbers
     capacity: Capacity | None = None  # offered prefill against the GPU (capacity.py)
+    # Where the max_running_requests cap held the queue (run_claims.cap_held): its numbers
+    # (run_claims.running_cap_json); None otherwise, and then absent from the JSON.
+    running_cap: dict | None = None
 
     @property
     def dominant(self) -> str | None:
@@ -67,7 +70,8 @@ class RunDiagnosis:
                     "overload_factor": cap.overload_factor, "peak_load": cap.peak_load,
                     "material_load": cap.material_load,
                     "mean_load": cap.mean_load, "window_ms": ns_to_ms(cap.window_ns),
-                    "offered_ms": ns_to_ms(cap.offered_ns)}}
+                    "offered_ms": ns_to_ms(cap.offered_ns)},
+                **({"running_cap": self.running_cap} if self.running_cap is not None else {})}
 
 
 def diagnose_run(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple[Advice, ...],
@@ -92,9 +96,12 @@ def diagnose_run(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple
     claims: list[C.Claim] = [RC.capacity_claim(cap)] if cap is not None else []
     claims.append(RC.verdicts_claim(story))
     queued_share = share(story.queued_excess_ns, story.excess_total_ns) or 0.0
+    running_cap = None
     if top.cause == Cause.QUEUEING or queued_share >= MATERIAL_QUEUE_SHARE:
         claims.append(RC.queued_wait_claim(story, ctx.prefill_busy_share))
         claims.append(RC.queue_cause_claim(story, cap is not None, why))
+        if RC.cap_held(story, cap is not None):
+            running_cap = RC.running_cap_json(story)
     routing = ctx.routing
     routing_told = routing is not None and routing.routing_tokens > 0 and (
         top.cause == Cause.ROUTING or routing.dominates_lost_reuse)
@@ -124,7 +131,7 @@ def diagnose_run(ctx: RunContext, excess_parts_ns: dict[str, int], advice: tuple
     if dominant == Cause.RECOMPUTE and routing_told:
         dominant = "routing"
     return RunDiagnosis(dominant, top.cause, " ".join(c.text for c in claims), advice, claims=tuple(claims),
-                        capacity=ctx.capacity)
+                        capacity=ctx.capacity, running_cap=running_cap)
 
 
 # Queueing is told (around the queued requests, whose doing) when the requests whose verdict it

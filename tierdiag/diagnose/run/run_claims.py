@@ -6,11 +6,11 @@ sentences are claims.py's. Checked against the rows by tests/diagnose/test_run_c
 from __future__ import annotations
 
 from tierdiag.config.names import WritePolicy
-from tierdiag.diagnose.request.claims import NAMED_REASON_SHARE, Claim
+from tierdiag.diagnose.request.claims import NAMED_REASON_SHARE, Claim, cap_reason
 from tierdiag.diagnose.request.context import WaitPart
 from tierdiag.diagnose.dp.routing_loss import RoutingLoss
 from tierdiag.diagnose.run.runcontext import RunContext
-from tierdiag.diagnose.run.story import BUSY_SHARE, RECOMPUTE_QUEUE_SHARE
+from tierdiag.diagnose.run.story import BUSY_SHARE, CAP_SHARE, RECOMPUTE_QUEUE_SHARE
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, share
 
 
@@ -113,6 +113,20 @@ def queued_wait_claim(story, run_busy_share: float | None) -> Claim:
     return Claim("queued_wait", text + ".")
 
 
+def cap_held(story, overloaded: bool) -> bool:
+    """The max_running_requests cap, not the GPU, held the queue the cache did not make: for at
+    least CAP_SHARE of those requests' wait (excess-weighted) their rank ran `max_running` requests,
+    and the offered load did not exceed the GPU (then that is named instead)."""
+    return (not overloaded and story.max_running is not None and story.other_cap_share is not None
+            and story.other_cap_share >= CAP_SHARE)
+
+
+def running_cap_json(story) -> dict:
+    """summary --json's `diagnosis.running_cap` (only where cap_held)."""
+    return {"max_running_requests": story.max_running, "given": story.max_running_given,
+            "queued_wait_share": story.queued_cap_share, "not_the_caches_doing_wait_share": story.other_cap_share}
+
+
 def queue_cause_claim(story, overloaded: bool, why: str | None) -> Claim:
     """Whose doing the queue was, as the queued requests' own attributions say, by excess."""
     doing = story.caches_doing_share or 0.0
@@ -127,7 +141,11 @@ def queue_cause_claim(story, overloaded: bool, why: str | None) -> Claim:
     busy = story.other_busy_share if story.other_busy_share is not None else (story.queued_busy_share or 0.0)
     rec = story.other_recompute_share if story.other_recompute_share is not None else \
         (story.wait_share("recompute") or 0.0)
-    if overloaded:
+    if cap_held(story, overloaded):
+        reason = (f"for {fmt_pct(story.other_cap_share)} of their wait (each its own, weighted by its excess) "
+                  f"{cap_reason(story.max_running, story.max_running_given)}: the cap held the queue, not the GPU "
+                  f"({fmt_pct(busy)} busy around them)")
+    elif overloaded:
         reason = (f"the GPU was offered more prefill than it can do ({fmt_pct(busy)} busy around them; recompute "
                   f"{fmt_pct(rec)} of their wait)")
     elif busy < BUSY_SHARE:

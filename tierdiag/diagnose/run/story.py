@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import duckdb
 
 from tierdiag.config.names import Cause
+from tierdiag.diagnose.request import running
 from tierdiag.diagnose.request.context import ATTRIBUTION_KEYS, CONTEXT_LOOKBACK_NS, WaitPart
 from tierdiag.diagnose.read import run_context as read_ctx
 from tierdiag.units import share
@@ -37,6 +38,9 @@ from tierdiag.units import share
 # around it. Kept here (claims imports the run context, which imports this) and tested equal.
 RECOMPUTE_QUEUE_SHARE = 0.2
 BUSY_SHARE = 0.7
+# The cap held a queue when, for at least this share of its wait, its rank ran max_running_requests
+# requests (cap_wait): no prefill batch could be formed then, whatever the GPU's load.
+CAP_SHARE = 0.5
 # The wait's parts, as batches make them; the gaps between batches split, as explain splits them,
 # into `decode` (the GPU ran decode steps: the engine's decode_wait_ns of the request), `memory_wait`
 # (the rest of the time some request of its rank was decoding: its KV held the device memory the
@@ -90,6 +94,14 @@ class RunStory:
     other_wait_ns: int = 0
     # The tokens those requests lost while they waited (of their prefix; read/waiting.py).
     evicted_while_waiting_tokens: int = 0
+    # The run's max_running_requests (per rank; None: not recorded) and whether it was given, and
+    # of the wait of the queued requests / of those not the cache's doing, the share (each its
+    # own, weighted by its excess) during which `max_running` requests of its rank were running
+    # (cap_wait): the cap held them, not the GPU.
+    max_running: int | None = None
+    max_running_given: bool = False
+    queued_cap_share: float | None = None
+    other_cap_share: float | None = None
 
     @property
     def top(self) -> VerdictShare | None:
@@ -235,6 +247,17 @@ def _memory_wait(con, rid: str, r_rank, w0, w1, b_rank, s, e):
     In arrays: as tuples of Python ints (`_merge`, `_minus`, kept as the reference,
     tests/diagnose/test_story_intervals.py) a million requests' spans and batches held ~1 GB
     of the close of a 1M-request replay (issue 41). The measures are integers either way."""
+
+    def held(rank, a, b):
+        theirs = b_rank == rank
+        return _held_arrays(*_merge_arrays(a, b), *_merge_arrays(s[theirs], e[theirs]))
+
+    return _per_rank_time(con, rid, r_rank, w0, w1, held)
+
+
+def _per_rank_time(con: duckdb.DuckDBPyConnection, rid: str, r_rank, w0, w1, held):
+    """Per request: the time in [w0, w1] inside `held(rank, starts, ends)` (sorted disjoint
+    intervals, as arrays) of its rank's decoding spans (read_ctx.decoding_span_arrays)."""
     import numpy as np
 
     out = np.zeros(len(w0))
@@ -243,12 +266,24 @@ def _memory_wait(con, rid: str, r_rank, w0, w1, b_rank, s, e):
         mine = r_rank == rank
         if not mine.any():
             continue
-        theirs = b_rank == rank
         spans = d_rank == rank
-        at = _measure_arrays(*_held_arrays(*_merge_arrays(d_a[spans], d_b[spans]),
-                                           *_merge_arrays(s[theirs], e[theirs])))
+        at = _measure_arrays(*held(rank, d_a[spans], d_b[spans]))
         out[mine] = at(w1[mine]) - at(w0[mine])
     return out
+
+
+def cap_wait(con: duckdb.DuckDBPyConnection, rid: str, r_rank, w0, w1, queue, cap: int | None):
+    """Per request: the time in its wait [w0, w1] while `cap` requests of its rank were running
+    (SGLang's running batch: a request joins it at its first token and leaves at its finish;
+    read_ctx.decoding_span_arrays), at most its queue_ns. While its rank runs `cap` requests
+    `get_num_allocatable_reqs` is 0 and no prefill batch is formed (docs/engine.md "Running
+    requests"): the cap, not the GPU, holds the queue. Zeros where the run records no cap."""
+    import numpy as np
+
+    if cap is None:
+        return np.zeros(len(w0))
+    out = _per_rank_time(con, rid, r_rank, w0, w1, lambda rank, a, b: running.at_cap_arrays(a, b, cap))
+    return np.minimum(out, np.maximum(np.asarray(queue, dtype=np.float64), 0.0))
 
 
 def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunStory | None:
@@ -297,6 +332,9 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
     decode = np.minimum(np.asarray(r.own_decode_ns, dtype=np.float64), memory)
     memory = memory - decode
     rec_share = np.where(queue > 0, parts[0] / np.maximum(queue, 1), 0.0)
+    cap, given = read_ctx.running_cap(con, rid)
+    capped = cap_wait(con, rid, r_rank, w0, wend, queue, cap)
+    cap_share = np.where(queue > 0, capped / np.maximum(queue, 1), 0.0)
     busy = np.where(c1 > c0, around / np.maximum(c1 - c0, 1), 0.0)
     cache = (queue > 0) & (rec_share >= RECOMPUTE_QUEUE_SHARE) & (busy >= BUSY_SHARE)
     total = int(excess.sum())
@@ -333,4 +371,7 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
                                                  list(parts[:, other].sum(axis=1)) + [float(decode[other].sum()),
                                                                                       float(memory[other].sum()),
                                                                                       float(idle[other].sum())]))),
-        other_wait_ns=int(queue[other].sum()))
+        other_wait_ns=int(queue[other].sum()),
+        max_running=cap, max_running_given=given,
+        queued_cap_share=float((cap_share[q] * qx).sum() / qx.sum()) if cap is not None and qx.sum() > 0 else None,
+        other_cap_share=float((cap_share[other] * ox).sum() / ox.sum()) if cap is not None and ox.sum() > 0 else None)
