@@ -167,18 +167,17 @@ class SizeCurves:
 # --------------------------------------------------------------------------- the one pass
 
 
-def _depths_python(prev: np.ndarray, starts: np.ndarray, query: np.ndarray) -> np.ndarray:
+def _depths_python(prev: np.ndarray, starts: np.ndarray, query: np.ndarray) -> int:
     """The reference of the compiled `depths` (tierdiag/native/stackdist/stackdist.c says what
-    each argument is): -2 not asked, -1 never touched before, else the LRU stack depth."""
-    import numpy as np
-
+    each argument is): writes the looked-up touches' answers, in order, over prev[:k] and returns
+    k; an answer is -1 never touched before, else the LRU stack depth."""
     n = len(prev)
     tree = [0] * (n + 1)
-    out = np.full(n, -2, dtype=np.int64)
     live = 0
     bounds = list(starts.tolist()) + [n]
     pv = prev.tolist()
     q = query.tolist()
+    answers = []
     for k in range(len(starts)):
         a, b = bounds[k], bounds[k + 1]
         for t in range(a, b):
@@ -186,13 +185,13 @@ def _depths_python(prev: np.ndarray, starts: np.ndarray, query: np.ndarray) -> n
                 continue
             p = pv[t]
             if p < 0:
-                out[t] = -1
+                answers.append(-1)
                 continue
             below, i = 0, p
             while i > 0:
                 below += tree[i]
                 i -= i & -i
-            out[t] = live - below
+            answers.append(live - below)
         for t in range(a, b):
             p = pv[t]
             if p >= 0:
@@ -206,19 +205,20 @@ def _depths_python(prev: np.ndarray, starts: np.ndarray, query: np.ndarray) -> n
             while i <= n:
                 tree[i] += 1
                 i += i & -i
-    return out
+    prev[:len(answers)] = answers
+    return len(answers)
 
 
-def _depths_c(prev: np.ndarray, starts: np.ndarray, query: np.ndarray) -> np.ndarray:
+def _depths_c(prev: np.ndarray, starts: np.ndarray, query: np.ndarray) -> int:
     import numpy as np
 
     from tierdiag.native import _stackdist
 
-    # The arrays' own buffers (no bytes copy: a run's pass holds several arrays of its touches).
-    out = _stackdist.depths(np.ascontiguousarray(prev, dtype=np.int64),
-                            np.ascontiguousarray(starts, dtype=np.int64),
-                            np.ascontiguousarray(query, dtype=np.uint8))
-    return np.frombuffer(out, dtype=np.int64)
+    # prev's own buffer, written over (a run's pass holds several arrays of its touches).
+    if prev.dtype != np.int64 or not prev.flags.c_contiguous or not prev.flags.writeable:
+        raise ValueError("depths: prev must be a writable contiguous int64 array")
+    return _stackdist.depths(prev, np.ascontiguousarray(starts, dtype=np.int64),
+                             np.ascontiguousarray(query, dtype=np.uint8))
 
 
 def _choose_depths():
@@ -259,25 +259,30 @@ def _flat_depths(keys: np.ndarray, query: np.ndarray, sizes: np.ndarray) -> np.n
     value; a pass whose keys are dense ids fed as they come is live_curves.py's `new_stack`."""
     import numpy as np
 
-    query = query.astype(np.uint8, copy=False)
+    query = query.view(np.uint8) if query.dtype == bool and query.flags.c_contiguous else query.astype(np.uint8, copy=False)
     n = len(keys)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     # prev[t]: the touch before t of the same key. Intermediates are dropped as soon as they are
-    # used: at a million requests the touches run to tens of millions, 8 bytes each per array.
+    # used and the rest is done a chunk of the key order at a time: at a million requests the
+    # touches run to tens of millions, 8 bytes each per array (issue 41: the writer's close peak).
     order = np.argsort(keys, kind="stable")
-    ks = keys[order]
+    same = np.empty(max(n - 1, 0), dtype=bool)  # same[i]: order[i + 1] has the key of order[i]
+    for lo in range(0, n - 1, _CHUNK_TOUCHES):
+        hi = min(lo + _CHUNK_TOUCHES, n - 1)
+        np.equal(keys[order[lo + 1:hi + 1]], keys[order[lo:hi]], out=same[lo:hi])
     del keys
-    same = ks[1:] == ks[:-1]
-    del ks
-    # prev at each touch in key order: the touch before it where it has the same key (one
-    # temporary of n, not two of the repeats: the pass's peak, issue 41).
     prev = np.empty(n, dtype=np.int64)
     prev[order[0]] = -1
-    prev[order[1:]] = np.where(same, order[:-1], -1)
+    for lo in range(0, n - 1, _CHUNK_TOUCHES):
+        hi = min(lo + _CHUNK_TOUCHES, n - 1)
+        prev[order[lo + 1:hi + 1]] = np.where(same[lo:hi], order[lo:hi], -1)
     del order, same
-    return depths_of(prev, starts, query)[query.view(bool)]
+    # The pass writes the looked-up depths over prev's front; the rest of its buffer is let go.
+    k = depths_of(prev, starts, query)
+    prev.resize(k, refcheck=False)
+    return prev
 
 
 # --------------------------------------------------------------------------- from a run
