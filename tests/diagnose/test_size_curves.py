@@ -251,6 +251,55 @@ def test_compiled_depths_in_place_equal_the_python_twin_on_hostile_arguments(arg
     assert pc[kc:] == prev[kc:]
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.lists(st.integers(-2 ** 63, 2 ** 63 - 1), max_size=60),
+                 st.lists(st.sampled_from([0, -1, 1, 2 ** 63 - 1, -2 ** 63, 0x9E3779B97F4A7C15 - 2 ** 64]), max_size=60),
+                 st.lists(st.integers(-2048, 2047).map(lambda k: k << 52), min_size=800, max_size=3000)))
+def test_compiled_previous_equals_the_python_twin_and_a_sort(values):
+    """`previous` writes each touch's previous position of the same key over the keys (one pass
+    over a table of the distinct keys, growing past 768 of them): the same as its Python twin and
+    as the stable sort it replaced, on any int64 keys (extremes, keys that collide in the table's
+    hash: equal low bits, many past one growth)."""
+    pytest.importorskip("tierdiag.native._stackdist")
+    keys = np.array(values, dtype=np.int64)
+    want = np.full(len(keys), -1, dtype=np.int64)
+    order = np.argsort(keys, kind="stable")
+    same = np.flatnonzero(keys[order][1:] == keys[order][:-1]) + 1
+    want[order[same]] = order[same - 1]
+    got = []
+    for fn in (sc._previous_c, sc._previous_python):
+        k = keys.copy()
+        assert fn(k) is None
+        got.append(k.tolist())
+    assert got[0] == got[1] == want.tolist()
+
+
+def test_compiled_previous_refuses_what_it_cannot_write():
+    mod = pytest.importorskip("tierdiag.native._stackdist")
+    with pytest.raises(TypeError):
+        mod.previous(np.array([1, 2], dtype=np.int64).tobytes())
+    with pytest.raises(ValueError, match="int64"):
+        mod.previous(bytearray(b"\x00" * 12))
+    with pytest.raises(ValueError, match="writable"):
+        sc._previous_c(np.array([1, 2], dtype=np.int32))
+
+
+@settings(max_examples=60, deadline=None)
+@given(arbitrary, st.booleans())
+def test_flat_depths_leave_the_keys_unless_handed_over(raw, consume):
+    """Without `consume` the caller's keys stay as they were (a copy is written over); with it
+    they may be written over; the answers are the same either way."""
+    groups = _groups_from(raw)
+    keys = np.concatenate([k for k, _ in groups]) if groups else np.zeros(0, dtype=np.int64)
+    query = np.concatenate([m for _, m in groups]) if groups else np.zeros(0, dtype=bool)
+    sizes = np.array([len(k) for k, _ in groups], dtype=np.int64)
+    before = keys.copy()
+    got = sc._flat_depths(keys, query, sizes, consume=consume)
+    if not consume:
+        assert keys.tolist() == before.tolist()
+    assert got.tolist() == sc.stack_depths(groups).tolist() if groups else got.tolist() == []
+
+
 @pytest.mark.parametrize("bad", [([0, 5], [0], [1, 1]), ([-3], [0], [1]), ([-1], [1], [1]), ([-1, -1], [0], [1]),
                                  ([-1, 0], [0, 3], [1, 1]), ([-1, 0], [0, 1, 0], [1, 1]), ([-1, 0], [0], [1]),
                                  ([-1, 0, 2 ** 62], [0], [1, 1, 1])])

@@ -109,6 +109,80 @@ done:
 }
 
 
+/* previous(keys) -> None: each touch's key written over with the position of the previous touch
+ * of the same key (-1: none), keys an int64 buffer, positions 0..n-1 (fewer than 2**31): the
+ * `prev` that `depths` takes (size_curves.py `_previous_python` is the reference). One pass with
+ * an open-addressing table of the distinct keys (key and its latest position, 12 bytes a slot,
+ * at most 3/4 full), not a stable sort of every touch: a sampled close's ~20M touches have ~1.6M
+ * distinct keys, so the table is ~48 MB where the sort's order and buffer were ~12 bytes a touch
+ * (issue 41's 1M close). */
+/* A key's slot: MurmurHash3's 64-bit finaliser, top bits. Not key x the golden ratio alone: the
+ * sampled pass keeps exactly the keys whose key x that constant is small (size_curves.py
+ * `_sampler`), which would all land in the table's first slots. */
+static uint64_t sd_slot(int64_t key, int bits) {
+    uint64_t h = (uint64_t)key;
+    h ^= h >> 33; h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33; h *= 0xc4ceb9fe1a85ec53ULL;
+    h ^= h >> 33;
+    return h >> (64 - bits);
+}
+
+static PyObject *previous(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    if (!PyArg_ParseTuple(args, "w*", &buf)) return NULL;
+    if (buf.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "previous: keys are int64");
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    Py_ssize_t n = buf.len / 8;
+    if (n >= INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "previous: 2**31 touches or more");
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    int64_t *ks = (int64_t *)buf.buf;
+    int bits = 10, failed = 0;
+    size_t cap = (size_t)1 << bits, used = 0;
+    int64_t *tkey = malloc(cap * sizeof(int64_t));
+    int32_t *tpos = malloc(cap * sizeof(int32_t));
+    if (!tkey || !tpos) { free(tkey); free(tpos); PyBuffer_Release(&buf); return PyErr_NoMemory(); }
+    memset(tpos, 0xff, cap * sizeof(int32_t)); /* -1: an empty slot */
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t t = 0; t < n; t++) {
+        if (4 * (used + 1) > 3 * cap) { /* grow: twice the slots, every key placed again */
+            size_t ncap = cap * 2;
+            int64_t *nkey = malloc(ncap * sizeof(int64_t));
+            int32_t *npos = malloc(ncap * sizeof(int32_t));
+            if (!nkey || !npos) { free(nkey); free(npos); failed = 1; break; }
+            memset(npos, 0xff, ncap * sizeof(int32_t));
+            for (size_t i = 0; i < cap; i++) {
+                if (tpos[i] < 0) continue;
+                uint64_t j = sd_slot(tkey[i], bits + 1);
+                while (npos[j] >= 0) j = (j + 1) & (ncap - 1);
+                nkey[j] = tkey[i]; npos[j] = tpos[i];
+            }
+            free(tkey); free(tpos);
+            tkey = nkey; tpos = npos; cap = ncap; bits += 1;
+        }
+        int64_t key = ks[t];
+        uint64_t j = sd_slot(key, bits);
+        while (tpos[j] >= 0 && tkey[j] != key) j = (j + 1) & (cap - 1);
+        if (tpos[j] >= 0) {
+            ks[t] = tpos[j];
+        } else {
+            ks[t] = -1; tkey[j] = key; used += 1;
+        }
+        tpos[j] = (int32_t)t;
+    }
+    Py_END_ALLOW_THREADS
+    free(tkey); free(tpos);
+    PyBuffer_Release(&buf);
+    if (failed) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+
 /* ------------------------------------------------------------------------------------------------
  * Stack: the same pass fed a group at a time, as the touches come (the close's pass, and the one a
  * writer process runs while the run is recorded: diagnose/run/live_curves.py `new_stack`, whose
@@ -266,6 +340,7 @@ static PyTypeObject StackType = {
 
 static PyMethodDef methods[] = {
     {"depths", depths, METH_VARARGS, "LRU stack depths of grouped touches, written over prev (size_curves.py)."},
+    {"previous", previous, METH_VARARGS, "Each touch's key written over with its previous touch's position (size_curves.py)."},
     {NULL, NULL, 0, NULL},
 };
 
