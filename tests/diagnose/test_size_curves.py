@@ -191,6 +191,16 @@ def test_first_distinct_keeps_each_key_at_its_first_place(values, repeats):
     assert sc._first_distinct(keys).tolist() == list(dict.fromkeys(keys.tolist()))
 
 
+def _both_depths(prev, starts, query):
+    """(count, prev after) of the compiled pass and of its Python twin, each on its own copy."""
+    got = []
+    for fn in (sc._depths_c, sc._depths_python):
+        p = np.array(prev, dtype=np.int64)
+        k = fn(p, np.array(starts, dtype=np.int64), np.array(query, dtype=np.uint8))
+        got.append((k, p.tolist()))
+    return got
+
+
 @settings(max_examples=40, deadline=None)
 @given(arbitrary)
 def test_compiled_depths_equal_the_python_reference(raw):
@@ -205,16 +215,113 @@ def test_compiled_depths_equal_the_python_reference(raw):
     prev = np.full(len(keys), -1, dtype=np.int64)
     same = np.flatnonzero(keys[order][1:] == keys[order][:-1]) + 1
     prev[order[same]] = order[same - 1]
-    assert sc._depths_c(prev, starts, query).tolist() == sc._depths_python(prev, starts, query).tolist()
+    (kc, pc), (kp, pp) = _both_depths(prev, starts, query)
+    assert kc == kp == int(query.sum())
+    assert pc == pp
+    # a real pass's answers: -1 (never touched), 0 (earlier in its group) or a depth <= the keys
+    assert all(-1 <= d <= len(set(keys.tolist())) for d in pc[:kc])
 
 
-@pytest.mark.parametrize("bad", [([0, 5], [0], [1, 1]), ([-3], [0], [1]), ([-1], [1], [1]), ([-1, -1], [0], [1])])
+@st.composite
+def hostile_pass(draw):
+    """Any well-formed arguments, not only a real pass's: prev[t] anywhere in [-1, t) (two touches
+    may claim the same previous one), empty groups (repeated starts, a last one at n), every or
+    no touch asked, one huge group or n of one."""
+    n = draw(st.integers(0, 40))
+    prev = [draw(st.integers(-1, t - 1)) for t in range(n)]
+    cuts = sorted(draw(st.lists(st.integers(0, n), max_size=12)))
+    starts = [0] + cuts if n or cuts else draw(st.sampled_from([[], [0]]))
+    query = draw(st.one_of(st.just([1] * n), st.just([0] * n),
+                           st.lists(st.integers(0, 255), min_size=n, max_size=n)))
+    return prev, starts, query
+
+
+@settings(max_examples=200, deadline=None)
+@given(hostile_pass())
+def test_compiled_depths_in_place_equal_the_python_twin_on_hostile_arguments(args):
+    """The compiled pass writes the k looked-up answers over prev[:k] (a group's answers held in a
+    scratch until its touches have read their prev) and leaves prev[k:] as it was: so does the
+    twin, on any well-formed arguments; k is the number of asked touches."""
+    pytest.importorskip("tierdiag.native._stackdist")
+    prev, starts, query = args
+    (kc, pc), (kp, pp) = _both_depths(prev, starts, query)
+    asked = sum(1 for t, x in enumerate(query) if x and any(s <= t for s in starts[:1]))
+    assert kc == kp == asked
+    assert pc == pp
+    assert pc[kc:] == prev[kc:]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.one_of(st.lists(st.integers(-2 ** 63, 2 ** 63 - 1), max_size=60),
+                 st.lists(st.sampled_from([0, -1, 1, 2 ** 63 - 1, -2 ** 63, 0x9E3779B97F4A7C15 - 2 ** 64]), max_size=60),
+                 st.tuples(st.integers(0, 2 ** 32 - 1), st.integers(800, 5000)).map(  # past a growth, colliding
+                     lambda a: (np.random.default_rng(a[0]).integers(-2048, 2048, a[1]) << 52).tolist())))
+def test_compiled_previous_equals_the_python_twin_and_a_sort(values):
+    """`previous` writes each touch's previous position of the same key over the keys (one pass
+    over a table of the distinct keys, growing past 768 of them): the same as its Python twin and
+    as the stable sort it replaced, on any int64 keys (extremes, keys that collide in the table's
+    hash: equal low bits, many past one growth)."""
+    pytest.importorskip("tierdiag.native._stackdist")
+    keys = np.array(values, dtype=np.int64)
+    want = np.full(len(keys), -1, dtype=np.int64)
+    order = np.argsort(keys, kind="stable")
+    same = np.flatnonzero(keys[order][1:] == keys[order][:-1]) + 1
+    want[order[same]] = order[same - 1]
+    got = []
+    for fn in (sc._previous_c, sc._previous_python):
+        k = keys.copy()
+        assert fn(k) is None
+        got.append(k.tolist())
+    assert got[0] == got[1] == want.tolist()
+
+
+def test_compiled_previous_refuses_what_it_cannot_write():
+    mod = pytest.importorskip("tierdiag.native._stackdist")
+    with pytest.raises(TypeError):
+        mod.previous(np.array([1, 2], dtype=np.int64).tobytes())
+    with pytest.raises(ValueError, match="int64"):
+        mod.previous(bytearray(b"\x00" * 12))
+    with pytest.raises(ValueError, match="writable"):
+        sc._previous_c(np.array([1, 2], dtype=np.int32))
+
+
+@settings(max_examples=60, deadline=None)
+@given(arbitrary, st.booleans())
+def test_flat_depths_leave_the_keys_unless_handed_over(raw, consume):
+    """Without `consume` the caller's keys stay as they were (a copy is written over); with it
+    they may be written over; the answers are the same either way."""
+    groups = _groups_from(raw)
+    keys = np.concatenate([k for k, _ in groups]) if groups else np.zeros(0, dtype=np.int64)
+    query = np.concatenate([m for _, m in groups]) if groups else np.zeros(0, dtype=bool)
+    sizes = np.array([len(k) for k, _ in groups], dtype=np.int64)
+    before = keys.copy()
+    got = sc._flat_depths(keys, query, sizes, consume=consume)
+    if not consume:
+        assert keys.tolist() == before.tolist()
+    assert got.tolist() == sc.stack_depths(groups).tolist() if groups else got.tolist() == []
+
+
+@pytest.mark.parametrize("bad", [([0, 5], [0], [1, 1]), ([-3], [0], [1]), ([-1], [1], [1]), ([-1, -1], [0], [1]),
+                                 ([-1, 0], [0, 3], [1, 1]), ([-1, 0], [0, 1, 0], [1, 1]), ([-1, 0], [0], [1]),
+                                 ([-1, 0, 2 ** 62], [0], [1, 1, 1])])
 def test_compiled_depths_refuse_malformed_arrays(bad):
     mod = pytest.importorskip("tierdiag.native._stackdist")
     prev, starts, query = bad
     with pytest.raises(ValueError):
-        mod.depths(np.array(prev, dtype=np.int64).tobytes(), np.array(starts, dtype=np.int64).tobytes(),
+        mod.depths(bytearray(np.array(prev, dtype=np.int64).tobytes()), np.array(starts, dtype=np.int64).tobytes(),
                    np.array(query, dtype=np.uint8).tobytes())
+
+
+def test_compiled_depths_refuse_a_read_only_prev():
+    """prev is the pass's output: a read-only buffer is refused, not written."""
+    mod = pytest.importorskip("tierdiag.native._stackdist")
+    with pytest.raises(TypeError):
+        mod.depths(np.array([-1], dtype=np.int64).tobytes(), np.array([0], dtype=np.int64).tobytes(), b"\x01")
+    frozen = np.array([-1, 0], dtype=np.int64)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="writable"):
+        sc._depths_c(frozen, np.array([0], dtype=np.int64), np.array([1, 1], dtype=np.uint8))
+    assert frozen.tolist() == [-1, 0]
 
 
 def test_planted_cycle_has_its_knee_at_the_working_set():

@@ -167,18 +167,17 @@ class SizeCurves:
 # --------------------------------------------------------------------------- the one pass
 
 
-def _depths_python(prev: np.ndarray, starts: np.ndarray, query: np.ndarray) -> np.ndarray:
+def _depths_python(prev: np.ndarray, starts: np.ndarray, query: np.ndarray) -> int:
     """The reference of the compiled `depths` (tierdiag/native/stackdist/stackdist.c says what
-    each argument is): -2 not asked, -1 never touched before, else the LRU stack depth."""
-    import numpy as np
-
+    each argument is): writes the looked-up touches' answers, in order, over prev[:k] and returns
+    k; an answer is -1 never touched before, else the LRU stack depth."""
     n = len(prev)
     tree = [0] * (n + 1)
-    out = np.full(n, -2, dtype=np.int64)
     live = 0
     bounds = list(starts.tolist()) + [n]
     pv = prev.tolist()
     q = query.tolist()
+    answers = []
     for k in range(len(starts)):
         a, b = bounds[k], bounds[k + 1]
         for t in range(a, b):
@@ -186,13 +185,13 @@ def _depths_python(prev: np.ndarray, starts: np.ndarray, query: np.ndarray) -> n
                 continue
             p = pv[t]
             if p < 0:
-                out[t] = -1
+                answers.append(-1)
                 continue
             below, i = 0, p
             while i > 0:
                 below += tree[i]
                 i -= i & -i
-            out[t] = live - below
+            answers.append(live - below)
         for t in range(a, b):
             p = pv[t]
             if p >= 0:
@@ -206,34 +205,58 @@ def _depths_python(prev: np.ndarray, starts: np.ndarray, query: np.ndarray) -> n
             while i <= n:
                 tree[i] += 1
                 i += i & -i
-    return out
+    prev[:len(answers)] = answers
+    return len(answers)
 
 
-def _depths_c(prev: np.ndarray, starts: np.ndarray, query: np.ndarray) -> np.ndarray:
+def _depths_c(prev: np.ndarray, starts: np.ndarray, query: np.ndarray) -> int:
     import numpy as np
 
     from tierdiag.native import _stackdist
 
-    # The arrays' own buffers (no bytes copy: a run's pass holds several arrays of its touches).
-    out = _stackdist.depths(np.ascontiguousarray(prev, dtype=np.int64),
-                            np.ascontiguousarray(starts, dtype=np.int64),
-                            np.ascontiguousarray(query, dtype=np.uint8))
-    return np.frombuffer(out, dtype=np.int64)
+    # prev's own buffer, written over (a run's pass holds several arrays of its touches).
+    if prev.dtype != np.int64 or not prev.flags.c_contiguous or not prev.flags.writeable:
+        raise ValueError("depths: prev must be a writable contiguous int64 array")
+    return _stackdist.depths(prev, np.ascontiguousarray(starts, dtype=np.int64),
+                             np.ascontiguousarray(query, dtype=np.uint8))
+
+
+def _previous_python(keys: np.ndarray) -> None:
+    """The reference of the compiled `previous` (stackdist.c): each touch's key written over with
+    the position of the previous touch of the same key (-1: none)."""
+    last: dict[int, int] = {}
+    prev = []
+    for t, key in enumerate(keys.tolist()):
+        prev.append(last.get(key, -1))
+        last[key] = t
+    keys[:] = prev
+
+
+def _previous_c(keys: np.ndarray) -> None:
+    import numpy as np
+
+    from tierdiag.native import _stackdist
+
+    if keys.dtype != np.int64 or not keys.flags.c_contiguous or not keys.flags.writeable:
+        raise ValueError("previous: keys must be a writable contiguous int64 array")
+    _stackdist.previous(keys)
 
 
 def _choose_depths():
+    """(depths, previous): the compiled passes, or their Python twins where the module is absent
+    or TIERDIAG_CPLANE=numpy asks for them."""
     import os
 
     if os.environ.get("TIERDIAG_CPLANE", "").strip().lower() == "numpy":
-        return _depths_python
+        return _depths_python, _previous_python
     try:
         from tierdiag.native import _stackdist  # noqa: F401 - built by setup.py (optional)
     except ImportError:
-        return _depths_python
-    return _depths_c
+        return _depths_python, _previous_python
+    return _depths_c, _previous_c
 
 
-depths_of = _choose_depths()
+depths_of, previous_of = _choose_depths()
 
 
 def stack_depths(groups: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
@@ -249,35 +272,35 @@ def stack_depths(groups: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     sizes = np.array([len(k) for k, _ in groups], dtype=np.int64)
     keys = np.concatenate([np.asarray(k, dtype=np.int64) for k, _ in groups])
     query = np.concatenate([np.asarray(m, dtype=np.uint8) for _, m in groups])
-    return _flat_depths(keys, query, sizes)
+    return _flat_depths(keys, query, sizes, consume=True)
 
 
-def _flat_depths(keys: np.ndarray, query: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+def _flat_depths(keys: np.ndarray, query: np.ndarray, sizes: np.ndarray, *, consume: bool = False) -> np.ndarray:
     """`stack_depths` of the groups laid end to end: `keys` (int64) and `query` (bools), group g
-    the next `sizes[g]` of them. Every touch's previous touch of the same key is found by a
-    stable sort of the keys, then the Fenwick pass over those positions (`depths_of`). Keys of any
-    value; a pass whose keys are dense ids fed as they come is live_curves.py's `new_stack`."""
+    the next `sizes[g]` of them. Every touch's previous touch of the same key is found in one pass
+    over a table of the distinct keys (`previous_of`), then the Fenwick pass over those positions
+    (`depths_of`); both write over one array of the touches, so the pass holds ~13 bytes a touch
+    (the array, its query byte, the tree) where a stable sort of the keys held ~25 (issue 41: the
+    writer's close at 1M requests). `consume`: `keys` (a contiguous int64 array the caller lets go)
+    is that array, written over; else a copy is. Keys of any value; a pass whose keys are dense ids
+    fed as they come is live_curves.py's `new_stack`."""
     import numpy as np
 
-    query = query.astype(np.uint8, copy=False)
+    query = query.view(np.uint8) if query.dtype == bool and query.flags.c_contiguous else query.astype(np.uint8, copy=False)
     n = len(keys)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    # prev[t]: the touch before t of the same key. Intermediates are dropped as soon as they are
-    # used: at a million requests the touches run to tens of millions, 8 bytes each per array.
-    order = np.argsort(keys, kind="stable")
-    ks = keys[order]
+    usable = consume and keys.dtype == np.int64 and keys.flags.c_contiguous and keys.flags.writeable
+    prev = keys if usable else np.array(keys, dtype=np.int64)
     del keys
-    same = ks[1:] == ks[:-1]
-    del ks
-    # prev at each touch in key order: the touch before it where it has the same key (one
-    # temporary of n, not two of the repeats: the pass's peak, issue 41).
-    prev = np.empty(n, dtype=np.int64)
-    prev[order[0]] = -1
-    prev[order[1:]] = np.where(same, order[:-1], -1)
-    del order, same
-    return depths_of(prev, starts, query)[query.view(bool)]
+    previous_of(prev)
+    # The pass writes the looked-up depths over prev's front; the rest of its buffer is let go.
+    k = depths_of(prev, starts, query)
+    if prev.flags.owndata:  # ours, or handed over (no views of it are kept): its tail let go
+        prev.resize(k, refcheck=False)
+        return prev
+    return prev[:k].copy()
 
 
 # --------------------------------------------------------------------------- from a run
@@ -867,18 +890,20 @@ def _pass_depths(tk, tq, per_event, event_rank):
     ranks = np.unique(event_rank).tolist()
     if len(ranks) <= 1:
         lookup_rank = np.full(int(np.count_nonzero(tq)), ranks[0] if ranks else 0, dtype=np.int64)
-        # The keys handed over (this frame lets go of them): _flat_depths drops them once sorted.
+        # The keys handed over (this frame lets go of them): _flat_depths writes over them.
         keys = [tk]
         del tk
-        d_rank = _flat_depths(keys.pop(), tq, per_event).astype(np.int64, copy=False)
+        d_rank = _flat_depths(keys.pop(), tq, per_event, consume=True).astype(np.int64, copy=False)
         return lookup_rank, d_rank, d_rank  # one rank: the same touches
     touch_rank = np.repeat(event_rank, per_event)
     lookup_rank = touch_rank[tq]
     d_rank = np.zeros(len(lookup_rank), dtype=np.int64)
     for r in ranks:
         sel = touch_rank == r
-        d_rank[lookup_rank == r] = _flat_depths(tk[sel], tq[sel], per_event[event_rank == r])
-    return lookup_rank, d_rank, _flat_depths(tk, tq, per_event)
+        d_rank[lookup_rank == r] = _flat_depths(tk[sel], tq[sel], per_event[event_rank == r], consume=True)
+    keys = [tk]  # the last use: handed over, written over
+    del tk
+    return lookup_rank, d_rank, _flat_depths(keys.pop(), tq, per_event, consume=True)
 
 
 def _curve(tier: str, run_size: int, held: str, need: np.ndarray, page: int, found: int,

@@ -3,14 +3,18 @@
  * result; tests/diagnose/test_size_curves.py runs both). A module of its own, apart from the data
  * plane (_cplane): it is diagnose's, read at a run's close, never by the engine.
  *
- * depths(prev, starts, query) -> bytes of int64, one per touch:
+ * depths(prev, starts, query) -> the number of looked-up touches, k; their answers, in order,
+ * written over prev[0 .. k) (prev is a writable buffer and the pass's output: no second array of
+ * a touch, issue 41's 1M close):
  *   prev[t]   the position of the previous touch of the same key (-1: none), positions 0..n-1
  *   starts[g] the first position of group g (ascending, starts[0] == 0); a group ends where the
  *             next starts (the last at n). Every touch of a group is answered against the stack
  *             as it was before the group, then the group's touches become the latest.
- *   query[t]  1: answer touch t; 0: touch only (its answer is -2)
+ *   query[t]  1: answer touch t; 0: touch only (no answer)
  * answer: -1 where the key was never touched before, else its LRU stack depth (1 = the most
  * recently touched key): the number of distinct keys whose latest touch is at or after prev[t].
+ * A group's answers wait in a scratch of one group while its touches are made; the k-th answer
+ * is written at position k, at or below the touch it answers, whose prev is read by then.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -22,32 +26,36 @@
 #define PASS(TYPE, TREE) do {                                                                     \
     TYPE *tr = (TREE);                                                                            \
     int64_t live = 0;                                                                             \
+    Py_ssize_t o = 0;                                                                             \
     for (Py_ssize_t k = 0; k < g; k++) {                                                          \
         Py_ssize_t a = (Py_ssize_t)st[k], b = k + 1 < g ? (Py_ssize_t)st[k + 1] : n;              \
         for (Py_ssize_t t = a; t < b; t++) {                                                      \
-            if (!q[t]) { out[t] = -2; continue; }                                                 \
-            if (pv[t] < 0) { out[t] = -1; continue; }                                             \
+            if (!q[t]) continue;                                                                  \
+            if (pv[t] < 0) { scratch[t - a] = -1; continue; }                                     \
             int64_t below = 0; /* live latest touches at positions < prev[t] */                   \
             for (Py_ssize_t i = (Py_ssize_t)pv[t]; i > 0; i -= i & -i) below += tr[i];            \
-            out[t] = live - below;                                                                \
+            scratch[t - a] = live - below;                                                        \
         }                                                                                         \
         for (Py_ssize_t t = a; t < b; t++) {                                                      \
-            if (pv[t] >= 0) {                                                                     \
-                for (Py_ssize_t i = (Py_ssize_t)pv[t] + 1; i <= n; i += i & -i) tr[i] -= 1;       \
+            int64_t p = pv[t];                                                                    \
+            if (p >= 0) {                                                                         \
+                for (Py_ssize_t i = (Py_ssize_t)p + 1; i <= n; i += i & -i) tr[i] -= 1;          \
             } else {                                                                              \
                 live += 1;                                                                        \
             }                                                                                     \
             for (Py_ssize_t i = t + 1; i <= n; i += i & -i) tr[i] += 1;                           \
+            if (q[t]) pv[o++] = scratch[t - a]; /* o <= t: prev[o] is read already */             \
         }                                                                                         \
     }                                                                                             \
+    asked = o;                                                                                    \
 } while (0)
 
-/* The three buffers both functions take: (int64 a touch, one byte a touch, int64 a group), in the
- * order each takes them (depths: prev, starts, query; feed: ids, query, sizes: `feed`). 0, or -1
- * with the error set (the buffers released) when they are not buffers or not of those sizes. */
-static int three_buffers(PyObject *args, Py_buffer *a, Py_buffer *b, Py_buffer *c, int feed, const char *msg) {
+/* The three buffers `feed` takes: ids (int64 a touch), query (one byte a touch), sizes (int64 a
+ * group). 0, or -1 with the error set (the buffers released) when they are not buffers or not of
+ * those sizes. */
+static int three_buffers(PyObject *args, Py_buffer *a, Py_buffer *b, Py_buffer *c, const char *msg) {
     if (!PyArg_ParseTuple(args, "y*y*y*", a, b, c)) return -1;
-    Py_buffer *touch = a, *bytes = feed ? b : c, *group = feed ? c : b;
+    Py_buffer *touch = a, *bytes = b, *group = c;
     if (touch->len % 8 || group->len % 8 || bytes->len != touch->len / 8) {
         PyErr_SetString(PyExc_ValueError, msg);
         PyBuffer_Release(a); PyBuffer_Release(b); PyBuffer_Release(c);
@@ -58,26 +66,32 @@ static int three_buffers(PyObject *args, Py_buffer *a, Py_buffer *b, Py_buffer *
 
 static PyObject *depths(PyObject *self, PyObject *args) {
     Py_buffer prev, starts, query;
-    if (three_buffers(args, &prev, &starts, &query, 0, "depths: prev and starts are int64, query one byte a touch") < 0)
+    if (!PyArg_ParseTuple(args, "w*y*y*", &prev, &starts, &query)) return NULL;
+    if (prev.len % 8 || starts.len % 8 || query.len != prev.len / 8) {
+        PyErr_SetString(PyExc_ValueError, "depths: prev and starts are int64, query one byte a touch");
+        PyBuffer_Release(&prev); PyBuffer_Release(&starts); PyBuffer_Release(&query);
         return NULL;
+    }
     PyObject *result = NULL;
-    Py_ssize_t n = prev.len / 8, g = starts.len / 8;
-    const int64_t *pv = (const int64_t *)prev.buf, *st = (const int64_t *)starts.buf;
+    Py_ssize_t n = prev.len / 8, g = starts.len / 8, widest = 0, asked = 0;
+    int64_t *pv = (int64_t *)prev.buf;
+    const int64_t *st = (const int64_t *)starts.buf;
     const uint8_t *q = (const uint8_t *)query.buf;
     for (Py_ssize_t i = 0; i < n; i++)
         if (pv[i] < -1 || pv[i] >= i) { PyErr_SetString(PyExc_ValueError, "depths: prev[t] must be in [-1, t)"); goto done; }
-    for (Py_ssize_t i = 0; i < g; i++)
+    for (Py_ssize_t i = 0; i < g; i++) {
         if (st[i] < 0 || st[i] > n || (i && st[i] < st[i - 1]) || (i == 0 && st[0] != 0)) {
             PyErr_SetString(PyExc_ValueError, "depths: starts must ascend from 0 within [0, n]"); goto done;
         }
-    result = PyBytes_FromStringAndSize(NULL, n * 8);
-    if (!result) goto done;
-    int64_t *out = (int64_t *)PyBytes_AS_STRING(result);
+        Py_ssize_t end = i + 1 < g ? (Py_ssize_t)st[i + 1] : n;
+        if (end - (Py_ssize_t)st[i] > widest) widest = end - (Py_ssize_t)st[i];
+    }
     /* The tree's counts are at most n: 32-bit ones where n allows (half the memory a walk up
      * the tree touches; the pass is cache misses, ~25 % less time on the conversation trace's
      * 4.6M touches, issue 41), else 64-bit. The same answers either way. */
     void *tree = calloc((size_t)n + 1, n < INT32_MAX ? sizeof(int32_t) : sizeof(int64_t));
-    if (!tree) { Py_CLEAR(result); PyErr_NoMemory(); goto done; }
+    int64_t *scratch = malloc((size_t)(widest ? widest : 1) * sizeof(int64_t));
+    if (!tree || !scratch) { free(tree); free(scratch); PyErr_NoMemory(); goto done; }
     Py_BEGIN_ALLOW_THREADS
     if (n < INT32_MAX)
         PASS(int32_t, (int32_t *)tree);
@@ -85,11 +99,87 @@ static PyObject *depths(PyObject *self, PyObject *args) {
         PASS(int64_t, (int64_t *)tree);
     Py_END_ALLOW_THREADS
     free(tree);
+    free(scratch);
+    result = PyLong_FromSsize_t(asked);
 done:
     PyBuffer_Release(&prev);
     PyBuffer_Release(&starts);
     PyBuffer_Release(&query);
     return result;
+}
+
+
+/* previous(keys) -> None: each touch's key written over with the position of the previous touch
+ * of the same key (-1: none), keys an int64 buffer, positions 0..n-1 (fewer than 2**31): the
+ * `prev` that `depths` takes (size_curves.py `_previous_python` is the reference). One pass with
+ * an open-addressing table of the distinct keys (key and its latest position, 12 bytes a slot,
+ * at most 3/4 full), not a stable sort of every touch: a sampled close's ~20M touches have ~1.6M
+ * distinct keys, so the table is ~48 MB where the sort's order and buffer were ~12 bytes a touch
+ * (issue 41's 1M close). */
+/* A key's slot: MurmurHash3's 64-bit finaliser, top bits. Not key x the golden ratio alone: the
+ * sampled pass keeps exactly the keys whose key x that constant is small (size_curves.py
+ * `_sampler`), which would all land in the table's first slots. */
+static uint64_t sd_slot(int64_t key, int bits) {
+    uint64_t h = (uint64_t)key;
+    h ^= h >> 33; h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33; h *= 0xc4ceb9fe1a85ec53ULL;
+    h ^= h >> 33;
+    return h >> (64 - bits);
+}
+
+static PyObject *previous(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    if (!PyArg_ParseTuple(args, "w*", &buf)) return NULL;
+    if (buf.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "previous: keys are int64");
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    Py_ssize_t n = buf.len / 8;
+    if (n >= INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "previous: 2**31 touches or more");
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    int64_t *ks = (int64_t *)buf.buf;
+    int bits = 10, failed = 0;
+    size_t cap = (size_t)1 << bits, used = 0;
+    int64_t *tkey = malloc(cap * sizeof(int64_t));
+    int32_t *tpos = malloc(cap * sizeof(int32_t));
+    if (!tkey || !tpos) { free(tkey); free(tpos); PyBuffer_Release(&buf); return PyErr_NoMemory(); }
+    memset(tpos, 0xff, cap * sizeof(int32_t)); /* -1: an empty slot */
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t t = 0; t < n; t++) {
+        if (4 * (used + 1) > 3 * cap) { /* grow: twice the slots, every key placed again */
+            size_t ncap = cap * 2;
+            int64_t *nkey = malloc(ncap * sizeof(int64_t));
+            int32_t *npos = malloc(ncap * sizeof(int32_t));
+            if (!nkey || !npos) { free(nkey); free(npos); failed = 1; break; }
+            memset(npos, 0xff, ncap * sizeof(int32_t));
+            for (size_t i = 0; i < cap; i++) {
+                if (tpos[i] < 0) continue;
+                uint64_t j = sd_slot(tkey[i], bits + 1);
+                while (npos[j] >= 0) j = (j + 1) & (ncap - 1);
+                nkey[j] = tkey[i]; npos[j] = tpos[i];
+            }
+            free(tkey); free(tpos);
+            tkey = nkey; tpos = npos; cap = ncap; bits += 1;
+        }
+        int64_t key = ks[t];
+        uint64_t j = sd_slot(key, bits);
+        while (tpos[j] >= 0 && tkey[j] != key) j = (j + 1) & (cap - 1);
+        if (tpos[j] >= 0) {
+            ks[t] = tpos[j];
+        } else {
+            ks[t] = -1; tkey[j] = key; used += 1;
+        }
+        tpos[j] = (int32_t)t;
+    }
+    Py_END_ALLOW_THREADS
+    free(tkey); free(tpos);
+    PyBuffer_Release(&buf);
+    if (failed) return PyErr_NoMemory();
+    Py_RETURN_NONE;
 }
 
 
@@ -158,7 +248,7 @@ static void stack_dealloc(StackObject *s) {
 
 static PyObject *stack_feed(StackObject *s, PyObject *args) {
     Py_buffer keys, query, sizes;
-    if (three_buffers(args, &keys, &query, &sizes, 1, "feed: ids and sizes are int64, query one byte a key") < 0)
+    if (three_buffers(args, &keys, &query, &sizes, "feed: ids and sizes are int64, query one byte a key") < 0)
         return NULL;
     PyObject *result = NULL;
     int64_t *scratch = NULL;
@@ -249,7 +339,8 @@ static PyTypeObject StackType = {
 };
 
 static PyMethodDef methods[] = {
-    {"depths", depths, METH_VARARGS, "LRU stack depths of grouped touches (size_curves.py)."},
+    {"depths", depths, METH_VARARGS, "LRU stack depths of grouped touches, written over prev (size_curves.py)."},
+    {"previous", previous, METH_VARARGS, "Each touch's key written over with its previous touch's position (size_curves.py)."},
     {NULL, NULL, 0, NULL},
 };
 
