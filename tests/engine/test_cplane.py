@@ -797,3 +797,70 @@ def test_a_move_past_the_streaming_size_moves_what_numpy_moves(seed, geometry, e
     assert np.array_equal(dst.view(np.uint8), want.view(np.uint8))
     assert np.array_equal(src.view(np.uint8), src_before.view(np.uint8)), "the source changed"
     assert not raw[:at].any() and not raw[at + layers * pages * row:].any(), "bytes around the pool were written"
+
+
+class _Int(int):
+    """An int subclass: its value is held as an exact int's is (the page lists read it in place)."""
+
+
+# cplane.h's cp_small_int (the in-place read all three callers share: module.c's page lists,
+# rows.c's row values, keyset.c's keys) on the edges of each layout's fast path: one 30-bit digit
+# (3.12's compact ints), two, three with the top digit < 8 (|v| < 2^63), -2^63 (the call's), past
+# int64; bools and int subclasses; each with its neighbours.
+_EDGE_INTS = sorted({s * m + d for m in (0, 1, 2**30, 2**60, 2**62, 2**63, 2**64) for s in (1, -1)
+                     for d in (-1, 0, 1)})
+_HOSTILE_INTS = [*_EDGE_INTS, True, False, _Int(0), _Int(5), _Int(-(2**30) - 1), _Int(2**63 - 1), _Int(-(2**63)),
+                 _Int(2**63)]
+
+
+def _in_int64(v: int) -> bool:
+    return -(2**63) <= v < 2**63
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+@pytest.mark.parametrize("v", _HOSTILE_INTS, ids=repr)
+def test_a_page_list_reads_every_int_at_its_value(v):
+    """module.c's ints_load (every page list: moves, content, maps, page keys) through
+    block_page_keys(list, n, 1), which hands back the values loaded as int64 bytes: an int within
+    int64 (a bool, an int subclass too) comes back at its value, in a list and a tuple, alone
+    and among small ones; one past int64 declines the list (-1: numpy's path decides)."""
+    for seq in ([v], (v,), [7, v, -3], (v, 2**40, v)):
+        got = cplane.C.block_page_keys(seq, len(seq), 1)
+        if _in_int64(v):
+            assert bytes(got) == np.array([int(x) for x in seq], dtype=np.int64).tobytes()
+        else:
+            assert got == -1
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+def test_a_row_buffer_gives_back_every_hostile_int_with_its_type():
+    """rows.c's rb_put (a row value) on the same ints: each comes back from the writer's decode
+    with its type and value (an exact int in int64 encoded, a bool, an int subclass and an int
+    past int64 as the object itself)."""
+    rows = [(v, -v, v) for v in _HOSTILE_INTS]
+    buf = cplane.C.RowBuffer(3)
+    for row in rows:
+        buf.append(row)
+    cols = tuple(columns_of(("a", "b", "c"), buf.take()).values())
+    assert _exactly(zip(*cols)) == _exactly(rows)
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+@pytest.mark.parametrize("as_tuple", [False, True])
+def test_the_page_key_set_tells_every_hostile_int_from_its_neighbours(as_tuple):
+    """keyset.c's ks_int (a key) on the same ints, against miss._KeySetPy and a Python set: a key
+    added is found and its neighbours are not, first on the compiled table (exact ints within
+    int64 only), then after an odd key (a bool, a subclass, a big int) switched it to Python's set."""
+    compiled, reference = cplane.pairs()["miss.key_set"]
+    exact = [v for v in _EDGE_INTS if _in_int64(v)]
+    odd = [v for v in _HOSTILE_INTS if type(v) is not int or not _in_int64(v)]
+    for added in (exact, exact + odd):
+        c, py = compiled(), reference()
+        seq = tuple(added) if as_tuple else list(added)
+        c.add(seq, 0, len(seq)), py.add(seq, 0, len(seq))
+        plain = set(added)
+        assert len(c) == len(py) == len(plain)
+        probes = [w for v in _HOSTILE_INTS for w in (v, v + 1, v - 1)]
+        for w in probes:
+            assert c.count([w], 0, 1) == py.count([w], 0, 1) == (w in plain), w
+        assert c.count(probes, 0, len(probes)) == sum(w in plain for w in probes)

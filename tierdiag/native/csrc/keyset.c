@@ -95,19 +95,9 @@ ks_int(PyObject *v, int64_t *out)
     if (!PyLong_CheckExact(v)) {
         return 0;
     }
-#if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
-    {   /* up to three 30-bit digits read from the object (3.11's layout): page keys are hashes
-         * of up to 63 bits, and a call a key was a third of a lookup */
-        Py_ssize_t size = Py_SIZE(v), n = size < 0 ? -size : size;
-        const digit *d = ((PyLongObject *)v)->ob_digit;
-        if (n <= 2 || (n == 3 && d[2] < 8)) {
-            uint64_t u = n == 0 ? 0 : (uint64_t)d[0] | (n > 1 ? (uint64_t)d[1] << 30 : 0)
-                                      | (n > 2 ? (uint64_t)d[2] << 60 : 0);
-            *out = size < 0 ? -(int64_t)u : (int64_t)u;  /* u < 2^63 */
-            return 1;
-        }
+    if (cp_small_int(v, out)) {  /* page keys are hashes of up to 63 bits: read in place */
+        return 1;
     }
-#endif
     x = PyLong_AsLongLongAndOverflow(v, &overflow);
     if (overflow) {
         return 0;

@@ -56,33 +56,6 @@ is_int64_format(const char *fmt)
     return (fmt[0] == 'l' || fmt[0] == 'q' || fmt[0] == 'n') && fmt[1] == '\0';
 }
 
-/* An int of at most one digit read in place (its value to *x, 1), else 0 (the caller asks
- * PyLong_AsLongLongAndOverflow). Page lists are mostly slots (< 2**30, one digit): the call
- * and its overflow checks were ~2/5 of ints_load, itself 1/20 of a replay's engine core
- * (callgrind, issue 41). CPython 3.12 changed the layout and names the accessors. */
-static inline int
-compact_int(PyObject *item, long long *x)
-{
-#if PY_VERSION_HEX >= 0x030C0000
-    if (PyUnstable_Long_IsCompact((PyLongObject *)item)) {
-        *x = (long long)PyUnstable_Long_CompactValue((PyLongObject *)item);
-        return 1;
-    }
-    return 0;
-#elif PY_VERSION_HEX >= 0x030B0000 && !defined(Py_LIMITED_API)
-    Py_ssize_t size = Py_SIZE(item);
-    if (size >= -1 && size <= 1) {
-        *x = (long long)size * (long long)((PyLongObject *)item)->ob_digit[0];
-        return 1;
-    }
-    return 0;
-#else
-    (void)item;
-    (void)x;
-    return 0;
-#endif
-}
-
 /* Load a page list: a list or tuple of ints, a range, or a 1-D C-contiguous buffer of native
  * int64 (a numpy array). Returns 1 loaded, 0 not a list this module takes (nothing set: the
  * caller falls back to numpy, which raises whatever it raises for it), -1 on MemoryError. */
@@ -106,8 +79,7 @@ ints_load(PyObject *obj, Ints *ix)
                 ints_free(ix);
                 return 0;
             }
-            if (compact_int(item, &x)) { /* a slot or a small key: read in place, no call */
-                ix->v[i] = (int64_t)x;
+            if (cp_small_int(item, &ix->v[i])) { /* a slot or a key: read in place, no call */
                 continue;
             }
             x = PyLong_AsLongLongAndOverflow(item, &overflow);

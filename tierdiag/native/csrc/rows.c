@@ -51,40 +51,16 @@ rb_grow(RowBuffer *rb, Py_ssize_t need)
     return 0;
 }
 
-/* An exact int's value when it has at most two 30-bit digits (|v| < 2^60: every id, time and
- * count a row holds), read from the object itself (3.11's layout): 1 and *x set, else 0 (the
- * caller asks PyLong_AsLongLongAndOverflow). A call a value was ~half of a row's encoding. */
-static inline int
-rb_small_int(PyObject *v, long long *x)
-{
-#if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
-    Py_ssize_t size = Py_SIZE(v);
-    const digit *d = ((PyLongObject *)v)->ob_digit;
-    switch (size) {
-    case 0: *x = 0; return 1;
-    case 1: *x = (long long)d[0]; return 1;
-    case -1: *x = -(long long)d[0]; return 1;
-    case 2: *x = (long long)d[0] | ((long long)d[1] << 30); return 1;
-    case -2: *x = -((long long)d[0] | ((long long)d[1] << 30)); return 1;
-    default: return 0;
-    }
-#else
-    (void)v;
-    (void)x;
-    return 0;
-#endif
-}
-
 /* One value: 0, or -1 with an exception set (MemoryError, or a str that is no valid UTF-8). */
 static int
 rb_put(RowBuffer *rb, PyObject *v)
 {
     char tag;
     if (PyLong_CheckExact(v)) {  /* most values: ids, times, counts */
-        long long x;
-        if (!rb_small_int(v, &x)) {
+        int64_t x;  /* read in place (cp_small_int): every id, time and count a row holds */
+        if (!cp_small_int(v, &x)) {
             int overflow = 0;
-            x = PyLong_AsLongLongAndOverflow(v, &overflow);
+            x = (int64_t)PyLong_AsLongLongAndOverflow(v, &overflow);
             if (overflow) {
                 goto object;
             }
