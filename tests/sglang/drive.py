@@ -21,8 +21,10 @@ Printed: the prefill steps and requests that agree, the first diverging step wit
 members and memory state, the first diverging request, SGLang's TTFT over the engine's (p50 / p90 /
 max). `--json OUT` writes the same with every step's and request's agreement.
 
-Exit codes: 0 both sides agree on every prefill step and request; 1 they differ (or SGLang's
-Scheduler raised on the workload: printed with its step); 2 a bad option value (one line naming the
+Exit codes: 0 both sides agree on every prefill step and request; 1 they differ; 5 SGLang's own
+Scheduler raised on the workload (its error's first line printed, e.g. "Prefill out of memory" from
+`alloc_paged_token_slots_extend`: a real server's scheduler dies there; the engine does not model
+SGLang failing, so there is nothing to compare); 2 a bad option value (one line naming the
 option, as `tierdiag replay` says it), or a workload this harness cannot run on a CPU (one line);
 3 a bad trace (one line, `file:line: field ...`, the reader's error); 4 SGLang's wheel could not be
 fetched; 6 `--json OUT` not writable (checked before the run).
@@ -57,7 +59,7 @@ from tierdiag.config.presets import GPUS, MODELS
 from tierdiag.errors import TierdiagError
 from tierdiag.trace.reader import ReadReport, read_trace
 
-AGREE, DIFFER, USAGE, BAD_INPUT, NO_WHEEL, IO = 0, 1, 2, 3, 4, 6
+AGREE, DIFFER, USAGE, BAD_INPUT, NO_WHEEL, SGLANG_FAILED, IO = 0, 1, 2, 3, 4, 5, 6
 DEFAULT_REQUESTS = 200
 DEFAULT_DEVICE_TOKENS = 131072
 # SGLang's ReqToTokenPool is max_running_requests x context int32 slots on the CPU: past this the
@@ -357,6 +359,10 @@ def main(argv: list[str] | None = None, worker=None) -> int:
             a.json.write_text(json.dumps(doc, indent=1) + "\n")
         except OSError as exc:
             return _fail(f"--json {a.json}: {exc.strerror or exc}", IO)
+    if rep.sglang_raised:  # SGLang's Scheduler raised: not a difference of the engine's, a failure of SGLang's
+        first = printable(" ".join(str(theirs["error"]).split("\n")[0].split()))[:300]
+        print(f"SGLang {VERSION}'s Scheduler raised on this workload: {first}", file=sys.stderr)
+        return SGLANG_FAILED
     return AGREE if rep.clean else DIFFER
 
 

@@ -15,7 +15,7 @@ with the same options and writes the same traces. Families:
   overflows: decode allocation step by step, retraction, re-admission;
 - `shape-*`: the harness's seeded shapes (burst, chunk, pressure, tiered) with what their CI cases
   do not vary: long outputs, page 16, priority eviction with priorities, mixed chunk + hrrn.
-Every row: exit as the driver's (0 agree, 1 differ, 2 not runnable on a CPU), steps and requests
+Every row: exit as the driver's (0 agree, 1 differ, 5 SGLang's Scheduler raised, 2 not runnable on a CPU), steps and requests
 that differ, the first diverging step's one-line digest. Results go to OUT/results.jsonl (a run
 resumes: rows already there are skipped), the table to stdout with `--table`.
 """
@@ -219,7 +219,7 @@ def run_case(worker, c: Case) -> dict:
         row.update(exit=exc.code, note=str(exc)[:200], wall_s=round(time.time() - t0, 1))
         return row
     rep = H.run_both(worker, w, (), c.core)
-    row.update(exit=drive.AGREE if rep.clean else drive.DIFFER, name=w.name, requests=rep.requests,
+    row.update(exit=drive.SGLANG_FAILED if rep.sglang_raised else drive.AGREE if rep.clean else drive.DIFFER, name=w.name, requests=rep.requests,
                steps=rep.steps, differing_steps=rep.differing_steps, differing_requests=rep.differing_requests,
                differing_splits=rep.differing_splits, differing_ttft=rep.differing_ttft,
                ttft_p50=rep.ttft_ratio_p50, ttft_p90=rep.ttft_ratio_p90, note=_digest(rep),

@@ -293,6 +293,7 @@ class Report:
     ttft_ratio_p90: float | None = None
     ttft_ratio_max: float | None = None
     error: str | None = None
+    sglang_raised: bool = False  # the error is SGLang's Scheduler raising (drive's exit 5), not a difference
     notes: list = field(default_factory=list)
 
     @property
@@ -319,6 +320,7 @@ def compare(w: Workload, theirs: dict, ours: dict, switches) -> Report:
     rep = Report(w.name, tuple(sorted(switches)))
     if "error" in theirs:
         rep.error = theirs["error"] + "\n" + theirs.get("trace", "")
+        rep.sglang_raised = True
         return rep
     if theirs.get("max_running") != ours.get("max_running"):  # the cap each side derived
         rep.error = (f"max_running_requests: SGLang's resolve_max_num_reqs gives {theirs.get('max_running')}, "

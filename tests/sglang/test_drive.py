@@ -277,3 +277,34 @@ def test_a_small_cap_reaches_both_sides(tmp_path, capsys, sglang_0523_scheduler)
     assert prepared.max_running == 3
     assert drive.main(argv, worker=sglang_0523_scheduler) == drive.AGREE, capsys.readouterr().out
     assert "requests: 40 of 40 agree" in capsys.readouterr().out
+
+
+class _RaisingWorker:
+    """Stands in for SGLang's worker where its Scheduler raised (as `worker.py` answers it: the
+    error's text and its traceback), e.g. the hunt's "Prefill out of memory" workloads."""
+
+    def run(self, spec):
+        return {"error": "RuntimeError: Prefill out of memory. Try to lower your batch size.\nTry to allocate 497 "
+                         "tokens.\n\x1b[31mAvailable tokens: 384\x1b[0m", "trace": "Traceback (most recent call last): ..."}
+
+
+def test_sglang_failing_is_exit_5_not_a_difference(tmp_path, capsys):
+    """When SGLang's own Scheduler raises (`alloc_paged_token_slots_extend`'s "Prefill out of memory"
+    on a few hunt workloads: a real server's scheduler dies there), the driver says so in one line and
+    exits 5, apart from 1 (the engine differs): the engine does not model SGLang failing. The JSON
+    carries the error; no terminal escape reaches the screen."""
+    w = H.seeded(1, page_size=1, shape="chunk", write_policy="write_back")
+    lines = [{"id": r["id"], "timestamp": r["arrival_ns"] // 1_000_000, "input_length": r["input_len"],
+              "output_length": r["output_len"], "hash_ids": r["hash_ids"]} for r in w.requests]
+    t = _write(tmp_path / "chunk.jsonl", lines)
+    out = tmp_path / "cmp.json"
+    argv = [str(t), "--block-size=64", "--page-size=1", f"--device-tokens={w.device_pages}",
+            f"--host-tokens={w.host_pages}", "--max-prefill-tokens=512", "--json", str(out)]
+    assert drive.main(argv, worker=_RaisingWorker()) == drive.SGLANG_FAILED == 5
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "raised on this workload" in line]
+    assert said == [f"SGLang {drive.VERSION}'s Scheduler raised on this workload: RuntimeError: Prefill out of "
+                    "memory. Try to lower your batch size."]
+    assert "\x1b" not in err
+    doc = json.loads(out.read_text())
+    assert doc["agree"] is False and doc["error"].startswith("RuntimeError: Prefill out of memory")
