@@ -95,7 +95,7 @@ def test_the_source_as_it_is_compiles_where_mypyc_is_installed():
     assert "refused" not in why, why
     if manifest.get("compiled"):
         stale = [m for m, digest in manifest["sources"].items()
-                 if compiled.source_digest(compiled.HERE / f"{m}.py") != digest]
+                 if compiled.source_digest(compiled.source_path(m)) != digest]
         assert not stale, f"the build is older than {stale}: rebuild (python setup.py build_ext --inplace)"
 
 
