@@ -88,9 +88,9 @@ def _decide() -> tuple[str, str, list[str]]:
         try:
             digest = source_digest(source_path(m))
         except OSError as exc:
-            return "pure", f"{m}.py unreadable: {exc}", modules
+            return "pure", f"{source_path(m).relative_to(HERE)} unreadable: {exc}", modules
         if digest != sources[m]:
-            return "pure", f"stale build: {m}.py changed since it was compiled (rebuild: " \
+            return "pure", f"stale build: {source_path(m).relative_to(HERE)} changed since it was compiled (rebuild: " \
                            "python setup.py build_ext --inplace)", modules
     try:
         importlib.import_module(GROUP)
