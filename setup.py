@@ -59,7 +59,7 @@ def engine_extensions() -> list:
         except ImportError as exc:
             manifest["why"] = f"not compiled: mypyc was not installed at build time ({exc})"
         else:
-            paths = [f"tierdiag/engine/{m}.py" for m in comp.MODULES]
+            paths = [str(comp.source_path(m).relative_to(HERE)) for m in comp.MODULES]
             try:
                 exts = mypycify(MYPY_OPTIONS + paths, opt_level="3", group_name="tierdiag.engine._compiled")
             except (Exception, SystemExit) as exc:  # mypyc rejects the source: the twin runs, and says so
@@ -68,7 +68,7 @@ def engine_extensions() -> list:
                 exts = []
             else:
                 manifest = {"compiled": True, "mypy": mypy.version.__version__,
-                            "sources": {m: comp.source_digest(HERE / f"tierdiag/engine/{m}.py") for m in comp.MODULES}}
+                            "sources": {m: comp.source_digest(comp.source_path(m)) for m in comp.MODULES}}
     for ext in exts:
         ext.optional = True  # no C compiler: the extensions are missing and compiled.py runs the twin
     comp.MANIFEST.write_text(json.dumps(manifest, indent=1) + "\n")

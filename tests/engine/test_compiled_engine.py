@@ -80,6 +80,26 @@ def test_a_changed_source_makes_the_build_stale(tmp_path, monkeypatch):
         assert mode == "pure" and "missing" in why
 
 
+def test_a_subpackage_module_is_held_to_its_own_source(tmp_path, monkeypatch):
+    """routing/approx_tree.py is compiled as `routing.approx_tree` (session 18, h41route): its
+    digest is checked against tierdiag/engine/routing/approx_tree.py, its extension looked for in
+    routing/, and a change of that file alone makes the build stale, naming it."""
+    assert compiled.source_path("routing.approx_tree") == compiled.HERE / "routing" / "approx_tree.py"
+    assert compiled.source_path("arrivals") == compiled.HERE / "arrivals.py"
+    sources = {m: compiled.source_digest(compiled.source_path(m)) for m in compiled.MODULES}
+    sources["routing.approx_tree"] = "0" * 64
+    (tmp_path / "_compiled.json").write_text(json.dumps({"compiled": True, "mypy": "x", "sources": sources}))
+    monkeypatch.setattr(compiled, "MANIFEST", tmp_path / "_compiled.json")
+    monkeypatch.delenv(compiled.ENV, raising=False)
+    mode, why, modules = compiled._decide()
+    assert "routing.approx_tree" in modules and mode == "pure"
+    if all(compiled._extension(m) for m in compiled.MODULES) and compiled._extension("_compiled__mypyc"):
+        assert why.startswith("stale build: routing/approx_tree.py changed"), why
+        assert compiled._extension("routing.approx_tree").parent == compiled.HERE / "routing"
+    else:
+        assert "missing" in why
+
+
 def test_the_source_as_it_is_compiles_where_mypyc_is_installed():
     """mypyc refusing the engine's source (a mixin's new attribute not declared in
     SchedulerState, an annotation mypy rejects) leaves the Python twin running: every test still
@@ -95,7 +115,7 @@ def test_the_source_as_it_is_compiles_where_mypyc_is_installed():
     assert "refused" not in why, why
     if manifest.get("compiled"):
         stale = [m for m, digest in manifest["sources"].items()
-                 if compiled.source_digest(compiled.HERE / f"{m}.py") != digest]
+                 if compiled.source_digest(compiled.source_path(m)) != digest]
         assert not stale, f"the build is older than {stale}: rebuild (python setup.py build_ext --inplace)"
 
 

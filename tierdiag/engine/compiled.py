@@ -32,8 +32,14 @@ GROUP = "tierdiag.engine._compiled__mypyc"  # mypyc's shared library (setup.py's
 # calls into, the storage tier, the data-parallel loop and the clock (CostModel: a decode step's
 # time is asked once a step); the rest of the engine stays Python (pagepool, pagemap, rows and
 # content are thin wrappers of the C data plane already; routing/ is dict work already in C).
+# A dotted name is a subpackage's module (routing.approx_tree: tierdiag/engine/routing/approx_tree.py):
+# the arrivals (`due`/`next_ns`, ~70k calls on 3,000 requests from the scheduler) and the
+# cache-aware router's approximate tree (issue 41's --dp row, session 18 h41route). The rest of
+# routing/ stays Python: its Router base is subclassed by every policy, and a compiled class
+# cannot have interpreted subclasses.
 MODULES = ("tree_node", "tree", "schedule_common", "request", "records", "miss", "queue_policy", "prefetch", "decode",
-           "admission", "controller", "scheduler", "storage", "deployment", "costmodel")
+           "admission", "controller", "scheduler", "storage", "deployment", "costmodel", "arrivals",
+           "routing.approx_tree")
 
 _STATE: dict = {}
 
@@ -44,9 +50,15 @@ def source_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def source_path(name: str) -> Path:
+    """The .py file of a module of MODULES (a dotted name: a subpackage's module)."""
+    return HERE.joinpath(*name.split(".")).with_suffix(".py")
+
+
 def _extension(name: str) -> Path | None:
+    *parts, last = name.split(".")
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        p = HERE / f"{name}{suffix}"
+        p = HERE.joinpath(*parts, f"{last}{suffix}")
         if p.exists():
             return p
     return None
@@ -74,11 +86,11 @@ def _decide() -> tuple[str, str, list[str]]:
                        "failed (no C compiler?) or was removed", modules
     for m in modules:
         try:
-            digest = source_digest(HERE / f"{m}.py")
+            digest = source_digest(source_path(m))
         except OSError as exc:
-            return "pure", f"{m}.py unreadable: {exc}", modules
+            return "pure", f"{source_path(m).relative_to(HERE)} unreadable: {exc}", modules
         if digest != sources[m]:
-            return "pure", f"stale build: {m}.py changed since it was compiled (rebuild: " \
+            return "pure", f"stale build: {source_path(m).relative_to(HERE)} changed since it was compiled (rebuild: " \
                            "python setup.py build_ext --inplace)", modules
     try:
         importlib.import_module(GROUP)
@@ -98,10 +110,9 @@ class _Finder:
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in self.names or _decided()["mode"] != "pure":
             return None  # not ours, or compiled: the standard finders load the extension
-        short = fullname.rsplit(".", 1)[1]
+        source = source_path(fullname[len("tierdiag.engine."):])
         return importlib.util.spec_from_file_location(
-            fullname, HERE / f"{short}.py",
-            loader=importlib.machinery.SourceFileLoader(fullname, str(HERE / f"{short}.py")))
+            fullname, source, loader=importlib.machinery.SourceFileLoader(fullname, str(source)))
 
 
 def _decided() -> dict:
