@@ -123,3 +123,18 @@ def test_readme_block_runs_as_written(folder, tmp_path_factory, index):
             r = subprocess.run(["bash", "-c", line], cwd=folder, env=env, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, f"README: {line}\nexit {r.returncode}\n{r.stderr[-3000:]}\n{r.stdout[-2000:]}"
         assert "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_upgrade_sections_rule_count_is_the_engines():
+    """README's "What changes if I upgrade SGLang" says how many rules differ between 0.5.9 and 0.5.23
+    and how many replays that makes (one per release, one per rule switched back): kept true as rules
+    join the rule sets (it said 29/31 after the day a thirtieth joined)."""
+    import re
+
+    from tierdiag.engine.rules import differing_rules
+
+    n = len(differing_rules("0.5.9", "0.5.23"))
+    text = " ".join(README.split())
+    said = re.search(r"(\d+) rules differ between 0\.5\.9 and 0\.5\.23: (\d+) replays", text)
+    assert said, "the upgrade section no longer says how many rules differ"
+    assert (int(said.group(1)), int(said.group(2))) == (n, n + 2)
