@@ -131,3 +131,17 @@ def test_the_read_commands_leave_without_teardown_their_output_written_and_atexi
         assert left.stderr == plain.stderr + "atexit ran\n", left.stderr
         assert code is None or left.returncode == code
         assert code == 0 or left.returncode != 0
+
+
+def test_python_dash_m_tierdiag_is_the_console_script(tmp_path):
+    """`python -m tierdiag ...` runs the same command as `tierdiag ...` (tierdiag/__main__.py calls
+    cli/main.py's `entry`): its version, and a bad store's one line and documented exit code."""
+    env = _env()
+    ver = subprocess.run([sys.executable, "-m", "tierdiag", "--version"], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert ver.returncode == 0 and ver.stdout.startswith("tierdiag "), ver.stdout + ver.stderr
+    missing = tmp_path / "none.duckdb"
+    bad = subprocess.run([sys.executable, "-m", "tierdiag", "summary", "--db", str(missing)], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert bad.returncode == 4 and bad.stderr.count("\n") == 1 and "no database at" in bad.stderr
+    assert not missing.exists()
