@@ -169,20 +169,9 @@ def _measure(intervals):
     """t -> the measure of the union of disjoint sorted `intervals` before t (vectorized)."""
     import numpy as np
 
-    if not intervals:
-        return lambda t: np.zeros(len(t))
     a = np.array([x for x, _ in intervals], dtype=np.int64)
     b = np.array([y for _, y in intervals], dtype=np.int64)
-    cum = np.concatenate([[0], np.cumsum(b - a)])
-
-    def at(t):
-        t = np.asarray(t, dtype=np.int64)
-        k = np.searchsorted(a, t, side="right")  # intervals starting at or before t
-        kk = np.maximum(k - 1, 0)
-        inside = np.where(k > 0, np.clip(np.minimum(t, b[kk]) - a[kk], 0, None), 0)
-        return (cum[kk] + inside).astype(np.float64) * (k > 0)
-
-    return at
+    return _measure_arrays(a, b)
 
 
 def _merge_arrays(a, b):
