@@ -404,11 +404,11 @@ def test_a_data_parallel_runs_ranks_are_stored_and_read_back_as_computed(tmp_pat
         assert run_summary(con, _run(con)).to_json() == before
 
 
-@pytest.mark.parametrize("where", ["run_totals", "compute_run_context", "size_curves"])
+@pytest.mark.parametrize("where", ["run_totals", "compute_run_context", "size_curves", "run_story"])
 def test_a_section_that_fails_on_any_of_the_evidence_threads_fails_the_evidence(replayed, monkeypatch, where):
-    """The sections are computed three at a time (the size curves on the caller's thread, the run
-    context and the rest on two more: issue 41): a failure on any of them is raised by
-    compute_evidence on the caller's thread, once the others are done, as one after the other."""
+    """The sections are computed four at a time (the size curves on the caller's thread, the run
+    context, its story and the rest on three more: issue 41): a failure on any of them is raised
+    by compute_evidence on the caller's thread, once the others are done, as one after the other."""
     def boom(*args, **kwargs):
         raise RuntimeError(f"{where} failed")
 
@@ -422,10 +422,11 @@ def test_a_section_that_fails_on_any_of_the_evidence_threads_fails_the_evidence(
         assert not [t for t in threading.enumerate() if t.name == "tierdiag-evidence"]
 
 
-def test_the_evidence_computed_three_at_a_time_is_each_section_computed_alone(replayed):
+def test_the_evidence_computed_four_at_a_time_is_each_section_computed_alone(replayed):
     with open_store(replayed) as con:
         run = resolve_run(con, None)
-        got = E.compute_evidence(con, run)
+        made: dict = {}
+        got = E.compute_evidence(con, run, computed=made)
         alone = {"context": compute_run_context(con, run), "summary": compute_run_summary(con, run),
                  "totals": run_totals(con, run.run_id), "sessions": session_pauses(con, run),
                  "size_curves": size_curves(con, run), "session_summary": session_summary(con, run),
@@ -434,3 +435,61 @@ def test_the_evidence_computed_three_at_a_time_is_each_section_computed_alone(re
                          "rank_summary", "miss_reasons"]
     for name, value in alone.items():
         assert got[name] == S.encode(value), name
+        assert made[name] == value, name  # what the close's closing numbers take the summary from
+
+
+def test_the_story_computed_beside_the_context_is_the_contexts_own(replayed):
+    """evidence.py computes the run story on a cursor of its own while the rest of the context is
+    computed (issue 41): handed to compute_run_context, the context is the one it computes
+    alone; the story is asked for only where the context has one (a failure of it is raised
+    only then), and once."""
+    from tierdiag.diagnose.read.run_context import batch_recompute_sql
+    from tierdiag.diagnose.run.story import run_story
+
+    with open_store(replayed) as con:
+        run = resolve_run(con, None)
+        asked = []
+
+        def story():
+            asked.append(1)
+            return run_story(con, run.run_id, batch_recompute_sql(con))
+
+        alone = compute_run_context(con, run)
+        assert alone.story is not None  # the replay has batches: a story to hand over
+        assert compute_run_context(con, run, story=story) == alone
+        assert asked == [1]
+
+        def boom():
+            raise RuntimeError("the story failed")
+
+        assert compute_run_context(con, run, attribution=False, story=boom) == \
+            compute_run_context(con, run, attribution=False)
+        with pytest.raises(RuntimeError, match="the story failed"):
+            compute_run_context(con, run, story=boom)
+
+
+@pytest.mark.parametrize("stored", [True, False])
+def test_the_closing_numbers_from_the_computed_summary_are_the_ones_read_back(replayed, tmp_path, monkeypatch,
+                                                                              stored):
+    """The close takes the replay's closing numbers from the summary the evidence just computed
+    (issue 41: reading it back was ~15 ms of the close): the same numbers as read back from the
+    store; where the evidence was not stored (a failure: one warning), nothing is handed on and
+    they are read back (computed from the rows) as before."""
+    from tierdiag.diagnose.run.close import closing_numbers
+
+    db = _copy(replayed, tmp_path, "closing.duckdb")
+    if not stored:
+        monkeypatch.setattr(E, "EVIDENCE_VERSION", "not a number")  # the write fails, in its transaction
+    with duckdb.connect(str(db)) as con:
+        run_id = resolve_run(con, None).run_id
+        con.execute("DELETE FROM run_evidence")
+        computed: dict = {}
+        assert (E.record_run_evidence(db, run_id, con=con, computed=computed) is None) == stored
+        read_back = closing_numbers(con, run_id)
+        assert read_back["span_ns"] > 0 and read_back["ttft_ns"] is not None
+        if stored:
+            assert closing_numbers(con, run_id, summary=computed["summary"]) == read_back
+            assert after_commit(con, db, run_id, "complete") == read_back
+        else:
+            assert computed == {}
+            assert after_commit(con, db, run_id, "complete") == read_back

@@ -510,6 +510,34 @@ def test_the_trace_read_ahead_gives_the_curves_the_close_reads_itself(two_ranks,
         assert sc.compute_size_curves(con, run) == own
 
 
+def test_the_end_of_the_rows_lets_the_pass_finish_before_the_close_asks(two_ranks):
+    """The writer process hands the read-ahead None when the run is being closed (store/writer_serve.py
+    `finish`, issue 41): the pass fed while recording walks the rest then, beside the last rows'
+    write, not once the close asks for the curves; the curves are the ones the close walks itself."""
+    import duckdb
+
+    trace, db = two_ranks
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        own = sc.compute_size_curves(con, run)
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.sql("SELECT * EXCLUDE (run_id) FROM requests ORDER BY finish_ns NULLS LAST, seq").to_arrow_table()
+    hand = sc.read_ahead(run.trace_path, run.trace_sha256, run.config)
+    ahead = sc._READ_AHEAD[0]
+    half = rows.num_rows // 2
+    for part in (rows.slice(0, half), rows.slice(half)):
+        hand({"requests": {c: part.column(c).combine_chunks() for c in part.column_names}, "batches": {}})
+    hand(None)
+    ahead._thread.join(timeout=60)
+    assert ahead._live_thread is not None
+    ahead._live_thread.join(timeout=60)  # ended without the close asking: every event walked
+    assert not ahead._live_thread.is_alive() and ahead.live is not None and not ahead.live._pending
+    hand(None)  # twice (a close asked again): nothing more
+    with open_store(db) as con:
+        assert sc.compute_size_curves(con, run) == own
+    assert not sc._READ_AHEAD
+
+
 @pytest.mark.parametrize("how", ["rewritten", "appended", "other digest"])
 def test_a_trace_changed_after_its_read_ahead_is_read_again_and_said_changed(two_ranks, tmp_path, how):
     """What was read ahead is used only where the file is as it was then (size, mtime, inode)

@@ -96,6 +96,51 @@ def test_what_the_writer_prepares_while_recording_never_stops_the_rows(tmp_path,
     os.close(w)
 
 
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_close_tells_what_was_prepared_that_no_row_comes_after(tmp_path, capfd, fails):
+    """The writer process's close hands what `while_recording` returned None before it writes the
+    last rows (issue 41: the size curves' pass walks its rest beside that write, not after it);
+    one that fails there is one warning line, and the run is closed as without it."""
+    from tierdiag.store import writer_serve
+    from tierdiag.store.frames import read_frame
+
+    order = []
+
+    def on_rows(taken):
+        order.append(("rows", taken))
+        if fails:
+            raise RuntimeError("no \x1b[2J\nend")
+
+    r, w = os.pipe()
+    serve = writer_serve._Serve(inbox=None, reply_fd=w, while_recording=lambda run: on_rows)
+    args = {"db_path": str(tmp_path / "e.duckdb"), "run_id": "r1", "name": "e", "trace_path": "/t.jsonl",
+            "trace_sha256": "", "config": {}, "hardware": {}, "data_plane": {}, "timing": "modeled"}
+    assert serve.open({"writer": args, "write_every_s": 1.0})
+    assert read_frame(r) == ("opened", None)
+    real = serve.writer.finish
+
+    def finish(*a, **kw):
+        order.append(("finish", a[0]))
+        return real(*a, **kw)
+
+    serve.writer.finish = finish
+    assert serve.finish({"status": "complete", "error": None, "write_pending": True, "trace_sha256": None})
+    assert order == [("rows", None), ("finish", "complete")]
+    kind, reply = read_frame(r)
+    assert kind == "finished" and reply["closed_as"] == "complete"
+    err = capfd.readouterr().err
+    if fails:
+        assert err.count("\n") == 1 and "nothing prepared while recording (RuntimeError: no \\x1b[2J)" in err
+        assert serve.on_rows is None
+    else:
+        assert err == ""
+    with duckdb.connect(str(tmp_path / "e.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT status FROM runs").fetchall() == [("complete",)]
+    serve.writer.close()
+    os.close(r)
+    os.close(w)
+
+
 @pytest.mark.parametrize("writer", ["inline", "process"])
 def test_the_wall_phases_add_up_to_the_wall_time(both, writer):
     """replay --json says where its wall time went (start, engine, close: the probe overhead's

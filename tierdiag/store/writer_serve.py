@@ -22,8 +22,8 @@ def main(after_commit=None, preload: tuple[str, ...] = (), while_recording=None)
     open, while the engine runs rather than in the close, and `while_recording(run)`, called then
     with the run's arguments (RunWriter's: trace_path, trace_sha256, config, ...), to start on a
     thread what the hook can prepare before the rows are all there; what it returns, if not None,
-    is handed every batch of rows taken, as RunWriter.take made them), the request pipe on stdin,
-    replies on stdout."""
+    is handed every batch of rows taken, as RunWriter.take made them, and None once the run is
+    being closed: no row comes after), the request pipe on stdin, replies on stdout."""
     for sig in signals.HANDLED:
         signal.signal(sig, signal.SIG_IGN)  # the engine's process decides (see the module docstring)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, signals.HANDLED)  # blocked since the spawn; now ignored
@@ -187,6 +187,13 @@ class _Serve:
             # reads that error first and asks again, as failed (as inline, where the failed
             # write stops the engine). Never a run closed as complete short of its rows.
             return False
+        if self.on_rows is not None:
+            # No row comes after this: what was prepared from them can be finished now, beside
+            # the last rows' write, instead of in the close after it.
+            try:
+                self.on_rows(None)
+            except Exception as exc:  # noqa: BLE001 - said once; the close computes it all as before
+                self._unprepared(exc)
         try:
             # The in-memory connection is left to the process's exit (os._exit, after the answer).
             self.writer.finish(arg["status"], error=arg["error"], write_pending=arg["write_pending"],

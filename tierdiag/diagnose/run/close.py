@@ -21,21 +21,28 @@ PRELOAD = ("tierdiag.diagnose.run.evidence", "tierdiag.diagnose.run.summary")
 def after_commit(con: duckdb.DuckDBPyConnection, db_path: Path, run_id: str, status: str) -> dict | None:
     """The run evidence for a run closed complete or interrupted (its own transaction; never
     raises: a warning line, and readers compute it from the rows), then, for a complete run, the
-    closing numbers read back (what this raises, the replay raises where it reads them)."""
+    closing numbers (what this raises, the replay raises where it reads them): from the summary the
+    evidence just computed, which is what `summary` reads back from it, else read back."""
+    computed: dict = {}
     if status in ("complete", "interrupted"):
-        record_run_evidence(db_path, run_id, con=con)
+        record_run_evidence(db_path, run_id, con=con, computed=computed)
     if status == "complete":
-        return closing_numbers(con, run_id)
+        return closing_numbers(con, run_id, summary=computed.get("summary"))
     return None
 
 
-def closing_numbers(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
+def closing_numbers(con: duckdb.DuckDBPyConnection, run_id: str, *, summary=None) -> dict:
     """What the replay's closing table takes from `summary` (one definition per metric): the
-    run's span and its TTFT percentiles over every finished request (None when there is none)."""
-    from tierdiag.diagnose.run.summary import run_summary
-    from tierdiag.store.reader import resolve_run
+    run's span and its TTFT percentiles over every finished request (None when there is none).
+    `summary`: the run's numbers (numbers.py `compute_run_summary`) when the caller has them:
+    what `summary` would read back from the evidence just stored (~15 ms of reading back and
+    decoding every section in the close the replay waits for; issue 41); else read back."""
+    if summary is None:
+        from tierdiag.diagnose.run.summary import run_summary
+        from tierdiag.store.reader import resolve_run
 
-    s = run_summary(con, resolve_run(con, run_id), diagnose=False)  # the closing table needs no diagnosis
+        summary = run_summary(con, resolve_run(con, run_id), diagnose=False)  # the closing table needs no diagnosis
+    s = summary
     every = next((c for c in s.classes if c.hit_class == "all"), None)
     return {"span_ns": s.span_ns,
             "ttft_ns": None if every is None else (every.ttft_p50_ns, every.ttft_p90_ns, every.ttft_p99_ns)}

@@ -58,6 +58,8 @@ import sys
 import duckdb
 
 from tierdiag.diagnose.run.runcontext import compute_run_context
+from tierdiag.diagnose.run.story import run_story
+from tierdiag.diagnose.read.run_context import batch_recompute_sql
 from tierdiag.diagnose.run.numbers import compute_run_summary
 from tierdiag.diagnose.session.session_pool import session_pauses
 from tierdiag.diagnose.session.sessions import session_summary
@@ -73,33 +75,49 @@ from tierdiag.store.evidence import replace_run_evidence
 # --------------------------------------------------------------------------- compute and write
 
 
-def compute_evidence(con: duckdb.DuckDBPyConnection, run) -> dict:
-    """The sections, from the run's rows, as the JSON-ready dict that is stored.
+def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | None = None) -> dict:
+    """The sections, from the run's rows, as the JSON-ready dict that is stored; `computed`, if
+    given, is updated with the sections as computed (name -> object: the close's closing numbers
+    take the summary from it instead of reading it back).
 
-    Three at a time: the size curves (the trace's pages and one pass over them: Python and
-    numpy, most of the close) on this thread, while two more cursors, on threads of their own,
-    run the run context's queries and every other section's (DuckDB runs a query without the
-    GIL, and at a replay's close the engine's core is idle, waiting for this). The curves used
-    to come last, after the others (issue 41). The results are the same as one after the other:
-    the rows are committed and nothing writes meanwhile."""
+    Four at a time: the size curves (the trace's pages and one pass over them: Python and numpy;
+    fed while recording in a writer process, mostly done by now) on this thread, while three
+    more cursors, on threads of their own, run the run context's queries, its story's (the
+    context's largest part: a join of every finished request with what left its prefix while it
+    waited; the context takes it from that thread) and every other section's (DuckDB runs a query
+    without the GIL, and at a replay's close the engine's core is idle, waiting for this). The
+    threads' shares were measured (issue 41, session 19): context without its story, the story,
+    and the rest each about a third of the queries' CPU. The results are the same as one after
+    the other: the rows are committed and nothing writes meanwhile."""
     import threading
 
     done: dict = {}
 
-    def on_a_thread(cur, work) -> threading.Thread:
+    def on_a_thread(cur, work, error: str = "error") -> threading.Thread:
         def compute() -> None:
             try:
                 for name, f in work:
                     done[name] = f(cur)
             except BaseException as exc:  # noqa: BLE001 - re-raised below, on the caller's thread
-                done.setdefault("error", exc)
+                done.setdefault(error, exc)
 
         thread = threading.Thread(target=compute, name="tierdiag-evidence", daemon=True)
         thread.start()
         return thread
 
-    with second_cursor(con) as one, second_cursor(con) as two:
-        threads = [on_a_thread(one, [("context", lambda c: compute_run_context(c, run))]),
+    with second_cursor(con) as one, second_cursor(con) as two, second_cursor(con) as three:
+        # Its failure is raised only where the context asks for the story, as if computed there.
+        story_thread = on_a_thread(three, [("story", lambda c: run_story(c, run.run_id, batch_recompute_sql(c)))],
+                                   error="story_error")
+
+        def story():
+            story_thread.join()
+            if "story_error" in done:
+                raise done["story_error"]
+            return done["story"]
+
+        threads = [story_thread,
+                   on_a_thread(one, [("context", lambda c: compute_run_context(c, run, story=story))]),
                    on_a_thread(two, [("summary", lambda c: compute_run_summary(c, run)),
                                      ("totals", lambda c: run_totals(c, run.run_id)),
                                      ("session_summary", lambda c: session_summary(c, run)),
@@ -113,6 +131,9 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run) -> dict:
                 thread.join()
     if "error" in done:
         raise done["error"]
+    names = ("context", "summary", "totals", "sessions", "session_summary", "rank_summary", "miss_reasons")
+    if computed is not None:
+        computed.update({name: done[name] for name in names}, size_curves=curves)
     return {"inputs": encode(inputs(run)), "context": encode(done["context"]),
             "summary": encode(done["summary"]), "totals": encode(done["totals"]), "sessions": encode(done["sessions"]),
             "size_curves": encode(curves), "session_summary": encode(done["session_summary"]),
@@ -130,7 +151,8 @@ def write_evidence(con: duckdb.DuckDBPyConnection, run_id: str, sections: dict) 
 WAIT_S = 3.0
 
 
-def record_run_evidence(db_path, run_id: str, *, con: duckdb.DuckDBPyConnection | None = None) -> str | None:
+def record_run_evidence(db_path, run_id: str, *, con: duckdb.DuckDBPyConnection | None = None,
+                        computed: dict | None = None) -> str | None:
     """Compute and store the evidence of run `run_id`, whose rows and final status are committed
     to the store at `db_path`. With `con` (the store's writer closing the run: its own read-write
     connection) the rows are read and the row written through it, with no open and no checkpoint
@@ -139,7 +161,9 @@ def record_run_evidence(db_path, run_id: str, *, con: duckdb.DuckDBPyConnection 
     the rows are read through a read-only connection, so other readers can open the file
     meanwhile (seconds on a million requests), and it is held for writing only for the one short
     INSERT. Never raises an Exception: a failure is printed as one warning line on stderr and
-    returned (None when all went well); the run is untouched by it."""
+    returned (None when all went well); the run is untouched by it. `computed`: as
+    compute_evidence's, filled once the sections are stored (left empty where they were not:
+    then a reader computes them from the rows)."""
     try:
         from tierdiag.diagnose.read.kind import view_of
         from tierdiag.store.reader import connect_with_retry, run_info
@@ -148,15 +172,21 @@ def record_run_evidence(db_path, run_id: str, *, con: duckdb.DuckDBPyConnection 
             run = run_info(con, run_id)
             if run is None or not view_of(run).engine_parts:
                 return None  # observed runs: their readers use none of it
-            write_evidence(con, run_id, compute_evidence(con, run))
+            made: dict = {}
+            write_evidence(con, run_id, compute_evidence(con, run, computed=made))
+            if computed is not None:
+                computed.update(made)
             return None
         with connect_with_retry(db_path, read_only=True, wait_s=WAIT_S) as ro:
             run = run_info(ro, run_id)
             if run is None or not view_of(run).engine_parts:
                 return None
-            sections = compute_evidence(ro, run)
+            made = {}
+            sections = compute_evidence(ro, run, computed=made)
         with connect_with_retry(db_path, read_only=False, wait_s=WAIT_S) as rw:
             write_evidence(rw, run_id, sections)
+        if computed is not None:
+            computed.update(made)
         return None
     except Exception as exc:  # noqa: BLE001 - by contract: the run is closed already, readers fall back
         text = str(exc).strip()

@@ -16,6 +16,7 @@ Stored with the run at its close (evidence.py) and read through facts.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import duckdb
 
@@ -317,12 +318,18 @@ def run_ranks(con: duckdb.DuckDBPyConnection, run) -> int:
     return max(read_ctx.named_ranks(con, run.run_id), parse(run).ranks)
 
 
-def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: bool = True) -> RunContext:
+def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: bool = True,
+                        story: Callable[[], RunStory | None] | None = None) -> RunContext:
     """The run-level evidence `summary`'s diagnosis and `explain`'s "why" stand on, from the run's
     rows (what evidence.py stores at the run's close; readers take it through facts.py).
 
     `attribution=False`: the caller does not need the run's queue attribution (it costs a pass
-    over every request and batch), so it is left out."""
+    over every request and batch), so it is left out.
+
+    `story`: what `run_story(con, run.run_id, batch_recompute_sql(con))` returns, computed by the
+    caller meanwhile (evidence.py: on a cursor of its own, beside the rest of this: the story is
+    the largest part, ~45 %, issue 41); called only where the story is wanted (what it raises
+    is raised here). None: computed here."""
     rid = run.run_id
     t = read_ctx.finished_totals(con, rid)
     span = max(_i(t.end_ns) - _i(t.start_ns), 0)
@@ -343,6 +350,6 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
         losses=_losses(con, rid, run.config), transfers=_transfers(con, rid, link_peak_bytes_per_s(run), _overhead_ns(run)),
         config=dict(run.config), kv_bytes_per_token=int(kv) if kv else None,
         ttft_p50_ns=t.ttft_p50_ns, ttft_p99_ns=t.ttft_p99_ns,
-        story=run_story(con, rid, rec) if attribution and busy else None,
+        story=(run_story(con, rid, rec) if story is None else story()) if attribution and busy else None,
         capacity=run_capacity(con, rid, ranks),
         routing=routing_loss(con, run))

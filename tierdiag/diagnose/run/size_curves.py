@@ -690,15 +690,21 @@ class _ReadAhead:
             except queue.Empty:
                 return
 
-    def rows(self, taken: dict) -> None:
+    def rows(self, taken: dict | None) -> None:
         """The rows the store's writer took (RunWriter.take's Arrow columns by table): the
-        requests' go to the pass fed while recording."""
+        requests' go to the pass fed while recording. None: the run is being closed and no row
+        comes after: the pass walks the rest now, while the writer commits the last rows, rather
+        than once the close asks for the curves (`result`; issue 41)."""
+        if taken is None:
+            if self._feeding:
+                self._rows.put(None)
+            return
         requests = taken.get("requests")
         if requests and self._feeding:
             self._rows.put(requests)
 
     def result(self, path: str, sha: str | None, page: int, block: int) -> "_ReadAhead | None":
-        self._rows.put(None)  # every row is committed: the pass walks the rest
+        self._rows.put(None)  # every row is committed: the pass walks the rest (if not told already)
         self._thread.join()
         if self._live_thread is not None:
             self._live_thread.join()

@@ -1,0 +1,156 @@
+"""The writer process's close, part by part, on a recorded run (issue 41's probe overhead: the
+close is what a probed replay waits for after `Engine.run`), this tree against a baseline's code,
+interleaved.
+
+    .venv/bin/python benchmarks/close_parts.py RUN.duckdb [--baseline REF_OR_BUILT_FOLDER] [--rounds N]
+        [--last 0.3] [--settle 8]
+
+Each round runs one process per side. A process makes a fresh store with a `RunWriter` and hands
+it the recorded run's rows as the writer process does (`take` in 20 batches, the size curves'
+read-ahead handed each batch as `writer_serve` hands it, a write every 4 batches), all but the
+last `--last` of them committed; it waits `--settle` seconds (the read-ahead's thread reads the
+trace and walks the pass, as while the engine runs), hands the last two batches (the engine's last
+flushes) and closes the run through `writer_serve._Serve.finish` with the replay's close hook
+(app/writer_child.py's: the run evidence, the closing numbers). Measured in the close, as the CPU
+of the thread that ran each part (a quiet machine's wall, where each thread has a core, is about
+that): the last rows' write (`write_pending`), the evidence's threads (run context, its story
+where it has a thread of its own, the summary and the other sections, the size curves), the
+evidence's write, the closing numbers, the file's let-go (detach: the checkpoint); the close's
+process CPU and wall (what the load leaves, on a loaded machine). `model` is the close a 2-core
+quiet machine would take by these parts: the serial parts plus the evidence's longest thread or
+half its threads' CPU, whichever is more (threads without the GIL, DuckDB's queries mostly).
+Printed: medians over the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from probe_timeline import baseline_worktree  # benchmarks/ is the script's folder: first on sys.path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+_CLOSE = r"""
+import json, os, sys, time
+import duckdb
+from tierdiag.store.writer import RunWriter
+import tierdiag.store.writer as W
+from tierdiag.store import writer_serve
+from tierdiag.diagnose.run import close
+from tierdiag.diagnose.run import evidence as E
+from tierdiag.diagnose.run.size_curves import read_ahead
+
+src, dst, last, settle = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+with duckdb.connect(src, read_only=True) as s:
+    run = s.sql("SELECT * FROM runs").to_arrow_table().to_pylist()[0]
+    tables = {t: s.sql(f"SELECT * EXCLUDE (run_id) FROM {t} ORDER BY rowid").to_arrow_table()
+              for t in ("requests", "batches", "evictions", "pool_samples", "request_evictions", "transfers")}
+config = json.loads(run["config_json"])
+w = RunWriter(dst, name=run["name"], trace_path=run["trace_path"], trace_sha256=run["trace_sha256"], config=config,
+              hardware=json.loads(run["hardware_json"]), data_plane=json.loads(run["data_plane_json"]),
+              timing=run["timing"])
+on_rows = read_ahead(run["trace_path"], run["trace_sha256"], config)
+N, LAST = 20, 2
+cut = int(N * (1 - last))
+
+def batch(i):
+    out = {}
+    for t, a in tables.items():
+        lo, hi = a.num_rows * i // N, a.num_rows * (i + 1) // N
+        out[t] = {c: a.column(c).slice(lo, hi - lo).combine_chunks() for c in a.column_names}
+    return out
+
+def hand(i):
+    taken = w.take(batch(i))
+    if on_rows is not None:
+        on_rows(taken)
+
+for i in range(N - LAST):
+    hand(i)
+    if i < cut and (i % 4 == 3 or i == cut - 1):
+        w.write()
+time.sleep(settle)
+for i in range(N - LAST, N):
+    hand(i)
+parts = {}
+
+def timed(owner, name, label):
+    f = getattr(owner, name)
+    def g(*a, **k):
+        c = time.thread_time()
+        try:
+            return f(*a, **k)
+        finally:
+            parts[label] = parts.get(label, 0.0) + time.thread_time() - c
+    setattr(owner, name, g)
+
+timed(W.RunWriter, "_write_pending", "write_pending")
+timed(W, "detach", "detach")
+timed(E, "write_evidence", "ev_write")
+timed(close, "closing_numbers", "closing")
+for name, label in [("compute_run_context", "context"), ("size_curves", "curves"), ("compute_run_summary", "rest"),
+                    ("run_totals", "rest"), ("session_summary", "rest"), ("rank_summary", "rest"),
+                    ("run_miss_reasons", "rest"), ("session_pauses", "rest"), ("run_story", "story")]:
+    if hasattr(E, name):
+        timed(E, name, label)
+r, wfd = os.pipe()
+serve = writer_serve._Serve(inbox=None, reply_fd=wfd, after_commit=close.after_commit)
+serve.writer, serve.on_rows = w, on_rows
+t0, c0 = time.perf_counter(), time.process_time()
+assert serve.finish({"status": "complete", "error": None, "write_pending": True, "trace_sha256": None})
+parts["wall"], parts["cpu"] = time.perf_counter() - t0, time.process_time() - c0
+print(json.dumps(parts))
+os._exit(0)
+"""
+
+KEYS = ("write_pending", "context", "story", "rest", "curves", "ev_write", "closing", "detach")
+
+
+def _model(p: dict) -> float:
+    threads = [p.get(k, 0.0) for k in ("context", "story", "rest", "curves")]
+    serial = p.get("write_pending", 0.0) + p.get("ev_write", 0.0) + p.get("closing", 0.0) + p.get("detach", 0.0)
+    return serial + max(max(threads), sum(threads) / 2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", type=Path, help="a store holding one recorded replay (its trace still there)")
+    ap.add_argument("--baseline", default=None, help="a git ref or a built checkout's folder, timed in the same rounds")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--last", type=float, default=0.3, help="share of the rows still pending at the close")
+    ap.add_argument("--settle", type=float, default=8.0, help="seconds the read-ahead gets before the close")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tierdiag-close-") as td:
+        tmp = Path(td)
+        sides = [("this", ROOT)]
+        if a.baseline:
+            sides.insert(0, ("baseline", baseline_worktree(a.baseline, tmp)))
+        got: dict[str, list[dict]] = {name: [] for name, _ in sides}
+        for i in range(a.rounds):
+            for name, root in (sides if i % 2 == 0 else sides[::-1]):
+                env = {**os.environ, "PYTHONPATH": str(root)}
+                out = subprocess.run([sys.executable, "-W", "ignore", "-c", _CLOSE, str(a.run),
+                                      str(tmp / f"{name}-{i}.duckdb"), str(a.last), str(a.settle)],
+                                     cwd=root, env=env, capture_output=True, text=True, check=True)
+                p = json.loads(out.stdout.strip().splitlines()[-1])
+                p["model"] = _model(p)
+                got[name].append(p)
+                print(f"round {i + 1} {name}: " + " ".join(f"{k} {v:.4f}" for k, v in p.items()), flush=True)
+    cols = (*KEYS, "model", "cpu", "wall")
+    print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; medians of {a.rounds} "
+          "interleaved rounds, thread CPU per part (s)\n")
+    print(f"{'code':>9} " + " ".join(f"{c:>13}" for c in cols))
+    for name, rows in got.items():
+        print(f"{name:>9} " + " ".join(f"{statistics.median(r.get(c, 0.0) for r in rows):13.4f}" for c in cols))
+
+
+if __name__ == "__main__":
+    main()
