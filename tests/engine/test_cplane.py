@@ -986,6 +986,27 @@ def test_the_compiled_output_keys_decline_what_is_not_theirs_and_change_nothing(
     assert got.tolist()[:2] == [1, 2] and len(got) == 4
 
 
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+@settings(max_examples=300, deadline=None)
+@given(req_id=st.one_of(st.text(max_size=300), st.text(alphabet="\x00\\\n'\"é漢😀", max_size=140)),
+       last=st.integers(-(2**63), 2**63 - 1))
+def test_the_compiled_output_seed_is_hashlibs_blake2b(req_id, last):
+    """page_keys.c's BLAKE2b (RFC 7693) against hashlib's on the seed's message: any request id
+    (unicode, escapes, NUL, one to three 128-byte blocks) and any int64 last key."""
+    assert cplane.C.output_seed(req_id, last) == pages._output_seed(req_id, last)
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+def test_the_compiled_output_seed_declines_what_python_answers_or_refuses():
+    c = cplane.C
+    for args in (("r", 2**63), ("r", -(2**63) - 1), ("r", 1.0), (b"r", 1), ("\ud800", 1), ("r", True)):
+        assert c.output_seed(*args) == -1
+    with pytest.raises(UnicodeEncodeError):  # what the C side declined, Python refuses
+        pages.extend_output_keys_c("\ud800", [1], np.array([1], dtype=np.int64), 1, 3)
+    with pytest.raises(TypeError):
+        c.output_seed("r")
+
+
 @settings(max_examples=200, deadline=None)
 @given(values=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40),
        shape=st.sampled_from(["flat", "strided", "int32", "2d", "empty"]))

@@ -111,12 +111,15 @@ def extend_output_keys_numpy(req_id: str, keys: list[int], keys_np: np.ndarray, 
 def extend_output_keys_c(req_id: str, keys: list[int], keys_np: np.ndarray, n_in: int,
                          n_total: int) -> np.ndarray:
     """`extend_output_keys_numpy` with the keys made, appended and laid after `keys_np` in one C
-    call (_cplane.output_keys): a finish with output pages made three generic calls (this
-    module's list comprehension, np.array, np.concatenate), ~34k instructions a finish
-    (callgrind, issue 41 session 19). What it declines, having changed nothing, takes the
-    numpy path."""
+    call (_cplane.output_keys), the seed's blake2b too (_cplane.output_seed, RFC 7693): a finish
+    with output pages made three generic calls (output_page_keys with hashlib's blake2b,
+    np.array, np.concatenate), ~35k instructions a finish (callgrind, issue 41 session 19). What
+    they decline, having changed nothing, takes the Python and numpy paths."""
     if 0 <= n_in <= len(keys):
-        seed = _output_seed(req_id, keys[n_in - 1] if n_in else 0)
+        last = keys[n_in - 1] if n_in else 0
+        seed = _c_output_seed(req_id, last)  # the blake2b in C too (hashlib's object was most of the rest)
+        if seed == -1:
+            seed = _output_seed(req_id, last)
         got = _c_output_keys(keys, keys_np, seed, len(keys) - n_in, n_total - n_in)
         if got != -1:
             return np.frombuffer(got, _INT64)
@@ -175,7 +178,7 @@ _c_block_page_keys = cplane.compiled("block_page_keys")
 _INT64 = np.dtype(np.int64)
 # The backend native/cplane.py chose.
 block_page_keys = cplane.choose("pages.block_page_keys", _block_page_keys_c, _block_page_keys_numpy)
-_c_output_keys = cplane.compiled("output_keys")
+_c_output_keys, _c_output_seed = cplane.compiled("output_keys"), cplane.compiled("output_seed")
 
 
 def keys_list_numpy(keys_np: np.ndarray) -> list[int]:

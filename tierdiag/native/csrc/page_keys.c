@@ -63,6 +63,143 @@ cp_block_page_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* BLAKE2b (RFC 7693), unkeyed, for output_seed: hashlib.blake2b(data, digest_size=8)           */
+
+static const uint64_t B2B_IV[8] = {
+    UINT64_C(0x6A09E667F3BCC908), UINT64_C(0xBB67AE8584CAA73B), UINT64_C(0x3C6EF372FE94F82B),
+    UINT64_C(0xA54FF53A5F1D36F1), UINT64_C(0x510E527FADE682D1), UINT64_C(0x9B05688C2B3E6C1F),
+    UINT64_C(0x1F83D9ABFB41BD6B), UINT64_C(0x5BE0CD19137E2179)};
+
+static const uint8_t B2B_SIGMA[12][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
+    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4}, {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
+    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13}, {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
+    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11}, {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
+    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5}, {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3}};
+
+#define ROTR64(x, n) (((x) >> (n)) | ((x) << (64 - (n))))
+#define B2B_G(a, b, c, d, x, y)                                                                \
+    do {                                                                                       \
+        v[a] = v[a] + v[b] + (x);                                                              \
+        v[d] = ROTR64(v[d] ^ v[a], 32);                                                        \
+        v[c] = v[c] + v[d];                                                                    \
+        v[b] = ROTR64(v[b] ^ v[c], 24);                                                        \
+        v[a] = v[a] + v[b] + (y);                                                              \
+        v[d] = ROTR64(v[d] ^ v[a], 16);                                                        \
+        v[c] = v[c] + v[d];                                                                    \
+        v[b] = ROTR64(v[b] ^ v[c], 63);                                                        \
+    } while (0)
+
+static void
+b2b_compress(uint64_t h[8], const uint8_t block[128], uint64_t t, int last)
+{
+    uint64_t v[16], m[16];
+    for (int i = 0; i < 8; i++) {
+        v[i] = h[i];
+        v[i + 8] = B2B_IV[i];
+    }
+    v[12] ^= t;  /* the byte count's high word (v[13]) stays 0: messages are short */
+    if (last) {
+        v[14] = ~v[14];
+    }
+    for (int i = 0; i < 16; i++) {
+        uint64_t w = 0;
+        for (int j = 7; j >= 0; j--) {
+            w = (w << 8) | block[8 * i + j];  /* little-endian */
+        }
+        m[i] = w;
+    }
+    for (int r = 0; r < 12; r++) {
+        const uint8_t *s = B2B_SIGMA[r];
+        B2B_G(0, 4, 8, 12, m[s[0]], m[s[1]]);
+        B2B_G(1, 5, 9, 13, m[s[2]], m[s[3]]);
+        B2B_G(2, 6, 10, 14, m[s[4]], m[s[5]]);
+        B2B_G(3, 7, 11, 15, m[s[6]], m[s[7]]);
+        B2B_G(0, 5, 10, 15, m[s[8]], m[s[9]]);
+        B2B_G(1, 6, 11, 12, m[s[10]], m[s[11]]);
+        B2B_G(2, 7, 8, 13, m[s[12]], m[s[13]]);
+        B2B_G(3, 4, 9, 14, m[s[14]], m[s[15]]);
+    }
+    for (int i = 0; i < 8; i++) {
+        h[i] ^= v[i] ^ v[i + 8];
+    }
+}
+
+/* The first 8 bytes of BLAKE2b-64 (digest_size 8, no key) of `data`, as a little-endian uint64:
+ * int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little"). */
+static uint64_t
+blake2b_64(const uint8_t *data, size_t len)
+{
+    uint64_t h[8];
+    uint8_t block[128];
+    size_t done = 0;
+    memcpy(h, B2B_IV, sizeof(h));
+    h[0] ^= UINT64_C(0x01010000) ^ 8;  /* depth 1, fanout 1, no key, digest length 8 */
+    while (len - done > 128) {
+        memcpy(block, data + done, 128);
+        done += 128;
+        b2b_compress(h, block, (uint64_t)done, 0);
+    }
+    memset(block, 0, sizeof(block));
+    memcpy(block, data + done, len - done);
+    b2b_compress(h, block, (uint64_t)len, 1);
+    return h[0];
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* output_seed(req_id, last) -> int, or -1                                                     */
+
+PyDoc_STRVAR(output_seed_doc,
+"output_seed(req_id, last) -> int, or -1\n\n"
+"trace.pages._output_seed in C: blake2b-64 of b'out' + last as 8 little-endian signed bytes +\n"
+"req_id in UTF-8, as an int, shifted right by one. -1 when the case is Python's (req_id not an\n"
+"exact str or not encodable, last not an int64).");
+
+static PyObject *
+cp_output_seed(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *rid;
+    Py_ssize_t rlen;
+    long long last;
+    int overflow = 0;
+    uint8_t small[256], *buf = small;
+    uint64_t digest;
+    if (wrong_nargs(nargs, 2, "output_seed() takes 2 arguments: req_id, last")) {
+        return NULL;
+    }
+    if (!PyUnicode_CheckExact(args[0]) || !PyLong_CheckExact(args[1])) {
+        return not_mine();
+    }
+    last = PyLong_AsLongLongAndOverflow(args[1], &overflow);
+    if (overflow || (last == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return not_mine();
+    }
+    rid = PyUnicode_AsUTF8AndSize(args[0], &rlen);
+    if (rid == NULL) {  /* a lone surrogate: Python's encode raises its own error */
+        PyErr_Clear();
+        return not_mine();
+    }
+    if ((size_t)rlen + 11 > sizeof(small)) {
+        buf = PyMem_Malloc((size_t)rlen + 11);
+        if (buf == NULL) {
+            return PyErr_NoMemory();
+        }
+    }
+    memcpy(buf, "out", 3);
+    for (int i = 0; i < 8; i++) {
+        buf[3 + i] = (uint8_t)((uint64_t)last >> (8 * i));
+    }
+    memcpy(buf + 11, rid, (size_t)rlen);
+    digest = blake2b_64(buf, (size_t)rlen + 11);
+    if (buf != small) {
+        PyMem_Free(buf);
+    }
+    return PyLong_FromUnsignedLongLong(digest >> 1);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* output_keys(keys, keys_np, seed, skip, count) -> bytearray, or -1                           */
 
 PyDoc_STRVAR(output_keys_doc,
@@ -194,5 +331,6 @@ PyMethodDef cp_page_keys_methods[] = {
     {"keys_list", (PyCFunction)cp_keys_list, METH_O, keys_list_doc},
     {"block_page_keys", (PyCFunction)(void (*)(void))cp_block_page_keys, METH_FASTCALL, block_page_keys_doc},
     {"output_keys", (PyCFunction)(void (*)(void))cp_output_keys, METH_FASTCALL, output_keys_doc},
+    {"output_seed", (PyCFunction)(void (*)(void))cp_output_seed, METH_FASTCALL, output_seed_doc},
     {NULL, NULL, 0, NULL},
 };
