@@ -1027,3 +1027,37 @@ def test_the_compiled_key_list_is_tolist(values, shape):
         got = side(arr)
         assert got == arr.tolist() and type(got) is list
         assert all(type(v) is int for v in (got if arr.ndim == 1 else [w for row in got for w in row]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_pool_and_page_map_are_equal_and_their_own(backend, how):
+    """copy.deepcopy / pickle keep what the C bases hold outside __dict__ (the free count, the
+    map's array) and remake the views over the copy's memory: the copy hands out the same slots
+    and answers the same, and changing it leaves the original alone. (Pickled: the process's own
+    PagePool, a class pickle can name.)"""
+    import copy
+    import pickle
+
+    from tierdiag.engine.pagemap import PageMap
+
+    clone = copy.deepcopy if how == "deepcopy" else (lambda o: pickle.loads(pickle.dumps(o)))
+    pool = _bookkeeping(backend, 16) if how == "deepcopy" else _pool("page_first", 16)
+    held = pool.alloc(5)
+    pool.free(held[:2])
+    m = PageMap()
+    m.set_many([1, 2, 9], 4)
+    m.set_many([1 << 40], 6)  # the dict part
+    p2, m2 = clone(pool), clone(m)
+    assert p2.free_pages == pool.free_pages == 13
+    got = pool.alloc(4)
+    assert p2.alloc(4) == got
+    pool.free(got)  # back as it was
+    p2.free(held[2:])
+    assert pool.free_pages == 13 and p2.free_pages == 12
+    p2.check(), pool.check()
+    p2.array[...] = 7  # the copy's bytes are its own
+    assert not pool.array.any() and (p2.rows.view(np.int64) == 7).all()
+    assert m2.get_many([1, 2, 9, 3]).tolist() == [4, 4, 4, -1] and m2.get(1 << 40) == 6
+    m2.set_many([3], 7)
+    assert m.get(3) is None and m2.get(3) == 7

@@ -48,6 +48,16 @@ class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
         self._np = np.frombuffer(self._dense, dtype=np.int32)  # the same memory, for big calls
         self._sparse: dict[int, int] = {}
 
+    def __getstate__(self) -> dict:
+        """copy / pickle: the attributes and the array (on the compiled data plane `_dense` is
+        the C base's, not in __dict__; `_np`, a view of it, is made again)."""
+        return {"_dense": self._dense, "_sparse": self._sparse}
+
+    def __setstate__(self, state: dict) -> None:
+        self._dense = state["_dense"]
+        self._np = np.frombuffer(self._dense, dtype=np.int32)
+        self._sparse = state["_sparse"]
+
     def __len__(self) -> int:
         dense, n = self._dense, len(self._dense)
         shadowed = sum(1 for k in self._sparse if k < n and dense[k] != MISSING)  # moved into the array

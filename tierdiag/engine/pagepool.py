@@ -92,6 +92,25 @@ class PagePool(_SlotCore or _PySlots):  # type: ignore[misc]
         self.num_layers, self.page_elems = plane.num_layers, plane.page_elems
         self.page_bytes = plane.num_layers * plane.page_elems * 8  # data plane (int64)
 
+    def __getstate__(self) -> dict:
+        """copy / pickle: the instance's attributes and the free count (on the compiled data
+        plane the count lives in the C base, not in __dict__)."""
+        return {**self.__dict__, "free_pages": self.free_pages}
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        free = state.pop("free_pages")
+        self.__dict__.update(state)
+        self.free_pages = free
+        # views are copied as arrays of their own: made again over the copy's memory
+        self._owned = np.frombuffer(self._owned_bytes, dtype=np.uint8)
+        if self._tensor is None and self.array is not None:
+            if self.page_major and not self.array.transpose(1, 0, 2).flags.c_contiguous:  # pickle made it C-order
+                self.array = np.ascontiguousarray(self.array.transpose(1, 0, 2)).transpose(1, 0, 2)
+            self.rows = _rows.array_rows(self.array, page_first=self.page_major)
+        if _SlotCore is not None:  # the copy's own stack and bytes, bound again
+            self._bind(self._stack, self._owned_bytes, self._ints)
+
     @property
     def buffer(self) -> Any:
         """The pool as a torch tensor [layers, pages, elems]; a CPU pool's is made on first use,
