@@ -7,6 +7,7 @@ for both pool layouts; and the compiled kernel is really there unless TIERDIAG_C
 from __future__ import annotations
 
 import json
+import operator
 import os
 import re
 import subprocess
@@ -75,6 +76,7 @@ def test_every_pair_takes_the_side_the_facade_chose():
         "content.write_content": content.write_content, "content.verify_content": content.verify_content,
         "pagemap.blame": pagemap.blame, "pagemap.PageMap.set_many": pagemap.PageMap.set_many,
         "pages.block_page_keys": pages.block_page_keys,
+        "pages.extend_output_keys": pages.extend_output_keys, "pages.keys_list": pages.keys_list,
         "storage.index": storage.new_index,
         "recorder.row_buffer": recorder.new_row_buffer,
         "recorder.tick": recorder.new_ticker,
@@ -864,3 +866,198 @@ def test_the_page_key_set_tells_every_hostile_int_from_its_neighbours(as_tuple):
         for w in probes:
             assert c.count([w], 0, 1) == py.count([w], 0, 1) == (w in plain), w
         assert c.count(probes, 0, len(probes)) == sum(w in plain for w in probes)
+
+
+# --- session 19 (issue 41): the pools' and the page map's C bases, the output keys, the key list --
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+def test_the_pool_and_the_page_map_are_their_compiled_bases_on_the_compiled_plane():
+    """On the compiled data plane PagePool's alloc / free and PageMap's set_many are the C bases'
+    methods (SlotCore, MapCore: one call into C, no interpreted frame between), and free_pages
+    is the base's count, kept by the C calls and by the numpy ones alike."""
+    from tierdiag.engine.pagemap import PageMap
+
+    assert PagePool.__mro__[1] is cplane.compiled("SlotCore") and PageMap.__mro__[1] is cplane.compiled("MapCore")
+    assert PagePool.alloc is cplane.compiled("SlotCore").__dict__["_alloc_c"]
+    assert PageMap.set_many is cplane.compiled("MapCore").__dict__["_set_many_c"]
+    pool = _pool("page_first", 10)
+    assert pool.alloc(4) == [0, 1, 2, 3] and pool.free_pages == 6
+    assert PagePool._alloc_numpy(pool, 2) == [4, 5] and pool.free_pages == 4  # the numpy side moves the same count
+    pool.free([5, 4])
+    assert pool.free_pages == 6 and pool.alloc(2) == [5, 4]  # back out as it was freed
+    PagePool._free_numpy(pool, [0, 1, 2, 3, 4, 5])
+    assert pool.free_pages == 10 and pool.used_pages == 0
+    pool.check()
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+@settings(max_examples=80, deadline=None)
+@given(value=st.one_of(st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.text(max_size=3), st.none(),
+                       st.booleans(), st.just(np.int64(3)), st.just(b"\x00")))
+def test_the_compiled_pool_takes_what_numpy_takes_and_refuses_the_rest_unchanged(value):
+    """Hostile values through SlotCore: an alloc of anything but an int in (0, free_pages] goes to
+    the numpy method (None, [], ValueError, TypeError as before), a free of anything but a list or
+    tuple of owned ints goes there too; free_pages takes an int (an index) only. Nothing changes
+    where either side refuses, and both sides answer alike."""
+    c, py = _bookkeeping(C, 8), _bookkeeping(NUMPY, 8)
+    c.alloc(3), py.alloc(3)
+    for op in ("alloc", "free"):
+        arg = [value] if op == "free" else value
+        answers = []
+        for pool in (c, py):
+            before = (pool.free_pages, pool._stack.tolist(), bytes(pool._owned_bytes))
+            try:
+                answers.append(("ok", getattr(pool, op)(arg)))
+            except (ValueError, TypeError, AssertionError, OverflowError, IndexError) as exc:
+                answers.append((type(exc).__name__, None))
+                assert (pool.free_pages, pool._stack.tolist(), bytes(pool._owned_bytes)) == before
+            pool.check()
+        assert answers[0] == answers[1], (op, value, answers)
+    spare = _bookkeeping(C, 8)
+    try:
+        index = operator.index(value)
+    except TypeError:
+        with pytest.raises(TypeError):
+            spare.free_pages = value
+    else:
+        if -(2**63) <= index < 2**63:
+            spare.free_pages = value
+            assert spare.free_pages == index and type(spare.free_pages) is int
+        else:
+            with pytest.raises(OverflowError):
+                spare.free_pages = value
+    with pytest.raises(AttributeError):
+        del c.free_pages
+    with pytest.raises(TypeError, match="_bind"):
+        c._bind(c._stack[:4], c._owned_bytes, c._ints)
+    with pytest.raises(TypeError, match="_bind"):
+        c._bind(c._stack, bytes(8), c._ints)
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+def test_the_compiled_set_many_hands_what_it_declines_to_python_with_the_same_arguments():
+    """MapCore._set_many_c: keywords and odd calls go to _set_many_py as called (its answer, its
+    TypeError); a key past the array grows it there."""
+    from tierdiag.engine.pagemap import PageMap
+
+    m = PageMap()
+    m.set_many([1, 2, -5], 7, outputs_last=True)
+    m.set_many(np.array([3, (1 << 12) + 5], dtype=np.int64), 9)  # past the first 4096: the Python path grows it
+    assert m.get_many([1, 2, 3, (1 << 12) + 5, -5]).tolist() == [7, 7, 9, 9, -1]
+    with pytest.raises(TypeError):
+        m.set_many([1])
+    with pytest.raises(TypeError):
+        m.set_many([1], 2, bogus=True)
+    with pytest.raises(OverflowError):
+        m.set_many([1], -1)
+    assert m.get_list([1]) == [7]
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), req_id=st.text(max_size=8), base=st.sampled_from([0, 2**40, 2**62]))
+def test_the_compiled_output_keys_are_the_numpy_ones(data, req_id, base):
+    """pages.extend_output_keys by the compiled output_keys and by numpy (output_page_keys,
+    np.concatenate): the same list and array after the same calls, again after a retraction
+    grew them once already (skip > 0), across the numpy switch of output_page_keys."""
+    n_in = data.draw(st.integers(0, 6))
+    keys = [base + k for k in range(n_in)]
+    a, b = list(keys), list(keys)
+    arr_a, arr_b = np.array(keys, dtype=np.int64), np.array(keys, dtype=np.int64)
+    for _ in range(data.draw(st.integers(1, 3))):
+        total = len(a) + data.draw(st.integers(0, 40))
+        arr_a = pages.extend_output_keys_c(req_id, a, arr_a, n_in, total)
+        arr_b = pages.extend_output_keys_numpy(req_id, b, arr_b, n_in, total)
+        assert a == b and arr_a.tolist() == arr_b.tolist() == a and arr_a.dtype == np.int64
+        assert all(k < 0 for k in a[n_in:])
+    assert a[n_in:] == pages.output_page_keys(req_id, keys[-1:], len(a) - n_in)
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+def test_the_compiled_output_keys_decline_what_is_not_theirs_and_change_nothing():
+    c = cplane.C
+    keys, arr = [1, 2], np.array([1, 2], dtype=np.int64)
+    for args in (((1, 2), arr, 5, 0, 3), (keys, arr[:1], 5, 0, 3), (keys, arr.astype(np.int32), 5, 0, 3),
+                 (keys, arr, -1, 0, 3), (keys, arr, 2**63, 0, 3), (keys, arr, 5, 2, 1), (keys, arr, 5, -1, 3),
+                 (keys, arr, "5", 0, 3), (keys, [1, 2], 5, 0, 3), (keys, arr[::-1][::2], 5, 0, 3)):
+        assert c.output_keys(*args) == -1
+        assert keys == [1, 2]
+    with pytest.raises(TypeError):
+        c.output_keys(keys, arr, 5, 0)
+    got = pages.extend_output_keys_c("r", [1, 2], np.array([1, 2], dtype=np.int32), 2, 4)  # numpy's path
+    assert got.tolist()[:2] == [1, 2] and len(got) == 4
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+@settings(max_examples=300, deadline=None)
+@given(req_id=st.one_of(st.text(max_size=300), st.text(alphabet="\x00\\\n'\"é漢😀", max_size=140)),
+       last=st.integers(-(2**63), 2**63 - 1))
+def test_the_compiled_output_seed_is_hashlibs_blake2b(req_id, last):
+    """page_keys.c's BLAKE2b (RFC 7693) against hashlib's on the seed's message: any request id
+    (unicode, escapes, NUL, one to three 128-byte blocks) and any int64 last key."""
+    assert cplane.C.output_seed(req_id, last) == pages._output_seed(req_id, last)
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+def test_the_compiled_output_seed_declines_what_python_answers_or_refuses():
+    c = cplane.C
+    for args in (("r", 2**63), ("r", -(2**63) - 1), ("r", 1.0), (b"r", 1), ("\ud800", 1), ("r", True)):
+        assert c.output_seed(*args) == -1
+    with pytest.raises(UnicodeEncodeError):  # what the C side declined, Python refuses
+        pages.extend_output_keys_c("\ud800", [1], np.array([1], dtype=np.int64), 1, 3)
+    with pytest.raises(TypeError):
+        c.output_seed("r")
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40),
+       shape=st.sampled_from(["flat", "strided", "int32", "2d", "empty"]))
+def test_the_compiled_key_list_is_tolist(values, shape):
+    """pages.keys_list (compiled: one C loop over the int64s; anything else through the array's
+    own tolist) gives what numpy's tolist gives: the same ints, exact ints, the same nesting."""
+    arr = np.array(values, dtype=np.int64)
+    if shape == "strided":
+        arr = arr[::2]
+    elif shape == "int32":
+        arr = (arr & 0xFFFF).astype(np.int32)
+    elif shape == "2d":
+        arr = np.resize(arr, (2, 2)) if arr.size else arr.reshape(0, 2)
+    elif shape == "empty":
+        arr = arr[:0]
+    for side in (pages.keys_list, pages.keys_list_numpy):
+        got = side(arr)
+        assert got == arr.tolist() and type(got) is list
+        assert all(type(v) is int for v in (got if arr.ndim == 1 else [w for row in got for w in row]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_pool_and_page_map_are_equal_and_their_own(backend, how):
+    """copy.deepcopy / pickle keep what the C bases hold outside __dict__ (the free count, the
+    map's array) and remake the views over the copy's memory: the copy hands out the same slots
+    and answers the same, and changing it leaves the original alone. (Pickled: the process's own
+    PagePool, a class pickle can name.)"""
+    import copy
+    import pickle
+
+    from tierdiag.engine.pagemap import PageMap
+
+    clone = copy.deepcopy if how == "deepcopy" else (lambda o: pickle.loads(pickle.dumps(o)))
+    pool = _bookkeeping(backend, 16) if how == "deepcopy" else _pool("page_first", 16)
+    held = pool.alloc(5)
+    pool.free(held[:2])
+    m = PageMap()
+    m.set_many([1, 2, 9], 4)
+    m.set_many([1 << 40], 6)  # the dict part
+    p2, m2 = clone(pool), clone(m)
+    assert p2.free_pages == pool.free_pages == 13
+    got = pool.alloc(4)
+    assert p2.alloc(4) == got
+    pool.free(got)  # back as it was
+    p2.free(held[2:])
+    assert pool.free_pages == 13 and p2.free_pages == 12
+    p2.check(), pool.check()
+    p2.array[...] = 7  # the copy's bytes are its own
+    assert not pool.array.any() and (p2.rows.view(np.int64) == 7).all()
+    assert m2.get_many([1, 2, 9, 3]).tolist() == [4, 4, 4, -1] and m2.get(1 << 40) == 6
+    m2.set_many([3], 7)
+    assert m.get(3) is None and m2.get(3) == 7

@@ -10,13 +10,12 @@ from bisect import bisect_right
 from heapq import heappop, heappush
 from typing import Callable
 
-import numpy as np
 from mypy_extensions import trait
 
 from tierdiag.engine.request import FIRST_PASS_FIELDS, Req
 from tierdiag.engine.schedule_common import (CLIP_MAX_NEW_TOKENS, INT64_MAX, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY,
                                              RETRACT_DECODE_STEPS, SchedulerState)
-from tierdiag.trace.pages import output_page_keys
+from tierdiag.trace.pages import extend_output_keys
 
 
 @trait
@@ -367,9 +366,7 @@ class DecodeSteps(SchedulerState):
         n_in = req.input_len // ps
         n_fill = req.fill_len // ps
         if n_fill > len(req.keys):
-            out = output_page_keys(req.req_id, req.keys[n_in - 1:n_in], n_fill - n_in)[len(req.keys) - n_in:]
-            req.keys.extend(out)
-            req.keys_np = np.concatenate((req.keys_np, np.array(out, dtype=np.int64)))
+            req.keys_np = extend_output_keys(req.req_id, req.keys, req.keys_np, n_in, n_fill)
         req.max_match_pages = min(len(req.keys), (req.fill_len - 1) // ps)
         req.inserted_pages = req.protected_pages = req.prefix_pages = req.device_prefix_pages = 0
         req.done_tokens = 0
@@ -405,9 +402,7 @@ class DecodeSteps(SchedulerState):
             # No content is written for output pages: their keys are this request's own, so no
             # request ever matches them and no load-back reads (or verifies) them back. Their
             # copies to host and storage still run, as the real ones would.
-            out_keys = output_page_keys(req.req_id, req.keys[n_in - 1:n_in], n_full - n_in)[have - n_in:]
-            req.keys.extend(out_keys)
-            req.keys_np = np.concatenate((req.keys_np, np.array(out_keys, dtype=np.int64)))
+            req.keys_np = extend_output_keys(req.req_id, req.keys, req.keys_np, n_in, n_full)
         self._insert(req, n_full, now, chunk=False)
         if self.rules.finish_reinserts_prompt and 0 < n_in < n_full:
             # checkpoint_into_tree's second insert: the prompt again at priority + 1, on device

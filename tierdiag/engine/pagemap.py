@@ -21,7 +21,16 @@ import numpy as np
 
 from tierdiag.native import cplane
 
-_c_map_set = cplane.compiled("map_set")
+# On the compiled data plane PageMap's base is _cplane.MapCore: `_dense` is its attribute, and
+# its `_set_many_c` is set_many's common case (every key inside the array) in one C call, what it
+# declines going with the same arguments to `_set_many_py` (the reference). The compiled engine
+# calls set_many ~7 times a request; an interpreted wrapper frame was most of its cost (issue 41,
+# session 19). On the numpy data plane the base is a plain class.
+_MapCore = cplane.compiled("MapCore")
+
+
+class _PyMap:
+    """PageMap's base on the numpy data plane: nothing."""
 
 MISSING = -1
 DENSE_LIMIT = 1 << 28  # keys below this may be array slots (at most 1 GiB of int32, grown on demand)
@@ -33,11 +42,21 @@ _MAX_VALUE = (1 << 31) - 1
 SMALL_CALL = 24
 
 
-class PageMap:
+class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
     def __init__(self) -> None:
         self._dense = array("i", [MISSING]) * (1 << 12)
         self._np = np.frombuffer(self._dense, dtype=np.int32)  # the same memory, for big calls
         self._sparse: dict[int, int] = {}
+
+    def __getstate__(self) -> dict:
+        """copy / pickle: the attributes and the array (on the compiled data plane `_dense` is
+        the C base's, not in __dict__; `_np`, a view of it, is made again)."""
+        return {"_dense": self._dense, "_sparse": self._sparse}
+
+    def __setstate__(self, state: dict) -> None:
+        self._dense = state["_dense"]
+        self._np = np.frombuffer(self._dense, dtype=np.int32)
+        self._sparse = state["_sparse"]
 
     def __len__(self) -> int:
         dense, n = self._dense, len(self._dense)
@@ -67,19 +86,11 @@ class PageMap:
         self._dense.extend(array("i", [MISSING]) * (size - len(self._dense)))
         self._np = np.frombuffer(self._dense, dtype=np.int32)
 
-    def _set_many_c(self, keys, value: int, *, outputs_last: bool = False) -> None:
-        """`_set_many_py` by the compiled data plane (_cplane.map_set) when every key is inside
-        the array (the common case: ~80k calls on the conversation trace, ~5 % of Engine.run's
-        instructions saved, benchmarks/README.md "Session 11"); what it declines (a key past the array's end, a value out of
-        range, odd types), having changed nothing, takes the Python path."""
-        if _c_map_set(self._dense, keys, value) != 0:
-            self._set_many_py(keys, value, outputs_last=outputs_last)
-
     def _set_many_py(self, keys, value: int, *, outputs_last: bool = False) -> None:
         """Map every key to `value` (0 <= value < 2**31). `outputs_last`: the caller vouches that
         negative keys, if any, come after every other (a tree node's keys: a request's input
         pages, then its output pages), so the last key alone says whether there are any. The
-        reference and the fallback of `_set_many_c` (tests/engine/test_cplane.py checks they
+        reference and the fallback of `_set_many_c` (MapCore's; tests/engine/test_cplane.py checks they
         agree)."""
         if not 0 <= value <= _MAX_VALUE:
             raise OverflowError(f"page map value {value} outside [0, 2**31)")
@@ -120,7 +131,9 @@ class PageMap:
         if part is not arr:
             self._sparse.update(dict.fromkeys(arr[~inside].tolist(), value))
 
-    # The backend native/cplane.py chose; both leave the same map.
+    # The compiled side (MapCore's; None on the numpy data plane) and the backend native/cplane.py
+    # chose; both leave the same map.
+    _set_many_c = None if _MapCore is None else _MapCore._set_many_c
     set_many = cplane.choose("pagemap.PageMap.set_many", _set_many_c, _set_many_py)
 
     def get_list(self, keys: list[int]) -> list[int]:

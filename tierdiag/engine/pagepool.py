@@ -21,10 +21,21 @@ from tierdiag.native import cplane
 
 # Frees of up to this many slots take the Python path (PagePool._free_small).
 _SMALL_FREE = 8
-_c_alloc, _c_free = cplane.compiled("alloc"), cplane.compiled("free")
+# On the compiled data plane PagePool's base is _cplane.SlotCore: it holds the stack, the owned
+# bytes and the lent ints (bound in __init__) and the free count (`free_pages`, a property of
+# the base), and its `_alloc_c` / `_free_c` are the pool's alloc and free in one C call each: the
+# compiled engine calls them ~16 times a request, and an interpreted wrapper frame plus two buffer
+# exports a call was most of their cost (issue 41, session 19). What they decline goes, with the
+# same argument, to `_alloc_numpy` / `_free_numpy` below (the reference). On the numpy data plane
+# the base is a plain class and `free_pages` an ordinary attribute.
+_SlotCore = cplane.compiled("SlotCore")
 
 
-class PagePool:
+class _PySlots:
+    """PagePool's base on the numpy data plane: nothing (free_pages is an instance attribute)."""
+
+
+class PagePool(_SlotCore or _PySlots):  # type: ignore[misc]
     """Slots of one tier. Exact accounting: free + used == capacity, no slot owned twice.
 
     The free slots are a stack (an int array, top at `free_pages`): `free` pushes a list reversed and
@@ -50,6 +61,8 @@ class PagePool:
         # every slot's number as an int, lent by the compiled alloc to the lists it hands out
         # (no new int object a page allocated, none to free when the list goes)
         self._ints = tuple(range(num_pages))
+        if _SlotCore is not None:
+            self._bind(self._stack, self._owned_bytes, self._ints)
         shape = (plane.num_layers, num_pages, plane.page_elems)
         self._tensor = None
         self.page_major = plane.layout == "page_first"  # rows are whole pages: [1, P] items
@@ -78,6 +91,25 @@ class PagePool:
         # Geometry kept as plain ints.
         self.num_layers, self.page_elems = plane.num_layers, plane.page_elems
         self.page_bytes = plane.num_layers * plane.page_elems * 8  # data plane (int64)
+
+    def __getstate__(self) -> dict:
+        """copy / pickle: the instance's attributes and the free count (on the compiled data
+        plane the count lives in the C base, not in __dict__)."""
+        return {**self.__dict__, "free_pages": self.free_pages}
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        free = state.pop("free_pages")
+        self.__dict__.update(state)
+        self.free_pages = free
+        # views are copied as arrays of their own: made again over the copy's memory
+        self._owned = np.frombuffer(self._owned_bytes, dtype=np.uint8)
+        if self._tensor is None and self.array is not None:
+            if self.page_major and not self.array.transpose(1, 0, 2).flags.c_contiguous:  # pickle made it C-order
+                self.array = np.ascontiguousarray(self.array.transpose(1, 0, 2)).transpose(1, 0, 2)
+            self.rows = _rows.array_rows(self.array, page_first=self.page_major)
+        if _SlotCore is not None:  # the copy's own stack and bytes, bound again
+            self._bind(self._stack, self._owned_bytes, self._ints)
 
     @property
     def buffer(self) -> Any:
@@ -110,25 +142,6 @@ class PagePool:
         self._owned[slots] = 1
         self.free_pages = top - n
         return slots.tolist()
-
-    def _alloc_c(self, n: int) -> list[int] | None:
-        """`_alloc_numpy` by the compiled kernel: the same slots, in one C loop."""
-        top = self.free_pages
-        if not 0 < n <= top:  # nothing to hand out, or too much: numpy's answer (None, [], an error)
-            return self._alloc_numpy(n)
-        slots = _c_alloc(self._stack, self._owned_bytes, top, n, self._ints)
-        self.free_pages = top - n
-        return slots
-
-    def _free_c(self, slots: list[int]) -> None:
-        """`_free_numpy` by the compiled kernel: every slot proved owned and named once (marked
-        as it is seen, no set), then cleared and pushed. A free it refuses, having changed
-        nothing, goes to the numpy path, which names the slot and raises."""
-        top = _c_free(self._stack, self._owned_bytes, self.free_pages, slots)
-        if top < 0:
-            self._free_numpy(slots)
-            return
-        self.free_pages = top
 
     def _free_numpy(self, slots: list[int]) -> None:
         n = len(slots)
@@ -189,7 +202,10 @@ class PagePool:
             seen.add(s)
         raise AssertionError(f"{self.name}: a free of {len(slots)} slots refused for no slot (a pool bug)")
 
-    # The backend native/cplane.py chose; both hand out the same slots in the same order.
+    # The compiled side (SlotCore's methods; None on the numpy data plane) and the backend
+    # native/cplane.py chose; both hand out the same slots in the same order.
+    _alloc_c = None if _SlotCore is None else _SlotCore._alloc_c
+    _free_c = None if _SlotCore is None else _SlotCore._free_c
     alloc = cplane.choose("pagepool.PagePool.alloc", _alloc_c, _alloc_numpy)
     free = cplane.choose("pagepool.PagePool.free", _free_c, _free_numpy)
 

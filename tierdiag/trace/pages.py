@@ -82,14 +82,48 @@ def output_page_keys(req_id: str, input_keys: list[int], num_pages: int) -> list
     tail page and the output tokens): a blake2b-64 seed from the last input key and the request
     id, stepped by an odd constant modulo 2**63, so two requests never share them; negative
     (input keys never are). One digest a request, not one a page (~60k of them a trace)."""
-    last = input_keys[-1] if len(input_keys) else 0
-    digest = hashlib.blake2b(b"out" + int(last).to_bytes(8, "little", signed=True) + req_id.encode("utf-8"),
-                             digest_size=8).digest()
-    seed = int.from_bytes(digest, "little") >> 1
+    seed = _output_seed(req_id, input_keys[-1] if len(input_keys) else 0)
     if num_pages >= _NUMPY_OUTPUT_PAGES:
         return _output_keys_numpy(seed, num_pages)
     step = _OUTPUT_STEP
     return [-((seed + j * step) & _MASK63) - 1 for j in range(num_pages)]
+
+
+def _output_seed(req_id: str, last: int) -> int:
+    """output_page_keys' seed: a blake2b-64 of the last input key and the request id, 63 bits."""
+    digest = hashlib.blake2b(b"out" + int(last).to_bytes(8, "little", signed=True) + req_id.encode("utf-8"),
+                             digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def extend_output_keys_numpy(req_id: str, keys: list[int], keys_np: np.ndarray, n_in: int,
+                             n_total: int) -> np.ndarray:
+    """A request's keys grown to `n_total` pages with its output pages' keys (`output_page_keys`
+    of its id and last input key, keys[n_in - 1], past the `len(keys) - n_in` it has already):
+    they are appended to the list `keys`, and `keys_np` with them appended is returned (a new
+    array). The reference of `extend_output_keys_c` (tests/trace/test_trace_pages.py checks
+    they agree)."""
+    out = output_page_keys(req_id, keys[n_in - 1:n_in], n_total - n_in)[len(keys) - n_in:]
+    keys.extend(out)
+    return np.concatenate((keys_np, np.array(out, dtype=np.int64)))
+
+
+def extend_output_keys_c(req_id: str, keys: list[int], keys_np: np.ndarray, n_in: int,
+                         n_total: int) -> np.ndarray:
+    """`extend_output_keys_numpy` with the keys made, appended and laid after `keys_np` in one C
+    call (_cplane.output_keys), the seed's blake2b too (_cplane.output_seed, RFC 7693): a finish
+    with output pages made three generic calls (output_page_keys with hashlib's blake2b,
+    np.array, np.concatenate), ~35k instructions a finish (callgrind, issue 41 session 19). What
+    they decline, having changed nothing, takes the Python and numpy paths."""
+    if 0 <= n_in <= len(keys):
+        last = keys[n_in - 1] if n_in else 0
+        seed = _c_output_seed(req_id, last)  # the blake2b in C too (hashlib's object was most of the rest)
+        if seed == -1:
+            seed = _output_seed(req_id, last)
+        got = _c_output_keys(keys, keys_np, seed, len(keys) - n_in, n_total - n_in)
+        if got != -1:
+            return np.frombuffer(got, _INT64)
+    return extend_output_keys_numpy(req_id, keys, keys_np, n_in, n_total)
 
 
 # From this many output pages numpy's fixed ~4 us beats ~0.13 us a page in Python (a trace's
@@ -144,6 +178,18 @@ _c_block_page_keys = cplane.compiled("block_page_keys")
 _INT64 = np.dtype(np.int64)
 # The backend native/cplane.py chose.
 block_page_keys = cplane.choose("pages.block_page_keys", _block_page_keys_c, _block_page_keys_numpy)
+_c_output_keys, _c_output_seed = cplane.compiled("output_keys"), cplane.compiled("output_seed")
+
+
+def keys_list_numpy(keys_np: np.ndarray) -> list[int]:
+    """A request's page keys as the list the tree keeps (`req.keys`): numpy's tolist. The
+    compiled side (_cplane.keys_list, called by the engine with no Python frame between) makes
+    the same ints in one C loop and hands anything but a 1-D int64 array to this same tolist."""
+    return keys_np.tolist()
+
+
+keys_list = cplane.choose("pages.keys_list", cplane.compiled("keys_list"), keys_list_numpy)
+extend_output_keys = cplane.choose("pages.extend_output_keys", extend_output_keys_c, extend_output_keys_numpy)
 
 _PAGE_OFFSETS: dict[int, np.ndarray] = {}
 

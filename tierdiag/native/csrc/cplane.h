@@ -3,8 +3,8 @@
  * One extension, a source file an owner (setup.py lists them):
  *   module.c         the module, and the page-list and row-view helpers every part uses
  *   pages.c          page moves (engine/rows.py), page content and its verification
- *                    (engine/content.py), a pool's slot stack (engine/pagepool.py)
- *   pagemap.c        a PageMap's common store, and which evictions took a request's
+ *                    (engine/content.py), a pool's slot stack (engine/pagepool.py: SlotCore)
+ *   pagemap.c        a PageMap's common store (MapCore), and which evictions took a request's
  *                    once-cached pages (engine/pagemap.py)
  *   page_keys.c      a hash_ids request's page keys (trace/pages.py)
  *   storage_index.c  the storage tier's index (engine/storage.py)
@@ -44,8 +44,9 @@
  * 7: block_page_keys and map_set back (measured: benchmarks/README.md, session 11).
  * 8: FlushTicker (the recorder's tick; benchmarks/README.md, issue 41).
  * 9: pwrite_rows, pread_rows (the storage tier's page writes and reads; benchmarks/README.md, issue 41 session 17).
- * 10: PageKeySet (the miss reasons' in-batch page keys; benchmarks/README.md, issue 41 session 18). */
-#define CPLANE_API 10
+ * 10: PageKeySet (the miss reasons' in-batch page keys; benchmarks/README.md, issue 41 session 18).
+ * 11: SlotCore and MapCore (PagePool's and PageMap's bases: alloc, free, set_many one C call; session 19). */
+#define CPLANE_API 11
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256
@@ -127,5 +128,7 @@ CP_HIDDEN extern PyTypeObject cp_StorageIndexType; /* storage_index.c */
 CP_HIDDEN extern PyTypeObject cp_RowBufferType;    /* rows.c */
 CP_HIDDEN extern PyTypeObject cp_FlushTickerType;  /* ticker.c */
 CP_HIDDEN extern PyTypeObject cp_PageKeySetType;   /* keyset.c */
+CP_HIDDEN extern PyTypeObject cp_SlotCoreType;     /* pages.c */
+CP_HIDDEN extern PyTypeObject cp_MapCoreType;      /* pagemap.c */
 
 #endif

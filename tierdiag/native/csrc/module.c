@@ -233,7 +233,11 @@ PyInit__cplane(void)
         PyType_Ready(&cp_FlushTickerType) < 0 ||
         PyModule_AddObjectRef(m, "FlushTicker", (PyObject *)&cp_FlushTickerType) < 0 ||
         PyType_Ready(&cp_PageKeySetType) < 0 ||
-        PyModule_AddObjectRef(m, "PageKeySet", (PyObject *)&cp_PageKeySetType) < 0) {
+        PyModule_AddObjectRef(m, "PageKeySet", (PyObject *)&cp_PageKeySetType) < 0 ||
+        PyType_Ready(&cp_SlotCoreType) < 0 ||
+        PyModule_AddObjectRef(m, "SlotCore", (PyObject *)&cp_SlotCoreType) < 0 ||
+        PyType_Ready(&cp_MapCoreType) < 0 ||
+        PyModule_AddObjectRef(m, "MapCore", (PyObject *)&cp_MapCoreType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,5 +1,7 @@
 /* block_page_keys: trace/pages.py's page keys of a hash_ids request (Mooncake, `tierdiag
- * synth`) in one C loop (pages._block_page_keys_numpy is the reference). */
+ * synth`) in one C loop (pages._block_page_keys_numpy is the reference); output_keys: a
+ * finishing request's output page keys appended to its list and array in one call
+ * (pages.extend_output_keys_numpy is the reference). */
 #include "cplane.h"
 
 /* ------------------------------------------------------------------------------------------ */
@@ -60,7 +62,275 @@ cp_block_page_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_
     return result;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* BLAKE2b (RFC 7693), unkeyed, for output_seed: hashlib.blake2b(data, digest_size=8)           */
+
+static const uint64_t B2B_IV[8] = {
+    UINT64_C(0x6A09E667F3BCC908), UINT64_C(0xBB67AE8584CAA73B), UINT64_C(0x3C6EF372FE94F82B),
+    UINT64_C(0xA54FF53A5F1D36F1), UINT64_C(0x510E527FADE682D1), UINT64_C(0x9B05688C2B3E6C1F),
+    UINT64_C(0x1F83D9ABFB41BD6B), UINT64_C(0x5BE0CD19137E2179)};
+
+static const uint8_t B2B_SIGMA[12][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
+    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4}, {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
+    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13}, {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
+    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11}, {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
+    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5}, {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3}};
+
+#define ROTR64(x, n) (((x) >> (n)) | ((x) << (64 - (n))))
+#define B2B_G(a, b, c, d, x, y)                                                                \
+    do {                                                                                       \
+        v[a] = v[a] + v[b] + (x);                                                              \
+        v[d] = ROTR64(v[d] ^ v[a], 32);                                                        \
+        v[c] = v[c] + v[d];                                                                    \
+        v[b] = ROTR64(v[b] ^ v[c], 24);                                                        \
+        v[a] = v[a] + v[b] + (y);                                                              \
+        v[d] = ROTR64(v[d] ^ v[a], 16);                                                        \
+        v[c] = v[c] + v[d];                                                                    \
+        v[b] = ROTR64(v[b] ^ v[c], 63);                                                        \
+    } while (0)
+
+static void
+b2b_compress(uint64_t h[8], const uint8_t block[128], uint64_t t, int last)
+{
+    uint64_t v[16], m[16];
+    for (int i = 0; i < 8; i++) {
+        v[i] = h[i];
+        v[i + 8] = B2B_IV[i];
+    }
+    v[12] ^= t;  /* the byte count's high word (v[13]) stays 0: messages are short */
+    if (last) {
+        v[14] = ~v[14];
+    }
+    for (int i = 0; i < 16; i++) {
+        uint64_t w = 0;
+        for (int j = 7; j >= 0; j--) {
+            w = (w << 8) | block[8 * i + j];  /* little-endian */
+        }
+        m[i] = w;
+    }
+    for (int r = 0; r < 12; r++) {
+        const uint8_t *s = B2B_SIGMA[r];
+        B2B_G(0, 4, 8, 12, m[s[0]], m[s[1]]);
+        B2B_G(1, 5, 9, 13, m[s[2]], m[s[3]]);
+        B2B_G(2, 6, 10, 14, m[s[4]], m[s[5]]);
+        B2B_G(3, 7, 11, 15, m[s[6]], m[s[7]]);
+        B2B_G(0, 5, 10, 15, m[s[8]], m[s[9]]);
+        B2B_G(1, 6, 11, 12, m[s[10]], m[s[11]]);
+        B2B_G(2, 7, 8, 13, m[s[12]], m[s[13]]);
+        B2B_G(3, 4, 9, 14, m[s[14]], m[s[15]]);
+    }
+    for (int i = 0; i < 8; i++) {
+        h[i] ^= v[i] ^ v[i + 8];
+    }
+}
+
+/* The first 8 bytes of BLAKE2b-64 (digest_size 8, no key) of `data`, as a little-endian uint64:
+ * int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little"). */
+static uint64_t
+blake2b_64(const uint8_t *data, size_t len)
+{
+    uint64_t h[8];
+    uint8_t block[128];
+    size_t done = 0;
+    memcpy(h, B2B_IV, sizeof(h));
+    h[0] ^= UINT64_C(0x01010000) ^ 8;  /* depth 1, fanout 1, no key, digest length 8 */
+    while (len - done > 128) {
+        memcpy(block, data + done, 128);
+        done += 128;
+        b2b_compress(h, block, (uint64_t)done, 0);
+    }
+    memset(block, 0, sizeof(block));
+    memcpy(block, data + done, len - done);
+    b2b_compress(h, block, (uint64_t)len, 1);
+    return h[0];
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* output_seed(req_id, last) -> int, or -1                                                     */
+
+PyDoc_STRVAR(output_seed_doc,
+"output_seed(req_id, last) -> int, or -1\n\n"
+"trace.pages._output_seed in C: blake2b-64 of b'out' + last as 8 little-endian signed bytes +\n"
+"req_id in UTF-8, as an int, shifted right by one. -1 when the case is Python's (req_id not an\n"
+"exact str or not encodable, last not an int64).");
+
+static PyObject *
+cp_output_seed(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *rid;
+    Py_ssize_t rlen;
+    long long last;
+    int overflow = 0;
+    uint8_t small[256], *buf = small;
+    uint64_t digest;
+    if (wrong_nargs(nargs, 2, "output_seed() takes 2 arguments: req_id, last")) {
+        return NULL;
+    }
+    if (!PyUnicode_CheckExact(args[0]) || !PyLong_CheckExact(args[1])) {
+        return not_mine();
+    }
+    last = PyLong_AsLongLongAndOverflow(args[1], &overflow);
+    if (overflow || (last == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return not_mine();
+    }
+    rid = PyUnicode_AsUTF8AndSize(args[0], &rlen);
+    if (rid == NULL) {  /* a lone surrogate: Python's encode raises its own error */
+        PyErr_Clear();
+        return not_mine();
+    }
+    if ((size_t)rlen + 11 > sizeof(small)) {
+        buf = PyMem_Malloc((size_t)rlen + 11);
+        if (buf == NULL) {
+            return PyErr_NoMemory();
+        }
+    }
+    memcpy(buf, "out", 3);
+    for (int i = 0; i < 8; i++) {
+        buf[3 + i] = (uint8_t)((uint64_t)last >> (8 * i));
+    }
+    memcpy(buf + 11, rid, (size_t)rlen);
+    digest = blake2b_64(buf, (size_t)rlen + 11);
+    if (buf != small) {
+        PyMem_Free(buf);
+    }
+    return PyLong_FromUnsignedLongLong(digest >> 1);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* output_keys(keys, keys_np, seed, skip, count) -> bytearray, or -1                           */
+
+PyDoc_STRVAR(output_keys_doc,
+"output_keys(keys, keys_np, seed, skip, count) -> bytearray, or -1\n\n"
+"trace.pages.extend_output_keys_numpy's work after the seed: output page j (skip <= j < count)\n"
+"is ~((seed + j * step) mod 2**63) as an int64 (pages._OUTPUT_STEP); they are appended to the\n"
+"list `keys`, and the bytearray returned holds keys_np's int64s then the same keys (what\n"
+"np.concatenate made). -1, having changed nothing, when the case is numpy's: keys not a list,\n"
+"keys_np not a 1-D native int64 buffer as long as it, a seed outside [0, 2**63), counts out\n"
+"of range.");
+
+#define OUTPUT_STEP ((UINT64_C(0x9E3779B97F4A7C15) >> 1) | 1)
+#define MASK63 ((UINT64_C(1) << 63) - 1)
+
+static PyObject *
+cp_output_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer b;
+    PyObject *keys, *result, *tail;
+    long long seed;
+    Py_ssize_t skip, count, have, add;
+    int64_t *out;
+
+    if (wrong_nargs(nargs, 5, "output_keys() takes 5 arguments: keys, keys_np, seed, skip, count")) {
+        return NULL;
+    }
+    keys = args[0];
+    if (!PyList_CheckExact(keys) || !PyLong_CheckExact(args[2])) {
+        return not_mine();
+    }
+    seed = PyLong_AsLongLong(args[2]);
+    skip = PyLong_AsSsize_t(args[3]);
+    count = PyLong_AsSsize_t(args[4]);
+    if ((seed == -1 || skip == -1 || count == -1) && PyErr_Occurred()) {
+        PyErr_Clear();
+        return not_mine();
+    }
+    if (seed < 0 || skip < 0 || count < skip) {
+        return not_mine();
+    }
+    if (PyObject_GetBuffer(args[1], &b, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        return not_mine();
+    }
+    have = PyList_GET_SIZE(keys);
+    if (b.ndim != 1 || b.itemsize != 8 || b.format == NULL
+        || !((b.format[0] == 'l' || b.format[0] == 'q') && b.format[1] == '\0') || b.shape[0] != have) {
+        PyBuffer_Release(&b);
+        return not_mine();
+    }
+    add = count - skip;
+    result = PyByteArray_FromStringAndSize(NULL, (have + add) * (Py_ssize_t)sizeof(int64_t));
+    tail = PyList_New(add);
+    if (result == NULL || tail == NULL) {
+        Py_XDECREF(result);
+        Py_XDECREF(tail);
+        PyBuffer_Release(&b);
+        return NULL;
+    }
+    out = (int64_t *)PyByteArray_AS_STRING(result);
+    if (have) {
+        memcpy(out, b.buf, (size_t)have * sizeof(int64_t));
+    }
+    PyBuffer_Release(&b);
+    for (Py_ssize_t i = 0; i < add; i++) {
+        uint64_t v = ((uint64_t)seed + (uint64_t)(skip + i) * OUTPUT_STEP) & MASK63;
+        int64_t key = -(int64_t)v - 1;
+        PyObject *o = PyLong_FromLongLong(key);
+        if (o == NULL) {
+            Py_DECREF(result);
+            Py_DECREF(tail);
+            return NULL;
+        }
+        out[have + i] = key;
+        PyList_SET_ITEM(tail, i, o);
+    }
+    if (PyList_SetSlice(keys, have, have, tail) < 0) {
+        Py_DECREF(result);
+        Py_DECREF(tail);
+        return NULL;
+    }
+    Py_DECREF(tail);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* keys_list(keys_np) -> list[int]                                                             */
+
+PyDoc_STRVAR(keys_list_doc,
+"keys_list(keys_np) -> list[int]\n\n"
+"keys_np.tolist() for a request's page keys: a 1-D C-contiguous native int64 buffer made a\n"
+"list of ints in one loop (numpy's tolist reads each item through the dtype's getitem, ~2x\n"
+"the instructions); anything else is handed to its own tolist(), as pages.keys_list_numpy does.");
+
+static PyObject *
+cp_keys_list(PyObject *Py_UNUSED(module), PyObject *obj)
+{
+    Py_buffer b;
+    PyObject *out;
+    const int64_t *v;
+    Py_ssize_t n;
+    if (!PyObject_CheckBuffer(obj) || PyObject_GetBuffer(obj, &b, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        return PyObject_CallMethod(obj, "tolist", NULL);
+    }
+    if (b.ndim != 1 || b.itemsize != 8 || b.format == NULL
+        || !((b.format[0] == 'l' || b.format[0] == 'q') && b.format[1] == '\0')) {
+        PyBuffer_Release(&b);
+        return PyObject_CallMethod(obj, "tolist", NULL);
+    }
+    n = b.shape[0];
+    v = b.buf;
+    out = PyList_New(n);
+    if (out != NULL) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *o = PyLong_FromLongLong(v[i]);
+            if (o == NULL) {
+                Py_CLEAR(out);
+                break;
+            }
+            PyList_SET_ITEM(out, i, o);
+        }
+    }
+    PyBuffer_Release(&b);
+    return out;
+}
+
 PyMethodDef cp_page_keys_methods[] = {
+    {"keys_list", (PyCFunction)cp_keys_list, METH_O, keys_list_doc},
     {"block_page_keys", (PyCFunction)(void (*)(void))cp_block_page_keys, METH_FASTCALL, block_page_keys_doc},
+    {"output_keys", (PyCFunction)(void (*)(void))cp_output_keys, METH_FASTCALL, output_keys_doc},
+    {"output_seed", (PyCFunction)(void (*)(void))cp_output_seed, METH_FASTCALL, output_seed_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -4,6 +4,8 @@
  * reference). */
 #include "cplane.h"
 
+#include <structmember.h>
+
 /* A 1-D C-contiguous buffer of native 4-byte ints (array('i'), numpy int32), with `flags`
  * (PyBUF_WRITABLE) too: 1, or 0 (not mine, nothing held). */
 static int
@@ -35,35 +37,34 @@ PyDoc_STRVAR(map_set_doc,
 "a key is past the array's end, the value outside [0, 2**31) or an argument of another type:\n"
 "PageMap's Python path then (it grows the array, or keeps the key in its dict).");
 
-static PyObject *
-cp_map_set(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+/* dense[k] = value for every key (negative keys skipped): 1 done, 0 declined having changed
+ * nothing (a key past the end, a value outside [0, 2**31), another type), -1 MemoryError. */
+static int
+map_set_impl(PyObject *dense_o, PyObject *keys_o, PyObject *value_o)
 {
     Py_buffer b;
     Ints keys;
     long long value;
     int loaded;
     Py_ssize_t i, n;
-    if (wrong_nargs(nargs, 3, "map_set() takes 3 arguments: dense, keys, value")) {
-        return NULL;
+    if (!PyLong_CheckExact(value_o)) {
+        return 0;
     }
-    if (!PyLong_CheckExact(args[2])) {
-        return not_mine();
-    }
-    value = PyLong_AsLongLong(args[2]);
+    value = PyLong_AsLongLong(value_o);
     if (value == -1 && PyErr_Occurred()) {
         PyErr_Clear();
-        return not_mine();
+        return 0;
     }
     if (value < 0 || value > INT32_MAX) {
-        return not_mine();
+        return 0;
     }
-    if (!int32_view(args[0], &b, PyBUF_WRITABLE)) {
-        return not_mine();
+    if (!int32_view(dense_o, &b, PyBUF_WRITABLE)) {
+        return 0;
     }
-    loaded = ints_load(args[1], &keys);
+    loaded = ints_load(keys_o, &keys);
     if (loaded <= 0) {
         PyBuffer_Release(&b);
-        return loaded < 0 ? NULL : not_mine();
+        return loaded;
     }
     int32_t *dense = (int32_t *)b.buf;
     const Py_ssize_t len = b.len / 4;
@@ -72,7 +73,7 @@ cp_map_set(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         if (keys.v[i] >= len) {
             ints_free(&keys);
             PyBuffer_Release(&b);
-            return not_mine();
+            return 0;
         }
     }
     for (i = 0; i < n; i++) {
@@ -82,8 +83,99 @@ cp_map_set(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     }
     ints_free(&keys);
     PyBuffer_Release(&b);
-    return PyLong_FromLong(0);
+    return 1;
 }
+
+static PyObject *
+cp_map_set(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    int done;
+    if (wrong_nargs(nargs, 3, "map_set() takes 3 arguments: dense, keys, value")) {
+        return NULL;
+    }
+    done = map_set_impl(args[0], args[1], args[2]);
+    if (done < 0) {
+        return NULL;
+    }
+    return done ? PyLong_FromLong(0) : not_mine();
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* MapCore: PageMap's base on the compiled data plane. It holds the map's array (`_dense`, an
+ * attribute PageMap sets and grows) so the engine's set_many is one call into C with no
+ * interpreted wrapper frame (issue 41, session 19); what map_set declines goes, with the same
+ * arguments, to PageMap._set_many_py. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *dense;
+} MapCore;
+
+static void
+mapcore_dealloc(MapCore *self)
+{
+    Py_CLEAR(self->dense);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+PyDoc_STRVAR(mapcore_set_many_doc,
+"_set_many_c(keys, value, *, outputs_last=False)\n\n"
+"PageMap._set_many_py by map_set on the map's array when every key is inside it (the common\n"
+"case); anything else, having changed nothing, goes to _set_many_py with the same arguments.");
+
+static PyObject *
+mapcore_set_many(MapCore *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static PyObject *name = NULL;
+    PyObject *stack[8];
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    /* keys, value and at most outputs_last (a hint the C store does not need) */
+    int plain = nkw == 0 || (nkw == 1 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "outputs_last") == 0);
+    if (nargs == 2 && plain && self->dense != NULL) {
+        int done = map_set_impl(self->dense, args[0], args[1]);
+        if (done < 0) {
+            return NULL;
+        }
+        if (done) {
+            Py_RETURN_NONE;
+        }
+    }
+    /* _set_many_py(keys, value, ...) as called: it answers, or raises Python's error */
+    if (1 + nargs + nkw > 8) {
+        PyErr_SetString(PyExc_TypeError, "set_many() takes keys, value and outputs_last");
+        return NULL;
+    }
+    if (name == NULL && (name = PyUnicode_InternFromString("_set_many_py")) == NULL) {
+        return NULL;
+    }
+    stack[0] = (PyObject *)self;
+    for (Py_ssize_t i = 0; i < nargs + nkw; i++) {
+        stack[1 + i] = args[i];
+    }
+    return PyObject_VectorcallMethod(name, stack, (size_t)(1 + nargs), kwnames);
+}
+
+static PyMemberDef mapcore_members[] = {
+    {"_dense", T_OBJECT, offsetof(MapCore, dense), 0, "the map's array (array('i')), set by PageMap"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyMethodDef mapcore_methods[] = {
+    {"_set_many_c", (PyCFunction)(void (*)(void))mapcore_set_many, METH_FASTCALL | METH_KEYWORDS, mapcore_set_many_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject cp_MapCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tierdiag.native._cplane.MapCore",
+    .tp_basicsize = sizeof(MapCore),
+    .tp_dealloc = (destructor)mapcore_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "PageMap's base on the compiled data plane: set_many's common case in C.",
+    .tp_members = mapcore_members,
+    .tp_methods = mapcore_methods,
+    .tp_new = PyType_GenericNew,
+};
 
 /* ------------------------------------------------------------------------------------------ */
 /* blame(cached, demoted, keys, lost, ps) -> pages once cached, or -1                           */

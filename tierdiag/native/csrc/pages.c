@@ -315,8 +315,25 @@ cp_write_content(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
             uint64_t mixed = (uint64_t)keys.v[i] * MIX;
             int64_t *page = c.base + (Py_ssize_t)slots.v[i] * c.page_stride;
             if (c.layer_stride == row_elems) { /* page-first: the page's layers are one block */
-                Py_ssize_t m = c.layers * row_elems;
-                for (Py_ssize_t k = 0; k < m; k++) {
+                Py_ssize_t m = c.layers * row_elems, k = 0;
+#if defined(__SSE2__)
+                /* eight values an iteration, two an XOR: the loop's own bookkeeping was most
+                 * of a page's ~125 instructions (32 values, the engine's 4 x 8 geometry) */
+                const __m128i mk = _mm_set1_epi64x((long long)mixed);
+                for (; k + 8 <= m; k += 8) {
+                    const __m128i *p = (const __m128i *)(pattern + k);
+                    __m128i *d = (__m128i *)(page + k);
+                    _mm_storeu_si128(d, _mm_xor_si128(mk, _mm_loadu_si128(p)));
+                    _mm_storeu_si128(d + 1, _mm_xor_si128(mk, _mm_loadu_si128(p + 1)));
+                    _mm_storeu_si128(d + 2, _mm_xor_si128(mk, _mm_loadu_si128(p + 2)));
+                    _mm_storeu_si128(d + 3, _mm_xor_si128(mk, _mm_loadu_si128(p + 3)));
+                }
+                for (; k + 2 <= m; k += 2) {
+                    _mm_storeu_si128((__m128i *)(page + k),
+                                     _mm_xor_si128(mk, _mm_loadu_si128((const __m128i *)(pattern + k))));
+                }
+#endif
+                for (; k < m; k++) {
                     page[k] = (int64_t)(mixed ^ pattern[k]);
                 }
                 continue;
@@ -417,13 +434,82 @@ PyDoc_STRVAR(alloc_doc,
 "the pool's slot numbers as ints (ints[s] == s, as long as the pool), lends its objects to\n"
 "the list instead of a new int a slot (TypeError for anything else).");
 
+/* Pop n slots (0 < n <= top <= depth: the caller's to ensure) off the stack, the top first, as a
+ * list (each slot's int lent from `ints` when not NULL, else made), and mark them owned. A
+ * stacked slot outside the pool is a pool bug: AssertionError, found before anything is marked.
+ * NULL with an exception set. */
+static PyObject *
+slots_pop(const Py_ssize_t *st, unsigned char *own, Py_ssize_t cap, Py_ssize_t top, Py_ssize_t n, PyObject *ints)
+{
+    PyObject *out;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        Py_ssize_t slot = st[top - 1 - j];
+        if (slot < 0 || slot >= cap) {
+            PyErr_Format(PyExc_AssertionError, "free stack holds slot %zd of a pool of %zd (a pool bug)", slot, cap);
+            return NULL;
+        }
+    }
+    out = PyList_New(n);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *v;
+        if (ints != NULL) {  /* the pool's own int for this slot: no allocation, no later free */
+            v = PyTuple_GET_ITEM(ints, st[top - 1 - j]);
+            Py_INCREF(v);
+        } else {
+            v = PyLong_FromSsize_t(st[top - 1 - j]);
+        }
+        if (v == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, j, v);
+    }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        own[st[top - 1 - j]] = 1;
+    }
+    return out;
+}
+
+/* Prove every slot of `ix` owned and named once, then clear their owned bytes and push them
+ * reversed onto the stack (stack[:top] free, `depth` deep). 1 done, 0 refused having changed
+ * nothing (a slot not owned, outside the pool, twice in the list; no room). */
+static int
+slots_push(Py_ssize_t *st, unsigned char *own, Py_ssize_t cap, Py_ssize_t depth, Py_ssize_t top, const Ints *ix)
+{
+    Py_ssize_t n = ix->n, i;
+    if (top < 0 || top > depth || n > depth - top) {
+        return 0;
+    }
+    /* Owned and named once: mark each slot 2 as it is seen; a slot seen twice, or not 1, stops
+     * the free and the marks made so far go back to 1 (they were 1: each was checked). */
+    for (i = 0; i < n; i++) {
+        int64_t slot = ix->v[i];
+        if (slot < 0 || slot >= (int64_t)cap || own[slot] != 1) {
+            break;
+        }
+        own[slot] = 2;
+    }
+    if (i < n) {
+        for (Py_ssize_t j = 0; j < i; j++) {
+            own[ix->v[j]] = 1;
+        }
+        return 0;
+    }
+    for (i = 0; i < n; i++) {
+        own[ix->v[i]] = 0;
+        st[top + i] = (Py_ssize_t)ix->v[n - 1 - i];
+    }
+    return 1;
+}
+
 static PyObject *
 cp_alloc(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     Py_buffer stack, owned;
     Py_ssize_t top, n, cap, depth;
-    const Py_ssize_t *st;
-    unsigned char *own;
     PyObject *out = NULL;
     PyObject *ints = NULL;
 
@@ -446,8 +532,6 @@ cp_alloc(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "alloc(): stack must be a writable intp buffer, owned a writable byte buffer");
         return NULL;
     }
-    st = stack.buf;
-    own = owned.buf;
     cap = owned.len;
     depth = stack.len / stack.itemsize;
     if (ints != NULL && (!PyTuple_CheckExact(ints) || PyTuple_GET_SIZE(ints) != cap)) {
@@ -458,34 +542,7 @@ cp_alloc(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         PyErr_Format(PyExc_ValueError, "alloc(): %zd slots off a stack of %zd (%zd deep)", n, top, depth);
         goto done;
     }
-    for (Py_ssize_t j = 0; j < n; j++) {
-        Py_ssize_t slot = st[top - 1 - j];
-        if (slot < 0 || slot >= cap) {
-            PyErr_Format(PyExc_AssertionError, "free stack holds slot %zd of a pool of %zd (a pool bug)", slot, cap);
-            goto done;
-        }
-    }
-    out = PyList_New(n);
-    if (out == NULL) {
-        goto done;
-    }
-    for (Py_ssize_t j = 0; j < n; j++) {
-        PyObject *v;
-        if (ints != NULL) {  /* the pool's own int for this slot: no allocation, no later free */
-            v = PyTuple_GET_ITEM(ints, st[top - 1 - j]);
-            Py_INCREF(v);
-        } else {
-            v = PyLong_FromSsize_t(st[top - 1 - j]);
-        }
-        if (v == NULL) {
-            Py_CLEAR(out);
-            goto done;
-        }
-        PyList_SET_ITEM(out, j, v);
-    }
-    for (Py_ssize_t j = 0; j < n; j++) {
-        own[st[top - 1 - j]] = 1;
-    }
+    out = slots_pop(stack.buf, owned.buf, cap, top, n, ints);
 done:
     PyBuffer_Release(&stack);
     PyBuffer_Release(&owned);
@@ -504,9 +561,7 @@ cp_free(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     Py_buffer stack, owned;
     Ints ix;
-    Py_ssize_t top, cap, depth, n, i;
-    Py_ssize_t *st;
-    unsigned char *own;
+    Py_ssize_t top;
     PyObject *result = NULL;
     int got;
 
@@ -528,42 +583,209 @@ cp_free(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         ints_free(&ix);
         return not_mine();
     }
-    st = stack.buf;
-    own = owned.buf;
-    cap = owned.len;
-    depth = stack.len / stack.itemsize;
-    n = ix.n;
-    if (top < 0 || top > depth || n > depth - top) {
+    if (slots_push(stack.buf, owned.buf, owned.len, stack.len / stack.itemsize, top, &ix)) {
+        result = PyLong_FromSsize_t(top + ix.n);
+    } else {
         result = not_mine();
-        goto done;
     }
-    /* Owned and named once: mark each slot 2 as it is seen; a slot seen twice, or not 1, stops
-     * the free and the marks made so far go back to 1 (they were 1: each was checked). */
-    for (i = 0; i < n; i++) {
-        int64_t slot = ix.v[i];
-        if (slot < 0 || slot >= (int64_t)cap || own[slot] != 1) {
-            break;
-        }
-        own[slot] = 2;
-    }
-    if (i < n) {
-        for (Py_ssize_t j = 0; j < i; j++) {
-            own[ix.v[j]] = 1;
-        }
-        result = not_mine();
-        goto done;
-    }
-    for (i = 0; i < n; i++) {
-        own[ix.v[i]] = 0;
-        st[top + i] = (Py_ssize_t)ix.v[n - 1 - i];
-    }
-    result = PyLong_FromSsize_t(top + n);
-done:
     ints_free(&ix);
     PyBuffer_Release(&stack);
     PyBuffer_Release(&owned);
     return result;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* SlotCore: PagePool's base on the compiled data plane. It holds the pool's stack, owned bytes
+ * and lent ints (bound once) and the free count, so the engine's pool.alloc(n) / pool.free(slots)
+ * are one call into C, with no interpreted wrapper frame and no buffer export a call (issue 41,
+ * session 19). What it does not take (n outside (0, free_pages], a free it refuses, a list of
+ * anything but ints) goes, having changed nothing, to the pool's numpy method of the same
+ * arguments (_alloc_numpy / _free_numpy), which answers or raises as it always has. */
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t top;      /* stack[:top] are the free slots: PagePool.free_pages */
+    PyObject *top_obj;   /* top as an int, made when it changes (read ~30 times a request) */
+    PyObject *ints;      /* the pool's slot numbers, lent to the lists alloc hands out */
+    Py_buffer stack, owned;
+    int bound;
+} SlotCore;
+
+static void
+core_unbind(SlotCore *self)
+{
+    if (self->bound) {
+        PyBuffer_Release(&self->stack);
+        PyBuffer_Release(&self->owned);
+        self->bound = 0;
+    }
+    Py_CLEAR(self->ints);
+}
+
+static void
+core_dealloc(SlotCore *self)
+{
+    core_unbind(self);
+    Py_CLEAR(self->top_obj);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+PyDoc_STRVAR(core_bind_doc,
+"_bind(stack, owned, ints)\n\n"
+"Hold the pool's free stack (1-D intp, writable), owned bytes (writable, one a slot) and its\n"
+"slot numbers (a tuple, ints[s] == s) for alloc and free; every one as long as the pool.");
+
+static PyObject *
+core_bind(SlotCore *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer stack, owned;
+    Py_ssize_t cap;
+    if (wrong_nargs(nargs, 3, "_bind() takes 3 arguments: stack, owned, ints")) {
+        return NULL;
+    }
+    if (!get_pool(args[0], args[1], &stack, &owned)) {
+        PyErr_SetString(PyExc_TypeError, "_bind(): stack must be a writable intp buffer, owned a writable byte buffer");
+        return NULL;
+    }
+    cap = owned.len;
+    if (stack.ndim != 1 || stack.len / stack.itemsize != cap || !PyTuple_CheckExact(args[2])
+        || PyTuple_GET_SIZE(args[2]) != cap) {
+        PyBuffer_Release(&stack);
+        PyBuffer_Release(&owned);
+        PyErr_Format(PyExc_TypeError, "_bind(): the stack and ints must be as long as the owned bytes (%zd)", cap);
+        return NULL;
+    }
+    core_unbind(self);
+    self->stack = stack;
+    self->owned = owned;
+    self->ints = Py_NewRef(args[2]);
+    self->bound = 1;
+    Py_RETURN_NONE;
+}
+
+/* The pool's numpy method `name` of the same arguments: what the compiled one declines. */
+static PyObject *
+core_numpy(SlotCore *self, const char *name, PyObject *arg)
+{
+    return PyObject_CallMethod((PyObject *)self, name, "O", arg);
+}
+
+static int
+core_set_top(SlotCore *self, Py_ssize_t top)
+{
+    PyObject *o = PyLong_FromSsize_t(top);
+    if (o == NULL) {
+        return -1;
+    }
+    Py_XSETREF(self->top_obj, o);
+    self->top = top;
+    return 0;
+}
+
+PyDoc_STRVAR(core_alloc_doc,
+"_alloc_c(n) -> list[int] | None\n\n"
+"PagePool._alloc_numpy(n) in one C call: n slots popped off the free stack, the top first,\n"
+"marked owned; the pool's numpy method answers n outside (0, free_pages] (None, [], an error).");
+
+static PyObject *
+core_alloc(SlotCore *self, PyObject *arg)
+{
+    Py_ssize_t n, top = self->top;
+    PyObject *out;
+    int overflow = 0;
+    if (!self->bound || !PyLong_CheckExact(arg)) {
+        return core_numpy(self, "_alloc_numpy", arg);
+    }
+    n = (Py_ssize_t)PyLong_AsLongLongAndOverflow(arg, &overflow);
+    if (overflow || n <= 0 || n > top || top > self->stack.len / self->stack.itemsize) {
+        return core_numpy(self, "_alloc_numpy", arg);
+    }
+    out = slots_pop(self->stack.buf, self->owned.buf, self->owned.len, top, n, self->ints);
+    if (out != NULL && core_set_top(self, top - n) < 0) {
+        Py_CLEAR(out);
+    }
+    return out;
+}
+
+PyDoc_STRVAR(core_free_doc,
+"_free_c(slots)\n\n"
+"PagePool._free_numpy(slots) in one C call: every slot proved owned and named once (marked as\n"
+"it is seen, no set), then cleared and pushed reversed. A free it refuses, having changed\n"
+"nothing, goes to the pool's numpy method, which names the slot and raises.");
+
+static PyObject *
+core_free(SlotCore *self, PyObject *slots)
+{
+    Ints ix;
+    int got;
+    if (!self->bound || (!PyList_CheckExact(slots) && !PyTuple_CheckExact(slots))) {
+        return core_numpy(self, "_free_numpy", slots);
+    }
+    got = ints_load(slots, &ix);
+    if (got < 0) {
+        return NULL;
+    }
+    if (got == 0 || !slots_push(self->stack.buf, self->owned.buf, self->owned.len,
+                                self->stack.len / self->stack.itemsize, self->top, &ix)) {
+        ints_free(&ix);
+        return core_numpy(self, "_free_numpy", slots);
+    }
+    got = core_set_top(self, self->top + ix.n);
+    ints_free(&ix);
+    if (got < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+core_get_top(SlotCore *self, void *Py_UNUSED(closure))
+{
+    if (self->top_obj == NULL) {
+        return PyLong_FromSsize_t(self->top);
+    }
+    return Py_NewRef(self->top_obj);
+}
+
+static int
+core_set_top_attr(SlotCore *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    Py_ssize_t top;
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "free_pages cannot be deleted");
+        return -1;
+    }
+    top = PyNumber_AsSsize_t(value, PyExc_OverflowError);
+    if (top == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    return core_set_top(self, top);
+}
+
+static PyMethodDef core_methods[] = {
+    {"_bind", (PyCFunction)(void (*)(void))core_bind, METH_FASTCALL, core_bind_doc},
+    {"_alloc_c", (PyCFunction)core_alloc, METH_O, core_alloc_doc},
+    {"_free_c", (PyCFunction)core_free, METH_O, core_free_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef core_getset[] = {
+    {"free_pages", (getter)core_get_top, (setter)core_set_top_attr,
+     "the free slots: stack[:free_pages] (an int, settable)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject cp_SlotCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tierdiag.native._cplane.SlotCore",
+    .tp_basicsize = sizeof(SlotCore),
+    .tp_dealloc = (destructor)core_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "PagePool's base on the compiled data plane: its slot stack's alloc and free in C.",
+    .tp_methods = core_methods,
+    .tp_getset = core_getset,
+    .tp_new = PyType_GenericNew,
+};
 
 /* ------------------------------------------------------------------------------------------ */
 
