@@ -451,16 +451,26 @@ def _link_chain(hash_ids: tuple[int, ...], parents: ChainLinks) -> None:
     A chained trace's line is ids seen before (a shared prefix) then ids never seen, each once:
     that shape is checked with C-level tuple compares and one `parents` look-up an id, and its
     new ids go straight in. Anything else (a broken chain, an id twice in the line) takes
-    `_check_chain_slow`, which finds the same links or the first bad position."""
+    `_check_chain_slow`, which finds the same links or the first bad position. The ids are >= 0
+    (the line model bounds them; a negative one would index the array from its end)."""
     none = ChainLinks.NONE
-    knowns = parents.knowns(hash_ids)
+    if len(hash_ids) > 1:
+        # The ids are >= 0 (the line model's bound): where all are inside the array, one
+        # itemgetter reads every link (an id past it raises, and ChainLinks.knowns grows the
+        # array or asks its dict), without knowns' min() and max() a line.
+        try:
+            knowns = itemgetter(*hash_ids)(parents._dense)
+        except IndexError:
+            knowns = parents.knowns(hash_ids)
+    else:
+        knowns = parents.knowns(hash_ids)
     prevs = (-1, *hash_ids[:-1])
     if knowns == prevs:
         return
     if none in knowns:
         i = knowns.index(none)
         num_new = len(knowns) - i
-        if knowns[:i] == prevs[:i] and knowns.count(none) == num_new:
+        if knowns.count(none) == num_new and knowns[:i] == prevs[:i]:
             first = hash_ids[i]
             if hash_ids[-1] == first + num_new - 1 and hash_ids[i:] == tuple(range(first, first + num_new)):
                 parents.add_run(first, num_new, prevs[i])  # new ids counting up: distinct, one slice
