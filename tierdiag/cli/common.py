@@ -79,6 +79,10 @@ class _LazyConsole:
             object.__setattr__(self, "_console", new_console(stderr=self._stderr))
         return self._console
 
+    def made(self) -> bool:
+        """Whether the console exists yet (cli/progress.py `stderr_is_terminal`)."""
+        return self._console is not None
+
     def __getattr__(self, name):
         return getattr(self._get(), name)
 
