@@ -132,3 +132,74 @@ def test_the_bar_fits_80_columns_with_done_total_and_eta(tmp_path):
 
 def test_fmt_duration_reads_short():
     assert [prog.fmt_duration(s) for s in (0, 42, 187, 3720)] == ["0s", "42s", "3m07s", "1h02m"]
+
+
+class _Stream:
+    """A stderr stand-in: isatty answers `tty` (or raises, as a closed stream's does)."""
+
+    def __init__(self, tty):
+        self.tty = tty
+
+    def write(self, text):
+        return len(text)
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        if self.tty == "closed":
+            raise ValueError("I/O operation on closed file")
+        return self.tty
+
+
+class _NoIsatty:
+    def write(self, text):
+        return len(text)
+
+    def flush(self):
+        pass
+
+
+def _stream(kind):
+    if kind == "none":
+        return None
+    if kind == "no-isatty":
+        return _NoIsatty()
+    if kind.startswith("proxied"):  # Rich's Console.file reads a stream's rich_proxied_file
+        stream = _Stream(kind == "proxied-pipe")
+        stream.rich_proxied_file = _Stream(kind == "proxied-tty")
+        return stream
+    return _Stream({"tty": True, "pipe": False, "closed": "closed"}[kind])
+
+
+@settings(max_examples=200, deadline=None)
+@given(kind=st.sampled_from(["tty", "pipe", "closed", "none", "no-isatty", "proxied-tty", "proxied-pipe"]),
+       tty_compatible=st.sampled_from([None, "", "0", "1", "2", "yes", " 1"]),
+       force_color=st.sampled_from([None, "", "0", "1", "always", "\u00e9"]),
+       made=st.booleans())
+def test_stderr_is_terminal_answers_as_the_console_would(kind, tty_compatible, force_color, made):
+    # stderr_is_terminal answers "no" without making the console only where Rich's is_terminal
+    # is plainly no; on every drawn stream and environment it must give the console's answer,
+    # and a plain pipe (neither variable set) must not make the console.
+    import sys
+
+    from tierdiag.cli import common
+    from tierdiag.report.console import new_console
+
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in {"TTY_COMPATIBLE": tty_compatible, "FORCE_COLOR": force_color}.items():
+            if value is None:
+                mp.delenv(key, raising=False)
+            else:
+                mp.setenv(key, value)
+        mp.setattr(sys, "stderr", _stream(kind))
+        lazy = common._LazyConsole(stderr=True)
+        mp.setattr(common, "err", lazy)
+        if made:
+            lazy._get()
+        got = prog.stderr_is_terminal()
+        plain = tty_compatible not in ("0", "1") and force_color is None
+        if plain and not made and kind in ("pipe", "closed", "none", "no-isatty", "proxied-pipe"):
+            assert not lazy.made(), kind
+        want = new_console(stderr=True).is_terminal
+    assert got == want, (kind, tty_compatible, force_color, made)

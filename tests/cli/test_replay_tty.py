@@ -30,3 +30,26 @@ def test_a_piped_replay_makes_no_progress_bar(tmp_path):
                         *map(str, REPLAY_ARGS)], capture_output=True, text=True, timeout=300, env=_env())
     assert r.returncode == 0, r.stderr
     assert r.stderr.rstrip().splitlines()[-1] == "progress imported: False", r.stderr
+
+
+def test_a_piped_json_replay_loads_no_view_duckdb_or_package_metadata_in_the_engines_process(tmp_path):
+    """Its start-up (issue 41): with the store written by its own process, the engine's process
+    never needs DuckDB, Rich's views (report.terminal: its size curves' view imports DuckDB),
+    importlib.metadata (the run row's torch version is read from its dist-info) or torch; nor Rich
+    at all before its first progress line (none within the hour asked for here)."""
+    import subprocess
+    import sys
+
+    from tests.cli.cli_helpers import _env
+
+    trace = write_late_trace(tmp_path / "t.jsonl", num_requests=40)
+    heavy = ("duckdb", "tierdiag.report.terminal", "importlib.metadata", "torch", "pyarrow",
+             "rich")  # Rich too: asking whether stderr is a terminal makes no console when it plainly is not
+    code = ("import sys\nfrom tierdiag.cli.main import main\n"
+            "try:\n    main()\nfinally:\n"
+            f"    sys.stderr.write('\\nloaded: ' + ' '.join(m for m in {heavy!r} if m in sys.modules) + '\\n')\n")
+    r = subprocess.run([sys.executable, "-c", code, "replay", str(trace), "--db", str(tmp_path / "r.duckdb"), "--json",
+                        *map(str, REPLAY_ARGS)], capture_output=True, text=True, timeout=300,
+                       env=_env(TIERDIAG_WRITER="process", TIERDIAG_PROGRESS_EVERY_S="3600"))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.rstrip().splitlines()[-1] == "loaded:", r.stderr

@@ -13,8 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tierdiag.errors import TraceError
+import msgspec
+
+from tierdiag.trace import reader as reader_module
+from tierdiag.trace.fields import FieldError, convert as convert_fields
 from tierdiag.trace.reader import (ChainLinks, ReadReport, TraceRequest, BadLine, _check_chain_slow, _link_chain, _loads,
-                                   max_hash_id, read_trace, trace_sha256)
+                                   _typed_decoder, line_model, max_hash_id, read_trace, trace_sha256)
 
 SHARED_TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"  # repo root / ../shared
 MS = 1_000_000
@@ -325,7 +329,13 @@ _CHAIN_ID = st.one_of(st.integers(0, 12), st.integers(0, 40), st.sampled_from([1
 @pytest.mark.parametrize("slack", [ChainLinks.DENSE_SLACK, 0, 3])
 @settings(max_examples=300, deadline=None)
 @given(lines=st.lists(st.one_of(st.lists(_CHAIN_ID, min_size=1, max_size=8),
-                                st.integers(0, 30).map(lambda n: list(range(n, n + 5)))), max_size=12))
+                                st.integers(0, 30).map(lambda n: list(range(n, n + 5))),
+                                # a known prefix, then new ids counting up (ChainLinks.add_run), also
+                                # far past the array (its dict) and up to the largest id a line may hold
+                                st.tuples(st.lists(st.integers(0, 12), max_size=3),
+                                          st.sampled_from([13, 20, 38, 10**6, 2**40, max_hash_id(1) - 6]),
+                                          st.integers(1, 6)).map(lambda t: t[0] + list(range(t[1], t[1] + t[2])))),
+                      max_size=12))
 def test_fast_chain_check_adds_the_links_or_raises_as_the_loop_does(slack, lines):
     # _link_chain answers the usual line (seen ids, then new ones) without a Python loop; on
     # every line it must keep the links (or raise the message) of the plain loop over a dict,
@@ -444,6 +454,131 @@ def test_fuzz_reader_only_parses_or_raises_trace_error(tmp_path, lines, skip_bad
     assert len({r.req_id for r in reqs}) == len(reqs)
     assert all((r.hash_ids is None) != (r.tokens is None) and r.input_len > 0 for r in reqs)
     assert report.num_requests == len(reqs)
+
+
+# --- the typed fast path of _parse ------------------------------------------------------------------
+
+_KEYS = ["timestamp", "input_length", "output_length", "hash_ids", "tokens", "id", "priority", "extra_key",
+         "session", "think_ms"]
+_hostile_values = st.one_of(
+    _json_scalars, st.integers(-(2**70), 2**70), st.sampled_from([2**63 - 1, 2**63, -(2**63) + 1, -(2**63), 2**64]),
+    st.floats(allow_nan=False), st.sampled_from([0.5, 1.0, -0.0, 1e308, 4.6e15]),
+    st.lists(st.integers(0, 2**33), max_size=4), st.lists(st.sampled_from([1.0, True, "1", None]), max_size=2),
+    st.text(max_size=6), st.sampled_from(["", " ", "\x00", "\u00e9", "x" * 1025]), st.dictionaries(st.text(max_size=2), st.integers(), max_size=2))
+
+
+def _raw_key(key: str, draw) -> str:
+    """A key as JSON text: plain, with an escape that decodes to it, or unknown."""
+    how = draw(st.sampled_from(["plain", "plain", "escaped", "unknown"]))
+    if how == "escaped":
+        return json.dumps(key, ensure_ascii=False).replace(key[0], "\\u%04x" % ord(key[0]), 1)
+    if how == "unknown":
+        return json.dumps(key + draw(st.sampled_from(["_", "X", "\u00e9"])))
+    return json.dumps(key)
+
+
+@st.composite
+def _hostile_line(draw) -> bytes:
+    """A line near the valid ones: known keys (sometimes twice, escaped, or misspelt), values of
+    every JSON type and size, a byte-order mark, whitespace, trailing bytes."""
+    if draw(st.booleans()):
+        base = json.loads(draw(_valid_line()))
+        pairs = list(base.items())
+    else:
+        pairs = []
+    for key in draw(st.lists(st.sampled_from(_KEYS), max_size=4)):
+        pairs.append((key, draw(_hostile_values)))
+    order = draw(st.permutations(range(len(pairs)))) if pairs else []
+    body = ", ".join(f"{_raw_key(pairs[i][0], draw)}: {json.dumps(pairs[i][1])}" for i in order)
+    text = draw(st.sampled_from(["", " ", "\ufeff"])) + "{" + body + "}" + draw(st.sampled_from(["", " ", "\r", "\n", " x", "}"]))
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _general_path(data: bytes, model):
+    """What _parse's general path makes of one line: the model's fields, or the error's words."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    try:
+        obj = msgspec.json.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        try:
+            obj = json.loads(data.decode("utf-8"))
+        except (ValueError, RecursionError):
+            return "bad JSON"
+    if type(obj) is not dict:
+        return "not an object"
+    try:
+        return convert_fields(obj, model), set(obj) - reader_module.KNOWN_KEYS
+    except FieldError as exc:
+        return str(exc)
+
+
+def _typed(values) -> list:
+    """Field values with their types (5 and 5.0 differ; so do a list and a tuple)."""
+    return [(type(v), v) for v in values]
+
+
+@settings(max_examples=600, deadline=None)
+@given(data=st.one_of(_hostile_line(), _line.map(lambda x: x if isinstance(x, bytes) else x.encode("utf-8", "surrogatepass"))),
+       block=st.sampled_from([1, 512, 2**40]))
+def test_typed_decoder_answers_only_lines_the_general_path_accepts_with_the_same_fields(data, block):
+    # The reader decodes a line straight into its fields first and takes the general path (a
+    # dict, unknown keys collected, each field converted and worded) only where that fails: so
+    # every line the typed decoder takes must be one the general path accepts, with no unknown
+    # key, to exactly the same values and types.
+    max_hash = max_hash_id(block)
+    model = line_model(max_hash)
+    try:
+        line = _typed_decoder(max_hash)(data)
+    except (msgspec.DecodeError, RecursionError):
+        return
+    general = _general_path(data, model)
+    assert isinstance(general, tuple), (data, general)
+    want, unknown = general
+    assert not unknown
+    names = model.__struct_fields__
+    assert _typed([getattr(line, f) for f in names]) == _typed([getattr(want, f) for f in names]), data
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(st.one_of(_hostile_line(), _line), max_size=10), skip_bad=st.booleans())
+def test_reader_with_and_without_the_typed_path_reads_alike(tmp_path, lines, skip_bad):
+    # Whole traces: the same requests, report (bad lines and their messages, unknown keys) and
+    # error with the typed path as without it (every line through the general path).
+    data = b"\n".join(x if isinstance(x, bytes) else x.encode("utf-8", "surrogatepass") for x in lines)
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(data)
+
+    def read(typed: bool):
+        report = ReadReport()
+        with pytest.MonkeyPatch.context() as mp:
+            if not typed:
+                def refuse(max_hash):
+                    def decode(data):
+                        raise msgspec.DecodeError("general path")
+                    return decode
+                mp.setattr(reader_module, "_typed_decoder", refuse)
+            try:
+                reqs = list(read_trace(path, skip_bad=skip_bad, report=report))
+            except TraceError as exc:
+                return "error", exc.one_line()
+        return [(tuple(_typed(msgspec.structs.astuple(r)))) for r in reqs], report
+
+    fast, slow = read(True), read(False)
+    assert fast == slow
+
+
+def test_trace_request_is_immutable_compared_and_hashed_by_its_fields():
+    # A msgspec Struct since issue 41 (built in C): what the engine and the tests rely on of the
+    # frozen dataclass it was stays: keywords and defaults, equality, hashing, no assignment.
+    a = TraceRequest("r", 0, 1, 5, 10, 2, (1, 2), None)
+    b = TraceRequest(req_id="r", seq=0, line=1, arrival_ns=5, input_len=10, output_len=2, hash_ids=(1, 2), tokens=None,
+                     priority=0, extra_key=None, session=None, think_ns=None)
+    assert a == b and hash(a) == hash(b) and a != TraceRequest("r", 0, 1, 6, 10, 2, (1, 2), None)
+    assert (a.priority, a.extra_key, a.session, a.think_ns) == (0, None, None, None)
+    with pytest.raises(AttributeError):
+        a.arrival_ns = 7  # type: ignore[misc]
+    assert repr(a).startswith("TraceRequest(req_id='r', seq=0, line=1, arrival_ns=5")
 
 
 # --- the real Mooncake traces (SOURCES.md facts) --------------------------------------------------

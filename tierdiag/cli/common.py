@@ -64,9 +64,9 @@ def command_line() -> list[str]:
 
 
 class _LazyConsole:
-    """`out` and `err`: report.terminal's SafeConsole (no markup, controls escaped, piped output
+    """`out` and `err`: report.console's SafeConsole (no markup, controls escaped, piped output
     complete), made on first use, so that a command printing --json (or nothing) never imports
-    Rich (~40 ms of start-up)."""
+    Rich (~40 ms of start-up), and one that prints a line never imports the views."""
 
     def __init__(self, *, stderr: bool):
         object.__setattr__(self, "_stderr", stderr)
@@ -74,10 +74,14 @@ class _LazyConsole:
 
     def _get(self):
         if self._console is None:
-            from tierdiag.report.terminal import new_console
+            from tierdiag.report.console import new_console
 
             object.__setattr__(self, "_console", new_console(stderr=self._stderr))
         return self._console
+
+    def made(self) -> bool:
+        """Whether the console exists yet (cli/progress.py `stderr_is_terminal`)."""
+        return self._console is not None
 
     def __getattr__(self, name):
         return getattr(self._get(), name)

@@ -40,6 +40,29 @@ def every_s() -> float:
     return value
 
 
+def stderr_is_terminal() -> bool:
+    """`err.is_terminal` (cli/common.py's stderr console, Rich's answer), without making the
+    console where the answer is plainly no: Rich's `Console.is_terminal` is its stream's `isatty()`
+    unless TTY_COMPATIBLE (0 or 1) or FORCE_COLOR says otherwise or it runs under IDLE or Jupyter,
+    which only ever turn a tty's yes into no. So where neither variable is set and stderr is no
+    tty, the answer is no, and a piped replay (its progress line every ~10 s) loads Rich only when
+    it first prints one (~15-25 ms of start-up, issue 41). Anything else asks the console."""
+    import sys
+
+    from tierdiag.cli.common import err
+
+    if err.made() or os.environ.get("TTY_COMPATIBLE", "") in ("0", "1") or "FORCE_COLOR" in os.environ:
+        return bool(err.is_terminal)
+    stream = sys.stderr
+    stream = getattr(stream, "rich_proxied_file", stream)  # as Rich's Console.file reads it
+    isatty = getattr(stream, "isatty", None)
+    try:
+        tty = False if isatty is None else isatty()
+    except ValueError:  # a closed stream: Rich says no too
+        tty = False
+    return bool(err.is_terminal) if tty else False
+
+
 def fmt_duration(seconds: float) -> str:
     """'42s', '3m07s', '1h02m': short, for a progress line."""
     s = max(int(seconds + 0.5), 0)
@@ -72,7 +95,7 @@ class Progress:
         self.done = 0
         self._info = ""
         self._console = err
-        self._terminal = bool(err.is_terminal)
+        self._terminal = stderr_is_terminal()  # piped: the console is made at the first line
         self._bar = None
         self._task = None
         self._thread: threading.Thread | None = None

@@ -223,9 +223,10 @@ def _progress_bar(trace: Path, *, show_bar: bool):
     a line every ~10 s otherwise), and the replay's callback that moves it. Without either (--json
     on a terminal, TIERDIAG_PROGRESS_EVERY_S=0 piped), neither rich.progress nor a count of the
     trace's lines (a read of the whole file) is paid for: a context that does nothing, no callback."""
-    from tierdiag.cli.progress import Progress, every_s
+    from tierdiag.cli.progress import Progress, every_s, stderr_is_terminal
 
-    if not (show_bar and err.is_terminal) and (err.is_terminal or every_s() == 0):
+    terminal = stderr_is_terminal()  # piped: Rich not loaded for it
+    if not (show_bar and terminal) and (terminal or every_s() == 0):
         return contextlib.nullcontext(), None
     from tierdiag.app.replay import count_lines
 

@@ -5,7 +5,7 @@ it. No command assembles JSON or a Rich table itself.
 
 The sink writes to stdout, or to stderr where stdout is a file the command writes (`convert -o
 /dev/stdout`). Data is never markup and never raw terminal escapes: the JSON is ASCII with every
-control character escaped, and text goes through report.terminal's SafeConsole (no markup, controls
+control character escaped, and text goes through report.console's SafeConsole (no markup, controls
 escaped), which `line` uses for a plain line too. JSON never imports Rich.
 """
 

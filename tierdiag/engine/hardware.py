@@ -8,7 +8,6 @@ torch and pynvml are imported inside functions, so importing this module costs n
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import platform
 import resource
@@ -309,6 +308,69 @@ def platform_string() -> str:
     return "-".join(p.replace(" ", "_") for p in parts)
 
 
+def installed_version(name: str) -> str | None:
+    """`importlib.metadata.version(name)`, None where it is not installed, read without importing
+    importlib.metadata where the answer is plain (its email parser, zipfile and csv were ~15 ms of
+    every recorded replay's start-up, for torch's version in the run row; issue 41): the first
+    `NAME-*.dist-info` on sys.path, in importlib.metadata's order (each folder's entries as listed),
+    and its METADATA's `Version:` header. Anything less plain (a zip or egg on the path, an
+    .egg-info, no such header, a folded one, not found at all) is importlib.metadata's to answer."""
+    import re
+
+    def normalized(text: str) -> str:  # importlib.metadata's Prepared.normalize
+        return re.sub(r"[-_.]+", "-", text).lower().replace("-", "_")
+
+    want = normalized(name)
+    for entry in sys.path:
+        root = entry or "."
+        try:
+            children = os.listdir(root)
+        except OSError:
+            if os.path.exists(root):
+                break  # a zip on the path: importlib.metadata reads those
+            continue
+        if root.lower().endswith(".egg"):
+            break
+        for child in children:
+            low = child.lower()
+            if not low.endswith((".dist-info", ".egg-info")) or \
+                    normalized(low.rpartition(".")[0].partition("-")[0]) != want:
+                continue
+            if low.endswith(".dist-info"):
+                found = _metadata_version(os.path.join(root, child, "METADATA"))
+                if found is not None:
+                    return found
+            break  # an .egg-info, or METADATA less plain than one `Version:` line
+        else:
+            continue
+        break
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _metadata_version(path: str) -> str | None:
+    """The `Version:` header of a METADATA file as email's parser reads it (the first one, leading
+    blanks dropped); None where the file cannot be read or the header is absent or folded."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().split("\n")
+    except (OSError, UnicodeDecodeError):
+        return None
+    for i, line in enumerate(lines):
+        if not line.strip("\r"):
+            return None  # the headers end at the first blank line
+        key, colon, value = line.partition(":")
+        if colon and key.lower() == "version":
+            if i + 1 < len(lines) and lines[i + 1][:1] in (" ", "\t"):
+                return None
+            return value.lstrip(" \t").rstrip("\r")
+    return None
+
+
 def hardware_summary() -> dict[str, Any]:
     """Small and fast, for the run row: no benchmark; NVML only if pynvml imports; torch's
     version from the module or package metadata; torch is imported only where a GPU driver exists
@@ -333,10 +395,7 @@ def hardware_summary() -> dict[str, Any]:
         summary["cuda_available"] = cuda_available() if summary["torch"] else False
     else:
         torch = sys.modules.get("torch")
-        try:
-            summary["torch"] = torch.__version__ if torch is not None else importlib.metadata.version("torch")
-        except importlib.metadata.PackageNotFoundError:
-            summary["torch"] = None
+        summary["torch"] = torch.__version__ if torch is not None else installed_version("torch")
         summary["cuda_available"] = False  # known without torch: no GPU driver on this machine
     # Without the kernel driver NVML cannot start: not asked (importing pynvml and failing to
     # start it was ~10-20 ms of every recorded replay's start on a machine without a GPU).

@@ -19,6 +19,7 @@ from rich.text import Text
 from tierdiag.config.names import Cause
 from tierdiag.report.tables import fits, print_table, stacked  # noqa: F401 - the views import them from here too
 from tierdiag.report.text import fmt_option, visible  # noqa: F401 - fmt_option: the views import it from here too
+from tierdiag.report.console import PIPED_MIN_WIDTH, SafeConsole, new_console  # noqa: F401 - the views' console, from here too
 from tierdiag.report.ranks_view import render_ranks
 from tierdiag.report.sessions_view import render_sessions
 from tierdiag.report.size_curves_view import render_size_curves
@@ -41,39 +42,6 @@ if TYPE_CHECKING:  # only for hints: `explain` should not import the slow/summar
 CAUSE_STYLE = {Cause.NONE: "green", Cause.QUEUEING: "yellow", Cause.LOAD_BACK: "red", Cause.STORAGE_FETCH: "magenta",
                Cause.ROUTING: "red", Cause.RECOMPUTE: "red", Cause.COMPUTE: "cyan", None: "dim"}
 _MAX_ROWS = 10
-
-class SafeConsole(Console):
-    """A Console for data: it never parses markup nor emoji codes (a `[/]`, `[bold]` or `:smile:` in
-    a name, a path or a backend is text; styling goes in as `Text` and `style=`), and every text segment is shown
-    with its control characters escaped (`\x1b`) while Rich's own styling still works. Views
-    also pass data through `plain`/`visible`, escaped before layout so columns line up; this is
-    the net under every view, including ones added later."""
-
-    def __init__(self, **options):
-        # Nor emoji codes: a run named `:smile:` is that text, not a face.
-        super().__init__(**{"markup": False, "emoji": False, **options})
-        # Piped output is complete (docs/contract.md): a COLUMNS below the 80 the views are laid
-        # out for would squeeze whole columns away; a wider one is taken as it is.
-        if not self.is_terminal and self.width < PIPED_MIN_WIDTH and "width" not in options:
-            self.width = PIPED_MIN_WIDTH
-
-    def _render_buffer(self, buffer):
-        from rich.segment import Segment
-
-        return super()._render_buffer(
-            seg if seg.control else Segment(visible(seg.text), seg.style, seg.control) for seg in buffer)
-
-
-PIPED_MIN_WIDTH = 80
-
-
-def new_console(*, stderr: bool = False) -> SafeConsole:
-    """stdout's (or stderr's) console. NO_COLOR (https://no-color.org, any non-empty value)
-    turns off all styling, bold and dim included: Rich's own NO_COLOR drops only the colours."""
-    import os
-
-    styling = {"color_system": None} if os.environ.get("NO_COLOR") else {}
-    return SafeConsole(stderr=stderr, soft_wrap=True, **styling)
 
 
 def plain(text: object, style: str = "") -> Text:

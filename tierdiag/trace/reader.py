@@ -63,12 +63,10 @@ MAX_LENGTH_TOKENS = 2**24
 MAX_TOKEN_ID = 2**32 - 1
 
 
-@lru_cache(maxsize=8)
-def line_model(max_hash: int) -> type:
-    """A trace line's fields: types and bounds, declared once (`trace.fields` words a value that
-    does not fit). `max_hash` depends on the block size (`max_hash_id`)."""
+def _line_fields(max_hash: int) -> list:
+    """A trace line's fields, each with its type and bounds (`line_model`)."""
     count = Annotated[int, Meta(ge=0, le=MAX_LENGTH_TOKENS, extra={"unit": " tokens"})]
-    return msgspec.defstruct("TraceLine", [
+    return [
         ("timestamp", Annotated[int, Meta(ge=0, le=MAX_TIMESTAMP_MS, extra={"unit": " ms"})]),
         ("input_length", Annotated[int, Meta(ge=1, le=MAX_LENGTH_TOKENS, extra={
             "unit": " tokens", "low": "a request needs at least one input token"})]),
@@ -81,7 +79,26 @@ def line_model(max_hash: int) -> type:
         ("extra_key", Optional[Annotated[str, Meta(max_length=MAX_EXTRA_KEY_CHARS)]], None),
         ("session", Optional[Annotated[str, Meta(max_length=MAX_SESSION_CHARS)]], None),
         ("think_ms", Optional[Annotated[float, Meta(ge=0, le=MAX_THINK_MS, extra={"unit": " ms"})]], None),
-    ], frozen=True)
+    ]
+
+
+@lru_cache(maxsize=8)
+def line_model(max_hash: int) -> type:
+    """A trace line's fields: types and bounds, declared once (`trace.fields` words a value that
+    does not fit). `max_hash` depends on the block size (`max_hash_id`)."""
+    return msgspec.defstruct("TraceLine", _line_fields(max_hash), frozen=True)
+
+
+@lru_cache(maxsize=8)
+def _typed_decoder(max_hash: int):
+    """The fast path of `_parse`: a line's bytes decoded straight into its fields (no dict, no
+    second pass), for a line that holds only known keys, each fitting its declaration. Anything
+    else (a blank line, bad JSON, an unknown key, a value out of bounds, a byte-order mark) fails
+    here and takes the general path, which finds the same fields or words what is wrong: this
+    decoder only ever answers where that path would accept the line, with the same values
+    (tests/trace/test_trace_reader.py holds them to each other on Hypothesis-drawn lines)."""
+    model = msgspec.defstruct("TraceLine", _line_fields(max_hash), frozen=True, forbid_unknown_fields=True)
+    return msgspec.json.Decoder(model).decode
 
 
 def pause_ns(think_ms: float) -> int:
@@ -117,8 +134,14 @@ class SessionClock:
         self._at[session] = at
 
 
-@dataclass(frozen=True, slots=True)
-class TraceRequest:
+class TraceRequest(msgspec.Struct, frozen=True, gc=False):
+    """One request of a trace, as the engine reads it. A msgspec Struct rather than a frozen
+    dataclass: built in C (a frozen dataclass's `__init__` is an `object.__setattr__` a field,
+    ~3 us a request, a quarter of the trace read; issue 41), immutable, compared and hashed by
+    its fields all the same. Never tracked by the cycle collector (`gc=False`): its fields are
+    strings, integers and tuples of integers, which can hold no cycle, and a run's collector
+    passes need not walk a trace's requests."""
+
     req_id: str  # "id" field if present, else the 1-based line number as a string
     seq: int  # 0-based order among valid requests
     line: int  # 1-based line number in the file
@@ -190,7 +213,7 @@ def _parse(path: Path, *, block_size: int, skip_bad: bool, report: ReadReport) -
     """Validate each line; yield (timestamp_ms, the request's fields but arrival_ns) in file order.
 
     Fields rather than a TraceRequest: it is frozen, and `_spread` builds each one once, with
-    its arrival (a frozen dataclass's construction is ten object.__setattr__ calls)."""
+    its arrival."""
     # The ids accepted so far, and (by seq) each one's id and line, for a duplicate's message: a
     # set, a list and an array('q') rather than a dict of id -> line number (a Python int a
     # line: ~70 -> ~50 MB at a million requests, held by the engine process through the run;
@@ -204,28 +227,33 @@ def _parse(path: Path, *, block_size: int, skip_bad: bool, report: ReadReport) -
     parents = ChainLinks()
     last_ts = -1
     seq = 0
-    model = line_model(max_hash_id(block_size))
+    max_hash = max_hash_id(block_size)
+    model = line_model(max_hash)
+    typed = _typed_decoder(max_hash)
     known_keys = KNOWN_KEYS
     decode = msgspec.json.Decoder().decode
     clock = SessionClock()
     for lineno, data in numbered_lines(path, report):
         try:
-            if lineno == 1 and data.startswith(b"\xef\xbb\xbf"):
-                data = data[3:]  # a UTF-8 byte-order mark some editors write
             try:
-                obj = decode(data)
-            except (msgspec.DecodeError, RecursionError):  # blank lines, NaN, bad UTF-8: worded by json.loads
-                obj = _loads_slow(data)
-                if obj is None:
-                    continue
-            if type(obj) is not dict:
-                raise BadLine(f"expected a JSON object, got {_json_type(obj)}")
-            if not known_keys.issuperset(obj):
-                report.unknown_keys.update(obj.keys() - known_keys)
-            try:
-                line = convert_fields(obj, model)
-            except FieldError as exc:
-                raise BadLine(str(exc)) from None
+                line = typed(data)  # most lines: straight into their fields
+            except (msgspec.DecodeError, RecursionError):
+                if lineno == 1 and data.startswith(b"\xef\xbb\xbf"):
+                    data = data[3:]  # a UTF-8 byte-order mark some editors write
+                try:
+                    obj = decode(data)
+                except (msgspec.DecodeError, RecursionError):  # blank lines, NaN, bad UTF-8: worded by json.loads
+                    obj = _loads_slow(data)
+                    if obj is None:
+                        continue
+                if type(obj) is not dict:
+                    raise BadLine(f"expected a JSON object, got {_json_type(obj)}")
+                if not known_keys.issuperset(obj):
+                    report.unknown_keys.update(obj.keys() - known_keys)
+                try:
+                    line = convert_fields(obj, model)
+                except FieldError as exc:
+                    raise BadLine(str(exc)) from None
             ts, fields = _request(line, lineno, seq, block_size)
             if ts < last_ts:
                 raise BadLine(f"timestamp {ts} goes backwards (previous request is at {last_ts})")
@@ -397,6 +425,19 @@ class ChainLinks:
                 sparse[h] = p
             self._count += 1
 
+    def add_run(self, first: int, count: int, prev: int) -> None:
+        """Link the ids first .. first+count-1 (none held yet), each to the id before it and the
+        first to `prev`: a line's new ids as a chained trace writes them (Mooncake's and
+        `synth`'s count up), stored by one slice of the array rather than an id at a time."""
+        dense, end = self._dense, first + count
+        if 0 <= first and end <= len(dense):
+            dense[first] = prev
+            if count > 1:
+                dense[first + 1:end] = array("q", range(first, end - 1))
+            self._count += count
+        else:
+            self.add(range(first, end), (prev, *range(first, end - 1)))
+
     def as_dict(self) -> dict[int, int]:
         out = {h: p for h, p in enumerate(self._dense) if p != self.NONE}
         out.update(self._sparse)
@@ -410,18 +451,33 @@ def _link_chain(hash_ids: tuple[int, ...], parents: ChainLinks) -> None:
     A chained trace's line is ids seen before (a shared prefix) then ids never seen, each once:
     that shape is checked with C-level tuple compares and one `parents` look-up an id, and its
     new ids go straight in. Anything else (a broken chain, an id twice in the line) takes
-    `_check_chain_slow`, which finds the same links or the first bad position."""
+    `_check_chain_slow`, which finds the same links or the first bad position. The ids are >= 0
+    (the line model bounds them; a negative one would index the array from its end)."""
     none = ChainLinks.NONE
-    knowns = parents.knowns(hash_ids)
+    if len(hash_ids) > 1:
+        # The ids are >= 0 (the line model's bound): where all are inside the array, one
+        # itemgetter reads every link (an id past it raises, and ChainLinks.knowns grows the
+        # array or asks its dict), without knowns' min() and max() a line.
+        try:
+            knowns = itemgetter(*hash_ids)(parents._dense)
+        except IndexError:
+            knowns = parents.knowns(hash_ids)
+    else:
+        knowns = parents.knowns(hash_ids)
     prevs = (-1, *hash_ids[:-1])
     if knowns == prevs:
         return
     if none in knowns:
         i = knowns.index(none)
         num_new = len(knowns) - i
-        if knowns[:i] == prevs[:i] and knowns.count(none) == num_new and len(set(hash_ids[i:])) == num_new:
-            parents.add(hash_ids[i:], prevs[i:])
-            return
+        if knowns.count(none) == num_new and knowns[:i] == prevs[:i]:
+            first = hash_ids[i]
+            if hash_ids[-1] == first + num_new - 1 and hash_ids[i:] == tuple(range(first, first + num_new)):
+                parents.add_run(first, num_new, prevs[i])  # new ids counting up: distinct, one slice
+                return
+            if len(set(hash_ids[i:])) == num_new:
+                parents.add(hash_ids[i:], prevs[i:])
+                return
     new = _check_chain_slow(hash_ids, parents)
     parents.add(new.keys(), new.values())
 
