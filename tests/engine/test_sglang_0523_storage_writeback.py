@@ -123,9 +123,9 @@ def test_a_write_back_storage_write_is_released_at_the_next_pass(tmp_path):
     node = _device_node(engine, [41, 42, 43], 1)
     assert ctrl.evict_device(ctrl.device.free_pages + 3, "y", 2)  # written back, demoted
     assert node.device is None and node.host_ref == 1
-    assert [entry[2] for entry in ctrl.storage_writes] == [8]
+    assert [entry.release_pass for entry in ctrl.storage_writes] == [8]
     ctrl.start_storage_writes(3)  # the next pass's start: the write on the tier's queue, in the tier
-    end = ctrl.storage_writes[0][5]
+    end = ctrl.storage_writes[0].end
     ctrl.release_storage_writes(end)  # that pass's drain once the write has ended (pass_now still 7)
     assert node.host_ref == 0 and tree.host_evictable(node)
     assert ctrl.storage.hits([41, 42, 43], 0) == 3 and _stored_content_is(engine, [41, 42, 43])

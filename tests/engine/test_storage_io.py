@@ -105,15 +105,34 @@ def test_the_tier_writes_the_same_files_with_and_without_the_compiled_write(tmp_
     writes = [(rng.integers(0, 64, rng.integers(1, 12)).tolist(), rng.integers(0, 90, 12).tolist())
               for _ in range(60)]
     trees = {}
-    for name, fn in (("c", storage._pwrite_rows), ("numpy", None)):
+    # "c-rows": the engine's call (the host pool's row view kept: write_from's fast path, its
+    # geometry checked once for that view)
+    for name, fn, rows in (("c", storage._pwrite_rows, None), ("numpy", None, None),
+                           ("c-rows", storage._pwrite_rows, _rows.array_rows(buf))):
         monkeypatch.setattr(storage, "_pwrite_rows", fn)
         tier = StorageTier(tmp_path / name, 30)
         for slots, keys in writes:
-            tier.write_from(buf, slots, keys[:len(slots)])
+            tier.write_from(buf, slots, keys[:len(slots)], rows=rows)
         trees[name] = ({p.name: p.read_bytes() for p in sorted((tmp_path / name).iterdir())},
                        tier._index.keys(), tier.bytes_written)
         tier.close()
-    assert trees["c"] == trees["numpy"]
+    assert trees["c"] == trees["numpy"] == trees["c-rows"]
+
+
+def test_a_pool_of_another_geometry_is_refused_though_the_engines_write_checks_it_once(tmp_path):
+    # write_from with the pool's row view checks the pages' geometry at the first write through
+    # that view, not at each: a second view of another geometry is still checked, and refused.
+    tier = StorageTier(tmp_path / "st", 30)
+    buf = np.zeros((2, 8, 4), dtype=np.int64)
+    rows = _rows.array_rows(buf)
+    tier.write_from(buf, [0, 1], [10, 11], rows=rows)
+    tier.write_from(buf, [2], [12], rows=rows)
+    assert tier.page_bytes == 2 * 4 * 8 and [12 in tier, tier.used_pages] == [True, 3]
+    other = np.zeros((3, 8, 4), dtype=np.int64)
+    with pytest.raises(AssertionError, match="storage pages are"):
+        tier.write_from(other, [0], [13], rows=_rows.array_rows(other))
+    assert 13 not in tier
+    tier.close()
 
 
 def test_a_full_disk_in_the_compiled_write_is_an_output_error_and_keeps_no_half_page(tmp_path, monkeypatch):

@@ -71,6 +71,25 @@ class EngineStats:
     virtual_end_ns: int = 0
 
 
+class StorageWrite:
+    """A node's storage write under 0.5.23's rules (rules.storage_acks_per_pass), from its host
+    copy's ack until the drain that takes its own ack (CacheController.storage_writes): the node,
+    the eviction cause, the pass whose drain releases its host copy, its pages at the ack, its
+    write's start and end on the tier's clock (-1 until the pass after the ack starts it,
+    `start_storage_writes`) and whether it is in the tier. A class of typed fields, not a list:
+    the two walks a pass makes of the writes in flight compare plain ints compiled (issue 41)."""
+    __slots__ = ("node", "cause", "release_pass", "pages", "start", "end", "landed")
+
+    def __init__(self, node: TreeNode, cause: str | None, release_pass: int, pages: int) -> None:
+        self.node = node
+        self.cause = cause
+        self.release_pass = release_pass
+        self.pages = pages
+        self.start = -1
+        self.end = -1
+        self.landed = False
+
+
 class CacheController:
     def __init__(self, cfg: EngineConfig, cost: CostModel, tree: RadixTree, device: PagePool,
                  host: PagePool, storage: StorageTier | None, probe, stats: EngineStats):
@@ -126,9 +145,15 @@ class CacheController:
         # ack, and holds the host copy until the pass after that ack's (release_storage_writes);
         # `pass_now` is the scheduler's pass count (Scheduler.prefetch_pass)
         self.storage_per_pass = self.rules.storage_acks_per_pass and storage is not None
-        # [node, cause, pass that releases it, its pages at the ack, its write's start and end on
-        # the clock (-1 until the pass after its ack starts it, start_storage_writes), in the tier]
-        self.storage_writes: list[list] = []
+        # The storage prefetch's rule flags (prefetch.py), typed: rules.py is interpreted, so a
+        # RuleSet field read from compiled code is a generic attribute lookup, and a storage
+        # query read ~5 of them (~100k queries and re-queries a whole-trace storage replay)
+        self.prefetch_gate_on_best_match = self.rules.prefetch_gate_on_best_match
+        self.prefetch_alloc_hit_only = self.rules.prefetch_alloc_hit_only
+        self.prefetch_retry_interval = self.rules.prefetch_retry_interval_passes
+        self.prefetch_assume_stored = self.rules.prefetch_assume_stored
+        # the writes whose host copy is held (StorageWrite), in the order their acks came
+        self.storage_writes: list[StorageWrite] = []
         self.pass_now: Any = lambda: 0
         # 0.5.23: the host slots of prefetch reads cut short while in flight, freed as SGLang frees
         # them (free_prefetch_tails): (when the read stops, the pass that took its last ack or
@@ -437,7 +462,7 @@ class CacheController:
         is taken in the eviction itself (`writing_check(write_back=True)` blocks for it), the
         next pass (`passes` 1)."""
         self.tree.protect_host(node)
-        self.storage_writes.append([node, cause, self.pass_now() + passes, len(node.keys), -1, -1, False])
+        self.storage_writes.append(StorageWrite(node, cause, self.pass_now() + passes, len(node.keys)))
 
     def start_storage_writes(self, now_ns: int) -> None:
         """A pass's start (`writing_check` -> `write_backup_storage`): the storage writes whose
@@ -451,15 +476,15 @@ class CacheController:
         storage = self.storage
         step = self.pass_now() + 1
         for entry in self.storage_writes:
-            if entry[4] < 0:
+            if entry.start < 0:
                 start = max(now_ns, storage.write_free_ns)
-                end = start + self.cost.storage_io_ns(entry[3], self.page_bytes)
+                end = start + self.cost.storage_io_ns(entry.pages, self.page_bytes)
                 storage.write_free_ns = end
-                entry[4], entry[5] = start, end
+                entry.start, entry.end = start, end
                 self.at(end, self._wake, None)  # the event loop's pass then takes its ack
-            if not entry[6] and entry[2] <= step and entry[5] <= now_ns:
-                self._land(entry[0], entry[1], entry[3], entry[4], entry[5], now_ns)
-                entry[6] = True
+            if not entry.landed and entry.release_pass <= step and entry.end <= now_ns:
+                self._land(entry.node, entry.cause, entry.pages, entry.start, entry.end, now_ns)
+                entry.landed = True
 
     def hold_prefetch_tail(self, slots: list[int], stop_ns: int) -> None:
         """A prefetch read terminated while in flight (`check_prefetch_progress` ->
@@ -511,19 +536,19 @@ class CacheController:
         if not self.storage_writes:
             return
         step = self.pass_now() + 1  # the pass this drain belongs to
-        keep = []
+        keep: list[StorageWrite] = []
         for entry in self.storage_writes:
-            if every and not entry[6]:  # the replay's end: the passes after it would take every ack
-                if entry[4] < 0:
-                    entry[4] = max(now_ns, self.storage.write_free_ns)
-                    entry[5] = entry[4] + self.cost.storage_io_ns(entry[3], self.page_bytes)
-                    self.storage.write_free_ns = entry[5]
-                self._land(entry[0], entry[1], entry[3], entry[4], entry[5], now_ns)
-                entry[6] = True
-            if not every and (not entry[6] or entry[2] > step or entry[5] > now_ns):
+            if every and not entry.landed:  # the replay's end: the passes after it would take every ack
+                if entry.start < 0:
+                    entry.start = max(now_ns, self.storage.write_free_ns)
+                    entry.end = entry.start + self.cost.storage_io_ns(entry.pages, self.page_bytes)
+                    self.storage.write_free_ns = entry.end
+                self._land(entry.node, entry.cause, entry.pages, entry.start, entry.end, now_ns)
+                entry.landed = True
+            if not every and (not entry.landed or entry.release_pass > step or entry.end > now_ns):
                 keep.append(entry)
                 continue
-            self.tree.release_host(entry[0])
+            self.tree.release_host(entry.node)
         self.storage_writes = keep
 
     def _write_back(self, node: TreeNode, cause: str | None, now_ns: int) -> bool:

@@ -54,7 +54,6 @@ class StoragePrefetch(SchedulerState):
         at least the threshold); a miss, a rate-limited decline or a hit the host cannot take arms
         a re-query (`StoragePrefetchRetries.poll_miss`, run by `_retry_prefetches`).
         """
-        rules = self.rules
         tree, ctrl, ps = self.tree, self.ctrl, self.ps
         req.storage_skip_reason = None  # this query's verdict (a re-query replaces the last one)
         match = tree.match(_matchable(req), now)  # init_next_round_input
@@ -67,8 +66,10 @@ class StoragePrefetch(SchedulerState):
         req.storage_match_pages = max(0, min(end, req.max_match_pages) - matched)
         last_dev = match.last_device_node or tree.root
         anchor = match.host_nodes[-1] if match.host_nodes else last_dev
-        gate = anchor if rules.prefetch_gate_on_best_match else last_dev
-        hit_only = rules.prefetch_alloc_hit_only
+        # (the rule set's flags as the controller keeps them typed; storage_per_pass is
+        # rules.storage_acks_per_pass where a storage tier is)
+        gate = anchor if ctrl.prefetch_gate_on_best_match else last_dev
+        hit_only = ctrl.prefetch_alloc_hit_only
         span = (req.max_match_pages if hit_only else len(req.keys)) - matched
         # 0.5.23 `prefetch_from_storage(storage_hit_end)`: a re-query after a hit the host could
         # not take asks for the span up to where that hit ended, if it still lies past the match,
@@ -92,7 +93,7 @@ class StoragePrefetch(SchedulerState):
         elif hit_only and hits * ps < self.prefetch_threshold:
             reason = "below_threshold"  # a miss, or a hit not worth the transfer: poll_miss
             self._arm_prefetch_retry(req)
-            if rules.storage_acks_per_pass:
+            if ctrl.storage_per_pass:
                 # issued: it holds its requested span until the drain revokes it
                 self.prefetch_tokens_occupied += span * ps
                 self.query_occupied += span * ps
@@ -110,7 +111,7 @@ class StoragePrefetch(SchedulerState):
                 req.storage_skip_reason = reason
             return
         tree.protect_host(anchor)
-        if rules.storage_acks_per_pass:
+        if ctrl.storage_per_pass:
             req.prefetch_query_pass = self.prefetch_pass  # issued
             # 0.5.23: the span is reserved at the query (`prefetch_tokens_occupied`), the hit's
             # host memory allocated and its read started by the next drain
@@ -187,8 +188,8 @@ class StoragePrefetch(SchedulerState):
     def _alloc_prefetch(self, req: Req, anchor, matched: int, hits: int, span: int, now: int) -> None:
         """The hit's host memory and its read (the rest of `_start_prefetch`)."""
         rules, tree, ctrl, ps = self.rules, self.tree, self.ctrl, self.ps
-        hit_only = rules.prefetch_alloc_hit_only
-        reserved = rules.storage_acks_per_pass  # the span is held since the query
+        hit_only = ctrl.prefetch_alloc_hit_only
+        reserved = ctrl.storage_per_pass  # the span is held since the query
 
         def give_back():
             if reserved:
@@ -367,10 +368,11 @@ class StoragePrefetch(SchedulerState):
         The existence query costs no virtual time here (the engine knows the hit at once), so
         assuming changes the requested span, not the clock; a page the tier deleted meanwhile is
         not read (the hit stops before it, as SGLang's read would come back short there)."""
-        if self.rules.prefetch_retry_interval_passes:
+        ctrl = self.ctrl  # (the rule set's flags, typed)
+        if ctrl.prefetch_retry_interval:
             self.prefetch_retry_due[req.seq] = None
             self.prefetch_retry_reqs[req.seq] = req
-            if self.rules.prefetch_assume_stored:
+            if ctrl.prefetch_assume_stored:
                 req.storage_hit_end = storage_hit_end
 
     def _retry_prefetches(self, now: int) -> None:

@@ -259,7 +259,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         how often the loop wakes."""
         step = self.prefetch_pass + 1
         for entry in self.ctrl.storage_writes:
-            if entry[4] < 0 or (entry[2] <= step and entry[5] <= now):
+            if entry.start < 0 or (entry.release_pass <= step and entry.end <= now):
                 return True
         for stop, seen, _slots in self.ctrl.prefetch_tails:
             if (seen < 0 and now >= stop) or (seen >= 0 and step > seen):

@@ -15,6 +15,7 @@ import itertools
 import os
 from collections import OrderedDict
 from pathlib import Path
+from typing import Final
 
 import numpy as np
 
@@ -43,7 +44,7 @@ def _storage_errors(path: Path):
 SEGMENT_BYTES = 64 << 20  # a segment file's target size; larger tiers get larger segments
 MAX_SEGMENTS = 256  # ... so that the files (and descriptors) held open stay few
 SEGMENT_SUFFIX = ".kvseg"
-_SLOT_BITS = 32  # a page's location in the index: segment number << 32 | slot in the segment
+_SLOT_BITS: Final = 32  # a page's location in the index: segment number << 32 | slot in the segment
 
 
 class _Segment:
@@ -257,6 +258,7 @@ class StorageTier:
         self._active: _Segment | None = None
         self._next_segment = 1
         self._page_shape: tuple[int, int] | None = None  # (layers, elems), from the first write
+        self._rows_seen: object = None  # the pool row view write_from checked the geometry of
         self._segment_pages = 0
         self._disk_pages = 0  # pages the segment files hold, live or holes
         self._emptied: list[_Segment] = []  # segments whose last live page went (unlinked when not active)
@@ -298,6 +300,14 @@ class StorageTier:
         or a CPU tensor) under `keys`: one gather into page-major rows, one append. Returns the
         keys deleted to make room. `rows`: the pool's row view when the caller keeps one (the
         engine's host pool), instead of making it again."""
+        if rows is not None and _pwrite_rows is not None and type(slots) is list:
+            # The engine's host pool (its row view kept): one C call a segment, no closure, and
+            # the pool's geometry checked once for this row view, not at every write (~28k writes
+            # a whole-trace storage replay: issue 41's storage row).
+            if rows is not self._rows_seen:
+                self._set_shape((pool.shape[0], pool.shape[2]))
+                self._rows_seen = rows
+            return self._write(keys, None, (0, 0), rows, slots)
         if rows is not None:
             layer_rows = rows
         elif isinstance(pool, np.ndarray):
@@ -326,8 +336,10 @@ class StorageTier:
                slots: list[int] | None = None) -> list:
         """Enter `keys` in the index and append the pages it wants written: `gather(positions)`
         makes their rows, or, given the pool's `layer_rows` and the pages' `slots` (a list),
-        `_append_rows` writes them from the pool in one C call a segment."""
-        self._set_shape(shape)
+        `_append_rows` writes them from the pool in one C call a segment. `gather` None: the
+        caller checked the geometry (`shape` is not read)."""
+        if gather is not None:
+            self._set_shape(shape)
         keys = keys if type(keys) is list else list(keys)
         deleted, fresh, emptied = self._index.admit(keys, self.capacity)
         if emptied:
@@ -500,7 +512,7 @@ class StorageTier:
         """The pages of `keys` as [n, layers, elems] int64 (numpy), each touched in the LRU:
         pages adjacent in a segment are read together."""
         keys = keys if type(keys) is list else list(keys)
-        locs = self._index.locs(keys)
+        locs: list[int] = self._index.locs(keys)
         layers, elems = self._page_shape
         out: np.ndarray = np.empty((len(keys), layers, elems), dtype=np.int64)
         mask = (1 << _SLOT_BITS) - 1
@@ -544,19 +556,23 @@ class StorageTier:
         slots of a segment, its pages' rows put straight into the pool's, no numpy array): the
         same runs, bytes and errors as `read_pages`. False when the C call declines a run (the
         caller then reads them all numpy's way: the same bytes into the same slots)."""
-        locs = self._index.locs(keys)
+        # locations typed (ints) and the slot bits a constant (Final): compiled, the split into
+        # runs is plain integer work, where untyped it was generic Python operations a page
+        locs: list[int] = self._index.locs(keys)
         page_bytes = self.page_bytes
         mask = (1 << _SLOT_BITS) - 1
         n = len(keys)
         i = 0
         while i < n:
+            first = locs[i]
+            seg_no = first >> _SLOT_BITS
             j = i + 1
-            while j < n and locs[j] == locs[j - 1] + 1 and locs[j] >> _SLOT_BITS == locs[i] >> _SLOT_BITS:
+            while j < n and locs[j] == locs[j - 1] + 1 and locs[j] >> _SLOT_BITS == seg_no:
                 j += 1
-            seg = self._segments[locs[i] >> _SLOT_BITS]
+            seg = self._segments[seg_no]
             want = (j - i) * page_bytes
             try:
-                got = _pread_rows(seg.fd, (locs[i] & mask) * page_bytes, rows, slots[i:j])
+                got = _pread_rows(seg.fd, (first & mask) * page_bytes, rows, slots[i:j])
             except OSError as exc:
                 raise _output_error(exc, seg.path) from None
             if got < 0:
