@@ -241,7 +241,7 @@ class DecodeSteps(SchedulerState):
         ctrl = self.ctrl
         device = ctrl.device
         n = len(running)
-        free = device.free_pages
+        free: int = device.free_pages  # (typed: the loop below compares it natively)
         k = self.dstep
         finish_due = self._finish_due
         # the first step with a finish due after k: the least key above k (a key is popped by
@@ -267,7 +267,7 @@ class DecodeSteps(SchedulerState):
         emit = self.emit.decode_step
         cost = self.cost  # (its method called on it: a native call where costmodel is compiled)
         base = self._kv_base
-        ratio = self.new_token_ratio
+        ratio: float = self.new_token_ratio  # (an unboxed float in the loop: the trait's attribute is Any)
         # The loop's constants and bounds as plain ints and floats (compiled: no module-global
         # look-up, no boxed int compared with an optional one, no generic dict.pop call a step;
         # a --dp 8 replay runs ~8x the steps of one rank, ~40 % of its Engine.run, issue 41)
