@@ -203,6 +203,9 @@ def test_invariants_hold_on_every_rank(reqs, dp, router, storage, device, write_
             assert r.route_branch is None and r.ranks_json is None
             continue
         ranks = json.loads(r.ranks_json)
+        # the text written out by hand (deployment._arrive, per-rank heads made once) is
+        # json.dumps' own, byte for byte
+        assert r.ranks_json == json.dumps(ranks, separators=(",", ":"))
         assert [x["rank"] for x in ranks] == list(range(dp))
         own = ranks[r.dp_rank]
         assert (own["device_tokens"], own["host_tokens"]) == (r.arrival_device_tokens, r.arrival_host_tokens)

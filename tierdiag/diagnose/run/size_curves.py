@@ -467,11 +467,6 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     inclusive = policy == WritePolicy.WRITE_THROUGH
     held, held_words = held_capacity(run.config, device, host)
 
-    def need(depth_pages: np.ndarray, beside: int) -> np.ndarray:
-        """The smallest size, whole pages, at which a depth fits beside `beside` tokens."""
-        tok = np.where(depth_pages == never, never, depth_pages * page)
-        return np.where(tok == never, never, np.maximum(-(-(tok - beside) // page) * page, 0))
-
     def found_held(depth_pages: np.ndarray) -> np.ndarray:
         """Found where its rank's device and host held it, at the run's sizes."""
         hit = depth_pages != never
@@ -504,9 +499,14 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
         sto_sizes, sto_counts = _merged(np.where(tokens <= held, 0, tokens), counts)
     else:  # storage: the lookup's depth over all ranks, beside what its own rank held (whole pages)
         del tokens
-        sto_need = np.where(found_held(pages_rank), 0, need(pages_all, 0))
+        # The storage size a lookup needs, whole pages: 0 where its own rank held it, else its
+        # depth over all ranks (beside nothing, a depth of d pages needs exactly d pages; the
+        # lookups found nowhere, `never`, left out): the depths themselves, no tokens and back
+        # (issue 41's dp row: the multiply, ceiling division and two passes of `never` over
+        # every lookup were ~0.1 s of a --dp 8 conversation close's curves).
+        sto_need = np.where(found_held(pages_rank), 0, pages_all)
         del pages_rank, pages_all
-        sto_pages, sto_counts = _tally(sto_need[sto_need != never] // page)
+        sto_pages, sto_counts = _tally(sto_need[sto_need != never])
         sto_sizes = sto_pages * page
         del sto_need, sto_pages
     curves = (device_curve, host_curve,

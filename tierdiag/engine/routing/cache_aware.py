@@ -110,7 +110,7 @@ class CacheAwareRouter(Router):
         matched, holder, depth_of = self.tree.prefix_match(keys, self._tick, touch=False)
         per_token = request.page_tokens / request.input_tokens if request.input_tokens else 0.0
         rate = matched * per_token
-        scores = tuple(d * per_token for d in depth_of)
+        scores = tuple([d * per_token for d in depth_of])
         thr = cfg.router_cache_threshold
         if holder is not None and rate > thr:
             rank, branch = holder, "cache_hit"
