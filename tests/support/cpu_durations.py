@@ -5,7 +5,9 @@ plugin charges each test the CPU its worker spent (user + system) plus that of t
 started and waited for (RUSAGE_CHILDREN: each CLI call, writer, sweep worker, Chromium), setup
 and teardown included, and at the end prints the files by CPU (the heaviest 40) and the total.
 Under pytest-xdist each worker reports its tests to the controller, which prints the table.
-A process a test leaves running is charged to the test that reaps it (or to none)."""
+A process that outlives a test (a session fixture's SGLang worker, a fork server) is read live
+(psutil: its CPU and that of the processes it reaped), so each test is charged what it made it
+spend, not the test that happens to reap it; its own children still running are not seen."""
 
 from __future__ import annotations
 
@@ -18,8 +20,19 @@ _KEY = "cpu_s"
 
 
 def _cpu() -> float:
+    """This process, the children it reaped, and its live children with those they reaped: a child
+    reaped between two reads moves from the last term to the second, so the sum only grows."""
+    import psutil
+
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    live = 0.0
+    for child in psutil.Process().children():
+        try:
+            t = child.cpu_times()
+        except psutil.Error:  # ended (or became a zombie's record) since it was listed
+            continue
+        live += t.user + t.system + t.children_user + t.children_system
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime + live
 
 
 class _CpuDurations:
@@ -50,7 +63,7 @@ class _CpuDurations:
         if hasattr(config, "workerinput"):
             return
         total = sum(self.by_file.values())
-        terminalreporter.write_sep("=", f"CPU by test file (processes the tests waited for included): {total:.1f} s")
+        terminalreporter.write_sep("=", f"CPU by test file (the processes the tests started included): {total:.1f} s")
         for path, spent in sorted(self.by_file.items(), key=lambda kv: -kv[1])[:40]:
             terminalreporter.write_line(f"{spent:8.1f} s {self.tests[path]:5d} tests  {path}")
 
