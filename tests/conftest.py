@@ -11,6 +11,11 @@ process). Where PYTHONDONTWRITEBYTECODE is set (this machine's environment, and 
 start writes `__pycache__`, so every one compiled tierdiag's modules from source again (about
 0.1 s of CPU each). The controller compiles them once here; reading a .pyc is allowed with the
 variable set, and one whose source changed is compiled afresh in memory as before.
+
+Work shares (pytest-xdist, `--dist loadfile`, the Makefile's): a file runs whole on one worker,
+so its module fixtures are built once. Files that share an expensive session fixture run on one
+worker too (`SHARED_SESSION`): otherwise the second worker builds the fixture again (a SGLang
+Scheduler worker process, ~4 s of CPU to start; the sweep folder's 4 replays and 4-run sweep).
 """
 
 from __future__ import annotations
@@ -21,6 +26,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# A test file (its path from the repository root) -> the work share it runs in, with the other
+# files of that share, on one xdist worker: they use the same session fixture.
+SHARED_SESSION = {
+    # tests/sglang/conftest.py's sglang_0523_scheduler
+    **dict.fromkeys(("tests/sglang/test_scheduler_0523.py", "tests/sglang/test_scheduler_long.py",
+                     "tests/sglang/test_drive.py"), "sglang_0523_scheduler"),
+    # tests/sweep/conftest.py's trace, singles and swept
+    **dict.fromkeys(("tests/sweep/test_sweep_cli.py", "tests/sweep/test_compare_report.py",
+                     "tests/sweep/test_sweep_ray.py"), "sweep singles and swept"),
+}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -37,3 +53,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("shared") is not None and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: a run without pytest-xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadfile`, where files of one SHARED_SESSION share are one unit of work."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedSessionScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return SHARED_SESSION.get(path, path)
+
+    return SharedSessionScheduling(config, log)
