@@ -51,12 +51,14 @@ reqs = list(read_trace({trace!r}, block_size=cfg.block_size, skip_bad=False, rep
 reqs = reqs[:{requests!r}] if {requests!r} else reqs
 gc.set_threshold(50_000, 20, 100)
 mode = sys.argv[1]
+# imported by every mode, `read` too (its count is taken off the others')
+from tierdiag.engine import compiled
+from tierdiag.engine.engine import Engine
+from tierdiag.probes.recorder import Recorder
+from tierdiag.store.frames import send_frame
+from tierdiag.store.writer_process import BATCH_ROWS, WriterProcess  # every mode hands over as often as the replay's writer process
 if mode != "read":
-    from tierdiag.engine.engine import Engine
-    from tierdiag.probes.recorder import Recorder
-    from tierdiag.store.frames import send_frame
     tmp = tempfile.mkdtemp()
-    from tierdiag.store.writer_process import BATCH_ROWS  # every mode hands over as often as the replay's writer process
     drain = writer = None
     if mode == "none":
         probe = None
@@ -69,7 +71,6 @@ if mode != "read":
         fd = drain.stdin.fileno()
         probe = Recorder(rows_sink=lambda tables: send_frame(fd, ("row_tuples", tables)), flush_rows=BATCH_ROWS)
     else:
-        from tierdiag.store.writer_process import WriterProcess
         writer = WriterProcess.start()
         writer.open(os.path.join(tmp, "run.duckdb"), run_id="split", name="split", trace_path={trace!r},
                     write_every_s=1.0, trace_sha256="0" * 64, config={{}}, hardware={{}}, data_plane={{}},
@@ -87,7 +88,7 @@ if mode != "read":
     if writer is not None:
         writer.finish("finished")
         writer.close()
-    print(json.dumps({{"cpu": c1 - c0, "wall": w1 - w0}}))
+    print(json.dumps({{"cpu": c1 - c0, "wall": w1 - w0, "core": compiled.describe()["mode"]}}))
 """
 
 
@@ -110,6 +111,8 @@ def instructions(code: Path, trace: Path, requests: int | None, modes) -> dict[s
             if proc.returncode or found is None:
                 raise SystemExit(f"{mode}: failed under valgrind: {proc.stderr.strip().splitlines()[-3:]}")
             counts[mode] = int(found.group(1).replace(",", ""))
+            if mode != "read" and json.loads(proc.stdout.strip().splitlines()[-1])["core"] != "compiled":
+                raise SystemExit(f"{mode}: the engine core of {code} is not the compiled one (build it in place)")
     fixed = counts.pop("read")
     return {m: n - fixed for m, n in counts.items()}
 
