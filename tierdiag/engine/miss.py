@@ -136,10 +136,7 @@ class MissTracker:
         """At its (first) scheduling its prefix matched `matched_pages` pages on device and host:
         every page its prefetches inserted past them left the tree before it was scheduled (a
         radix path: nothing past the first page missing is matched)."""
-        ranges: list[tuple[int, int]] = []
-        if seq in self._read:  # (a dict's pop with a default is a method call by name, compiled)
-            ranges = self._read[seq]
-            del self._read[seq]
+        ranges = self._read.pop(seq, ())
         if seq in self._prefetch_lost:
             return  # a retracted request admitted again keeps its first admission's fact
         lost, end = 0, max(matched_pages, 0)
@@ -194,19 +191,8 @@ class MissTracker:
     def take_pages(self, seq: int) -> tuple[int, int, int]:
         """`take`'s MissFacts as a plain tuple (the record's: a NamedTuple is built by a Python
         function, a frame a request)."""
-        if seq in self._read:
-            del self._read[seq]
-        return _pop(self._at_arrival, seq), _pop(self._shared, seq), _pop(self._prefetch_lost, seq)
-
-
-def _pop(d: dict[int, int], key: int) -> int:
-    """d.pop(key, 0) by native dict operations: compiled, a dict's `pop` with a default is a
-    method call by name (~500 instructions; four a finished request's record, issue 41)."""
-    value = d.get(key)
-    if value is None:
-        return 0
-    del d[key]
-    return value
+        self._read.pop(seq, None)
+        return self._at_arrival.pop(seq, 0), self._shared.pop(seq, 0), self._prefetch_lost.pop(seq, 0)
 
 
 def _routing_tokens(r: dict) -> int:
