@@ -15,6 +15,17 @@ Modes (the probe the engine is given):
            pays on the engine's core
   arrow    the Recorder, its hand-overs made the store's Arrow columns (store/columns.py
            table_columns) on this thread: the inline writer's cost short of DuckDB
+The engine process's hand-over, one step further each (issue 41's probe overhead split; each
+hands over every BATCH_ROWS rows, as the replay's writer process is handed them):
+  pickle   the Recorder, each hand-over pickled as store/frames.py's `send_frame` does
+  pipe     ... `send_frame` into a pipe that a `cat > /dev/null` child drains: what
+           WriterProcess.append_rows costs the engine's process, short of its `select` poll
+  writer   ... the replay's real writer process (a fresh store in a temporary folder) making
+           Arrow columns and inserting them into DuckDB on the other core: in instructions the
+           same as `pipe` (another process); in CPU seconds (benchmarks/recording.py --modes)
+           the difference from `pipe` is the writer's interference
+  (pipe and writer leave their child until the process exits: for fresh processes a run,
+  --instructions and benchmarks/recording.py, not for this script's in-process timings)
 
 `--profile MODE` prints cProfile's top functions of one run of MODE instead. `--instructions`
 counts each mode's `Engine.run` under cachegrind (the trace read counted alone and taken off).
@@ -42,7 +53,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DEFAULT_TRACE = ROOT / ".." / "shared" / "traces" / "conversation_trace.jsonl"
-MODES = ("none", "record", "arrow")
+MODES = ("none", "record", "arrow", "pickle", "pipe", "writer")
 
 
 def read(trace: Path, requests: int | None, overrides: dict | None = None):
@@ -82,6 +93,8 @@ def make_probe(mode: str):
 
     if mode == "record":
         return Recorder(rows_sink=lambda tables: None)
+    if mode in ("pickle", "pipe", "writer"):
+        return _handover_probe(mode)
     from tierdiag.store.columns import table_columns
 
     def to_arrow(tables):
@@ -89,6 +102,44 @@ def make_probe(mode: str):
             table_columns(table, fields, rows)
 
     return Recorder(rows_sink=to_arrow)
+
+
+def _handover_probe(mode: str):
+    """The recorder handing over as the replay's writer process is handed rows, one step more
+    each mode (module doc); a child process it needs is ended at exit."""
+    import atexit
+    import pickle
+    import subprocess as sp
+
+    from tierdiag.probes.recorder import Recorder
+    from tierdiag.store.frames import send_frame
+    from tierdiag.store.writer_process import BATCH_ROWS, WriterProcess
+
+    if mode == "pickle":
+        return Recorder(rows_sink=lambda tables: pickle.dumps(("row_tuples", tables), protocol=pickle.HIGHEST_PROTOCOL),
+                        flush_rows=BATCH_ROWS)
+    if mode == "pipe":
+        drain = sp.Popen(["cat"], stdin=sp.PIPE, stdout=sp.DEVNULL)
+        fd = drain.stdin.fileno()
+
+        def end_drain() -> None:
+            drain.stdin.close()
+            drain.wait()
+
+        atexit.register(end_drain)
+        return Recorder(rows_sink=lambda tables: send_frame(fd, ("row_tuples", tables)), flush_rows=BATCH_ROWS)
+    store = tempfile.mkdtemp()
+    writer = WriterProcess.start()
+    writer.open(os.path.join(store, "run.duckdb"), run_id="handover", name="handover", trace_path=str(DEFAULT_TRACE),
+                write_every_s=1.0, trace_sha256="0" * 64, config={}, hardware={}, data_plane={}, timing="modelled")
+
+    def end_writer() -> None:
+        writer.finish("finished")
+        writer.close()
+        shutil.rmtree(store, ignore_errors=True)
+
+    atexit.register(end_writer)
+    return Recorder(rows_sink=writer.append_rows, flush_rows=BATCH_ROWS)
 
 
 def run_once(cfg, reqs, mode: str) -> float:
@@ -153,6 +204,10 @@ import tempfile
 from tierdiag.engine.engine import Engine
 from tierdiag.probes.recorder import Recorder
 from tierdiag.store.columns import table_columns
+# the hand-over modes' imports, here so that `read` counts them (pickle, pipe, writer)
+import atexit, pickle, subprocess
+from tierdiag.store.frames import send_frame
+from tierdiag.store.writer_process import WriterProcess
 if mode != "read":
     import json, time
     from tierdiag.engine import compiled

@@ -5,7 +5,7 @@ the checkouts flips every round), CPU time (`time.process_time`) around `Engine.
 recorder's last hand-over, so that a loaded machine's waits are not counted. Medians.
 
     .venv/bin/python benchmarks/recording.py [--trace FILE] [--requests N] [--rounds 3]
-                                             [--code DIR ...] [--modes none,record,arrow]
+                                             [--code DIR ...] [--modes none,record,...]
                                              [--storage-tokens N]
 
 Modes are benchmarks/core.py's: `none` (no probe), `record` (the recorder, its hand-overs
@@ -59,8 +59,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.rounds < 1 or (args.requests is not None and args.requests < 1):
         raise SystemExit("--rounds and --requests must be positive")
     modes = [m for m in args.modes.split(",") if m]
-    if not modes or any(m not in ("none", "record", "arrow") for m in modes):
-        raise SystemExit("--modes: a comma-separated list of none, record, arrow")
+    from benchmarks.core import MODES
+
+    if not modes or any(m not in MODES for m in modes):
+        raise SystemExit(f"--modes: a comma-separated list of {', '.join(MODES)} (benchmarks/core.py)")
     codes = [c.resolve() for c in (args.code or [ROOT])]
     overrides = {} if args.storage_tokens is None else {"storage_tokens": args.storage_tokens}
     trace = args.trace.resolve()

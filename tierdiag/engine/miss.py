@@ -43,6 +43,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from tierdiag.engine.request import Req
+from tierdiag.engine.tree import RadixTree
 from tierdiag.native import cplane
 
 # The reasons, in the order of the columns (`miss_<reason>_tokens` on `requests`).
@@ -145,7 +147,9 @@ class MissTracker:
                 end = hi
         self._prefetch_lost[seq] = lost
 
-    def arrived(self, req, tree) -> None:
+    def arrived(self, req: Req, tree: RadixTree) -> None:
+        """Its own tree's prefix on device and host at arrival (a Req and the RadixTree, typed:
+        compiled, their attributes and `peek` are native reads and calls, issue 41)."""
         keys: list = req.keys
         limit: int = req.max_match_pages
         # the keys as they are where the bound leaves them whole (peek only reads them): no copy

@@ -61,11 +61,12 @@ class RequestRecords(SchedulerState):
         for reason in (req.loadback_skip_reason, req.storage_skip_reason):
             if reason:
                 st.skipped[reason] = st.skipped.get(reason, 0) + 1
-        if self.emit.lost is not None:
-            lost = self.emit.lost
+        emits = self.emit  # (an Emitters: its attributes are read by name, compiled; once here)
+        lost = emits.lost
+        if lost is not None:
             for eid, tokens in req.lost.items():
                 lost((req.req_id, eid, tokens))
-        emit = self.emit.record
+        emit = emits.record
         if emit is not None:  # the record's counterfactuals: only for a probe that keeps them
             new_tokens = computed - recomputed
             prefix = req.prefix_pages * ps
@@ -75,7 +76,7 @@ class RequestRecords(SchedulerState):
             recompute_instead = if_resident + (cost.prefill_alone_ns(computed + loaded, req.device_prefix_pages * ps)
                                                - cost.prefill_alone_ns(computed, prefix)) if loaded else if_resident
             hit_class = "tiered_hit" if host + storage else "device_hit" if device else "miss"
-            route = req.route
+            route: tuple = req.route  # (a tuple: its items are read natively, not by a generic subscript)
             host_match, storage_match = req.host_match_pages * ps, req.storage_match_pages * ps
             lb_skipped = req.loadback_skip_pages * ps
             # The miss reasons (engine/miss.py) from the record's own columns, those it reads
