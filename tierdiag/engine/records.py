@@ -140,8 +140,11 @@ class RequestRecords(SchedulerState):
         ps, tree, ctrl = self.ps, self.tree, self.ctrl
         emit = self.emit.pool_sample
         rank = self.rank
-        emit((now, "device", ctrl.device.used_pages * ps, ctrl.device.capacity * ps, tree.locked_device_pages * ps,
-              rank))
-        emit((now, "host", ctrl.host.used_pages * ps, ctrl.host.capacity * ps, tree.locked_host_pages * ps, rank))
+        # capacity - free_pages, not PagePool's used_pages property (a Python call from compiled code)
+        device, host = ctrl.device, ctrl.host
+        cap = device.capacity
+        emit((now, "device", (cap - device.free_pages) * ps, cap * ps, tree.locked_device_pages * ps, rank))
+        cap = host.capacity
+        emit((now, "host", (cap - host.free_pages) * ps, cap * ps, tree.locked_host_pages * ps, rank))
         if ctrl.storage is not None:  # with ranks, the one shared tier as this rank's batch found it
             emit((now, "storage", ctrl.storage.used_pages * ps, ctrl.storage.capacity * ps, 0, rank))
