@@ -328,3 +328,29 @@ def test_skipping_the_idle_passes_that_change_nothing_keeps_every_event(reqs, dp
     gated, every, gated_calls, every_calls = gated_and_every(trace, cfg, monkeypatch)
     assert gated == every
     assert gated_calls <= every_calls
+
+
+# The arrival's scores as text: _json_number keeps float reprs by value (issue 41: ~7,000
+# instructions a repr, a --dp 8 replay writes 8 a request); every value, asked again and again
+# (the table's hits), through a full table's clearing, is the reference's text and json's.
+@settings(max_examples=300, deadline=None)
+@given(xs=st.lists(st.one_of(st.none(), st.floats(), st.sampled_from([0.0, -0.0, 1.0, 0.1, 1e16, 1e-7])),
+                   max_size=40))
+def test_score_text_is_the_reference(xs):
+    from tierdiag.engine import deployment as dep
+
+    for x in xs + xs:
+        text = dep._json_number(x)
+        assert text == dep._json_number_reference(x)
+        if x is not None and x == x and abs(x) != float("inf"):
+            assert json.loads(text) == x and text == json.dumps(x)
+
+
+def test_score_text_table_is_cleared_when_full():
+    from tierdiag.engine import deployment as dep
+
+    for i in range(dep._SCORE_TEXT_MAX + 10):
+        x = (i + 1) / 7
+        assert dep._json_number(x) == repr(x)
+    assert 0 < len(dep._SCORE_TEXT) <= dep._SCORE_TEXT_MAX
+    assert dep._json_number(float("nan")) == "nan" and all(k == k for k in dep._SCORE_TEXT)

@@ -59,6 +59,12 @@ class CostModel:
     _attention_flops: float = field(init=False, repr=False, compare=False)
     _memory_s: float = field(init=False, repr=False, compare=False)
     _batch_overhead_ns: int = field(init=False, repr=False, compare=False)
+    # decode_step_ns's terms, read as typed fields (no clock dict look-ups, no module global a
+    # step: a --dp 8 replay prices ~8x one rank's steps, issue 41)
+    _decode_fitted: bool = field(init=False, repr=False, compare=False)
+    _decode_base: float = field(init=False, repr=False, compare=False)
+    _decode_per_token: float = field(init=False, repr=False, compare=False)
+    _decode_overhead_ns: int = field(init=False, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, cfg: EngineConfig) -> "CostModel":
@@ -91,12 +97,20 @@ class CostModel:
             object.__setattr__(self, "_attention_flops", 4.0 * self.num_layers * self.hidden_size)
             object.__setattr__(self, "_memory_s", self.weight_bytes / self.hbm_bytes_per_s)
             object.__setattr__(self, "_batch_overhead_ns", BATCH_OVERHEAD_NS)
+            object.__setattr__(self, "_decode_fitted", False)
+            object.__setattr__(self, "_decode_base", self.weight_bytes)
+            object.__setattr__(self, "_decode_per_token", 0.0)
+            object.__setattr__(self, "_decode_overhead_ns", DECODE_STEP_OVERHEAD_NS)
         else:  # fitted times, as FLOPs at this GPU's rate: the formulas below stay one
             object.__setattr__(self, "_linear_flops", c["prefill_ns_per_token"] * 1e-9 * self.effective_flops_per_s)
             object.__setattr__(self, "_attention_flops",
                                c["prefill_ns_per_token_pair"] * 1e-9 * self.effective_flops_per_s)
             object.__setattr__(self, "_memory_s", c["prefill_floor_ns"] * 1e-9)
             object.__setattr__(self, "_batch_overhead_ns", int(round(c["batch_overhead_ns"])))
+            object.__setattr__(self, "_decode_fitted", True)
+            object.__setattr__(self, "_decode_base", float(c["decode_step_ns"]))
+            object.__setattr__(self, "_decode_per_token", float(c["decode_ns_per_context_token"]))
+            object.__setattr__(self, "_decode_overhead_ns", 0)
 
     # --- compute -------------------------------------------------------------------------
     def prefill_flops(self, new_tokens: int, prefix_tokens: int) -> float:
@@ -117,7 +131,17 @@ class CostModel:
         return int((compute_s if compute_s > self._memory_s else self._memory_s) * 1e9) + self._batch_overhead_ns
 
     def decode_step_ns(self, running_context_tokens: int) -> int:
-        """One decode step: read the weights and every running request's KV once."""
+        """One decode step: read the weights and every running request's KV once (fitted: the
+        profile's step time and time per context token). __post_init__'s typed terms, the same
+        operations in the same order as decode_step_ns_reference, so the same results to the bit."""
+        if self._decode_fitted:
+            return int(self._decode_base + self._decode_per_token * running_context_tokens)
+        bytes_read = self._decode_base + running_context_tokens * self.kv_bytes_per_token
+        return int(bytes_read / self.hbm_bytes_per_s * 1e9) + self._decode_overhead_ns
+
+    def decode_step_ns_reference(self, running_context_tokens: int) -> int:
+        """decode_step_ns written out from the clock and the module's constants (the tests hold
+        the two to identical results)."""
         if self.clock is not None:
             return int(self.clock["decode_step_ns"] + self.clock["decode_ns_per_context_token"] * running_context_tokens)
         bytes_read = self.weight_bytes + running_context_tokens * self.kv_bytes_per_token

@@ -36,7 +36,7 @@ import heapq
 import itertools
 import math
 from bisect import bisect_right
-from typing import Iterable, Sequence
+from typing import Final, Iterable, Sequence
 
 from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.arrivals import ArrivalSource
@@ -50,10 +50,36 @@ from tierdiag.trace.pages import page_keys_array
 from tierdiag.trace.reader import TraceRequest
 
 
+# _json_number's texts of nonzero scores by value (cleared when full)
+_SCORE_TEXT: Final[dict[float, str]] = {}
+_SCORE_TEXT_MAX: Final = 1 << 14
+
+
 def _json_number(x: float | None) -> str:
     """A score as JSON writes it: float.__repr__ (scores are finite: match rates, loads). Most
     ranks score 0 for a request (they hold none of it, or nothing is in flight there): "0.0"
     without the float's repr."""
+    if x is None:
+        return "null"
+    f = float(x)
+    if f == 0.0:
+        return "0.0" if math.copysign(1.0, f) > 0 else "-0.0"
+    # float.__repr__ runs the shortest-digits search (~7,000 instructions); a rank's score
+    # repeats (a request's ranks at the same depth, the same match rate or load again), so the
+    # text is kept by value, the table cleared when full. -0.0 (equal to 0.0) is answered above,
+    # NaN (equal to nothing) never kept. _json_number_reference is the text written out.
+    text = _SCORE_TEXT.get(f)
+    if text is None:
+        text = repr(f)
+        if f == f:
+            if len(_SCORE_TEXT) >= _SCORE_TEXT_MAX:
+                _SCORE_TEXT.clear()
+            _SCORE_TEXT[f] = text
+    return text
+
+
+def _json_number_reference(x: float | None) -> str:
+    """_json_number without its table: json.dumps's text of one score."""
     if x is None:
         return "null"
     f = float(x)
