@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import string
 from pathlib import Path
 
@@ -399,44 +400,66 @@ def test_explaining_an_upgrade_run_imports_no_torch(demo_upgrade):
     assert heavy == [] and any(s["name"] == "upgrade" for s in json.loads(out)["steps"])
 
 
-def _runner_failing(rule: str | None):
-    """A sweep runner that replays every config but the one switching `rule` back (None: OLD's
-    own), then fails as the sweep runner does when a replay failed."""
-    from tierdiag.app.sweep import Processes, RunOutcome, SweepFailed, run_configs
+def _runner_failing(rule: str | None, recorded: tuple[Path, dict]):
+    """A sweep runner whose every config but the one switching `rule` back (None: OLD's own)
+    completed, and which then fails as the sweep runner does when a replay failed.
+
+    The completed runs are the module's recorded upgrade (`demo_upgrade`: the same plan, one
+    run per config, as `run_configs` recorded them), put in this upgrade's store under this
+    upgrade's sweep id; the failed config's run stays under the recorded sweep's id, so the
+    view must also leave out a run of another sweep in the same store. What is tested is what
+    `replay_upgrade` makes of a failed sweep (the view without that rule, the command still
+    failing), not the replays: replaying the plan again for each case (~31 replays) cost
+    ~10 s of CPU a case (issue 41's suite time)."""
+    from tierdiag.app.sweep import RunOutcome, SweepFailed
+
+    src, view = recorded
+    by_rule = {r["rule"]: r["before_run_id"] for r in view["rules"]}
+
+    def run_id_of(cfg) -> str:
+        if cfg.sglang_switched_back:
+            return by_rule[cfg.sglang_switched_back]
+        return view["upgrade"]["before_run_id" if cfg.sglang_rules == OLD else "after_run_id"]
 
     def runner(trace, plan, db, backend, sweep_id, skip_bad, by=None, *, compare=True):
-        keep, outcomes = [], []
+        shutil.copy(src, db)
+        outcomes, kept = [], []
         for i, (name, cfg) in enumerate(plan.configs):
             dropped = cfg.sglang_switched_back == rule if rule else (cfg.sglang_rules == OLD)
             if dropped:
                 outcomes.append(RunOutcome(i, name, None, "failed", "worker process exited with code -9", 1))
             else:
-                keep.append((name, cfg))
-        ids = run_configs(trace, keep, db, backend=Processes(2), sweep_id=sweep_id)
-        outcomes += [RunOutcome(0, n, i, "complete") for (n, _), i in zip(keep, ids)]
+                kept.append(run_id_of(cfg))
+                outcomes.append(RunOutcome(i, name, kept[-1], "complete"))
+        assert len(set(kept)) == len(kept) == len(plan.configs) - 1  # each config its own recorded run
+        con = duckdb.connect(str(db))
+        con.execute(f"UPDATE runs SET sweep_id = ? WHERE run_id IN ({', '.join('?' * len(kept))})", [sweep_id, *kept])
+        con.close()
         raise SweepFailed(outcomes)
 
     return runner
 
 
 @pytest.mark.parametrize("failing", ["hits_past_inserted", None])
-def test_a_failed_rule_replay_is_listed_not_isolated_and_the_command_still_fails(tmp_path, capsys, failing):
+def test_a_failed_rule_replay_is_listed_not_isolated_and_the_command_still_fails(tmp_path, capsys, failing,
+                                                                                  demo_upgrade):
     from tierdiag.app.sweep import SweepFailed
     from tierdiag.cli.upgrade import replay_upgrade
     from tierdiag.config.engine import EngineConfig
 
-    head = tmp_path / "demo100.jsonl"
-    head.write_text("".join(DEMO.read_text().splitlines(keepends=True)[:100]))
-    cfg = EngineConfig(device_tokens=16384, host_tokens=32768)
+    cfg = EngineConfig(device_tokens=16384, host_tokens=32768)  # demo_upgrade's SMALL_POOLS: the same plan
     with pytest.raises(SweepFailed):
-        replay_upgrade(head, cfg, (OLD, NEW), db=tmp_path / "f.duckdb", run_name=None, jobs=2, skip_bad=False,
-                       json_=True, runner=_runner_failing(failing))
+        replay_upgrade(DEMO, cfg, (OLD, NEW), db=tmp_path / "f.duckdb", run_name=None, jobs=2, skip_bad=False,
+                       json_=True, runner=_runner_failing(failing, demo_upgrade))
     out = capsys.readouterr().out
     if failing is None:  # without OLD's run there is no upgrade to show
         assert "{" not in out
         return
     view = json.loads(out[out.index("{"):])
     assert view["missing_rules"] == [failing] and failing not in [r["rule"] for r in view["rules"]]
+    # every other rule is there, from this upgrade's runs only
+    assert [r["rule"] for r in view["rules"]] == [r for r in differing_rules(OLD, NEW) if r != failing]
+    assert view["sweep_id"] != demo_upgrade[1]["sweep_id"]
 
 
 def test_a_rule_run_says_which_rule_it_switched_back(demo_upgrade):

@@ -7,8 +7,10 @@ traceback; `Result.fails` asserts all three and returns the line.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +27,39 @@ SHARED_TRACES = REPO / ".." / "shared" / "traces"
 SMALL = ("--model", "tiny", "--gpu", "cpu", "--device-tokens", "4096")
 # Room for the synthetic traces' long requests (up to 30k tokens), so they are served, not rejected.
 ROOMY = ("--model", "tiny", "--gpu", "cpu", "--device-tokens", "65536")
+
+
+def cli(*args: object) -> tuple[int, str, str]:
+    """`tierdiag ARGS` in this process: (exit code, stdout, stderr). The real entry point
+    (`tierdiag.cli.exits.run`, which maps errors to exit codes and one stderr line) with its
+    stdout and stderr captured and the signal handlers it installs put back: for tests of what
+    the command says and does to the store, where starting a process (~1 s of CPU) is not what
+    is tested. Each exit path keeps a subprocess case of its own (`tierdiag`)."""
+    from tierdiag import signals
+    from tierdiag.cli.exits import run as run_entry
+    from tierdiag.cli.main import _build_app
+
+    out, err = io.StringIO(), io.StringIO()
+    argv, handlers = sys.argv, {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    sys.argv = ["tierdiag", *map(str, args)]
+    code = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                run_entry(_build_app)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = argv
+        for s, h in handlers.items():
+            signal.signal(s, h)
+        signals.reset()
+    return code, out.getvalue(), err.getvalue()
+
+
+def tierdiag_here(*args: object) -> Result:
+    """`cli` as a `Result` (`.fails`, `.json`), like `tierdiag`'s but without the process."""
+    return Result(*cli(*args))
 
 
 def sql(db: Path, query: str, params: list | None = None) -> list[tuple]:
@@ -72,10 +107,11 @@ def wait_for_recorded_rows(proc: subprocess.Popen, db: Path, *, runs_before: int
     raise AssertionError("no requests were recorded in time")
 
 
-def runs(db: Path) -> list[dict]:
+def runs(db: Path, *, process: bool = True) -> list[dict]:
     """`runs --json`, each run as stored: without `default` (which run a command without --run
-    reads is the store's newest user run: it moves to a later one, the earlier run unchanged)."""
-    listed = tierdiag("runs", "--db", db, "--json").json()
+    reads is the store's newest user run: it moves to a later one, the earlier run unchanged).
+    `process=False`: the CLI in this process (`cli`), the same command and output."""
+    listed = (tierdiag if process else tierdiag_here)("runs", "--db", db, "--json").json()
     for r in listed:
         r.pop("default", None)
     return listed

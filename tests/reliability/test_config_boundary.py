@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from harness import SMALL, good_lines, line, runs, tierdiag, write_trace
+from harness import SMALL, good_lines, line, runs, tierdiag, tierdiag_here, write_trace
 from tierdiag.config.engine import CONFIG_SCHEMA, RELEASE_OFFERS, EngineConfig, load_config
 from tierdiag.config.profile import CLOCK_PARAMS, PROFILE_FORMAT, load_profile, preset_clock, write_profile
 from tierdiag.errors import ConfigError, ExitCode
@@ -31,12 +31,15 @@ def _digest(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _refused(store, code, *args, fragments=()):
-    """`replay` with `args` fails (one line, `code`) and the store is byte for byte as it was."""
+def _refused(store, code, *args, fragments=(), process=False):
+    """`replay` with `args` fails (one line, `code`) and the store is byte for byte as it was.
+    The CLI runs in this process (`harness.cli`: the real entry point, its exit code and stderr)
+    unless `process`: what is tested is the refusal and the store, not the process, and a
+    process a refusal cost ~1 s of CPU. Each exit code keeps subprocess cases (`process=True`)."""
     db, trace = store
-    before, listed = _digest(db), runs(db)
-    err_line = tierdiag("replay", trace, "--db", db, *args).fails(code, *fragments)
-    assert _digest(db) == before and runs(db) == listed  # no failed run, nothing changed
+    before, listed = _digest(db), runs(db, process=process)
+    err_line = (tierdiag if process else tierdiag_here)("replay", trace, "--db", db, *args).fails(code, *fragments)
+    assert _digest(db) == before and runs(db, process=process) == listed  # no failed run, nothing changed
     return err_line
 
 
@@ -88,7 +91,7 @@ def test_each_release_declares_what_it_offers():
 def test_a_release_mismatch_written_in_a_config_file_is_exit_3(store, tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text('sglang_rules = "0.5.9"\neviction_policy = "slru"\n')
-    line_ = _refused(store, 3, *SMALL, "--config", cfg,
+    line_ = _refused(store, 3, *SMALL, "--config", cfg, process=True,  # exit 3 through a real process
                      fragments=(f"--config {cfg}: eviction_policy slru is not in SGLang 0.5.9",))
     assert "--sglang" not in line_.split("(use")[0]
 
@@ -170,7 +173,8 @@ def test_a_bad_config_value_is_exit_3_naming_file_and_key(store, tmp_path, text,
 
 
 def test_the_same_value_on_the_command_line_is_exit_2_naming_the_option(store):
-    _refused(store, 2, *SMALL, "--max-context", "0", fragments=("--max-context 0 must be at least 1",))
+    _refused(store, 2, *SMALL, "--max-context", "0", fragments=("--max-context 0 must be at least 1",),
+             process=True)  # exit 2 through a real process
     _refused(store, 2, *SMALL, "--sglang", "0.4", fragments=("--sglang",))
 
 
@@ -227,7 +231,8 @@ def test_profile_errors_from_either_source():
 def test_advise_host_memory_out_of_range_is_exit_2(store, value):
     db, _ = store
     before = _digest(db)
-    tierdiag("advise", "--db", db, "--host-memory", value).fails(2, "--host-memory", repr(value))
+    cmd = tierdiag if value == "99999999999T" else tierdiag_here  # one through a real process
+    cmd("advise", "--db", db, "--host-memory", value).fails(2, "--host-memory", repr(value))
     assert _digest(db) == before
 
 

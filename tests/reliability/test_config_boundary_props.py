@@ -5,25 +5,21 @@ stderr, no traceback, the documented exit code (docs/contract.md §7: 2 for what
 line says, 3 for what a file says), the file and key or the option named, and the store that
 existed before left byte for byte as it was (no failed run added).
 
-The CLI runs in this process (`cli` below: the real entry point, `tierdiag.cli.exits.run`, with
+The CLI runs in this process (`harness.cli`: the real entry point, `tierdiag.cli.exits.run`, with
 its stdout and stderr captured), so a bounded number of examples costs a second or two each.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import json
 import math
-import signal
-import sys
 
 import pytest
 import tomli_w
 from hypothesis import HealthCheck, assume, example, given, settings, strategies as st
 
-from harness import SMALL, good_lines, tierdiag, write_trace
+from harness import SMALL, cli, good_lines, tierdiag, write_trace
 from tierdiag.config.engine import CONFIG_KEYS, CONFIG_SCHEMA, load_config
 from tierdiag.config.profile import CLOCK_PARAMS, PROFILE_FORMAT, load_profile, preset_clock
 from tierdiag.errors import ConfigError, ExitCode
@@ -43,31 +39,6 @@ BAD_NUMBER_TEXT = st.sampled_from(["nan", "inf", "-inf", "1e400", "1" + "0" * 40
 NUMERIC_OPTIONS = sorted(f.option for f in CONFIG_SCHEMA.fields.values()
                          if f.option and f.kind in (int, float) and f.choices is None)
 NUMERIC_KEYS = sorted(k for k, f in CONFIG_SCHEMA.fields.items() if f.kind in (int, float) and f.choices is None)
-
-
-def cli(*args: object) -> tuple[int, str, str]:
-    """`tierdiag ARGS` in this process: (exit code, stdout, stderr)."""
-    from tierdiag.cli.exits import run
-    from tierdiag.cli.main import _build_app
-
-    out, err = io.StringIO(), io.StringIO()
-    argv, handlers = sys.argv, {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    sys.argv = ["tierdiag", *map(str, args)]
-    code = 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                run(_build_app)
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    finally:
-        sys.argv = argv
-        for s, h in handlers.items():
-            signal.signal(s, h)
-        from tierdiag import signals
-
-        signals.reset()
-    return code, out.getvalue(), err.getvalue()
 
 
 def refused(code: int, err: str, want: int, *fragments: str) -> str:
