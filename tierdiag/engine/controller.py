@@ -591,7 +591,7 @@ class CacheController:
         keys = node.keys  # a page key names its whole prefix: the tier's key as it is
         # Straight from the host slots into one append (no per-page work): the bytes on disk are
         # the host copy's, which a later prefetch reads back and a load-back verifies.
-        deleted = self.storage.write_from(self.host.array, node.host, keys, rows=self.host.rows)
+        deleted = self.storage.write_from(self.host.array, node.host, keys, rows=self.host.rows)  # a count
         pages = len(keys)
         dp_bytes = pages * self.dp_page_bytes
         storage = self.storage
@@ -601,7 +601,7 @@ class CacheController:
             storage.free_ns = end
         if deleted:
             key = "storage/delete"
-            self.stats.evictions[key] = self.stats.evictions.get(key, 0) + len(deleted)
+            self.stats.evictions[key] = self.stats.evictions.get(key, 0) + deleted
         if self.emit.transfer is not None:
             self.emit.transfer((self._transfer_id(), start, end, TransferKind.STORAGE_WRITE, cause, pages, 1,
                                 pages * self.page_bytes, dp_bytes, max(0, start - now_ns), 0, None, self.rank))

@@ -133,7 +133,14 @@ class StoragePrefetch(SchedulerState):
         if self.storage_pass_done_ns == now:
             self.storage_pass_done_ns = -1
             return
-        if self.rules.storage_acks_per_pass:
+        if not self.has_storage:
+            # No tier: no query, write, read, tail or re-query can exist (each starts at a
+            # storage query or write), so the pass only counts, as _retry_prefetches would
+            if self.retry_interval or self.storage_acks:
+                self.prefetch_pass += 1
+            return
+        acks = self.storage_acks
+        if acks:
             # the writes acknowledged since the last pass start; those ended are in the tier
             # before this pass's queries
             self.ctrl.start_storage_writes(now)
@@ -141,7 +148,7 @@ class StoragePrefetch(SchedulerState):
             arrived, self.unqueried = self.unqueried, []
             for req in arrived:
                 self._start_prefetch(req, now)
-        if self.rules.storage_acks_per_pass:
+        if acks:
             self.drain_prefetch_queries(now)
             self.ctrl.release_storage_writes(now)
             self.ctrl.free_prefetch_tails(now)
@@ -293,7 +300,7 @@ class StoragePrefetch(SchedulerState):
         `storage_acks_per_pass`), holds its request under a policy that waits
         (`_can_terminate_prefetch`: wait_complete, or timeout before its deadline); best_effort
         never holds."""
-        if not self.rules.storage_acks_per_pass:
+        if not self.storage_acks:
             return False
         step = self.prefetch_pass
         # a read not seen yet; or a query made in this pass (a re-query), in flight until the
@@ -345,12 +352,12 @@ class StoragePrefetch(SchedulerState):
         cap the shorter match is taken as it is. Returns whether the request is skipped.
         The rule set's re-queries (`prefetch_retry_*`) gate it: 0.5.9 has neither."""
         last = req.storage_last_match
-        if not last or not self.rules.prefetch_retry_interval_passes:
+        if not last or not self.retry_interval:
             return False
         _, current = self.tree.locate(_matchable(req))  # no stamp: _admit's match stamps
         if current >= last:
             return False
-        if req.prefetch_retries >= self.rules.prefetch_retry_max_attempts:
+        if req.prefetch_retries >= self.retry_cap:
             req.storage_last_match = current
             return False
         self.tree.match(_matchable(req), now)  # the admission's match, before the skip
@@ -370,7 +377,7 @@ class StoragePrefetch(SchedulerState):
         not read (the hit stops before it, as SGLang's read would come back short there)."""
         ctrl = self.ctrl  # (the rule set's flags, typed)
         if ctrl.prefetch_retry_interval:
-            self.prefetch_retry_due[req.seq] = None
+            self.prefetch_retry_due[req.seq] = -1  # armed: the first pass that sees it sets its due pass
             self.prefetch_retry_reqs[req.seq] = req
             if ctrl.prefetch_assume_stored:
                 req.storage_hit_end = storage_hit_end
@@ -380,9 +387,9 @@ class StoragePrefetch(SchedulerState):
         scheduling pass: a queued request's armed re-query is due `interval` passes after the
         first pass that sees it, in waiting-queue order; the queue head's is dropped ("a
         speculative miss must never delay the queue head"); past max_attempts re-queries, none."""
-        interval = self.rules.prefetch_retry_interval_passes
+        interval = self.retry_interval
         if not interval:
-            if self.rules.storage_acks_per_pass:
+            if self.storage_acks:
                 self.prefetch_pass += 1  # the clock of the prefetch acks
             return
         self.prefetch_pass += 1
@@ -395,7 +402,7 @@ class StoragePrefetch(SchedulerState):
             del pending[head]
             del reqs[head]
         step = self.prefetch_pass
-        # The entries this pass acts on: unarmed (due None: armed now, or dropped past
+        # The entries this pass acts on: unarmed (due -1: armed now, or dropped past
         # max_attempts) and due; an armed entry is never over max_attempts (the count is
         # checked as it is armed and grows only as it fires), so the rest need nothing. Every
         # entry is a queued request's (armed at arrival or requeue, dropped at admission:
@@ -403,18 +410,18 @@ class StoragePrefetch(SchedulerState):
         # walk's order matters only to the re-queries fired, sorted here by queue position
         # (issue 41: the walk was 27 % of a storage replay's CPU, ~800 requests waiting and
         # ~5 entries to act on a pass). `_retry_prefetches_walk` is the walk, kept as the reference.
-        act = [seq for seq, due in pending.items() if due is None or due <= step]
+        act = [seq for seq, due in pending.items() if due <= step]  # (-1 <= step: the unarmed)
         if not act:
             return
         ready = []
-        cap = self.rules.prefetch_retry_max_attempts
+        cap = self.retry_cap
         for seq in act:
             req = reqs[seq]
             if req.prefetch_retries >= cap:
                 del pending[seq]
                 del reqs[seq]
                 continue
-            if pending[seq] is None:
+            if pending[seq] < 0:
                 pending[seq] = step + interval  # (interval >= 1: not due this pass)
                 continue
             del pending[seq]
@@ -459,7 +466,7 @@ class StoragePrefetch(SchedulerState):
         if pending.pop(waiting[0].seq, 0) != 0:
             del reqs[waiting[0].seq]
         step = self.prefetch_pass
-        if not any(due is None or due <= step for due in pending.values()):
+        if not any(due <= step for due in pending.values()):
             return
         ready = []
         cap = self.rules.prefetch_retry_max_attempts
@@ -470,7 +477,7 @@ class StoragePrefetch(SchedulerState):
                 del pending[req.seq], reqs[req.seq]
                 continue
             due = pending[req.seq]
-            if due is None:
+            if due < 0:
                 due = pending[req.seq] = step + interval
             if due > step:
                 continue
@@ -488,7 +495,7 @@ class StoragePrefetch(SchedulerState):
         first, pages, slots, start, end = req.prefetch
         if now >= end:
             done = pages
-        elif self.rules.storage_acks_per_pass:  # the batches acknowledged (storage_pages_done)
+        elif self.storage_acks:  # the batches acknowledged (storage_pages_done)
             done = self.cost.storage_pages_done(pages, self.ctrl.page_bytes, now - start)
         else:
             done = max(0, (pages * (now - start)) // max(end - start, 1))
@@ -524,7 +531,7 @@ class StoragePrefetch(SchedulerState):
             kept = done
         else:
             self.ctrl.host.free(slots[:done])
-        if now < end and self.rules.storage_acks_per_pass:
+        if now < end and self.storage_acks:
             # cut short in flight: the read stops at the end of its batch in progress (at its
             # start, not started yet), and its unread slots are freed after its last ack
             ends = self.cost.storage_batch_ends(pages, self.ctrl.page_bytes)

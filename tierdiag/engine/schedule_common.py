@@ -85,7 +85,11 @@ class SchedulerState:
     backup_threshold: int | None
     prefetch_threshold: int
     prefetch_tokens_occupied: int
-    prefetch_retry_due: dict[int, int | None]
+    prefetch_retry_due: dict[int, int]
+    retry_interval: int
+    retry_cap: int
+    storage_acks: bool
+    has_storage: bool
     prefetch_retry_reqs: dict[int, Req]
     prefetch_pass: int
     unqueried: list[Req]

@@ -117,7 +117,15 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.prefetch_limit_tokens = prefetch_limit_tokens(self.rules, ctrl.host.capacity, ctrl.device.capacity,
                                                            self.ps)
         self.prefetch_tokens_occupied = 0
-        self.prefetch_retry_due: dict[int, int | None] = {}  # req seq -> pass its re-query is due (0.5.23)
+        # req seq -> pass its re-query is due (0.5.23); -1: armed, its due pass not set yet (the
+        # first pass that sees it sets it), an int so the compiled compare is typed
+        self.prefetch_retry_due: dict[int, int] = {}
+        # The rule fields every pass's storage half reads, typed: rules.py is interpreted, so a
+        # RuleSet field read from compiled code is a generic attribute lookup
+        self.retry_interval: int = self.rules.prefetch_retry_interval_passes
+        self.retry_cap: int = self.rules.prefetch_retry_max_attempts
+        self.storage_acks: bool = self.rules.storage_acks_per_pass
+        self.has_storage: bool = ctrl.storage is not None
         self.prefetch_retry_reqs: dict[int, Req] = {}  # the same seqs -> their requests
         self.prefetch_pass = 0  # scheduling passes, the re-queries' clock
         # arrivals whose storage query waits for the next pass (rule storage_acks_per_pass)
@@ -248,7 +256,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         arrivals are still to come (after the last, the replay's end frees them all)."""
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.ctrl.flush_backups(now)
-        if more and self.rules.storage_acks_per_pass and self._idle_storage_due(now):
+        if more and self.storage_acks and self._idle_storage_due(now):
             self.storage_pass_start(now)
 
     def _idle_storage_due(self, now: int) -> bool:
@@ -341,7 +349,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         if self.miss is not None:
             self.miss.arrived(req, self.tree)
         if self.ctrl.storage is not None:
-            if self.rules.storage_acks_per_pass:
+            if self.storage_acks:
                 # 0.5.23 handles an arrival at the next pass (recv_requests ->
                 # `_add_request_to_queue` -> `_prefetch_kvcache`, before get_next_batch_to_run)
                 self.unqueried.append(req)

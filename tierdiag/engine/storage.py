@@ -15,7 +15,7 @@ import itertools
 import os
 from collections import OrderedDict
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 
@@ -111,7 +111,13 @@ class _LruIndex:
         found = sorted((loc, k) for k, loc in self._od.items() if lo <= loc <= lo + mask)
         return [loc & mask for loc, _ in found], [k for _, k in found]
 
-    def admit(self, keys: list, capacity: int) -> tuple[list, list[int] | None, list[int]]:
+    def admit(self, keys: list, capacity: int, counted: bool = False) -> tuple[Any, list[int] | None, list[int]]:
+        """`_admit`; `counted`: deleted is how many keys were deleted (an int), not their list
+        (the engine only counts them; the compiled index then makes no list)."""
+        deleted, fresh, emptied = self._admit(keys, capacity)
+        return (len(deleted) if counted else deleted), fresh, emptied
+
+    def _admit(self, keys: list, capacity: int) -> tuple[list, list[int] | None, list[int]]:
         """Enter the keys of a write, one at a time as files a page would go: a key already there
         is touched; a new one first deletes the oldest pages while the index holds `capacity`
         (even one entered earlier in this call), then goes in as the newest, at location -1.
@@ -295,10 +301,10 @@ class StorageTier:
         return self._write(keys, lambda idx: np.ascontiguousarray(page_major if idx is None else page_major[idx]),
                            (rows.shape[0], rows.shape[2]))
 
-    def write_from(self, pool, slots: list[int], keys: list, *, rows: np.ndarray | None = None) -> list:
+    def write_from(self, pool, slots: list[int], keys: list, *, rows: np.ndarray | None = None) -> int:
         """Write the pages in `slots` of a [layers, pages, elems] CPU pool buffer (a numpy array,
-        or a CPU tensor) under `keys`: one gather into page-major rows, one append. Returns the
-        keys deleted to make room. `rows`: the pool's row view when the caller keeps one (the
+        or a CPU tensor) under `keys`: one gather into page-major rows, one append. Returns how
+        many keys were deleted to make room (`write` returns them; the engine only counts). `rows`: the pool's row view when the caller keeps one (the
         engine's host pool), instead of making it again."""
         if rows is not None and _pwrite_rows is not None and type(slots) is list:
             # The engine's host pool (its row view kept): one C call a segment, no closure, and
@@ -307,7 +313,7 @@ class StorageTier:
             if rows is not self._rows_seen:
                 self._set_shape((pool.shape[0], pool.shape[2]))
                 self._rows_seen = rows
-            return self._write(keys, None, (0, 0), rows, slots)
+            return self._write(keys, None, (0, 0), rows, slots, True)
         if rows is not None:
             layer_rows = rows
         elif isinstance(pool, np.ndarray):
@@ -329,11 +335,11 @@ class StorageTier:
             return _gather_rows(layer_rows, pages)
 
         if _pwrite_rows is not None and type(slots) is list:
-            return self._write(keys, gather, (pool.shape[0], pool.shape[2]), layer_rows, slots)
-        return self._write(keys, gather, (pool.shape[0], pool.shape[2]))
+            return self._write(keys, gather, (pool.shape[0], pool.shape[2]), layer_rows, slots, True)
+        return self._write(keys, gather, (pool.shape[0], pool.shape[2]), counted=True)
 
     def _write(self, keys: list, gather, shape: tuple[int, int], layer_rows: np.ndarray | None = None,
-               slots: list[int] | None = None) -> list:
+               slots: list[int] | None = None, counted: bool = False) -> Any:
         """Enter `keys` in the index and append the pages it wants written: `gather(positions)`
         makes their rows, or, given the pool's `layer_rows` and the pages' `slots` (a list),
         `_append_rows` writes them from the pool in one C call a segment. `gather` None: the
@@ -341,7 +347,7 @@ class StorageTier:
         if gather is not None:
             self._set_shape(shape)
         keys = keys if type(keys) is list else list(keys)
-        deleted, fresh, emptied = self._index.admit(keys, self.capacity)
+        deleted, fresh, emptied = self._index.admit(keys, self.capacity, counted)
         if emptied:
             segments = self._segments
             self._emptied.extend(segments[n] for n in emptied)

@@ -45,8 +45,9 @@
  * 8: FlushTicker (the recorder's tick; benchmarks/README.md, issue 41).
  * 9: pwrite_rows, pread_rows (the storage tier's page writes and reads; benchmarks/README.md, issue 41 session 17).
  * 10: PageKeySet (the miss reasons' in-batch page keys; benchmarks/README.md, issue 41 session 18).
- * 11: SlotCore and MapCore (PagePool's and PageMap's bases: alloc, free, set_many one C call; session 19). */
-#define CPLANE_API 11
+ * 11: SlotCore and MapCore (PagePool's and PageMap's bases: alloc, free, set_many one C call; session 19).
+ * 12: StorageIndex.admit's `counted` (the deletions counted, no list made; session 19, h41stor3). */
+#define CPLANE_API 12
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256

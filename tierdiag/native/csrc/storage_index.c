@@ -327,14 +327,15 @@ ix_touch(StorageIndex *ix, PyObject *key)
 }
 
 PyDoc_STRVAR(ix_admit_doc,
-"admit(keys, capacity) -> (deleted, fresh, emptied)\n\n"
+"admit(keys, capacity[, counted]) -> (deleted, fresh, emptied)\n\n"
 "_LruIndex.admit: a key already there is touched; a new one first deletes the oldest pages\n"
 "while the index holds `capacity`, then goes in as the newest with location -1. deleted: the\n"
 "keys deleted, oldest first; fresh: the positions of keys still -1 at the end (None when no\n"
 "more than capacity keys were all entered new at their turn: all of them, in order); emptied:\n"
 "the segments whose last live page went, in that order. A key named twice is touched while it\n"
 "is there, or entered anew when the write's own keys pushed it out; fresh names it once, at\n"
-"the position that entered it last.");
+"the position that entered it last. counted true: deleted is how many keys were deleted (an\n"
+"int), no list of them made (the engine only counts them).");
 
 /* How many keys ahead admit() prefetches the table slot of. */
 #define IX_PREFETCH 8
@@ -343,13 +344,15 @@ static PyObject *
 ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *keys, *deleted = NULL, *fresh = NULL, *emptied = NULL, *res;
-    Py_ssize_t n, capacity, i, nfresh = 0;
+    Py_ssize_t n, capacity, i, nfresh = 0, ndeleted = 0;
+    int counted = 0;
     Py_hash_t small_hashes[SMALL_LIST], *hashes = small_hashes;
     Py_ssize_t small_pos[SMALL_LIST], *pos = small_pos;  /* the positions entered new, in order */
     int all_new;
-    if (wrong_nargs(nargs, 2, "admit() takes 2 arguments: keys, capacity")) {
+    if (nargs != 3 && wrong_nargs(nargs, 2, "admit() takes 2 or 3 arguments: keys, capacity[, counted]")) {
         return NULL;
     }
+    if (nargs == 3 && (counted = PyObject_IsTrue(args[2])) < 0) return NULL;
     keys = args[0];
     if (!ix_check_list(keys)) return NULL;
     capacity = PyLong_AsSsize_t(args[1]);
@@ -370,7 +373,7 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
     }
     for (i = 0; i < n && i < IX_PREFETCH; i++) __builtin_prefetch(&ix->table[(size_t)IX_TAG(hashes[i]) & ix->mask]);
     ix->pending_n = ix->pending_at = 0;
-    if ((deleted = PyList_New(0)) == NULL || (emptied = PyList_New(0)) == NULL) {
+    if ((!counted && (deleted = PyList_New(0)) == NULL) || (emptied = PyList_New(0)) == NULL) {
         goto fail;
     }
     for (i = 0; i < n; i++) {
@@ -399,7 +402,8 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
                 if (ix->ent[e].next >= 0) __builtin_prefetch(&ix->ent[ix->ent[e].next]);  /* the next victim */
                 loc = ix->ent[e].loc;
                 old = ix_remove(ix, e);
-                if (PyList_Append(deleted, old) < 0) {
+                ndeleted++;
+                if (!counted && PyList_Append(deleted, old) < 0) {
                     Py_DECREF(old);
                     goto fail;
                 }
@@ -457,6 +461,7 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
             PyList_SET_ITEM(fresh, i, p);
         }
     }
+    if (counted && (deleted = PyLong_FromSsize_t(ndeleted)) == NULL) goto fail;
     res = PyTuple_Pack(3, deleted, fresh, emptied);
     Py_DECREF(deleted);
     Py_DECREF(fresh);
