@@ -237,10 +237,12 @@ def _turns(con: duckdb.DuckDBPyConnection, run) -> _Turns | None:
             keep = (arr[oj] <= m[ti]) & (fin[oj] >= ps[ti]) & (o_session[oj] != t_session[ti])
             ti, oj = ti[keep], oj[keep]
             if len(ti):
-                # Each (turn, other who) once, at its largest context.
+                # Each (turn, other who) once, at its largest context. Any sort groups the
+                # pairs (a group's max and its key are the same in any order): not a stable one,
+                # ~4x slower on these int64 keys (issue 41: the section's largest part).
                 w = who_id[oj]
                 key = ti * width + w
-                order = np.argsort(key, kind="stable")
+                order = np.argsort(key)
                 key_s, tok_s = key[order], o_tokens[oj][order]
                 starts = np.flatnonzero(np.r_[True, key_s[1:] != key_s[:-1]])
                 top = np.maximum.reduceat(tok_s, starts)
