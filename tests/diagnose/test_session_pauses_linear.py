@@ -105,9 +105,13 @@ def _session_named_as_a_lone_request(src, out):
 
 
 @pytest.mark.parametrize("budget", [SP.PAIR_BUDGET, 1, 37])
-def test_the_linear_distances_are_the_definitions(store, budget, monkeypatch):
-    """Whatever the pair budget (one chunk of turns, one turn a chunk, a few), the definition's."""
+@pytest.mark.parametrize("pack_limit", [SP.PACK_LIMIT, 0])
+def test_the_linear_distances_are_the_definitions(store, budget, pack_limit, monkeypatch):
+    """Whatever the pair budget (one chunk of turns, one turn a chunk, a few), the definition's;
+    the pairs' (turn, who, tokens) packed in one int64 for their sort, or not (PACK_LIMIT 0: the
+    argsort a run too large to pack takes)."""
     monkeypatch.setattr(SP, "PAIR_BUDGET", budget)
+    monkeypatch.setattr(SP, "PACK_LIMIT", pack_limit)
     with open_store(store) as con:
         runs = [resolve_run(con, rid) for (rid,) in con.execute("SELECT run_id FROM runs").fetchall()]
         assert len(runs) == 5
@@ -214,3 +218,22 @@ def test_the_vectorised_kept_curve_is_the_python_walks(turns):
     got = SP._curve(*_columns(turns))
     assert got == _curve_reference(turns)
     assert all(type(d) is int and type(c) is int for d, c in got)
+
+
+# issue 41: the pairs' largest context per (turn, who) by one sort of packed int64s is the argsort
+# and per-group max it replaced, for hostile pairs: negative and int32-sized tokens, repeated keys,
+# one pair, whos up to the width.
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 9), st.integers(-2**31, 2**31)), min_size=1, max_size=80))
+def test_packed_pairs_are_the_argsorts(pairs):
+    import numpy as np
+
+    ti, w, tok = (np.asarray(c, dtype=np.int64) for c in zip(*pairs))
+    low = int(tok.min())
+    packed = SP._largest_per_pair(ti, w, tok, 10, (low, int(tok.max()) - low + 1))
+    plain = SP._largest_per_pair(ti, w, tok, 10, None)
+    assert [a.tolist() for a in packed] == [a.tolist() for a in plain]
+    want = {}
+    for t, who, k in pairs:
+        want[(t, who)] = max(want.get((t, who), k), k)
+    assert sorted(want.items()) == [((t, who), k) for t, who, k in zip(*(a.tolist() for a in plain))]

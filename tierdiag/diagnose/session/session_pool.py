@@ -60,6 +60,9 @@ CURVE_POINTS = 2048
 # synth run), so ~45 MB at most beside the columns, whatever the run. Smaller chunks are no slower
 # (the same run: 1.8 s at 250k, 5.3 s at 2M: the chunk's arrays stay in cache).
 PAIR_BUDGET = 250_000
+# (turn, who, tokens) are packed in one int64 for the pairs' sort where turns x whos x the tokens'
+# span is at most this (_largest_per_pair); a run past it takes the argsort, with the same result.
+PACK_LIMIT = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -214,6 +217,10 @@ def _turns(con: duckdb.DuckDBPyConnection, run) -> _Turns | None:
         # every request clipped to every chunk (~40 % of this at 1M requests, 286 chunks).
         by_lo2 = np.argsort(lo2, kind="stable")
         lo2_sorted = lo2[by_lo2]
+        # (turn, who, tokens) packed in one int64 where they fit (_largest_per_pair).
+        packed = (int(o_tokens.min()), int(o_tokens.max()) - int(o_tokens.min()) + 1)
+        if n * width * packed[1] > PACK_LIMIT:
+            packed = None
         carry = np.empty(0, dtype=np.int64)
         met = 0
         p = 0
@@ -237,16 +244,8 @@ def _turns(con: duckdb.DuckDBPyConnection, run) -> _Turns | None:
             keep = (arr[oj] <= m[ti]) & (fin[oj] >= ps[ti]) & (o_session[oj] != t_session[ti])
             ti, oj = ti[keep], oj[keep]
             if len(ti):
-                # Each (turn, other who) once, at its largest context. Any sort groups the
-                # pairs (a group's max and its key are the same in any order): not a stable one,
-                # ~4x slower on these int64 keys (issue 41: the section's largest part).
-                w = who_id[oj]
-                key = ti * width + w
-                order = np.argsort(key)
-                key_s, tok_s = key[order], o_tokens[oj][order]
-                starts = np.flatnonzero(np.r_[True, key_s[1:] != key_s[:-1]])
-                top = np.maximum.reduceat(tok_s, starts)
-                t_u, w_u = ti[order][starts], w[order][starts]
+                # Each (turn, other who) once, at its largest context.
+                t_u, w_u, top = _largest_per_pair(ti, who_id[oj], o_tokens[oj], width, packed)
                 np.add.at(own, t_u, np.maximum(top - sh[w_u], 0))
                 np.maximum.at(shared_max, t_u, sh[w_u])
             p = q
@@ -256,6 +255,32 @@ def _turns(con: duckdb.DuckDBPyConnection, run) -> _Turns | None:
               + np.asarray(t["storage"], dtype=np.int64) + np.asarray(t["recomputed"], dtype=np.int64))
     sums = {k: int(np.asarray(t[k], dtype=np.int64).sum()) for k in ("input", "device", "host", "storage", "recomputed")}
     return _Turns(np.asarray(t["think_ms"], dtype=np.float64), distance, reused, sums)
+
+
+def _largest_per_pair(ti, w, tok, width: int, packed: tuple[int, int] | None):
+    """The distinct (turn, who) of the pairs (ti[i], w[i]) (who < width), each with the largest
+    of its pairs' `tok`: (turns, whos, largest), by key ascending. `packed` (lowest token, span of
+    the tokens), where turns x width x span fits an int64: the three are packed in one int64
+    and sorted as one (no argsort, no gathers through it: ~2x less of this section's time at 200k
+    requests, issue 41); None: an argsort of the (turn, who) keys and a max over each group. The
+    two give the same (tests/diagnose/test_session_pauses_linear.py)."""
+    import numpy as np
+
+    key = ti * width + w
+    if packed is not None:
+        low, span = packed
+        both = np.sort(key * span + (tok - low))
+        key_s = both // span
+        starts = np.flatnonzero(np.r_[True, key_s[1:] != key_s[:-1]])
+        ends = np.r_[starts[1:], len(both)] - 1  # a group's largest token sorts last
+        top = both[ends] - key_s[ends] * span + low
+    else:
+        order = np.argsort(key)  # any sort groups them: a group's max and key are the same in any order
+        key_s, tok_s = key[order], tok[order]
+        starts = np.flatnonzero(np.r_[True, key_s[1:] != key_s[:-1]])
+        top = np.maximum.reduceat(tok_s, starts)
+    k_u = key_s[starts]
+    return k_u // width, k_u % width, top
 
 
 def _ranges(lo, hi):
