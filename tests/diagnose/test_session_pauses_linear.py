@@ -105,13 +105,13 @@ def _session_named_as_a_lone_request(src, out):
 
 
 @pytest.mark.parametrize("budget", [SP.PAIR_BUDGET, 1, 37])
-@pytest.mark.parametrize("pack_limit", [SP.PACK_LIMIT, 0])
-def test_the_linear_distances_are_the_definitions(store, budget, pack_limit, monkeypatch):
+@pytest.mark.parametrize("pack_bits", [SP.PACK_BITS, 0])
+def test_the_linear_distances_are_the_definitions(store, budget, pack_bits, monkeypatch):
     """Whatever the pair budget (one chunk of turns, one turn a chunk, a few), the definition's;
-    the pairs' (turn, who, tokens) packed in one int64 for their sort, or not (PACK_LIMIT 0: the
+    the pairs' (turn, who, tokens) packed in one int64 for their sort, or not (PACK_BITS 0: the
     argsort a run too large to pack takes)."""
     monkeypatch.setattr(SP, "PAIR_BUDGET", budget)
-    monkeypatch.setattr(SP, "PACK_LIMIT", pack_limit)
+    monkeypatch.setattr(SP, "PACK_BITS", pack_bits)
     with open_store(store) as con:
         runs = [resolve_run(con, rid) for (rid,) in con.execute("SELECT run_id FROM runs").fetchall()]
         assert len(runs) == 5
@@ -230,7 +230,7 @@ def test_packed_pairs_are_the_argsorts(pairs):
 
     ti, w, tok = (np.asarray(c, dtype=np.int64) for c in zip(*pairs))
     low = int(tok.min())
-    packed = SP._largest_per_pair(ti, w, tok, 10, (low, int(tok.max()) - low + 1))
+    packed = SP._largest_per_pair(ti, w, tok, 10, (low, (10 - 1).bit_length(), (int(tok.max()) - low).bit_length()))
     plain = SP._largest_per_pair(ti, w, tok, 10, None)
     assert [a.tolist() for a in packed] == [a.tolist() for a in plain]
     want = {}
