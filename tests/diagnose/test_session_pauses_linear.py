@@ -106,12 +106,15 @@ def _session_named_as_a_lone_request(src, out):
 
 @pytest.mark.parametrize("budget", [SP.PAIR_BUDGET, 1, 37])
 @pytest.mark.parametrize("pack_bits", [SP.PACK_BITS, 0])
-def test_the_linear_distances_are_the_definitions(store, budget, pack_bits, monkeypatch):
+@pytest.mark.parametrize("check_spans", [False, True])
+def test_the_linear_distances_are_the_definitions(store, budget, pack_bits, check_spans, monkeypatch):
     """Whatever the pair budget (one chunk of turns, one turn a chunk, a few), the definition's;
     the pairs' (turn, who, tokens) packed in one int64 for their sort, or not (PACK_BITS 0: the
-    argsort a run too large to pack takes)."""
+    argsort a run too large to pack takes); each pair's span checked or known from the ranges."""
     monkeypatch.setattr(SP, "PAIR_BUDGET", budget)
     monkeypatch.setattr(SP, "PACK_BITS", pack_bits)
+    if check_spans:  # every pair's span checked, as a run whose turns are not in order is
+        monkeypatch.setattr(SP, "_in_order", lambda *a: False)
     with open_store(store) as con:
         runs = [resolve_run(con, rid) for (rid,) in con.execute("SELECT run_id FROM runs").fetchall()]
         assert len(runs) == 5

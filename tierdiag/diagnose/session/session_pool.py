@@ -223,6 +223,11 @@ def _turns(con: duckdb.DuckDBPyConnection, run) -> _Turns | None:
         packed: tuple[int, int, int] | None = (low, (width - 1).bit_length(), (int(o_tokens.max()) - low).bit_length())
         if int(who_id.min()) < 0 or (n - 1).bit_length() + packed[1] + packed[2] > PACK_BITS:
             packed = None
+        # The ranges' pairs arrived in [ps, m] or arrived before ps and finished at or after it;
+        # where every request finishes after it arrives and every turn is scheduled after its
+        # pause starts, each such pair is in [ps, m] <= its span by that alone (a trace's open-loop
+        # turns may arrive before their predecessor finished: then each pair is checked).
+        in_order = _in_order(arr, fin, ps, m)
         carry = np.empty(0, dtype=np.int64)
         met = 0
         p = 0
@@ -243,7 +248,10 @@ def _turns(con: duckdb.DuckDBPyConnection, run) -> _Turns | None:
             ti = np.concatenate([ti1, ti2])
             oj = np.concatenate([oj1, oj2])
             del ti1, pos1, oj1, oj2, pos2, ti2, local, reach
-            keep = (arr[oj] <= m[ti]) & (fin[oj] >= ps[ti]) & (o_session[oj] != t_session[ti])
+            if in_order:  # every pair found ran during its turn's pause (above): only the session to check
+                keep = o_session[oj] != t_session[ti]
+            else:
+                keep = (arr[oj] <= m[ti]) & (fin[oj] >= ps[ti]) & (o_session[oj] != t_session[ti])
             ti, oj = ti[keep], oj[keep]
             if len(ti):
                 # Each (turn, other who) once, at its largest context.
@@ -257,6 +265,12 @@ def _turns(con: duckdb.DuckDBPyConnection, run) -> _Turns | None:
               + np.asarray(t["storage"], dtype=np.int64) + np.asarray(t["recomputed"], dtype=np.int64))
     sums = {k: int(np.asarray(t[k], dtype=np.int64).sum()) for k in ("input", "device", "host", "storage", "recomputed")}
     return _Turns(np.asarray(t["think_ms"], dtype=np.float64), distance, reused, sums)
+
+
+def _in_order(arrival, finish, pause_start, match) -> bool:
+    """Every request finishes at or after its arrival and every turn is matched at or after its
+    pause starts (_turns: the pairs then need no check of their spans)."""
+    return bool((finish >= arrival).all() and (match >= pause_start).all())
 
 
 def _largest_per_pair(ti, w, tok, width: int, packed: tuple[int, int, int] | None):
