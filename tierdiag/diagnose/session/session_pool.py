@@ -256,8 +256,13 @@ def _turns(con: duckdb.DuckDBPyConnection, run) -> _Turns | None:
             if len(ti):
                 # Each (turn, other who) once, at its largest context.
                 t_u, w_u, top = _largest_per_pair(ti, who_id[oj], o_tokens[oj], width, packed)
-                np.add.at(own, t_u, np.maximum(top - sh[w_u], 0))
-                np.maximum.at(shared_max, t_u, sh[w_u])
+                # Summed per turn: t_u ascends, so each turn's run of pairs reduces at once
+                # (np.add.at / np.maximum.at took ~10 % of this at 200k requests).
+                sh_u = sh[w_u]
+                runs = np.flatnonzero(np.r_[True, t_u[1:] != t_u[:-1]])
+                turn = t_u[runs]
+                own[turn] += np.add.reduceat(np.maximum(top - sh_u, 0), runs)
+                shared_max[turn] = np.maximum(shared_max[turn], np.maximum.reduceat(sh_u, runs))
             p = q
     own_shared = np.asarray(t["own_shared"], dtype=np.int64)
     distance = np.asarray(t["prev_context"], dtype=np.int64) + own + np.maximum(shared_max - own_shared, 0)
