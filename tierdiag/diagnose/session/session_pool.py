@@ -220,9 +220,9 @@ def _turns(con: duckdb.DuckDBPyConnection, run) -> _Turns | None:
         lo2_sorted = lo2[by_lo2]
         # (turn, who, tokens) packed in one int64 where they fit (_largest_per_pair).
         low = int(o_tokens.min())
-        packed: tuple[int, int, int] | None = (low, (width - 1).bit_length(), (int(o_tokens.max()) - low).bit_length())
-        if int(who_id.min()) < 0 or (n - 1).bit_length() + packed[1] + packed[2] > PACK_BITS:
-            packed = None
+        wbits, tbits = (width - 1).bit_length(), (int(o_tokens.max()) - low).bit_length()
+        fits = int(who_id.min()) >= 0 and (n - 1).bit_length() + wbits + tbits <= PACK_BITS
+        packed = (low, wbits, tbits) if fits else None
         # The ranges' pairs arrived in [ps, m] or arrived before ps and finished at or after it;
         # where every request finishes after it arrives and every turn is scheduled after its
         # pause starts, each such pair is in [ps, m] <= its span by that alone (a trace's open-loop
