@@ -32,7 +32,8 @@ Linear in the run: the requests that ran during a pause are those whose arrival 
 range of the arrivals, sorted) or that were in flight when it began (a range of the pauses,
 sorted by start, for each request): two sorted searches, then a group-by over the (turn, other
 session) pairs found, all vectorised (numpy). A long session costs its turns, not their square
-(benchmarks/session_pauses.py). The result is stored with the run evidence
+(benchmarks/session_pauses.py). Where it is built, one native sweep over the turns by pause
+start does the same with no pair stored (tierdiag/native/sessions; numpy's is its reference). The result is stored with the run evidence
 when the run is closed (`sessions` section, evidence.py), so `summary` and `explain` read it.
 
 `kept_curve` is the distance -> kept reused tokens step function, at most CURVE_POINTS steps:
@@ -314,7 +315,7 @@ def _pairs_numpy(arr, fin, who_id, o_session, o_tokens, sh, ps, m, t_session, by
 
 def _in_order(arrival, finish, pause_start, match) -> bool:
     """Every request finishes at or after its arrival and every turn is matched at or after its
-    pause starts (_turns: the pairs then need no check of their spans)."""
+    pause starts (_pairs_numpy: the pairs then need no check of their spans)."""
     return bool((finish >= arrival).all() and (match >= pause_start).all())
 
 

@@ -16,7 +16,7 @@
  * The turns are swept by pause start: a request that arrived before it and finishes at or after
  * it is in a list of those in flight (dropped once it finished before a pause start: the later
  * ones start no earlier); those that arrived in [pause start, match] are a range of the arrivals.
- * Each owner of a turn's pairs once, by a stamp a owner: no pair is stored, no sort (issue 41:
+ * Each owner of a turn's pairs is counted once, by a stamp an owner: no pair is stored, no sort (issue 41:
  * numpy took ~15 passes over ~15M pairs at 200k requests). Sums wrap as numpy's int64 do. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
