@@ -118,22 +118,28 @@ class RunStory:
 
 def _integral(s, e, values):
     """F(t) = sum over batches of value x (part of the batch before t) / duration: a window's
-    sum is F(end) - F(start) (batches do not overlap: one prefill GPU)."""
+    sum is F(end) - F(start) (batches do not overlap: one prefill GPU). `locate(t)` finds each
+    instant's batch once, `value(where, row)` is one row of F there: a row at a time, the
+    temporaries are one request column each, not one a row (issue 41: the 1M close's story held
+    ~970 MB at its peak, most of it these (5, requests) matrices)."""
     import numpy as np
 
     d = np.maximum(e - s, 1).astype(np.float64)
     full = (e - s) / d  # 1, or 0 for a batch of no duration
     cum = np.concatenate([np.zeros((values.shape[0], 1)), np.cumsum(values * full, axis=1)], axis=1)
 
-    def at(t):
+    def locate(t):
         k = np.searchsorted(s, t, side="right") - 1
         kk = np.maximum(k, 0)
-        part = np.clip(np.minimum(t, e[kk]) - s[kk], 0, None) / d[kk]
-        out = cum[:, kk] + values[:, kk] * part
-        out[:, k < 0] = 0.0
+        return k < 0, kk, np.clip(np.minimum(t, e[kk]) - s[kk], 0, None) / d[kk]
+
+    def value(where, row: int):
+        before, kk, part = where
+        out = cum[row, kk] + values[row, kk] * part
+        out[before] = 0.0
         return out
 
-    return at
+    return locate, value
 
 
 def _merge(intervals):
@@ -318,10 +324,20 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
         mine, theirs = r_rank == rank, b_rank == rank
         if not theirs.any():
             continue
-        at = _integral(s[theirs], e[theirs], values[:, theirs])
+        # One rank (most runs): every request and batch, not copies of them.
+        every_batch, every_request = bool(theirs.all()), bool(mine.all())
+        locate, value = (_integral(s, e, values) if every_batch else
+                         _integral(s[theirs], e[theirs], values[:, theirs]))
+        ours = (lambda x: x) if every_request else (lambda x: x[mine])
         # Its wait: what its GPU did in [wait start, first token] (less its own parts, below).
-        work[:, mine] = at(wend[mine]) - at(w0[mine])
-        around[mine] = at(c1[mine])[4] - at(c0[mine])[4]
+        hi, lo = locate(ours(wend)), locate(ours(w0))
+        for row in range(5):
+            if every_request:
+                work[row] = value(hi, row) - value(lo, row)
+            else:
+                work[row, mine] = value(hi, row) - value(lo, row)
+        del hi, lo
+        around[mine] = value(locate(ours(c1)), 4) - value(locate(ours(c0)), 4)
     parts = np.stack([work[0] - own[0], work[1] - own[1], work[2] - own[2], work[3]])
     parts = np.maximum(parts, 0.0)
     gaps = np.maximum(queue - parts.sum(axis=0), 0.0)
