@@ -23,10 +23,11 @@ export DOMINANT_CAUSE
 setup: $(VENV)/.installed
 
 # setup.py and the C source too: `pip install -e` compiles tierdiag/native/csrc/*.c in place
-# (the CPU data plane) and tierdiag/native/stackdist/ (diagnose's size curves), so a changed source
-# reinstalls rather than leave a stale build.
+# (the CPU data plane), tierdiag/native/stackdist/ (diagnose's size curves) and
+# tierdiag/native/sessions/ (diagnose's session pauses), so a changed source reinstalls rather
+# than leave a stale build.
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard tierdiag/native/csrc/*.c tierdiag/native/csrc/*.h) \
-		$(wildcard tierdiag/native/stackdist/*.c) tierdiag/engine/compiled.py
+		$(wildcard tierdiag/native/stackdist/*.c tierdiag/native/sessions/*.c) tierdiag/engine/compiled.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# Pinned: installs the CPU build from this machine's disk in seconds (pyproject says torch>=2.4).

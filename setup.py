@@ -99,5 +99,7 @@ class BuildExt(build_ext):
 setup(ext_modules=[Extension("tierdiag.native._cplane", SOURCES, depends=glob("tierdiag/native/csrc/*.h"),
                              optional=True),
                    # diagnose's LRU stack depths (diagnose/run/size_curves.py; its Python reference runs without it)
-                   Extension("tierdiag.native._stackdist", ["tierdiag/native/stackdist/stackdist.c"], optional=True)],
+                   Extension("tierdiag.native._stackdist", ["tierdiag/native/stackdist/stackdist.c"], optional=True),
+                   # diagnose's session pauses in one sweep (diagnose/session/session_pool.py; its numpy reference runs without it)
+                   Extension("tierdiag.native._sessions", ["tierdiag/native/sessions/sessions.c"], optional=True)],
       cmdclass={"build_ext": BuildExt})

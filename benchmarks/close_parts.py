@@ -14,11 +14,12 @@ flushes) and closes the run through `writer_serve._Serve.finish` with the replay
 (app/writer_child.py's: the run evidence, the closing numbers). Measured in the close, as the CPU
 of the thread that ran each part (a quiet machine's wall, where each thread has a core, is about
 that): the last rows' write (`write_pending`), the evidence's threads (run context, its story
-where it has a thread of its own, the summary and the other sections, the size curves), the
+where it has a thread of its own, the summary and the other sections, the session pauses (a
+thread of their own since session 20; in `rest`'s thread before), the size curves), the
 evidence's write, the closing numbers, the file's let-go (detach: the checkpoint); the close's
 process CPU and wall (what the load leaves, on a loaded machine). `model` is the close a 2-core
-quiet machine would take by these parts: the serial parts plus the evidence's longest thread or
-half its threads' CPU, whichever is more (threads without the GIL, DuckDB's queries mostly).
+quiet machine would take by these parts: the serial parts plus the evidence's longest thread (its
+parts' CPU summed by the thread that ran them) or half its threads' CPU, whichever is more (threads without the GIL, DuckDB's queries mostly).
 Printed: medians over the rounds.
 """
 
@@ -81,6 +82,9 @@ time.sleep(settle)
 for i in range(N - LAST, N):
     hand(i)
 parts = {}
+threads = {}  # the evidence's parts' CPU by the thread that ran them (the model's threads)
+import threading
+EVIDENCE = ("context", "story", "rest", "sessions", "curves")
 
 def timed(owner, name, label):
     f = getattr(owner, name)
@@ -89,7 +93,11 @@ def timed(owner, name, label):
         try:
             return f(*a, **k)
         finally:
-            parts[label] = parts.get(label, 0.0) + time.thread_time() - c
+            dt = time.thread_time() - c
+            parts[label] = parts.get(label, 0.0) + dt
+            if label in EVIDENCE:
+                ident = threading.get_ident()
+                threads[ident] = threads.get(ident, 0.0) + dt
     setattr(owner, name, g)
 
 timed(W.RunWriter, "_write_pending", "write_pending")
@@ -98,7 +106,7 @@ timed(E, "write_evidence", "ev_write")
 timed(close, "closing_numbers", "closing")
 for name, label in [("compute_run_context", "context"), ("size_curves", "curves"), ("compute_run_summary", "rest"),
                     ("run_totals", "rest"), ("session_summary", "rest"), ("rank_summary", "rest"),
-                    ("run_miss_reasons", "rest"), ("session_pauses", "rest"), ("run_story", "story")]:
+                    ("run_miss_reasons", "rest"), ("session_pauses", "sessions"), ("run_story", "story")]:
     if hasattr(E, name):
         timed(E, name, label)
 r, wfd = os.pipe()
@@ -107,15 +115,19 @@ serve.writer, serve.on_rows = w, on_rows
 t0, c0 = time.perf_counter(), time.process_time()
 assert serve.finish({"status": "complete", "error": None, "write_pending": True, "trace_sha256": None})
 parts["wall"], parts["cpu"] = time.perf_counter() - t0, time.process_time() - c0
+parts["threads"] = sorted(threads.values(), reverse=True)
 print(json.dumps(parts))
 os._exit(0)
 """
 
-KEYS = ("write_pending", "context", "story", "rest", "curves", "ev_write", "closing", "detach")
+KEYS = ("write_pending", "context", "story", "rest", "sessions", "curves", "ev_write", "closing", "detach")
 
 
 def _model(p: dict) -> float:
-    threads = [p.get(k, 0.0) for k in ("context", "story", "rest", "curves")]
+    # The evidence's threads as they ran: the parts' CPU summed by the thread that ran them (the
+    # session pauses have a thread of their own since session 20; a baseline before it runs them
+    # on the rest's).
+    threads = p["threads"] or [0.0]
     serial = p.get("write_pending", 0.0) + p.get("ev_write", 0.0) + p.get("closing", 0.0) + p.get("detach", 0.0)
     return serial + max(max(threads), sum(threads) / 2)
 
@@ -143,7 +155,8 @@ def main() -> None:
                 p = json.loads(out.stdout.strip().splitlines()[-1])
                 p["model"] = _model(p)
                 got[name].append(p)
-                print(f"round {i + 1} {name}: " + " ".join(f"{k} {v:.4f}" for k, v in p.items()), flush=True)
+                print(f"round {i + 1} {name}: " + " ".join(f"{k} {v:.4f}" for k, v in p.items() if k != "threads")
+                      + " threads " + " ".join(f"{t:.4f}" for t in p["threads"]), flush=True)
     cols = (*KEYS, "model", "cpu", "wall")
     print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; medians of {a.rounds} "
           "interleaved rounds, thread CPU per part (s)\n")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tierdiag.diagnose.advice import propose
@@ -85,3 +87,17 @@ def test_the_time_scale_bound_is_the_configs():
 
     assert MAX_TIME_SCALE == CONFIG_MAX
     assert [round_up_2(x) for x in (3.41, 62.3, 0.0123, 1.0, 120.1)] == [3.5, 63, 0.013, 1.0, 130]
+
+
+# issue 41: the material load by a partition, not a Python sort of up to a million window loads;
+# the same nearest-rank value (quantile.py's one definition) for any loads, ties and zeros included.
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.floats(min_value=0, max_value=1e12, allow_nan=False) | st.sampled_from([0.0, 1.0, 1.0000001]),
+                min_size=1, max_size=200))
+def test_the_material_load_is_the_nearest_rank_of_the_loads(loads):
+    import numpy as np
+
+    from tierdiag.diagnose.read.quantile import nearest_rank
+    from tierdiag.diagnose.run.capacity import MATERIAL_SHARE, _material
+
+    assert _material(np.asarray(loads, dtype=np.float64)) == nearest_rank(loads, 1 - MATERIAL_SHARE)

@@ -104,10 +104,26 @@ def _session_named_as_a_lone_request(src, out):
     out.write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
-@pytest.mark.parametrize("budget", [SP.PAIR_BUDGET, 1, 37])
-def test_the_linear_distances_are_the_definitions(store, budget, monkeypatch):
-    """Whatever the pair budget (one chunk of turns, one turn a chunk, a few), the definition's."""
-    monkeypatch.setattr(SP, "PAIR_BUDGET", budget)
+NUMPY_WAYS = [(budget, pack_bits, check) for budget in (SP.PAIR_BUDGET, 1, 37)
+              for pack_bits in (SP.PACK_BITS, 0) for check in (False, True)]
+
+
+@pytest.mark.parametrize("way", ["native", *NUMPY_WAYS], ids=str)
+def test_the_linear_distances_are_the_definitions(store, way, monkeypatch):
+    """The native sweep (tierdiag/native/sessions), and numpy's passes whatever the pair budget
+    (one chunk of turns, one turn a chunk, a few), the pairs' (turn, who, tokens) packed in one
+    int64 for their sort or not (PACK_BITS 0: the argsort a run too large to pack takes), each
+    pair's span checked or known from the ranges: the definition's."""
+    if way == "native":
+        if SP._native() is None:
+            pytest.skip("tierdiag.native._sessions is not built (setup.py build_ext --inplace)")
+    else:
+        budget, pack_bits, check_spans = way
+        monkeypatch.setattr(SP, "NATIVE", False)
+        monkeypatch.setattr(SP, "PAIR_BUDGET", budget)
+        monkeypatch.setattr(SP, "PACK_BITS", pack_bits)
+        if check_spans:  # every pair's span checked, as a run whose turns are not in order is
+            monkeypatch.setattr(SP, "_in_order", lambda *a: False)
     with open_store(store) as con:
         runs = [resolve_run(con, rid) for (rid,) in con.execute("SELECT run_id FROM runs").fetchall()]
         assert len(runs) == 5
@@ -214,3 +230,62 @@ def test_the_vectorised_kept_curve_is_the_python_walks(turns):
     got = SP._curve(*_columns(turns))
     assert got == _curve_reference(turns)
     assert all(type(d) is int and type(c) is int for d, c in got)
+
+
+# issue 41: the pairs' largest context per (turn, who) by one sort of packed int64s is the argsort
+# and per-group max it replaced, for hostile pairs: negative and int32-sized tokens, repeated keys,
+# one pair, whos up to the width.
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 9), st.integers(-2**31, 2**31)), min_size=1, max_size=80))
+def test_packed_pairs_are_the_argsorts(pairs):
+    import numpy as np
+
+    ti, w, tok = (np.asarray(c, dtype=np.int64) for c in zip(*pairs))
+    low = int(tok.min())
+    packed = SP._largest_per_pair(ti, w, tok, 10, (low, (10 - 1).bit_length(), (int(tok.max()) - low).bit_length()))
+    plain = SP._largest_per_pair(ti, w, tok, 10, None)
+    assert [a.tolist() for a in packed] == [a.tolist() for a in plain]
+    want = {}
+    for t, who, k in pairs:
+        want[(t, who)] = max(want.get((t, who), k), k)
+    assert sorted(want.items()) == [((t, who), k) for t, who, k in zip(*(a.tolist() for a in plain))]
+
+
+# issue 41: the native sweep over the pauses (tierdiag/native/sessions/sessions.c) against numpy's
+# chunked passes (_pairs_numpy, the reference), for hostile rows: requests finishing before they
+# arrive, turns scheduled before their pause starts, negative and int32-sized tokens and shared
+# prefixes, ties in every time, one owner with many requests, turns of every session.
+_time = st.integers(-5, 30)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(_time, _time, st.integers(0, 6), st.booleans(), st.integers(-2**31, 2**31)), min_size=1, max_size=40),
+       st.lists(st.integers(-2**31, 2**31), min_size=7, max_size=7),
+       st.lists(st.tuples(_time, _time, st.integers(-1, 6)), min_size=1, max_size=30))
+def test_the_native_sweep_is_numpys(requests, shared, turns):
+    import numpy as np
+
+    if SP._native() is None:
+        pytest.skip("tierdiag.native._sessions is not built (setup.py build_ext --inplace)")
+    arr, fin, who, has, tok = (np.asarray(c, dtype=np.int64) for c in zip(*requests))
+    o_session = np.where(has, who, -1)
+    sh = np.asarray(shared, dtype=np.int64)
+    ps, m, t_session = (np.asarray(c, dtype=np.int64) for c in zip(*turns))
+    got = {}
+    for native in (True, False):
+        own, top = np.zeros(len(ps), dtype=np.int64), np.zeros(len(ps), dtype=np.int64)
+        SP.NATIVE = native
+        try:
+            SP._pairs(arr, fin, who, o_session, tok, sh, ps, m, t_session, own, top)
+        finally:
+            SP.NATIVE = True
+        got[native] = (own.tolist(), top.tolist())
+    assert got[True] == got[False]
+    # ... and both the definition's, one turn at a time in Python.
+    for k, (p, q, ts) in enumerate(turns):
+        best: dict = {}
+        for a, f, w, h, v in requests:
+            if a <= q and f >= p and (w if h else -1) != ts:
+                best[w] = max(best.get(w, v), v)
+        assert got[True][0][k] == sum(max(v - shared[w], 0) for w, v in best.items())
+        assert got[True][1][k] == max([0] + [shared[w] for w in best])

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from tierdiag.diagnose.read.quantile import nearest_rank
+from tierdiag.diagnose.read.quantile import nearest_rank_index
 
 from tierdiag.diagnose.read.run_context import ideal_arrivals
 
@@ -68,6 +68,16 @@ class Capacity:
         return current * max(self.material_load / TARGET_LOAD, 1.0)
 
 
+def _material(load) -> float:
+    """The window load at the 1 - MATERIAL_SHARE quantile by nearest rank (quantile.py, the one
+    percentile definition: a window's own load), as `nearest_rank(load.tolist(), q)` but by a
+    partition: up to a million positions sorted as Python floats were most of this (issue 41)."""
+    import numpy as np
+
+    i = nearest_rank_index(len(load), 1 - MATERIAL_SHARE)
+    return float(np.partition(load, i)[i])
+
+
 def run_capacity(con: duckdb.DuckDBPyConnection, rid: str, num_ranks: int = 1) -> Capacity | None:
     """None when no finished request has an ideal (an observed run, an empty one). `num_ranks`:
     the run's data-parallel ranks (loads per rank, module doc)."""
@@ -95,5 +105,5 @@ def run_capacity(con: duckdb.DuckDBPyConnection, rid: str, num_ranks: int = 1) -
         window_ns=window, span_ns=span, overloaded_share=float(over.mean()),
         overload_factor=float(load[over].mean()) if over.any() else None, peak_load=float(load.max()),
         # Nearest rank (quantile.py), the one percentile definition: a window's own load.
-        material_load=float(nearest_rank(load.tolist(), 1 - MATERIAL_SHARE)),
+        material_load=_material(load),
         mean_load=float(ideal.sum() / (max(span, window) * ranks)), offered_ns=int(ideal.sum()), num_ranks=ranks)

@@ -80,15 +80,15 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
     given, is updated with the sections as computed (name -> object: the close's closing numbers
     take the summary from it instead of reading it back).
 
-    Four at a time: the size curves (the trace's pages and one pass over them: Python and numpy;
-    fed while recording in a writer process, mostly done by now) on this thread, while three
+    Five at a time: the size curves (the trace's pages and one pass over them: Python and numpy;
+    fed while recording in a writer process, mostly done by now) on this thread, while four
     more cursors, on threads of their own, run the run context's queries, its story's (the
     context's largest part: a join of every finished request with what left its prefix while it
-    waited; the context takes it from that thread) and every other section's (DuckDB runs a query
-    without the GIL, and at a replay's close the engine's core is idle, waiting for this). The
-    threads' shares were measured (issue 41, session 19): context without its story, the story,
-    and the rest each about a third of the queries' CPU. The results are the same as one after
-    the other: the rows are committed and nothing writes meanwhile."""
+    waited; the context takes it from that thread), the session pauses' (numpy over every later
+    turn's pairs: the largest section at 200k requests, ~45 % of the others' CPU, issue 41
+    session 20) and every other section's (DuckDB runs a query without the GIL, and at a
+    replay's close the engine's core is idle, waiting for this). The results are the same as
+    one after the other: the rows are committed and nothing writes meanwhile."""
     import threading
 
     done: dict = {}
@@ -105,7 +105,8 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
         thread.start()
         return thread
 
-    with second_cursor(con) as one, second_cursor(con) as two, second_cursor(con) as three:
+    with (second_cursor(con) as one, second_cursor(con) as two, second_cursor(con) as three,
+          second_cursor(con) as four):
         # Its failure is raised only where the context asks for the story, as if computed there.
         story_thread = on_a_thread(three, [("story", lambda c: run_story(c, run.run_id, batch_recompute_sql(c)))],
                                    error="story_error")
@@ -122,8 +123,8 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
                                      ("totals", lambda c: run_totals(c, run.run_id)),
                                      ("session_summary", lambda c: session_summary(c, run)),
                                      ("rank_summary", lambda c: rank_summary(c, run)),
-                                     ("miss_reasons", lambda c: run_miss_reasons(c, run.run_id)),
-                                     ("sessions", lambda c: session_pauses(c, run))])]
+                                     ("miss_reasons", lambda c: run_miss_reasons(c, run.run_id))]),
+                   on_a_thread(four, [("sessions", lambda c: session_pauses(c, run))])]
         try:
             curves = size_curves(con, run)
         finally:

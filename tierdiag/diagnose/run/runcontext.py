@@ -24,7 +24,7 @@ from tierdiag.diagnose.run.capacity import Capacity, run_capacity
 from tierdiag.diagnose.request.context import ATTRIBUTION_KEYS, WaitPart, round_exact
 from tierdiag.diagnose.read.query import dataclass_json, link_peak_bytes_per_s
 from tierdiag.diagnose.dp.routing_loss import RoutingLoss, routing_loss
-from tierdiag.diagnose.run.story import RunStory, run_story
+from tierdiag.diagnose.run.story import RunStory, run_story, sorted_unique
 from tierdiag.diagnose.run.miss_reasons import run_miss_reasons
 from tierdiag.units import NS_PER_S, ns_to_ms, share
 from tierdiag.diagnose.read import run_context as read_ctx
@@ -155,7 +155,7 @@ def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_t
     w0_all, ft_all, r_rank = (np.asarray(v, dtype=np.int64) for v in (r.start_ns, r.first_token_ns, r.dp_rank))
     tot = np.zeros(4)
     # A data-parallel run: each request's window over its own rank's batches (one rank: all of them).
-    for rank in np.unique(r_rank):
+    for rank in sorted_unique(r_rank):
         theirs = b_rank == rank
         if not theirs.any():
             continue

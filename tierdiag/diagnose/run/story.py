@@ -118,22 +118,28 @@ class RunStory:
 
 def _integral(s, e, values):
     """F(t) = sum over batches of value x (part of the batch before t) / duration: a window's
-    sum is F(end) - F(start) (batches do not overlap: one prefill GPU)."""
+    sum is F(end) - F(start) (batches do not overlap: one prefill GPU). `locate(t)` finds each
+    instant's batch once, `value(where, row)` is one row of F there: a row at a time, the
+    temporaries are one request column each, not one a row (issue 41: the 1M close's story held
+    ~970 MB at its peak, most of it these (5, requests) matrices)."""
     import numpy as np
 
     d = np.maximum(e - s, 1).astype(np.float64)
     full = (e - s) / d  # 1, or 0 for a batch of no duration
     cum = np.concatenate([np.zeros((values.shape[0], 1)), np.cumsum(values * full, axis=1)], axis=1)
 
-    def at(t):
+    def locate(t):
         k = np.searchsorted(s, t, side="right") - 1
         kk = np.maximum(k, 0)
-        part = np.clip(np.minimum(t, e[kk]) - s[kk], 0, None) / d[kk]
-        out = cum[:, kk] + values[:, kk] * part
-        out[:, k < 0] = 0.0
+        return k < 0, kk, np.clip(np.minimum(t, e[kk]) - s[kk], 0, None) / d[kk]
+
+    def value(where, row: int):
+        before, kk, part = where
+        out = cum[row, kk] + values[row, kk] * part
+        out[before] = 0.0
         return out
 
-    return at
+    return locate, value
 
 
 def _merge(intervals):
@@ -198,7 +204,7 @@ def _held_arrays(xa, xb, ya, yb):
     is kept where x covers it and y does not."""
     import numpy as np
 
-    pts = np.unique(np.concatenate([xa, xb, ya, yb]))
+    pts = sorted_unique(np.concatenate([xa, xb, ya, yb]))
     if len(pts) < 2:
         return pts[:0], pts[:0]
     lo, hi = pts[:-1], pts[1:]
@@ -209,6 +215,18 @@ def _held_arrays(xa, xb, ya, yb):
 
     held = covers(xa, xb) & ~covers(ya, yb)
     return lo[held], hi[held]
+
+
+def sorted_unique(values):
+    """`np.unique(values)` of an int array (its sorted distinct values), by a sort and a
+    neighbour compare: numpy 2.x's plain `np.unique` hashes, ~80x slower on a million distinct
+    int64 (0.73 s against 0.009 s; issue 41: most of the run story's time at 200k requests)."""
+    import numpy as np
+
+    s = np.sort(np.asarray(values))
+    if len(s) < 2:
+        return s
+    return s[np.r_[True, s[1:] != s[:-1]]]
 
 
 def _measure_arrays(a, b):
@@ -251,7 +269,7 @@ def _per_rank_time(con: duckdb.DuckDBPyConnection, rid: str, r_rank, w0, w1, hel
 
     out = np.zeros(len(w0))
     d_rank, d_a, d_b = read_ctx.decoding_span_arrays(con, rid)
-    for rank in np.unique(d_rank).tolist():
+    for rank in sorted_unique(d_rank).tolist():
         mine = r_rank == rank
         if not mine.any():
             continue
@@ -302,14 +320,24 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
     c1 = np.maximum(ft, c0)
     work = np.zeros((5, len(arrival)))
     around = np.zeros(len(arrival))
-    for rank in np.unique(r_rank):
+    for rank in sorted_unique(r_rank):
         mine, theirs = r_rank == rank, b_rank == rank
         if not theirs.any():
             continue
-        at = _integral(s[theirs], e[theirs], values[:, theirs])
+        # One rank (most runs): every request and batch, not copies of them.
+        every_batch, every_request = bool(theirs.all()), bool(mine.all())
+        locate, value = (_integral(s, e, values) if every_batch else
+                         _integral(s[theirs], e[theirs], values[:, theirs]))
+        ours = (lambda x: x) if every_request else (lambda x: x[mine])
         # Its wait: what its GPU did in [wait start, first token] (less its own parts, below).
-        work[:, mine] = at(wend[mine]) - at(w0[mine])
-        around[mine] = at(c1[mine])[4] - at(c0[mine])[4]
+        hi, lo = locate(ours(wend)), locate(ours(w0))
+        for row in range(5):
+            if every_request:
+                work[row] = value(hi, row) - value(lo, row)
+            else:
+                work[row, mine] = value(hi, row) - value(lo, row)
+        del hi, lo
+        around[mine] = value(locate(ours(c1)), 4) - value(locate(ours(c0)), 4)
     parts = np.stack([work[0] - own[0], work[1] - own[1], work[2] - own[2], work[3]])
     parts = np.maximum(parts, 0.0)
     gaps = np.maximum(queue - parts.sum(axis=0), 0.0)

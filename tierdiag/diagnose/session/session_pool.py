@@ -32,7 +32,8 @@ Linear in the run: the requests that ran during a pause are those whose arrival 
 range of the arrivals, sorted) or that were in flight when it began (a range of the pauses,
 sorted by start, for each request): two sorted searches, then a group-by over the (turn, other
 session) pairs found, all vectorised (numpy). A long session costs its turns, not their square
-(benchmarks/session_pauses.py). The result is stored with the run evidence
+(benchmarks/session_pauses.py). Where it is built, one native sweep over the turns by pause
+start does the same with no pair stored (tierdiag/native/sessions; numpy's is its reference). The result is stored with the run evidence
 when the run is closed (`sessions` section, evidence.py), so `summary` and `explain` read it.
 
 `kept_curve` is the distance -> kept reused tokens step function, at most CURVE_POINTS steps:
@@ -60,6 +61,10 @@ CURVE_POINTS = 2048
 # synth run), so ~45 MB at most beside the columns, whatever the run. Smaller chunks are no slower
 # (the same run: 1.8 s at 250k, 5.3 s at 2M: the chunk's arrays stay in cache).
 PAIR_BUDGET = 250_000
+# (turn, who, tokens) are packed in one int64 for the pairs' sort where their bits (the turns',
+# the whos', the tokens' span's) fit in this many (_largest_per_pair); a run past it takes the
+# argsort, with the same result.
+PACK_BITS = 63
 
 
 @dataclass(frozen=True)
@@ -184,76 +189,161 @@ def _turns(con: duckdb.DuckDBPyConnection, run) -> _Turns | None:
         o_session = np.where(np.asarray(o["has_session"], dtype=bool), who_id, -1)
         t_session = np.asarray(t["who_id"], dtype=np.int64)
         del o
-        # Ran during the pause [ps, m]: arrived in it (a range of the sorted arrivals) ...
-        by_arrival = np.argsort(arr, kind="stable")
-        a_sorted = arr[by_arrival]
-        lo = np.searchsorted(a_sorted, ps, side="left")
-        hi = np.searchsorted(a_sorted, m, side="right")
-        # ... or arrived before it and was in flight when it began: arrival < ps <= finish, a
-        # range of the pause starts, sorted, for each request.
-        by_start = np.argsort(ps, kind="stable")
-        s_sorted = ps[by_start]
-        lo2 = np.searchsorted(s_sorted, arr, side="right")
-        hi2 = np.searchsorted(s_sorted, fin, side="right")
-        # The (turn, request) pairs, a chunk of turns at a time (in pause-start order, each
-        # chunk every pair of its turns: both ranges cut to it), at most PAIR_BUDGET pairs a
-        # chunk but one turn's: a million turns in long overlapping pauses make 10^8 pairs,
-        # 8 bytes each in a handful of arrays at once. Each turn is in one chunk, so the sums
-        # are the whole join's.
-        per_pos = np.maximum(hi - lo, 0)[by_start]
-        inflight = np.zeros(n + 1, dtype=np.int64)
-        np.add.at(inflight, lo2, 1)
-        np.add.at(inflight, hi2, -1)
-        per_pos += np.maximum(np.cumsum(inflight[:n]), 0)
-        cum = np.cumsum(per_pos)
         sh = np.zeros(int(who_id.max()) + 1, dtype=np.int64)
         sh[who_id] = o_shared
-        width = int(who_id.max()) + 1
-        # The requests whose in-flight range reaches a chunk: those carried from the chunks before
-        # (their range goes on past them) and those whose range starts in it (in lo2 order), not
-        # every request clipped to every chunk (~40 % of this at 1M requests, 286 chunks).
-        by_lo2 = np.argsort(lo2, kind="stable")
-        lo2_sorted = lo2[by_lo2]
-        carry = np.empty(0, dtype=np.int64)
-        met = 0
-        p = 0
-        while p < n:
-            q = max(int(np.searchsorted(cum, (cum[p - 1] if p else 0) + PAIR_BUDGET, side="right")), p + 1)
-            turns_c = by_start[p:q]
-            ti1, pos1 = _ranges(lo[turns_c], hi[turns_c])
-            ti1 = turns_c[ti1]
-            oj1 = by_arrival[pos1]
-            upto = int(np.searchsorted(lo2_sorted, q, side="left"))
-            reach = np.concatenate([carry, by_lo2[met:upto]])
-            met = upto
-            reach = reach[hi2[reach] > p]
-            carry = reach[hi2[reach] > q]
-            local, pos2 = _ranges(np.clip(lo2[reach], p, q), np.clip(hi2[reach], p, q))
-            oj2 = reach[local]
-            ti2 = by_start[pos2]
-            ti = np.concatenate([ti1, ti2])
-            oj = np.concatenate([oj1, oj2])
-            del ti1, pos1, oj1, oj2, pos2, ti2, local, reach
-            keep = (arr[oj] <= m[ti]) & (fin[oj] >= ps[ti]) & (o_session[oj] != t_session[ti])
-            ti, oj = ti[keep], oj[keep]
-            if len(ti):
-                # Each (turn, other who) once, at its largest context.
-                w = who_id[oj]
-                key = ti * width + w
-                order = np.argsort(key, kind="stable")
-                key_s, tok_s = key[order], o_tokens[oj][order]
-                starts = np.flatnonzero(np.r_[True, key_s[1:] != key_s[:-1]])
-                top = np.maximum.reduceat(tok_s, starts)
-                t_u, w_u = ti[order][starts], w[order][starts]
-                np.add.at(own, t_u, np.maximum(top - sh[w_u], 0))
-                np.maximum.at(shared_max, t_u, sh[w_u])
-            p = q
+        _pairs(arr, fin, who_id, o_session, o_tokens, sh, ps, m, t_session, own, shared_max)
     own_shared = np.asarray(t["own_shared"], dtype=np.int64)
     distance = np.asarray(t["prev_context"], dtype=np.int64) + own + np.maximum(shared_max - own_shared, 0)
     reused = (np.asarray(t["device"], dtype=np.int64) + np.asarray(t["host"], dtype=np.int64)
               + np.asarray(t["storage"], dtype=np.int64) + np.asarray(t["recomputed"], dtype=np.int64))
     sums = {k: int(np.asarray(t[k], dtype=np.int64).sum()) for k in ("input", "device", "host", "storage", "recomputed")}
     return _Turns(np.asarray(t["think_ms"], dtype=np.float64), distance, reused, sums)
+
+
+def _pairs(arr, fin, who_id, o_session, o_tokens, sh, ps, m, t_session, own, shared_max) -> None:
+    """Per later turn (ps: its pause's start, m: its schedule, t_session: its session's number),
+    over the finished requests (arrival, finish, who, own session or -1, tokens) that ran during
+    its pause [ps, m] of another session: each other who once at its largest tokens, `own` the
+    sum of that less what the who's first request found cached (`sh`, by who), `shared_max`
+    the largest of those (both written; 0 where none). The native pass where it is built
+    (tierdiag/native/sessions/sessions.c: one sweep, no pair stored; issue 41), else numpy's
+    (_pairs_numpy, the reference): the same integers."""
+    import numpy as np
+
+    by_arrival = np.argsort(arr, kind="stable")
+    by_start = np.argsort(ps, kind="stable")
+    native = _native() if NATIVE and int(who_id.min()) >= 0 else None  # (numbers from 0: always, from SQL)
+    if native is not None:
+        c = [np.ascontiguousarray(x, dtype=np.int64) for x in (arr, fin, who_id, o_session, o_tokens, sh, ps, m,
+                                                               t_session, by_arrival, by_start)]
+        native.pauses(*c, own, shared_max)
+        return
+    _pairs_numpy(arr, fin, who_id, o_session, o_tokens, sh, ps, m, t_session, by_arrival, by_start, own, shared_max)
+
+
+# The native pass, where built (setup.py; optional); False: numpy's (tests set it to run both).
+NATIVE = True
+
+
+def _native():
+    try:
+        from tierdiag.native import _sessions
+    except ImportError:
+        return None
+    return _sessions
+
+
+def _pairs_numpy(arr, fin, who_id, o_session, o_tokens, sh, ps, m, t_session, by_arrival, by_start,
+                 own, shared_max) -> None:
+    """_pairs in numpy (the native pass's reference), a chunk of turns' pairs at a time."""
+    import numpy as np
+
+    n = len(ps)
+    width = len(sh)
+    # Ran during the pause [ps, m]: arrived in it (a range of the sorted arrivals) ...
+    a_sorted = arr[by_arrival]
+    lo = np.searchsorted(a_sorted, ps, side="left")
+    hi = np.searchsorted(a_sorted, m, side="right")
+    # ... or arrived before it and was in flight when it began: arrival < ps <= finish, a
+    # range of the pause starts, sorted, for each request.
+    s_sorted = ps[by_start]
+    lo2 = np.searchsorted(s_sorted, arr, side="right")
+    hi2 = np.searchsorted(s_sorted, fin, side="right")
+    # The (turn, request) pairs, a chunk of turns at a time (in pause-start order, each
+    # chunk every pair of its turns: both ranges cut to it), at most PAIR_BUDGET pairs a
+    # chunk but one turn's: a million turns in long overlapping pauses make 10^8 pairs,
+    # 8 bytes each in a handful of arrays at once. Each turn is in one chunk, so the sums
+    # are the whole join's.
+    per_pos = np.maximum(hi - lo, 0)[by_start]
+    inflight = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(inflight, lo2, 1)
+    np.add.at(inflight, hi2, -1)
+    per_pos += np.maximum(np.cumsum(inflight[:n]), 0)
+    cum = np.cumsum(per_pos)
+    # The requests whose in-flight range reaches a chunk: those carried from the chunks before
+    # (their range goes on past them) and those whose range starts in it (in lo2 order), not
+    # every request clipped to every chunk (~40 % of this at 1M requests, 286 chunks).
+    by_lo2 = np.argsort(lo2, kind="stable")
+    lo2_sorted = lo2[by_lo2]
+    # (turn, who, tokens) packed in one int64 where they fit (_largest_per_pair).
+    low = int(o_tokens.min())
+    wbits, tbits = (width - 1).bit_length(), (int(o_tokens.max()) - low).bit_length()
+    fits = int(who_id.min()) >= 0 and (n - 1).bit_length() + wbits + tbits <= PACK_BITS
+    packed = (low, wbits, tbits) if fits else None
+    # The ranges' pairs arrived in [ps, m] or arrived before ps and finished at or after it;
+    # where every request finishes after it arrives and every turn is scheduled after its
+    # pause starts, each such pair is in [ps, m] <= its span by that alone (a trace's open-loop
+    # turns may arrive before their predecessor finished: then each pair is checked).
+    in_order = _in_order(arr, fin, ps, m)
+    carry = np.empty(0, dtype=np.int64)
+    met = 0
+    p = 0
+    while p < n:
+        q = max(int(np.searchsorted(cum, (cum[p - 1] if p else 0) + PAIR_BUDGET, side="right")), p + 1)
+        turns_c = by_start[p:q]
+        ti1, pos1 = _ranges(lo[turns_c], hi[turns_c])
+        ti1 = turns_c[ti1]
+        oj1 = by_arrival[pos1]
+        upto = int(np.searchsorted(lo2_sorted, q, side="left"))
+        reach = np.concatenate([carry, by_lo2[met:upto]])
+        met = upto
+        reach = reach[hi2[reach] > p]
+        carry = reach[hi2[reach] > q]
+        local, pos2 = _ranges(np.clip(lo2[reach], p, q), np.clip(hi2[reach], p, q))
+        oj2 = reach[local]
+        ti2 = by_start[pos2]
+        ti = np.concatenate([ti1, ti2])
+        oj = np.concatenate([oj1, oj2])
+        del ti1, pos1, oj1, oj2, pos2, ti2, local, reach
+        if in_order:  # every pair found ran during its turn's pause (above): only the session to check
+            keep = o_session[oj] != t_session[ti]
+        else:
+            keep = (arr[oj] <= m[ti]) & (fin[oj] >= ps[ti]) & (o_session[oj] != t_session[ti])
+        ti, oj = ti[keep], oj[keep]
+        if len(ti):
+            # Each (turn, other who) once, at its largest context.
+            t_u, w_u, top = _largest_per_pair(ti, who_id[oj], o_tokens[oj], width, packed)
+            # Summed per turn: t_u ascends, so each turn's run of pairs reduces at once
+            # (np.add.at / np.maximum.at took ~10 % of this at 200k requests).
+            sh_u = sh[w_u]
+            runs = np.flatnonzero(np.r_[True, t_u[1:] != t_u[:-1]])
+            turn = t_u[runs]
+            own[turn] += np.add.reduceat(np.maximum(top - sh_u, 0), runs)
+            shared_max[turn] = np.maximum(shared_max[turn], np.maximum.reduceat(sh_u, runs))
+        p = q
+
+
+def _in_order(arrival, finish, pause_start, match) -> bool:
+    """Every request finishes at or after its arrival and every turn is matched at or after its
+    pause starts (_pairs_numpy: the pairs then need no check of their spans)."""
+    return bool((finish >= arrival).all() and (match >= pause_start).all())
+
+
+def _largest_per_pair(ti, w, tok, width: int, packed: tuple[int, int, int] | None):
+    """The distinct (turn, who) of the pairs (ti[i], w[i]) (0 <= who < width), each with the
+    largest of its pairs' `tok`: (turns, whos, largest), by (turn, who) ascending. `packed`
+    (lowest token, bits of a who, bits of a token less the lowest), where the turn's bits fit
+    beside them in an int64: the three are packed in one int64 by shifts and sorted as one (no
+    argsort, no gathers through it, no division: ~3x less of this section's time at 200k
+    requests, issue 41); None: an argsort of the (turn, who) keys and a max over each group. The
+    two give the same (tests/diagnose/test_session_pauses_linear.py)."""
+    import numpy as np
+
+    if packed is not None:
+        low, wbits, tbits = packed
+        both = np.sort((((ti << wbits) | w) << tbits) | (tok - low))
+        key_s = both >> tbits
+        starts = np.flatnonzero(np.r_[True, key_s[1:] != key_s[:-1]])
+        ends = np.r_[starts[1:], len(both)] - 1  # a group's largest token sorts last
+        top = (both[ends] & ((1 << tbits) - 1)) + low
+        k_u = key_s[starts]
+        return k_u >> wbits, k_u & ((1 << wbits) - 1), top
+    key = ti * width + w
+    order = np.argsort(key)  # any sort groups them: a group's max and key are the same in any order
+    key_s, tok_s = key[order], tok[order]
+    starts = np.flatnonzero(np.r_[True, key_s[1:] != key_s[:-1]])
+    k_u = key_s[starts]
+    return k_u // width, k_u % width, np.maximum.reduceat(tok_s, starts)
 
 
 def _ranges(lo, hi):
