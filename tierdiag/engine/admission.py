@@ -9,11 +9,16 @@ from __future__ import annotations
 
 from mypy_extensions import trait
 
+from typing import Final
+
 from tierdiag.config.names import Tier
 from tierdiag.engine.pagemap import blame
 from tierdiag.engine.request import Req
 from tierdiag.engine.schedule_common import CLIP_MAX_NEW_TOKENS, NO_TOKEN, OTHER, EngineError, SchedulerState
 from tierdiag.engine.tree import TreeNode
+from tierdiag.engine.tree_node import TreeMatch
+
+_HOST: Final[str] = Tier.HOST  # read once: compiled, a `Tier.HOST` read is ~880 instructions (3.11)
 
 
 @trait
@@ -60,7 +65,7 @@ class Admission(SchedulerState):
         tiered = host_pages + storage_pages
         # 0.5.9 add_one_req: OTHER before the lock; 0.5.23 `_select_prefill_admission`: NO_TOKEN
         # (`check_prefill`) first, then the shape
-        shape_first = not self.rules.chunk_later_requests
+        shape_first = not self.r_chunk_later
         if shape_first and self._waits_for_next_batch(req, (dev_pages + tiered) * ps, budget, first, may_chunk):
             return OTHER  # the shape chosen assuming the host part loads
         dev_node = match.last_device_node or tree.root
@@ -68,7 +73,7 @@ class Admission(SchedulerState):
         # add_one_req: total_tokens = extend beyond the device prefix + max_new (less what was
         # generated, clipped) + 0.5.23's per_req_token_overhead, against rem_total_tokens
         max_new = min(max(req.output_len - req.generated_tokens, 0), CLIP_MAX_NEW_TOKENS)
-        total_tokens = req.fill_len - dev_pages * ps + max_new + self.rules.admission_overhead_pages * ps
+        total_tokens = req.fill_len - dev_pages * ps + max_new + self.r_overhead_pages * ps
         if total_tokens >= self._rem_total():
             tree.dec_lock(dev_node)
             return NO_TOKEN
@@ -82,7 +87,7 @@ class Admission(SchedulerState):
             return OTHER
         load = tiered > 0
         skip = None
-        if load and tiered * ps < self.cfg.load_back_threshold:
+        if load and tiered * ps < self.load_back_threshold:
             load, skip = False, "below_threshold"
         if load:
             # Room for the host part first (HiCacheController.load, else evict and retry). Its
@@ -100,7 +105,7 @@ class Admission(SchedulerState):
             return OTHER  # re-selected as recompute: the declined host part counted as input
         take = self._take(req.fill_len - prefix_pages * ps, budget)
         need = self._pages_through(req, prefix_pages * ps + take) - prefix_pages
-        if self.rules.batch_alloc_page_per_request:
+        if self.r_batch_alloc_page:
             # 0.5.23: the extend is allocated with the batch (prepare_for_extend ->
             # alloc_paged_token_slots_extend, one eviction for every member: _alloc_batch), after
             # every member's prefix is locked; until then PrefillBudget.reserve holds its
@@ -155,7 +160,7 @@ class Admission(SchedulerState):
             self.emit.matched((now, req.req_id, dev_pages * ps, req.host_loaded_pages * ps,
                               req.storage_loaded_pages * ps, prefix_pages * ps, req.protected_pages * ps))
         if skip and self.emit.skipped is not None:
-            self.emit.skipped((now, req.req_id, Tier.HOST, tiered * ps, skip))
+            self.emit.skipped((now, req.req_id, _HOST, tiered * ps, skip))
         if load:
             return take, lb_ns, tiered
         return take, 0, 0
@@ -167,11 +172,11 @@ class Admission(SchedulerState):
         such a request is chunked into what is left; only one that needs chunking while another
         chunked request goes on beside it waits (the budget always holds a page here)."""
         extend = -(-(req.fill_len - prefix_tokens) // self.ps) * self.ps
-        if self.rules.chunk_later_requests:
+        if self.r_chunk_later:
             return not may_chunk and extend > budget
         return not first and extend >= budget
 
-    def _count_recomputed(self, req: Req, match, skipped: bool) -> None:
+    def _count_recomputed(self, req: Req, match: TreeMatch, skipped: bool) -> None:
         """Computed pages that had been cached once, and the evictions that took this request's
         prefix off the device (demotions of its host part; demotions and deletions of pages it
         had to recompute or fetch back from storage). Which eviction took what is only for a probe
@@ -212,7 +217,7 @@ class Admission(SchedulerState):
         mem = int(self._rem_total())
         take = min(remaining, budget if mem <= 0 or mem >= budget else mem)
         need = self._pages_through(req, req.done_tokens + take) - req.own_from_page - len(req.own_slots)
-        if self.rules.batch_alloc_page_per_request:
+        if self.r_batch_alloc_page:
             if need > self.ctrl.device.free_pages + self.tree.evictable_device_pages:
                 # available_chunk_tokens gave the whole budget (remaining_total spent), but free and
                 # evictable memory cannot hold the chunk: alloc_paged_token_slots_extend would
@@ -262,7 +267,7 @@ class Admission(SchedulerState):
                                   f"{self.tree.evictable_device_pages} evictable)")
             req.own_slots.extend(slots)
 
-    def _run_batch(self, items, now: int) -> int:
+    def _run_batch(self, items: list[tuple[Req, int, int, int]], now: int) -> int:
         """A prefill batch on the GPU; with `enable_mixed_chunk` it carries a decode step of the
         running requests (`mix_with_running`) when their next step fits (`check_decode_mem`;
         else they sit it out, nothing retracted), the batch then also taking that step's time."""
@@ -436,7 +441,7 @@ class Admission(SchedulerState):
             return []
         n = upto - req.own_from_page
         tree = self.tree
-        if self.rules.hits_past_inserted:
+        if self.r_hits_past_inserted:
             count, inserted = self.count_hits, req.inserted_pages
         else:
             count, inserted = self.count_hits and not chunk, 0
@@ -456,7 +461,7 @@ class Admission(SchedulerState):
             self.ctrl.cached_once.set_many(node.keys if node.keys_np is None else node.keys_np, 0, outputs_last=True)
         threshold = self.backup_threshold
         if threshold is not None:
-            chain = self.rules.backup_chains_ancestors
+            chain = self.r_backup_chains
             for node in done.hit:
                 if node.host is None and node.device is not None and node.hit_count >= threshold:
                     if chain:
