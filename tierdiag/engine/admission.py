@@ -445,13 +445,26 @@ class Admission(SchedulerState):
             count, inserted = self.count_hits, req.inserted_pages
         else:
             count, inserted = self.count_hits and not chunk, 0
-        done = tree.insert(req.keys[:upto], req.own_from_page, req.own_slots[:n], now, req.req_id,
-                           count_hits=count, priority=req.priority, keys_np=req.keys_np[:upto], inserted=inserted)
+        # The whole of a list or array goes in as it is, not as a copy (a finish inserts them
+        # all): RadixTree.insert only reads what it is handed (what a node keeps it slices), so
+        # the copies were one list of ints and one array view an insert more (issue 41)
+        keys = req.keys
+        own = req.own_slots
+        if n == len(own):
+            slots = own
+            req.own_slots = []  # (what `del own_slots[:n]` below leaves of it)
+        else:
+            slots = own[:n]
+        keys_np = req.keys_np
+        done = tree.insert(keys if upto == len(keys) else keys[:upto], req.own_from_page, slots, now, req.req_id,
+                           count_hits=count, priority=req.priority,
+                           keys_np=keys_np if upto == len(keys_np) else keys_np[:upto], inserted=inserted)
         last, fresh = done.last, done.fresh
         req.inserted_pages = max(req.inserted_pages, upto)  # cache_inserted_len = max(.., page_aligned_len)
         if done.duplicate_slots:
             self.ctrl.device.free(done.duplicate_slots)
-        del req.own_slots[:n]
+        if slots is not own:
+            del own[:n]
         req.own_from_page = upto
         if last is not req.lock_node:
             tree.inc_lock(last)
