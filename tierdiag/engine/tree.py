@@ -14,13 +14,21 @@ Residency invariants (checked by tests):
 from __future__ import annotations
 
 from heapq import heappop, heappush  # names, not the module's attributes: a look-up a call fewer
-from typing import Any
+from typing import Any, cast
 
 from tierdiag.config.policies import EVICTION_POLICIES, EvictionPolicy
 from tierdiag.engine.rules import RULE_SETS, RuleSet
 from tierdiag.engine.tree_node import TreeInsert, TreeMatch, TreeNode
 
 __all__ = ["RadixTree", "TreeInsert", "TreeMatch", "TreeNode"]
+
+
+def _child(node: TreeNode, key: Any) -> TreeNode | None:
+    """The child of `node` whose first page key is `key` (an int object, read from a key list as
+    it is: the children's dict is looked up with that object, not with an int unboxed and boxed
+    again)."""
+    children: dict[Any, TreeNode] = cast("dict[Any, TreeNode]", node.children)
+    return children.get(key)
 
 
 class RadixTree:
@@ -176,8 +184,11 @@ class RadixTree:
         i, n = 0, len(keys)
         path: list[TreeNode] = []
         stamp_after = self._stamp_after
+        # the keys as the objects they are: compiled, `keys[i]` of a list[int] is unboxed and
+        # boxed again for the children's dict (a new int object for every key under 2**62)
+        key_objs = cast("list[Any]", keys)
         while i < n:
-            child = node.children.get(keys[i])
+            child = _child(node, key_objs[i])
             if child is None:
                 break
             m = self._common_pages(keys, i, child.keys)
@@ -270,8 +281,9 @@ class RadixTree:
         fresh: list[TreeNode] = []
         hit: list[TreeNode] = []
         stamp_after = self._stamp_after
+        key_objs = cast("list[Any]", keys)  # (as in walk)
         while i < n:
-            child = node.children.get(keys[i])
+            child = _child(node, key_objs[i])
             if child is None:
                 assert i >= own_from, f"page {i} of a locked prefix is missing from the tree"
                 child = self._new_node(node, keys[i:], device_slots[i - own_from:], None, now_ns, owner,
