@@ -304,7 +304,14 @@ class Admission(SchedulerState):
         # to which mix_with_running adds a token a running request. The batch becomes the running
         # batch when that was empty (get_next_batch_to_run: "running_batch = last_batch"; after a
         # mixed batch it always is), and each later decode step adds its count again (_decode).
-        extend_num_tokens = sum(take for _, take, _, _ in items) + (len(self.running) if mixed_ns else 0)
+        # (the batch's sums as loops: compiled, `sum` of a generator is a generator object and a
+        # call into the builtin, ~1k instructions each, four a batch)
+        taken = 0
+        total_lb = 0
+        for _, take, _, lb_pages in items:
+            taken += take
+            total_lb += lb_pages
+        extend_num_tokens = taken + (len(self.running) if mixed_ns else 0)
         self.processed_tokens += extend_num_tokens
         if mixed_ns or not self.running:
             self._running_extend = extend_num_tokens
@@ -319,7 +326,7 @@ class Admission(SchedulerState):
             self.emit.decode_step((now, end, self.dstep, tuple(r.req_id for r in self.running), (), bid,
                                    self.rank))
         total_flops = sum(flops) or 1.0
-        total_lb = sum(p for _, _, _, p in items) or 1
+        total_lb = total_lb or 1
         decoding = len(self.running)  # requests decoding (holding memory; in a mixed batch, decoding in it)
         batch_recompute_ns = 0.0  # of compute_ns: recomputing once-cached tokens (queue attribution)
         self.stats.batches += 1
@@ -372,7 +379,7 @@ class Admission(SchedulerState):
             self.at(end, self._cache_unfinished, stash)
         if self.emit.batch is not None:
             # A mixed batch's decode step is part of its compute (the rows' new compute)
-            self.emit.batch((bid, now, end, len(items), sum(t for _, t, _, _ in items), lb_bytes_total,
+            self.emit.batch((bid, now, end, len(items), taken, lb_bytes_total,
                             compute_ns + mixed_ns, exposed, decoding, int(batch_recompute_ns), self.rank))
         return end
 

@@ -115,6 +115,8 @@ class CacheController:
         amount = self.rules.eviction_amount
         self.evict_shortfall: int = 1 if amount is _evict_shortfall else 0 if amount is _evict_whole_need else -1
         self.reclaim_duplicates = self.rules.reclaim_host_duplicates and self.write_back
+        self.measured_timing: bool = cfg.timing == "measured"  # (read at every copy)
+        self.host_capacity: int = host.capacity  # (a pool's capacity is fixed; read at every backup)
         tree.tracks_duplicates = self.reclaim_duplicates
         self.device = device
         self.host = host
@@ -198,7 +200,7 @@ class CacheController:
 
     def _copy_ns(self, pages: int, wall_ns: int, data_plane_bytes: int, *, to_device: bool, runs: int) -> int:
         nbytes = pages * self.page_bytes
-        if self.cfg.timing == "measured" and data_plane_bytes:
+        if self.measured_timing and data_plane_bytes:
             # Real kernel time, scaled from the reduced data plane to the modelled geometry.
             return int(wall_ns * nbytes / data_plane_bytes) + self.cost.transfer_overhead_ns
         return self.cost.copy_ns(nbytes, pages, to_device=to_device, runs=runs)
@@ -379,7 +381,7 @@ class CacheController:
 
     # --- device -> host ------------------------------------------------------------------
     def _alloc_host(self, pages: int, cause: str | None, now_ns: int) -> list[int] | None:
-        if pages > self.host.capacity:
+        if pages > self.host_capacity:
             return None
         if not self.evict_host(pages, cause, now_ns):
             return None

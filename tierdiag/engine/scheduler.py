@@ -104,7 +104,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self._drun_starts: list[int] = []
         self._drun_ends: list[int] = []
         self._drun_cum: list[int] = []
-        self._events: list = []
+        self._events: list[tuple[int, int, Any, Any]] = []
         self._fold_now = 0  # the loop's wake that `_wakes_until` ran last
         self._order = 0
         self._batch_id = 0
@@ -213,8 +213,9 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                 for t, at, trace_at, think_ms in src.due(now):
                     arrive(t, at, trace_at, think_ms)
                 while events and events[0][0] <= now:
-                    self.event_ns, _, fn, arg = pop(events)
-                    fn(arg)
+                    event: tuple[int, int, Any, Any] = pop(events)  # (typed: its items read in place)
+                    self.event_ns = event[0]
+                    event[2](event[3])
                 nxt_t = src.next_ns(now)
                 if nxt_t is None or nxt_t > now:
                     break
@@ -313,8 +314,9 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
             for tr, at, trace_at, think_ms in src.due(w):
                 arrive(tr, at, trace_at, think_ms)
             while events and events[0][0] <= w:
-                self.event_ns, _, fn, arg = pop(events)
-                fn(arg)
+                entry: tuple[int, int, Any, Any] = pop(events)  # (typed: its items read in place)
+                self.event_ns = entry[0]
+                entry[2](entry[3])
 
     # --- arrival -------------------------------------------------------------------------
     def _arrive(self, t: TraceRequest, now: int, trace_ns: int, think_ms: float | None,
