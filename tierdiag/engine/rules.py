@@ -16,9 +16,9 @@ from tierdiag.config.releases import (NOT_RULES, RULE_NAMES, SGLANG_HOST_LAYOUT,
                                       SGLANG_PREFETCH_POLICY,
                                       release_before, switched_back_names)
 # The rule functions the engine calls per eviction and per finished request live in a compiled
-# module (schedule_common.py): interpreted, one split of a request's cached prefix took ~12k
+# module (rule_functions.py): interpreted, one split of a request's cached prefix took ~12k
 # instructions of min/max calls (callgrind, issue 41). They are the same functions, named here.
-from tierdiag.engine.schedule_common import _evict_shortfall, _evict_whole_need, _split_by_tier, _split_promised
+from tierdiag.engine.rule_functions import _evict_shortfall, _evict_whole_need, _split_by_tier, _split_promised
 
 
 @dataclass(frozen=True)
