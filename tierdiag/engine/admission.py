@@ -9,11 +9,16 @@ from __future__ import annotations
 
 from mypy_extensions import trait
 
+from typing import Final
+
 from tierdiag.config.names import Tier
 from tierdiag.engine.pagemap import blame
 from tierdiag.engine.request import Req
 from tierdiag.engine.schedule_common import CLIP_MAX_NEW_TOKENS, NO_TOKEN, OTHER, EngineError, SchedulerState
 from tierdiag.engine.tree import TreeNode
+from tierdiag.engine.tree_node import TreeMatch
+
+_HOST: Final[str] = Tier.HOST  # read once: compiled, a `Tier.HOST` read is ~880 instructions (3.11)
 
 
 @trait
@@ -60,7 +65,7 @@ class Admission(SchedulerState):
         tiered = host_pages + storage_pages
         # 0.5.9 add_one_req: OTHER before the lock; 0.5.23 `_select_prefill_admission`: NO_TOKEN
         # (`check_prefill`) first, then the shape
-        shape_first = not self.rules.chunk_later_requests
+        shape_first = not self.r_chunk_later
         if shape_first and self._waits_for_next_batch(req, (dev_pages + tiered) * ps, budget, first, may_chunk):
             return OTHER  # the shape chosen assuming the host part loads
         dev_node = match.last_device_node or tree.root
@@ -68,7 +73,7 @@ class Admission(SchedulerState):
         # add_one_req: total_tokens = extend beyond the device prefix + max_new (less what was
         # generated, clipped) + 0.5.23's per_req_token_overhead, against rem_total_tokens
         max_new = min(max(req.output_len - req.generated_tokens, 0), CLIP_MAX_NEW_TOKENS)
-        total_tokens = req.fill_len - dev_pages * ps + max_new + self.rules.admission_overhead_pages * ps
+        total_tokens = req.fill_len - dev_pages * ps + max_new + self.r_overhead_pages * ps
         if total_tokens >= self._rem_total():
             tree.dec_lock(dev_node)
             return NO_TOKEN
@@ -82,7 +87,7 @@ class Admission(SchedulerState):
             return OTHER
         load = tiered > 0
         skip = None
-        if load and tiered * ps < self.cfg.load_back_threshold:
+        if load and tiered * ps < self.load_back_threshold:
             load, skip = False, "below_threshold"
         if load:
             # Room for the host part first (HiCacheController.load, else evict and retry). Its
@@ -100,7 +105,7 @@ class Admission(SchedulerState):
             return OTHER  # re-selected as recompute: the declined host part counted as input
         take = self._take(req.fill_len - prefix_pages * ps, budget)
         need = self._pages_through(req, prefix_pages * ps + take) - prefix_pages
-        if self.rules.batch_alloc_page_per_request:
+        if self.r_batch_alloc_page:
             # 0.5.23: the extend is allocated with the batch (prepare_for_extend ->
             # alloc_paged_token_slots_extend, one eviction for every member: _alloc_batch), after
             # every member's prefix is locked; until then PrefillBudget.reserve holds its
@@ -155,7 +160,7 @@ class Admission(SchedulerState):
             self.emit.matched((now, req.req_id, dev_pages * ps, req.host_loaded_pages * ps,
                               req.storage_loaded_pages * ps, prefix_pages * ps, req.protected_pages * ps))
         if skip and self.emit.skipped is not None:
-            self.emit.skipped((now, req.req_id, Tier.HOST, tiered * ps, skip))
+            self.emit.skipped((now, req.req_id, _HOST, tiered * ps, skip))
         if load:
             return take, lb_ns, tiered
         return take, 0, 0
@@ -167,11 +172,11 @@ class Admission(SchedulerState):
         such a request is chunked into what is left; only one that needs chunking while another
         chunked request goes on beside it waits (the budget always holds a page here)."""
         extend = -(-(req.fill_len - prefix_tokens) // self.ps) * self.ps
-        if self.rules.chunk_later_requests:
+        if self.r_chunk_later:
             return not may_chunk and extend > budget
         return not first and extend >= budget
 
-    def _count_recomputed(self, req: Req, match, skipped: bool) -> None:
+    def _count_recomputed(self, req: Req, match: TreeMatch, skipped: bool) -> None:
         """Computed pages that had been cached once, and the evictions that took this request's
         prefix off the device (demotions of its host part; demotions and deletions of pages it
         had to recompute or fetch back from storage). Which eviction took what is only for a probe
@@ -212,7 +217,7 @@ class Admission(SchedulerState):
         mem = int(self._rem_total())
         take = min(remaining, budget if mem <= 0 or mem >= budget else mem)
         need = self._pages_through(req, req.done_tokens + take) - req.own_from_page - len(req.own_slots)
-        if self.rules.batch_alloc_page_per_request:
+        if self.r_batch_alloc_page:
             if need > self.ctrl.device.free_pages + self.tree.evictable_device_pages:
                 # available_chunk_tokens gave the whole budget (remaining_total spent), but free and
                 # evictable memory cannot hold the chunk: alloc_paged_token_slots_extend would
@@ -262,7 +267,7 @@ class Admission(SchedulerState):
                                   f"{self.tree.evictable_device_pages} evictable)")
             req.own_slots.extend(slots)
 
-    def _run_batch(self, items, now: int) -> int:
+    def _run_batch(self, items: list[tuple[Req, int, int, int]], now: int) -> int:
         """A prefill batch on the GPU; with `enable_mixed_chunk` it carries a decode step of the
         running requests (`mix_with_running`) when their next step fits (`check_decode_mem`;
         else they sit it out, nothing retracted), the batch then also taking that step's time."""
@@ -299,7 +304,14 @@ class Admission(SchedulerState):
         # to which mix_with_running adds a token a running request. The batch becomes the running
         # batch when that was empty (get_next_batch_to_run: "running_batch = last_batch"; after a
         # mixed batch it always is), and each later decode step adds its count again (_decode).
-        extend_num_tokens = sum(take for _, take, _, _ in items) + (len(self.running) if mixed_ns else 0)
+        # (the batch's sums as loops: compiled, `sum` of a generator is a generator object and a
+        # call into the builtin, ~1k instructions each, four a batch)
+        taken = 0
+        total_lb = 0
+        for _, take, _, lb_pages in items:
+            taken += take
+            total_lb += lb_pages
+        extend_num_tokens = taken + (len(self.running) if mixed_ns else 0)
         self.processed_tokens += extend_num_tokens
         if mixed_ns or not self.running:
             self._running_extend = extend_num_tokens
@@ -314,7 +326,7 @@ class Admission(SchedulerState):
             self.emit.decode_step((now, end, self.dstep, tuple(r.req_id for r in self.running), (), bid,
                                    self.rank))
         total_flops = sum(flops) or 1.0
-        total_lb = sum(p for _, _, _, p in items) or 1
+        total_lb = total_lb or 1
         decoding = len(self.running)  # requests decoding (holding memory; in a mixed batch, decoding in it)
         batch_recompute_ns = 0.0  # of compute_ns: recomputing once-cached tokens (queue attribution)
         self.stats.batches += 1
@@ -367,7 +379,7 @@ class Admission(SchedulerState):
             self.at(end, self._cache_unfinished, stash)
         if self.emit.batch is not None:
             # A mixed batch's decode step is part of its compute (the rows' new compute)
-            self.emit.batch((bid, now, end, len(items), sum(t for _, t, _, _ in items), lb_bytes_total,
+            self.emit.batch((bid, now, end, len(items), taken, lb_bytes_total,
                             compute_ns + mixed_ns, exposed, decoding, int(batch_recompute_ns), self.rank))
         return end
 
@@ -436,17 +448,30 @@ class Admission(SchedulerState):
             return []
         n = upto - req.own_from_page
         tree = self.tree
-        if self.rules.hits_past_inserted:
+        if self.r_hits_past_inserted:
             count, inserted = self.count_hits, req.inserted_pages
         else:
             count, inserted = self.count_hits and not chunk, 0
-        done = tree.insert(req.keys[:upto], req.own_from_page, req.own_slots[:n], now, req.req_id,
-                           count_hits=count, priority=req.priority, keys_np=req.keys_np[:upto], inserted=inserted)
+        # The whole of a list or array goes in as it is, not as a copy (a finish inserts them
+        # all): RadixTree.insert only reads what it is handed (what a node keeps it slices), so
+        # the copies were one list of ints and one array view an insert more (issue 41)
+        keys = req.keys
+        own = req.own_slots
+        if n == len(own):
+            slots = own
+            req.own_slots = []  # (what `del own_slots[:n]` below leaves of it)
+        else:
+            slots = own[:n]
+        keys_np = req.keys_np
+        done = tree.insert(keys if upto == len(keys) else keys[:upto], req.own_from_page, slots, now, req.req_id,
+                           count_hits=count, priority=req.priority,
+                           keys_np=keys_np if upto == len(keys_np) else keys_np[:upto], inserted=inserted)
         last, fresh = done.last, done.fresh
         req.inserted_pages = max(req.inserted_pages, upto)  # cache_inserted_len = max(.., page_aligned_len)
         if done.duplicate_slots:
             self.ctrl.device.free(done.duplicate_slots)
-        del req.own_slots[:n]
+        if slots is not own:
+            del own[:n]
         req.own_from_page = upto
         if last is not req.lock_node:
             tree.inc_lock(last)
@@ -456,7 +481,7 @@ class Admission(SchedulerState):
             self.ctrl.cached_once.set_many(node.keys if node.keys_np is None else node.keys_np, 0, outputs_last=True)
         threshold = self.backup_threshold
         if threshold is not None:
-            chain = self.rules.backup_chains_ancestors
+            chain = self.r_backup_chains
             for node in done.hit:
                 if node.host is None and node.device is not None and node.hit_count >= threshold:
                     if chain:

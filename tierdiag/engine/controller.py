@@ -18,7 +18,7 @@ from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.pagemap import SMALL_CALL, PageMap
 from tierdiag.engine.content import verify_content, write_content
 from tierdiag.engine.pagepool import PagePool
-from tierdiag.engine.rules import config_rules
+from tierdiag.engine.rules import _evict_shortfall, _evict_whole_need, config_rules
 from tierdiag.engine.storage import StorageTier
 from tierdiag.engine.tree import RadixTree, TreeNode
 from tierdiag.probes import events as ev
@@ -28,6 +28,13 @@ if TYPE_CHECKING:
 
 VERIFY_SAMPLE_EVERY = 16  # with --verify sample, check one load-back in this many
 _DEVICE: Final[str] = Tier.DEVICE  # read once: a compiled `Tier.DEVICE` calls EnumType.__getattr__ (3.11)
+# The members an eviction records, read once for the same reason (compiled, each `Tier.X` /
+# `EvictionAction.X` read was ~880 instructions, two an eviction: callgrind, issue 41)
+_HOST: Final[str] = Tier.HOST
+_DEMOTE: Final[str] = EvictionAction.DEMOTE
+_DROP: Final[str] = EvictionAction.DROP
+_DELETE: Final[str] = EvictionAction.DELETE
+_FREE_DUPLICATE: Final[str] = EvictionAction.FREE_DUPLICATE
 
 
 def _int64s() -> array:
@@ -98,7 +105,18 @@ class CacheController:
         self.cost = cost
         self.tree = tree
         # 0.5.23's host pressure under write_back reads the tree's duplicate registry.
-        self.reclaim_duplicates = self.rules.reclaim_host_duplicates and cfg.write_policy == WritePolicy.WRITE_BACK
+        # The config and rule fields every eviction reads, typed here once: EngineConfig and
+        # RuleSet are interpreted (frozen), so each read from compiled code was a generic
+        # attribute look-up, and the write policy's an enum member read too (issue 41)
+        self.write_back: bool = cfg.write_policy == WritePolicy.WRITE_BACK
+        self.decline_spares: bool = self.write_back and self.rules.write_back_drop_spares_pinned
+        # the rule set's eviction amount (rules.py): 1 the shortfall (0.5.23), 0 the whole need
+        # (0.5.9), both computed here; -1 another callable, called
+        amount = self.rules.eviction_amount
+        self.evict_shortfall: int = 1 if amount is _evict_shortfall else 0 if amount is _evict_whole_need else -1
+        self.reclaim_duplicates = self.rules.reclaim_host_duplicates and self.write_back
+        self.measured_timing: bool = cfg.timing == "measured"  # (read at every copy)
+        self.host_capacity: int = host.capacity  # (a pool's capacity is fixed; read at every backup)
         tree.tracks_duplicates = self.reclaim_duplicates
         self.device = device
         self.host = host
@@ -182,7 +200,7 @@ class CacheController:
 
     def _copy_ns(self, pages: int, wall_ns: int, data_plane_bytes: int, *, to_device: bool, runs: int) -> int:
         nbytes = pages * self.page_bytes
-        if self.cfg.timing == "measured" and data_plane_bytes:
+        if self.measured_timing and data_plane_bytes:
             # Real kernel time, scaled from the reduced data plane to the modelled geometry.
             return int(wall_ns * nbytes / data_plane_bytes) + self.cost.transfer_overhead_ns
         return self.cost.copy_ns(nbytes, pages, to_device=to_device, runs=runs)
@@ -222,9 +240,9 @@ class CacheController:
         free = self.device.free_pages
         if free >= pages_needed + reserve_pages:
             return True  # both rule sets' eviction_amount: nothing when the need fits
-        target = free + self.rules.eviction_amount(free, pages_needed + reserve_pages)
-        write_back = self.cfg.write_policy == WritePolicy.WRITE_BACK
-        decline = write_back and self.rules.write_back_drop_spares_pinned
+        target = free + self._eviction_amount(free, pages_needed + reserve_pages)
+        write_back = self.write_back
+        decline = self.decline_spares
         kept: list[TreeNode] = []  # declined drops (drop_subtree_no_host), in walk order
         while self.device.free_pages < target:
             node = self.tree.pop_device_victim()
@@ -249,7 +267,7 @@ class CacheController:
                     kept.append(node)  # drop_subtree_no_host declined: it stays on device
                     continue
             if node.host is not None:
-                eid = self.record_eviction(node, Tier.DEVICE, EvictionAction.DEMOTE, cause, now_ns)
+                eid = self.record_eviction(node, _DEVICE, _DEMOTE, cause, now_ns)
                 node.evicted_by = eid
                 self.device.free(self.tree.demote(node))
             else:
@@ -257,6 +275,16 @@ class CacheController:
         for node in kept:  # still device leaves: the next eviction's candidates again
             self.tree._push_device(node)
         return self.device.free_pages >= pages_needed
+
+    def _eviction_amount(self, free_pages: int, need_pages: int) -> int:
+        """The rule set's `eviction_amount` (rules.py `_evict_shortfall` / `_evict_whole_need`),
+        computed natively for the two the rule sets use: the interpreted function was a Python
+        call an eviction (issue 41)."""
+        if self.evict_shortfall == 1:
+            return max(0, need_pages - free_pages)
+        if self.evict_shortfall == 0:
+            return need_pages if free_pages < need_pages else 0
+        return self.rules.eviction_amount(free_pages, need_pages)
 
     def _pinned_subtree(self, node: TreeNode) -> bool:
         """0.5.23 `UnifiedTreeCore.drop_subtree_no_host` (rule `write_back_drop_spares_pinned`):
@@ -282,8 +310,10 @@ class CacheController:
         for child in list(node.children.values()):
             self._remove(child, cause, now_ns)
         on_device = node.device is not None
-        tier, action = (Tier.DEVICE, EvictionAction.DROP) if on_device else (Tier.HOST, EvictionAction.DELETE)
-        eid = self.record_eviction(node, tier, action, cause, now_ns)
+        if on_device:
+            eid = self.record_eviction(node, _DEVICE, _DROP, cause, now_ns)
+        else:
+            eid = self.record_eviction(node, _HOST, _DELETE, cause, now_ns)
         self._forget(node, eid)
         device_slots, host_slots = self.tree.delete(node)
         if device_slots:  # (a free of nothing changes nothing: one call into the pool less)
@@ -310,7 +340,7 @@ class CacheController:
         if whole:
             amount = pages_needed
         else:
-            amount = self.rules.eviction_amount(free, pages_needed)
+            amount = self._eviction_amount(free, pages_needed)
         target = free + amount
         if self.reclaim_duplicates and self.host.free_pages < target:
             self._reclaim_duplicates(target, cause, now_ns)
@@ -343,7 +373,7 @@ class CacheController:
                     continue
                 if node.id in tree.load_pending:  # loaded back this pass, not yet acknowledged
                     continue
-                self.record_eviction(node, Tier.HOST, EvictionAction.FREE_DUPLICATE, cause, now_ns)
+                self.record_eviction(node, _HOST, _FREE_DUPLICATE, cause, now_ns)
                 self.host.free(tree.drop_host(node))
                 swept.append(node.id)
         for nid in swept:
@@ -351,7 +381,7 @@ class CacheController:
 
     # --- device -> host ------------------------------------------------------------------
     def _alloc_host(self, pages: int, cause: str | None, now_ns: int) -> list[int] | None:
-        if pages > self.host.capacity:
+        if pages > self.host_capacity:
             return None
         if not self.evict_host(pages, cause, now_ns):
             return None

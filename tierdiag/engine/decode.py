@@ -105,7 +105,7 @@ class DecodeSteps(SchedulerState):
             return True  # (evict_to_free_tokens evicts nothing when the pages are free)
         return self.ctrl.evict_device(len(need), need[0].req_id, now)
 
-    def _give_pages(self, due: list, k: int) -> None:
+    def _give_pages(self, due: list[Req], k: int) -> None:
         """Decode step `k`'s pages: each request in `due` (its slot starts a page at this step)
         gets one, and is due again a page later while its output lasts. The caller checked the
         room (check_decode_mem / free_pages), so the allocation cannot fail."""
@@ -299,7 +299,7 @@ class DecodeSteps(SchedulerState):
         self.dstep = k
         self.stats.decode_steps += steps
         self.processed_tokens += steps * self._running_extend  # as _decode, a step at a time
-        if self.rules.prefetch_retry_interval_passes:
+        if self.retry_interval:  # (the rule field, typed: Scheduler.__init__)
             self.prefetch_pass += steps  # _retry_prefetches: nobody waits, nothing else to do
         self.new_token_ratio = ratio
         self._note_decode(start, end)  # the steps back to back: one run on the clock

@@ -90,6 +90,16 @@ class SchedulerState:
     retry_cap: int
     storage_acks: bool
     has_storage: bool
+    # RuleSet / EngineConfig fields admission reads per request, batch or insert, typed
+    # (Scheduler.__init__): both classes are interpreted, a read of theirs a generic look-up
+    r_chunk_later: bool
+    r_overhead_pages: int
+    r_batch_alloc_page: bool
+    r_returns_early: bool
+    r_hits_past_inserted: bool
+    r_backup_chains: bool
+    load_back_threshold: int
+    max_prefill_tokens: int
     prefetch_retry_reqs: dict[int, Req]
     prefetch_pass: int
     unqueried: list[Req]

@@ -26,7 +26,7 @@ Token split at admission (`prefix_indices` = device original + what load-back re
 
 from __future__ import annotations
 
-import heapq
+from heapq import heappop, heappush  # names, not the module's attributes: a look-up a call fewer
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -104,7 +104,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self._drun_starts: list[int] = []
         self._drun_ends: list[int] = []
         self._drun_cum: list[int] = []
-        self._events: list = []
+        self._events: list[tuple[int, int, Any, Any]] = []
         self._fold_now = 0  # the loop's wake that `_wakes_until` ran last
         self._order = 0
         self._batch_id = 0
@@ -126,6 +126,16 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.retry_cap: int = self.rules.prefetch_retry_max_attempts
         self.storage_acks: bool = self.rules.storage_acks_per_pass
         self.has_storage: bool = ctrl.storage is not None
+        # ... and those admission reads a request, a batch or an insert (SchedulerState's `r_`
+        # fields), with the two config fields it reads as often
+        self.r_chunk_later: bool = self.rules.chunk_later_requests
+        self.r_overhead_pages: int = self.rules.admission_overhead_pages
+        self.r_batch_alloc_page: bool = self.rules.batch_alloc_page_per_request
+        self.r_returns_early: bool = self.rules.max_running_check_returns_early
+        self.r_hits_past_inserted: bool = self.rules.hits_past_inserted
+        self.r_backup_chains: bool = self.rules.backup_chains_ancestors
+        self.load_back_threshold: int = cfg.load_back_threshold
+        self.max_prefill_tokens: int = cfg.max_prefill_tokens
         self.prefetch_retry_reqs: dict[int, Req] = {}  # the same seqs -> their requests
         self.prefetch_pass = 0  # scheduling passes, the re-queries' clock
         # arrivals whose storage query waits for the next pass (rule storage_acks_per_pass)
@@ -175,7 +185,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
     def _at_own(self, t_ns: int, fn, arg) -> None:
         """`at` of a scheduler on its own: the event on its own queue (a deployment replaces `at`)."""
         self._order += 1
-        heapq.heappush(self._events, (t_ns, self._order, fn, arg))
+        heappush(self._events, (t_ns, self._order, fn, arg))
 
     # --- main loop -----------------------------------------------------------------------
     def run(self, requests: Iterable[TraceRequest]) -> EngineStats:
@@ -184,7 +194,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         now = 0
         gpu_free = 0
         events = self._events
-        pop = heapq.heappop
+        pop = heappop
         tick = self.emit.tick
         arrive = self._arrive
         # Nothing reaches the scheduler but the trace's arrivals and its own events, so the
@@ -203,8 +213,9 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                 for t, at, trace_at, think_ms in src.due(now):
                     arrive(t, at, trace_at, think_ms)
                 while events and events[0][0] <= now:
-                    self.event_ns, _, fn, arg = pop(events)
-                    fn(arg)
+                    event: tuple[int, int, Any, Any] = pop(events)  # (typed: its items read in place)
+                    self.event_ns = event[0]
+                    event[2](event[3])
                 nxt_t = src.next_ns(now)
                 if nxt_t is None or nxt_t > now:
                     break
@@ -286,7 +297,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         src = self.arrivals
         assert src is not None
         events = self._events
-        pop = heapq.heappop
+        pop = heappop
         arrive = self._arrive
         closed = src.closed
         woke = False
@@ -303,8 +314,9 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
             for tr, at, trace_at, think_ms in src.due(w):
                 arrive(tr, at, trace_at, think_ms)
             while events and events[0][0] <= w:
-                self.event_ns, _, fn, arg = pop(events)
-                fn(arg)
+                entry: tuple[int, int, Any, Any] = pop(events)  # (typed: its items read in place)
+                self.event_ns = entry[0]
+                entry[2](entry[3])
 
     # --- arrival -------------------------------------------------------------------------
     def _arrive(self, t: TraceRequest, now: int, trace_ns: int, think_ms: float | None,
@@ -330,7 +342,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         # never fed back through the model (ScheduleBatch.prepare_for_decode -> alloc_for_decode
         # allocates the slot of the token a step reads, the previous step's output), both releases.
         req.total_pages = -(-(req.input_len + max(req.output_len - 1, 0)) // ps)
-        overhead = self.rules.admission_overhead_pages
+        overhead = self.r_overhead_pages
         # Admission into an empty pool (PrefillAdder.add_one_req): input + min(output, 4096)
         # + the rule set's page must be less than the pool, or the request would wait forever.
         need = req.input_len + min(req.output_len, CLIP_MAX_NEW_TOKENS)
@@ -455,7 +467,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         # get_num_allocatable_reqs: the cap less the running batch (the ReqToTokenPool's free
         # rows, plus the row a continuing chunk holds, come to the same number)
         allocatable = self.max_running - len(self.running)
-        returns_early = self.rules.max_running_check_returns_early
+        returns_early = self.r_returns_early
         if allocatable <= 0 and self.chunked is None:
             # 0.5.23 `_get_new_batch_prefill_raw`: "get_num_allocatable_reqs(...) <= 0 and
             # self.chunked_req is None" -> batch_is_full, before calc_priority. 0.5.9 goes on
@@ -466,14 +478,14 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
             self.batch_is_full = True
             return None
         mixed = len(self.running) if self.mixed_chunk else 0  # num_mixed_decode_tokens
-        budget = self.cfg.max_prefill_tokens - mixed
+        budget = self.max_prefill_tokens - mixed
         ratio = self.new_token_ratio
         self._total_offset = mixed + self._running_reserve() * ratio
         self._cur_offset = mixed
         items: list[tuple[Req, int, int, int]] = []  # (req, chunk tokens, load-back ns, load-back pages)
         chunk_continues = False
         sorted_yet = False
-        overhead = self.rules.admission_overhead_pages
+        overhead = self.r_overhead_pages
         if self.chunked is not None:
             req = self.chunked
             chunk_budget = budget
@@ -548,7 +560,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
             if self._rem_total() <= 0 or self._rem_current() <= 0:  # budget_state: NO_TOKEN
                 self.batch_is_full = True
                 break
-        if self.rules.batch_alloc_page_per_request:
+        if self.r_batch_alloc_page:
             self._alloc_batch(items, now)
         return items or None
 

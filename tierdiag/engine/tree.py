@@ -14,7 +14,7 @@ Residency invariants (checked by tests):
 from __future__ import annotations
 
 from heapq import heappop, heappush  # names, not the module's attributes: a look-up a call fewer
-from typing import Any
+from typing import Any, cast
 
 from tierdiag.config.policies import EVICTION_POLICIES, EvictionPolicy
 from tierdiag.engine.rules import RULE_SETS, RuleSet
@@ -23,10 +23,23 @@ from tierdiag.engine.tree_node import TreeInsert, TreeMatch, TreeNode
 __all__ = ["RadixTree", "TreeInsert", "TreeMatch", "TreeNode"]
 
 
+def _child(node: TreeNode, key: Any) -> TreeNode | None:
+    """The child of `node` whose first page key is `key` (an int object, read from a key list as
+    it is: the children's dict is looked up with that object, not with an int unboxed and boxed
+    again)."""
+    children: dict[Any, TreeNode] = cast("dict[Any, TreeNode]", node.children)
+    return children.get(key)
+
+
 class RadixTree:
     def __init__(self, page_size: int, eviction_policy: "str | EvictionPolicy" = "lru", rules: RuleSet | None = None):
         self.page_size = page_size
         self.rules = rules or next(iter(RULE_SETS.values()))
+        # The rule fields a walk and an insert read, typed once: RuleSet is interpreted, so each
+        # read from compiled code was a generic attribute look-up (~240 instructions; issue 41)
+        self._stamp_after: bool = self.rules.stamp_path_after_walk
+        self._priority_before_split: bool = self.rules.insert_priority_before_split
+        self._unevict_counts_hit: bool = self.rules.unevict_counts_hit
         # a registry name, or a policy with its settings (policies.configured_eviction_policy)
         policy = eviction_policy if isinstance(eviction_policy, EvictionPolicy) else EVICTION_POLICIES[eviction_policy]
         self.priority = policy.key
@@ -170,9 +183,12 @@ class RadixTree:
         node = self.root
         i, n = 0, len(keys)
         path: list[TreeNode] = []
-        stamp_after = self.rules.stamp_path_after_walk
+        stamp_after = self._stamp_after
+        # the keys as the objects they are: compiled, `keys[i]` of a list[int] is unboxed and
+        # boxed again for the children's dict (a new int object for every key under 2**62)
+        key_objs = cast("list[Any]", keys)
         while i < n:
-            child = node.children.get(keys[i])
+            child = _child(node, key_objs[i])
             if child is None:
                 break
             m = self._common_pages(keys, i, child.keys)
@@ -264,9 +280,10 @@ class RadixTree:
         dups: list[int] = []
         fresh: list[TreeNode] = []
         hit: list[TreeNode] = []
-        stamp_after = self.rules.stamp_path_after_walk
+        stamp_after = self._stamp_after
+        key_objs = cast("list[Any]", keys)  # (as in walk)
         while i < n:
-            child = node.children.get(keys[i])
+            child = _child(node, key_objs[i])
             if child is None:
                 assert i >= own_from, f"page {i} of a locked prefix is missing from the tree"
                 child = self._new_node(node, keys[i:], device_slots[i - own_from:], None, now_ns, owner,
@@ -282,7 +299,7 @@ class RadixTree:
             if i < own_from < i + m:  # keep the locked prefix and our pages in separate nodes
                 m = own_from - i
             if m < len(child.keys):
-                if priority > child.priority and self.rules.insert_priority_before_split:
+                if priority > child.priority and self._priority_before_split:
                     child.priority = priority  # 0.5.9: the lower half keeps it too
                 lower = child
                 child = self._split(child, m, None if stamp_after else now_ns)
@@ -292,7 +309,7 @@ class RadixTree:
                 self.set_device(child, device_slots[i - own_from:i - own_from + m])
                 fresh.append(child)
                 self.track_duplicate(child)  # _unevict_node_on_insert: a duplicate at once
-                if count_hits and self.rules.unevict_counts_hit and i + m > inserted:
+                if count_hits and self._unevict_counts_hit and i + m > inserted:
                     child.hit_count += 1  # _finish_insert_walk_node (0.5.23)
                     hit.append(child)
             else:

@@ -5,8 +5,7 @@ holds the operations.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, Iterator
 
 
 class TreeNode:
@@ -65,25 +64,68 @@ class TreeNode:
         return f"<node {self.id} pages={len(self.keys)} {tiers} lock={self.lock_ref}>"
 
 
-class TreeInsert(NamedTuple):
+class TreeInsert:
     """What `RadixTree.insert` did: the last node of the path, the caller's slots of pages the
     tree already held on device (to free), the nodes it created or revived, and the nodes whose
-    hit count it raised in path order (the write-through candidates)."""
+    hit count it raised in path order (the write-through candidates).
 
-    last: "TreeNode"
-    duplicate_slots: list[int]
-    fresh: list["TreeNode"]
-    hit: list["TreeNode"]
+    A plain class (compiled: a native one, its fields read in place), not a NamedTuple: a
+    NamedTuple's `__new__` is an interpreted function (~2.5k instructions an insert, callgrind,
+    issue 41). It still unpacks, indexes and compares as the 4-tuple it was."""
+
+    def __init__(self, last: TreeNode, duplicate_slots: list[int], fresh: list[TreeNode], hit: list[TreeNode]) -> None:
+        self.last = last
+        self.duplicate_slots = duplicate_slots
+        self.fresh = fresh
+        self.hit = hit
+
+    def _tuple(self) -> tuple[TreeNode, list[int], list[TreeNode], list[TreeNode]]:
+        return (self.last, self.duplicate_slots, self.fresh, self.hit)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._tuple())
+
+    def __getitem__(self, index: int) -> Any:
+        return self._tuple()[index]
+
+    def __len__(self) -> int:
+        return 4
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TreeInsert):
+            return self._tuple() == other._tuple()
+        return isinstance(other, tuple) and self._tuple() == other
+
+    def __hash__(self) -> int:
+        return id(self)  # (its lists make the tuple it was unhashable; nobody hashes one)
+
+    def __repr__(self) -> str:
+        return (f"TreeInsert(last={self.last!r}, duplicate_slots={self.duplicate_slots!r}, "
+                f"fresh={self.fresh!r}, hit={self.hit!r})")
 
 
-@dataclass(frozen=True)
 class TreeMatch:
     """What the tree knows of a key sequence: the matched path split by residency.
 
         pages:  |--- device_nodes ---|--- host_nodes ---|   (rest: not in the tree)
-    """
-    device_nodes: tuple[TreeNode, ...]
-    host_nodes: tuple[TreeNode, ...]
+
+    A plain class (compiled: a native one), not a frozen dataclass: its generated `__init__` is
+    interpreted and sets each field through `object.__setattr__` (~3.4k instructions a match,
+    callgrind, issue 41). Nothing assigns its fields after construction."""
+
+    def __init__(self, device_nodes: tuple[TreeNode, ...], host_nodes: tuple[TreeNode, ...]) -> None:
+        self.device_nodes = device_nodes
+        self.host_nodes = host_nodes
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, TreeMatch) and self.device_nodes == other.device_nodes
+                and self.host_nodes == other.host_nodes)
+
+    def __hash__(self) -> int:
+        return hash((self.device_nodes, self.host_nodes))
+
+    def __repr__(self) -> str:
+        return f"TreeMatch(device_nodes={self.device_nodes!r}, host_nodes={self.host_nodes!r})"
 
     @property
     def device_pages(self) -> int:

@@ -78,9 +78,14 @@ cp_small_int(PyObject *v, int64_t *x)
     }
     return 0;
 #elif PY_VERSION_HEX >= 0x030B0000 && !defined(Py_LIMITED_API) && PYLONG_BITS_IN_DIGIT == 30
-    Py_ssize_t size = Py_SIZE(v), n = size < 0 ? -size : size;
+    Py_ssize_t size = Py_SIZE(v), n;
     const digit *d = ((PyLongObject *)v)->ob_digit;
     uint64_t u;
+    if (size == 1) { /* one digit (every slot number, most page-list items): the value itself */
+        *x = (int64_t)d[0];
+        return 1;
+    }
+    n = size < 0 ? -size : size;
     if (n > 3 || (n == 3 && d[2] >= 8)) {
         return 0;
     }
