@@ -80,3 +80,23 @@ def test_a_column_of_one_type_is_built_straight_and_a_stray_value_sends_it_the_o
     assert isinstance(got["i"], pa.Array) and got["i"].to_pylist() == [1, None, 3] and got["i"].null_count == 1
     assert got["d"] == (0.5, 2, None)
     assert table_columns("t", ("i", "d"), [(1, 0.5)]) == {"i": (1,), "d": (0.5,)}  # plain tuples: zipped
+
+
+def test_the_engine_enum_members_are_encoded_as_their_text_and_built_straight():
+    """Tier / EvictionAction / TransferKind members (StrEnum: str subclasses) at the eviction and
+    transfer emit sites: RowBuffer encodes their text as a str's, so their VARCHAR column is
+    built straight as Arrow (as 'O' objects they were pickled to the writer and the whole column
+    converted from Python values), holding what pa.array makes of the members themselves: the
+    stored value is the same text either way."""
+    from tierdiag.config.names import EvictionAction, Tier, TransferKind
+
+    members = [*Tier, *EvictionAction, *TransferKind, None]
+    buf = cplane.C.RowBuffer(1)
+    for m in members:
+        buf.append((m,))
+    data, n, objects = payload = buf.take()
+    assert objects is None  # nothing kept as an object: no pickling of members
+    col = table_columns("t", ("s",), payload)["s"]
+    assert isinstance(col, pa.Array)
+    assert col.equals(pa.array(members, type=pa.string()))
+    assert col.to_pylist() == [None if m is None else m.value for m in members]

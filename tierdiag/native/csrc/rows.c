@@ -11,9 +11,13 @@
 /* back to the allocator at once. A flush hands over one bytes object; the store's writer       */
 /* process turns it back into the same values (decode_arrow). Per value: a tag byte, then        */
 /*   'N' None | 'T' True | 'F' False | 'I' an exact int within int64: 8 bytes | 'D' an exact      */
-/*   float: 8 bytes | 'S' an exact str: uint32 length + UTF-8 | 'O' anything else (a big int, a */
-/*   numpy scalar, a str subclass): uint32 index into the buffer's list of such objects, which   */
-/*   travels beside the bytes (pickled): every value comes back as it went in.                  */
+/*   float: 8 bytes | 'S' a str, or a str subclass's text (the engine's StrEnum members: Tier,  */
+/*   EvictionAction, TransferKind), uint32 length + UTF-8: a subclass's comes back a plain str */
+/*   of the same text, what its VARCHAR column stores (as 'O' objects they were pickled,       */
+/*   unpickled and decoded as Python values in the writer: their columns off the Arrow path)  */
+/*   | 'O' anything else (a big int, a numpy scalar, a str with lone surrogates): uint32 index */
+/*   into the buffer's list of such objects, which travels beside the bytes (pickled), and     */
+/*   comes back as it went in.                                                                 */
 
 typedef struct {
     PyObject_HEAD
@@ -75,7 +79,7 @@ rb_put(RowBuffer *rb, PyObject *v)
     }
     if (v == Py_None) {
         tag = 'N';
-    } else if (PyUnicode_CheckExact(v)) {
+    } else if (PyUnicode_Check(v)) {  /* a str subclass too: its text (the engine's StrEnum members) */
         Py_ssize_t n;
         const char *u = PyUnicode_AsUTF8AndSize(v, &n);
         uint32_t n32;
