@@ -15,13 +15,13 @@ from tierdiag.config.names import EvictionAction, Tier, TransferKind, WritePolic
 from tierdiag.engine import rows as _rows
 from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.costmodel import CostModel
+from tierdiag.engine.emitters import Emitters
 from tierdiag.engine.pagemap import SMALL_CALL, PageMap
 from tierdiag.engine.content import verify_content, write_content
 from tierdiag.engine.pagepool import PagePool
 from tierdiag.engine.rules import config_rules
 from tierdiag.engine.storage import StorageTier
 from tierdiag.engine.tree import RadixTree, TreeNode
-from tierdiag.probes import events as ev
 
 if TYPE_CHECKING:
     import numpy as np
@@ -104,7 +104,7 @@ class CacheController:
         self.host = host
         self.storage = storage
         self.probe = probe
-        self.emit = ev.Emitters(probe)  # one callable an event kind, None where nothing is emitted
+        self.emit = Emitters(probe)  # one callable an event kind, None where nothing is emitted (a native class)
         self.stats = stats
         self.page_size: int = cfg.page_size  # typed: compiled, `x * page_size` is a native multiply, not PyNumber_Multiply
         self.page_bytes = cfg.page_size * cost.kv_bytes_per_token  # modelled

@@ -61,7 +61,7 @@ class RequestRecords(SchedulerState):
         for reason in (req.loadback_skip_reason, req.storage_skip_reason):
             if reason:
                 st.skipped[reason] = st.skipped.get(reason, 0) + 1
-        emits = self.emit  # (an Emitters: its attributes are read by name, compiled; once here)
+        emits = self.emit
         lost = emits.lost
         if lost is not None:
             for eid, tokens in req.lost.items():
