@@ -204,12 +204,14 @@ class CacheController:
             pool = self.device if on_device else self.host
             locked = self.tree.locked_device_pages if on_device else self.tree.locked_host_pages
             # capacity - free_pages, not the used_pages property: compiled, a property of the
-            # interpreted PagePool is a Python call (three reads a row were ~1/3 of its cost)
-            capacity = pool.capacity
+            # interpreted PagePool is a Python call (three reads a row were ~1/3 of its cost);
+            # both declared int: native arithmetic, not PyNumber_Subtract/_Multiply on objects
+            capacity: int = pool.capacity
+            free: int = pool.free_pages
             ps = self.page_size
             emit((
                 eid, now_ns, tier, node.id, tokens, action, cause, node.owner,
-                (capacity - pool.free_pages) * ps, capacity * ps,
+                (capacity - free) * ps, capacity * ps,
                 locked * ps, node.hit_count, node.last_access_ns, self.rank))
         return eid
 

@@ -140,11 +140,14 @@ class RequestRecords(SchedulerState):
         ps, tree, ctrl = self.ps, self.tree, self.ctrl
         emit = self.emit.pool_sample
         rank = self.rank
-        # capacity - free_pages, not PagePool's used_pages property (a Python call from compiled code)
+        # capacity - free_pages, not PagePool's used_pages property (a Python call from compiled code);
+        # declared int: native arithmetic on them, not generic operations on objects
         device, host = ctrl.device, ctrl.host
-        cap = device.capacity
-        emit((now, "device", (cap - device.free_pages) * ps, cap * ps, tree.locked_device_pages * ps, rank))
+        cap: int = device.capacity
+        free: int = device.free_pages
+        emit((now, "device", (cap - free) * ps, cap * ps, tree.locked_device_pages * ps, rank))
         cap = host.capacity
-        emit((now, "host", (cap - host.free_pages) * ps, cap * ps, tree.locked_host_pages * ps, rank))
+        free = host.free_pages
+        emit((now, "host", (cap - free) * ps, cap * ps, tree.locked_host_pages * ps, rank))
         if ctrl.storage is not None:  # with ranks, the one shared tier as this rank's batch found it
             emit((now, "storage", ctrl.storage.used_pages * ps, ctrl.storage.capacity * ps, 0, rank))
