@@ -37,7 +37,7 @@ GROUP = "tierdiag.engine._compiled__mypyc"  # mypyc's shared library (setup.py's
 # cache-aware router's approximate tree (issue 41's --dp row, session 18 h41route). The rest of
 # routing/ stays Python: its Router base is subclassed by every policy, and a compiled class
 # cannot have interpreted subclasses.
-MODULES = ("emitters", "tree_node", "tree", "schedule_common", "request", "records", "miss", "queue_policy", "prefetch", "decode",
+MODULES = ("emitters", "cached_split", "tree_node", "tree", "schedule_common", "request", "records", "miss", "queue_policy", "prefetch", "decode",
            "admission", "controller", "scheduler", "storage", "deployment", "costmodel", "arrivals",
            "routing.approx_tree")
 

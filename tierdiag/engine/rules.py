@@ -15,6 +15,9 @@ from typing import Callable
 from tierdiag.config.releases import (NOT_RULES, RULE_NAMES, SGLANG_HOST_LAYOUT, SGLANG_MAX_RUNNING_CAPPED_BY_POOL,
                                       SGLANG_PREFETCH_POLICY,
                                       release_before, switched_back_names)
+# The cached prefix's split by tier, a rule set's `split_cached_prefix` (0.5.9: the promised host
+# hit; 0.5.20+: by tier): in a compiled module (cached_split.py), read once a finished request.
+from tierdiag.engine.cached_split import split_by_tier, split_promised
 
 
 def _evict_whole_need(free_pages: int, need_pages: int) -> int:
@@ -28,39 +31,6 @@ def _evict_shortfall(free_pages: int, need_pages: int) -> int:
     """SGLang 0.5.23: `allocator.evict_to_free_tokens` -> `evict_for_alloc(shortfall)`,
     `_load_back_transfers` -> `evict_for_alloc`, `drive_host_eviction`: only what is missing."""
     return max(0, need_pages - free_pages)
-
-
-def _split_promised(prefix: int, device: int, host_hit: int, host_loaded: int, storage_hit: int,
-                    storage_start: int, span: int, span_start: int) -> tuple[int, int, int]:
-    """SGLang 0.5.9 (`ScheduleBatch.prepare_for_extend`, cached-token breakdown): host =
-    `host_hit_length`, the hit *promised* at match, loaded or not (storage pages counted in it);
-    device = len(prefix_indices) - host_hit_length, at least 0. A declined load-back therefore
-    counts its recomputed tokens as host (and takes them off the device part)."""
-    storage = min(host_hit, storage_hit)
-    return max(0, prefix - host_hit), host_hit - storage, storage
-
-
-def _split_by_tier(prefix: int, device: int, host_hit: int, host_loaded: int, storage_hit: int,
-                   storage_start: int, span: int, span_start: int) -> tuple[int, int, int]:
-    """SGLang 0.5.20+ `schedule_batch.split_cached_prefix_by_tier`: host = min(host_hit_length,
-    host_loaded_length) capped at the prefix; storage by position, [storage_hit_start, +len) within
-    [0, prefix_len); device = prefix - host - storage. The storage span is the one the request's
-    prefetch put into the tree (`pop_prefetch_loaded_span` -> `req.storage_hit_length`,
-    `storage_hit_start`: `span`, `span_start`), all of it, pages another request's prefill or
-    load-back put on device before this admission included (those are storage, not device);
-    the part of the host hit it covers is not host.
-
-        prefix  |---- device ----|------ host (materialized) ------|
-                       |------ storage (the prefetched span) ------|
-    """
-    host_total = min(prefix, min(host_hit, host_loaded))
-    host_start = prefix - host_total
-    storage_start, storage_hit = span_start, span
-    storage_end = storage_start + storage_hit
-    storage = max(0, min(prefix, storage_end) - max(0, storage_start))
-    storage_in_host = max(0, min(prefix, storage_end) - max(host_start, storage_start))
-    host = host_total - storage_in_host
-    return prefix - host - storage, host, storage
 
 
 @dataclass(frozen=True)
@@ -284,7 +254,7 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         lpm_counts_host_hit=True,
         waiting_prefix_refresh_interval=32,
         waiting_prefix_refresh_max=128,
-        split_cached_prefix=_split_by_tier,
+        split_cached_prefix=split_by_tier,
         prefetch_capacity_share=0.5,
         prefetch_capacity_of_host_minus_device=False,
         prefetch_gate_on_best_match=True,
@@ -323,7 +293,7 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         lpm_counts_host_hit=False,
         waiting_prefix_refresh_interval=0,
         waiting_prefix_refresh_max=0,
-        split_cached_prefix=_split_promised,
+        split_cached_prefix=split_promised,
         prefetch_capacity_share=0.8,
         prefetch_capacity_of_host_minus_device=True,
         prefetch_gate_on_best_match=False,
