@@ -109,7 +109,7 @@ def test_invariants_hold_for_any_workload(reqs, cfg, tmp_path_factory):
         assert r.prefix_indices_len + r.computed_tokens == r.input_tokens
         assert r.computed_tokens >= 1, "the last input token is always computed"
         if cfg.sglang_rules != "0.5.9" or not r.loadback_skipped_reason:
-            # 0.5.9 reports a declined load-back's promised host hit as host (rules._split_promised)
+            # 0.5.9 reports a declined load-back's promised host hit as host (cached_split.split_promised)
             assert r.prefix_indices_len == r.device_hit_tokens + r.host_hit_tokens + r.storage_hit_tokens
         assert r.prefix_indices_len % PS == 0, "matching is page-aligned"
         parts = (r.queue_ns, r.storage_wait_ns, r.loadback_exposed_ns, r.recompute_ns, r.compute_ns)

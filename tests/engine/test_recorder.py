@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tierdiag.engine.emitters import Emitters
 from tierdiag.probes import events as ev
 from tierdiag.probes.recorder import Probe, Recorder
 
@@ -134,7 +135,7 @@ def test_a_rows_sink_gets_each_tables_rows_with_their_field_names_and_the_buffer
         Recorder()
 
 
-_EVENT_CLASSES = sorted(ev.Emitters._CLASSES.values(), key=lambda c: c.__name__)
+_EVENT_CLASSES = sorted(ev.EMITTED.values(), key=lambda c: c.__name__)
 _VALUES = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
                     st.floats(allow_nan=False), st.text(max_size=8), st.tuples(st.integers()))
 
@@ -173,13 +174,13 @@ def test_an_event_built_by_keyword_is_the_tuple_of_its_fields_in_order(cls, data
 def test_the_engine_emits_its_request_records_by_name_through_the_same_emitter():
     """Emitters.request is the `record` emitter taking every column by keyword: None exactly
     where `record` is (no probe, or a probe that keeps no requests), else the same buffer."""
-    assert ev.Emitters(None).request is None
+    assert Emitters(None).request is None
     no_requests = Recorder(lambda tables: None)
     no_requests.wants = lambda cls: cls is ev.Eviction
-    assert ev.Emitters(no_requests).request is None
+    assert Emitters(no_requests).request is None
     flushed = []
     recorder = Recorder(flushed.append)
-    emitters = ev.Emitters(recorder)
+    emitters = Emitters(recorder)
     row = ev.RequestRecord(*(f"v{i}" for i in range(len(ev.RequestRecord._fields))))
     emitters.request(**row._asdict())
     recorder.flush()
@@ -208,3 +209,39 @@ def test_request_row_takes_the_records_fields_by_name_and_gives_them_in_order(da
         request_row(**dict(zip(fields, values)), **{hostile: 1})
     with pytest.raises(TypeError):
         request_row(*values)  # by keyword only
+
+
+class _Plain:
+    """A probe with only `emit`: it gets every event built."""
+
+    def __init__(self):
+        self.events = []
+
+    def emit(self, event):
+        self.events.append(event)
+
+
+def test_the_emitters_are_one_attribute_a_kind_and_none_where_nothing_is_kept():
+    """engine/emitters.py's Emitters (compiled with the engine core where it is built): one
+    attribute a kind of events.EMITTED, `tick` and `request`. No probe: every one None. The
+    recorder: its buffer's own append for the kinds a table stores, None for the others (the
+    engine builds none of their fields), its tick. A plain probe: every kind, each event built."""
+    names = set(ev.EMITTED)
+    none = Emitters(None)
+    assert all(getattr(none, n) is None for n in (*names, "tick", "request"))
+    recorder = Recorder(lambda tables: None)
+    emitters = Emitters(recorder)
+    for name, cls in ev.EMITTED.items():
+        if recorder.wants(cls):
+            assert getattr(emitters, name) == recorder._pending[cls].append, name
+        else:
+            assert getattr(emitters, name) is None, name
+    assert emitters.tick is recorder.tick
+    plain = _Plain()
+    emitters = Emitters(plain)
+    assert emitters.tick is None
+    for name, cls in ev.EMITTED.items():
+        fields = tuple(range(len(cls._fields)))
+        getattr(emitters, name)(fields)
+        want = ev.RequestFinished(cls(*fields)) if cls is ev.RequestRecord else cls(*fields)
+        assert plain.events[-1] == want and type(plain.events[-1]) is type(want), name

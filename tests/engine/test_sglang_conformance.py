@@ -232,7 +232,7 @@ def test_a_host_hit_below_the_threshold_is_recomputed():
     trace = [req("a", 0, [1])] + flood(100) + [req("b", 1000, [1, 50, 51])]
     engine, w = watch(trace, {"a": [1]}, load_back_threshold=100)
     b = w.records["b"]
-    # 0.5.9 reports the promised host hit as host even though it was recomputed (rules._split_promised)
+    # 0.5.9 reports the promised host hit as host even though it was recomputed (cached_split.split_promised)
     assert (b.host_match_tokens, b.host_hit_tokens, b.loadback_skipped_reason) == (PS, PS, "below_threshold")
     assert [(s.req_id, s.reason, s.tokens) for s in w.skips] == [("b", "below_threshold", PS)]
     assert b.recomputed_tokens == PS and b.computed_tokens == b.input_tokens

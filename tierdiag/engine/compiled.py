@@ -37,10 +37,11 @@ GROUP = "tierdiag.engine._compiled__mypyc"  # mypyc's shared library (setup.py's
 # cache-aware router's approximate tree (issue 41's --dp row, session 18 h41route). The rest of
 # routing/ stays Python: its Router base is subclassed by every policy, and a compiled class
 # cannot have interpreted subclasses.
-# rule_functions: the RuleSet's eviction amount and cached-prefix split (rules.py is interpreted).
-MODULES = ("rule_functions", "tree_node", "tree", "schedule_common", "request", "records", "miss", "queue_policy",
-           "prefetch", "decode", "admission", "controller", "scheduler", "storage", "deployment", "costmodel",
-           "arrivals", "routing.approx_tree")
+# rule_functions: the RuleSet's eviction amount; cached_split: its cached-prefix split (rules.py is
+# interpreted); emitters: the engine's handle on its probe (`self.emit.X` a native read).
+MODULES = ("emitters", "rule_functions", "cached_split", "tree_node", "tree", "schedule_common", "request", "records",
+           "miss", "queue_policy", "prefetch", "decode", "admission", "controller", "scheduler", "storage",
+           "deployment", "costmodel", "arrivals", "routing.approx_tree")
 
 _STATE: dict = {}
 

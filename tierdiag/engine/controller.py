@@ -15,13 +15,13 @@ from tierdiag.config.names import EvictionAction, Tier, TransferKind, WritePolic
 from tierdiag.engine import rows as _rows
 from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.costmodel import CostModel
+from tierdiag.engine.emitters import Emitters
 from tierdiag.engine.pagemap import SMALL_CALL, PageMap
 from tierdiag.engine.content import verify_content, write_content
 from tierdiag.engine.pagepool import PagePool
 from tierdiag.engine.rules import _evict_shortfall, _evict_whole_need, config_rules
 from tierdiag.engine.storage import StorageTier
 from tierdiag.engine.tree import RadixTree, TreeNode
-from tierdiag.probes import events as ev
 
 if TYPE_CHECKING:
     import numpy as np
@@ -122,7 +122,7 @@ class CacheController:
         self.host = host
         self.storage = storage
         self.probe = probe
-        self.emit = ev.Emitters(probe)  # one callable an event kind, None where nothing is emitted
+        self.emit = Emitters(probe)  # one callable an event kind, None where nothing is emitted (a native class)
         self.stats = stats
         self.page_size: int = cfg.page_size  # typed: compiled, `x * page_size` is a native multiply, not PyNumber_Multiply
         self.page_bytes = cfg.page_size * cost.kv_bytes_per_token  # modelled
@@ -222,12 +222,14 @@ class CacheController:
             pool = self.device if on_device else self.host
             locked = self.tree.locked_device_pages if on_device else self.tree.locked_host_pages
             # capacity - free_pages, not the used_pages property: compiled, a property of the
-            # interpreted PagePool is a Python call (three reads a row were ~1/3 of its cost)
-            capacity = pool.capacity
+            # interpreted PagePool is a Python call (three reads a row were ~1/3 of its cost);
+            # both declared int: native arithmetic, not PyNumber_Subtract/_Multiply on objects
+            capacity: int = pool.capacity
+            free: int = pool.free_pages
             ps = self.page_size
             emit((
                 eid, now_ns, tier, node.id, tokens, action, cause, node.owner,
-                (capacity - pool.free_pages) * ps, capacity * ps,
+                (capacity - free) * ps, capacity * ps,
                 locked * ps, node.hit_count, node.last_access_ns, self.rank))
         return eid
 

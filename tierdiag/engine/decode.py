@@ -6,7 +6,6 @@ retract_decode, scheduler_output_processor_mixin.py; each function names the one
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from heapq import heappop, heappush
 from typing import Callable
 
@@ -153,7 +152,7 @@ class DecodeSteps(SchedulerState):
             self.at(end, self._finish, r)
 
     def _note_decode(self, start: int, end: int) -> None:
-        """A decode step's time, kept as runs of steps on the clock (`decode_before`)."""
+        """A decode step's time, kept as runs of steps on the clock (records.decode_before)."""
         self.stats.decode_ns += end - start
         starts = self._drun_starts
         if starts and self._drun_ends[-1] == start:
@@ -162,14 +161,6 @@ class DecodeSteps(SchedulerState):
             self._drun_cum.append(self._drun_cum[-1] + self._drun_ends[-1] - starts[-1] if starts else 0)
             starts.append(start)
             self._drun_ends.append(end)
-
-    def decode_before(self, t: int) -> int:
-        """Virtual time the GPU spent in decode steps before `t`."""
-        starts = self._drun_starts
-        i = bisect_right(starts, t) - 1
-        if i < 0:
-            return 0
-        return self._drun_cum[i] + min(t, self._drun_ends[i]) - starts[i]
 
     def _decode(self, now: int) -> int | None:
         """Scheduler.update_running_batch: `check_decode_mem`; when the step does not fit,

@@ -9,11 +9,25 @@ TTFT parts (every one in ns of the virtual clock, adding up to TTFT):
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 from mypy_extensions import trait
 
 from tierdiag.engine.miss import miss_tokens, routing_tokens
 from tierdiag.engine.request import FIRST_PASS_FIELDS, Req, request_row
 from tierdiag.engine.schedule_common import SchedulerState
+
+
+def decode_before(starts: list[int], ends: list[int], cum: list[int], t: int) -> int:
+    """Virtual time the GPU spent in decode steps before `t`: the steps kept as runs on the
+    clock (DecodeSteps._note_decode: each run's start, end, and the decode time before it). A
+    function of this module, not a DecodeSteps method: compiled, a call across the Scheduler's
+    mixins is a method call by name (twice a record: ~2.4k instructions each)."""
+    i = bisect_right(starts, t) - 1
+    if i < 0:
+        return 0
+    end = ends[i]
+    return cum[i] + (t if t < end else end) - starts[i]
 
 
 @trait
@@ -44,9 +58,12 @@ class RequestRecords(SchedulerState):
         if queue < 0:
             compute_ns += queue
             queue = 0
-        # Of its queue, the time the GPU ran decode steps (scheduler.decode_before)
-        decode_wait = min(self.decode_before(req.first_token_ns)
-                          - self.decode_before(req.arrival_ns + storage_wait), queue)
+        # Of its queue, the time the GPU ran decode steps (decode_before)
+        starts, ends, cum = self._drun_starts, self._drun_ends, self._drun_cum
+        decode_wait = (decode_before(starts, ends, cum, req.first_token_ns)
+                       - decode_before(starts, ends, cum, req.arrival_ns + storage_wait))
+        if decode_wait > queue:
+            decode_wait = queue
         st.requests_finished += 1
         st.input_tokens += req.input_len
         st.device_tokens += device
@@ -61,7 +78,7 @@ class RequestRecords(SchedulerState):
         for reason in (req.loadback_skip_reason, req.storage_skip_reason):
             if reason:
                 st.skipped[reason] = st.skipped.get(reason, 0) + 1
-        emits = self.emit  # (an Emitters: its attributes are read by name, compiled; once here)
+        emits = self.emit
         lost = emits.lost
         if lost is not None:
             for eid, tokens in req.lost.items():
@@ -140,11 +157,14 @@ class RequestRecords(SchedulerState):
         ps, tree, ctrl = self.ps, self.tree, self.ctrl
         emit = self.emit.pool_sample
         rank = self.rank
-        # capacity - free_pages, not PagePool's used_pages property (a Python call from compiled code)
+        # capacity - free_pages, not PagePool's used_pages property (a Python call from compiled code);
+        # declared int: native arithmetic on them, not generic operations on objects
         device, host = ctrl.device, ctrl.host
-        cap = device.capacity
-        emit((now, "device", (cap - device.free_pages) * ps, cap * ps, tree.locked_device_pages * ps, rank))
+        cap: int = device.capacity
+        free: int = device.free_pages
+        emit((now, "device", (cap - free) * ps, cap * ps, tree.locked_device_pages * ps, rank))
         cap = host.capacity
-        emit((now, "host", (cap - host.free_pages) * ps, cap * ps, tree.locked_host_pages * ps, rank))
+        free = host.free_pages
+        emit((now, "host", (cap - free) * ps, cap * ps, tree.locked_host_pages * ps, rank))
         if ctrl.storage is not None:  # with ranks, the one shared tier as this rank's batch found it
             emit((now, "storage", ctrl.storage.used_pages * ps, ctrl.storage.capacity * ps, 0, rank))

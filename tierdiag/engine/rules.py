@@ -15,10 +15,12 @@ from typing import Callable
 from tierdiag.config.releases import (NOT_RULES, RULE_NAMES, SGLANG_HOST_LAYOUT, SGLANG_MAX_RUNNING_CAPPED_BY_POOL,
                                       SGLANG_PREFETCH_POLICY,
                                       release_before, switched_back_names)
-# The rule functions the engine calls per eviction and per finished request live in a compiled
-# module (rule_functions.py): interpreted, one split of a request's cached prefix took ~12k
-# instructions of min/max calls (callgrind, issue 41). They are the same functions, named here.
-from tierdiag.engine.rule_functions import _evict_shortfall, _evict_whole_need, _split_by_tier, _split_promised
+# The rule functions the engine calls per eviction and per finished request live in compiled
+# modules: interpreted, one split of a request's cached prefix took ~12-13k instructions of min/max
+# calls (callgrind, issue 41). The eviction amount in rule_functions.py; the cached prefix's split
+# by tier (0.5.9: the promised host hit; 0.5.20+: by tier) in cached_split.py. Named here as before.
+from tierdiag.engine.cached_split import split_by_tier, split_promised
+from tierdiag.engine.rule_functions import _evict_shortfall, _evict_whole_need
 
 
 @dataclass(frozen=True)
@@ -242,7 +244,7 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         lpm_counts_host_hit=True,
         waiting_prefix_refresh_interval=32,
         waiting_prefix_refresh_max=128,
-        split_cached_prefix=_split_by_tier,
+        split_cached_prefix=split_by_tier,
         prefetch_capacity_share=0.5,
         prefetch_capacity_of_host_minus_device=False,
         prefetch_gate_on_best_match=True,
@@ -281,7 +283,7 @@ RULE_SETS: dict[str, RuleSet] = {r.version: r for r in (
         lpm_counts_host_hit=False,
         waiting_prefix_refresh_interval=0,
         waiting_prefix_refresh_max=0,
-        split_cached_prefix=_split_promised,
+        split_cached_prefix=split_promised,
         prefetch_capacity_share=0.8,
         prefetch_capacity_of_host_minus_device=True,
         prefetch_gate_on_best_match=False,

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from tierdiag.engine.arrivals import ArrivalSource
     from tierdiag.engine.controller import CacheController, EngineStats
     from tierdiag.engine.costmodel import CostModel
+    from tierdiag.engine.emitters import Emitters
     from tierdiag.engine.miss import MissTracker
     from tierdiag.engine.request import Req
     from tierdiag.engine.rules import RuleSet
@@ -52,7 +53,7 @@ class SchedulerState:
     tree: RadixTree
     ctrl: CacheController
     probe: Any
-    emit: Any  # ev.Emitters: one attribute an event kind, set where it is built
+    emit: Emitters  # one attribute an event kind, set where it is built (compiled: native reads of its attributes)
     miss: MissTracker | None
     stats: EngineStats
     progress: Any

@@ -38,6 +38,7 @@ from tierdiag.engine.arrivals import ArrivalSource, pause_ms
 from tierdiag.engine.controller import CacheController, EngineStats
 from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.decode import DecodeSteps
+from tierdiag.engine.emitters import Emitters
 from tierdiag.engine.miss import MissTracker
 from tierdiag.engine.prefetch import StoragePrefetch, prefetch_limit_tokens
 from tierdiag.engine.queue_policy import queue_policy
@@ -70,7 +71,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.tree = tree
         self.ctrl = ctrl
         self.probe = probe
-        self.emit = ev.Emitters(probe)  # one callable an event kind, None where nothing is emitted
+        self.emit = Emitters(probe)  # one callable an event kind, None where nothing is emitted (a native class)
         self.miss = MissTracker(cfg.page_size) if self.emit.record is not None else None  # miss reasons' facts (miss.py)
         self.stats = stats
         self.progress = progress

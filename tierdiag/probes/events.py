@@ -4,8 +4,9 @@ Field names match the run-store columns (tierdiag/store/schema.py) so the record
 them across without a mapping table. Events are NamedTuples rather than frozen dataclasses:
 just as typed and immutable, five times cheaper to build (a replay emits ~15 per request),
 and the recorder turns a list of them into columns with one zip. The engine emits through
-`Emitters`: the recorder takes each stored event's fields as a plain tuple (the event is never
-built) and is not handed the kinds no table stores; any other probe gets every event built.
+engine/emitters.py's `Emitters` (one callable a kind of EMITTED, made by `emitter` here): the
+recorder takes each stored event's fields as a plain tuple (the event is never built) and is
+not handed the kinds no table stores; any other probe gets every event built.
 """
 
 from __future__ import annotations
@@ -237,33 +238,25 @@ def field_names(cls) -> tuple[str, ...]:
     return cls._fields
 
 
-class Emitters:
-    """The engine's handle on a probe: one callable an event class, taking the tuple of the
-    event's fields in order, or None where nothing is to be emitted (no probe, or a probe that
-    keeps no such events: the engine then builds neither the event nor its fields); and `tick`,
-    called once a batch (None where the probe has nothing to do then).
+# The engine's emitters (engine/emitters.py's `Emitters`, one attribute a kind): attribute name ->
+# the event class whose fields the attribute's callable takes, as a tuple in order.
+EMITTED = {"arrived": RequestArrived, "matched": PrefixMatched, "skipped": LoadBackSkipped,
+           "transfer": Transfer, "eviction": Eviction, "lost": PrefixLostPages, "batch": BatchScheduled,
+           "prefill_done": PrefillDone, "first_token": FirstToken, "pool_sample": PoolSample,
+           "record": RequestRecord, "decode_step": DecodeStep}
 
-    A probe may provide `emitter(cls)` (the recorder's is its buffer's `list.append`: no Python
-    frame an event, and a replay emits ~10^5 of them), `wants(cls)` and `tick()` (the recorder
-    flushes a full buffer there); any other probe gets each event built and passed to its
-    `emit`, as always."""
 
-    __slots__ = ("arrived", "matched", "skipped", "transfer", "eviction", "lost", "batch", "prefill_done",
-                 "first_token", "pool_sample", "record", "decode_step", "tick", "request")
+def emitter(probe, cls):
+    """The callable the engine hands a `cls` event's fields (a tuple in order) for `probe`, or
+    None where nothing is to be emitted (no probe, or a probe that keeps no such events: the
+    engine then builds neither the event nor its fields).
 
-    _CLASSES = {"arrived": RequestArrived, "matched": PrefixMatched, "skipped": LoadBackSkipped,
-                "transfer": Transfer, "eviction": Eviction, "lost": PrefixLostPages, "batch": BatchScheduled,
-                "prefill_done": PrefillDone, "first_token": FirstToken, "pool_sample": PoolSample,
-                "record": RequestRecord, "decode_step": DecodeStep}
-
-    def __init__(self, probe) -> None:
-        for name, cls in self._CLASSES.items():
-            setattr(self, name, None if probe is None else _emitter(probe, cls))
-        self.tick = getattr(probe, "tick", None)
-        # The request record by name (issue 38): `emit.request(req_id=..., seq=..., ...)`, every
-        # field a keyword (those RequestRecord gives a default may be left out); None where no
-        # record is emitted. Builds the same tuple `record` takes, in the columns' order.
-        self.request = None if self.record is None else by_keyword(RequestRecord, self.record)
+    A probe may provide `emitter(cls)` (the recorder's is its buffer's `append`: no Python
+    frame an event, and a replay emits ~10^5 of them) and `wants(cls)`; any other probe gets
+    each event built and passed to its `emit`, as always."""
+    if probe is None:
+        return None
+    return _emitter(probe, cls)
 
 
 def _emitter(probe, cls):

@@ -23,8 +23,10 @@ _ARROW_TYPES = {
 
 # The compiled row decoder's kinds (_cplane.decode_arrow), by column type: the types whose Arrow
 # arrays it builds straight from the encoded rows. The others come back as Python values.
-_DECODE_KIND = {"BIGINT": b"i", "DOUBLE": b"d", "BOOLEAN": b"b", "VARCHAR": b"s"}
-_FROM_BUFFERS = {"i": pa.int64(), "d": pa.float64(), "b": pa.bool_()}
+# INTEGER (int32: every table's dp_rank, requests.best_rank) too, an int outside its range sending
+# the column the old way (pa.array refuses it, as before).
+_DECODE_KIND = {"BIGINT": b"i", "INTEGER": b"n", "DOUBLE": b"d", "BOOLEAN": b"b", "VARCHAR": b"s"}
+_FROM_BUFFERS = {"i": pa.int64(), "n": pa.int32(), "d": pa.float64(), "b": pa.bool_()}
 
 
 def table_columns(table: str, fields: tuple[str, ...], rows) -> dict[str, Any]:

@@ -11,9 +11,13 @@
 /* back to the allocator at once. A flush hands over one bytes object; the store's writer       */
 /* process turns it back into the same values (decode_arrow). Per value: a tag byte, then        */
 /*   'N' None | 'T' True | 'F' False | 'I' an exact int within int64: 8 bytes | 'D' an exact      */
-/*   float: 8 bytes | 'S' an exact str: uint32 length + UTF-8 | 'O' anything else (a big int, a */
-/*   numpy scalar, a str subclass): uint32 index into the buffer's list of such objects, which   */
-/*   travels beside the bytes (pickled): every value comes back as it went in.                  */
+/*   float: 8 bytes | 'S' a str, or a str subclass's text (the engine's StrEnum members: Tier,  */
+/*   EvictionAction, TransferKind), uint32 length + UTF-8: a subclass's comes back a plain str */
+/*   of the same text, what its VARCHAR column stores (as 'O' objects they were pickled,       */
+/*   unpickled and decoded as Python values in the writer: their columns off the Arrow path)  */
+/*   | 'O' anything else (a big int, a numpy scalar, a str with lone surrogates): uint32 index */
+/*   into the buffer's list of such objects, which travels beside the bytes (pickled), and     */
+/*   comes back as it went in.                                                                 */
 
 typedef struct {
     PyObject_HEAD
@@ -75,7 +79,7 @@ rb_put(RowBuffer *rb, PyObject *v)
     }
     if (v == Py_None) {
         tag = 'N';
-    } else if (PyUnicode_CheckExact(v)) {
+    } else if (PyUnicode_Check(v)) {  /* a str subclass too: its text (the engine's StrEnum members) */
         Py_ssize_t n;
         const char *u = PyUnicode_AsUTF8AndSize(v, &n);
         uint32_t n32;
@@ -313,14 +317,23 @@ da_value(char tag, const char *p, Py_ssize_t k, PyObject *objects)
     }
 }
 
+/* Whether a value (tag, its payload at p) fits a column of `kind`. */
 static int
-da_fits(char kind, char tag)
+da_fits(char kind, char tag, const char *p)
 {
     if (tag == 'N') {
         return 1;
     }
     switch (kind) {
     case 'i': return tag == 'I';
+    case 'n': {  /* int32 (an INTEGER column: dp_rank, best_rank ...) */
+        int64_t x;
+        if (tag != 'I') {
+            return 0;
+        }
+        memcpy(&x, p, 8);
+        return x >= INT32_MIN && x <= INT32_MAX;
+    }
     case 'd': return tag == 'D';
     case 'b': return tag == 'T' || tag == 'F';
     case 's': return tag == 'S';
@@ -350,7 +363,7 @@ decode_columns(const char *data, const char *end, Py_ssize_t rows, PyObject *obj
         return PyErr_NoMemory();
     }
     for (c = 0; c < width; c++) {
-        cols[c].fit = kinds[c] == 'i' || kinds[c] == 'd' || kinds[c] == 'b' || kinds[c] == 's';
+        cols[c].fit = kinds[c] == 'i' || kinds[c] == 'n' || kinds[c] == 'd' || kinds[c] == 'b' || kinds[c] == 's';
     }
     /* Pass 1: check the data; which columns fit, their nulls and string bytes. */
     p = data;
@@ -370,7 +383,7 @@ decode_columns(const char *data, const char *end, Py_ssize_t rows, PyObject *obj
                 goto fail;
             }
             if (col->fit) {
-                if (!da_fits(kinds[c], tag)) {
+                if (!da_fits(kinds[c], tag, p)) {
                     col->fit = 0;
                 } else if (tag == 'N') {
                     col->nulls++;
@@ -407,8 +420,9 @@ decode_columns(const char *data, const char *end, Py_ssize_t rows, PyObject *obj
             PyList_SET_ITEM(out, c, values);
             continue;
         }
-        col->vals = PyBytes_FromStringAndSize(NULL, kinds[c] == 'b' ? nbytes : kinds[c] == 's' ? (rows + 1) * 4
-                                                                                               : rows * 8);
+        col->vals = PyBytes_FromStringAndSize(NULL, kinds[c] == 'b' ? nbytes
+                                                    : kinds[c] == 's' || kinds[c] == 'n' ? (rows + (kinds[c] == 's')) * 4
+                                                    : rows * 8);
         if (kinds[c] == 's') {
             col->sdata = PyBytes_FromStringAndSize(NULL, col->strbytes);
         }
@@ -451,6 +465,14 @@ decode_columns(const char *data, const char *end, Py_ssize_t rows, PyObject *obj
                         col->soff += (int32_t)(k - 4);
                     }
                     memcpy(vals + (r + 1) * 4, &col->soff, 4);
+                } else if (kinds[c] == 'n') {
+                    if (tag != 'N') {  /* checked in pass 1: within int32 */
+                        int64_t x;
+                        int32_t y;
+                        memcpy(&x, p, 8);
+                        y = (int32_t)x;
+                        memcpy(vals + r * 4, &y, 4);
+                    }
                 } else if (tag != 'N') {  /* 'i', 'd' */
                     memcpy(vals + r * 8, p, 8);
                 }
@@ -526,7 +548,7 @@ PyDoc_STRVAR(decode_arrow_doc,
 "decode_arrow(data, rows, objects, kinds) -> list, a column each\n\n"
 "RowBuffer.take's rows as Arrow buffers, straight, for the columns whose every value fits its\n"
 "kind (a bytes string, a letter a column): ('i' or 'd', values, validity, nulls) for int64 and\n"
-"float64, ('b', value bits, validity, nulls) for bool, ('s', int32 offsets, UTF-8 data,\n"
+"float64, ('n', values, validity, nulls) for int32 (ints within its range), ('b', value bits, validity, nulls) for bool, ('s', int32 offsets, UTF-8 data,\n"
 "validity, nulls) for strings; validity None without a null, else an Arrow bitmap (LSB first,\n"
 "1 valid). None fits every kind. A column of kind 'o', or whose values do not all fit (an int\n"
 "in a float column, a big int, an odd object, strings past 2 GiB), is ('o', a tuple of the\n"
