@@ -34,8 +34,11 @@ run. Both give the same depths (tests/diagnose/test_live_curves.py).
 The keys are dense ids (`TraceIndex`: the trace's distinct page keys numbered once, while the run
 is recorded), so a key's previous touch is one array read (`new_stack`: compiled, or its Python
 twin `StackPython`) instead of a sort of every touch at the close; a request's output pages are
-touched once and never looked up again: id -1. Only an unsampled pass is fed so (a run over the
-touch budget is sampled at the close, size_curves.py).
+touched once and never looked up again: id -1. A run over the touch budget (size_curves.py
+MAX_TOUCHES) is fed so too, sampled: the index holds only the keys the sample keeps (at the rate
+of the trace's touches, as if every request finished: the close uses the pass only where its own
+rate is that one), `looks` of each request's looked up, and the output pages are numbered in
+event order as the close's pass numbers them and touched where the sample keeps them.
 """
 
 from __future__ import annotations
@@ -172,6 +175,22 @@ class TraceIndex:
         self.arrival_ns = np.zeros(n, dtype=np.int64) if arrival_ns is None else np.asarray(arrival_ns, dtype=np.int64)
         self.pred = np.full(n, -1, dtype=np.int64) if pred is None else np.asarray(pred, dtype=np.int64)
         self.line = self.req_id = self.input_len = None  # `lines_are`: what the close checks the rows against
+        # A sampled index (`sampled`): only the keys a sample keeps are here, `looks` of each
+        # request's are looked up (its first ones, in trace order), `full_lens` its distinct pages
+        # before sampling, `keep` the sample's rule (its output pages too), `touches` what its rate
+        # was made from. Unsampled: every key, looks from the rows' input lengths.
+        self.looks = None
+        self.full_lens = self.lens
+        self.keep = None
+        self.rate = 1.0
+        self.touches = None
+
+    def sampled(self, looks, full_lens, keep, rate: float, touches: int) -> "TraceIndex":
+        """Mark this index a sample (size_curves.py `_sampler` at `rate`, made from `touches`)."""
+        self.looks = np.asarray(looks, dtype=np.int64)
+        self.full_lens = np.asarray(full_lens, dtype=np.int64)
+        self.keep, self.rate, self.touches = keep, float(rate), int(touches)
+        return self
 
     def lines_are(self, line, req_id, input_len) -> None:
         """Each request's line number, req_id and input length (size_curves.py `_matched`)."""
@@ -192,19 +211,49 @@ class TraceIndex:
     def of_flat(cls, seq, flat, lens, arrival_ns=None, pred=None) -> "TraceIndex":
         """From every request's keys laid end to end (`lens` of each), in trace order."""
         lens = np.asarray(lens, dtype=np.int64)
-        total = int(lens.sum())
         off = np.zeros(len(lens), dtype=np.int64)
         np.cumsum(lens[:-1], out=off[1:])
-        uniq, ids = np.unique(np.asarray(flat, dtype=np.int64), return_inverse=True)
-        ids = ids.reshape(-1).astype(np.int64, copy=False)
-        rev = np.repeat(2 * off + lens - 1, lens) - np.arange(total, dtype=np.int64)  # each request's keys backwards
-        return cls(seq, off, lens, ids[rev], len(uniq), arrival_ns, pred)
+        flat = np.array(flat, dtype=np.int64)  # ours: written over with the ids, then reversed in place
+        uniq = np.unique(flat)
+        # The ids (np.unique's return_inverse) and each request's keys backwards, a chunk of
+        # requests at a time over the one array: the writer's memory at 1M requests (issue 41)
+        # held the inverse, its sort and two index arrays of every key besides the keys.
+        _in_chunks(flat, off, lens, lambda part, o, ln: _ids_reversed(part, o, ln, uniq))
+        return cls(seq, off, lens, flat, len(uniq), arrival_ns, pred)
+
+
+_CHUNK = 1 << 20  # keys a chunk of `_in_chunks`
+
+
+def _in_chunks(flat: np.ndarray, off: np.ndarray, lens: np.ndarray, work) -> None:
+    """`work(flat[a:b], off[i:j] - a, lens[i:j])` over runs of whole requests of about _CHUNK keys."""
+    n = len(lens)
+    ends = off + lens
+    i = 0
+    while i < n:
+        a = int(off[i])
+        j = max(int(np.searchsorted(ends, a + _CHUNK, side="right")), i + 1)
+        b = int(ends[j - 1])
+        work(flat[a:b], off[i:j] - a, lens[i:j])
+        i = j
+
+
+def _ids_reversed(part: np.ndarray, off: np.ndarray, lens: np.ndarray, uniq: np.ndarray) -> None:
+    total = len(part)
+    ids = np.searchsorted(uniq, part)
+    rev = np.repeat(2 * off + lens - 1, lens) - np.arange(total, dtype=np.int64)  # each request's keys backwards
+    part[:] = ids[rev]
+
+
+def scaled_arrivals(arrival_ns, time_scale: float) -> np.ndarray:
+    """Each arrival as engine/arrivals.py `ArrivalSource` times it: `int(arrival_ns * time_scale)`."""
+    return np.array([int(a * time_scale) for a in arrival_ns], dtype=np.int64)
 
 
 def _arrival_bounds(arrival_ns, sessions: list, time_scale: float, arrivals) -> tuple[np.ndarray, np.ndarray, bool]:
     """(scaled arrival of each request, its session's previous turn's position or -1, closed loop?)
     as engine/arrivals.py `ArrivalSource` times them (`int(arrival_ns * time_scale)`)."""
-    scaled = np.array([int(a * time_scale) for a in arrival_ns], dtype=np.int64)
+    scaled = scaled_arrivals(arrival_ns, time_scale)
     pred = np.full(len(sessions), -1, dtype=np.int64)
     last: dict = {}
     for i, s in enumerate(sessions):
@@ -238,6 +287,7 @@ class LivePass:
         self.values = np.zeros((n, 5), dtype=np.int64)  # rank, sched, fin, input, output
         self.stacks: dict = {}
         self.every = new_stack(index.n_ids) if all_ranks else None
+        self.fresh = 0  # output pages numbered so far (a sampled index keeps those its rule keeps)
         self._pending: list[np.ndarray] = []  # (time, is_sched, seq, pos) of events not walked
         self.walked: list[np.ndarray] = []  # (pos, is_sched) of the events walked, in order
         self.lookup_rank: list[np.ndarray] = []
@@ -308,8 +358,19 @@ class LivePass:
         v = self.values[req]
         rank, inp, out = v[:, 0], v[:, 3], v[:, 4]
         ln = ix.lens[req]
-        look = np.minimum(np.maximum((inp - 1) // page, 0), ln)
+        look = np.minimum(np.maximum((inp - 1) // page, 0), ln) if ix.looks is None else ix.looks[req]
         outs = np.where(is_sched, 0, np.maximum((inp + out) // page - inp // page, 0))
+        if ix.keep is not None:
+            # Sampled: the output pages are numbered in event order from -1 down, each event's
+            # ascending (size_curves.py `_touches`), and only those the sample keeps are touched.
+            every = int(outs.sum())
+            before = self.fresh + np.cumsum(outs) - outs
+            fresh = self.fresh + np.arange(every, dtype=np.int64) - np.repeat(2 * before + outs, outs)
+            self.fresh += every
+            kept = ix.keep(fresh)
+            outs = np.bincount(np.repeat(np.arange(len(req), dtype=np.int64), outs)[kept],
+                               minlength=len(req)).astype(np.int64)
+            del fresh, kept, before
         count = outs + ln
         start = np.cumsum(count) - count
         total_keys = int(ln.sum())
