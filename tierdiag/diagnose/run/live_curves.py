@@ -169,8 +169,10 @@ class TraceIndex:
         self.seq = np.asarray(seq, dtype=np.int64)
         self.off = np.asarray(off, dtype=np.int64)
         self.lens = np.asarray(lens, dtype=np.int64)
-        self.rev_ids = np.asarray(rev_ids, dtype=np.int64)
         self.n_ids = int(n_ids)
+        # The keys' ids, each request's backwards: int32 where they fit (half of a sampled
+        # 1M-request index's keys, issue 41), gathered into the stack's int64 a walk at a time.
+        self.rev_ids = np.asarray(rev_ids, dtype=np.int32 if self.n_ids < 2**31 else np.int64)
         n = len(self.seq)
         self.arrival_ns = np.zeros(n, dtype=np.int64) if arrival_ns is None else np.asarray(arrival_ns, dtype=np.int64)
         self.pred = np.full(n, -1, dtype=np.int64) if pred is None else np.asarray(pred, dtype=np.int64)
@@ -290,7 +292,11 @@ class LivePass:
         self.fresh = 0  # output pages numbered so far (a sampled index keeps those its rule keeps)
         self._pending: list[np.ndarray] = []  # (time, is_sched, seq, pos) of events not walked
         self.walked: list[np.ndarray] = []  # (pos, is_sched) of the events walked, in order
-        self.lookup_rank: list[np.ndarray] = []
+        # The lookups' ranks and depths walked, a part a walk, held compactly until `results`
+        # (issue 41: ~9M sampled lookups at 200k requests were 8 + 8 bytes each): a walk of one
+        # rank is (rank, count), of several an int16 a lookup; the depths int32 (a depth counts
+        # positions of the stack, which stay under 2**30).
+        self.lookup_rank: list = []
         self.d_rank: list[np.ndarray] = []
         self.d_all: list[np.ndarray] = []
 
@@ -383,29 +389,41 @@ class LivePass:
         tq = np.zeros(len(tk), dtype=bool)
         tq[dest] = np.repeat(is_sched, ln) & (j >= np.repeat(ln - look, ln))
         del j, dest
-        lookup_rank = np.repeat(rank, count)[tq]
-        d_rank = np.zeros(len(lookup_rank), dtype=np.int64)
         ranks = np.unique(rank).tolist()
-        for r in ranks:
+        if len(ranks) == 1:
+            r = ranks[0]
             stack = self.stacks.get(r)
             if stack is None:
                 stack = self.stacks[r] = new_stack(ix.n_ids)
-            if len(ranks) == 1:
-                d_rank = feed(stack, tk, tq, count)
-                break
-            sel = rank == r
-            touch = np.repeat(sel, count)
-            d_rank[lookup_rank == r] = feed(stack, tk[touch], tq[touch], count[sel])
-        self.lookup_rank.append(lookup_rank)
-        self.d_rank.append(d_rank)
+            d_rank = feed(stack, tk, tq, count)
+            self.lookup_rank.append((r, len(d_rank)))
+        else:
+            lookup_rank = np.repeat(rank, count)[tq]
+            d_rank = np.zeros(len(lookup_rank), dtype=np.int64)
+            for r in ranks:
+                stack = self.stacks.get(r)
+                if stack is None:
+                    stack = self.stacks[r] = new_stack(ix.n_ids)
+                sel = rank == r
+                touch = np.repeat(sel, count)
+                d_rank[lookup_rank == r] = feed(stack, tk[touch], tq[touch], count[sel])
+            self.lookup_rank.append(lookup_rank.astype(np.int16) if -2**15 <= min(ranks) and max(ranks) < 2**15
+                                    else lookup_rank)
+        self.d_rank.append(d_rank.astype(np.int32))
         if self.every is not None:
-            self.d_all.append(feed(self.every, tk, tq, count))
+            self.d_all.append(feed(self.every, tk, tq, count).astype(np.int32))
 
     def results(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(rank of each lookup walked, its depth on its rank, its depth over every rank or None
         where only one rank was fed), in event order."""
-        cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
-        return cat(self.lookup_rank), cat(self.d_rank), cat(self.d_all) if self.every is not None else None
+        cat = (lambda parts: np.concatenate(parts, dtype=np.int64) if parts else np.zeros(0, dtype=np.int64))
+        ranks = {p[0] if isinstance(p, tuple) else None for p in self.lookup_rank}
+        if len(ranks) == 1 and None not in ranks:  # one rank throughout: a view, no array of every lookup
+            lookup_rank = np.broadcast_to(np.int64(ranks.pop()), (sum(p[1] for p in self.lookup_rank),))
+        else:
+            lookup_rank = cat([np.full(p[1], p[0], dtype=np.int64) if isinstance(p, tuple) else p
+                               for p in self.lookup_rank])
+        return lookup_rank, cat(self.d_rank), cat(self.d_all) if self.every is not None else None
 
     def verify(self, pos: np.ndarray, cols) -> bool:
         """The events walked are the run's whole event order, with the rows' values (`cols`: the
