@@ -210,13 +210,18 @@ class TraceIndex:
         return cls.of_flat(seq, flat, lens, arrival_ns, pred)
 
     @classmethod
-    def of_flat(cls, seq, flat, lens, arrival_ns=None, pred=None) -> "TraceIndex":
-        """From every request's keys laid end to end (`lens` of each), in trace order."""
+    def of_flat(cls, seq, flat, lens, arrival_ns=None, pred=None, *, consume: bool = False,
+                uniq=None) -> "TraceIndex":
+        """From every request's keys laid end to end (`lens` of each), in trace order. `consume`:
+        `flat` (int64, contiguous, the caller's to let go) is written over with the ids; else a
+        copy is. `uniq`: the distinct keys, ascending, where the caller has them."""
         lens = np.asarray(lens, dtype=np.int64)
         off = np.zeros(len(lens), dtype=np.int64)
         np.cumsum(lens[:-1], out=off[1:])
-        flat = np.array(flat, dtype=np.int64)  # ours: written over with the ids, then reversed in place
-        uniq = np.unique(flat)
+        usable = (consume and isinstance(flat, np.ndarray) and flat.dtype == np.int64 and flat.flags.c_contiguous
+                  and flat.flags.writeable)
+        flat = flat if usable else np.array(flat, dtype=np.int64)  # written over with the ids, reversed in place
+        uniq = np.unique(flat) if uniq is None else np.asarray(uniq, dtype=np.int64)
         # The ids (np.unique's return_inverse) and each request's keys backwards, a chunk of
         # requests at a time over the one array: the writer's memory at 1M requests (issue 41)
         # held the inverse, its sort and two index arrays of every key besides the keys.
@@ -290,6 +295,7 @@ class LivePass:
         self.stacks: dict = {}
         self.every = new_stack(index.n_ids) if all_ranks else None
         self.fresh = 0  # output pages numbered so far (a sampled index keeps those its rule keeps)
+        self._done = False  # `done`: the stacks let go, nothing more is walked
         self._pending: list[np.ndarray] = []  # (time, is_sched, seq, pos) of events not walked
         self.walked: list[np.ndarray] = []  # (pos, is_sched) of the events walked, in order
         # The lookups' ranks and depths walked, a part a walk, held compactly until `results`
@@ -360,6 +366,8 @@ class LivePass:
         return len(ev)
 
     def _walk(self, req: np.ndarray, is_sched: np.ndarray) -> None:
+        if self._done:
+            raise ValueError("the pass is done: its stacks are let go")
         ix, page = self.index, self.page
         v = self.values[req]
         rank, inp, out = v[:, 0], v[:, 3], v[:, 4]
@@ -413,6 +421,15 @@ class LivePass:
         if self.every is not None:
             self.d_all.append(feed(self.every, tk, tq, count).astype(np.int32))
 
+    def done(self) -> None:
+        """Every event is walked (`advance(None)`): the stacks are let go (a sampled pass's tree is
+        4 bytes a touch, ~128 MB at the budget), before the close computes beside what is kept."""
+        if self._pending:
+            raise ValueError("done: events are left to walk")
+        self.stacks = {}
+        self.every = None
+        self._done = True
+
     def results(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(rank of each lookup walked, its depth on its rank, its depth over every rank or None
         where only one rank was fed), in event order."""
@@ -423,7 +440,7 @@ class LivePass:
         else:
             lookup_rank = cat([np.full(p[1], p[0], dtype=np.int64) if isinstance(p, tuple) else p
                                for p in self.lookup_rank])
-        return lookup_rank, cat(self.d_rank), cat(self.d_all) if self.every is not None else None
+        return lookup_rank, cat(self.d_rank), cat(self.d_all) if self.all_ranks else None
 
     def verify(self, pos: np.ndarray, cols) -> bool:
         """The events walked are the run's whole event order, with the rows' values (`cols`: the

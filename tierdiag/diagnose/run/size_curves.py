@@ -563,7 +563,7 @@ def _unsampled_pass(cols, index, live, kept, lens, page: int, several: bool):
         touches_of = list(_touches(cols, kept.array(), lens, None, page, None))
         return _pass_depths(touches_of.pop(0), touches_of.pop(0), touches_of.pop(0), touches_of.pop(0))
     pos = np.searchsorted(index.seq, cols.seq)
-    if live is not None and (live.every is not None or not several) and live.verify(pos, cols):
+    if live is not None and (live.all_ranks or not several) and live.verify(pos, cols):
         lookup_rank, d_rank, d_all = live.results()
     else:
         lookup_rank, d_rank, d_all = live_curves.whole_pass(index, pos, cols, page, all_ranks=several)
@@ -720,11 +720,21 @@ class _Pages:
                      else np.zeros(0, dtype=np.int64))
         keys = [c[0] for c in self.chunks]
         self.chunks = []  # handed over: the index holds the keys from here on
-        flat = np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64)
+        # The distinct keys from each chunk's (a chunk's requests share most of their prefixes):
+        # one sort of those, not of every key (issue 41: np.unique of a sampled 200k trace's ~10M
+        # keys held two more arrays of them).
+        uniq = np.unique(np.concatenate([np.unique(k) for k in keys])) if keys else np.zeros(0, dtype=np.int64)
+        flat = np.empty(sum(len(k) for k in keys), dtype=np.int64)
+        at = 0
+        keys.reverse()
+        while keys:  # each chunk let go once copied: the keys are held once, not twice
+            k = keys.pop()
+            flat[at:at + len(k)] = k
+            at += len(k)
         del keys
         index = live_curves.TraceIndex.of_flat(np.frombuffer(self.seq, dtype=np.int64), flat, lens,
                                                np.frombuffer(self.arrival, dtype=np.int64),
-                                               np.frombuffer(self.pred, dtype=np.int64))
+                                               np.frombuffer(self.pred, dtype=np.int64), consume=True, uniq=uniq)
         index.lines_are(np.frombuffer(self.line, dtype=np.int64), self.req_id,
                         np.frombuffer(self.input_len, dtype=np.int64))
         if looks is not None:
@@ -829,6 +839,7 @@ class _ReadAhead:
                 got = self._rows.get()
                 if got is None:
                     live.advance(None)
+                    live.done()
                     return
                 live.add_rows(*live_curves.rows_of(index, got))
                 live.advance(live.watermark())
