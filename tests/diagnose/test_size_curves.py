@@ -377,11 +377,14 @@ PAGE = 64
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> tuple[Path, Path]:
     """A small system-prompt workload on two ranks under write_back, pools small enough to evict."""
-    folder = tmp_path_factory.mktemp("size_curves")
+    return _system_prompt_run(tmp_path_factory.mktemp("size_curves"), 4096)
+
+
+def _system_prompt_run(folder: Path, pool_tokens: int) -> tuple[Path, Path]:
     trace, db = folder / "sp.jsonl", folder / "run.duckdb"
     _invoke("synth", str(trace), "--kind", "system-prompt", "--requests", "80", "--rate", "2")
-    _invoke("replay", str(trace), "--db", str(db), "--model", "llama3-8b", "--gpu", "h100", "--device-tokens", "4096",
-            "--host-tokens", "4096", "--write-policy", "write_back", "--dp", "2")
+    _invoke("replay", str(trace), "--db", str(db), "--model", "llama3-8b", "--gpu", "h100", "--device-tokens",
+            pool_tokens, "--host-tokens", pool_tokens, "--write-policy", "write_back", "--dp", "2")
     return trace, db
 
 
@@ -577,12 +580,7 @@ def test_a_trace_changed_after_its_read_ahead_is_read_again_and_said_changed(two
 def all_finish(tmp_path_factory) -> tuple[Path, Path]:
     """two_ranks' workload with pools that take every request: each finishes, so the trace's
     touches are the run's (a sampled read-ahead's rate is the close's)."""
-    folder = tmp_path_factory.mktemp("size_curves_all")
-    trace, db = folder / "sp.jsonl", folder / "run.duckdb"
-    _invoke("synth", str(trace), "--kind", "system-prompt", "--requests", "80", "--rate", "2")
-    _invoke("replay", str(trace), "--db", str(db), "--model", "llama3-8b", "--gpu", "h100", "--device-tokens", "16384",
-            "--host-tokens", "16384", "--write-policy", "write_back", "--dp", "2")
-    return trace, db
+    return _system_prompt_run(tmp_path_factory.mktemp("size_curves_all"), 16384)
 
 
 def _fed_ahead(con, run, *, parts: int = 2):
