@@ -751,7 +751,7 @@ class _ReadAhead:
     conversation trace, issue 41). Used by compute_size_curves only where it is the file the run
     names, unchanged since it was read (size, mtime, inode), at the same page and block sizes;
     else that reads the trace itself, as it always did. A trace whose touches are more than a
-    pass keeps unsampled (MAX_TOUCHES: ~150k synth requests) keeps only the sample of its keys
+    pass keeps unsampled (MAX_TOUCHES: ~78k synth requests) keeps only the sample of its keys
     (`_Pages`), and its pass is fed sampled; the close uses it where the run's rate is the
     trace's (every request finished), else samples the trace itself, reading it again (issue 41:
     at 200k requests the close walked the whole sampled pass, 11.9 s)."""
