@@ -176,7 +176,7 @@ class TraceIndex:
         n = len(self.seq)
         self.arrival_ns = np.zeros(n, dtype=np.int64) if arrival_ns is None else np.asarray(arrival_ns, dtype=np.int64)
         self.pred = np.full(n, -1, dtype=np.int64) if pred is None else np.asarray(pred, dtype=np.int64)
-        self.line = self.req_id = self.input_len = None  # `lines_are`: what the close checks the rows against
+        self.line = self.req_hash = self.input_len = None  # `lines_are`: what the close checks the rows against
         # A sampled index (`sampled`): only the keys a sample keeps are here, `looks` of each
         # request's are looked up (its first ones, in trace order), `full_lens` its distinct pages
         # before sampling, `keep` the sample's rule (its output pages too), `touches` what its rate
@@ -195,9 +195,11 @@ class TraceIndex:
         return self
 
     def lines_are(self, line, req_id, input_len) -> None:
-        """Each request's line number, req_id and input length (size_curves.py `_matched`)."""
+        """Each request's line number, req_id and input length (size_curves.py `_matched`). The
+        req_ids are kept as their hashes (`req_hashes`: this process's, where the close compares
+        them), not a million strings held through the run (issue 41: ~65 MB at 1M requests)."""
         self.line = np.asarray(line, dtype=np.int64)
-        self.req_id = np.array(list(req_id), dtype=object)
+        self.req_hash = req_hashes(req_id)
         self.input_len = np.asarray(input_len, dtype=np.int64)
 
     @classmethod
@@ -250,6 +252,13 @@ def _ids_reversed(part: np.ndarray, off: np.ndarray, lens: np.ndarray, uniq: np.
     ids = np.searchsorted(uniq, part)
     rev = np.repeat(2 * off + lens - 1, lens) - np.arange(total, dtype=np.int64)  # each request's keys backwards
     part[:] = ids[rev]
+
+
+def req_hashes(req_ids) -> np.ndarray:
+    """Each req_id's hash (Python's: SipHash, stable within this process), as int64: what
+    TraceIndex keeps of a trace line's id to check the committed rows against."""
+    ids = list(req_ids)
+    return np.fromiter((hash(r) for r in ids), dtype=np.int64, count=len(ids))
 
 
 def scaled_arrivals(arrival_ns, time_scale: float) -> np.ndarray:

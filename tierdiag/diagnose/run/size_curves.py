@@ -541,7 +541,9 @@ def _matched(index, cols, run_id: str) -> tuple[int, np.ndarray]:
     n = len(index.seq)
     pos = np.minimum(np.searchsorted(index.seq, cols.seq), max(n - 1, 0))
     found = index.seq[pos] == cols.seq if n else np.zeros(len(cols.seq), dtype=bool)
-    bad = found & ((index.req_id[pos] != cols.req_id) | (index.input_len[pos] != cols.input_tokens))
+    from tierdiag.diagnose.run.live_curves import req_hashes
+
+    bad = found & ((index.req_hash[pos] != req_hashes(cols.req_id)) | (index.input_len[pos] != cols.input_tokens))
     if bad.any():
         first = int(np.flatnonzero(bad)[0])  # rows and lines ascend together: the first bad row is the first line
         raise CurvesUnavailable(f"trace line {int(index.line[pos[first]])} is not the request run {run_id} replayed "
@@ -690,6 +692,7 @@ class _Pages:
 
     def finish(self) -> None:
         """Every line read: the sample at the rate of the trace's own touches."""
+        self._last = {}  # the sessions' latest turns: read, `pred` holds them
         if self.touches > MAX_TOUCHES:
             self._resample(max(MAX_TOUCHES, 1) / self.touches)
         self._close_chunk()
@@ -737,7 +740,8 @@ class _Pages:
         index = live_curves.TraceIndex.of_flat(np.frombuffer(self.seq, dtype=np.int64), flat, lens,
                                                np.frombuffer(self.arrival, dtype=np.int64),
                                                np.frombuffer(self.pred, dtype=np.int64), consume=True, uniq=uniq)
-        index.lines_are(np.frombuffer(self.line, dtype=np.int64), self.req_id,
+        req_id, self.req_id = self.req_id, []
+        index.lines_are(np.frombuffer(self.line, dtype=np.int64), req_id,
                         np.frombuffer(self.input_len, dtype=np.int64))
         if looks is not None:
             index.sampled(looks, np.frombuffer(self.full, dtype=np.int64), self.keep, self.rate, self.touches)
