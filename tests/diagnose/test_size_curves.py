@@ -887,3 +887,29 @@ def _curves_or_one_line(con, run) -> None:
         assert str(exc) and "\n" not in str(exc)
     else:
         assert {c.tier for c in got.curves} == set(sc.TIERS)
+
+
+@settings(max_examples=60, deadline=None)
+@given(depths=st.lists(st.integers(-3, 2**40), max_size=300), rate=st.one_of(st.none(), st.floats(1e-9, 1.0)),
+       step=st.sampled_from([1, 7, 1 << 20]))
+def test_the_depths_made_pages_in_place_are_the_two_wheres(depths, rate, step):
+    """`_depth_pages` (in place, a chunk at a time: issue 41's writer memory at 200k requests) is
+    the close's former two array expressions, value for value, on hostile depths (zero, -1,
+    huge) and rates (tiny, 1, none), whatever the chunk; an int32 array is copied, not written."""
+    never = np.iinfo(np.int64).max
+    d = np.array(depths, dtype=np.int64)
+    want = d if rate is None else np.where(d > 0, np.maximum(np.rint(d / rate), 1), d).astype(np.int64)
+    want = np.where(want > 0, want, never)
+    old, sc._DEPTH_CHUNK = sc._DEPTH_CHUNK, step
+    try:
+        got = sc._depth_pages(d.copy(), rate, never)
+        small = d[(d >= -3) & (d < 2**31)].astype(np.int32)
+        kept = small.copy()
+        got32 = sc._depth_pages(small, rate, never)
+    finally:
+        sc._DEPTH_CHUNK = old
+    assert got.dtype == np.int64 and got.tolist() == want.tolist()
+    assert small.tolist() == kept.tolist()
+    want32 = small.astype(np.int64) if rate is None else \
+        np.where(small > 0, np.maximum(np.rint(small / rate), 1), small).astype(np.int64)
+    assert got32.tolist() == np.where(want32 > 0, want32, never).tolist()
