@@ -913,3 +913,18 @@ def test_the_depths_made_pages_in_place_are_the_two_wheres(depths, rate, step):
     want32 = small.astype(np.int64) if rate is None else \
         np.where(small > 0, np.maximum(np.rint(small / rate), 1), small).astype(np.int64)
     assert got32.tolist() == np.where(want32 > 0, want32, never).tolist()
+
+
+@settings(max_examples=80, deadline=None)
+@given(values=st.lists(st.one_of(st.integers(0, 50), st.integers(0, 2**62), st.just(np.iinfo(np.int64).max)),
+                       max_size=200))
+def test_the_tally_sorted_in_place_is_the_tally_of_the_found(values):
+    """`_tally_sorted` (the one-rank close: the lookups sorted in place, issue 41) gives `_tally`'s
+    distinct values and counts of the values found (not `never`), whatever mix of small, huge and
+    never; empty and all-never included."""
+    never = np.iinfo(np.int64).max
+    v = np.array(values, dtype=np.int64)
+    want = sc._tally(v[v != never])
+    got = sc._tally_sorted(v.copy(), never)
+    assert [x.tolist() for x in got] == [x.tolist() for x in want]
+    assert all(x.dtype == np.int64 for x in got)

@@ -486,9 +486,12 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     # sorted for every curve were ~0.3 s of the conversation trace's close, then one sort and
     # arrays of every lookup for each curve). `never` is where no size finds it: left out; at size
     # 0 beside nothing a depth needs depth x page tokens, exactly.
-    depth_pages, counts = _tally(pages_rank[pages_rank != never])
-    if one_rank:
-        del pages_rank, pages_all
+    if one_rank:  # nothing else reads the lookups' order: sorted in place, not copied (issue 41)
+        del pages_all
+        depth_pages, counts = _tally_sorted(pages_rank, never)
+        del pages_rank
+    else:
+        depth_pages, counts = _tally(pages_rank[pages_rank != never])
     tokens = depth_pages * page
     del depth_pages
     dev_found, host_found, sto_found, input_tokens = found_tokens(con, run.run_id)
@@ -1188,6 +1191,21 @@ def _tally(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return at.astype(np.int64), counts[at].astype(np.int64)
     uniq, counts = np.unique(values, return_counts=True)
     return uniq.astype(np.int64), counts.astype(np.int64)
+
+
+def _tally_sorted(values: np.ndarray, never: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_tally` of the `values` other than `never` (non-negative integers), sorting `values` in
+    place (the caller's, let go after): no filtered copy nor np.unique's sorted one beside it."""
+    import numpy as np
+
+    values.sort()
+    n = int(np.searchsorted(values, never, side="left"))
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    head = values[:n]
+    at = np.flatnonzero(head[1:] != head[:-1]) + 1
+    starts = np.r_[0, at]
+    return head[starts].astype(np.int64), np.diff(np.r_[starts, n]).astype(np.int64)
 
 
 def _merged(values: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
