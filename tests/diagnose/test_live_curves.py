@@ -202,6 +202,30 @@ def test_a_walk_past_a_row_that_came_late_is_refused():
     assert live.verify(pos, cols) is False
 
 
+def test_a_pass_done_lets_its_stacks_go_and_walks_no_more():
+    """`done` (every event walked, the writer closing the run) lets the stacks go before the
+    close computes beside what is kept (issue 41: a sampled pass's tree, ~128 MB); its results
+    stay, and a walk after it is refused rather than answered from empty stacks."""
+    keys = [np.array([1, 2], dtype=np.int64), np.array([1, 3], dtype=np.int64)]
+    for several in (False, True):
+        index = lc.TraceIndex.of_keys(np.arange(2), keys)
+        live = lc.LivePass(index, 1, all_ranks=several)
+        live.add_rows(np.array([0, 1]), [0, 1 if several else 0], [1, 5], [3, 9], [2, 2], [1, 1], [True, True])
+        live.advance(4)
+        with pytest.raises(ValueError, match="left to walk"):
+            live.done()
+        live.advance(None)
+        before = [None if x is None else x.tolist() for x in live.results()]
+        live.done()
+        assert live.stacks == {} and live.every is None
+        assert [None if x is None else x.tolist() for x in live.results()] == before
+        assert (before[2] is not None) == several
+        live.add_rows(np.array([], dtype=np.int64), [], [], [], [], [], [])  # nothing: nothing to walk
+        live._pending.append(np.array([[20, 0, 0, 0]], dtype=np.int64))
+        with pytest.raises(ValueError, match="done"):
+            live.advance(None)
+
+
 def test_the_watermark_bounds_what_is_not_recorded_yet():
     keys = [np.array([1], dtype=np.int64)] * 4
     index = lc.TraceIndex.of_keys(np.arange(4), keys, arrival_ns=[0, 10, 20, 30], pred=[-1, 0, -1, -1])

@@ -377,11 +377,14 @@ PAGE = 64
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> tuple[Path, Path]:
     """A small system-prompt workload on two ranks under write_back, pools small enough to evict."""
-    folder = tmp_path_factory.mktemp("size_curves")
+    return _system_prompt_run(tmp_path_factory.mktemp("size_curves"), 4096)
+
+
+def _system_prompt_run(folder: Path, pool_tokens: int) -> tuple[Path, Path]:
     trace, db = folder / "sp.jsonl", folder / "run.duckdb"
     _invoke("synth", str(trace), "--kind", "system-prompt", "--requests", "80", "--rate", "2")
-    _invoke("replay", str(trace), "--db", str(db), "--model", "llama3-8b", "--gpu", "h100", "--device-tokens", "4096",
-            "--host-tokens", "4096", "--write-policy", "write_back", "--dp", "2")
+    _invoke("replay", str(trace), "--db", str(db), "--model", "llama3-8b", "--gpu", "h100", "--device-tokens",
+            pool_tokens, "--host-tokens", pool_tokens, "--write-policy", "write_back", "--dp", "2")
     return trace, db
 
 
@@ -573,21 +576,99 @@ def test_a_trace_changed_after_its_read_ahead_is_read_again_and_said_changed(two
         assert not sc._READ_AHEAD
 
 
-def test_a_read_ahead_of_a_trace_the_close_would_sample_is_given_up(two_ranks, monkeypatch):
-    """Over the pass's budget the close samples the pages, reading the trace itself: the read
-    ahead keeps none of them (its memory would be the whole trace's), and the curves are the
-    sampled ones, as without it."""
+@pytest.fixture(scope="module")
+def all_finish(tmp_path_factory) -> tuple[Path, Path]:
+    """two_ranks' workload with pools that take every request: each finishes, so the trace's
+    touches are the run's (a sampled read-ahead's rate is the close's)."""
+    return _system_prompt_run(tmp_path_factory.mktemp("size_curves_all"), 16384)
+
+
+def _fed_ahead(con, run, *, parts: int = 2):
+    """A read-ahead of the run's trace fed its committed rows in `parts` batches (finish order),
+    then the end, as the writer process does while recording; returns it, its pass walked."""
+    import pyarrow as pa
+
+    cur = con.execute("SELECT * EXCLUDE (run_id) FROM requests WHERE run_id = ? ORDER BY finish_ns NULLS LAST, seq",
+                      [run.run_id])
+    names = [d[0] for d in cur.description]
+    got = cur.fetchall()
+    rows = pa.table({c: pa.array([r[i] for r in got]) for i, c in enumerate(names)})
+    hand = sc.read_ahead(run.trace_path, run.trace_sha256, run.config)
+    ahead = sc._READ_AHEAD[0]
+    step = -(-rows.num_rows // parts)
+    for at in range(0, rows.num_rows, step):
+        part = rows.slice(at, step)
+        hand({"requests": {c: part.column(c).combine_chunks() for c in part.column_names}, "batches": {}})
+    hand(None)
+    ahead._thread.join(timeout=60)
+    if ahead._live_thread is not None:
+        ahead._live_thread.join(timeout=60)
+    return ahead
+
+
+def test_a_read_ahead_over_the_budget_feeds_the_sampled_pass_while_recording(all_finish, monkeypatch):
+    """Over the pass's budget the close samples the pages (SHARDS, module doc). The read-ahead
+    keeps only the sample of the trace's keys (its rate falling as the touches grow, filtered to
+    the trace's own rate at the end) and its pass is fed the rows while the run is recorded, its
+    output pages numbered and sampled as the close numbers them: the close then finishes the
+    curves only, and they are the ones it samples itself (issue 41: at 200k requests the close
+    walked the whole sampled pass, 11.9 s)."""
+    trace, db = all_finish
+    monkeypatch.setattr(sc, "MAX_TOUCHES", 200)
+    monkeypatch.setattr(sc._Pages, "_CHUNK", 7)  # chunks filtered again as the rate falls
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        assert con.execute("SELECT count(*) FILTER (status != 'finished') FROM requests").fetchone()[0] == 0
+        alone = sc.compute_size_curves(con, run)
+        assert alone.sample_rate < 1
+        ahead = _fed_ahead(con, run)
+        index = ahead.index
+        assert index is not None and index.keep is not None and ahead.live is not None and not ahead.live._pending
+        assert index.rate == alone.sample_rate
+        from tierdiag.diagnose.run import live_curves
+
+        walked = []
+        whole = live_curves.whole_pass
+        monkeypatch.setattr(live_curves, "whole_pass", lambda *a, **k: walked.append(1) or whole(*a, **k))
+        assert sc.compute_size_curves(con, run) == alone
+        assert not walked  # the pass fed while recording was used, not walked again at the close
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(budget=st.one_of(st.integers(-3, 2), st.integers(3, 6_000), st.just(2 ** 62)),
+       parts=st.integers(1, 5), chunk=st.sampled_from([1, 3, 4096]))
+def test_any_budget_gives_the_same_curves_read_ahead_or_not(all_finish, monkeypatch, budget, parts, chunk):
+    """Whatever the budget (hostile ones included: zero, negative, under one request, more than
+    the run), however the rows come and however the read-ahead chunks the keys, the curves of a
+    close that finds the pass fed while recording are the ones it makes alone."""
+    trace, db = all_finish
+    monkeypatch.setattr(sc, "MAX_TOUCHES", budget)
+    monkeypatch.setattr(sc._Pages, "_CHUNK", chunk)
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        alone = sc.compute_size_curves(con, run)
+        _fed_ahead(con, run, parts=parts)
+        assert sc.compute_size_curves(con, run) == alone
+    assert not sc._READ_AHEAD
+
+
+def test_a_sample_at_another_rate_is_not_used(two_ranks, monkeypatch):
+    """The sampled read-ahead's rate is of the trace's touches as if every request finished; a
+    run whose finished rows make fewer (here 31 of 80 requests rejected: longer than the device
+    pool) samples at another rate: the read-ahead is not used, the close reads the trace itself
+    and its curves are its own."""
     trace, db = two_ranks
     monkeypatch.setattr(sc, "MAX_TOUCHES", 200)
     with open_store(db) as con:
         run = resolve_run(con, None)
         alone = sc.compute_size_curves(con, run)
-        assert alone.sample_rate < 1
-        sc.read_ahead(run.trace_path, run.trace_sha256, run.config)
-        ahead = sc._READ_AHEAD[0]
-        ahead._thread.join()
-        assert ahead.lines == [] and ahead.stat is None
+        ahead = _fed_ahead(con, run)
+        index = ahead.index
+        assert index is not None and index.keep is not None and index.rate < alone.sample_rate < 1
+        assert ahead.usable_index(index.touches) is index and ahead.usable_index(index.touches - 1) is None
+        assert ahead.usable_index(100) is None  # within the budget: an unsampled pass, not this one
         assert sc.compute_size_curves(con, run) == alone
+        assert not sc._READ_AHEAD
 
 
 def test_a_read_ahead_that_cannot_start_leaves_the_close_as_it_was(two_ranks):
@@ -806,3 +887,44 @@ def _curves_or_one_line(con, run) -> None:
         assert str(exc) and "\n" not in str(exc)
     else:
         assert {c.tier for c in got.curves} == set(sc.TIERS)
+
+
+@settings(max_examples=60, deadline=None)
+@given(depths=st.lists(st.integers(-3, 2**40), max_size=300), rate=st.one_of(st.none(), st.floats(1e-9, 1.0)),
+       step=st.sampled_from([1, 7, 1 << 20]))
+def test_the_depths_made_pages_in_place_are_the_two_wheres(depths, rate, step):
+    """`_depth_pages` (in place, a chunk at a time: issue 41's writer memory at 200k requests) is
+    the close's former two array expressions, value for value, on hostile depths (zero, -1,
+    huge) and rates (tiny, 1, none), whatever the chunk; an int32 array is copied, not written."""
+    never = np.iinfo(np.int64).max
+    d = np.array(depths, dtype=np.int64)
+    want = d if rate is None else np.where(d > 0, np.maximum(np.rint(d / rate), 1), d).astype(np.int64)
+    want = np.where(want > 0, want, never)
+    old, sc._DEPTH_CHUNK = sc._DEPTH_CHUNK, step
+    try:
+        got = sc._depth_pages(d.copy(), rate, never)
+        small = d[(d >= -3) & (d < 2**31)].astype(np.int32)
+        kept = small.copy()
+        got32 = sc._depth_pages(small, rate, never)
+    finally:
+        sc._DEPTH_CHUNK = old
+    assert got.dtype == np.int64 and got.tolist() == want.tolist()
+    assert small.tolist() == kept.tolist()
+    want32 = small.astype(np.int64) if rate is None else \
+        np.where(small > 0, np.maximum(np.rint(small / rate), 1), small).astype(np.int64)
+    assert got32.tolist() == np.where(want32 > 0, want32, never).tolist()
+
+
+@settings(max_examples=80, deadline=None)
+@given(values=st.lists(st.one_of(st.integers(0, 50), st.integers(0, 2**62), st.just(np.iinfo(np.int64).max)),
+                       max_size=200))
+def test_the_tally_sorted_in_place_is_the_tally_of_the_found(values):
+    """`_tally_sorted` (the one-rank close: the lookups sorted in place, issue 41) gives `_tally`'s
+    distinct values and counts of the values found (not `never`), whatever mix of small, huge and
+    never; empty and all-never included."""
+    never = np.iinfo(np.int64).max
+    v = np.array(values, dtype=np.int64)
+    want = sc._tally(v[v != never])
+    got = sc._tally_sorted(v.copy(), never)
+    assert [x.tolist() for x in got] == [x.tolist() for x in want]
+    assert all(x.dtype == np.int64 for x in got)

@@ -34,8 +34,11 @@ run. Both give the same depths (tests/diagnose/test_live_curves.py).
 The keys are dense ids (`TraceIndex`: the trace's distinct page keys numbered once, while the run
 is recorded), so a key's previous touch is one array read (`new_stack`: compiled, or its Python
 twin `StackPython`) instead of a sort of every touch at the close; a request's output pages are
-touched once and never looked up again: id -1. Only an unsampled pass is fed so (a run over the
-touch budget is sampled at the close, size_curves.py).
+touched once and never looked up again: id -1. A run over the touch budget (size_curves.py
+MAX_TOUCHES) is fed so too, sampled: the index holds only the keys the sample keeps (at the rate
+of the trace's touches, as if every request finished: the close uses the pass only where its own
+rate is that one), `looks` of each request's looked up, and the output pages are numbered in
+event order as the close's pass numbers them and touched where the sample keeps them.
 """
 
 from __future__ import annotations
@@ -166,17 +169,37 @@ class TraceIndex:
         self.seq = np.asarray(seq, dtype=np.int64)
         self.off = np.asarray(off, dtype=np.int64)
         self.lens = np.asarray(lens, dtype=np.int64)
-        self.rev_ids = np.asarray(rev_ids, dtype=np.int64)
         self.n_ids = int(n_ids)
+        # The keys' ids, each request's backwards: int32 where they fit (half of a sampled
+        # 1M-request index's keys, issue 41), gathered into the stack's int64 a walk at a time.
+        self.rev_ids = np.asarray(rev_ids, dtype=np.int32 if self.n_ids < 2**31 else np.int64)
         n = len(self.seq)
         self.arrival_ns = np.zeros(n, dtype=np.int64) if arrival_ns is None else np.asarray(arrival_ns, dtype=np.int64)
         self.pred = np.full(n, -1, dtype=np.int64) if pred is None else np.asarray(pred, dtype=np.int64)
-        self.line = self.req_id = self.input_len = None  # `lines_are`: what the close checks the rows against
+        self.line = self.req_hash = self.input_len = None  # `lines_are`: what the close checks the rows against
+        # A sampled index (`sampled`): only the keys a sample keeps are here, `looks` of each
+        # request's are looked up (its first ones, in trace order), `full_lens` its distinct pages
+        # before sampling, `keep` the sample's rule (its output pages too), `touches` what its rate
+        # was made from. Unsampled: every key, looks from the rows' input lengths.
+        self.looks = None
+        self.full_lens = self.lens
+        self.keep = None
+        self.rate = 1.0
+        self.touches = None
+
+    def sampled(self, looks, full_lens, keep, rate: float, touches: int) -> "TraceIndex":
+        """Mark this index a sample (size_curves.py `_sampler` at `rate`, made from `touches`)."""
+        self.looks = np.asarray(looks, dtype=np.int64)
+        self.full_lens = np.asarray(full_lens, dtype=np.int64)
+        self.keep, self.rate, self.touches = keep, float(rate), int(touches)
+        return self
 
     def lines_are(self, line, req_id, input_len) -> None:
-        """Each request's line number, req_id and input length (size_curves.py `_matched`)."""
+        """Each request's line number, req_id and input length (size_curves.py `_matched`). The
+        req_ids are kept as their hashes (`req_hashes`: this process's, where the close compares
+        them), not a million strings held through the run (issue 41: ~65 MB at 1M requests)."""
         self.line = np.asarray(line, dtype=np.int64)
-        self.req_id = np.array(list(req_id), dtype=object)
+        self.req_hash = req_hashes(req_id)
         self.input_len = np.asarray(input_len, dtype=np.int64)
 
     @classmethod
@@ -189,22 +212,64 @@ class TraceIndex:
         return cls.of_flat(seq, flat, lens, arrival_ns, pred)
 
     @classmethod
-    def of_flat(cls, seq, flat, lens, arrival_ns=None, pred=None) -> "TraceIndex":
-        """From every request's keys laid end to end (`lens` of each), in trace order."""
+    def of_flat(cls, seq, flat, lens, arrival_ns=None, pred=None, *, consume: bool = False,
+                uniq=None) -> "TraceIndex":
+        """From every request's keys laid end to end (`lens` of each), in trace order. `consume`:
+        `flat` (int64, contiguous, the caller's to let go) is written over with the ids; else a
+        copy is. `uniq`: the distinct keys, ascending, where the caller has them."""
         lens = np.asarray(lens, dtype=np.int64)
-        total = int(lens.sum())
         off = np.zeros(len(lens), dtype=np.int64)
         np.cumsum(lens[:-1], out=off[1:])
-        uniq, ids = np.unique(np.asarray(flat, dtype=np.int64), return_inverse=True)
-        ids = ids.reshape(-1).astype(np.int64, copy=False)
-        rev = np.repeat(2 * off + lens - 1, lens) - np.arange(total, dtype=np.int64)  # each request's keys backwards
-        return cls(seq, off, lens, ids[rev], len(uniq), arrival_ns, pred)
+        usable = (consume and isinstance(flat, np.ndarray) and flat.dtype == np.int64 and flat.flags.c_contiguous
+                  and flat.flags.writeable)
+        flat = flat if usable else np.array(flat, dtype=np.int64)  # written over with the ids, reversed in place
+        uniq = np.unique(flat) if uniq is None else np.asarray(uniq, dtype=np.int64)
+        # The ids (np.unique's return_inverse) and each request's keys backwards, a chunk of
+        # requests at a time over the one array: the writer's memory at 1M requests (issue 41)
+        # held the inverse, its sort and two index arrays of every key besides the keys.
+        _in_chunks(flat, off, lens, lambda part, o, ln: _ids_reversed(part, o, ln, uniq))
+        return cls(seq, off, lens, flat, len(uniq), arrival_ns, pred)
+
+
+_CHUNK = 1 << 20  # keys a chunk of `_in_chunks`
+
+
+def _in_chunks(flat: np.ndarray, off: np.ndarray, lens: np.ndarray, work) -> None:
+    """`work(flat[a:b], off[i:j] - a, lens[i:j])` over runs of whole requests of about _CHUNK keys."""
+    n = len(lens)
+    ends = off + lens
+    i = 0
+    while i < n:
+        a = int(off[i])
+        j = max(int(np.searchsorted(ends, a + _CHUNK, side="right")), i + 1)
+        b = int(ends[j - 1])
+        work(flat[a:b], off[i:j] - a, lens[i:j])
+        i = j
+
+
+def _ids_reversed(part: np.ndarray, off: np.ndarray, lens: np.ndarray, uniq: np.ndarray) -> None:
+    total = len(part)
+    ids = np.searchsorted(uniq, part)
+    rev = np.repeat(2 * off + lens - 1, lens) - np.arange(total, dtype=np.int64)  # each request's keys backwards
+    part[:] = ids[rev]
+
+
+def req_hashes(req_ids) -> np.ndarray:
+    """Each req_id's hash (Python's: SipHash, stable within this process), as int64: what
+    TraceIndex keeps of a trace line's id to check the committed rows against."""
+    ids = list(req_ids)
+    return np.fromiter((hash(r) for r in ids), dtype=np.int64, count=len(ids))
+
+
+def scaled_arrivals(arrival_ns, time_scale: float) -> np.ndarray:
+    """Each arrival as engine/arrivals.py `ArrivalSource` times it: `int(arrival_ns * time_scale)`."""
+    return np.array([int(a * time_scale) for a in arrival_ns], dtype=np.int64)
 
 
 def _arrival_bounds(arrival_ns, sessions: list, time_scale: float, arrivals) -> tuple[np.ndarray, np.ndarray, bool]:
     """(scaled arrival of each request, its session's previous turn's position or -1, closed loop?)
     as engine/arrivals.py `ArrivalSource` times them (`int(arrival_ns * time_scale)`)."""
-    scaled = np.array([int(a * time_scale) for a in arrival_ns], dtype=np.int64)
+    scaled = scaled_arrivals(arrival_ns, time_scale)
     pred = np.full(len(sessions), -1, dtype=np.int64)
     last: dict = {}
     for i, s in enumerate(sessions):
@@ -238,9 +303,15 @@ class LivePass:
         self.values = np.zeros((n, 5), dtype=np.int64)  # rank, sched, fin, input, output
         self.stacks: dict = {}
         self.every = new_stack(index.n_ids) if all_ranks else None
+        self.fresh = 0  # output pages numbered so far (a sampled index keeps those its rule keeps)
+        self._done = False  # `done`: the stacks let go, nothing more is walked
         self._pending: list[np.ndarray] = []  # (time, is_sched, seq, pos) of events not walked
         self.walked: list[np.ndarray] = []  # (pos, is_sched) of the events walked, in order
-        self.lookup_rank: list[np.ndarray] = []
+        # The lookups' ranks and depths walked, a part a walk, held compactly until `results`
+        # (issue 41: ~9M sampled lookups at 200k requests were 8 + 8 bytes each): a walk of one
+        # rank is (rank, count), of several an int16 a lookup; the depths int32 (a depth counts
+        # positions of the stack, which stay under 2**30).
+        self.lookup_rank: list = []
         self.d_rank: list[np.ndarray] = []
         self.d_all: list[np.ndarray] = []
 
@@ -304,12 +375,25 @@ class LivePass:
         return len(ev)
 
     def _walk(self, req: np.ndarray, is_sched: np.ndarray) -> None:
+        if self._done:
+            raise ValueError("the pass is done: its stacks are let go")
         ix, page = self.index, self.page
         v = self.values[req]
         rank, inp, out = v[:, 0], v[:, 3], v[:, 4]
         ln = ix.lens[req]
-        look = np.minimum(np.maximum((inp - 1) // page, 0), ln)
+        look = np.minimum(np.maximum((inp - 1) // page, 0), ln) if ix.looks is None else ix.looks[req]
         outs = np.where(is_sched, 0, np.maximum((inp + out) // page - inp // page, 0))
+        if ix.keep is not None:
+            # Sampled: the output pages are numbered in event order from -1 down, each event's
+            # ascending (size_curves.py `_touches`), and only those the sample keeps are touched.
+            every = int(outs.sum())
+            before = self.fresh + np.cumsum(outs) - outs
+            fresh = self.fresh + np.arange(every, dtype=np.int64) - np.repeat(2 * before + outs, outs)
+            self.fresh += every
+            kept = ix.keep(fresh)
+            outs = np.bincount(np.repeat(np.arange(len(req), dtype=np.int64), outs)[kept],
+                               minlength=len(req)).astype(np.int64)
+            del fresh, kept, before
         count = outs + ln
         start = np.cumsum(count) - count
         total_keys = int(ln.sum())
@@ -322,29 +406,50 @@ class LivePass:
         tq = np.zeros(len(tk), dtype=bool)
         tq[dest] = np.repeat(is_sched, ln) & (j >= np.repeat(ln - look, ln))
         del j, dest
-        lookup_rank = np.repeat(rank, count)[tq]
-        d_rank = np.zeros(len(lookup_rank), dtype=np.int64)
         ranks = np.unique(rank).tolist()
-        for r in ranks:
+        if len(ranks) == 1:
+            r = ranks[0]
             stack = self.stacks.get(r)
             if stack is None:
                 stack = self.stacks[r] = new_stack(ix.n_ids)
-            if len(ranks) == 1:
-                d_rank = feed(stack, tk, tq, count)
-                break
-            sel = rank == r
-            touch = np.repeat(sel, count)
-            d_rank[lookup_rank == r] = feed(stack, tk[touch], tq[touch], count[sel])
-        self.lookup_rank.append(lookup_rank)
-        self.d_rank.append(d_rank)
+            d_rank = feed(stack, tk, tq, count)
+            self.lookup_rank.append((r, len(d_rank)))
+        else:
+            lookup_rank = np.repeat(rank, count)[tq]
+            d_rank = np.zeros(len(lookup_rank), dtype=np.int64)
+            for r in ranks:
+                stack = self.stacks.get(r)
+                if stack is None:
+                    stack = self.stacks[r] = new_stack(ix.n_ids)
+                sel = rank == r
+                touch = np.repeat(sel, count)
+                d_rank[lookup_rank == r] = feed(stack, tk[touch], tq[touch], count[sel])
+            self.lookup_rank.append(lookup_rank.astype(np.int16) if -2**15 <= min(ranks) and max(ranks) < 2**15
+                                    else lookup_rank)
+        self.d_rank.append(d_rank.astype(np.int32))
         if self.every is not None:
-            self.d_all.append(feed(self.every, tk, tq, count))
+            self.d_all.append(feed(self.every, tk, tq, count).astype(np.int32))
+
+    def done(self) -> None:
+        """Every event is walked (`advance(None)`): the stacks are let go (a sampled pass's tree is
+        4 bytes a touch, ~128 MB at the budget), before the close computes beside what is kept."""
+        if self._pending:
+            raise ValueError("done: events are left to walk")
+        self.stacks = {}
+        self.every = None
+        self._done = True
 
     def results(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(rank of each lookup walked, its depth on its rank, its depth over every rank or None
         where only one rank was fed), in event order."""
-        cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
-        return cat(self.lookup_rank), cat(self.d_rank), cat(self.d_all) if self.every is not None else None
+        cat = (lambda parts: np.concatenate(parts, dtype=np.int64) if parts else np.zeros(0, dtype=np.int64))
+        ranks = {p[0] if isinstance(p, tuple) else None for p in self.lookup_rank}
+        if len(ranks) == 1 and None not in ranks:  # one rank throughout: a view, no array of every lookup
+            lookup_rank = np.broadcast_to(np.int64(ranks.pop()), (sum(p[1] for p in self.lookup_rank),))
+        else:
+            lookup_rank = cat([np.full(p[1], p[0], dtype=np.int64) if isinstance(p, tuple) else p
+                               for p in self.lookup_rank])
+        return lookup_rank, cat(self.d_rank), cat(self.d_all) if self.all_ranks else None
 
     def verify(self, pos: np.ndarray, cols) -> bool:
         """The events walked are the run's whole event order, with the rows' values (`cols`: the

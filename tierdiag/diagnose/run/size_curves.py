@@ -397,11 +397,18 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     lens = np.zeros(n, dtype=np.int64)  # each row's keys (kept ones, sampled)
     lengths = np.zeros(n, dtype=np.int64)  # each row's distinct pages (before sampling)
     seqs = cols.seq.tolist()
+    # What was read ahead: the index the pass was fed over (unsampled, or sampled at this very
+    # rate), else the lines it kept (unsampled), else nothing this close can use (a sample at
+    # another rate, or lines given to an index): the trace is read again (its digest and file
+    # were checked above, as the read-ahead's).
+    index = ahead.usable_index(touches) if ahead is not None else None
+    ahead_lines = ahead.lines() if ahead is not None and index is None else None
+    if index is None and ahead_lines is None:
+        ahead = None
     wanted = _SeqSet(seqs) if ahead is None else None
-    index = None if ahead is None or ahead.live is None or keep is not None else ahead.live.index
     if index is not None:  # the pass was fed while recording: the keys are its index's, not kept here
-        kept = None
-    lines = ahead.lines if ahead is not None else _trace_pages(path, page, block, wanted=wanted)
+        kept = marks = None
+    lines = ahead_lines if ahead is not None else _trace_pages(path, page, block, wanted=wanted)
     at = matched = 0
     last = None
     if index is not None:  # the loop below's checks at once, over the index's lines (in seq order)
@@ -440,7 +447,7 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     del seqs, wanted, lines, ahead
     cols = cols._replace(req_id=None)  # matched: a million strings let go before the pass
     ranks = np.unique(cols.rank).tolist()
-    if keep is None:
+    if keep is None or index is not None:
         lookup_rank, d_rank, d_all = _unsampled_pass(cols, index, live, kept, lens, page, len(ranks) > 1)
         del kept, index, live
     else:
@@ -455,14 +462,14 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     lookups = len(lookup_rank)
     del lookup_rank
     one_rank = len(ranks) <= 1  # d_all is d_rank's touches: the same depths
-    if keep is not None:  # the sample's depths stand for the run's: divided by the rate
-        d_rank = np.where(d_rank > 0, np.maximum(np.rint(d_rank / rate), 1), d_rank).astype(np.int64)
-        d_all = d_rank if one_rank else \
-            np.where(d_all > 0, np.maximum(np.rint(d_all / rate), 1), d_all).astype(np.int64)
     never = np.iinfo(np.int64).max
-    pages_rank = np.where(d_rank > 0, d_rank, never)
+    # The sample's depths stand for the run's (divided by the rate), then a depth never found
+    # (not positive) is `never`: in place, a chunk at a time (issue 41: at 200k requests the
+    # float temporaries of ~10M sampled lookups were ~300 MB of the writer's close).
+    scale = rate if keep is not None else None
+    pages_rank = _depth_pages(d_rank, scale, never)
     del d_rank
-    pages_all = pages_rank if one_rank else np.where(d_all > 0, d_all, never)
+    pages_all = pages_rank if one_rank else _depth_pages(d_all, scale, never)
     del d_all
     inclusive = policy == WritePolicy.WRITE_THROUGH
     held, held_words = held_capacity(run.config, device, host)
@@ -479,9 +486,12 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     # sorted for every curve were ~0.3 s of the conversation trace's close, then one sort and
     # arrays of every lookup for each curve). `never` is where no size finds it: left out; at size
     # 0 beside nothing a depth needs depth x page tokens, exactly.
-    depth_pages, counts = _tally(pages_rank[pages_rank != never])
-    if one_rank:
-        del pages_rank, pages_all
+    if one_rank:  # nothing else reads the lookups' order: sorted in place, not copied (issue 41)
+        del pages_all
+        depth_pages, counts = _tally_sorted(pages_rank, never)
+        del pages_rank
+    else:
+        depth_pages, counts = _tally(pages_rank[pages_rank != never])
     tokens = depth_pages * page
     del depth_pages
     dev_found, host_found, sto_found, input_tokens = found_tokens(con, run.run_id)
@@ -525,6 +535,27 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
                       curves, model, rate)
 
 
+_DEPTH_CHUNK = 1 << 20  # lookups a chunk of `_depth_pages`
+
+
+def _depth_pages(depths: np.ndarray, rate: float | None, never: int) -> np.ndarray:
+    """Each lookup's depth as the pages it needs: a positive depth divided by `rate` (a sampled
+    pass; rounded, at least 1) where given, and `never` where it was not found (not positive):
+    `np.where(d > 0, np.maximum(np.rint(d / rate), 1), d)`, then `np.where(d > 0, d, never)`,
+    written over `depths` (copied first where it is not an int64 array of its own) a chunk at a
+    time."""
+    import numpy as np
+
+    d = np.require(depths, dtype=np.int64, requirements=["C", "W", "O"])
+    step = _DEPTH_CHUNK
+    for a in range(0, len(d), step):
+        x = d[a:a + step]
+        if rate is not None:
+            x[:] = np.where(x > 0, np.maximum(np.rint(x / rate), 1), x)
+        x[x <= 0] = never
+    return d
+
+
 def _matched(index, cols, run_id: str) -> tuple[int, np.ndarray]:
     """(rows matched, each row's distinct pages) of the rows `cols` against the trace lines of
     `index` (live_curves.TraceIndex: its seqs ascend), with compute_size_curves' loop's check:
@@ -534,12 +565,14 @@ def _matched(index, cols, run_id: str) -> tuple[int, np.ndarray]:
     n = len(index.seq)
     pos = np.minimum(np.searchsorted(index.seq, cols.seq), max(n - 1, 0))
     found = index.seq[pos] == cols.seq if n else np.zeros(len(cols.seq), dtype=bool)
-    bad = found & ((index.req_id[pos] != cols.req_id) | (index.input_len[pos] != cols.input_tokens))
+    from tierdiag.diagnose.run.live_curves import req_hashes
+
+    bad = found & ((index.req_hash[pos] != req_hashes(cols.req_id)) | (index.input_len[pos] != cols.input_tokens))
     if bad.any():
         first = int(np.flatnonzero(bad)[0])  # rows and lines ascend together: the first bad row is the first line
         raise CurvesUnavailable(f"trace line {int(index.line[pos[first]])} is not the request run {run_id} replayed "
                                 f"as seq {int(cols.seq[first])}")
-    return int(found.sum()), np.where(found, index.lens[pos], 0).astype(np.int64)
+    return int(found.sum()), np.where(found, index.full_lens[pos], 0).astype(np.int64)
 
 
 def _unsampled_pass(cols, index, live, kept, lens, page: int, several: bool):
@@ -556,7 +589,7 @@ def _unsampled_pass(cols, index, live, kept, lens, page: int, several: bool):
         touches_of = list(_touches(cols, kept.array(), lens, None, page, None))
         return _pass_depths(touches_of.pop(0), touches_of.pop(0), touches_of.pop(0), touches_of.pop(0))
     pos = np.searchsorted(index.seq, cols.seq)
-    if live is not None and (live.every is not None or not several) and live.verify(pos, cols):
+    if live is not None and (live.all_ranks or not several) and live.verify(pos, cols):
         lookup_rank, d_rank, d_all = live.results()
     else:
         lookup_rank, d_rank, d_all = live_curves.whole_pass(index, pos, cols, page, all_ranks=several)
@@ -575,10 +608,168 @@ def _trace_pages(path: str, page: int, block: int, wanted=None):
     none = np.zeros(0, dtype=np.int64)
     for req in read_trace(path, block_size=block, skip_bad=True):
         if wanted is not None and req.seq not in wanted:
-            yield req.line, req.seq, req.req_id, req.input_len, none, req.arrival_ns, req.session
+            yield req.line, req.seq, req.req_id, req.input_len, none, req.arrival_ns, req.session, req.output_len
             continue
         yield req.line, req.seq, req.req_id, req.input_len, \
-            _first_distinct(page_keys_array(req, page_size=page, block_size=block)), req.arrival_ns, req.session
+            _first_distinct(page_keys_array(req, page_size=page, block_size=block)), req.arrival_ns, req.session, \
+            req.output_len
+
+
+def _touches_of(input_len: int, output_len: int, page: int) -> int:
+    """A finished request's page touches in the pass (compute_size_curves' count, which decides
+    whether and at what rate the pass is sampled): its input pages twice, its output pages once."""
+    inp = input_len // page
+    return 2 * inp + max((input_len + output_len) // page - inp, 0)
+
+
+def _segment_sums(flags, lens):
+    """How many of `flags` are set in each run of `lens` of them (runs end to end; empty ones 0)."""
+    import numpy as np
+
+    at = np.zeros(len(flags) + 1, dtype=np.int64)
+    np.cumsum(flags, out=at[1:])
+    ends = np.cumsum(lens)
+    return at[ends] - at[ends - lens]
+
+
+class _Pages:
+    """The trace's pages as the read-ahead keeps them (issue 41: the writer's memory at 1M
+    requests): a few columns a request and the keys laid end to end, in chunks of whole requests,
+    not a tuple and an array a line. Within the pass's budget every key is kept; past it (the
+    touches the trace's requests would make if all finished: more than MAX_TOUCHES) only the keys
+    a sample at the budget's rate keeps. That rate falls as the trace is read (budget / touches so
+    far), and a lower rate's sample is a subset of a higher one's (`_sampler`: a key is kept when
+    its hash is under the rate's bound), so the kept keys are filtered down whenever the rate has
+    fallen by a quarter and at the end: they stay within ~1.25 x what the budget's sample holds,
+    whatever the trace's length, and end as the close's own sample of the same touches."""
+
+    _CHUNK = 4096  # requests a chunk
+
+    def __init__(self, page: int):
+        from array import array
+
+        self.page = page
+        self.line, self.seq, self.input_len, self.arrival = array("q"), array("q"), array("q"), array("q")
+        self.full = array("q")  # each request's distinct pages
+        self.pred = array("q")  # its session's previous turn's position, -1
+        self.req_id: list = []
+        self.sessions = False
+        self._last: dict = {}
+        self.touches = 0  # of every request, as if all finish
+        self.rate = 1.0  # the stored keys are the sample at this rate (1: all of them)
+        self.keep = None
+        self.chunks: list = []  # (keys, looked up, keys a request) of _CHUNK requests each
+        self._keys: list = []
+        self._looked: list = []
+        self._lens: list = []
+
+    def add(self, line, seq, req_id, input_len, keys, arrival, session, output_len) -> None:
+        i = len(self.seq)
+        self.line.append(line)
+        self.seq.append(seq)
+        self.req_id.append(req_id)
+        self.input_len.append(input_len)
+        self.arrival.append(arrival)
+        self.full.append(len(keys))
+        if session is not None:
+            self.sessions = True
+            self.pred.append(self._last.get(session, -1))
+            self._last[session] = i
+        else:
+            self.pred.append(-1)
+        self.touches += _touches_of(input_len, output_len, self.page)
+        if self.touches > MAX_TOUCHES:
+            rate = max(MAX_TOUCHES, 1) / self.touches
+            if self.keep is None or rate < 0.8 * self.rate:
+                self._resample(rate)
+        self._keys.append(keys)
+        self._looked.append(min(max((input_len - 1) // self.page, 0), len(keys)))  # its first ones looked up
+        self._lens.append(len(keys))
+        if len(self._lens) >= self._CHUNK:
+            self._close_chunk()
+
+    def _close_chunk(self) -> None:
+        """The requests added since the last chunk as one, sampled at the rate now: a chunk at a
+        time in numpy, not a request at a time (a 1M-request trace's read, issue 41)."""
+        import numpy as np
+
+        if self._lens:
+            lens = np.array(self._lens, dtype=np.int64)
+            keys = np.concatenate(self._keys).astype(np.int64, copy=False) if self._keys else np.zeros(0, np.int64)
+            off = np.cumsum(lens) - lens
+            looked = np.arange(len(keys), dtype=np.int64) - np.repeat(off, lens) < np.repeat(
+                np.array(self._looked, dtype=np.int64), lens)
+            self._keys, self._looked, self._lens = [], [], []
+            if self.keep is not None:
+                sel = self.keep(keys)
+                keys, looked, lens = keys[sel], looked[sel], _segment_sums(sel, lens)
+            self.chunks.append((keys, looked, lens))
+
+    def _resample(self, rate: float) -> None:
+        import numpy as np
+
+        self._close_chunk()
+        self.rate, self.keep = rate, _sampler(rate)
+        for c, (keys, looked, lens) in enumerate(self.chunks):
+            sel = self.keep(keys)
+            self.chunks[c] = (keys[sel], looked[sel], _segment_sums(sel, lens))
+
+    def finish(self) -> None:
+        """Every line read: the sample at the rate of the trace's own touches."""
+        self._last = {}  # the sessions' latest turns: read, `pred` holds them
+        if self.touches > MAX_TOUCHES:
+            self._resample(max(MAX_TOUCHES, 1) / self.touches)
+        self._close_chunk()
+
+    @property
+    def sampled(self) -> bool:
+        return self.keep is not None
+
+    def lines(self):
+        """(line, seq, req_id, input length, distinct page keys) of each request, in order (an
+        unsampled read only: every key kept)."""
+        i = 0
+        for keys, _, lens in self.chunks:
+            at = 0
+            for ln in lens.tolist():
+                yield self.line[i], self.seq[i], self.req_id[i], self.input_len[i], keys[at:at + ln]
+                at += ln
+                i += 1
+
+    def index(self):
+        """live_curves.TraceIndex of the requests (sampled: of the kept keys, marked so)."""
+        import numpy as np
+
+        from tierdiag.diagnose.run import live_curves
+
+        lens = np.concatenate([c[2] for c in self.chunks]) if self.chunks else np.zeros(0, dtype=np.int64)
+        looks = None
+        if self.sampled:  # a request's looked-up keys are its first kept ones: how many
+            looks = (np.concatenate([_segment_sums(c[1], c[2]) for c in self.chunks]) if self.chunks
+                     else np.zeros(0, dtype=np.int64))
+        keys = [c[0] for c in self.chunks]
+        self.chunks = []  # handed over: the index holds the keys from here on
+        # The distinct keys from each chunk's (a chunk's requests share most of their prefixes):
+        # one sort of those, not of every key (issue 41: np.unique of a sampled 200k trace's ~10M
+        # keys held two more arrays of them).
+        uniq = np.unique(np.concatenate([np.unique(k) for k in keys])) if keys else np.zeros(0, dtype=np.int64)
+        flat = np.empty(sum(len(k) for k in keys), dtype=np.int64)
+        at = 0
+        keys.reverse()
+        while keys:  # each chunk let go once copied: the keys are held once, not twice
+            k = keys.pop()
+            flat[at:at + len(k)] = k
+            at += len(k)
+        del keys
+        index = live_curves.TraceIndex.of_flat(np.frombuffer(self.seq, dtype=np.int64), flat, lens,
+                                               np.frombuffer(self.arrival, dtype=np.int64),
+                                               np.frombuffer(self.pred, dtype=np.int64), consume=True, uniq=uniq)
+        req_id, self.req_id = self.req_id, []
+        index.lines_are(np.frombuffer(self.line, dtype=np.int64), req_id,
+                        np.frombuffer(self.input_len, dtype=np.int64))
+        if looks is not None:
+            index.sampled(looks, np.frombuffer(self.full, dtype=np.int64), self.keep, self.rate, self.touches)
+        return index
 
 
 class _ReadAhead:
@@ -587,9 +778,11 @@ class _ReadAhead:
     replay waits for, does not read the trace again (~35 % of the curves' time on the
     conversation trace, issue 41). Used by compute_size_curves only where it is the file the run
     names, unchanged since it was read (size, mtime, inode), at the same page and block sizes;
-    else that reads the trace itself, as it always did. A trace whose pages are more than a pass
-    keeps unsampled (MAX_TOUCHES: about a million requests) is given up on, its keys let go: the
-    close samples it, reading it again, and holds no more than it did."""
+    else that reads the trace itself, as it always did. A trace whose touches are more than a
+    pass keeps unsampled (MAX_TOUCHES: ~78k synth requests) keeps only the sample of its keys
+    (`_Pages`), and its pass is fed sampled; the close uses it where the run's rate is the
+    trace's (every request finished), else samples the trace itself, reading it again (issue 41:
+    at 200k requests the close walked the whole sampled pass, 11.9 s)."""
 
     def __init__(self, path: str, sha: str | None, page: int, block: int, config: dict | None = None):
         import queue
@@ -597,7 +790,8 @@ class _ReadAhead:
 
         self.key = (path, sha or "", page, block)
         self.config = dict(config or {})
-        self.lines: list = []
+        self.pages: _Pages | None = _Pages(page)  # the trace's pages as read (None: given up)
+        self.index = None  # the trace's requests and keys as the pass needs them, once read (live_curves.TraceIndex)
         self.live = None  # the pass fed the run's rows as they come (live_curves.py), once the trace is read
         self.live_error: BaseException | None = None  # what stopped it: the close walks the pass itself
         self._rows: queue.SimpleQueue = queue.SimpleQueue()  # the requests' columns handed to `rows`; None: the end
@@ -627,14 +821,12 @@ class _ReadAhead:
                 self.changed = True
                 self._stop_feeding()
                 return
-            budget = MAX_TOUCHES // 2  # a pass over budget is sampled: its keys are not all kept
-            for item in _trace_pages(path, page, block):
-                budget -= len(item[4])
-                if budget < 0:  # each key is touched twice at least: the close samples (and reads) it
-                    self.lines, self.stat = [], None
-                    self._stop_feeding()
-                    return
-                self.lines.append(item)
+            pages = self.pages
+            try:
+                for item in _trace_pages(path, page, block):
+                    pages.add(*item)
+            finally:
+                pages.finish()  # the lines before a failure are kept (unsampled: the close reads them)
         except TierdiagError as exc:
             self.error = CurvesUnavailable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         except Exception:  # noqa: BLE001 - not usable: the close reads the trace itself, and says what fails there
@@ -656,28 +848,53 @@ class _ReadAhead:
         from tierdiag.diagnose.run import live_curves
 
         try:
-            seqs = [item[1] for item in self.lines]
-            if any(b <= a for a, b in zip(seqs, seqs[1:])):
+            import numpy as np
+
+            pages = self.pages
+            seqs = np.frombuffer(pages.seq, dtype=np.int64)
+            if (seqs[1:] <= seqs[:-1]).any():
                 raise ValueError("the trace's lines are out of order")  # the close says which
             scale = float(self.config.get("time_scale") or 1.0)
-            arrival, pred, closed = live_curves._arrival_bounds([item[5] for item in self.lines],
-                                                                [item[6] for item in self.lines], scale,
-                                                                self.config.get("arrivals"))
-            index = live_curves.TraceIndex.of_keys(seqs, [item[4] for item in self.lines], arrival, pred)
-            index.lines_are([item[0] for item in self.lines], [item[2] for item in self.lines],
-                            [item[3] for item in self.lines])
+            arrivals = self.config.get("arrivals")
+            closed = arrivals == "closed" or (arrivals is None and pages.sessions)
+            # The keys handed to the index (what the close reads from here on), none kept twice.
+            self.pages = None
+            index = pages.index()
+            index.arrival_ns = live_curves.scaled_arrivals(pages.arrival, scale)
+            del pages
+            self.index = index
             live = live_curves.LivePass(index, page, all_ranks=int(self.config.get("dp") or 1) > 1, closed=closed)
             self.live = live
             while True:
                 got = self._rows.get()
                 if got is None:
                     live.advance(None)
+                    live.done()
                     return
                 live.add_rows(*live_curves.rows_of(index, got))
                 live.advance(live.watermark())
         except Exception as exc:  # noqa: BLE001 - the close walks the pass itself (module doc of live_curves)
             self.live, self.live_error = None, exc
             self._stop_feeding()
+
+    def usable_index(self, touches: int):
+        """The index read ahead, where it is the one the close's pass needs: unsampled where the
+        run's `touches` are within the budget, else sampled at the rate of exactly those touches
+        (every request of the trace finished); None otherwise."""
+        index = self.index
+        if index is None:
+            return None
+        if touches > MAX_TOUCHES:
+            return index if index.keep is not None and index.touches == touches else None
+        return index if index.keep is None else None
+
+    def lines(self):
+        """(line, seq, req_id, input length, keys) of each line read, where every key was kept
+        and no index took them; else None (the close reads the trace itself)."""
+        pages = self.pages
+        if pages is None or pages.sampled:
+            return None
+        return pages.lines()
 
     def _stop_feeding(self) -> None:
         """No pass takes the rows: what was handed is let go, and nothing more is kept."""
@@ -974,6 +1191,21 @@ def _tally(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return at.astype(np.int64), counts[at].astype(np.int64)
     uniq, counts = np.unique(values, return_counts=True)
     return uniq.astype(np.int64), counts.astype(np.int64)
+
+
+def _tally_sorted(values: np.ndarray, never: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_tally` of the `values` other than `never` (non-negative integers), sorting `values` in
+    place (the caller's, let go after): no filtered copy nor np.unique's sorted one beside it."""
+    import numpy as np
+
+    values.sort()
+    n = int(np.searchsorted(values, never, side="left"))
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    head = values[:n]
+    at = np.flatnonzero(head[1:] != head[:-1]) + 1
+    starts = np.r_[0, at]
+    return head[starts].astype(np.int64), np.diff(np.r_[starts, n]).astype(np.int64)
 
 
 def _merged(values: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
