@@ -280,7 +280,7 @@ def gated_and_every(trace, cfg, monkeypatch) -> tuple[list[str], list[str], int,
         mp.setattr(Scheduler, "idle_pass", counted)
         for every in (False, True):
             if every:
-                mp.setattr(deployment, "idle_pass_changes", lambda sched: True)
+                mp.setattr(deployment, "idle_pass_changes", lambda sched, acks_per_pass: True)
             calls[0] = 0
             probe = CollectEvery()
             Engine(cfg, probe=probe).run(trace)
@@ -328,6 +328,68 @@ def test_skipping_the_idle_passes_that_change_nothing_keeps_every_event(reqs, dp
     gated, every, gated_calls, every_calls = gated_and_every(trace, cfg, monkeypatch)
     assert gated == every
     assert gated_calls <= every_calls
+
+
+def ahead_runs_checked(trace, cfg, monkeypatch) -> list[int]:
+    """Replays `trace`, checking every `run_decode_ahead` call: the AheadRun Deployment.run keeps
+    of it (made before the call, told the decode clock after) times its steps as the `wakes` list
+    DecodeSteps._decode_ahead writes, step by step. Returns each run's steps."""
+    from tierdiag.engine.decode import DecodeSteps
+    from tierdiag.engine.deployment import AheadRun
+
+    real = DecodeSteps.run_decode_ahead
+    runs: list[int] = []
+
+    def checked(self, end, limit, wakes=None, fold=None):
+        run = AheadRun(self, end)
+        written: list[int] = []
+        out = real(self, end, limit, written, fold)
+        assert run.ran(self.dstep) == bool(written)
+        if written:
+            assert run.starts() == written
+            assert run.starts() is run.starts()  # made once
+            assert run.last_start(out) == written[-1]
+            runs.append(run.steps)
+        if wakes is not None:
+            wakes.extend(written)
+        return out
+
+    with monkeypatch.context() as mp:
+        mp.setattr(DecodeSteps, "run_decode_ahead", checked)
+        Engine(cfg).run(trace)  # (no probe: a probe of every decode step turns the steps run ahead off)
+    return runs
+
+
+@patches_the_engine
+def test_steps_run_ahead_are_timed_when_asked_as_the_decode_loop_times_them(monkeypatch):
+    """Deployment.run does not keep each decode step's start as a rank runs them at once
+    (`run_decode_ahead`): the loop needs them only where another rank is stuck (waiting for
+    memory or a prefetch), which no conversation replay meets, and a list of them was ~2.7 M
+    boxed ints a --dp 8 conversation replay (issue 41). It keeps an AheadRun (the run's start,
+    decode clock, KV base and batch) and makes the times from them when asked: step k lasts
+    CostModel.decode_step_ns(kv_base + running * k), as in the decode loop. Here rank 0 decodes a
+    long output ahead, 40 steps, while rank 1 idles: every run's times are the loop's."""
+    trace = [turn("long", 0, 0, tuple(range(1, 5)), output=40), turn("short", 1, 0, tuple(range(11, 15)), output=2)]
+    cfg = small_config(dp=2, router="round_robin", device_tokens=64 * PS, host_tokens=128 * PS)
+    runs = ahead_runs_checked(trace, cfg, monkeypatch)
+    assert sum(runs) >= 30, runs
+
+
+@patches_the_engine
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(reqs=workloads(), dp=st.integers(2, 4), router=st.sampled_from(ROUTER_NAMES), device=st.integers(6, 24),
+       closed=st.booleans())
+def test_steps_run_ahead_are_timed_as_the_decode_loop_times_them_on_any_workload(reqs, dp, router, device, closed,
+                                                                                 monkeypatch):
+    """The same on random workloads, routers, rank counts and small devices (ranks stuck for
+    memory), open and closed loop: every run's times, and its last, are the decode loop's."""
+    if closed:
+        reqs = [TraceRequest(r.req_id, r.seq, r.line, r.arrival_ns, r.input_len, r.output_len, r.hash_ids, r.tokens,
+                             r.priority, r.extra_key, session=f"s{r.seq % 2}") for r in reqs]
+    trace = sorted(reqs, key=lambda r: (r.arrival_ns, r.seq))
+    cfg = small_config(dp=dp, router=router, device_tokens=device * PS, host_tokens=2 * device * PS,
+                       router_balance_abs_threshold=2, arrivals="closed" if closed else "trace")
+    ahead_runs_checked(trace, cfg, monkeypatch)
 
 
 # The arrival's scores as text: _json_number keeps float reprs by value (issue 41: ~7,000

@@ -4,7 +4,7 @@ dense hash_ids keys (the array), far keys (the dict), growth, and both call size
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from tierdiag.engine.pagemap import DENSE_LIMIT, MISSING, PageMap
+from tierdiag.engine.pagemap import DENSE_LIMIT, GROW_SHIFT, GROW_SHIFT_MANY, MISSING, PageMap
 
 _KEYS = st.one_of(st.integers(0, 5_000), st.integers(0, 3 << 20), st.integers(DENSE_LIMIT - 4, (1 << 63) - 1),
                   st.integers(-(1 << 63), -1))  # output pages: never kept
@@ -79,3 +79,68 @@ def test_a_climbing_key_range_grows_the_array_by_an_eighth_not_double(steps, as_
     assert not pm._sparse
     asked = list(model) + [top + 5, -1]
     assert pm.get_many(asked).tolist() == [model.get(k, MISSING) for k in asked]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, 400), min_size=1, max_size=60), st.integers(0, 1), _OPS)
+def test_a_map_of_one_of_several_ranks_grows_by_half_with_the_same_answers(steps, as_list, ops):
+    # At --dp N every rank's two maps climb the same keys, each grow a copy of the array and a
+    # fill: a --dp 8 conversation replay grew its 16 maps 500 times by an eighth (681 MB copied;
+    # issue 41), 190 times by half (206 MB). The controller gives a rank of several
+    # GROW_SHIFT_MANY; which keys the array holds never changes an answer.
+    half, eighth, model, top = PageMap(GROW_SHIFT_MANY), PageMap(), {}, 0
+    for i, step in enumerate(steps):
+        keys = list(range(top, top + step * 97, 7))
+        top += step * 97
+        for pm in (half, eighth):
+            pm.set_many(keys if as_list else np.array(keys, dtype=np.int64), i + 1)
+        model.update(dict.fromkeys(keys, i + 1))
+        high = max(model)
+        assert high < len(half._dense) <= max(1 << 12, high + (high >> 1) + 4096)
+    for keys, value in ops:
+        for pm in (half, eighth):
+            pm.set_many(keys, value)
+        model.update(dict.fromkeys((k for k in keys if k >= 0), value))
+    asked = list(model) + [top + 5, -1] + [k for keys, _ in ops for k in keys]
+    expected = [model.get(k, MISSING) for k in asked]
+    for pm in (half, eighth):
+        assert pm.get_many(asked).tolist() == expected
+        assert pm.get_list(asked) == expected
+        assert len(pm) == len(model)
+
+
+def test_the_grow_shift_survives_copy_and_pickle():
+    import copy
+    import pickle
+
+    pm = PageMap(GROW_SHIFT_MANY)
+    pm.set_many([5, 70_000], 3)
+    for again in (copy.deepcopy(pm), pickle.loads(pickle.dumps(pm))):
+        assert again._grow_shift == GROW_SHIFT_MANY
+        again.set_many([200_000], 4)
+        assert len(again._dense) == ((200_000 + (200_000 >> GROW_SHIFT_MANY)) | 4095) + 1
+        assert again.get_list([5, 70_000, 200_000, 6]) == [3, 3, 4, MISSING]
+    assert PageMap()._grow_shift == GROW_SHIFT
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(st.integers(max_value=-1), st.integers(min_value=17), st.floats(), st.booleans(), st.none(),
+                 st.text(), st.just("3"), st.just("\x00"), st.just(float("nan"))))
+def test_a_grow_shift_outside_0_to_16_is_refused_in_one_line(bad):
+    import pytest
+
+    with pytest.raises(ValueError) as err:
+        PageMap(bad)
+    text = str(err.value)
+    assert "\n" not in text and text.startswith("page map grow_shift ")
+
+
+def test_the_controller_gives_a_rank_of_several_maps_that_grow_by_half():
+    from tests.engine.helpers import small_config
+    from tierdiag.engine.engine import Engine
+
+    for dp, shift in ((1, GROW_SHIFT), (3, GROW_SHIFT_MANY)):
+        engine = Engine(small_config(dp=dp, router="round_robin"))
+        for rank in engine.ranks:
+            assert rank.ctrl.cached_once._grow_shift == shift
+            assert rank.ctrl.demoted_by._grow_shift == shift

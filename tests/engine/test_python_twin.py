@@ -30,6 +30,9 @@ PATCHING = [
     # the --dp loop's idle passes gated against every idle pass called (wraps idle_pass, swaps the gate)
     "tests/engine/test_deployment.py::test_an_idle_rank_passes_only_where_its_pass_changes_something",
     "tests/engine/test_deployment.py::test_skipping_the_idle_passes_that_change_nothing_keeps_every_event",
+    # the steps run ahead timed when asked against the decode loop's wakes (wraps run_decode_ahead)
+    "tests/engine/test_deployment.py::test_steps_run_ahead_are_timed_when_asked_as_the_decode_loop_times_them",
+    "tests/engine/test_deployment.py::test_steps_run_ahead_are_timed_as_the_decode_loop_times_them_on_any_workload",
 ]
 
 

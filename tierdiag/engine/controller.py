@@ -16,7 +16,7 @@ from tierdiag.engine import rows as _rows
 from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.emitters import Emitters
-from tierdiag.engine.pagemap import SMALL_CALL, PageMap
+from tierdiag.engine.pagemap import GROW_SHIFT, GROW_SHIFT_MANY, SMALL_CALL, PageMap
 from tierdiag.engine.content import verify_content, write_content
 from tierdiag.engine.pagepool import PagePool
 from tierdiag.engine.rules import _evict_shortfall, _evict_whole_need, config_rules
@@ -150,9 +150,11 @@ class CacheController:
         self._loadback_count = 0
         # page key -> id of the eviction that last took it off the device / out of the tree
         # (0: cached once, never evicted). Answers "was this computed token cached before?".
-        self.cached_once = PageMap()
+        # (a rank of several: its maps grow by half, not an eighth; pagemap.PageMap._grow)
+        grow_shift = GROW_SHIFT_MANY if cfg.dp > 1 else GROW_SHIFT
+        self.cached_once = PageMap(grow_shift)
         # page key -> the device demotion that preceded its deletion from the host tier
-        self.demoted_by = PageMap()
+        self.demoted_by = PageMap(grow_shift)
         # The scheduler's event queue: at(t_ns, callback, arg) runs callback(arg) at virtual time t_ns.
         self.at: Any = None  # (typed Any: a compiled build keeps the callable as it is)
         # Called with (node, tier, action) as each eviction is recorded, before the node changes;

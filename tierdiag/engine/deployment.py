@@ -46,7 +46,7 @@ from tierdiag.engine.routing import Gateway, RequestView, RouterConfig
 from tierdiag.engine.schedule_common import INIT_NEW_TOKEN_RATIO, EngineError
 from tierdiag.engine.scheduler import Scheduler
 from tierdiag.probes.events import Route
-from tierdiag.trace.pages import page_keys_array
+from tierdiag.trace.pages import keys_list, page_keys_array
 from tierdiag.trace.reader import TraceRequest
 
 
@@ -88,19 +88,70 @@ def _json_number_reference(x: float | None) -> str:
     return repr(f)
 
 
-def idle_pass_changes(sched: Scheduler) -> bool:
+# (a native float of this module: the imported name is a dict look-up a call, compiled)
+_INIT_RATIO: Final[float] = INIT_NEW_TOKEN_RATIO
+
+
+def idle_pass_changes(sched: Scheduler, acks_per_pass: bool) -> bool:
     """Whether `sched.idle_pass` could change anything: it resets new_token_ratio (a no-op where
     it is already reset), flushes the queued backups (`EngineController.flush_backups` swaps its
     two queues and sends the first: a no-op where both are empty) and, under the rule
     storage_acks_per_pass, passes where `_idle_storage_due` finds a storage write, a cut read's
     tail or a held release due (none where all three lists are empty: always without a storage
-    tier). tests/engine/test_deployment.py holds a replay that skips the other calls to the
-    events of one that makes every call."""
+    tier). `acks_per_pass`: the rank's `rules.storage_acks_per_pass` (a run's rules never change;
+    RuleSet is interpreted, so the loop reads it once a rank, not once a call: ~150k calls on a
+    --dp 8 replay of 3,000 requests). tests/engine/test_deployment.py holds a replay that skips
+    the other calls to the events of one that makes every call."""
     ctrl = sched.ctrl
-    if sched.new_token_ratio != INIT_NEW_TOKEN_RATIO or ctrl.backup_queue or ctrl.backup_later:
+    ratio: float = sched.new_token_ratio
+    if ratio != _INIT_RATIO or ctrl.backup_queue or ctrl.backup_later:
         return True
-    return bool(sched.rules.storage_acks_per_pass
-                and (ctrl.storage_writes or ctrl.prefetch_tails or sched.held_releases))
+    return acks_per_pass and bool(ctrl.storage_writes or ctrl.prefetch_tails or sched.held_releases)
+
+
+class AheadRun:
+    """The passes a rank's `run_decode_ahead` ran at once after a batch ending at `start`: plain
+    decode steps back to back, step k (k = first_step + 1 ...) of `decode_step_ns(kv_base +
+    running * k)` (DecodeSteps._decode_ahead's loop: neither the KV base nor the running batch
+    changes inside it). The loop needs each step's start (the pass it stands for) only where a
+    rank is stuck, waiting for memory or a prefetch, and none is in a conversation replay; a
+    list of them made every step was ~2.7 M boxed ints appended, and freed, on a --dp 8
+    conversation replay (issue 41). `starts()` makes them when asked: the `wakes` list the
+    decode loop writes (tests/engine/test_deployment.py holds the two equal)."""
+
+    __slots__ = ("sched", "start", "first_step", "kv_base", "running", "steps", "_starts")
+
+    def __init__(self, sched: Scheduler, start: int) -> None:
+        self.sched = sched
+        self.start = start
+        self.first_step: int = sched.dstep
+        self.kv_base: int = sched._kv_base
+        self.running = len(sched.running)
+        self.steps = 0
+        self._starts: list[int] | None = None
+
+    def ran(self, dstep: int) -> bool:
+        """The decode clock after the call: were any steps run?"""
+        self.steps = dstep - self.first_step
+        return self.steps > 0
+
+    def _step_ns(self, k: int) -> int:
+        return self.sched.cost.decode_step_ns(self.kv_base + self.running * k)
+
+    def last_start(self, end: int) -> int:
+        """The last step's start, from the run's end (`end` = that start + its step)."""
+        return end - self._step_ns(self.first_step + self.steps)
+
+    def starts(self) -> list[int]:
+        """Each step's start, in order (the decode loop's `wakes`)."""
+        if self._starts is None:
+            out = []
+            t = self.start
+            for k in range(self.first_step + 1, self.first_step + self.steps + 1):
+                out.append(t)
+                t += self._step_ns(k)
+            self._starts = out
+        return self._starts
 
 
 class Deployment:
@@ -148,6 +199,7 @@ class Deployment:
         pop = heapq.heappop
         ticks = [t for t in dict.fromkeys(s.emit.tick for s in ranks) if t is not None]
         arrive = self._arrive
+        acks = [s.rules.storage_acks_per_pass for s in ranks]  # (idle_pass_changes)
         # An idle rank passes (Scheduler.idle_pass) only where that can change something
         # (idle_pass_changes): ~586k calls of a --dp 8 conversation replay, most at wakes for
         # another rank's batch or events.
@@ -161,7 +213,9 @@ class Deployment:
         ahead = all(s.decode_ahead and s.emit.decode_step is None for s in ranks)
         closed = src.closed
         next_ns = src.next_ns
-        run_at_once: list[list[int]] = [[] for _ in ranks]  # per rank: its last passes run at once
+        # Per rank: its last passes run at once, as what their times are made from (AheadRun);
+        # the times themselves only where a stuck rank asks for them (no conversation replay does)
+        run_at_once: list[AheadRun | None] = [None for _ in ranks]
         at_once_until = -1  # the latest of them
         now = 0
         # In an open loop only `due` moves the source (no finish releases a turn, none is
@@ -194,14 +248,19 @@ class Deployment:
                             limit = next_ns(now) if closed else src_next
                             if events and (limit is None or events[0][0] < limit):
                                 limit = events[0][0]
-                            wakes = run_at_once[rank] = []
-                            end = sched.run_decode_ahead(end, limit, wakes)
-                            if wakes and wakes[-1] > at_once_until:
-                                at_once_until = wakes[-1]
+                            run = AheadRun(sched, end)
+                            end = sched.run_decode_ahead(end, limit)
+                            if run.ran(sched.dstep):
+                                run_at_once[rank] = run
+                                last = run.last_start(end)
+                                if last > at_once_until:
+                                    at_once_until = last
+                            else:
+                                run_at_once[rank] = None
                         gpu_free[rank] = end
                         ran.append(rank)
                     batched = True
-                elif now >= gpu_free[rank] and idle_pass_changes(sched):
+                elif now >= gpu_free[rank] and idle_pass_changes(sched, acks[rank]):
                     sched.idle_pass(now, nxt_t is not None)  # self_check_during_idle, the storage drain
             if batched:
                 for tick in ticks:  # a batch's events are in: the probe may flush its buffers
@@ -215,7 +274,10 @@ class Deployment:
             if at_once_until > now and any(free <= now and rank not in ran and (s.waiting or s.chunked is not None
                                                                                  or s.running)
                                            for rank, (free, s) in enumerate(zip(gpu_free, ranks))):
-                for wakes in run_at_once:  # a stuck rank: the loop's next wake, those passes' included
+                for stepped in run_at_once:  # a stuck rank: the loop's next wake, those passes' included
+                    if stepped is None:
+                        continue
+                    wakes = stepped.starts()
                     i = bisect_right(wakes, now)
                     if i < len(wakes) and (nxt is None or wakes[i] < nxt):
                         nxt = wakes[i]
@@ -240,7 +302,7 @@ class Deployment:
     def _arrive(self, t: TraceRequest, now: int, trace_ns: int, think_ms: float | None) -> None:
         ps = self.ps
         keys_np = page_keys_array(t, page_size=ps, block_size=self.cfg.block_size)
-        keys = keys_np.tolist()
+        keys = keys_list(keys_np)  # (the data plane's C loop where compiled: numpy's tolist reads item by item)
         view = RequestView(t.req_id, keys, t.input_len, ps, t.session)
         # What each rank really holds of the prefix it could reuse (the scheduler matches at most
         # the pages before the last input token), asked before routing and without side effect.

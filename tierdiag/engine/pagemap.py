@@ -42,21 +42,30 @@ _MAX_VALUE = (1 << 31) - 1
 SMALL_CALL = 24
 
 
+GROW_SHIFT = 3  # the array grows to its top key and an eighth more (_grow)
+GROW_SHIFT_MANY = 1  # ... and half more, a map of one of several ranks' (CacheController)
+
+
 class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
-    def __init__(self) -> None:
+    def __init__(self, grow_shift: int = GROW_SHIFT) -> None:
+        """`grow_shift`: the array grows to its top key and top >> grow_shift more (_grow)."""
+        if type(grow_shift) is not int or not 0 <= grow_shift <= 16:
+            raise ValueError(f"page map grow_shift {grow_shift!r}: an int in [0, 16] expected")
         self._dense = array("i", [MISSING]) * (1 << 12)
         self._np = np.frombuffer(self._dense, dtype=np.int32)  # the same memory, for big calls
         self._sparse: dict[int, int] = {}
+        self._grow_shift = grow_shift
 
     def __getstate__(self) -> dict:
         """copy / pickle: the attributes and the array (on the compiled data plane `_dense` is
         the C base's, not in __dict__; `_np`, a view of it, is made again)."""
-        return {"_dense": self._dense, "_sparse": self._sparse}
+        return {"_dense": self._dense, "_sparse": self._sparse, "_grow_shift": self._grow_shift}
 
     def __setstate__(self, state: dict) -> None:
         self._dense = state["_dense"]
         self._np = np.frombuffer(self._dense, dtype=np.int32)
         self._sparse = state["_sparse"]
+        self._grow_shift = state.get("_grow_shift", GROW_SHIFT)
 
     def __len__(self) -> int:
         dense, n = self._dense, len(self._dense)
@@ -80,8 +89,12 @@ class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
         of two: a hash_ids trace's keys climb steadily, so the array is grown often either way
         (realloc moves a large one by remapping its pages, not copying them), and doubling left
         up to half of it unused (a 1M-request synth run: 22.5M keys in 33.5M slots, 134 MB a map,
-        against ~101 MB; issue 41). Which keys the array holds, and so every answer, is the same."""
-        size = ((top + (top >> 3)) | 4095) + 1
+        against ~101 MB; issue 41). Which keys the array holds, and so every answer, is the same.
+        A map of one of several ranks grows by half (`grow_shift` 1): every rank's maps climb the
+        same keys, each grow a copy of its array (realloc) and a fill, and 16 maps grown by an
+        eighth were ~560 grows and ~0.1 s of a --dp 8 conversation replay (issue 41), against
+        ~10 a map by half; a map holds at most half again its top key."""
+        size = ((top + (top >> self._grow_shift)) | 4095) + 1
         del self._np  # an array exporting its buffer cannot be resized
         self._dense.extend(array("i", [MISSING]) * (size - len(self._dense)))
         self._np = np.frombuffer(self._dense, dtype=np.int32)
