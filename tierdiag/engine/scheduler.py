@@ -127,6 +127,14 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.storage_acks: bool = self.rules.storage_acks_per_pass
         self.has_storage: bool = ctrl.storage is not None
         self.prefetch_retry_reqs: dict[int, Req] = {}  # the same seqs -> their requests
+        # An index of prefetch_retry_due by due pass, so a pass touches only the entries it acts
+        # on (_retry_prefetches): the requests armed since the last pass that looked (due -1),
+        # and (due pass, request) in due order from `retry_head` on. Entries the dicts dropped
+        # since (admitted, cancelled, re-armed) are stale and skipped.
+        self.retry_armed: list[Req] = []
+        self.retry_due_pass: list[int] = []
+        self.retry_due_req: list[Req] = []
+        self.retry_head = 0
         self.prefetch_pass = 0  # scheduling passes, the re-queries' clock
         # arrivals whose storage query waits for the next pass (rule storage_acks_per_pass)
         self.unqueried: list[Req] = []
