@@ -110,6 +110,55 @@ def test_a_counted_admit_counts_the_deletions_and_changes_the_index_alike(make, 
     assert listed.admit([], capacity, False)[0] == [] and counted.admit([], capacity, True)[0] == 0
 
 
+_M61 = 2**61 - 1  # an int's hash is its value modulo this prime: k and k + _M61 hash alike
+
+# Key values as the engine's are (hashes of up to 63 bits), around the edges of the in-place read
+# (2**63 - 1, -2**63, three digits whose top is 8) and past it (64 bits and more), negative ones,
+# and pairs whose hashes are equal but values are not (k, k + 2**61 - 1).
+big_values = st.one_of(
+    st.integers(-2**63, 2**63 - 1),
+    st.integers(0, 40).map(lambda k: 2**63 - 1 - k),
+    st.integers(0, 40).map(lambda k: -2**63 + k),
+    st.integers(0, 40).map(lambda k: (8 << 60) + k - 20),
+    st.integers(2**63, 2**70),
+    st.integers(-2**70, -2**63 - 1),
+    st.integers(0, 40).map(lambda k: 1_000_003 + k * _M61),
+)
+
+
+def fresh_int(v: int) -> int:
+    """`v` as a new int object (never a cached small int or an object another key shares): the
+    compiled index then compares two objects of one value, as it does for a request's page
+    keys, each request's list made anew."""
+    return int(str(v))
+
+
+@compiled
+@settings(max_examples=300, deadline=None)
+@given(capacity=st.integers(1, 12), pool=st.lists(big_values, min_size=1, max_size=12, unique=True),
+       writes=st.lists(st.lists(st.integers(0, 11), max_size=10), max_size=12),
+       probes=st.lists(st.integers(0, 11), max_size=12))
+def test_the_compiled_index_compares_int_keys_by_value(capacity, pool, writes, probes):
+    """Equal ints as distinct objects are the same key and unequal ints of equal hashes are not,
+    inside the in-place read's range (63 bits: compared as int64) and past it (the generic
+    compare): every admit, membership, hit run and the LRU order are the reference's."""
+    a, b = cplane.C.StorageIndex(), _LruIndex()
+    for w in writes:
+        keys = [pool[i % len(pool)] for i in w]
+        got = a.admit([fresh_int(k) for k in keys], capacity)
+        assert got == b.admit([fresh_int(k) for k in keys], capacity), keys
+        placed = keys if got[1] is None else [keys[i] for i in got[1]]
+        for ix in (a, b):
+            ix.place([fresh_int(k) for k in placed], 1, 0)
+    ks = [fresh_int(pool[i % len(pool)]) for i in probes]
+    assert [k in a for k in ks] == [k in b for k in ks]
+    assert a.run(ks, 0) == b.run(ks, 0)
+    assert a.keys() == b.keys() and a.locs(a.keys()) == b.locs(b.keys())
+    # a value that hashes like a key held but is not one is absent
+    absent = [fresh_int(k + _M61) for k in a.keys() if k + _M61 not in b]
+    assert not any(k in a for k in absent)
+
+
 @compiled
 def test_the_compiled_admit_takes_two_or_three_arguments():
     ix = cplane.C.StorageIndex()

@@ -512,7 +512,8 @@ class CacheController:
         if not self.storage_writes:
             return
         storage = self.storage
-        step = self.pass_now() + 1
+        assert storage is not None  # (a write in flight has a tier; typed, the compares are plain ints)
+        step: int = self.pass_now() + 1
         for entry in self.storage_writes:
             if entry.start < 0:
                 start = max(now_ns, storage.write_free_ns)
@@ -540,7 +541,7 @@ class CacheController:
         took are freed; those whose read has stopped by now have their ack taken by this pass."""
         if not self.prefetch_tails:
             return
-        step = self.pass_now() + 1  # the pass this drain belongs to
+        step: int = self.pass_now() + 1  # the pass this drain belongs to
         keep = []
         for stop, seen, slots in self.prefetch_tails:
             if every or (seen >= 0 and step > seen):
@@ -573,7 +574,7 @@ class CacheController:
             self.free_prefetch_tails(now_ns, every=True)
         if not self.storage_writes:
             return
-        step = self.pass_now() + 1  # the pass this drain belongs to
+        step: int = self.pass_now() + 1  # the pass this drain belongs to
         keep: list[StorageWrite] = []
         for entry in self.storage_writes:
             if every and not entry.landed:  # the replay's end: the passes after it would take every ack

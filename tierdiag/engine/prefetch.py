@@ -60,7 +60,8 @@ class StoragePrefetch(SchedulerState):
         matched = match.device_pages + match.host_pages
         req.storage_last_match = matched  # storage_prefetch_last_match_len, whatever the query decides
         storage = ctrl.storage
-        hits = storage.hits(req.keys, matched)  # consecutive hits past the match, not touched
+        assert storage is not None  # (typed: the hit's arithmetic below is plain ints compiled)
+        hits: int = storage.hits(req.keys, matched)  # consecutive hits past the match, not touched
         end = matched + hits
         # What storage could have given this request (its last input token is always computed).
         req.storage_match_pages = max(0, min(end, req.max_match_pages) - matched)
@@ -379,6 +380,7 @@ class StoragePrefetch(SchedulerState):
         if ctrl.prefetch_retry_interval:
             self.prefetch_retry_due[req.seq] = -1  # armed: the first pass that sees it sets its due pass
             self.prefetch_retry_reqs[req.seq] = req
+            self.retry_armed.append(req)  # (_retry_prefetches' index of the unarmed)
             if ctrl.prefetch_assume_stored:
                 req.storage_hit_end = storage_hit_end
 
@@ -394,7 +396,11 @@ class StoragePrefetch(SchedulerState):
             return
         self.prefetch_pass += 1
         pending, waiting = self.prefetch_retry_due, self.waiting
-        if not pending or not waiting:
+        if not pending:
+            if self.retry_armed or self.retry_due_pass:  # every index entry is stale now
+                self.retry_armed, self.retry_due_pass, self.retry_due_req, self.retry_head = [], [], [], 0
+            return
+        if not waiting:
             return
         reqs = self.prefetch_retry_reqs
         head = waiting[0].seq
@@ -402,31 +408,61 @@ class StoragePrefetch(SchedulerState):
             del pending[head]
             del reqs[head]
         step = self.prefetch_pass
-        # The entries this pass acts on: unarmed (due -1: armed now, or dropped past
-        # max_attempts) and due; an armed entry is never over max_attempts (the count is
-        # checked as it is armed and grows only as it fires), so the rest need nothing. Every
-        # entry is a queued request's (armed at arrival or requeue, dropped at admission:
+        # The entries this pass acts on: unarmed (due -1: armed since the last pass that looked,
+        # or dropped past max_attempts) and due; an armed entry is never over max_attempts (the
+        # count is checked as it is armed and grows only as it fires), so the rest need nothing.
+        # Every entry is a queued request's (armed at arrival or requeue, dropped at admission:
         # Engine.check_invariants), so pop_ready's walk of the queue reaches each of these; the
         # walk's order matters only to the re-queries fired, sorted here by queue position
         # (issue 41: the walk was 27 % of a storage replay's CPU, ~800 requests waiting and
         # ~5 entries to act on a pass). `_retry_prefetches_walk` is the walk, kept as the reference.
-        act = [seq for seq, due in pending.items() if due <= step]  # (-1 <= step: the unarmed)
-        if not act:
+        # The entries are found by index, not by a scan of every armed one each pass (issue 41:
+        # the scan, 420k dict items boxed and looked up again on conversation[:6000], was as
+        # much as the re-queries' own matches): `retry_armed` holds the requests armed since the
+        # last look, and a due pass set here goes on the due list, whose passes never decrease
+        # (step + a fixed interval), so the due entries are a prefix of it. An index entry the
+        # dicts no longer agree with (admitted, cancelled, re-armed since) is skipped: a
+        # re-armed request's new due pass is always later than its old one.
+        cap = self.retry_cap
+        due_pass, due_req = self.retry_due_pass, self.retry_due_req
+        armed = self.retry_armed
+        if armed:
+            self.retry_armed = []
+            for req in armed:
+                seq = req.seq
+                if pending.get(seq, 0) != -1:
+                    continue  # set by an earlier entry of this list, or dropped since
+                if req.prefetch_retries >= cap:
+                    del pending[seq]
+                    del reqs[seq]
+                    continue
+                pending[seq] = step + interval  # (interval >= 1: not due this pass)
+                due_pass.append(step + interval)
+                due_req.append(req)
+        at, n = self.retry_head, len(due_pass)
+        if at == n or due_pass[at] > step:
             return
         ready = []
-        cap = self.retry_cap
-        for seq in act:
-            req = reqs[seq]
-            if req.prefetch_retries >= cap:
-                del pending[seq]
-                del reqs[seq]
-                continue
-            if pending[seq] < 0:
-                pending[seq] = step + interval  # (interval >= 1: not due this pass)
-                continue
+        while at < n and due_pass[at] <= step:
+            req = due_req[at]
+            due = due_pass[at]
+            at += 1
+            seq = req.seq
+            if pending.get(seq, 0) != due:
+                continue  # stale
             del pending[seq]
             del reqs[seq]
+            if req.prefetch_retries >= cap:
+                continue
             ready.append(req)
+        if at == n:
+            self.retry_due_pass, self.retry_due_req, self.retry_head = [], [], 0
+        elif at > 256 and at * 2 > n:  # the spent prefix goes now and then
+            self.retry_due_pass, self.retry_due_req, self.retry_head = due_pass[at:], due_req[at:], 0
+        else:
+            self.retry_head = at
+        if not ready:
+            return
         if len(ready) > 1:  # in waiting-queue order (each is queued)
             # Walked from the tail, stopping once all are found: re-queries are armed at arrival
             # or requeue, so their requests sit near the queue's end (whole conversation trace

@@ -86,6 +86,7 @@ class SchedulerState:
     backup_threshold: int | None
     prefetch_threshold: int
     prefetch_tokens_occupied: int
+    prefetch_limit_tokens: int
     prefetch_retry_due: dict[int, int]
     retry_interval: int
     retry_cap: int
@@ -102,6 +103,10 @@ class SchedulerState:
     load_back_threshold: int
     max_prefill_tokens: int
     prefetch_retry_reqs: dict[int, Req]
+    retry_armed: list[Req]
+    retry_due_pass: list[int]
+    retry_due_req: list[Req]
+    retry_head: int
     prefetch_pass: int
     unqueried: list[Req]
     unallocated: dict[int, tuple]

@@ -138,6 +138,14 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.load_back_threshold: int = cfg.load_back_threshold
         self.max_prefill_tokens: int = cfg.max_prefill_tokens
         self.prefetch_retry_reqs: dict[int, Req] = {}  # the same seqs -> their requests
+        # An index of prefetch_retry_due by due pass, so a pass touches only the entries it acts
+        # on (_retry_prefetches): the requests armed since the last pass that looked (due -1),
+        # and (due pass, request) in due order from `retry_head` on. Entries the dicts dropped
+        # since (admitted, cancelled, re-armed) are stale and skipped.
+        self.retry_armed: list[Req] = []
+        self.retry_due_pass: list[int] = []
+        self.retry_due_req: list[Req] = []
+        self.retry_head = 0
         self.prefetch_pass = 0  # scheduling passes, the re-queries' clock
         # arrivals whose storage query waits for the next pass (rule storage_acks_per_pass)
         self.unqueried: list[Req] = []

@@ -362,10 +362,13 @@ class StorageTier:
                 self._collect()
             return deleted
         if fresh:
+            # (typed: the index is chosen at run time, so its answer is untyped; as ints the
+            # positions index the lists directly, not by a generic iteration and subscript a page)
+            pos: list[int] = fresh
             if layer_rows is not None and slots is not None:
-                self._place_rows([keys[i] for i in fresh], layer_rows, [slots[i] for i in fresh])
+                self._place_rows([keys[i] for i in pos], layer_rows, [slots[i] for i in pos])
             else:
-                self._place([keys[i] for i in fresh], gather(fresh))
+                self._place([keys[i] for i in pos], gather(pos))
         self._collect()
         return deleted
 

@@ -1,0 +1,85 @@
+"""The storage re-queries found by index (`StoragePrefetch._retry_prefetches`: the requests armed
+since the last pass and a due list in due order) against pop_ready's walk of the whole waiting
+queue (`_retry_prefetches_walk`, the reference), on the same operations: arming, admission (the
+entry dropped), a requeue that arms again, a re-query at admission (the armed one cancelled,
+`_prefetch_after_device_hit_loss`), passes with and without a waiting queue. Every pass's
+re-queries, the armed entries and their due passes are the reference's. (Unpatched: each
+engine calls its own method; tests/engine/test_fast_paths.py holds whole replays alike.)"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.engine import helpers
+from tests.engine.helpers import PS, req
+from tierdiag.engine.engine import Engine
+from tierdiag.engine.request import Req
+
+N = 6  # requests
+
+op = st.one_of(
+    st.tuples(st.just("arm"), st.integers(0, N - 1)),
+    st.tuples(st.just("admit"), st.integers(0, N - 1)),
+    st.tuples(st.just("requeue"), st.integers(0, N - 1)),
+    st.tuples(st.just("hit_loss"), st.integers(0, N - 1)),
+    st.tuples(st.just("pass"), st.integers(1, 12)),
+)
+
+
+def _engine(fast: bool):
+    s = Engine(helpers.small_config(storage_tokens=128 * PS)).scheduler
+    reqs = []
+    for i in range(N):
+        keys = [1000 * (i + 1) + k for k in range(4 + i)]  # no page stored: every query misses
+        r = Req(req(f"r{i}", 0, keys, seq=i), 0)
+        r.keys, r.max_match_pages = list(keys), len(keys)
+        reqs.append(r)
+    s.waiting[:] = list(reqs)
+    step = s._retry_prefetches if fast else s._retry_prefetches_walk
+    return s, reqs, step
+
+
+def _apply(fast: bool, ops) -> list:
+    s, reqs, step = _engine(fast)
+    seen = []
+    for name, arg in ops:
+        r = reqs[arg] if name != "pass" else None
+        queued = any(q is r for q in s.waiting)
+        if name == "arm" and queued:
+            s._arm_prefetch_retry(r)
+        elif name == "admit" and queued:  # _new_prefill's admission
+            s.waiting.remove(r)
+            if s.prefetch_retry_due.pop(r.seq, 0) != 0:
+                del s.prefetch_retry_reqs[r.seq]
+        elif name == "requeue" and not queued:  # back at the end of the queue, its query armed again
+            s.waiting.append(r)
+            s._arm_prefetch_retry(r)
+        elif name == "hit_loss" and queued:  # _prefetch_after_hit_loss: cancel, one more query now
+            if s.prefetch_retry_due.pop(r.seq, 0) != 0:
+                del s.prefetch_retry_reqs[r.seq]
+            r.prefetch_retries += 1
+            s._start_prefetch(r, 0)
+        elif name == "pass":
+            for _ in range(arg):
+                step(0)
+                seen.append((s.prefetch_pass, [q.prefetch_retries for q in reqs], dict(s.prefetch_retry_due)))
+    seen.append((sorted(s.prefetch_retry_due.items()), sorted(s.prefetch_retry_reqs)))
+    return seen
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(op, max_size=40))
+def test_the_indexed_requeries_are_the_walks(ops):
+    assert _apply(True, ops) == _apply(False, ops)
+
+
+def test_requeries_past_the_cap_stop_and_a_readmitted_request_starts_afresh():
+    """Re-queries every 8 passes until the cap (8), then none; a request admitted and requeued
+    is armed anew: its stale due entries never fire it early."""
+    ops = [("arm", 1), ("arm", 2), ("pass", 30), ("admit", 2), ("requeue", 2), ("pass", 5),
+           ("hit_loss", 1), ("pass", 100)]
+    fast, walk = _apply(True, ops), _apply(False, ops)
+    assert fast == walk
+    retries = fast[-2][1]
+    assert retries[1] == 8 and retries[0] == 0  # the head's (r0) was dropped, never queried
