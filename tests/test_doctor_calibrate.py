@@ -312,3 +312,41 @@ def test_doctor_says_which_cpu_data_plane_replays_run(choice):
         assert plane == {"kernel": "c", "why_not": None}
     text = _doctor(choice).stdout
     assert ("CPU data plane" in text) and (("Python/numpy" in text) == (plane["kernel"] == "numpy"))
+
+
+def test_doctor_says_which_diagnose_passes_are_compiled(monkeypatch):
+    """Diagnose's two optional C passes (native/passes.py: `_stackdist`, `_sessions`; setup.py
+    builds them with `optional=True`): where one is not built, its numpy/Python reference runs and
+    `doctor` says so, naming the module and why; where both are, one green line."""
+    from tierdiag.native import passes
+
+    built = passes.describe()
+    assert set(built) == {"_stackdist", "_sessions"}
+    for p in built.values():
+        assert p["mode"] in ("compiled", "python") and (p["why"] is None) == (p["mode"] == "compiled")
+    real_import = passes.importlib.import_module
+
+    def refuse(name, *args, **kwargs):
+        if name == "tierdiag.native._sessions":
+            raise ImportError("No module named 'tierdiag.native._sessions'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(passes.importlib, "import_module", refuse)
+    monkeypatch.setenv("TIERDIAG_CPLANE", "numpy")
+    now = passes.describe()
+    assert now["_sessions"] == {"mode": "python", "why": "not built (No module named 'tierdiag.native._sessions')"}
+    assert now["_stackdist"]["mode"] == "python" and now["_stackdist"]["why"] == "TIERDIAG_CPLANE=numpy"
+
+
+@pytest.mark.parametrize("choice", ["auto", "numpy"])
+def test_doctor_renders_the_diagnose_passes_in_text_and_json(choice):
+    proc = _doctor(choice, "--json")
+    assert proc.returncode == 0, proc.stderr
+    passes = json.loads(proc.stdout)["diagnose_passes"]
+    assert set(passes) == {"_stackdist", "_sessions"}
+    text = _doctor(choice).stdout
+    assert "diagnose passes" in text
+    slow = [name for name, p in passes.items() if p["mode"] == "python"]
+    assert ("Python/numpy" in text.split("diagnose passes", 1)[1].split("\n", 1)[0]) == bool(slow)
+    if choice == "numpy":
+        assert passes["_stackdist"]["mode"] == "python" and "_stackdist" in slow

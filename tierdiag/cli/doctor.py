@@ -57,6 +57,13 @@ def _text(report, out) -> None:
     core = report.engine_core
     setup.add_row("engine core", Text(f"compiled ({core['why']})", "green") if core.get("mode") == "compiled"
                   else Text.assemble(("Python: ", "yellow"), plain(core.get("why") or "")))
+    passes = report.diagnose_passes
+    slow = {name: p["why"] for name, p in passes.items() if p["mode"] != "compiled"}
+    setup.add_row("diagnose passes",
+                  Text(f"compiled ({', '.join(passes)})", "green") if not slow
+                  else Text.assemble(("Python/numpy: ", "yellow"),
+                                     plain("; ".join(f"{name} {why}" for name, why in slow.items())
+                                           + " (the same evidence, slower on large runs)")))
     pin = report.pinned_memory
     setup.add_row("pinned memory", Text.assemble(("yes ", "green") if pin.available else "no: ", plain(pin.detail)))
     out.print(setup)

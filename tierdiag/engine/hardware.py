@@ -103,6 +103,9 @@ class DoctorReport:
     # The engine core (engine/compiled.py): its hot modules compiled by mypyc, or their Python
     # source (no mypyc or C compiler at install, a stale build, or TIERDIAG_PURE_ENGINE=1).
     engine_core: dict[str, Any] = field(default_factory=dict)  # {mode, why, modules}
+    # Diagnose's optional C passes (native/passes.py): where one is not built, its numpy/Python
+    # reference computes the same evidence, slower on large runs.
+    diagnose_passes: dict[str, Any] = field(default_factory=dict)  # {module: {mode, why}}
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -254,7 +257,14 @@ def doctor_report() -> DoctorReport:
         findings=_findings(torch_info, nvml, pinned),
         cpu_data_plane=_cpu_data_plane(),
         engine_core=compiled.describe(),
+        diagnose_passes=_diagnose_passes(),
     )
+
+
+def _diagnose_passes() -> dict[str, Any]:
+    from tierdiag.native import passes
+
+    return passes.describe()
 
 
 def _cpu_data_plane() -> dict[str, Any]:
