@@ -752,7 +752,8 @@ class _Pages:
         # The distinct keys from each chunk's (a chunk's requests share most of their prefixes):
         # one sort of those, not of every key (issue 41: np.unique of a sampled 200k trace's ~10M
         # keys held two more arrays of them).
-        uniq = np.unique(np.concatenate([np.unique(k) for k in keys])) if keys else np.zeros(0, dtype=np.int64)
+        uniq = (live_curves.sorted_unique(np.concatenate([live_curves.sorted_unique(k) for k in keys]), consume=True)
+                if keys else np.zeros(0, dtype=np.int64))
         flat = np.empty(sum(len(k) for k in keys), dtype=np.int64)
         at = 0
         keys.reverse()
