@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import duckdb
 
-from tierdiag.diagnose.request.causes import cause_sql, excess_sql
+from tierdiag.diagnose.request.causes import CAUSES, cause_sql, excess_sql
 from tierdiag.diagnose.read.rows import has_column, has_miss_columns
 from tierdiag.diagnose.read.waiting import lost_while_waiting_sql, waiting_removals_sql
 from tierdiag.diagnose.read.sql import FINISHED_SQL, finished_sql, span_columns_sql
@@ -291,7 +291,7 @@ class StoryRequests(NamedTuple):
     first_token_ns: Any
     queue_ns: Any
     excess_ns: Any
-    cause: Any
+    cause: Any  # the primary cause as a code (int8): its index in causes.CAUSES, -1 for none (`cause_names`)
     own_recompute_ns: Any
     own_compute_ns: Any
     own_loadback_ns: Any
@@ -300,16 +300,47 @@ class StoryRequests(NamedTuple):
     dp_rank: Any
 
 
+def cause_code_sql(alias: str = "") -> str:
+    """SQL: `cause_sql(alias)` as a TINYINT, its index in CAUSES (-1 where it is NULL): one byte a
+    request, not a string (issue 41: a million Python strings in the 1M close's story)."""
+    pick = " ".join(f"WHEN '{c}' THEN {i}" for i, c in enumerate(CAUSES))
+    return f"(CASE {cause_sql(alias)} {pick} ELSE -1 END)::TINYINT"
+
+
+def cause_names(codes) -> list[str | None]:
+    """The cause of each code `cause_code_sql` gives (None for -1)."""
+    return [CAUSES[int(k)] if k >= 0 else None for k in codes]
+
+
 def story_requests(con: duckdb.DuckDBPyConnection, run_id: str) -> StoryRequests:
+    """In trace order (`seq`), sorted here, not by DuckDB: its sort of the twelve columns held
+    ~70 MB more at 1M requests than the arrays it gives (issue 41). The join of what left each
+    request's prefix while it waited (read/waiting.py) is made only where a finished row lacks the
+    engine's own count (`miss_lost_while_queued_tokens`, schema v5: then `coalesce` takes that count
+    and never the join's, which held ~70 MB more at 1M requests)."""
+    import numpy as np
+
+    lost = lost_while_waiting_sql("q", "w.removed", con)
+    join = f"LEFT JOIN ({waiting_removals_sql('$r')}) w ON w.req_id = q.req_id"
+    if has_miss_columns(con) and not con.execute(
+            f"SELECT count(*) FROM requests q WHERE q.run_id = $r AND {finished_sql('q')} "
+            f"AND q.miss_lost_while_queued_tokens IS NULL", {"r": run_id}).fetchone()[0]:
+        lost, join = "q.miss_lost_while_queued_tokens", ""
     r = con.execute(
         f"""SELECT arrival_ns, arrival_ns + coalesce(storage_wait_ns, 0) AS wait_start, first_token_ns,
-                   coalesce(queue_ns, 0) AS queue, greatest({excess_sql('q')}, 0) AS excess, {cause_sql('q')} AS cause,
+                   coalesce(queue_ns, 0) AS queue, greatest({excess_sql('q')}, 0) AS excess,
+                   {cause_code_sql('q')} AS cause,
                    coalesce(recompute_ns, 0) AS own_rec, coalesce(compute_ns, 0) AS own_comp,
                    coalesce(loadback_exposed_ns, 0) AS own_lb, coalesce(q.decode_wait_ns, 0) AS own_decode,
-                   {lost_while_waiting_sql('q', 'w.removed', con)} AS lost_waiting,
-                   coalesce(q.dp_rank, 0) AS rank
-            FROM requests q LEFT JOIN ({waiting_removals_sql('$r')}) w ON w.req_id = q.req_id
-            WHERE q.run_id = $r AND {finished_sql('q')} ORDER BY q.seq""", {"r": run_id}).fetchnumpy()
+                   {lost} AS lost_waiting,
+                   coalesce(q.dp_rank, 0) AS rank, q.seq AS seq
+            FROM requests q {join}
+            WHERE q.run_id = $r AND {finished_sql('q')}""", {"r": run_id}).fetchnumpy()
+    seq = r.pop("seq")
+    if len(seq) > 1 and not (seq[1:] >= seq[:-1]).all():
+        order = np.argsort(seq, kind="stable")
+        for k in r:  # one column at a time: each old one is freed as its sorted copy replaces it
+            r[k] = r[k][order]
     return StoryRequests(*r.values())
 
 
