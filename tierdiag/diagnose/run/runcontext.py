@@ -147,34 +147,49 @@ def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_t
     r = read_ctx.wait_windows(con, rid)
     if not len(b.start_ns) or not len(r.start_ns):
         return None
+    # Issue 41 (a 1M-request close held ~520 MB here): the batches' columns dropped once stacked,
+    # no copies of them for a run of one rank, and F a row at a time (not (4, requests) matrices).
     s_all, e_all = (np.asarray(c, dtype=np.int64) for c in (b.start_ns, b.end_ns))
     c, rc, x = (np.asarray(v, dtype=np.float64) for v in (b.compute_ns, b.recompute_ns, b.loadback_exposed_ns))
+    b_rank = np.asarray(b.dp_rank, dtype=np.int64)
+    del b
     d_all = np.maximum(e_all - s_all, 1).astype(np.float64)
     values_all = np.stack([rc, c - rc, x, np.maximum(d_all - c - x, 0.0)])  # recompute, new, load-back, other
-    b_rank = np.asarray(b.dp_rank, dtype=np.int64)
+    del c, rc, x
     w0_all, ft_all, r_rank = (np.asarray(v, dtype=np.int64) for v in (r.start_ns, r.first_token_ns, r.dp_rank))
+    del r
     tot = np.zeros(4)
     # A data-parallel run: each request's window over its own rank's batches (one rank: all of them).
     for rank in sorted_unique(r_rank):
         theirs = b_rank == rank
         if not theirs.any():
             continue
-        s, e, d, values = s_all[theirs], e_all[theirs], d_all[theirs], values_all[:, theirs]
+        if theirs.all():
+            s, e, d, values = s_all, e_all, d_all, values_all
+        else:
+            s, e, d, values = s_all[theirs], e_all[theirs], d_all[theirs], values_all[:, theirs]
         full = (e - s) / d  # 1, or 0 for a batch of no duration (its join overlap is 0 too)
         cum = np.concatenate([np.zeros((4, 1)), np.cumsum(values * full, axis=1)], axis=1)
+        del full
 
-        def integral(t: np.ndarray) -> np.ndarray:
+        def integral(t: np.ndarray) -> list[float]:
             k = np.searchsorted(s, t, side="right") - 1  # the last batch starting at or before t
             kk = np.maximum(k, 0)
             part = np.clip(np.minimum(t, e[kk]) - s[kk], 0, None) / d[kk]
-            out = cum[:, kk] + values[:, kk] * part
-            out[:, k < 0] = 0.0
-            return out.sum(axis=1)
+            before = k < 0
+            del k
+            sums = []
+            for row in range(4):  # each row's sum as the (4, n) matrix's row sum was
+                out = cum[row, kk] + values[row, kk] * part
+                out[before] = 0.0
+                sums.append(out.sum())
+            return sums
 
         mine = r_rank == rank
         w0, ft = w0_all[mine], ft_all[mine]
         keep = ft > w0  # an empty window overlaps no batch
-        tot += integral(ft[keep]) - integral(w0[keep])
+        tot += np.array(integral(ft[keep])) - np.array(integral(w0[keep]))
+        del cum, mine, w0, ft, keep
     own = read_ctx.own_parts(con, rid)
     raw = dict.fromkeys(ATTRIBUTION_KEYS, 0.0)
     raw[WaitPart.RECOMPUTE] = float(tot[0]) - _i(own.recompute_ns)
