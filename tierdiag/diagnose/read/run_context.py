@@ -33,14 +33,39 @@ class BatchArrays(NamedTuple):
     dp_rank: Any
 
 
+def sorted_by(columns: dict, *keys: str) -> dict:
+    """`columns` (name -> numpy array, one row per index) in the order of `keys` (the last the
+    first key, as np.lexsort's), stable: rows of equal keys keep their order. The columns are
+    reordered one at a time (each old one freed as its copy replaces it) and only where they are
+    not in order already (a scan of a table written in that order, as the writer writes batches
+    and requests). Here rather than an ORDER BY: DuckDB's sort of the columns held ~60-70 MB more
+    than the arrays at 1M rows (issue 41)."""
+    import numpy as np
+
+    by = [columns[k] for k in keys]
+    n = len(by[0]) if by else 0
+    if n > 1:
+        ordered = np.zeros(n - 1, dtype=bool)  # row i+1 after row i, by the keys from the first
+        undecided = np.ones(n - 1, dtype=bool)
+        for key in reversed(by):
+            nxt, cur = key[1:], key[:-1]
+            ordered |= undecided & (nxt > cur)
+            undecided &= nxt == cur
+        if not (ordered | undecided).all():
+            order = np.lexsort(by)
+            for k in columns:
+                columns[k] = columns[k][order]
+    return columns
+
+
 def batch_arrays(con: duckdb.DuckDBPyConnection, run_id: str, rec: str) -> BatchArrays:
     """Every batch of the run ordered by (start, end); `rec` the batch recompute column (batch_recompute_sql)."""
     b = con.execute(
         f"""SELECT t_start_ns, t_end_ns, coalesce(compute_ns, 0),
                    least(coalesce({rec}, 0), coalesce(compute_ns, 0)), coalesce(loadback_exposed_ns, 0),
                    coalesce(dp_rank, 0)
-            FROM batches WHERE run_id = $r ORDER BY t_start_ns, t_end_ns""", {"r": run_id}).fetchnumpy()
-    return BatchArrays(*b.values())
+            FROM batches WHERE run_id = $r""", {"r": run_id}).fetchnumpy()
+    return BatchArrays(*sorted_by(b, "t_end_ns", "t_start_ns").values())
 
 
 class WaitWindows(NamedTuple):
@@ -313,13 +338,10 @@ def cause_names(codes) -> list[str | None]:
 
 
 def story_requests(con: duckdb.DuckDBPyConnection, run_id: str) -> StoryRequests:
-    """In trace order (`seq`), sorted here, not by DuckDB: its sort of the twelve columns held
-    ~70 MB more at 1M requests than the arrays it gives (issue 41). The join of what left each
+    """In trace order (`seq`), sorted here (`sorted_by`), not by DuckDB. The join of what left each
     request's prefix while it waited (read/waiting.py) is made only where a finished row lacks the
     engine's own count (`miss_lost_while_queued_tokens`, schema v5: then `coalesce` takes that count
     and never the join's, which held ~70 MB more at 1M requests)."""
-    import numpy as np
-
     lost = lost_while_waiting_sql("q", "w.removed", con)
     join = f"LEFT JOIN ({waiting_removals_sql('$r')}) w ON w.req_id = q.req_id"
     if has_miss_columns(con) and not con.execute(
@@ -336,11 +358,7 @@ def story_requests(con: duckdb.DuckDBPyConnection, run_id: str) -> StoryRequests
                    coalesce(q.dp_rank, 0) AS rank, q.seq AS seq
             FROM requests q {join}
             WHERE q.run_id = $r AND {finished_sql('q')}""", {"r": run_id}).fetchnumpy()
-    seq = r.pop("seq")
-    if len(seq) > 1 and not (seq[1:] >= seq[:-1]).all():
-        order = np.argsort(seq, kind="stable")
-        for k in r:  # one column at a time: each old one is freed as its sorted copy replaces it
-            r[k] = r[k][order]
+    sorted_by(r, "seq").pop("seq")
     return StoryRequests(*r.values())
 
 
