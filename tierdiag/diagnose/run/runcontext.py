@@ -131,6 +131,29 @@ def _i(v) -> int:
     return int(v or 0)
 
 
+def window_sums(s, e, d, values, cum, t):
+    """Σ over instants `t` of F(t), each of the rows of `values` (batches `s`, `e`, durations `d`,
+    `cum` the prefix sums of `values` × full share): `_run_attribution`'s integral. A row at a time
+    (issue 41: the (rows, instants) matrices held ~200 MB at 1M requests), each row summed in
+    order, one element after another, as the matrix `cum[:, kk] + values[:, kk] * part` was
+    (F-ordered by its fancy index: numpy reduced its rows element by element; a row's own `sum()`
+    is pairwise and gives other last digits of these ~1e18 ns totals before their difference)."""
+    import numpy as np
+
+    k = np.searchsorted(s, t, side="right") - 1  # the last batch starting at or before t
+    kk = np.maximum(k, 0)
+    part = np.clip(np.minimum(t, e[kk]) - s[kk], 0, None) / d[kk]
+    before = k < 0
+    del k
+    sums = np.zeros(values.shape[0])
+    for row in range(values.shape[0]):
+        out = cum[row, kk] + values[row, kk] * part
+        out[before] = 0.0
+        if len(out):
+            sums[row] = np.cumsum(out)[-1]
+    return sums
+
+
 def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_total: int) -> dict | None:
     """Σ over requests of their queue attribution; the remainder of the queue (GPU idle while
     they waited) as `idle`.
@@ -171,24 +194,10 @@ def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_t
         full = (e - s) / d  # 1, or 0 for a batch of no duration (its join overlap is 0 too)
         cum = np.concatenate([np.zeros((4, 1)), np.cumsum(values * full, axis=1)], axis=1)
         del full
-
-        def integral(t: np.ndarray) -> list[float]:
-            k = np.searchsorted(s, t, side="right") - 1  # the last batch starting at or before t
-            kk = np.maximum(k, 0)
-            part = np.clip(np.minimum(t, e[kk]) - s[kk], 0, None) / d[kk]
-            before = k < 0
-            del k
-            sums = []
-            for row in range(4):  # each row's sum as the (4, n) matrix's row sum was
-                out = cum[row, kk] + values[row, kk] * part
-                out[before] = 0.0
-                sums.append(out.sum())
-            return sums
-
         mine = r_rank == rank
         w0, ft = w0_all[mine], ft_all[mine]
         keep = ft > w0  # an empty window overlaps no batch
-        tot += np.array(integral(ft[keep])) - np.array(integral(w0[keep]))
+        tot += window_sums(s, e, d, values, cum, ft[keep]) - window_sums(s, e, d, values, cum, w0[keep])
         del cum, mine, w0, ft, keep
     own = read_ctx.own_parts(con, rid)
     raw = dict.fromkeys(ATTRIBUTION_KEYS, 0.0)
