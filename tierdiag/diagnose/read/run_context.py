@@ -328,8 +328,8 @@ class StoryRequests(NamedTuple):
 def cause_code_sql(alias: str = "") -> str:
     """SQL: `cause_sql(alias)` as a TINYINT, its index in CAUSES (-1 where it is NULL): one byte a
     request, not a string (issue 41: a million Python strings in the 1M close's story)."""
-    pick = " ".join(f"WHEN '{c}' THEN {i}" for i, c in enumerate(CAUSES))
-    return f"(CASE {cause_sql(alias)} {pick} ELSE -1 END)::TINYINT"
+    names = ", ".join(f"'{c}'" for c in CAUSES)  # (a `CASE cause WHEN ...` evaluates the cause once a WHEN)
+    return f"(coalesce(list_position([{names}], {cause_sql(alias)}), 0) - 1)::TINYINT"
 
 
 def cause_names(codes) -> list[str | None]:
