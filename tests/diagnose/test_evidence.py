@@ -404,15 +404,19 @@ def test_a_data_parallel_runs_ranks_are_stored_and_read_back_as_computed(tmp_pat
         assert run_summary(con, _run(con)).to_json() == before
 
 
-@pytest.mark.parametrize("where", ["run_totals", "compute_run_context", "size_curves", "run_story"])
-def test_a_section_that_fails_on_any_of_the_evidence_threads_fails_the_evidence(replayed, monkeypatch, where):
-    """The sections are computed four at a time (the size curves on the caller's thread, the run
-    context, its story and the rest on three more: issue 41): a failure on any of them is raised
-    by compute_evidence on the caller's thread, once the others are done, as one after the other."""
+@pytest.mark.parametrize("large", [False, True])
+@pytest.mark.parametrize("where", ["run_totals", "compute_run_context", "size_curves", "run_story", "session_pauses"])
+def test_a_section_that_fails_on_any_of_the_evidence_threads_fails_the_evidence(replayed, monkeypatch, where, large):
+    """The sections are computed several at a time (the size curves on the caller's thread, the
+    others on threads of their own: four, or from LARGE_RUN_REQUESTS requests one, the story
+    before the context that waits for it; issue 41): a failure on any of them is raised by
+    compute_evidence on the caller's thread, once the others are done, as one after the other."""
     def boom(*args, **kwargs):
         raise RuntimeError(f"{where} failed")
 
     monkeypatch.setattr(E, where, boom)
+    if large:
+        monkeypatch.setattr(E, "LARGE_RUN_REQUESTS", 1)
     with open_store(replayed) as con:
         run = resolve_run(con, None)
         with pytest.raises(RuntimeError, match=f"{where} failed"):
@@ -422,9 +426,15 @@ def test_a_section_that_fails_on_any_of_the_evidence_threads_fails_the_evidence(
         assert not [t for t in threading.enumerate() if t.name == "tierdiag-evidence"]
 
 
-def test_the_evidence_computed_four_at_a_time_is_each_section_computed_alone(replayed):
+@pytest.mark.parametrize("large", [False, True])
+def test_the_evidence_computed_four_at_a_time_is_each_section_computed_alone(replayed, monkeypatch, large):
+    """Below LARGE_RUN_REQUESTS the sections on four threads, from it on one after another on
+    one (the peak memory of a 1M-request close, issue 41): the same sections either way."""
+    if large:
+        monkeypatch.setattr(E, "LARGE_RUN_REQUESTS", 1)
     with open_store(replayed) as con:
         run = resolve_run(con, None)
+        assert E.evidence_threads(run.num_requests) == (E.LARGE_RUN_THREADS if large else E.SMALL_RUN_THREADS)
         made: dict = {}
         got = E.compute_evidence(con, run, computed=made)
         alone = {"context": compute_run_context(con, run), "summary": compute_run_summary(con, run),
@@ -493,3 +503,18 @@ def test_the_closing_numbers_from_the_computed_summary_are_the_ones_read_back(re
         else:
             assert computed == {}
             assert after_commit(con, db, run_id, "complete") == read_back
+
+
+def test_every_section_has_one_thread_and_the_story_comes_before_the_context_on_its_own():
+    """Each plan runs every section once; where the story and the context share a thread the
+    story comes first (the context waits for it: the other way round would never end)."""
+    sections = {"story", "context", "sessions", "summary", "totals", "session_summary", "rank_summary", "miss_reasons"}
+    for n in (None, 0, 1, E.LARGE_RUN_REQUESTS - 1, E.LARGE_RUN_REQUESTS, 10**9):
+        plan = E.evidence_threads(n)
+        names = [name for thread in plan for name in thread]
+        assert sorted(names) == sorted(sections), n
+        for thread in plan:
+            if "context" in thread and "story" in thread:
+                assert thread.index("story") < thread.index("context"), n
+    assert E.evidence_threads(None) == E.evidence_threads(0) == E.SMALL_RUN_THREADS
+    assert E.evidence_threads(10**9) == E.LARGE_RUN_THREADS

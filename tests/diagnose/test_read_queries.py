@@ -7,6 +7,7 @@ computed in Python from the planted run's whole rows (`SELECT *`), field by fiel
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from tierdiag.diagnose.read import advice as read_advice
 from tierdiag.diagnose.read import observed as read_obs
@@ -188,3 +189,78 @@ def test_outcomes_are_the_rows(store):
     assert sorted(p.observed_ttft_ns for p in pairs) == sorted(
         r["ttft_ns"] for r in rows if r["status"] == "finished" and (r["ttft_ns"] or 0) > 0)
     assert all(p.twin_ttft_ns == p.observed_ttft_ns and p.twin_rank == p.observed_rank for p in pairs)
+
+
+def _reorder(con, table: str, order: str) -> None:
+    """Rewrite `table`'s rows in another order (a scan then meets them out of order)."""
+    con.execute(f"CREATE TEMP TABLE moved AS SELECT * FROM {table} ORDER BY {order}")
+    con.execute(f"DELETE FROM {table}")
+    con.execute(f"INSERT INTO {table} SELECT * FROM moved")
+    con.execute("DROP TABLE moved")
+
+
+def test_story_rows_are_in_trace_order_with_their_causes_and_losses_as_explain_has_them(planted):
+    """story_requests gives the cause as a one-byte code (CAUSES' index; issue 41: a million
+    Python strings at 1M requests) and takes the engine's own lost-while-queued count without
+    the eviction join where every finished row has it: each the same as the row's cause
+    (`cause_sql`) and `waiting.lost_while_waiting`, in trace order however the rows were written."""
+    import duckdb
+
+    from tierdiag.diagnose.read.sql import finished_sql
+    from tierdiag.diagnose.read.waiting import lost_while_waiting
+    from tierdiag.diagnose.request.causes import cause_sql
+
+    for case in ("the engine's count on every row", "out of order", "a row without the engine's count"):
+        with duckdb.connect(str(planted.path)) as rw:
+            if case == "the engine's count on every row":  # the planted rows have none: the join
+                rw.execute("UPDATE requests SET miss_lost_while_queued_tokens = seq % 3")
+            if case == "out of order":
+                _reorder(rw, "requests", "seq DESC")
+            if case == "a row without the engine's count":
+                rw.execute("UPDATE requests SET miss_lost_while_queued_tokens = NULL WHERE seq = "
+                           "(SELECT min(seq) FROM requests WHERE first_token_ns IS NOT NULL)")
+        with open_store(planted.path) as con:
+            run = resolve_run(con, None)
+            want = con.execute(f"SELECT req_id, seq, {cause_sql('q')} FROM requests q WHERE q.run_id = ? "
+                               f"AND {finished_sql('q')} ORDER BY seq", [run.run_id]).fetchall()
+            s = read_ctx.story_requests(con, run.run_id)
+            assert str(s.cause.dtype) == "int8", case
+            assert read_ctx.cause_names(s.cause) == [c for _, _, c in want], case
+            assert [int(x) for x in s.lost_waiting_tokens] == [
+                lost_while_waiting(con, run.run_id, rid, seq) for rid, seq, _ in want], case
+            assert len(want) > 1 and {c for _, _, c in want} - {None}, case
+            assert any(s.lost_waiting_tokens), case
+
+
+def test_batches_are_in_clock_order_however_they_were_written(store, planted):
+    con, run, _ = store
+    want = read_ctx.batch_arrays(con, run.run_id, "recompute_ns")
+    path = planted.path
+    con.close()
+    import duckdb
+
+    with duckdb.connect(path) as rw:
+        _reorder(rw, "batches", "t_start_ns DESC")
+    with open_store(path) as again:
+        got = read_ctx.batch_arrays(again, run.run_id, "recompute_ns")
+    assert [list(map(int, c)) for c in got] == [list(map(int, c)) for c in want]
+    assert list(map(int, got.start_ns)) == sorted(x[1] for x in BATCHES)
+
+
+keys = st.lists(st.tuples(st.integers(-2**63, 2**63 - 1), st.sampled_from([-2**63, -1, 0, 1, 7, 2**63 - 1])),
+                max_size=40)
+
+
+@settings(max_examples=80, deadline=None)
+@given(keys)
+def test_sorted_by_is_a_stable_sort_by_its_keys(rows):
+    """`sorted_by` (what batch_arrays and story_requests sort with, in place of DuckDB's ORDER BY)
+    is Python's stable sort by (first key, second key): ties, negatives, int64's ends, in order or not."""
+    import numpy as np
+
+    cols = {"a": np.array([a for a, _ in rows], dtype=np.int64), "b": np.array([b for _, b in rows], dtype=np.int64),
+            "i": np.arange(len(rows))}
+    got = read_ctx.sorted_by(cols, "b", "a")
+    want = sorted(range(len(rows)), key=lambda i: rows[i])
+    assert got["i"].tolist() == want
+    assert list(zip(got["a"].tolist(), got["b"].tolist())) == [rows[i] for i in want]

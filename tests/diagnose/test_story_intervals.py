@@ -53,3 +53,29 @@ def test_sorted_unique_is_numpys_unique(values):
     a = np.asarray(values, dtype=np.int64)
     got, want = sorted_unique(a), np.unique(a)
     assert got.dtype == want.dtype and got.tolist() == want.tolist()
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10**12), st.integers(0, 10**9), st.integers(0, 10**9)), min_size=1, max_size=30),
+       st.lists(st.integers(-10**12, 3 * 10**12), max_size=40))
+def test_the_run_attributions_window_sums_are_the_matrix_row_sums_to_the_last_digit(batches, ts):
+    """runcontext.window_sums (a row at a time, issue 41) gives the very floats the (4, instants)
+    matrix did, summed along its rows as numpy reduces that fancy-indexed (F-ordered) matrix:
+    the stored evidence stays byte for byte what it was. Huge values make the order show."""
+    from tierdiag.diagnose.run.runcontext import window_sums
+
+    starts = sorted(a for a, _, _ in batches)
+    s = np.array(starts, dtype=np.int64)
+    e = s + np.array([b for _, b, _ in batches], dtype=np.int64)
+    d = np.maximum(e - s, 1).astype(np.float64)
+    c = np.array([x for _, _, x in batches], dtype=np.float64) * 1e6
+    values = np.stack([c, c / 3, d, np.maximum(d - c, 0.0)])
+    cum = np.concatenate([np.zeros((4, 1)), np.cumsum(values * ((e - s) / d), axis=1)], axis=1)
+    t = np.array(ts, dtype=np.int64)
+    k = np.searchsorted(s, t, side="right") - 1
+    kk = np.maximum(k, 0)
+    part = np.clip(np.minimum(t, e[kk]) - s[kk], 0, None) / d[kk]
+    out = cum[:, kk] + values[:, kk] * part
+    out[:, k < 0] = 0.0
+    want = out.sum(axis=1)
+    assert [x.hex() for x in window_sums(s, e, d, values, cum, t).tolist()] == [x.hex() for x in want.tolist()]

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import duckdb
 
-from tierdiag.diagnose.request.causes import cause_sql, excess_sql
+from tierdiag.diagnose.request.causes import CAUSES, cause_sql, excess_sql
 from tierdiag.diagnose.read.rows import has_column, has_miss_columns
 from tierdiag.diagnose.read.waiting import lost_while_waiting_sql, waiting_removals_sql
 from tierdiag.diagnose.read.sql import FINISHED_SQL, finished_sql, span_columns_sql
@@ -33,14 +33,39 @@ class BatchArrays(NamedTuple):
     dp_rank: Any
 
 
+def sorted_by(columns: dict, *keys: str) -> dict:
+    """`columns` (name -> numpy array, one row per index) in the order of `keys` (the last the
+    first key, as np.lexsort's), stable: rows of equal keys keep their order. The columns are
+    reordered one at a time (each old one freed as its copy replaces it) and only where they are
+    not in order already (a scan of a table written in that order, as the writer writes batches
+    and requests). Here rather than an ORDER BY: DuckDB's sort of the columns held ~60-70 MB more
+    than the arrays at 1M rows (issue 41)."""
+    import numpy as np
+
+    by = [columns[k] for k in keys]
+    n = len(by[0]) if by else 0
+    if n > 1:
+        ordered = np.zeros(n - 1, dtype=bool)  # row i+1 after row i, by the keys from the first
+        undecided = np.ones(n - 1, dtype=bool)
+        for key in reversed(by):
+            nxt, cur = key[1:], key[:-1]
+            ordered |= undecided & (nxt > cur)
+            undecided &= nxt == cur
+        if not (ordered | undecided).all():
+            order = np.lexsort(by)
+            for k in columns:
+                columns[k] = columns[k][order]
+    return columns
+
+
 def batch_arrays(con: duckdb.DuckDBPyConnection, run_id: str, rec: str) -> BatchArrays:
     """Every batch of the run ordered by (start, end); `rec` the batch recompute column (batch_recompute_sql)."""
     b = con.execute(
         f"""SELECT t_start_ns, t_end_ns, coalesce(compute_ns, 0),
                    least(coalesce({rec}, 0), coalesce(compute_ns, 0)), coalesce(loadback_exposed_ns, 0),
                    coalesce(dp_rank, 0)
-            FROM batches WHERE run_id = $r ORDER BY t_start_ns, t_end_ns""", {"r": run_id}).fetchnumpy()
-    return BatchArrays(*b.values())
+            FROM batches WHERE run_id = $r""", {"r": run_id}).fetchnumpy()
+    return BatchArrays(*sorted_by(b, "t_end_ns", "t_start_ns").values())
 
 
 class WaitWindows(NamedTuple):
@@ -291,7 +316,7 @@ class StoryRequests(NamedTuple):
     first_token_ns: Any
     queue_ns: Any
     excess_ns: Any
-    cause: Any
+    cause: Any  # the primary cause as a code (int8): its index in causes.CAUSES, -1 for none (`cause_names`)
     own_recompute_ns: Any
     own_compute_ns: Any
     own_loadback_ns: Any
@@ -300,16 +325,40 @@ class StoryRequests(NamedTuple):
     dp_rank: Any
 
 
+def cause_code_sql(alias: str = "") -> str:
+    """SQL: `cause_sql(alias)` as a TINYINT, its index in CAUSES (-1 where it is NULL): one byte a
+    request, not a string (issue 41: a million Python strings in the 1M close's story)."""
+    names = ", ".join(f"'{c}'" for c in CAUSES)  # (a `CASE cause WHEN ...` evaluates the cause once a WHEN)
+    return f"(coalesce(list_position([{names}], {cause_sql(alias)}), 0) - 1)::TINYINT"
+
+
+def cause_names(codes) -> list[str | None]:
+    """The cause of each code `cause_code_sql` gives (None for -1)."""
+    return [CAUSES[int(k)] if k >= 0 else None for k in codes]
+
+
 def story_requests(con: duckdb.DuckDBPyConnection, run_id: str) -> StoryRequests:
+    """In trace order (`seq`), sorted here (`sorted_by`), not by DuckDB. The join of what left each
+    request's prefix while it waited (read/waiting.py) is made only where a finished row lacks the
+    engine's own count (`miss_lost_while_queued_tokens`, schema v5: then `coalesce` takes that count
+    and never the join's, which held ~70 MB more at 1M requests)."""
+    lost = lost_while_waiting_sql("q", "w.removed", con)
+    join = f"LEFT JOIN ({waiting_removals_sql('$r')}) w ON w.req_id = q.req_id"
+    if has_miss_columns(con) and not con.execute(
+            f"SELECT count(*) FROM requests q WHERE q.run_id = $r AND {finished_sql('q')} "
+            f"AND q.miss_lost_while_queued_tokens IS NULL", {"r": run_id}).fetchone()[0]:
+        lost, join = "q.miss_lost_while_queued_tokens", ""
     r = con.execute(
         f"""SELECT arrival_ns, arrival_ns + coalesce(storage_wait_ns, 0) AS wait_start, first_token_ns,
-                   coalesce(queue_ns, 0) AS queue, greatest({excess_sql('q')}, 0) AS excess, {cause_sql('q')} AS cause,
+                   coalesce(queue_ns, 0) AS queue, greatest({excess_sql('q')}, 0) AS excess,
+                   {cause_code_sql('q')} AS cause,
                    coalesce(recompute_ns, 0) AS own_rec, coalesce(compute_ns, 0) AS own_comp,
                    coalesce(loadback_exposed_ns, 0) AS own_lb, coalesce(q.decode_wait_ns, 0) AS own_decode,
-                   {lost_while_waiting_sql('q', 'w.removed', con)} AS lost_waiting,
-                   coalesce(q.dp_rank, 0) AS rank
-            FROM requests q LEFT JOIN ({waiting_removals_sql('$r')}) w ON w.req_id = q.req_id
-            WHERE q.run_id = $r AND {finished_sql('q')} ORDER BY q.seq""", {"r": run_id}).fetchnumpy()
+                   {lost} AS lost_waiting,
+                   coalesce(q.dp_rank, 0) AS rank, q.seq AS seq
+            FROM requests q {join}
+            WHERE q.run_id = $r AND {finished_sql('q')}""", {"r": run_id}).fetchnumpy()
+    sorted_by(r, "seq").pop("seq")
     return StoryRequests(*r.values())
 
 

@@ -75,56 +75,88 @@ from tierdiag.store.evidence import replace_run_evidence
 # --------------------------------------------------------------------------- compute and write
 
 
+# The sections' threads beside the size curves (on the caller's): each a list of sections, run in
+# that order on a cursor of its own (the story before the context where both share a thread: the
+# context waits for it). Below LARGE_RUN_REQUESTS requests, four (the story, the run
+# context, the session pauses, the rest: the close a replay waits for is its longest thread's,
+# issue 41 session 20). From it on, where each section holds hundreds of MB (1M requests: the
+# story ~450 MB over the process's start, the context ~510, the session pauses ~320, the summary
+# ~260), LARGE_RUN_THREADS: fewer at once bounds the close's peak (the writer process's, with the
+# rows it holds), at the cost of a longer wall beside a curves' pass already walked while recording.
+SMALL_RUN_THREADS = (("story",), ("context",), ("sessions",),
+                     ("summary", "totals", "session_summary", "rank_summary", "miss_reasons"))
+LARGE_RUN_THREADS = (("story", "context", "sessions", "summary", "totals", "session_summary", "rank_summary",
+                      "miss_reasons"),)
+LARGE_RUN_REQUESTS = 100_000
+
+
+def evidence_threads(num_requests: int | None) -> tuple[tuple[str, ...], ...]:
+    """The sections' threads for a run of `num_requests` requests (None: unknown, as small)."""
+    return LARGE_RUN_THREADS if (num_requests or 0) >= LARGE_RUN_REQUESTS else SMALL_RUN_THREADS
+
+
 def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | None = None) -> dict:
     """The sections, from the run's rows, as the JSON-ready dict that is stored; `computed`, if
     given, is updated with the sections as computed (name -> object: the close's closing numbers
     take the summary from it instead of reading it back).
 
-    Five at a time: the size curves (the trace's pages and one pass over them: Python and numpy;
-    fed while recording in a writer process, mostly done by now) on this thread, while four
-    more cursors, on threads of their own, run the run context's queries, its story's (the
-    context's largest part: a join of every finished request with what left its prefix while it
-    waited; the context takes it from that thread), the session pauses' (numpy over every later
-    turn's pairs: the largest section at 200k requests, ~45 % of the others' CPU, issue 41
-    session 20) and every other section's (DuckDB runs a query without the GIL, and at a
-    replay's close the engine's core is idle, waiting for this). The results are the same as
-    one after the other: the rows are committed and nothing writes meanwhile."""
+    The size curves (the trace's pages and one pass over them: Python and numpy; fed while
+    recording in a writer process, mostly done by now) on this thread, while the other sections
+    run on threads of their own, one cursor each (`evidence_threads`): below LARGE_RUN_REQUESTS
+    four, the run context's queries, its story's (the context's largest part: a join of every
+    finished request with what left its prefix while it waited; the context takes it from that
+    thread), the session pauses' (numpy over every later turn's pairs: the largest section at 200k
+    requests, ~45 % of the others' CPU, issue 41 session 20) and every other section's (DuckDB
+    runs a query without the GIL, and at a replay's close the engine's core is idle, waiting for
+    this); from it on, fewer, one section after another (the peak memory, issue 41). The results
+    are the same as one after the other: the rows are committed and nothing writes meanwhile."""
     import threading
+    from contextlib import ExitStack
 
     done: dict = {}
+    story_done = threading.Event()
 
-    def on_a_thread(cur, work, error: str = "error") -> threading.Thread:
+    def the_story(cur):
+        try:
+            done["story"] = run_story(cur, run.run_id, batch_recompute_sql(cur))
+            return done["story"]
+        except BaseException as exc:  # noqa: BLE001 - raised only where the context asks for the story
+            done["story_error"] = exc
+            return None
+        finally:
+            story_done.set()
+
+    def story():
+        story_done.wait()
+        if "story_error" in done:
+            raise done["story_error"]
+        if "story" not in done:
+            raise RuntimeError("the run story was not computed: its thread failed before it")
+        return done["story"]
+
+    work = {"story": the_story, "context": lambda c: compute_run_context(c, run, story=story),
+            "sessions": lambda c: session_pauses(c, run), "summary": lambda c: compute_run_summary(c, run),
+            "totals": lambda c: run_totals(c, run.run_id), "session_summary": lambda c: session_summary(c, run),
+            "rank_summary": lambda c: rank_summary(c, run), "miss_reasons": lambda c: run_miss_reasons(c, run.run_id)}
+
+    def on_a_thread(cur, names) -> threading.Thread:
         def compute() -> None:
             try:
-                for name, f in work:
-                    done[name] = f(cur)
+                for name in names:
+                    done[name] = work[name](cur)
             except BaseException as exc:  # noqa: BLE001 - re-raised below, on the caller's thread
-                done.setdefault(error, exc)
+                done.setdefault("error", exc)
+            finally:
+                if "story" in names:
+                    story_done.set()  # failed before its story: the context raises the failure, not waits
 
         thread = threading.Thread(target=compute, name="tierdiag-evidence", daemon=True)
         thread.start()
         return thread
 
-    with (second_cursor(con) as one, second_cursor(con) as two, second_cursor(con) as three,
-          second_cursor(con) as four):
-        # Its failure is raised only where the context asks for the story, as if computed there.
-        story_thread = on_a_thread(three, [("story", lambda c: run_story(c, run.run_id, batch_recompute_sql(c)))],
-                                   error="story_error")
-
-        def story():
-            story_thread.join()
-            if "story_error" in done:
-                raise done["story_error"]
-            return done["story"]
-
-        threads = [story_thread,
-                   on_a_thread(one, [("context", lambda c: compute_run_context(c, run, story=story))]),
-                   on_a_thread(two, [("summary", lambda c: compute_run_summary(c, run)),
-                                     ("totals", lambda c: run_totals(c, run.run_id)),
-                                     ("session_summary", lambda c: session_summary(c, run)),
-                                     ("rank_summary", lambda c: rank_summary(c, run)),
-                                     ("miss_reasons", lambda c: run_miss_reasons(c, run.run_id))]),
-                   on_a_thread(four, [("sessions", lambda c: session_pauses(c, run))])]
+    plan = evidence_threads(getattr(run, "num_requests", None))
+    with ExitStack() as stack:
+        threads = [on_a_thread(stack.enter_context(second_cursor(con)), names) for names in plan]
         try:
             curves = size_curves(con, run)
         finally:

@@ -131,6 +131,29 @@ def _i(v) -> int:
     return int(v or 0)
 
 
+def window_sums(s, e, d, values, cum, t):
+    """Σ over instants `t` of F(t), each of the rows of `values` (batches `s`, `e`, durations `d`,
+    `cum` the prefix sums of `values` × full share): `_run_attribution`'s integral. A row at a time
+    (issue 41: the (rows, instants) matrices held ~200 MB at 1M requests), each row summed in
+    order, one element after another, as the matrix `cum[:, kk] + values[:, kk] * part` was
+    (F-ordered by its fancy index: numpy reduced its rows element by element; a row's own `sum()`
+    is pairwise and gives other last digits of these ~1e18 ns totals before their difference)."""
+    import numpy as np
+
+    k = np.searchsorted(s, t, side="right") - 1  # the last batch starting at or before t
+    kk = np.maximum(k, 0)
+    part = np.clip(np.minimum(t, e[kk]) - s[kk], 0, None) / d[kk]
+    before = k < 0
+    del k
+    sums = np.zeros(values.shape[0])
+    for row in range(values.shape[0]):
+        out = cum[row, kk] + values[row, kk] * part
+        out[before] = 0.0
+        if len(out):
+            sums[row] = np.cumsum(out)[-1]
+    return sums
+
+
 def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_total: int) -> dict | None:
     """Σ over requests of their queue attribution; the remainder of the queue (GPU idle while
     they waited) as `idle`.
@@ -147,34 +170,35 @@ def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_t
     r = read_ctx.wait_windows(con, rid)
     if not len(b.start_ns) or not len(r.start_ns):
         return None
+    # Issue 41 (a 1M-request close held ~520 MB here): the batches' columns dropped once stacked,
+    # no copies of them for a run of one rank, and F a row at a time (not (4, requests) matrices).
     s_all, e_all = (np.asarray(c, dtype=np.int64) for c in (b.start_ns, b.end_ns))
     c, rc, x = (np.asarray(v, dtype=np.float64) for v in (b.compute_ns, b.recompute_ns, b.loadback_exposed_ns))
+    b_rank = np.asarray(b.dp_rank, dtype=np.int64)
+    del b
     d_all = np.maximum(e_all - s_all, 1).astype(np.float64)
     values_all = np.stack([rc, c - rc, x, np.maximum(d_all - c - x, 0.0)])  # recompute, new, load-back, other
-    b_rank = np.asarray(b.dp_rank, dtype=np.int64)
+    del c, rc, x
     w0_all, ft_all, r_rank = (np.asarray(v, dtype=np.int64) for v in (r.start_ns, r.first_token_ns, r.dp_rank))
+    del r
     tot = np.zeros(4)
     # A data-parallel run: each request's window over its own rank's batches (one rank: all of them).
     for rank in sorted_unique(r_rank):
         theirs = b_rank == rank
         if not theirs.any():
             continue
-        s, e, d, values = s_all[theirs], e_all[theirs], d_all[theirs], values_all[:, theirs]
+        if theirs.all():
+            s, e, d, values = s_all, e_all, d_all, values_all
+        else:
+            s, e, d, values = s_all[theirs], e_all[theirs], d_all[theirs], values_all[:, theirs]
         full = (e - s) / d  # 1, or 0 for a batch of no duration (its join overlap is 0 too)
         cum = np.concatenate([np.zeros((4, 1)), np.cumsum(values * full, axis=1)], axis=1)
-
-        def integral(t: np.ndarray) -> np.ndarray:
-            k = np.searchsorted(s, t, side="right") - 1  # the last batch starting at or before t
-            kk = np.maximum(k, 0)
-            part = np.clip(np.minimum(t, e[kk]) - s[kk], 0, None) / d[kk]
-            out = cum[:, kk] + values[:, kk] * part
-            out[:, k < 0] = 0.0
-            return out.sum(axis=1)
-
+        del full
         mine = r_rank == rank
         w0, ft = w0_all[mine], ft_all[mine]
         keep = ft > w0  # an empty window overlaps no batch
-        tot += integral(ft[keep]) - integral(w0[keep])
+        tot += window_sums(s, e, d, values, cum, ft[keep]) - window_sums(s, e, d, values, cum, w0[keep])
+        del cum, mine, w0, ft, keep
     own = read_ctx.own_parts(con, rid)
     raw = dict.fromkeys(ATTRIBUTION_KEYS, 0.0)
     raw[WaitPart.RECOMPUTE] = float(tot[0]) - _i(own.recompute_ns)

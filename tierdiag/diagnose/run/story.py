@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import duckdb
 
 from tierdiag.config.names import Cause
+from tierdiag.diagnose.request.causes import CAUSES
 from tierdiag.diagnose.request import running
 from tierdiag.diagnose.request.context import ATTRIBUTION_KEYS, CONTEXT_LOOKBACK_NS, WaitPart
 from tierdiag.diagnose.read import run_context as read_ctx
@@ -304,22 +305,32 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
     r = read_ctx.story_requests(con, rid)
     if not len(b.start_ns) or not len(r.arrival_ns):
         return None
+    # Each array is dropped once its last use is behind (`del`): at 1M requests and 1M batches a
+    # column is 8 MB, and the memory wait's intervals come on top of what is still held (issue 41).
     s, e = (np.asarray(v, dtype=np.int64) for v in (b.start_ns, b.end_ns))
     comp, rc, lb = (np.asarray(v, dtype=np.float64) for v in (b.compute_ns, b.recompute_ns, b.loadback_exposed_ns))
+    b_rank = np.asarray(b.dp_rank, dtype=np.int64)
+    del b
     d = np.maximum(e - s, 1).astype(np.float64)
     values = np.stack([rc, comp - rc, lb, np.maximum(d - comp - lb, 0.0), d])  # ..., write-back, busy
+    del comp, rc, lb, d
     arrival, w0, ft = (np.asarray(v, dtype=np.int64) for v in (r.arrival_ns, r.wait_start_ns, r.first_token_ns))
     queue, excess = (np.asarray(v, dtype=np.int64) for v in (r.queue_ns, r.excess_ns))
-    cause = np.asarray(r.cause, dtype=object)
-    own = np.stack([np.asarray(v, dtype=np.float64) for v in (r.own_recompute_ns, r.own_compute_ns, r.own_loadback_ns)])
+    cause = np.asarray(r.cause, dtype=np.int8)  # read_ctx.cause_code_sql: CAUSES' index, -1 for none
+    own = [np.asarray(v, dtype=np.float64) for v in (r.own_recompute_ns, r.own_compute_ns, r.own_loadback_ns)]
+    own_decode, lost_waiting = r.own_decode_ns, r.lost_waiting_tokens
     # Each request against its own GPU: in a data-parallel run, the batches of the rank that served
     # it (a rank's batches do not overlap; all ranks' do). One rank: every batch, as before.
-    b_rank, r_rank = np.asarray(b.dp_rank, dtype=np.int64), np.asarray(r.dp_rank, dtype=np.int64)
+    r_rank = np.asarray(r.dp_rank, dtype=np.int64)
+    del r
     wend = np.maximum(ft, w0)
     c0 = np.maximum(arrival - CONTEXT_LOOKBACK_NS, int(start))  # its context window, explain's
     c1 = np.maximum(ft, c0)
-    work = np.zeros((5, len(arrival)))
-    around = np.zeros(len(arrival))
+    del arrival, ft
+    # The wait's first four parts (recompute, compute, load-back, write-back; the busy row is the
+    # context's, `around`), turned into `parts` in place below.
+    work = np.zeros((4, len(w0)))
+    around = np.zeros(len(w0))
     for rank in sorted_unique(r_rank):
         mine, theirs = r_rank == rank, b_rank == rank
         if not theirs.any():
@@ -331,46 +342,54 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
         ours = (lambda x: x) if every_request else (lambda x: x[mine])
         # Its wait: what its GPU did in [wait start, first token] (less its own parts, below).
         hi, lo = locate(ours(wend)), locate(ours(w0))
-        for row in range(5):
+        for row in range(4):
             if every_request:
                 work[row] = value(hi, row) - value(lo, row)
             else:
                 work[row, mine] = value(hi, row) - value(lo, row)
         del hi, lo
         around[mine] = value(locate(ours(c1)), 4) - value(locate(ours(c0)), 4)
-    parts = np.stack([work[0] - own[0], work[1] - own[1], work[2] - own[2], work[3]])
-    parts = np.maximum(parts, 0.0)
+        del locate, value, mine, theirs  # the integral's prefix sums
+    del values
+    busy = np.where(c1 > c0, around / np.maximum(c1 - c0, 1), 0.0)
+    del c0, c1, around
+    for row in range(3):
+        work[row] -= own[row]
+    del own
+    parts = np.maximum(work, 0.0, out=work)
     gaps = np.maximum(queue - parts.sum(axis=0), 0.0)
     # Of the gaps, those while a request of its rank decoded: waiting for device memory. A request's
     # own decode comes after its first token, so never inside its own wait.
     memory = np.minimum(_memory_wait(con, rid, r_rank, w0, wend, b_rank, s, e), gaps)
     idle = gaps - memory
     # Of that, the GPU running decode steps (decode on the clock; context.queue_attribution's rule).
-    decode = np.minimum(np.asarray(r.own_decode_ns, dtype=np.float64), memory)
+    decode = np.minimum(np.asarray(own_decode, dtype=np.float64), memory)
     memory = memory - decode
     rec_share = np.where(queue > 0, parts[0] / np.maximum(queue, 1), 0.0)
     cap, given = read_ctx.running_cap(con, rid)
     capped = cap_wait(con, rid, r_rank, w0, wend, queue, cap)
     cap_share = np.where(queue > 0, capped / np.maximum(queue, 1), 0.0)
-    busy = np.where(c1 > c0, around / np.maximum(c1 - c0, 1), 0.0)
     cache = (queue > 0) & (rec_share >= RECOMPUTE_QUEUE_SHARE) & (busy >= BUSY_SHARE)
     total = int(excess.sum())
     verdicts = []
-    for c in dict.fromkeys(cause.tolist()):
-        for flag in ((True, False) if c == Cause.QUEUEING else (False,)):
-            m = (cause == c) & ((cache == flag) if c == Cause.QUEUEING else True)
+    queueing = CAUSES.index(Cause.QUEUEING)
+    codes, first = np.unique(cause, return_index=True)  # (sorts)
+    codes = codes[np.argsort(first)]  # the causes in the order they first appear, as before
+    for k, c in zip(codes.tolist(), read_ctx.cause_names(codes)):
+        for flag in ((True, False) if k == queueing else (False,)):
+            m = (cause == k) & ((cache == flag) if k == queueing else True)
             if m.any():
                 verdicts.append(VerdictShare(c, flag, int(m.sum()), int(excess[m].sum()),
                                              share(int(excess[m].sum()), total)))
     verdicts.sort(key=lambda v: (-v.excess_ns, v.label))
-    q = cause == Cause.QUEUEING
+    q = cause == queueing
     qx = excess[q].astype(np.float64)
     wait_parts = dict(zip(WAIT_KEYS, (int(round(float(x))) for x in
                                       list(parts[:, q].sum(axis=1)) + [float(decode[q].sum()), float(memory[q].sum()),
                                                                        float(idle[q].sum())])))
     # Lost while it waited: tokens of its prefix that left every tier after it arrived, before it
     # was scheduled, and were recomputed (read/waiting.py; a demotion to host is no loss).
-    lost_waiting = np.asarray(r.lost_waiting_tokens, dtype=np.int64)
+    lost_waiting = np.asarray(lost_waiting, dtype=np.int64)
     waited_out = lost_waiting > 0
     other = q & ~cache
     ox = excess[other].astype(np.float64)
