@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tierdiag.diagnose.run.arrays import sorted_unique as _sorted_unique
+
 # --------------------------------------------------------------------------- the stack
 
 
@@ -232,21 +234,10 @@ class TraceIndex:
 
 
 def sorted_unique(keys, *, consume: bool = False) -> np.ndarray:
-    """`np.unique(keys)` (int64, ascending) by a sort and a neighbour test. numpy 2's `np.unique`
-    without an inverse or counts hashes instead, ~15-20x slower on page keys (spread over 64
-    bits: a cache miss a key; 2.9 s of the writer's live pass on the conversation trace's 2.3M
-    keys, issue 41). `consume`: `keys` (an int64 array, the caller's to let go) is sorted in
-    place, no copy."""
-    usable = (consume and isinstance(keys, np.ndarray) and keys.dtype == np.int64 and keys.ndim == 1
-              and keys.flags.writeable)
-    s = keys if usable else np.array(keys, dtype=np.int64).reshape(-1)
-    s.sort()
-    if len(s) < 2:
-        return s
-    first = np.empty(len(s), dtype=bool)
-    first[0] = True
-    np.not_equal(s[1:], s[:-1], out=first[1:])
-    return s[first]
+    """The page keys' distinct values, int64 ascending (arrays.sorted_unique: numpy 2's plain
+    `np.unique` hashes, ~15-20x slower on keys spread over 64 bits). `consume`: `keys` (an int64
+    array, the caller's to let go) is sorted in place."""
+    return _sorted_unique(keys, consume=consume, dtype=np.int64)
 
 
 _CHUNK = 1 << 20  # keys a chunk of `_in_chunks`

@@ -32,6 +32,7 @@ from tierdiag.diagnose.request.causes import CAUSES
 from tierdiag.diagnose.request import running
 from tierdiag.diagnose.request.context import ATTRIBUTION_KEYS, CONTEXT_LOOKBACK_NS, WaitPart
 from tierdiag.diagnose.read import run_context as read_ctx
+from tierdiag.diagnose.run.arrays import sorted_unique
 from tierdiag.units import share
 
 # The rule explain's verdict uses (claims.py): a queue is the cache's doing when recompute took
@@ -216,18 +217,6 @@ def _held_arrays(xa, xb, ya, yb):
 
     held = covers(xa, xb) & ~covers(ya, yb)
     return lo[held], hi[held]
-
-
-def sorted_unique(values):
-    """`np.unique(values)` of an int array (its sorted distinct values), by a sort and a
-    neighbour compare: numpy 2.x's plain `np.unique` hashes, ~80x slower on a million distinct
-    int64 (0.73 s against 0.009 s; issue 41: most of the run story's time at 200k requests)."""
-    import numpy as np
-
-    s = np.sort(np.asarray(values))
-    if len(s) < 2:
-        return s
-    return s[np.r_[True, s[1:] != s[:-1]]]
 
 
 def _measure_arrays(a, b):
