@@ -19,7 +19,8 @@ from tierdiag.engine.emitters import Emitters
 from tierdiag.engine.pagemap import GROW_SHIFT, GROW_SHIFT_MANY, SMALL_CALL, PageMap
 from tierdiag.engine.content import verify_content, write_content
 from tierdiag.engine.pagepool import PagePool
-from tierdiag.engine.rules import _evict_shortfall, _evict_whole_need, config_rules
+from tierdiag.engine.rule_functions import _evict_shortfall, _evict_whole_need
+from tierdiag.engine.rules import config_rules
 from tierdiag.engine.storage import StorageTier
 from tierdiag.engine.tree import RadixTree, TreeNode
 
@@ -281,13 +282,13 @@ class CacheController:
         return self.device.free_pages >= pages_needed
 
     def _eviction_amount(self, free_pages: int, need_pages: int) -> int:
-        """The rule set's `eviction_amount` (rules.py `_evict_shortfall` / `_evict_whole_need`),
-        computed natively for the two the rule sets use: the interpreted function was a Python
-        call an eviction (issue 41)."""
+        """The rule set's `eviction_amount`: the two the rule sets use (rule_functions.py) called
+        directly, a native call within the compiled core; read off the interpreted RuleSet, the
+        field was a generic look-up and a generic call an eviction (issue 41)."""
         if self.evict_shortfall == 1:
-            return max(0, need_pages - free_pages)
+            return _evict_shortfall(free_pages, need_pages)
         if self.evict_shortfall == 0:
-            return need_pages if free_pages < need_pages else 0
+            return _evict_whole_need(free_pages, need_pages)
         return self.rules.eviction_amount(free_pages, need_pages)
 
     def _pinned_subtree(self, node: TreeNode) -> bool:
