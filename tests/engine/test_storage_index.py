@@ -123,6 +123,10 @@ big_values = st.one_of(
     st.integers(2**63, 2**70),
     st.integers(-2**70, -2**63 - 1),
     st.integers(0, 40).map(lambda k: 1_000_003 + k * _M61),
+    # the compiled index hashes ints of up to 63 bits itself (Python's rule: modulo 2**61 - 1,
+    # the sign kept, -1 made -2): the modulus's edges, -1 and -2 (whose hashes are equal)
+    st.sampled_from([-2, -1, 0, 1, _M61 - 1, _M61, _M61 + 1, 2 * _M61, 2 * _M61 + 1, 3 * _M61 + 2,
+                     -_M61 + 1, -_M61, -_M61 - 1, -2 * _M61, 2**62, -2**62, 2**63 - 2, -2**63 + 1]),
 )
 
 

@@ -125,6 +125,28 @@ ix_key_ok(PyObject *key)
     return 0;
 }
 
+/* PyObject_Hash(key) after ix_key_ok (-1: an error set), an int of up to 63 bits hashed here:
+ * Python's long_hash (the value modulo 2**61 - 1, the sign kept, -1 made -2), so the table is
+ * the one PyObject_Hash would fill, without its generic call (~40 instructions a key, ~2 M keys
+ * admitted and ~1 M looked up by a whole-trace storage replay). */
+#define IX_M61 ((uint64_t)0x1fffffffffffffff)
+
+static Py_hash_t
+ix_hash(PyObject *key)
+{
+    int64_t x;
+    if (PyLong_CheckExact(key) && cp_small_int(key, &x)) {
+        uint64_t u = x < 0 ? (uint64_t)0 - (uint64_t)x : (uint64_t)x;
+        Py_hash_t h;
+        u = (u & IX_M61) + (u >> 61);
+        if (u >= IX_M61) u -= IX_M61;
+        h = x < 0 ? -(Py_hash_t)u : (Py_hash_t)u;
+        return h == -1 ? -2 : h;
+    }
+    if (!ix_key_ok(key)) return -1;
+    return PyObject_Hash(key);
+}
+
 static int
 ix_same(PyObject *a, PyObject *b)
 {
@@ -182,7 +204,7 @@ ix_find(StorageIndex *ix, PyObject *key)
     Py_hash_t hash;
     int found;
     size_t i;
-    if (!ix_key_ok(key) || (hash = PyObject_Hash(key)) == -1) {
+    if ((hash = ix_hash(key)) == -1) {
         return -2;
     }
     i = ix_probe(ix, key, hash, &found);
@@ -439,7 +461,7 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
     }
     for (i = 0; i < n; i++) {  /* every key checked before anything changes */
         PyObject *key = PyList_GET_ITEM(keys, i);
-        if (!ix_key_ok(key) || (hashes[i] = PyObject_Hash(key)) == -1) goto fail;
+        if ((hashes[i] = ix_hash(key)) == -1) goto fail;
     }
     for (i = 0; i < n && i < IX_PREFETCH; i++) __builtin_prefetch(&ix->table[(size_t)IX_TAG(hashes[i]) & ix->mask]);
     ix->pending_n = ix->pending_at = 0;
