@@ -1,6 +1,8 @@
 /* StorageIndex: the storage tier's page index (engine/storage.py's _LruIndex is the reference). */
 #include "cplane.h"
 
+#include <sys/mman.h>
+
 /* ------------------------------------------------------------------------------------------ */
 /* StorageIndex: the storage tier's page index (storage._LruIndex is the reference and the     */
 /* fallback). Key -> location (segment << 32 | slot, -1 while the page is being written) in    */
@@ -18,7 +20,8 @@
 /* of a hash_ids trace are runs of consecutive ints, which as homes would pile into long runs   */
 /* of the table that every probe for an absent key walks to the end. A tier of */
 /* ~800k pages is tens of MB of entries and table, so every entry or key read is a cache miss;  */
-/* admit() also prefetches the slots of the keys ahead and the entries of the next victims.     */
+/* admit() also prefetches the slots of the keys ahead, and the next victims' entries and table */
+/* slots; the large arrays are mapped with huge pages (ix_big_alloc).                           */
 
 typedef struct {
     PyObject *key;     /* a strong reference; NULL: a free entry */
@@ -53,6 +56,65 @@ typedef struct {
 #define IX_SLOT_BITS 32
 #define IX_MAX_SEGMENT ((int64_t)1 << 31)
 
+/* The table and the entries of a full tier are tens of MB read at random: with 4 KiB pages
+ * nearly every probe, deletion and relink also misses the TLB (a page walk before the cache
+ * miss). Arrays of 2 MiB or more are therefore anonymous mappings aligned to 2 MiB and marked
+ * MADV_HUGEPAGE (this machine's transparent huge pages are "madvise": without the mark the
+ * kernel never backs them with huge pages). Smaller ones, and systems without the calls, use
+ * PyMem. Both come zeroed; the size (which the caller always knows: the table's slots, the
+ * entries' capacity) picks the kind, so ix_big_free needs no record of it. */
+#define IX_HUGE ((size_t)2 << 20)
+
+static size_t
+ix_big_len(size_t bytes)
+{
+    return (bytes + IX_HUGE - 1) & ~(IX_HUGE - 1);
+}
+
+static void *
+ix_big_alloc(size_t bytes)
+{
+#if defined(MAP_ANONYMOUS) && defined(MADV_HUGEPAGE)
+    if (bytes >= IX_HUGE) {
+        size_t len = ix_big_len(bytes), lead;
+        char *p = mmap(NULL, len + IX_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) return NULL;
+        /* keep the 2 MiB-aligned len bytes inside, unmap the rest */
+        lead = (IX_HUGE - ((uintptr_t)p & (IX_HUGE - 1))) & (IX_HUGE - 1);
+        if (lead) munmap(p, lead);
+        if (IX_HUGE - lead) munmap(p + lead + len, IX_HUGE - lead);
+        p += lead;
+        (void)madvise(p, len, MADV_HUGEPAGE);  /* advice: without it, ordinary pages */
+        return p;
+    }
+#endif
+    return PyMem_Calloc(1, bytes ? bytes : 1);
+}
+
+static void
+ix_big_free(void *p, size_t bytes)
+{
+    if (p == NULL) return;
+#if defined(MAP_ANONYMOUS) && defined(MADV_HUGEPAGE)
+    if (bytes >= IX_HUGE) {
+        munmap(p, ix_big_len(bytes));
+        return;
+    }
+#endif
+    PyMem_Free(p);
+}
+
+/* ix_big_alloc of `bytes` holding the first `keep` bytes of `old` (of `old_bytes`), which goes. */
+static void *
+ix_big_grow(void *old, size_t old_bytes, size_t bytes, size_t keep)
+{
+    void *p = ix_big_alloc(bytes);
+    if (p == NULL) return NULL;
+    if (keep) memcpy(p, old, keep);
+    ix_big_free(old, old_bytes);
+    return p;
+}
+
 static int
 ix_key_ok(PyObject *key)
 {
@@ -61,6 +123,28 @@ ix_key_ok(PyObject *key)
     }
     PyErr_Format(PyExc_TypeError, "storage keys are int, bytes or str, not %.100s", Py_TYPE(key)->tp_name);
     return 0;
+}
+
+/* PyObject_Hash(key) after ix_key_ok (-1: an error set), an int of up to 63 bits hashed here:
+ * Python's long_hash (the value modulo 2**61 - 1, the sign kept, -1 made -2), so the table is
+ * the one PyObject_Hash would fill, without its generic call (~40 instructions a key, ~2 M keys
+ * admitted and ~1 M looked up by a whole-trace storage replay). */
+#define IX_M61 ((uint64_t)0x1fffffffffffffff)
+
+static Py_hash_t
+ix_hash(PyObject *key)
+{
+    int64_t x;
+    if (PyLong_CheckExact(key) && cp_small_int(key, &x)) {
+        uint64_t u = x < 0 ? (uint64_t)0 - (uint64_t)x : (uint64_t)x;
+        Py_hash_t h;
+        u = (u & IX_M61) + (u >> 61);
+        if (u >= IX_M61) u -= IX_M61;
+        h = x < 0 ? -(Py_hash_t)u : (Py_hash_t)u;
+        return h == -1 ? -2 : h;
+    }
+    if (!ix_key_ok(key)) return -1;
+    return PyObject_Hash(key);
 }
 
 static int
@@ -120,7 +204,7 @@ ix_find(StorageIndex *ix, PyObject *key)
     Py_hash_t hash;
     int found;
     size_t i;
-    if (!ix_key_ok(key) || (hash = PyObject_Hash(key)) == -1) {
+    if ((hash = ix_hash(key)) == -1) {
         return -2;
     }
     i = ix_probe(ix, key, hash, &found);
@@ -150,7 +234,7 @@ ix_rehash(StorageIndex *ix, size_t size)
 {
     uint64_t *old = ix->table, *t;
     size_t old_size = ix->mask + 1, mask = size - 1;
-    if (size > ((size_t)1 << 32) || (t = PyMem_Calloc(size, sizeof(uint64_t))) == NULL) {
+    if (size > ((size_t)1 << 32) || (t = ix_big_alloc(size * sizeof(uint64_t))) == NULL) {
         PyErr_NoMemory();
         return -1;
     }
@@ -163,7 +247,7 @@ ix_rehash(StorageIndex *ix, size_t size)
             t[i] = s;
         }
     }
-    PyMem_Free(old);
+    ix_big_free(old, old_size * sizeof(uint64_t));
     ix->table = t;
     ix->mask = mask;
     return 0;
@@ -189,7 +273,8 @@ ix_insert(StorageIndex *ix, PyObject *key, Py_hash_t hash, size_t at, int64_t lo
     } else {
         if (ix->ent_top == ix->ent_cap) {
             Py_ssize_t cap = ix->ent_cap ? ix->ent_cap * 2 : 64;
-            IxEntry *n = PyMem_Realloc(ix->ent, (size_t)cap * sizeof(IxEntry));
+            IxEntry *n = ix_big_grow(ix->ent, (size_t)ix->ent_cap * sizeof(IxEntry), (size_t)cap * sizeof(IxEntry),
+                                     (size_t)ix->ent_top * sizeof(IxEntry));
             if (n == NULL) {
                 PyErr_NoMemory();
                 return -1;
@@ -269,7 +354,7 @@ ix_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     ix = (StorageIndex *)type->tp_alloc(type, 0);
     if (ix == NULL) return NULL;
     ix->free_head = ix->head = ix->tail = -1;
-    ix->table = PyMem_Calloc(16, sizeof(uint64_t));
+    ix->table = ix_big_alloc(16 * sizeof(uint64_t));
     if (ix->table == NULL) {
         Py_DECREF(ix);
         return PyErr_NoMemory();
@@ -284,8 +369,8 @@ ix_dealloc(StorageIndex *ix)
     for (Py_ssize_t e = 0; e < ix->ent_top; e++) {
         Py_XDECREF(ix->ent[e].key);
     }
-    PyMem_Free(ix->ent);
-    PyMem_Free(ix->table);
+    ix_big_free(ix->ent, (size_t)ix->ent_cap * sizeof(IxEntry));
+    ix_big_free(ix->table, (ix->mask + 1) * sizeof(uint64_t));
     PyMem_Free(ix->live);
     Py_TYPE(ix)->tp_free((PyObject *)ix);
 }
@@ -376,7 +461,7 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
     }
     for (i = 0; i < n; i++) {  /* every key checked before anything changes */
         PyObject *key = PyList_GET_ITEM(keys, i);
-        if (!ix_key_ok(key) || (hashes[i] = PyObject_Hash(key)) == -1) goto fail;
+        if ((hashes[i] = ix_hash(key)) == -1) goto fail;
     }
     for (i = 0; i < n && i < IX_PREFETCH; i++) __builtin_prefetch(&ix->table[(size_t)IX_TAG(hashes[i]) & ix->mask]);
     ix->pending_n = ix->pending_at = 0;
@@ -406,7 +491,16 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
                     PyErr_SetString(PyExc_KeyError, "dictionary is empty");
                     goto fail;
                 }
-                if (ix->ent[e].next >= 0) __builtin_prefetch(&ix->ent[ix->ent[e].next]);  /* the next victim */
+                {
+                    /* the next victim's entry was prefetched at this deletion's turn one before:
+                     * its table slot now (the deletion's one cache miss, the rest is in the
+                     * line), and the entry of the victim after it */
+                    Py_ssize_t nx = ix->ent[e].next;
+                    if (nx >= 0) {
+                        __builtin_prefetch(&ix->table[(size_t)IX_TAG(ix->ent[nx].hash) & ix->mask]);
+                        if (ix->ent[nx].next >= 0) __builtin_prefetch(&ix->ent[ix->ent[nx].next]);
+                    }
+                }
                 loc = ix->ent[e].loc;
                 old = ix_remove(ix, e);
                 ndeleted++;
