@@ -84,7 +84,7 @@ for i in range(N - LAST, N):
 parts = {}
 threads = {}  # the evidence's parts' CPU by the thread that ran them (the model's threads)
 import threading
-EVIDENCE = ("context", "story", "rest", "sessions", "curves")
+EVIDENCE = ("context", "story", "rest", "sessions", "curves", "lookup")
 
 def timed(owner, name, label):
     f = getattr(owner, name)
@@ -104,6 +104,8 @@ timed(W.RunWriter, "_write_pending", "write_pending")
 timed(W, "detach", "detach")
 timed(E, "write_evidence", "ev_write")
 timed(close, "closing_numbers", "closing")
+if hasattr(E, "begin_run_evidence"):  # the request lookup's rows beside the sections (session 21); in ev_write before
+    timed(E, "begin_run_evidence", "lookup")
 for name, label in [("compute_run_context", "context"), ("size_curves", "curves"), ("compute_run_summary", "rest"),
                     ("run_totals", "rest"), ("session_summary", "rest"), ("rank_summary", "rest"),
                     ("run_miss_reasons", "rest"), ("session_pauses", "sessions"), ("run_story", "story")]:
@@ -120,7 +122,7 @@ print(json.dumps(parts))
 os._exit(0)
 """
 
-KEYS = ("write_pending", "context", "story", "rest", "sessions", "curves", "ev_write", "closing", "detach")
+KEYS = ("write_pending", "context", "story", "rest", "sessions", "curves", "lookup", "ev_write", "closing", "detach")
 
 
 def _model(p: dict) -> float:

@@ -518,3 +518,99 @@ def test_every_section_has_one_thread_and_the_story_comes_before_the_context_on_
                 assert thread.index("story") < thread.index("context"), n
     assert E.evidence_threads(None) == E.evidence_threads(0) == E.SMALL_RUN_THREADS
     assert E.evidence_threads(10**9) == E.LARGE_RUN_THREADS
+
+
+def _lookup_and_row(con, run_id):
+    lookup = con.execute("SELECT bucket, req_id, seq FROM request_lookup WHERE run_id = ? ORDER BY rowid",
+                         [run_id]).fetchall()
+    row = con.execute("SELECT evidence_version, evidence_json FROM run_evidence WHERE run_id = ?", [run_id]).fetchall()
+    return lookup, row
+
+
+def test_the_close_writes_the_request_lookup_beside_the_sections_in_the_rows_transaction(replayed, tmp_path,
+                                                                                         monkeypatch):
+    """The writer's close (`record_run_evidence` with the writer's connection) writes the request
+    lookup's rows (a hash and a sort of every request id) on a cursor of its own while the
+    sections' threads run, on the curves' thread once the curves are made (issue 41: off the
+    close's serial tail), and the evidence's row then joins that transaction: the same rows, in
+    the same order, as the lookup written after the sections (`replace_run_evidence`), and
+    nothing left open (the close's checkpoint follows)."""
+    import threading
+
+    db = _copy(replayed, tmp_path, "beside.duckdb")
+    order = []
+    real_curves, real_begin = E.size_curves, E.begin_run_evidence
+
+    def curves(con, run):
+        out = real_curves(con, run)
+        order.append(("curves", threading.get_ident()))
+        return out
+
+    def begin(con, run_id):
+        order.append(("lookup", threading.get_ident()))
+        return real_begin(con, run_id)
+
+    monkeypatch.setattr(E, "size_curves", curves)
+    monkeypatch.setattr(E, "begin_run_evidence", begin)
+    with duckdb.connect(str(db)) as con:
+        run_id = resolve_run(con, None).run_id
+        con.execute("DELETE FROM run_evidence")
+        con.execute("DELETE FROM request_lookup")
+        assert E.record_run_evidence(db, run_id, con=con) is None
+        assert order == [("curves", threading.get_ident()), ("lookup", threading.get_ident())]
+        con.execute("CHECKPOINT")  # refused while any transaction is open
+        beside = _lookup_and_row(con, run_id)
+    monkeypatch.undo()
+    with duckdb.connect(str(db)) as con:
+        con.execute("DELETE FROM run_evidence")
+        con.execute("DELETE FROM request_lookup")
+        with open_store(replayed) as ro:
+            sections = E.compute_evidence(ro, resolve_run(ro, run_id))
+        E.write_evidence(con, run_id, sections)  # the lookup after the row, in one transaction, as before
+        after = _lookup_and_row(con, run_id)
+    assert len(beside[0]) == 200 and beside[0] == after[0]
+    assert [v for v, _ in beside[1]] == [v for v, _ in after[1]]
+    assert json.loads(beside[1][0][1]) == json.loads(after[1][0][1])
+
+
+@pytest.mark.parametrize("failure", ["section", "row", "lookup"])
+def test_a_close_that_fails_after_the_lookup_began_stores_neither_and_leaves_nothing_open(
+        replayed, tmp_path, monkeypatch, capsys, failure):
+    """A section failing while the lookup's transaction is open (the section waits for it here),
+    the evidence's row refused in it, or the lookup's own write failing: one warning, no lookup
+    rows and no evidence row (one transaction, rolled back), and the connection free for the
+    close's checkpoint; the run's rows untouched."""
+    import threading
+
+    db = _copy(replayed, tmp_path, f"fails-{failure}.duckdb")
+    began = threading.Event()
+    real_begin = E.begin_run_evidence
+
+    def begin(con, run_id):
+        if failure == "lookup":
+            con.execute("BEGIN")
+            E.rollback_run_evidence(con, run_id)
+            raise duckdb.IOException("IO Error: No space left on device")
+        real_begin(con, run_id)
+        began.set()
+
+    monkeypatch.setattr(E, "begin_run_evidence", begin)
+    if failure == "section":
+        def boom(con, run_id):
+            assert began.wait(60)
+            raise RuntimeError("the totals failed")
+        monkeypatch.setattr(E, "run_totals", boom)
+    elif failure == "row":
+        monkeypatch.setattr(E, "EVIDENCE_VERSION", "not a number")
+    with duckdb.connect(str(db)) as con:
+        run_id = resolve_run(con, None).run_id
+        con.execute("DELETE FROM run_evidence")
+        con.execute("DELETE FROM request_lookup")
+        capsys.readouterr()
+        msg = E.record_run_evidence(db, run_id, con=con)
+        assert msg is not None and "recorded in full" in msg
+        err = [line for line in capsys.readouterr().err.splitlines() if line]
+        assert len(err) == 1 and err[0].startswith("tierdiag: warning: run "), err
+        con.execute("CHECKPOINT")  # refused while any transaction is open
+        assert _lookup_and_row(con, run_id) == ([], [])
+        assert con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [run_id]).fetchone()[0] == 200
