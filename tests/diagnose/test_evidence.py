@@ -527,14 +527,16 @@ def _lookup_and_row(con, run_id):
     return lookup, row
 
 
+@pytest.mark.parametrize("large", [False, True])
 def test_the_close_writes_the_request_lookup_beside_the_sections_in_the_rows_transaction(replayed, tmp_path,
-                                                                                         monkeypatch):
+                                                                                         monkeypatch, large):
     """The writer's close (`record_run_evidence` with the writer's connection) writes the request
     lookup's rows (a hash and a sort of every request id) on a cursor of its own while the
     sections' threads run, on the curves' thread once the curves are made (issue 41: off the
     close's serial tail), and the evidence's row then joins that transaction: the same rows, in
     the same order, as the lookup written after the sections (`replace_run_evidence`), and
-    nothing left open (the close's checkpoint follows)."""
+    nothing left open (the close's checkpoint follows). From LARGE_RUN_REQUESTS (the plan that
+    bounds the close's peak) the lookup comes after the sections, as before, in the same way."""
     import threading
 
     db = _copy(replayed, tmp_path, "beside.duckdb")
@@ -550,14 +552,27 @@ def test_the_close_writes_the_request_lookup_beside_the_sections_in_the_rows_tra
         order.append(("lookup", threading.get_ident()))
         return real_begin(con, run_id)
 
+    sections_done = []
+    real_miss = E.run_miss_reasons  # the last section of every plan's last thread
+
+    def miss(con, run_id):
+        out = real_miss(con, run_id)
+        sections_done.append(len(order))  # what the caller's thread had done by then
+        return out
+
     monkeypatch.setattr(E, "size_curves", curves)
     monkeypatch.setattr(E, "begin_run_evidence", begin)
+    monkeypatch.setattr(E, "run_miss_reasons", miss)
+    if large:
+        monkeypatch.setattr(E, "LARGE_RUN_REQUESTS", 1)
     with duckdb.connect(str(db)) as con:
         run_id = resolve_run(con, None).run_id
         con.execute("DELETE FROM run_evidence")
         con.execute("DELETE FROM request_lookup")
         assert E.record_run_evidence(db, run_id, con=con) is None
         assert order == [("curves", threading.get_ident()), ("lookup", threading.get_ident())]
+        if large:
+            assert sections_done[0] <= 1, "the lookup was written beside a large run's sections"
         con.execute("CHECKPOINT")  # refused while any transaction is open
         beside = _lookup_and_row(con, run_id)
     monkeypatch.undo()

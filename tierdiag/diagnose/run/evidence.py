@@ -214,9 +214,11 @@ def record_run_evidence(db_path, run_id: str, *, con: duckdb.DuckDBPyConnection 
             made: dict = {}
             # The request lookup's rows (a hash and a sort of every request id: ~10 ms on the
             # conversation trace, ~0.17 s of CPU at 200k requests) are written on a cursor of their
-            # own, in the transaction the row then joins, while the sections are computed (on
-            # the curves' thread, once they are made), not after them in the close the replay
-            # waits for (issue 41). The same rows, committed together, as before.
+            # own, in the transaction the row then joins: below LARGE_RUN_REQUESTS while the
+            # sections are computed (on the curves' thread, once they are made), not after them in
+            # the close the replay waits for (issue 41); from it on after them, as before (beside
+            # them it held ~25 MB more at 200k requests: the large runs' plan bounds the peak).
+            # The same rows, committed together, either way.
             with second_cursor(con) as lk:
                 begun = False
 
@@ -225,12 +227,15 @@ def record_run_evidence(db_path, run_id: str, *, con: duckdb.DuckDBPyConnection 
                     begin_run_evidence(lk, run_id)
                     begun = True
 
+                small = evidence_threads(getattr(run, "num_requests", None)) is SMALL_RUN_THREADS
                 try:
-                    sections = compute_evidence(con, run, computed=made, beside=lookup)
+                    sections = compute_evidence(con, run, computed=made, beside=lookup if small else None)
                 except BaseException:
                     if begun:
                         rollback_run_evidence(lk, run_id)
                     raise
+                if not begun:
+                    lookup()
                 write_evidence(lk, run_id, sections, begun=True)
             if computed is not None:
                 computed.update(made)
