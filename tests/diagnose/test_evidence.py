@@ -629,3 +629,26 @@ def test_a_close_that_fails_after_the_lookup_began_stores_neither_and_leaves_not
         con.execute("CHECKPOINT")  # refused while any transaction is open
         assert _lookup_and_row(con, run_id) == ([], [])
         assert con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [run_id]).fetchone()[0] == 200
+
+
+def test_the_writer_process_preloads_what_a_stored_close_imports_and_no_more(replayed, tmp_path):
+    """The writer process imports close.PRELOAD while the engine runs (issue 41: not in the close
+    the replay waits for); the summary's reader is not among them: a close whose evidence is
+    stored takes its closing numbers from the summary the evidence computed and never imports
+    `diagnose.run.summary` (36 modules, ~23 ms of the writer's CPU beside the engine)."""
+    import subprocess
+    import sys
+
+    db = _copy(replayed, tmp_path, "preload.duckdb")
+    code = ("import sys, duckdb\n"
+            "from tierdiag.diagnose.run import close\n"
+            "for m in close.PRELOAD: __import__(m)\n"
+            "assert 'tierdiag.diagnose.run.summary' not in sys.modules, 'preloaded'\n"
+            "con = duckdb.connect(sys.argv[1])\n"
+            "run_id = con.execute('SELECT run_id FROM runs').fetchone()[0]\n"
+            "numbers = close.after_commit(con, sys.argv[1], run_id, 'complete')\n"
+            "assert numbers['span_ns'] > 0 and numbers['ttft_ns'] is not None, numbers\n"
+            "assert 'tierdiag.diagnose.run.summary' not in sys.modules, 'imported by the close'\n")
+    out = subprocess.run([sys.executable, "-c", code, str(db)], capture_output=True, text=True,
+                         cwd=str(Path(__file__).resolve().parents[2]))
+    assert out.returncode == 0, out.stderr
