@@ -417,9 +417,9 @@ def _vacuum(con: duckdb.DuckDBPyConnection, on: bool) -> None:
     Each write's checkpoint leaves a row group a table, and DuckDB's vacuum merges them as a
     binary counter carries, rewriting the rows it merges: on a table short of a full row group
     (122,880 rows: every table of the conversation trace) that is most of its rows every other
-    write. The writer process vacuums every VACUUM_EVERY-th write only (writer_process.py):
-    ~30 % less of its writes' CPU there, the row groups at most VACUUM_EVERY small ones past those
-    merged (benchmarks/README.md, session 21 h41close3)."""
+    write. The writer process vacuums every VACUUM_EVERY-th write only (writer_process.py: ~22 %
+    less of its writes' CPU on the conversation trace, the file ~11 % larger at the run's end;
+    benchmarks/README.md, session 21 h41close3)."""
     if not on:
         _no_vacuum(con)
         return
