@@ -19,51 +19,19 @@ write, the status, the detach's checkpoint), the file's size and the requests' r
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from probe_timeline import baseline_worktree  # benchmarks/ is the script's folder: first on sys.path
+from close_parts import PRELUDE, interleaved, print_medians, run_in  # benchmarks/ is the script's folder: first on sys.path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-
-_DRIVE = r"""
-import json, os, queue, sys, threading, time
-import duckdb
+_DRIVE = PRELUDE + r"""
+import queue
 import tierdiag.store.writer as W
 from tierdiag.store import writer_serve
 
 src, dst, n, gap = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-TABLES = ("requests", "batches", "evictions", "pool_samples", "request_evictions", "transfers")
-with duckdb.connect(src, read_only=True) as s:
-    run = s.sql("SELECT * FROM runs").to_arrow_table().to_pylist()[0]
-    tables = {t: s.sql(f"SELECT * EXCLUDE (run_id) FROM {t} ORDER BY rowid").to_arrow_table() for t in TABLES}
-
-def batch(i):
-    out = {}
-    for t, a in tables.items():
-        lo, hi = a.num_rows * i // n, a.num_rows * (i + 1) // n
-        out[t] = {c: a.column(c).slice(lo, hi - lo).combine_chunks() for c in a.column_names}
-    return out
-
-batches = [batch(i) for i in range(n)]
-parts = {}
-
-def timed(owner, name, label):
-    f = getattr(owner, name)
-    def g(*a, **k):
-        c = time.thread_time()
-        try:
-            return f(*a, **k)
-        finally:
-            parts[label] = parts.get(label, 0.0) + time.thread_time() - c
-            parts[label + "_n"] = parts.get(label + "_n", 0) + 1
-    setattr(owner, name, g)
+run, tables = load_run(src)
+batches = [batch(tables, i, n) for i in range(n)]
 
 r, w = os.pipe()
 threading.Thread(target=lambda: [os.read(r, 1 << 16) for _ in iter(int, 1)], daemon=True).start()
@@ -86,7 +54,7 @@ for i in range(n):
         time.sleep(min(left, due))
     serve.rows(batches[i])
 pending = sum(len(next(iter(c.values()))) for b in serve.writer._pending for c in b.values() if c)
-out = {"writes": parts.get("write_n", 0), "write_cpu": parts.get("write", 0.0), "pending_rows": pending}
+out = {"writes": calls.get("write", 0), "write_cpu": parts.get("write", 0.0), "pending_rows": pending}
 c0 = time.thread_time()
 serve.writer.finish("complete", release=False)
 out["close_cpu"] = time.thread_time() - c0
@@ -110,31 +78,22 @@ def main() -> None:
     ap.add_argument("--gap", default="0.09,0.1,0.11", help="seconds between hand-overs, several: each a run")
     a = ap.parse_args()
     gaps = [float(g) for g in a.gap.split(",")]
+
+    def measure(name: str, root: Path, i: int) -> dict:
+        total = dict.fromkeys(KEYS, 0.0)
+        for gap in gaps:
+            dst = tmp / f"{name}-{i}-{gap}.duckdb"
+            p = run_in(root, _DRIVE, a.run, dst, a.handovers, gap)
+            for k in KEYS:
+                total[k] += p[k]
+            dst.unlink()
+        print(f"round {i + 1} {name}: " + " ".join(f"{k} {v:.4g}" for k, v in total.items()), flush=True)
+        return total
+
     with tempfile.TemporaryDirectory(prefix="tierdiag-writes-") as td:
         tmp = Path(td)
-        sides = [("this", ROOT)]
-        if a.baseline:
-            sides.insert(0, ("baseline", baseline_worktree(a.baseline, tmp)))
-        got: dict[str, list[dict]] = {name: [] for name, _ in sides}
-        for i in range(a.rounds):
-            for name, root in (sides if i % 2 == 0 else sides[::-1]):
-                total = dict.fromkeys(KEYS, 0.0)
-                for gap in gaps:
-                    dst = tmp / f"{name}-{i}-{gap}.duckdb"
-                    out = subprocess.run([sys.executable, "-W", "ignore", "-c", _DRIVE, str(a.run), str(dst),
-                                          str(a.handovers), str(gap)], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
-                                         capture_output=True, text=True, check=True)
-                    p = json.loads(out.stdout.strip().splitlines()[-1])
-                    for k in KEYS:
-                        total[k] += p[k]
-                    dst.unlink()
-                got[name].append(total)
-                print(f"round {i + 1} {name}: " + " ".join(f"{k} {v:.4g}" for k, v in total.items()), flush=True)
-    print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; medians of {a.rounds} "
-          f"interleaved rounds, each the sum over the gaps {gaps} ({a.handovers} hand-overs)\n")
-    print(f"{'code':>9} " + " ".join(f"{c:>13}" for c in KEYS))
-    for name, rows in got.items():
-        print(f"{name:>9} " + " ".join(f"{statistics.median(r[c] for r in rows):13.4g}" for c in KEYS))
+        got = interleaved(a.baseline, a.rounds, tmp, measure)
+    print_medians(got, KEYS, f"each the sum over the gaps {gaps} ({a.handovers} hand-overs)", "13.4g")
 
 
 if __name__ == "__main__":
