@@ -39,9 +39,46 @@ from probe_timeline import baseline_worktree  # benchmarks/ is the script's fold
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
-_CLOSE = r"""
-import json, os, sys, time
+# The start of each measuring process (close_parts.py's and writer_writes.py's): the recorded
+# run's rows (`load_run`), one of `n` batches of them as the writer takes them (`batch`), and
+# `timed` (a function's thread CPU added to `parts` under a label, its calls to `calls`; `also`,
+# if given, is told each (label, CPU)).
+PRELUDE = r"""
+import json, os, sys, threading, time
 import duckdb
+
+def load_run(src):
+    with duckdb.connect(src, read_only=True) as s:
+        run = s.sql("SELECT * FROM runs").to_arrow_table().to_pylist()[0]
+        tables = {t: s.sql(f"SELECT * EXCLUDE (run_id) FROM {t} ORDER BY rowid").to_arrow_table()
+                  for t in ("requests", "batches", "evictions", "pool_samples", "request_evictions", "transfers")}
+    return run, tables
+
+def batch(tables, i, n):
+    out = {}
+    for t, a in tables.items():
+        lo, hi = a.num_rows * i // n, a.num_rows * (i + 1) // n
+        out[t] = {c: a.column(c).slice(lo, hi - lo).combine_chunks() for c in a.column_names}
+    return out
+
+parts, calls = {}, {}
+
+def timed(owner, name, label, also=None):
+    f = getattr(owner, name)
+    def g(*a, **k):
+        c = time.thread_time()
+        try:
+            return f(*a, **k)
+        finally:
+            dt = time.thread_time() - c
+            parts[label] = parts.get(label, 0.0) + dt
+            calls[label] = calls.get(label, 0) + 1
+            if also is not None:
+                also(label, dt)
+    setattr(owner, name, g)
+"""
+
+_CLOSE = PRELUDE + r"""
 from tierdiag.store.writer import RunWriter
 import tierdiag.store.writer as W
 from tierdiag.store import writer_serve
@@ -50,10 +87,7 @@ from tierdiag.diagnose.run import evidence as E
 from tierdiag.diagnose.run.size_curves import read_ahead
 
 src, dst, last, settle = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
-with duckdb.connect(src, read_only=True) as s:
-    run = s.sql("SELECT * FROM runs").to_arrow_table().to_pylist()[0]
-    tables = {t: s.sql(f"SELECT * EXCLUDE (run_id) FROM {t} ORDER BY rowid").to_arrow_table()
-              for t in ("requests", "batches", "evictions", "pool_samples", "request_evictions", "transfers")}
+run, tables = load_run(src)
 config = json.loads(run["config_json"])
 w = RunWriter(dst, name=run["name"], trace_path=run["trace_path"], trace_sha256=run["trace_sha256"], config=config,
               hardware=json.loads(run["hardware_json"]), data_plane=json.loads(run["data_plane_json"]),
@@ -62,15 +96,8 @@ on_rows = read_ahead(run["trace_path"], run["trace_sha256"], config)
 N, LAST = 20, 2
 cut = int(N * (1 - last))
 
-def batch(i):
-    out = {}
-    for t, a in tables.items():
-        lo, hi = a.num_rows * i // N, a.num_rows * (i + 1) // N
-        out[t] = {c: a.column(c).slice(lo, hi - lo).combine_chunks() for c in a.column_names}
-    return out
-
 def hand(i):
-    taken = w.take(batch(i))
+    taken = w.take(batch(tables, i, N))
     if on_rows is not None:
         on_rows(taken)
 
@@ -81,34 +108,25 @@ for i in range(N - LAST):
 time.sleep(settle)
 for i in range(N - LAST, N):
     hand(i)
-parts = {}
 threads = {}  # the evidence's parts' CPU by the thread that ran them (the model's threads)
-import threading
-EVIDENCE = ("context", "story", "rest", "sessions", "curves")
+EVIDENCE = ("context", "story", "rest", "sessions", "curves", "lookup")
 
-def timed(owner, name, label):
-    f = getattr(owner, name)
-    def g(*a, **k):
-        c = time.thread_time()
-        try:
-            return f(*a, **k)
-        finally:
-            dt = time.thread_time() - c
-            parts[label] = parts.get(label, 0.0) + dt
-            if label in EVIDENCE:
-                ident = threading.get_ident()
-                threads[ident] = threads.get(ident, 0.0) + dt
-    setattr(owner, name, g)
+def by_thread(label, dt):
+    if label in EVIDENCE:
+        ident = threading.get_ident()
+        threads[ident] = threads.get(ident, 0.0) + dt
 
 timed(W.RunWriter, "_write_pending", "write_pending")
 timed(W, "detach", "detach")
 timed(E, "write_evidence", "ev_write")
 timed(close, "closing_numbers", "closing")
+if hasattr(E, "begin_run_evidence"):  # the request lookup's rows beside the sections (session 21); in ev_write before
+    timed(E, "begin_run_evidence", "lookup", by_thread)
 for name, label in [("compute_run_context", "context"), ("size_curves", "curves"), ("compute_run_summary", "rest"),
                     ("run_totals", "rest"), ("session_summary", "rest"), ("rank_summary", "rest"),
                     ("run_miss_reasons", "rest"), ("session_pauses", "sessions"), ("run_story", "story")]:
     if hasattr(E, name):
-        timed(E, name, label)
+        timed(E, name, label, by_thread)
 r, wfd = os.pipe()
 serve = writer_serve._Serve(inbox=None, reply_fd=wfd, after_commit=close.after_commit)
 serve.writer, serve.on_rows = w, on_rows
@@ -120,7 +138,7 @@ print(json.dumps(parts))
 os._exit(0)
 """
 
-KEYS = ("write_pending", "context", "story", "rest", "sessions", "curves", "ev_write", "closing", "detach")
+KEYS = ("write_pending", "context", "story", "rest", "sessions", "curves", "lookup", "ev_write", "closing", "detach")
 
 
 def _model(p: dict) -> float:
@@ -132,6 +150,35 @@ def _model(p: dict) -> float:
     return serial + max(max(threads), sum(threads) / 2)
 
 
+def interleaved(baseline: str | None, rounds: int, tmp: Path, measure) -> dict[str, list[dict]]:
+    """{side: [measure(name, root, round) of each round]}: "baseline" (a git ref or a built
+    checkout's folder, where given) and "this", their order flipped every round."""
+    sides = [("this", ROOT)]
+    if baseline:
+        sides.insert(0, ("baseline", baseline_worktree(baseline, tmp)))
+    got: dict[str, list[dict]] = {name: [] for name, _ in sides}
+    for i in range(rounds):
+        for name, root in (sides if i % 2 == 0 else sides[::-1]):
+            got[name].append(measure(name, root, i))
+    return got
+
+
+def run_in(root: Path, code: str, *args) -> dict:
+    """`python -c code args` on the code of `root`; the JSON its last line prints."""
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code, *map(str, args)], cwd=root,
+                         env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def print_medians(got: dict[str, list[dict]], cols, what: str, fmt: str = "13.4f") -> None:
+    rounds = len(next(iter(got.values())))
+    print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; medians of {rounds} "
+          f"interleaved rounds, {what}\n")
+    print(f"{'code':>9} " + " ".join(f"{c:>13}" for c in cols))
+    for name, rows in got.items():
+        print(f"{name:>9} " + " ".join(f"{statistics.median(r.get(c, 0.0) for r in rows):{fmt}}" for c in cols))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", type=Path, help="a store holding one recorded replay (its trace still there)")
@@ -140,29 +187,18 @@ def main() -> None:
     ap.add_argument("--last", type=float, default=0.3, help="share of the rows still pending at the close")
     ap.add_argument("--settle", type=float, default=8.0, help="seconds the read-ahead gets before the close")
     a = ap.parse_args()
+
+    def measure(name: str, root: Path, i: int) -> dict:
+        p = run_in(root, _CLOSE, a.run, tmp / f"{name}-{i}.duckdb", a.last, a.settle)
+        p["model"] = _model(p)
+        print(f"round {i + 1} {name}: " + " ".join(f"{k} {v:.4f}" for k, v in p.items() if k != "threads")
+              + " threads " + " ".join(f"{t:.4f}" for t in p["threads"]), flush=True)
+        return p
+
     with tempfile.TemporaryDirectory(prefix="tierdiag-close-") as td:
         tmp = Path(td)
-        sides = [("this", ROOT)]
-        if a.baseline:
-            sides.insert(0, ("baseline", baseline_worktree(a.baseline, tmp)))
-        got: dict[str, list[dict]] = {name: [] for name, _ in sides}
-        for i in range(a.rounds):
-            for name, root in (sides if i % 2 == 0 else sides[::-1]):
-                env = {**os.environ, "PYTHONPATH": str(root)}
-                out = subprocess.run([sys.executable, "-W", "ignore", "-c", _CLOSE, str(a.run),
-                                      str(tmp / f"{name}-{i}.duckdb"), str(a.last), str(a.settle)],
-                                     cwd=root, env=env, capture_output=True, text=True, check=True)
-                p = json.loads(out.stdout.strip().splitlines()[-1])
-                p["model"] = _model(p)
-                got[name].append(p)
-                print(f"round {i + 1} {name}: " + " ".join(f"{k} {v:.4f}" for k, v in p.items() if k != "threads")
-                      + " threads " + " ".join(f"{t:.4f}" for t in p["threads"]), flush=True)
-    cols = (*KEYS, "model", "cpu", "wall")
-    print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; medians of {a.rounds} "
-          "interleaved rounds, thread CPU per part (s)\n")
-    print(f"{'code':>9} " + " ".join(f"{c:>13}" for c in cols))
-    for name, rows in got.items():
-        print(f"{name:>9} " + " ".join(f"{statistics.median(r.get(c, 0.0) for r in rows):13.4f}" for c in cols))
+        got = interleaved(a.baseline, a.rounds, tmp, measure)
+    print_medians(got, (*KEYS, "model", "cpu", "wall"), "thread CPU per part (s)")
 
 
 if __name__ == "__main__":

@@ -518,3 +518,137 @@ def test_every_section_has_one_thread_and_the_story_comes_before_the_context_on_
                 assert thread.index("story") < thread.index("context"), n
     assert E.evidence_threads(None) == E.evidence_threads(0) == E.SMALL_RUN_THREADS
     assert E.evidence_threads(10**9) == E.LARGE_RUN_THREADS
+
+
+def _lookup_and_row(con, run_id):
+    lookup = con.execute("SELECT bucket, req_id, seq FROM request_lookup WHERE run_id = ? ORDER BY rowid",
+                         [run_id]).fetchall()
+    row = con.execute("SELECT evidence_version, evidence_json FROM run_evidence WHERE run_id = ?", [run_id]).fetchall()
+    return lookup, row
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_the_close_writes_the_request_lookup_beside_the_sections_in_the_rows_transaction(replayed, tmp_path,
+                                                                                         monkeypatch, large):
+    """The writer's close (`record_run_evidence` with the writer's connection) writes the request
+    lookup's rows (a hash and a sort of every request id) on a cursor of its own while the
+    sections' threads run, on the curves' thread once the curves are made (issue 41: off the
+    close's serial tail), and the evidence's row then joins that transaction: the same rows, in
+    the same order, as the lookup written after the sections (`replace_run_evidence`), and
+    nothing left open (the close's checkpoint follows). From LARGE_RUN_REQUESTS (the plan that
+    bounds the close's peak) the lookup comes after the sections, as before, in the same way."""
+    import threading
+
+    db = _copy(replayed, tmp_path, "beside.duckdb")
+    order = []
+    real_curves, real_begin = E.size_curves, E.begin_run_evidence
+
+    def curves(con, run):
+        out = real_curves(con, run)
+        order.append(("curves", threading.get_ident()))
+        return out
+
+    def begin(con, run_id):
+        order.append(("lookup", threading.get_ident()))
+        return real_begin(con, run_id)
+
+    sections_done = []
+    real_miss = E.run_miss_reasons  # the last section of every plan's last thread
+
+    def miss(con, run_id):
+        out = real_miss(con, run_id)
+        sections_done.append(len(order))  # what the caller's thread had done by then
+        return out
+
+    monkeypatch.setattr(E, "size_curves", curves)
+    monkeypatch.setattr(E, "begin_run_evidence", begin)
+    monkeypatch.setattr(E, "run_miss_reasons", miss)
+    if large:
+        monkeypatch.setattr(E, "LARGE_RUN_REQUESTS", 1)
+    with duckdb.connect(str(db)) as con:
+        run_id = resolve_run(con, None).run_id
+        con.execute("DELETE FROM run_evidence")
+        con.execute("DELETE FROM request_lookup")
+        assert E.record_run_evidence(db, run_id, con=con) is None
+        assert order == [("curves", threading.get_ident()), ("lookup", threading.get_ident())]
+        if large:
+            assert sections_done[0] <= 1, "the lookup was written beside a large run's sections"
+        con.execute("CHECKPOINT")  # refused while any transaction is open
+        beside = _lookup_and_row(con, run_id)
+    monkeypatch.undo()
+    with duckdb.connect(str(db)) as con:
+        con.execute("DELETE FROM run_evidence")
+        con.execute("DELETE FROM request_lookup")
+        with open_store(replayed) as ro:
+            sections = E.compute_evidence(ro, resolve_run(ro, run_id))
+        E.write_evidence(con, run_id, sections)  # the lookup after the row, in one transaction, as before
+        after = _lookup_and_row(con, run_id)
+    assert len(beside[0]) == 200 and beside[0] == after[0]
+    assert [v for v, _ in beside[1]] == [v for v, _ in after[1]]
+    assert json.loads(beside[1][0][1]) == json.loads(after[1][0][1])
+
+
+@pytest.mark.parametrize("failure", ["section", "row", "lookup"])
+def test_a_close_that_fails_after_the_lookup_began_stores_neither_and_leaves_nothing_open(
+        replayed, tmp_path, monkeypatch, capsys, failure):
+    """A section failing while the lookup's transaction is open (the section waits for it here),
+    the evidence's row refused in it, or the lookup's own write failing: one warning, no lookup
+    rows and no evidence row (one transaction, rolled back), and the connection free for the
+    close's checkpoint; the run's rows untouched."""
+    import threading
+
+    db = _copy(replayed, tmp_path, f"fails-{failure}.duckdb")
+    began = threading.Event()
+    real_begin = E.begin_run_evidence
+
+    def begin(con, run_id):
+        if failure == "lookup":
+            con.execute("BEGIN")
+            E.rollback_run_evidence(con, run_id)
+            raise duckdb.IOException("IO Error: No space left on device")
+        real_begin(con, run_id)
+        began.set()
+
+    monkeypatch.setattr(E, "begin_run_evidence", begin)
+    if failure == "section":
+        def boom(con, run_id):
+            assert began.wait(60)
+            raise RuntimeError("the totals failed")
+        monkeypatch.setattr(E, "run_totals", boom)
+    elif failure == "row":
+        monkeypatch.setattr(E, "EVIDENCE_VERSION", "not a number")
+    with duckdb.connect(str(db)) as con:
+        run_id = resolve_run(con, None).run_id
+        con.execute("DELETE FROM run_evidence")
+        con.execute("DELETE FROM request_lookup")
+        capsys.readouterr()
+        msg = E.record_run_evidence(db, run_id, con=con)
+        assert msg is not None and "recorded in full" in msg
+        err = [line for line in capsys.readouterr().err.splitlines() if line]
+        assert len(err) == 1 and err[0].startswith("tierdiag: warning: run "), err
+        con.execute("CHECKPOINT")  # refused while any transaction is open
+        assert _lookup_and_row(con, run_id) == ([], [])
+        assert con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [run_id]).fetchone()[0] == 200
+
+
+def test_the_writer_process_preloads_what_a_stored_close_imports_and_no_more(replayed, tmp_path):
+    """The writer process imports close.PRELOAD while the engine runs (issue 41: not in the close
+    the replay waits for); the summary's reader is not among them: a close whose evidence is
+    stored takes its closing numbers from the summary the evidence computed and never imports
+    `diagnose.run.summary` (36 modules, ~23 ms of the writer's CPU beside the engine)."""
+    import subprocess
+    import sys
+
+    db = _copy(replayed, tmp_path, "preload.duckdb")
+    code = ("import sys, duckdb\n"
+            "from tierdiag.diagnose.run import close\n"
+            "for m in close.PRELOAD: __import__(m)\n"
+            "assert 'tierdiag.diagnose.run.summary' not in sys.modules, 'preloaded'\n"
+            "con = duckdb.connect(sys.argv[1])\n"
+            "run_id = con.execute('SELECT run_id FROM runs').fetchone()[0]\n"
+            "numbers = close.after_commit(con, sys.argv[1], run_id, 'complete')\n"
+            "assert numbers['span_ns'] > 0 and numbers['ttft_ns'] is not None, numbers\n"
+            "assert 'tierdiag.diagnose.run.summary' not in sys.modules, 'imported by the close'\n")
+    out = subprocess.run([sys.executable, "-c", code, str(db)], capture_output=True, text=True,
+                         cwd=str(Path(__file__).resolve().parents[2]))
+    assert out.returncode == 0, out.stderr

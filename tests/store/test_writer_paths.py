@@ -372,6 +372,66 @@ def test_the_close_checkpoints_without_merging_the_runs_row_groups(tmp_path):
     assert groups > 1, "the close merged the flushes' row groups"
 
 
+def test_writes_without_vacuum_leave_their_row_groups_and_a_vacuuming_write_merges_them(tmp_path):
+    """RunWriter.write(vacuum=False): its checkpoint leaves each write's row group as written (the
+    writer process's writes but every VACUUM_EVERY-th); a later write with vacuum (the default)
+    merges them again, as DuckDB's checkpoint always did; every row reads back either way, in
+    the order written."""
+    from tests.reliability.harness import sql
+    from tierdiag.store.writer import RunWriter
+
+    db = tmp_path / "v.duckdb"
+    w = RunWriter(db, name="v", trace_path="t.jsonl", trace_sha256="", config={}, hardware={}, data_plane={},
+                  timing="modelled", command_line=["t"])
+
+    def groups():
+        return sql(db, "SELECT count(DISTINCT row_group_id) FROM pragma_storage_info('requests')")[0][0]
+
+    rows = 1_500
+    for f in range(4):
+        seq = range(f * rows, (f + 1) * rows)
+        w.take({"requests": {"req_id": [f"r{i}" for i in seq], "seq": list(seq), "status": ["finished"] * rows}})
+        w.write(vacuum=False)
+        assert groups() == f + 1, "a write without vacuum merged the row groups"
+    seq = range(4 * rows, 5 * rows)
+    w.take({"requests": {"req_id": [f"r{i}" for i in seq], "seq": list(seq), "status": ["finished"] * rows}})
+    w.write()
+    assert groups() < 5, "the vacuuming write left every row group"
+    w.finish("complete")
+    assert w.recorded == 5 * rows
+    assert sql(db, "SELECT list(seq ORDER BY rowid) = range(0, 7500) AND count(DISTINCT req_id) = 7500 FROM requests") \
+        == [(True,)]
+
+
+def test_the_vacuum_setting_is_restored_for_a_vacuuming_write():
+    """`_vacuum(con, True)` resets DuckDB's setting (a write after one without vacuum merges
+    again); `_vacuum(con, False)` is `_no_vacuum`; a DuckDB without the setting always vacuums."""
+    from tierdiag.store.writer import _vacuum
+
+    class Con:
+        def __init__(self, known=True):
+            self.asked, self.known = [], known
+
+        def execute(self, statement):
+            self.asked.append(statement)
+            if not self.known:
+                raise duckdb.CatalogException('Catalog Error: unrecognized configuration parameter "max_vacuum_tasks"')
+
+    con = Con()
+    _vacuum(con, False)
+    _vacuum(con, True)
+    assert con.asked == ["SET max_vacuum_tasks = 0", "RESET max_vacuum_tasks"]
+    older = Con(known=False)
+    _vacuum(older, True)
+    _vacuum(older, False)
+    assert older.asked == ["RESET max_vacuum_tasks", "SET max_vacuum_tasks = 0"]
+    real = duckdb.connect()
+    _vacuum(real, False)
+    assert real.sql("SELECT current_setting('max_vacuum_tasks')").fetchall() == [(0,)]
+    _vacuum(real, True)
+    assert real.sql("SELECT current_setting('max_vacuum_tasks')").fetchall() != [(0,)]
+
+
 def test_a_duckdb_without_the_vacuum_setting_closes_as_before():
     """`_no_vacuum` on a DuckDB that has no max_vacuum_tasks: the close goes on (and vacuums)."""
     from tierdiag.store.writer import _no_vacuum
@@ -446,9 +506,11 @@ def test_the_writer_process_writes_sooner_at_first_then_at_its_interval():
     written before its close, which otherwise inserts all of them while the replay waits."""
     class Writer:
         writes = 0
+        vacuums: list = []
 
-        def write(self):
+        def write(self, *, vacuum=True):
             Writer.writes += 1
+            Writer.vacuums.append(vacuum)
 
     from tierdiag.store import writer_serve
 
@@ -461,6 +523,8 @@ def test_the_writer_process_writes_sooner_at_first_then_at_its_interval():
         serve.write()
         seen.append(serve.every)
     assert Writer.writes == 6
+    # Every VACUUM_EVERY-th write merges the row groups the others left (writer._vacuum).
+    assert Writer.vacuums == [(i + 1) % writer_process.VACUUM_EVERY == 0 for i in range(6)]
     first = writer_process.FIRST_WRITE_S
     assert seen[:3] == [first, 2 * first, 4 * first]
     assert seen[-1] == writer_process.WRITE_EVERY_S and max(seen) == writer_process.WRITE_EVERY_S

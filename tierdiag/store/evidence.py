@@ -14,23 +14,49 @@ from tierdiag.store.schema import OPTIONAL_TABLES, create_table_sql
 TABLE = "run_evidence"
 
 
-def replace_run_evidence(con: duckdb.DuckDBPyConnection, run_id: str, version: int, payload: str) -> None:
-    """Replace the run's row, and its rows of `request_lookup` (store/lookup.py), in one transaction
-    (creating the tables in a store made before them)."""
+def begin_run_evidence(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """Open the transaction `replace_run_evidence(..., begun=True)` commits, and write the run's
+    rows of `request_lookup` in it (store/lookup.py: a hash and a sort of every request id, the
+    larger part of the evidence's write): the writer's close does this on a cursor of its own
+    while the evidence's sections are computed, not after them (issue 41). Rolled back, and
+    raised, where it fails."""
     from tierdiag.store.lookup import write_request_lookup
 
     con.execute("BEGIN")
+    try:
+        write_request_lookup(con, run_id)  # explain's index of the run's request ids (issue 41)
+    except BaseException:
+        rollback_run_evidence(con, run_id)
+        raise
+
+
+def replace_run_evidence(con: duckdb.DuckDBPyConnection, run_id: str, version: int, payload: str, *,
+                         begun: bool = False) -> None:
+    """Replace the run's row, and its rows of `request_lookup` (store/lookup.py), in one transaction
+    (creating the tables in a store made before them). `begun`: the transaction is open on `con`
+    with the lookup's rows written (`begin_run_evidence`): the row joins them, and all commit."""
+    from tierdiag.store.lookup import write_request_lookup
+
+    if not begun:
+        con.execute("BEGIN")
     try:
         con.execute(create_table_sql(TABLE, OPTIONAL_TABLES[TABLE]))
         con.execute(f"DELETE FROM {TABLE} WHERE run_id = ?", [run_id])
         con.execute(f"INSERT INTO {TABLE} VALUES (?, ?, ?, ?)",
                     [run_id, version, datetime.now(timezone.utc).replace(tzinfo=None), payload])
-        write_request_lookup(con, run_id)  # explain's index of the run's request ids (issue 41)
+        if not begun:
+            write_request_lookup(con, run_id)  # explain's index of the run's request ids (issue 41)
         con.execute("COMMIT")
     except BaseException:
-        try:
-            con.execute("ROLLBACK")
-        except duckdb.Error as exc:  # the connection is unusable; the first error is the one to report
-            sys.stderr.write(f"tierdiag: warning: rolling back the evidence of run {run_id} failed too: "
-                             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}\n")
+        rollback_run_evidence(con, run_id)
         raise
+
+
+def rollback_run_evidence(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """Roll back the evidence's transaction on `con` after a failure (the caller raises that
+    failure: a rollback that fails too is one warning line, not the error reported)."""
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.Error as exc:  # the connection is unusable; the first error is the one to report
+        sys.stderr.write(f"tierdiag: warning: rolling back the evidence of run {run_id} failed too: "
+                         f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}\n")

@@ -297,9 +297,11 @@ class RunWriter:
         """Rows taken and not committed yet."""
         return bool(self._pending)
 
-    def write(self, wait_s: float = FLUSH_WAIT_S) -> None:
+    def write(self, wait_s: float = FLUSH_WAIT_S, *, vacuum: bool = True) -> None:
         """Commit everything pending in one transaction. A file a reader holds for longer than
-        `wait_s` keeps the rows pending (for the next write, or `finish`)."""
+        `wait_s` keeps the rows pending (for the next write, or `finish`). `vacuum=False`: its
+        checkpoint leaves the row groups as they are (`_vacuum`; the writer process vacuums
+        every VACUUM_EVERY-th write only)."""
         if not self._pending:
             return
         with signals.deferred():
@@ -310,6 +312,7 @@ class RunWriter:
                     return
                 raise write_error(self.db_path, exc) from None
             try:
+                _vacuum(self._host, vacuum)
                 self._write_pending(self._host)
             except BaseException:
                 self._let_go(failing=True)
@@ -407,6 +410,23 @@ def _by_table(pending: list[Mapping[str, Mapping[str, Any]]]):
             yield table, parts[0]
         else:
             yield table, {col: pa.concat_arrays([p[col] for p in parts]) for col in parts[0]}
+
+
+def _vacuum(con: duckdb.DuckDBPyConnection, on: bool) -> None:
+    """The next checkpoint on `con` merges small row groups (DuckDB's default) or not (`_no_vacuum`).
+    Each write's checkpoint leaves a row group a table, and DuckDB's vacuum merges them as a
+    binary counter carries, rewriting the rows it merges: on a table short of a full row group
+    (122,880 rows: every table of the conversation trace) that is most of its rows every other
+    write. The writer process vacuums every VACUUM_EVERY-th write only (writer_process.py: ~22 %
+    less of its writes' CPU on the conversation trace, the file ~11 % larger at the run's end;
+    benchmarks/README.md, session 21 h41close3)."""
+    if not on:
+        _no_vacuum(con)
+        return
+    try:
+        con.execute("RESET max_vacuum_tasks")
+    except duckdb.CatalogException:  # no such setting in this DuckDB: it always vacuums
+        return
 
 
 def _no_vacuum(con: duckdb.DuckDBPyConnection) -> None:

@@ -13,7 +13,7 @@ import time
 
 from tierdiag import signals
 from tierdiag.store.frames import EOF, portable, read_raw, send_frame
-from tierdiag.store.writer_process import FIRST_WRITE_S, WRITE_EVERY_S
+from tierdiag.store.writer_process import FIRST_WRITE_S, VACUUM_EVERY, WRITE_EVERY_S
 
 
 def main(after_commit=None, preload: tuple[str, ...] = (), while_recording=None) -> None:
@@ -75,6 +75,7 @@ class _Serve:
         self.every = WRITE_EVERY_S  # the interval now: FIRST_WRITE_S at open, doubling to every_max
         self.every_max = WRITE_EVERY_S
         self.last_write = time.monotonic()
+        self.writes = 0  # asked for, the close's aside
 
     def reply(self, msg) -> bool:
         try:
@@ -168,8 +169,10 @@ class _Serve:
             self.write()
 
     def write(self) -> None:
+        """Commit what is pending; every VACUUM_EVERY-th write's checkpoint merges the row groups."""
+        self.writes += 1
         try:
-            self.writer.write()
+            self.writer.write(vacuum=self.writes % VACUUM_EVERY == 0)
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
         self.last_write = time.monotonic()

@@ -69,7 +69,7 @@ from tierdiag.diagnose.run.size_curves import size_curves
 from tierdiag.diagnose.read.rows import second_cursor
 from tierdiag.diagnose.run.stored import EVIDENCE_VERSION, encode, inputs
 from tierdiag.diagnose.run.totals import run_totals
-from tierdiag.store.evidence import replace_run_evidence
+from tierdiag.store.evidence import begin_run_evidence, replace_run_evidence, rollback_run_evidence
 
 
 # --------------------------------------------------------------------------- compute and write
@@ -95,10 +95,13 @@ def evidence_threads(num_requests: int | None) -> tuple[tuple[str, ...], ...]:
     return LARGE_RUN_THREADS if (num_requests or 0) >= LARGE_RUN_REQUESTS else SMALL_RUN_THREADS
 
 
-def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | None = None) -> dict:
+def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | None = None,
+                     beside=None) -> dict:
     """The sections, from the run's rows, as the JSON-ready dict that is stored; `computed`, if
     given, is updated with the sections as computed (name -> object: the close's closing numbers
-    take the summary from it instead of reading it back).
+    take the summary from it instead of reading it back). `beside`, if given, is called on this
+    thread once the size curves are made, while the other sections' threads may still run (the
+    writer's close: the request lookup's rows, `record_run_evidence`); what it raises is raised.
 
     The size curves (the trace's pages and one pass over them: Python and numpy; fed while
     recording in a writer process, mostly done by now) on this thread, while the other sections
@@ -159,6 +162,8 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
         threads = [on_a_thread(stack.enter_context(second_cursor(con)), names) for names in plan]
         try:
             curves = size_curves(con, run)
+            if beside is not None:
+                beside()
         finally:
             for thread in threads:
                 thread.join()
@@ -173,10 +178,11 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
             "rank_summary": encode(done["rank_summary"]), "miss_reasons": encode(done["miss_reasons"])}
 
 
-def write_evidence(con: duckdb.DuckDBPyConnection, run_id: str, sections: dict) -> None:
+def write_evidence(con: duckdb.DuckDBPyConnection, run_id: str, sections: dict, *, begun: bool = False) -> None:
     """Replace the run's row, and its rows of `request_lookup` (store/lookup.py), in one transaction
-    (creating the tables in a store made before them)."""
-    replace_run_evidence(con, run_id, EVIDENCE_VERSION, json.dumps(sections, separators=(",", ":")))
+    (creating the tables in a store made before them). `begun`: that transaction is open on `con`,
+    the lookup's rows in it (store/evidence.py `begin_run_evidence`)."""
+    replace_run_evidence(con, run_id, EVIDENCE_VERSION, json.dumps(sections, separators=(",", ":")), begun=begun)
 
 
 # How long to wait for another process to let go of the store, to read the rows and to write the
@@ -206,7 +212,31 @@ def record_run_evidence(db_path, run_id: str, *, con: duckdb.DuckDBPyConnection 
             if run is None or not view_of(run).engine_parts:
                 return None  # observed runs: their readers use none of it
             made: dict = {}
-            write_evidence(con, run_id, compute_evidence(con, run, computed=made))
+            # The request lookup's rows (a hash and a sort of every request id: ~10 ms on the
+            # conversation trace, ~0.17 s of CPU at 200k requests) are written on a cursor of their
+            # own, in the transaction the row then joins: below LARGE_RUN_REQUESTS while the
+            # sections are computed (on the curves' thread, once they are made), not after them in
+            # the close the replay waits for (issue 41); from it on after them, as before (beside
+            # them it held ~25 MB more at 200k requests: the large runs' plan bounds the peak).
+            # The same rows, committed together, either way.
+            with second_cursor(con) as lk:
+                begun = False
+
+                def lookup() -> None:
+                    nonlocal begun
+                    begin_run_evidence(lk, run_id)
+                    begun = True
+
+                small = evidence_threads(getattr(run, "num_requests", None)) is SMALL_RUN_THREADS
+                try:
+                    sections = compute_evidence(con, run, computed=made, beside=lookup if small else None)
+                except BaseException:
+                    if begun:
+                        rollback_run_evidence(lk, run_id)
+                    raise
+                if not begun:
+                    lookup()
+                write_evidence(lk, run_id, sections, begun=True)
             if computed is not None:
                 computed.update(made)
             return None
