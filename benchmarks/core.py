@@ -243,6 +243,14 @@ def instructions(trace: Path, requests: int | None, modes, code: Path = ROOT, ov
             if proc.returncode or found is None:
                 raise SystemExit(f"{mode}: failed under valgrind: {proc.stderr.strip().splitlines()[-3:]}")
             counts[mode] = int(found.group(1).replace(",", ""))
+            if mode != "read":
+                # a source edited since the build (or while this runs) makes the Python twin run,
+                # silently: counts of the twin are not the compiled core's (h41rec4 lost an hour to it)
+                core = json.loads(proc.stdout.strip().splitlines()[-1])["core"]
+                want = "pure" if os.environ.get("TIERDIAG_PURE_ENGINE") == "1" else "compiled"
+                if (core == "compiled") != (want == "compiled"):
+                    raise SystemExit(f"{code}: {mode} ran the engine core {core!r}, not {want!r}: "
+                                     "build it in place (setup.py build_ext --inplace) and leave its sources alone while counting")
     fixed = counts.pop("read")
     return {m: n - fixed for m, n in counts.items()}
 
