@@ -17,6 +17,14 @@ from tierdiag.engine.schedule_common import (CLIP_MAX_NEW_TOKENS, INT64_MAX, MIN
 from tierdiag.trace.pages import extend_output_keys
 
 
+def _in_batch_order(due: list[Req], running: list[Req]) -> list[Req]:
+    """`due` in the running batch's order (one not in it first, as its place were 0). A function
+    of its own: compiled, the sort key's closure was an environment object made at every call of
+    the method that held it, a decode step's, though only a step with two finishes sorts."""
+    where = {id(r): i for i, r in enumerate(running)}
+    return sorted(due, key=lambda r: where.get(id(r), 0))
+
+
 @trait
 class DecodeSteps(SchedulerState):
     """Scheduler's decode steps, retraction and finish (a mixin: its state is Scheduler's)."""
@@ -54,7 +62,7 @@ class DecodeSteps(SchedulerState):
         nxt = k0 + 1 + (-req.kv_len) % self.ps
         req.next_page = nxt
         if nxt <= req.finish_step:
-            self._page_due.setdefault(nxt, []).append(req)
+            self._page_at(nxt, req)
         if self._join_front is None:
             self.running.append(req)
         else:
@@ -62,6 +70,16 @@ class DecodeSteps(SchedulerState):
             # its new requests first (`mix_with_running` appended the running ones after them)
             self.running.insert(self._join_front, req)
             self._join_front += 1
+
+    def _page_at(self, step: int, req: Req) -> None:
+        """`req`'s next page is due at decode step `step` (`_page_due`; a step new there goes on
+        the heap `_page_steps`, from which `_decode_ahead` reads the next step a page is due at)."""
+        due = self._page_due.get(step)
+        if due is None:
+            self._page_due[step] = [req]
+            heappush(self._page_steps, step)
+        else:
+            due.append(req)
 
     def _leave(self, req: Req) -> None:
         """Out of the running batch (finished or retracted): `filter_batch`, which also lets
@@ -110,7 +128,6 @@ class DecodeSteps(SchedulerState):
         room (check_decode_mem / free_pages), so the allocation cannot fail."""
         alloc = self.ctrl.device.alloc
         ps = self.ps
-        page_due = self._page_due
         for r in due:
             slots = alloc(1)
             assert slots is not None, "the step's room was checked, yet alloc found no page"
@@ -118,7 +135,7 @@ class DecodeSteps(SchedulerState):
             nxt = k + ps
             r.next_page = nxt
             if nxt <= r.finish_step:
-                page_due.setdefault(nxt, []).append(r)
+                self._page_at(nxt, r)
 
     def _decode_step(self, now: int) -> int:
         """prepare_for_decode + the step's time: `alloc_for_decode` evicts for a page a running
@@ -132,9 +149,12 @@ class DecodeSteps(SchedulerState):
         n = len(self.running)
         if self.ctrl.device.free_pages < n:
             self.ctrl.evict_device(n, self.running[0].req_id, now)
-        due = self._page_due.pop(k, None)
-        if due:
-            self._give_pages(due, k)
+        page_due = self._page_due
+        due = page_due.get(k)  # (get and del: compiled, `dict.pop` is a generic method call)
+        if due is not None:
+            del page_due[k]
+            if due:
+                self._give_pages(due, k)
         ctx = self._kv_base + len(self.running) * k
         self.dstep = k
         self.stats.decode_steps += 1
@@ -144,10 +164,14 @@ class DecodeSteps(SchedulerState):
         """The step's end: requests whose output is complete finish then (the event loop runs
         them before the next pass), in the running batch's order (process_batch_result walks
         the batch: the order their finish inserts stamp the tree)."""
-        due = self._finish_due.pop(self.dstep, ())
+        finish_due = self._finish_due
+        k = self.dstep
+        due = finish_due.get(k)  # (get and del: compiled, `dict.pop` is a generic method call)
+        if due is None:
+            return
+        del finish_due[k]
         if len(due) > 1:
-            where = {id(r): i for i, r in enumerate(self.running)}
-            due = sorted(due, key=lambda r: where.get(id(r), 0))
+            due = _in_batch_order(due, self.running)
         for r in due:
             self.at(end, self._finish, r)
 
@@ -242,6 +266,12 @@ class DecodeSteps(SchedulerState):
         fin = due_steps[0] if due_steps else None
         if (limit is not None and end >= limit) or free < n or fin == k + 1:
             return end
+        # the next step a page is due at, likewise (a step's key leaves `_page_due` at that step;
+        # -1: none): the steps between read no dict (compiled, a step's key was a new int too)
+        page_steps = self._page_steps
+        while page_steps and (page_steps[0] <= k or page_steps[0] not in self._page_due):
+            heappop(page_steps)
+        page_step: int = page_steps[0] if page_steps else -1
         if ctrl.backup_queue or ctrl.backup_later:  # the next pass's `schedule_pass` flushes them first
             return end
         if ctrl.storage_writes or self.unallocated or self.query_occupied or self.reading or ctrl.prefetch_tails:
@@ -274,9 +304,14 @@ class DecodeSteps(SchedulerState):
             if ratio < floor:
                 ratio = floor
             k += 1
-            if k in page_due:
-                self._give_pages(page_due.pop(k), k)
+            if k == page_step:
+                due = page_due[k]
+                del page_due[k]
+                self._give_pages(due, k)  # (their next pages: on the heap, past k)
                 free = device.free_pages
+                while page_steps and (page_steps[0] <= k or page_steps[0] not in page_due):
+                    heappop(page_steps)
+                page_step = page_steps[0] if page_steps else -1
             now = end
             end = now + cost.decode_step_ns(base + n * k)
             steps += 1

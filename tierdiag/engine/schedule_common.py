@@ -70,6 +70,7 @@ class SchedulerState:
     dstep: int
     _kv_base: int
     _page_due: dict[int, list[Req]]
+    _page_steps: list[int]
     _fin_sum: int
     _n_short: int
     _long: list[Req]
