@@ -224,8 +224,9 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         own_pass = self._own_pass
         while True:
             while True:  # arrivals and events at `now`, until a finish releases no turn due now
-                for t, at, trace_at, think_ms in src.due(now):
-                    arrive(t, at, trace_at, think_ms)
+                if src.has_due(now):  # (most wakes are a pass's or an event's: no generator made)
+                    for t, at, trace_at, think_ms in src.due(now):
+                        arrive(t, at, trace_at, think_ms)
                 while events and events[0][0] <= now:
                     event: tuple[int, int, Any, Any] = pop(events)  # (typed: its items read in place)
                     self.event_ns = event[0]
@@ -315,8 +316,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         arrive = self._arrive
         woke = False
         while True:
-            a = src.next_ns(self._fold_now)
-            w = a
+            w = src.next_ns(self._fold_now)
             if events and (w is None or events[0][0] < w):
                 w = events[0][0]
             if w is None or w > t:
@@ -325,8 +325,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                 return w
             woke = True
             self._fold_now = w
-            if a == w:  # (an event's wake: the source, just asked, has nothing due; compiled,
-                # `due` is a generator object made a call)
+            if src.has_due(w):  # (an event's wake has no arrival: no generator made)
                 for tr, at, trace_at, think_ms in src.due(w):
                     arrive(tr, at, trace_at, think_ms)
             while events and events[0][0] <= w:
