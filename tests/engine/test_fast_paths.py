@@ -86,9 +86,7 @@ def _replay(reqs, cfg, ahead: bool, steps: bool, monkeypatch) -> tuple[list, dic
 def test_fast_paths_change_no_event(reqs, dp, router, storage, device, write_policy, sessions, arrivals, steps,
                                     mixed, sglang, tmp_path_factory, monkeypatch):
     if sessions:
-        reqs = [TraceRequest(r.req_id, r.seq, r.line, r.arrival_ns, r.input_len, r.output_len, r.hash_ids, r.tokens,
-                             r.priority, r.extra_key, session=f"s{r.seq % sessions}" if r.seq % 2 else None)
-                for r in reqs]
+        reqs = _with_sessions(reqs, sessions)
     runs = []
     for ahead in (False, True):
         cfg = small_config(dp=dp, router=router, device_tokens=device * PS, host_tokens=2 * device * PS,
