@@ -62,7 +62,7 @@ class DecodeSteps(SchedulerState):
         nxt = k0 + 1 + (-req.kv_len) % self.ps
         req.next_page = nxt
         if nxt <= req.finish_step:
-            self._page_at(nxt, req)
+            self._page_ring[nxt % self.ps].append(req)
         if self._join_front is None:
             self.running.append(req)
         else:
@@ -70,16 +70,6 @@ class DecodeSteps(SchedulerState):
             # its new requests first (`mix_with_running` appended the running ones after them)
             self.running.insert(self._join_front, req)
             self._join_front += 1
-
-    def _page_at(self, step: int, req: Req) -> None:
-        """`req`'s next page is due at decode step `step` (`_page_due`; a step new there goes on
-        the heap `_page_steps`, from which `_decode_ahead` reads the next step a page is due at)."""
-        due = self._page_due.get(step)
-        if due is None:
-            self._page_due[step] = [req]
-            heappush(self._page_steps, step)
-        else:
-            due.append(req)
 
     def _leave(self, req: Req) -> None:
         """Out of the running batch (finished or retracted): `filter_batch`, which also lets
@@ -98,8 +88,8 @@ class DecodeSteps(SchedulerState):
         req.generated_tokens += steps
         req.join_step = self.dstep
         self.running.remove(req)
-        due = self._page_due.get(req.next_page)
-        if due is not None and req in due:
+        due = self._page_ring[req.next_page % self.ps]  # (it is there only for its next page)
+        if req in due:
             due.remove(req)
         due = self._finish_due.get(req.finish_step)
         if due is not None and req in due:
@@ -110,7 +100,7 @@ class DecodeSteps(SchedulerState):
         """ScheduleBatch.check_decode_mem: the pages the next step of `reqs` needs, after
         evicting for them (`check_decode_capacity` -> `evict_to_free_tokens`)."""
         k = self.dstep + 1
-        due = self._page_due.get(k)
+        due = self._page_ring[k % self.ps]
         if not due:
             return True
         if reqs is self.running:
@@ -128,6 +118,7 @@ class DecodeSteps(SchedulerState):
         room (check_decode_mem / free_pages), so the allocation cannot fail."""
         alloc = self.ctrl.device.alloc
         ps = self.ps
+        ring = self._page_ring
         for r in due:
             slots = alloc(1)
             assert slots is not None, "the step's room was checked, yet alloc found no page"
@@ -135,7 +126,7 @@ class DecodeSteps(SchedulerState):
             nxt = k + ps
             r.next_page = nxt
             if nxt <= r.finish_step:
-                self._page_at(nxt, r)
+                ring[nxt % ps].append(r)
 
     def _decode_step(self, now: int) -> int:
         """prepare_for_decode + the step's time: `alloc_for_decode` evicts for a page a running
@@ -149,12 +140,11 @@ class DecodeSteps(SchedulerState):
         n = len(self.running)
         if self.ctrl.device.free_pages < n:
             self.ctrl.evict_device(n, self.running[0].req_id, now)
-        page_due = self._page_due
-        due = page_due.get(k)  # (get and del: compiled, `dict.pop` is a generic method call)
-        if due is not None:
-            del page_due[k]
-            if due:
-                self._give_pages(due, k)
+        ring = self._page_ring
+        due = ring[k % self.ps]
+        if due:
+            ring[k % self.ps] = []  # (the slot of their next pages, a page later)
+            self._give_pages(due, k)
         ctx = self._kv_base + len(self.running) * k
         self.dstep = k
         self.stats.decode_steps += 1
@@ -266,12 +256,6 @@ class DecodeSteps(SchedulerState):
         fin = due_steps[0] if due_steps else None
         if (limit is not None and end >= limit) or free < n or fin == k + 1:
             return end
-        # the next step a page is due at, likewise (a step's key leaves `_page_due` at that step;
-        # -1: none): the steps between read no dict (compiled, a step's key was a new int too)
-        page_steps = self._page_steps
-        while page_steps and (page_steps[0] <= k or page_steps[0] not in self._page_due):
-            heappop(page_steps)
-        page_step: int = page_steps[0] if page_steps else -1
         if ctrl.backup_queue or ctrl.backup_later:  # the next pass's `schedule_pass` flushes them first
             return end
         if ctrl.storage_writes or self.unallocated or self.query_occupied or self.reading or ctrl.prefetch_tails:
@@ -283,7 +267,8 @@ class DecodeSteps(SchedulerState):
         if self._admission_reopens:
             self._admission_reopens = False
             self.batch_is_full = False
-        page_due = self._page_due
+        ring = self._page_ring
+        ps: int = self.ps
         emit = self.emit.decode_step
         cost = self.cost  # (its method called on it: a native call where costmodel is compiled)
         base = self._kv_base
@@ -304,14 +289,11 @@ class DecodeSteps(SchedulerState):
             if ratio < floor:
                 ratio = floor
             k += 1
-            if k == page_step:
-                due = page_due[k]
-                del page_due[k]
-                self._give_pages(due, k)  # (their next pages: on the heap, past k)
+            due = ring[k % ps]
+            if due:
+                ring[k % ps] = []
+                self._give_pages(due, k)
                 free = device.free_pages
-                while page_steps and (page_steps[0] <= k or page_steps[0] not in page_due):
-                    heappop(page_steps)
-                page_step = page_steps[0] if page_steps else -1
             now = end
             end = now + cost.decode_step_ns(base + n * k)
             steps += 1

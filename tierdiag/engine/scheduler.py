@@ -94,8 +94,12 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.dstep = 0
         self._kv_base = 0
-        self._page_due: dict[int, list[Req]] = {}
-        self._page_steps: list[int] = []  # a heap of the steps put in _page_due (_decode_ahead)
+        # The running requests whose next page is due at a decode step, by step: a request's next
+        # page is always within a page of steps of the clock (its first after it joins at most
+        # `ps` steps on, each next `ps` after the last), so the steps due are a window of `ps`
+        # and slot `step % ps` is step's alone (a dict by step was a new int key and a hash a
+        # step; compiled, the steps read a list slot)
+        self._page_ring: list[list[Req]] = [[] for _ in range(self.ps)]
         self._fin_sum = self._n_short = 0  # running requests' finish steps (those with <= 4096 to go)
         self._long: list[Req] = []  # running requests that joined with more than 4096 tokens to go
         self._finish_due: dict[int, list[Req]] = {}
