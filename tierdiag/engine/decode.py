@@ -88,9 +88,9 @@ class DecodeSteps(SchedulerState):
         req.generated_tokens += steps
         req.join_step = self.dstep
         self.running.remove(req)
-        due = self._page_ring[req.next_page % self.ps]  # (it is there only for its next page)
-        if req in due:
-            due.remove(req)
+        slot = self._page_ring[req.next_page % self.ps]  # (it is there only for its next page)
+        if req in slot:
+            slot.remove(req)
         due = self._finish_due.get(req.finish_step)
         if due is not None and req in due:
             due.remove(req)
