@@ -212,3 +212,38 @@ def test_a_finished_session_is_held_as_one_int(sessions, singles):
     last = {t.session: probe.records[t.req_id].finish_ns for t in trace if t.session is not None}
     assert src._idle == last
     assert all(type(v) is int for v in src._idle.values())
+
+
+def _state(src: ArrivalSource) -> tuple:
+    """What `due` and the read-ahead move: the line in hand, the heap, the sessions' maps."""
+    return (src._peek, src._peek_ns, list(src._heap), src._in_hand, dict(src._idle),
+            {s: None if q is None else list(q) for s, q in src._busy.items()}, set(src._ended), src.late_turns)
+
+
+@settings(max_examples=40, deadline=None)
+@given(sessions_st, singles_st, st.booleans(), st.integers(0, 4),
+       st.lists(st.tuples(st.integers(0, 3_000), st.booleans()), min_size=1, max_size=40))
+def test_has_due_says_whether_due_does_anything(sessions, singles, closed, read_ahead, steps):
+    """`has_due(now)` is what lets the loops skip `due(now)` (a generator a call, compiled): where
+    it says no, `due` yields nothing and moves nothing; where it says yes, `due` delivers a turn
+    or reads a line. Driven through a closed or open loop's clock, with finishes releasing turns
+    and the read-ahead asked in between (`next_ns`), as the scheduler drives it."""
+    trace = session_workload(sessions, singles)
+    src = ArrivalSource(iter(trace), 1.0, closed=closed, read_ahead=read_ahead)
+    now = 0
+    delivered: list[str] = []
+    for dt_ms, finish in steps:
+        now += dt_ms * MS
+        said = src.has_due(now)
+        before = _state(src)
+        got = list(src.due(now))
+        if said:
+            assert got or _state(src) != before, "has_due said yes, due did nothing"
+        else:
+            assert not got and _state(src) == before, "has_due said no, due did something"
+        delivered += [r.req_id for r, *_ in got]
+        for r, *_ in got:
+            if finish and r.session is not None:
+                src.finished(r.session, now)
+        src.next_ns(now)
+    assert len(delivered) == len(set(delivered))

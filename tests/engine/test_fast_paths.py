@@ -13,6 +13,7 @@ deployment, open and closed loop, with and without a storage tier, under both ru
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,6 +22,8 @@ from hypothesis import strategies as st
 from tests.engine.helpers import PS, small_config
 from tests.engine.test_invariants import workloads
 from tierdiag.config.router import ROUTER_NAMES
+from tierdiag.engine import scheduler as scheduler_module
+from tierdiag.engine.arrivals import ArrivalSource
 from tierdiag.engine.decode import DecodeSteps
 from tierdiag.engine.engine import Engine
 from tierdiag.engine.prefetch import StoragePrefetch
@@ -83,9 +86,7 @@ def _replay(reqs, cfg, ahead: bool, steps: bool, monkeypatch) -> tuple[list, dic
 def test_fast_paths_change_no_event(reqs, dp, router, storage, device, write_policy, sessions, arrivals, steps,
                                     mixed, sglang, tmp_path_factory, monkeypatch):
     if sessions:
-        reqs = [TraceRequest(r.req_id, r.seq, r.line, r.arrival_ns, r.input_len, r.output_len, r.hash_ids, r.tokens,
-                             r.priority, r.extra_key, session=f"s{r.seq % sessions}" if r.seq % 2 else None)
-                for r in reqs]
+        reqs = _with_sessions(reqs, sessions)
     runs = []
     for ahead in (False, True):
         cfg = small_config(dp=dp, router=router, device_tokens=device * PS, host_tokens=2 * device * PS,
@@ -128,6 +129,60 @@ def test_long_decodes_take_the_fast_path_and_keep_their_times(dp, monkeypatch):
     assert fast[1] == slow[1]
     assert [_comparable(e) for e in fast[0]] == [_comparable(e) for e in slow[0]]
     assert fast[1]["decode_steps"] >= 300
+
+
+
+def _with_sessions(reqs, sessions: int):
+    """`reqs` with every odd one a turn of one of `sessions` sessions (the even ones without)."""
+    return [TraceRequest(r.req_id, r.seq, r.line, r.arrival_ns, r.input_len, r.output_len, r.hash_ids, r.tokens,
+                         r.priority, r.extra_key, session=f"s{r.seq % sessions}" if r.seq % 2 else None)
+            for r in reqs]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(reqs=workloads(), sessions=st.integers(1, 4), read_ahead=st.integers(0, 5), device=st.integers(4, 40),
+       storage=st.sampled_from([0, 48 * PS]), sglang=st.sampled_from(["0.5.9", "0.5.23"]))
+def test_closed_loop_steps_ahead_with_a_short_read_ahead(reqs, sessions, read_ahead, device, storage, sglang,
+                                                         tmp_path_factory, monkeypatch):
+    """A closed loop with sessions runs its plain decode steps at once too (issue 41: a synth
+    replay's steps were each a trip round the loop). The read-ahead is what could tell: a line
+    read ahead is late or not by the clock it is read at, and the loop reads at every wake while
+    it has room (`ArrivalSource.reads_ahead`). With a read-ahead of a few lines it fills and
+    drains all through the replay; every event and the stats stay the pass-by-pass loop's."""
+    monkeypatch.setattr(scheduler_module, "ArrivalSource", functools.partial(ArrivalSource, read_ahead=read_ahead))
+    reqs = _with_sessions(reqs, sessions)
+    runs = []
+    for ahead in (False, True):
+        cfg = small_config(device_tokens=device * PS, host_tokens=2 * device * PS, storage_tokens=storage,
+                           arrivals="closed", sglang_rules=sglang,
+                           storage_dir=str(tmp_path_factory.mktemp("ahead")) if storage else None)
+        runs.append(_replay(reqs, cfg, ahead, True, monkeypatch))
+    (ref_events, ref_stats), (events, stats) = runs
+    assert stats == ref_stats
+    assert [_comparable(e) for e in events] == [_comparable(e) for e in ref_events]
+
+
+def test_a_closed_loop_with_sessions_takes_the_fast_path(monkeypatch):
+    """Sessions in a closed loop, long outputs: the decode steps between a turn's release and
+    the next finish run at once (before, a closed loop that had met a session ran every pass
+    round the loop), with the turns' releases and every event as the loop's."""
+    reqs = _with_sessions([TraceRequest(f"r{i}", i, i + 1, i * 1_000_000, 3 * PS + 1, 200 + 40 * i,
+                                        (i * 10, i * 10 + 1, i * 10 + 2, 99 + i), None) for i in range(8)], 2)
+    calls = []
+    real = DecodeSteps.run_decode_ahead
+
+    def counting(self, end, limit, wakes=None, fold=None):
+        out = real(self, end, limit, wakes, fold)
+        calls.append(out != end and self.arrivals.num_sessions > 0)
+        return out
+
+    monkeypatch.setattr(DecodeSteps, "run_decode_ahead", counting)
+    cfg = small_config(device_tokens=40 * PS, arrivals="closed")
+    fast = _replay(reqs, cfg, True, True, monkeypatch)
+    assert any(calls), "no decode step ran ahead once a session was met"
+    slow = _replay(reqs, cfg, False, True, monkeypatch)
+    assert fast[1] == slow[1]
+    assert [_comparable(e) for e in fast[0]] == [_comparable(e) for e in slow[0]]
 
 
 @st.composite

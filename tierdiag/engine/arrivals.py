@@ -80,6 +80,20 @@ class ArrivalSource:
             return heap[0][0]
         return self._peek_ns
 
+    def reads_ahead(self) -> bool:
+        """Whether `next_ns` would read lines ahead now (a session waits for its next turn, lines
+        are left and the read-ahead has room): then the clock it is asked at decides which turns
+        are late. Only a delivery, a finish or a dropped turn changes this."""
+        return bool(self._idle) and self._peek is not None and self._in_hand < self._read_ahead
+
+    def has_due(self, now: int) -> bool:
+        """Whether `due(now)` would do anything (a line to read at or before `now`, or a turn due):
+        where it would not, the loops skip it (compiled, `due` is a generator object a call)."""
+        if self._peek_ns is not None and self._peek_ns <= now:
+            return True
+        heap = self._heap
+        return bool(heap) and heap[0][0] <= now
+
     def due(self, now: int) -> Iterator[tuple[TraceRequest, int, int, float | None]]:
         heap = self._heap
         while True:

@@ -17,6 +17,14 @@ from tierdiag.engine.schedule_common import (CLIP_MAX_NEW_TOKENS, INT64_MAX, MIN
 from tierdiag.trace.pages import extend_output_keys
 
 
+def _in_batch_order(due: list[Req], running: list[Req]) -> list[Req]:
+    """`due` in the running batch's order (one not in it first, as its place were 0). A function
+    of its own: compiled, the sort key's closure was an environment object made at every call of
+    the method that held it, a decode step's, though only a step with two finishes sorts."""
+    where = {id(r): i for i, r in enumerate(running)}
+    return sorted(due, key=lambda r: where.get(id(r), 0))
+
+
 @trait
 class DecodeSteps(SchedulerState):
     """Scheduler's decode steps, retraction and finish (a mixin: its state is Scheduler's)."""
@@ -54,7 +62,7 @@ class DecodeSteps(SchedulerState):
         nxt = k0 + 1 + (-req.kv_len) % self.ps
         req.next_page = nxt
         if nxt <= req.finish_step:
-            self._page_due.setdefault(nxt, []).append(req)
+            self._page_ring[nxt % self.ps].append(req)
         if self._join_front is None:
             self.running.append(req)
         else:
@@ -80,9 +88,9 @@ class DecodeSteps(SchedulerState):
         req.generated_tokens += steps
         req.join_step = self.dstep
         self.running.remove(req)
-        due = self._page_due.get(req.next_page)
-        if due is not None and req in due:
-            due.remove(req)
+        slot = self._page_ring[req.next_page % self.ps]  # (it is there only for its next page)
+        if req in slot:
+            slot.remove(req)
         due = self._finish_due.get(req.finish_step)
         if due is not None and req in due:
             due.remove(req)
@@ -92,7 +100,7 @@ class DecodeSteps(SchedulerState):
         """ScheduleBatch.check_decode_mem: the pages the next step of `reqs` needs, after
         evicting for them (`check_decode_capacity` -> `evict_to_free_tokens`)."""
         k = self.dstep + 1
-        due = self._page_due.get(k)
+        due = self._page_ring[k % self.ps]
         if not due:
             return True
         if reqs is self.running:
@@ -110,7 +118,7 @@ class DecodeSteps(SchedulerState):
         room (check_decode_mem / free_pages), so the allocation cannot fail."""
         alloc = self.ctrl.device.alloc
         ps = self.ps
-        page_due = self._page_due
+        ring = self._page_ring
         for r in due:
             slots = alloc(1)
             assert slots is not None, "the step's room was checked, yet alloc found no page"
@@ -118,7 +126,7 @@ class DecodeSteps(SchedulerState):
             nxt = k + ps
             r.next_page = nxt
             if nxt <= r.finish_step:
-                page_due.setdefault(nxt, []).append(r)
+                ring[nxt % ps].append(r)
 
     def _decode_step(self, now: int) -> int:
         """prepare_for_decode + the step's time: `alloc_for_decode` evicts for a page a running
@@ -132,8 +140,10 @@ class DecodeSteps(SchedulerState):
         n = len(self.running)
         if self.ctrl.device.free_pages < n:
             self.ctrl.evict_device(n, self.running[0].req_id, now)
-        due = self._page_due.pop(k, None)
+        ring = self._page_ring
+        due = ring[k % self.ps]
         if due:
+            ring[k % self.ps] = []  # (the slot of their next pages, a page later)
             self._give_pages(due, k)
         ctx = self._kv_base + len(self.running) * k
         self.dstep = k
@@ -144,10 +154,14 @@ class DecodeSteps(SchedulerState):
         """The step's end: requests whose output is complete finish then (the event loop runs
         them before the next pass), in the running batch's order (process_batch_result walks
         the batch: the order their finish inserts stamp the tree)."""
-        due = self._finish_due.pop(self.dstep, ())
+        finish_due = self._finish_due
+        k = self.dstep
+        due = finish_due.get(k)  # (get and del: compiled, `dict.pop` is a generic method call)
+        if due is None:
+            return
+        del finish_due[k]
         if len(due) > 1:
-            where = {id(r): i for i, r in enumerate(self.running)}
-            due = sorted(due, key=lambda r: where.get(id(r), 0))
+            due = _in_batch_order(due, self.running)
         for r in due:
             self.at(end, self._finish, r)
 
@@ -253,7 +267,8 @@ class DecodeSteps(SchedulerState):
         if self._admission_reopens:
             self._admission_reopens = False
             self.batch_is_full = False
-        page_due = self._page_due
+        ring = self._page_ring
+        ps: int = self.ps
         emit = self.emit.decode_step
         cost = self.cost  # (its method called on it: a native call where costmodel is compiled)
         base = self._kv_base
@@ -274,8 +289,10 @@ class DecodeSteps(SchedulerState):
             if ratio < floor:
                 ratio = floor
             k += 1
-            if k in page_due:
-                self._give_pages(page_due.pop(k), k)
+            due = ring[k % ps]
+            if due:
+                ring[k % ps] = []
+                self._give_pages(due, k)
                 free = device.free_pages
             now = end
             end = now + cost.decode_step_ns(base + n * k)

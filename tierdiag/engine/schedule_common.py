@@ -69,7 +69,7 @@ class SchedulerState:
     new_token_ratio: Any
     dstep: int
     _kv_base: int
-    _page_due: dict[int, list[Req]]
+    _page_ring: list[list[Req]]
     _fin_sum: int
     _n_short: int
     _long: list[Req]

@@ -94,7 +94,12 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.dstep = 0
         self._kv_base = 0
-        self._page_due: dict[int, list[Req]] = {}
+        # The running requests whose next page is due at a decode step, by step: a request's next
+        # page is always within a page of steps of the clock (its first after it joins at most
+        # `ps` steps on, each next `ps` after the last), so the steps due are a window of `ps`
+        # and slot `step % ps` is step's alone (a dict by step was a new int key and a hash a
+        # step; compiled, the steps read a list slot)
+        self._page_ring: list[list[Req]] = [[] for _ in range(self.ps)]
         self._fin_sum = self._n_short = 0  # running requests' finish steps (those with <= 4096 to go)
         self._long: list[Req] = []  # running requests that joined with more than 4096 tokens to go
         self._finish_due: dict[int, list[Req]] = {}
@@ -208,9 +213,13 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         arrive = self._arrive
         # Nothing reaches the scheduler but the trace's arrivals and its own events, so the
         # passes before the next of them that can only be decode steps run at once
-        # (DecodeSteps.run_decode_ahead). Not in a closed loop once a session is met: a turn's
-        # release and the read-ahead's clock are then the loop's, pass by pass.
-        closed, ahead = src.closed, self.decode_ahead
+        # (DecodeSteps.run_decode_ahead). In a closed loop too: a turn is released by a finish
+        # (an event: the steps stop before it, or it is folded in as the loop runs it) and the
+        # read-ahead moves only when asked while it has room (`reads_ahead`), which the steps
+        # cannot give it (no delivery, no finish, no drop): the loop's asks at their passes
+        # would read nothing. Where it has room after a pass (an abort dropped a session's
+        # turns), the loop asks at its next wake, at that wake's clock: no steps run ahead.
+        ahead = self.decode_ahead
         # The wakes that stop them (an arrival, an event) run there too, as this loop runs them
         # (`_wakes_until`), and the steps go on where the pass stays a decode step
         fold = self._wakes_until
@@ -219,8 +228,9 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         own_pass = self._own_pass
         while True:
             while True:  # arrivals and events at `now`, until a finish releases no turn due now
-                for t, at, trace_at, think_ms in src.due(now):
-                    arrive(t, at, trace_at, think_ms)
+                if src.has_due(now):  # (most wakes are a pass's or an event's: no generator made)
+                    for t, at, trace_at, think_ms in src.due(now):
+                        arrive(t, at, trace_at, think_ms)
                 while events and events[0][0] <= now:
                     event: tuple[int, int, Any, Any] = pop(events)  # (typed: its items read in place)
                     self.event_ns = event[0]
@@ -232,7 +242,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
             if now >= gpu_free and (self.waiting or self.running or self.chunked is not None):
                 end = self.schedule_pass(now) if self.pass_fn is own_pass else self.pass_fn(now)
                 if end is not None:
-                    if ahead and not (closed and src.num_sessions):
+                    if ahead and not src.reads_ahead():
                         limit = src.next_ns(now)
                         if events and (limit is None or events[0][0] < limit):
                             limit = events[0][0]
@@ -300,28 +310,28 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
     def _wakes_until(self, t: int) -> int | None:
         """The loop's wakes at or before `t` while the GPU is busy until `t` (no pass among
         them), run as `run` runs them: at each, the arrivals due, then the events due; returns
-        the next wake after `t`, None if none (DecodeSteps.run_decode_ahead's `fold`); -1 where a
-        closed loop met a session there: its turns' releases and read-ahead are the loop's, wake
-        by wake, from the wake it ran last (`_fold_now`)."""
+        the next wake after `t`, None if none (DecodeSteps.run_decode_ahead's `fold`). In a
+        closed loop the source is asked at each wake's clock, after its arrivals and events, as
+        the loop asks it (a finish's released turn, the read-ahead: `next_ns(now)`)."""
         src = self.arrivals
         assert src is not None
         events = self._events
         pop = heappop
         arrive = self._arrive
-        closed = src.closed
         woke = False
         while True:
             w = src.next_ns(self._fold_now)
             if events and (w is None or events[0][0] < w):
                 w = events[0][0]
-            if w is None or w > t or (closed and src.num_sessions):
+            if w is None or w > t:
                 if woke and self.emit.tick is not None:  # what came in may be flushed
                     self.emit.tick()
-                return -1 if closed and src.num_sessions else w
+                return w
             woke = True
             self._fold_now = w
-            for tr, at, trace_at, think_ms in src.due(w):
-                arrive(tr, at, trace_at, think_ms)
+            if src.has_due(w):  # (an event's wake has no arrival: no generator made)
+                for tr, at, trace_at, think_ms in src.due(w):
+                    arrive(tr, at, trace_at, think_ms)
             while events and events[0][0] <= w:
                 entry: tuple[int, int, Any, Any] = pop(events)  # (typed: its items read in place)
                 self.event_ns = entry[0]
@@ -516,12 +526,18 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
             self._reserve(overhead, 0 if chunk_continues else min(req.output_len, CLIP_MAX_NEW_TOKENS))
         if not sorted_yet:
             self._calc_priority(now)
+        # The admitted leave the queue together when the loop is done, not one by one (`del
+        # waiting[i]` moved the rest of the queue, ~1,000 long, at every admission): [0, i) are
+        # then the requests tried, each admitted or kept (`kept`, in queue order). Nothing the
+        # loop calls reads the queue.
+        waiting = self.waiting
+        kept: list[Req] = []
         i = 0
         # The head is tried while any budget is left (0.5.23: the loop breaks on `budget_state()
         # == OTHER`, rem_chunk_tokens <= 0): under a page it is still matched (its prefix
         # stamped) before `_select_prefill_admission` finds no page to give it (OTHER), or no
         # memory (NO_TOKEN). A continuing chunk spends the budget, unless memory cut it short.
-        while i < len(self.waiting):
+        while i < len(waiting):
             # `len(adder.can_run_list) >= get_num_allocatable_reqs(...)` -> batch_is_full: 0.5.23
             # after the budget's break, 0.5.9 before it
             if not returns_early and len(items) >= allocatable:
@@ -532,11 +548,12 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                 self.batch_is_full = True
             if self.batch_is_full:
                 break  # a chunked request's pass: it goes on, nobody else is admitted
-            req = self.waiting[i]
+            req = waiting[i]
             if (req.hold_until_ns > now or req.prefetch_ack_pass > self.prefetch_pass
                     or req.prefetch_query_pass == self.prefetch_pass) and \
                     self._prefetch_holds(req, now):  # "skip staging requests that are ongoing prefetch"
                 req.held = True
+                kept.append(req)
                 i += 1
                 continue
             if self.ctrl.storage is not None:
@@ -546,6 +563,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                     self._finish_prefetch(req, now)
                 self._pop_loaded_span(req)
                 if self._prefetch_after_hit_loss(req, now):
+                    kept.append(req)
                     i += 1
                     continue
             admitted = self._admit(req, budget, now, first=not items, may_chunk=not chunk_continues)
@@ -555,8 +573,10 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                 break
             if admitted is OTHER:
                 break  # the request waits, and so does everyone behind it
-            del self.waiting[i]
-            self.arrived_at.pop(req.seq, None)
+            i += 1  # (out of the queue with the others at the end)
+            arrived_at = self.arrived_at
+            if req.seq in arrived_at:  # (compiled, `dict.pop` is a generic method call)
+                del arrived_at[req.seq]
             if self.prefetch_retry_due.pop(req.seq, 0) != 0:
                 del self.prefetch_retry_reqs[req.seq]
             take, lb_ns, lb_pages = admitted
@@ -569,6 +589,11 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
             if self._rem_total() <= 0 or self._rem_current() <= 0:  # budget_state: NO_TOKEN
                 self.batch_is_full = True
                 break
+        if len(kept) < i:  # someone was admitted: [0, i) becomes the kept, in their order
+            if kept:
+                waiting[:i] = kept
+            else:
+                del waiting[:i]
         if self.r_batch_alloc_page:
             self._alloc_batch(items, now)
         return items or None
