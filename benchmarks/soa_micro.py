@@ -39,135 +39,77 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-OPS_SOURCE = textwrap.dedent('''
-    from array import array
-    from typing import Any, Callable
-    from librt.vecs import append, vec
-    from mypy_extensions import i64
+# The operations per representation: one template each, its run type and index type filled in
+# (mypyc compiles each to that type's own code); vec and bytes differ where noted.
+_TEMPLATES = {
+    "split": """
+def split_{name}(runs: list[{T}], k: {K}) -> int:
+    t = 0
+    for x in runs:
+        a = x[:k * {W}]
+        b = x[k * {W}:]
+        t += len(a) + len(b)
+    return t
+""",
+    "concat": """
+def concat_{name}(runs: list[{T}], k: {K}) -> int:
+    t = 0
+    for x in runs:
+        y = x + x
+        t += len(y)
+    return t
+""",
+    "to_c": """
+def to_c_{name}(runs: list[{T}], f: Callable[..., Any], cached: Any, demoted: Any) -> int:
+    t = 0
+    for x in runs:
+        t += f(cached, demoted, {VIEW}, None, 64)
+    return t
+""",
+    "iterate": """
+def iterate_{name}(runs: list[{T}], k: {K}) -> {SUM}:
+    t: {SUM} = 0
+    for x in runs:
+        for s in {ITEMS}:
+            t += s
+    return t
+""",
+}
+_KINDS = {  # name: run type, index type, bytes an item in a slice, what C is handed, the items, the sum's type
+    "list": dict(T="list[int]", K="int", W=1, VIEW="x", ITEMS="x", SUM="int"),
+    "array": dict(T="Any", K="int", W=1, VIEW="x", ITEMS="x", SUM="int"),
+    "vec": dict(T="vec[i64]", K="i64", W=1, VIEW="x", ITEMS="x", SUM="i64"),
+    "bytes": dict(T="bytes", K="int", W=8, VIEW='memoryview(x).cast("q")', ITEMS='memoryview(x).cast("q")', SUM="int"),
+}
+_HEAD = """
+from array import array
+from typing import Any, Callable
+from librt.vecs import append, vec
+from mypy_extensions import i64
 
-    def split_list(runs: list[list[int]], k: int) -> int:
-        t = 0
-        for x in runs:
-            a = x[:k]
-            b = x[k:]
-            t += len(a) + len(b)
-        return t
 
-    def split_array(runs: list[Any], k: int) -> int:
-        t = 0
-        for x in runs:
-            a = x[:k]
-            b = x[k:]
-            t += len(a) + len(b)
-        return t
+def concat_vec(runs: list[vec[i64]], k: i64) -> int:
+    # (vec[i64] has no `+`: joined by appends, as compiled code would)
+    t = 0
+    for x in runs:
+        y = vec[i64]()
+        for s in x:
+            y = append(y, s)
+        for s in x:
+            y = append(y, s)
+        t += len(y)
+    return t
 
-    def split_vec(runs: list[vec[i64]], k: i64) -> int:
-        t = 0
-        for x in runs:
-            a = x[:k]
-            b = x[k:]
-            t += len(a) + len(b)
-        return t
 
-    def split_bytes(runs: list[bytes], k: int) -> int:
-        t = 0
-        k8 = k * 8
-        for x in runs:
-            a = x[:k8]
-            b = x[k8:]
-            t += len(a) + len(b)
-        return t
-
-    def concat_list(runs: list[list[int]], k: int) -> int:
-        t = 0
-        for x in runs:
-            y = x + x
-            t += len(y)
-        return t
-
-    def concat_array(runs: list[Any], k: int) -> int:
-        t = 0
-        for x in runs:
-            y = x + x
-            t += len(y)
-        return t
-
-    def concat_vec(runs: list[vec[i64]], k: i64) -> int:
-        t = 0
-        for x in runs:
-            y = vec[i64]()
-            for s in x:
-                y = append(y, s)
-            for s in x:
-                y = append(y, s)
-            t += len(y)
-        return t
-
-    def concat_bytes(runs: list[bytes], k: int) -> int:
-        t = 0
-        for x in runs:
-            y = x + x
-            t += len(y)
-        return t
-
-    def to_c_list(runs: list[list[int]], f: Callable[..., Any], cached: Any, demoted: Any) -> int:
-        t = 0
-        for x in runs:
-            t += f(cached, demoted, x, None, 64)
-        return t
-
-    def to_c_array(runs: list[Any], f: Callable[..., Any], cached: Any, demoted: Any) -> int:
-        t = 0
-        for x in runs:
-            t += f(cached, demoted, x, None, 64)
-        return t
-
-    def to_c_vec(runs: list[vec[i64]], f: Callable[..., Any], cached: Any, demoted: Any) -> int:
-        t = 0
-        for x in runs:
-            t += f(cached, demoted, x, None, 64)
-        return t
-
-    def to_c_bytes(runs: list[bytes], f: Callable[..., Any], cached: Any, demoted: Any) -> int:
-        t = 0
-        for x in runs:
-            t += f(cached, demoted, memoryview(x).cast("q"), None, 64)
-        return t
-
-    def iterate_list(runs: list[list[int]], k: int) -> int:
-        t = 0
-        for x in runs:
-            for s in x:
-                t += s
-        return t
-
-    def iterate_array(runs: list[Any], k: int) -> int:
-        t = 0
-        for x in runs:
-            for s in x:
-                t += s
-        return t
-
-    def iterate_vec(runs: list[vec[i64]], k: i64) -> i64:
-        t: i64 = 0
-        for x in runs:
-            for s in x:
-                t += s
-        return t
-
-    def iterate_bytes(runs: list[bytes], k: int) -> int:
-        t = 0
-        for x in runs:
-            n = len(x) // 8
-            for i in range(n):
-                t += int.from_bytes(x[i * 8:i * 8 + 8], "little")
-        return t
-
-    def free_any(runs: list[Any]) -> int:
-        n = len(runs)
-        runs.clear()
-        return n
-''')
+def free_any(runs: list[Any]) -> int:
+    n = len(runs)
+    runs.clear()
+    return n
+"""
+OPS_SOURCE = _HEAD + "".join(
+    template.format(name=name, **fields)
+    for op, template in _TEMPLATES.items() for name, fields in _KINDS.items()
+    if not (op == "concat" and name == "vec"))
 
 KINDS = ("list", "array", "vec", "bytes")
 OPS = ("split", "concat", "to_c", "iterate", "free")

@@ -950,6 +950,14 @@ def test_the_compiled_pool_takes_what_numpy_takes_and_refuses_the_rest_unchanged
         c._bind(c._stack[:4], c._owned_bytes, c._ints)
     with pytest.raises(TypeError, match="_bind"):
         c._bind(c._stack, bytes(8), c._ints)
+    # the runs' template: an int64 array('q') of one item up to the pool's length, nothing else
+    # (a wrong one is refused, the binding as it was)
+    for bad in (array("i", [0] * 4), array("d", [0.0]), array("q"), array("q", [0] * (len(c._owned_bytes) + 1)),
+                bytes(8), [0], "q", None):
+        with pytest.raises(TypeError, match="_bind"):
+            c._bind(c._stack, c._owned_bytes, bad)
+    run = c.alloc(1)
+    assert run is None or type(run) is array  # the template it had
 
 
 @pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")

@@ -434,6 +434,21 @@ PyDoc_STRVAR(alloc_doc,
 "the pool's slot numbers as ints (ints[s] == s, as long as the pool), lends its objects to\n"
 "the list instead of a new int a slot (TypeError for anything else).");
 
+/* Whether the top n slots of the stack are slots of a pool of cap (AssertionError set if not:
+ * the stack is the pool's own, only a bug puts anything else there). */
+static int
+stack_top_in_range(const Py_ssize_t *st, Py_ssize_t cap, Py_ssize_t top, Py_ssize_t n)
+{
+    for (Py_ssize_t j = 0; j < n; j++) {
+        Py_ssize_t slot = st[top - 1 - j];
+        if (slot < 0 || slot >= cap) {
+            PyErr_Format(PyExc_AssertionError, "free stack holds slot %zd of a pool of %zd (a pool bug)", slot, cap);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* Pop n slots (0 < n <= top <= depth: the caller's to ensure) off the stack, the top first, as a
  * list (each slot's int lent from `ints` when not NULL, else made), and mark them owned. A
  * stacked slot outside the pool is a pool bug: AssertionError, found before anything is marked.
@@ -442,12 +457,8 @@ static PyObject *
 slots_pop(const Py_ssize_t *st, unsigned char *own, Py_ssize_t cap, Py_ssize_t top, Py_ssize_t n, PyObject *ints)
 {
     PyObject *out;
-    for (Py_ssize_t j = 0; j < n; j++) {
-        Py_ssize_t slot = st[top - 1 - j];
-        if (slot < 0 || slot >= cap) {
-            PyErr_Format(PyExc_AssertionError, "free stack holds slot %zd of a pool of %zd (a pool bug)", slot, cap);
-            return NULL;
-        }
+    if (!stack_top_in_range(st, cap, top, n)) {
+        return NULL;
     }
     out = PyList_New(n);
     if (out == NULL) {
@@ -658,12 +669,8 @@ slots_pop_run(const Py_ssize_t *st, unsigned char *own, Py_ssize_t cap, Py_ssize
     PyObject *out;
     Py_buffer b;
     int64_t *v;
-    for (Py_ssize_t j = 0; j < n; j++) {
-        Py_ssize_t slot = st[top - 1 - j];
-        if (slot < 0 || slot >= cap) {
-            PyErr_Format(PyExc_AssertionError, "free stack holds slot %zd of a pool of %zd (a pool bug)", slot, cap);
-            return NULL;
-        }
+    if (!stack_top_in_range(st, cap, top, n)) {
+        return NULL;
     }
     if (n <= PyObject_Length(tmpl)) {
         out = PySequence_GetSlice(tmpl, 0, n);
