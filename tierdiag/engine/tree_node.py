@@ -6,15 +6,16 @@ holds the operations.
 from __future__ import annotations
 
 from array import array
-from typing import Any, Iterator
+from typing import Any, Final, Iterator
 
 # A run of pool slots, one a page: an array('q') as PagePool.alloc hands it out (int64 values, no
 # int object a slot: sliced, joined, freed and read by the C data plane as one buffer; issue 41,
 # session 21). Anything with len, slicing and iteration over ints works where a run is read (a
 # list or tuple in tests); `NO_SLOTS` is the empty run nobody extends (TreeInsert's duplicates).
 SlotRun = Any
-NO_SLOTS: tuple[int, ...] = ()
-_EMPTY: Any = array("q")
+# (Final: compiled, a module static, not a look-up in the module's dict a read)
+NO_SLOTS: Final[tuple[int, ...]] = ()
+_EMPTY: Final[Any] = array("q")
 
 
 def empty_run() -> Any:
