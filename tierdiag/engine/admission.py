@@ -16,8 +16,7 @@ from tierdiag.engine.pagemap import blame
 from tierdiag.engine.request import Req
 from tierdiag.engine.schedule_common import CLIP_MAX_NEW_TOKENS, NO_TOKEN, OTHER, EngineError, SchedulerState
 from tierdiag.engine.tree import TreeNode
-from tierdiag.engine.tree_node import TreeMatch
-from tierdiag.engine.tree_node import empty_run
+from tierdiag.engine.tree_node import TreeMatch, empty_run
 
 _HOST: Final[str] = Tier.HOST  # read once: compiled, a `Tier.HOST` read is ~880 instructions (3.11)
 

@@ -25,7 +25,7 @@ _SMALL_FREE = 8
 # alloc's runs are slices of a zero run this long (a longer one is made by repetition)
 _RUN_TEMPLATE = 4096
 # On the compiled data plane PagePool's base is _cplane.SlotCore: it holds the stack, the owned
-# bytes and the lent ints (bound in __init__) and the free count (`free_pages`, a property of
+# bytes and the runs' template (bound in __init__) and the free count (`free_pages`, a property of
 # the base), and its `_alloc_c` / `_free_c` are the pool's alloc and free in one C call each: the
 # compiled engine calls them ~16 times a request, and an interpreted wrapper frame plus two buffer
 # exports a call was most of their cost (issue 41, session 19). What they decline goes, with the
@@ -61,9 +61,8 @@ class PagePool(_SlotCore or _PySlots):  # type: ignore[misc]
         self.free_pages = num_pages
         self._owned_bytes = bytearray(num_pages)  # 1: handed out (Python indexes it fast) ...
         self._owned = np.frombuffer(self._owned_bytes, dtype=np.uint8)  # ... numpy the same bytes
-        # every slot's number as an int, lent by the compiled alloc to the lists it hands out
-        # (no new int object a page allocated, none to free when the list goes)
-        # alloc hands out runs: array('q') of slot numbers, slices of this one (as long as the pool)
+        # alloc hands out slot runs, array('q') (tree_node.SlotRun): the compiled one slices this
+        # zero run and writes the slots into the slice (no int object a page; session 21)
         self._ints = array("q")
         self._ints.frombytes(bytes(8 * max(1, min(num_pages, _RUN_TEMPLATE))))
         if _SlotCore is not None:

@@ -607,7 +607,7 @@ cp_free(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 
 /* ------------------------------------------------------------------------------------------ */
 /* SlotCore: PagePool's base on the compiled data plane. It holds the pool's stack, owned bytes
- * and lent ints (bound once) and the free count, so the engine's pool.alloc(n) / pool.free(slots)
+ * and the template its slot runs are cut from (or a tuple of lent ints: lists then; bound once) and the free count, so the engine's pool.alloc(n) / pool.free(slots)
  * are one call into C, with no interpreted wrapper frame and no buffer export a call (issue 41,
  * session 19). What it does not take (n outside (0, free_pages], a free it refuses, a list of
  * anything but ints) goes, having changed nothing, to the pool's numpy method of the same
@@ -617,7 +617,8 @@ typedef struct {
     PyObject_HEAD
     Py_ssize_t top;      /* stack[:top] are the free slots: PagePool.free_pages */
     PyObject *top_obj;   /* top as an int, made when it changes (read ~30 times a request) */
-    PyObject *ints;      /* the pool's slot numbers, lent to the lists alloc hands out */
+    PyObject *ints;      /* array('q') template: alloc hands out slices of it (runs); a tuple of the
+                          * pool's slot numbers: lent to the lists alloc hands out */
     Py_buffer stack, owned;
     int bound;
 } SlotCore;
@@ -698,8 +699,10 @@ slots_pop_run(const Py_ssize_t *st, unsigned char *own, Py_ssize_t cap, Py_ssize
 
 PyDoc_STRVAR(core_bind_doc,
 "_bind(stack, owned, ints)\n\n"
-"Hold the pool's free stack (1-D intp, writable), owned bytes (writable, one a slot) and its\n"
-"slot numbers (a tuple, ints[s] == s) for alloc and free; every one as long as the pool.");
+"Hold the pool's free stack (1-D intp, writable) and owned bytes (writable, one a slot), both as\n"
+"long as the pool, for alloc and free; `ints`: an int64 array('q') of 1 to the pool's length\n"
+"items (alloc hands out slot runs cut from it) or a tuple of the pool's slot numbers\n"
+"(ints[s] == s, as long as the pool: alloc hands out lists of them).");
 
 static PyObject *
 core_bind(SlotCore *self, PyObject *const *args, Py_ssize_t nargs)
