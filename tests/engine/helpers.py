@@ -191,6 +191,6 @@ def store_input_pages(engine: Engine, t) -> None:
 
     keys = page_keys_array(t, page_size=PS, block_size=PS).tolist()[: (t.input_len - 1) // PS]
     host = engine.ctrl.host
-    slots = host.alloc(len(keys))
+    slots = host.alloc(len(keys)).tolist()  # (a slot run, array('q'); the storage tier takes lists)
     engine.ctrl.storage.write_from(host.array, slots, keys, rows=host.rows)
     host.free(slots)

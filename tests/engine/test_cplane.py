@@ -7,6 +7,7 @@ for both pool layouts; and the compiled kernel is really there unless TIERDIAG_C
 from __future__ import annotations
 
 import json
+from array import array
 import operator
 import os
 import re
@@ -296,14 +297,15 @@ def _bookkeeping(backend: Backend, pages: int = 8) -> PagePool:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_freed_list_comes_back_out_as_it_was_freed(backend):
     pool = _bookkeeping(backend, 40)
-    assert pool.alloc(3) == [0, 1, 2] and pool.alloc(2) == [3, 4]
+    assert list(pool.alloc(3)) == [0, 1, 2] and list(pool.alloc(2)) == [3, 4]
     pool.free([1, 0, 2])
-    assert pool.alloc(3) == [1, 0, 2]
+    assert list(pool.alloc(3)) == [1, 0, 2]
     long = pool.alloc(20)
-    assert long == list(range(5, 25))
+    assert type(long) is array and long.typecode == "q"  # a slot run, on either backend
+    assert list(long) == list(range(5, 25))
     pool.free(long[::-1])
-    assert pool.alloc(20) == long[::-1]
-    assert pool.alloc(0) == [] and pool.alloc(16) is None and pool.free_pages == 15
+    assert list(pool.alloc(20)) == list(long[::-1])
+    assert list(pool.alloc(0)) == [] and pool.alloc(16) is None and pool.free_pages == 15
     with pytest.raises(ValueError, match="alloc of -1"):
         pool.alloc(-1)
     pool.check()
@@ -317,8 +319,9 @@ def test_the_compiled_alloc_lends_the_pools_own_ints():
     alloc = cplane.compiled("alloc")
     pool = _bookkeeping(C, 40)
     top = pool.free_pages
-    lent = alloc(pool._stack, pool._owned_bytes, top, 5, pool._ints)
-    assert lent == [0, 1, 2, 3, 4] and all(a is b for a, b in zip(lent, pool._ints))
+    ints = tuple(range(40))  # (the pool itself hands out array('q') runs: SlotCore's template)
+    lent = alloc(pool._stack, pool._owned_bytes, top, 5, ints)
+    assert lent == [0, 1, 2, 3, 4] and all(a is b for a, b in zip(lent, ints))
     made = alloc(pool._stack, pool._owned_bytes, top - 5, 3)
     assert made == [5, 6, 7]
     marked = bytes(pool._owned_bytes)
@@ -327,7 +330,7 @@ def test_the_compiled_alloc_lends_the_pools_own_ints():
             alloc(pool._stack, pool._owned_bytes, top - 8, 2, bad)
     assert bytes(pool._owned_bytes) == marked
     with pytest.raises(TypeError, match="takes 4 or 5 arguments"):
-        alloc(pool._stack, pool._owned_bytes, top - 8, 2, pool._ints, None)
+        alloc(pool._stack, pool._owned_bytes, top - 8, 2, ints, None)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -896,10 +899,10 @@ def test_the_pool_and_the_page_map_are_their_compiled_bases_on_the_compiled_plan
     assert PagePool.alloc is cplane.compiled("SlotCore").__dict__["_alloc_c"]
     assert PageMap.set_many is cplane.compiled("MapCore").__dict__["_set_many_c"]
     pool = _pool("page_first", 10)
-    assert pool.alloc(4) == [0, 1, 2, 3] and pool.free_pages == 6
-    assert PagePool._alloc_numpy(pool, 2) == [4, 5] and pool.free_pages == 4  # the numpy side moves the same count
+    assert list(pool.alloc(4)) == [0, 1, 2, 3] and pool.free_pages == 6
+    assert list(PagePool._alloc_numpy(pool, 2)) == [4, 5] and pool.free_pages == 4  # the numpy side moves the same count
     pool.free([5, 4])
-    assert pool.free_pages == 6 and pool.alloc(2) == [5, 4]  # back out as it was freed
+    assert pool.free_pages == 6 and list(pool.alloc(2)) == [5, 4]  # back out as it was freed
     PagePool._free_numpy(pool, [0, 1, 2, 3, 4, 5])
     assert pool.free_pages == 10 and pool.used_pages == 0
     pool.check()
@@ -947,6 +950,14 @@ def test_the_compiled_pool_takes_what_numpy_takes_and_refuses_the_rest_unchanged
         c._bind(c._stack[:4], c._owned_bytes, c._ints)
     with pytest.raises(TypeError, match="_bind"):
         c._bind(c._stack, bytes(8), c._ints)
+    # the runs' template: an int64 array('q') of one item up to the pool's length, nothing else
+    # (a wrong one is refused, the binding as it was)
+    for bad in (array("i", [0] * 4), array("d", [0.0]), array("q"), array("q", [0] * (len(c._owned_bytes) + 1)),
+                bytes(8), [0], "q", None):
+        with pytest.raises(TypeError, match="_bind"):
+            c._bind(c._stack, c._owned_bytes, bad)
+    run = c.alloc(1)
+    assert run is None or type(run) is array  # the template it had
 
 
 @pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")

@@ -37,7 +37,7 @@ def _read_over_a_device_only_node(engine: Engine):
     tree = s.tree
     t = req("r", 0, list(range(1, 11)))
     r = _queued(t)
-    staged = ctrl.host.alloc(10)  # storage holds the pages' real contents (the data plane)
+    staged = ctrl.host.alloc(10).tolist()  # (the storage tier takes slot lists) storage holds the pages' real contents (the data plane)
     write_content_numpy(ctrl.host, staged, r.keys[:10])
     ctrl.storage.write_from(ctrl.host.array, staged, r.keys[:10], rows=ctrl.host.rows)
     ctrl.host.free(staged)
@@ -51,7 +51,7 @@ def _read_over_a_device_only_node(engine: Engine):
     assert other.host is None and other.device is not None
     tree.protect_host(anchor)
     r.anchor = anchor
-    slots = ctrl.host.alloc(6)
+    slots = ctrl.host.alloc(6).tolist()  # (a prefetch's slots are lists: controller.alloc_storage_hit)
     start, end = ctrl.prefetch(r.keys[4:10], slots, r.req_id, 0)
     r.prefetch = (4, 6, slots, start, end)
     r.prefetch_ack_pass = 0  # its acks drained

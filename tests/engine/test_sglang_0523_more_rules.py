@@ -280,7 +280,7 @@ def _stored_request(tmp_path, rules="0.5.23"):
     r.keys_np = page_keys_array(t, page_size=PS, block_size=PS)
     r.keys = r.keys_np.tolist()
     r.max_match_pages = 8
-    slots = s.ctrl.host.alloc(8)
+    slots = s.ctrl.host.alloc(8).tolist()  # (the storage tier takes slot lists)
     s.ctrl.storage.write_from(s.ctrl.host.array, slots, r.keys, rows=s.ctrl.host.rows)
     s.ctrl.host.free(slots)
     return s, r

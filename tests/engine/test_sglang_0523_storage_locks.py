@@ -112,7 +112,7 @@ def _evict_from_storage(engine: Engine, keep_out: list) -> None:
     storage, host = engine.ctrl.storage, engine.ctrl.host
     fresh = 10_000_000
     while storage.hits(keep_out[:1], 0):
-        slots = host.alloc(8)
+        slots = host.alloc(8).tolist()  # (the storage tier takes slot lists)
         storage.write_from(host.array, slots, list(range(fresh, fresh + 8)), rows=host.rows)
         host.free(slots)
         fresh += 8

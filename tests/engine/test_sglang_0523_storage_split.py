@@ -77,7 +77,7 @@ def test_the_span_is_what_the_prefetch_put_into_the_tree_taken_at_the_admission_
     assert matched == 2
     tree.protect_host(anchor)
     r.anchor = anchor
-    host = ctrl.host.alloc(6)
+    host = ctrl.host.alloc(6).tolist()  # (a prefetch's slots are lists: controller.alloc_storage_hit)
     r.prefetch = (2, 6, host, 0, 0)  # six pages read from page 2 on
     s._finish_prefetch(r, 5)
     assert (r.loaded_span_pages, r.loaded_span_start) == (4, 4)  # pages 2-3 were in the tree

@@ -16,7 +16,7 @@ from tierdiag.engine.pagemap import blame
 from tierdiag.engine.request import Req
 from tierdiag.engine.schedule_common import CLIP_MAX_NEW_TOKENS, NO_TOKEN, OTHER, EngineError, SchedulerState
 from tierdiag.engine.tree import TreeNode
-from tierdiag.engine.tree_node import TreeMatch
+from tierdiag.engine.tree_node import TreeMatch, empty_run
 
 _HOST: Final[str] = Tier.HOST  # read once: compiled, a `Tier.HOST` read is ~880 instructions (3.11)
 
@@ -113,7 +113,7 @@ class Admission(SchedulerState):
             if load:
                 tree.release_host(host_nodes[-1])
             self._defer_alloc(req, need, take)
-            slots = []
+            slots = empty_run()
         else:
             # alloc_paged_token_slots_extend: the extend's eviction (with the rule set's page a request)
             if not ctrl.evict_device(need, req.req_id, now, reserve_pages=self.alloc_page):
@@ -459,7 +459,7 @@ class Admission(SchedulerState):
         own = req.own_slots
         if n == len(own):
             slots = own
-            req.own_slots = []  # (what `del own_slots[:n]` below leaves of it)
+            req.own_slots = empty_run()  # (what `del own_slots[:n]` below leaves of it)
         else:
             slots = own[:n]
         keys_np = req.keys_np

@@ -22,6 +22,7 @@ from tierdiag.engine.pagepool import PagePool
 from tierdiag.engine.rule_functions import _evict_shortfall, _evict_whole_need
 from tierdiag.engine.rules import config_rules
 from tierdiag.engine.storage import StorageTier
+from tierdiag.engine.tree_node import empty_run
 from tierdiag.engine.tree import RadixTree, TreeNode
 
 if TYPE_CHECKING:
@@ -36,6 +37,12 @@ _DEMOTE: Final[str] = EvictionAction.DEMOTE
 _DROP: Final[str] = EvictionAction.DROP
 _DELETE: Final[str] = EvictionAction.DELETE
 _FREE_DUPLICATE: Final[str] = EvictionAction.FREE_DUPLICATE
+
+
+def _as_list(run: Any) -> Any:
+    """A slot run as a list, for the storage paths (storage.py, prefetch.py), which take slot
+    lists: the pools hand out array('q') runs (tree_node.SlotRun). None stays None."""
+    return run.tolist() if isinstance(run, array) else run
 
 
 def _int64s() -> array:
@@ -179,10 +186,10 @@ class CacheController:
         # 0.5.23: the host slots of prefetch reads cut short while in flight, freed as SGLang frees
         # them (free_prefetch_tails): (when the read stops, the pass that took its last ack or
         # -1, the slots)
-        self.prefetch_tails: list[tuple[int, int, list[int]]] = []
+        self.prefetch_tails: list[tuple[int, int, Any]] = []
 
     # --- helpers -------------------------------------------------------------------------
-    def _to_host(self, device_slots: list[int], host_slots: list[int]) -> tuple[int, int]:
+    def _to_host(self, device_slots: Any, host_slots: Any) -> tuple[int, int]:
         """Copy device pages into host slots: (wall ns, contiguous runs of the device pages)."""
         if self._rows:
             return _rows.copy_rows(self.device.rows, device_slots, self.host.rows, host_slots)
@@ -385,7 +392,7 @@ class CacheController:
             tree.host_duplicates.pop(nid, None)
 
     # --- device -> host ------------------------------------------------------------------
-    def _alloc_host(self, pages: int, cause: str | None, now_ns: int) -> list[int] | None:
+    def _alloc_host(self, pages: int, cause: str | None, now_ns: int) -> Any:
         if pages > self.host_capacity:
             return None
         if not self.evict_host(pages, cause, now_ns):
@@ -526,7 +533,7 @@ class CacheController:
                 self._land(entry.node, entry.cause, entry.pages, entry.start, entry.end, now_ns)
                 entry.landed = True
 
-    def hold_prefetch_tail(self, slots: list[int], stop_ns: int) -> None:
+    def hold_prefetch_tail(self, slots: Any, stop_ns: int) -> None:
         """A prefetch read terminated while in flight (`check_prefetch_progress` ->
         `terminate_prefetch`) whose pages `slots` were not acknowledged: SGLang's read thread
         stops at the end of the batch in progress (`stop_ns`), its last ack (`completed_req`)
@@ -627,7 +634,7 @@ class CacheController:
         keys = node.keys  # a page key names its whole prefix: the tier's key as it is
         # Straight from the host slots into one append (no per-page work): the bytes on disk are
         # the host copy's, which a later prefetch reads back and a load-back verifies.
-        deleted = self.storage.write_from(self.host.array, node.host, keys, rows=self.host.rows)  # a count
+        deleted = self.storage.write_from(self.host.array, _as_list(node.host), keys, rows=self.host.rows)  # a count
         pages = len(keys)
         dp_bytes = pages * self.dp_page_bytes
         storage = self.storage
@@ -643,14 +650,17 @@ class CacheController:
                                 pages * self.page_bytes, dp_bytes, max(0, start - now_ns), 0, None, self.rank))
 
     # --- host -> device ------------------------------------------------------------------
-    def load_back(self, nodes: tuple[TreeNode, ...], slots: list[int], req_id: str, now_ns: int,
+    def load_back(self, nodes: tuple[TreeNode, ...], slots: Any, req_id: str, now_ns: int,
                   page_keys: list[int]) -> tuple[int, int, int, bool | None]:
         """Copy the host part of a matched chain into `slots` (already allocated on device).
 
         Returns (link ns, contiguous runs, measured wall ns, verified). All-or-nothing: callers decide
         before calling whether it happens at all.
         """
-        host_slots = [s for n in nodes for s in n.host]
+        host_slots: Any = nodes[0].host if len(nodes) == 1 else empty_run()
+        if len(nodes) > 1:
+            for part in nodes:
+                host_slots.extend(part.host)
         if self._rows:
             wall, runs = _rows.copy_rows(self.host.rows, host_slots, self.device.rows, slots)
         else:
@@ -707,16 +717,16 @@ class CacheController:
                 node = node.parent
         self.loads_pending.clear()
 
-    def write_computed(self, slots: list[int], page_keys: "np.ndarray | list[int]") -> None:
+    def write_computed(self, slots: Any, page_keys: "np.ndarray | list[int]") -> None:
         """The prefill's output: KV for these pages, derived from their keys."""
         write_content(self.device, slots, page_keys)
 
     # --- storage -> host -----------------------------------------------------------------
-    def alloc_host(self, pages: int, cause: str | None, now_ns: int) -> list[int] | None:
+    def alloc_host(self, pages: int, cause: str | None, now_ns: int) -> Any:
         """Host slots, host-evicting unprotected leaves for room (None if that cannot be done)."""
-        return self._alloc_host(pages, cause, now_ns)
+        return _as_list(self._alloc_host(pages, cause, now_ns))
 
-    def alloc_storage_hit(self, pages: int, cause: str | None, now_ns: int) -> list[int] | None:
+    def alloc_storage_hit(self, pages: int, cause: str | None, now_ns: int) -> Any:
         """Host slots for a storage hit of `pages` (both releases): when they are not free, host
         eviction is asked for the whole hit, not the shortfall, and the allocation tried again
         (0.5.23 `HybridCacheController.allocate_storage_hit`: `evict_host(hit_tokens)`, which
@@ -724,16 +734,16 @@ class CacheController:
         `evict_host(prefetch_length)`). None when they still are not free (the caller may take
         what fits)."""
         if pages <= self.host.free_pages:
-            return self.host.alloc(pages)
+            return _as_list(self.host.alloc(pages))
         self.evict_host(pages, cause, now_ns, whole=True)
         if pages > self.host.free_pages:
             return None
-        return self.host.alloc(pages)
+        return _as_list(self.host.alloc(pages))
 
-    def prefetch(self, keys: list[int], slots: list[int], req_id: str, now_ns: int) -> tuple[int, int]:
+    def prefetch(self, keys: list[int], slots: Any, req_id: str, now_ns: int) -> tuple[int, int]:
         """Read pages from storage into host `slots` (allocated by the caller). Returns (start, end)."""
         pages = len(keys)
-        dp_bytes = self.storage.read_into(keys, self.host.array, slots)
+        dp_bytes = self.storage.read_into(keys, self.host.array, _as_list(slots))
         storage = self.storage
         start = max(now_ns, storage.free_ns)
         if self.storage_per_pass:  # SGLang's batches, one backend call each (storage_batch_ends)

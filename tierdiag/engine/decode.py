@@ -15,6 +15,7 @@ from tierdiag.engine.request import FIRST_PASS_FIELDS, Req
 from tierdiag.engine.schedule_common import (CLIP_MAX_NEW_TOKENS, INT64_MAX, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY,
                                              RETRACT_DECODE_STEPS, SchedulerState)
 from tierdiag.trace.pages import extend_output_keys
+from tierdiag.engine.tree_node import empty_run
 
 
 def _in_batch_order(due: list[Req], running: list[Req]) -> list[Req]:
@@ -362,7 +363,7 @@ class DecodeSteps(SchedulerState):
         """release_kv_cache(checkpoint=False): the request's own pages are freed (what it
         inserted stays in the tree, unlocked), its lock dropped."""
         self.ctrl.device.free(req.own_slots)
-        req.own_slots = []
+        req.own_slots = empty_run()
         self.tree.dec_lock(req.lock_node)
         req.lock_node = None
 
@@ -424,7 +425,7 @@ class DecodeSteps(SchedulerState):
             self.tree.insert(req.keys[:n_in], n_in, [], now, req.req_id, count_hits=self.count_hits,
                              priority=min(req.priority + 1, INT64_MAX), keys_np=req.keys_np[:n_in], inserted=n_in)
         self.ctrl.device.free(req.own_slots)
-        req.own_slots = []
+        req.own_slots = empty_run()
         self.tree.dec_lock(req.lock_node)
         req.lock_node = None
         self._record(req, now)

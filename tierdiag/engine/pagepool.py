@@ -10,6 +10,7 @@ tensors from the start. The geometry and layout are the data plane's (dataplane.
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import numpy as np
@@ -21,8 +22,10 @@ from tierdiag.native import cplane
 
 # Frees of up to this many slots take the Python path (PagePool._free_small).
 _SMALL_FREE = 8
+# alloc's runs are slices of a zero run this long (a longer one is made by repetition)
+_RUN_TEMPLATE = 4096
 # On the compiled data plane PagePool's base is _cplane.SlotCore: it holds the stack, the owned
-# bytes and the lent ints (bound in __init__) and the free count (`free_pages`, a property of
+# bytes and the runs' template (bound in __init__) and the free count (`free_pages`, a property of
 # the base), and its `_alloc_c` / `_free_c` are the pool's alloc and free in one C call each: the
 # compiled engine calls them ~16 times a request, and an interpreted wrapper frame plus two buffer
 # exports a call was most of their cost (issue 41, session 19). What they decline goes, with the
@@ -58,9 +61,10 @@ class PagePool(_SlotCore or _PySlots):  # type: ignore[misc]
         self.free_pages = num_pages
         self._owned_bytes = bytearray(num_pages)  # 1: handed out (Python indexes it fast) ...
         self._owned = np.frombuffer(self._owned_bytes, dtype=np.uint8)  # ... numpy the same bytes
-        # every slot's number as an int, lent by the compiled alloc to the lists it hands out
-        # (no new int object a page allocated, none to free when the list goes)
-        self._ints = tuple(range(num_pages))
+        # alloc hands out slot runs, array('q') (tree_node.SlotRun): the compiled one slices this
+        # zero run and writes the slots into the slice (no int object a page; session 21)
+        self._ints = array("q")
+        self._ints.frombytes(bytes(8 * max(1, min(num_pages, _RUN_TEMPLATE))))
         if _SlotCore is not None:
             self._bind(self._stack, self._owned_bytes, self._ints)
         shape = (plane.num_layers, num_pages, plane.page_elems)
@@ -128,20 +132,22 @@ class PagePool(_SlotCore or _PySlots):  # type: ignore[misc]
     def used_pages(self) -> int:
         return self.capacity - self.free_pages
 
-    def _alloc_numpy(self, n: int) -> list[int] | None:
+    def _alloc_numpy(self, n: int) -> Any:
         top = self.free_pages
         if n > top:
             return None
         if n <= 0:
             if n < 0:
                 raise ValueError(f"{self.name}: alloc of {n} pages")
-            return []
+            return array("q")
         slots = self._stack[top - n:top][::-1]
         # No ownership check: a slot reaches the stack only from __init__ or a free that proved
         # it owned and unique, so the stack never holds an owned slot (check() verifies).
         self._owned[slots] = 1
         self.free_pages = top - n
-        return slots.tolist()
+        out = array("q")
+        out.frombytes(slots.astype(np.int64).tobytes())
+        return out
 
     def _free_numpy(self, slots: list[int]) -> None:
         n = len(slots)

@@ -9,12 +9,14 @@ TTFT parts (every one in ns of the virtual clock, adding up to TTFT):
 """
 
 from __future__ import annotations
+from typing import Any
 
 import numpy as np
 
 from tierdiag.engine.tree import TreeNode
 from tierdiag.probes.events import ROUTE_NONE
 from tierdiag.trace.reader import TraceRequest
+from tierdiag.engine.tree_node import empty_run
 
 
 class Req:
@@ -103,7 +105,7 @@ class Req:
         self.loadback_skip_reason: str | None = None
         self.loadback_skip_pages = 0
         self.storage_skip_reason: str | None = None
-        self.own_slots: list[int] = []
+        self.own_slots: Any = empty_run()
         self.own_from_page = 0  # page index of own_slots[0]
         self.done_tokens = 0  # input tokens whose KV exists (prefix + computed chunks)
         self.extend_total_tokens = 0

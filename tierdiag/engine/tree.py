@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from tierdiag.config.policies import EVICTION_POLICIES, EvictionPolicy
 from tierdiag.engine.rules import RULE_SETS, RuleSet
-from tierdiag.engine.tree_node import TreeInsert, TreeMatch, TreeNode
+from tierdiag.engine.tree_node import NO_SLOTS, SlotRun, TreeInsert, TreeMatch, TreeNode
 
 __all__ = ["RadixTree", "TreeInsert", "TreeMatch", "TreeNode"]
 
@@ -253,7 +253,7 @@ class RadixTree:
         return (path[-1] if path else self.root), sum(len(node.keys) for node in path)
 
     # --- insertion -----------------------------------------------------------------------
-    def insert(self, keys: list[int], own_from: int, device_slots: list[int], now_ns: int,
+    def insert(self, keys: list[int], own_from: int, device_slots: SlotRun, now_ns: int,
                owner: str | None = None, *, count_hits: bool = True, priority: int = 0, keys_np=None,
                inserted: int = 0) -> TreeInsert:
         """Give the tree a computed prefix: `keys[:own_from]` are already in the tree on device
@@ -277,7 +277,7 @@ class RadixTree:
         assert len(keys) - own_from == len(device_slots), "one device slot per page key"
         node = self.root
         i, n = 0, len(keys)
-        dups: list[int] = []
+        dups: SlotRun = None  # made at the first duplicate (most inserts have none)
         fresh: list[TreeNode] = []
         hit: list[TreeNode] = []
         stamp_after = self._stamp_after
@@ -294,7 +294,7 @@ class RadixTree:
                     hit.append(child)
                 fresh.append(child)
                 self._push_device(child)
-                return TreeInsert(child, dups, fresh, hit)
+                return TreeInsert(child, NO_SLOTS if dups is None else dups, fresh, hit)
             m = self._common_pages(keys, i, child.keys)
             if i < own_from < i + m:  # keep the locked prefix and our pages in separate nodes
                 m = own_from - i
@@ -315,7 +315,11 @@ class RadixTree:
             else:
                 assert i >= own_from or child.device is not None, f"{child}: locked prefix page not on device"
                 if i >= own_from:
-                    dups.extend(device_slots[i - own_from:i - own_from + m])
+                    part = device_slots[i - own_from:i - own_from + m]
+                    if dups is None:
+                        dups = part  # a new run (a slice), ours to extend
+                    else:
+                        dups.extend(part)
                 if count_hits and i + m > inserted:
                     child.hit_count += 1
                     hit.append(child)
@@ -327,9 +331,9 @@ class RadixTree:
             child.owner = owner
             node = child
             i += m
-        return TreeInsert(node, dups, fresh, hit)
+        return TreeInsert(node, NO_SLOTS if dups is None else dups, fresh, hit)
 
-    def insert_host(self, parent: TreeNode, keys: list[int], host_slots: list[int], now_ns: int,
+    def insert_host(self, parent: TreeNode, keys: list[int], host_slots: SlotRun, now_ns: int,
                     owner: str | None, keys_np=None) -> TreeNode:
         """Attach host-only pages (a storage prefetch) below `parent`, which must be the path's end."""
         assert keys and keys[0] not in parent.children, "prefetched pages must extend the tree"
@@ -339,7 +343,7 @@ class RadixTree:
         return node
 
     # --- residency changes ---------------------------------------------------------------
-    def set_device(self, node: TreeNode, slots: list[int]) -> None:
+    def set_device(self, node: TreeNode, slots: SlotRun) -> None:
         assert node.device is None and len(slots) == len(node.keys)
         assert node.parent.device is not None, f"{node}: device residency must stay root-connected"
         node.device = slots
@@ -349,13 +353,13 @@ class RadixTree:
             self.locked_device_pages += len(slots)
         self._push_device(node)
 
-    def set_host(self, node: TreeNode, slots: list[int]) -> None:
+    def set_host(self, node: TreeNode, slots: SlotRun) -> None:
         assert node.host is None and len(slots) == len(node.keys)
         node.host = slots
         if node.lock_ref:
             self.locked_host_pages += len(slots)
 
-    def demote(self, node: TreeNode) -> list[int]:
+    def demote(self, node: TreeNode) -> SlotRun:
         """Device copy goes, host copy stays. Returns the freed device slots."""
         assert node.host is not None and node.lock_ref == 0 and node.n_dev_children == 0
         slots, node.device = node.device, None
@@ -365,7 +369,7 @@ class RadixTree:
         self._push_host(node)
         return slots
 
-    def delete(self, node: TreeNode) -> tuple[list[int], list[int]]:
+    def delete(self, node: TreeNode) -> tuple[SlotRun, SlotRun]:
         """Remove a leaf from the tree. Returns its (device slots, host slots)."""
         assert node.lock_ref == 0 and not node.children, f"{node}: only unlocked leaves are deleted"
         parent = node.parent
@@ -379,7 +383,7 @@ class RadixTree:
         self._push_host(parent)
         return node.device or [], node.host or []
 
-    def drop_host(self, node: TreeNode) -> list[int]:
+    def drop_host(self, node: TreeNode) -> SlotRun:
         """Free a node's host copy while its device copy stays (0.5.23's
         `_release_full_host_duplicate`). Returns the host slots."""
         assert node.device is not None and node.host is not None, f"{node}: not on both tiers"

@@ -5,7 +5,22 @@ holds the operations.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from array import array
+from typing import Any, Final, Iterator
+
+# A run of pool slots, one a page: an array('q') as PagePool.alloc hands it out (int64 values, no
+# int object a slot: sliced, joined, freed and read by the C data plane as one buffer; issue 41,
+# session 21). Anything with len, slicing and iteration over ints works where a run is read (a
+# list or tuple in tests); `NO_SLOTS` is the empty run nobody extends (TreeInsert's duplicates).
+SlotRun = Any
+# (Final: compiled, a module static, not a look-up in the module's dict a read)
+NO_SLOTS: Final[tuple[int, ...]] = ()
+_EMPTY: Final[Any] = array("q")
+
+
+def empty_run() -> Any:
+    """A new empty slot run to extend (a slice of an empty array: half array("q")'s cost)."""
+    return _EMPTY[:]
 
 
 class TreeNode:
@@ -15,7 +30,7 @@ class TreeNode:
                  "lru_key", "lru_key_seq")
 
     def __init__(self, node_id: int, parent: "TreeNode | None", keys: list[int],
-                 device: list[int] | None, host: list[int] | None, now_ns: int, owner: str | None,
+                 device: SlotRun, host: SlotRun, now_ns: int, owner: str | None,
                  keys_np=None):
         self.id = node_id
         self.parent = parent
@@ -73,13 +88,13 @@ class TreeInsert:
     NamedTuple's `__new__` is an interpreted function (~2.5k instructions an insert, callgrind,
     issue 41). It still unpacks, indexes and compares as the 4-tuple it was."""
 
-    def __init__(self, last: TreeNode, duplicate_slots: list[int], fresh: list[TreeNode], hit: list[TreeNode]) -> None:
+    def __init__(self, last: TreeNode, duplicate_slots: SlotRun, fresh: list[TreeNode], hit: list[TreeNode]) -> None:
         self.last = last
         self.duplicate_slots = duplicate_slots
         self.fresh = fresh
         self.hit = hit
 
-    def _tuple(self) -> tuple[TreeNode, list[int], list[TreeNode], list[TreeNode]]:
+    def _tuple(self) -> tuple[TreeNode, SlotRun, list[TreeNode], list[TreeNode]]:
         return (self.last, self.duplicate_slots, self.fresh, self.hit)
 
     def __iter__(self) -> Iterator[Any]:

@@ -46,8 +46,10 @@
  * 9: pwrite_rows, pread_rows (the storage tier's page writes and reads; benchmarks/README.md, issue 41 session 17).
  * 10: PageKeySet (the miss reasons' in-batch page keys; benchmarks/README.md, issue 41 session 18).
  * 11: SlotCore and MapCore (PagePool's and PageMap's bases: alloc, free, set_many one C call; session 19).
- * 12: StorageIndex.admit's `counted` (the deletions counted, no list made; session 19, h41stor3). */
-#define CPLANE_API 12
+ * 12: StorageIndex.admit's `counted` (the deletions counted, no list made; session 19, h41stor3).
+ * 13: SlotCore's runs: `_bind` takes an array('q') template, alloc hands out array('q') slot runs and
+ *     free takes them (session 21, h41soa). */
+#define CPLANE_API 13
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256

@@ -434,6 +434,21 @@ PyDoc_STRVAR(alloc_doc,
 "the pool's slot numbers as ints (ints[s] == s, as long as the pool), lends its objects to\n"
 "the list instead of a new int a slot (TypeError for anything else).");
 
+/* Whether the top n slots of the stack are slots of a pool of cap (AssertionError set if not:
+ * the stack is the pool's own, only a bug puts anything else there). */
+static int
+stack_top_in_range(const Py_ssize_t *st, Py_ssize_t cap, Py_ssize_t top, Py_ssize_t n)
+{
+    for (Py_ssize_t j = 0; j < n; j++) {
+        Py_ssize_t slot = st[top - 1 - j];
+        if (slot < 0 || slot >= cap) {
+            PyErr_Format(PyExc_AssertionError, "free stack holds slot %zd of a pool of %zd (a pool bug)", slot, cap);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* Pop n slots (0 < n <= top <= depth: the caller's to ensure) off the stack, the top first, as a
  * list (each slot's int lent from `ints` when not NULL, else made), and mark them owned. A
  * stacked slot outside the pool is a pool bug: AssertionError, found before anything is marked.
@@ -442,12 +457,8 @@ static PyObject *
 slots_pop(const Py_ssize_t *st, unsigned char *own, Py_ssize_t cap, Py_ssize_t top, Py_ssize_t n, PyObject *ints)
 {
     PyObject *out;
-    for (Py_ssize_t j = 0; j < n; j++) {
-        Py_ssize_t slot = st[top - 1 - j];
-        if (slot < 0 || slot >= cap) {
-            PyErr_Format(PyExc_AssertionError, "free stack holds slot %zd of a pool of %zd (a pool bug)", slot, cap);
-            return NULL;
-        }
+    if (!stack_top_in_range(st, cap, top, n)) {
+        return NULL;
     }
     out = PyList_New(n);
     if (out == NULL) {
@@ -596,7 +607,7 @@ cp_free(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 
 /* ------------------------------------------------------------------------------------------ */
 /* SlotCore: PagePool's base on the compiled data plane. It holds the pool's stack, owned bytes
- * and lent ints (bound once) and the free count, so the engine's pool.alloc(n) / pool.free(slots)
+ * and the template its slot runs are cut from (or a tuple of lent ints: lists then; bound once) and the free count, so the engine's pool.alloc(n) / pool.free(slots)
  * are one call into C, with no interpreted wrapper frame and no buffer export a call (issue 41,
  * session 19). What it does not take (n outside (0, free_pages], a free it refuses, a list of
  * anything but ints) goes, having changed nothing, to the pool's numpy method of the same
@@ -606,7 +617,8 @@ typedef struct {
     PyObject_HEAD
     Py_ssize_t top;      /* stack[:top] are the free slots: PagePool.free_pages */
     PyObject *top_obj;   /* top as an int, made when it changes (read ~30 times a request) */
-    PyObject *ints;      /* the pool's slot numbers, lent to the lists alloc hands out */
+    PyObject *ints;      /* array('q') template: alloc hands out slices of it (runs); a tuple of the
+                          * pool's slot numbers: lent to the lists alloc hands out */
     Py_buffer stack, owned;
     int bound;
 } SlotCore;
@@ -630,10 +642,67 @@ core_dealloc(SlotCore *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* A slot run template: an int64 buffer object (array('q')) as long as the pool, whose slices
+ * are the runs alloc hands out (the pool's runs mode: no int object a slot); a run longer than
+ * the template is its first item repeated. */
+static int
+is_run_template(PyObject *o, Py_ssize_t cap)
+{
+    Py_buffer b;
+    int ok;
+    if (PyTuple_Check(o) || PyList_Check(o) || !PyObject_CheckBuffer(o)) {
+        return 0;
+    }
+    if (PyObject_GetBuffer(o, &b, PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    ok = b.ndim == 1 && b.itemsize == 8 && b.len >= 8 && b.len <= 8 * (cap > 1 ? cap : 1) && b.format != NULL
+         && (b.format[0] == 'q' || b.format[0] == 'l') && b.format[1] == '\0';
+    PyBuffer_Release(&b);
+    return ok;
+}
+
+/* n slots popped off the stack into a new run, a slice of `tmpl` (the pool's template). */
+static PyObject *
+slots_pop_run(const Py_ssize_t *st, unsigned char *own, Py_ssize_t cap, Py_ssize_t top, Py_ssize_t n, PyObject *tmpl)
+{
+    PyObject *out;
+    Py_buffer b;
+    int64_t *v;
+    if (!stack_top_in_range(st, cap, top, n)) {
+        return NULL;
+    }
+    if (n <= PyObject_Length(tmpl)) {
+        out = PySequence_GetSlice(tmpl, 0, n);
+    } else {
+        PyObject *one = PySequence_GetSlice(tmpl, 0, 1);
+        out = one == NULL ? NULL : PySequence_Repeat(one, n);
+        Py_XDECREF(one);
+    }
+    if (out == NULL) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(out, &b, PyBUF_WRITABLE) < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    v = (int64_t *)b.buf;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        Py_ssize_t slot = st[top - 1 - j];
+        v[j] = (int64_t)slot;
+        own[slot] = 1;
+    }
+    PyBuffer_Release(&b);
+    return out;
+}
+
 PyDoc_STRVAR(core_bind_doc,
 "_bind(stack, owned, ints)\n\n"
-"Hold the pool's free stack (1-D intp, writable), owned bytes (writable, one a slot) and its\n"
-"slot numbers (a tuple, ints[s] == s) for alloc and free; every one as long as the pool.");
+"Hold the pool's free stack (1-D intp, writable) and owned bytes (writable, one a slot), both as\n"
+"long as the pool, for alloc and free; `ints`: an int64 array('q') of 1 to the pool's length\n"
+"items (alloc hands out slot runs cut from it) or a tuple of the pool's slot numbers\n"
+"(ints[s] == s, as long as the pool: alloc hands out lists of them).");
 
 static PyObject *
 core_bind(SlotCore *self, PyObject *const *args, Py_ssize_t nargs)
@@ -648,8 +717,8 @@ core_bind(SlotCore *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     cap = owned.len;
-    if (stack.ndim != 1 || stack.len / stack.itemsize != cap || !PyTuple_CheckExact(args[2])
-        || PyTuple_GET_SIZE(args[2]) != cap) {
+    if (stack.ndim != 1 || stack.len / stack.itemsize != cap
+        || !(is_run_template(args[2], cap) || (PyTuple_CheckExact(args[2]) && PyTuple_GET_SIZE(args[2]) == cap))) {
         PyBuffer_Release(&stack);
         PyBuffer_Release(&owned);
         PyErr_Format(PyExc_TypeError, "_bind(): the stack and ints must be as long as the owned bytes (%zd)", cap);
@@ -700,7 +769,11 @@ core_alloc(SlotCore *self, PyObject *arg)
     if (overflow || n <= 0 || n > top || top > self->stack.len / self->stack.itemsize) {
         return core_numpy(self, "_alloc_numpy", arg);
     }
-    out = slots_pop(self->stack.buf, self->owned.buf, self->owned.len, top, n, self->ints);
+    if (PyTuple_CheckExact(self->ints)) {
+        out = slots_pop(self->stack.buf, self->owned.buf, self->owned.len, top, n, self->ints);
+    } else {
+        out = slots_pop_run(self->stack.buf, self->owned.buf, self->owned.len, top, n, self->ints);
+    }
     if (out != NULL && core_set_top(self, top - n) < 0) {
         Py_CLEAR(out);
     }
@@ -718,7 +791,8 @@ core_free(SlotCore *self, PyObject *slots)
 {
     Ints ix;
     int got;
-    if (!self->bound || (!PyList_CheckExact(slots) && !PyTuple_CheckExact(slots))) {
+    if (!self->bound || (!PyList_CheckExact(slots) && !PyTuple_CheckExact(slots)
+                         && Py_TYPE(slots) != Py_TYPE(self->ints))) {
         return core_numpy(self, "_free_numpy", slots);
     }
     got = ints_load(slots, &ix);
