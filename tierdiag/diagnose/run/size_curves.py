@@ -409,6 +409,7 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     if index is not None:  # the pass was fed while recording: the keys are its index's, not kept here
         kept = marks = None
     lines = ahead_lines if ahead is not None else _trace_pages(path, page, block, wanted=wanted)
+    hashed = ahead is not None  # the lines read ahead carry each req_id's hash (`_Pages`), not the string
     at = matched = 0
     last = None
     if index is not None:  # the loop below's checks at once, over the index's lines (in seq order)
@@ -426,7 +427,7 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
                 continue
             i = at
             inp = int(cols.input_tokens[i])
-            if cols.req_id[i] != req_id or inp != input_len:
+            if (hash(cols.req_id[i]) if hashed else cols.req_id[i]) != req_id or inp != input_len:
                 raise CurvesUnavailable(f"trace line {line} is not the request run {run.run_id} replayed as seq {seq}")
             lengths[i] = len(k)
             if keep is not None:
@@ -649,10 +650,14 @@ class _Pages:
         from array import array
 
         self.page = page
-        self.line, self.seq, self.input_len, self.arrival = array("q"), array("q"), array("q"), array("q")
-        self.full = array("q")  # each request's distinct pages
-        self.pred = array("q")  # its session's previous turn's position, -1
-        self.req_id: list = []
+        # Counts and line numbers 4 bytes a request (issue 41: the 1M-request read); one past
+        # int32 raises here, in the read-ahead, and the close reads the trace itself.
+        self.line, self.seq, self.input_len, self.arrival = array("i"), array("q"), array("i"), array("q")
+        self.full = array("i")  # each request's distinct pages
+        self.pred = array("i")  # its session's previous turn's position, -1
+        # Each req_id's hash (live_curves.req_hashes: this process's), not the string: a million
+        # strings held through the read were ~70 MB of the writer at 1M requests (issue 41).
+        self.req_hash = array("q")
         self.sessions = False
         self._last: dict = {}
         self.touches = 0  # of every request, as if all finish
@@ -667,7 +672,7 @@ class _Pages:
         i = len(self.seq)
         self.line.append(line)
         self.seq.append(seq)
-        self.req_id.append(req_id)
+        self.req_hash.append(hash(req_id))
         self.input_len.append(input_len)
         self.arrival.append(arrival)
         self.full.append(len(keys))
@@ -726,13 +731,13 @@ class _Pages:
         return self.keep is not None
 
     def lines(self):
-        """(line, seq, req_id, input length, distinct page keys) of each request, in order (an
-        unsampled read only: every key kept)."""
+        """(line, seq, req_id's hash, input length, distinct page keys) of each request, in order
+        (an unsampled read only: every key kept)."""
         i = 0
         for keys, _, lens in self.chunks:
             at = 0
             for ln in lens.tolist():
-                yield self.line[i], self.seq[i], self.req_id[i], self.input_len[i], keys[at:at + ln]
+                yield self.line[i], self.seq[i], self.req_hash[i], self.input_len[i], keys[at:at + ln]
                 at += ln
                 i += 1
 
@@ -764,12 +769,12 @@ class _Pages:
         del keys
         index = live_curves.TraceIndex.of_flat(np.frombuffer(self.seq, dtype=np.int64), flat, lens,
                                                np.frombuffer(self.arrival, dtype=np.int64),
-                                               np.frombuffer(self.pred, dtype=np.int64), consume=True, uniq=uniq)
-        req_id, self.req_id = self.req_id, []
-        index.lines_are(np.frombuffer(self.line, dtype=np.int64), req_id,
-                        np.frombuffer(self.input_len, dtype=np.int64))
+                                               np.frombuffer(self.pred, dtype=np.int32), consume=True, uniq=uniq)
+        index.lines_are(np.frombuffer(self.line, dtype=np.int32), (),
+                        np.frombuffer(self.input_len, dtype=np.int32),
+                        hashes=np.frombuffer(self.req_hash, dtype=np.int64))
         if looks is not None:
-            index.sampled(looks, np.frombuffer(self.full, dtype=np.int64), self.keep, self.rate, self.touches)
+            index.sampled(looks, np.frombuffer(self.full, dtype=np.int32), self.keep, self.rate, self.touches)
         return index
 
 
@@ -846,6 +851,8 @@ class _ReadAhead:
         """The pass fed the rows handed to `rows` as they come, up to each watermark, until the
         end (None) is handed: then the rest (live_curves.py). A failure stops it, said nowhere:
         the close then walks the whole pass itself, as where nothing was fed."""
+        import time
+
         from tierdiag.diagnose.run import live_curves
 
         try:
@@ -866,14 +873,22 @@ class _ReadAhead:
             self.index = index
             live = live_curves.LivePass(index, page, all_ranks=int(self.config.get("dp") or 1) > 1, closed=closed)
             self.live = live
+            # The heap freed since (the trace's read, the index's temporaries, each walk's and the
+            # writes' on other threads) handed back, then again at most every TRIM_EVERY_S.
+            live_curves.release_freed_heap()
+            trimmed = time.monotonic()
             while True:
                 got = self._rows.get()
                 if got is None:
                     live.advance(None)
                     live.done()
+                    live_curves.release_freed_heap()  # before the close computes beside what is kept
                     return
                 live.add_rows(*live_curves.rows_of(index, got))
                 live.advance(live.watermark())
+                if time.monotonic() - trimmed >= TRIM_EVERY_S:
+                    live_curves.release_freed_heap()
+                    trimmed = time.monotonic()
         except Exception as exc:  # noqa: BLE001 - the close walks the pass itself (module doc of live_curves)
             self.live, self.live_error = None, exc
             self._stop_feeding()
@@ -933,6 +948,10 @@ class _ReadAhead:
         except OSError:
             return None
 
+
+# The live pass hands the writer process's freed heap back (live_curves.release_freed_heap) at
+# most this often: each call walks glibc's free lists (~1-10 ms), the rows come every ~0.1-1 s.
+TRIM_EVERY_S = 1.0
 
 _READ_AHEAD: list[_ReadAhead] = []  # at most one: the run this process is recording
 
