@@ -111,3 +111,30 @@ def test_nothing_is_installed_where_duckdb_is_loaded_already():
                            "'__getattr__' in duckdb.DuckDBPyConnection.__dict__)"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.split() == ["False", "True", "False"], proc.stderr
+
+
+def test_release_cached_blocks_evicts_and_leaves_the_default_limit(tmp_path):
+    """store/duckdb_core.release_cached_blocks (issue 41, the writer's close): after it the
+    instance's buffer pool holds less, its memory limit is the default again, and queries (one
+    with a result still open among them) answer as before."""
+    import duckdb
+
+    from tierdiag.store.duckdb_core import release_cached_blocks
+
+    path = tmp_path / "s.duckdb"
+    with duckdb.connect(str(path)) as con:
+        con.execute("CREATE TABLE t AS SELECT range AS i, range::VARCHAR AS s FROM range(1000000)")
+    con = duckdb.connect(":memory:")
+    default = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+    con.execute(f"ATTACH '{path}' AS store")
+    want = con.execute("SELECT sum(i), count(DISTINCT s) FROM store.t").fetchall()
+    cached = con.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()[0]
+    assert release_cached_blocks(con) is True
+    assert con.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()[0] < cached
+    assert con.execute("SELECT current_setting('memory_limit')").fetchone()[0] == default
+    assert con.execute("SELECT sum(i), count(DISTINCT s) FROM store.t").fetchall() == want
+    pending = con.cursor()
+    pending.execute("SELECT i FROM store.t ORDER BY i DESC")
+    release_cached_blocks(con)  # a result still open on another cursor: lowered or not, nothing fails
+    assert pending.fetchone() == (999_999,)
+    assert con.execute("SELECT current_setting('memory_limit')").fetchone()[0] == default

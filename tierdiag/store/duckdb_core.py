@@ -81,3 +81,24 @@ def load_package(core: types.ModuleType) -> types.ModuleType:
     core.__dict__.pop(_HOOK, None)
     core.__dict__.update({k: v for k, v in package.__dict__.items() if k not in ("__name__", "__spec__", "__loader__")})
     return package
+
+
+def release_cached_blocks(con) -> bool:
+    """Make the database instance of `con` let go of the blocks its buffer pool keeps cached after
+    queries (the tables' blocks read, a sort's or a join's buffers no longer pinned): its memory
+    limit set to a megabyte for one statement, which evicts every unpinned block, then reset.
+    Measured on a 1M-request store (issue 41): a `curve_columns`-sized query left the process at
+    190 MB resident once its arrays were dropped, 99 MB after this; duckdb_memory() counted 23 MB
+    of it. Whether it could evict them all or not, no query is refused by it, and whatever it
+    finds it resets to the default limit (the writer's instance never sets another); True where
+    the limit could be lowered. Call it only where no other query of the same instance runs (a
+    cursor on another thread): for that statement the instance's limit is a megabyte."""
+    import duckdb
+
+    try:
+        con.execute("SET memory_limit = '1MB'")
+        lowered = True
+    except duckdb.Error:  # a block still pinned: nothing changed, nothing to undo
+        lowered = False
+    con.execute("RESET memory_limit")
+    return lowered
