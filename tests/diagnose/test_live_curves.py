@@ -468,3 +468,11 @@ def test_the_lines_read_ahead_carry_hashes_and_the_close_matches_them():
     bad = cols._replace(req_id=np.array(["a", "x"], dtype=object))
     with pytest.raises(sc.CurvesUnavailable, match="trace line 3 is not"):
         sc._matched(index, bad, "R")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=-2**63, max_value=2**63 - 1) | st.integers(0, 10_000), max_size=50))
+def test_exact_sum_is_pythons_sum_even_past_int64(values):
+    """size_curves._exact_sum (the close's touch count, which decides the sampling rate): Python's
+    exact sum of the int64 values, numpy's only where no partial sum can leave int64."""
+    assert sc._exact_sum(np.array(values, dtype=np.int64)) == sum(values)

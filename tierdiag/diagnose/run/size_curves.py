@@ -383,9 +383,10 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     cols = curve_columns(con, run.run_id)
     n = len(cols.seq)
     inp_pages = cols.input_tokens // page
-    touches = sum((2 * inp_pages + np.maximum((cols.input_tokens + cols.output_tokens) // page - inp_pages, 0))
-                  .tolist())
+    per_row = 2 * inp_pages + np.maximum((cols.input_tokens + cols.output_tokens) // page - inp_pages, 0)
     del inp_pages
+    touches = _exact_sum(per_row)
+    del per_row
     rate, keep = 1.0, None
     if touches > MAX_TOUCHES:
         rate = max(MAX_TOUCHES, 1) / touches
@@ -396,7 +397,6 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     marks = _Flat(np.bool_) if keep is not None else None  # sampled: which of its kept pages it looked up
     lens = np.zeros(n, dtype=np.int64)  # each row's keys (kept ones, sampled)
     lengths = np.zeros(n, dtype=np.int64)  # each row's distinct pages (before sampling)
-    seqs = cols.seq.tolist()
     # What was read ahead: the index the pass was fed over (unsampled, or sampled at this very
     # rate), else the lines it kept (unsampled), else nothing this close can use (a sample at
     # another rate, or lines given to an index): the trace is read again (its digest and file
@@ -405,6 +405,9 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     ahead_lines = ahead.lines() if ahead is not None and index is None else None
     if index is None and ahead_lines is None:
         ahead = None
+    # The rows' seqs as a list only for the loop over trace lines below (issue 41: a million
+    # Python ints held through a 1M-request close where the index answers without it).
+    seqs = cols.seq.tolist() if index is None else []
     wanted = _SeqSet(seqs) if ahead is None else None
     if index is not None:  # the pass was fed while recording: the keys are its index's, not kept here
         kept = marks = None
@@ -555,6 +558,18 @@ def _depth_pages(depths: np.ndarray, rate: float | None, never: int) -> np.ndarr
             x[:] = np.where(x > 0, np.maximum(np.rint(x / rate), 1), x)
         x[x <= 0] = never
     return d
+
+
+def _exact_sum(values: np.ndarray) -> int:
+    """The sum of an int64 array as a Python int, exactly: numpy's where no partial sum can pass
+    int64 (every row's touches fit many times over), else Python's over the values (issue 41: a
+    list of a million Python ints made for every close)."""
+    if len(values) == 0:
+        return 0
+    top = max(abs(int(values.max())), abs(int(values.min())))
+    if top <= (2**63 - 1) // len(values):
+        return int(values.sum())
+    return sum(values.tolist())
 
 
 def _matched(index, cols, run_id: str) -> tuple[int, np.ndarray]:
