@@ -191,6 +191,11 @@ class TraceIndex:
         self.rate = 1.0
         self.touches = None
 
+    def let_keys_go(self) -> None:
+        """The pass over the keys is walked (LivePass.let_walk_go): the keys, their offsets and what
+        the watermark read let go; the lines' columns the close matches the rows by stay."""
+        self.rev_ids = self.off = self.arrival_ns = self.pred = None
+
     def sampled(self, looks, full_lens, keep, rate: float, touches: int) -> "TraceIndex":
         """Mark this index a sample (size_curves.py `_sampler` at `rate`, made from `touches`)."""
         self.looks = narrow(looks)
@@ -493,6 +498,17 @@ class LivePass:
         self.stacks = {}
         self.every = None
         self._done = True
+
+    def let_walk_go(self) -> None:
+        """The walk is verified and only its results are read from here on (the close, size_curves
+        `_unsampled_pass`): what it was walked from is let go before they are joined, each row's
+        values and the events walked here, the keys and their offsets in the index (issue 41:
+        ~110 MB at a 1M-request close's peak). Nothing can be walked or verified after."""
+        self.values = self.recorded = self.finished = None
+        self.walked = []
+        self._pending = []
+        self._done = True
+        self.index.let_keys_go()
 
     def results(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(rank of each lookup walked, its depth on its rank, its depth over every rank or None

@@ -606,6 +606,8 @@ def _unsampled_pass(cols, index, live, kept, lens, page: int, several: bool):
         return _pass_depths(touches_of.pop(0), touches_of.pop(0), touches_of.pop(0), touches_of.pop(0))
     pos = np.searchsorted(index.seq, cols.seq)
     if live is not None and (live.all_ranks or not several) and live.verify(pos, cols):
+        del pos
+        live.let_walk_go()  # only its results are read from here on
         lookup_rank, d_rank, d_all = live.results()
     else:
         lookup_rank, d_rank, d_all = live_curves.whole_pass(index, pos, cols, page, all_ranks=several)
