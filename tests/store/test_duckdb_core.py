@@ -138,3 +138,18 @@ def test_release_cached_blocks_evicts_and_leaves_the_default_limit(tmp_path):
     release_cached_blocks(con)  # a result still open on another cursor: lowered or not, nothing fails
     assert pending.fetchone() == (999_999,)
     assert con.execute("SELECT current_setting('memory_limit')").fetchone()[0] == default
+
+
+def test_purge_freed_memory_sets_the_allocators_threads_and_queries_answer_as_before():
+    """store/duckdb_core.purge_freed_memory (issue 41, the writer's close): DuckDB's allocator
+    purges on threads of its own from then on; a query answers as before it."""
+    import duckdb
+
+    from tierdiag.store.duckdb_core import purge_freed_memory
+
+    con = duckdb.connect(":memory:", config={"threads": 1})
+    want = con.execute("SELECT sum(range), count(DISTINCT range % 7) FROM range(100000)").fetchall()
+    assert purge_freed_memory(con) is True
+    assert con.execute("SELECT current_setting('allocator_background_threads')").fetchone()[0] is True
+    assert con.execute("SELECT sum(range), count(DISTINCT range % 7) FROM range(100000)").fetchall() == want
+    assert purge_freed_memory(con) is True  # set twice: as once

@@ -360,6 +360,7 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
 
     from tierdiag.diagnose.run.run_claims import held_capacity
     from tierdiag.errors import TierdiagError
+    from tierdiag.store.duckdb_core import purge_freed_memory
     from tierdiag.trace.reader import trace_sha256
 
     path = run.trace_path
@@ -380,6 +381,10 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     if ahead is not None and ahead.changed:
         raise CurvesUnavailable(f"trace file {path} changed since the run was recorded")
     policy = str(run.config.get("write_policy") or "write_through")
+    # What this close's queries free (the rows' sort and result buffers below, the sections' on
+    # the other threads) handed back by DuckDB's allocator as it goes, not kept resident to the
+    # writer's exit (store/duckdb_core.py; issue 41: ~90 MB of a 1M-request close).
+    purge_freed_memory(con)
     cols = curve_columns(con, run.run_id)
     n = len(cols.seq)
     inp_pages = cols.input_tokens // page
@@ -535,6 +540,10 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
         model += (f"; SAMPLED: {touches:,} page touches are more than the pass's budget of {MAX_TOUCHES:,} "
                   f"(memory), so {rate:.3g} of the pages (by key hash) were kept and the curves are scaled "
                   "back from them: approximate")
+    del looks
+    from tierdiag.diagnose.run.live_curves import release_freed_heap
+
+    release_freed_heap()  # the pass's arrays freed on this thread: handed back to the sections beside
     return SizeCurves(policy, page, len(ranks), input_tokens, int(round(lookups * weight)) * page, slack,
                       curves, model, rate)
 
