@@ -476,3 +476,23 @@ def test_exact_sum_is_pythons_sum_even_past_int64(values):
     """size_curves._exact_sum (the close's touch count, which decides the sampling rate): Python's
     exact sum of the int64 values, numpy's only where no partial sum can leave int64."""
     assert sc._exact_sum(np.array(values, dtype=np.int64)) == sum(values)
+
+
+def test_release_freed_heap_answers_whether_glibc_trimmed_and_changes_no_array():
+    """live_curves.release_freed_heap (issue 41: the writer's freed heap handed back): True where
+    the C library has malloc_trim (glibc), False elsewhere; arrays alive before are untouched."""
+    import ctypes
+    import sys
+
+    a = np.arange(1 << 20, dtype=np.int64)
+    b = np.ones(1 << 18)
+    del b
+    try:
+        has = hasattr(ctypes.CDLL(None), "malloc_trim")
+    except OSError:
+        has = False
+    assert lc.release_freed_heap() is has
+    assert lc.release_freed_heap() is has
+    assert int(a.sum()) == (1 << 20) * ((1 << 20) - 1) // 2
+    if sys.platform.startswith("linux") and has:
+        assert lc._TRIM[0] is not None
