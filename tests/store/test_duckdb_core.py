@@ -153,3 +153,18 @@ def test_purge_freed_memory_sets_the_allocators_threads_and_queries_answer_as_be
     assert con.execute("SELECT current_setting('allocator_background_threads')").fetchone()[0] is True
     assert con.execute("SELECT sum(range), count(DISTINCT range % 7) FROM range(100000)").fetchall() == want
     assert purge_freed_memory(con) is True  # set twice: as once
+
+
+def test_purge_from_now_keeps_one_idle_instance_and_queries_answer_as_before():
+    """store/duckdb_core.purge_from_now (issue 41, the writer process from the start of recording):
+    one idle instance held, asked again it opens no other, and a connection opened after answers
+    as before."""
+    import duckdb
+
+    from tierdiag.store import duckdb_core
+
+    assert duckdb_core.purge_from_now() is True
+    held = list(duckdb_core._PURGING)
+    assert len(held) == 1 and duckdb_core.purge_from_now() is True and duckdb_core._PURGING == held
+    con = duckdb.connect(":memory:", config={"threads": 1})
+    assert con.execute("SELECT sum(range) FROM range(1000)").fetchone() == (499500,)

@@ -120,3 +120,27 @@ def purge_freed_memory(con) -> bool:
     except duckdb.Error:  # no such setting in this DuckDB (or no such threads here): as before
         return False
     return True
+
+
+_PURGING: list = []  # `purge_from_now`'s idle instance, held for the process's life
+
+
+def purge_from_now() -> bool:
+    """`purge_freed_memory` for this whole process from now on, before any connection of ours is
+    at hand (the writer process, once recording starts: its writes' inserts and checkpoints left
+    +50-190 MB resident each until the close): DuckDB's allocator is the process's, and it purges
+    on its threads while an instance that asked for them is open, so a small idle in-memory
+    instance (one thread) is opened, set, and kept. True where it is set."""
+    if _PURGING:
+        return True
+    import duckdb
+
+    try:
+        con = duckdb.connect(":memory:", config={"threads": 1})
+    except duckdb.Error:
+        return False
+    if not purge_freed_memory(con):
+        con.close()
+        return False
+    _PURGING.append(con)
+    return True

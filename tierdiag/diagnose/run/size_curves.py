@@ -996,6 +996,9 @@ def read_ahead(trace_path: str, trace_sha256: str | None, config: dict):
     except Exception:  # noqa: BLE001 - compute_size_curves decides what the config means, at the close
         return None
     if trace_path and os.path.isfile(trace_path):
+        from tierdiag.store.duckdb_core import purge_from_now
+
+        purge_from_now()  # the writes' freed DuckDB memory handed back through the run, not at its close
         ahead = _ReadAhead(trace_path, trace_sha256, page, block, config)
         _READ_AHEAD[:] = [ahead]
         return ahead.rows
