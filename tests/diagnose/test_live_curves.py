@@ -65,6 +65,50 @@ def test_the_stack_grows_past_its_first_tree_and_keeps_its_answers():
     assert _fed(lc.StackPython(5000), ids[:6000], query[:6000], sizes[:600], [7, 300]) == want[:int(query[:6000].sum())]
 
 
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 3000), st.integers(0, 60), st.integers(1, 6_000),
+       st.integers(1, 12))
+def test_the_stack_renumbered_as_it_fills_answers_the_sort_based_pass(seed, n_ids, fresh_pct, group_max, feeds):
+    """The compiled stack renumbers its marked positions when its tree is full (stackdist.c
+    `sd_compact`: issue 41, the tree covers the keys still marked, not every touch fed): many more
+    touches than keys, keys touched once (-1) among them, groups from 1 key to more than the tree,
+    fed in several cuts. Its answers are the sort-based pass's and its Python twin's (which never
+    renumbers), and its tree stays within a few times the keys marked."""
+    compiled = pytest.importorskip("tierdiag.native._stackdist")
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(0, group_max + 1, 40)
+    total = int(sizes.sum())
+    ids = rng.integers(0, n_ids, total)
+    ids[rng.random(total) < fresh_pct / 100] = -1
+    query = rng.integers(0, 2, total).astype(bool)
+    cuts = sorted(rng.integers(0, len(sizes) + 1, feeds - 1).tolist())
+    keys = np.where(ids >= 0, ids, -1 - np.arange(total))
+    want = sc._flat_depths(keys, query, sizes).tolist()
+    stack = compiled.Stack(n_ids)
+    assert _fed(stack, ids, query, sizes, cuts) == want
+    assert stack.touches == total
+    assert _fed(lc.StackPython(n_ids), ids, query, sizes, cuts) == want
+    live = len(np.unique(keys))
+    bounds = [0] + cuts + [len(sizes)]
+    widest = max(int(sizes[a:b].sum()) for a, b in zip(bounds, bounds[1:]))  # the largest feed
+    assert stack.slots <= max(4096, 8 * (live + widest), 2 * n_ids)
+
+
+def test_the_stack_renumbers_instead_of_growing_over_few_keys():
+    """100 feeds of 2,048 touches over 1,000 keys: the tree grows once, to 8,192 slots (room for
+    the keys and a feed, half of it free), and stays there; without the renumbering it grew to
+    2**18, 4 bytes a touch fed."""
+    compiled = pytest.importorskip("tierdiag.native._stackdist")
+    rng = np.random.default_rng(5)
+    stack, twin = compiled.Stack(1000), lc.StackPython(1000)
+    for _ in range(100):
+        ids = rng.integers(-1, 1000, 2048)
+        query = rng.random(2048) < 0.05
+        sizes = np.full(32, 64, dtype=np.int64)
+        assert lc.feed(stack, ids, query, sizes).tolist() == lc.feed(twin, ids, query, sizes).tolist()
+    assert stack.touches == 100 * 2048 and stack.slots == 8192
+
+
 hostile_feeds = st.sampled_from([
     ([5], [1], [1]),            # an id past the stack's
     ([-2], [1], [1]),           # below -1
@@ -388,3 +432,67 @@ def test_sorted_unique_is_np_unique(values, repeat, consume):
     assert got.dtype == np.int64 and got.tolist() == want.tolist()
     twice = np.array(values + values[:1], dtype=np.int64)
     assert lc.sorted_unique(twice, consume=True).tolist() == np.unique(values).astype(np.int64).tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=-2**63, max_value=2**63 - 1) | st.integers(-2**31 - 2, 2**31 + 1),
+                max_size=40), st.sampled_from([np.int64, np.int32, np.uint8, bool]))
+def test_narrow_keeps_every_value_and_is_int32_only_where_all_fit(values, dtype):
+    """live_curves.narrow (the index's per-request counts, issue 41): the same numbers, int32
+    exactly where every one is within int32 (the bounds themselves included), else int64."""
+    if dtype is not np.int64:
+        info = np.iinfo(dtype) if dtype is not bool else None
+        values = [v for v in values if (info is None and v in (0, 1)) or (info and info.min <= v <= info.max)]
+    got = lc.narrow(np.array(values, dtype=dtype))
+    fits = all(-2**31 <= v < 2**31 for v in values)
+    assert got.dtype == (np.int32 if fits else np.int64)
+    assert got.tolist() == [int(v) for v in values]
+
+
+def test_the_lines_read_ahead_carry_hashes_and_the_close_matches_them():
+    """size_curves._Pages keeps each line's req_id as its hash (issue 41: no million strings
+    through the run): its index matches the rows by those hashes as by the strings, and its
+    unsampled `lines` hand the close's loop the hash it compares (`hashed`)."""
+    pages = sc._Pages(2)
+    for seq, (rid, inp, keys) in enumerate([("a", 5, [1, 2]), ("b", 7, [1, 2, 3]), ("c", 2, [9])]):
+        pages.add(seq + 1, seq, rid, inp, np.array(keys, dtype=np.int64), 100 * seq, None, 3)
+    pages.finish()
+    assert [(ln, s, h, i, k.tolist()) for ln, s, h, i, k in pages.lines()] == [
+        (1, 0, hash("a"), 5, [1, 2]), (2, 1, hash("b"), 7, [1, 2, 3]), (3, 2, hash("c"), 2, [9])]
+    index = pages.index()
+    assert index.req_hash.tolist() == [hash("a"), hash("b"), hash("c")]
+    assert index.lens.dtype == np.int32 and index.line.tolist() == [1, 2, 3]
+    z = np.zeros(2, dtype=np.int64)
+    cols = CurveColumns(np.array([0, 2]), np.array(["a", "c"], dtype=object), z, z, z, np.array([5, 2]), z)
+    assert sc._matched(index, cols, "R")[0] == 2
+    bad = cols._replace(req_id=np.array(["a", "x"], dtype=object))
+    with pytest.raises(sc.CurvesUnavailable, match="trace line 3 is not"):
+        sc._matched(index, bad, "R")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=-2**63, max_value=2**63 - 1) | st.integers(0, 10_000), max_size=50))
+def test_exact_sum_is_pythons_sum_even_past_int64(values):
+    """size_curves._exact_sum (the close's touch count, which decides the sampling rate): Python's
+    exact sum of the int64 values, numpy's only where no partial sum can leave int64."""
+    assert sc._exact_sum(np.array(values, dtype=np.int64)) == sum(values)
+
+
+def test_release_freed_heap_answers_whether_glibc_trimmed_and_changes_no_array():
+    """live_curves.release_freed_heap (issue 41: the writer's freed heap handed back): True where
+    the C library has malloc_trim (glibc), False elsewhere; arrays alive before are untouched."""
+    import ctypes
+    import sys
+
+    a = np.arange(1 << 20, dtype=np.int64)
+    b = np.ones(1 << 18)
+    del b
+    try:
+        has = hasattr(ctypes.CDLL(None), "malloc_trim")
+    except OSError:
+        has = False
+    assert lc.release_freed_heap() is has
+    assert lc.release_freed_heap() is has
+    assert int(a.sum()) == (1 << 20) * ((1 << 20) - 1) // 2
+    if sys.platform.startswith("linux") and has:
+        assert lc._TRIM[0] is not None

@@ -111,3 +111,60 @@ def test_nothing_is_installed_where_duckdb_is_loaded_already():
                            "'__getattr__' in duckdb.DuckDBPyConnection.__dict__)"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.split() == ["False", "True", "False"], proc.stderr
+
+
+def test_release_cached_blocks_evicts_and_leaves_the_default_limit(tmp_path):
+    """store/duckdb_core.release_cached_blocks (issue 41, the writer's close): after it the
+    instance's buffer pool holds less, its memory limit is the default again, and queries (one
+    with a result still open among them) answer as before."""
+    import duckdb
+
+    from tierdiag.store.duckdb_core import release_cached_blocks
+
+    path = tmp_path / "s.duckdb"
+    with duckdb.connect(str(path)) as con:
+        con.execute("CREATE TABLE t AS SELECT range AS i, range::VARCHAR AS s FROM range(1000000)")
+    con = duckdb.connect(":memory:")
+    default = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+    con.execute(f"ATTACH '{path}' AS store")
+    want = con.execute("SELECT sum(i), count(DISTINCT s) FROM store.t").fetchall()
+    cached = con.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()[0]
+    assert release_cached_blocks(con) is True
+    assert con.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()[0] < cached
+    assert con.execute("SELECT current_setting('memory_limit')").fetchone()[0] == default
+    assert con.execute("SELECT sum(i), count(DISTINCT s) FROM store.t").fetchall() == want
+    pending = con.cursor()
+    pending.execute("SELECT i FROM store.t ORDER BY i DESC")
+    release_cached_blocks(con)  # a result still open on another cursor: lowered or not, nothing fails
+    assert pending.fetchone() == (999_999,)
+    assert con.execute("SELECT current_setting('memory_limit')").fetchone()[0] == default
+
+
+def test_purge_freed_memory_sets_the_allocators_threads_and_queries_answer_as_before():
+    """store/duckdb_core.purge_freed_memory (issue 41, the writer's close): DuckDB's allocator
+    purges on threads of its own from then on; a query answers as before it."""
+    import duckdb
+
+    from tierdiag.store.duckdb_core import purge_freed_memory
+
+    con = duckdb.connect(":memory:", config={"threads": 1})
+    want = con.execute("SELECT sum(range), count(DISTINCT range % 7) FROM range(100000)").fetchall()
+    assert purge_freed_memory(con) is True
+    assert con.execute("SELECT current_setting('allocator_background_threads')").fetchone()[0] is True
+    assert con.execute("SELECT sum(range), count(DISTINCT range % 7) FROM range(100000)").fetchall() == want
+    assert purge_freed_memory(con) is True  # set twice: as once
+
+
+def test_purge_from_now_keeps_one_idle_instance_and_queries_answer_as_before():
+    """store/duckdb_core.purge_from_now (issue 41, the writer process from the start of recording):
+    one idle instance held, asked again it opens no other, and a connection opened after answers
+    as before."""
+    import duckdb
+
+    from tierdiag.store import duckdb_core
+
+    assert duckdb_core.purge_from_now() is True
+    held = list(duckdb_core._PURGING)
+    assert len(held) == 1 and duckdb_core.purge_from_now() is True and duckdb_core._PURGING == held
+    con = duckdb.connect(":memory:", config={"threads": 1})
+    assert con.execute("SELECT sum(range) FROM range(1000)").fetchone() == (499500,)

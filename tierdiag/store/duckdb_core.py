@@ -81,3 +81,66 @@ def load_package(core: types.ModuleType) -> types.ModuleType:
     core.__dict__.pop(_HOOK, None)
     core.__dict__.update({k: v for k, v in package.__dict__.items() if k not in ("__name__", "__spec__", "__loader__")})
     return package
+
+
+def release_cached_blocks(con) -> bool:
+    """Make the database instance of `con` let go of the blocks its buffer pool keeps cached after
+    queries (the tables' blocks read, a sort's or a join's buffers no longer pinned): its memory
+    limit set to a megabyte for one statement, which evicts every unpinned block, then reset.
+    Measured on a 1M-request store (issue 41): a `curve_columns`-sized query left the process at
+    190 MB resident once its arrays were dropped, 99 MB after this; duckdb_memory() counted 23 MB
+    of it. Whether it could evict them all or not, no query is refused by it, and whatever it
+    finds it resets to the default limit (the writer's instance never sets another); True where
+    the limit could be lowered. Call it only where no other query of the same instance runs (a
+    cursor on another thread): for that statement the instance's limit is a megabyte."""
+    import duckdb
+
+    try:
+        con.execute("SET memory_limit = '1MB'")
+        lowered = True
+    except duckdb.Error:  # a block still pinned: nothing changed, nothing to undo
+        lowered = False
+    con.execute("RESET memory_limit")
+    return lowered
+
+
+def purge_freed_memory(con) -> bool:
+    """Have DuckDB's allocator (the jemalloc inside `_duckdb`) hand what its queries freed back to
+    the system within about a second, on threads of its own (`allocator_background_threads`: the
+    whole process's DuckDB, every connection). DuckDB flushes it only after a task on one of its
+    worker threads, and a connection of one thread (ours: store/reader.py) has none, so a large
+    query's sort and result buffers stayed resident after it: a `curve_columns` of a 1M-request
+    store (issue 41) left 194-202 MB resident once its arrays were dropped, 115 MB a second after
+    with this set. Nothing is refused by it; a DuckDB without the setting is left as it is. True
+    where it is set."""
+    import duckdb
+
+    try:
+        con.execute("SET allocator_background_threads = true")
+    except duckdb.Error:  # no such setting in this DuckDB (or no such threads here): as before
+        return False
+    return True
+
+
+_PURGING: list = []  # `purge_from_now`'s idle instance, held for the process's life
+
+
+def purge_from_now() -> bool:
+    """`purge_freed_memory` for this whole process from now on, before any connection of ours is
+    at hand (the writer process, once recording starts: its writes' inserts and checkpoints left
+    +50-190 MB resident each until the close): DuckDB's allocator is the process's, and it purges
+    on its threads while an instance that asked for them is open, so a small idle in-memory
+    instance (one thread) is opened, set, and kept. True where it is set."""
+    if _PURGING:
+        return True
+    import duckdb
+
+    try:
+        con = duckdb.connect(":memory:", config={"threads": 1})
+    except duckdb.Error:
+        return False
+    if not purge_freed_memory(con):
+        con.close()
+        return False
+    _PURGING.append(con)
+    return True

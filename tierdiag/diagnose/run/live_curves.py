@@ -170,14 +170,16 @@ class TraceIndex:
     def __init__(self, seq, off, lens, rev_ids, n_ids: int, arrival_ns=None, pred=None):
         self.seq = np.asarray(seq, dtype=np.int64)
         self.off = np.asarray(off, dtype=np.int64)
-        self.lens = np.asarray(lens, dtype=np.int64)
+        # A request's counts and positions int32 where they fit (`narrow`: issue 41, 4 bytes a
+        # request each through a 1M-request run); times, offsets and hashes int64.
+        self.lens = narrow(lens)
         self.n_ids = int(n_ids)
         # The keys' ids, each request's backwards: int32 where they fit (half of a sampled
         # 1M-request index's keys, issue 41), gathered into the stack's int64 a walk at a time.
         self.rev_ids = np.asarray(rev_ids, dtype=np.int32 if self.n_ids < 2**31 else np.int64)
         n = len(self.seq)
         self.arrival_ns = np.zeros(n, dtype=np.int64) if arrival_ns is None else np.asarray(arrival_ns, dtype=np.int64)
-        self.pred = np.full(n, -1, dtype=np.int64) if pred is None else np.asarray(pred, dtype=np.int64)
+        self.pred = np.full(n, -1, dtype=np.int32) if pred is None else narrow(pred)
         self.line = self.req_hash = self.input_len = None  # `lines_are`: what the close checks the rows against
         # A sampled index (`sampled`): only the keys a sample keeps are here, `looks` of each
         # request's are looked up (its first ones, in trace order), `full_lens` its distinct pages
@@ -189,20 +191,26 @@ class TraceIndex:
         self.rate = 1.0
         self.touches = None
 
+    def let_keys_go(self) -> None:
+        """The pass over the keys is walked (LivePass.let_walk_go): the keys, their offsets and what
+        the watermark read let go; the lines' columns the close matches the rows by stay."""
+        self.rev_ids = self.off = self.arrival_ns = self.pred = None
+
     def sampled(self, looks, full_lens, keep, rate: float, touches: int) -> "TraceIndex":
         """Mark this index a sample (size_curves.py `_sampler` at `rate`, made from `touches`)."""
-        self.looks = np.asarray(looks, dtype=np.int64)
-        self.full_lens = np.asarray(full_lens, dtype=np.int64)
+        self.looks = narrow(looks)
+        self.full_lens = narrow(full_lens)
         self.keep, self.rate, self.touches = keep, float(rate), int(touches)
         return self
 
-    def lines_are(self, line, req_id, input_len) -> None:
+    def lines_are(self, line, req_id, input_len, *, hashes=None) -> None:
         """Each request's line number, req_id and input length (size_curves.py `_matched`). The
         req_ids are kept as their hashes (`req_hashes`: this process's, where the close compares
-        them), not a million strings held through the run (issue 41: ~65 MB at 1M requests)."""
-        self.line = np.asarray(line, dtype=np.int64)
-        self.req_hash = req_hashes(req_id)
-        self.input_len = np.asarray(input_len, dtype=np.int64)
+        them), not a million strings held through the run (issue 41: ~65 MB at 1M requests);
+        `hashes`: those hashes already made (req_id then unused)."""
+        self.line = narrow(line)
+        self.req_hash = req_hashes(req_id) if hashes is None else np.asarray(hashes, dtype=np.int64)
+        self.input_len = narrow(input_len)
 
     @classmethod
     def of_keys(cls, seq, keys: list, arrival_ns=None, pred=None) -> "TraceIndex":
@@ -231,6 +239,45 @@ class TraceIndex:
         # held the inverse, its sort and two index arrays of every key besides the keys.
         _in_chunks(flat, off, lens, lambda part, o, ln: _ids_reversed(part, o, ln, uniq))
         return cls(seq, off, lens, flat, len(uniq), arrival_ns, pred)
+
+
+_TRIM = []  # [glibc's malloc_trim, or None where there is none], looked up once
+
+
+def release_freed_heap() -> bool:
+    """Hand the pages of the heap that glibc keeps after frees back to the system (`malloc_trim(0)`;
+    nothing where the C library has no such call): whether it was called. The writer process frees
+    and allocates large numpy arrays on several threads (the read-ahead, the pass, the rows' writes),
+    each thread's allocations from an arena of its own, and glibc keeps what one arena freed for
+    that arena: measured on a 100k-request replay (benchmarks/writer_memory.py --trim), ~100-150 MB
+    of the writer's resident set was such freed heap (issue 41, the 1M row's memory). What is
+    allocated after is the same; only the resident set is smaller."""
+    if not _TRIM:
+        fn = None
+        try:
+            import ctypes
+
+            fn = ctypes.CDLL(None).malloc_trim
+            fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+        except (OSError, AttributeError):
+            fn = None
+        _TRIM.append(fn)
+    if _TRIM[0] is None:
+        return False
+    _TRIM[0](0)
+    return True
+
+
+def narrow(values) -> np.ndarray:
+    """`values` (integers) as int32 where every one fits, else int64: the same numbers."""
+    a = np.asarray(values)
+    if a.dtype == np.int32:
+        return a
+    if a.dtype.kind not in "iub":
+        a = np.asarray(a, dtype=np.int64)  # as the int64 columns were made: a float or object array too
+    if len(a) == 0 or (int(a.min()) >= -2**31 and int(a.max()) < 2**31):
+        return a.astype(np.int32)
+    return a.astype(np.int64, copy=False)
 
 
 def sorted_unique(keys, *, consume: bool = False) -> np.ndarray:
@@ -315,7 +362,10 @@ class LivePass:
         self.fresh = 0  # output pages numbered so far (a sampled index keeps those its rule keeps)
         self._done = False  # `done`: the stacks let go, nothing more is walked
         self._pending: list[np.ndarray] = []  # (time, is_sched, seq, pos) of events not walked
-        self.walked: list[np.ndarray] = []  # (pos, is_sched) of the events walked, in order
+        # The events walked, in order: 2 x pos + is_sched each, int32 where the positions fit
+        # (issue 41: two int64 an event were 32 MB through a 1M-request run).
+        self.walked: list[np.ndarray] = []
+        self._code = np.int32 if 2 * n + 1 < 2**31 else np.int64
         # The lookups' ranks and depths walked, a part a walk, held compactly until `results`
         # (issue 41: ~9M sampled lookups at 200k requests were 8 + 8 bytes each): a walk of one
         # rank is (rank, count), of several an int16 a lookup; the depths int32 (a depth counts
@@ -323,6 +373,7 @@ class LivePass:
         self.lookup_rank: list = []
         self.d_rank: list[np.ndarray] = []
         self.d_all: list[np.ndarray] = []
+        self._results = None  # `results`, once handed over
 
     def add_rows(self, pos, rank, sched_ns, fin_ns, input_tokens, output_tokens, finished) -> None:
         pos = np.asarray(pos, dtype=np.int64)
@@ -380,7 +431,7 @@ class LivePass:
             return 0
         ev = ev[np.lexsort((ev[:, 2], ev[:, 1], ev[:, 0]))]  # by time, then finish (0) first, then seq
         self._walk(ev[:, 3], ev[:, 1] == 1)
-        self.walked.append(np.stack([ev[:, 3], ev[:, 1]], axis=1))
+        self.walked.append((2 * ev[:, 3] + ev[:, 1]).astype(self._code))
         return len(ev)
 
     def _walk(self, req: np.ndarray, is_sched: np.ndarray) -> None:
@@ -448,17 +499,36 @@ class LivePass:
         self.every = None
         self._done = True
 
+    def let_walk_go(self) -> None:
+        """The walk is verified and only its results are read from here on (the close, size_curves
+        `_unsampled_pass`): what it was walked from is let go before they are joined, each row's
+        values and the events walked here, the keys and their offsets in the index (issue 41:
+        ~110 MB at a 1M-request close's peak). Nothing can be walked or verified after."""
+        self.values = self.recorded = self.finished = None
+        self.walked = []
+        self._pending = []
+        self._done = True
+        self.index.let_keys_go()
+
     def results(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(rank of each lookup walked, its depth on its rank, its depth over every rank or None
-        where only one rank was fed), in event order."""
-        cat = (lambda parts: np.concatenate(parts, dtype=np.int64) if parts else np.zeros(0, dtype=np.int64))
+        where only one rank was fed), in event order. The depths are handed over: each walk's part
+        is let go as it is copied into the int64 result (issue 41: the parts and the result were
+        held together, 12 bytes a lookup at the close's peak), and a later call answers the same
+        arrays."""
+        if self._results is not None:
+            return self._results
         ranks = {p[0] if isinstance(p, tuple) else None for p in self.lookup_rank}
         if len(ranks) == 1 and None not in ranks:  # one rank throughout: a view, no array of every lookup
             lookup_rank = np.broadcast_to(np.int64(ranks.pop()), (sum(p[1] for p in self.lookup_rank),))
         else:
-            lookup_rank = cat([np.full(p[1], p[0], dtype=np.int64) if isinstance(p, tuple) else p
-                               for p in self.lookup_rank])
-        return lookup_rank, cat(self.d_rank), cat(self.d_all) if self.all_ranks else None
+            lookup_rank = _joined([np.full(p[1], p[0], dtype=np.int64) if isinstance(p, tuple) else p
+                                   for p in self.lookup_rank])
+        self.lookup_rank = []
+        d_rank = _joined(self.d_rank)
+        d_all = _joined(self.d_all) if self.all_ranks else None
+        self._results = (lookup_rank, d_rank, d_all)
+        return self._results
 
     def verify(self, pos: np.ndarray, cols) -> bool:
         """The events walked are the run's whole event order, with the rows' values (`cols`: the
@@ -467,18 +537,39 @@ class LivePass:
         n = len(cols.seq)
         if int(self.finished.sum()) != n or not self.finished[pos].all():
             return False
-        mine = self.values[pos]
-        theirs = np.stack([cols.rank, cols.sched_ns, cols.fin_ns, cols.input_tokens, cols.output_tokens], axis=1)
-        if not np.array_equal(mine, theirs):
-            return False
-        walked = np.concatenate(self.walked) if self.walked else np.zeros((0, 2), dtype=np.int64)
+        # A column at a time (issue 41: the two (rows, 5) int64 copies were ~80 MB of a 1M-request close).
+        for k, theirs in enumerate((cols.rank, cols.sched_ns, cols.fin_ns, cols.input_tokens, cols.output_tokens)):
+            if not np.array_equal(self.values[pos, k], theirs):
+                return False
+        walked = np.concatenate(self.walked) if self.walked else np.zeros(0, dtype=self._code)
         if len(walked) != 2 * n:  # every event walked (the close hands the end first: `advance(None)`)
             return False
         t = np.concatenate([cols.sched_ns, cols.fin_ns])
-        sched = np.r_[np.ones(n, dtype=np.int64), np.zeros(n, dtype=np.int64)]
+        sched = np.r_[np.ones(n, dtype=np.int8), np.zeros(n, dtype=np.int8)]
         order = np.lexsort((np.r_[cols.seq, cols.seq], sched, t))
-        want = np.stack([np.r_[pos, pos][order], sched[order]], axis=1)
+        del t
+        want = (2 * np.r_[pos, pos] + sched)[order]  # the walked events' code (`advance`), in order
         return bool(np.array_equal(walked, want))
+
+
+_JOIN_PARTS = 512  # parts copied by one np.concatenate in `_joined`
+
+
+def _joined(parts: list) -> np.ndarray:
+    """The parts end to end as one int64 array, let go (taken out of `parts`) a few hundred at a
+    time once copied: one numpy call a batch, not a Python step a part (a walk's part is a few
+    hundred lookups; the close's other threads wait on the GIL for each step)."""
+    out = np.empty(sum(len(p) for p in parts), dtype=np.int64)
+    at = 0
+    for a in range(0, len(parts), _JOIN_PARTS):
+        batch = parts[a:a + _JOIN_PARTS]
+        parts[a:a + _JOIN_PARTS] = [None] * len(batch)  # the list's hold on them: let go
+        k = sum(len(p) for p in batch)
+        np.concatenate(batch, out=out[at:at + k], casting="same_kind")
+        at += k
+        del batch
+    parts.clear()
+    return out
 
 
 def whole_pass(index: TraceIndex, pos: np.ndarray, cols, page: int, *, all_ranks: bool):

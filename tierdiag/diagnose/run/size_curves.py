@@ -360,6 +360,7 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
 
     from tierdiag.diagnose.run.run_claims import held_capacity
     from tierdiag.errors import TierdiagError
+    from tierdiag.store.duckdb_core import purge_freed_memory
     from tierdiag.trace.reader import trace_sha256
 
     path = run.trace_path
@@ -380,12 +381,17 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     if ahead is not None and ahead.changed:
         raise CurvesUnavailable(f"trace file {path} changed since the run was recorded")
     policy = str(run.config.get("write_policy") or "write_through")
+    # What this close's queries free (the rows' sort and result buffers below, the sections' on
+    # the other threads) handed back by DuckDB's allocator as it goes, not kept resident to the
+    # writer's exit (store/duckdb_core.py; issue 41: ~90 MB of a 1M-request close).
+    purge_freed_memory(con)
     cols = curve_columns(con, run.run_id)
     n = len(cols.seq)
     inp_pages = cols.input_tokens // page
-    touches = sum((2 * inp_pages + np.maximum((cols.input_tokens + cols.output_tokens) // page - inp_pages, 0))
-                  .tolist())
+    per_row = 2 * inp_pages + np.maximum((cols.input_tokens + cols.output_tokens) // page - inp_pages, 0)
     del inp_pages
+    touches = _exact_sum(per_row)
+    del per_row
     rate, keep = 1.0, None
     if touches > MAX_TOUCHES:
         rate = max(MAX_TOUCHES, 1) / touches
@@ -396,7 +402,6 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     marks = _Flat(np.bool_) if keep is not None else None  # sampled: which of its kept pages it looked up
     lens = np.zeros(n, dtype=np.int64)  # each row's keys (kept ones, sampled)
     lengths = np.zeros(n, dtype=np.int64)  # each row's distinct pages (before sampling)
-    seqs = cols.seq.tolist()
     # What was read ahead: the index the pass was fed over (unsampled, or sampled at this very
     # rate), else the lines it kept (unsampled), else nothing this close can use (a sample at
     # another rate, or lines given to an index): the trace is read again (its digest and file
@@ -405,10 +410,14 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     ahead_lines = ahead.lines() if ahead is not None and index is None else None
     if index is None and ahead_lines is None:
         ahead = None
+    # The rows' seqs as a list only for the loop over trace lines below (issue 41: a million
+    # Python ints held through a 1M-request close where the index answers without it).
+    seqs = cols.seq.tolist() if index is None else []
     wanted = _SeqSet(seqs) if ahead is None else None
     if index is not None:  # the pass was fed while recording: the keys are its index's, not kept here
         kept = marks = None
     lines = ahead_lines if ahead is not None else _trace_pages(path, page, block, wanted=wanted)
+    hashed = ahead is not None  # the lines read ahead carry each req_id's hash (`_Pages`), not the string
     at = matched = 0
     last = None
     if index is not None:  # the loop below's checks at once, over the index's lines (in seq order)
@@ -426,7 +435,7 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
                 continue
             i = at
             inp = int(cols.input_tokens[i])
-            if cols.req_id[i] != req_id or inp != input_len:
+            if (hash(cols.req_id[i]) if hashed else cols.req_id[i]) != req_id or inp != input_len:
                 raise CurvesUnavailable(f"trace line {line} is not the request run {run.run_id} replayed as seq {seq}")
             lengths[i] = len(k)
             if keep is not None:
@@ -531,6 +540,10 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
         model += (f"; SAMPLED: {touches:,} page touches are more than the pass's budget of {MAX_TOUCHES:,} "
                   f"(memory), so {rate:.3g} of the pages (by key hash) were kept and the curves are scaled "
                   "back from them: approximate")
+    del looks
+    from tierdiag.diagnose.run.live_curves import release_freed_heap
+
+    release_freed_heap()  # the pass's arrays freed on this thread: handed back to the sections beside
     return SizeCurves(policy, page, len(ranks), input_tokens, int(round(lookups * weight)) * page, slack,
                       curves, model, rate)
 
@@ -554,6 +567,18 @@ def _depth_pages(depths: np.ndarray, rate: float | None, never: int) -> np.ndarr
             x[:] = np.where(x > 0, np.maximum(np.rint(x / rate), 1), x)
         x[x <= 0] = never
     return d
+
+
+def _exact_sum(values: np.ndarray) -> int:
+    """The sum of an int64 array as a Python int, exactly: numpy's where no partial sum can pass
+    int64 (every row's touches fit many times over), else Python's over the values (issue 41: a
+    list of a million Python ints made for every close)."""
+    if len(values) == 0:
+        return 0
+    top = max(abs(int(values.max())), abs(int(values.min())))
+    if top <= (2**63 - 1) // len(values):
+        return int(values.sum())
+    return sum(values.tolist())
 
 
 def _matched(index, cols, run_id: str) -> tuple[int, np.ndarray]:
@@ -590,6 +615,8 @@ def _unsampled_pass(cols, index, live, kept, lens, page: int, several: bool):
         return _pass_depths(touches_of.pop(0), touches_of.pop(0), touches_of.pop(0), touches_of.pop(0))
     pos = np.searchsorted(index.seq, cols.seq)
     if live is not None and (live.all_ranks or not several) and live.verify(pos, cols):
+        del pos
+        live.let_walk_go()  # only its results are read from here on
         lookup_rank, d_rank, d_all = live.results()
     else:
         lookup_rank, d_rank, d_all = live_curves.whole_pass(index, pos, cols, page, all_ranks=several)
@@ -649,10 +676,14 @@ class _Pages:
         from array import array
 
         self.page = page
-        self.line, self.seq, self.input_len, self.arrival = array("q"), array("q"), array("q"), array("q")
-        self.full = array("q")  # each request's distinct pages
-        self.pred = array("q")  # its session's previous turn's position, -1
-        self.req_id: list = []
+        # Counts and line numbers 4 bytes a request (issue 41: the 1M-request read); one past
+        # int32 raises here, in the read-ahead, and the close reads the trace itself.
+        self.line, self.seq, self.input_len, self.arrival = array("i"), array("q"), array("i"), array("q")
+        self.full = array("i")  # each request's distinct pages
+        self.pred = array("i")  # its session's previous turn's position, -1
+        # Each req_id's hash (live_curves.req_hashes: this process's), not the string: a million
+        # strings held through the read were ~70 MB of the writer at 1M requests (issue 41).
+        self.req_hash = array("q")
         self.sessions = False
         self._last: dict = {}
         self.touches = 0  # of every request, as if all finish
@@ -667,7 +698,7 @@ class _Pages:
         i = len(self.seq)
         self.line.append(line)
         self.seq.append(seq)
-        self.req_id.append(req_id)
+        self.req_hash.append(hash(req_id))
         self.input_len.append(input_len)
         self.arrival.append(arrival)
         self.full.append(len(keys))
@@ -726,13 +757,13 @@ class _Pages:
         return self.keep is not None
 
     def lines(self):
-        """(line, seq, req_id, input length, distinct page keys) of each request, in order (an
-        unsampled read only: every key kept)."""
+        """(line, seq, req_id's hash, input length, distinct page keys) of each request, in order
+        (an unsampled read only: every key kept)."""
         i = 0
         for keys, _, lens in self.chunks:
             at = 0
             for ln in lens.tolist():
-                yield self.line[i], self.seq[i], self.req_id[i], self.input_len[i], keys[at:at + ln]
+                yield self.line[i], self.seq[i], self.req_hash[i], self.input_len[i], keys[at:at + ln]
                 at += ln
                 i += 1
 
@@ -764,12 +795,12 @@ class _Pages:
         del keys
         index = live_curves.TraceIndex.of_flat(np.frombuffer(self.seq, dtype=np.int64), flat, lens,
                                                np.frombuffer(self.arrival, dtype=np.int64),
-                                               np.frombuffer(self.pred, dtype=np.int64), consume=True, uniq=uniq)
-        req_id, self.req_id = self.req_id, []
-        index.lines_are(np.frombuffer(self.line, dtype=np.int64), req_id,
-                        np.frombuffer(self.input_len, dtype=np.int64))
+                                               np.frombuffer(self.pred, dtype=np.int32), consume=True, uniq=uniq)
+        index.lines_are(np.frombuffer(self.line, dtype=np.int32), (),
+                        np.frombuffer(self.input_len, dtype=np.int32),
+                        hashes=np.frombuffer(self.req_hash, dtype=np.int64))
         if looks is not None:
-            index.sampled(looks, np.frombuffer(self.full, dtype=np.int64), self.keep, self.rate, self.touches)
+            index.sampled(looks, np.frombuffer(self.full, dtype=np.int32), self.keep, self.rate, self.touches)
         return index
 
 
@@ -846,6 +877,8 @@ class _ReadAhead:
         """The pass fed the rows handed to `rows` as they come, up to each watermark, until the
         end (None) is handed: then the rest (live_curves.py). A failure stops it, said nowhere:
         the close then walks the whole pass itself, as where nothing was fed."""
+        import time
+
         from tierdiag.diagnose.run import live_curves
 
         try:
@@ -866,14 +899,22 @@ class _ReadAhead:
             self.index = index
             live = live_curves.LivePass(index, page, all_ranks=int(self.config.get("dp") or 1) > 1, closed=closed)
             self.live = live
+            # The heap freed since (the trace's read, the index's temporaries, each walk's and the
+            # writes' on other threads) handed back, then again at most every TRIM_EVERY_S.
+            live_curves.release_freed_heap()
+            trimmed = time.monotonic()
             while True:
                 got = self._rows.get()
                 if got is None:
                     live.advance(None)
                     live.done()
+                    live_curves.release_freed_heap()  # before the close computes beside what is kept
                     return
                 live.add_rows(*live_curves.rows_of(index, got))
                 live.advance(live.watermark())
+                if time.monotonic() - trimmed >= TRIM_EVERY_S:
+                    live_curves.release_freed_heap()
+                    trimmed = time.monotonic()
         except Exception as exc:  # noqa: BLE001 - the close walks the pass itself (module doc of live_curves)
             self.live, self.live_error = None, exc
             self._stop_feeding()
@@ -934,6 +975,10 @@ class _ReadAhead:
             return None
 
 
+# The live pass hands the writer process's freed heap back (live_curves.release_freed_heap) at
+# most this often: each call walks glibc's free lists (~1-10 ms), the rows come every ~0.1-1 s.
+TRIM_EVERY_S = 1.0
+
 _READ_AHEAD: list[_ReadAhead] = []  # at most one: the run this process is recording
 
 
@@ -951,6 +996,9 @@ def read_ahead(trace_path: str, trace_sha256: str | None, config: dict):
     except Exception:  # noqa: BLE001 - compute_size_curves decides what the config means, at the close
         return None
     if trace_path and os.path.isfile(trace_path):
+        from tierdiag.store.duckdb_core import purge_from_now
+
+        purge_from_now()  # the writes' freed DuckDB memory handed back through the run, not at its close
         ahead = _ReadAhead(trace_path, trace_sha256, page, block, config)
         _READ_AHEAD[:] = [ahead]
         return ahead.rows
