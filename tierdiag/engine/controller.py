@@ -182,7 +182,9 @@ class CacheController:
         self.prefetch_assume_stored = self.rules.prefetch_assume_stored
         # the writes whose host copy is held (StorageWrite), in the order their acks came
         self.storage_writes: list[StorageWrite] = []
-        self.pass_now: Any = lambda: 0
+        # whose `prefetch_pass` is the pass count (the Scheduler; None: pass 0), read by
+        # pass_now: a compiled read, where an interpreted lambda was a Python call each time
+        self.pass_owner: Any = None
         # 0.5.23: the host slots of prefetch reads cut short while in flight, freed as SGLang frees
         # them (free_prefetch_tails): (when the read stops, the pass that took its last ack or
         # -1, the slots)
@@ -494,6 +496,14 @@ class CacheController:
             up = up.parent
         parts.reverse()
         return parts
+
+    def pass_now(self) -> int:
+        """The scheduler's pass count (Scheduler.prefetch_pass; 0 with no scheduler)."""
+        owner = self.pass_owner
+        if owner is None:
+            return 0
+        n: int = owner.prefetch_pass
+        return n
 
     def _ack_backups(self, nodes: list[TreeNode]) -> None:
         self.backups_in_flight -= len(nodes)
