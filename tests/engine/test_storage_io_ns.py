@@ -87,3 +87,29 @@ def test_nan_rate_fails_as_the_walk_does():
             assert "NaN" in str(err)
         else:
             raise AssertionError("a NaN rate priced an operation")
+
+
+def _storage_ns_reference(num_bytes: int) -> int:
+    """storage_ns as written before its rate was a typed field: the module constants, in Python."""
+    from tierdiag.config.constants import DISK_BYTES_PER_S
+    from tierdiag.engine.costmodel import DISK_LATENCY_NS
+    return DISK_LATENCY_NS + int(num_bytes / DISK_BYTES_PER_S * 1e9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(num_bytes=st.one_of(st.integers(min_value=-(1 << 70), max_value=1 << 70),
+                           st.sampled_from([0, 1, -1, (1 << 62) - 1, 1 << 62, -(1 << 62), 1 << 63, (1 << 64) + 1]),
+                           st.integers(min_value=1 << 1000, max_value=1 << 1100)))
+def test_storage_ns_is_its_formula_with_the_module_rate(num_bytes):
+    """The compiled storage_ns (its rate a typed float field) against the formula in Python:
+    the same ns at any size (negative, zero, past int64), the same error past a float's range."""
+    cost = _cost()
+    try:
+        want = _storage_ns_reference(num_bytes)
+    except OverflowError:
+        try:
+            cost.storage_ns(num_bytes)
+        except OverflowError:
+            return
+        raise AssertionError("the formula overflowed, storage_ns did not")
+    assert cost.storage_ns(num_bytes) == want
