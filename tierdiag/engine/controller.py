@@ -644,7 +644,8 @@ class CacheController:
         keys = node.keys  # a page key names its whole prefix: the tier's key as it is
         # Straight from the host slots into one append (no per-page work): the bytes on disk are
         # the host copy's, which a later prefetch reads back and a load-back verifies.
-        deleted = self.storage.write_from(self.host.array, _as_list(node.host), keys, rows=self.host.rows)  # a count
+        # (the node's slot run as it is: an array('q') goes to pwrite_rows as a buffer)
+        deleted = self.storage.write_from(self.host.array, node.host, keys, rows=self.host.rows)  # a count
         pages = len(keys)
         dp_bytes = pages * self.dp_page_bytes
         storage = self.storage
