@@ -30,7 +30,7 @@ DISK_LATENCY_NS: Final = 100_000  # (Final: a compiled constant, not a module di
 # SGLang moves a storage read or write in batches of this many pages, one backend call each, one
 # after another (hicache_storage.STORAGE_BATCH_SIZE; HiCacheController._page_transfer /
 # _page_backup), and acknowledges a read batch by batch: a read cut short keeps whole batches.
-STORAGE_BATCH_PAGES = 128
+STORAGE_BATCH_PAGES: Final = 128
 
 
 # Compiled (engine/compiled.py) as a native class that Python may subclass: a harness prices
@@ -184,7 +184,8 @@ class CostModel:
         ~2.8k instructions (tests/engine/test_storage_io_ns.py holds the two equal)."""
         if pages <= 0:
             return self.storage_ns(pages * page_bytes)
-        full, rest = divmod(pages, STORAGE_BATCH_PAGES)
+        full = pages // STORAGE_BATCH_PAGES  # (native int ops: divmod is a generic call)
+        rest = pages - full * STORAGE_BATCH_PAGES
         t = self.storage_ns(STORAGE_BATCH_PAGES * page_bytes) * full if full else 0
         if rest:
             t += self.storage_ns(rest * page_bytes)
