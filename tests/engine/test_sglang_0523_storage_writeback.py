@@ -8,6 +8,7 @@ The engine here prices storage at 0 ns, as the harness does.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 import json
 
 from tests.engine import helpers
@@ -69,7 +70,7 @@ def test_a_write_back_drop_spares_a_subtree_a_storage_write_holds(tmp_path):
     verification (the demo trace, write_back + storage, `--verify all`: agent1-step6 / agent3-step9)."""
     engine = _engine(tmp_path)
     ctrl, tree = engine.ctrl, engine.scheduler.tree
-    ctrl.pass_now = lambda: 4
+    ctrl.pass_owner = SimpleNamespace(prefetch_pass=4)
     held_node = _device_node(engine, [11, 12], 1)  # older: the walk's first victim
     written = _host_child(engine, held_node, [13, 14, 15], 1)
     ctrl._storage_after_ack(written, "x", 1)  # its storage write holds its host copy
@@ -93,7 +94,7 @@ def test_a_declined_drop_is_taken_after_all_when_nothing_else_frees_memory(tmp_p
     before, it wrote whatever the freed host slots held by the time it ran."""
     engine = _engine(tmp_path)
     ctrl = engine.ctrl
-    ctrl.pass_now = lambda: 4
+    ctrl.pass_owner = SimpleNamespace(prefetch_pass=4)
     node = _device_node(engine, [31, 32], 1)
     written = _host_child(engine, node, [33, 34], 1)
     ctrl._storage_after_ack(written, "x", 1)
@@ -118,14 +119,14 @@ def test_a_write_back_storage_write_is_released_at_the_next_pass(tmp_path):
     703 host tokens, taking four nodes demoted the pass before; the engine 333."""
     engine = _engine(tmp_path)
     ctrl, tree = engine.ctrl, engine.scheduler.tree
-    ctrl.pass_now = lambda: 7
+    ctrl.pass_owner = SimpleNamespace(prefetch_pass=7)
     node = _device_node(engine, [41, 42, 43], 1)
     assert ctrl.evict_device(ctrl.device.free_pages + 3, "y", 2)  # written back, demoted
     assert node.device is None and node.host_ref == 1
     assert [entry.release_pass for entry in ctrl.storage_writes] == [8]
     ctrl.start_storage_writes(3)  # the next pass's start: the write on the tier's queue, in the tier
     end = ctrl.storage_writes[0].end
-    ctrl.release_storage_writes(end)  # that pass's drain once the write has ended (pass_now still 7)
+    ctrl.release_storage_writes(end)  # that pass's drain once the write has ended (the pass count still 7)
     assert node.host_ref == 0 and tree.host_evictable(node)
     assert ctrl.storage.hits([41, 42, 43], 0) == 3 and _stored_content_is(engine, [41, 42, 43])
 

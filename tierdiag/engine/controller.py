@@ -182,7 +182,9 @@ class CacheController:
         self.prefetch_assume_stored = self.rules.prefetch_assume_stored
         # the writes whose host copy is held (StorageWrite), in the order their acks came
         self.storage_writes: list[StorageWrite] = []
-        self.pass_now: Any = lambda: 0
+        # whose `prefetch_pass` is the pass count (the Scheduler; None: pass 0), read by
+        # pass_now: a compiled read, where an interpreted lambda was a Python call each time
+        self.pass_owner: Any = None
         # 0.5.23: the host slots of prefetch reads cut short while in flight, freed as SGLang frees
         # them (free_prefetch_tails): (when the read stops, the pass that took its last ack or
         # -1, the slots)
@@ -495,6 +497,14 @@ class CacheController:
         parts.reverse()
         return parts
 
+    def pass_now(self) -> int:
+        """The scheduler's pass count (Scheduler.prefetch_pass; 0 with no scheduler)."""
+        owner = self.pass_owner
+        if owner is None:
+            return 0
+        n: int = owner.prefetch_pass
+        return n
+
     def _ack_backups(self, nodes: list[TreeNode]) -> None:
         self.backups_in_flight -= len(nodes)
         for node in nodes:
@@ -634,7 +644,8 @@ class CacheController:
         keys = node.keys  # a page key names its whole prefix: the tier's key as it is
         # Straight from the host slots into one append (no per-page work): the bytes on disk are
         # the host copy's, which a later prefetch reads back and a load-back verifies.
-        deleted = self.storage.write_from(self.host.array, _as_list(node.host), keys, rows=self.host.rows)  # a count
+        # (the node's slot run as it is: an array('q') goes to pwrite_rows as a buffer)
+        deleted = self.storage.write_from(self.host.array, node.host, keys, rows=self.host.rows)  # a count
         pages = len(keys)
         dp_bytes = pages * self.dp_page_bytes
         storage = self.storage

@@ -14,7 +14,7 @@ A `tierdiag calibrate` profile replaces the link numbers with measured ones; a f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Final, Mapping
 
 from mypy_extensions import mypyc_attr
 
@@ -26,11 +26,11 @@ from tierdiag.config.profile import BATCH_OVERHEAD_NS, DECODE_STEP_OVERHEAD_NS, 
 # (SEGMENT_OVERHEAD_NS, RUN_OVERHEAD_NS, DISK_BYTES_PER_S: config/constants.py, which the advice
 # predicts with too). At Llama-3-8B geometry a 64-token page is 256 KiB a layer, so these matter
 # for small pages and heavy fragmentation, and hardly at all otherwise.
-DISK_LATENCY_NS = 100_000
+DISK_LATENCY_NS: Final = 100_000  # (Final: a compiled constant, not a module dict look-up a call)
 # SGLang moves a storage read or write in batches of this many pages, one backend call each, one
 # after another (hicache_storage.STORAGE_BATCH_SIZE; HiCacheController._page_transfer /
 # _page_backup), and acknowledges a read batch by batch: a read cut short keeps whole batches.
-STORAGE_BATCH_PAGES = 128
+STORAGE_BATCH_PAGES: Final = 128
 
 
 # Compiled (engine/compiled.py) as a native class that Python may subclass: a harness prices
@@ -65,6 +65,10 @@ class CostModel:
     _decode_base: float = field(init=False, repr=False, compare=False)
     _decode_per_token: float = field(init=False, repr=False, compare=False)
     _decode_overhead_ns: int = field(init=False, repr=False, compare=False)
+    # storage_ns's rate as a typed float: config/constants' DISK_BYTES_PER_S is a module global
+    # of an interpreted module, so a compiled storage_ns read it from a dict and did its
+    # arithmetic on Python objects (~1.5k instructions a call; ~2 calls a storage write)
+    _disk_bytes_per_s: float = field(init=False, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, cfg: EngineConfig) -> "CostModel":
@@ -91,6 +95,7 @@ class CostModel:
         # The prefill formulas' constant factors, folded once: the same floating-point operations
         # in the same order as written out below, so the same results to the last bit. A
         # request's record evaluates prefill_alone_ns three times (its counterfactuals).
+        object.__setattr__(self, "_disk_bytes_per_s", float(DISK_BYTES_PER_S))
         c = self.clock
         if c is None:
             object.__setattr__(self, "_linear_flops", 2.0 * self.num_params)
@@ -154,7 +159,7 @@ class CostModel:
         return self.transfer_overhead_ns + int(num_bytes / bw * 1e9) + self.num_layers * per_layer
 
     def storage_ns(self, num_bytes: int) -> int:
-        return DISK_LATENCY_NS + int(num_bytes / DISK_BYTES_PER_S * 1e9)
+        return DISK_LATENCY_NS + int(num_bytes / self._disk_bytes_per_s * 1e9)
 
     def storage_batch_ends(self, pages: int, page_bytes: int) -> list[int]:
         """A storage read or write of `pages` pages as SGLang issues it: one `storage_ns` call a
@@ -172,8 +177,19 @@ class CostModel:
                 return ends
 
     def storage_io_ns(self, pages: int, page_bytes: int) -> int:
-        """How long a storage read or write of `pages` pages takes (storage_batch_ends' last)."""
-        return self.storage_batch_ends(pages, page_bytes)[-1]
+        """How long a storage read or write of `pages` pages takes: storage_batch_ends' last, in
+        closed form (the whole batches all cost the same storage_ns, so their sum is one call
+        times their count, plus the last part batch's; no pages: one call, as there). Priced
+        once a storage write and a read; building the batch-end list for its last item took
+        ~2.8k instructions (tests/engine/test_storage_io_ns.py holds the two equal)."""
+        if pages <= 0:
+            return self.storage_ns(pages * page_bytes)
+        full = pages // STORAGE_BATCH_PAGES  # (native int ops: divmod is a generic call)
+        rest = pages - full * STORAGE_BATCH_PAGES
+        t = self.storage_ns(STORAGE_BATCH_PAGES * page_bytes) * full if full else 0
+        if rest:
+            t += self.storage_ns(rest * page_bytes)
+        return t
 
     def storage_pages_done(self, pages: int, page_bytes: int, elapsed_ns: int) -> int:
         """The pages of a read started `elapsed_ns` ago that are acknowledged: the whole batches

@@ -163,7 +163,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         # host slots of prefetches ended before their read's ack: (the drain that frees them, slots)
         self.held_releases: list[tuple[int, list[int]]] = []
         self.storage_pass_done_ns = -1  # a chunk's stash ran this instant's storage_pass_start
-        self.ctrl.pass_now = lambda: self.prefetch_pass
+        self.ctrl.pass_owner = self  # CacheController.pass_now reads prefetch_pass
         # SchedulePolicy._waiting_prefix_refresh_calls: the passes that reached the refresh (0.5.23)
         self.refresh_calls = 0
         self.refresh_interval = (self.rules.waiting_prefix_refresh_interval

@@ -13,6 +13,7 @@ import contextlib
 import errno
 import itertools
 import os
+from array import array
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Final
@@ -301,15 +302,17 @@ class StorageTier:
         return self._write(keys, lambda idx: np.ascontiguousarray(page_major if idx is None else page_major[idx]),
                            (rows.shape[0], rows.shape[2]))
 
-    def write_from(self, pool, slots: list[int], keys: list, *, rows: np.ndarray | None = None) -> int:
+    def write_from(self, pool, slots: Any, keys: list, *, rows: np.ndarray | None = None) -> int:
         """Write the pages in `slots` of a [layers, pages, elems] CPU pool buffer (a numpy array,
         or a CPU tensor) under `keys`: one gather into page-major rows, one append. Returns how
         many keys were deleted to make room (`write` returns them; the engine only counts). `rows`: the pool's row view when the caller keeps one (the
         engine's host pool), instead of making it again."""
-        if rows is not None and _pwrite_rows is not None and type(slots) is list:
+        if rows is not None and _pwrite_rows is not None and (type(slots) is array or type(slots) is list):
             # The engine's host pool (its row view kept): one C call a segment, no closure, and
             # the pool's geometry checked once for this row view, not at every write (~28k writes
-            # a whole-trace storage replay: issue 41's storage row).
+            # a whole-trace storage replay: issue 41's storage row). The slots as the pool hands
+            # them out (a node's array('q') run, which pwrite_rows reads as a buffer), not a
+            # list of Python ints made a write (~7.7k instructions a write).
             if rows is not self._rows_seen:
                 self._set_shape((pool.shape[0], pool.shape[2]))
                 self._rows_seen = rows
@@ -339,11 +342,11 @@ class StorageTier:
         return self._write(keys, gather, (pool.shape[0], pool.shape[2]), counted=True)
 
     def _write(self, keys: list, gather, shape: tuple[int, int], layer_rows: np.ndarray | None = None,
-               slots: list[int] | None = None, counted: bool = False) -> Any:
+               slots: Any = None, counted: bool = False) -> Any:
         """Enter `keys` in the index and append the pages it wants written: `gather(positions)`
-        makes their rows, or, given the pool's `layer_rows` and the pages' `slots` (a list),
-        `_append_rows` writes them from the pool in one C call a segment. `gather` None: the
-        caller checked the geometry (`shape` is not read)."""
+        makes their rows, or, given the pool's `layer_rows` and the pages' `slots` (a list or an
+        array('q')), `_append_rows` writes them from the pool in one C call a segment. `gather`
+        None: the caller checked the geometry (`shape` is not read)."""
         if gather is not None:
             self._set_shape(shape)
         keys = keys if type(keys) is list else list(keys)
@@ -380,7 +383,7 @@ class StorageTier:
             self._index.drop_placeholders(keys)  # pages that never reached the disk are not in the tier
             raise
 
-    def _place_rows(self, keys: list, layer_rows: np.ndarray, slots: list[int]) -> None:
+    def _place_rows(self, keys: list, layer_rows: np.ndarray, slots: Any) -> None:
         """`_place` of the pages in `slots` of a pool's row view, written from the pool."""
         try:
             self._append_rows(keys, layer_rows, slots)
@@ -424,7 +427,7 @@ class StorageTier:
             self._placed(keys[done:done + n] if done or n < len(keys) else keys, seg, first, n)
             done += n
 
-    def _append_rows(self, keys: list, layer_rows: np.ndarray, slots: list[int]) -> None:
+    def _append_rows(self, keys: list, layer_rows: np.ndarray, slots: Any) -> None:
         """`_append` of the pages in `slots` of a pool's row view: gathered and written by one
         C call a segment touched (`_cplane.pwrite_rows`; no numpy array, no Python per page).
         What the C call declines (having written nothing) goes the numpy way."""
