@@ -36,9 +36,10 @@ def curve_requests(con: duckdb.DuckDBPyConnection, run_id: str) -> list[CurveReq
 
 
 class CurveColumns(NamedTuple):
-    """`curve_requests` as columns: one numpy array a field (int64; req_id: objects, None where
-    NULL), rows by seq. A million finished requests are ~70 MB here against ~400 MB as named
-    tuples (issue 41: the close of a 1M-request replay)."""
+    """`curve_requests` as columns: one int64 numpy array a field, rows by seq; `req_id` holds each
+    req_id's hash (`req_hashes`), not the string (issue 41: a million strings held through the
+    close of a 1M-request replay; the close compares ids only, against the trace's, hashed).
+    A million finished requests are ~56 MB here against ~400 MB as named tuples."""
 
     seq: object
     req_id: object
@@ -49,23 +50,49 @@ class CurveColumns(NamedTuple):
     output_tokens: object
 
 
-def curve_columns(con: duckdb.DuckDBPyConnection, run_id: str) -> CurveColumns:
-    """The run's finished requests with a seq and an arrival, by seq (curve_requests's rows and
-    order, without the hit counts), fetched as columns."""
+def req_hashes(req_ids) -> "np.ndarray":
+    """Each req_id's hash (Python's: SipHash, stable within this process; None's for a NULL), as
+    int64: what the close compares of a row's id against its trace line's."""
     import numpy as np
 
-    got = con.execute(f"""
+    ids = list(req_ids)
+    return np.fromiter((hash(r) for r in ids), dtype=np.int64, count=len(ids))
+
+
+CURVE_CHUNK_ROWS = 65_536  # rows fetched (and their req_ids hashed) at a time by `curve_columns`
+
+
+def curve_columns(con: duckdb.DuckDBPyConnection, run_id: str, chunk_rows: int = CURVE_CHUNK_ROWS) -> CurveColumns:
+    """The run's finished requests with a seq and an arrival, by seq (curve_requests's rows and
+    order, without the hit counts; req_ids hashed), fetched as columns `chunk_rows` rows at a time
+    in DuckDB's order and sorted by seq here: no `ORDER BY` (DuckDB's sort of a million rows and
+    their strings: +230 MB at a 1M-request close, issue 41), and only a chunk's req_id strings
+    alive at once. A run's seqs are distinct (one a trace line), so the order is ORDER BY seq's."""
+    import numpy as np
+
+    rel = con.sql(f"""
         SELECT seq, req_id, coalesce(dp_rank, 0) AS rank, arrival_ns + coalesce(queue_ns, 0) AS sched_ns,
                coalesce(finish_ns, first_token_ns, arrival_ns + coalesce(queue_ns, 0)) AS fin_ns,
                coalesce(input_tokens, 0) AS input, coalesce(output_tokens, 0) AS output
-        FROM requests WHERE run_id = ? AND {finished_sql()} AND seq IS NOT NULL AND arrival_ns IS NOT NULL
-        ORDER BY seq""", [run_id]).fetchnumpy()
-    ids = got["req_id"]
-    if isinstance(ids, np.ma.MaskedArray):  # a NULL req_id: None, as fetchall gives it
-        ids = np.where(np.ma.getmaskarray(ids), None, np.ma.getdata(ids)).astype(object)
-    ints = [np.ascontiguousarray(np.asarray(got[k]), dtype=np.int64)
-            for k in ("seq", "rank", "sched_ns", "fin_ns", "input", "output")]
-    return CurveColumns(ints[0], np.asarray(ids, dtype=object), *ints[1:])
+        FROM requests WHERE run_id = ? AND {finished_sql()} AND seq IS NOT NULL AND arrival_ns IS NOT NULL""",
+                  params=[run_id])  # a relation's reader streams; a DB-API result's copies all rows first
+    names = ("seq", "req_id", "rank", "sched_ns", "fin_ns", "input", "output")
+    parts: list[list] = [[] for _ in names]
+    for batch in rel.to_arrow_reader(max(int(chunk_rows), 1)):
+        for i, name in enumerate(names):
+            col = batch.column(name)
+            parts[i].append(req_hashes(col.to_pylist()) if name == "req_id"
+                            else np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.int64))
+    cols = []
+    for i in range(len(names)):  # a column joined, its chunks let go, then the next: one copy at a time
+        cols.append(np.concatenate(parts[i]) if parts[i] else np.zeros(0, dtype=np.int64))
+        parts[i] = []
+    order = np.argsort(cols[0], kind="stable")
+    if len(order) and (order[1:] < order[:-1]).any():  # already by seq (a fresh store's order): no copies
+        for c in cols:
+            c[:] = c[order]  # one column's copy at a time
+    del order
+    return CurveColumns(*cols)
 
 
 class FoundTokens(NamedTuple):
