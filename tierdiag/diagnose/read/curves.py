@@ -59,39 +59,45 @@ def req_hashes(req_ids) -> "np.ndarray":
     return np.fromiter((hash(r) for r in ids), dtype=np.int64, count=len(ids))
 
 
-CURVE_CHUNK_ROWS = 65_536  # rows fetched (and their req_ids hashed) at a time by `curve_columns`
+CURVE_CHUNK_ROWS = 131_072  # rows fetched (and their req_ids hashed) at a time by `curve_columns`
 
 
 def curve_columns(con: duckdb.DuckDBPyConnection, run_id: str, chunk_rows: int = CURVE_CHUNK_ROWS) -> CurveColumns:
     """The run's finished requests with a seq and an arrival, by seq (curve_requests's rows and
-    order, without the hit counts; req_ids hashed), fetched as columns `chunk_rows` rows at a time
-    in DuckDB's order and sorted by seq here: no `ORDER BY` (DuckDB's sort of a million rows and
-    their strings: +230 MB at a 1M-request close, issue 41), and only a chunk's req_id strings
-    alive at once. A run's seqs are distinct (one a trace line), so the order is ORDER BY seq's."""
+    order, without the hit counts; req_ids hashed), fetched as columns a range of seqs of about
+    `chunk_rows` rows at a time, each sorted by seq here: no `ORDER BY` of them all (DuckDB's sort
+    of a million rows and their strings: a 1M-request close's peak, issue 41), and only a chunk's
+    req_id strings alive at once. A run's seqs are distinct (one a trace line), so the order is
+    ORDER BY seq's. Through the C extension's fetchnumpy: no Arrow, no relational API loaded
+    (a reader computing the evidence: store/duckdb_core.py)."""
     import numpy as np
 
-    rel = con.sql(f"""
-        SELECT seq, req_id, coalesce(dp_rank, 0) AS rank, arrival_ns + coalesce(queue_ns, 0) AS sched_ns,
-               coalesce(finish_ns, first_token_ns, arrival_ns + coalesce(queue_ns, 0)) AS fin_ns,
-               coalesce(input_tokens, 0) AS input, coalesce(output_tokens, 0) AS output
-        FROM requests WHERE run_id = ? AND {finished_sql()} AND seq IS NOT NULL AND arrival_ns IS NOT NULL""",
-                  params=[run_id])  # a relation's reader streams; a DB-API result's copies all rows first
+    where = f"run_id = ? AND {finished_sql()} AND seq IS NOT NULL AND arrival_ns IS NOT NULL"
+    lo, hi, n = con.execute(f"SELECT min(seq), max(seq), count(*) FROM requests WHERE {where}", [run_id]).fetchone()
     names = ("seq", "req_id", "rank", "sched_ns", "fin_ns", "input", "output")
     parts: list[list] = [[] for _ in names]
-    for batch in rel.to_arrow_reader(max(int(chunk_rows), 1)):
-        for i, name in enumerate(names):
-            col = batch.column(name)
-            parts[i].append(req_hashes(col.to_pylist()) if name == "req_id"
-                            else np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.int64))
+    if n:
+        width = -(-(hi - lo + 1) // -(-n // max(int(chunk_rows), 1)))  # ceil(span / ceil(n / chunk_rows))
+        for start in range(lo, hi + 1, width):
+            got = con.execute(f"""
+                SELECT seq, req_id, coalesce(dp_rank, 0) AS rank, arrival_ns + coalesce(queue_ns, 0) AS sched_ns,
+                       coalesce(finish_ns, first_token_ns, arrival_ns + coalesce(queue_ns, 0)) AS fin_ns,
+                       coalesce(input_tokens, 0) AS input, coalesce(output_tokens, 0) AS output
+                FROM requests WHERE {where} AND seq >= ? AND seq < ?""", [run_id, start, start + width]).fetchnumpy()
+            order = np.argsort(np.asarray(got["seq"]), kind="stable")
+            for i, name in enumerate(names):
+                col = got.pop(name)
+                if name == "req_id":
+                    if isinstance(col, np.ma.MaskedArray):  # a NULL req_id: None's hash
+                        col = np.where(np.ma.getmaskarray(col), None, np.ma.getdata(col)).astype(object)
+                    parts[i].append(req_hashes(np.asarray(col, dtype=object)[order]))
+                else:
+                    parts[i].append(np.asarray(col, dtype=np.int64)[order])
+            del got, order
     cols = []
     for i in range(len(names)):  # a column joined, its chunks let go, then the next: one copy at a time
         cols.append(np.concatenate(parts[i]) if parts[i] else np.zeros(0, dtype=np.int64))
         parts[i] = []
-    order = np.argsort(cols[0], kind="stable")
-    if len(order) and (order[1:] < order[:-1]).any():  # already by seq (a fresh store's order): no copies
-        for c in cols:
-            c[:] = c[order]  # one column's copy at a time
-    del order
     return CurveColumns(*cols)
 
 
