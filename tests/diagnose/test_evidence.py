@@ -520,6 +520,47 @@ def test_every_section_has_one_thread_and_the_story_comes_before_the_context_on_
     assert E.evidence_threads(10**9) == E.LARGE_RUN_THREADS
 
 
+@pytest.mark.parametrize("large", [False, True])
+def test_the_one_thread_plan_lets_the_blocks_go_only_once_the_curves_are_made(replayed, monkeypatch, large):
+    """From LARGE_RUN_REQUESTS (one sections' thread beside the curves) evidence.py calls
+    store/duckdb_core.py `release_cached_blocks` after each section computed once the size curves
+    are made, and once all are done (issue 41: a 1M close's peak); never while the curves' thread
+    may run a query (the instance's limit is a megabyte for that statement), never in the four
+    threads' plan. The sections are the same either way."""
+    calls = []
+    curving = []
+    real_curves, real_release = E.size_curves, E.release_cached_blocks
+
+    def curves(con, run):
+        curving.append(True)
+        try:
+            return real_curves(con, run)
+        finally:
+            curving.clear()
+
+    def release(con):
+        calls.append(bool(curving))
+        return real_release(con)
+
+    monkeypatch.setattr(E, "size_curves", curves)
+    monkeypatch.setattr(E, "release_cached_blocks", release)
+    if large:
+        monkeypatch.setattr(E, "LARGE_RUN_REQUESTS", 1)
+    with open_store(replayed) as con:
+        run = resolve_run(con, None)
+        got = E.compute_evidence(con, run)
+        monkeypatch.setattr(E, "LARGE_RUN_REQUESTS", 10**12)
+        calls_then = list(calls)
+        alone = E.compute_evidence(con, run)
+    assert got == alone
+    if large:
+        assert calls_then and not any(calls_then)  # at least the last one; none during the curves
+        assert len(calls_then) <= len(E.LARGE_RUN_THREADS[0]) + 1
+    else:
+        assert calls_then == []
+    assert calls == calls_then  # the four threads' plan: none
+
+
 def _lookup_and_row(con, run_id):
     lookup = con.execute("SELECT bucket, req_id, seq FROM request_lookup WHERE run_id = ? ORDER BY rowid",
                          [run_id]).fetchall()

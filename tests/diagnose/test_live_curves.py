@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tierdiag.diagnose.read.curves import CurveColumns
+from tierdiag.diagnose.read.curves import CurveColumns, req_hashes
 from tierdiag.diagnose.run import live_curves as lc
 from tierdiag.diagnose.run import size_curves as sc
 
@@ -405,7 +405,7 @@ def test_the_rows_are_matched_to_the_index_with_the_loops_checks():
 
     def cols(seq, ids, inp):
         z = np.zeros(len(seq), dtype=np.int64)
-        return CurveColumns(np.array(seq, dtype=np.int64), np.array(ids, dtype=object), z, z, z,
+        return CurveColumns(np.array(seq, dtype=np.int64), req_hashes(ids), z, z, z,
                             np.array(inp, dtype=np.int64), z)
 
     matched, lengths = sc._matched(index, cols([0, 4], ["a", "c"], [10, 30]), "R")
@@ -463,9 +463,9 @@ def test_the_lines_read_ahead_carry_hashes_and_the_close_matches_them():
     assert index.req_hash.tolist() == [hash("a"), hash("b"), hash("c")]
     assert index.lens.dtype == np.int32 and index.line.tolist() == [1, 2, 3]
     z = np.zeros(2, dtype=np.int64)
-    cols = CurveColumns(np.array([0, 2]), np.array(["a", "c"], dtype=object), z, z, z, np.array([5, 2]), z)
+    cols = CurveColumns(np.array([0, 2]), req_hashes(["a", "c"]), z, z, z, np.array([5, 2]), z)
     assert sc._matched(index, cols, "R")[0] == 2
-    bad = cols._replace(req_id=np.array(["a", "x"], dtype=object))
+    bad = cols._replace(req_id=req_hashes(["a", "x"]))
     with pytest.raises(sc.CurvesUnavailable, match="trace line 3 is not"):
         sc._matched(index, bad, "R")
 

@@ -928,3 +928,49 @@ def test_the_tally_sorted_in_place_is_the_tally_of_the_found(values):
     got = sc._tally_sorted(v.copy(), never)
     assert [x.tolist() for x in got] == [x.tolist() for x in want]
     assert all(x.dtype == np.int64 for x in got)
+
+
+_REQ_COLUMNS = ("run_id VARCHAR, seq BIGINT, req_id VARCHAR, dp_rank INTEGER, arrival_ns BIGINT, queue_ns BIGINT, "
+                "finish_ns BIGINT, first_token_ns BIGINT, ttft_ns BIGINT, status VARCHAR, input_tokens BIGINT, "
+                "output_tokens BIGINT, device_hit_tokens BIGINT, host_hit_tokens BIGINT, storage_hit_tokens BIGINT")
+_maybe = st.none() | st.integers(0, 2 ** 40)
+
+
+@st.composite
+def stored_requests(draw):
+    """Rows of two runs in any stored order: distinct seqs (some NULL), NULL times and counts, a
+    NULL or unicode req_id, unfinished and aborted rows."""
+    seqs = draw(st.lists(st.integers(0, 10 ** 6), unique=True, max_size=40))
+    rows = []
+    for seq in seqs:
+        rows.append((draw(st.sampled_from(["R", "other"])), draw(st.none() | st.just(seq)),
+                     draw(st.none() | st.text(max_size=6)), draw(st.none() | st.integers(0, 7)),
+                     draw(st.none() | st.integers(0, 2 ** 40)), draw(_maybe), draw(_maybe), draw(_maybe),
+                     draw(st.none() | st.integers(0, 10 ** 9)), draw(st.sampled_from([None, "finished", "aborted"])),
+                     draw(_maybe), draw(_maybe), draw(_maybe), draw(_maybe), draw(_maybe)))
+    return rows, draw(st.integers(1, 5))
+
+
+@settings(max_examples=60, deadline=None)
+@given(stored_requests())
+def test_curve_columns_are_curve_requests_by_seq_with_the_ids_hashed(case):
+    """read/curves.py `curve_columns` fetches without DuckDB's ORDER BY, a chunk of rows at a time
+    with their req_ids hashed, and sorts by seq itself (issue 41: a 1M-request close's memory):
+    the same rows in the same order as `curve_requests` (ORDER BY seq), whatever the stored order
+    and the chunk size, the req_ids as `req_hashes` of them (None's hash for a NULL)."""
+    import duckdb
+
+    from tierdiag.diagnose.read.curves import curve_columns, curve_requests, req_hashes
+
+    rows, chunk = case
+    con = duckdb.connect(":memory:")
+    con.execute(f"CREATE TABLE requests ({_REQ_COLUMNS})")
+    if rows:
+        con.executemany(f"INSERT INTO requests VALUES ({', '.join(['?'] * 15)})", rows)
+    want = curve_requests(con, "R")
+    for got in (curve_columns(con, "R"), curve_columns(con, "R", chunk_rows=chunk)):
+        assert all(c.dtype == np.int64 for c in got)
+        assert got.seq.tolist() == [r.seq for r in want]
+        assert got.req_id.tolist() == req_hashes([r.req_id for r in want]).tolist()
+        for name in ("rank", "sched_ns", "fin_ns", "input_tokens", "output_tokens"):
+            assert getattr(got, name).tolist() == [getattr(r, name) for r in want], name

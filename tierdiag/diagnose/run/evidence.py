@@ -67,6 +67,7 @@ from tierdiag.diagnose.dp.ranks import rank_summary
 from tierdiag.diagnose.run.miss_reasons import run_miss_reasons
 from tierdiag.diagnose.run.size_curves import size_curves
 from tierdiag.diagnose.read.rows import second_cursor
+from tierdiag.store.duckdb_core import release_cached_blocks
 from tierdiag.diagnose.run.stored import EVIDENCE_VERSION, encode, inputs
 from tierdiag.diagnose.run.totals import run_totals
 from tierdiag.store.evidence import begin_run_evidence, replace_run_evidence, rollback_run_evidence
@@ -142,11 +143,21 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
             "totals": lambda c: run_totals(c, run.run_id), "session_summary": lambda c: session_summary(c, run),
             "rank_summary": lambda c: rank_summary(c, run), "miss_reasons": lambda c: run_miss_reasons(c, run.run_id)}
 
+    plan = evidence_threads(getattr(run, "num_requests", None))
+    # The one-thread plan (large runs): once the size curves are made (their queries done, nothing
+    # else on this instance runs one), each section's cached blocks are let go before the next
+    # (store/duckdb_core.py `release_cached_blocks`: the instance's limit a megabyte for a statement,
+    # so never while another cursor's query may run; issue 41: a 1M close's peak).
+    one_thread = len(plan) == 1
+    curves_done = threading.Event()
+
     def on_a_thread(cur, names) -> threading.Thread:
         def compute() -> None:
             try:
                 for name in names:
                     done[name] = work[name](cur)
+                    if one_thread and curves_done.is_set():
+                        release_cached_blocks(cur)
             except BaseException as exc:  # noqa: BLE001 - re-raised below, on the caller's thread
                 done.setdefault("error", exc)
             finally:
@@ -157,11 +168,11 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
         thread.start()
         return thread
 
-    plan = evidence_threads(getattr(run, "num_requests", None))
     with ExitStack() as stack:
         threads = [on_a_thread(stack.enter_context(second_cursor(con)), names) for names in plan]
         try:
             curves = size_curves(con, run)
+            curves_done.set()
             if beside is not None:
                 beside()
         finally:
@@ -169,6 +180,8 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
                 thread.join()
     if "error" in done:
         raise done["error"]
+    if one_thread:  # every section made, no query running: their blocks let go before the write
+        release_cached_blocks(con)
     names = ("context", "summary", "totals", "sessions", "session_summary", "rank_summary", "miss_reasons")
     if computed is not None:
         computed.update({name: done[name] for name in names}, size_curves=curves)

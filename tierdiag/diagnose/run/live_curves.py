@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tierdiag.diagnose.read.curves import req_hashes
 from tierdiag.diagnose.run.arrays import sorted_unique as _sorted_unique
 
 # --------------------------------------------------------------------------- the stack
@@ -308,13 +309,6 @@ def _ids_reversed(part: np.ndarray, off: np.ndarray, lens: np.ndarray, uniq: np.
     ids = np.searchsorted(uniq, part)
     rev = np.repeat(2 * off + lens - 1, lens) - np.arange(total, dtype=np.int64)  # each request's keys backwards
     part[:] = ids[rev]
-
-
-def req_hashes(req_ids) -> np.ndarray:
-    """Each req_id's hash (Python's: SipHash, stable within this process), as int64: what
-    TraceIndex keeps of a trace line's id to check the committed rows against."""
-    ids = list(req_ids)
-    return np.fromiter((hash(r) for r in ids), dtype=np.int64, count=len(ids))
 
 
 def scaled_arrivals(arrival_ns, time_scale: float) -> np.ndarray:

@@ -73,7 +73,7 @@ from dataclasses import dataclass
 import duckdb
 
 from tierdiag.config.names import WritePolicy
-from tierdiag.diagnose.read.curves import CurveColumns, curve_columns, found_tokens
+from tierdiag.diagnose.read.curves import CurveColumns, curve_columns, found_tokens, req_hashes
 from tierdiag.units import share
 
 TIERS = ("device", "host", "storage")
@@ -435,7 +435,7 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
                 continue
             i = at
             inp = int(cols.input_tokens[i])
-            if (hash(cols.req_id[i]) if hashed else cols.req_id[i]) != req_id or inp != input_len:
+            if cols.req_id[i] != (req_id if hashed else hash(req_id)) or inp != input_len:  # ids hashed (curve_columns)
                 raise CurvesUnavailable(f"trace line {line} is not the request run {run.run_id} replayed as seq {seq}")
             lengths[i] = len(k)
             if keep is not None:
@@ -454,7 +454,7 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
         raise CurvesUnavailable(f"trace file {path} has {matched} of the run's {n} finished requests")
     live = ahead.live if index is not None else None
     del seqs, wanted, lines, ahead
-    cols = cols._replace(req_id=None)  # matched: a million strings let go before the pass
+    cols = cols._replace(req_id=None)  # matched: the ids' hashes let go before the pass
     ranks = np.unique(cols.rank).tolist()
     if keep is None or index is not None:
         lookup_rank, d_rank, d_all = _unsampled_pass(cols, index, live, kept, lens, page, len(ranks) > 1)
@@ -590,9 +590,7 @@ def _matched(index, cols, run_id: str) -> tuple[int, np.ndarray]:
     n = len(index.seq)
     pos = np.minimum(np.searchsorted(index.seq, cols.seq), max(n - 1, 0))
     found = index.seq[pos] == cols.seq if n else np.zeros(len(cols.seq), dtype=bool)
-    from tierdiag.diagnose.run.live_curves import req_hashes
-
-    bad = found & ((index.req_hash[pos] != req_hashes(cols.req_id)) | (index.input_len[pos] != cols.input_tokens))
+    bad = found & ((index.req_hash[pos] != cols.req_id) | (index.input_len[pos] != cols.input_tokens))  # hashes
     if bad.any():
         first = int(np.flatnonzero(bad)[0])  # rows and lines ascend together: the first bad row is the first line
         raise CurvesUnavailable(f"trace line {int(index.line[pos[first]])} is not the request run {run_id} replayed "
@@ -681,7 +679,7 @@ class _Pages:
         self.line, self.seq, self.input_len, self.arrival = array("i"), array("q"), array("i"), array("q")
         self.full = array("i")  # each request's distinct pages
         self.pred = array("i")  # its session's previous turn's position, -1
-        # Each req_id's hash (live_curves.req_hashes: this process's), not the string: a million
+        # Each req_id's hash (read/curves.req_hashes: this process's), not the string: a million
         # strings held through the read were ~70 MB of the writer at 1M requests (issue 41).
         self.req_hash = array("q")
         self.sessions = False
@@ -1068,7 +1066,7 @@ def _replay_touches(rows, keys: dict, looked: dict | None, page: int, keep):
 
     n = len(rows)
     columns = list(zip(*rows)) if n else [()] * len(CurveColumns._fields)
-    cols = CurveColumns(*(np.array(columns[i], dtype=object if i == 1 else np.int64) for i in range(7)))
+    cols = CurveColumns(*(req_hashes(columns[i]) if i == 1 else np.array(columns[i], dtype=np.int64) for i in range(7)))
     lens = np.array([len(keys[r.seq]) for r in rows], dtype=np.int64)
     flat = np.concatenate([keys[r.seq] for r in rows]).astype(np.int64, copy=False) if n else np.zeros(0, np.int64)
     marks = None
