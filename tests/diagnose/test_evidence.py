@@ -11,10 +11,13 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tests.diagnose.conftest import RunBuilder, plant_scenarios
 from tests.diagnose.test_cli import run_cli
+from tierdiag.diagnose.request.causes import CAUSES
 from tierdiag.diagnose.run import evidence as E
 from tierdiag.diagnose.run import facts as F
 from tierdiag.diagnose.run import stored as S
@@ -506,16 +509,18 @@ def test_the_closing_numbers_from_the_computed_summary_are_the_ones_read_back(re
 
 
 def test_every_section_has_one_thread_and_the_story_comes_before_the_context_on_its_own():
-    """Each plan runs every section once; where the story and the context share a thread the
-    story comes first (the context waits for it: the other way round would never end)."""
+    """Each plan runs every section once; where the story shares a thread with the context or the
+    summary the story comes first (both wait for it, the summary for its requests by cause: the
+    other way round would never end)."""
     sections = {"story", "context", "sessions", "summary", "totals", "session_summary", "rank_summary", "miss_reasons"}
     for n in (None, 0, 1, E.LARGE_RUN_REQUESTS - 1, E.LARGE_RUN_REQUESTS, 10**9):
         plan = E.evidence_threads(n)
         names = [name for thread in plan for name in thread]
         assert sorted(names) == sorted(sections), n
         for thread in plan:
-            if "context" in thread and "story" in thread:
-                assert thread.index("story") < thread.index("context"), n
+            for waits in ("context", "summary"):
+                if waits in thread and "story" in thread:
+                    assert thread.index("story") < thread.index(waits), (n, waits)
     assert E.evidence_threads(None) == E.evidence_threads(0) == E.SMALL_RUN_THREADS
     assert E.evidence_threads(10**9) == E.LARGE_RUN_THREADS
 
@@ -693,3 +698,67 @@ def test_the_writer_process_preloads_what_a_stored_close_imports_and_no_more(rep
     out = subprocess.run([sys.executable, "-c", code, str(db)], capture_output=True, text=True,
                          cwd=str(Path(__file__).resolve().parents[2]))
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("large", [False, True])
+@pytest.mark.parametrize("story", ["counted", "no_recompute", "failed"])
+def test_the_summarys_requests_by_cause_are_the_storys_counts(replayed, monkeypatch, large, story):
+    """The close's summary takes its finished requests per primary cause from the run story's
+    query, which reads every finished request's cause code (issue 41), instead of its own query
+    (read/totals.py `requests_by_cause`): the same counts, so the same summary; where the story
+    reads none (a store without per-batch recompute) or fails, the summary queries them as before
+    (a failed story fails the evidence through the context, as before, not through a summary
+    left waiting)."""
+    from tierdiag.diagnose.read import totals as read_totals
+    from tierdiag.diagnose.read.run_context import batch_recompute_sql
+    from tierdiag.diagnose.run import numbers as N
+    from tierdiag.diagnose.run.story import run_story
+
+    if large:
+        monkeypatch.setattr(E, "LARGE_RUN_REQUESTS", 1)
+    with open_store(replayed) as con:
+        run = resolve_run(con, None)
+        queried = read_totals.requests_by_cause(con, run.run_id)
+        counts: dict = {}
+        assert run_story(con, run.run_id, batch_recompute_sql(con), cause_counts=counts) is not None
+        assert counts == {k: v for k, v in queried.items() if k is not None}
+        alone = compute_run_summary(con, run)
+        assert len(counts) >= 2 and sum(counts.values()) == alone.num_finished  # causes of every finished one
+        asked = []
+        query = read_totals.requests_by_cause
+
+        def count_queries(*args, **kwargs):
+            asked.append(1)
+            return query(*args, **kwargs)
+
+        monkeypatch.setattr(N.read, "requests_by_cause", count_queries)
+        if story == "no_recompute":
+            monkeypatch.setattr(E, "batch_recompute_sql", lambda cur: None)
+        if story == "failed":
+            def boom(*args, **kwargs):
+                raise RuntimeError("the story failed")
+
+            monkeypatch.setattr(E, "run_story", boom)
+            with pytest.raises(RuntimeError, match="the story failed"):
+                E.compute_evidence(con, run)
+            return
+        made: dict = {}
+        E.compute_evidence(con, run, computed=made)
+    assert made["summary"] == alone
+    assert asked == ([] if story == "counted" else [1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=-1, max_value=len(CAUSES) - 1), max_size=300))
+def test_counts_by_cause_is_a_count_of_the_codes(codes):
+    """story.py `counts_by_cause`: each cause's requests among the codes (`cause_code_sql`'s: -1,
+    a NULL cause, counted for none), only the causes present, as `requests_by_cause`'s rows."""
+    from collections import Counter
+
+    import numpy as np
+
+    from tierdiag.diagnose.run.story import counts_by_cause
+
+    want = {CAUSES[k]: n for k, n in Counter(codes).items() if k >= 0}
+    assert counts_by_cause(np.asarray(codes, dtype=np.int8)) == want
+    assert counts_by_cause(codes) == want
