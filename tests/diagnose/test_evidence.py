@@ -762,3 +762,82 @@ def test_counts_by_cause_is_a_count_of_the_codes(codes):
     want = {CAUSES[k]: n for k, n in Counter(codes).items() if k >= 0}
     assert counts_by_cause(np.asarray(codes, dtype=np.int8)) == want
     assert counts_by_cause(codes) == want
+
+
+def _encode_reference(value):
+    """stored.py `encode` before its leaves' fast path (issue 41): the generic order, every value
+    one call."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {S._DC: type(value).__name__}
+        for f in dataclasses.fields(value):
+            out[f.name] = _encode_reference(getattr(value, f.name))
+        return out
+    if isinstance(value, tuple):
+        return {S._TUPLE: [_encode_reference(v) for v in value]}
+    if isinstance(value, list):
+        return [_encode_reference(v) for v in value]
+    if isinstance(value, dict):
+        if S._DC in value or S._TUPLE in value or not all(isinstance(k, str) for k in value):
+            raise TypeError(f"a dict that would not read back as itself: keys {list(value)[:4]}")
+        return {k: _encode_reference(v) for k, v in value.items()}
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    raise TypeError(f"{type(value).__name__} is not stored as itself in JSON: {value!r}")
+
+
+class _Named(tuple):
+    """A tuple subclass (as a NamedTuple is): the generic path's, not the plain tuple's."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Point:
+    size: object
+    tokens: object
+
+
+def _hostile_leaves():
+    import enum
+
+    import numpy as np
+
+    class Kind(str, enum.Enum):
+        A = "a"
+
+    return st.one_of(
+        st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
+        st.floats(allow_nan=True, allow_infinity=True), st.text(alphabet=st.characters(), max_size=8),
+        st.sampled_from([np.int64(3), np.float64(0.5), np.bool_(True), Kind.A, b"\x00bytes", 1j]))
+
+
+def _nested(leaves):
+    return st.recursive(leaves, lambda inner: st.one_of(
+        st.lists(inner, max_size=5), st.lists(inner, max_size=5).map(tuple),
+        st.lists(inner, max_size=3).map(_Named),
+        st.dictionaries(st.one_of(st.text(max_size=4), st.sampled_from([S._DC, S._TUPLE]), st.integers()),
+                        inner, max_size=3),
+        st.builds(_Point, inner, inner)), max_leaves=30)
+
+
+def _outcome(f, value):
+    try:
+        return ("value", f(value))
+    except TypeError as exc:
+        return ("TypeError", str(exc))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_nested(_hostile_leaves()))
+def test_encode_is_the_generic_encoding_of_every_value(value):
+    """stored.py `encode`'s fast path for leaves and plain tuples and lists gives what the generic
+    order gives, value for value, and refuses what it refuses with the same message (numpy
+    scalars, enums, bytes, complex, dicts that would not read back), for hostile nestings:
+    tuple subclasses, dataclasses, the tags as keys, non-string keys, NaN and huge ints."""
+    assert _outcome(S.encode, value) == _outcome(_encode_reference, value)
+
+
+def test_the_stored_size_curves_encode_as_before(replayed):
+    """The real section the fast path is for (thousands of (size, tokens) steps): the same JSON."""
+    with open_store(replayed) as con:
+        curves = size_curves(con, resolve_run(con, None))
+    assert curves is not None and any(c.steps for c in curves.curves)
+    assert json.dumps(S.encode(curves)) == json.dumps(_encode_reference(curves))
