@@ -124,7 +124,7 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
         try:
             counts: dict = {}
             done["story"] = run_story(cur, run.run_id, batch_recompute_sql(cur), cause_counts=counts)
-            if counts or done["story"] is not None:  # read (a run with no finished request counts none)
+            if counts:  # the story read its requests (empty: it read none, or no finished one; the summary queries)
                 done["cause_counts"] = counts
             return done["story"]
         except BaseException as exc:  # noqa: BLE001 - raised only where the context asks for the story
