@@ -11,10 +11,13 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tests.diagnose.conftest import RunBuilder, plant_scenarios
 from tests.diagnose.test_cli import run_cli
+from tierdiag.diagnose.request.causes import CAUSES
 from tierdiag.diagnose.run import evidence as E
 from tierdiag.diagnose.run import facts as F
 from tierdiag.diagnose.run import stored as S
@@ -506,16 +509,18 @@ def test_the_closing_numbers_from_the_computed_summary_are_the_ones_read_back(re
 
 
 def test_every_section_has_one_thread_and_the_story_comes_before_the_context_on_its_own():
-    """Each plan runs every section once; where the story and the context share a thread the
-    story comes first (the context waits for it: the other way round would never end)."""
+    """Each plan runs every section once; where the story shares a thread with the context or the
+    summary the story comes first (both wait for it, the summary for its requests by cause: the
+    other way round would never end)."""
     sections = {"story", "context", "sessions", "summary", "totals", "session_summary", "rank_summary", "miss_reasons"}
     for n in (None, 0, 1, E.LARGE_RUN_REQUESTS - 1, E.LARGE_RUN_REQUESTS, 10**9):
         plan = E.evidence_threads(n)
         names = [name for thread in plan for name in thread]
         assert sorted(names) == sorted(sections), n
         for thread in plan:
-            if "context" in thread and "story" in thread:
-                assert thread.index("story") < thread.index("context"), n
+            for waits in ("context", "summary"):
+                if waits in thread and "story" in thread:
+                    assert thread.index("story") < thread.index(waits), (n, waits)
     assert E.evidence_threads(None) == E.evidence_threads(0) == E.SMALL_RUN_THREADS
     assert E.evidence_threads(10**9) == E.LARGE_RUN_THREADS
 
@@ -693,3 +698,146 @@ def test_the_writer_process_preloads_what_a_stored_close_imports_and_no_more(rep
     out = subprocess.run([sys.executable, "-c", code, str(db)], capture_output=True, text=True,
                          cwd=str(Path(__file__).resolve().parents[2]))
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("large", [False, True])
+@pytest.mark.parametrize("story", ["counted", "no_recompute", "failed"])
+def test_the_summarys_requests_by_cause_are_the_storys_counts(replayed, monkeypatch, large, story):
+    """The close's summary takes its finished requests per primary cause from the run story's
+    query, which reads every finished request's cause code (issue 41), instead of its own query
+    (read/totals.py `requests_by_cause`): the same counts, so the same summary; where the story
+    reads none (a store without per-batch recompute) or fails, the summary queries them as before
+    (a failed story fails the evidence through the context, as before, not through a summary
+    left waiting)."""
+    from tierdiag.diagnose.read import totals as read_totals
+    from tierdiag.diagnose.read.run_context import batch_recompute_sql
+    from tierdiag.diagnose.run import numbers as N
+    from tierdiag.diagnose.run.story import run_story
+
+    if large:
+        monkeypatch.setattr(E, "LARGE_RUN_REQUESTS", 1)
+    with open_store(replayed) as con:
+        run = resolve_run(con, None)
+        queried = read_totals.requests_by_cause(con, run.run_id)
+        counts: dict = {}
+        assert run_story(con, run.run_id, batch_recompute_sql(con), cause_counts=counts) is not None
+        assert counts == {k: v for k, v in queried.items() if k is not None}
+        alone = compute_run_summary(con, run)
+        assert len(counts) >= 2 and sum(counts.values()) == alone.num_finished  # causes of every finished one
+        asked = []
+        query = read_totals.requests_by_cause
+
+        def count_queries(*args, **kwargs):
+            asked.append(1)
+            return query(*args, **kwargs)
+
+        monkeypatch.setattr(N.read, "requests_by_cause", count_queries)
+        if story == "no_recompute":
+            monkeypatch.setattr(E, "batch_recompute_sql", lambda cur: None)
+        if story == "failed":
+            def boom(*args, **kwargs):
+                raise RuntimeError("the story failed")
+
+            monkeypatch.setattr(E, "run_story", boom)
+            with pytest.raises(RuntimeError, match="the story failed"):
+                E.compute_evidence(con, run)
+            return
+        made: dict = {}
+        E.compute_evidence(con, run, computed=made)
+    assert made["summary"] == alone
+    assert asked == ([] if story == "counted" else [1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=-1, max_value=len(CAUSES) - 1), max_size=300))
+def test_counts_by_cause_is_a_count_of_the_codes(codes):
+    """story.py `counts_by_cause`: each cause's requests among the codes (`cause_code_sql`'s: -1,
+    a NULL cause, counted for none), only the causes present, as `requests_by_cause`'s rows."""
+    from collections import Counter
+
+    import numpy as np
+
+    from tierdiag.diagnose.run.story import counts_by_cause
+
+    want = {CAUSES[k]: n for k, n in Counter(codes).items() if k >= 0}
+    assert counts_by_cause(np.asarray(codes, dtype=np.int8)) == want
+    assert counts_by_cause(codes) == want
+
+
+def _encode_reference(value):
+    """stored.py `encode` before its leaves' fast path (issue 41): the generic order, every value
+    one call."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {S._DC: type(value).__name__}
+        for f in dataclasses.fields(value):
+            out[f.name] = _encode_reference(getattr(value, f.name))
+        return out
+    if isinstance(value, tuple):
+        return {S._TUPLE: [_encode_reference(v) for v in value]}
+    if isinstance(value, list):
+        return [_encode_reference(v) for v in value]
+    if isinstance(value, dict):
+        if S._DC in value or S._TUPLE in value or not all(isinstance(k, str) for k in value):
+            raise TypeError(f"a dict that would not read back as itself: keys {list(value)[:4]}")
+        return {k: _encode_reference(v) for k, v in value.items()}
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    raise TypeError(f"{type(value).__name__} is not stored as itself in JSON: {value!r}")
+
+
+class _Named(tuple):
+    """A tuple subclass (as a NamedTuple is): the generic path's, not the plain tuple's."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Point:
+    size: object
+    tokens: object
+
+
+def _hostile_leaves():
+    import enum
+
+    import numpy as np
+
+    class Kind(str, enum.Enum):
+        A = "a"
+
+    return st.one_of(
+        st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
+        st.floats(allow_nan=True, allow_infinity=True), st.text(alphabet=st.characters(), max_size=8),
+        st.sampled_from([np.int64(3), np.float64(0.5), np.bool_(True), Kind.A, b"\x00bytes", 1j]))
+
+
+def _nested(leaves):
+    return st.recursive(leaves, lambda inner: st.one_of(
+        st.lists(inner, max_size=5), st.lists(inner, max_size=5).map(tuple),
+        st.lists(inner, max_size=3).map(_Named),
+        st.dictionaries(st.one_of(st.text(max_size=4), st.sampled_from([S._DC, S._TUPLE]), st.integers()),
+                        inner, max_size=3),
+        st.builds(_Point, inner, inner)), max_leaves=30)
+
+
+def _outcome(f, value):
+    try:
+        return ("value", f(value))
+    except TypeError as exc:
+        return ("TypeError", str(exc))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_nested(_hostile_leaves()))
+def test_encode_is_the_generic_encoding_of_every_value(value):
+    """stored.py `encode`'s fast path for leaves and plain tuples and lists gives what the generic
+    order gives, value for value, and refuses what it refuses with the same message (numpy
+    scalars, enums, bytes, complex, dicts that would not read back), for hostile nestings:
+    tuple subclasses, dataclasses, the tags as keys, non-string keys, NaN and huge ints."""
+    assert _outcome(S.encode, value) == _outcome(_encode_reference, value)
+
+
+def test_the_stored_size_curves_encode_as_before(replayed):
+    """The real section the fast path is for (thousands of (size, tokens) steps): the same JSON."""
+    with open_store(replayed) as con:
+        curves = size_curves(con, resolve_run(con, None))
+    assert curves is not None and any(c.steps for c in curves.curves)
+    assert json.dumps(S.encode(curves)) == json.dumps(_encode_reference(curves))

@@ -122,7 +122,10 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
 
     def the_story(cur):
         try:
-            done["story"] = run_story(cur, run.run_id, batch_recompute_sql(cur))
+            counts: dict = {}
+            done["story"] = run_story(cur, run.run_id, batch_recompute_sql(cur), cause_counts=counts)
+            if counts:  # the story read its requests (empty: it read none, or no finished one; the summary queries)
+                done["cause_counts"] = counts
             return done["story"]
         except BaseException as exc:  # noqa: BLE001 - raised only where the context asks for the story
             done["story_error"] = exc
@@ -138,8 +141,17 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
             raise RuntimeError("the run story was not computed: its thread failed before it")
         return done["story"]
 
+    def cause_counts():
+        # The summary's requests per primary cause: the story's query reads every finished
+        # request's cause code; counted there, not queried again (issue 41: ~13 ms of the close's
+        # CPU on the conversation trace). None where the story read none (no per-batch
+        # recompute, or it failed): the summary queries them.
+        story_done.wait()
+        return done.get("cause_counts")
+
     work = {"story": the_story, "context": lambda c: compute_run_context(c, run, story=story),
-            "sessions": lambda c: session_pauses(c, run), "summary": lambda c: compute_run_summary(c, run),
+            "sessions": lambda c: session_pauses(c, run),
+            "summary": lambda c: compute_run_summary(c, run, cause_counts=cause_counts),
             "totals": lambda c: run_totals(c, run.run_id), "session_summary": lambda c: session_summary(c, run),
             "rank_summary": lambda c: rank_summary(c, run), "miss_reasons": lambda c: run_miss_reasons(c, run.run_id)}
 

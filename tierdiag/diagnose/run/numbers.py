@@ -13,6 +13,7 @@ A few aggregate queries over the run's rows; no per-request Python loop.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import duckdb
 
@@ -182,8 +183,12 @@ def _classes(con: duckdb.DuckDBPyConnection, rid: str) -> tuple[ClassStats, ...]
         for r in rows)
 
 
-def compute_run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo) -> RunSummary:
-    """`summary.run_summary`'s numbers from the run's rows, without the diagnosis (what evidence.py stores)."""
+def compute_run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo, *,
+                        cause_counts: Callable[[], dict[str, int] | None] | None = None) -> RunSummary:
+    """`summary.run_summary`'s numbers from the run's rows, without the diagnosis (what evidence.py stores).
+    `cause_counts`, if given, is asked last for the finished requests per primary cause (the run
+    story's, story.py `run_story(cause_counts=...)`: the run's close computes both, issue 41);
+    where it gives None they are queried (read/totals.py `requests_by_cause`), as without it."""
     rid = run.run_id
     t = read.request_totals(con, rid)
     span_ns = max(_i(t.t1_ns) - _i(t.t0_ns), 0)
@@ -227,7 +232,11 @@ def compute_run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo) -> RunSumm
         return tuple(RequestCount(req_id=r.req_id, num_events=_i(r.events), tokens=_i(r.tokens))
                      for r in read.evictions_by_request(con, rid, column, TOP_EVICTED))
 
-    cause_counts = read.requests_by_cause(con, rid)
+    classes = _classes(con, rid)
+    most_evicted_from, top_evictors = top_by("owner_req_id"), top_by("cause_req_id")
+    counts = cause_counts() if cause_counts is not None else None  # last: the story's thread may still count them
+    if counts is None:
+        counts = read.requests_by_cause(con, rid)
     ttft_total, excess_total = _i(t.ttft_ns), _i(t.excess_ns)
     part_of = {Cause.QUEUEING: ("queue_ns", "queue_ns"), Cause.LOAD_BACK: ("exposed_ns", "exposed_ns"),
                Cause.STORAGE_FETCH: ("storage_wait_ns", "storage_wait_ns"),
@@ -241,12 +250,12 @@ def compute_run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo) -> RunSumm
     time_by_cause = []
     for cause in CAUSES:
         if cause == Cause.NONE:
-            time_by_cause.append(CauseShare(cause, cause_counts.get(cause, 0), None, None, None, None))
+            time_by_cause.append(CauseShare(cause, counts.get(cause, 0), None, None, None, None))
             continue
         ttft_key, excess_key = part_of[cause]
         ttft_part, excess_part = _i(getattr(t, ttft_key)), _i(getattr(t, excess_key))
         time_by_cause.append(CauseShare(
-            cause=cause, num_requests=cause_counts.get(cause, 0), ttft_part_ns=ttft_part,
+            cause=cause, num_requests=counts.get(cause, 0), ttft_part_ns=ttft_part,
             ttft_share=share(ttft_part, ttft_total), excess_part_ns=excess_part,
             excess_share=share(excess_part, excess_base) if excess_total > 0 else None))
 
@@ -259,8 +268,8 @@ def compute_run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo) -> RunSumm
         hit_request_share=share(hit_requests, finished),
         reused_token_share=share(split.device_tokens + split.host_tokens + split.storage_tokens,
                                  split.input_tokens),
-        median_reused_tokens_per_hit=t.median_hit_tokens, classes=_classes(con, rid), load_back=load_back,
-        skipped=skipped, evictions=evictions, most_evicted_from=top_by("owner_req_id"),
-        top_evictors=top_by("cause_req_id"), time_by_cause=tuple(time_by_cause),
+        median_reused_tokens_per_hit=t.median_hit_tokens, classes=classes, load_back=load_back,
+        skipped=skipped, evictions=evictions, most_evicted_from=most_evicted_from,
+        top_evictors=top_evictors, time_by_cause=tuple(time_by_cause),
         ttft_total_ns=ttft_total, excess_total_ns=excess_total,
     )

@@ -283,8 +283,25 @@ def cap_wait(con: duckdb.DuckDBPyConnection, rid: str, r_rank, w0, w1, queue, ca
     return np.minimum(out, np.maximum(np.asarray(queue, dtype=np.float64), 0.0))
 
 
-def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunStory | None:
-    """None for a store without per-batch recompute (`rec` None) or without batch rows."""
+def counts_by_cause(codes) -> dict[str, int]:
+    """{cause: requests} of cause codes (read/run_context.py `cause_code_sql`: CAUSES' index, -1
+    where the cause is NULL, which `requests_by_cause`'s GROUP BY keys as None and `summary`
+    never reads): only the causes with requests, as that query's rows."""
+    import numpy as np
+
+    codes = np.asarray(codes, dtype=np.int64)
+    n = np.bincount(codes[codes >= 0], minlength=len(CAUSES))
+    return {CAUSES[k]: int(v) for k, v in enumerate(n.tolist()) if v}
+
+
+def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None, *,
+              cause_counts: dict[str, int] | None = None) -> RunStory | None:
+    """None for a store without per-batch recompute (`rec` None) or without batch rows.
+    `cause_counts`, if given, is filled with the finished requests per primary cause (what
+    read/totals.py `requests_by_cause` gives, its keys the causes with requests) from the cause
+    codes the story's own query reads, once it has read them: the run's close hands them to the
+    summary (numbers.py) instead of its running the same expression over the same rows again
+    (issue 41). Left empty where the story reads no requests (`rec` None)."""
     import numpy as np
 
     if rec is None:
@@ -292,6 +309,8 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None) -> RunS
     b = read_ctx.batch_arrays(con, rid, rec)
     start = read_ctx.first_arrival_ns(con, rid)
     r = read_ctx.story_requests(con, rid)
+    if cause_counts is not None:
+        cause_counts.update(counts_by_cause(r.cause))
     if not len(b.start_ns) or not len(r.arrival_ns):
         return None
     # Each array is dropped once its last use is behind (`del`): at 1M requests and 1M batches a
