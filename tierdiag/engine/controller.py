@@ -126,9 +126,10 @@ class CacheController:
         self.measured_timing: bool = cfg.timing == "measured"  # (read at every copy)
         self.host_capacity: int = host.capacity  # (a pool's capacity is fixed; read at every backup)
         self.device_capacity: int = device.capacity
-        # the eviction row's capacity column, as the object the row holds: made once, not boxed a row
-        self._device_tokens: object = device.capacity * cfg.page_size
-        self._host_tokens: object = host.capacity * cfg.page_size
+        # the eviction row's and the pool sample's capacity column, as the object the row holds:
+        # made once, not boxed a row
+        self.device_capacity_tokens: object = device.capacity * cfg.page_size
+        self.host_capacity_tokens: object = host.capacity * cfg.page_size
         tree.tracks_duplicates = self.reclaim_duplicates
         self.device = device
         self.host = host
@@ -246,7 +247,7 @@ class CacheController:
             ps = self.page_size
             emit((
                 eid, now_ns, tier, node.id, tokens, action, cause, node.owner,
-                (capacity - free) * ps, self._device_tokens if on_device else self._host_tokens,
+                (capacity - free) * ps, self.device_capacity_tokens if on_device else self.host_capacity_tokens,
                 locked * ps, node.hit_count, node.last_access_ns, self.rank))
         return eid
 

@@ -166,13 +166,13 @@ class RequestRecords(SchedulerState):
         emit = self.emit.pool_sample
         rank = self.rank
         # capacity - free_pages, not PagePool's used_pages property (a Python call from compiled code);
-        # declared int: native arithmetic on them, not generic operations on objects
-        device, host = ctrl.device, ctrl.host
-        cap: int = device.capacity
-        free: int = device.free_pages
-        emit((now, "device", (cap - free) * ps, cap * ps, tree.locked_device_pages * ps, rank))
-        cap = host.capacity
-        free = host.free_pages
-        emit((now, "host", (cap - free) * ps, cap * ps, tree.locked_host_pages * ps, rank))
+        # declared int: native arithmetic on them, not generic operations on objects. The
+        # capacities are the controller's (fixed: read once, their tokens boxed once)
+        free: int = ctrl.device.free_pages
+        emit((now, "device", (ctrl.device_capacity - free) * ps, ctrl.device_capacity_tokens,
+              tree.locked_device_pages * ps, rank))
+        free = ctrl.host.free_pages
+        emit((now, "host", (ctrl.host_capacity - free) * ps, ctrl.host_capacity_tokens,
+              tree.locked_host_pages * ps, rank))
         if ctrl.storage is not None:  # with ranks, the one shared tier as this rank's batch found it
             emit((now, "storage", ctrl.storage.used_pages * ps, ctrl.storage.capacity * ps, 0, rank))
