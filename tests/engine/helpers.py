@@ -185,6 +185,18 @@ def queued_req(t):
     return r
 
 
+def tracked_req(seq: int, keys: list[int] | None = None, input_len: int = 1):
+    """A Req as engine/miss.py's MissTracker reads it (its seq, page keys and input length; the
+    facts it keeps on the request, `Req.miss_*`, at their start), whatever those values."""
+    from tierdiag.engine.request import Req
+
+    r = Req(TraceRequest(req_id=f"r{seq}", seq=seq, line=1, arrival_ns=0, input_len=1, output_len=1, hash_ids=None,
+                         tokens=None), 0)
+    r.keys = list(keys or [])
+    r.input_len = input_len
+    return r
+
+
 def store_input_pages(engine: Engine, t) -> None:
     """The input pages of trace request `t` written into the storage tier (nothing on device or host)."""
     from tierdiag.trace.pages import page_keys_array

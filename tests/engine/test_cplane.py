@@ -590,6 +590,21 @@ def test_a_row_buffer_gives_back_every_value_as_it_was_appended(width, data, tak
 
 
 @pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(0, 70_000), min_size=1, max_size=6), ints=st.lists(_VALUES, min_size=3, max_size=3))
+def test_a_row_buffer_grows_inside_a_row_and_keeps_every_value(sizes, ints):
+    """RowBuffer.append reserves a row's room for ints and None once (9 bytes a value) and again
+    after any other value (issue 41 session 22): a str that makes the buffer grow in the middle
+    of a row (past its first 64 KiB) leaves the row's later values whole, row after row."""
+    buf = cplane.C.RowBuffer(5)
+    rows = [(ints[0], "é" * n if n % 2 else "x" * n, ints[1], n, ints[2]) for n in sizes]
+    for row in rows:
+        buf.append(row)
+    cols = tuple(columns_of(tuple(f"c{i}" for i in range(5)), buf.take()).values())
+    assert _exactly(zip(*cols)) == _exactly([tuple(map(_as_encoded, row)) for row in rows])
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
 def test_a_row_buffer_refuses_a_row_of_another_width_and_decode_refuses_damaged_data():
     buf = cplane.C.RowBuffer(2)
     buf.append((1, "a"))

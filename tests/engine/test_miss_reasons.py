@@ -7,6 +7,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.engine.helpers import tracked_req
 from tests.engine.test_invariants import configs, replay, workloads
 from tierdiag.engine import miss as M
 from tierdiag.store import schema as S
@@ -122,21 +123,18 @@ def test_prefetch_lost_pages_are_the_read_pages_past_the_match(ranges, matched, 
     inserted (overlapping re-reads counted once) that lie past its match at its first scheduling;
     a retracted request matched again keeps the first count; a request never read has none."""
     tracker = M.MissTracker(64)
+    seven, eight = tracked_req(7), tracked_req(8)
     for lo, hi in ranges:
         tracker.prefetched(7, lo, hi)
-    tracker.matched(7, matched)
+    tracker.matched(seven, matched)
     tracker.prefetched(7, 0, 300)  # read again after a retraction: its record keeps its first admission
-    tracker.matched(7, again)
-    tracker.matched(8, matched)  # never prefetched
+    tracker.matched(seven, again)
+    tracker.matched(eight, matched)  # never prefetched
     want = _lost_reference([(lo, hi) for lo, hi in ranges if hi > lo], max(matched, 0))
-    assert tracker.take(7).prefetch_lost_pages == want
-    assert tracker.take(8).prefetch_lost_pages == 0
-    assert tracker.take(7) == M.MissFacts(0, 0, 0)  # taken once
-
-
-class _Req:
-    def __init__(self, seq, keys, input_len):
-        self.seq, self.keys, self.input_len = seq, keys, input_len
+    assert tracker.take(seven).prefetch_lost_pages == want
+    assert tracker.take(eight).prefetch_lost_pages == 0
+    assert tracker.take(seven) == M.MissFacts(0, 0, 0)  # taken once
+    assert not tracker._read  # the second read's ranges went with its take
 
 
 @settings(max_examples=60, deadline=None)
@@ -149,10 +147,12 @@ def test_shared_in_batch_pages_match_a_set_built_for_every_batch(calls, ps):
     request's pages to compute ([first, input_len // ps)) that a request ahead of it in the same
     batch (same `now`) computes in its first chunk ([first, end))."""
     tracker = M.MissTracker(ps)
+    reqs = []
     want: dict[int, int] = {}
     batch_ns, batch = None, set()
     for seq, (now, keys, first, end, input_len) in enumerate(sorted(calls, key=lambda c: c[0])):
-        req = _Req(seq, keys, input_len)
+        req = tracked_req(seq, keys, input_len)
+        reqs.append(req)
         tracker.scheduled(req, now, first, end)
         if now != batch_ns:
             batch_ns, batch = now, set()
@@ -161,5 +161,5 @@ def test_shared_in_batch_pages_match_a_set_built_for_every_batch(calls, ps):
             if shared:
                 want[seq] = shared
         batch.update(keys[first:end])
-    assert {seq: tracker.take(seq).shared_pages for seq in range(len(calls))} == \
+    assert {r.seq: tracker.take(r).shared_pages for r in reqs} == \
         {seq: want.get(seq, 0) for seq in range(len(calls))}

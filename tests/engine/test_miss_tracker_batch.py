@@ -5,11 +5,10 @@ against the counting it replaced, a Python loop a page, on hostile streams of ba
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.engine.helpers import tracked_req
 from tierdiag.engine.miss import MissTracker
 
 
@@ -37,8 +36,11 @@ _KEYS = st.lists(st.one_of(st.integers(min_value=-(2**63), max_value=2**64), st.
 def test_shared_pages_in_a_batch_are_counted_as_the_page_loop_counted_them(ps, calls):
     tracker = MissTracker(ps)
     stream = [(now, seq, keys, input_len, first, end) for seq, (now, keys, input_len, first, end) in enumerate(calls)]
+    reqs = [tracked_req(seq, keys, input_len) for _, seq, keys, input_len, _, _ in stream]
     for now, seq, keys, input_len, first, end in stream:
-        tracker.scheduled(SimpleNamespace(seq=seq, keys=keys, input_len=input_len), now, first, end)
-    assert tracker._shared == _reference(stream, ps)
-    for seq in range(len(stream)):
-        assert tracker.take(seq).shared_pages == _reference(stream, ps).get(seq, 0)
+        tracker.scheduled(reqs[seq], now, first, end)
+    want = _reference(stream, ps)
+    assert {r.seq: r.miss_shared_pages for r in reqs if r.miss_shared_pages} == want
+    for r in reqs:
+        assert tracker.take(r).shared_pages == want.get(r.seq, 0)
+        assert tracker.take(r).shared_pages == 0  # taken once

@@ -155,7 +155,7 @@ class Admission(SchedulerState):
         self._count_recomputed(req, match, skip is not None)
         if self.miss is not None:  # the pages this chunk computes, against its batch's (miss.py)
             self.miss.scheduled(req, now, prefix_pages, min((prefix_pages * ps + take) // ps, len(req.keys)))
-            self.miss.matched(req.seq, dev_pages + match.host_pages)
+            self.miss.matched(req, dev_pages + match.host_pages)
         if self.emit.matched is not None:
             self.emit.matched((now, req.req_id, dev_pages * ps, req.host_loaded_pages * ps,
                               req.storage_loaded_pages * ps, prefix_pages * ps, req.protected_pages * ps))

@@ -125,6 +125,11 @@ class CacheController:
         self.reclaim_duplicates = self.rules.reclaim_host_duplicates and self.write_back
         self.measured_timing: bool = cfg.timing == "measured"  # (read at every copy)
         self.host_capacity: int = host.capacity  # (a pool's capacity is fixed; read at every backup)
+        self.device_capacity: int = device.capacity
+        # the eviction row's and the pool sample's capacity column, as the object the row holds:
+        # made once, not boxed a row
+        self.device_capacity_tokens: object = device.capacity * cfg.page_size
+        self.host_capacity_tokens: object = host.capacity * cfg.page_size
         tree.tracks_duplicates = self.reclaim_duplicates
         self.device = device
         self.host = host
@@ -231,17 +236,18 @@ class CacheController:
             # _DEVICE, not Tier.DEVICE: compiled, an enum member read is a call of 3.11's
             # EnumType.__getattr__ (~1k instructions; twice an eviction was ~4 % of the recording)
             on_device = tier == _DEVICE
-            pool = self.device if on_device else self.host
             locked = self.tree.locked_device_pages if on_device else self.tree.locked_host_pages
             # capacity - free_pages, not the used_pages property: compiled, a property of the
             # interpreted PagePool is a Python call (three reads a row were ~1/3 of its cost);
-            # both declared int: native arithmetic, not PyNumber_Subtract/_Multiply on objects
-            capacity: int = pool.capacity
-            free: int = pool.free_pages
+            # free declared int: native arithmetic, not PyNumber_Subtract/_Multiply on objects.
+            # The capacity is fixed: read once in __init__ (a generic attribute read a row was
+            # ~200 instructions), its tokens boxed once (issue 41 session 22)
+            free: int = self.device.free_pages if on_device else self.host.free_pages
+            capacity = self.device_capacity if on_device else self.host_capacity
             ps = self.page_size
             emit((
                 eid, now_ns, tier, node.id, tokens, action, cause, node.owner,
-                (capacity - free) * ps, capacity * ps,
+                (capacity - free) * ps, self.device_capacity_tokens if on_device else self.host_capacity_tokens,
                 locked * ps, node.hit_count, node.last_access_ns, self.rank))
         return eid
 

@@ -115,37 +115,40 @@ def _span(n: int, lo: int, hi: int) -> tuple[int, int]:
 
 
 class MissTracker:
-    """A scheduler's three facts per request (module doc). One per rank: a rank's batches are its own."""
+    """A scheduler's three facts per request (module doc). One per rank: a rank's batches are its
+    own. The facts are kept on the request itself (`Req.miss_*`, native attributes), not in dicts
+    by seq: compiled, a dict's set and pop box the seq and call by name (~4k instructions a
+    record in all, issue 41 session 22); only the pages a prefetch read wait by seq (`_read`,
+    with a storage tier), until the request's first scheduling."""
 
     def __init__(self, ps: int) -> None:
         self.ps = ps  # page size: a request's keys are its input's full pages (then, at finish, output's)
-        self._at_arrival: dict[int, int] = {}
-        self._shared: dict[int, int] = {}
         self._batch_ns: int | None = None
         self._batch_keys: Any = new_key_set()  # the batch's pages, once a second request joins it
         self._batch_first: tuple[list, int, int] | None = None  # the batch's first request, until a second joins
         self._read: dict[int, list[tuple[int, int]]] = {}  # seq -> page ranges its prefetches inserted
-        self._prefetch_lost: dict[int, int] = {}
 
     def prefetched(self, seq: int, first_page: int, end_page: int) -> None:
         """Its own prefetch inserted input pages [first_page, end_page) into the tree (host)."""
         if end_page > first_page:
             self._read.setdefault(seq, []).append((first_page, end_page))
 
-    def matched(self, seq: int, matched_pages: int) -> None:
+    def matched(self, req: Req, matched_pages: int) -> None:
         """At its (first) scheduling its prefix matched `matched_pages` pages on device and host:
         every page its prefetches inserted past them left the tree before it was scheduled (a
         radix path: nothing past the first page missing is matched)."""
-        ranges = self._read.pop(seq, ())
-        if seq in self._prefetch_lost:
+        ranges = self._read.pop(req.seq, None) if self._read else None
+        if req.miss_prefetch_lost >= 0:
             return  # a retracted request admitted again keeps its first admission's fact
-        lost, end = 0, max(matched_pages, 0)
-        for lo, hi in sorted(ranges):
-            lo = max(lo, end)
-            if hi > lo:
-                lost += hi - lo
-                end = hi
-        self._prefetch_lost[seq] = lost
+        lost = 0
+        if ranges:
+            end = matched_pages if matched_pages > 0 else 0
+            for lo, hi in sorted(ranges):
+                lo = max(lo, end)
+                if hi > lo:
+                    lost += hi - lo
+                    end = hi
+        req.miss_prefetch_lost = lost
 
     def arrived(self, req: Req, tree: RadixTree) -> None:
         """Its own tree's prefix on device and host at arrival (a Req and the RadixTree, typed:
@@ -154,9 +157,9 @@ class MissTracker:
         limit: int = req.max_match_pages
         # the keys as they are where the bound leaves them whole (peek only reads them): no copy
         device, host = tree.peek(keys if len(keys) <= limit else keys[:limit])
-        self._at_arrival[req.seq] = device + host
+        req.miss_arrival_pages = device + host
 
-    def scheduled(self, req, now: int, first_page: int, end_page: int) -> None:
+    def scheduled(self, req: Req, now: int, first_page: int, end_page: int) -> None:
         """`req` joins the batch formed at `now`, its first chunk computing pages [first_page,
         end_page). Every page it will compute (its later chunks too: a chunked request does not
         match again) that a request ahead of it in this batch computes is shared in the batch.
@@ -181,18 +184,23 @@ class MissTracker:
         lo, hi = _span(n, first_page, req.input_len // self.ps)
         shared: int = batch.count(keys, lo, hi)
         if shared:
-            self._shared[req.seq] = shared
+            req.miss_shared_pages = shared
         lo, hi = _span(n, first_page, end_page)
         batch.add(keys, lo, hi)
 
-    def take(self, seq: int) -> MissFacts:
-        return MissFacts(*self.take_pages(seq))
+    def take(self, req: Req) -> MissFacts:
+        return MissFacts(*self.take_pages(req))
 
-    def take_pages(self, seq: int) -> tuple[int, int, int]:
+    def take_pages(self, req: Req) -> tuple[int, int, int]:
         """`take`'s MissFacts as a plain tuple (the record's: a NamedTuple is built by a Python
-        function, a frame a request)."""
-        self._read.pop(seq, None)
-        return self._at_arrival.pop(seq, 0), self._shared.pop(seq, 0), self._prefetch_lost.pop(seq, 0)
+        function, a frame a request); the request's facts are taken once (reset)."""
+        if self._read:
+            self._read.pop(req.seq, None)
+        lost = req.miss_prefetch_lost
+        facts = (req.miss_arrival_pages, req.miss_shared_pages, lost if lost > 0 else 0)
+        req.miss_arrival_pages = req.miss_shared_pages = 0
+        req.miss_prefetch_lost = -1
+        return facts
 
 
 def _routing_tokens(r: dict) -> int:

@@ -9,8 +9,6 @@ TTFT parts (every one in ns of the virtual clock, adding up to TTFT):
 
 from __future__ import annotations
 
-from bisect import bisect_right
-
 from mypy_extensions import trait
 
 from tierdiag.engine.miss import miss_tokens, routing_tokens
@@ -22,8 +20,18 @@ def decode_before(starts: list[int], ends: list[int], cum: list[int], t: int) ->
     """Virtual time the GPU spent in decode steps before `t`: the steps kept as runs on the
     clock (DecodeSteps._note_decode: each run's start, end, and the decode time before it). A
     function of this module, not a DecodeSteps method: compiled, a call across the Scheduler's
-    mixins is a method call by name (twice a record: ~2.4k instructions each)."""
-    i = bisect_right(starts, t) - 1
+    mixins is a method call by name (twice a record: ~2.4k instructions each). The run is found
+    by bisect_right(starts, t) - 1 written as its loop: compiled, the list's items are native
+    reads and compares, where the builtin `bisect_right` was a generic call (~2k instructions a
+    call, issue 41 session 22)."""
+    lo, hi = 0, len(starts)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if t < starts[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    i = lo - 1
     if i < 0:
         return 0
     end = ends[i]
@@ -58,12 +66,6 @@ class RequestRecords(SchedulerState):
         if queue < 0:
             compute_ns += queue
             queue = 0
-        # Of its queue, the time the GPU ran decode steps (decode_before)
-        starts, ends, cum = self._drun_starts, self._drun_ends, self._drun_cum
-        decode_wait = (decode_before(starts, ends, cum, req.first_token_ns)
-                       - decode_before(starts, ends, cum, req.arrival_ns + storage_wait))
-        if decode_wait > queue:
-            decode_wait = queue
         st.requests_finished += 1
         st.input_tokens += req.input_len
         st.device_tokens += device
@@ -85,6 +87,12 @@ class RequestRecords(SchedulerState):
                 lost((req.req_id, eid, tokens))
         emit = emits.record
         if emit is not None:  # the record's counterfactuals: only for a probe that keeps them
+            # Of its queue, the time the GPU ran decode steps (decode_before): a column only
+            starts, ends, cum = self._drun_starts, self._drun_ends, self._drun_cum
+            decode_wait = (decode_before(starts, ends, cum, req.first_token_ns)
+                           - decode_before(starts, ends, cum, req.arrival_ns + storage_wait))
+            if decode_wait > queue:
+                decode_wait = queue
             new_tokens = computed - recomputed
             prefix = req.prefix_pages * ps
             ideal = cost.prefill_alone_ns(new_tokens, req.input_len - (new_tokens if new_tokens > 1 else 1))
@@ -97,7 +105,7 @@ class RequestRecords(SchedulerState):
             host_match, storage_match = req.host_match_pages * ps, req.storage_match_pages * ps
             lb_skipped = req.loadback_skip_pages * ps
             # The miss reasons (engine/miss.py) from the record's own columns, those it reads
-            arrival_pages, shared_pages, prefetch_lost_pages = (self.miss.take_pages(req.seq) if self.miss is not None
+            arrival_pages, shared_pages, prefetch_lost_pages = (self.miss.take_pages(req) if self.miss is not None
                                                                 else (0, 0, 0))
             best_rank_device, best_rank_host = route[7], route[8]
             arrival_device, arrival_host = route[4], route[5]
@@ -158,13 +166,13 @@ class RequestRecords(SchedulerState):
         emit = self.emit.pool_sample
         rank = self.rank
         # capacity - free_pages, not PagePool's used_pages property (a Python call from compiled code);
-        # declared int: native arithmetic on them, not generic operations on objects
-        device, host = ctrl.device, ctrl.host
-        cap: int = device.capacity
-        free: int = device.free_pages
-        emit((now, "device", (cap - free) * ps, cap * ps, tree.locked_device_pages * ps, rank))
-        cap = host.capacity
-        free = host.free_pages
-        emit((now, "host", (cap - free) * ps, cap * ps, tree.locked_host_pages * ps, rank))
+        # declared int: native arithmetic on them, not generic operations on objects. The
+        # capacities are the controller's (fixed: read once, their tokens boxed once)
+        free: int = ctrl.device.free_pages
+        emit((now, "device", (ctrl.device_capacity - free) * ps, ctrl.device_capacity_tokens,
+              tree.locked_device_pages * ps, rank))
+        free = ctrl.host.free_pages
+        emit((now, "host", (ctrl.host_capacity - free) * ps, ctrl.host_capacity_tokens,
+              tree.locked_host_pages * ps, rank))
         if ctrl.storage is not None:  # with ranks, the one shared tier as this rank's batch found it
             emit((now, "storage", ctrl.storage.used_pages * ps, ctrl.storage.capacity * ps, 0, rank))

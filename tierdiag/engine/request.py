@@ -35,6 +35,7 @@ class Req:
         "prefetch_wait_ns", "prefetch_deadline_ns", "prefetch_retries", "inserted_pages", "prefill_work_tokens",
         "storage_hit_end", "route", "storage_last_match", "prefetch_ack_pass", "prefetch_query_pass",
         "storage_span_pages", "storage_span_start", "loaded_span_pages", "loaded_span_start", "queue_entry",
+        "miss_arrival_pages", "miss_shared_pages", "miss_prefetch_lost",
     )
     total_pages: int  # set on arrival (Scheduler._arrive)
     max_match_pages: int
@@ -122,6 +123,11 @@ class Req:
         self.loadback_wall_ns = 0
         self.protected_pages = 0  # cache_protected_len in pages: the prefix the tree protects for us
         self.loadback_verified: bool | None = None
+        # The miss reasons' facts (engine/miss.py's MissTracker, a probe's only): its own tree's
+        # device + host pages at arrival, the pages another request of its batch computes, the
+        # pages its own prefetch read and lost before its first scheduling (-1: not scheduled yet)
+        self.miss_arrival_pages = self.miss_shared_pages = 0
+        self.miss_prefetch_lost = -1
 
 
 # What a request's record says of its first admission: a retracted request is admitted again

@@ -134,6 +134,7 @@ CP_HIDDEN extern PyMethodDef cp_rows_methods[];    /* rows.c */
 CP_HIDDEN extern PyMethodDef cp_storage_io_methods[]; /* storage_io.c */
 CP_HIDDEN extern PyTypeObject cp_StorageIndexType; /* storage_index.c */
 CP_HIDDEN extern PyTypeObject cp_RowBufferType;    /* rows.c */
+CP_HIDDEN Py_ssize_t cp_row_buffer_rows(PyObject *rb); /* rows.c: a RowBuffer's rows (its len) */
 CP_HIDDEN extern PyTypeObject cp_FlushTickerType;  /* ticker.c */
 CP_HIDDEN extern PyTypeObject cp_PageKeySetType;   /* keyset.c */
 CP_HIDDEN extern PyTypeObject cp_SlotCoreType;     /* pages.c */

@@ -5,15 +5,23 @@
  * nothing: Recorder._tick_py, the reference, in one C call. The engine ticks ~8 times a request;
  * as a Python method each tick cost ~4k instructions (a frame, a map, six len calls), 3 % of
  * a probed Engine.run (benchmarks/README.md, issue 41). An error from a length or from flush()
- * propagates, as it does from the reference. */
+ * propagates, as it does from the reference.
+ * Called through vectorcall (no argument tuple, no tp_call's checks: the compiled engine's
+ * `tick()`), and a RowBuffer's length read from it directly (no call through its type): ~1/4 of
+ * a tick's cost was the call, ~2/5 the lengths (callgrind, issue 41 session 22). */
 #include "cplane.h"
+
+#include <stddef.h>
 
 typedef struct {
     PyObject_HEAD
     PyObject *buffers;  /* tuple */
     Py_ssize_t limit;
     PyObject *flush;    /* callable: the recorder's bound flush, hence the GC support */
+    vectorcallfunc vectorcall;
 } FlushTicker;
+
+static PyObject *ft_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 
 static PyObject *
 ft_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -38,6 +46,7 @@ ft_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     ft->buffers = Py_NewRef(buffers);
     ft->limit = limit;
     ft->flush = Py_NewRef(flush);
+    ft->vectorcall = ft_vectorcall;
     return (PyObject *)ft;
 }
 
@@ -66,10 +75,11 @@ ft_dealloc(FlushTicker *ft)
 }
 
 static PyObject *
-ft_call(FlushTicker *ft, PyObject *args, PyObject *kwds)
+ft_vectorcall(PyObject *self, PyObject *const *Py_UNUSED(args), size_t nargsf, PyObject *kwnames)
 {
+    FlushTicker *ft = (FlushTicker *)self;
     Py_ssize_t total = 0, i, n;
-    if (PyTuple_GET_SIZE(args) || (kwds != NULL && PyDict_GET_SIZE(kwds))) {
+    if (PyVectorcall_NARGS(nargsf) || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
         PyErr_SetString(PyExc_TypeError, "a FlushTicker takes no arguments");
         return NULL;
     }
@@ -77,7 +87,10 @@ ft_call(FlushTicker *ft, PyObject *args, PyObject *kwds)
         Py_RETURN_NONE;  /* cleared by the collector: nothing left to flush */
     }
     for (i = 0; i < PyTuple_GET_SIZE(ft->buffers); i++) {
-        if ((n = PyObject_Length(PyTuple_GET_ITEM(ft->buffers, i))) < 0) {
+        PyObject *b = PyTuple_GET_ITEM(ft->buffers, i);
+        if (Py_IS_TYPE(b, &cp_RowBufferType)) {
+            n = cp_row_buffer_rows(b);
+        } else if ((n = PyObject_Length(b)) < 0) {
             return NULL;
         }
         total += n;
@@ -93,10 +106,11 @@ PyTypeObject cp_FlushTickerType = {
     .tp_name = "tierdiag.native._cplane.FlushTicker",
     .tp_doc = PyDoc_STR("FlushTicker(buffers, limit, flush)(): flush() once the buffers hold limit rows in all."),
     .tp_basicsize = sizeof(FlushTicker),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(FlushTicker, vectorcall),
     .tp_new = ft_new,
     .tp_dealloc = (destructor)ft_dealloc,
     .tp_traverse = (traverseproc)ft_traverse,
     .tp_clear = (inquiry)ft_clear,
-    .tp_call = (ternaryfunc)ft_call,
+    .tp_call = PyVectorcall_Call,
 };
