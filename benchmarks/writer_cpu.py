@@ -32,10 +32,8 @@ import json
 import os
 import pstats
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -184,27 +182,13 @@ def run_once(root: Path, trace: Path, tmp: Path, tag: str, extra: list[str], pro
            "TL_WRITER_ENTRY": pt._writer_entry(tmp, tag, prof_dir is not None),
            "TL_REAL_ENTRY": "from tierdiag.app.writer_child import main; main()", "TIERDIAG_WRITER": "process",
            "TL_THREAD_PROF": str(prof_dir) if prof_dir else ""}
-    for side in ("main", "writer"):
-        (tmp / f"{tag}-{side}.json").unlink(missing_ok=True)
     args = ["replay", str(trace), "--json", *extra] + (["--db", str(db)] if probes else ["--no-probes"])
-    import resource
-
-    c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", "import os; exec(os.environ['TL_HOOK_CODE'])", *args],
-                          cwd=root, env=env, capture_output=True, text=True)
-    wall = time.monotonic() - t0
-    c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        raise RuntimeError(f"exit {proc.returncode}: {proc.stderr.strip()[-2000:]}")
-    main = json.loads((tmp / f"{tag}-main.json").read_text())
-    wpath = tmp / f"{tag}-writer.json"
-    writer = json.loads(wpath.read_text()) if wpath.exists() else None
+    _, wall, cpu_all, _, main, writer = pt.launch(root, args, env, tmp, tag)
     if prof_dir is not None and writer is not None and (tmp / f"{tag}-writer.prof").exists():
         (prof_dir / f"thread-MainThread-{writer['main_tid']}.prof").write_bytes((tmp / f"{tag}-writer.prof").read_bytes())
     for p in (db, Path(str(db) + ".wal")):
         p.unlink(missing_ok=True)
-    return {"wall_s": wall, "cpu_all_s": (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime),
+    return {"wall_s": wall, "cpu_all_s": cpu_all,
             "main_cpu_s": main["cpu_s"], "main_rss_mb": main["maxrss_kb"] / 1024,
             "engine_run_s": _span(main["marks"], "engine_run"),
             "writer": None if writer is None else _writer(writer)}
