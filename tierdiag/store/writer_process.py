@@ -71,9 +71,9 @@ FIRST_WRITE_S = 0.2
 # (TIERDIAG_FLUSH_EVERY_S, 5 s by default: the contract's "at least this often"). A write's cost
 # grows with the store: each write's checkpoint rewrites the row group its rows were appended to
 # (a table's last, up to 122,880 rows), so at 200k synth requests a write took ~0.1-0.15 s of CPU
-# against ~25-30 ms on the conversation trace, and the same rows written in 4x fewer writes took
-# 2x less CPU (benchmarks/README.md, session 22 h41wcpu). The conversation trace's writes stay
-# under the share: its interval is WRITE_EVERY_S as before.
+# against ~25-30 ms on the conversation trace; that run's rows written in 56 writes took 8.0 s of
+# CPU, in 14 writes 4.9 s (benchmarks/writes_by_count.py; README.md, session 22 h41wcpu). A quiet
+# conversation replay's writes stay under the share: its interval is WRITE_EVERY_S as before.
 WRITE_COST_SHARE = 0.1
 # Every VACUUM_EVERY-th write's checkpoint merges the small row groups the writes before it left
 # (DuckDB's vacuum: writer._vacuum); the others' leave them: a write's checkpoint vacuuming
