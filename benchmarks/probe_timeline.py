@@ -208,10 +208,26 @@ def run_once(root: Path, trace: Path, mode: str, tmp: Path, tag: str, extra: lis
     else:
         args += ["--db", str(db)]
         env["TIERDIAG_WRITER"] = mode
-    for side in ("main", "writer"):
-        (tmp / f"{tag}-{side}.json").unlink(missing_ok=True)
+    proc, wall, cpu_all, t0, main, writer = launch(root, args, env, tmp, tag, mode)
+    out = json.loads(proc.stdout[proc.stdout.index("{"):])
+    marks = [(f"main {n}", t - t0) for n, t in main["marks"]]
+    if writer is not None:
+        marks += [(f"writer {n}", t - t0) for n, t in writer["marks"]]
+    marks.sort(key=lambda m: m[1])
+    return {"mode": mode, "wall_s": wall, "cpu_all_s": cpu_all,
+            "cpu_main_s": main["cpu_s"], "cpu_writer_s": writer["cpu_s"] if writer else 0.0,
+            "rss_main_mb": main["maxrss_kb"] / 1024, "rss_writer_mb": writer["maxrss_kb"] / 1024 if writer else 0.0,
+            "replay_wall_s": out.get("wall_s"), "phases": out.get("wall_phases"), "writer": out.get("writer"),
+            "marks": marks, "db": str(db)}
+
+
+def launch(root: Path, args: list[str], env: dict, tmp: Path, tag: str, what: str = "replay"):
+    """Run the command under the hook: (process, wall, CPU of it and its children, the start's
+    monotonic time, the main process's marks file read, the writer's or None)."""
     import resource
 
+    for side in ("main", "writer"):
+        (tmp / f"{tag}-{side}.json").unlink(missing_ok=True)
     c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", "import os; exec(os.environ['TL_HOOK_CODE'])", *args],
@@ -219,20 +235,11 @@ def run_once(root: Path, trace: Path, mode: str, tmp: Path, tag: str, extra: lis
     wall = time.monotonic() - t0
     c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
-        raise RuntimeError(f"{mode}: exit {proc.returncode}: {proc.stderr.strip()[-2000:]}")
-    out = json.loads(proc.stdout[proc.stdout.index("{"):])
+        raise RuntimeError(f"{what}: exit {proc.returncode}: {proc.stderr.strip()[-2000:]}")
     main = json.loads((tmp / f"{tag}-main.json").read_text())
     wpath = tmp / f"{tag}-writer.json"
     writer = json.loads(wpath.read_text()) if wpath.exists() else None
-    marks = [(f"main {n}", t - t0) for n, t in main["marks"]]
-    if writer is not None:
-        marks += [(f"writer {n}", t - t0) for n, t in writer["marks"]]
-    marks.sort(key=lambda m: m[1])
-    return {"mode": mode, "wall_s": wall, "cpu_all_s": (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime),
-            "cpu_main_s": main["cpu_s"], "cpu_writer_s": writer["cpu_s"] if writer else 0.0,
-            "rss_main_mb": main["maxrss_kb"] / 1024, "rss_writer_mb": writer["maxrss_kb"] / 1024 if writer else 0.0,
-            "replay_wall_s": out.get("wall_s"), "phases": out.get("wall_phases"), "writer": out.get("writer"),
-            "marks": marks, "db": str(db)}
+    return proc, wall, (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime), t0, main, writer
 
 
 def _median_marks(runs: list[dict]) -> list[tuple[str, float]]:

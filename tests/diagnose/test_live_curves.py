@@ -296,6 +296,44 @@ def test_the_watermark_bounds_what_is_not_recorded_yet():
     assert done.watermark() == np.iinfo(np.int64).max
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_the_watermark_kept_as_rows_come_is_the_scan_of_every_request(data):
+    """`watermark` (issue 41: kept as the rows come, `_Bounds`) against `_watermark_scan`, the
+    least bound over a scan of every request not recorded yet, after every batch of rows: open
+    and closed loop, sessions whose turns chain (a later turn bounded by its predecessor's
+    finish, never while that one is unfinished or not recorded), rows in any order, unfinished
+    ones, the first call made after any number of batches, and hand-overs of no rows."""
+    n = data.draw(st.integers(0, 40))
+    sessions = data.draw(st.lists(st.one_of(st.none(), st.integers(0, 4)), min_size=n, max_size=n))
+    pred, last = [], {}
+    for i, s in enumerate(sessions):
+        pred.append(-1 if s is None else last.get(s, -1))
+        if s is not None:
+            last[s] = i
+    arrival = data.draw(st.lists(st.integers(0, 100), min_size=n, max_size=n))
+    closed = data.draw(st.booleans())
+    index = lc.TraceIndex.of_keys(np.arange(n), [np.array([1], dtype=np.int64)] * n, arrival_ns=arrival, pred=pred)
+    live = lc.LivePass(index, 1, all_ranks=False, closed=closed)
+    order = data.draw(st.permutations(list(range(n))))
+    cuts = sorted(set(data.draw(st.lists(st.integers(0, n), max_size=6)))) + [n]
+    first = data.draw(st.integers(0, len(cuts)))
+    at = 0
+    for k, cut in enumerate(cuts):
+        if k >= first:
+            assert live.watermark() == live._watermark_scan()
+        pos = np.array(order[at:cut], dtype=np.int64)
+        m = len(pos)
+        sched = data.draw(st.lists(st.integers(0, 200), min_size=m, max_size=m))
+        fin = [x + d for x, d in zip(sched, data.draw(st.lists(st.integers(0, 50), min_size=m, max_size=m)))]
+        done = data.draw(st.lists(st.booleans(), min_size=m, max_size=m))
+        live.add_rows(pos, [0] * m, sched, fin, [1] * m, [0] * m, done)
+        at = cut
+        if k >= first:
+            assert live.watermark() == live._watermark_scan()
+    assert live.watermark() == live._watermark_scan() == np.iinfo(np.int64).max
+
+
 def test_the_rows_the_writer_takes_read_as_the_committed_rows_are():
     """rows_of reads RunWriter.take's Arrow columns with curve_columns' rules: NULL queue is 0,
     the finish falls back to the first token then the schedule, rejected or TTFT-less rows are

@@ -12,6 +12,7 @@ import sys
 
 import duckdb
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from tests.reliability.harness import ROOMY, SMALL, assert_same_event_rows, cli_env, good_lines, runs, tierdiag, write_trace
 from tierdiag.errors import ConfigError
@@ -529,3 +530,48 @@ def test_the_writer_process_writes_sooner_at_first_then_at_its_interval():
     assert seen[:3] == [first, 2 * first, 4 * first]
     assert seen[-1] == writer_process.WRITE_EVERY_S and max(seen) == writer_process.WRITE_EVERY_S
     assert seen == sorted(seen)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(0.0, 10.0), st.floats(0.0, 10.0), st.floats(0.0, 30.0), st.floats(0.0, 100.0))
+def test_a_costly_write_stretches_the_interval_up_to_the_flush_interval(every, every_max, flush, took):
+    """writer_serve.next_interval (issue 41: a write's checkpoint costs more as the store grows,
+    ~0.1-0.15 s at 200k synth requests): the doubled interval as before, or the write's time over
+    WRITE_COST_SHARE where longer; never past the replay's flush interval (the contract's "at
+    least this often") where that is the longer, never under the doubled one."""
+    from tierdiag.store.writer_serve import next_interval
+
+    most = max(every_max, flush)
+    got = next_interval(every, every_max, most, took)
+    doubled = min(2 * every, every_max)
+    assert doubled <= got <= max(doubled, most)
+    assert got == max(doubled, min(took / writer_process.WRITE_COST_SHARE, most))
+    # A cheap write (the conversation trace's ~25-30 ms against a second) leaves the interval as it was.
+    assert next_interval(every_max, every_max, most, 0.3 * writer_process.WRITE_COST_SHARE * every_max) == every_max
+
+
+def test_the_writer_process_is_told_the_flush_interval_it_may_stretch_to():
+    """_Serve.open takes the replay's flush interval as the most a costly write stretches the
+    interval to, never under the interval itself (TIERDIAG_FLUSH_EVERY_S smaller than a second:
+    no stretch); an opener that does not say keeps the interval."""
+    from tierdiag.store import writer_serve
+
+    class Serve(writer_serve._Serve):
+        def reply(self, msg):
+            return True
+
+    for flush, every, want in ((5.0, 1.0, 5.0), (0.5, 0.5, 0.5), (None, 1.0, 1.0)):
+        serve = Serve(inbox=None, reply_fd=-1)
+        serve.writer = None
+        arg = {"writer": {}, "write_every_s": every}
+        if flush is not None:
+            arg["flush_every_s"] = flush
+        import tierdiag.store.writer as W
+
+        real = W.RunWriter
+        W.RunWriter = lambda **kw: object()
+        try:
+            assert serve.open(arg)
+        finally:
+            W.RunWriter = real
+        assert serve.most == want and serve.every_max == every

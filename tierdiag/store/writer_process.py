@@ -66,6 +66,15 @@ WRITE_EVERY_S = 1.0
 # 1.4, 2.4 s, then every second, where they came at 1, 2, 3 s: one more of ~25 ms on the writer's
 # core in its first three seconds).
 FIRST_WRITE_S = 0.2
+# A write that took longer than this share of the interval stretches the next interval to its
+# time over the share (writer_serve.next_interval), up to the replay's flush interval
+# (TIERDIAG_FLUSH_EVERY_S, 5 s by default: the contract's "at least this often"). A write's cost
+# grows with the store: each write's checkpoint rewrites the row group its rows were appended to
+# (a table's last, up to 122,880 rows), so at 200k synth requests a write took ~0.1-0.15 s of CPU
+# against ~25-30 ms on the conversation trace; that run's rows written in 56 writes took 8.0 s of
+# CPU, in 14 writes 4.9 s (benchmarks/writes_by_count.py; README.md, session 22 h41wcpu). A quiet
+# conversation replay's writes stay under the share: its interval is WRITE_EVERY_S as before.
+WRITE_COST_SHARE = 0.1
 # Every VACUUM_EVERY-th write's checkpoint merges the small row groups the writes before it left
 # (DuckDB's vacuum: writer._vacuum); the others' leave them: a write's checkpoint vacuuming
 # rewrites the rows it merges (as a binary counter carries). The conversation trace's rows at a
@@ -204,7 +213,8 @@ class WriterProcess:
             kwargs[key] = json.loads(json.dumps(dict(kwargs.get(key) or {}), sort_keys=True, default=str))
         args = {"db_path": str(db_path), "run_id": run_id, "name": name, "trace_path": trace_path, **kwargs}
         with signals.deferred():
-            self._send(("open", {"writer": args, "write_every_s": min(write_every_s, WRITE_EVERY_S)}))
+            self._send(("open", {"writer": args, "write_every_s": min(write_every_s, WRITE_EVERY_S),
+                                 "flush_every_s": write_every_s}))
 
     def append(self, tables: Mapping[str, Mapping[str, Any]]) -> None:
         """Hand the columns over (they are the writer's from the call on, as with RunWriter);

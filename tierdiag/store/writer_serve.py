@@ -13,7 +13,7 @@ import time
 
 from tierdiag import signals
 from tierdiag.store.frames import EOF, portable, read_raw, send_frame
-from tierdiag.store.writer_process import FIRST_WRITE_S, VACUUM_EVERY, WRITE_EVERY_S
+from tierdiag.store.writer_process import FIRST_WRITE_S, VACUUM_EVERY, WRITE_COST_SHARE, WRITE_EVERY_S
 
 
 def main(after_commit=None, preload: tuple[str, ...] = (), while_recording=None) -> None:
@@ -61,6 +61,14 @@ def _read_requests(fd: int, inbox) -> None:
             return
 
 
+def next_interval(every: float, every_max: float, most: float, took: float) -> float:
+    """The interval before the next write, after one that took `took` seconds: doubled up to
+    `every_max`, or `took / WRITE_COST_SHARE` where that is longer, up to `most` (and never
+    shorter than the doubled interval: `most` >= `every_max`)."""
+    doubled = min(2 * every, every_max)
+    return max(doubled, min(took / WRITE_COST_SHARE, most))
+
+
 class _Serve:
     def __init__(self, inbox, reply_fd: int, *, after_commit=None, preload: tuple[str, ...] = (),
                  while_recording=None):
@@ -74,6 +82,9 @@ class _Serve:
         self.failed = False  # a write failed and was reported: later rows are given up
         self.every = WRITE_EVERY_S  # the interval now: FIRST_WRITE_S at open, doubling to every_max
         self.every_max = WRITE_EVERY_S
+        # The longest interval a costly write stretches it to (`write`): the replay's flush
+        # interval (TIERDIAG_FLUSH_EVERY_S, "at least this often"), never under every_max.
+        self.most = WRITE_EVERY_S
         self.last_write = time.monotonic()
         self.writes = 0  # asked for, the close's aside
 
@@ -124,6 +135,7 @@ class _Serve:
             self.reply(("open_failed", portable(exc)))
             return False
         self.every_max = arg["write_every_s"]
+        self.most = max(self.every_max, float(arg.get("flush_every_s", self.every_max)))
         self.every = min(FIRST_WRITE_S, self.every_max)
         self.last_write = time.monotonic()
         if not self.reply(("opened", None)):
@@ -169,14 +181,18 @@ class _Serve:
             self.write()
 
     def write(self) -> None:
-        """Commit what is pending; every VACUUM_EVERY-th write's checkpoint merges the row groups."""
+        """Commit what is pending; every VACUUM_EVERY-th write's checkpoint merges the row groups.
+        The next comes after the interval (doubling from FIRST_WRITE_S to every_max), or, where
+        this write took longer than WRITE_COST_SHARE of that, after this write's time over the
+        share (never past `most`, the replay's flush interval): writer_process.WRITE_COST_SHARE."""
         self.writes += 1
+        t0 = time.monotonic()
         try:
             self.writer.write(vacuum=self.writes % VACUUM_EVERY == 0)
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
         self.last_write = time.monotonic()
-        self.every = min(2 * self.every, self.every_max)
+        self.every = next_interval(self.every, self.every_max, self.most, self.last_write - t0)
 
     def fail(self, exc: BaseException) -> None:
         self.failed = True

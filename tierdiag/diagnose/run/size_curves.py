@@ -635,16 +635,24 @@ def _trace_pages(path: str, page: int, block: int, wanted=None):
         if wanted is not None and req.seq not in wanted:
             yield req.line, req.seq, req.req_id, req.input_len, none, req.arrival_ns, req.session, req.output_len
             continue
-        yield req.line, req.seq, req.req_id, req.input_len, \
-            _first_distinct(page_keys_array(req, page_size=page, block_size=block)), req.arrival_ns, req.session, \
-            req.output_len
+        keys = page_keys_array(req, page_size=page, block_size=block)
+        if req.hash_ids is None:
+            # A hash_ids line read is never an id twice (read_trace's chain check refuses, or skips,
+            # one: its second place follows another id than its first), and its pages' keys
+            # (id x pages a block + page) are then distinct: only tokens' keys are checked here
+            # (issue 41: ~1 s of the writer's read-ahead at 200k synth requests).
+            keys = _first_distinct(keys)
+        yield req.line, req.seq, req.req_id, req.input_len, keys, req.arrival_ns, req.session, req.output_len
 
 
-def _touches_of(input_len: int, output_len: int, page: int) -> int:
-    """A finished request's page touches in the pass (compute_size_curves' count, which decides
-    whether and at what rate the pass is sampled): its input pages twice, its output pages once."""
+def _touches_of(input_len, output_len, page: int):
+    """Finished requests' page touches in the pass (compute_size_curves' count, which decides
+    whether and at what rate the pass is sampled): each one's input pages twice, its output pages
+    once (int64 arrays of the requests' lengths: an array of their touches)."""
+    import numpy as np
+
     inp = input_len // page
-    return 2 * inp + max((input_len + output_len) // page - inp, 0)
+    return 2 * inp + np.maximum((input_len + output_len) // page - inp, 0)
 
 
 def _segment_sums(flags, lens):
@@ -688,56 +696,77 @@ class _Pages:
         self.rate = 1.0  # the stored keys are the sample at this rate (1: all of them)
         self.keep = None
         self.chunks: list = []  # (keys, looked up, keys a request) of _CHUNK requests each
-        self._keys: list = []
-        self._looked: list = []
-        self._lens: list = []
+        self._keys: list = []  # the keys of the requests added since the last chunk
+        self._rows: list = []  # and their columns, a tuple a request (`add`)
 
     def add(self, line, seq, req_id, input_len, keys, arrival, session, output_len) -> None:
-        i = len(self.seq)
-        self.line.append(line)
-        self.seq.append(seq)
-        self.req_hash.append(hash(req_id))
-        self.input_len.append(input_len)
-        self.arrival.append(arrival)
-        self.full.append(len(keys))
-        if session is not None:
+        """One request read: kept as it came until its chunk is closed (`_close_chunk`: the
+        columns, the touches and the sample made a chunk at a time, not a request at a time;
+        issue 41: ~1 s of the writer's read-ahead at 200k synth requests)."""
+        self._rows.append((line, seq, req_id, input_len, arrival, session, output_len))
+        self._keys.append(keys)
+        if len(self._keys) >= self._CHUNK:
+            self._close_chunk()
+
+    def _close_chunk(self) -> None:
+        """The requests added since the last chunk as one: their columns appended, their touches
+        counted, the sample's rate lowered where they take the trace past the budget (then the
+        chunks before filtered down: `_resample`), and their keys sampled at the rate now. The
+        rate is looked at once a chunk, not once a request: the keys kept at the end are the same
+        (a lower rate's sample is a subset of a higher one's, and `finish` samples at the final
+        rate), only the chunks held before a filter are up to one chunk larger."""
+        from array import array
+
+        import numpy as np
+
+        if not self._keys:
+            return
+        rows, key_parts = self._rows, self._keys
+        self._rows, self._keys = [], []
+        line, seq, req_id, input_len, arrival, session, output_len = zip(*rows)
+        del rows
+        lens = np.fromiter(map(len, key_parts), dtype=np.int64, count=len(key_parts))
+        first = len(self.seq)
+        # Counts and line numbers 4 bytes a request: one past int32 raises OverflowError here, in
+        # the read-ahead (the close then reads the trace itself), as a request's append did.
+        self.line.extend(array("i", line))
+        self.seq.extend(array("q", seq))
+        self.req_hash.extend(array("q", map(hash, req_id)))
+        self.input_len.extend(array("i", input_len))
+        self.arrival.extend(array("q", arrival))
+        self.full.extend(array("i", lens.tolist()))
+        if any(x is not None for x in session):
             self.sessions = True
-            self.pred.append(self._last.get(session, -1))
-            self._last[session] = i
+            last = self._last
+            pred = array("i")
+            for i, sess in enumerate(session, first):
+                if sess is None:
+                    pred.append(-1)
+                else:
+                    pred.append(last.get(sess, -1))
+                    last[sess] = i
+            self.pred.extend(pred)
         else:
-            self.pred.append(-1)
-        self.touches += _touches_of(input_len, output_len, self.page)
+            self.pred.extend(array("i", [-1]) * len(session))
+        inp = np.array(input_len, dtype=np.int64)
+        out = np.array(output_len, dtype=np.int64)
+        self.touches += int(_touches_of(inp, out, self.page).sum())
         if self.touches > MAX_TOUCHES:
             rate = max(MAX_TOUCHES, 1) / self.touches
             if self.keep is None or rate < 0.8 * self.rate:
                 self._resample(rate)
-        self._keys.append(keys)
-        self._looked.append(min(max((input_len - 1) // self.page, 0), len(keys)))  # its first ones looked up
-        self._lens.append(len(keys))
-        if len(self._lens) >= self._CHUNK:
-            self._close_chunk()
-
-    def _close_chunk(self) -> None:
-        """The requests added since the last chunk as one, sampled at the rate now: a chunk at a
-        time in numpy, not a request at a time (a 1M-request trace's read, issue 41)."""
-        import numpy as np
-
-        if self._lens:
-            lens = np.array(self._lens, dtype=np.int64)
-            keys = np.concatenate(self._keys).astype(np.int64, copy=False) if self._keys else np.zeros(0, np.int64)
-            off = np.cumsum(lens) - lens
-            looked = np.arange(len(keys), dtype=np.int64) - np.repeat(off, lens) < np.repeat(
-                np.array(self._looked, dtype=np.int64), lens)
-            self._keys, self._looked, self._lens = [], [], []
-            if self.keep is not None:
-                sel = self.keep(keys)
-                keys, looked, lens = keys[sel], looked[sel], _segment_sums(sel, lens)
-            self.chunks.append((keys, looked, lens))
+        # Each request's first pages looked up (those before its last input token).
+        look = np.minimum(np.maximum((inp - 1) // self.page, 0), lens)
+        keys = np.concatenate(key_parts).astype(np.int64, copy=False) if key_parts else np.zeros(0, np.int64)
+        del key_parts
+        off = np.cumsum(lens) - lens
+        looked = np.arange(len(keys), dtype=np.int64) - np.repeat(off, lens) < np.repeat(look, lens)
+        if self.keep is not None:
+            sel = self.keep(keys)
+            keys, looked, lens = keys[sel], looked[sel], _segment_sums(sel, lens)
+        self.chunks.append((keys, looked, lens))
 
     def _resample(self, rate: float) -> None:
-        import numpy as np
-
-        self._close_chunk()
         self.rate, self.keep = rate, _sampler(rate)
         for c, (keys, looked, lens) in enumerate(self.chunks):
             sel = self.keep(keys)
@@ -745,10 +774,10 @@ class _Pages:
 
     def finish(self) -> None:
         """Every line read: the sample at the rate of the trace's own touches."""
+        self._close_chunk()
         self._last = {}  # the sessions' latest turns: read, `pred` holds them
         if self.touches > MAX_TOUCHES:
             self._resample(max(MAX_TOUCHES, 1) / self.touches)
-        self._close_chunk()
 
     @property
     def sampled(self) -> bool:
