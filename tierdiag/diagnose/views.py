@@ -62,6 +62,17 @@ def commands(run) -> ReplayCommands | ObservedCommands:
 # reader below takes as it is.
 
 
+def prepare(command: str) -> None:
+    """Import the modules a replay's `command` ("summary", "explain") answers with, before its
+    store is open: app/views.py opens the store on another thread meanwhile (issue 41). A run of
+    another kind imports its own when asked (an imported run's explain reads a twin replay's
+    anyway)."""
+    import importlib
+
+    importlib.import_module({"summary": "tierdiag.diagnose.run.summary",
+                             "explain": "tierdiag.diagnose.request.explain"}[command])
+
+
 def summarize(con, run):
     """`summary`: RunSummary for a replay, ObservedSummary for an imported run."""
     run = parse(run)
