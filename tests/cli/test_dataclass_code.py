@@ -230,15 +230,28 @@ def test_the_read_commands_print_the_same_with_the_table_cold_and_warm(tmp_path,
     for table in prefix.glob("**/dataclass_code.*.marshal"):  # `slow` goes through Typer: no table
         table.unlink()
     outs = {}
-    for label, env in (("no table", {**base, "PYTHONDONTWRITEBYTECODE": "1"}), ("cold", base), ("warm", base)):
-        outs[label] = [subprocess.run([sys.executable, "-c", entry, *args, "--db", str(late_run)], env=env,
-                                      capture_output=True, text=True, cwd=tmp_path, timeout=120)
-                       for args in (["summary"], ["explain", req], ["explain", req, "--json"])]
-        if label == "no table":
-            assert not list(prefix.glob("**/dataclass_code.*.marshal"))
+    nowrite = {**base, "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def run_all(env):
+        return [subprocess.run([sys.executable, "-c", entry, *args, "--db", str(late_run)], env=env,
+                               capture_output=True, text=True, cwd=tmp_path, timeout=120)
+                for args in (["summary"], ["explain", req], ["explain", req, "--json"])]
+
+    outs["no table"] = run_all(nowrite)
+    assert not list(prefix.glob("**/dataclass_code.*.marshal"))
+    # Built as compileall builds .pyc files, where bytecode is not written: then read, never grown.
+    built = subprocess.run([sys.executable, "-m", "tierdiag.cli.dataclass_code"], env=nowrite, capture_output=True,
+                           text=True, timeout=120)
+    assert built.returncode == 0, built.stderr
     [table] = list(prefix.glob("**/dataclass_code.*.marshal"))
+    before = table.read_bytes()
+    outs["built"] = run_all(nowrite)
+    assert table.read_bytes() == before
+    table.unlink()
+    outs["cold"] = run_all(base)
     assert len(dc.load(str(table))) > 100
-    for label in ("cold", "warm"):
+    outs["warm"] = run_all(base)
+    for label in ("built", "cold", "warm"):
         for got, want in zip(outs[label], outs["no table"]):
             assert (got.returncode, got.stdout, got.stderr) == (want.returncode, want.stdout, want.stderr), label
     assert all(p.returncode == 0 and p.stdout for p in outs["no table"])

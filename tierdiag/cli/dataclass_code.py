@@ -27,6 +27,11 @@ bound across edits.
 cli/main.py installs it for the plain forms of `summary` and `explain`, before their modules
 are imported. Only a Python whose `dataclasses` calls `exec` with text goes through it; on any
 other the table is simply never consulted.
+
+`python -m tierdiag.cli.dataclass_code` writes the table of the read commands' modules at once,
+as compileall writes .pyc files (also where PYTHONDONTWRITEBYTECODE is set): for a checkout or an
+install whose commands run without writing bytecode (benchmarks/readers_ab.py runs it beside
+compileall).
 """
 
 from __future__ import annotations
@@ -140,6 +145,28 @@ def install(path: str | None = None) -> bool:
     return True
 
 
+# What `summary` and `explain` import on a replay's run (`build`): the table holds what they use,
+# not every dataclass of the package (a bigger table is a longer read at every start).
+READ_MODULES = ("tierdiag.app.views", "tierdiag.cli.explain", "tierdiag.cli.summary", "tierdiag.diagnose.views",
+                "tierdiag.diagnose.request.explain", "tierdiag.diagnose.run.summary", "tierdiag.diagnose.run.numbers",
+                "tierdiag.diagnose.run.kv_memory", "tierdiag.diagnose.session.sessions", "tierdiag.report.views",
+                "tierdiag.report.terminal", "tierdiag.report.run_lines")
+
+
+def build(path: str | None = None) -> int:
+    """Install, import READ_MODULES, write the table whatever PYTHONDONTWRITEBYTECODE says (as
+    compileall does); the number of entries written."""
+    import importlib
+
+    install(path)
+    for name in READ_MODULES:
+        importlib.import_module(name)
+    table = {**_state["table"], **_state["new"]}
+    save(_state["path"], table)
+    uninstall()
+    return len(table)
+
+
 def uninstall() -> None:
     """Undo `install` (tests): dataclasses' exec is the builtin again; nothing is written."""
     import atexit
@@ -151,3 +178,7 @@ def uninstall() -> None:
     if dataclasses.__dict__.get("exec") is _exec:
         delattr(dataclasses, "exec")
     _state.clear()
+
+
+if __name__ == "__main__":
+    print(f"{build()} dataclass methods in {cache_path()}")
