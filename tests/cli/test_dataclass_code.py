@@ -102,11 +102,45 @@ def test_the_methods_are_the_ones_dataclasses_compiles_cold_and_warm(tmp_path):
 
 
 def test_install_once_and_uninstall_leaves_the_builtin(tmp_path):
+    import collections
+
     assert dc.install(str(tmp_path / "t.marshal"))
     assert not dc.install(str(tmp_path / "t.marshal"))
-    assert dataclasses.__dict__.get("exec") is dc._exec
+    assert dataclasses.__dict__.get("exec") is dc._exec and collections.__dict__.get("eval") is dc._eval
     dc.uninstall()
-    assert "exec" not in dataclasses.__dict__
+    assert "exec" not in dataclasses.__dict__ and "eval" not in collections.__dict__
+
+
+def _tuples():
+    """namedtuple's (and typing.NamedTuple's) classes, made fresh on each call."""
+    import collections
+    from typing import NamedTuple
+
+    class Typed(NamedTuple):
+        a: int
+        b: str | None = None
+
+    return (collections.namedtuple("Plain", "x y z", defaults=(0,)), Typed,
+            collections.namedtuple("Renamed", ["ok", "def", "ok"], rename=True))
+
+
+def test_namedtuples_get_the_new_namedtuple_compiles_cold_and_warm(tmp_path):
+    plain = _tuples()
+    path = str(tmp_path / "t.marshal")
+    dc.install(path)
+    cold = _tuples()
+    assert any(k.startswith(dc._EVAL) for k in dc._state["new"])
+    dc._write_back()
+    dc.uninstall()
+    dc.install(path)
+    warm = _tuples()
+    assert not dc._state["new"]
+    for made in (cold, warm):
+        for cls, ref in zip(made, plain):
+            assert cls.__new__.__code__ == ref.__new__.__code__ and cls._fields == ref._fields
+            assert cls.__new__.__defaults__ == ref.__new__.__defaults__
+        assert made[0](1, 2) == (1, 2, 0) and repr(made[1](3)) == "Typed(a=3, b=None)"
+        assert made[2](1, 2, 3)._fields == ("ok", "_1", "_2")
 
 
 HOSTILE = {

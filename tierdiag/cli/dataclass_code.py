@@ -13,7 +13,9 @@ the text up in a table of code objects loaded from one file, compiles what is no
 as the builtin would (filename "<string>", no inherited future flags: dataclasses.py has none),
 and runs the code object with the same globals and locals. The methods are the same functions:
 the same code objects (equal, field by field), the same globals, defaults and closures; only the
-compile is skipped. What the process compiled anew is written back when it exits, atomically,
+compile is skipped. `collections` gets an `eval` the same way, for the one expression namedtuple
+compiles per class (its `__new__`; typing.NamedTuple goes through it). What the process compiled
+anew is written back when it exits, atomically,
 unless bytecode is not written (`PYTHONDONTWRITEBYTECODE`, `-B`), as for the .pyc files.
 
 The file is `__pycache__/dataclass_code.<cache tag>.marshal` beside tierdiag's own .pyc files
@@ -120,6 +122,31 @@ def _exec(source, globals=None, locals=None, /, **kwargs):
     return builtins.exec(code, globals, locals)
 
 
+_EVAL = "eval\0"  # the key prefix of namedtuple's expressions (compiled in "eval" mode)
+
+
+def _eval(source, globals=None, locals=None, /):
+    """`eval` for collections' namedtuple (its `__new__` is a lambda compiled from text at every
+    class creation: ~40 NamedTuples in these commands), through the same table."""
+    import builtins
+
+    if type(source) is not str or globals is None:
+        if globals is None:
+            frame = sys._getframe(1)
+            globals = frame.f_globals
+            if locals is None:
+                locals = frame.f_locals
+        return builtins.eval(source, globals, locals)
+    key = _EVAL + source
+    code = _state["table"].get(key)
+    if code is None:
+        code = compile(source, "<string>", "eval", dont_inherit=True)  # collections has no future flags either
+        _state["new"][key] = code
+    else:
+        _state["used"].add(key)
+    return builtins.eval(code, globals, locals)
+
+
 def _write_back() -> None:
     new = _state["new"]
     if not new or sys.dont_write_bytecode:
@@ -134,6 +161,7 @@ def _write_back() -> None:
 def install(path: str | None = None) -> bool:
     """Route `dataclasses`' exec through the table (module doc); whether it did (once a process)."""
     import atexit
+    import collections
     import dataclasses
 
     if _state:
@@ -141,6 +169,7 @@ def install(path: str | None = None) -> bool:
     path = path or cache_path()
     _state.update(path=path, table=load(path), new={}, used=set())
     setattr(dataclasses, "exec", _exec)  # a global of dataclasses.py, found before the builtin
+    setattr(collections, "eval", _eval)  # namedtuple's, likewise
     atexit.register(_write_back)
     return True
 
@@ -170,6 +199,7 @@ def build(path: str | None = None) -> int:
 def uninstall() -> None:
     """Undo `install` (tests): dataclasses' exec is the builtin again; nothing is written."""
     import atexit
+    import collections
     import dataclasses
 
     if not _state:
@@ -177,6 +207,8 @@ def uninstall() -> None:
     atexit.unregister(_write_back)
     if dataclasses.__dict__.get("exec") is _exec:
         delattr(dataclasses, "exec")
+    if collections.__dict__.get("eval") is _eval:
+        delattr(collections, "eval")
     _state.clear()
 
 
