@@ -64,9 +64,10 @@ def commands(run) -> ReplayCommands | ObservedCommands:
 
 def prepare(command: str) -> None:
     """Import the modules a replay's `command` ("summary", "explain") answers with, before its
-    store is open: app/views.py opens the store on another thread meanwhile (issue 41). A run of
-    another kind imports its own when asked (an imported run's explain reads a twin replay's
-    anyway)."""
+    store is open: app/views.py opens the store on another thread meanwhile (issue 41). Its kind
+    is not known yet: an imported run's explain loads these anyway (twin/observed_explain.py
+    imports explain_request), its summary loads the replay's summary modules without using them
+    (the price of the overlap for that rarer kind; not measured)."""
     import importlib
 
     importlib.import_module({"summary": "tierdiag.diagnose.run.summary",
