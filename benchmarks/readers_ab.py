@@ -3,13 +3,16 @@
 byte, then timed as whole processes (start-up included), interleaved, medians of wall and CPU.
 
     .venv/bin/python benchmarks/readers_ab.py --db RUN.duckdb [--db ...] [--baseline REF|DIR] [--rounds N]
-        [--json FILE]
+        [--instructions] [--json FILE]
 
 --baseline: a git ref (checked out detached in a temporary worktree, its C data plane built as
 `make` would) or the directory of a checkout; default `main`. Both checkouts are byte-compiled
 first, as an installed package is (where PYTHONDONTWRITEBYTECODE is set a checkout without .pyc
-files would compile its modules in every timed run). `explain` explains each store's slowest
-request (`slow --top 1 --ids`). Exit 1 when an output differs. Nothing here asserts on a time.
+files would compile its modules in every timed run), and a checkout that keeps dataclasses'
+generated methods (cli/dataclass_code.py) has that table built the same way. `explain` explains
+each store's slowest request (`slow --top 1 --ids`). `--instructions`: each command once more by
+each checkout under valgrind's cachegrind (instructions: what a loaded machine cannot move).
+Exit 1 when an output differs. Nothing here asserts on a time.
 """
 
 from __future__ import annotations
@@ -87,6 +90,36 @@ def compare(dbs: list[str], base: Path) -> tuple[list[dict[str, Any]], dict[str,
     return rows, timed
 
 
+def _build_tables(root: Path) -> None:
+    """The checkout's table of dataclass methods (cli/dataclass_code.py), where it has one."""
+    if (root / "tierdiag" / "cli" / "dataclass_code.py").is_file():
+        import os
+
+        subprocess.run([sys.executable, "-m", "tierdiag.cli.dataclass_code"], cwd=root, check=True,
+                       capture_output=True, env={**os.environ, "PYTHONPATH": str(root)})
+
+
+def instructions(timed: dict[str, list[list[str]]], base: Path) -> list[dict[str, Any]]:
+    """Instructions (valgrind --tool=cachegrind) of each timed command, whole process, by each checkout."""
+    import os
+    import re
+
+    out = []
+    for db, cmds in timed.items():
+        for args in cmds:
+            row: dict[str, Any] = {"db": db, "command": args[0]}
+            for who, root in (("baseline", base), ("this", ROOT)):
+                proc = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"]
+                                      + scale.TIERDIAG + [str(a) for a in args], capture_output=True, text=True, cwd=root,
+                                      env={**os.environ, "PYTHONPATH": str(root)})
+                found = re.search(r"I\s+refs:\s+([\d,]+)", proc.stderr)
+                row[f"{who}_instructions"] = int(found.group(1).replace(",", "")) if found else None
+            out.append(row)
+            _say(f"readers_ab: {args[0]} on {Path(db).name}: instructions {row['baseline_instructions']:,} -> "
+                 f"{row['this_instructions']:,}")
+    return out
+
+
 def time_them(timed: dict[str, list[list[str]]], base: Path, rounds: int) -> list[dict[str, Any]]:
     out = []
     for db, cmds in timed.items():
@@ -112,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--db", action="append", required=True, help="a run store (repeatable)")
     ap.add_argument("--baseline", default="main", help="git ref or checkout directory (default: main)")
     ap.add_argument("--rounds", type=int, default=7, help="timed rounds, interleaved (0: compare outputs only)")
+    ap.add_argument("--instructions", action="store_true", help="also each command's instructions (cachegrind)")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="readers-ab-") as tmp:
@@ -119,8 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for root in (ROOT, base):
                 compileall.compile_dir(str(root / "tierdiag"), quiet=1)
+                _build_tables(root)
             outputs, timed = compare([str(Path(d).resolve()) for d in args.db], base)
             times = time_them(timed, base, args.rounds) if args.rounds > 0 else []
+            counted = instructions(timed, base) if args.instructions else []
         finally:
             if made:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], capture_output=True)
@@ -129,8 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     for r in times:
         print(f"{r['command']:8} {Path(r['db']).name:24} wall {r['baseline_wall_s']:.3f} -> {r['this_wall_s']:.3f} s   "
               f"CPU {r['baseline_cpu_s']:.3f} -> {r['this_cpu_s']:.3f} s   ({r['rounds']} rounds, medians)")
+    for r in counted:
+        b, t = r["baseline_instructions"], r["this_instructions"]
+        print(f"{r['command']:8} {Path(r['db']).name:24} instructions {b:,} -> {t:,}"
+              + (f" ({t / b - 1:+.1%})" if b and t else ""))
     if args.json:
-        args.json.write_text(json.dumps({"baseline": args.baseline, "outputs": outputs, "times": times}, indent=2) + "\n")
+        args.json.write_text(json.dumps({"baseline": args.baseline, "outputs": outputs, "times": times,
+                                         "instructions": counted}, indent=2) + "\n")
     return 1 if differ else 0
 
 

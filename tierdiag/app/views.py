@@ -38,13 +38,15 @@ class SummaryView:
 
 
 def summary_view(db: Path, run: str | None) -> SummaryView:
-    from tierdiag.store.reader import open_store
+    from tierdiag.store.reader import PendingStore
 
-    with open_store(db) as con:
-        info = _resolve(con, run, db)
-        # An imported run has only what the server reported: diagnose answers for its kind.
-        from tierdiag.diagnose.views import summarize
+    pending = PendingStore(db, run, str(db))  # the store opens on another thread meanwhile (issue 41)
+    # An imported run has only what the server reported: diagnose answers for its kind.
+    from tierdiag.diagnose.views import prepare, summarize
 
+    prepare("summary")
+    con, info = pending.result()
+    with con:
         result = summarize(con, info)
     from tierdiag.diagnose.run.kv_memory import run_kv_memory
     from tierdiag.diagnose.read.run import parse
@@ -72,12 +74,14 @@ class ExplainView:
 
 
 def explain_view(db: Path, run: str | None, req_id: str) -> ExplainView:
-    from tierdiag.store.reader import open_store
+    from tierdiag.store.reader import PendingStore
 
-    with open_store(db) as con:
-        info = _resolve(con, run, db)
-        from tierdiag.diagnose.views import explain
+    pending = PendingStore(db, run, str(db))  # the store opens on another thread meanwhile (issue 41)
+    from tierdiag.diagnose.views import explain, prepare
 
+    prepare("explain")
+    con, info = pending.result()
+    with con:
         # Which question a run of its kind can answer is diagnose's; how the answer is drawn
         # follows its type (report/views.py).
         return ExplainView(run=info, explanation=explain(con, info, req_id))

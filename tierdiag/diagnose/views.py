@@ -62,6 +62,18 @@ def commands(run) -> ReplayCommands | ObservedCommands:
 # reader below takes as it is.
 
 
+def prepare(command: str) -> None:
+    """Import the modules a replay's `command` ("summary", "explain") answers with, before its
+    store is open: app/views.py opens the store on another thread meanwhile (issue 41). Its kind
+    is not known yet: an imported run's explain loads these anyway (twin/observed_explain.py
+    imports explain_request), its summary loads the replay's summary modules without using them
+    (the price of the overlap for that rarer kind; not measured)."""
+    import importlib
+
+    importlib.import_module({"summary": "tierdiag.diagnose.run.summary",
+                             "explain": "tierdiag.diagnose.request.explain"}[command])
+
+
 def summarize(con, run):
     """`summary`: RunSummary for a replay, ObservedSummary for an imported run."""
     run = parse(run)

@@ -265,6 +265,44 @@ def open_store(path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
     return con
 
 
+class PendingStore:
+    """`open_store(path)` and `resolve_run(con, run)` on a thread of their own, started at once
+    (`summary` and `explain`, issue 41): DuckDB starts its database instance and opens the file,
+    ~20-25 ms of C++ that holds no GIL for most of it, while the caller imports the modules that
+    will answer, where one ran after the other. `result()` waits for it and returns (the
+    connection, the RunInfo), or raises what opening or resolving raised (StoreError, a lock
+    still held, an interrupt in the lock's wait), on the caller's thread. A daemon thread: a
+    caller that stops before `result()` does not wait for it to end."""
+
+    def __init__(self, path: str | os.PathLike, run: str | None, db_label: str):
+        import threading
+
+        self._args = (path, run, db_label)
+        self._out: tuple = ()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._open, name="tierdiag-open-store", daemon=True)
+        self._thread.start()
+
+    def _open(self) -> None:
+        path, run, db_label = self._args
+        try:
+            con = open_store(path)
+        except BaseException as exc:  # handed to result(), raised on the caller's thread
+            self._error = exc
+            return
+        try:
+            self._out = (con, resolve_run(con, run, db_label=db_label))
+        except BaseException as exc:
+            con.close()
+            self._error = exc
+
+    def result(self) -> tuple[duckdb.DuckDBPyConnection, RunInfo]:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._out
+
+
 def _pid_alive(pid: int | None) -> bool:
     if not pid:
         return False

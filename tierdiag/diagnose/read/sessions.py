@@ -93,25 +93,6 @@ def ended_sessions(con: duckdb.DuckDBPyConnection, run_id: str, ended_reason: st
         SELECT * FROM ends ORDER BY first_seq""", [run_id, like, run_id, like]).fetchall()]
 
 
-class RequestEviction(NamedTuple):
-    eviction_id: int
-    t_ns: int  # virtual time of the eviction (not since the run's start)
-    tier: str
-    action: str
-    tokens: int | None  # of the request's prefix
-    cause_req_id: str | None  # whose allocation forced it
-
-
-def request_evictions(con: duckdb.DuckDBPyConnection, run_id: str, req_id: str, start_ns: int,
-                      end_ns: int) -> list[RequestEviction]:
-    """The evictions that took `req_id`'s pages in [start_ns, end_ns], in time order."""
-    return [RequestEviction(*r) for r in con.execute("""
-        SELECT e.eviction_id, e.t_ns, e.tier, e.action, re.tokens, e.cause_req_id
-        FROM request_evictions re JOIN evictions e ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id
-        WHERE re.run_id = ? AND re.req_id = ? AND e.t_ns >= ? AND e.t_ns <= ?
-        ORDER BY e.t_ns, e.eviction_id""", [run_id, req_id, int(start_ns), int(end_ns)]).fetchall()]
-
-
 # The run's sessions (run `$1`), numbered in session-id order (sid: 0 .. sessions - 1), with what
 # each one's first turn found cached (shared: a prefix shared with others): the CTE `s`, the same
 # numbering in every query it is in. A request without a session is its own owner, numbered

@@ -20,15 +20,22 @@ instant of the schedule still counts: request_evictions only names evictions tha
 request came back for, found when it was matched, so they happened before the match.
 
 The other moves of the wait (a demotion, a deletion of a page storage still held) are reported
-beside it by the session step (`wait_moves`), never as a loss.
+beside it by the session step (`wait_moves`, over the request's evictions explain has read once),
+never as a loss.
 """
 
 from __future__ import annotations
 
 import duckdb
 
+from typing import TYPE_CHECKING
+
 from tierdiag.diagnose.request.causes import routing_tokens_sql
 from tierdiag.diagnose.read.rows import has_miss_columns
+
+if TYPE_CHECKING:
+    from tierdiag.diagnose.read.request_steps import EvictionRecord
+    from tierdiag.diagnose.read.requests import RequestRow
 
 # Eviction actions that take a page out of the last tier that held it (the storage tier aside:
 # `gone` already leaves out what storage matched).
@@ -91,16 +98,24 @@ def lost_while_waiting(con: duckdb.DuckDBPyConnection, run_id: str, req_id: str,
     return int(row[0] or 0) if row else 0
 
 
-def wait_moves(con: duckdb.DuckDBPyConnection, run_id: str, req_id: str,
-               seq: int | None = None) -> dict[tuple[str, str], int]:
-    """(tier, action) -> tokens of its prefix each kind of eviction moved while it waited.
-    `seq`: as for lost_while_waiting."""
-    one = " AND q.seq = ?" if seq is not None else ""
-    rows = con.execute(
-        f"""SELECT e.tier, e.action, sum(re.tokens) FROM request_evictions re
-           JOIN evictions e ON e.run_id = re.run_id AND e.eviction_id = re.eviction_id
-           JOIN requests q ON q.run_id = re.run_id AND q.req_id = re.req_id
-           WHERE re.run_id = ? AND re.req_id = ?{one} AND e.t_ns >= q.arrival_ns
-             AND e.t_ns <= q.first_token_ns - coalesce(q.prefill_ns, 0)
-           GROUP BY 1, 2""", [run_id, req_id] + ([int(seq)] if seq is not None else [])).fetchall()
-    return {(t, a): int(n or 0) for t, a, n in rows}
+def row_lost_while_waiting(con: duckdb.DuckDBPyConnection, run_id: str, row: RequestRow) -> int:
+    """`lost_while_waiting` of a request whose whole row the caller has read (a finished one):
+    its `miss_lost_while_queued_tokens` where the row holds one (the value the query's coalesce
+    gives first: a store without the column reads it as None), else the query."""
+    if row.miss_lost_while_queued_tokens is not None:
+        return int(row.miss_lost_while_queued_tokens)
+    return lost_while_waiting(con, run_id, str(row.req_id), row.seq)
+
+
+def wait_moves(evictions: list[EvictionRecord], row: RequestRow) -> dict[tuple[str, str], int]:
+    """(tier, action) -> tokens of its prefix each kind of eviction moved while it waited: of the
+    request's evictions (request_steps.request_evictions, read once by explain), those at t in
+    [arrival, first_token_ns - prefill_ns], their prefix tokens summed by kind (NULL as 0)."""
+    from tierdiag.diagnose.read.request_steps import evictions_between  # explain's: `summary` reads this module
+
+    if row.arrival_ns is None or row.first_token_ns is None:
+        return {}
+    moves: dict[tuple[str, str], int] = {}
+    for e in evictions_between(evictions, int(row.arrival_ns), int(row.first_token_ns) - int(row.prefill_ns or 0)):
+        moves[(e.tier, e.action)] = moves.get((e.tier, e.action), 0) + int(e.prefix_tokens or 0)
+    return moves

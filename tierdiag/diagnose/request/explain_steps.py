@@ -313,11 +313,13 @@ def _load_back_finding(ev: LoadBackEvidence, row: RequestRow) -> str:
 
 
 def step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: RowLike, tokens: TokenSplit,
-                   totals: RunTotals) -> Step:
+                   totals: RunTotals, records: list[read_steps.EvictionRecord] | None = None) -> Step:
+    """`records`: the request's evictions (read_steps.request_evictions) where the caller has read
+    them (explain reads them once for this step and the session step); read here otherwise."""
     row = RequestRow.of(row)
     rid = run.run_id
     bounds = totals.bounds
-    rows = read_steps.request_evictions(con, rid, row.req_id)
+    rows = records if records is not None else read_steps.request_evictions(con, rid, row.req_id)
     events = tuple(
         EvictionEvent(
             eviction_id=int(e.eviction_id), t_ns=int(e.t_ns or 0) - bounds[0], tier=e.tier, action=e.action,

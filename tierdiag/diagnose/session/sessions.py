@@ -27,13 +27,14 @@ import duckdb
 
 from tierdiag.diagnose.read.query import dataclass_json
 from tierdiag.diagnose.request.context import scheduled_ns
-from tierdiag.diagnose.read.waiting import lost_while_waiting, wait_moves
+from tierdiag.diagnose.read.waiting import row_lost_while_waiting, wait_moves
 from tierdiag.units import fmt_ms, fmt_pct, fmt_tokens, share
 from tierdiag.diagnose.read.requests import RequestRow, RowLike
 from tierdiag.diagnose.read import queries
 from tierdiag.diagnose.read import sessions as read
 
 if TYPE_CHECKING:
+    from tierdiag.diagnose.read.request_steps import EvictionRecord
     from tierdiag.diagnose.request.explain_result import Step
 
 # (label, lower bound ms inclusive, upper bound ms exclusive or None)
@@ -184,12 +185,19 @@ def _move(tier: str, action: str) -> str:
     return _MOVES.get((tier, action), f"{action} ({tier})")
 
 
-def session_step(con: duckdb.DuckDBPyConnection, run, row: RowLike, run_start_ns: int, number: int) -> Step | None:
-    """The session step for a turn with a predecessor (its row's think_ms set), else None."""
+def session_step(con: duckdb.DuckDBPyConnection, run, row: RowLike, run_start_ns: int, number: int,
+                 records: list[EvictionRecord] | None = None) -> Step | None:
+    """The session step for a turn with a predecessor (its row's think_ms set), else None.
+    `records`: the request's evictions (read/request_steps.py `request_evictions`) where the
+    caller has read them (explain's step 4 has): the pause's and the wait's are taken from them."""
+    from tierdiag.diagnose.read import request_steps  # explain's reads: `summary` reads this module without them
+
     row = RequestRow.of(row)
     if row.think_ms is None or row.session_id is None:
         return None
     rid = run.run_id
+    if records is None:
+        records = request_steps.request_evictions(con, rid, str(row.req_id))
     prev = queries.previous_turn(con, run, row)
     arrival = row.arrival_ns
     finish = prev.finish_ns if prev else None
@@ -198,16 +206,16 @@ def session_step(con: duckdb.DuckDBPyConnection, run, row: RowLike, run_start_ns
     host = min(int(row.host_match_tokens or 0), reused - device)
     storage = min(int(row.storage_match_tokens or 0), reused - device - host)
     gone = reused - device - host - storage
-    arrived = _undo_wait(con, rid, row, (device, host, storage, gone))
+    arrived = _undo_wait(con, rid, row, (device, host, storage, gone), records)
     prev_context = int(prev.input_tokens or 0) + int(prev.output_tokens or 0) if prev else 0
     at_start = min(reused, prev_context) if prev and prev.status == "finished" else 0
 
     def evictions_between(start_ns: int, end_ns: int) -> tuple[PauseEviction, ...]:
         """The evictions that took this request's pages in [start_ns, end_ns]."""
         return tuple(
-            PauseEviction(int(e.eviction_id), int(e.t_ns) - run_start_ns, e.tier, e.action, int(e.tokens or 0),
-                          e.cause_req_id)
-            for e in read.request_evictions(con, rid, row.req_id, start_ns, end_ns))
+            PauseEviction(int(e.eviction_id), int(e.t_ns or 0) - run_start_ns, e.tier, e.action,  # timed: kept
+                          int(e.prefix_tokens or 0), e.cause_req_id)
+            for e in request_steps.evictions_between(records, int(start_ns), int(end_ns)))
 
     evictions: tuple[PauseEviction, ...] = ()
     if finish is not None and arrival is not None:
@@ -237,8 +245,8 @@ def session_step(con: duckdb.DuckDBPyConnection, run, row: RowLike, run_start_ns
     return Step(step=number, name="session", finding=session_finding(ev), evidence=ev)
 
 
-def _undo_wait(con: duckdb.DuckDBPyConnection, rid: str, row: RequestRow,
-               at_schedule: tuple[int, int, int, int]) -> tuple[int, int, int, int, int, int]:
+def _undo_wait(con: duckdb.DuckDBPyConnection, rid: str, row: RequestRow, at_schedule: tuple[int, int, int, int],
+               records: list[EvictionRecord]) -> tuple[int, int, int, int, int, int]:
     """(device, host, storage, gone) at its arrival, lost while queued, demoted while queued: the
     split its match found at its schedule with the evictions of its prefix while it queued undone
     (a demotion put back on device, a drop on device, a deletion on host; what they took is taken
@@ -247,8 +255,8 @@ def _undo_wait(con: duckdb.DuckDBPyConnection, rid: str, row: RequestRow,
     device, host, storage, gone = at_schedule
     if row.first_token_ns is None:
         return device, host, storage, gone, 0, 0
-    moves = wait_moves(con, rid, row.req_id, row.seq)
-    lost = lost_while_waiting(con, rid, row.req_id, row.seq)
+    moves = wait_moves(records, row)
+    lost = row_lost_while_waiting(con, rid, row)
     demoted = min(moves.get(("device", "demote"), 0), host + storage + gone)
     # Deletions and drops first: what left every tier while it queued was on host / device at arrival.
     deleted = min(moves.get(("host", "delete"), 0), lost)

@@ -1,0 +1,291 @@
+"""cli/dataclass_code.py: the methods `dataclasses` writes for each class, compiled once and kept
+beside the bytecode. The methods made through the table are the methods made without it (equal
+code objects, the same behaviour), cold (compiled, then written back) and warm (read from the
+file); a file that is not a table is ignored and replaced; nothing is written where bytecode is
+not; the read commands print the same either way."""
+
+from __future__ import annotations
+
+import dataclasses
+import marshal
+import subprocess
+import sys
+from typing import ClassVar
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tierdiag.cli import dataclass_code as dc
+
+METHODS = ("__init__", "__repr__", "__eq__", "__hash__", "__setattr__", "__delattr__", "__lt__", "__le__",
+           "__gt__", "__ge__")
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch):
+    """No table installed before or after; bytecode written (the suite may run with
+    PYTHONDONTWRITEBYTECODE set), unless a test says otherwise."""
+    dc.uninstall()
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    yield
+    dc.uninstall()
+
+
+def _kinds():
+    """Dataclasses of every shape `dataclasses` writes methods for, made fresh on each call."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Frozen:
+        a: int
+        b: str = "x"
+        c: tuple = ()
+        d: list = dataclasses.field(default_factory=list, compare=False)
+
+    @dataclasses.dataclass(order=True, slots=True)
+    class Ordered:
+        x: float
+        y: int | None = None
+
+    @dataclasses.dataclass(kw_only=True, unsafe_hash=True)
+    class KwOnly:
+        n: int
+        label: str = "\u00b7 \\n'\""
+        shared: ClassVar[int] = 3
+
+    @dataclasses.dataclass
+    class PostInit:
+        raw: dataclasses.InitVar[int]
+        doubled: int = dataclasses.field(init=False, default=0)
+
+        def __post_init__(self, raw):
+            self.doubled = 2 * raw
+
+    return Frozen, Ordered, KwOnly, PostInit
+
+
+def _codes(classes) -> list:
+    out = []
+    for cls in classes:
+        for name in METHODS:
+            fn = cls.__dict__.get(name)
+            out.append((cls.__name__, name, getattr(fn, "__code__", fn)))
+    return out
+
+
+def _behaviour(classes) -> list:
+    Frozen, Ordered, KwOnly, PostInit = classes
+    f = Frozen(1, c=(2,))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        f.a = 2
+    return [repr(f), f == Frozen(1, c=(2,)), hash(f) == hash(Frozen(1, c=(2,))), Ordered(1.0) < Ordered(2.0),
+            repr(Ordered(0.5, 3)), repr(KwOnly(n=4)), hash(KwOnly(n=4)) == hash(KwOnly(n=4)),
+            PostInit(21).doubled, repr(PostInit(1)), dataclasses.fields(Frozen)[3].compare]
+
+
+def test_the_methods_are_the_ones_dataclasses_compiles_cold_and_warm(tmp_path):
+    plain = _kinds()
+    path = str(tmp_path / "table.marshal")
+    assert dc.install(path)
+    cold = _kinds()
+    assert dc._state["new"] and not dc._state["table"]
+    dc._write_back()
+    dc.uninstall()
+    assert dc.install(path)
+    warm = _kinds()
+    assert dc._state["table"] and not dc._state["new"] and dc._state["used"]
+    for made in (cold, warm):
+        assert _codes(made) == _codes(plain)
+        assert _behaviour(made) == _behaviour(plain)
+        for cls, ref in zip(made, plain):  # the same globals: the class's module
+            assert cls.__init__.__globals__ is ref.__init__.__globals__
+
+
+def test_install_once_and_uninstall_leaves_the_builtin(tmp_path):
+    import collections
+
+    assert dc.install(str(tmp_path / "t.marshal"))
+    assert not dc.install(str(tmp_path / "t.marshal"))
+    assert dataclasses.__dict__.get("exec") is dc._exec and collections.__dict__.get("eval") is dc._eval
+    dc.uninstall()
+    assert "exec" not in dataclasses.__dict__ and "eval" not in collections.__dict__
+
+
+def _tuples():
+    """namedtuple's (and typing.NamedTuple's) classes, made fresh on each call."""
+    import collections
+    from typing import NamedTuple
+
+    class Typed(NamedTuple):
+        a: int
+        b: str | None = None
+
+    return (collections.namedtuple("Plain", "x y z", defaults=(0,)), Typed,
+            collections.namedtuple("Renamed", ["ok", "def", "ok"], rename=True))
+
+
+def test_namedtuples_get_the_new_namedtuple_compiles_cold_and_warm(tmp_path):
+    plain = _tuples()
+    path = str(tmp_path / "t.marshal")
+    dc.install(path)
+    cold = _tuples()
+    assert any(k.startswith(dc._EVAL) for k in dc._state["new"])
+    dc._write_back()
+    dc.uninstall()
+    dc.install(path)
+    warm = _tuples()
+    assert not dc._state["new"]
+    for made in (cold, warm):
+        for cls, ref in zip(made, plain):
+            assert cls.__new__.__code__ == ref.__new__.__code__ and cls._fields == ref._fields
+            assert cls.__new__.__defaults__ == ref.__new__.__defaults__
+        assert made[0](1, 2) == (1, 2, 0) and repr(made[1](3)) == "Typed(a=3, b=None)"
+        assert made[2](1, 2, 3)._fields == ("ok", "_1", "_2")
+
+
+HOSTILE = {
+    "empty": b"",
+    "garbage": b"\x00\xff" * 100,
+    "another magic": b"\x01\x02\x03\x04" + b"tierdiag-dataclass-code-1\n0\n" + marshal.dumps({}),
+    "cut short": None,  # the real header and half a table
+    "a list": None,
+    "not code": None,
+    "keys not text": None,
+    "a code object of another method": None,
+}
+
+
+def _hostile(kind: str) -> bytes:
+    head = dc._header()
+    if HOSTILE.get(kind) is not None:
+        return HOSTILE[kind]
+    if kind == "cut short":
+        body = marshal.dumps({"def f(): pass": compile("def f(): pass", "<string>", "exec")})
+        return head + body[: len(body) // 2]
+    if kind == "a list":
+        return head + marshal.dumps([1, 2, 3])
+    if kind == "not code":
+        return head + marshal.dumps({"x": "y", "z": 1})
+    if kind == "keys not text":
+        return head + marshal.dumps({1: compile("pass", "<string>", "exec")})
+    # Well-formed but lying: every text maps to code that is not its own. A table is trusted as
+    # the .pyc beside it is (same folder, same writer); this one is not what install() writes.
+    return head + marshal.dumps({"never asked": compile("raise SystemExit", "<string>", "exec")})
+
+
+@pytest.mark.parametrize("kind", list(HOSTILE))
+def test_a_file_that_is_not_a_table_is_ignored_and_replaced(tmp_path, kind):
+    path = tmp_path / "table.marshal"
+    path.write_bytes(_hostile(kind))
+    plain = _kinds()
+    dc.install(str(path))
+    made = _kinds()
+    assert _codes(made) == _codes(plain) and _behaviour(made) == _behaviour(plain)
+    dc._write_back()
+    dc.uninstall()
+    assert dc.load(str(path))  # replaced by a table of what was compiled
+
+
+@settings(max_examples=40, deadline=None)
+@given(names=st.lists(st.from_regex(r"[a-z_][a-z0-9_]{0,8}", fullmatch=True).filter(
+           lambda n: n not in ("self", "object", "return", "lambda", "pass", "if", "in", "is", "or", "and",
+                               "not", "for", "def", "del", "as", "with", "try", "class", "from", "global",
+                               "import", "while", "yield", "else", "elif", "raise", "break", "async",
+                               "await", "assert", "except", "finally", "continue", "nonlocal")
+           and not n.startswith("__")), min_size=1, max_size=6, unique=True),
+       frozen=st.booleans(), order=st.booleans(), defaults=st.integers(0, 6),
+       default=st.one_of(st.integers(), st.text(max_size=5), st.none(), st.floats(allow_nan=True)))
+def test_any_dataclass_gets_the_methods_dataclasses_compiles(tmp_path_factory, names, frozen, order, defaults, default):
+    """Drawn field names, flags and defaults (unicode, NaN, None): the same code objects cold and
+    warm as without the table."""
+    fields = [(n, object, dataclasses.field(default=default)) if i >= len(names) - defaults else (n, object)
+              for i, n in enumerate(names)]
+
+    def make():
+        return dataclasses.make_dataclass("Drawn", fields, frozen=frozen, order=order)
+
+    plain = make()
+    path = str(tmp_path_factory.mktemp("drawn") / "t.marshal")
+    dc.install(path)
+    cold = make()
+    dc._write_back()
+    dc.uninstall()
+    dc.install(path)
+    warm = make()
+    dc.uninstall()
+    for cls in (cold, warm):
+        assert _codes([cls]) == _codes([plain])
+
+
+def test_past_max_entries_only_what_was_used_is_kept(tmp_path, monkeypatch):
+    path = str(tmp_path / "t.marshal")
+    stale = {f"# stale {i}\n": compile(f"x = {i}", "<string>", "exec") for i in range(5)}
+    dc.save(path, stale)
+    monkeypatch.setattr(dc, "MAX_ENTRIES", 6)
+    dc.install(path)
+    _kinds()
+    dc._write_back()
+    dc.uninstall()
+    kept = dc.load(path)
+    assert not set(stale) & set(kept) and len(kept) > 6
+
+
+def test_nothing_is_written_where_bytecode_is_not(tmp_path, monkeypatch):
+    path = tmp_path / "t.marshal"
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    dc.install(str(path))
+    _kinds()
+    dc._write_back()
+    assert not path.exists()
+
+
+def test_an_unwritable_place_is_no_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    dc.install(str(blocker / "sub" / "t.marshal"))  # its folder cannot be made: a file is in the way
+    _kinds()
+    dc._write_back()
+    assert blocker.read_text() == "x" and not list(tmp_path.glob("**/*.tmp"))
+
+
+def test_the_read_commands_print_the_same_with_the_table_cold_and_warm(tmp_path, late_run):
+    """`summary` and `explain` in their own processes (the direct path installs the table): cold
+    (the table written at exit), warm (read back), and without the table's file being written
+    (PYTHONDONTWRITEBYTECODE); each the same output, the table only where bytecode is written."""
+    from tests.support.cli import cli_env
+
+    prefix = tmp_path / "pycache"  # sys.pycache_prefix: the .pyc files and the table go there
+    base = cli_env(columns=100, PYTHONPYCACHEPREFIX=str(prefix))
+    base.pop("PYTHONDONTWRITEBYTECODE", None)
+    entry = "import tierdiag.cli.main as m; m.entry()"
+    slow = subprocess.run([sys.executable, "-c", entry, "slow", "--db", str(late_run), "--top", "1", "--ids"],
+                          env=base, capture_output=True, text=True, timeout=120)
+    req = slow.stdout.split()[0]
+    for table in prefix.glob("**/dataclass_code.*.marshal"):  # `slow` goes through Typer: no table
+        table.unlink()
+    outs = {}
+    nowrite = {**base, "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def run_all(env):
+        return [subprocess.run([sys.executable, "-c", entry, *args, "--db", str(late_run)], env=env,
+                               capture_output=True, text=True, cwd=tmp_path, timeout=120)
+                for args in (["summary"], ["explain", req], ["explain", req, "--json"])]
+
+    outs["no table"] = run_all(nowrite)
+    assert not list(prefix.glob("**/dataclass_code.*.marshal"))
+    # Built as compileall builds .pyc files, where bytecode is not written: then read, never grown.
+    built = subprocess.run([sys.executable, "-m", "tierdiag.cli.dataclass_code"], env=nowrite, capture_output=True,
+                           text=True, timeout=120)
+    assert built.returncode == 0, built.stderr
+    [table] = list(prefix.glob("**/dataclass_code.*.marshal"))
+    before = table.read_bytes()
+    outs["built"] = run_all(nowrite)
+    assert table.read_bytes() == before
+    table.unlink()
+    outs["cold"] = run_all(base)
+    assert len(dc.load(str(table))) > 100
+    outs["warm"] = run_all(base)
+    for label in ("built", "cold", "warm"):
+        for got, want in zip(outs[label], outs["no table"]):
+            assert (got.returncode, got.stdout, got.stderr) == (want.returncode, want.stdout, want.stderr), label
+    assert all(p.returncode == 0 and p.stdout for p in outs["no table"])
