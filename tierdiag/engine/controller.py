@@ -40,8 +40,9 @@ _FREE_DUPLICATE: Final[str] = EvictionAction.FREE_DUPLICATE
 
 
 def _as_list(run: Any) -> Any:
-    """A slot run as a list, for the storage paths (storage.py, prefetch.py), which take slot
-    lists: the pools hand out array('q') runs (tree_node.SlotRun). None stays None."""
+    """A slot run or a key run as a list, for the storage paths (storage.py, prefetch.py), which
+    take lists: the pools hand out array('q') runs (tree_node.SlotRun), a node's keys are a key
+    run (tree_node.KeyRun). None stays None."""
     return run.tolist() if isinstance(run, array) else run
 
 
@@ -641,7 +642,7 @@ class CacheController:
         start_storage_writes) timed already, from `start` to `end`."""
         if self.storage is None:
             return
-        keys = node.keys  # a page key names its whole prefix: the tier's key as it is
+        keys = _as_list(node.keys)  # a page key names its whole prefix: the tier's key as it is (a list)
         # Straight from the host slots into one append (no per-page work): the bytes on disk are
         # the host copy's, which a later prefetch reads back and a load-back verifies.
         # (the node's slot run as it is: an array('q') goes to pwrite_rows as a buffer)
@@ -662,7 +663,7 @@ class CacheController:
 
     # --- host -> device ------------------------------------------------------------------
     def load_back(self, nodes: tuple[TreeNode, ...], slots: Any, req_id: str, now_ns: int,
-                  page_keys: list[int]) -> tuple[int, int, int, bool | None]:
+                  page_keys: Any) -> tuple[int, int, int, bool | None]:
         """Copy the host part of a matched chain into `slots` (already allocated on device).
 
         Returns (link ns, contiguous runs, measured wall ns, verified). All-or-nothing: callers decide

@@ -1,7 +1,8 @@
 /* PageKeySet (engine/miss.py: the page keys a prefill batch computes, MissTracker.scheduled).
  *
  * A set of page keys with three methods: add(keys, lo, hi) puts keys[lo:hi] in, count(keys, lo,
- * hi) says how many of keys[lo:hi] are in, clear() empties it. `keys` is a list or tuple and
+ * hi) says how many of keys[lo:hi] are in, clear() empties it. `keys` is a list, a tuple or a 1-D
+ * native int64 buffer (a key run, array('q'): engine/tree_node.py; read in place) and
  * 0 <= lo, hi <= len(keys) (the caller clamps as a slice would; hi <= lo is empty). miss.py's
  * _KeySetPy, the reference, does the same with a Python set: a set of Python ints was ~30k
  * instructions a request of a probed Engine.run (hashing, comparing and boxing every key),
@@ -146,7 +147,8 @@ ks_item(PyObject *keys, Py_ssize_t i)
 
 /* The arguments (keys, lo, hi): lo and hi checked. 0, or -1 with an exception. */
 static int
-ks_args(PyObject *const *args, Py_ssize_t nargs, const char *name, Py_ssize_t *lo, Py_ssize_t *hi)
+ks_args(PyObject *const *args, Py_ssize_t nargs, const char *name, Py_ssize_t *lo, Py_ssize_t *hi,
+        Py_buffer *run)
 {
     Py_ssize_t n;
     if (nargs != 3) {
@@ -157,21 +159,67 @@ ks_args(PyObject *const *args, Py_ssize_t nargs, const char *name, Py_ssize_t *l
         n = PyList_GET_SIZE(args[0]);
     } else if (PyTuple_Check(args[0])) {
         n = PyTuple_GET_SIZE(args[0]);
+    } else if (run != NULL && PyObject_CheckBuffer(args[0])
+               && PyObject_GetBuffer(args[0], run, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) == 0) {
+        if (run->ndim != 1 || run->itemsize != (Py_ssize_t)sizeof(int64_t) || !is_int64_format(run->format)) {
+            PyBuffer_Release(run);
+            run->obj = NULL;
+            PyErr_Format(PyExc_TypeError, "PageKeySet.%s: keys must be a list, tuple or int64 run", name);
+            return -1;
+        }
+        n = run->shape[0];
     } else {
-        PyErr_Format(PyExc_TypeError, "PageKeySet.%s: keys must be a list or tuple", name);
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "PageKeySet.%s: keys must be a list, tuple or int64 run", name);
         return -1;
     }
+#define KS_ARGS_FAIL() do { if (run != NULL && run->obj != NULL) { PyBuffer_Release(run); run->obj = NULL; } return -1; } while (0)
     if ((*lo = PyLong_AsSsize_t(args[1])) == -1 && PyErr_Occurred()) {
-        return -1;
+        KS_ARGS_FAIL();
     }
     if ((*hi = PyLong_AsSsize_t(args[2])) == -1 && PyErr_Occurred()) {
-        return -1;
+        KS_ARGS_FAIL();
     }
     if (*lo < 0 || *lo > n || *hi < 0 || *hi > n) {
         PyErr_Format(PyExc_ValueError, "PageKeySet.%s: lo and hi must be within 0..len(keys)", name);
-        return -1;
+        KS_ARGS_FAIL();
     }
     return 0;
+#undef KS_ARGS_FAIL
+}
+
+/* ks_each over n int64 keys (a key run's, read in place): each key as its int would be. */
+static Py_ssize_t
+ks_each_run(PageKeySet *ks, const int64_t *keys, Py_ssize_t n, int adding)
+{
+    Py_ssize_t i, found = 0;
+    for (i = 0; i < n; i++) {
+        int64_t k = keys[i];
+        if (ks->py != NULL) {  /* switched for good: Python's set decides, the key boxed */
+            int in = 0;
+            PyObject *v = PyLong_FromLongLong(k);
+            if (v == NULL || (adding ? PySet_Add(ks->py, v) : (in = PySet_Contains(ks->py, v))) < 0) {
+                Py_XDECREF(v);
+                return -1;
+            }
+            Py_DECREF(v);
+            found += in;
+        } else if (adding) {
+            Py_ssize_t at;
+            if (ks_reserve(ks) < 0) {
+                return -1;
+            }
+            at = ks_slot(ks, k);
+            if (ks->stamp[at] != ks->gen) {
+                ks->keys[at] = k;
+                ks->stamp[at] = ks->gen;
+                ks->n++;
+            }
+        } else if (ks->cap && ks->stamp[ks_slot(ks, k)] == ks->gen) {
+            found++;
+        }
+    }
+    return found;
 }
 
 /* add (adding) or count (not): keys[lo:hi] put in, or how many of them are in; the count
@@ -181,8 +229,15 @@ ks_each(PageKeySet *ks, PyObject *const *args, Py_ssize_t nargs, int adding)
 {
     Py_ssize_t lo, hi, i, found = 0;
     PyObject *v;
-    if (ks_args(args, nargs, adding ? "add" : "count", &lo, &hi) < 0) {
+    Py_buffer run;
+    run.obj = NULL;
+    if (ks_args(args, nargs, adding ? "add" : "count", &lo, &hi, &run) < 0) {
         return -1;
+    }
+    if (run.obj != NULL) {
+        found = ks_each_run(ks, (const int64_t *)run.buf + lo, hi > lo ? hi - lo : 0, adding);
+        PyBuffer_Release(&run);
+        return found;
     }
     for (i = lo; i < hi && (v = ks_item(args[0], i)) != NULL; i++) {
         int64_t k;
