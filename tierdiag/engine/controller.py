@@ -337,9 +337,9 @@ class CacheController:
             self.host.free(host_slots)
 
     def _forget(self, node: TreeNode, eid: int) -> None:
-        keys: Any = node.keys  # a list, or an array for a big call
-        if len(keys) > SMALL_CALL:  # an array for both maps: the node's own view, or converted once
-            keys = node.keys_np if node.keys_np is not None else PageMap.keys_array(keys)
+        keys: Any = node.keys  # a key run: the maps read it in place (a list from a test: as before)
+        if len(keys) > SMALL_CALL and isinstance(keys, list):  # an array for both maps, converted once
+            keys = PageMap.keys_array(keys)
         self.cached_once.set_many(keys, eid, outputs_last=True)
         if node.evicted_by is not None:  # it had been demoted first: remember that eviction too
             self.demoted_by.set_many(keys, node.evicted_by, outputs_last=True)

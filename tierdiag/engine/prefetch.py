@@ -561,8 +561,7 @@ class StoragePrefetch(SchedulerState):
             if done > had:
                 req.loaded_span_pages, req.loaded_span_start = done - had, first + had
             if done > dup:
-                new = tree.insert_host(node, req.keys[matched:first + done], slots[dup:done], now, req.req_id,
-                                       req.keys_np[matched:first + done])
+                new = tree.insert_host(node, req.keys[matched:first + done], slots[dup:done], now, req.req_id)
                 new.prefetched_for = req.seq
                 if self.miss is not None:  # which pages its own prefetch brought in (miss.py)
                     self.miss.prefetched(req.seq, matched, first + done)

@@ -111,9 +111,8 @@ class RadixTree:
         then every num_ranks-th, so no two ranks' node ids meet)."""
         self._next_id, self.id_step = first, step
 
-    def _new_node(self, parent: TreeNode, keys: KeyRun, device, host, now_ns: int, owner,
-                  keys_np=None) -> TreeNode:
-        node = TreeNode(self._next_id, parent, keys, device, host, now_ns, owner, keys_np)
+    def _new_node(self, parent: TreeNode, keys: KeyRun, device, host, now_ns: int, owner) -> TreeNode:
+        node = TreeNode(self._next_id, parent, keys, device, host, now_ns, owner)
         self._next_id += self.id_step
         self._seq += 1
         node.access_seq = node.created_seq = self._seq
@@ -165,7 +164,7 @@ class RadixTree:
         upper = TreeNode(self._next_id, parent, node.keys[:pages],
                          None if node.device is None else node.device[:pages],
                          None if node.host is None else node.host[:pages],
-                         created, node.owner, None if node.keys_np is None else node.keys_np[:pages])
+                         created, node.owner)
         self._next_id += self.id_step
         upper.lock_ref = node.lock_ref
         upper.hit_count = node.hit_count
@@ -184,8 +183,6 @@ class RadixTree:
         upper.tlru_depth = parent.tlru_depth + pages * self.page_size if self._tree_depths else 0
         upper.tlru_history = node.tlru_history
         node.keys = node.keys[pages:]
-        if node.keys_np is not None:
-            node.keys_np = node.keys_np[pages:]
         if node.device is not None:
             node.device = node.device[pages:]
         if node.host is not None:
@@ -280,7 +277,7 @@ class RadixTree:
 
     # --- insertion -----------------------------------------------------------------------
     def insert(self, keys: KeyRun, own_from: int, device_slots: SlotRun, now_ns: int,
-               owner: str | None = None, *, count_hits: bool = True, priority: int = 0, keys_np=None,
+               owner: str | None = None, *, count_hits: bool = True, priority: int = 0,
                inserted: int = 0) -> TreeInsert:
         """Give the tree a computed prefix: `keys[:own_from]` are already in the tree on device
         (the caller holds a lock on them), `device_slots` hold pages `keys[own_from:]`.
@@ -297,8 +294,7 @@ class RadixTree:
         `_should_backup_after_insert`: "nodes this request already inserted were counted back
         then"); 0.5.9's callers pass 0.
 
-        Returns a TreeInsert. `keys_np`, the same
-        keys as an array, lets a new node keep a view of its keys (TreeNode.keys_np).
+        Returns a TreeInsert. A new node keeps a slice of `keys` (a key run's: one memcpy).
         """
         assert len(keys) - own_from == len(device_slots), "one device slot per page key"
         node = self.root
@@ -311,8 +307,7 @@ class RadixTree:
             child = _child(node, keys[i])
             if child is None:
                 assert i >= own_from, f"page {i} of a locked prefix is missing from the tree"
-                child = self._new_node(node, keys[i:], device_slots[i - own_from:], None, now_ns, owner,
-                                       None if keys_np is None else keys_np[i:])
+                child = self._new_node(node, keys[i:], device_slots[i - own_from:], None, now_ns, owner)
                 child.priority = priority
                 if count_hits and n > inserted:
                     child.hit_count = 1
@@ -359,10 +354,10 @@ class RadixTree:
         return TreeInsert(node, NO_SLOTS if dups is None else dups, fresh, hit)
 
     def insert_host(self, parent: TreeNode, keys: KeyRun, host_slots: SlotRun, now_ns: int,
-                    owner: str | None, keys_np=None) -> TreeNode:
+                    owner: str | None) -> TreeNode:
         """Attach host-only pages (a storage prefetch) below `parent`, which must be the path's end."""
         assert keys and keys[0] not in parent.children, "prefetched pages must extend the tree"
-        node = self._new_node(parent, keys, None, host_slots, now_ns, owner, keys_np)
+        node = self._new_node(parent, keys, None, host_slots, now_ns, owner)
         node.priority = parent.priority  # HiRadixCache._insert_helper_host
         self._push_host(node)
         return node

@@ -49,19 +49,18 @@ def key_run(keys_np: Any) -> Any:
 class TreeNode:
     __slots__ = ("id", "parent", "children", "keys", "device", "host", "lock_ref", "hit_count",
                  "last_access_ns", "created_ns", "n_dev_children", "owner", "prefetched_for", "evicted_by",
-                 "priority", "host_ref", "keys_np", "access_seq", "tlru_depth", "tlru_history", "created_seq",
+                 "priority", "host_ref", "access_seq", "tlru_depth", "tlru_history", "created_seq",
                  "lru_key", "lru_key_seq")
 
     def __init__(self, node_id: int, parent: "TreeNode | None", keys: KeyRun,
-                 device: SlotRun, host: SlotRun, now_ns: int, owner: str | None,
-                 keys_np=None):
+                 device: SlotRun, host: SlotRun, now_ns: int, owner: str | None):
         self.id = node_id
         self.parent = parent
         self.children: dict[int, TreeNode] = {}
+        # The node's page keys: a key run (sliced from the request's), which the per-page
+        # bookkeeping at eviction hands to C as it is (a numpy view of them beside it, kept until
+        # issue 41's session 22, cost two numpy slices a split and one an insert).
         self.keys = keys
-        # The same keys as an int64 array (a view of the request's), when the inserter had one:
-        # the per-page bookkeeping at eviction takes it as it is instead of converting the list.
-        self.keys_np = keys_np
         self.device = device  # device pool slots, one per page, or None
         self.host = host  # host pool slots, one per page, or None
         self.lock_ref = 0
