@@ -188,36 +188,64 @@ ks_args(PyObject *const *args, Py_ssize_t nargs, const char *name, Py_ssize_t *l
 #undef KS_ARGS_FAIL
 }
 
+/* One int64 key put in (adding) or looked up (not) while the set is still its own table: 1 found,
+ * 0 not (or added), -1 with an exception. */
+static inline int
+ks_one(PageKeySet *ks, int64_t k, int adding)
+{
+    if (adding) {
+        Py_ssize_t at;
+        if (ks_reserve(ks) < 0) {
+            return -1;
+        }
+        at = ks_slot(ks, k);
+        if (ks->stamp[at] != ks->gen) {
+            ks->keys[at] = k;
+            ks->stamp[at] = ks->gen;
+            ks->n++;
+        }
+        return 0;
+    }
+    return ks->cap && ks->stamp[ks_slot(ks, k)] == ks->gen;
+}
+
+/* One value put in or looked up in the Python set (switching to it first): 1 found, 0 not, -1
+ * with an exception. `v` is borrowed. */
+static int
+ks_one_py(PageKeySet *ks, PyObject *v, int adding)
+{
+    int in = 0;
+    Py_INCREF(v);
+    if ((ks->py == NULL && ks_to_python(ks) < 0)
+        || (adding ? PySet_Add(ks->py, v) : (in = PySet_Contains(ks->py, v))) < 0) {
+        Py_DECREF(v);
+        return -1;
+    }
+    Py_DECREF(v);
+    return in;
+}
+
 /* ks_each over n int64 keys (a key run's, read in place): each key as its int would be. */
 static Py_ssize_t
 ks_each_run(PageKeySet *ks, const int64_t *keys, Py_ssize_t n, int adding)
 {
     Py_ssize_t i, found = 0;
     for (i = 0; i < n; i++) {
-        int64_t k = keys[i];
+        int got;
         if (ks->py != NULL) {  /* switched for good: Python's set decides, the key boxed */
-            int in = 0;
-            PyObject *v = PyLong_FromLongLong(k);
-            if (v == NULL || (adding ? PySet_Add(ks->py, v) : (in = PySet_Contains(ks->py, v))) < 0) {
-                Py_XDECREF(v);
+            PyObject *v = PyLong_FromLongLong(keys[i]);
+            if (v == NULL) {
                 return -1;
             }
+            got = ks_one_py(ks, v, adding);
             Py_DECREF(v);
-            found += in;
-        } else if (adding) {
-            Py_ssize_t at;
-            if (ks_reserve(ks) < 0) {
-                return -1;
-            }
-            at = ks_slot(ks, k);
-            if (ks->stamp[at] != ks->gen) {
-                ks->keys[at] = k;
-                ks->stamp[at] = ks->gen;
-                ks->n++;
-            }
-        } else if (ks->cap && ks->stamp[ks_slot(ks, k)] == ks->gen) {
-            found++;
+        } else {
+            got = ks_one(ks, keys[i], adding);
         }
+        if (got < 0) {
+            return -1;
+        }
+        found += got;
     }
     return found;
 }
@@ -245,30 +273,12 @@ ks_each(PageKeySet *ks, PyObject *const *args, Py_ssize_t nargs, int adding)
         if (got < 0) {
             return -1;
         }
-        if (!got) {  /* an odd value, or a set already switched: Python's set decides */
-            int in = 0;
-            Py_INCREF(v);
-            if ((ks->py == NULL && ks_to_python(ks) < 0)
-                || (adding ? PySet_Add(ks->py, v) : (in = PySet_Contains(ks->py, v))) < 0) {
-                Py_DECREF(v);
-                return -1;
-            }
-            Py_DECREF(v);
-            found += in;
-        } else if (adding) {
-            Py_ssize_t at;
-            if (ks_reserve(ks) < 0) {
-                return -1;
-            }
-            at = ks_slot(ks, k);
-            if (ks->stamp[at] != ks->gen) {
-                ks->keys[at] = k;
-                ks->stamp[at] = ks->gen;
-                ks->n++;
-            }
-        } else if (ks->cap && ks->stamp[ks_slot(ks, k)] == ks->gen) {
-            found++;
+        /* an odd value, or a set already switched: Python's set decides */
+        got = got ? ks_one(ks, k, adding) : ks_one_py(ks, v, adding);
+        if (got < 0) {
+            return -1;
         }
+        found += got;
     }
     return found;
 }

@@ -219,7 +219,7 @@ static PyObject *
 cp_output_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     Py_buffer b;
-    PyObject *keys, *result, *tail;
+    PyObject *keys, *result, *tail, *done;
     long long seed;
     Py_ssize_t skip, count, have, add;
     int64_t *out;
@@ -267,36 +267,8 @@ cp_output_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
         return not_mine();
     }
     add = count - skip;
-    if (!PyList_CheckExact(keys)) {
-        PyObject *done;
-        result = PyByteArray_FromStringAndSize(NULL, (have + add) * (Py_ssize_t)sizeof(int64_t));
-        if (result == NULL) {
-            PyBuffer_Release(&b);
-            return NULL;
-        }
-        out = (int64_t *)PyByteArray_AS_STRING(result);
-        if (have) {
-            memcpy(out, b.buf, (size_t)have * sizeof(int64_t));
-        }
-        PyBuffer_Release(&b);
-        for (Py_ssize_t i = 0; i < add; i++) {
-            uint64_t v = ((uint64_t)seed + (uint64_t)(skip + i) * OUTPUT_STEP) & MASK63;
-            out[have + i] = -(int64_t)v - 1;
-        }
-        done = PyObject_CallMethod(keys, "frombytes", "y#", (const char *)(out + have),
-                                   add * (Py_ssize_t)sizeof(int64_t));
-        if (done == NULL) {
-            Py_DECREF(result);
-            return NULL;
-        }
-        Py_DECREF(done);
-        return result;
-    }
     result = PyByteArray_FromStringAndSize(NULL, (have + add) * (Py_ssize_t)sizeof(int64_t));
-    tail = PyList_New(add);
-    if (result == NULL || tail == NULL) {
-        Py_XDECREF(result);
-        Py_XDECREF(tail);
+    if (result == NULL) {
         PyBuffer_Release(&b);
         return NULL;
     }
@@ -307,14 +279,30 @@ cp_output_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
     PyBuffer_Release(&b);
     for (Py_ssize_t i = 0; i < add; i++) {
         uint64_t v = ((uint64_t)seed + (uint64_t)(skip + i) * OUTPUT_STEP) & MASK63;
-        int64_t key = -(int64_t)v - 1;
-        PyObject *o = PyLong_FromLongLong(key);
+        out[have + i] = -(int64_t)v - 1;
+    }
+    if (!PyList_CheckExact(keys)) {  /* a key run: its bytes appended */
+        done = PyObject_CallMethod(keys, "frombytes", "y#", (const char *)(out + have),
+                                   add * (Py_ssize_t)sizeof(int64_t));
+        if (done == NULL) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        Py_DECREF(done);
+        return result;
+    }
+    tail = PyList_New(add);
+    if (tail == NULL) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < add; i++) {
+        PyObject *o = PyLong_FromLongLong(out[have + i]);
         if (o == NULL) {
             Py_DECREF(result);
             Py_DECREF(tail);
             return NULL;
         }
-        out[have + i] = key;
         PyList_SET_ITEM(tail, i, o);
     }
     if (PyList_SetSlice(keys, have, have, tail) < 0) {
