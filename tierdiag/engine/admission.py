@@ -57,7 +57,11 @@ class Admission(SchedulerState):
         tree, ctrl = self.tree, self.ctrl
         if req.prefetch is not None:  # check_prefetch_progress: the policy lets it end now
             self._finish_prefetch(req, now)
-        match = tree.match(req.keys[:req.max_match_pages], now, req.req_id)
+        # the keys as they are where the bound leaves them whole (the walk only reads them): most
+        # requests, whose input does not end on a page boundary; a slice copied them a match
+        keys = req.keys
+        limit = req.max_match_pages
+        match = tree.match(keys if limit >= len(keys) else keys[:limit], now, req.req_id)
         dev_pages = match.device_pages
         host_nodes = match.host_nodes
         storage_pages = sum(len(n.keys) for n in host_nodes if n.prefetched_for == req.seq)
