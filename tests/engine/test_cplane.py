@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierdiag.engine import content, miss, pagemap, rows, storage
+from tierdiag.engine import content, miss, pagemap, rows, storage, tree
 from tierdiag.native import cplane
 from tierdiag.engine.content import page_content_np
 from tierdiag.engine.dataplane import DataPlane
@@ -82,6 +82,7 @@ def test_every_pair_takes_the_side_the_facade_chose():
         "recorder.row_buffer": recorder.new_row_buffer,
         "recorder.tick": recorder.new_ticker,
         "miss.key_set": miss.new_key_set,
+        "tree.common_pages": tree.common_pages,
     }
     pairs = cplane.pairs()
     assert set(pairs) == set(bound)

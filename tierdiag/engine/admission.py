@@ -57,7 +57,11 @@ class Admission(SchedulerState):
         tree, ctrl = self.tree, self.ctrl
         if req.prefetch is not None:  # check_prefetch_progress: the policy lets it end now
             self._finish_prefetch(req, now)
-        match = tree.match(req.keys[:req.max_match_pages], now, req.req_id)
+        # the keys as they are where the bound leaves them whole (the walk only reads them): most
+        # requests, whose input does not end on a page boundary; a slice copied them a match
+        keys = req.keys
+        limit = req.max_match_pages
+        match = tree.match(keys if limit >= len(keys) else keys[:limit], now, req.req_id)
         dev_pages = match.device_pages
         host_nodes = match.host_nodes
         storage_pages = sum(len(n.keys) for n in host_nodes if n.prefetched_for == req.seq)
@@ -188,7 +192,7 @@ class Admission(SchedulerState):
         demoted = self.ctrl.demoted_by
         for node in match.host_nodes:
             if node.prefetched_for == req.seq:  # back from storage: who pushed it out
-                blame(cached, demoted, node.keys if node.keys_np is None else node.keys_np, lost, ps)
+                blame(cached, demoted, node.keys, lost, ps)
             elif node.evicted_by is not None and attribute:
                 lost[node.evicted_by] = lost.get(node.evicted_by, 0) + len(node.keys) * ps
         recomputed = req.loadback_skip_pages if skipped else 0
@@ -462,10 +466,8 @@ class Admission(SchedulerState):
             req.own_slots = empty_run()  # (what `del own_slots[:n]` below leaves of it)
         else:
             slots = own[:n]
-        keys_np = req.keys_np
         done = tree.insert(keys if upto == len(keys) else keys[:upto], req.own_from_page, slots, now, req.req_id,
-                           count_hits=count, priority=req.priority,
-                           keys_np=keys_np if upto == len(keys_np) else keys_np[:upto], inserted=inserted)
+                           count_hits=count, priority=req.priority, inserted=inserted)
         last, fresh = done.last, done.fresh
         req.inserted_pages = max(req.inserted_pages, upto)  # cache_inserted_len = max(.., page_aligned_len)
         if done.duplicate_slots:
@@ -478,7 +480,7 @@ class Admission(SchedulerState):
             tree.dec_lock(req.lock_node)
             req.lock_node = last
         for node in fresh:
-            self.ctrl.cached_once.set_many(node.keys if node.keys_np is None else node.keys_np, 0, outputs_last=True)
+            self.ctrl.cached_once.set_many(node.keys, 0, outputs_last=True)
         threshold = self.backup_threshold
         if threshold is not None:
             chain = self.r_backup_chains

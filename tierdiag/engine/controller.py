@@ -40,8 +40,9 @@ _FREE_DUPLICATE: Final[str] = EvictionAction.FREE_DUPLICATE
 
 
 def _as_list(run: Any) -> Any:
-    """A slot run as a list, for the storage paths (storage.py, prefetch.py), which take slot
-    lists: the pools hand out array('q') runs (tree_node.SlotRun). None stays None."""
+    """A slot run or a key run as a list, for the storage paths (storage.py, prefetch.py), which
+    take lists: the pools hand out array('q') runs (tree_node.SlotRun), a node's keys are a key
+    run (tree_node.KeyRun). None stays None."""
     return run.tolist() if isinstance(run, array) else run
 
 
@@ -342,9 +343,9 @@ class CacheController:
             self.host.free(host_slots)
 
     def _forget(self, node: TreeNode, eid: int) -> None:
-        keys: Any = node.keys  # a list, or an array for a big call
-        if len(keys) > SMALL_CALL:  # an array for both maps: the node's own view, or converted once
-            keys = node.keys_np if node.keys_np is not None else PageMap.keys_array(keys)
+        keys: Any = node.keys  # a key run: the maps read it in place (a list from a test: as before)
+        if len(keys) > SMALL_CALL and isinstance(keys, list):  # an array for both maps, converted once
+            keys = PageMap.keys_array(keys)
         self.cached_once.set_many(keys, eid, outputs_last=True)
         if node.evicted_by is not None:  # it had been demoted first: remember that eviction too
             self.demoted_by.set_many(keys, node.evicted_by, outputs_last=True)
@@ -647,7 +648,7 @@ class CacheController:
         start_storage_writes) timed already, from `start` to `end`."""
         if self.storage is None:
             return
-        keys = node.keys  # a page key names its whole prefix: the tier's key as it is
+        keys = _as_list(node.keys)  # a page key names its whole prefix: the tier's key as it is (a list)
         # Straight from the host slots into one append (no per-page work): the bytes on disk are
         # the host copy's, which a later prefetch reads back and a load-back verifies.
         # (the node's slot run as it is: an array('q') goes to pwrite_rows as a buffer)
@@ -668,7 +669,7 @@ class CacheController:
 
     # --- host -> device ------------------------------------------------------------------
     def load_back(self, nodes: tuple[TreeNode, ...], slots: Any, req_id: str, now_ns: int,
-                  page_keys: list[int]) -> tuple[int, int, int, bool | None]:
+                  page_keys: Any) -> tuple[int, int, int, bool | None]:
         """Copy the host part of a matched chain into `slots` (already allocated on device).
 
         Returns (link ns, contiguous runs, measured wall ns, verified). All-or-nothing: callers decide

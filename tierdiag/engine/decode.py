@@ -423,7 +423,7 @@ class DecodeSteps(SchedulerState):
             # checkpoint_into_tree's second insert: the prompt again at priority + 1, on device
             # (our lock covers it), nothing to free, no node past `inserted_len` (no hit).
             self.tree.insert(req.keys[:n_in], n_in, [], now, req.req_id, count_hits=self.count_hits,
-                             priority=min(req.priority + 1, INT64_MAX), keys_np=req.keys_np[:n_in], inserted=n_in)
+                             priority=min(req.priority + 1, INT64_MAX), inserted=n_in)
         self.ctrl.device.free(req.own_slots)
         req.own_slots = empty_run()
         self.tree.dec_lock(req.lock_node)

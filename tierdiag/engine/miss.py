@@ -125,7 +125,7 @@ class MissTracker:
         self.ps = ps  # page size: a request's keys are its input's full pages (then, at finish, output's)
         self._batch_ns: int | None = None
         self._batch_keys: Any = new_key_set()  # the batch's pages, once a second request joins it
-        self._batch_first: tuple[list, int, int] | None = None  # the batch's first request, until a second joins
+        self._batch_first: tuple[Any, int, int] | None = None  # the batch's first request (its key run), until a second joins
         self._read: dict[int, list[tuple[int, int]]] = {}  # seq -> page ranges its prefetches inserted
 
     def prefetched(self, seq: int, first_page: int, end_page: int) -> None:
@@ -153,7 +153,7 @@ class MissTracker:
     def arrived(self, req: Req, tree: RadixTree) -> None:
         """Its own tree's prefix on device and host at arrival (a Req and the RadixTree, typed:
         compiled, their attributes and `peek` are native reads and calls, issue 41)."""
-        keys: list = req.keys
+        keys: Any = req.keys  # a key run (array("q")) or a list
         limit: int = req.max_match_pages
         # the keys as they are where the bound leaves them whole (peek only reads them): no copy
         device, host = tree.peek(keys if len(keys) <= limit else keys[:limit])
@@ -179,7 +179,7 @@ class MissTracker:
             batch.add(first_keys, lo, hi)
             self._batch_first = None
         # the others count a page a key, each key looked up in the batch's set (new_key_set)
-        keys: list = req.keys
+        keys: Any = req.keys  # a key run (array("q")) or a list
         n = len(keys)
         lo, hi = _span(n, first_page, req.input_len // self.ps)
         shared: int = batch.count(keys, lo, hi)

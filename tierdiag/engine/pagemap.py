@@ -76,6 +76,8 @@ class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
     def keys_array(keys: Iterable[int] | np.ndarray) -> np.ndarray:
         if isinstance(keys, np.ndarray):
             return keys
+        if isinstance(keys, array) and keys.typecode == "q":  # a key run (tree_node.KeyRun): read in place
+            return np.frombuffer(keys, dtype=np.int64)
         # array("q") converts a list in one C loop (~2x np.fromiter at a few hundred keys)
         return np.frombuffer(array("q", keys if isinstance(keys, list) else list(keys)), dtype=np.int64)
 

@@ -7,6 +7,8 @@ A mixin of the Scheduler, whose state (tree, controller, clock) it works on.
 
 from __future__ import annotations
 
+from typing import Any
+
 from mypy_extensions import trait
 
 from tierdiag.config.names import PrefetchPolicy
@@ -61,7 +63,7 @@ class StoragePrefetch(SchedulerState):
         req.storage_last_match = matched  # storage_prefetch_last_match_len, whatever the query decides
         storage = ctrl.storage
         assert storage is not None  # (typed: the hit's arithmetic below is plain ints compiled)
-        hits: int = storage.hits(req.keys, matched)  # consecutive hits past the match, not touched
+        hits: int = storage.hits(req.key_list(), matched)  # consecutive hits past the match, not touched
         end = matched + hits
         # What storage could have given this request (its last input token is always computed).
         req.storage_match_pages = max(0, min(end, req.max_match_pages) - matched)
@@ -207,7 +209,7 @@ class StoragePrefetch(SchedulerState):
             # the tier is bounded and LRU: a write that landed since the query may have evicted
             # pages it counted; the read gets the run still there (a backend whose get fails
             # mid-read stops there too, `_page_transfer`), none left is a miss
-            present = ctrl.storage.hits(req.keys[matched:matched + hits], 0)
+            present = ctrl.storage.hits(req.key_list()[matched:matched + hits], 0)
             if present < hits:
                 hits = present
                 if hits == 0:
@@ -247,7 +249,7 @@ class StoragePrefetch(SchedulerState):
                 return
             ctrl.host.free(slots[hits:])
             slots = slots[:hits]
-        start, done = ctrl.prefetch(req.keys[matched:matched + hits], slots, req.req_id, now)
+        start, done = ctrl.prefetch(req.key_list()[matched:matched + hits], slots, req.req_id, now)
         req.prefetch = (matched, hits, slots, start, done)
         if reserved:
             # its hit allocated by this drain, its read's acks drained by the next pass's
@@ -554,13 +556,12 @@ class StoragePrefetch(SchedulerState):
             dup = matched - first  # pages the tree holds past the anchor
             had = dup  # of them, those not counted as loaded, their read copy freed
             if self.refill_host_on_read and dup:
-                had = self._refill_host_copies(req.keys[:matched], first, slots)
+                had = self._refill_host_copies(req.key_list()[:matched], first, slots)
             self.ctrl.host.free(slots[:had])
             if done > had:
                 req.loaded_span_pages, req.loaded_span_start = done - had, first + had
             if done > dup:
-                new = tree.insert_host(node, req.keys[matched:first + done], slots[dup:done], now, req.req_id,
-                                       req.keys_np[matched:first + done])
+                new = tree.insert_host(node, req.keys[matched:first + done], slots[dup:done], now, req.req_id)
                 new.prefetched_for = req.seq
                 if self.miss is not None:  # which pages its own prefetch brought in (miss.py)
                     self.miss.prefetched(req.seq, matched, first + done)
@@ -614,7 +615,7 @@ class StoragePrefetch(SchedulerState):
         return host_prefix
 
 
-def _matchable(req: Req) -> list[int]:
+def _matchable(req: Req) -> Any:
     """The pages of `req` a match may take (`max_match_pages`): its keys themselves when that is
     all of them (the tree's walk only reads them), where a slice copied ~180 keys at each of the
     ~100k storage queries of a conversation replay."""

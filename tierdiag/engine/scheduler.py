@@ -48,8 +48,9 @@ from tierdiag.engine.rules import config_rules
 from tierdiag.engine.schedule_common import (CLIP_MAX_NEW_TOKENS, INIT_NEW_TOKEN_RATIO, NO_TOKEN, OTHER,
                                              WRITE_THROUGH_THRESHOLD, EngineError)
 from tierdiag.engine.tree import RadixTree
+from tierdiag.engine.tree_node import key_run
 from tierdiag.probes import events as ev
-from tierdiag.trace.pages import keys_list, page_keys_array
+from tierdiag.trace.pages import page_keys_array
 from tierdiag.trace.reader import TraceRequest
 
 class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
@@ -380,7 +381,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                               f"{self.ctrl.device.capacity * ps}")
             return
         req.keys_np = page_keys_array(t, page_size=ps, block_size=self.cfg.block_size) if keys_np is None else keys_np
-        req.keys = keys_list(req.keys_np)
+        req.keys = key_run(req.keys_np)
         req.max_match_pages = min(len(req.keys), (req.input_len - 1) // ps)
         if self.miss is not None:
             self.miss.arrived(req, self.tree)

@@ -14,21 +14,59 @@ Residency invariants (checked by tests):
 from __future__ import annotations
 
 from heapq import heappop, heappush  # names, not the module's attributes: a look-up a call fewer
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from tierdiag.config.policies import EVICTION_POLICIES, EvictionPolicy
 from tierdiag.engine.rules import RULE_SETS, RuleSet
-from tierdiag.engine.tree_node import NO_SLOTS, SlotRun, TreeInsert, TreeMatch, TreeNode
+from tierdiag.engine.tree_node import NO_SLOTS, KeyRun, SlotRun, TreeInsert, TreeMatch, TreeNode
+from tierdiag.native import cplane
 
 __all__ = ["RadixTree", "TreeInsert", "TreeMatch", "TreeNode"]
 
 
 def _child(node: TreeNode, key: Any) -> TreeNode | None:
-    """The child of `node` whose first page key is `key` (an int object, read from a key list as
-    it is: the children's dict is looked up with that object, not with an int unboxed and boxed
-    again)."""
+    """The child of `node` whose first page key is `key` (an int object, read from a key run:
+    the children's dict is looked up with that object as it is)."""
     children: dict[Any, TreeNode] = cast("dict[Any, TreeNode]", node.children)
     return children.get(key)
+
+
+def common_pages_py(keys: KeyRun, start: int, node_keys: KeyRun) -> int:
+    """Pages of node_keys matched by keys[start:]; node_keys[0] == keys[start] is known (the
+    reference of _cplane.common_pages, which reads two key runs in place)."""
+    m = len(node_keys)
+    avail = len(keys) - start
+    if avail >= m and keys[start + m - 1] == node_keys[-1]:
+        return m
+    lo, hi = 1, min(m, avail)  # keys[start+lo-1] matches; find the last matching index
+    if keys[start + hi - 1] == node_keys[hi - 1]:
+        return hi
+    while hi - lo > 1:  # invariant: lo matches, hi does not (chained keys: monotone)
+        mid = (lo + hi) // 2
+        if keys[start + mid - 1] == node_keys[mid - 1]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+# The compiled side (None on the numpy data plane): compiled code reading a key run's items one by
+# one makes an int object a read through the generic protocol (~200 instructions; a walk step's
+# 2-4 reads were ~900-1,400 instructions, callgrind, issue 41 session 22).
+_C_COMMON_PAGES: Final[Any] = cplane.compiled("common_pages")
+
+
+def common_pages_c(keys: KeyRun, start: int, node_keys: KeyRun) -> int:
+    """`common_pages_py` in one C call where both are key runs (what it declines, a list, goes
+    to the reference)."""
+    if _C_COMMON_PAGES is not None:
+        got: int = _C_COMMON_PAGES(keys, start, node_keys)
+        if got >= 0:
+            return got
+    return common_pages_py(keys, start, node_keys)
+
+
+common_pages = cplane.choose("tree.common_pages", common_pages_c, common_pages_py)
 
 
 class RadixTree:
@@ -73,9 +111,8 @@ class RadixTree:
         then every num_ranks-th, so no two ranks' node ids meet)."""
         self._next_id, self.id_step = first, step
 
-    def _new_node(self, parent: TreeNode, keys: list[int], device, host, now_ns: int, owner,
-                  keys_np=None) -> TreeNode:
-        node = TreeNode(self._next_id, parent, keys, device, host, now_ns, owner, keys_np)
+    def _new_node(self, parent: TreeNode, keys: KeyRun, device, host, now_ns: int, owner) -> TreeNode:
+        node = TreeNode(self._next_id, parent, keys, device, host, now_ns, owner)
         self._next_id += self.id_step
         self._seq += 1
         node.access_seq = node.created_seq = self._seq
@@ -98,22 +135,13 @@ class RadixTree:
 
     # --- matching ------------------------------------------------------------------------
     @staticmethod
-    def _common_pages(keys: list[int], start: int, node_keys: list[int]) -> int:
-        """Pages of node_keys matched by keys[start:]; node_keys[0] == keys[start] is known."""
-        m = len(node_keys)
-        avail = len(keys) - start
-        if avail >= m and keys[start + m - 1] == node_keys[-1]:
-            return m
-        lo, hi = 1, min(m, avail)  # keys[start+lo-1] matches; find the last matching index
-        if keys[start + hi - 1] == node_keys[hi - 1]:
-            return hi
-        while hi - lo > 1:  # invariant: lo matches, hi does not (chained keys: monotone)
-            mid = (lo + hi) // 2
-            if keys[start + mid - 1] == node_keys[mid - 1]:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+    def _common_pages(keys: KeyRun, start: int, node_keys: KeyRun) -> int:
+        """Pages of node_keys matched by keys[start:]; node_keys[0] == keys[start] is known.
+        The compiled side reads both runs in C (`common_pages_c`); the numpy data plane's, the
+        reference."""
+        if _C_COMMON_PAGES is not None:
+            return common_pages_c(keys, start, node_keys)
+        return common_pages_py(keys, start, node_keys)
 
     def _stamp(self, node: TreeNode, now_ns: int) -> None:
         node.last_access_ns = now_ns
@@ -136,7 +164,7 @@ class RadixTree:
         upper = TreeNode(self._next_id, parent, node.keys[:pages],
                          None if node.device is None else node.device[:pages],
                          None if node.host is None else node.host[:pages],
-                         created, node.owner, None if node.keys_np is None else node.keys_np[:pages])
+                         created, node.owner)
         self._next_id += self.id_step
         upper.lock_ref = node.lock_ref
         upper.hit_count = node.hit_count
@@ -155,8 +183,6 @@ class RadixTree:
         upper.tlru_depth = parent.tlru_depth + pages * self.page_size if self._tree_depths else 0
         upper.tlru_history = node.tlru_history
         node.keys = node.keys[pages:]
-        if node.keys_np is not None:
-            node.keys_np = node.keys_np[pages:]
         if node.device is not None:
             node.device = node.device[pages:]
         if node.host is not None:
@@ -175,7 +201,7 @@ class RadixTree:
         self.track_duplicate(upper)
         return upper
 
-    def walk(self, keys: list[int], now_ns: int | None = None, owner: str | None = None) -> list[TreeNode]:
+    def walk(self, keys: KeyRun, now_ns: int | None = None, owner: str | None = None) -> list[TreeNode]:
         """The path of nodes matching a prefix of `keys`, the last one split so the path ends
         exactly where the match does. With `now_ns`, touches each node's access time (and, with
         `owner`, records who used it). Matching never counts a hit: SGLang 0.5.9 counts hits per
@@ -184,11 +210,8 @@ class RadixTree:
         i, n = 0, len(keys)
         path: list[TreeNode] = []
         stamp_after = self._stamp_after
-        # the keys as the objects they are: compiled, `keys[i]` of a list[int] is unboxed and
-        # boxed again for the children's dict (a new int object for every key under 2**62)
-        key_objs = cast("list[Any]", keys)
         while i < n:
-            child = _child(node, key_objs[i])
+            child = _child(node, keys[i])
             if child is None:
                 break
             m = self._common_pages(keys, i, child.keys)
@@ -212,7 +235,7 @@ class RadixTree:
         self._push_device(node)
         self._push_host(node)
 
-    def match(self, keys: list[int], now_ns: int, owner: str | None = None) -> TreeMatch:
+    def match(self, keys: KeyRun, now_ns: int, owner: str | None = None) -> TreeMatch:
         """Longest cached prefix of `keys`, split by residency (SGLang's match_prefix: touches
         the access time of every node on the path)."""
         path = self.walk(keys, now_ns, owner)
@@ -246,15 +269,15 @@ class RadixTree:
             children = child.children
         return device, host
 
-    def locate(self, keys: list[int]) -> tuple[TreeNode, int]:
+    def locate(self, keys: KeyRun) -> tuple[TreeNode, int]:
         """Deepest node on the path of `keys` and the pages matched, without touching anything
         (prefetch bookkeeping, not a request's match)."""
         path = self.walk(keys)
         return (path[-1] if path else self.root), sum(len(node.keys) for node in path)
 
     # --- insertion -----------------------------------------------------------------------
-    def insert(self, keys: list[int], own_from: int, device_slots: SlotRun, now_ns: int,
-               owner: str | None = None, *, count_hits: bool = True, priority: int = 0, keys_np=None,
+    def insert(self, keys: KeyRun, own_from: int, device_slots: SlotRun, now_ns: int,
+               owner: str | None = None, *, count_hits: bool = True, priority: int = 0,
                inserted: int = 0) -> TreeInsert:
         """Give the tree a computed prefix: `keys[:own_from]` are already in the tree on device
         (the caller holds a lock on them), `device_slots` hold pages `keys[own_from:]`.
@@ -271,8 +294,7 @@ class RadixTree:
         `_should_backup_after_insert`: "nodes this request already inserted were counted back
         then"); 0.5.9's callers pass 0.
 
-        Returns a TreeInsert. `keys_np`, the same
-        keys as an array, lets a new node keep a view of its keys (TreeNode.keys_np).
+        Returns a TreeInsert. A new node keeps a slice of `keys` (a key run's: one memcpy).
         """
         assert len(keys) - own_from == len(device_slots), "one device slot per page key"
         node = self.root
@@ -281,13 +303,11 @@ class RadixTree:
         fresh: list[TreeNode] = []
         hit: list[TreeNode] = []
         stamp_after = self._stamp_after
-        key_objs = cast("list[Any]", keys)  # (as in walk)
         while i < n:
-            child = _child(node, key_objs[i])
+            child = _child(node, keys[i])
             if child is None:
                 assert i >= own_from, f"page {i} of a locked prefix is missing from the tree"
-                child = self._new_node(node, keys[i:], device_slots[i - own_from:], None, now_ns, owner,
-                                       None if keys_np is None else keys_np[i:])
+                child = self._new_node(node, keys[i:], device_slots[i - own_from:], None, now_ns, owner)
                 child.priority = priority
                 if count_hits and n > inserted:
                     child.hit_count = 1
@@ -333,11 +353,11 @@ class RadixTree:
             i += m
         return TreeInsert(node, NO_SLOTS if dups is None else dups, fresh, hit)
 
-    def insert_host(self, parent: TreeNode, keys: list[int], host_slots: SlotRun, now_ns: int,
-                    owner: str | None, keys_np=None) -> TreeNode:
+    def insert_host(self, parent: TreeNode, keys: KeyRun, host_slots: SlotRun, now_ns: int,
+                    owner: str | None) -> TreeNode:
         """Attach host-only pages (a storage prefetch) below `parent`, which must be the path's end."""
         assert keys and keys[0] not in parent.children, "prefetched pages must extend the tree"
-        node = self._new_node(parent, keys, None, host_slots, now_ns, owner, keys_np)
+        node = self._new_node(parent, keys, None, host_slots, now_ns, owner)
         node.priority = parent.priority  # HiRadixCache._insert_helper_host
         self._push_host(node)
         return node

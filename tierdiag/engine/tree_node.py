@@ -17,28 +17,50 @@ SlotRun = Any
 NO_SLOTS: Final[tuple[int, ...]] = ()
 _EMPTY: Final[Any] = array("q")
 
+# A run of page keys: an array('q') as the engine makes a request's keys (`key_run`; issue 41,
+# session 22: no int object a page, sliced at every split and insert as one memcpy, freed as one
+# block, handed to C as a buffer). As with `SlotRun`, anything with len, slicing, indexing and
+# iteration over ints works where a run is read (a list or tuple in tests): item reads give
+# ints equal to the list's, so the children dicts, keyed by a run's first key, are the same.
+KeyRun = Any
+
 
 def empty_run() -> Any:
     """A new empty slot run to extend (a slice of an empty array: half array("q")'s cost)."""
     return _EMPTY[:]
 
 
+def key_list(run: Any) -> list[int]:
+    """A key run (or slot run) as a list of ints, for the paths that take lists (the storage
+    tier's); a list is copied."""
+    return run.tolist() if isinstance(run, array) else list(run)
+
+
+def key_run(keys_np: Any) -> Any:
+    """A request's page keys (a 1-D int64 numpy array) as a key run: two memcpys into a new
+    array('q') (its bytes, then the run: frombytes takes only a buffer of bytes), where
+    `keys_list` made an int object a page (~20k instructions a request of the conversation
+    trace, callgrind, issue 41)."""
+    run = _EMPTY[:]
+    run.frombytes(keys_np.tobytes())
+    return run
+
+
 class TreeNode:
     __slots__ = ("id", "parent", "children", "keys", "device", "host", "lock_ref", "hit_count",
                  "last_access_ns", "created_ns", "n_dev_children", "owner", "prefetched_for", "evicted_by",
-                 "priority", "host_ref", "keys_np", "access_seq", "tlru_depth", "tlru_history", "created_seq",
+                 "priority", "host_ref", "access_seq", "tlru_depth", "tlru_history", "created_seq",
                  "lru_key", "lru_key_seq")
 
-    def __init__(self, node_id: int, parent: "TreeNode | None", keys: list[int],
-                 device: SlotRun, host: SlotRun, now_ns: int, owner: str | None,
-                 keys_np=None):
+    def __init__(self, node_id: int, parent: "TreeNode | None", keys: KeyRun,
+                 device: SlotRun, host: SlotRun, now_ns: int, owner: str | None):
         self.id = node_id
         self.parent = parent
         self.children: dict[int, TreeNode] = {}
+        # The node's page keys: a key run (sliced from the request's), which the per-page
+        # bookkeeping at eviction hands to C as it is (a numpy view of them beside it, kept until
+        # issue 41's session 22, cost two numpy slices a split and one an insert).
         self.keys = keys
-        # The same keys as an int64 array (a view of the request's), when the inserter had one:
-        # the per-page bookkeeping at eviction takes it as it is instead of converting the list.
-        self.keys_np = keys_np
         self.device = device  # device pool slots, one per page, or None
         self.host = host  # host pool slots, one per page, or None
         self.lock_ref = 0

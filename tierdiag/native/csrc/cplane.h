@@ -49,7 +49,7 @@
  * 12: StorageIndex.admit's `counted` (the deletions counted, no list made; session 19, h41stor3).
  * 13: SlotCore's runs: `_bind` takes an array('q') template, alloc hands out array('q') slot runs and
  *     free takes them (session 21, h41soa). */
-#define CPLANE_API 13
+#define CPLANE_API 14
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256
@@ -115,6 +115,8 @@ CP_HIDDEN void ints_free(Ints *ix);
 /* A page list: a list or tuple of ints, a range, or a 1-D C-contiguous buffer of native int64.
  * 1 loaded, 0 not a list this module takes (nothing set), -1 on MemoryError. */
 CP_HIDDEN int ints_load(PyObject *obj, Ints *ix);
+/* Whether a PEP 3118 format names a native signed 8-byte integer ("l", "q", "n", "@" first). */
+CP_HIDDEN int is_int64_format(const char *fmt);
 /* Whether every value is a slot of a pool of num_pages. */
 CP_HIDDEN int all_in_range(const Ints *ix, Py_ssize_t num_pages);
 /* A row view: 2-D, C-contiguous. 1 got it, 0 not a row view (nothing set). */

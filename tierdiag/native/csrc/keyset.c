@@ -1,7 +1,8 @@
 /* PageKeySet (engine/miss.py: the page keys a prefill batch computes, MissTracker.scheduled).
  *
  * A set of page keys with three methods: add(keys, lo, hi) puts keys[lo:hi] in, count(keys, lo,
- * hi) says how many of keys[lo:hi] are in, clear() empties it. `keys` is a list or tuple and
+ * hi) says how many of keys[lo:hi] are in, clear() empties it. `keys` is a list, a tuple or a 1-D
+ * native int64 buffer (a key run, array('q'): engine/tree_node.py; read in place) and
  * 0 <= lo, hi <= len(keys) (the caller clamps as a slice would; hi <= lo is empty). miss.py's
  * _KeySetPy, the reference, does the same with a Python set: a set of Python ints was ~30k
  * instructions a request of a probed Engine.run (hashing, comparing and boxing every key),
@@ -146,7 +147,8 @@ ks_item(PyObject *keys, Py_ssize_t i)
 
 /* The arguments (keys, lo, hi): lo and hi checked. 0, or -1 with an exception. */
 static int
-ks_args(PyObject *const *args, Py_ssize_t nargs, const char *name, Py_ssize_t *lo, Py_ssize_t *hi)
+ks_args(PyObject *const *args, Py_ssize_t nargs, const char *name, Py_ssize_t *lo, Py_ssize_t *hi,
+        Py_buffer *run)
 {
     Py_ssize_t n;
     if (nargs != 3) {
@@ -157,21 +159,95 @@ ks_args(PyObject *const *args, Py_ssize_t nargs, const char *name, Py_ssize_t *l
         n = PyList_GET_SIZE(args[0]);
     } else if (PyTuple_Check(args[0])) {
         n = PyTuple_GET_SIZE(args[0]);
+    } else if (run != NULL && PyObject_CheckBuffer(args[0])
+               && PyObject_GetBuffer(args[0], run, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) == 0) {
+        if (run->ndim != 1 || run->itemsize != (Py_ssize_t)sizeof(int64_t) || !is_int64_format(run->format)) {
+            PyBuffer_Release(run);
+            run->obj = NULL;
+            PyErr_Format(PyExc_TypeError, "PageKeySet.%s: keys must be a list, tuple or int64 run", name);
+            return -1;
+        }
+        n = run->shape[0];
     } else {
-        PyErr_Format(PyExc_TypeError, "PageKeySet.%s: keys must be a list or tuple", name);
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "PageKeySet.%s: keys must be a list, tuple or int64 run", name);
         return -1;
     }
+#define KS_ARGS_FAIL() do { if (run != NULL && run->obj != NULL) { PyBuffer_Release(run); run->obj = NULL; } return -1; } while (0)
     if ((*lo = PyLong_AsSsize_t(args[1])) == -1 && PyErr_Occurred()) {
-        return -1;
+        KS_ARGS_FAIL();
     }
     if ((*hi = PyLong_AsSsize_t(args[2])) == -1 && PyErr_Occurred()) {
-        return -1;
+        KS_ARGS_FAIL();
     }
     if (*lo < 0 || *lo > n || *hi < 0 || *hi > n) {
         PyErr_Format(PyExc_ValueError, "PageKeySet.%s: lo and hi must be within 0..len(keys)", name);
-        return -1;
+        KS_ARGS_FAIL();
     }
     return 0;
+#undef KS_ARGS_FAIL
+}
+
+/* One int64 key put in (adding) or looked up (not) while the set is still its own table: 1 found,
+ * 0 not (or added), -1 with an exception. */
+static inline int
+ks_one(PageKeySet *ks, int64_t k, int adding)
+{
+    if (adding) {
+        Py_ssize_t at;
+        if (ks_reserve(ks) < 0) {
+            return -1;
+        }
+        at = ks_slot(ks, k);
+        if (ks->stamp[at] != ks->gen) {
+            ks->keys[at] = k;
+            ks->stamp[at] = ks->gen;
+            ks->n++;
+        }
+        return 0;
+    }
+    return ks->cap && ks->stamp[ks_slot(ks, k)] == ks->gen;
+}
+
+/* One value put in or looked up in the Python set (switching to it first): 1 found, 0 not, -1
+ * with an exception. `v` is borrowed. */
+static int
+ks_one_py(PageKeySet *ks, PyObject *v, int adding)
+{
+    int in = 0;
+    Py_INCREF(v);
+    if ((ks->py == NULL && ks_to_python(ks) < 0)
+        || (adding ? PySet_Add(ks->py, v) : (in = PySet_Contains(ks->py, v))) < 0) {
+        Py_DECREF(v);
+        return -1;
+    }
+    Py_DECREF(v);
+    return in;
+}
+
+/* ks_each over n int64 keys (a key run's, read in place): each key as its int would be. */
+static Py_ssize_t
+ks_each_run(PageKeySet *ks, const int64_t *keys, Py_ssize_t n, int adding)
+{
+    Py_ssize_t i, found = 0;
+    for (i = 0; i < n; i++) {
+        int got;
+        if (ks->py != NULL) {  /* switched for good: Python's set decides, the key boxed */
+            PyObject *v = PyLong_FromLongLong(keys[i]);
+            if (v == NULL) {
+                return -1;
+            }
+            got = ks_one_py(ks, v, adding);
+            Py_DECREF(v);
+        } else {
+            got = ks_one(ks, keys[i], adding);
+        }
+        if (got < 0) {
+            return -1;
+        }
+        found += got;
+    }
+    return found;
 }
 
 /* add (adding) or count (not): keys[lo:hi] put in, or how many of them are in; the count
@@ -181,8 +257,15 @@ ks_each(PageKeySet *ks, PyObject *const *args, Py_ssize_t nargs, int adding)
 {
     Py_ssize_t lo, hi, i, found = 0;
     PyObject *v;
-    if (ks_args(args, nargs, adding ? "add" : "count", &lo, &hi) < 0) {
+    Py_buffer run;
+    run.obj = NULL;
+    if (ks_args(args, nargs, adding ? "add" : "count", &lo, &hi, &run) < 0) {
         return -1;
+    }
+    if (run.obj != NULL) {
+        found = ks_each_run(ks, (const int64_t *)run.buf + lo, hi > lo ? hi - lo : 0, adding);
+        PyBuffer_Release(&run);
+        return found;
     }
     for (i = lo; i < hi && (v = ks_item(args[0], i)) != NULL; i++) {
         int64_t k;
@@ -190,30 +273,12 @@ ks_each(PageKeySet *ks, PyObject *const *args, Py_ssize_t nargs, int adding)
         if (got < 0) {
             return -1;
         }
-        if (!got) {  /* an odd value, or a set already switched: Python's set decides */
-            int in = 0;
-            Py_INCREF(v);
-            if ((ks->py == NULL && ks_to_python(ks) < 0)
-                || (adding ? PySet_Add(ks->py, v) : (in = PySet_Contains(ks->py, v))) < 0) {
-                Py_DECREF(v);
-                return -1;
-            }
-            Py_DECREF(v);
-            found += in;
-        } else if (adding) {
-            Py_ssize_t at;
-            if (ks_reserve(ks) < 0) {
-                return -1;
-            }
-            at = ks_slot(ks, k);
-            if (ks->stamp[at] != ks->gen) {
-                ks->keys[at] = k;
-                ks->stamp[at] = ks->gen;
-                ks->n++;
-            }
-        } else if (ks->cap && ks->stamp[ks_slot(ks, k)] == ks->gen) {
-            found++;
+        /* an odd value, or a set already switched: Python's set decides */
+        got = got ? ks_one(ks, k, adding) : ks_one_py(ks, v, adding);
+        if (got < 0) {
+            return -1;
         }
+        found += got;
     }
     return found;
 }

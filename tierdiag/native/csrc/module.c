@@ -44,7 +44,7 @@ ints_reserve(Ints *ix, Py_ssize_t n)
 
 /* Whether a PEP 3118 format names a native signed 8-byte integer (numpy int64/intp: "l" on
  * LP64, "q"; "n" is Py_ssize_t). The item size is checked separately. */
-static int
+int
 is_int64_format(const char *fmt)
 {
     if (fmt == NULL) {

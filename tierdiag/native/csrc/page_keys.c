@@ -205,9 +205,10 @@ cp_output_seed(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
 PyDoc_STRVAR(output_keys_doc,
 "output_keys(keys, keys_np, seed, skip, count) -> bytearray, or -1\n\n"
 "trace.pages.extend_output_keys_numpy's work after the seed: output page j (skip <= j < count)\n"
-"is ~((seed + j * step) mod 2**63) as an int64 (pages._OUTPUT_STEP); they are appended to the\n"
-"list `keys`, and the bytearray returned holds keys_np's int64s then the same keys (what\n"
-"np.concatenate made). -1, having changed nothing, when the case is numpy's: keys not a list,\n"
+"is ~((seed + j * step) mod 2**63) as an int64 (pages._OUTPUT_STEP); they are appended to\n"
+"`keys` (a list, or a key run: an array.array of int64, extended by its frombytes), and the\n"
+"bytearray returned holds keys_np's int64s then the same keys (what np.concatenate made). -1,\n"
+"having changed nothing, when the case is numpy's: keys neither a list nor an int64 run,\n"
 "keys_np not a 1-D native int64 buffer as long as it, a seed outside [0, 2**63), counts out\n"
 "of range.");
 
@@ -218,7 +219,7 @@ static PyObject *
 cp_output_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     Py_buffer b;
-    PyObject *keys, *result, *tail;
+    PyObject *keys, *result, *tail, *done;
     long long seed;
     Py_ssize_t skip, count, have, add;
     int64_t *out;
@@ -227,7 +228,23 @@ cp_output_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     keys = args[0];
-    if (!PyList_CheckExact(keys) || !PyLong_CheckExact(args[2])) {
+    if (!PyLong_CheckExact(args[2])) {
+        return not_mine();
+    }
+    if (PyList_CheckExact(keys)) {
+        have = PyList_GET_SIZE(keys);
+    } else if (strcmp(Py_TYPE(keys)->tp_name, "array.array") == 0 && PyObject_CheckBuffer(keys)) {
+        /* a key run: its length here, its frombytes below */
+        if (PyObject_GetBuffer(keys, &b, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Clear();
+            return not_mine();
+        }
+        have = b.ndim == 1 && b.itemsize == 8 && is_int64_format(b.format) ? b.shape[0] : -1;
+        PyBuffer_Release(&b);
+        if (have < 0) {
+            return not_mine();
+        }
+    } else {
         return not_mine();
     }
     seed = PyLong_AsLongLong(args[2]);
@@ -244,7 +261,6 @@ cp_output_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
         PyErr_Clear();
         return not_mine();
     }
-    have = PyList_GET_SIZE(keys);
     if (b.ndim != 1 || b.itemsize != 8 || b.format == NULL
         || !((b.format[0] == 'l' || b.format[0] == 'q') && b.format[1] == '\0') || b.shape[0] != have) {
         PyBuffer_Release(&b);
@@ -252,10 +268,7 @@ cp_output_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
     }
     add = count - skip;
     result = PyByteArray_FromStringAndSize(NULL, (have + add) * (Py_ssize_t)sizeof(int64_t));
-    tail = PyList_New(add);
-    if (result == NULL || tail == NULL) {
-        Py_XDECREF(result);
-        Py_XDECREF(tail);
+    if (result == NULL) {
         PyBuffer_Release(&b);
         return NULL;
     }
@@ -266,14 +279,30 @@ cp_output_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
     PyBuffer_Release(&b);
     for (Py_ssize_t i = 0; i < add; i++) {
         uint64_t v = ((uint64_t)seed + (uint64_t)(skip + i) * OUTPUT_STEP) & MASK63;
-        int64_t key = -(int64_t)v - 1;
-        PyObject *o = PyLong_FromLongLong(key);
+        out[have + i] = -(int64_t)v - 1;
+    }
+    if (!PyList_CheckExact(keys)) {  /* a key run: its bytes appended */
+        done = PyObject_CallMethod(keys, "frombytes", "y#", (const char *)(out + have),
+                                   add * (Py_ssize_t)sizeof(int64_t));
+        if (done == NULL) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        Py_DECREF(done);
+        return result;
+    }
+    tail = PyList_New(add);
+    if (tail == NULL) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < add; i++) {
+        PyObject *o = PyLong_FromLongLong(out[have + i]);
         if (o == NULL) {
             Py_DECREF(result);
             Py_DECREF(tail);
             return NULL;
         }
-        out[have + i] = key;
         PyList_SET_ITEM(tail, i, o);
     }
     if (PyList_SetSlice(keys, have, have, tail) < 0) {
@@ -327,7 +356,97 @@ cp_keys_list(PyObject *Py_UNUSED(module), PyObject *obj)
     return out;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* common_pages(keys, start, node_keys) -> int, or -1                                          */
+
+PyDoc_STRVAR(common_pages_doc,
+"common_pages(keys, start, node_keys) -> int, or -1\n\n"
+"engine/tree.py's common_pages_py on two key runs read in place: the pages of node_keys that\n"
+"keys[start:] matches (node_keys[0] == keys[start] is known; chained keys: a binary search\n"
+"for the last matching page, probing exactly the pages the reference probes, so any input\n"
+"gives its answer). -1, having read nothing, when the case is the reference's: either not a\n"
+"1-D native int64 buffer (a list, a tuple), start not an int in [0, len(keys)), node_keys\n"
+"empty.");
+
+/* A key run's int64s (1: *b got, release it), or 0 (not one; nothing held). */
+static int
+key_buffer(PyObject *obj, Py_buffer *b)
+{
+    if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj) || !PyObject_CheckBuffer(obj)) {
+        return 0;
+    }
+    if (PyObject_GetBuffer(obj, b, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (b->ndim != 1 || b->itemsize != (Py_ssize_t)sizeof(int64_t) || !is_int64_format(b->format)) {
+        PyBuffer_Release(b);
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *
+cp_common_pages(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer a, b;
+    Py_ssize_t start, n, m, avail, lo, hi, got;
+    const int64_t *k, *nk;
+
+    if (wrong_nargs(nargs, 3, "common_pages() takes 3 arguments: keys, start, node_keys")) {
+        return NULL;
+    }
+    if (!PyLong_CheckExact(args[1])) {
+        return not_mine();
+    }
+    start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return not_mine();
+    }
+    if (!key_buffer(args[0], &a)) {
+        return not_mine();
+    }
+    if (!key_buffer(args[2], &b)) {
+        PyBuffer_Release(&a);
+        return not_mine();
+    }
+    n = a.shape[0];
+    m = b.shape[0];
+    if (start < 0 || start >= n || m < 1) {
+        PyBuffer_Release(&a);
+        PyBuffer_Release(&b);
+        return not_mine();
+    }
+    k = (const int64_t *)a.buf + start;
+    nk = (const int64_t *)b.buf;
+    avail = n - start;
+    if (avail >= m && k[m - 1] == nk[m - 1]) {
+        got = m;
+    } else {
+        lo = 1;
+        hi = m < avail ? m : avail;  /* k[lo - 1] matches; find the last matching page */
+        if (k[hi - 1] == nk[hi - 1]) {
+            got = hi;
+        } else {
+            while (hi - lo > 1) {  /* lo matches, hi does not */
+                Py_ssize_t mid = (lo + hi) / 2;
+                if (k[mid - 1] == nk[mid - 1]) {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            got = lo;
+        }
+    }
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    return PyLong_FromSsize_t(got);
+}
+
 PyMethodDef cp_page_keys_methods[] = {
+    {"common_pages", (PyCFunction)(void (*)(void))cp_common_pages, METH_FASTCALL, common_pages_doc},
     {"keys_list", (PyCFunction)cp_keys_list, METH_O, keys_list_doc},
     {"block_page_keys", (PyCFunction)(void (*)(void))cp_block_page_keys, METH_FASTCALL, block_page_keys_doc},
     {"output_keys", (PyCFunction)(void (*)(void))cp_output_keys, METH_FASTCALL, output_keys_doc},
