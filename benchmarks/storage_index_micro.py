@@ -13,6 +13,9 @@ as the engine calls it, a `run` query between writes, and the engine's `place` o
 new keys (one segment, consecutive slots). Memory stalls are most of the index's time on a full
 tier (tens of MB read at random), which valgrind does not count: hence CPU seconds, interleaved
 rounds, medians, each checkout in its own process (its own build of `_cplane`).
+
+Exit status: 0; 1 with a one-line message for an option out of range (or a checkout without
+the compiled data plane); 2 for an option of the wrong type (argparse).
 """
 
 from __future__ import annotations
@@ -83,6 +86,22 @@ def one(code: Path, a) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+LIMITS = {"keys": 100_000_000, "capacity": 2**31 - 2, "batch": 1_000_000, "queries": 100_000_000, "rounds": 1000}
+
+
+def check(a) -> str | None:
+    """The options' problem in one line, None when they are fine (a value of the wrong type is
+    argparse's: exit 2; a value out of range: exit 1 with this line)."""
+    for name, top in LIMITS.items():
+        low = 0 if name == "queries" else 1
+        value = getattr(a, name)
+        if not low <= value <= top:
+            return f"--{name} must be in [{low:,}, {top:,}], not {value!r}"
+    if not 0 <= a.touched < 1:  # (NaN fails it too)
+        return f"--touched must be in [0, 1), not {a.touched!r}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--code", type=Path, default=None, help="another checkout (its _cplane built) to time beside this one")
@@ -94,8 +113,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--queries", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=7)
     a = ap.parse_args(argv)
-    if not (a.keys > 0 and a.capacity > 0 and a.batch > 0 and 0 <= a.touched < 1 and a.queries >= 0 and a.rounds > 0):
-        raise SystemExit("--keys, --capacity, --batch and --rounds must be > 0, --queries >= 0, --touched in [0, 1)")
+    problem = check(a)
+    if problem:
+        raise SystemExit(f"storage_index_micro: {problem}")
     codes = {"this": ROOT} if a.code is None else {"base": a.code.resolve(), "this": ROOT}
     got: dict[str, list[dict]] = {k: [] for k in codes}
     for r in range(a.rounds):
