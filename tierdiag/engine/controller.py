@@ -191,6 +191,9 @@ class CacheController:
         # whose `prefetch_pass` is the pass count (the Scheduler; None: pass 0), read by
         # pass_now: a compiled read, where an interpreted lambda was a Python call each time
         self.pass_owner: Any = None
+        # `_wake` bound once: an event that only wakes the scheduler is queued at every storage
+        # write's start (a bound method made a write, ~10k a conversation replay, otherwise)
+        self._wake_fn: Any = self._wake
         # 0.5.23: the host slots of prefetch reads cut short while in flight, freed as SGLang frees
         # them (free_prefetch_tails): (when the read stops, the pass that took its last ack or
         # -1, the slots)
@@ -527,25 +530,28 @@ class CacheController:
         self.tree.protect_host(node)
         self.storage_writes.append(StorageWrite(node, cause, self.pass_now() + passes, len(node.keys)))
 
-    def start_storage_writes(self, now_ns: int) -> None:
+    def start_storage_writes(self, now_ns: int, step: int = -1) -> None:
         """A pass's start (`writing_check` -> `write_backup_storage`): the storage writes whose
         host copies were acknowledged since the last pass go on the tier's write queue
         (`backup_thread_func`, one write after another, each as long as
         CostModel.storage_io_ns prices its pages; the pass at its end takes its ack). Their
         pages are in the tier from the first pass at or after the write's end (and after the
-        pass that started it), before its queries: `backup_thread_func` writes, then acks."""
+        pass that started it), before its queries: `backup_thread_func` writes, then acks.
+        `step`: that pass (`pass_now() + 1`), where the caller has it at hand (the scheduler's
+        pass start: no generic read of its pass count a pass)."""
         if not self.storage_writes:
             return
         storage = self.storage
         assert storage is not None  # (a write in flight has a tier; typed, the compares are plain ints)
-        step: int = self.pass_now() + 1
+        if step < 0:
+            step = self.pass_now() + 1
         for entry in self.storage_writes:
             if entry.start < 0:
                 start = max(now_ns, storage.write_free_ns)
                 end = start + self.cost.storage_io_ns(entry.pages, self.page_bytes)
                 storage.write_free_ns = end
                 entry.start, entry.end = start, end
-                self.at(end, self._wake, None)  # the event loop's pass then takes its ack
+                self.at(end, self._wake_fn, None)  # the event loop's pass then takes its ack
             if not entry.landed and entry.release_pass <= step and entry.end <= now_ns:
                 self._land(entry.node, entry.cause, entry.pages, entry.start, entry.end, now_ns)
                 entry.landed = True
@@ -559,14 +565,16 @@ class CacheController:
         taken before the acks are drained)."""
         if slots:
             self.prefetch_tails.append((stop_ns, -1, slots))
-            self.at(stop_ns, self._wake, None)
+            self.at(stop_ns, self._wake_fn, None)
 
-    def free_prefetch_tails(self, now_ns: int, *, every: bool = False) -> None:
+    def free_prefetch_tails(self, now_ns: int, *, every: bool = False, step: int = -1) -> None:
         """A pass's drain, its end (`_drain_release`): the tails whose last ack an earlier pass
-        took are freed; those whose read has stopped by now have their ack taken by this pass."""
+        took are freed; those whose read has stopped by now have their ack taken by this pass
+        (`step`, as in start_storage_writes)."""
         if not self.prefetch_tails:
             return
-        step: int = self.pass_now() + 1  # the pass this drain belongs to
+        if step < 0:
+            step = self.pass_now() + 1  # the pass this drain belongs to
         keep = []
         for stop, seen, slots in self.prefetch_tails:
             if every or (seen >= 0 and step > seen):
@@ -574,7 +582,7 @@ class CacheController:
                 continue
             if seen < 0 and now_ns >= stop:
                 seen = step
-                self.at(now_ns, self._wake, None)  # the event loop's next pass frees them
+                self.at(now_ns, self._wake_fn, None)  # the event loop's next pass frees them
             keep.append((stop, seen, slots))
         self.prefetch_tails = keep
 
@@ -591,15 +599,25 @@ class CacheController:
             if part.host is not None and part.parent is not None:
                 self._write_storage(part, cause, now_ns, start, end)
 
-    def release_storage_writes(self, now_ns: int, *, every: bool = False) -> None:
+    def release_storage_writes(self, now_ns: int, *, every: bool = False, step: int = -1) -> None:
         """A pass's drain (`_drain_backup`): the storage writes whose ack it takes (in the tier
         since this pass's start, start_storage_writes) free their host copies to evict again.
-        `every`: the replay's end, when the passes after it would take every ack."""
+        `every`: the replay's end, when the passes after it would take every ack. `step`: the
+        pass this drain belongs to, as in start_storage_writes."""
         if every:
             self.free_prefetch_tails(now_ns, every=True)
         if not self.storage_writes:
             return
-        step: int = self.pass_now() + 1  # the pass this drain belongs to
+        if step < 0:
+            step = self.pass_now() + 1  # the pass this drain belongs to
+        if not every:
+            # Most passes take no write's ack (~5 writes in flight, one landing every few
+            # passes): those leave the list as it is, not copied into a new one
+            for entry in self.storage_writes:
+                if entry.landed and entry.release_pass <= step and entry.end <= now_ns:
+                    break
+            else:
+                return
         keep: list[StorageWrite] = []
         for entry in self.storage_writes:
             if every and not entry.landed:  # the replay's end: the passes after it would take every ack

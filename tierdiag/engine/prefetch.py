@@ -143,18 +143,22 @@ class StoragePrefetch(SchedulerState):
                 self.prefetch_pass += 1
             return
         acks = self.storage_acks
+        # the pass this is (the controller's `pass_now() + 1`, handed to it: the count is only
+        # moved by `_retry_prefetches`, at the end)
+        step = self.prefetch_pass + 1
+        ctrl = self.ctrl
         if acks:
             # the writes acknowledged since the last pass start; those ended are in the tier
             # before this pass's queries
-            self.ctrl.start_storage_writes(now)
+            ctrl.start_storage_writes(now, step)
         if self.unqueried:
             arrived, self.unqueried = self.unqueried, []
             for req in arrived:
                 self._start_prefetch(req, now)
         if acks:
             self.drain_prefetch_queries(now)
-            self.ctrl.release_storage_writes(now)
-            self.ctrl.free_prefetch_tails(now)
+            ctrl.release_storage_writes(now, step=step)
+            ctrl.free_prefetch_tails(now, step=step)
             self._drain_held_releases()
         self._retry_prefetches(now)  # _process_hicache_events, every pass
 

@@ -350,7 +350,10 @@ class StorageTier:
         if gather is not None:
             self._set_shape(shape)
         keys = keys if type(keys) is list else list(keys)
-        deleted, fresh, emptied = self._index.admit(keys, self.capacity, counted)
+        # (a tuple as typed: unpacked by its items, where the index's untyped answer was a
+        # generic iteration a write)
+        admitted: tuple[Any, Any, list[int]] = self._index.admit(keys, self.capacity, counted)
+        deleted, fresh, emptied = admitted
         if emptied:
             segments = self._segments
             self._emptied.extend(segments[n] for n in emptied)

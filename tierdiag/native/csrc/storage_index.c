@@ -27,9 +27,15 @@ typedef struct {
     PyObject *key;     /* a strong reference; NULL: a free entry */
     Py_hash_t hash;
     int64_t loc;
-    Py_ssize_t prev;   /* LRU neighbours (-1 at the ends); a free entry's next is the free list */
-    Py_ssize_t next;
+    int32_t prev;      /* LRU neighbours (-1 at the ends); a free entry's next is the free list */
+    int32_t next;      /* (entry numbers stay below IX_MAX_ENTRIES = 2**31 - 1) */
 } IxEntry;
+
+/* 32 bytes: an entry never straddles two cache lines (the array is 2 MiB-aligned once large,
+ * PyMem's 16 bytes below that), where 40-byte entries straddled one in two. A full tier's
+ * entries are read at random (a found key's, a victim's, each relink's two neighbours): every
+ * straddling read was a second miss (issue 41, the storage row). */
+_Static_assert(sizeof(IxEntry) == 32, "IxEntry is half a cache line");
 
 typedef struct {
     PyObject_HEAD
@@ -223,9 +229,9 @@ static void
 ix_push_newest(StorageIndex *ix, Py_ssize_t e)
 {
     IxEntry *x = &ix->ent[e];
-    x->prev = ix->tail;
+    x->prev = (int32_t)ix->tail;
     x->next = -1;
-    if (ix->tail >= 0) ix->ent[ix->tail].next = e; else ix->head = e;
+    if (ix->tail >= 0) ix->ent[ix->tail].next = (int32_t)e; else ix->head = e;
     ix->tail = e;
 }
 
@@ -315,7 +321,7 @@ ix_remove(StorageIndex *ix, Py_ssize_t e)
     }
     ix_unlink(ix, e);
     ix->ent[e].key = NULL;
-    ix->ent[e].next = ix->free_head;
+    ix->ent[e].next = (int32_t)ix->free_head;
     ix->free_head = e;
     ix->len--;
     return key;
