@@ -38,6 +38,7 @@ compileall).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from types import CodeType
@@ -94,11 +95,9 @@ def save(path: str, table: dict[str, CodeType]) -> None:
         with open(tmp, "wb") as fh:
             fh.write(_header() + marshal.dumps(table))
         os.replace(tmp, path)
-    except OSError:
-        try:
+    except OSError:  # a cache, like a .pyc: where it cannot be written, the next start compiles again
+        with contextlib.suppress(OSError):  # never made, or its folder not ours to write: nothing to remove
             os.unlink(tmp)
-        except OSError:
-            pass  # never made: nothing to remove
 
 
 def _exec(source, globals=None, locals=None, /, **kwargs):

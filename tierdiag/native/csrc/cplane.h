@@ -48,7 +48,9 @@
  * 11: SlotCore and MapCore (PagePool's and PageMap's bases: alloc, free, set_many one C call; session 19).
  * 12: StorageIndex.admit's `counted` (the deletions counted, no list made; session 19, h41stor3).
  * 13: SlotCore's runs: `_bind` takes an array('q') template, alloc hands out array('q') slot runs and
- *     free takes them (session 21, h41soa). */
+ *     free takes them (session 21, h41soa).
+ * 14: page keys as int64 runs: common_pages, PageKeySet and output_keys read array('q') runs
+ *     (session 22, h41keys); RowBuffer.append and FlushTicker by vectorcall (h41rec5). */
 #define CPLANE_API 14
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
