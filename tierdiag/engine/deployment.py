@@ -303,6 +303,10 @@ class Deployment:
         ps = self.ps
         keys_np = page_keys_array(t, page_size=ps, block_size=self.cfg.block_size)
         keys = keys_list(keys_np)  # (the data plane's C loop where compiled: numpy's tolist reads item by item)
+        # The rank's request keeps this list as its keys (`Scheduler._arrive`), made once: ~40k
+        # instructions a request on the conversation trace. Its finish appends the output pages'
+        # keys to it; the router reads `page_keys` only while it routes (no policy's `on_finish`
+        # reads them, and the trees it keeps are its own slices).
         view = RequestView(t.req_id, keys, t.input_len, ps, t.session)
         # What each rank really holds of the prefix it could reuse (the scheduler matches at most
         # the pages before the last input token), asked before routing and without side effect.
@@ -341,7 +345,7 @@ class Deployment:
         # call of a NamedTuple's generated __new__ (an interpreted call a request)
         route = Route._make((decision.branch, decision.reason, decision.score, decision.score_name, own_d * ps,
                              own_h * ps, best, best_d * ps, best_h * ps, ranks_json))
-        self.ranks[rank]._arrive(t, now, trace_ns, think_ms, keys_np, route)
+        self.ranks[rank]._arrive(t, now, trace_ns, think_ms, keys_np, route, keys)
 
     def _leave(self, req: Req, now: int) -> None:
         """A request left its rank (finished, or rejected there): the gateway stops counting it."""

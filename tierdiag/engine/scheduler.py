@@ -344,9 +344,10 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
 
     # --- arrival -------------------------------------------------------------------------
     def _arrive(self, t: TraceRequest, now: int, trace_ns: int, think_ms: float | None,
-                keys_np: np.ndarray | None = None, route: ev.Route | None = None) -> None:
-        """A request arrives (a deployment passes the page keys it computed to route it, and the
-        routing columns of its record)."""
+                keys_np: np.ndarray | None = None, route: ev.Route | None = None,
+                keys: list[int] | None = None) -> None:
+        """A request arrives (a deployment passes the page keys it computed to route it, as the
+        array and the list, and the routing columns of its record)."""
         req = Req(t, now, trace_ns, think_ms)
         if route is not None:
             req.route = route
@@ -380,7 +381,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                               f"{self.ctrl.device.capacity * ps}")
             return
         req.keys_np = page_keys_array(t, page_size=ps, block_size=self.cfg.block_size) if keys_np is None else keys_np
-        req.keys = keys_list(req.keys_np)
+        req.keys = keys_list(req.keys_np) if keys is None else keys
         req.max_match_pages = min(len(req.keys), (req.input_len - 1) // ps)
         if self.miss is not None:
             self.miss.arrived(req, self.tree)
