@@ -37,7 +37,6 @@ milliseconds, so eviction order has no ties between requests.
 from __future__ import annotations
 
 import heapq
-from array import array
 from itertools import repeat
 from typing import Sequence
 
@@ -190,13 +189,10 @@ class ApproxTreeByKey:
 class _Run:
     """A node of one rank's tree: a run of keys, each the parent of the next (a key inside a run
     has no other child in that rank), all last touched by that rank at `tick`; `children` by
-    their first key. The keys are an int64 array (page keys are int64: trace/pages.py), not a
-    list: the collector never tracks an array, where each list of a --dp 8 conversation replay's
-    ~15k runs was one it traversed key by key at every pass that found it young (2.3 M keys),
-    and the keys' int objects are not kept alive by the router alone."""
+    their first key."""
     __slots__ = ("keys", "tick", "children", "parent")
 
-    def __init__(self, keys: "array[int]", tick: int, parent: "_Run | None") -> None:
+    def __init__(self, keys: list[int], tick: int, parent: "_Run | None") -> None:
         self.keys = keys
         self.tick = tick
         self.children: dict[int, _Run] = {}
@@ -220,7 +216,7 @@ class ApproxTree:
 
     def __init__(self, num_ranks: int) -> None:
         self.num_ranks = num_ranks
-        self._roots = [_Run(array("q"), 0, None) for _ in range(num_ranks)]  # a rank's root: no keys
+        self._roots = [_Run([], 0, None) for _ in range(num_ranks)]  # a rank's root: no keys
         self.pages = [0] * num_ranks  # tenant_char_count, in pages
 
     def __len__(self) -> int:
@@ -277,7 +273,8 @@ class ApproxTree:
         i, node = self._path(self._roots[rank], keys, tick)
         n = len(keys)
         if i < n:
-            node.children[keys[i]] = _Run(array("q", keys[i:]), tick, node)
+            rest = keys[i:]
+            node.children[keys[i]] = _Run(rest if type(rest) is list else list(rest), tick, node)
             self.pages[rank] += n - i
 
     def prefix_match(self, keys: Sequence[int], tick: int, *, touch: bool = True
@@ -355,7 +352,7 @@ class ApproxTree:
             assert len(seen) == self.pages[r], f"rank {r}: page count {self.pages[r]} != counted {len(seen)}"
 
 
-def _common(run: "array[int]", keys: Sequence[int], i: int, n: int) -> int:
+def _common(run: list[int], keys: Sequence[int], i: int, n: int) -> int:
     """How many leading keys of `run` equal keys[i:] (at least 1: the run was found by keys[i]).
     Keys are prefix-chained, so the keys agree up to the last position where they agree: a
     binary search."""
