@@ -88,6 +88,10 @@ def _json_number_reference(x: float | None) -> str:
     return repr(f)
 
 
+# _arrive's whole texts of a rank holding nothing and scoring 0.0, kept for in_flight numbers below this
+_IDLE_TEXTS_MAX: Final = 4096
+
+
 # (a native float of this module: the imported name is a dict look-up a call, compiled)
 _INIT_RATIO: Final[float] = INIT_NEW_TOKEN_RATIO
 
@@ -173,6 +177,9 @@ class Deployment:
         # host tokens to follow, and with both 0
         self._json_heads = [f'{{"rank":{r},"device_tokens":' for r in range(n)]
         self._json_empty_heads = [f'{{"rank":{r},"device_tokens":0,"host_tokens":0,"in_flight":' for r in range(n)]
+        # ... and each rank's whole text where it holds none of the prefix and scores 0.0 (most
+        # ranks for most requests), by its in_flight number, made the first time it is met
+        self._json_idle: list[list[str]] = [[] for _ in range(n)]
         for rank, sched in enumerate(self.ranks):
             sched.as_rank(rank, n)
             sched.at = sched.ctrl.at = self._at_for(sched)
@@ -330,13 +337,25 @@ class Deployment:
         # Each rank's text up to its in_flight number made once (`_json_heads`: most ranks hold
         # none of a request's prefix, "device_tokens":0,"host_tokens":0 then); a score of 0 is
         # "0.0" (`_json_number`).
-        heads, empty_heads = self._json_heads, self._json_empty_heads
+        # A rank holding none of the prefix that the router scores 0.0 is a whole text kept by
+        # its in_flight number (`_json_idle`): no int formatted, no score, no string built.
+        heads, empty_heads, idle = self._json_heads, self._json_empty_heads, self._json_idle
         parts: list[str] = []
         for r, (d, h) in enumerate(held):
-            score = _json_number(scores[r] if r < num_scores else None)
             if d == 0 and h == 0:
+                if r < num_scores:
+                    s: float = scores[r]
+                    f: int = in_flight[r]
+                    if s == 0.0 and math.copysign(1.0, s) > 0 and f < _IDLE_TEXTS_MAX:
+                        texts = idle[r]
+                        while len(texts) <= f:
+                            texts.append(f'{empty_heads[r]}{len(texts)},"score":0.0}}')
+                        parts.append(texts[f])
+                        continue
+                score = _json_number(scores[r] if r < num_scores else None)
                 parts.append(f'{empty_heads[r]}{in_flight[r]},"score":{score}}}')
             else:
+                score = _json_number(scores[r] if r < num_scores else None)
                 parts.append(f'{heads[r]}{d * ps},"host_tokens":{h * ps},"in_flight":{in_flight[r]},"score":{score}}}')
         ranks_json = "[" + ",".join(parts) + "]"
         own_d, own_h = held[rank]
