@@ -246,10 +246,18 @@ class Deployment:
                 if nxt_t is None or nxt_t > now:
                     break
             batched = False
-            ran = []  # ranks whose pass ran a batch: their next pass is when it ends, even now
+            # Ranks whose pass ran a batch (bit `rank`): their next pass is when it ends, even now.
+            # Each rank's GPU-free time is read once a wake, here, and the earliest next pass
+            # among the ranks (busy past now, or that ran) taken as the loop goes: gpu_free holds
+            # boxed ints (ns times: each read an unbox), ~2 M reads on 3,000 requests at --dp 8.
+            ran_mask = 0
+            have_free = False
+            min_free = 0
             for rank, sched in enumerate(ranks):
-                if now >= gpu_free[rank] and (sched.waiting or sched.running or sched.chunked is not None):
+                free: int = gpu_free[rank]
+                if now >= free and (sched.waiting or sched.running or sched.chunked is not None):
                     end = sched.pass_fn(now)
+                    batched = True
                     if end is not None:
                         if ahead and not (closed and src.num_sessions):
                             limit = next_ns(now) if closed else src_next
@@ -265,21 +273,25 @@ class Deployment:
                             else:
                                 run_at_once[rank] = None
                         gpu_free[rank] = end
-                        ran.append(rank)
-                    batched = True
-                elif now >= gpu_free[rank] and idle_pass_changes(sched, acks[rank]):
+                        free = end
+                        ran_mask |= 1 << rank
+                        if not have_free or free < min_free:
+                            have_free, min_free = True, free
+                        continue
+                elif now >= free and idle_pass_changes(sched, acks[rank]):
                     sched.idle_pass(now, nxt_t is not None)  # self_check_during_idle, the storage drain
+                if free > now and (not have_free or free < min_free):
+                    have_free, min_free = True, free
             if batched:
                 for tick in ticks:  # a batch's events are in: the probe may flush its buffers
                     tick()
             nxt = nxt_t
             if events and (nxt is None or events[0][0] < nxt):
                 nxt = events[0][0]
-            for rank, free in enumerate(gpu_free):
-                if (free > now or rank in ran) and (nxt is None or free < nxt):
-                    nxt = free
-            if at_once_until > now and any(free <= now and rank not in ran and (s.waiting or s.chunked is not None
-                                                                                 or s.running)
+            if have_free and (nxt is None or min_free < nxt):
+                nxt = min_free
+            if at_once_until > now and any(free <= now and not (ran_mask >> rank) & 1
+                                           and (s.waiting or s.chunked is not None or s.running)
                                            for rank, (free, s) in enumerate(zip(gpu_free, ranks))):
                 for stepped in run_at_once:  # a stuck rank: the loop's next wake, those passes' included
                     if stepped is None:
