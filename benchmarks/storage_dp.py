@@ -4,7 +4,7 @@ processes (scale.py's launcher: wall, CPU with the writer process's), each check
 imported from its own root, interleaved (the order flips every round), medians. The ratios are
 targets41's: storage / probed, dp 8 / probed, each within its checkout.
 
-    .venv/bin/python benchmarks/storage_dp.py --code BASE [--trace FILE] [--repeats 3]
+    .venv/bin/python benchmarks/storage_dp.py --code BASE [--trace FILE] [--repeats 3] [--modes probes,dp8]
 """
 
 from __future__ import annotations
@@ -29,15 +29,20 @@ def main() -> None:
     ap.add_argument("--code", type=Path, required=True, help="the checkout to compare with (built)")
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--modes", default=",".join(MODES), help="which of probes, storage, dp8 (probes always)")
     a = ap.parse_args()
+    unknown = set(a.modes.split(",")) - set(MODES)
+    if unknown:
+        ap.error(f"--modes: unknown {', '.join(sorted(unknown))} (of {', '.join(MODES)})")
+    modes = {m: MODES[m] for m in MODES if m in a.modes.split(",") or m == "probes"}
     roots = {"before": a.code.resolve(), "after": ROOT}
-    runs: dict[tuple[str, str], list[dict]] = {(c, m): [] for c in roots for m in MODES}
+    runs: dict[tuple[str, str], list[dict]] = {(c, m): [] for c in roots for m in modes}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(a.repeats):
-            order = [(c, m) for m in MODES for c in roots]
+            order = [(c, m) for m in modes for c in roots]
             for c, m in order if i % 2 == 0 else order[::-1]:
                 db = Path(tmp) / f"{c}-{m}-{i}.duckdb"
-                r = scale.run(["replay", a.trace, "--db", db, "--json", *MODES[m]], root=roots[c])
+                r = scale.run(["replay", a.trace, "--db", db, "--json", *modes[m]], root=roots[c])
                 shutil.rmtree(db.with_suffix(".storage"), ignore_errors=True)
                 runs[(c, m)].append(r)
                 print(f"{c} {m} #{i + 1}: {r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s CPU", file=sys.stderr)
@@ -45,9 +50,11 @@ def main() -> None:
            for k, v in runs.items()}
     print(f"{a.trace.name}, {a.repeats} interleaved rounds, medians (wall / CPU s); before {roots['before']}")
     print("| | before | after |\n|---|---|---|")
-    for m in MODES:
+    for m in modes:
         print(f"| {m} | " + " | ".join(f"{med[(c, m)][0]:.2f} / {med[(c, m)][1]:.2f}" for c in roots) + " |")
     for m, what in (("storage", "storage / probes"), ("dp8", "dp 8 / probes")):
+        if m not in modes:
+            continue
         cells = []
         for c in roots:
             w, p = med[(c, m)], med[(c, "probes")]

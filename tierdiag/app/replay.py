@@ -178,15 +178,23 @@ def _flush_every_s() -> float:
 
 
 @contextlib.contextmanager
-def _fewer_gc_passes():
+def _fewer_gc_passes(process_ends: bool = False):
     """A replay allocates millions of short-lived objects beside ~10^5 long-lived tree nodes;
     CPython's default gen-0 threshold (700) makes the collector rescan them constantly (measured:
-    1.2 s of a 8 s conversation-trace replay). Nothing here relies on prompt cycle collection."""
+    1.2 s of a 8 s conversation-trace replay). Nothing here relies on prompt cycle collection.
+
+    The engine is a reference cycle (its ranks' callbacks hold their schedulers), dead once the
+    replay returns. With the default thresholds back, the next allocation's pass may traverse it
+    whole (its page lists, router runs, tree nodes: 0.05-0.22 s CPU at `--dp 8`). Where the
+    caller's process ends unfreed (`process_ends`: the CLI, `cli/exits.py`) the heap is frozen
+    first, so no pass sees it again; a library caller's engine is left to the collector."""
     old = gc.get_threshold()
     gc.set_threshold(50_000, 20, 100)
     try:
         yield
     finally:
+        if process_ends:
+            gc.freeze()
         gc.set_threshold(*old)
 
 
@@ -227,14 +235,17 @@ def _scaled_arrivals(requests, time_scale: float, trace: Path, closed: bool = Tr
 
 def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | None, probes: bool,
            skip_bad: bool, command_line: list[str] | None = None,
-           progress: Callable[[int, int, object], None] | None = None) -> ReplayResult:
+           progress: Callable[[int, int, object], None] | None = None,
+           process_ends: bool = False) -> ReplayResult:
     # Fewer collector passes over the whole replay, the closing flush and summary included: the
     # recorder's last ~10^5 buffered events and the tree are live objects that a default-
     # threshold pass right after the engine rescans (0.1-0.3 s on the conversation trace).
-    # The stack reaps a writer process however the replay ends.
+    # The stack reaps a writer process however the replay ends. `process_ends`: the caller's
+    # process ends after this replay without freeing its objects (the CLI): the heap is frozen
+    # at the end instead of left to the collector (`_fewer_gc_passes`).
     closed: list = []  # the writer, once the run is closed (_replay appends it)
     try:
-        with _fewer_gc_passes(), contextlib.ExitStack() as cleanup:
+        with _fewer_gc_passes(process_ends), contextlib.ExitStack() as cleanup:
             return _replay(trace, cfg, db=db, run_name=run_name, probes=probes, skip_bad=skip_bad,
                            command_line=command_line, progress=progress, cleanup=cleanup, closed=closed)
     except KeyboardInterrupt as exc:

@@ -151,6 +151,7 @@ def run_and_leave(build_app) -> None:
     """`run`, then, after a command that asked for it (`leave_without_teardown`), the end of
     the process without the interpreter's teardown (`_leave`). `run` itself returns or raises
     SystemExit as ever, for whoever calls it."""
+    _ENDS_THE_PROCESS.append(True)
     try:
         run(build_app)
     except SystemExit as exc:
@@ -167,9 +168,21 @@ def run_and_leave(build_app) -> None:
 _LEAVE_FAST: list[bool] = []
 
 
+# Set by `run_and_leave` (the console script, `python -m tierdiag`): the command's process ends
+# when it returns. Not by Typer's test runner, which runs commands inside a longer process.
+_ENDS_THE_PROCESS: list[bool] = []
+
+
 def leave_without_teardown() -> None:
     """Ask `entry` to end this process by `_leave` (the command has closed what it opened)."""
     _LEAVE_FAST.append(True)
+
+
+def process_ends_unfreed() -> bool:
+    """Whether this process ends by `_leave` once the command returns (`entry` runs it and the
+    command asked for it): what it holds then is never freed, so a command may leave the
+    collector's passes off its objects (`gc.freeze`)."""
+    return bool(_ENDS_THE_PROCESS) and bool(_LEAVE_FAST)
 
 
 def _leave(code: object) -> None:

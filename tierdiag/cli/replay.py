@@ -129,7 +129,7 @@ def replay(
     """Replay TRACE through the tiered cache engine and record every request into --db."""
     # Whatever happens below is closed by the time the command returns (the run, its writer
     # process, the storage tier's files): the process then skips freeing the engine's objects.
-    from tierdiag.cli.exits import leave_without_teardown
+    from tierdiag.cli.exits import leave_without_teardown, process_ends_unfreed
 
     leave_without_teardown()
     # A twin of an observed run replays on as many ranks as the server had, unless told.
@@ -185,7 +185,8 @@ def replay(
         try:
             summary = run_replay(trace, cfg, db=None if no_probes else db, run_name=run_name,
                                  probes=not no_probes, skip_bad=skip_bad,
-                                 command_line=command_line(), progress=progress)
+                                 command_line=command_line(), progress=progress,
+                                 process_ends=process_ends_unfreed())
         except ReplayInterrupted as exc:
             if progress is not None:  # a bar is shown: it goes before the interrupt's line
                 bar.stop()

@@ -346,8 +346,8 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
     # --- arrival -------------------------------------------------------------------------
     def _arrive(self, t: TraceRequest, now: int, trace_ns: int, think_ms: float | None,
                 keys_np: np.ndarray | None = None, route: ev.Route | None = None) -> None:
-        """A request arrives (a deployment passes the page keys it computed to route it, and the
-        routing columns of its record)."""
+        """A request arrives (a deployment passes the page keys' array it computed to route it,
+        and the routing columns of its record; the request's key run is one copy of that array)."""
         req = Req(t, now, trace_ns, think_ms)
         if route is not None:
             req.route = route

@@ -281,15 +281,26 @@ class ApproxTree:
                      ) -> tuple[int, int | None, list[int]]:
         """ApproxTreeByKey.prefix_match: (matched pages, the rank of the deepest matched node or
         None, pages each rank holds of `keys`' prefix)."""
-        path = self._path
-        found = [path(root, keys) for root in self._roots]
-        depth_of = [d for d, _ in found]
+        # (`ApproxTree._path` named on the class: a native call, compiled; the bound method
+        # read into a local was a generic Python call a rank, ~2,000 instructions each)
+        depth_of: list[int] = []
+        ends: list[_Run] = []
+        for root in self._roots:
+            d, end = ApproxTree._path(root, keys)
+            depth_of.append(d)
+            ends.append(end)
         depth = max(depth_of)
         if depth == 0:
             return 0, None, depth_of
-        # the tick of the deepest matched key in each rank: its run's
-        chosen = max((r for r in range(self.num_ranks) if depth_of[r] == depth),
-                     key=lambda r: (found[r][1].tick, -r))
+        # the tick of the deepest matched key in each rank (its run's): the latest, the lowest
+        # rank on a tie (the key (tick, -rank) at its largest)
+        chosen = -1
+        latest = 0
+        for r in range(self.num_ranks):
+            if depth_of[r] == depth:
+                t = ends[r].tick
+                if chosen < 0 or t > latest:
+                    chosen, latest = r, t
         if touch:
             self.touch(keys[:depth], chosen, tick)
         return depth, chosen, depth_of
