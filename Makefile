@@ -39,6 +39,9 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard tierdiag/native/csrc/*.c 
 	# The Triton kernel's tests run under Triton's interpreter on CPU (pytest -m triton); 3.9.0
 	# installs beside torch 2.13.0+cpu (CUDA wheels of torch bring their own triton).
 	$(BIN)/pip install -q triton==3.9.0
+	# The read commands' dataclass methods compiled once, as compileall does .pyc files
+	# (tierdiag/cli/dataclass_code.py: ~15-20 % of `explain`/`summary`'s start-up).
+	$(BIN)/python -m tierdiag.cli.dataclass_code
 	touch $(VENV)/.engine-core $@
 
 # The engine core again after an edit of the engine's source: a compiled module whose source

@@ -399,6 +399,10 @@ def main(argv: list[str] | None = None) -> int:
     import compileall  # as an installed package is (PYTHONDONTWRITEBYTECODE would recompile every start-up)
 
     compileall.compile_dir(str(ROOT / "tierdiag"), quiet=1)
+    # The readers' table of dataclass methods (cli/dataclass_code.py), as `make setup` or a first
+    # run writes it: the readers row times an installed tool, not its first start.
+    subprocess.run([sys.executable, "-m", "tierdiag.cli.dataclass_code"], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL)
     with tempfile.TemporaryDirectory(prefix="tierdiag-targets-") as tmp:
         res = collect(args.quick, args.repeats or (2 if args.quick else 3), only, Path(tmp), args.readers_db)
     render(res)
