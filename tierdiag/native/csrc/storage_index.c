@@ -11,7 +11,9 @@
 /*                                                                                              */
 /* Keys are exact ints (the engine's page keys, which name their whole prefix), bytes or str    */
 /* (tests): hashing and comparing them never runs Python code, so no call here can see the      */
-/* index change under it. Entries live in one array linked into the LRU list (oldest first) and */
+/* index change under it. A call takes its keys as a list or as a run of int64 (the engine's    */
+/* array('q') key runs: IxKeys), looked up by value; a run's key becomes an int object only     */
+/* when it enters the index. Entries live in one array linked into the LRU list (oldest first) and */
 /* are found through an open-addressing table (linear probing, deletion by backward shift, kept */
 /* at most half full). A table slot holds the entry number + 1 (0: empty) and a 32-bit tag of   */
 /* the key's hash, which is also its home (tables stay under 2**32 slots): a probe past other   */
@@ -137,18 +139,23 @@ ix_key_ok(PyObject *key)
  * admitted and ~1 M looked up by a whole-trace storage replay). */
 #define IX_M61 ((uint64_t)0x1fffffffffffffff)
 
+/* The hash of the int of value x (Python's long_hash: the int64 keys of a run hash as their ints) */
+static Py_hash_t
+ix_hash_i64(int64_t x)
+{
+    uint64_t u = x < 0 ? (uint64_t)0 - (uint64_t)x : (uint64_t)x;
+    Py_hash_t h;
+    u = (u & IX_M61) + (u >> 61);
+    if (u >= IX_M61) u -= IX_M61;
+    h = x < 0 ? -(Py_hash_t)u : (Py_hash_t)u;
+    return h == -1 ? -2 : h;
+}
+
 static Py_hash_t
 ix_hash(PyObject *key)
 {
     int64_t x;
-    if (PyLong_CheckExact(key) && cp_small_int(key, &x)) {
-        uint64_t u = x < 0 ? (uint64_t)0 - (uint64_t)x : (uint64_t)x;
-        Py_hash_t h;
-        u = (u & IX_M61) + (u >> 61);
-        if (u >= IX_M61) u -= IX_M61;
-        h = x < 0 ? -(Py_hash_t)u : (Py_hash_t)u;
-        return h == -1 ? -2 : h;
-    }
+    if (PyLong_CheckExact(key) && cp_small_int(key, &x)) return ix_hash_i64(x);
     if (!ix_key_ok(key)) return -1;
     return PyObject_Hash(key);
 }
@@ -215,6 +222,129 @@ ix_find(StorageIndex *ix, PyObject *key)
     }
     i = ix_probe(ix, key, hash, &found);
     return found ? IX_SLOT_E(ix->table[i]) : -1;
+}
+
+/* The keys a call names: a list (any keys), or a run of the engine's page keys, a 1-D
+ * C-contiguous buffer of native int64 (its array('q') key runs, numpy int64 arrays), read in
+ * place: no int object a key is made to look one up, only to enter one (its entry holds an
+ * int object, the key as a list would have named it). The buffer is held for the call, so the
+ * run cannot change under it (nothing here runs Python code). */
+typedef struct {
+    PyObject *list;      /* the list, or NULL: a run */
+    const int64_t *v;    /* the run's values */
+    Py_ssize_t n;
+    Py_buffer buf;       /* the run's (released by ix_keys_release) */
+} IxKeys;
+
+/* 1 loaded, 0 an error set (neither a list nor an int64 run). */
+static int
+ix_keys_load(PyObject *obj, IxKeys *k)
+{
+    k->list = NULL;
+    k->v = NULL;
+    k->buf.obj = NULL;
+    if (PyList_CheckExact(obj)) {
+        k->list = obj;
+        k->n = PyList_GET_SIZE(obj);
+        return 1;
+    }
+    if (PyObject_CheckBuffer(obj) && PyObject_GetBuffer(obj, &k->buf, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) == 0) {
+        if (k->buf.ndim == 1 && k->buf.itemsize == (Py_ssize_t)sizeof(int64_t) && is_int64_format(k->buf.format)) {
+            k->v = (const int64_t *)k->buf.buf;
+            k->n = k->buf.shape[0];
+            return 1;
+        }
+        PyBuffer_Release(&k->buf);
+        k->buf.obj = NULL;
+    }
+    PyErr_Clear();
+    PyErr_SetString(PyExc_TypeError, "keys must be a list or a run of int64 (array('q'))");
+    return 0;
+}
+
+static void
+ix_keys_release(IxKeys *k)
+{
+    if (k->buf.obj != NULL) PyBuffer_Release(&k->buf);
+}
+
+/* Whether an entry's key (NULL: a free entry) is the int of value x. */
+static int
+ix_same_i64(PyObject *a, int64_t x)
+{
+    int64_t y;
+    if (a == NULL || !PyLong_CheckExact(a)) return 0;
+    if (cp_small_int(a, &y)) return y == x;
+    {
+        int overflow = 0;
+        long long z = PyLong_AsLongLongAndOverflow(a, &overflow);  /* an exact int: no error */
+        return !overflow && (int64_t)z == x;
+    }
+}
+
+/* Key i's hash (-1: an error set). */
+static Py_hash_t
+ix_keys_hash(const IxKeys *k, Py_ssize_t i)
+{
+    return k->list ? ix_hash(PyList_GET_ITEM(k->list, i)) : ix_hash_i64(k->v[i]);
+}
+
+/* ix_probe of key i. */
+static size_t
+ix_probe_at(StorageIndex *ix, const IxKeys *k, Py_ssize_t i, Py_hash_t hash, int *found)
+{
+    uint32_t tag;
+    size_t j;
+    uint64_t s;
+    int64_t x;
+    if (k->list) return ix_probe(ix, PyList_GET_ITEM(k->list, i), hash, found);
+    x = k->v[i];
+    tag = IX_TAG(hash);
+    j = (size_t)tag & ix->mask;
+    while ((s = ix->table[j]) != 0) {
+        if (IX_SLOT_TAG(s) == tag) {
+            Py_ssize_t e = IX_SLOT_E(s);
+            if (ix->ent[e].hash == hash && ix_same_i64(ix->ent[e].key, x)) {
+                *found = 1;
+                return j;
+            }
+        }
+        j = (j + 1) & ix->mask;
+    }
+    *found = 0;
+    return j;
+}
+
+/* ix_find of key i. */
+static Py_ssize_t
+ix_find_at(StorageIndex *ix, const IxKeys *k, Py_ssize_t i)
+{
+    Py_hash_t hash;
+    int found;
+    size_t j;
+    if (k->list) return ix_find(ix, PyList_GET_ITEM(k->list, i));
+    hash = ix_hash_i64(k->v[i]);
+    j = ix_probe_at(ix, k, i, hash, &found);
+    return found ? IX_SLOT_E(ix->table[j]) : -1;
+}
+
+/* Key i as an object (a new reference; NULL: MemoryError). */
+static PyObject *
+ix_key_obj(const IxKeys *k, Py_ssize_t i)
+{
+    return k->list ? Py_NewRef(PyList_GET_ITEM(k->list, i)) : PyLong_FromLongLong(k->v[i]);
+}
+
+/* KeyError(key i). */
+static PyObject *
+ix_keyerror_at(const IxKeys *k, Py_ssize_t i)
+{
+    PyObject *key = ix_key_obj(k, i);
+    if (key != NULL) {
+        PyErr_SetObject(PyExc_KeyError, key);
+        Py_DECREF(key);
+    }
+    return NULL;
 }
 
 static void
@@ -401,16 +531,6 @@ ix_keyerror(PyObject *key)
     return NULL;
 }
 
-static int
-ix_check_list(PyObject *keys)
-{
-    if (!PyList_CheckExact(keys)) {
-        PyErr_SetString(PyExc_TypeError, "keys must be a list");
-        return 0;
-    }
-    return 1;
-}
-
 PyDoc_STRVAR(ix_touch_doc, "touch(key): make key the most recently used (KeyError if absent).");
 
 static PyObject *
@@ -441,7 +561,8 @@ PyDoc_STRVAR(ix_admit_doc,
 static PyObject *
 ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
 {
-    PyObject *keys, *deleted = NULL, *fresh = NULL, *emptied = NULL, *res;
+    PyObject *deleted = NULL, *fresh = NULL, *emptied = NULL, *res;
+    IxKeys keys;
     Py_ssize_t n, capacity, i, nfresh = 0, ndeleted = 0;
     int counted = 0;
     Py_hash_t small_hashes[SMALL_LIST], *hashes = small_hashes;
@@ -451,11 +572,10 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     if (nargs == 3 && (counted = PyObject_IsTrue(args[2])) < 0) return NULL;
-    keys = args[0];
-    if (!ix_check_list(keys)) return NULL;
     capacity = PyLong_AsSsize_t(args[1]);
     if (capacity == -1 && PyErr_Occurred()) return NULL;
-    n = PyList_GET_SIZE(keys);
+    if (!ix_keys_load(args[0], &keys)) return NULL;
+    n = keys.n;
     all_new = n <= capacity;
     if (n > SMALL_LIST) {
         hashes = PyMem_Malloc((size_t)n * sizeof *hashes);
@@ -466,8 +586,7 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     for (i = 0; i < n; i++) {  /* every key checked before anything changes */
-        PyObject *key = PyList_GET_ITEM(keys, i);
-        if ((hashes[i] = ix_hash(key)) == -1) goto fail;
+        if ((hashes[i] = ix_keys_hash(&keys, i)) == -1) goto fail;
     }
     for (i = 0; i < n && i < IX_PREFETCH; i++) __builtin_prefetch(&ix->table[(size_t)IX_TAG(hashes[i]) & ix->mask]);
     ix->pending_n = ix->pending_at = 0;
@@ -475,12 +594,11 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
         goto fail;
     }
     for (i = 0; i < n; i++) {
-        PyObject *key = PyList_GET_ITEM(keys, i);
         Py_hash_t hash = hashes[i];
         int found;
         size_t at;
         if (i + IX_PREFETCH < n) __builtin_prefetch(&ix->table[(size_t)IX_TAG(hashes[i + IX_PREFETCH]) & ix->mask]);
-        at = ix_probe(ix, key, hash, &found);
+        at = ix_probe_at(ix, &keys, i, hash, &found);
         if (found) {
             Py_ssize_t e = IX_SLOT_E(ix->table[at]);
             ix_unlink(ix, e);
@@ -527,10 +645,15 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
                     }
                 }
             }
-            at = ix_probe(ix, key, hash, &found);  /* the table shifted */
+            at = ix_probe_at(ix, &keys, i, hash, &found);  /* the table shifted */
         }
         {
-            Py_ssize_t e = ix_insert(ix, key, hash, at, -1);
+            /* a run's key is made an object here, entering the index, and only here */
+            PyObject *key = ix_key_obj(&keys, i);
+            Py_ssize_t e;
+            if (key == NULL) goto fail;
+            e = ix_insert(ix, key, hash, at, -1);
+            Py_DECREF(key);
             if (e < 0) goto fail;
             if (ix->pending_n < IX_PENDING) ix->pending[ix->pending_n++] = e;
         }
@@ -552,7 +675,7 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
         }
         for (i = nfresh - 1; i >= 0; i--) {
             /* every key here was hashed and checked above: the lookup cannot fail */
-            Py_ssize_t e = ix_find(ix, PyList_GET_ITEM(keys, pos[i]));
+            Py_ssize_t e = ix_find_at(ix, &keys, pos[i]);
             if (e >= 0 && ix->ent[e].loc == -1) {
                 ix->ent[e].loc = -2;
                 marked[nmarked++] = e;
@@ -575,6 +698,7 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
     Py_DECREF(emptied);
     if (hashes != small_hashes) PyMem_Free(hashes);
     if (pos != small_pos) PyMem_Free(pos);
+    ix_keys_release(&keys);
     return res;
 fail:
     Py_XDECREF(deleted);
@@ -582,6 +706,7 @@ fail:
     Py_XDECREF(emptied);
     if (hashes != small_hashes) PyMem_Free(hashes);
     if (pos != small_pos) PyMem_Free(pos);
+    ix_keys_release(&keys);
     return NULL;
 }
 
@@ -593,98 +718,118 @@ PyDoc_STRVAR(ix_place_doc,
 static PyObject *
 ix_place(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
 {
-    PyObject *keys;
+    IxKeys keys;
     int64_t seg, first;
     Py_ssize_t n, i;
+    PyObject *res = NULL;
     if (wrong_nargs(nargs, 3, "place() takes 3 arguments: keys, segment, first")) {
         return NULL;
     }
-    keys = args[0];
-    if (!ix_check_list(keys)) return NULL;
     seg = PyLong_AsLongLong(args[1]);
     if (seg == -1 && PyErr_Occurred()) return NULL;
     first = PyLong_AsLongLong(args[2]);
     if (first == -1 && PyErr_Occurred()) return NULL;
-    n = PyList_GET_SIZE(keys);
+    if (!ix_keys_load(args[0], &keys)) return NULL;
+    n = keys.n;
     if (first < 0 || first + n > ((int64_t)1 << IX_SLOT_BITS)) {
         PyErr_SetString(PyExc_ValueError, "slot out of range");
-        return NULL;
+        goto done;
     }
-    if (ix_live_room(ix, seg) < 0) return NULL;
+    if (ix_live_room(ix, seg) < 0) goto done;
     for (i = 0; i < n; i++) {
-        PyObject *key = PyList_GET_ITEM(keys, i);
         Py_ssize_t e = -1, k;
         /* the common case: the keys of the last admit, in its order (an entry made then and
-         * still holding this very object; a free entry's key is NULL) */
+         * still holding this very object, or, for a run, the int of this value: the index
+         * holds a key once; a free entry's key is NULL) */
         while (ix->pending_at < ix->pending_n) {
             k = ix->pending[ix->pending_at++];
-            if (ix->ent[k].key == key) {
+            if (keys.list ? ix->ent[k].key == PyList_GET_ITEM(keys.list, i) : ix_same_i64(ix->ent[k].key, keys.v[i])) {
                 e = k;
                 break;
             }
         }
-        if (e < 0 && (e = ix_find(ix, key)) == -2) return NULL;
-        if (e < 0) return ix_keyerror(key);
+        if (e < 0 && (e = ix_find_at(ix, &keys, i)) == -2) goto done;
+        if (e < 0) {
+            ix_keyerror_at(&keys, i);
+            goto done;
+        }
         ix->ent[e].loc = (seg << IX_SLOT_BITS) + first + i;
         ix->live[seg]++;
     }
-    Py_RETURN_NONE;
+    res = Py_NewRef(Py_None);
+done:
+    ix_keys_release(&keys);
+    return res;
 }
 
 PyDoc_STRVAR(ix_drop_placeholders_doc,
 "drop_placeholders(keys): delete those of `keys` still at location -1 (pages never written).");
 
 static PyObject *
-ix_drop_placeholders(StorageIndex *ix, PyObject *keys)
+ix_drop_placeholders(StorageIndex *ix, PyObject *arg)
 {
-    if (!ix_check_list(keys)) return NULL;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
-        Py_ssize_t e = ix_find(ix, PyList_GET_ITEM(keys, i));
-        if (e == -2) return NULL;
+    IxKeys keys;
+    if (!ix_keys_load(arg, &keys)) return NULL;
+    for (Py_ssize_t i = 0; i < keys.n; i++) {
+        Py_ssize_t e = ix_find_at(ix, &keys, i);
+        if (e == -2) {
+            ix_keys_release(&keys);
+            return NULL;
+        }
         if (e >= 0 && ix->ent[e].loc == -1) {
             Py_DECREF(ix_remove(ix, e));
         }
     }
+    ix_keys_release(&keys);
     Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(ix_locs_doc, "locs(keys) -> [location, ...] (KeyError for a key not there; nothing is touched).");
 
 static PyObject *
-ix_locs(StorageIndex *ix, PyObject *keys)
+ix_locs(StorageIndex *ix, PyObject *arg)
 {
+    IxKeys keys;
     PyObject *out;
-    Py_ssize_t n;
-    if (!ix_check_list(keys)) return NULL;
-    n = PyList_GET_SIZE(keys);
-    if ((out = PyList_New(n)) == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PyList_GET_ITEM(keys, i), *loc;
-        Py_ssize_t e = ix_find(ix, key);
+    if (!ix_keys_load(arg, &keys)) return NULL;
+    if ((out = PyList_New(keys.n)) == NULL) goto done;
+    for (Py_ssize_t i = 0; i < keys.n; i++) {
+        PyObject *loc;
+        Py_ssize_t e = ix_find_at(ix, &keys, i);
         if (e < 0) {
-            Py_DECREF(out);
-            return e == -2 ? NULL : ix_keyerror(key);
+            if (e == -1) ix_keyerror_at(&keys, i);
+            Py_CLEAR(out);
+            goto done;
         }
         if ((loc = PyLong_FromLongLong(ix->ent[e].loc)) == NULL) {
-            Py_DECREF(out);
-            return NULL;
+            Py_CLEAR(out);
+            goto done;
         }
         PyList_SET_ITEM(out, i, loc);
     }
+done:
+    ix_keys_release(&keys);
     return out;
 }
 
 PyDoc_STRVAR(ix_touch_all_doc, "touch_all(keys): touch(key) for each key in order.");
 
 static PyObject *
-ix_touch_all(StorageIndex *ix, PyObject *keys)
+ix_touch_all(StorageIndex *ix, PyObject *arg)
 {
-    if (!ix_check_list(keys)) return NULL;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
-        PyObject *r = ix_touch(ix, PyList_GET_ITEM(keys, i));
-        if (r == NULL) return NULL;
-        Py_DECREF(r);
+    IxKeys keys;
+    if (!ix_keys_load(arg, &keys)) return NULL;
+    for (Py_ssize_t i = 0; i < keys.n; i++) {
+        Py_ssize_t e = ix_find_at(ix, &keys, i);
+        if (e < 0) {
+            if (e == -1) ix_keyerror_at(&keys, i);
+            ix_keys_release(&keys);
+            return NULL;
+        }
+        ix_unlink(ix, e);
+        ix_push_newest(ix, e);
     }
+    ix_keys_release(&keys);
     Py_RETURN_NONE;
 }
 
@@ -694,24 +839,27 @@ PyDoc_STRVAR(ix_run_doc,
 static PyObject *
 ix_run(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
 {
-    PyObject *keys;
+    IxKeys keys;
     Py_ssize_t start, i;
     if (wrong_nargs(nargs, 2, "run() takes 2 arguments: keys, start")) {
         return NULL;
     }
-    keys = args[0];
-    if (!ix_check_list(keys)) return NULL;
     start = PyLong_AsSsize_t(args[1]);
     if (start == -1 && PyErr_Occurred()) return NULL;
     if (start < 0) {
         PyErr_SetString(PyExc_ValueError, "start must be >= 0");
         return NULL;
     }
-    for (i = start; i < PyList_GET_SIZE(keys); i++) {
-        Py_ssize_t e = ix_find(ix, PyList_GET_ITEM(keys, i));
-        if (e == -2) return NULL;
+    if (!ix_keys_load(args[0], &keys)) return NULL;
+    for (i = start; i < keys.n; i++) {
+        Py_ssize_t e = ix_find_at(ix, &keys, i);
+        if (e == -2) {
+            ix_keys_release(&keys);
+            return NULL;
+        }
         if (e < 0) break;
     }
+    ix_keys_release(&keys);
     return PyLong_FromSsize_t(i - start > 0 ? i - start : 0);
 }
 
