@@ -401,3 +401,31 @@ def test_a_tier_sized_index_answers_as_the_reference_does():
     assert [a.live(s) for s in (1, 2, 3)] == [b.live(s) for s in (1, 2, 3)]
     probe = list(range(0, 3_200_000, 997))
     assert [k in a for k in probe] == [k in b for k in probe]
+
+
+@compiled
+@settings(max_examples=40, deadline=None)
+@given(capacity=st.integers(1, 300),
+       writes=st.lists(st.tuples(st.lists(st.integers(0, 399), max_size=120), st.booleans()), max_size=8))
+def test_the_compiled_index_holds_int64_keys_as_values_and_others_as_objects(capacity, writes):
+    """The compiled index holds an int64 key as its value and any other key (an int past 64 bits,
+    bytes, str) as its object, in a side array made at the first such key and grown with the
+    entries (past their first 64); a freed entry is reused by either kind. Writes of both kinds
+    mixed, as lists and as runs, give the reference's answers and the same keys back."""
+    def key(i: int):
+        return (i - 200, 2**70 + i, f"k{i}\u00e9", bytes([i % 256, i // 256]))[i % 4]
+
+    a, b = cplane.C.StorageIndex(), _LruIndex()
+    for w, as_run in writes:
+        keys = [key(i) for i in w]
+        ints = [k for k in keys if type(k) is int and -2**63 <= k < 2**63]
+        if as_run:  # the int64 keys of the write as a run, the others as a list after it
+            for part in (ints, [k for k in keys if k not in ints]):
+                got = a.admit(run(part) if part is ints else part, capacity)
+                assert got == b.admit(part, capacity)
+        else:
+            assert a.admit(keys, capacity) == b.admit(keys, capacity)
+        assert a.keys() == b.keys() and len(a) == len(b)
+    held = b.keys()
+    assert a.locs(held) == b.locs(held) and all(k in a for k in held)
+    assert a.run([key(i) for i in range(400)], 0) == b.run([key(i) for i in range(400)], 0)
