@@ -163,18 +163,3 @@ def test_the_page_key_set_refuses_runs_of_other_items():
     ks.add([2**64], 0, 1)  # an odd key: the set is Python's from now on
     ks.add(array("q", [9]), 0, 1)
     assert ks.count(array("q", [1, 9, 10]), 0, 3) == 2 and len(ks) == 5
-
-
-def test_a_requests_key_list_is_made_once_and_again_after_growth():
-    """Req.key_list (the storage paths' list of a request's keys): the same list object while
-    the keys keep their length, a new one with the output keys once they grew."""
-    from tierdiag.engine.request import Req
-    from tierdiag.trace.reader import TraceRequest
-
-    req = Req(TraceRequest(req_id="r", seq=0, line=1, arrival_ns=0, input_len=10, output_len=2, hash_ids=(1,),
-                           tokens=None), 0)
-    req.keys = array("q", [4, 5, 6])
-    first = req.key_list()
-    assert first == [4, 5, 6] and req.key_list() is first
-    req.keys.frombytes(array("q", [-7]).tobytes())
-    assert req.key_list() == [4, 5, 6, -7]

@@ -5,6 +5,9 @@ and LRU order. Then a narrated write sequence through both, and the errors both 
 
 from __future__ import annotations
 
+from array import array
+
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -42,24 +45,26 @@ ops = st.lists(st.one_of(
 ), max_size=60)
 
 
-def apply(index, capacity: int, steps, ends: dict[int, int]) -> list:
-    """Run `steps` on `index`, returning everything it answered, in order."""
+def apply(index, capacity: int, steps, ends: dict[int, int], seq=list) -> list:
+    """Run `steps` on `index`, returning everything it answered, in order. `seq` makes the keys
+    each call is handed: a list, or `run` (an int64 key run, as the engine's storage paths hand
+    a node's or a request's keys)."""
     seen = []
     for step in steps:
         if step[0] == "write":
             keys = [digest(k) for k in step[1]]
-            deleted, fresh, emptied = index.admit(keys, capacity)
+            deleted, fresh, emptied = index.admit(seq(keys), capacity)
             placed = keys if fresh is None else [keys[i] for i in fresh]
             # each page to write is a placeholder, named once: a page is written and counted once
-            assert len(set(placed)) == len(placed) and all(loc == -1 for loc in index.locs(placed))
+            assert len(set(placed)) == len(placed) and all(loc == -1 for loc in index.locs(seq(placed)))
             seg = step[2]
-            index.place(placed, seg, ends.get(seg, 0))
+            index.place(seq(placed), seg, ends.get(seg, 0))
             ends[seg] = ends.get(seg, 0) + len(placed)
             seen.append(("write", deleted, fresh, emptied))
         elif step[0] == "read":
             keys = [digest(k) for k in step[1] if digest(k) in index]
-            seen.append(("read", index.locs(keys)))
-            index.touch_all(keys)
+            seen.append(("read", index.locs(seq(keys))))
+            index.touch_all(seq(keys))
         else:
             slots, keys = index.segment_keys(step[1])
             index.place(keys, 100 + step[1], 0)
@@ -85,6 +90,125 @@ def test_the_compiled_index_answers_as_the_reference_does(capacity, steps):
     assert apply(cplane.C.StorageIndex(), capacity, steps, {}) == apply(_LruIndex(), capacity, steps, {})
 
 
+_M61 = 2**61 - 1  # an int's hash is its value modulo this prime: k and k + _M61 hash alike
+
+# Key values as the engine's are (hashes of up to 63 bits), around the edges of the in-place read
+# (2**63 - 1, -2**63, three digits whose top is 8) and past it (64 bits and more), negative ones,
+# and pairs whose hashes are equal but values are not (k, k + 2**61 - 1).
+big_values = st.one_of(
+    st.integers(-2**63, 2**63 - 1),
+    st.integers(0, 40).map(lambda k: 2**63 - 1 - k),
+    st.integers(0, 40).map(lambda k: -2**63 + k),
+    st.integers(0, 40).map(lambda k: (8 << 60) + k - 20),
+    st.integers(2**63, 2**70),
+    st.integers(-2**70, -2**63 - 1),
+    st.integers(0, 40).map(lambda k: 1_000_003 + k * _M61),
+    # the compiled index hashes ints of up to 63 bits itself (Python's rule: modulo 2**61 - 1,
+    # the sign kept, -1 made -2): the modulus's edges, -1 and -2 (whose hashes are equal)
+    st.sampled_from([-2, -1, 0, 1, _M61 - 1, _M61, _M61 + 1, 2 * _M61, 2 * _M61 + 1, 3 * _M61 + 2,
+                     -_M61 + 1, -_M61, -_M61 - 1, -2 * _M61, 2**62, -2**62, 2**63 - 2, -2**63 + 1]),
+)
+
+
+def big_values_64():
+    """big_values within int64 (what a key run holds)."""
+    return big_values.filter(lambda v: -2**63 <= v < 2**63)
+
+
+def fresh_int(v: int) -> int:
+    """`v` as a new int object (never a cached small int or an object another key shares): the
+    compiled index then compares two objects of one value, as it does for a request's page
+    keys, each request's list made anew."""
+    return int(str(v))
+
+
+def run(keys) -> array:
+    """Keys as an int64 key run (tree_node.KeyRun: a node's or a request's page keys)."""
+    return array("q", keys)
+
+
+@pytest.mark.parametrize("make", INDEXES)
+@settings(max_examples=300, deadline=None)
+@given(capacity=st.integers(1, 24), steps=ops)
+def test_an_index_handed_key_runs_answers_as_the_reference_handed_lists(make, capacity, steps):
+    """The engine hands the index a node's or a request's keys as they are, an array('q') run
+    (controller._write_storage, prefetch.py's queries and reads), where before they were made a
+    list of ints a write (issue 41's storage row, h41stor8): admit, place, locs, touch_all on
+    runs give every answer and state the reference gives on lists, for both indexes."""
+    assert apply(make(), capacity, steps, {}, run) == apply(_LruIndex(), capacity, steps, {})
+
+
+@compiled
+@settings(max_examples=300, deadline=None)
+@given(capacity=st.integers(1, 12), pool=st.lists(st.integers(-2**63, 2**63 - 1) | big_values_64(),
+                                                  min_size=1, max_size=12, unique=True),
+       writes=st.lists(st.tuples(st.lists(st.integers(0, 11), max_size=10), st.booleans()), max_size=12),
+       probes=st.lists(st.integers(0, 11), max_size=12), start=st.integers(0, 13))
+def test_the_compiled_index_finds_a_runs_keys_by_value(capacity, pool, writes, probes, start):
+    """A run's int64 values hash as their ints do (modulo 2**61 - 1, the sign kept, -1 made -2)
+    and are compared by value with the int objects the index holds, whichever way they were
+    entered (a list or a run, writes of both mixed): every admit, hit run, location and the LRU
+    order are the reference's, and a value that hashes like a key held but is not one is absent."""
+    a, b = cplane.C.StorageIndex(), _LruIndex()
+    for w, as_run in writes:
+        keys = [pool[i % len(pool)] for i in w]
+        got = a.admit(run(keys) if as_run else [fresh_int(k) for k in keys], capacity)
+        assert got == b.admit(keys, capacity), keys
+        placed = keys if got[1] is None else [keys[i] for i in got[1]]
+        a.place(run(placed) if as_run else [fresh_int(k) for k in placed], 1, 0)
+        b.place(placed, 1, 0)
+    ks = [pool[i % len(pool)] for i in probes]
+    assert a.run(run(ks), start) == b.run(ks, start) == a.run(ks, start)
+    held = [k for k in ks if k in b]
+    assert a.locs(run(held)) == b.locs(held)
+    a.touch_all(run(held))
+    b.touch_all(held)
+    assert a.keys() == b.keys() and a.locs(a.keys()) == b.locs(b.keys())
+    absent = [k + _M61 for k in a.keys() if -2**63 <= k + _M61 < 2**63 and k + _M61 not in b]
+    assert a.run(run(absent), 0) == 0 or not absent
+    a.drop_placeholders(run(ks))
+    b.drop_placeholders(ks)
+    assert a.keys() == b.keys()
+
+
+# Keys handed as neither a list nor a native int64 run: another item type or size, another byte
+# order, more than one dimension, a strided view, a tuple, a scalar, text, None.
+not_keys = st.sampled_from([
+    array("i", [1, 2]), array("d", [1.0]), array("Q", [1]), array("b", [1]), b"\1\2", bytearray(8), "12", None, 7,
+    (1, 2), np.arange(4, dtype=np.int32), np.arange(4, dtype=">i8"), np.arange(6, dtype=np.int64).reshape(2, 3),
+    np.arange(8, dtype=np.int64)[::2], np.float64(1.5), {1: 2}, "\u00e9\x00",
+])
+
+
+@compiled
+@settings(max_examples=60, deadline=None)
+@given(bad=not_keys, method=st.sampled_from(["admit", "place", "locs", "touch_all", "run", "drop_placeholders"]))
+def test_the_compiled_index_refuses_keys_that_are_neither_a_list_nor_an_int64_run(bad, method):
+    """One TypeError naming what it takes, and the index as it was."""
+    ix = cplane.C.StorageIndex()
+    ix.admit(run([5, 6]), 4)
+    ix.place([5, 6], 1, 0)
+    call = {"admit": lambda: ix.admit(bad, 4), "place": lambda: ix.place(bad, 1, 2),
+            "locs": lambda: ix.locs(bad), "touch_all": lambda: ix.touch_all(bad), "run": lambda: ix.run(bad, 0),
+            "drop_placeholders": lambda: ix.drop_placeholders(bad)}[method]
+    with pytest.raises(TypeError, match=r"keys must be a list or a run of int64 \(array\('q'\)\)"):
+        call()
+    assert ix.keys() == [5, 6] and ix.locs([5, 6]) == [1 << _SLOT_BITS, (1 << _SLOT_BITS) + 1]
+
+
+@compiled
+def test_a_runs_absent_key_is_a_key_error_naming_its_value():
+    ix = cplane.C.StorageIndex()
+    ix.admit(run([1, 2]), 4)
+    with pytest.raises(KeyError, match="-9223372036854775808"):
+        ix.locs(run([1, -2**63]))
+    with pytest.raises(KeyError, match="77"):
+        ix.touch_all(run([77]))
+    with pytest.raises(KeyError, match="9"):
+        ix.place(run([9]), 1, 0)
+    assert ix.keys() == [1, 2] and ix.run(np.array([1, 2, 3], dtype=np.int64), 0) == 2
+
+
 @pytest.mark.parametrize("make", INDEXES)
 @settings(max_examples=200, deadline=None)
 @given(capacity=st.integers(1, 24), steps=ops)
@@ -108,33 +232,6 @@ def test_a_counted_admit_counts_the_deletions_and_changes_the_index_alike(make, 
         ends[step[2]] = ends.get(step[2], 0) + len(placed)
         assert counted.keys() == listed.keys() and counted.locs(counted.keys()) == listed.locs(listed.keys())
     assert listed.admit([], capacity, False)[0] == [] and counted.admit([], capacity, True)[0] == 0
-
-
-_M61 = 2**61 - 1  # an int's hash is its value modulo this prime: k and k + _M61 hash alike
-
-# Key values as the engine's are (hashes of up to 63 bits), around the edges of the in-place read
-# (2**63 - 1, -2**63, three digits whose top is 8) and past it (64 bits and more), negative ones,
-# and pairs whose hashes are equal but values are not (k, k + 2**61 - 1).
-big_values = st.one_of(
-    st.integers(-2**63, 2**63 - 1),
-    st.integers(0, 40).map(lambda k: 2**63 - 1 - k),
-    st.integers(0, 40).map(lambda k: -2**63 + k),
-    st.integers(0, 40).map(lambda k: (8 << 60) + k - 20),
-    st.integers(2**63, 2**70),
-    st.integers(-2**70, -2**63 - 1),
-    st.integers(0, 40).map(lambda k: 1_000_003 + k * _M61),
-    # the compiled index hashes ints of up to 63 bits itself (Python's rule: modulo 2**61 - 1,
-    # the sign kept, -1 made -2): the modulus's edges, -1 and -2 (whose hashes are equal)
-    st.sampled_from([-2, -1, 0, 1, _M61 - 1, _M61, _M61 + 1, 2 * _M61, 2 * _M61 + 1, 3 * _M61 + 2,
-                     -_M61 + 1, -_M61, -_M61 - 1, -2 * _M61, 2**62, -2**62, 2**63 - 2, -2**63 + 1]),
-)
-
-
-def fresh_int(v: int) -> int:
-    """`v` as a new int object (never a cached small int or an object another key shares): the
-    compiled index then compares two objects of one value, as it does for a request's page
-    keys, each request's list made anew."""
-    return int(str(v))
 
 
 @compiled
@@ -304,3 +401,31 @@ def test_a_tier_sized_index_answers_as_the_reference_does():
     assert [a.live(s) for s in (1, 2, 3)] == [b.live(s) for s in (1, 2, 3)]
     probe = list(range(0, 3_200_000, 997))
     assert [k in a for k in probe] == [k in b for k in probe]
+
+
+@compiled
+@settings(max_examples=40, deadline=None)
+@given(capacity=st.integers(1, 300),
+       writes=st.lists(st.tuples(st.lists(st.integers(0, 399), max_size=120), st.booleans()), max_size=8))
+def test_the_compiled_index_holds_int64_keys_as_values_and_others_as_objects(capacity, writes):
+    """The compiled index holds an int64 key as its value and any other key (an int past 64 bits,
+    bytes, str) as its object, in a side array made at the first such key and grown with the
+    entries (past their first 64); a freed entry is reused by either kind. Writes of both kinds
+    mixed, as lists and as runs, give the reference's answers and the same keys back."""
+    def key(i: int):
+        return (i - 200, 2**70 + i, f"k{i}\u00e9", bytes([i % 256, i // 256]))[i % 4]
+
+    a, b = cplane.C.StorageIndex(), _LruIndex()
+    for w, as_run in writes:
+        keys = [key(i) for i in w]
+        ints = [k for k in keys if type(k) is int and -2**63 <= k < 2**63]
+        if as_run:  # the int64 keys of the write as a run, the others as a list after it
+            for part in (ints, [k for k in keys if k not in ints]):
+                got = a.admit(run(part) if part is ints else part, capacity)
+                assert got == b.admit(part, capacity)
+        else:
+            assert a.admit(keys, capacity) == b.admit(keys, capacity)
+        assert a.keys() == b.keys() and len(a) == len(b)
+    held = b.keys()
+    assert a.locs(held) == b.locs(held) and all(k in a for k in held)
+    assert a.run([key(i) for i in range(400)], 0) == b.run([key(i) for i in range(400)], 0)

@@ -22,7 +22,7 @@ from tierdiag.engine.pagepool import PagePool
 from tierdiag.engine.rule_functions import _evict_shortfall, _evict_whole_need
 from tierdiag.engine.rules import config_rules
 from tierdiag.engine.storage import StorageTier
-from tierdiag.engine.tree_node import empty_run
+from tierdiag.engine.tree_node import KeyRun, empty_run
 from tierdiag.engine.tree import RadixTree, TreeNode
 
 if TYPE_CHECKING:
@@ -666,7 +666,9 @@ class CacheController:
         start_storage_writes) timed already, from `start` to `end`."""
         if self.storage is None:
             return
-        keys = _as_list(node.keys)  # a page key names its whole prefix: the tier's key as it is (a list)
+        # a page key names its whole prefix: the tier's key as it is; the node's key run as it is (the
+        # index reads its int64 values in place: no int object a key, no list a write)
+        keys = node.keys
         # Straight from the host slots into one append (no per-page work): the bytes on disk are
         # the host copy's, which a later prefetch reads back and a load-back verifies.
         # (the node's slot run as it is: an array('q') goes to pwrite_rows as a buffer)
@@ -776,7 +778,7 @@ class CacheController:
             return None
         return _as_list(self.host.alloc(pages))
 
-    def prefetch(self, keys: list[int], slots: Any, req_id: str, now_ns: int) -> tuple[int, int]:
+    def prefetch(self, keys: KeyRun, slots: Any, req_id: str, now_ns: int) -> tuple[int, int]:
         """Read pages from storage into host `slots` (allocated by the caller). Returns (start, end)."""
         pages = len(keys)
         dp_bytes = self.storage.read_into(keys, self.host.array, _as_list(slots))

@@ -15,6 +15,7 @@ from tierdiag.config.names import PrefetchPolicy
 from tierdiag.engine.request import Req
 from tierdiag.engine.rules import RuleSet
 from tierdiag.engine.schedule_common import SchedulerState
+from tierdiag.engine.tree_node import KeyRun
 
 
 def prefetch_limit_tokens(rules: RuleSet, host_pages: int, device_pages: int, page_size: int) -> int:
@@ -63,7 +64,7 @@ class StoragePrefetch(SchedulerState):
         req.storage_last_match = matched  # storage_prefetch_last_match_len, whatever the query decides
         storage = ctrl.storage
         assert storage is not None  # (typed: the hit's arithmetic below is plain ints compiled)
-        hits: int = storage.hits(req.key_list(), matched)  # consecutive hits past the match, not touched
+        hits: int = storage.hits(req.keys, matched)  # consecutive hits past the match, not touched
         end = matched + hits
         # What storage could have given this request (its last input token is always computed).
         req.storage_match_pages = max(0, min(end, req.max_match_pages) - matched)
@@ -213,7 +214,7 @@ class StoragePrefetch(SchedulerState):
             # the tier is bounded and LRU: a write that landed since the query may have evicted
             # pages it counted; the read gets the run still there (a backend whose get fails
             # mid-read stops there too, `_page_transfer`), none left is a miss
-            present = ctrl.storage.hits(req.key_list()[matched:matched + hits], 0)
+            present = ctrl.storage.hits(req.keys[matched:matched + hits], 0)
             if present < hits:
                 hits = present
                 if hits == 0:
@@ -253,7 +254,7 @@ class StoragePrefetch(SchedulerState):
                 return
             ctrl.host.free(slots[hits:])
             slots = slots[:hits]
-        start, done = ctrl.prefetch(req.key_list()[matched:matched + hits], slots, req.req_id, now)
+        start, done = ctrl.prefetch(req.keys[matched:matched + hits], slots, req.req_id, now)
         req.prefetch = (matched, hits, slots, start, done)
         if reserved:
             # its hit allocated by this drain, its read's acks drained by the next pass's
@@ -560,7 +561,7 @@ class StoragePrefetch(SchedulerState):
             dup = matched - first  # pages the tree holds past the anchor
             had = dup  # of them, those not counted as loaded, their read copy freed
             if self.refill_host_on_read and dup:
-                had = self._refill_host_copies(req.key_list()[:matched], first, slots)
+                had = self._refill_host_copies(req.keys[:matched], first, slots)
             self.ctrl.host.free(slots[:had])
             if done > had:
                 req.loaded_span_pages, req.loaded_span_start = done - had, first + had
@@ -593,7 +594,7 @@ class StoragePrefetch(SchedulerState):
             req.storage_skip_reason = "prefetch_incomplete"
 
 
-    def _refill_host_copies(self, keys: list[int], first: int, slots: list[int]) -> int:
+    def _refill_host_copies(self, keys: KeyRun, first: int, slots: list[int]) -> int:
         """UnifiedTreeCore.insert_host (0.5.23, not write_back): the read's path below the anchor
         (pages `first` on, all in the tree: `keys` ends where the tree's match does) keeps the
         read's pages as the host copy of each node on device without one

@@ -16,12 +16,12 @@ import numpy as np
 from tierdiag.engine.tree import TreeNode
 from tierdiag.probes.events import ROUTE_NONE
 from tierdiag.trace.reader import TraceRequest
-from tierdiag.engine.tree_node import KeyRun, empty_run, key_list
+from tierdiag.engine.tree_node import KeyRun, empty_run
 
 
 class Req:
     __slots__ = (
-        "seq", "req_id", "arrival_ns", "input_len", "output_len", "keys", "keys_np", "storage_keys", "total_pages", "max_match_pages",
+        "seq", "req_id", "arrival_ns", "input_len", "output_len", "keys", "keys_np", "total_pages", "max_match_pages",
         "prefetch", "anchor", "prefetch_tokens", "hold_until_ns", "held", "priority", "sort_key",
         "lock_node", "device_prefix_pages", "prefix_pages", "host_loaded_pages", "storage_loaded_pages",
         "host_match_pages", "storage_match_pages", "loadback_skip_reason", "loadback_skip_pages", "storage_skip_reason",
@@ -55,8 +55,6 @@ class Req:
         # tree_node.key_run) made at arrival, a list where a test sets one
         self.keys: KeyRun = []
         self.keys_np: np.ndarray | None = None  # `keys` as an array (tree nodes keep views of it)
-        # `keys` as a list of ints for the storage paths (`key_list`), made at their first ask
-        self.storage_keys: list[int] | None = None
         self.prefetch: tuple | None = None  # (first page, pages, host slots, start ns, end ns)
         self.anchor: TreeNode | None = None  # the node whose host copy the prefetch protects
         self.prefetch_tokens = 0  # tokens the prefetch counts against the capacity limit
@@ -132,15 +130,6 @@ class Req:
         # pages its own prefetch read and lost before its first scheduling (-1: not scheduled yet)
         self.miss_arrival_pages = self.miss_shared_pages = 0
         self.miss_prefetch_lost = -1
-
-    def key_list(self) -> list[int]:
-        """`keys` as a list of ints: the storage tier's index and reads (storage.py, prefetch.py)
-        take lists. Made once a request, at the storage paths' first ask, and made again after
-        `keys` grew (a finish's or a retraction's output keys: keys only ever grow at the end)."""
-        got = self.storage_keys
-        if got is None or len(got) != len(self.keys):
-            got = self.storage_keys = key_list(self.keys)
-        return got
 
 
 # What a request's record says of its first admission: a retracted request is admitted again

@@ -80,14 +80,14 @@ class _LruIndex:
     def touch(self, key) -> None:
         self._od.move_to_end(key)
 
-    def touch_all(self, keys: list) -> None:
+    def touch_all(self, keys: Any) -> None:
         for key in keys:
             self._od.move_to_end(key)
 
     def keys(self) -> list:
         return list(self._od)
 
-    def run(self, keys: list, start: int) -> int:
+    def run(self, keys: Any, start: int) -> int:
         """How many of keys[start:] are in the index before the first that is not."""
         if start < 0:
             raise ValueError("start must be >= 0")
@@ -96,7 +96,7 @@ class _LruIndex:
             end += 1
         return end - start
 
-    def locs(self, keys: list) -> list[int]:
+    def locs(self, keys: Any) -> list[int]:
         od = self._od
         return [od[k] for k in keys]
 
@@ -112,13 +112,13 @@ class _LruIndex:
         found = sorted((loc, k) for k, loc in self._od.items() if lo <= loc <= lo + mask)
         return [loc & mask for loc, _ in found], [k for _, k in found]
 
-    def admit(self, keys: list, capacity: int, counted: bool = False) -> tuple[Any, list[int] | None, list[int]]:
+    def admit(self, keys: Any, capacity: int, counted: bool = False) -> tuple[Any, list[int] | None, list[int]]:
         """`_admit`; `counted`: deleted is how many keys were deleted (an int), not their list
         (the engine only counts them; the compiled index then makes no list)."""
         deleted, fresh, emptied = self._admit(keys, capacity)
         return (len(deleted) if counted else deleted), fresh, emptied
 
-    def _admit(self, keys: list, capacity: int) -> tuple[list, list[int] | None, list[int]]:
+    def _admit(self, keys: Any, capacity: int) -> tuple[list, list[int] | None, list[int]]:
         """Enter the keys of a write, one at a time as files a page would go: a key already there
         is touched; a new one first deletes the oldest pages while the index holds `capacity`
         (even one entered earlier in this call), then goes in as the newest, at location -1.
@@ -176,7 +176,7 @@ class _LruIndex:
             if not self._live[seg]:
                 emptied.append(seg)
 
-    def place(self, keys: list, segment: int, first: int) -> None:
+    def place(self, keys: Any, segment: int, first: int) -> None:
         """The pages of `keys` (all in the index) went to slots first, first + 1, ... of
         `segment`: their locations change, their LRU places do not."""
         od = self._od
@@ -187,12 +187,19 @@ class _LruIndex:
             od[key] = loc + i
             self._live[segment] = self._live.get(segment, 0) + 1
 
-    def drop_placeholders(self, keys: list) -> None:
+    def drop_placeholders(self, keys: Any) -> None:
         """Delete those of `keys` still at -1 (pages that never reached the disk)."""
         od = self._od
         for key in keys:
             if od.get(key) == -1:
                 del od[key]
+
+
+def _key_seq(keys: Any) -> Any:
+    """`keys` as both indexes take them: a list, or an array('q') key run as it is (the engine's
+    page keys: the compiled index reads the run's int64 values in place, the reference iterates
+    it), anything else as a list."""
+    return keys if type(keys) is list or type(keys) is array else list(keys)
 
 
 def _gather_rows(layer_rows: np.ndarray, pages) -> np.ndarray:
@@ -275,7 +282,7 @@ class StorageTier:
     def __contains__(self, key) -> bool:
         return key in self._index
 
-    def hits(self, keys: list, start: int) -> int:
+    def hits(self, keys: Any, start: int) -> int:
         """How many of keys[start:] the tier holds before the first it does not (a prefetch's
         hit query), without touching them."""
         return self._index.run(keys, start)
@@ -302,7 +309,7 @@ class StorageTier:
         return self._write(keys, lambda idx: np.ascontiguousarray(page_major if idx is None else page_major[idx]),
                            (rows.shape[0], rows.shape[2]))
 
-    def write_from(self, pool, slots: Any, keys: list, *, rows: np.ndarray | None = None) -> int:
+    def write_from(self, pool, slots: Any, keys: Any, *, rows: np.ndarray | None = None) -> int:
         """Write the pages in `slots` of a [layers, pages, elems] CPU pool buffer (a numpy array,
         or a CPU tensor) under `keys`: one gather into page-major rows, one append. Returns how
         many keys were deleted to make room (`write` returns them; the engine only counts). `rows`: the pool's row view when the caller keeps one (the
@@ -341,7 +348,7 @@ class StorageTier:
             return self._write(keys, gather, (pool.shape[0], pool.shape[2]), layer_rows, slots, True)
         return self._write(keys, gather, (pool.shape[0], pool.shape[2]), counted=True)
 
-    def _write(self, keys: list, gather, shape: tuple[int, int], layer_rows: np.ndarray | None = None,
+    def _write(self, keys: Any, gather, shape: tuple[int, int], layer_rows: np.ndarray | None = None,
                slots: Any = None, counted: bool = False) -> Any:
         """Enter `keys` in the index and append the pages it wants written: `gather(positions)`
         makes their rows, or, given the pool's `layer_rows` and the pages' `slots` (a list or an
@@ -349,7 +356,7 @@ class StorageTier:
         None: the caller checked the geometry (`shape` is not read)."""
         if gather is not None:
             self._set_shape(shape)
-        keys = keys if type(keys) is list else list(keys)
+        keys = _key_seq(keys)
         # (a tuple as typed: unpacked by its items, where the index's untyped answer was a
         # generic iteration a write)
         admitted: tuple[Any, Any, list[int]] = self._index.admit(keys, self.capacity, counted)
@@ -378,7 +385,7 @@ class StorageTier:
         self._collect()
         return deleted
 
-    def _place(self, keys: list, data: np.ndarray) -> None:
+    def _place(self, keys: Any, data: np.ndarray) -> None:
         """Append the pages of `keys` (in the index as -1) and record where they went."""
         try:
             self._append(keys, data.reshape(len(keys), -1))
@@ -386,7 +393,7 @@ class StorageTier:
             self._index.drop_placeholders(keys)  # pages that never reached the disk are not in the tier
             raise
 
-    def _place_rows(self, keys: list, layer_rows: np.ndarray, slots: Any) -> None:
+    def _place_rows(self, keys: Any, layer_rows: np.ndarray, slots: Any) -> None:
         """`_place` of the pages in `slots` of a pool's row view, written from the pool."""
         try:
             self._append_rows(keys, layer_rows, slots)
@@ -419,7 +426,7 @@ class StorageTier:
             seg = self._segments[number] = _Segment(number, path, fd)
             return seg
 
-    def _append(self, keys: list, data) -> None:
+    def _append(self, keys: Any, data) -> None:
         """Append pages (data: [n, page_bytes/8] int64, C order; keys in the index) at the end of
         the active segment, starting a new one when it is full; one pwrite per segment touched."""
         done = 0
@@ -430,7 +437,7 @@ class StorageTier:
             self._placed(keys[done:done + n] if done or n < len(keys) else keys, seg, first, n)
             done += n
 
-    def _append_rows(self, keys: list, layer_rows: np.ndarray, slots: Any) -> None:
+    def _append_rows(self, keys: Any, layer_rows: np.ndarray, slots: Any) -> None:
         """`_append` of the pages in `slots` of a pool's row view: gathered and written by one
         C call a segment touched (`_cplane.pwrite_rows`; no numpy array, no Python per page).
         What the C call declines (having written nothing) goes the numpy way."""
@@ -461,7 +468,7 @@ class StorageTier:
         first = seg.pages
         return seg, first, min(want, self._segment_pages - first)
 
-    def _placed(self, keys: list, seg: _Segment, first: int, n: int) -> None:
+    def _placed(self, keys: Any, seg: _Segment, first: int, n: int) -> None:
         """The pages of `keys` are in slots first .. first + n - 1 of `seg`."""
         self._index.place(keys, seg.number, first)
         seg.pages += n
@@ -523,10 +530,10 @@ class StorageTier:
         self.bytes_read += len(slots) * page_bytes
         return out
 
-    def read_pages(self, keys: list):
+    def read_pages(self, keys: Any):
         """The pages of `keys` as [n, layers, elems] int64 (numpy), each touched in the LRU:
         pages adjacent in a segment are read together."""
-        keys = keys if type(keys) is list else list(keys)
+        keys = _key_seq(keys)
         locs: list[int] = self._index.locs(keys)
         layers, elems = self._page_shape
         out: np.ndarray = np.empty((len(keys), layers, elems), dtype=np.int64)
@@ -541,7 +548,7 @@ class StorageTier:
         self._index.touch_all(keys)
         return out
 
-    def read(self, keys: list, num_layers: int, page_elems: int):
+    def read(self, keys: Any, num_layers: int, page_elems: int):
         """The pages of `keys` as a fresh [layers, n, elems] CPU tensor."""
         import torch
 
@@ -550,13 +557,14 @@ class StorageTier:
         assert self._page_shape == (num_layers, page_elems), "storage page geometry differs from the pool's"
         return torch.from_numpy(self.read_pages(keys)).permute(1, 0, 2).contiguous()
 
-    def read_into(self, keys: list, pool, slots: list[int]) -> int:
+    def read_into(self, keys: Any, pool, slots: list[int]) -> int:
         """Read the pages of `keys` into `slots` of a [layers, pages, elems] CPU pool buffer (a
         numpy array, or a CPU tensor); returns the bytes read."""
         if not keys:
             return 0
         target = pool if isinstance(pool, np.ndarray) else pool.numpy()
-        if _pread_rows is not None and type(keys) is list and type(slots) is list and len(slots) == len(keys):
+        keys = _key_seq(keys)
+        if _pread_rows is not None and type(slots) is list and len(slots) == len(keys):
             try:
                 rows: np.ndarray | None = _rows.array_rows(target)
             except ValueError:
@@ -566,7 +574,7 @@ class StorageTier:
         target[:, np.asarray(slots, dtype=np.int64)] = self.read_pages(keys).transpose(1, 0, 2)
         return len(keys) * self.page_bytes
 
-    def _read_into_rows(self, keys: list, rows: np.ndarray, slots: list[int]) -> bool:
+    def _read_into_rows(self, keys: Any, rows: np.ndarray, slots: list[int]) -> bool:
         """`read_into` by the compiled read (`_cplane.pread_rows`: one pread a run of adjacent
         slots of a segment, its pages' rows put straight into the pool's, no numpy array): the
         same runs, bytes and errors as `read_pages`. False when the C call declines a run (the

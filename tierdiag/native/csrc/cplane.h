@@ -50,8 +50,10 @@
  * 13: SlotCore's runs: `_bind` takes an array('q') template, alloc hands out array('q') slot runs and
  *     free takes them (session 21, h41soa).
  * 14: page keys as int64 runs: common_pages, PageKeySet and output_keys read array('q') runs
- *     (session 22, h41keys); RowBuffer.append and FlushTicker by vectorcall (h41rec5). */
-#define CPLANE_API 14
+ *     (session 22, h41keys); RowBuffer.append and FlushTicker by vectorcall (h41rec5).
+ * 15: StorageIndex's calls take keys as an int64 run (array('q')) as well as a list (session 22,
+ *     h41stor8: the storage paths hand a node's and a request's key runs as they are). */
+#define CPLANE_API 15
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256

@@ -11,7 +11,10 @@
 /*                                                                                              */
 /* Keys are exact ints (the engine's page keys, which name their whole prefix), bytes or str    */
 /* (tests): hashing and comparing them never runs Python code, so no call here can see the      */
-/* index change under it. Entries live in one array linked into the LRU list (oldest first) and */
+/* index change under it. An int key of int64 range is held as its value, any other key as its */
+/* object (IxKey); a call takes its keys as a list or as a run of int64 (the engine's array('q') */
+/* key runs: IxKeys), so the engine's page keys are looked up, entered and deleted without an   */
+/* int object a key (one is made only for a key handed back). Entries live in one array linked into the LRU list (oldest first) and */
 /* are found through an open-addressing table (linear probing, deletion by backward shift, kept */
 /* at most half full). A table slot holds the entry number + 1 (0: empty) and a 32-bit tag of   */
 /* the key's hash, which is also its home (tables stay under 2**32 slots): a probe past other   */
@@ -24,8 +27,8 @@
 /* slots; the large arrays are mapped with huge pages (ix_big_alloc).                           */
 
 typedef struct {
-    PyObject *key;     /* a strong reference; NULL: a free entry */
-    Py_hash_t hash;
+    int64_t key;       /* an int key's value (an int64); any other key's object is in `obj` */
+    Py_hash_t hash;    /* -1: a free entry (no key hashes to -1) */
     int64_t loc;
     int32_t prev;      /* LRU neighbours (-1 at the ends); a free entry's next is the free list */
     int32_t next;      /* (entry numbers stay below IX_MAX_ENTRIES = 2**31 - 1) */
@@ -40,6 +43,9 @@ _Static_assert(sizeof(IxEntry) == 32, "IxEntry is half a cache line");
 typedef struct {
     PyObject_HEAD
     IxEntry *ent;
+    PyObject **obj;                          /* NULL until a key that is not an int64 comes; then */
+                                             /* ent_cap of them: entry e's key object, or NULL */
+                                             /* (an int64 key: ent[e].key) */
     Py_ssize_t ent_cap, ent_top, free_head;  /* entries ever used: [0, ent_top) */
     uint64_t *table;                         /* IX_SLOT(e, hash); 0: empty */
     size_t mask;                             /* table size - 1 (a power of two, below 2**32) */
@@ -121,38 +127,68 @@ ix_big_grow(void *old, size_t old_bytes, size_t bytes, size_t keep)
     return p;
 }
 
-static int
-ix_key_ok(PyObject *key)
-{
-    if (PyLong_CheckExact(key) || PyBytes_CheckExact(key) || PyUnicode_CheckExact(key)) {
-        return 1;
-    }
-    PyErr_Format(PyExc_TypeError, "storage keys are int, bytes or str, not %.100s", Py_TYPE(key)->tp_name);
-    return 0;
-}
+/* A key as the index holds it: an int of int64 range is its value (obj NULL), any other key
+ * (a bigger int, bytes, str) its object (borrowed); with its hash, Python's for that key (an
+ * int's: long_hash, the value modulo 2**61 - 1, the sign kept, -1 made -2, computed here
+ * without the generic call). The engine's page keys are int64 values (array('q') runs): they
+ * are looked up, entered and deleted as values, no int object made for them unless one is
+ * handed back (`deleted`, keys(), segment_keys(), a KeyError). */
+typedef struct {
+    PyObject *obj;
+    int64_t v;
+    Py_hash_t hash;
+} IxKey;
 
-/* PyObject_Hash(key) after ix_key_ok (-1: an error set), an int of up to 63 bits hashed here:
- * Python's long_hash (the value modulo 2**61 - 1, the sign kept, -1 made -2), so the table is
- * the one PyObject_Hash would fill, without its generic call (~40 instructions a key, ~2 M keys
- * admitted and ~1 M looked up by a whole-trace storage replay). */
 #define IX_M61 ((uint64_t)0x1fffffffffffffff)
 
 static Py_hash_t
-ix_hash(PyObject *key)
+ix_hash_i64(int64_t x)
 {
-    int64_t x;
-    if (PyLong_CheckExact(key) && cp_small_int(key, &x)) {
-        uint64_t u = x < 0 ? (uint64_t)0 - (uint64_t)x : (uint64_t)x;
-        Py_hash_t h;
-        u = (u & IX_M61) + (u >> 61);
-        if (u >= IX_M61) u -= IX_M61;
-        h = x < 0 ? -(Py_hash_t)u : (Py_hash_t)u;
-        return h == -1 ? -2 : h;
-    }
-    if (!ix_key_ok(key)) return -1;
-    return PyObject_Hash(key);
+    uint64_t u = x < 0 ? (uint64_t)0 - (uint64_t)x : (uint64_t)x;
+    Py_hash_t h;
+    u = (u & IX_M61) + (u >> 61);
+    if (u >= IX_M61) u -= IX_M61;
+    h = x < 0 ? -(Py_hash_t)u : (Py_hash_t)u;
+    return h == -1 ? -2 : h;
 }
 
+static void
+ix_key_v(IxKey *k, int64_t v)
+{
+    k->obj = NULL;
+    k->v = v;
+    k->hash = ix_hash_i64(v);
+}
+
+/* `key` as an IxKey: 0, or -1 with TypeError set (a key neither an exact int, bytes nor str:
+ * comparing those never runs Python code, so no call here can see the index change under it). */
+static int
+ix_key_load(PyObject *key, IxKey *k)
+{
+    if (PyLong_CheckExact(key)) {
+        int64_t x;
+        int overflow = 0;
+        long long y;
+        if (cp_small_int(key, &x)) {
+            ix_key_v(k, x);
+            return 0;
+        }
+        y = PyLong_AsLongLongAndOverflow(key, &overflow);  /* an exact int: no error but overflow */
+        if (!overflow) {
+            ix_key_v(k, (int64_t)y);
+            return 0;
+        }
+    } else if (!PyBytes_CheckExact(key) && !PyUnicode_CheckExact(key)) {
+        PyErr_Format(PyExc_TypeError, "storage keys are int, bytes or str, not %.100s", Py_TYPE(key)->tp_name);
+        return -1;
+    }
+    k->obj = key;
+    k->v = 0;
+    k->hash = PyObject_Hash(key);  /* an int past int64, bytes, str: cannot fail */
+    return k->hash == -1 ? -1 : 0;
+}
+
+/* Whether two key objects (a big int, bytes, str) are equal; never runs Python code. */
 static int
 ix_same(PyObject *a, PyObject *b)
 {
@@ -163,13 +199,6 @@ ix_same(PyObject *a, PyObject *b)
         return 0;  /* keys of different types never compare equal */
     }
     if (PyLong_CheckExact(a)) {  /* int == int runs no Python code (and cannot fail) */
-        int64_t x, y;
-        /* the engine's page keys (hashes of up to 63 bits) read in place: a probe that finds a
-         * key compares two int objects of the same value, ~100 instructions by the generic
-         * compare (callgrind, issue 41: ~1 M of them on conversation[:6000] with storage) */
-        if (cp_small_int(a, &x) && cp_small_int(b, &y)) {
-            return x == y;
-        }
         return PyObject_RichCompareBool(a, b, Py_EQ) == 1;
     }
     if (PyBytes_CheckExact(a)) {
@@ -182,20 +211,36 @@ ix_same(PyObject *a, PyObject *b)
                   (size_t)PyUnicode_GET_LENGTH(a) * PyUnicode_KIND(a)) == 0;
 }
 
-/* The table position holding `key`, or the empty one where it would go (*found 0). */
-static size_t
-ix_probe(StorageIndex *ix, PyObject *key, Py_hash_t hash, int *found)
+/* Whether entry e (live or free) holds key k. */
+static inline int
+ix_entry_is(StorageIndex *ix, Py_ssize_t e, const IxKey *k)
 {
-    uint32_t tag = IX_TAG(hash);
+    PyObject *o;
+    if (ix->ent[e].hash != k->hash) return 0;  /* a free entry's hash is -1, no key's */
+    o = ix->obj != NULL ? ix->obj[e] : NULL;
+    if (k->obj == NULL) return o == NULL && ix->ent[e].key == k->v;
+    return o != NULL && ix_same(o, k->obj);
+}
+
+/* Entry e's key as an object (a new reference; NULL: MemoryError). */
+static PyObject *
+ix_entry_key(StorageIndex *ix, Py_ssize_t e)
+{
+    if (ix->obj != NULL && ix->obj[e] != NULL) return Py_NewRef(ix->obj[e]);
+    return PyLong_FromLongLong(ix->ent[e].key);
+}
+
+/* The table position holding `k`, or the empty one where it would go (*found 0). */
+static size_t
+ix_probe(StorageIndex *ix, const IxKey *k, int *found)
+{
+    uint32_t tag = IX_TAG(k->hash);
     size_t i = (size_t)tag & ix->mask;
     uint64_t s;
     while ((s = ix->table[i]) != 0) {
-        if (IX_SLOT_TAG(s) == tag) {
-            Py_ssize_t e = IX_SLOT_E(s);
-            if (ix->ent[e].hash == hash && ix_same(ix->ent[e].key, key)) {
-                *found = 1;
-                return i;
-            }
+        if (IX_SLOT_TAG(s) == tag && ix_entry_is(ix, IX_SLOT_E(s), k)) {
+            *found = 1;
+            return i;
         }
         i = (i + 1) & ix->mask;
     }
@@ -203,18 +248,86 @@ ix_probe(StorageIndex *ix, PyObject *key, Py_hash_t hash, int *found)
     return i;
 }
 
-/* The entry of `key`, or -1 (-2: an error set: a key of another type or unhashable). */
+/* The entry of `k`, or -1. */
 static Py_ssize_t
-ix_find(StorageIndex *ix, PyObject *key)
+ix_find(StorageIndex *ix, const IxKey *k)
 {
-    Py_hash_t hash;
     int found;
-    size_t i;
-    if ((hash = ix_hash(key)) == -1) {
-        return -2;
-    }
-    i = ix_probe(ix, key, hash, &found);
+    size_t i = ix_probe(ix, k, &found);
     return found ? IX_SLOT_E(ix->table[i]) : -1;
+}
+
+/* The entry of the object `key`, or -1 (-2: an error set: a key of another type). */
+static Py_ssize_t
+ix_find_obj(StorageIndex *ix, PyObject *key)
+{
+    IxKey k;
+    if (ix_key_load(key, &k) < 0) return -2;
+    return ix_find(ix, &k);
+}
+
+/* The keys a call names: a list (any keys), or a run of the engine's page keys, a 1-D
+ * C-contiguous buffer of native int64 (its array('q') key runs, numpy int64 arrays), read in
+ * place. The buffer is held for the call, so the run cannot change under it (nothing here runs
+ * Python code). */
+typedef struct {
+    PyObject *list;      /* the list, or NULL: a run */
+    const int64_t *v;    /* the run's values */
+    Py_ssize_t n;
+    Py_buffer buf;       /* the run's (released by ix_keys_release) */
+} IxKeys;
+
+/* 1 loaded, 0 an error set (neither a list nor an int64 run). */
+static int
+ix_keys_load(PyObject *obj, IxKeys *k)
+{
+    k->list = NULL;
+    k->v = NULL;
+    k->buf.obj = NULL;
+    if (PyList_CheckExact(obj)) {
+        k->list = obj;
+        k->n = PyList_GET_SIZE(obj);
+        return 1;
+    }
+    if (PyObject_CheckBuffer(obj) && PyObject_GetBuffer(obj, &k->buf, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) == 0) {
+        if (k->buf.ndim == 1 && k->buf.itemsize == (Py_ssize_t)sizeof(int64_t) && is_int64_format(k->buf.format)) {
+            k->v = (const int64_t *)k->buf.buf;
+            k->n = k->buf.shape[0];
+            return 1;
+        }
+        PyBuffer_Release(&k->buf);
+        k->buf.obj = NULL;
+    }
+    PyErr_Clear();
+    PyErr_SetString(PyExc_TypeError, "keys must be a list or a run of int64 (array('q'))");
+    return 0;
+}
+
+static void
+ix_keys_release(IxKeys *k)
+{
+    if (k->buf.obj != NULL) PyBuffer_Release(&k->buf);
+}
+
+/* Key i of a call's keys: 0, or -1 with an error set. */
+static inline int
+ix_keys_at(const IxKeys *k, Py_ssize_t i, IxKey *out)
+{
+    if (k->list) return ix_key_load(PyList_GET_ITEM(k->list, i), out);
+    ix_key_v(out, k->v[i]);
+    return 0;
+}
+
+/* KeyError(key); NULL. */
+static PyObject *
+ix_keyerror_key(const IxKey *k)
+{
+    PyObject *key = k->obj != NULL ? Py_NewRef(k->obj) : PyLong_FromLongLong(k->v);
+    if (key != NULL) {
+        PyErr_SetObject(PyExc_KeyError, key);
+        Py_DECREF(key);
+    }
+    return NULL;
 }
 
 static void
@@ -259,54 +372,69 @@ ix_rehash(StorageIndex *ix, size_t size)
     return 0;
 }
 
-/* Add `key` (not in the index; table position `at` from ix_probe) as the newest entry. */
+/* Add key k (not in the index; table position `at` from ix_probe) as the newest entry. */
 static Py_ssize_t
-ix_insert(StorageIndex *ix, PyObject *key, Py_hash_t hash, size_t at, int64_t loc)
+ix_insert(StorageIndex *ix, const IxKey *k, size_t at, int64_t loc)
 {
     Py_ssize_t e;
     if ((size_t)(ix->len + 1) * 2 > ix->mask + 1) {
         int found;
         if (ix_rehash(ix, (ix->mask + 1) * 2) < 0) return -1;
-        at = ix_probe(ix, key, hash, &found);
+        at = ix_probe(ix, k, &found);
     }
     if (ix->free_head < 0 && ix->ent_top >= IX_MAX_ENTRIES) {
         PyErr_SetString(PyExc_MemoryError, "the storage index is full (2**31 - 1 pages)");
         return -1;
     }
+    if (ix->free_head < 0 && ix->ent_top == ix->ent_cap) {
+        Py_ssize_t cap = ix->ent_cap ? ix->ent_cap * 2 : 64;
+        IxEntry *n;
+        if (ix->obj != NULL) {
+            PyObject **o = PyMem_Realloc(ix->obj, (size_t)cap * sizeof(PyObject *));
+            if (o == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            memset(o + ix->ent_cap, 0, (size_t)(cap - ix->ent_cap) * sizeof(PyObject *));
+            ix->obj = o;
+        }
+        n = ix_big_grow(ix->ent, (size_t)ix->ent_cap * sizeof(IxEntry), (size_t)cap * sizeof(IxEntry),
+                        (size_t)ix->ent_top * sizeof(IxEntry));
+        if (n == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        ix->ent = n;
+        ix->ent_cap = cap;
+    }
+    if (k->obj != NULL && ix->obj == NULL) {  /* the first key that is not an int64 */
+        if ((ix->obj = PyMem_Calloc((size_t)ix->ent_cap, sizeof(PyObject *))) == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
     if (ix->free_head >= 0) {
         e = ix->free_head;
         ix->free_head = ix->ent[e].next;
     } else {
-        if (ix->ent_top == ix->ent_cap) {
-            Py_ssize_t cap = ix->ent_cap ? ix->ent_cap * 2 : 64;
-            IxEntry *n = ix_big_grow(ix->ent, (size_t)ix->ent_cap * sizeof(IxEntry), (size_t)cap * sizeof(IxEntry),
-                                     (size_t)ix->ent_top * sizeof(IxEntry));
-            if (n == NULL) {
-                PyErr_NoMemory();
-                return -1;
-            }
-            ix->ent = n;
-            ix->ent_cap = cap;
-        }
         e = ix->ent_top++;
     }
-    Py_INCREF(key);
-    ix->ent[e].key = key;
-    ix->ent[e].hash = hash;
+    if (k->obj != NULL) ix->obj[e] = Py_NewRef(k->obj);
+    ix->ent[e].key = k->v;
+    ix->ent[e].hash = k->hash;
     ix->ent[e].loc = loc;
-    ix->table[at] = IX_SLOT(e, hash);
+    ix->table[at] = IX_SLOT(e, k->hash);
     ix_push_newest(ix, e);
     ix->len++;
     return e;
 }
 
-/* Remove entry e from the table and the LRU list; returns its key (the reference passes to the
- * caller). Backward-shift deletion: no tombstones, so probes stay short. */
-static PyObject *
+/* Remove entry e from the table and the LRU list (its key object, if any, released).
+ * Backward-shift deletion: no tombstones, so probes stay short. */
+static void
 ix_remove(StorageIndex *ix, Py_ssize_t e)
 {
     size_t i = (size_t)IX_TAG(ix->ent[e].hash) & ix->mask, j;
-    PyObject *key = ix->ent[e].key;
     uint64_t *t = ix->table;
     while (IX_SLOT_E(t[i]) != e) i = (i + 1) & ix->mask;
     t[i] = 0;
@@ -320,11 +448,11 @@ ix_remove(StorageIndex *ix, Py_ssize_t e)
         }
     }
     ix_unlink(ix, e);
-    ix->ent[e].key = NULL;
+    ix->ent[e].hash = -1;
+    if (ix->obj != NULL) Py_CLEAR(ix->obj[e]);
     ix->ent[e].next = (int32_t)ix->free_head;
     ix->free_head = e;
     ix->len--;
-    return key;
 }
 
 static int
@@ -372,8 +500,11 @@ ix_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 static void
 ix_dealloc(StorageIndex *ix)
 {
-    for (Py_ssize_t e = 0; e < ix->ent_top; e++) {
-        Py_XDECREF(ix->ent[e].key);
+    if (ix->obj != NULL) {
+        for (Py_ssize_t e = 0; e < ix->ent_top; e++) {
+            Py_XDECREF(ix->obj[e]);
+        }
+        PyMem_Free(ix->obj);
     }
     ix_big_free(ix->ent, (size_t)ix->ent_cap * sizeof(IxEntry));
     ix_big_free(ix->table, (ix->mask + 1) * sizeof(uint64_t));
@@ -390,25 +521,8 @@ ix_len(StorageIndex *ix)
 static int
 ix_contains(StorageIndex *ix, PyObject *key)
 {
-    Py_ssize_t e = ix_find(ix, key);
+    Py_ssize_t e = ix_find_obj(ix, key);
     return e == -2 ? -1 : e >= 0;
-}
-
-static PyObject *
-ix_keyerror(PyObject *key)
-{
-    PyErr_SetObject(PyExc_KeyError, key);
-    return NULL;
-}
-
-static int
-ix_check_list(PyObject *keys)
-{
-    if (!PyList_CheckExact(keys)) {
-        PyErr_SetString(PyExc_TypeError, "keys must be a list");
-        return 0;
-    }
-    return 1;
 }
 
 PyDoc_STRVAR(ix_touch_doc, "touch(key): make key the most recently used (KeyError if absent).");
@@ -416,9 +530,12 @@ PyDoc_STRVAR(ix_touch_doc, "touch(key): make key the most recently used (KeyErro
 static PyObject *
 ix_touch(StorageIndex *ix, PyObject *key)
 {
-    Py_ssize_t e = ix_find(ix, key);
+    Py_ssize_t e = ix_find_obj(ix, key);
     if (e == -2) return NULL;
-    if (e < 0) return ix_keyerror(key);
+    if (e < 0) {
+        PyErr_SetObject(PyExc_KeyError, key);
+        return NULL;
+    }
     ix_unlink(ix, e);
     ix_push_newest(ix, e);
     Py_RETURN_NONE;
@@ -433,7 +550,7 @@ PyDoc_STRVAR(ix_admit_doc,
 "the segments whose last live page went, in that order. A key named twice is touched while it\n"
 "is there, or entered anew when the write's own keys pushed it out; fresh names it once, at\n"
 "the position that entered it last. counted true: deleted is how many keys were deleted (an\n"
-"int), no list of them made (the engine only counts them).");
+"int), no list of them made (the engine only counts them). keys: a list, or an int64 run.");
 
 /* How many keys ahead admit() prefetches the table slot of. */
 #define IX_PREFETCH 8
@@ -441,46 +558,44 @@ PyDoc_STRVAR(ix_admit_doc,
 static PyObject *
 ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
 {
-    PyObject *keys, *deleted = NULL, *fresh = NULL, *emptied = NULL, *res;
+    PyObject *deleted = NULL, *fresh = NULL, *emptied = NULL, *res;
+    IxKeys keys;
     Py_ssize_t n, capacity, i, nfresh = 0, ndeleted = 0;
     int counted = 0;
-    Py_hash_t small_hashes[SMALL_LIST], *hashes = small_hashes;
+    IxKey small_ks[SMALL_LIST], *ks = small_ks;
     Py_ssize_t small_pos[SMALL_LIST], *pos = small_pos;  /* the positions entered new, in order */
     int all_new;
     if (nargs != 3 && wrong_nargs(nargs, 2, "admit() takes 2 or 3 arguments: keys, capacity[, counted]")) {
         return NULL;
     }
     if (nargs == 3 && (counted = PyObject_IsTrue(args[2])) < 0) return NULL;
-    keys = args[0];
-    if (!ix_check_list(keys)) return NULL;
     capacity = PyLong_AsSsize_t(args[1]);
     if (capacity == -1 && PyErr_Occurred()) return NULL;
-    n = PyList_GET_SIZE(keys);
+    if (!ix_keys_load(args[0], &keys)) return NULL;
+    n = keys.n;
     all_new = n <= capacity;
     if (n > SMALL_LIST) {
-        hashes = PyMem_Malloc((size_t)n * sizeof *hashes);
+        ks = PyMem_Malloc((size_t)n * sizeof *ks);
         pos = PyMem_Malloc((size_t)n * sizeof *pos);
-        if (hashes == NULL || pos == NULL) {
+        if (ks == NULL || pos == NULL) {
             PyErr_NoMemory();
             goto fail;
         }
     }
     for (i = 0; i < n; i++) {  /* every key checked before anything changes */
-        PyObject *key = PyList_GET_ITEM(keys, i);
-        if ((hashes[i] = ix_hash(key)) == -1) goto fail;
+        if (ix_keys_at(&keys, i, &ks[i]) < 0) goto fail;
     }
-    for (i = 0; i < n && i < IX_PREFETCH; i++) __builtin_prefetch(&ix->table[(size_t)IX_TAG(hashes[i]) & ix->mask]);
+    for (i = 0; i < n && i < IX_PREFETCH; i++) __builtin_prefetch(&ix->table[(size_t)IX_TAG(ks[i].hash) & ix->mask]);
     ix->pending_n = ix->pending_at = 0;
     if ((!counted && (deleted = PyList_New(0)) == NULL) || (emptied = PyList_New(0)) == NULL) {
         goto fail;
     }
     for (i = 0; i < n; i++) {
-        PyObject *key = PyList_GET_ITEM(keys, i);
-        Py_hash_t hash = hashes[i];
+        const IxKey *k = &ks[i];
         int found;
         size_t at;
-        if (i + IX_PREFETCH < n) __builtin_prefetch(&ix->table[(size_t)IX_TAG(hashes[i + IX_PREFETCH]) & ix->mask]);
-        at = ix_probe(ix, key, hash, &found);
+        if (i + IX_PREFETCH < n) __builtin_prefetch(&ix->table[(size_t)IX_TAG(ks[i + IX_PREFETCH].hash) & ix->mask]);
+        at = ix_probe(ix, k, &found);
         if (found) {
             Py_ssize_t e = IX_SLOT_E(ix->table[at]);
             ix_unlink(ix, e);
@@ -492,7 +607,6 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
             while (ix->len >= capacity) {
                 Py_ssize_t e = ix->head;
                 int64_t loc;
-                PyObject *old;
                 if (e < 0) {  /* OrderedDict.popitem on an empty index (capacity 0) */
                     PyErr_SetString(PyExc_KeyError, "dictionary is empty");
                     goto fail;
@@ -508,13 +622,16 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
                     }
                 }
                 loc = ix->ent[e].loc;
-                old = ix_remove(ix, e);
-                ndeleted++;
-                if (!counted && PyList_Append(deleted, old) < 0) {
+                if (!counted) {  /* the deleted key handed back: made an object only here */
+                    PyObject *old = ix_entry_key(ix, e);
+                    if (old == NULL || PyList_Append(deleted, old) < 0) {
+                        Py_XDECREF(old);
+                        goto fail;
+                    }
                     Py_DECREF(old);
-                    goto fail;
                 }
-                Py_DECREF(old);
+                ix_remove(ix, e);
+                ndeleted++;
                 if (loc >= 0) {
                     int64_t seg = loc >> IX_SLOT_BITS;
                     if (--ix->live[seg] == 0) {
@@ -527,10 +644,10 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
                     }
                 }
             }
-            at = ix_probe(ix, key, hash, &found);  /* the table shifted */
+            at = ix_probe(ix, k, &found);  /* the table shifted */
         }
         {
-            Py_ssize_t e = ix_insert(ix, key, hash, at, -1);
+            Py_ssize_t e = ix_insert(ix, k, at, -1);
             if (e < 0) goto fail;
             if (ix->pending_n < IX_PENDING) ix->pending[ix->pending_n++] = e;
         }
@@ -551,8 +668,7 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
             goto fail;
         }
         for (i = nfresh - 1; i >= 0; i--) {
-            /* every key here was hashed and checked above: the lookup cannot fail */
-            Py_ssize_t e = ix_find(ix, PyList_GET_ITEM(keys, pos[i]));
+            Py_ssize_t e = ix_find(ix, &ks[pos[i]]);
             if (e >= 0 && ix->ent[e].loc == -1) {
                 ix->ent[e].loc = -2;
                 marked[nmarked++] = e;
@@ -573,15 +689,17 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
     Py_DECREF(deleted);
     Py_DECREF(fresh);
     Py_DECREF(emptied);
-    if (hashes != small_hashes) PyMem_Free(hashes);
+    if (ks != small_ks) PyMem_Free(ks);
     if (pos != small_pos) PyMem_Free(pos);
+    ix_keys_release(&keys);
     return res;
 fail:
     Py_XDECREF(deleted);
     Py_XDECREF(fresh);
     Py_XDECREF(emptied);
-    if (hashes != small_hashes) PyMem_Free(hashes);
+    if (ks != small_ks) PyMem_Free(ks);
     if (pos != small_pos) PyMem_Free(pos);
+    ix_keys_release(&keys);
     return NULL;
 }
 
@@ -593,98 +711,125 @@ PyDoc_STRVAR(ix_place_doc,
 static PyObject *
 ix_place(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
 {
-    PyObject *keys;
+    IxKeys keys;
     int64_t seg, first;
     Py_ssize_t n, i;
+    PyObject *res = NULL;
     if (wrong_nargs(nargs, 3, "place() takes 3 arguments: keys, segment, first")) {
         return NULL;
     }
-    keys = args[0];
-    if (!ix_check_list(keys)) return NULL;
     seg = PyLong_AsLongLong(args[1]);
     if (seg == -1 && PyErr_Occurred()) return NULL;
     first = PyLong_AsLongLong(args[2]);
     if (first == -1 && PyErr_Occurred()) return NULL;
-    n = PyList_GET_SIZE(keys);
+    if (!ix_keys_load(args[0], &keys)) return NULL;
+    n = keys.n;
     if (first < 0 || first + n > ((int64_t)1 << IX_SLOT_BITS)) {
         PyErr_SetString(PyExc_ValueError, "slot out of range");
-        return NULL;
+        goto done;
     }
-    if (ix_live_room(ix, seg) < 0) return NULL;
+    if (ix_live_room(ix, seg) < 0) goto done;
     for (i = 0; i < n; i++) {
-        PyObject *key = PyList_GET_ITEM(keys, i);
-        Py_ssize_t e = -1, k;
+        IxKey k;
+        Py_ssize_t e = -1, p;
+        if (ix_keys_at(&keys, i, &k) < 0) goto done;
         /* the common case: the keys of the last admit, in its order (an entry made then and
-         * still holding this very object; a free entry's key is NULL) */
+         * still holding this key: the index holds a key once; a free entry holds none) */
         while (ix->pending_at < ix->pending_n) {
-            k = ix->pending[ix->pending_at++];
-            if (ix->ent[k].key == key) {
-                e = k;
+            p = ix->pending[ix->pending_at++];
+            if (ix_entry_is(ix, p, &k)) {
+                e = p;
                 break;
             }
         }
-        if (e < 0 && (e = ix_find(ix, key)) == -2) return NULL;
-        if (e < 0) return ix_keyerror(key);
+        if (e < 0 && (e = ix_find(ix, &k)) < 0) {
+            ix_keyerror_key(&k);
+            goto done;
+        }
         ix->ent[e].loc = (seg << IX_SLOT_BITS) + first + i;
         ix->live[seg]++;
     }
-    Py_RETURN_NONE;
+    res = Py_NewRef(Py_None);
+done:
+    ix_keys_release(&keys);
+    return res;
 }
 
 PyDoc_STRVAR(ix_drop_placeholders_doc,
 "drop_placeholders(keys): delete those of `keys` still at location -1 (pages never written).");
 
 static PyObject *
-ix_drop_placeholders(StorageIndex *ix, PyObject *keys)
+ix_drop_placeholders(StorageIndex *ix, PyObject *arg)
 {
-    if (!ix_check_list(keys)) return NULL;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
-        Py_ssize_t e = ix_find(ix, PyList_GET_ITEM(keys, i));
-        if (e == -2) return NULL;
-        if (e >= 0 && ix->ent[e].loc == -1) {
-            Py_DECREF(ix_remove(ix, e));
+    IxKeys keys;
+    if (!ix_keys_load(arg, &keys)) return NULL;
+    for (Py_ssize_t i = 0; i < keys.n; i++) {
+        IxKey k;
+        Py_ssize_t e;
+        if (ix_keys_at(&keys, i, &k) < 0) {
+            ix_keys_release(&keys);
+            return NULL;
+        }
+        if ((e = ix_find(ix, &k)) >= 0 && ix->ent[e].loc == -1) {
+            ix_remove(ix, e);
         }
     }
+    ix_keys_release(&keys);
     Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(ix_locs_doc, "locs(keys) -> [location, ...] (KeyError for a key not there; nothing is touched).");
 
 static PyObject *
-ix_locs(StorageIndex *ix, PyObject *keys)
+ix_locs(StorageIndex *ix, PyObject *arg)
 {
+    IxKeys keys;
     PyObject *out;
-    Py_ssize_t n;
-    if (!ix_check_list(keys)) return NULL;
-    n = PyList_GET_SIZE(keys);
-    if ((out = PyList_New(n)) == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PyList_GET_ITEM(keys, i), *loc;
-        Py_ssize_t e = ix_find(ix, key);
-        if (e < 0) {
-            Py_DECREF(out);
-            return e == -2 ? NULL : ix_keyerror(key);
+    if (!ix_keys_load(arg, &keys)) return NULL;
+    if ((out = PyList_New(keys.n)) == NULL) goto done;
+    for (Py_ssize_t i = 0; i < keys.n; i++) {
+        IxKey k;
+        PyObject *loc;
+        Py_ssize_t e;
+        if (ix_keys_at(&keys, i, &k) < 0) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        if ((e = ix_find(ix, &k)) < 0) {
+            ix_keyerror_key(&k);
+            Py_CLEAR(out);
+            goto done;
         }
         if ((loc = PyLong_FromLongLong(ix->ent[e].loc)) == NULL) {
-            Py_DECREF(out);
-            return NULL;
+            Py_CLEAR(out);
+            goto done;
         }
         PyList_SET_ITEM(out, i, loc);
     }
+done:
+    ix_keys_release(&keys);
     return out;
 }
 
 PyDoc_STRVAR(ix_touch_all_doc, "touch_all(keys): touch(key) for each key in order.");
 
 static PyObject *
-ix_touch_all(StorageIndex *ix, PyObject *keys)
+ix_touch_all(StorageIndex *ix, PyObject *arg)
 {
-    if (!ix_check_list(keys)) return NULL;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
-        PyObject *r = ix_touch(ix, PyList_GET_ITEM(keys, i));
-        if (r == NULL) return NULL;
-        Py_DECREF(r);
+    IxKeys keys;
+    if (!ix_keys_load(arg, &keys)) return NULL;
+    for (Py_ssize_t i = 0; i < keys.n; i++) {
+        IxKey k;
+        Py_ssize_t e;
+        if (ix_keys_at(&keys, i, &k) < 0 || (e = ix_find(ix, &k)) < 0) {
+            if (!PyErr_Occurred()) ix_keyerror_key(&k);
+            ix_keys_release(&keys);
+            return NULL;
+        }
+        ix_unlink(ix, e);
+        ix_push_newest(ix, e);
     }
+    ix_keys_release(&keys);
     Py_RETURN_NONE;
 }
 
@@ -694,24 +839,27 @@ PyDoc_STRVAR(ix_run_doc,
 static PyObject *
 ix_run(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
 {
-    PyObject *keys;
+    IxKeys keys;
     Py_ssize_t start, i;
     if (wrong_nargs(nargs, 2, "run() takes 2 arguments: keys, start")) {
         return NULL;
     }
-    keys = args[0];
-    if (!ix_check_list(keys)) return NULL;
     start = PyLong_AsSsize_t(args[1]);
     if (start == -1 && PyErr_Occurred()) return NULL;
     if (start < 0) {
         PyErr_SetString(PyExc_ValueError, "start must be >= 0");
         return NULL;
     }
-    for (i = start; i < PyList_GET_SIZE(keys); i++) {
-        Py_ssize_t e = ix_find(ix, PyList_GET_ITEM(keys, i));
-        if (e == -2) return NULL;
-        if (e < 0) break;
+    if (!ix_keys_load(args[0], &keys)) return NULL;
+    for (i = start; i < keys.n; i++) {
+        IxKey k;
+        if (ix_keys_at(&keys, i, &k) < 0) {
+            ix_keys_release(&keys);
+            return NULL;
+        }
+        if (ix_find(ix, &k) < 0) break;
     }
+    ix_keys_release(&keys);
     return PyLong_FromSsize_t(i - start > 0 ? i - start : 0);
 }
 
@@ -772,10 +920,11 @@ ix_segment_keys(StorageIndex *ix, PyObject *arg)
     qsort(pairs, (size_t)n, sizeof *pairs, ix_cmp_loc);
     if ((slots = PyList_New(n)) == NULL || (keys = PyList_New(n)) == NULL) goto done;
     for (i = 0; i < n; i++) {
-        PyObject *s = PyLong_FromLongLong(pairs[i][0] & (((int64_t)1 << IX_SLOT_BITS) - 1));
+        PyObject *s = PyLong_FromLongLong(pairs[i][0] & (((int64_t)1 << IX_SLOT_BITS) - 1)), *k;
         if (s == NULL) goto done;
         PyList_SET_ITEM(slots, i, s);
-        PyList_SET_ITEM(keys, i, Py_NewRef(ix->ent[pairs[i][1]].key));
+        if ((k = ix_entry_key(ix, (Py_ssize_t)pairs[i][1])) == NULL) goto done;
+        PyList_SET_ITEM(keys, i, k);
     }
     res = PyTuple_Pack(2, slots, keys);
 done:
@@ -794,7 +943,12 @@ ix_keys(StorageIndex *ix, PyObject *Py_UNUSED(ignored))
     Py_ssize_t i = 0;
     if (out == NULL) return NULL;
     for (Py_ssize_t e = ix->head; e >= 0; e = ix->ent[e].next) {
-        PyList_SET_ITEM(out, i++, Py_NewRef(ix->ent[e].key));
+        PyObject *k = ix_entry_key(ix, e);
+        if (k == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i++, k);
     }
     return out;
 }
