@@ -40,9 +40,9 @@ _FREE_DUPLICATE: Final[str] = EvictionAction.FREE_DUPLICATE
 
 
 def _as_list(run: Any) -> Any:
-    """A slot run or a key run as a list, for the storage paths (storage.py, prefetch.py), which
-    take lists: the pools hand out array('q') runs (tree_node.SlotRun), a node's keys are a key
-    run (tree_node.KeyRun). None stays None."""
+    """A slot run as a list, for the storage paths' slots (storage.py, prefetch.py), which take
+    lists: the pools hand out array('q') runs (tree_node.SlotRun). Keys need no conversion: the
+    storage index reads key runs in place (h41stor8). None stays None."""
     return run.tolist() if isinstance(run, array) else run
 
 
