@@ -451,6 +451,53 @@ def test_the_evidence_computed_four_at_a_time_is_each_section_computed_alone(rep
         assert made[name] == value, name  # what the close's closing numbers take the summary from
 
 
+@pytest.mark.parametrize("large", [False, True])
+def test_the_miss_reasons_are_queried_once_for_the_context_and_their_section(replayed, monkeypatch, large):
+    """The context's in-batch tokens are the miss reasons' `shared_in_batch`, also a section of
+    their own: compute_evidence queries them once (issue 41, session 23: ~20 ms of the close's
+    CPU on the conversation trace), whichever thread asks first, in either plan, and the context
+    is the one computed alone (which queries them itself)."""
+    from tierdiag.diagnose.run.miss_reasons import run_miss_reasons as real
+
+    calls = []
+
+    def counted(con, run_id):
+        calls.append(run_id)
+        return real(con, run_id)
+
+    if large:
+        monkeypatch.setattr(E, "LARGE_RUN_REQUESTS", 1)
+    monkeypatch.setattr(E, "run_miss_reasons", counted)
+    with open_store(replayed) as con:
+        run = resolve_run(con, None)
+        made: dict = {}
+        E.compute_evidence(con, run, computed=made)
+        assert len(calls) == 1
+        assert made["miss_reasons"] == real(con, run.run_id) and made["miss_reasons"] is not None
+        assert made["context"] == compute_run_context(con, run)
+        assert made["context"].losses.in_batch_tokens == made["miss_reasons"]["shared_in_batch"]
+
+
+def test_the_miss_reasons_handed_to_the_context_are_used_and_their_failure_raised(replayed):
+    """compute_run_context(miss_reasons=...) takes the in-batch tokens from what it is handed
+    (the context it computes alone where that is the run's), a run without reasons (None) has
+    none, and what the provider raises is raised."""
+    from tierdiag.diagnose.run.miss_reasons import run_miss_reasons
+
+    with open_store(replayed) as con:
+        run = resolve_run(con, None)
+        alone = compute_run_context(con, run, attribution=False)
+        assert compute_run_context(con, run, attribution=False,
+                                   miss_reasons=lambda: run_miss_reasons(con, run.run_id)) == alone
+        assert compute_run_context(con, run, attribution=False, miss_reasons=lambda: None).losses.in_batch_tokens == 0
+
+        def boom():
+            raise RuntimeError("the miss reasons failed")
+
+        with pytest.raises(RuntimeError, match="the miss reasons failed"):
+            compute_run_context(con, run, attribution=False, miss_reasons=boom)
+
+
 def test_the_story_computed_beside_the_context_is_the_contexts_own(replayed):
     """evidence.py computes the run story on a cursor of its own while the rest of the context is
     computed (issue 41): handed to compute_run_context, the context is the one it computes
