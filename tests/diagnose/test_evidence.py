@@ -451,6 +451,53 @@ def test_the_evidence_computed_four_at_a_time_is_each_section_computed_alone(rep
         assert made[name] == value, name  # what the close's closing numbers take the summary from
 
 
+@pytest.mark.parametrize("large", [False, True])
+def test_the_miss_reasons_are_queried_once_for_the_context_and_their_section(replayed, monkeypatch, large):
+    """The context's in-batch tokens are the miss reasons' `shared_in_batch`, also a section of
+    their own: compute_evidence queries them once (issue 41, session 23: ~20 ms of the close's
+    CPU on the conversation trace), whichever thread asks first, in either plan, and the context
+    is the one computed alone (which queries them itself)."""
+    from tierdiag.diagnose.run.miss_reasons import run_miss_reasons as real
+
+    calls = []
+
+    def counted(con, run_id):
+        calls.append(run_id)
+        return real(con, run_id)
+
+    if large:
+        monkeypatch.setattr(E, "LARGE_RUN_REQUESTS", 1)
+    monkeypatch.setattr(E, "run_miss_reasons", counted)
+    with open_store(replayed) as con:
+        run = resolve_run(con, None)
+        made: dict = {}
+        E.compute_evidence(con, run, computed=made)
+        assert len(calls) == 1
+        assert made["miss_reasons"] == real(con, run.run_id) and made["miss_reasons"] is not None
+        assert made["context"] == compute_run_context(con, run)
+        assert made["context"].losses.in_batch_tokens == made["miss_reasons"]["shared_in_batch"]
+
+
+def test_the_miss_reasons_handed_to_the_context_are_used_and_their_failure_raised(replayed):
+    """compute_run_context(miss_reasons=...) takes the in-batch tokens from what it is handed
+    (the context it computes alone where that is the run's), a run without reasons (None) has
+    none, and what the provider raises is raised."""
+    from tierdiag.diagnose.run.miss_reasons import run_miss_reasons
+
+    with open_store(replayed) as con:
+        run = resolve_run(con, None)
+        alone = compute_run_context(con, run, attribution=False)
+        assert compute_run_context(con, run, attribution=False,
+                                   miss_reasons=lambda: run_miss_reasons(con, run.run_id)) == alone
+        assert compute_run_context(con, run, attribution=False, miss_reasons=lambda: None).losses.in_batch_tokens == 0
+
+        def boom():
+            raise RuntimeError("the miss reasons failed")
+
+        with pytest.raises(RuntimeError, match="the miss reasons failed"):
+            compute_run_context(con, run, attribution=False, miss_reasons=boom)
+
+
 def test_the_story_computed_beside_the_context_is_the_contexts_own(replayed):
     """evidence.py computes the run story on a cursor of its own while the rest of the context is
     computed (issue 41): handed to compute_run_context, the context is the one it computes
@@ -681,7 +728,11 @@ def test_the_writer_process_preloads_what_a_stored_close_imports_and_no_more(rep
     """The writer process imports close.PRELOAD while the engine runs (issue 41: not in the close
     the replay waits for); the summary's reader is not among them: a close whose evidence is
     stored takes its closing numbers from the summary the evidence computed and never imports
-    `diagnose.run.summary` (36 modules, ~23 ms of the writer's CPU beside the engine)."""
+    `diagnose.run.summary` (36 modules, ~23 ms of the writer's CPU beside the engine). Nor does
+    the close import any other module of tierdiag than the trace's reader (which the writer
+    process's read-ahead imports while the engine runs; here, with none, the size curves read the
+    trace themselves) and the optional C extensions: the engine's rule sets, the claims, the lookup's writer were ~15-28 ms of
+    the close's CPU (session 23)."""
     import subprocess
     import sys
 
@@ -692,9 +743,15 @@ def test_the_writer_process_preloads_what_a_stored_close_imports_and_no_more(rep
             "assert 'tierdiag.diagnose.run.summary' not in sys.modules, 'preloaded'\n"
             "con = duckdb.connect(sys.argv[1])\n"
             "run_id = con.execute('SELECT run_id FROM runs').fetchone()[0]\n"
+            "before = set(sys.modules)\n"
             "numbers = close.after_commit(con, sys.argv[1], run_id, 'complete')\n"
             "assert numbers['span_ns'] > 0 and numbers['ttft_ns'] is not None, numbers\n"
-            "assert 'tierdiag.diagnose.run.summary' not in sys.modules, 'imported by the close'\n")
+            "assert 'tierdiag.diagnose.run.summary' not in sys.modules, 'imported by the close'\n"
+            "read_ahead = ('tierdiag.trace', 'tierdiag.config', 'tierdiag.diagnose.run.live_curves',\n"
+            "              'tierdiag.native')\n"  # the C extensions: optional, imported where used (~1 ms)
+            "late = sorted(m for m in set(sys.modules) - before\n"
+            "              if m.startswith('tierdiag') and not m.startswith(read_ahead))\n"
+            "assert not late, late\n")
     out = subprocess.run([sys.executable, "-c", code, str(db)], capture_output=True, text=True,
                          cwd=str(Path(__file__).resolve().parents[2]))
     assert out.returncode == 0, out.stderr

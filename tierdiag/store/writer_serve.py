@@ -1,7 +1,8 @@
 """The writer process's side (store/writer_process.py is the engine's): `python -c CHILD_ENTRY`
 (or app/writer_child.py's entry, which passes the close hook), the request pipe on stdin, the
 replies on stdout. It owns the ordinary RunWriter and commits what it is handed at most every
-WRITE_EVERY_S (FIRST_WRITE_S at first, doubling), and closes the run when told."""
+WRITE_EVERY_S (FIRST_WRITE_S at first, doubling), more often as the run nears its end (the
+trace's lines counted: LATE_FROM), and closes the run when told."""
 
 from __future__ import annotations
 
@@ -14,6 +15,18 @@ import time
 from tierdiag import signals
 from tierdiag.store.frames import EOF, portable, read_raw, send_frame
 from tierdiag.store.writer_process import FIRST_WRITE_S, VACUUM_EVERY, WRITE_COST_SHARE, WRITE_EVERY_S
+
+# The late writes: once LATE_FROM of the trace's requests have been handed over (their request
+# rows taken), the rows pending are written whatever the interval says when they are as many as
+# those still to come, while at least LATE_LEAST of the trace's are (`late_write_due`). What is
+# pending at the engine's end is written by the close, on the path the replay waits for; by the
+# interval alone that was anything from none to a whole interval's rows (the conversation
+# trace's, quiet: 2 writes in the run, the 2nd began just before the engine's end, which waited
+# for it and for a last write of ~30 % of the rows; issue 41, benchmarks/README.md, session 23
+# h41close5). Where the interval's writes already leave less, they add none; a long run's (200k
+# synth requests: ~17 writes 5 s apart) gets at most one more near its end.
+LATE_FROM = 0.5
+LATE_LEAST = 0.05
 
 
 def main(after_commit=None, preload: tuple[str, ...] = (), while_recording=None) -> None:
@@ -61,6 +74,53 @@ def _read_requests(fd: int, inbox) -> None:
             return
 
 
+def trace_lines(path: str | None) -> int | None:
+    """The lines of the trace file at `path` (its requests, near enough: a blank line or one the
+    reader skips counts too; the last line counts without its newline); None where `path` is not
+    a regular file that can be read (a pipe the engine read: no late writes). ~1.5 ms on the
+    conversation trace, ~0.13 s for 1M synth requests (250 MB, in the page cache)."""
+    import stat
+
+    if not path:
+        return None
+    try:
+        # Non-blocking: a named pipe's open would wait for a writer (the engine read it already).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except (OSError, ValueError):
+        return None
+    try:
+        with open(fd, "rb", closefd=True) as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            buf = bytearray(1 << 20)
+            lines = 0
+            last = 10  # an empty file: no line
+            while True:
+                n = fh.readinto(buf)
+                if not n:
+                    break
+                lines += buf.count(b"\n", 0, n)
+                last = buf[n - 1]
+    except (OSError, ValueError):
+        return None
+    return lines + (last != 10)
+
+
+def late_write_due(taken: int, expected: int | None, taken_at_write: int) -> bool:
+    """Whether a late write is due: of the `expected` requests (the trace's lines; None: unknown,
+    never), `taken` request rows have been taken, at least LATE_FROM of them, at least LATE_LEAST
+    of them still to come, and what is pending (taken since the last write began:
+    `taken_at_write`) is at least what is to come. With no other write, at 50, 75, 87.5 and
+    93.75 %: each write halves the rest, so the close writes a sixteenth, and each late write is
+    done long before the engine's end (it carries what came since the last, not most of the
+    run); past them, what is left is the close's (a write has a fixed cost: ~25 ms of CPU on the
+    conversation trace, about what ~5 % of its rows cost)."""
+    if not expected or expected <= 0:
+        return False
+    rest = expected - taken
+    return LATE_FROM * expected <= taken and rest >= LATE_LEAST * expected and taken - taken_at_write >= rest
+
+
 def next_interval(every: float, every_max: float, most: float, took: float) -> float:
     """The interval before the next write, after one that took `took` seconds: doubled up to
     `every_max`, or `took / WRITE_COST_SHARE` where that is longer, up to `most` (and never
@@ -87,6 +147,11 @@ class _Serve:
         self.most = WRITE_EVERY_S
         self.last_write = time.monotonic()
         self.writes = 0  # asked for, the close's aside
+        # The late writes (LATE_FROM): the trace's lines once counted (a thread of `open`;
+        # None: unknown), the request rows taken, and how many of them the last write began with.
+        self.expected: int | None = None
+        self.taken = 0
+        self.taken_at_write = 0
 
     def reply(self, msg) -> bool:
         try:
@@ -140,6 +205,7 @@ class _Serve:
         self.last_write = time.monotonic()
         if not self.reply(("opened", None)):
             return False
+        self._count_trace(arg["writer"].get("trace_path"))
         # What the close hook needs, imported now while the engine runs rather than in the
         # serial tail after it.
         import importlib
@@ -153,6 +219,17 @@ class _Serve:
             except Exception as exc:  # noqa: BLE001 - said once on stderr; the close computes it all as before
                 self._unprepared(exc)
         return True
+
+    def _count_trace(self, path) -> None:
+        """`expected`, the trace's lines, counted on a thread of its own (the trace is in the
+        page cache: the engine has just read its first lines; a million requests' take ~0.13 s
+        of CPU), so that the late writes know how far the run is."""
+        import threading
+
+        def count() -> None:
+            self.expected = trace_lines(path)
+
+        threading.Thread(target=count, name="tierdiag-trace-lines", daemon=True).start()
 
     def _unprepared(self, exc: BaseException) -> None:
         self.on_rows = None
@@ -174,10 +251,16 @@ class _Serve:
                 self.on_rows(taken)
             except Exception as exc:  # noqa: BLE001 - said once; the close computes it all as before
                 self._unprepared(exc)
+        requests = taken.get("requests")
+        if requests:
+            self.taken += len(next(iter(requests.values())))
         since = time.monotonic() - self.last_write
         # Coalesced: with more handed over already (the engine's last rows and the close come
         # together), one transaction takes it all: each write's close is a checkpoint (0.05-0.2 s).
-        if since >= self.every and (self.inbox.empty() or since >= 4 * self.every):
+        # A late write waits for an empty inbox too (more rows there, or the close, are nearer
+        # the end than this batch: it is due again at the next one).
+        due = since >= self.every or late_write_due(self.taken, self.expected, self.taken_at_write)
+        if due and (self.inbox.empty() or since >= 4 * self.every):
             self.write()
 
     def write(self) -> None:
@@ -186,6 +269,7 @@ class _Serve:
         this write took longer than WRITE_COST_SHARE of that, after this write's time over the
         share (never past `most`, the replay's flush interval): writer_process.WRITE_COST_SHARE."""
         self.writes += 1
+        self.taken_at_write = self.taken
         t0 = time.monotonic()
         try:
             self.writer.write(vacuum=self.writes % VACUUM_EVERY == 0)

@@ -17,8 +17,13 @@ from tierdiag.diagnose.run.evidence import record_run_evidence
 # What the hook imports: a writer process imports these while the engine runs, not in the close.
 # Not `summary` (36 modules, ~23 ms of the writer's CPU beside the engine): the closing numbers
 # come from the summary the evidence computed; only where it was not stored are they read back
-# through it (`closing_numbers`, which imports it then).
-PRELOAD = ("tierdiag.diagnose.run.evidence",)
+# through it (`closing_numbers`, which imports it then). The others are what the evidence's
+# sections imported on first use, in the close the replay waits for (issue 41, session 23
+# h41close5: ~15-28 ms of thread CPU there): the engine's rule sets (read/run.py `parse`, the
+# run context's ranks; with the compiled engine modules they import), the claims the size
+# curves' close names (run_claims) and the request lookup's writer (store/evidence.py).
+PRELOAD = ("tierdiag.diagnose.run.evidence", "tierdiag.engine.rules", "tierdiag.diagnose.run.run_claims",
+           "tierdiag.store.lookup")
 
 
 def after_commit(con: duckdb.DuckDBPyConnection, db_path: Path, run_id: str, status: str) -> dict | None:

@@ -84,8 +84,10 @@ from tierdiag.store.evidence import begin_run_evidence, replace_run_evidence, ro
 # story ~450 MB over the process's start, the context ~510, the session pauses ~320, the summary
 # ~260), LARGE_RUN_THREADS: fewer at once bounds the close's peak (the writer process's, with the
 # rows it holds), at the cost of a longer wall beside a curves' pass already walked while recording.
+# The miss reasons first on the rest's thread: the context (the longest thread) takes them from
+# it rather than querying them too (`compute_evidence`).
 SMALL_RUN_THREADS = (("story",), ("context",), ("sessions",),
-                     ("summary", "totals", "session_summary", "rank_summary", "miss_reasons"))
+                     ("miss_reasons", "summary", "totals", "session_summary", "rank_summary"))
 LARGE_RUN_THREADS = (("story", "context", "sessions", "summary", "totals", "session_summary", "rank_summary",
                       "miss_reasons"),)
 LARGE_RUN_REQUESTS = 100_000
@@ -149,11 +151,24 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
         story_done.wait()
         return done.get("cause_counts")
 
-    work = {"story": the_story, "context": lambda c: compute_run_context(c, run, story=story),
+    miss_lock = threading.Lock()
+
+    def miss_reasons(cur):
+        # The miss reasons' sums (a pass over every finished request and its columns' check: ~20
+        # ms of the close's CPU on the conversation trace) are a section and the context's
+        # in-batch tokens: queried once, by whichever thread asks first, on its cursor, the other
+        # waiting for it (the same rows: nothing writes meanwhile). Issue 41, session 23.
+        with miss_lock:
+            if "miss_reasons" not in done:
+                done["miss_reasons"] = run_miss_reasons(cur, run.run_id)
+            return done["miss_reasons"]
+
+    work = {"story": the_story,
+            "context": lambda c: compute_run_context(c, run, story=story, miss_reasons=lambda: miss_reasons(c)),
             "sessions": lambda c: session_pauses(c, run),
             "summary": lambda c: compute_run_summary(c, run, cause_counts=cause_counts),
             "totals": lambda c: run_totals(c, run.run_id), "session_summary": lambda c: session_summary(c, run),
-            "rank_summary": lambda c: rank_summary(c, run), "miss_reasons": lambda c: run_miss_reasons(c, run.run_id)}
+            "rank_summary": lambda c: rank_summary(c, run), "miss_reasons": miss_reasons}
 
     plan = evidence_threads(getattr(run, "num_requests", None))
     # The one-thread plan (large runs): once the size curves are made (their queries done, nothing

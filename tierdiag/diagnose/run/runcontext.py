@@ -211,7 +211,8 @@ def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_t
     return round_exact(raw, queue_total)
 
 
-def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict) -> LossEvidence:
+def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict,
+            miss_reasons: Callable[[], dict[str, int] | None] | None = None) -> LossEvidence:
     t = read_ctx.finished_token_totals(con, rid)
     skipped = {r: _i(n) for r, n in read_ctx.loadback_skipped_by_reason(con, rid)}
     unused = {r: _i(n) for r, n in read_ctx.storage_unused_by_reason(con, rid)}
@@ -277,12 +278,13 @@ def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict) -> LossEvide
         removed_reuse_p50_tokens=p50, removed_reuse_p90_tokens=p90, removed_reuse_deciles_tokens=tuple(deciles),
         device_capacity_tokens=cap("device_tokens"), host_capacity_tokens=cap("host_tokens"),
         storage_capacity_tokens=cap("storage_tokens"), lost_request_deciles_tokens=tuple(lost_deciles),
-        hot_competing_deciles_tokens=tuple(hot_competing), in_batch_tokens=_in_batch_tokens(con, rid),
+        hot_competing_deciles_tokens=tuple(hot_competing), in_batch_tokens=_in_batch_tokens(con, rid, miss_reasons),
         trace_arrival_spread_ns=read_ctx.trace_arrival_spread_ns(con, rid))
 
 
-def _in_batch_tokens(con: duckdb.DuckDBPyConnection, rid: str) -> int:
-    reasons = run_miss_reasons(con, rid)
+def _in_batch_tokens(con: duckdb.DuckDBPyConnection, rid: str,
+                     miss_reasons: Callable[[], dict[str, int] | None] | None = None) -> int:
+    reasons = run_miss_reasons(con, rid) if miss_reasons is None else miss_reasons()
     return reasons["shared_in_batch"] if reasons else 0
 
 
@@ -343,7 +345,8 @@ def run_ranks(con: duckdb.DuckDBPyConnection, run) -> int:
 
 
 def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: bool = True,
-                        story: Callable[[], RunStory | None] | None = None) -> RunContext:
+                        story: Callable[[], RunStory | None] | None = None,
+                        miss_reasons: Callable[[], dict[str, int] | None] | None = None) -> RunContext:
     """The run-level evidence `summary`'s diagnosis and `explain`'s "why" stand on, from the run's
     rows (what evidence.py stores at the run's close; readers take it through facts.py).
 
@@ -353,7 +356,11 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
     `story`: what `run_story(con, run.run_id, batch_recompute_sql(con))` returns, computed by the
     caller meanwhile (evidence.py: on a cursor of its own, beside the rest of this: the story is
     the largest part, ~45 %, issue 41); called only where the story is wanted (what it raises
-    is raised here). None: computed here."""
+    is raised here). None: computed here.
+
+    `miss_reasons`: what `run_miss_reasons(con, run.run_id)` returns (the in-batch tokens are
+    its `shared_in_batch`), from the caller, which stores it as a section of its own (evidence.py:
+    one query for both, issue 41, session 23); what it raises is raised here. None: queried here."""
     rid = run.run_id
     t = read_ctx.finished_totals(con, rid)
     span = max(_i(t.end_ns) - _i(t.start_ns), 0)
@@ -371,7 +378,7 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
         recompute_share_of_prefill=share(recompute, compute) if rec else None,
         ttft_total_ns=_i(t.ttft_ns), queue_total_ns=queue_total, queue_share_of_ttft=share(queue_total, _i(t.ttft_ns)),
         excess_total_ns=_i(t.excess_ns), queue_attribution=attribution,
-        losses=_losses(con, rid, run.config), transfers=_transfers(con, rid, link_peak_bytes_per_s(run), _overhead_ns(run)),
+        losses=_losses(con, rid, run.config, miss_reasons), transfers=_transfers(con, rid, link_peak_bytes_per_s(run), _overhead_ns(run)),
         config=dict(run.config), kv_bytes_per_token=int(kv) if kv else None,
         ttft_p50_ns=t.ttft_p50_ns, ttft_p99_ns=t.ttft_p99_ns,
         story=(run_story(con, rid, rec) if story is None else story()) if attribution and busy else None,
