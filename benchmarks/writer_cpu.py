@@ -14,8 +14,11 @@ Runs `tierdiag replay TRACE --db FRESH --json` with the writer forced to its own
   unpickling (`pickle.loads` of the request loop), the rows' decode (`table_columns`), their Arrow
   conversion (`RunWriter.take`), the live pass's hand-over (`_ReadAhead.rows`), each write's
   inserts by table (`RunWriter._append`), its commit and checkpoint (`detach`), the read-ahead's
-  parts (`read_trace`'s lines, `page_keys_array`, `_Pages.add`, `_Pages.index`), the live pass's
+  parts (`read_trace`'s lines, `page_keys_array`, `_Pages.add` / `add_request`, `_chunk_keys`,
+  `_Pages.index`), the live pass's
   (`rows_of`, `LivePass.add_rows`, `advance`, `done`) and the close (`RunWriter.finish`);
+- the inbox (writer_serve.Inbox, session 23): the most bytes it held, how often and how long
+  the reader thread waited for room (the engine's hand-overs then wait on the pipe);
 - with --profile DIR, a cProfile of every Python thread of the writer (one file a thread, last
   round), and the top functions of each printed.
 
@@ -56,6 +59,8 @@ PARTS = [
     ("tierdiag.store.reader", "attach_with_retry", "attach", -1),
     ("tierdiag.diagnose.run.size_curves", "_ReadAhead.rows", "live.hand_over", -1),
     ("tierdiag.diagnose.run.size_curves", "_Pages.add", "ahead.pages_add", -1),
+    ("tierdiag.diagnose.run.size_curves", "_Pages.add_request", "ahead.add_request", -1),
+    ("tierdiag.diagnose.run.size_curves", "_chunk_keys", "ahead.chunk_keys", -1),
     ("tierdiag.diagnose.run.size_curves", "_Pages._close_chunk", "ahead.close_chunk", -1),
     ("tierdiag.diagnose.run.size_curves", "_Pages._resample", "ahead.resample", -1),
     ("tierdiag.diagnose.run.size_curves", "_Pages.index", "ahead.index", -1),
