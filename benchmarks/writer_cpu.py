@@ -14,8 +14,11 @@ Runs `tierdiag replay TRACE --db FRESH --json` with the writer forced to its own
   unpickling (`pickle.loads` of the request loop), the rows' decode (`table_columns`), their Arrow
   conversion (`RunWriter.take`), the live pass's hand-over (`_ReadAhead.rows`), each write's
   inserts by table (`RunWriter._append`), its commit and checkpoint (`detach`), the read-ahead's
-  parts (`read_trace`'s lines, `page_keys_array`, `_Pages.add`, `_Pages.index`), the live pass's
+  parts (`read_trace`'s lines, `page_keys_array`, `_Pages.add` / `add_request`, `_chunk_keys`,
+  `_Pages.index`), the live pass's
   (`rows_of`, `LivePass.add_rows`, `advance`, `done`) and the close (`RunWriter.finish`);
+- the inbox (writer_serve.Inbox, session 23): the most bytes it held, how often and how long
+  the reader thread waited for room (the engine's hand-overs then wait on the pipe);
 - with --profile DIR, a cProfile of every Python thread of the writer (one file a thread, last
   round), and the top functions of each printed.
 
@@ -56,6 +59,8 @@ PARTS = [
     ("tierdiag.store.reader", "attach_with_retry", "attach", -1),
     ("tierdiag.diagnose.run.size_curves", "_ReadAhead.rows", "live.hand_over", -1),
     ("tierdiag.diagnose.run.size_curves", "_Pages.add", "ahead.pages_add", -1),
+    ("tierdiag.diagnose.run.size_curves", "_Pages.add_request", "ahead.add_request", -1),
+    ("tierdiag.diagnose.run.size_curves", "_chunk_keys", "ahead.chunk_keys", -1),
     ("tierdiag.diagnose.run.size_curves", "_Pages._close_chunk", "ahead.close_chunk", -1),
     ("tierdiag.diagnose.run.size_curves", "_Pages._resample", "ahead.resample", -1),
     ("tierdiag.diagnose.run.size_curves", "_Pages.index", "ahead.index", -1),
@@ -116,9 +121,19 @@ _CPU_PARTS = json.loads(os.environ.get("TL_CPU_PARTS", "[]")) if _ROLE_IS_WRITER
 _cpu_by_mod = {}
 for _m, _q, _l, _i in _CPU_PARTS:
     _cpu_by_mod.setdefault(_m, []).append((_q, _l, _i))
+_inboxes = []  # writer_serve.Inbox (session 23): what the bound did
+def _inbox_stats():
+    return [{"most": b.most, "waits": b.waits, "waited_s": b.waited_s, "limit": b.limit} for b in _inboxes]
 def _cpu_patch(module):
     if _ROLE_IS_WRITER and module.__name__ == "tierdiag.store.writer_serve":
         module.pickle = _PickleShim()
+        _ib = getattr(module, "Inbox", None)
+        if _ib is not None:
+            _ib_init = _ib.__init__
+            def _init(self, *a, **k):
+                _ib_init(self, *a, **k)
+                _inboxes.append(self)
+            _ib.__init__ = _init
     for qual, label, argi in _cpu_by_mod.get(module.__name__, ()):
         owner, *rest = qual.split(".")
         if rest:
@@ -158,7 +173,7 @@ _FINDER_NEW = "        if name not in _by_mod and name not in _cpu_by_mod and na
 _DUMP_OLD = 'json.dump({"marks": _marks, "cpu_s": ru.ru_utime + ru.ru_stime, "maxrss_kb": ru.ru_maxrss}, fh)'
 _DUMP_NEW = ('json.dump({"marks": _marks, "cpu_s": ru.ru_utime + ru.ru_stime, "maxrss_kb": ru.ru_maxrss, '
              '"main_thread_cpu": time.thread_time(), "main_tid": _th.main_thread().native_id, '
-             '"threads": _threads, "tasks": _tasks(), "parts": dict(_part_cpu), "part_n": dict(_part_n)}, fh)')
+             '"threads": _threads, "tasks": _tasks(), "parts": dict(_part_cpu), "part_n": dict(_part_n), "inbox": _inbox_stats()}, fh)')
 
 
 def hook_code() -> str:
@@ -212,7 +227,7 @@ def _writer(w: dict) -> dict:
             other += cpu
     threads["(native threads alive at exit)"] = other
     return {"cpu_s": w["cpu_s"], "rss_mb": w["maxrss_kb"] / 1024, "threads": threads, "parts": w["parts"],
-            "part_n": w["part_n"], "close_s": _span(w["marks"], "finish")}
+            "part_n": w["part_n"], "close_s": _span(w["marks"], "finish"), "inbox": w.get("inbox") or []}
 
 
 def report(name: str, r: dict) -> None:
@@ -224,6 +239,9 @@ def report(name: str, r: dict) -> None:
         return
     print(line + f", writer {w['cpu_s']:.2f} s, writer peak {w['rss_mb']:.0f} MB, close {w['close_s'] or 0:.2f} s")
     print("   threads: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(w["threads"].items(), key=lambda kv: -kv[1])))
+    for b in w.get("inbox") or []:
+        print(f"   inbox:   most {b['most'] / 2**20:.1f} MB held (limit {b['limit'] / 2**20:.0f} MB), "
+              f"{b['waits']} waits for room, {b['waited_s']:.2f} s")
     print("   parts:   " + ", ".join(f"{k} {v:.2f} ({w['part_n'][k]})"
                                      for k, v in sorted(w["parts"].items(), key=lambda kv: -kv[1])))
 

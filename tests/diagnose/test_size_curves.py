@@ -1003,3 +1003,111 @@ def test_a_hash_ids_line_read_has_distinct_page_keys(tmp_path, lines, page, salt
     for _, keys in got:
         assert keys == sc._first_distinct(np.array(keys, dtype=np.int64)).tolist()
     assert [(rid, k.tolist()) for _, _, rid, _, k, *_ in sc._trace_pages(str(path), page, 512)] == got
+
+
+# --- the read-ahead's keys a chunk at a time (issue 41, session 23: the writer's CPU at 1M) -----
+
+def _request(seq, hash_ids=None, tokens=None, input_len=1, extra_key=None):
+    from tierdiag.trace.reader import TraceRequest
+
+    return TraceRequest(f"r{seq}", seq, seq + 1, 1000 * seq, input_len, 3, hash_ids, tokens, 0, extra_key,
+                        None, None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines=st.lists(st.tuples(st.lists(st.integers(0, 2**40), max_size=12), st.integers(1, 9_000)),
+                      min_size=1, max_size=20),
+       page=st.sampled_from([1, 16, 64, 100, 128, 512, 1024]), block=st.sampled_from([64, 256, 512, 1000]))
+def test_a_chunks_keys_made_at_once_are_each_requests_own(lines, page, block):
+    """`_chunk_keys` (a chunk of plain hash_ids lines, in numpy at once) gives each request the
+    keys `page_keys_array` gives it alone (C, or numpy), in order, with each key's place in its
+    request; hash ids up to 2**40, input lengths past and short of what the ids cover, page sizes
+    that do not divide the block (then None: the request-at-a-time path says why), empty lines."""
+    from tierdiag.errors import ConfigError
+    from tierdiag.trace.pages import page_keys_array
+
+    reqs = [_request(i, tuple(ids), input_len=n) for i, (ids, n) in enumerate(lines)]
+    made = sc._chunk_keys(reqs, page, block)
+    if block % page:
+        assert made is None
+        with pytest.raises(ConfigError):
+            page_keys_array(reqs[0], page_size=page, block_size=block)
+        return
+    keys, lens, at = made
+    want = [page_keys_array(r, page_size=page, block_size=block) for r in reqs]
+    assert lens.tolist() == [len(k) for k in want]
+    assert keys.dtype == np.int64 and keys.tolist() == [int(k) for w in want for k in w]
+    assert at.tolist() == [i for w in want for i in range(len(w))]
+
+
+def test_a_chunk_with_tokens_or_an_extra_key_takes_the_request_at_a_time_path():
+    plain = [_request(0, (1, 2), input_len=1024)]
+    assert sc._chunk_keys(plain, 64, 512) is not None
+    assert sc._chunk_keys(plain + [_request(1, None, tokens=(5,) * 70, input_len=70)], 64, 512) is None
+    assert sc._chunk_keys(plain + [_request(1, (1, 3), input_len=1024, extra_key="lora-\u00e9")], 64, 512) is None
+    assert sc._chunk_keys(plain, 0, 512) is None and sc._chunk_keys(plain, -64, 512) is None
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kinds=st.lists(st.sampled_from(["hash", "tokens", "salted", "repeat"]), min_size=1, max_size=30),
+       chunk=st.sampled_from([1, 2, 5, 4096]), budget=st.one_of(st.just(2**62), st.integers(-1, 400)),
+       page=st.sampled_from([16, 64]))
+def test_requests_added_as_read_keep_what_their_lines_keep(monkeypatch, kinds, chunk, budget, page):
+    """`_Pages.add_request` (the read-ahead: keys a chunk at a time) keeps the columns, chunks,
+    sample and rate that `add` of `_trace_pages`' lines keeps, whatever the mix of lines (tokens
+    with repeated pages, salted hash ids, plain ones), the chunk size and the budget (sampled or
+    not, hostile budgets too)."""
+    monkeypatch.setattr(sc, "MAX_TOUCHES", budget)
+    monkeypatch.setattr(sc._Pages, "_CHUNK", chunk)
+    reqs = []
+    for i, kind in enumerate(kinds):
+        if kind == "tokens":
+            reqs.append(_request(i, None, tokens=tuple(range(i, i + 40)) * 2, input_len=80))
+        elif kind == "repeat":
+            reqs.append(_request(i, None, tokens=(7,) * 96, input_len=96))
+        else:
+            reqs.append(_request(i, tuple(range(3 * i, 3 * i + 3)), input_len=1500,
+                                 extra_key="salt" if kind == "salted" else None))
+    one, two = sc._Pages(page), sc._Pages(page)
+    for r in reqs:
+        one.add(r.line, r.seq, r.req_id, r.input_len, sc._request_keys(r, page, 512), r.arrival_ns, r.session,
+                r.output_len)
+        two.add_request(r, 512)
+    one.finish()
+    two.finish()
+    for name in ("line", "seq", "input_len", "arrival", "full", "pred", "req_hash"):
+        assert getattr(one, name) == getattr(two, name), name
+    assert (one.touches, one.rate, one.sampled, len(one.chunks)) == (two.touches, two.rate, two.sampled,
+                                                                     len(two.chunks))
+    for a, b in zip(one.chunks, two.chunks):
+        for x, y in zip(a, b):
+            assert x.dtype == y.dtype and x.tolist() == y.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(lens=st.lists(st.integers(0, 9), max_size=30), data=st.data())
+def test_segment_sums_count_each_runs_set_flags(lens, data):
+    flags = np.array(data.draw(st.lists(st.booleans(), min_size=sum(lens), max_size=sum(lens))), dtype=bool)
+    got = sc._segment_sums(flags, np.array(lens, dtype=np.int64))
+    at, want = 0, []
+    for n in lens:
+        want.append(int(flags[at:at + n].sum()))
+        at += n
+    assert got.dtype == np.int64 and got.tolist() == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(st.integers(-2**63, 2**63 - 1), max_size=40),
+       rate=st.one_of(st.floats(0, 1), st.just(1e-300), st.just(1.0)), narrow=st.booleans())
+def test_the_sampler_reads_int64_keys_in_place_as_it_hashed_their_copy(keys, rate, narrow):
+    """`_sampler`'s keep reads int64 keys as uint64 in place (no astype copy): the same keys kept
+    as the hash of their uint64 copy keeps, negative keys and any rate included; other dtypes
+    are still copied."""
+    arr = np.array(keys, dtype=np.int64)
+    if narrow:
+        arr = arr.astype(np.int32)
+    keep = sc._sampler(rate)
+    bound = min(int(rate * 2.0**64), 2**64 - 1)
+    want = [((int(k) % 2**64) * sc._MIX) % 2**64 < bound for k in arr.tolist()]
+    assert keep(arr).tolist() == want
+    assert keep(arr[::2]).tolist() == want[::2]

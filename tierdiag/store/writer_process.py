@@ -86,6 +86,11 @@ VACUUM_EVERY = 2
 BATCH_ROWS = 8_192  # the recorder hands rows over this often with a writer process (inline: 250k)
 CHILD_ENTRY = "from tierdiag.store.writer_serve import main; main()"
 PIPE_BYTES = 1 << 20  # the request pipe's buffer (Linux caps it at /proc/sys/fs/pipe-max-size)
+# The most bytes of requests the writer holds read from the pipe and not yet taken
+# (writer_serve.Inbox): past it the pipe fills and the engine's hand-overs wait for the writer.
+# On a quiet machine the writer keeps up and the inbox stays far below it (benchmarks/README.md,
+# session 23 h41m1c); on a loaded one the writer's memory is bounded instead of the engine's wall.
+INBOX_BYTES = 64 << 20
 SPARE_CORE_LOAD = 1.5  # auto: a writer process when the other runnable work is at most CPUs - this
 REAP_WAIT_S = 60.0  # how long the engine's process waits for the writer to exit after the close
 

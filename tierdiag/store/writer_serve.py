@@ -14,7 +14,7 @@ import time
 
 from tierdiag import signals
 from tierdiag.store.frames import EOF, portable, read_raw, send_frame
-from tierdiag.store.writer_process import FIRST_WRITE_S, VACUUM_EVERY, WRITE_COST_SHARE, WRITE_EVERY_S
+from tierdiag.store.writer_process import FIRST_WRITE_S, INBOX_BYTES, VACUUM_EVERY, WRITE_COST_SHARE, WRITE_EVERY_S
 
 # The late writes: once LATE_FROM of the trace's requests have been handed over (their request
 # rows taken), the rows pending are written whatever the interval says when they are as many as
@@ -43,7 +43,6 @@ def main(after_commit=None, preload: tuple[str, ...] = (), while_recording=None)
     reply_fd = os.dup(1)
     os.dup2(2, 1)  # a stray print must not corrupt the replies
     import gc
-    import queue
     import threading
 
     # Many short-lived objects (the unpickled columns), few long-lived ones: as in the replay.
@@ -51,7 +50,7 @@ def main(after_commit=None, preload: tuple[str, ...] = (), while_recording=None)
     # The reader thread drains the pipe while this one converts and inserts: hand it the GIL
     # sooner than the default 5 ms, so that the engine never waits on a full pipe for long.
     sys.setswitchinterval(0.001)
-    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    inbox = Inbox(INBOX_BYTES)
     threading.Thread(target=_read_requests, args=(0, inbox), name="requests", daemon=True).start()
     serve = _Serve(inbox, reply_fd, after_commit=after_commit, preload=preload, while_recording=while_recording)
     code = 0
@@ -67,6 +66,9 @@ def main(after_commit=None, preload: tuple[str, ...] = (), while_recording=None)
 
 
 def _read_requests(fd: int, inbox) -> None:
+    """The reader thread: each frame's bytes into the inbox as they come, EOF at the pipe's end.
+    A full inbox (`Inbox.put`) holds this thread, so the pipe fills and the engine's next
+    hand-over waits: a writer behind the engine holds at most INBOX_BYTES of requests."""
     while True:
         body = read_raw(fd)
         inbox.put(EOF if body is None else body)
@@ -119,6 +121,66 @@ def late_write_due(taken: int, expected: int | None, taken_at_write: int) -> boo
         return False
     rest = expected - taken
     return LATE_FROM * expected <= taken and rest >= LATE_LEAST * expected and taken - taken_at_write >= rest
+
+
+class Inbox:
+    """The requests read from the pipe, waiting for the writer's main thread: a queue bounded in
+    bytes (issue 41: a writer that falls behind the engine, on a loaded machine, held every frame
+    handed to it: a 1M run at load ~3-4 peaked at 1,627-1,728 MB against 1,137 MB quiet). `put`
+    waits while the frames held and this one would pass `limit`, so the reader thread stops
+    draining the pipe and the engine's hand-overs wait on it (back-pressure); a frame is always
+    taken into an empty inbox whatever its size, and EOF at once (it weighs nothing), so nothing
+    waits forever. The `get`, `put` and `empty` of the queue.SimpleQueue it replaces (`get`
+    raises queue.Empty at its timeout). `most` (bytes held at once), `waits` and `waited_s` (the
+    reader's time held) say what the bound did."""
+
+    def __init__(self, limit: int):
+        import collections
+        import threading
+
+        self.limit = limit
+        self._items: collections.deque = collections.deque()
+        self._bytes = 0
+        self._cond = threading.Condition(threading.Lock())
+        self.most = 0
+        self.waits = 0
+        self.waited_s = 0.0
+
+    @staticmethod
+    def _size(item) -> int:
+        return 0 if item is EOF else len(item)
+
+    def put(self, item) -> None:
+        size = self._size(item)
+        with self._cond:
+            if self._items and self._bytes + size > self.limit:
+                self.waits += 1
+                t0 = time.monotonic()
+                while self._items and self._bytes + size > self.limit:
+                    self._cond.wait()
+                self.waited_s += time.monotonic() - t0
+            self._items.append(item)
+            self._bytes += size
+            self.most = max(self.most, self._bytes)
+            self._cond.notify_all()
+
+    def get(self, timeout: float | None = None):
+        import queue
+
+        with self._cond:
+            if not self._items and not self._cond.wait_for(lambda: self._items, timeout):
+                raise queue.Empty
+            item = self._items.popleft()
+            self._bytes -= self._size(item)
+            self._cond.notify_all()
+            return item
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def held(self) -> int:
+        """Bytes held now."""
+        return self._bytes
 
 
 def next_interval(every: float, every_max: float, most: float, took: float) -> float:
