@@ -21,6 +21,7 @@ Scheduler worker process, ~4 s of CPU to start; the sweep folder's 4 replays and
 from __future__ import annotations
 
 import compileall
+import os
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,12 @@ SHARED_SESSION = {
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # No piped progress lines from the CLI run in this process (CliRunner, harness.cli), as
+    # tests/support/cli.py's cli_env has it for the CLI's processes: a command that ran past 10 s
+    # on a loaded machine printed "tierdiag: advise: 0 of at most 2 replays, 10s elapsed" into the
+    # output a test parsed as JSON (test_advise_cli failed so in a loaded suite run, session 23).
+    # Tests of the lines set the variable themselves (tests/cli/test_progress.py).
+    os.environ.setdefault("TIERDIAG_PROGRESS_EVERY_S", "0")
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller has done it
         return
     for package in ("tierdiag", "tests"):
