@@ -416,3 +416,59 @@ def test_score_text_table_is_cleared_when_full():
         assert dep._json_number(x) == repr(x)
     assert 0 < len(dep._SCORE_TEXT) <= dep._SCORE_TEXT_MAX
     assert dep._json_number(float("nan")) == "nan" and all(k == k for k in dep._SCORE_TEXT)
+
+
+# The arrival's ranks_json: the data plane's C (csrc/router.c, one buffer written in place) and
+# its reference write json.dumps's text of every rank's share, on any shares, loads and scores
+# (zeros of both signs, NaN and infinities, scores shorter than the ranks: null), asked twice
+# (the score table's hits); values past int64 and other shapes are the reference's, the same
+# text (issue 41 session 23: the f-strings were ~5 % of a --dp 8 replay's Engine.run).
+_I64 = st.integers(-(2**63), 2**63 - 1)
+
+
+def _json_of_ranks(held, in_flight, scores, ps):
+    return json.dumps([{"rank": r, "device_tokens": d * ps, "host_tokens": h * ps, "in_flight": in_flight[r],
+                        "score": scores[r] if r < len(scores) else None} for r, (d, h) in enumerate(held)],
+                      separators=(",", ":"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), n=st.integers(0, 9), ps=st.one_of(st.sampled_from([1, 16, 64]), st.integers(-(2**40), 2**40)),
+       score=st.one_of(st.floats(), st.sampled_from([0.0, -0.0, 0.5, 1e-7, 1e16])))
+def test_ranks_json_is_json_dumps_on_both_sides(data, n, ps, score):
+    from tierdiag.engine import deployment as dep
+
+    small = st.integers(0, 4096)
+    held = data.draw(st.lists(st.tuples(st.one_of(small, _I64), st.one_of(small, _I64)), min_size=n, max_size=n))
+    in_flight = tuple(data.draw(st.lists(st.one_of(small, _I64), min_size=n, max_size=n)))
+    scores = tuple(data.draw(st.lists(st.one_of(st.just(score), st.just(0.0), st.floats()), max_size=n)))
+    want = dep.ranks_json_py(held, in_flight, scores, ps)
+    for _ in range(2):
+        assert dep.ranks_json_c(held, in_flight, scores, ps) == want
+        assert dep.ranks_json_py(held, in_flight, scores, ps) == want
+    if all(s == s and abs(s) != float("inf") for s in scores):
+        assert want == _json_of_ranks(held, in_flight, scores, ps)
+
+
+@pytest.mark.parametrize("held, in_flight, scores, ps, typed", [
+    ([(1, 0)], (3,), (1,), 64, True),  # an int score: the reference's float()
+    ([(True, 0)], (3,), (0.5,), 64, True),  # a bool share
+    ([(2**62, 0)], (3,), (0.5,), 64, True),  # tokens past int64
+    ([(1, 0)], (2**70,), (0.5,), 64, True),  # a load past int64
+    ([(1, 0)], (3,), (0.5,), 2**64, True),  # a page size past int64
+    ([[1, 0]], (3,), (0.5,), 64, False),  # a list, not a pair tuple (the compiled callers refuse it)
+    ([(1, 0)], [3], (0.5,), 64, False),  # loads as a list (the same)
+])
+def test_ranks_json_hands_other_shapes_to_the_reference(held, in_flight, scores, ps, typed):
+    from tierdiag.engine import deployment as dep
+    from tierdiag.native import cplane
+
+    native = cplane.compiled("ranks_json")
+    if native is not None:
+        table = dict(dep._SCORE_TEXT)
+        assert native(held, in_flight, scores, ps, dep._SCORE_TEXT, dep._SCORE_TEXT_MAX) == -1
+        assert dep._SCORE_TEXT == table  # nothing changed
+    if typed:
+        want = dep.ranks_json_py(held, in_flight, scores, ps)
+        assert dep.ranks_json_c(held, in_flight, scores, ps) == want
+        assert want == _json_of_ranks(held, in_flight, [float(x) for x in scores], ps)

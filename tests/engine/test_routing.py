@@ -10,6 +10,8 @@ Each test names the SGLang model gateway function it follows (sgl-model-gateway/
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -466,29 +468,33 @@ _tree_op = st.one_of(
 )
 
 
+# `key_runs`: ApproxTree is handed each request's keys as the deployment hands them, an int64 run
+# (array('q')), the reference a list of the same keys; the runs it keeps stay lists.
 @settings(max_examples=200, deadline=None)
-@given(n=st.integers(1, 4), ops=st.lists(_tree_op, max_size=60))
-def test_approx_tree_by_runs_answers_as_the_tree_by_key(n, ops):
+@given(n=st.integers(1, 4), ops=st.lists(_tree_op, max_size=60), key_runs=st.booleans())
+def test_approx_tree_by_runs_answers_as_the_tree_by_key(n, ops, key_runs):
     runs, ref = ApproxTree(n), ApproxTreeByKey(n)
     for tick, op in enumerate(ops, 1):
         if op[0] == "insert":
             _, family, path, rank = op
             keys = _keys(family, path)
-            runs.insert(keys, rank % n, tick)
+            runs.insert(array("q", keys) if key_runs else keys, rank % n, tick)
             ref.insert(keys, rank % n, tick)
         elif op[0] == "match":
             _, family, path, touch = op
             keys = _keys(family, path)
-            got, want = runs.prefix_match(keys, tick, touch=touch), ref.prefix_match(keys, tick, touch=touch)
+            run = array("q", keys) if key_runs else keys
+            got, want = runs.prefix_match(run, tick, touch=touch), ref.prefix_match(keys, tick, touch=touch)
             assert got == want
             if not touch and got[1] is not None:  # cache_aware's own touch of the holder's path
-                runs.touch(keys[:got[0]], got[1], tick)
+                runs.touch(run[:got[0]], got[1], tick)
                 ref.touch(keys[:got[0]], got[1], tick)
         else:
             assert runs.evict(op[1]) == ref.evict(op[1])
         assert runs.pages == ref.pages and len(runs) == len(ref)
         assert [runs._ticks_of(r) for r in range(n)] == ref._ticks
         runs.check()
+        assert all(type(r.keys) is list for rank in range(n) for r in runs._runs(rank))
     assert runs.smallest_rank() == ref.smallest_rank()
 
 
@@ -526,7 +532,7 @@ def _keys(family: int, path: list[int]) -> list[int]:
     return keys if keys else ([family + 1] if family % 2 else [])
 
 
-def _replay(router: str, n: int, seed: int, ops, *, check_tree: bool) -> list[tuple]:
+def _replay(router: str, n: int, seed: int, ops, *, check_tree: bool, key_runs: bool = False) -> list[tuple]:
     gw = Gateway(RouterConfig(router=router, seed=seed, router_balance_abs_threshold=2,
                               router_max_tree_tokens=3 * PS, router_eviction_interval_s=0.5), n)
     open_requests: list[tuple[int, RequestView]] = []
@@ -536,7 +542,9 @@ def _replay(router: str, n: int, seed: int, ops, *, check_tree: bool) -> list[tu
         if kind == "route":
             family, path, session, extra = arg
             keys = _keys(family, path)
-            request = RequestView(f"r{step}", keys, len(keys) * PS + extra, PS, session)
+            # (key_runs: the page keys as the deployment hands them, an int64 run)
+            request = RequestView(f"r{step}", array("q", keys) if key_runs else keys, len(keys) * PS + extra, PS,
+                                  session)
             d = gw.route(request, now_ns)
             assert 0 <= d.rank < n, (router, n, d)
             assert len(d.scores) == n and d.router == router and d.reason
@@ -564,3 +572,16 @@ def test_every_router_returns_a_valid_rank_for_any_deployment_and_stream(router,
        ops=st.lists(_op, max_size=40))
 def test_routing_is_deterministic_given_the_seed(router, n, seed, ops):
     assert _replay(router, n, seed, ops, check_tree=False) == _replay(router, n, seed, ops, check_tree=False)
+
+
+# The deployment hands a request's page keys as an int64 run (array('q'), deployment._arrive:
+# no int object a page made to route it); every router decides, explains and scores exactly as
+# with a list of the same keys, and cache_aware's tree stays the same tree.
+@settings(max_examples=40, deadline=None)
+@given(router=st.sampled_from(sorted(ROUTERS)), n=st.integers(1, 9), seed=st.integers(0, 2**16),
+       ops=st.lists(_op, max_size=40))
+def test_every_router_decides_the_same_on_key_runs_as_on_lists(router, n, seed, ops):
+    check = router == "cache_aware"
+    assert (_replay(router, n, seed, ops, check_tree=check, key_runs=True)
+            == _replay(router, n, seed, ops, check_tree=check))
+

@@ -45,8 +45,10 @@ from tierdiag.engine.request import Req
 from tierdiag.engine.routing import Gateway, RequestView, RouterConfig
 from tierdiag.engine.schedule_common import INIT_NEW_TOKEN_RATIO, EngineError
 from tierdiag.engine.scheduler import Scheduler
+from tierdiag.engine.tree_node import key_run
+from tierdiag.native import cplane
 from tierdiag.probes.events import Route
-from tierdiag.trace.pages import keys_list, page_keys_array
+from tierdiag.trace.pages import page_keys_array
 from tierdiag.trace.reader import TraceRequest
 
 
@@ -88,8 +90,59 @@ def _json_number_reference(x: float | None) -> str:
     return repr(f)
 
 
-# _arrive's whole texts of a rank holding nothing and scoring 0.0, kept for in_flight numbers below this
+# ranks_json_py's whole texts of a rank holding nothing and scoring 0.0, kept for in_flight numbers below this
 _IDLE_TEXTS_MAX: Final = 4096
+# ... by rank, then by in_flight number (made the first time each is met)
+_IDLE_TEXTS: Final[list[list[str]]] = []
+
+
+def ranks_json_py(held: list[tuple[int, int]], in_flight: tuple[int, ...], scores: tuple[float, ...],
+                  ps: int) -> str:
+    """The arrival's `ranks_json`: for each rank r, {"rank", "device_tokens", "host_tokens",
+    "in_flight", "score"} of what it held of the request's prefix (`held[r]`, pages on device and
+    then on host only), the requests in flight there and the router's score for it (null past
+    the scores' end): json.dumps of that list with separators (",", ":"), written out (~5x
+    faster: one string a request, every request). A score of 0 is "0.0" (`_json_number`).
+    A rank holding none of the prefix that the router scores +0.0 (most ranks of most
+    requests) is a whole text kept by its in_flight number (`_IDLE_TEXTS`): no int formatted,
+    no score, no string built. ranks_json_c (the data plane's C) writes the same text in one
+    buffer; tests/engine/test_deployment.py holds the two and json.dumps equal."""
+    num_scores = len(scores)
+    parts: list[str] = []
+    while len(_IDLE_TEXTS) < len(held):
+        _IDLE_TEXTS.append([])
+    for r, (d, h) in enumerate(held):
+        f: int = in_flight[r]
+        if d == 0 and h == 0 and r < num_scores:
+            s: float = scores[r]
+            if s == 0.0 and math.copysign(1.0, s) > 0 and f < _IDLE_TEXTS_MAX:
+                texts = _IDLE_TEXTS[r]
+                while len(texts) <= f:
+                    texts.append(f'{{"rank":{r},"device_tokens":0,"host_tokens":0,"in_flight":{len(texts)},'
+                                 f'"score":0.0}}')
+                parts.append(texts[f])
+                continue
+        score = _json_number(scores[r] if r < num_scores else None)
+        parts.append(f'{{"rank":{r},"device_tokens":{d * ps},"host_tokens":{h * ps},"in_flight":{f},'
+                     f'"score":{score}}}')
+    return "[" + ",".join(parts) + "]"
+
+
+_ranks_json_native = cplane.compiled("ranks_json")
+
+
+def ranks_json_c(held: list[tuple[int, int]], in_flight: tuple[int, ...], scores: tuple[float, ...],
+                 ps: int) -> str:
+    """ranks_json_py by the data plane's C (csrc/router.c): one buffer written in place, the
+    scores' texts kept in the same table (`_SCORE_TEXT`). Where it is not its case (another
+    shape, a value past int64) it changed nothing and the reference writes the text."""
+    text = _ranks_json_native(held, in_flight, scores, ps, _SCORE_TEXT, _SCORE_TEXT_MAX)
+    if isinstance(text, str):
+        return text
+    return ranks_json_py(held, in_flight, scores, ps)
+
+
+ranks_json = cplane.choose("deployment.ranks_json", ranks_json_c, ranks_json_py)
 
 
 # (a native float of this module: the imported name is a dict look-up a call, compiled)
@@ -173,13 +226,6 @@ class Deployment:
         self.session_rank: dict[str, int] = {}  # a session's last rank (where its dropped turns are recorded)
         self.arrivals: ArrivalSource | None = None
         n = len(self.ranks)
-        # ranks_json's text of each rank up to its in_flight number (_arrive): with its device and
-        # host tokens to follow, and with both 0
-        self._json_heads = [f'{{"rank":{r},"device_tokens":' for r in range(n)]
-        self._json_empty_heads = [f'{{"rank":{r},"device_tokens":0,"host_tokens":0,"in_flight":' for r in range(n)]
-        # ... and each rank's whole text where it holds none of the prefix and scores 0.0 (most
-        # ranks for most requests), by its in_flight number, made the first time it is met
-        self._json_idle: list[list[str]] = [[] for _ in range(n)]
         for rank, sched in enumerate(self.ranks):
             sched.as_rank(rank, n)
             sched.at = sched.ctrl.at = self._at_for(sched)
@@ -321,9 +367,14 @@ class Deployment:
     def _arrive(self, t: TraceRequest, now: int, trace_ns: int, think_ms: float | None) -> None:
         ps = self.ps
         keys_np = page_keys_array(t, page_size=ps, block_size=self.cfg.block_size)
-        keys = keys_list(keys_np)  # (the data plane's C loop where compiled: numpy's tolist reads item by item)
-        # The router's list; the rank's request keeps its own int64 run of `keys_np`
-        # (`Scheduler._arrive`: one memcpy), which its finish grows with the output pages' keys.
+        # The router's keys and the peeks': a key run (array('q'), two memcpys), not a list of an
+        # int object a page (~21,000 instructions an arrival, callgrind, conversation trace): the
+        # router reads a few keys of it a rank (the first of each run on its path) and lists only
+        # the pages it adds, and a run's compare with a tree node's keys is the data plane's C
+        # where a list went to the Python reference. The rank's request keeps its own int64 run
+        # of `keys_np` (`Scheduler._arrive`: one memcpy), which its finish grows with the output
+        # pages' keys; this one is never grown (no policy's `on_finish` reads `page_keys`).
+        keys = key_run(keys_np)
         view = RequestView(t.req_id, keys, t.input_len, ps, t.session)
         # What each rank really holds of the prefix it could reuse (the scheduler matches at most
         # the pages before the last input token), asked before routing and without side effect.
@@ -341,39 +392,14 @@ class Deployment:
         for r, (d, h) in enumerate(held):
             if d + h > best_total:
                 best, best_total = r, d + h
-        scores = decision.scores
-        num_scores = len(scores)
-        # json.dumps of the same list, written out (~5x faster: one string a request, every request).
-        # Each rank's text up to its in_flight number made once (`_json_heads`: most ranks hold
-        # none of a request's prefix, "device_tokens":0,"host_tokens":0 then); a score of 0 is
-        # "0.0" (`_json_number`).
-        # A rank holding none of the prefix that the router scores 0.0 is a whole text kept by
-        # its in_flight number (`_json_idle`): no int formatted, no score, no string built.
-        heads, empty_heads, idle = self._json_heads, self._json_empty_heads, self._json_idle
-        parts: list[str] = []
-        for r, (d, h) in enumerate(held):
-            if d == 0 and h == 0:
-                if r < num_scores:
-                    s: float = scores[r]
-                    f: int = in_flight[r]
-                    if s == 0.0 and math.copysign(1.0, s) > 0 and f < _IDLE_TEXTS_MAX:
-                        texts = idle[r]
-                        while len(texts) <= f:
-                            texts.append(f'{empty_heads[r]}{len(texts)},"score":0.0}}')
-                        parts.append(texts[f])
-                        continue
-                score = _json_number(scores[r] if r < num_scores else None)
-                parts.append(f'{empty_heads[r]}{in_flight[r]},"score":{score}}}')
-            else:
-                score = _json_number(scores[r] if r < num_scores else None)
-                parts.append(f'{heads[r]}{d * ps},"host_tokens":{h * ps},"in_flight":{in_flight[r]},"score":{score}}}')
-        ranks_json = "[" + ",".join(parts) + "]"
+        # (the data plane's C where compiled: ~45,000 instructions an arrival at --dp 8 in f-strings)
+        text = ranks_json(held, in_flight, decision.scores, ps)
         own_d, own_h = held[rank]
         best_d, best_h = held[best]
         # Route's fields in order (records.py reads them by position): _make, not the keyword
         # call of a NamedTuple's generated __new__ (an interpreted call a request)
         route = Route._make((decision.branch, decision.reason, decision.score, decision.score_name, own_d * ps,
-                             own_h * ps, best, best_d * ps, best_h * ps, ranks_json))
+                             own_h * ps, best, best_d * ps, best_h * ps, text))
         self.ranks[rank]._arrive(t, now, trace_ns, think_ms, keys_np, route)
 
     def _leave(self, req: Req, now: int) -> None:

@@ -13,6 +13,8 @@
  *                    buffers (store/writer.py)
  *   ticker.c         the recorder's tick (probes/recorder.py: FlushTicker)
  *   keyset.c         a prefill batch's page keys (engine/miss.py: PageKeySet)
+ *   router.c         a deployment's arrival text, every rank's share of the prefix
+ *                    (engine/deployment.py: ranks_json)
  *
  * The numpy (or Python) implementations beside their owners are the reference and the
  * fallback: tierdiag/native/cplane.py chooses one backend for the process. Every function here
@@ -52,8 +54,9 @@
  * 14: page keys as int64 runs: common_pages, PageKeySet and output_keys read array('q') runs
  *     (session 22, h41keys); RowBuffer.append and FlushTicker by vectorcall (h41rec5).
  * 15: StorageIndex's calls take keys as an int64 run (array('q')) as well as a list (session 22,
- *     h41stor8: the storage paths hand a node's and a request's key runs as they are). */
-#define CPLANE_API 15
+ *     h41stor8: the storage paths hand a node's and a request's key runs as they are).
+ * 16: ranks_json (the deployment's arrival text; session 23, h41dp7). */
+#define CPLANE_API 16
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256
@@ -138,6 +141,7 @@ CP_HIDDEN extern PyMethodDef cp_pagemap_methods[]; /* pagemap.c */
 CP_HIDDEN extern PyMethodDef cp_page_keys_methods[]; /* page_keys.c */
 CP_HIDDEN extern PyMethodDef cp_rows_methods[];    /* rows.c */
 CP_HIDDEN extern PyMethodDef cp_storage_io_methods[]; /* storage_io.c */
+CP_HIDDEN extern PyMethodDef cp_router_methods[];  /* router.c */
 CP_HIDDEN extern PyTypeObject cp_StorageIndexType; /* storage_index.c */
 CP_HIDDEN extern PyTypeObject cp_RowBufferType;    /* rows.c */
 CP_HIDDEN Py_ssize_t cp_row_buffer_rows(PyObject *rb); /* rows.c: a RowBuffer's rows (its len) */

@@ -207,7 +207,7 @@ static struct PyModuleDef cplane_module = {
     "_cplane",
     "The compiled CPU data plane (tierdiag/native/cplane.py chooses it; the numpy reference\n"
     "it falls back to lives beside each owner: engine/rows.py, content.py, pagepool.py,\n"
-    "pagemap.py, storage.py, probes/recorder.py, trace/pages.py, miss.py).",
+    "pagemap.py, storage.py, probes/recorder.py, trace/pages.py, miss.py, deployment.py).",
     -1,
     NULL,
     NULL, NULL, NULL, NULL,
@@ -226,6 +226,7 @@ PyInit__cplane(void)
         PyModule_AddFunctions(m, cp_page_keys_methods) < 0 ||
         PyModule_AddFunctions(m, cp_rows_methods) < 0 ||
         PyModule_AddFunctions(m, cp_storage_io_methods) < 0 ||
+        PyModule_AddFunctions(m, cp_router_methods) < 0 ||
         PyType_Ready(&cp_StorageIndexType) < 0 ||
         PyModule_AddObjectRef(m, "StorageIndex", (PyObject *)&cp_StorageIndexType) < 0 ||
         PyType_Ready(&cp_RowBufferType) < 0 ||
