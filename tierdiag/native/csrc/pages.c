@@ -101,6 +101,34 @@ move_streamed(char *dst, const char *src, const Ints *s, const Ints *d, Py_ssize
 }
 #endif
 
+/* Below 1 MiB a move is mostly single pages scattered over both pools (the whole conversation
+ * trace: 2.2 M pages in 1.85 M runs, 256 B each): a memcpy a page waits on the source's and
+ * the destination's first lines, and a page is too short for the hardware prefetcher to start.
+ * The moves ask for the lines MOVE_AHEAD pages ahead (source to read, destination to write,
+ * PREFETCH_ROW_BYTES of each of the first PREFETCH_LAYERS layers' rows), so those misses
+ * overlap the copies before them. Only when the lines are fetched changes: the bytes moved
+ * are the same. */
+#define MOVE_AHEAD 6
+#define PREFETCH_ROW_BYTES 256
+#define PREFETCH_LAYERS 4
+
+static inline void
+prefetch_rows(const char *row, Py_ssize_t layer_stride, Py_ssize_t layers, Py_ssize_t rb, int write)
+{
+    Py_ssize_t lines = rb < PREFETCH_ROW_BYTES ? rb : PREFETCH_ROW_BYTES;
+    layers = layers < PREFETCH_LAYERS ? layers : PREFETCH_LAYERS;
+    for (Py_ssize_t l = 0; l < layers; l++, row += layer_stride) {
+        for (Py_ssize_t b = 0; b < lines; b += 64) {
+            if (write) {
+                __builtin_prefetch(row + b, 1, 3);
+            }
+            else {
+                __builtin_prefetch(row + b, 0, 3);
+            }
+        }
+    }
+}
+
 static PyObject *
 cp_move(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
@@ -167,10 +195,15 @@ cp_move(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         goto counted;
     }
 #endif
-    for (Py_ssize_t i = 0; i < n;) {
+    for (Py_ssize_t i = 0, ahead = 0; i < n;) {
         Py_ssize_t j = i + 1;
         while (j < n && s.v[j] == s.v[j - 1] + 1 && d.v[j] == d.v[j - 1] + 1) {
             j++;
+        }
+        /* the pages MOVE_AHEAD past this run asked for now (each page once) */
+        for (Py_ssize_t stop = j + MOVE_AHEAD < n ? j + MOVE_AHEAD : n; ahead < stop; ahead++) {
+            prefetch_rows(src + (Py_ssize_t)s.v[ahead] * rb, sp * rb, layers, rb, 0);
+            prefetch_rows(dst + (Py_ssize_t)d.v[ahead] * rb, dp * rb, layers, rb, 1);
         }
         for (Py_ssize_t l = 0; l < layers; l++) {
             memcpy(dst + (l * dp + (Py_ssize_t)d.v[i]) * rb, src + (l * sp + (Py_ssize_t)s.v[i]) * rb,
@@ -314,6 +347,10 @@ cp_write_content(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
         for (Py_ssize_t i = 0; i < slots.n; i++) {
             uint64_t mixed = (uint64_t)keys.v[i] * MIX;
             int64_t *page = c.base + (Py_ssize_t)slots.v[i] * c.page_stride;
+            if (i + MOVE_AHEAD < slots.n) { /* as cp_move: the page MOVE_AHEAD on, for writing */
+                prefetch_rows((const char *)(c.base + (Py_ssize_t)slots.v[i + MOVE_AHEAD] * c.page_stride),
+                              c.layer_stride * 8, c.layers, row_elems * 8, 1);
+            }
             if (c.layer_stride == row_elems) { /* page-first: the page's layers are one block */
                 Py_ssize_t m = c.layers * row_elems, k = 0;
 #if defined(__SSE2__)
