@@ -8,6 +8,7 @@ ties them together and reports every step to the probe.
 from __future__ import annotations
 
 from array import array
+from time import perf_counter_ns
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -17,6 +18,7 @@ from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.emitters import Emitters
 from tierdiag.engine.pagemap import GROW_SHIFT, GROW_SHIFT_MANY, SMALL_CALL, PageMap
+from tierdiag.engine import content as _content
 from tierdiag.engine.content import verify_content, write_content
 from tierdiag.engine.pagepool import PagePool
 from tierdiag.engine.rule_functions import _evict_shortfall, _evict_whole_need
@@ -104,6 +106,16 @@ class StorageWrite:
         self.start = -1
         self.end = -1
         self.landed = False
+
+
+# The compiled data plane's page move and content write where this process runs them (cplane's
+# choice; None on the numpy data plane): called straight from here, where rows.copy_rows_c and
+# content.write_content_c were an interpreted frame each around the C call (~2.7k instructions
+# a backup, ~48k backups, load-backs and prefill writes on the whole conversation trace). What
+# the C declines, having changed nothing, goes to the chosen wrapper as before.
+_C_MOVE: Final[Any] = _rows.compiled_move if _rows.copy_rows is _rows.copy_rows_c else None
+_C_WRITE_CONTENT: Final[Any] = (_content._c_write_content if _content.write_content is _content.write_content_c
+                                else None)
 
 
 class CacheController:
@@ -203,11 +215,27 @@ class CacheController:
     def _to_host(self, device_slots: Any, host_slots: Any) -> tuple[int, int]:
         """Copy device pages into host slots: (wall ns, contiguous runs of the device pages)."""
         if self._rows:
+            move = _C_MOVE
+            if move is not None:  # rows.copy_rows_c's work without its interpreted frame
+                t0 = perf_counter_ns()
+                runs: int = move(self.device.rows, device_slots, self.host.rows, host_slots)
+                if runs >= 0:
+                    return perf_counter_ns() - t0, runs
             return _rows.copy_rows(self.device.rows, device_slots, self.host.rows, host_slots)
         from tierdiag.engine import kernels  # CUDA: the torch/Triton kernels
 
         wall = kernels.backup(self.device.buffer, device_slots, self.host.buffer, host_slots)
         return wall, kernels.count_runs(device_slots)
+
+    def _to_device(self, host_slots: Any, device_slots: Any) -> tuple[int, int]:
+        """Copy host pages into device slots (CPU pools): (wall ns, contiguous runs of the host pages)."""
+        move = _C_MOVE
+        if move is not None:  # as _to_host
+            t0 = perf_counter_ns()
+            runs: int = move(self.host.rows, host_slots, self.device.rows, device_slots)
+            if runs >= 0:
+                return perf_counter_ns() - t0, runs
+        return _rows.copy_rows(self.host.rows, host_slots, self.device.rows, device_slots)
 
     def as_rank(self, rank: int, num_ranks: int) -> None:
         """Rank `rank` of `num_ranks`: its rows say so and its ids never meet another rank's."""
@@ -700,7 +728,7 @@ class CacheController:
             for part in nodes:
                 host_slots.extend(part.host)
         if self._rows:
-            wall, runs = _rows.copy_rows(self.host.rows, host_slots, self.device.rows, slots)
+            wall, runs = self._to_device(host_slots, slots)
         else:
             from tierdiag.engine import kernels  # CUDA: the torch/Triton kernels
 
@@ -757,7 +785,12 @@ class CacheController:
 
     def write_computed(self, slots: Any, page_keys: "np.ndarray | list[int]") -> None:
         """The prefill's output: KV for these pages, derived from their keys."""
-        write_content(self.device, slots, page_keys)
+        device = self.device
+        write = _C_WRITE_CONTENT
+        if write is not None and len(slots) and device.rows is not None:  # content.write_content_c's work
+            if write(device.rows, slots, page_keys, device.num_layers, device.page_elems) >= 0:
+                return
+        write_content(device, slots, page_keys)
 
     # --- storage -> host -----------------------------------------------------------------
     def alloc_host(self, pages: int, cause: str | None, now_ns: int) -> Any:

@@ -282,8 +282,21 @@ cp_output_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
         out[have + i] = -(int64_t)v - 1;
     }
     if (!PyList_CheckExact(keys)) {  /* a key run: its bytes appended */
-        done = PyObject_CallMethod(keys, "frombytes", "y#", (const char *)(out + have),
-                                   add * (Py_ssize_t)sizeof(int64_t));
+        /* frombytes by an interned name, handed a view of the keys just made (a call by a C
+         * string made the name and a bytes copy of the keys every finish) */
+        static PyObject *frombytes;
+        PyObject *view;
+        if (frombytes == NULL && (frombytes = PyUnicode_InternFromString("frombytes")) == NULL) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        view = PyMemoryView_FromMemory((char *)(out + have), add * (Py_ssize_t)sizeof(int64_t), PyBUF_READ);
+        if (view == NULL) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        done = PyObject_CallMethodOneArg(keys, frombytes, view);
+        Py_DECREF(view);
         if (done == NULL) {
             Py_DECREF(result);
             return NULL;

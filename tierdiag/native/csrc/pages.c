@@ -101,12 +101,65 @@ move_streamed(char *dst, const char *src, const Ints *s, const Ints *d, Py_ssize
 }
 #endif
 
+/* Below 1 MiB a move is mostly single pages scattered over both pools (the whole conversation
+ * trace: 2.2 M pages in 1.85 M runs, 256 B each): a memcpy a page waits on the source's and
+ * the destination's first lines, and a page is too short for the hardware prefetcher to start.
+ * The moves ask for the lines MOVE_AHEAD pages ahead (source to read, destination to write,
+ * PREFETCH_ROW_BYTES of each of the first PREFETCH_LAYERS layers' rows), so those misses
+ * overlap the copies before them. Only when the lines are fetched changes: the bytes moved
+ * are the same. */
+#define MOVE_AHEAD 6
+#define PREFETCH_ROW_BYTES 256
+#define PREFETCH_LAYERS 4
+#define PREFETCH_LINES (PREFETCH_LAYERS * PREFETCH_ROW_BYTES / 64)
+
+/* The lines a page's prefetch asks for, as offsets from its first row: worked out once a call
+ * (a loop over layers and lines a page was ~25 instructions, 4 % of the engine's). `dense`: the
+ * four lines of one contiguous 256 bytes (the engine's page-first 4 x 8 pages), unrolled. */
+typedef struct {
+    Py_ssize_t off[PREFETCH_LINES];
+    int n, dense;
+} PageLines;
+
+static void
+page_lines(PageLines *pl, Py_ssize_t layer_stride, Py_ssize_t layers, Py_ssize_t rb)
+{
+    Py_ssize_t bytes = rb < PREFETCH_ROW_BYTES ? rb : PREFETCH_ROW_BYTES;
+    pl->n = 0;
+    for (Py_ssize_t l = 0; l < layers && l < PREFETCH_LAYERS; l++) {
+        for (Py_ssize_t b = 0; b < bytes; b += 64) {
+            pl->off[pl->n++] = l * layer_stride + b;
+        }
+    }
+    pl->dense = pl->n == 4;
+    for (int q = 0; q < pl->n && pl->dense; q++) {
+        pl->dense = pl->off[q] == 64 * q;
+    }
+}
+
+#define PREFETCH_PAGE(p, pl, rw)                                                               \
+    do {                                                                                       \
+        const char *p_ = (const char *)(p);                                                    \
+        if ((pl)->dense) {                                                                     \
+            __builtin_prefetch(p_, rw, 3);                                                     \
+            __builtin_prefetch(p_ + 64, rw, 3);                                                \
+            __builtin_prefetch(p_ + 128, rw, 3);                                               \
+            __builtin_prefetch(p_ + 192, rw, 3);                                               \
+        }                                                                                      \
+        else {                                                                                 \
+            for (int q_ = 0; q_ < (pl)->n; q_++) {                                             \
+                __builtin_prefetch(p_ + (pl)->off[q_], rw, 3);                                 \
+            }                                                                                  \
+        }                                                                                      \
+    } while (0)
+
 static PyObject *
 cp_move(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     Py_buffer sb, db;
     Ints s, d;
     Py_ssize_t n, nd, layers, rb, sp, dp, runs;
+    PageLines from_lines, to_lines;
     const char *src;
     char *dst;
     PyObject *result = NULL;
@@ -161,16 +214,23 @@ cp_move(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     runs = 0;
+    page_lines(&from_lines, sp * rb, layers, rb);
+    page_lines(&to_lines, dp * rb, layers, rb);
 #if defined(__SSE2__)
     if (n * layers * rb >= STREAM_MIN_BYTES && rb % 64 == 0 && (uintptr_t)dst % 16 == 0) {
         move_streamed(dst, src, &s, &d, n, layers, rb, sp, dp);
         goto counted;
     }
 #endif
-    for (Py_ssize_t i = 0; i < n;) {
+    for (Py_ssize_t i = 0, ahead = 0; i < n;) {
         Py_ssize_t j = i + 1;
         while (j < n && s.v[j] == s.v[j - 1] + 1 && d.v[j] == d.v[j - 1] + 1) {
             j++;
+        }
+        /* the pages MOVE_AHEAD past this run asked for now (each page once) */
+        for (Py_ssize_t stop = j + MOVE_AHEAD < n ? j + MOVE_AHEAD : n; ahead < stop; ahead++) {
+            PREFETCH_PAGE(src + (Py_ssize_t)s.v[ahead] * rb, &from_lines, 0);
+            PREFETCH_PAGE(dst + (Py_ssize_t)d.v[ahead] * rb, &to_lines, 1);
         }
         for (Py_ssize_t l = 0; l < layers; l++) {
             memcpy(dst + (l * dp + (Py_ssize_t)d.v[i]) * rb, src + (l * sp + (Py_ssize_t)s.v[i]) * rb,
@@ -311,9 +371,14 @@ cp_write_content(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
         /* value = mix(key) ^ pattern[layer][col], the pattern made once a call: a page is
          * one XOR a value (vectorised) instead of two multiplications and two XORs */
         Py_ssize_t row_elems = c.elems;
+        PageLines lines;
+        page_lines(&lines, c.layer_stride * 8, c.layers, row_elems * 8);
         for (Py_ssize_t i = 0; i < slots.n; i++) {
             uint64_t mixed = (uint64_t)keys.v[i] * MIX;
             int64_t *page = c.base + (Py_ssize_t)slots.v[i] * c.page_stride;
+            if (i + MOVE_AHEAD < slots.n) { /* as cp_move: the page MOVE_AHEAD on, for writing */
+                PREFETCH_PAGE(c.base + (Py_ssize_t)slots.v[i + MOVE_AHEAD] * c.page_stride, &lines, 1);
+            }
             if (c.layer_stride == row_elems) { /* page-first: the page's layers are one block */
                 Py_ssize_t m = c.layers * row_elems, k = 0;
 #if defined(__SSE2__)
