@@ -4,7 +4,8 @@ errors become exits, cli/params.py what every parameter goes through.
 
 Start-up: a command's module is imported when that command runs (`tierdiag explain` loads
 cli/explain.py and nothing of replay, sweep or report), and `tierdiag --help` lists the table
-without importing any. Typer loads in `main()`, after the signal handlers are in place;
+without importing any. Typer loads in `main()`, after the signal handlers are in place, unless
+the command line is a plain `summary`, `explain` or `replay` (called without Typer: below);
 `from tierdiag.cli.main import app` builds the app on first use.
 """
 
@@ -303,9 +304,9 @@ def direct_arguments(argv: list[str], environ) -> tuple[str, dict] | None:
 
 
 class _Direct:
-    """What `exits.run` calls in place of the Typer app for a plain read command: the command's
-    function, its arguments checked, ending as Typer's app ends outside standalone mode (a
-    KeyboardInterrupt returns 130, an EOFError is an Abort after an empty line, a broken pipe
+    """What `exits.run` calls in place of the Typer app for a plain command line (_DIRECT): the
+    command's function, its arguments checked, ending as Typer's app ends outside standalone mode
+    (a KeyboardInterrupt returns 130, an EOFError is an Abort after an empty line, a broken pipe
     exit 1)."""
 
     def __init__(self, name: str, kwargs: dict):
