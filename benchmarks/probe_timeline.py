@@ -293,6 +293,9 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "compileall", "-q", str(root / "tierdiag")], check=True,
                            capture_output=True, env={k: v for k, v in os.environ.items()
                                                      if k != "PYTHONDONTWRITEBYTECODE"})
+            if (root / "tierdiag" / "cli" / "dataclass_code.py").is_file():  # its tables of dataclass methods, likewise
+                subprocess.run([sys.executable, "-m", "tierdiag.cli.dataclass_code"], cwd=root, check=True,
+                               capture_output=True, env={**os.environ, "PYTHONPATH": str(root)})
         keys = [(p, root, m) for p, root in roots for m in modes]
         runs: dict[str, list[dict]] = {p + m: [] for p, _, m in keys}
         try:

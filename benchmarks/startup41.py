@@ -137,6 +137,11 @@ def main() -> None:
         for _, code in codes:
             subprocess.run([sys.executable, "-m", "compileall", "-q", str(code / "tierdiag")], check=True,
                            capture_output=True, env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"})
+            # The tables of dataclass methods (cli/dataclass_code.py: the replay's own since session
+            # 23), as `make setup` or a first run writes them, where the checkout has them.
+            if (code / "tierdiag" / "cli" / "dataclass_code.py").is_file():
+                subprocess.run([sys.executable, "-m", "tierdiag.cli.dataclass_code"], cwd=code, check=True,
+                               capture_output=True, env=_env(code))
         rows: dict[tuple[str, str], list[float]] = {}
         for r in range(a.rounds):
             for name, code in (codes if r % 2 == 0 else codes[::-1]):

@@ -145,3 +145,164 @@ def test_python_dash_m_tierdiag_is_the_console_script(tmp_path):
                          text=True, env=env, timeout=120)
     assert bad.returncode == 4 and bad.stderr.count("\n") == 1 and "no database at" in bad.stderr
     assert not missing.exists()
+
+
+# --- replay ------------------------------------------------------------------------------------
+# `replay`'s plain forms run without Typer too (its import and the building of its 39-parameter
+# command were ~25 ms of the ~0.25 s before the engine runs, issue 41).
+
+_KINDS = {Path: "path", str: "str", int: "int", float: "float"}
+
+
+def test_the_replay_table_is_typers_command():
+    """cli/main.py's table of replay's options is the command Typer builds from cli/replay.py:
+    every option and flag (and `--no-overlap`), the same parameter, the same kind; the
+    positional TRACE a path; nothing more, nothing less."""
+    positional, options, flags = main._DIRECT["replay"]
+    command = main._command("replay")
+    want_options, want_flags, want_positional = {}, {}, []
+    for param in command.params:
+        annotation = param.type_descriptor.annotation
+        if param.param_type_name == "argument":
+            want_positional.append((param.name, _KINDS[annotation]))
+        elif annotation is bool:
+            want_flags.update({opt: (param.name, True) for opt in param.opts})
+            want_flags.update({opt: (param.name, False) for opt in param.secondary_opts})
+        else:
+            want_options.update({opt: (param.name, _KINDS[annotation]) for opt in param.opts})
+    assert (list(positional), options, flags) == (want_positional, want_options, want_flags)
+    assert list(main._defaults("replay")) == [p.name for p in command.params]  # every parameter, in order
+
+
+def test_an_error_names_the_same_option_without_typer():
+    """params.checked names an option by Typer's context when there is one, else by its
+    parameter's name (the direct path): the same flag either way, for every replay option."""
+    from tierdiag.cli.params import _flag
+
+    for param in main._command("replay").params:
+        if param.param_type_name == "option":
+            assert _flag(param.name) == param.opts[0], param.name
+
+
+def _same(a, b) -> bool:
+    """Equal, NaN equal to NaN (`--time-scale nan` parses to NaN on both paths)."""
+    import math
+
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return type(a) is type(b) and a == b
+
+
+def _check_replay_parse(tokens: list[str], *, must_take: bool) -> None:
+    found = main.direct_arguments(["replay", *tokens], {})
+    typer_params = _typer_params("replay", tokens)
+    if found is None:
+        assert not must_take, f"the direct path declined the plain form {tokens!r}"
+        return
+    assert found[0] == "replay"
+    assert typer_params is not None, f"the direct path took {tokens!r}, which Typer refuses"
+    assert set(found[1]) == set(typer_params), tokens  # every parameter (passed by keyword)
+    for name, value in found[1].items():
+        assert _same(value, typer_params[name]), (tokens, name, value, typer_params[name])
+
+
+_REPLAY_TOKENS = st.sampled_from([
+    "--db", "--json", "--no-probes", "--skip-bad", "--overlap", "--no-overlap", "--enable-mixed-chunk",
+    "--no-enable-mixed-chunk", "--dp", "--router", "--storage-tokens", "--time-scale", "--seed", "--model",
+    "--config", "--profile", "--storage-dir", "--run-name", "--sglang", "--jobs", "--help", "--", "--db=x.duckdb",
+    "--dp=2", "--debug", "--no-json", "--jso", "-h", "t.jsonl", "x.duckdb", "4", "0", "-1", "1_000", " 12 ",
+    "12.0", "1e3", "0x10", "nan", "inf", "-inf", "0.5", "", " ", "cache_aware", "lru", "caf\u00e9", "\udcff",
+    "\u0663", "99999999999999999999", "r\x1b[31m", "a b.jsonl", "sub/dir/",
+])
+
+
+@settings(max_examples=150, deadline=None)
+@given(tokens=st.lists(_REPLAY_TOKENS, max_size=8))
+def test_the_direct_replay_parse_is_typers_or_declines(tokens):
+    """Hostile command lines (options twice, `=` forms, values that are options, empty, spaces,
+    controls, non-UTF-8, numbers int()/float() read or do not, NaN, 2^66): where the direct path
+    takes one, Typer parses it into the same parameters; whatever Typer refuses it declines."""
+    _check_replay_parse(tokens, must_take=False)
+
+
+_VALUES = {"int": st.one_of(st.integers(0, 2**70).map(str), st.sampled_from(["1_000", "007", "\u0663"])),
+           "float": st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr).filter(lambda t: not t.startswith("-")),
+                              st.sampled_from(["0.5", "1e-3", "2", "nan", "inf"])),
+           "str": st.sampled_from(["cache_aware", "lru", "tiny", "0.5.9,0.5.23", "caf\u00e9", "a b", "r\x1b[31m"]),
+           "path": st.sampled_from(["x.duckdb", "sub/dir/", "a b.toml", "caf\u00e9.json", "."])}
+
+
+@st.composite
+def _plain_replay_forms(draw):
+    _, options, flags = main._DIRECT["replay"]
+    chosen = draw(st.lists(st.sampled_from(sorted(options)), unique=True, max_size=8))
+    by_param = {}
+    for flag in draw(st.lists(st.sampled_from(sorted(flags)), max_size=4)):
+        by_param.setdefault(flags[flag][0], flag)  # one flag a parameter (--overlap or --no-overlap)
+    parts = [[opt, draw(_VALUES[options[opt][1]])] for opt in chosen] + [[flag] for flag in by_param.values()]
+    order = draw(st.permutations(range(len(parts) + 1)))
+    pieces = parts + [[draw(st.sampled_from(["t.jsonl", "traces/a b.jsonl", "caf\u00e9.jsonl"]))]]
+    return [token for i in order for token in pieces[i]]
+
+
+@settings(max_examples=150, deadline=None)
+@given(tokens=_plain_replay_forms())
+def test_every_plain_replay_form_goes_direct_as_typer_parses_it(tokens):
+    """The trace and any options in any order, each once, with plain values (digits up to 2^70,
+    floats incl. NaN and inf, text with spaces, unicode and escapes, paths): the direct path takes
+    them all, with Typer's parameters."""
+    _check_replay_parse(tokens, must_take=True)
+
+
+def test_what_the_direct_replay_path_declines(tmp_path):
+    for argv in (["replay"], ["replay", "a", "b"], ["replay", "t", "--dp", "-1"], ["replay", "t", "--dp=2"],
+                 ["replay", "t", "--dp", "2", "--dp", "3"], ["replay", "t", "--json", "--json"],
+                 ["replay", "t", "--overlap", "--no-overlap"], ["replay", "t", "--dp", "1e3"],
+                 ["replay", "t", "--dp", "12.0"], ["replay", "t", "--time-scale", "x"], ["replay", "t", "--help"],
+                 ["replay", "t", "--no-enable-mixed-chunk"], ["replay", "\udcff"], ["replay", "t", "--"],
+                 ["replay", "t", "--db"], ["--debug", "replay", "t"], ["replay", "t", "--debug"]):
+        assert main.direct_arguments(argv, {}) is None, argv
+    assert main.direct_arguments(["replay", "t"], {"_TIERDIAG_COMPLETE": "bash_complete"}) is None
+    found = main.direct_arguments(["replay", "t.jsonl", "--dp", "4", "--no-probes", "--time-scale", "0.5"], {})
+    assert found is not None and found[1]["dp"] == 4 and found[1]["no_probes"] is True
+    assert found[1]["trace"] == Path("t.jsonl") and found[1]["time_scale"] == 0.5 and found[1]["router"] is None
+
+
+def test_a_replay_path_there_but_not_readable_goes_to_typer(tmp_path):
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root reads any file")
+    locked = tmp_path / "locked.jsonl"
+    locked.write_text("")
+    locked.chmod(0)
+    assert main.direct_arguments(["replay", str(locked)], {}) is None
+    assert main.direct_arguments(["replay", "t", "--config", str(locked)], {}) is None
+
+
+def test_replay_by_either_path_prints_the_same(tmp_path):
+    """A replay's plain form (direct) and the same with `--db=PATH` (Typer's): the same result
+    (but its walls) and, for bad values, the same error line and exit code."""
+    import json
+
+    from tests.cli.cli_helpers import REPLAY_ARGS, write_late_trace
+
+    trace = str(write_late_trace(tmp_path / "t.jsonl", num_requests=40))
+    db = str(tmp_path / "r.duckdb")
+    args = [*map(str, REPLAY_ARGS)]
+    direct = cli("replay", trace, "--no-probes", "--json", *args, "--db", db)
+    typer = cli("replay", trace, "--no-probes", "--json", *args, f"--db={db}")
+    assert direct.returncode == typer.returncode == 0, direct.stderr + typer.stderr
+    mine, theirs = json.loads(direct.stdout), json.loads(typer.stdout)
+    for out in (mine, theirs):
+        out.pop("wall_s"), out.pop("wall_phases")
+    assert mine == theirs and direct.stderr == typer.stderr
+    for bad in (["--dp", "0"], ["--storage-tokens", "99999999999999999999"], ["--router", "nope"],
+                ["--time-scale", "nan"], ["--model", "caf\u00e9"], ["--config", str(tmp_path / "none.toml")]):
+        direct = cli("replay", trace, "--no-probes", *args, *bad, "--db", db)
+        typer = cli("replay", trace, "--no-probes", *args, *bad, f"--db={db}")
+        assert direct.returncode == typer.returncode != 0 and direct.stderr == typer.stderr, (bad, direct.stderr)
+        assert direct.stderr.count("\n") == 1 and direct.stdout == typer.stdout == "", bad
+    missing = cli("replay", str(tmp_path / "none.jsonl"), "--no-probes", "--db", db)
+    typer = cli("replay", str(tmp_path / "none.jsonl"), "--no-probes", f"--db={db}")
+    assert missing.returncode == typer.returncode == 3 and missing.stderr == typer.stderr

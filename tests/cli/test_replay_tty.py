@@ -36,7 +36,8 @@ def test_a_piped_json_replay_loads_no_view_duckdb_or_package_metadata_in_the_eng
     """Its start-up (issue 41): with the store written by its own process, the engine's process
     never needs DuckDB, Rich's views (report.terminal: its size curves' view imports DuckDB),
     importlib.metadata (the run row's torch version is read from its dist-info) or torch; nor Rich
-    at all before its first progress line (none within the hour asked for here)."""
+    at all before its first progress line (none within the hour asked for here); nor Typer, for a
+    plain command line."""
     import subprocess
     import sys
 
@@ -44,7 +45,9 @@ def test_a_piped_json_replay_loads_no_view_duckdb_or_package_metadata_in_the_eng
 
     trace = write_late_trace(tmp_path / "t.jsonl", num_requests=40)
     heavy = ("duckdb", "tierdiag.report.terminal", "importlib.metadata", "torch", "pyarrow",
-             "rich")  # Rich too: asking whether stderr is a terminal makes no console when it plainly is not
+             "rich",  # Rich too: asking whether stderr is a terminal makes no console when it plainly is not
+             "typer",  # a plain command line: cli/main.py calls the command without Typer
+             "tomllib", "tempfile")  # nothing to read as TOML (no --config, no --profile), no temporary folder
     code = ("import sys\nfrom tierdiag.cli.main import main\n"
             "try:\n    main()\nfinally:\n"
             f"    sys.stderr.write('\\nloaded: ' + ' '.join(m for m in {heavy!r} if m in sys.modules) + '\\n')\n")

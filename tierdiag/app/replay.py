@@ -198,6 +198,25 @@ def _fewer_gc_passes(process_ends: bool = False):
         gc.set_threshold(*old)
 
 
+# What OpenBLAS reads for its thread count, in its order: any one set is the user's choice.
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def single_threaded_blas(environ=os.environ) -> bool:
+    """OpenBLAS (numpy's, loaded with it) to one thread, in this process and those it starts (the
+    writer process), unless the user set its thread count; whether it was set here. The library
+    starts its threads as it loads (`gotoblas_init`), and each spins ~2^28 cycles (~0.1 s of a
+    core at 2.6 GHz) waiting for work before it sleeps: a replay makes no BLAS call at all (no
+    matrix product, no linalg; gdb on `exec_blas`: never reached), yet that spin was ~4 % of its
+    CPU samples, taken from the second core the writer process runs on. Read by OpenBLAS when numpy
+    is first imported: call this before (a process that imported numpy already keeps its threads;
+    its children still get one)."""
+    if any(name in environ for name in BLAS_THREAD_VARIABLES):
+        return False
+    environ["OPENBLAS_NUM_THREADS"] = "1"
+    return True
+
+
 def _single_threaded_data_plane() -> None:
     """The replay's copies are many and small (a page row is a few hundred bytes at reduced
     width): torch's intra-op threads only add wake-up stalls, of milliseconds on a busy machine.
@@ -233,6 +252,31 @@ def _scaled_arrivals(requests, time_scale: float, trace: Path, closed: bool = Tr
         yield req
 
 
+class _Digest:
+    """`trace_sha256(path)` on a thread of its own from now; `result()` waits for it and returns
+    it, or raises what it raised (where the call itself would have)."""
+
+    def __init__(self, path: Path):
+        import threading
+
+        self._out: list = []
+        self._thread = threading.Thread(target=self._run, args=(path,), name="tierdiag-trace-digest", daemon=True)
+        self._thread.start()
+
+    def _run(self, path: Path) -> None:
+        try:
+            self._out.append((trace_sha256(path), None))
+        except BaseException as exc:  # noqa: BLE001 - handed to result(), raised on the caller's thread
+            self._out.append((None, exc))
+
+    def result(self) -> str:
+        self._thread.join()
+        value, exc = self._out[0]
+        if exc is not None:
+            raise exc
+        return value
+
+
 def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | None, probes: bool,
            skip_bad: bool, command_line: list[str] | None = None,
            progress: Callable[[int, int, object], None] | None = None,
@@ -263,11 +307,16 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
             progress: Callable[[int, int, object], None] | None, cleanup: contextlib.ExitStack,
             closed: list) -> ReplayResult:
     from tierdiag.app.replay_writers import for_mode
-    from tierdiag.store.writer_process import writer_mode
 
     t0 = time.perf_counter()
+    single_threaded_blas()  # before the writer process starts and numpy loads (the engine's import)
     flush_every_s = _flush_every_s()
-    recording = for_mode(writer_mode() if db is not None and probes else None)
+    mode = None
+    if db is not None and probes:  # nothing recorded: the writer's modules (subprocess...) not loaded
+        from tierdiag.store.writer_process import writer_mode
+
+        mode = writer_mode()
+    recording = for_mode(mode)
     # cfg.time_scale is inside its declared bounds (config/engine.py): an EngineConfig is never outside them.
     report = ReadReport()
     requests = _scaled_arrivals(read_trace(trace, block_size=cfg.block_size, skip_bad=skip_bad, report=report),
@@ -277,6 +326,11 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
     first = next(requests)
     requests = itertools.chain([first], requests)
     recording = recording.start(cleanup)  # a writer process starts now, beside the engine's import
+    # The run's row names the trace's digest (nothing recorded: none taken). A trace read through
+    # a pipe can be read once only: its digest is taken while replaying and recorded at the end
+    # (the reader fills report.sha256). A file's is taken on a thread beside the engine's import
+    # (hashlib and the reads let the GIL go: ~2-3 ms of a 3 MB trace off the start's path).
+    digest = _Digest(trace) if recording.kind is not None and is_seekable_file(trace) else None
 
     # Imported here: read-only commands share this package and must not pay for torch. Signals
     # wait for the imports: torch's initialisation calls back into Python from C++, and an
@@ -285,9 +339,7 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
         from tierdiag.engine.engine import Engine, describe_data_plane
 
         _single_threaded_data_plane()
-    # A trace read through a pipe can be read once only: its digest is taken while replaying
-    # and recorded at the end (the reader fills report.sha256).
-    sha = trace_sha256(trace) if is_seekable_file(trace) else None
+    sha = digest.result() if digest is not None else None
     storage_dir = None
     storage_tmp = None
     engine = None

@@ -19,21 +19,23 @@ anew is written back when it exits, atomically,
 unless bytecode is not written (`PYTHONDONTWRITEBYTECODE`, `-B`), as for the .pyc files.
 
 The file is `__pycache__/dataclass_code.<cache tag>.marshal` beside tierdiag's own .pyc files
-(where `sys.pycache_prefix` puts them, if set), keyed by the text itself, so a changed class
-compiles its new text and an old entry is never used for it; the file starts with the
-interpreter's bytecode magic. A file that is not there, unreadable, from another Python, cut
-short or not a table of code objects is ignored (compiled as ever) and replaced at exit. Past
-MAX_ENTRIES the entries this process did not use are dropped, so the file does not grow without
-bound across edits.
+(where `sys.pycache_prefix` puts them, if set); a replay's is
+`dataclass_code_replay.<cache tag>.marshal` beside it (TABLES: each command family reads only the
+methods it makes). A table is keyed by the text itself, so a changed class compiles its new text
+and an old entry is never used for it; the file starts with the interpreter's bytecode magic. A
+file that is not there, unreadable, from another Python, cut short or not a table of code objects
+is ignored (compiled as ever) and replaced at exit. Past MAX_ENTRIES the entries this process did
+not use are dropped, so the file does not grow without bound across edits.
 
-cli/main.py installs it for the plain forms of `summary` and `explain`, before their modules
-are imported. Only a Python whose `dataclasses` calls `exec` with text goes through it; on any
-other the table is simply never consulted.
+cli/main.py installs it for the plain forms of `summary` and `explain`, and for every `replay`
+(its own table: ~200 methods, ~14 % of a replay's instructions before `Engine.run`), before
+their modules are imported. Only a Python whose `dataclasses` calls `exec` with text goes
+through it; on any other the table is simply never consulted.
 
-`python -m tierdiag.cli.dataclass_code` writes the table of the read commands' modules at once,
-as compileall writes .pyc files (also where PYTHONDONTWRITEBYTECODE is set): for a checkout or an
-install whose commands run without writing bytecode (benchmarks/readers_ab.py runs it beside
-compileall).
+`python -m tierdiag.cli.dataclass_code` writes the tables of the read commands' and the replay's
+modules at once, as compileall writes .pyc files (also where PYTHONDONTWRITEBYTECODE is set): for
+a checkout or an install whose commands run without writing bytecode (benchmarks/readers_ab.py
+and targets41.py run it beside compileall).
 """
 
 from __future__ import annotations
@@ -48,14 +50,17 @@ _FORMAT = b"tierdiag-dataclass-code-1\n"
 
 _state: dict = {}
 
+# Each command family's table, by the file name it is kept under (module doc).
+TABLES = {"read": "dataclass_code", "replay": "dataclass_code_replay"}
 
-def cache_path() -> str:
-    """Where the table is kept (module doc)."""
+
+def cache_path(table: str = "read") -> str:
+    """Where the table `table` (a key of TABLES) is kept (module doc)."""
     from importlib.util import cache_from_source
 
     pycache = os.path.dirname(cache_from_source(os.path.join(os.path.dirname(os.path.dirname(__file__)),
                                                              "__init__.py")))
-    return os.path.join(pycache, f"dataclass_code.{sys.implementation.cache_tag}.marshal")
+    return os.path.join(pycache, f"{TABLES[table]}.{sys.implementation.cache_tag}.marshal")
 
 
 def _header() -> bytes:
@@ -157,15 +162,16 @@ def _write_back() -> None:
     new.clear()
 
 
-def install(path: str | None = None) -> bool:
-    """Route `dataclasses`' exec through the table (module doc); whether it did (once a process)."""
+def install(path: str | None = None, table: str = "read") -> bool:
+    """Route `dataclasses`' exec through the table (module doc): the file `path`, else the table
+    `table`'s (TABLES); whether it did (once a process)."""
     import atexit
     import collections
     import dataclasses
 
     if _state:
         return False
-    path = path or cache_path()
+    path = path or cache_path(table)
     _state.update(path=path, table=load(path), new={}, used=set())
     setattr(dataclasses, "exec", _exec)  # a global of dataclasses.py, found before the builtin
     setattr(collections, "eval", _eval)  # namedtuple's, likewise
@@ -181,18 +187,28 @@ READ_MODULES = ("tierdiag.app.views", "tierdiag.cli.explain", "tierdiag.cli.summ
                 "tierdiag.report.terminal", "tierdiag.report.run_lines")
 
 
-def build(path: str | None = None) -> int:
-    """Install, import READ_MODULES, write the table whatever PYTHONDONTWRITEBYTECODE says (as
-    compileall does); the number of entries written."""
+# What a replay imports (cli/replay.py's command, the engine, the writer's side in the engine's
+# process, its closing view), with and without probes.
+REPLAY_MODULES = ("tierdiag.cli.replay", "tierdiag.app.replay", "tierdiag.app.replay_writers",
+                  "tierdiag.store.writer_process", "tierdiag.engine.engine", "tierdiag.probes.recorder",
+                  "tierdiag.diagnose.request.tokens", "tierdiag.cli.progress", "tierdiag.report.terminal",
+                  "tierdiag.cli.hints", "tierdiag.store.reader", "tierdiag.diagnose.read.ids")
+MODULES = {"read": READ_MODULES, "replay": REPLAY_MODULES}
+
+
+def build(path: str | None = None, table: str = "read") -> int:
+    """Install, import the modules of `table` (MODULES), write the table whatever
+    PYTHONDONTWRITEBYTECODE says (as compileall does); the number of entries written. The
+    modules are imported in a process of their own (a module imported already makes no class)."""
     import importlib
 
-    install(path)
-    for name in READ_MODULES:
+    install(path, table)
+    for name in MODULES[table]:
         importlib.import_module(name)
-    table = {**_state["table"], **_state["new"]}
-    save(_state["path"], table)
+    made = {**_state["table"], **_state["new"]}
+    save(_state["path"], made)
     uninstall()
-    return len(table)
+    return len(made)
 
 
 def uninstall() -> None:
@@ -211,5 +227,17 @@ def uninstall() -> None:
     _state.clear()
 
 
+def build_all() -> list[str]:
+    """Every table of TABLES, each built in a process of its own (`build`); a line for each."""
+    import subprocess
+
+    lines = []
+    for table in TABLES:
+        code = f"from tierdiag.cli.dataclass_code import build; print(build(table={table!r}))"
+        done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+        lines.append(f"{done.stdout.strip()} dataclass methods in {cache_path(table)}")
+    return lines
+
+
 if __name__ == "__main__":
-    print(f"{build()} dataclass methods in {cache_path()}")
+    print("\n".join(build_all()))

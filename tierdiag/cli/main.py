@@ -4,7 +4,8 @@ errors become exits, cli/params.py what every parameter goes through.
 
 Start-up: a command's module is imported when that command runs (`tierdiag explain` loads
 cli/explain.py and nothing of replay, sweep or report), and `tierdiag --help` lists the table
-without importing any. Typer loads in `main()`, after the signal handlers are in place;
+without importing any. Typer loads in `main()`, after the signal handlers are in place, unless
+the command line is a plain `summary`, `explain` or `replay` (called without Typer: below);
 `from tierdiag.cli.main import app` builds the app on first use.
 """
 
@@ -163,22 +164,46 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# --- the read commands' plain forms, without Typer ------------------------------------------------
+# --- plain forms, without Typer --------------------------------------------------------------
 # `tierdiag summary` and `tierdiag explain REQ` are read commands whose whole run is ~0.3 s, and
-# importing Typer (and the click it vendors, inspect, ast, subprocess...) was ~45 ms of it. Their
-# plain forms are parsed here and the command's function called as Typer calls it (its arguments
-# checked by params.checked, the same exits); anything else (--help, --no-json, `--db=X`, an
-# option twice, a value that starts with "-" or is empty or not UTF-8, a missing or extra
-# argument, shell completion, a --db that is there but not readable) goes to Typer, which parses
-# it or says what is wrong with it as it always has. tests/cli/test_direct_commands.py holds the
-# two paths to the same outputs.
-# name -> (its positional parameters, its options that take a value, its flags): option -> parameter
-_DIRECT: dict[str, tuple[tuple[str, ...], dict[str, str], dict[str, str]]] = {
-    "summary": ((), {"--db": "db", "--run": "run"}, {"--json": "json_"}),
-    "explain": (("req_id",), {"--db": "db", "--run": "run"}, {"--json": "json_"}),
+# importing Typer (and the click it vendors, inspect, ast, subprocess...) was ~45 ms of it; a
+# `replay` reached its engine ~0.25 s after its start, ~25 ms of it Typer's import and the
+# building of its 39-parameter command. Their plain forms are parsed here and the command's
+# function called as Typer calls it (its arguments checked by params.checked, the same exits);
+# anything else (--help, --no-json, `--db=X`, an option twice, a value that starts with "-" or is
+# empty or not UTF-8, a number Python's int() or float() does not read as it is, a missing or
+# extra argument, shell completion, a path that is there but not readable) goes to Typer, which
+# parses it or says what is wrong with it as it always has. tests/cli/test_direct_commands.py
+# holds the two paths to the same parameters (each command's table to Typer's own command) and
+# to the same outputs.
+# A parameter's kind: "str" (the text), "path" (a Path; one that is there but not readable is
+# Typer's: "Path ... is not readable."), "int"/"float" (the text as int()/float() read it, as
+# params.py's coercion reads it first).
+_DIRECT: dict[str, tuple[tuple[tuple[str, str], ...], dict[str, tuple[str, str]], dict[str, tuple[str, bool]]]] = {
+    # name -> (its positional parameters and kinds, its options that take a value: option ->
+    # (parameter, kind), its flags: option -> (parameter, value))
+    "summary": ((), {"--db": ("db", "path"), "--run": ("run", "str")}, {"--json": ("json_", True)}),
+    "explain": ((("req_id", "str"),), {"--db": ("db", "path"), "--run": ("run", "str")},
+                {"--json": ("json_", True)}),
+    "replay": ((("trace", "path"),), {
+        "--db": ("db", "path"), "--run-name": ("run_name", "str"), "--config": ("config", "path"),
+        "--model": ("model", "str"), "--gpu": ("gpu", "str"), "--device-tokens": ("device_tokens", "int"),
+        "--host-tokens": ("host_tokens", "int"), "--storage-tokens": ("storage_tokens", "int"),
+        "--storage-dir": ("storage_dir", "path"), "--page-size": ("page_size", "int"),
+        "--block-size": ("block_size", "int"), "--write-policy": ("write_policy", "str"),
+        "--eviction-policy": ("eviction_policy", "str"), "--tlru-threshold": ("tlru_threshold", "int"),
+        "--tlru-next-prompt-estimate": ("tlru_next_prompt_estimate", "int"),
+        "--load-back-threshold": ("load_back_threshold", "int"), "--prefetch-policy": ("prefetch_policy", "str"),
+        "--schedule-policy": ("schedule_policy", "str"), "--prefetch-threshold": ("prefetch_threshold", "int"),
+        "--max-prefill-tokens": ("max_prefill_tokens", "int"), "--timing": ("timing", "str"),
+        "--profile": ("profile", "path"), "--time-scale": ("time_scale", "float"), "--arrivals": ("arrivals", "str"),
+        "--max-context": ("max_context", "int"), "--max-running-requests": ("max_running_requests", "int"),
+        "--seed": ("seed", "int"), "--verify": ("verify", "str"), "--data-plane-mib": ("data_plane_mib", "int"),
+        "--dp": ("dp", "int"), "--router": ("router", "str"), "--sglang": ("sglang", "str"), "--jobs": ("jobs", "int"),
+    }, {"--overlap": ("overlap", True), "--no-overlap": ("overlap", False),
+        "--enable-mixed-chunk": ("enable_mixed_chunk", True), "--skip-bad": ("skip_bad", True),
+        "--no-probes": ("no_probes", True), "--json": ("json_", True)}),
 }
-_DIRECT_ORDER = ("req_id", "db", "run", "json_")  # the parameters in the functions' order
-_DIRECT_DEFAULTS = {"run": None, "json_": False}
 
 
 def _plain_token(token: str) -> bool:
@@ -191,54 +216,97 @@ def _plain_token(token: str) -> bool:
     return True
 
 
+_DECLINE = object()  # a value the direct path leaves to Typer
+
+
+def _plain_value(token: str, kind: str):
+    """`token` as Typer hands it to the command for a parameter of `kind`, or _DECLINE."""
+    if kind == "str":
+        return token
+    if kind == "int" or kind == "float":
+        try:
+            return int(token) if kind == "int" else float(token)
+        except ValueError:
+            return _DECLINE
+    import os
+    from pathlib import Path
+
+    try:  # as Typer's path check (typer._param_types.coerce_cli_path): stat, then readable
+        os.stat(token)
+    except OSError:
+        return Path(token)
+    return Path(token) if os.access(token, os.R_OK) else _DECLINE
+
+
+# The read commands' parameters in their functions' order, with their defaults: known here, so
+# that deciding does not import their modules (their classes are made after the table of
+# dataclass methods is installed, their DuckDB after duckdb_core's).
+_READ_DEFAULTS = {"req_id": None, "db": None, "run": None, "json_": False}
+
+
+def _defaults(name: str) -> dict:
+    """Every parameter of command `name` in the function's order, with what Typer passes where the
+    command line does not give it: the function's own default (db: the default store)."""
+    if name in ("summary", "explain"):
+        return {k: v for k, v in _READ_DEFAULTS.items() if k != "req_id" or name == "explain"}
+    import importlib
+    import inspect
+
+    fn = getattr(importlib.import_module(f"tierdiag.cli.{COMMANDS[name][0]}"), name)
+    return {p.name: p.default for p in inspect.signature(fn).parameters.values()}
+
+
 def direct_arguments(argv: list[str], environ) -> tuple[str, dict] | None:
     """(command, the keyword arguments Typer would call it with) for `argv` (sys.argv[1:]) in a
-    plain form of a read command; None where Typer must parse it."""
+    plain form of a command of _DIRECT; None where Typer must parse it."""
     if not argv or argv[0] not in _DIRECT or "_TIERDIAG_COMPLETE" in environ:
         return None
     positional, options, flags = _DIRECT[argv[0]]
     given: dict = {}
-    args: list[str] = []
+    args: list = []
     i = 1
     while i < len(argv):
         token = argv[i]
-        name = options.get(token) or flags.get(token)
-        if name is not None:
+        if token in flags:
+            name, value = flags[token]
             if name in given:
                 return None
-            if token in flags:
-                given[name] = True
-                i += 1
-                continue
-            if i + 1 >= len(argv) or not _plain_token(argv[i + 1]):
+            given[name] = value
+            i += 1
+            continue
+        if token in options:
+            name, kind = options[token]
+            if name in given or i + 1 >= len(argv) or not _plain_token(argv[i + 1]):
                 return None
-            given[name] = argv[i + 1]
+            value = _plain_value(argv[i + 1], kind)
+            if value is _DECLINE:
+                return None
+            given[name] = value
             i += 2
             continue
-        if not _plain_token(token):
+        if not _plain_token(token) or len(args) >= len(positional):
             return None
-        args.append(token)
+        value = _plain_value(token, positional[len(args)][1])
+        if value is _DECLINE:
+            return None
+        args.append(value)
         i += 1
     if len(args) != len(positional):
         return None
-    import os
-    from pathlib import Path
+    values = {**given, **dict(zip((p for p, _ in positional), args))}
+    if "db" not in values:
+        from tierdiag.cli.common import DEFAULT_DB_PATH
 
-    from tierdiag.cli.common import DEFAULT_DB_PATH
-
-    db = Path(given["db"]) if "db" in given else DEFAULT_DB_PATH
-    # A --db that is not there (yet) is the command's to report, as through Typer; one that is
-    # there but not readable is Typer's ("Path ... is not readable.").
-    if os.path.exists(db) and not os.access(db, os.R_OK):
-        return None
-    values = {**_DIRECT_DEFAULTS, **given, **dict(zip(positional, args)), "db": db}
-    return argv[0], {k: values[k] for k in _DIRECT_ORDER if k in values}
+        values["db"] = _plain_value(str(DEFAULT_DB_PATH), "path")  # the default store, checked as a given one
+        if values["db"] is _DECLINE:
+            return None
+    return argv[0], {k: values.get(k, default) for k, default in _defaults(argv[0]).items()}
 
 
 class _Direct:
-    """What `exits.run` calls in place of the Typer app for a plain read command: the command's
-    function, its arguments checked, ending as Typer's app ends outside standalone mode (a
-    KeyboardInterrupt returns 130, an EOFError is an Abort after an empty line, a broken pipe
+    """What `exits.run` calls in place of the Typer app for a plain command line (_DIRECT): the
+    command's function, its arguments checked, ending as Typer's app ends outside standalone mode
+    (a KeyboardInterrupt returns 130, an EOFError is an Abort after an empty line, a broken pipe
     exit 1)."""
 
     def __init__(self, name: str, kwargs: dict):
@@ -271,17 +339,24 @@ class _Direct:
 
 
 def _app_for_argv():
-    """The plain read command's direct call where sys.argv is one (above), else the Typer app."""
+    """The plain command's direct call where sys.argv is one (above), else the Typer app."""
     import os
     import sys
 
-    found = direct_arguments(sys.argv[1:], os.environ)
-    if found is None:
-        return _build_app()
-    # The methods `dataclasses` writes for each class, compiled once and kept with the bytecode
-    # (cli/dataclass_code.py): ~15-20 % of these commands' instructions, before any is created.
     from tierdiag.cli import dataclass_code
 
+    argv = sys.argv[1:]
+    if argv[:1] == ["replay"]:
+        # A replay, either path: the methods `dataclasses` writes for each class, compiled once
+        # and kept with the bytecode (cli/dataclass_code.py; the replay's own table): ~14 % of
+        # its instructions before `Engine.run`, before any class is created.
+        dataclass_code.install(table="replay")
+    found = direct_arguments(argv, os.environ)
+    if found is None:
+        return _build_app()
+    if found[0] == "replay":
+        return _Direct(*found)
+    # The same for the read commands (~15-20 % of their instructions), their own table.
     dataclass_code.install()
     # DuckDB's C extension without its Python package, which loads if anything asks for it
     # (store/duckdb_core.py): ~90 ms of a ~0.3 s command's CPU.

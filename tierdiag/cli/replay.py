@@ -8,12 +8,11 @@ from pathlib import Path
 from dataclasses import fields
 from typing import Annotated, Optional
 
-import typer
-
 from tierdiag import signals
+from tierdiag.cli import common
 from tierdiag.cli.choices import choices, completer, listed
 from tierdiag.cli.upgrade import upgrade_releases
-from tierdiag.cli.common import command_line, DbOpt, DEFAULT_DB_PATH, err, JsonOpt
+from tierdiag.cli.common import command_line, DEFAULT_DB_PATH, err, typer_when_read as typer
 from tierdiag.cli.sink import Sink
 from tierdiag.cli import replay_view  # noqa: F401 - registers the replay's text view (app.replay.ReplayResult)
 from tierdiag.config.names import Tier
@@ -35,7 +34,16 @@ from tierdiag.config.presets import GPUS, MODELS, model_preset
 from tierdiag.config.router import ROUTER_NAMES
 from tierdiag.errors import RunInterrupted
 
-Opt = typer.Option
+
+
+# The annotations below are read by Typer alone (`typer.Argument`, `Opt`, `common.DbOpt`: Typer
+# imported when it reads them); cli/main.py calls `replay` directly, without Typer, for the plain
+# forms of the command line.
+def Opt(*param_decls, **kwargs):
+    """typer.Option, made when Typer reads the annotation."""
+    import typer as typer_
+
+    return typer_.Option(*param_decls, **kwargs)
 
 
 def _default(name: str):
@@ -63,7 +71,7 @@ def _pool_default(which: str) -> str:
 def replay(
     trace: Annotated[Path, typer.Argument(help="Trace file: Mooncake JSONL or tierdiag JSONL (.gz too).",
                                           metavar="TRACE", show_default=False)],
-    db: DbOpt = DEFAULT_DB_PATH,
+    db: common.DbOpt = DEFAULT_DB_PATH,
     run_name: Annotated[Optional[str], Opt("--run-name", metavar="NAME", help="Name of the run (default: trace file stem).")] = None,
     config: Annotated[Optional[Path], Opt("--config", help="TOML file with any of the options below.")] = None,
     # NAME, the names in the help text: the presets' list is too long for one line of --help at 80 columns.
@@ -124,17 +132,17 @@ def replay(
                                                       "machine's cores).")] = None,
     skip_bad: Annotated[bool, Opt("--skip-bad", help="Skip malformed trace lines (and count them).")] = False,
     no_probes: Annotated[bool, Opt("--no-probes", help="Record nothing (benchmarking the engine).")] = False,
-    json_: JsonOpt = False,
+    json_: common.JsonOpt = False,
 ) -> None:
     """Replay TRACE through the tiered cache engine and record every request into --db."""
     # Whatever happens below is closed by the time the command returns (the run, its writer
     # process, the storage tier's files): the process then skips freeing the engine's objects.
+    from tierdiag.app.replay import single_threaded_blas, twin_dp
     from tierdiag.cli.exits import leave_without_teardown, process_ends_unfreed
 
     leave_without_teardown()
+    single_threaded_blas()  # before anything loads numpy (its BLAS threads would spin): app/replay.py
     # A twin of an observed run replays on as many ranks as the server had, unless told.
-    from tierdiag.app.replay import twin_dp
-
     ranks = twin_dp(None if no_probes else db, trace) if dp is None else None
     # --sglang OLD,NEW (cli/upgrade.py): the options are checked under NEW here, under OLD by its plan.
     releases = upgrade_releases(sglang, jobs=jobs, no_probes=no_probes)

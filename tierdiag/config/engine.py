@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
@@ -368,6 +367,8 @@ def load_config(path: str | Path | None, overrides: Mapping[str, Any],
 
 def _read_config_file(p: Path) -> dict[str, Any]:
     """The keys of a --config file, each checked against its declaration (exit 3 naming the key)."""
+    import tomllib  # here: a replay without --config never compiles its regular expressions
+
     try:
         raw = tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:

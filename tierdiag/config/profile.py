@@ -17,10 +17,7 @@ The clock, in the cost model's terms (engine/costmodel.py)::
 
 from __future__ import annotations
 
-import hashlib
 import os
-import tomllib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -166,6 +163,11 @@ def load_profile(path: str | os.PathLike) -> Profile:
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise KeyedConfigError(("profile",), lambda n: f"{n('profile')} {p}: cannot read it ({reason})") from None
+    # Imported here, as a profile is read: a replay without one never loads tomllib (its
+    # regular expressions compiled at import) nor libcrypto.
+    import hashlib
+    import tomllib
+
     sha = hashlib.sha256(data).hexdigest()
     if data.lstrip()[:1] == b"{":
         return _json_profile(p, data, sha)
@@ -186,6 +188,8 @@ def load_profile(path: str | os.PathLike) -> Profile:
 
 
 def _json_profile(p: Path, data: bytes, sha: str) -> Profile:
+    import json
+
     try:
         prof = json.loads(data)
     except (ValueError, RecursionError) as exc:

@@ -4,7 +4,6 @@ trace through them, and check the invariants tests rely on."""
 from __future__ import annotations
 
 import shutil
-import tempfile
 import weakref
 from pathlib import Path
 from typing import Callable, Iterable
@@ -83,6 +82,8 @@ class Engine:
             if not root:
                 # A folder nobody else knows of (an Engine built directly, as tests and library
                 # users do): it goes when the engine does, or at exit.
+                import tempfile  # here: a replay names its storage folder (app/replay.py); ~1 ms of its start
+
                 root = tempfile.mkdtemp(prefix="tierdiag-storage-")
                 weakref.finalize(self, shutil.rmtree, root, True)
             self.storage = StorageTier(Path(root), cfg.storage_tokens // ps)  # one, shared by every rank
