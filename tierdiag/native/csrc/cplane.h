@@ -52,8 +52,9 @@
  * 14: page keys as int64 runs: common_pages, PageKeySet and output_keys read array('q') runs
  *     (session 22, h41keys); RowBuffer.append and FlushTicker by vectorcall (h41rec5).
  * 15: StorageIndex's calls take keys as an int64 run (array('q')) as well as a list (session 22,
- *     h41stor8: the storage paths hand a node's and a request's key runs as they are). */
-#define CPLANE_API 15
+ *     h41stor8: the storage paths hand a node's and a request's key runs as they are).
+ * 16: PageKeySet.count_add (count then add in one call, one probe a key on a run; session 23, h41rec6). */
+#define CPLANE_API 16
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256
