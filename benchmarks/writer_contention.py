@@ -1,86 +1,40 @@
 """How much of the engine's probe overhead is the writer process competing with it (issue 41's
-probe-overhead row, item 3 of h41rec6): the CPU seconds of `Engine.run` (and its last
-hand-over) in a fresh process pinned to CPU 0, the writer's child process pinned by `taskset`'s
-call (`os.sched_setaffinity`) as each layout says, the layouts interleaved a round, medians.
+probe-overhead row, h41rec6's item 3): the CPU seconds of `Engine.run` (and its last hand-over),
+benchmarks/recording.py's fresh process a run, pinned to CPU 0 (core.pin, BENCH_PIN), the
+hand-over's child pinned as each layout says; the layouts interleaved a round, medians.
 
     .venv/bin/python benchmarks/writer_contention.py [--trace FILE] [--requests N] [--rounds 3]
+                                                     [--layouts none,pipe,writer-other,writer-same]
 
 Layouts (benchmarks/core.py's modes):
   none          no probe
-  pipe          the recorder handing over into a pipe a `cat` drains (pinned to CPU 1): the
-                engine's own cost of the probes and of the hand-over, no writer
+  pipe          the recorder handing over into a pipe a `cat` drains (on CPU 1): the engine's
+                own cost of the probes and of the hand-over, no writer
   writer-other  the replay's real writer process on CPU 1 (the quiet machine's layout: each
                 process a vCPU): what it costs the engine beyond `pipe` is the writer sharing
                 the machine (caches, memory bandwidth, the host's sibling threads)
   writer-same   the writer on CPU 0 beside the engine: the two take turns on one vCPU (the
                 engine's CPU seconds exclude the writer's; what is left is the switching)
-On this VM the two vCPUs are what the engine and its writer share on a quiet machine; a loaded
-machine's other processes move every column (say the load average beside the numbers).
+A loaded machine's other processes move every column: say the load average beside the numbers.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DEFAULT_TRACE = ROOT / ".." / "shared" / "traces" / "conversation_trace.jsonl"
-LAYOUTS = {"none": ("none", None), "pipe": ("pipe", 1), "writer-other": ("writer", 1), "writer-same": ("writer", 0)}
-
-_DRIVER = """
-import gc, os, sys, json, time, tempfile
-os.sched_setaffinity(0, {{0}})
-sys.path.insert(0, {root!r})
-from benchmarks.core import make_probe
-from tierdiag.config.engine import EngineConfig
-from tierdiag.trace.reader import ReadReport, read_trace
-from tierdiag.engine.engine import Engine
-from tierdiag.engine import compiled
-cfg = EngineConfig()
-reqs = list(read_trace({trace!r}, block_size=cfg.block_size, skip_bad=False, report=ReadReport()))
-reqs = reqs[:{requests!r}] if {requests!r} else reqs
-gc.set_threshold(50_000, 20, 100)
-probe = make_probe({mode!r})
-child_cpu = {child_cpu!r}
-children = []
-for task in os.listdir("/proc/self/task"):
-    with open(f"/proc/self/task/{{task}}/children") as f:
-        children += [int(p) for p in f.read().split()]
-if child_cpu is not None:
-    for pid in children:
-        os.sched_setaffinity(pid, {{child_cpu}})
-with tempfile.TemporaryDirectory() as storage:
-    engine = Engine(cfg, probe=probe, storage_dir=storage)
-    c0, w0 = time.process_time(), time.perf_counter()
-    engine.run(reqs)
-    if probe is not None:
-        probe.flush()
-    c1, w1 = time.process_time(), time.perf_counter()
-print(json.dumps({{"cpu": c1 - c0, "wall": w1 - w0, "children": len(children), "core": compiled.describe()["mode"]}}))
-"""
-
-
-def run_layout(layout: str, trace: Path, requests: int | None) -> dict:
-    mode, child_cpu = LAYOUTS[layout]
-    driver = _DRIVER.format(root=str(ROOT), trace=str(trace), requests=requests, mode=mode, child_cpu=child_cpu)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENBLAS_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", driver], cwd=ROOT, capture_output=True, text=True, env=env)
-    if proc.returncode:
-        raise SystemExit(f"{layout}: {proc.stderr.strip().splitlines()[-3:]}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    if out["core"] != "compiled":
-        raise SystemExit(f"the engine core is not compiled ({out['core']}): build it in place first")
-    if child_cpu is not None and not out["children"]:
-        raise SystemExit(f"{layout}: no child process to pin")
-    return out
+LAYOUTS = {"none": ("none", "0:"), "pipe": ("pipe", "0:1"), "writer-other": ("writer", "0:1"),
+           "writer-same": ("writer", "0:0")}
 
 
 def main(argv: list[str] | None = None) -> None:
+    from benchmarks.recording import run_mode
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     ap.add_argument("--requests", type=int, default=None)
@@ -97,7 +51,9 @@ def main(argv: list[str] | None = None) -> None:
     loads = []
     for r in range(args.rounds):
         for layout in (layouts if r % 2 == 0 else layouts[::-1]):
-            cpu[layout].append(run_layout(layout, args.trace.resolve(), args.requests)["cpu"])
+            mode, spec = LAYOUTS[layout]
+            out = run_mode(ROOT, mode, args.trace.resolve(), args.requests, {}, {"BENCH_PIN": spec})
+            cpu[layout].append(out["cpu"])
             loads.append(os.getloadavg()[0])
     med = {x: sorted(v)[len(v) // 2] for x, v in cpu.items()}
     base = med.get("none")
