@@ -142,6 +142,25 @@ def _handover_probe(mode: str):
     return Recorder(rows_sink=writer.append_rows, flush_rows=BATCH_ROWS)
 
 
+def pin(spec: str | None) -> None:
+    """`ENGINE_CPU:CHILD_CPU` (benchmarks/writer_contention.py's BENCH_PIN): this process on one
+    CPU and its children (a `pipe` or `writer` mode's `cat` or writer process) on the other's;
+    an empty CHILD_CPU leaves them alone. None or "": nothing."""
+    if not spec:
+        return
+    engine_cpu, _, child_cpu = spec.partition(":")
+    os.sched_setaffinity(0, {int(engine_cpu)})
+    children: list[int] = []
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as f:
+            children += [int(p) for p in f.read().split()]
+    if child_cpu:
+        if not children:
+            raise SystemExit(f"BENCH_PIN={spec}: no child process to pin")
+        for pid in children:
+            os.sched_setaffinity(pid, {int(child_cpu)})
+
+
 def run_once(cfg, reqs, mode: str) -> float:
     from tierdiag.engine.engine import Engine
 
@@ -190,7 +209,7 @@ def profile(cfg, reqs, mode: str, top: int) -> None:
 _DRIVER = """
 import gc, sys
 sys.path.insert(0, {root!r})
-from benchmarks.core import make_probe  # (it puts this checkout first on the path: `code` goes ahead of it)
+from benchmarks.core import make_probe, pin  # (it puts this checkout first on the path: `code` goes ahead of it)
 sys.path.insert(0, {code!r})
 from tierdiag.config.engine import EngineConfig
 from tierdiag.trace.reader import ReadReport, read_trace
@@ -212,6 +231,8 @@ if mode != "read":
     import json, time
     from tierdiag.engine import compiled
     probe = make_probe(mode)
+    import os
+    pin(os.environ.get("BENCH_PIN"))
     with tempfile.TemporaryDirectory() as storage:
         engine = Engine(cfg, probe=probe, storage_dir=storage)
         c0, w0 = time.process_time(), time.perf_counter()

@@ -28,14 +28,16 @@ sys.path.insert(0, str(ROOT))
 DEFAULT_TRACE = ROOT / ".." / "shared" / "traces" / "conversation_trace.jsonl"
 
 
-def run_mode(code: Path, mode: str, trace: Path, requests: int | None, overrides: dict) -> dict:
+def run_mode(code: Path, mode: str, trace: Path, requests: int | None, overrides: dict,
+             extra_env: dict | None = None) -> dict:
     """One mode of `code`'s engine in a fresh process: core.py's instruction-count driver, which
-    prints the run's CPU and wall seconds and whether its engine core was compiled."""
+    prints the run's CPU and wall seconds and whether its engine core was compiled (`extra_env`:
+    e.g. core.pin's BENCH_PIN)."""
     from benchmarks.core import _DRIVER
 
     driver = _DRIVER.format(root=str(ROOT), code=str(code), trace=str(trace), requests=requests,
                             overrides=dict(overrides))
-    env = {**os.environ, "PYTHONPATH": f"{code}:{ROOT}", "OPENBLAS_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": f"{code}:{ROOT}", "OPENBLAS_NUM_THREADS": "1", **(extra_env or {})}
     proc = subprocess.run([sys.executable, "-c", driver, mode], cwd=code, capture_output=True, text=True, env=env)
     if proc.returncode:
         raise SystemExit(f"{code} {mode}: {proc.stderr.strip().splitlines()[-3:]}")

@@ -163,3 +163,56 @@ def test_the_page_key_set_refuses_runs_of_other_items():
     ks.add([2**64], 0, 1)  # an odd key: the set is Python's from now on
     ks.add(array("q", [9]), 0, 1)
     assert ks.count(array("q", [1, 9, 10]), 0, 3) == 2 and len(ks) == 5
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["count_add", "add", "clear"]),
+                              st.lists(st.one_of(_INT64, st.integers(0, 6)), max_size=40),
+                              st.integers(-5, 45), st.integers(-5, 45), st.integers(-5, 45), st.booleans()),
+                    max_size=25))
+def test_the_page_key_set_counts_then_adds_in_one_call(ops):
+    """PageKeySet.count_add(keys, lo, count_hi, add_hi) (MissTracker.scheduled's one call): on a
+    key run (one probe a key, this call's own keys marked) and on a list, the count and the set
+    after are count(keys, lo, count_hi) then add(keys, lo, add_hi) on a plain set, keys repeated
+    within a call (small ints) included, count_hi below, at or past add_hi; miss._KeySetPy's too."""
+    compiled, reference = cplane.pairs()["miss.key_set"]
+    on_run, on_list, py, plain = compiled(), compiled(), reference(), set()
+    for op, keys, lo, count_hi, add_hi, as_run in ops:
+        n = len(keys)
+        lo, count_hi = miss._span(n, lo, count_hi)
+        add_hi = miss._span(n, lo, add_hi)[1]
+        run = array("q", keys)
+        if op == "count_add":
+            want = sum(k in plain for k in keys[lo:count_hi])
+            plain.update(keys[lo:add_hi])
+            assert on_run.count_add(run, lo, count_hi, add_hi) == want
+            assert on_list.count_add(keys, lo, count_hi, add_hi) == want
+            assert py.count_add(run if as_run else keys, lo, count_hi, add_hi) == want
+        elif op == "add":
+            plain.update(keys[lo:add_hi])
+            on_run.add(run, lo, add_hi), on_list.add(keys, lo, add_hi), py.add(keys, lo, add_hi)
+        else:
+            on_run.clear(), on_list.clear(), py.clear()
+            plain.clear()
+        assert len(on_run) == len(on_list) == len(py) == len(plain)
+        assert on_run.count(array("q", sorted(plain)), 0, len(plain)) == len(plain)
+
+
+@needs_c
+def test_the_page_key_set_count_add_grows_and_refuses_bad_bounds():
+    """count_add past the first table (the room reserved before the pass, marks rehashed with
+    their keys) stays exact; bounds outside the run, a non-int bound or the wrong arity: an error
+    naming the call, the set unchanged."""
+    ks = cplane.C.PageKeySet()
+    keys = array("q", [k * 7919 - 2**62 for k in range(5000)])
+    assert ks.count_add(keys, 0, 5000, 2500) == 0 and len(ks) == 2500
+    assert ks.count_add(keys, 0, 5000, 5000) == 2500 and len(ks) == 5000
+    for _ in range(3):  # many calls: the marks of older calls never look like this one's
+        assert ks.count_add(keys, 0, 5000, 5000) == 5000
+    for args, exc in (((keys, 0, 1, 5001), ValueError), ((keys, 0, 5001, 1), ValueError), ((keys, -1, 1, 1), ValueError),
+                      ((keys, 0, 1, "1"), TypeError), ((keys, 0, 1, 2**70), OverflowError), ((keys, 0, 1), TypeError),
+                      ((array("i", [1]), 0, 1, 1), TypeError)):
+        with pytest.raises(exc, match="count_add|PageKeySet|int|too large"):
+            ks.count_add(*args)
+    assert len(ks) == 5000

@@ -80,6 +80,12 @@ class _KeySetPy:
         """How many of keys[lo:hi] are in the set."""
         return sum(map(self._keys.__contains__, keys[lo:hi]))
 
+    def count_add(self, keys: Any, lo: int, count_hi: int, add_hi: int) -> int:
+        """count(keys, lo, count_hi), then add(keys, lo, add_hi): the count."""
+        found = self.count(keys, lo, count_hi)
+        self.add(keys, lo, add_hi)
+        return found
+
     def clear(self) -> None:
         self._keys.clear()
 
@@ -178,15 +184,16 @@ class MissTracker:
             lo, hi = _span(len(first_keys), lo, hi)
             batch.add(first_keys, lo, hi)
             self._batch_first = None
-        # the others count a page a key, each key looked up in the batch's set (new_key_set)
+        # the others count a page a key, each key looked up in the batch's set (new_key_set),
+        # then put their own in: one call, each key of a key run probed once (count then add
+        # probed it twice: ~2 M instructions of 1,500 requests, issue 41 session 23)
         keys: Any = req.keys  # a key run (array("q")) or a list
         n = len(keys)
-        lo, hi = _span(n, first_page, req.input_len // self.ps)
-        shared: int = batch.count(keys, lo, hi)
+        lo, count_hi = _span(n, first_page, req.input_len // self.ps)
+        add_hi = _span(n, first_page, end_page)[1]
+        shared: int = batch.count_add(keys, lo, count_hi, add_hi)
         if shared:
             req.miss_shared_pages = shared
-        lo, hi = _span(n, first_page, end_page)
-        batch.add(keys, lo, hi)
 
     def take(self, req: Req) -> MissFacts:
         return MissFacts(*self.take_pages(req))

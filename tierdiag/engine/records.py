@@ -9,6 +9,8 @@ TTFT parts (every one in ns of the virtual clock, adding up to TTFT):
 
 from __future__ import annotations
 
+from typing import cast
+
 from mypy_extensions import trait
 
 from tierdiag.engine.miss import miss_tokens, routing_tokens
@@ -52,12 +54,20 @@ class RequestRecords(SchedulerState):
             for name, value in zip(FIRST_PASS_FIELDS, req.first_pass):
                 setattr(req, name, value)
         device, host, storage = self.rules_split(req)
-        computed = req.input_len - req.prefix_pages * ps
+        # The request's ints as native ints, read once: compiled, `input_len` (Any on the Req) and
+        # the Optional first_token_ns / scheduled_ns (set by now: it was scheduled and sampled
+        # its first token) made every subtraction below and its results generic (PyNumber_*
+        # on boxed ints, ~9 a record, and the request row's values boxed again; issue 41 s23)
+        input_len: int = req.input_len
+        first_token: int = cast(int, req.first_token_ns)
+        scheduled: int = cast(int, req.scheduled_ns)
+        arrival: int = req.arrival_ns
+        computed = input_len - req.prefix_pages * ps
         recomputed = min(req.recomputed_pages * ps, computed)
-        ttft = req.first_token_ns - req.arrival_ns
+        ttft = first_token - arrival
         storage_wait = 0
         if req.held:
-            storage_wait = max(0, min(req.hold_until_ns, req.scheduled_ns) - req.arrival_ns)
+            storage_wait = max(0, min(req.hold_until_ns, scheduled) - arrival)
         lb_exposed = int(req.loadback_exposed_ns)
         recompute_ns = int(req.recompute_ns)
         compute_ns = int(req.compute_ns)
@@ -67,7 +77,7 @@ class RequestRecords(SchedulerState):
             compute_ns += queue
             queue = 0
         st.requests_finished += 1
-        st.input_tokens += req.input_len
+        st.input_tokens += input_len
         st.device_tokens += device
         st.host_tokens += host
         st.storage_tokens += storage
@@ -89,13 +99,13 @@ class RequestRecords(SchedulerState):
         if emit is not None:  # the record's counterfactuals: only for a probe that keeps them
             # Of its queue, the time the GPU ran decode steps (decode_before): a column only
             starts, ends, cum = self._drun_starts, self._drun_ends, self._drun_cum
-            decode_wait = (decode_before(starts, ends, cum, req.first_token_ns)
-                           - decode_before(starts, ends, cum, req.arrival_ns + storage_wait))
+            decode_wait = (decode_before(starts, ends, cum, first_token)
+                           - decode_before(starts, ends, cum, arrival + storage_wait))
             if decode_wait > queue:
                 decode_wait = queue
             new_tokens = computed - recomputed
             prefix = req.prefix_pages * ps
-            ideal = cost.prefill_alone_ns(new_tokens, req.input_len - (new_tokens if new_tokens > 1 else 1))
+            ideal = cost.prefill_alone_ns(new_tokens, input_len - (new_tokens if new_tokens > 1 else 1))
             if_resident = ttft - lb_exposed - storage_wait
             loaded = (req.host_loaded_pages + req.storage_loaded_pages) * ps  # what was loaded, whatever is reported
             recompute_instead = if_resident + (cost.prefill_alone_ns(computed + loaded, req.device_prefix_pages * ps)
@@ -117,21 +127,21 @@ class RequestRecords(SchedulerState):
                 arrival_pages, shared_pages, prefetch_lost_pages, ps, self.ctrl.storage is not None)
             # By keyword into request_row, compiled: the keywords are resolved when it is compiled.
             emit(request_row(
-                req_id=req.req_id, seq=req.seq, arrival_ns=req.arrival_ns, input_tokens=req.input_len,
+                req_id=req.req_id, seq=req.seq, arrival_ns=arrival, input_tokens=input_len,
                 output_tokens=req.output_len, status="finished", reject_reason=None, hit_class=hit_class,
                 device_hit_tokens=device, host_hit_tokens=host, storage_hit_tokens=storage,
                 computed_tokens=computed, recomputed_tokens=recomputed, host_match_tokens=host_match,
                 storage_match_tokens=storage_match, loadback_skipped_reason=req.loadback_skip_reason,
                 loadback_skipped_tokens=lb_skipped, storage_skipped_reason=req.storage_skip_reason,
                 prefix_indices_len=prefix, cache_protected_len=req.protected_pages * ps,
-                extend_input_len=req.input_len - prefix, queue_ns=queue, storage_wait_ns=storage_wait,
+                extend_input_len=input_len - prefix, queue_ns=queue, storage_wait_ns=storage_wait,
                 loadback_ns=req.loadback_ns, loadback_exposed_ns=lb_exposed, loadback_queued_ns=req.loadback_queued_ns,
                 loadback_bytes=req.loadback_pages * self.ctrl.page_bytes, loadback_pages=req.loadback_pages,
                 loadback_runs=req.loadback_runs, storage_bytes=req.storage_bytes, storage_fetch_ns=req.storage_fetch_ns,
-                recompute_ns=recompute_ns, compute_ns=compute_ns, prefill_ns=req.first_token_ns - req.scheduled_ns,
+                recompute_ns=recompute_ns, compute_ns=compute_ns, prefill_ns=first_token - scheduled,
                 ttft_ns=ttft, ideal_ttft_ns=ideal, ttft_if_device_resident_ns=if_resident,
                 recompute_instead_ns=recompute_instead, first_batch_id=req.first_batch_id,
-                num_chunks=req.num_chunks, first_token_ns=req.first_token_ns, finish_ns=now,
+                num_chunks=req.num_chunks, first_token_ns=first_token, finish_ns=now,
                 session_id=req.session, think_ms=req.think_ms, trace_arrival_ns=req.trace_arrival_ns,
                 dp_rank=self.rank, route_branch=route[0], route_reason=route[1], route_score=route[2],
                 route_score_name=route[3], arrival_device_tokens=arrival_device, arrival_host_tokens=arrival_host,

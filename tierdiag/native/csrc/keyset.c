@@ -19,8 +19,9 @@ typedef struct {
     PyObject_HEAD
     int64_t *keys;
     uint32_t *stamp;
+    uint32_t *mark;     /* count_add's: the call that put a slot's key in (count_add's own keys) */
     Py_ssize_t cap, n;  /* cap a power of two (0: none yet); n keys of this generation */
-    uint32_t gen;
+    uint32_t gen, call;
     PyObject *py;       /* the Python set once an odd value was seen, else NULL */
 } PageKeySet;
 
@@ -45,18 +46,22 @@ ks_slot(const PageKeySet *ks, int64_t k)
     return (Py_ssize_t)i;
 }
 
-/* Room for one more key (at most half full). 0, or -1 with MemoryError. */
+/* Room for `more` more keys (at most half full). 0, or -1 with MemoryError. */
 static int
-ks_reserve(PageKeySet *ks)
+ks_reserve_n(PageKeySet *ks, Py_ssize_t more)
 {
     Py_ssize_t cap = ks->cap ? ks->cap : 1024, i;
     int64_t *old_keys = ks->keys;
-    uint32_t *old_stamp = ks->stamp, old_gen = ks->gen;
+    uint32_t *old_stamp = ks->stamp, *old_mark = ks->mark, old_gen = ks->gen;
     Py_ssize_t old_cap = ks->cap;
-    if ((ks->n + 1) * 2 <= ks->cap) {
+    if (more > PY_SSIZE_T_MAX / 4 - ks->n) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if ((ks->n + more) * 2 <= ks->cap) {
         return 0;
     }
-    while ((ks->n + 1) * 2 > cap) {
+    while ((ks->n + more) * 2 > cap) {
         if (cap > PY_SSIZE_T_MAX / 16) {
             PyErr_NoMemory();
             return -1;
@@ -65,11 +70,14 @@ ks_reserve(PageKeySet *ks)
     }
     ks->keys = PyMem_Malloc((size_t)cap * sizeof(int64_t));
     ks->stamp = PyMem_Calloc((size_t)cap, sizeof(uint32_t));
-    if (ks->keys == NULL || ks->stamp == NULL) {
+    ks->mark = PyMem_Calloc((size_t)cap, sizeof(uint32_t));
+    if (ks->keys == NULL || ks->stamp == NULL || ks->mark == NULL) {
         PyMem_Free(ks->keys);
         PyMem_Free(ks->stamp);
+        PyMem_Free(ks->mark);
         ks->keys = old_keys;
         ks->stamp = old_stamp;
+        ks->mark = old_mark;
         PyErr_NoMemory();
         return -1;
     }
@@ -80,11 +88,20 @@ ks_reserve(PageKeySet *ks)
             Py_ssize_t at = ks_slot(ks, old_keys[i]);
             ks->keys[at] = old_keys[i];
             ks->stamp[at] = 1;
+            ks->mark[at] = old_mark[i];
         }
     }
     PyMem_Free(old_keys);
     PyMem_Free(old_stamp);
+    PyMem_Free(old_mark);
     return 0;
+}
+
+/* Room for one more key. */
+static inline int
+ks_reserve(PageKeySet *ks)
+{
+    return (ks->n + 1) * 2 <= ks->cap ? 0 : ks_reserve_n(ks, 1);
 }
 
 /* An exact int within int64: 1 and *out set; 0 for any other value; -1 on an error. */
@@ -283,6 +300,83 @@ ks_each(PageKeySet *ks, PyObject *const *args, Py_ssize_t nargs, int adding)
     return found;
 }
 
+/* count_add(keys, lo, count_hi, add_hi): count(keys, lo, count_hi), then add(keys, lo, add_hi),
+ * the count returned (MissTracker.scheduled: a request's pages counted against its batch's, then
+ * its own put in). On a key run while the set is its own table, one pass: each key hashed and
+ * probed once (count then add probed each twice, issue 41 session 23); a key this call put in
+ * carries the call's mark, so that a key repeated within keys[lo:count_hi] is counted only if it
+ * was in before the call, as count-then-add counts it. Anything else: count, then add. */
+static PyObject *
+ks_count_add(PageKeySet *ks, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t lo, hc, ha, hi, i, found = 0;
+    PyObject *count_args[3], *add_args[3];
+    Py_buffer run;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "PageKeySet.count_add takes keys, lo, count_hi, add_hi");
+        return NULL;
+    }
+    count_args[0] = add_args[0] = args[0];
+    count_args[1] = add_args[1] = args[1];
+    count_args[2] = args[2];
+    add_args[2] = args[3];
+    run.obj = NULL;
+    if (ks_args(count_args, 3, "count_add", &lo, &hc, &run) < 0) {
+        return NULL;
+    }
+    if (run.obj == NULL || ks->py != NULL) {
+        if (run.obj != NULL) {
+            PyBuffer_Release(&run);
+        }
+        found = ks_each(ks, count_args, 3, 0);  /* (reads only: add's bounds are checked after it) */
+        if (found < 0 || ks_each(ks, add_args, 3, 1) < 0) {
+            return NULL;
+        }
+        return PyLong_FromSsize_t(found);
+    }
+    if ((ha = PyLong_AsSsize_t(args[3])) == -1 && PyErr_Occurred()) {
+        PyBuffer_Release(&run);
+        return NULL;
+    }
+    if (ha < 0 || ha > run.shape[0]) {
+        PyBuffer_Release(&run);
+        PyErr_SetString(PyExc_ValueError, "PageKeySet.count_add: lo and hi must be within 0..len(keys)");
+        return NULL;
+    }
+    if (ks_reserve_n(ks, ha > lo ? ha - lo : 0) < 0) {
+        PyBuffer_Release(&run);
+        return NULL;
+    }
+    if (++ks->call == 0) {  /* wrapped: every mark is old again */
+        if (ks->cap) {
+            memset(ks->mark, 0, (size_t)ks->cap * sizeof(uint32_t));
+        }
+        ks->call = 1;
+    }
+    {
+        const int64_t *keys = (const int64_t *)run.buf;
+        uint32_t gen = ks->gen, call = ks->call;
+        hi = hc > ha ? hc : ha;
+        for (i = lo; i < hi; i++) {
+            Py_ssize_t at;
+            if (ks->cap == 0) {  /* nothing in, nothing to add (ha <= lo): none found */
+                break;
+            }
+            at = ks_slot(ks, keys[i]);
+            if (ks->stamp[at] == gen) {
+                found += i < hc && ks->mark[at] != call;
+            } else if (i < ha) {
+                ks->keys[at] = keys[i];
+                ks->stamp[at] = gen;
+                ks->mark[at] = call;
+                ks->n++;
+            }
+        }
+    }
+    PyBuffer_Release(&run);
+    return PyLong_FromSsize_t(found);
+}
+
 static PyObject *
 ks_add(PageKeySet *ks, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -341,6 +435,7 @@ ks_dealloc(PageKeySet *ks)
 {
     PyMem_Free(ks->keys);
     PyMem_Free(ks->stamp);
+    PyMem_Free(ks->mark);
     Py_CLEAR(ks->py);
     Py_TYPE(ks)->tp_free((PyObject *)ks);
 }
@@ -349,6 +444,8 @@ static PyMethodDef ks_methods[] = {
     {"add", (PyCFunction)(void (*)(void))ks_add, METH_FASTCALL, "add(keys, lo, hi): keys[lo:hi] into the set."},
     {"count", (PyCFunction)(void (*)(void))ks_count, METH_FASTCALL,
      "count(keys, lo, hi) -> how many of keys[lo:hi] are in the set."},
+    {"count_add", (PyCFunction)(void (*)(void))ks_count_add, METH_FASTCALL,
+     "count_add(keys, lo, count_hi, add_hi) -> count(keys, lo, count_hi), then add(keys, lo, add_hi)."},
     {"clear", (PyCFunction)ks_clear, METH_NOARGS, "clear(): empty the set."},
     {NULL, NULL, 0, NULL},
 };
