@@ -11,7 +11,6 @@ from typing import Callable
 
 from mypy_extensions import trait
 
-from tierdiag.engine.prefetch import QUIET_UNBOUNDED, storage_quiet
 from tierdiag.engine.request import FIRST_PASS_FIELDS, Req
 from tierdiag.engine.schedule_common import (CLIP_MAX_NEW_TOKENS, INT64_MAX, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY,
                                              RETRACT_DECODE_STEPS, SchedulerState)
@@ -237,12 +236,12 @@ class DecodeSteps(SchedulerState):
         running = self.running
         if not running or self.chunked is not None:
             return end
-        waiting = self.waiting
-        if waiting and (not self.batch_is_full or self._admission_reopens or self.unqueried):
+        if self.waiting and (not self.batch_is_full or self._admission_reopens or self.unqueried
+                             or self.prefetch_retry_due):
             # requests wait: the pass forms no prefill batch only while admission stays shut
             # (`batch_is_full`, which only a request leaving the running batch clears: a finish
             # is an event, a retraction a step that does not fit) and the pass's storage half
-            # has nobody's query to run (their re-queries: below)
+            # has nobody's query or re-query to run
             return end
         ctrl = self.ctrl
         device = ctrl.device
@@ -260,16 +259,8 @@ class DecodeSteps(SchedulerState):
             return end
         if ctrl.backup_queue or ctrl.backup_later:  # the next pass's `schedule_pass` flushes them first
             return end
-        quiet = -1  # the passes whose storage half changes nothing (-1: no storage work in flight)
-        quiet_until = 0
-        if (ctrl.storage_writes or self.unallocated or self.query_occupied or self.reading or ctrl.prefetch_tails
-                or (waiting and self.prefetch_retry_due)):
-            # storage work in flight (storage_acks_per_pass) or re-queries armed: the steps go
-            # on only through the passes whose storage half would change nothing, which are
-            # plain decode steps still (prefetch.storage_quiet)
-            quiet, quiet_until = storage_quiet(self, end)
-            if quiet <= 0:
-                return end
+        if ctrl.storage_writes or self.unallocated or self.query_occupied or self.reading or ctrl.prefetch_tails:
+            return end  # a pass's drain has storage work (storage_acks_per_pass): schedule_pass's
         # schedule_pass's head, once: nothing waits, so no prefill batch is formed
         ctrl.blocking_ns = 0
         if ctrl.loads_pending:
@@ -289,8 +280,6 @@ class DecodeSteps(SchedulerState):
         decay, floor = NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO
         bounded = limit is not None
         until = limit if limit is not None else 0
-        if quiet > 0 and quiet_until < QUIET_UNBOUNDED and (not bounded or quiet_until < until):
-            bounded, until = True, quiet_until  # a storage write's end: its pass may land it
         fin_step = fin if fin is not None else -1  # k + 1 >= 1: never met where nobody finishes
         start = end
         steps = 0
@@ -314,7 +303,7 @@ class DecodeSteps(SchedulerState):
             if emit is not None:
                 emit((now, end, k, tuple(r.req_id for r in running), (), None, self.rank))
             # (_finish_step: nobody finishes at step k) the next pass, if it is one more such step
-            if (bounded and end >= until) or free < n or fin_step == k + 1 or steps == quiet:
+            if (bounded and end >= until) or free < n or fin_step == k + 1:
                 break
         self.dstep = k
         self.stats.decode_steps += steps

@@ -35,66 +35,6 @@ def prefetch_timeout_ns(tokens: int) -> int:
     return int((PREFETCH_TIMEOUT_BASE_S + PREFETCH_TIMEOUT_PER_KI_TOKEN_S * tokens / 1024) * 1e9)
 
 
-QUIET_UNBOUNDED = 2**62  # storage_quiet: no pass, no time bounds the quiet passes
-
-
-def storage_quiet(s: SchedulerState, now: int) -> tuple[int, int]:
-    """How many of the passes from the next one (at `now`, pass `prefetch_pass + 1`, each one
-    pass more) would find `storage_pass_start` changing nothing, for a scheduler whose next
-    passes can only be plain decode steps with admission shut (DecodeSteps._decode_ahead asks
-    this where storage work is in flight). Returns (passes, until): those passes, as long as
-    each is at a time before `until` too (0: the next pass acts). A pass acts where:
-    a write waits for its start (`start_storage_writes` starts it), a write has ended by the
-    pass's time and its ack is due at its pass (it lands and its host copy goes:
-    `release_storage_writes`), a held release is due (`_drain_held_releases`), or a queued
-    request's re-query needs the pass (armed since the last look, the queue head's dropped, or
-    its due pass reached: `_retry_prefetches`); and always while a query, read or cut read's
-    tail is in flight (not counted here: their drain is per pass). A write not ended by `now`
-    bounds the time (its end's wake event stops the run-ahead anyway). The passes run without
-    this half are plain decode steps, the pass count moved as `_retry_prefetches` moves it
-    (only with a re-query interval: otherwise 0). SGLang runs `_process_hicache_events` every
-    pass; a pass counted here runs it with nothing to drain, start or retry (issue 41: a
-    storage run made 2.4x the passes of a plain one, run-aheads stopped by writes in flight or
-    by waiting requests' re-queries not yet due)."""
-    ctrl = s.ctrl
-    if not s.retry_interval or s.unallocated or s.query_occupied or s.reading or ctrl.prefetch_tails:
-        return 0, 0
-    if s.storage_pass_done_ns >= 0:  # a chunk's stash ran a pass's storage half early: not this path's
-        return 0, 0
-    step = s.prefetch_pass + 1
-    last = QUIET_UNBOUNDED  # the last pass that is quiet
-    until = QUIET_UNBOUNDED
-    for w in ctrl.storage_writes:
-        if w.start < 0:
-            return 0, 0
-        if w.end <= now:
-            if w.release_pass <= step:
-                return 0, 0
-            if w.release_pass - 1 < last:
-                last = w.release_pass - 1
-        elif w.end < until:
-            until = w.end
-    for due, _slots in s.held_releases:
-        if due <= step:
-            return 0, 0
-        if due - 1 < last:
-            last = due - 1
-    waiting = s.waiting
-    pending = s.prefetch_retry_due
-    if waiting and pending:
-        if s.retry_armed or waiting[0].seq in pending:
-            return 0, 0
-        at = s.retry_head
-        due_pass = s.retry_due_pass
-        if at < len(due_pass):
-            first: int = due_pass[at]  # the least due pass listed (stale or not)
-            if first <= step:
-                return 0, 0
-            if first - 1 < last:
-                last = first - 1
-    return last - step + 1, until
-
-
 @trait
 class StoragePrefetch(SchedulerState):
     """The Scheduler's storage prefetch (its `tree`, `ctrl`, `cfg`, `rules`, `ps`, `at` and the
