@@ -83,10 +83,12 @@ def render(path: Path, width: int = 1400, screenshot: Path | None = None) -> dic
                     r.abort()
 
             page.route("**/*", route)
-            page.goto(path.resolve().as_uri())
+            # Generous limits: on a loaded 2-vCPU machine (load ~30) the page's load passed
+            # Playwright's default 30 s (session 23, h41test3); a real failure still fails.
+            page.goto(path.resolve().as_uri(), timeout=120_000)
             page.wait_for_function(
                 "() => Array.from(document.querySelectorAll('.plot')).every(d => d.querySelector('.main-svg'))",
-                timeout=60_000)
+                timeout=120_000)
             drawn = page.evaluate(_DRAWN)
             layout = page.evaluate(_LAYOUT)
             visible_text = page.inner_text("body")
