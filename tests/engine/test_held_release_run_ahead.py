@@ -20,8 +20,6 @@ can the read be done at the poll of the pass that allocated it; at the real pric
 """
 import dataclasses
 
-import pytest
-
 from tests.engine import helpers
 from tests.engine.helpers import PS, patches_the_engine, price_at_zero, req, small_config
 from tierdiag.engine.decode import DecodeSteps
@@ -89,8 +87,6 @@ def test_the_pass_by_pass_loop_frees_a_held_release_two_drains_after_its_poll(tm
     assert stats["skipped"] == {"prefetch_incomplete": 2}
 
 
-@pytest.mark.xfail(strict=True, reason="h41held: the run-ahead does not stop for a held release "
-                                       "(decode.py _decode_ahead's storage stop lacks `self.held_releases`)")
 def test_the_run_ahead_frees_a_held_release_when_the_loop_does(tmp_path, monkeypatch):
     """The run-ahead from r1's second pass on runs the passes up to r2's arrival without a
     drain: r1's 12 slots are freed at r2's pass, after its drain allocated r2's hit, which finds
