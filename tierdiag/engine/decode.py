@@ -259,7 +259,8 @@ class DecodeSteps(SchedulerState):
             return end
         if ctrl.backup_queue or ctrl.backup_later:  # the next pass's `schedule_pass` flushes them first
             return end
-        if ctrl.storage_writes or self.unallocated or self.query_occupied or self.reading or ctrl.prefetch_tails:
+        if ctrl.storage_writes or self.unallocated or self.query_occupied or self.reading or ctrl.prefetch_tails \
+                or self.held_releases:  # (a held release: `_drain_release` frees it at a pass's drain)
             return end  # a pass's drain has storage work (storage_acks_per_pass): schedule_pass's
         # schedule_pass's head, once: nothing waits, so no prefill batch is formed
         ctrl.blocking_ns = 0
