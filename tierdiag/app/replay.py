@@ -32,6 +32,7 @@ from tierdiag.errors import ConfigError, TierdiagError, TraceError
 from tierdiag.store.storage_dir import run_folder
 from tierdiag.trace.fields import show
 from tierdiag.trace.reader import MAX_ARRIVAL_NS, ReadReport, is_seekable_file, read_trace, trace_sha256
+from tierdiag.threads import OnThread
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,15 @@ def single_threaded_blas(environ=os.environ) -> bool:
     return True
 
 
+
+class _Digest(OnThread):
+    """`trace_sha256(path)` on a thread of its own from now; `result()` waits for it and returns
+    it, or raises what it raised (where the call itself would have)."""
+
+    def __init__(self, path: Path):
+        super().__init__(trace_sha256, path, name="tierdiag-trace-digest")
+
+
 def _single_threaded_data_plane() -> None:
     """The replay's copies are many and small (a page row is a few hundred bytes at reduced
     width): torch's intra-op threads only add wake-up stalls, of milliseconds on a busy machine.
@@ -250,31 +260,6 @@ def _scaled_arrivals(requests, time_scale: float, trace: Path, closed: bool = Tr
                                  f"({MAX_ARRIVAL_NS // 1_000_000:,} ms)", hint="use a smaller --time-scale")
             sessions[req.session] = at
         yield req
-
-
-class _Digest:
-    """`trace_sha256(path)` on a thread of its own from now; `result()` waits for it and returns
-    it, or raises what it raised (where the call itself would have)."""
-
-    def __init__(self, path: Path):
-        import threading
-
-        self._out: list = []
-        self._thread = threading.Thread(target=self._run, args=(path,), name="tierdiag-trace-digest", daemon=True)
-        self._thread.start()
-
-    def _run(self, path: Path) -> None:
-        try:
-            self._out.append((trace_sha256(path), None))
-        except BaseException as exc:  # noqa: BLE001 - handed to result(), raised on the caller's thread
-            self._out.append((None, exc))
-
-    def result(self) -> str:
-        self._thread.join()
-        value, exc = self._out[0]
-        if exc is not None:
-            raise exc
-        return value
 
 
 def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | None, probes: bool,

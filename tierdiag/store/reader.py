@@ -23,6 +23,7 @@ from tierdiag.errors import StoreError
 from tierdiag.paths import DEFAULT_DB  # noqa: F401 - re-exported: the store's default name
 from tierdiag.store.schema import (EVENT_TABLES, OLDEST_READABLE_VERSION, OPTIONAL_TABLES, SCHEMA_VERSION, TABLES,
                                    columns_missing_in)
+from tierdiag.threads import OnThread
 
 _BUSY_RETRY_S = 3.0
 
@@ -265,7 +266,16 @@ def open_store(path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
     return con
 
 
-class PendingStore:
+def _open_and_resolve(path: str | os.PathLike, run: str | None, db_label: str) -> tuple[duckdb.DuckDBPyConnection, RunInfo]:
+    con = open_store(path)
+    try:
+        return con, resolve_run(con, run, db_label=db_label)
+    except BaseException:
+        con.close()
+        raise
+
+
+class PendingStore(OnThread):
     """`open_store(path)` and `resolve_run(con, run)` on a thread of their own, started at once
     (`summary` and `explain`, issue 41): DuckDB starts its database instance and opens the file,
     ~20-25 ms of C++ that holds no GIL for most of it, while the caller imports the modules that
@@ -275,32 +285,7 @@ class PendingStore:
     caller that stops before `result()` does not wait for it to end."""
 
     def __init__(self, path: str | os.PathLike, run: str | None, db_label: str):
-        import threading
-
-        self._args = (path, run, db_label)
-        self._out: tuple = ()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._open, name="tierdiag-open-store", daemon=True)
-        self._thread.start()
-
-    def _open(self) -> None:
-        path, run, db_label = self._args
-        try:
-            con = open_store(path)
-        except BaseException as exc:  # handed to result(), raised on the caller's thread
-            self._error = exc
-            return
-        try:
-            self._out = (con, resolve_run(con, run, db_label=db_label))
-        except BaseException as exc:
-            con.close()
-            self._error = exc
-
-    def result(self) -> tuple[duckdb.DuckDBPyConnection, RunInfo]:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._out
+        super().__init__(_open_and_resolve, path, run, db_label, name="tierdiag-open-store")
 
 
 def _pid_alive(pid: int | None) -> bool:
