@@ -55,7 +55,10 @@ del made_keys
 probes = [[rng.getrandbits(62) for _ in range(8)] for _ in range(max(1, queries // max(1, len(writes))))]
 gc.disable()
 SEGMENT = 262144  # a 64 MiB segment of 256-byte pages, as the replay's
-ix = Index()
+try:
+    ix = Index(min(capacity, 1 << 21))  # as StorageTier makes it (session 24: room for its capacity)
+except TypeError:
+    ix = Index()  # a checkout from before StorageIndex(reserve)
 slot = 0
 r0 = resource.getrusage(resource.RUSAGE_SELF)
 t0 = time.process_time()

@@ -429,3 +429,69 @@ def test_the_compiled_index_holds_int64_keys_as_values_and_others_as_objects(cap
     held = b.keys()
     assert a.locs(held) == b.locs(held) and all(k in a for k in held)
     assert a.run([key(i) for i in range(400)], 0) == b.run([key(i) for i in range(400)], 0)
+
+
+# --- StorageIndex(reserve): the tier's capacity made room for up front (session 24) ----------
+
+@compiled
+@settings(max_examples=200, deadline=None)
+@given(capacity=st.integers(1, 24), reserve=st.one_of(st.integers(0, 64), st.just(1 << 21), st.just(10**12)),
+       steps=ops)
+def test_a_reserved_index_answers_as_one_grown_by_doubling(capacity, reserve, steps):
+    """Room made up front (none, fewer keys than are written, the capacity, the cap and past it)
+    changes no answer: every walk of the index is in LRU order, never in its table's order, and
+    the entries a reserved index hands out are reused from its free list as a grown one's are."""
+    assert apply(cplane.C.StorageIndex(reserve), capacity, steps, {}) == apply(_LruIndex(), capacity, steps, {})
+
+
+@compiled
+def test_a_reserved_index_fills_and_overflows_its_room_as_the_reference():
+    """More keys than the room reserved (the arrays then grow by doubling from the reserved size,
+    the entries' mapping copied): the same deletions and the same LRU order as the reference.
+    3,000 keys into room for 100 (a table of 256 slots, grown at 128 keys), capacity 2,500."""
+    keys = [(k * 7919) % 100_003 for k in range(3_000)]
+    a, b = cplane.C.StorageIndex(100), _LruIndex(100)
+    for i in range(0, len(keys), 70):
+        assert a.admit(keys[i:i + 70], 2_500, True) == b.admit(keys[i:i + 70], 2_500, True)
+    assert a.keys() == b.keys() and len(a) == len(b) == 2_500
+
+
+hostile_reserve = st.one_of(
+    st.integers(max_value=-1), st.integers(min_value=2**63), st.floats(allow_nan=True), st.text(max_size=4),
+    st.none(), st.binary(max_size=4), st.lists(st.integers(0, 3), max_size=2), st.just(float("nan")),
+    st.just("\u2603"), st.just("1\x00"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(reserve=hostile_reserve)
+@pytest.mark.parametrize("make", INDEXES[:1] + [pytest.param(lambda r: cplane.C.StorageIndex(r), id="c",
+                                                              marks=compiled)])
+def test_a_hostile_reserve_is_refused_alike(make, reserve):
+    """A negative reserve is a ValueError naming it; a float, text, bytes, None or a list a
+    TypeError; an int past 64 bits (either sign) an OverflowError: the reference and the
+    compiled index alike."""
+    make = _LruIndex if make is _LruIndex else make
+    if isinstance(reserve, int):
+        want = ValueError if -2**63 <= reserve < 0 else OverflowError
+    else:
+        want = TypeError
+    with pytest.raises(want) as err:
+        make(reserve)
+    if want is ValueError:
+        assert "reserve must be >= 0" in str(err.value) and str(reserve) in str(err.value)
+
+
+def test_the_tier_reserves_its_capacity_up_to_the_cap(tmp_path, monkeypatch):
+    """StorageTier hands the index its capacity in pages as the room to make, bounded by
+    INDEX_RESERVE_MAX (the compiled index's IX_RESERVE_MAX): a 50M-token tier of 64-token pages
+    reserves 781,250 keys, a huge tier the cap, an empty one none."""
+    asked = []
+
+    def spy(reserve=0):
+        asked.append(reserve)
+        return _LruIndex(reserve)
+
+    monkeypatch.setattr(storage, "new_index", spy)
+    for pages in (0, 781_250, 10**15):
+        storage.StorageTier(tmp_path / str(pages), pages)
+    assert asked == [0, 781_250, storage.INDEX_RESERVE_MAX] and storage.INDEX_RESERVE_MAX == 1 << 21

@@ -38,7 +38,7 @@ def key(i: int) -> str:
 
 # The tier on each index: the compiled one (what a run uses when it is built) and the reference.
 INDEXES = [pytest.param(storage._LruIndex, id="python"),
-           pytest.param(lambda: cplane.C.StorageIndex(), id="c",
+           pytest.param(lambda reserve=0: cplane.C.StorageIndex(reserve), id="c",
                         marks=pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}"))]
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import itertools
+import operator
 import os
+import sys
 from array import array
 from collections import OrderedDict
 from pathlib import Path
@@ -45,6 +47,7 @@ def _storage_errors(path: Path):
 SEGMENT_BYTES = 64 << 20  # a segment file's target size; larger tiers get larger segments
 MAX_SEGMENTS = 256  # ... so that the files (and descriptors) held open stay few
 SEGMENT_SUFFIX = ".kvseg"
+INDEX_RESERVE_MAX: Final = 1 << 21  # the most pages the index makes room for up front (storage_index.c's IX_RESERVE_MAX)
 _SLOT_BITS: Final = 32  # a page's location in the index: segment number << 32 | slot in the segment
 
 
@@ -67,7 +70,14 @@ class _LruIndex:
     the tier does no Python work a page.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, reserve: int = 0) -> None:
+        # `reserve`: the compiled index's room made up front (the tier's capacity); a dict
+        # grows as it needs, so here it is only checked as the compiled one checks it.
+        reserve = operator.index(reserve)  # an int (a bool too), as the compiled one's "n" takes
+        if not -sys.maxsize - 1 <= reserve <= sys.maxsize:
+            raise OverflowError("Python int too large to convert to C ssize_t")
+        if reserve < 0:
+            raise ValueError(f"StorageIndex(reserve): reserve must be >= 0, got {reserve}")
         self._od: OrderedDict = OrderedDict()
         self._live: dict[int, int] = {}
 
@@ -267,7 +277,9 @@ class StorageTier:
         # (`prefetch_io_aux_func`).
         self.free_ns = 0
         self.write_free_ns = 0
-        self._index = new_index()  # key -> location, LRU order; live pages a segment
+        # key -> location, LRU order; live pages a segment. Room for the whole capacity made now:
+        # a tier that fills would otherwise grow the index's table and entries by doubling.
+        self._index = new_index(max(0, min(capacity_pages, INDEX_RESERVE_MAX)))
         self._segments: dict[int, _Segment] = {}
         self._active: _Segment | None = None
         self._next_segment = 1

@@ -477,23 +477,50 @@ ix_live_room(StorageIndex *ix, int64_t seg)
     return 0;
 }
 
+/* StorageIndex(reserve): room made up front for `reserve` keys (the tier's capacity), at most
+ * IX_RESERVE_MAX; past that the arrays grow by doubling as before. A full tier of ~800k pages
+ * grew its table 17 times (each a rehash of every slot, read at random) and its entries 15
+ * times (each a copy into a fresh mapping whose huge pages the kernel zeroes): ~4 % of a
+ * whole-trace storage replay (issue 41's storage row). Reserved, the table is made once at its
+ * final size and the entries' mapping is touched only as entries are used (in order: a free
+ * entry is reused before a new one is taken). A tier that never fills still pays its table's
+ * zeroing for the slots its keys land in (at most 2 * IX_RESERVE_MAX slots: 32 MiB). The
+ * answers do not depend on the table's size: every walk is in LRU order, not table order. */
+#define IX_RESERVE_MAX ((Py_ssize_t)1 << 21)
+
 static PyObject *
 ix_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
+    static char *kwlist[] = {"reserve", NULL};
     StorageIndex *ix;
-    if ((args != NULL && PyTuple_GET_SIZE(args)) || (kwds != NULL && PyDict_GET_SIZE(kwds))) {
-        PyErr_SetString(PyExc_TypeError, "StorageIndex() takes no arguments");
+    Py_ssize_t reserve = 0;
+    size_t size = 16;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|n:StorageIndex", kwlist, &reserve)) return NULL;
+    if (reserve < 0) {
+        PyErr_Format(PyExc_ValueError, "StorageIndex(reserve): reserve must be >= 0, got %zd", reserve);
         return NULL;
     }
+    if (reserve > IX_RESERVE_MAX) reserve = IX_RESERVE_MAX;
+    while ((size_t)(reserve + 1) * 2 > size) size *= 2;  /* ix_insert's load bound, met up front */
     ix = (StorageIndex *)type->tp_alloc(type, 0);
     if (ix == NULL) return NULL;
     ix->free_head = ix->head = ix->tail = -1;
-    ix->table = ix_big_alloc(16 * sizeof(uint64_t));
+    ix->table = ix_big_alloc(size * sizeof(uint64_t));
     if (ix->table == NULL) {
         Py_DECREF(ix);
         return PyErr_NoMemory();
     }
-    ix->mask = 15;
+    ix->mask = size - 1;
+    if (reserve > 0) {
+        /* the whole mapping as entries (a large one is rounded up to 2 MiB anyway) */
+        size_t bytes = (size_t)reserve * sizeof(IxEntry);
+        Py_ssize_t cap = bytes >= IX_HUGE ? (Py_ssize_t)(ix_big_len(bytes) / sizeof(IxEntry)) : reserve;
+        if ((ix->ent = ix_big_alloc((size_t)cap * sizeof(IxEntry))) == NULL) {
+            Py_DECREF(ix);
+            return PyErr_NoMemory();
+        }
+        ix->ent_cap = cap;
+    }
     return (PyObject *)ix;
 }
 
@@ -976,8 +1003,9 @@ static PySequenceMethods ix_as_sequence = {
 PyTypeObject cp_StorageIndexType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "tierdiag.native._cplane.StorageIndex",
-    .tp_doc = PyDoc_STR("StorageIndex(): the storage tier's page index in LRU order (pools._LruIndex's\n"
-                        "methods, compiled)."),
+    .tp_doc = PyDoc_STR("StorageIndex(reserve=0): the storage tier's page index in LRU order\n"
+                        "(storage._LruIndex's methods, compiled); room for `reserve` keys (the tier's\n"
+                        "capacity, at most 2**21) is made up front."),
     .tp_basicsize = sizeof(StorageIndex),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = ix_new,
