@@ -337,6 +337,24 @@ def cause_names(codes) -> list[str | None]:
     return [CAUSES[int(k)] if k >= 0 else None for k in codes]
 
 
+# The story's per-request columns (`story_requests`), `lost` the SQL of what each request lost
+# while it waited; over the table (or rows) aliased `q`. One text for the store's rows and for
+# the rows a writer takes while recording (`taken_story_rows`): the same expressions, the same types.
+def _story_columns_sql(lost: str) -> str:
+    return f"""q.arrival_ns AS arrival_ns, q.arrival_ns + coalesce(q.storage_wait_ns, 0) AS wait_start,
+               q.first_token_ns AS first_token_ns,
+               coalesce(q.queue_ns, 0) AS queue, greatest({excess_sql('q')}, 0) AS excess,
+               {cause_code_sql('q')} AS cause,
+               coalesce(q.recompute_ns, 0) AS own_rec, coalesce(q.compute_ns, 0) AS own_comp,
+               coalesce(q.loadback_exposed_ns, 0) AS own_lb, coalesce(q.decode_wait_ns, 0) AS own_decode,
+               {lost} AS lost_waiting,
+               coalesce(q.dp_rank, 0) AS rank, q.seq AS seq"""
+
+
+# `lost` where every finished row carries the engine's own count (schema v5).
+_LOST_OWN = "q.miss_lost_while_queued_tokens"
+
+
 def story_requests(con: duckdb.DuckDBPyConnection, run_id: str) -> StoryRequests:
     """In trace order (`seq`), sorted here (`sorted_by`), not by DuckDB. The join of what left each
     request's prefix while it waited (read/waiting.py) is made only where a finished row lacks the
@@ -347,19 +365,44 @@ def story_requests(con: duckdb.DuckDBPyConnection, run_id: str) -> StoryRequests
     if has_miss_columns(con) and not con.execute(
             f"SELECT count(*) FROM requests q WHERE q.run_id = $r AND {finished_sql('q')} "
             f"AND q.miss_lost_while_queued_tokens IS NULL", {"r": run_id}).fetchone()[0]:
-        lost, join = "q.miss_lost_while_queued_tokens", ""
+        lost, join = _LOST_OWN, ""
     r = con.execute(
-        f"""SELECT arrival_ns, arrival_ns + coalesce(storage_wait_ns, 0) AS wait_start, first_token_ns,
-                   coalesce(queue_ns, 0) AS queue, greatest({excess_sql('q')}, 0) AS excess,
-                   {cause_code_sql('q')} AS cause,
-                   coalesce(recompute_ns, 0) AS own_rec, coalesce(compute_ns, 0) AS own_comp,
-                   coalesce(loadback_exposed_ns, 0) AS own_lb, coalesce(q.decode_wait_ns, 0) AS own_decode,
-                   {lost} AS lost_waiting,
-                   coalesce(q.dp_rank, 0) AS rank, q.seq AS seq
+        f"""SELECT {_story_columns_sql(lost)}
             FROM requests q {join}
             WHERE q.run_id = $r AND {finished_sql('q')}""", {"r": run_id}).fetchnumpy()
-    sorted_by(r, "seq").pop("seq")
-    return StoryRequests(*r.values())
+    return story_requests_of(r)
+
+
+def story_requests_of(columns: dict) -> StoryRequests:
+    """StoryRequests of the story's columns (`_story_columns_sql`'s, by name, `seq` last), in any
+    row order: sorted by seq here."""
+    sorted_by(columns, "seq").pop("seq")
+    return StoryRequests(*columns.values())
+
+
+def taken_story_rows(con: duckdb.DuckDBPyConnection, name: str) -> dict | None:
+    """The story's columns (`_story_columns_sql`'s, unsorted) of the finished rows of `name`, a
+    relation on `con` holding request rows as a writer took them (their columns as the schema
+    types them, no run_id), or None where a finished one lacks the engine's own
+    `miss_lost_while_queued_tokens` (`story_requests` then joins, over the whole run) or a
+    column comes back with NULLs: the rows the run's close would read from the store, per batch
+    (diagnose/run/story_rows.py)."""
+    import numpy as np
+
+    quoted = '"' + name.replace('"', '""') + '"'
+    r = con.execute(f"""SELECT {_story_columns_sql(_LOST_OWN)}, {_LOST_OWN} IS NULL AS no_lost
+                        FROM {quoted} q WHERE {finished_sql('q')}""").fetchnumpy()
+    if r.pop("no_lost").any() or any(isinstance(v, np.ma.MaskedArray) for v in r.values()):
+        return None
+    return r
+
+
+def story_rows_check(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[int, int]:
+    """(finished rows, the sum of their seqs) of the run in the store: what rows folded while
+    recording must have been (diagnose/run/story_rows.py)."""
+    n, s = con.execute(f"SELECT count(*), coalesce(sum(q.seq), 0) FROM requests q "
+                       f"WHERE q.run_id = $r AND {finished_sql('q')}", {"r": run_id}).fetchone()
+    return int(n), int(s)
 
 
 class IdealArrivals(NamedTuple):

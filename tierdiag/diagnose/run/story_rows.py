@@ -1,0 +1,126 @@
+"""The run story's per-request rows (diagnose/read/run_context.py `story_requests`: every
+finished request's wait window, queue, excess TTFT, primary cause code, own TTFT parts and what
+it lost while it waited) made while the run is recorded, from the request rows the store's
+writer process takes, so that the close, which the replay waits for, does not query them.
+
+On the conversation trace that query was ~21 ms of the close's CPU (issue 41, session 24
+h41ev6: the largest single query of the evidence, ~1.7 us a row: the cause expression), on the
+story's thread, which the run context waits for. A request's row is final once handed over (rows
+are only ever inserted: nothing updates a `requests` row after its insert), so each batch's part
+is what the store's query would read of those rows: the same SQL (`taken_story_rows`) over the
+batch's Arrow columns, typed as the schema types them, on a small DuckDB instance of its own, on
+the writer's main thread right after the batch is taken (the writer idles between takes while
+the engine runs). The close takes the parts (`story_rows`) only where they are the run's
+committed finished rows (their count and the sum of their seqs, one scan of two columns) and
+every one carried the engine's own lost-while-queued count; anything else (an inline writer, a
+batch it could not project, a run of LARGE_RUN_REQUESTS requests or more, whose parts would be
+held through the run: the 1M row's memory) and the story queries the store as before. Both give
+the same arrays (tests/diagnose/test_story_rows.py)."""
+
+from __future__ import annotations
+
+import duckdb
+
+# Past this many request rows taken, the parts are let go and the close queries (the evidence's
+# large runs' plan, diagnose/run/evidence.py LARGE_RUN_REQUESTS: ~100 bytes a finished request
+# held through the run otherwise).
+MOST_ROWS = 100_000
+
+
+class StoryRows:
+    """The story's parts of the request rows of run `run_id`, batch by batch (`take`), for its
+    close (`result`). Never raises from `take`: a batch it cannot project gives the parts up."""
+
+    def __init__(self, run_id: str, most_rows: int = MOST_ROWS):
+        self.run_id = run_id
+        self.most_rows = most_rows
+        self.parts: list[dict] = []
+        self.rows = 0  # request rows taken
+        self.finished = 0  # of them finished (the parts' rows)
+        self.seq_sum = 0
+        self.off: str | None = None  # why the parts were given up (the close queries then)
+        self._con: duckdb.DuckDBPyConnection | None = None
+
+    def take(self, taken: dict | None) -> None:
+        """A batch of rows the writer took (table -> column -> Arrow array); None: no more come."""
+        if taken is None:
+            self._let_con_go()
+            return
+        requests = taken.get("requests")
+        if self.off is not None or not requests:
+            return
+        try:
+            import pyarrow as pa
+
+            from tierdiag.diagnose.read.run_context import taken_story_rows
+
+            batch = pa.table(dict(requests))
+            self.rows += batch.num_rows
+            if self.rows >= self.most_rows:
+                self._give_up("a large run: its close queries the store")
+                return
+            if self._con is None:
+                self._con = duckdb.connect(":memory:", config={"threads": 1})
+            self._con.register("taken_requests", batch)
+            try:
+                part = taken_story_rows(self._con, "taken_requests")
+            finally:
+                self._con.unregister("taken_requests")
+            if part is None:
+                self._give_up("a finished row without the engine's lost-while-queued count")
+                return
+            self.parts.append(part)
+            self.finished += len(part["seq"])
+            self.seq_sum += int(part["seq"].sum(dtype="int64")) if len(part["seq"]) else 0
+        except Exception as exc:  # noqa: BLE001 - the close queries the store instead, as without a writer process
+            self._give_up(f"{type(exc).__name__}: {exc}")
+
+    def _give_up(self, why: str) -> None:
+        self.off = why
+        self.parts = []
+        self._let_con_go()
+
+    def _let_con_go(self) -> None:
+        con, self._con = self._con, None
+        if con is not None:
+            con.close()
+
+    def result(self, con: duckdb.DuckDBPyConnection, run_id: str):
+        """The run's StoryRequests from the parts, where they are its committed finished rows
+        (checked on `con`, the store); None otherwise (the caller queries)."""
+        import numpy as np
+
+        from tierdiag.diagnose.read.rows import has_miss_columns
+        from tierdiag.diagnose.read.run_context import story_requests_of, story_rows_check
+
+        if self.off is not None or run_id != self.run_id or not self.parts or not has_miss_columns(con):
+            return None
+        if story_rows_check(con, run_id) != (self.finished, self.seq_sum):
+            return None
+        parts, self.parts = self.parts, []
+        columns = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+        return story_requests_of(columns)
+
+
+_FOLDS: list[StoryRows] = []  # at most one: the run this process is recording
+
+
+def start(run: dict) -> StoryRows | None:
+    """A fold for the run the writer process records (`run`: RunWriter's arguments); its `take`
+    is what to hand each batch of rows taken. None without a run id."""
+    run_id = run.get("run_id")
+    if not run_id:
+        return None
+    fold = StoryRows(str(run_id))
+    _FOLDS[:] = [fold]
+    return fold
+
+
+def story_rows(con: duckdb.DuckDBPyConnection, run_id: str, *, use: bool = True):
+    """The story's rows of run `run_id` folded while it was recorded (StoryRequests), once (the
+    fold is let go either way; `use` False: only that): None where there are none to use (the
+    story then queries: read/run_context.py story_requests)."""
+    if not _FOLDS:
+        return None
+    fold = _FOLDS.pop()
+    return fold.result(con, run_id) if use else None
