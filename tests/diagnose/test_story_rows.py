@@ -141,3 +141,15 @@ def test_the_run_story_is_the_same_from_the_folded_rows(recorded):
         want = run_story(con, run_id, rec, cause_counts=counts_q)
         got = run_story(con, run_id, rec, cause_counts=counts_f, requests=fold.result(con, run_id))
     assert want is not None and got == want and counts_f == counts_q and counts_q
+
+
+def test_no_fold_for_a_trace_of_a_large_runs_lines(tmp_path, monkeypatch):
+    """A trace file of MOST_ROWS lines or more starts no fold (its parts would be given up at
+    MOST_ROWS rows, after the work); fewer, or no file to count (a pipe), folds."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("{}\n" * 5)
+    monkeypatch.setattr(story_rows, "MOST_ROWS", 5)
+    assert story_rows.start({"run_id": "r", "trace_path": str(trace)}) is None
+    monkeypatch.setattr(story_rows, "MOST_ROWS", 6)
+    assert story_rows.start({"run_id": "r", "trace_path": str(trace)}) is not None
+    assert story_rows.start({"run_id": "r", "trace_path": str(tmp_path / "gone.jsonl")}) is not None

@@ -517,8 +517,7 @@ class LivePass:
         d = depths[depths > 0]
         if not len(d):
             return
-        uniq, n = np.unique(d, return_counts=True)
-        top = int(uniq[-1])
+        top = int(d.max())
         tally = self.tally
         if top >= len(tally):
             if top >= _TALLY_MOST:
@@ -527,7 +526,9 @@ class LivePass:
             grown = np.zeros(min(max(top + 1, 2 * len(tally)), _TALLY_MOST), dtype=np.int64)
             grown[:len(tally)] = tally
             self.tally = tally = grown
-        tally[uniq] += n
+        # A count array as long as the tally, not a sort of the walk's depths (np.unique: ~4x the
+        # writer's CPU a walk of ~100k lookups over the conversation trace's ~290k depths).
+        tally += np.bincount(d, minlength=len(tally))
 
     def depth_tally(self) -> tuple[int, np.ndarray, np.ndarray] | None:
         """(lookups walked, their distinct positive depths ascending, how many of each): what
