@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from tierdiag.diagnose.read import run_context as read_ctx
 from tierdiag.diagnose.run import story_rows
@@ -66,7 +66,7 @@ def test_the_folded_rows_are_the_stores_whatever_the_batches(recorded, cuts):
     fold = StoryRows(run_id)
     for batch in _batches(rows, [min(c, rows.num_rows) for c in cuts]):
         fold.take(batch)
-    fold.take(None)  # the end: its DuckDB let go, the parts kept for the close
+    fold.take(None)  # the end: nothing more comes, the parts kept for the close
     with open_store(recorded) as con:
         want = read_ctx.story_requests(con, run_id)
         assert len(want.arrival_ns) > 100 and want.cause.dtype == np.int8 and (want.cause >= 0).any()
@@ -153,3 +153,72 @@ def test_no_fold_for_a_trace_of_a_large_runs_lines(tmp_path, monkeypatch):
     monkeypatch.setattr(story_rows, "MOST_ROWS", 6)
     assert story_rows.start({"run_id": "r", "trace_path": str(trace)}) is not None
     assert story_rows.start({"run_id": "r", "trace_path": str(tmp_path / "gone.jsonl")}) is not None
+
+
+# Hostile request rows for the numpy projection against the story's SQL: NULLs where the SQL
+# coalesces (and where it does not), ties between the TTFT parts, routing on and off (best rank
+# NULL, equal, other; recomputed tokens 0), negative values, magnitudes near and past numpy's reach.
+_NUM = st.one_of(st.none(), st.integers(0, 50), st.integers(0, 50), st.integers(-5, 5), st.integers(0, 10**9),
+                 st.integers(0, 10**9))
+_HUGE = st.sampled_from([2**54, 2**55 + 1, 2**62, -(2**61)])
+
+
+@st.composite
+def _hostile_rows(draw):
+    n = draw(st.integers(1, 12))
+    huge = draw(st.integers(0, 3)) == 0  # an example of one in four with magnitudes near int64's
+    num = st.one_of(_NUM, _HUGE) if huge else _NUM
+    holes = draw(st.integers(0, 3)) == 0  # one in four: NULLs where the story does not coalesce
+    kept = (lambda s: st.one_of(s, st.none())) if holes else (lambda s: s)
+    rows = []
+    for i in range(n):
+        row = {name: draw(num) for name in (
+            "storage_wait_ns", "queue_ns", "ideal_ttft_ns", "loadback_exposed_ns", "recompute_ns", "compute_ns",
+            "decode_wait_ns", "recomputed_tokens", "best_rank_device_tokens", "best_rank_host_tokens",
+            "arrival_device_tokens", "arrival_host_tokens", "storage_match_tokens")}
+        row.update(
+            req_id=f"r{i}", seq=draw(kept(st.just(i))),
+            status=draw(st.sampled_from([None, "finished", "finished", "rejected"])),
+            ttft_ns=draw(st.one_of(st.integers(0, 10**9), st.integers(0, 10**9), st.none(),
+                                   *([_HUGE] if huge else []))),
+            arrival_ns=draw(kept(st.integers(0, 10**9))), first_token_ns=draw(kept(st.integers(0, 10**9))),
+            miss_lost_while_queued_tokens=draw(kept(st.integers(0, 99))),
+            dp_rank=draw(st.sampled_from([None, 0, 1])), best_rank=draw(st.sampled_from([None, 0, 1, 2])))
+        rows.append(row)
+    return rows
+
+
+@settings(max_examples=300, deadline=None)
+@given(_hostile_rows())
+def test_the_numpy_projection_is_the_stories_sql_or_declines(rows):
+    """read/run_context.py `taken_story_rows` (numpy) against `story_requests` (DuckDB) on the same
+    rows: where it answers, every column equal, with the SQL's dtypes, in any order; where it
+    declines (None) the SQL would read the rows otherwise (a NULL it keeps, an engine count
+    missing: then it joins) or differently (a negative it divides, a value past int64's reach)."""
+    import duckdb
+
+    from tierdiag.store.writer import init_store
+
+    with duckdb.connect(":memory:") as con:
+        init_store(con)
+        cols = sorted(rows[0])
+        con.executemany(f"INSERT INTO requests (run_id, {', '.join(cols)}) VALUES ('R', {', '.join('?' * len(cols))})",
+                        [[r[c] for c in cols] for r in rows])
+        taken = con.sql("SELECT * EXCLUDE (run_id) FROM requests").to_arrow_table()
+        got = read_ctx.taken_story_rows({c: taken.column(c).combine_chunks() for c in taken.column_names})
+        finished = [r for r in rows if (r["status"] or "finished") == "finished" and r["ttft_ns"] is not None]
+        kept_null = any(r[c] is None for r in finished for c in ("arrival_ns", "first_token_ns", "seq",
+                                                                  "miss_lost_while_queued_tokens"))
+        event("declined" if got is None else "answered")
+        if got is None:
+            assert kept_null or any(abs(v) >= read_ctx._NP_SAFE for r in finished for v in r.values()
+                                    if isinstance(v, int)) or any(
+                (r["recomputed_tokens"] or 0) > 0 and (r["recompute_ns"] or 0) < 0 for r in finished) or any(
+                abs(r["recompute_ns"] or 0) * max(abs(r["recomputed_tokens"] or 0), 1) >= 2**62 for r in finished), rows
+            return
+        assert not kept_null
+        try:
+            want = read_ctx.story_requests(con, "R")
+        except duckdb.Error:  # an overflow the SQL refuses: numpy must not have answered it
+            raise AssertionError(f"numpy answered rows the SQL refuses: {rows}") from None
+        _same(read_ctx.story_requests_of(got), want)

@@ -3,19 +3,21 @@ finished request's wait window, queue, excess TTFT, primary cause code, own TTFT
 it lost while it waited) made while the run is recorded, from the request rows the store's
 writer process takes, so that the close, which the replay waits for, does not query them.
 
-On the conversation trace that query was ~21 ms of the close's CPU (issue 41, session 24
-h41ev6: the largest single query of the evidence, ~1.7 us a row: the cause expression), on the
-story's thread, which the run context waits for. A request's row is final once handed over (rows
-are only ever inserted: nothing updates a `requests` row after its insert), so each batch's part
-is what the store's query would read of those rows: the same SQL (`taken_story_rows`) over the
-batch's Arrow columns, typed as the schema types them, on a small DuckDB instance of its own, on
-the writer's main thread right after the batch is taken (the writer idles between takes while
-the engine runs). The close takes the parts (`story_rows`) only where they are the run's
+On the conversation trace that query was ~19-21 ms of the close's CPU (issue 41, session 24
+h41ev6: the largest single query of the evidence; ~12 ms of it DuckDB planning the cause
+expression), on the story's thread, which the run context waits for. A request's row is final
+once handed over (rows are only ever inserted: nothing updates a `requests` row after its
+insert), so each batch's part is what the store's query would read of those rows: the same
+columns, computed in numpy from the batch's Arrow columns (read/run_context.py
+`taken_story_rows`: a DuckDB query a batch cost ~16 ms of planning each), on the writer's main
+thread right after the batch is taken (the writer idles between takes while the engine runs;
+~0.2 ms a batch of ~600 rows). The close takes the parts (`story_rows`) only where they are the run's
 committed finished rows (their count and the sum of their seqs, one scan of two columns) and
 every one carried the engine's own lost-while-queued count; anything else (an inline writer, a
 batch it could not project, a run of LARGE_RUN_REQUESTS requests or more, whose parts would be
-held through the run: the 1M row's memory) and the story queries the store as before. Both give
-the same arrays (tests/diagnose/test_story_rows.py)."""
+held through the run: the 1M row's memory; values the SQL would compute differently: a NULL it
+keeps, a negative it divides, a magnitude past int64's reach) and the story queries the store as
+before. Both give the same arrays (tests/diagnose/test_story_rows.py)."""
 
 from __future__ import annotations
 
@@ -39,35 +41,24 @@ class StoryRows:
         self.finished = 0  # of them finished (the parts' rows)
         self.seq_sum = 0
         self.off: str | None = None  # why the parts were given up (the close queries then)
-        self._con: duckdb.DuckDBPyConnection | None = None
 
     def take(self, taken: dict | None) -> None:
         """A batch of rows the writer took (table -> column -> Arrow array); None: no more come."""
         if taken is None:
-            self._let_con_go()
             return
         requests = taken.get("requests")
         if self.off is not None or not requests:
             return
         try:
-            import pyarrow as pa
-
             from tierdiag.diagnose.read.run_context import taken_story_rows
 
-            batch = pa.table(dict(requests))
-            self.rows += batch.num_rows
+            self.rows += len(next(iter(requests.values())))
             if self.rows >= self.most_rows:
                 self._give_up("a large run: its close queries the store")
                 return
-            if self._con is None:
-                self._con = duckdb.connect(":memory:", config={"threads": 1})
-            self._con.register("taken_requests", batch)
-            try:
-                part = taken_story_rows(self._con, "taken_requests")
-            finally:
-                self._con.unregister("taken_requests")
+            part = taken_story_rows(requests)
             if part is None:
-                self._give_up("a finished row without the engine's lost-while-queued count")
+                self._give_up("rows the story's SQL reads otherwise (a NULL it keeps, a value past numpy's)")
                 return
             self.parts.append(part)
             self.finished += len(part["seq"])
@@ -78,12 +69,6 @@ class StoryRows:
     def _give_up(self, why: str) -> None:
         self.off = why
         self.parts = []
-        self._let_con_go()
-
-    def _let_con_go(self) -> None:
-        con, self._con = self._con, None
-        if con is not None:
-            con.close()
 
     def result(self, con: duckdb.DuckDBPyConnection, run_id: str):
         """The run's StoryRequests from the parts, where they are its committed finished rows
