@@ -526,9 +526,14 @@ class LivePass:
             grown = np.zeros(min(max(top + 1, 2 * len(tally)), _TALLY_MOST), dtype=np.int64)
             grown[:len(tally)] = tally
             self.tally = tally = grown
-        # A count array as long as the tally, not a sort of the walk's depths (np.unique: ~4x the
-        # writer's CPU a walk of ~100k lookups over the conversation trace's ~290k depths).
-        tally += np.bincount(d, minlength=len(tally))
+        # A walk's depths counted by a count array as long as the tally where they are many
+        # beside it, else by a sort of them (the conversation trace: ~42k lookups a walk, depths
+        # up to ~1.3M: the sort ~0.5 ms, the count array ~1.2 ms; 150k over 290k: 0.9 / 3.3 ms).
+        if 8 * len(d) >= len(tally):
+            tally += np.bincount(d, minlength=len(tally))
+        else:
+            uniq, n = np.unique(d, return_counts=True)
+            tally[uniq] += n
 
     def depth_tally(self) -> tuple[int, np.ndarray, np.ndarray] | None:
         """(lookups walked, their distinct positive depths ascending, how many of each): what
