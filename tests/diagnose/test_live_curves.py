@@ -576,3 +576,18 @@ def test_release_freed_heap_answers_whether_glibc_trimmed_and_changes_no_array()
     assert int(a.sum()) == (1 << 20) * ((1 << 20) - 1) // 2
     if sys.platform.startswith("linux") and has:
         assert lc._TRIM[0] is not None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(-3, 3000), max_size=40), max_size=6))
+def test_the_tally_counts_each_walks_depths_by_either_way(walks):
+    """LivePass._tally: a walk's positive depths counted by a count array (many beside the tally)
+    or by a sort (few): the same counts as a plain count of every depth, whichever it took."""
+    index = lc.TraceIndex.of_keys(np.arange(1), [np.arange(1, dtype=np.int64)])
+    live = lc.LivePass(index, 1, all_ranks=False)
+    for w in walks:
+        live._tally(np.array(w, dtype=np.int64))
+    every = [d for w in walks for d in w if d > 0]
+    want = np.bincount(np.array(every, dtype=np.int64)) if every else np.zeros(0, dtype=np.int64)
+    got = live.tally if live.tally is not None else None
+    assert got is not None and got[:len(want)].tolist() == want.tolist() and not got[len(want):].any()
