@@ -160,7 +160,7 @@ _NEVER = np.iinfo(np.int64).max
 # of the events (benchmarks/README.md, h41close).
 WARM = 64
 SLACK = 4
-# LivePass.tally's most entries (the deepest depth tallied + 1): 16 MB of counts; a deeper pass is
+# LivePass.tally's most entries (the deepest depth tallied + 1): 8 MB of counts; a deeper pass is
 # tallied by the close from its depths, as before.
 _TALLY_MOST = 1 << 21
 
@@ -377,7 +377,9 @@ class LivePass:
         # sort every lookup's depth (~35 ms of the conversation trace's close, issue 41 session
         # 24). Kept for a pass of one rank, unsampled, while the deepest stays under _TALLY_MOST;
         # else None (the close makes it from `results`, as before).
-        self.tally: np.ndarray | None = (np.zeros(0, dtype=np.int64) if not all_ranks and index.keep is None
+        # int32 counts: a depth's lookups are at most the pass's, which an unsampled pass keeps
+        # under size_curves.MAX_TOUCHES (20M).
+        self.tally: np.ndarray | None = (np.zeros(0, dtype=np.int32) if not all_ranks and index.keep is None
                                          else None)
 
     def add_rows(self, pos, rank, sched_ns, fin_ns, input_tokens, output_tokens, finished) -> None:
@@ -523,14 +525,14 @@ class LivePass:
             if top >= _TALLY_MOST:
                 self.tally = None
                 return
-            grown = np.zeros(min(max(top + 1, 2 * len(tally)), _TALLY_MOST), dtype=np.int64)
+            grown = np.zeros(min(max(top + 1, 2 * len(tally)), _TALLY_MOST), dtype=np.int32)
             grown[:len(tally)] = tally
             self.tally = tally = grown
         # A walk's depths counted by a count array as long as the tally where they are many
         # beside it, else by a sort of them (the conversation trace: ~42k lookups a walk, depths
         # up to ~1.3M: the sort ~0.5 ms, the count array ~1.2 ms; 150k over 290k: 0.9 / 3.3 ms).
         if 8 * len(d) >= len(tally):
-            tally += np.bincount(d, minlength=len(tally))
+            tally += np.bincount(d, minlength=len(tally)).astype(np.int32)
         else:
             uniq, n = np.unique(d, return_counts=True)
             tally[uniq] += n
