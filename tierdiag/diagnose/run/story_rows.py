@@ -11,7 +11,7 @@ insert), so each batch's part is what the store's query would read of those rows
 columns, computed in numpy from the batch's Arrow columns (read/run_context.py
 `taken_story_rows`: a DuckDB query a batch cost ~16 ms of planning each), on the writer's main
 thread right after the batch is taken (the writer idles between takes while the engine runs;
-~0.2 ms a batch of ~600 rows). The close takes the parts (`story_rows`) only where they are the run's
+~0.5 ms a batch of ~600 rows). The close takes the parts (`story_rows`) only where they are the run's
 committed finished rows (their count and the sum of their seqs, one scan of two columns) and
 every one carried the engine's own lost-while-queued count; anything else (an inline writer, a
 batch it could not project, a run of LARGE_RUN_REQUESTS requests or more, whose parts would be
