@@ -92,7 +92,12 @@ config = json.loads(run["config_json"])
 w = RunWriter(dst, name=run["name"], trace_path=run["trace_path"], trace_sha256=run["trace_sha256"], config=config,
               hardware=json.loads(run["hardware_json"]), data_plane=json.loads(run["data_plane_json"]),
               timing=run["timing"])
-on_rows = read_ahead(run["trace_path"], run["trace_sha256"], config)
+try:  # what the writer process starts while recording (its close's preparations), as writer_child passes it
+    from tierdiag.app.writer_child import while_recording
+    on_rows = while_recording({"run_id": w.run_id, "trace_path": run["trace_path"],
+                               "trace_sha256": run["trace_sha256"], "config": config})
+except ImportError:
+    on_rows = read_ahead(run["trace_path"], run["trace_sha256"], config)
 N, LAST = 20, 2
 cut = int(N * (1 - last))
 

@@ -211,6 +211,48 @@ def test_a_pass_fed_in_batches_is_used_only_where_it_is_the_whole_pass(case, sev
     assert [x.tolist() for x in live.results()[:2]] == [x.tolist() for x in whole[:2]]
 
 
+@settings(max_examples=200, deadline=None)
+@given(runs())
+def test_the_depths_tallied_as_walked_are_the_closes_tally_of_them(case):
+    """A pass of one rank tallies its positive depths as it walks (`depth_tally`): fed in any
+    batches, walked to any watermarks (or all at once), what the close would make of its depths
+    (size_curves' `_tally_sorted` of `_depth_pages`: distinct depths, their counts, dtypes) and
+    its lookups' count."""
+    page, keys, rows, order, cuts, marks = case
+    rows = [(0, *r[1:]) for r in rows]  # one rank
+    cols, pos = _cols(rows)
+    for batched in (True, False):
+        index, live = _fed_pass(page, keys, rows, order, cuts, marks, False) if batched else \
+            _fed_pass(page, keys, rows, order, [], [-1], False)
+        if not live.verify(pos, cols):
+            assert batched  # all at once: always the whole pass
+            continue
+        tallied = live.depth_tally()
+        got_rank, d_rank, _ = live.results()
+        never = np.iinfo(np.int64).max
+        want = sc._tally_sorted(sc._depth_pages(d_rank.copy(), None, never), never)
+        assert tallied is not None
+        n, values, counts = tallied
+        assert n == len(got_rank) and values.tolist() == want[0].tolist() and counts.tolist() == want[1].tolist()
+        assert values.dtype == want[0].dtype and counts.dtype == want[1].dtype
+
+
+def test_a_tally_deeper_than_its_bound_or_of_several_ranks_is_left_to_the_close(monkeypatch):
+    index = lc.TraceIndex.of_keys(np.arange(3), [np.arange(5, dtype=np.int64) for _ in range(3)])  # re-read
+    rows = np.array([[0, 0, 10, 5, 0, 1], [0, 20, 30, 5, 0, 1], [0, 40, 50, 5, 0, 1]], dtype=np.int64)
+    for bound, ranks, want in ((1 << 21, (0, 0, 0), True), (2, (0, 0, 0), False), (1 << 21, (0, 1, 0), False)):
+        monkeypatch.setattr(lc, "_TALLY_MOST", bound)
+        live = lc.LivePass(index, 1, all_ranks=False)
+        for i in range(3):
+            r = rows[i]
+            live.add_rows(np.array([i]), [ranks[i]], [r[1]], [r[2]], [r[3]], [r[4]], [True])
+            live.advance(None)
+        tallied = live.depth_tally()
+        assert (tallied is not None) is want, (bound, ranks)
+        assert tallied is None or (tallied[0] == 12 and tallied[1].max() >= 2)
+    assert lc.LivePass(index, 1, all_ranks=True).tally is None
+
+
 @settings(max_examples=150, deadline=None)
 @given(runs())
 def test_the_whole_pass_over_an_index_is_the_sort_based_pass_of_the_close(case):
@@ -534,3 +576,18 @@ def test_release_freed_heap_answers_whether_glibc_trimmed_and_changes_no_array()
     assert int(a.sum()) == (1 << 20) * ((1 << 20) - 1) // 2
     if sys.platform.startswith("linux") and has:
         assert lc._TRIM[0] is not None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(-3, 3000), max_size=40), max_size=6))
+def test_the_tally_counts_each_walks_depths_by_either_way(walks):
+    """LivePass._tally: a walk's positive depths counted by a count array (many beside the tally)
+    or by a sort (few): the same counts as a plain count of every depth, whichever it took."""
+    index = lc.TraceIndex.of_keys(np.arange(1), [np.arange(1, dtype=np.int64)])
+    live = lc.LivePass(index, 1, all_ranks=False)
+    for w in walks:
+        live._tally(np.array(w, dtype=np.int64))
+    every = [d for w in walks for d in w if d > 0]
+    want = np.bincount(np.array(every, dtype=np.int64)) if every else np.zeros(0, dtype=np.int64)
+    got = live.tally if live.tally is not None else None
+    assert got is not None and got[:len(want)].tolist() == want.tolist() and not got[len(want):].any()

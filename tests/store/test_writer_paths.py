@@ -501,6 +501,41 @@ def test_rows_handed_over_as_tuples_land_as_columns_numpy_values_included(tmp_pa
     assert sql(db, "SELECT req_id, seq, ttft_ns FROM requests ORDER BY seq") == [("a", 0, 5), ("b", 1, None), ("c", 2, 7)]
 
 
+@pytest.mark.parametrize("closed", [True, False])
+def test_a_closed_writer_is_reaped_at_exit_when_asked_and_only_then(tmp_path, monkeypatch, closed):
+    """WriterProcess.close(wait=False) (the CLI's replay, which prints its result and ends): a
+    writer that answered the run's close (the store committed and let go of) is reaped by an
+    atexit function, after the result, not waited for in the close; one that did not close a
+    run (or died) is reaped at once, as close() always did. Either way it is reaped, exit 0."""
+    import atexit
+
+    from tests.reliability.harness import sql
+
+    registered: list = []
+    monkeypatch.setattr(atexit, "register", lambda fn, *args: registered.append((fn, args)))
+    db = tmp_path / "reap.duckdb"
+    w = writer_process.WriterProcess.start()
+    proc = w._proc
+    try:
+        w.open(db, run_id=writer_process.new_run_id(), name="r", trace_path="t.jsonl", trace_sha256="",
+               config={}, hardware={}, data_plane={}, timing="modelled", command_line=["t"], write_every_s=0.0)
+        w.append_rows({"requests": (("req_id", "seq", "status", "ttft_ns"), [("a", 0, "finished", 5)])})
+        if closed:
+            w.finish("complete")
+            assert sql(db, "SELECT status, num_requests FROM runs") == [("complete", 1)]  # let go of: readable
+    finally:
+        w.close(wait=False)
+    if closed:
+        assert [fn for fn, _ in registered] == [writer_process.WriterProcess._reap]
+        fn, args = registered[0]
+        fn(*args)
+    else:
+        assert registered == []
+    assert proc.returncode == 0
+    w.close(wait=False)  # again: nothing left to reap
+    assert len(registered) == int(closed)
+
+
 def test_the_writer_process_writes_sooner_at_first_then_at_its_interval():
     """_Serve's write interval starts at FIRST_WRITE_S and doubles after each write up to the
     interval the replay asked for (WRITE_EVERY_S at most): a replay of a second or two has rows

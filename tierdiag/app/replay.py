@@ -276,7 +276,8 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
     try:
         with _fewer_gc_passes(process_ends), contextlib.ExitStack() as cleanup:
             return _replay(trace, cfg, db=db, run_name=run_name, probes=probes, skip_bad=skip_bad,
-                           command_line=command_line, progress=progress, cleanup=cleanup, closed=closed)
+                           command_line=command_line, progress=progress, cleanup=cleanup, closed=closed,
+                           reap_at_exit=process_ends)
     except KeyboardInterrupt as exc:
         if isinstance(exc, ReplayInterrupted) or not closed:
             raise
@@ -290,7 +291,7 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
 def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | None, probes: bool,
             skip_bad: bool, command_line: list[str] | None,
             progress: Callable[[int, int, object], None] | None, cleanup: contextlib.ExitStack,
-            closed: list) -> ReplayResult:
+            closed: list, reap_at_exit: bool = False) -> ReplayResult:
     from tierdiag.app.replay_writers import for_mode
 
     t0 = time.perf_counter()
@@ -367,7 +368,10 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
             with signals.deferred():
                 problem = recording.close(lambda: "complete" if signals.pending() is None else "interrupted", None,
                                           trace_sha256=report.sha256)
-                recording.finished()
+                # The caller's process ends after it prints this replay's result (the CLI): a
+                # writer process that closed the run (the store committed and let go of) is
+                # reaped at that exit, after the result, not waited for here.
+                recording.finished(reap_at_exit=reap_at_exit)
             if problem is not None:
                 raise problem
             closed.append(recording.writer)

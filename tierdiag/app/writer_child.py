@@ -18,8 +18,19 @@ def while_recording(run: dict):
     """Once the store is open, while the engine runs: start reading the trace's pages for the
     run's size curves (diagnose/run/size_curves.py `read_ahead`), which the close would
     otherwise read then, on the path the replay waits for, and then their pass, fed the rows as
-    they come (diagnose/run/live_curves.py). Returns what the writer hands each batch of rows
-    it takes (None: nothing)."""
+    they come (diagnose/run/live_curves.py); and fold the run story's per-request rows from the
+    rows as they are taken (diagnose/run/story_rows.py). Returns what the writer hands each
+    batch of rows it takes (None: nothing)."""
+    from tierdiag.diagnose.run import story_rows
     from tierdiag.diagnose.run.size_curves import read_ahead
 
-    return read_ahead(run.get("trace_path"), run.get("trace_sha256"), run.get("config") or {})
+    feeds = [f for f in (read_ahead(run.get("trace_path"), run.get("trace_sha256"), run.get("config") or {}),
+                         getattr(story_rows.start(run), "take", None)) if f is not None]
+    if len(feeds) <= 1:
+        return feeds[0] if feeds else None
+
+    def each(taken) -> None:
+        for feed in feeds:
+            feed(taken)
+
+    return each

@@ -274,9 +274,12 @@ class WriterProcess:
                 self.recorded = n
                 self.closed_as = status
 
-    def close(self) -> None:
+    def close(self, *, wait: bool = True) -> None:
         """End the pipe and reap the process (it exits once it has read to the end); kill it
-        only if it is still there after REAP_WAIT_S (a reader holding the file all that time)."""
+        only if it is still there after REAP_WAIT_S (a reader holding the file all that time).
+        `wait` False, once the run is closed (the writer answered after letting the file go:
+        only its exit is left): reaped at this process's exit instead (atexit), for a caller
+        that ends right after and prints its result first (the CLI's replay; issue 41)."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
@@ -285,6 +288,15 @@ class WriterProcess:
                 stream.close()
             except OSError:
                 pass
+        if not wait and self.closed_as is not None and self._dead is None:
+            import atexit
+
+            atexit.register(self._reap, proc)
+            return
+        self._reap(proc)
+
+    @staticmethod
+    def _reap(proc: subprocess.Popen) -> None:
         try:
             proc.wait(timeout=REAP_WAIT_S)
         except subprocess.TimeoutExpired:

@@ -337,6 +337,24 @@ def cause_names(codes) -> list[str | None]:
     return [CAUSES[int(k)] if k >= 0 else None for k in codes]
 
 
+# The story's per-request columns (`story_requests`), `lost` the SQL of what each request lost
+# while it waited; over the table (or rows) aliased `q`. One text for the store's rows and for
+# the rows a writer takes while recording (`taken_story_rows`): the same expressions, the same types.
+def _story_columns_sql(lost: str) -> str:
+    return f"""q.arrival_ns AS arrival_ns, q.arrival_ns + coalesce(q.storage_wait_ns, 0) AS wait_start,
+               q.first_token_ns AS first_token_ns,
+               coalesce(q.queue_ns, 0) AS queue, greatest({excess_sql('q')}, 0) AS excess,
+               {cause_code_sql('q')} AS cause,
+               coalesce(q.recompute_ns, 0) AS own_rec, coalesce(q.compute_ns, 0) AS own_comp,
+               coalesce(q.loadback_exposed_ns, 0) AS own_lb, coalesce(q.decode_wait_ns, 0) AS own_decode,
+               {lost} AS lost_waiting,
+               coalesce(q.dp_rank, 0) AS rank, q.seq AS seq"""
+
+
+# `lost` where every finished row carries the engine's own count (schema v5).
+_LOST_OWN = "q.miss_lost_while_queued_tokens"
+
+
 def story_requests(con: duckdb.DuckDBPyConnection, run_id: str) -> StoryRequests:
     """In trace order (`seq`), sorted here (`sorted_by`), not by DuckDB. The join of what left each
     request's prefix while it waited (read/waiting.py) is made only where a finished row lacks the
@@ -347,19 +365,104 @@ def story_requests(con: duckdb.DuckDBPyConnection, run_id: str) -> StoryRequests
     if has_miss_columns(con) and not con.execute(
             f"SELECT count(*) FROM requests q WHERE q.run_id = $r AND {finished_sql('q')} "
             f"AND q.miss_lost_while_queued_tokens IS NULL", {"r": run_id}).fetchone()[0]:
-        lost, join = "q.miss_lost_while_queued_tokens", ""
+        lost, join = _LOST_OWN, ""
     r = con.execute(
-        f"""SELECT arrival_ns, arrival_ns + coalesce(storage_wait_ns, 0) AS wait_start, first_token_ns,
-                   coalesce(queue_ns, 0) AS queue, greatest({excess_sql('q')}, 0) AS excess,
-                   {cause_code_sql('q')} AS cause,
-                   coalesce(recompute_ns, 0) AS own_rec, coalesce(compute_ns, 0) AS own_comp,
-                   coalesce(loadback_exposed_ns, 0) AS own_lb, coalesce(q.decode_wait_ns, 0) AS own_decode,
-                   {lost} AS lost_waiting,
-                   coalesce(q.dp_rank, 0) AS rank, q.seq AS seq
+        f"""SELECT {_story_columns_sql(lost)}
             FROM requests q {join}
             WHERE q.run_id = $r AND {finished_sql('q')}""", {"r": run_id}).fetchnumpy()
-    sorted_by(r, "seq").pop("seq")
-    return StoryRequests(*r.values())
+    return story_requests_of(r)
+
+
+def story_requests_of(columns: dict) -> StoryRequests:
+    """StoryRequests of the story's columns (`_story_columns_sql`'s, by name, `seq` last), in any
+    row order: sorted by seq here."""
+    sorted_by(columns, "seq").pop("seq")
+    return StoryRequests(*columns.values())
+
+
+# Inputs past this magnitude are left to the SQL (`taken_story_rows` answers None): below it no
+# sum, difference or x100 of them can leave int64, where DuckDB would raise and numpy wrap.
+_NP_SAFE = 1 << 55
+
+
+def taken_story_rows(columns: dict) -> dict | None:
+    """The story's columns (`_story_columns_sql(_LOST_OWN)`'s names, values and types, unsorted)
+    of the finished rows among `columns`, request rows as a writer took them (column -> Arrow
+    array, the schema's types), computed here in numpy, not by DuckDB: the cause expression
+    (causes.py `cause_sql`) costs DuckDB ~12 ms to plan whatever the rows, more than evaluating it
+    over the whole conversation trace, so a query a batch of rows was ~16 ms of the writer's CPU
+    (issue 41, session 24). `coalesce(x, 0)` is a NULL filled with 0; the cause is `cause_sql`'s
+    CASE: 'none' where the excess x 100 is at most the ideal TTFT x NONE_TOLERANCE_PCT, else the
+    first part (in `_PART_SQL`'s order) equal to the largest, routing's `recompute_ns x r //
+    recomputed_tokens` exact. None (the caller queries the store instead) where a column is
+    missing, a finished row has a NULL the story does not coalesce (its arrival, first token,
+    seq, the engine's lost-while-queued count), or a value is negative where the SQL divides, or
+    past _NP_SAFE: what the SQL would compute differently or refuse. Held equal to the SQL on
+    hostile rows by tests/diagnose/test_story_rows.py."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from tierdiag.diagnose.request.causes import _PART_SQL, NONE_TOLERANCE_PCT
+
+    need = ("status", "ttft_ns", "arrival_ns", "storage_wait_ns", "first_token_ns", "queue_ns", "ideal_ttft_ns",
+            "loadback_exposed_ns", "recompute_ns", "compute_ns", "decode_wait_ns", "miss_lost_while_queued_tokens",
+            "dp_rank", "seq", "recomputed_tokens", "best_rank", "best_rank_device_tokens", "best_rank_host_tokens",
+            "arrival_device_tokens", "arrival_host_tokens", "storage_match_tokens")
+    if any(name not in columns for name in need):
+        return None
+    cols = {name: columns[name] if isinstance(columns[name], (pa.Array, pa.ChunkedArray)) else pa.array(columns[name])
+            for name in need}
+    done = pc.and_(pc.fill_null(pc.equal(pc.fill_null(cols["status"], "finished"), "finished"), False),
+                   pc.is_valid(cols["ttft_ns"]))
+    cols = {name: pc.filter(col, done) for name, col in cols.items() if name != "status"}
+
+    def ints(name: str, dtype=np.int64) -> np.ndarray:  # coalesce(name, 0)
+        return np.asarray(pc.fill_null(cols[name], 0).to_numpy(zero_copy_only=False)).astype(dtype)
+
+    def present(name: str) -> np.ndarray:
+        return np.asarray(pc.is_valid(cols[name]).to_numpy(zero_copy_only=False), dtype=bool)
+
+    if not all(present(name).all() for name in ("arrival_ns", "first_token_ns", "seq", "miss_lost_while_queued_tokens")):
+        return None
+    v = {name: ints(name) for name in cols}
+    if any(len(a) and int(np.abs(a).max()) >= _NP_SAFE for a in v.values()):
+        return None
+    ideal, rec_ns, rec_tok = v["ideal_ttft_ns"], v["recompute_ns"], v["recomputed_tokens"]
+    gap = (v["best_rank_device_tokens"] + v["best_rank_host_tokens"] - v["arrival_device_tokens"]
+           - v["arrival_host_tokens"] - v["storage_match_tokens"])
+    routed = present("dp_rank") & present("best_rank") & (v["best_rank"] != v["dp_rank"])
+    r = np.where(routed, np.minimum(rec_tok, np.maximum(gap, 0)), 0)  # causes.py routing_tokens_sql
+    divided = rec_tok > 0
+    if (divided & ((rec_ns < 0) | (r < 0))).any():
+        return None  # the SQL's `//` of a negative: left to it
+    if len(r) and int(np.abs(rec_ns).max()) * int(np.abs(r).max()) >= 1 << 62:
+        return None
+    routing = np.where(divided, (rec_ns * r) // np.where(divided, rec_tok, 1), 0)  # routing_ns_sql
+    parts = {"queueing": v["queue_ns"], "load_back": v["loadback_exposed_ns"], "storage_fetch": v["storage_wait_ns"],
+             "routing": routing, "recompute": rec_ns - routing,
+             "compute": np.maximum(v["compute_ns"] - ideal, 0)}
+    if list(parts) != [str(c) for c in _PART_SQL]:
+        return None  # a cause added or reordered there and not here: the SQL decides
+    biggest = np.maximum.reduce(list(parts.values()))
+    code = np.full(len(biggest), -1, dtype=np.int8)
+    for cause, part in reversed(list(parts.items())):  # the first equal to the largest wins
+        code[part == biggest] = CAUSES.index(cause)
+    excess = v["ttft_ns"] - ideal
+    code[excess * 100 <= ideal * NONE_TOLERANCE_PCT] = CAUSES.index("none")
+    return {"arrival_ns": v["arrival_ns"], "wait_start": v["arrival_ns"] + v["storage_wait_ns"],
+            "first_token_ns": v["first_token_ns"], "queue": v["queue_ns"], "excess": np.maximum(excess, 0),
+            "cause": code, "own_rec": rec_ns, "own_comp": v["compute_ns"], "own_lb": v["loadback_exposed_ns"],
+            "own_decode": v["decode_wait_ns"], "lost_waiting": v["miss_lost_while_queued_tokens"],
+            "rank": ints("dp_rank", np.int32), "seq": v["seq"]}
+
+
+def story_rows_check(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[int, int]:
+    """(finished rows, the sum of their seqs) of the run in the store: what rows folded while
+    recording must have been (diagnose/run/story_rows.py)."""
+    n, s = con.execute(f"SELECT count(*), coalesce(sum(q.seq), 0) FROM requests q "
+                       f"WHERE q.run_id = $r AND {finished_sql('q')}", {"r": run_id}).fetchone()
+    return int(n), int(s)
 
 
 class IdealArrivals(NamedTuple):

@@ -59,6 +59,7 @@ import duckdb
 
 from tierdiag.diagnose.run.runcontext import compute_run_context
 from tierdiag.diagnose.run.story import run_story
+from tierdiag.diagnose.run.story_rows import story_rows
 from tierdiag.diagnose.read.run_context import batch_recompute_sql
 from tierdiag.diagnose.run.numbers import compute_run_summary
 from tierdiag.diagnose.session.session_pool import session_pauses
@@ -125,7 +126,11 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
     def the_story(cur):
         try:
             counts: dict = {}
-            done["story"] = run_story(cur, run.run_id, batch_recompute_sql(cur), cause_counts=counts)
+            rec = batch_recompute_sql(cur)
+            # Its per-request rows folded while the run was recorded, where they are the run's
+            # (story_rows.py: the close's largest query, issue 41); else queried by run_story.
+            folded = story_rows(cur, run.run_id, use=rec is not None)
+            done["story"] = run_story(cur, run.run_id, rec, cause_counts=counts, requests=folded)
             if counts:  # the story read its requests (empty: it read none, or no finished one; the summary queries)
                 done["cause_counts"] = counts
             return done["story"]

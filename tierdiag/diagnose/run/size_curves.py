@@ -459,9 +459,16 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     del seqs, wanted, lines, ahead
     cols = cols._replace(req_id=None)  # matched: the ids' hashes let go before the pass
     ranks = np.unique(cols.rank).tolist()
+    tallied = None  # (distinct depths, counts) of a pass of one rank tallied while walked
     if keep is None or index is not None:
-        lookup_rank, d_rank, d_all = _unsampled_pass(cols, index, live, kept, lens, page, len(ranks) > 1)
+        passed = _unsampled_pass(cols, index, live, kept, lens, page, len(ranks) > 1)
         del kept, index, live
+        if isinstance(passed[0], int):
+            lookups, *tallied = passed
+            lookup_rank = d_rank = d_all = None
+        else:
+            lookup_rank, d_rank, d_all = passed
+        del passed
     else:
         # The touches handed over (popped, not held here): the pass lets its keys go once it has
         # their order, and none of it outlives the pass (issue 41: ~180 MB of a 1M-request close).
@@ -471,7 +478,8 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
                                                   touches_of.pop(0))
     # Each array let go once what comes of it is made (one rank: d_all is d_rank, computed once):
     # after the pass, a sampled 1M-request close held ~8 arrays of every lookup at once (issue 41).
-    lookups = len(lookup_rank)
+    if tallied is None:
+        lookups = len(lookup_rank)
     del lookup_rank
     one_rank = len(ranks) <= 1  # d_all is d_rank's touches: the same depths
     never = np.iinfo(np.int64).max
@@ -479,7 +487,7 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     # (not positive) is `never`: in place, a chunk at a time (issue 41: at 200k requests the
     # float temporaries of ~10M sampled lookups were ~300 MB of the writer's close).
     scale = rate if keep is not None else None
-    pages_rank = _depth_pages(d_rank, scale, never)
+    pages_rank = _depth_pages(d_rank, scale, never) if tallied is None else None
     del d_rank
     pages_all = pages_rank if one_rank else _depth_pages(d_all, scale, never)
     del d_all
@@ -498,7 +506,10 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     # sorted for every curve were ~0.3 s of the conversation trace's close, then one sort and
     # arrays of every lookup for each curve). `never` is where no size finds it: left out; at size
     # 0 beside nothing a depth needs depth x page tokens, exactly.
-    if one_rank:  # nothing else reads the lookups' order: sorted in place, not copied (issue 41)
+    if tallied is not None:  # one rank, unsampled: what _tally_sorted would make of its depths
+        del pages_all, pages_rank
+        depth_pages, counts = tallied
+    elif one_rank:  # nothing else reads the lookups' order: sorted in place, not copied (issue 41)
         del pages_all
         depth_pages, counts = _tally_sorted(pages_rank, never)
         del pages_rank
@@ -606,7 +617,10 @@ def _unsampled_pass(cols, index, live, kept, lens, page: int, several: bool):
     every touch: the one fed while the run was recorded (`live`, over `index`: live_curves.py)
     where its walk is the rows' own, else walked whole here over `index`; where nothing was read
     ahead, the pass over the rows' keys (`kept`, `lens`) as the close always made it (a sort of
-    every touch: cheaper than numbering the keys first for a pass made once)."""
+    every touch: cheaper than numbering the keys first for a pass made once). Where the fed pass
+    is of one rank and tallied its depths as it walked (live_curves.LivePass `depth_tally`):
+    (lookups, their distinct positive depths, how many of each) instead, what the close makes of
+    the depths (`_tally_sorted` of `_depth_pages`), made while the run was recorded."""
     import numpy as np
 
     from tierdiag.diagnose.run import live_curves
@@ -618,6 +632,9 @@ def _unsampled_pass(cols, index, live, kept, lens, page: int, several: bool):
     if live is not None and (live.all_ranks or not several) and live.verify(pos, cols):
         del pos
         live.let_walk_go()  # only its results are read from here on
+        tally = live.depth_tally() if not several else None
+        if tally is not None:  # one rank, tallied while walked: no lookup's depth read here
+            return tally
         lookup_rank, d_rank, d_all = live.results()
     else:
         lookup_rank, d_rank, d_all = live_curves.whole_pass(index, pos, cols, page, all_ranks=several)

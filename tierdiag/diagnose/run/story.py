@@ -295,20 +295,22 @@ def counts_by_cause(codes) -> dict[str, int]:
 
 
 def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None, *,
-              cause_counts: dict[str, int] | None = None) -> RunStory | None:
+              cause_counts: dict[str, int] | None = None, requests=None) -> RunStory | None:
     """None for a store without per-batch recompute (`rec` None) or without batch rows.
     `cause_counts`, if given, is filled with the finished requests per primary cause (what
     read/totals.py `requests_by_cause` gives, its keys the causes with requests) from the cause
     codes the story's own query reads, once it has read them: the run's close hands them to the
     summary (numbers.py) instead of its running the same expression over the same rows again
-    (issue 41). Left empty where the story reads no requests (`rec` None)."""
+    (issue 41). Left empty where the story reads no requests (`rec` None). `requests`: the
+    run's read_ctx.story_requests when the caller has them (folded while the run was recorded:
+    story_rows.py), else queried here."""
     import numpy as np
 
     if rec is None:
         return None
     b = read_ctx.batch_arrays(con, rid, rec)
     start = read_ctx.first_arrival_ns(con, rid)
-    r = read_ctx.story_requests(con, rid)
+    r = read_ctx.story_requests(con, rid) if requests is None else requests
     if cause_counts is not None:
         cause_counts.update(counts_by_cause(r.cause))
     if not len(b.start_ns) or not len(r.arrival_ns):

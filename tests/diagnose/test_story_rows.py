@@ -1,0 +1,224 @@
+"""The run story's per-request rows folded while a run is recorded (diagnose/run/story_rows.py,
+issue 41 session 24): from the request rows as a writer takes them, batch by batch, they are
+the arrays `story_requests` reads from the committed store (every field, its dtype and its
+values, in trace order), whatever the batches; and where they cannot be (a finished row without
+the engine's lost-while-queued count, rows the store does not hold, a large run, a batch it
+cannot project) the close gets None and queries the store as before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, event, given, settings, strategies as st
+
+from tierdiag.diagnose.read import run_context as read_ctx
+from tierdiag.diagnose.run import story_rows
+from tierdiag.diagnose.run.story_rows import StoryRows
+from tierdiag.store.reader import open_store, resolve_run
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> Path:
+    """A real replay (agent sessions: queueing, causes of every kind) recorded into a store."""
+    from tests.support.cli import cli_env, run
+
+    folder = tmp_path_factory.mktemp("story_rows")
+    trace = folder / "t.jsonl"
+    assert run("synth", trace, "--requests", "300", "--kind", "agent", "--seed", "5").returncode == 0
+    db = folder / "run.duckdb"
+    done = run("replay", trace, "--db", db, "--device-tokens", "65536", env=cli_env(TIERDIAG_WRITER="inline"))
+    assert done.returncode == 0, done.stderr
+    return db
+
+
+def _taken(db: Path) -> tuple[str, pa.Table]:
+    """The run's id and its request rows as the writer took them: in the order written, the
+    schema's types, no run_id."""
+    with open_store(db) as con:
+        run_id = resolve_run(con, None).run_id
+        rows = con.sql("SELECT * EXCLUDE (run_id) FROM requests ORDER BY rowid").to_arrow_table()
+    return run_id, rows
+
+
+def _batches(rows: pa.Table, cuts: list[int]):
+    at = 0
+    for cut in sorted(set(cuts)) + [rows.num_rows]:
+        yield {"requests": {c: rows.column(c).slice(at, cut - at).combine_chunks() for c in rows.column_names},
+               "batches": {}}
+        at = cut
+
+
+def _same(got, want) -> None:
+    assert got is not None
+    assert type(got) is type(want)
+    for field, a, b in zip(want._fields, got, want):
+        assert type(a) is type(b) and a.dtype == b.dtype, field
+        assert np.array_equal(a, b), field
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cuts=st.lists(st.integers(0, 300), max_size=8))
+def test_the_folded_rows_are_the_stores_whatever_the_batches(recorded, cuts):
+    run_id, rows = _taken(recorded)
+    fold = StoryRows(run_id)
+    for batch in _batches(rows, [min(c, rows.num_rows) for c in cuts]):
+        fold.take(batch)
+    fold.take(None)  # the end: nothing more comes, the parts kept for the close
+    with open_store(recorded) as con:
+        want = read_ctx.story_requests(con, run_id)
+        assert len(want.arrival_ns) > 100 and want.cause.dtype == np.int8 and (want.cause >= 0).any()
+        _same(fold.result(con, run_id), want)
+
+
+def test_rows_written_out_of_trace_order_come_back_in_it(recorded):
+    run_id, rows = _taken(recorded)
+    fold = StoryRows(run_id)
+    backwards = rows.take(pa.array(np.arange(rows.num_rows)[::-1]))
+    for batch in _batches(backwards, [50, 120]):
+        fold.take(batch)
+    with open_store(recorded) as con:
+        _same(fold.result(con, run_id), read_ctx.story_requests(con, run_id))
+
+
+@pytest.mark.parametrize("spoil", ["a finished row without the engine's count", "a batch never committed",
+                                   "a large run", "a column missing", "a column of another type", "another run",
+                                   "nothing taken"])
+def test_where_the_rows_are_not_the_stores_the_close_queries(recorded, spoil):
+    run_id, rows = _taken(recorded)
+    fold = StoryRows(run_id, most_rows=100 if spoil == "a large run" else story_rows.MOST_ROWS)
+    batches = list(_batches(rows, [100, 200]))
+    if spoil == "a finished row without the engine's count":
+        col = batches[1]["requests"]["miss_lost_while_queued_tokens"]
+        batches[1]["requests"]["miss_lost_while_queued_tokens"] = pa.array([None] + col.to_pylist()[1:],
+                                                                         type=col.type)
+    if spoil == "a batch never committed":
+        batches.pop(1)
+    if spoil == "a column missing":
+        del batches[2]["requests"]["ttft_ns"]
+    if spoil == "a column of another type":
+        batches[0]["requests"]["status"] = pa.array([{"x": 1}] * len(batches[0]["requests"]["seq"]))
+    if spoil == "nothing taken":
+        batches = []
+    for batch in batches:
+        fold.take(batch)  # never raises: what it cannot project gives the parts up
+    with open_store(recorded) as con:
+        got = fold.result(con, "another" if spoil == "another run" else run_id)
+        assert got is None, spoil
+        assert fold.parts == [] or spoil in ("a batch never committed", "another run")
+
+
+def test_the_close_takes_the_fold_once_and_only_its_runs(recorded):
+    run_id, rows = _taken(recorded)
+    assert story_rows.start({"trace_path": "x"}) is None  # no run id: nothing folded
+    fold = story_rows.start({"run_id": run_id})
+    for batch in _batches(rows, [77]):
+        fold.take(batch)
+    with open_store(recorded) as con:
+        assert story_rows.story_rows(con, run_id, use=False) is None  # let go unused (no per-batch recompute)
+        assert story_rows.story_rows(con, run_id) is None  # nothing left
+        fold = story_rows.start({"run_id": run_id})
+        for batch in _batches(rows, [77]):
+            fold.take(batch)
+        _same(story_rows.story_rows(con, run_id), read_ctx.story_requests(con, run_id))
+        assert story_rows.story_rows(con, run_id) is None
+
+
+def test_the_run_story_is_the_same_from_the_folded_rows(recorded):
+    """run_story(requests=...) with the folded rows: the story and its cause counts as queried."""
+    from tierdiag.diagnose.run.story import run_story
+
+    run_id, rows = _taken(recorded)
+    fold = StoryRows(run_id)
+    for batch in _batches(rows, [150]):
+        fold.take(batch)
+    with open_store(recorded) as con:
+        rec = read_ctx.batch_recompute_sql(con)
+        counts_q: dict = {}
+        counts_f: dict = {}
+        want = run_story(con, run_id, rec, cause_counts=counts_q)
+        got = run_story(con, run_id, rec, cause_counts=counts_f, requests=fold.result(con, run_id))
+    assert want is not None and got == want and counts_f == counts_q and counts_q
+
+
+def test_no_fold_for_a_trace_of_a_large_runs_lines(tmp_path, monkeypatch):
+    """A trace file of MOST_ROWS lines or more starts no fold (its parts would be given up at
+    MOST_ROWS rows, after the work); fewer, or no file to count (a pipe), folds."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("{}\n" * 5)
+    monkeypatch.setattr(story_rows, "MOST_ROWS", 5)
+    assert story_rows.start({"run_id": "r", "trace_path": str(trace)}) is None
+    monkeypatch.setattr(story_rows, "MOST_ROWS", 6)
+    assert story_rows.start({"run_id": "r", "trace_path": str(trace)}) is not None
+    assert story_rows.start({"run_id": "r", "trace_path": str(tmp_path / "gone.jsonl")}) is not None
+
+
+# Hostile request rows for the numpy projection against the story's SQL: NULLs where the SQL
+# coalesces (and where it does not), ties between the TTFT parts, routing on and off (best rank
+# NULL, equal, other; recomputed tokens 0), negative values, magnitudes near and past numpy's reach.
+_NUM = st.one_of(st.none(), st.integers(0, 50), st.integers(0, 50), st.integers(-5, 5), st.integers(0, 10**9),
+                 st.integers(0, 10**9))
+_HUGE = st.sampled_from([2**54, 2**55 + 1, 2**62, -(2**61)])
+
+
+@st.composite
+def _hostile_rows(draw):
+    n = draw(st.integers(1, 12))
+    huge = draw(st.integers(0, 3)) == 0  # an example of one in four with magnitudes near int64's
+    num = st.one_of(_NUM, _HUGE) if huge else _NUM
+    holes = draw(st.integers(0, 3)) == 0  # one in four: NULLs where the story does not coalesce
+    kept = (lambda s: st.one_of(s, st.none())) if holes else (lambda s: s)
+    rows = []
+    for i in range(n):
+        row = {name: draw(num) for name in (
+            "storage_wait_ns", "queue_ns", "ideal_ttft_ns", "loadback_exposed_ns", "recompute_ns", "compute_ns",
+            "decode_wait_ns", "recomputed_tokens", "best_rank_device_tokens", "best_rank_host_tokens",
+            "arrival_device_tokens", "arrival_host_tokens", "storage_match_tokens")}
+        row.update(
+            req_id=f"r{i}", seq=draw(kept(st.just(i))),
+            status=draw(st.sampled_from([None, "finished", "finished", "rejected"])),
+            ttft_ns=draw(st.one_of(st.integers(0, 10**9), st.integers(0, 10**9), st.none(),
+                                   *([_HUGE] if huge else []))),
+            arrival_ns=draw(kept(st.integers(0, 10**9))), first_token_ns=draw(kept(st.integers(0, 10**9))),
+            miss_lost_while_queued_tokens=draw(kept(st.integers(0, 99))),
+            dp_rank=draw(st.sampled_from([None, 0, 1])), best_rank=draw(st.sampled_from([None, 0, 1, 2])))
+        rows.append(row)
+    return rows
+
+
+@settings(max_examples=300, deadline=None)
+@given(_hostile_rows())
+def test_the_numpy_projection_is_the_stories_sql_or_declines(rows):
+    """read/run_context.py `taken_story_rows` (numpy) against `story_requests` (DuckDB) on the same
+    rows: where it answers, every column equal, with the SQL's dtypes, in any order; where it
+    declines (None) the SQL would read the rows otherwise (a NULL it keeps, an engine count
+    missing: then it joins) or differently (a negative it divides, a value past int64's reach)."""
+    import duckdb
+
+    from tierdiag.store.writer import init_store
+
+    with duckdb.connect(":memory:") as con:
+        init_store(con)
+        cols = sorted(rows[0])
+        con.executemany(f"INSERT INTO requests (run_id, {', '.join(cols)}) VALUES ('R', {', '.join('?' * len(cols))})",
+                        [[r[c] for c in cols] for r in rows])
+        taken = con.sql("SELECT * EXCLUDE (run_id) FROM requests").to_arrow_table()
+        got = read_ctx.taken_story_rows({c: taken.column(c).combine_chunks() for c in taken.column_names})
+        finished = [r for r in rows if (r["status"] or "finished") == "finished" and r["ttft_ns"] is not None]
+        kept_null = any(r[c] is None for r in finished for c in ("arrival_ns", "first_token_ns", "seq",
+                                                                  "miss_lost_while_queued_tokens"))
+        event("declined" if got is None else "answered")
+        if got is None:
+            assert kept_null or any(abs(v) >= read_ctx._NP_SAFE for r in finished for v in r.values()
+                                    if isinstance(v, int)) or any(
+                (r["recomputed_tokens"] or 0) > 0 and (r["recompute_ns"] or 0) < 0 for r in finished) or any(
+                abs(r["recompute_ns"] or 0) * max(abs(r["recomputed_tokens"] or 0), 1) >= 2**62 for r in finished), rows
+            return
+        assert not kept_null
+        try:
+            want = read_ctx.story_requests(con, "R")
+        except duckdb.Error:  # an overflow the SQL refuses: numpy must not have answered it
+            raise AssertionError(f"numpy answered rows the SQL refuses: {rows}") from None
+        _same(read_ctx.story_requests_of(got), want)

@@ -1,0 +1,118 @@
+"""The run story's per-request rows (diagnose/read/run_context.py `story_requests`: every
+finished request's wait window, queue, excess TTFT, primary cause code, own TTFT parts and what
+it lost while it waited) made while the run is recorded, from the request rows the store's
+writer process takes, so that the close, which the replay waits for, does not query them.
+
+On the conversation trace that query was ~19-21 ms of the close's CPU (issue 41, session 24
+h41ev6: the largest single query of the evidence; ~12 ms of it DuckDB planning the cause
+expression), on the story's thread, which the run context waits for. A request's row is final
+once handed over (rows are only ever inserted: nothing updates a `requests` row after its
+insert), so each batch's part is what the store's query would read of those rows: the same
+columns, computed in numpy from the batch's Arrow columns (read/run_context.py
+`taken_story_rows`: a DuckDB query a batch cost ~16 ms of planning each), on the writer's main
+thread right after the batch is taken (the writer idles between takes while the engine runs;
+~0.5 ms a batch of ~600 rows). The close takes the parts (`story_rows`) only where they are the run's
+committed finished rows (their count and the sum of their seqs, one scan of two columns) and
+every one carried the engine's own lost-while-queued count; anything else (an inline writer, a
+batch it could not project, a run of LARGE_RUN_REQUESTS requests or more, whose parts would be
+held through the run: the 1M row's memory; values the SQL would compute differently: a NULL it
+keeps, a negative it divides, a magnitude past int64's reach) and the story queries the store as
+before. Both give the same arrays (tests/diagnose/test_story_rows.py)."""
+
+from __future__ import annotations
+
+import duckdb
+
+# Past this many request rows taken, the parts are let go and the close queries (the evidence's
+# large runs' plan, diagnose/run/evidence.py LARGE_RUN_REQUESTS: ~100 bytes a finished request
+# held through the run otherwise).
+MOST_ROWS = 100_000
+
+
+class StoryRows:
+    """The story's parts of the request rows of run `run_id`, batch by batch (`take`), for its
+    close (`result`). Never raises from `take`: a batch it cannot project gives the parts up."""
+
+    def __init__(self, run_id: str, most_rows: int = MOST_ROWS):
+        self.run_id = run_id
+        self.most_rows = most_rows
+        self.parts: list[dict] = []
+        self.rows = 0  # request rows taken
+        self.finished = 0  # of them finished (the parts' rows)
+        self.seq_sum = 0
+        self.off: str | None = None  # why the parts were given up (the close queries then)
+
+    def take(self, taken: dict | None) -> None:
+        """A batch of rows the writer took (table -> column -> Arrow array); None: no more come."""
+        if taken is None:
+            return
+        requests = taken.get("requests")
+        if self.off is not None or not requests:
+            return
+        try:
+            from tierdiag.diagnose.read.run_context import taken_story_rows
+
+            self.rows += len(next(iter(requests.values())))
+            if self.rows >= self.most_rows:
+                self._give_up("a large run: its close queries the store")
+                return
+            part = taken_story_rows(requests)
+            if part is None:
+                self._give_up("rows the story's SQL reads otherwise (a NULL it keeps, a value past numpy's)")
+                return
+            self.parts.append(part)
+            self.finished += len(part["seq"])
+            self.seq_sum += int(part["seq"].sum(dtype="int64")) if len(part["seq"]) else 0
+        except Exception as exc:  # noqa: BLE001 - the close queries the store instead, as without a writer process
+            self._give_up(f"{type(exc).__name__}: {exc}")
+
+    def _give_up(self, why: str) -> None:
+        self.off = why
+        self.parts = []
+
+    def result(self, con: duckdb.DuckDBPyConnection, run_id: str):
+        """The run's StoryRequests from the parts, where they are its committed finished rows
+        (checked on `con`, the store); None otherwise (the caller queries)."""
+        import numpy as np
+
+        from tierdiag.diagnose.read.rows import has_miss_columns
+        from tierdiag.diagnose.read.run_context import story_requests_of, story_rows_check
+
+        if self.off is not None or run_id != self.run_id or not self.parts or not has_miss_columns(con):
+            return None
+        if story_rows_check(con, run_id) != (self.finished, self.seq_sum):
+            return None
+        parts, self.parts = self.parts, []
+        columns = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+        return story_requests_of(columns)
+
+
+_FOLDS: list[StoryRows] = []  # at most one: the run this process is recording
+
+
+def start(run: dict) -> StoryRows | None:
+    """A fold for the run the writer process records (`run`: RunWriter's arguments); its `take`
+    is what to hand each batch of rows taken. None without a run id, or for a trace file of
+    MOST_ROWS lines or more (counted: ~1.5 ms on the conversation trace, ~0.13 s for 1M synth
+    requests; a trace read through a pipe has no count: the fold gives up at MOST_ROWS rows)."""
+    from tierdiag.store.writer_serve import trace_lines
+
+    run_id = run.get("run_id")
+    if not run_id:
+        return None
+    lines = trace_lines(run.get("trace_path"))
+    if lines is not None and lines >= MOST_ROWS:
+        return None
+    fold = StoryRows(str(run_id))
+    _FOLDS[:] = [fold]
+    return fold
+
+
+def story_rows(con: duckdb.DuckDBPyConnection, run_id: str, *, use: bool = True):
+    """The story's rows of run `run_id` folded while it was recorded (StoryRequests), once (the
+    fold is let go either way; `use` False: only that): None where there are none to use (the
+    story then queries: read/run_context.py story_requests)."""
+    if not _FOLDS:
+        return None
+    fold = _FOLDS.pop()
+    return fold.result(con, run_id) if use else None
