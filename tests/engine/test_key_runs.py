@@ -216,3 +216,108 @@ def test_the_page_key_set_count_add_grows_and_refuses_bad_bounds():
         with pytest.raises(exc, match="count_add|PageKeySet|int|too large"):
             ks.count_add(*args)
     assert len(ks) == 5000
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), req_id=st.text(alphabet="ab\x00\\é漢😀\n", max_size=12),
+       base=st.sampled_from([0, 1, 2**40, 2**62, 2**63 - 1]), as_run=st.booleans())
+def test_output_keys_appended_alone_are_the_extended_ones(data, req_id, base, as_run):
+    """pages.append_output_keys (a finish's: the keys alone, no array made) appends to a list or
+    a key run exactly the keys extend_output_keys_numpy appends, its C side and its Python
+    reference alike; again after a retraction grew them once already, and a count at or below
+    what the keys hold appends nothing."""
+    n_in = data.draw(st.integers(0, 6))
+    keys = [base - k if base else k for k in range(n_in)]
+    ref = list(keys)
+    arr = np.array(keys, dtype=np.int64)
+    got_c, got_py = (array("q", keys), array("q", keys)) if as_run else (list(keys), list(keys))
+    for _ in range(data.draw(st.integers(1, 3))):
+        total = len(ref) + data.draw(st.integers(-2, 40))
+        if total < len(ref):
+            total = len(ref)  # extend's contract too: never fewer than the keys it has
+        arr = pages.extend_output_keys_numpy(req_id, ref, arr, n_in, total)
+        assert pages.append_output_keys_c(req_id, got_c, n_in, total) is None
+        assert pages.append_output_keys_py(req_id, got_py, n_in, total) is None
+        assert list(got_c) == list(got_py) == ref == arr.tolist()
+        assert all(k < 0 for k in ref[n_in:])  # output pages: negative, never an input key
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(seed=st.one_of(st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.text(max_size=3), st.booleans(),
+                      st.none()),
+       skip=st.one_of(st.integers(-5, 100), st.sampled_from([2**61, 2**63 - 1, 2**63, 2**70]),
+                      st.floats(allow_nan=True), st.none()),
+       count=st.one_of(st.integers(-5, 100), st.sampled_from([2**61, 2**62, 2**63 - 1, 2**63, 2**70]),
+                       st.floats(allow_nan=True), st.none()))
+def test_output_keys_without_an_array_append_or_change_nothing(seed, skip, count):
+    """_cplane.output_keys handed None for keys_np: None and the keys appended (count - skip of
+    them, as the array form would have), or -1 with the keys untouched for anything outside its
+    case (a seed outside [0, 2**63) or not an int, bounds out of range, odd types); a count too
+    large to allocate raises MemoryError, nothing appended."""
+    c = cplane.C.output_keys
+    run, lst = array("q", [7, 8]), [7, 8]
+    ok = (type(seed) is int and 0 <= seed < 2**63 and type(skip) is int and type(count) is int
+          and 0 <= skip <= count < 2**63)
+    for keys in (run, lst):
+        before = list(keys)
+        try:
+            got = c(keys, None, seed, skip, count)
+        except MemoryError:
+            assert ok and count - skip > 2**40
+            assert list(keys) == before
+            continue
+        if not ok:
+            assert got == -1 and list(keys) == before
+            continue
+        assert got is None
+        with_array = c(array("q", before), np.array(before, dtype=np.int64), seed, skip, count)
+        assert list(keys) == np.frombuffer(with_array, dtype=np.int64).tolist()
+
+
+@needs_c
+def test_output_keys_without_an_array_decline_what_is_not_a_key_run():
+    """keys a numpy array, an array('i'), bytes: -1 with None as keys_np too; an exported run
+    cannot grow (BufferError, unchanged)."""
+    c = cplane.C.output_keys
+    for keys in (np.array([1, 2], dtype=np.int64), array("i", [1, 2]), array("d", [1.0, 2.0]), b"12345678", (1, 2)):
+        assert c(keys, None, 5, 0, 3) == -1
+    run = array("q", [1, 2])
+    view = memoryview(run)
+    with pytest.raises(BufferError):
+        c(run, None, 5, 0, 3)
+    view.release()
+    assert run.tolist() == [1, 2]
+    assert c(run, None, 5, 0, 3) is None and len(run) == 5
+
+
+@settings(max_examples=120, deadline=None)
+@given(hash_ids=st.one_of(st.none(), st.lists(st.integers(0, 2**40), max_size=12)),
+       per_block=st.sampled_from([1, 2, 4, 8]), page_size=st.sampled_from([1, 16, 64]),
+       spare=st.integers(0, 63), extra_key=st.one_of(st.none(), st.text(alphabet="a\x00é😀\\", max_size=5)))
+def test_the_arrivals_page_keys_are_page_keys_array_and_its_run(hash_ids, per_block, page_size, spare, extra_key):
+    """Scheduler._page_keys (an arrival's keys: one C call on a hash_ids request without an
+    extra_key, page_keys_array otherwise) gives page_keys_array's keys, as an int64 array and
+    as a key run of its own (growing the run leaves the array as it was)."""
+    from tierdiag.config.engine import EngineConfig
+    from tierdiag.engine.engine import Engine
+    from tierdiag.trace.reader import TraceRequest
+
+    block = page_size * per_block
+    if hash_ids is None:
+        tokens = tuple(range(3 * page_size + spare))
+        input_len = len(tokens)
+    else:
+        tokens = None
+        input_len = max(0, len(hash_ids) * block - min(spare, block - 1)) if hash_ids else 0
+    t = TraceRequest("r", 0, 1, 0, input_len, 4, tuple(hash_ids) if hash_ids is not None else None, tokens,
+                     0, extra_key)
+    cfg = EngineConfig(model="tiny", gpu="h100", device_tokens=64 * page_size, host_tokens=64 * page_size,
+                       page_size=page_size, block_size=block, data_plane_mib=4)
+    sched = Engine(cfg, probe=None).scheduler
+    keys_np, run = sched._page_keys(t)
+    want = pages.page_keys_array(t, page_size=page_size, block_size=block)
+    assert keys_np.dtype == np.int64 and keys_np.tolist() == want.tolist()
+    assert type(run) is array and run.typecode == "q" and run.tolist() == want.tolist()
+    run.append(-1)
+    assert keys_np.tolist() == want.tolist()

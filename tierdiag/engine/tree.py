@@ -21,6 +21,11 @@ from tierdiag.engine.rules import RULE_SETS, RuleSet
 from tierdiag.engine.tree_node import NO_SLOTS, KeyRun, SlotRun, TreeInsert, TreeMatch, TreeNode
 from tierdiag.native import cplane
 
+# Final: a C static the compiled module reads, where an imported name is a look-up in the module's
+# dict at every use (~130 instructions; issue 41, session 24)
+_HEAPPUSH: Final = heappush
+_HEAPPOP: Final = heappop
+
 __all__ = ["RadixTree", "TreeInsert", "TreeMatch", "TreeNode"]
 
 
@@ -493,11 +498,11 @@ class RadixTree:
 
     def _push_device(self, node: TreeNode) -> None:
         if self.device_evictable(node):
-            heappush(self._device_heap, (self._key(node), node.id, node))
+            _HEAPPUSH(self._device_heap, (self._key(node), node.id, node))
 
     def _push_host(self, node: TreeNode) -> None:
         if self.host_evictable(node):
-            heappush(self._host_heap, (self._key(node), node.id, node))
+            _HEAPPUSH(self._host_heap, (self._key(node), node.id, node))
 
     def _pop(self, heap: list, device: bool) -> TreeNode | None:
         """The next victim of the device heap (`device`) or the host heap. The entry is typed
@@ -506,13 +511,13 @@ class RadixTree:
         what heappop returns iterated it and a passed callable went through Python's calling
         convention (~60 M instructions of a 3,000-request run, issue 41)."""
         while heap:
-            entry: tuple[Any, int, TreeNode] = heappop(heap)
+            entry: tuple[Any, int, TreeNode] = _HEAPPOP(heap)
             node = entry[2]
             if not (self.device_evictable(node) if device else self.host_evictable(node)):
                 continue
             current = self._key(node)
             if current != entry[0]:
-                heappush(heap, (current, node.id, node))
+                _HEAPPUSH(heap, (current, node.id, node))
                 continue
             # drop duplicates of the same node still in the heap lazily (they fail the check later)
             return node
