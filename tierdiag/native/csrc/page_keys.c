@@ -440,22 +440,35 @@ cp_common_pages(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
         PyErr_Clear();
         return not_mine();
     }
-    if (!key_buffer(args[0], &a)) {
-        return not_mine();
+    /* two runs (the tree's case) read in place; other int64 buffers exported */
+    a.obj = b.obj = NULL;
+    if (!run_items(args[0], &k, &n)) {
+        if (!key_buffer(args[0], &a)) {
+            return not_mine();
+        }
+        k = (const int64_t *)a.buf;
+        n = a.shape[0];
     }
-    if (!key_buffer(args[2], &b)) {
-        PyBuffer_Release(&a);
-        return not_mine();
+    if (!run_items(args[2], &nk, &m)) {
+        if (!key_buffer(args[2], &b)) {
+            if (a.obj != NULL) {
+                PyBuffer_Release(&a);
+            }
+            return not_mine();
+        }
+        nk = (const int64_t *)b.buf;
+        m = b.shape[0];
     }
-    n = a.shape[0];
-    m = b.shape[0];
     if (start < 0 || start >= n || m < 1) {
-        PyBuffer_Release(&a);
-        PyBuffer_Release(&b);
+        if (a.obj != NULL) {
+            PyBuffer_Release(&a);
+        }
+        if (b.obj != NULL) {
+            PyBuffer_Release(&b);
+        }
         return not_mine();
     }
-    k = (const int64_t *)a.buf + start;
-    nk = (const int64_t *)b.buf;
+    k += start;
     avail = n - start;
     if (avail >= m && k[m - 1] == nk[m - 1]) {
         got = m;
@@ -476,8 +489,12 @@ cp_common_pages(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
             got = lo;
         }
     }
-    PyBuffer_Release(&a);
-    PyBuffer_Release(&b);
+    if (a.obj != NULL) {
+        PyBuffer_Release(&a);
+    }
+    if (b.obj != NULL) {
+        PyBuffer_Release(&b);
+    }
     return PyLong_FromSsize_t(got);
 }
 
