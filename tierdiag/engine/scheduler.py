@@ -678,9 +678,12 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         refresh = self.refresh_calls % interval == 0
         self.refresh_calls += 1
         if refresh:
-            walk = self.tree.walk  # RadixTree.match's walk: the stamps without the match's result
+            # RadixTree.match's walk: the stamps without the match's result. Called on the typed
+            # tree, a native call (a bound method kept in a local was a generic call: the
+            # wrapper's argument parsing and `now` boxed, a walk; issue 41, session 24)
+            tree = self.tree
             for r in reversed(waiting[:self.rules.waiting_prefix_refresh_max]):
-                walk(r.keys, now, None)  # touch_waiting_prefix: the whole input, page-aligned
+                tree.walk(r.keys, now, None)  # touch_waiting_prefix: the whole input, page-aligned
 
     def _pages_through(self, req: Req, end_tokens: int) -> int:
         """Pages holding tokens [0, end_tokens): the extend allocates its own tokens only
