@@ -106,12 +106,15 @@ def test_output_keys_grow_a_key_run_as_they_grow_a_list(data, req_id, base):
 
 
 @needs_c
-def test_output_keys_decline_runs_that_are_not_int64_arrays():
-    """A numpy array, an array('i'), an array('d') as `keys`: -1, nothing appended; a key run
-    whose buffer is exported cannot grow: BufferError, the run unchanged."""
+@pytest.mark.parametrize("with_array", [True, False])
+def test_output_keys_decline_runs_that_are_not_int64_arrays(with_array):
+    """A numpy array, an array('i'), an array('d'), bytes, a tuple as `keys`: -1, nothing
+    appended; a key run whose buffer is exported cannot grow: BufferError, the run unchanged.
+    Both forms: keys_np an array (the bytearray of both back), or None (the keys alone, None back)."""
     c = cplane.C.output_keys
-    arr = np.array([1, 2], dtype=np.int64)
-    for keys in (np.array([1, 2], dtype=np.int64), array("i", [1, 2]), array("d", [1.0, 2.0]), b"12345678" * 2):
+    arr = np.array([1, 2], dtype=np.int64) if with_array else None
+    for keys in (np.array([1, 2], dtype=np.int64), array("i", [1, 2]), array("d", [1.0, 2.0]), b"12345678" * 2,
+                 (1, 2)):
         assert c(keys, arr, 5, 0, 3) == -1
     run = array("q", [1, 2])
     view = memoryview(run)
@@ -119,7 +122,8 @@ def test_output_keys_decline_runs_that_are_not_int64_arrays():
         c(run, arr, 5, 0, 3)
     view.release()
     assert run.tolist() == [1, 2]
-    assert len(c(run, arr, 5, 0, 3)) == 8 * 5 and len(run) == 5
+    got = c(run, arr, 5, 0, 3)
+    assert (len(got) == 8 * 5 if with_array else got is None) and len(run) == 5
 
 
 @needs_c
@@ -216,3 +220,92 @@ def test_the_page_key_set_count_add_grows_and_refuses_bad_bounds():
         with pytest.raises(exc, match="count_add|PageKeySet|int|too large"):
             ks.count_add(*args)
     assert len(ks) == 5000
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), req_id=st.text(alphabet="ab\x00\\é漢😀\n", max_size=12),
+       base=st.sampled_from([0, 1, 2**40, 2**62, 2**63 - 1]), as_run=st.booleans())
+def test_output_keys_appended_alone_are_the_extended_ones(data, req_id, base, as_run):
+    """pages.append_output_keys (a finish's: the keys alone, no array made) appends to a list or
+    a key run exactly the keys extend_output_keys_numpy appends, its C side and its Python
+    reference alike; again after a retraction grew them once already, and a count at or below
+    what the keys hold appends nothing."""
+    n_in = data.draw(st.integers(0, 6))
+    keys = [base - k if base else k for k in range(n_in)]
+    ref = list(keys)
+    arr = np.array(keys, dtype=np.int64)
+    got_c, got_py = (array("q", keys), array("q", keys)) if as_run else (list(keys), list(keys))
+    for _ in range(data.draw(st.integers(1, 3))):
+        total = len(ref) + data.draw(st.integers(-2, 40))
+        if total < len(ref):
+            total = len(ref)  # extend's contract too: never fewer than the keys it has
+        arr = pages.extend_output_keys_numpy(req_id, ref, arr, n_in, total)
+        assert pages.append_output_keys_c(req_id, got_c, n_in, total) is None
+        assert pages.append_output_keys_py(req_id, got_py, n_in, total) is None
+        assert list(got_c) == list(got_py) == ref == arr.tolist()
+        assert all(k < 0 for k in ref[n_in:])  # output pages: negative, never an input key
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(seed=st.one_of(st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.text(max_size=3), st.booleans(),
+                      st.none()),
+       skip=st.one_of(st.integers(-5, 100), st.sampled_from([2**61, 2**63 - 1, 2**63, 2**70]),
+                      st.floats(allow_nan=True), st.none()),
+       count=st.one_of(st.integers(-5, 100), st.sampled_from([2**61, 2**62, 2**63 - 1, 2**63, 2**70]),
+                       st.floats(allow_nan=True), st.none()))
+def test_output_keys_without_an_array_append_or_change_nothing(seed, skip, count):
+    """_cplane.output_keys handed None for keys_np: None and the keys appended (count - skip of
+    them, as the array form would have), or -1 with the keys untouched for anything outside its
+    case (a seed outside [0, 2**63) or not an int, bounds out of range, odd types); a count too
+    large to allocate raises MemoryError, nothing appended."""
+    c = cplane.C.output_keys
+    run, lst = array("q", [7, 8]), [7, 8]
+    ok = (type(seed) is int and 0 <= seed < 2**63 and type(skip) is int and type(count) is int
+          and 0 <= skip <= count < 2**63)
+    for keys in (run, lst):
+        before = list(keys)
+        try:
+            got = c(keys, None, seed, skip, count)
+        except MemoryError:
+            assert ok and count - skip > 2**40
+            assert list(keys) == before
+            continue
+        if not ok:
+            assert got == -1 and list(keys) == before
+            continue
+        assert got is None
+        with_array = c(array("q", before), np.array(before, dtype=np.int64), seed, skip, count)
+        assert list(keys) == np.frombuffer(with_array, dtype=np.int64).tolist()
+
+
+@settings(max_examples=120, deadline=None)
+@given(hash_ids=st.one_of(st.none(), st.lists(st.integers(0, 2**40), max_size=12)),
+       per_block=st.sampled_from([1, 2, 4, 8]), page_size=st.sampled_from([1, 16, 64]),
+       spare=st.integers(0, 63), extra_key=st.one_of(st.none(), st.text(alphabet="a\x00é😀\\", max_size=5)))
+def test_the_arrivals_page_keys_are_page_keys_array_and_its_run(hash_ids, per_block, page_size, spare, extra_key):
+    """Scheduler._page_keys (an arrival's keys: one C call on a hash_ids request without an
+    extra_key, page_keys_array otherwise) gives page_keys_array's keys, as an int64 array and
+    as a key run of its own (growing the run leaves the array as it was)."""
+    from tierdiag.config.engine import EngineConfig
+    from tierdiag.engine.engine import Engine
+    from tierdiag.trace.reader import TraceRequest
+
+    block = page_size * per_block
+    if hash_ids is None:
+        tokens = tuple(range(3 * page_size + spare))
+        input_len = len(tokens)
+    else:
+        tokens = None
+        input_len = max(0, len(hash_ids) * block - min(spare, block - 1)) if hash_ids else 0
+    t = TraceRequest("r", 0, 1, 0, input_len, 4, tuple(hash_ids) if hash_ids is not None else None, tokens,
+                     0, extra_key)
+    cfg = EngineConfig(model="tiny", gpu="h100", device_tokens=64 * page_size, host_tokens=64 * page_size,
+                       page_size=page_size, block_size=block, data_plane_mib=4)
+    sched = Engine(cfg, probe=None).scheduler
+    keys_np, run = sched._page_keys(t)
+    want = pages.page_keys_array(t, page_size=page_size, block_size=block)
+    assert keys_np.dtype == np.int64 and keys_np.tolist() == want.tolist()
+    assert type(run) is array and run.typecode == "q" and run.tolist() == want.tolist()
+    run.append(-1)
+    assert keys_np.tolist() == want.tolist()

@@ -128,3 +128,37 @@ def test_lru_key_kept_on_the_node_is_always_the_current_one():
             tree.delete(victim)
 
     check()
+
+
+def test_lru_heap_entries_are_one_int_each_found_by_id():
+    """lru's heaps hold ints, (last_access_ns << 64 | access_seq) << 48 | id (RadixTree._lru_entry),
+    ordered as the (key, id) tuples were; a popped entry's node comes from the tree's id index,
+    which holds every node from its creation (an insert, a split's upper half) to its delete, so
+    a deleted node's entries are skipped; an id the entry cannot hold is refused, naming it."""
+    import pytest
+
+    tree = RadixTree(64, "lru")
+    tree.insert([1, 2, 3, 4], 0, [0, 1, 2, 3], now_ns=-3)  # a negative time too
+    tree.insert([1, 2, 7], 0, [4, 5, 6], now_ns=5)  # splits [1, 2, 3, 4]
+    nodes = list(tree.nodes())
+    assert sorted(tree._by_id) == sorted(n.id for n in nodes) and len(nodes) == 3
+    assert all(type(e) is int for e in tree._device_heap)
+    for n in nodes:
+        e = tree._lru_entry(n)
+        assert e == ((((n.last_access_ns << 64) | n.access_seq)) << 48) | n.id
+        assert tree._key(n) == (n.last_access_ns << 64) | n.access_seq == e >> 48
+    leaves = sorted((n for n in nodes if tree.device_evictable(n)),
+                    key=lambda n: (n.last_access_ns, n.access_seq, n.id))
+    first = tree.pop_device_victim()
+    assert first is leaves[0]  # the least recently stamped leaf
+    tree.delete(first)
+    assert first.id not in tree._by_id
+    tree._device_heap.append(tree._lru_entry(first))  # a stale entry of the deleted node
+    assert tree.pop_device_victim() is leaves[1]
+    big = RadixTree(64, "lru")
+    big.number_nodes(2**48, 1)
+    with pytest.raises(ValueError, match=r"node id 281474976710656 outside"):
+        big.insert([9], 0, [0], now_ns=0)
+    tuples = RadixTree(64, "lfu")
+    tuples.insert([1, 2], 0, [0, 1], now_ns=0)
+    assert tuples._by_id == {} and all(type(e) is tuple for e in tuples._device_heap)

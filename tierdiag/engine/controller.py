@@ -27,6 +27,10 @@ from tierdiag.engine.storage import StorageTier
 from tierdiag.engine.tree_node import KeyRun, empty_run
 from tierdiag.engine.tree import RadixTree, TreeNode
 
+# Final: a C static the compiled module reads, where an imported name is a look-up in the module's
+# dict at every use (~130 instructions; issue 41, session 24)
+_PERF_COUNTER_NS: Final = perf_counter_ns
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -39,6 +43,12 @@ _DEMOTE: Final[str] = EvictionAction.DEMOTE
 _DROP: Final[str] = EvictionAction.DROP
 _DELETE: Final[str] = EvictionAction.DELETE
 _FREE_DUPLICATE: Final[str] = EvictionAction.FREE_DUPLICATE
+# EngineStats.evictions' keys (tier/action), made once: a key made an eviction was two string
+# allocations and its hash (issue 41, session 24)
+_DEVICE_DEMOTE: Final[str] = _DEVICE + "/" + _DEMOTE
+_DEVICE_DROP: Final[str] = _DEVICE + "/" + _DROP
+_HOST_DELETE: Final[str] = _HOST + "/" + _DELETE
+_HOST_FREE_DUPLICATE: Final[str] = _HOST + "/" + _FREE_DUPLICATE
 
 
 def _as_list(run: Any) -> Any:
@@ -217,10 +227,10 @@ class CacheController:
         if self._rows:
             move = _C_MOVE
             if move is not None:  # rows.copy_rows_c's work without its interpreted frame
-                t0 = perf_counter_ns()
+                t0 = _PERF_COUNTER_NS()
                 runs: int = move(self.device.rows, device_slots, self.host.rows, host_slots)
                 if runs >= 0:
-                    return perf_counter_ns() - t0, runs
+                    return _PERF_COUNTER_NS() - t0, runs
             return _rows.copy_rows(self.device.rows, device_slots, self.host.rows, host_slots)
         from tierdiag.engine import kernels  # CUDA: the torch/Triton kernels
 
@@ -231,10 +241,10 @@ class CacheController:
         """Copy host pages into device slots (CPU pools): (wall ns, contiguous runs of the host pages)."""
         move = _C_MOVE
         if move is not None:  # as _to_host
-            t0 = perf_counter_ns()
+            t0 = _PERF_COUNTER_NS()
             runs: int = move(self.host.rows, host_slots, self.device.rows, device_slots)
             if runs >= 0:
-                return perf_counter_ns() - t0, runs
+                return _PERF_COUNTER_NS() - t0, runs
         return _rows.copy_rows(self.host.rows, host_slots, self.device.rows, device_slots)
 
     def as_rank(self, rank: int, num_ranks: int) -> None:
@@ -254,13 +264,15 @@ class CacheController:
             return int(wall_ns * nbytes / data_plane_bytes) + self.cost.transfer_overhead_ns
         return self.cost.copy_ns(nbytes, pages, to_device=to_device, runs=runs)
 
-    def record_eviction(self, node: TreeNode, tier: str, action: str, cause: str | None, now_ns: int) -> int:
+    def record_eviction(self, node: TreeNode, tier: str, action: str, cause: str | None, now_ns: int,
+                        key: str) -> int:
+        """An eviction's id, counts and row; `key` is EngineStats.evictions' `tier/action` (one of
+        the module's made-once keys)."""
         if self.on_eviction is not None:
             self.on_eviction(node, tier, action)
         eid = self._next_eviction
         self._next_eviction += self.id_step
         tokens = len(node.keys) * self.page_size
-        key = tier + "/" + action  # (f"{tier}/{action}" formats each StrEnum by a Python call)
         self.stats.evictions[key] = self.stats.evictions.get(key, 0) + 1
         self.stats.evicted_tokens[tier] = self.stats.evicted_tokens.get(tier, 0) + tokens
         emit = self.emit.eviction
@@ -319,7 +331,7 @@ class CacheController:
                     kept.append(node)  # drop_subtree_no_host declined: it stays on device
                     continue
             if node.host is not None:
-                eid = self.record_eviction(node, _DEVICE, _DEMOTE, cause, now_ns)
+                eid = self.record_eviction(node, _DEVICE, _DEMOTE, cause, now_ns, _DEVICE_DEMOTE)
                 node.evicted_by = eid
                 self.device.free(self.tree.demote(node))
             else:
@@ -363,9 +375,9 @@ class CacheController:
             self._remove(child, cause, now_ns)
         on_device = node.device is not None
         if on_device:
-            eid = self.record_eviction(node, _DEVICE, _DROP, cause, now_ns)
+            eid = self.record_eviction(node, _DEVICE, _DROP, cause, now_ns, _DEVICE_DROP)
         else:
-            eid = self.record_eviction(node, _HOST, _DELETE, cause, now_ns)
+            eid = self.record_eviction(node, _HOST, _DELETE, cause, now_ns, _HOST_DELETE)
         self._forget(node, eid)
         device_slots, host_slots = self.tree.delete(node)
         if device_slots:  # (a free of nothing changes nothing: one call into the pool less)
@@ -425,7 +437,7 @@ class CacheController:
                     continue
                 if node.id in tree.load_pending:  # loaded back this pass, not yet acknowledged
                     continue
-                self.record_eviction(node, _HOST, _FREE_DUPLICATE, cause, now_ns)
+                self.record_eviction(node, _HOST, _FREE_DUPLICATE, cause, now_ns, _HOST_FREE_DUPLICATE)
                 self.host.free(tree.drop_host(node))
                 swept.append(node.id)
         for nid in swept:

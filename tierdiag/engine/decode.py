@@ -7,15 +7,21 @@ retract_decode, scheduler_output_processor_mixin.py; each function names the one
 from __future__ import annotations
 
 from heapq import heappop, heappush
-from typing import Callable
+from typing import Callable, Final
 
 from mypy_extensions import trait
 
 from tierdiag.engine.request import FIRST_PASS_FIELDS, Req
 from tierdiag.engine.schedule_common import (CLIP_MAX_NEW_TOKENS, INT64_MAX, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY,
                                              RETRACT_DECODE_STEPS, SchedulerState)
-from tierdiag.trace.pages import extend_output_keys
+from tierdiag.trace.pages import append_output_keys, extend_output_keys
 from tierdiag.engine.tree_node import empty_run
+
+
+# Final: a C static the compiled module reads, where an imported name is a look-up in the module's
+# dict at every use (~130 instructions; issue 41, session 24)
+_HEAPPUSH: Final = heappush
+_HEAPPOP: Final = heappop
 
 
 def _in_batch_order(due: list[Req], running: list[Req]) -> list[Req]:
@@ -52,7 +58,7 @@ class DecodeSteps(SchedulerState):
         due = self._finish_due.get(req.finish_step)
         if due is None:
             self._finish_due[req.finish_step] = [req]
-            heappush(self._finish_steps, req.finish_step)
+            _HEAPPUSH(self._finish_steps, req.finish_step)
         else:
             due.append(req)
         if req.output_len - req.generated_tokens > CLIP_MAX_NEW_TOKENS:
@@ -253,7 +259,7 @@ class DecodeSteps(SchedulerState):
         # its step, the decode clock never goes back: a heap entry at or below k is spent)
         due_steps = self._finish_steps
         while due_steps and (due_steps[0] <= k or due_steps[0] not in finish_due):
-            heappop(due_steps)
+            _HEAPPOP(due_steps)
         fin = due_steps[0] if due_steps else None
         if (limit is not None and end >= limit) or free < n or fin == k + 1:
             return end
@@ -418,7 +424,11 @@ class DecodeSteps(SchedulerState):
             # No content is written for output pages: their keys are this request's own, so no
             # request ever matches them and no load-back reads (or verifies) them back. Their
             # copies to host and storage still run, as the real ones would.
-            req.keys_np = extend_output_keys(req.req_id, req.keys, req.keys_np, n_in, n_full)
+            # The keys alone: `keys_np` (the prefill's writes, the arrival's blame) is read by no
+            # one after the finish, so it is not made again with them (a copy of every key and an
+            # allocation a finish, ~2 % of Engine.run; issue 41, session 24) but let go below.
+            append_output_keys(req.req_id, req.keys, n_in, n_full)
+        req.keys_np = None
         self._insert(req, n_full, now, chunk=False)
         if self.rules.finish_reinserts_prompt and 0 < n_in < n_full:
             # checkpoint_into_tree's second insert: the prompt again at priority + 1, on device

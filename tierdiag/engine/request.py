@@ -54,7 +54,9 @@ class Req:
         # page keys: the input's full pages, then (at finish) output pages; a key run (array('q'),
         # tree_node.key_run) made at arrival, a list where a test sets one
         self.keys: KeyRun = []
-        self.keys_np: np.ndarray | None = None  # `keys` as an array (tree nodes keep views of it)
+        # `keys` as an array (the prefill's content writes and the arrival's blame read it); None
+        # from the finish on (DecodeSteps._finish: nobody reads it after)
+        self.keys_np: np.ndarray | None = None
         self.prefetch: tuple | None = None  # (first page, pages, host slots, start ns, end ns)
         self.anchor: TreeNode | None = None  # the node whose host copy the prefetch protects
         self.prefetch_tokens = 0  # tokens the prefetch counts against the capacity limit

@@ -3,7 +3,7 @@ constants (their environ.py defaults) and AddReqResult's values, and the engine'
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Final
 
 from mypy_extensions import trait
 
@@ -25,13 +25,16 @@ if TYPE_CHECKING:
 # (0.7) x schedule_conservativeness (1), decays by (init - init x SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
 # (0.14)) / SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS (600) every decode step that retracts nothing, is
 # reset when the scheduler idles; a running request reserves min(max_new - out, CLIP) x ratio.
-INIT_NEW_TOKEN_RATIO = 0.7
-MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
-NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
-RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
-CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
-NO_TOKEN, OTHER = "no_token", "other"  # AddReqResult: memory, or anything else (the shape, the budget)
-INT64_MAX = 2**63 - 1  # checkpoint_into_tree: min(priority + 1, torch.iinfo(torch.int64).max)
+# (Final: the compiled modules that import them read a constant or a C static, where a plain
+# module name was a look-up in the importing module's dict at every use; issue 41, session 24)
+INIT_NEW_TOKEN_RATIO: Final = 0.7
+MIN_NEW_TOKEN_RATIO: Final = INIT_NEW_TOKEN_RATIO * 0.14
+NEW_TOKEN_RATIO_DECAY: Final = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
+RETRACT_DECODE_STEPS: Final = 20  # SGLANG_RETRACT_DECODE_STEPS
+CLIP_MAX_NEW_TOKENS: Final = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+NO_TOKEN: Final = "no_token"  # AddReqResult: memory ...
+OTHER: Final = "other"  # ... or anything else (the shape, the budget)
+INT64_MAX: Final = 2**63 - 1  # checkpoint_into_tree: min(priority + 1, torch.iinfo(torch.int64).max)
 # HiRadixCache.write_through_threshold: insert hits that trigger a device->host backup.
 WRITE_THROUGH_THRESHOLD = {WritePolicy.WRITE_THROUGH: 1, WritePolicy.WRITE_THROUGH_SELECTIVE: 2}
 

@@ -27,7 +27,7 @@ Token split at admission (`prefix_indices` = device original + what load-back re
 from __future__ import annotations
 
 from heapq import heappop, heappush  # names, not the module's attributes: a look-up a call fewer
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Final, Iterable
 
 import numpy as np
 
@@ -48,10 +48,22 @@ from tierdiag.engine.rules import config_rules
 from tierdiag.engine.schedule_common import (CLIP_MAX_NEW_TOKENS, INIT_NEW_TOKEN_RATIO, NO_TOKEN, OTHER,
                                              WRITE_THROUGH_THRESHOLD, EngineError)
 from tierdiag.engine.tree import RadixTree
-from tierdiag.engine.tree_node import key_run
+from tierdiag.engine.tree_node import KeyRun, empty_run, key_run
 from tierdiag.probes import events as ev
+from tierdiag.trace import pages as _pages
 from tierdiag.trace.pages import page_keys_array
 from tierdiag.trace.reader import TraceRequest
+
+# _cplane.block_page_keys where trace/pages.py chose the compiled data plane (None on numpy):
+# Scheduler._page_keys calls it with no interpreted frame between
+_C_BLOCK_PAGE_KEYS: Final[Any] = (_pages._c_block_page_keys if _pages.block_page_keys is _pages._block_page_keys_c
+                                  else None)
+_INT64: Final[Any] = _pages._INT64  # np.frombuffer's dtype made once (its keyword and dtype parsing)
+# Final: a C static the compiled module reads, where an imported name is a look-up in the module's
+# dict at every use (~130 instructions; issue 41, session 24)
+_HEAPPUSH: Final = heappush
+_HEAPPOP: Final = heappop
+
 
 class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
     """The loop on the virtual clock, arrivals and the choice of the next batch; admission and
@@ -77,6 +89,9 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.stats = stats
         self.progress = progress
         self.ps = cfg.page_size
+        # pages a hash_ids block (_page_keys' C path; 0: a page size that does not divide the
+        # block, which page_keys_array refuses)
+        self._per_block = cfg.block_size // cfg.page_size if 0 < cfg.page_size and cfg.block_size % cfg.page_size == 0 else 0
         self.waiting: list[Req] = []
         # alloc_for_extend (both releases): at page 1 `alloc_token_slots(extend_num_tokens)`
         # evicts for the extend alone; above, alloc_paged_token_slots_extend asks a page a request more
@@ -200,7 +215,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
     def _at_own(self, t_ns: int, fn, arg) -> None:
         """`at` of a scheduler on its own: the event on its own queue (a deployment replaces `at`)."""
         self._order += 1
-        heappush(self._events, (t_ns, self._order, fn, arg))
+        _HEAPPUSH(self._events, (t_ns, self._order, fn, arg))
 
     # --- main loop -----------------------------------------------------------------------
     def run(self, requests: Iterable[TraceRequest]) -> EngineStats:
@@ -209,7 +224,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         now = 0
         gpu_free = 0
         events = self._events
-        pop = heappop
+        pop = _HEAPPOP
         tick = self.emit.tick
         arrive = self._arrive
         # Nothing reaches the scheduler but the trace's arrivals and its own events, so the
@@ -322,7 +337,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         src = self.arrivals
         assert src is not None
         events = self._events
-        pop = heappop
+        pop = _HEAPPOP
         arrive = self._arrive
         woke = False
         while True:
@@ -380,8 +395,10 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
             self._reject(req, f"needs {need} tokens of device memory{extra}; the pool holds "
                               f"{self.ctrl.device.capacity * ps}")
             return
-        req.keys_np = page_keys_array(t, page_size=ps, block_size=self.cfg.block_size) if keys_np is None else keys_np
-        req.keys = key_run(req.keys_np)
+        if keys_np is None:
+            req.keys_np, req.keys = self._page_keys(t)
+        else:
+            req.keys_np, req.keys = keys_np, key_run(keys_np)
         req.max_match_pages = min(len(req.keys), (req.input_len - 1) // ps)
         if self.miss is not None:
             self.miss.arrived(req, self.tree)
@@ -394,6 +411,24 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
                 self._start_prefetch(req, now)
         self.waiting.append(req)
         self.arrived_at[req.seq] = self.processed_tokens  # req.arrival_processed_tokens
+
+    def _page_keys(self, t: TraceRequest) -> tuple[np.ndarray, KeyRun]:
+        """The request's page keys as `page_keys_array` makes them, and their run (`key_run`). A
+        hash_ids request without an extra_key, on the compiled data plane: the bytearray of
+        `_cplane.block_page_keys` is both, the array a view of it and the run one copy of it
+        (page_keys_array's three interpreted frames and key_run's `tobytes` copy were ~5k
+        instructions an arrival; issue 41, session 24). Anything else, or what the C declines,
+        takes page_keys_array, which raises what it raises."""
+        per_block = self._per_block
+        hash_ids = t.hash_ids
+        if per_block and hash_ids is not None and t.extra_key is None and _C_BLOCK_PAGE_KEYS is not None:
+            raw = _C_BLOCK_PAGE_KEYS(hash_ids, t.input_len // self.ps, per_block)
+            if isinstance(raw, bytearray):
+                run = empty_run()
+                run.frombytes(raw)
+                return np.frombuffer(raw, _INT64), run
+        keys_np = page_keys_array(t, page_size=self.ps, block_size=self.cfg.block_size)
+        return keys_np, key_run(keys_np)
 
     def _reject(self, req: Req, reason: str, *, ends_session: bool = True) -> None:
         self.stats.requests_rejected += 1
@@ -643,9 +678,12 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         refresh = self.refresh_calls % interval == 0
         self.refresh_calls += 1
         if refresh:
-            walk = self.tree.walk  # RadixTree.match's walk: the stamps without the match's result
+            # RadixTree.match's walk: the stamps without the match's result. Called on the typed
+            # tree, a native call (a bound method kept in a local was a generic call: the
+            # wrapper's argument parsing and `now` boxed, a walk; issue 41, session 24)
+            tree = self.tree
             for r in reversed(waiting[:self.rules.waiting_prefix_refresh_max]):
-                walk(r.keys, now, None)  # touch_waiting_prefix: the whole input, page-aligned
+                tree.walk(r.keys, now, None)  # touch_waiting_prefix: the whole input, page-aligned
 
     def _pages_through(self, req: Req, end_tokens: int) -> int:
         """Pages holding tokens [0, end_tokens): the extend allocates its own tokens only

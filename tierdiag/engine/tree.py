@@ -21,6 +21,15 @@ from tierdiag.engine.rules import RULE_SETS, RuleSet
 from tierdiag.engine.tree_node import NO_SLOTS, KeyRun, SlotRun, TreeInsert, TreeMatch, TreeNode
 from tierdiag.native import cplane
 
+# Final: a C static the compiled module reads, where an imported name is a look-up in the module's
+# dict at every use (~130 instructions; issue 41, session 24)
+_HEAPPUSH: Final = heappush
+_HEAPPOP: Final = heappop
+# lru's heap entries are single ints, key << _ID_BITS | node id (RadixTree._lru_entry): node ids
+# stay below 2**_ID_BITS (a replay makes a few million nodes)
+_ID_BITS: Final = 48
+_ID_MASK: Final = (1 << 48) - 1
+
 __all__ = ["RadixTree", "TreeInsert", "TreeMatch", "TreeNode"]
 
 
@@ -96,6 +105,9 @@ class RadixTree:
         self.locked_host_pages = 0
         self._device_heap: list = []
         self._host_heap: list = []
+        # lru: the heaps hold ints (_lru_entry), and a popped entry's node is found by its id
+        # here (every node in the tree but the root, from its creation to its delete)
+        self._by_id: dict[int, TreeNode] = {}
         # UnifiedTreeCore.full_host_duplicates (0.5.23): nodes whose KV was on both tiers when
         # last registered, in registration order (a backup's ack, a split, a refill, a load-back);
         # entries go stale lazily and are re-checked when host pressure reads them.
@@ -114,6 +126,8 @@ class RadixTree:
     def _new_node(self, parent: TreeNode, keys: KeyRun, device, host, now_ns: int, owner) -> TreeNode:
         node = TreeNode(self._next_id, parent, keys, device, host, now_ns, owner)
         self._next_id += self.id_step
+        if self._lru_key:
+            self._by_id[node.id] = node
         self._seq += 1
         node.access_seq = node.created_seq = self._seq
         parent.children[keys[0]] = node
@@ -166,6 +180,8 @@ class RadixTree:
                          None if node.host is None else node.host[:pages],
                          created, node.owner)
         self._next_id += self.id_step
+        if self._lru_key:
+            self._by_id[upper.id] = upper
         upper.lock_ref = node.lock_ref
         upper.hit_count = node.hit_count
         upper.last_access_ns = node.last_access_ns
@@ -399,6 +415,8 @@ class RadixTree:
             parent.n_dev_children -= 1
             self.device_pages -= len(node.device)
         node.parent = None
+        if self._lru_key:
+            del self._by_id[node.id]  # its heap entries, if any, are skipped when popped
         self._push_device(parent)
         self._push_host(parent)
         return node.device or [], node.host or []
@@ -474,30 +492,44 @@ class RadixTree:
 
     def _key(self, node: TreeNode) -> Any:
         """The node's eviction key under the tree's policy (`EvictionPolicy.key`). lru's
-        (last_access_ns, access_seq, id) as one int, last_access_ns * 2**64 + access_seq: the
+        (last_access_ns, access_seq, id) is one int, last_access_ns * 2**64 + access_seq: the
         same order (access_seq counts from 0 and never reaches 2**64, so it never carries into
-        the time; ns may be any int), and where two nodes tie on both (a split's halves) the
-        heap entry's next item, the node's id, orders them as the tuple's third did. An int
-        compares without the nested tuple's item-by-item rich compare, the heaps' largest cost
-        (callgrind, issue 41)."""
+        the time; ns may be any int); its heap entries add the id below it (`_lru_entry`)."""
         if self._lru_key:
-            # Made once a stamp (TreeNode.lru_key): a node is keyed at every push and at every pop
-            # of one of its entries, mostly between the same two stamps, and the two big-int
-            # operations cost ~900 instructions compiled (callgrind, issue 41)
-            seq = node.access_seq
-            if node.lru_key_seq != seq:
-                node.lru_key = (node.last_access_ns << 64) | seq  # policies._lru, as one int
-                node.lru_key_seq = seq
-            return node.lru_key
+            return self._lru_entry(node) >> _ID_BITS
         return self.priority(node)
+
+    def _lru_entry(self, node: TreeNode) -> int:
+        """lru's heap entry: (last_access_ns << 64 | access_seq) << 48 | id, one int ordered as
+        the tuple (key, id) was, and where two nodes tie on both stamps (a split's halves) by id
+        as the tuple's second item did. The heap compares two ints, one call, where a tuple entry
+        was the tuple's compare and two of its items' (its EQ, then LT) and a tuple allocated a
+        push; those compares were ~5 % of Scheduler.run (callgrind, issue 41 session 24). Made
+        once a stamp (TreeNode.lru_key): a node is keyed at every push and at every pop of one of
+        its entries, mostly between the same two stamps, and the big-int operations cost ~900
+        instructions compiled (callgrind, issue 41)."""
+        seq = node.access_seq
+        if node.lru_key_seq != seq:
+            nid = node.id
+            if nid < 0 or nid > _ID_MASK:
+                raise ValueError(f"node id {nid} outside the lru heap's [0, 2**{_ID_BITS})")
+            node.lru_key = ((((node.last_access_ns << 64) | seq)) << _ID_BITS) | nid  # policies._lru
+            node.lru_key_seq = seq
+        return node.lru_key
 
     def _push_device(self, node: TreeNode) -> None:
         if self.device_evictable(node):
-            heappush(self._device_heap, (self._key(node), node.id, node))
+            if self._lru_key:
+                _HEAPPUSH(self._device_heap, self._lru_entry(node))
+            else:
+                _HEAPPUSH(self._device_heap, (self.priority(node), node.id, node))
 
     def _push_host(self, node: TreeNode) -> None:
         if self.host_evictable(node):
-            heappush(self._host_heap, (self._key(node), node.id, node))
+            if self._lru_key:
+                _HEAPPUSH(self._host_heap, self._lru_entry(node))
+            else:
+                _HEAPPUSH(self._host_heap, (self.priority(node), node.id, node))
 
     def _pop(self, heap: list, device: bool) -> TreeNode | None:
         """The next victim of the device heap (`device`) or the host heap. The entry is typed
@@ -505,16 +537,36 @@ class RadixTree:
         entry's items are read in place and the check is a native call, where an unpack of
         what heappop returns iterated it and a passed callable went through Python's calling
         convention (~60 M instructions of a 3,000-request run, issue 41)."""
+        if self._lru_key:
+            return self._pop_lru(heap, device)
         while heap:
-            entry: tuple[Any, int, TreeNode] = heappop(heap)
+            entry: tuple[Any, int, TreeNode] = _HEAPPOP(heap)
             node = entry[2]
             if not (self.device_evictable(node) if device else self.host_evictable(node)):
                 continue
-            current = self._key(node)
+            current = self.priority(node)
             if current != entry[0]:
-                heappush(heap, (current, node.id, node))
+                _HEAPPUSH(heap, (current, node.id, node))
                 continue
             # drop duplicates of the same node still in the heap lazily (they fail the check later)
+            return node
+        return None
+
+    def _pop_lru(self, heap: list, device: bool) -> TreeNode | None:
+        """`_pop` on lru's int entries: the node by its id (a deleted node's entries find none,
+        as the tuple's node failed the evictable check once detached), then the same checks."""
+        by_id = self._by_id
+        while heap:
+            entry: int = _HEAPPOP(heap)
+            node = by_id.get(entry & _ID_MASK)
+            if node is None:
+                continue
+            if not (self.device_evictable(node) if device else self.host_evictable(node)):
+                continue
+            current = self._lru_entry(node)
+            if current != entry:  # re-stamped since: back in with its current entry
+                _HEAPPUSH(heap, current)
+                continue
             return node
         return None
 

@@ -108,6 +108,15 @@ def extend_output_keys_numpy(req_id: str, keys: list[int], keys_np: np.ndarray, 
     return np.concatenate((keys_np, np.array(out, dtype=np.int64)))
 
 
+def _seed_c(req_id: str, keys: list[int], n_in: int) -> int:
+    """The output keys' seed (`_output_seed` of the last input key, keys[n_in - 1]) by the
+    compiled blake2b (_cplane.output_seed: hashlib's object was most of a finish's cost), or
+    by hashlib where it declines."""
+    last = keys[n_in - 1] if n_in else 0
+    seed = _c_output_seed(req_id, last)
+    return _output_seed(req_id, last) if seed == -1 else seed
+
+
 def extend_output_keys_c(req_id: str, keys: list[int], keys_np: np.ndarray, n_in: int,
                          n_total: int) -> np.ndarray:
     """`extend_output_keys_numpy` with the keys made, appended and laid after `keys_np` in one C
@@ -116,14 +125,29 @@ def extend_output_keys_c(req_id: str, keys: list[int], keys_np: np.ndarray, n_in
     np.array, np.concatenate), ~35k instructions a finish (callgrind, issue 41 session 19). What
     they decline, having changed nothing, takes the Python and numpy paths."""
     if 0 <= n_in <= len(keys):
-        last = keys[n_in - 1] if n_in else 0
-        seed = _c_output_seed(req_id, last)  # the blake2b in C too (hashlib's object was most of the rest)
-        if seed == -1:
-            seed = _output_seed(req_id, last)
-        got = _c_output_keys(keys, keys_np, seed, len(keys) - n_in, n_total - n_in)
+        got = _c_output_keys(keys, keys_np, _seed_c(req_id, keys, n_in), len(keys) - n_in, n_total - n_in)
         if got != -1:
             return np.frombuffer(got, _INT64)
     return extend_output_keys_numpy(req_id, keys, keys_np, n_in, n_total)
+
+
+def append_output_keys_py(req_id: str, keys: list[int], n_in: int, n_total: int) -> None:
+    """`extend_output_keys_numpy`'s keys alone: the output pages' keys appended to `keys` (a list
+    or a key run) up to `n_total` pages, and no array made. A finish's (DecodeSteps._finish): the
+    request's `keys_np` is read by no one after it, and the whole-list array a finish made was a
+    copy of every key and a large allocation a request (issue 41, session 24). The reference of
+    `append_output_keys_c` (tests/trace/test_trace_pages.py checks they agree)."""
+    keys.extend(output_page_keys(req_id, keys[n_in - 1:n_in], n_total - n_in)[len(keys) - n_in:])
+
+
+def append_output_keys_c(req_id: str, keys: list[int], n_in: int, n_total: int) -> None:
+    """`append_output_keys_py` in one C call after the seed (_cplane.output_keys handed None
+    for keys_np: the keys appended, nothing else made). What it declines, having changed
+    nothing, takes the Python path."""
+    if 0 <= n_in <= len(keys):
+        if _c_output_keys(keys, None, _seed_c(req_id, keys, n_in), len(keys) - n_in, n_total - n_in) is None:
+            return
+    append_output_keys_py(req_id, keys, n_in, n_total)
 
 
 # From this many output pages numpy's fixed ~4 us beats ~0.13 us a page in Python (a trace's
@@ -190,6 +214,7 @@ def keys_list_numpy(keys_np: np.ndarray) -> list[int]:
 
 keys_list = cplane.choose("pages.keys_list", cplane.compiled("keys_list"), keys_list_numpy)
 extend_output_keys = cplane.choose("pages.extend_output_keys", extend_output_keys_c, extend_output_keys_numpy)
+append_output_keys = cplane.choose("pages.append_output_keys", append_output_keys_c, append_output_keys_py)
 
 _PAGE_OFFSETS: dict[int, np.ndarray] = {}
 

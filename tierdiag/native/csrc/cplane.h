@@ -116,6 +116,7 @@ cp_small_int(PyObject *v, int64_t *x)
 typedef struct {
     int64_t *v;
     Py_ssize_t n;
+    int borrowed;  /* v is an int64 run's own items (read in place, never written or freed) */
     int64_t small[SMALL_LIST];
 } Ints;
 
@@ -124,6 +125,13 @@ CP_HIDDEN void ints_free(Ints *ix);
 /* A page list: a list or tuple of ints, a range, or a 1-D C-contiguous buffer of native int64.
  * 1 loaded, 0 not a list this module takes (nothing set), -1 on MemoryError. */
 CP_HIDDEN int ints_load(PyObject *obj, Ints *ix);
+/* An int64 run (an array.array of typecode 'q': engine/tree_node.py's KeyRun and SlotRun) read
+ * in place: 1 with its items and length set, 0 for anything else (nothing set). No buffer is
+ * exported, so the items stay valid only while no Python code runs (the caller holds the GIL
+ * and calls none before it is done with them). Only where run_layout_check (module init)
+ * proved this interpreter's array object laid out as below; else always 0. */
+CP_HIDDEN int run_items(PyObject *obj, const int64_t **v, Py_ssize_t *n);
+CP_HIDDEN int run_layout_check(void);
 /* Whether a PEP 3118 format names a native signed 8-byte integer ("l", "q", "n", "@" first). */
 CP_HIDDEN int is_int64_format(const char *fmt);
 /* Whether every value is a slot of a pool of num_pages. */

@@ -10,16 +10,115 @@ ints_init(Ints *ix)
 {
     ix->v = ix->small;
     ix->n = 0;
+    ix->borrowed = 0;
 }
 
 void
 ints_free(Ints *ix)
 {
-    if (ix->v != ix->small) {
+    if (ix->v != ix->small && !ix->borrowed) {
         PyMem_Free(ix->v);
     }
     ix->v = ix->small;
     ix->n = 0;
+    ix->borrowed = 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* int64 runs read in place. CPython's array.array keeps its items behind this header
+ * (Modules/arraymodule.c, unchanged from 3.8 to 3.13; not in any public header): reading it
+ * skips a buffer export and release a run (~120 instructions) and, for ints_load, the copy of
+ * the items (issue 41, session 24). run_layout_check proves the layout on this interpreter
+ * at import, against what the buffer protocol says of runs it makes; a failed check turns the
+ * in-place read off and every reader takes the buffer protocol as before. */
+
+typedef struct {
+    char typecode;
+    int itemsize;
+} RunDescr;  /* struct arraydescr's first two members */
+
+typedef struct {
+    PyObject_VAR_HEAD
+    char *ob_item;
+    Py_ssize_t allocated;
+    const RunDescr *ob_descr;
+} RunHead;  /* struct arrayobject's first members */
+
+static PyTypeObject *run_type;  /* array.array, once the layout is proven; NULL: never in place */
+
+int
+run_items(PyObject *obj, const int64_t **v, Py_ssize_t *n)
+{
+    const RunHead *r = (const RunHead *)obj;
+    if (Py_TYPE(obj) != run_type || run_type == NULL || r->ob_descr->typecode != 'q'
+        || r->ob_descr->itemsize != (int)sizeof(int64_t)) {
+        return 0;
+    }
+    *v = (const int64_t *)r->ob_item;
+    *n = Py_SIZE(obj);
+    return 1;
+}
+
+/* One run of typecode `code` with `len` items: whether the header above says what its exported
+ * buffer says (items, length, item size), and the type code. */
+static int
+run_layout_agrees(PyObject *array_type, const char *code, Py_ssize_t len)
+{
+    PyObject *r = PyObject_CallFunction(array_type, "s", code);
+    Py_buffer b;
+    int ok = 0;
+    if (r == NULL) {
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < len; i++) {
+        PyObject *x = PyLong_FromSsize_t(i * 3 + 1);
+        PyObject *got = x == NULL ? NULL : PyObject_CallMethod(r, "append", "O", x);
+        Py_XDECREF(x);
+        if (got == NULL) {
+            Py_DECREF(r);
+            return 0;
+        }
+        Py_DECREF(got);
+    }
+    if (PyObject_GetBuffer(r, &b, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) == 0) {
+        const RunHead *h = (const RunHead *)r;
+        ok = Py_SIZE(r) == len && h->ob_descr != NULL && h->ob_descr->typecode == code[0]
+             && h->ob_descr->itemsize == b.itemsize && b.len == len * b.itemsize
+             && (len == 0 || (void *)h->ob_item == b.buf);
+        PyBuffer_Release(&b);
+    }
+    Py_DECREF(r);
+    return ok;
+}
+
+/* At import: run_type set where array.array is laid out as RunHead says, for runs of 'q' and
+ * of another type code, empty and not. 0, or -1 with an error set (array not importable). */
+int
+run_layout_check(void)
+{
+    PyObject *mod = PyImport_ImportModule("array");
+    PyObject *array_type;
+    int ok;
+    if (mod == NULL) {
+        return -1;
+    }
+    array_type = PyObject_GetAttrString(mod, "array");
+    Py_DECREF(mod);
+    if (array_type == NULL) {
+        return -1;
+    }
+    ok = PyType_Check(array_type) && run_layout_agrees(array_type, "q", 5) && run_layout_agrees(array_type, "q", 0)
+         && run_layout_agrees(array_type, "i", 3) && run_layout_agrees(array_type, "q", 300);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        ok = 0;
+    }
+    if (ok) {
+        run_type = (PyTypeObject *)array_type;  /* the reference kept: the type outlives the module */
+    } else {
+        Py_DECREF(array_type);
+    }
+    return 0;
 }
 
 /* Room for n values: 0, or -1 with MemoryError set. */
@@ -129,6 +228,16 @@ ints_load(PyObject *obj, Ints *ix)
         ix->n = n;
         return 1;
     }
+    {
+        const int64_t *items;
+        Py_ssize_t n;
+        if (run_items(obj, &items, &n)) {  /* a run: its own items, read in place */
+            ix->v = (int64_t *)items;
+            ix->n = n;
+            ix->borrowed = 1;
+            return 1;
+        }
+    }
     if (PyObject_CheckBuffer(obj)) {
         Py_buffer b;
         if (PyObject_GetBuffer(obj, &b, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
@@ -220,7 +329,8 @@ PyInit__cplane(void)
     if (m == NULL) {
         return NULL;
     }
-    if (PyModule_AddIntConstant(m, "API", CPLANE_API) < 0 ||
+    if (run_layout_check() < 0 ||
+        PyModule_AddIntConstant(m, "API", CPLANE_API) < 0 ||
         PyModule_AddFunctions(m, cp_pages_methods) < 0 ||
         PyModule_AddFunctions(m, cp_pagemap_methods) < 0 ||
         PyModule_AddFunctions(m, cp_page_keys_methods) < 0 ||

@@ -200,17 +200,19 @@ cp_output_seed(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* output_keys(keys, keys_np, seed, skip, count) -> bytearray, or -1                           */
+/* output_keys(keys, keys_np, seed, skip, count) -> bytearray, None, or -1                     */
 
 PyDoc_STRVAR(output_keys_doc,
-"output_keys(keys, keys_np, seed, skip, count) -> bytearray, or -1\n\n"
+"output_keys(keys, keys_np, seed, skip, count) -> bytearray, None, or -1\n\n"
 "trace.pages.extend_output_keys_numpy's work after the seed: output page j (skip <= j < count)\n"
 "is ~((seed + j * step) mod 2**63) as an int64 (pages._OUTPUT_STEP); they are appended to\n"
 "`keys` (a list, or a key run: an array.array of int64, extended by its frombytes), and the\n"
-"bytearray returned holds keys_np's int64s then the same keys (what np.concatenate made). -1,\n"
+"bytearray returned holds keys_np's int64s then the same keys (what np.concatenate made).\n"
+"keys_np None: the keys are appended and nothing else is made (None returned:\n"
+"trace.pages.append_output_keys_py's work, a finish's, whose keys_np nobody reads after). -1,\n"
 "having changed nothing, when the case is numpy's: keys neither a list nor an int64 run,\n"
-"keys_np not a 1-D native int64 buffer as long as it, a seed outside [0, 2**63), counts out\n"
-"of range.");
+"keys_np neither None nor a 1-D native int64 buffer as long as keys, a seed outside\n"
+"[0, 2**63), counts out of range.");
 
 #define OUTPUT_STEP ((UINT64_C(0x9E3779B97F4A7C15) >> 1) | 1)
 #define MASK63 ((UINT64_C(1) << 63) - 1)
@@ -221,13 +223,15 @@ cp_output_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
     Py_buffer b;
     PyObject *keys, *result, *tail, *done;
     long long seed;
-    Py_ssize_t skip, count, have, add;
-    int64_t *out;
+    Py_ssize_t skip, count, have, add, lead;
+    int64_t *out, *made;
+    int keys_only;
 
     if (wrong_nargs(nargs, 5, "output_keys() takes 5 arguments: keys, keys_np, seed, skip, count")) {
         return NULL;
     }
     keys = args[0];
+    keys_only = args[1] == Py_None;
     if (!PyLong_CheckExact(args[2])) {
         return not_mine();
     }
@@ -257,29 +261,44 @@ cp_output_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
     if (seed < 0 || skip < 0 || count < skip) {
         return not_mine();
     }
-    if (PyObject_GetBuffer(args[1], &b, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
-        PyErr_Clear();
-        return not_mine();
-    }
-    if (b.ndim != 1 || b.itemsize != 8 || b.format == NULL
-        || !((b.format[0] == 'l' || b.format[0] == 'q') && b.format[1] == '\0') || b.shape[0] != have) {
-        PyBuffer_Release(&b);
-        return not_mine();
-    }
     add = count - skip;
-    result = PyByteArray_FromStringAndSize(NULL, (have + add) * (Py_ssize_t)sizeof(int64_t));
-    if (result == NULL) {
+    if (add > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(int64_t) - have) {
+        return PyErr_NoMemory();  /* (have + add) int64s cannot be sized: nothing appended */
+    }
+    if (keys_only) {
+        /* the new keys alone: no copy of the keys before them */
+        lead = 0;
+        result = PyByteArray_FromStringAndSize(NULL, add * (Py_ssize_t)sizeof(int64_t));
+        if (result == NULL) {
+            return NULL;
+        }
+        out = (int64_t *)PyByteArray_AS_STRING(result);
+    } else {
+        if (PyObject_GetBuffer(args[1], &b, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Clear();
+            return not_mine();
+        }
+        if (b.ndim != 1 || b.itemsize != 8 || b.format == NULL
+            || !((b.format[0] == 'l' || b.format[0] == 'q') && b.format[1] == '\0') || b.shape[0] != have) {
+            PyBuffer_Release(&b);
+            return not_mine();
+        }
+        lead = have;
+        result = PyByteArray_FromStringAndSize(NULL, (have + add) * (Py_ssize_t)sizeof(int64_t));
+        if (result == NULL) {
+            PyBuffer_Release(&b);
+            return NULL;
+        }
+        out = (int64_t *)PyByteArray_AS_STRING(result);
+        if (have) {
+            memcpy(out, b.buf, (size_t)have * sizeof(int64_t));
+        }
         PyBuffer_Release(&b);
-        return NULL;
     }
-    out = (int64_t *)PyByteArray_AS_STRING(result);
-    if (have) {
-        memcpy(out, b.buf, (size_t)have * sizeof(int64_t));
-    }
-    PyBuffer_Release(&b);
+    made = out + lead;
     for (Py_ssize_t i = 0; i < add; i++) {
         uint64_t v = ((uint64_t)seed + (uint64_t)(skip + i) * OUTPUT_STEP) & MASK63;
-        out[have + i] = -(int64_t)v - 1;
+        made[i] = -(int64_t)v - 1;
     }
     if (!PyList_CheckExact(keys)) {  /* a key run: its bytes appended */
         /* frombytes by an interned name, handed a view of the keys just made (a call by a C
@@ -290,7 +309,7 @@ cp_output_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
             Py_DECREF(result);
             return NULL;
         }
-        view = PyMemoryView_FromMemory((char *)(out + have), add * (Py_ssize_t)sizeof(int64_t), PyBUF_READ);
+        view = PyMemoryView_FromMemory((char *)made, add * (Py_ssize_t)sizeof(int64_t), PyBUF_READ);
         if (view == NULL) {
             Py_DECREF(result);
             return NULL;
@@ -302,28 +321,32 @@ cp_output_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
             return NULL;
         }
         Py_DECREF(done);
-        return result;
-    }
-    tail = PyList_New(add);
-    if (tail == NULL) {
-        Py_DECREF(result);
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < add; i++) {
-        PyObject *o = PyLong_FromLongLong(out[have + i]);
-        if (o == NULL) {
+    } else {
+        tail = PyList_New(add);
+        if (tail == NULL) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < add; i++) {
+            PyObject *o = PyLong_FromLongLong(made[i]);
+            if (o == NULL) {
+                Py_DECREF(result);
+                Py_DECREF(tail);
+                return NULL;
+            }
+            PyList_SET_ITEM(tail, i, o);
+        }
+        if (PyList_SetSlice(keys, have, have, tail) < 0) {
             Py_DECREF(result);
             Py_DECREF(tail);
             return NULL;
         }
-        PyList_SET_ITEM(tail, i, o);
-    }
-    if (PyList_SetSlice(keys, have, have, tail) < 0) {
-        Py_DECREF(result);
         Py_DECREF(tail);
-        return NULL;
     }
-    Py_DECREF(tail);
+    if (keys_only) {
+        Py_DECREF(result);
+        Py_RETURN_NONE;
+    }
     return result;
 }
 
@@ -417,22 +440,35 @@ cp_common_pages(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
         PyErr_Clear();
         return not_mine();
     }
-    if (!key_buffer(args[0], &a)) {
-        return not_mine();
+    /* two runs (the tree's case) read in place; other int64 buffers exported */
+    a.obj = b.obj = NULL;
+    if (!run_items(args[0], &k, &n)) {
+        if (!key_buffer(args[0], &a)) {
+            return not_mine();
+        }
+        k = (const int64_t *)a.buf;
+        n = a.shape[0];
     }
-    if (!key_buffer(args[2], &b)) {
-        PyBuffer_Release(&a);
-        return not_mine();
+    if (!run_items(args[2], &nk, &m)) {
+        if (!key_buffer(args[2], &b)) {
+            if (a.obj != NULL) {
+                PyBuffer_Release(&a);
+            }
+            return not_mine();
+        }
+        nk = (const int64_t *)b.buf;
+        m = b.shape[0];
     }
-    n = a.shape[0];
-    m = b.shape[0];
     if (start < 0 || start >= n || m < 1) {
-        PyBuffer_Release(&a);
-        PyBuffer_Release(&b);
+        if (a.obj != NULL) {
+            PyBuffer_Release(&a);
+        }
+        if (b.obj != NULL) {
+            PyBuffer_Release(&b);
+        }
         return not_mine();
     }
-    k = (const int64_t *)a.buf + start;
-    nk = (const int64_t *)b.buf;
+    k += start;
     avail = n - start;
     if (avail >= m && k[m - 1] == nk[m - 1]) {
         got = m;
@@ -453,8 +489,12 @@ cp_common_pages(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
             got = lo;
         }
     }
-    PyBuffer_Release(&a);
-    PyBuffer_Release(&b);
+    if (a.obj != NULL) {
+        PyBuffer_Release(&a);
+    }
+    if (b.obj != NULL) {
+        PyBuffer_Release(&b);
+    }
     return PyLong_FromSsize_t(got);
 }
 

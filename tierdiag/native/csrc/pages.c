@@ -748,17 +748,27 @@ slots_pop_run(const Py_ssize_t *st, unsigned char *own, Py_ssize_t cap, Py_ssize
     if (out == NULL) {
         return NULL;
     }
-    if (PyObject_GetBuffer(out, &b, PyBUF_WRITABLE) < 0) {
-        Py_DECREF(out);
-        return NULL;
+    b.obj = NULL;
+    {
+        const int64_t *items;
+        Py_ssize_t len;
+        if (run_items(out, &items, &len) && len == n) {  /* this call's own new run: written in place */
+            v = (int64_t *)items;
+        } else if (PyObject_GetBuffer(out, &b, PyBUF_WRITABLE) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        } else {
+            v = (int64_t *)b.buf;
+        }
     }
-    v = (int64_t *)b.buf;
     for (Py_ssize_t j = 0; j < n; j++) {
         Py_ssize_t slot = st[top - 1 - j];
         v[j] = (int64_t)slot;
         own[slot] = 1;
     }
-    PyBuffer_Release(&b);
+    if (b.obj != NULL) {
+        PyBuffer_Release(&b);
+    }
     return out;
 }
 
