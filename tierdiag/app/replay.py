@@ -37,6 +37,8 @@ from tierdiag.threads import OnThread
 
 @dataclass(frozen=True)
 class ReplayResult:
+    """What a replay did, as `replay` prints it (the closing table, --json)."""
+
     run_id: str | None
     db_path: str | None
     run_name: str
@@ -224,6 +226,12 @@ class _Digest(OnThread):
     it, or raises what it raised (where the call itself would have)."""
 
     def __init__(self, path: Path):
+        # hashlib (imported where a digest is taken: trace/reader.py) is imported here, on the
+        # caller's thread, never on this one: an import on it raced the engine's import on the
+        # main thread (which imports hashlib too, engine/compiled.py) and, under CPython 3.11's
+        # module locks, hung both (seen: 2 replays in 3).
+        import hashlib  # noqa: F401
+
         super().__init__(trace_sha256, path, name="tierdiag-trace-digest")
 
 
