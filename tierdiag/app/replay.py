@@ -504,12 +504,12 @@ def _temporary_storage(root: str | None) -> Path:
 
 def _close_storage(engine, temporary: Path | None) -> int:
     """Close the storage tier's files; returns their size. A temporary folder is removed."""
-    import shutil
-
     tier = getattr(engine, "storage", None)
     size = tier.disk_bytes() if tier is not None else 0
     if tier is not None:
         tier.close()
     if temporary is not None:
+        import shutil  # here: shutil loads bz2 and lzma, for a replay that has a folder to remove
+
         shutil.rmtree(temporary, ignore_errors=True)
     return size
