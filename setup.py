@@ -68,7 +68,8 @@ def engine_extensions() -> list:
                 exts = []
             else:
                 manifest = {"compiled": True, "mypy": mypy.version.__version__,
-                            "sources": {m: comp.source_digest(comp.source_path(m)) for m in comp.MODULES}}
+                            "sources": {m: comp.source_digest(comp.source_path(m)) for m in comp.MODULES},
+                            "stats": {m: comp.source_stat(comp.source_path(m)) for m in comp.MODULES}}
     for ext in exts:
         ext.optional = True  # no C compiler: the extensions are missing and compiled.py runs the twin
     comp.MANIFEST.write_text(json.dumps(manifest, indent=1) + "\n")

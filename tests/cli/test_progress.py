@@ -203,3 +203,27 @@ def test_stderr_is_terminal_answers_as_the_console_would(kind, tty_compatible, f
             assert not lazy.made(), kind
         want = new_console(stderr=True).is_terminal
     assert got == want, (kind, tty_compatible, force_color, made)
+
+
+def test_a_total_given_as_a_function_is_counted_where_first_shown_and_once(monkeypatch):
+    """A replay's total is its trace's line count, a read of the whole file: `Progress` takes it
+    as a function and calls it where the total is first shown (the bar's start, the first piped
+    line), once; a piped command that ends before its first line never reads the file (issue 41,
+    the replay's start-up)."""
+    monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    calls: list[int] = []
+
+    def count() -> int:
+        calls.append(1)
+        return 3000
+
+    bar = prog.Progress("replay", count, "requests", show_bar=False)  # piped (pytest's stderr)
+    bar.update(256, info="t=1s")
+    assert calls == []  # nothing shown yet: not counted
+    assert bar.total == 3000 and bar.total == 3000 and calls == [1]
+    assert bar._count() == "256/3,000 requests"
+    bar.update(512, total=4000)  # a total given later replaces it, as before
+    assert bar.total == 4000 and calls == [1]
+    unknown = prog.Progress("replay", lambda: None, "requests", show_bar=False)
+    assert unknown.total is None and unknown._count() == "0 requests"

@@ -56,3 +56,24 @@ def test_a_piped_json_replay_loads_no_view_duckdb_or_package_metadata_in_the_eng
                        env=_env(TIERDIAG_WRITER="process", TIERDIAG_PROGRESS_EVERY_S="3600"))
     assert r.returncode == 0, r.stderr
     assert r.stderr.rstrip().splitlines()[-1] == "loaded:", r.stderr
+
+
+def test_an_unrecorded_replay_loads_no_gzip_shutil_or_request_rows(tmp_path):
+    """Its start-up (issue 41, session 24): a trace file that is not gzip needs no gzip; shutil
+    (bz2, lzma) is for a folder to remove; a replay's token split never reads a `requests` row
+    (RequestRow, a slotted class of ~90 fields). None of them is loaded, start to end."""
+    import subprocess
+    import sys
+
+    from tests.cli.cli_helpers import _env
+
+    trace = write_late_trace(tmp_path / "t.jsonl", num_requests=40)
+    avoided = ("gzip", "shutil", "bz2", "lzma", "tierdiag.diagnose.read.requests", "duckdb", "typer")
+    code = ("import sys\nfrom tierdiag.cli.main import main\n"
+            "try:\n    main()\nfinally:\n"
+            f"    sys.stderr.write('\\nloaded: ' + ' '.join(m for m in {avoided!r} if m in sys.modules) + '\\n')\n")
+    r = subprocess.run([sys.executable, "-c", code, "replay", str(trace), "--no-probes", "--json",
+                        *map(str, REPLAY_ARGS)], capture_output=True, text=True, timeout=300,
+                       env=_env(TIERDIAG_PROGRESS_EVERY_S="3600"))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.rstrip().splitlines()[-1] == "loaded:", r.stderr

@@ -100,6 +100,45 @@ def test_a_subpackage_module_is_held_to_its_own_source(tmp_path, monkeypatch):
         assert "missing" in why
 
 
+def _built() -> bool:
+    return all(compiled._extension(m) for m in compiled.MODULES) and compiled._extension("_compiled__mypyc") is not None
+
+
+def test_a_source_as_built_is_not_hashed_and_a_touched_one_is(tmp_path, monkeypatch):
+    """The build records each source's size and modification time beside its digest: a source
+    whose stat is the build's is taken as compiled without reading it (no SHA-256, no OpenSSL at
+    a replay's start, issue 41), as Python takes a .pyc; one whose stat differs is hashed, and
+    runs compiled when its bytes are the build's (a `touch`), stale when not."""
+    sources = {m: compiled.source_digest(compiled.source_path(m)) for m in compiled.MODULES}
+    stats = {m: compiled.source_stat(compiled.source_path(m)) for m in compiled.MODULES}
+    monkeypatch.setattr(compiled, "MANIFEST", tmp_path / "_compiled.json")
+    monkeypatch.delenv(compiled.ENV, raising=False)
+    hashed: list[Path] = []
+    digest = compiled.source_digest
+    monkeypatch.setattr(compiled, "source_digest", lambda path: hashed.append(path) or digest(path))
+
+    def decide(sources: dict, stats: dict) -> tuple[str, str]:
+        hashed.clear()
+        (tmp_path / "_compiled.json").write_text(json.dumps({"compiled": True, "mypy": "x", "sources": sources,
+                                                             "stats": stats}))
+        mode, why, _ = compiled._decide()
+        return mode, why
+
+    if not _built():
+        assert decide(sources, stats)[0] == "pure"
+        return
+    assert decide(sources, stats)[0] == "compiled" and hashed == []
+    # A touched source (another time, the same bytes): hashed, and still the build's.
+    touched = dict(stats, tree=[stats["tree"][0], stats["tree"][1] + 1])
+    assert decide(sources, touched)[0] == "compiled" and hashed == [compiled.source_path("tree")]
+    # Another size and another digest: stale, naming the file.
+    changed = dict(stats, tree=[stats["tree"][0] + 1, stats["tree"][1]])
+    mode, why = decide(dict(sources, tree="0" * 64), changed)
+    assert mode == "pure" and why.startswith("stale build: tree.py changed"), why
+    # A manifest without stats (an older build's) hashes every source, as before.
+    assert decide(sources, {})[0] == "compiled" and len(hashed) == len(compiled.MODULES)
+
+
 def test_the_source_as_it_is_compiles_where_mypyc_is_installed():
     """mypyc refusing the engine's source (a mixin's new attribute not declared in
     SchedulerState, an annotation mypy rejects) leaves the Python twin running: every test still

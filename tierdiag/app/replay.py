@@ -37,6 +37,8 @@ from tierdiag.threads import OnThread
 
 @dataclass(frozen=True)
 class ReplayResult:
+    """What a replay did, as `replay` prints it (the closing table, --json)."""
+
     run_id: str | None
     db_path: str | None
     run_name: str
@@ -224,6 +226,12 @@ class _Digest(OnThread):
     it, or raises what it raised (where the call itself would have)."""
 
     def __init__(self, path: Path):
+        # hashlib (imported where a digest is taken: trace/reader.py) is imported here, on the
+        # caller's thread, never on this one: an import on it raced the engine's import on the
+        # main thread (which imports hashlib too, engine/compiled.py) and, under CPython 3.11's
+        # module locks, hung both (seen: 2 replays in 3).
+        import hashlib  # noqa: F401
+
         super().__init__(trace_sha256, path, name="tierdiag-trace-digest")
 
 
@@ -500,12 +508,12 @@ def _temporary_storage(root: str | None) -> Path:
 
 def _close_storage(engine, temporary: Path | None) -> int:
     """Close the storage tier's files; returns their size. A temporary folder is removed."""
-    import shutil
-
     tier = getattr(engine, "storage", None)
     size = tier.disk_bytes() if tier is not None else 0
     if tier is not None:
         tier.close()
     if temporary is not None:
+        import shutil  # here: shutil loads bz2 and lzma, for a replay that has a folder to remove
+
         shutil.rmtree(temporary, ignore_errors=True)
     return size

@@ -375,6 +375,17 @@ def main() -> None:
 def entry() -> None:
     """The `tierdiag` console script: `main`, ending the process without the interpreter's
     teardown after a command that asked for it (cli/exits.py `leave_without_teardown`)."""
+    import sys
+
+    if sys.argv[1:2] == ["replay"]:
+        # The collector's thresholds a replay runs under (app/replay.py `_fewer_gc_passes`) from
+        # the process's start: the ~10^5 objects its imports make (modules, classes, the config's
+        # types) live as long as the process, and at the default thresholds the collector's full
+        # passes walked them again and again before the replay raised them (~2 % of the start's
+        # instructions, issue 41). This process ends after the command.
+        import gc
+
+        gc.set_threshold(50_000, 20, 100)
     from tierdiag.cli.exits import run_and_leave
 
     run_and_leave(_app_for_argv)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from tierdiag.errors import ConfigError
@@ -86,12 +86,16 @@ class Progress:
     """`with Progress("replay", total, "requests") as p: ... p.update(done, info=...)`.
 
     `show=False` (e.g. `--json` on a terminal): the bar is not drawn; piped lines still are, on
-    stderr. `total` None: counts without a total (and no time left)."""
+    stderr. `total` None: counts without a total (and no time left); a function: called for it
+    where it is first needed (the bar's start, the first piped line), so a total that takes a
+    read of a file (a replay's trace lines) costs nothing to a command that ends before its
+    first line."""
 
-    def __init__(self, what: str, total: int | None = None, unit: str = "", *, show_bar: bool = True):
+    def __init__(self, what: str, total: int | None | Callable[[], int | None] = None, unit: str = "", *,
+                 show_bar: bool = True):
         from tierdiag.cli.common import err
 
-        self.what, self.total, self.unit = what, total, unit
+        self.what, self._total, self.unit = what, total, unit
         self.done = 0
         self._info = ""
         self._console = err
@@ -103,6 +107,16 @@ class Progress:
         self._t0 = time.monotonic()
         self._show_bar = show_bar and self._terminal
         self._every = 0.0 if self._terminal else every_s()
+
+    @property
+    def total(self) -> int | None:
+        if callable(self._total):
+            self._total = self._total()
+        return self._total
+
+    @total.setter
+    def total(self, value: int | None) -> None:
+        self._total = value
 
     # --- the two displays ------------------------------------------------------------------
     def start(self) -> "Progress":

@@ -239,7 +239,8 @@ def _progress_bar(trace: Path, *, show_bar: bool):
         return contextlib.nullcontext(), None
     from tierdiag.app.replay import count_lines
 
-    bar = Progress("replay", count_lines(trace) if trace.is_file() else None, "requests", show_bar=show_bar)
+    # The total (a read of the whole trace) where it is first shown: piped, the first line's ~10 s in.
+    bar = Progress("replay", lambda: count_lines(trace) if trace.is_file() else None, "requests", show_bar=show_bar)
 
     from tierdiag.diagnose.request.tokens import TokenSplit
 

@@ -48,6 +48,8 @@ SLRU_PROTECTED_HITS = 2
 
 @dataclass(frozen=True)
 class EvictionPolicy:
+    """An eviction policy of the registry: how the tree orders its victims (`key`), and its words."""
+
     name: str
     key: Callable[[EvictionNode], tuple]
     # True when a node's key can get smaller while it sits in an eviction heap (mru: every

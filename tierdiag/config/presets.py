@@ -17,6 +17,8 @@ from tierdiag.errors import unknown_name
 
 @dataclass(frozen=True)
 class ModelPreset:
+    """A model's shape: what its KV cache and its compute cost a token."""
+
     name: str
     num_layers: int
     hidden_size: int
@@ -44,6 +46,8 @@ class ModelPreset:
 
 @dataclass(frozen=True)
 class GpuPreset:
+    """A GPU's memory, peak rates and host link, as the cost model reads them."""
+
     name: str
     memory_bytes: float
     flops_per_s: float  # dense BF16 peak

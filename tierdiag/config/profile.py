@@ -93,6 +93,8 @@ def preset_clock(model: str, gpu: str) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Profile:
+    """A `--profile` file read and checked: the clock parameters it sets and where they came from."""
+
     path: str
     kind: str  # "fitted" (TOML, calibrate --from) | "copy_kernels" (JSON, calibrate)
     clock: dict[str, float]  # the parameters it sets (a fitted profile: all of them)

@@ -63,6 +63,8 @@ def resolve_max_running_requests(explicit: int | None, device_tokens: int, conte
 
 @dataclass(frozen=True)
 class RuleName:
+    """One rule of the upgrade view: the RuleSet fields switched back together, and its name."""
+
     name: str  # the key used in `sglang_switched_back`, the view and --json
     fields: tuple[str, ...]  # engine/rules.py RuleSet fields switched back together
     title: str  # a few words for the view (docs/engine.md's table names it the same way)

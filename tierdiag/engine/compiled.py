@@ -9,7 +9,11 @@ SHA-256 of each source. The pure twin runs when
 - `TIERDIAG_PURE_ENGINE=1` asks for it ("asked");
 - the build did not compile them (no mypyc at build time, mypyc refused the source, no C
   compiler: `_compiled.json` says which, or the extensions are missing);
-- a source changed since the build (a stale build would run old code): "stale".
+- a source changed since the build (a stale build would run old code): "stale". A source whose
+  size and modification time are those the build recorded (`stats`, as a .pyc is checked) is
+  taken as the one compiled without hashing it; any other is hashed and compared with its digest,
+  so a touched but unchanged file still runs compiled (~2-3 ms of every replay's start were these
+  20 digests and OpenSSL's load, issue 41).
 
 Then an import hook (a finder ahead of the standard ones) loads each of those modules from its
 .py file, so an extension left in place is never imported. Decided once, at the first import of
@@ -52,6 +56,12 @@ def source_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def source_stat(path: Path) -> list[int]:
+    """What the build records of a source besides its digest: [size, mtime in ns] (module doc)."""
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
 def source_path(name: str) -> Path:
     """The .py file of a module of MODULES (a dotted name: a subpackage's module)."""
     return HERE.joinpath(*name.split(".")).with_suffix(".py")
@@ -77,6 +87,7 @@ def _decide() -> tuple[str, str, list[str]]:
     except (OSError, ValueError) as exc:
         manifest = {"compiled": False, "why": f"_compiled.json unreadable: {exc}"}
     sources: dict[str, str] = manifest.get("sources") or {}
+    stats: dict[str, list[int]] = manifest.get("stats") or {}
     modules = [m for m in MODULES if m in sources]
     if os.environ.get(ENV, "") not in ("", "0"):
         return "pure", f"asked ({ENV}={os.environ[ENV]})", modules
@@ -88,6 +99,8 @@ def _decide() -> tuple[str, str, list[str]]:
                        "failed (no C compiler?) or was removed", modules
     for m in modules:
         try:
+            if stats.get(m) is not None and source_stat(source_path(m)) == stats[m]:
+                continue  # as built: its size and time are the build's (module doc)
             digest = source_digest(source_path(m))
         except OSError as exc:
             return "pure", f"{source_path(m).relative_to(HERE)} unreadable: {exc}", modules

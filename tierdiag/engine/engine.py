@@ -3,7 +3,6 @@ trace through them, and check the invariants tests rely on."""
 
 from __future__ import annotations
 
-import shutil
 import weakref
 from pathlib import Path
 from typing import Callable, Iterable
@@ -82,6 +81,7 @@ class Engine:
             if not root:
                 # A folder nobody else knows of (an Engine built directly, as tests and library
                 # users do): it goes when the engine does, or at exit.
+                import shutil  # here, as tempfile: shutil loads bz2 and lzma (~5 M instructions of a start)
                 import tempfile  # here: a replay names its storage folder (app/replay.py); ~1 ms of its start
 
                 root = tempfile.mkdtemp(prefix="tierdiag-storage-")

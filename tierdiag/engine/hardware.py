@@ -35,6 +35,8 @@ def pcie_bytes_per_s(generation: int | None, width: int | None) -> float | None:
 
 @dataclass(frozen=True)
 class GpuInfo:
+    """One GPU as NVML reports it."""
+
     index: int
     name: str
     memory_total_bytes: int | None
@@ -59,6 +61,8 @@ class GpuInfo:
 
 @dataclass(frozen=True)
 class NvmlInfo:
+    """What NVML says of the machine's driver and GPUs (or why it cannot)."""
+
     available: bool
     error: str | None  # why not, in one line, when not available
     driver_version: str | None = None
@@ -68,6 +72,8 @@ class NvmlInfo:
 
 @dataclass(frozen=True)
 class TorchInfo:
+    """torch's version, its CUDA build and the devices it sees."""
+
     version: str | None
     cuda_build: str | None  # CUDA toolkit torch was built with; None for a CPU build
     cuda_available: bool
@@ -77,18 +83,24 @@ class TorchInfo:
 
 @dataclass(frozen=True)
 class PinnedMemoryInfo:
+    """Whether page-locked host memory can be had, and the limit."""
+
     available: bool
     detail: str
 
 
 @dataclass(frozen=True)
 class Finding:
+    """One line of `tierdiag doctor`'s verdict."""
+
     level: str  # "ok" | "info" | "warn"
     message: str
 
 
 @dataclass(frozen=True)
 class DoctorReport:
+    """Everything `tierdiag doctor` checked."""
+
     python_version: str
     platform: str
     cpu_count: int

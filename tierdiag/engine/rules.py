@@ -34,6 +34,8 @@ class ExplainVocabulary:
 
 @dataclass(frozen=True)
 class RuleSet:
+    """The cache rules of one SGLang release, one field a rule (RULES below: each release's)."""
+
     version: str
     # --- the tree (RadixTree) ---
     # HiRadixCache._split_node (0.5.9) makes the upper half a new TreeNode: created at the split.

@@ -16,8 +16,18 @@ from tierdiag.units import fmt_tokens
 # C0 and C1 controls (ESC starts ANSI/OSC sequences, BEL ends OSC ones), DEL, and the invisible
 # Unicode format characters that reorder or hide text (bidi overrides, zero-width); lone
 # surrogates are the bytes of a command-line argument or file name that were not UTF-8.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff\ud800-\udfff]")
-_CONTROL_ANY = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff\ud800-\udfff]")
+# Compiled where first used (`_controls`): each is a class of ~4,000 code points, ~1 ms to compile,
+# and a replay's start imports this module for `as_text` alone (issue 41).
+_CONTROL = "[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff\ud800-\udfff]"
+_CONTROL_ANY = "[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff\ud800-\udfff]"
+_COMPILED: dict[bool, re.Pattern] = {}
+
+
+def _controls(lines: bool) -> re.Pattern:
+    pattern = _COMPILED.get(lines)
+    if pattern is None:
+        pattern = _COMPILED[lines] = re.compile(_CONTROL if lines else _CONTROL_ANY)
+    return pattern
 
 
 def _escape(m: re.Match) -> str:
@@ -32,7 +42,7 @@ def visible(text: object, *, lines: bool = True) -> str:
     as `\\xff`), so that data (a run name, a request id, a path) can never move the cursor,
     clear the screen or set a window title. Newlines and tabs stay unless `lines=False` (a
     table cell, a title: one line)."""
-    return (_CONTROL if lines else _CONTROL_ANY).sub(_escape, str(text))
+    return _controls(lines).sub(_escape, str(text))
 
 
 def as_text(value: str) -> str:

@@ -25,9 +25,16 @@ from typing import Any
 import msgspec
 from msgspec import inspect as mi
 
-_AT = re.compile(r" - at `\$((?:\.[^.\[`]+|\[\d+\])*)`$")
-_MISSING = re.compile(r"^Object missing required field `([^`]+)`")
-_STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
+# msgspec's error messages, read back when a value is refused (`word`): compiled then, not at
+# every replay's start (`_patterns`).
+_AT = r" - at `\$((?:\.[^.\[`]+|\[\d+\])*)`$"
+_MISSING = r"^Object missing required field `([^`]+)`"
+_STEP = r"\.([^.\[]+)|\[(\d+)\]"
+
+
+@lru_cache(maxsize=None)
+def _patterns() -> tuple[re.Pattern, re.Pattern, re.Pattern]:
+    return re.compile(_AT), re.compile(_MISSING), re.compile(_STEP)
 
 
 class FieldError(ValueError):
@@ -66,11 +73,12 @@ def _encodable(value):
 
 def word(message: str, obj: dict, model: type, *, style: str = "trace", null_is_missing: bool = False) -> str:
     """The sentence for msgspec's `message` about `obj`, worded from `model`'s declaration."""
-    missing = _MISSING.match(message)
+    at_re, missing_re, step_re = _patterns()
+    missing = missing_re.match(message)
     if missing:
         return f"missing field '{missing.group(1)}'"
-    at = _AT.search(message)
-    steps = [(m.group(1), m.group(2)) for m in _STEP.finditer(at.group(1))] if at else []
+    at = at_re.search(message)
+    steps = [(m.group(1), m.group(2)) for m in step_re.finditer(at.group(1))] if at else []
     if not steps or steps[0][0] is None:
         return message  # not about one field: msgspec's own words (cannot happen for a dict)
     key = steps[0][0]

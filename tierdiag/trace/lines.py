@@ -10,12 +10,9 @@
 
 from __future__ import annotations
 
-import gzip
-import hashlib
 import io
 import os
 import stat
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -86,6 +83,8 @@ def numbered_lines(path: Path, report=None, *, what: str = "trace") -> Iterator[
     raw = open_raw(path, what)
     digest = None
     if report is not None and not is_seekable_file(path):
+        import hashlib  # here: a file's lines need neither OpenSSL nor gzip (issue 41's start-up)
+
         digest = hashlib.sha256()
         raw = io.BufferedReader(_Hashing(raw, digest))
     elif not isinstance(raw, io.BufferedReader):
@@ -93,13 +92,20 @@ def numbered_lines(path: Path, report=None, *, what: str = "trace") -> Iterator[
     lineno = 0
     try:
         is_gzip = raw.peek(2)[:2] == _GZIP_MAGIC
-        fh: BinaryIO = gzip.GzipFile(fileobj=raw, mode="rb") if is_gzip else raw
+        fh: BinaryIO = raw
+        errors: tuple[type[BaseException], ...] = (OSError, EOFError)
+        if is_gzip:
+            import gzip
+            import zlib
+
+            fh = gzip.GzipFile(fileobj=raw, mode="rb")
+            errors += (zlib.error,)
         try:
             for lineno, data in enumerate(fh, start=1):
                 yield lineno, data
             if digest is not None:
                 report.sha256 = digest.hexdigest()
-        except (OSError, EOFError, zlib.error) as exc:
+        except errors as exc:
             # gzip.BadGzipFile is an OSError; a truncated member is EOFError.
             what = "corrupt or truncated gzip data" if is_gzip else f"read error: {exc}"
             raise TraceError(f"{path}:{lineno + 1}: {what}") from None

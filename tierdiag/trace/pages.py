@@ -30,7 +30,6 @@ ever computes them again, so there is nothing to remember about them.
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from array import array
 
@@ -69,6 +68,8 @@ def page_keys_array(req: TraceRequest, *, page_size: int, block_size: int) -> np
 
 def extra_key_salt(extra_key: str) -> int:
     """A non-zero 63-bit digest of an extra_key string (XORed into every page key under it)."""
+    import hashlib  # in the functions that hash in Python (none on the C data plane's paths): ~2 ms of OpenSSL
+
     digest = hashlib.blake2b(b"tierdiag-extra-key\0" + extra_key.encode("utf-8"), digest_size=8).digest()
     return (int.from_bytes(digest, "little") >> 1) or 1
 
@@ -91,6 +92,8 @@ def output_page_keys(req_id: str, input_keys: list[int], num_pages: int) -> list
 
 def _output_seed(req_id: str, last: int) -> int:
     """output_page_keys' seed: a blake2b-64 of the last input key and the request id, 63 bits."""
+    import hashlib
+
     digest = hashlib.blake2b(b"out" + int(last).to_bytes(8, "little", signed=True) + req_id.encode("utf-8"),
                              digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
@@ -235,6 +238,8 @@ def _keys_from_tokens(tokens: tuple[int, ...], num_pages: int, *, page_size: int
         words.byteswap()
     data = words.tobytes()
     step = page_size * _TOKEN_BYTES
+    import hashlib
+
     blake2b = hashlib.blake2b
     from_bytes = int.from_bytes
     keys = []

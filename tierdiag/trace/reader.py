@@ -24,7 +24,6 @@ or to other lines (lengths, the hash chain, ids, a session's clock) is checked h
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from array import array
@@ -182,6 +181,8 @@ def max_hash_id(block_size: int) -> int:
 
 def trace_sha256(path: str | os.PathLike) -> str:
     """SHA-256 of the file bytes as stored (compressed or not), read in chunks."""
+    import hashlib  # here: an unrecorded replay takes no digest, and OpenSSL's load is ~2 ms
+
     digest = hashlib.sha256()
     with open_raw(Path(path)) as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):

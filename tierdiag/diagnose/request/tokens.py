@@ -9,9 +9,12 @@ run total (`TierSplit`, the same six fields plus the skipped load-backs), the ve
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from tierdiag.units import fmt_pct
-from tierdiag.diagnose.read.requests import RequestRow, RowLike
+
+if TYPE_CHECKING:
+    from tierdiag.diagnose.read.requests import RowLike
 
 # requests column of each field (the row a split is read from).
 ROW_COLUMNS = {"input_tokens": "input_tokens", "device_tokens": "device_hit_tokens",
@@ -21,6 +24,8 @@ ROW_COLUMNS = {"input_tokens": "input_tokens", "device_tokens": "device_hit_toke
 
 @dataclass(frozen=True)
 class TokenSplit:
+    """A request's (or a run's) input tokens by where they came from (module doc)."""
+
     input_tokens: int
     device_tokens: int
     host_tokens: int
@@ -31,6 +36,11 @@ class TokenSplit:
     @classmethod
     def from_row(cls, row: RowLike) -> "TokenSplit":
         """From a `requests` row (RequestRow.of: a RequestRow or a dict of its columns); a NULL counts as 0."""
+        # Imported here: a replay takes its split from the engine's counts (`of`) and never reads a
+        # row, and RequestRow (a slotted class of ~90 fields) was ~5 % of its start-up's
+        # instructions (issue 41).
+        from tierdiag.diagnose.read.requests import RequestRow
+
         row = RequestRow.of(row)
         return cls(**{f: int(getattr(row, col) or 0) for f, col in ROW_COLUMNS.items()})
 

@@ -23,7 +23,6 @@ matching the prompt at page granularity, like the gateway's token tree:
 
 from __future__ import annotations
 
-import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
@@ -103,6 +102,8 @@ def least_loaded(loads: Sequence[int], candidates: Sequence[int] | None = None) 
 
 def stable_hash(data: bytes) -> int:
     """A 64-bit hash that is the same in every process and run (Python's hash() is salted)."""
+    import hashlib  # here: a replay without a hashing router never loads OpenSSL (~2 ms of its start)
+
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
