@@ -373,6 +373,55 @@ def test_the_close_checkpoints_without_merging_the_runs_row_groups(tmp_path):
     assert groups > 1, "the close merged the flushes' row groups"
 
 
+@pytest.mark.parametrize("bound", ["default", 0, 1 << 60])
+def test_a_large_close_lets_the_cached_blocks_go_before_its_hook(tmp_path, monkeypatch, bound):
+    """RunWriter.finish: where the close's pending Arrow columns are LET_GO_AFTER_BYTES or more,
+    its last write is checkpointed and DuckDB's cached blocks let go (store/duckdb_core.py
+    `release_cached_blocks`) before the close's hook computes on the connection (issue 41,
+    session 24: a 1M-request close began ~165 MB over the writes' level); under it (a
+    conversation replay's close, the default bound) nothing more is done. Either way every row
+    is there for the hook and reads back, and the limit is the default after."""
+    import pyarrow as pa
+
+    from tests.reliability.harness import sql
+    from tierdiag.store import writer as W
+
+    if bound != "default":
+        monkeypatch.setattr(W, "LET_GO_AFTER_BYTES", bound)
+    released = []
+    real = W.release_cached_blocks
+    monkeypatch.setattr(W, "release_cached_blocks", lambda con: released.append(1) or real(con))
+    db = tmp_path / "r.duckdb"
+    w = W.RunWriter(db, name="r", trace_path="t.jsonl", trace_sha256="", config={}, hardware={}, data_plane={},
+                    timing="modelled", command_line=["t"])
+    rows = 3_000
+    w.append({"requests": {"req_id": [f"r{i}" for i in range(rows)], "seq": list(range(rows))}})
+    taken = w.take({"requests": {"req_id": [f"r{i}" for i in range(rows, 2 * rows)],
+                                 "seq": list(range(rows, 2 * rows))}})
+    size = W.pending_bytes([taken])
+    assert size == sum(a.nbytes for a in taken["requests"].values()) and size >= rows * 8
+    assert all(isinstance(a, pa.Array) for a in taken["requests"].values())
+    seen = []
+
+    def hook(con, path, run_id, status):
+        wal = path.with_name(path.name + ".wal")
+        seen.append((con.execute("SELECT count(*) FROM requests").fetchone()[0],
+                     wal.stat().st_size if wal.exists() else 0,
+                     con.execute("SELECT current_setting('memory_limit')").fetchone()[0]))
+        return None
+
+    default_limit = duckdb.connect().execute("SELECT current_setting('memory_limit')").fetchone()[0]
+    w.finish("complete", after_commit=hook)
+    large = bound == 0
+    assert released == ([1] if large else [])
+    count, wal, limit = seen[0]
+    assert count == 2 * rows and limit == default_limit
+    # The WAL at the hook: the status update alone where the rows were checkpointed, else the rows too.
+    assert (wal < rows) if large else (wal >= rows * 8), wal
+    assert w.recorded == 2 * rows
+    assert sql(db, "SELECT count(*), count(DISTINCT seq) FROM requests") == [(2 * rows, 2 * rows)]
+
+
 def test_writes_without_vacuum_leave_their_row_groups_and_a_vacuuming_write_merges_them(tmp_path):
     """RunWriter.write(vacuum=False): its checkpoint leaves each write's row group as written (the
     writer process's writes but every VACUUM_EVERY-th); a later write with vacuum (the default)

@@ -48,6 +48,7 @@ from tierdiag.errors import OutputError, StoreError, TierdiagError
 from tierdiag.paths import prepare_output_path
 from tierdiag.store.reader import (attach_with_retry, check_store, connect_with_retry, damage_error, detach,
                                    first_line, is_lock_error, lock_holder, unfinished_store, verify_blocks)
+from tierdiag.store.duckdb_core import release_cached_blocks
 from tierdiag.store.columns import _ARROW_TYPES, arrow_column as _arrow, table_columns  # noqa: F401 - table_columns: the writer process decodes with it
 from tierdiag.store.schema import SCHEMA_VERSION, TABLES, columns_missing_in, create_statements, new_run_id
 
@@ -366,7 +367,10 @@ class RunWriter:
             with self._connect(FINAL_WAIT_S) as con:
                 _no_vacuum(con)
                 if self._pending:
+                    large = pending_bytes(self._pending) >= LET_GO_AFTER_BYTES
                     self._write_pending(con)
+                    if large:
+                        self._let_blocks_go(con)
                 try:
                     con.execute(
                         "UPDATE runs SET status = ?, finished_at = ?, num_requests = ?, wall_s = ?, error = ?, "
@@ -386,6 +390,32 @@ class RunWriter:
                         self.numbers_error = exc
         if release:
             self.close()
+
+
+    def _let_blocks_go(self, con: duckdb.DuckDBPyConnection) -> None:
+        """After the close's last rows are committed, before its hook computes on this connection:
+        the rows checkpointed (the commit did already where its WAL passed DuckDB's threshold:
+        then nothing is left to do) and the blocks DuckDB keeps cached after the insert let go
+        (store/duckdb_core.py `release_cached_blocks`: nothing else queries this instance now),
+        so that the hook does not compute on top of them (issue 41: a 1M-request replay's close
+        began ~165 MB over the writes' level, and its size curves and sections came on top)."""
+        try:
+            con.execute("CHECKPOINT")
+        except duckdb.Error as exc:
+            raise write_error(self.db_path, exc) from None
+        release_cached_blocks(con)
+
+
+# The close's last write lets DuckDB's cached blocks go after it (`RunWriter._let_blocks_go`)
+# from this many bytes of pending Arrow columns on: about DuckDB's WAL checkpoint threshold
+# (16 MB), where its commit has checkpointed them already. A conversation replay's close
+# writes ~4 MB (nothing changes there); a 1M-request replay's, a few seconds of its rows.
+LET_GO_AFTER_BYTES = 16 << 20
+
+
+def pending_bytes(pending: Sequence[Mapping[str, Mapping[str, Any]]]) -> int:
+    """The bytes of the Arrow columns pending (what `take` made of them)."""
+    return sum(getattr(values, "nbytes", 0) for batch in pending for cols in batch.values() for values in cols.values())
 
 
 def _by_table(pending: list[Mapping[str, Mapping[str, Any]]]):
