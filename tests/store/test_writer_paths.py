@@ -527,6 +527,42 @@ def test_batches_taken_together_are_inserted_a_table_at_a_time_in_order(tmp_path
     assert sql(tmp_path / "b.duckdb", "SELECT list(batch_id ORDER BY rowid) FROM batches")[0][0] == list(range(9))
 
 
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(0, 40), max_size=12), other_at=st.one_of(st.none(), st.integers(0, 11)),
+       most=st.one_of(st.integers(-5, 130), st.just(10**18)))
+def test_a_tables_batches_are_joined_at_most_a_row_group_at_a_time(sizes, other_at, most):
+    """writer._by_table(pending, most_rows): a table's consecutive batches with the same columns
+    joined into pieces of at most `most_rows` rows (a batch larger than that, or any batch where
+    the bound is 0 or less, alone as it is), so the join's copy is one piece (issue 41, session
+    24); every row once, in the order taken, a batch with other columns in its place, and the
+    default bound is DuckDB's row group."""
+    import pyarrow as pa
+
+    from tierdiag.store.writer import INSERT_ROWS, _by_table
+
+    assert INSERT_ROWS == 122_880
+    pending, want, seq = [], [], 0
+    for i, n in enumerate(sizes):
+        cols = {"seq": pa.array(range(seq, seq + n), type=pa.int64())}
+        if i == other_at:
+            cols["status"] = pa.array(["x"] * n)
+        pending.append({"requests": cols, "batches": {"batch_id": pa.array(range(seq, seq + n), type=pa.int64())}})
+        want.append(list(range(seq, seq + n)))
+        seq += n
+    got = {"requests": [], "batches": []}
+    for table, cols in _by_table(pending, most):
+        key = "seq" if table == "requests" else "batch_id"
+        values = cols[key].to_pylist() if isinstance(cols[key], pa.Array) else list(cols[key])
+        assert len(values) <= max(most, 0) or len(values) in sizes, (len(values), most)
+        got[table].append((values, "status" in cols))
+    every = [v for part in want for v in part]
+    assert [v for part, _ in got["batches"] for v in part] == every
+    assert [v for part, _ in got["requests"] for v in part] == every
+    if other_at is not None and other_at < len(sizes):  # its own piece, its rows only
+        assert (want[other_at], True) in got["requests"]
+        assert all(not other or part == want[other_at] for part, other in got["requests"])
+
+
 def test_rows_handed_over_as_tuples_land_as_columns_numpy_values_included(tmp_path):
     """WriterProcess.append_rows: the recorder's row tuples go over pickled and are zipped into
     columns in the writer. A numpy integer among them lands as its number (marshal, faster,

@@ -418,11 +418,18 @@ def pending_bytes(pending: Sequence[Mapping[str, Mapping[str, Any]]]) -> int:
     return sum(getattr(values, "nbytes", 0) for batch in pending for cols in batch.values() for values in cols.values())
 
 
-def _by_table(pending: list[Mapping[str, Mapping[str, Any]]]):
+# The most rows of one insert a table's batches are joined into (`_by_table`): DuckDB's row group.
+INSERT_ROWS = 122_880
+
+
+def _by_table(pending: list[Mapping[str, Mapping[str, Any]]], most_rows: int = INSERT_ROWS):
     """(table, columns) to insert for the batches taken, in order: a table's batches with the
     same columns as one, their Arrow arrays concatenated (an insert costs ~1.5 ms whatever its
     size: the writer process's close inserts a second's hand-overs, 4-5 batches a table), a
-    batch with other columns on its own, after those before it."""
+    batch with other columns on its own, after those before it. Joined `most_rows` rows at a
+    time (a batch larger than that alone, as it is): the copy the join makes is one piece, let
+    go once inserted, not a second copy of a whole write's rows (issue 41, session 24: a
+    1M-request replay's writes carry ~1M rows each, +250-320 MB over their pending rows)."""
     runs: list[tuple[str, list]] = []
     last: dict[str, tuple[frozenset, list]] = {}
     for batch in pending:
@@ -436,10 +443,24 @@ def _by_table(pending: list[Mapping[str, Mapping[str, Any]]]):
             last[table] = (keys, parts)
             runs.append((table, parts))
     for table, parts in runs:
-        if len(parts) == 1:
-            yield table, parts[0]
-        else:
-            yield table, {col: pa.concat_arrays([p[col] for p in parts]) for col in parts[0]}
+        piece: list = []
+        rows = 0
+        for columns in parts:
+            n = len(next(iter(columns.values()))) if columns else 0
+            if piece and rows + n > most_rows:
+                yield table, _joined(piece)
+                piece, rows = [], 0
+            piece.append(columns)
+            rows += n
+        if piece:
+            yield table, _joined(piece)
+
+
+def _joined(parts: list) -> Mapping[str, Any]:
+    """Batches of one table with the same columns as one (their Arrow arrays concatenated)."""
+    if len(parts) == 1:
+        return parts[0]
+    return {col: pa.concat_arrays([p[col] for p in parts]) for col in parts[0]}
 
 
 def _vacuum(con: duckdb.DuckDBPyConnection, on: bool) -> None:
