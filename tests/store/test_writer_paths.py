@@ -391,6 +391,8 @@ def test_a_large_close_lets_the_cached_blocks_go_before_its_hook(tmp_path, monke
     released = []
     real = W.release_cached_blocks
     monkeypatch.setattr(W, "release_cached_blocks", lambda con: released.append(1) or real(con))
+    real_arrow = W.release_arrow_memory
+    monkeypatch.setattr(W, "release_arrow_memory", lambda: released.append(2) or real_arrow())
     db = tmp_path / "r.duckdb"
     w = W.RunWriter(db, name="r", trace_path="t.jsonl", trace_sha256="", config={}, hardware={}, data_plane={},
                     timing="modelled", command_line=["t"])
@@ -413,13 +415,34 @@ def test_a_large_close_lets_the_cached_blocks_go_before_its_hook(tmp_path, monke
     default_limit = duckdb.connect().execute("SELECT current_setting('memory_limit')").fetchone()[0]
     w.finish("complete", after_commit=hook)
     large = bound == 0
-    assert released == ([1] if large else [])
+    assert released == ([1, 2] if large else [])
     count, wal, limit = seen[0]
     assert count == 2 * rows and limit == default_limit
     # The WAL at the hook: the status update alone where the rows were checkpointed, else the rows too.
     assert (wal < rows) if large else (wal >= rows * 8), wal
     assert w.recorded == 2 * rows
     assert sql(db, "SELECT count(*), count(DISTINCT seq) FROM requests") == [(2 * rows, 2 * rows)]
+
+
+def test_release_arrow_memory_hands_back_what_the_pool_kept(monkeypatch):
+    """writer.release_arrow_memory: Arrow's pool's `release_unused` (what mimalloc kept of the
+    arrays freed on this thread), nothing where a pyarrow lacks it; allocated bytes unchanged."""
+    import pyarrow as pa
+
+    from tierdiag.store import writer as W
+
+    kept = pa.array(range(1000))
+    freed = pa.concat_arrays([pa.array(range(100_000))] * 20)
+    del freed
+    before = pa.total_allocated_bytes()
+    W.release_arrow_memory()
+    assert pa.total_allocated_bytes() == before and kept[999].as_py() == 999
+
+    class OldPool:
+        pass
+
+    monkeypatch.setattr(W.pa, "default_memory_pool", lambda: OldPool())
+    W.release_arrow_memory()  # nothing to call: nothing happens
 
 
 def test_writes_without_vacuum_leave_their_row_groups_and_a_vacuuming_write_merges_them(tmp_path):
