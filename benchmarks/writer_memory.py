@@ -124,6 +124,11 @@ HOOKS_WRITER = pt.HOOKS_WRITER + [
     ("tierdiag.diagnose.run.live_curves", "LivePass.done", "live_done"),
     ("tierdiag.diagnose.run.live_curves", "LivePass.results", "live_results"),
     ("tierdiag.diagnose.run.size_curves", "compute_size_curves", "ev.curves"),
+    ("tierdiag.diagnose.run.evidence", "run_story", "ev.story"),
+    ("tierdiag.diagnose.run.size_curves", "curve_columns", "ev.curve_columns"),
+    ("tierdiag.diagnose.run.size_curves", "found_tokens", "ev.found_tokens"),
+    ("tierdiag.diagnose.run.size_curves", "_matched", "ev.matched"),
+    ("tierdiag.diagnose.run.evidence", "release_cached_blocks", "release_blocks"),
 ]
 
 

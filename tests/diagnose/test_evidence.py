@@ -613,6 +613,79 @@ def test_the_one_thread_plan_lets_the_blocks_go_only_once_the_curves_are_made(re
     assert calls == calls_then  # the four threads' plan: none
 
 
+@pytest.mark.parametrize("curves_fail", [False, True])
+def test_the_one_thread_plan_starts_its_large_sections_once_the_curves_are_over(replayed, monkeypatch, curves_fail):
+    """From LARGE_RUN_REQUESTS the sections' one thread runs its first LARGE_RUN_BESIDE_CURVES
+    sections (the small ones) beside the size curves and the others (the story, the context, the
+    session pauses, the summary: hundreds of MB each at 1M requests) only once the curves are
+    made, or have failed (issue 41, session 24: the story beside the curves' pass was a 1M close's
+    peak). The sections are the ones computed alone; a failure of the curves is raised and
+    nothing waits for ever."""
+    import threading
+    import time
+
+    log: list = []
+    lock = threading.Lock()
+
+    def note(what):
+        with lock:
+            log.append(what)
+
+    def wrapped(name, real):
+        def call(*args, **kwargs):
+            note(("start", name))
+            return real(*args, **kwargs)
+        return call
+
+    real_curves = E.size_curves
+
+    def curves(con, run):
+        note(("start", "curves"))
+        try:
+            time.sleep(0.3)  # the small sections' time to run beside them
+            if curves_fail:
+                raise RuntimeError("the curves failed")
+            return real_curves(con, run)
+        finally:
+            note(("end", "curves"))
+
+    monkeypatch.setattr(E, "size_curves", curves)
+    sections = {"run_totals": "totals", "session_summary": "session_summary", "rank_summary": "rank_summary",
+                "run_miss_reasons": "miss_reasons", "run_story": "story", "compute_run_context": "context",
+                "session_pauses": "sessions", "compute_run_summary": "summary"}
+    for attr, name in sections.items():
+        monkeypatch.setattr(E, attr, wrapped(name, getattr(E, attr)))
+    monkeypatch.setattr(E, "LARGE_RUN_REQUESTS", 1)
+    with open_store(replayed) as con:
+        run = resolve_run(con, None)
+        if curves_fail:
+            with pytest.raises(RuntimeError, match="the curves failed"):
+                E.compute_evidence(con, run)
+        else:
+            got = E.compute_evidence(con, run)
+            monkeypatch.undo()
+            alone = E.compute_evidence(con, run)
+            assert got == alone
+    assert not [t for t in threading.enumerate() if t.name == "tierdiag-evidence"]
+    over = log.index(("end", "curves"))
+    plan = E.LARGE_RUN_THREADS[0]
+    started = [what[1] for what in log if what[0] == "start" and what[1] != "curves"]
+    assert started == list(plan)  # in the plan's order, each once (the miss reasons: the context's too)
+    for name in plan[E.LARGE_RUN_BESIDE_CURVES:]:
+        assert log.index(("start", name)) > over, name
+    assert log.index(("start", plan[0])) < over  # the small ones beside the curves (0.3 s of them)
+
+
+def test_the_one_thread_plans_small_sections_come_first():
+    """LARGE_RUN_BESIDE_CURVES counts sections of the one-thread plan, and none of those it runs
+    beside the curves is one of the large ones (issue 41: the story, the context, the session
+    pauses, the summary; the story before the context and the summary, which wait for it)."""
+    plan = E.LARGE_RUN_THREADS[0]
+    assert len(E.LARGE_RUN_THREADS) == 1 and 0 <= E.LARGE_RUN_BESIDE_CURVES <= len(plan)
+    assert not {"story", "context", "sessions", "summary"} & set(plan[:E.LARGE_RUN_BESIDE_CURVES])
+    assert plan.index("story") < min(plan.index("context"), plan.index("summary"))
+
+
 def _lookup_and_row(con, run_id):
     lookup = con.execute("SELECT bucket, req_id, seq FROM request_lookup WHERE run_id = ? ORDER BY rowid",
                          [run_id]).fetchall()

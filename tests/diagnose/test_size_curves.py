@@ -541,6 +541,29 @@ def test_the_end_of_the_rows_lets_the_pass_finish_before_the_close_asks(two_rank
     assert not sc._READ_AHEAD
 
 
+def test_what_the_writer_hands_the_rows_to_lets_the_read_ahead_go_with_the_close(two_ranks):
+    """read_ahead returns what the writer process hands each batch of rows and keeps to its exit
+    (store/writer_serve.py `on_rows`): it must not hold the read-ahead, whose index and pass
+    results the close took (issue 41, session 24: ~100 MB held through a 1M-request close's
+    sections). Once the close's curves are made the read-ahead is gone, the hand still callable
+    (it hands nothing), and the curves are the ones the close reads itself."""
+    import gc
+    import weakref
+
+    trace, db = two_ranks
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        own = sc.compute_size_curves(con, run)
+        hand = sc.read_ahead(run.trace_path, run.trace_sha256, run.config)
+        gone = weakref.ref(sc._READ_AHEAD[0])
+        assert sc.compute_size_curves(con, run) == own
+    gc.collect()
+    assert gone() is None and not sc._READ_AHEAD
+    hand({"requests": {}})
+    hand(None)
+    assert not sc._READ_AHEAD
+
+
 @pytest.mark.parametrize("how", ["rewritten", "appended", "other digest"])
 def test_a_trace_changed_after_its_read_ahead_is_read_again_and_said_changed(two_ranks, tmp_path, how):
     """What was read ahead is used only where the file is as it was then (size, mtime, inode)

@@ -48,6 +48,7 @@ from tierdiag.errors import OutputError, StoreError, TierdiagError
 from tierdiag.paths import prepare_output_path
 from tierdiag.store.reader import (attach_with_retry, check_store, connect_with_retry, damage_error, detach,
                                    first_line, is_lock_error, lock_holder, unfinished_store, verify_blocks)
+from tierdiag.store.duckdb_core import release_cached_blocks
 from tierdiag.store.columns import _ARROW_TYPES, arrow_column as _arrow, table_columns  # noqa: F401 - table_columns: the writer process decodes with it
 from tierdiag.store.schema import SCHEMA_VERSION, TABLES, columns_missing_in, create_statements, new_run_id
 
@@ -366,7 +367,10 @@ class RunWriter:
             with self._connect(FINAL_WAIT_S) as con:
                 _no_vacuum(con)
                 if self._pending:
+                    large = pending_bytes(self._pending) >= LET_GO_AFTER_BYTES
                     self._write_pending(con)
+                    if large:
+                        self._let_memory_go(con)
                 try:
                     con.execute(
                         "UPDATE runs SET status = ?, finished_at = ?, num_requests = ?, wall_s = ?, error = ?, "
@@ -388,11 +392,57 @@ class RunWriter:
             self.close()
 
 
-def _by_table(pending: list[Mapping[str, Mapping[str, Any]]]):
+    def _let_memory_go(self, con: duckdb.DuckDBPyConnection) -> None:
+        """After the close's last rows are committed, before its hook computes on this connection:
+        the rows checkpointed (the commit did already where its WAL passed DuckDB's threshold:
+        then nothing is left to do), the blocks DuckDB keeps cached after the insert let go
+        (store/duckdb_core.py `release_cached_blocks`: nothing else queries this instance now)
+        and what Arrow's pool kept of the rows' columns handed back (`release_arrow_memory`), so
+        that the hook does not compute on top of them (issue 41: a 1M-request replay's close
+        began ~165 MB over the writes' level, and its size curves and sections came on top)."""
+        try:
+            con.execute("CHECKPOINT")
+        except duckdb.Error as exc:
+            raise write_error(self.db_path, exc) from None
+        release_cached_blocks(con)
+        release_arrow_memory()
+
+
+def release_arrow_memory() -> None:
+    """Hand back to the system what Arrow's memory pool keeps of the arrays freed on this thread
+    (pyarrow's default pool, mimalloc, keeps a freed segment until later allocations there purge
+    it: after the close's last write there are none, and the rows' columns, a few seconds of a
+    1M-request replay, stayed resident under the close; measured: a freed 1 GB concatenation
+    resident until `release_unused`, 12 ms, then gone). A pyarrow without it: nothing."""
+    release = getattr(pa.default_memory_pool(), "release_unused", None)
+    if release is not None:
+        release()
+
+
+# The close's last write lets DuckDB's cached blocks go after it (`RunWriter._let_memory_go`)
+# from this many bytes of pending Arrow columns on: about DuckDB's WAL checkpoint threshold
+# (16 MB), where its commit has checkpointed them already. A conversation replay's close
+# writes ~4 MB (nothing changes there); a 1M-request replay's, a few seconds of its rows.
+LET_GO_AFTER_BYTES = 16 << 20
+
+
+def pending_bytes(pending: Sequence[Mapping[str, Mapping[str, Any]]]) -> int:
+    """The bytes of the Arrow columns pending (what `take` made of them)."""
+    return sum(getattr(values, "nbytes", 0) for batch in pending for cols in batch.values() for values in cols.values())
+
+
+# The most rows of one insert a table's batches are joined into (`_by_table`): DuckDB's row group.
+INSERT_ROWS = 122_880
+
+
+def _by_table(pending: list[Mapping[str, Mapping[str, Any]]], most_rows: int = INSERT_ROWS):
     """(table, columns) to insert for the batches taken, in order: a table's batches with the
     same columns as one, their Arrow arrays concatenated (an insert costs ~1.5 ms whatever its
     size: the writer process's close inserts a second's hand-overs, 4-5 batches a table), a
-    batch with other columns on its own, after those before it."""
+    batch with other columns on its own, after those before it. Joined `most_rows` rows at a
+    time (a batch larger than that alone, as it is): the copy the join makes is one piece, let
+    go once inserted, not a second copy of a whole write's rows (issue 41, session 24: a
+    1M-request replay's writes carry ~1M rows each, +250-320 MB over their pending rows)."""
     runs: list[tuple[str, list]] = []
     last: dict[str, tuple[frozenset, list]] = {}
     for batch in pending:
@@ -406,10 +456,24 @@ def _by_table(pending: list[Mapping[str, Mapping[str, Any]]]):
             last[table] = (keys, parts)
             runs.append((table, parts))
     for table, parts in runs:
-        if len(parts) == 1:
-            yield table, parts[0]
-        else:
-            yield table, {col: pa.concat_arrays([p[col] for p in parts]) for col in parts[0]}
+        piece: list = []
+        rows = 0
+        for columns in parts:
+            n = len(next(iter(columns.values()))) if columns else 0
+            if piece and rows + n > most_rows:
+                yield table, _joined(piece)
+                piece, rows = [], 0
+            piece.append(columns)
+            rows += n
+        if piece:
+            yield table, _joined(piece)
+
+
+def _joined(parts: list) -> Mapping[str, Any]:
+    """Batches of one table with the same columns as one (their Arrow arrays concatenated)."""
+    if len(parts) == 1:
+        return parts[0]
+    return {col: pa.concat_arrays([p[col] for p in parts]) for col in parts[0]}
 
 
 def _vacuum(con: duckdb.DuckDBPyConnection, on: bool) -> None:

@@ -89,8 +89,16 @@ from tierdiag.store.evidence import begin_run_evidence, replace_run_evidence, ro
 # it rather than querying them too (`compute_evidence`).
 SMALL_RUN_THREADS = (("story",), ("context",), ("sessions",),
                      ("miss_reasons", "summary", "totals", "session_summary", "rank_summary"))
-LARGE_RUN_THREADS = (("story", "context", "sessions", "summary", "totals", "session_summary", "rank_summary",
-                      "miss_reasons"),)
+# In the large runs' plan the first LARGE_RUN_BESIDE_CURVES sections run beside the size curves
+# (the small ones: at 1M requests totals ~+60 MB, the session summary ~+95, the rank summary
+# nothing, the miss reasons a pass of sums), the others (the story, the context, the session pauses,
+# the summary: each +250-420 MB at 1M) only once the curves are made (or failed): the curves'
+# pass was the 1M close's peak with the story beside it (1,140 MB against ~920 for the largest
+# section alone; issue 41, session 24). The wall is the thread's sections plus what is left of
+# the curves once the small sections are done.
+LARGE_RUN_THREADS = (("totals", "session_summary", "rank_summary", "miss_reasons", "story", "context", "sessions",
+                      "summary"),)
+LARGE_RUN_BESIDE_CURVES = 4
 LARGE_RUN_REQUESTS = 100_000
 
 
@@ -182,13 +190,20 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
     # so never while another cursor's query may run; issue 41: a 1M close's peak).
     one_thread = len(plan) == 1
     curves_done = threading.Event()
+    curves_over = threading.Event()  # made or failed: the sections after LARGE_RUN_BESIDE_CURVES wait for it
 
     def on_a_thread(cur, names) -> threading.Thread:
         def compute() -> None:
             try:
-                for name in names:
+                released = False  # let go since the curves were made, with no section after
+                for at, name in enumerate(names):
+                    if one_thread and at == LARGE_RUN_BESIDE_CURVES:
+                        curves_over.wait()
+                        if curves_done.is_set() and not released:  # the curves' blocks, before the large ones
+                            release_cached_blocks(cur)
                     done[name] = work[name](cur)
-                    if one_thread and curves_done.is_set():
+                    released = one_thread and curves_done.is_set()
+                    if released:
                         release_cached_blocks(cur)
             except BaseException as exc:  # noqa: BLE001 - re-raised below, on the caller's thread
                 done.setdefault("error", exc)
@@ -203,11 +218,15 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
     with ExitStack() as stack:
         threads = [on_a_thread(stack.enter_context(second_cursor(con)), names) for names in plan]
         try:
-            curves = size_curves(con, run)
+            try:
+                curves = size_curves(con, run)
+            finally:
+                curves_over.set()
             curves_done.set()
             if beside is not None:
                 beside()
         finally:
+            curves_over.set()  # a failure before the curves (a thread's start): nothing waits for ever
             for thread in threads:
                 thread.join()
     if "error" in done:

@@ -1123,8 +1123,8 @@ def read_ahead(trace_path: str, trace_sha256: str | None, config: dict):
     """Start reading the trace's pages for the curves of the run being recorded (the writer
     process calls this once the store is open, module doc of _ReadAhead), then the pass fed the
     run's rows as they come: returns what to hand each batch of rows the writer takes
-    (`_ReadAhead.rows`), or None. A config the pass could not use starts nothing: the close then
-    reads the trace, and says why not there."""
+    (`_ReadAhead.rows`, through `_rows_to_read_ahead`), or None. A config the pass could not use
+    starts nothing: the close then reads the trace, and says why not there."""
     import os
 
     try:
@@ -1138,8 +1138,19 @@ def read_ahead(trace_path: str, trace_sha256: str | None, config: dict):
         purge_from_now()  # the writes' freed DuckDB memory handed back through the run, not at its close
         ahead = _ReadAhead(trace_path, trace_sha256, page, block, config)
         _READ_AHEAD[:] = [ahead]
-        return ahead.rows
+        return _rows_to_read_ahead
     return None
+
+
+def _rows_to_read_ahead(taken: dict | None) -> None:
+    """`_ReadAhead.rows` of the read-ahead being recorded, while it is there: what the writer
+    hands each batch of rows (store/writer_serve.py keeps it to the process's exit). Not the
+    bound method, which would hold the read-ahead, its index and its pass's results through the
+    close's sections after the curves took them (`_taken_ahead`; issue 41: ~100 MB of a
+    1M-request close's sections, the index's per-request columns and the walk's depths); once
+    taken there is nothing to hand (the close told it the end itself: `result`)."""
+    for ahead in _READ_AHEAD:
+        ahead.rows(taken)
 
 
 def _taken_ahead(path: str, sha: str | None, page: int, block: int) -> _ReadAhead | None:
