@@ -472,29 +472,3 @@ def test_ranks_json_hands_other_shapes_to_the_reference(held, in_flight, scores,
         want = dep.ranks_json_py(held, in_flight, scores, ps)
         assert dep.ranks_json_c(held, in_flight, scores, ps) == want
         assert want == _json_of_ranks(held, in_flight, [float(x) for x in scores], ps)
-
-
-# The deployment's event heap holds int keys, (t_ns << ORDER_BITS) | order, where it held
-# (t_ns, order, rank, callback, arg) tuples: the keys must sort as the tuples' (time, order)
-# did, for any time (negative and past int64 included), and give the time back.
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(-(1 << 70), 1 << 70) | st.integers(-3, 3),
-                          st.integers(1, (1 << 40) - 1) | st.integers(1, 5)), min_size=1, max_size=40))
-def test_event_keys_sort_as_time_then_order_and_give_the_time_back(events):
-    from tierdiag.engine.deployment import event_key, event_time
-
-    from tierdiag.engine import deployment
-
-    assert deployment.ORDER_LIMIT == 1 << deployment.ORDER_BITS == deployment._ORDER_MASK + 1
-    keys = {event_key(t, o): (t, o) for t, o in events}
-    assert [keys[k] for k in sorted(keys)] == sorted(set(events))
-    assert all(event_time(k) == t for k, (t, _) in keys.items())
-
-
-@pytest.mark.parametrize("order", [0, -1, 1 << 40, (1 << 40) + 7, 1 << 80])
-def test_an_event_order_outside_its_bits_is_refused_in_one_line(order):
-    from tierdiag.engine.deployment import event_key
-
-    with pytest.raises(OverflowError) as e:
-        event_key(5, order)
-    assert "\n" not in str(e.value) and str(order) in str(e.value)

@@ -4,9 +4,8 @@ virtual clock, sharing one storage tier (docs/contract.md "Deployments", docs/en
 Each rank is a whole one-GPU engine (engine.py builds them): its own radix tree, device and host
 pools, cache controller (its link's clocks) and scheduler. What they share:
 
-  - the clock and its event queue: one heap of (time, order) keys, each's (rank, callback, arg)
-    beside it, so events at one instant run in the order they were scheduled, whichever rank
-    scheduled them;
+  - the clock and its event queue: one heap of (time, order, rank, callback, arg), so events at
+    one instant run in the order they were scheduled, whichever rank scheduled them;
   - the arrivals (arrivals.py, closed loop included: a session's next turn is released when its
     previous turn finishes, on whatever rank that was);
   - the storage tier (storage.py): one index of content-keyed pages (page keys are prefix-chained,
@@ -149,34 +148,6 @@ ranks_json = cplane.choose("deployment.ranks_json", ranks_json_c, ranks_json_py)
 # (a native float of this module: the imported name is a dict look-up a call, compiled)
 _INIT_RATIO: Final[float] = INIT_NEW_TOKEN_RATIO
 
-# The event heap's keys: an event's time shifted past its order, (t_ns << ORDER_BITS) | order, so
-# int order is (time, order) order (any int time, negative included; order counts from 1 up to
-# ORDER_LIMIT). A heap of (time, order, rank, callback, arg) tuples compared two items a step in
-# tuplerichcompare (~1,650 instructions a pop, ~154k pops on a --dp 8 conversation replay);
-# ints compare in one. The rest of each event waits in a dict under its key.
-ORDER_BITS: Final = 40
-# (written out: mypyc's folded `1 << ORDER_BITS` read as garbage in compiled code; the tests hold
-# the three together)
-ORDER_LIMIT: Final = 1_099_511_627_776
-_ORDER_MASK: Final = 1_099_511_627_775
-
-
-def event_key(t_ns: int, order: int) -> int:
-    """The heap key of the event scheduled `order`-th (1 ...) for `t_ns`."""
-    if order <= 0 or order > _ORDER_MASK:
-        _refuse_order(order)
-    return (t_ns << ORDER_BITS) | order
-
-
-def _refuse_order(order: int) -> None:
-    # (OverflowError: an EngineError raised here crashed the compiled module, mypyc 2.4.1)
-    raise OverflowError(f"event order {order} outside 1..{_ORDER_MASK}: the run schedules too many events")
-
-
-def event_time(key: int) -> int:
-    """The time of the event under heap key `key` (event_key's inverse, first half)."""
-    return key >> ORDER_BITS
-
 
 def idle_pass_changes(sched: Scheduler, acks_per_pass: bool) -> bool:
     """Whether `sched.idle_pass` could change anything: it resets new_token_ratio (a no-op where
@@ -264,8 +235,7 @@ class Deployment:
         self.stats = stats
         self.ps = cfg.page_size
         self.gateway = Gateway(RouterConfig.from_config(cfg), len(self.ranks))
-        self.events: list[int] = []  # heap keys (event_key)
-        self.pending: dict[int, tuple[Scheduler, object, object]] = {}  # key -> (rank, callback, arg)
+        self.events: list = []
         self._order = itertools.count(1)
         self.in_flight: dict[int, tuple[int, RequestView]] = {}  # request seq -> (rank, what the router saw)
         self.session_rank: dict[str, int] = {}  # a session's last rank (where its dropped turns are recorded)
@@ -277,12 +247,10 @@ class Deployment:
             sched.on_leave = self._leave
 
     def _at_for(self, sched: Scheduler):
-        push, order, events, pending = heapq.heappush, self._order, self.events, self.pending
+        push, order, events = heapq.heappush, self._order, self.events
 
         def at(t_ns: int, fn, arg) -> None:
-            key = event_key(t_ns, next(order))
-            pending[key] = (sched, fn, arg)
-            push(events, key)
+            push(events, (t_ns, next(order), sched, fn, arg))
 
         return at
 
@@ -295,7 +263,6 @@ class Deployment:
             sched.arrivals = src
         lanes = [_Lane(sched) for sched in ranks]
         events = self.events
-        pending = self.pending
         pop = heapq.heappop
         ticks = [t for t in dict.fromkeys(s.emit.tick for s in ranks) if t is not None]
         arrive = self._arrive
@@ -328,11 +295,9 @@ class Deployment:
                 if deliver:
                     for t, at, trace_at, think_ms in src.due(now):
                         arrive(t, at, trace_at, think_ms)
-                due_key = (now << ORDER_BITS) | _ORDER_MASK  # the last key at `now`
-                while events and events[0] <= due_key:
-                    key = pop(events)
-                    sched, fn, arg = pending.pop(key)
-                    sched.event_ns = event_time(key)
+                while events and events[0][0] <= now:
+                    t_ns, _, sched, fn, arg = pop(events)
+                    sched.event_ns = t_ns
                     fn(arg)
                 if deliver:
                     src_next = next_ns(now)
@@ -356,10 +321,8 @@ class Deployment:
                     if end is not None:
                         if ahead and not (closed and src.num_sessions):
                             limit = next_ns(now) if closed else src_next
-                            if events:
-                                first = event_time(events[0])
-                                if limit is None or first < limit:
-                                    limit = first
+                            if events and (limit is None or events[0][0] < limit):
+                                limit = events[0][0]
                             run = AheadRun(sched, end)
                             end = sched.run_decode_ahead(end, limit)
                             if run.ran(sched.dstep):
@@ -383,10 +346,8 @@ class Deployment:
                 for tick in ticks:  # a batch's events are in: the probe may flush its buffers
                     tick()
             nxt = nxt_t
-            if events:
-                first = event_time(events[0])
-                if nxt is None or first < nxt:
-                    nxt = first
+            if events and (nxt is None or events[0][0] < nxt):
+                nxt = events[0][0]
             if have_free and (nxt is None or min_free < nxt):
                 nxt = min_free
             if at_once_until > now and any(lane.free <= now and not (ran_mask >> rank) & 1
