@@ -83,6 +83,9 @@ class CacheAwareRouter(Router):
         self.page_tokens_seen = 0  # the page size requests come with (one per run)
         self.evictions = 0  # eviction passes run
         self.evicted_pages = 0  # (page, rank) entries they dropped
+        # the threshold as every reason writes it, made once (one float format a request fewer)
+        self._thr = config.router_cache_threshold
+        self._thr_text = f"{self._thr:.2f}"
 
     def _evict_due(self, now_ns: int) -> None:
         if self._interval_ns <= 0 or now_ns < self._next_eviction_ns:
@@ -112,13 +115,15 @@ class CacheAwareRouter(Router):
         rate = matched * per_token
         scores = tuple([d * per_token for d in depth_of])
         thr = cfg.router_cache_threshold
+        if thr != self._thr:  # (another config put in its place)
+            self._thr, self._thr_text = thr, f"{thr:.2f}"
         if holder is not None and rate > thr:
             rank, branch = holder, "cache_hit"
-            reason = f"cache_aware: match {rate:.2f} > {thr:.2f} on rank {rank}"
+            reason = f"cache_aware: match {rate:.2f} > {self._thr_text} on rank {rank}"
         else:
             rank, where = self._miss(self, ranks)
             branch = "cache_miss"
-            reason = f"cache_aware: best match {rate:.2f} <= {thr:.2f}: {where}"
+            reason = f"cache_aware: best match {rate:.2f} <= {self._thr_text}: {where}"
         if holder is not None and holder != rank:  # Tree::prefix_match touched it before the choice
             self.tree.touch(keys[:matched], holder, self._tick)
         # (what the rank holds of `keys`: prefix_match's depth for it; the touch above changes
