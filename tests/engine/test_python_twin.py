@@ -28,6 +28,9 @@ PATCHING = [
     "tests/engine/test_sglang_0523_storage_passes.py::test_a_storage_write_starts_at_the_host_copys_ack_and_holds_it_a_pass",
     "tests/engine/test_sglang_0523_storage_requery.py",  # replaces _start_prefetch
     "tests/engine/test_held_release_run_ahead.py",  # swaps decode_ahead, wraps _drain_held_releases
+    # the storage re-queries' memo refused against taken (wraps prefetch._memo_holds)
+    "tests/engine/test_requery_memo.py::test_requeries_through_the_memo_change_no_event",
+    "tests/engine/test_requery_memo.py::test_a_queue_of_misses_requeries_through_the_memo",
     # the --dp loop's idle passes gated against every idle pass called (wraps idle_pass, swaps the gate)
     "tests/engine/test_deployment.py::test_an_idle_rank_passes_only_where_its_pass_changes_something",
     "tests/engine/test_deployment.py::test_skipping_the_idle_passes_that_change_nothing_keeps_every_event",

@@ -33,7 +33,7 @@ class Req:
         "storage_bytes", "storage_fetch_ns", "recompute_ns", "compute_ns", "first_token_ns", "lost",
         "loadback_wall_ns", "loadback_verified", "protected_pages", "session", "think_ms", "trace_arrival_ns",
         "prefetch_wait_ns", "prefetch_deadline_ns", "prefetch_retries", "inserted_pages", "prefill_work_tokens",
-        "storage_hit_end", "route", "storage_last_match", "prefetch_ack_pass", "prefetch_query_pass",
+        "storage_hit_end", "route", "storage_last_match", "prefetch_ack_pass", "prefetch_query_pass", "storage_memo",
         "storage_span_pages", "storage_span_start", "loaded_span_pages", "loaded_span_start", "queue_entry",
         "miss_arrival_pages", "miss_shared_pages", "miss_prefetch_lost",
     )
@@ -76,6 +76,8 @@ class Req:
         # 0.5.23's `storage_prefetch_last_match_len` in pages: device + host pages matched at the
         # last storage query (`_prefetch_kvcache`); 0 before any
         self.storage_last_match = 0
+        # its last storage query's tree match, for its re-queries (prefetch.StorageQueryMemo)
+        self.storage_memo: Any = None
         # the scheduling pass (Scheduler.prefetch_pass) from which its prefetch's read is seen
         # (rule storage_acks_per_pass); 0: on its read's time only
         self.prefetch_ack_pass = 0

@@ -98,6 +98,10 @@ class RadixTree:
         self._next_id = 1
         self.id_step = 1  # node ids: rank + 1, then every num_ranks-th (engine/deployment.py)
         self._seq = 0  # access stamps (TreeNode.access_seq)
+        # changes a match could see (TreeNode.mod_seq): a path whose nodes are all at or below
+        # a count taken after a match, and whose end has no new child on the keys' way, is the
+        # path a new match would walk (the storage re-queries' memo, prefetch.py)
+        self.mod_seq = 0
         self.root = TreeNode(0, None, [], [], None, 0, None)
         self.root.lock_ref = 1  # the root is never evicted
         self.device_pages = 0  # pages of tree nodes on device (the root holds none)
@@ -164,6 +168,18 @@ class RadixTree:
         if self._repush_on_touch:
             self._touched(node)
 
+    def _changed(self, node: TreeNode) -> None:
+        self.mod_seq += 1
+        node.mod_seq = self.mod_seq
+
+    def touch_path(self, match: TreeMatch, now_ns: int) -> None:
+        """A match's access stamps again, on a path known unchanged (TreeNode.mod_seq): the
+        stamps `walk` makes, in its order (the path's, device nodes first), no split, no owner."""
+        for node in match.device_nodes:
+            self._stamp(node, now_ns)
+        for node in match.host_nodes:
+            self._stamp(node, now_ns)
+
     def _split(self, node: TreeNode, pages: int, now_ns: int | None = None) -> TreeNode:
         """Cut `node` after `pages` pages; return the new upper part (which takes node's place).
 
@@ -199,6 +215,7 @@ class RadixTree:
         upper.tlru_depth = parent.tlru_depth + pages * self.page_size if self._tree_depths else 0
         upper.tlru_history = node.tlru_history
         node.keys = node.keys[pages:]
+        self._changed(node)
         if node.device is not None:
             node.device = node.device[pages:]
         if node.host is not None:
@@ -383,6 +400,7 @@ class RadixTree:
         assert node.device is None and len(slots) == len(node.keys)
         assert node.parent.device is not None, f"{node}: device residency must stay root-connected"
         node.device = slots
+        self._changed(node)
         node.parent.n_dev_children += 1
         self.device_pages += len(slots)
         if node.lock_ref:
@@ -392,6 +410,7 @@ class RadixTree:
     def set_host(self, node: TreeNode, slots: SlotRun) -> None:
         assert node.host is None and len(slots) == len(node.keys)
         node.host = slots
+        self._changed(node)
         if node.lock_ref:
             self.locked_host_pages += len(slots)
 
@@ -399,6 +418,7 @@ class RadixTree:
         """Device copy goes, host copy stays. Returns the freed device slots."""
         assert node.host is not None and node.lock_ref == 0 and node.n_dev_children == 0
         slots, node.device = node.device, None
+        self._changed(node)
         node.parent.n_dev_children -= 1
         self.device_pages -= len(slots)
         self._push_device(node.parent)
@@ -417,6 +437,7 @@ class RadixTree:
         node.parent = None
         if self._lru_key:
             del self._by_id[node.id]  # its heap entries, if any, are skipped when popped
+        self._changed(node)
         self._push_device(parent)
         self._push_host(parent)
         return node.device or [], node.host or []
@@ -426,6 +447,7 @@ class RadixTree:
         `_release_full_host_duplicate`). Returns the host slots."""
         assert node.device is not None and node.host is not None, f"{node}: not on both tiers"
         slots, node.host = node.host, None
+        self._changed(node)
         if node.lock_ref:
             self.locked_host_pages -= len(slots)
         self.host_duplicates.pop(node.id, None)

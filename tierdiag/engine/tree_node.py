@@ -50,7 +50,7 @@ class TreeNode:
     __slots__ = ("id", "parent", "children", "keys", "device", "host", "lock_ref", "hit_count",
                  "last_access_ns", "created_ns", "n_dev_children", "owner", "prefetched_for", "evicted_by",
                  "priority", "host_ref", "access_seq", "tlru_depth", "tlru_history", "created_seq",
-                 "lru_key", "lru_key_seq")
+                 "lru_key", "lru_key_seq", "mod_seq")
 
     def __init__(self, node_id: int, parent: "TreeNode | None", keys: KeyRun,
                  device: SlotRun, host: SlotRun, now_ns: int, owner: str | None):
@@ -91,6 +91,10 @@ class TreeNode:
         # node's current access_seq is its current key (-1: none made yet)
         self.lru_key = 0
         self.lru_key_seq = -1
+        # The tree's change count (RadixTree.mod_seq) at this node's last change that a match
+        # can see: its keys or parent (a split), its device or host copy, its deletion. A new
+        # child is not one (a memoised path checks the one child it could take, prefetch.py).
+        self.mod_seq = 0
 
     @property
     def num_pages(self) -> int:
