@@ -6,7 +6,8 @@ and tests can record into plain lists.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from array import array
+from typing import Callable, Mapping, Sequence
 
 from tierdiag import signals
 from tierdiag.native import cplane
@@ -44,10 +45,59 @@ new_ticker = cplane.choose("recorder.tick", cplane.compiled("FlushTicker"), _pyt
 def columns_of(fields: tuple[str, ...], rows) -> dict[str, tuple]:
     """A rows sink's table as columns: rows a list of tuples, or RowBuffer.take()'s
     (bytes, count, objects), decoded by the compiled data plane that encoded them, every value
-    as it was appended (kind 'o' for every column)."""
+    as it was appended (kind 'o' for every column), or a columnar buffer's take() (a dict:
+    engine/emitters.py's RequestColumns), its rows in the order appended."""
+    if isinstance(rows, dict):
+        return _columnar_values(fields, rows)
     if isinstance(rows, list):
         return dict(zip(fields, zip(*rows)))
     return {f: values for f, (_, values) in zip(fields, _decode_arrow(*rows, b"o" * len(fields)))}
+
+def columnar_order(n: int, at: bytes) -> list[int] | None:
+    """A columnar hand-over's row order: positions into the finished rows (0..n-1) followed by
+    the other rows (n..), in the order they were appended (`at`: each other row's count of
+    finished rows before it, int64 bytes); None where there are no other rows."""
+    if not at:
+        return None
+    places = array("q")
+    places.frombytes(at)
+    order: list[int] = []
+    done = 0
+    for k, before in enumerate(places):
+        if before < done or before > n:
+            raise ValueError(f"a columnar hand-over's row places are not in order: {before} after {done} of {n}")
+        order.extend(range(done, before))
+        order.append(n + k)
+        done = before
+    order.extend(range(done, n))
+    return order
+
+
+def _columnar_values(fields: tuple[str, ...], hand: dict) -> dict[str, tuple]:
+    """`columns_of` for a columnar hand-over: every column as Python values."""
+    n = hand["n"]
+    finished: dict[str, Sequence] = dict(hand["constants"])
+    for name, value in finished.items():
+        finished[name] = (value,) * n
+    for name, data in hand["ints"].items():
+        values = array("q")
+        values.frombytes(data)
+        finished[name] = values.tolist()
+    finished.update(hand["objects"])
+    route_fields = ev.Route._fields
+    routes = hand["route"]
+    finished.update(zip(route_fields, zip(*routes)) if routes else ((f, ()) for f in route_fields))
+    missing = [f for f in fields if f not in finished]
+    if missing:
+        raise ValueError(f"a columnar hand-over without columns {missing}")
+    other = columns_of(fields, hand["rows"]) if hand["at"] else {f: () for f in fields}
+    order = columnar_order(n, hand["at"])
+    out: dict[str, tuple] = {}
+    for f in fields:
+        both = tuple(finished[f]) + tuple(other[f])
+        out[f] = both if order is None else tuple(both[i] for i in order)
+    return out
+
 
 # event type -> (table, fields copied as columns)
 _TABLE_OF = {
@@ -100,6 +150,22 @@ class Recorder(Probe):
         self._buffers = tuple(self._pending.values())
         # tick(): flush once `flush_rows` rows are buffered (the engine calls it once a batch)
         self.tick = new_ticker(self._buffers, flush_rows, self.flush)
+
+    def adopt_columns(self, cls, make):
+        """The engine's columnar buffer of `cls`'s rows (engine/emitters.py's RequestColumns for
+        a finished request's record): `make(buffer)` wrapping this table's buffer, made once (the
+        engine's Emitters ask for it more than once: the controller's, the scheduler's, every
+        rank's) and flushed in its place, the ticker counting it; None for a columns `sink`, which
+        takes Python values (its buffers stay tuples)."""
+        if self._rows_sink is None:
+            return None
+        cur = self._pending[cls]
+        if isinstance(cur, make):
+            return cur
+        cols = self._pending[cls] = make(cur)
+        self._buffers = tuple(self._pending.values())
+        self.tick = new_ticker(self._buffers, self._flush_rows, self.flush)
+        return cols
 
     def wants(self, cls) -> bool:
         """Only the events a table stores: the engine builds no others (events.Emitters)."""

@@ -36,6 +36,8 @@ def table_columns(table: str, fields: tuple[str, ...], rows) -> dict[str, Any]:
     column, a str in a VARCHAR one, None anywhere), and into the Python values for the rest,
     which `arrow_column` converts (and refuses) as it always did. Measured on the conversation trace's
     hand-overs: ~0.03 s against ~0.4 s decoding into Python values and converting those."""
+    if isinstance(rows, dict):
+        return _columnar(table, fields, rows)
     if isinstance(rows, list):
         from tierdiag.probes.recorder import columns_of
 
@@ -62,6 +64,39 @@ def table_columns(table: str, fields: tuple[str, ...], rows) -> dict[str, Any]:
             out[f] = pa.Array.from_buffers(_FROM_BUFFERS[kind], n, [_buffer(valid), pa.py_buffer(values)],
                                            null_count=nulls)
     return out
+
+
+def _columnar(table: str, fields: tuple[str, ...], hand: dict) -> dict[str, Any]:
+    """`table_columns` for a columnar hand-over (engine/emitters.py's RequestColumns.take(): a
+    finished request's ints as int64 bytes, its objects as lists, its routing columns as Route
+    tuples, two constants; the other rows, rejected requests', as the recorder's buffer took
+    them, with their places among the finished ones): every column an Arrow array of its schema
+    type, the rows in the order they were appended. The ints are Arrow's buffers as they came
+    (no Python int made); a value that does not fit its column is arrow_column's OverflowError."""
+    from tierdiag.probes.events import Route
+    from tierdiag.probes.recorder import columnar_order
+
+    n = hand["n"]
+    finished: dict[str, Any] = {}
+    for name, value in hand["constants"]:
+        finished[name] = [value] * n
+    schema = TABLES.get(table, {})
+    for name, data in hand["ints"].items():
+        values = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(data)], null_count=0)
+        finished[name] = values if schema.get(name) == "BIGINT" else values.to_numpy(zero_copy_only=True)
+    finished.update(hand["objects"])
+    routes = hand["route"]
+    finished.update(zip(Route._fields, zip(*routes)) if routes else ((f, ()) for f in Route._fields))
+    missing = [f for f in fields if f not in finished]
+    if missing:
+        raise ValueError(f"{table}: a columnar hand-over without columns {missing}")
+    order = columnar_order(n, hand["at"])
+    if order is None:
+        return {f: finished[f] for f in fields}
+    other = table_columns(table, fields, hand["rows"])
+    take = pa.array(order, type=pa.int64())
+    return {f: pa.concat_arrays([arrow_column(table, f, finished[f]), arrow_column(table, f, other[f])]).take(take)
+            for f in fields}
 
 
 def _buffer(data: bytes | None):
