@@ -16,11 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tierdiag.engine import compiled, emitters
-from tierdiag.engine.emitters import REQUEST_CONSTANTS, REQUEST_INT_COLUMNS, REQUEST_OBJECT_COLUMNS, RequestColumns
+from tierdiag.engine.emitters import (REQUEST_CONSTANTS, REQUEST_INT_COLUMNS, REQUEST_OBJECT_COLUMNS, BatchColumns,
+                                      EvictionColumns, PoolSampleColumns, RequestColumns)
 from tierdiag.native import cplane
 from tierdiag.probes import events as ev
 from tierdiag.probes.recorder import Recorder, columnar_order, columns_of
 from tierdiag.store.columns import arrow_column, table_columns
+from tierdiag.store.schema import TABLES
 
 FIELDS = ev.RequestRecord._fields
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
@@ -40,11 +42,11 @@ TWIN = _source_twin()
 CLASSES = [pytest.param(RequestColumns, id="as imported"), pytest.param(TWIN.RequestColumns, id="python source")]
 
 
-def _inner(encoded: bool):
+def _inner(encoded: bool, width: int = len(FIELDS)):
     if encoded:
         if cplane.C is None:
             pytest.skip(f"_cplane: {cplane.WHY_NOT}")
-        return cplane.compiled("RowBuffer")(len(FIELDS))
+        return cplane.compiled("RowBuffer")(width)
     return []
 
 
@@ -96,23 +98,69 @@ def test_the_columns_are_the_records_fields_split_by_how_they_travel():
     assert sorted(split) == sorted(FIELDS) and len(split) == len(set(split))
 
 
-@pytest.mark.parametrize("cls", CLASSES)
+# The other tables' columnar buffers: (class name, event, table, its add's values by column).
+def _value(table: str, column: str, nullable: bool):
+    kind = TABLES[table][column]
+    base = {"BIGINT": INT64, "INTEGER": INT32, "VARCHAR": TEXT, "DOUBLE": st.floats(allow_nan=False),
+            "BOOLEAN": st.booleans()}[kind]
+    return st.one_of(st.none(), base) if nullable else base
+
+
+_OTHER_TABLES = [("EvictionColumns", ev.Eviction, "evictions"), ("PoolSampleColumns", ev.PoolSample, "pool_samples"),
+                 ("BatchColumns", ev.BatchScheduled, "batches")]
+
+
+def _spec(name: str, event, table: str, module):
+    ints = getattr(module, name.replace("Columns", "").replace("PoolSample", "Pool_Sample").upper() + "_INT_COLUMNS")
+    column_row = st.fixed_dictionaries({f: _value(table, f, f not in ints) for f in event._fields})
+    other_row = st.builds(lambda d: tuple(d[f] for f in event._fields),
+                          st.fixed_dictionaries({f: _value(table, f, True) for f in event._fields}))
+    return column_row, other_row, lambda kw: tuple(kw[f] for f in event._fields)
+
+
+def _request_spec(module):
+    return _finished, _rejected, _row
+
+
+def _check_take(hand, table, fields, want):
+    py = columns_of(fields, hand)
+    assert list(zip(*(py[f] for f in fields))) == want or (not want and all(py[f] == () for f in fields))
+    arrow = table_columns(table, fields, hand)
+    for i, f in enumerate(fields):
+        got = arrow_column(table, f, arrow[f]).to_pylist()
+        assert len(got) == len(want)
+        assert all(_same(g, w[i]) for g, w in zip(got, want)), f
+
+
+_EVERY = ([pytest.param(m, "RequestColumns", ev.RequestRecord, "requests", id=f"requests, {k}")
+           for k, m in (("as imported", emitters), ("python source", TWIN))]
+          + [pytest.param(m, n, e, t, id=f"{t}, {k}") for n, e, t in _OTHER_TABLES
+             for k, m in (("as imported", emitters), ("python source", TWIN))])
+
+
+@pytest.mark.parametrize("module, name, event, table", _EVERY)
 @pytest.mark.parametrize("encoded", [True, False], ids=["row buffer", "list"])
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(data=st.data())
-def test_finished_and_other_rows_come_back_in_the_order_appended(cls, encoded, data):
-    """Finished rows and other rows (rejections) interleaved, taken at random points: each take
-    gives, through columns_of and table_columns alike, exactly the rows appended since the last,
-    in order (the Arrow arrays are arrow_column's of those values); the buffer is empty after."""
-    cols = cls(_inner(encoded))
-    ops = data.draw(st.lists(st.one_of(st.tuples(st.just("finished"), _finished),
-                                       st.tuples(st.just("other"), _rejected),
+def test_column_rows_and_other_rows_come_back_in_the_order_appended(module, name, event, table, encoded, data):
+    """Every columnar buffer (requests, evictions, pool samples, batches; the compiled class and
+    its Python source): rows appended by columns and other rows (a rejection, an event built
+    by a probe's `emit`) interleaved, taken at random points: each take gives, through
+    columns_of and table_columns alike, exactly the rows appended since the last, in order (the
+    Arrow arrays are arrow_column's of those values); the buffer is empty after."""
+    cls = getattr(module, name)
+    column_row, other_row, as_row = (_request_spec(module) if name == "RequestColumns"
+                                     else _spec(name, event, table, module))
+    add = "finished" if name == "RequestColumns" else "add"
+    cols = cls(_inner(encoded, len(event._fields)))
+    ops = data.draw(st.lists(st.one_of(st.tuples(st.just("columns"), column_row),
+                                       st.tuples(st.just("other"), other_row),
                                        st.tuples(st.just("take"), st.none())), max_size=12))
     want: list[tuple] = []
     for op, arg in ops + [("take", None)]:
-        if op == "finished":
-            cols.finished(**arg)
-            want.append(_row(arg))
+        if op == "columns":
+            getattr(cols, add)(**arg)
+            want.append(as_row(arg))
         elif op == "other":
             cols.append(tuple(arg))
             want.append(tuple(arg))
@@ -120,13 +168,7 @@ def test_finished_and_other_rows_come_back_in_the_order_appended(cls, encoded, d
             assert len(cols) == len(want)
             hand = cols.take()
             assert len(cols) == 0
-            py = columns_of(FIELDS, hand)
-            assert list(zip(*(py[f] for f in FIELDS))) == want or (not want and all(py[f] == () for f in FIELDS))
-            arrow = table_columns("requests", FIELDS, hand)
-            for i, f in enumerate(FIELDS):
-                got = arrow_column("requests", f, arrow[f]).to_pylist()
-                assert len(got) == len(want)
-                assert all(_same(g, w[i]) for g, w in zip(got, want)), f
+            _check_take(hand, table, event._fields, want)
             want = []
 
 
@@ -217,6 +259,7 @@ def test_the_engines_rows_by_columns_are_the_tuples_rows_in_the_same_order(encod
     tuples_probe.flush()
     assert stats[0] == stats[1] and stats[0].requests_rejected == 6
     assert isinstance(rows_probe._pending[ev.RequestRecord], RequestColumns)
+    assert isinstance(rows_probe._pending[ev.Eviction], EvictionColumns)
     assert not isinstance(tuples_probe._pending[ev.RequestRecord], RequestColumns)
 
     def rows(flushed, table):
@@ -240,9 +283,16 @@ def test_the_emitters_adopt_one_buffer_a_probe_and_its_append_is_the_record_emit
     assert isinstance(cols, RequestColumns)
     assert first.request_columns is cols and second.request_columns is cols
     assert first.record == cols.append and second.tick is rec.tick is first.tick
+    for attr, kind, event, cls in (("eviction_columns", "eviction", ev.Eviction, EvictionColumns),
+                                   ("pool_sample_columns", "pool_sample", ev.PoolSample, PoolSampleColumns),
+                                   ("batch_columns", "batch", ev.BatchScheduled, BatchColumns)):
+        buf = rec._pending[event]
+        assert isinstance(buf, cls) and getattr(first, attr) is buf is getattr(second, attr)
+        assert getattr(first, kind) == buf.append
     column_sink = Recorder(lambda tables: None)
-    assert emitters.Emitters(column_sink).request_columns is None
-    assert emitters.Emitters(None).request_columns is None
+    for probe in (column_sink, None):
+        made = emitters.Emitters(probe)
+        assert (made.request_columns, made.eviction_columns, made.pool_sample_columns, made.batch_columns) == (None,) * 4
 
 
 def test_the_writers_arrow_columns_are_zero_copy_int64_for_bigint_columns():

@@ -277,6 +277,11 @@ class CacheController:
             free: int = self.device.free_pages if on_device else self.host.free_pages
             capacity = self.device_capacity if on_device else self.host_capacity
             ps = self.page_size
+            cols = self.emit.eviction_columns
+            if cols is not None:  # a recorder's columns: the values unboxed (emitters.py)
+                cols.add(eid, now_ns, tier, node.id, tokens, action, cause, node.owner, (capacity - free) * ps,
+                         capacity * ps, locked * ps, node.hit_count, node.last_access_ns, self.rank)
+                return eid
             emit((
                 eid, now_ns, tier, node.id, tokens, action, cause, node.owner,
                 (capacity - free) * ps, self.device_capacity_tokens if on_device else self.host_capacity_tokens,

@@ -207,6 +207,16 @@ class RequestRecords(SchedulerState):
         # declared int: native arithmetic on them, not generic operations on objects. The
         # capacities are the controller's (fixed: read once, their tokens boxed once)
         free: int = ctrl.device.free_pages
+        cols = self.emit.pool_sample_columns
+        if cols is not None:  # a recorder's columns: the values unboxed (emitters.py)
+            cols.add(now, "device", (ctrl.device_capacity - free) * ps, ctrl.device_capacity * ps,
+                     tree.locked_device_pages * ps, rank)
+            free = ctrl.host.free_pages
+            cols.add(now, "host", (ctrl.host_capacity - free) * ps, ctrl.host_capacity * ps,
+                     tree.locked_host_pages * ps, rank)
+            if ctrl.storage is not None:
+                cols.add(now, "storage", ctrl.storage.used_pages * ps, ctrl.storage.capacity * ps, 0, rank)
+            return
         emit((now, "device", (ctrl.device_capacity - free) * ps, ctrl.device_capacity_tokens,
               tree.locked_device_pages * ps, rank))
         free = ctrl.host.free_pages

@@ -74,28 +74,30 @@ def columnar_order(n: int, at: bytes) -> list[int] | None:
 
 
 def _columnar_values(fields: tuple[str, ...], hand: dict) -> dict[str, tuple]:
-    """`columns_of` for a columnar hand-over: every column as Python values."""
+    """`columns_of` for a columnar hand-over (engine/emitters.py's Columns.take()): every
+    column as Python values, the rows in the order appended."""
     n = hand["n"]
-    finished: dict[str, Sequence] = dict(hand["constants"])
-    for name, value in finished.items():
-        finished[name] = (value,) * n
+    cols: dict[str, Sequence] = {}
+    for name, value in hand["constants"]:
+        cols[name] = (value,) * n
     for name, data in hand["ints"].items():
         values = array("q")
         values.frombytes(data)
-        finished[name] = values.tolist()
-    finished.update(hand["objects"])
-    route_fields = ev.Route._fields
-    routes = hand["route"]
-    finished.update(zip(route_fields, zip(*routes)) if routes else ((f, ()) for f in route_fields))
-    missing = [f for f in fields if f not in finished]
+        cols[name] = values.tolist()
+    cols.update(hand["objects"])
+    for names, rows in hand["tuples"]:
+        cols.update(zip(names, zip(*rows)) if rows else ((f, ()) for f in names))
+    missing = [f for f in fields if f not in cols]
     if missing:
         raise ValueError(f"a columnar hand-over without columns {missing}")
-    other = columns_of(fields, hand["rows"]) if hand["at"] else {f: () for f in fields}
     order = columnar_order(n, hand["at"])
+    if order is None:
+        return {f: tuple(cols[f]) for f in fields}
+    other = columns_of(fields, hand["rows"])
     out: dict[str, tuple] = {}
     for f in fields:
-        both = tuple(finished[f]) + tuple(other[f])
-        out[f] = both if order is None else tuple(both[i] for i in order)
+        both = tuple(cols[f]) + tuple(other[f])
+        out[f] = tuple(both[i] for i in order)
     return out
 
 

@@ -67,35 +67,35 @@ def table_columns(table: str, fields: tuple[str, ...], rows) -> dict[str, Any]:
 
 
 def _columnar(table: str, fields: tuple[str, ...], hand: dict) -> dict[str, Any]:
-    """`table_columns` for a columnar hand-over (engine/emitters.py's RequestColumns.take(): a
-    finished request's ints as int64 bytes, its objects as lists, its routing columns as Route
-    tuples, two constants; the other rows, rejected requests', as the recorder's buffer took
-    them, with their places among the finished ones): every column an Arrow array of its schema
-    type, the rows in the order they were appended. The ints are Arrow's buffers as they came
-    (no Python int made); a value that does not fit its column is arrow_column's OverflowError."""
-    from tierdiag.probes.events import Route
+    """`table_columns` for a columnar hand-over (engine/emitters.py's Columns.take(): the ints
+    as int64 bytes, the objects as lists, tuples of columns, constants; the other rows as the
+    recorder's buffer took them, with their places among the others): every column an Arrow
+    array or the values arrow_column converts, the rows in the order they were appended. A
+    BIGINT column is Arrow's array over the bytes as they came (no Python int made), another
+    int column (INTEGER: dp_rank) their numpy view, cast by arrow_column (a value that does not
+    fit is its OverflowError naming the column)."""
     from tierdiag.probes.recorder import columnar_order
 
     n = hand["n"]
-    finished: dict[str, Any] = {}
+    cols: dict[str, Any] = {}
     for name, value in hand["constants"]:
-        finished[name] = [value] * n
+        cols[name] = [value] * n
     schema = TABLES.get(table, {})
     for name, data in hand["ints"].items():
         values = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(data)], null_count=0)
-        finished[name] = values if schema.get(name) == "BIGINT" else values.to_numpy(zero_copy_only=True)
-    finished.update(hand["objects"])
-    routes = hand["route"]
-    finished.update(zip(Route._fields, zip(*routes)) if routes else ((f, ()) for f in Route._fields))
-    missing = [f for f in fields if f not in finished]
+        cols[name] = values if schema.get(name) == "BIGINT" else values.to_numpy(zero_copy_only=True)
+    cols.update(hand["objects"])
+    for names, rows in hand["tuples"]:
+        cols.update(zip(names, zip(*rows)) if rows else ((f, ()) for f in names))
+    missing = [f for f in fields if f not in cols]
     if missing:
         raise ValueError(f"{table}: a columnar hand-over without columns {missing}")
     order = columnar_order(n, hand["at"])
     if order is None:
-        return {f: finished[f] for f in fields}
+        return {f: cols[f] for f in fields}
     other = table_columns(table, fields, hand["rows"])
     take = pa.array(order, type=pa.int64())
-    return {f: pa.concat_arrays([arrow_column(table, f, finished[f]), arrow_column(table, f, other[f])]).take(take)
+    return {f: pa.concat_arrays([arrow_column(table, f, cols[f]), arrow_column(table, f, other[f])]).take(take)
             for f in fields}
 
 
