@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tierdiag.engine import compiled, emitters
 from tierdiag.engine.emitters import (REQUEST_CONSTANTS, REQUEST_INT_COLUMNS, REQUEST_OBJECT_COLUMNS, BatchColumns,
-                                      EvictionColumns, PoolSampleColumns, RequestColumns)
+                                      EvictionColumns, PoolSampleColumns, RequestColumns, TransferColumns)
 from tierdiag.native import cplane
 from tierdiag.probes import events as ev
 from tierdiag.probes.recorder import Recorder, columnar_order, columns_of
@@ -107,7 +107,7 @@ def _value(table: str, column: str, nullable: bool):
 
 
 _OTHER_TABLES = [("EvictionColumns", ev.Eviction, "evictions"), ("PoolSampleColumns", ev.PoolSample, "pool_samples"),
-                 ("BatchColumns", ev.BatchScheduled, "batches")]
+                 ("BatchColumns", ev.BatchScheduled, "batches"), ("TransferColumns", ev.Transfer, "transfers")]
 
 
 def _spec(name: str, event, table: str, module):
@@ -260,6 +260,7 @@ def test_the_engines_rows_by_columns_are_the_tuples_rows_in_the_same_order(encod
     assert stats[0] == stats[1] and stats[0].requests_rejected == 6
     assert isinstance(rows_probe._pending[ev.RequestRecord], RequestColumns)
     assert isinstance(rows_probe._pending[ev.Eviction], EvictionColumns)
+    assert isinstance(rows_probe._pending[ev.Transfer], TransferColumns)
     assert not isinstance(tuples_probe._pending[ev.RequestRecord], RequestColumns)
 
     def rows(flushed, table):
@@ -285,14 +286,16 @@ def test_the_emitters_adopt_one_buffer_a_probe_and_its_append_is_the_record_emit
     assert first.record == cols.append and second.tick is rec.tick is first.tick
     for attr, kind, event, cls in (("eviction_columns", "eviction", ev.Eviction, EvictionColumns),
                                    ("pool_sample_columns", "pool_sample", ev.PoolSample, PoolSampleColumns),
-                                   ("batch_columns", "batch", ev.BatchScheduled, BatchColumns)):
+                                   ("batch_columns", "batch", ev.BatchScheduled, BatchColumns),
+                                   ("transfer_columns", "transfer", ev.Transfer, TransferColumns)):
         buf = rec._pending[event]
         assert isinstance(buf, cls) and getattr(first, attr) is buf is getattr(second, attr)
         assert getattr(first, kind) == buf.append
     column_sink = Recorder(lambda tables: None)
     for probe in (column_sink, None):
         made = emitters.Emitters(probe)
-        assert (made.request_columns, made.eviction_columns, made.pool_sample_columns, made.batch_columns) == (None,) * 4
+        assert (made.request_columns, made.eviction_columns, made.pool_sample_columns, made.batch_columns,
+                made.transfer_columns) == (None,) * 5
 
 
 def test_the_writers_arrow_columns_are_zero_copy_int64_for_bigint_columns():

@@ -247,6 +247,20 @@ class CacheController:
         self._next_transfer += self.id_step
         return tid
 
+    def _transfer_row(self, start: int, end: int, kind: str, req_id: str | None, pages: int, runs: int, nbytes: int,
+                      dp_bytes: int, queued_ns: int, wall_ns: int, verified: object) -> None:
+        """A transfer's row, its id the next: by columns to a recorder that takes them (the values
+        unboxed: emitters.py), else as the Transfer's tuple (the caller checked emit.transfer)."""
+        cols = self.emit.transfer_columns
+        if cols is not None:
+            cols.add(self._transfer_id(), start, end, kind, req_id, pages, runs, nbytes, dp_bytes, queued_ns, wall_ns,
+                     verified, self.rank)
+            return
+        emit = self.emit.transfer
+        if emit is not None:
+            emit((self._transfer_id(), start, end, kind, req_id, pages, runs, nbytes, dp_bytes, queued_ns, wall_ns,
+                  verified, self.rank))
+
     def _copy_ns(self, pages: int, wall_ns: int, data_plane_bytes: int, *, to_device: bool, runs: int) -> int:
         nbytes = pages * self.page_bytes
         if self.measured_timing and data_plane_bytes:
@@ -467,8 +481,8 @@ class CacheController:
         end = start + self._copy_ns(pages, wall, dp_bytes, to_device=False, runs=runs)
         self.d2h_free_ns = end
         if self.emit.transfer is not None:
-            self.emit.transfer((self._transfer_id(), start, end, "backup", cause, pages, runs,
-                                        pages * self.page_bytes, dp_bytes, start - now_ns, wall, None, self.rank))
+            self._transfer_row(start, end, "backup", cause, pages, runs, pages * self.page_bytes, dp_bytes,
+                               start - now_ns, wall, None)
         self.at(end, self.tree.dec_lock, node)
         self._write_storage(node, cause, end)
         return True
@@ -503,8 +517,8 @@ class CacheController:
         for node, cause, pages, wall, runs, dp_bytes, queued_ns in queue:
             start, t = t, t + self._copy_ns(pages, wall, dp_bytes, to_device=False, runs=runs)
             if emit is not None:
-                emit((self._transfer_id(), start, t, "backup", cause, pages, runs,
-                     pages * self.page_bytes, dp_bytes, start - queued_ns, wall, None, self.rank))
+                self._transfer_row(start, t, "backup", cause, pages, runs, pages * self.page_bytes, dp_bytes,
+                                   start - queued_ns, wall, None)
             nodes.append(node)
         self.d2h_free_ns = t
         self.backups_in_flight += len(nodes)
@@ -685,8 +699,8 @@ class CacheController:
         self.blocking_ns = self.d2h_free_ns - now_ns
         self.stats.write_backs += 1
         if self.emit.transfer is not None:
-            self.emit.transfer((self._transfer_id(), start, start + dur, TransferKind.WRITE_BACK, cause, pages, runs,
-                                        pages * self.page_bytes, dp_bytes, start - now_ns, wall, None, self.rank))
+            self._transfer_row(start, start + dur, TransferKind.WRITE_BACK, cause, pages, runs,
+                               pages * self.page_bytes, dp_bytes, start - now_ns, wall, None)
         if self.storage_per_pass:
             self._storage_after_ack(node, cause, 1)
         else:
@@ -717,8 +731,8 @@ class CacheController:
             key = "storage/delete"
             self.stats.evictions[key] = self.stats.evictions.get(key, 0) + deleted
         if self.emit.transfer is not None:
-            self.emit.transfer((self._transfer_id(), start, end, TransferKind.STORAGE_WRITE, cause, pages, 1,
-                                pages * self.page_bytes, dp_bytes, max(0, start - now_ns), 0, None, self.rank))
+            self._transfer_row(start, end, TransferKind.STORAGE_WRITE, cause, pages, 1,
+                               pages * self.page_bytes, dp_bytes, max(0, start - now_ns), 0, None)
 
     # --- host -> device ------------------------------------------------------------------
     def load_back(self, nodes: tuple[TreeNode, ...], slots: Any, req_id: str, now_ns: int,
@@ -829,14 +843,13 @@ class CacheController:
         storage.free_ns = end
         self.stats.prefetches += 1
         if self.emit.transfer is not None:
-            self.emit.transfer((self._transfer_id(), start, end, TransferKind.PREFETCH, req_id, pages,
-                                        _rows.count_runs(slots), pages * self.page_bytes,
-                                        dp_bytes, start - now_ns, 0, None, self.rank))
+            self._transfer_row(start, end, TransferKind.PREFETCH, req_id, pages, _rows.count_runs(slots),
+                               pages * self.page_bytes, dp_bytes, start - now_ns, 0, None)
         return start, end
 
     def emit_load_back(self, start: int, end: int, req_id: str, pages: int, runs: int, queued: int,
                        wall: int, verified) -> None:
         if self.emit.transfer is not None:
             dp_bytes = pages * self.dp_page_bytes
-            self.emit.transfer((self._transfer_id(), start, end, TransferKind.LOAD_BACK, req_id, pages, runs,
-                                        pages * self.page_bytes, dp_bytes, queued, wall, verified, self.rank))
+            self._transfer_row(start, end, TransferKind.LOAD_BACK, req_id, pages, runs,
+                               pages * self.page_bytes, dp_bytes, queued, wall, verified)

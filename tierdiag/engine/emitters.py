@@ -39,11 +39,13 @@ class Emitters:
         self.eviction_columns: Optional[EvictionColumns] = None
         self.pool_sample_columns: Optional[PoolSampleColumns] = None
         self.batch_columns: Optional[BatchColumns] = None
+        self.transfer_columns: Optional[TransferColumns] = None
         if adopt is not None:
             self.request_columns = adopt(ev.RequestRecord, RequestColumns)
             self.eviction_columns = adopt(ev.Eviction, EvictionColumns)
             self.pool_sample_columns = adopt(ev.PoolSample, PoolSampleColumns)
             self.batch_columns = adopt(ev.BatchScheduled, BatchColumns)
+            self.transfer_columns = adopt(ev.Transfer, TransferColumns)
         self.arrived: Emit = _of(probe, "arrived")
         self.matched: Emit = _of(probe, "matched")
         self.skipped: Emit = _of(probe, "skipped")
@@ -168,6 +170,13 @@ POOL_SAMPLE_INT_COLUMNS: Final = (
 POOL_SAMPLE_OBJECT_COLUMNS: Final = (
     "tier",)
 POOL_SAMPLE_CONSTANTS: Final = ()
+
+TRANSFER_INT_COLUMNS: Final = (
+    "transfer_id", "t_start_ns", "t_end_ns", "pages", "runs", "bytes", "data_plane_bytes", "queued_ns",
+    "wall_ns", "dp_rank",)
+TRANSFER_OBJECT_COLUMNS: Final = (
+    "kind", "req_id", "verified",)
+TRANSFER_CONSTANTS: Final = ()
 
 BATCH_INT_COLUMNS: Final = (
     "batch_id", "t_start_ns", "t_end_ns", "num_reqs", "extend_tokens", "loadback_bytes", "compute_ns",
@@ -650,6 +659,97 @@ class PoolSampleColumns(Columns):
         }, {
             "tier": self.o_tier,
         }, POOL_SAMPLE_CONSTANTS, ())
+
+
+class TransferColumns(Columns):
+    """A transfer's row (CacheController's copies between tiers), a column each."""
+
+    i_transfer_id: vec[i64]
+    i_t_start_ns: vec[i64]
+    i_t_end_ns: vec[i64]
+    i_pages: vec[i64]
+    i_runs: vec[i64]
+    i_bytes: vec[i64]
+    i_data_plane_bytes: vec[i64]
+    i_queued_ns: vec[i64]
+    i_wall_ns: vec[i64]
+    i_dp_rank: vec[i64]
+    o_kind: list[object]
+    o_req_id: list[object]
+    o_verified: list[object]
+
+    def _reset(self) -> None:
+        self.i_transfer_id = vec[i64]()
+        self.i_t_start_ns = vec[i64]()
+        self.i_t_end_ns = vec[i64]()
+        self.i_pages = vec[i64]()
+        self.i_runs = vec[i64]()
+        self.i_bytes = vec[i64]()
+        self.i_data_plane_bytes = vec[i64]()
+        self.i_queued_ns = vec[i64]()
+        self.i_wall_ns = vec[i64]()
+        self.i_dp_rank = vec[i64]()
+        self.o_kind = []
+        self.o_req_id = []
+        self.o_verified = []
+
+    def add(self,
+            transfer_id: i64, t_start_ns: i64, t_end_ns: i64, kind: object, req_id: object, pages: i64,
+            runs: i64, bytes: i64, data_plane_bytes: i64, queued_ns: i64, wall_ns: i64, verified: object,
+            dp_rank: i64) -> None:
+        """One row, its columns by keyword (`Columns`: a row is appended whole or not at all)."""
+        try:
+            self.i_transfer_id = append(self.i_transfer_id, transfer_id)
+            self.i_t_start_ns = append(self.i_t_start_ns, t_start_ns)
+            self.i_t_end_ns = append(self.i_t_end_ns, t_end_ns)
+            self.i_pages = append(self.i_pages, pages)
+            self.i_runs = append(self.i_runs, runs)
+            self.i_bytes = append(self.i_bytes, bytes)
+            self.i_data_plane_bytes = append(self.i_data_plane_bytes, data_plane_bytes)
+            self.i_queued_ns = append(self.i_queued_ns, queued_ns)
+            self.i_wall_ns = append(self.i_wall_ns, wall_ns)
+            self.i_dp_rank = append(self.i_dp_rank, dp_rank)
+            self.o_kind.append(kind)
+            self.o_req_id.append(req_id)
+            self.o_verified.append(verified)
+        except BaseException:  # a value the Python twin's vec refused: the row not kept at all
+            self._truncate()
+            raise
+        self.n += 1
+
+    def _truncate(self) -> None:
+        n = self.n
+        self.i_transfer_id = self.i_transfer_id[:n]
+        self.i_t_start_ns = self.i_t_start_ns[:n]
+        self.i_t_end_ns = self.i_t_end_ns[:n]
+        self.i_pages = self.i_pages[:n]
+        self.i_runs = self.i_runs[:n]
+        self.i_bytes = self.i_bytes[:n]
+        self.i_data_plane_bytes = self.i_data_plane_bytes[:n]
+        self.i_queued_ns = self.i_queued_ns[:n]
+        self.i_wall_ns = self.i_wall_ns[:n]
+        self.i_dp_rank = self.i_dp_rank[:n]
+        del self.o_kind[n:]
+        del self.o_req_id[n:]
+        del self.o_verified[n:]
+
+    def _columns(self) -> tuple[dict, dict, tuple, tuple]:
+        return ({
+            "transfer_id": bytes(memoryview(self.i_transfer_id)),
+            "t_start_ns": bytes(memoryview(self.i_t_start_ns)),
+            "t_end_ns": bytes(memoryview(self.i_t_end_ns)),
+            "pages": bytes(memoryview(self.i_pages)),
+            "runs": bytes(memoryview(self.i_runs)),
+            "bytes": bytes(memoryview(self.i_bytes)),
+            "data_plane_bytes": bytes(memoryview(self.i_data_plane_bytes)),
+            "queued_ns": bytes(memoryview(self.i_queued_ns)),
+            "wall_ns": bytes(memoryview(self.i_wall_ns)),
+            "dp_rank": bytes(memoryview(self.i_dp_rank)),
+        }, {
+            "kind": self.o_kind,
+            "req_id": self.o_req_id,
+            "verified": self.o_verified,
+        }, TRANSFER_CONSTANTS, ())
 
 
 class BatchColumns(Columns):
