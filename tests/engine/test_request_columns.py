@@ -42,6 +42,13 @@ TWIN = _source_twin()
 CLASSES = [pytest.param(RequestColumns, id="as imported"), pytest.param(TWIN.RequestColumns, id="python source")]
 
 
+def _counter():
+    from librt.vecs import vec
+    from mypy_extensions import i64
+
+    return vec[i64]([0])
+
+
 def _inner(encoded: bool, width: int = len(FIELDS)):
     if encoded:
         if cplane.C is None:
@@ -152,24 +159,27 @@ def test_column_rows_and_other_rows_come_back_in_the_order_appended(module, name
     column_row, other_row, as_row = (_request_spec(module) if name == "RequestColumns"
                                      else _spec(name, event, table, module))
     add = "finished" if name == "RequestColumns" else "add"
-    cols = cls(_inner(encoded, len(event._fields)))
+    cols = cls(_inner(encoded, len(event._fields)), _counter())
     ops = data.draw(st.lists(st.one_of(st.tuples(st.just("columns"), column_row),
                                        st.tuples(st.just("other"), other_row),
                                        st.tuples(st.just("take"), st.none())), max_size=12))
     want: list[tuple] = []
+    by_columns = 0  # rows appended by columns since the last take: the shared counter's
     for op, arg in ops + [("take", None)]:
         if op == "columns":
             getattr(cols, add)(**arg)
             want.append(as_row(arg))
+            by_columns += 1
         elif op == "other":
             cols.append(tuple(arg))
             want.append(tuple(arg))
         else:
             assert len(cols) == len(want)
+            assert cols.counter[0] == by_columns
             hand = cols.take()
-            assert len(cols) == 0
+            assert len(cols) == 0 and cols.counter[0] == 0
             _check_take(hand, table, event._fields, want)
-            want = []
+            want, by_columns = [], 0
 
 
 @pytest.mark.parametrize("cls", CLASSES)
@@ -182,7 +192,7 @@ def test_an_int_past_int64_is_refused_and_the_row_is_not_kept(cls, kw, column, b
     record; the engine's ints are times in ns and token counts). The Python twin's vec says
     OverflowError; the compiled method's argument check, called from Python, TypeError ("i64
     object expected"); called from the compiled record, the conversion's OverflowError."""
-    cols = cls([])
+    cols = cls([], _counter())
     cols.finished(**kw)
     with pytest.raises((OverflowError, TypeError)):
         cols.finished(**{**kw, column: bad})
@@ -194,7 +204,7 @@ def test_an_int_past_int64_is_refused_and_the_row_is_not_kept(cls, kw, column, b
 @pytest.mark.parametrize("bad", [1.5, float("nan"), "7", None, b"7"])
 def test_a_value_that_is_no_int_in_an_int_column_is_a_type_error(cls, bad):
     kw = {**{c: 1 for c in REQUEST_INT_COLUMNS}, **{c: None for c in REQUEST_OBJECT_COLUMNS}, "route": ev.ROUTE_NONE}
-    cols = cls([])
+    cols = cls([], _counter())
     with pytest.raises(TypeError):
         cols.finished(**{**kw, "queue_ns": bad})
     assert len(cols) == 0 and cols.take()["n"] == 0
@@ -205,7 +215,7 @@ def test_a_value_that_is_no_int_in_an_int_column_is_a_type_error(cls, bad):
 def test_a_dp_rank_past_its_integer_column_is_the_writers_overflow_error_naming_it(dp):
     kw = {**{c: 1 for c in REQUEST_INT_COLUMNS}, **{c: None for c in REQUEST_OBJECT_COLUMNS},
           "route": ev.ROUTE_NONE, "dp_rank": dp}
-    cols = RequestColumns([])
+    cols = RequestColumns([], _counter())
     cols.finished(**kw)
     columns = table_columns("requests", FIELDS, cols.take())
     with pytest.raises(OverflowError, match="requests.dp_rank"):
@@ -221,7 +231,7 @@ def test_other_rows_places_out_of_order_are_refused(at, n):
 
 
 def test_a_hand_over_without_a_column_is_refused_naming_it():
-    cols = RequestColumns([])
+    cols = RequestColumns([], _counter())
     cols.finished(**{**{c: 1 for c in REQUEST_INT_COLUMNS}, **{c: None for c in REQUEST_OBJECT_COLUMNS},
                      "route": ev.ROUTE_NONE})
     hand = cols.take()
@@ -272,6 +282,9 @@ def test_the_engines_rows_by_columns_are_the_tuples_rows_in_the_same_order(encod
             wall = ev.Transfer._fields.index("wall_ns")
             a, b = ([r[:wall] + r[wall + 1:] for r in x] for x in (a, b))
         assert a == b, table
+    # the ticker counts the columnar buffers' rows by their shared counter: the same flushes
+    assert [sum(len(next(iter(cols.values()))) for cols in t.values()) for t in by_rows] == \
+        [sum(len(next(iter(cols.values()))) for cols in t.values()) for t in by_tuples]
     statuses = [r[FIELDS.index("status")] for r in rows(by_rows, "requests")]
     assert statuses.count("rejected") == 6 and statuses.count("finished") == 24
     assert len(by_rows) > 1  # flushed on the way
@@ -300,7 +313,7 @@ def test_the_emitters_adopt_one_buffer_a_probe_and_its_append_is_the_record_emit
 
 def test_the_writers_arrow_columns_are_zero_copy_int64_for_bigint_columns():
     """The writer builds a BIGINT column from the hand-over's bytes as they came (no Python int)."""
-    cols = RequestColumns([])
+    cols = RequestColumns([], _counter())
     kw = {**{c: 3 for c in REQUEST_INT_COLUMNS}, **{c: None for c in REQUEST_OBJECT_COLUMNS}, "route": ev.ROUTE_NONE}
     for i in range(5):
         cols.finished(**{**kw, "ttft_ns": 10**15 + i})

@@ -81,8 +81,11 @@ class Columns:
     appended a column each by the subclass's typed method (`finished` / `add`, called by the
     compiled engine with its values unboxed), any other row of the table (a rejected request's,
     an event a probe's `emit` was handed) as a tuple into the recorder's own buffer (`rows`),
-    its place among the others kept (`at`: the column rows before it). A row is appended whole
-    or not at all: compiled, its ints are i64 parameters, converted where they are passed (a
+    its place among the others kept (`at`: the column rows before it). `counter` (a vec of one
+    int64, shared by a recorder's columnar buffers) is their column rows in all, kept as they
+    are appended and taken: the recorder's ticker reads it in place (_cplane.FlushTicker,
+    through a memoryview), where each buffer's len() was a call through mypyc's slot. A row is
+    appended whole or not at all: compiled, its ints are i64 parameters, converted where they are passed (a
     value past int64 is an error before any column took a value); the Python twin, where a
     column refuses a value, takes back what the row's other columns took (`_truncate`).
 
@@ -99,9 +102,11 @@ class Columns:
     rows: Any
     n: int
     at: vec[i64]
+    counter: vec[i64]
 
-    def __init__(self, rows: Any) -> None:
+    def __init__(self, rows: Any, counter: vec[i64]) -> None:
         self.rows = rows
+        self.counter = counter
         self.n = 0
         self.at = vec[i64]()
         self._reset()
@@ -135,6 +140,7 @@ class Columns:
 
     def clear(self) -> None:
         self.rows.clear()
+        self.counter[0] -= self.n
         self.n = 0
         self.at = vec[i64]()
         self._reset()
@@ -388,6 +394,7 @@ class RequestColumns(Columns):
             self._truncate()
             raise
         self.n += 1
+        self.counter[0] += 1
 
     def _truncate(self) -> None:
         n = self.n
@@ -569,6 +576,7 @@ class EvictionColumns(Columns):
             self._truncate()
             raise
         self.n += 1
+        self.counter[0] += 1
 
     def _truncate(self) -> None:
         n = self.n
@@ -639,6 +647,7 @@ class PoolSampleColumns(Columns):
             self._truncate()
             raise
         self.n += 1
+        self.counter[0] += 1
 
     def _truncate(self) -> None:
         n = self.n
@@ -716,6 +725,7 @@ class TransferColumns(Columns):
             self._truncate()
             raise
         self.n += 1
+        self.counter[0] += 1
 
     def _truncate(self) -> None:
         n = self.n
@@ -801,6 +811,7 @@ class BatchColumns(Columns):
             self._truncate()
             raise
         self.n += 1
+        self.counter[0] += 1
 
     def _truncate(self) -> None:
         n = self.n

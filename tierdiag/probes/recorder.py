@@ -29,12 +29,18 @@ new_row_buffer = cplane.choose("recorder.row_buffer", cplane.compiled("RowBuffer
 _decode_arrow = cplane.compiled("decode_arrow")
 
 
+def _rows_in(buffer) -> int:
+    """A ticker buffer's rows: its length, or a row counter's value (a memoryview of int64s)."""
+    return buffer[0] if isinstance(buffer, memoryview) else len(buffer)
+
+
 def _python_ticker(buffers: tuple, limit: int, flush: Callable[[], None]) -> Callable[[], None]:
     """The recorder's `tick`: flush() once the buffers hold `limit` rows in all (the reference
     of _cplane.FlushTicker, which does the same in one C call: the engine ticks ~8 times a
-    request, and this closure's frame, map and len calls were 3 % of a probed Engine.run)."""
+    request, and this closure's frame, map and len calls were 3 % of a probed Engine.run). A
+    memoryview among them is a row counter (the columnar buffers'), its first value counted."""
     def tick() -> None:
-        if sum(map(len, buffers)) >= limit:
+        if sum(map(_rows_in, buffers)) >= limit:
             flush()
     return tick
 
@@ -150,23 +156,36 @@ class Recorder(Probe):
         self._pending: dict = {cls: new_row_buffer(len(cls._fields)) if rows_sink is not None else []
                                for cls in self._tables}
         self._buffers = tuple(self._pending.values())
+        self._adopted: dict = {}  # table class -> the buffer its columnar buffer's other rows go to
+        self._counter = None  # the columnar buffers' rows (a librt vec[i64] of one, made at the first adopt)
         # tick(): flush once `flush_rows` rows are buffered (the engine calls it once a batch)
         self.tick = new_ticker(self._buffers, flush_rows, self.flush)
 
     def adopt_columns(self, cls, make):
-        """The engine's columnar buffer of `cls`'s rows (engine/emitters.py's RequestColumns for
-        a finished request's record): `make(buffer)` wrapping this table's buffer, made once (the
-        engine's Emitters ask for it more than once: the controller's, the scheduler's, every
-        rank's) and flushed in its place, the ticker counting it; None for a columns `sink`, which
-        takes Python values (its buffers stay tuples)."""
+        """The engine's columnar buffer of `cls`'s rows (engine/emitters.py's Columns: a finished
+        request's record, evictions ...): `make(buffer, counter)` wrapping this table's buffer,
+        made once (the engine's Emitters ask for it more than once: the controller's, the
+        scheduler's, every rank's) and flushed in its place; `counter`, one for the recorder (a
+        librt vec[i64] of one int), is the columnar buffers' rows in all, which they keep and the
+        ticker reads. None for a columns `sink`, which takes Python values (its buffers stay
+        tuples)."""
         if self._rows_sink is None:
             return None
         cur = self._pending[cls]
         if isinstance(cur, make):
             return cur
-        cols = self._pending[cls] = make(cur)
+        if self._counter is None:
+            from librt.vecs import vec
+            from mypy_extensions import i64
+
+            self._counter = vec[i64]([0])
+        cols = self._pending[cls] = make(cur, self._counter)
+        self._adopted[cls] = cur
         self._buffers = tuple(self._pending.values())
-        self.tick = new_ticker(self._buffers, self._flush_rows, self.flush)
+        # the ticker counts the columnar buffers' rows by their shared counter (read in place),
+        # their other rows by the buffers those went to
+        tick_buffers = [self._adopted.get(c, b) for c, b in self._pending.items()] + [memoryview(self._counter)]
+        self.tick = new_ticker(tuple(tick_buffers), self._flush_rows, self.flush)
         return cols
 
     def wants(self, cls) -> bool:
