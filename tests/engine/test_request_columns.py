@@ -7,7 +7,6 @@ rows, the same order), the compiled class to its Python source, and hostile valu
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import pyarrow as pa
@@ -15,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierdiag.engine import compiled, emitters
+from tests.engine.helpers import source_twin
+from tierdiag.engine import emitters
 from tierdiag.engine.emitters import (REQUEST_CONSTANTS, REQUEST_INT_COLUMNS, REQUEST_OBJECT_COLUMNS, BatchColumns,
                                       EvictionColumns, PoolSampleColumns, RequestColumns, TransferColumns)
 from tierdiag.native import cplane
@@ -30,15 +30,7 @@ INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 TEXT = st.text(max_size=8)  # unicode, escapes, NUL, lone surrogates: str as the engine may hold it
 
 
-def _source_twin():
-    """emitters.py's source as a module of its own (interpreted), beside the compiled one."""
-    spec = importlib.util.spec_from_file_location("_emitters_source_twin", compiled.source_path("emitters"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-TWIN = _source_twin()
+TWIN = source_twin("emitters", "_emitters_source_twin")  # the source, interpreted, beside the compiled one
 CLASSES = [pytest.param(RequestColumns, id="as imported"), pytest.param(TWIN.RequestColumns, id="python source")]
 
 
