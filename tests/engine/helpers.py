@@ -206,3 +206,14 @@ def store_input_pages(engine: Engine, t) -> None:
     slots = host.alloc(len(keys)).tolist()  # (a slot run, array('q'); the storage tier takes lists)
     engine.ctrl.storage.write_from(host.array, slots, keys, rows=host.rows)
     host.free(slots)
+
+
+def source_twin(module: str, name: str):
+    """engine/`module`.py's source loaded as a plain Python module named `name`, whatever this
+    process runs (the compiled core's twin, beside the compiled module)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, compiled.source_path(module))
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded

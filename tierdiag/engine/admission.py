@@ -381,7 +381,11 @@ class Admission(SchedulerState):
             # stash_chunked_request), after every insert and finish of process_batch_result:
             # its nodes are made, and stamped, after theirs (fifo / filo read the creation order)
             self.at(end, self._cache_unfinished, stash)
-        if self.emit.batch is not None:
+        cols = self.emit.batch_columns
+        if cols is not None:  # a recorder's columns: the values unboxed (emitters.py)
+            cols.add(bid, now, end, len(items), taken, lb_bytes_total, compute_ns + mixed_ns, exposed, decoding,
+                     int(batch_recompute_ns), self.rank)
+        elif self.emit.batch is not None:
             # A mixed batch's decode step is part of its compute (the rows' new compute)
             self.emit.batch((bid, now, end, len(items), taken, lb_bytes_total,
                             compute_ns + mixed_ns, exposed, decoding, int(batch_recompute_ns), self.rank))

@@ -257,6 +257,20 @@ class CacheController:
         self._next_transfer += self.id_step
         return tid
 
+    def _transfer_row(self, start: int, end: int, kind: str, req_id: str | None, pages: int, runs: int, nbytes: int,
+                      dp_bytes: int, queued_ns: int, wall_ns: int, verified: object) -> None:
+        """A transfer's row, its id the next: by columns to a recorder that takes them (the values
+        unboxed: emitters.py), else as the Transfer's tuple (the caller checked emit.transfer)."""
+        cols = self.emit.transfer_columns
+        if cols is not None:
+            cols.add(self._transfer_id(), start, end, kind, req_id, pages, runs, nbytes, dp_bytes, queued_ns, wall_ns,
+                     verified, self.rank)
+            return
+        emit = self.emit.transfer
+        if emit is not None:
+            emit((self._transfer_id(), start, end, kind, req_id, pages, runs, nbytes, dp_bytes, queued_ns, wall_ns,
+                  verified, self.rank))
+
     def _copy_ns(self, pages: int, wall_ns: int, data_plane_bytes: int, *, to_device: bool, runs: int) -> int:
         nbytes = pages * self.page_bytes
         if self.measured_timing and data_plane_bytes:
@@ -289,6 +303,11 @@ class CacheController:
             free: int = self.device.free_pages if on_device else self.host.free_pages
             capacity = self.device_capacity if on_device else self.host_capacity
             ps = self.page_size
+            cols = self.emit.eviction_columns
+            if cols is not None:  # a recorder's columns: the values unboxed (emitters.py)
+                cols.add(eid, now_ns, tier, node.id, tokens, action, cause, node.owner, (capacity - free) * ps,
+                         capacity * ps, locked * ps, node.hit_count, node.last_access_ns, self.rank)
+                return eid
             emit((
                 eid, now_ns, tier, node.id, tokens, action, cause, node.owner,
                 (capacity - free) * ps, self.device_capacity_tokens if on_device else self.host_capacity_tokens,
@@ -474,8 +493,8 @@ class CacheController:
         end = start + self._copy_ns(pages, wall, dp_bytes, to_device=False, runs=runs)
         self.d2h_free_ns = end
         if self.emit.transfer is not None:
-            self.emit.transfer((self._transfer_id(), start, end, "backup", cause, pages, runs,
-                                        pages * self.page_bytes, dp_bytes, start - now_ns, wall, None, self.rank))
+            self._transfer_row(start, end, "backup", cause, pages, runs, pages * self.page_bytes, dp_bytes,
+                               start - now_ns, wall, None)
         self.at(end, self.tree.dec_lock, node)
         self._write_storage(node, cause, end)
         return True
@@ -510,8 +529,8 @@ class CacheController:
         for node, cause, pages, wall, runs, dp_bytes, queued_ns in queue:
             start, t = t, t + self._copy_ns(pages, wall, dp_bytes, to_device=False, runs=runs)
             if emit is not None:
-                emit((self._transfer_id(), start, t, "backup", cause, pages, runs,
-                     pages * self.page_bytes, dp_bytes, start - queued_ns, wall, None, self.rank))
+                self._transfer_row(start, t, "backup", cause, pages, runs, pages * self.page_bytes, dp_bytes,
+                                   start - queued_ns, wall, None)
             nodes.append(node)
         self.d2h_free_ns = t
         self.backups_in_flight += len(nodes)
@@ -692,8 +711,8 @@ class CacheController:
         self.blocking_ns = self.d2h_free_ns - now_ns
         self.stats.write_backs += 1
         if self.emit.transfer is not None:
-            self.emit.transfer((self._transfer_id(), start, start + dur, TransferKind.WRITE_BACK, cause, pages, runs,
-                                        pages * self.page_bytes, dp_bytes, start - now_ns, wall, None, self.rank))
+            self._transfer_row(start, start + dur, TransferKind.WRITE_BACK, cause, pages, runs,
+                               pages * self.page_bytes, dp_bytes, start - now_ns, wall, None)
         if self.storage_per_pass:
             self._storage_after_ack(node, cause, 1)
         else:
@@ -724,8 +743,8 @@ class CacheController:
             key = "storage/delete"
             self.stats.evictions[key] = self.stats.evictions.get(key, 0) + deleted
         if self.emit.transfer is not None:
-            self.emit.transfer((self._transfer_id(), start, end, TransferKind.STORAGE_WRITE, cause, pages, 1,
-                                pages * self.page_bytes, dp_bytes, max(0, start - now_ns), 0, None, self.rank))
+            self._transfer_row(start, end, TransferKind.STORAGE_WRITE, cause, pages, 1,
+                               pages * self.page_bytes, dp_bytes, max(0, start - now_ns), 0, None)
 
     # --- host -> device ------------------------------------------------------------------
     def load_back(self, nodes: tuple[TreeNode, ...], slots: Any, req_id: str, now_ns: int,
@@ -836,14 +855,13 @@ class CacheController:
         storage.free_ns = end
         self.stats.prefetches += 1
         if self.emit.transfer is not None:
-            self.emit.transfer((self._transfer_id(), start, end, TransferKind.PREFETCH, req_id, pages,
-                                        _rows.count_runs(slots), pages * self.page_bytes,
-                                        dp_bytes, start - now_ns, 0, None, self.rank))
+            self._transfer_row(start, end, TransferKind.PREFETCH, req_id, pages, _rows.count_runs(slots),
+                               pages * self.page_bytes, dp_bytes, start - now_ns, 0, None)
         return start, end
 
     def emit_load_back(self, start: int, end: int, req_id: str, pages: int, runs: int, queued: int,
                        wall: int, verified) -> None:
         if self.emit.transfer is not None:
             dp_bytes = pages * self.dp_page_bytes
-            self.emit.transfer((self._transfer_id(), start, end, TransferKind.LOAD_BACK, req_id, pages, runs,
-                                        pages * self.page_bytes, dp_bytes, queued, wall, verified, self.rank))
+            self._transfer_row(start, end, TransferKind.LOAD_BACK, req_id, pages, runs,
+                               pages * self.page_bytes, dp_bytes, queued, wall, verified)

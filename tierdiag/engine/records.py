@@ -96,6 +96,7 @@ class RequestRecords(SchedulerState):
             for eid, tokens in req.lost.items():
                 lost((req.req_id, eid, tokens))
         emit = emits.record
+        cols = emits.request_columns
         if emit is not None:  # the record's counterfactuals: only for a probe that keeps them
             # Of its queue, the time the GPU ran decode steps (decode_before): a column only
             starts, ends, cum = self._drun_starts, self._drun_ends, self._drun_cum
@@ -125,33 +126,60 @@ class RequestRecords(SchedulerState):
                 routing_tokens(self.rank, route[6], best_rank_device or 0, best_rank_host or 0, arrival_device or 0,
                                arrival_host or 0, storage_match, recomputed),
                 arrival_pages, shared_pages, prefetch_lost_pages, ps, self.ctrl.storage is not None)
-            # By keyword into request_row, compiled: the keywords are resolved when it is compiled.
-            emit(request_row(
-                req_id=req.req_id, seq=req.seq, arrival_ns=arrival, input_tokens=input_len,
-                output_tokens=req.output_len, status="finished", reject_reason=None, hit_class=hit_class,
-                device_hit_tokens=device, host_hit_tokens=host, storage_hit_tokens=storage,
-                computed_tokens=computed, recomputed_tokens=recomputed, host_match_tokens=host_match,
-                storage_match_tokens=storage_match, loadback_skipped_reason=req.loadback_skip_reason,
-                loadback_skipped_tokens=lb_skipped, storage_skipped_reason=req.storage_skip_reason,
-                prefix_indices_len=prefix, cache_protected_len=req.protected_pages * ps,
-                extend_input_len=input_len - prefix, queue_ns=queue, storage_wait_ns=storage_wait,
-                loadback_ns=req.loadback_ns, loadback_exposed_ns=lb_exposed, loadback_queued_ns=req.loadback_queued_ns,
-                loadback_bytes=req.loadback_pages * self.ctrl.page_bytes, loadback_pages=req.loadback_pages,
-                loadback_runs=req.loadback_runs, storage_bytes=req.storage_bytes, storage_fetch_ns=req.storage_fetch_ns,
-                recompute_ns=recompute_ns, compute_ns=compute_ns, prefill_ns=first_token - scheduled,
-                ttft_ns=ttft, ideal_ttft_ns=ideal, ttft_if_device_resident_ns=if_resident,
-                recompute_instead_ns=recompute_instead, first_batch_id=req.first_batch_id,
-                num_chunks=req.num_chunks, first_token_ns=first_token, finish_ns=now,
-                session_id=req.session, think_ms=req.think_ms, trace_arrival_ns=req.trace_arrival_ns,
-                dp_rank=self.rank, route_branch=route[0], route_reason=route[1], route_score=route[2],
-                route_score_name=route[3], arrival_device_tokens=arrival_device, arrival_host_tokens=arrival_host,
-                best_rank=route[6], best_rank_device_tokens=best_rank_device, best_rank_host_tokens=best_rank_host,
-                ranks_json=route[9], decode_wait_ns=decode_wait, retractions=req.retractions,
-                miss_never_cached_tokens=miss[0], miss_evicted_before_reuse_tokens=miss[1],
-                miss_lost_while_queued_tokens=miss[2], miss_loadback_skipped_tokens=miss[3],
-                miss_prefetch_declined_tokens=miss[4], miss_prefetch_revoked_tokens=miss[5],
-                miss_shared_in_batch_tokens=miss[6], miss_routed_elsewhere_tokens=miss[7],
-                miss_beyond_storage_tokens=miss[8], miss_prefetch_lost_tokens=miss[9]))
+            if cols is not None:  # a recorder's columns: the values unboxed, a column each (emitters.py)
+                lb_pages = req.loadback_pages
+                cols.finished(
+                    seq=req.seq, arrival_ns=arrival, input_tokens=input_len, output_tokens=req.output_len,
+                    device_hit_tokens=device, host_hit_tokens=host, storage_hit_tokens=storage,
+                    computed_tokens=computed, recomputed_tokens=recomputed, host_match_tokens=host_match,
+                    storage_match_tokens=storage_match, loadback_skipped_tokens=lb_skipped, prefix_indices_len=prefix,
+                    cache_protected_len=req.protected_pages * ps, extend_input_len=input_len - prefix, queue_ns=queue,
+                    storage_wait_ns=storage_wait, loadback_ns=req.loadback_ns, loadback_exposed_ns=lb_exposed,
+                    loadback_queued_ns=req.loadback_queued_ns, loadback_bytes=lb_pages * self.ctrl.page_bytes,
+                    loadback_pages=lb_pages, loadback_runs=req.loadback_runs, storage_bytes=req.storage_bytes,
+                    storage_fetch_ns=req.storage_fetch_ns, recompute_ns=recompute_ns, compute_ns=compute_ns,
+                    prefill_ns=first_token - scheduled, ttft_ns=ttft, ideal_ttft_ns=ideal,
+                    ttft_if_device_resident_ns=if_resident, recompute_instead_ns=recompute_instead,
+                    num_chunks=req.num_chunks, first_token_ns=first_token, finish_ns=now,
+                    trace_arrival_ns=req.trace_arrival_ns, dp_rank=self.rank, decode_wait_ns=decode_wait,
+                    retractions=req.retractions, miss_never_cached_tokens=miss[0],
+                    miss_evicted_before_reuse_tokens=miss[1], miss_lost_while_queued_tokens=miss[2],
+                    miss_loadback_skipped_tokens=miss[3], miss_prefetch_declined_tokens=miss[4],
+                    miss_prefetch_revoked_tokens=miss[5], miss_shared_in_batch_tokens=miss[6],
+                    miss_routed_elsewhere_tokens=miss[7], miss_beyond_storage_tokens=miss[8],
+                    miss_prefetch_lost_tokens=miss[9], req_id=req.req_id, hit_class=hit_class,
+                    loadback_skipped_reason=req.loadback_skip_reason, storage_skipped_reason=req.storage_skip_reason,
+                    first_batch_id=req.first_batch_id, session_id=req.session, think_ms=req.think_ms, route=route)
+            elif emit is not None:
+                # By keyword into request_row, compiled: the keywords are resolved when it is compiled.
+                emit(request_row(
+                    req_id=req.req_id, seq=req.seq, arrival_ns=arrival, input_tokens=input_len,
+                    output_tokens=req.output_len, status="finished", reject_reason=None, hit_class=hit_class,
+                    device_hit_tokens=device, host_hit_tokens=host, storage_hit_tokens=storage,
+                    computed_tokens=computed, recomputed_tokens=recomputed, host_match_tokens=host_match,
+                    storage_match_tokens=storage_match, loadback_skipped_reason=req.loadback_skip_reason,
+                    loadback_skipped_tokens=lb_skipped, storage_skipped_reason=req.storage_skip_reason,
+                    prefix_indices_len=prefix, cache_protected_len=req.protected_pages * ps,
+                    extend_input_len=input_len - prefix, queue_ns=queue, storage_wait_ns=storage_wait,
+                    loadback_ns=req.loadback_ns, loadback_exposed_ns=lb_exposed,
+                    loadback_queued_ns=req.loadback_queued_ns,
+                    loadback_bytes=req.loadback_pages * self.ctrl.page_bytes, loadback_pages=req.loadback_pages,
+                    loadback_runs=req.loadback_runs, storage_bytes=req.storage_bytes,
+                    storage_fetch_ns=req.storage_fetch_ns,
+                    recompute_ns=recompute_ns, compute_ns=compute_ns, prefill_ns=first_token - scheduled,
+                    ttft_ns=ttft, ideal_ttft_ns=ideal, ttft_if_device_resident_ns=if_resident,
+                    recompute_instead_ns=recompute_instead, first_batch_id=req.first_batch_id,
+                    num_chunks=req.num_chunks, first_token_ns=first_token, finish_ns=now,
+                    session_id=req.session, think_ms=req.think_ms, trace_arrival_ns=req.trace_arrival_ns,
+                    dp_rank=self.rank, route_branch=route[0], route_reason=route[1], route_score=route[2],
+                    route_score_name=route[3], arrival_device_tokens=arrival_device, arrival_host_tokens=arrival_host,
+                    best_rank=route[6], best_rank_device_tokens=best_rank_device, best_rank_host_tokens=best_rank_host,
+                    ranks_json=route[9], decode_wait_ns=decode_wait, retractions=req.retractions,
+                    miss_never_cached_tokens=miss[0], miss_evicted_before_reuse_tokens=miss[1],
+                    miss_lost_while_queued_tokens=miss[2], miss_loadback_skipped_tokens=miss[3],
+                    miss_prefetch_declined_tokens=miss[4], miss_prefetch_revoked_tokens=miss[5],
+                    miss_shared_in_batch_tokens=miss[6], miss_routed_elsewhere_tokens=miss[7],
+                    miss_beyond_storage_tokens=miss[8], miss_prefetch_lost_tokens=miss[9]))
         if self.progress is not None and st.requests_finished % 256 == 0:
             self.progress(st.requests_finished, now, st)
 
@@ -179,6 +207,16 @@ class RequestRecords(SchedulerState):
         # declared int: native arithmetic on them, not generic operations on objects. The
         # capacities are the controller's (fixed: read once, their tokens boxed once)
         free: int = ctrl.device.free_pages
+        cols = self.emit.pool_sample_columns
+        if cols is not None:  # a recorder's columns: the values unboxed (emitters.py)
+            cols.add(now, "device", (ctrl.device_capacity - free) * ps, ctrl.device_capacity * ps,
+                     tree.locked_device_pages * ps, rank)
+            free = ctrl.host.free_pages
+            cols.add(now, "host", (ctrl.host_capacity - free) * ps, ctrl.host_capacity * ps,
+                     tree.locked_host_pages * ps, rank)
+            if ctrl.storage is not None:
+                cols.add(now, "storage", ctrl.storage.used_pages * ps, ctrl.storage.capacity * ps, 0, rank)
+            return
         emit((now, "device", (ctrl.device_capacity - free) * ps, ctrl.device_capacity_tokens,
               tree.locked_device_pages * ps, rank))
         free = ctrl.host.free_pages

@@ -6,7 +6,8 @@ and tests can record into plain lists.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from array import array
+from typing import Callable, Mapping, Sequence
 
 from tierdiag import signals
 from tierdiag.native import cplane
@@ -28,12 +29,18 @@ new_row_buffer = cplane.choose("recorder.row_buffer", cplane.compiled("RowBuffer
 _decode_arrow = cplane.compiled("decode_arrow")
 
 
+def _rows_in(buffer) -> int:
+    """A ticker buffer's rows: its length, or a row counter's value (a memoryview of int64s)."""
+    return buffer[0] if isinstance(buffer, memoryview) else len(buffer)
+
+
 def _python_ticker(buffers: tuple, limit: int, flush: Callable[[], None]) -> Callable[[], None]:
     """The recorder's `tick`: flush() once the buffers hold `limit` rows in all (the reference
     of _cplane.FlushTicker, which does the same in one C call: the engine ticks ~8 times a
-    request, and this closure's frame, map and len calls were 3 % of a probed Engine.run)."""
+    request, and this closure's frame, map and len calls were 3 % of a probed Engine.run). A
+    memoryview among them is a row counter (the columnar buffers'), its first value counted."""
     def tick() -> None:
-        if sum(map(len, buffers)) >= limit:
+        if sum(map(_rows_in, buffers)) >= limit:
             flush()
     return tick
 
@@ -44,10 +51,61 @@ new_ticker = cplane.choose("recorder.tick", cplane.compiled("FlushTicker"), _pyt
 def columns_of(fields: tuple[str, ...], rows) -> dict[str, tuple]:
     """A rows sink's table as columns: rows a list of tuples, or RowBuffer.take()'s
     (bytes, count, objects), decoded by the compiled data plane that encoded them, every value
-    as it was appended (kind 'o' for every column)."""
+    as it was appended (kind 'o' for every column), or a columnar buffer's take() (a dict:
+    engine/emitters.py's RequestColumns), its rows in the order appended."""
+    if isinstance(rows, dict):
+        return _columnar_values(fields, rows)
     if isinstance(rows, list):
         return dict(zip(fields, zip(*rows)))
     return {f: values for f, (_, values) in zip(fields, _decode_arrow(*rows, b"o" * len(fields)))}
+
+def columnar_order(n: int, at: bytes) -> list[int] | None:
+    """A columnar hand-over's row order: positions into the finished rows (0..n-1) followed by
+    the other rows (n..), in the order they were appended (`at`: each other row's count of
+    finished rows before it, int64 bytes); None where there are no other rows."""
+    if not at:
+        return None
+    places = array("q")
+    places.frombytes(at)
+    order: list[int] = []
+    done = 0
+    for k, before in enumerate(places):
+        if before < done or before > n:
+            raise ValueError(f"a columnar hand-over's row places are not in order: {before} after {done} of {n}")
+        order.extend(range(done, before))
+        order.append(n + k)
+        done = before
+    order.extend(range(done, n))
+    return order
+
+
+def _columnar_values(fields: tuple[str, ...], hand: dict) -> dict[str, tuple]:
+    """`columns_of` for a columnar hand-over (engine/emitters.py's Columns.take()): every
+    column as Python values, the rows in the order appended."""
+    n = hand["n"]
+    cols: dict[str, Sequence] = {}
+    for name, value in hand["constants"]:
+        cols[name] = (value,) * n
+    for name, data in hand["ints"].items():
+        values = array("q")
+        values.frombytes(data)
+        cols[name] = values.tolist()
+    cols.update(hand["objects"])
+    for names, rows in hand["tuples"]:
+        cols.update(zip(names, zip(*rows)) if rows else ((f, ()) for f in names))
+    missing = [f for f in fields if f not in cols]
+    if missing:
+        raise ValueError(f"a columnar hand-over without columns {missing}")
+    order = columnar_order(n, hand["at"])
+    if order is None:
+        return {f: tuple(cols[f]) for f in fields}
+    other = columns_of(fields, hand["rows"])
+    out: dict[str, tuple] = {}
+    for f in fields:
+        both = tuple(cols[f]) + tuple(other[f])
+        out[f] = tuple(both[i] for i in order)
+    return out
+
 
 # event type -> (table, fields copied as columns)
 _TABLE_OF = {
@@ -98,8 +156,37 @@ class Recorder(Probe):
         self._pending: dict = {cls: new_row_buffer(len(cls._fields)) if rows_sink is not None else []
                                for cls in self._tables}
         self._buffers = tuple(self._pending.values())
+        self._adopted: dict = {}  # table class -> the buffer its columnar buffer's other rows go to
+        self._counter = None  # the columnar buffers' rows (a librt vec[i64] of one, made at the first adopt)
         # tick(): flush once `flush_rows` rows are buffered (the engine calls it once a batch)
         self.tick = new_ticker(self._buffers, flush_rows, self.flush)
+
+    def adopt_columns(self, cls, make):
+        """The engine's columnar buffer of `cls`'s rows (engine/emitters.py's Columns: a finished
+        request's record, evictions ...): `make(buffer, counter)` wrapping this table's buffer,
+        made once (the engine's Emitters ask for it more than once: the controller's, the
+        scheduler's, every rank's) and flushed in its place; `counter`, one for the recorder (a
+        librt vec[i64] of one int), is the columnar buffers' rows in all, which they keep and the
+        ticker reads. None for a columns `sink`, which takes Python values (its buffers stay
+        tuples)."""
+        if self._rows_sink is None:
+            return None
+        cur = self._pending[cls]
+        if isinstance(cur, make):
+            return cur
+        if self._counter is None:
+            from librt.vecs import vec
+            from mypy_extensions import i64
+
+            self._counter = vec[i64]([0])
+        cols = self._pending[cls] = make(cur, self._counter)
+        self._adopted[cls] = cur
+        self._buffers = tuple(self._pending.values())
+        # the ticker counts the columnar buffers' rows by their shared counter (read in place),
+        # their other rows by the buffers those went to
+        tick_buffers = [self._adopted.get(c, b) for c, b in self._pending.items()] + [memoryview(self._counter)]
+        self.tick = new_ticker(tuple(tick_buffers), self._flush_rows, self.flush)
+        return cols
 
     def wants(self, cls) -> bool:
         """Only the events a table stores: the engine builds no others (events.Emitters)."""

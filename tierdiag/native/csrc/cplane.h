@@ -57,8 +57,10 @@
  *     h41stor8: the storage paths hand a node's and a request's key runs as they are).
  * 16: ranks_json (the deployment's arrival text; session 23, h41dp7).
  * 17: PageKeySet.count_add (count then add in one call, one probe a key on a run; session 23, h41rec6).
- * 18: StorageIndex(reserve): the tier's capacity made room for up front (session 24, h41stor10). */
-#define CPLANE_API 18
+ * 18: StorageIndex(reserve): the tier's capacity made room for up front (session 24, h41stor10).
+ * 19: FlushTicker reads a memoryview among its buffers as a row counter (the engine's columnar
+ *     buffers'; session 24, h41rec7). */
+#define CPLANE_API 19
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256

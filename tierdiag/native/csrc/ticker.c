@@ -8,7 +8,11 @@
  * propagates, as it does from the reference.
  * Called through vectorcall (no argument tuple, no tp_call's checks: the compiled engine's
  * `tick()`), and a RowBuffer's length read from it directly (no call through its type): ~1/4 of
- * a tick's cost was the call, ~2/5 the lengths (callgrind, issue 41 session 22). */
+ * a tick's cost was the call, ~2/5 the lengths (callgrind, issue 41 session 22). A memoryview
+ * among the buffers is a row counter (the engine's columnar buffers', engine/emitters.py
+ * Columns: the first int64 of a librt vec they update in place), its rows read from it with no
+ * call (their lengths through mypyc's __len__ were ~35 instructions each, five a tick; CPLANE_API
+ * 18, issue 41 session 24). */
 #include "cplane.h"
 
 #include <stddef.h>
@@ -90,6 +94,15 @@ ft_vectorcall(PyObject *self, PyObject *const *Py_UNUSED(args), size_t nargsf, P
         PyObject *b = PyTuple_GET_ITEM(ft->buffers, i);
         if (Py_IS_TYPE(b, &cp_RowBufferType)) {
             n = cp_row_buffer_rows(b);
+        } else if (PyMemoryView_Check(b)) {  /* a row counter: its first int64, read in place */
+            Py_buffer *view = PyMemoryView_GET_BUFFER(b);
+            int64_t c;
+            if (view->len < 8 || view->itemsize != 8) {
+                PyErr_SetString(PyExc_TypeError, "FlushTicker: a counter is a memoryview of int64s");
+                return NULL;
+            }
+            memcpy(&c, view->buf, 8);
+            n = (Py_ssize_t)c;
         } else if ((n = PyObject_Length(b)) < 0) {
             return NULL;
         }
