@@ -111,12 +111,41 @@ class Columns:
         self.at = vec[i64]()
         self._reset()
 
+    def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple]:
+        """The subclass's columns: (int columns, held in `i_NAME` vecs; object columns, in
+        `o_NAME` lists; the constants of its rows; ((tuple's columns, attribute), ...): columns
+        that travel as one tuple a row, in that attribute's list). Its typed `add` appends to them
+        by name (the hot path); emptying, cutting back and handing over (once a flush, or a
+        refused row) go by these names."""
+        return (), (), (), ()
+
     def _reset(self) -> None:
-        """Every column empty (the subclass's)."""
+        """Every column empty."""
+        ints, objects, _, tuples = self._layout()
+        for name in ints:
+            setattr(self, "i_" + name, vec[i64]())
+        for name in objects:
+            setattr(self, "o_" + name, [])
+        for _, attr in tuples:
+            setattr(self, attr, [])
+
+    def _truncate(self) -> None:
+        """Every column back to the rows appended whole (`n`): a row a column refused."""
+        n = self.n
+        ints, objects, _, tuples = self._layout()
+        for name in ints:
+            setattr(self, "i_" + name, getattr(self, "i_" + name)[:n])
+        for name in objects:
+            del getattr(self, "o_" + name)[n:]
+        for _, attr in tuples:
+            del getattr(self, attr)[n:]
 
     def _columns(self) -> tuple[dict, dict, tuple, tuple]:
-        """(ints, objects, constants, tuples) of take()'s dict (the subclass's)."""
-        return {}, {}, (), ()
+        """(ints, objects, constants, tuples) of take()'s dict."""
+        ints, objects, constants, tuples = self._layout()
+        return ({name: bytes(memoryview(getattr(self, "i_" + name))) for name in ints},
+                {name: getattr(self, "o_" + name) for name in objects}, constants,
+                tuple((fields, getattr(self, attr)) for fields, attr in tuples))
 
     def append(self, row: tuple) -> None:
         """Any other row of the table (a tuple of its event's fields, in order): into the
@@ -255,64 +284,8 @@ class RequestColumns(Columns):
     o_think_ms: list[object]
     t_route: list[object]
 
-    def _reset(self) -> None:
-        self.i_seq = vec[i64]()
-        self.i_arrival_ns = vec[i64]()
-        self.i_input_tokens = vec[i64]()
-        self.i_output_tokens = vec[i64]()
-        self.i_device_hit_tokens = vec[i64]()
-        self.i_host_hit_tokens = vec[i64]()
-        self.i_storage_hit_tokens = vec[i64]()
-        self.i_computed_tokens = vec[i64]()
-        self.i_recomputed_tokens = vec[i64]()
-        self.i_host_match_tokens = vec[i64]()
-        self.i_storage_match_tokens = vec[i64]()
-        self.i_loadback_skipped_tokens = vec[i64]()
-        self.i_prefix_indices_len = vec[i64]()
-        self.i_cache_protected_len = vec[i64]()
-        self.i_extend_input_len = vec[i64]()
-        self.i_queue_ns = vec[i64]()
-        self.i_storage_wait_ns = vec[i64]()
-        self.i_loadback_ns = vec[i64]()
-        self.i_loadback_exposed_ns = vec[i64]()
-        self.i_loadback_queued_ns = vec[i64]()
-        self.i_loadback_bytes = vec[i64]()
-        self.i_loadback_pages = vec[i64]()
-        self.i_loadback_runs = vec[i64]()
-        self.i_storage_bytes = vec[i64]()
-        self.i_storage_fetch_ns = vec[i64]()
-        self.i_recompute_ns = vec[i64]()
-        self.i_compute_ns = vec[i64]()
-        self.i_prefill_ns = vec[i64]()
-        self.i_ttft_ns = vec[i64]()
-        self.i_ideal_ttft_ns = vec[i64]()
-        self.i_ttft_if_device_resident_ns = vec[i64]()
-        self.i_recompute_instead_ns = vec[i64]()
-        self.i_num_chunks = vec[i64]()
-        self.i_first_token_ns = vec[i64]()
-        self.i_finish_ns = vec[i64]()
-        self.i_trace_arrival_ns = vec[i64]()
-        self.i_dp_rank = vec[i64]()
-        self.i_decode_wait_ns = vec[i64]()
-        self.i_retractions = vec[i64]()
-        self.i_miss_never_cached_tokens = vec[i64]()
-        self.i_miss_evicted_before_reuse_tokens = vec[i64]()
-        self.i_miss_lost_while_queued_tokens = vec[i64]()
-        self.i_miss_loadback_skipped_tokens = vec[i64]()
-        self.i_miss_prefetch_declined_tokens = vec[i64]()
-        self.i_miss_prefetch_revoked_tokens = vec[i64]()
-        self.i_miss_shared_in_batch_tokens = vec[i64]()
-        self.i_miss_routed_elsewhere_tokens = vec[i64]()
-        self.i_miss_beyond_storage_tokens = vec[i64]()
-        self.i_miss_prefetch_lost_tokens = vec[i64]()
-        self.o_req_id = []
-        self.o_hit_class = []
-        self.o_loadback_skipped_reason = []
-        self.o_storage_skipped_reason = []
-        self.o_first_batch_id = []
-        self.o_session_id = []
-        self.o_think_ms = []
-        self.t_route = []
+    def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple]:
+        return REQUEST_INT_COLUMNS, REQUEST_OBJECT_COLUMNS, REQUEST_CONSTANTS, ((REQUEST_TUPLE_COLUMNS, "t_route"),)
 
     def finished(self,
             req_id: object, seq: i64, arrival_ns: i64, input_tokens: i64, output_tokens: i64, hit_class: object,
@@ -396,128 +369,6 @@ class RequestColumns(Columns):
         self.n += 1
         self.counter[0] += 1
 
-    def _truncate(self) -> None:
-        n = self.n
-        self.i_seq = self.i_seq[:n]
-        self.i_arrival_ns = self.i_arrival_ns[:n]
-        self.i_input_tokens = self.i_input_tokens[:n]
-        self.i_output_tokens = self.i_output_tokens[:n]
-        self.i_device_hit_tokens = self.i_device_hit_tokens[:n]
-        self.i_host_hit_tokens = self.i_host_hit_tokens[:n]
-        self.i_storage_hit_tokens = self.i_storage_hit_tokens[:n]
-        self.i_computed_tokens = self.i_computed_tokens[:n]
-        self.i_recomputed_tokens = self.i_recomputed_tokens[:n]
-        self.i_host_match_tokens = self.i_host_match_tokens[:n]
-        self.i_storage_match_tokens = self.i_storage_match_tokens[:n]
-        self.i_loadback_skipped_tokens = self.i_loadback_skipped_tokens[:n]
-        self.i_prefix_indices_len = self.i_prefix_indices_len[:n]
-        self.i_cache_protected_len = self.i_cache_protected_len[:n]
-        self.i_extend_input_len = self.i_extend_input_len[:n]
-        self.i_queue_ns = self.i_queue_ns[:n]
-        self.i_storage_wait_ns = self.i_storage_wait_ns[:n]
-        self.i_loadback_ns = self.i_loadback_ns[:n]
-        self.i_loadback_exposed_ns = self.i_loadback_exposed_ns[:n]
-        self.i_loadback_queued_ns = self.i_loadback_queued_ns[:n]
-        self.i_loadback_bytes = self.i_loadback_bytes[:n]
-        self.i_loadback_pages = self.i_loadback_pages[:n]
-        self.i_loadback_runs = self.i_loadback_runs[:n]
-        self.i_storage_bytes = self.i_storage_bytes[:n]
-        self.i_storage_fetch_ns = self.i_storage_fetch_ns[:n]
-        self.i_recompute_ns = self.i_recompute_ns[:n]
-        self.i_compute_ns = self.i_compute_ns[:n]
-        self.i_prefill_ns = self.i_prefill_ns[:n]
-        self.i_ttft_ns = self.i_ttft_ns[:n]
-        self.i_ideal_ttft_ns = self.i_ideal_ttft_ns[:n]
-        self.i_ttft_if_device_resident_ns = self.i_ttft_if_device_resident_ns[:n]
-        self.i_recompute_instead_ns = self.i_recompute_instead_ns[:n]
-        self.i_num_chunks = self.i_num_chunks[:n]
-        self.i_first_token_ns = self.i_first_token_ns[:n]
-        self.i_finish_ns = self.i_finish_ns[:n]
-        self.i_trace_arrival_ns = self.i_trace_arrival_ns[:n]
-        self.i_dp_rank = self.i_dp_rank[:n]
-        self.i_decode_wait_ns = self.i_decode_wait_ns[:n]
-        self.i_retractions = self.i_retractions[:n]
-        self.i_miss_never_cached_tokens = self.i_miss_never_cached_tokens[:n]
-        self.i_miss_evicted_before_reuse_tokens = self.i_miss_evicted_before_reuse_tokens[:n]
-        self.i_miss_lost_while_queued_tokens = self.i_miss_lost_while_queued_tokens[:n]
-        self.i_miss_loadback_skipped_tokens = self.i_miss_loadback_skipped_tokens[:n]
-        self.i_miss_prefetch_declined_tokens = self.i_miss_prefetch_declined_tokens[:n]
-        self.i_miss_prefetch_revoked_tokens = self.i_miss_prefetch_revoked_tokens[:n]
-        self.i_miss_shared_in_batch_tokens = self.i_miss_shared_in_batch_tokens[:n]
-        self.i_miss_routed_elsewhere_tokens = self.i_miss_routed_elsewhere_tokens[:n]
-        self.i_miss_beyond_storage_tokens = self.i_miss_beyond_storage_tokens[:n]
-        self.i_miss_prefetch_lost_tokens = self.i_miss_prefetch_lost_tokens[:n]
-        del self.o_req_id[n:]
-        del self.o_hit_class[n:]
-        del self.o_loadback_skipped_reason[n:]
-        del self.o_storage_skipped_reason[n:]
-        del self.o_first_batch_id[n:]
-        del self.o_session_id[n:]
-        del self.o_think_ms[n:]
-        del self.t_route[n:]
-
-    def _columns(self) -> tuple[dict, dict, tuple, tuple]:
-        return ({
-            "seq": bytes(memoryview(self.i_seq)),
-            "arrival_ns": bytes(memoryview(self.i_arrival_ns)),
-            "input_tokens": bytes(memoryview(self.i_input_tokens)),
-            "output_tokens": bytes(memoryview(self.i_output_tokens)),
-            "device_hit_tokens": bytes(memoryview(self.i_device_hit_tokens)),
-            "host_hit_tokens": bytes(memoryview(self.i_host_hit_tokens)),
-            "storage_hit_tokens": bytes(memoryview(self.i_storage_hit_tokens)),
-            "computed_tokens": bytes(memoryview(self.i_computed_tokens)),
-            "recomputed_tokens": bytes(memoryview(self.i_recomputed_tokens)),
-            "host_match_tokens": bytes(memoryview(self.i_host_match_tokens)),
-            "storage_match_tokens": bytes(memoryview(self.i_storage_match_tokens)),
-            "loadback_skipped_tokens": bytes(memoryview(self.i_loadback_skipped_tokens)),
-            "prefix_indices_len": bytes(memoryview(self.i_prefix_indices_len)),
-            "cache_protected_len": bytes(memoryview(self.i_cache_protected_len)),
-            "extend_input_len": bytes(memoryview(self.i_extend_input_len)),
-            "queue_ns": bytes(memoryview(self.i_queue_ns)),
-            "storage_wait_ns": bytes(memoryview(self.i_storage_wait_ns)),
-            "loadback_ns": bytes(memoryview(self.i_loadback_ns)),
-            "loadback_exposed_ns": bytes(memoryview(self.i_loadback_exposed_ns)),
-            "loadback_queued_ns": bytes(memoryview(self.i_loadback_queued_ns)),
-            "loadback_bytes": bytes(memoryview(self.i_loadback_bytes)),
-            "loadback_pages": bytes(memoryview(self.i_loadback_pages)),
-            "loadback_runs": bytes(memoryview(self.i_loadback_runs)),
-            "storage_bytes": bytes(memoryview(self.i_storage_bytes)),
-            "storage_fetch_ns": bytes(memoryview(self.i_storage_fetch_ns)),
-            "recompute_ns": bytes(memoryview(self.i_recompute_ns)),
-            "compute_ns": bytes(memoryview(self.i_compute_ns)),
-            "prefill_ns": bytes(memoryview(self.i_prefill_ns)),
-            "ttft_ns": bytes(memoryview(self.i_ttft_ns)),
-            "ideal_ttft_ns": bytes(memoryview(self.i_ideal_ttft_ns)),
-            "ttft_if_device_resident_ns": bytes(memoryview(self.i_ttft_if_device_resident_ns)),
-            "recompute_instead_ns": bytes(memoryview(self.i_recompute_instead_ns)),
-            "num_chunks": bytes(memoryview(self.i_num_chunks)),
-            "first_token_ns": bytes(memoryview(self.i_first_token_ns)),
-            "finish_ns": bytes(memoryview(self.i_finish_ns)),
-            "trace_arrival_ns": bytes(memoryview(self.i_trace_arrival_ns)),
-            "dp_rank": bytes(memoryview(self.i_dp_rank)),
-            "decode_wait_ns": bytes(memoryview(self.i_decode_wait_ns)),
-            "retractions": bytes(memoryview(self.i_retractions)),
-            "miss_never_cached_tokens": bytes(memoryview(self.i_miss_never_cached_tokens)),
-            "miss_evicted_before_reuse_tokens": bytes(memoryview(self.i_miss_evicted_before_reuse_tokens)),
-            "miss_lost_while_queued_tokens": bytes(memoryview(self.i_miss_lost_while_queued_tokens)),
-            "miss_loadback_skipped_tokens": bytes(memoryview(self.i_miss_loadback_skipped_tokens)),
-            "miss_prefetch_declined_tokens": bytes(memoryview(self.i_miss_prefetch_declined_tokens)),
-            "miss_prefetch_revoked_tokens": bytes(memoryview(self.i_miss_prefetch_revoked_tokens)),
-            "miss_shared_in_batch_tokens": bytes(memoryview(self.i_miss_shared_in_batch_tokens)),
-            "miss_routed_elsewhere_tokens": bytes(memoryview(self.i_miss_routed_elsewhere_tokens)),
-            "miss_beyond_storage_tokens": bytes(memoryview(self.i_miss_beyond_storage_tokens)),
-            "miss_prefetch_lost_tokens": bytes(memoryview(self.i_miss_prefetch_lost_tokens)),
-        }, {
-            "req_id": self.o_req_id,
-            "hit_class": self.o_hit_class,
-            "loadback_skipped_reason": self.o_loadback_skipped_reason,
-            "storage_skipped_reason": self.o_storage_skipped_reason,
-            "first_batch_id": self.o_first_batch_id,
-            "session_id": self.o_session_id,
-            "think_ms": self.o_think_ms,
-        }, REQUEST_CONSTANTS, ((REQUEST_TUPLE_COLUMNS, self.t_route),))
-
-
 class EvictionColumns(Columns):
     """An eviction's row (CacheController.record_eviction), a column each."""
 
@@ -536,21 +387,8 @@ class EvictionColumns(Columns):
     o_cause_req_id: list[object]
     o_owner_req_id: list[object]
 
-    def _reset(self) -> None:
-        self.i_eviction_id = vec[i64]()
-        self.i_t_ns = vec[i64]()
-        self.i_node_id = vec[i64]()
-        self.i_tokens = vec[i64]()
-        self.i_pool_used_tokens = vec[i64]()
-        self.i_pool_capacity_tokens = vec[i64]()
-        self.i_locked_tokens = vec[i64]()
-        self.i_node_hit_count = vec[i64]()
-        self.i_node_last_access_ns = vec[i64]()
-        self.i_dp_rank = vec[i64]()
-        self.o_tier = []
-        self.o_action = []
-        self.o_cause_req_id = []
-        self.o_owner_req_id = []
+    def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple]:
+        return EVICTION_INT_COLUMNS, EVICTION_OBJECT_COLUMNS, EVICTION_CONSTANTS, ()
 
     def add(self,
             eviction_id: i64, t_ns: i64, tier: object, node_id: i64, tokens: i64, action: object,
@@ -578,43 +416,6 @@ class EvictionColumns(Columns):
         self.n += 1
         self.counter[0] += 1
 
-    def _truncate(self) -> None:
-        n = self.n
-        self.i_eviction_id = self.i_eviction_id[:n]
-        self.i_t_ns = self.i_t_ns[:n]
-        self.i_node_id = self.i_node_id[:n]
-        self.i_tokens = self.i_tokens[:n]
-        self.i_pool_used_tokens = self.i_pool_used_tokens[:n]
-        self.i_pool_capacity_tokens = self.i_pool_capacity_tokens[:n]
-        self.i_locked_tokens = self.i_locked_tokens[:n]
-        self.i_node_hit_count = self.i_node_hit_count[:n]
-        self.i_node_last_access_ns = self.i_node_last_access_ns[:n]
-        self.i_dp_rank = self.i_dp_rank[:n]
-        del self.o_tier[n:]
-        del self.o_action[n:]
-        del self.o_cause_req_id[n:]
-        del self.o_owner_req_id[n:]
-
-    def _columns(self) -> tuple[dict, dict, tuple, tuple]:
-        return ({
-            "eviction_id": bytes(memoryview(self.i_eviction_id)),
-            "t_ns": bytes(memoryview(self.i_t_ns)),
-            "node_id": bytes(memoryview(self.i_node_id)),
-            "tokens": bytes(memoryview(self.i_tokens)),
-            "pool_used_tokens": bytes(memoryview(self.i_pool_used_tokens)),
-            "pool_capacity_tokens": bytes(memoryview(self.i_pool_capacity_tokens)),
-            "locked_tokens": bytes(memoryview(self.i_locked_tokens)),
-            "node_hit_count": bytes(memoryview(self.i_node_hit_count)),
-            "node_last_access_ns": bytes(memoryview(self.i_node_last_access_ns)),
-            "dp_rank": bytes(memoryview(self.i_dp_rank)),
-        }, {
-            "tier": self.o_tier,
-            "action": self.o_action,
-            "cause_req_id": self.o_cause_req_id,
-            "owner_req_id": self.o_owner_req_id,
-        }, EVICTION_CONSTANTS, ())
-
-
 class PoolSampleColumns(Columns):
     """A pool sample (RequestRecords._sample_pools), a column each."""
 
@@ -625,13 +426,8 @@ class PoolSampleColumns(Columns):
     i_dp_rank: vec[i64]
     o_tier: list[object]
 
-    def _reset(self) -> None:
-        self.i_t_ns = vec[i64]()
-        self.i_used_tokens = vec[i64]()
-        self.i_capacity_tokens = vec[i64]()
-        self.i_locked_tokens = vec[i64]()
-        self.i_dp_rank = vec[i64]()
-        self.o_tier = []
+    def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple]:
+        return POOL_SAMPLE_INT_COLUMNS, POOL_SAMPLE_OBJECT_COLUMNS, POOL_SAMPLE_CONSTANTS, ()
 
     def add(self,
             t_ns: i64, tier: object, used_tokens: i64, capacity_tokens: i64, locked_tokens: i64, dp_rank: i64) -> None:
@@ -648,27 +444,6 @@ class PoolSampleColumns(Columns):
             raise
         self.n += 1
         self.counter[0] += 1
-
-    def _truncate(self) -> None:
-        n = self.n
-        self.i_t_ns = self.i_t_ns[:n]
-        self.i_used_tokens = self.i_used_tokens[:n]
-        self.i_capacity_tokens = self.i_capacity_tokens[:n]
-        self.i_locked_tokens = self.i_locked_tokens[:n]
-        self.i_dp_rank = self.i_dp_rank[:n]
-        del self.o_tier[n:]
-
-    def _columns(self) -> tuple[dict, dict, tuple, tuple]:
-        return ({
-            "t_ns": bytes(memoryview(self.i_t_ns)),
-            "used_tokens": bytes(memoryview(self.i_used_tokens)),
-            "capacity_tokens": bytes(memoryview(self.i_capacity_tokens)),
-            "locked_tokens": bytes(memoryview(self.i_locked_tokens)),
-            "dp_rank": bytes(memoryview(self.i_dp_rank)),
-        }, {
-            "tier": self.o_tier,
-        }, POOL_SAMPLE_CONSTANTS, ())
-
 
 class TransferColumns(Columns):
     """A transfer's row (CacheController's copies between tiers), a column each."""
@@ -687,20 +462,8 @@ class TransferColumns(Columns):
     o_req_id: list[object]
     o_verified: list[object]
 
-    def _reset(self) -> None:
-        self.i_transfer_id = vec[i64]()
-        self.i_t_start_ns = vec[i64]()
-        self.i_t_end_ns = vec[i64]()
-        self.i_pages = vec[i64]()
-        self.i_runs = vec[i64]()
-        self.i_bytes = vec[i64]()
-        self.i_data_plane_bytes = vec[i64]()
-        self.i_queued_ns = vec[i64]()
-        self.i_wall_ns = vec[i64]()
-        self.i_dp_rank = vec[i64]()
-        self.o_kind = []
-        self.o_req_id = []
-        self.o_verified = []
+    def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple]:
+        return TRANSFER_INT_COLUMNS, TRANSFER_OBJECT_COLUMNS, TRANSFER_CONSTANTS, ()
 
     def add(self,
             transfer_id: i64, t_start_ns: i64, t_end_ns: i64, kind: object, req_id: object, pages: i64,
@@ -727,41 +490,6 @@ class TransferColumns(Columns):
         self.n += 1
         self.counter[0] += 1
 
-    def _truncate(self) -> None:
-        n = self.n
-        self.i_transfer_id = self.i_transfer_id[:n]
-        self.i_t_start_ns = self.i_t_start_ns[:n]
-        self.i_t_end_ns = self.i_t_end_ns[:n]
-        self.i_pages = self.i_pages[:n]
-        self.i_runs = self.i_runs[:n]
-        self.i_bytes = self.i_bytes[:n]
-        self.i_data_plane_bytes = self.i_data_plane_bytes[:n]
-        self.i_queued_ns = self.i_queued_ns[:n]
-        self.i_wall_ns = self.i_wall_ns[:n]
-        self.i_dp_rank = self.i_dp_rank[:n]
-        del self.o_kind[n:]
-        del self.o_req_id[n:]
-        del self.o_verified[n:]
-
-    def _columns(self) -> tuple[dict, dict, tuple, tuple]:
-        return ({
-            "transfer_id": bytes(memoryview(self.i_transfer_id)),
-            "t_start_ns": bytes(memoryview(self.i_t_start_ns)),
-            "t_end_ns": bytes(memoryview(self.i_t_end_ns)),
-            "pages": bytes(memoryview(self.i_pages)),
-            "runs": bytes(memoryview(self.i_runs)),
-            "bytes": bytes(memoryview(self.i_bytes)),
-            "data_plane_bytes": bytes(memoryview(self.i_data_plane_bytes)),
-            "queued_ns": bytes(memoryview(self.i_queued_ns)),
-            "wall_ns": bytes(memoryview(self.i_wall_ns)),
-            "dp_rank": bytes(memoryview(self.i_dp_rank)),
-        }, {
-            "kind": self.o_kind,
-            "req_id": self.o_req_id,
-            "verified": self.o_verified,
-        }, TRANSFER_CONSTANTS, ())
-
-
 class BatchColumns(Columns):
     """A prefill batch's row (Admission's batch run), a column each."""
 
@@ -777,18 +505,8 @@ class BatchColumns(Columns):
     i_recompute_ns: vec[i64]
     i_dp_rank: vec[i64]
 
-    def _reset(self) -> None:
-        self.i_batch_id = vec[i64]()
-        self.i_t_start_ns = vec[i64]()
-        self.i_t_end_ns = vec[i64]()
-        self.i_num_reqs = vec[i64]()
-        self.i_extend_tokens = vec[i64]()
-        self.i_loadback_bytes = vec[i64]()
-        self.i_compute_ns = vec[i64]()
-        self.i_loadback_exposed_ns = vec[i64]()
-        self.i_num_decoding = vec[i64]()
-        self.i_recompute_ns = vec[i64]()
-        self.i_dp_rank = vec[i64]()
+    def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple]:
+        return BATCH_INT_COLUMNS, BATCH_OBJECT_COLUMNS, BATCH_CONSTANTS, ()
 
     def add(self,
             batch_id: i64, t_start_ns: i64, t_end_ns: i64, num_reqs: i64, extend_tokens: i64,
@@ -812,33 +530,3 @@ class BatchColumns(Columns):
             raise
         self.n += 1
         self.counter[0] += 1
-
-    def _truncate(self) -> None:
-        n = self.n
-        self.i_batch_id = self.i_batch_id[:n]
-        self.i_t_start_ns = self.i_t_start_ns[:n]
-        self.i_t_end_ns = self.i_t_end_ns[:n]
-        self.i_num_reqs = self.i_num_reqs[:n]
-        self.i_extend_tokens = self.i_extend_tokens[:n]
-        self.i_loadback_bytes = self.i_loadback_bytes[:n]
-        self.i_compute_ns = self.i_compute_ns[:n]
-        self.i_loadback_exposed_ns = self.i_loadback_exposed_ns[:n]
-        self.i_num_decoding = self.i_num_decoding[:n]
-        self.i_recompute_ns = self.i_recompute_ns[:n]
-        self.i_dp_rank = self.i_dp_rank[:n]
-
-    def _columns(self) -> tuple[dict, dict, tuple, tuple]:
-        return ({
-            "batch_id": bytes(memoryview(self.i_batch_id)),
-            "t_start_ns": bytes(memoryview(self.i_t_start_ns)),
-            "t_end_ns": bytes(memoryview(self.i_t_end_ns)),
-            "num_reqs": bytes(memoryview(self.i_num_reqs)),
-            "extend_tokens": bytes(memoryview(self.i_extend_tokens)),
-            "loadback_bytes": bytes(memoryview(self.i_loadback_bytes)),
-            "compute_ns": bytes(memoryview(self.i_compute_ns)),
-            "loadback_exposed_ns": bytes(memoryview(self.i_loadback_exposed_ns)),
-            "num_decoding": bytes(memoryview(self.i_num_decoding)),
-            "recompute_ns": bytes(memoryview(self.i_recompute_ns)),
-            "dp_rank": bytes(memoryview(self.i_dp_rank)),
-        }, {}, BATCH_CONSTANTS, ())
-
