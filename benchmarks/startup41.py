@@ -13,7 +13,13 @@ Measured, each code's own process, interleaved (the order flips every round), me
 - `read`: `list(read_trace(TRACE))` (block size 512) in a fresh process, CPU of the best of 3 passes.
 - `--instructions`: the same two under valgrind's cachegrind (deterministic; a loaded machine
   cannot move them): the start-up of `--no-probes` to `Engine.run`, and the read alone (a process
-  that reads the trace, less one that only imports the reader).
+  that reads the trace, less one that only imports the reader); and (session 25) `writer start`:
+  a replay's writer process from its interpreter's start to the end of its `open` (its entry,
+  app/writer_child.py, as the replay starts it: its imports, the store created in a fresh file
+  and the runs row written, the close's modules preloaded, the while-recording feeds made), its
+  work before its first take, which runs beside the engine's first steps. The harness opens it
+  without a trace path (no read-ahead thread, no line count: a thread cut short at the exit would
+  make the count vary).
 
 Every module's bytecode is compiled first in both checkouts (whatever PYTHONDONTWRITEBYTECODE says).
 """
@@ -60,6 +66,33 @@ sys.meta_path.insert(0, Hook())
 sys.argv = ["tierdiag", *sys.argv[1:]]
 from tierdiag.cli.main import entry
 entry()
+"""
+
+WRITER = r"""
+import os, sys, importlib.abc, importlib.machinery
+class Hook(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "tierdiag.store.writer_serve":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        load = spec.loader.exec_module
+        def exec_module(mod):
+            load(mod)
+            def opened_only(after_commit=None, preload=(), while_recording=None):
+                serve = mod._Serve(None, os.open(os.devnull, os.O_WRONLY), after_commit=after_commit,
+                                   preload=preload, while_recording=while_recording)
+                run = {"db_path": sys.argv[1], "run_id": "startup41", "name": "startup41", "trace_path": None,
+                       "trace_sha256": "", "config": {"page_size": 64, "block_size": 512}, "hardware": {},
+                       "data_plane": {}, "timing": "model", "command_line": ["tierdiag", "replay"], "pid": 1}
+                assert serve.open({"writer": run, "write_every_s": 5.0, "flush_every_s": 5.0})
+                os._exit(0)
+            mod.main = opened_only
+        spec.loader.exec_module = exec_module
+        return spec
+sys.meta_path.insert(0, Hook())
+from tierdiag.app.writer_child import main
+main()
 """
 
 READER = r"""
@@ -117,8 +150,11 @@ def instructions(code: Path, trace: Path, tmp: Path) -> dict[str, int]:
             raise SystemExit(f"{code}: failed under valgrind: {proc.stderr.strip()[-500:]}")
         return int(found.group(1).replace(",", ""))
 
+    for p in tmp.glob("writer.duckdb*"):
+        p.unlink()
     return {"startup no-probes": count("-c", LAUNCHER, "replay", str(trace), "--json", "--no-probes"),
-            "read": count("-c", READER, "read", str(trace), "1") - count("-c", READER, "import", str(trace), "1")}
+            "read": count("-c", READER, "read", str(trace), "1") - count("-c", READER, "import", str(trace), "1"),
+            "writer start": count("-c", WRITER, str(tmp / "writer.duckdb"))}
 
 
 def main() -> None:
@@ -157,7 +193,7 @@ def main() -> None:
         if a.instructions:
             print(f"{'instructions':<20} " + " ".join(f"{name:>16}" for name, _ in codes))
             counts = {name: instructions(code, trace, tmp) for name, code in codes}
-            for what in ("startup no-probes", "read"):
+            for what in ("startup no-probes", "read", "writer start"):
                 print(f"{what:<20} " + " ".join(f"{counts[name][what]:>16,}" for name, _ in codes))
         if a.baseline and not Path(a.baseline).is_dir():
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(codes[0][1])], capture_output=True)
