@@ -43,9 +43,12 @@ from probe_timeline import baseline_worktree  # noqa: E402
 
 CONVERSATION = ROOT / ".." / "shared" / "traces" / "conversation_trace.jsonl"
 
+# The hooks are plain finders (find_spec is all sys.meta_path asks for): importlib.abc would
+# import importlib.resources, tempfile, shutil, bz2, lzma and random, which a replay does not
+# (~20 M instructions counted in both codes before session 25).
 LAUNCHER = r"""
-import os, sys, resource, importlib.abc, importlib.machinery
-class Hook(importlib.abc.MetaPathFinder):
+import os, sys, resource, importlib.machinery
+class Hook:
     def find_spec(self, name, path, target=None):
         if name != "tierdiag.engine.engine":
             return None
@@ -69,8 +72,8 @@ entry()
 """
 
 WRITER = r"""
-import os, sys, importlib.abc, importlib.machinery
-class Hook(importlib.abc.MetaPathFinder):
+import os, sys, importlib.machinery
+class Hook:
     def find_spec(self, name, path, target=None):
         if name != "tierdiag.store.writer_serve":
             return None
