@@ -113,8 +113,12 @@ if sys.argv[1] == "read":
 
 
 def _env(code: Path) -> dict:
+    # The piped progress line's first print (10 s after the start: Rich's console, the token
+    # split's imports) landed inside a start-up that valgrind on a loaded machine stretched past
+    # 10 s of wall, adding ~90 M instructions to both codes as the load rose (session 25): the
+    # lines a day apart here, as a start-up of ~0.1 s never reaches its first.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TIERDIAG_WRITER")}
-    return {**env, "PYTHONPATH": str(code), "OPENBLAS_NUM_THREADS": "1"}
+    return {**env, "PYTHONPATH": str(code), "OPENBLAS_NUM_THREADS": "1", "TIERDIAG_PROGRESS_EVERY_S": "86400"}
 
 
 def startup_cpu(code: Path, trace: Path, tmp: Path, probes: bool) -> float:
