@@ -30,7 +30,7 @@ not use are dropped, so the file does not grow without bound across edits.
 cli/main.py installs it for the plain forms of `summary` and `explain`, and for every `replay`
 (its own table: ~200 methods, ~14 % of a replay's instructions before `Engine.run`), before
 their modules are imported; app/writer_child.py for a replay's writer process (a table of its
-own: ~530 methods and ~70 namedtuples, ~17 % of its instructions before its first take), which
+own: ~530 methods and ~70 namedtuples, ~25 % of its instructions before its first take), which
 ends by `os._exit` and so writes back (`write_back`) once its close hook has run. Only a Python
 whose `dataclasses` calls `exec` with text goes through it; on any other the table is simply
 never consulted. It lives at the bottom of the layers (it imports nothing of tierdiag) so that
@@ -207,7 +207,7 @@ REPLAY_MODULES = ("tierdiag.cli.replay", "tierdiag.app.replay", "tierdiag.app.re
 # What a replay's writer process imports (app/writer_child.py: the store's writer, the close hook
 # and what it preloads, the read-ahead and the live passes it starts while recording, and what they
 # import on first use): ~530 dataclass methods and ~70 namedtuples at every start of the writer,
-# ~17 % of its instructions before its first take (issue 41, session 25).
+# ~25 % of its instructions before its first take (issue 41, session 25).
 WRITER_MODULES = ("tierdiag.app.writer_child", "tierdiag.diagnose.run.close", "tierdiag.store.writer_serve",
                   "tierdiag.store.writer", "tierdiag.diagnose.run.evidence", "tierdiag.engine.rules",
                   "tierdiag.diagnose.run.run_claims", "tierdiag.store.lookup", "tierdiag.diagnose.run.story_rows",

@@ -11,7 +11,7 @@ def main() -> None:
     # The methods `dataclasses` and namedtuple compile from text for each class the writer's
     # modules make (the close's evidence, the store's writer, the read-ahead: ~530 and ~70), read
     # compiled from the writer's own table (tierdiag/dataclass_code.py) instead of compiled at
-    # every start: ~17 % of the writer's instructions before its first take, CPU that ran beside
+    # every start: ~25 % of the writer's instructions before its first take, CPU that ran beside
     # the engine's first steps on a 2-core machine (issue 41, session 25).
     from tierdiag import dataclass_code
 
