@@ -40,7 +40,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard tierdiag/native/csrc/*.c 
 	# installs beside torch 2.13.0+cpu (CUDA wheels of torch bring their own triton).
 	$(BIN)/pip install -q triton==3.9.0
 	# The read commands' dataclass methods compiled once, as compileall does .pyc files
-	# (tierdiag/cli/dataclass_code.py: ~15-20 % of `explain`/`summary`'s start-up).
+	# (tierdiag/dataclass_code.py: ~15-20 % of `explain`/`summary`'s start-up; the replay's and its writer process's too).
 	$(BIN)/python -m tierdiag.cli.dataclass_code
 	touch $(VENV)/.engine-core $@
 

@@ -13,7 +13,13 @@ Measured, each code's own process, interleaved (the order flips every round), me
 - `read`: `list(read_trace(TRACE))` (block size 512) in a fresh process, CPU of the best of 3 passes.
 - `--instructions`: the same two under valgrind's cachegrind (deterministic; a loaded machine
   cannot move them): the start-up of `--no-probes` to `Engine.run`, and the read alone (a process
-  that reads the trace, less one that only imports the reader).
+  that reads the trace, less one that only imports the reader); and (session 25) `writer start`:
+  a replay's writer process from its interpreter's start to the end of its `open` (its entry,
+  app/writer_child.py, as the replay starts it: its imports, the store created in a fresh file
+  and the runs row written, the close's modules preloaded, the while-recording feeds made), its
+  work before its first take, which runs beside the engine's first steps. The harness opens it
+  without a trace path (no read-ahead thread, no line count: a thread cut short at the exit would
+  make the count vary).
 
 Every module's bytecode is compiled first in both checkouts (whatever PYTHONDONTWRITEBYTECODE says).
 """
@@ -37,9 +43,12 @@ from probe_timeline import baseline_worktree  # noqa: E402
 
 CONVERSATION = ROOT / ".." / "shared" / "traces" / "conversation_trace.jsonl"
 
+# The hooks are plain finders (find_spec is all sys.meta_path asks for): importlib.abc would
+# import importlib.resources, tempfile, shutil, bz2, lzma and random, which a replay does not
+# (~20 M instructions counted in both codes before session 25).
 LAUNCHER = r"""
-import os, sys, resource, importlib.abc, importlib.machinery
-class Hook(importlib.abc.MetaPathFinder):
+import os, sys, resource, importlib.machinery
+class Hook:
     def find_spec(self, name, path, target=None):
         if name != "tierdiag.engine.engine":
             return None
@@ -62,6 +71,33 @@ from tierdiag.cli.main import entry
 entry()
 """
 
+WRITER = r"""
+import os, sys, importlib.machinery
+class Hook:
+    def find_spec(self, name, path, target=None):
+        if name != "tierdiag.store.writer_serve":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        load = spec.loader.exec_module
+        def exec_module(mod):
+            load(mod)
+            def opened_only(after_commit=None, preload=(), while_recording=None):
+                serve = mod._Serve(None, os.open(os.devnull, os.O_WRONLY), after_commit=after_commit,
+                                   preload=preload, while_recording=while_recording)
+                run = {"db_path": sys.argv[1], "run_id": "startup41", "name": "startup41", "trace_path": None,
+                       "trace_sha256": "", "config": {"page_size": 64, "block_size": 512}, "hardware": {},
+                       "data_plane": {}, "timing": "model", "command_line": ["tierdiag", "replay"], "pid": 1}
+                assert serve.open({"writer": run, "write_every_s": 5.0, "flush_every_s": 5.0})
+                os._exit(0)
+            mod.main = opened_only
+        spec.loader.exec_module = exec_module
+        return spec
+sys.meta_path.insert(0, Hook())
+from tierdiag.app.writer_child import main
+main()
+"""
+
 READER = r"""
 import sys, time
 from tierdiag.trace.reader import read_trace
@@ -77,8 +113,12 @@ if sys.argv[1] == "read":
 
 
 def _env(code: Path) -> dict:
+    # The piped progress line's first print (10 s after the start: Rich's console, the token
+    # split's imports) landed inside a start-up that valgrind on a loaded machine stretched past
+    # 10 s of wall, adding ~90 M instructions to both codes as the load rose (session 25): the
+    # lines a day apart here, as a start-up of ~0.1 s never reaches its first.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TIERDIAG_WRITER")}
-    return {**env, "PYTHONPATH": str(code), "OPENBLAS_NUM_THREADS": "1"}
+    return {**env, "PYTHONPATH": str(code), "OPENBLAS_NUM_THREADS": "1", "TIERDIAG_PROGRESS_EVERY_S": "86400"}
 
 
 def startup_cpu(code: Path, trace: Path, tmp: Path, probes: bool) -> float:
@@ -117,8 +157,11 @@ def instructions(code: Path, trace: Path, tmp: Path) -> dict[str, int]:
             raise SystemExit(f"{code}: failed under valgrind: {proc.stderr.strip()[-500:]}")
         return int(found.group(1).replace(",", ""))
 
+    for p in tmp.glob("writer.duckdb*"):
+        p.unlink()
     return {"startup no-probes": count("-c", LAUNCHER, "replay", str(trace), "--json", "--no-probes"),
-            "read": count("-c", READER, "read", str(trace), "1") - count("-c", READER, "import", str(trace), "1")}
+            "read": count("-c", READER, "read", str(trace), "1") - count("-c", READER, "import", str(trace), "1"),
+            "writer start": count("-c", WRITER, str(tmp / "writer.duckdb"))}
 
 
 def main() -> None:
@@ -157,7 +200,7 @@ def main() -> None:
         if a.instructions:
             print(f"{'instructions':<20} " + " ".join(f"{name:>16}" for name, _ in codes))
             counts = {name: instructions(code, trace, tmp) for name, code in codes}
-            for what in ("startup no-probes", "read"):
+            for what in ("startup no-probes", "read", "writer start"):
                 print(f"{what:<20} " + " ".join(f"{counts[name][what]:>16,}" for name, _ in codes))
         if a.baseline and not Path(a.baseline).is_dir():
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(codes[0][1])], capture_output=True)

@@ -1,7 +1,7 @@
 """A replay's start-up (issue 41's floor row): OpenBLAS kept to one thread unless the user says
 otherwise, the trace's digest taken on a thread beside the engine's import (and not at all
 when nothing is recorded), and the replay's own table of dataclass methods
-(cli/dataclass_code.py) covering what a replay makes."""
+(tierdiag/dataclass_code.py) covering what a replay makes, and the writer process's own table."""
 
 from __future__ import annotations
 
@@ -132,12 +132,45 @@ def test_the_replays_table_covers_a_replay_and_outputs_stay_the_same(tmp_path):
                            timeout=300, env={**base, "PYTHONDONTWRITEBYTECODE": "1"})
     assert built.returncode == 0, built.stderr
     [table] = list(prefix.glob(f"**/{TABLES['replay']}.*.marshal"))
-    before = table.read_bytes()
-    load_before = load(str(table))
-    assert len(load_before) > 100
+    [writer_table] = list(prefix.glob(f"**/{TABLES['writer']}.*.marshal"))  # the writer process's own
+    before, writer_before = table.read_bytes(), writer_table.read_bytes()
+    load_before, writer_load_before = load(str(table)), load(str(writer_table))
+    assert len(load_before) > 100 and len(writer_load_before) > 300
     warm = replays(base, "warm")
     for got, want in zip(warm, plain):
         assert got == want, "\n".join(map(str, (got[0], want[0])))
     new = set(load(str(table))) - set(load_before)
     assert not new, [k[:300] for k in new][:5]  # nothing new compiled: nothing written back
     assert table.read_bytes() == before
+    # The writer process (two of the replays recorded through it, its close run) compiled
+    # nothing the table lacked either: it writes back only what is new.
+    new = set(load(str(writer_table))) - set(writer_load_before)
+    assert not new, [k[:300] for k in new][:5]
+    assert writer_table.read_bytes() == writer_before
+
+
+def test_the_writer_process_learns_its_table_where_bytecode_is_written(tmp_path):
+    """A recorded replay's writer process (ended by os._exit, no atexit) writes the methods it
+    compiled to its table once its close has run, where bytecode is written, and not where it is
+    not (PYTHONDONTWRITEBYTECODE); the next writer compiles none of them again."""
+    from tierdiag.cli.dataclass_code import TABLES, load
+
+    trace = write_late_trace(tmp_path / "t.jsonl", num_requests=20)
+
+    def replay(env, db: str) -> None:
+        r = subprocess.run([sys.executable, "-m", "tierdiag", "replay", str(trace), *map(str, REPLAY_ARGS),
+                            "--json", "--db", db], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+
+    prefix = tmp_path / "pycache"
+    env = _env(PYTHONPYCACHEPREFIX=str(prefix), TIERDIAG_WRITER="process")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    replay({**env, "PYTHONDONTWRITEBYTECODE": "1"}, "a.duckdb")
+    assert not list(prefix.glob("**/*.marshal"))
+    replay(env, "b.duckdb")
+    [table] = list(prefix.glob(f"**/{TABLES['writer']}.*.marshal"))
+    learnt = load(str(table))
+    assert len(learnt) > 300  # the evidence's, the writer's, the read-ahead's classes
+    before = table.read_bytes()
+    replay(env, "c.duckdb")
+    assert table.read_bytes() == before  # nothing new the second time: not written again

@@ -8,10 +8,27 @@ ENTRY = "from tierdiag.app.writer_child import main; main()"
 
 
 def main() -> None:
+    # The methods `dataclasses` and namedtuple compile from text for each class the writer's
+    # modules make (the close's evidence, the store's writer, the read-ahead: ~530 and ~70), read
+    # compiled from the writer's own table (tierdiag/dataclass_code.py) instead of compiled at
+    # every start: ~25 % of the writer's instructions before its first take, CPU that ran beside
+    # the engine's first steps on a 2-core machine (issue 41, session 25).
+    from tierdiag import dataclass_code
+
+    dataclass_code.install(table="writer")
     from tierdiag.diagnose.run import close
     from tierdiag.store import writer_serve
 
-    writer_serve.main(after_commit=close.after_commit, preload=close.PRELOAD, while_recording=while_recording)
+    def after_commit(con, db_path, run_id: str, status: str):
+        try:
+            return close.after_commit(con, db_path, run_id, status)
+        finally:
+            # The writer ends by os._exit (no atexit): what it compiled anew (a first run, or one
+            # after an edit) is written back here, once the close's modules are all imported;
+            # nothing where the table had it all or bytecode is not written.
+            dataclass_code.write_back()
+
+    writer_serve.main(after_commit=after_commit, preload=close.PRELOAD, while_recording=while_recording)
 
 
 def while_recording(run: dict):

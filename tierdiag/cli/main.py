@@ -343,12 +343,12 @@ def _app_for_argv():
     import os
     import sys
 
-    from tierdiag.cli import dataclass_code
+    from tierdiag import dataclass_code
 
     argv = sys.argv[1:]
     if argv[:1] == ["replay"]:
         # A replay, either path: the methods `dataclasses` writes for each class, compiled once
-        # and kept with the bytecode (cli/dataclass_code.py; the replay's own table): ~14 % of
+        # and kept with the bytecode (tierdiag/dataclass_code.py; the replay's own table): ~14 % of
         # its instructions before `Engine.run`, before any class is created.
         dataclass_code.install(table="replay")
     found = direct_arguments(argv, os.environ)

@@ -1,0 +1,266 @@
+"""The methods `dataclasses` writes for every dataclass, compiled once and kept beside the bytecode
+(start-up of the read commands: issue 41).
+
+Python 3.11's `@dataclass` writes each class's `__init__`, `__repr__`, `__eq__`, `__hash__`,
+`__setattr__` / `__delattr__` (frozen) as source text and compiles it with `exec` every time the
+class is created, that is at every import of its module: the .pyc of the module holds the class
+statement, not these methods. `explain` creates ~60 dataclasses (~350 methods) before it answers,
+and parsing and compiling their text was ~15 % of its instructions (valgrind, a 1M-request run),
+~20 % of `summary`'s.
+
+`install()` gives `dataclasses` an `exec` (a module global, found before the builtin) that looks
+the text up in a table of code objects loaded from one file, compiles what is not there exactly
+as the builtin would (filename "<string>", no inherited future flags: dataclasses.py has none),
+and runs the code object with the same globals and locals. The methods are the same functions:
+the same code objects (equal, field by field), the same globals, defaults and closures; only the
+compile is skipped. `collections` gets an `eval` the same way, for the one expression namedtuple
+compiles per class (its `__new__`; typing.NamedTuple goes through it). What the process compiled
+anew is written back when it exits, atomically,
+unless bytecode is not written (`PYTHONDONTWRITEBYTECODE`, `-B`), as for the .pyc files.
+
+The file is `__pycache__/dataclass_code.<cache tag>.marshal` beside tierdiag's own .pyc files
+(where `sys.pycache_prefix` puts them, if set); a replay's is
+`dataclass_code_replay.<cache tag>.marshal` beside it (TABLES: each command family reads only the
+methods it makes). A table is keyed by the text itself, so a changed class compiles its new text
+and an old entry is never used for it; the file starts with the interpreter's bytecode magic. A
+file that is not there, unreadable, from another Python, cut short or not a table of code objects
+is ignored (compiled as ever) and replaced at exit. Past MAX_ENTRIES the entries this process did
+not use are dropped, so the file does not grow without bound across edits.
+
+cli/main.py installs it for the plain forms of `summary` and `explain`, and for every `replay`
+(its own table: ~200 methods, ~14 % of a replay's instructions before `Engine.run`), before
+their modules are imported; app/writer_child.py for a replay's writer process (a table of its
+own: ~530 methods and ~70 namedtuples, ~25 % of its instructions before its first take), which
+ends by `os._exit` and so writes back (`write_back`) once its close hook has run. Only a Python
+whose `dataclasses` calls `exec` with text goes through it; on any other the table is simply
+never consulted. It lives at the bottom of the layers (it imports nothing of tierdiag) so that
+both processes' entries can install it; `tierdiag.cli.dataclass_code` is the same module.
+
+`python -m tierdiag.cli.dataclass_code` writes the tables of the read commands', the replay's and
+the writer process's modules at once, as compileall writes .pyc files (also where PYTHONDONTWRITEBYTECODE is set): for
+a checkout or an install whose commands run without writing bytecode (benchmarks/readers_ab.py
+and targets41.py run it beside compileall).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from types import CodeType
+
+MAX_ENTRIES = 4000  # ~1.5 KB each; the read commands use ~450
+_FORMAT = b"tierdiag-dataclass-code-1\n"
+
+_state: dict = {}
+
+# Each command family's table, by the file name it is kept under (module doc).
+TABLES = {"read": "dataclass_code", "replay": "dataclass_code_replay", "writer": "dataclass_code_writer"}
+
+
+def cache_path(table: str = "read") -> str:
+    """Where the table `table` (a key of TABLES) is kept (module doc)."""
+    from importlib.util import cache_from_source
+
+    pycache = os.path.dirname(cache_from_source(os.path.join(os.path.dirname(__file__), "__init__.py")))
+    return os.path.join(pycache, f"{TABLES[table]}.{sys.implementation.cache_tag}.marshal")
+
+
+def _header() -> bytes:
+    from importlib.util import MAGIC_NUMBER
+
+    return MAGIC_NUMBER + _FORMAT + str(sys.flags.optimize).encode() + b"\n"
+
+
+def load(path: str) -> dict[str, CodeType]:
+    """The table in `path`; empty where there is none or it is not one (module doc)."""
+    import marshal
+
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return {}
+    head = _header()
+    if not data.startswith(head):
+        return {}
+    try:
+        table = marshal.loads(memoryview(data)[len(head):])
+    except (EOFError, ValueError, TypeError):
+        return {}
+    if type(table) is not dict:
+        return {}
+    return {k: v for k, v in table.items() if type(k) is str and type(v) is CodeType}
+
+
+def save(path: str, table: dict[str, CodeType]) -> None:
+    """Write `table` to `path` atomically; nothing where it cannot be written."""
+    import marshal
+
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(tmp, "wb") as fh:
+            fh.write(_header() + marshal.dumps(table))
+        os.replace(tmp, path)
+    except OSError:  # a cache, like a .pyc: where it cannot be written, the next start compiles again
+        with contextlib.suppress(OSError):  # never made, or its folder not ours to write: nothing to remove
+            os.unlink(tmp)
+
+
+def _exec(source, globals=None, locals=None, /, **kwargs):
+    """`exec` for dataclasses.py: text compiled once (module doc), anything else as the builtin."""
+    import builtins
+
+    if type(source) is not str or globals is None or kwargs:
+        if globals is None:  # exec's own default: the caller's globals (and then its locals)
+            frame = sys._getframe(1)
+            globals = frame.f_globals
+            if locals is None:
+                locals = frame.f_locals
+        return builtins.exec(source, globals, locals, **kwargs)
+    code = _state["table"].get(source)
+    if code is None:
+        # As exec(text) compiles it from dataclasses.py: "<string>", its (no) future flags.
+        code = compile(source, "<string>", "exec", dont_inherit=True)
+        _state["new"][source] = code
+    else:
+        _state["used"].add(source)
+    return builtins.exec(code, globals, locals)
+
+
+_EVAL = "eval\0"  # the key prefix of namedtuple's expressions (compiled in "eval" mode)
+
+
+def _eval(source, globals=None, locals=None, /):
+    """`eval` for collections' namedtuple (its `__new__` is a lambda compiled from text at every
+    class creation: ~40 NamedTuples in these commands), through the same table."""
+    import builtins
+
+    if type(source) is not str or globals is None:
+        if globals is None:
+            frame = sys._getframe(1)
+            globals = frame.f_globals
+            if locals is None:
+                locals = frame.f_locals
+        return builtins.eval(source, globals, locals)
+    key = _EVAL + source
+    code = _state["table"].get(key)
+    if code is None:
+        code = compile(source, "<string>", "eval", dont_inherit=True)  # collections has no future flags either
+        _state["new"][key] = code
+    else:
+        _state["used"].add(key)
+    return builtins.eval(code, globals, locals)
+
+
+def _write_back() -> None:
+    new = _state["new"]
+    if not new or sys.dont_write_bytecode:
+        return
+    table = _state["table"]
+    if len(table) + len(new) > MAX_ENTRIES:
+        table = {k: v for k, v in table.items() if k in _state["used"]}
+    save(_state["path"], {**table, **new})
+    new.clear()
+
+
+def write_back() -> None:
+    """Write what this process compiled anew now (as at its exit, `install`), for a process that
+    ends by `os._exit` (the writer process: store/writer_serve.py)."""
+    if _state:
+        _write_back()
+
+
+def install(path: str | None = None, table: str = "read") -> bool:
+    """Route `dataclasses`' exec through the table (module doc): the file `path`, else the table
+    `table`'s (TABLES); whether it did (once a process)."""
+    import atexit
+    import collections
+    import dataclasses
+
+    if _state:
+        return False
+    path = path or cache_path(table)
+    _state.update(path=path, table=load(path), new={}, used=set())
+    setattr(dataclasses, "exec", _exec)  # a global of dataclasses.py, found before the builtin
+    setattr(collections, "eval", _eval)  # namedtuple's, likewise
+    atexit.register(_write_back)
+    return True
+
+
+# What `summary` and `explain` import on a replay's run (`build`): the table holds what they use,
+# not every dataclass of the package (a bigger table is a longer read at every start).
+READ_MODULES = ("tierdiag.app.views", "tierdiag.cli.explain", "tierdiag.cli.summary", "tierdiag.diagnose.views",
+                "tierdiag.diagnose.request.explain", "tierdiag.diagnose.run.summary", "tierdiag.diagnose.run.numbers",
+                "tierdiag.diagnose.run.kv_memory", "tierdiag.diagnose.session.sessions", "tierdiag.report.views",
+                "tierdiag.report.terminal", "tierdiag.report.run_lines")
+
+
+# What a replay imports (cli/replay.py's command, the engine, the writer's side in the engine's
+# process, its closing view), with and without probes.
+REPLAY_MODULES = ("tierdiag.cli.replay", "tierdiag.app.replay", "tierdiag.app.replay_writers",
+                  "tierdiag.store.writer_process", "tierdiag.engine.engine", "tierdiag.probes.recorder",
+                  "tierdiag.diagnose.request.tokens", "tierdiag.cli.progress", "tierdiag.report.terminal",
+                  "tierdiag.cli.hints", "tierdiag.store.reader", "tierdiag.diagnose.read.ids")
+
+# What a replay's writer process imports (app/writer_child.py: the store's writer, the close hook
+# and what it preloads, the read-ahead and the live passes it starts while recording, and what they
+# import on first use): ~530 dataclass methods and ~70 namedtuples at every start of the writer,
+# ~25 % of its instructions before its first take (issue 41, session 25).
+WRITER_MODULES = ("tierdiag.app.writer_child", "tierdiag.diagnose.run.close", "tierdiag.store.writer_serve",
+                  "tierdiag.store.writer", "tierdiag.diagnose.run.evidence", "tierdiag.engine.rules",
+                  "tierdiag.diagnose.run.run_claims", "tierdiag.store.lookup", "tierdiag.diagnose.run.story_rows",
+                  "tierdiag.diagnose.run.size_curves", "tierdiag.diagnose.run.live_curves",
+                  "tierdiag.config.engine", "tierdiag.trace.reader", "tierdiag.probes.recorder",
+                  # imported by the first rows taken (the story's columns: diagnose/read/run_context.py)
+                  # and by a run's end, their namedtuples with them
+                  "pyarrow.compute", "traceback")
+MODULES = {"read": READ_MODULES, "replay": REPLAY_MODULES, "writer": WRITER_MODULES}
+
+
+def build(path: str | None = None, table: str = "read") -> int:
+    """Install, import the modules of `table` (MODULES), write the table whatever
+    PYTHONDONTWRITEBYTECODE says (as compileall does); the number of entries written. The
+    modules are imported in a process of their own (a module imported already makes no class)."""
+    import importlib
+
+    install(path, table)
+    for name in MODULES[table]:
+        importlib.import_module(name)
+    made = {**_state["table"], **_state["new"]}
+    save(_state["path"], made)
+    uninstall()
+    return len(made)
+
+
+def uninstall() -> None:
+    """Undo `install` (tests): dataclasses' exec is the builtin again; nothing is written."""
+    import atexit
+    import collections
+    import dataclasses
+
+    if not _state:
+        return
+    atexit.unregister(_write_back)
+    if dataclasses.__dict__.get("exec") is _exec:
+        delattr(dataclasses, "exec")
+    if collections.__dict__.get("eval") is _eval:
+        delattr(collections, "eval")
+    _state.clear()
+
+
+def build_all() -> list[str]:
+    """Every table of TABLES, each built in a process of its own (`build`); a line for each."""
+    import subprocess
+
+    lines = []
+    for table in TABLES:
+        code = f"from tierdiag.cli.dataclass_code import build; print(build(table={table!r}))"
+        done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+        lines.append(f"{done.stdout.strip()} dataclass methods in {cache_path(table)}")
+    return lines
+
+
+if __name__ == "__main__":
+    print("\n".join(build_all()))
