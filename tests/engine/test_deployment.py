@@ -332,8 +332,9 @@ def test_skipping_the_idle_passes_that_change_nothing_keeps_every_event(reqs, dp
 
 def ahead_runs_checked(trace, cfg, monkeypatch) -> list[int]:
     """Replays `trace`, checking every `run_decode_ahead` call: the AheadRun Deployment.run keeps
-    of it (made before the call, told the decode clock after) times its steps as the `wakes` list
-    DecodeSteps._decode_ahead writes, step by step. Returns each run's steps."""
+    of it (made after the call from the decode clock before it, only where it ran steps) times
+    its steps as the `wakes` list DecodeSteps._decode_ahead writes, step by step. Returns each
+    run's steps."""
     from tierdiag.engine.decode import DecodeSteps
     from tierdiag.engine.deployment import AheadRun
 
@@ -341,11 +342,13 @@ def ahead_runs_checked(trace, cfg, monkeypatch) -> list[int]:
     runs: list[int] = []
 
     def checked(self, end, limit, wakes=None, fold=None):
-        run = AheadRun(self, end)
+        first_step = self.dstep
         written: list[int] = []
         out = real(self, end, limit, written, fold)
-        assert run.ran(self.dstep) == bool(written)
+        assert (self.dstep > first_step) == bool(written)
         if written:
+            run = AheadRun(self, end, first_step)
+            assert run.steps == len(written)
             assert run.starts() == written
             assert run.starts() is run.starts()  # made once
             assert run.last_start(out) == written[-1]

@@ -586,3 +586,42 @@ def test_every_router_decides_the_same_on_key_runs_as_on_lists(router, n, seed, 
     assert (_replay(router, n, seed, ops, check_tree=check, key_runs=True)
             == _replay(router, n, seed, ops, check_tree=check))
 
+
+
+# The routing views and decisions on the per-request path are built by tuple.__new__, as
+# NamedTuple._make builds them (Gateway.route's RanksView, cache_aware's RouteDecision, the
+# deployment's RequestView and Route): the generated __new__ is an interpreted frame more a
+# request (issue 41, session 25). What they build is the constructor's: the same type, fields,
+# defaults filled by the caller, equality, immutability.
+def test_views_built_by_their_tuple_are_their_constructors():
+    from tierdiag.engine import deployment
+    from tierdiag.engine.routing.base import RouteDecision
+    from tierdiag.probes.events import Route
+
+    seen: list = []
+    gw = gateway("cache_aware", 3)
+    real = gw.router.route
+
+    def spy(request, ranks, now_ns):
+        seen.append(ranks)
+        return real(request, ranks, now_ns)
+
+    gw.router.route = spy
+    d = gw.route(rq("a", [1, 2, 3]), 0)
+    gw.route(rq("b", [1, 2, 7]), 1)
+    (v0, v1) = seen
+    assert type(v0) is RanksView and v0 == RanksView((0, 0, 0)) and v0.pending_tokens is None and v0.num_ranks == 3
+    assert type(v1) is RanksView and v1 == RanksView((1, 0, 0), None)
+    before = gw.in_flight
+    assert gw.route(rq("c", [9]), 2, pending_tokens=[5, 6, 7]).rank in (0, 1, 2)
+    assert type(seen[-1]) is RanksView and seen[-1] == RanksView(before, (5, 6, 7))
+    assert type(d) is RouteDecision and d == RouteDecision(d.rank, "cache_aware", d.branch, d.reason, d.score,
+                                                          "approx match", d.scores)
+    assert d.router == "cache_aware" and d.score_name == "approx match"
+    with pytest.raises(AttributeError):
+        d.rank = 1  # type: ignore[misc]
+    fields = ("r1", array("q", [1, 2]), 130, PS, None)
+    built = deployment._new_tuple(RequestView, fields)
+    assert type(built) is RequestView and built == RequestView(*fields) and built.session is None
+    route = ("cache_hit", "why", 0.5, "approx match", 64, 0, 1, 128, 0, "[]")
+    assert deployment._new_tuple(Route, route) == Route._make(route) and type(deployment._new_tuple(Route, route)) is Route

@@ -36,7 +36,7 @@ import heapq
 import itertools
 import math
 from bisect import bisect_right
-from typing import Final, Iterable, Sequence
+from typing import Any, Final, Iterable, Sequence
 
 from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.arrivals import ArrivalSource
@@ -145,6 +145,10 @@ def ranks_json_c(held: list[tuple[int, int]], in_flight: tuple[int, ...], scores
 ranks_json = cplane.choose("deployment.ranks_json", ranks_json_c, ranks_json_py)
 
 
+# NamedTuples built by their tuple (NamedTuple._make's own call, without its interpreted frame)
+_new_tuple: Final = tuple.__new__
+
+
 # (a native float of this module: the imported name is a dict look-up a call, compiled)
 _INIT_RATIO: Final[float] = INIT_NEW_TOKEN_RATIO
 
@@ -174,23 +178,21 @@ class AheadRun:
     rank is stuck, waiting for memory or a prefetch, and none is in a conversation replay; a
     list of them made every step was ~2.7 M boxed ints appended, and freed, on a --dp 8
     conversation replay (issue 41). `starts()` makes them when asked: the `wakes` list the
-    decode loop writes (tests/engine/test_deployment.py holds the two equal)."""
+    decode loop writes (tests/engine/test_deployment.py holds the two equal). Made after the
+    call, only where it ran steps (`first_step`: the decode clock before it; the KV base and the
+    batch read after it are those it ran with): a run of none (most calls of a --dp 8 replay
+    whose rank has more to prefill) makes no object (issue 41, session 25)."""
 
     __slots__ = ("sched", "start", "first_step", "kv_base", "running", "steps", "_starts")
 
-    def __init__(self, sched: Scheduler, start: int) -> None:
+    def __init__(self, sched: Scheduler, start: int, first_step: int) -> None:
         self.sched = sched
         self.start = start
-        self.first_step: int = sched.dstep
+        self.first_step = first_step
         self.kv_base: int = sched._kv_base
         self.running = len(sched.running)
-        self.steps = 0
+        self.steps = sched.dstep - first_step
         self._starts: list[int] | None = None
-
-    def ran(self, dstep: int) -> bool:
-        """The decode clock after the call: were any steps run?"""
-        self.steps = dstep - self.first_step
-        return self.steps > 0
 
     def _step_ns(self, k: int) -> int:
         return self.sched.cost.decode_step_ns(self.kv_base + self.running * k)
@@ -226,6 +228,18 @@ class _Lane:
         self.acks: bool = bool(sched.rules.storage_acks_per_pass)
 
 
+def _stuck_rank(lanes: list[_Lane], now: int, ran_mask: int) -> bool:
+    """Whether a rank is stuck at `now`: its GPU free, its pass (if any) ran nothing (its bit
+    in `ran_mask` clear), and it has work (waiting, chunked or running). A loop that stops at
+    the first (`any()` over a generator was made a list of every rank's answer, compiled)."""
+    for rank, lane in enumerate(lanes):
+        if lane.free <= now and not (ran_mask >> rank) & 1:
+            sched = lane.sched
+            if sched.waiting or sched.chunked is not None or sched.running:
+                return True
+    return False
+
+
 class Deployment:
     """N schedulers (already built, one a rank) driven on one clock behind a Gateway."""
 
@@ -235,7 +249,9 @@ class Deployment:
         self.stats = stats
         self.ps = cfg.page_size
         self.gateway = Gateway(RouterConfig.from_config(cfg), len(self.ranks))
-        self.events: list = []
+        # (typed: the loop reads the head's time as a native int, where an untyped list's
+        # `events[0][0]` was a generic item read and a compare with `now` boxed, issue 41)
+        self.events: list[tuple[int, int, Scheduler, Any, Any]] = []
         self._order = itertools.count(1)
         self.in_flight: dict[int, tuple[int, RequestView]] = {}  # request seq -> (rank, what the router saw)
         self.session_rank: dict[str, int] = {}  # a session's last rank (where its dropped turns are recorded)
@@ -278,7 +294,6 @@ class Deployment:
         # nothing: it waits for memory or a prefetch), as such a rank passes at every wake.
         ahead = all(s.decode_ahead and s.emit.decode_step is None for s in ranks)
         closed = src.closed
-        next_ns = src.next_ns
         # Per rank: its last passes run at once, as what their times are made from (AheadRun);
         # the times themselves only where a stuck rank asks for them (no conversation replay does)
         run_at_once: list[AheadRun | None] = [None for _ in ranks]
@@ -288,7 +303,9 @@ class Deployment:
         # dropped, nobody waits for a line read ahead): its next arrival, once asked, holds until
         # the clock reaches it, and the loop's wakes before then (~190k a --dp 8 conversation
         # replay against 12k arrivals) ask the interpreted source nothing.
-        src_next = None if closed else next_ns(now)
+        # (src.next_ns(...) named on the source, not read into a local: a native call, compiled;
+        # the bound method in a local was a generic call, `now` boxed, ~190k a --dp 8 replay)
+        src_next = None if closed else src.next_ns(now)
         while True:
             while True:  # arrivals and events at `now`, until a finish releases no turn due now
                 deliver = closed or (src_next is not None and src_next <= now)
@@ -300,7 +317,7 @@ class Deployment:
                     sched.event_ns = t_ns
                     fn(arg)
                 if deliver:
-                    src_next = next_ns(now)
+                    src_next = src.next_ns(now)
                 nxt_t = src_next
                 if nxt_t is None or nxt_t > now:
                     break
@@ -316,21 +333,24 @@ class Deployment:
                 sched = lane.sched
                 free = lane.free
                 if now >= free and (sched.waiting or sched.running or sched.chunked is not None):
-                    end = sched.pass_fn(now)
+                    # (Scheduler.run's own test: its schedule_pass called natively unless a
+                    # harness has put its own in `pass_fn`)
+                    end = sched.schedule_pass(now) if sched.pass_fn is sched._own_pass else sched.pass_fn(now)
                     batched = True
                     if end is not None:
                         if ahead and not (closed and src.num_sessions):
-                            limit = next_ns(now) if closed else src_next
+                            limit = src.next_ns(now) if closed else src_next
                             if events and (limit is None or events[0][0] < limit):
                                 limit = events[0][0]
-                            run = AheadRun(sched, end)
+                            start, first_step = end, sched.dstep
                             end = sched.run_decode_ahead(end, limit)
-                            if run.ran(sched.dstep):
+                            if sched.dstep > first_step:
+                                run = AheadRun(sched, start, first_step)
                                 run_at_once[rank] = run
                                 last = run.last_start(end)
                                 if last > at_once_until:
                                     at_once_until = last
-                            else:
+                            elif run_at_once[rank] is not None:
                                 run_at_once[rank] = None
                         lane.free = end
                         free = end
@@ -350,10 +370,7 @@ class Deployment:
                 nxt = events[0][0]
             if have_free and (nxt is None or min_free < nxt):
                 nxt = min_free
-            if at_once_until > now and any(lane.free <= now and not (ran_mask >> rank) & 1
-                                           and (lane.sched.waiting or lane.sched.chunked is not None
-                                                or lane.sched.running)
-                                           for rank, lane in enumerate(lanes)):
+            if at_once_until > now and _stuck_rank(lanes, now, ran_mask):
                 for stepped in run_at_once:  # a stuck rank: the loop's next wake, those passes' included
                     if stepped is None:
                         continue
@@ -390,7 +407,9 @@ class Deployment:
         # of `keys_np` (`Scheduler._arrive`: one memcpy), which its finish grows with the output
         # pages' keys; this one is never grown (no policy's `on_finish` reads `page_keys`).
         keys = key_run(keys_np)
-        view = RequestView(t.req_id, keys, t.input_len, ps, t.session)
+        # (tuple.__new__ as NamedTuple._make does, here and for Route: the generated __new__, or
+        # _make, is an interpreted frame, ~2,500 instructions a request each, callgrind)
+        view: RequestView = _new_tuple(RequestView, (t.req_id, keys, t.input_len, ps, t.session))
         # What each rank really holds of the prefix it could reuse (the scheduler matches at most
         # the pages before the last input token), asked before routing and without side effect.
         matchable = keys[:max(0, min(len(keys), (t.input_len - 1) // ps))]
@@ -411,10 +430,9 @@ class Deployment:
         text = ranks_json(held, in_flight, decision.scores, ps)
         own_d, own_h = held[rank]
         best_d, best_h = held[best]
-        # Route's fields in order (records.py reads them by position): _make, not the keyword
-        # call of a NamedTuple's generated __new__ (an interpreted call a request)
-        route = Route._make((decision.branch, decision.reason, decision.score, decision.score_name, own_d * ps,
-                             own_h * ps, best, best_d * ps, best_h * ps, text))
+        # Route's fields in order (records.py reads them by position), built as _make builds it
+        route: Route = _new_tuple(Route, (decision.branch, decision.reason, decision.score, decision.score_name,
+                                          own_d * ps, own_h * ps, best, best_d * ps, best_h * ps, text))
         self.ranks[rank]._arrive(t, now, trace_ns, think_ms, keys_np, route)
 
     def _leave(self, req: Req, now: int) -> None:

@@ -45,6 +45,9 @@ from tierdiag.engine.routing.approx_tree import ApproxTree
 from tierdiag.engine.routing.base import RanksView, RequestView, RouteDecision, Router, least_loaded
 
 
+_new_decision = tuple.__new__
+
+
 def _smallest_tree(router: "CacheAwareRouter", ranks: RanksView) -> tuple[int, str]:
     rank = router.tree.smallest_rank()
     return rank, f"smallest tree rank {rank} ({router.tree.pages[rank] * router.page_tokens_seen:,} tokens)"
@@ -97,7 +100,8 @@ class CacheAwareRouter(Router):
 
     def route(self, request: RequestView, ranks: RanksView, now_ns: int) -> RouteDecision:
         self.page_tokens_seen = request.page_tokens
-        self._evict_due(now_ns)
+        if now_ns >= self._next_eviction_ns:  # (_evict_due's own test: its call only when one may be due)
+            self._evict_due(now_ns)
         self._tick += 1
         cfg = self.config
         keys = request.page_keys
@@ -129,4 +133,5 @@ class CacheAwareRouter(Router):
         # (what the rank holds of `keys`: prefix_match's depth for it; the touch above changes
         # ticks only, and of keys the holder holds)
         self.tree.insert(keys, rank, self._tick, held=depth_of[rank])
-        return RouteDecision(rank, self.name, branch, reason, rate, "approx match", scores)
+        # (tuple.__new__ as NamedTuple._make does: the generated __new__ is an interpreted frame more)
+        return _new_decision(RouteDecision, (rank, self.name, branch, reason, rate, "approx match", scores))

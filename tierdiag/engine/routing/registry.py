@@ -19,6 +19,8 @@ from tierdiag.engine.routing.cache_aware import CacheAwareRouter
 from tierdiag.engine.routing.load import PowerOfTwoRouter, RandomRouter, RoundRobinRouter, ShortestQueueRouter
 
 
+_new_view = tuple.__new__
+
 ROUTERS: dict[RouterName, type[Router]] = {cls.name: cls for cls in (
     RoundRobinRouter, RandomRouter, ShortestQueueRouter, PowerOfTwoRouter, SessionRouter, PrefixHashRouter,
     CacheAwareRouter)}
@@ -50,7 +52,9 @@ class Gateway:
 
     def route(self, request: RequestView, now_ns: int, pending_tokens: Sequence[int] | None = None) -> RouteDecision:
         """Route `request`; `pending_tokens` is a load monitor's poll of every rank, if any."""
-        view = RanksView(tuple(self._in_flight), None if pending_tokens is None else tuple(pending_tokens))
+        # (tuple.__new__ as NamedTuple._make does: the generated __new__ is an interpreted frame
+        # more, once a request; tests/engine/test_routing.py holds the two equal)
+        view = _new_view(RanksView, (tuple(self._in_flight), None if pending_tokens is None else tuple(pending_tokens)))
         decision = self.router.route(request, view, now_ns)
         assert 0 <= decision.rank < self.num_ranks, (
             f"router {self.router.name} chose rank {decision.rank} of {self.num_ranks}: a bug in that policy")
