@@ -145,7 +145,7 @@ class SchedulerState:
     def _finish(self, req: Req) -> None:
         raise NotImplementedError  # decode.py
 
-    def _decode_fits(self, reqs: Any, now: int) -> bool:
+    def _decode_fits(self, reqs, now: int) -> bool:  # (reqs: the running list, or a selection of it)
         raise NotImplementedError  # decode.py
 
     def _decode_step(self, now: int) -> int:
