@@ -390,8 +390,9 @@ class CacheController:
         """Take a node out of the tree with every node below it (those are host-only: device
         residency is root-connected), recording each: a device node is dropped, a host-only
         node deleted."""
-        for child in list(node.children.values()):
-            self._remove(child, cause, now_ns)
+        if node.children:  # (most victims are leaves: no list made of no children)
+            for child in list(node.children.values()):
+                self._remove(child, cause, now_ns)
         on_device = node.device is not None
         if on_device:
             eid = self.record_eviction(node, _DEVICE, _DROP, cause, now_ns, _DEVICE_DROP)

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from tierdiag.engine.request import Req
     from tierdiag.engine.rules import RuleSet
     from tierdiag.engine.tree import RadixTree
+    from tierdiag.engine.tree_node import TreeNode
 
 # Decode memory (both releases, environ.py): new_token_ratio starts at SGLANG_INIT_NEW_TOKEN_RATIO
 # (0.7) x schedule_conservativeness (1), decays by (init - init x SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
@@ -127,3 +128,52 @@ class SchedulerState:
     arrived_at: dict[int, int]
     _total_offset: Any
     _cur_offset: int
+
+    # The methods one mixin calls on another (or on Scheduler itself), declared here with their
+    # signatures; each is defined once, where its docstring is (Scheduler's MRO puts every
+    # definition before these). Compiled, a call of one declared here is a native call through
+    # the trait's vtable; undeclared it was a generic method call (attr-defined is off: the name
+    # looked up on the type, a bound call through the callee's wrapper, its int arguments boxed
+    # and parsed, its result unboxed): ~40k calls of conversation's first 3,000 requests, the
+    # prefill's done and finish events' inserts among them (issue 41, session 25).
+    def _insert(self, req: Req, upto: int, now: int, *, chunk: bool) -> list[TreeNode]:
+        raise NotImplementedError  # admission.py
+
+    def _join(self, req: Req) -> None:
+        raise NotImplementedError  # decode.py
+
+    def _finish(self, req: Req) -> None:
+        raise NotImplementedError  # decode.py
+
+    def _decode_fits(self, reqs, now: int) -> bool:  # (reqs: the running list, or a selection of it)
+        raise NotImplementedError  # decode.py
+
+    def _decode_step(self, now: int) -> int:
+        raise NotImplementedError  # decode.py
+
+    def _finish_step(self, end: int) -> None:
+        raise NotImplementedError  # decode.py
+
+    def _record(self, req: Req, now: int) -> None:
+        raise NotImplementedError  # records.py
+
+    def _sample_pools(self, now: int) -> None:
+        raise NotImplementedError  # records.py
+
+    def _start_prefetch(self, req: Req, now: int) -> None:
+        raise NotImplementedError  # prefetch.py
+
+    def _finish_prefetch(self, req: Req, now: int, *, acked: bool = False) -> None:
+        raise NotImplementedError  # prefetch.py
+
+    def _rem_total(self) -> float:
+        raise NotImplementedError  # scheduler.py
+
+    def _pages_through(self, req: Req, end_tokens: int) -> int:
+        raise NotImplementedError  # scheduler.py
+
+    def _take(self, remaining: int, budget: int) -> int:
+        raise NotImplementedError  # scheduler.py
+
+    def _reject(self, req: Req, reason: str, *, ends_session: bool = True) -> None:
+        raise NotImplementedError  # scheduler.py

@@ -659,10 +659,17 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
 
     def _rem_total(self) -> float:
         """`rem_total_tokens`: free + evictable device tokens less the pass's reservations."""
-        return (self.ctrl.device.free_pages + self.tree.evictable_device_pages) * self.ps - self._total_offset
+        return self._free_tokens() - self._total_offset
 
     def _rem_current(self) -> float:
-        return (self.ctrl.device.free_pages + self.tree.evictable_device_pages) * self.ps - self._cur_offset
+        return self._free_tokens() - self._cur_offset
+
+    def _free_tokens(self) -> int:
+        """Free + evictable device tokens. `free` declared int: compiled, the sum and product are
+        native, where the pool's count (an interpreted class's attribute: Any) made each of them a
+        generic operation on boxed ints (issue 41, session 25)."""
+        free: int = self.ctrl.device.free_pages
+        return (free + self.tree.evictable_device_pages) * self.ps
 
     def _calc_priority(self, now: int) -> None:
         """SchedulePolicy.calc_priority: the queue policy's order, then (0.5.23)

@@ -681,7 +681,9 @@ cp_free(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 typedef struct {
     PyObject_HEAD
     Py_ssize_t top;      /* stack[:top] are the free slots: PagePool.free_pages */
-    PyObject *top_obj;   /* top as an int, made when it changes (read ~30 times a request) */
+    PyObject *top_obj;   /* top as an int, made at the first read after it changes and kept
+                          * (read ~30 times a request; a decode step's allocs and an eviction's
+                          * frees change it several times between reads) */
     PyObject *ints;      /* array('q') template: alloc hands out slices of it (runs); a tuple of the
                           * pool's slot numbers: lent to the lists alloc hands out */
     Py_buffer stack, owned;
@@ -817,11 +819,9 @@ core_numpy(SlotCore *self, const char *name, PyObject *arg)
 static int
 core_set_top(SlotCore *self, Py_ssize_t top)
 {
-    PyObject *o = PyLong_FromSsize_t(top);
-    if (o == NULL) {
-        return -1;
+    if (self->top != top) {
+        Py_CLEAR(self->top_obj);  /* made again by the next read (core_get_top) */
     }
-    Py_XSETREF(self->top_obj, o);
     self->top = top;
     return 0;
 }
@@ -890,8 +890,8 @@ core_free(SlotCore *self, PyObject *slots)
 static PyObject *
 core_get_top(SlotCore *self, void *Py_UNUSED(closure))
 {
-    if (self->top_obj == NULL) {
-        return PyLong_FromSsize_t(self->top);
+    if (self->top_obj == NULL && (self->top_obj = PyLong_FromSsize_t(self->top)) == NULL) {
+        return NULL;
     }
     return Py_NewRef(self->top_obj);
 }
