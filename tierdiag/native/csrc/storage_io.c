@@ -4,6 +4,8 @@
 #include "cplane.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 /* Pages are gathered into a buffer of at most this many bytes, written, and the next ones
@@ -207,6 +209,476 @@ done:
     io_release(&a);
     return result;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* PageWriter: the page writes on a thread of their own                                       */
+
+/* SGLang writes the storage tier from threads of its own (HiCacheController's backup thread
+ * beside its prefetch threads, managers/cache_controller.py): the scheduler hands a backup over
+ * and goes on. Here the bytes of a write are gathered from the pool at once (the pool's slots
+ * may be reused the moment the call returns) into a job, and the job's pwrite runs on one C
+ * thread that touches no Python object; the tier fences (waits for the jobs that cover a
+ * range) before a read, before a segment's descriptor is closed, and at the run's end. The first
+ * failing write (a full disk) is kept, every later job dropped, and reported at the next put
+ * or fence with the system's errno, where the tier raises the one-line error it always did. */
+
+typedef struct pw_job {
+    struct pw_job *next;
+    int fd;
+    int64_t offset;
+    Py_ssize_t len;
+    char data[];
+} pw_job;
+
+typedef struct {
+    PyObject_HEAD
+    pthread_mutex_t mu;
+    pthread_cond_t work;    /* a job queued, or stop */
+    pthread_cond_t landed;  /* a job done */
+    pw_job *head, *tail;    /* queued, not yet taken */
+    pw_job *busy;           /* the job being written (its fd and range read by fences) */
+    Py_ssize_t pending;     /* bytes queued or being written */
+    Py_ssize_t max_pending; /* a put waits while this many bytes are pending */
+    Py_ssize_t wake_bytes;  /* the thread is woken once this many are (or by a fence, close):
+                             * a wake a write would be a futex call and a context switch each */
+    int started, stop, inited;
+    pid_t owner;            /* the process whose thread it is (a forked child has none) */
+    pthread_t thread;
+    int fail_errno, fail_fd;
+    int64_t fail_offset;
+    long long jobs, bytes, dropped, waits;
+} PageWriter;
+
+/* The write a job stands for; errno's value, or 0. No Python: the GIL is not held. */
+static int
+pw_job_write(const pw_job *job)
+{
+    const char *buf = job->data;
+    Py_ssize_t len = job->len;
+    int64_t offset = job->offset;
+
+    while (len > 0) {
+        ssize_t w = pwrite(job->fd, buf, (size_t)len, (off_t)offset);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        if (w == 0) return EIO;  /* a regular file never writes nothing: the loop would spin */
+        buf += w;
+        len -= w;
+        offset += w;
+    }
+    return 0;
+}
+
+static void *
+pw_thread(void *arg)
+{
+    PageWriter *self = arg;
+
+    pthread_mutex_lock(&self->mu);
+    for (;;) {
+        pw_job *job;
+        int err = 0, skip;
+
+        while (self->head == NULL && !self->stop) {
+            pthread_cond_wait(&self->work, &self->mu);
+        }
+        if (self->head == NULL) break;  /* stopped, and nothing left */
+        job = self->head;
+        self->head = job->next;
+        if (self->head == NULL) self->tail = NULL;
+        self->busy = job;
+        skip = self->fail_errno != 0;
+        pthread_mutex_unlock(&self->mu);
+        if (!skip) err = pw_job_write(job);
+        pthread_mutex_lock(&self->mu);
+        if (skip) {
+            self->dropped++;
+        } else if (err != 0) {
+            self->fail_errno = err;
+            self->fail_fd = job->fd;
+            self->fail_offset = job->offset;
+            self->dropped++;
+        } else {
+            self->jobs++;
+            self->bytes += job->len;
+        }
+        self->busy = NULL;
+        self->pending -= job->len;
+        pthread_cond_broadcast(&self->landed);
+        pthread_mutex_unlock(&self->mu);
+        PyMem_RawFree(job);
+        pthread_mutex_lock(&self->mu);
+    }
+    pthread_mutex_unlock(&self->mu);
+    return NULL;
+}
+
+/* Whether a job writes any byte of [start, end) of fd (fd -1: any job at all). */
+static int
+pw_overlaps(const pw_job *job, int fd, int64_t start, int64_t end)
+{
+    if (fd < 0) return 1;
+    return job->fd == fd && job->offset < end && start < job->offset + (int64_t)job->len;
+}
+
+/* 1 while a queued or running job covers the range. Called with mu held. */
+static int
+pw_covered(PageWriter *self, int fd, int64_t start, int64_t end)
+{
+    if (self->busy != NULL && pw_overlaps(self->busy, fd, start, end)) return 1;
+    for (pw_job *j = self->head; j != NULL; j = j->next) {
+        if (pw_overlaps(j, fd, start, end)) return 1;
+    }
+    return 0;
+}
+
+/* The failure as (fd, offset, errno), or None. Called with the GIL, mu not held by us. */
+static PyObject *
+pw_failure_tuple(int fail_errno, int fd, int64_t offset)
+{
+    if (fail_errno == 0) Py_RETURN_NONE;
+    return Py_BuildValue("(iLi)", fd, (long long)offset, fail_errno);
+}
+
+/* Raise the kept failure as the OSError a synchronous write would have raised. */
+static PyObject *
+pw_raise(int fail_errno)
+{
+    errno = fail_errno;
+    return PyErr_SetFromErrno(PyExc_OSError);
+}
+
+static int
+pw_init(PageWriter *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"max_pending", "wake_bytes", NULL};
+    Py_ssize_t max_pending = (Py_ssize_t)16 << 20, wake_bytes = (Py_ssize_t)1 << 20;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|nn:PageWriter", kwlist, &max_pending, &wake_bytes)) {
+        return -1;
+    }
+    if (max_pending < 1) {
+        PyErr_Format(PyExc_ValueError, "PageWriter(max_pending): must be >= 1, got %zd", max_pending);
+        return -1;
+    }
+    if (wake_bytes < 1 || wake_bytes > max_pending) {
+        PyErr_Format(PyExc_ValueError, "PageWriter(wake_bytes): must be 1 to max_pending (%zd), got %zd",
+                     max_pending, wake_bytes);
+        return -1;
+    }
+    if (self->inited) {
+        PyErr_SetString(PyExc_RuntimeError, "PageWriter is initialised once");
+        return -1;
+    }
+    if (pthread_mutex_init(&self->mu, NULL) != 0 || pthread_cond_init(&self->work, NULL) != 0 ||
+        pthread_cond_init(&self->landed, NULL) != 0) {
+        PyErr_SetString(PyExc_OSError, "PageWriter: cannot make its lock");
+        return -1;
+    }
+    self->inited = 1;
+    self->max_pending = max_pending;
+    self->wake_bytes = wake_bytes;
+    self->owner = getpid();
+    return 0;
+}
+
+/* Start the thread, every signal blocked in it (the main thread handles them). 0 or -1 set. */
+static int
+pw_start(PageWriter *self)
+{
+    sigset_t all, old;
+    int err;
+
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    err = pthread_create(&self->thread, NULL, pw_thread, self);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (err != 0) {
+        errno = err;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    self->started = 1;
+    return 0;
+}
+
+static int
+pw_usable(PageWriter *self)
+{
+    if (!self->inited) {
+        PyErr_SetString(PyExc_RuntimeError, "PageWriter not initialised");
+        return 0;
+    }
+    if (self->stop || self->owner != getpid()) {
+        PyErr_SetString(PyExc_RuntimeError, "PageWriter is closed");
+        return 0;
+    }
+    return 1;
+}
+
+/* Queue a job. Called with mu held. */
+static void
+pw_enqueue(PageWriter *self, pw_job *job)
+{
+    if (self->tail != NULL) {
+        self->tail->next = job;
+    } else {
+        self->head = job;
+    }
+    self->tail = job;
+    self->pending += job->len;
+    if (self->pending >= self->wake_bytes) pthread_cond_signal(&self->work);
+}
+
+PyDoc_STRVAR(pw_put_doc,
+"put(fd, offset, rows, pages) -> bytes queued, or -1 (not my case)\n\n"
+"pwrite_rows's write, on the writer's thread: the pages' rows are gathered now (the pool may\n"
+"change once this returns), their pwrite queued. Waits while max_pending bytes are queued.\n"
+"-1, queuing nothing: what pwrite_rows declines. OSError (errno of the first failed write,\n"
+"see failure()) when an earlier write failed: nothing is queued after a failure.");
+
+static PyObject *
+pw_put(PageWriter *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    io_args a;
+    pw_job *job;
+    const char *src;
+    char *out;
+    Py_ssize_t len;
+    int fail;
+    int ok;
+
+    if (!pw_usable(self)) return NULL;
+    ok = io_parse(args, nargs, "put() takes 4 arguments: fd, offset, rows, pages", 0, &a);
+    if (ok <= 0) {
+        return ok < 0 ? NULL : not_mine();
+    }
+    pthread_mutex_lock(&self->mu);
+    fail = self->fail_errno;
+    pthread_mutex_unlock(&self->mu);
+    if (fail != 0) {
+        io_release(&a);
+        return pw_raise(fail);
+    }
+    if (a.total == 0) {
+        io_release(&a);
+        return PyLong_FromLong(0);
+    }
+    job = PyMem_RawMalloc(sizeof(pw_job) + (size_t)a.total);
+    if (job == NULL) {
+        io_release(&a);
+        return PyErr_NoMemory();
+    }
+    job->next = NULL;
+    job->fd = a.fd;
+    job->offset = a.offset;
+    job->len = a.total;
+    src = a.rb.buf;
+    out = job->data;
+    for (Py_ssize_t i = 0; i < a.p.n; i++) {
+        Py_ssize_t page = (Py_ssize_t)a.p.v[i];
+        for (Py_ssize_t l = 0; l < a.layers; l++) {
+            memcpy(out, src + (l * a.npages + page) * a.item, (size_t)a.item);
+            out += a.item;
+        }
+    }
+    io_release(&a);
+    if (!self->started && pw_start(self) < 0) {
+        PyMem_RawFree(job);
+        return NULL;
+    }
+    len = job->len;
+    pthread_mutex_lock(&self->mu);
+    if (self->pending > 0 && self->pending + len > self->max_pending) {
+        /* mu let go before the GIL is, and taken again without it: a thread that holds the GIL
+         * never waits for mu while its holder waits for the GIL */
+        self->waits++;
+        pthread_cond_signal(&self->work);  /* (pending may be under wake_bytes: a big job) */
+        pthread_mutex_unlock(&self->mu);
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&self->mu);
+        while (self->pending > 0 && self->pending + len > self->max_pending) {
+            pthread_cond_wait(&self->landed, &self->mu);
+        }
+        pw_enqueue(self, job);
+        pthread_mutex_unlock(&self->mu);
+        Py_END_ALLOW_THREADS
+    } else {
+        pw_enqueue(self, job);
+        pthread_mutex_unlock(&self->mu);
+    }
+    return PyLong_FromSsize_t(len);  /* (the job is the thread's now: it may be freed already) */
+}
+
+/* Wait until no job covers [start, end) of fd (fd -1: every job); the failure or None. */
+static PyObject *
+pw_wait(PageWriter *self, int fd, int64_t start, int64_t end)
+{
+    int fail, ffd;
+    int64_t foff;
+
+    pthread_mutex_lock(&self->mu);
+    if (pw_covered(self, fd, start, end)) {
+        self->waits++;
+        pthread_cond_signal(&self->work);  /* queued below wake_bytes: the thread may be asleep */
+        pthread_mutex_unlock(&self->mu);
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&self->mu);
+        while (pw_covered(self, fd, start, end)) {
+            pthread_cond_wait(&self->landed, &self->mu);
+        }
+        pthread_mutex_unlock(&self->mu);
+        Py_END_ALLOW_THREADS
+        pthread_mutex_lock(&self->mu);
+    }
+    fail = self->fail_errno;
+    ffd = self->fail_fd;
+    foff = self->fail_offset;
+    pthread_mutex_unlock(&self->mu);
+    return pw_failure_tuple(fail, ffd, foff);
+}
+
+PyDoc_STRVAR(pw_fence_doc,
+"fence(fd=-1, start=0, end=2**63-1) -> None, or (fd, offset, errno) of the first failed write\n\n"
+"Wait until no queued write covers bytes [start, end) of fd (fd -1: until every queued write\n"
+"is done). The failure is kept: every later fence and put reports it.");
+
+static PyObject *
+pw_fence(PageWriter *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"fd", "start", "end", NULL};
+    long long fd = -1, start = 0, end = INT64_MAX;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|LLL:fence", kwlist, &fd, &start, &end)) {
+        return NULL;
+    }
+    if (!self->inited) {
+        PyErr_SetString(PyExc_RuntimeError, "PageWriter not initialised");
+        return NULL;
+    }
+    if (fd < -1 || fd > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "fence(fd): a descriptor or -1, got %lld", fd);
+        return NULL;
+    }
+    if (self->owner != getpid()) Py_RETURN_NONE;  /* a forked child: no thread, nothing of its own queued */
+    return pw_wait(self, (int)fd, (int64_t)start, (int64_t)end);
+}
+
+PyDoc_STRVAR(pw_failure_doc,
+"failure() -> None, or (fd, offset, errno) of the first failed write (not waiting)");
+
+static PyObject *
+pw_failure(PageWriter *self, PyObject *Py_UNUSED(ignored))
+{
+    int fail, ffd;
+    int64_t foff;
+
+    if (!self->inited) Py_RETURN_NONE;
+    pthread_mutex_lock(&self->mu);
+    fail = self->fail_errno;
+    ffd = self->fail_fd;
+    foff = self->fail_offset;
+    pthread_mutex_unlock(&self->mu);
+    return pw_failure_tuple(fail, ffd, foff);
+}
+
+/* Stop the thread after its queue (a failure keeps dropping the rest) and join it. */
+static void
+pw_stop(PageWriter *self)
+{
+    if (!self->inited || self->owner != getpid()) return;
+    pthread_mutex_lock(&self->mu);
+    self->stop = 1;
+    pthread_cond_signal(&self->work);
+    pthread_mutex_unlock(&self->mu);
+    if (self->started) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_join(self->thread, NULL);
+        Py_END_ALLOW_THREADS
+        self->started = 0;
+    }
+}
+
+PyDoc_STRVAR(pw_close_doc,
+"close() -> None, or (fd, offset, errno) of the first failed write\n\n"
+"Write what is queued, stop the thread. A closed writer takes no put; close again is a no-op.");
+
+static PyObject *
+pw_close(PageWriter *self, PyObject *Py_UNUSED(ignored))
+{
+    pw_stop(self);
+    return pw_failure(self, NULL);
+}
+
+PyDoc_STRVAR(pw_stats_doc,
+"stats() -> dict: jobs and bytes written, jobs dropped after a failure, waits (puts and\n"
+"fences that found the writes they needed not yet landed), pending bytes");
+
+static PyObject *
+pw_stats(PageWriter *self, PyObject *Py_UNUSED(ignored))
+{
+    long long jobs = 0, bytes = 0, dropped = 0, waits = 0, pending = 0;
+
+    if (self->inited) {
+        pthread_mutex_lock(&self->mu);
+        jobs = self->jobs;
+        bytes = self->bytes;
+        dropped = self->dropped;
+        waits = self->waits;
+        pending = (long long)self->pending;
+        pthread_mutex_unlock(&self->mu);
+    }
+    return Py_BuildValue("{sLsLsLsLsL}", "jobs", jobs, "bytes", bytes, "dropped", dropped, "waits", waits,
+                         "pending", pending);
+}
+
+static void
+pw_dealloc(PageWriter *self)
+{
+    pw_stop(self);
+    /* jobs left (only in a forked child, whose copy has no thread): freed, never written */
+    for (pw_job *j = self->head; j != NULL;) {
+        pw_job *next = j->next;
+        PyMem_RawFree(j);
+        j = next;
+    }
+    self->head = self->tail = NULL;
+    if (self->inited && self->owner == getpid()) {
+        pthread_cond_destroy(&self->landed);
+        pthread_cond_destroy(&self->work);
+        pthread_mutex_destroy(&self->mu);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef pw_methods[] = {
+    {"put", (PyCFunction)(void (*)(void))pw_put, METH_FASTCALL, pw_put_doc},
+    {"fence", (PyCFunction)(void (*)(void))pw_fence, METH_VARARGS | METH_KEYWORDS, pw_fence_doc},
+    {"failure", (PyCFunction)pw_failure, METH_NOARGS, pw_failure_doc},
+    {"close", (PyCFunction)pw_close, METH_NOARGS, pw_close_doc},
+    {"stats", (PyCFunction)pw_stats, METH_NOARGS, pw_stats_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+PyDoc_STRVAR(pw_doc,
+"PageWriter(max_pending=16 MiB): the storage tier's page writes on a thread of their own\n\n"
+"put() gathers a write's pages now and queues its pwrite; fence() waits for the writes that\n"
+"cover a range (a read of it, a descriptor closed, the run's end); the first failed write is\n"
+"kept and reported by every later put (OSError) and fence (its (fd, offset, errno)).");
+
+PyTypeObject cp_PageWriterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tierdiag.native._cplane.PageWriter",
+    .tp_basicsize = sizeof(PageWriter),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = pw_doc,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)pw_init,
+    .tp_dealloc = (destructor)pw_dealloc,
+    .tp_methods = pw_methods,
+};
 
 PyMethodDef cp_storage_io_methods[] = {
     {"pwrite_rows", (PyCFunction)(void (*)(void))cp_pwrite_rows, METH_FASTCALL, cp_pwrite_rows_doc},
