@@ -227,8 +227,15 @@ typedef struct pw_job {
     int fd;
     int64_t offset;
     Py_ssize_t len;
+    int size_class;         /* its buffer holds 1 << (size_class + PW_MIN_SHIFT) bytes */
     char data[];
 } pw_job;
+
+/* Job buffers are kept for reuse by size class (powers of two from 4 KiB): a buffer a write,
+ * fresh from malloc and freed by the other thread, cost the engine's thread malloc's work and
+ * the kernel's zeroing of the heap's new pages, about what the thread took off it. */
+#define PW_MIN_SHIFT 12
+#define PW_CLASSES 40
 
 typedef struct {
     PyObject_HEAD
@@ -247,7 +254,32 @@ typedef struct {
     int fail_errno, fail_fd;
     int64_t fail_offset;
     long long jobs, bytes, dropped, waits;
+    pw_job *spare[PW_CLASSES];  /* written jobs' buffers kept for reuse, by size class */
+    Py_ssize_t spare_bytes;     /* at most max_pending of them */
 } PageWriter;
+
+static int
+pw_class(Py_ssize_t len)
+{
+    int c = 0;
+    while (c < PW_CLASSES - 1 && ((Py_ssize_t)1 << (c + PW_MIN_SHIFT)) < len) c++;
+    return c;
+}
+
+/* A written job's buffer back to the spares, or freed. Called with mu held; 1 if kept. */
+static int
+pw_keep(PageWriter *self, pw_job *job)
+{
+    Py_ssize_t cap;
+
+    if (job->size_class >= PW_CLASSES) return 0;
+    cap = (Py_ssize_t)1 << (job->size_class + PW_MIN_SHIFT);
+    if (cap > self->max_pending || self->spare_bytes + cap > self->max_pending) return 0;
+    job->next = self->spare[job->size_class];
+    self->spare[job->size_class] = job;
+    self->spare_bytes += cap;
+    return 1;
+}
 
 /* The write a job stands for; errno's value, or 0. No Python: the GIL is not held. */
 static int
@@ -307,9 +339,11 @@ pw_thread(void *arg)
         self->busy = NULL;
         self->pending -= job->len;
         pthread_cond_broadcast(&self->landed);
-        pthread_mutex_unlock(&self->mu);
-        PyMem_RawFree(job);
-        pthread_mutex_lock(&self->mu);
+        if (!pw_keep(self, job)) {
+            pthread_mutex_unlock(&self->mu);
+            PyMem_RawFree(job);
+            pthread_mutex_lock(&self->mu);
+        }
     }
     pthread_mutex_unlock(&self->mu);
     return NULL;
@@ -447,7 +481,7 @@ pw_put(PageWriter *self, PyObject *const *args, Py_ssize_t nargs)
     const char *src;
     char *out;
     Py_ssize_t len;
-    int fail;
+    int fail, cls;
     int ok;
 
     if (!pw_usable(self)) return NULL;
@@ -466,10 +500,22 @@ pw_put(PageWriter *self, PyObject *const *args, Py_ssize_t nargs)
         io_release(&a);
         return PyLong_FromLong(0);
     }
-    job = PyMem_RawMalloc(sizeof(pw_job) + (size_t)a.total);
+    cls = pw_class(a.total);
+    pthread_mutex_lock(&self->mu);
+    job = self->spare[cls];
+    if (job != NULL) {
+        self->spare[cls] = job->next;
+        self->spare_bytes -= (Py_ssize_t)1 << (cls + PW_MIN_SHIFT);
+    }
+    pthread_mutex_unlock(&self->mu);
     if (job == NULL) {
-        io_release(&a);
-        return PyErr_NoMemory();
+        size_t cap = (size_t)1 << (cls + PW_MIN_SHIFT);
+        job = PyMem_RawMalloc(sizeof(pw_job) + (cap < (size_t)a.total ? (size_t)a.total : cap));
+        if (job == NULL) {
+            io_release(&a);
+            return PyErr_NoMemory();
+        }
+        job->size_class = cap < (size_t)a.total ? PW_CLASSES : cls;  /* past the last class: never kept */
     }
     job->next = NULL;
     job->fd = a.fd;
@@ -486,7 +532,13 @@ pw_put(PageWriter *self, PyObject *const *args, Py_ssize_t nargs)
     }
     io_release(&a);
     if (!self->started && pw_start(self) < 0) {
-        PyMem_RawFree(job);
+        pthread_mutex_lock(&self->mu);
+        if (!pw_keep(self, job)) {
+            pthread_mutex_unlock(&self->mu);
+            PyMem_RawFree(job);
+        } else {
+            pthread_mutex_unlock(&self->mu);
+        }
         return NULL;
     }
     len = job->len;
@@ -645,6 +697,14 @@ pw_dealloc(PageWriter *self)
         j = next;
     }
     self->head = self->tail = NULL;
+    for (int c = 0; c < PW_CLASSES; c++) {
+        for (pw_job *j = self->spare[c]; j != NULL;) {
+            pw_job *next = j->next;
+            PyMem_RawFree(j);
+            j = next;
+        }
+        self->spare[c] = NULL;
+    }
     if (self->inited && self->owner == getpid()) {
         pthread_cond_destroy(&self->landed);
         pthread_cond_destroy(&self->work);
