@@ -300,3 +300,51 @@ def test_a_replay_on_a_full_disk_exits_6_with_the_same_line_with_and_without_the
         lines[name] = re.sub(r"tierdiag-storage-\w+", "TMP", line.replace(str(tmp_path / name), "DIR"))
     assert lines["thread"] == lines["here"]
     assert "kvseg: File too large" in lines["thread"]
+
+
+@pytest.mark.parametrize("layers, elems, page_first", [(4, 8, False), (2, 16, False), (4, 32, False),
+                                                       (1, 8, True), (4, 8, True), (3, 5, False)],
+                         ids=["64 B rows", "128 B rows", "256 B rows", "64 B pages", "256 B pages", "40 B rows"])
+def test_each_row_size_the_gather_copies_by_its_own_loop_is_numpys_gather(tmp_path, layers, elems, page_first):
+    # gather_pages copies 64, 128 and 256-byte rows by a constant-size copy, others generically:
+    # the bytes of each, written both ways (the thread's put and pwrite_rows), are numpy's.
+    rows = pool_rows(layers, 50, elems, page_first, 9)
+    slots = list(range(49, -1, -3)) + [7, 7, 0]
+    want = storage._gather_rows(rows, slots).tobytes()
+    fd = os.open(tmp_path / "seg", os.O_RDWR | os.O_CREAT, 0o644)
+    writer = cplane.C.PageWriter()
+    try:
+        assert writer.put(fd, 0, rows, slots) == len(want)
+        assert writer.fence() is None
+        assert os.pread(fd, len(want) + 1, 0) == want
+        assert cplane.C.pwrite_rows(fd, len(want), rows, slots) == len(want)
+        assert os.pread(fd, len(want) + 1, len(want)) == want
+    finally:
+        writer.close()
+        os.close(fd)
+
+
+def test_a_forked_childs_copy_has_no_thread_and_takes_no_write(tmp_path):
+    rows = pool_rows(2, 8, 4, False, 1)
+    fd = os.open(tmp_path / "seg", os.O_RDWR | os.O_CREAT, 0o644)
+    writer = cplane.C.PageWriter()
+    try:
+        assert writer.put(fd, 0, rows, [0]) == 64  # the parent's thread runs
+        pid = os.fork()
+        if pid == 0:  # the child: its copy refuses a put (nobody would write it), a fence returns
+            code = 1
+            try:
+                try:
+                    writer.put(fd, 64, rows, [1])
+                except RuntimeError as exc:
+                    code = 0 if "closed" in str(exc) and writer.fence() is None else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert writer.put(fd, 64, rows, [1]) == 64  # the parent's goes on
+        assert writer.fence() is None
+    finally:
+        writer.close()
+        os.close(fd)
+    assert (tmp_path / "seg").read_bytes() == np.ascontiguousarray(rows[:, [0, 1]].T).tobytes()

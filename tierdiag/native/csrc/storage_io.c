@@ -39,6 +39,30 @@ pw_all(int fd, const char *buf, Py_ssize_t len, int64_t offset)
     return 0;
 }
 
+/* Pages `pages` of a row view [layers, npages] of `item`-byte rows into `out`, page after page,
+ * each its rows in layer order. The common row sizes copied by a constant-size memcpy (inlined:
+ * no call a row; a page is 4 rows of 64 bytes in the replays' model). */
+#define GATHER_LOOP(SIZE)                                                                    \
+    for (Py_ssize_t i = 0; i < n; i++) {                                                     \
+        const char *p = src + (Py_ssize_t)pages[i] * (SIZE);                                 \
+        for (Py_ssize_t l = 0; l < layers; l++) {                                            \
+            memcpy(out, p + l * npages * (SIZE), (SIZE));                                    \
+            out += (SIZE);                                                                   \
+        }                                                                                    \
+    }
+
+static void
+gather_pages(char *out, const char *src, Py_ssize_t layers, Py_ssize_t npages, Py_ssize_t item,
+             const int64_t *pages, Py_ssize_t n)
+{
+    switch (item) {
+    case 64: GATHER_LOOP(64) break;
+    case 128: GATHER_LOOP(128) break;
+    case 256: GATHER_LOOP(256) break;
+    default: GATHER_LOOP(item) break;
+    }
+}
+
 /* The two calls' arguments (fd, offset, rows, pages), checked alike. */
 typedef struct {
     Py_buffer rb;
@@ -130,14 +154,7 @@ cp_pwrite_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
     }
     for (Py_ssize_t i = 0; i < a.p.n; i += per_chunk) {
         Py_ssize_t k = a.p.n - i < per_chunk ? a.p.n - i : per_chunk;
-        char *out = chunk;
-        for (Py_ssize_t j = 0; j < k; j++) {
-            Py_ssize_t page = (Py_ssize_t)a.p.v[i + j];
-            for (Py_ssize_t l = 0; l < a.layers; l++) {
-                memcpy(out, src + (l * a.npages + page) * a.item, (size_t)a.item);
-                out += a.item;
-            }
-        }
+        gather_pages(chunk, src, a.layers, a.npages, a.item, a.p.v + i, k);
         if (pw_all(a.fd, chunk, k * a.page_bytes, a.offset + (int64_t)(i * a.page_bytes)) < 0) {
             goto done;
         }
@@ -249,7 +266,8 @@ typedef struct {
     Py_ssize_t wake_bytes;  /* the thread is woken once this many are (or by a fence, close):
                              * a wake a write would be a futex call and a context switch each */
     int started, stop, inited;
-    pid_t owner;            /* the process whose thread it is (a forked child has none) */
+    int sleeping;           /* the thread waits for work (a put wakes it only then) */
+    long forks;             /* pw_forks when made: a forked child's copy has no thread */
     pthread_t thread;
     int fail_errno, fail_fd;
     int64_t fail_offset;
@@ -257,6 +275,23 @@ typedef struct {
     pw_job *spare[PW_CLASSES];  /* written jobs' buffers kept for reuse, by size class */
     Py_ssize_t spare_bytes;     /* at most max_pending of them */
 } PageWriter;
+
+/* Forks this process made (counted in the child by pthread_atfork): a writer whose count is
+ * another is a forked child's copy, without the thread (getpid() a put would be a syscall). */
+static volatile long pw_forks = 0;
+static int pw_atfork_set = 0;
+
+static void
+pw_after_fork(void)
+{
+    pw_forks++;
+}
+
+static int
+pw_mine(const PageWriter *self)
+{
+    return self->forks == pw_forks;
+}
 
 static int
 pw_class(Py_ssize_t len)
@@ -314,7 +349,9 @@ pw_thread(void *arg)
         int err = 0, skip;
 
         while (self->head == NULL && !self->stop) {
+            self->sleeping = 1;
             pthread_cond_wait(&self->work, &self->mu);
+            self->sleeping = 0;
         }
         if (self->head == NULL) break;  /* stopped, and nothing left */
         job = self->head;
@@ -414,7 +451,14 @@ pw_init(PageWriter *self, PyObject *args, PyObject *kwds)
     self->inited = 1;
     self->max_pending = max_pending;
     self->wake_bytes = wake_bytes;
-    self->owner = getpid();
+    if (!pw_atfork_set) {
+        if (pthread_atfork(NULL, NULL, pw_after_fork) != 0) {
+            PyErr_SetString(PyExc_OSError, "PageWriter: cannot register its fork handler");
+            return -1;
+        }
+        pw_atfork_set = 1;
+    }
+    self->forks = pw_forks;
     return 0;
 }
 
@@ -445,7 +489,7 @@ pw_usable(PageWriter *self)
         PyErr_SetString(PyExc_RuntimeError, "PageWriter not initialised");
         return 0;
     }
-    if (self->stop || self->owner != getpid()) {
+    if (self->stop || !pw_mine(self)) {
         PyErr_SetString(PyExc_RuntimeError, "PageWriter is closed");
         return 0;
     }
@@ -463,7 +507,7 @@ pw_enqueue(PageWriter *self, pw_job *job)
     }
     self->tail = job;
     self->pending += job->len;
-    if (self->pending >= self->wake_bytes) pthread_cond_signal(&self->work);
+    if (self->sleeping && self->pending >= self->wake_bytes) pthread_cond_signal(&self->work);
 }
 
 PyDoc_STRVAR(pw_put_doc,
@@ -478,8 +522,6 @@ pw_put(PageWriter *self, PyObject *const *args, Py_ssize_t nargs)
 {
     io_args a;
     pw_job *job;
-    const char *src;
-    char *out;
     Py_ssize_t len;
     int fail, cls;
     int ok;
@@ -521,15 +563,7 @@ pw_put(PageWriter *self, PyObject *const *args, Py_ssize_t nargs)
     job->fd = a.fd;
     job->offset = a.offset;
     job->len = a.total;
-    src = a.rb.buf;
-    out = job->data;
-    for (Py_ssize_t i = 0; i < a.p.n; i++) {
-        Py_ssize_t page = (Py_ssize_t)a.p.v[i];
-        for (Py_ssize_t l = 0; l < a.layers; l++) {
-            memcpy(out, src + (l * a.npages + page) * a.item, (size_t)a.item);
-            out += a.item;
-        }
-    }
+    gather_pages(job->data, a.rb.buf, a.layers, a.npages, a.item, a.p.v, a.p.n);
     io_release(&a);
     if (!self->started && pw_start(self) < 0) {
         pthread_mutex_lock(&self->mu);
@@ -614,7 +648,7 @@ pw_fence(PageWriter *self, PyObject *args, PyObject *kwds)
         PyErr_Format(PyExc_ValueError, "fence(fd): a descriptor or -1, got %lld", fd);
         return NULL;
     }
-    if (self->owner != getpid()) Py_RETURN_NONE;  /* a forked child: no thread, nothing of its own queued */
+    if (!pw_mine(self)) Py_RETURN_NONE;  /* a forked child: no thread, nothing of its own queued */
     return pw_wait(self, (int)fd, (int64_t)start, (int64_t)end);
 }
 
@@ -640,7 +674,7 @@ pw_failure(PageWriter *self, PyObject *Py_UNUSED(ignored))
 static void
 pw_stop(PageWriter *self)
 {
-    if (!self->inited || self->owner != getpid()) return;
+    if (!self->inited || !pw_mine(self)) return;
     pthread_mutex_lock(&self->mu);
     self->stop = 1;
     pthread_cond_signal(&self->work);
@@ -705,7 +739,7 @@ pw_dealloc(PageWriter *self)
         }
         self->spare[c] = NULL;
     }
-    if (self->inited && self->owner == getpid()) {
+    if (self->inited && pw_mine(self)) {
         pthread_cond_destroy(&self->landed);
         pthread_cond_destroy(&self->work);
         pthread_mutex_destroy(&self->mu);
