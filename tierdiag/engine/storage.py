@@ -48,6 +48,10 @@ SEGMENT_BYTES = 64 << 20  # a segment file's target size; larger tiers get large
 MAX_SEGMENTS = 256  # ... so that the files (and descriptors) held open stay few
 SEGMENT_SUFFIX = ".kvseg"
 INDEX_RESERVE_MAX: Final = 1 << 21  # the most pages the index makes room for up front (storage_index.c's IX_RESERVE_MAX)
+# The writer's thread (PageWriter): a write waits while this many bytes are queued, and the
+# thread is woken once this many are (or by a read of them, a segment's close, the run's end).
+WRITER_MAX_PENDING = 16 << 20
+WRITER_WAKE_BYTES = 1 << 20
 _SLOT_BITS: Final = 32  # a page's location in the index: segment number << 32 | slot in the segment
 
 
@@ -298,7 +302,7 @@ class StorageTier:
         # the call, their pwrite runs beside the engine. Fenced before a read of their range, a
         # segment's close, and at flush() (the run's end); the first failed write (a full disk)
         # is raised there with the message and exit code a write in the caller's thread raises.
-        self._writer: Any = _PageWriter() if _PageWriter is not None else None
+        self._writer: Any = _PageWriter(WRITER_MAX_PENDING, WRITER_WAKE_BYTES) if _PageWriter is not None else None
         self._failure_seen = False
 
     def __contains__(self, key) -> bool:
