@@ -13,8 +13,10 @@ wall, the engine thread's own CPU (`time.thread_time`: the run's critical path),
 kernel's, its minor page faults, and the process's CPU (every thread: the page writes' thread's
 included).
 
-BASE_CHECKOUT is a checkout with its extensions built in place (setup.py build_ext --inplace);
-the other side is this checkout. Prints each side's medians and the ratios; nothing is asserted.
+BASE_CHECKOUT is a checkout with its extensions built in place (setup.py build_ext --inplace),
+or `off`: this checkout with the writer's thread turned off (`storage._PageWriter = None`: the
+pages written in the engine's thread, the reference), the same binary on both sides. The other
+side is this checkout. Prints each side's medians and the ratios; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ DEFAULT_TRACE = ROOT / ".." / "shared" / "traces" / "conversation_trace.jsonl"
 _ENGINE = """
 import gc, json, resource, sys, tempfile, time
 sys.path.insert(0, {code!r})
+if {off!r}:
+    from tierdiag.engine import storage as _storage
+    _storage._PageWriter = None
 from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.engine import Engine
 from tierdiag.trace.reader import ReadReport, read_trace
@@ -61,19 +66,25 @@ def _env(code: Path) -> dict[str, str]:
     return {"PYTHONPATH": str(code), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OPENBLAS_NUM_THREADS": "1"}
 
 
-def engine_once(code: Path, trace: Path, tokens: int) -> dict[str, float]:
-    proc = subprocess.run([sys.executable, "-c", _ENGINE.format(code=str(code), trace=str(trace), tokens=tokens)],
+_OFF_CLI = ("from tierdiag.engine import storage; storage._PageWriter = None\n"
+            "import sys; sys.argv[0] = 'tierdiag'\nfrom tierdiag.cli.main import entry; entry()")
+
+
+def engine_once(code: Path, trace: Path, tokens: int, off: bool = False) -> dict[str, float]:
+    proc = subprocess.run([sys.executable, "-c", _ENGINE.format(code=str(code), trace=str(trace), tokens=tokens,
+                                                                off=off)],
                           capture_output=True, text=True, cwd=code, env=_env(code))
     if proc.returncode:
         raise SystemExit(f"{code}: the run failed: {proc.stderr.strip().splitlines()[-3:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def replay_once(code: Path, trace: Path, tokens: int, tmp: Path) -> dict[str, float]:
+def replay_once(code: Path, trace: Path, tokens: int, tmp: Path, off: bool = False) -> dict[str, float]:
     db = tmp / "r.duckdb"
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "tierdiag", "replay", str(trace), "--db", str(db),
+    head = ["-c", _OFF_CLI] if off else ["-m", "tierdiag"]
+    proc = subprocess.run([sys.executable, *head, "replay", str(trace), "--db", str(db),
                            "--storage-tokens", str(tokens), "--json"],
                           capture_output=True, text=True, cwd=code, env=_env(code))
     wall = time.perf_counter() - t0
@@ -88,7 +99,7 @@ def replay_once(code: Path, trace: Path, tokens: int, tmp: Path) -> dict[str, fl
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("base", type=Path, help="the checkout to compare with (built in place)")
+    ap.add_argument("base", help="the checkout to compare with (built in place), or off (this one, no thread)")
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--storage-tokens", type=int, default=50_000_000)
@@ -99,17 +110,19 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--modes: replay and/or engine, got {args.modes!r}")
     if args.rounds < 1:
         raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
-    sides = {"before": args.base.resolve(), "after": ROOT}
+    off = args.base == "off"
+    sides = {"before": ROOT if off else Path(args.base).resolve(), "after": ROOT}
     runs: dict[tuple[str, str], list[dict[str, float]]] = {(m, s): [] for m in modes for s in sides}
     with tempfile.TemporaryDirectory(prefix="storage-writer-") as tmp:
         for r in range(args.rounds):
             order = ("before", "after") if r % 2 == 0 else ("after", "before")
             for mode in modes:
                 for side in order:
+                    off_now = off and side == "before"
                     if mode == "engine":
-                        out = engine_once(sides[side], args.trace, args.storage_tokens)
+                        out = engine_once(sides[side], args.trace, args.storage_tokens, off_now)
                     else:
-                        out = replay_once(sides[side], args.trace, args.storage_tokens, Path(tmp))
+                        out = replay_once(sides[side], args.trace, args.storage_tokens, Path(tmp), off_now)
                     runs[(mode, side)].append(out)
                     print(f"round {r + 1} {mode} {side}: " + ", ".join(f"{k} {v:.3f}" for k, v in out.items()),
                           flush=True)

@@ -29,19 +29,11 @@ from tierdiag.engine import storage
 from tierdiag.engine.storage import StorageTier
 from tierdiag.errors import OutputError
 from tierdiag.native import cplane
+from tests.engine.test_storage_io import pool_rows
 
 pytestmark = pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
 
 LAYERS, ELEMS = 2, 4  # 64 B a page
-
-
-def pool_rows(layers: int, pages: int, elems: int, page_first: bool, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    if page_first:
-        buf = rng.integers(-(1 << 62), 1 << 62, (pages, layers, elems), dtype=np.int64).transpose(1, 0, 2)
-    else:
-        buf = rng.integers(-(1 << 62), 1 << 62, (layers, pages, elems), dtype=np.int64)
-    return _rows.array_rows(buf, page_first=page_first)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

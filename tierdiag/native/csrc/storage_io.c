@@ -598,13 +598,12 @@ pw_put(PageWriter *self, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromSsize_t(len);  /* (the job is the thread's now: it may be freed already) */
 }
 
+static PyObject *pw_failure(PageWriter *self, PyObject *Py_UNUSED(ignored));
+
 /* Wait until no job covers [start, end) of fd (fd -1: every job); the failure or None. */
 static PyObject *
 pw_wait(PageWriter *self, int fd, int64_t start, int64_t end)
 {
-    int fail, ffd;
-    int64_t foff;
-
     pthread_mutex_lock(&self->mu);
     if (pw_covered(self, fd, start, end)) {
         self->waits++;
@@ -617,13 +616,10 @@ pw_wait(PageWriter *self, int fd, int64_t start, int64_t end)
         }
         pthread_mutex_unlock(&self->mu);
         Py_END_ALLOW_THREADS
-        pthread_mutex_lock(&self->mu);
+    } else {
+        pthread_mutex_unlock(&self->mu);
     }
-    fail = self->fail_errno;
-    ffd = self->fail_fd;
-    foff = self->fail_offset;
-    pthread_mutex_unlock(&self->mu);
-    return pw_failure_tuple(fail, ffd, foff);
+    return pw_failure(self, NULL);
 }
 
 PyDoc_STRVAR(pw_fence_doc,
