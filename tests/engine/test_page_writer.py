@@ -340,3 +340,25 @@ def test_a_forked_childs_copy_has_no_thread_and_takes_no_write(tmp_path):
         writer.close()
         os.close(fd)
     assert (tmp_path / "seg").read_bytes() == np.ascontiguousarray(rows[:, [0, 1]].T).tobytes()
+
+
+def test_a_chain_of_appends_failing_midway_keeps_the_jobs_before_and_names_the_first_cut(tmp_path):
+    # Appends that continue each other go to the file in one pwritev (a chain): a file-size
+    # limit at 4.5 pages cuts the fifth job; the four before are written, the failure is the
+    # fifth's offset, the rest dropped.
+    rows = pool_rows(2, 16, 4, False, 5)
+    fd = os.open(tmp_path / "seg", os.O_RDWR | os.O_CREAT, 0o644)
+    writer = cplane.C.PageWriter(1 << 20, 1 << 20)  # only the fence wakes the thread: one chain
+    old = _fsize_limited(4 * 64 + 32)
+    try:
+        for i in range(10):
+            assert writer.put(fd, i * 64, rows, [i]) == 64
+        assert writer.fence() == (fd, 4 * 64, errno.EFBIG)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old)
+        writer.close()
+        os.close(fd)
+    stats = writer.stats()
+    assert (stats["jobs"], stats["dropped"], stats["pending"]) == (4, 6, 0)
+    data = (tmp_path / "seg").read_bytes()
+    assert data[:4 * 64] == np.ascontiguousarray(rows[:, :4].T).tobytes() and len(data) == 4 * 64 + 32

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 /* Pages are gathered into a buffer of at most this many bytes, written, and the next ones
@@ -260,7 +261,8 @@ typedef struct {
     pthread_cond_t work;    /* a job queued, or stop */
     pthread_cond_t landed;  /* a job done */
     pw_job *head, *tail;    /* queued, not yet taken */
-    pw_job *busy;           /* the job being written (its fd and range read by fences) */
+    pw_job *busy;           /* the chain being written: its first job, and how many */
+    int busy_n;             /* (their fds and ranges read by fences) */
     Py_ssize_t pending;     /* bytes queued or being written */
     Py_ssize_t max_pending; /* a put waits while this many bytes are pending */
     Py_ssize_t wake_bytes;  /* the thread is woken once this many are (or by a fence, close):
@@ -316,24 +318,41 @@ pw_keep(PageWriter *self, pw_job *job)
     return 1;
 }
 
-/* The write a job stands for; errno's value, or 0. No Python: the GIL is not held. */
-static int
-pw_job_write(const pw_job *job)
-{
-    const char *buf = job->data;
-    Py_ssize_t len = job->len;
-    int64_t offset = job->offset;
+/* The writes of a chain of `n` jobs (one file, each starting where the last ended) by pwritev:
+ * one call for up to PW_CHAIN of them, not one a job. Returns errno's value, or 0; *written: how
+ * many of the chain's jobs are wholly in the file. No Python: the GIL is not held. */
+#define PW_CHAIN 64
 
-    while (len > 0) {
-        ssize_t w = pwrite(job->fd, buf, (size_t)len, (off_t)offset);
+static int
+pw_chain_write(pw_job *first, int n, int *written)
+{
+    struct iovec iov[PW_CHAIN];
+    int fd = first->fd, at = 0;
+    int64_t offset = first->offset;
+    pw_job *job = first;
+
+    for (int k = 0; k < n; k++, job = job->next) {
+        iov[k].iov_base = job->data;
+        iov[k].iov_len = (size_t)job->len;
+    }
+    *written = 0;
+    while (at < n) {
+        ssize_t w = pwritev(fd, iov + at, n - at, (off_t)offset);
         if (w < 0) {
             if (errno == EINTR) continue;
             return errno;
         }
         if (w == 0) return EIO;  /* a regular file never writes nothing: the loop would spin */
-        buf += w;
-        len -= w;
         offset += w;
+        while (at < n && (size_t)w >= iov[at].iov_len) {  /* whole jobs written */
+            w -= (ssize_t)iov[at].iov_len;
+            at++;
+            (*written)++;
+        }
+        if (at < n && w > 0) {  /* part of one: the rest of it next */
+            iov[at].iov_base = (char *)iov[at].iov_base + w;
+            iov[at].iov_len -= (size_t)w;
+        }
     }
     return 0;
 }
@@ -345,8 +364,8 @@ pw_thread(void *arg)
 
     pthread_mutex_lock(&self->mu);
     for (;;) {
-        pw_job *job;
-        int err = 0, skip;
+        pw_job *job, *last;
+        int err = 0, skip, n = 1, written = 0;
 
         while (self->head == NULL && !self->stop) {
             self->sleeping = 1;
@@ -354,33 +373,46 @@ pw_thread(void *arg)
             self->sleeping = 0;
         }
         if (self->head == NULL) break;  /* stopped, and nothing left */
-        job = self->head;
-        self->head = job->next;
+        /* the queue's head and the jobs that continue it in its file: one chain, one pwritev */
+        job = last = self->head;
+        while (n < PW_CHAIN && last->next != NULL && last->next->fd == job->fd &&
+               last->next->offset == last->offset + (int64_t)last->len) {
+            last = last->next;
+            n++;
+        }
+        self->head = last->next;
         if (self->head == NULL) self->tail = NULL;
         self->busy = job;
+        self->busy_n = n;
         skip = self->fail_errno != 0;
         pthread_mutex_unlock(&self->mu);
-        if (!skip) err = pw_job_write(job);
+        if (!skip) err = pw_chain_write(job, n, &written);
         pthread_mutex_lock(&self->mu);
-        if (skip) {
-            self->dropped++;
-        } else if (err != 0) {
-            self->fail_errno = err;
-            self->fail_fd = job->fd;
-            self->fail_offset = job->offset;
-            self->dropped++;
-        } else {
-            self->jobs++;
-            self->bytes += job->len;
-        }
         self->busy = NULL;
-        self->pending -= job->len;
-        pthread_cond_broadcast(&self->landed);
-        if (!pw_keep(self, job)) {
-            pthread_mutex_unlock(&self->mu);
-            PyMem_RawFree(job);
-            pthread_mutex_lock(&self->mu);
+        self->busy_n = 0;
+        for (int k = 0; k < n; k++) {
+            pw_job *next = job->next;
+
+            if (k < written) {
+                self->jobs++;
+                self->bytes += job->len;
+            } else {
+                if (!skip && err != 0 && k == written) {  /* the first job not wholly written */
+                    self->fail_errno = err;
+                    self->fail_fd = job->fd;
+                    self->fail_offset = job->offset;
+                }
+                self->dropped++;
+            }
+            self->pending -= job->len;
+            if (!pw_keep(self, job)) {
+                pthread_mutex_unlock(&self->mu);
+                PyMem_RawFree(job);
+                pthread_mutex_lock(&self->mu);
+            }
+            job = next;
         }
+        pthread_cond_broadcast(&self->landed);
     }
     pthread_mutex_unlock(&self->mu);
     return NULL;
@@ -398,7 +430,11 @@ pw_overlaps(const pw_job *job, int fd, int64_t start, int64_t end)
 static int
 pw_covered(PageWriter *self, int fd, int64_t start, int64_t end)
 {
-    if (self->busy != NULL && pw_overlaps(self->busy, fd, start, end)) return 1;
+    pw_job *b = self->busy;
+
+    for (int k = 0; k < self->busy_n; k++, b = b->next) {
+        if (pw_overlaps(b, fd, start, end)) return 1;
+    }
     for (pw_job *j = self->head; j != NULL; j = j->next) {
         if (pw_overlaps(j, fd, start, end)) return 1;
     }
