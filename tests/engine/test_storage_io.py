@@ -113,6 +113,7 @@ def test_the_tier_writes_the_same_files_with_and_without_the_compiled_write(tmp_
         tier = StorageTier(tmp_path / name, 30)
         for slots, keys in writes:
             tier.write_from(buf, slots, keys[:len(slots)], rows=rows)
+        tier.flush()  # ("c-rows" writes on the writer's thread)
         trees[name] = ({p.name: p.read_bytes() for p in sorted((tmp_path / name).iterdir())},
                        tier._index.keys(), tier.bytes_written)
         tier.close()
@@ -144,6 +145,7 @@ def test_a_full_disk_in_the_compiled_write_is_an_output_error_and_keeps_no_half_
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(storage, "_pwrite_rows", full)
+    monkeypatch.setattr(storage, "_PageWriter", None)  # the write in the caller's thread (test_page_writer.py: the thread's)
     tier = StorageTier(tmp_path / "st", 30)
     buf = np.zeros((2, 8, 4), dtype=np.int64)
     with pytest.raises(OutputError, match="cannot use the storage tier at .*st.*No space left"):
@@ -258,6 +260,7 @@ def test_a_truncated_segment_read_by_the_compiled_read_is_an_output_error(tmp_pa
     tier = StorageTier(tmp_path / "st", 16)
     buf = np.ones((2, 8, 4), dtype=np.int64)
     tier.write_from(buf, [0, 1], [1, 2])
+    tier.flush()  # the writer's thread wrote them (the file is then cut short behind its back)
     seg = next((tmp_path / "st").glob("*.kvseg"))
     with open(seg, "r+b") as fh:
         fh.truncate(tier.page_bytes + 8)

@@ -99,8 +99,12 @@ class Engine:
 
     def run(self, requests: Iterable[TraceRequest]) -> EngineStats:
         if self.deployment is not None:
-            return self.deployment.run(requests)
-        return self.scheduler.run(requests)
+            stats = self.deployment.run(requests)
+        else:
+            stats = self.scheduler.run(requests)
+        if self.storage is not None:
+            self.storage.flush()  # the tier's page writes landed (a full disk raised here, not after the run)
+        return stats
 
     def check_invariants(self, *, idle: bool = False) -> None:
         """Pool accounting, residency closure, lock counts, on every rank; with idle=True also

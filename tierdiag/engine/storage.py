@@ -48,6 +48,10 @@ SEGMENT_BYTES = 64 << 20  # a segment file's target size; larger tiers get large
 MAX_SEGMENTS = 256  # ... so that the files (and descriptors) held open stay few
 SEGMENT_SUFFIX = ".kvseg"
 INDEX_RESERVE_MAX: Final = 1 << 21  # the most pages the index makes room for up front (storage_index.c's IX_RESERVE_MAX)
+# The writer's thread (PageWriter): a write waits while this many bytes are queued, and the
+# thread is woken once this many are (or by a read of them, a segment's close, the run's end).
+WRITER_MAX_PENDING = 16 << 20
+WRITER_WAKE_BYTES = 1 << 20
 _SLOT_BITS: Final = 32  # a page's location in the index: segment number << 32 | slot in the segment
 
 
@@ -237,6 +241,9 @@ def _write_all(seg: "_Segment", buf: memoryview, offset: int) -> None:
 # The compiled page write and read (storage_io.c), None on the numpy data plane.
 _pwrite_rows = cplane.compiled("pwrite_rows")
 _pread_rows = cplane.compiled("pread_rows")
+# The page writes on a thread of their own (storage_io.c's PageWriter), None on the numpy data
+# plane: there (and for what it declines) the tier writes in the caller's thread, its reference.
+_PageWriter = cplane.compiled("PageWriter")
 
 # The index native/cplane.py chose: the compiled StorageIndex or the reference.
 new_index = cplane.choose("storage.index", cplane.compiled("StorageIndex"), _LruIndex)
@@ -290,6 +297,13 @@ class StorageTier:
         self._emptied: list[_Segment] = []  # segments whose last live page went (unlinked when not active)
         self.bytes_written = 0  # bytes appended to segment files (compaction included)
         self.bytes_read = 0
+        # The engine's page writes (write_from with the pool's row view) go to a C thread, as
+        # SGLang's backups go to its cache controller's backup thread: the bytes are gathered at
+        # the call, their pwrite runs beside the engine. Fenced before a read of their range, a
+        # segment's close, and at flush() (the run's end); the first failed write (a full disk)
+        # is raised there with the message and exit code a write in the caller's thread raises.
+        self._writer: Any = _PageWriter(WRITER_MAX_PENDING, WRITER_WAKE_BYTES) if _PageWriter is not None else None
+        self._failure_seen = False
 
     def __contains__(self, key) -> bool:
         return key in self._index
@@ -450,26 +464,70 @@ class StorageTier:
             done += n
 
     def _append_rows(self, keys: Any, layer_rows: np.ndarray, slots: Any) -> None:
-        """`_append` of the pages in `slots` of a pool's row view: gathered and written by one
-        C call a segment touched (`_cplane.pwrite_rows`; no numpy array, no Python per page).
-        What the C call declines (having written nothing) goes the numpy way."""
+        """`_append` of the pages in `slots` of a pool's row view: gathered by one C call a
+        segment touched and written on the writer's thread (`PageWriter.put`), or, without one,
+        gathered and written here (`_cplane.pwrite_rows`; no numpy array, no Python per page).
+        What the C calls decline (having written nothing) goes the numpy way, here."""
         done = 0
+        writer = self._writer
         while done < len(keys):
             seg, first, n = self._next_run(len(keys) - done)
             offset = first * self.page_bytes
             pages = slots[done:done + n] if done or n < len(slots) else slots
-            try:
+            got = -1
+            if writer is not None:
                 try:
-                    got = _pwrite_rows(seg.fd, offset, layer_rows, pages)
-                    if got < 0:  # not its case: numpy's gather and the pwrite loop
-                        _write_all(seg, memoryview(_gather_rows(layer_rows, pages)).cast("B"), offset)
-                except BaseException:
-                    os.ftruncate(seg.fd, offset)  # a full disk must not keep half a page
-                    raise
-            except OSError as exc:
-                raise _output_error(exc, seg.path) from None
+                    got = writer.put(seg.fd, offset, layer_rows, pages)
+                except OSError:
+                    self._write_failed(writer.failure())  # an earlier write's (nothing queued)
+            if got < 0:
+                try:
+                    try:
+                        got = _pwrite_rows(seg.fd, offset, layer_rows, pages)
+                        if got < 0:  # not its case: numpy's gather and the pwrite loop
+                            _write_all(seg, memoryview(_gather_rows(layer_rows, pages)).cast("B"), offset)
+                    except BaseException:
+                        os.ftruncate(seg.fd, offset)  # a full disk must not keep half a page
+                        raise
+                except OSError as exc:
+                    raise _output_error(exc, seg.path) from None
             self._placed(keys[done:done + n] if done or n < len(keys) else keys, seg, first, n)
             done += n
+
+    def _landed(self, seg: _Segment, start: int = 0, end: int = (1 << 63) - 1) -> None:
+        """Wait for the writer's writes to bytes [start, end) of `seg` (a read of them, the
+        file's close); the first failed write is raised (`_write_failed`)."""
+        writer = self._writer
+        if writer is not None:
+            failure = writer.fence(seg.fd, start, end)
+            if failure is not None:
+                self._write_failed(failure)
+
+    def flush(self) -> None:
+        """Wait for every page write the writer's thread holds (the run's end: the pages are in
+        their files, a full disk's error raised here, before the run is recorded as done)."""
+        writer = self._writer
+        if writer is not None:
+            failure = writer.fence()
+            if failure is not None:
+                self._write_failed(failure)
+
+    def _write_failed(self, failure: Any) -> None:
+        """Raise the writer's first failed write, (fd, offset, errno), as a write here raises
+        it: the file cut back to the write's offset (a full disk must not keep half a page; the
+        writes queued after it were dropped), the one-line OutputError naming its segment. The
+        tier is unusable after it: every later write, read and flush raises it again."""
+        fd, offset, err = failure
+        seg: _Segment | None = None
+        for s in self._segments.values():
+            if s.fd == fd:
+                seg = s
+        self._failure_seen = True
+        if seg is None:
+            raise _output_error(OSError(err, os.strerror(err)), self.root)
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, offset)
+        raise _output_error(OSError(err, os.strerror(err)), seg.path)
 
     def _next_run(self, want: int) -> tuple[_Segment, int, int]:
         """The active segment (a new one when it is full), its first free slot and how many of
@@ -515,6 +573,7 @@ class StorageTier:
         self._index.clear_live(seg.number)
 
     def _unlink(self, seg: _Segment) -> None:
+        self._landed(seg)  # no write of the writer's thread to a closed (or reused) descriptor
         del self._segments[seg.number]
         self._disk_pages -= seg.pages
         with _storage_errors(seg.path):
@@ -533,6 +592,7 @@ class StorageTier:
             while j < len(slots) and slots[j] == slots[j - 1] + 1:
                 j += 1
             want = (j - i) * page_bytes
+            self._landed(seg, slots[i] * page_bytes, slots[i] * page_bytes + want)
             with _storage_errors(seg.path):
                 got = os.preadv(seg.fd, [memoryview(out[i:j]).cast("B")], slots[i] * page_bytes)
                 if got != want:
@@ -606,6 +666,7 @@ class StorageTier:
                 j += 1
             seg = self._segments[seg_no]
             want = (j - i) * page_bytes
+            self._landed(seg, (first & mask) * page_bytes, (first & mask) * page_bytes + want)
             try:
                 got = _pread_rows(seg.fd, (first & mask) * page_bytes, rows, slots[i:j])
             except OSError as exc:
@@ -621,9 +682,28 @@ class StorageTier:
         return True
 
     def close(self) -> None:
-        """Close the segment files (they stay on disk: the run's folder keeps them)."""
+        """Close the segment files (they stay on disk: the run's folder keeps them), after the
+        writer's thread wrote what it holds and stopped. A failed write not raised yet (no
+        flush since) is raised, the files closed first."""
+        writer = self._writer
+        failure = None
+        if writer is not None:
+            failure = writer.close()
+            if failure is not None and not self._failure_seen:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(failure[0], failure[1])
+            else:
+                failure = None
+        path: Path = self.root
+        if failure is not None:
+            for s in self._segments.values():
+                if s.fd == failure[0]:
+                    path = s.path
         for seg in self._segments.values():
             with contextlib.suppress(OSError):
                 os.close(seg.fd)
         self._segments.clear()
         self._active = None
+        if failure is not None:
+            self._failure_seen = True
+            raise _output_error(OSError(failure[2], os.strerror(failure[2])), path)

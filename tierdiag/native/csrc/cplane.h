@@ -59,8 +59,9 @@
  * 17: PageKeySet.count_add (count then add in one call, one probe a key on a run; session 23, h41rec6).
  * 18: StorageIndex(reserve): the tier's capacity made room for up front (session 24, h41stor10).
  * 19: FlushTicker reads a memoryview among its buffers as a row counter (the engine's columnar
- *     buffers'; session 24, h41rec7). */
-#define CPLANE_API 19
+ *     buffers'; session 24, h41rec7).
+ * 20: PageWriter (the storage tier's page writes on a thread of their own; session 25, h41stor12). */
+#define CPLANE_API 20
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256
@@ -155,6 +156,7 @@ CP_HIDDEN extern PyMethodDef cp_rows_methods[];    /* rows.c */
 CP_HIDDEN extern PyMethodDef cp_storage_io_methods[]; /* storage_io.c */
 CP_HIDDEN extern PyMethodDef cp_router_methods[];  /* router.c */
 CP_HIDDEN extern PyTypeObject cp_StorageIndexType; /* storage_index.c */
+CP_HIDDEN extern PyTypeObject cp_PageWriterType;   /* storage_io.c */
 CP_HIDDEN extern PyTypeObject cp_RowBufferType;    /* rows.c */
 CP_HIDDEN Py_ssize_t cp_row_buffer_rows(PyObject *rb); /* rows.c: a RowBuffer's rows (its len) */
 CP_HIDDEN extern PyTypeObject cp_FlushTickerType;  /* ticker.c */

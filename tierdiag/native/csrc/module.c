@@ -339,6 +339,8 @@ PyInit__cplane(void)
         PyModule_AddFunctions(m, cp_router_methods) < 0 ||
         PyType_Ready(&cp_StorageIndexType) < 0 ||
         PyModule_AddObjectRef(m, "StorageIndex", (PyObject *)&cp_StorageIndexType) < 0 ||
+        PyType_Ready(&cp_PageWriterType) < 0 ||
+        PyModule_AddObjectRef(m, "PageWriter", (PyObject *)&cp_PageWriterType) < 0 ||
         PyType_Ready(&cp_RowBufferType) < 0 ||
         PyModule_AddObjectRef(m, "RowBuffer", (PyObject *)&cp_RowBufferType) < 0 ||
         PyType_Ready(&cp_FlushTickerType) < 0 ||
