@@ -131,6 +131,12 @@ class Progress:
             self._task = self._bar.add_task(self.what, total=self.total, what=self.what, count=self._count(), info="")
             self._bar.start()
         elif self._every > 0:
+            # The console (Rich: an import) made here, on the caller's thread, never at the
+            # ticker's first line: an import on it raced the main thread's for CPython's module
+            # locks, as the trace digest's did (tests/reliability/test_thread_imports.py).
+            made = getattr(self._console, "_get", None)
+            if made is not None:
+                made()
             self._thread = threading.Thread(target=self._tick, name=f"tierdiag-progress-{self.what}", daemon=True)
             self._thread.start()
         return self

@@ -285,6 +285,10 @@ class PendingStore(OnThread):
     caller that stops before `result()` does not wait for it to end."""
 
     def __init__(self, path: str | os.PathLike, run: str | None, db_label: str):
+        # DuckDB imports `datetime` (its C++, at the runs row's first TIMESTAMP) where it is not
+        # yet: here, on the caller's thread, never on this one (tests/reliability/test_thread_imports.py)
+        import datetime  # noqa: F401
+
         super().__init__(_open_and_resolve, path, run, db_label, name="tierdiag-open-store")
 
 
