@@ -17,7 +17,7 @@ What it found (before -> after), every one now imported on the caller's thread:
 
 | thread (command) | imported on the thread | now |
 |---|---|---|
-| tierdiag-progress-advise (`advise`, piped stderr) | all of Rich (rich.console, ~50 modules), tierdiag.report.console, pickle | progress.py `start` makes the console |
+| tierdiag-progress-advise (`advise`, piped stderr) | all of Rich (rich.console, ~50 modules), tierdiag.report.console, pickle: the stderr console made at its first line | the ticker writes its lines itself (escaped by report.text.visible, imported in `start`), never through Rich; no Rich import moved to start-up |
 | tierdiag-progress-report (`report`, piped) | tierdiag.report.console | the same |
 | tierdiag-open-store (`summary`, `explain`) | datetime, _datetime, math (DuckDB's first TIMESTAMP) | store/reader.py `PendingStore` imports datetime |
 | tierdiag-trace-pages (writer process at a replay) | tierdiag.trace.reader, .lines, .fields | diagnose/run/size_curves.py `_TraceRead.__init__` |
