@@ -13,6 +13,7 @@ What it found (input, before, after):
 
 | input | before | after |
 |---|---|---|
+| `runs --delete ""` (an unset shell variable), `--run ""` on any command | the store's only run deleted (the empty string is a prefix of every run id); the only run picked | exit 4, "an empty run names no run" (store/reader.py `resolve_run`) |
 | a path option (`--db`, `-o`, `--config`, `--profile`, `--storage-dir`, `export DIR` ...) naming a file or folder longer than the file system takes (a 3,000-byte name, or a 4,096-byte path) | exit 1, "internal error" (`OSError: [Errno 36] File name too long` from `Path.exists()` in the store's open and elsewhere) | exit 2, one line naming the option: "is too long a file name" (cli/params.py) |
 
 The trace's fields, the converter's records, config and profile keys, `--set` values and the
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reliability"))
@@ -141,9 +142,15 @@ def test_every_option_of_every_command_takes_or_refuses_a_hostile_value(place, c
     monkeypatch.chdir(tmp)  # a relative name the sweep draws is made here
     base, options = commands(tmp, trace, db)[command]
 
+    with duckdb.connect(str(db), read_only=True) as con:
+        (base_id,) = con.execute("SELECT run_id FROM runs WHERE name = 'base'").fetchall()[0]
+
     @SWEEP
     @given(option=st.sampled_from(options), value=values(tmp, trace, db))
     def one(option, value):
+        # `runs --delete` of a prefix of the run's id or name deletes it, as documented
+        assume(not (command == "runs" and option == "--delete" and value and
+                    (base_id.startswith(value) or "base".startswith(value))))
         args = argv(base, option, value)
         code, out, err = cli(command, *args)
         check(command, args, code, out, err)
@@ -168,4 +175,20 @@ def test_a_name_too_long_for_the_file_system_is_exit_2_naming_the_option(place, 
             assert code == 2 and "too long a file name" in err, (option, code, err)
             tried += 1
     assert tried, f"{command}: no path option tried"
+    base_run_kept(db)
+
+
+@pytest.mark.parametrize("args", [["runs", "--delete", ""], ["summary", "--run", ""], ["explain", "1", "--run", ""],
+                                  ["report", "--run", ""], ["advise", "--run", ""], ["compare", "", "base"]])
+def test_an_empty_run_names_no_run_and_deletes_nothing(tmp_path, args):
+    """The sweep's find: `--delete ""` (say `tierdiag runs --delete "$RUN"` with RUN unset)
+    deleted a store's only run, since the empty string is a prefix of every run id, and every
+    `--run ""` read it. Now exit 4, one line, the run kept."""
+    trace = write_trace(tmp_path / "t.jsonl", good_lines(6))
+    db = tmp_path / "s.duckdb"
+    code, _, err = cli("replay", trace, "--db", db, *SMALL, "--run-name", "base")
+    assert code == 0, err
+    code, out, err = cli(*args, "--db", db)
+    check(args[0], args, code, out, err)
+    assert code == 4 and "an empty run names no run" in err, (code, err)
     base_run_kept(db)
