@@ -30,7 +30,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.reliability.harness import ROOMY, SHARED_TRACES, good_lines, tierdiag, write_trace
+from tests.reliability.harness import ROOMY, real_trace_head, tierdiag
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,13 +62,7 @@ def store(tmp_path_factory) -> Path:
     """Two replayed runs of a real trace's first 200 lines (sessions, hits, evictions), so that
     each reader has rows to read."""
     tmp = tmp_path_factory.mktemp("reads")
-    trace = tmp / "t.jsonl"
-    real = SHARED_TRACES / "conversation_trace.jsonl"
-    if real.exists():
-        with real.open() as f:
-            write_trace(trace, [next(f).rstrip("\n") for _ in range(200)])
-    else:
-        write_trace(trace, good_lines(40))
+    trace = real_trace_head(tmp / "t.jsonl", 200, fallback=40)
     db = tmp / "s.duckdb"
     for name, tokens in (("a", "65536"), ("b", "32768")):
         r = tierdiag("replay", trace, "--db", db, *ROOMY[:-1], tokens, "--run-name", name, "--dp", "2")

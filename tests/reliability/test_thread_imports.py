@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.harness import ROOMY, SHARED_TRACES, good_lines, tierdiag, write_trace
+from tests.reliability.harness import ROOMY, real_trace_head, tierdiag
 from tests.support.cli import cli_env
 
 AUDIT = Path(__file__).resolve().parent / "import_audit"
@@ -64,16 +64,7 @@ def late(lines: list[str]) -> str:
 
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory) -> Path:
-    """A real trace's first 150 lines (sessions, shared prefixes: every evidence section has
-    rows), or 60 made-up lines where the shared traces are not here."""
-    path = tmp_path_factory.mktemp("threads") / "t.jsonl"
-    real = SHARED_TRACES / "conversation_trace.jsonl"
-    if real.exists():
-        with real.open() as f:
-            write_trace(path, [next(f).rstrip("\n") for _ in range(150)])
-    else:
-        write_trace(path, good_lines(60))
-    return path
+    return real_trace_head(tmp_path_factory.mktemp("threads") / "t.jsonl", 150, fallback=60)
 
 
 def test_the_audit_sees_an_import_on_a_thread(tmp_path):
