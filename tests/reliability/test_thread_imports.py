@@ -99,6 +99,7 @@ def test_a_replay_and_the_read_commands_threads_import_nothing(tmp_path, trace, 
         assert not lines, f"{command[0]}:\n{late(lines)}"
 
 
+@pytest.mark.slow  # a replay, advise's replays and a two-job sweep, each audited: ~30 s
 def test_advise_and_sweep_threads_import_nothing(tmp_path, trace):
     """advise's piped progress thread imported all of Rich at its first line (before the fix);
     a sweep's workers and progress likewise audited."""
