@@ -21,7 +21,7 @@ What it found (before -> after), every one now imported on the caller's thread:
 | tierdiag-progress-report (`report`, piped) | tierdiag.report.console | the same |
 | tierdiag-open-store (`summary`, `explain`) | datetime, _datetime, math (DuckDB's first TIMESTAMP) | store/reader.py `PendingStore` imports datetime |
 | tierdiag-trace-pages (writer process at a replay) | tierdiag.trace.reader, .lines, .fields | diagnose/run/size_curves.py `_TraceRead.__init__` |
-| tierdiag-live-curves (writer process) | tierdiag.diagnose.run.live_curves (and dateutil, once) | the same |
+| tierdiag-live-curves (writer process) | tierdiag.diagnose.run.live_curves (and dateutil, once); pyarrow.compute (live_curves.rows_of, seen on the compiled build) | the same |
 
 Not found importing: the trace digest (fixed in session 24), the evidence sections' threads, the
 writer process's request reader and trace-line counter (`store/writer_serve.py`).
@@ -99,7 +99,6 @@ def test_a_replay_and_the_read_commands_threads_import_nothing(tmp_path, trace, 
         assert not lines, f"{command[0]}:\n{late(lines)}"
 
 
-@pytest.mark.slow  # a replay, advise's replays and a two-job sweep, each audited: ~30 s
 def test_advise_and_sweep_threads_import_nothing(tmp_path, trace):
     """advise's piped progress thread imported all of Rich at its first line (before the fix);
     a sweep's workers and progress likewise audited."""
