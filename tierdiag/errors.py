@@ -43,6 +43,12 @@ class ConfigFileError(ConfigError):
     exit_code = ExitCode.BAD_INPUT
 
 
+class EngineError(TierdiagError):
+    """The engine cannot make progress (a bug or an impossible configuration). Raised by the
+    compiled engine core (engine/schedule_common.py re-exports it); defined here, in an
+    interpreted module, because mypyc cannot lay out a compiled subclass of TierdiagError."""
+
+
 class TraceError(TierdiagError):
     exit_code = ExitCode.BAD_INPUT
 

@@ -57,6 +57,17 @@ def cli(*args: object) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
+def real_trace_head(path: Path, n: int, *, fallback: int) -> Path:
+    """The conversation trace's first `n` lines into `path` (sessions, shared prefixes, hits and
+    evictions: every reader and evidence section has rows), or `fallback` made-up lines
+    (`good_lines`) where the shared traces are not here."""
+    real = SHARED_TRACES / "conversation_trace.jsonl"
+    if not real.exists():
+        return write_trace(path, good_lines(fallback))
+    with real.open() as f:
+        return write_trace(path, [next(f).rstrip("\n") for _ in range(n)])
+
+
 def tierdiag_here(*args: object) -> Result:
     """`cli` as a `Result` (`.fails`, `.json`), like `tierdiag`'s but without the process."""
     return Result(*cli(*args))

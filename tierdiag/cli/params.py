@@ -26,6 +26,7 @@ from pathlib import Path
 from tierdiag.errors import ConfigError
 
 _INT64_MAX = 2**63 - 1
+_NAME_MAX, _PATH_MAX = 255, 4096  # Linux's NAME_MAX (bytes a file or folder name) and PATH_MAX (a path, with its NUL)
 _PLAIN = (str, bool, int, float)
 
 
@@ -60,6 +61,14 @@ def _checked_value(name: str, value):
                                   hint="run under a UTF-8 locale (LC_ALL=C.UTF-8)")
             raise ConfigError(f"{_flag(name)} '{shown}' is not a UTF-8 file name",
                               hint="tierdiag records file names as text; rename it, or link to it under a UTF-8 name")
+        # A name no file system takes (ENAMETOOLONG): refused here, where any stat of it (an
+        # exists() in the store's open) raised an OSError, exit 1 (h41safe's hostile sweep)
+        encoded = os.fsencode(text)
+        if len(encoded) >= _PATH_MAX or max(map(len, encoded.split(b"/"))) > _NAME_MAX:
+            from tierdiag.report.text import visible
+
+            raise ConfigError(f"{_flag(name)} '{visible(text[:40], lines=False)}...' is too long a file name "
+                              f"({len(encoded):,} bytes; at most {_NAME_MAX} a name, {_PATH_MAX - 1:,} a path)")
     if isinstance(value, (list, tuple)):
         return type(value)(_checked_value(name, v) for v in value)
     return value

@@ -13,6 +13,7 @@ stdout is never written: the data stays what it is without progress.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -131,6 +132,14 @@ class Progress:
             self._task = self._bar.add_task(self.what, total=self.total, what=self.what, count=self._count(), info="")
             self._bar.start()
         elif self._every > 0:
+            # What the ticker needs, imported here on the caller's thread: it writes its lines
+            # itself, not through the console (Rich: made at its first line, an import on the
+            # ticker that raced the main thread's for CPython's module locks, as the trace
+            # digest's did; tests/reliability/test_thread_imports.py), and nothing is imported
+            # at start-up that a piped replay done before its first line never needed.
+            from tierdiag.report.text import visible
+
+            self._visible = visible
             self._thread = threading.Thread(target=self._tick, name=f"tierdiag-progress-{self.what}", daemon=True)
             self._thread.start()
         return self
@@ -157,9 +166,14 @@ class Progress:
     def _tick(self) -> None:
         while not self._stop.wait(self._every):
             line = progress_line(self.what, self.done, self.total, self.unit, time.monotonic() - self._t0)
-            # stderr, one whole line at a time; data, never markup
-            self._console.print(line + (f" ({self._info})" if self._info else ""), markup=False, highlight=False,
-                                soft_wrap=True)
+            # stderr, one whole line at a time; data, never markup, its control characters
+            # escaped as the console would (a stream that cannot take a character escapes it:
+            # cli/exits.py sets its errors to backslashreplace)
+            try:
+                sys.stderr.write(self._visible(line + (f" ({self._info})" if self._info else ""), lines=False) + "\n")
+                sys.stderr.flush()
+            except (OSError, ValueError):  # stderr closed or gone (its reader left): no more lines to say
+                return
 
     # --- the command's side ----------------------------------------------------------------
     def update(self, done: int, *, total: int | None = None, info: str = "", what: str | None = None) -> None:

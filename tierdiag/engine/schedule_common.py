@@ -8,7 +8,12 @@ from typing import TYPE_CHECKING, Any, Callable, Final
 from mypy_extensions import trait
 
 from tierdiag.config.names import WritePolicy
-from tierdiag.errors import TierdiagError
+# EngineError lives in tierdiag/errors.py, outside the compiled modules, and is imported from
+# here as before: defined here, over TierdiagError (Any to mypyc: imports outside the compiled
+# modules are not followed), mypyc built it as a native class laid out as a bare object (basicsize
+# 24, not BaseException's 72), so making one wrote past it and reading its __context__ segfaulted
+# (tests/reliability/test_engine_errors.py).
+from tierdiag.errors import EngineError  # noqa: F401 - admission, scheduler and deployment import it from here
 
 if TYPE_CHECKING:
     from tierdiag.config.engine import EngineConfig
@@ -38,10 +43,6 @@ OTHER: Final = "other"  # ... or anything else (the shape, the budget)
 INT64_MAX: Final = 2**63 - 1  # checkpoint_into_tree: min(priority + 1, torch.iinfo(torch.int64).max)
 # HiRadixCache.write_through_threshold: insert hits that trigger a device->host backup.
 WRITE_THROUGH_THRESHOLD = {WritePolicy.WRITE_THROUGH: 1, WritePolicy.WRITE_THROUGH_SELECTIVE: 2}
-
-
-class EngineError(TierdiagError):
-    """The engine cannot make progress (a bug or an impossible configuration)."""
 
 
 @trait

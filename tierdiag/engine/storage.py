@@ -30,8 +30,13 @@ from tierdiag.native import cplane
 def _output_error(exc: OSError, path: Path) -> OutputError:
     """A filesystem error of the storage tier (its folder read-only or a file, the disk full, a
     page file gone) as an output error naming the path: exit 6, one line, not a bug."""
-    return OutputError(f"cannot use the storage tier at {exc.filename or path}: {exc.strerror or exc}",
-                       hint="set storage_dir (--config) to a writable folder with room, or pass --storage-tokens 0")
+    error = OutputError(f"cannot use the storage tier at {exc.filename or path}: {exc.strerror or exc}",
+                        hint="set storage_dir (--config) to a writable folder with room, or pass --storage-tokens 0")
+    # What `raise ... from None` sets, set here: mypyc compiles `raise X from Y` as `raise X`
+    # (the from is dropped), so the compiled build would chain the OSError under it in a --debug
+    # traceback where the twin does not (tests/reliability/test_engine_errors.py).
+    error.__suppress_context__ = True
+    return error
 
 
 @contextlib.contextmanager

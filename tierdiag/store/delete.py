@@ -143,7 +143,7 @@ def delete_run(db: Path, run: str, *, keep_storage: bool = False) -> DeletedRun:
             present = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
             optional = tuple(t for t in OPTIONAL_TABLES if t in present)  # a store made before them lacks them
             for table in EVENT_TABLES + optional + ("runs",):
-                (n,) = con.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", [info.run_id]).fetchone()
+                (n,) = con.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", [info.run_id]).fetchall()[0]
                 con.execute(f"DELETE FROM {table} WHERE run_id = ?", [info.run_id])
                 rows[table] = int(n)
             con.execute("COMMIT")

@@ -66,7 +66,8 @@ def export_parquet(con: duckdb.DuckDBPyConnection, runs: list[RunInfo], out_dir:
         raise OutputError(f"cannot write {out_dir}: {exc.strerror or exc}") from None
     try:
         for table in EXPORTED:
-            n = con.execute(f"SELECT count(*) FROM {table} WHERE run_id IN ({placeholders})", ids).fetchone()[0] if ids else 0
+            n = (con.execute(f"SELECT count(*) FROM {table} WHERE run_id IN ({placeholders})", ids).fetchall()[0][0]
+                 if ids else 0)
             rows[table] = int(n)
             if not n:
                 continue

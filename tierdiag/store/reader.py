@@ -285,6 +285,10 @@ class PendingStore(OnThread):
     caller that stops before `result()` does not wait for it to end."""
 
     def __init__(self, path: str | os.PathLike, run: str | None, db_label: str):
+        # DuckDB imports `datetime` (its C++, at the runs row's first TIMESTAMP) where it is not
+        # yet: here, on the caller's thread, never on this one (tests/reliability/test_thread_imports.py)
+        import datetime  # noqa: F401
+
         super().__init__(_open_and_resolve, path, run, db_label, name="tierdiag-open-store")
 
 
@@ -415,6 +419,9 @@ def resolve_run(con: duckdb.DuckDBPyConnection, run: str | None, *, db_label: st
         raise StoreError(f"{db_label} has no runs yet", hint="run `tierdiag replay TRACE`")
     if run is None:
         return default_run(runs)
+    if run == "":  # the prefix of every id: it picked the only run (`runs --delete "$UNSET"` deleted it)
+        raise StoreError(f"an empty run names no run in {db_label}",
+                         hint="give a run id, a prefix of one, or a name; `tierdiag runs` lists them")
     exact = [r for r in runs if r.run_id == run]
     if exact:
         return exact[0]

@@ -21,7 +21,7 @@ _SERVED = "status = 'finished' AND ttft_ns IS NOT NULL"
 def found_and_input_tokens(con: duckdb.DuckDBPyConnection, run_id: str, tier: str) -> tuple[int | None, int | None]:
     """(tokens reused in `tier` or above, input tokens) over the run's finished requests."""
     row = con.execute(f"SELECT sum({_FOUND_SQL[tier]}), sum(input_tokens) FROM requests "
-                      f"WHERE run_id = ? AND {FINISHED_SQL}", [run_id]).fetchone()
+                      f"WHERE run_id = ? AND {FINISHED_SQL}", [run_id]).fetchall()[0]
     return row[0], row[1]
 
 
@@ -36,7 +36,7 @@ def target_numbers(con: duckdb.DuckDBPyConnection, run_id: str, target_sqls: lis
     r = con.execute(
         "SELECT quantile_disc(ttft_ns, 0.5), quantile_disc(ttft_ns, 0.99), "
         + ", ".join(target_sqls)
-        + f" FROM requests WHERE run_id = ? AND {_SERVED}", [run_id]).fetchone()
+        + f" FROM requests WHERE run_id = ? AND {_SERVED}", [run_id]).fetchall()[0]
     return TargetNumbers(r[0], r[1], tuple(r[2:]))
 
 
@@ -49,7 +49,8 @@ def complete_sweep_runs(con: duckdb.DuckDBPyConnection, sweep_id: str) -> list[t
 
 def request_ttft_ns(con: duckdb.DuckDBPyConnection, run_id: str, req_id: str) -> int | None:
     """The request's TTFT in the run (None: not there, or none)."""
-    found = con.execute("SELECT ttft_ns FROM requests WHERE run_id = ? AND req_id = ?", [run_id, req_id]).fetchone()
+    found = next(iter(con.execute("SELECT ttft_ns FROM requests WHERE run_id = ? AND req_id = ?",
+                                  [run_id, req_id]).fetchall()), None)
     return (found or [None])[0]
 
 
@@ -69,4 +70,4 @@ def headline(con: duckdb.DuckDBPyConnection, run_id: str) -> Headline:
     return Headline(*con.execute(
         "SELECT quantile_disc(ttft_ns, 0.5), quantile_disc(ttft_ns, 0.99), sum(recomputed_tokens), "
         "sum(device_hit_tokens), sum(host_hit_tokens), sum(storage_hit_tokens), sum(input_tokens), avg(ttft_ns) "
-        f"FROM requests WHERE run_id = ? AND {_SERVED}", [run_id]).fetchone())
+        f"FROM requests WHERE run_id = ? AND {_SERVED}", [run_id]).fetchall()[0])

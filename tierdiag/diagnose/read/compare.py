@@ -23,7 +23,7 @@ def busy_time(con: duckdb.DuckDBPyConnection, run_id: str) -> BusyTime:
         SELECT (SELECT sum(t_end_ns - t_start_ns) FROM batches WHERE run_id = $1) AS busy,
                greatest((SELECT max(t_end_ns) FROM batches WHERE run_id = $1),
                         (SELECT max(coalesce(finish_ns, first_token_ns)) FROM requests WHERE run_id = $1)) AS t_end
-        """, [run_id]).fetchone()
+        """, [run_id]).fetchall()[0]
     return BusyTime(*row)
 
 
@@ -99,7 +99,7 @@ class RequestPairs:
                (SELECT count(*) FROM p WHERE delta < 0) AS faster,
                (SELECT count(*) FROM p WHERE delta > 0) AS slower,
                (SELECT count(*) FROM p WHERE cause_a IS DISTINCT FROM cause_b) AS changed,
-               (SELECT count(*) FROM p WHERE mismatch) AS mismatch""", self._params).fetchone()
+               (SELECT count(*) FROM p WHERE mismatch) AS mismatch""", self._params).fetchall()[0]
         return PairCounts(*(int(v or 0) for v in row))
 
     def _pairs(self, where_order: str) -> list[RequestPair]:

@@ -73,7 +73,7 @@ def curve_columns(con: duckdb.DuckDBPyConnection, run_id: str, chunk_rows: int =
     import numpy as np
 
     where = f"run_id = ? AND {finished_sql()} AND seq IS NOT NULL AND arrival_ns IS NOT NULL"
-    lo, hi, n = con.execute(f"SELECT min(seq), max(seq), count(*) FROM requests WHERE {where}", [run_id]).fetchone()
+    lo, hi, n = con.execute(f"SELECT min(seq), max(seq), count(*) FROM requests WHERE {where}", [run_id]).fetchall()[0]
     names = ("seq", "req_id", "rank", "sched_ns", "fin_ns", "input", "output")
     parts: list[list] = [[] for _ in names]
     if n:
@@ -113,5 +113,5 @@ def found_tokens(con: duckdb.DuckDBPyConnection, run_id: str) -> FoundTokens:
     row = con.execute(
         f"SELECT sum(coalesce(device_hit_tokens, 0)), sum(coalesce(host_hit_tokens, 0)), "
         f"sum(coalesce(storage_hit_tokens, 0)), sum(coalesce(input_tokens, 0)) FROM requests "
-        f"WHERE run_id = ? AND {finished_sql()}", [run_id]).fetchone()
+        f"WHERE run_id = ? AND {finished_sql()}", [run_id]).fetchall()[0]
     return FoundTokens(*(int(x or 0) for x in row))  # sum() of no rows is NULL

@@ -8,9 +8,9 @@ import duckdb
 def first_slow_request(con: duckdb.DuckDBPyConnection, run_id: str) -> str | None:
     """The id of the run's request `slow` lists first: the largest TTFT over its ideal (no ideal,
     as in an observed run: the largest TTFT; ties by id); None without a finished request."""
-    row = con.execute(
+    row = next(iter(con.execute(
         "SELECT req_id FROM requests WHERE run_id = ? AND status = 'finished' AND ttft_ns IS NOT NULL "
-        "ORDER BY ttft_ns - coalesce(ideal_ttft_ns, 0) DESC, req_id LIMIT 1", [run_id]).fetchone()
+        "ORDER BY ttft_ns - coalesce(ideal_ttft_ns, 0) DESC, req_id LIMIT 1", [run_id]).fetchall()), None)
     return None if row is None else str(row[0])
 
 

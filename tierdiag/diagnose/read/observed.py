@@ -50,7 +50,7 @@ def observed_totals(con: duckdb.DuckDBPyConnection, run_id: str) -> ObservedTota
                sum(ttft_ns) AS ttft, sum(queue_ns) FILTER (WHERE ttft_ns IS NOT NULL) AS queue,
                sum(storage_wait_ns) AS wait,
                count(*) FILTER (WHERE ({server_cause_sql()}) = 'queueing') AS mostly_queueing
-        FROM requests WHERE run_id = ?""", [run_id]).fetchone())
+        FROM requests WHERE run_id = ?""", [run_id]).fetchall()[0])
 
 
 class ObservedClassRow(NamedTuple):
@@ -76,7 +76,7 @@ def observed_classes(con: duckdb.DuckDBPyConnection, run_id: str) -> list[Observ
 
 
 def request_count(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
-    return int(con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [run_id]).fetchone()[0])
+    return int(con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [run_id]).fetchall()[0][0])
 
 
 def request_counts(con: duckdb.DuckDBPyConnection, *run_ids: str) -> dict[str, int]:
@@ -90,12 +90,13 @@ def shared_requests(con: duckdb.DuckDBPyConnection, a: str, b: str) -> int:
     """Requests of run `a` that run `b` has too (same id, same input length)."""
     return int(con.execute(
         "SELECT count(*) FROM requests o JOIN requests r ON r.run_id = ? AND r.req_id = o.req_id "
-        "AND r.input_tokens = o.input_tokens WHERE o.run_id = ?", [b, a]).fetchone()[0])
+        "AND r.input_tokens = o.input_tokens WHERE o.run_id = ?", [b, a]).fetchall()[0][0])
 
 
 def request_rank(con: duckdb.DuckDBPyConnection, run_id: str, req_id: str) -> int | None:
     """The data-parallel rank that served `req_id` in the run (None: not there, or no rank)."""
-    found = con.execute("SELECT dp_rank FROM requests WHERE run_id = ? AND req_id = ?", [run_id, req_id]).fetchone()
+    found = next(iter(con.execute("SELECT dp_rank FROM requests WHERE run_id = ? AND req_id = ?",
+                                  [run_id, req_id]).fetchall()), None)
     return found[0] if found else None
 
 
@@ -159,7 +160,7 @@ def pair_totals(con: duckdb.DuckDBPyConnection, observed_id: str, replayed_id: s
                {quantile_sql("abs(err) / ot", 0.5)} FILTER (WHERE ot > 0) AS rel50,
                {quantile_sql("abs(err) / ot", 0.9)} FILTER (WHERE ot > 0) AS rel90,
                {quantile_sql("err", 0.5)} AS bias50
-        FROM q""", {"a": observed_id, "b": replayed_id, "page": page_tokens}).fetchone())
+        FROM q""", {"a": observed_id, "b": replayed_id, "page": page_tokens}).fetchall()[0])
 
 
 class PairRow(NamedTuple):

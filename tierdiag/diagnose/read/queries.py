@@ -132,7 +132,7 @@ def run_span_ns(con: duckdb.DuckDBPyConnection, run_id: str, over: SpanOver = "a
     """(first arrival, last finish) of the run's `over` requests, virtual ns; (0, 0) for none.
     The end is never before the start."""
     start, end = span_columns_sql(over)
-    row = con.execute(f"SELECT {start}, {end} FROM requests WHERE run_id = ?", [run_id]).fetchone()
+    row = con.execute(f"SELECT {start}, {end} FROM requests WHERE run_id = ?", [run_id]).fetchall()[0]
     if row is None or row[0] is None:
         return 0, 0
     return int(row[0]), max(int(row[1]), int(row[0]))

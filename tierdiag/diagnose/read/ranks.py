@@ -64,7 +64,7 @@ def route_totals(con: duckdb.DuckDBPyConnection, run_id: str) -> RouteTotals:
                    + coalesce(best_rank_host_tokens, 0) - coalesce(arrival_device_tokens, 0)
                    - coalesce(arrival_host_tokens, 0), 0) ELSE 0 END) AS elsewhere,
                sum(coalesce(best_rank_device_tokens, 0) + coalesce(best_rank_host_tokens, 0)) AS prefix
-        FROM requests WHERE run_id = ? AND best_rank IS NOT NULL""", [run_id]).fetchone())
+        FROM requests WHERE run_id = ? AND best_rank IS NOT NULL""", [run_id]).fetchall()[0])
 
 
 class RankSlowCounts(NamedTuple):
@@ -100,7 +100,7 @@ _R = routing_tokens_sql()
 def ranks_named(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
     """Distinct ranks the run's finished requests name (0: none names one)."""
     return con.execute(f"SELECT count(DISTINCT dp_rank) FROM requests WHERE run_id = ? AND {FINISHED_SQL} "
-                       f"AND dp_rank IS NOT NULL", [run_id]).fetchone()[0] or 0
+                       f"AND dp_rank IS NOT NULL", [run_id]).fetchall()[0][0] or 0
 
 
 class RoutingTotals(NamedTuple):
@@ -118,7 +118,7 @@ def routing_totals(con: duckdb.DuckDBPyConnection, run_id: str) -> RoutingTotals
         f"""SELECT count(*) FILTER (WHERE {_R} > 0), coalesce(sum({_R}), 0), coalesce(sum(recomputed_tokens), 0),
                    coalesce(sum(input_tokens), 0), coalesce(sum({routing_ns_sql()}), 0),
                    coalesce(sum({_R}) FILTER (WHERE session_id IS NOT NULL), 0)
-            FROM requests WHERE run_id = ? AND {FINISHED_SQL}""", [run_id]).fetchone()))
+            FROM requests WHERE run_id = ? AND {FINISHED_SQL}""", [run_id]).fetchall()[0]))
 
 
 def routing_tokens_by_branch(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, int]:

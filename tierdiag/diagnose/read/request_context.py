@@ -33,7 +33,7 @@ def window_load(con: duckdb.DuckDBPyConnection, run_id: str, start_ns: int, end_
                    coalesce(sum({rec}::DOUBLE * (least(t_end_ns, $e) - greatest(t_start_ns, $s))
                                 / greatest(t_end_ns - t_start_ns, 1)), 0)
             FROM batches WHERE run_id = $r AND t_end_ns > $s AND t_start_ns < $e AND {SAME_RANK}""",
-        {"r": run_id, "s": start_ns, "e": end_ns, "rank": rank}).fetchone())
+        {"r": run_id, "s": start_ns, "e": end_ns, "rank": rank}).fetchall()[0])
 
 
 def queue_depth_at_arrival(con: duckdb.DuckDBPyConnection, run_id: str, req_id: str, arrival_ns: int, seq: int,
@@ -51,7 +51,7 @@ def queue_depth_at_arrival(con: duckdb.DuckDBPyConnection, run_id: str, req_id: 
         "AND (arrival_ns < ? OR (arrival_ns = ? AND seq < ?)) "
         "AND status = 'finished' AND first_token_ns - prefill_ns > ? AND coalesce(dp_rank, 0) = ? "
         "AND (finish_ns > ? OR finish_ns IS NULL)",
-        [run_id, req_id, arrival_ns, arrival_ns, seq, arrival_ns, rank, arrival_ns]).fetchone()[0])
+        [run_id, req_id, arrival_ns, arrival_ns, seq, arrival_ns, rank, arrival_ns]).fetchall()[0][0])
 
 
 class WindowBatch(NamedTuple):

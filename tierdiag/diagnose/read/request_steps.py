@@ -46,7 +46,8 @@ def window_loadbacks(con: duckdb.DuckDBPyConnection, run_id: str, lo_ns: int, hi
     """(load-backs, their bytes) of the run overlapping [lo, hi]."""
     stats = con.execute(
         "SELECT count(*), coalesce(sum(bytes), 0) FROM transfers "
-        "WHERE run_id = ? AND kind = 'load_back' AND t_end_ns >= ? AND t_start_ns <= ?", [run_id, lo_ns, hi_ns]).fetchone()
+        "WHERE run_id = ? AND kind = 'load_back' AND t_end_ns >= ? AND t_start_ns <= ?",
+        [run_id, lo_ns, hi_ns]).fetchall()[0]
     return int(stats[0] or 0), int(stats[1] or 0)
 
 
@@ -96,7 +97,7 @@ def allocated_between(con: duckdb.DuckDBPyConnection, run_id: str, after_ns: int
         "SELECT coalesce(sum(input_tokens - coalesce(device_hit_tokens, 0) + output_tokens), 0) "
         f"FROM requests WHERE run_id = ? AND {FINISHED_SQL} AND {SCHEDULED_SQL} > ? "
         f"AND {SCHEDULED_SQL} < ? AND arrival_ns < ? AND (finish_ns > ? OR finish_ns IS NULL)",
-        [run_id, after_ns, before_ns, before_ns, after_ns]).fetchone()[0])
+        [run_id, after_ns, before_ns, before_ns, after_ns]).fetchall()[0][0])
 
 
 class WindowEvictions(NamedTuple):
@@ -110,7 +111,7 @@ def window_device_evictions(con: duckdb.DuckDBPyConnection, run_id: str, lo_ns: 
     """The run's device evictions in [lo, hi]: how many, their tokens, their ids' range."""
     dev = con.execute(
         "SELECT count(*), coalesce(sum(tokens), 0), min(eviction_id), max(eviction_id) FROM evictions "
-        "WHERE run_id = ? AND tier = 'device' AND t_ns BETWEEN ? AND ?", [run_id, lo_ns, hi_ns]).fetchone()
+        "WHERE run_id = ? AND tier = 'device' AND t_ns BETWEEN ? AND ?", [run_id, lo_ns, hi_ns]).fetchall()[0]
     return WindowEvictions(int(dev[0] or 0), int(dev[1] or 0), dev[2], dev[3])
 
 
@@ -131,4 +132,4 @@ def window_eviction_load(con: duckdb.DuckDBPyConnection, run_id: str, lo_ns: int
         "       (SELECT coalesce(sum(least(t_end_ns, $hi) - greatest(t_start_ns, $lo)), 0) FROM batches "
         "        WHERE run_id = $r AND t_end_ns > $lo AND t_start_ns < $hi), "
         "       (SELECT coalesce(sum(t_end_ns - t_start_ns), 0) FROM batches WHERE run_id = $r)",
-        {"r": run_id, "lo": lo_ns, "hi": hi_ns, "ilo": ids_lo, "ihi": ids_hi}).fetchone())
+        {"r": run_id, "lo": lo_ns, "hi": hi_ns, "ilo": ids_lo, "ihi": ids_hi}).fetchall()[0])

@@ -38,7 +38,7 @@ def has_miss_columns(con: duckdb.DuckDBPyConnection) -> bool:
 def second_cursor(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
     """A cursor of `con` reading the same database as it (a cursor starts in the database's
     default catalog), for a query run on another thread meanwhile; closed on exit."""
-    catalog = con.execute("SELECT current_database()").fetchone()[0]
+    catalog = con.execute("SELECT current_database()").fetchall()[0][0]
     with con.cursor() as cur:
         cur.execute('USE "' + catalog.replace('"', '""') + '"')
         yield cur

@@ -93,7 +93,7 @@ class OwnParts(NamedTuple):
 def own_parts(con: duckdb.DuckDBPyConnection, run_id: str) -> OwnParts:
     return OwnParts(*con.execute(
         f"SELECT sum(recompute_ns), sum(compute_ns), sum(loadback_exposed_ns), sum(decode_wait_ns) FROM requests "
-        f"WHERE run_id = ? AND {FINISHED_SQL}", [run_id]).fetchone())
+        f"WHERE run_id = ? AND {FINISHED_SQL}", [run_id]).fetchall()[0])
 
 
 class TokenTotals(NamedTuple):
@@ -104,7 +104,7 @@ class TokenTotals(NamedTuple):
 def finished_token_totals(con: duckdb.DuckDBPyConnection, run_id: str) -> TokenTotals:
     return TokenTotals(*con.execute(
         f"""SELECT sum(input_tokens), sum(recomputed_tokens) FROM requests WHERE run_id = ? AND {FINISHED_SQL}""",
-        [run_id]).fetchone())
+        [run_id]).fetchall()[0])
 
 
 def loadback_skipped_by_reason(con: duckdb.DuckDBPyConnection, run_id: str) -> list[tuple[str, int | None]]:
@@ -187,7 +187,7 @@ def lost_request_sizes(con: duckdb.DuckDBPyConnection, run_id: str):
 def trace_arrival_spread_ns(con: duckdb.DuckDBPyConnection, run_id: str) -> int | None:
     """Last minus first trace arrival of the run's requests (the replayed arrival where none); None for none."""
     row = con.execute("SELECT max(coalesce(trace_arrival_ns, arrival_ns)) - min(coalesce(trace_arrival_ns, arrival_ns)) "
-                      "FROM requests WHERE run_id = ?", [run_id]).fetchone()
+                      "FROM requests WHERE run_id = ?", [run_id]).fetchall()[0]
     return None if row is None or row[0] is None else int(row[0])
 
 
@@ -203,7 +203,7 @@ def loadback_transfers(con: duckdb.DuckDBPyConnection, run_id: str) -> LoadbackT
     """The run's load-back transfers summed (0 for none)."""
     return LoadbackTransfers(*con.execute(
         "SELECT count(*), coalesce(sum(bytes), 0), coalesce(sum(t_end_ns - t_start_ns), 0), coalesce(sum(pages), 0), "
-        "coalesce(sum(runs), 0) FROM transfers WHERE run_id = ? AND kind = 'load_back'", [run_id]).fetchone())
+        "coalesce(sum(runs), 0) FROM transfers WHERE run_id = ? AND kind = 'load_back'", [run_id]).fetchall()[0])
 
 
 class LoadbackRequests(NamedTuple):
@@ -222,12 +222,13 @@ def loadback_requests(con: duckdb.DuckDBPyConnection, run_id: str) -> LoadbackRe
                             FILTER (WHERE host_hit_tokens + storage_hit_tokens > 0), 0),
                    coalesce(sum(loadback_exposed_ns), 0), coalesce(sum(ttft_ns), 0),
                    coalesce(sum(ttft_ns) FILTER (WHERE host_hit_tokens + storage_hit_tokens > 0), 0)
-            FROM requests WHERE run_id = ? AND {FINISHED_SQL}""", [run_id]).fetchone())
+            FROM requests WHERE run_id = ? AND {FINISHED_SQL}""", [run_id]).fetchall()[0])
 
 
 def named_ranks(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
     """How many distinct data-parallel ranks the run's requests name."""
-    return int(con.execute("SELECT count(DISTINCT dp_rank) FROM requests WHERE run_id = ?", [run_id]).fetchone()[0] or 0)
+    return int(con.execute("SELECT count(DISTINCT dp_rank) FROM requests WHERE run_id = ?",
+                           [run_id]).fetchall()[0][0] or 0)
 
 
 class FinishedTotals(NamedTuple):
@@ -248,7 +249,7 @@ def finished_totals(con: duckdb.DuckDBPyConnection, run_id: str) -> FinishedTota
         f"""SELECT count(*), {start}, {end},
                    sum(ttft_ns), sum(queue_ns), sum({excess_sql()}),
                    quantile_disc(ttft_ns, 0.5), quantile_disc(ttft_ns, 0.99)
-            FROM requests WHERE run_id = ? AND {FINISHED_SQL}""", [run_id]).fetchone())
+            FROM requests WHERE run_id = ? AND {FINISHED_SQL}""", [run_id]).fetchall()[0])
 
 
 class BatchTotals(NamedTuple):
@@ -261,7 +262,7 @@ def batch_totals(con: duckdb.DuckDBPyConnection, run_id: str, rec: str | None) -
     """The run's batches summed (0 for none; recompute 0 where the store has no batch recompute, `rec` None)."""
     return BatchTotals(*con.execute(
         f"SELECT coalesce(sum(t_end_ns - t_start_ns), 0), coalesce(sum(compute_ns), 0), "
-        f"coalesce(sum({rec or '0'}), 0) FROM batches WHERE run_id = ?", [run_id]).fetchone())
+        f"coalesce(sum({rec or '0'}), 0) FROM batches WHERE run_id = ?", [run_id]).fetchall()[0])
 
 
 def miss_reason_sums(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple | None:
@@ -273,7 +274,7 @@ def miss_reason_sums(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple | Non
         return None
     sums = ", ".join(f"sum({c})" for c in MISS_COLUMNS)
     return con.execute(f"SELECT count({MISS_COLUMNS[0]}), {sums} FROM requests WHERE run_id = ? AND {FINISHED_SQL}",
-                       [run_id]).fetchone()
+                       [run_id]).fetchall()[0]
 
 
 def decoding_span_arrays(con: duckdb.DuckDBPyConnection, run_id: str):
@@ -293,7 +294,7 @@ def running_cap(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[int | None
     that does not record it (older runs, imports)."""
     import json
 
-    row = con.execute("SELECT config_json FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    row = next(iter(con.execute("SELECT config_json FROM runs WHERE run_id = ?", [run_id]).fetchall()), None)
     try:
         config = json.loads(row[0]) if row and row[0] else {}
     except ValueError:
@@ -305,7 +306,7 @@ def running_cap(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[int | None
 
 
 def first_arrival_ns(con: duckdb.DuckDBPyConnection, run_id: str) -> int | None:
-    return con.execute("SELECT min(arrival_ns) FROM requests WHERE run_id = ?", [run_id]).fetchone()[0]
+    return con.execute("SELECT min(arrival_ns) FROM requests WHERE run_id = ?", [run_id]).fetchall()[0][0]
 
 
 class StoryRequests(NamedTuple):
@@ -364,7 +365,7 @@ def story_requests(con: duckdb.DuckDBPyConnection, run_id: str) -> StoryRequests
     join = f"LEFT JOIN ({waiting_removals_sql('$r')}) w ON w.req_id = q.req_id"
     if has_miss_columns(con) and not con.execute(
             f"SELECT count(*) FROM requests q WHERE q.run_id = $r AND {finished_sql('q')} "
-            f"AND q.miss_lost_while_queued_tokens IS NULL", {"r": run_id}).fetchone()[0]:
+            f"AND q.miss_lost_while_queued_tokens IS NULL", {"r": run_id}).fetchall()[0][0]:
         lost, join = _LOST_OWN, ""
     r = con.execute(
         f"""SELECT {_story_columns_sql(lost)}
@@ -461,7 +462,7 @@ def story_rows_check(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[int, 
     """(finished rows, the sum of their seqs) of the run in the store: what rows folded while
     recording must have been (diagnose/run/story_rows.py)."""
     n, s = con.execute(f"SELECT count(*), coalesce(sum(q.seq), 0) FROM requests q "
-                       f"WHERE q.run_id = $r AND {finished_sql('q')}", {"r": run_id}).fetchone()
+                       f"WHERE q.run_id = $r AND {finished_sql('q')}", {"r": run_id}).fetchall()[0]
     return int(n), int(s)
 
 
@@ -487,7 +488,7 @@ class DeviceEvictions(NamedTuple):
 def loadback_count_bytes(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[int, int]:
     """(load-back transfers, their bytes) of the run."""
     lb = con.execute("SELECT count(*), coalesce(sum(bytes), 0) FROM transfers WHERE run_id = ? AND kind = 'load_back'",
-                     [run_id]).fetchone()
+                     [run_id]).fetchall()[0]
     return int(lb[0] or 0), int(lb[1] or 0)
 
 
@@ -496,5 +497,5 @@ def device_evictions(con: duckdb.DuckDBPyConnection, run_id: str) -> DeviceEvict
         "SELECT count(*), coalesce(sum(tokens), 0), "
         "       coalesce(sum(tokens) FILTER (WHERE eviction_id IN "
         "           (SELECT eviction_id FROM request_evictions WHERE run_id = ?)), 0) "
-        "FROM evictions WHERE run_id = ? AND tier = 'device'", [run_id, run_id]).fetchone()
+        "FROM evictions WHERE run_id = ? AND tier = 'device'", [run_id, run_id]).fetchall()[0]
     return DeviceEvictions(int(dev[0] or 0), int(dev[1] or 0), int(dev[2] or 0))

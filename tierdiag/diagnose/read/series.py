@@ -75,7 +75,7 @@ def last_event_ns(con: duckdb.DuckDBPyConnection, run_id: str) -> int | None:
             UNION ALL SELECT arrival_ns FROM requests WHERE run_id = $run
             UNION ALL SELECT finish_ns FROM requests WHERE run_id = $run
             UNION ALL SELECT t_end_ns FROM transfers WHERE run_id = $run AND kind = 'load_back')
-        """, _p(run_id)).fetchone()
+        """, _p(run_id)).fetchall()[0]
     return hi
 
 
@@ -144,7 +144,7 @@ def loadback_bytes_bins(con: duckdb.DuckDBPyConnection, run_id: str, bins: TimeB
 
 
 def finished_count(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
-    return con.execute(f"SELECT count(*) FROM requests WHERE {FINISHED_WHERE}", _p(run_id)).fetchone()[0]
+    return con.execute(f"SELECT count(*) FROM requests WHERE {FINISHED_WHERE}", _p(run_id)).fetchall()[0][0]
 
 
 _POINT_COLS = (f"req_id, hit_class, ttft_ns, {excess_sql()} AS excess_ns, input_tokens, "
@@ -190,12 +190,12 @@ def loadback_quantiles(con: duckdb.DuckDBPyConnection, run_id: str) -> TransferQ
     return TransferQuantiles(*con.execute(
         f"SELECT {quantile_sql('t_end_ns - t_start_ns', 0.5)}, {quantile_sql('t_end_ns - t_start_ns', 0.99)}, "
         f"{quantile_sql('bytes * 1e9 / (t_end_ns - t_start_ns)', 0.5)} FROM transfers "
-        "WHERE run_id = $run AND kind = 'load_back' AND t_end_ns > t_start_ns", _p(run_id)).fetchone())
+        "WHERE run_id = $run AND kind = 'load_back' AND t_end_ns > t_start_ns", _p(run_id)).fetchall()[0])
 
 
 def last_decomposed_arrival_ns(con: duckdb.DuckDBPyConnection, run_id: str) -> int | None:
     """The last arrival of a finished request with a TTFT split."""
-    (hi,) = con.execute(f"SELECT max(arrival_ns) FROM requests WHERE {_DECOMPOSED}", _p(run_id)).fetchone()
+    (hi,) = con.execute(f"SELECT max(arrival_ns) FROM requests WHERE {_DECOMPOSED}", _p(run_id)).fetchall()[0]
     return hi
 
 
@@ -224,14 +224,14 @@ def component_sums(con: duckdb.DuckDBPyConnection, run_id: str, components: tupl
     """(sum of TTFT, sum of each component) over the finished requests with a TTFT split."""
     return con.execute(
         f"SELECT sum(ttft_ns), {', '.join(f'sum({c})' for c in components)} FROM requests WHERE {_DECOMPOSED}",
-        _p(run_id)).fetchone()
+        _p(run_id)).fetchall()[0]
 
 
 def has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
     """Whether the store's `table` has `column` (an older store may lack a newer column)."""
     return bool(con.execute(
         "SELECT count(*) FROM information_schema.columns WHERE table_name = ? AND column_name = ?",
-        [table, column]).fetchone()[0])
+        [table, column]).fetchall()[0][0])
 
 
 def _binned_overlaps(con: duckdb.DuckDBPyConnection, intervals_sql: str, p: dict,
@@ -323,5 +323,5 @@ def decode_busy(con: duckdb.DuckDBPyConnection, run_id: str, lo_ns: int, width_n
 def batch_totals(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[int, int]:
     """(summed batch time in ns, batches) of the run."""
     busy, num = con.execute(
-        "SELECT sum(t_end_ns - t_start_ns), count(*) FROM batches WHERE run_id = $run", _p(run_id)).fetchone()
+        "SELECT sum(t_end_ns - t_start_ns), count(*) FROM batches WHERE run_id = $run", _p(run_id)).fetchall()[0]
     return int(busy or 0), int(num or 0)

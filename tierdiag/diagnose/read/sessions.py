@@ -31,7 +31,7 @@ _REUSED = _reused_sql()
 def session_count(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
     """Distinct sessions of the run's requests (0: a trace without sessions)."""
     return int(con.execute("SELECT count(DISTINCT session_id) AS sessions FROM requests "
-                           "WHERE run_id = ? AND session_id IS NOT NULL", [run_id]).fetchone()[0] or 0)
+                           "WHERE run_id = ? AND session_id IS NOT NULL", [run_id]).fetchall()[0][0] or 0)
 
 
 class PauseTotals(NamedTuple):

@@ -79,7 +79,7 @@ def request_totals(con: duckdb.DuckDBPyConnection, run_id: str) -> RequestTotals
                    FILTER (WHERE {_FINISHED}) AS compute_excess_ns,
                sum(ttft_ns) FILTER (WHERE {_FINISHED}) AS ttft_ns,
                sum({excess_sql()}) FILTER (WHERE {_FINISHED}) AS excess_ns
-        FROM requests WHERE run_id = ?""", [run_id]).fetchone()
+        FROM requests WHERE run_id = ?""", [run_id]).fetchall()[0]
     return RequestTotals(*row)
 
 
@@ -141,7 +141,7 @@ def transfer_totals(con: duckdb.DuckDBPyConnection, run_id: str) -> TransferTota
                sum(t_end_ns - t_start_ns) FILTER (WHERE kind = 'load_back') AS busy,
                count(*) FILTER (WHERE kind = 'prefetch') AS prefetches,
                sum(bytes) FILTER (WHERE kind = 'prefetch') AS prefetch_bytes
-        FROM transfers WHERE run_id = ?""", [run_id]).fetchone())
+        FROM transfers WHERE run_id = ?""", [run_id]).fetchall()[0])
 
 
 class SkipTotals(NamedTuple):

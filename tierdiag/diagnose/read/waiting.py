@@ -90,11 +90,11 @@ def lost_while_waiting(con: duckdb.DuckDBPyConnection, run_id: str, req_id: str,
     caller has its row: the row is then found by it (the zone maps skip the rest of a big run)
     rather than by comparing every request's id."""
     one = " AND q.seq = $s" if seq is not None else ""
-    row = con.execute(
+    row = next(iter(con.execute(
         f"""WITH w AS ({waiting_removals_sql('$r', '$q', seq_param='$s' if seq is not None else None)})
             SELECT {lost_while_waiting_sql('q', 'w.removed', con)} FROM requests q LEFT JOIN w ON w.req_id = q.req_id
             WHERE q.run_id = $r AND q.req_id = $q{one} AND q.first_token_ns IS NOT NULL""",
-        {"r": run_id, "q": req_id, **({"s": int(seq)} if seq is not None else {})}).fetchone()
+        {"r": run_id, "q": req_id, **({"s": int(seq)} if seq is not None else {})}).fetchall()), None)
     return int(row[0] or 0) if row else 0
 
 
