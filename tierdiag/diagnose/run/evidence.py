@@ -77,6 +77,8 @@ from tierdiag.store.evidence import begin_run_evidence, replace_run_evidence, ro
 # --------------------------------------------------------------------------- compute and write
 
 
+# `compute_evidence(beside=)`'s place in a plan: after the sections before it on their thread.
+BESIDE = "beside"
 # The sections' threads beside the size curves (on the caller's): each a list of sections, run in
 # that order on a cursor of its own (the story before the context where both share a thread: the
 # context waits for it). Below LARGE_RUN_REQUESTS requests, four (the story, the run
@@ -86,8 +88,11 @@ from tierdiag.store.evidence import begin_run_evidence, replace_run_evidence, ro
 # ~260), LARGE_RUN_THREADS: fewer at once bounds the close's peak (the writer process's, with the
 # rows it holds), at the cost of a longer wall beside a curves' pass already walked while recording.
 # The miss reasons first on the rest's thread: the context (the longest thread) takes them from
-# it rather than querying them too (`compute_evidence`).
-SMALL_RUN_THREADS = (("story",), ("context",), ("sessions",),
+# it rather than querying them too (`compute_evidence`). The caller's `beside` (the writer's
+# close: the request lookup's rows) after the session pauses, the lightest thread (~3 ms on the
+# conversation trace): done long before the longest threads end, where on the curves' thread,
+# once they were made, it was ~6 ms of the serial tail the replay waits for (issue 41, session 25).
+SMALL_RUN_THREADS = (("story",), ("context",), ("sessions", BESIDE),
                      ("miss_reasons", "summary", "totals", "session_summary", "rank_summary"))
 # In the large runs' plan the first LARGE_RUN_BESIDE_CURVES sections run beside the size curves
 # (the small ones: at 1M requests totals ~+60 MB, the session summary ~+95, the rank summary
@@ -111,9 +116,11 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
                      beside=None) -> dict:
     """The sections, from the run's rows, as the JSON-ready dict that is stored; `computed`, if
     given, is updated with the sections as computed (name -> object: the close's closing numbers
-    take the summary from it instead of reading it back). `beside`, if given, is called on this
-    thread once the size curves are made, while the other sections' threads may still run (the
-    writer's close: the request lookup's rows, `record_run_evidence`); what it raises is raised.
+    take the summary from it instead of reading it back). `beside`, if given, is called once
+    while the sections are computed (the writer's close: the request lookup's rows on a cursor of
+    its own, `record_run_evidence`): where the plan names BESIDE, on that thread after the
+    sections before it; else on this thread once the size curves are made; what it raises is
+    raised, as a section's would be.
 
     The size curves (the trace's pages and one pass over them: Python and numpy; fed while
     recording in a writer process, mostly done by now) on this thread, while the other sections
@@ -181,9 +188,11 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
             "sessions": lambda c: session_pauses(c, run),
             "summary": lambda c: compute_run_summary(c, run, cause_counts=cause_counts),
             "totals": lambda c: run_totals(c, run.run_id), "session_summary": lambda c: session_summary(c, run),
-            "rank_summary": lambda c: rank_summary(c, run), "miss_reasons": miss_reasons}
+            "rank_summary": lambda c: rank_summary(c, run), "miss_reasons": miss_reasons,
+            BESIDE: lambda c: beside() if beside is not None else None}
 
     plan = evidence_threads(getattr(run, "num_requests", None))
+    beside_here = beside is not None and not any(BESIDE in names for names in plan)
     # The one-thread plan (large runs): once the size curves are made (their queries done, nothing
     # else on this instance runs one), each section's cached blocks are let go before the next
     # (store/duckdb_core.py `release_cached_blocks`: the instance's limit a megabyte for a statement,
@@ -201,7 +210,9 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
                         curves_over.wait()
                         if curves_done.is_set() and not released:  # the curves' blocks, before the large ones
                             release_cached_blocks(cur)
-                    done[name] = work[name](cur)
+                    result = work[name](cur)
+                    if name != BESIDE:
+                        done[name] = result
                     released = one_thread and curves_done.is_set()
                     if released:
                         release_cached_blocks(cur)
@@ -223,7 +234,7 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
             finally:
                 curves_over.set()
             curves_done.set()
-            if beside is not None:
+            if beside_here:
                 beside()
         finally:
             curves_over.set()  # a failure before the curves (a thread's start): nothing waits for ever
@@ -279,10 +290,10 @@ def record_run_evidence(db_path, run_id: str, *, con: duckdb.DuckDBPyConnection 
             # The request lookup's rows (a hash and a sort of every request id: ~10 ms on the
             # conversation trace, ~0.17 s of CPU at 200k requests) are written on a cursor of their
             # own, in the transaction the row then joins: below LARGE_RUN_REQUESTS while the
-            # sections are computed (on the curves' thread, once they are made), not after them in
-            # the close the replay waits for (issue 41); from it on after them, as before (beside
-            # them it held ~25 MB more at 200k requests: the large runs' plan bounds the peak).
-            # The same rows, committed together, either way.
+            # sections are computed (on the session pauses' thread, once they are made: BESIDE),
+            # not after them in the close the replay waits for (issue 41); from it on after them,
+            # as before (beside them it held ~25 MB more at 200k requests: the large runs' plan
+            # bounds the peak). The same rows, committed together, either way.
             with second_cursor(con) as lk:
                 begun = False
 
