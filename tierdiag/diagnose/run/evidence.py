@@ -77,8 +77,6 @@ from tierdiag.store.evidence import begin_run_evidence, replace_run_evidence, ro
 # --------------------------------------------------------------------------- compute and write
 
 
-# `compute_evidence(beside=)`'s place in a plan: after the sections before it on their thread.
-BESIDE = "beside"
 # The sections' threads beside the size curves (on the caller's): each a list of sections, run in
 # that order on a cursor of its own (the story before the context where both share a thread: the
 # context waits for it). Below LARGE_RUN_REQUESTS requests, four (the story, the run
@@ -89,10 +87,11 @@ BESIDE = "beside"
 # rows it holds), at the cost of a longer wall beside a curves' pass already walked while recording.
 # The miss reasons first on the rest's thread: the context (the longest thread) takes them from
 # it rather than querying them too (`compute_evidence`). The caller's `beside` (the writer's
-# close: the request lookup's rows) after the session pauses, the lightest thread (~3 ms on the
-# conversation trace): done long before the longest threads end, where on the curves' thread,
-# once they were made, it was ~6 ms of the serial tail the replay waits for (issue 41, session 25).
-SMALL_RUN_THREADS = (("story",), ("context",), ("sessions", BESIDE),
+# close: the request lookup's rows) on the first of these threads to be done with its sections
+# (the session pauses' on the conversation trace, ~3 ms): long before the longest threads end,
+# where on the curves' thread, once they were made, it was ~6 ms of the serial tail the replay
+# waits for (issue 41, session 25).
+SMALL_RUN_THREADS = (("story",), ("context",), ("sessions",),
                      ("miss_reasons", "summary", "totals", "session_summary", "rank_summary"))
 # In the large runs' plan the first LARGE_RUN_BESIDE_CURVES sections run beside the size curves
 # (the small ones: at 1M requests totals ~+60 MB, the session summary ~+95, the rank summary
@@ -118,9 +117,9 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
     given, is updated with the sections as computed (name -> object: the close's closing numbers
     take the summary from it instead of reading it back). `beside`, if given, is called once
     while the sections are computed (the writer's close: the request lookup's rows on a cursor of
-    its own, `record_run_evidence`): where the plan names BESIDE, on that thread after the
-    sections before it; else on this thread once the size curves are made; what it raises is
-    raised, as a section's would be.
+    its own, `record_run_evidence`): below LARGE_RUN_REQUESTS on whichever thread is first done
+    with its sections (this one, once the size curves are made, included); from it on, on this
+    thread once the curves are made; what it raises is raised, as a section's would be.
 
     The size curves (the trace's pages and one pass over them: Python and numpy; fed while
     recording in a writer process, mostly done by now) on this thread, while the other sections
@@ -188,11 +187,17 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
             "sessions": lambda c: session_pauses(c, run),
             "summary": lambda c: compute_run_summary(c, run, cause_counts=cause_counts),
             "totals": lambda c: run_totals(c, run.run_id), "session_summary": lambda c: session_summary(c, run),
-            "rank_summary": lambda c: rank_summary(c, run), "miss_reasons": miss_reasons,
-            BESIDE: lambda c: beside() if beside is not None else None}
+            "rank_summary": lambda c: rank_summary(c, run), "miss_reasons": miss_reasons}
 
     plan = evidence_threads(getattr(run, "num_requests", None))
-    beside_here = beside is not None and not any(BESIDE in names for names in plan)
+    beside_lock = threading.Lock()
+    beside_left = [beside] if beside is not None else []
+
+    def take_beside():
+        """`beside`, to the first thread that asks (None once taken: called once)."""
+        with beside_lock:
+            return beside_left.pop() if beside_left else None
+
     # The one-thread plan (large runs): once the size curves are made (their queries done, nothing
     # else on this instance runs one), each section's cached blocks are let go before the next
     # (store/duckdb_core.py `release_cached_blocks`: the instance's limit a megabyte for a statement,
@@ -210,12 +215,14 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
                         curves_over.wait()
                         if curves_done.is_set() and not released:  # the curves' blocks, before the large ones
                             release_cached_blocks(cur)
-                    result = work[name](cur)
-                    if name != BESIDE:
-                        done[name] = result
+                    done[name] = work[name](cur)
                     released = one_thread and curves_done.is_set()
                     if released:
                         release_cached_blocks(cur)
+                if not one_thread:
+                    first = take_beside()
+                    if first is not None:
+                        first()
             except BaseException as exc:  # noqa: BLE001 - re-raised below, on the caller's thread
                 done.setdefault("error", exc)
             finally:
@@ -237,8 +244,9 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
             # Encoded here, while the other threads may still run (~2.5 ms: the curves' steps are
             # the evidence's largest section), not after they have all joined.
             curves_encoded = encode(curves)
-            if beside_here:
-                beside()
+            first = take_beside()
+            if first is not None:
+                first()
         finally:
             curves_over.set()  # a failure before the curves (a thread's start): nothing waits for ever
             for thread in threads:
@@ -293,7 +301,7 @@ def record_run_evidence(db_path, run_id: str, *, con: duckdb.DuckDBPyConnection 
             # The request lookup's rows (a hash and a sort of every request id: ~10 ms on the
             # conversation trace, ~0.17 s of CPU at 200k requests) are written on a cursor of their
             # own, in the transaction the row then joins: below LARGE_RUN_REQUESTS while the
-            # sections are computed (on the session pauses' thread, once they are made: BESIDE),
+            # sections are computed (on the first of their threads to be done: compute_evidence),
             # not after them in the close the replay waits for (issue 41); from it on after them,
             # as before (beside them it held ~25 MB more at 200k requests: the large runs' plan
             # bounds the peak). The same rows, committed together, either way.
