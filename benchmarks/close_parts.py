@@ -6,7 +6,8 @@ interleaved.
         [--last 0.3] [--settle 8]
 
 Each round runs one process per side. A process makes a fresh store with a `RunWriter` and hands
-it the recorded run's rows as the writer process does (`take` in 20 batches, the size curves'
+it the recorded run's rows as the writer process does (its collector thresholds, switch interval
+and preloaded close modules; `take` in 20 batches, the size curves'
 read-ahead handed each batch as `writer_serve` hands it, a write every 4 batches), all but the
 last `--last` of them committed; it waits `--settle` seconds (the read-ahead's thread reads the
 trace and walks the pass, as while the engine runs), hands the last two batches (the engine's last
@@ -19,7 +20,9 @@ thread of their own since session 20; in `rest`'s thread before), the size curve
 evidence's write, the closing numbers, the file's let-go (detach: the checkpoint); the close's
 process CPU and wall (what the load leaves, on a loaded machine). `model` is the close a 2-core
 quiet machine would take by these parts: the serial parts plus the evidence's longest thread (its
-parts' CPU summed by the thread that ran them) or half its threads' CPU, whichever is more (threads without the GIL, DuckDB's queries mostly).
+parts' CPU summed by the thread that ran them) or half its threads' CPU, whichever is more (threads without the GIL, DuckDB's queries mostly);
+`model_answer` the same up to the answer the engine's process waits for (the detach left out where
+it comes after it: session 25), `answer` the wall to that answer.
 Printed: medians over the rounds.
 """
 
@@ -87,6 +90,14 @@ from tierdiag.diagnose.run import evidence as E
 from tierdiag.diagnose.run.size_curves import read_ahead
 
 src, dst, last, settle = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+# As the writer process runs (writer_serve.main: its collector thresholds and switch interval; the
+# close hook's modules imported while the engine runs, `close.PRELOAD`, session 23): without them
+# the parts counted the collector's passes and the engine's rule sets' import (~8 ms of the context).
+import gc, importlib
+gc.set_threshold(50_000, 20, 100)
+sys.setswitchinterval(0.001)
+for name in getattr(close, "PRELOAD", ()):
+    importlib.import_module(name)
 run, tables = load_run(src)
 config = json.loads(run["config_json"])
 w = RunWriter(dst, name=run["name"], trace_path=run["trace_path"], trace_sha256=run["trace_sha256"], config=config,
@@ -123,6 +134,13 @@ def by_thread(label, dt):
 
 timed(W.RunWriter, "_write_pending", "write_pending")
 timed(W, "detach", "detach")
+real_detach = W.detach
+
+def detach_at(*a, **k):  # when the let-go began (after the answer since session 25: not waited for)
+    parts.setdefault("detach_at", time.perf_counter() - t0)
+    return real_detach(*a, **k)
+
+W.detach = detach_at
 timed(E, "write_evidence", "ev_write")
 timed(close, "closing_numbers", "closing")
 if hasattr(E, "begin_run_evidence"):  # the request lookup's rows beside the sections (session 21); in ev_write before
@@ -135,6 +153,13 @@ for name, label in [("compute_run_context", "context"), ("size_curves", "curves"
 r, wfd = os.pipe()
 serve = writer_serve._Serve(inbox=None, reply_fd=wfd, after_commit=close.after_commit)
 serve.writer, serve.on_rows = w, on_rows
+real_reply = serve.reply
+
+def reply(msg):  # the answer the engine's process waits for: the close's wall to it
+    parts["answer"] = time.perf_counter() - t0
+    return real_reply(msg)
+
+serve.reply = reply
 t0, c0 = time.perf_counter(), time.process_time()
 assert serve.finish({"status": "complete", "error": None, "write_pending": True, "trace_sha256": None})
 parts["wall"], parts["cpu"] = time.perf_counter() - t0, time.process_time() - c0
@@ -153,6 +178,12 @@ def _model(p: dict) -> float:
     threads = p["threads"] or [0.0]
     serial = p.get("write_pending", 0.0) + p.get("ev_write", 0.0) + p.get("closing", 0.0) + p.get("detach", 0.0)
     return serial + max(max(threads), sum(threads) / 2)
+
+
+def _model_answer(p: dict) -> float:
+    # `_model` up to the answer: the detach left out where it began after it (session 25).
+    after = p.get("answer") is not None and p.get("detach_at", 0.0) >= p["answer"]
+    return _model(p) - (p.get("detach", 0.0) if after else 0.0)
 
 
 def interleaved(baseline: str | None, rounds: int, tmp: Path, measure) -> dict[str, list[dict]]:
@@ -196,6 +227,7 @@ def main() -> None:
     def measure(name: str, root: Path, i: int) -> dict:
         p = run_in(root, _CLOSE, a.run, tmp / f"{name}-{i}.duckdb", a.last, a.settle)
         p["model"] = _model(p)
+        p["model_answer"] = _model_answer(p)
         print(f"round {i + 1} {name}: " + " ".join(f"{k} {v:.4f}" for k, v in p.items() if k != "threads")
               + " threads " + " ".join(f"{t:.4f}" for t in p["threads"]), flush=True)
         return p
@@ -203,7 +235,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tierdiag-close-") as td:
         tmp = Path(td)
         got = interleaved(a.baseline, a.rounds, tmp, measure)
-    print_medians(got, (*KEYS, "model", "cpu", "wall"), "thread CPU per part (s)")
+    print_medians(got, (*KEYS, "model", "model_answer", "cpu", "answer", "wall"), "thread CPU per part (s)")
 
 
 if __name__ == "__main__":

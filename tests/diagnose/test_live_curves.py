@@ -235,6 +235,18 @@ def test_the_depths_tallied_as_walked_are_the_closes_tally_of_them(case):
         n, values, counts = tallied
         assert n == len(got_rank) and values.tolist() == want[0].tolist() and counts.tolist() == want[1].tolist()
         assert values.dtype == want[0].dtype and counts.dtype == want[1].dtype
+        if not batched:
+            # Walked to its end and `done` (as the writer's read-ahead ends it): the arrays made
+            # then, on the walking thread, are what the close's call would make.
+            index, live = _fed_pass(page, keys, rows, order, [], [-1], False)
+            live.done()
+            assert live._tallied is not None and live._tallied[0] is live.tally
+            early = live.depth_tally()
+            live._tallied = None
+            late = live.depth_tally()
+            assert early[0] == late[0] == n
+            for a, b in zip(early[1:], late[1:]):
+                assert a.tolist() == b.tolist() and a.dtype == b.dtype
 
 
 def test_a_tally_deeper_than_its_bound_or_of_several_ranks_is_left_to_the_close(monkeypatch):

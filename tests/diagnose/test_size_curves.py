@@ -1134,3 +1134,24 @@ def test_the_sampler_reads_int64_keys_in_place_as_it_hashed_their_copy(keys, rat
     want = [((int(k) % 2**64) * sc._MIX) % 2**64 < bound for k in arr.tolist()]
     assert keep(arr).tolist() == want
     assert keep(arr[::2]).tolist() == want[::2]
+
+
+def test_the_close_hands_its_freed_heap_back_only_for_a_large_run(two_ranks, monkeypatch):
+    """compute_size_curves trims the heap its pass freed (live_curves.release_freed_heap) from
+    TRIM_FROM_ROWS finished rows on, where the sections after it compute on top; a smaller run's
+    curves skip it (issue 41: ~2 ms of the close's longest thread). The curves are the same."""
+    from tierdiag.diagnose.run import live_curves as lc
+
+    trace, db = two_ranks
+    calls = []
+    real = lc.release_freed_heap
+    monkeypatch.setattr(lc, "release_freed_heap", lambda: calls.append(1) or real())
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        small = sc.compute_size_curves(con, run)
+        assert calls == []
+        monkeypatch.setattr(sc, "TRIM_FROM_ROWS", 1)
+        assert sc.compute_size_curves(con, run) == small
+        assert calls == [1]
+        monkeypatch.setattr(sc, "TRIM_FROM_ROWS", 0)  # a run of no finished row: trimmed too, nothing else
+        assert sc.compute_size_curves(con, run) == small and calls == [1, 1]

@@ -133,9 +133,9 @@ class WriterInProcess(InlineWriter):
         return {}
 
     def finished(self, *, reap_at_exit: bool = False) -> None:
-        # The writer has answered once the store is committed and let go of: what is left of it
-        # is its exit (~17 ms on the conversation trace, issue 41), waited for at this process's
-        # exit where that comes right after the result is printed.
+        # The writer has answered once the store is committed: what is left of it is the file's
+        # checkpoint and let-go (~20 ms on the conversation trace) and its exit (~17 ms; issue 41),
+        # waited for at this process's exit where that comes right after the result is printed.
         self.process.close(wait=not reap_at_exit)
 
 

@@ -17,14 +17,15 @@ TABLE = "run_evidence"
 def begin_run_evidence(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
     """Open the transaction `replace_run_evidence(..., begun=True)` commits, and write the run's
     rows of `request_lookup` in it (store/lookup.py: a hash and a sort of every request id, the
-    larger part of the evidence's write): the writer's close does this on a cursor of its own
-    while the evidence's sections are computed, not after them (issue 41). Rolled back, and
-    raised, where it fails."""
+    larger part of the evidence's write), and delete the run's `run_evidence` row there: the
+    writer's close does this on a cursor of its own while the evidence's sections are computed,
+    not after them (issue 41). Rolled back, and raised, where it fails."""
     from tierdiag.store.lookup import write_request_lookup
 
     con.execute("BEGIN")
     try:
         write_request_lookup(con, run_id)  # explain's index of the run's request ids (issue 41)
+        _clear_row(con, run_id)  # here too, not in the close's serial tail: the row is all that is left
     except BaseException:
         rollback_run_evidence(con, run_id)
         raise
@@ -34,14 +35,15 @@ def replace_run_evidence(con: duckdb.DuckDBPyConnection, run_id: str, version: i
                          begun: bool = False) -> None:
     """Replace the run's row, and its rows of `request_lookup` (store/lookup.py), in one transaction
     (creating the tables in a store made before them). `begun`: the transaction is open on `con`
-    with the lookup's rows written (`begin_run_evidence`): the row joins them, and all commit."""
+    with the lookup's rows written and the run's old row deleted (`begin_run_evidence`): the row
+    joins them, and all commit."""
     from tierdiag.store.lookup import write_request_lookup
 
     if not begun:
         con.execute("BEGIN")
     try:
-        con.execute(create_table_sql(TABLE, OPTIONAL_TABLES[TABLE]))
-        con.execute(f"DELETE FROM {TABLE} WHERE run_id = ?", [run_id])
+        if not begun:
+            _clear_row(con, run_id)
         con.execute(f"INSERT INTO {TABLE} VALUES (?, ?, ?, ?)",
                     [run_id, version, datetime.now(timezone.utc).replace(tzinfo=None), payload])
         if not begun:
@@ -50,6 +52,12 @@ def replace_run_evidence(con: duckdb.DuckDBPyConnection, run_id: str, version: i
     except BaseException:
         rollback_run_evidence(con, run_id)
         raise
+
+
+def _clear_row(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """The table made where the store lacks it, the run's row there deleted (in the caller's transaction)."""
+    con.execute(create_table_sql(TABLE, OPTIONAL_TABLES[TABLE]))
+    con.execute(f"DELETE FROM {TABLE} WHERE run_id = ?", [run_id])
 
 
 def rollback_run_evidence(con: duckdb.DuckDBPyConnection, run_id: str) -> None:

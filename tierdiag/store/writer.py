@@ -159,6 +159,7 @@ class RunWriter:
         self.numbers_error: Exception | None = None
         self.has_run = True  # the runs row is written once this returns (the process client may not know yet)
         self._host: duckdb.DuckDBPyConnection | None = None  # `_connect`: the file is attached to it
+        self._kept = False  # `finish(let_go_later=True)` left the file attached: `let_go` detaches it
         prepare_output_path(self.db_path, what="--db", store=True)
         if self.db_path.is_file() and self.db_path.stat().st_size == 0:
             # An empty file (`touch`, or a creation killed before DuckDB wrote its header) holds
@@ -192,9 +193,10 @@ class RunWriter:
                 raise write_error(self.db_path, exc) from None
 
     @contextlib.contextmanager
-    def _connect(self, wait_s: float):
+    def _connect(self, wait_s: float, *, keep: bool = False):
         """The file open for writing, for one `with` block; call inside `signals.deferred()`
-        (the open may replay a WAL). A failure to open it is its one-line error."""
+        (the open may replay a WAL). A failure to open it is its one-line error. `keep`: a block
+        that ends well leaves the file attached (`let_go` detaches it); one that raises does not."""
         try:
             self._attach(wait_s)
         except duckdb.Error as exc:
@@ -204,7 +206,10 @@ class RunWriter:
         except BaseException:
             self._let_go(failing=True)
             raise
-        self._let_go()
+        if keep:
+            self._kept = True
+        else:
+            self._let_go()
 
     def _attach(self, wait_s: float) -> None:
         """Attach the file to the in-memory connection this writer keeps for its life (opened
@@ -227,8 +232,17 @@ class RunWriter:
             if not failing:
                 raise write_error(self.db_path, exc) from None
 
+    def let_go(self) -> None:
+        """Checkpoint and detach the file `finish(let_go_later=True)` left attached (nothing if it
+        did not); a failure is the store's one-line error (the run's rows and status stay
+        committed: DuckDB's log replays them at the next open)."""
+        if self._kept:
+            self._kept = False
+            self._let_go()
+
     def close(self) -> None:
         """Let go of the in-memory connection (the file was let go of after every write)."""
+        self.let_go()
         if self._host is not None:
             host, self._host = self._host, None
             host.close()
@@ -344,12 +358,17 @@ class RunWriter:
 
     def finish(self, status: str, *, error: str | None = None, write_pending: bool = True,
                trace_sha256: str | None = None, num_requests: int | None = None,
-               release: bool = True, after_commit: AfterCommit | None = None) -> None:
+               release: bool = True, after_commit: AfterCommit | None = None,
+               let_go_later: bool = False) -> None:
         """Write what is still pending (unless told to give it up, after a write failed), then
         the run's final status, with `recorded` as its number of requests. A trace read through
         a pipe has its digest only now (`trace_sha256`). The file is let go of either way;
         `release=False` keeps the in-memory connection (the writer process, which exits right
         after answering, skips its 8-10 ms teardown in the close the replay waits for).
+        `let_go_later` (with `release=False`): a close that went well leaves the file attached,
+        everything committed, its checkpoint and detach to `let_go` (the writer process calls
+        it after answering: the checkpoint, ~20 ms of the conversation trace's close, is not
+        waited for by the replay's result; issue 41); a close that fails lets go as before.
 
         `after_commit(con, db_path, run_id, status)` runs once the status is committed, on the
         same connection (one open and one checkpoint for the whole close): the replay passes
@@ -364,7 +383,7 @@ class RunWriter:
         with signals.deferred():
             if not write_pending:
                 self._pending.clear()
-            with self._connect(FINAL_WAIT_S) as con:
+            with self._connect(FINAL_WAIT_S, keep=let_go_later and not release) as con:
                 _no_vacuum(con)
                 if self._pending:
                     large = pending_bytes(self._pending) >= LET_GO_AFTER_BYTES

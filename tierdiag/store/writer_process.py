@@ -277,9 +277,11 @@ class WriterProcess:
     def close(self, *, wait: bool = True) -> None:
         """End the pipe and reap the process (it exits once it has read to the end); kill it
         only if it is still there after REAP_WAIT_S (a reader holding the file all that time).
-        `wait` False, once the run is closed (the writer answered after letting the file go:
-        only its exit is left): reaped at this process's exit instead (atexit), for a caller
-        that ends right after and prints its result first (the CLI's replay; issue 41)."""
+        `wait` False, once the run is closed (the writer answered once everything was committed:
+        only the file's checkpoint and let-go and its exit are left): reaped at this process's
+        exit instead (atexit), for a caller that ends right after and prints its result first
+        (the CLI's replay; issue 41). Reaped either way before the process ends: a command after
+        it finds the file let go of."""
         proc, self._proc = self._proc, None
         if proc is None:
             return

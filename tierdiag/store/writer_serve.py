@@ -361,8 +361,10 @@ class _Serve:
                 self._unprepared(exc)
         try:
             # The in-memory connection is left to the process's exit (os._exit, after the answer).
+            # The file left attached once all is committed: its checkpoint comes after the answer.
             self.writer.finish(arg["status"], error=arg["error"], write_pending=arg["write_pending"],
-                               trace_sha256=arg["trace_sha256"], release=False, after_commit=self.after_commit)
+                               trace_sha256=arg["trace_sha256"], release=False, after_commit=self.after_commit,
+                               let_go_later=True)
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
             return False
@@ -373,7 +375,25 @@ class _Serve:
                 numbers_error = portable(self.writer.numbers_error)
         self.reply(("finished", {"recorded": self.writer.recorded, "closed_as": self.writer.closed_as,
                                  "numbers": numbers, "numbers_error": numbers_error}))
+        self.let_go()
         return True
+
+    def let_go(self) -> None:
+        """After the answer: the file's checkpoint and detach (~20 ms of the conversation trace's
+        close; issue 41). The run's rows, status and evidence are committed by then (a reader
+        that opened the file now would replay them from DuckDB's log), so the replay prints its
+        result meanwhile; the engine's process reaps this one before it exits (writer_process.py
+        `close`), so a command after the replay finds the file checkpointed and let go of. A
+        failure here (a full disk) is one warning line: the run stays as it was closed, DuckDB's
+        log holds what the checkpoint did not write."""
+        try:
+            self.writer.let_go()
+        except Exception as exc:  # noqa: BLE001 - answered already: nobody is left to raise it to
+            text = str(exc).strip()
+            line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in (text.splitlines()[0] if text else ""))
+            sys.stderr.write(f"tierdiag: warning: run {self.writer.run_id} is closed, but its store was not "
+                             f"checkpointed ({type(exc).__name__}: {line[:200]}); the next open replays its log\n")
+            sys.stderr.flush()
 
     def engine_gone(self) -> None:
         """The pipe ended before the run was closed (the engine's process was killed, or closed

@@ -86,7 +86,11 @@ from tierdiag.store.evidence import begin_run_evidence, replace_run_evidence, ro
 # ~260), LARGE_RUN_THREADS: fewer at once bounds the close's peak (the writer process's, with the
 # rows it holds), at the cost of a longer wall beside a curves' pass already walked while recording.
 # The miss reasons first on the rest's thread: the context (the longest thread) takes them from
-# it rather than querying them too (`compute_evidence`).
+# it rather than querying them too (`compute_evidence`). The caller's `beside` (the writer's
+# close: the request lookup's rows) on the first of these threads to be done with its sections
+# (the session pauses' on the conversation trace, ~3 ms): long before the longest threads end,
+# where on the curves' thread, once they were made, it was ~6 ms of the serial tail the replay
+# waits for (issue 41, session 25).
 SMALL_RUN_THREADS = (("story",), ("context",), ("sessions",),
                      ("miss_reasons", "summary", "totals", "session_summary", "rank_summary"))
 # In the large runs' plan the first LARGE_RUN_BESIDE_CURVES sections run beside the size curves
@@ -111,9 +115,11 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
                      beside=None) -> dict:
     """The sections, from the run's rows, as the JSON-ready dict that is stored; `computed`, if
     given, is updated with the sections as computed (name -> object: the close's closing numbers
-    take the summary from it instead of reading it back). `beside`, if given, is called on this
-    thread once the size curves are made, while the other sections' threads may still run (the
-    writer's close: the request lookup's rows, `record_run_evidence`); what it raises is raised.
+    take the summary from it instead of reading it back). `beside`, if given, is called once
+    while the sections are computed (the writer's close: the request lookup's rows on a cursor of
+    its own, `record_run_evidence`): below LARGE_RUN_REQUESTS on whichever thread is first done
+    with its sections (this one, once the size curves are made, included); from it on, on this
+    thread once the curves are made; what it raises is raised, as a section's would be.
 
     The size curves (the trace's pages and one pass over them: Python and numpy; fed while
     recording in a writer process, mostly done by now) on this thread, while the other sections
@@ -184,6 +190,14 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
             "rank_summary": lambda c: rank_summary(c, run), "miss_reasons": miss_reasons}
 
     plan = evidence_threads(getattr(run, "num_requests", None))
+    beside_lock = threading.Lock()
+    beside_left = [beside] if beside is not None else []
+
+    def take_beside():
+        """`beside`, to the first thread that asks (None once taken: called once)."""
+        with beside_lock:
+            return beside_left.pop() if beside_left else None
+
     # The one-thread plan (large runs): once the size curves are made (their queries done, nothing
     # else on this instance runs one), each section's cached blocks are let go before the next
     # (store/duckdb_core.py `release_cached_blocks`: the instance's limit a megabyte for a statement,
@@ -205,6 +219,10 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
                     released = one_thread and curves_done.is_set()
                     if released:
                         release_cached_blocks(cur)
+                if not one_thread:
+                    first = take_beside()
+                    if first is not None:
+                        first()
             except BaseException as exc:  # noqa: BLE001 - re-raised below, on the caller's thread
                 done.setdefault("error", exc)
             finally:
@@ -223,8 +241,12 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
             finally:
                 curves_over.set()
             curves_done.set()
-            if beside is not None:
-                beside()
+            # Encoded here, while the other threads may still run (~2.5 ms: the curves' steps are
+            # the evidence's largest section), not after they have all joined.
+            curves_encoded = encode(curves)
+            first = take_beside()
+            if first is not None:
+                first()
         finally:
             curves_over.set()  # a failure before the curves (a thread's start): nothing waits for ever
             for thread in threads:
@@ -238,7 +260,7 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
         computed.update({name: done[name] for name in names}, size_curves=curves)
     return {"inputs": encode(inputs(run)), "context": encode(done["context"]),
             "summary": encode(done["summary"]), "totals": encode(done["totals"]), "sessions": encode(done["sessions"]),
-            "size_curves": encode(curves), "session_summary": encode(done["session_summary"]),
+            "size_curves": curves_encoded, "session_summary": encode(done["session_summary"]),
             "rank_summary": encode(done["rank_summary"]), "miss_reasons": encode(done["miss_reasons"])}
 
 
@@ -279,10 +301,10 @@ def record_run_evidence(db_path, run_id: str, *, con: duckdb.DuckDBPyConnection 
             # The request lookup's rows (a hash and a sort of every request id: ~10 ms on the
             # conversation trace, ~0.17 s of CPU at 200k requests) are written on a cursor of their
             # own, in the transaction the row then joins: below LARGE_RUN_REQUESTS while the
-            # sections are computed (on the curves' thread, once they are made), not after them in
-            # the close the replay waits for (issue 41); from it on after them, as before (beside
-            # them it held ~25 MB more at 200k requests: the large runs' plan bounds the peak).
-            # The same rows, committed together, either way.
+            # sections are computed (on the first of their threads to be done: compute_evidence),
+            # not after them in the close the replay waits for (issue 41); from it on after them,
+            # as before (beside them it held ~25 MB more at 200k requests: the large runs' plan
+            # bounds the peak). The same rows, committed together, either way.
             with second_cursor(con) as lk:
                 begun = False
 

@@ -381,6 +381,9 @@ class LivePass:
         # under size_curves.MAX_TOUCHES (20M).
         self.tally: np.ndarray | None = (np.zeros(0, dtype=np.int32) if not all_ranks and index.keep is None
                                          else None)
+        # (the tally they were made of, its distinct depths, their counts): `depth_tally`'s answer,
+        # made once the walk is done (`_tally_now`); remade where the tally is another array.
+        self._tallied: tuple | None = None
 
     def add_rows(self, pos, rank, sched_ns, fin_ns, input_tokens, output_tokens, finished) -> None:
         pos = np.asarray(pos, dtype=np.int64)
@@ -516,6 +519,7 @@ class LivePass:
             self.d_all.append(feed(self.every, tk, tq, count).astype(np.int32))
 
     def _tally(self, depths: np.ndarray) -> None:
+        self._tallied = None  # counted on: made again when asked
         d = depths[depths > 0]
         if not len(d):
             return
@@ -544,8 +548,19 @@ class LivePass:
         parts = self.lookup_rank
         if self.tally is None or any(not isinstance(p, tuple) for p in parts) or len({p[0] for p in parts}) > 1:
             return None
-        at = np.flatnonzero(self.tally)
-        return sum(p[1] for p in parts), at.astype(np.int64), self.tally[at].astype(np.int64)
+        made = self._tallied
+        if made is None or made[0] is not self.tally:
+            at = np.flatnonzero(self.tally)
+            made = (self.tally, at.astype(np.int64), self.tally[at].astype(np.int64))
+        return sum(p[1] for p in parts), made[1], made[2]
+
+    def _tally_now(self) -> None:
+        """`depth_tally`'s arrays made now, from the tally of a pass walked to its end (`done`: on
+        the thread that walked it, while the writer's close writes its last rows, where the
+        close's curves made them after: a scan of the tally, ~2M counts at most; issue 41)."""
+        if self.tally is not None:
+            at = np.flatnonzero(self.tally)
+            self._tallied = (self.tally, at.astype(np.int64), self.tally[at].astype(np.int64))
 
     def done(self) -> None:
         """Every event is walked (`advance(None)`): the stacks are let go (a sampled pass's tree is
@@ -555,6 +570,7 @@ class LivePass:
         self.stacks = {}
         self.every = None
         self._done = True
+        self._tally_now()
 
     def let_walk_go(self) -> None:
         """The walk is verified and only its results are read from here on (the close, size_curves

@@ -79,6 +79,12 @@ from tierdiag.units import share
 TIERS = ("device", "host", "storage")
 KNEE_SHARE = 0.9
 CURVE_POINTS = 2048  # steps kept of each curve's step function (session_pool.py's rule)
+# From this many finished rows on, the close hands the heap its pass freed back to the system
+# once the curves are made (live_curves.py `release_freed_heap`: the sections after them compute
+# on top of it; the evidence's large runs, evidence.py LARGE_RUN_REQUESTS). Below, a smaller run's
+# freed heap is a few MB and malloc_trim's walk of the arenas (~2 ms) was on the close's longest
+# thread, the replay waiting for it (issue 41, session 25).
+TRIM_FROM_ROWS = 100_000
 # The one pass holds every page touch in memory (~70 bytes each, keys, order and depths): the
 # budget, in touches, of a close that must not need gigabytes. A run with more (counted from the
 # rows before the trace is read; about a million requests) is sampled down to it (module doc).
@@ -555,9 +561,10 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
                   f"(memory), so {rate:.3g} of the pages (by key hash) were kept and the curves are scaled "
                   "back from them: approximate")
     del looks
-    from tierdiag.diagnose.run.live_curves import release_freed_heap
+    if n >= TRIM_FROM_ROWS:  # the pass's arrays freed on this thread: handed back to the sections beside
+        from tierdiag.diagnose.run.live_curves import release_freed_heap
 
-    release_freed_heap()  # the pass's arrays freed on this thread: handed back to the sections beside
+        release_freed_heap()
     return SizeCurves(policy, page, len(ranks), input_tokens, int(round(lookups * weight)) * page, slack,
                       curves, model, rate)
 
