@@ -765,8 +765,7 @@ def test_a_write_that_lets_its_rows_go_frees_each_piece_once_inserted(tmp_path, 
     monkeypatch.setattr(writer_mod, "TRIM_AFTER_BYTES", 1 << 20)
     db = tmp_path / "g.duckdb"
     w = RunWriter(db, name="g", trace_path="t.jsonl", trace_sha256="", config={}, hardware={}, data_plane={},
-                  timing="modelled", command_line=["t"])
-    w.let_rows_go = let_go
+                  timing="modelled", command_line=["t"], let_rows_go=let_go)
     for batch in _let_go_batches(2):
         w.take(batch)
     held.clear()
@@ -799,8 +798,7 @@ def test_a_write_that_fails_after_letting_rows_go_gives_them_up_and_commits_none
 
     db = tmp_path / "f.duckdb"
     w = RunWriter(db, name="f", trace_path="t.jsonl", trace_sha256="", config={}, hardware={}, data_plane={},
-                  timing="modelled", command_line=["t"])
-    w.let_rows_go = let_go
+                  timing="modelled", command_line=["t"], let_rows_go=let_go)
     first, second = _let_go_batches(2, n=1_000)
     w.append(first)
     plain = RunWriter._append

@@ -144,16 +144,16 @@ class RunWriter:
                  trace_sha256: str, config: Mapping[str, Any], hardware: Mapping[str, Any],
                  data_plane: Mapping[str, Any], timing: str, command_line: Sequence[str] | None = None,
                  kind: str = RunKind.REPLAY, sweep_id: str | None = None, run_id: str | None = None,
-                 pid: int | None = None):
+                 pid: int | None = None, let_rows_go: bool = False):
         self.db_path = Path(db_path)
         # run_id: chosen by the caller when the config must name it (the run's storage folder).
         self.run_id = run_id or new_run_id()
         self.name = name or Path(trace_path).stem
         self._t0 = time.perf_counter()
         self._pending: list[Mapping[str, Mapping[str, Any]]] = []  # handed over, not committed yet
-        # A write lets each piece of its rows go once inserted (`_write_pending`): set by a caller
-        # that gives up every row after a failed write anyway (the writer process).
-        self.let_rows_go = False
+        # A write lets each piece of its rows go once inserted (`_write_pending`): asked for by a
+        # caller that gives up every row after a failed write anyway (the writer process).
+        self.let_rows_go = let_rows_go
         self.recorded = 0  # request rows of this run committed to the file
         self.closed_as: str | None = None  # the final status, once written
         # The replay's closing numbers (`closing_numbers`), read back by a complete

@@ -257,13 +257,12 @@ class _Serve:
         from tierdiag.store.writer import RunWriter
 
         try:
-            self.writer = RunWriter(**arg["writer"])
+            # Every row after a failed write is given up here (`fail`): a write may let its rows
+            # go as it inserts them (RunWriter.let_rows_go: the rows held once through a write).
+            self.writer = RunWriter(**arg["writer"], let_rows_go=True)
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the engine, as raised
             self.reply(("open_failed", portable(exc)))
             return False
-        # Every row after a failed write is given up here (`fail`): a write may let its rows go as
-        # it inserts them (RunWriter.let_rows_go: the rows held once through a write, not twice).
-        self.writer.let_rows_go = True
         self.every_max = arg["write_every_s"]
         self.most = max(self.every_max, float(arg.get("flush_every_s", self.every_max)))
         self.every = min(FIRST_WRITE_S, self.every_max)
