@@ -848,15 +848,19 @@ def test_the_writer_process_lets_its_writes_rows_go(tmp_path):
 
 
 def test_release_freed_heap_calls_malloc_trim_where_there_is_one(monkeypatch):
-    """writer.release_freed_heap: malloc_trim(0) where the C library has it (glibc: True), and
-    nothing, False, where it has not."""
+    """duckdb_core.release_freed_heap (the writer's and the live pass's): malloc_trim(0) where the
+    C library has it (glibc: True), and nothing, False, where it has not; the live pass's name is
+    the same function."""
     import ctypes
 
-    from tierdiag.store import writer as writer_mod
+    from tierdiag.diagnose.run import live_curves
+    from tierdiag.store import duckdb_core, writer as writer_mod
 
-    monkeypatch.setattr(writer_mod, "_TRIM", [])
+    assert writer_mod.release_freed_heap is duckdb_core.release_freed_heap is live_curves.release_freed_heap
+    monkeypatch.setattr(duckdb_core, "_TRIM", [])
     has_trim = hasattr(ctypes.CDLL(None), "malloc_trim")
-    assert writer_mod.release_freed_heap() is has_trim
-    assert writer_mod.release_freed_heap() is has_trim  # looked up once, called again
-    monkeypatch.setattr(writer_mod, "_TRIM", [None])
-    assert writer_mod.release_freed_heap() is False
+    assert duckdb_core.release_freed_heap() is has_trim
+    assert duckdb_core.release_freed_heap() is has_trim  # looked up once, called again
+    assert len(duckdb_core._TRIM) == 1
+    monkeypatch.setattr(duckdb_core, "_TRIM", [None])
+    assert duckdb_core.release_freed_heap() is False

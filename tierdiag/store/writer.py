@@ -48,7 +48,7 @@ from tierdiag.errors import OutputError, StoreError, TierdiagError
 from tierdiag.paths import prepare_output_path
 from tierdiag.store.reader import (attach_with_retry, check_store, connect_with_retry, damage_error, detach,
                                    first_line, is_lock_error, lock_holder, unfinished_store, verify_blocks)
-from tierdiag.store.duckdb_core import release_cached_blocks
+from tierdiag.store.duckdb_core import release_cached_blocks, release_freed_heap
 from tierdiag.store.columns import _ARROW_TYPES, arrow_column as _arrow, table_columns  # noqa: F401 - table_columns: the writer process decodes with it
 from tierdiag.store.schema import SCHEMA_VERSION, TABLES, columns_missing_in, create_statements, new_run_id
 
@@ -437,32 +437,6 @@ def release_arrow_memory() -> None:
     release = getattr(pa.default_memory_pool(), "release_unused", None)
     if release is not None:
         release()
-
-
-_TRIM: list = []  # malloc_trim, looked up once (None: no such call in this C library)
-
-
-def release_freed_heap() -> bool:
-    """Hand the pages of the heap the C library keeps after frees back to the system
-    (`malloc_trim(0)`; nothing where there is no such call): whether it was called. The rows'
-    columns decoded from the engine's hand-overs are Python buffers on glibc's heap, which keeps
-    freed pages for later allocations of its own: DuckDB's transaction allocates from its own
-    allocator, so the rows a write lets go (`RunWriter.let_rows_go`) made room for it only once
-    handed back. ~5-20 ms a call; once per TRIM_AFTER_BYTES let go."""
-    if not _TRIM:
-        fn = None
-        try:
-            import ctypes
-
-            fn = ctypes.CDLL(None).malloc_trim
-            fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
-        except (OSError, AttributeError):
-            fn = None
-        _TRIM.append(fn)
-    if _TRIM[0] is None:
-        return False
-    _TRIM[0](0)
-    return True
 
 
 # A write that lets its rows go hands the heap back (`release_freed_heap`) once this many bytes of
