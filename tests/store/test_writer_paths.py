@@ -779,9 +779,12 @@ def test_a_write_that_lets_its_rows_go_frees_each_piece_once_inserted(tmp_path, 
     else:
         assert max(held) - min(held) < 500_000, held  # every piece held to the commit
         assert trims == []
+    w.take({"batches": {"batch_id": [100_000, 100_001]}})  # a small write: under the bound, no call
+    w.write()
+    assert trims == ([1, 2, 3] if let_go else [])
     w.finish("complete")
     assert sql(db, "SELECT count(*), min(seq), max(seq), count(DISTINCT run_id) FROM requests") == [(100_000, 0, 99_999, 1)]
-    assert sql(db, "SELECT list(batch_id ORDER BY rowid) = range(100000), bool_and(num_reqs = batch_id) "
+    assert sql(db, "SELECT list(batch_id ORDER BY rowid) = range(100002), bool_and(num_reqs = batch_id) "
                    "FROM batches") == [(True, True)]
     assert sql(db, "SELECT list(eviction_id ORDER BY rowid) = range(100000) FROM evictions") == [(True,)]
 

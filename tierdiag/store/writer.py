@@ -351,7 +351,7 @@ class RunWriter:
                 self._append(con, table, cols)
                 del cols
                 rows += n if table == "requests" else 0
-            if let_go_bytes:
+            if let_go_bytes >= TRIM_AFTER_BYTES:
                 release_freed_heap()
             con.execute("COMMIT")
         except duckdb.Error as exc:
@@ -439,9 +439,10 @@ def release_arrow_memory() -> None:
         release()
 
 
-# A write that lets its rows go hands the heap back (`release_freed_heap`) once this many bytes of
-# Arrow columns were let go since it last did, and after its last piece: a 1M-request replay's
-# write lets ~100 MB go, a conversation replay's a few MB (one call, at its end).
+# A write that lets its rows go hands the heap back (`release_freed_heap`, ~1-20 ms) each time this
+# many bytes of Arrow columns were let go since it last did (checked before each piece and after
+# the last): a 1M-request replay's write lets ~100 MB go (3 calls); a conversation replay's writes,
+# a few MB each, none (what they free, the next hand-overs' columns reuse).
 TRIM_AFTER_BYTES = 32 << 20
 
 
