@@ -12,6 +12,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -186,3 +187,54 @@ def test_a_replay_stopped_before_its_writer_opened_the_store_leaves_no_process(t
     assert_no_process_left(mark)
     if db.exists() and db.stat().st_size:
         assert all(run["status"] in ("interrupted", "complete") for run in listed_runs(db))
+
+
+_DIES_MID_WRITE = r"""
+import os, sys
+from tierdiag.store.writer import RunWriter
+
+def batch(f, n=3000):
+    seq = list(range(f * n, (f + 1) * n))
+    return {"requests": {"req_id": [f"r{i}" for i in seq], "seq": seq, "status": ["finished"] * n},
+            "batches": {"batch_id": seq}, "evictions": {"eviction_id": seq, "tokens": seq}}
+
+w = RunWriter(sys.argv[1], name="k", trace_path="t.jsonl", trace_sha256="", config={}, hardware={},
+              data_plane={}, timing="modelled", command_line=["t"], run_id=sys.argv[2], let_rows_go=True)
+w.append(batch(0))
+plain = RunWriter._append
+inserted = []
+
+def append(con, table, cols):
+    plain(con, table, cols)
+    inserted.append(table)
+    if len(inserted) == 2:  # two tables' pieces inserted and let go, the third not: the process dies
+        sys.stdout.write(" ".join(inserted) + "\n")
+        sys.stdout.flush()
+        os._exit(9)
+
+RunWriter._append = staticmethod(append)
+w.take(batch(1))
+w.take(batch(2))
+w.write()
+"""
+
+
+def test_a_writer_killed_part_way_through_a_write_that_let_rows_go_leaves_the_earlier_writes(tmp_path):
+    """The writer process's writes let each piece go once inserted (store/writer.py let_rows_go,
+    issue 41): a writer that dies after some of a write's pieces were inserted and let go, before
+    its commit, leaves the store as the earlier writes left it, every table at the same hand-over
+    (nothing of the uncommitted write, nothing twice), and the run closes from outside with the
+    request rows committed, as a kill -9 of the writer's process does."""
+    from tierdiag.store.writer import close_run_row
+
+    db = tmp_path / "k.duckdb"
+    proc = subprocess.run([sys.executable, "-c", _DIES_MID_WRITE, str(db), "run-k"], capture_output=True, text=True,
+                          env=cli_env(), timeout=120)
+    assert proc.returncode == 9, proc.stderr
+    assert proc.stdout.split() == ["requests", "batches"]  # died inside the second write
+    assert sql(db, "SELECT status, num_requests FROM runs") == [("running", 0)]
+    counts = sql(db, "SELECT (SELECT count(*) FROM requests), (SELECT count(DISTINCT seq) FROM requests), "
+                     "(SELECT max(seq) FROM requests), (SELECT count(*) FROM batches), (SELECT count(*) FROM evictions)")
+    assert counts == [(3000, 3000, 2999, 3000, 3000)]
+    assert close_run_row(db, "run-k", "failed", "writer died") == 3000
+    assert sql(db, "SELECT status, num_requests, error FROM runs") == [("failed", 3000, "writer died")]

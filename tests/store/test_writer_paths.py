@@ -524,7 +524,8 @@ def test_a_duckdb_without_the_vacuum_setting_closes_as_before():
 
 def test_batches_taken_together_are_inserted_a_table_at_a_time_in_order(tmp_path):
     """RunWriter._write_pending: a table's consecutive batches with the same columns go in as
-    one insert (their arrays concatenated); a batch with other columns keeps its place."""
+    one insert (their arrays one chunked array each, not copied); a batch with other columns
+    keeps its place."""
     import pyarrow as pa
 
     from tests.reliability.harness import sql
@@ -540,8 +541,9 @@ def test_batches_taken_together_are_inserted_a_table_at_a_time_in_order(tmp_path
                   data_plane={}, timing="modelled", command_line=["t"])
     for part in (batch(range(0, 3)), batch(range(3, 5)), batch(range(5, 6), with_status=False), batch(range(6, 9))):
         w.take(part)
-    grouped = [(table, len(cols["seq" if table == "requests" else "batch_id"]), isinstance(cols["req_id"], pa.Array)
-                if table == "requests" else None) for table, cols in _by_table(w._pending)]
+    grouped = [(table, len(cols["seq" if table == "requests" else "batch_id"]),
+                isinstance(cols["req_id"], (pa.Array, pa.ChunkedArray)) if table == "requests" else None)
+               for table, cols in _by_table(w._pending)]
     assert grouped == [("requests", 5, True), ("batches", 9, None), ("requests", 1, True), ("requests", 3, True)]
     w.finish("complete")
     assert w.recorded == 9
@@ -552,13 +554,14 @@ def test_batches_taken_together_are_inserted_a_table_at_a_time_in_order(tmp_path
 
 @settings(max_examples=200, deadline=None)
 @given(sizes=st.lists(st.integers(0, 40), max_size=12), other_at=st.one_of(st.none(), st.integers(0, 11)),
-       most=st.one_of(st.integers(-5, 130), st.just(10**18)))
-def test_a_tables_batches_are_joined_at_most_a_row_group_at_a_time(sizes, other_at, most):
+       most=st.one_of(st.integers(-5, 130), st.just(10**18)), let_go=st.booleans())
+def test_a_tables_batches_are_joined_at_most_a_row_group_at_a_time(sizes, other_at, most, let_go):
     """writer._by_table(pending, most_rows): a table's consecutive batches with the same columns
     joined into pieces of at most `most_rows` rows (a batch larger than that, or any batch where
-    the bound is 0 or less, alone as it is), so the join's copy is one piece (issue 41, session
-    24); every row once, in the order taken, a batch with other columns in its place, and the
-    default bound is DuckDB's row group."""
+    the bound is 0 or less, alone as it is; issue 41, session 24), each column the batches' own
+    arrays as one chunked array (no copy: session 25); every row once, in the order taken, a
+    batch with other columns in its place, and the default bound is DuckDB's row group. With
+    `let_go` the same pieces, and `pending` is emptied as soon as they start."""
     import pyarrow as pa
 
     from tierdiag.store.writer import INSERT_ROWS, _by_table
@@ -572,12 +575,17 @@ def test_a_tables_batches_are_joined_at_most_a_row_group_at_a_time(sizes, other_
         pending.append({"requests": cols, "batches": {"batch_id": pa.array(range(seq, seq + n), type=pa.int64())}})
         want.append(list(range(seq, seq + n)))
         seq += n
+    taken = list(pending)
+    buffers = {a.buffers()[1].address for b in pending for cols in b.values() for a in cols.values() if len(a)}
     got = {"requests": [], "batches": []}
-    for table, cols in _by_table(pending, most):
+    for table, cols in _by_table(pending, most, let_go=let_go):
+        assert pending == ([] if let_go else taken)
         key = "seq" if table == "requests" else "batch_id"
-        values = cols[key].to_pylist() if isinstance(cols[key], pa.Array) else list(cols[key])
+        values = cols[key].to_pylist()
         assert len(values) <= max(most, 0) or len(values) in sizes, (len(values), most)
         got[table].append((values, "status" in cols))
+        chunks = cols[key].chunks if isinstance(cols[key], pa.ChunkedArray) else [cols[key]]
+        assert all(c.buffers()[1].address in buffers for c in chunks if len(c))  # the batches' own values
     every = [v for part in want for v in part]
     assert [v for part, _ in got["batches"] for v in part] == every
     assert [v for part, _ in got["requests"] for v in part] == every
@@ -718,3 +726,144 @@ def test_the_writer_process_is_told_the_flush_interval_it_may_stretch_to():
         finally:
             W.RunWriter = real
         assert serve.most == want and serve.every_max == every
+
+
+def _let_go_batches(k: int, n: int = 50_000):
+    """`k` hand-overs of three tables' columns, `n` rows each, as Python lists (`take` makes them
+    Arrow arrays on Arrow's pool: what a piece holds is seen in pa.total_allocated_bytes)."""
+    out = []
+    for f in range(k):
+        seq = list(range(f * n, (f + 1) * n))
+        out.append({"requests": {"req_id": [f"r{i}" for i in seq], "seq": seq, "status": ["finished"] * n},
+                    "batches": {"batch_id": seq, "num_reqs": seq},
+                    "evictions": {"eviction_id": seq, "tokens": seq}})
+    return out
+
+
+@pytest.mark.parametrize("let_go", [False, True])
+def test_a_write_that_lets_its_rows_go_frees_each_piece_once_inserted(tmp_path, monkeypatch, let_go):
+    """RunWriter.let_rows_go (the writer process's, issue 41: a 1M-request replay's write held its
+    ~5 s of rows as Arrow beside DuckDB's transaction copy of them): each table's piece is let go
+    once inserted, so the Arrow bytes held fall through the write instead of staying to its
+    commit, the freed heap is handed back (`release_freed_heap`, past TRIM_AFTER_BYTES and at
+    the end); the rows committed are the same, in the same order, one transaction."""
+    import pyarrow as pa
+
+    from tests.reliability.harness import sql
+    from tierdiag.store import writer as writer_mod
+    from tierdiag.store.writer import RunWriter
+
+    held, trims = [], []
+    plain = RunWriter._append
+
+    def append(con, table, cols):
+        held.append(pa.total_allocated_bytes())
+        plain(con, table, cols)
+
+    monkeypatch.setattr(RunWriter, "_append", staticmethod(append))
+    monkeypatch.setattr(writer_mod, "release_freed_heap", lambda: trims.append(len(held)) or True)
+    monkeypatch.setattr(writer_mod, "TRIM_AFTER_BYTES", 1 << 20)
+    db = tmp_path / "g.duckdb"
+    w = RunWriter(db, name="g", trace_path="t.jsonl", trace_sha256="", config={}, hardware={}, data_plane={},
+                  timing="modelled", command_line=["t"], let_rows_go=let_go)
+    for batch in _let_go_batches(2):
+        w.take(batch)
+    held.clear()
+    w.write()
+    assert not w.pending and w.recorded == 100_000
+    assert len(held) == 3  # a piece a table: requests, batches, evictions (100k rows each, one piece)
+    if let_go:
+        # requests' ~3 MB then batches' 1.6 MB let go before the next insert: the bytes held fall
+        assert held[0] - held[1] > 2_000_000 and held[1] - held[2] > 1_000_000, held
+        assert trims == [1, 2, 3]  # before batches (requests' past 1 MiB), before evictions, at the end
+    else:
+        assert max(held) - min(held) < 500_000, held  # every piece held to the commit
+        assert trims == []
+    w.take({"batches": {"batch_id": [100_000, 100_001]}})  # a small write: under the bound, no call
+    w.write()
+    assert trims == ([1, 2, 3] if let_go else [])
+    w.finish("complete")
+    assert sql(db, "SELECT count(*), min(seq), max(seq), count(DISTINCT run_id) FROM requests") == [(100_000, 0, 99_999, 1)]
+    assert sql(db, "SELECT list(batch_id ORDER BY rowid) = range(100002), bool_and(num_reqs = batch_id) "
+                   "FROM batches") == [(True, True)]
+    assert sql(db, "SELECT list(eviction_id ORDER BY rowid) = range(100000) FROM evictions") == [(True,)]
+
+
+@pytest.mark.parametrize("let_go", [False, True])
+def test_a_write_that_fails_after_letting_rows_go_gives_them_up_and_commits_none(tmp_path, monkeypatch, let_go):
+    """A write that fails part-way (the disk full at its second table): its transaction rolled
+    back, nothing of it in the file, every earlier write there. Its rows stay pending for the
+    close to try again, unless the writer lets rows go (`let_rows_go`: the writer process, which
+    gives up every row after a failed write): then they are given up, as that close would."""
+    from tests.reliability.harness import sql
+    from tierdiag.errors import OutputError
+    from tierdiag.store.writer import RunWriter
+
+    db = tmp_path / "f.duckdb"
+    w = RunWriter(db, name="f", trace_path="t.jsonl", trace_sha256="", config={}, hardware={}, data_plane={},
+                  timing="modelled", command_line=["t"], let_rows_go=let_go)
+    first, second = _let_go_batches(2, n=1_000)
+    w.append(first)
+    plain = RunWriter._append
+    calls = []
+
+    def append(con, table, cols):
+        calls.append(table)
+        if len(calls) == 2:
+            raise duckdb.IOException("could not write: No space left on device")
+        plain(con, table, cols)
+
+    monkeypatch.setattr(RunWriter, "_append", staticmethod(append))
+    w.take(second)
+    with pytest.raises(OutputError, match="no space left"):
+        w.write()
+    assert w.pending is (not let_go) and w.recorded == 1_000
+    monkeypatch.setattr(RunWriter, "_append", staticmethod(plain))
+    w.finish("failed", error="disk full", write_pending=not let_go)
+    n = 1_000 if let_go else 2_000
+    assert sql(db, "SELECT status, num_requests FROM runs") == [("failed", n)]
+    assert sql(db, "SELECT (SELECT count(*) FROM requests), (SELECT count(*) FROM batches), "
+                   "(SELECT count(*) FROM evictions)") == [(n, n, n)]
+
+
+def test_the_writer_process_lets_its_writes_rows_go(tmp_path):
+    """_Serve.open: the writer process's RunWriter lets each write's rows go as it inserts them
+    (it gives up every row after a failed write: `fail`); a RunWriter of its own (inline) keeps
+    them to the commit."""
+    from tierdiag.store import writer_serve
+    from tierdiag.store.frames import read_frame
+    from tierdiag.store.writer import RunWriter
+
+    r, w = os.pipe()
+    serve = writer_serve._Serve(inbox=None, reply_fd=w)
+    args = {"db_path": str(tmp_path / "s.duckdb"), "run_id": "r1", "name": "s", "trace_path": "/t.jsonl",
+            "trace_sha256": "", "config": {}, "hardware": {}, "data_plane": {}, "timing": "modeled"}
+    assert serve.open({"writer": args, "write_every_s": 1.0})
+    assert read_frame(r) == ("opened", None)
+    assert serve.writer.let_rows_go is True
+    serve.writer.close()
+    inline = RunWriter(tmp_path / "i.duckdb", name="i", trace_path="t.jsonl", trace_sha256="", config={},
+                       hardware={}, data_plane={}, timing="modelled", command_line=["t"])
+    assert inline.let_rows_go is False
+    inline.close()
+    os.close(r)
+    os.close(w)
+
+
+def test_release_freed_heap_calls_malloc_trim_where_there_is_one(monkeypatch):
+    """duckdb_core.release_freed_heap (the writer's and the live pass's): malloc_trim(0) where the
+    C library has it (glibc: True), and nothing, False, where it has not; the live pass's name is
+    the same function."""
+    import ctypes
+
+    from tierdiag.diagnose.run import live_curves
+    from tierdiag.store import duckdb_core, writer as writer_mod
+
+    assert writer_mod.release_freed_heap is duckdb_core.release_freed_heap is live_curves.release_freed_heap
+    monkeypatch.setattr(duckdb_core, "_TRIM", [])
+    has_trim = hasattr(ctypes.CDLL(None), "malloc_trim")
+    assert duckdb_core.release_freed_heap() is has_trim
+    assert duckdb_core.release_freed_heap() is has_trim  # looked up once, called again
+    assert len(duckdb_core._TRIM) == 1
+    monkeypatch.setattr(duckdb_core, "_TRIM", [None])
+    assert duckdb_core.release_freed_heap() is False

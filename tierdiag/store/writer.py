@@ -48,7 +48,7 @@ from tierdiag.errors import OutputError, StoreError, TierdiagError
 from tierdiag.paths import prepare_output_path
 from tierdiag.store.reader import (attach_with_retry, check_store, connect_with_retry, damage_error, detach,
                                    first_line, is_lock_error, lock_holder, unfinished_store, verify_blocks)
-from tierdiag.store.duckdb_core import release_cached_blocks
+from tierdiag.store.duckdb_core import release_cached_blocks, release_freed_heap
 from tierdiag.store.columns import _ARROW_TYPES, arrow_column as _arrow, table_columns  # noqa: F401 - table_columns: the writer process decodes with it
 from tierdiag.store.schema import SCHEMA_VERSION, TABLES, columns_missing_in, create_statements, new_run_id
 
@@ -144,13 +144,16 @@ class RunWriter:
                  trace_sha256: str, config: Mapping[str, Any], hardware: Mapping[str, Any],
                  data_plane: Mapping[str, Any], timing: str, command_line: Sequence[str] | None = None,
                  kind: str = RunKind.REPLAY, sweep_id: str | None = None, run_id: str | None = None,
-                 pid: int | None = None):
+                 pid: int | None = None, let_rows_go: bool = False):
         self.db_path = Path(db_path)
         # run_id: chosen by the caller when the config must name it (the run's storage folder).
         self.run_id = run_id or new_run_id()
         self.name = name or Path(trace_path).stem
         self._t0 = time.perf_counter()
         self._pending: list[Mapping[str, Mapping[str, Any]]] = []  # handed over, not committed yet
+        # A write lets each piece of its rows go once inserted (`_write_pending`): asked for by a
+        # caller that gives up every row after a failed write anyway (the writer process).
+        self.let_rows_go = let_rows_go
         self.recorded = 0  # request rows of this run committed to the file
         self.closed_as: str | None = None  # the final status, once written
         # The replay's closing numbers (`closing_numbers`), read back by a complete
@@ -264,7 +267,8 @@ class RunWriter:
                 n = len(values)
             elif len(values) != n:
                 raise ValueError(f"{table}.{col}: {len(values)} values, expected {n}")
-            arrays.append(values if isinstance(values, pa.Array) else pa.array(values, type=_ARROW_TYPES[typ]))
+            arrays.append(values if isinstance(values, (pa.Array, pa.ChunkedArray))
+                          else pa.array(values, type=_ARROW_TYPES[typ]))
         if not n:
             return
         arrays = [a if a is not None else pa.nulls(n, type=_ARROW_TYPES[t])
@@ -335,18 +339,34 @@ class RunWriter:
             self._let_go()
 
     def _write_pending(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Everything in `_pending`, in order, as one transaction; cleared once committed."""
+        """Everything in `_pending`, in order, as one transaction; cleared once committed.
+
+        With `let_rows_go` the rows are the transaction's from its start: each piece's Arrow
+        columns are let go once inserted (DuckDB's transaction holds its own copy of them from
+        then on), so the write holds the rows once, not twice (issue 41: a 1M-request replay's
+        write held ~5 s of rows as Arrow beside DuckDB's copy of them); a write that fails then
+        gives its rows up, as its caller (the writer process) gives up every row after it."""
+        let_go = self.let_rows_go
         try:
             con.execute("BEGIN")
-            rows = 0
-            for table, columns in _by_table(self._pending):
+            rows = let_go_bytes = 0
+            for table, columns in _by_table(self._pending, let_go=let_go):
+                if let_go_bytes >= TRIM_AFTER_BYTES:  # the pieces before this one are freed by now
+                    release_freed_heap()
+                    let_go_bytes = 0
                 cols = dict(columns)
+                del columns
                 n = len(next(iter(cols.values()))) if cols else 0
                 if n == 0:
                     continue
+                if let_go:
+                    let_go_bytes += sum(getattr(values, "nbytes", 0) for values in cols.values())
                 cols["run_id"] = pa.repeat(pa.scalar(self.run_id, type=pa.string()), n)
                 self._append(con, table, cols)
+                del cols
                 rows += n if table == "requests" else 0
+            if let_go_bytes >= TRIM_AFTER_BYTES:
+                release_freed_heap()
             con.execute("COMMIT")
         except duckdb.Error as exc:
             # The transaction rolled back: nothing of it is in the file, earlier flushes are.
@@ -438,6 +458,13 @@ def release_arrow_memory() -> None:
         release()
 
 
+# A write that lets its rows go hands the heap back (`release_freed_heap`, ~1-20 ms) each time this
+# many bytes of Arrow columns were let go since it last did (checked before each piece and after
+# the last): a 1M-request replay's write lets ~100 MB go (3 calls); a conversation replay's writes,
+# a few MB each, none (what they free, the next hand-overs' columns reuse).
+TRIM_AFTER_BYTES = 32 << 20
+
+
 # The close's last write lets DuckDB's cached blocks go after it (`RunWriter._let_memory_go`)
 # from this many bytes of pending Arrow columns on: about DuckDB's WAL checkpoint threshold
 # (16 MB), where its commit has checkpointed them already. A conversation replay's close
@@ -450,18 +477,21 @@ def pending_bytes(pending: Sequence[Mapping[str, Mapping[str, Any]]]) -> int:
     return sum(getattr(values, "nbytes", 0) for batch in pending for cols in batch.values() for values in cols.values())
 
 
-# The most rows of one insert a table's batches are joined into (`_by_table`): DuckDB's row group.
+# The most rows of one insert a table's batches are put together into (`_by_table`): DuckDB's row group.
 INSERT_ROWS = 122_880
 
 
-def _by_table(pending: list[Mapping[str, Mapping[str, Any]]], most_rows: int = INSERT_ROWS):
+def _by_table(pending: list[Mapping[str, Mapping[str, Any]]], most_rows: int = INSERT_ROWS, *,
+              let_go: bool = False):
     """(table, columns) to insert for the batches taken, in order: a table's batches with the
-    same columns as one, their Arrow arrays concatenated (an insert costs ~1.5 ms whatever its
-    size: the writer process's close inserts a second's hand-overs, 4-5 batches a table), a
-    batch with other columns on its own, after those before it. Joined `most_rows` rows at a
-    time (a batch larger than that alone, as it is): the copy the join makes is one piece, let
-    go once inserted, not a second copy of a whole write's rows (issue 41, session 24: a
-    1M-request replay's writes carry ~1M rows each, +250-320 MB over their pending rows)."""
+    same columns as one (an insert costs ~1.5 ms whatever its size: the writer process's close
+    inserts a second's hand-overs, 4-5 batches a table), a batch with other columns on its own,
+    after those before it. Put together `most_rows` rows at a time (a batch larger than that
+    alone, as it is), as Arrow chunked arrays of the batches' own arrays: no copy of the rows
+    (issue 41: a 1M-request replay's writes carry ~1M rows each; joined by concatenation, each
+    piece was a second copy of its rows). `let_go`: `pending` is emptied at once and each piece
+    is let go of here once the caller is done with it (the caller drops its own references), so
+    the batches inserted are freed while the write goes on."""
     runs: list[tuple[str, list]] = []
     last: dict[str, tuple[frozenset, list]] = {}
     for batch in pending:
@@ -474,25 +504,36 @@ def _by_table(pending: list[Mapping[str, Mapping[str, Any]]], most_rows: int = I
             parts = [columns]
             last[table] = (keys, parts)
             runs.append((table, parts))
-    for table, parts in runs:
+    last.clear()
+    batch = columns = held = None  # the loop's names: no reference to the rows left behind
+    if let_go:
+        pending.clear()
+    runs.reverse()  # taken from the end: what was yielded is referenced from nowhere here
+    while runs:
+        table, parts = runs.pop()
+        parts.reverse()
         piece: list = []
         rows = 0
-        for columns in parts:
+        while parts:
+            columns = parts.pop()
             n = len(next(iter(columns.values()))) if columns else 0
             if piece and rows + n > most_rows:
                 yield table, _joined(piece)
                 piece, rows = [], 0
             piece.append(columns)
             rows += n
+        columns = None
         if piece:
             yield table, _joined(piece)
+            piece = []
 
 
 def _joined(parts: list) -> Mapping[str, Any]:
-    """Batches of one table with the same columns as one (their Arrow arrays concatenated)."""
+    """Batches of one table with the same columns as one: each column the batches' arrays as one
+    Arrow chunked array (no copy; DuckDB scans it as one table)."""
     if len(parts) == 1:
         return parts[0]
-    return {col: pa.concat_arrays([p[col] for p in parts]) for col in parts[0]}
+    return {col: pa.chunked_array([p[col] for p in parts]) for col in parts[0]}
 
 
 def _vacuum(con: duckdb.DuckDBPyConnection, on: bool) -> None:

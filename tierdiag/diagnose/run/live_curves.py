@@ -47,6 +47,8 @@ import numpy as np
 
 from tierdiag.diagnose.read.curves import req_hashes
 from tierdiag.diagnose.run.arrays import sorted_unique as _sorted_unique
+# The writer process's freed C heap handed back: the store's writer does too (its rows let go).
+from tierdiag.store.duckdb_core import _TRIM, release_freed_heap  # noqa: F401 - _TRIM: looked up once
 
 # --------------------------------------------------------------------------- the stack
 
@@ -243,33 +245,6 @@ class TraceIndex:
         # held the inverse, its sort and two index arrays of every key besides the keys.
         _in_chunks(flat, off, lens, lambda part, o, ln: _ids_reversed(part, o, ln, uniq))
         return cls(seq, off, lens, flat, len(uniq), arrival_ns, pred)
-
-
-_TRIM = []  # [glibc's malloc_trim, or None where there is none], looked up once
-
-
-def release_freed_heap() -> bool:
-    """Hand the pages of the heap that glibc keeps after frees back to the system (`malloc_trim(0)`;
-    nothing where the C library has no such call): whether it was called. The writer process frees
-    and allocates large numpy arrays on several threads (the read-ahead, the pass, the rows' writes),
-    each thread's allocations from an arena of its own, and glibc keeps what one arena freed for
-    that arena: measured on a 100k-request replay (benchmarks/writer_memory.py --trim), ~100-150 MB
-    of the writer's resident set was such freed heap (issue 41, the 1M row's memory). What is
-    allocated after is the same; only the resident set is smaller."""
-    if not _TRIM:
-        fn = None
-        try:
-            import ctypes
-
-            fn = ctypes.CDLL(None).malloc_trim
-            fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
-        except (OSError, AttributeError):
-            fn = None
-        _TRIM.append(fn)
-    if _TRIM[0] is None:
-        return False
-    _TRIM[0](0)
-    return True
 
 
 def narrow(values) -> np.ndarray:
