@@ -179,13 +179,13 @@ class Columns:
             rows.clear()
         n = self.n
         ints, objects, constants, tuples = self._layout()
-        # the object columns handed over as they are (cut to the rows kept), fresh ones in their place
+        # the object columns handed over as they are (cut to the rows kept); clear() below puts
+        # fresh ones in their place
         taken: dict[str, list] = {}
         for attr in self._object_attrs():
             column: list = getattr(self, attr)
             del column[n:]
             taken[attr] = column
-            setattr(self, attr, [None] * self.cap)
         out = {"n": n, "ints": (ints, memoryview(self.block)[:n * self.width].tobytes()),
                "objects": {name: taken["o_" + name] for name in objects}, "constants": constants,
                "tuples": tuple((fields, taken[attr]) for fields, attr in tuples),
@@ -197,7 +197,7 @@ class Columns:
         self.rows.clear()
         self.counter[0] -= self.n
         if self.n:
-            self._objects_empty()  # no row's objects held past the rows
+            self._objects_empty()  # no row's objects held past the rows (after a take: fresh lists)
         self.n = 0
         self.at = vec[i64]()
 
