@@ -179,8 +179,7 @@ class Columns:
             rows.clear()
         n = self.n
         ints, objects, constants, tuples = self._layout()
-        # the object columns handed over as they are (cut to the rows kept); clear() below puts
-        # fresh ones in their place
+        # the object columns handed over as they are (cut to the rows kept), fresh ones in their place
         taken: dict[str, list] = {}
         for attr in self._object_attrs():
             column: list = getattr(self, attr)
@@ -190,14 +189,19 @@ class Columns:
                "objects": {name: taken["o_" + name] for name in objects}, "constants": constants,
                "tuples": tuple((fields, taken[attr]) for fields, attr in tuples),
                "at": bytes(memoryview(self.at)), "rows": other}
-        self.clear()
+        self._objects_empty()
+        self._emptied()
         return out
 
     def clear(self) -> None:
+        if self.n:
+            self._objects_empty()  # no row's objects held past the rows
+        self._emptied()
+
+    def _emptied(self) -> None:
+        """No rows (the block and the object columns' room kept)."""
         self.rows.clear()
         self.counter[0] -= self.n
-        if self.n:
-            self._objects_empty()  # no row's objects held past the rows (after a take: fresh lists)
         self.n = 0
         self.at = vec[i64]()
 
