@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -174,6 +175,52 @@ def test_column_rows_and_other_rows_come_back_in_the_order_appended(module, name
             want, by_columns = [], 0
 
 
+@pytest.mark.parametrize("module", [pytest.param(emitters, id="as imported"), pytest.param(TWIN, id="python source")])
+def test_rows_past_the_first_room_grow_the_block_and_come_back_whole(module):
+    """A buffer's rows past its first room (`_FIRST_ROWS`), and past the room doubled again,
+    each its own values (every int column distinct by row and place), with other rows and takes
+    between: every row comes back whole and in order (its ints from their places in the rows'
+    block, its objects from their lists), and a take leaves room for as many again (the block
+    reused, fresh object lists). The compiled class and its Python source alike."""
+    first = module._FIRST_ROWS
+    cols = module.EvictionColumns([], _counter())
+    ints = module.EVICTION_INT_COLUMNS
+    want: list[tuple] = []
+    for batch in (first * 2 + 3, 5, first * 4 + 1):
+        for i in range(batch):
+            kw = {c: (len(want) + 1) * 100 + j for j, c in enumerate(ints)}
+            kw.update(tier="device" if i % 2 else "host", action="evict", cause_req_id=f"r{i}", owner_req_id=None)
+            cols.add(**kw)
+            want.append(tuple(kw[f] for f in ev.Eviction._fields))
+            if i == batch // 2:
+                other = tuple(None if f not in ints else -i for f in ev.Eviction._fields)
+                cols.append(other)
+                want.append(other)
+        assert cols.cap >= cols.n >= batch and len(cols) == len(want)
+        _check_take(cols.take(), "evictions", ev.Eviction._fields, want)
+        assert cols.n == 0 and cols.counter[0] == 0 and all(v is None for v in cols.o_tier)
+        want = []
+
+
+@pytest.mark.parametrize("cut", [-8, 8, 1, -1])
+def test_a_hand_over_whose_ints_are_not_its_rows_is_refused(cut):
+    """A columnar hand-over's ints block that is not `n` rows of its columns (bytes short or over,
+    a part of an int) is a ValueError saying so, from the writer's decode and the Python one,
+    never columns shifted into each other."""
+    cols = RequestColumns([], _counter())
+    kw = {**{c: 1 for c in REQUEST_INT_COLUMNS}, **{c: None for c in REQUEST_OBJECT_COLUMNS}, "route": ev.ROUTE_NONE}
+    cols.finished(**kw)
+    cols.finished(**kw)
+    hand = cols.take()
+    names, block = hand["ints"]
+    hand["ints"] = (names, block[:cut] if cut < 0 else block + b"\0" * cut)
+    with pytest.raises(ValueError, match="not 2 rows of"):
+        table_columns("requests", FIELDS, hand)
+    if cut % 8 == 0:  # (array("q") refuses a part of an int itself)
+        with pytest.raises(ValueError, match="not 2 rows of"):
+            columns_of(FIELDS, hand)
+
+
 @pytest.mark.parametrize("cls", CLASSES)
 @given(kw=_finished, column=st.sampled_from(REQUEST_INT_COLUMNS),
        bad=st.one_of(st.integers(min_value=2**63), st.integers(max_value=-(2**63) - 1)))
@@ -227,7 +274,10 @@ def test_a_hand_over_without_a_column_is_refused_naming_it():
     cols.finished(**{**{c: 1 for c in REQUEST_INT_COLUMNS}, **{c: None for c in REQUEST_OBJECT_COLUMNS},
                      "route": ev.ROUTE_NONE})
     hand = cols.take()
-    del hand["ints"]["ttft_ns"]
+    names, block = hand["ints"]
+    j = names.index("ttft_ns")
+    kept = np.delete(np.frombuffer(block, dtype=np.int64).reshape(1, len(names)), j, axis=1)
+    hand["ints"] = (names[:j] + names[j + 1:], kept.tobytes())
     with pytest.raises(ValueError, match="ttft_ns"):
         table_columns("requests", FIELDS, hand)
     with pytest.raises(ValueError, match="ttft_ns"):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Final, Optional
 
-from librt.vecs import append, vec
+from librt.vecs import append, extend, vec
 from mypy_extensions import i64
 
 from tierdiag.probes import events as ev
@@ -66,41 +66,56 @@ class Emitters:
                                                        else ev.by_keyword(ev.RequestRecord, self.record))
 
 
-# The columnar buffers: a table's rows appended a column each by the compiled engine, its values
-# unboxed (issue 41, session 24: a row as a tuple of boxed ints, encoded by the C row buffer
-# and freed, was most of a row's cost: ~14k instructions a request record, ~2.5k an eviction).
-# The columns by how they travel: an int64 each (*_INT_COLUMNS: librt's `vec[i64]`, a packed
+# The columnar buffers: a table's rows written by the compiled engine, its values unboxed (issue
+# 41, session 24: a row as a tuple of boxed ints, encoded by the C row buffer and freed, was most
+# of a row's cost: ~14k instructions a request record, ~2.5k an eviction). The columns by how
+# they travel: an int64 each (*_INT_COLUMNS: a row's ints into one librt `vec[i64]`, a packed
 # vector, native in compiled code: an int is written with no object made), an object each
-# (*_OBJECT_COLUMNS: strings and Optional values, objects already: appended as they are), a
-# group of columns as one tuple a row (*_TUPLE_COLUMNS: a request's Route), and constants.
+# (*_OBJECT_COLUMNS: strings and Optional values, objects already: set as they are), a group of
+# columns as one tuple a row (*_TUPLE_COLUMNS: a request's Route), and constants.
+
+# The rows a columnar buffer has room for at first (it doubles when full: `Columns._room`).
+_FIRST_ROWS: Final = 256
 
 
 class Columns:
     """A table's buffer where the probe is a recorder handing its rows over encoded (its
     `adopt_columns`: one a probe and table, made by the first Emitters that asks): rows
-    appended a column each by the subclass's typed method (`finished` / `add`, called by the
-    compiled engine with its values unboxed), any other row of the table (a rejected request's,
-    an event a probe's `emit` was handed) as a tuple into the recorder's own buffer (`rows`),
-    its place among the others kept (`at`: the column rows before it). `counter` (a vec of one
-    int64, shared by a recorder's columnar buffers) is their column rows in all, kept as they
-    are appended and taken: the recorder's ticker reads it in place (_cplane.FlushTicker,
-    through a memoryview), where each buffer's len() was a call through mypyc's slot. A row is
-    appended whole or not at all: compiled, its ints are i64 parameters, converted where they are passed (a
-    value past int64 is an error before any column took a value); the Python twin, where a
-    column refuses a value, takes back what the row's other columns took (`_truncate`).
+    appended by the subclass's typed method (`finished` / `add`, called by the compiled engine
+    with its values unboxed), any other row of the table (a rejected request's, an event a
+    probe's `emit` was handed) as a tuple into the recorder's own buffer (`rows`), its place
+    among the others kept (`at`: the column rows before it). `counter` (a vec of one int64,
+    shared by a recorder's columnar buffers) is their column rows in all, kept as they are
+    appended and taken: the recorder's ticker reads it in place (_cplane.FlushTicker, through a
+    memoryview), where each buffer's len() was a call through mypyc's slot.
+
+    The ints of a row go into one librt `vec[i64]`, `block`, row after row (`width` ints a row,
+    room for `cap` rows), each written by index: compiled, a vec's item set is inlined (a bounds
+    check and a store, ~8 instructions), where an append a column was a call into librt's
+    `VecI64Api.append` and the column's read and write back (~50 instructions an int; a finished
+    request's 49 ints ~2.5k, issue 41 session 25). The object columns are lists made `cap` long
+    and set by index too (no list growth a row). The block and lists grow together, doubled
+    (`_room`), only when `n` reaches `cap`, and the block is reused after a take. A row is kept
+    whole or not at all: `n` (the rows kept) moves only after every value is written, and the
+    object columns are set after the ints, which alone can refuse a value (compiled, an i64
+    parameter is converted where it is passed; the Python twin's vec refuses a value past int64
+    or no int at its item set, before `n` moves).
 
     `take()` hands the lot over as one dict, and the buffer is empty again: {"n": column rows,
-    "ints": {column: int64 bytes, the machine's order (both processes run on it)}, "objects":
-    {column: list}, "constants": ((column, value), ...), "tuples": ((columns, list of tuples),
-    ...), "at": int64 bytes (each other row's place: column rows before it), "rows": the other
-    rows as the recorder's buffer takes them (a list of tuples, or RowBuffer.take()'s)}, which
-    store/columns.py's `table_columns` turns into the table's Arrow columns and
-    probes/recorder.py's `columns_of` into Python values, the rows in the order appended.
-    Compiled with the engine core; the Python source (librt.vecs works interpreted too) is its
-    twin."""
+    "ints": (int column names, their values as int64 bytes row after row, the machine's order:
+    both processes run on it), "objects": {column: list}, "constants": ((column, value), ...),
+    "tuples": ((columns, list of tuples), ...), "at": int64 bytes (each other row's place:
+    column rows before it), "rows": the other rows as the recorder's buffer takes them (a list
+    of tuples, or RowBuffer.take()'s)}, which store/columns.py's `table_columns` turns into the
+    table's Arrow columns and probes/recorder.py's `columns_of` into Python values, the rows in
+    the order appended. Compiled with the engine core; the Python source (librt.vecs works
+    interpreted too) is its twin."""
 
     rows: Any
-    n: int
+    n: i64
+    cap: i64
+    width: i64
+    block: vec[i64]
     at: vec[i64]
     counter: vec[i64]
 
@@ -108,44 +123,45 @@ class Columns:
         self.rows = rows
         self.counter = counter
         self.n = 0
+        self.cap = 0
+        self.width = len(self._layout()[0])
+        self.block = vec[i64]()
         self.at = vec[i64]()
-        self._reset()
+        self._objects_empty()
 
     def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple]:
-        """The subclass's columns: (int columns, held in `i_NAME` vecs; object columns, in
-        `o_NAME` lists; the constants of its rows; ((tuple's columns, attribute), ...): columns
-        that travel as one tuple a row, in that attribute's list). Its typed `add` appends to them
-        by name (the hot path); emptying, cutting back and handing over (once a flush, or a
-        refused row) go by these names."""
+        """The subclass's columns: (int columns, in `block`'s rows in this order; object columns,
+        in `o_NAME` lists; the constants of its rows; ((tuple's columns, attribute), ...): columns
+        that travel as one tuple a row, in that attribute's list). Its typed `add` writes them by
+        place and name (the hot path); growing, emptying and handing over (once a flush, or
+        when full) go by these names."""
         return (), (), (), ()
 
-    def _reset(self) -> None:
-        """Every column empty."""
-        ints, objects, _, tuples = self._layout()
-        for name in ints:
-            setattr(self, "i_" + name, vec[i64]())
-        for name in objects:
-            setattr(self, "o_" + name, [])
-        for _, attr in tuples:
-            setattr(self, attr, [])
+    def _object_attrs(self) -> list[str]:
+        _, objects, _, tuples = self._layout()
+        return ["o_" + name for name in objects] + [attr for _, attr in tuples]
 
-    def _truncate(self) -> None:
-        """Every column back to the rows appended whole (`n`): a row a column refused."""
-        n = self.n
-        ints, objects, _, tuples = self._layout()
-        for name in ints:
-            setattr(self, "i_" + name, getattr(self, "i_" + name)[:n])
-        for name in objects:
-            del getattr(self, "o_" + name)[n:]
-        for _, attr in tuples:
-            del getattr(self, attr)[n:]
+    def _objects_empty(self) -> None:
+        """Every object column `cap` long, its rows unset (None)."""
+        for attr in self._object_attrs():
+            setattr(self, attr, [None] * self.cap)
 
-    def _columns(self) -> tuple[dict, dict, tuple, tuple]:
-        """(ints, objects, constants, tuples) of take()'s dict."""
-        ints, objects, constants, tuples = self._layout()
-        return ({name: bytes(memoryview(getattr(self, "i_" + name))) for name in ints},
-                {name: getattr(self, "o_" + name) for name in objects}, constants,
-                tuple((fields, getattr(self, attr)) for fields, attr in tuples))
+    def _room(self) -> None:
+        """Room for more rows (the typed add's, when `n` reached `cap`): the block and the object
+        columns made twice as long (at first _FIRST_ROWS rows), the rows kept."""
+        if self.cap > 0:
+            # doubled by extending the block with itself: the new half's values are the old rows'
+            # until written (never read: `n` says which rows are kept), and no zeroed vec is
+            # made and copied for it (which was most of the growth's cost)
+            cap = self.cap * 2
+            self.block = extend(self.block, self.block)
+        else:
+            cap = _FIRST_ROWS
+            self.block = vec[i64]([0] * (cap * self.width))
+        for attr in self._object_attrs():
+            column: list = getattr(self, attr)
+            column.extend([None] * (cap - self.cap))
+        self.cap = cap
 
     def append(self, row: tuple) -> None:
         """Any other row of the table (a tuple of its event's fields, in order): into the
@@ -161,18 +177,33 @@ class Columns:
         other: object = rows.take() if not isinstance(rows, list) else list(rows)
         if isinstance(rows, list):
             rows.clear()
-        ints, objects, constants, tuples = self._columns()
-        out = {"n": self.n, "ints": ints, "objects": objects, "constants": constants, "tuples": tuples,
+        n = self.n
+        ints, objects, constants, tuples = self._layout()
+        # the object columns handed over as they are (cut to the rows kept), fresh ones in their place
+        taken: dict[str, list] = {}
+        for attr in self._object_attrs():
+            column: list = getattr(self, attr)
+            del column[n:]
+            taken[attr] = column
+        out = {"n": n, "ints": (ints, memoryview(self.block)[:n * self.width].tobytes()),
+               "objects": {name: taken["o_" + name] for name in objects}, "constants": constants,
+               "tuples": tuple((fields, taken[attr]) for fields, attr in tuples),
                "at": bytes(memoryview(self.at)), "rows": other}
-        self.clear()
+        self._objects_empty()
+        self._emptied()
         return out
 
     def clear(self) -> None:
+        if self.n:
+            self._objects_empty()  # no row's objects held past the rows
+        self._emptied()
+
+    def _emptied(self) -> None:
+        """No rows (the block and the object columns' room kept)."""
         self.rows.clear()
         self.counter[0] -= self.n
         self.n = 0
         self.at = vec[i64]()
-        self._reset()
 
 
 REQUEST_INT_COLUMNS: Final = (
@@ -226,55 +257,6 @@ class RequestColumns(Columns):
     `Route` tuple (one object a row, made once a request by the router), status and
     reject_reason as the constants of a finished row."""
 
-    i_seq: vec[i64]
-    i_arrival_ns: vec[i64]
-    i_input_tokens: vec[i64]
-    i_output_tokens: vec[i64]
-    i_device_hit_tokens: vec[i64]
-    i_host_hit_tokens: vec[i64]
-    i_storage_hit_tokens: vec[i64]
-    i_computed_tokens: vec[i64]
-    i_recomputed_tokens: vec[i64]
-    i_host_match_tokens: vec[i64]
-    i_storage_match_tokens: vec[i64]
-    i_loadback_skipped_tokens: vec[i64]
-    i_prefix_indices_len: vec[i64]
-    i_cache_protected_len: vec[i64]
-    i_extend_input_len: vec[i64]
-    i_queue_ns: vec[i64]
-    i_storage_wait_ns: vec[i64]
-    i_loadback_ns: vec[i64]
-    i_loadback_exposed_ns: vec[i64]
-    i_loadback_queued_ns: vec[i64]
-    i_loadback_bytes: vec[i64]
-    i_loadback_pages: vec[i64]
-    i_loadback_runs: vec[i64]
-    i_storage_bytes: vec[i64]
-    i_storage_fetch_ns: vec[i64]
-    i_recompute_ns: vec[i64]
-    i_compute_ns: vec[i64]
-    i_prefill_ns: vec[i64]
-    i_ttft_ns: vec[i64]
-    i_ideal_ttft_ns: vec[i64]
-    i_ttft_if_device_resident_ns: vec[i64]
-    i_recompute_instead_ns: vec[i64]
-    i_num_chunks: vec[i64]
-    i_first_token_ns: vec[i64]
-    i_finish_ns: vec[i64]
-    i_trace_arrival_ns: vec[i64]
-    i_dp_rank: vec[i64]
-    i_decode_wait_ns: vec[i64]
-    i_retractions: vec[i64]
-    i_miss_never_cached_tokens: vec[i64]
-    i_miss_evicted_before_reuse_tokens: vec[i64]
-    i_miss_lost_while_queued_tokens: vec[i64]
-    i_miss_loadback_skipped_tokens: vec[i64]
-    i_miss_prefetch_declined_tokens: vec[i64]
-    i_miss_prefetch_revoked_tokens: vec[i64]
-    i_miss_shared_in_batch_tokens: vec[i64]
-    i_miss_routed_elsewhere_tokens: vec[i64]
-    i_miss_beyond_storage_tokens: vec[i64]
-    i_miss_prefetch_lost_tokens: vec[i64]
     o_req_id: list[object]
     o_hit_class: list[object]
     o_loadback_skipped_reason: list[object]
@@ -304,84 +286,75 @@ class RequestColumns(Columns):
             miss_prefetch_declined_tokens: i64, miss_prefetch_revoked_tokens: i64,
             miss_shared_in_batch_tokens: i64, miss_routed_elsewhere_tokens: i64, miss_beyond_storage_tokens: i64,
             miss_prefetch_lost_tokens: i64, route: tuple) -> None:
-        """One row, its columns by keyword (`Columns`: a row is appended whole or not at all)."""
-        try:
-            self.i_seq = append(self.i_seq, seq)
-            self.i_arrival_ns = append(self.i_arrival_ns, arrival_ns)
-            self.i_input_tokens = append(self.i_input_tokens, input_tokens)
-            self.i_output_tokens = append(self.i_output_tokens, output_tokens)
-            self.i_device_hit_tokens = append(self.i_device_hit_tokens, device_hit_tokens)
-            self.i_host_hit_tokens = append(self.i_host_hit_tokens, host_hit_tokens)
-            self.i_storage_hit_tokens = append(self.i_storage_hit_tokens, storage_hit_tokens)
-            self.i_computed_tokens = append(self.i_computed_tokens, computed_tokens)
-            self.i_recomputed_tokens = append(self.i_recomputed_tokens, recomputed_tokens)
-            self.i_host_match_tokens = append(self.i_host_match_tokens, host_match_tokens)
-            self.i_storage_match_tokens = append(self.i_storage_match_tokens, storage_match_tokens)
-            self.i_loadback_skipped_tokens = append(self.i_loadback_skipped_tokens, loadback_skipped_tokens)
-            self.i_prefix_indices_len = append(self.i_prefix_indices_len, prefix_indices_len)
-            self.i_cache_protected_len = append(self.i_cache_protected_len, cache_protected_len)
-            self.i_extend_input_len = append(self.i_extend_input_len, extend_input_len)
-            self.i_queue_ns = append(self.i_queue_ns, queue_ns)
-            self.i_storage_wait_ns = append(self.i_storage_wait_ns, storage_wait_ns)
-            self.i_loadback_ns = append(self.i_loadback_ns, loadback_ns)
-            self.i_loadback_exposed_ns = append(self.i_loadback_exposed_ns, loadback_exposed_ns)
-            self.i_loadback_queued_ns = append(self.i_loadback_queued_ns, loadback_queued_ns)
-            self.i_loadback_bytes = append(self.i_loadback_bytes, loadback_bytes)
-            self.i_loadback_pages = append(self.i_loadback_pages, loadback_pages)
-            self.i_loadback_runs = append(self.i_loadback_runs, loadback_runs)
-            self.i_storage_bytes = append(self.i_storage_bytes, storage_bytes)
-            self.i_storage_fetch_ns = append(self.i_storage_fetch_ns, storage_fetch_ns)
-            self.i_recompute_ns = append(self.i_recompute_ns, recompute_ns)
-            self.i_compute_ns = append(self.i_compute_ns, compute_ns)
-            self.i_prefill_ns = append(self.i_prefill_ns, prefill_ns)
-            self.i_ttft_ns = append(self.i_ttft_ns, ttft_ns)
-            self.i_ideal_ttft_ns = append(self.i_ideal_ttft_ns, ideal_ttft_ns)
-            self.i_ttft_if_device_resident_ns = append(self.i_ttft_if_device_resident_ns, ttft_if_device_resident_ns)
-            self.i_recompute_instead_ns = append(self.i_recompute_instead_ns, recompute_instead_ns)
-            self.i_num_chunks = append(self.i_num_chunks, num_chunks)
-            self.i_first_token_ns = append(self.i_first_token_ns, first_token_ns)
-            self.i_finish_ns = append(self.i_finish_ns, finish_ns)
-            self.i_trace_arrival_ns = append(self.i_trace_arrival_ns, trace_arrival_ns)
-            self.i_dp_rank = append(self.i_dp_rank, dp_rank)
-            self.i_decode_wait_ns = append(self.i_decode_wait_ns, decode_wait_ns)
-            self.i_retractions = append(self.i_retractions, retractions)
-            self.i_miss_never_cached_tokens = append(self.i_miss_never_cached_tokens, miss_never_cached_tokens)
-            self.i_miss_evicted_before_reuse_tokens = append(self.i_miss_evicted_before_reuse_tokens, miss_evicted_before_reuse_tokens)
-            self.i_miss_lost_while_queued_tokens = append(self.i_miss_lost_while_queued_tokens, miss_lost_while_queued_tokens)
-            self.i_miss_loadback_skipped_tokens = append(self.i_miss_loadback_skipped_tokens, miss_loadback_skipped_tokens)
-            self.i_miss_prefetch_declined_tokens = append(self.i_miss_prefetch_declined_tokens, miss_prefetch_declined_tokens)
-            self.i_miss_prefetch_revoked_tokens = append(self.i_miss_prefetch_revoked_tokens, miss_prefetch_revoked_tokens)
-            self.i_miss_shared_in_batch_tokens = append(self.i_miss_shared_in_batch_tokens, miss_shared_in_batch_tokens)
-            self.i_miss_routed_elsewhere_tokens = append(self.i_miss_routed_elsewhere_tokens, miss_routed_elsewhere_tokens)
-            self.i_miss_beyond_storage_tokens = append(self.i_miss_beyond_storage_tokens, miss_beyond_storage_tokens)
-            self.i_miss_prefetch_lost_tokens = append(self.i_miss_prefetch_lost_tokens, miss_prefetch_lost_tokens)
-            self.o_req_id.append(req_id)
-            self.o_hit_class.append(hit_class)
-            self.o_loadback_skipped_reason.append(loadback_skipped_reason)
-            self.o_storage_skipped_reason.append(storage_skipped_reason)
-            self.o_first_batch_id.append(first_batch_id)
-            self.o_session_id.append(session_id)
-            self.o_think_ms.append(think_ms)
-            self.t_route.append(route)
-        except BaseException:  # a value the Python twin's vec refused: the row not kept at all
-            self._truncate()
-            raise
-        self.n += 1
+        """One row, its columns by keyword (`Columns`: its ints by place in `block`, a row kept whole or not at all)."""
+        k = self.n
+        if k == self.cap:
+            self._room()
+        b = self.block
+        p: i64 = k * 49
+        b[p] = seq
+        b[p + 1] = arrival_ns
+        b[p + 2] = input_tokens
+        b[p + 3] = output_tokens
+        b[p + 4] = device_hit_tokens
+        b[p + 5] = host_hit_tokens
+        b[p + 6] = storage_hit_tokens
+        b[p + 7] = computed_tokens
+        b[p + 8] = recomputed_tokens
+        b[p + 9] = host_match_tokens
+        b[p + 10] = storage_match_tokens
+        b[p + 11] = loadback_skipped_tokens
+        b[p + 12] = prefix_indices_len
+        b[p + 13] = cache_protected_len
+        b[p + 14] = extend_input_len
+        b[p + 15] = queue_ns
+        b[p + 16] = storage_wait_ns
+        b[p + 17] = loadback_ns
+        b[p + 18] = loadback_exposed_ns
+        b[p + 19] = loadback_queued_ns
+        b[p + 20] = loadback_bytes
+        b[p + 21] = loadback_pages
+        b[p + 22] = loadback_runs
+        b[p + 23] = storage_bytes
+        b[p + 24] = storage_fetch_ns
+        b[p + 25] = recompute_ns
+        b[p + 26] = compute_ns
+        b[p + 27] = prefill_ns
+        b[p + 28] = ttft_ns
+        b[p + 29] = ideal_ttft_ns
+        b[p + 30] = ttft_if_device_resident_ns
+        b[p + 31] = recompute_instead_ns
+        b[p + 32] = num_chunks
+        b[p + 33] = first_token_ns
+        b[p + 34] = finish_ns
+        b[p + 35] = trace_arrival_ns
+        b[p + 36] = dp_rank
+        b[p + 37] = decode_wait_ns
+        b[p + 38] = retractions
+        b[p + 39] = miss_never_cached_tokens
+        b[p + 40] = miss_evicted_before_reuse_tokens
+        b[p + 41] = miss_lost_while_queued_tokens
+        b[p + 42] = miss_loadback_skipped_tokens
+        b[p + 43] = miss_prefetch_declined_tokens
+        b[p + 44] = miss_prefetch_revoked_tokens
+        b[p + 45] = miss_shared_in_batch_tokens
+        b[p + 46] = miss_routed_elsewhere_tokens
+        b[p + 47] = miss_beyond_storage_tokens
+        b[p + 48] = miss_prefetch_lost_tokens
+        self.o_req_id[k] = req_id
+        self.o_hit_class[k] = hit_class
+        self.o_loadback_skipped_reason[k] = loadback_skipped_reason
+        self.o_storage_skipped_reason[k] = storage_skipped_reason
+        self.o_first_batch_id[k] = first_batch_id
+        self.o_session_id[k] = session_id
+        self.o_think_ms[k] = think_ms
+        self.t_route[k] = route
+        self.n = k + 1
         self.counter[0] += 1
 
 class EvictionColumns(Columns):
     """An eviction's row (CacheController.record_eviction), a column each."""
 
-    i_eviction_id: vec[i64]
-    i_t_ns: vec[i64]
-    i_node_id: vec[i64]
-    i_tokens: vec[i64]
-    i_pool_used_tokens: vec[i64]
-    i_pool_capacity_tokens: vec[i64]
-    i_locked_tokens: vec[i64]
-    i_node_hit_count: vec[i64]
-    i_node_last_access_ns: vec[i64]
-    i_dp_rank: vec[i64]
     o_tier: list[object]
     o_action: list[object]
     o_cause_req_id: list[object]
@@ -394,36 +367,32 @@ class EvictionColumns(Columns):
             eviction_id: i64, t_ns: i64, tier: object, node_id: i64, tokens: i64, action: object,
             cause_req_id: object, owner_req_id: object, pool_used_tokens: i64, pool_capacity_tokens: i64,
             locked_tokens: i64, node_hit_count: i64, node_last_access_ns: i64, dp_rank: i64) -> None:
-        """One row, its columns by keyword (`Columns`: a row is appended whole or not at all)."""
-        try:
-            self.i_eviction_id = append(self.i_eviction_id, eviction_id)
-            self.i_t_ns = append(self.i_t_ns, t_ns)
-            self.i_node_id = append(self.i_node_id, node_id)
-            self.i_tokens = append(self.i_tokens, tokens)
-            self.i_pool_used_tokens = append(self.i_pool_used_tokens, pool_used_tokens)
-            self.i_pool_capacity_tokens = append(self.i_pool_capacity_tokens, pool_capacity_tokens)
-            self.i_locked_tokens = append(self.i_locked_tokens, locked_tokens)
-            self.i_node_hit_count = append(self.i_node_hit_count, node_hit_count)
-            self.i_node_last_access_ns = append(self.i_node_last_access_ns, node_last_access_ns)
-            self.i_dp_rank = append(self.i_dp_rank, dp_rank)
-            self.o_tier.append(tier)
-            self.o_action.append(action)
-            self.o_cause_req_id.append(cause_req_id)
-            self.o_owner_req_id.append(owner_req_id)
-        except BaseException:  # a value the Python twin's vec refused: the row not kept at all
-            self._truncate()
-            raise
-        self.n += 1
+        """One row, its columns by keyword (`Columns`: its ints by place in `block`, a row kept whole or not at all)."""
+        k = self.n
+        if k == self.cap:
+            self._room()
+        b = self.block
+        p: i64 = k * 10
+        b[p] = eviction_id
+        b[p + 1] = t_ns
+        b[p + 2] = node_id
+        b[p + 3] = tokens
+        b[p + 4] = pool_used_tokens
+        b[p + 5] = pool_capacity_tokens
+        b[p + 6] = locked_tokens
+        b[p + 7] = node_hit_count
+        b[p + 8] = node_last_access_ns
+        b[p + 9] = dp_rank
+        self.o_tier[k] = tier
+        self.o_action[k] = action
+        self.o_cause_req_id[k] = cause_req_id
+        self.o_owner_req_id[k] = owner_req_id
+        self.n = k + 1
         self.counter[0] += 1
 
 class PoolSampleColumns(Columns):
     """A pool sample (RequestRecords._sample_pools), a column each."""
 
-    i_t_ns: vec[i64]
-    i_used_tokens: vec[i64]
-    i_capacity_tokens: vec[i64]
-    i_locked_tokens: vec[i64]
-    i_dp_rank: vec[i64]
     o_tier: list[object]
 
     def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple]:
@@ -431,33 +400,24 @@ class PoolSampleColumns(Columns):
 
     def add(self,
             t_ns: i64, tier: object, used_tokens: i64, capacity_tokens: i64, locked_tokens: i64, dp_rank: i64) -> None:
-        """One row, its columns by keyword (`Columns`: a row is appended whole or not at all)."""
-        try:
-            self.i_t_ns = append(self.i_t_ns, t_ns)
-            self.i_used_tokens = append(self.i_used_tokens, used_tokens)
-            self.i_capacity_tokens = append(self.i_capacity_tokens, capacity_tokens)
-            self.i_locked_tokens = append(self.i_locked_tokens, locked_tokens)
-            self.i_dp_rank = append(self.i_dp_rank, dp_rank)
-            self.o_tier.append(tier)
-        except BaseException:  # a value the Python twin's vec refused: the row not kept at all
-            self._truncate()
-            raise
-        self.n += 1
+        """One row, its columns by keyword (`Columns`: its ints by place in `block`, a row kept whole or not at all)."""
+        k = self.n
+        if k == self.cap:
+            self._room()
+        b = self.block
+        p: i64 = k * 5
+        b[p] = t_ns
+        b[p + 1] = used_tokens
+        b[p + 2] = capacity_tokens
+        b[p + 3] = locked_tokens
+        b[p + 4] = dp_rank
+        self.o_tier[k] = tier
+        self.n = k + 1
         self.counter[0] += 1
 
 class TransferColumns(Columns):
     """A transfer's row (CacheController's copies between tiers), a column each."""
 
-    i_transfer_id: vec[i64]
-    i_t_start_ns: vec[i64]
-    i_t_end_ns: vec[i64]
-    i_pages: vec[i64]
-    i_runs: vec[i64]
-    i_bytes: vec[i64]
-    i_data_plane_bytes: vec[i64]
-    i_queued_ns: vec[i64]
-    i_wall_ns: vec[i64]
-    i_dp_rank: vec[i64]
     o_kind: list[object]
     o_req_id: list[object]
     o_verified: list[object]
@@ -469,41 +429,31 @@ class TransferColumns(Columns):
             transfer_id: i64, t_start_ns: i64, t_end_ns: i64, kind: object, req_id: object, pages: i64,
             runs: i64, bytes: i64, data_plane_bytes: i64, queued_ns: i64, wall_ns: i64, verified: object,
             dp_rank: i64) -> None:
-        """One row, its columns by keyword (`Columns`: a row is appended whole or not at all)."""
-        try:
-            self.i_transfer_id = append(self.i_transfer_id, transfer_id)
-            self.i_t_start_ns = append(self.i_t_start_ns, t_start_ns)
-            self.i_t_end_ns = append(self.i_t_end_ns, t_end_ns)
-            self.i_pages = append(self.i_pages, pages)
-            self.i_runs = append(self.i_runs, runs)
-            self.i_bytes = append(self.i_bytes, bytes)
-            self.i_data_plane_bytes = append(self.i_data_plane_bytes, data_plane_bytes)
-            self.i_queued_ns = append(self.i_queued_ns, queued_ns)
-            self.i_wall_ns = append(self.i_wall_ns, wall_ns)
-            self.i_dp_rank = append(self.i_dp_rank, dp_rank)
-            self.o_kind.append(kind)
-            self.o_req_id.append(req_id)
-            self.o_verified.append(verified)
-        except BaseException:  # a value the Python twin's vec refused: the row not kept at all
-            self._truncate()
-            raise
-        self.n += 1
+        """One row, its columns by keyword (`Columns`: its ints by place in `block`, a row kept whole or not at all)."""
+        k = self.n
+        if k == self.cap:
+            self._room()
+        b = self.block
+        p: i64 = k * 10
+        b[p] = transfer_id
+        b[p + 1] = t_start_ns
+        b[p + 2] = t_end_ns
+        b[p + 3] = pages
+        b[p + 4] = runs
+        b[p + 5] = bytes
+        b[p + 6] = data_plane_bytes
+        b[p + 7] = queued_ns
+        b[p + 8] = wall_ns
+        b[p + 9] = dp_rank
+        self.o_kind[k] = kind
+        self.o_req_id[k] = req_id
+        self.o_verified[k] = verified
+        self.n = k + 1
         self.counter[0] += 1
 
 class BatchColumns(Columns):
     """A prefill batch's row (Admission's batch run), a column each."""
 
-    i_batch_id: vec[i64]
-    i_t_start_ns: vec[i64]
-    i_t_end_ns: vec[i64]
-    i_num_reqs: vec[i64]
-    i_extend_tokens: vec[i64]
-    i_loadback_bytes: vec[i64]
-    i_compute_ns: vec[i64]
-    i_loadback_exposed_ns: vec[i64]
-    i_num_decoding: vec[i64]
-    i_recompute_ns: vec[i64]
-    i_dp_rank: vec[i64]
 
     def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple]:
         return BATCH_INT_COLUMNS, BATCH_OBJECT_COLUMNS, BATCH_CONSTANTS, ()
@@ -512,21 +462,22 @@ class BatchColumns(Columns):
             batch_id: i64, t_start_ns: i64, t_end_ns: i64, num_reqs: i64, extend_tokens: i64,
             loadback_bytes: i64, compute_ns: i64, loadback_exposed_ns: i64, num_decoding: i64, recompute_ns: i64,
             dp_rank: i64) -> None:
-        """One row, its columns by keyword (`Columns`: a row is appended whole or not at all)."""
-        try:
-            self.i_batch_id = append(self.i_batch_id, batch_id)
-            self.i_t_start_ns = append(self.i_t_start_ns, t_start_ns)
-            self.i_t_end_ns = append(self.i_t_end_ns, t_end_ns)
-            self.i_num_reqs = append(self.i_num_reqs, num_reqs)
-            self.i_extend_tokens = append(self.i_extend_tokens, extend_tokens)
-            self.i_loadback_bytes = append(self.i_loadback_bytes, loadback_bytes)
-            self.i_compute_ns = append(self.i_compute_ns, compute_ns)
-            self.i_loadback_exposed_ns = append(self.i_loadback_exposed_ns, loadback_exposed_ns)
-            self.i_num_decoding = append(self.i_num_decoding, num_decoding)
-            self.i_recompute_ns = append(self.i_recompute_ns, recompute_ns)
-            self.i_dp_rank = append(self.i_dp_rank, dp_rank)
-        except BaseException:  # a value the Python twin's vec refused: the row not kept at all
-            self._truncate()
-            raise
-        self.n += 1
+        """One row, its columns by keyword (`Columns`: its ints by place in `block`, a row kept whole or not at all)."""
+        k = self.n
+        if k == self.cap:
+            self._room()
+        b = self.block
+        p: i64 = k * 11
+        b[p] = batch_id
+        b[p + 1] = t_start_ns
+        b[p + 2] = t_end_ns
+        b[p + 3] = num_reqs
+        b[p + 4] = extend_tokens
+        b[p + 5] = loadback_bytes
+        b[p + 6] = compute_ns
+        b[p + 7] = loadback_exposed_ns
+        b[p + 8] = num_decoding
+        b[p + 9] = recompute_ns
+        b[p + 10] = dp_rank
+        self.n = k + 1
         self.counter[0] += 1

@@ -86,10 +86,14 @@ def _columnar_values(fields: tuple[str, ...], hand: dict) -> dict[str, tuple]:
     cols: dict[str, Sequence] = {}
     for name, value in hand["constants"]:
         cols[name] = (value,) * n
-    for name, data in hand["ints"].items():
-        values = array("q")
-        values.frombytes(data)
-        cols[name] = values.tolist()
+    names, block = hand["ints"]
+    values = array("q")
+    values.frombytes(block)
+    width = len(names)
+    if len(values) != n * width:
+        raise ValueError(f"a columnar hand-over's ints are {len(values)} values, not {n} rows of {width}")
+    for j, name in enumerate(names):
+        cols[name] = values[j::width].tolist()  # its column: every width-th value from its place
     cols.update(hand["objects"])
     for names, rows in hand["tuples"]:
         cols.update(zip(names, zip(*rows)) if rows else ((f, ()) for f in names))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from tierdiag.store.reader import first_line
@@ -68,12 +69,13 @@ def table_columns(table: str, fields: tuple[str, ...], rows) -> dict[str, Any]:
 
 def _columnar(table: str, fields: tuple[str, ...], hand: dict) -> dict[str, Any]:
     """`table_columns` for a columnar hand-over (engine/emitters.py's Columns.take(): the ints
-    as int64 bytes, the objects as lists, tuples of columns, constants; the other rows as the
-    recorder's buffer took them, with their places among the others): every column an Arrow
-    array or the values arrow_column converts, the rows in the order they were appended. A
-    BIGINT column is Arrow's array over the bytes as they came (no Python int made), another
-    int column (INTEGER: dp_rank) their numpy view, cast by arrow_column (a value that does not
-    fit is its OverflowError naming the column)."""
+    as int64 bytes row after row, the objects as lists, tuples of columns, constants; the other
+    rows as the recorder's buffer took them, with their places among the others): every column
+    an Arrow array or the values arrow_column converts, the rows in the order they were
+    appended. An int column is its values taken out of the rows by numpy (the rows transposed in
+    one copy, on the writer's core: the engine wrote each row's ints side by side), a BIGINT column Arrow's
+    array over them (no Python int made), another (INTEGER: dp_rank) the numpy array, cast by
+    arrow_column (a value that does not fit is its OverflowError naming the column)."""
     from tierdiag.probes.recorder import columnar_order
 
     n = hand["n"]
@@ -81,9 +83,16 @@ def _columnar(table: str, fields: tuple[str, ...], hand: dict) -> dict[str, Any]
     for name, value in hand["constants"]:
         cols[name] = [value] * n
     schema = TABLES.get(table, {})
-    for name, data in hand["ints"].items():
-        values = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(data)], null_count=0)
-        cols[name] = values if schema.get(name) == "BIGINT" else values.to_numpy(zero_copy_only=True)
+    names, block = hand["ints"]
+    width = len(names)
+    if len(block) != 8 * n * width:
+        raise ValueError(f"{table}: a columnar hand-over's ints are {len(block)} bytes, not {n} rows of {width} int64")
+    # the rows turned into columns in one copy (numpy's transpose, in C): each column a contiguous row of it
+    by_column = np.frombuffer(block, dtype=np.int64).reshape(n, width).T.copy()
+    for j, name in enumerate(names):
+        values = by_column[j]
+        cols[name] = (pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(values)], null_count=0)
+                      if schema.get(name) == "BIGINT" else values)
     cols.update(hand["objects"])
     for names, rows in hand["tuples"]:
         cols.update(zip(names, zip(*rows)) if rows else ((f, ()) for f in names))
