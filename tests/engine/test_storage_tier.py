@@ -185,6 +185,7 @@ def test_a_page_first_pool_writes_the_same_page_files_as_a_layer_first_one(tmp_p
     a, b = StorageTier(tmp_path / "a", 16), StorageTier(tmp_path / "b", 16)
     a.write_from(layer_first, [7, 2, 5], [key(1), key(2), key(3)])
     b.write_from(page_first, [7, 2, 5], [key(1), key(2), key(3)])
+    a.flush(), b.flush()  # write_from's pwrite runs on the tier's thread: landed before the files are read
     files = sorted((tmp_path / "a").iterdir()), sorted((tmp_path / "b").iterdir())
     assert [f.read_bytes() for f in files[0]] == [f.read_bytes() for f in files[1]]
     dst = np.zeros((10, LAYERS, ELEMS), dtype=np.int64).transpose(1, 0, 2)

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 
 import duckdb
 
+from tierdiag.store.lookup import write_request_lookup  # at import: begin_run_evidence runs on a thread
 from tierdiag.store.schema import OPTIONAL_TABLES, create_table_sql
 
 TABLE = "run_evidence"
@@ -20,8 +21,6 @@ def begin_run_evidence(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
     larger part of the evidence's write), and delete the run's `run_evidence` row there: the
     writer's close does this on a cursor of its own while the evidence's sections are computed,
     not after them (issue 41). Rolled back, and raised, where it fails."""
-    from tierdiag.store.lookup import write_request_lookup
-
     con.execute("BEGIN")
     try:
         write_request_lookup(con, run_id)  # explain's index of the run's request ids (issue 41)
@@ -37,7 +36,6 @@ def replace_run_evidence(con: duckdb.DuckDBPyConnection, run_id: str, version: i
     (creating the tables in a store made before them). `begun`: the transaction is open on `con`
     with the lookup's rows written and the run's old row deleted (`begin_run_evidence`): the row
     joins them, and all commit."""
-    from tierdiag.store.lookup import write_request_lookup
 
     if not begun:
         con.execute("BEGIN")

@@ -227,8 +227,7 @@ def loadback_requests(con: duckdb.DuckDBPyConnection, run_id: str) -> LoadbackRe
 
 def named_ranks(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
     """How many distinct data-parallel ranks the run's requests name."""
-    return int(con.execute("SELECT count(DISTINCT dp_rank) FROM requests WHERE run_id = ?",
-                           [run_id]).fetchall()[0][0] or 0)
+    return int(con.execute("SELECT count(DISTINCT dp_rank) FROM requests WHERE run_id=?", [run_id]).fetchall()[0][0] or 0)
 
 
 class FinishedTotals(NamedTuple):
