@@ -108,7 +108,7 @@ def _record(mode: str, db, tmp_path, batches: list[dict], table: str | None, at:
                 handed += 1
                 strategy.writer.append(batch)
             problem = strategy.close("complete", None)
-        except Exception as exc:  # noqa: BLE001 - a value that cannot be stored: closed as a bug is
+        except Exception as exc:  # noqa: BLE001 - as _on_failure: a TierdiagError's line, else a bug's type and line
             problem = exc if isinstance(exc, TierdiagError) else TierdiagError(
                 f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
             if strategy.writer.closed_as is None:  # a process writer's close asked as complete closed it already
