@@ -180,10 +180,11 @@ _HERE = str(Path(__file__).resolve().parent)
 _IN_WRITER_PROCESS = False  # set in a writer process a test started with a hook
 
 
-def on_request_flush(monkeypatch, hook, *, writer: str = "inline", tmp_path: Path | None = None):
-    """Run `hook(n)` before the n-th flush of `requests` rows (1-based) is inserted; it may raise
-    (a full disk, a bug) or send a signal (`interrupt_engine`). Returns the live call count:
-    calls["requests"].
+def on_request_flush(monkeypatch, hook, *, writer: str = "inline", tmp_path: Path | None = None,
+                     table: str | None = "requests"):
+    """Run `hook(n)` before the n-th flush of `table`'s rows (1-based; None: any event table's,
+    not the runs row) is inserted; it may raise (a full disk, a bug) or send a signal
+    (`interrupt_engine`). Returns the live call count: calls["requests"].
 
     `writer`: the replays that follow write inline (TIERDIAG_WRITER=inline) or through a writer
     process; there the hook runs in the writer process, so it must pickle (a module-level
@@ -191,7 +192,7 @@ def on_request_flush(monkeypatch, hook, *, writer: str = "inline", tmp_path: Pat
     monkeypatch.setenv("TIERDIAG_WRITER", writer)
     if writer == "inline":
         calls = {"requests": 0}
-        _patch_append(monkeypatch, hook, calls.__setitem__, calls.__getitem__)
+        _patch_append(monkeypatch, hook, calls.__setitem__, calls.__getitem__, table)
         return calls
     import pickle
 
@@ -201,7 +202,7 @@ def on_request_flush(monkeypatch, hook, *, writer: str = "inline", tmp_path: Pat
     counter = tmp_path / "flushes.count"
     prelude = (f"import sys, pickle; sys.path.insert(0, {_HERE!r}); import harness; "
                f"harness._hook_in_writer_process(pickle.loads(bytes.fromhex({pickle.dumps(hook).hex()!r})), "
-               f"{str(counter)!r})\n")
+               f"{str(counter)!r}, {table!r})\n")
     monkeypatch.setattr(writer_child, "ENTRY", prelude + writer_child.ENTRY)
     return _FileCount(counter)
 
@@ -215,16 +216,16 @@ class _FileCount:
         return int(self.path.read_text() or 0) if self.path.exists() else 0
 
 
-def _patch_append(monkeypatch, hook, put, get) -> None:
+def _patch_append(monkeypatch, hook, put, get, table: str | None = "requests") -> None:
     from tierdiag.store.writer import RunWriter
 
     real = RunWriter._append
 
-    def append(con, table, columns):
-        if table == "requests":
-            put("requests", get("requests") + 1)
+    def append(con, into, columns):
+        if into == table or (table is None and into != "runs"):  # None: every event table's
+            put("requests", get("requests") + 1)  # the key the callers read: the count of `table`'s
             hook(get("requests"))
-        return real(con, table, columns)
+        return real(con, into, columns)
 
     if monkeypatch is None:
         RunWriter._append = staticmethod(append)
@@ -232,8 +233,8 @@ def _patch_append(monkeypatch, hook, put, get) -> None:
         monkeypatch.setattr(RunWriter, "_append", staticmethod(append))
 
 
-def _hook_in_writer_process(hook, counter: str) -> None:
-    """In a writer process: count the flushes of requests in `counter`, calling `hook` first."""
+def _hook_in_writer_process(hook, counter: str, table: str | None = "requests") -> None:
+    """In a writer process: count the flushes of `table` in `counter`, calling `hook` first."""
     global _IN_WRITER_PROCESS
     _IN_WRITER_PROCESS = True
     state = {"requests": 0}
@@ -242,7 +243,7 @@ def _hook_in_writer_process(hook, counter: str) -> None:
         state[key] = n
         Path(counter).write_text(str(n))
 
-    _patch_append(None, hook, put, state.__getitem__)
+    _patch_append(None, hook, put, state.__getitem__, table)
 
 
 def engine_pid() -> int:
@@ -254,6 +255,12 @@ def engine_pid() -> int:
 
 def disk_full_after(ok_flushes: int, n: int) -> None:
     if n > ok_flushes:
+        raise duckdb.IOException('Could not write file "r.duckdb.wal": No space left on device')
+
+
+def disk_full_once_at(at: int, n: int) -> None:
+    """The disk full for the `at`-th flush only: freed again right after (a retry would succeed)."""
+    if n == at:
         raise duckdb.IOException('Could not write file "r.duckdb.wal": No space left on device')
 
 

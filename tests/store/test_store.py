@@ -43,8 +43,12 @@ def test_append_rejects_unknown_columns_and_ragged_columns(tmp_path):
     w = writer(tmp_path / "s.duckdb")
     with pytest.raises(ValueError, match="not in the schema"):
         w.append({"requests": {"req_id": ["a"], "bogus": [1]}})
+    # Rows after rows refused are given up (as the writer process gives them up: both ways the
+    # run then closes as failed with what was committed before; test_writer_failure_parity.py).
+    w.append({"requests": {"req_id": ["a", "b"], "seq": [1]}})
+    assert w.given_up and not w.pending
     with pytest.raises(ValueError, match="expected"):
-        w.append({"requests": {"req_id": ["a", "b"], "seq": [1]}})
+        writer(tmp_path / "t.duckdb").append({"requests": {"req_id": ["a", "b"], "seq": [1]}})
 
 
 def test_run_lifecycle_and_resolution(tmp_path):

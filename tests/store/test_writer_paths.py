@@ -792,9 +792,10 @@ def test_a_write_that_lets_its_rows_go_frees_each_piece_once_inserted(tmp_path, 
 @pytest.mark.parametrize("let_go", [False, True])
 def test_a_write_that_fails_after_letting_rows_go_gives_them_up_and_commits_none(tmp_path, monkeypatch, let_go):
     """A write that fails part-way (the disk full at its second table): its transaction rolled
-    back, nothing of it in the file, every earlier write there. Its rows stay pending for the
-    close to try again, unless the writer lets rows go (`let_rows_go`: the writer process, which
-    gives up every row after a failed write): then they are given up, as that close would."""
+    back, nothing of it in the file, every earlier write there. Its rows are given up, and every
+    row handed over after it, whether or not the writer let some go (`let_rows_go`: the writer
+    process): the close, with the disk free again, writes none of them (tests/store/
+    test_writer_failure_parity.py: the same inline and through a writer process)."""
     from tests.reliability.harness import sql
     from tierdiag.errors import OutputError
     from tierdiag.store.writer import RunWriter
@@ -817,10 +818,12 @@ def test_a_write_that_fails_after_letting_rows_go_gives_them_up_and_commits_none
     w.take(second)
     with pytest.raises(OutputError, match="no space left"):
         w.write()
-    assert w.pending is (not let_go) and w.recorded == 1_000
+    assert not w.pending and w.given_up and w.recorded == 1_000
     monkeypatch.setattr(RunWriter, "_append", staticmethod(plain))
-    w.finish("failed", error="disk full", write_pending=not let_go)
-    n = 1_000 if let_go else 2_000
+    w.append(first)  # after the failure: given up, not taken
+    assert not w.pending
+    w.finish("failed", error="disk full")
+    n = 1_000
     assert sql(db, "SELECT status, num_requests FROM runs") == [("failed", n)]
     assert sql(db, "SELECT (SELECT count(*) FROM requests), (SELECT count(*) FROM batches), "
                    "(SELECT count(*) FROM evictions)") == [(n, n, n)]

@@ -151,10 +151,13 @@ class RunWriter:
         self.name = name or Path(trace_path).stem
         self._t0 = time.perf_counter()
         self._pending: list[Mapping[str, Mapping[str, Any]]] = []  # handed over, not committed yet
-        # A write lets each piece of its rows go once inserted (`_write_pending`): asked for by a
-        # caller that gives up every row after a failed write anyway (the writer process).
+        # A write lets each piece of its rows go once inserted (`_write_pending`): the writer
+        # process's (a failed write gives up its rows and every row after it either way: `_give_up`).
         self.let_rows_go = let_rows_go
         self.recorded = 0  # request rows of this run committed to the file
+        # A write (or a take) failed: the rows handed over after it are given up (`append`), as
+        # the writer process gives them up (writer_serve.py `fail`); the run closes as failed.
+        self.given_up = False
         self.closed_as: str | None = None  # the final status, once written
         # The replay's closing numbers (`closing_numbers`), read back by a complete
         # close; or why they could not be.
@@ -285,9 +288,18 @@ class RunWriter:
 
         From this call on the rows are the writer's: the caller may clear its buffers whether
         this returns or raises. If a reader holds the file they wait for the next append or
-        `finish`; if the write fails (disk full) they stay pending for `finish` to try again.
+        `finish`. If the write fails (disk full), or the rows cannot be taken, they and every row
+        handed over after them are given up (`write`), as the writer process gives them up: the
+        run closes as failed with the rows committed before, either way (docs/contract.md,
+        TIERDIAG_WRITER). Rows taken before a failed take stay pending for `finish`, as there.
         """
-        self.take(tables)
+        if self.given_up:
+            return
+        try:
+            self.take(tables)
+        except Exception:
+            self.given_up = True
+            raise
         self.write()
 
     def append_rows(self, tables: Mapping[str, tuple[tuple[str, ...], Any]]) -> None:
@@ -329,14 +341,23 @@ class RunWriter:
             except duckdb.Error as exc:
                 if is_lock_error(exc):
                     return
+                self._give_up()
                 raise write_error(self.db_path, exc) from None
             try:
                 _vacuum(self._host, vacuum)
                 self._write_pending(self._host)
             except BaseException:
+                self._give_up()
                 self._let_go(failing=True)
                 raise
             self._let_go()
+
+    def _give_up(self) -> None:
+        """After a failed write: its rows (nothing of its transaction is in the file) and every row
+        handed over after it are given up, whether or not the write let some go (`let_rows_go`),
+        so the run holds whole writes only, the same with a writer process or inline."""
+        self._pending.clear()
+        self.given_up = True
 
     def _write_pending(self, con: duckdb.DuckDBPyConnection) -> None:
         """Everything in `_pending`, in order, as one transaction; cleared once committed.
@@ -345,7 +366,7 @@ class RunWriter:
         columns are let go once inserted (DuckDB's transaction holds its own copy of them from
         then on), so the write holds the rows once, not twice (issue 41: a 1M-request replay's
         write held ~5 s of rows as Arrow beside DuckDB's copy of them); a write that fails then
-        gives its rows up, as its caller (the writer process) gives up every row after it."""
+        gives its rows up, as every failed write does (`_give_up`)."""
         let_go = self.let_rows_go
         try:
             con.execute("BEGIN")

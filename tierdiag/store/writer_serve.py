@@ -257,8 +257,9 @@ class _Serve:
         from tierdiag.store.writer import RunWriter
 
         try:
-            # Every row after a failed write is given up here (`fail`): a write may let its rows
-            # go as it inserts them (RunWriter.let_rows_go: the rows held once through a write).
+            # Every row after a failed write is given up (here `fail`, and RunWriter._give_up, as
+            # inline), so a write may let its rows go as it inserts them (RunWriter.let_rows_go:
+            # the rows held once through a write).
             self.writer = RunWriter(**arg["writer"], let_rows_go=True)
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the engine, as raised
             self.reply(("open_failed", portable(exc)))
