@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tierdiag.engine.routing import ROUTERS, Gateway, RanksView, RequestView, RouterConfig, make_router
-from tierdiag.engine.routing.approx_tree import ApproxTree, ApproxTreeByKey
+from tierdiag.engine.routing.approx_tree import ApproxTree, ApproxTreeByKey, first_smallest
 from tierdiag.engine.routing.cache_aware import is_imbalanced
 from tierdiag.errors import ConfigError
 
@@ -625,3 +625,15 @@ def test_views_built_by_their_tuple_are_their_constructors():
     assert type(built) is RequestView and built == RequestView(*fields) and built.session is None
     route = ("cache_hit", "why", 0.5, "approx match", 64, 0, 1, 128, 0, "[]")
     assert deployment._new_tuple(Route, route) == Route._make(route) and type(deployment._new_tuple(Route, route)) is Route
+
+
+@given(pages=st.lists(st.integers(0, 5), min_size=1, max_size=12))
+def test_first_smallest_is_min_by_key(pages):
+    """smallest_rank's loop (both trees) answers as `min(range(n), key=pages.__getitem__)`,
+    the reference it replaced: the fewest pages, the first rank on a tie (small values: many ties)."""
+    want = min(range(len(pages)), key=pages.__getitem__)
+    assert first_smallest(pages) == want
+    for cls in (ApproxTree, ApproxTreeByKey):
+        tree = cls(len(pages))
+        tree.pages = list(pages)
+        assert tree.smallest_rank() == want

@@ -115,7 +115,7 @@ def ranks_json_py(held: list[tuple[int, int]], in_flight: tuple[int, ...], score
         f: int = in_flight[r]
         if d == 0 and h == 0 and r < num_scores:
             s: float = scores[r]
-            if s == 0.0 and math.copysign(1.0, s) > 0 and f < _IDLE_TEXTS_MAX:
+            if s == 0.0 and math.copysign(1.0, s) > 0 and 0 <= f < _IDLE_TEXTS_MAX:  # (f < 0: texts[f] is no text of f)
                 texts = _IDLE_TEXTS[r]
                 while len(texts) <= f:
                     texts.append(f'{{"rank":{r},"device_tokens":0,"host_tokens":0,"in_flight":{len(texts)},'

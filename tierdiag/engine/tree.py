@@ -286,12 +286,11 @@ class RadixTree:
         children = node.children
         i, n = 0, len(keys)
         device = host = 0
-        common = self._common_pages
         while i < n:
             child = children.get(keys[i])
             if child is None:
                 break
-            m = common(keys, i, child.keys)
+            m = self._common_pages(keys, i, child.keys)  # (named here: a native call, not a bound method's)
             if child.device is not None and not host:
                 device += m
             else:

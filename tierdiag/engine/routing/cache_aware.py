@@ -102,19 +102,20 @@ class CacheAwareRouter(Router):
         self.page_tokens_seen = request.page_tokens
         if now_ns >= self._next_eviction_ns:  # (_evict_due's own test: its call only when one may be due)
             self._evict_due(now_ns)
-        self._tick += 1
+        self._tick = tick = self._tick + 1
         cfg = self.config
         keys = request.page_keys
         loads = ranks.in_flight
+        tree = self.tree
         if is_imbalanced(loads, cfg.router_balance_abs_threshold, cfg.router_balance_rel_threshold):
             rank = least_loaded(loads)
-            self.tree.insert(keys, rank, self._tick)
+            tree.insert(keys, rank, tick)
             hi, lo = max(loads), min(loads)
             return RouteDecision(rank, self.name, "imbalanced",
                                  f"imbalanced: max load {hi} - min {lo} > {cfg.router_balance_abs_threshold} and "
                                  f"{hi} > {cfg.router_balance_rel_threshold:g} × {lo}: shortest queue rank {rank}",
                                  float(loads[rank]), "in flight", tuple(float(x) for x in loads))
-        matched, holder, depth_of = self.tree.prefix_match(keys, self._tick, touch=False)
+        matched, holder, depth_of = tree.prefix_match(keys, tick, touch=False)
         per_token = request.page_tokens / request.input_tokens if request.input_tokens else 0.0
         rate = matched * per_token
         scores = tuple([d * per_token for d in depth_of])
@@ -129,9 +130,9 @@ class CacheAwareRouter(Router):
             branch = "cache_miss"
             reason = f"cache_aware: best match {rate:.2f} <= {self._thr_text}: {where}"
         if holder is not None and holder != rank:  # Tree::prefix_match touched it before the choice
-            self.tree.touch(keys[:matched], holder, self._tick)
+            tree.touch(keys[:matched], holder, tick)
         # (what the rank holds of `keys`: prefix_match's depth for it; the touch above changes
         # ticks only, and of keys the holder holds)
-        self.tree.insert(keys, rank, self._tick, held=depth_of[rank])
+        tree.insert(keys, rank, tick, depth_of[rank])  # (held: positional, a compiled call's quicker form)
         # (tuple.__new__ as NamedTuple._make does: the generated __new__ is an interpreted frame more)
         return _new_decision(RouteDecision, (rank, self.name, branch, reason, rate, "approx match", scores))
