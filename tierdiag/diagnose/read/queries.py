@@ -133,7 +133,7 @@ def run_span_ns(con: duckdb.DuckDBPyConnection, run_id: str, over: SpanOver = "a
     The end is never before the start."""
     start, end = span_columns_sql(over)
     row = con.execute(f"SELECT {start}, {end} FROM requests WHERE run_id = ?", [run_id]).fetchall()[0]
-    if row is None or row[0] is None:
+    if row[0] is None:
         return 0, 0
     return int(row[0]), max(int(row[1]), int(row[0]))
 

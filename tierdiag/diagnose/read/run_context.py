@@ -188,7 +188,7 @@ def trace_arrival_spread_ns(con: duckdb.DuckDBPyConnection, run_id: str) -> int 
     """Last minus first trace arrival of the run's requests (the replayed arrival where none); None for none."""
     row = con.execute("SELECT max(coalesce(trace_arrival_ns, arrival_ns)) - min(coalesce(trace_arrival_ns, arrival_ns)) "
                       "FROM requests WHERE run_id = ?", [run_id]).fetchall()[0]
-    return None if row is None or row[0] is None else int(row[0])
+    return None if row[0] is None else int(row[0])
 
 
 class LoadbackTransfers(NamedTuple):
