@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# One-shot validation of the copy kernels on a machine with an NVIDIA GPU (<= 6 minutes: the
-# step timeouts below add up to 360 s):
+# One-shot validation of the copy kernels on a machine with an NVIDIA GPU (<= 7 minutes: the
+# step timeouts below add up to 420 s):
 #   1. tierdiag doctor --json                      -> doctor.json
 #   2. tierdiag calibrate --json (torch + Triton)  -> calibrate.json, profile.json
 #   3. pytest -m "cuda or triton", compiled (TRITON_INTERPRET unset) -> pytest.txt
 #   4. GB/s table: torch path, Triton kernel, pinned contiguous copy (ceiling), load-back and
 #      backup, 16 KiB-2 MiB pages x 1-4,096 pages (benchmarks/gpu_table.py) -> gpu_table.{txt,json}
+#   5. a small Triton load-back's fixed cost split (plan, index upload, wrapper, launch, GPU time)
+#      and a cProfile of 200 of them (benchmarks/gpu_overhead.py) -> gpu_overhead.{txt,json}
 # Everything goes under $OUT (or ./gpu-results/), with summary.txt: one line per step and its
 # exit status. Without a GPU it still runs end to end: doctor, a CPU calibrate and the table
 # script run, the GPU parts print "skipped: no CUDA GPU ..." and are recorded as skipped.
@@ -70,6 +72,10 @@ TABLE=(benchmarks/gpu_table.py --json "$DEST/gpu_table.json")
 step gpu_table 90 "$PY" "${TABLE[@]}"
 mv "$DEST/gpu_table.out" "$DEST/gpu_table.txt"
 cat "$DEST/gpu_table.txt" | tee -a "$SUMMARY"
+
+step gpu_overhead 60 "$PY" benchmarks/gpu_overhead.py --profile --json "$DEST/gpu_overhead.json"
+mv "$DEST/gpu_overhead.out" "$DEST/gpu_overhead.txt"
+head -8 "$DEST/gpu_overhead.txt" | tee -a "$SUMMARY"
 
 say "done in $SECONDS s; $([ $FAILED = 0 ] && echo 'all steps ok' || echo 'some steps FAILED')"
 exit $FAILED

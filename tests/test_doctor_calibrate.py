@@ -267,12 +267,14 @@ def test_gpu_check_script_runs_end_to_end_on_cpu_and_says_what_it_skipped(tmp_pa
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = (tmp_path / "summary.txt").read_text()
     for line in ("doctor: ok", "calibrate: ok", "pytest: skipped: no CUDA GPU", "gpu_table: ok",
-                 "gpu table: skipped: no CUDA GPU", "all steps ok"):
+                 "gpu table: skipped: no CUDA GPU", "gpu_overhead: ok", "gpu overhead: skipped: no CUDA GPU",
+                 "all steps ok"):
         assert line in summary, summary
     assert json.loads((tmp_path / "doctor.json").read_text())["nvml"]["available"] is False
     profile = json.loads((tmp_path / "calibrate.json").read_text())
     assert profile == json.loads((tmp_path / "profile.json").read_text()) and profile["quick"] is True
     assert "skipped" in json.loads((tmp_path / "gpu_table.json").read_text())
+    assert "skipped" in json.loads((tmp_path / "gpu_overhead.json").read_text())
 
 
 def test_calibrate_default_path_honours_xdg_cache_home(tmp_path, monkeypatch):

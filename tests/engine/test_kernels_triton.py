@@ -196,3 +196,76 @@ def test_triton_on_cpu_tensors_without_the_interpreter_is_a_clear_error(monkeypa
     src = torch.zeros(1, 2, 8, dtype=torch.int64)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         kernels.copy_pages(src, [0], torch.zeros_like(src), [1], backend="triton")
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_PAGE = st.integers(min_value=-2**63, max_value=2**63 - 1)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(s=st.lists(_PAGE, max_size=20), d=st.lists(_PAGE, max_size=20),
+       kind=st.sampled_from(["list", "numpy", "tensor", "range"]))
+def test_index_pair_takes_any_page_list_or_refuses_it_before_a_launch(s, d, kind):
+    """The Triton path's page lists (kernels._index_pair): one [2, n] int64 array in the caller's
+    order where every page is in range and the lengths agree; otherwise the same errors as the
+    torch path's plan_copy (lengths: ValueError; a page out of range: IndexError naming it), and
+    the destination pool untouched."""
+    num = 8
+
+    def as_kind(pages):
+        if kind == "numpy":
+            return np.array(pages, dtype=np.int64)
+        if kind == "tensor":
+            return torch.tensor(pages, dtype=torch.int64)
+        if kind == "range" and pages:  # the engine's ranges: small starts (no int64 overflow)
+            start = max(-100, min(100, pages[0]))
+            return range(start, start + len(pages))
+        return pages
+
+    sp, dp = as_kind(s), as_kind(d)
+    s_vals, d_vals = [int(x) for x in sp], [int(x) for x in dp]
+    src = _pool(2, num, 8, torch.int64, 1, layout=LF, host=True)
+    dst = _pool(2, num, 8, torch.int64, 2, layout=LF, host=False)
+    before = dst.cpu().clone()
+    if len(s_vals) != len(d_vals):
+        with pytest.raises(ValueError, match="source pages into"):
+            kernels._index_pair(sp, dp, num, num)
+        return
+    bad_s = next((x for x in s_vals if not 0 <= x < num), None)
+    bad_d = next((x for x in d_vals if not 0 <= x < num), None)
+    if bad_s is not None or bad_d is not None:
+        side, bad = ("source", bad_s) if bad_s is not None else ("destination", bad_d)
+        with pytest.raises(IndexError, match=f"{side} page {bad} out of range"):
+            kernels.copy_pages(src, sp, dst, dp, backend="triton")
+        assert _same_bytes(dst, before)
+        return
+    pages = kernels._index_pair(sp, dp, num, num)
+    assert pages.dtype == np.int64 and pages.shape == (2, len(s_vals))
+    assert pages[0].tolist() == s_vals and pages[1].tolist() == d_vals
+    if len(set(d_vals)) == len(d_vals):  # the kernel's contract: destination pages distinct
+        kernels.copy_pages(src, sp, dst, dp, backend="triton")
+        assert _same_bytes(dst, _reference(src, s_vals, before, d_vals))
+
+
+def test_prepared_launches_equal_copy_rows_per_layer():
+    """A load-back's launches share one `prepare` (kernels_triton.copy_prepared); each layer's
+    bytes equal `copy_rows(layer=)` on its own, the overlapping move inside one pool included."""
+    from tierdiag.engine import kernels_triton as kt
+
+    for same_pool in (False, True):
+        src = _pool(3, 8, 16, torch.float16, 5, layout=LF, host=True)
+        dst = src if same_pool else _pool(3, 8, 16, torch.float16, 6, layout=LF, host=False)
+        a, b = dst.clone(), dst.clone()
+        s_src = src.clone() if not same_pool else a
+        s_idx = torch.tensor([0, 2, 4], device=DEVICE)
+        d_idx = torch.tensor([2, 4, 6], device=DEVICE)
+        prep = kt.prepare(s_src, s_idx, a, d_idx)
+        assert prep.staged is same_pool
+        for layer in range(3):
+            kt.copy_prepared(prep, s_idx, d_idx, layer=layer)
+        ref_src = src.clone() if not same_pool else b
+        for layer in range(3):
+            kt.copy_rows(ref_src, s_idx, b, d_idx, layer=layer)
+        assert _same_bytes(a, b)

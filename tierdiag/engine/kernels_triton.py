@@ -29,7 +29,7 @@ triton is optional: `AVAILABLE` is False without it and nothing here is called.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -96,13 +96,18 @@ def _kernel():
     return k
 
 
+_WIDTHS = ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2))
+_SIZE = {torch.int64: 8, torch.int32: 4, torch.int16: 2, torch.uint8: 1}
+
+
 def _row_dtype(pool: torch.Tensor) -> torch.dtype:
     """The widest integer dtype that tiles every row and stride of the pool exactly."""
     es = pool.element_size()
     row_bytes = pool.shape[2] * es
-    strides = (pool.stride(0) * es, pool.stride(1) * es, pool.storage_offset() * es)
-    for dtype, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
-        if row_bytes % size == 0 and all(x % size == 0 for x in strides):
+    s0, s1 = pool.stride(0) * es, pool.stride(1) * es
+    offset = pool.storage_offset() * es
+    for dtype, size in _WIDTHS:
+        if row_bytes % size == 0 and s0 % size == 0 and s1 % size == 0 and offset % size == 0:
             return dtype
     return torch.uint8
 
@@ -142,25 +147,37 @@ def _overlaps(src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor, dst_i
     return bool(torch.isin(src_idx, dst_idx).any())
 
 
-def copy_rows(src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor, dst_idx: torch.Tensor,
-              *, layer: int | None = None) -> None:
-    """dst[l, dst_idx[i]] = src[l, src_idx[i]] for every layer l (or only `layer`).
+class Prepared(NamedTuple):
+    """A copy's pools as row views of their common integer dtype, and whether it must be staged
+    (`prepare`): what every launch of one transfer shares, worked out once (a load-back launches
+    once a layer)."""
+    src: torch.Tensor
+    dst: torch.Tensor
+    staged: bool
 
-    `src`/`dst`: [L, P, E] views (layer-first or page-first, see the module doc) of the same
-    dtype and row size; the indices are int64 tensors on the device the kernel runs on (the
-    GPU; the CPU under the interpreter), destination pages distinct. Asynchronous on CUDA (the
-    current stream): the caller records events or synchronizes.
-    """
+
+def prepare(src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor, dst_idx: torch.Tensor) -> Prepared:
+    """Check a copy's pools and indices (`copy_rows`' contract) and work out what its launches
+    share: the pools as [L, P, w] views of the widest integer dtype that tiles both, and whether
+    source and destination pages overlap in one buffer (then each launch goes through a scratch
+    buffer). A load-back calls it once and `copy_prepared` once a layer (the per-call checks were
+    ~30-90 us of host time a layer, measured on CPU: benchmarks/README.md, GPU check)."""
     if not AVAILABLE:
         raise RuntimeError(IMPORT_ERROR)
     if src.dtype != dst.dtype or src.shape[0] != dst.shape[0] or src.shape[2] != dst.shape[2]:
         raise ValueError(f"pool geometries differ: {tuple(src.shape)} {src.dtype} -> {tuple(dst.shape)} {dst.dtype}")
     if src_idx.numel() != dst_idx.numel():
         raise ValueError(f"copy of {src_idx.numel()} source pages into {dst_idx.numel()} destination pages")
-    dtype = min(_row_dtype(src), _row_dtype(dst), key=lambda t: torch.empty((), dtype=t).element_size())
-    s, d = as_rows(src, dtype), as_rows(dst, dtype)
+    a, b = _row_dtype(src), _row_dtype(dst)
+    dtype = a if _SIZE[a] <= _SIZE[b] else b
+    return Prepared(as_rows(src, dtype), as_rows(dst, dtype), _overlaps(src, src_idx, dst, dst_idx))
+
+
+def copy_prepared(p: Prepared, src_idx: torch.Tensor, dst_idx: torch.Tensor, *, layer: int | None = None) -> None:
+    """`copy_rows` of a prepared copy (`prepare`, with the same indices)."""
+    s, d = p.src, p.dst
     layer0, num_layers = (0, s.shape[0]) if layer is None else (layer, 1)
-    if _overlaps(src, src_idx, dst, dst_idx):
+    if p.staged:
         # read every source row before writing any: stage through a dense [L, n, w] scratch
         n = int(src_idx.numel())
         scratch = torch.empty((s.shape[0], n, s.shape[2]), dtype=s.dtype, device=s.device)
@@ -169,3 +186,16 @@ def copy_rows(src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor, dst_i
         _launch(scratch, dense, d, dst_idx, layer0, num_layers)
         return
     _launch(s, src_idx, d, dst_idx, layer0, num_layers)
+
+
+def copy_rows(src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor, dst_idx: torch.Tensor,
+              *, layer: int | None = None) -> None:
+    """dst[l, dst_idx[i]] = src[l, src_idx[i]] for every layer l (or only `layer`).
+
+    `src`/`dst`: [L, P, E] views (layer-first or page-first, see the module doc) of the same
+    dtype and row size; the indices are int64 tensors on the device the kernel runs on (the
+    GPU; the CPU under the interpreter), destination pages distinct. Asynchronous on CUDA (the
+    current stream): the caller records events or synchronizes. Several launches of one
+    transfer (a layer each): `prepare` once, then `copy_prepared`.
+    """
+    copy_prepared(prepare(src, src_idx, dst, dst_idx), src_idx, dst_idx, layer=layer)
