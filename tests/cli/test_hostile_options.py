@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reliability"))
 from harness import SMALL, cli, good_lines, write_trace  # noqa: E402
 
 DOCUMENTED = {0, 2, 3, 4, 5, 6}
+LINE_BOUND = 660  # "tierdiag: " + an abbreviated line (400 + "...[N characters]..." + 160)
 RAW = {chr(c) for c in range(32) if chr(c) not in "\n"} | {chr(c) for c in range(0x7F, 0xA0)} | {"\u202e"}
 
 
@@ -118,6 +119,8 @@ def check(command: str, args: list[str], code: int, out: str, err: str) -> None:
     if code:
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("tierdiag: "), f"{shown}: exit {code}\n{err[-2000:]}"
+        # a 3,000-character value is quoted by its ends, not in full (report/text.py `abbreviated`)
+        assert len(lines[0]) <= LINE_BOUND, f"{shown}: a {len(lines[0]):,}-character error line"
     raw = sorted({c for c in out + err if c in RAW})
     assert not raw, f"{shown}: raw {raw!r} in its output\n{err[-500:]}"
 

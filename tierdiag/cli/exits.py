@@ -65,10 +65,11 @@ def _quiet_stdout() -> None:
 # --- the one place errors become exits ----------------------------------------------------------
 
 def _say(line: str) -> None:
-    """One line on stderr; what came from data (a path, an id) shown with controls escaped."""
-    from tierdiag.report.text import visible
+    """One line on stderr; what came from data (a path, an id) shown with controls escaped and,
+    where it is very long (a hostile value), by its ends (report/text.py `abbreviated`)."""
+    from tierdiag.report.text import abbreviated, visible
 
-    print(f"tierdiag: {visible(line, lines=False)}", file=sys.stderr)
+    print(f"tierdiag: {abbreviated(visible(line, lines=False))}", file=sys.stderr)
 
 
 def _interrupted(line: str = "interrupted") -> None:

@@ -45,6 +45,27 @@ def visible(text: object, *, lines: bool = True) -> str:
     return _controls(lines).sub(_escape, str(text))
 
 
+# An error line quotes what the user gave (an option's value, a request id, a path); a hostile
+# one (a 3,000-character name, a file pasted into an option) would make it a screenful. Each run
+# of non-blank characters past WORD_MAX is shown by its ends, and a line still past LINE_MAX by
+# its first and last characters: the option's name and the reason stay readable.
+WORD_MAX = 160
+LINE_MAX = 600
+_LONG_WORD = re.compile(r"\S{%d,}" % (WORD_MAX + 1))
+
+
+def _cut(text: str, head: int, tail: int) -> str:
+    return f"{text[:head]}...[{len(text) - head - tail:,} characters]...{text[-tail:]}"
+
+
+def abbreviated(line: str) -> str:
+    """`line` with every run of non-blank characters longer than WORD_MAX shown by its first
+    100 and last 40 characters (how many were left out between), then, if it is still longer
+    than LINE_MAX, by its first 400 and last 160 characters; a line within both is unchanged."""
+    line = _LONG_WORD.sub(lambda m: _cut(m[0], 100, 40), line)
+    return _cut(line, 400, 160) if len(line) > LINE_MAX else line
+
+
 def as_text(value: str) -> str:
     """A command-line string as text that can be stored and printed: bytes that were not UTF-8
     (Python hands them over as lone surrogates) written as `\\xff`; anything else unchanged."""
