@@ -2,7 +2,8 @@
 
 A replay holds the database only while it flushes (attach, bulk-append, detach), so readers can
 open the file between flushes and a killed replay never leaves earlier runs unreadable: each
-flush is one transaction, and DuckDB's WAL makes a committed flush survive kill -9.
+flush is one transaction, and a committed flush survives kill -9: a mid-run write's commit
+checkpoints it into the file (`_checkpoint_at_commit`), the close's goes to DuckDB's WAL.
 Rows arrive as columns (dict of equal-length lists/arrays) and are appended through Arrow in
 one statement per table: never a row-at-a-time INSERT.
 
