@@ -112,11 +112,12 @@ def exits_within(proc: subprocess.Popen, timeout_s: float) -> bool:
             return False
         return True
     try:
-        ready, _, _ = select.select([fd], [], [], timeout_s)
+        watch = select.poll()  # not select.select: a descriptor past FD_SETSIZE (1024) is refused there
+        watch.register(fd, select.POLLIN)
+        ready = watch.poll(max(timeout_s, 0.0) * 1000.0)
     finally:
         os.close(fd)
     return bool(ready)
-
 
 
 def _usable_cpus() -> int:
