@@ -222,10 +222,16 @@ ix_populate_start(StorageIndex *ix, size_t table_bytes, size_t ent_bytes)
 #endif
 }
 
-/* ix_insert took entry `top` - 1 anew, the first of a chunk: the thread may populate the next. */
+/* ix_insert took entry `top` - 1 anew, the first of a chunk: the thread may populate the next.
+ * (A forked child's copy has no thread, and its copy of the lock may have been taken by the
+ * thread at the fork: it lets go of both without touching the lock.) */
 static void
 ix_populate_used(StorageIndex *ix, Py_ssize_t top)
 {
+    if (ix->populate_pid != getpid()) {
+        ix->populating = 0;
+        return;
+    }
     pthread_mutex_lock(&ix->populate_mu);
     ix->populate_used = top;
     pthread_cond_signal(&ix->populate_cv);
