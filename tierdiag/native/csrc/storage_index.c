@@ -1,7 +1,10 @@
 /* StorageIndex: the storage tier's page index (engine/storage.py's _LruIndex is the reference). */
 #include "cplane.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 /* ------------------------------------------------------------------------------------------ */
 /* StorageIndex: the storage tier's page index (storage._LruIndex is the reference and the     */
@@ -54,6 +57,15 @@ typedef struct {
     Py_ssize_t live_cap;
     Py_ssize_t pending[512];                 /* the entries the last admit made, in order: */
     Py_ssize_t pending_n, pending_at;        /* place() finds its keys there without a probe */
+    pthread_t populate;                      /* ix_populate's thread, while `populating` */
+    pthread_mutex_t populate_mu;             /* (made with the thread) guards the two below */
+    pthread_cond_t populate_cv;
+    int populate_stop;                       /* the index goes: the thread stops */
+    Py_ssize_t populate_used;                /* ent_top as last told (at each chunk's start) */
+    int populating;
+    pid_t populate_pid;                      /* the process that started it (a fork's child has no thread) */
+    char *populate_at[2];                    /* the table's mapping, then the reserved entries' */
+    size_t populate_len[2];
 } StorageIndex;
 
 #define IX_PENDING 512
@@ -125,6 +137,124 @@ ix_big_grow(void *old, size_t old_bytes, size_t bytes, size_t keep)
     if (keep) memcpy(p, old, keep);
     ix_big_free(old, old_bytes);
     return p;
+}
+
+/* The reserved arrays' pages made resident on a thread of their own (ix_new). Every page of a
+ * large mapping is the kernel's to zero on its first touch, a fault in the thread that touches
+ * it: a full tier's table (touched everywhere from the first keys on) and its entries (taken in
+ * order) are ~40 MB, which the engine's thread zeroed in its admits, on this VM (a Firecracker
+ * guest: its memory backed by the host on first use) at well under a GB/s: ~0.05-0.1 s of a
+ * whole-trace storage replay (issue 41's storage row). MADV_POPULATE_WRITE faults pages in as a
+ * write would, without writing them: a page the engine touched first is left as it is, so the
+ * thread never races the engine's writes; it changes no byte and no answer, only which thread
+ * takes the faults. The table at once (a few keys touch all of its 2 MiB pages); the entries a
+ * 2 MiB chunk ahead of the ones in use (a tier that never fills makes no more of them resident
+ * than before, but that chunk): ix_insert tells the thread as its entries enter a new chunk.
+ * ix_populate_end (the index's end, a growth past the reserve) stops and joins it before a
+ * mapping it may be populating is unmapped. */
+#define IX_POPULATE_MIN ((size_t)8 << 20)  /* smaller reserves are left to fault as they are used */
+#define IX_CHUNK_ENTRIES ((Py_ssize_t)(IX_HUGE / sizeof(IxEntry)))
+
+static void *
+ix_populate(void *arg)
+{
+#ifdef MADV_POPULATE_WRITE
+    StorageIndex *ix = arg;
+    for (int k = 0; k < 2; k++) {
+        for (size_t off = 0; off < ix->populate_len[k]; off += IX_HUGE) {
+            size_t len = ix->populate_len[k] - off < IX_HUGE ? ix->populate_len[k] - off : IX_HUGE;
+            int stop;
+            pthread_mutex_lock(&ix->populate_mu);
+            /* an entries' chunk once the one before it is in use (the first two at once) */
+            while (!ix->populate_stop && k == 1 &&
+                   ix->populate_used < (Py_ssize_t)(off / sizeof(IxEntry)) - IX_CHUNK_ENTRIES) {
+                pthread_cond_wait(&ix->populate_cv, &ix->populate_mu);
+            }
+            stop = ix->populate_stop;
+            pthread_mutex_unlock(&ix->populate_mu);
+            if (stop || madvise(ix->populate_at[k] + off, len, MADV_POPULATE_WRITE) != 0) return NULL;  /* advice */
+        }
+    }
+#else
+    (void)arg;
+#endif
+    return NULL;
+}
+
+/* Start ix_populate for the index's mappings (their sizes, rounded as ix_big_alloc maps them),
+ * every signal blocked in it; without it (a failed start) the pages fault as they are used. */
+static void
+ix_populate_start(StorageIndex *ix, size_t table_bytes, size_t ent_bytes)
+{
+#ifdef MADV_POPULATE_WRITE
+    sigset_t all, old;
+    pthread_attr_t attr;
+    int err;
+    if (table_bytes + ent_bytes < IX_POPULATE_MIN) return;
+    ix->populate_at[0] = table_bytes >= IX_HUGE ? (char *)ix->table : NULL;
+    ix->populate_len[0] = table_bytes >= IX_HUGE ? ix_big_len(table_bytes) : 0;
+    ix->populate_at[1] = ent_bytes >= IX_HUGE ? (char *)ix->ent : NULL;
+    ix->populate_len[1] = ent_bytes >= IX_HUGE ? ix_big_len(ent_bytes) : 0;
+    if (pthread_mutex_init(&ix->populate_mu, NULL) != 0) return;
+    if (pthread_cond_init(&ix->populate_cv, NULL) != 0) {
+        pthread_mutex_destroy(&ix->populate_mu);
+        return;
+    }
+    if (pthread_attr_init(&attr) == 0) {
+        (void)pthread_attr_setstacksize(&attr, (size_t)64 << 10);
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        err = pthread_create(&ix->populate, &attr, ix_populate, ix);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        pthread_attr_destroy(&attr);
+        if (err == 0) {
+            ix->populating = 1;
+            ix->populate_pid = getpid();
+            return;
+        }
+    }
+    pthread_cond_destroy(&ix->populate_cv);
+    pthread_mutex_destroy(&ix->populate_mu);
+#else
+    (void)ix;
+    (void)table_bytes;
+    (void)ent_bytes;
+#endif
+}
+
+/* ix_insert took entry `top` - 1 anew, the first of a chunk: the thread may populate the next.
+ * (A forked child's copy has no thread, and its copy of the lock may have been taken by the
+ * thread at the fork: it lets go of both without touching the lock.) */
+static void
+ix_populate_used(StorageIndex *ix, Py_ssize_t top)
+{
+    if (ix->populate_pid != getpid()) {
+        ix->populating = 0;
+        return;
+    }
+    pthread_mutex_lock(&ix->populate_mu);
+    ix->populate_used = top;
+    pthread_cond_signal(&ix->populate_cv);
+    pthread_mutex_unlock(&ix->populate_mu);
+}
+
+/* Stop ix_populate and wait for it (at most its 2 MiB chunk in progress): before the index
+ * unmaps a mapping it may be populating (its end, a growth past the reserve). */
+static void
+ix_populate_end(StorageIndex *ix)
+{
+    if (ix->populating) {
+        ix->populating = 0;
+        if (ix->populate_pid == getpid()) {  /* a forked child's copy has no thread (nor a usable lock) */
+            pthread_mutex_lock(&ix->populate_mu);
+            ix->populate_stop = 1;
+            pthread_cond_signal(&ix->populate_cv);
+            pthread_mutex_unlock(&ix->populate_mu);
+            pthread_join(ix->populate, NULL);
+            pthread_cond_destroy(&ix->populate_cv);
+            pthread_mutex_destroy(&ix->populate_mu);
+        }
+    }
 }
 
 /* A key as the index holds it: an int of int64 range is its value (obj NULL), any other key
@@ -353,6 +483,7 @@ ix_rehash(StorageIndex *ix, size_t size)
 {
     uint64_t *old = ix->table, *t;
     size_t old_size = ix->mask + 1, mask = size - 1;
+    ix_populate_end(ix);  /* the old table is unmapped below */
     if (size > ((size_t)1 << 32) || (t = ix_big_alloc(size * sizeof(uint64_t))) == NULL) {
         PyErr_NoMemory();
         return -1;
@@ -389,6 +520,7 @@ ix_insert(StorageIndex *ix, const IxKey *k, size_t at, int64_t loc)
     if (ix->free_head < 0 && ix->ent_top == ix->ent_cap) {
         Py_ssize_t cap = ix->ent_cap ? ix->ent_cap * 2 : 64;
         IxEntry *n;
+        ix_populate_end(ix);  /* the old entries are unmapped below */
         if (ix->obj != NULL) {
             PyObject **o = PyMem_Realloc(ix->obj, (size_t)cap * sizeof(PyObject *));
             if (o == NULL) {
@@ -418,6 +550,7 @@ ix_insert(StorageIndex *ix, const IxKey *k, size_t at, int64_t loc)
         ix->free_head = ix->ent[e].next;
     } else {
         e = ix->ent_top++;
+        if (ix->populating && e % IX_CHUNK_ENTRIES == 0) ix_populate_used(ix, ix->ent_top);
     }
     if (k->obj != NULL) ix->obj[e] = Py_NewRef(k->obj);
     ix->ent[e].key = k->v;
@@ -521,12 +654,14 @@ ix_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         }
         ix->ent_cap = cap;
     }
+    ix_populate_start(ix, size * sizeof(uint64_t), (size_t)ix->ent_cap * sizeof(IxEntry));
     return (PyObject *)ix;
 }
 
 static void
 ix_dealloc(StorageIndex *ix)
 {
+    ix_populate_end(ix);
     if (ix->obj != NULL) {
         for (Py_ssize_t e = 0; e < ix->ent_top; e++) {
             Py_XDECREF(ix->obj[e]);
