@@ -67,7 +67,8 @@ from tierdiag.diagnose.session.sessions import session_summary
 from tierdiag.diagnose.dp.ranks import rank_summary
 from tierdiag.diagnose.run.miss_reasons import run_miss_reasons
 from tierdiag.diagnose.run.size_curves import size_curves
-from tierdiag.diagnose.read.rows import second_cursor
+from tierdiag.diagnose.read.rows import current_catalog, second_cursor
+from tierdiag.diagnose.read.run_scan import run_scan
 from tierdiag.store.duckdb_core import release_cached_blocks
 from tierdiag.diagnose.run.stored import EVIDENCE_VERSION, encode, inputs
 from tierdiag.diagnose.run.totals import run_totals
@@ -170,23 +171,36 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
         story_done.wait()
         return done.get("cause_counts")
 
+    scan_lock = threading.Lock()
+
+    def scan(cur):
+        # The run-wide sums of the summary, the context, the totals and the miss reasons over the
+        # run's requests and transfers (read/run_scan.py): one query, not eleven of ~1-2 ms each
+        # (issue 41, session 26), by whichever thread asks first, on its cursor, the others
+        # waiting for it (the same rows: nothing writes meanwhile).
+        with scan_lock:
+            if "scan" not in done:
+                done["scan"] = run_scan(cur, run.run_id, miss=True)
+            return done["scan"]
+
     miss_lock = threading.Lock()
 
     def miss_reasons(cur):
-        # The miss reasons' sums (a pass over every finished request and its columns' check: ~20
-        # ms of the close's CPU on the conversation trace) are a section and the context's
-        # in-batch tokens: queried once, by whichever thread asks first, on its cursor, the other
-        # waiting for it (the same rows: nothing writes meanwhile). Issue 41, session 23.
+        # The miss reasons (their sums: the scan's) are a section and the context's in-batch
+        # tokens: made once, by whichever thread asks first, the other waiting for it. Issue 41,
+        # session 23.
         with miss_lock:
             if "miss_reasons" not in done:
-                done["miss_reasons"] = run_miss_reasons(cur, run.run_id)
+                done["miss_reasons"] = run_miss_reasons(cur, run.run_id, sums=scan(cur).miss_sums, summed=True)
             return done["miss_reasons"]
 
     work = {"story": the_story,
-            "context": lambda c: compute_run_context(c, run, story=story, miss_reasons=lambda: miss_reasons(c)),
+            "context": lambda c: compute_run_context(c, run, story=story, miss_reasons=lambda: miss_reasons(c),
+                                                     scan=lambda: scan(c)),
             "sessions": lambda c: session_pauses(c, run),
-            "summary": lambda c: compute_run_summary(c, run, cause_counts=cause_counts),
-            "totals": lambda c: run_totals(c, run.run_id), "session_summary": lambda c: session_summary(c, run),
+            "summary": lambda c: compute_run_summary(c, run, cause_counts=cause_counts, scan=lambda: scan(c)),
+            "totals": lambda c: run_totals(c, run.run_id, scan=lambda: scan(c)),
+            "session_summary": lambda c: session_summary(c, run),
             "rank_summary": lambda c: rank_summary(c, run), "miss_reasons": miss_reasons}
 
     plan = evidence_threads(getattr(run, "num_requests", None))
@@ -234,7 +248,8 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
         return thread
 
     with ExitStack() as stack:
-        threads = [on_a_thread(stack.enter_context(second_cursor(con)), names) for names in plan]
+        catalog = current_catalog(con)
+        threads = [on_a_thread(stack.enter_context(second_cursor(con, catalog)), names) for names in plan]
         try:
             try:
                 curves = size_curves(con, run)
