@@ -71,7 +71,12 @@ _FINISHED_SQL = ", ".join([
     f"{quantile_sql('device_hit_tokens + host_hit_tokens + storage_hit_tokens', 0.5)} FILTER (WHERE {_HIT})",
     f"count(*) FILTER (WHERE {_TIERED})", "sum(host_hit_tokens + storage_hit_tokens)",
     "sum(loadback_exposed_ns)", "sum(loadback_queued_ns)", "sum(storage_wait_ns)", "sum(queue_ns)",
-    "sum(recompute_ns)", f"sum({routing_ns_sql()})", f"sum(recompute_ns - {routing_ns_sql()})", "sum(compute_ns)",
+    # recompute_rest_ns: sum(recompute_ns - routing) as sum(recompute_ns) - sum(routing), routing's
+    # HUGEINT expression once a row, not twice (~1.3 ms): routing is 0 wherever recompute_ns is
+    # NULL (it multiplies coalesce(recompute_ns, 0)) and never NULL itself, so both skip the same
+    # rows and are NULL together.
+    "sum(recompute_ns)", f"sum({routing_ns_sql()})", f"sum(recompute_ns) - sum({routing_ns_sql()})",
+    "sum(compute_ns)",
     "sum(greatest(coalesce(compute_ns, 0) - coalesce(ideal_ttft_ns, 0), 0))", "sum(ttft_ns)", f"sum({excess_sql()})",
     # finished_totals (its span: the finished rows' own, span_columns_sql("finished"))
     "count(*)", "min(arrival_ns)", "coalesce(max(coalesce(finish_ns, first_token_ns)), max(arrival_ns))",
