@@ -60,6 +60,7 @@ import duckdb
 from tierdiag.diagnose.run.runcontext import compute_run_context
 from tierdiag.diagnose.run.story import run_story
 from tierdiag.diagnose.run.story_rows import story_rows
+from tierdiag.diagnose.read import run_context as read_ctx
 from tierdiag.diagnose.read.run_context import batch_recompute_sql
 from tierdiag.diagnose.run.numbers import compute_run_summary
 from tierdiag.diagnose.session.session_pool import session_pauses
@@ -145,7 +146,8 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
             # Its per-request rows folded while the run was recorded, where they are the run's
             # (story_rows.py: the close's largest query, issue 41); else queried by run_story.
             folded = story_rows(cur, run.run_id, use=rec is not None)
-            done["story"] = run_story(cur, run.run_id, rec, cause_counts=counts, requests=folded)
+            done["story"] = run_story(cur, run.run_id, rec, cause_counts=counts, requests=folded,
+                                      batches=None if one_thread else lambda: batches(cur, rec))
             if counts:  # the story read its requests (empty: it read none, or no finished one; the summary queries)
                 done["cause_counts"] = counts
             return done["story"]
@@ -183,6 +185,18 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
                 done["scan"] = run_scan(cur, run.run_id, miss=True)
             return done["scan"]
 
+    batch_lock = threading.Lock()
+
+    def batches(cur, rec):
+        # The run's batch arrays, which the story and the run context's attribution both read:
+        # queried once (~2-3 ms of CPU on the conversation trace; issue 41, session 26), by
+        # whichever thread asks first, the other waiting for it. Not in the large runs' plan
+        # (one thread): there each section lets go of its arrays before the next (the peak).
+        with batch_lock:
+            if "batches" not in done:
+                done["batches"] = read_ctx.batch_arrays(cur, run.run_id, rec)
+            return done["batches"]
+
     miss_lock = threading.Lock()
 
     def miss_reasons(cur):
@@ -195,8 +209,9 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
             return done["miss_reasons"]
 
     work = {"story": the_story,
-            "context": lambda c: compute_run_context(c, run, story=story, miss_reasons=lambda: miss_reasons(c),
-                                                     scan=lambda: scan(c)),
+            "context": lambda c: compute_run_context(
+                c, run, story=story, miss_reasons=lambda: miss_reasons(c), scan=lambda: scan(c),
+                batches=None if one_thread else lambda rec: batches(c, rec)),
             "sessions": lambda c: session_pauses(c, run),
             "summary": lambda c: compute_run_summary(c, run, cause_counts=cause_counts, scan=lambda: scan(c)),
             "totals": lambda c: run_totals(c, run.run_id, scan=lambda: scan(c)),

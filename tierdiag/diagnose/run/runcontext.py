@@ -156,7 +156,8 @@ def window_sums(s, e, d, values, cum, t):
 
 
 def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_total: int,
-                     scan: RunScan | None = None) -> dict | None:
+                     scan: RunScan | None = None,
+                     batches: Callable[[str], read_ctx.BatchArrays] | None = None) -> dict | None:
     """Σ over requests of their queue attribution; the remainder of the queue (GPU idle while
     they waited) as `idle`.
 
@@ -168,7 +169,7 @@ def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_t
     F(first token) − F(start): the same sums as the interval join, in O((R + B) log B)."""
     import numpy as np
 
-    b = read_ctx.batch_arrays(con, rid, rec)
+    b = read_ctx.batch_arrays(con, rid, rec) if batches is None else batches(rec)
     r = read_ctx.wait_windows(con, rid)
     if not len(b.start_ns) or not len(r.start_ns):
         return None
@@ -350,7 +351,8 @@ def run_ranks(con: duckdb.DuckDBPyConnection, run, named: int | None = None) -> 
 def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: bool = True,
                         story: Callable[[], RunStory | None] | None = None,
                         miss_reasons: Callable[[], dict[str, int] | None] | None = None,
-                        scan: Callable[[], RunScan] | None = None) -> RunContext:
+                        scan: Callable[[], RunScan] | None = None,
+                        batches: Callable[[str], read_ctx.BatchArrays] | None = None) -> RunContext:
     """The run-level evidence `summary`'s diagnosis and `explain`'s "why" stand on, from the run's
     rows (what evidence.py stores at the run's close; readers take it through facts.py).
 
@@ -368,7 +370,9 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
 
     `scan`: what `run_scan(con, run.run_id)` returns (read/run_scan.py: the run-wide sums of
     this, the summary's and the totals' in one query, issue 41 session 26), from the caller;
-    what it raises is raised here. None: each sum queried here."""
+    what it raises is raised here. None: each sum queried here. `batches`: given the batch
+    recompute column, the run's `read_ctx.batch_arrays` from the caller (the story's too,
+    evidence.py); None: queried here."""
     rid = run.run_id
     s = scan() if scan is not None else None
     t = read_ctx.finished_totals(con, rid) if s is None else s.finished
@@ -378,7 +382,7 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
     busy, compute, recompute = _i(b.busy_ns), _i(b.compute_ns), _i(b.recompute_ns)
     ranks = run_ranks(con, run, None if s is None else s.named_ranks)  # a data-parallel run's GPUs: its busy share is of all their time
     queue_total = _i(t.queue_ns)
-    attribution = _run_attribution(con, rid, rec, queue_total, s) if attribution and rec and busy else None
+    attribution = _run_attribution(con, rid, rec, queue_total, s, batches) if attribution and rec and busy else None
     kv = run.data_plane.get("kv_bytes_per_token") if isinstance(run.data_plane, dict) else None
     return RunContext(
         run_id=rid, span_ns=span, num_finished=_i(t.finished),
