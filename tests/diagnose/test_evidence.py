@@ -461,9 +461,9 @@ def test_the_miss_reasons_are_queried_once_for_the_context_and_their_section(rep
 
     calls = []
 
-    def counted(con, run_id):
+    def counted(con, run_id, **given):  # given: their sums, the run's scan's (read/run_scan.py)
         calls.append(run_id)
-        return real(con, run_id)
+        return real(con, run_id, **given)
 
     if large:
         monkeypatch.setattr(E, "LARGE_RUN_REQUESTS", 1)
@@ -476,6 +476,36 @@ def test_the_miss_reasons_are_queried_once_for_the_context_and_their_section(rep
         assert made["miss_reasons"] == real(con, run.run_id) and made["miss_reasons"] is not None
         assert made["context"] == compute_run_context(con, run)
         assert made["context"].losses.in_batch_tokens == made["miss_reasons"]["shared_in_batch"]
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_the_run_wide_sums_are_scanned_once_for_every_section(replayed, monkeypatch, large):
+    """The summary's, the context's, the totals' and the miss reasons' run-wide sums are one
+    query (read/run_scan.py, issue 41 session 26), made once by whichever thread asks first, in
+    either plan: each section is the one computed alone from its own queries."""
+    from tierdiag.diagnose.read.run_scan import run_scan as real
+    from tierdiag.diagnose.run.miss_reasons import run_miss_reasons
+    from tierdiag.diagnose.run.numbers import compute_run_summary
+    from tierdiag.diagnose.run.totals import run_totals
+
+    calls = []
+
+    def counted(con, run_id, **given):
+        calls.append(run_id)
+        return real(con, run_id, **given)
+
+    if large:
+        monkeypatch.setattr(E, "LARGE_RUN_REQUESTS", 1)
+    monkeypatch.setattr(E, "run_scan", counted)
+    with open_store(replayed) as con:
+        run = resolve_run(con, None)
+        made: dict = {}
+        E.compute_evidence(con, run, computed=made)
+        assert calls == [run.run_id]
+        assert made["summary"] == compute_run_summary(con, run)
+        assert made["context"] == compute_run_context(con, run)
+        assert made["totals"] == run_totals(con, run.run_id)
+        assert made["miss_reasons"] == run_miss_reasons(con, run.run_id)
 
 
 def test_the_miss_reasons_handed_to_the_context_are_used_and_their_failure_raised(replayed):
@@ -738,8 +768,8 @@ def test_the_close_writes_the_request_lookup_beside_the_sections_in_the_rows_tra
         order.append(("context", threading.get_ident()))
         return out
 
-    def miss(con, run_id):
-        out = real_miss(con, run_id)
+    def miss(con, run_id, **given):  # given: their sums, the run's scan's (read/run_scan.py)
+        out = real_miss(con, run_id, **given)
         sections_done.append(len(order))  # what the caller's thread had done by then
         order.append(("miss", threading.get_ident()))
         return out

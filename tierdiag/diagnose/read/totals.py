@@ -132,16 +132,19 @@ class TransferTotals(NamedTuple):
     prefetch_bytes: int | None
 
 
-def transfer_totals(con: duckdb.DuckDBPyConnection, run_id: str) -> TransferTotals:
-    return TransferTotals(*con.execute("""
-        SELECT count(*) FILTER (WHERE kind = 'load_back') AS n,
+# `transfer_totals`' aggregates over the run's `transfers` rows (read/run_scan.py's too).
+TRANSFER_TOTALS_SQL = """count(*) FILTER (WHERE kind = 'load_back') AS n,
                sum(bytes) FILTER (WHERE kind = 'load_back') AS bytes,
                sum(pages) FILTER (WHERE kind = 'load_back') AS pages,
                sum(runs) FILTER (WHERE kind = 'load_back') AS runs,
                sum(t_end_ns - t_start_ns) FILTER (WHERE kind = 'load_back') AS busy,
                count(*) FILTER (WHERE kind = 'prefetch') AS prefetches,
-               sum(bytes) FILTER (WHERE kind = 'prefetch') AS prefetch_bytes
-        FROM transfers WHERE run_id = ?""", [run_id]).fetchall()[0])
+               sum(bytes) FILTER (WHERE kind = 'prefetch') AS prefetch_bytes"""
+
+
+def transfer_totals(con: duckdb.DuckDBPyConnection, run_id: str) -> TransferTotals:
+    return TransferTotals(*con.execute(f"SELECT {TRANSFER_TOTALS_SQL} FROM transfers WHERE run_id = ?",
+                                       [run_id]).fetchall()[0])
 
 
 class SkipTotals(NamedTuple):

@@ -60,6 +60,7 @@ import duckdb
 from tierdiag.diagnose.run.runcontext import compute_run_context
 from tierdiag.diagnose.run.story import run_story
 from tierdiag.diagnose.run.story_rows import story_rows
+from tierdiag.diagnose.read import run_context as read_ctx
 from tierdiag.diagnose.read.run_context import batch_recompute_sql
 from tierdiag.diagnose.run.numbers import compute_run_summary
 from tierdiag.diagnose.session.session_pool import session_pauses
@@ -67,7 +68,8 @@ from tierdiag.diagnose.session.sessions import session_summary
 from tierdiag.diagnose.dp.ranks import rank_summary
 from tierdiag.diagnose.run.miss_reasons import run_miss_reasons
 from tierdiag.diagnose.run.size_curves import size_curves
-from tierdiag.diagnose.read.rows import second_cursor
+from tierdiag.diagnose.read.rows import current_catalog, second_cursor
+from tierdiag.diagnose.read.run_scan import run_scan
 from tierdiag.store.duckdb_core import release_cached_blocks
 from tierdiag.diagnose.run.stored import EVIDENCE_VERSION, encode, inputs
 from tierdiag.diagnose.run.totals import run_totals
@@ -112,7 +114,7 @@ def evidence_threads(num_requests: int | None) -> tuple[tuple[str, ...], ...]:
 
 
 def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | None = None,
-                     beside=None) -> dict:
+                     beside=None, dumped: dict | None = None) -> dict:
     """The sections, from the run's rows, as the JSON-ready dict that is stored; `computed`, if
     given, is updated with the sections as computed (name -> object: the close's closing numbers
     take the summary from it instead of reading it back). `beside`, if given, is called once
@@ -120,6 +122,8 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
     its own, `record_run_evidence`): below LARGE_RUN_REQUESTS on whichever thread is first done
     with its sections (this one, once the size curves are made, included); from it on, on this
     thread once the curves are made; what it raises is raised, as a section's would be.
+    `dumped`, if given, is updated with the size curves' section as its JSON text
+    (`write_evidence` takes it as is).
 
     The size curves (the trace's pages and one pass over them: Python and numpy; fed while
     recording in a writer process, mostly done by now) on this thread, while the other sections
@@ -144,7 +148,8 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
             # Its per-request rows folded while the run was recorded, where they are the run's
             # (story_rows.py: the close's largest query, issue 41); else queried by run_story.
             folded = story_rows(cur, run.run_id, use=rec is not None)
-            done["story"] = run_story(cur, run.run_id, rec, cause_counts=counts, requests=folded)
+            done["story"] = run_story(cur, run.run_id, rec, cause_counts=counts, requests=folded,
+                                      batches=None if one_thread else lambda: batches(cur, rec))
             if counts:  # the story read its requests (empty: it read none, or no finished one; the summary queries)
                 done["cause_counts"] = counts
             return done["story"]
@@ -170,23 +175,49 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
         story_done.wait()
         return done.get("cause_counts")
 
+    scan_lock = threading.Lock()
+
+    def scan(cur):
+        # The run-wide sums of the summary, the context, the totals and the miss reasons over the
+        # run's requests and transfers (read/run_scan.py): one query, not eleven of ~1-2 ms each
+        # (issue 41, session 26), by whichever thread asks first, on its cursor, the others
+        # waiting for it (the same rows: nothing writes meanwhile).
+        with scan_lock:
+            if "scan" not in done:
+                done["scan"] = run_scan(cur, run.run_id, miss=True)
+            return done["scan"]
+
+    batch_lock = threading.Lock()
+
+    def batches(cur, rec):
+        # The run's batch arrays, which the story and the run context's attribution both read:
+        # queried once (~2-3 ms of CPU on the conversation trace; issue 41, session 26), by
+        # whichever thread asks first, the other waiting for it. Not in the large runs' plan
+        # (one thread): there each section lets go of its arrays before the next (the peak).
+        with batch_lock:
+            if "batches" not in done:
+                done["batches"] = read_ctx.batch_arrays(cur, run.run_id, rec)
+            return done["batches"]
+
     miss_lock = threading.Lock()
 
     def miss_reasons(cur):
-        # The miss reasons' sums (a pass over every finished request and its columns' check: ~20
-        # ms of the close's CPU on the conversation trace) are a section and the context's
-        # in-batch tokens: queried once, by whichever thread asks first, on its cursor, the other
-        # waiting for it (the same rows: nothing writes meanwhile). Issue 41, session 23.
+        # The miss reasons (their sums: the scan's) are a section and the context's in-batch
+        # tokens: made once, by whichever thread asks first, the other waiting for it. Issue 41,
+        # session 23.
         with miss_lock:
             if "miss_reasons" not in done:
-                done["miss_reasons"] = run_miss_reasons(cur, run.run_id)
+                done["miss_reasons"] = run_miss_reasons(cur, run.run_id, sums=scan(cur).miss_sums, summed=True)
             return done["miss_reasons"]
 
     work = {"story": the_story,
-            "context": lambda c: compute_run_context(c, run, story=story, miss_reasons=lambda: miss_reasons(c)),
+            "context": lambda c: compute_run_context(
+                c, run, story=story, miss_reasons=lambda: miss_reasons(c), scan=lambda: scan(c),
+                batches=None if one_thread else lambda rec: batches(c, rec)),
             "sessions": lambda c: session_pauses(c, run),
-            "summary": lambda c: compute_run_summary(c, run, cause_counts=cause_counts),
-            "totals": lambda c: run_totals(c, run.run_id), "session_summary": lambda c: session_summary(c, run),
+            "summary": lambda c: compute_run_summary(c, run, cause_counts=cause_counts, scan=lambda: scan(c)),
+            "totals": lambda c: run_totals(c, run.run_id, scan=lambda: scan(c)),
+            "session_summary": lambda c: session_summary(c, run),
             "rank_summary": lambda c: rank_summary(c, run), "miss_reasons": miss_reasons}
 
     plan = evidence_threads(getattr(run, "num_requests", None))
@@ -234,7 +265,8 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
         return thread
 
     with ExitStack() as stack:
-        threads = [on_a_thread(stack.enter_context(second_cursor(con)), names) for names in plan]
+        catalog = current_catalog(con)
+        threads = [on_a_thread(stack.enter_context(second_cursor(con, catalog)), names) for names in plan]
         try:
             try:
                 curves = size_curves(con, run)
@@ -244,6 +276,8 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
             # Encoded here, while the other threads may still run (~2.5 ms: the curves' steps are
             # the evidence's largest section), not after they have all joined.
             curves_encoded = encode(curves)
+            if dumped is not None:  # its JSON text too (~2-3.5 ms: ~95 % of the row's), not in the serial write
+                dumped["size_curves"] = _dumps(curves_encoded)
             first = take_beside()
             if first is not None:
                 first()
@@ -264,11 +298,28 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
             "rank_summary": encode(done["rank_summary"]), "miss_reasons": encode(done["miss_reasons"])}
 
 
-def write_evidence(con: duckdb.DuckDBPyConnection, run_id: str, sections: dict, *, begun: bool = False) -> None:
+def _dumps(value) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def evidence_json(sections: dict, dumped: dict | None = None) -> str:
+    """`sections` as the row's JSON text: `json.dumps(sections, separators=(",", ":"))`, with the
+    sections in `dumped` (name -> that section's JSON text, dumped alike) taken as they are: the
+    same text (a dict of str keys dumps as its items' texts joined), made where the section was
+    made (the size curves', on their thread: issue 41, session 26)."""
+    if not dumped:
+        return _dumps(sections)
+    return "{" + ",".join(_dumps(str(k)) + ":" + (dumped[k] if k in dumped else _dumps(v))
+                          for k, v in sections.items()) + "}"
+
+
+def write_evidence(con: duckdb.DuckDBPyConnection, run_id: str, sections: dict, *, begun: bool = False,
+                   dumped: dict | None = None) -> None:
     """Replace the run's row, and its rows of `request_lookup` (store/lookup.py), in one transaction
     (creating the tables in a store made before them). `begun`: that transaction is open on `con`,
-    the lookup's rows in it (store/evidence.py `begin_run_evidence`)."""
-    replace_run_evidence(con, run_id, EVIDENCE_VERSION, json.dumps(sections, separators=(",", ":")), begun=begun)
+    the lookup's rows in it (store/evidence.py `begin_run_evidence`). `dumped`: sections already
+    as JSON text (`evidence_json`)."""
+    replace_run_evidence(con, run_id, EVIDENCE_VERSION, evidence_json(sections, dumped), begun=begun)
 
 
 # How long to wait for another process to let go of the store, to read the rows and to write the
@@ -315,14 +366,16 @@ def record_run_evidence(db_path, run_id: str, *, con: duckdb.DuckDBPyConnection 
 
                 small = evidence_threads(getattr(run, "num_requests", None)) is SMALL_RUN_THREADS
                 try:
-                    sections = compute_evidence(con, run, computed=made, beside=lookup if small else None)
+                    dumped: dict = {}
+                    sections = compute_evidence(con, run, computed=made, beside=lookup if small else None,
+                                                dumped=dumped)
                 except BaseException:
                     if begun:
                         rollback_run_evidence(lk, run_id)
                     raise
                 if not begun:
                     lookup()
-                write_evidence(lk, run_id, sections, begun=True)
+                write_evidence(lk, run_id, sections, begun=True, dumped=dumped)
             if computed is not None:
                 computed.update(made)
             return None

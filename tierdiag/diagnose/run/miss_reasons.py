@@ -36,10 +36,12 @@ IN_BATCH_SHARE = 0.1
 PREFETCH_LOST_SHARE = 0.05
 
 
-def run_miss_reasons(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, int] | None:
+def run_miss_reasons(con: duckdb.DuckDBPyConnection, run_id: str, *, sums: tuple | None = None,
+                     summed: bool = False) -> dict[str, int] | None:
     """reason -> tokens over the run's finished requests; None where the rows have no reasons
-    (a store written before them, an observed run)."""
-    row = miss_reason_sums(con, run_id)
+    (a store written before them, an observed run). `summed`: `sums` is what `miss_reason_sums`
+    returns, from the caller (read/run_scan.py's `miss_sums`, issue 41); else queried here."""
+    row = sums if summed else miss_reason_sums(con, run_id)
     if not row or not row[0]:
         return None
     return {r: int(v or 0) for r, v in zip(MISS_REASONS, row[1:])}

@@ -21,6 +21,7 @@ from tierdiag.config.names import Cause
 from tierdiag.diagnose.request.causes import CAUSES
 from tierdiag.diagnose.read.query import dataclass_json, link_peak_bytes_per_s
 from tierdiag.diagnose.read import totals as read
+from tierdiag.diagnose.read.run_scan import RunScan
 from tierdiag.diagnose.request.tokens import TokenSplit
 from tierdiag.units import NS_PER_S, share
 from tierdiag.store.reader import RunInfo
@@ -184,13 +185,17 @@ def _classes(con: duckdb.DuckDBPyConnection, rid: str) -> tuple[ClassStats, ...]
 
 
 def compute_run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo, *,
-                        cause_counts: Callable[[], dict[str, int] | None] | None = None) -> RunSummary:
+                        cause_counts: Callable[[], dict[str, int] | None] | None = None,
+                        scan: Callable[[], RunScan] | None = None) -> RunSummary:
     """`summary.run_summary`'s numbers from the run's rows, without the diagnosis (what evidence.py stores).
     `cause_counts`, if given, is asked last for the finished requests per primary cause (the run
     story's, story.py `run_story(cause_counts=...)`: the run's close computes both, issue 41);
-    where it gives None they are queried (read/totals.py `requests_by_cause`), as without it."""
+    where it gives None they are queried (read/totals.py `requests_by_cause`), as without it.
+    `scan`, if given, gives the run's request and transfer totals (read/run_scan.py: one query
+    for these, the run context's and the run totals', issue 41 session 26); else queried here."""
     rid = run.run_id
-    t = read.request_totals(con, rid)
+    s = scan() if scan is not None else None
+    t = read.request_totals(con, rid) if s is None else s.totals
     span_ns = max(_i(t.t1_ns) - _i(t.t0_ns), 0)
     split = TierSplit(
         input_tokens=_i(t.input_tokens), device_tokens=_i(t.device_tokens),
@@ -202,7 +207,7 @@ def compute_run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo, *,
     rejected = tuple(ReasonCount(reason=r.reason, num_requests=_i(r.requests), tokens=_i(r.tokens))
                      for r in read.rejected_by_reason(con, rid))
 
-    tr = read.transfer_totals(con, rid)
+    tr = read.transfer_totals(con, rid) if s is None else s.transfers
     lb_bytes, busy = _i(tr.loadback_bytes), _i(tr.loadback_busy_ns)
     achieved = lb_bytes * NS_PER_S / busy if lb_bytes and busy else None
     peak = link_peak_bytes_per_s(run)

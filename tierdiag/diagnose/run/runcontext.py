@@ -28,6 +28,7 @@ from tierdiag.diagnose.run.story import RunStory, run_story, sorted_unique
 from tierdiag.diagnose.run.miss_reasons import run_miss_reasons
 from tierdiag.units import NS_PER_S, ns_to_ms, share
 from tierdiag.diagnose.read import run_context as read_ctx
+from tierdiag.diagnose.read.run_scan import RunScan
 from tierdiag.diagnose.read.run import parse
 
 
@@ -154,7 +155,9 @@ def window_sums(s, e, d, values, cum, t):
     return sums
 
 
-def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_total: int) -> dict | None:
+def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_total: int,
+                     scan: RunScan | None = None,
+                     batches: Callable[[str], read_ctx.BatchArrays] | None = None) -> dict | None:
     """Σ over requests of their queue attribution; the remainder of the queue (GPU idle while
     they waited) as `idle`.
 
@@ -166,7 +169,7 @@ def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_t
     F(first token) − F(start): the same sums as the interval join, in O((R + B) log B)."""
     import numpy as np
 
-    b = read_ctx.batch_arrays(con, rid, rec)
+    b = read_ctx.batch_arrays(con, rid, rec) if batches is None else batches(rec)
     r = read_ctx.wait_windows(con, rid)
     if not len(b.start_ns) or not len(r.start_ns):
         return None
@@ -199,7 +202,7 @@ def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_t
         keep = ft > w0  # an empty window overlaps no batch
         tot += window_sums(s, e, d, values, cum, ft[keep]) - window_sums(s, e, d, values, cum, w0[keep])
         del cum, mine, w0, ft, keep
-    own = read_ctx.own_parts(con, rid)
+    own = read_ctx.own_parts(con, rid) if scan is None else scan.own
     raw = dict.fromkeys(ATTRIBUTION_KEYS, 0.0)
     raw[WaitPart.RECOMPUTE] = float(tot[0]) - _i(own.recompute_ns)
     raw[WaitPart.NEW_COMPUTE] = float(tot[1]) - _i(own.compute_ns)
@@ -212,8 +215,8 @@ def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_t
 
 
 def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict,
-            miss_reasons: Callable[[], dict[str, int] | None] | None = None) -> LossEvidence:
-    t = read_ctx.finished_token_totals(con, rid)
+            miss_reasons: Callable[[], dict[str, int] | None] | None = None, scan: RunScan | None = None) -> LossEvidence:
+    t = read_ctx.finished_token_totals(con, rid) if scan is None else scan.tokens
     skipped = {r: _i(n) for r, n in read_ctx.loadback_skipped_by_reason(con, rid)}
     unused = {r: _i(n) for r, n in read_ctx.storage_unused_by_reason(con, rid)}
     # Reuse distance of each re-reference of removed pages: tokens the device pool allocated
@@ -279,7 +282,7 @@ def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict,
         device_capacity_tokens=cap("device_tokens"), host_capacity_tokens=cap("host_tokens"),
         storage_capacity_tokens=cap("storage_tokens"), lost_request_deciles_tokens=tuple(lost_deciles),
         hot_competing_deciles_tokens=tuple(hot_competing), in_batch_tokens=_in_batch_tokens(con, rid, miss_reasons),
-        trace_arrival_spread_ns=read_ctx.trace_arrival_spread_ns(con, rid))
+        trace_arrival_spread_ns=read_ctx.trace_arrival_spread_ns(con, rid) if scan is None else scan.arrival_spread_ns)
 
 
 def _in_batch_tokens(con: duckdb.DuckDBPyConnection, rid: str,
@@ -321,9 +324,9 @@ def _hot_competing_deciles(t0, t1, tok) -> list[int]:
 
 
 def _transfers(con: duckdb.DuckDBPyConnection, rid: str, peak: float | None,
-               overhead_ns: int | None = None) -> TransferEvidence:
-    tr = read_ctx.loadback_transfers(con, rid)
-    rq = read_ctx.loadback_requests(con, rid)
+               overhead_ns: int | None = None, scan: RunScan | None = None) -> TransferEvidence:
+    tr = read_ctx.loadback_transfers(con, rid) if scan is None else scan.loadback_transfers
+    rq = read_ctx.loadback_requests(con, rid) if scan is None else scan.loadback
     n, nbytes, busy, pages, runs = (_i(x) for x in tr)
     achieved = nbytes * NS_PER_S / busy if nbytes and busy else None
     return TransferEvidence(
@@ -339,14 +342,17 @@ def _overhead_ns(run) -> int | None:
     return int(v) if v is not None else None
 
 
-def run_ranks(con: duckdb.DuckDBPyConnection, run) -> int:
-    """The run's data-parallel ranks: its config's `dp`, or the ranks its requests name, whichever is more."""
-    return max(read_ctx.named_ranks(con, run.run_id), parse(run).ranks)
+def run_ranks(con: duckdb.DuckDBPyConnection, run, named: int | None = None) -> int:
+    """The run's data-parallel ranks: its config's `dp`, or the ranks its requests name
+    (`named`, else queried), whichever is more."""
+    return max(read_ctx.named_ranks(con, run.run_id) if named is None else named, parse(run).ranks)
 
 
 def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: bool = True,
                         story: Callable[[], RunStory | None] | None = None,
-                        miss_reasons: Callable[[], dict[str, int] | None] | None = None) -> RunContext:
+                        miss_reasons: Callable[[], dict[str, int] | None] | None = None,
+                        scan: Callable[[], RunScan] | None = None,
+                        batches: Callable[[str], read_ctx.BatchArrays] | None = None) -> RunContext:
     """The run-level evidence `summary`'s diagnosis and `explain`'s "why" stand on, from the run's
     rows (what evidence.py stores at the run's close; readers take it through facts.py).
 
@@ -360,16 +366,23 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
 
     `miss_reasons`: what `run_miss_reasons(con, run.run_id)` returns (the in-batch tokens are
     its `shared_in_batch`), from the caller, which stores it as a section of its own (evidence.py:
-    one query for both, issue 41, session 23); what it raises is raised here. None: queried here."""
+    one query for both, issue 41, session 23); what it raises is raised here. None: queried here.
+
+    `scan`: what `run_scan(con, run.run_id)` returns (read/run_scan.py: the run-wide sums of
+    this, the summary's and the totals' in one query, issue 41 session 26), from the caller;
+    what it raises is raised here. None: each sum queried here. `batches`: given the batch
+    recompute column, the run's `read_ctx.batch_arrays` from the caller (the story's too,
+    evidence.py); None: queried here."""
     rid = run.run_id
-    t = read_ctx.finished_totals(con, rid)
+    s = scan() if scan is not None else None
+    t = read_ctx.finished_totals(con, rid) if s is None else s.finished
     span = max(_i(t.end_ns) - _i(t.start_ns), 0)
     rec = read_ctx.batch_recompute_sql(con)
     b = read_ctx.batch_totals(con, rid, rec)
     busy, compute, recompute = _i(b.busy_ns), _i(b.compute_ns), _i(b.recompute_ns)
-    ranks = run_ranks(con, run)  # a data-parallel run's GPUs: its busy share is of all their time
+    ranks = run_ranks(con, run, None if s is None else s.named_ranks)  # a data-parallel run's GPUs: its busy share is of all their time
     queue_total = _i(t.queue_ns)
-    attribution = _run_attribution(con, rid, rec, queue_total) if attribution and rec and busy else None
+    attribution = _run_attribution(con, rid, rec, queue_total, s, batches) if attribution and rec and busy else None
     kv = run.data_plane.get("kv_bytes_per_token") if isinstance(run.data_plane, dict) else None
     return RunContext(
         run_id=rid, span_ns=span, num_finished=_i(t.finished),
@@ -378,7 +391,8 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
         recompute_share_of_prefill=share(recompute, compute) if rec else None,
         ttft_total_ns=_i(t.ttft_ns), queue_total_ns=queue_total, queue_share_of_ttft=share(queue_total, _i(t.ttft_ns)),
         excess_total_ns=_i(t.excess_ns), queue_attribution=attribution,
-        losses=_losses(con, rid, run.config, miss_reasons), transfers=_transfers(con, rid, link_peak_bytes_per_s(run), _overhead_ns(run)),
+        losses=_losses(con, rid, run.config, miss_reasons, s),
+        transfers=_transfers(con, rid, link_peak_bytes_per_s(run), _overhead_ns(run), s),
         config=dict(run.config), kv_bytes_per_token=int(kv) if kv else None,
         ttft_p50_ns=t.ttft_p50_ns, ttft_p99_ns=t.ttft_p99_ns,
         story=(run_story(con, rid, rec) if story is None else story()) if attribution and busy else None,

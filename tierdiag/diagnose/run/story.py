@@ -237,7 +237,7 @@ def _measure_arrays(a, b):
     return at
 
 
-def _memory_wait(con, rid: str, r_rank, w0, w1, b_rank, s, e):
+def _memory_wait(con, rid: str, r_rank, w0, w1, b_rank, s, e, spans=None):
     """Per request: the GPU-idle time in [w0, w1] while some request of its rank was decoding
     (explain's memory_wait: the queue waited for the device memory their KV held).
 
@@ -249,16 +249,17 @@ def _memory_wait(con, rid: str, r_rank, w0, w1, b_rank, s, e):
         theirs = b_rank == rank
         return _held_arrays(*_merge_arrays(a, b), *_merge_arrays(s[theirs], e[theirs]))
 
-    return _per_rank_time(con, rid, r_rank, w0, w1, held)
+    return _per_rank_time(con, rid, r_rank, w0, w1, held, spans)
 
 
-def _per_rank_time(con: duckdb.DuckDBPyConnection, rid: str, r_rank, w0, w1, held):
+def _per_rank_time(con: duckdb.DuckDBPyConnection, rid: str, r_rank, w0, w1, held, spans=None):
     """Per request: the time in [w0, w1] inside `held(rank, starts, ends)` (sorted disjoint
-    intervals, as arrays) of its rank's decoding spans (read_ctx.decoding_span_arrays)."""
+    intervals, as arrays) of its rank's decoding spans (`spans`, read_ctx.decoding_span_arrays's:
+    queried here where not given)."""
     import numpy as np
 
     out = np.zeros(len(w0))
-    d_rank, d_a, d_b = read_ctx.decoding_span_arrays(con, rid)
+    d_rank, d_a, d_b = read_ctx.decoding_span_arrays(con, rid) if spans is None else spans
     for rank in sorted_unique(d_rank).tolist():
         mine = r_rank == rank
         if not mine.any():
@@ -269,7 +270,7 @@ def _per_rank_time(con: duckdb.DuckDBPyConnection, rid: str, r_rank, w0, w1, hel
     return out
 
 
-def cap_wait(con: duckdb.DuckDBPyConnection, rid: str, r_rank, w0, w1, queue, cap: int | None):
+def cap_wait(con: duckdb.DuckDBPyConnection, rid: str, r_rank, w0, w1, queue, cap: int | None, spans=None):
     """Per request: the time in its wait [w0, w1] while `cap` requests of its rank were running
     (SGLang's running batch: a request joins it at its first token and leaves at its finish;
     read_ctx.decoding_span_arrays), at most its queue_ns. While its rank runs `cap` requests
@@ -279,7 +280,7 @@ def cap_wait(con: duckdb.DuckDBPyConnection, rid: str, r_rank, w0, w1, queue, ca
 
     if cap is None:
         return np.zeros(len(w0))
-    out = _per_rank_time(con, rid, r_rank, w0, w1, lambda rank, a, b: running.at_cap_arrays(a, b, cap))
+    out = _per_rank_time(con, rid, r_rank, w0, w1, lambda rank, a, b: running.at_cap_arrays(a, b, cap), spans)
     return np.minimum(out, np.maximum(np.asarray(queue, dtype=np.float64), 0.0))
 
 
@@ -295,7 +296,7 @@ def counts_by_cause(codes) -> dict[str, int]:
 
 
 def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None, *,
-              cause_counts: dict[str, int] | None = None, requests=None) -> RunStory | None:
+              cause_counts: dict[str, int] | None = None, requests=None, batches=None) -> RunStory | None:
     """None for a store without per-batch recompute (`rec` None) or without batch rows.
     `cause_counts`, if given, is filled with the finished requests per primary cause (what
     read/totals.py `requests_by_cause` gives, its keys the causes with requests) from the cause
@@ -303,12 +304,13 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None, *,
     summary (numbers.py) instead of its running the same expression over the same rows again
     (issue 41). Left empty where the story reads no requests (`rec` None). `requests`: the
     run's read_ctx.story_requests when the caller has them (folded while the run was recorded:
-    story_rows.py), else queried here."""
+    story_rows.py), else queried here. `batches`, if given, gives the run's read_ctx.batch_arrays
+    (the close's: queried once for the story and the run context's attribution, issue 41)."""
     import numpy as np
 
     if rec is None:
         return None
-    b = read_ctx.batch_arrays(con, rid, rec)
+    b = read_ctx.batch_arrays(con, rid, rec) if batches is None else batches()
     start = read_ctx.first_arrival_ns(con, rid)
     r = read_ctx.story_requests(con, rid) if requests is None else requests
     if cause_counts is not None:
@@ -370,14 +372,18 @@ def run_story(con: duckdb.DuckDBPyConnection, rid: str, rec: str | None, *,
     gaps = np.maximum(queue - parts.sum(axis=0), 0.0)
     # Of the gaps, those while a request of its rank decoded: waiting for device memory. A request's
     # own decode comes after its first token, so never inside its own wait.
-    memory = np.minimum(_memory_wait(con, rid, r_rank, w0, wend, b_rank, s, e), gaps)
+    # The decoding spans queried once for the memory wait and the cap's (issue 41, session 26:
+    # ~1.5 ms of the close's CPU); where no cap is recorded the cap's wait reads none.
+    cap, given = read_ctx.running_cap(con, rid)
+    spans = read_ctx.decoding_span_arrays(con, rid) if cap is not None else None
+    memory = np.minimum(_memory_wait(con, rid, r_rank, w0, wend, b_rank, s, e, spans), gaps)
     idle = gaps - memory
     # Of that, the GPU running decode steps (decode on the clock; context.queue_attribution's rule).
     decode = np.minimum(np.asarray(own_decode, dtype=np.float64), memory)
     memory = memory - decode
     rec_share = np.where(queue > 0, parts[0] / np.maximum(queue, 1), 0.0)
-    cap, given = read_ctx.running_cap(con, rid)
-    capped = cap_wait(con, rid, r_rank, w0, wend, queue, cap)
+    capped = cap_wait(con, rid, r_rank, w0, wend, queue, cap, spans)
+    del spans
     cap_share = np.where(queue > 0, capped / np.maximum(queue, 1), 0.0)
     cache = (queue > 0) & (rec_share >= RECOMPUTE_QUEUE_SHARE) & (busy >= BUSY_SHARE)
     total = int(excess.sum())

@@ -5,11 +5,13 @@ stored with the run at its close (evidence.py) and read back through facts.py.""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import duckdb
 
 from tierdiag.diagnose.read import run_context as read_ctx
 from tierdiag.diagnose.read.queries import run_span_ns
+from tierdiag.diagnose.read.run_scan import RunScan
 
 
 @dataclass(frozen=True)
@@ -33,10 +35,12 @@ def run_bounds_ns(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[int, int
     return run_span_ns(con, run_id, "all")
 
 
-def run_totals(con: duckdb.DuckDBPyConnection, run_id: str) -> RunTotals:
-    """`RunTotals` from the run's rows."""
-    start, end = run_bounds_ns(con, run_id)
-    loadbacks, loadback_bytes = read_ctx.loadback_count_bytes(con, run_id)
+def run_totals(con: duckdb.DuckDBPyConnection, run_id: str, *, scan: Callable[[], RunScan] | None = None) -> RunTotals:
+    """`RunTotals` from the run's rows; `scan`, if given, gives the run's bounds and load-backs
+    (read/run_scan.py: one query for these and the summary's and the context's sums; issue 41)."""
+    s = scan() if scan is not None else None
+    start, end = run_bounds_ns(con, run_id) if s is None else s.span_ns
+    loadbacks, loadback_bytes = read_ctx.loadback_count_bytes(con, run_id) if s is None else s.loadback_count_bytes
     dev = read_ctx.device_evictions(con, run_id)
     return RunTotals(start_ns=start, end_ns=end, loadbacks=loadbacks, loadback_bytes=loadback_bytes,
                      device_evictions=dev.evictions, device_evicted_tokens=dev.tokens,
