@@ -31,6 +31,11 @@ DISK_LATENCY_NS: Final = 100_000  # (Final: a compiled constant, not a module di
 # after another (hicache_storage.STORAGE_BATCH_SIZE; HiCacheController._page_transfer /
 # _page_backup), and acknowledges a read batch by batch: a read cut short keeps whole batches.
 STORAGE_BATCH_PAGES: Final = 128
+# The copy's per-page and per-run costs as compiled int constants: the names imported from
+# config/constants.py (an interpreted module) were a module dict look-up each and their products
+# generic multiplies of boxed ints, every copy priced (~1.9k instructions a call; session 26)
+_SEGMENT_OVERHEAD_NS: Final[int] = SEGMENT_OVERHEAD_NS
+_RUN_OVERHEAD_NS: Final[int] = RUN_OVERHEAD_NS
 
 
 # Compiled (engine/compiled.py) as a native class that Python may subclass: a harness prices
@@ -155,7 +160,7 @@ class CostModel:
     # --- copies --------------------------------------------------------------------------
     def copy_ns(self, num_bytes: int, num_pages: int, *, to_device: bool, runs: int = 1) -> int:
         bw = self.h2d_bytes_per_s if to_device else self.d2h_bytes_per_s
-        per_layer = SEGMENT_OVERHEAD_NS * num_pages + RUN_OVERHEAD_NS * runs
+        per_layer = _SEGMENT_OVERHEAD_NS * num_pages + _RUN_OVERHEAD_NS * runs
         return self.transfer_overhead_ns + int(num_bytes / bw * 1e9) + self.num_layers * per_layer
 
     def storage_ns(self, num_bytes: int) -> int:
