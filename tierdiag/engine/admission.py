@@ -9,16 +9,46 @@ from __future__ import annotations
 
 from mypy_extensions import trait
 
-from typing import Final
+from typing import Any, Final
 
 from tierdiag.config.names import Tier
-from tierdiag.engine.pagemap import blame
+from tierdiag.engine import pagemap as _pagemap
+from tierdiag.engine.pagemap import blame, blame_py
 from tierdiag.engine.request import Req
 from tierdiag.engine.schedule_common import CLIP_MAX_NEW_TOKENS, NO_TOKEN, OTHER, EngineError, SchedulerState
 from tierdiag.engine.tree import TreeNode
 from tierdiag.engine.tree_node import TreeMatch, empty_run
 
 _HOST: Final[str] = Tier.HOST  # read once: compiled, a `Tier.HOST` read is ~880 instructions (3.11)
+# _cplane.blame where pagemap chose the compiled data plane (None on numpy): `_count_recomputed`
+# calls it as pagemap.blame_c would, with no interpreted frame between (blame_c's frame was ~2.5k
+# instructions a request; issue 41, session 26)
+_C_BLAME: Final[Any] = _pagemap._c_blame if _pagemap.blame is _pagemap.blame_c else None
+
+
+def blame_keys(cached: Any, demoted: Any, keys: Any, lost: dict[int, int] | None, ps: int) -> int:
+    """pagemap.blame (its count of once-cached pages, and the evictions that took them added to
+    `lost`), what pagemap.blame_c does where the compiled data plane runs: the C straight from
+    the compiled core (blame_c's interpreted frame was ~2.5k instructions a request; issue 41,
+    session 26) where both maps are arrays only; what the C declines, having changed nothing,
+    goes to the reference, which answers or raises."""
+    if _C_BLAME is None:
+        return blame(cached, demoted, keys, lost, ps)
+    if not cached._sparse and not demoted._sparse:
+        found: int = _C_BLAME(cached._dense, demoted._dense, keys, lost, ps)
+        if found >= 0:
+            return found
+    return blame_py(cached, demoted, keys, lost, ps)
+
+
+def _fsum(xs: list[float]) -> float:
+    """`sum` of floats as CPython 3.11's builtin adds them (0 + x0, then each in turn, in double
+    precision): compiled, a native loop, where `sum` was a builtins look-up and a generic call
+    (four a batch; issue 41, session 26). tests/engine/test_typed_core.py holds the two equal."""
+    total = 0.0
+    for x in xs:
+        total += x
+    return total
 
 
 @trait
@@ -64,7 +94,10 @@ class Admission(SchedulerState):
         match = tree.match(keys if limit >= len(keys) else keys[:limit], now, req.req_id)
         dev_pages = match.device_pages
         host_nodes = match.host_nodes
-        storage_pages = sum(len(n.keys) for n in host_nodes if n.prefetched_for == req.seq)
+        storage_pages = 0  # (a loop: compiled, `sum` of a generator was a generator object and a builtin call)
+        for n in host_nodes:
+            if n.prefetched_for == req.seq:
+                storage_pages += len(n.keys)
         host_pages = match.host_pages - storage_pages
         tiered = host_pages + storage_pages
         # 0.5.9 add_one_req: OTHER before the lock; 0.5.23 `_select_prefill_admission`: NO_TOKEN
@@ -197,7 +230,9 @@ class Admission(SchedulerState):
                 lost[node.evicted_by] = lost.get(node.evicted_by, 0) + len(node.keys) * ps
         recomputed = req.loadback_skip_pages if skipped else 0
         path_pages = req.device_prefix_pages + match.host_pages
-        once = blame(cached, demoted, req.keys_np[path_pages:req.input_len // ps], lost, ps)
+        # the key run's slice (the C reads it in place; blame_py takes a run as it takes an array),
+        # not a numpy slice of keys_np (~1.5k instructions: its index parsing and buffer export)
+        once = blame_keys(cached, demoted, req.keys[path_pages:req.input_len // ps], lost, ps)
         route = req.route
         if route.best_rank is not None and route.best_rank != self.rank:
             # In a deployment the cache is every rank's: pages another rank held at arrival (its
@@ -259,7 +294,9 @@ class Admission(SchedulerState):
         if not pending:
             return
         ps, ctrl = self.ps, self.ctrl
-        conservative = sum(take for _, _, take in pending) + len(items) * self.alloc_page * ps
+        conservative = len(items) * self.alloc_page * ps
+        for entry in pending:
+            conservative += entry[2]
         ctrl.evict_device(-(-conservative // ps), items[-1][0].req_id, now)
         for req, pages, _ in pending:
             if pages <= 0:
@@ -320,7 +357,8 @@ class Admission(SchedulerState):
         if mixed_ns or not self.running:
             self._running_extend = extend_num_tokens
         load_ns = link - now
-        compute_ns = cost.prefill_ns(sum(flops))
+        flops_sum = _fsum(flops)
+        compute_ns = cost.prefill_ns(flops_sum)
         blocking = ctrl.blocking_ns
         duration = cost.overlapped_ns(load_ns, compute_ns) + blocking
         exposed = duration - compute_ns - blocking
@@ -329,7 +367,7 @@ class Admission(SchedulerState):
         if mixed_ns and self.emit.decode_step is not None:
             self.emit.decode_step((now, end, self.dstep, tuple(r.req_id for r in self.running), (), bid,
                                    self.rank))
-        total_flops = sum(flops) or 1.0
+        total_flops = flops_sum or 1.0
         total_lb = total_lb or 1
         decoding = len(self.running)  # requests decoding (holding memory; in a mixed batch, decoding in it)
         batch_recompute_ns = 0.0  # of compute_ns: recomputing once-cached tokens (queue attribution)
@@ -346,8 +384,8 @@ class Admission(SchedulerState):
             rec_end = req.fill_len - req.extend_total_tokens + min(req.recomputed_pages * ps, req.extend_total_tokens)
             r = min(take, rec_end - req.done_tokens)
             rec_flops.append(cost.prefill_flops(r, req.done_tokens) if r > 0 else 0.0)
-        all_rec = sum(rec_flops)
-        rec_per_flop = (compute_ns - cost.prefill_ns(sum(flops) - all_rec)) / all_rec if all_rec else 0.0
+        all_rec = _fsum(rec_flops)
+        rec_per_flop = (compute_ns - cost.prefill_ns(flops_sum - all_rec)) / all_rec if all_rec else 0.0
         stash: Req | None = None
         for (req, take, lb_ns, lb_pages), f, rf in zip(items, flops, rec_flops):
             share = compute_ns * f / total_flops

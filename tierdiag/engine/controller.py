@@ -145,7 +145,7 @@ class CacheController:
         # (0.5.9), both computed here; -1 another callable, called
         amount = self.rules.eviction_amount
         self.evict_shortfall: int = 1 if amount is _evict_shortfall else 0 if amount is _evict_whole_need else -1
-        self.reclaim_duplicates = self.rules.reclaim_host_duplicates and self.write_back
+        self.reclaim_duplicates: bool = bool(self.rules.reclaim_host_duplicates) and self.write_back
         self.measured_timing: bool = cfg.timing == "measured"  # (read at every copy)
         self.host_capacity: int = host.capacity  # (a pool's capacity is fixed; read at every backup)
         self.device_capacity: int = device.capacity
@@ -161,18 +161,28 @@ class CacheController:
         self.emit = Emitters(probe)  # one callable an event kind, None where nothing is emitted (a native class)
         self.stats = stats
         self.page_size: int = cfg.page_size  # typed: compiled, `x * page_size` is a native multiply, not PyNumber_Multiply
-        self.page_bytes = cfg.page_size * cost.kv_bytes_per_token  # modelled
-        self.dp_page_bytes = device.page_bytes  # one page of the real buffers, all layers
+        # (declared int: the config and the pools are Any to mypyc, and an undeclared field of theirs an
+        # object field, every product with it a generic multiply of boxed ints; session 26)
+        self.page_bytes: int = cfg.page_size * cost.kv_bytes_per_token  # modelled
+        self.dp_page_bytes: int = device.page_bytes  # one page of the real buffers, all layers
         # Both pools CPU buffers: copies go straight between their numpy row views
         # (rows.copy_rows); otherwise (CUDA) through the torch/Triton kernels.
         self._rows = device.rows is not None and host.rows is not None
+        # The pools' row views and the device pool's geometry, read once: fixed for a pool's life
+        # (PagePool.__init__), and each read of an interpreted pool's attribute from compiled code
+        # is a generic look-up (~200 instructions; a backup, a load-back and a prefill write read
+        # two to four; issue 41, session 26)
+        self._device_rows: Any = device.rows
+        self._host_rows: Any = host.rows
+        self._device_layers: Any = device.num_layers
+        self._device_elems: Any = device.page_elems
         self.h2d_free_ns = 0
         self.d2h_free_ns = 0
         self.loads_pending: list = []  # load-backs not yet acknowledged (ack_loads), node tuples
         self.blocking_ns = 0  # write-backs done synchronously during the current admission
         # 0.5.23 (rules.backups_flush_per_batch): write-through backups queued, not yet copied
         # (flush_backups); `stash_backups` routes a chunk stash's to the flush after the next
-        self.flush_per_batch = self.rules.backups_flush_per_batch
+        self.flush_per_batch: bool = bool(self.rules.backups_flush_per_batch)
         self.backup_queue: list[tuple] = []
         self.backup_later: list[tuple] = []
         self.stash_backups = False
@@ -200,7 +210,7 @@ class CacheController:
         # 0.5.23 (rules.storage_acks_per_pass): a node's storage write waits for its host copy's
         # ack, and holds the host copy until the pass after that ack's (release_storage_writes);
         # `pass_now` is the scheduler's pass count (Scheduler.prefetch_pass)
-        self.storage_per_pass = self.rules.storage_acks_per_pass and storage is not None
+        self.storage_per_pass: bool = bool(self.rules.storage_acks_per_pass) and storage is not None
         # The storage prefetch's rule flags (prefetch.py), typed: rules.py is interpreted, so a
         # RuleSet field read from compiled code is a generic attribute lookup, and a storage
         # query read ~5 of them (~100k queries and re-queries a whole-trace storage replay)
@@ -228,10 +238,10 @@ class CacheController:
             move = _C_MOVE
             if move is not None:  # rows.copy_rows_c's work without its interpreted frame
                 t0 = _PERF_COUNTER_NS()
-                runs: int = move(self.device.rows, device_slots, self.host.rows, host_slots)
+                runs: int = move(self._device_rows, device_slots, self._host_rows, host_slots)
                 if runs >= 0:
                     return _PERF_COUNTER_NS() - t0, runs
-            return _rows.copy_rows(self.device.rows, device_slots, self.host.rows, host_slots)
+            return _rows.copy_rows(self._device_rows, device_slots, self._host_rows, host_slots)
         from tierdiag.engine import kernels  # CUDA: the torch/Triton kernels
 
         wall = kernels.backup(self.device.buffer, device_slots, self.host.buffer, host_slots)
@@ -242,10 +252,10 @@ class CacheController:
         move = _C_MOVE
         if move is not None:  # as _to_host
             t0 = _PERF_COUNTER_NS()
-            runs: int = move(self.host.rows, host_slots, self.device.rows, device_slots)
+            runs: int = move(self._host_rows, host_slots, self._device_rows, device_slots)
             if runs >= 0:
                 return _PERF_COUNTER_NS() - t0, runs
-        return _rows.copy_rows(self.host.rows, host_slots, self.device.rows, device_slots)
+        return _rows.copy_rows(self._host_rows, host_slots, self._device_rows, device_slots)
 
     def as_rank(self, rank: int, num_ranks: int) -> None:
         """Rank `rank` of `num_ranks`: its rows say so and its ids never meet another rank's."""
@@ -320,14 +330,19 @@ class CacheController:
         and not allocated: alloc_paged_token_slots_extend's page a request). How much goes is
         the rule set's (`eviction_amount`: 0.5.9 the whole need when it does not fit, 0.5.23 the
         shortfall). True when `pages_needed` are free after; False if locks make it impossible."""
-        free = self.device.free_pages
+        free: int = self.device.free_pages
         if free >= pages_needed + reserve_pages:
             return True  # both rule sets' eviction_amount: nothing when the need fits
         target = free + self._eviction_amount(free, pages_needed + reserve_pages)
         write_back = self.write_back
         decline = self.decline_spares
         kept: list[TreeNode] = []  # declined drops (drop_subtree_no_host), in walk order
-        while self.device.free_pages < target:
+        while True:
+            # (the count read into an int: compiled, the compare is native, where the pool's
+            # attribute (Any) made it a generic compare and a truth test a victim; session 26)
+            free_now: int = self.device.free_pages
+            if free_now >= target:
+                break
             node = self.tree.pop_device_victim()
             if node is None:
                 if not kept:
@@ -418,7 +433,7 @@ class CacheController:
         the whole need when it does not fit, whatever the rule set). Under 0.5.23 with
         write_back, host copies of nodes also on device go first
         (`_reclaim_full_host_duplicates`), then host-only leaves."""
-        free = self.host.free_pages
+        free: int = self.host.free_pages
         if free >= pages_needed:
             return True  # both rule sets' eviction_amount and `whole`: nothing when the need fits
         if whole:
@@ -428,7 +443,10 @@ class CacheController:
         target = free + amount
         if self.reclaim_duplicates and self.host.free_pages < target:
             self._reclaim_duplicates(target, cause, now_ns)
-        while self.host.free_pages < target:
+        while True:
+            free_now: int = self.host.free_pages  # (an int: a native compare, as evict_device's)
+            if free_now >= target:
+                break
             node = self.tree.pop_host_victim()
             if node is None:
                 break
@@ -535,12 +553,13 @@ class CacheController:
             nodes.append(node)
         self.d2h_free_ns = t
         self.backups_in_flight += len(nodes)
+        # (entries indexed, not unpacked with a starred name: compiled, `*_` made a list an entry)
         if self.storage_per_pass:
-            self.at(t, self._ack_backups_to_storage, [(node, cause, pages) for node, cause, pages, *_ in queue])
+            self.at(t, self._ack_backups_to_storage, [(entry[0], entry[1], entry[2]) for entry in queue])
             return
         self.at(t, self._ack_backups, nodes)
-        for node, cause, *_ in queue:
-            self._write_storage(node, cause, t)
+        for entry in queue:
+            self._write_storage(entry[0], entry[1], t)
 
     def _ack_backups_to_storage(self, acked: list[tuple]) -> None:
         """The copy's ack (`writing_check` -> `_finish_write_through_ack`), and each node's
@@ -817,12 +836,12 @@ class CacheController:
 
     def write_computed(self, slots: Any, page_keys: "np.ndarray | list[int]") -> None:
         """The prefill's output: KV for these pages, derived from their keys."""
-        device = self.device
         write = _C_WRITE_CONTENT
-        if write is not None and len(slots) and device.rows is not None:  # content.write_content_c's work
-            if write(device.rows, slots, page_keys, device.num_layers, device.page_elems) >= 0:
+        rows = self._device_rows
+        if write is not None and len(slots) and rows is not None:  # content.write_content_c's work
+            if write(rows, slots, page_keys, self._device_layers, self._device_elems) >= 0:
                 return
-        write_content(device, slots, page_keys)
+        write_content(self.device, slots, page_keys)
 
     # --- storage -> host -----------------------------------------------------------------
     def alloc_host(self, pages: int, cause: str | None, now_ns: int) -> Any:

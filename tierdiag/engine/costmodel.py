@@ -69,6 +69,13 @@ class CostModel:
     # of an interpreted module, so a compiled storage_ns read it from a dict and did its
     # arithmetic on Python objects (~1.5k instructions a call; ~2 calls a storage write)
     _disk_bytes_per_s: float = field(init=False, repr=False, compare=False)
+    # copy_ns's per-page and per-run costs as typed fields, this module's globals read when the
+    # model is made: read at every copy, they were a module dict look-up each and their products
+    # generic multiplies of boxed ints (~1.9k instructions a call; issue 41, session 26). Not
+    # compiled constants: a harness sets RUN_OVERHEAD_NS to 0 around an engine it makes
+    # (tests/sglang/scheduler_harness.py `run_engine`, flat_copy_cost).
+    _segment_overhead_ns: int = field(init=False, repr=False, compare=False)
+    _run_overhead_ns: int = field(init=False, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, cfg: EngineConfig) -> "CostModel":
@@ -96,6 +103,8 @@ class CostModel:
         # in the same order as written out below, so the same results to the last bit. A
         # request's record evaluates prefill_alone_ns three times (its counterfactuals).
         object.__setattr__(self, "_disk_bytes_per_s", float(DISK_BYTES_PER_S))
+        object.__setattr__(self, "_segment_overhead_ns", SEGMENT_OVERHEAD_NS)
+        object.__setattr__(self, "_run_overhead_ns", RUN_OVERHEAD_NS)
         c = self.clock
         if c is None:
             object.__setattr__(self, "_linear_flops", 2.0 * self.num_params)
@@ -155,7 +164,7 @@ class CostModel:
     # --- copies --------------------------------------------------------------------------
     def copy_ns(self, num_bytes: int, num_pages: int, *, to_device: bool, runs: int = 1) -> int:
         bw = self.h2d_bytes_per_s if to_device else self.d2h_bytes_per_s
-        per_layer = SEGMENT_OVERHEAD_NS * num_pages + RUN_OVERHEAD_NS * runs
+        per_layer = self._segment_overhead_ns * num_pages + self._run_overhead_ns * runs
         return self.transfer_overhead_ns + int(num_bytes / bw * 1e9) + self.num_layers * per_layer
 
     def storage_ns(self, num_bytes: int) -> int:

@@ -39,6 +39,13 @@ class Req:
     )
     total_pages: int  # set on arrival (Scheduler._arrive)
     max_match_pages: int
+    # Declared int: compiled, these are native ints. Read off the trace's request (an
+    # interpreted msgspec Struct: Any to mypyc), they were object fields, and every sum,
+    # product and compare of them a generic number operation on a boxed int (~90 instructions,
+    # 5-10 a request at admission alone; issue 41, session 26)
+    input_len: int
+    output_len: int
+    fill_len: int
 
     def __init__(self, t: TraceRequest, arrival_ns: int, trace_arrival_ns: int | None = None,
                  think_ms: float | None = None):

@@ -59,6 +59,7 @@ from tierdiag.trace.reader import TraceRequest
 _C_BLOCK_PAGE_KEYS: Final[Any] = (_pages._c_block_page_keys if _pages.block_page_keys is _pages._block_page_keys_c
                                   else None)
 _INT64: Final[Any] = _pages._INT64  # np.frombuffer's dtype made once (its keyword and dtype parsing)
+_FROMBUFFER: Final[Any] = np.frombuffer  # (bound once: `np.frombuffer` is a module attribute look-up a call)
 # Final: a C static the compiled module reads, where an imported name is a look-up in the module's
 # dict at every use (~130 instructions; issue 41, session 24)
 _HEAPPUSH: Final = heappush
@@ -91,7 +92,8 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.ps = cfg.page_size
         # pages a hash_ids block (_page_keys' C path; 0: a page size that does not divide the
         # block, which page_keys_array refuses)
-        self._per_block = cfg.block_size // cfg.page_size if 0 < cfg.page_size and cfg.block_size % cfg.page_size == 0 else 0
+        self._per_block: int = (cfg.block_size // cfg.page_size
+                                if 0 < cfg.page_size and cfg.block_size % cfg.page_size == 0 else 0)
         self.waiting: list[Req] = []
         # alloc_for_extend (both releases): at page 1 `alloc_token_slots(extend_num_tokens)`
         # evicts for the extend alone; above, alloc_paged_token_slots_extend asks a page a request more
@@ -182,12 +184,15 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.ctrl.pass_owner = self  # CacheController.pass_now reads prefetch_pass
         # SchedulePolicy._waiting_prefix_refresh_calls: the passes that reached the refresh (0.5.23)
         self.refresh_calls = 0
-        self.refresh_interval = (self.rules.waiting_prefix_refresh_interval
-                                 if cfg.waiting_prefix_refresh and cfg.eviction_policy == "lru" else 0)
-        self.max_context = cfg.resolved_max_context()
+        self.refresh_max: int = self.rules.waiting_prefix_refresh_max  # (typed once: rules.py is interpreted)
+        self.refresh_interval: int = (self.rules.waiting_prefix_refresh_interval
+                                      if cfg.waiting_prefix_refresh and cfg.eviction_policy == "lru" else 0)
+        # (declared int: the config is Any to mypyc, and an undeclared field of it an object field,
+        # every compare and difference with it a generic operation on boxed ints; session 26)
+        self.max_context: int = cfg.resolved_max_context()
         # SGLang's max_running_requests (its ReqToTokenPool's rows and pp_max_micro_batch_size):
         # admission stops at it (_new_prefill)
-        self.max_running = cfg.resolved_max_running_requests()
+        self.max_running: int = cfg.resolved_max_running_requests()
         self.arrivals: ArrivalSource | None = None  # the trace's arrivals, open or closed loop (run)
         self.rank = 0  # the data-parallel rank (its rows' dp_rank; engine/deployment.py)
         self.id_step = 1  # batch ids: rank + 1, then every num_ranks-th
@@ -386,7 +391,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         # Admission into an empty pool (PrefillAdder.add_one_req): input + min(output, 4096)
         # + the rule set's page must be less than the pool, or the request would wait forever.
         need = req.input_len + min(req.output_len, CLIP_MAX_NEW_TOKENS)
-        if need + overhead * ps >= self.ctrl.device.capacity * ps:
+        if need + overhead * ps >= self.ctrl.device_capacity * ps:  # (the typed copy: a native compare)
             # Said with the admission overhead where the rule set has one (0.5.23's PrefillAdder
             # counts a page a request beside its tokens): a request that needs exactly the pool
             # is refused for that page, and the reason must say so.
@@ -426,7 +431,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
             if isinstance(raw, bytearray):
                 run = empty_run()
                 run.frombytes(raw)
-                return np.frombuffer(raw, _INT64), run
+                return _FROMBUFFER(raw, _INT64), run
         keys_np = page_keys_array(t, page_size=self.ps, block_size=self.cfg.block_size)
         return keys_np, key_run(keys_np)
 
@@ -678,7 +683,8 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         queue, the cached prefixes of the first `waiting_prefix_refresh_max` waiting requests
         are walked, head last, so LRU evicts them in reverse admission order."""
         waiting = self.waiting
-        self.queue.order(waiting, self.tree.match, self.ps, now, self.processed_tokens, self.arrived_at)
+        if self.queue.sort is not None:  # (fcfs orders nothing: no bound `match` made a pass for it)
+            self.queue.order(waiting, self.tree.match, self.ps, now, self.processed_tokens, self.arrived_at)
         interval = self.refresh_interval
         if not interval or not waiting or self.queue.cache_aware(waiting):
             return
@@ -689,7 +695,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
             # tree, a native call (a bound method kept in a local was a generic call: the
             # wrapper's argument parsing and `now` boxed, a walk; issue 41, session 24)
             tree = self.tree
-            for r in reversed(waiting[:self.rules.waiting_prefix_refresh_max]):
+            for r in reversed(waiting[:self.refresh_max]):
                 tree.walk(r.keys, now, None)  # touch_waiting_prefix: the whole input, page-aligned
 
     def _pages_through(self, req: Req, end_tokens: int) -> int:

@@ -40,6 +40,14 @@ def _child(node: TreeNode, key: Any) -> TreeNode | None:
     return children.get(key)
 
 
+def _parent(node: TreeNode) -> TreeNode:
+    """The parent of a node that has one (not the root): typed so that a compiled caller reads
+    and writes its fields natively, where `node.parent` (Optional) was a generic attribute
+    look-up and store (session 26). A node with none is a bug: TypeError compiled, AttributeError
+    at the use in Python."""
+    return cast(TreeNode, node.parent)
+
+
 def common_pages_py(keys: KeyRun, start: int, node_keys: KeyRun) -> int:
     """Pages of node_keys matched by keys[start:]; node_keys[0] == keys[start] is known (the
     reference of _cplane.common_pages, which reads two key runs in place)."""
@@ -93,8 +101,10 @@ class RadixTree:
         # the registry's lru, its key built here (a compiled tree builds the tuple without a
         # call into the policy's Python function): (last_access_ns, access_seq, id), the same
         self._lru_key = policy.key is EVICTION_POLICIES["lru"].key
-        self._repush_on_touch = policy.key_can_shrink
-        self._tree_depths = policy.tree_depths
+        # (declared bool: the policy is Any to mypyc, and an undeclared field of it an object
+        # field, a truth test of it a generic call at every stamp and new node; session 26)
+        self._repush_on_touch: bool = bool(policy.key_can_shrink)
+        self._tree_depths: bool = bool(policy.tree_depths)
         self._next_id = 1
         self.id_step = 1  # node ids: rank + 1, then every num_ranks-th (engine/deployment.py)
         self._seq = 0  # access stamps (TreeNode.access_seq)
@@ -188,7 +198,7 @@ class RadixTree:
         `UnifiedTreeCore._split_node` stamps the lower half after making the upper one. The upper
         half is created at the split under 0.5.9 (a new TreeNode), keeps the node's creation time
         under 0.5.23 (`split_upper_created_at_split`)."""
-        parent = node.parent
+        parent = _parent(node)
         fresh = now_ns is not None and self.rules.split_upper_created_at_split
         created = now_ns if fresh and now_ns is not None else node.created_ns
         upper = TreeNode(self._next_id, parent, node.keys[:pages],
@@ -397,10 +407,11 @@ class RadixTree:
     # --- residency changes ---------------------------------------------------------------
     def set_device(self, node: TreeNode, slots: SlotRun) -> None:
         assert node.device is None and len(slots) == len(node.keys)
-        assert node.parent.device is not None, f"{node}: device residency must stay root-connected"
+        parent = _parent(node)
+        assert parent.device is not None, f"{node}: device residency must stay root-connected"
         node.device = slots
         self._changed(node)
-        node.parent.n_dev_children += 1
+        parent.n_dev_children += 1
         self.device_pages += len(slots)
         if node.lock_ref:
             self.locked_device_pages += len(slots)
@@ -418,18 +429,20 @@ class RadixTree:
         assert node.host is not None and node.lock_ref == 0 and node.n_dev_children == 0
         slots, node.device = node.device, None
         self._changed(node)
-        node.parent.n_dev_children -= 1
+        parent = _parent(node)
+        parent.n_dev_children -= 1
         self.device_pages -= len(slots)
-        self._push_device(node.parent)
+        self._push_device(parent)
         self._push_host(node)
         return slots
 
     def delete(self, node: TreeNode) -> tuple[SlotRun, SlotRun]:
         """Remove a leaf from the tree. Returns its (device slots, host slots)."""
         assert node.lock_ref == 0 and not node.children, f"{node}: only unlocked leaves are deleted"
-        parent = node.parent
+        parent = _parent(node)
         del parent.children[node.keys[0]]
-        self.host_duplicates.pop(node.id, None)
+        if self.host_duplicates:  # (empty unless host pressure reads them: no generic `pop` call then)
+            self.host_duplicates.pop(node.id, None)
         if node.device is not None:
             parent.n_dev_children -= 1
             self.device_pages -= len(node.device)

@@ -168,13 +168,21 @@ class TreeMatch:
     def __repr__(self) -> str:
         return f"TreeMatch(device_nodes={self.device_nodes!r}, host_nodes={self.host_nodes!r})"
 
+    # (loops: compiled, `sum` of a generator was a generator object and a builtin call, read
+    # two to four times an admission; issue 41, session 26)
     @property
     def device_pages(self) -> int:
-        return sum(len(n.keys) for n in self.device_nodes)
+        pages = 0
+        for n in self.device_nodes:
+            pages += len(n.keys)
+        return pages
 
     @property
     def host_pages(self) -> int:
-        return sum(len(n.keys) for n in self.host_nodes)
+        pages = 0
+        for n in self.host_nodes:
+            pages += len(n.keys)
+        return pages
 
     @property
     def last_node(self) -> "TreeNode | None":
