@@ -91,17 +91,19 @@ def test_the_c_loop_runs_where_it_is_built():
         pytest.skip("the data plane is not compiled")
     assert decode.decode_steps is decode.decode_steps_c
     c = _ROOFLINE
+    clock = (c._decode_fitted, c._decode_base, c._decode_per_token, c.kv_bytes_per_token, float(c.hbm_bytes_per_s),
+             c._decode_overhead_ns, decode.NEW_TOKEN_RATIO_DECAY, decode.MIN_NEW_TOKEN_RATIO)
     rank = _Rank(4, {2}, [10])
-    args = [rank.ring, 4, 0, 100, None, 5, 1000, 2, 0.7, c._decode_fitted, c._decode_base, c._decode_per_token,
-            c.kv_bytes_per_token, float(c.hbm_bytes_per_s), c._decode_overhead_ns, decode.NEW_TOKEN_RATIO_DECAY,
-            decode.MIN_NEW_TOKEN_RATIO, None, rank.give]
+    args = [rank.ring, 4, 0, 100, None, 5, 1000, 2, 0.7, clock, None, rank.give]
     got = native(*args)
-    assert got[0] == 4 and got[2] == 4 and got[4] is True and rank.given == [2]
-    assert got == decode.decode_steps_py(_Rank(4, {2}, [10]).ring, 4, 0, 100, None, 5, 1000, 2, 0.7, c, None,
-                                         _Rank(4, {2}, [10]).give)
-    for i, bad in [(0, tuple(rank.ring)), (1, 4.0), (2, True), (8, 1), (9, 1), (17, ()), (2, -1)]:
+    assert got[0] == 4 and got[3] is True and rank.given == [2]
+    want = decode.decode_steps_py(_Rank(4, {2}, [10]).ring, 4, 0, 100, None, 5, 1000, 2, 0.7, c, None,
+                                  _Rank(4, {2}, [10]).give)
+    assert (got[0], got[1], 4, got[2], got[3]) == want
+    for i, bad in [(0, tuple(rank.ring)), (1, 4.0), (2, True), (8, 1), (9, clock[:7]), (9, (1,) + clock[1:]),
+                   (9, clock[:3] + (1.0,) + clock[4:]), (10, ()), (2, -1)]:
         assert native(*args[:i], bad, *args[i + 1:]) == -1
     args[0] = [[], [], [], [object()]]
-    args[18] = lambda k: "no"
+    args[11] = lambda k: "no"
     with pytest.raises(TypeError, match="not the free pages"):
         native(*args)

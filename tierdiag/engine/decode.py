@@ -77,7 +77,10 @@ def decode_steps_py(ring: list[list[Req]], ps: int, k: int, end: int, limit: int
             return k, end, steps, ratio, True
 
 
-_decode_steps_native = cplane.compiled("decode_steps")
+_decode_steps_native: Final = cplane.compiled("decode_steps")
+# decode_steps_c's last cost model and its clock's terms, one tuple (a run's ranks share theirs):
+# eight floats and ints boxed a call otherwise (~107k calls a --dp 8 conversation replay)
+_CLOCK: Final[list[Any]] = [None, ()]
 
 
 def decode_steps_c(ring: list[list[Req]], ps: int, k: int, end: int, limit: int | None, fin_step: int, base: int,
@@ -87,17 +90,20 @@ def decode_steps_c(ring: list[list[Req]], ps: int, k: int, end: int, limit: int 
     ~2.7 M steps a --dp 8 conversation replay, issue 41), from the cost model's terms of
     decode_step_ns. Where a step's values leave int64 the reference runs on from there; other
     arguments, or an emitting probe: the reference."""
-    got = -1 if emit is not None else _decode_steps_native(
-        ring, ps, k, end, limit, fin_step, base, n, ratio, cost._decode_fitted, cost._decode_base,
-        cost._decode_per_token, cost.kv_bytes_per_token, float(cost.hbm_bytes_per_s), cost._decode_overhead_ns,
-        NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO, wakes, give)
-    if isinstance(got, int):
+    if emit is not None:
         return decode_steps_py(ring, ps, k, end, limit, fin_step, base, n, ratio, cost, wakes, give, emit, running, rank)
-    res: tuple[int, int, int, float, bool] = got
-    if res[4]:
-        return res
-    more = decode_steps_py(ring, ps, res[0], res[1], limit, fin_step, base, n, res[3], cost, wakes, give)
-    return more[0], more[1], res[2] + more[2], more[3], True
+    if _CLOCK[0] is not cost:
+        _CLOCK[0] = cost
+        _CLOCK[1] = (cost._decode_fitted, cost._decode_base, cost._decode_per_token, cost.kv_bytes_per_token,
+                     float(cost.hbm_bytes_per_s), cost._decode_overhead_ns, NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+    got = _decode_steps_native(ring, ps, k, end, limit, fin_step, base, n, ratio, _CLOCK[1], wakes, give)
+    if isinstance(got, int):
+        return decode_steps_py(ring, ps, k, end, limit, fin_step, base, n, ratio, cost, wakes, give)
+    res: tuple[int, int, float, bool] = got  # (k, end, ratio, done: the steps are k's)
+    if res[3]:
+        return res[0], res[1], res[0] - k, res[2], True
+    more = decode_steps_py(ring, ps, res[0], res[1], limit, fin_step, base, n, res[2], cost, wakes, give)
+    return more[0], more[1], more[0] - k, more[3], True
 
 
 decode_steps = cplane.choose("decode.decode_steps", decode_steps_c, decode_steps_py)

@@ -344,11 +344,11 @@ step_ns(const StepClock *c, int64_t ctx, int64_t *ns)
     return !__builtin_add_overflow(t, c->overhead, ns);
 }
 
-/* (k, end, steps, ratio, done): built item by item (Py_BuildValue parses its format a call) */
+/* (k, end, ratio, done): built item by item (Py_BuildValue parses its format a call) */
 static PyObject *
-steps_result(int64_t k, int64_t end, int64_t steps, double ratio, int done)
+steps_result(int64_t k, int64_t end, double ratio, int done)
 {
-    PyObject *out = PyTuple_New(5), *item;
+    PyObject *out = PyTuple_New(4), *item;
     if (out == NULL) {
         return NULL;
     }
@@ -360,17 +360,13 @@ steps_result(int64_t k, int64_t end, int64_t steps, double ratio, int done)
         goto fail;
     }
     PyTuple_SET_ITEM(out, 1, item);
-    if ((item = PyLong_FromLongLong((long long)steps)) == NULL) {
-        goto fail;
-    }
-    PyTuple_SET_ITEM(out, 2, item);
     if ((item = PyFloat_FromDouble(ratio)) == NULL) {
         goto fail;
     }
-    PyTuple_SET_ITEM(out, 3, item);
+    PyTuple_SET_ITEM(out, 2, item);
     item = done ? Py_True : Py_False;
     Py_INCREF(item);
-    PyTuple_SET_ITEM(out, 4, item);
+    PyTuple_SET_ITEM(out, 3, item);
     return out;
 fail:
     Py_DECREF(out);
@@ -378,13 +374,13 @@ fail:
 }
 
 PyDoc_STRVAR(decode_steps_doc,
-"decode_steps(ring, page_size, k, end, limit, fin_step, kv_base, running, ratio, fitted, base,\n"
-"             per_token, kv_bytes, hbm, overhead, decay, floor, wakes, give)\n"
-"    -> (k, end, steps, ratio, done), or -1\n\n"
+"decode_steps(ring, page_size, k, end, limit, fin_step, kv_base, running, ratio, clock, wakes, give)\n"
+"    -> (k, end, ratio, done), or -1\n\n"
 "decode.decode_steps_py's loop (no emit): plain decode steps k + 1, ... from `end`, each\n"
 "new_token_ratio's decay, step k's pages where ring[k % page_size] is not empty (give(k): the\n"
 "free pages after), the step's time decode_step_ns(kv_base + running * k) from the clock's terms\n"
-"(`fitted` ... `overhead`: CostModel's), its start appended to `wakes` (a list, or None), until\n"
+"(`clock`: CostModel's (fitted, base, per_token, kv_bytes, hbm, overhead) and the ratio's\n"
+"(decay, floor)), its start appended to `wakes` (a list, or None), until\n"
 "the end reaches `limit` (None: no bound), the free pages fall below `running` or step\n"
 "fin_step - 1 is run. done False: a step's values left int64 before it ran (the reference runs\n"
 "on from the state returned); -1: not my case (other types), nothing changed.");
@@ -393,29 +389,33 @@ static PyObject *
 cp_decode_steps(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *ring, *wakes, *give;
-    int64_t ps, k, end, until = 0, fin_step, base, n, free_pages, steps = 0, slot;
+    PyObject *const *t;
+    int64_t ps, k, end, until = 0, fin_step, base, n, free_pages, slot;
     double ratio;
     int bounded;
     StepClock c;
-    if (wrong_nargs(nargs, 19, "decode_steps(ring, page_size, k, end, limit, fin_step, kv_base, running, ratio, "
-                               "fitted, base, per_token, kv_bytes, hbm, overhead, decay, floor, wakes, give)")) {
+    if (wrong_nargs(nargs, 12, "decode_steps(ring, page_size, k, end, limit, fin_step, kv_base, running, ratio, "
+                               "clock, wakes, give)")) {
         return NULL;
     }
     ring = args[0];
-    wakes = args[17];
-    give = args[18];
+    wakes = args[10];
+    give = args[11];
     bounded = args[4] != Py_None;
+    if (!PyTuple_CheckExact(args[9]) || PyTuple_GET_SIZE(args[9]) != 8) {
+        return not_mine();
+    }
+    t = &PyTuple_GET_ITEM(args[9], 0); /* fitted, base, per_token, kv_bytes, hbm, overhead, decay, floor */
     if (!PyList_CheckExact(ring) || !exact_int(args[1], &ps) || ps <= 0 || PyList_GET_SIZE(ring) != ps
         || !exact_int(args[2], &k) || !exact_int(args[3], &end) || (bounded && !exact_int(args[4], &until))
         || !exact_int(args[5], &fin_step) || !exact_int(args[6], &base) || !exact_int(args[7], &n)
-        || !exact_float(args[8], &ratio) || !PyBool_Check(args[9]) || !exact_float(args[10], &c.base)
-        || !exact_float(args[11], &c.per_token) || !exact_int(args[12], &c.kv_bytes)
-        || !exact_float(args[13], &c.hbm) || !exact_int(args[14], &c.overhead) || !exact_float(args[15], &c.decay)
-        || !exact_float(args[16], &c.floor) || (wakes != Py_None && !PyList_CheckExact(wakes))
-        || k < 0 || k == INT64_MAX) {
+        || !exact_float(args[8], &ratio) || !PyBool_Check(t[0]) || !exact_float(t[1], &c.base)
+        || !exact_float(t[2], &c.per_token) || !exact_int(t[3], &c.kv_bytes) || !exact_float(t[4], &c.hbm)
+        || !exact_int(t[5], &c.overhead) || !exact_float(t[6], &c.decay) || !exact_float(t[7], &c.floor)
+        || (wakes != Py_None && !PyList_CheckExact(wakes)) || k < 0 || k == INT64_MAX) {
         return not_mine();
     }
-    c.fitted = args[9] == Py_True;
+    c.fitted = t[0] == Py_True;
     free_pages = n; /* (the caller saw at least `running` free: only a give changes it) */
     slot = k % ps;
     for (;;) {
@@ -424,12 +424,12 @@ cp_decode_steps(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
         /* the step's values first: where one leaves int64, nothing of the step is done */
         if (k1 == INT64_MAX || __builtin_mul_overflow(n, k1, &ctx) || __builtin_add_overflow(base, ctx, &ctx)
             || !step_ns(&c, ctx, &ns) || __builtin_add_overflow(now, ns, &next_end)) {
-            return steps_result(k, end, steps, ratio, 0);
+            return steps_result(k, end, ratio, 0);
         }
         slot = slot + 1 == ps ? 0 : slot + 1;
         due = PyList_GET_ITEM(ring, slot);
         if (!PyList_Check(due)) {
-            return steps_result(k, end, steps, ratio, 0);
+            return steps_result(k, end, ratio, 0);
         }
         ratio -= c.decay;
         if (ratio < c.floor) {
@@ -455,7 +455,6 @@ cp_decode_steps(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
             Py_DECREF(got);
         }
         end = next_end;
-        steps++;
         if (wakes != Py_None) {
             PyObject *t = PyLong_FromLongLong((long long)now);
             int bad = t == NULL || PyList_Append(wakes, t) < 0;
@@ -465,7 +464,7 @@ cp_decode_steps(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
             }
         }
         if ((bounded && end >= until) || free_pages < n || fin_step == k + 1) {
-            return steps_result(k, end, steps, ratio, 1);
+            return steps_result(k, end, ratio, 1);
         }
     }
 }
