@@ -49,14 +49,11 @@ def _drop(items: list[Any], req: object) -> None:
 def decode_steps_py(ring: list[list[Req]], ps: int, k: int, end: int, limit: int | None, fin_step: int, base: int,
                     n: int, ratio: float, cost: CostModel, wakes: list[int] | None, give: Callable[[int], int],
                     emit: Any = None, running: list[Req] | None = None, rank: int = 0) -> tuple[int, int, int, float, bool]:
-    """DecodeSteps._decode_ahead's steps k + 1, ... from `end` (its doc): each one `_decode`'s
-    (new_token_ratio decays; no eviction: the step fits) and `_decode_step`'s (`give(k)` the
-    step's pages where its ring slot is not empty: the free pages after), until the end reaches
-    `limit`, the free pages fall below the `n` running or step fin_step - 1 ran. Returns (k,
-    end, steps, ratio, True): the reference of decode_steps_c (the data plane's C loop)."""
+    """_decode_ahead's steps k + 1, ... from `end`: `_decode`'s and `_decode_step`'s (`give(k)` where the
+    ring slot has pages due: the free pages after), until the end reaches `limit`, the free pages fall
+    below the `n` running or step fin_step - 1 ran: (k, end, steps, ratio, True). decode_steps_c's reference."""
     decay, floor = NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO
-    bounded = limit is not None
-    until = limit if limit is not None else 0
+    bounded, until = limit is not None, limit if limit is not None else 0
     free = n  # (the caller saw at least n free: only a give changes it)
     steps = 0
     while True:
@@ -78,18 +75,15 @@ def decode_steps_py(ring: list[list[Req]], ps: int, k: int, end: int, limit: int
 
 
 _decode_steps_native: Final = cplane.compiled("decode_steps")
-# decode_steps_c's last cost model and its clock's terms, one tuple (a run's ranks share theirs):
-# eight floats and ints boxed a call otherwise (~107k calls a --dp 8 conversation replay)
+# decode_steps_c's last cost model and its clock's terms, one tuple (a run's ranks share the model)
 _CLOCK: Final[list[Any]] = [None, ()]
 
 
 def decode_steps_c(ring: list[list[Req]], ps: int, k: int, end: int, limit: int | None, fin_step: int, base: int,
                    n: int, ratio: float, cost: CostModel, wakes: list[int] | None, give: Callable[[int], int],
                    emit: Any = None, running: list[Req] | None = None, rank: int = 0) -> tuple[int, int, int, float, bool]:
-    """decode_steps_py by the data plane's C (csrc/router.c: ~300 instructions a step compiled,
-    ~2.7 M steps a --dp 8 conversation replay, issue 41), from the cost model's terms of
-    decode_step_ns. Where a step's values leave int64 the reference runs on from there; other
-    arguments, or an emitting probe: the reference."""
+    """decode_steps_py by the data plane's C (csrc/router.c; issue 41: ~2.7 M steps a --dp 8 conversation
+    replay). Where a step's values leave int64 the reference runs on; other types, or a probe: the reference."""
     if emit is not None:
         return decode_steps_py(ring, ps, k, end, limit, fin_step, base, n, ratio, cost, wakes, give, emit, running, rank)
     if _CLOCK[0] is not cost:
