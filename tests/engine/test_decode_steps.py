@@ -52,8 +52,11 @@ class _Rank:
 
 
 def _both(ps, due, frees, k, end, limit, fin_step, base, n, ratio, cost, with_wakes):
+    """Each side's answer, pages given, ring and wakes (on the numpy data plane, where decode_steps_c
+    has no C to call and is never chosen, the reference twice)."""
+    c_side = decode.decode_steps_c if cplane.compiled("decode_steps") is not None else decode.decode_steps_py
     out = []
-    for steps in (decode.decode_steps_c, decode.decode_steps_py):
+    for steps in (c_side, decode.decode_steps_py):
         rank = _Rank(ps, due, frees)
         wakes = [] if with_wakes else None
         try:
