@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierdiag.engine import content, deployment, miss, pagemap, rows, storage, tree
+from tierdiag.engine import content, decode, deployment, miss, pagemap, rows, storage, tree
 from tierdiag.native import cplane
 from tierdiag.engine.content import page_content_np
 from tierdiag.engine.dataplane import DataPlane
@@ -85,6 +85,7 @@ def test_every_pair_takes_the_side_the_facade_chose():
         "miss.key_set": miss.new_key_set,
         "tree.common_pages": tree.common_pages,
         "deployment.ranks_json": deployment.ranks_json,
+        "decode.decode_steps": decode.decode_steps,
     }
     pairs = cplane.pairs()
     assert set(pairs) == set(bound)

@@ -11,11 +11,13 @@ from typing import Any, Callable, Final
 
 from mypy_extensions import trait
 
+from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.request import FIRST_PASS_FIELDS, Req
 from tierdiag.engine.schedule_common import (CLIP_MAX_NEW_TOKENS, INT64_MAX, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY,
                                              RETRACT_DECODE_STEPS, SchedulerState)
 from tierdiag.trace.pages import append_output_keys, extend_output_keys
 from tierdiag.engine.tree_node import empty_run
+from tierdiag.native import cplane
 
 
 # Final: a C static the compiled module reads, where an imported name is a look-up in the module's
@@ -42,6 +44,64 @@ def _drop(items: list[Any], req: object) -> None:
             del items[i]
             return
     raise ValueError("list.remove(x): x not in list")
+
+
+def decode_steps_py(ring: list[list[Req]], ps: int, k: int, end: int, limit: int | None, fin_step: int, base: int,
+                    n: int, ratio: float, cost: CostModel, wakes: list[int] | None, give: Callable[[int], int],
+                    emit: Any = None, running: list[Req] | None = None, rank: int = 0) -> tuple[int, int, int, float, bool]:
+    """_decode_ahead's steps k + 1, ... from `end`: `_decode`'s and `_decode_step`'s (`give(k)` where the
+    ring slot has pages due: the free pages after), until the end reaches `limit`, the free pages fall
+    below the `n` running or step fin_step - 1 ran: (k, end, steps, ratio, True). decode_steps_c's reference."""
+    decay, floor = NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO
+    bounded, until = limit is not None, limit if limit is not None else 0
+    free = n  # (the caller saw at least n free: only a give changes it)
+    steps = 0
+    while True:
+        ratio -= decay
+        if ratio < floor:
+            ratio = floor
+        k += 1
+        if ring[k % ps]:
+            free = give(k)
+        now = end
+        end = now + cost.decode_step_ns(base + n * k)
+        steps += 1
+        if wakes is not None:
+            wakes.append(now)
+        if emit is not None and running is not None:
+            emit((now, end, k, tuple(r.req_id for r in running), (), None, rank))
+        if (bounded and end >= until) or free < n or fin_step == k + 1:
+            return k, end, steps, ratio, True
+
+
+_decode_steps_native: Final = cplane.compiled("decode_steps")
+# decode_steps_c's last cost model and its clock's terms, one tuple (a run's ranks share the model)
+_CLOCK: Final[list[Any]] = [None, ()]
+
+
+def decode_steps_c(ring: list[list[Req]], ps: int, k: int, end: int, limit: int | None, fin_step: int, base: int,
+                   n: int, ratio: float, cost: CostModel, wakes: list[int] | None, give: Callable[[int], int],
+                   emit: Any = None, running: list[Req] | None = None, rank: int = 0) -> tuple[int, int, int, float, bool]:
+    """decode_steps_py by the data plane's C (csrc/router.c; issue 41: ~2.7 M steps a --dp 8 conversation
+    replay). Where a step's values leave int64 the reference runs on; other types, or a probe: the reference."""
+    if emit is not None:
+        return decode_steps_py(ring, ps, k, end, limit, fin_step, base, n, ratio, cost, wakes, give, emit, running, rank)
+    if _CLOCK[0] is not cost:
+        _CLOCK[0] = cost
+        _CLOCK[1] = (cost._decode_fitted, cost._decode_base, cost._decode_per_token, cost.kv_bytes_per_token,
+                     float(cost.hbm_bytes_per_s), cost._decode_overhead_ns, NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+    got = _decode_steps_native(ring, ps, k, end, limit, fin_step, base, n, ratio, _CLOCK[1], wakes, give)
+    if isinstance(got, int):
+        return decode_steps_py(ring, ps, k, end, limit, fin_step, base, n, ratio, cost, wakes, give)
+    res: tuple[int, int, float, bool] = got  # (k, end, ratio, done: the steps are k's)
+    if res[3]:
+        return res[0], res[1], res[0] - k, res[2], True
+    more = decode_steps_py(ring, ps, res[0], res[1], limit, fin_step, base, n, res[2], cost, wakes, give)
+    return more[0], more[1], more[0] - k, more[3], True
+
+
+decode_steps = cplane.choose("decode.decode_steps", decode_steps_c, decode_steps_py)
+_STEPS_C: Final = decode_steps is decode_steps_c  # (each called by name below: a native call, compiled)
 
 
 @trait
@@ -146,6 +206,14 @@ class DecodeSteps(SchedulerState):
             r.next_page = nxt
             if nxt <= r.finish_step:
                 ring[nxt % ps].append(r)
+
+    def _give_step(self, k: int) -> int:
+        """decode_steps' step k, its ring slot not empty: its pages given; the free pages after."""
+        ring = self._page_ring
+        due = ring[k % self.ps]
+        ring[k % self.ps] = []
+        self._give_pages(due, k)
+        return self.ctrl.device.free_pages
 
     def _decode_step(self, now: int) -> int:
         """prepare_for_decode + the step's time: `alloc_for_decode` evicts for a page a running
@@ -287,43 +355,17 @@ class DecodeSteps(SchedulerState):
         if self._admission_reopens:
             self._admission_reopens = False
             self.batch_is_full = False
-        ring = self._page_ring
-        ps: int = self.ps
-        emit = self.emit.decode_step
-        cost = self.cost  # (its method called on it: a native call where costmodel is compiled)
-        base = self._kv_base
-        ratio: float = self.new_token_ratio  # (an unboxed float in the loop: the trait's attribute is Any)
-        # The loop's constants and bounds as plain ints and floats (compiled: no module-global
-        # look-up, no boxed int compared with an optional one, no generic dict.pop call a step;
-        # a --dp 8 replay runs ~8x the steps of one rank, ~40 % of its Engine.run, issue 41)
-        decay, floor = NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO
-        bounded = limit is not None
-        until = limit if limit is not None else 0
-        fin_step = fin if fin is not None else -1  # k + 1 >= 1: never met where nobody finishes
+        ratio: float = self.new_token_ratio  # (an unboxed float: the trait's attribute is Any)
         start = end
-        steps = 0
-        while True:
-            # _decode: the step fits (a free page for every running request, more than it needs),
-            # so new_token_ratio decays; _decode_step without its eviction
-            ratio -= decay
-            if ratio < floor:
-                ratio = floor
-            k += 1
-            due = ring[k % ps]
-            if due:
-                ring[k % ps] = []
-                self._give_pages(due, k)
-                free = device.free_pages
-            now = end
-            end = now + cost.decode_step_ns(base + n * k)
-            steps += 1
-            if wakes is not None:
-                wakes.append(now)
-            if emit is not None:
-                emit((now, end, k, tuple(r.req_id for r in running), (), None, self.rank))
-            # (_finish_step: nobody finishes at step k) the next pass, if it is one more such step
-            if (bounded and end >= until) or free < n or fin_step == k + 1:
-                break
+        fin_step = fin if fin is not None else -1  # k + 1 >= 1: never met where nobody finishes
+        if _STEPS_C:
+            k, end, steps, ratio, _ = decode_steps_c(self._page_ring, self.ps, k, end, limit, fin_step, self._kv_base, n,
+                                                     ratio, self.cost, wakes, self._give_step, self.emit.decode_step,
+                                                     running, self.rank)
+        else:
+            k, end, steps, ratio, _ = decode_steps_py(self._page_ring, self.ps, k, end, limit, fin_step, self._kv_base, n,
+                                                      ratio, self.cost, wakes, self._give_step, self.emit.decode_step,
+                                                      running, self.rank)
         self.dstep = k
         self.stats.decode_steps += steps
         self.processed_tokens += steps * self._running_extend  # as _decode, a step at a time

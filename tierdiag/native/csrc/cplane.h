@@ -14,7 +14,8 @@
  *   ticker.c         the recorder's tick (probes/recorder.py: FlushTicker)
  *   keyset.c         a prefill batch's page keys (engine/miss.py: PageKeySet)
  *   router.c         a deployment's arrival text, every rank's share of the prefix
- *                    (engine/deployment.py: ranks_json)
+ *                    (engine/deployment.py: ranks_json), and a rank's plain decode steps
+ *                    run ahead (engine/decode.py: decode_steps)
  *
  * The numpy (or Python) implementations beside their owners are the reference and the
  * fallback: tierdiag/native/cplane.py chooses one backend for the process. Every function here
@@ -60,8 +61,9 @@
  * 18: StorageIndex(reserve): the tier's capacity made room for up front (session 24, h41stor10).
  * 19: FlushTicker reads a memoryview among its buffers as a row counter (the engine's columnar
  *     buffers'; session 24, h41rec7).
- * 20: PageWriter (the storage tier's page writes on a thread of their own; session 25, h41stor12). */
-#define CPLANE_API 20
+ * 20: PageWriter (the storage tier's page writes on a thread of their own; session 25, h41stor12).
+ * 21: decode_steps (a rank's plain decode steps run ahead, engine/decode.py; session 26, h41dp11). */
+#define CPLANE_API 21
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256

@@ -1,4 +1,7 @@
-/* The deployment's arrival text (engine/deployment.py: ranks_json): where a request's prefix was
+/* A deployment's C (engine/deployment.py, engine/decode.py): the arrival text and a rank's decode
+ * steps run ahead.
+ *
+ * The deployment's arrival text (engine/deployment.py: ranks_json): where a request's prefix was
  * on every rank when it arrived, one JSON object a rank, as json.dumps writes the list with
  * separators (",", ":"). A --dp 8 arrival made it in the compiled core from eight f-strings of
  * three formatted ints and a score text each (~45,000 instructions an arrival, callgrind, issue
@@ -282,7 +285,192 @@ done:
     return out;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* A rank's plain decode steps run ahead (engine/decode.py: decode_steps_py, the reference)      */
+
+/* An exact float's value: 1 read, 0 not an exact float. */
+static int
+exact_float(PyObject *o, double *x)
+{
+    if (!PyFloat_CheckExact(o)) {
+        return 0;
+    }
+    *x = PyFloat_AS_DOUBLE(o);
+    return 1;
+}
+
+/* int(x) of a float, as int() truncates it: 1 and *v set where x is finite and within int64
+ * (a NaN fails both compares), else 0. */
+static inline int
+trunc_int(double x, int64_t *v)
+{
+    if (!(x >= -9223372036854775808.0 && x < 9223372036854775808.0)) {
+        return 0;
+    }
+    *v = (int64_t)x;
+    return 1;
+}
+
+typedef struct {
+    int fitted;
+    double base, per_token, hbm, decay, floor;
+    int64_t kv_bytes, overhead;
+} StepClock;
+
+/* CostModel.decode_step_ns(ctx), the compiled clock's operations in its order: fitted
+ * int(base + per_token * ctx); the roofline int((base + ctx * kv_bytes) / hbm * 1e9) +
+ * overhead (the int product converted once, as float + int converts it). 0 where a value
+ * leaves int64 (the reference then runs that step: Python's ints do not overflow). */
+static inline int
+step_ns(const StepClock *c, int64_t ctx, int64_t *ns)
+{
+    /* (volatile: each operation rounded on its own, as the compiled code's; no fused
+       multiply-add on a build for a machine that has one) */
+    volatile double prod;
+    double x;
+    int64_t bytes, t;
+    if (c->fitted) {
+        prod = c->per_token * (double)ctx;
+        return trunc_int(c->base + prod, ns);
+    }
+    if (__builtin_mul_overflow(ctx, c->kv_bytes, &bytes)) {
+        return 0;
+    }
+    prod = c->base + (double)bytes;
+    x = prod / c->hbm;
+    if (!trunc_int(x * 1e9, &t)) {
+        return 0;
+    }
+    return !__builtin_add_overflow(t, c->overhead, ns);
+}
+
+/* (k, end, ratio, done): built item by item (Py_BuildValue parses its format a call) */
+static PyObject *
+steps_result(int64_t k, int64_t end, double ratio, int done)
+{
+    PyObject *out = PyTuple_New(4), *item;
+    if (out == NULL) {
+        return NULL;
+    }
+    if ((item = PyLong_FromLongLong((long long)k)) == NULL) {
+        goto fail;
+    }
+    PyTuple_SET_ITEM(out, 0, item);
+    if ((item = PyLong_FromLongLong((long long)end)) == NULL) {
+        goto fail;
+    }
+    PyTuple_SET_ITEM(out, 1, item);
+    if ((item = PyFloat_FromDouble(ratio)) == NULL) {
+        goto fail;
+    }
+    PyTuple_SET_ITEM(out, 2, item);
+    item = done ? Py_True : Py_False;
+    Py_INCREF(item);
+    PyTuple_SET_ITEM(out, 3, item);
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+PyDoc_STRVAR(decode_steps_doc,
+"decode_steps(ring, page_size, k, end, limit, fin_step, kv_base, running, ratio, clock, wakes, give)\n"
+"    -> (k, end, ratio, done), or -1\n\n"
+"decode.decode_steps_py's loop (no emit): plain decode steps k + 1, ... from `end`, each\n"
+"new_token_ratio's decay, step k's pages where ring[k % page_size] is not empty (give(k): the\n"
+"free pages after), the step's time decode_step_ns(kv_base + running * k) from the clock's terms\n"
+"(`clock`: CostModel's (fitted, base, per_token, kv_bytes, hbm, overhead) and the ratio's\n"
+"(decay, floor)), its start appended to `wakes` (a list, or None), until\n"
+"the end reaches `limit` (None: no bound), the free pages fall below `running` or step\n"
+"fin_step - 1 is run. done False: a step's values left int64 before it ran (the reference runs\n"
+"on from the state returned); -1: not my case (other types), nothing changed.");
+
+static PyObject *
+cp_decode_steps(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *ring, *wakes, *give;
+    PyObject *const *t;
+    int64_t ps, k, end, until = 0, fin_step, base, n, free_pages, slot;
+    double ratio;
+    int bounded;
+    StepClock c;
+    if (wrong_nargs(nargs, 12, "decode_steps(ring, page_size, k, end, limit, fin_step, kv_base, running, ratio, "
+                               "clock, wakes, give)")) {
+        return NULL;
+    }
+    ring = args[0];
+    wakes = args[10];
+    give = args[11];
+    bounded = args[4] != Py_None;
+    if (!PyTuple_CheckExact(args[9]) || PyTuple_GET_SIZE(args[9]) != 8) {
+        return not_mine();
+    }
+    t = &PyTuple_GET_ITEM(args[9], 0); /* fitted, base, per_token, kv_bytes, hbm, overhead, decay, floor */
+    if (!PyList_CheckExact(ring) || !exact_int(args[1], &ps) || ps <= 0 || PyList_GET_SIZE(ring) != ps
+        || !exact_int(args[2], &k) || !exact_int(args[3], &end) || (bounded && !exact_int(args[4], &until))
+        || !exact_int(args[5], &fin_step) || !exact_int(args[6], &base) || !exact_int(args[7], &n)
+        || !exact_float(args[8], &ratio) || !PyBool_Check(t[0]) || !exact_float(t[1], &c.base)
+        || !exact_float(t[2], &c.per_token) || !exact_int(t[3], &c.kv_bytes) || !exact_float(t[4], &c.hbm)
+        || !exact_int(t[5], &c.overhead) || !exact_float(t[6], &c.decay) || !exact_float(t[7], &c.floor)
+        || (wakes != Py_None && !PyList_CheckExact(wakes)) || k < 0 || k == INT64_MAX) {
+        return not_mine();
+    }
+    c.fitted = t[0] == Py_True;
+    free_pages = n; /* (the caller saw at least `running` free: only a give changes it) */
+    slot = k % ps;
+    for (;;) {
+        int64_t k1 = k + 1, ctx, ns, now = end, next_end;
+        PyObject *due;
+        /* the step's values first: where one leaves int64, nothing of the step is done */
+        if (k1 == INT64_MAX || __builtin_mul_overflow(n, k1, &ctx) || __builtin_add_overflow(base, ctx, &ctx)
+            || !step_ns(&c, ctx, &ns) || __builtin_add_overflow(now, ns, &next_end)) {
+            return steps_result(k, end, ratio, 0);
+        }
+        slot = slot + 1 == ps ? 0 : slot + 1;
+        due = PyList_GET_ITEM(ring, slot);
+        if (!PyList_Check(due)) {
+            return steps_result(k, end, ratio, 0);
+        }
+        ratio -= c.decay;
+        if (ratio < c.floor) {
+            ratio = c.floor;
+        }
+        k = k1;
+        if (PyList_GET_SIZE(due) > 0) {
+            PyObject *kk = PyLong_FromLongLong((long long)k), *got;
+            if (kk == NULL) {
+                return NULL;
+            }
+            got = PyObject_CallOneArg(give, kk);
+            Py_DECREF(kk);
+            if (got == NULL) {
+                return NULL;
+            }
+            if (!exact_int(got, &free_pages)) {
+                PyErr_Format(PyExc_TypeError, "decode_steps: give(%lld) returned %R, not the free pages",
+                             (long long)k, got);
+                Py_DECREF(got);
+                return NULL;
+            }
+            Py_DECREF(got);
+        }
+        end = next_end;
+        if (wakes != Py_None) {
+            PyObject *t = PyLong_FromLongLong((long long)now);
+            int bad = t == NULL || PyList_Append(wakes, t) < 0;
+            Py_XDECREF(t);
+            if (bad) {
+                return NULL;
+            }
+        }
+        if ((bounded && end >= until) || free_pages < n || fin_step == k + 1) {
+            return steps_result(k, end, ratio, 1);
+        }
+    }
+}
+
 PyMethodDef cp_router_methods[] = {
+    {"decode_steps", (PyCFunction)(void (*)(void))cp_decode_steps, METH_FASTCALL, decode_steps_doc},
     {"ranks_json", (PyCFunction)(void (*)(void))cp_ranks_json, METH_FASTCALL, ranks_json_doc},
     {NULL, NULL, 0, NULL},
 };
