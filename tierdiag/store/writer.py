@@ -571,10 +571,7 @@ def _vacuum(con: duckdb.DuckDBPyConnection, on: bool) -> None:
     if not on:
         _no_vacuum(con)
         return
-    try:
-        con.execute("RESET max_vacuum_tasks")
-    except duckdb.CatalogException:  # no such setting in this DuckDB: it always vacuums
-        return
+    _setting(con, "max_vacuum_tasks", None)  # a DuckDB without the setting always vacuums
 
 
 def _checkpoint_at_commit(con: duckdb.DuckDBPyConnection, on: bool) -> None:
@@ -586,10 +583,7 @@ def _checkpoint_at_commit(con: duckdb.DuckDBPyConnection, on: bool) -> None:
     The close (`finish`) keeps DuckDB's default: its commit goes to the WAL and the checkpoint
     comes after the replay's answer (`let_go`). The setting is the writer's own in-memory
     instance's; a DuckDB without it: the default, as before."""
-    try:
-        con.execute("SET checkpoint_threshold = '0b'" if on else "RESET checkpoint_threshold")
-    except duckdb.CatalogException:  # no such setting in this DuckDB: the WAL, then the detach's checkpoint
-        return
+    _setting(con, "checkpoint_threshold", "'0b'" if on else None)
 
 
 def _no_vacuum(con: duckdb.DuckDBPyConnection) -> None:
@@ -601,9 +595,16 @@ def _no_vacuum(con: duckdb.DuckDBPyConnection) -> None:
     the file's size the same to a block or two) are merged by a later checkpoint: the next run's
     flushes, off any close. The setting is the writer's own in-memory instance's, and it
     ends with it; a DuckDB without the setting vacuums, as before."""
+    _setting(con, "max_vacuum_tasks", "0")
+
+
+def _setting(con: duckdb.DuckDBPyConnection, name: str, value: str | None) -> None:
+    """SET DuckDB's setting `name` to `value` (SQL text), or RESET it to its default (None). A
+    DuckDB without the setting is left as it is (it behaves as its default did before the
+    setting existed: it vacuums, it checkpoints after its WAL)."""
     try:
-        con.execute("SET max_vacuum_tasks = 0")
-    except duckdb.CatalogException:  # no such setting in this DuckDB: the close vacuums as it always did
+        con.execute(f"RESET {name}" if value is None else f"SET {name} = {value}")
+    except duckdb.CatalogException:
         return
 
 
