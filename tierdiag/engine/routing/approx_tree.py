@@ -39,7 +39,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from itertools import repeat
-from typing import MutableSequence, Sequence
+from typing import Any, MutableSequence, Sequence
 
 
 def first_smallest(pages: list[int]) -> int:
@@ -396,3 +396,60 @@ def _split(run: _Run, c: int) -> None:
         child.parent = tail
     run.keys = keys[:c]
     run.children = {keys[c]: tail}
+
+
+def _first_least(loads: tuple[int, ...]) -> int:
+    """base.least_loaded(loads): the first rank with the smallest load (a loop over the tuple)."""
+    rank, least = 0, loads[0]
+    for r in range(1, len(loads)):
+        x = loads[r]
+        if x < least:
+            rank, least = r, x
+    return rank
+
+
+def cache_aware_decide(tree: ApproxTree, keys: Sequence[int], loads: tuple[int, ...], tick: int,
+                       page_tokens: int, input_tokens: int, name: object, abs_thr: Any, rel_thr: Any,
+                       thr: float, thr_text: str, miss_min_load: bool) -> tuple:
+    """CacheAwareRouter.route's decision after its eviction and tick (routing/cache_aware.py, whose
+    own body is the reference, run for any other tree): the imbalance test, the match, the miss
+    rule, the touch and the insert, and RouteDecision's fields in order. Compiled with the tree:
+    the router's interpreted frames (is_imbalanced, the scores' generator, the miss rule's call,
+    the tree's calls through their wrappers) were ~30,000 instructions a request at --dp 8
+    (issue 41, session 27). `abs_thr` / `rel_thr`: the config's values as they are (`Any`:
+    compared, multiplied and written as the reference does); `name`: the router's name (a StrEnum)."""
+    n = len(loads)
+    hi = lo = loads[0]
+    for r in range(1, n):
+        x = loads[r]
+        if x > hi:
+            hi = x
+        if x < lo:
+            lo = x
+    if hi - lo > abs_thr and hi > rel_thr * lo:  # (Any: Python's own operations, exact for any number type)
+        rank = _first_least(loads)
+        tree.insert(keys, rank, tick)
+        return (rank, name, "imbalanced",
+                f"imbalanced: max load {hi} - min {lo} > {abs_thr} and {hi} > {rel_thr:g} × {lo}: shortest queue rank {rank}",
+                float(loads[rank]), "in flight", tuple([float(x) for x in loads]))
+    matched, holder, depth_of = tree.prefix_match(keys, tick, touch=False)
+    per_token = page_tokens / input_tokens if input_tokens else 0.0
+    rate = matched * per_token
+    scores = tuple([d * per_token for d in depth_of])
+    if holder is not None and rate > thr:
+        rank = holder
+        branch = "cache_hit"
+        reason = f"cache_aware: match {rate:.2f} > {thr_text} on rank {rank}"
+    else:
+        if miss_min_load:
+            rank = _first_least(loads)
+            where = f"least loaded rank {rank} ({loads[rank]} in flight)"
+        else:
+            rank = first_smallest(tree.pages)
+            where = f"smallest tree rank {rank} ({tree.pages[rank] * page_tokens:,} tokens)"
+        branch = "cache_miss"
+        reason = f"cache_aware: best match {rate:.2f} <= {thr_text}: {where}"
+    if holder is not None and holder != rank:  # Tree::prefix_match touched it before the choice
+        tree.touch(keys[:matched], holder, tick)
+    tree.insert(keys, rank, tick, depth_of[rank])
+    return (rank, name, branch, reason, rate, "approx match", scores)

@@ -41,7 +41,7 @@ from __future__ import annotations
 from typing import Callable
 
 from tierdiag.config.router import CacheMissRule, RouterConfig, RouterName
-from tierdiag.engine.routing.approx_tree import ApproxTree
+from tierdiag.engine.routing.approx_tree import ApproxTree, cache_aware_decide
 from tierdiag.engine.routing.base import RanksView, RequestView, RouteDecision, Router, least_loaded
 
 
@@ -73,6 +73,9 @@ def is_imbalanced(loads: tuple[int, ...], abs_threshold: int, rel_threshold: flo
 
 class CacheAwareRouter(Router):
     name = RouterName.CACHE_AWARE
+    # route's decision by approx_tree.cache_aware_decide where the tree is an ApproxTree and the
+    # miss rule one of CACHE_MISS_RULES (False: this class's own body, the reference, always)
+    decide_at_once = True
     follows = ("cache_aware.rs CacheAwarePolicy::select_worker / select_worker_min_load; tree.rs Tree::insert, "
                "prefix_match, evict_tenant_by_size, get_smallest_tenant")
 
@@ -107,6 +110,17 @@ class CacheAwareRouter(Router):
         keys = request.page_keys
         loads = ranks.in_flight
         tree = self.tree
+        thr = cfg.router_cache_threshold
+        if thr != self._thr:  # (another config put in its place)
+            self._thr, self._thr_text = thr, f"{thr:.2f}"
+        miss = self._miss
+        if self.decide_at_once and type(tree) is ApproxTree and (miss is _smallest_tree or miss is _min_load):
+            # The rest of this body in one call, compiled with the tree (approx_tree.py; the body
+            # below is its reference, tests/engine/test_cache_aware_decide.py holds the two equal)
+            return _new_decision(RouteDecision, cache_aware_decide(
+                tree, keys, loads, tick, request.page_tokens, request.input_tokens, self.name,
+                cfg.router_balance_abs_threshold, cfg.router_balance_rel_threshold, thr, self._thr_text,
+                miss is _min_load))
         if is_imbalanced(loads, cfg.router_balance_abs_threshold, cfg.router_balance_rel_threshold):
             rank = least_loaded(loads)
             tree.insert(keys, rank, tick)
@@ -119,9 +133,6 @@ class CacheAwareRouter(Router):
         per_token = request.page_tokens / request.input_tokens if request.input_tokens else 0.0
         rate = matched * per_token
         scores = tuple([d * per_token for d in depth_of])
-        thr = cfg.router_cache_threshold
-        if thr != self._thr:  # (another config put in its place)
-            self._thr, self._thr_text = thr, f"{thr:.2f}"
         if holder is not None and rate > thr:
             rank, branch = holder, "cache_hit"
             reason = f"cache_aware: match {rate:.2f} > {self._thr_text} on rank {rank}"
