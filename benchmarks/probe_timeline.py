@@ -107,7 +107,8 @@ def mark(name): _marks.append((name, time.monotonic()))
 _prof = None
 if _PROF:
     import cProfile
-    _prof = cProfile.Profile(); _prof.enable()
+    # TL_PROF_CPU=1: each function's thread CPU, not its wall (a loaded machine's waits left out)
+    _prof = cProfile.Profile(time.thread_time) if os.environ.get("TL_PROF_CPU") else cProfile.Profile(); _prof.enable()
 def _wrap(fn, label):
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)

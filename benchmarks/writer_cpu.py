@@ -88,7 +88,7 @@ if _ROLE_IS_WRITER:
         p = None
         if _tprof_dir:
             import cProfile
-            p = cProfile.Profile(); p.enable()
+            p = cProfile.Profile(time.thread_time) if os.environ.get("TL_PROF_CPU") else cProfile.Profile(); p.enable()
         try:
             return _orig_run(self)
         finally:

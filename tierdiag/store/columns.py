@@ -124,3 +124,96 @@ def arrow_column(table: str, col: str, values: Any) -> pa.Array:
         return pa.array(values, type=_ARROW_TYPES[typ])
     except (OverflowError, pa.ArrowInvalid) as exc:
         raise OverflowError(f"{table}.{col}: a value does not fit {typ} ({first_line(exc)})") from None
+
+
+# What the writer process reads of the columns it took (the live pass's rows, the story's
+# parts: diagnose/run/live_curves.py `rows_of`, diagnose/read/run_context.py `taken_story_rows`),
+# read from the arrays' own buffers: pyarrow.compute's import (~0.07-0.09 s of the writer's CPU,
+# its ~280 functions wrapped and documented at import; issue 41, session 27) is not made in the
+# writer process at all, and no per-call wrapper runs (~480 calls a conversation replay).
+
+
+def _chunks_of(values) -> list:
+    if isinstance(values, pa.ChunkedArray):
+        return values.chunks
+    return [values if isinstance(values, pa.Array) else pa.array(values)]
+
+
+def _joined_np(parts: list, dtype) -> np.ndarray:
+    if not parts:
+        return np.zeros(0, dtype=dtype)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _valid_chunk(a: pa.Array) -> np.ndarray:
+    n = len(a)
+    nulls = a.null_count
+    if nulls == 0:
+        return np.ones(n, dtype=bool)
+    if nulls == n:
+        return np.zeros(n, dtype=bool)
+    bits = np.frombuffer(a.buffers()[0], dtype=np.uint8)
+    return np.unpackbits(bits, count=a.offset + n, bitorder="little")[a.offset:].astype(bool)
+
+
+def arrow_valid(values) -> np.ndarray:
+    """Which of `values` (an Arrow array, chunked or not, or what pa.array takes) are not NULL:
+    pyarrow.compute's `is_valid(values).to_numpy()`, as a bool array."""
+    return _joined_np([_valid_chunk(a) for a in _chunks_of(values)], bool)
+
+
+def _ints_chunk(a: pa.Array, fill: int) -> np.ndarray:
+    n = len(a)
+    if a.null_count == n:
+        return np.full(n, fill, dtype=np.int64)
+    t = a.type
+    if pa.types.is_integer(t):
+        width = np.dtype(t.to_pandas_dtype())
+        values = np.frombuffer(a.buffers()[1], dtype=width, count=a.offset + n)[a.offset:]
+        values = np.asarray(values, dtype=np.int64)
+    elif pa.types.is_floating(t) or pa.types.is_boolean(t):  # as fill_null then numpy's int64 made it
+        values = np.asarray(a.to_numpy(zero_copy_only=False))
+    else:  # what fill_null with an int refuses too
+        raise TypeError(f"{t} values are not ints")
+    if a.null_count:
+        values = np.where(_valid_chunk(a), values, fill)
+    return np.asarray(values, dtype=np.int64)
+
+
+def arrow_ints(values, fill: int = 0) -> np.ndarray:
+    """`values` (an Arrow int array, chunked or not, or what pa.array takes) as int64, each NULL
+    `fill`: pyarrow.compute's `fill_null(values, fill).to_numpy()` as int64, exact (no float
+    on the way for a column with NULLs)."""
+    return _joined_np([_ints_chunk(a, fill) for a in _chunks_of(values)], np.int64)
+
+
+def arrow_is(values, text: str, *, null: bool) -> np.ndarray:
+    """Which of `values` (an Arrow string array, chunked or not, or what pa.array takes) equal
+    `text`, a NULL counting as `null`: pyarrow.compute's `fill_null(equal(values, text), null)`
+    (as `equal(fill_null(values, text), text)` where `null` is True)."""
+    parts = []
+    for a in _chunks_of(values):
+        t = a.type
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)):
+            raise TypeError(f"{t} values are not text")  # what equal() with a string refuses too
+        valid = _valid_chunk(a)
+        if valid.any():
+            parts.append(np.where(valid, _text_is(a, text.encode()), null))
+        else:
+            parts.append(np.full(len(a), null, dtype=bool))
+    return _joined_np(parts, bool)
+
+
+def _text_is(a: pa.Array, want: bytes) -> np.ndarray:
+    """Which values of the string array `a` are the UTF-8 bytes `want`, compared byte for byte in
+    its buffers (as Arrow's `equal` does; numpy's string compare drops trailing NULs)."""
+    n = len(a)
+    _, offsets, data = a.buffers()
+    width = np.int64 if pa.types.is_large_string(a.type) else np.int32
+    off = np.frombuffer(offsets, dtype=width, count=a.offset + n + 1)[a.offset:].astype(np.int64)
+    same = (off[1:] - off[:-1]) == len(want)
+    if want and same.any():
+        chars = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
+        at = off[:-1][same]
+        same[same] = (chars[at[:, None] + np.arange(len(want))] == np.frombuffer(want, dtype=np.uint8)).all(axis=1)
+    return same

@@ -400,10 +400,9 @@ def taken_story_rows(columns: dict) -> dict | None:
     past _NP_SAFE: what the SQL would compute differently or refuse. Held equal to the SQL on
     hostile rows by tests/diagnose/test_story_rows.py."""
     import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
 
     from tierdiag.diagnose.request.causes import _PART_SQL, NONE_TOLERANCE_PCT
+    from tierdiag.store.columns import arrow_ints, arrow_is, arrow_valid
 
     need = ("status", "ttft_ns", "arrival_ns", "storage_wait_ns", "first_token_ns", "queue_ns", "ideal_ttft_ns",
             "loadback_exposed_ns", "recompute_ns", "compute_ns", "decode_wait_ns", "miss_lost_while_queued_tokens",
@@ -411,17 +410,16 @@ def taken_story_rows(columns: dict) -> dict | None:
             "arrival_device_tokens", "arrival_host_tokens", "storage_match_tokens")
     if any(name not in columns for name in need):
         return None
-    cols = {name: columns[name] if isinstance(columns[name], (pa.Array, pa.ChunkedArray)) else pa.array(columns[name])
-            for name in need}
-    done = pc.and_(pc.fill_null(pc.equal(pc.fill_null(cols["status"], "finished"), "finished"), False),
-                   pc.is_valid(cols["ttft_ns"]))
-    cols = {name: pc.filter(col, done) for name, col in cols.items() if name != "status"}
+    # The finished rows (status finished or NULL, with a TTFT), read from the columns' buffers
+    # (store/columns.py: no pyarrow.compute in the writer process).
+    done = arrow_is(columns["status"], "finished", null=True) & arrow_valid(columns["ttft_ns"])
+    cols = [name for name in need if name != "status"]
 
     def ints(name: str, dtype=np.int64) -> np.ndarray:  # coalesce(name, 0)
-        return np.asarray(pc.fill_null(cols[name], 0).to_numpy(zero_copy_only=False)).astype(dtype)
+        return arrow_ints(columns[name], 0)[done].astype(dtype)
 
     def present(name: str) -> np.ndarray:
-        return np.asarray(pc.is_valid(cols[name]).to_numpy(zero_copy_only=False), dtype=bool)
+        return arrow_valid(columns[name])[done]
 
     if not all(present(name).all() for name in ("arrival_ns", "first_token_ns", "seq", "miss_lost_while_queued_tokens")):
         return None

@@ -699,38 +699,29 @@ def rows_of(index: TraceIndex, columns: dict):
     arrays by column; a column absent is NULL), as diagnose/read/curves.py `curve_columns` reads
     the committed rows: sched = arrival + queue, fin = finish, else first token, else sched; a
     finished row (status finished or NULL, and a TTFT) with a seq and an arrival is walked."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
+    from tierdiag.store.columns import arrow_ints, arrow_is, arrow_valid
 
     n = len(next(iter(columns.values())))
 
-    def col(name: str, fill):
+    def ints(name: str, default: int = 0) -> np.ndarray:
         got = columns.get(name)
         if got is None:
-            return None
-        return got if isinstance(got, (pa.Array, pa.ChunkedArray)) else pa.array(got)
-
-    def ints(name: str, default: int = 0) -> np.ndarray:
-        got = col(name, default)
-        if got is None:
             return np.full(n, default, dtype=np.int64)
-        return np.asarray(pc.fill_null(got, default).to_numpy(zero_copy_only=False), dtype=np.int64)
+        return arrow_ints(got, default)
 
     def present(name: str) -> np.ndarray:
-        got = col(name, None)
+        got = columns.get(name)
         if got is None:
             return np.zeros(n, dtype=bool)
-        return np.asarray(pc.is_valid(got).to_numpy(zero_copy_only=False), dtype=bool)
+        return arrow_valid(got)
 
     seq_ok = present("seq")
     seq = ints("seq")
     arrival_ok = present("arrival_ns")
     sched = ints("arrival_ns") + ints("queue_ns")
     fin = np.where(present("finish_ns"), ints("finish_ns"), np.where(present("first_token_ns"), ints("first_token_ns"), sched))
-    status = col("status", None)
-    is_done = np.ones(n, dtype=bool) if status is None else \
-        np.asarray(pc.fill_null(pc.equal(pc.fill_null(status, "finished"), "finished"), False)
-                   .to_numpy(zero_copy_only=False), dtype=bool)
+    status = columns.get("status")
+    is_done = np.ones(n, dtype=bool) if status is None else arrow_is(status, "finished", null=True)
     finished = is_done & present("ttft_ns") & arrival_ok
     pos = np.searchsorted(index.seq, seq)
     pos = np.minimum(pos, max(len(index.seq) - 1, 0))

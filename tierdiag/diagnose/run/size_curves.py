@@ -974,8 +974,6 @@ class _ReadAhead:
         self.stat = None
         # What the two threads import, imported here on the caller's thread (an import on them
         # raced the main thread's for CPython's module locks: tests/reliability/test_thread_imports.py)
-        import pyarrow.compute  # noqa: F401 - live_curves.rows_of's (~40 ms, beside the engine's start-up)
-
         import tierdiag.diagnose.run.live_curves  # noqa: F401
         import tierdiag.trace.reader  # noqa: F401
 
