@@ -213,9 +213,9 @@ WRITER_MODULES = ("tierdiag.app.writer_child", "tierdiag.diagnose.run.close", "t
                   "tierdiag.diagnose.run.run_claims", "tierdiag.store.lookup", "tierdiag.diagnose.run.story_rows",
                   "tierdiag.diagnose.run.size_curves", "tierdiag.diagnose.run.live_curves",
                   "tierdiag.config.engine", "tierdiag.trace.reader", "tierdiag.probes.recorder",
-                  # imported by the first rows taken (the story's columns: diagnose/read/run_context.py)
-                  # and by a run's end, their namedtuples with them
-                  "pyarrow.compute", "traceback")
+                  # imported by a run's end, its namedtuples with it (pyarrow.compute no longer is:
+                  # the taken rows' columns are read from their Arrow buffers, store/columns.py)
+                  "traceback")
 MODULES = {"read": READ_MODULES, "replay": REPLAY_MODULES, "writer": WRITER_MODULES}
 
 
