@@ -203,12 +203,12 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         # deployment puts its shared queue's in its place (engine/deployment.py)
         self.at: Callable[[int, Any, Any], None] = self._at_own
         ctrl.at = self.at
-        # The pass the loops run (schedule_pass): an attribute, so that a harness can watch each
-        # pass (tests/sglang/scheduler_harness.py) where a compiled method cannot be replaced
         # The events' callbacks bound once (a bound method made at every `at` was ~460
         # instructions: the attribute look-up on the type and the method object; session 27)
         self._prefill_done_fn: Any = self._prefill_done
         self._cache_unfinished_fn: Any = self._cache_unfinished
+        # The pass the loops run (schedule_pass): an attribute, so that a harness can watch each
+        # pass (tests/sglang/scheduler_harness.py) where a compiled method cannot be replaced
         self.pass_fn: Callable[[int], int | None] = self.schedule_pass
         self._own_pass: Callable[[int], int | None] = self.pass_fn  # run: still ours, called natively
 
