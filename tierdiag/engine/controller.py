@@ -226,6 +226,11 @@ class CacheController:
         # `_wake` bound once: an event that only wakes the scheduler is queued at every storage
         # write's start (a bound method made a write, ~10k a conversation replay, otherwise)
         self._wake_fn: Any = self._wake
+        # ... and the backups' acks (a bound method made a backup or a flush otherwise; session 27).
+        # The tree's dec_lock bound here too: `self.tree` is never replaced
+        self._ack_backups_fn: Any = self._ack_backups
+        self._ack_to_storage_fn: Any = self._ack_backups_to_storage
+        self._dec_lock_fn: Any = tree.dec_lock
         # 0.5.23: the host slots of prefetch reads cut short while in flight, freed as SGLang frees
         # them (free_prefetch_tails): (when the read stops, the pass that took its last ack or
         # -1, the slots)
@@ -514,7 +519,7 @@ class CacheController:
         if self.emit.transfer is not None:
             self._transfer_row(start, end, "backup", cause, pages, runs, pages * self.page_bytes, dp_bytes,
                                start - now_ns, wall, None)
-        self.at(end, self.tree.dec_lock, node)
+        self.at(end, self._dec_lock_fn, node)
         self._write_storage(node, cause, end)
         return True
 
@@ -555,9 +560,9 @@ class CacheController:
         self.backups_in_flight += len(nodes)
         # (entries indexed, not unpacked with a starred name: compiled, `*_` made a list an entry)
         if self.storage_per_pass:
-            self.at(t, self._ack_backups_to_storage, [(entry[0], entry[1], entry[2]) for entry in queue])
+            self.at(t, self._ack_to_storage_fn, [(entry[0], entry[1], entry[2]) for entry in queue])
             return
-        self.at(t, self._ack_backups, nodes)
+        self.at(t, self._ack_backups_fn, nodes)
         for entry in queue:
             self._write_storage(entry[0], entry[1], t)
 

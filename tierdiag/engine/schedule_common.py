@@ -129,6 +129,8 @@ class SchedulerState:
     arrived_at: dict[int, int]
     _total_offset: Any
     _cur_offset: int
+    _prefill_done_fn: Any  # self._prefill_done and self._cache_unfinished, bound once (Scheduler.__init__)
+    _cache_unfinished_fn: Any
 
     # The methods one mixin calls on another (or on Scheduler itself), declared here with their
     # signatures; each is defined once, where its docstring is (Scheduler's MRO puts every

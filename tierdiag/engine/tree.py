@@ -29,6 +29,11 @@ _HEAPPOP: Final = heappop
 # stay below 2**_ID_BITS (a replay makes a few million nodes)
 _ID_BITS: Final = 48
 _ID_MASK: Final = (1 << 48) - 1
+# The compiled side of lru's entries (None on the numpy data plane): an entry made, and its id
+# read back, in one C call each, where compiled code made each through big-int operations (a new
+# int each: ~900 instructions an entry, ~400 an id; issue 41, session 27)
+_C_LRU_ENTRY: Final[Any] = cplane.compiled("lru_entry")
+_C_LRU_ID: Final[Any] = cplane.compiled("lru_id")
 
 __all__ = ["RadixTree", "TreeInsert", "TreeMatch", "TreeNode"]
 
@@ -547,7 +552,10 @@ class RadixTree:
             nid = node.id
             if nid < 0 or nid > _ID_MASK:
                 raise ValueError(f"node id {nid} outside the lru heap's [0, 2**{_ID_BITS})")
-            node.lru_key = ((((node.last_access_ns << 64) | seq)) << _ID_BITS) | nid  # policies._lru
+            entry: Any = None if _C_LRU_ENTRY is None else _C_LRU_ENTRY(node.last_access_ns, seq, nid)
+            if entry is None:  # (the numpy data plane; a stamp outside [0, 2**63): the C's None)
+                entry = ((((node.last_access_ns << 64) | seq)) << _ID_BITS) | nid  # policies._lru
+            node.lru_key = entry
             node.lru_key_seq = seq
         return node.lru_key
 
@@ -589,10 +597,13 @@ class RadixTree:
     def _pop_lru(self, heap: list, device: bool) -> TreeNode | None:
         """`_pop` on lru's int entries: the node by its id (a deleted node's entries find none,
         as the tuple's node failed the evictable check once detached), then the same checks."""
-        by_id = self._by_id
+        # (keys Any to mypyc: the id the C hands back is looked up as the object it is, not
+        # unboxed into an int and boxed again)
+        by_id: dict[Any, TreeNode] = cast("dict[Any, TreeNode]", self._by_id)
         while heap:
             entry: int = _HEAPPOP(heap)
-            node = by_id.get(entry & _ID_MASK)
+            nid: Any = _C_LRU_ID(entry) if _C_LRU_ID is not None else entry & _ID_MASK
+            node = by_id.get(nid)
             if node is None:
                 continue
             if not (self.device_evictable(node) if device else self.host_evictable(node)):

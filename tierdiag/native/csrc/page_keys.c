@@ -498,7 +498,127 @@ cp_common_pages(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
     return PyLong_FromSsize_t(got);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* lru_entry(ns, seq, nid) -> int, or None; lru_id(entry) -> int                               */
+
+PyDoc_STRVAR(lru_entry_doc,
+"lru_entry(ns, seq, nid) -> int, or None\n\n"
+"engine/tree.py's lru heap entry, ((ns << 64 | seq) << 48) | nid, made in one step where\n"
+"0 <= ns < 2**63, 0 <= seq < 2**63 and 0 <= nid < 2**48 (the three fields' bits then do not\n"
+"meet: the value's bytes are written and read as one int); None, having made nothing, for any\n"
+"other argument (the caller's expression answers). Compiled, the expression was three\n"
+"big-int operations, each a new int (~900 instructions an entry).");
+
+/* An exact int's value in [0, 2^63), or -1 (anything else: not an int, negative, larger). */
+static int64_t
+cp_nonneg_int(PyObject *v)
+{
+    int64_t x;
+    int overflow;
+    if (!PyLong_CheckExact(v)) {
+        return -1;
+    }
+    if (cp_small_int(v, &x)) {
+        return x < 0 ? -1 : x;
+    }
+    x = (int64_t)PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow || (x == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return -1;
+    }
+    return x < 0 ? -1 : x;
+}
+
+static PyObject *
+cp_lru_entry(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t ns, seq, nid;
+    uint64_t w[3];
+
+    if (wrong_nargs(nargs, 3, "lru_entry() takes 3 arguments: ns, seq, nid")) {
+        return NULL;
+    }
+    ns = cp_nonneg_int(args[0]);
+    seq = cp_nonneg_int(args[1]);
+    nid = cp_nonneg_int(args[2]);
+    if (ns < 0 || seq < 0 || nid < 0 || nid >= ((int64_t)1 << 48)) {
+        Py_RETURN_NONE;
+    }
+    /* value = ns * 2^112 + seq * 2^48 + nid, as three little-endian 64-bit words */
+    w[0] = (uint64_t)nid | ((uint64_t)seq << 48);
+    w[1] = ((uint64_t)seq >> 16) | ((uint64_t)ns << 48);
+    w[2] = (uint64_t)ns >> 16;
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && !defined(Py_LIMITED_API) && PYLONG_BITS_IN_DIGIT == 30
+    {
+        /* 3.11's layout (cp_small_int's): the value's 30-bit digits written into a new int, low
+         * first, its size the digits up to the highest non-zero one (the value < 2^175: six) */
+        digit d[7];
+        Py_ssize_t nd = 0;
+        PyLongObject *v;
+        for (int i = 0; i < 7; i++) {
+            int bit = 30 * i, word = bit / 64, off = bit % 64;
+            uint64_t x = w[word] >> off;
+            if (off > 34 && word < 2) {
+                x |= w[word + 1] << (64 - off);
+            }
+            d[i] = (digit)(x & ((1u << 30) - 1));
+            if (d[i] != 0) {
+                nd = i + 1;
+            }
+        }
+        if (nd <= 1) {
+            return PyLong_FromLong((long)d[0]);  /* (0 and small values: the shared small ints) */
+        }
+        v = _PyLong_New(nd);
+        if (v == NULL) {
+            return NULL;
+        }
+        memcpy(v->ob_digit, d, (size_t)nd * sizeof(digit));
+        return (PyObject *)v;
+    }
+#else
+    unsigned char bytes[24];
+    for (int i = 0; i < 24; i++) {
+        bytes[i] = (unsigned char)(w[i / 8] >> (8 * (i % 8)));
+    }
+#if PY_VERSION_HEX < 0x030D0000
+    return _PyLong_FromByteArray(bytes, sizeof bytes, 1, 0);
+#else
+    return PyLong_FromUnsignedNativeBytes(bytes, sizeof bytes, Py_ASNATIVEBYTES_LITTLE_ENDIAN);
+#endif
+#endif
+}
+
+PyDoc_STRVAR(lru_id_doc,
+"lru_id(entry) -> int\n\n"
+"`entry & (2**48 - 1)`: the node id in engine/tree.py's lru heap entry, for any int (its low\n"
+"bits, two's complement as Python's & reads a negative one); another object: `entry & mask` as\n"
+"Python computes it. Compiled, the & of a big int was a new int made through the generic path.");
+
+static PyObject *
+cp_lru_id(PyObject *Py_UNUSED(module), PyObject *entry)
+{
+    if (PyLong_Check(entry)) {
+        unsigned long long low = PyLong_AsUnsignedLongLongMask(entry);
+        if (low == (unsigned long long)-1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        return PyLong_FromUnsignedLongLong(low & ((1ULL << 48) - 1));
+    }
+    {
+        PyObject *mask = PyLong_FromUnsignedLongLong((1ULL << 48) - 1), *got;
+        if (mask == NULL) {
+            return NULL;
+        }
+        got = PyNumber_And(entry, mask);
+        Py_DECREF(mask);
+        return got;
+    }
+}
+
 PyMethodDef cp_page_keys_methods[] = {
+    {"lru_entry", (PyCFunction)(void (*)(void))cp_lru_entry, METH_FASTCALL, lru_entry_doc},
+    {"lru_id", (PyCFunction)cp_lru_id, METH_O, lru_id_doc},
     {"common_pages", (PyCFunction)(void (*)(void))cp_common_pages, METH_FASTCALL, common_pages_doc},
     {"keys_list", (PyCFunction)cp_keys_list, METH_O, keys_list_doc},
     {"block_page_keys", (PyCFunction)(void (*)(void))cp_block_page_keys, METH_FASTCALL, block_page_keys_doc},
