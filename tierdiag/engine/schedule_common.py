@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from tierdiag.engine.costmodel import CostModel
     from tierdiag.engine.emitters import Emitters
     from tierdiag.engine.miss import MissTracker
+    from tierdiag.engine.records import DecodeRuns
     from tierdiag.engine.request import Req
     from tierdiag.engine.rules import RuleSet
     from tierdiag.engine.tree import RadixTree
@@ -81,9 +82,7 @@ class SchedulerState:
     _finish_due: dict[int, list[Req]]
     _finish_steps: list[int]
     mixed_chunk: bool
-    _drun_starts: list[int]
-    _drun_ends: list[int]
-    _drun_cum: list[int]
+    _druns: DecodeRuns
     _batch_id: int
     event_ns: int
     count_hits: bool
