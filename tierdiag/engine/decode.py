@@ -252,11 +252,6 @@ class DecodeSteps(SchedulerState):
         for r in due:
             self.at(end, self._finish, r)
 
-    def _note_decode(self, start: int, end: int) -> None:
-        """A decode step's time, kept as runs of steps on the clock (records.DecodeRuns)."""
-        self.stats.decode_ns += end - start
-        self._druns.note(start, end)
-
     def _decode(self, now: int) -> int | None:
         """Scheduler.update_running_batch: `check_decode_mem`; when the step does not fit,
         `retract_decode`, else `new_token_ratio` decays; then the step (`prepare_for_decode`)."""

@@ -21,7 +21,7 @@ from tierdiag.engine.schedule_common import SchedulerState
 
 class DecodeRuns:
     """The decode steps on the clock, kept as runs of back-to-back steps (`note`, every step:
-    DecodeSteps._note_decode): each run's start, end, and the decode time before it, so that a
+    RequestRecords._note_decode): each run's start, end, and the decode time before it, so that a
     request's record can say how much of its wait was decode steps (`before`, twice a record).
 
     The runs are librt `vec[i64]`s in a native class of their own: compiled, a step's item read
@@ -90,6 +90,14 @@ class RequestRecords(SchedulerState):
     A SchedulerState, as the other mixins: compiled, `self.ps`, `self.ctrl`, `self.emit` ... are
     native reads of the declared layout (they were generic look-ups by name: ~25 a record and
     ~10 a pool sample, issue 41)."""
+
+    _druns: DecodeRuns  # (declared here, not in SchedulerState: records.py imports schedule_common)
+
+    def _note_decode(self, start: int, end: int) -> None:
+        """A decode step's time (DecodeSteps, every step or run of steps back to back), kept as
+        runs of steps on the clock (`DecodeRuns`)."""
+        self.stats.decode_ns += end - start
+        self._druns.note(start, end)
 
     def _record(self, req: Req, now: int) -> None:
         ps, cost, st = self.ps, self.cost, self.stats

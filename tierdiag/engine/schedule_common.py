@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from tierdiag.engine.costmodel import CostModel
     from tierdiag.engine.emitters import Emitters
     from tierdiag.engine.miss import MissTracker
-    from tierdiag.engine.records import DecodeRuns
     from tierdiag.engine.request import Req
     from tierdiag.engine.rules import RuleSet
     from tierdiag.engine.tree import RadixTree
@@ -82,7 +81,6 @@ class SchedulerState:
     _finish_due: dict[int, list[Req]]
     _finish_steps: list[int]
     mixed_chunk: bool
-    _druns: DecodeRuns
     _batch_id: int
     event_ns: int
     count_hits: bool
@@ -155,6 +153,9 @@ class SchedulerState:
         raise NotImplementedError  # decode.py
 
     def _record(self, req: Req, now: int) -> None:
+        raise NotImplementedError  # records.py
+
+    def _note_decode(self, start: int, end: int) -> None:
         raise NotImplementedError  # records.py
 
     def _sample_pools(self, now: int) -> None:
