@@ -252,17 +252,6 @@ class DecodeSteps(SchedulerState):
         for r in due:
             self.at(end, self._finish, r)
 
-    def _note_decode(self, start: int, end: int) -> None:
-        """A decode step's time, kept as runs of steps on the clock (records.decode_before)."""
-        self.stats.decode_ns += end - start
-        starts = self._drun_starts
-        if starts and self._drun_ends[-1] == start:
-            self._drun_ends[-1] = end
-        else:
-            self._drun_cum.append(self._drun_cum[-1] + self._drun_ends[-1] - starts[-1] if starts else 0)
-            starts.append(start)
-            self._drun_ends.append(end)
-
     def _decode(self, now: int) -> int | None:
         """Scheduler.update_running_batch: `check_decode_mem`; when the step does not fit,
         `retract_decode`, else `new_token_ratio` decays; then the step (`prepare_for_decode`)."""

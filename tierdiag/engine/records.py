@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import cast
 
+from librt.vecs import append, vec
 from mypy_extensions import i64, trait
 
 from tierdiag.engine.miss import miss_tokens, routing_tokens
@@ -18,29 +19,68 @@ from tierdiag.engine.request import FIRST_PASS_FIELDS, Req, request_row
 from tierdiag.engine.schedule_common import SchedulerState
 
 
-def decode_before(starts: list[int], ends: list[int], cum: list[int], t: int) -> int:
-    """Virtual time the GPU spent in decode steps before `t`: the steps kept as runs on the
-    clock (DecodeSteps._note_decode: each run's start, end, and the decode time before it). A
-    function of this module, not a DecodeSteps method: compiled, a call across the Scheduler's
-    mixins is a method call by name (twice a record: ~2.4k instructions each). The run is found
-    by bisect_right(starts, t) - 1 written as its loop: compiled, the list's items are native
-    reads and compares, where the builtin `bisect_right` was a generic call (~2k instructions a
-    call, issue 41 session 22). Its bounds are native i64 (as tagged ints every step was a
-    checked add, a shift call and a decref: ~1.3k instructions a call of the conversation trace's
-    ~17 steps, twice a record; issue 41 session 25)."""
-    lo: i64 = 0
-    hi: i64 = len(starts)
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if t < starts[mid]:
-            hi = mid
-        else:
-            lo = mid + 1
-    i = lo - 1
-    if i < 0:
-        return 0
-    end = ends[i]
-    return cum[i] + (t if t < end else end) - starts[i]
+class DecodeRuns:
+    """The decode steps on the clock, kept as runs of back-to-back steps (`note`, every step:
+    RequestRecords._note_decode): each run's start, end, and the decode time before it, so that a
+    request's record can say how much of its wait was decode steps (`before`, twice a record).
+
+    The runs are librt `vec[i64]`s in a native class of their own: compiled, a step's item read
+    in `before`'s search is a bounds check and a load, where the Scheduler's lists of int
+    objects were an item read, an unboxing of a two-digit int (the clock's ns) and a decref, ~58
+    instructions a step of ~17, ~990 a call; and `note` writes the ends unboxed, where the list's
+    last end was a new int object every decode step (issue 41 session 27). (Not three vec
+    attributes of the Scheduler: mypyc 2.4.1 emits C that does not compile for a vec attribute
+    set through a trait, as DecodeSteps' `self._drun_ends = append(...)` was.) Compiled with the
+    engine core; the Python source (librt.vecs works interpreted too) is its twin."""
+
+    starts: vec[i64]
+    ends: vec[i64]
+    cum: vec[i64]
+
+    def __init__(self) -> None:
+        self.starts = vec[i64]()
+        self.ends = vec[i64]()
+        self.cum = vec[i64]()
+
+    def note(self, start: i64, end: i64) -> None:
+        """A decode step from `start` to `end`: it joins the last run if it starts where that
+        one ends, else it starts a run."""
+        ends = self.ends
+        n: i64 = len(ends)
+        if n and ends[n - 1] == start:
+            ends[n - 1] = end
+            return
+        starts = self.starts
+        # all three made before any is set: the twin's vec refuses a value that is no int64 at
+        # its append (compiled, where it is passed), and the runs are then as they were
+        before: i64 = 0
+        if n:
+            before = self.cum[n - 1] + ends[n - 1] - starts[n - 1]
+        cum = append(self.cum, before)
+        starts = append(starts, start)
+        ends = append(ends, end)
+        self.cum = cum
+        self.starts = starts
+        self.ends = ends
+
+    def before(self, t: i64) -> i64:
+        """Virtual time the GPU spent in decode steps before `t`. The run is found by
+        bisect_right(starts, t) - 1 written as its loop (compiled, the builtin `bisect_right` was
+        a generic call: ~2k instructions a call, issue 41 session 22), its bounds native i64."""
+        starts = self.starts
+        lo: i64 = 0
+        hi: i64 = len(starts)
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if t < starts[mid]:
+                hi = mid
+            else:
+                lo = mid + 1
+        i = lo - 1
+        if i < 0:
+            return 0
+        end = self.ends[i]
+        return self.cum[i] + (t if t < end else end) - starts[i]
 
 
 @trait
@@ -50,6 +90,14 @@ class RequestRecords(SchedulerState):
     A SchedulerState, as the other mixins: compiled, `self.ps`, `self.ctrl`, `self.emit` ... are
     native reads of the declared layout (they were generic look-ups by name: ~25 a record and
     ~10 a pool sample, issue 41)."""
+
+    _druns: DecodeRuns  # (declared here, not in SchedulerState: records.py imports schedule_common)
+
+    def _note_decode(self, start: int, end: int) -> None:
+        """A decode step's time (DecodeSteps, every step or run of steps back to back), kept as
+        runs of steps on the clock (`DecodeRuns`)."""
+        self.stats.decode_ns += end - start
+        self._druns.note(start, end)
 
     def _record(self, req: Req, now: int) -> None:
         ps, cost, st = self.ps, self.cost, self.stats
@@ -101,10 +149,9 @@ class RequestRecords(SchedulerState):
         emit = emits.record
         cols = emits.request_columns
         if emit is not None:  # the record's counterfactuals: only for a probe that keeps them
-            # Of its queue, the time the GPU ran decode steps (decode_before): a column only
-            starts, ends, cum = self._drun_starts, self._drun_ends, self._drun_cum
-            decode_wait = (decode_before(starts, ends, cum, first_token)
-                           - decode_before(starts, ends, cum, arrival + storage_wait))
+            # Of its queue, the time the GPU ran decode steps (DecodeRuns.before): a column only
+            runs = self._druns
+            decode_wait: int = runs.before(first_token) - runs.before(arrival + storage_wait)
             if decode_wait > queue:
                 decode_wait = queue
             new_tokens = computed - recomputed

@@ -81,9 +81,6 @@ class SchedulerState:
     _finish_due: dict[int, list[Req]]
     _finish_steps: list[int]
     mixed_chunk: bool
-    _drun_starts: list[int]
-    _drun_ends: list[int]
-    _drun_cum: list[int]
     _batch_id: int
     event_ns: int
     count_hits: bool
@@ -158,6 +155,9 @@ class SchedulerState:
         raise NotImplementedError  # decode.py
 
     def _record(self, req: Req, now: int) -> None:
+        raise NotImplementedError  # records.py
+
+    def _note_decode(self, start: int, end: int) -> None:
         raise NotImplementedError  # records.py
 
     def _sample_pools(self, now: int) -> None:

@@ -42,7 +42,7 @@ from tierdiag.engine.emitters import Emitters
 from tierdiag.engine.miss import MissTracker
 from tierdiag.engine.prefetch import StoragePrefetch, prefetch_limit_tokens
 from tierdiag.engine.queue_policy import queue_policy
-from tierdiag.engine.records import RequestRecords
+from tierdiag.engine.records import DecodeRuns, RequestRecords
 from tierdiag.engine.request import Req
 from tierdiag.engine.rules import config_rules
 from tierdiag.engine.schedule_common import (CLIP_MAX_NEW_TOKENS, INIT_NEW_TOKEN_RATIO, NO_TOKEN, OTHER,
@@ -124,10 +124,8 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self._finish_steps: list[int] = []  # a heap of the steps put in _finish_due (run_decode_ahead)
         self.mixed_chunk = cfg.enable_mixed_chunk
         # Runs of back-to-back decode steps on the clock (start, end, decode time before the
-        # run): a request's record says how much of its wait was decode steps (`decode_before`).
-        self._drun_starts: list[int] = []
-        self._drun_ends: list[int] = []
-        self._drun_cum: list[int] = []
+        # run): a request's record says how much of its wait was decode steps (`DecodeRuns.before`).
+        self._druns = DecodeRuns()
         self._events: list[tuple[int, int, Any, Any]] = []
         self._fold_now = 0  # the loop's wake that `_wakes_until` ran last
         self._order = 0
