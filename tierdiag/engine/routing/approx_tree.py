@@ -398,16 +398,6 @@ def _split(run: _Run, c: int) -> None:
     run.children = {keys[c]: tail}
 
 
-def _first_least(loads: tuple[int, ...]) -> int:
-    """base.least_loaded(loads): the first rank with the smallest load (a loop over the tuple)."""
-    rank, least = 0, loads[0]
-    for r in range(1, len(loads)):
-        x = loads[r]
-        if x < least:
-            rank, least = r, x
-    return rank
-
-
 def cache_aware_decide(tree: ApproxTree, keys: Sequence[int], loads: tuple[int, ...], tick: int,
                        page_tokens: int, input_tokens: int, name: object, abs_thr: Any, rel_thr: Any,
                        thr: float, thr_text: str, miss_min_load: bool) -> tuple:
@@ -420,14 +410,15 @@ def cache_aware_decide(tree: ApproxTree, keys: Sequence[int], loads: tuple[int, 
     compared, multiplied and written as the reference does); `name`: the router's name (a StrEnum)."""
     n = len(loads)
     hi = lo = loads[0]
+    least = 0  # base.least_loaded(loads): the first rank with the smallest load, found in the same loop
     for r in range(1, n):
         x = loads[r]
         if x > hi:
             hi = x
         if x < lo:
-            lo = x
+            lo, least = x, r
     if hi - lo > abs_thr and hi > rel_thr * lo:  # (Any: Python's own operations, exact for any number type)
-        rank = _first_least(loads)
+        rank = least
         tree.insert(keys, rank, tick)
         return (rank, name, "imbalanced",
                 f"imbalanced: max load {hi} - min {lo} > {abs_thr} and {hi} > {rel_thr:g} × {lo}: shortest queue rank {rank}",
@@ -442,7 +433,7 @@ def cache_aware_decide(tree: ApproxTree, keys: Sequence[int], loads: tuple[int, 
         reason = f"cache_aware: match {rate:.2f} > {thr_text} on rank {rank}"
     else:
         if miss_min_load:
-            rank = _first_least(loads)
+            rank = least
             where = f"least loaded rank {rank} ({loads[rank]} in flight)"
         else:
             rank = first_smallest(tree.pages)
