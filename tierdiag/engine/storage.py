@@ -308,6 +308,11 @@ class StorageTier:
         # segment's close, and at flush() (the run's end); the first failed write (a full disk)
         # is raised there with the message and exit code a write in the caller's thread raises.
         self._writer: Any = _PageWriter(WRITER_MAX_PENDING, WRITER_WAKE_BYTES) if _PageWriter is not None else None
+        # The compiled index's admit + page write + place in one call (`_write`), where both the
+        # index and the writer's thread are compiled; the reference index has no such call.
+        self._admit_write: Any = None
+        if self._writer is not None and _pwrite_rows is not None:
+            self._admit_write = getattr(self._index, "admit_write", None)
         self._failure_seen = False
 
     def __contains__(self, key) -> bool:
@@ -388,13 +393,42 @@ class StorageTier:
         if gather is not None:
             self._set_shape(shape)
         keys = _key_seq(keys)
-        # (a tuple as typed: unpacked by its items, where the index's untyped answer was a
-        # generic iteration a write)
-        admitted: tuple[Any, Any, list[int]] = self._index.admit(keys, self.capacity, counted)
-        deleted, fresh, emptied = admitted
-        if emptied:
-            segments = self._segments
-            self._emptied.extend(segments[n] for n in emptied)
+        seg = self._active
+        if gather is None and self._admit_write is not None and seg is not None and counted:
+            # The engine's page write (issue 41's storage row: ~28k a whole-trace replay): the
+            # compiled index admits, queues the page write on the writer's thread and places
+            # the keys in one call where they are all new and fit the active segment (as
+            # `_next_run` would put them: the same segment, slot and offset); otherwise it only
+            # admits, and the write goes on below as after `admit`.
+            first = seg.pages
+            try:
+                wrote: tuple[Any, Any, list[int], int] = self._admit_write(
+                    keys, self.capacity, self._writer, seg.fd, first * self.page_bytes, layer_rows, slots,
+                    seg.number, first, self._segment_pages - first)
+            except OSError:
+                # an earlier write's failure (put queued nothing; the keys' placeholders dropped)
+                self._write_failed(self._writer.failure())
+                raise  # (_write_failed always raises)
+            deleted, fresh, emptied, written = wrote
+            if emptied:
+                segments = self._segments
+                self._emptied.extend(segments[n] for n in emptied)
+            if written >= 0:
+                count = len(keys)
+                seg.pages += count
+                self._disk_pages += count
+                self.bytes_written += count * self.page_bytes
+                if deleted:
+                    self._collect()
+                return deleted
+        else:
+            # (a tuple as typed: unpacked by its items, where the index's untyped answer was a
+            # generic iteration a write)
+            admitted: tuple[Any, Any, list[int]] = self._index.admit(keys, self.capacity, counted)
+            deleted, fresh, emptied = admitted
+            if emptied:
+                segments = self._segments
+                self._emptied.extend(segments[n] for n in emptied)
         if fresh is None:  # all new, in order: one gather of every slot
             if layer_rows is not None and slots is not None:
                 self._place_rows(keys, layer_rows, slots)

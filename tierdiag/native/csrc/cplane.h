@@ -64,7 +64,7 @@
  * 20: PageWriter (the storage tier's page writes on a thread of their own; session 25, h41stor12).
  * 21: decode_steps (a rank's plain decode steps run ahead, engine/decode.py; session 26, h41dp11).
  * 22: lru_entry, lru_id (the radix tree's lru heap entries made and read in C; session 27, h41core11). */
-#define CPLANE_API 22
+#define CPLANE_API 23
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256

@@ -717,23 +717,19 @@ PyDoc_STRVAR(ix_admit_doc,
 /* How many keys ahead admit() prefetches the table slot of. */
 #define IX_PREFETCH 8
 
-static PyObject *
-ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
+/* admit() of keys loaded by the caller (who releases them): 0 with *deleted_out (a count when
+ * `counted`, else the list), *fresh_out and *emptied_out made (new references), or -1 with an
+ * error set and nothing made. */
+static int
+ix_admit_keys(StorageIndex *ix, IxKeys *kp, Py_ssize_t capacity, int counted,
+              PyObject **deleted_out, PyObject **fresh_out, PyObject **emptied_out)
 {
-    PyObject *deleted = NULL, *fresh = NULL, *emptied = NULL, *res;
-    IxKeys keys;
-    Py_ssize_t n, capacity, i, nfresh = 0, ndeleted = 0;
-    int counted = 0;
+    PyObject *deleted = NULL, *fresh = NULL, *emptied = NULL;
+    IxKeys keys = *kp;
+    Py_ssize_t n, i, nfresh = 0, ndeleted = 0;
     IxKey small_ks[SMALL_LIST], *ks = small_ks;
     Py_ssize_t small_pos[SMALL_LIST], *pos = small_pos;  /* the positions entered new, in order */
     int all_new;
-    if (nargs != 3 && wrong_nargs(nargs, 2, "admit() takes 2 or 3 arguments: keys, capacity[, counted]")) {
-        return NULL;
-    }
-    if (nargs == 3 && (counted = PyObject_IsTrue(args[2])) < 0) return NULL;
-    capacity = PyLong_AsSsize_t(args[1]);
-    if (capacity == -1 && PyErr_Occurred()) return NULL;
-    if (!ix_keys_load(args[0], &keys)) return NULL;
     n = keys.n;
     all_new = n <= capacity;
     if (n > SMALL_LIST) {
@@ -847,22 +843,154 @@ ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     if (counted && (deleted = PyLong_FromSsize_t(ndeleted)) == NULL) goto fail;
-    res = PyTuple_Pack(3, deleted, fresh, emptied);
-    Py_DECREF(deleted);
-    Py_DECREF(fresh);
-    Py_DECREF(emptied);
     if (ks != small_ks) PyMem_Free(ks);
     if (pos != small_pos) PyMem_Free(pos);
-    ix_keys_release(&keys);
-    return res;
+    *deleted_out = deleted;
+    *fresh_out = fresh;
+    *emptied_out = emptied;
+    return 0;
 fail:
     Py_XDECREF(deleted);
     Py_XDECREF(fresh);
     Py_XDECREF(emptied);
     if (ks != small_ks) PyMem_Free(ks);
     if (pos != small_pos) PyMem_Free(pos);
+    return -1;
+}
+
+static PyObject *
+ix_admit(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *deleted, *fresh, *emptied, *res;
+    IxKeys keys;
+    Py_ssize_t capacity;
+    int counted = 0;
+    if (nargs != 3 && wrong_nargs(nargs, 2, "admit() takes 2 or 3 arguments: keys, capacity[, counted]")) {
+        return NULL;
+    }
+    if (nargs == 3 && (counted = PyObject_IsTrue(args[2])) < 0) return NULL;
+    capacity = PyLong_AsSsize_t(args[1]);
+    if (capacity == -1 && PyErr_Occurred()) return NULL;
+    if (!ix_keys_load(args[0], &keys)) return NULL;
+    if (ix_admit_keys(ix, &keys, capacity, counted, &deleted, &fresh, &emptied) < 0) {
+        ix_keys_release(&keys);
+        return NULL;
+    }
     ix_keys_release(&keys);
-    return NULL;
+    res = PyTuple_Pack(3, deleted, fresh, emptied);
+    Py_DECREF(deleted);
+    Py_DECREF(fresh);
+    Py_DECREF(emptied);
+    return res;
+}
+
+/* drop_placeholders() of loaded keys (nothing raised: an int64 run's keys cannot fail to load,
+ * a list's loaded once already). */
+static void
+ix_drop_loaded(StorageIndex *ix, const IxKeys *keys)
+{
+    for (Py_ssize_t i = 0; i < keys->n; i++) {
+        IxKey k;
+        Py_ssize_t e;
+        if (ix_keys_at(keys, i, &k) < 0) {
+            PyErr_Clear();
+            continue;
+        }
+        if ((e = ix_find(ix, &k)) >= 0 && ix->ent[e].loc == -1) {
+            ix_remove(ix, e);
+        }
+    }
+}
+
+PyDoc_STRVAR(ix_admit_write_doc,
+"admit_write(keys, capacity, writer, fd, offset, rows, slots, segment, first, room)\n"
+"    -> (deleted, fresh, emptied, written)\n\n"
+"A storage write's admit(keys, capacity, True), and, where every key went in new and in order\n"
+"(fresh None) and they fit the active segment's `room`, its page write and place() in the same\n"
+"call: writer.put(fd, offset, rows, slots), then the keys placed at slots first, first + 1, ...\n"
+"of `segment` (the entries the admit just made, no probe). written: put's answer (bytes queued),\n"
+"or -1 when nothing was written (fresh a list, no room, no keys, or put declined: the caller\n"
+"writes and places as after admit()). A put that raises drops the keys' placeholders first\n"
+"(the pages never reached the disk) and its error is raised.");
+
+static PyObject *
+ix_admit_write(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *deleted, *fresh, *emptied, *res = NULL;
+    IxKeys keys;
+    Py_ssize_t capacity, room, n, got = -1;
+    int64_t seg, first;
+    if (wrong_nargs(nargs, 10, "admit_write() takes 10 arguments: keys, capacity, writer, fd, offset, rows, "
+                               "slots, segment, first, room")) {
+        return NULL;
+    }
+    capacity = PyLong_AsSsize_t(args[1]);
+    if (capacity == -1 && PyErr_Occurred()) return NULL;
+    seg = PyLong_AsLongLong(args[7]);
+    if (seg == -1 && PyErr_Occurred()) return NULL;
+    first = PyLong_AsLongLong(args[8]);
+    if (first == -1 && PyErr_Occurred()) return NULL;
+    room = PyLong_AsSsize_t(args[9]);
+    if (room == -1 && PyErr_Occurred()) return NULL;
+    if (!ix_keys_load(args[0], &keys)) return NULL;
+    n = keys.n;
+    /* checked before anything changes: a place() that would fail is not attempted */
+    if (n > 0 && n <= room && n <= IX_PENDING && (first < 0 || first + n > ((int64_t)1 << IX_SLOT_BITS))) {
+        PyErr_SetString(PyExc_ValueError, "slot out of range");
+        ix_keys_release(&keys);
+        return NULL;
+    }
+    if (n > 0 && n <= room && n <= IX_PENDING && ix_live_room(ix, seg) < 0) {
+        ix_keys_release(&keys);
+        return NULL;
+    }
+    if (ix_admit_keys(ix, &keys, capacity, 1, &deleted, &fresh, &emptied) < 0) {
+        ix_keys_release(&keys);
+        return NULL;
+    }
+    if (fresh == Py_None && n > 0 && n <= room && n <= IX_PENDING && ix->pending_n == n) {
+        static PyObject *put_name = NULL;
+        PyObject *call[5] = {args[2], args[3], args[4], args[5], args[6]};
+        PyObject *r;
+        if (put_name == NULL && (put_name = PyUnicode_InternFromString("put")) == NULL) goto fail;
+        r = PyObject_VectorcallMethod(put_name, call, 5, NULL);
+        if (r == NULL) {
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            ix_drop_loaded(ix, &keys);  /* pages that never reached the disk are not in the tier */
+            PyErr_Restore(type, value, tb);
+            goto fail;
+        }
+        got = PyLong_AsSsize_t(r);
+        Py_DECREF(r);
+        if (got == -1 && PyErr_Occurred()) {
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            ix_drop_loaded(ix, &keys);
+            PyErr_Restore(type, value, tb);
+            goto fail;
+        }
+        if (got >= 0) {
+            /* place(): the admit's entries are the keys', in order (all entered new) */
+            for (Py_ssize_t i = 0; i < n; i++) {
+                ix->ent[ix->pending[i]].loc = (seg << IX_SLOT_BITS) + first + i;
+            }
+            ix->live[seg] += n;
+            ix->pending_at = n;
+        }
+    }
+    {
+        PyObject *w = PyLong_FromSsize_t(got < 0 ? -1 : got);
+        if (w == NULL) goto fail;
+        res = PyTuple_Pack(4, deleted, fresh, emptied, w);
+        Py_DECREF(w);
+    }
+fail:
+    Py_DECREF(deleted);
+    Py_DECREF(fresh);
+    Py_DECREF(emptied);
+    ix_keys_release(&keys);
+    return res;
 }
 
 PyDoc_STRVAR(ix_place_doc,
@@ -1118,6 +1246,7 @@ ix_keys(StorageIndex *ix, PyObject *Py_UNUSED(ignored))
 static PyMethodDef ix_methods[] = {
     {"touch", (PyCFunction)ix_touch, METH_O, ix_touch_doc},
     {"admit", (PyCFunction)(void (*)(void))ix_admit, METH_FASTCALL, ix_admit_doc},
+    {"admit_write", (PyCFunction)(void (*)(void))ix_admit_write, METH_FASTCALL, ix_admit_write_doc},
     {"place", (PyCFunction)(void (*)(void))ix_place, METH_FASTCALL, ix_place_doc},
     {"drop_placeholders", (PyCFunction)ix_drop_placeholders, METH_O, ix_drop_placeholders_doc},
     {"locs", (PyCFunction)ix_locs, METH_O, ix_locs_doc},
