@@ -1,19 +1,20 @@
-"""The waiting prefixes' refresh memo (`RadixTree.touch_walk`, issue 41 session 28): 0.5.23's
+"""The walk memo (`RadixTree.touch_walk`, issue 41 session 28): 0.5.23's
 `_touch_waiting_prefixes` walks the first waiting requests' prefixes every `refresh_interval`-th
-pass, for the walk's access stamps alone; a request whose path nothing has changed since its last
-refresh gets that path's nodes stamped again, in path order, instead of the walk. The memo must
-leave the tree exactly as the walk would: the same nodes, the same stamps in the same order, the
-same splits (none), whatever changed in the tree between two refreshes.
+pass, for the walk's access stamps alone, and an admission matches a request's whole key run; a
+request whose path nothing has changed since its last walk gets that path's nodes stamped again
+(and owned, for a match), in path order, instead of the walk. The memo must leave the tree
+exactly as the walk would: the same nodes, owners, stamps in the same order, the same splits
+(none), whatever changed in the tree between two walks.
 
 - Two trees given the same operations (inserts, matches that split, copies gained and lost,
-  leaves deleted, key runs replaced or extended in place), one refreshing through its memos, the
-  other through `walk`: every node's keys, copies, access time and stamp order stay alike, and
-  the heaps' victims too, under both rule sets and an eviction policy that re-pushes a touched
-  node (Hypothesis).
+  leaves deleted, key runs replaced or extended in place, admissions' matches with owners), one
+  walking through its memos, the other through `walk` / `match`: the answers and every node's
+  keys, copies, owner, access time and stamp order stay alike, and the heaps' victims too, under
+  both rule sets and an eviction policy that re-pushes a touched node (Hypothesis).
 - The memo is refused where the walk could differ (a unit test of each cause), and taken where
   nothing changed (not a test of nothing).
-- A whole replay under 0.5.23 refreshes through the memo: the rows are those of the walk (the
-  memo refused), on the Python twin."""
+- Whole replays under 0.5.23 walk through the memo: the rows are those of the walk (the memo
+  refused), on the Python twin."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from tierdiag.engine.tree import RadixTree
 from tierdiag.engine.tree_node import WalkMemo
 
 PROBES = 4  # waiting requests whose prefixes are refreshed
+_HOLDS = RadixTree._memo_path_holds  # the class's own (the replays below wrap it)
 
 paths = st.lists(st.integers(1, 3), min_size=1, max_size=6).map(lambda ks: [sum(ks[:i + 1]) * 10 + k
                                                                                for i, k in enumerate(ks)])
@@ -45,12 +47,13 @@ op = st.one_of(
     st.tuples(st.just("rekey"), st.integers(0, PROBES - 1)),  # a new key run (an equal one)
     st.tuples(st.just("extend"), st.integers(0, PROBES - 1), st.integers(1, 9)),  # a retraction's output pages
     st.tuples(st.just("lock"), st.integers(0, 40)),
+    st.tuples(st.just("admit"), st.integers(0, PROBES - 1), st.sampled_from(["a", "b", "r0"])),  # a match, an owner
 )
 
 
 def _state(tree: RadixTree) -> list[tuple]:
     return sorted((n.id, n.parent.id if n.parent is not None else -1, list(n.keys), n.device is not None,
-                   n.host is not None, n.last_access_ns, n.access_seq, n.lock_ref) for n in tree.nodes())
+                   n.host is not None, n.last_access_ns, n.access_seq, n.lock_ref, n.owner) for n in tree.nodes())
 
 
 def _pick(tree: RadixTree, i: int, ok) -> object:
@@ -71,6 +74,14 @@ def _apply(tree: RadixTree, keys: list, memos: list, o: tuple, now: int, memo: b
             return [n.id for n in memos[i].path], memos[i].pages
         path = tree.walk(keys[i], now, None)
         return [n.id for n in path], sum(len(n.keys) for n in path)
+    elif name == "admit":  # an admission's match of the whole run, with its owner
+        i = o[1]
+        if memo:
+            memos[i] = tree.touch_walk(keys[i], now, memos[i], o[2])
+            m = tree.match_of(memos[i].path)
+        else:
+            m = tree.match(keys[i], now, o[2])
+        return [n.id for n in m.device_nodes], [n.id for n in m.host_nodes]
     elif name == "host":
         n = _pick(tree, o[1], lambda n: n.host is None)
         if n is not None:
@@ -186,10 +197,8 @@ def _replay(reqs, cfg, memo: bool, monkeypatch, taken: list) -> tuple[list, dict
     from tests.engine.test_fast_paths import Everything, _comparable
     from tierdiag.engine.engine import Engine
 
-    holds = RadixTree._memo_path_holds
-
     def patched(self, m, keys):
-        got = memo and holds(self, m, keys)
+        got = memo and _HOLDS(self, m, keys)
         taken.append(got)
         return got
 

@@ -701,7 +701,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
             tree = self.tree
             for r in reversed(waiting[:self.refresh_max]):
                 # touch_waiting_prefix: the whole input, page-aligned
-                r.refresh_memo = tree.touch_walk(r.keys, now, r.refresh_memo)
+                r.walk_memo = tree.touch_walk(r.keys, now, r.walk_memo)
 
     def _pages_through(self, req: Req, end_tokens: int) -> int:
         """Pages holding tokens [0, end_tokens): the extend allocates its own tokens only
