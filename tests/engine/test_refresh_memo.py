@@ -220,14 +220,15 @@ def _bursts():
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(reqs=_bursts(), dp=st.integers(1, 2), device=st.integers(12, 30), host=st.integers(0, 30),
        policy=st.sampled_from(["fcfs", "hrrn", "shortest-prefill-first"]), write_policy=st.sampled_from(["write_through", "write_back"]),
-       eviction=st.sampled_from(["lru", "mru"]))
-def test_refreshes_through_the_memo_change_no_event(reqs, dp, device, host, policy, write_policy, eviction,
-                                                    monkeypatch):
+       eviction=st.sampled_from(["lru", "mru"]), rules=st.sampled_from(["0.5.23", "0.5.9"]))
+def test_walks_through_the_memo_change_no_event(reqs, dp, device, host, policy, write_policy, eviction, rules,
+                                                monkeypatch):
+    """Under 0.5.9 (no refresh) the admissions' matches alone go through the memo."""
     runs = []
     for memo in (False, True):
         cfg = small_config(dp=dp, device_tokens=device * PS, host_tokens=(device + host) * PS,
-                           schedule_policy=policy, write_policy=write_policy, eviction_policy=eviction,
-                           sglang_rules="0.5.23")
+                           schedule_policy=policy if rules == "0.5.23" else "fcfs", write_policy=write_policy,
+                           eviction_policy=eviction, sglang_rules=rules)
         runs.append(_replay(reqs, cfg, memo, monkeypatch, []))
     assert runs[0][1] == runs[1][1]
     assert runs[0][0] == runs[1][0]
