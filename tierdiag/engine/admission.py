@@ -91,7 +91,15 @@ class Admission(SchedulerState):
         # requests, whose input does not end on a page boundary; a slice copied them a match
         keys = req.keys
         limit = req.max_match_pages
-        match = tree.match(keys if limit >= len(keys) else keys[:limit], now, req.req_id)
+        if limit >= len(keys):
+            # the whole run: through the request's walk memo (RadixTree.touch_walk), which its
+            # refreshes while waiting and its earlier tries keep (the same path where nothing
+            # on it changed; issue 41, session 28)
+            memo = tree.touch_walk(keys, now, req.walk_memo, req.req_id)
+            req.walk_memo = memo
+            match = tree.match_of(memo.path)
+        else:
+            match = tree.match(keys[:limit], now, req.req_id)
         dev_pages = match.device_pages
         host_nodes = match.host_nodes
         storage_pages = 0  # (a loop: compiled, `sum` of a generator was a generator object and a builtin call)

@@ -81,7 +81,6 @@ class EngineStats:
     load_back_ns: array = field(default_factory=_int64s)
     skipped: dict = field(default_factory=dict)  # reason -> count
     evictions: dict = field(default_factory=dict)  # "tier/action" -> count
-    evicted_tokens: dict = field(default_factory=dict)  # tier -> tokens
     backups: int = 0
     backup_bytes: int = 0
     backups_skipped: int = 0
@@ -301,11 +300,12 @@ class CacheController:
             self.on_eviction(node, tier, action)
         eid = self._next_eviction
         self._next_eviction += self.id_step
-        tokens = len(node.keys) * self.page_size
+        # (the tokens a tier lost are the rows' sum: a per-tier dict of them, which nothing read,
+        # was ~500 instructions an eviction; issue 41, session 28)
         self.stats.evictions[key] = self.stats.evictions.get(key, 0) + 1
-        self.stats.evicted_tokens[tier] = self.stats.evicted_tokens.get(tier, 0) + tokens
         emit = self.emit.eviction
         if emit is not None:
+            tokens = len(node.keys) * self.page_size
             # _DEVICE, not Tier.DEVICE: compiled, an enum member read is a call of 3.11's
             # EnumType.__getattr__ (~1k instructions; twice an eviction was ~4 % of the recording)
             on_device = tier == _DEVICE

@@ -16,7 +16,7 @@ import numpy as np
 from tierdiag.engine.tree import TreeNode
 from tierdiag.probes.events import ROUTE_NONE
 from tierdiag.trace.reader import TraceRequest
-from tierdiag.engine.tree_node import KeyRun, empty_run
+from tierdiag.engine.tree_node import KeyRun, WalkMemo, empty_run
 
 
 class Req:
@@ -34,6 +34,7 @@ class Req:
         "loadback_wall_ns", "loadback_verified", "protected_pages", "session", "think_ms", "trace_arrival_ns",
         "prefetch_wait_ns", "prefetch_deadline_ns", "prefetch_retries", "inserted_pages", "prefill_work_tokens",
         "storage_hit_end", "route", "storage_last_match", "prefetch_ack_pass", "prefetch_query_pass", "storage_memo",
+        "walk_memo",
         "storage_span_pages", "storage_span_start", "loaded_span_pages", "loaded_span_start", "queue_entry",
         "miss_arrival_pages", "miss_shared_pages", "miss_prefetch_lost",
     )
@@ -85,6 +86,9 @@ class Req:
         self.storage_last_match = 0
         # its last storage query's tree match, for its re-queries (prefetch.StorageQueryMemo)
         self.storage_memo: Any = None
+        # its key run's path at its last walk (a refresh while it waits, an admission's match):
+        # RadixTree.touch_walk's memo
+        self.walk_memo: WalkMemo | None = None
         # the scheduling pass (Scheduler.prefetch_pass) from which its prefetch's read is seen
         # (rule storage_acks_per_pass); 0: on its read's time only
         self.prefetch_ack_pass = 0

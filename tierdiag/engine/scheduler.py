@@ -696,9 +696,12 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
             # RadixTree.match's walk: the stamps without the match's result. Called on the typed
             # tree, a native call (a bound method kept in a local was a generic call: the
             # wrapper's argument parsing and `now` boxed, a walk; issue 41, session 24)
+            # Each request's path is kept for its next refresh (`touch_walk`: the same stamps, no
+            # walk where nothing on its path changed; issue 41, session 28)
             tree = self.tree
             for r in reversed(waiting[:self.refresh_max]):
-                tree.walk(r.keys, now, None)  # touch_waiting_prefix: the whole input, page-aligned
+                # touch_waiting_prefix: the whole input, page-aligned
+                r.walk_memo = tree.touch_walk(r.keys, now, r.walk_memo)
 
     def _pages_through(self, req: Req, end_tokens: int) -> int:
         """Pages holding tokens [0, end_tokens): the extend allocates its own tokens only

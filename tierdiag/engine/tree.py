@@ -18,7 +18,7 @@ from typing import Any, Final, cast
 
 from tierdiag.config.policies import EVICTION_POLICIES, EvictionPolicy
 from tierdiag.engine.rules import RULE_SETS, RuleSet
-from tierdiag.engine.tree_node import NO_SLOTS, KeyRun, SlotRun, TreeInsert, TreeMatch, TreeNode
+from tierdiag.engine.tree_node import NO_SLOTS, KeyRun, SlotRun, TreeInsert, TreeMatch, TreeNode, WalkMemo
 from tierdiag.native import cplane
 
 # Final: a C static the compiled module reads, where an imported name is a look-up in the module's
@@ -278,6 +278,54 @@ class RadixTree:
                 self._stamp(child, now_ns)
         return path
 
+    def touch_walk(self, keys: KeyRun, now_ns: int, memo: WalkMemo | None, owner: str | None = None) -> WalkMemo:
+        """`walk(keys, now_ns, owner)` through `memo`, the path an earlier call returned for these
+        keys: where it still holds (`_memo_path_holds`) its nodes get `owner` (when given) and
+        their stamps in path order, what the walk would do (no split: every node of a held path
+        is matched whole; no eviction key reads the owner, so owners before stamps is the walk's
+        outcome under either stamp order), without the walk's key reads and child look-ups a node
+        (issue 41: ~2k instructions a walk). 0.5.23's `_touch_waiting_prefixes` (no owner, ~17k
+        walks on conversation[:3000]) and an admission's match of a whole key run (`match_of`
+        the path) keep a request's memo between them. Returns the memo to keep: `memo`, updated
+        in place where it was stale, or a new one; its `path` is the walk's."""
+        if memo is not None and self._memo_path_holds(memo, keys):
+            if owner is not None:
+                for node in memo.path:
+                    node.owner = owner
+            for node in memo.path:
+                self._stamp(node, now_ns)
+            return memo
+        path = self.walk(keys, now_ns, owner)
+        pages = 0
+        for node in path:
+            pages += len(node.keys)
+        n = len(keys)
+        if memo is None:
+            return WalkMemo(self, keys, n, path, pages, self.mod_seq)
+        memo.tree, memo.keys, memo.n, memo.path, memo.pages, memo.seq = self, keys, n, path, pages, self.mod_seq
+        memo.next_key = keys[pages] if pages < n else None
+        return memo
+
+    def _memo_path_holds(self, memo: WalkMemo, keys: KeyRun) -> bool:
+        """Whether a walk of `keys` now would walk `memo`'s path: the same tree, key run and
+        length (a retraction extends a run in place; no key of a run is ever rewritten); no node
+        of the path changed since (a split, a delete, a copy gained or lost: each moves the
+        node's `mod_seq` past the memo's count; a node's keys and parent change only by its
+        split); and the path's end has no child on the keys' way (a child added there since
+        would extend the walk)."""
+        if memo.tree is not self or memo.keys is not keys or memo.n != len(keys):
+            return False
+        seq = memo.seq
+        path = memo.path
+        for node in path:
+            if node.mod_seq > seq:
+                return False
+        if memo.next_key is not None:
+            end = path[-1] if path else self.root
+            if _child(end, memo.next_key) is not None:
+                return False
+        return True
+
     def _touched(self, node: TreeNode) -> None:
         """A policy whose key can shrink (mru) needs the node re-pushed with its new key."""
         self._push_device(node)
@@ -286,7 +334,11 @@ class RadixTree:
     def match(self, keys: KeyRun, now_ns: int, owner: str | None = None) -> TreeMatch:
         """Longest cached prefix of `keys`, split by residency (SGLang's match_prefix: touches
         the access time of every node on the path)."""
-        path = self.walk(keys, now_ns, owner)
+        return self.match_of(self.walk(keys, now_ns, owner))
+
+    @staticmethod
+    def match_of(path: list[TreeNode]) -> TreeMatch:
+        """A walk's path split by residency (`match`'s answer)."""
         on_device = 0
         while on_device < len(path) and path[on_device].device is not None:
             on_device += 1

@@ -193,3 +193,22 @@ class TreeMatch:
     @property
     def last_device_node(self) -> "TreeNode | None":
         return self.device_nodes[-1] if self.device_nodes else None
+
+
+class WalkMemo:
+    """A walk's path kept for the next walk of the same keys (`RadixTree.touch_walk`: 0.5.23's
+    refresh of the waiting requests' prefixes walks the same requests pass after pass): the tree
+    and key run it was made for and the run's length then, the path, its pages, the key after
+    them (the int object the path's end is asked for a child by, read once: None where the path
+    took every key), and the tree's change count (RadixTree.mod_seq) just after the walk.
+    Mutated in place by a walk that finds it stale (one memo a request, made at its first
+    refresh)."""
+
+    def __init__(self, tree: Any, keys: KeyRun, n: int, path: list[TreeNode], pages: int, seq: int) -> None:
+        self.tree = tree
+        self.keys = keys
+        self.n = n
+        self.path = path
+        self.pages = pages
+        self.next_key: Any = keys[pages] if pages < n else None
+        self.seq = seq
