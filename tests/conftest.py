@@ -10,7 +10,12 @@ Bytecode: the suite starts Python thousands of times (each CLI call, sweep worke
 process). Where PYTHONDONTWRITEBYTECODE is set (this machine's environment, and so CI's), no
 start writes `__pycache__`, so every one compiled tierdiag's modules from source again (about
 0.1 s of CPU each). The controller compiles them once here; reading a .pyc is allowed with the
-variable set, and one whose source changed is compiled afresh in memory as before.
+variable set, and one whose source changed is compiled afresh in memory as before. The test
+modules' asserts are rewritten by pytest at collection, in every xdist worker; the variable kept
+pytest from writing its rewritten .pyc, so each worker rewrote all ~250 modules (~6.5 s of CPU a
+worker). Collection now writes them (`pytest_collection` below): the workers collect the same
+modules in the same order, so each reads those the other has written, and a second run reads them
+all. SGLang's modules in the worker processes of tests/sglang: tests/sglang/worker.py.
 
 Work shares (pytest-xdist, `--dist loadfile`, the Makefile's): a file runs whole on one worker,
 so its module fixtures are built once. Files that share an expensive session fixture run on one
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import compileall
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,6 +86,17 @@ def pytest_configure(config: pytest.Config) -> None:
             config.issue_config_time_warning(pytest.PytestConfigWarning(
                 f"could not byte-compile all of {package}/ (a read-only checkout?): each Python the "
                 "tests start compiles those modules again"), stacklevel=2)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_collection(session: pytest.Session):
+    """Let pytest write the test modules' rewritten .pyc (`__pycache__/*-pytest-*.pyc`, atomic: a
+    temporary file renamed) while it collects; the tests themselves run with the setting as it was."""
+    was, sys.dont_write_bytecode = sys.dont_write_bytecode, False
+    try:
+        yield
+    finally:
+        sys.dont_write_bytecode = was
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

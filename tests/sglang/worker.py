@@ -30,6 +30,12 @@ def main() -> int:
     real_stdout = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    # The wheel's modules compiled once, their .pyc written beside them in the unzipped folder (a
+    # test cache of ours), even where PYTHONDONTWRITEBYTECODE is set (this machine's environment, so
+    # CI's): otherwise each worker compiled the ~950 SGLang modules it imports from source again
+    # (~1/3 of a worker's start-up CPU). A .pyc whose source changed is compiled afresh as before;
+    # importlib writes it under a temporary name and renames it, so two workers never clash.
+    sys.dont_write_bytecode = False
     sglang_imports.install(root)
     import logging
 
