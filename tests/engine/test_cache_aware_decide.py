@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from tierdiag.engine.routing import RanksView, RequestView, RouterConfig, make_router
 from tierdiag.engine.routing.approx_tree import ApproxTree, ApproxTreeByKey, cache_aware_decide
+from tierdiag.engine.routing.router_tree import NativeApproxTree
 
 PS = 64
 S = 1_000_000_000
@@ -60,7 +61,7 @@ def _replay(n: int, cfg: dict, stream, tree_cls, at_once: bool) -> tuple[list, l
         out.append((tuple(d), tuple(type(x) for x in d), type(d)))
     tree = router.tree
     state = [list(tree.pages), router.evictions, router.evicted_pages, router._tick]
-    state.append([sorted(tree._ticks_of(r).items()) if isinstance(tree, ApproxTree) else sorted(tree._ticks[r].items())
+    state.append([sorted(tree._ticks[r].items()) if isinstance(tree, ApproxTreeByKey) else sorted(tree._ticks_of(r).items())
                   for r in range(n)])
     return out, state
 
@@ -72,6 +73,9 @@ def test_the_decision_at_once_is_the_routes_own_on_any_stream(n, cfg, stream):
     fast = _replay(n, cfg, stream, ApproxTree, True)
     assert fast == _replay(n, cfg, stream, ApproxTree, False)
     assert fast == _replay(n, cfg, stream, ApproxTreeByKey, True)  # (another tree: the route's own body)
+    if NativeApproxTree is not None:  # the C tree (router_tree.py) through the same call and the route's body
+        assert fast == _replay(n, cfg, stream, NativeApproxTree, True)
+        assert fast == _replay(n, cfg, stream, NativeApproxTree, False)
 
 
 def test_the_route_takes_the_one_call_only_for_its_own_tree_and_rules(monkeypatch):

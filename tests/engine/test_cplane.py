@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tierdiag.engine import content, decode, deployment, miss, pagemap, rows, storage, tree
+from tierdiag.engine.routing import router_tree
 from tierdiag.native import cplane
 from tierdiag.engine.content import page_content_np
 from tierdiag.engine.dataplane import DataPlane
@@ -86,6 +87,7 @@ def test_every_pair_takes_the_side_the_facade_chose():
         "tree.common_pages": tree.common_pages,
         "deployment.ranks_json": deployment.ranks_json,
         "decode.decode_steps": decode.decode_steps,
+        "routing.approx_tree": router_tree.new_tree,
     }
     pairs = cplane.pairs()
     assert set(pairs) == set(bound)

@@ -398,7 +398,7 @@ def _split(run: _Run, c: int) -> None:
     run.children = {keys[c]: tail}
 
 
-def cache_aware_decide(tree: ApproxTree, keys: Sequence[int], loads: tuple[int, ...], tick: int,
+def cache_aware_decide(tree: Any, keys: Sequence[int], loads: tuple[int, ...], tick: int,
                        page_tokens: int, input_tokens: int, name: object, abs_thr: Any, rel_thr: Any,
                        thr: float, thr_text: str, miss_min_load: bool) -> tuple:
     """CacheAwareRouter.route's decision after its eviction and tick (routing/cache_aware.py, whose
@@ -407,7 +407,9 @@ def cache_aware_decide(tree: ApproxTree, keys: Sequence[int], loads: tuple[int, 
     the router's interpreted frames (is_imbalanced, the scores' generator, the miss rule's call,
     the tree's calls through their wrappers) were ~30,000 instructions a request at --dp 8
     (issue 41, session 27). `abs_thr` / `rel_thr`: the config's values as they are (`Any`:
-    compared, multiplied and written as the reference does); `name`: the router's name (a StrEnum)."""
+    compared, multiplied and written as the reference does); `name`: the router's name (a StrEnum).
+    `tree`: an ApproxTree or its C twin (router_tree.NativeApproxTree, `Any`: its calls generic,
+    their answers checked as the types below)."""
     n = len(loads)
     hi = lo = loads[0]
     least = 0  # base.least_loaded(loads): the first rank with the smallest load, found in the same loop
@@ -423,7 +425,8 @@ def cache_aware_decide(tree: ApproxTree, keys: Sequence[int], loads: tuple[int, 
         return (rank, name, "imbalanced",
                 f"imbalanced: max load {hi} - min {lo} > {abs_thr} and {hi} > {rel_thr:g} × {lo}: shortest queue rank {rank}",
                 float(loads[rank]), "in flight", tuple([float(x) for x in loads]))
-    matched, holder, depth_of = tree.prefix_match(keys, tick, touch=False)
+    found: tuple[int, int | None, list[int]] = tree.prefix_match(keys, tick, touch=False)
+    matched, holder, depth_of = found
     per_token = page_tokens / input_tokens if input_tokens else 0.0
     rate = matched * per_token
     scores = tuple([d * per_token for d in depth_of])
@@ -436,8 +439,9 @@ def cache_aware_decide(tree: ApproxTree, keys: Sequence[int], loads: tuple[int, 
             rank = least
             where = f"least loaded rank {rank} ({loads[rank]} in flight)"
         else:
-            rank = first_smallest(tree.pages)
-            where = f"smallest tree rank {rank} ({tree.pages[rank] * page_tokens:,} tokens)"
+            pages: list[int] = tree.pages
+            rank = first_smallest(pages)
+            where = f"smallest tree rank {rank} ({pages[rank] * page_tokens:,} tokens)"
         branch = "cache_miss"
         reason = f"cache_aware: best match {rate:.2f} <= {thr_text}: {where}"
     if holder is not None and holder != rank:  # Tree::prefix_match touched it before the choice

@@ -43,6 +43,7 @@ from typing import Callable
 from tierdiag.config.router import CacheMissRule, RouterConfig, RouterName
 from tierdiag.engine.routing.approx_tree import ApproxTree, cache_aware_decide
 from tierdiag.engine.routing.base import RanksView, RequestView, RouteDecision, Router, least_loaded
+from tierdiag.engine.routing.router_tree import NativeApproxTree, new_tree
 
 
 _new_decision = tuple.__new__
@@ -73,15 +74,16 @@ def is_imbalanced(loads: tuple[int, ...], abs_threshold: int, rel_threshold: flo
 
 class CacheAwareRouter(Router):
     name = RouterName.CACHE_AWARE
-    # route's decision by approx_tree.cache_aware_decide where the tree is an ApproxTree and the
-    # miss rule one of CACHE_MISS_RULES (False: this class's own body, the reference, always)
+    # route's decision by approx_tree.cache_aware_decide where the tree is an ApproxTree (or its C
+    # twin, router_tree.py) and the miss rule one of CACHE_MISS_RULES (False: this class's own
+    # body, the reference, always)
     decide_at_once = True
     follows = ("cache_aware.rs CacheAwarePolicy::select_worker / select_worker_min_load; tree.rs Tree::insert, "
                "prefix_match, evict_tenant_by_size, get_smallest_tenant")
 
     def __init__(self, num_ranks: int, config: RouterConfig) -> None:
         super().__init__(num_ranks, config)
-        self.tree = ApproxTree(num_ranks)
+        self.tree = new_tree(num_ranks)  # the C tree on the compiled data plane, else ApproxTree
         self._miss = CACHE_MISS_RULES[config.router_cache_miss]
         self._interval_ns = int(config.router_eviction_interval_s * 1e9)
         self._next_eviction_ns = self._interval_ns
@@ -114,7 +116,9 @@ class CacheAwareRouter(Router):
         if thr != self._thr:  # (another config put in its place)
             self._thr, self._thr_text = thr, f"{thr:.2f}"
         miss = self._miss
-        if self.decide_at_once and type(tree) is ApproxTree and (miss is _smallest_tree or miss is _min_load):
+        kind = type(tree)
+        if (self.decide_at_once and (kind is NativeApproxTree or kind is ApproxTree)
+                and (miss is _smallest_tree or miss is _min_load)):
             # The rest of this body in one call, compiled with the tree (approx_tree.py; the body
             # below is its reference, tests/engine/test_cache_aware_decide.py holds the two equal)
             return _new_decision(RouteDecision, cache_aware_decide(

@@ -16,6 +16,7 @@
  *   router.c         a deployment's arrival text, every rank's share of the prefix
  *                    (engine/deployment.py: ranks_json), and a rank's plain decode steps
  *                    run ahead (engine/decode.py: decode_steps)
+ *   approx_tree.c    cache_aware's approximate tree as runs (routing/approx_tree.py: RouterTree)
  *
  * The numpy (or Python) implementations beside their owners are the reference and the
  * fallback: tierdiag/native/cplane.py chooses one backend for the process. Every function here
@@ -63,8 +64,10 @@
  *     buffers'; session 24, h41rec7).
  * 20: PageWriter (the storage tier's page writes on a thread of their own; session 25, h41stor12).
  * 21: decode_steps (a rank's plain decode steps run ahead, engine/decode.py; session 26, h41dp11).
- * 22: lru_entry, lru_id (the radix tree's lru heap entries made and read in C; session 27, h41core11). */
-#define CPLANE_API 23
+ * 22: lru_entry, lru_id (the radix tree's lru heap entries made and read in C; session 27, h41core11).
+ * 23: StorageIndex.admit_write (a storage landing write's admit, page write and place in one call; session 28, h41stor15).
+ * 24: RouterTree (cache_aware's approximate tree as runs in C, routing/approx_tree.py; session 28, h41dp13). */
+#define CPLANE_API 24
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256
@@ -166,5 +169,6 @@ CP_HIDDEN extern PyTypeObject cp_FlushTickerType;  /* ticker.c */
 CP_HIDDEN extern PyTypeObject cp_PageKeySetType;   /* keyset.c */
 CP_HIDDEN extern PyTypeObject cp_SlotCoreType;     /* pages.c */
 CP_HIDDEN extern PyTypeObject cp_MapCoreType;      /* pagemap.c */
+CP_HIDDEN extern PyTypeObject cp_RouterTreeType;   /* approx_tree.c */
 
 #endif

@@ -350,7 +350,9 @@ PyInit__cplane(void)
         PyType_Ready(&cp_SlotCoreType) < 0 ||
         PyModule_AddObjectRef(m, "SlotCore", (PyObject *)&cp_SlotCoreType) < 0 ||
         PyType_Ready(&cp_MapCoreType) < 0 ||
-        PyModule_AddObjectRef(m, "MapCore", (PyObject *)&cp_MapCoreType) < 0) {
+        PyModule_AddObjectRef(m, "MapCore", (PyObject *)&cp_MapCoreType) < 0 ||
+        PyType_Ready(&cp_RouterTreeType) < 0 ||
+        PyModule_AddObjectRef(m, "RouterTree", (PyObject *)&cp_RouterTreeType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
