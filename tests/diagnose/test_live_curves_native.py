@@ -85,6 +85,7 @@ def test_dense_ids_past_the_tables_first_sizes(kind):
     assert lc._dense_ids_numpy(twin, lens) == n and twin.tolist() == want
 
 
+@settings(deadline=None)  # a loaded machine's pauses are not the test's subject
 @given(st.sampled_from([([1, 2], [3]), ([1, 2], [1]), ([1, 2], [-1, 3]), ([], [1]), ([5], [])]))
 def test_dense_ids_refuse_lens_that_do_not_add_up(bad):
     keys, lens = (np.array(x, dtype=np.int64) for x in bad)
@@ -188,6 +189,7 @@ hostile_walks = st.sampled_from([
 ])
 
 
+@settings(deadline=None)
 @given(hostile_walks)
 def test_a_malformed_walk_is_refused_by_both_and_leaves_the_stack_as_it_was(bad):
     ids = np.array(bad[0], dtype=np.int32)

@@ -288,10 +288,12 @@ typedef struct {
     PyObject_HEAD
     int32_t *last;    /* each id's latest position (-1: not touched yet; positions stay under 2**30) */
     int64_t ids;
-    int32_t *tree;    /* Fenwick tree over positions 1..cap: 1 at each key's latest touch */
+    int32_t *tree;    /* Fenwick tree over positions 1..cap: 1 at each position a key has left (touched again
+                       * since): every position below n was marked once when touched, so the marks below
+                       * p are p less these; a touch adds no node, only a key's move takes its old one out */
     int64_t cap;      /* a power of two */
     int64_t n;        /* positions used (since the last renumbering: `sd_compact`) */
-    int64_t live;     /* distinct keys touched (each -1 a key of its own): the marks in the tree */
+    int64_t live;     /* distinct keys touched (each -1 a key of its own): the marked positions, n less the tree's */
     int64_t fed;      /* touches fed so far */
 } StackObject;
 
@@ -303,28 +305,24 @@ typedef struct {
 static void sd_compact(StackObject *s) {
     int32_t *t = s->tree;
     int64_t cap = s->cap, n = s->n;
-    /* The tree back to its marks, each node's children taken out again (the build's steps undone,
-     * the highest node first: a node's value is still whole when it is taken out of its parent). */
+    /* The tree back to its positions left, each node's children taken out again (the build's steps
+     * undone, the highest node first: a node's value is still whole when it is taken out of its parent). */
     for (int64_t i = cap; i >= 1; i--) {
         int64_t j = i + (i & -i);
         if (j <= cap) t[j] -= t[i];
     }
-    /* Each position's new number, in place: its rank among the marked ones (-1: not marked). */
+    /* Each position's new number, in place: its rank among the marked ones (-1: left). */
     int32_t k = 0;
-    for (int64_t i = 1; i <= n; i++) t[i] = t[i] ? k++ : -1;
+    for (int64_t i = 1; i <= n; i++) t[i] = t[i] ? -1 : k++;
     for (int64_t id = 0; id < s->ids; id++)
         if (s->last[id] >= 0) s->last[id] = t[s->last[id] + 1];
-    /* The tree of marks at positions 0..k-1, built in O(cap). */
-    for (int64_t i = 1; i <= cap; i++) t[i] = i <= k;
-    for (int64_t i = 1; i <= cap; i++) {
-        int64_t j = i + (i & -i);
-        if (j <= cap) t[j] += t[i];
-    }
+    /* Positions 0..k-1, every one marked: none left. */
+    memset(t + 1, 0, (size_t)cap * sizeof(int32_t));
     s->n = k;
 }
 
 /* Room for positions up to `need`: the tree doubled; the new nodes cover positions not used yet
- * but the top one, whose range is every position: it holds every mark (`live`). */
+ * but the top one, whose range is every position: it holds every position left (n - live). */
 static int sd_grow_tree(StackObject *s, int64_t need) {
     int64_t cap = s->cap;
     while (cap < need) {
@@ -332,7 +330,7 @@ static int sd_grow_tree(StackObject *s, int64_t need) {
         int32_t *t = realloc(s->tree, ((size_t)cap * 2 + 1) * sizeof(int32_t));
         if (!t) return -1;
         memset(t + cap + 1, 0, (size_t)cap * sizeof(int32_t));
-        t[cap * 2] = (int32_t)s->live;
+        t[cap * 2] = (int32_t)(s->n - s->live);
         s->tree = t;
         cap *= 2;
         s->cap = cap;
@@ -395,18 +393,17 @@ static PyObject *sd_run(StackObject *s, const int64_t *ks, const uint8_t *q, con
             if (!q[t]) continue;
             if (p < 0) { out[o++] = -1; continue; }
             if (p >= start) { out[o++] = 0; continue; }  /* earlier in this group */
-            int64_t below = 0;
-            for (int64_t i = p; i > 0; i -= i & -i) below += tr[i];
-            out[o++] = s->live - below;
+            int64_t left = 0; /* positions below p left since: the marks below p are p - left */
+            for (int64_t i = p; i > 0; i -= i & -i) left += tr[i];
+            out[o++] = s->live - (p - left);
         }
-        for (int64_t t = a; t < b; t++) {          /* then touched, in order */
+        for (int64_t t = a; t < b; t++) {          /* then touched, in order: a moved key leaves its place */
             int64_t p = scratch[t];
             if (p >= 0) {
-                for (int64_t i = p + 1; i <= cap; i += i & -i) tr[i] -= 1;
+                for (int64_t i = p + 1; i <= cap; i += i & -i) tr[i] += 1;
             } else {
                 s->live += 1;
             }
-            for (int64_t i = n0 + t + 1; i <= cap; i += i & -i) tr[i] += 1;
         }
         at = b;
     }
