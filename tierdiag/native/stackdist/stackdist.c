@@ -274,7 +274,12 @@ static PyObject *dense_ids(PyObject *self, PyObject *args) {
  * Python twin `StackPython` is the reference). Keys are dense ids, 0 .. ids - 1 (Stack(ids)), or
  * -1 for a key touched once only (an output page); a key's latest position is `last[id]` (32-bit: positions stay under 2**30), so a
  * previous touch is one array read, not a sort of every touch. The Fenwick tree over the positions
- * doubles as they grow: a power-of-two tree keeps its nodes, the new top node holding every mark.
+ * counts the positions keys have left (touched again since), not the keys' marks: every position was
+ * marked when touched, so a touch at the end adds no node and only a moved key's old place is taken
+ * out (issue 41: the mark's walk up from a fresh position, to the tree's top through cold nodes, was
+ * ~45 % of the conversation trace's feed; StackPython keeps the marks, the same answers). It
+ * doubles as the positions grow: a power-of-two tree keeps its nodes, the new top node holding
+ * every position left.
  *
  * feed(ids, query, sizes) -> bytes of int64, one per queried touch, in order: the groups laid end
  * to end (ids int64, query one byte a key, sizes int64: group g is the next sizes[g] keys). Each
