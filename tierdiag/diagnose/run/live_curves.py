@@ -203,7 +203,7 @@ class TraceIndex:
         self.lens = narrow(lens)
         self.n_ids = int(n_ids)
         # The keys' ids, each request's backwards: int32 where they fit (half of a sampled
-        # 1M-request index's keys, issue 41), gathered into the stack's int64 a walk at a time.
+        # 1M-request index's keys, issue 41), read as they are by the compiled `walk`.
         self.rev_ids = np.asarray(rev_ids, dtype=np.int32 if self.n_ids < 2**31 else np.int64)
         n = len(self.seq)
         self.arrival_ns = np.zeros(n, dtype=np.int64) if arrival_ns is None else np.asarray(arrival_ns, dtype=np.int64)
