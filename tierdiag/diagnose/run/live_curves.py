@@ -157,7 +157,8 @@ def walk(stack, rev_ids: np.ndarray, start, lens, looks, outs) -> np.ndarray:
     itself (stackdist.c `walk`: issue 41, the numpy layout a touch at a time was ~0.1 s of the
     conversation trace's pass); this numpy layout is its reference, and StackPython's way."""
     start, lens, looks, outs = (np.ascontiguousarray(a, dtype=np.int64) for a in (start, lens, looks, outs))
-    if not isinstance(stack, StackPython) and rev_ids.dtype == np.int32 and rev_ids.flags.c_contiguous:
+    if (not isinstance(stack, StackPython) and hasattr(stack, "walk") and rev_ids.dtype == np.int32
+            and rev_ids.flags.c_contiguous):
         return np.frombuffer(stack.walk(rev_ids, start, lens, looks, outs), dtype=np.int64)
     if ((lens < 0).any() or (looks < 0).any() or (looks > lens).any() or (outs < 0).any() or (start < 0).any()
             or (start + lens > len(rev_ids)).any()):
@@ -302,7 +303,9 @@ def dense_ids(flat: np.ndarray, lens: np.ndarray) -> int:
         except ImportError:
             pass
         else:
-            return int(_stackdist.dense_ids(flat, np.ascontiguousarray(lens, dtype=np.int64)))
+            made = getattr(_stackdist, "dense_ids", None)  # None: a module built before it (not rebuilt)
+            if made is not None:
+                return int(made(flat, np.ascontiguousarray(lens, dtype=np.int64)))
     return _dense_ids_numpy(flat, lens)
 
 
