@@ -71,6 +71,7 @@ PARTS = [
     ("tierdiag.diagnose.run.live_curves", "LivePass.advance", "live.advance", -1),
     ("tierdiag.diagnose.run.live_curves", "LivePass.watermark", "live.watermark", -1),
     ("tierdiag.diagnose.run.live_curves", "LivePass.done", "live.done", -1),
+    ("tierdiag.diagnose.run.live_curves", "whole_pass", "close.whole_pass", -1),
     ("tierdiag.diagnose.run.live_curves", "release_freed_heap", "trim", -1),
     ("tierdiag.diagnose.run.evidence", "record_run_evidence", "close.evidence", -1),
 ]

@@ -511,22 +511,6 @@ def test_the_rows_are_matched_to_the_index_with_the_loops_checks():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(min_value=-2**63, max_value=2**63 - 1), max_size=60),
-       st.integers(min_value=0, max_value=3), st.booleans())
-def test_sorted_unique_is_np_unique(values, repeat, consume):
-    """live_curves.sorted_unique (the index's distinct keys by a sort: numpy 2's np.unique hashes,
-    ~15-20x slower on page keys) gives np.unique's answer: the distinct values ascending, int64,
-    whatever the input (empty, one value, duplicates, the int64 extremes); `consume` sorts the
-    caller's array in place and answers the same."""
-    keys = np.array(values * (repeat + 1), dtype=np.int64)
-    want = np.unique(keys)
-    got = lc.sorted_unique(keys.copy() if consume else keys.tolist(), consume=consume)
-    assert got.dtype == np.int64 and got.tolist() == want.tolist()
-    twice = np.array(values + values[:1], dtype=np.int64)
-    assert lc.sorted_unique(twice, consume=True).tolist() == np.unique(values).astype(np.int64).tolist()
-
-
-@settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(min_value=-2**63, max_value=2**63 - 1) | st.integers(-2**31 - 2, 2**31 + 1),
                 max_size=40), st.sampled_from([np.int64, np.int32, np.uint8, bool]))
 def test_narrow_keeps_every_value_and_is_int32_only_where_all_fit(values, dtype):

@@ -46,7 +46,6 @@ from __future__ import annotations
 import numpy as np
 
 from tierdiag.diagnose.read.curves import req_hashes
-from tierdiag.diagnose.run.arrays import sorted_unique as _sorted_unique
 # The writer process's freed C heap handed back: the store's writer does too (its rows let go).
 from tierdiag.store.duckdb_core import _TRIM, release_freed_heap  # noqa: F401 - _TRIM: looked up once
 
@@ -151,6 +150,30 @@ def feed(stack, keys: np.ndarray, query: np.ndarray, sizes: np.ndarray) -> np.nd
     return np.frombuffer(stack.feed(keys, query, sizes), dtype=np.int64)
 
 
+def walk(stack, rev_ids: np.ndarray, start, lens, looks, outs) -> np.ndarray:
+    """`feed` of a walk's events, one group each: `outs` fresh output pages (id -1, touched once),
+    then its request's keys `rev_ids[start:start + lens]` (deepest first), the last `looks` of
+    them looked up (a schedule's; a finish looks up none). The compiled stack lays the groups out
+    itself (stackdist.c `walk`: issue 41, the numpy layout a touch at a time was ~0.1 s of the
+    conversation trace's pass); this numpy layout is its reference, and StackPython's way."""
+    start, lens, looks, outs = (np.ascontiguousarray(a, dtype=np.int64) for a in (start, lens, looks, outs))
+    if (not isinstance(stack, StackPython) and hasattr(stack, "walk") and rev_ids.dtype == np.int32
+            and rev_ids.flags.c_contiguous):
+        return np.frombuffer(stack.walk(rev_ids, start, lens, looks, outs), dtype=np.int64)
+    if ((lens < 0).any() or (looks < 0).any() or (looks > lens).any() or (outs < 0).any() or (start < 0).any()
+            or (start + lens > len(rev_ids)).any()):
+        raise ValueError("walk: an event's keys must lie in the ids, 0 <= looks <= lens, outs >= 0")
+    count = outs + lens
+    first = np.cumsum(count) - count
+    j = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+    dest = np.repeat(first + outs, lens) + j
+    tk = np.full(int(count.sum()), -1, dtype=np.int64)
+    tk[dest] = rev_ids[np.repeat(start, lens) + j]
+    tq = np.zeros(len(tk), dtype=bool)
+    tq[dest] = j >= np.repeat(lens - looks, lens)
+    return feed(stack, tk, tq, count)
+
+
 # --------------------------------------------------------------------------- the pass
 
 _NEVER = np.iinfo(np.int64).max
@@ -181,7 +204,7 @@ class TraceIndex:
         self.lens = narrow(lens)
         self.n_ids = int(n_ids)
         # The keys' ids, each request's backwards: int32 where they fit (half of a sampled
-        # 1M-request index's keys, issue 41), gathered into the stack's int64 a walk at a time.
+        # 1M-request index's keys, issue 41), read as they are by the compiled `walk`.
         self.rev_ids = np.asarray(rev_ids, dtype=np.int32 if self.n_ids < 2**31 else np.int64)
         n = len(self.seq)
         self.arrival_ns = np.zeros(n, dtype=np.int64) if arrival_ns is None else np.asarray(arrival_ns, dtype=np.int64)
@@ -228,23 +251,62 @@ class TraceIndex:
         return cls.of_flat(seq, flat, lens, arrival_ns, pred)
 
     @classmethod
-    def of_flat(cls, seq, flat, lens, arrival_ns=None, pred=None, *, consume: bool = False,
-                uniq=None) -> "TraceIndex":
+    def of_flat(cls, seq, flat, lens, arrival_ns=None, pred=None, *, consume: bool = False) -> "TraceIndex":
         """From every request's keys laid end to end (`lens` of each), in trace order. `consume`:
         `flat` (int64, contiguous, the caller's to let go) is written over with the ids; else a
-        copy is. `uniq`: the distinct keys, ascending, where the caller has them."""
+        copy is. The ids: `dense_ids` (each key's number in the order the keys first come)."""
         lens = np.asarray(lens, dtype=np.int64)
         off = np.zeros(len(lens), dtype=np.int64)
         np.cumsum(lens[:-1], out=off[1:])
         usable = (consume and isinstance(flat, np.ndarray) and flat.dtype == np.int64 and flat.flags.c_contiguous
                   and flat.flags.writeable)
         flat = flat if usable else np.array(flat, dtype=np.int64)  # written over with the ids, reversed in place
-        uniq = sorted_unique(flat) if uniq is None else np.asarray(uniq, dtype=np.int64)
-        # The ids (np.unique's return_inverse) and each request's keys backwards, a chunk of
-        # requests at a time over the one array: the writer's memory at 1M requests (issue 41)
-        # held the inverse, its sort and two index arrays of every key besides the keys.
-        _in_chunks(flat, off, lens, lambda part, o, ln: _ids_reversed(part, o, ln, uniq))
-        return cls(seq, off, lens, flat, len(uniq), arrival_ns, pred)
+        n_ids = dense_ids(flat, lens)
+        return cls(seq, off, lens, flat, n_ids, arrival_ns, pred)
+
+
+def _dense_ids_numpy(flat: np.ndarray, lens: np.ndarray) -> int:
+    """The reference of the compiled `dense_ids` (stackdist.c says what it writes): each key
+    written over with its number in the order the distinct keys first come, then each request's
+    ids reversed; returns how many distinct keys. By a stable sort (the first of equal keys is
+    their first), not a dict: numpy's speed where the module is absent."""
+    n = len(flat)
+    lens = np.asarray(lens, dtype=np.int64)
+    if (lens < 0).any() or int(lens.sum()) != n:
+        raise ValueError("dense_ids: keys and lens are int64, lens >= 0 adding up to the keys")
+    if n == 0:
+        return 0
+    order = np.argsort(flat, kind="stable")
+    ordered = flat[order]
+    new = np.r_[True, ordered[1:] != ordered[:-1]]
+    group = np.cumsum(new) - 1  # each sorted key's distinct key, by value
+    first = order[new]  # each distinct key's first place
+    number = np.empty(len(first), dtype=np.int64)
+    number[np.argsort(first, kind="stable")] = np.arange(len(first), dtype=np.int64)
+    flat[order] = number[group]
+    del order, ordered, new, group
+    off = np.cumsum(lens) - lens
+    flat[:] = flat[np.repeat(2 * off + lens - 1, lens) - np.arange(n, dtype=np.int64)]  # each request's backwards
+    return len(first)
+
+
+def dense_ids(flat: np.ndarray, lens: np.ndarray) -> int:
+    """Every key of `flat` (int64, writable, contiguous: the requests' keys end to end, `lens` of
+    each) written over with its dense id, each request's ids reversed (deepest first); returns how
+    many distinct keys. Compiled (stackdist.c: one pass of a hash table, issue 41), or
+    `_dense_ids_numpy` where the module is absent or TIERDIAG_CPLANE is `numpy`."""
+    import os
+
+    if os.environ.get("TIERDIAG_CPLANE", "").strip().lower() != "numpy":
+        try:
+            from tierdiag.native import _stackdist
+        except ImportError:
+            pass
+        else:
+            made = getattr(_stackdist, "dense_ids", None)  # None: a module built before it (not rebuilt)
+            if made is not None:
+                return int(made(flat, np.ascontiguousarray(lens, dtype=np.int64)))
+    return _dense_ids_numpy(flat, lens)
 
 
 def narrow(values) -> np.ndarray:
@@ -257,36 +319,6 @@ def narrow(values) -> np.ndarray:
     if len(a) == 0 or (int(a.min()) >= -2**31 and int(a.max()) < 2**31):
         return a.astype(np.int32)
     return a.astype(np.int64, copy=False)
-
-
-def sorted_unique(keys, *, consume: bool = False) -> np.ndarray:
-    """The page keys' distinct values, int64 ascending (arrays.sorted_unique: numpy 2's plain
-    `np.unique` hashes, ~15-20x slower on keys spread over 64 bits). `consume`: `keys` (an int64
-    array, the caller's to let go) is sorted in place."""
-    return _sorted_unique(keys, consume=consume, dtype=np.int64)
-
-
-_CHUNK = 1 << 20  # keys a chunk of `_in_chunks`
-
-
-def _in_chunks(flat: np.ndarray, off: np.ndarray, lens: np.ndarray, work) -> None:
-    """`work(flat[a:b], off[i:j] - a, lens[i:j])` over runs of whole requests of about _CHUNK keys."""
-    n = len(lens)
-    ends = off + lens
-    i = 0
-    while i < n:
-        a = int(off[i])
-        j = max(int(np.searchsorted(ends, a + _CHUNK, side="right")), i + 1)
-        b = int(ends[j - 1])
-        work(flat[a:b], off[i:j] - a, lens[i:j])
-        i = j
-
-
-def _ids_reversed(part: np.ndarray, off: np.ndarray, lens: np.ndarray, uniq: np.ndarray) -> None:
-    total = len(part)
-    ids = np.searchsorted(uniq, part)
-    rev = np.repeat(2 * off + lens - 1, lens) - np.arange(total, dtype=np.int64)  # each request's keys backwards
-    part[:] = ids[rev]
 
 
 def scaled_arrivals(arrival_ns, time_scale: float) -> np.ndarray:
@@ -454,44 +486,33 @@ class LivePass:
             outs = np.bincount(np.repeat(np.arange(len(req), dtype=np.int64), outs)[kept],
                                minlength=len(req)).astype(np.int64)
             del fresh, kept, before
-        count = outs + ln
-        start = np.cumsum(count) - count
-        total_keys = int(ln.sum())
-        # A group: its fresh output pages (id -1, touched once), then its request's keys deepest
-        # first, those before its last input token looked up where it is a schedule.
-        j = np.arange(total_keys, dtype=np.int64) - np.repeat(np.cumsum(ln) - ln, ln)
-        dest = np.repeat(start + outs, ln) + j
-        tk = np.full(int(count.sum()), -1, dtype=np.int64)
-        tk[dest] = ix.rev_ids[np.repeat(ix.off[req], ln) + j]
-        tq = np.zeros(len(tk), dtype=bool)
-        tq[dest] = np.repeat(is_sched, ln) & (j >= np.repeat(ln - look, ln))
-        del j, dest
+        start = ix.off[req]
+        looks = np.where(is_sched, look, 0)  # an event's lookups: the last `looks` of its keys
         ranks = np.unique(rank).tolist()
         if len(ranks) == 1:
             r = ranks[0]
             stack = self.stacks.get(r)
             if stack is None:
                 stack = self.stacks[r] = new_stack(ix.n_ids)
-            d_rank = feed(stack, tk, tq, count)
+            d_rank = walk(stack, ix.rev_ids, start, ln, looks, outs)
             self.lookup_rank.append((r, len(d_rank)))
             if self.tally is not None:
                 self._tally(d_rank)
         else:
             self.tally = None  # several ranks: the close's own tally, of each lookup's rank
-            lookup_rank = np.repeat(rank, count)[tq]
+            lookup_rank = np.repeat(rank, looks)
             d_rank = np.zeros(len(lookup_rank), dtype=np.int64)
             for r in ranks:
                 stack = self.stacks.get(r)
                 if stack is None:
                     stack = self.stacks[r] = new_stack(ix.n_ids)
                 sel = rank == r
-                touch = np.repeat(sel, count)
-                d_rank[lookup_rank == r] = feed(stack, tk[touch], tq[touch], count[sel])
+                d_rank[lookup_rank == r] = walk(stack, ix.rev_ids, start[sel], ln[sel], looks[sel], outs[sel])
             self.lookup_rank.append(lookup_rank.astype(np.int16) if -2**15 <= min(ranks) and max(ranks) < 2**15
                                     else lookup_rank)
         self.d_rank.append(d_rank.astype(np.int32))
         if self.every is not None:
-            self.d_all.append(feed(self.every, tk, tq, count).astype(np.int32))
+            self.d_all.append(walk(self.every, ix.rev_ids, start, ln, looks, outs).astype(np.int32))
 
     def _tally(self, depths: np.ndarray) -> None:
         self._tallied = None  # counted on: made again when asked

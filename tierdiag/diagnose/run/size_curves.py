@@ -920,11 +920,8 @@ class _Pages:
                      else np.zeros(0, dtype=np.int64))
         keys = [c[0] for c in self.chunks]
         self.chunks = []  # handed over: the index holds the keys from here on
-        # The distinct keys from each chunk's (a chunk's requests share most of their prefixes):
-        # one sort of those, not of every key (issue 41: np.unique of a sampled 200k trace's ~10M
-        # keys held two more arrays of them).
-        uniq = (live_curves.sorted_unique(np.concatenate([live_curves.sorted_unique(k) for k in keys]), consume=True)
-                if keys else np.zeros(0, dtype=np.int64))
+        # Their dense ids made in one pass over them (live_curves.dense_ids: a hash table in C, not a
+        # sort of the distinct keys and a search of every key in them; issue 41).
         flat = np.empty(sum(len(k) for k in keys), dtype=np.int64)
         at = 0
         keys.reverse()
@@ -935,7 +932,7 @@ class _Pages:
         del keys
         index = live_curves.TraceIndex.of_flat(np.frombuffer(self.seq, dtype=np.int64), flat, lens,
                                                np.frombuffer(self.arrival, dtype=np.int64),
-                                               np.frombuffer(self.pred, dtype=np.int32), consume=True, uniq=uniq)
+                                               np.frombuffer(self.pred, dtype=np.int32), consume=True)
         index.lines_are(np.frombuffer(self.line, dtype=np.int32), (),
                         np.frombuffer(self.input_len, dtype=np.int32),
                         hashes=np.frombuffer(self.req_hash, dtype=np.int64))

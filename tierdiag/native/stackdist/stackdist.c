@@ -183,13 +183,103 @@ static PyObject *previous(PyObject *self, PyObject *args) {
 }
 
 
+/* dense_ids(keys, lens) -> the number of distinct keys, d: each key written over with its dense id,
+ * 0 .. d - 1 in the order the keys first come, then each request's ids reversed in place (its keys
+ * are keys[off .. off + lens[i]), the requests end to end; lens int64, adding up to the keys): the
+ * live pass's index (diagnose/run/live_curves.py `dense_ids`, whose numpy `_dense_ids_numpy` is the
+ * reference). One pass with an open-addressing table of the distinct keys (key and id, 16 bytes a
+ * slot, at most 3/4 full), not a sort of the distinct keys and a binary search of every key
+ * in them (issue 41: ~0.18 s of the writer's CPU on the conversation trace's ~1.4M distinct keys).
+ * The ids name keys only to the stack, whose answers do not depend on how they are numbered. */
+typedef struct { int64_t key; int32_t id; int32_t unused; } sd_slot_t; /* a key and its id in one cache line */
+#define SD_AHEAD 16 /* keys ahead whose slot is prefetched */
+
+static PyObject *dense_ids(PyObject *self, PyObject *args) {
+    Py_buffer buf, lbuf;
+    if (!PyArg_ParseTuple(args, "w*y*", &buf, &lbuf)) return NULL;
+    Py_ssize_t n = buf.len / 8, g = lbuf.len / 8;
+    const int64_t *ln = (const int64_t *)lbuf.buf;
+    int64_t *ks = (int64_t *)buf.buf;
+    int64_t total = 0;
+    int bad = buf.len % 8 || lbuf.len % 8;
+    for (Py_ssize_t i = 0; !bad && i < g; i++) {
+        if (ln[i] < 0 || ln[i] > n - total) bad = 1;
+        else total += ln[i];
+    }
+    if (bad || total != n) {
+        PyErr_SetString(PyExc_ValueError, "dense_ids: keys and lens are int64, lens >= 0 adding up to the keys");
+        PyBuffer_Release(&buf); PyBuffer_Release(&lbuf);
+        return NULL;
+    }
+    if (n >= INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "dense_ids: 2**31 keys or more");
+        PyBuffer_Release(&buf); PyBuffer_Release(&lbuf);
+        return NULL;
+    }
+    /* Sized at once for every key distinct, up to 2**22 slots (64 MB), then grown: each growth
+     * places every key again, at random (the conversation trace's 2.3M keys, 1.4M distinct, grew
+     * the table eleven times from 1,024 slots). */
+    int bits = 10, failed = 0;
+    while (bits < 22 && ((size_t)1 << bits) * 3 < (size_t)n * 4) bits++;
+    size_t cap = (size_t)1 << bits;
+    int32_t used = 0;
+    sd_slot_t *tab = malloc(cap * sizeof(sd_slot_t));
+    if (!tab) { PyBuffer_Release(&buf); PyBuffer_Release(&lbuf); return PyErr_NoMemory(); }
+    for (size_t i = 0; i < cap; i++) tab[i].id = -1; /* -1: an empty slot */
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t t = 0; t < n; t++) {
+        if (4 * ((size_t)used + 1) > 3 * cap) { /* grow: twice the slots, every key placed again */
+            size_t ncap = cap * 2;
+            sd_slot_t *ntab = malloc(ncap * sizeof(sd_slot_t));
+            if (!ntab) { failed = 1; break; }
+            for (size_t i = 0; i < ncap; i++) ntab[i].id = -1;
+            for (size_t i = 0; i < cap; i++) {
+                if (tab[i].id < 0) continue;
+                uint64_t j = sd_slot(tab[i].key, bits + 1);
+                while (ntab[j].id >= 0) j = (j + 1) & (ncap - 1);
+                ntab[j] = tab[i];
+            }
+            free(tab);
+            tab = ntab; cap = ncap; bits += 1;
+        }
+        /* The slot of a key a few places ahead asked for now: the table is larger than the caches
+         * (1.4M keys: 32 MB), and a miss's wait is then spent on the keys between. */
+        if (t + SD_AHEAD < n) __builtin_prefetch(&tab[sd_slot(ks[t + SD_AHEAD], bits)]);
+        int64_t key = ks[t];
+        uint64_t j = sd_slot(key, bits);
+        while (tab[j].id >= 0 && tab[j].key != key) j = (j + 1) & (cap - 1);
+        if (tab[j].id < 0) { tab[j].key = key; tab[j].id = used++; }
+        ks[t] = tab[j].id;
+    }
+    if (!failed) {
+        Py_ssize_t a = 0;
+        for (Py_ssize_t i = 0; i < g; i++) { /* each request's ids backwards */
+            for (Py_ssize_t lo = a, hi = a + (Py_ssize_t)ln[i] - 1; lo < hi; lo++, hi--) {
+                int64_t x = ks[lo]; ks[lo] = ks[hi]; ks[hi] = x;
+            }
+            a += (Py_ssize_t)ln[i];
+        }
+    }
+    Py_END_ALLOW_THREADS
+    free(tab);
+    PyBuffer_Release(&buf); PyBuffer_Release(&lbuf);
+    if (failed) return PyErr_NoMemory();
+    return PyLong_FromLong((long)used);
+}
+
+
 /* ------------------------------------------------------------------------------------------------
  * Stack: the same pass fed a group at a time, as the touches come (the close's pass, and the one a
  * writer process runs while the run is recorded: diagnose/run/live_curves.py `new_stack`, whose
  * Python twin `StackPython` is the reference). Keys are dense ids, 0 .. ids - 1 (Stack(ids)), or
  * -1 for a key touched once only (an output page); a key's latest position is `last[id]` (32-bit: positions stay under 2**30), so a
  * previous touch is one array read, not a sort of every touch. The Fenwick tree over the positions
- * doubles as they grow: a power-of-two tree keeps its nodes, the new top node holding every mark.
+ * counts the positions keys have left (touched again since), not the keys' marks: every position was
+ * marked when touched, so a touch at the end adds no node and only a moved key's old place is taken
+ * out (issue 41: the mark's walk up from a fresh position, to the tree's top through cold nodes, was
+ * ~45 % of the conversation trace's feed; StackPython keeps the marks, the same answers). It
+ * doubles as the positions grow: a power-of-two tree keeps its nodes, the new top node holding
+ * every position left.
  *
  * feed(ids, query, sizes) -> bytes of int64, one per queried touch, in order: the groups laid end
  * to end (ids int64, query one byte a key, sizes int64: group g is the next sizes[g] keys). Each
@@ -203,10 +293,12 @@ typedef struct {
     PyObject_HEAD
     int32_t *last;    /* each id's latest position (-1: not touched yet; positions stay under 2**30) */
     int64_t ids;
-    int32_t *tree;    /* Fenwick tree over positions 1..cap: 1 at each key's latest touch */
+    int32_t *tree;    /* Fenwick tree over positions 1..cap: 1 at each position a key has left (touched again
+                       * since): every position below n was marked once when touched, so the marks below
+                       * p are p less these; a touch adds no node, only a key's move takes its old one out */
     int64_t cap;      /* a power of two */
     int64_t n;        /* positions used (since the last renumbering: `sd_compact`) */
-    int64_t live;     /* distinct keys touched (each -1 a key of its own): the marks in the tree */
+    int64_t live;     /* distinct keys touched (each -1 a key of its own): the marked positions, n less the tree's */
     int64_t fed;      /* touches fed so far */
 } StackObject;
 
@@ -218,28 +310,24 @@ typedef struct {
 static void sd_compact(StackObject *s) {
     int32_t *t = s->tree;
     int64_t cap = s->cap, n = s->n;
-    /* The tree back to its marks, each node's children taken out again (the build's steps undone,
-     * the highest node first: a node's value is still whole when it is taken out of its parent). */
+    /* The tree back to its positions left, each node's children taken out again (the build's steps
+     * undone, the highest node first: a node's value is still whole when it is taken out of its parent). */
     for (int64_t i = cap; i >= 1; i--) {
         int64_t j = i + (i & -i);
         if (j <= cap) t[j] -= t[i];
     }
-    /* Each position's new number, in place: its rank among the marked ones (-1: not marked). */
+    /* Each position's new number, in place: its rank among the marked ones (-1: left). */
     int32_t k = 0;
-    for (int64_t i = 1; i <= n; i++) t[i] = t[i] ? k++ : -1;
+    for (int64_t i = 1; i <= n; i++) t[i] = t[i] ? -1 : k++;
     for (int64_t id = 0; id < s->ids; id++)
         if (s->last[id] >= 0) s->last[id] = t[s->last[id] + 1];
-    /* The tree of marks at positions 0..k-1, built in O(cap). */
-    for (int64_t i = 1; i <= cap; i++) t[i] = i <= k;
-    for (int64_t i = 1; i <= cap; i++) {
-        int64_t j = i + (i & -i);
-        if (j <= cap) t[j] += t[i];
-    }
+    /* Positions 0..k-1, every one marked: none left. */
+    memset(t + 1, 0, (size_t)cap * sizeof(int32_t));
     s->n = k;
 }
 
 /* Room for positions up to `need`: the tree doubled; the new nodes cover positions not used yet
- * but the top one, whose range is every position: it holds every mark (`live`). */
+ * but the top one, whose range is every position: it holds every position left (n - live). */
 static int sd_grow_tree(StackObject *s, int64_t need) {
     int64_t cap = s->cap;
     while (cap < need) {
@@ -247,7 +335,7 @@ static int sd_grow_tree(StackObject *s, int64_t need) {
         int32_t *t = realloc(s->tree, ((size_t)cap * 2 + 1) * sizeof(int32_t));
         if (!t) return -1;
         memset(t + cap + 1, 0, (size_t)cap * sizeof(int32_t));
-        t[cap * 2] = (int32_t)s->live;
+        t[cap * 2] = (int32_t)(s->n - s->live);
         s->tree = t;
         cap *= 2;
         s->cap = cap;
@@ -275,12 +363,67 @@ static void stack_dealloc(StackObject *s) {
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
+/* The groups fed (ks, q, sz: m keys in g groups, validated by the caller: sizes add up to m, ids in
+ * [-1, ids)) answered and touched: `feed`'s work, and `walk`'s once it has laid its groups out.
+ * Returns the answers as bytes (`asked` of them), or NULL with the error set. */
+static PyObject *sd_run(StackObject *s, const int64_t *ks, const uint8_t *q, const int64_t *sz, Py_ssize_t g,
+                        Py_ssize_t m, int64_t asked) {
+    if (s->n + m > s->cap) {
+        int64_t need = s->n + m;
+        /* Renumbered first where the ids are few beside the tree (the cost is O(cap + ids)), then
+         * grown only as far as to leave half of it free: renumbered at most once every cap / 2 touches. */
+        if (s->n > s->live && s->ids <= 4 * s->cap) {
+            sd_compact(s);
+            need = s->n + m;
+            if (2 * need > s->cap) need *= 2;
+        }
+        int r = sd_grow_tree(s, need);
+        if (r == -2) { PyErr_SetString(PyExc_OverflowError, "feed: more than 2**30 touches"); return NULL; }
+        if (r < 0) return PyErr_NoMemory();
+    }
+    PyObject *result = PyBytes_FromStringAndSize(NULL, asked * 8);
+    int64_t *scratch = malloc((size_t)(m ? m : 1) * sizeof(int64_t));
+    if (!result || !scratch) { Py_XDECREF(result); free(scratch); if (!PyErr_Occurred()) PyErr_NoMemory(); return NULL; }
+    int64_t *out = (int64_t *)PyBytes_AS_STRING(result);
+    Py_BEGIN_ALLOW_THREADS
+    int32_t *tr = s->tree;
+    int32_t *last = s->last;
+    int64_t cap = s->cap, at = 0, o = 0, n0 = s->n;
+    for (Py_ssize_t k = 0; k < g; k++) {
+        int64_t a = at, b = at + sz[k], start = n0 + a;
+        for (int64_t t = a; t < b; t++) {          /* answers: the stack before the group */
+            int64_t id = ks[t], p = -1;
+            if (id >= 0) { p = last[id]; last[id] = (int32_t)(n0 + t); }
+            scratch[t] = p;
+            if (!q[t]) continue;
+            if (p < 0) { out[o++] = -1; continue; }
+            if (p >= start) { out[o++] = 0; continue; }  /* earlier in this group */
+            int64_t left = 0; /* positions below p left since: the marks below p are p - left */
+            for (int64_t i = p; i > 0; i -= i & -i) left += tr[i];
+            out[o++] = s->live - (p - left);
+        }
+        for (int64_t t = a; t < b; t++) {          /* then touched, in order: a moved key leaves its place */
+            int64_t p = scratch[t];
+            if (p >= 0) {
+                for (int64_t i = p + 1; i <= cap; i += i & -i) tr[i] += 1;
+            } else {
+                s->live += 1;
+            }
+        }
+        at = b;
+    }
+    s->n += m;
+    s->fed += m;
+    Py_END_ALLOW_THREADS
+    free(scratch);
+    return result;
+}
+
 static PyObject *stack_feed(StackObject *s, PyObject *args) {
     Py_buffer keys, query, sizes;
     if (three_buffers(args, &keys, &query, &sizes, "feed: ids and sizes are int64, query one byte a key") < 0)
         return NULL;
     PyObject *result = NULL;
-    int64_t *scratch = NULL;
     Py_ssize_t m = keys.len / 8, g = sizes.len / 8;
     const int64_t *ks = (const int64_t *)keys.buf, *sz = (const int64_t *)sizes.buf;
     const uint8_t *q = (const uint8_t *)query.buf;
@@ -296,64 +439,70 @@ static PyObject *stack_feed(StackObject *s, PyObject *args) {
         if (ks[i] < -1 || ks[i] >= s->ids) { PyErr_SetString(PyExc_ValueError, "feed: an id must be -1 or in [0, ids)"); goto done; }
         asked += q[i] != 0;
     }
-    if (s->n + m > s->cap) {
-        int64_t need = s->n + m;
-        /* Renumbered first where the ids are few beside the tree (the cost is O(cap + ids)), then
-         * grown only as far as to leave half of it free: renumbered at most once every cap / 2 touches. */
-        if (s->n > s->live && s->ids <= 4 * s->cap) {
-            sd_compact(s);
-            need = s->n + m;
-            if (2 * need > s->cap) need *= 2;
-        }
-        int r = sd_grow_tree(s, need);
-        if (r == -2) { PyErr_SetString(PyExc_OverflowError, "feed: more than 2**30 touches"); goto done; }
-        if (r < 0) { PyErr_NoMemory(); goto done; }
-    }
-    result = PyBytes_FromStringAndSize(NULL, asked * 8);
-    scratch = malloc((size_t)(m ? m : 1) * sizeof(int64_t));
-    if (!result || !scratch) { Py_CLEAR(result); if (!PyErr_Occurred()) PyErr_NoMemory(); goto done; }
-    int64_t *out = (int64_t *)PyBytes_AS_STRING(result);
-    Py_BEGIN_ALLOW_THREADS
-    int32_t *tr = s->tree;
-    int32_t *last = s->last;
-    int64_t cap = s->cap, at = 0, o = 0, n0 = s->n;
-    for (Py_ssize_t k = 0; k < g; k++) {
-        int64_t a = at, b = at + sz[k], start = n0 + a;
-        for (int64_t t = a; t < b; t++) {          /* answers: the stack before the group */
-            int64_t id = ks[t], p = -1;
-            if (id >= 0) { p = last[id]; last[id] = (int32_t)(n0 + t); }
-            scratch[t] = p;
-            if (!q[t]) continue;
-            if (p < 0) { out[o++] = -1; continue; }
-            if (p >= start) { out[o++] = 0; continue; }  /* earlier in this group */
-            int64_t below = 0;
-            for (int64_t i = p; i > 0; i -= i & -i) below += tr[i];
-            out[o++] = s->live - below;
-        }
-        for (int64_t t = a; t < b; t++) {          /* then touched, in order */
-            int64_t p = scratch[t];
-            if (p >= 0) {
-                for (int64_t i = p + 1; i <= cap; i += i & -i) tr[i] -= 1;
-            } else {
-                s->live += 1;
-            }
-            for (int64_t i = n0 + t + 1; i <= cap; i += i & -i) tr[i] += 1;
-        }
-        at = b;
-    }
-    s->n += m;
-    s->fed += m;
-    Py_END_ALLOW_THREADS
+    result = sd_run(s, ks, q, sz, g, m, asked);
 done:
-    free(scratch);
     PyBuffer_Release(&keys);
     PyBuffer_Release(&query);
     PyBuffer_Release(&sizes);
     return result;
 }
 
+/* walk(rev_ids, start, lens, looks, outs) -> what `feed` answers for the events' groups, laid out
+ * here rather than by numpy a touch at a time (live_curves.py `walk`, whose numpy layout for
+ * StackPython is the reference; issue 41: ~0.1 s of the writer's live pass on the conversation
+ * trace). rev_ids: int32, the index's keys' ids (each request's deepest first); one event a
+ * group, each of the four int64 arrays one value an event: its request's keys are
+ * rev_ids[start .. start + lens), `outs` fresh output keys (id -1) come first, then those keys,
+ * the last `looks` of them queried (0 <= looks <= lens). */
+static PyObject *stack_walk(StackObject *s, PyObject *args) {
+    Py_buffer ids, start, lens, looks, outs;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*", &ids, &start, &lens, &looks, &outs)) return NULL;
+    PyObject *result = NULL;
+    int64_t *ks = NULL, *sz = NULL;
+    uint8_t *q = NULL;
+    Py_ssize_t g = start.len / 8, r = ids.len / 4;
+    if (ids.len % 4 || start.len % 8 || lens.len != start.len || looks.len != start.len || outs.len != start.len) {
+        PyErr_SetString(PyExc_ValueError, "walk: ids are int32, start, lens, looks and outs int64 an event"); goto done;
+    }
+    const int32_t *rid = (const int32_t *)ids.buf;
+    const int64_t *st = (const int64_t *)start.buf, *ln = (const int64_t *)lens.buf;
+    const int64_t *lk = (const int64_t *)looks.buf, *ou = (const int64_t *)outs.buf;
+    int64_t m = 0, asked = 0;
+    for (Py_ssize_t e = 0; e < g; e++) {
+        if (st[e] < 0 || ln[e] < 0 || st[e] > r || ln[e] > r - st[e] || lk[e] < 0 || lk[e] > ln[e] || ou[e] < 0
+            || ou[e] > ((int64_t)1 << 40) || m > ((int64_t)1 << 40)) {
+            PyErr_SetString(PyExc_ValueError, "walk: an event's keys must lie in the ids, 0 <= looks <= lens, outs >= 0");
+            goto done;
+        }
+        for (int64_t t = st[e]; t < st[e] + ln[e]; t++)
+            if (rid[t] < -1 || rid[t] >= s->ids) { PyErr_SetString(PyExc_ValueError, "walk: an id must be -1 or in [0, ids)"); goto done; }
+        m += ou[e] + ln[e];
+        asked += lk[e];
+    }
+    if (m >= ((int64_t)1 << 31)) { PyErr_SetString(PyExc_OverflowError, "feed: more than 2**30 touches"); goto done; }
+    ks = malloc((size_t)(m ? m : 1) * sizeof(int64_t));
+    q = malloc((size_t)(m ? m : 1));
+    sz = malloc((size_t)(g ? g : 1) * sizeof(int64_t));
+    if (!ks || !q || !sz) { PyErr_NoMemory(); goto done; }
+    int64_t at = 0;
+    for (Py_ssize_t e = 0; e < g; e++) {
+        for (int64_t j = 0; j < ou[e]; j++) { ks[at] = -1; q[at++] = 0; }
+        const int32_t *from = rid + st[e];
+        int64_t n = ln[e], first = n - lk[e];
+        for (int64_t j = 0; j < n; j++) { ks[at] = from[j]; q[at++] = j >= first; }
+        sz[e] = ou[e] + n;
+    }
+    result = sd_run(s, ks, q, sz, g, (Py_ssize_t)m, asked);
+done:
+    free(ks); free(q); free(sz);
+    PyBuffer_Release(&ids); PyBuffer_Release(&start); PyBuffer_Release(&lens);
+    PyBuffer_Release(&looks); PyBuffer_Release(&outs);
+    return result;
+}
+
 static PyMethodDef stack_methods[] = {
     {"feed", (PyCFunction)stack_feed, METH_VARARGS, "Answer and touch groups of keys (see the comment above)."},
+    {"walk", (PyCFunction)stack_walk, METH_VARARGS, "feed the groups of events laid out from the index's ids (see stack_walk)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -383,6 +532,7 @@ static PyTypeObject StackType = {
 static PyMethodDef methods[] = {
     {"depths", depths, METH_VARARGS, "LRU stack depths of grouped touches, written over prev (size_curves.py)."},
     {"previous", previous, METH_VARARGS, "Each touch's key written over with its previous touch's position (size_curves.py)."},
+    {"dense_ids", dense_ids, METH_VARARGS, "Each key written over with its dense id, each request's reversed (live_curves.py)."},
     {NULL, NULL, 0, NULL},
 };
 
