@@ -1,5 +1,5 @@
-"""engine/emitters.py's coded columns (issue 41, session 28): an object column of few values, or of
-runs of one (tiers, actions, request ids), written as a code a row into the int block, the values
+"""engine/emitters.py's coded columns (issue 41, session 28): an object column of few
+values (tiers, actions, kinds, reasons), written as a code a row into the int block, the values
 themselves once a hand-over (`dictionary`; `Columns._code` finds a column's last values by
 identity). Held here, the compiled class and its Python source alike, to the values appended
 (every row's, through columns_of and table_columns), whatever the sequence of values: more
@@ -76,7 +76,7 @@ def test_a_run_of_one_value_is_one_dictionary_entry(module):
     cols = module.EvictionColumns([], _counter())
     want = [_add(cols, i, "device", "demote", "r-9", None) for i in range(1000)]
     hand = cols.take()
-    assert hand["coded"][1] == ["device", "demote", "r-9", None]
+    assert hand["coded"][1] == ["device", "demote"]
     _check(hand, want)
     cols.clear()
     assert cols.dictionary == [] and cols.take()["coded"][1] == []

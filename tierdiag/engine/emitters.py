@@ -30,10 +30,8 @@ class Emitters:
     """One attribute a kind of events.EMITTED (each its emitter or None), `tick` and `request`."""
 
     def __init__(self, probe: Any) -> None:
-        # A recorder that hands its rows over encoded takes these tables' rows as columns
-        # (`Columns`: one a probe and table, made by the first Emitters that asks; None for any
-        # other probe), and the table's emitter below is then that buffer's `append` (its other
-        # rows: rejections, events built by a probe's `emit`)
+        # A recorder that hands its rows over encoded takes these tables' rows as columns (`Columns`,
+        # one a probe and table; None for any other probe); the table's emitter is then its `append`
         adopt = getattr(probe, "adopt_columns", None) if probe is not None else None
         self.request_columns: Optional[RequestColumns] = None
         self.eviction_columns: Optional[EvictionColumns] = None
@@ -67,16 +65,12 @@ class Emitters:
 
 
 # The columnar buffers: a table's rows written by the compiled engine, its values unboxed (issue
-# 41, session 24: a row as a tuple of boxed ints, encoded by the C row buffer and freed, was most
-# of a row's cost: ~14k instructions a request record, ~2.5k an eviction). The columns by how
-# they travel: an int64 each (*_INT_COLUMNS: a row's ints into one librt `vec[i64]`, a packed
-# vector, native in compiled code: an int is written with no object made), an object each
-# (*_OBJECT_COLUMNS: strings and Optional values; *_CODED of them as codes, the others set as they
-# are), a group of columns as one tuple a row (*_TUPLE_COLUMNS: a request's Route), and constants.
-
-# The rows a columnar buffer has room for at first (it doubles when full: `Columns._room`).
+# 41, session 24), each column as it travels: an int64 (*_INT_COLUMNS, into one librt `vec[i64]`),
+# an object (*_OBJECT_COLUMNS: *_CODED ones as codes, the others set as they are), a group of
+# columns as one tuple a row (*_TUPLE_COLUMNS: a request's Route), and constants.
+# The rows a columnar buffer has room for at first (it doubles when full: `Columns._room`); a coded
+# column's last values kept with their codes (`Columns._code`), and what none of them is
 _FIRST_ROWS: Final = 256
-# A coded column's last values kept with their codes (`Columns._code`), and what none of them is
 _RECENT: Final = 4
 _NOTHING: Final = object()
 
@@ -97,8 +91,8 @@ class Columns:
     block is reused after a take. A row is kept whole or not at all: `n` moves only after every
     value is written, the objects after the ints, which alone can refuse a value (compiled, an
     i64 parameter is converted where it is passed; the twin's vec refuses it at its item set).
-    A coded column (*_CODED: an object column of few values, or of runs of one: tiers, actions,
-    a cause's request id) is an int in the block, an index into `dictionary`, the values met
+    A coded column (*_CODED: an object column of few values: tiers, actions, kinds, reasons)
+    is an int in the block, an index into `dictionary`, the values met
     since the last take (`_code`: the column's last _RECENT values found by identity, a new one
     appended): a hand-over pickles each value once, not a reference a row, and the writer makes
     its Arrow strings from the codes in numpy (issue 41, session 28).
@@ -177,9 +171,8 @@ class Columns:
         """Room for more rows (the typed add's, when `n` reached `cap`): the block and the object
         columns made twice as long (at first _FIRST_ROWS rows), the rows kept."""
         if self.cap > 0:
-            # doubled by extending the block with itself: the new half's values are the old rows'
-            # until written (never read: `n` says which rows are kept), and no zeroed vec is
-            # made and copied for it (which was most of the growth's cost)
+            # doubled by extending the block with itself (the new half never read before it is
+            # written: `n` says which rows are kept), no zeroed vec made and copied for it
             cap = self.cap * 2
             self.block = extend(self.block, self.block)
         else:
@@ -191,8 +184,7 @@ class Columns:
         self.cap = cap
 
     def append(self, row: tuple) -> None:
-        """Any other row of the table (a tuple of its event's fields, in order): into the
-        recorder's buffer, after the column rows appended so far."""
+        """Any other row of the table (its event's fields): into the recorder's buffer, in turn."""
         self.rows.append(row)
         self.at = append(self.at, self.n)
 
@@ -218,18 +210,17 @@ class Columns:
                "tuples": tuple((fields, taken[attr]) for fields, attr in tuples),
                "at": bytes(memoryview(self.at)), "rows": other}
         self._objects_empty()
-        self._codes_empty()
         self._emptied()
         return out
 
     def clear(self) -> None:
         if self.n:
             self._objects_empty()  # no row's objects held past the rows
-        self._codes_empty()
         self._emptied()
 
     def _emptied(self) -> None:
-        """No rows (the block and the object columns' room kept)."""
+        """No rows (the block and the object columns' room kept), no codes."""
+        self._codes_empty()
         self.rows.clear()
         self.counter[0] -= self.n
         self.n = 0
@@ -261,7 +252,7 @@ EVICTION_INT_COLUMNS: Final = (
     "node_hit_count", "node_last_access_ns", "dp_rank",)
 EVICTION_OBJECT_COLUMNS: Final = (
     "tier", "action", "cause_req_id", "owner_req_id",)
-EVICTION_CODED: Final = EVICTION_OBJECT_COLUMNS
+EVICTION_CODED: Final = ("tier", "action")
 EVICTION_CONSTANTS: Final = ()
 
 POOL_SAMPLE_INT_COLUMNS: Final = (
@@ -276,7 +267,7 @@ TRANSFER_INT_COLUMNS: Final = (
     "wall_ns", "dp_rank",)
 TRANSFER_OBJECT_COLUMNS: Final = (
     "kind", "req_id", "verified",)
-TRANSFER_CODED: Final = TRANSFER_OBJECT_COLUMNS
+TRANSFER_CODED: Final = ("kind", "verified")
 TRANSFER_CONSTANTS: Final = ()
 
 BATCH_INT_COLUMNS: Final = (
@@ -388,8 +379,11 @@ class RequestColumns(Columns):
 class EvictionColumns(Columns):
     """An eviction's row (CacheController.record_eviction), a column each."""
 
+    o_cause_req_id: list[object]
+    o_owner_req_id: list[object]
+
     def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple, tuple[str, ...]]:
-        return EVICTION_INT_COLUMNS, (), EVICTION_CONSTANTS, (), EVICTION_CODED
+        return EVICTION_INT_COLUMNS, ("cause_req_id", "owner_req_id"), EVICTION_CONSTANTS, (), EVICTION_CODED
 
     def add(self,
             eviction_id: i64, t_ns: i64, tier: object, node_id: i64, tokens: i64, action: object,
@@ -400,7 +394,7 @@ class EvictionColumns(Columns):
         if k == self.cap:
             self._room()
         b = self.block
-        p: i64 = k * 14
+        p: i64 = k * 12
         b[p] = eviction_id
         b[p + 1] = t_ns
         b[p + 2] = node_id
@@ -413,8 +407,8 @@ class EvictionColumns(Columns):
         b[p + 9] = dp_rank
         b[p + 10] = self._code(0, tier)
         b[p + 11] = self._code(4, action)
-        b[p + 12] = self._code(8, cause_req_id)
-        b[p + 13] = self._code(12, owner_req_id)
+        self.o_cause_req_id[k] = cause_req_id
+        self.o_owner_req_id[k] = owner_req_id
         self.n = k + 1
         self.counter[0] += 1
 
@@ -444,8 +438,10 @@ class PoolSampleColumns(Columns):
 class TransferColumns(Columns):
     """A transfer's row (CacheController's copies between tiers), a column each."""
 
+    o_req_id: list[object]
+
     def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple, tuple[str, ...]]:
-        return TRANSFER_INT_COLUMNS, (), TRANSFER_CONSTANTS, (), TRANSFER_CODED
+        return TRANSFER_INT_COLUMNS, ("req_id",), TRANSFER_CONSTANTS, (), TRANSFER_CODED
 
     def add(self,
             transfer_id: i64, t_start_ns: i64, t_end_ns: i64, kind: object, req_id: object, pages: i64,
@@ -456,7 +452,7 @@ class TransferColumns(Columns):
         if k == self.cap:
             self._room()
         b = self.block
-        p: i64 = k * 13
+        p: i64 = k * 12
         b[p] = transfer_id
         b[p + 1] = t_start_ns
         b[p + 2] = t_end_ns
@@ -468,14 +464,13 @@ class TransferColumns(Columns):
         b[p + 8] = wall_ns
         b[p + 9] = dp_rank
         b[p + 10] = self._code(0, kind)
-        b[p + 11] = self._code(4, req_id)
-        b[p + 12] = self._code(8, verified)
+        b[p + 11] = self._code(4, verified)
+        self.o_req_id[k] = req_id
         self.n = k + 1
         self.counter[0] += 1
 
 class BatchColumns(Columns):
     """A prefill batch's row (Admission's batch run), a column each."""
-
 
     def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple, tuple[str, ...]]:
         return BATCH_INT_COLUMNS, BATCH_OBJECT_COLUMNS, BATCH_CONSTANTS, (), ()

@@ -115,36 +115,40 @@ def _columnar(table: str, fields: tuple[str, ...], hand: dict) -> dict[str, Any]
 
 def coded_column(table: str, col: str, codes: np.ndarray, dictionary: list) -> Any:
     """A coded column (engine/emitters.py's Columns: an index a row into the hand-over's
-    dictionary) as its values: a VARCHAR column of str (or None) values the Arrow string array
-    made from the codes in numpy (each row's UTF-8 bytes gathered from the dictionary's, no
-    Python object a row), any other the Python values, which arrow_column converts (and
-    refuses) as it always did. A code outside the dictionary is a ValueError naming the column."""
+    dictionary) as its values: a VARCHAR column the Arrow string array gathered from the
+    dictionary's own (pa.array of the dictionary, as arrow_column would make each value; each
+    row's offsets and UTF-8 bytes taken by its code in numpy: no Python object a row), any other
+    column, or a dictionary pa.array refuses (a lone surrogate, a value that is no text), the
+    Python values, which arrow_column converts (and refuses) as it always did. A code outside
+    the dictionary is a ValueError naming the column."""
     n = len(codes)
     k = len(dictionary)
     if n and (int(codes.min()) < 0 or int(codes.max()) >= k):
         raise ValueError(f"{table}.{col}: a columnar hand-over's codes are not its dictionary's {k}")
-    if TABLES.get(table, {}).get(col) == "VARCHAR" and all(v is None or isinstance(v, str) for v in dictionary):
+    if TABLES.get(table, {}).get(col) == "VARCHAR" and n:
         try:
-            words = [b"" if v is None else str.encode(v) for v in dictionary]
-        except UnicodeEncodeError:  # (a lone surrogate: pa.array's own refusal, below)
-            words = None
+            words = pa.array(dictionary, type=pa.string())
+        except (pa.ArrowException, UnicodeEncodeError, TypeError, ValueError, OverflowError):
+            words = None  # refused as arrow_column refuses the rows' values (below)
         if words is not None:
-            lens = np.fromiter(map(len, words), dtype=np.int64, count=k)
-            row_lens = lens[codes]
+            _, word_offsets, chars = words.buffers()
+            at = np.frombuffer(word_offsets, dtype=np.int32, count=k + 1).astype(np.int64)
+            row_lens = (at[1:] - at[:-1])[codes]
             offsets = np.zeros(n + 1, dtype=np.int64)
             np.cumsum(row_lens, out=offsets[1:])
             total = int(offsets[-1])
             if total < 2**31:
-                starts = np.zeros(k, dtype=np.int64)
-                np.cumsum(lens[:-1], out=starts[1:])
-                # each row's bytes: its value's place in the dictionary's bytes, byte by byte
-                at = np.arange(total, dtype=np.int64) + np.repeat(starts[codes] - offsets[:-1], row_lens)
-                chars = np.frombuffer(b"".join(words), dtype=np.uint8)[at]
-                null = np.fromiter((v is None for v in dictionary), dtype=bool, count=k)[codes]
-                nulls = int(null.sum())
-                valid = pa.py_buffer(np.packbits(~null, bitorder="little")) if nulls else None
+                # each row's bytes: its value's bytes in the dictionary's, byte by byte
+                take = np.arange(total, dtype=np.int64) + np.repeat(at[:-1][codes] - offsets[:-1], row_lens)
+                data = np.frombuffer(chars, dtype=np.uint8)[take] if total else np.zeros(0, dtype=np.uint8)
+                nulls = 0
+                valid = None
+                if words.null_count:
+                    null = ~_valid_chunk(words)[codes]
+                    nulls = int(null.sum())
+                    valid = pa.py_buffer(np.packbits(~null, bitorder="little")) if nulls else None
                 return pa.Array.from_buffers(pa.string(), n, [valid, pa.py_buffer(offsets.astype(np.int32)),
-                                                               pa.py_buffer(chars)], null_count=nulls)
+                                                               pa.py_buffer(data)], null_count=nulls)
     return [dictionary[c] for c in codes.tolist()]
 
 
