@@ -17,7 +17,7 @@ Modes (the probe the engine is given):
            table_columns) on this thread: the inline writer's cost short of DuckDB
 The engine process's hand-over, one step further each (issue 41's probe overhead split; each
 hands over every BATCH_ROWS rows, as the replay's writer process is handed them):
-  pickle   the Recorder, each hand-over pickled as store/frames.py's `send_frame` does
+  pickle   the Recorder, each hand-over pickled as store/frames.py's `send_frame` does (`encode`)
   pipe     ... `send_frame` into a pipe that a `cat > /dev/null` child drains: what
            WriterProcess.append_rows costs the engine's process, short of its `select` poll
   writer   ... the replay's real writer process (a fresh store in a temporary folder) making
@@ -116,8 +116,12 @@ def _handover_probe(mode: str):
     from tierdiag.store.writer_process import BATCH_ROWS, WriterProcess
 
     if mode == "pickle":
-        return Recorder(rows_sink=lambda tables: pickle.dumps(("row_tuples", tables), protocol=pickle.HIGHEST_PROTOCOL),
-                        flush_rows=BATCH_ROWS)
+        try:  # the frame as send_frame makes it (its int blocks out of band: session 28's frames)
+            from tierdiag.store.frames import encode, out_of_band
+        except ImportError:  # a checkout from before: one pickle, everything in it
+            return Recorder(rows_sink=lambda tables: pickle.dumps(("row_tuples", tables), protocol=pickle.HIGHEST_PROTOCOL),
+                            flush_rows=BATCH_ROWS)
+        return Recorder(rows_sink=lambda tables: encode(("row_tuples", out_of_band(tables))), flush_rows=BATCH_ROWS)
     if mode == "pipe":
         drain = sp.Popen(["cat"], stdin=sp.PIPE, stdout=sp.DEVNULL)
         fd = drain.stdin.fileno()

@@ -1,7 +1,8 @@
 """The columnar hand-over's two ends (issue 41, probe overhead: h41rec8), a checkout against
 another: the engine's side of each flush (the columnar buffers' `take()` and the frame's pickle,
 as WriterProcess.append_rows sends it) and the writer's side (the frame unpickled and made Arrow
-columns by store/columns.py's `table_columns`, as writer_serve.py does), in CPU seconds of one
+columns by store/columns.py's `table_columns` and `arrow_column`, as writer_serve.py and
+RunWriter.take do), in CPU seconds of one
 process, rounds interleaved, medians.
 
     .venv/bin/python benchmarks/handover_columns.py [--trace FILE] [--requests N] [--repeats 5]
@@ -11,7 +12,8 @@ Each round runs, for each checkout (this one; --baseline DIR, a checkout built i
 process that replays the trace through `Engine.run` with a rows-sink Recorder flushing every
 BATCH_ROWS rows (the replay's writer process cadence) whose sink pickles each hand-over and keeps
 the bytes; the flushes' CPU (take + pickle) is summed inside it. Then, in the same process, every
-kept frame is unpickled and decoded by `table_columns`, summed. Printed: a table of medians.
+kept frame is unpickled, decoded by `table_columns` and each column made its Arrow array
+(`arrow_column`, as RunWriter.take does), summed. Printed: a table of medians.
 The engine's own rows (the columns' appends) are not in either number: benchmarks/core.py
 --instructions counts those.
 """
@@ -36,7 +38,7 @@ from tierdiag.config.engine import EngineConfig
 from tierdiag.engine import compiled
 from tierdiag.engine.engine import Engine
 from tierdiag.probes.recorder import Recorder
-from tierdiag.store.columns import table_columns
+from tierdiag.store.columns import arrow_column, table_columns
 from tierdiag.store.writer_process import BATCH_ROWS
 from tierdiag.trace.reader import ReadReport, read_trace
 
@@ -47,8 +49,16 @@ gc.set_threshold(50_000, 20, 100)
 frames, spent = [], [0.0]
 probe = None
 
+try:  # the frame as send_frame makes it, read back as writer_serve does (session 28's frames)
+    from tierdiag.store.frames import encode, loads, out_of_band
+except ImportError:  # a checkout from before: one pickle
+    encode = None
+
 def sink(tables):
-    frames.append(pickle.dumps(("row_tuples", tables), protocol=pickle.HIGHEST_PROTOCOL))
+    if encode is None:
+        frames.append(pickle.dumps(("row_tuples", tables), protocol=pickle.HIGHEST_PROTOCOL))
+    else:
+        frames.append(encode(("row_tuples", out_of_band(tables))))
 
 class Timed(Recorder):
     def flush(self):
@@ -60,11 +70,15 @@ probe = Timed(rows_sink=sink, flush_rows=BATCH_ROWS)
 with tempfile.TemporaryDirectory() as storage:
     Engine(cfg, probe=probe, storage_dir=storage).run(reqs)
     probe.flush()
+if encode is not None:  # each frame's body as the writer's reader thread reads it off the pipe
+    frames = [bytearray(b"".join(parts))[8:] for parts in frames]
 t = time.process_time()
 for data in frames:
-    _, tables = pickle.loads(data)
+    _, tables = pickle.loads(data) if encode is None else loads(data)
     for table, (fields, rows) in tables.items():
-        table_columns(table, fields, rows)
+        cols = table_columns(table, fields, rows)
+        for col, values in cols.items():  # made Arrow arrays as RunWriter.take makes them
+            arrow_column(table, col, values)
 writer = time.process_time() - t
 print(json.dumps({{"engine_flush_s": spent[0], "writer_decode_s": writer, "frames": len(frames),
                   "frame_bytes": sum(map(len, frames)), "core": compiled.describe()["mode"]}}))
@@ -97,7 +111,7 @@ def main() -> None:
             got[name].append(run(code, a.trace.resolve(), a.requests))
     print(f"{a.trace.name}{f' [:{a.requests}]' if a.requests else ''}: medians of {a.repeats} interleaved rounds, "
           f"load average {os.getloadavg()[0]:.1f}")
-    print("| code | engine: flushes (take + pickle) | writer: unpickle + table_columns | frames | bytes |")
+    print("| code | engine: flushes (take + pickle) | writer: unpickle + table_columns + arrow_column | frames | bytes |")
     print("|---|---|---|---|---|")
     for name, rows in got.items():
         med = {k: statistics.median(r[k] for r in rows) for k in ("engine_flush_s", "writer_decode_s", "frame_bytes")}

@@ -128,6 +128,8 @@ def _inbox_stats():
 def _cpu_patch(module):
     if _ROLE_IS_WRITER and module.__name__ == "tierdiag.store.writer_serve":
         module.pickle = _PickleShim()
+        if hasattr(module, "loads"):  # (session 28: frames.loads, out-of-band buffers) its own unpickling
+            module.loads = _cpu_wrap(module.loads, "unpickle", -1)
         _ib = getattr(module, "Inbox", None)
         if _ib is not None:
             _ib_init = _ib.__init__

@@ -198,7 +198,7 @@ def test_rows_past_the_first_room_grow_the_block_and_come_back_whole(module):
                 want.append(other)
         assert cols.cap >= cols.n >= batch and len(cols) == len(want)
         _check_take(cols.take(), "evictions", ev.Eviction._fields, want)
-        assert cols.n == 0 and cols.counter[0] == 0 and all(v is None for v in cols.o_tier)
+        assert cols.n == 0 and cols.counter[0] == 0 and cols.dictionary == []
         want = []
 
 

@@ -30,10 +30,8 @@ class Emitters:
     """One attribute a kind of events.EMITTED (each its emitter or None), `tick` and `request`."""
 
     def __init__(self, probe: Any) -> None:
-        # A recorder that hands its rows over encoded takes these tables' rows as columns
-        # (`Columns`: one a probe and table, made by the first Emitters that asks; None for any
-        # other probe), and the table's emitter below is then that buffer's `append` (its other
-        # rows: rejections, events built by a probe's `emit`)
+        # A recorder that hands its rows over encoded takes these tables' rows as columns (`Columns`,
+        # one a probe and table; None for any other probe); the table's emitter is then its `append`
         adopt = getattr(probe, "adopt_columns", None) if probe is not None else None
         self.request_columns: Optional[RequestColumns] = None
         self.eviction_columns: Optional[EvictionColumns] = None
@@ -67,49 +65,46 @@ class Emitters:
 
 
 # The columnar buffers: a table's rows written by the compiled engine, its values unboxed (issue
-# 41, session 24: a row as a tuple of boxed ints, encoded by the C row buffer and freed, was most
-# of a row's cost: ~14k instructions a request record, ~2.5k an eviction). The columns by how
-# they travel: an int64 each (*_INT_COLUMNS: a row's ints into one librt `vec[i64]`, a packed
-# vector, native in compiled code: an int is written with no object made), an object each
-# (*_OBJECT_COLUMNS: strings and Optional values, objects already: set as they are), a group of
+# 41, session 24), each column as it travels: an int64 (*_INT_COLUMNS, into one librt `vec[i64]`),
+# an object (*_OBJECT_COLUMNS: *_CODED ones as codes, the others set as they are), a group of
 # columns as one tuple a row (*_TUPLE_COLUMNS: a request's Route), and constants.
-
-# The rows a columnar buffer has room for at first (it doubles when full: `Columns._room`).
+# The rows a columnar buffer has room for at first (it doubles when full: `Columns._room`); a coded
+# column's last values kept with their codes (`Columns._code`), and what none of them is
 _FIRST_ROWS: Final = 256
+_RECENT: Final = 4
+_NOTHING: Final = object()
 
 
 class Columns:
     """A table's buffer where the probe is a recorder handing its rows over encoded (its
-    `adopt_columns`: one a probe and table, made by the first Emitters that asks): rows
-    appended by the subclass's typed method (`finished` / `add`, called by the compiled engine
-    with its values unboxed), any other row of the table (a rejected request's, an event a
-    probe's `emit` was handed) as a tuple into the recorder's own buffer (`rows`), its place
-    among the others kept (`at`: the column rows before it). `counter` (a vec of one int64,
-    shared by a recorder's columnar buffers) is their column rows in all, kept as they are
-    appended and taken: the recorder's ticker reads it in place (_cplane.FlushTicker, through a
-    memoryview), where each buffer's len() was a call through mypyc's slot.
+    `adopt_columns`: one a probe and table): rows appended by the subclass's typed method
+    (`finished` / `add`, called by the compiled engine with its values unboxed), any other row
+    of the table (a rejected request's, an event a probe's `emit` was handed) as a tuple into
+    the recorder's own buffer (`rows`), its place among the others kept (`at`: the column rows
+    before it). `counter` (a vec of one int64 shared by a recorder's columnar buffers, which
+    its ticker reads in place) is their column rows in all.
 
     The ints of a row go into one librt `vec[i64]`, `block`, row after row (`width` ints a row,
-    room for `cap` rows), each written by index: compiled, a vec's item set is inlined (a bounds
-    check and a store, ~8 instructions), where an append a column was a call into librt's
-    `VecI64Api.append` and the column's read and write back (~50 instructions an int; a finished
-    request's 49 ints ~2.5k, issue 41 session 25). The object columns are lists made `cap` long
-    and set by index too (no list growth a row). The block and lists grow together, doubled
-    (`_room`), only when `n` reaches `cap`, and the block is reused after a take. A row is kept
-    whole or not at all: `n` (the rows kept) moves only after every value is written, and the
-    object columns are set after the ints, which alone can refuse a value (compiled, an i64
-    parameter is converted where it is passed; the Python twin's vec refuses a value past int64
-    or no int at its item set, before `n` moves).
+    room for `cap` rows), each written by index (compiled: a bounds check and a store, ~8
+    instructions; issue 41 session 25). The object columns are lists made `cap` long, set by
+    index. The block and lists grow together, doubled (`_room`), when `n` reaches `cap`; the
+    block is reused after a take. A row is kept whole or not at all: `n` moves only after every
+    value is written, the objects after the ints, which alone can refuse a value (compiled, an
+    i64 parameter is converted where it is passed; the twin's vec refuses it at its item set).
+    A coded column (*_CODED: an object column of few values: tiers, actions, kinds, reasons)
+    is an int in the block, an index into `dictionary`, the values met
+    since the last take (`_code`: the column's last _RECENT values found by identity, a new one
+    appended): a hand-over pickles each value once, not a reference a row, and the writer makes
+    its Arrow strings from the codes in numpy (issue 41, session 28).
 
     `take()` hands the lot over as one dict, and the buffer is empty again: {"n": column rows,
-    "ints": (int column names, their values as int64 bytes row after row, the machine's order:
-    both processes run on it), "objects": {column: list}, "constants": ((column, value), ...),
-    "tuples": ((columns, list of tuples), ...), "at": int64 bytes (each other row's place:
-    column rows before it), "rows": the other rows as the recorder's buffer takes them (a list
-    of tuples, or RowBuffer.take()'s)}, which store/columns.py's `table_columns` turns into the
-    table's Arrow columns and probes/recorder.py's `columns_of` into Python values, the rows in
-    the order appended. Compiled with the engine core; the Python source (librt.vecs works
-    interpreted too) is its twin."""
+    "ints": (int column names then coded ones, their values as int64 bytes row after row, the
+    machine's order), "coded": (coded column names, dictionary), "objects": {column: list},
+    "constants": ((column, value), ...), "tuples": ((columns, list of tuples), ...), "at": int64
+    bytes (each other row's place), "rows": the other rows as the recorder's buffer takes them},
+    which store/columns.py's `table_columns` turns into the table's Arrow columns and
+    probes/recorder.py's `columns_of` into Python values, in the order appended. Compiled with
+    the engine core; the Python source (librt.vecs works interpreted too) is its twin."""
 
     rows: Any
     n: i64
@@ -118,27 +113,53 @@ class Columns:
     block: vec[i64]
     at: vec[i64]
     counter: vec[i64]
+    dictionary: list[object]
+    recent: list[object]
+    recent_codes: vec[i64]
 
     def __init__(self, rows: Any, counter: vec[i64]) -> None:
         self.rows = rows
         self.counter = counter
         self.n = 0
         self.cap = 0
-        self.width = len(self._layout()[0])
+        ints, _, _, _, coded = self._layout()
+        self.width = len(ints) + len(coded)
         self.block = vec[i64]()
         self.at = vec[i64]()
+        self.recent_codes = vec[i64]([0] * (_RECENT * len(coded)))
         self._objects_empty()
+        self._codes_empty()
 
-    def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple]:
+    def _codes_empty(self) -> None:
+        self.dictionary = []
+        self.recent = [_NOTHING] * (_RECENT * len(self._layout()[4]))
+
+    def _code(self, at: i64, value: object) -> i64:
+        """`value`'s code in a coded column whose last values are kept from `at` in `recent`: a
+        value met there (by identity) its code, else the next code (the dictionary appended)."""
+        recent = self.recent
+        i: i64 = at
+        while i < at + _RECENT:
+            if recent[i] is value:
+                return self.recent_codes[i]
+            i += 1
+        code: i64 = len(self.dictionary)
+        self.dictionary.append(value)
+        i = at + (code & (_RECENT - 1))  # the slots taken in turn
+        recent[i] = value
+        self.recent_codes[i] = code
+        return code
+
+    def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple, tuple[str, ...]]:
         """The subclass's columns: (int columns, in `block`'s rows in this order; object columns,
         in `o_NAME` lists; the constants of its rows; ((tuple's columns, attribute), ...): columns
-        that travel as one tuple a row, in that attribute's list). Its typed `add` writes them by
-        place and name (the hot path); growing, emptying and handing over (once a flush, or
-        when full) go by these names."""
-        return (), (), (), ()
+        that travel as one tuple a row, in that attribute's list; coded columns, their codes in
+        `block`'s rows after the ints). Its typed `add` writes them by place and name (the hot
+        path); growing, emptying and handing over (once a flush, or when full) go by these names."""
+        return (), (), (), (), ()
 
     def _object_attrs(self) -> list[str]:
-        _, objects, _, tuples = self._layout()
+        _, objects, _, tuples, _ = self._layout()
         return ["o_" + name for name in objects] + [attr for _, attr in tuples]
 
     def _objects_empty(self) -> None:
@@ -150,9 +171,8 @@ class Columns:
         """Room for more rows (the typed add's, when `n` reached `cap`): the block and the object
         columns made twice as long (at first _FIRST_ROWS rows), the rows kept."""
         if self.cap > 0:
-            # doubled by extending the block with itself: the new half's values are the old rows'
-            # until written (never read: `n` says which rows are kept), and no zeroed vec is
-            # made and copied for it (which was most of the growth's cost)
+            # doubled by extending the block with itself (the new half never read before it is
+            # written: `n` says which rows are kept), no zeroed vec made and copied for it
             cap = self.cap * 2
             self.block = extend(self.block, self.block)
         else:
@@ -164,8 +184,7 @@ class Columns:
         self.cap = cap
 
     def append(self, row: tuple) -> None:
-        """Any other row of the table (a tuple of its event's fields, in order): into the
-        recorder's buffer, after the column rows appended so far."""
+        """Any other row of the table (its event's fields): into the recorder's buffer, in turn."""
         self.rows.append(row)
         self.at = append(self.at, self.n)
 
@@ -178,14 +197,15 @@ class Columns:
         if isinstance(rows, list):
             rows.clear()
         n = self.n
-        ints, objects, constants, tuples = self._layout()
+        ints, objects, constants, tuples, coded = self._layout()
         # the object columns handed over as they are (cut to the rows kept), fresh ones in their place
         taken: dict[str, list] = {}
         for attr in self._object_attrs():
             column: list = getattr(self, attr)
             del column[n:]
             taken[attr] = column
-        out = {"n": n, "ints": (ints, memoryview(self.block)[:n * self.width].tobytes()),
+        out = {"n": n, "ints": (ints + coded, memoryview(self.block)[:n * self.width].tobytes()),
+               "coded": (coded, self.dictionary),
                "objects": {name: taken["o_" + name] for name in objects}, "constants": constants,
                "tuples": tuple((fields, taken[attr]) for fields, attr in tuples),
                "at": bytes(memoryview(self.at)), "rows": other}
@@ -199,7 +219,8 @@ class Columns:
         self._emptied()
 
     def _emptied(self) -> None:
-        """No rows (the block and the object columns' room kept)."""
+        """No rows (the block and the object columns' room kept), no codes."""
+        self._codes_empty()
         self.rows.clear()
         self.counter[0] -= self.n
         self.n = 0
@@ -221,6 +242,8 @@ REQUEST_INT_COLUMNS: Final = (
 REQUEST_OBJECT_COLUMNS: Final = (
     "req_id", "hit_class", "loadback_skipped_reason", "storage_skipped_reason", "first_batch_id", "session_id",
     "think_ms",)
+REQUEST_CODED: Final = ("hit_class", "loadback_skipped_reason", "storage_skipped_reason")
+REQUEST_LISTED: Final = ("req_id", "first_batch_id", "session_id", "think_ms")
 REQUEST_CONSTANTS: Final = (("status", "finished"), ("reject_reason", None))
 REQUEST_TUPLE_COLUMNS: Final = ev.Route._fields
 
@@ -229,12 +252,14 @@ EVICTION_INT_COLUMNS: Final = (
     "node_hit_count", "node_last_access_ns", "dp_rank",)
 EVICTION_OBJECT_COLUMNS: Final = (
     "tier", "action", "cause_req_id", "owner_req_id",)
+EVICTION_CODED: Final = ("tier", "action")
 EVICTION_CONSTANTS: Final = ()
 
 POOL_SAMPLE_INT_COLUMNS: Final = (
     "t_ns", "used_tokens", "capacity_tokens", "locked_tokens", "dp_rank",)
 POOL_SAMPLE_OBJECT_COLUMNS: Final = (
     "tier",)
+POOL_SAMPLE_CODED: Final = POOL_SAMPLE_OBJECT_COLUMNS
 POOL_SAMPLE_CONSTANTS: Final = ()
 
 TRANSFER_INT_COLUMNS: Final = (
@@ -242,6 +267,7 @@ TRANSFER_INT_COLUMNS: Final = (
     "wall_ns", "dp_rank",)
 TRANSFER_OBJECT_COLUMNS: Final = (
     "kind", "req_id", "verified",)
+TRANSFER_CODED: Final = ("kind", "verified")
 TRANSFER_CONSTANTS: Final = ()
 
 BATCH_INT_COLUMNS: Final = (
@@ -258,16 +284,14 @@ class RequestColumns(Columns):
     reject_reason as the constants of a finished row."""
 
     o_req_id: list[object]
-    o_hit_class: list[object]
-    o_loadback_skipped_reason: list[object]
-    o_storage_skipped_reason: list[object]
     o_first_batch_id: list[object]
     o_session_id: list[object]
     o_think_ms: list[object]
     t_route: list[object]
 
-    def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple]:
-        return REQUEST_INT_COLUMNS, REQUEST_OBJECT_COLUMNS, REQUEST_CONSTANTS, ((REQUEST_TUPLE_COLUMNS, "t_route"),)
+    def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple, tuple[str, ...]]:
+        return (REQUEST_INT_COLUMNS, REQUEST_LISTED, REQUEST_CONSTANTS, ((REQUEST_TUPLE_COLUMNS, "t_route"),),
+                REQUEST_CODED)
 
     def finished(self,
             req_id: object, seq: i64, arrival_ns: i64, input_tokens: i64, output_tokens: i64, hit_class: object,
@@ -291,7 +315,7 @@ class RequestColumns(Columns):
         if k == self.cap:
             self._room()
         b = self.block
-        p: i64 = k * 49
+        p: i64 = k * 52
         b[p] = seq
         b[p + 1] = arrival_ns
         b[p + 2] = input_tokens
@@ -341,10 +365,10 @@ class RequestColumns(Columns):
         b[p + 46] = miss_routed_elsewhere_tokens
         b[p + 47] = miss_beyond_storage_tokens
         b[p + 48] = miss_prefetch_lost_tokens
+        b[p + 49] = self._code(0, hit_class)
+        b[p + 50] = self._code(4, loadback_skipped_reason)
+        b[p + 51] = self._code(8, storage_skipped_reason)
         self.o_req_id[k] = req_id
-        self.o_hit_class[k] = hit_class
-        self.o_loadback_skipped_reason[k] = loadback_skipped_reason
-        self.o_storage_skipped_reason[k] = storage_skipped_reason
         self.o_first_batch_id[k] = first_batch_id
         self.o_session_id[k] = session_id
         self.o_think_ms[k] = think_ms
@@ -355,13 +379,11 @@ class RequestColumns(Columns):
 class EvictionColumns(Columns):
     """An eviction's row (CacheController.record_eviction), a column each."""
 
-    o_tier: list[object]
-    o_action: list[object]
     o_cause_req_id: list[object]
     o_owner_req_id: list[object]
 
-    def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple]:
-        return EVICTION_INT_COLUMNS, EVICTION_OBJECT_COLUMNS, EVICTION_CONSTANTS, ()
+    def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple, tuple[str, ...]]:
+        return EVICTION_INT_COLUMNS, ("cause_req_id", "owner_req_id"), EVICTION_CONSTANTS, (), EVICTION_CODED
 
     def add(self,
             eviction_id: i64, t_ns: i64, tier: object, node_id: i64, tokens: i64, action: object,
@@ -372,7 +394,7 @@ class EvictionColumns(Columns):
         if k == self.cap:
             self._room()
         b = self.block
-        p: i64 = k * 10
+        p: i64 = k * 12
         b[p] = eviction_id
         b[p + 1] = t_ns
         b[p + 2] = node_id
@@ -383,8 +405,8 @@ class EvictionColumns(Columns):
         b[p + 7] = node_hit_count
         b[p + 8] = node_last_access_ns
         b[p + 9] = dp_rank
-        self.o_tier[k] = tier
-        self.o_action[k] = action
+        b[p + 10] = self._code(0, tier)
+        b[p + 11] = self._code(4, action)
         self.o_cause_req_id[k] = cause_req_id
         self.o_owner_req_id[k] = owner_req_id
         self.n = k + 1
@@ -393,10 +415,8 @@ class EvictionColumns(Columns):
 class PoolSampleColumns(Columns):
     """A pool sample (RequestRecords._sample_pools), a column each."""
 
-    o_tier: list[object]
-
-    def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple]:
-        return POOL_SAMPLE_INT_COLUMNS, POOL_SAMPLE_OBJECT_COLUMNS, POOL_SAMPLE_CONSTANTS, ()
+    def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple, tuple[str, ...]]:
+        return POOL_SAMPLE_INT_COLUMNS, (), POOL_SAMPLE_CONSTANTS, (), POOL_SAMPLE_CODED
 
     def add(self,
             t_ns: i64, tier: object, used_tokens: i64, capacity_tokens: i64, locked_tokens: i64, dp_rank: i64) -> None:
@@ -405,25 +425,23 @@ class PoolSampleColumns(Columns):
         if k == self.cap:
             self._room()
         b = self.block
-        p: i64 = k * 5
+        p: i64 = k * 6
         b[p] = t_ns
         b[p + 1] = used_tokens
         b[p + 2] = capacity_tokens
         b[p + 3] = locked_tokens
         b[p + 4] = dp_rank
-        self.o_tier[k] = tier
+        b[p + 5] = self._code(0, tier)
         self.n = k + 1
         self.counter[0] += 1
 
 class TransferColumns(Columns):
     """A transfer's row (CacheController's copies between tiers), a column each."""
 
-    o_kind: list[object]
     o_req_id: list[object]
-    o_verified: list[object]
 
-    def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple]:
-        return TRANSFER_INT_COLUMNS, TRANSFER_OBJECT_COLUMNS, TRANSFER_CONSTANTS, ()
+    def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple, tuple[str, ...]]:
+        return TRANSFER_INT_COLUMNS, ("req_id",), TRANSFER_CONSTANTS, (), TRANSFER_CODED
 
     def add(self,
             transfer_id: i64, t_start_ns: i64, t_end_ns: i64, kind: object, req_id: object, pages: i64,
@@ -434,7 +452,7 @@ class TransferColumns(Columns):
         if k == self.cap:
             self._room()
         b = self.block
-        p: i64 = k * 10
+        p: i64 = k * 12
         b[p] = transfer_id
         b[p + 1] = t_start_ns
         b[p + 2] = t_end_ns
@@ -445,18 +463,17 @@ class TransferColumns(Columns):
         b[p + 7] = queued_ns
         b[p + 8] = wall_ns
         b[p + 9] = dp_rank
-        self.o_kind[k] = kind
+        b[p + 10] = self._code(0, kind)
+        b[p + 11] = self._code(4, verified)
         self.o_req_id[k] = req_id
-        self.o_verified[k] = verified
         self.n = k + 1
         self.counter[0] += 1
 
 class BatchColumns(Columns):
     """A prefill batch's row (Admission's batch run), a column each."""
 
-
-    def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple]:
-        return BATCH_INT_COLUMNS, BATCH_OBJECT_COLUMNS, BATCH_CONSTANTS, ()
+    def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple, tuple[str, ...]]:
+        return BATCH_INT_COLUMNS, BATCH_OBJECT_COLUMNS, BATCH_CONSTANTS, (), ()
 
     def add(self,
             batch_id: i64, t_start_ns: i64, t_end_ns: i64, num_reqs: i64, extend_tokens: i64,

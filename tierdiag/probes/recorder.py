@@ -94,6 +94,12 @@ def _columnar_values(fields: tuple[str, ...], hand: dict) -> dict[str, tuple]:
         raise ValueError(f"a columnar hand-over's ints are {len(values)} values, not {n} rows of {width}")
     for j, name in enumerate(names):
         cols[name] = values[j::width].tolist()  # its column: every width-th value from its place
+    coded, dictionary = hand["coded"]
+    for name in coded:  # a coded column's values from its codes
+        codes = cols.get(name, ())
+        if codes and (min(codes) < 0 or max(codes) >= len(dictionary)):
+            raise ValueError(f"a columnar hand-over's {name} codes are not its dictionary's {len(dictionary)}")
+        cols[name] = [dictionary[code] for code in codes]
     cols.update(hand["objects"])
     for names, rows in hand["tuples"]:
         cols.update(zip(names, zip(*rows)) if rows else ((f, ()) for f in names))

@@ -85,14 +85,19 @@ def _columnar(table: str, fields: tuple[str, ...], hand: dict) -> dict[str, Any]
     schema = TABLES.get(table, {})
     names, block = hand["ints"]
     width = len(names)
-    if len(block) != 8 * n * width:
-        raise ValueError(f"{table}: a columnar hand-over's ints are {len(block)} bytes, not {n} rows of {width} int64")
+    size = memoryview(block).nbytes  # bytes, or a slice of the frame (frames.loads)
+    if size != 8 * n * width:
+        raise ValueError(f"{table}: a columnar hand-over's ints are {size} bytes, not {n} rows of {width} int64")
     # the rows turned into columns in one copy (numpy's transpose, in C): each column a contiguous row of it
     by_column = np.frombuffer(block, dtype=np.int64).reshape(n, width).T.copy()
     for j, name in enumerate(names):
         values = by_column[j]
         cols[name] = (pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(values)], null_count=0)
                       if schema.get(name) == "BIGINT" else values)
+    coded, dictionary = hand["coded"]
+    for name in coded:
+        if name in cols:
+            cols[name] = coded_column(table, name, by_column[names.index(name)], dictionary)
     cols.update(hand["objects"])
     for names, rows in hand["tuples"]:
         cols.update(zip(names, zip(*rows)) if rows else ((f, ()) for f in names))
@@ -106,6 +111,45 @@ def _columnar(table: str, fields: tuple[str, ...], hand: dict) -> dict[str, Any]
     take = pa.array(order, type=pa.int64())
     return {f: pa.concat_arrays([arrow_column(table, f, cols[f]), arrow_column(table, f, other[f])]).take(take)
             for f in fields}
+
+
+def coded_column(table: str, col: str, codes: np.ndarray, dictionary: list) -> Any:
+    """A coded column (engine/emitters.py's Columns: an index a row into the hand-over's
+    dictionary) as its values: a VARCHAR column the Arrow string array gathered from the
+    dictionary's own (pa.array of the dictionary, as arrow_column would make each value; each
+    row's offsets and UTF-8 bytes taken by its code in numpy: no Python object a row), any other
+    column, or a dictionary pa.array refuses (a lone surrogate, a value that is no text), the
+    Python values, which arrow_column converts (and refuses) as it always did. A code outside
+    the dictionary is a ValueError naming the column."""
+    n = len(codes)
+    k = len(dictionary)
+    if n and (int(codes.min()) < 0 or int(codes.max()) >= k):
+        raise ValueError(f"{table}.{col}: a columnar hand-over's codes are not its dictionary's {k}")
+    if TABLES.get(table, {}).get(col) == "VARCHAR" and n:
+        try:
+            words = pa.array(dictionary, type=pa.string())
+        except (pa.ArrowException, UnicodeEncodeError, TypeError, ValueError, OverflowError):
+            words = None  # refused as arrow_column refuses the rows' values (below)
+        if words is not None:
+            _, word_offsets, chars = words.buffers()
+            at = np.frombuffer(word_offsets, dtype=np.int32, count=k + 1).astype(np.int64)
+            row_lens = (at[1:] - at[:-1])[codes]
+            offsets = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(row_lens, out=offsets[1:])
+            total = int(offsets[-1])
+            if total < 2**31:
+                # each row's bytes: its value's bytes in the dictionary's, byte by byte
+                take = np.arange(total, dtype=np.int64) + np.repeat(at[:-1][codes] - offsets[:-1], row_lens)
+                data = np.frombuffer(chars, dtype=np.uint8)[take] if total else np.zeros(0, dtype=np.uint8)
+                nulls = 0
+                valid = None
+                if words.null_count:
+                    null = ~_valid_chunk(words)[codes]
+                    nulls = int(null.sum())
+                    valid = pa.py_buffer(np.packbits(~null, bitorder="little")) if nulls else None
+                return pa.Array.from_buffers(pa.string(), n, [valid, pa.py_buffer(offsets.astype(np.int32)),
+                                                               pa.py_buffer(data)], null_count=nulls)
+    return [dictionary[c] for c in codes.tolist()]
 
 
 def _buffer(data: bytes | None):

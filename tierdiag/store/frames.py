@@ -1,6 +1,6 @@
-"""The pipe between a replay's engine and its writer process: length-prefixed pickled frames,
-read and written whole (store/writer_process.py is the engine's side, writer_serve.py the
-writer's), and how an exception crosses the pipe (`portable`)."""
+"""The pipe between a replay's engine and its writer process: length-prefixed pickled frames (the
+row frames' int columns out of band), read and written whole (store/writer_process.py is the
+engine's side, writer_serve.py the writer's), and how an exception crosses the pipe (`portable`)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,70 @@ from typing import Any
 _HEADER = struct.Struct("<Q")
 
 
+# A frame: its length (8 bytes), then the body: the pickle's length and the number of
+# out-of-band buffers (8 bytes each), each buffer's length (8 bytes each), the pickle
+# (protocol 5), the buffers' bytes. A PickleBuffer in the object (WriterProcess.append_rows
+# wraps the columnar hand-overs' int blocks in one) travels out of band: written to the pipe
+# from its own memory, never copied into the pickle, and read back as a slice of the frame's
+# bytes (`loads`), so a row frame's encode copies no int column (issue 41, session 28).
+_COUNT = struct.Struct("<QQ")
+
+
+def encode(obj: Any) -> list:
+    """The frame of `obj` as the pieces written one after the other: its header, its pickle,
+    then each out-of-band buffer as it is (a memoryview of its own memory)."""
+    buffers: list = []
+    data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    views = [memoryview(b.raw()) for b in buffers]
+    sizes = [v.nbytes for v in views]
+    head = _COUNT.size + 8 * len(sizes) + len(data) + sum(sizes)
+    prefix = _HEADER.pack(head) + _COUNT.pack(len(data), len(sizes)) + struct.pack(f"<{len(sizes)}Q", *sizes)
+    return [prefix, data, *views]
+
+
+def loads(body) -> Any:
+    """A frame's body (read_raw's) unpickled, its out-of-band buffers slices of it (no copy)."""
+    view = memoryview(body)
+    if view.nbytes < _COUNT.size:
+        raise ValueError(f"a frame of {view.nbytes} bytes: no header")
+    size, count = _COUNT.unpack_from(view, 0)
+    at = _COUNT.size + 8 * count
+    if count > view.nbytes or at > view.nbytes:
+        raise ValueError(f"a frame of {view.nbytes} bytes says {count} buffers")
+    sizes = struct.unpack_from(f"<{count}Q", view, _COUNT.size)
+    if at + size + sum(sizes) != view.nbytes:
+        raise ValueError(f"a frame of {view.nbytes} bytes says {size} bytes of pickle and {sum(sizes)} of buffers")
+    buffers = []
+    start = at + size
+    for n in sizes:
+        buffers.append(view[start:start + n])
+        start += n
+    return pickle.loads(view[at:at + size], buffers=buffers)
+
+
+def out_of_band(tables: dict) -> dict:
+    """A rows hand-over ({table: (fields, rows)}, Recorder's rows sink) with each columnar
+    buffer's int block (engine/emitters.py's Columns.take(): "ints") wrapped to travel out of
+    band (a PickleBuffer over the same bytes); the other rows as they are."""
+    out = {}
+    for table, (fields, rows) in tables.items():
+        if isinstance(rows, dict) and isinstance(rows.get("ints"), tuple):
+            names, block = rows["ints"]
+            if isinstance(block, bytes):
+                rows = {**rows, "ints": (names, pickle.PickleBuffer(block))}
+        out[table] = (fields, rows)
+    return out
+
+
 def send_frame(fd: int, obj: Any) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    view = memoryview(_HEADER.pack(len(data)) + data) if len(data) < 65536 else None
-    if view is None:
-        _write_all(fd, memoryview(_HEADER.pack(len(data))))
-        view = memoryview(data)
-    _write_all(fd, view)
+    prefix, data, *views = encode(obj)
+    if len(data) < 65536:  # one write; a longer pickle is written from its own bytes (no copy)
+        _write_all(fd, memoryview(prefix + data))
+    else:
+        _write_all(fd, memoryview(prefix))
+        _write_all(fd, memoryview(data))
+    for view in views:
+        _write_all(fd, view)
 
 
 def _write_all(fd: int, view: memoryview) -> None:
@@ -45,11 +102,11 @@ def read_frame(fd: int):
     if head is None:
         return EOF
     body = read_exact(fd, _HEADER.unpack(head)[0])
-    return EOF if body is None else pickle.loads(body)
+    return EOF if body is None else loads(body)
 
 
 def read_raw(fd: int) -> bytes | None:
-    """One frame's pickled body, unpickled by the caller (the writer's reader thread hands it on
+    """One frame's body, unpickled by the caller (`loads`: the writer's reader thread hands it on
     as it is); None at the end of the pipe."""
     head = read_exact(fd, _HEADER.size)
     return None if head is None else read_exact(fd, _HEADER.unpack(head)[0])

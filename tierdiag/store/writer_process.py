@@ -46,7 +46,7 @@ from typing import Any, Mapping
 
 from tierdiag import signals
 from tierdiag.errors import ConfigError, StoreError
-from tierdiag.store.frames import EOF, read_frame, send_frame  # noqa: F401 - EOF: the engine's side reads it too
+from tierdiag.store.frames import EOF, out_of_band, read_frame, send_frame  # noqa: F401 - EOF: the engine's side reads it too
 from tierdiag.store.schema import new_run_id  # noqa: F401 - the engine's process names its run by it
 
 ENV = "TIERDIAG_WRITER"
@@ -260,7 +260,7 @@ class WriterProcess:
         pickling the row tuples (benchmarks/README.md). Not marshal, though faster than pickle:
         it writes a numpy integer as its bytes, silently."""
         self._check()
-        self._send(("row_tuples", tables))
+        self._send(("row_tuples", out_of_band(tables)))
 
     def _check(self) -> None:
         """Raise whatever the writer reported since the last hand-over."""

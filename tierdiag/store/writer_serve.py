@@ -7,13 +7,12 @@ trace's lines counted: LATE_FROM), and closes the run when told."""
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import sys
 import time
 
 from tierdiag import signals
-from tierdiag.store.frames import EOF, portable, read_raw, send_frame
+from tierdiag.store.frames import EOF, loads, portable, read_raw, send_frame
 from tierdiag.store.writer_process import FIRST_WRITE_S, INBOX_BYTES, VACUUM_EVERY, WRITE_COST_SHARE, WRITE_EVERY_S
 
 # The late writes: once LATE_FROM of the trace's requests have been handed over (their request
@@ -237,7 +236,7 @@ class _Serve:
             if raw is EOF:
                 self.engine_gone()
                 return
-            kind, arg = pickle.loads(raw)
+            kind, arg = loads(raw)
             if kind == "open":
                 if not self.open(arg):
                     return

@@ -1,0 +1,96 @@
+"""engine/emitters.py's coded columns (issue 41, session 28): an object column of few
+values (tiers, actions, kinds, reasons), written as a code a row into the int block, the values
+themselves once a hand-over (`dictionary`; `Columns._code` finds a column's last values by
+identity). Held here, the compiled class and its Python source alike, to the values appended
+(every row's, through columns_of and table_columns), whatever the sequence of values: more
+distinct ones than are kept, equal strings that are other objects, NULLs, takes between."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.engine.helpers import source_twin
+from tierdiag.config.names import EvictionAction, Tier
+from tierdiag.engine import emitters
+from tierdiag.probes import events as ev
+from tierdiag.probes.recorder import columns_of
+from tierdiag.store.columns import arrow_column, table_columns
+
+TWIN = source_twin("emitters", "_emitters_coded_twin")
+MODULES = [pytest.param(emitters, id="as imported"), pytest.param(TWIN, id="python source")]
+FIELDS = ev.Eviction._fields
+
+
+def _counter():
+    from librt.vecs import vec
+    from mypy_extensions import i64
+
+    return vec[i64]([0])
+
+
+# values for the coded columns: a few objects, two of them equal strings that are not the same
+# object, a str member, NULL, and more of them than a column keeps (emitters._RECENT)
+_POOL = ["device", "".join(["dev", "ice"]), Tier.HOST, EvictionAction.DEMOTE, None, "storage",
+         "r-1", "r-2", "r-3", "r-4", "r-5", "\x00", "é" * 3]
+
+
+def _add(cols, i: int, tier, action, cause, owner) -> tuple:
+    kw = dict(eviction_id=i, t_ns=i * 10, tier=tier, node_id=i, tokens=16, action=action, cause_req_id=cause,
+              owner_req_id=owner, pool_used_tokens=1, pool_capacity_tokens=2, locked_tokens=0, node_hit_count=3,
+              node_last_access_ns=4, dp_rank=0)
+    cols.add(**kw)
+    return tuple(kw[f] for f in FIELDS)
+
+
+def _check(hand, want):
+    py = columns_of(FIELDS, hand)
+    assert list(zip(*(py[f] for f in FIELDS))) == want or (not want and all(py[f] == () for f in FIELDS))
+    arrow = table_columns("evictions", FIELDS, hand)
+    for j, f in enumerate(FIELDS):
+        assert arrow_column("evictions", f, arrow[f]).to_pylist() == [w[j] for w in want], f
+
+
+@pytest.mark.parametrize("module", MODULES)
+@given(data=st.data())
+@settings(max_examples=60, deadline=None)
+def test_coded_values_come_back_as_appended(module, data):
+    cols = module.EvictionColumns([], _counter())
+    pick = st.sampled_from(range(len(_POOL)))
+    ops = data.draw(st.lists(st.one_of(st.tuples(pick, pick, pick, pick), st.just("take")), max_size=40))
+    want: list[tuple] = []
+    for i, op in enumerate(ops + ["take"]):
+        if op == "take":
+            hand = cols.take()
+            coded, dictionary = hand["coded"]
+            assert coded == emitters.EVICTION_CODED and len(dictionary) <= 4 * len(want)
+            _check(hand, want)
+            want = []
+        else:
+            want.append(_add(cols, i, *(_POOL[k] for k in op)))
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_a_run_of_one_value_is_one_dictionary_entry(module):
+    cols = module.EvictionColumns([], _counter())
+    want = [_add(cols, i, "device", "demote", "r-9", None) for i in range(1000)]
+    hand = cols.take()
+    assert hand["coded"][1] == ["device", "demote"]
+    _check(hand, want)
+    cols.clear()
+    assert cols.dictionary == [] and cols.take()["coded"][1] == []
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_a_row_refused_leaves_the_rows_whole(module):
+    """An int past int64 is refused at the call (compiled: TypeError or OverflowError where it is
+    passed; the twin's vec at its item set): no row kept, the dictionary may hold a value no row
+    refers to, and the rows after it come back as appended."""
+    cols = module.EvictionColumns([], _counter())
+    want = [_add(cols, 0, "device", "drop", "a", "b")]
+    with pytest.raises((OverflowError, TypeError)):
+        _add(cols, 2**63, "host", "drop", "c", "d")
+    want.append(_add(cols, 1, "host", "demote", "c", None))
+    assert len(cols) == 2
+    _check(cols.take(), want)
