@@ -68,13 +68,18 @@ def _replay(reqs, cfg, ahead: bool, steps: bool, monkeypatch) -> tuple[list, dic
     """Replay with the fast paths (`ahead`) or the reference code."""
     monkeypatch.setattr(DecodeSteps, "decode_ahead", ahead)
     monkeypatch.setattr(StoragePrefetch, "_retry_prefetches", _FAST_RETRY if ahead else _WALK)
+    return replay_everything(reqs, cfg, steps)
+
+
+def replay_everything(reqs, cfg, steps: bool) -> tuple[list, dict]:
+    """Every event (`Everything`) and the stats of one replay of `reqs` under `cfg`, its
+    invariants checked idle (also test_refresh_memo's and test_requery_memo's replays)."""
     probe = Everything(steps)
     engine = Engine(cfg, probe=probe)
     probe.schedulers = [r.scheduler for r in engine.ranks]
     engine.run(sorted(reqs, key=lambda r: (r.arrival_ns, r.seq)))
     engine.check_invariants(idle=True)
-    stats = dataclasses.asdict(engine.stats)
-    return probe.events, stats
+    return probe.events, dataclasses.asdict(engine.stats)
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -18,7 +18,6 @@ exactly as the walk would: the same nodes, owners, stamps in the same order, the
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -194,8 +193,7 @@ def test_a_memo_of_no_path_checks_the_roots_child():
 # --- whole replays, with the memo and with it refused (patches the class: the Python twin) ------
 
 def _replay(reqs, cfg, memo: bool, monkeypatch, taken: list) -> tuple[list, dict]:
-    from tests.engine.test_fast_paths import Everything, _comparable
-    from tierdiag.engine.engine import Engine
+    from tests.engine.test_fast_paths import _comparable, replay_everything
 
     def patched(self, m, keys):
         got = memo and _HOLDS(self, m, keys)
@@ -203,12 +201,8 @@ def _replay(reqs, cfg, memo: bool, monkeypatch, taken: list) -> tuple[list, dict
         return got
 
     monkeypatch.setattr(RadixTree, "_memo_path_holds", patched)
-    probe = Everything(False)
-    engine = Engine(cfg, probe=probe)
-    probe.schedulers = [r.scheduler for r in engine.ranks]
-    engine.run(sorted(reqs, key=lambda r: (r.arrival_ns, r.seq)))
-    engine.check_invariants(idle=True)
-    return [_comparable(e) for e in probe.events], dataclasses.asdict(engine.stats)
+    events, stats = replay_everything(reqs, cfg, False)
+    return [_comparable(e) for e in events], stats
 
 
 def _bursts():

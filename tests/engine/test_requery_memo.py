@@ -14,7 +14,6 @@ same order, the same splits (none), whatever changed in the tree between the que
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -182,8 +181,7 @@ def test_the_memo_holds_on_an_unchanged_path_and_not_past_a_change():
 # --- whole replays, with the memo and with it refused (patches the module: the Python twin) --------
 
 def _replay(reqs, cfg, memo: bool, monkeypatch, taken: list) -> tuple[list, dict]:
-    from tests.engine.test_fast_paths import Everything, _comparable
-    from tierdiag.engine.engine import Engine
+    from tests.engine.test_fast_paths import _comparable, replay_everything
 
     def holds(m, tree, r):
         got = memo and _HOLDS(m, tree, r)
@@ -191,12 +189,8 @@ def _replay(reqs, cfg, memo: bool, monkeypatch, taken: list) -> tuple[list, dict
         return got
 
     monkeypatch.setattr(prefetch, "_memo_holds", holds)
-    probe = Everything(False)
-    engine = Engine(cfg, probe=probe)
-    probe.schedulers = [r.scheduler for r in engine.ranks]
-    engine.run(sorted(reqs, key=lambda r: (r.arrival_ns, r.seq)))
-    engine.check_invariants(idle=True)
-    return [_comparable(e) for e in probe.events], dataclasses.asdict(engine.stats)
+    events, stats = replay_everything(reqs, cfg, False)
+    return [_comparable(e) for e in events], stats
 
 
 def _bursts():
