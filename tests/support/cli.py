@@ -155,6 +155,13 @@ def tierdiag_in_process(*args: object, env: dict[str, str] | None = None, cwd: P
     return Result(code, out.buffer.getvalue().decode("utf-8"), err.buffer.getvalue().decode("utf-8"))
 
 
+def completed_in_process(*args: object, env: dict[str, str] | None = None,
+                         cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`tierdiag_in_process` as `run` answers: a CompletedProcess (returncode, stdout, stderr)."""
+    r = tierdiag_in_process(*args, env=env, cwd=cwd)
+    return subprocess.CompletedProcess(["tierdiag", *map(str, args)], r.code, r.out, r.err)
+
+
 def _no_stdout_to_quiet() -> None:
     """`tierdiag_in_process`'s stand-in for cli/exits.py `_quiet_stdout`: nothing to do (the
     command's stdout is a buffer this process reads, not a file descriptor it ends with)."""
