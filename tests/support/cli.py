@@ -1,6 +1,8 @@
 """The real `tierdiag` entry point in a subprocess, as a user runs it, and how a clean failure
 looks (one stderr line, a named exit code, no traceback). Every test folder runs the CLI
-through this: `run` (a CompletedProcess), `tierdiag` (a Result with `.fails` and `.json`)."""
+through this: `run` (a CompletedProcess), `tierdiag` (a Result with `.fails` and `.json`); where
+the process is not what a test is about, `tierdiag_in_process` / `completed_in_process` (the same
+entry point's error handling in the test's process: no interpreter start, ~0.45 s of CPU a call)."""
 
 from __future__ import annotations
 
