@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.cli import ENTRY, run
+from tests.support.cli import ENTRY, completed_in_process, run
 from tests.support.cli import cli_env as support_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +49,12 @@ def _env(**kw) -> dict:
 def cli(*args: object, columns: int = 80, cwd: Path | None = None, **env) -> subprocess.CompletedProcess:
     """Piped: stdout is not a terminal."""
     return run(*args, env=_env(COLUMNS=str(columns), **env), cwd=cwd)
+
+
+def cli_here(*args: object, columns: int = 80, cwd: Path | None = None, **env) -> subprocess.CompletedProcess:
+    """`cli` in this process (tests/support/cli.py `tierdiag_in_process`): the same environment,
+    stdout not a terminal, for tests of what a command prints, not of its process."""
+    return completed_in_process(*args, env=_env(COLUMNS=str(columns), **env), cwd=cwd)
 
 
 def on_tty(*args: object, columns: int = 80, **env) -> tuple[int, str]:

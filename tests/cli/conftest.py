@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.cli_helpers import REPLAY_ARGS, cli, write_late_trace
+from tests.cli.cli_helpers import REPLAY_ARGS, cli_here, write_late_trace
 
 
 @pytest.fixture(scope="session")
@@ -15,6 +15,6 @@ def late_run(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("late")
     trace = write_late_trace(d / "late.jsonl")
     db = d / "run.duckdb"
-    res = cli("replay", trace, "--db", db, "--run-name", "late", *REPLAY_ARGS, "--json")
+    res = cli_here("replay", trace, "--db", db, "--run-name", "late", *REPLAY_ARGS, "--json")
     assert res.returncode == 0, res.stderr
     return db

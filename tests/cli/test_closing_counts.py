@@ -9,7 +9,7 @@ import re
 
 from hypothesis import given, settings, strategies as st
 
-from tests.support.cli import tierdiag
+from tests.support.cli import tierdiag_in_process
 from tests.support.traces import line, write_trace
 from tierdiag.config.engine import EngineConfig
 from tierdiag.config.presets import MODELS
@@ -33,7 +33,7 @@ def _session_trace(path, *, long_input: int):
 def test_closing_table_and_summary_agree_and_name_the_flag(tmp_path):
     trace = _session_trace(tmp_path / "t.jsonl", long_input=140_000)
     db = tmp_path / "r.duckdb"
-    r = tierdiag("replay", trace, "--db", db, "--verify", "off")
+    r = tierdiag_in_process("replay", trace, "--db", db, "--verify", "off")
     assert r.code == 0, r.err
     # a's 140k-token turn is past Llama-3.1's 131,072 tokens; a's third turn ends with it
     assert "6 requests (4 served, 2 rejected)" in r.out
@@ -42,24 +42,25 @@ def test_closing_table_and_summary_agree_and_name_the_flag(tmp_path):
     longer = [m.name for m in MODELS.values() if m.max_context_tokens >= 200_000]
     assert longer and all(name in flat.replace("| ", "|") for name in longer)
     assert "session_ended 1:" in flat
-    s = tierdiag("summary", "--db", db)
+    s = tierdiag_in_process("summary", "--db", db)
     assert s.code == 0, s.err
     assert "6 requests (4 served, 2 rejected)" in " ".join(s.out.split())
     # JSON: the kinds add up to the rejected count
-    j = tierdiag("replay", trace, "--db", db, "--verify", "off", "--json").json()
+    j = tierdiag_in_process("replay", trace, "--db", db, "--verify", "off", "--json").json()
     assert j["rejected"] == {"context_length": 1, "session_ended": 1} and j["num_rejected"] == 2
 
 
 def test_a_long_context_preset_serves_the_same_trace(tmp_path):
     trace = _session_trace(tmp_path / "t.jsonl", long_input=140_000)
-    r = tierdiag("replay", trace, "--db", tmp_path / "r.duckdb", "--verify", "off", "--model", "qwen3-30b-a3b")
+    r = tierdiag_in_process("replay", trace, "--db", tmp_path / "r.duckdb", "--verify", "off", "--model",
+                            "qwen3-30b-a3b")
     assert r.code == 0, r.err
     assert re.search(r"replay t: 6 requests in ", r.out) and "rejected" not in r.out
 
 
 def test_max_context_is_named_when_it_set_the_limit(tmp_path):
     trace = _session_trace(tmp_path / "t.jsonl", long_input=9_000)
-    r = tierdiag("replay", trace, "--db", tmp_path / "r.duckdb", "--verify", "off", "--max-context", "8192")
+    r = tierdiag_in_process("replay", trace, "--db", tmp_path / "r.duckdb", "--verify", "off", "--max-context", "8192")
     assert r.code == 0, r.err
     assert "context_length 1: over the --max-context 8,192-token context" in " ".join(r.out.split())
 

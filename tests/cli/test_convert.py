@@ -9,7 +9,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.cli.cli_helpers import cli
+from tests.cli.cli_helpers import cli_here
 
 FIXTURES = Path(__file__).resolve().parents[1] / "trace" / "fixtures"
 SMALL = ("--model", "tiny", "--gpu", "cpu", "--device-tokens", "4096")
@@ -25,12 +25,12 @@ def one_error_line(res, code: int) -> str:
                                                    ("bailian", FIXTURES / "bailian" / "usage.jsonl", 512)])
 def test_convert_then_replay(tmp_path, fmt, src, block):
     out = tmp_path / "t.jsonl"
-    res = cli("convert", fmt, src, "-o", out, "--block-size", block)
+    res = cli_here("convert", fmt, src, "-o", out, "--block-size", block)
     assert res.returncode == 0, res.stderr
     assert f"wrote 7 requests" in res.stdout and "next: tierdiag replay" in res.stdout
     db = tmp_path / "r.duckdb"
     flags = () if block == 512 else ("--block-size", block)
-    rep = cli("replay", out, "--db", db, *flags, *SMALL, "--json")
+    rep = cli_here("replay", out, "--db", db, *flags, *SMALL, "--json")
     assert rep.returncode == 0, rep.stderr
     assert "unknown" not in rep.stderr  # session and think_ms are trace keys, not unknown ones
     with duckdb.connect(str(db), read_only=True) as con:
@@ -39,7 +39,7 @@ def test_convert_then_replay(tmp_path, fmt, src, block):
 
 
 def test_convert_json_summary(tmp_path):
-    res = cli("convert", "bailian", FIXTURES / "bailian" / "usage.jsonl", "-o", tmp_path / "b.jsonl", "--json")
+    res = cli_here("convert", "bailian", FIXTURES / "bailian" / "usage.jsonl", "-o", tmp_path / "b.jsonl", "--json")
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)
     assert summary["format"] == "bailian" and summary["num_sessions"] == 4 and summary["forks"] == 1
@@ -50,11 +50,11 @@ def test_malformed_input_is_exit_3_with_file_and_line(tmp_path):
     bad = tmp_path / "u.jsonl"
     bad.write_text(json.dumps({"chat_id": 1, "timestamp": 0, "input_length": 16, "output_length": 1,
                                "hash_ids": [1]}) + "\n" + '{"chat_id": 2, "timestamp": "late"}\n')
-    err = one_error_line(cli("convert", "bailian", bad, "-o", tmp_path / "o.jsonl"), 3)
+    err = one_error_line(cli_here("convert", "bailian", bad, "-o", tmp_path / "o.jsonl"), 3)
     assert f"{bad}:2: 'timestamp' must be a finite number" in err
     conv = tmp_path / "c.json"
     conv.write_text('{"requests": [\n {"t": 0, "in": 64, "out": 1}\n]}\n')
-    err = one_error_line(cli("convert", "kv-cache-tester", conv, "-o", tmp_path / "o.jsonl"), 3)
+    err = one_error_line(cli_here("convert", "kv-cache-tester", conv, "-o", tmp_path / "o.jsonl"), 3)
     assert f"{conv}:2: missing field 'hash_ids'" in err
     assert not (tmp_path / "o.jsonl").exists()
 
@@ -62,7 +62,7 @@ def test_malformed_input_is_exit_3_with_file_and_line(tmp_path):
 def test_output_that_is_an_input_is_exit_2_naming_both(tmp_path):
     src = tmp_path / "u.jsonl"
     src.write_bytes((FIXTURES / "bailian" / "usage.jsonl").read_bytes())
-    err = one_error_line(cli("convert", "bailian", src, "-o", src), 2)
+    err = one_error_line(cli_here("convert", "bailian", src, "-o", src), 2)
     assert f"-o {src} is the input {src}" in err
     assert src.read_bytes() == (FIXTURES / "bailian" / "usage.jsonl").read_bytes()
 
@@ -73,7 +73,7 @@ def test_output_that_is_an_input_is_exit_2_naming_both(tmp_path):
     (["kv-cache-tester", "x", "-o", "o.jsonl", "--block-size", "0"], "--block-size must be 1"),
 ])
 def test_bad_options_are_exit_2(tmp_path, args, words):
-    assert words in one_error_line(cli("convert", *args, cwd=tmp_path), 2)
+    assert words in one_error_line(cli_here("convert", *args, cwd=tmp_path), 2)
 
 
 def test_unchained_source_ids_warn_on_stderr(tmp_path):
@@ -81,11 +81,11 @@ def test_unchained_source_ids_warn_on_stderr(tmp_path):
     rows = [{"chat_id": 1, "timestamp": 0, "input_length": 32, "output_length": 1, "hash_ids": [1, 2]},
             {"chat_id": 2, "timestamp": 1, "input_length": 32, "output_length": 1, "hash_ids": [7, 2]}]
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    res = cli("convert", "bailian", src, "-o", tmp_path / "o.jsonl", "--block-size", "16")
+    res = cli_here("convert", "bailian", src, "-o", tmp_path / "o.jsonl", "--block-size", "16")
     assert res.returncode == 0, res.stderr
     assert res.stderr.startswith("tierdiag: warning: 1 distinct source block id(s)") and "not prefix-chained" in res.stderr
 
 
 def test_convert_is_listed_in_help():
-    res = cli("--help", columns=200)
+    res = cli_here("--help", columns=200)
     assert res.returncode == 0 and "convert" in res.stdout and "kv-cache-tester" in res.stdout

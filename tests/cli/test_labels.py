@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tests.cli.cli_helpers import cli
+from tests.cli.cli_helpers import cli_here
 from tierdiag.diagnose.request.explain import TokenSplit
 
 
@@ -25,15 +25,15 @@ def test_label_follows_the_largest_share():
 
 
 def test_explain_names_a_mostly_recomputed_device_hit_so(late_run):
-    res = cli("slow", "--db", late_run, "--class", "device_hit", "--json", "--top", "300")
+    res = cli_here("slow", "--db", late_run, "--class", "device_hit", "--json", "--top", "300")
     assert res.returncode == 0, res.stderr
     rows = json.loads(res.stdout)["requests"]
     req = next(r["req_id"] for r in rows
                if r["recomputed_tokens"] * 2 > r["input_tokens"])
-    e = json.loads(cli("explain", req, "--db", late_run, "--json").stdout)
+    e = json.loads(cli_here("explain", req, "--db", late_run, "--json").stdout)
     assert e["class"] == "device_hit"
     assert e["verdict"].startswith(f"Request {req} (mostly recomputed: ")
-    text = cli("explain", req, "--db", late_run, columns=100).stdout
+    text = cli_here("explain", req, "--db", late_run, columns=100).stdout
     assert "device_hit, mostly recomputed" in " ".join(text.split())
 
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.cli import cli_env
+from tests.support.cli import cli_env, tierdiag_in_process
 from tests.support.shared_commands import (IMPORT_PROD, README_SHARED, REPLAY_DEMO, SWEEP_WHAT_IF, UPGRADE_DEMO,
                                           copy_outputs, shared_command)
 
@@ -51,10 +50,12 @@ def hints(stdout: str) -> list[list[str]]:
 
 
 def _tierdiag(folder: Path, argv: list[str]) -> subprocess.CompletedProcess:
+    """`tierdiag ARGV` in `folder` (HOME there too), in this process: the hints' own parsing and
+    runs are what is tested, as a shell would hand them over (the test splits them)."""
     env = cli_env(columns=100)
     env["HOME"] = str(folder)
-    return subprocess.run([sys.executable, "-c", "from tierdiag.cli.main import main; main()", *argv], cwd=folder,
-                          env=env, capture_output=True, text=True, timeout=600)
+    r = tierdiag_in_process(*argv, env=env, cwd=folder)
+    return subprocess.CompletedProcess(["tierdiag", *argv], r.code, r.out, r.err)
 
 
 @pytest.mark.parametrize("argv", CASES)

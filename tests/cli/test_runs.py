@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.cli.cli_helpers import cli, on_tty
+from tests.cli.cli_helpers import cli, cli_here, on_tty
 from tests.report.fake_run import write_fake_run
 from tierdiag.store.schema import EVENT_TABLES, OPTIONAL_TABLES
 
@@ -35,7 +35,7 @@ def two_runs(tmp_path) -> tuple[Path, list[str]]:
 
 def test_runs_is_one_table_at_80_columns_even_when_options_differ(two_runs):
     db, ids = two_runs
-    piped = cli("runs", "--db", db)
+    piped = cli_here("runs", "--db", db)
     code, tty = on_tty("runs", "--db", db, NO_COLOR="1")
     assert piped.returncode == 0 and code == 0, piped.stderr
     for text in (piped.stdout, tty.replace("\r", "")):
@@ -49,12 +49,12 @@ def test_runs_is_one_table_at_80_columns_even_when_options_differ(two_runs):
         assert "storage 1,000,000 (" in text and "GiB)" in text
         assert "write_policy" not in text  # write_through is the default
     for rid in ids:
-        assert cli("summary", "--db", db, "--run", rid, "--json").returncode == 0
+        assert cli_here("summary", "--db", db, "--run", rid, "--json").returncode == 0
 
 
 def test_runs_json_has_the_pools_in_tokens_and_bytes(two_runs):
     db, ids = two_runs
-    rows = json.loads(cli("runs", "--db", db, "--json").stdout)
+    rows = json.loads(cli_here("runs", "--db", db, "--json").stdout)
     pools = {r["run_id"]: r["pools"] for r in rows}
     assert pools[ids[0]]["device"]["tokens"] == 200_000 and pools[ids[0]]["device"]["bytes"] > 0
     assert "storage" not in pools[ids[0]] and pools[ids[1]]["storage"]["tokens"] == 1_000_000
@@ -89,7 +89,7 @@ def test_delete_removes_every_row_and_the_storage_folder(two_runs, tmp_path):
     assert before["requests"] and before["transfers"] and before["batches"] and before["pool_samples"], before
     assert before["run_evidence"] == 1  # stored when the run was closed; deleted with it
     kept_before = _counts(db, keep)
-    res = cli("runs", "--db", db, "--delete", gone)
+    res = cli_here("runs", "--db", db, "--delete", gone)
     assert res.returncode == 0, res.stderr
     line, = res.stdout.splitlines()
     tables = sum(1 for n in before.values() if n)
@@ -98,9 +98,9 @@ def test_delete_removes_every_row_and_the_storage_folder(two_runs, tmp_path):
     assert not folder.exists() and not folder.parent.exists()  # <db>.storage goes with its last run
     assert not any(_counts(db, gone).values())
     assert _counts(db, keep) == kept_before  # the other run is untouched
-    assert RUN_ID.findall(cli("runs", "--db", db).stdout) == [keep]
+    assert RUN_ID.findall(cli_here("runs", "--db", db).stdout) == [keep]
     # Unknown now: the same one-line error and exit code as every command's --run.
-    again = cli("runs", "--db", db, "--delete", gone)
+    again = cli_here("runs", "--db", db, "--delete", gone)
     assert again.returncode == 4 and again.stderr.count("\n") == 1 and f"no run '{gone}'" in again.stderr
 
 
@@ -123,7 +123,7 @@ def test_delete_never_removes_a_folder_tierdiag_did_not_write(two_runs, tmp_path
         folder = tmp_path  # holds the database itself
     _set_config(db, run, storage_dir=str(folder))
     before = _counts(db, run)
-    res = cli("runs", "--db", db, "--delete", run, cwd=tmp_path)
+    res = cli_here("runs", "--db", db, "--delete", run, cwd=tmp_path)
     assert res.returncode == 4 and res.stderr.count("\n") == 1, res.stderr
     assert "does not look like a tierdiag storage folder" in res.stderr and "--keep-storage" in res.stderr
     assert _counts(db, run) == before  # nothing deleted
@@ -131,7 +131,7 @@ def test_delete_never_removes_a_folder_tierdiag_did_not_write(two_runs, tmp_path
     if make == "user_files":
         assert (folder / "thesis.tex").read_text() == "years of work"
         # --keep-storage deletes the rows only
-        res = cli("runs", "--db", db, "--delete", run, "--keep-storage")
+        res = cli_here("runs", "--db", db, "--delete", run, "--keep-storage")
         assert res.returncode == 0 and f"kept {folder} (--keep-storage)" in res.stdout
         assert not any(_counts(db, run).values()) and (folder / "thesis.tex").exists()
 
@@ -141,7 +141,7 @@ def test_delete_keeps_a_folder_another_run_uses_and_refuses_a_live_run(two_runs,
     folder = _storage_folder(tmp_path / "shared-storage")
     _set_config(db, a, storage_dir=str(folder))
     _set_config(db, b, storage_dir=str(folder))
-    res = cli("runs", "--db", db, "--delete", b, "--json")
+    res = cli_here("runs", "--db", db, "--delete", b, "--json")
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["run_id"] == b and out["num_rows"] == sum(out["rows"].values()) > 0

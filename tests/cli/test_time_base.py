@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from tests.cli.cli_helpers import FIRST_ARRIVAL_MS, REPLAY_ARGS, cli, write_late_trace
+from tests.cli.cli_helpers import FIRST_ARRIVAL_MS, REPLAY_ARGS, cli_here, write_late_trace
 
 LATE_NS = FIRST_ARRIVAL_MS * 1_000_000
 
@@ -31,10 +31,10 @@ def test_replay_progress_counts_from_the_first_arrival(tmp_path):
 
 
 def test_explain_times_are_since_the_first_arrival(late_run):
-    res = cli("slow", "--db", late_run, "--class", "tiered_hit", "--ids", "--top", "1")
+    res = cli_here("slow", "--db", late_run, "--class", "tiered_hit", "--ids", "--top", "1")
     assert res.returncode == 0, res.stderr
     req = res.stdout.split()[0]
-    res = cli("explain", req, "--db", late_run, "--json")
+    res = cli_here("explain", req, "--db", late_run, "--json")
     assert res.returncode == 0, res.stderr
     e = json.loads(res.stdout)
     assert e["run_start_ms"] == FIRST_ARRIVAL_MS
@@ -47,13 +47,13 @@ def test_explain_times_are_since_the_first_arrival(late_run):
     assert all(0 <= ev["t_ms"] <= span_ms for ev in events)
     # The terminal view shows the same times (seconds since the first arrival).
     # (The lead-in alone is 16.7 min: no time in this run's view reaches a minute.)
-    text = cli("explain", req, "--db", late_run, columns=120).stdout
+    text = cli_here("explain", req, "--db", late_run, columns=120).stdout
     assert "transfers" in text and "events" in text
     assert re.search(r"\d min\b", text) is None, text
 
 
 def test_slow_json_arrivals_are_since_the_first_arrival(late_run):
-    res = cli("slow", "--db", late_run, "--json", "--top", "300")
+    res = cli_here("slow", "--db", late_run, "--json", "--top", "300")
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["run_start_ms"] == FIRST_ARRIVAL_MS

@@ -19,7 +19,7 @@ import duckdb
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tests.support.cli import cli_env, invoke_json, run, tierdiag
+from tests.support.cli import cli_env, invoke_json, run, tierdiag_in_process
 from tierdiag.config.releases import RELEASES, RULE_NAMES, ordered, parse_releases
 from tierdiag.diagnose.comparison.upgrade import TTFT_MOVED_NS, UNDONE_SHARE, signed_ms, upgrade_view
 from tierdiag.engine.rules import differing_rules
@@ -74,8 +74,8 @@ def test_hostile_jobs_go_with_two_releases_only_and_are_at_least_one(jobs, sglan
     ("abc", "'abc' is not an integer"), ("99999999999999999999", "--jobs"),
 ])
 def test_a_jobs_value_that_is_no_int64_is_one_line_exit_2(tmp_path, value, fragment):
-    tierdiag("replay", DEMO, "--db", tmp_path / "r.duckdb", "--sglang", "0.5.9,0.5.23", "--jobs", value).fails(
-        2, fragment)
+    tierdiag_in_process("replay", DEMO, "--db", tmp_path / "r.duckdb", "--sglang", "0.5.9,0.5.23", "--jobs",
+                        value).fails(2, fragment)
     assert not (tmp_path / "r.duckdb").exists()
 
 
@@ -85,7 +85,7 @@ def test_a_jobs_value_that_is_no_int64_is_one_line_exit_2(tmp_path, value, fragm
 ])
 def test_a_bad_sglang_list_is_one_line_exit_2_and_records_nothing(tmp_path, value, fragment):
     db = tmp_path / "r.duckdb"
-    tierdiag("replay", DEMO, "--db", db, "--sglang", value).fails(2, fragment)
+    tierdiag_in_process("replay", DEMO, "--db", db, "--sglang", value).fails(2, fragment)
     assert not db.exists()
 
 
@@ -97,14 +97,15 @@ def test_a_bad_sglang_list_is_one_line_exit_2_and_records_nothing(tmp_path, valu
 ])
 def test_an_option_one_release_lacks_is_one_line_exit_2(tmp_path, extra, fragment):
     db = tmp_path / "r.duckdb"
-    tierdiag("replay", DEMO, "--db", db, *extra).fails(2, fragment)
+    tierdiag_in_process("replay", DEMO, "--db", db, *extra).fails(2, fragment)
     assert not db.exists()
 
 
 def test_an_upgrade_switches_rules_back_itself(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text('sglang_switched_back = "eviction_amount"\n')
-    tierdiag("replay", DEMO, "--db", tmp_path / "r.duckdb", "--sglang", "0.5.9,0.5.23", "--config", cfg).fails(
+    tierdiag_in_process("replay", DEMO, "--db", tmp_path / "r.duckdb", "--sglang", "0.5.9,0.5.23", "--config",
+                        cfg).fails(
         2, "leave sglang_switched_back unset")
 
 
@@ -112,8 +113,8 @@ def test_an_upgrade_switches_rules_back_itself(tmp_path):
 
 def _upgrade(tmp: Path, trace: Path, *options: str) -> tuple[Path, dict]:
     db = tmp / "up.duckdb"
-    res = tierdiag("replay", trace, "--db", db, "--sglang", "0.5.9,0.5.23", "--jobs", "2", *options, "--json",
-                   timeout=900)
+    res = tierdiag_in_process("replay", trace, "--db", db, "--sglang", "0.5.9,0.5.23", "--jobs", "2", *options,
+                              "--json")
     return db, res.json()
 
 

@@ -19,7 +19,7 @@ import json
 import pytest
 from rich.console import Console
 
-from tests.cli.cli_helpers import cli
+from tests.cli.cli_helpers import cli_here
 from tierdiag.diagnose.request.explain import explain_request
 from tierdiag.diagnose.run.summary import run_summary
 from tierdiag.report.runs_view import render_runs
@@ -132,12 +132,12 @@ def test_summary_says_the_rule_set(tmp_path):
 def test_cli_summary_and_runs_json_name_the_rule_set_old_store_as_059(tmp_path):
     old, new = _store(tmp_path, None), _store(tmp_path, "0.5.23")
     for b, want in ((old, "0.5.9"), (new, "0.5.23")):
-        res = cli("summary", "--db", b.path, "--json")
+        res = cli_here("summary", "--db", b.path, "--json")
         assert res.returncode == 0, res.stderr
         assert json.loads(res.stdout)["sglang_rules"] == want
-        res = cli("runs", "--db", b.path, "--json")
+        res = cli_here("runs", "--db", b.path, "--json")
         assert [r["sglang_rules"] for r in json.loads(res.stdout)] == [want]
-    res = cli("summary", "--db", old.path)
+    res = cli_here("summary", "--db", old.path)
     assert "engine rules: sglang 0.5.9 (recorded before rule sets)" in res.stdout, res.stdout
 
 

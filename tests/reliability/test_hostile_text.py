@@ -16,6 +16,8 @@ import pytest
 
 from harness import SMALL, cli_argv, cli_env, line, runs, tierdiag, write_trace
 
+from tests.support.cli import tierdiag_in_process
+
 # Markup that crashed the views (MarkupError), clear-screen, an OSC window title, a bidi override.
 HOSTILE_NAME = "[/bold]run\x1b[2J\x1b]0;pwned\x07[/]\u202e"
 HOSTILE_IDS = ["[/]", "[/bold]x", "a\x1b[31mred", "t\x1b]0;title\x07", "[link=file:///etc/passwd]x[/link]"]
@@ -33,7 +35,7 @@ def hostile(tmp_path_factory):
     lines = [line(0, 1800, [0, 1000 + i, 2000 + i, 3000 + i], id=rid) for i, rid in enumerate(HOSTILE_IDS)]
     trace = write_trace(root / "t.jsonl", lines)
     db = root / "h.duckdb"
-    r = tierdiag("replay", trace, "--db", db, "--run-name", HOSTILE_NAME, *SMALL)
+    r = tierdiag_in_process("replay", trace, "--db", db, "--run-name", HOSTILE_NAME, *SMALL)
     return db, r
 
 
@@ -48,7 +50,7 @@ def test_replay_closing_table_shows_a_hostile_run_name_escaped(hostile):
                          ids=["runs", "slow", "summary", "explain-ansi", "explain-osc"])
 def test_every_view_renders_hostile_text_as_text(hostile, args):
     db, _ = hostile
-    r = tierdiag(*args, "--db", db)
+    r = tierdiag_in_process(*args, "--db", db)
     assert r.code == 0, r.err
     assert_no_raw_controls(r.out)
     assert_no_raw_controls(r.err)
@@ -57,7 +59,7 @@ def test_every_view_renders_hostile_text_as_text(hostile, args):
         assert shown in r.out
     if args[0] == "runs":
         # (`runs` folds a name longer than its column: wide enough, it is on one line.)
-        wide = tierdiag(*args, "--db", db, env={**cli_env(), "COLUMNS": "200"})
+        wide = tierdiag_in_process(*args, "--db", db, env={**cli_env(), "COLUMNS": "200"})
         assert_no_raw_controls(wide.out)
         assert "\\x1b[2J\\x1b]0;pwned\\x07[/]\\u202e" in wide.out
     if args[0] == "slow":
@@ -66,14 +68,14 @@ def test_every_view_renders_hostile_text_as_text(hostile, args):
 
 def test_json_keeps_the_data_exact(hostile):
     db, _ = hostile
-    r = tierdiag("slow", "--db", db, "--json")
+    r = tierdiag_in_process("slow", "--db", db, "--json")
     assert sorted(x["req_id"] for x in json.loads(r.out)["requests"]) <= sorted(HOSTILE_IDS)
-    assert json.loads(tierdiag("runs", "--db", db, "--json").out)[0]["name"] == HOSTILE_NAME
+    assert json.loads(tierdiag_in_process("runs", "--db", db, "--json").out)[0]["name"] == HOSTILE_NAME
 
 
 def test_an_error_line_never_carries_raw_escapes(hostile):
     db, _ = hostile
-    r = tierdiag("explain", "zz\x1b[2Jzz", "--db", db)
+    r = tierdiag_in_process("explain", "zz\x1b[2Jzz", "--db", db)
     r.fails(5, "no request")
     assert_no_raw_controls(r.err)
 
@@ -89,7 +91,7 @@ def test_report_default_path_stays_in_reports_whatever_the_database_says(hostile
         con.execute("UPDATE runs SET name = '../../up'")
     work = tmp_path / "work"
     work.mkdir()
-    r = tierdiag("report", "--db", crafted, cwd=work)
+    r = tierdiag_in_process("report", "--db", crafted, cwd=work)
     assert r.code == 0, r.err
     written = [p for p in tmp_path.rglob("*.html")]
     assert len(written) == 1 and written[0].parent == work / "reports", written
@@ -123,8 +125,8 @@ def marked(tmp_path_factory):
              for i, rid in enumerate(["[/]", "[bold]q[/bold]", "p\x1b[31m"])]
     trace = write_trace(d / "t[red]n[u].jsonl", lines)
     db = d / "s[bold].duckdb"
-    named = tierdiag("replay", trace, "--db", db, "--run-name", MARKUP_RUN, *SMALL)
-    stem = tierdiag("replay", trace, "--db", db, *SMALL)
+    named = tierdiag_in_process("replay", trace, "--db", db, "--run-name", MARKUP_RUN, *SMALL)
+    stem = tierdiag_in_process("replay", trace, "--db", db, *SMALL)
     return d, trace, db, named, stem
 
 
@@ -141,9 +143,9 @@ def test_replay_shows_markup_in_the_run_name_the_trace_name_and_the_folder(marke
                          ids=["runs", "summary", "slow", "explain-tags", "explain-close", "compare"])
 def test_read_views_show_markup_from_the_store_and_the_path_as_text(marked, args):
     d, _, db, _, _ = marked
-    ids = [r["run_id"] for r in runs(db)]
+    ids = [r["run_id"] for r in runs(db, process=False)]
     args = tuple({"PREV": ids[0], "LAST": ids[-1]}.get(a, a) for a in args)
-    r = tierdiag(*args, "--db", db, env=cli_env(COLUMNS="400"))
+    r = tierdiag_in_process(*args, "--db", db, env=cli_env(COLUMNS="400"))
     assert r.code == 0, r.err
     assert_no_raw_controls(r.err)
     expected = {"runs": ["[/]run[bold]b[/bold]\\x1b[2J", TAGS], "slow": ["[bold]q[/bold]"],
@@ -154,13 +156,13 @@ def test_read_views_show_markup_from_the_store_and_the_path_as_text(marked, args
 def test_files_written_under_markup_paths_are_named_as_they_are(marked, tmp_path):
     d, trace, db, _, _ = marked
     out = markup_dir(tmp_path)
-    report = tierdiag("report", "--db", db, "-o", out / "r[bold].html")
+    report = tierdiag_in_process("report", "--db", db, "-o", out / "r[bold].html")
     assert report.code == 0, report.err
     shows(report.out, TAGS, "r[bold].html")
-    export = tierdiag("export", out / "e[bold]", "--db", db)
+    export = tierdiag_in_process("export", out / "e[bold]", "--db", db)
     assert export.code == 0, export.err
     shows(export.out, TAGS, "e[bold]")
-    synth = tierdiag("synth", out / "s[/].jsonl", "--requests", "5")
+    synth = tierdiag_in_process("synth", out / "s[/].jsonl", "--requests", "5")
     assert synth.code == 0, synth.err
     shows(synth.out, TAGS, "s[/].jsonl")
 
@@ -168,8 +170,8 @@ def test_files_written_under_markup_paths_are_named_as_they_are(marked, tmp_path
 def test_sweep_shows_a_markup_folder(marked, tmp_path):
     _, trace, _, _, _ = marked
     db = markup_dir(tmp_path) / "w[bold].duckdb"
-    r = tierdiag("sweep", trace, "--set", "host_tokens=4096,8192", "--set", "model=tiny", "--set", "gpu=cpu",
-                 "--set", "device_tokens=4096", "--db", db, "--jobs", "1")
+    r = tierdiag_in_process("sweep", trace, "--set", "host_tokens=4096,8192", "--set", "model=tiny", "--set", "gpu=cpu",
+                            "--set", "device_tokens=4096", "--db", db, "--jobs", "1")
     assert r.code == 0, r.err
     shows(r.out, TAGS)
 
@@ -191,12 +193,12 @@ def test_import_shows_markup_in_the_backend_the_folder_and_the_trace_path(tmp_pa
                tokens=list(range(96)), arrival_s=2.0, prefetch_wait_s=0.01),
     ])
     db = tmp_path / "i.duckdb"
-    r = tierdiag("import", "sglang", folder, "--db", db, "--trace-out", folder / "t[bold].jsonl")
+    r = tierdiag_in_process("import", "sglang", folder, "--db", db, "--trace-out", folder / "t[bold].jsonl")
     assert r.code == 0, r.err
     shows(r.out, "[/]Hi[bold]File", "sglang-e[bold]x", TAGS, "t[bold].jsonl")
-    assert len(runs(db)) == 1
+    assert len(runs(db, process=False)) == 1
     for view in (("summary",), ("slow",), ("explain", "[/]a")):
-        v = tierdiag(*view, "--db", db)
+        v = tierdiag_in_process(*view, "--db", db)
         assert v.code == 0, v.err
         assert_no_raw_controls(v.out)
 
@@ -212,7 +214,7 @@ def test_a_run_name_that_is_not_utf8_is_recorded_with_its_bytes_escaped(tmp_path
     db = tmp_path / "s.duckdb"
     r = tierdiag("replay", trace, "--db", db, "--run-name", NOT_UTF8, *SMALL)
     assert r.code == 0, r.err
-    assert runs(db)[0]["name"] == "n\\xfe\\xff"
+    assert runs(db, process=False)[0]["name"] == "n\\xfe\\xff"
     assert "n\\xfe\\xff" in r.out
 
 
@@ -265,11 +267,11 @@ def test_advise_and_delete_show_markup_in_the_run_name_and_the_folder(marked, tm
     _, trace, db, _, _ = marked
     copy = markup_dir(tmp_path) / "c[bold].duckdb"
     copy.write_bytes(db.read_bytes())
-    named = next(r for r in runs(copy) if r["name"] == MARKUP_RUN)
-    advise = tierdiag("advise", "--run", named["run_id"], "--db", copy, "--budget", "1", "--jobs", "1")
+    named = next(r for r in runs(copy, process=False) if r["name"] == MARKUP_RUN)
+    advise = tierdiag_in_process("advise", "--run", named["run_id"], "--db", copy, "--budget", "1", "--jobs", "1")
     assert advise.code == 0, advise.err  # (nothing to change here: it names no run, but must not crash)
     assert_no_raw_controls(advise.out)
     assert_no_raw_controls(advise.err)
-    deleted = tierdiag("runs", "--delete", named["run_id"], "--db", copy)
+    deleted = tierdiag_in_process("runs", "--delete", named["run_id"], "--db", copy)
     assert deleted.code == 0, deleted.err
     shows(deleted.out, "[/]run[bold]b[/bold]\\x1b[2J", TAGS, "c[bold].duckdb")

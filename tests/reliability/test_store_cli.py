@@ -15,6 +15,8 @@ import duckdb
 import pytest
 
 from harness import ROOMY, SMALL, holder, line, runs, sql, tierdiag, write_trace
+
+from tests.support.cli import tierdiag_in_process
 from tierdiag.store.schema import SCHEMA_VERSION
 
 READERS = [("runs",), ("summary",), ("slow",), ("explain", "1")]
@@ -28,7 +30,7 @@ def store(tmp_path_factory):
     lines = [line(100 * i, 600 + 100 * (i % 4), [0, 1000 + i], id=rid) for i, rid in enumerate(ids)]
     trace = write_trace(root / "conversation.jsonl", lines)
     db = root / "store.duckdb"
-    r = tierdiag("replay", trace, "--db", db, *SMALL)
+    r = tierdiag_in_process("replay", trace, "--db", db, *SMALL)
     assert r.code == 0, r.err
     return db
 
@@ -59,25 +61,26 @@ def with_schema_version(store, path, version: int):
 
 @pytest.mark.parametrize("args", READERS, ids=[a[0] for a in READERS])
 def test_missing_database(tmp_path, args):
-    tierdiag(*args, "--db", tmp_path / "none.duckdb").fails(4, "no database at", "none.duckdb", "tierdiag replay")
+    tierdiag_in_process(*args, "--db", tmp_path / "none.duckdb").fails(4, "no database at", "none.duckdb",
+                                                                      "tierdiag replay")
 
 
 @pytest.mark.parametrize("args", READERS, ids=[a[0] for a in READERS])
 def test_files_that_are_not_duckdb(junk_files, args):
     for junk in junk_files:
-        tierdiag(*args, "--db", junk).fails(4, str(junk), "is not a DuckDB database")
+        tierdiag_in_process(*args, "--db", junk).fails(4, str(junk), "is not a DuckDB database")
 
 
 def test_database_path_is_a_folder(tmp_path):
-    tierdiag("runs", "--db", tmp_path).fails(4, str(tmp_path), "folder")
-    tierdiag("replay", write_trace(tmp_path / "t.jsonl", [line(0, 900, [1, 2])]), "--db", tmp_path,
-             *SMALL).fails(6, str(tmp_path), "folder")
+    tierdiag_in_process("runs", "--db", tmp_path).fails(4, str(tmp_path), "folder")
+    tierdiag_in_process("replay", write_trace(tmp_path / "t.jsonl", [line(0, 900, [1, 2])]), "--db", tmp_path,
+                        *SMALL).fails(6, str(tmp_path), "folder")
 
 
 @pytest.mark.parametrize("args", READERS, ids=[a[0] for a in READERS])
 def test_duckdb_file_that_is_not_a_run_store(tmp_path, args):
     db = foreign_duckdb(tmp_path / "other.duckdb")
-    tierdiag(*args, "--db", db).fails(4, str(db), "not a tierdiag run store")
+    tierdiag_in_process(*args, "--db", db).fails(4, str(db), "not a tierdiag run store")
 
 
 def test_store_from_another_schema_version_says_which_and_what_to_do(tmp_path, store):
@@ -85,11 +88,12 @@ def test_store_from_another_schema_version_says_which_and_what_to_do(tmp_path, s
     from tierdiag.store.schema import OLDEST_READABLE_VERSION
 
     readable = f"reads v{OLDEST_READABLE_VERSION} to v{SCHEMA_VERSION}"
-    tierdiag("summary", "--db", newer).fails(4, f"schema v{SCHEMA_VERSION + 1}", readable, "upgrade tierdiag")
+    tierdiag_in_process("summary", "--db", newer).fails(4, f"schema v{SCHEMA_VERSION + 1}", readable,
+                                                        "upgrade tierdiag")
     # Older than the oldest version this tierdiag still reads (a newer schema's added columns read
     # as NULL from the ones after it: tests/diagnose/test_sessions.py).
     older = with_schema_version(store, tmp_path / "older.duckdb", OLDEST_READABLE_VERSION - 1)
-    tierdiag("explain", "1", "--db", older).fails(
+    tierdiag_in_process("explain", "1", "--db", older).fails(
         4, f"schema v{OLDEST_READABLE_VERSION - 1}", readable, "re-run `tierdiag replay`", "new --db")
 
 
@@ -101,36 +105,36 @@ def test_replay_never_writes_into_a_file_that_is_not_its_store(tmp_path, store, 
         (foreign, "not a tierdiag run store"), (newer, f"schema v{SCHEMA_VERSION + 1}")]
     for path, fragment in cases:
         before = path.read_bytes()
-        tierdiag("replay", trace, "--db", path, *SMALL).fails(4, str(path), fragment)
+        tierdiag_in_process("replay", trace, "--db", path, *SMALL).fails(4, str(path), fragment)
         assert path.read_bytes() == before, f"{path.name} was modified"
     assert sql(foreign, "SELECT * FROM measurements") == [(1, 2.5)]
 
 
 def test_unknown_run_suggests_close_names(store):
-    tierdiag("summary", "--db", store, "--run", "conversaton").fails(
+    tierdiag_in_process("summary", "--db", store, "--run", "conversaton").fails(
         4, "no run 'conversaton'", "did you mean", "conversation")
-    tierdiag("slow", "--db", store, "--run", "zzzzzz").fails(4, "no run 'zzzzzz'", "tierdiag runs")
+    tierdiag_in_process("slow", "--db", store, "--run", "zzzzzz").fails(4, "no run 'zzzzzz'", "tierdiag runs")
 
 
 def test_unknown_request_id_suggests_close_ids(store):
-    tierdiag("explain", "sess-3-turn2", "--db", store).fails(
+    tierdiag_in_process("explain", "sess-3-turn2", "--db", store).fails(
         5, "no request 'sess-3-turn2'", "did you mean", "sess-3-turn-2")
-    tierdiag("explain", "zzz", "--db", store).fails(5, "no request 'zzz'")
+    tierdiag_in_process("explain", "zzz", "--db", store).fails(5, "no request 'zzz'")
 
 
 def test_a_store_held_by_a_writer_is_reported_busy(tmp_path, store):
     db = tmp_path / "s.duckdb"
     shutil.copy(store, db)
     with holder(db, read_only=False) as pid:
-        tierdiag("runs", "--db", db).fails(4, str(db), "is busy", f"process {pid}")
-    assert runs(db)[0]["status"] == "complete"  # and once it lets go, readers are back
+        tierdiag_in_process("runs", "--db", db).fails(4, str(db), "is busy", f"process {pid}")
+    assert runs(db, process=False)[0]["status"] == "complete"  # and once it lets go, readers are back
 
 
 def test_readers_share_the_file(tmp_path, store):
     db = tmp_path / "s.duckdb"
     shutil.copy(store, db)
     with holder(db, read_only=True):
-        assert runs(db)[0]["name"] == "conversation"
+        assert runs(db, process=False)[0]["name"] == "conversation"
 
 
 @pytest.mark.slow
@@ -146,16 +150,16 @@ def test_a_replay_waits_for_a_reader_to_let_go(tmp_path, store):
         time.sleep(5)  # long enough for the replay to start and find the file held
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
-    assert [r["status"] for r in runs(db)] == ["complete", "complete"]
-    assert sql(db, "SELECT count(*) FROM requests WHERE run_id = ?", [runs(db)[1]["run_id"]]) == [(10,)]
+    assert [r["status"] for r in runs(db, process=False)] == ["complete", "complete"]
+    assert sql(db, "SELECT count(*) FROM requests WHERE run_id = ?", [runs(db, process=False)[1]["run_id"]]) == [(10,)]
 
 
 def test_database_in_a_missing_folder_is_created(tmp_path):
     """The rule for every output (-o, export, synth, calibrate -o, --db): missing folders are made."""
     trace = write_trace(tmp_path / "t.jsonl", [line(0, 900, [1, 2])])
     db = tmp_path / "no" / "such" / "r.duckdb"
-    assert tierdiag("replay", trace, "--db", db, *SMALL).code == 0
-    assert runs(db)[0]["status"] == "complete"
+    assert tierdiag_in_process("replay", trace, "--db", db, *SMALL).code == 0
+    assert runs(db, process=False)[0]["status"] == "complete"
 
 
 def _mount_tmpfs(path, options: str):
@@ -198,7 +202,8 @@ def read_only_folder(tmp_path):
 def test_database_in_a_read_only_folder(tmp_path):
     trace = write_trace(tmp_path / "t.jsonl", [line(0, 900, [1, 2])])
     with read_only_folder(tmp_path) as folder:
-        tierdiag("replay", trace, "--db", folder / "r.duckdb", *SMALL).fails(6, str(folder / "r.duckdb"), "writ")
+        tierdiag_in_process("replay", trace, "--db", folder / "r.duckdb", *SMALL).fails(6, str(folder / "r.duckdb"),
+                                                                                       "writ")
         assert not (folder / "r.duckdb").exists()
 
 
@@ -206,11 +211,12 @@ def test_disk_full_during_replay(tmp_path):
     """A real full disk (a 512 KiB tmpfs): the replay stops with one line, exit 6, and the
     store it leaves is still readable, its run not marked complete."""
     trace = tmp_path / "t.jsonl"
-    assert tierdiag("synth", trace, "--requests", "400", "--seed", "2").code == 0
+    assert tierdiag_in_process("synth", trace, "--requests", "400", "--seed", "2").code == 0
     with tmpfs(tmp_path / "full", "size=512k") as folder:
         db = folder / "r.duckdb"
+        # A process: what its end leaves in the store (the writer child reaped, the run closed).
         tierdiag("replay", trace, "--db", db, *ROOMY).fails(6, str(db), "no space left")
-        listed = tierdiag("runs", "--db", db, "--json")
+        listed = tierdiag_in_process("runs", "--db", db, "--json")
         if listed.code == 0:
             assert [r["status"] for r in listed.json()] in (["failed"], ["interrupted"])
         else:  # the file never got past its header: still a clean answer
@@ -253,19 +259,20 @@ def test_an_output_that_is_the_store_is_refused_through_links_too(tmp_path, shar
         args = ("report", "--db", db, "-o", out)
     else:
         args = ("import", "sglang", _export(tmp_path / "export"), "--db", db, "--trace-out", out)
-    tierdiag(*args).fails(2, f"{out}", "same file as --db", "refusing to write over")
+    tierdiag_in_process(*args).fails(2, f"{out}", "same file as --db", "refusing to write over")
     assert sql(db, "SELECT count(*) FROM runs")[0][0] == n_runs and os.stat(db).st_size == size
 
 
 def test_an_output_that_is_an_input_is_refused(tmp_path):
     export = _export(tmp_path / "export")
     before = export.read_bytes()
-    tierdiag("import", "sglang", export.parent, "--db", tmp_path / "o.duckdb", "--trace-out", export).fails(
+    tierdiag_in_process("import", "sglang", export.parent, "--db", tmp_path / "o.duckdb", "--trace-out", export).fails(
         2, "--trace-out", "same file as an export file")
-    tierdiag("import", "sglang", export.parent, "--db", export).fails(2, "--db", "same file as an export file")
+    tierdiag_in_process("import", "sglang", export.parent, "--db", export).fails(2, "--db",
+                                                                                 "same file as an export file")
     trace = write_trace(tmp_path / "t.jsonl", [line(0, 1000, [0, 1])])
-    tierdiag("replay", trace, "--db", trace, *SMALL).fails(2, "--db", "same file as TRACE")
-    tierdiag("sweep", trace, "--set", "seed=1,2", "--db", trace, *()).fails(2, "--db", "same file as TRACE")
+    tierdiag_in_process("replay", trace, "--db", trace, *SMALL).fails(2, "--db", "same file as TRACE")
+    tierdiag_in_process("sweep", trace, "--set", "seed=1,2", "--db", trace, *()).fails(2, "--db", "same file as TRACE")
     assert export.read_bytes() == before and trace.read_text().count("\n") == 1
     assert not (tmp_path / "o.duckdb").exists()
 
@@ -274,16 +281,17 @@ def test_nothing_but_a_store_replaces_a_duckdb_file(tmp_path, shared_store):
     db, n_runs, size = shared_store
     other = tmp_path / "other.duckdb"
     shutil.copy(db, other)
-    tierdiag("report", "--db", db, "-o", other).fails(2, f"-o {other}", "DuckDB database")
-    tierdiag("synth", other, "--requests", "5").fails(2, f"{other}", "DuckDB database")
-    tierdiag("import", "sglang", _export(tmp_path / "export"), "--db", tmp_path / "o.duckdb",
-             "--trace-out", other).fails(2, f"--trace-out {other}", "DuckDB database")
+    tierdiag_in_process("report", "--db", db, "-o", other).fails(2, f"-o {other}", "DuckDB database")
+    tierdiag_in_process("synth", other, "--requests", "5").fails(2, f"{other}", "DuckDB database")
+    tierdiag_in_process("import", "sglang", _export(tmp_path / "export"), "--db", tmp_path / "o.duckdb",
+                        "--trace-out", other).fails(2, f"--trace-out {other}", "DuckDB database")
     assert sql(other, "SELECT count(*) FROM runs")[0][0] == n_runs
 
 
 def test_trace_out_creates_its_parent_folders(tmp_path):
     """The contract's rule for outputs; it was exit 6 for --trace-out new/sub/t.jsonl."""
     out = tmp_path / "new" / "sub" / "t.jsonl"
-    r = tierdiag("import", "sglang", _export(tmp_path / "export"), "--db", tmp_path / "o.duckdb", "--trace-out", out)
+    r = tierdiag_in_process("import", "sglang", _export(tmp_path / "export"), "--db", tmp_path / "o.duckdb",
+                            "--trace-out", out)
     assert r.code == 0, r.err
     assert out.read_text().count("\n") == 1

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fake_run import write_fake_run
-from tests.cli.cli_helpers import cli, on_tty
+from tests.cli.cli_helpers import cli_here, on_tty
 from tierdiag.diagnose.request.causes import CAUSES
 from tierdiag.config.engine import EVICTION_POLICIES, WRITE_POLICIES
 from tierdiag.config.presets import MODELS
@@ -37,20 +37,20 @@ def db(tmp_path_factory) -> Path:
 def test_version_help_and_no_arguments():
     from tierdiag import __version__
 
-    v = cli("--version")
+    v = cli_here("--version")
     assert v.returncode == 0 and v.stdout.strip() == f"tierdiag {__version__}"
     for args in ((), ("-h",), ("--help",)):
-        r = cli(*args)
+        r = cli_here(*args)
         assert r.returncode == 0, args
         assert r.stdout.startswith("Usage: tierdiag ") and "--install-completion" in r.stdout
         assert "replay" in r.stdout and "explain" in r.stdout
     # Each command's line in the list is whole (click would end it with "...").
     assert "..." not in r.stdout.split("Commands:")[1]
-    assert cli("summary", "-h").returncode == 0
+    assert cli_here("summary", "-h").returncode == 0
 
 
 def test_replay_help_lists_choices_and_defaults_without_bool_metavars():
-    r = cli("replay", "--help")
+    r = cli_here("replay", "--help")
     assert r.returncode == 0
     text = r.stdout
     assert text.startswith("Usage: tierdiag replay [OPTIONS] {TRACE}")
@@ -69,7 +69,7 @@ def test_replay_help_lists_choices_and_defaults_without_bool_metavars():
 
 
 def test_an_unknown_choice_is_the_registry_error(db):
-    r = cli("slow", "--db", str(db), "--cause", "bogus")
+    r = cli_here("slow", "--db", str(db), "--cause", "bogus")
     assert r.returncode == 2 and "unknown cause 'bogus'; known: " in r.stderr
     assert all(c in r.stderr for c in CAUSES) and len(r.stderr.strip().splitlines()) == 1
 
@@ -82,8 +82,8 @@ def _assert_whole(text: str) -> None:
 
 
 def test_slow_piped_keeps_every_value(db):
-    rows = json.loads(cli("slow", "--db", str(db), "--top", "15", "--json").stdout)["requests"]
-    r = cli("slow", "--db", str(db), "--top", "15")
+    rows = json.loads(cli_here("slow", "--db", str(db), "--top", "15", "--json").stdout)["requests"]
+    r = cli_here("slow", "--db", str(db), "--top", "15")
     assert r.returncode == 0
     _assert_whole(r.stdout)
     for row in rows:
@@ -94,7 +94,7 @@ def test_slow_piped_keeps_every_value(db):
 
 
 def test_summary_at_80_columns_has_full_numbers_and_class_names(db):
-    sm = json.loads(cli("summary", "--db", str(db), "--json").stdout)
+    sm = json.loads(cli_here("summary", "--db", str(db), "--json").stdout)
     code, text = on_tty("summary", "--db", str(db), NO_COLOR="1")
     assert code == 0
     _assert_whole(text.replace("\r", ""))
@@ -105,7 +105,7 @@ def test_summary_at_80_columns_has_full_numbers_and_class_names(db):
 
 
 def test_explain_at_80_columns_cuts_no_id(db):
-    rid = json.loads(cli("slow", "--db", str(db), "--top", "1", "--json").stdout)["requests"][0]["req_id"]
+    rid = json.loads(cli_here("slow", "--db", str(db), "--top", "1", "--json").stdout)["requests"][0]["req_id"]
     code, text = on_tty("explain", rid, "--db", str(db), NO_COLOR="1")
     assert code == 0 and rid in text
     assert "…" not in text
@@ -117,17 +117,17 @@ def test_no_color_removes_all_styling(db):
     for args in (("slow", "--db", str(db), "--top", "5"), ("summary", "--db", str(db)), ("replay", "--help")):
         code, text = on_tty(*args, NO_COLOR="1")
         assert code == 0 and not ANSI.search(text), args
-    assert not ANSI.search(cli("summary", "--db", str(db)).stdout)  # piped: never escapes
+    assert not ANSI.search(cli_here("summary", "--db", str(db)).stdout)  # piped: never escapes
 
 
 def test_runs_at_80_columns_show_ids_that_run_accepts(db, tmp_path):
     multi = tmp_path / "multi.duckdb"
     ids = [write_fake_run(multi, 40, seed, name=f"a-rather-long-run-name-{seed}").run_id for seed in (1, 2)]
-    for text in (cli("runs", "--db", str(multi)).stdout,
+    for text in (cli_here("runs", "--db", str(multi)).stdout,
                  on_tty("runs", "--db", str(multi), NO_COLOR="1")[1].replace("\r", "")):
         _assert_whole(text)
         shown = re.findall(r"^(\d{8}-\d{6}-[0-9a-f]{6})\b", text, re.M)
         assert shown == ids, text
         assert "GiB" in text  # pools in tokens and GiB
     for rid in ids:
-        assert cli("summary", "--db", str(multi), "--run", rid, "--json").returncode == 0
+        assert cli_here("summary", "--db", str(multi), "--run", rid, "--json").returncode == 0

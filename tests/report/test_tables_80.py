@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.cli_helpers import REPLAY_ARGS, cli, on_tty, write_late_trace
+from tests.cli.cli_helpers import REPLAY_ARGS, cli_here, on_tty, write_late_trace
 
 SAMPLES = Path(__file__).resolve().parents[2] / "tierdiag" / "trace" / "samples"
 BOX = re.compile(r"[│┃┏┓┗┛┡┩└┘├┤┼━─╇╈╋]")
@@ -33,19 +33,20 @@ def store(tmp_path_factory):
     db = tmp / "r.duckdb"
     trace = write_late_trace(tmp / "t.jsonl", num_requests=300)
     for name, host in (("small", 20480), ("large", 40960)):
-        r = cli("replay", trace, "--db", db, "--run-name", name, *REPLAY_ARGS[:-2], "--host-tokens", host)
+        r = cli_here("replay", trace, "--db", db, "--run-name", name, *REPLAY_ARGS[:-2], "--host-tokens", host)
         assert r.returncode == 0, r.stderr
-    r = cli("sweep", trace, "--db", db, "--set", "model=tiny", "--set", "gpu=cpu", "--set", "device_tokens=12288",
-            "--set", "host_tokens=20480,40960,81920", "--set", "write_policy=write_through,write_back", "--jobs", "2")
+    r = cli_here("sweep", trace, "--db", db, "--set", "model=tiny", "--set", "gpu=cpu", "--set", "device_tokens=12288",
+                 "--set", "host_tokens=20480,40960,81920", "--set", "write_policy=write_through,write_back", "--jobs", "2")
     assert r.returncode == 0, r.stderr
     for name, router in (("rr", "round_robin"), ("ca", "cache_aware")):  # compare's ranks table
-        r = cli("replay", trace, "--db", db, "--run-name", name, *REPLAY_ARGS, "--dp", 2, "--router", router)
+        r = cli_here("replay", trace, "--db", db, "--run-name", name, *REPLAY_ARGS, "--dp", 2, "--router", router)
         assert r.returncode == 0, r.stderr
     prod = tmp / "prod.duckdb"
-    r = cli("import", "sglang", SAMPLES / "sglang", "--db", prod, "--run-name", "prod", "--trace-out", tmp / "twin.jsonl")
+    r = cli_here("import", "sglang", SAMPLES / "sglang", "--db", prod, "--run-name", "prod", "--trace-out",
+                 tmp / "twin.jsonl")
     assert r.returncode == 0, r.stderr
-    r = cli("replay", tmp / "twin.jsonl", "--db", prod, "--run-name", "twin", "--device-tokens", 9600, "--host-tokens",
-            65536, "--page-size", 64, "--verify", "off")
+    r = cli_here("replay", tmp / "twin.jsonl", "--db", prod, "--run-name", "twin", "--device-tokens", 9600,
+                 "--host-tokens", 65536, "--page-size", 64, "--verify", "off")
     assert r.returncode == 0, r.stderr
     return db, prod
 
@@ -62,14 +63,14 @@ VIEWS = [
 def test_piped_views_fit_80_columns(store, view):
     db, prod = store
     args = [a for a in view if a != "@prod"]
-    r = cli(*args, "--db", prod if "@prod" in view else db, columns=80)
+    r = cli_here(*args, "--db", prod if "@prod" in view else db, columns=80)
     assert r.returncode == 0, r.stderr
     check_80(r.stdout, " ".join(args))
 
 
 def test_advise_fits_80_columns_and_keeps_changes_and_ids_whole(store):
     db, _ = store
-    r = cli("advise", "--run", "small", "--budget", "2", "--jobs", "2", "--db", db, columns=80)
+    r = cli_here("advise", "--run", "small", "--budget", "2", "--jobs", "2", "--db", db, columns=80)
     assert r.returncode == 0, r.stderr
     check_80(r.stdout, "advise")
     ids = set(re.findall(r"\b\d{8}-\d{6}-[0-9a-f]{6}\b", r.stdout))

@@ -34,9 +34,9 @@ def singles(tmp_path_factory, trace) -> Path:
 @pytest.fixture(scope="session")
 def swept(tmp_path_factory, trace) -> Path:
     """`tierdiag sweep` of the same 4 combinations, 2 worker processes."""
-    from tests.sweep.sweep_helpers import BASE, SETS, cli
+    from tests.sweep.sweep_helpers import BASE, SETS, cli_here
 
     db = tmp_path_factory.mktemp("swept") / "sweep.duckdb"
-    proc = cli("sweep", trace, *BASE, *SETS, "--jobs", "2", "--db", db)
+    proc = cli_here("sweep", trace, *BASE, *SETS, "--jobs", "2", "--db", db)
     assert proc.returncode == 0, proc.stderr
     return db

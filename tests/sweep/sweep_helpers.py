@@ -9,6 +9,7 @@ from pathlib import Path
 import duckdb
 
 from tests.support.cli import ENTRY, cli_env, run  # noqa: F401 - ENTRY: the sweep tests start the CLI with it
+from tests.support.cli import completed_in_process
 from tests.support.cli import one_line_error as support_one_line_error
 from tierdiag.store.schema import EVENT_TABLES, TABLES
 
@@ -37,6 +38,12 @@ def env(**extra: str) -> dict[str, str]:
 
 def cli(*args: object, cwd: Path | None = None, timeout: float = 240, **extra_env: str) -> subprocess.CompletedProcess:
     return run(*args, env=cli_env(**extra_env), cwd=cwd, timeout=timeout)
+
+
+def cli_here(*args: object, cwd: Path | None = None, **extra_env: str) -> subprocess.CompletedProcess:
+    """`cli` in this process (tests/support/cli.py `tierdiag_in_process`): what a command says
+    and records, where its process is not what is tested."""
+    return completed_in_process(*args, env=cli_env(**extra_env), cwd=cwd)
 
 
 def one_line_error(proc: subprocess.CompletedProcess, code: int, *fragments: str) -> str:

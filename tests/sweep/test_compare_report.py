@@ -12,7 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from tests.sweep.sweep_helpers import NAMES, cli, one_line_error
+from tests.sweep.sweep_helpers import NAMES, cli_here, one_line_error
 from tierdiag.report.compare_figures import cdf_points, pareto_front
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -52,7 +52,7 @@ def _page(path: Path) -> str:
 
 def test_sweep_report_names_every_run_and_escapes_them(tmp_path, hostile_db):
     out = tmp_path / "reports" / "sweep.html"
-    proc = cli("report", "--sweep", "sweep-", "--db", hostile_db, "-o", out, "--json")
+    proc = cli_here("report", "--sweep", "sweep-", "--db", hostile_db, "-o", out, "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["path"] == str(out) and len(result["run_ids"]) == 4 and result["figures"] == 7
@@ -73,12 +73,12 @@ def test_sweep_report_names_every_run_and_escapes_them(tmp_path, hostile_db):
 def test_report_compare_two_runs_and_its_errors(tmp_path, swept):
     a, b = "host_tokens=16k,write_policy=write_through", "host_tokens=64k,write_policy=write_back"
     out = tmp_path / "ab.html"
-    proc = cli("report", "--compare", a, b, "--db", swept, "-o", out)
+    proc = cli_here("report", "--compare", a, b, "--db", swept, "-o", out)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(out)
     assert f"A = <b>{a}</b>" in _page(out)
-    one_line_error(cli("report", "--sweep", "sweep-", "--run", a, "--db", swept), 2, "give one of them")
-    one_line_error(cli("report", "--sweep", "nosuch", "--db", swept), 4, "is not a sweep")
+    one_line_error(cli_here("report", "--sweep", "sweep-", "--run", a, "--db", swept), 2, "give one of them")
+    one_line_error(cli_here("report", "--sweep", "nosuch", "--db", swept), 4, "is not a sweep")
 
 
 @pytest.mark.chromium
@@ -87,7 +87,7 @@ def test_sweep_report_renders_in_chromium(tmp_path, swept):
     from playwright.sync_api import sync_playwright
 
     out = tmp_path / "sweep.html"
-    assert cli("report", "--sweep", "sweep-", "--db", swept, "-o", out).returncode == 0
+    assert cli_here("report", "--sweep", "sweep-", "--db", swept, "-o", out).returncode == 0
     errors, fetched = [], []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

@@ -13,8 +13,8 @@ import time
 import duckdb
 import pytest
 
-from tests.sweep.sweep_helpers import (BASE, DEMO, ENTRY, NAMES, SETS, SHARED_TRACES, assert_same_runs, cli, env,
-                                       one_line_error, runs_by_name)
+from tests.sweep.sweep_helpers import (BASE, DEMO, ENTRY, NAMES, SETS, SHARED_TRACES, assert_same_runs, cli, cli_here,
+                                       env, one_line_error, runs_by_name)
 
 
 def test_sweep_rows_are_those_of_single_replays(swept, singles):
@@ -27,7 +27,7 @@ def test_sweep_rows_are_those_of_single_replays(swept, singles):
 
 
 def test_compare_sweep_shows_every_run(swept):
-    proc = cli("compare", "--db", swept, "--json", "--by", "ttft_p50")
+    proc = cli_here("compare", "--db", swept, "--json", "--by", "ttft_p50")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["varied"] == ["host_tokens", "write_policy"]
@@ -40,14 +40,14 @@ def test_compare_sweep_shows_every_run(swept):
         assert r["memory_bytes"] > 0 and 0 < r["gpu_busy_share"] <= 1
         assert {c["hit_class"] for c in r["ttft_by_class"]} <= {"device_hit", "tiered_hit", "miss"}
     # The table view names the sweep and both varied options; it starts with the sweep id.
-    text = cli("compare", "--db", swept)
+    text = cli_here("compare", "--db", swept)
     assert text.returncode == 0, text.stderr
     assert "host_tokens" in text.stdout and "write_policy" in text.stdout and result["sweep_id"] in text.stdout
 
 
 def test_compare_requests_between_two_runs_of_the_sweep(swept):
     a, b = "host_tokens=16k,write_policy=write_through", "host_tokens=64k,write_policy=write_back"
-    proc = cli("compare", a, b, "--requests", "--top", "3", "--db", swept, "--json")
+    proc = cli_here("compare", a, b, "--requests", "--top", "3", "--db", swept, "--json")
     assert proc.returncode == 0, proc.stderr
     rc = json.loads(proc.stdout)
     assert rc["name_a"] == a and rc["name_b"] == b
@@ -56,7 +56,7 @@ def test_compare_requests_between_two_runs_of_the_sweep(swept):
     assert [g["delta_ms"] for g in rc["gains"]] == sorted(g["delta_ms"] for g in rc["gains"])
     assert all(c["cause_a"] != c["cause_b"] for c in rc["changed"])
     assert sum(t["num_requests"] for t in rc["transitions"]) == rc["num_changed"]
-    one_line_error(cli("compare", a, "--requests", "--db", swept), 2, "exactly two runs")
+    one_line_error(cli_here("compare", a, "--requests", "--db", swept), 2, "exactly two runs")
 
 
 @pytest.mark.parametrize("sets, fragments", [
@@ -69,7 +69,7 @@ def test_compare_requests_between_two_runs_of_the_sweep(swept):
 ])
 def test_bad_set_fails_before_any_replay(tmp_path, trace, sets, fragments):
     db = tmp_path / "never.duckdb"
-    one_line_error(cli("sweep", trace, *sets, "--db", db), 2, *fragments)
+    one_line_error(cli_here("sweep", trace, *sets, "--db", db), 2, *fragments)
     assert not db.exists()
 
 
@@ -126,7 +126,7 @@ def test_interrupted_sweep_keeps_finished_runs_complete(tmp_path):
         n = con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [runs["host_tokens=16k"]["run_id"]]).fetchone()[0]
     assert n == runs["host_tokens=16k"]["num_requests"] == copies * len(demo)
     for name in runs:  # both readable by every reader
-        assert cli("summary", "--run", name, "--db", db, "--json").returncode == 0
+        assert cli_here("summary", "--run", name, "--db", db, "--json").returncode == 0
 
 
 @pytest.mark.shared
@@ -138,8 +138,8 @@ def test_sweep_of_the_synthetic_trace(tmp_path):
 
     trace = SHARED_TRACES / "synthetic_trace.jsonl"
     db, single = tmp_path / "sweep.duckdb", tmp_path / "single.duckdb"
-    proc = cli("sweep", trace, "--set", "host_tokens=2M,8M", "--set", "write_policy=write_through,write_back",
-               "--jobs", "2", "--db", db, timeout=600)
+    proc = cli_here("sweep", trace, "--set", "host_tokens=2M,8M", "--set", "write_policy=write_through,write_back",
+                    "--jobs", "2", "--db", db)
     assert proc.returncode == 0, proc.stderr
     runs = runs_by_name(db)
     assert len(runs) == 4 and {r["status"] for r in runs.values()} == {"complete"}
@@ -172,7 +172,7 @@ def test_readers_never_import_torch(swept, tmp_path, args):
 
 
 def test_runs_shows_kind_sweep_and_changed_options(swept):
-    proc = cli("runs", "--db", swept, "--json")
+    proc = cli_here("runs", "--db", swept, "--json")
     assert proc.returncode == 0, proc.stderr
     runs = {r["name"]: r for r in json.loads(proc.stdout)}
     r = runs["host_tokens=64k,write_policy=write_back"]
@@ -181,7 +181,7 @@ def test_runs_shows_kind_sweep_and_changed_options(swept):
     assert r["changed_from_defaults"] == {"model": "tiny", "gpu": "cpu", "device_tokens": 16384,
                                           "host_tokens": 65536, "write_policy": "write_back"}
     assert "write_policy" not in runs["host_tokens=64k,write_policy=write_through"]["changed_from_defaults"]
-    table = cli("runs", "--db", swept)
+    table = cli_here("runs", "--db", swept)
     assert "replay" in table.stdout and r["sweep_id"] in table.stdout and "write_policy=write_back" in table.stdout
 
 
@@ -189,10 +189,10 @@ def test_run_accepts_unique_prefixes_of_ids_and_names(swept):
     runs = runs_by_name(swept)
     target = runs["host_tokens=64k,write_policy=write_through"]
     for ref in (target["run_id"], target["run_id"][:-2], "host_tokens=64k,write_policy=write_t"):
-        proc = cli("summary", "--run", ref, "--db", swept, "--json")
+        proc = cli_here("summary", "--run", ref, "--db", swept, "--json")
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout)["run_id"] == target["run_id"]
-    one_line_error(cli("summary", "--run", "host_tokens=64k", "--db", swept), 4, "ambiguous",
+    one_line_error(cli_here("summary", "--run", "host_tokens=64k", "--db", swept), 4, "ambiguous",
                    "host_tokens=64k,write_policy=write_through")
 
 
@@ -201,7 +201,7 @@ def test_a_bad_line_mid_trace_fails_every_run_and_keeps_them(tmp_path, trace):
     lines = trace.read_text().splitlines(keepends=True)
     bad.write_text("".join(lines[:50]) + "{not json\n" + "".join(lines[50:]))
     db = tmp_path / "bad.duckdb"
-    proc = cli("sweep", bad, *BASE, "--set", "host_tokens=16k,64k", "--jobs", "2", "--db", db)
+    proc = cli_here("sweep", bad, *BASE, "--set", "host_tokens=16k,64k", "--jobs", "2", "--db", db)
     assert proc.returncode == 3, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("tierdiag: error: 2 of 2 sweep runs failed;") and "bad.jsonl:51: bad JSON" in last, last

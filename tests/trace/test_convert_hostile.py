@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.cli import cli_argv, cli_env, tierdiag
+from tests.support.cli import tierdiag_in_process
 from tierdiag.errors import ConfigError, ExitCode, TraceError
 from tierdiag.trace.convert import ConvertOptions, convert, replay_options
 from tierdiag.trace.convert.records import MAX_SECONDS
@@ -107,7 +106,7 @@ def test_a_400_digit_time_is_a_bad_record_not_an_overflow(tmp_path, fmt):
         src.write_text('{"chat_id": 1, "timestamp": 0, "input_length": 16, "output_length": 1, "hash_ids": [1]}\n'
                        f'{{"chat_id": 2, "timestamp": {big}, "input_length": 16, "output_length": 1, "hash_ids": [1]}}\n')
         where, field = "u.jsonl:2", "timestamp"
-    res = tierdiag("convert", fmt, src, "-o", tmp_path / "o.jsonl")
+    res = tierdiag_in_process("convert", fmt, src, "-o", tmp_path / "o.jsonl")
     res.fails(ExitCode.BAD_INPUT, f"{where}: '{field}' 1000", "too large")
     assert not (tmp_path / "o.jsonl").exists()
 
@@ -125,7 +124,7 @@ def test_a_start_spread_too_wide_for_the_files_names_the_option(tmp_path):
     files = [_kv(tmp_path, f"f{i}.json", [REQ], id=f"c{i}") for i in range(8)]
     with pytest.raises(ConfigError, match=r"--start-spread 1e\+09 over 8 files places the last conversation start"):
         convert("kv-cache-tester", files, tmp_path / "o.jsonl", ConvertOptions(start_spread_s=1e9))
-    res = tierdiag("convert", "kv-cache-tester", *files, "-o", tmp_path / "o.jsonl", "--start-spread", "1e9")
+    res = tierdiag_in_process("convert", "kv-cache-tester", *files, "-o", tmp_path / "o.jsonl", "--start-spread", "1e9")
     line = res.fails(ExitCode.USAGE, "--start-spread")
     assert ".json:" not in line  # no innocent file blamed
     assert not (tmp_path / "o.jsonl").exists()
@@ -134,7 +133,7 @@ def test_a_start_spread_too_wide_for_the_files_names_the_option(tmp_path):
 @pytest.mark.parametrize("spread", ["nan", "inf", "-1", "1e300"])
 def test_start_spread_out_of_range(tmp_path, spread):
     src = _kv(tmp_path, "c.json", [REQ], id="c")
-    tierdiag("convert", "kv-cache-tester", src, "-o", tmp_path / "o.jsonl", "--start-spread", spread).fails(
+    tierdiag_in_process("convert", "kv-cache-tester", src, "-o", tmp_path / "o.jsonl", "--start-spread", spread).fails(
         ExitCode.USAGE, "--start-spread")
 
 
@@ -144,15 +143,15 @@ def test_start_spread_out_of_range(tmp_path, spread):
 def test_the_printed_next_command_runs(tmp_path, block_size):
     src = _kv(tmp_path, "c.json", [REQ, {**REQ, "t": 1.0, "in": 192, "hash_ids": [1, 2, 3], "think_time": 0.5}],
               id="c")
-    res = tierdiag("convert", "kv-cache-tester", src, "-o", tmp_path / "out dir" / "o.jsonl",
-                   "--block-size", block_size)
+    res = tierdiag_in_process("convert", "kv-cache-tester", src, "-o", tmp_path / "out dir" / "o.jsonl",
+                              "--block-size", block_size)
     assert res.code == 0, res.err
     (next_line,) = [ln for ln in res.out.splitlines() if ln.strip().startswith("next: ")]
     argv = shlex.split(next_line.strip()[len("next: "):])
     assert argv[:2] == ["tierdiag", "replay"]
     # exactly as printed (its store: tierdiag.duckdb in the current folder)
-    ran = subprocess.run(cli_argv(*argv[1:]), capture_output=True, text=True, env=cli_env(), timeout=300, cwd=tmp_path)
-    assert ran.returncode == 0, ran.stderr
+    ran = tierdiag_in_process(*argv[1:], cwd=tmp_path)
+    assert ran.code == 0, ran.err
     assert (tmp_path / "tierdiag.duckdb").exists()
 
 
@@ -168,7 +167,8 @@ def test_unchained_blocks_count_distinct_ids(tmp_path):
     """Source id 5 follows 1 first, then 2 in nine more requests: one id, nine places."""
     reqs = [{**REQ, "t": 0.0, "hash_ids": [1, 5]}] + [{**REQ, "t": float(i), "hash_ids": [2, 5]} for i in range(1, 10)]
     src = _kv(tmp_path, "c.json", reqs, id="c")
-    res = tierdiag("convert", "kv-cache-tester", src, "-o", tmp_path / "o.jsonl", "--block-size", "64", "--json")
+    res = tierdiag_in_process("convert", "kv-cache-tester", src, "-o", tmp_path / "o.jsonl", "--block-size", "64",
+                              "--json")
     assert res.code == 0, res.err
     got = json.loads(res.out)
     assert (got["unchained_blocks"], got["unchained_block_uses"]) == (1, 9)

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.cli import tierdiag
+from tests.support.cli import tierdiag_in_process
 from tierdiag.errors import ExitCode, TraceError
 from tierdiag.trace.reader import MAX_ARRIVAL_NS, MAX_THINK_MS, NS_PER_MS, ReadReport, read_trace
 
@@ -55,9 +55,9 @@ def test_a_400_digit_integer_is_a_bad_line_not_an_overflow(tmp_path, field):
 
 def test_a_400_digit_think_ms_through_the_cli(tmp_path):
     path = _write(tmp_path, [_turn(0, None, 0), _turn(10, "1" + "0" * 400, 2)])
-    res = tierdiag("replay", path, "--db", tmp_path / "r.duckdb", *SMALL)
+    res = tierdiag_in_process("replay", path, "--db", tmp_path / "r.duckdb", *SMALL)
     res.fails(ExitCode.BAD_INPUT, "t.jsonl:2: 'think_ms' 1000", "too large")
-    res = tierdiag("replay", path, "--db", tmp_path / "r.duckdb", *SMALL, "--skip-bad", "--json")
+    res = tierdiag_in_process("replay", path, "--db", tmp_path / "r.duckdb", *SMALL, "--skip-bad", "--json")
     assert res.code == 0, res.err
 
 
@@ -82,7 +82,7 @@ def test_a_lone_surrogate_in_text_is_a_bad_line(tmp_path, field):
 
 def test_a_lone_surrogate_through_replay_is_exit_3(tmp_path):
     path = _write(tmp_path, [json.dumps(GOOD).replace("}", ', "id": "a\\udfff"}')])
-    res = tierdiag("replay", path, "--db", tmp_path / "r.duckdb", *SMALL)
+    res = tierdiag_in_process("replay", path, "--db", tmp_path / "r.duckdb", *SMALL)
     res.fails(ExitCode.BAD_INPUT, "t.jsonl:1: 'id' holds text that is not valid Unicode")
 
 
@@ -113,7 +113,7 @@ def test_a_skipped_turn_adds_no_pause(tmp_path):
 def test_pauses_past_the_clock_through_the_cli_are_exit_3(tmp_path):
     """Before: exit 1 "internal error" (BIGINT out of range) in closed loop."""
     path = _write(tmp_path, [_turn(0, None, 0)] + [_turn(i, MAX_THINK_MS // 2, 2 * i) for i in range(1, 5)])
-    res = tierdiag("replay", path, "--db", tmp_path / "r.duckdb", *SMALL, "--arrivals", "closed")
+    res = tierdiag_in_process("replay", path, "--db", tmp_path / "r.duckdb", *SMALL, "--arrivals", "closed")
     res.fails(ExitCode.BAD_INPUT, "t.jsonl:4: 'think_ms'", "would arrive past")
 
 
@@ -123,9 +123,10 @@ def test_a_time_scale_that_pushes_a_session_past_the_clock_names_the_line(tmp_pa
     bound every arrival keeps so that what the engine adds stays in int64 (before: taken)."""
     half = MAX_THINK_MS // 2
     path = _write(tmp_path, [_turn(half, None, 0), _turn(half, half, 2)])
-    res = tierdiag("replay", path, "--db", tmp_path / "r.duckdb", *SMALL, "--time-scale", "2")
+    res = tierdiag_in_process("replay", path, "--db", tmp_path / "r.duckdb", *SMALL, "--time-scale", "2")
     res.fails(ExitCode.BAD_INPUT, "t.jsonl:2: session \"s\": its first arrival times --time-scale 2 plus its pauses")
-    res = tierdiag("replay", path, "--db", tmp_path / "r2.duckdb", *SMALL, "--time-scale", "2", "--arrivals", "trace")
+    res = tierdiag_in_process("replay", path, "--db", tmp_path / "r2.duckdb", *SMALL, "--time-scale", "2",
+                              "--arrivals", "trace")
     assert res.code == 0, res.err  # open loop: the pauses place nothing
 
 
