@@ -119,6 +119,7 @@ hostile_feeds = st.sampled_from([
 ])
 
 
+@settings(deadline=None)  # a C call a feed: under load an example can pass 200 ms (once, h41curves1)
 @given(hostile_feeds)
 def test_a_malformed_feed_is_refused_by_both_and_leaves_the_stack_as_it_was(bad):
     ids, query, sizes = (np.array(x, dtype=np.int64) for x in bad)
