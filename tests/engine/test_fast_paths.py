@@ -71,6 +71,21 @@ def _replay(reqs, cfg, ahead: bool, steps: bool, monkeypatch) -> tuple[list, dic
     return replay_everything(reqs, cfg, steps)
 
 
+def replay_through_memo(reqs, cfg, memo: bool, monkeypatch, taken: list, owner, name: str, holds) -> tuple[list, dict]:
+    """One replay with a memo's check `owner.name` (its own function: `holds`) answering as
+    itself (`memo`) or always refusing, each answer appended to `taken`: the comparable events
+    and the stats (test_refresh_memo's and test_requery_memo's replays)."""
+
+    def patched(*args):
+        got = memo and holds(*args)
+        taken.append(got)
+        return got
+
+    monkeypatch.setattr(owner, name, patched)
+    events, stats = replay_everything(reqs, cfg, False)
+    return [_comparable(e) for e in events], stats
+
+
 def replay_everything(reqs, cfg, steps: bool) -> tuple[list, dict]:
     """Every event (`Everything`) and the stats of one replay of `reqs` under `cfg`, its
     invariants checked idle (also test_refresh_memo's and test_requery_memo's replays)."""

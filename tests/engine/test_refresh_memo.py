@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.engine.helpers import PS, patches_the_engine, small_config
+from tests.engine.test_fast_paths import bursts
 from tierdiag.engine.rules import RULE_SETS
 from tierdiag.engine.tree import RadixTree
 from tierdiag.engine.tree_node import WalkMemo
@@ -193,26 +194,13 @@ def test_a_memo_of_no_path_checks_the_roots_child():
 # --- whole replays, with the memo and with it refused (patches the class: the Python twin) ------
 
 def _replay(reqs, cfg, memo: bool, monkeypatch, taken: list) -> tuple[list, dict]:
-    from tests.engine.test_fast_paths import _comparable, replay_everything
-
-    def patched(self, m, keys):
-        got = memo and _HOLDS(self, m, keys)
-        taken.append(got)
-        return got
-
-    monkeypatch.setattr(RadixTree, "_memo_path_holds", patched)
-    events, stats = replay_everything(reqs, cfg, False)
-    return [_comparable(e) for e in events], stats
-
-
-def _bursts():
-    from tests.engine.test_fast_paths import bursts
-    return bursts()
+    from tests.engine.test_fast_paths import replay_through_memo
+    return replay_through_memo(reqs, cfg, memo, monkeypatch, taken, RadixTree, "_memo_path_holds", _HOLDS)
 
 
 @patches_the_engine
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(reqs=_bursts(), dp=st.integers(1, 2), device=st.integers(12, 30), host=st.integers(0, 30),
+@given(reqs=bursts(), dp=st.integers(1, 2), device=st.integers(12, 30), host=st.integers(0, 30),
        policy=st.sampled_from(["fcfs", "hrrn", "shortest-prefill-first"]), write_policy=st.sampled_from(["write_through", "write_back"]),
        eviction=st.sampled_from(["lru", "mru"]), rules=st.sampled_from(["0.5.23", "0.5.9"]))
 def test_walks_through_the_memo_change_no_event(reqs, dp, device, host, policy, write_policy, eviction, rules,

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.engine.helpers import PS, patches_the_engine, req, small_config
+from tests.engine.test_fast_paths import bursts
 from tierdiag.engine import prefetch
 from tierdiag.engine.request import Req
 from tierdiag.engine.tree import RadixTree
@@ -181,26 +182,13 @@ def test_the_memo_holds_on_an_unchanged_path_and_not_past_a_change():
 # --- whole replays, with the memo and with it refused (patches the module: the Python twin) --------
 
 def _replay(reqs, cfg, memo: bool, monkeypatch, taken: list) -> tuple[list, dict]:
-    from tests.engine.test_fast_paths import _comparable, replay_everything
-
-    def holds(m, tree, r):
-        got = memo and _HOLDS(m, tree, r)
-        taken.append(got)
-        return got
-
-    monkeypatch.setattr(prefetch, "_memo_holds", holds)
-    events, stats = replay_everything(reqs, cfg, False)
-    return [_comparable(e) for e in events], stats
-
-
-def _bursts():
-    from tests.engine.test_fast_paths import bursts
-    return bursts()
+    from tests.engine.test_fast_paths import replay_through_memo
+    return replay_through_memo(reqs, cfg, memo, monkeypatch, taken, prefetch, "_memo_holds", _HOLDS)
 
 
 @patches_the_engine
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(reqs=_bursts(), dp=st.integers(1, 2), device=st.integers(12, 30), host=st.integers(0, 30),
+@given(reqs=bursts(), dp=st.integers(1, 2), device=st.integers(12, 30), host=st.integers(0, 30),
        policy=st.sampled_from(["fcfs", "lpm"]), prefetch_policy=st.sampled_from(["best_effort", "wait_complete",
                                                                                "timeout"]),
        write_policy=st.sampled_from(["write_through", "write_back"]))
