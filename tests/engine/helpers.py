@@ -217,3 +217,33 @@ def source_twin(module: str, name: str):
     loaded = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(loaded)
     return loaded
+
+
+# The tree changes of the memo tests' op streams (test_refresh_memo, test_requery_memo): each op
+# (name, index) takes the index-th node (by id, wrapping) of those the change may apply to.
+TREE_CHANGES = {
+    "host": (lambda n: n.host is None, None),
+    "demote": (lambda n: n.device is not None and n.host is not None and n.lock_ref == 0 and n.n_dev_children == 0,
+               "demote"),
+    "drop_host": (lambda n: n.device is not None and n.host is not None, "drop_host"),
+    "delete": (lambda n: n.lock_ref == 0 and not n.children, "delete"),
+}
+
+
+def pick_node(tree, i: int, ok):
+    """The i-th node (by id, wrapping) of `tree`'s nodes that `ok` accepts; None: none does."""
+    nodes = sorted((n for n in tree.nodes() if ok(n)), key=lambda n: n.id)
+    return nodes[i % len(nodes)] if nodes else None
+
+
+def change_tree(tree, o: tuple, slots) -> None:
+    """Apply a TREE_CHANGES op `o` to `tree` (a host copy takes its slots from `slots`)."""
+    ok, method = TREE_CHANGES[o[0]]
+    n = pick_node(tree, o[1], ok)
+    if n is None:
+        return
+    if method is None:
+        tree.set_host(n, [next(slots) for _ in n.keys])
+    else:
+        getattr(tree, method)(n)
+

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.engine.helpers import PS, patches_the_engine, small_config
+from tests.engine.helpers import PS, TREE_CHANGES, change_tree, patches_the_engine, pick_node, small_config
 from tests.engine.test_fast_paths import bursts
 from tierdiag.engine.rules import RULE_SETS
 from tierdiag.engine.tree import RadixTree
@@ -56,11 +56,6 @@ def _state(tree: RadixTree) -> list[tuple]:
                    n.host is not None, n.last_access_ns, n.access_seq, n.lock_ref, n.owner) for n in tree.nodes())
 
 
-def _pick(tree: RadixTree, i: int, ok) -> object:
-    nodes = sorted((n for n in tree.nodes() if ok(n)), key=lambda n: n.id)
-    return nodes[i % len(nodes)] if nodes else None
-
-
 def _apply(tree: RadixTree, keys: list, memos: list, o: tuple, now: int, memo: bool, slots) -> object:
     name = o[0]
     if name == "insert":
@@ -82,23 +77,8 @@ def _apply(tree: RadixTree, keys: list, memos: list, o: tuple, now: int, memo: b
         else:
             m = tree.match(keys[i], now, o[2])
         return [n.id for n in m.device_nodes], [n.id for n in m.host_nodes]
-    elif name == "host":
-        n = _pick(tree, o[1], lambda n: n.host is None)
-        if n is not None:
-            tree.set_host(n, [next(slots) for _ in n.keys])
-    elif name == "demote":
-        n = _pick(tree, o[1], lambda n: n.device is not None and n.host is not None and n.lock_ref == 0
-                  and n.n_dev_children == 0)
-        if n is not None:
-            tree.demote(n)
-    elif name == "drop_host":
-        n = _pick(tree, o[1], lambda n: n.device is not None and n.host is not None)
-        if n is not None:
-            tree.drop_host(n)
-    elif name == "delete":
-        n = _pick(tree, o[1], lambda n: n.lock_ref == 0 and not n.children)
-        if n is not None:
-            tree.delete(n)
+    elif name in TREE_CHANGES:
+        change_tree(tree, o, slots)
     elif name == "evict":
         n = tree.pop_device_victim() if o[1] else tree.pop_host_victim()
         if n is not None and not n.children and n.lock_ref == 0:
@@ -109,7 +89,7 @@ def _apply(tree: RadixTree, keys: list, memos: list, o: tuple, now: int, memo: b
     elif name == "extend":
         keys[o[1]].extend(keys[o[1]][-1] * 100 + j for j in range(o[2]))  # in place, as a retraction's
     elif name == "lock":
-        n = _pick(tree, o[1], lambda n: n.device is not None)
+        n = pick_node(tree, o[1], lambda n: n.device is not None)
         if n is not None:
             tree.inc_lock(n)
     return None

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.engine.helpers import PS, patches_the_engine, req, small_config
+from tests.engine.helpers import PS, TREE_CHANGES, change_tree, patches_the_engine, req, small_config
 from tests.engine.test_fast_paths import bursts
 from tierdiag.engine import prefetch
 from tierdiag.engine.request import Req
@@ -57,11 +57,6 @@ op = st.one_of(
 )
 
 
-def _pick(tree: RadixTree, i: int, ok) -> object:
-    nodes = sorted((n for n in tree.nodes() if ok(n)), key=lambda n: n.id)
-    return nodes[i % len(nodes)] if nodes else None
-
-
 def _apply(tree: RadixTree, probes: list[Req], o: tuple, now: int, memo: bool, slots) -> object:
     name = o[0]
     if name == "insert":
@@ -77,23 +72,8 @@ def _apply(tree: RadixTree, probes: list[Req], o: tuple, now: int, memo: bool, s
             m = tree.match(prefetch._matchable(r), now)
             matched = m.device_pages + m.host_pages
         return [n.id for n in m.device_nodes], [n.id for n in m.host_nodes], matched
-    elif name == "host":
-        n = _pick(tree, o[1], lambda n: n.host is None)
-        if n is not None:
-            tree.set_host(n, [next(slots) for _ in n.keys])
-    elif name == "demote":
-        n = _pick(tree, o[1], lambda n: n.device is not None and n.host is not None and n.lock_ref == 0
-                  and n.n_dev_children == 0)
-        if n is not None:
-            tree.demote(n)
-    elif name == "drop_host":
-        n = _pick(tree, o[1], lambda n: n.device is not None and n.host is not None)
-        if n is not None:
-            tree.drop_host(n)
-    elif name == "delete":
-        n = _pick(tree, o[1], lambda n: n.lock_ref == 0 and not n.children)
-        if n is not None:
-            tree.delete(n)
+    elif name in TREE_CHANGES:
+        change_tree(tree, o, slots)
     elif name == "rekey":
         r = probes[o[1]]
         r.keys = list(r.keys)
