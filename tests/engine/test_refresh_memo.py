@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from tests.engine.helpers import PS, TREE_CHANGES, change_tree, patches_the_engine, pick_node, small_config
 from tests.engine.test_fast_paths import bursts
+from tests.engine.test_requery_memo import paths  # paths that share, split and extend each other
 from tierdiag.engine.rules import RULE_SETS
 from tierdiag.engine.tree import RadixTree
 from tierdiag.engine.tree_node import WalkMemo
@@ -32,8 +33,6 @@ from tierdiag.engine.tree_node import WalkMemo
 PROBES = 4  # waiting requests whose prefixes are refreshed
 _HOLDS = RadixTree._memo_path_holds  # the class's own (the replays below wrap it)
 
-paths = st.lists(st.integers(1, 3), min_size=1, max_size=6).map(lambda ks: [sum(ks[:i + 1]) * 10 + k
-                                                                               for i, k in enumerate(ks)])
 op = st.one_of(
     st.tuples(st.just("insert"), paths),
     st.tuples(st.just("match"), paths),  # another request's match: it can split a memoised path
