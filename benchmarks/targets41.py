@@ -35,7 +35,8 @@ Rows (ROWS: comma-separated keys in brackets):
 Wall, CPU and peak RSS are each command's own (benchmarks/scale.py's launcher). Each replay row
 shows its ratio in CPU-seconds too (user + sys, children included), information beside the wall
 ratio's verdict; a sweep's CPU leaves out its workers (children of the fork server, which
-outlives the command), so the sweep row compares walls only. Nothing here asserts on a time; the tests never do either.
+outlives the command), so the sweep row compares walls only. Nothing here asserts on a time; the
+tests never do either.
 """
 
 from __future__ import annotations

@@ -244,3 +244,14 @@ def test_one_session_keeps_todays_json(tmp_path, fake_runs):
     assert rows["dp"]["ratio"] == pytest.approx(1.4 / 1.2) and rows["dp"]["ok"] is True
     assert rows["floor"]["cpu"]["value"] == pytest.approx(2.4 / 0.1)
     assert rows["sweep"]["ok"] is None and rows["sweep"]["note"] == "not selected"
+
+
+@pytest.mark.parametrize("argv", [["--sessions=0"], ["--sessions=-2"], ["--sessions=2.5"], ["--gap=nan"], ["--gap=-1"],
+                                  ["--gap=inf"]])
+def test_run_py_refuses_the_same_values_before_it_runs_anything(argv):
+    import run  # benchmarks/run.py: its targets section takes --sessions and --gap
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exc:
+        run.main(argv)
+    assert exc.value.code == 2 and f"argument {argv[0].split('=')[0]}: must be" in err.getvalue()
