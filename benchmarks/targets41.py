@@ -447,6 +447,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.only = set(args.only.split(","))
     if args.only - set(ROWS):
         ap.error(f"--only: unknown rows {sorted(args.only - set(ROWS))}; choose from {', '.join(ROWS)}")
+    if args.json is not None and not args.json.resolve().parent.is_dir():  # found now, not after the sessions
+        ap.error(f"--json: no folder {str(args.json.resolve().parent)!r} to write {args.json.name!r} in")
     return args
 
 

@@ -96,6 +96,11 @@ def test_gap_hostile_values(text):
     _refused(_parse(f"--gap={text}"), "--gap")
 
 
+def test_a_json_path_without_its_folder_is_refused_before_any_session(tmp_path):
+    _refused(_parse("--json", str(tmp_path / "absent" / "t.json")), "--json")
+    assert _parse("--json", str(tmp_path / "t.json")).json == tmp_path / "t.json"
+
+
 def test_defaults_are_one_session():
     args = _parse()
     assert args.sessions == 1 and args.gap == ts.DEFAULT_GAP_S and args.repeats is None
