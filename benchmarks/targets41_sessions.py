@@ -106,7 +106,8 @@ def spread(values: list[float], unit: str) -> str:
 def combine(tables: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One row per row key over every session's table: each check's median over the sessions that
     measured the row (its `checks` not empty), min and max; the verdict that of the medians; the
-    CPU ratio likewise (information). A row no session measured keeps the last session's note."""
+    CPU ratio likewise (information). A row no session measured or judged keeps the last session's
+    value and the notes."""
     order: list[str] = []
     by_key: dict[str, list[tuple[int, dict[str, Any]]]] = {}
     for i, rows in enumerate(tables):
@@ -124,7 +125,8 @@ def combine(tables: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"key": key, "row": last["row"], "target": last["target"], "sessions": len(seen),
                                "measured_in": [i + 1 for i, _ in measured], "checks": [], "cpu": None}
         if not measured:
-            out.append({**row, "measured": None, "ok": None, "note": "; ".join(dict.fromkeys(r.get("note", "") for _, r in seen))})
+            out.append({**row, "measured": last["measured"], "ok": None,  # n/a (--quick's 1M row): the last session's value
+                        "note": "; ".join(dict.fromkeys(r.get("note", "") for _, r in seen))})
             continue
         for c0 in measured[-1][1]["checks"]:
             values = [c["value"] for _, r in measured for c in r["checks"] if c["name"] == c0["name"]]

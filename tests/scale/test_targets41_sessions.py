@@ -171,6 +171,13 @@ def test_one_session_is_its_own_verdict(values):
         assert r["ok"] == c["ok"] and r["checks"][0]["value"] == c["checks"][0]["value"] and r["note"] == ""
 
 
+def test_a_row_shown_but_not_judged_keeps_the_last_sessions_value_and_no_verdict():
+    quick = [{"key": "1m", "row": "1M requests (quick: 20,000)", "measured": f"{s:.1f} s", "target": "<= 100 s",
+              "ok": None, "note": "quick: not the 1M run", "checks": [], "cpu": None} for s in (2.0, 3.0)]
+    (r,) = ts.combine([[quick[0]], [quick[1]]])
+    assert r["measured"] == "3.0 s" and r["ok"] is None and r["note"] == "quick: not the 1M run" and r["measured_in"] == []
+
+
 def test_the_loop_sleeps_the_gap_between_sessions_and_keeps_them_when_one_raises():
     slept, written = [], []
 
