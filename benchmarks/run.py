@@ -8,7 +8,8 @@ Sections (each says "not available" when the command it needs is missing):
              overhead, storage on/off, --dp 8 cache_aware / --dp 1, 1M requests (time, peak RSS),
              CPU scattered load-back / contiguous, a 4-run sweep --jobs 2 / one by one, summary
              and explain with start-up on the 1M run. `--quick` alone runs only this section,
-             scaled down (~1-2 min)
+             scaled down (~1-2 min). `--sessions N --gap S`: this section N times, S seconds
+             apart, each row judged on the median over sessions (targets41.py's options)
   replay     requests/s on both Mooncake traces (../shared/traces), with probes and with
              --no-probes, interleaved; probe overhead (target <= 5 %); conversation wall (<= 10 s)
   ingest     DuckDB ingestion rate of the recorder's writer (RunWriter.append, ~1M request rows)
@@ -494,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch intra-op threads here and in every subprocess (OMP_NUM_THREADS); on a "
                          "busy machine 1 avoids multi-millisecond stalls of parallel ops")
+    import targets41_sessions  # benchmarks/targets41_sessions.py: the targets section's sessions
+
+    targets41_sessions.add_options(ap, " (the targets section only)")
     args = ap.parse_args(argv)
     if args.threads:
         _ENV["OMP_NUM_THREADS"] = str(args.threads)
@@ -525,7 +529,8 @@ def main(argv: list[str] | None = None) -> int:
             compileall.compile_dir(str(root / "tierdiag"), quiet=1)
         if "targets" in only:
             (tmp / "targets").mkdir()
-            res["targets41"] = targets41.collect(args.quick, repeats, set(targets41.ROWS), tmp / "targets")
+            res["targets41"] = targets41.measure(args.quick, repeats, set(targets41.ROWS), tmp / "targets",
+                                                 sessions=args.sessions, gap_s=args.gap)
         else:
             res["targets41"] = skipped
         try:
@@ -554,8 +559,7 @@ def main(argv: list[str] | None = None) -> int:
             scale.render(res["scale"])
             render(res)
         if "targets" in only:
-            targets41.render(res["targets41"])
-            res["targets41"]["table"] = targets41.table(res["targets41"])
+            targets41.render_doc(res["targets41"])
         if args.json:
             args.json.write_text(json.dumps(res, indent=2, default=str) + "\n")
             _say(f"results written to {args.json}")

@@ -3,6 +3,14 @@ shared machine moves both sides of a ratio alike. `benchmarks/run.py --only targ
 is in run.py's default sections); alone:
 
     .venv/bin/python benchmarks/targets41.py [--quick] [--repeats N] [--only ROWS] [--json FILE]
+                                             [--sessions N [--gap S]]
+
+--sessions N (1-20, default 1): the chosen rows measured N times, --gap S seconds apart (end to
+start, 0-3600, default 60); each row's verdict is made from the median over sessions of each
+session's ratio, min .. max beside it, and a table of the sessions: the load average at each
+one's start, its floor wall (one busy process: which sessions met a slow phase), its own ratios.
+--json is written after every session (each session's results and table kept, a failed row named
+with its replay mode and round). A bad option value: one line on stderr, exit 2.
 
 Rows (ROWS: comma-separated keys in brackets):
   [replay]   the conversation trace with probes, whole process (start-up and close included),
@@ -24,9 +32,11 @@ Rows (ROWS: comma-separated keys in brackets):
              requests, host_tokens x write_policy) against the same 4 `tierdiag replay`s one by
              one: sum of the singles / the sweep's wall, >= 1.6x; interleaved, medians.
 
-Wall, CPU and peak RSS are each command's own (benchmarks/scale.py's launcher): a sweep's CPU
-leaves out its workers (children of the fork server, which outlives the command), so the sweep
-row compares walls only. Nothing here asserts on a time; the tests never do either.
+Wall, CPU and peak RSS are each command's own (benchmarks/scale.py's launcher). Each replay row
+shows its ratio in CPU-seconds too (user + sys, children included), information beside the wall
+ratio's verdict; a sweep's CPU leaves out its workers (children of the fork server, which
+outlives the command), so the sweep row compares walls only. Nothing here asserts on a time; the
+tests never do either.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -45,6 +56,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import scale  # noqa: E402  (benchmarks/scale.py: the launcher that measures a command's own wall, CPU, RSS)
+import targets41_sessions as ts  # noqa: E402  (benchmarks/targets41_sessions.py: sessions spread over time)
 
 ROOT = HERE.parent
 CONVERSATION = ROOT / ".." / "shared" / "traces" / "conversation_trace.jsonl"
@@ -133,15 +145,16 @@ def bench_replay(repeats: int, quick: bool, tmp: Path) -> dict[str, Any]:
     for i in range(repeats):
         order = list(modes) if i % 2 == 0 else list(reversed(modes))  # the order flips every round
         for mode in order:
-            if mode == "lru":
-                runs[mode].append(_lru(trace))
-            else:
-                db = tmp / f"replay-{mode}-{i}.duckdb"
-                runs[mode].append(_replay(trace, db, *modes[mode]))
-                if mode == "storage":
-                    import shutil
-
-                    shutil.rmtree(db.with_suffix(".storage"), ignore_errors=True)
+            try:
+                if mode == "lru":
+                    runs[mode].append(_lru(trace))
+                else:
+                    db = tmp / f"replay-{mode}-{i}.duckdb"
+                    runs[mode].append(_replay(trace, db, *modes[mode]))
+                    if mode == "storage":
+                        shutil.rmtree(db.with_suffix(".storage"), ignore_errors=True)
+            except (subprocess.SubprocessError, RuntimeError, ValueError, KeyError) as exc:  # which one failed
+                raise RuntimeError(f"mode {mode}, round {i + 1} of {repeats}: {_last_line(exc)}") from exc
             _say(f"targets: replay {mode} #{i + 1}: {runs[mode][-1]['wall_s']:.2f}s")
     med = {m: _median(rs) for m, rs in runs.items()}
     n = runs["probes"][0]["json"]["num_requests"]
@@ -247,12 +260,17 @@ def bench_sweep(repeats: int, tmp: Path) -> dict[str, Any]:
             "all": {"sweep": [r["wall_s"] for r in sweeps], "singles": [r["wall_s"] for r in singles]}}
 
 
+def _last_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else type(exc).__name__
+
+
 def _guard(name: str, fn, *args) -> dict[str, Any]:
     try:
         return fn(*args)
     except (RuntimeError, OSError, subprocess.SubprocessError, ValueError, KeyError) as exc:
         _say(f"targets: {name}: not available: {exc}")
-        return {"available": False, "why": str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__}
+        return {"available": False, "why": f"{name} failed: {_last_line(exc)}"}
 
 
 def _requests_in(db: Path) -> int:
@@ -278,85 +296,108 @@ def collect(quick: bool, repeats: int, only: set[str], tmp: Path, readers_db: Pa
                       if "readers" in only else skipped)
     res["readers_big"] = (_guard("readers_big", bench_readers_big, sc, max(3, repeats), tmp)
                           if "readers" in only and readers_db is None else skipped)
+    res["floor_wall_s"] = _floor_wall(res["replay"], quick, tmp)
     res["load_after"] = os.getloadavg()[0]
     return res
+
+
+def _floor_wall(rp: dict[str, Any], quick: bool, tmp: Path) -> float | None:
+    """The phase the VM was in: the floor's wall (one busy process), the replay row's median, else
+    one floor run of its own (~0.2-0.4 s)."""
+    if rp.get("available"):
+        return rp["wall_s"]["lru"]
+    if not CONVERSATION.is_file():
+        return None
+    try:
+        return _lru(_head(CONVERSATION, QUICK_LINES, tmp) if quick else CONVERSATION)["wall_s"]
+    except (subprocess.SubprocessError, OSError, ValueError) as exc:
+        _say(f"targets: the floor's phase run failed: {exc}")
+        return None
 
 
 # --- the table ----------------------------------------------------------------------------------
 def table(res: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per target of the issue: what was measured, the target, met or not (None: not
-    measured, `note` says why)."""
+    measured, `note` says why). `key` names the row across sessions; `checks` are the numbers the
+    verdict compares (the median over sessions is taken of each); `cpu` the same ratio in
+    CPU-seconds (user + sys, children included), information beside the wall ratio's verdict."""
     rows: list[dict[str, Any]] = []
 
-    def row(what: str, value: str | None, target: str, ok: bool | None, note: str = "", **numbers) -> None:
-        rows.append({"row": what, "measured": value, "target": target, "ok": ok, "note": note, **numbers})
+    def row(key: str, what: str, value: str | None, target: str, checks: list[dict[str, Any]] | None = None,
+            note: str = "", cpu: dict[str, Any] | None = None, measured_only: bool = False, **numbers) -> None:
+        ok = None if value is None or measured_only else ts.passes(checks or [])
+        rows.append({"key": key, "row": what, "measured": value, "target": target, "ok": ok, "note": note,
+                     "checks": [] if measured_only else checks or [], "cpu": cpu, **numbers})
 
     rp = res.get("replay", {})
     if rp.get("available"):
         w, c = rp["wall_s"], rp["cpu_s"]
 
-        def cpu(a: str, b: str) -> str:  # the same ratio in CPU seconds (writer processes included)
-            return f"; CPU {c[a] / c[b]:.2f}x ({c[a]:.2f} / {c[b]:.2f} s)" if c.get(a) and c.get(b) else ""
+        def cpu(a: str, b: str, op: str, limit: float, unit: str = "x") -> dict[str, Any] | None:
+            return ts.check("cpu", c[a] / c[b], op, limit, unit) if c.get(a) and c.get(b) else None
+
+        def cpu_s(a: str, b: str) -> str:
+            return f"; CPU {c[a]:.2f} / {c[b]:.2f} s" if c.get(a) and c.get(b) else ""
         tr = "conversation" + (f" (first {rp['requests']:,})" if res.get("quick") else f" ({rp['requests']:,} requests)")
-        row(f"{tr}, probes, vs the LRU floor",
-            f"{w['probes']:.2f} s = {rp['requests_per_s']:,.0f} req/s; floor {w['lru']:.3f} s; {rp['vs_floor']:.1f}x"
-            + cpu("probes", "lru"),
-            "<= 10x the floor", rp["vs_floor"] <= 10, ratio=rp["vs_floor"])
-        row("probe overhead", f"{rp['probe_overhead']:+.1%} ({w['probes']:.2f} / {w['no_probes']:.2f} s)"
-            + cpu("probes", "no_probes"), "<= 5 %",
-            rp["probe_overhead"] <= 0.05, ratio=1 + rp["probe_overhead"])
-        row("storage tier on vs off", f"{rp['storage_ratio']:.2f}x ({w['storage']:.2f} / {w['probes']:.2f} s)"
-            + cpu("storage", "probes"), "<= 1.3x",
-            rp["storage_ratio"] <= 1.3, ratio=rp["storage_ratio"])
-        row("--dp 8 --router cache_aware vs --dp 1", f"{rp['dp_ratio']:.2f}x ({w['dp8']:.2f} / {w['probes']:.2f} s)"
-            + cpu("dp8", "probes"),
-            "<= 1.5x", rp["dp_ratio"] <= 1.5, ratio=rp["dp_ratio"])
+        ratios = (("floor", f"{tr}, probes, vs the LRU floor", "probes", "lru", "<= 10x the floor", 10.0, "x"),
+                  ("probe_overhead", "probe overhead", "probes", "no_probes", "<= 5 %", 1.05, "overhead"),
+                  ("storage", "storage tier on vs off", "storage", "probes", "<= 1.3x", 1.3, "x"),
+                  ("dp", "--dp 8 --router cache_aware vs --dp 1", "dp8", "probes", "<= 1.5x", 1.5, "x"))
+        for key, what, a, b, target, limit, unit in ratios:
+            ratio = w[a] / w[b]
+            head = (f"{w['probes']:.2f} s = {rp['requests_per_s']:,.0f} req/s; floor {w['lru']:.3f} s; {ratio:.1f}x"
+                    if key == "floor" else f"{ts.fmt(ratio, unit)} ({w[a]:.2f} / {w[b]:.2f} s)")
+            row(key, what, head + cpu_s(a, b), target, [ts.check("ratio", ratio, "<=", limit, unit)],
+                cpu=cpu(a, b, "<=", limit, unit), ratio=ratio)
     else:
-        for what, target in (("conversation, probes, vs the LRU floor", "<= 10x the floor"), ("probe overhead", "<= 5 %"),
-                             ("storage tier on vs off", "<= 1.3x"), ("--dp 8 --router cache_aware vs --dp 1", "<= 1.5x")):
-            row(what, None, target, None, rp.get("why", ""))
+        for key, what, target in (("floor", "conversation, probes, vs the LRU floor", "<= 10x the floor"),
+                                  ("probe_overhead", "probe overhead", "<= 5 %"), ("storage", "storage tier on vs off", "<= 1.3x"),
+                                  ("dp", "--dp 8 --router cache_aware vs --dp 1", "<= 1.5x")):
+            row(key, what, None, target, note=rp.get("why", ""))
     sc = res.get("scale", {})
     if sc.get("available"):
         full = sc["requests"] >= 1_000_000
         mb = sc["rss_bytes"] / 1e6
         value = f"{sc['wall_s']:.1f} s, {mb:,.0f} MB peak RSS ({sc['requests'] / sc['wall_s']:,.0f} req/s)"
+        checks = [ts.check("wall", sc["wall_s"], "<=", 100, "s"), ts.check("rss", mb, "<=", 1000, "MB")]
         if full:
-            row("1M requests", value, "<= 100 s, <= 1 GB", sc["wall_s"] <= 100 and mb <= 1000)
+            row("1m", "1M requests", value, "<= 100 s, <= 1 GB", checks)
         else:
-            row(f"1M requests (quick: {sc['requests']:,})", value + f"; at this rate 1M ~{sc['wall_s'] * 1e6 / sc['requests']:.0f} s",
-                "<= 100 s, <= 1 GB", None, "quick: not the 1M run")
+            row("1m", f"1M requests (quick: {sc['requests']:,})",
+                value + f"; at this rate 1M ~{sc['wall_s'] * 1e6 / sc['requests']:.0f} s",
+                "<= 100 s, <= 1 GB", note="quick: not the 1M run", measured_only=True)
     else:
-        row("1M requests", None, "<= 100 s, <= 1 GB", None, sc.get("why", ""))
+        row("1m", "1M requests", None, "<= 100 s, <= 1 GB", note=sc.get("why", ""))
     kn = res.get("kernels", {})
+    what = "CPU scattered load-back copy vs contiguous"
     if kn.get("available"):
-        row("CPU scattered load-back copy vs contiguous",
+        row("kernels", what,
             f"{kn['ratio']:.2f}x ({', '.join(f'{m:g}' for m in kn['bulk_mib'])} MiB; {'/'.join(map(str, kn['paths']))})",
-            ">= 0.6x", kn["ratio"] >= 0.6, ratio=kn["ratio"])
+            ">= 0.6x", [ts.check("ratio", kn["ratio"], ">=", 0.6, "x")], ratio=kn["ratio"])
     else:
-        row("CPU scattered load-back copy vs contiguous", None, ">= 0.6x", None, kn.get("why", ""))
+        row("kernels", what, None, ">= 0.6x", note=kn.get("why", ""))
     sw = res.get("sweep", {})
     if sw.get("available"):
-        row(f"sweep of 4 small runs ({sw['lines']:,} requests), --jobs 2 vs one by one",
+        row("sweep", f"sweep of 4 small runs ({sw['lines']:,} requests), --jobs 2 vs one by one",
             f"{sw['speedup']:.2f}x ({sw['singles_wall_s']:.2f} / {sw['sweep_wall_s']:.2f} s)", ">= 1.6x",
-            sw["speedup"] >= 1.6, ratio=sw["speedup"])
+            [ts.check("ratio", sw["speedup"], ">=", 1.6, "x")], ratio=sw["speedup"])
     else:
-        row("sweep of 4 small runs, --jobs 2 vs one by one", None, ">= 1.6x", None, sw.get("why", ""))
+        row("sweep", "sweep of 4 small runs, --jobs 2 vs one by one", None, ">= 1.6x", note=sw.get("why", ""))
     rd, big = res.get("readers", {}), res.get("readers_big", {})
+    target = "<= 0.3 s on 1M, sessions included"
     if rd.get("available"):
         full = (sc.get("requests") or 0) >= 1_000_000
         for c in ("summary", "explain"):
-            ok = rd[c]["wall_s"] <= 0.3
-            row(f"`{c}` with start-up on the {rd['run']}", _reader_value(rd[c]),
-                "<= 0.3 s on 1M, sessions included", ok if full else None,
-                "" if full else "not the 1M run" + ("; the stand-in's row below is" if big.get("available") else ""))
+            row(c, f"`{c}` with start-up on the {rd['run']}", _reader_value(rd[c]), target,
+                [ts.check("wall", rd[c]["wall_s"], "<=", 0.3, "s")], measured_only=not full,
+                note="" if full else "not the 1M run" + ("; the stand-in's row below is" if big.get("available") else ""))
     else:
         for c in ("summary", "explain"):
-            row(f"`{c}` with start-up", None, "<= 0.3 s on 1M, sessions included", None, rd.get("why", ""))
+            row(c, f"`{c}` with start-up", None, target, note=rd.get("why", ""))
     if big.get("available"):
         for c in ("summary", "explain"):
-            row(f"`{c}` with start-up on the {big['run']}", _reader_value(big[c]),
-                "<= 0.3 s on 1M, sessions included", big[c]["wall_s"] <= 0.3,
-                "rows copied by benchmarks/big_store.py, not a replay")
+            row(f"{c}_big", f"`{c}` with start-up on the {big['run']}", _reader_value(big[c]), target,
+                [ts.check("wall", big[c]["wall_s"], "<=", 0.3, "s")], note="rows copied by benchmarks/big_store.py, not a replay")
     return rows
 
 
@@ -370,32 +411,48 @@ def render(res: dict[str, Any], console=None) -> None:
 
     con = console or (Console() if sys.stdout.isatty() else Console(width=160))
     t = Table(title="issue 41: every target side by side in one run (medians, interleaved; whole processes)")
-    for col in ("target row", "measured", "target", "verdict"):
+    for col in ("target row", "measured", "target", "verdict", "CPU ratio (information)"):
         t.add_column(col, overflow="fold")
     for r in table(res):
-        verdict = ("[dim]n/a[/] " + r["note"] if r["ok"] is None else "[green]met[/]" if r["ok"] else "[red]missed[/]")
-        t.add_row(r["row"], r["measured"] if r["measured"] is not None else "-", r["target"], verdict)
+        t.add_row(r["row"], r["measured"] if r["measured"] is not None else "-", r["target"], ts.verdict(r),
+                  ts.cpu_cell(r["cpu"]))
     rp = res.get("replay", {})
-    if rp.get("available"):
-        t.caption = (f"floor: {rp['lru_blocks']:,} hash ids through a {LRU_CAPACITY_BLOCKS:,}-block OrderedDict LRU "
-                     f"({rp['lru_hits']:,} prefix hits; its loop alone {rp['lru_loop_s']:.3f} s); "
-                     f"load average {res['load_before']:.1f} -> {res['load_after']:.1f}")
+    floor = (f"floor: {rp['lru_blocks']:,} hash ids through a {LRU_CAPACITY_BLOCKS:,}-block OrderedDict LRU "
+             f"({rp['lru_hits']:,} prefix hits; its loop alone {rp['lru_loop_s']:.3f} s); " if rp.get("available") else "")
+    t.caption = f"{floor}load average {res['load_before']:.1f} -> {res['load_after']:.1f}. {ts.CPU_LEGEND}"
     con.print(t)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def render_doc(doc: dict[str, Any], console=None) -> None:
+    """measure()'s result: one session's table, or the median over sessions and each session's."""
+    if "sessions" in doc:
+        ts.render_sessions(doc, console)
+    else:
+        render(doc, console)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = ts.OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller traces and runs, 2 repeats (about 1-2 min)")
-    ap.add_argument("--repeats", type=int, default=None, help="rounds of the interleaved rows (default 3, quick 2)")
+    ap.add_argument("--repeats", type=ts.count_option("repeats", ts.MAX_REPEATS), default=None,
+                    help=f"rounds of the interleaved rows (1-{ts.MAX_REPEATS}; default 3, quick 2)")
     ap.add_argument("--only", default=",".join(ROWS), help=f"comma-separated rows: {', '.join(ROWS)}")
-    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--json", type=Path, default=None,
+                    help="write the results here (with --sessions: after every session, each session's table kept)")
     ap.add_argument("--readers-db", type=Path, default=None,
                     help="the readers row on this recorded run store (a 1M replay made before, ~5-10 min, or "
                          "benchmarks/big_store.py's stand-in): the scale row is then not run")
+    ts.add_options(ap)
     args = ap.parse_args(argv)
-    only = set(args.only.split(","))
-    if only - set(ROWS):
-        ap.error(f"--only: unknown rows {sorted(only - set(ROWS))}; choose from {', '.join(ROWS)}")
+    args.only = set(args.only.split(","))
+    if args.only - set(ROWS):
+        ap.error(f"--only: unknown rows {sorted(args.only - set(ROWS))}; choose from {', '.join(ROWS)}")
+    if args.json is not None and not args.json.resolve().parent.is_dir():  # found now, not after the sessions
+        ap.error(f"--json: no folder {str(args.json.resolve().parent)!r} to write {args.json.name!r} in")
+    return args
+
+
+def prepare() -> None:
     import compileall  # as an installed package is (PYTHONDONTWRITEBYTECODE would recompile every start-up)
 
     compileall.compile_dir(str(ROOT / "tierdiag"), quiet=1)
@@ -403,11 +460,38 @@ def main(argv: list[str] | None = None) -> int:
     # run writes it: the readers row times an installed tool, not its first start.
     subprocess.run([sys.executable, "-m", "tierdiag.cli.dataclass_code"], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL)
+
+
+def measure(quick: bool, repeats: int, only: set[str], tmp: Path, readers_db: Path | None = None,
+            sessions: int = 1, gap_s: float = ts.DEFAULT_GAP_S, on_session=lambda doc: None) -> dict[str, Any]:
+    """One session: collect()'s results with their table (today's shape). Several: ts.run_sessions's
+    document, each session in a folder of its own under `tmp`, removed after it."""
+    if sessions == 1:
+        res = collect(quick, repeats, only, tmp, readers_db)
+        return {**res, "table": table(res)}
+
+    def one(i: int) -> dict[str, Any]:
+        folder = tmp / f"session-{i + 1}"
+        folder.mkdir()
+        try:
+            return collect(quick, repeats, only, folder, readers_db)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    return ts.run_sessions(sessions, gap_s, one, table, on_session, say=_say)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    prepare()
+
+    def write(doc: dict[str, Any]) -> None:
+        if args.json:
+            args.json.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     with tempfile.TemporaryDirectory(prefix="tierdiag-targets-") as tmp:
-        res = collect(args.quick, args.repeats or (2 if args.quick else 3), only, Path(tmp), args.readers_db)
-    render(res)
-    if args.json:
-        args.json.write_text(json.dumps({**res, "table": table(res)}, indent=2, default=str) + "\n")
+        doc = measure(args.quick, args.repeats or (2 if args.quick else 3), args.only, Path(tmp), args.readers_db,
+                      args.sessions, args.gap, write)
+    render_doc(doc)
+    write(doc)
     return 0
 
 
