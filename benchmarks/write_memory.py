@@ -12,7 +12,7 @@ store: copied, read only) at a fixed size: K writes, each of F of the store's ro
 a quiet 1M replay's 5 s write), handed over as the engine does (8,192 rows of its largest table a
 hand-over, the others in proportion), each column's buffers Python bytes objects (what the
 writer process's decode makes: glibc's heap, not Arrow's pool), every VACUUM_EVERY-th write
-vacuuming as writer_serve's do (0: none). The writer is set up as the writer process sets it (`let_rows_go`
+vacuuming as writer_serve's do. The writer is set up as the writer process sets it (`let_rows_go`
 where the code has it). Each side runs in a process of its own (PYTHONPATH its checkout);
 --code BASE interleaves a built checkout's runs with this one's.
 
@@ -94,7 +94,7 @@ for i in range(k):
     before = anon()
     peak[0] = before
     c0, t0 = time.process_time(), time.monotonic()
-    w.write(vacuum=vacuum_every > 0 and (i + 1) % vacuum_every == 0)
+    w.write(vacuum=(i + 1) % vacuum_every == 0)
     c1, t1 = time.process_time(), time.monotonic()
     during = peak[0]
     time.sleep(0.5)
@@ -168,7 +168,7 @@ def main() -> None:
             print(f"round {r + 1} {name}: recorded {res['recorded']}, process peak (VmHWM) {res['hwm']} MB, "
                   f"load {os.getloadavg()[0]:.1f}")
             for i, x in enumerate(ws):
-                print(f"  write {i + 1}{' (vacuum)' if VACUUM_EVERY > 0 and (i + 1) % VACUUM_EVERY == 0 else ''}: before {x['before']} MB,"
+                print(f"  write {i + 1}{' (vacuum)' if (i + 1) % VACUUM_EVERY == 0 else ''}: before {x['before']} MB,"
                       f" peak {x['peak']} (+{x['peak'] - x['before']}), after {x['after']} MB; cpu {x['cpu']:.2f} s,"
                       f" wall {x['wall']:.2f} s")
             rises[name].append((max(x["peak"] - x["before"] for x in ws), max(x["peak"] for x in ws),

@@ -60,7 +60,7 @@ def main() -> None:
             try:
                 for i in range(k):
                     w.take(scope["batch"](tables, i, k))
-                    w.write(vacuum=VACUUM_EVERY > 0 and (i + 1) % VACUUM_EVERY == 0)
+                    w.write(vacuum=(i + 1) % VACUUM_EVERY == 0)
             finally:
                 W.detach = real
             cpu = time.thread_time() - c0

@@ -332,8 +332,8 @@ class RunWriter:
     def write(self, wait_s: float = FLUSH_WAIT_S, *, vacuum: bool = True) -> None:
         """Commit everything pending in one transaction. A file a reader holds for longer than
         `wait_s` keeps the rows pending (for the next write, or `finish`). `vacuum=False`: its
-        checkpoint leaves the row groups as they are (`_vacuum`; the writer process's writes never
-        vacuum: writer_process.VACUUM_EVERY)."""
+        checkpoint leaves the row groups as they are (`_vacuum`; the writer process vacuums
+        every VACUUM_EVERY-th write only)."""
         if not self._pending:
             return
         with signals.deferred():
@@ -565,9 +565,9 @@ def _vacuum(con: duckdb.DuckDBPyConnection, on: bool) -> None:
     Each write's checkpoint leaves a row group a table, and DuckDB's vacuum merges them as a
     binary counter carries, rewriting the rows it merges: on a table short of a full row group
     (122,880 rows: every table of the conversation trace) that is most of its rows every other
-    write. The writer process's writes never vacuum (writer_process.VACUUM_EVERY: about half of its
-    writes' CPU at 200k synth requests, the file ~10 % larger; benchmarks/README.md, session 29
-    h41m1h)."""
+    write. The writer process vacuums every VACUUM_EVERY-th write only (writer_process.py: ~22 %
+    less of its writes' CPU on the conversation trace, the file ~11 % larger at the run's end;
+    benchmarks/README.md, session 21 h41close3)."""
     if not on:
         _no_vacuum(con)
         return

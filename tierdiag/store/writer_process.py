@@ -75,17 +75,14 @@ FIRST_WRITE_S = 0.2
 # CPU, in 14 writes 4.9 s (benchmarks/writes_by_count.py; README.md, session 22 h41wcpu). A quiet
 # conversation replay's writes stay under the share: its interval is WRITE_EVERY_S as before.
 WRITE_COST_SHARE = 0.1
-# The writer process's mid-run writes never vacuum (0; N: every N-th write's checkpoint would merge
-# the small row groups the writes before it left, DuckDB's vacuum: writer._vacuum). A vacuum
-# rewrites the rows it merges, as a binary counter carries: a table's trailing row group, up to
-# 122,880 rows, again at every vacuum, so each row was written ~2-5 times over a long run. The
-# 200k synth run's rows in 24 writes (benchmarks/write_memory.py, session 29 h41m1h): the writes'
-# CPU 7.1-8.0 s vacuuming every 2nd write against 2.8-4.5 s with none, the largest write's rise
-# +85-106 against +24 MB, the file 70.0 -> 77.1 MB (+10 %: a row group a write and table, as the
-# close always left its own). Session 21 (h41close3) measured every 2nd against every write on the
-# conversation trace: -22 % of the writes' CPU, +11 % file. The close never vacuums either; the
-# inline writer vacuums every write, as before (it merges what a process's writes left).
-VACUUM_EVERY = 0
+# Every VACUUM_EVERY-th write's checkpoint merges the small row groups the writes before it left
+# (DuckDB's vacuum: writer._vacuum); the others' leave them: a write's checkpoint vacuuming
+# rewrites the rows it merges (as a binary counter carries). The conversation trace's rows at a
+# quiet engine's pace (benchmarks/writer_writes.py, three paces, 3 writes each): the writes' CPU
+# 0.86 -> 0.67 s (-22 %), the files 22.0 -> 24.5 MB (+11 %: row groups left unmerged, and blocks a
+# vacuum freed, which the store's next writes reuse); every 4th write: -25 %, +27 %. The close
+# never vacuums.
+VACUUM_EVERY = 2
 BATCH_ROWS = 8_192  # the recorder hands rows over this often with a writer process (inline: 250k)
 CHILD_ENTRY = "from tierdiag.store.writer_serve import main; main()"
 PIPE_BYTES = 1 << 20  # the request pipe's buffer (Linux caps it at /proc/sys/fs/pipe-max-size)

@@ -328,8 +328,7 @@ class _Serve:
             self.write()
 
     def write(self) -> None:
-        """Commit what is pending; its checkpoint merges the row groups only every VACUUM_EVERY-th
-        write (0: never, writer_process.py).
+        """Commit what is pending; every VACUUM_EVERY-th write's checkpoint merges the row groups.
         The next comes after the interval (doubling from FIRST_WRITE_S to every_max), or, where
         this write took longer than WRITE_COST_SHARE of that, after this write's time over the
         share (never past `most`, the replay's flush interval): writer_process.WRITE_COST_SHARE."""
@@ -337,7 +336,7 @@ class _Serve:
         self.taken_at_write = self.taken
         t0 = time.monotonic()
         try:
-            self.writer.write(vacuum=VACUUM_EVERY > 0 and self.writes % VACUUM_EVERY == 0)
+            self.writer.write(vacuum=self.writes % VACUUM_EVERY == 0)
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
         self.last_write = time.monotonic()
