@@ -140,7 +140,7 @@ class Admission(SchedulerState):
             # needs host room and must not take the very pages about to be loaded.
             tree.protect_host(host_nodes[-1])
             if ctrl.evict_device(tiered, req.req_id, now):
-                lb_slots = ctrl.device.alloc(tiered)  # HiCacheController.load: the load's slots first
+                lb_slots = ctrl.dev_alloc(tiered)  # HiCacheController.load: the load's slots first
             else:
                 tree.release_host(host_nodes[-1])
                 load, skip = False, "device_full"
@@ -167,7 +167,7 @@ class Admission(SchedulerState):
                                   f"{tree.evictable_device_pages} evictable)")
             if load:
                 tree.release_host(host_nodes[-1])
-            slots = ctrl.device.alloc(need)
+            slots = ctrl.dev_alloc(need)
             assert slots is not None, "evict_device reported room that alloc could not find"
         lb_ns = 0
         lock_node = dev_node
@@ -277,7 +277,7 @@ class Admission(SchedulerState):
         elif need > 0:
             if not self.ctrl.evict_device(need, req.req_id, now, reserve_pages=self.alloc_page):
                 return None
-            req.own_slots.extend(self.ctrl.device.alloc(need))
+            req.own_slots.extend(self.ctrl.dev_alloc(need))
         return take
 
     def _defer_alloc(self, req: Req, pages: int, take: int) -> None:
@@ -309,7 +309,7 @@ class Admission(SchedulerState):
         for req, pages, _ in pending:
             if pages <= 0:
                 continue
-            slots = ctrl.device.alloc(pages)
+            slots = ctrl.dev_alloc(pages)
             if slots is None:
                 raise EngineError(f"request {req.req_id}: admitted with {pages} device pages needed, but eviction "
                                   f"could not free them ({ctrl.device.free_pages} free, "
@@ -523,7 +523,7 @@ class Admission(SchedulerState):
         last, fresh = done.last, done.fresh
         req.inserted_pages = max(req.inserted_pages, upto)  # cache_inserted_len = max(.., page_aligned_len)
         if done.duplicate_slots:
-            self.ctrl.device.free(done.duplicate_slots)
+            self.ctrl.dev_free(done.duplicate_slots)
         if slots is not own:
             del own[:n]
         req.own_from_page = upto
@@ -531,8 +531,10 @@ class Admission(SchedulerState):
             tree.inc_lock(last)
             tree.dec_lock(req.lock_node)
             req.lock_node = last
-        for node in fresh:
-            self.ctrl.cached_once.set_many(node.keys, 0, outputs_last=True)
+        if fresh:
+            once_set = self.ctrl.once_set
+            for node in fresh:
+                once_set(node.keys, 0, outputs_last=True)
         threshold = self.backup_threshold
         if threshold is not None:
             chain = self.r_backup_chains

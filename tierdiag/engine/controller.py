@@ -200,6 +200,17 @@ class CacheController:
         self.cached_once = PageMap(grow_shift)
         # page key -> the device demotion that preceded its deletion from the host tier
         self.demoted_by = PageMap(grow_shift)
+        # The pools' and maps' methods the engine calls per node or per request, bound once: a
+        # call `self.device.free(...)` from compiled code looked the name up (the instance's
+        # dict, then the type's) at every call, ~190 instructions of ~70k look-ups a 3,000-request
+        # run (issue 41, session 29). The pools and maps are never replaced. (A test that patches
+        # a pool's method on the instance patches these too.)
+        self.dev_alloc: Any = device.alloc
+        self.dev_free: Any = device.free
+        self.host_alloc_slots: Any = host.alloc
+        self.host_free: Any = host.free
+        self.once_set: Any = self.cached_once.set_many
+        self.demoted_set: Any = self.demoted_by.set_many
         # The scheduler's event queue: at(t_ns, callback, arg) runs callback(arg) at virtual time t_ns.
         self.at: Any = None  # (typed Any: a compiled build keeps the callable as it is)
         # Called with (node, tier, action) as each eviction is recorded, before the node changes;
@@ -372,7 +383,7 @@ class CacheController:
             if node.host is not None:
                 eid = self.record_eviction(node, _DEVICE, _DEMOTE, cause, now_ns, _DEVICE_DEMOTE)
                 node.evicted_by = eid
-                self.device.free(self.tree.demote(node))
+                self.dev_free(self.tree.demote(node))
             else:
                 self._remove(node, cause, now_ns)
         for node in kept:  # still device leaves: the next eviction's candidates again
@@ -421,17 +432,17 @@ class CacheController:
         self._forget(node, eid)
         device_slots, host_slots = self.tree.delete(node)
         if device_slots:  # (a free of nothing changes nothing: one call into the pool less)
-            self.device.free(device_slots)
+            self.dev_free(device_slots)
         if host_slots:
-            self.host.free(host_slots)
+            self.host_free(host_slots)
 
     def _forget(self, node: TreeNode, eid: int) -> None:
         keys: Any = node.keys  # a key run: the maps read it in place (a list from a test: as before)
         if len(keys) > SMALL_CALL and isinstance(keys, list):  # an array for both maps, converted once
             keys = PageMap.keys_array(keys)
-        self.cached_once.set_many(keys, eid, outputs_last=True)
+        self.once_set(keys, eid, outputs_last=True)
         if node.evicted_by is not None:  # it had been demoted first: remember that eviction too
-            self.demoted_by.set_many(keys, node.evicted_by, outputs_last=True)
+            self.demoted_set(keys, node.evicted_by, outputs_last=True)
 
     def evict_host(self, pages_needed: int, cause: str | None, now_ns: int, *, whole: bool = False) -> bool:
         """Host room for `pages_needed` (the amount is the rule set's, as for the device; `whole`:
@@ -492,7 +503,7 @@ class CacheController:
             return None
         if not self.evict_host(pages, cause, now_ns):
             return None
-        return self.host.alloc(pages)
+        return self.host_alloc_slots(pages)
 
     def backup(self, node: TreeNode, cause: str | None, now_ns: int) -> bool:
         """write_through: copy a device node to host; it stays locked on device until the copy is done."""

@@ -195,7 +195,7 @@ class DecodeSteps(SchedulerState):
         """Decode step `k`'s pages: each request in `due` (its slot starts a page at this step)
         gets one, and is due again a page later while its output lasts. The caller checked the
         room (check_decode_mem / free_pages), so the allocation cannot fail."""
-        alloc = self.ctrl.device.alloc
+        alloc = self.ctrl.dev_alloc
         ps = self.ps
         ring = self._page_ring
         for r in due:
@@ -412,7 +412,7 @@ class DecodeSteps(SchedulerState):
     def _release(self, req: Req) -> None:
         """release_kv_cache(checkpoint=False): the request's own pages are freed (what it
         inserted stays in the tree, unlocked), its lock dropped."""
-        self.ctrl.device.free(req.own_slots)
+        self.ctrl.dev_free(req.own_slots)
         req.own_slots = empty_run()
         self.tree.dec_lock(req.lock_node)
         req.lock_node = None
@@ -478,7 +478,7 @@ class DecodeSteps(SchedulerState):
             # (our lock covers it), nothing to free, no node past `inserted_len` (no hit).
             self.tree.insert(req.keys[:n_in], n_in, [], now, req.req_id, count_hits=self.count_hits,
                              priority=min(req.priority + 1, INT64_MAX), inserted=n_in)
-        self.ctrl.device.free(req.own_slots)
+        self.ctrl.dev_free(req.own_slots)
         req.own_slots = empty_run()
         self.tree.dec_lock(req.lock_node)
         req.lock_node = None

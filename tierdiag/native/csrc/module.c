@@ -263,16 +263,22 @@ ints_load(PyObject *obj, Ints *ix)
     return 0;
 }
 
-/* Whether every value is a slot of a pool of num_pages. */
+/* Whether every value is a slot of a pool of num_pages: one unsigned compare a value (a negative
+ * one is, as unsigned, past any pool), the answers or-ed without a branch a value, so the loop
+ * vectorises (two compares and a branch a slot were ~1.4 % of Scheduler.run; session 29). */
 int
 all_in_range(const Ints *ix, Py_ssize_t num_pages)
 {
-    for (Py_ssize_t i = 0; i < ix->n; i++) {
-        if (ix->v[i] < 0 || ix->v[i] >= (int64_t)num_pages) {
-            return 0;
-        }
+    if (num_pages <= 0) {
+        return ix->n == 0;
     }
-    return 1;
+    const uint64_t *v = (const uint64_t *)ix->v;
+    const uint64_t bound = (uint64_t)num_pages;
+    uint64_t out = 0;
+    for (Py_ssize_t i = 0; i < ix->n; i++) {
+        out |= (uint64_t)(v[i] >= bound);
+    }
+    return out == 0;
 }
 
 /* A row view: 2-D, C-contiguous. Returns 1 got it, 0 not a row view (nothing set). */
