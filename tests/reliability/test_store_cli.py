@@ -223,7 +223,8 @@ def test_disk_full_during_replay(tmp_path, in_process):
             6, str(db), "no space left")
         listed = tierdiag_in_process("runs", "--db", db, "--json")
         if listed.code == 0:
-            assert [r["status"] for r in listed.json()] in ((["failed"],) if in_process else (["failed"], ["interrupted"]))
+            statuses = [r["status"] for r in listed.json()]
+            assert statuses in ((["failed"],) if in_process else (["failed"], ["interrupted"])), statuses
         else:  # the file never got past its header: still a clean answer
             listed.fails(4, str(db))
 
