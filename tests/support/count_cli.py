@@ -19,11 +19,13 @@ import sys
 from pathlib import Path
 
 ENV = "TIERDIAG_COUNT_CLI"
-_current = {"test": None}
+# The folder, read once at configure: a CLI run in this process (tests/support/cli.py) swaps the
+# whole environment for the call's, which holds no TIERDIAG_* setting.
+_current = {"test": None, "folder": None}
 
 
 def _log(event: dict) -> None:
-    folder = os.environ.get(ENV)
+    folder = _current["folder"]
     if not folder:
         return
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
@@ -54,6 +56,7 @@ def _trace_key(trace) -> str:
 def pytest_configure(config) -> None:
     if not os.environ.get(ENV):
         return
+    _current["folder"] = os.environ[ENV]
     init = subprocess.Popen.__init__
 
     def counted_init(self, args, *a, **kw):
