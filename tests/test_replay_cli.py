@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from tierdiag.trace.synth import DEMO_TRACE
 
+from tests.support.cli import completed_in_process
 from tests.support.replays import shared_replay
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,10 +26,16 @@ def tierdiag(*args, cwd=None) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, cwd=cwd, timeout=600)
 
 
+def tierdiag_here(*args, cwd=None) -> subprocess.CompletedProcess:
+    """`tierdiag` in this process (tests/support/cli.py `completed_in_process`): where what the
+    replay records is tested, not its process (~0.45 s of CPU a start)."""
+    return completed_in_process(*args, cwd=cwd)
+
+
 def test_replay_records_a_complete_run_that_conserves_tokens(tmp_path):
     db = tmp_path / "run.duckdb"
-    res = tierdiag("replay", DEMO_TRACE, "--db", db, "--device-tokens", 98304, "--host-tokens", 393216,
-                   "--verify", "all", "--json")
+    res = tierdiag_here("replay", DEMO_TRACE, "--db", db, "--device-tokens", 98304, "--host-tokens", 393216,
+                        "--verify", "all", "--json")
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)
     assert summary["status"] == "complete" and summary["num_requests"] == 700
@@ -59,23 +66,24 @@ def test_second_replay_appends_a_run_and_no_probes_records_nothing(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text("".join(json.dumps({"timestamp": i * 10, "input_length": 700, "output_length": 5,
                                          "hash_ids": [1, 2]}) + "\n" for i in range(5)))
-    assert tierdiag("replay", trace, "--db", db, "--model", "tiny").returncode == 0
-    assert tierdiag("replay", trace, "--db", db, "--model", "tiny", "--run-name", "again").returncode == 0
-    res = tierdiag("replay", trace, "--db", db, "--model", "tiny", "--no-probes", "--json")
+    assert tierdiag_here("replay", trace, "--db", db, "--model", "tiny").returncode == 0
+    assert tierdiag_here("replay", trace, "--db", db, "--model", "tiny", "--run-name", "again").returncode == 0
+    res = tierdiag_here("replay", trace, "--db", db, "--model", "tiny", "--no-probes", "--json")
     assert res.returncode == 0 and json.loads(res.stdout)["run_id"] is None
-    runs = json.loads(tierdiag("runs", "--db", db, "--json").stdout)
+    runs = json.loads(tierdiag_here("runs", "--db", db, "--json").stdout)
     assert [r["name"] for r in runs] == ["t", "again"] and all(r["status"] == "complete" for r in runs)
 
 
 def test_same_trace_twice_gives_identical_rows_in_every_table(tmp_path):
     """Determinism end to end, through the recorder and the store's writer: every column of
     every event table, row for row (as multisets, both ways), except the measured wall time of
-    the real copies."""
+    the real copies. One replay in a process of its own, one in this one: two interpreters (two
+    string hash seeds), as two runs of a user's are."""
     from tests.reliability.harness import assert_same_event_rows
 
     db = tmp_path / "run.duckdb"
-    for _ in range(2):
-        assert tierdiag("replay", DEMO_TRACE, "--db", db, "--device-tokens", 65536).returncode == 0
+    for run in (tierdiag, tierdiag_here):
+        assert run("replay", DEMO_TRACE, "--db", db, "--device-tokens", 65536).returncode == 0
     con = duckdb.connect(str(db), read_only=True)
     a, b = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY created_at").fetchall()]
     assert_same_event_rows(con, a, b)
@@ -102,11 +110,12 @@ def test_conversation_trace_replays_complete_with_plausible_reuse(tmp_path_facto
 @pytest.mark.shared
 @pytest.mark.skipif(not (SHARED / "synthetic_trace.jsonl").exists(), reason="needs ../shared/traces")
 def test_synthetic_trace_uses_both_tiers_twice_identically(tmp_path):
-    """Issue 2's acceptance: 2M-token device pool, 6M-token host pool, write_through."""
+    """Issue 2's acceptance: 2M-token device pool, 6M-token host pool, write_through. The two
+    replays in two interpreters (one a process of its own, one this one), as in the test above."""
     db = tmp_path / "syn.duckdb"
     opts = ["--device-tokens", 2_000_000, "--host-tokens", 6_000_000, "--write-policy", "write_through"]
-    for _ in range(2):
-        res = tierdiag("replay", SHARED / "synthetic_trace.jsonl", "--db", db, *opts)
+    for run in (tierdiag, tierdiag_here):
+        res = run("replay", SHARED / "synthetic_trace.jsonl", "--db", db, *opts)
         assert res.returncode == 0, res.stderr
     con = duckdb.connect(str(db), read_only=True)
     a, b = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY created_at").fetchall()]

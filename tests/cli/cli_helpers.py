@@ -51,10 +51,12 @@ def cli(*args: object, columns: int = 80, cwd: Path | None = None, **env) -> sub
     return run(*args, env=_env(COLUMNS=str(columns), **env), cwd=cwd)
 
 
-def cli_here(*args: object, columns: int = 80, cwd: Path | None = None, **env) -> subprocess.CompletedProcess:
+def cli_here(*args: object, columns: int = 80, cwd: Path | None = None, direct: bool = False,
+             **env) -> subprocess.CompletedProcess:
     """`cli` in this process (tests/support/cli.py `tierdiag_in_process`): the same environment,
-    stdout not a terminal, for tests of what a command prints, not of its process."""
-    return completed_in_process(*args, env=_env(COLUMNS=str(columns), **env), cwd=cwd)
+    stdout not a terminal, for tests of what a command prints, not of its process. `direct`:
+    the path the console script takes for this line (a plain read command's direct call)."""
+    return completed_in_process(*args, env=_env(COLUMNS=str(columns), **env), cwd=cwd, direct=direct)
 
 
 def on_tty(*args: object, columns: int = 80, **env) -> tuple[int, str]:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cli import completed_in_process
+
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "tierdiag" / "trace" / "samples" / "demo.jsonl"
 
@@ -25,7 +27,7 @@ def _tierdiag(*args: str, code: str = "from tierdiag.cli.main import main; main(
     (["--time-scale", "fast"], "Invalid value for '--time-scale': 'fast' is not a number"),
 ])
 def test_a_value_that_is_not_a_number_is_one_line_and_exit_2(args, problem):
-    r = _tierdiag("replay", str(DEMO), "--no-probes", *args)
+    r = completed_in_process("replay", str(DEMO), "--no-probes", *args, cwd=ROOT)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and problem in lines[0], r.stderr

@@ -431,7 +431,7 @@ def _evidence(db):
 def test_a_replay_whose_writer_fed_the_pass_stores_the_evidence_its_close_walks_itself(tmp_path, extra):
     """The same trace (sessions: closed loop) replayed with a writer process (the pass fed while
     recording) and inline (the close walks it all): the stored evidence is the same, every section."""
-    from tests.support.cli import cli_env, run
+    from tests.support.cli import cli_env, completed_in_process as run  # the CLI in this process: ~0.45 s a start
 
     trace = tmp_path / "t.jsonl"
     assert run("synth", trace, "--requests", "300", "--kind", "agent", "--seed", "5").returncode == 0

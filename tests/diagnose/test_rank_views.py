@@ -17,7 +17,7 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from tests.support.cli import tierdiag
+from tests.support.cli import tierdiag_in_process
 from tests.support.ranks import REUSE_POOLS, plant_ranks, reuse_lines, rows
 from tests.support.traces import write_trace
 from tierdiag.diagnose.request.explain import explain_request
@@ -242,7 +242,7 @@ def test_slow_by_rank_is_slow_cut_by_rank(db):
 
 
 def test_slow_by_rank_refuses_a_grouping_it_does_not_know(db):
-    tierdiag("slow", "--db", db, "--by", "node").fails(2, "unknown --by grouping 'node'; known: rank")
+    tierdiag_in_process("slow", "--db", db, "--by", "node").fails(2, "unknown --by grouping 'node'; known: rank")
 
 
 # --- one rank: as before ------------------------------------------------------------------------------

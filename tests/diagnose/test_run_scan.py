@@ -23,7 +23,7 @@ from tierdiag.store.schema import MISS_COLUMNS
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> Path:
     """A real replay (agent sessions, two ranks, a storage tier: every column of the sums in use)."""
-    from tests.support.cli import cli_env, run
+    from tests.support.cli import cli_env, completed_in_process as run  # the CLI in this process: ~0.45 s a start
 
     folder = tmp_path_factory.mktemp("run_scan")
     trace = folder / "t.jsonl"

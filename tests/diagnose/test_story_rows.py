@@ -23,7 +23,7 @@ from tierdiag.store.reader import open_store, resolve_run
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> Path:
     """A real replay (agent sessions: queueing, causes of every kind) recorded into a store."""
-    from tests.support.cli import cli_env, run
+    from tests.support.cli import cli_env, completed_in_process as run  # the CLI in this process: ~0.45 s a start
 
     folder = tmp_path_factory.mktemp("story_rows")
     trace = folder / "t.jsonl"

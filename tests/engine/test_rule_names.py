@@ -15,7 +15,7 @@ import duckdb
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tests.support.cli import invoke, one_line_error, run
+from tests.support.cli import completed_in_process, invoke, one_line_error
 from tierdiag.config.engine import EngineConfig, load_config
 from tierdiag.config.releases import NOT_RULES, RELEASES, RULE_NAMES, switched_back_names
 from tierdiag.engine.rules import (RULE_SETS, RuleSet, config_rules, differing_fields, differing_rules,
@@ -150,8 +150,8 @@ def test_every_rule_switched_back_replays_the_older_release_exactly(tmp_path, op
 
 
 def test_a_switched_back_config_file_key_is_refused_under_the_oldest_release_exit_2(tmp_path):
-    proc = run("replay", DEMO, "--db", tmp_path / "r.duckdb", "--sglang", OLD, "--config",
-               _toml(tmp_path, 'sglang_switched_back = "eviction_amount"'))
+    proc = completed_in_process("replay", DEMO, "--db", tmp_path / "r.duckdb", "--sglang", OLD, "--config",
+                                _toml(tmp_path, 'sglang_switched_back = "eviction_amount"'))
     one_line_error(proc.returncode, proc.stderr, 3, "oldest")
     assert not (tmp_path / "r.duckdb").exists()
 

@@ -8,11 +8,9 @@ Pools: device 16 pages, host 64 pages of 64 tokens unless a test says otherwise 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from tests.engine import helpers
 from tests.engine.helpers import PS, req
+from tests.support.cli import completed_in_process
 from tierdiag.config.engine import SGLANG_RULES, EngineConfig
 from tierdiag.engine.engine import Engine
 from tierdiag.engine.prefetch import prefetch_limit_tokens, prefetch_timeout_ns
@@ -39,9 +37,8 @@ def test_the_registry_is_one_rule_set_a_release_and_0523_is_the_default():
 def test_an_unknown_release_exits_2_listing_the_known_ones(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n')
-    proc = subprocess.run([sys.executable, "-c", "from tierdiag.cli.main import main; main()", "replay", str(trace),
-                           "--sglang", "0.5.10", "--no-probes", "--model", "tiny", "--gpu", "cpu"],
-                          capture_output=True, text=True, timeout=120)
+    proc = completed_in_process("replay", str(trace), "--sglang", "0.5.10", "--no-probes", "--model", "tiny", "--gpu",
+                                "cpu")
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert "'0.5.10'" in line and "known: 0.5.23, 0.5.9" in line
@@ -409,9 +406,8 @@ def test_hrrn_end_to_end_ages_by_processed_prefill_tokens():
 def test_a_0523_policy_under_0_5_9_exits_2(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n')
-    proc = subprocess.run([sys.executable, "-c", "from tierdiag.cli.main import main; main()", "replay", str(trace),
-                           "--sglang", "0.5.9", "--schedule-policy", "hrrn", "--db", str(tmp_path / "r.duckdb"),
-                           "--model", "tiny", "--gpu", "cpu"], capture_output=True, text=True, timeout=120)
+    proc = completed_in_process("replay", str(trace), "--sglang", "0.5.9", "--schedule-policy", "hrrn", "--db",
+                                str(tmp_path / "r.duckdb"), "--model", "tiny", "--gpu", "cpu")
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert "--schedule-policy hrrn is not in SGLang 0.5.9" in line

@@ -9,14 +9,12 @@ Pools: device 16 pages, host 64 pages of 64 tokens unless a test says otherwise 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from tests.engine import helpers
 from tests.engine.helpers import PS, req
 from tests.engine.test_sglang_0523_conformance import _order
+from tests.support.cli import completed_in_process
 from tierdiag.config.engine import EngineConfig
 from tierdiag.config.policies import EVICTION_POLICIES, configured_eviction_policy
 from tierdiag.engine.engine import Engine
@@ -250,8 +248,7 @@ def test_a_bad_tlru_setting_exits_with_the_documented_code(tmp_path, how, code):
         args = ["sweep", str(trace), "--db", str(tmp_path / "r.duckdb"), "--set", "tlru_threshold=10,20"]
     else:
         args += ["--eviction-policy", "tlru", "--tlru-threshold=-5"]
-    proc = subprocess.run([sys.executable, "-c", "from tierdiag.cli.main import main; main()", *args],
-                          capture_output=True, text=True, timeout=120)
+    proc = completed_in_process(*args)  # the CLI in this process: its line and code, not its start
     assert proc.returncode == code
     (line,) = proc.stderr.strip().splitlines()
     # Named as it was given: the option, or the key of the --config file or --set (issue 39, item 17).

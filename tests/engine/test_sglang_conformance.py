@@ -14,13 +14,11 @@ a partial page that is never matched). State tuples are helpers.path_state's:
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from tests.engine import helpers
 from tests.engine.helpers import PS, req
+from tests.support.cli import completed_in_process
 
 # These tests narrate SGLang 0.5.9's rules and pin them on purpose (--sglang 0.5.9); 0.5.23's
 # rules are narrated in tests/engine/test_sglang_0523_conformance.py.
@@ -440,10 +438,8 @@ def test_a_host_pool_smaller_than_the_device_pool_is_refused(tmp_path):
     assert EngineConfig(model="tiny", gpu="cpu", device_tokens=4096, host_tokens=4096).resolved_host_tokens() == 4096
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 70, "output_length": 2, "hash_ids": [1]}\n')
-    proc = subprocess.run([sys.executable, "-c", "from tierdiag.cli.main import main; main()", "replay", str(trace),
-                           "--db", str(tmp_path / "r.duckdb"), "--model", "tiny", "--gpu", "cpu",
-                           "--device-tokens", "4096", "--host-tokens", "2048"],
-                          capture_output=True, text=True, timeout=120)
+    proc = completed_in_process("replay", str(trace), "--db", str(tmp_path / "r.duckdb"), "--model", "tiny", "--gpu",
+                                "cpu", "--device-tokens", "4096", "--host-tokens", "2048")
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "--host-tokens 2,048 is smaller than the device pool (4,096 tokens)" in lines[0]

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 from collections import OrderedDict
 from pathlib import Path
 
@@ -14,6 +12,7 @@ import duckdb
 import pytest
 import torch
 
+from tests.support.cli import completed_in_process
 from tierdiag.engine import storage
 from tierdiag.native import cplane
 from tierdiag.config.engine import EngineConfig
@@ -241,16 +240,14 @@ def test_storage_dir_names_the_root_and_a_run_without_storage_has_no_folder(tmp_
 
 
 def test_replay_announces_the_folder_and_its_size_and_a_replay_without_a_run_removes_its_own(tmp_path):
-    base = [sys.executable, "-c", "from tierdiag.cli.main import main; main()", "replay", str(DEMO_TRACE),
-            "--model", "tiny", "--gpu", "cpu", "--device-tokens", "4096", "--host-tokens", "8192",
-            "--storage-tokens", str(1 << 20)]
+    base = ["replay", str(DEMO_TRACE), "--model", "tiny", "--gpu", "cpu", "--device-tokens", "4096", "--host-tokens",
+            "8192", "--storage-tokens", str(1 << 20)]
     db = tmp_path / "a.duckdb"
-    shown = subprocess.run(base + ["--db", str(db), "--json"], capture_output=True, text=True, timeout=300)
+    shown = completed_in_process(*base, "--db", str(db), "--json")  # the CLI in this process: what it says
     assert shown.returncode == 0, shown.stderr
     d = json.loads(shown.stdout)
     assert Path(d["storage_dir"]).parent == (tmp_path / "a.storage").resolve() and d["storage_bytes"] > 0
-    table = subprocess.run(base + ["--no-probes", "--storage-dir", str(tmp_path / "tmp")], capture_output=True,
-                           text=True, timeout=300)
+    table = completed_in_process(*base, "--no-probes", "--storage-dir", str(tmp_path / "tmp"))
     assert table.returncode == 0, table.stderr
     assert "page files in a temporary folder, removed (nothing was recorded)" in table.stdout
     assert list((tmp_path / "tmp").iterdir()) == []  # the temporary folder went with the replay

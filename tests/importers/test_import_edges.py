@@ -26,6 +26,7 @@ from tierdiag.importers.load import import_sglang
 from tierdiag.importers.sglang_export import read_export
 
 from tests.support.cli import ENTRY  # noqa: E402 - the one CLI entry
+from tests.support.cli import completed_in_process
 
 
 def good(rid: str = "g") -> dict:
@@ -84,8 +85,7 @@ def test_a_line_out_of_range_is_named_by_file_and_line_or_skipped(tmp_path, line
 def test_the_cli_says_file_and_line_for_out_of_range_numbers(tmp_path):
     folder = tmp_path / "export"
     path = write_export(folder, "20251201_09", [good("a"), json.dumps({**good("b"), "request_received_ts": 1e300})])
-    cmd = [sys.executable, "-c", ENTRY, "import", "sglang", str(folder), "--db", str(tmp_path / "o.duckdb")]
-    bad = subprocess.run(cmd, capture_output=True, text=True)
+    bad = completed_in_process("import", "sglang", str(folder), "--db", str(tmp_path / "o.duckdb"))
     assert bad.returncode == 3 and bad.stderr.count("\n") == 1 and f"{path}:2: " in bad.stderr, bad.stderr
     assert not (tmp_path / "o.duckdb").exists()
 

@@ -13,14 +13,13 @@ The export (finish order within each file; arrivals out of order across them)::
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
 import pytest
 
 from tests.importers.sglang_export import record, write_export
+from tests.support.cli import completed_in_process
 from tierdiag.errors import TraceError
 from tierdiag.importers.load import import_sglang
 from tierdiag.importers.sglang_export import read_export
@@ -199,12 +198,10 @@ def test_a_file_that_is_not_an_export_says_so(tmp_path):
 def test_cli_exit_codes_and_one_line_errors(tmp_path):
     folder = tmp_path / "export"
     path = write_export(folder, "20251201_09", [record("a", prompt=80, tokens=toks(80, 1)), "{oops"])
-    cmd = [sys.executable, "-c", "from tierdiag.cli.main import main; main()", "import", "sglang", str(folder),
-           "--db", str(tmp_path / "o.duckdb")]
-    bad = subprocess.run(cmd, capture_output=True, text=True)
+    cmd = ["import", "sglang", str(folder), "--db", str(tmp_path / "o.duckdb")]
+    bad = completed_in_process(*cmd)  # the CLI in this process: its lines and codes, not its start
     assert bad.returncode == 3 and bad.stderr.count("\n") == 1 and f"{path}:2: bad JSON" in bad.stderr
-    ok = subprocess.run(cmd + ["--skip-bad", "--json", "--trace-out", str(tmp_path / "t.jsonl")],
-                        capture_output=True, text=True)
+    ok = completed_in_process(*cmd, "--skip-bad", "--json", "--trace-out", str(tmp_path / "t.jsonl"))
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["num_requests"] == 1 and "skipped 1 bad line" in ok.stderr
 

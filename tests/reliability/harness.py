@@ -19,6 +19,7 @@ from pathlib import Path
 import duckdb
 
 from tests.support.cli import ENTRY, Result, cli_argv, cli_env, tierdiag  # noqa: F401 - the one CLI runner, for the tests here
+from tests.support.cli import tierdiag_in_process
 from tests.support.traces import good_lines, line, write_trace  # noqa: F401 - the one trace writer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -147,15 +148,16 @@ def assert_same_event_rows(con, a: str, b: str, *, may_be_empty: tuple[str, ...]
 def synth_and_store(root: Path, *, seed: int, long: int) -> dict:
     """The signal tests' inputs: `tierdiag synth` traces "long" (`long` requests) and "short"
     (150), and "store", a store holding one complete run (copied for each trial: the run that
-    must stay untouched)."""
+    must stay untouched). In this process: the inputs, not what is tested."""
     out: dict = {}
     for name, n in (("long", long), ("short", 150)):
         trace = root / f"{name}.jsonl"
-        r = tierdiag("synth", trace, "--requests", n, "--seed", seed)
+        r = tierdiag_in_process("synth", trace, "--requests", n, "--seed", seed)
         assert r.code == 0, r.err
         out[name] = trace
     out["store"] = root / "earlier.duckdb"
-    assert tierdiag("replay", write_trace(root / "small.jsonl", good_lines(6)), "--db", out["store"], *SMALL).code == 0
+    small = write_trace(root / "small.jsonl", good_lines(6))
+    assert tierdiag_in_process("replay", small, "--db", out["store"], *SMALL).code == 0
     return out
 
 

@@ -14,7 +14,9 @@ import subprocess
 
 import pytest
 
-from harness import SMALL, cli_argv, cli_env, good_lines, line, runs, sql, tierdiag, write_trace
+from harness import SMALL, cli_argv, cli_env, good_lines, line, runs, sql, write_trace
+
+from tests.support.cli import tierdiag_in_process
 from tierdiag.config.engine import EngineConfig
 from tierdiag.errors import OutputError, TraceError
 from tierdiag.app.replay import replay
@@ -63,7 +65,8 @@ def test_the_largest_accepted_timestamp_replays_to_complete(tmp_path):
 def test_a_time_scale_out_of_range_is_exit_2_before_any_run(tmp_path, scale):
     trace = write_trace(tmp_path / "t.jsonl", good_lines(3))
     db = tmp_path / "r.duckdb"
-    tierdiag("replay", trace, "--db", db, "--time-scale", scale, *SMALL).fails(2, "--time-scale", "must be in [1e-09, 1e+06]")
+    tierdiag_in_process("replay", trace, "--db", db, "--time-scale", scale, *SMALL).fails(
+        2, "--time-scale", "must be in [1e-09, 1e+06]")
     assert not db.exists()
 
 
@@ -79,7 +82,7 @@ def test_a_time_scale_that_pushes_an_arrival_past_int64_names_the_line_and_keeps
 
 
 def test_an_integer_option_past_int64_is_exit_2(store):
-    tierdiag("slow", "--db", store, "--top", "99999999999999999999").fails(2, "--top", "out of range")
+    tierdiag_in_process("slow", "--db", store, "--top", "99999999999999999999").fails(2, "--top", "out of range")
 
 
 def test_stdout_write_errors_are_exit_6_and_a_closed_pipe_is_silent(store):
@@ -111,10 +114,10 @@ def test_a_trace_through_a_pipe_is_read_once(tmp_path):
 
 def test_synth_refuses_what_replay_would_refuse_and_replay_takes_what_synth_writes(tmp_path):
     out = tmp_path / "s.jsonl"
-    tierdiag("synth", out, "--rate", "1e-300").fails(2, "--rate", "too low")
+    tierdiag_in_process("synth", out, "--rate", "1e-300").fails(2, "--rate", "too low")
     assert not out.exists()
     # The slowest rate synth takes for 20 requests: replay accepts every timestamp it writes.
-    assert tierdiag("synth", out, "--rate", "1e-5", "--requests", "20").code == 0
+    assert tierdiag_in_process("synth", out, "--rate", "1e-5", "--requests", "20").code == 0
     assert len(list(read_trace(out))) == 20
 
 
@@ -126,7 +129,8 @@ def test_a_storage_tier_that_cannot_be_written_is_exit_6_naming_the_path(tmp_pat
     blocker.write_text("not a folder")
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'storage_dir = "{blocker}"\n')
-    r = tierdiag("replay", trace, "--db", tmp_path / "r.duckdb", "--config", cfg, "--storage-tokens", "8192", *SMALL)
+    r = tierdiag_in_process("replay", trace, "--db", tmp_path / "r.duckdb", "--config", cfg, "--storage-tokens", "8192",
+                            *SMALL)
     r.fails(6, "storage tier", str(blocker))
     with pytest.raises(OutputError, match=f"storage tier at {blocker}"):
         StorageTier(blocker / "below", 4)
@@ -178,7 +182,7 @@ def test_report_on_a_run_with_no_finished_requests_says_so(tmp_path):
                   timing="modelled")
     w.finish("interrupted")
     out = tmp_path / "r.html"
-    r = tierdiag("report", "--db", db, "-o", out)
+    r = tierdiag_in_process("report", "--db", db, "-o", out)
     assert r.code == 0, r.err
     assert "No finished requests in this run" in out.read_text()
 
@@ -186,7 +190,7 @@ def test_report_on_a_run_with_no_finished_requests_says_so(tmp_path):
 def test_output_folders_are_created_for_every_output(tmp_path, store):
     """One rule for every path tierdiag writes: missing parent folders are created."""
     deep = tmp_path / "a" / "b"
-    assert tierdiag("report", "--db", store, "-o", deep / "r.html").code == 0
-    assert tierdiag("export", deep / "pq", "--db", store).code == 0
-    assert tierdiag("synth", deep / "more" / "s.jsonl", "--requests", "3").code == 0
+    assert tierdiag_in_process("report", "--db", store, "-o", deep / "r.html").code == 0
+    assert tierdiag_in_process("export", deep / "pq", "--db", store).code == 0
+    assert tierdiag_in_process("synth", deep / "more" / "s.jsonl", "--requests", "3").code == 0
     assert (deep / "r.html").is_file() and (deep / "pq").is_dir() and (deep / "more" / "s.jsonl").is_file()

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from harness import SMALL, good_lines, line, runs, tierdiag, tierdiag_here, write_trace
+from harness import SMALL, good_lines, line, runs, tierdiag, tierdiag_here, tierdiag_in_process, write_trace
 from tierdiag.config.engine import CONFIG_SCHEMA, RELEASE_OFFERS, EngineConfig, load_config
 from tierdiag.config.profile import CLOCK_PARAMS, PROFILE_FORMAT, load_profile, preset_clock, write_profile
 from tierdiag.errors import ConfigError, ExitCode
@@ -23,7 +23,7 @@ def store(tmp_path_factory):
     trace = write_trace(root / "t.jsonl", [line(0, 2000, [1, 2, 3, 4]), line(10, 3000, [9, 8, 7, 6, 5, 11]),
                                            line(20, 2000, [1, 2, 3, 4])])
     db = root / "r.duckdb"
-    assert tierdiag("replay", trace, "--db", db, *SMALL).code == 0
+    assert tierdiag_in_process("replay", trace, "--db", db, *SMALL).code == 0
     return db, trace
 
 
@@ -199,7 +199,7 @@ def test_a_twin_with_more_ranks_than_a_replay_takes_says_where_they_came_from(tm
     db, twin = tmp_path / "obs.duckdb", tmp_path / "twin.jsonl"
     import_sglang([tmp_path / "export"], db=db, trace_out=twin)
     before = _digest(db)
-    err_line = tierdiag("replay", twin, "--db", db).fails(
+    err_line = tierdiag_in_process("replay", twin, "--db", db).fails(
         2, "--dp 300 was taken from the imported run whose --trace-out this trace is (its export named 300 ranks)",
         "must be an integer from 1 to 256", "pass --dp")
     assert "--dp 300 must be" not in err_line and _digest(db) == before

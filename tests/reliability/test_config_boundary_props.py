@@ -19,7 +19,7 @@ import pytest
 import tomli_w
 from hypothesis import HealthCheck, assume, example, given, settings, strategies as st
 
-from harness import SMALL, cli, good_lines, tierdiag, write_trace
+from harness import SMALL, cli, good_lines, tierdiag_in_process, write_trace
 from tierdiag.config.engine import CONFIG_KEYS, CONFIG_SCHEMA, load_config
 from tierdiag.config.profile import CLOCK_PARAMS, PROFILE_FORMAT, load_profile, preset_clock
 from tierdiag.errors import ConfigError, ExitCode
@@ -57,7 +57,7 @@ def store(tmp_path_factory):
     root = tmp_path_factory.mktemp("props")
     trace = write_trace(root / "t.jsonl", good_lines(4))
     db = root / "r.duckdb"
-    assert tierdiag("replay", trace, "--db", db, *SMALL).code == 0
+    assert tierdiag_in_process("replay", trace, "--db", db, *SMALL).code == 0
     return db, trace, root
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness import good_lines, line, sql, tierdiag, write_trace
+from harness import good_lines, line, sql, write_trace
+
+from tests.support.cli import tierdiag_in_process
 from tierdiag.config.engine import EVICTION_POLICIES, PREFETCH_POLICIES, SCHEDULE_POLICIES, WRITE_POLICIES
 from tierdiag.config.presets import GPUS, MODELS
 
@@ -23,7 +25,7 @@ def trace(tmp_path):
 ])
 def test_unknown_name_lists_the_known_ones(tmp_path, trace, option, known):
     db = tmp_path / "r.duckdb"
-    line = tierdiag("replay", trace, "--db", db, option, "nope").fails(2, option, "'nope'", "known:")
+    line = tierdiag_in_process("replay", trace, "--db", db, option, "nope").fails(2, option, "'nope'", "known:")
     assert line.endswith(", ".join(sorted(known)))
     assert not db.exists()
 
@@ -45,18 +47,18 @@ def test_unknown_name_lists_the_known_ones(tmp_path, trace, option, known):
 def test_impossible_sizes_are_rejected_up_front(tmp_path, trace, args, fragments):
     db = tmp_path / "r.duckdb"
     # --model/--gpu first: the tiny model leaves the sizes under test as the only problem.
-    tierdiag("replay", trace, "--db", db, "--model", "tiny", "--gpu", "cpu", *args).fails(2, *fragments)
+    tierdiag_in_process("replay", trace, "--db", db, "--model", "tiny", "--gpu", "cpu", *args).fails(2, *fragments)
     assert not db.exists()
 
 
 def test_unparsable_option_value_is_a_usage_error(tmp_path, trace):
-    tierdiag("replay", trace, "--db", tmp_path / "r.duckdb", "--device-tokens", "lots").fails(
+    tierdiag_in_process("replay", trace, "--db", tmp_path / "r.duckdb", "--device-tokens", "lots").fails(
         2, "--device-tokens", "replay --help")
 
 
 def test_unknown_option_and_command(tmp_path, trace):
-    tierdiag("replay", trace, "--devise-tokens", "4096").fails(2, "No such option", "--devise-tokens")
-    tierdiag("replya", trace).fails(2, "No such command", "replya")
+    tierdiag_in_process("replay", trace, "--devise-tokens", "4096").fails(2, "No such option", "--devise-tokens")
+    tierdiag_in_process("replya", trace).fails(2, "No such command", "replya")
 
 
 @pytest.mark.parametrize(("text", "fragments"), [
@@ -76,13 +78,13 @@ def test_bad_config_file(tmp_path, trace, text, fragments):
     else:
         cfg.write_text(text)
     db = tmp_path / "r.duckdb"
-    tierdiag("replay", trace, "--db", db, "--config", cfg).fails(3, f"--config {cfg}", *fragments)
+    tierdiag_in_process("replay", trace, "--db", db, "--config", cfg).fails(3, f"--config {cfg}", *fragments)
     assert not db.exists()
 
 
 def test_config_file_missing_or_a_folder(tmp_path, trace):
-    tierdiag("replay", trace, "--config", tmp_path / "none.toml").fails(3, "none.toml", "no such file")
-    tierdiag("replay", trace, "--config", tmp_path).fails(3, str(tmp_path), "folder")
+    tierdiag_in_process("replay", trace, "--config", tmp_path / "none.toml").fails(3, "none.toml", "no such file")
+    tierdiag_in_process("replay", trace, "--config", tmp_path).fails(3, str(tmp_path), "folder")
 
 
 def test_config_file_values_are_validated_like_options(tmp_path, trace):
@@ -91,23 +93,24 @@ def test_config_file_values_are_validated_like_options(tmp_path, trace):
     naming the option (issue 39, item 17: the file's errors named options never passed)."""
     cfg = tmp_path / "c.toml"
     cfg.write_text('[replay]\nmodel = "tiny"\ngpu = "cpu"\neviction-policy = "arc"\n')
-    line = tierdiag("replay", trace, "--config", cfg).fails(3, f"--config {cfg}", "eviction_policy 'arc'",
+    line = tierdiag_in_process("replay", trace, "--config", cfg).fails(3, f"--config {cfg}", "eviction_policy 'arc'",
                                                             "known: fifo, filo, lfu, lru, mru, priority, slru, tlru")
     assert "--eviction-policy" not in line
     cfg.write_text('[replay]\nmodel = "tiny"\ngpu = "cpu"\npage_size = 3\n')
-    line = tierdiag("replay", trace, "--config", cfg).fails(3, f"--config {cfg}", "page_size 3", "power of two")
+    line = tierdiag_in_process("replay", trace, "--config", cfg).fails(3, f"--config {cfg}", "page_size 3",
+                                                                      "power of two")
     assert "--page-size" not in line
     # Given on the command line, the option is to blame even with a --config beside it.
-    tierdiag("replay", trace, "--config", cfg, "--page-size", "5").fails(2, "--page-size 5")
+    tierdiag_in_process("replay", trace, "--config", cfg, "--page-size", "5").fails(2, "--page-size 5")
 
 
 def test_a_good_config_file_and_options_combine(tmp_path, trace):
     cfg = tmp_path / "c.toml"
     cfg.write_text('[replay]\nmodel = "tiny"\ngpu = "cpu"\ndevice_tokens = 8192\ntime_scale = 2\n')
     db = tmp_path / "r.duckdb"
-    r = tierdiag("replay", trace, "--db", db, "--config", cfg, "--device-tokens", "4096", "--json")
+    r = tierdiag_in_process("replay", trace, "--db", db, "--config", cfg, "--device-tokens", "4096", "--json")
     assert r.json()["num_requests"] == 5
-    config = tierdiag("runs", "--db", db, "--json").json()[0]["config"]
+    config = tierdiag_in_process("runs", "--db", db, "--json").json()[0]["config"]
     assert (config["device_tokens"], config["time_scale"], config["model"]) == (4096, 2.0, "tiny")
 
 
@@ -118,7 +121,7 @@ def test_request_larger_than_the_device_pool_is_rejected_not_waited_on(tmp_path)
     trace = write_trace(tmp_path / "t.jsonl", [line(0, 100, [0]), line(50, 1000, [7, 8]), line(100, 150, [0]),
                                                line(150, 100, [0])])
     db = tmp_path / "r.duckdb"
-    r = tierdiag("replay", trace, "--db", db, "--model", "tiny", "--gpu", "cpu", "--device-tokens", "256",
+    r = tierdiag_in_process("replay", trace, "--db", db, "--model", "tiny", "--gpu", "cpu", "--device-tokens", "256",
                  "--page-size", "64", "--json")
     summary = r.json()
     assert (summary["num_requests"], summary["num_rejected"]) == (3, 1)
@@ -145,7 +148,7 @@ def test_a_config_value_out_of_range_is_a_bad_config_file(tmp_path, trace, text,
     cfg.write_text('model = "tiny"\ngpu = "cpu"\n' + text)
     db = tmp_path / "r.duckdb"
     extra = ("--set", "seed=1,2") if command == "sweep" else ()
-    tierdiag(command, trace, "--db", db, "--config", cfg, *extra).fails(3, f"--config {cfg}", *fragments)
+    tierdiag_in_process(command, trace, "--db", db, "--config", cfg, *extra).fails(3, f"--config {cfg}", *fragments)
     assert not db.exists()
 
 
@@ -157,10 +160,11 @@ def test_a_config_value_out_of_range_is_a_bad_config_file(tmp_path, trace, text,
 ])
 def test_sweep_set_values_out_of_range_are_refused_before_any_replay(tmp_path, trace, value, fragments):
     db = tmp_path / "r.duckdb"
-    tierdiag("sweep", trace, "--db", db, "--set", value, "--set", "model=tiny", "--set", "gpu=cpu").fails(2, *fragments)
+    tierdiag_in_process("sweep", trace, "--db", db, "--set", value, "--set", "model=tiny", "--set", "gpu=cpu").fails(
+        2, *fragments)
     assert not db.exists()
 
 
 def test_replay_time_scale_out_of_range_stays_a_usage_error(tmp_path, trace):
-    tierdiag("replay", trace, "--db", tmp_path / "r.duckdb", "--time-scale", "1e30").fails(
+    tierdiag_in_process("replay", trace, "--db", tmp_path / "r.duckdb", "--time-scale", "1e30").fails(
         2, "--time-scale 1e+30 must be in [1e-09, 1e+06]")

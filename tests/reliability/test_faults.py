@@ -14,6 +14,7 @@ import pytest
 
 from harness import (ROOMY, SHARED_TRACES, SMALL, WATCHED_FLUSH_EVERY_S, WRITERS, Result, cli_argv, cli_env,
                      good_lines, holder, runs, sql, tierdiag, wait_for_recorded_rows, write_trace)
+from tests.support.cli import tierdiag_in_process
 from tierdiag.store.writer import RunWriter
 
 # Flush twice a second, so that rows reach the file long before the end, with room for readers
@@ -25,14 +26,14 @@ FLUSH_OFTEN = cli_env(TIERDIAG_FLUSH_EVERY_S=WATCHED_FLUSH_EVERY_S)
 def big_trace(tmp_path_factory) -> Path:
     """Long enough that no replay here gets to its end before it is stopped."""
     trace = tmp_path_factory.mktemp("big") / "big.jsonl"
-    r = tierdiag("synth", trace, "--requests", "30000", "--seed", "11")
+    r = tierdiag_in_process("synth", trace, "--requests", "30000", "--seed", "11")
     assert r.code == 0, r.err
     return trace
 
 
 def small_complete_run(tmp_path: Path, db: Path) -> dict:
     trace = write_trace(tmp_path / "small.jsonl", good_lines(12))
-    assert tierdiag("replay", trace, "--db", db, *SMALL).code == 0
+    assert tierdiag_in_process("replay", trace, "--db", db, *SMALL).code == 0
     (run,) = runs(db)
     assert run["status"] == "complete" and run["num_requests"] == 12
     return run
@@ -60,7 +61,7 @@ def test_interrupt_keeps_what_was_recorded(tmp_path, big_trace, sig, code):
     assert second["num_requests"] == recorded >= seen
     assert f"run {second['run_id']}" in line and f"{recorded:,} request" in line
     # Readable by the diagnose views too.
-    assert tierdiag("summary", "--db", db, "--json").json()["num_requests"] == recorded
+    assert tierdiag_in_process("summary", "--db", db, "--json").json()["num_requests"] == recorded
 
 
 def test_kill_9_leaves_a_readable_file_and_earlier_runs_intact(tmp_path, big_trace):
@@ -78,10 +79,10 @@ def test_kill_9_leaves_a_readable_file_and_earlier_runs_intact(tmp_path, big_tra
     assert dead["status"] == "interrupted"
     assert dead["num_requests"] == sql(db, "SELECT count(*) FROM requests WHERE run_id = ?", [dead["run_id"]])[0][0]
     assert dead["num_requests"] > 0
-    assert tierdiag("summary", "--db", db, "--run", first["run_id"], "--json").json()["num_requests"] == 12
+    assert tierdiag_in_process("summary", "--db", db, "--run", first["run_id"], "--json").json()["num_requests"] == 12
     # And the file takes the next replay as usual.
     trace = write_trace(tmp_path / "next.jsonl", good_lines(3))
-    assert tierdiag("replay", trace, "--db", db, *SMALL).code == 0
+    assert tierdiag_in_process("replay", trace, "--db", db, *SMALL).code == 0
     assert [r["status"] for r in runs(db)] == ["complete", "interrupted", "complete"]
 
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 from pydantic import TypeAdapter, ValidationError
 
-from harness import SMALL, runs, tierdiag
+from harness import SMALL, runs, tierdiag_in_process
 from test_config_boundary_props import Unchanged, _write_toml, cli, refused, store  # noqa: F401 - the fixture
 from tierdiag.config.engine import EngineConfig, load_config
 from tierdiag.config.sweep_spec import plan_sweep
@@ -87,7 +87,8 @@ def test_a_hostile_option_is_exit_2_naming_it(store, text):
         # takes it as 8, as for every integer option; a Typer on click's INT refuses it (exit 2)
         fresh = root / "taken.duckdb"
         fresh.unlink(missing_ok=True)
-        got = tierdiag("replay", trace, "--db", fresh, *SMALL, f"--max-running-requests={text}")
+        # In this process, as the refusals below: an example that replays pays no interpreter start.
+        got = tierdiag_in_process("replay", trace, "--db", fresh, *SMALL, f"--max-running-requests={text}")
         if got.code == 0:
             (run,) = runs(fresh)
             assert 1 <= run["config"]["max_running_requests"] <= taken
@@ -122,7 +123,7 @@ def test_a_cap_is_recorded_and_one_above_half_the_pool_warned(store, tmp_path):
     10^6 is lowered to 2,048 (0.5.23's resolve_max_num_reqs), with one warning line."""
     _, trace, _ = store
     db = tmp_path / "r.duckdb"
-    got = tierdiag("replay", trace, "--db", db, *SMALL, "--max-running-requests", "1000000")
+    got = tierdiag_in_process("replay", trace, "--db", db, *SMALL, "--max-running-requests", "1000000")
     assert got.code == 0, got.err
     assert "--max-running-requests 1,000,000 is reduced to 2,048" in got.err
     (run,) = runs(db)

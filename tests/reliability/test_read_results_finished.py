@@ -30,7 +30,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.reliability.harness import ROOMY, real_trace_head, tierdiag
+from tests.reliability.harness import ROOMY, real_trace_head
+from tests.support.cli import tierdiag_in_process
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,7 +66,7 @@ def store(tmp_path_factory) -> Path:
     trace = real_trace_head(tmp / "t.jsonl", 200, fallback=40)
     db = tmp / "s.duckdb"
     for name, tokens in (("a", "65536"), ("b", "32768")):
-        r = tierdiag("replay", trace, "--db", db, *ROOMY[:-1], tokens, "--run-name", name, "--dp", "2")
+        r = tierdiag_in_process("replay", trace, "--db", db, *ROOMY[:-1], tokens, "--run-name", name, "--dp", "2")
         assert r.code == 0, r.err
     return db
 
@@ -142,9 +143,9 @@ def test_runs_delete_and_export_after_one_another(store, tmp_path):
 
     db = tmp_path / "copy.duckdb"
     shutil.copy(store, db)
-    r = tierdiag("export", tmp_path / "out", "--db", db, "--all")
+    r = tierdiag_in_process("export", tmp_path / "out", "--db", db, "--all")
     assert r.code == 0, r.err
-    r = tierdiag("runs", "--db", db, "--delete", "b")
+    r = tierdiag_in_process("runs", "--db", db, "--delete", "b")
     assert r.code == 0, r.err
     with duckdb.connect(str(db), read_only=True) as con:
         assert [n for (n,) in con.execute("SELECT name FROM runs").fetchall()] == ["a"]

@@ -25,7 +25,7 @@ import duckdb
 import pytest
 
 from harness import (WRITERS, Result, cli_argv, cli_env, interrupt_engine_at, on_request_flush, sql, synth_and_store,
-                     tierdiag)
+                     tierdiag_in_process)
 
 FLUSH_OFTEN = cli_env(TIERDIAG_FLUSH_EVERY_S="0")
 ENGINE = ("--model", "tiny", "--gpu", "cpu", "--device-tokens", "65536", "--verify", "off")
@@ -159,7 +159,7 @@ def test_signal_at_random_moments_of_a_replay(tmp_path, traces):
                                       db, signal.SIGINT, earlier))
     assert "interrupted" in statuses, statuses
     # And the file still takes every reader.
-    assert tierdiag("summary", "--db", db, "--json").code == 0
+    assert tierdiag_in_process("summary", "--db", db, "--json").code == 0
 
 
 def test_signal_at_random_moments_of_a_short_replay(tmp_path, traces):
@@ -210,7 +210,7 @@ def test_a_signal_inside_a_flush_transaction_waits_for_it_and_writes_each_row_on
     # Longer with a writer process: it commits behind the engine, and its third flush should
     # still come before the engine's end (else the run is complete before the signal lands).
     n_requests = 800 if writer == "inline" else 3000
-    assert tierdiag("synth", trace, "--requests", n_requests, "--seed", "3").code == 0
+    assert tierdiag_in_process("synth", trace, "--requests", n_requests, "--seed", "3").code == 0
     db = tmp_path / "r.duckdb"
     monkeypatch.setenv("TIERDIAG_FLUSH_EVERY_S", "0")
     # The third flush, mid-run: the signal is handled before the INSERT runs.

@@ -16,8 +16,9 @@ import pytest
 
 import functools
 
-from harness import (SMALL, WRITERS, bug_from, disk_full_after, good_lines, on_request_flush, runs, sql, tierdiag,
-                     write_trace)
+from harness import SMALL, WRITERS, bug_from, disk_full_after, good_lines, on_request_flush, runs, sql, write_trace
+
+from tests.support.cli import tierdiag_in_process
 from tierdiag.config.engine import EngineConfig
 from tierdiag.errors import OutputError, StoreError
 from tierdiag.app.replay import replay
@@ -61,7 +62,7 @@ def half_made(path):
 def test_a_file_with_no_schema_and_no_run_takes_a_replay(tmp_path, trace, make):
     db = tmp_path / "new.duckdb"
     make(db)
-    tierdiag("runs", "--db", db).fails(4, str(db), "no runs yet")
+    tierdiag_in_process("runs", "--db", db).fails(4, str(db), "no runs yet")
     summary = _replay(trace, db)
     assert summary.status == "complete"
     (run,) = runs(db)
@@ -116,9 +117,9 @@ def test_a_damaged_store_is_exit_4_for_readers_and_refused_by_a_replay(tmp_path,
     # (DuckDB checks a block's checksum when it reads the block).
     readers = (("slow",), ("explain", "1")) if damage is bit_flipped else (("runs",), ("explain", "1"), ("slow",))
     for args in readers:
-        tierdiag(*args, "--db", db).fails(4, "d.duckdb", "damaged")
+        tierdiag_in_process(*args, "--db", db).fails(4, "d.duckdb", "damaged")
     before = db.read_bytes()
-    r = tierdiag("replay", trace, "--db", db, *SMALL)
+    r = tierdiag_in_process("replay", trace, "--db", db, *SMALL)
     r.fails(4, "d.duckdb", "damaged")
     assert db.read_bytes() == before, "the replay wrote into a damaged store"
 
@@ -128,7 +129,7 @@ def test_a_runs_row_that_is_not_json_is_damage_not_a_bug(tmp_path, store):
     shutil.copy(store, db)
     with duckdb.connect(str(db)) as con:
         con.execute("UPDATE runs SET config_json = '{not json'")
-    tierdiag("summary", "--db", db).fails(4, "j.duckdb", "damaged", "not JSON")
+    tierdiag_in_process("summary", "--db", db).fails(4, "j.duckdb", "damaged", "not JSON")
 
 
 def test_database_in_a_missing_folder_is_created_like_every_output(tmp_path, trace):
@@ -139,7 +140,7 @@ def test_database_in_a_missing_folder_is_created_like_every_output(tmp_path, tra
 
 def test_database_under_a_file_is_exit_6_naming_it(tmp_path, trace):
     (tmp_path / "afile").write_text("x")
-    r = tierdiag("replay", trace, "--db", tmp_path / "afile" / "r.duckdb", *SMALL)
+    r = tierdiag_in_process("replay", trace, "--db", tmp_path / "afile" / "r.duckdb", *SMALL)
     r.fails(6, "afile")
 
 
@@ -151,7 +152,7 @@ def test_disk_full_counts_what_the_file_holds(tmp_path, monkeypatch, ok_flushes,
     the disk filling under the writer process."""
     monkeypatch.setenv("TIERDIAG_FLUSH_EVERY_S", "0")
     trace = tmp_path / "t.jsonl"
-    assert tierdiag("synth", trace, "--requests", "1200", "--seed", "4").code == 0
+    assert tierdiag_in_process("synth", trace, "--requests", "1200", "--seed", "4").code == 0
     db = tmp_path / "r.duckdb"
     on_request_flush(monkeypatch, functools.partial(disk_full_after, ok_flushes), writer=writer, tmp_path=tmp_path)
     cfg = EngineConfig(model="tiny", gpu="cpu", device_tokens=65536)
@@ -172,7 +173,7 @@ def test_a_final_flush_that_fails_with_a_bug_marks_the_run_failed_and_keeps_earl
     bug in the writer process is raised in the replay's, as the same exception)."""
     monkeypatch.setenv("TIERDIAG_FLUSH_EVERY_S", "0")
     trace = tmp_path / "t.jsonl"
-    assert tierdiag("synth", trace, "--requests", "700", "--seed", "4").code == 0
+    assert tierdiag_in_process("synth", trace, "--requests", "700", "--seed", "4").code == 0
     db = tmp_path / "r.duckdb"
     # 700 requests: flushes at 256 and 512, then the final one
     on_request_flush(monkeypatch, functools.partial(bug_from, 3), writer=writer, tmp_path=tmp_path)

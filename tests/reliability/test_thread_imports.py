@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.harness import ROOMY, real_trace_head, tierdiag
+from tests.reliability.harness import ROOMY, real_trace_head, tierdiag, tierdiag_in_process
 from tests.support.cli import cli_env
 
 AUDIT = Path(__file__).resolve().parent / "import_audit"
@@ -103,7 +103,7 @@ def test_advise_and_sweep_threads_import_nothing(tmp_path, trace):
     """advise's piped progress thread imported all of Rich at its first line (before the fix);
     a sweep's workers and progress likewise audited."""
     db = tmp_path / "s.duckdb"
-    assert tierdiag("replay", trace, "--db", db, *ROOMY).code == 0
+    assert tierdiag_in_process("replay", trace, "--db", db, *ROOMY).code == 0  # the input: not audited
     lines, _ = audited(tmp_path, "advise", "--db", db)
     assert not lines, late(lines)
     lines, _ = audited(tmp_path, "sweep", trace, "--db", tmp_path / "sw.duckdb", "--set", "device_tokens=32768,65536",

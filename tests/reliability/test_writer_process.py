@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from harness import (SMALL, WATCHED_FLUSH_EVERY_S, Result, cli_argv, cli_env, good_lines, runs, sql,
-                     synth_and_store, tierdiag, wait_for_recorded_rows, write_trace)
+                     synth_and_store, tierdiag_in_process, wait_for_recorded_rows, write_trace)
 from test_signals import CODE, ENGINE, check_outcome, handlers_installed, listed_runs
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc (Linux)")
@@ -107,7 +107,8 @@ def test_kill_9_of_the_replay_the_writer_commits_what_it_had_and_exits(tmp_path,
     assert sql(db, "SELECT pid FROM runs") == [(proc.pid,)]
     n = sql(db, "SELECT count(*), count(DISTINCT seq) FROM requests")[0]
     assert n[0] == n[1] == run["num_requests"] >= seen
-    assert tierdiag("replay", write_trace(tmp_path / "next.jsonl", good_lines(3)), "--db", db, *SMALL).code == 0
+    assert tierdiag_in_process("replay", write_trace(tmp_path / "next.jsonl", good_lines(3)), "--db", db,
+                               *SMALL).code == 0
 
 
 def test_kill_9_of_the_writer_is_one_line_exit_4_and_the_run_is_closed_as_failed(tmp_path, traces):

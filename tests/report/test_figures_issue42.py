@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.cli.cli_helpers import cli
+from tests.cli.cli_helpers import cli_here
 from tierdiag.report.figures import STRIP_JITTER, build_figures
 from tierdiag.report.html import build_report
 from tierdiag.report.series import load_report_data
@@ -32,7 +32,7 @@ def session_run(tmp_path_factory):
     """The demo sample (sessions, agents, shared prompts): every class, host shares of 0 and more."""
     tmp = tmp_path_factory.mktemp("fig42")
     db = tmp / "r.duckdb"
-    r = cli("replay", SAMPLES / "demo.jsonl", "--db", db, "--device-tokens", 98304, "--verify", "off")
+    r = cli_here("replay", SAMPLES / "demo.jsonl", "--db", db, "--device-tokens", 98304, "--verify", "off")
     assert r.returncode == 0, r.stderr
     with open_store(db) as con:
         data = load_report_data(con, resolve_run(con, None))

@@ -13,7 +13,8 @@ import functools
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tests.reliability.harness import ROOMY, WRITERS, disk_full_once_at, on_request_flush, sql, tierdiag, tierdiag_here
+from tests.reliability.harness import ROOMY, WRITERS, disk_full_once_at, on_request_flush, sql, tierdiag_here
+from tests.support.cli import tierdiag_in_process
 from tierdiag.errors import TierdiagError
 from tierdiag.store.schema import TABLES
 
@@ -34,7 +35,7 @@ def _stored(db, run_id: str) -> dict:
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory):
     path = tmp_path_factory.mktemp("parity") / "t.jsonl"
-    assert tierdiag("synth", path, "--requests", "600", "--seed", "5").code == 0
+    assert tierdiag_in_process("synth", path, "--requests", "600", "--seed", "5").code == 0
     return path
 
 

@@ -14,7 +14,8 @@ import duckdb
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tests.reliability.harness import ROOMY, SMALL, assert_same_event_rows, cli_env, good_lines, runs, tierdiag, write_trace
+from tests.reliability.harness import ROOMY, SMALL, assert_same_event_rows, cli_env, good_lines, runs, write_trace
+from tests.support.cli import tierdiag_in_process
 from tierdiag.errors import ConfigError
 from tierdiag.store import writer_process
 from tierdiag.store.schema import SCHEMA_VERSION
@@ -23,12 +24,13 @@ from tierdiag.store.schema import SCHEMA_VERSION
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory):
     path = tmp_path_factory.mktemp("wp") / "t.jsonl"
-    assert tierdiag("synth", path, "--requests", "1500", "--seed", "9").code == 0
+    assert tierdiag_in_process("synth", path, "--requests", "1500", "--seed", "9").code == 0
     return path
 
 
 def replay_json(trace, db, writer: str, *extra) -> dict:
-    r = tierdiag("replay", trace, "--db", db, *ROOMY, "--json", *extra, env=cli_env(TIERDIAG_WRITER=writer))
+    r = tierdiag_in_process("replay", trace, "--db", db, *ROOMY, "--json", *extra,
+                            env=cli_env(TIERDIAG_WRITER=writer))
     return r.json()
 
 
@@ -156,7 +158,7 @@ def test_the_wall_phases_add_up_to_the_wall_time(both, writer):
 
 def test_the_wall_phases_of_a_replay_without_probes_are_nearly_all_the_engines(trace):
     """With probes off there is no run to close, so nearly all of the wall time is the engine's."""
-    off = tierdiag("replay", trace, "--no-probes", *ROOMY, "--json").json()
+    off = tierdiag_in_process("replay", trace, "--no-probes", *ROOMY, "--json").json()
     assert sum(off["wall_phases"].values()) == pytest.approx(off["wall_s"], abs=1e-6)
     assert off["wall_phases"]["close_s"] < off["wall_phases"]["engine_s"]
 
@@ -180,7 +182,8 @@ def _truncated(path, store):
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     db = tmp_path_factory.mktemp("store") / "s.duckdb"
-    assert tierdiag("replay", write_trace(db.parent / "s.jsonl", good_lines(6)), "--db", db, *SMALL).code == 0
+    trace = write_trace(db.parent / "s.jsonl", good_lines(6))
+    assert tierdiag_in_process("replay", trace, "--db", db, *SMALL).code == 0
     return db
 
 
@@ -202,14 +205,15 @@ def test_a_store_that_is_not_ours_is_the_same_one_line_error_both_ways(tmp_path,
             db.parent.mkdir(exist_ok=True)
             make(db)
             before = db.read_bytes()
-            r = tierdiag("replay", trace, "--db", db, *SMALL, env=cli_env(TIERDIAG_WRITER=writer))
+            r = tierdiag_in_process("replay", trace, "--db", db, *SMALL, env=cli_env(TIERDIAG_WRITER=writer))
             lines.append(r.fails(code, fragment).replace(str(db), "DB"))
             assert db.read_bytes() == before, f"{name}: the {writer} writer changed the file"
             assert "kept in" not in lines[-1]
         assert lines[0] == lines[1], name
     under = []
     for writer in ("inline", "process"):
-        r = tierdiag("replay", trace, "--db", tmp_path / "afile" / "r.duckdb", *SMALL, env=cli_env(TIERDIAG_WRITER=writer))
+        r = tierdiag_in_process("replay", trace, "--db", tmp_path / "afile" / "r.duckdb", *SMALL,
+                                env=cli_env(TIERDIAG_WRITER=writer))
         under.append(r.fails(6, "afile"))
     assert under[0] == under[1]
 
@@ -236,8 +240,8 @@ def test_which_writer_a_replay_takes(monkeypatch):
 
 def test_a_bad_writer_setting_is_exit_2_before_anything_is_written(tmp_path):
     db = tmp_path / "r.duckdb"
-    r = tierdiag("replay", write_trace(tmp_path / "t.jsonl", good_lines(2)), "--db", db, *SMALL,
-                 env=cli_env(TIERDIAG_WRITER="yes"))
+    r = tierdiag_in_process("replay", write_trace(tmp_path / "t.jsonl", good_lines(2)), "--db", db, *SMALL,
+                            env=cli_env(TIERDIAG_WRITER="yes"))
     r.fails(2, "TIERDIAG_WRITER")
     assert not db.exists()
 

@@ -101,7 +101,8 @@ def invoke_json(*args: object):
     return json.loads(out[out.index("{"):])
 
 
-def tierdiag_in_process(*args: object, env: dict[str, str] | None = None, cwd: Path | None = None) -> Result:
+def tierdiag_in_process(*args: object, env: dict[str, str] | None = None, cwd: Path | None = None,
+                        direct: bool = False) -> Result:
     """`tierdiag(*args)` without the process: the console script's own error handling
     (`tierdiag.cli.exits.run`: a TierdiagError's one stderr line and exit code, usage errors,
     `internal error` lines) run in this process on the Typer app, as `tierdiag` would in a child,
@@ -110,8 +111,14 @@ def tierdiag_in_process(*args: object, env: dict[str, str] | None = None, cwd: P
     after it: sys.argv, the environment (`env`, default `cli_env()`: what the CLI starts gets it), the
     working folder, stdout and stderr (UTF-8 text streams over bytes, not terminals, as a pipe
     is), the signal handlers and tierdiag's consoles (made afresh, so COLUMNS is read again).
-    Not for what only a process shows: signals, exit without teardown, the read commands'
-    direct path and what they import, variables read at import, non-UTF-8 argv or streams."""
+    Not for what only a process shows: signals, exit without teardown, what a command imports,
+    variables read at import, non-UTF-8 argv or streams.
+
+    `direct`: the app the console script takes for this command line (cli/main.py
+    `_app_for_argv`): a plain `runs`/`summary`/`slow`/`explain`/`replay` line calls its command
+    without Typer (the direct path), anything else is Typer's. Less the two process-wide installs
+    made there for speed (the dataclass table, DuckDB without its Python package): they change
+    no output, and here they would outlive the call. Default: Typer's app for every line."""
     import signal
 
     from tierdiag import signals
@@ -137,7 +144,7 @@ def tierdiag_in_process(*args: object, env: dict[str, str] | None = None, cwd: P
         # /dev/null, so the interpreter's last flush cannot fail: here fd 1 is pytest's.
         exits._quiet_stdout = _no_stdout_to_quiet
         try:
-            exits.run(_build_app)
+            exits.run(_direct_app if direct else _build_app)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         out.flush()
@@ -157,11 +164,20 @@ def tierdiag_in_process(*args: object, env: dict[str, str] | None = None, cwd: P
     return Result(code, out.buffer.getvalue().decode("utf-8"), err.buffer.getvalue().decode("utf-8"))
 
 
-def completed_in_process(*args: object, env: dict[str, str] | None = None,
-                         cwd: Path | None = None) -> subprocess.CompletedProcess:
+def completed_in_process(*args: object, env: dict[str, str] | None = None, cwd: Path | None = None,
+                         direct: bool = False) -> subprocess.CompletedProcess:
     """`tierdiag_in_process` as `run` answers: a CompletedProcess (returncode, stdout, stderr)."""
-    r = tierdiag_in_process(*args, env=env, cwd=cwd)
+    r = tierdiag_in_process(*args, env=env, cwd=cwd, direct=direct)
     return subprocess.CompletedProcess(["tierdiag", *map(str, args)], r.code, r.out, r.err)
+
+
+def _direct_app():
+    """cli/main.py `_app_for_argv` for sys.argv, less its process-wide installs: the command's
+    direct call for a plain command line, else the Typer app."""
+    from tierdiag.cli.main import _Direct, _build_app, direct_arguments
+
+    found = direct_arguments(sys.argv[1:], os.environ)
+    return _build_app() if found is None else _Direct(*found)
 
 
 def _no_stdout_to_quiet() -> None:

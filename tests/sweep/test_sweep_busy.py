@@ -20,7 +20,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.sweep.sweep_helpers import cli
+from tests.sweep.sweep_helpers import cli_here
 from tierdiag.app import sweep as sweep_mod
 from tierdiag.app import sweep_kept
 from tierdiag.app.sweep import Processes, SweepNotMerged, run_configs
@@ -82,7 +82,7 @@ def test_finished_runs_survive_a_busy_db_and_resume_merges_them(tmp_path, trace,
             h.release()
     assert [r[0] for r in _runs(db)] == ["seed=1"]
 
-    proc = cli("sweep", "--resume", kept, "--db", db, "--json")
+    proc = cli_here("sweep", "--resume", kept, "--db", db, "--json")
     assert proc.returncode == 0, proc.stderr
     assert f"merged 2 runs from {kept} into {db}" in proc.stderr
     assert len(json.loads(proc.stdout)["runs"]) == 3
@@ -109,7 +109,7 @@ def test_resume_twice_copies_nothing_twice(tmp_path, trace):
 
 
 def test_resume_of_a_missing_store_is_one_line(tmp_path):
-    proc = cli("sweep", "--resume", tmp_path / "none.duckdb", "--db", tmp_path / "db.duckdb")
+    proc = cli_here("sweep", "--resume", tmp_path / "none.duckdb", "--db", tmp_path / "db.duckdb")
     assert proc.returncode == 4 and proc.stderr.count("\n") == 1 and "no database at" in proc.stderr
-    proc = cli("sweep", "--resume", tmp_path / "none.duckdb", "--set", "seed=1,2")
+    proc = cli_here("sweep", "--resume", tmp_path / "none.duckdb", "--set", "seed=1,2")
     assert proc.returncode == 2 and "--resume merges a kept store" in proc.stderr

@@ -174,30 +174,51 @@ class RunWriter:
             _remove_empty(self.db_path)
         if self.db_path.exists():
             check_before_writing(self.db_path)
-        with signals.deferred(), self._connect(FINAL_WAIT_S) as con:
-            try:
-                init_store(con, path_for_errors=str(self.db_path))
-            except duckdb.Error as exc:
-                raise write_error(self.db_path, exc) from None
-            row = {
-                "run_id": self.run_id, "name": self.name, "created_at": _now(), "finished_at": None,
-                "status": "running", "schema_version": SCHEMA_VERSION,
-                "tierdiag_version": __version__,
-                "command_line": " ".join(command_line if command_line is not None else sys.argv),
-                # The replay's process (a writer process records its engine's): readers show a
-                # `running` run whose pid is gone as interrupted.
-                "pid": pid or os.getpid(), "hostname": socket.gethostname(),
-                "trace_path": str(trace_path), "trace_sha256": trace_sha256,
-                "config_json": json.dumps(dict(config), sort_keys=True, default=str),
-                "hardware_json": json.dumps(dict(hardware), sort_keys=True, default=str),
-                "data_plane_json": json.dumps(dict(data_plane), sort_keys=True, default=str),
-                "timing": timing, "num_requests": 0, "wall_s": None, "error": None,
-                "kind": kind, "sweep_id": sweep_id,
-            }
-            try:
-                self._append(con, "runs", {k: [v] for k, v in row.items()})
-            except duckdb.Error as exc:
-                raise write_error(self.db_path, exc) from None
+        appended = False  # the runs row committed: a failure after it (letting go of the file) closes it
+        try:
+            with signals.deferred(), self._connect(FINAL_WAIT_S) as con:
+                try:
+                    init_store(con, path_for_errors=str(self.db_path))
+                except duckdb.Error as exc:
+                    raise write_error(self.db_path, exc) from None
+                row = {
+                    "run_id": self.run_id, "name": self.name, "created_at": _now(), "finished_at": None,
+                    "status": "running", "schema_version": SCHEMA_VERSION,
+                    "tierdiag_version": __version__,
+                    "command_line": " ".join(command_line if command_line is not None else sys.argv),
+                    # The replay's process (a writer process records its engine's): readers show a
+                    # `running` run whose pid is gone as interrupted.
+                    "pid": pid or os.getpid(), "hostname": socket.gethostname(),
+                    "trace_path": str(trace_path), "trace_sha256": trace_sha256,
+                    "config_json": json.dumps(dict(config), sort_keys=True, default=str),
+                    "hardware_json": json.dumps(dict(hardware), sort_keys=True, default=str),
+                    "data_plane_json": json.dumps(dict(data_plane), sort_keys=True, default=str),
+                    "timing": timing, "num_requests": 0, "wall_s": None, "error": None,
+                    "kind": kind, "sweep_id": sweep_id,
+                }
+                try:
+                    self._append(con, "runs", {k: [v] for k, v in row.items()})
+                    appended = True
+                except duckdb.Error as exc:
+                    raise write_error(self.db_path, exc) from None
+        except TierdiagError as exc:
+            if appended:
+                self._close_unopened(exc)
+            raise
+
+    def _close_unopened(self, exc: TierdiagError) -> None:
+        """The runs row was committed, then letting go of the file failed (its checkpoint on a
+        full disk): the constructor raises, so no caller will close the run. It is closed as
+        failed here, from a fresh open of the file (`_let_go` closed the connection), before
+        the error goes up: a replay run in a process that lives on (a library caller, a sweep
+        worker) must not leave it `running` (readers only show a running run whose process is
+        gone as interrupted). If even that cannot be written, the error says so."""
+        try:
+            close_run_row(self.db_path, self.run_id, "failed", exc.one_line())
+        except TierdiagError:
+            exc.hint = (exc.hint + "; " if exc.hint else "") + "the run could not be marked failed"
+            return
+        self.closed_as = "failed"
 
     @contextlib.contextmanager
     def _connect(self, wait_s: float, *, keep: bool = False):
