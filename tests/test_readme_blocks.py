@@ -13,6 +13,17 @@ wrote is copied here; none of them reads what an earlier block wrote.
 `tierdiag/` (so `tierdiag/trace/samples/...` is the path the README gives), and HOME is the
 folder (nothing written beside the user's files).
 
+Where a line goes (issue 41's suite time: a child is ~0.45 s of CPU to start, ~2 s more where
+the command imports torch): bash reads every line (the arguments it hands `tierdiag`, a shell
+function here that prints them: quotes, comments, `#` inside a word as bash has them), and a
+line whose command takes the Typer path in a child too (`tierdiag.cli.main.direct_arguments`
+declines it) runs with those arguments in this process, through the console script's own error
+handling (tests/support/cli.py `tierdiag_in_process`: the environment, folder and streams a child
+would have). The direct path's lines (`replay` and the plain read commands: what that path
+imports and installs is the process's), `replay`, `sweep` and `advise` (IN_A_CHILD), the lines
+of an optional extra (`--ray`: a cluster of processes), and any line bash does not read as one
+`tierdiag` call run in a child as before.
+
 Left out, each for the reason named in NOT_RUN: the setup targets (`make demo`, `make test`,
 `make test-fast`: the suite itself; `make demo` runs the tour's commands), the SGLang server's launch and the benchmarks.
 A block is left out only when it is listed there, whole, so a new block is run or listed.
@@ -29,7 +40,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import cli_env
+from tests.support.cli import cli_env, completed_in_process
 from tests.support.shared_commands import README_SHARED, copy_outputs, shared_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +56,10 @@ NOT_RUN = {
 }
 # A line that needs an optional extra, run only where it is installed.
 NEEDS = {"--ray": "ray"}
+# Commands whose lines always run in a child: replay (its start installs process-wide what the
+# replay path reads, either path) and those that start worker processes (their stderr is the
+# process's, which a child's pipe holds and this process's would not).
+IN_A_CHILD = ("", "replay", "sweep", "advise")
 
 
 def bash_blocks(text: str) -> list[str]:
@@ -101,6 +116,30 @@ def _env(folder: Path) -> dict[str, str]:
     return env
 
 
+def _bash_argv(line: str, folder: Path, env: dict[str, str]) -> list[str] | None:
+    """The arguments bash hands `tierdiag` for `line` (run by bash in the folder, with `tierdiag`
+    a shell function that prints them); None where the line is not one `tierdiag` call (nothing
+    printed, or more than once) or bash says anything on stderr."""
+    script = 'tierdiag() { printf "%s\\0" "$@"; printf "\\1"; }\n' + line
+    r = subprocess.run(["bash", "-c", script], cwd=folder, env=env, capture_output=True, timeout=60)
+    if r.returncode or r.stderr or r.stdout.count(b"\1") != 1 or not r.stdout.endswith(b"\0\1"):
+        return None
+    return [a.decode("utf-8", "surrogateescape") for a in r.stdout[:-2].split(b"\0")]
+
+
+def _typer_path_argv(line: str, folder: Path, env: dict[str, str]) -> list[str] | None:
+    """`line`'s arguments where its command takes the Typer path in a child too (the console
+    script's `_app_for_argv` builds the Typer app: `direct_arguments` declines them), so this
+    process runs the same code a child would; None for the direct path or a line that is not one
+    plain call."""
+    from tierdiag.cli.main import direct_arguments
+
+    argv = _bash_argv(line, folder, env)
+    if not argv or argv[0] in IN_A_CHILD or direct_arguments(argv, env) is not None:
+        return None
+    return argv
+
+
 @pytest.mark.parametrize("index", range(len(BLOCKS)), ids=[f"block{i + 1}" for i in range(len(BLOCKS))])
 def test_readme_block_runs_as_written(folder, tmp_path_factory, index):
     block = BLOCKS[index]
@@ -116,9 +155,12 @@ def test_readme_block_runs_as_written(folder, tmp_path_factory, index):
             except ImportError:
                 continue  # an optional extra this environment has not installed
         argv = tuple(shlex.split(line, comments=True))[1:]
+        here = None if needed is not None or argv in README_SHARED else _typer_path_argv(line, folder, env)
         if argv in README_SHARED:  # each reads only the repository's samples
             shared, r = shared_command(tmp_path_factory, argv)
             copy_outputs(shared, folder)
+        elif here is not None:
+            r = completed_in_process(*here, env=env, cwd=folder)
         else:
             r = subprocess.run(["bash", "-c", line], cwd=folder, env=env, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, f"README: {line}\nexit {r.returncode}\n{r.stderr[-3000:]}\n{r.stdout[-2000:]}"
@@ -138,3 +180,19 @@ def test_the_upgrade_sections_rule_count_is_the_engines():
     said = re.search(r"(\d+) rules differ between 0\.5\.9 and 0\.5\.23: (\d+) replays", text)
     assert said, "the upgrade section no longer says how many rules differ"
     assert (int(said.group(1)), int(said.group(2))) == (n, n + 2)
+
+
+def test_a_line_runs_here_with_the_arguments_bash_gives_only_on_the_typer_path(tmp_path):
+    """The in-process lines get bash's own reading of the line (a `#` inside a word is no comment,
+    quotes join words); a line that is not one plain `tierdiag` call, and the direct path's
+    commands, are left to a child."""
+    env = _env(tmp_path)
+    assert _bash_argv("tierdiag explain coding-a#4   # a comment", tmp_path, env) == ["explain", "coding-a#4"]
+    assert _bash_argv('tierdiag compare "demo sglang 0.5.9" x --top 5', tmp_path, env) == [
+        "compare", "demo sglang 0.5.9", "x", "--top", "5"]
+    assert _bash_argv("tierdiag runs; tierdiag runs", tmp_path, env) is None
+    assert _bash_argv("tierdiag runs > out.txt", tmp_path, env) is None
+    assert _typer_path_argv("tierdiag runs --db run.duckdb", tmp_path, env) == ["runs", "--db", "run.duckdb"]
+    assert _typer_path_argv("tierdiag summary --db run.duckdb", tmp_path, env) is None  # the direct path
+    assert _typer_path_argv("tierdiag replay t.jsonl --dp 2 --run-name x y", tmp_path, env) is None
+    assert _typer_path_argv("tierdiag advise --run demo --budget 2 --jobs 2", tmp_path, env) is None  # processes

@@ -11,6 +11,7 @@ own, and the stubs it needs never reach pytest's process.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -36,6 +37,17 @@ def main() -> int:
     # (~1/3 of a worker's start-up CPU). A .pyc whose source changed is compiled afresh as before;
     # importlib writes it under a temporary name and renames it, so two workers never clash.
     sys.dont_write_bytecode = False
+    # SGLang builds its native hash extension (`hicache_hash_cpp`: the storage keys) with g++
+    # through torch.utils.cpp_extension on first use, into one folder per user by default
+    # (~/.cache/torch_extensions), rebuilt whenever the build's command line differs from the
+    # last one there (~12 s of CPU, 30-60 s of wall on a busy machine): every venv or wheel copy
+    # that used it in turn rebuilt it for the next (TMPDIR moved the command line too: seen, not
+    # explained). A folder per (interpreter, wheel folder, TMPDIR), beside the unzipped wheel,
+    # keeps each build for its own runs (a user's TORCH_EXTENSIONS_DIR stands).
+    where = f"{sys.prefix}\0{os.path.realpath(root)}\0{os.environ.get('TMPDIR', '')}"
+    key = hashlib.sha256(where.encode()).hexdigest()[:16]
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR",
+                          os.path.join(os.path.dirname(os.path.realpath(root)), "torch-extensions", key))
     sglang_imports.install(root)
     import logging
 
