@@ -7,6 +7,10 @@ those builtins are generic calls (docs/engine.md). The Python source is its twin
 
 from __future__ import annotations
 
+from typing import Any, Final
+
+from mypy_extensions import i64
+
 
 def _min(a: int, b: int) -> int:
     return a if a <= b else b
@@ -47,3 +51,23 @@ def split_by_tier(prefix: int, device: int, host_hit: int, host_loaded: int, sto
     storage_in_host = _max(0, _min(prefix, storage_end) - _max(host_start, storage_start))
     host = host_total - storage_in_host
     return prefix - host - storage, host, storage
+
+
+# Which of the two a rule set's `split_cached_prefix` is (`split_kind`), read once a Scheduler
+# (its `_split_kind`): RequestRecords.rules_split then calls it by name, compiled a native call
+# of native ints and a C struct returned; through the rule set's field it was a look-up by name,
+# 8 ints boxed, a generic call, the tuple iterated and its ints multiplied generically (~2.6k
+# instructions a request, probes or not: issue 41 session 29). SPLIT_OTHER: any other function
+# (a rule set made by hand), called through the field as before.
+SPLIT_OTHER: Final = 0
+SPLIT_BY_TIER: Final = 1
+SPLIT_PROMISED: Final = 2
+
+
+def split_kind(split: Any) -> i64:
+    """SPLIT_BY_TIER or SPLIT_PROMISED where `split` is that function (by identity), else SPLIT_OTHER."""
+    if split is split_by_tier:
+        return SPLIT_BY_TIER
+    if split is split_promised:
+        return SPLIT_PROMISED
+    return SPLIT_OTHER

@@ -14,6 +14,7 @@ from typing import cast
 from librt.vecs import append, vec
 from mypy_extensions import i64, trait
 
+from tierdiag.engine.cached_split import SPLIT_BY_TIER, SPLIT_PROMISED, split_by_tier, split_promised
 from tierdiag.engine.miss import miss_tokens, routing_tokens
 from tierdiag.engine.request import FIRST_PASS_FIELDS, Req, request_row
 from tierdiag.engine.schedule_common import SchedulerState
@@ -92,6 +93,7 @@ class RequestRecords(SchedulerState):
     ~10 a pool sample, issue 41)."""
 
     _druns: DecodeRuns  # (declared here, not in SchedulerState: records.py imports schedule_common)
+    _split_kind: i64  # cached_split.split_kind of the rule set's split_cached_prefix (rules_split)
 
     def _note_decode(self, start: int, end: int) -> None:
         """A decode step's time (DecodeSteps, every step or run of steps back to back), kept as
@@ -138,9 +140,14 @@ class RequestRecords(SchedulerState):
             st.load_backs += 1
             st.load_back_bytes += req.loadback_pages * self.ctrl.page_bytes
             st.load_back_ns.append(req.loadback_ns)
-        for reason in (req.loadback_skip_reason, req.storage_skip_reason):
-            if reason:
-                st.skipped[reason] = st.skipped.get(reason, 0) + 1
+        # the two reasons one after the other (a tuple of them iterated was a new tuple, an iterator
+        # and three generic next calls a record, compiled)
+        reason = req.loadback_skip_reason
+        if reason:
+            st.skipped[reason] = st.skipped.get(reason, 0) + 1
+        reason = req.storage_skip_reason
+        if reason:
+            st.skipped[reason] = st.skipped.get(reason, 0) + 1
         emits = self.emit
         lost = emits.lost
         if lost is not None:
@@ -240,13 +247,28 @@ class RequestRecords(SchedulerState):
 
             input pages |-- dev_pages --|-- host_match --|-- storage (prefetched) --|
         """
-        ps = self.ps
-        storage_hit = req.storage_loaded_pages if req.loadback_skip_pages == 0 else req.loadback_skip_pages - req.host_match_pages
-        host_hit = req.host_match_pages + storage_hit  # host_hit_length: prefetched pages are host pages by now
-        host_loaded = req.host_loaded_pages + req.storage_loaded_pages
-        d, h, s = self.rules.split_cached_prefix(req.prefix_pages, req.device_prefix_pages, host_hit, host_loaded, storage_hit,
-                                                 req.device_prefix_pages + req.host_match_pages,
-                                                 req.storage_span_pages, req.storage_span_start)
+        ps: int = self.ps
+        storage_hit: int = (req.storage_loaded_pages if req.loadback_skip_pages == 0
+                            else req.loadback_skip_pages - req.host_match_pages)
+        host_hit: int = req.host_match_pages + storage_hit  # host_hit_length: prefetched pages are host pages by now
+        host_loaded: int = req.host_loaded_pages + req.storage_loaded_pages
+        prefix: int = req.prefix_pages
+        device_prefix: int = req.device_prefix_pages
+        storage_start: int = device_prefix + req.host_match_pages
+        span: int = req.storage_span_pages
+        span_start: int = req.storage_span_start
+        # The rule set's function called by name (`_split_kind`, cached_split.split_kind): compiled, a
+        # native call returning a struct of native ints, not a generic call through the field
+        kind = self._split_kind
+        if kind == SPLIT_BY_TIER:
+            d, h, s = split_by_tier(prefix, device_prefix, host_hit, host_loaded, storage_hit, storage_start, span,
+                                    span_start)
+        elif kind == SPLIT_PROMISED:
+            d, h, s = split_promised(prefix, device_prefix, host_hit, host_loaded, storage_hit, storage_start, span,
+                                     span_start)
+        else:
+            d, h, s = self.rules.split_cached_prefix(prefix, device_prefix, host_hit, host_loaded, storage_hit,
+                                                     storage_start, span, span_start)
         return d * ps, h * ps, s * ps
 
     def _sample_pools(self, now: int) -> None:

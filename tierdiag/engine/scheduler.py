@@ -35,6 +35,7 @@ from tierdiag.config.names import WritePolicy
 from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.admission import Admission
 from tierdiag.engine.arrivals import ArrivalSource, pause_ms
+from tierdiag.engine.cached_split import split_kind
 from tierdiag.engine.controller import CacheController, EngineStats
 from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.decode import DecodeSteps
@@ -126,6 +127,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         # Runs of back-to-back decode steps on the clock (start, end, decode time before the
         # run): a request's record says how much of its wait was decode steps (`DecodeRuns.before`).
         self._druns = DecodeRuns()
+        self._split_kind = split_kind(self.rules.split_cached_prefix)  # RequestRecords.rules_split's call
         self._events: list[tuple[int, int, Any, Any]] = []
         self._fold_now = 0  # the loop's wake that `_wakes_until` ran last
         self._order = 0
