@@ -67,9 +67,10 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
     """
     req_id = str(req_id)
     row = queries.request(con, run, req_id)
-    # Its evictions, the run's prefill-busy time and its previous turn: read on another thread
-    # while the steps below read the rest (a 1M-request run's three largest reads; issue 41).
-    reads = RequestReads(con, run, row)
+    # Its evictions and transfers, the run's prefill-busy time, its previous turn and the queue at
+    # its arrival: read on another thread while the steps below read the rest (a 1M-request run's
+    # largest reads; issue 41).
+    reads = RequestReads(con, run, row, is_finished(row))
     try:
         return _explain(con, run, req_id, row, reads, run_ctx=run_ctx, advice=advice, facts=facts)
     finally:
@@ -86,15 +87,14 @@ def _explain(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, row, rea
         run_ctx = facts.context(attribution=False)
     bounds = totals.bounds
     finished = is_finished(row)
-    ctx = request_context(con, run.run_id, row, bounds[0]) if finished else None
+    ctx = request_context(con, run.run_id, row, bounds[0], reads.get) if finished else None
     attribution = queue_attribution(con, run.run_id, row) if finished else None
     vocab = run_vocabulary(run)  # the words of the SGLang release the run followed
     first = (step_host_hit(row, tokens, run, vocab), step_prefix(row, tokens, vocab),
-             step_load_back(con, run, row, tokens, totals))
+             step_load_back(con, run, row, tokens, totals, reads.get("transfers")))
     # The evictions of its prefix, read once: step 4 lists them, the session step its pause's and wait's.
-    read = reads.result()
-    evictions = read.evictions
-    steps = first + (step_eviction(con, run, row, tokens, totals, evictions, read.run_busy_ns),)
+    evictions = reads.get("evictions")
+    steps = first + (step_eviction(con, run, row, tokens, totals, evictions, reads.get("run_busy_ns")),)
     # Context in step 3 (the load-back rate around it) and the run's "why" in step 4.
     steps = (steps[0], steps[1], replace(steps[2], finding=steps[2].finding + context_sentence(ctx, row)),
              steps[3])
@@ -106,7 +106,7 @@ def _explain(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, row, rea
         steps = steps[:3] + (replace(steps[3], finding=f"{steps[3].finding} "
                                                        f"{miss_sentence(reasons, tokens.computed_tokens)}"),)
     session = session_step(con, run, row, bounds[0], len(steps) + 1, evictions,  # a turn with a predecessor
-                           (read.previous,) if has_previous_turn(row) else None)
+                           (reads.get("previous"),) if has_previous_turn(row) else None)
     if session is not None:
         steps += (session,)
     if parse(run).ranks > 1:  # a request of a data-parallel run (routing.py imported for one: ~4 ms)

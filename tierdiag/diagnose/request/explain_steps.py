@@ -220,7 +220,10 @@ def step_prefix(row: RowLike, tokens: TokenSplit, vocab: Vocabulary) -> Step:
 
 
 def step_load_back(con: duckdb.DuckDBPyConnection, run: RunInfo, row: RowLike, tokens: TokenSplit,
-                    totals: RunTotals) -> Step:
+                    totals: RunTotals, records: list[read_steps.TransferRecord] | None = None) -> Step:
+    """`records`: the request's transfers (read_steps.request_transfers over [arrival, finish])
+    where the caller has read them (explain: beside the rest, read/request_reads.py); read here
+    otherwise."""
     row = RequestRow.of(row)
     bounds = totals.bounds
     lo, hi = _window(row, bounds)
@@ -237,7 +240,7 @@ def step_load_back(con: duckdb.DuckDBPyConnection, run: RunInfo, row: RowLike, t
                     t_start_ns=int(t.t_start_ns or 0) - bounds[0], t_end_ns=int(t.t_end_ns or 0) - bounds[0],
                     pages=int(t.pages or 0), runs=int(t.runs or 0),
                     bytes=int(t.bytes or 0), queued_ns=t.queued_ns, wall_ns=t.wall_ns)
-        for t in read_steps.request_transfers(con, rid, row.req_id, t_lo, t_hi))
+        for t in (records if records is not None else read_steps.request_transfers(con, rid, row.req_id, t_lo, t_hi)))
     win_n, win_bytes = read_steps.window_loadbacks(con, rid, lo, hi)
     run_n, run_bytes = totals.loadbacks, totals.loadback_bytes
     window_span = hi - lo
