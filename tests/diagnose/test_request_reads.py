@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from tierdiag.diagnose.read import queries
 from tierdiag.diagnose.read import request_context as read_req
 from tierdiag.diagnose.read import request_steps as read_steps
-from tierdiag.diagnose.read.request_reads import RequestReads, asks_queue_depth, has_previous_turn
+from tierdiag.diagnose.read.request_reads import RequestReads, asks_queue_depth, has_previous_turn, shadowed
 from tierdiag.diagnose.read.rows import fetch_dicts
 from tierdiag.diagnose.request.explain_steps import is_finished
 from tierdiag.store.reader import open_store, resolve_run
@@ -30,6 +30,7 @@ def store(planted):
 def test_each_read_is_the_callers_query(store):
     con, run, rows = store
     assert rows
+    assert not shadowed(con)  # a store of the current schema: the reads run on the thread
     for row in rows:
         finished = is_finished(row)
         reads = RequestReads(con, run, row, finished)
@@ -95,3 +96,19 @@ def test_a_read_that_raises_says_so_where_it_is_asked_for(tmp_path, planted):
         reads.close()  # twice: nothing left to close
     finally:
         con.close()
+
+
+def test_a_shadowed_store_reads_on_the_callers_thread(store):
+    """A connection with temporary views (an older schema's tables shadowed: store/reader.py) is
+    read on the caller's thread, where the views are; the answers are the same."""
+    con, run, rows = store
+    row = rows[0]
+    con.execute("CREATE TEMP VIEW shadow_probe AS SELECT 1 AS x")
+    try:
+        assert shadowed(con)
+        reads = RequestReads(con, run, row, is_finished(row))
+        assert reads.get("evictions") == read_steps.request_evictions(con, run.run_id, row.req_id)
+        assert reads.get("run_busy_ns") == read_steps.run_prefill_busy_ns(con, run.run_id)
+        reads.close()
+    finally:
+        con.execute("DROP VIEW shadow_probe")

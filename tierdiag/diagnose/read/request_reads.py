@@ -8,6 +8,10 @@ on a thread of its own, while the caller's thread goes on with the other steps (
 query without the GIL); each answer is the same query's answer, handed over when asked for. Where
 no second core is free this saves nothing and costs a thread; the CPU is the same.
 
+A store of an older schema is read through temporary views of its connection
+(store/reader.py), which a second cursor does not see: there each read is made on the caller's
+thread when it is asked for, as before.
+
 The thread imports nothing (tests/reliability/test_thread_imports.py): what it calls is imported
 here, on the caller's thread, and the caller has run parameterised queries on the connection
 before it starts. `close()` waits for it and closes its cursor: the caller calls it before the
@@ -45,6 +49,12 @@ def asks_queue_depth(row: RequestRow, finished: bool) -> bool:
     return finished and row.seq is not None
 
 
+def shadowed(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether `con` has temporary views: a store of an older schema read as the current one
+    (store/reader.py `show_added_columns`: its tables shadowed, on this connection only)."""
+    return bool(con.execute("SELECT count(*) FROM duckdb_views() WHERE temporary AND NOT internal").fetchall()[0][0])
+
+
 class RequestReads:
     """The five reads of `row` (module doc), on a second cursor and a thread, started at once, in
     the order explain asks for them; `get(name)` waits for that one alone: "queue_depth"
@@ -67,6 +77,11 @@ class RequestReads:
         self._values: dict[str, Any] = {}
         self._done = {name: threading.Event() for name in self._plan}
         self._stack = ExitStack()
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._job: OnThread | None = None
+        if shadowed(con):  # a second cursor would not see them: each read on the caller's thread, when asked
+            self._con = con
+            return
         cursor = self._stack.enter_context(second_cursor(con))
         self._job = OnThread(self._read, cursor, name="tierdiag-explain-reads")
 
@@ -81,6 +96,10 @@ class RequestReads:
 
     def get(self, name: str) -> Any:
         """One read's answer, once it is there (what the thread raised, raised here)."""
+        if self._job is None:
+            if name not in self._values:
+                self._values[name] = self._plan[name](self._con)
+            return self._values[name]
         self._done[name].wait()
         if name not in self._values:
             self._job.result()
@@ -90,4 +109,5 @@ class RequestReads:
         """Wait for the thread and close its cursor; what a read raised is raised by get() only
         (a caller that stops on an error of its own does not see this one instead)."""
         with self._stack:
-            self._job.join()
+            if self._job is not None:
+                self._job.join()
